@@ -1,0 +1,23 @@
+PY ?= .venv/bin/python
+
+.PHONY: venv lint types test test-unit check bench
+
+venv:
+	python3 -m venv .venv
+	.venv/bin/pip install -q --upgrade pip
+	.venv/bin/pip install -q -e '.[dev]'
+
+lint:
+	$(PY) -m ruff check app agent cli tests migrations benchmarks
+	$(PY) -m ruff format --check app agent cli tests migrations benchmarks
+
+types:
+	$(PY) -m mypy
+
+test:
+	$(PY) -m pytest -q
+
+test-unit:
+	$(PY) -m pytest -q tests/unit
+
+check: lint types test

@@ -1,0 +1,34 @@
+"""What the log adds around an event: where it sits, when, and who caused it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from uuid import UUID
+
+import msgspec
+
+from app.domain.events import AnyEvent
+
+
+class Meta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Who and why: the actor (an operator, ``reconciler``, ``agent:<node>``), the
+    correlation id shared by every step of one operation (a drain, say), the cause (the
+    event or request that led to this one) and the leader epoch of the control plane that
+    decided it."""
+
+    actor: str
+    correlation_id: str | None = None
+    causation_id: str | None = None
+    epoch: int | None = None
+
+
+class Recorded(msgspec.Struct, frozen=True, kw_only=True):
+    """An event as the log holds it."""
+
+    position: int
+    stream: str
+    version: int
+    event_id: UUID
+    recorded_at: datetime
+    meta: Meta
+    event: AnyEvent

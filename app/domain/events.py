@@ -1,0 +1,365 @@
+"""Domain events: frozen, past-tense facts about the cluster.
+
+Every event is a tagged msgspec struct; the tag (``type``) is the snake_case class name
+and is what the store writes in the ``type`` column. ``schema_version`` says which shape
+of the payload a class reads; older payloads are upcast on read (see
+``app.store.codec``), so a stored event stays readable forever.
+
+Streams: ``model-<name>``, ``node-<id>``, ``replica-<id>``, ``key-<id>``. The helpers at
+the bottom name them, so nobody formats a stream name by hand.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar
+
+import msgspec
+
+from app.domain.model_spec import ModelSpec
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=_snake):
+    """Base of every event. Subclasses raise ``schema_version`` when their shape changes."""
+
+    schema_version: ClassVar[int] = 1
+
+
+# -- value types carried by events -------------------------------------------------------
+
+
+class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    uuid: str
+    name: str
+    memory_total_mib: int
+    memory_used_mib: int = 0
+    healthy: bool = True
+    unhealthy_reason: str | None = None
+
+
+class ShardPlacement(msgspec.Struct, frozen=True, kw_only=True):
+    """Where one shard of a replica runs: the control plane chose the node, GPUs and port."""
+
+    index: int
+    node_id: str
+    gpus: tuple[int, ...]
+    port: int
+
+
+# -- models ------------------------------------------------------------------------------
+
+
+class ModelDeclared(Event, frozen=True, kw_only=True):
+    model: str
+    spec: ModelSpec
+
+
+class ModelScaled(Event, frozen=True, kw_only=True):
+    model: str
+    replicas: int
+    previous: int
+
+
+class ModelRemoved(Event, frozen=True, kw_only=True):
+    model: str
+
+
+class ModelTuned(Event, frozen=True, kw_only=True):
+    """Routing settings measured by bench; ``replica_id`` set when tuned for one replica."""
+
+    model: str
+    replica_id: str | None = None
+    weight: float
+    target_waiting: int
+    kv_ceiling: float
+    summary: dict[str, Any] = {}
+
+
+class ModelUnplaceable(Event, frozen=True, kw_only=True):
+    """Recorded once per distinct reason, so the log says why a model is below its count."""
+
+    model: str
+    reason: str
+    missing_replicas: int = 1
+
+
+# -- nodes -------------------------------------------------------------------------------
+
+
+class NodeRegistered(Event, frozen=True, kw_only=True):
+    node_id: str
+    address: str
+    labels: dict[str, str] = {}
+    gpus: tuple[GpuInfo, ...] = ()
+    agent_version: str = ""
+    port_range: tuple[int, int] = (20000, 20999)
+
+
+class NodeConnected(Event, frozen=True, kw_only=True):
+    """An agent said hello; its inventory replaces what was known of the node."""
+
+    node_id: str
+    address: str
+    remote_address: str = ""
+    labels: dict[str, str] = {}
+    gpus: tuple[GpuInfo, ...] = ()
+    agent_version: str = ""
+    port_range: tuple[int, int] = (20000, 20999)
+    replaced_previous: bool = False
+
+
+class NodeDisconnected(Event, frozen=True, kw_only=True):
+    node_id: str
+    reason: str
+
+
+class NodeLost(Event, frozen=True, kw_only=True):
+    node_id: str
+    disconnected_for_s: float
+
+
+class NodeCordoned(Event, frozen=True, kw_only=True):
+    node_id: str
+    reason: str = ""
+
+
+class NodeUncordoned(Event, frozen=True, kw_only=True):
+    node_id: str
+
+
+class NodeDrainRequested(Event, frozen=True, kw_only=True):
+    node_id: str
+    drain_id: str
+    grace_s: float
+
+
+class NodeDrainFinished(Event, frozen=True, kw_only=True):
+    node_id: str
+    drain_id: str
+    outcome: str
+
+
+class GpuMarkedUnhealthy(Event, frozen=True, kw_only=True):
+    node_id: str
+    gpu_index: int
+    gpu_uuid: str = ""
+    reason: str
+    xid: int | None = None
+
+
+class GpuRecovered(Event, frozen=True, kw_only=True):
+    node_id: str
+    gpu_index: int
+    gpu_uuid: str = ""
+
+
+class IdentityRejected(Event, frozen=True, kw_only=True):
+    """A connection whose certificate did not match the node it claimed. Changes no state."""
+
+    claimed_node_id: str
+    certificate_subject: str
+    remote_address: str
+    reason: str
+
+
+class StrayStopped(Event, frozen=True, kw_only=True):
+    """A shard nobody asked for was stopped; on the node's stream since its replica may be
+    unknown to the log."""
+
+    node_id: str
+    replica_id: str
+    shard_index: int
+    model: str
+    port: int
+    pid: int | None = None
+    rule: str
+
+
+# -- replicas ----------------------------------------------------------------------------
+
+
+class ReplicaPlaced(Event, frozen=True, kw_only=True):
+    replica_id: str
+    model: str
+    number: int
+    shards: tuple[ShardPlacement, ...]
+    reason: str = "scale up"
+    replaces: str | None = None
+
+
+class ShardStarting(Event, frozen=True, kw_only=True):
+    replica_id: str
+    shard_index: int
+    node_id: str
+    pid: int | None = None
+
+
+class ShardReady(Event, frozen=True, kw_only=True):
+    replica_id: str
+    shard_index: int
+    node_id: str
+
+
+class ShardFailed(Event, frozen=True, kw_only=True):
+    """v2: the engine log tail is a list of lines (v1 stored one string, ``log``)."""
+
+    schema_version: ClassVar[int] = 2
+    replica_id: str
+    shard_index: int
+    node_id: str
+    error: str
+    exit_code: int | None = None
+    log_tail: tuple[str, ...] = ()
+
+
+class ShardStopped(Event, frozen=True, kw_only=True):
+    replica_id: str
+    shard_index: int
+    node_id: str
+    exit_code: int | None = None
+
+
+class ReplicaServing(Event, frozen=True, kw_only=True):
+    replica_id: str
+
+
+class ReplicaFailed(Event, frozen=True, kw_only=True):
+    replica_id: str
+    reason: str
+
+
+class ReplicaDrainStarted(Event, frozen=True, kw_only=True):
+    replica_id: str
+    drain_id: str
+    reason: str = ""
+
+
+class ReplacementServing(Event, frozen=True, kw_only=True):
+    replica_id: str
+    replacement_id: str
+
+
+class ReplicaStopping(Event, frozen=True, kw_only=True):
+    """Taken out of routing; in-flight requests may finish within the stop grace."""
+
+    replica_id: str
+    reason: str
+
+
+class ReplicaStopped(Event, frozen=True, kw_only=True):
+    replica_id: str
+
+
+class ReplicaStartupTimedOut(Event, frozen=True, kw_only=True):
+    replica_id: str
+    timeout_s: float
+    waited_s: float
+
+
+class ReplicaAdopted(Event, frozen=True, kw_only=True):
+    """A running shard reported by an agent was taken as this replica's; ``rule`` says why."""
+
+    replica_id: str
+    shard_index: int
+    node_id: str
+    port: int
+    pid: int | None = None
+    ready: bool = True
+    rule: str
+
+
+class ReplicaLost(Event, frozen=True, kw_only=True):
+    replica_id: str
+    reason: str
+
+
+# -- API keys ----------------------------------------------------------------------------
+
+
+class ApiKeyCreated(Event, frozen=True, kw_only=True):
+    key_id: str
+    name: str
+    prefix: str
+    secret_hash: str
+    models: tuple[str, ...] = ()
+    rpm: int | None = None
+    tpm: int | None = None
+
+
+class ApiKeyRevoked(Event, frozen=True, kw_only=True):
+    key_id: str
+
+
+AnyEvent = (
+    ModelDeclared
+    | ModelScaled
+    | ModelRemoved
+    | ModelTuned
+    | ModelUnplaceable
+    | NodeRegistered
+    | NodeConnected
+    | NodeDisconnected
+    | NodeLost
+    | NodeCordoned
+    | NodeUncordoned
+    | NodeDrainRequested
+    | NodeDrainFinished
+    | GpuMarkedUnhealthy
+    | GpuRecovered
+    | IdentityRejected
+    | StrayStopped
+    | ReplicaPlaced
+    | ShardStarting
+    | ShardReady
+    | ShardFailed
+    | ShardStopped
+    | ReplicaServing
+    | ReplicaFailed
+    | ReplicaDrainStarted
+    | ReplacementServing
+    | ReplicaStopping
+    | ReplicaStopped
+    | ReplicaStartupTimedOut
+    | ReplicaAdopted
+    | ReplicaLost
+    | ApiKeyCreated
+    | ApiKeyRevoked
+)
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    _snake(cls.__name__): cls for cls in AnyEvent.__args__  # type: ignore[attr-defined]
+}
+
+
+def event_type(event: Event) -> str:
+    """The ``type`` tag the store records for ``event``."""
+    return type(event).__struct_config__.tag  # type: ignore[return-value]
+
+
+# -- stream names ------------------------------------------------------------------------
+
+
+def model_stream(name: str) -> str:
+    return f"model-{name}"
+
+
+def node_stream(node_id: str) -> str:
+    return f"node-{node_id}"
+
+
+def replica_stream(replica_id: str) -> str:
+    return f"replica-{replica_id}"
+
+
+def key_stream(key_id: str) -> str:
+    return f"key-{key_id}"
+
+
+def replica_id_for(model: str, number: int) -> str:
+    """Replica ids are ``<model>-<n>``; ``n`` comes from the model's history, never reused."""
+    return f"{model}-{number}"

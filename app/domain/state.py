@@ -1,0 +1,153 @@
+"""The cluster as the log describes it: nodes, models, replicas with shards, API keys.
+
+Entities are frozen; ``evolve`` replaces an entity when an event changes it. The maps in
+``ClusterState`` are updated in place by ``evolve`` (see its docstring for why).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+import msgspec
+
+from app.domain.events import GpuInfo
+from app.domain.model_spec import ModelSpec, RoutingSettings
+
+
+class ReplicaPhase(StrEnum):
+    PLACED = "placed"
+    STARTING = "starting"
+    SERVING = "serving"
+    DRAINING = "draining"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    LOST = "lost"
+
+
+ACTIVE_PHASES = frozenset(
+    {
+        ReplicaPhase.PLACED,
+        ReplicaPhase.STARTING,
+        ReplicaPhase.SERVING,
+        ReplicaPhase.DRAINING,
+        ReplicaPhase.STOPPING,
+    }
+)
+
+
+class ShardPhase(StrEnum):
+    PLACED = "placed"
+    STARTING = "starting"
+    READY = "ready"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class Shard(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    node_id: str
+    gpus: tuple[int, ...]
+    port: int
+    phase: ShardPhase = ShardPhase.PLACED
+    pid: int | None = None
+    came_up: bool = False
+    error: str | None = None
+    exit_code: int | None = None
+    log_tail: tuple[str, ...] = ()
+
+
+class Replica(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    model: str
+    number: int
+    phase: ReplicaPhase
+    shards: tuple[Shard, ...]
+    placed_at: datetime
+    reason: str = ""
+    replaces: str | None = None
+    starting_since: datetime | None = None
+    serving_since: datetime | None = None
+    drain_id: str | None = None
+    replacement_id: str | None = None
+    routable: bool = False
+    ended_at: datetime | None = None
+    end_reason: str | None = None
+    routing: RoutingSettings | None = None
+
+    @property
+    def node_ids(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(shard.node_id for shard in self.shards))
+
+
+class Model(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    spec: ModelSpec
+    declared_at: datetime
+    replicas_created: int = 0
+    removed: bool = False
+    unplaceable_reason: str | None = None
+    tuned_summary: dict[str, Any] | None = None
+
+    @property
+    def desired(self) -> int:
+        return 0 if self.removed else self.spec.replicas
+
+
+class Node(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    address: str
+    registered_at: datetime
+    labels: dict[str, str] = {}
+    gpus: tuple[GpuInfo, ...] = ()
+    agent_version: str = ""
+    port_range: tuple[int, int] = (20000, 20999)
+    connected: bool = False
+    remote_address: str = ""
+    last_change_at: datetime | None = None
+    lost: bool = False
+    cordoned: bool = False
+    cordon_reason: str | None = None
+    drain_id: str | None = None
+    drain_grace_s: float | None = None
+    drain_requested_at: datetime | None = None
+
+
+class ApiKey(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    name: str
+    prefix: str
+    secret_hash: str
+    models: tuple[str, ...]
+    rpm: int | None
+    tpm: int | None
+    created_at: datetime
+    created_by: str
+    revoked_at: datetime | None = None
+    revoked_by: str | None = None
+
+
+class ClusterState:
+    """Everything the log says, up to ``position``."""
+
+    __slots__ = ("keys", "models", "nodes", "position", "replicas")
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, Node] = {}
+        self.models: dict[str, Model] = {}
+        self.replicas: dict[str, Replica] = {}
+        self.keys: dict[str, ApiKey] = {}
+        self.position = 0
+
+    def copy(self) -> ClusterState:
+        """A snapshot that later events will not change (entities are frozen)."""
+        other = ClusterState()
+        other.nodes = dict(self.nodes)
+        other.models = dict(self.models)
+        other.replicas = dict(self.replicas)
+        other.keys = dict(self.keys)
+        other.position = self.position
+        return other

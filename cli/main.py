@@ -1,0 +1,14 @@
+"""llmgw-cli: the operator's tool. A thin client of the admin REST API (and the local CA)."""
+
+from __future__ import annotations
+
+from cyclopts import App
+
+app = App(
+    name="llmgw-cli",
+    help="Operate an llmgw cluster: nodes, models, replicas, drains, history, keys, certificates.",
+)
+
+
+def main() -> None:
+    app()
