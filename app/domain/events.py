@@ -332,7 +332,8 @@ AnyEvent = (
 )
 
 EVENT_TYPES: dict[str, type[Event]] = {
-    _snake(cls.__name__): cls for cls in AnyEvent.__args__  # type: ignore[attr-defined]
+    _snake(cls.__name__): cls
+    for cls in AnyEvent.__args__
 }
 
 

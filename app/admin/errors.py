@@ -1,0 +1,68 @@
+"""The one table from exceptions to HTTP problem details (RFC 9457)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.types import ExceptionHandlersMap
+from litestar.status_codes import (
+    HTTP_409_CONFLICT,
+    HTTP_500_INTERNAL_SERVER_ERROR,
+    HTTP_503_SERVICE_UNAVAILABLE,
+)
+
+from app.store.errors import ConcurrencyError, FencedError, StoreError, StoreUnavailable
+
+log = structlog.get_logger(__name__)
+
+PROBLEM_TABLE: tuple[tuple[type[Exception], int, str], ...] = (
+    (ConcurrencyError, HTTP_409_CONFLICT, "conflict"),
+    (FencedError, HTTP_503_SERVICE_UNAVAILABLE, "not-leader"),
+    (StoreUnavailable, HTTP_503_SERVICE_UNAVAILABLE, "database-unavailable"),
+    (StoreError, HTTP_500_INTERNAL_SERVER_ERROR, "store-error"),
+)
+
+
+def problem(status: int, kind: str, detail: str, **extra: Any) -> Response[dict[str, Any]]:
+    return Response(
+        {
+            "type": f"https://llmgw.dev/problems/{kind}",
+            "title": kind,
+            "status": status,
+            "detail": detail,
+            **extra,
+        },
+        status_code=status,
+        media_type="application/problem+json",
+    )
+
+
+def handle_http(_: Request[Any, Any, Any], exc: HTTPException) -> Response[dict[str, Any]]:
+    extra: dict[str, Any] = {}
+    if isinstance(exc, ValidationException) and exc.extra:
+        extra["errors"] = exc.extra
+    return problem(exc.status_code, _slug(exc), exc.detail, **extra)
+
+
+def handle_domain(_: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
+    for kind, status, slug in PROBLEM_TABLE:
+        if isinstance(exc, kind):
+            return problem(status, slug, str(exc))
+    log.exception("admin.unhandled", error=str(exc))
+    return problem(
+        HTTP_500_INTERNAL_SERVER_ERROR, "internal-error", "internal error; see the server log"
+    )
+
+
+def _slug(exc: HTTPException) -> str:
+    name = type(exc).__name__.removesuffix("Exception")
+    return "".join(f"-{c.lower()}" if c.isupper() else c for c in name).lstrip("-") or "error"
+
+
+EXCEPTION_HANDLERS: ExceptionHandlersMap = {
+    HTTPException: handle_http,
+    Exception: handle_domain,
+}

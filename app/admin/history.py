@@ -1,0 +1,55 @@
+"""``/admin/v1/history/{subject}/{key}``: one entity's events, oldest first."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from litestar import Controller, get
+from litestar.params import Parameter
+
+from app.admin.auth import require_actor
+from app.admin.schemas import EventView, HistoryPage
+from app.domain.describe import describe
+from app.domain.envelope import Recorded
+from app.store.history import Subject, read_history
+from app.store.postgres import PostgresEventStore
+
+
+def event_view(recorded: Recorded) -> EventView:
+    data: dict[str, Any] = msgspec.to_builtins(recorded.event)
+    return EventView(
+        position=recorded.position,
+        recorded_at=recorded.recorded_at,
+        stream=recorded.stream,
+        version=recorded.version,
+        type=data.pop("type"),
+        actor=recorded.meta.actor,
+        correlation_id=recorded.meta.correlation_id,
+        causation_id=recorded.meta.causation_id,
+        summary=describe(recorded.event),
+        data=data,
+    )
+
+
+class HistoryController(Controller):
+    path = "/admin/v1/history"
+    guards = [require_actor]
+    tags = ["history"]
+
+    @get("/{subject:str}/{key:str}", summary="Events about one replica, node, model or key")
+    async def history(
+        self,
+        store: PostgresEventStore,
+        subject: Subject,
+        key: str,
+        after: Annotated[int, Parameter(ge=0, description="read events after this position")] = 0,
+        limit: Annotated[int, Parameter(ge=1, le=5000)] = 500,
+    ) -> HistoryPage:
+        events = await read_history(store.engine, subject, key, after, limit)
+        return HistoryPage(
+            kind=subject.value,
+            id=key,
+            events=[event_view(e) for e in events],
+            next_after=events[-1].position if len(events) == limit else None,
+        )

@@ -1,0 +1,140 @@
+"""One line per event, in words: what ``history`` and the event tail show an operator."""
+
+from __future__ import annotations
+
+from typing import assert_never
+
+from app.domain.events import (
+    AnyEvent,
+    ApiKeyCreated,
+    ApiKeyRevoked,
+    GpuMarkedUnhealthy,
+    GpuRecovered,
+    IdentityRejected,
+    ModelDeclared,
+    ModelRemoved,
+    ModelScaled,
+    ModelTuned,
+    ModelUnplaceable,
+    NodeConnected,
+    NodeCordoned,
+    NodeDisconnected,
+    NodeDrainFinished,
+    NodeDrainRequested,
+    NodeLost,
+    NodeRegistered,
+    NodeUncordoned,
+    ReplacementServing,
+    ReplicaAdopted,
+    ReplicaDrainStarted,
+    ReplicaFailed,
+    ReplicaLost,
+    ReplicaPlaced,
+    ReplicaServing,
+    ReplicaStartupTimedOut,
+    ReplicaStopped,
+    ReplicaStopping,
+    ShardFailed,
+    ShardReady,
+    ShardStarting,
+    ShardStopped,
+    StrayStopped,
+)
+
+
+def describe(event: AnyEvent) -> str:
+    match event:
+        case ModelDeclared(spec=spec):
+            return (
+                f"declared {spec.replicas} replica(s) x {spec.shards_per_replica} shard(s) "
+                f"x {spec.gpus_per_shard} GPU(s), engine {spec.engine}"
+            )
+        case ModelScaled():
+            return f"scaled from {event.previous} to {event.replicas} replica(s)"
+        case ModelRemoved():
+            return "removed: every replica drains"
+        case ModelTuned():
+            target = f"replica {event.replica_id}" if event.replica_id else "model"
+            return (
+                f"{target} tuned: weight {event.weight:g}, target_waiting "
+                f"{event.target_waiting}, kv_ceiling {event.kv_ceiling:g}"
+            )
+        case ModelUnplaceable():
+            return f"cannot place {event.missing_replicas} replica(s): {event.reason}"
+        case NodeRegistered():
+            return f"registered at {event.address} with {len(event.gpus)} GPU(s)"
+        case NodeConnected():
+            replaced = " (replaced an older connection)" if event.replaced_previous else ""
+            return f"agent {event.agent_version} connected from {event.remote_address}{replaced}"
+        case NodeDisconnected():
+            return f"disconnected: {event.reason}"
+        case NodeLost():
+            return f"lost after {event.disconnected_for_s:.0f}s disconnected"
+        case NodeCordoned():
+            return f"cordoned{': ' + event.reason if event.reason else ''}"
+        case NodeUncordoned():
+            return "uncordoned"
+        case NodeDrainRequested():
+            return f"drain {event.drain_id} requested (grace {event.grace_s:.0f}s)"
+        case NodeDrainFinished():
+            return f"drain {event.drain_id} finished: {event.outcome}"
+        case GpuMarkedUnhealthy():
+            return f"GPU {event.gpu_index} unhealthy: {event.reason}"
+        case GpuRecovered():
+            return f"GPU {event.gpu_index} healthy again"
+        case IdentityRejected():
+            return (
+                f"refused a connection claiming {event.claimed_node_id!r} from "
+                f"{event.remote_address}: {event.reason}"
+            )
+        case StrayStopped():
+            return (
+                f"stopped stray shard {event.replica_id}/{event.shard_index} on port "
+                f"{event.port}: {event.rule}"
+            )
+        case ReplicaPlaced():
+            where = ", ".join(
+                f"{s.node_id} GPUs {','.join(map(str, s.gpus))} port {s.port}" for s in event.shards
+            )
+            replaces = f", replacing {event.replaces}" if event.replaces else ""
+            return f"placed on {where} ({event.reason}{replaces})"
+        case ShardStarting():
+            pid = f" pid {event.pid}" if event.pid is not None else ""
+            return f"shard {event.shard_index} starting on {event.node_id}{pid}"
+        case ShardReady():
+            return f"shard {event.shard_index} ready on {event.node_id}"
+        case ShardFailed():
+            code = f" (exit {event.exit_code})" if event.exit_code is not None else ""
+            return f"shard {event.shard_index} failed on {event.node_id}{code}: {event.error}"
+        case ShardStopped():
+            return f"shard {event.shard_index} stopped on {event.node_id}"
+        case ReplicaServing():
+            return "serving"
+        case ReplicaFailed():
+            return f"failed: {event.reason}"
+        case ReplicaDrainStarted():
+            return f"draining (drain {event.drain_id}){': ' + event.reason if event.reason else ''}"
+        case ReplacementServing():
+            return f"replacement {event.replacement_id} is serving"
+        case ReplicaStopping():
+            return f"out of routing, stopping: {event.reason}"
+        case ReplicaStopped():
+            return "stopped"
+        case ReplicaStartupTimedOut():
+            return (
+                f"timed out in starting after {event.waited_s:.0f}s (limit {event.timeout_s:.0f}s)"
+            )
+        case ReplicaAdopted():
+            return (
+                f"shard {event.shard_index} adopted on {event.node_id} port {event.port}: "
+                f"{event.rule}"
+            )
+        case ReplicaLost():
+            return f"lost: {event.reason}"
+        case ApiKeyCreated():
+            scope = ", ".join(event.models) if event.models else "all models"
+            return f"key {event.name} ({event.prefix}...) created for {scope}"
+        case ApiKeyRevoked():
+            return "key revoked"
+        case _:
+            assert_never(event)

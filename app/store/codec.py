@@ -1,0 +1,87 @@
+"""Events to JSON and back, with upcasting of old payloads.
+
+A payload is stored with its ``type`` tag and the ``schema_version`` of the class that
+wrote it. Reading a payload at the current version is one msgspec decode into the tagged
+union; an older payload is first lifted version by version through ``UPCASTERS``, so the
+log stays readable forever without rewriting it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from app.domain.envelope import Meta
+from app.domain.events import EVENT_TYPES, AnyEvent, event_type
+from app.store.errors import UnreadableEvent
+
+Payload = dict[str, Any]
+Upcaster = Callable[[Payload], Payload]
+
+_encoder = msgspec.json.Encoder()
+_event_decoder = msgspec.json.Decoder(AnyEvent)
+_meta_decoder = msgspec.json.Decoder(Meta)
+
+
+def _shard_failed_v1_to_v2(payload: Payload) -> Payload:
+    """v1 kept the engine's log as one string under ``log``; v2 keeps a list of lines."""
+    lifted = dict(payload)
+    log = lifted.pop("log", "") or ""
+    lifted["log_tail"] = log.splitlines()[-100:]
+    return lifted
+
+
+UPCASTERS: dict[tuple[str, int], Upcaster] = {
+    ("shard_failed", 1): _shard_failed_v1_to_v2,
+}
+"""``(type, version) -> function`` lifting a payload from ``version`` to ``version + 1``."""
+
+
+def current_version(type_name: str) -> int:
+    cls = EVENT_TYPES.get(type_name)
+    return cls.schema_version if cls is not None else 1
+
+
+def encode_event(event: AnyEvent) -> tuple[str, int, bytes]:
+    """``(type, schema_version, json)`` for storage."""
+    return event_type(event), type(event).schema_version, _encoder.encode(event)
+
+
+def encode_meta(meta: Meta) -> bytes:
+    return _encoder.encode(meta)
+
+
+def decode_meta(data: bytes | str) -> Meta:
+    return _meta_decoder.decode(data)
+
+
+def decode_event(position: int, type_name: str, schema_version: int, data: bytes | str) -> AnyEvent:
+    try:
+        if type_name not in EVENT_TYPES:
+            raise UnreadableEvent(position, type_name, "unknown event type")
+        if schema_version == EVENT_TYPES[type_name].schema_version:
+            decoded: AnyEvent = _event_decoder.decode(data)
+            return decoded
+        payload: Payload = msgspec.json.decode(data)
+        payload = upcast(type_name, schema_version, payload)
+        payload["type"] = type_name
+        event: AnyEvent = msgspec.convert(payload, AnyEvent)
+        return event
+    except msgspec.ValidationError as exc:
+        raise UnreadableEvent(position, type_name, str(exc)) from exc
+    except msgspec.DecodeError as exc:
+        raise UnreadableEvent(position, type_name, str(exc)) from exc
+
+
+def upcast(type_name: str, schema_version: int, payload: Payload) -> Payload:
+    target = current_version(type_name)
+    version = schema_version
+    while version < target:
+        step = UPCASTERS.get((type_name, version))
+        if step is None:
+            raise UnreadableEvent(0, type_name, f"no upcaster from schema version {version}")
+        payload = step(payload)
+        version += 1
+    return payload

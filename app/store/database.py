@@ -1,0 +1,73 @@
+"""Connecting to PostgreSQL: one place that builds the engine and translates driver errors."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import cast
+
+import asyncpg
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from app.store.errors import StoreError, StoreUnavailable
+
+
+def sqlalchemy_url(url: str) -> str:
+    """Accept ``postgresql://`` (what operators paste) as well as the driver-qualified form."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+asyncpg://" + url[len(prefix) :]
+    return url
+
+
+def driver_url(url: str) -> str:
+    """The plain ``postgresql://`` URL asyncpg itself takes (LISTEN connections)."""
+    return url.replace("postgresql+asyncpg://", "postgresql://", 1)
+
+
+def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
+    return create_async_engine(
+        sqlalchemy_url(url),
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+        pool_recycle=1800,
+    )
+
+
+async def driver_connection(conn: AsyncConnection) -> asyncpg.Connection:
+    """The asyncpg connection under ``conn``, inside the same transaction.
+
+    The append path runs its statements on it directly: prepared, pipelined statements
+    are what keep an append close to the cost of a bare INSERT (see docs/performance.md).
+    """
+    raw = await conn.get_raw_connection()
+    return cast(asyncpg.Connection, raw.driver_connection)
+
+
+@asynccontextmanager
+async def translated_errors() -> AsyncIterator[None]:
+    """Driver and connection errors become ``StoreError``s, with the cause kept."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except (OSError, asyncpg.exceptions.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+        raise StoreUnavailable(f"database unreachable: {exc}") from exc
+    except (OperationalError, InterfaceError) as exc:
+        raise StoreUnavailable(f"database unreachable: {exc.orig or exc}") from exc
+    except asyncpg.exceptions.CannotConnectNowError as exc:
+        raise StoreUnavailable(f"database is starting or shutting down: {exc}") from exc
+    except (asyncpg.exceptions.AdminShutdownError, asyncpg.exceptions.CrashShutdownError) as exc:
+        raise StoreUnavailable(f"database shut down: {exc}") from exc
+    except DBAPIError as exc:
+        if exc.connection_invalidated:
+            raise StoreUnavailable(f"database connection lost: {exc.orig}") from exc
+        raise StoreError(f"database error: {exc.orig}") from exc
+
+
+async def ping(engine: AsyncEngine) -> None:
+    async with translated_errors(), engine.connect() as conn:
+        await conn.execute(text("SELECT 1"))

@@ -1,0 +1,42 @@
+"""Errors the event store raises; driver errors never leak past the store.
+
+StoreError
+├── ConcurrencyError       a stream moved on since the caller read it; nothing was written
+├── FencedError            the appender's leader epoch is no longer current
+├── StoreUnavailable       the database cannot be reached
+└── UnreadableEvent        a stored payload no longer decodes into any known event
+"""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Base of every error the event store raises."""
+
+
+class ConcurrencyError(StoreError):
+    def __init__(self, stream: str, expected: int | None, actual: int) -> None:
+        super().__init__(
+            f"stream {stream!r} is at version {actual}, not the expected {expected}; "
+            "nothing was written: reload and decide again"
+        )
+        self.stream = stream
+        self.expected = expected
+        self.actual = actual
+
+
+class FencedError(StoreError):
+    def __init__(self, epoch: int, current: int) -> None:
+        super().__init__(f"append refused: leader epoch {epoch} was superseded by epoch {current}")
+        self.epoch = epoch
+        self.current = current
+
+
+class StoreUnavailable(StoreError):
+    """The database could not be reached or the connection broke mid-operation."""
+
+
+class UnreadableEvent(StoreError):
+    def __init__(self, position: int, event_type: str, detail: str) -> None:
+        super().__init__(f"event {position} ({event_type}) cannot be decoded: {detail}")
+        self.position = position

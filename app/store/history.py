@@ -1,0 +1,46 @@
+"""Reading the log by the keys auditors filter on (indexed columns of ``events``)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.domain.envelope import Recorded
+from app.store.database import driver_connection, translated_errors
+from app.store.postgres import record_from_row
+
+
+class Subject(StrEnum):
+    """What a history is about, and the column that finds its events."""
+
+    REPLICA = "replica"
+    NODE = "node"
+    MODEL = "model"
+    KEY = "key"
+
+    @property
+    def condition(self) -> str:
+        match self:
+            case Subject.REPLICA:
+                return "replica_id = $1"
+            case Subject.NODE:
+                return "node_id = $1"
+            case Subject.MODEL:
+                return "model = $1"
+            case Subject.KEY:
+                return "stream = 'key-' || $1"
+
+
+async def read_history(
+    engine: AsyncEngine, subject: Subject, key: str, after: int = 0, limit: int = 500
+) -> list[Recorded]:
+    query = (
+        "SELECT position, stream, version, event_id, recorded_at, meta::text AS meta, type, "
+        f"schema_version, data::text AS data FROM events WHERE {subject.condition} "
+        "AND position > $2 ORDER BY position LIMIT $3"
+    )
+    async with translated_errors(), engine.connect() as conn:
+        db = await driver_connection(conn)
+        rows = await db.fetch(query, key, after, limit)
+    return [record_from_row(row) for row in rows]

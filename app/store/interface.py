@@ -1,0 +1,61 @@
+"""The event store's interface, shared by the PostgreSQL and the in-memory store."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+from uuid import UUID, uuid4
+
+import msgspec
+
+from app.domain.envelope import Meta, Recorded
+from app.domain.events import AnyEvent
+from app.domain.state import ClusterState
+
+NO_STREAM = 0
+"""Expected version of a stream that must not exist yet (versions start at 1)."""
+
+
+class NewEvent(msgspec.Struct, frozen=True):
+    """An event to append. ``event_id`` is the idempotency key: appending the same id twice
+    stores one event."""
+
+    event: AnyEvent
+    event_id: UUID = msgspec.field(default_factory=uuid4)
+
+
+class AppendRequest(msgspec.Struct, frozen=True):
+    """Events for one stream; ``expected_version=None`` skips the concurrency check."""
+
+    stream: str
+    expected_version: int | None
+    events: Sequence[NewEvent]
+
+
+class EventStore(Protocol):
+    """Append-only log of events with optimistic concurrency, read in global order.
+
+    ``state`` is the cluster folded from every event up to ``state.position``: each store
+    keeps it current on append and catches up with writers in other processes.
+    """
+
+    @property
+    def state(self) -> ClusterState: ...
+
+    async def append(
+        self, stream: str, expected_version: int | None, events: Sequence[NewEvent], meta: Meta
+    ) -> list[Recorded]: ...
+
+    async def append_many(
+        self, requests: Sequence[AppendRequest], meta: Meta
+    ) -> list[Recorded]: ...
+
+    async def read_stream(self, stream: str, after_version: int = 0) -> list[Recorded]: ...
+
+    async def read_all(self, after_position: int = 0, limit: int = 1000) -> list[Recorded]: ...
+
+    async def stream_version(self, stream: str) -> int: ...
+
+    async def last_position(self) -> int: ...
+
+    async def catch_up(self) -> ClusterState: ...

@@ -1,0 +1,49 @@
+"""Running the Alembic migrations from code (``llmgw-server migrate``, tests, the dev cluster)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.store.database import sqlalchemy_url
+
+
+def migrations_dir() -> Path:
+    configured = os.environ.get("LLMGW_MIGRATIONS_DIR")
+    if configured:
+        return Path(configured)
+    return Path(__file__).resolve().parents[2] / "migrations"
+
+
+def alembic_config(url: str) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    config.set_main_option("sqlalchemy.url", sqlalchemy_url(url).replace("%", "%%"))
+    return config
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Upgrade the database at ``url``. Blocking: call it outside a running event loop
+    (or through ``asyncio.to_thread``)."""
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str, revision: str = "base") -> None:
+    command.downgrade(alembic_config(url), revision)
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory(str(migrations_dir())).get_current_head()
+
+
+async def current_revision(engine: AsyncEngine) -> str | None:
+    async with engine.connect() as conn:
+        return await conn.run_sync(
+            lambda sync: MigrationContext.configure(sync).get_current_revision()
+        )

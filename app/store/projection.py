@@ -1,0 +1,214 @@
+"""From ``ClusterState`` to table rows.
+
+The projector folds events with the domain's ``evolve`` and then writes, for every entity
+an event touched, the row that entity now maps to (or deletes it). The same row functions
+produce the expected tables in ``projections rebuild --verify``, so the SQL tables and the
+in-memory state are two renderings of one fold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+from app.domain.envelope import Recorded
+from app.domain.evolve import evolve
+from app.domain.state import ApiKey, ClusterState, Model, Node, Replica
+
+Row = dict[str, Any]
+
+
+class Touched(msgspec.Struct):
+    """Keys of the entities a batch of events may have changed."""
+
+    models: set[str] = msgspec.field(default_factory=set)
+    nodes: set[str] = msgspec.field(default_factory=set)
+    replicas: set[str] = msgspec.field(default_factory=set)
+    keys: set[str] = msgspec.field(default_factory=set)
+
+    def add(self, recorded: Recorded) -> None:
+        event = recorded.event
+        # Every event names the entities it concerns with these field names; touching an
+        # entity the event did not change only rewrites an identical row.
+        model = getattr(event, "model", None)
+        if model is not None:
+            self.models.add(model)
+        node_id = getattr(event, "node_id", None)
+        if node_id is not None:
+            self.nodes.add(node_id)
+        replica_id = getattr(event, "replica_id", None)
+        if replica_id is not None:
+            self.replicas.add(replica_id)
+        key_id = getattr(event, "key_id", None)
+        if key_id is not None:
+            self.keys.add(key_id)
+
+
+class RowChanges(msgspec.Struct):
+    """Rows to upsert and keys to delete, per table."""
+
+    upserts: dict[str, list[Row]] = msgspec.field(default_factory=dict)
+    deletes: dict[str, list[str]] = msgspec.field(default_factory=dict)
+    shard_owners: list[str] = msgspec.field(default_factory=list)
+    """Replicas whose shard rows are replaced wholesale."""
+
+
+def model_row(model: Model) -> Row:
+    spec = model.spec
+    return {
+        "name": model.name,
+        "engine": spec.engine,
+        "command": spec.command,
+        "gpus_per_shard": spec.gpus_per_shard,
+        "gpu_memory_gib": float(spec.gpu_memory_gib),
+        "shards_per_replica": spec.shards_per_replica,
+        "desired_replicas": model.desired,
+        "removed": model.removed,
+        "weight": float(spec.routing.weight),
+        "target_waiting": spec.routing.target_waiting,
+        "kv_ceiling": float(spec.routing.kv_ceiling),
+        "spec": msgspec.to_builtins(spec),
+        "replicas_created": model.replicas_created,
+        "unplaceable_reason": model.unplaceable_reason,
+        "tuned_summary": model.tuned_summary,
+        "declared_at": model.declared_at,
+    }
+
+
+def node_row(node: Node) -> Row:
+    return {
+        "id": node.id,
+        "address": node.address,
+        "remote_address": node.remote_address,
+        "labels": dict(node.labels),
+        "gpus": msgspec.to_builtins(node.gpus),
+        "gpu_count": len(node.gpus),
+        "healthy_gpu_count": sum(1 for gpu in node.gpus if gpu.healthy),
+        "agent_version": node.agent_version,
+        "port_lo": node.port_range[0],
+        "port_hi": node.port_range[1],
+        "connected": node.connected,
+        "lost": node.lost,
+        "cordoned": node.cordoned,
+        "cordon_reason": node.cordon_reason,
+        "drain_id": node.drain_id,
+        "drain_grace_s": node.drain_grace_s,
+        "drain_requested_at": node.drain_requested_at,
+        "registered_at": node.registered_at,
+        "last_change_at": node.last_change_at,
+    }
+
+
+def replica_row(replica: Replica) -> Row:
+    routing = replica.routing
+    return {
+        "id": replica.id,
+        "model": replica.model,
+        "number": replica.number,
+        "phase": replica.phase.value,
+        "routable": replica.routable,
+        "placed_at": replica.placed_at,
+        "reason": replica.reason,
+        "replaces": replica.replaces,
+        "starting_since": replica.starting_since,
+        "serving_since": replica.serving_since,
+        "drain_id": replica.drain_id,
+        "replacement_id": replica.replacement_id,
+        "ended_at": replica.ended_at,
+        "end_reason": replica.end_reason,
+        "weight": float(routing.weight) if routing else None,
+        "target_waiting": routing.target_waiting if routing else None,
+        "kv_ceiling": float(routing.kv_ceiling) if routing else None,
+    }
+
+
+def shard_rows(replica: Replica) -> list[Row]:
+    return [
+        {
+            "replica_id": replica.id,
+            "shard_index": shard.index,
+            "node_id": shard.node_id,
+            "gpus": list(shard.gpus),
+            "port": shard.port,
+            "phase": shard.phase.value,
+            "pid": shard.pid,
+            "came_up": shard.came_up,
+            "error": shard.error,
+            "exit_code": shard.exit_code,
+            "log_tail": list(shard.log_tail),
+        }
+        for shard in replica.shards
+    ]
+
+
+def key_row(key: ApiKey) -> Row:
+    return {
+        "id": key.id,
+        "name": key.name,
+        "prefix": key.prefix,
+        "secret_hash": key.secret_hash,
+        "models": list(key.models),
+        "rpm": key.rpm,
+        "tpm": key.tpm,
+        "created_at": key.created_at,
+        "created_by": key.created_by,
+        "revoked_at": key.revoked_at,
+        "revoked_by": key.revoked_by,
+    }
+
+
+def all_rows(state: ClusterState) -> dict[str, list[Row]]:
+    """Every projection row the state maps to, keyed by table name."""
+    return {
+        "models": [model_row(m) for m in state.models.values()],
+        "nodes": [node_row(n) for n in state.nodes.values()],
+        "replicas": [replica_row(r) for r in state.replicas.values()],
+        "shards": [row for r in state.replicas.values() for row in shard_rows(r)],
+        "api_keys": [key_row(k) for k in state.keys.values()],
+    }
+
+
+def fold(state: ClusterState, batch: Iterable[Recorded]) -> RowChanges:
+    """Evolve ``state`` by ``batch`` and return the row changes that mirror it."""
+    touched = Touched()
+    for recorded in batch:
+        evolve(state, recorded)
+        touched.add(recorded)
+    return changes_for(state, touched)
+
+
+def changes_for(state: ClusterState, touched: Touched) -> RowChanges:
+    changes = RowChanges()
+    _collect(changes, "models", touched.models, state.models, model_row)
+    _collect(changes, "nodes", touched.nodes, state.nodes, node_row)
+    _collect(changes, "replicas", touched.replicas, state.replicas, replica_row)
+    _collect(changes, "api_keys", touched.keys, state.keys, key_row)
+    changes.shard_owners = sorted(touched.replicas)
+    changes.upserts["shards"] = [
+        row
+        for replica_id in changes.shard_owners
+        if (replica := state.replicas.get(replica_id)) is not None
+        for row in shard_rows(replica)
+    ]
+    return changes
+
+
+def _collect(
+    changes: RowChanges,
+    table: str,
+    keys: set[str],
+    entities: dict[str, Any],
+    to_row: Any,
+) -> None:
+    upserts: list[Row] = []
+    deletes: list[str] = []
+    for key in sorted(keys):
+        entity = entities.get(key)
+        if entity is None:
+            deletes.append(key)
+        else:
+            upserts.append(to_row(entity))
+    changes.upserts[table] = upserts
+    changes.deletes[table] = deletes
