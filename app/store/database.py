@@ -32,7 +32,9 @@ def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
         sqlalchemy_url(url),
         pool_size=pool_size,
         max_overflow=pool_size,
-        pool_pre_ping=True,
+        # No pre-ping: it costs two round trips per checkout, more than an append itself.
+        # A connection that broke is invalidated where the error surfaces (connection()).
+        pool_pre_ping=False,
         pool_recycle=1800,
     )
 
@@ -45,6 +47,26 @@ async def driver_connection(conn: AsyncConnection) -> asyncpg.Connection:
     """
     raw = await conn.get_raw_connection()
     return cast(asyncpg.Connection, raw.driver_connection)
+
+
+_BROKEN_CONNECTION = (
+    OSError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,
+)
+
+
+@asynccontextmanager
+async def connection(engine: AsyncEngine) -> AsyncIterator[asyncpg.Connection]:
+    """A pooled asyncpg connection, with errors translated. A connection that broke (the
+    database restarted, say) is invalidated so the pool never hands it out again."""
+    async with translated_errors(), engine.connect() as conn:
+        try:
+            yield await driver_connection(conn)
+        except _BROKEN_CONNECTION:
+            await conn.invalidate()
+            raise
 
 
 @asynccontextmanager
@@ -60,7 +82,7 @@ async def translated_errors() -> AsyncIterator[None]:
         raise StoreUnavailable(f"database unreachable: {exc.orig or exc}") from exc
     except asyncpg.exceptions.CannotConnectNowError as exc:
         raise StoreUnavailable(f"database is starting or shutting down: {exc}") from exc
-    except (asyncpg.exceptions.AdminShutdownError, asyncpg.exceptions.CrashShutdownError) as exc:
+    except asyncpg.exceptions.OperatorInterventionError as exc:
         raise StoreUnavailable(f"database shut down: {exc}") from exc
     except DBAPIError as exc:
         if exc.connection_invalidated:

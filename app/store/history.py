@@ -7,7 +7,7 @@ from enum import StrEnum
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.envelope import Recorded
-from app.store.database import driver_connection, translated_errors
+from app.store.database import connection
 from app.store.postgres import record_from_row
 
 
@@ -40,7 +40,6 @@ async def read_history(
         f"schema_version, data::text AS data FROM events WHERE {subject.condition} "
         "AND position > $2 ORDER BY position LIMIT $3"
     )
-    async with translated_errors(), engine.connect() as conn:
-        db = await driver_connection(conn)
+    async with connection(engine) as db:
         rows = await db.fetch(query, key, after, limit)
     return [record_from_row(row) for row in rows]

@@ -1,16 +1,17 @@
 """The event store in PostgreSQL: events, projection rows and checkpoint in one transaction.
 
-Why appends are serialized: ``position`` comes from an identity sequence, and sequence
-values are handed out when a row is inserted, not when its transaction commits. Two
-concurrent appenders could commit positions 8 and 7 in that order; a reader that has
-already seen 8 and continues from ``position > 8`` would never see 7. Every append
-therefore takes one transaction-scoped advisory lock before it reads versions or inserts,
-so positions become visible strictly in commit order and a tailer can never skip an event.
+An append is one call of the ``llmgw_append`` function (migration 0002): it takes the
+append lock, checks that the caller's fold is current, that no event id is already
+stored and that every stream is at the version the caller expects, inserts the events,
+replaces the projection rows of every entity they touch, moves the checkpoint and
+notifies listeners, all in one statement and so one transaction. Why appends are
+serialized, and why this is one round trip, is explained there.
 
-The version check and the idempotency check run under that lock *before* anything is
-inserted, so a writer that loses the check consumes no position: it leaves no hole.
-(A transaction that fails after inserting, say a lost connection, does leave a gap;
-readers never wait for gaps, they only rely on commit order, so a gap cannot stall them.)
+The version check runs here first, against the stream versions of the in-memory fold, so a
+writer that loses a race is refused before anything reaches the database and consumes no
+position: it leaves no hole. (A transaction that fails after inserting, a lost connection
+say, does leave a gap in ``position``; readers never wait for gaps, they rely only on
+positions becoming visible in commit order, so a gap cannot stall them.)
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from typing import Any
 
 import asyncpg
 import msgspec
-from sqlalchemy import Table, text
+from msgspec.structs import replace
+from sqlalchemy import Table
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -30,30 +32,27 @@ from app.domain.envelope import Meta, Recorded
 from app.domain.evolve import evolve
 from app.domain.state import ClusterState
 from app.store.codec import decode_event, decode_meta, encode_event, encode_meta
-from app.store.database import driver_connection, translated_errors
-from app.store.errors import ConcurrencyError, FencedError
+from app.store.database import connection
+from app.store.errors import ConcurrencyError, FencedError, StoreError
 from app.store.interface import AppendRequest, NewEvent
-from app.store.projection import RowChanges, fold
-from app.store.tables import PROJECTION_TABLES, api_keys, models, nodes, replicas, shards
+from app.store.projection import RowChanges, Snapshot, Touched, fold
+from app.store.tables import PROJECTION_TABLES
 
 APPEND_LOCK_KEY = 0x6C6C6D67_77000001  # "llmgw" + 1: one key for the whole log
 NOTIFY_CHANNEL = "llmgw_events"
 CHECKPOINT = "main"
-_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
 
 _SELECT_EVENTS = (
     "SELECT position, stream, version, event_id, recorded_at, meta::text AS meta, type, "
     "schema_version, data::text AS data FROM events"
 )
 
-_INSERT_EVENTS = """
-INSERT INTO events (stream, version, type, schema_version, data, meta, event_id,
-                    recorded_at, replica_id, node_id, model, actor, correlation_id)
-SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::smallint[], $5::jsonb[],
-                     $6::jsonb[], $7::uuid[], $8::timestamptz[], $9::text[], $10::text[],
-                     $11::text[], $12::text[], $13::text[])
-RETURNING position, event_id
-"""
+_APPEND_CALL = (
+    "SELECT out_position, out_event_id FROM llmgw_append($1, $2, $3::text[], $4::int[], "
+    "$5::text[], $6::smallint[], $7::jsonb[], $8::uuid[], $9::text[], $10::text[], "
+    "$11::text[], $12::jsonb, $13, $14, $15, $16::jsonb, $17::jsonb, $18)"
+)
+_encoder = msgspec.json.Encoder()
 
 
 def _utc_now() -> datetime:
@@ -71,8 +70,8 @@ class PostgresEventStore:
         self._clock = clock
         self._channel = notify_channel
         self._state = ClusterState()
-        # The state must be rebuilt from the log before it is trusted: at start, and after
-        # a transaction failed once the fold had already changed it.
+        self._versions: dict[str, int] = {}
+        # Rebuild the fold from the whole log before trusting it (at start).
         self._stale = True
         # One fold at a time in this process: an append and a catch-up must not both
         # evolve the same events into the shared state.
@@ -92,90 +91,122 @@ class PostgresEventStore:
         return await self.append_many([AppendRequest(stream, expected_version, events)], meta)
 
     async def append_many(self, requests: Sequence[AppendRequest], meta: Meta) -> list[Recorded]:
-        folded = False
-        try:
-            async with self._state_lock, translated_errors(), self._engine.begin() as conn:
-                # Through SQLAlchemy, so its transaction has begun before the driver is used.
-                await conn.execute(_LOCK, {"key": APPEND_LOCK_KEY})
-                db = await driver_connection(conn)
-                if meta.epoch is not None:
-                    await _check_epoch(db, meta.epoch)
-                existing, fresh = await _split_known(db, requests)
-                if not any(events for _, _, events in fresh):
-                    return existing
-                versions = await _check_versions(db, fresh)
+        async with self._state_lock, connection(self._engine) as db:
+            if self._stale:
                 await self._catch_up_locked(db)
-                recorded = await self._insert(db, fresh, versions, meta)
-                folded = True
-                changes = fold(self._state, recorded)
-                await _write_changes(db, changes)
-                await db.execute(
-                    "UPDATE projection_checkpoints SET position = $1 WHERE name = $2",
-                    self._state.position,
-                    CHECKPOINT,
-                )
-                last = str(recorded[-1].position)
-                await db.execute("SELECT pg_notify($1, $2)", self._channel, last)
-            return existing + recorded
-        except BaseException:
-            if folded:
-                self._stale = True
-            raise
+            try:
+                # Optimistic: one round trip when our fold is current (the usual case for
+                # the control plane, the only steady writer).
+                return await self._attempt(db, requests, meta)
+            except _Stale:
+                pass
+            # Another process appended meanwhile. Take the append lock for the whole
+            # catch-up and append, so a busy log cannot starve this writer.
+            async with db.transaction():
+                await db.execute("SELECT pg_advisory_xact_lock($1)", APPEND_LOCK_KEY)
+                await self._catch_up_locked(db)
+                return await self._attempt(db, requests, meta)
 
-    async def _insert(
-        self,
-        db: asyncpg.Connection,
-        fresh: list[tuple[str, int | None, list[NewEvent]]],
-        versions: dict[str, int],
-        meta: Meta,
+    async def _attempt(
+        self, db: asyncpg.Connection, requests: Sequence[AppendRequest], meta: Meta
     ) -> list[Recorded]:
-        now = self._clock()
-        meta_json = encode_meta(meta).decode()
-        columns: list[list[Any]] = [[] for _ in range(13)]
-        pending: list[tuple[str, int, NewEvent]] = []
-        for stream, _, events in fresh:
-            version = versions.get(stream, 0)
-            for new in events:
-                version += 1
-                type_name, schema_version, data = encode_event(new.event)
-                event = new.event
-                row = (
-                    stream,
-                    version,
-                    type_name,
-                    schema_version,
-                    data.decode(),
-                    meta_json,
-                    new.event_id,
-                    now,
-                    getattr(event, "replica_id", None),
-                    getattr(event, "node_id", None) or getattr(event, "claimed_node_id", None),
-                    getattr(event, "model", None),
-                    meta.actor,
-                    meta.correlation_id,
-                )
-                for column, value in zip(columns, row, strict=True):
-                    column.append(value)
-                pending.append((stream, version, new))
-        returned = await db.fetch(_INSERT_EVENTS, *columns)
-        positions = {row["event_id"]: row["position"] for row in returned}
-        return [
-            Recorded(
-                position=positions[new.event_id],
-                stream=stream,
-                version=version,
-                event_id=new.event_id,
-                recorded_at=now,
-                meta=meta,
-                event=new.event,
-            )
-            for stream, version, new in pending
-        ]
+        try:
+            plan = self._plan(requests, meta)
+        except ConcurrencyError:
+            if await self._catch_up_locked(db) > 0:
+                raise _Stale() from None  # another writer moved the stream: check again
+            if await _any_stored(db, requests):
+                return await self._append_rest(db, requests, meta)
+            raise  # our fold is current and the events are new: a real conflict
+        if not plan:
+            return []
+        try:
+            return await self._call_append(db, plan, meta)
+        except _AlreadyStored:
+            return await self._append_rest(db, requests, meta)
 
-    async def _catch_up_locked(self, db: asyncpg.Connection) -> None:
+    def _plan(self, requests: Sequence[AppendRequest], meta: Meta) -> list[Recorded]:
+        """The events as they will be recorded (positions provisional), checking versions."""
+        now = self._clock()
+        versions: dict[str, int] = {}
+        plan: list[Recorded] = []
+        position = self._state.position
+        for request in requests:
+            actual = versions.get(request.stream, self._versions.get(request.stream, 0))
+            expected = request.expected_version
+            if expected is not None and expected != actual and request.events:
+                raise ConcurrencyError(request.stream, expected, actual)
+            for new in request.events:
+                actual += 1
+                position += 1
+                plan.append(
+                    Recorded(
+                        position=position,
+                        stream=request.stream,
+                        version=actual,
+                        event_id=new.event_id,
+                        recorded_at=now,
+                        meta=meta,
+                        event=new.event,
+                    )
+                )
+            versions[request.stream] = actual
+        return plan
+
+    async def _call_append(
+        self, db: asyncpg.Connection, plan: list[Recorded], meta: Meta
+    ) -> list[Recorded]:
+        touched = Touched()
+        for planned in plan:
+            touched.add(planned)
+        snapshot = Snapshot.take(self._state, touched)
+        changes = fold(self._state, plan)
+        try:
+            rows = await db.fetch(
+                _APPEND_CALL, *_arguments(plan, meta, changes, snapshot.position, self._channel)
+            )
+        except asyncpg.PostgresError as exc:
+            snapshot.restore(self._state)
+            raise _translate(exc) from exc
+        except BaseException:
+            # The call may or may not have committed: undo the fold; if it did commit, the
+            # next append finds the log ahead of us and catches up.
+            snapshot.restore(self._state)
+            raise
+        positions = {row["out_event_id"]: row["out_position"] for row in rows}
+        recorded = [replace(r, position=positions[r.event_id]) for r in plan]
+        self._state.position = max(positions.values())
+        for one in recorded:
+            self._versions[one.stream] = one.version
+        return recorded
+
+    async def _append_rest(
+        self, db: asyncpg.Connection, requests: Sequence[AppendRequest], meta: Meta
+    ) -> list[Recorded]:
+        """Some events were stored before (a retried request): return those as stored and
+        append the others, if any."""
+        await self._catch_up_locked(db)
+        ids = [new.event_id for request in requests for new in request.events]
+        rows = await db.fetch(_SELECT_EVENTS + " WHERE event_id = ANY($1::uuid[])", ids)
+        known = {row["event_id"]: record_from_row(row) for row in rows}
+        rest = [
+            AppendRequest(
+                r.stream, r.expected_version, [e for e in r.events if e.event_id not in known]
+            )
+            for r in requests
+        ]
+        stored = [known[i] for i in ids if i in known]
+        if not any(r.events for r in rest):
+            return stored
+        plan = self._plan(rest, meta)
+        return stored + await self._call_append(db, plan, meta)
+
+    async def _catch_up_locked(self, db: asyncpg.Connection) -> int:
         """Fold what other writers appended since our state was last current."""
         if self._stale:
             self._state = ClusterState()
+            self._versions = {}
+        count = 0
         while True:
             rows = await db.fetch(
                 _SELECT_EVENTS + " WHERE position > $1 ORDER BY position LIMIT 10000",
@@ -185,18 +216,19 @@ class PostgresEventStore:
                 break
             for recorded in map(record_from_row, rows):
                 evolve(self._state, recorded)
+                self._versions[recorded.stream] = recorded.version
+            count += len(rows)
         self._stale = False
+        return count
 
     async def catch_up(self) -> ClusterState:
-        """Bring ``state`` up to the end of the log (reads only; takes no lock)."""
-        async with self._state_lock, translated_errors(), self._engine.connect() as conn:
-            db = await driver_connection(conn)
+        """Bring ``state`` up to the end of the log."""
+        async with self._state_lock, connection(self._engine) as db:
             await self._catch_up_locked(db)
         return self._state
 
     async def read_stream(self, stream: str, after_version: int = 0) -> list[Recorded]:
-        async with translated_errors(), self._engine.connect() as conn:
-            db = await driver_connection(conn)
+        async with connection(self._engine) as db:
             rows = await db.fetch(
                 _SELECT_EVENTS + " WHERE stream = $1 AND version > $2 ORDER BY version",
                 stream,
@@ -205,8 +237,7 @@ class PostgresEventStore:
         return [record_from_row(row) for row in rows]
 
     async def read_all(self, after_position: int = 0, limit: int = 1000) -> list[Recorded]:
-        async with translated_errors(), self._engine.connect() as conn:
-            db = await driver_connection(conn)
+        async with connection(self._engine) as db:
             rows = await db.fetch(
                 _SELECT_EVENTS + " WHERE position > $1 ORDER BY position LIMIT $2",
                 after_position,
@@ -215,18 +246,84 @@ class PostgresEventStore:
         return [record_from_row(row) for row in rows]
 
     async def stream_version(self, stream: str) -> int:
-        async with translated_errors(), self._engine.connect() as conn:
-            db = await driver_connection(conn)
+        async with connection(self._engine) as db:
             version = await db.fetchval(
                 "SELECT coalesce(max(version), 0) FROM events WHERE stream = $1", stream
             )
         return int(version)
 
     async def last_position(self) -> int:
-        async with translated_errors(), self._engine.connect() as conn:
-            db = await driver_connection(conn)
+        async with connection(self._engine) as db:
             position = await db.fetchval("SELECT coalesce(max(position), 0) FROM events")
         return int(position)
+
+
+async def _any_stored(db: asyncpg.Connection, requests: Sequence[AppendRequest]) -> bool:
+    ids = [new.event_id for request in requests for new in request.events]
+    return bool(
+        await db.fetchval("SELECT count(*) FROM events WHERE event_id = ANY($1::uuid[])", ids)
+    )
+
+
+class _Stale(Exception):
+    """Another writer appended since our fold was current."""
+
+
+class _AlreadyStored(Exception):
+    """At least one event id is already in the log."""
+
+
+def _translate(exc: asyncpg.PostgresError) -> Exception:
+    detail = getattr(exc, "detail", None) or ""
+    match exc.sqlstate:
+        case "LG001":
+            return _Stale()
+        case "LG004":
+            return _AlreadyStored()
+        case "LG003":
+            return FencedError(0, int(detail or 0))
+        case "LG002":
+            stream, _, actual = detail.rpartition(" ")
+            return ConcurrencyError(stream, None, int(actual or 0))
+    return StoreError(f"append failed: {exc}")
+
+
+def _arguments(
+    plan: list[Recorded], meta: Meta, changes: RowChanges, last_position: int, channel: str
+) -> tuple[Any, ...]:
+    columns: list[list[Any]] = [[] for _ in range(9)]
+    for recorded in plan:
+        event = recorded.event
+        type_name, schema_version, data = encode_event(event)
+        values = (
+            recorded.stream,
+            recorded.version,
+            type_name,
+            schema_version,
+            data.decode(),
+            recorded.event_id,
+            getattr(event, "replica_id", None),
+            getattr(event, "node_id", None) or getattr(event, "claimed_node_id", None),
+            getattr(event, "model", None),
+        )
+        for column, value in zip(columns, values, strict=True):
+            column.append(value)
+    return (
+        last_position,
+        meta.epoch,
+        *columns,
+        encode_meta(meta).decode(),
+        plan[0].recorded_at,
+        meta.actor,
+        meta.correlation_id,
+        _json(changes.touched),
+        _json(changes.rows),
+        channel,
+    )
+
+
+def _json(value: Any) -> str:
+    return _encoder.encode(value).decode()
 
 
 def record_from_row(row: asyncpg.Record) -> Recorded:
@@ -242,108 +339,15 @@ def record_from_row(row: asyncpg.Record) -> Recorded:
     )
 
 
-async def _check_epoch(db: asyncpg.Connection, epoch: int) -> None:
-    current = await db.fetchval("SELECT epoch FROM leadership WHERE id = 1")
-    if current is not None and current > epoch:
-        raise FencedError(epoch, int(current))
-
-
-async def _split_known(
-    db: asyncpg.Connection, requests: Sequence[AppendRequest]
-) -> tuple[list[Recorded], list[tuple[str, int | None, list[NewEvent]]]]:
-    """Events already in the log (by ``event_id``) and, per stream, those that are not."""
-    ids = [new.event_id for request in requests for new in request.events]
-    rows = await db.fetch(_SELECT_EVENTS + " WHERE event_id = ANY($1::uuid[])", ids) if ids else []
-    known = {row["event_id"]: record_from_row(row) for row in rows}
-    fresh = [
-        (r.stream, r.expected_version, [e for e in r.events if e.event_id not in known])
-        for r in requests
-    ]
-    return [known[i] for i in ids if i in known], fresh
-
-
-async def _check_versions(
-    db: asyncpg.Connection, fresh: list[tuple[str, int | None, list[NewEvent]]]
-) -> dict[str, int]:
-    streams = sorted({stream for stream, _, events in fresh if events})
-    rows = await db.fetch(
-        "SELECT stream, max(version) AS version FROM events WHERE stream = ANY($1::text[]) "
-        "GROUP BY stream",
-        streams,
-    )
-    versions = {row["stream"]: int(row["version"]) for row in rows}
-    for stream, expected, events in fresh:
-        if events and expected is not None and versions.get(stream, 0) != expected:
-            raise ConcurrencyError(stream, expected, versions.get(stream, 0))
-    return versions
-
-
-# -- writing projection rows -------------------------------------------------------------
-
-
-class _TableWriter(msgspec.Struct, frozen=True):
-    name: str
-    key: str
-    columns: tuple[str, ...]
-    json_columns: frozenset[str]
-    upsert_sql: str
-    delete_sql: str
-
-    def encode(self, row: dict[str, Any]) -> tuple[Any, ...]:
-        return tuple(
-            msgspec.json.encode(row[c]).decode() if c in self.json_columns else row[c]
-            for c in self.columns
-        )
-
-
-def _writer(table: Table) -> _TableWriter:
-    columns = tuple(c.name for c in table.columns)
-    keys = [c.name for c in table.primary_key.columns]
-    values = ", ".join(
-        f"${i}::jsonb" if isinstance(table.c[c].type, JSONB) else f"${i}"
-        for i, c in enumerate(columns, 1)
-    )
-    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns if c not in keys)
-    return _TableWriter(
-        name=table.name,
-        key=keys[0],
-        columns=columns,
-        json_columns=frozenset(c.name for c in table.columns if isinstance(c.type, JSONB)),
-        upsert_sql=(
-            f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES ({values}) "
-            f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {updates}"
-        ),
-        delete_sql=f"DELETE FROM {table.name} WHERE {keys[0]} = ANY($1::text[])",
-    )
-
-
-WRITERS = {table.name: _writer(table) for table in PROJECTION_TABLES}
-_ENTITY_TABLES = (models, nodes, replicas, api_keys)
-
-
-async def _write_changes(db: asyncpg.Connection, changes: RowChanges) -> None:
-    for table in _ENTITY_TABLES:
-        writer = WRITERS[table.name]
-        deletes = changes.deletes.get(table.name)
-        if deletes:
-            await db.execute(writer.delete_sql, deletes)
-        upserts = changes.upserts.get(table.name)
-        if upserts:
-            await db.executemany(writer.upsert_sql, [writer.encode(row) for row in upserts])
-    if changes.shard_owners:
-        shard_writer = WRITERS[shards.name]
-        await db.execute(
-            "DELETE FROM shards WHERE replica_id = ANY($1::text[])", changes.shard_owners
-        )
-        rows = changes.upserts.get(shards.name)
-        if rows:
-            await db.executemany(shard_writer.upsert_sql, [shard_writer.encode(r) for r in rows])
-
-
 async def write_all_rows(db: asyncpg.Connection, rows: dict[str, list[dict[str, Any]]]) -> None:
     """Insert every row of a fresh projection (used by rebuild, after TRUNCATE)."""
     for table in PROJECTION_TABLES:
-        writer = WRITERS[table.name]
-        encoded = [writer.encode(row) for row in rows[table.name]]
-        if encoded:
-            await db.executemany(writer.upsert_sql, encoded)
+        await db.execute(
+            f"INSERT INTO {table.name} SELECT * FROM "
+            f"jsonb_populate_recordset(NULL::{table.name}, $1::jsonb)",
+            _json(rows[table.name]),
+        )
+
+
+def json_columns(table: Table) -> frozenset[str]:
+    return frozenset(c.name for c in table.columns if isinstance(c.type, JSONB))

@@ -47,12 +47,10 @@ class Touched(msgspec.Struct):
 
 
 class RowChanges(msgspec.Struct):
-    """Rows to upsert and keys to delete, per table."""
+    """The rows of every touched entity, to replace what the tables hold for those keys."""
 
-    upserts: dict[str, list[Row]] = msgspec.field(default_factory=dict)
-    deletes: dict[str, list[str]] = msgspec.field(default_factory=dict)
-    shard_owners: list[str] = msgspec.field(default_factory=list)
-    """Replicas whose shard rows are replaced wholesale."""
+    touched: dict[str, list[str]]
+    rows: dict[str, list[Row]]
 
 
 def model_row(model: Model) -> Row:
@@ -174,41 +172,61 @@ def fold(state: ClusterState, batch: Iterable[Recorded]) -> RowChanges:
     """Evolve ``state`` by ``batch`` and return the row changes that mirror it."""
     touched = Touched()
     for recorded in batch:
-        evolve(state, recorded)
         touched.add(recorded)
+        evolve(state, recorded)
     return changes_for(state, touched)
 
 
 def changes_for(state: ClusterState, touched: Touched) -> RowChanges:
-    changes = RowChanges()
-    _collect(changes, "models", touched.models, state.models, model_row)
-    _collect(changes, "nodes", touched.nodes, state.nodes, node_row)
-    _collect(changes, "replicas", touched.replicas, state.replicas, replica_row)
-    _collect(changes, "api_keys", touched.keys, state.keys, key_row)
-    changes.shard_owners = sorted(touched.replicas)
-    changes.upserts["shards"] = [
-        row
-        for replica_id in changes.shard_owners
-        if (replica := state.replicas.get(replica_id)) is not None
-        for row in shard_rows(replica)
-    ]
-    return changes
+    replicas = [state.replicas[k] for k in sorted(touched.replicas) if k in state.replicas]
+    return RowChanges(
+        touched={
+            "models": sorted(touched.models),
+            "nodes": sorted(touched.nodes),
+            "replicas": sorted(touched.replicas),
+            "api_keys": sorted(touched.keys),
+        },
+        rows={
+            "models": [model_row(state.models[k]) for k in touched.models if k in state.models],
+            "nodes": [node_row(state.nodes[k]) for k in touched.nodes if k in state.nodes],
+            "replicas": [replica_row(r) for r in replicas],
+            "shards": [row for r in replicas for row in shard_rows(r)],
+            "api_keys": [key_row(state.keys[k]) for k in touched.keys if k in state.keys],
+        },
+    )
 
 
-def _collect(
-    changes: RowChanges,
-    table: str,
-    keys: set[str],
-    entities: dict[str, Any],
-    to_row: Any,
-) -> None:
-    upserts: list[Row] = []
-    deletes: list[str] = []
-    for key in sorted(keys):
-        entity = entities.get(key)
-        if entity is None:
-            deletes.append(key)
+class Snapshot(msgspec.Struct):
+    """The entities a batch is about to touch, as they were: restoring it undoes a fold
+    whose append did not commit."""
+
+    position: int
+    models: dict[str, Model | None]
+    nodes: dict[str, Node | None]
+    replicas: dict[str, Replica | None]
+    keys: dict[str, ApiKey | None]
+
+    @classmethod
+    def take(cls, state: ClusterState, touched: Touched) -> Snapshot:
+        return cls(
+            position=state.position,
+            models={k: state.models.get(k) for k in touched.models},
+            nodes={k: state.nodes.get(k) for k in touched.nodes},
+            replicas={k: state.replicas.get(k) for k in touched.replicas},
+            keys={k: state.keys.get(k) for k in touched.keys},
+        )
+
+    def restore(self, state: ClusterState) -> None:
+        state.position = self.position
+        _restore(state.models, self.models)
+        _restore(state.nodes, self.nodes)
+        _restore(state.replicas, self.replicas)
+        _restore(state.keys, self.keys)
+
+
+def _restore(entities: dict[str, Any], saved: dict[str, Any]) -> None:
+    for key, value in saved.items():
+        if value is None:
+            entities.pop(key, None)
         else:
-            upserts.append(to_row(entity))
-    changes.upserts[table] = upserts
-    changes.deletes[table] = deletes
+            entities[key] = value

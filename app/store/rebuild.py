@@ -16,7 +16,7 @@ from app.domain.evolve import evolve
 from app.domain.state import ClusterState
 from app.store.codec import decode_event, decode_meta
 from app.store.database import driver_connection, translated_errors
-from app.store.postgres import APPEND_LOCK_KEY, CHECKPOINT, WRITERS, write_all_rows
+from app.store.postgres import APPEND_LOCK_KEY, CHECKPOINT, json_columns, write_all_rows
 from app.store.projection import Row, all_rows
 from app.store.tables import PROJECTION_TABLES
 
@@ -118,22 +118,23 @@ async def rebuild(engine: AsyncEngine, *, verify: bool) -> RebuildReport:
 async def _compare(db: asyncpg.Connection, expected: dict[str, list[Row]]) -> list[RowDifference]:
     differences: list[RowDifference] = []
     for table in PROJECTION_TABLES:
-        writer = WRITERS[table.name]
+        names = tuple(c.name for c in table.columns)
+        is_json = json_columns(table)
         keys = [c.name for c in table.primary_key.columns]
-        columns = ", ".join(f"{c}::text" if c in writer.json_columns else c for c in writer.columns)
+        columns = ", ".join(f"{c}::text" if c in is_json else c for c in names)
         live_rows = await db.fetch(f"SELECT {columns} FROM {table.name}")
-        live = {_key(dict(zip(writer.columns, row, strict=True)), keys): row for row in live_rows}
+        live = {_key(dict(zip(names, row, strict=True)), keys): row for row in live_rows}
         wanted = {_key(row, keys): row for row in expected[table.name]}
         for key in sorted(wanted.keys() - live.keys()):
             differences.append(RowDifference(table.name, key, "missing"))
         for key in sorted(live.keys() - wanted.keys()):
             differences.append(RowDifference(table.name, key, "unexpected"))
         for key in sorted(wanted.keys() & live.keys()):
-            live_row = dict(zip(writer.columns, live[key], strict=True))
+            live_row = dict(zip(names, live[key], strict=True))
             changed = {
-                column: (_normal(live_row[column], column in writer.json_columns), value)
+                column: (_normal(live_row[column], column in is_json), value)
                 for column, value in wanted[key].items()
-                if _normal(live_row[column], column in writer.json_columns) != _plain(value)
+                if _normal(live_row[column], column in is_json) != _plain(value)
             }
             if changed:
                 differences.append(RowDifference(table.name, key, "differs", changed))

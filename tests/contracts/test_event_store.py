@@ -1,0 +1,225 @@
+"""The event store's contract, told once and run against every implementation."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+import msgspec
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.domain.envelope import Meta
+from app.domain.events import (
+    ModelDeclared,
+    NodeRegistered,
+    ReplicaPlaced,
+    ReplicaServing,
+    ShardFailed,
+    ShardPlacement,
+    ShardStarting,
+)
+from app.domain.model_spec import ModelSpec
+from app.domain.state import ReplicaPhase, ShardPhase
+from app.store.errors import ConcurrencyError
+from app.store.interface import NO_STREAM, AppendRequest, EventStore, NewEvent
+from app.store.memory import InMemoryEventStore, StoredEvent
+from app.store.postgres import PostgresEventStore
+
+ALICE = Meta(actor="alice", correlation_id="op-1")
+LegacyWriter = Callable[[str, int, str, int, bytes], Awaitable[None]]
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(params=["memory", "postgres"])
+def store(request: pytest.FixtureRequest) -> EventStore:
+    if request.param == "memory":
+        return InMemoryEventStore()
+    pg: PostgresEventStore = request.getfixturevalue("pg_store")
+    return pg
+
+
+@pytest.fixture
+def write_legacy(store: EventStore, request: pytest.FixtureRequest) -> LegacyWriter:
+    """Put a payload in the log exactly as an older llmgw wrote it."""
+
+    async def write(stream: str, version: int, type_name: str, schema: int, data: bytes) -> None:
+        if isinstance(store, InMemoryEventStore):
+            store.insert_raw(
+                StoredEvent(
+                    position=await store.last_position() + 1,
+                    stream=stream,
+                    version=version,
+                    event_id=uuid.uuid4(),
+                    recorded_at=datetime.now(UTC),
+                    meta=Meta(actor="llmgw 0.0"),
+                    type=type_name,
+                    schema_version=schema,
+                    data=data,
+                )
+            )
+            return
+        engine: AsyncEngine = request.getfixturevalue("engine")
+        async with engine.begin() as conn:
+            raw = await conn.get_raw_connection()
+            await raw.driver_connection.execute(
+                "INSERT INTO events (stream, version, type, schema_version, data, meta, "
+                "event_id, recorded_at, actor) VALUES ($1, $2, $3, $4, $5::jsonb, "
+                "'{\"actor\": \"llmgw 0.0\"}', $6, now(), 'llmgw 0.0')",
+                stream,
+                version,
+                type_name,
+                schema,
+                data.decode(),
+                uuid.uuid4(),
+            )
+
+    return write
+
+
+def declared(name: str) -> NewEvent:
+    return NewEvent(
+        ModelDeclared(model=name, spec=ModelSpec(name=name, command="sim --port {port}"))
+    )
+
+
+def placed(model: str, number: int, node: str = "gpu-1") -> NewEvent:
+    shard = ShardPlacement(index=0, node_id=node, gpus=(0,), port=20000 + number)
+    return NewEvent(
+        ReplicaPlaced(replica_id=f"{model}-{number}", model=model, number=number, shards=(shard,))
+    )
+
+
+async def test_appended_events_are_read_back_in_order_with_their_envelope(
+    store: EventStore,
+) -> None:
+    model = unique("m")
+    recorded = await store.append(f"model-{model}", NO_STREAM, [declared(model)], ALICE)
+    await store.append(f"replica-{model}-1", NO_STREAM, [placed(model, 1)], ALICE)
+
+    stream = await store.read_stream(f"model-{model}")
+    assert [r.event for r in stream] == [recorded[0].event]
+    assert stream[0].version == 1
+    assert stream[0].meta == ALICE
+    after = await store.read_all(recorded[0].position - 1, limit=10)
+    assert [r.position for r in after] == sorted(r.position for r in after)
+    assert after[0].event_id == recorded[0].event_id
+    assert await store.stream_version(f"model-{model}") == 1
+    assert await store.stream_version(f"model-{unique('never')}") == 0
+
+
+async def test_a_stale_expected_version_raises_and_writes_nothing(store: EventStore) -> None:
+    model = unique("m")
+    await store.append(f"model-{model}", NO_STREAM, [declared(model)], ALICE)
+    before = await store.last_position()
+
+    with pytest.raises(ConcurrencyError) as caught:
+        await store.append(f"model-{model}", NO_STREAM, [declared(model)], ALICE)
+
+    assert caught.value.actual == 1
+    assert await store.last_position() == before
+    assert await store.stream_version(f"model-{model}") == 1
+
+
+async def test_a_multi_stream_append_is_all_or_nothing(store: EventStore) -> None:
+    model = unique("m")
+    await store.append(f"model-{model}", NO_STREAM, [declared(model)], ALICE)
+    before = await store.last_position()
+
+    with pytest.raises(ConcurrencyError):
+        await store.append_many(
+            [
+                AppendRequest(f"replica-{model}-1", NO_STREAM, [placed(model, 1)]),
+                AppendRequest(f"model-{model}", NO_STREAM, [declared(model)]),
+            ],
+            ALICE,
+        )
+
+    assert await store.last_position() == before
+    assert await store.read_stream(f"replica-{model}-1") == []
+
+
+async def test_the_same_event_id_is_stored_once(store: EventStore) -> None:
+    model = unique("m")
+    event = declared(model)
+    first = await store.append(f"model-{model}", NO_STREAM, [event], ALICE)
+    again = await store.append(f"model-{model}", NO_STREAM, [event], ALICE)
+
+    assert again == first
+    assert len(await store.read_stream(f"model-{model}")) == 1
+
+
+async def test_state_is_the_fold_of_what_was_appended(store: EventStore) -> None:
+    model = unique("m")
+    node = unique("gpu-")
+    await store.append(f"model-{model}", NO_STREAM, [declared(model)], ALICE)
+    await store.append(
+        f"node-{node}", None, [NewEvent(NodeRegistered(node_id=node, address="10.0.0.7"))], ALICE
+    )
+    await store.append(
+        f"replica-{model}-1",
+        NO_STREAM,
+        [
+            placed(model, 1, node),
+            NewEvent(ShardStarting(replica_id=f"{model}-1", shard_index=0, node_id=node, pid=42)),
+            NewEvent(ReplicaServing(replica_id=f"{model}-1")),
+        ],
+        ALICE,
+    )
+
+    state = await store.catch_up()
+    replica = state.replicas[f"{model}-1"]
+    assert replica.phase is ReplicaPhase.SERVING
+    assert replica.shards[0].phase is ShardPhase.STARTING
+    assert replica.shards[0].pid == 42
+    assert state.models[model].replicas_created == 1
+    assert state.nodes[node].address == "10.0.0.7"
+    assert state.position == await store.last_position()
+
+
+async def test_a_v1_payload_is_upcast_on_read(
+    store: EventStore, write_legacy: LegacyWriter
+) -> None:
+    replica = unique("m") + "-1"
+    v1 = msgspec.json.encode(
+        {
+            "type": "shard_failed",
+            "replica_id": replica,
+            "shard_index": 0,
+            "node_id": "gpu-1",
+            "error": "exit 1",
+            "log": "loading weights\nCUDA out of memory\n",
+        }
+    )
+    await write_legacy(f"replica-{replica}", 1, "shard_failed", 1, v1)
+
+    (recorded,) = await store.read_stream(f"replica-{replica}")
+
+    assert recorded.event == ShardFailed(
+        replica_id=replica,
+        shard_index=0,
+        node_id="gpu-1",
+        error="exit 1",
+        log_tail=("loading weights", "CUDA out of memory"),
+    )
+
+
+async def test_concurrent_appenders_to_one_stream_one_wins(store: EventStore) -> None:
+    model = unique("m")
+
+    async def attempt() -> bool:
+        try:
+            await store.append(f"model-{model}", NO_STREAM, [declared(model)], ALICE)
+        except ConcurrencyError:
+            return False
+        return True
+
+    outcomes = await asyncio.gather(*(attempt() for _ in range(8)))
+
+    assert outcomes.count(True) == 1
+    assert len(await store.read_stream(f"model-{model}")) == 1

@@ -1,0 +1,89 @@
+"""Hypothesis strategies for events, derived from their msgspec type information.
+
+Ids come from small pools, so generated sequences keep hitting the same models, nodes and
+replicas and exercise real transitions rather than events about strangers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from hypothesis import strategies as st
+from msgspec import inspect as mi
+
+from app.domain.events import EVENT_TYPES, AnyEvent, Event, StrayStopped
+
+MODELS = ("llama", "qwen")
+NODES = ("gpu-1", "gpu-2", "gpu-3")
+REPLICAS = tuple(f"{m}-{n}" for m in MODELS for n in (1, 2, 3))
+KEYS = ("k1", "k2")
+
+_IDS: dict[str, st.SearchStrategy[str]] = {
+    "model": st.sampled_from(MODELS),
+    "name": st.sampled_from(MODELS),
+    "node_id": st.sampled_from(NODES),
+    "claimed_node_id": st.sampled_from(NODES),
+    "replica_id": st.sampled_from(REPLICAS),
+    "replacement_id": st.sampled_from(REPLICAS),
+    "replaces": st.sampled_from(REPLICAS),
+    "key_id": st.sampled_from(KEYS),
+}
+_text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+_json_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-1000, 1000), st.floats(-1e6, 1e6), _text
+)
+
+
+def _for_type(info: mi.Type, field: str) -> st.SearchStrategy[Any]:
+    match info:
+        case mi.StrType():
+            return _IDS.get(field, _text)
+        case mi.IntType():
+            return st.integers(0, 3) if field in {"index", "shard_index"} else st.integers(0, 30000)
+        case mi.FloatType():
+            return st.floats(0, 1e5, allow_nan=False, allow_infinity=False)
+        case mi.BoolType():
+            return st.booleans()
+        case mi.NoneType():
+            return st.none()
+        case mi.UnionType(types=types):
+            return st.one_of(*(_for_type(t, field) for t in types))
+        case mi.VarTupleType(item_type=item) | mi.ListType(item_type=item):
+            return st.lists(_for_type(item, field), max_size=3).map(tuple)
+        case mi.TupleType(item_types=items):
+            return st.tuples(*(_for_type(t, field) for t in items))
+        case mi.DictType(key_type=key, value_type=value):
+            return st.dictionaries(_for_type(key, ""), _for_type(value, ""), max_size=3)
+        case mi.AnyType():
+            return st.dictionaries(_text, _json_scalars, max_size=3)
+        case mi.StructType(cls=cls):
+            return struct_strategy(cls)
+    raise NotImplementedError(f"no strategy for {info!r} ({field})")
+
+
+def struct_strategy(cls: type[msgspec.Struct]) -> st.SearchStrategy[Any]:
+    info = mi.type_info(cls)
+    assert isinstance(info, mi.StructType)
+    fields = {f.name: _for_type(f.type, f.name) for f in info.fields}
+    return st.fixed_dictionaries(fields).map(lambda values: cls(**values))
+
+
+def events() -> st.SearchStrategy[AnyEvent]:
+    classes: list[type[Event]] = list(EVENT_TYPES.values())
+    return st.one_of(*(struct_strategy(cls) for cls in classes))
+
+
+def stream_for(event: AnyEvent) -> str:
+    """The stream an event of this kind belongs to."""
+    for field, prefix in (
+        ("replica_id", "replica"),
+        ("key_id", "key"),
+        ("node_id", "node"),
+        ("claimed_node_id", "node"),
+        ("model", "model"),
+    ):
+        value = getattr(event, field, None)
+        if value is not None and not (field == "replica_id" and isinstance(event, StrayStopped)):
+            return f"{prefix}-{value}"
+    raise AssertionError(f"no stream for {event!r}")
