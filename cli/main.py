@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from cyclopts import App
 
+from cli.cert import cert_app
+
 app = App(
     name="llmgw-cli",
     help="Operate an llmgw cluster: nodes, models, replicas, drains, history, keys, certificates.",
 )
+app.command(cert_app)
 
 
 def main() -> None:

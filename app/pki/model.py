@@ -1,0 +1,67 @@
+"""The CA's vocabulary: what a certificate is for, and the CA itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from app.pki.errors import InvalidRequest
+from app.pki.keys import PrivateKey
+
+CLOCK_SKEW = timedelta(minutes=5)
+"""How far back not_before is set, so that a peer whose clock runs a little behind accepts it."""
+
+ORGANIZATION = "llmgw"
+
+
+class CertificateKind(StrEnum):
+    CA = "ca"
+    SERVER = "server"
+    NODE = "node"
+    OPERATOR = "operator"
+    UNKNOWN = "unknown"
+
+
+class Usage(StrEnum):
+    """Extended key usages a certificate can be issued with."""
+
+    SERVER_AUTH = "serverAuth"
+    CLIENT_AUTH = "clientAuth"
+
+    @property
+    def oid(self) -> x509.ObjectIdentifier:
+        match self:
+            case Usage.SERVER_AUTH:
+                return ExtendedKeyUsageOID.SERVER_AUTH
+            case Usage.CLIENT_AUTH:
+                return ExtendedKeyUsageOID.CLIENT_AUTH
+
+
+@dataclass(frozen=True)
+class CertificateAuthority:
+    certificate: x509.Certificate
+    key: PrivateKey
+
+
+@dataclass(frozen=True)
+class Validity:
+    not_before: datetime
+    not_after: datetime
+
+    @classmethod
+    def starting(cls, now: datetime, days: int) -> Validity:
+        """Valid from `now` (less the clock skew allowance) for `days` days."""
+        require_aware(now)
+        if days < 1:
+            raise InvalidRequest(f"validity must be at least 1 day, not {days}")
+        return cls(not_before=now - CLOCK_SKEW, not_after=now + timedelta(days=days))
+
+
+def require_aware(moment: datetime) -> datetime:
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise InvalidRequest(f"{moment.isoformat()} has no time zone; pass an aware datetime")
+    return moment

@@ -1,0 +1,49 @@
+"""Validation of the names that go into certificates."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from app.pki.errors import InvalidRequest
+
+_SUBJECT_NAME = re.compile(r"[A-Za-z0-9._-]{1,63}")
+_DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def check_subject_name(what: str, name: str) -> str:
+    """Return `name` if it is a usable node id or operator name, else raise InvalidRequest."""
+    if not _SUBJECT_NAME.fullmatch(name):
+        raise InvalidRequest(f"invalid {what} {name!r}: use 1-63 letters, digits, '.', '_' or '-'")
+    return name
+
+
+def check_host(host: str) -> str:
+    """Return `host` if it is a DNS name a certificate can carry, else raise InvalidRequest."""
+    if _is_ip_address(host):
+        raise InvalidRequest(
+            f"{host!r} is an IP address, not a host name: pass it with --ip so that "
+            "clients dialling it can verify the certificate"
+        )
+    labels = host.removeprefix("*.").split(".")
+    if len(host) > 253 or not all(_DNS_LABEL.fullmatch(label) for label in labels):
+        raise InvalidRequest(
+            f"invalid host name {host!r}: use dot-separated labels of letters, digits and '-'"
+        )
+    return host
+
+
+def parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """Parse an IPv4 or IPv6 address, raising InvalidRequest with the offending text."""
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError as exc:
+        raise InvalidRequest(f"invalid IP address {text!r}") from exc
+
+
+def _is_ip_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,159 @@
+"""TLS for the agent channel and the admin API: contexts, and who is on the other end.
+
+Every accepted connection must go through `peer_identity()`. The handshake has
+already proved the peer's certificate chains to the llmgw CA, is in date and
+(OpenSSL checks the purpose on the server side) carries clientAuth; `peer_identity()`
+checks that again, because nothing else stops a context built elsewhere from
+skipping it, and then refuses the kinds of certificate a listener must not accept:
+the agent hub takes node certificates only, the admin API operator certificates only.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+from dataclasses import dataclass
+
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from app.pki.describe import common_name, extended_key_usages, kind_of
+from app.pki.errors import CertificateRejected, InvalidRequest, TlsConfigurationError
+from app.pki.model import CertificateKind
+from app.pki.names import check_subject_name
+
+PathLike = str | os.PathLike[str]
+PeerCertificate = ssl.SSLObject | ssl.SSLSocket | bytes | x509.Certificate
+
+_CLIENT_KINDS = (CertificateKind.NODE, CertificateKind.OPERATOR)
+
+
+@dataclass(frozen=True)
+class PeerIdentity:
+    common_name: str
+    kind: CertificateKind
+    subject: str
+
+
+def server_ssl_context(
+    cert_path: PathLike,
+    key_path: PathLike,
+    ca_path: PathLike,
+    require_client_cert: bool = True,
+) -> ssl.SSLContext:
+    """TLS 1.2+; client certificates must chain to the CA in `ca_path`.
+
+    With `require_client_cert` off a client may connect without a certificate, but
+    one it does present is still verified.
+    """
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.verify_mode = ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_OPTIONAL
+    context.verify_flags |= ssl.VERIFY_X509_STRICT
+    _load_trusted_ca(context, ca_path)
+    _load_own_certificate(context, cert_path, key_path)
+    return context
+
+
+def client_ssl_context(
+    ca_path: PathLike, cert_path: PathLike | None = None, key_path: PathLike | None = None
+) -> ssl.SSLContext:
+    """TLS 1.2+, trusting only the CA in `ca_path`, checking the dialled host against SANs."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.check_hostname = True
+    context.hostname_checks_common_name = False
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.verify_flags |= ssl.VERIFY_X509_STRICT
+    _load_trusted_ca(context, ca_path)
+    if cert_path is not None:
+        _load_own_certificate(context, cert_path, key_path)
+    elif key_path is not None:
+        raise TlsConfigurationError("a client key was given without its certificate")
+    return context
+
+
+def peer_identity(peer: PeerCertificate, expect: CertificateKind | None = None) -> PeerIdentity:
+    """Who the verified peer is; raises CertificateRejected if llmgw must not accept it.
+
+    `peer` is the connection's ssl object (`transport.get_extra_info("ssl_object")`),
+    or the peer certificate as DER bytes (`getpeercert(binary_form=True)`) or parsed.
+    `expect` narrows the accepted kinds to one: NODE for the hub, OPERATOR for the admin API.
+    """
+    certificate = _peer_certificate(peer)
+    subject = certificate.subject.rfc4514_string()
+    if ExtendedKeyUsageOID.CLIENT_AUTH not in extended_key_usages(certificate):
+        raise CertificateRejected(
+            f"certificate {subject!r} is not issued for client authentication (no clientAuth)"
+        )
+    kind = kind_of(certificate)
+    if kind not in _CLIENT_KINDS:
+        raise CertificateRejected(f"certificate {subject!r} is not a node or operator certificate")
+    if expect is not None and kind != expect:
+        raise CertificateRejected(
+            f"certificate {subject!r} is a {kind} certificate; only {expect} certificates "
+            "are accepted here"
+        )
+    try:
+        name = check_subject_name(f"{kind} name", common_name(certificate))
+    except InvalidRequest as exc:
+        raise CertificateRejected(f"certificate {subject!r}: {exc}") from exc
+    return PeerIdentity(common_name=name, kind=kind, subject=subject)
+
+
+def fetch_presented_certificate(
+    host: str, port: int, *, timeout: float = 5.0
+) -> x509.Certificate | None:
+    """The certificate a server presents, read without verifying it; None if unreachable.
+
+    Only for explaining a failed handshake (see `explain_tls_failure`): it blocks, so
+    call it through `asyncio.to_thread` from async code.
+    """
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with (
+            socket.create_connection((host, port), timeout=timeout) as raw,
+            context.wrap_socket(raw, server_hostname=host) as connection,
+        ):
+            der = connection.getpeercert(binary_form=True)
+        return x509.load_der_x509_certificate(der) if der else None
+    except (OSError, ValueError):
+        return None
+
+
+def _peer_certificate(peer: PeerCertificate) -> x509.Certificate:
+    if isinstance(peer, x509.Certificate):
+        return peer
+    if isinstance(peer, bytes):
+        der: bytes | None = peer
+    else:
+        if peer.context.verify_mode == ssl.CERT_NONE:
+            raise CertificateRejected("the connection does not verify peer certificates")
+        der = peer.getpeercert(binary_form=True)
+    if not der:
+        raise CertificateRejected("the peer presented no certificate")
+    try:
+        return x509.load_der_x509_certificate(der)
+    except ValueError as exc:
+        raise CertificateRejected(f"the peer certificate cannot be parsed: {exc}") from exc
+
+
+def _load_trusted_ca(context: ssl.SSLContext, ca_path: PathLike) -> None:
+    try:
+        context.load_verify_locations(cafile=ca_path)
+    except (OSError, ssl.SSLError) as exc:
+        raise TlsConfigurationError(f"cannot load the CA certificate {ca_path}: {exc}") from exc
+
+
+def _load_own_certificate(
+    context: ssl.SSLContext, cert_path: PathLike, key_path: PathLike | None
+) -> None:
+    try:
+        context.load_cert_chain(certfile=cert_path, keyfile=key_path)
+    except (OSError, ssl.SSLError) as exc:
+        raise TlsConfigurationError(
+            f"cannot load the certificate {cert_path} with key {key_path}: {exc}"
+        ) from exc

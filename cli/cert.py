@@ -1,0 +1,327 @@
+"""`llmgw-cli cert ...`: llmgw's private CA, kept in a directory on the operator's machine.
+
+Exit codes: 0 done, 1 failed (no CA, a file in the way, an unreadable file), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+from cryptography import x509
+from cyclopts import App, Parameter
+
+from app.pki import (
+    CaNotFound,
+    CertificateAuthority,
+    CertificateDescription,
+    InvalidRequest,
+    PkiError,
+    build_ca,
+    describe,
+    generate_key,
+    issue_node,
+    issue_operator,
+    issue_server,
+)
+from app.pki.files import IssuedFiles, load_ca, load_certificate, write_ca, write_issued
+from app.pki.keys import PrivateKey
+from app.pki.names import check_host, check_subject_name, parse_ip
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+cert_app = App(
+    name="cert",
+    help="Run llmgw's private CA: create it, issue server, node and operator certificates, "
+    "and show what a certificate contains.",
+)
+
+CaDir = Annotated[
+    Path | None,
+    Parameter(
+        name="--dir",
+        help="CA directory (ca.crt, ca.key). "
+        "[default: $LLMGW_CA_DIR, else $XDG_DATA_HOME/llmgw/ca, else ~/.local/share/llmgw/ca]",
+    ),
+]
+OutDir = Annotated[
+    Path | None,
+    Parameter(name="--out", help="Where to write the certificate and key. [default: --dir]"),
+]
+Force = Annotated[bool, Parameter(name="--force", negative=(), help="Replace existing files.")]
+
+IssueCertificate = Callable[[CertificateAuthority, PrivateKey, datetime], x509.Certificate]
+
+
+@cert_app.command(name="init-ca")
+def init_ca(
+    *,
+    ca_dir: CaDir = None,
+    name: Annotated[str, Parameter(help="Common name of the CA.")] = "llmgw CA",
+    days: Annotated[int, Parameter(help="Days the CA is valid.")] = 3650,
+    force: Force = False,
+) -> int:
+    """Create the CA: a new key (ca.key, mode 0600) and a self-signed root (ca.crt).
+
+    Keep ca.key on the machine that issues certificates only; servers and agents need
+    ca.crt alone. Refuses to replace an existing CA unless --force is given.
+
+    ```
+    llmgw-cli cert init-ca --dir /etc/llmgw/ca --name "llmgw CA (prod)"
+    ```
+    """
+    ca_dir = ca_dir or default_ca_dir()
+
+    def create() -> int:
+        ca = build_ca(generate_key(), name, _now(), days)
+        files = write_ca(ca_dir, ca, force=force)
+        print(f"Created the CA in {ca_dir}")
+        print(f"  certificate  {files.certificate}  (give it to servers and agents)")
+        print(f"  key          {files.key}  (mode 0600; keep it here, never copy it)")
+        _print_description(describe(ca.certificate, _now()))
+        return EXIT_OK
+
+    return _run(create)
+
+
+@cert_app.command(name="server")
+def server_certificate(
+    *,
+    host: Annotated[
+        tuple[str, ...],
+        Parameter(
+            name="--host", negative_iterable=(), help="A host name clients dial; repeat for each."
+        ),
+    ] = (),
+    ip: Annotated[
+        tuple[str, ...],
+        Parameter(name="--ip", negative_iterable=(), help="An IP clients dial; repeat for each."),
+    ] = (),
+    ca_dir: CaDir = None,
+    out: OutDir = None,
+    days: Annotated[int, Parameter(help="Days the certificate is valid.")] = 825,
+    force: Force = False,
+) -> int:
+    """Issue the control plane's server certificate (server.crt, server.key).
+
+    Clients check the address they dial against the certificate's names and nothing
+    else, so name every host and every IP that agents and operators dial.
+
+    ```
+    llmgw-cli cert server --host llmgw.internal --ip 10.0.0.5 --ip 127.0.0.1
+    ```
+    """
+    ca_dir = ca_dir or default_ca_dir()
+
+    def create() -> int:
+        hosts = [check_host(name) for name in host]
+        ips = [parse_ip(address) for address in ip]
+        if not hosts and not ips:
+            raise InvalidRequest("name at least one --host or --ip that clients dial")
+        _check_days(days)
+
+        def build(ca: CertificateAuthority, key: PrivateKey, now: datetime) -> x509.Certificate:
+            return issue_server(ca, key, hosts, ips, now, days)
+
+        return _issue(ca_dir, out, "server", "server", force, build)
+
+    return _run(create)
+
+
+@cert_app.command(name="node")
+def node_certificate(
+    node_id: Annotated[str, Parameter(help="The node id the agent will claim.")],
+    /,
+    *,
+    ca_dir: CaDir = None,
+    out: OutDir = None,
+    days: Annotated[int, Parameter(help="Days the certificate is valid.")] = 365,
+    force: Force = False,
+) -> int:
+    """Issue an agent's client certificate (`node-<id>.crt`, `node-<id>.key`).
+
+    Its common name is the node id: with require_identity on, the agent hub refuses an
+    agent that claims any other id.
+
+    ```
+    llmgw-cli cert node gpu-07 --out ./gpu-07
+    ```
+    """
+    ca_dir = ca_dir or default_ca_dir()
+
+    def create() -> int:
+        check_subject_name("node id", node_id)
+        _check_days(days)
+
+        def build(ca: CertificateAuthority, key: PrivateKey, now: datetime) -> x509.Certificate:
+            return issue_node(ca, key, node_id, now, days)
+
+        return _issue(ca_dir, out, f"node-{node_id}", f"node {node_id}", force, build)
+
+    return _run(create)
+
+
+@cert_app.command(name="operator")
+def operator_certificate(
+    name: Annotated[str, Parameter(help="Who the certificate is for.")],
+    /,
+    *,
+    ca_dir: CaDir = None,
+    out: OutDir = None,
+    days: Annotated[int, Parameter(help="Days the certificate is valid.")] = 365,
+    force: Force = False,
+) -> int:
+    """Issue an operator's client certificate for the admin API (`operator-<name>.crt`).
+
+    ```
+    llmgw-cli cert operator alice --out ~/.config/llmgw
+    ```
+    """
+    ca_dir = ca_dir or default_ca_dir()
+
+    def create() -> int:
+        check_subject_name("operator name", name)
+        _check_days(days)
+
+        def build(ca: CertificateAuthority, key: PrivateKey, now: datetime) -> x509.Certificate:
+            return issue_operator(ca, key, name, now, days)
+
+        return _issue(ca_dir, out, f"operator-{name}", f"operator {name}", force, build)
+
+    return _run(create)
+
+
+@cert_app.command(name="show")
+def show_certificate(
+    file: Annotated[Path, Parameter(help="A certificate file (PEM or DER).")],
+    /,
+    *,
+    output: Annotated[Literal["text", "json"], Parameter(help="text for people, json.")] = "text",
+) -> int:
+    """Show what a certificate says: kind, names, usages, validity, issuer, fingerprint.
+
+    ```
+    llmgw-cli cert show server.crt
+    llmgw-cli cert show node-gpu-07.crt --output json
+    ```
+    """
+
+    def render() -> int:
+        description = describe(load_certificate(file), _now())
+        if output == "json":
+            print(msgspec.json.format(msgspec.json.encode(description), indent=2).decode())
+        else:
+            print(f"{file}: {description.kind} certificate")
+            _print_description(description)
+        return EXIT_OK
+
+    return _run(render)
+
+
+def default_ca_dir() -> Path:
+    if explicit := os.environ.get("LLMGW_CA_DIR"):
+        return Path(explicit)
+    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data_home) / "llmgw" / "ca"
+
+
+def _issue(
+    ca_dir: Path,
+    out: Path | None,
+    stem: str,
+    what: str,
+    force: bool,
+    build: IssueCertificate,
+) -> int:
+    ca = load_ca(ca_dir)
+    now = _now()
+    if now > ca.certificate.not_valid_after_utc:
+        _error(f"the CA in {ca_dir} expired on {_when(ca.certificate.not_valid_after_utc)}")
+        return EXIT_FAILED
+    key = generate_key()
+    certificate = build(ca, key, now)
+    files = write_issued(out or ca_dir, stem, certificate, key, force=force)
+    _print_issued(what, files, describe(certificate, now))
+    if certificate.not_valid_after_utc > ca.certificate.not_valid_after_utc:
+        _error(
+            f"warning: the CA expires on {_when(ca.certificate.not_valid_after_utc)}, "
+            "before this certificate; it stops verifying then"
+        )
+    return EXIT_OK
+
+
+def _run(command: Callable[[], int]) -> int:
+    try:
+        return command()
+    except InvalidRequest as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+    except CaNotFound as exc:
+        _error(f"{exc}: run `llmgw-cli cert init-ca --dir {exc.ca_dir}` first")
+        return EXIT_FAILED
+    except PkiError as exc:
+        _error(str(exc))
+        return EXIT_FAILED
+
+
+def _check_days(days: int) -> None:
+    if days < 1:
+        raise InvalidRequest(f"--days must be at least 1, not {days}")
+
+
+def _print_issued(what: str, files: IssuedFiles, description: CertificateDescription) -> None:
+    print(f"Issued the {what} certificate")
+    print(f"  certificate  {files.certificate}")
+    print(f"  key          {files.key}  (mode 0600; copy it only to where it is used)")
+    _print_description(description)
+
+
+def _print_description(description: CertificateDescription) -> None:
+    rows: list[tuple[str, str]] = [
+        ("kind", str(description.kind)),
+        ("subject", description.subject),
+        ("issuer", description.issuer + ("  (self-signed)" if description.self_signed else "")),
+        ("host names", _words(description.dns_names)),
+        ("IP addresses", _words(description.ip_addresses)),
+        ("key usages", _words(description.key_usages)),
+        ("used for", _words(description.extended_key_usages)),
+        ("valid from", _when(description.not_before)),
+        ("valid until", _when(description.not_after) + _validity_note(description)),
+        ("public key", description.public_key),
+        ("serial", description.serial),
+        ("SHA-256", description.sha256_fingerprint),
+    ]
+    for label, value in rows:
+        print(f"  {label:<13}{value}")
+
+
+def _validity_note(description: CertificateDescription) -> str:
+    if description.expired:
+        return "  (EXPIRED)"
+    if description.not_yet_valid:
+        return "  (NOT VALID YET)"
+    days_left = (description.not_after - _now()).days
+    return f"  ({days_left} days from now)"
+
+
+def _words(values: Sequence[str]) -> str:
+    return ", ".join(values) if values else "none"
+
+
+def _when(moment: datetime) -> str:
+    return f"{moment.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _error(message: str) -> None:
+    print(f"llmgw-cli cert: {message}", file=sys.stderr)

@@ -1,0 +1,137 @@
+"""The CA on disk: private keys are 0600 from birth and nothing is overwritten silently."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from app.pki import (
+    CaNotFound,
+    CertificateAuthority,
+    RefusedOverwrite,
+    UnreadableFile,
+    build_ca,
+    generate_key,
+    issue_node,
+)
+from app.pki.files import load_ca, load_certificate, write_ca, write_issued
+
+NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.fixture(autouse=True)
+def usual_umask() -> Iterator[None]:
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
+
+@pytest.fixture(scope="module")
+def ca() -> CertificateAuthority:
+    return build_ca(generate_key(), "llmgw CA", NOW, 3650)
+
+
+def test_the_ca_key_is_private_and_the_certificate_readable(
+    tmp_path: Path, ca: CertificateAuthority
+) -> None:
+    files = write_ca(tmp_path / "ca", ca, force=False)
+
+    assert mode(files.key) == 0o600
+    assert mode(files.certificate) == 0o644
+    assert mode(tmp_path / "ca") == 0o700
+
+
+def test_a_written_ca_loads_back(tmp_path: Path, ca: CertificateAuthority) -> None:
+    write_ca(tmp_path, ca, force=False)
+
+    loaded = load_ca(tmp_path)
+
+    assert loaded.certificate == ca.certificate
+    assert loaded.key.private_numbers() == ca.key.private_numbers()
+
+
+def test_an_existing_file_is_named_and_left_untouched_without_force(
+    tmp_path: Path, ca: CertificateAuthority
+) -> None:
+    files = write_ca(tmp_path, ca, force=False)
+    before = files.key.read_bytes(), files.certificate.read_bytes()
+    other = build_ca(generate_key(), "another CA", NOW, 10)
+
+    with pytest.raises(RefusedOverwrite, match="refusing to overwrite") as refused:
+        write_ca(tmp_path, other, force=False)
+
+    assert set(refused.value.paths) == {files.key, files.certificate}
+    assert (files.key.read_bytes(), files.certificate.read_bytes()) == before
+
+
+def test_nothing_is_written_when_only_one_of_the_pair_exists(
+    tmp_path: Path, ca: CertificateAuthority
+) -> None:
+    (tmp_path / "node-gpu-07.crt").write_text("someone else's\n")
+    certificate = issue_node(ca, generate_key(), "gpu-07", NOW, 1)
+
+    with pytest.raises(RefusedOverwrite):
+        write_issued(tmp_path, "node-gpu-07", certificate, generate_key(), force=False)
+
+    assert not (tmp_path / "node-gpu-07.key").exists()
+
+
+def test_force_replaces_a_key_with_a_fresh_0600_file(
+    tmp_path: Path, ca: CertificateAuthority
+) -> None:
+    key_path = tmp_path / "node-gpu-07.key"
+    key_path.write_text("old\n")
+    key_path.chmod(0o644)
+    key = generate_key()
+
+    write_issued(tmp_path, "node-gpu-07", issue_node(ca, key, "gpu-07", NOW, 1), key, force=True)
+
+    assert mode(key_path) == 0o600
+    assert b"PRIVATE KEY" in key_path.read_bytes()
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "node-gpu-07.crt",
+        "node-gpu-07.key",
+    ]
+
+
+def test_a_missing_ca_says_which_files_are_missing(tmp_path: Path) -> None:
+    with pytest.raises(CaNotFound) as missing:
+        load_ca(tmp_path)
+
+    assert missing.value.missing == ("ca.crt", "ca.key")
+    assert missing.value.ca_dir == tmp_path
+
+
+def test_a_ca_key_that_does_not_fit_the_certificate_is_refused(
+    tmp_path: Path, ca: CertificateAuthority
+) -> None:
+    mismatched = CertificateAuthority(certificate=ca.certificate, key=generate_key())
+    write_ca(tmp_path, mismatched, force=False)
+
+    with pytest.raises(UnreadableFile, match="is not the key of"):
+        load_ca(tmp_path)
+
+
+def test_a_leaf_certificate_is_not_a_ca(tmp_path: Path, ca: CertificateAuthority) -> None:
+    key = generate_key()
+    leaf = CertificateAuthority(issue_node(ca, key, "gpu-07", NOW, 1), key)
+    write_ca(tmp_path, leaf, force=False)
+
+    with pytest.raises(UnreadableFile, match="not a CA certificate"):
+        load_ca(tmp_path)
+
+
+def test_reading_a_key_as_a_certificate_says_so(tmp_path: Path, ca: CertificateAuthority) -> None:
+    files = write_ca(tmp_path, ca, force=False)
+
+    with pytest.raises(UnreadableFile, match="it is a private key"):
+        load_certificate(files.key)

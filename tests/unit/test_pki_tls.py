@@ -1,0 +1,145 @@
+"""peer_identity() and the TLS contexts, without a connection (the handshakes are in
+tests/integration/test_tls_handshake.py)."""
+
+from __future__ import annotations
+
+import ssl
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
+
+from app.pki import (
+    CertificateAuthority,
+    CertificateKind,
+    CertificateRejected,
+    TlsConfigurationError,
+    Usage,
+    Validity,
+    build_ca,
+    client_ssl_context,
+    generate_key,
+    issue,
+    issue_node,
+    issue_operator,
+    issue_server,
+    peer_identity,
+    server_ssl_context,
+)
+from app.pki.files import write_ca, write_issued
+
+NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def ca() -> CertificateAuthority:
+    return build_ca(generate_key(), "llmgw CA", NOW, 3650)
+
+
+def node_certificate(ca: CertificateAuthority, node_id: str = "gpu-07") -> x509.Certificate:
+    return issue_node(ca, generate_key(), node_id, NOW, 365)
+
+
+def test_a_node_certificate_identifies_the_node(ca: CertificateAuthority) -> None:
+    der = node_certificate(ca).public_bytes(Encoding.DER)
+
+    identity = peer_identity(der, expect=CertificateKind.NODE)
+
+    assert identity.common_name == "gpu-07"
+    assert identity.kind is CertificateKind.NODE
+    assert identity.subject == "O=llmgw,OU=node,CN=gpu-07"
+
+
+def test_the_hub_refuses_an_operator_certificate(ca: CertificateAuthority) -> None:
+    operator = issue_operator(ca, generate_key(), "alice", NOW, 365)
+
+    assert peer_identity(operator).kind is CertificateKind.OPERATOR
+    with pytest.raises(CertificateRejected, match="only node certificates are accepted"):
+        peer_identity(operator, expect=CertificateKind.NODE)
+
+
+def test_the_admin_api_refuses_a_node_certificate(ca: CertificateAuthority) -> None:
+    with pytest.raises(CertificateRejected, match="only operator certificates are accepted"):
+        peer_identity(node_certificate(ca), expect=CertificateKind.OPERATOR)
+
+
+def test_a_certificate_without_client_auth_is_refused(ca: CertificateAuthority) -> None:
+    server_only = issue(
+        ca,
+        generate_key(),
+        common_name="gpu-07",
+        unit="node",
+        usages=(Usage.SERVER_AUTH,),
+        validity=Validity.starting(NOW, 1),
+    )
+
+    with pytest.raises(CertificateRejected, match="not issued for client authentication"):
+        peer_identity(server_only)
+
+
+def test_server_and_ca_certificates_are_not_client_identities(ca: CertificateAuthority) -> None:
+    server = issue_server(ca, generate_key(), ["llmgw.internal"], [], NOW, 1)
+    both = issue(
+        ca,
+        generate_key(),
+        common_name="llmgw.internal",
+        unit="server",
+        usages=(Usage.SERVER_AUTH, Usage.CLIENT_AUTH),
+        validity=Validity.starting(NOW, 1),
+    )
+
+    with pytest.raises(CertificateRejected, match="clientAuth"):
+        peer_identity(server)
+    with pytest.raises(CertificateRejected, match="not a node or operator certificate"):
+        peer_identity(both)
+    with pytest.raises(CertificateRejected):
+        peer_identity(ca.certificate)
+
+
+def test_no_certificate_at_all_is_refused() -> None:
+    with pytest.raises(CertificateRejected, match="presented no certificate"):
+        peer_identity(b"")
+
+
+@pytest.fixture
+def files(tmp_path: Path, ca: CertificateAuthority) -> Path:
+    write_ca(tmp_path, ca, force=False)
+    key = generate_key()
+    server = issue_server(ca, key, ["localhost"], [], datetime.now(UTC), 1)
+    write_issued(tmp_path, "server", server, key, force=False)
+    return tmp_path
+
+
+def test_the_server_context_requires_verified_client_certificates(files: Path) -> None:
+    context = server_ssl_context(files / "server.crt", files / "server.key", files / "ca.crt")
+
+    assert context.verify_mode == ssl.CERT_REQUIRED
+    assert context.minimum_version == ssl.TLSVersion.TLSv1_2
+
+
+def test_the_server_context_can_leave_client_certificates_optional(files: Path) -> None:
+    context = server_ssl_context(
+        files / "server.crt", files / "server.key", files / "ca.crt", require_client_cert=False
+    )
+
+    assert context.verify_mode == ssl.CERT_OPTIONAL
+
+
+def test_the_client_context_checks_the_host_against_sans_only(files: Path) -> None:
+    context = client_ssl_context(files / "ca.crt")
+
+    assert context.check_hostname
+    assert not context.hostname_checks_common_name
+    assert context.verify_mode == ssl.CERT_REQUIRED
+    assert context.minimum_version == ssl.TLSVersion.TLSv1_2
+
+
+def test_files_that_cannot_be_loaded_name_the_file(files: Path) -> None:
+    with pytest.raises(TlsConfigurationError, match=r"missing\.crt"):
+        client_ssl_context(files / "missing.crt")
+    with pytest.raises(TlsConfigurationError, match=r"server\.crt"):
+        server_ssl_context(files / "server.crt", files / "ca.key", files / "ca.crt")
+    with pytest.raises(TlsConfigurationError, match="without its certificate"):
+        client_ssl_context(files / "ca.crt", key_path=files / "server.key")
