@@ -1,0 +1,315 @@
+"""The agent channel's wire messages, imported by the control plane and the agent alike.
+
+Every message is a frozen msgspec struct sent as one JSON text frame: an object whose
+``type`` field names it. These are wire types, kept apart from ``app.domain`` (the services
+convert at the edge), so that changing the log's events never changes the wire.
+
+Version rule: ``hello`` and ``welcome`` carry ``protocol_version``; a peer in another
+version is refused with close code 1002, the reason naming both versions. Receivers ignore
+fields they do not know, so adding an optional field needs no new version; removing,
+renaming or retyping a field does. See docs/protocol.md for the full description.
+
+Decoding raises the ``ProtocolError`` subclasses of ``app.fleet.errors``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import IntEnum
+from typing import Annotated, Literal, get_args
+
+import msgspec
+
+from app.fleet.errors import (
+    MalformedMessage,
+    MessageTooLarge,
+    ProtocolError,
+    UnknownMessageType,
+    UnsupportedVersion,
+)
+
+PROTOCOL_VERSION = 1
+MAX_MESSAGE_BYTES = 1024 * 1024
+"""Largest message either side accepts or sends, as UTF-8 bytes of the JSON text."""
+MAX_LOG_TAIL_LINES = 100
+MAX_CLOSE_REASON_BYTES = 123
+"""A WebSocket close frame holds at most 125 bytes: the 2-byte code and the reason."""
+
+
+class CloseCode(IntEnum):
+    GOING_AWAY = 1001  # the closing side is shutting down
+    PROTOCOL_ERROR = 1002  # malformed, unknown or out-of-order message; version mismatch
+    POLICY_VIOLATION = 1008  # the certificate does not match the node it claims
+    MESSAGE_TOO_BIG = 1009  # over MAX_MESSAGE_BYTES
+    REPLACED = 4001  # a newer connection for the same node took over
+    TIMED_OUT = 4002  # no hello, welcome or heartbeat in time
+
+
+ShardState = Literal["starting", "ready", "failed", "stopped"]
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+Index = Annotated[int, msgspec.Meta(ge=0)]
+Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+Mebibytes = Annotated[int, msgspec.Meta(ge=0)]
+AwareDatetime = Annotated[datetime, msgspec.Meta(tz=True)]
+LogTail = Annotated[tuple[str, ...], msgspec.Meta(max_length=MAX_LOG_TAIL_LINES)]
+
+
+class _Wire(msgspec.Struct, frozen=True, kw_only=True):
+    """Base of the value types inside messages."""
+
+
+class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of every message. Tags are spelled out per class, so renaming a class never
+    changes the wire."""
+
+
+# -- values ------------------------------------------------------------------------------
+
+
+class GpuReport(_Wire, frozen=True, kw_only=True):
+    index: Index
+    uuid: str
+    name: str
+    memory_total_mib: Mebibytes
+    memory_used_mib: Mebibytes
+    healthy: bool
+    unhealthy_reason: str | None = None
+
+
+class ShardReport(_Wire, frozen=True, kw_only=True):
+    """One shard the agent runs, as listed in its hello."""
+
+    replica_id: NonEmpty
+    shard_index: Index
+    model: str
+    port: Port
+    gpus: tuple[Index, ...]
+    pid: int | None
+    state: ShardState
+    started_at: AwareDatetime
+
+
+class GpuHealthChange(_Wire, frozen=True, kw_only=True):
+    index: Index
+    uuid: str
+    healthy: bool
+    reason: str | None = None
+    xid: int | None = None
+
+
+class HeartbeatShard(_Wire, frozen=True, kw_only=True):
+    replica_id: NonEmpty
+    shard_index: Index
+    state: ShardState
+
+
+class Peer(_Wire, frozen=True, kw_only=True):
+    """Another shard of the same replica, for engines that span several nodes."""
+
+    shard_index: Index
+    address: NonEmpty
+    port: Port
+
+
+# -- agent -> control plane --------------------------------------------------------------
+
+
+class Hello(_Message, frozen=True, kw_only=True, tag="hello"):
+    protocol_version: int
+    node_id: NonEmpty
+    agent_version: str
+    address: NonEmpty
+    labels: dict[str, str] = {}
+    port_range: tuple[Port, Port]
+    gpus: tuple[GpuReport, ...] = ()
+    shards: tuple[ShardReport, ...] = ()
+
+    def __post_init__(self) -> None:
+        low, high = self.port_range
+        if low > high:
+            raise ValueError(f"port_range [{low}, {high}] is empty")
+
+
+class Heartbeat(_Message, frozen=True, kw_only=True, tag="heartbeat"):
+    """``gpu_changes`` holds what changed since the previous heartbeat; ``shards`` the state
+    of every shard the agent runs."""
+
+    seq: Index
+    gpu_changes: tuple[GpuHealthChange, ...] = ()
+    shards: tuple[HeartbeatShard, ...] = ()
+
+
+class ShardStatus(_Message, frozen=True, kw_only=True, tag="shard_status"):
+    """A shard changed state. ``command_id`` names the command that caused it, if any."""
+
+    replica_id: NonEmpty
+    shard_index: Index
+    state: ShardState
+    pid: int | None = None
+    port: Port
+    error: str | None = None
+    exit_code: int | None = None
+    log_tail: LogTail = ()
+    command_id: str | None = None
+
+
+class CommandResult(_Message, frozen=True, kw_only=True, tag="command_result"):
+    command_id: NonEmpty
+    ok: bool
+    error: str | None = None
+
+
+# -- control plane -> agent --------------------------------------------------------------
+
+
+class Welcome(_Message, frozen=True, kw_only=True, tag="welcome"):
+    protocol_version: int
+    heartbeat_interval_s: Annotated[float, msgspec.Meta(gt=0)]
+    server_id: str
+    epoch: Index
+
+
+class HeartbeatAck(_Message, frozen=True, kw_only=True, tag="heartbeat_ack"):
+    """The control plane's answer to each heartbeat, so a silent server can be told apart
+    from an idle one."""
+
+    seq: Index
+
+
+class StartShard(_Message, frozen=True, kw_only=True, tag="start_shard"):
+    command_id: NonEmpty
+    replica_id: NonEmpty
+    shard_index: Index
+    model: str
+    argv: Annotated[tuple[str, ...], msgspec.Meta(min_length=1)]
+    env: dict[str, str] = {}
+    gpus: tuple[Index, ...]
+    port: Port
+    peers: tuple[Peer, ...] = ()
+
+
+class StopShard(_Message, frozen=True, kw_only=True, tag="stop_shard"):
+    command_id: NonEmpty
+    replica_id: NonEmpty
+    shard_index: Index
+    grace_s: Annotated[float, msgspec.Meta(ge=0)]
+
+
+AgentMessage = Hello | Heartbeat | ShardStatus | CommandResult
+ServerMessage = Welcome | HeartbeatAck | StartShard | StopShard
+AgentCommand = StartShard | StopShard
+
+
+# -- codec -------------------------------------------------------------------------------
+
+
+class _Envelope(msgspec.Struct, frozen=True):
+    """Just enough of a message to explain why it did not decode."""
+
+    type: str
+    protocol_version: int | None = None
+
+
+def _tags(union: object) -> frozenset[str]:
+    return frozenset(cls.__struct_config__.tag for cls in get_args(union))
+
+
+_AGENT_TYPES = _tags(AgentMessage)
+_SERVER_TYPES = _tags(ServerMessage)
+_encoder = msgspec.json.Encoder()
+_agent_decoder = msgspec.json.Decoder(AgentMessage)
+_server_decoder = msgspec.json.Decoder(ServerMessage)
+_envelope_decoder = msgspec.json.Decoder(_Envelope)
+
+
+def encode(message: AgentMessage | ServerMessage) -> bytes:
+    """JSON for ``message``; send it as a text frame. Raises ``MessageTooLarge`` rather than
+    produce what the other side would refuse."""
+    data = _encoder.encode(message)
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise MessageTooLarge(len(data), MAX_MESSAGE_BYTES)
+    return data
+
+
+def decode_from_agent(data: bytes | str) -> AgentMessage:
+    """The message an agent sent, or a ``ProtocolError`` saying what is wrong with it."""
+    _check_size(data)
+    try:
+        message = _agent_decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise _explain(data, exc, _AGENT_TYPES, "the control plane", "hello") from exc
+    if isinstance(message, Hello):
+        _check_version(message.protocol_version)
+    return message
+
+
+def decode_from_server(data: bytes | str) -> ServerMessage:
+    """The message the control plane sent, or a ``ProtocolError`` saying what is wrong."""
+    _check_size(data)
+    try:
+        message = _server_decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise _explain(data, exc, _SERVER_TYPES, "an agent", "welcome") from exc
+    if isinstance(message, Welcome):
+        _check_version(message.protocol_version)
+    return message
+
+
+def message_type(message: AgentMessage | ServerMessage) -> str:
+    """The ``type`` a message carries on the wire."""
+    return str(type(message).__struct_config__.tag)
+
+
+def fit_close_reason(reason: str) -> str:
+    """``reason`` cut to what a close frame can carry, never splitting a character."""
+    encoded = reason.encode("utf-8", "replace")
+    if len(encoded) <= MAX_CLOSE_REASON_BYTES:
+        return reason
+    return encoded[: MAX_CLOSE_REASON_BYTES - 3].decode("utf-8", "ignore") + "..."
+
+
+def _check_size(data: bytes | str) -> None:
+    if isinstance(data, str):
+        # A character is at most four UTF-8 bytes, so only long text needs measuring.
+        if len(data) * 4 <= MAX_MESSAGE_BYTES:
+            return
+        size = len(data.encode("utf-8", "surrogatepass"))
+    else:
+        size = len(data)
+    if size > MAX_MESSAGE_BYTES:
+        raise MessageTooLarge(size, MAX_MESSAGE_BYTES)
+
+
+def _check_version(offered: int) -> None:
+    if offered != PROTOCOL_VERSION:
+        raise UnsupportedVersion(offered, PROTOCOL_VERSION)
+
+
+def _explain(
+    data: bytes | str,
+    exc: msgspec.DecodeError,
+    receives: frozenset[str],
+    receiver: str,
+    handshake: str,
+) -> ProtocolError:
+    """The precise error for a message that failed to decode. Runs only on failure, so the
+    second parse costs nothing on the path every heartbeat takes."""
+    if not isinstance(exc, msgspec.ValidationError):
+        return MalformedMessage(f"not valid JSON: {exc}")
+    try:
+        envelope = _envelope_decoder.decode(data)
+    except msgspec.DecodeError:
+        return MalformedMessage(f"malformed message: {exc}")
+    message_type = envelope.type
+    if message_type not in receives:
+        shown = repr(message_type[:40])
+        if message_type in _AGENT_TYPES | _SERVER_TYPES:
+            reason = f"{shown} is not a message {receiver} receives"
+        else:
+            reason = f"unknown message type {shown}"
+        return UnknownMessageType(message_type, reason)
+    offered = envelope.protocol_version
+    if message_type == handshake and offered is not None and offered != PROTOCOL_VERSION:
+        # Checked before the fields: another version may well have another shape.
+        return UnsupportedVersion(offered, PROTOCOL_VERSION)
+    return MalformedMessage(f"malformed {message_type}: {exc}")

@@ -1,0 +1,296 @@
+"""One agent connection, as seen by the control plane: a sans-I/O state machine.
+
+The asyncio shell feeds it what arrives (``receive``), the passing of time (``tick``) and
+the end of the connection (``connection_lost``), and carries out the outputs it returns, in
+order: ``Send`` a message, ``Close`` the connection, hand an ``Observe`` to the services.
+The session never touches a socket or reads a clock; ``now`` is monotonic seconds.
+
+::
+
+    AWAITING_HELLO --hello, identity ok--> ACTIVE --timeout, protocol error, lost--> CLOSED
+          |                                                                          ^
+          +--anything else, bad identity, timeout, protocol error, lost--------------+
+
+A closed session ignores every further input. An agent that said hello is reported gone
+exactly once, however its connection ends, unless a newer connection replaced it.
+"""
+
+from __future__ import annotations
+
+from enum import Enum, auto
+from typing import assert_never
+
+import msgspec
+
+from app.fleet.errors import MessageTooLarge, ProtocolError, SessionStateError
+from app.fleet.messages import (
+    PROTOCOL_VERSION,
+    AgentCommand,
+    AgentMessage,
+    CloseCode,
+    CommandResult,
+    Heartbeat,
+    HeartbeatAck,
+    Hello,
+    ServerMessage,
+    ShardStatus,
+    Welcome,
+    decode_from_agent,
+    fit_close_reason,
+    message_type,
+)
+
+NODE_CERTIFICATE_KIND = "node"
+
+
+class SessionState(Enum):
+    AWAITING_HELLO = auto()
+    ACTIVE = auto()
+    CLOSED = auto()
+
+
+class PeerCertificate(msgspec.Struct, frozen=True, kw_only=True):
+    """What the TLS layer verified about the client certificate."""
+
+    common_name: str | None
+    subject: str
+    kind: str
+
+
+# -- observations, for the services layer ------------------------------------------------
+
+
+class AgentHello(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    hello: Hello
+    remote_address: str
+
+
+class AgentHeartbeat(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    heartbeat: Heartbeat
+
+
+class ShardStatusReported(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    status: ShardStatus
+
+
+class CommandCompleted(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    result: CommandResult
+
+
+class IdentityMismatch(msgspec.Struct, frozen=True, kw_only=True):
+    claimed_node_id: str
+    certificate_subject: str
+    remote_address: str
+    reason: str
+
+
+class AgentGone(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    reason: str
+
+
+Observation = (
+    AgentHello
+    | AgentHeartbeat
+    | ShardStatusReported
+    | CommandCompleted
+    | IdentityMismatch
+    | AgentGone
+)
+
+
+# -- outputs -----------------------------------------------------------------------------
+
+
+class Send(msgspec.Struct, frozen=True):
+    message: ServerMessage
+
+
+class Close(msgspec.Struct, frozen=True):
+    """Close the connection; ``reason`` already fits a close frame."""
+
+    code: CloseCode
+    reason: str
+
+
+class Observe(msgspec.Struct, frozen=True):
+    observation: Observation
+
+
+Output = Send | Close | Observe
+
+
+class AgentSession:
+    def __init__(
+        self,
+        *,
+        peer: PeerCertificate | None,
+        remote_address: str,
+        require_identity: bool,
+        heartbeat_interval_s: float,
+        heartbeat_timeout_s: float,
+        server_id: str,
+        epoch: int,
+        now: float,
+    ) -> None:
+        if not 0 < heartbeat_interval_s < heartbeat_timeout_s:
+            raise ValueError(
+                f"need 0 < heartbeat_interval_s ({heartbeat_interval_s}) "
+                f"< heartbeat_timeout_s ({heartbeat_timeout_s})"
+            )
+        self._peer = peer
+        self._remote_address = remote_address
+        self._require_identity = require_identity
+        self._heartbeat_interval_s = heartbeat_interval_s
+        self._heartbeat_timeout_s = heartbeat_timeout_s
+        self._server_id = server_id
+        self._epoch = epoch
+        self._state = SessionState.AWAITING_HELLO
+        self._node_id: str | None = None
+        self._last_heard = now
+
+    @property
+    def state(self) -> SessionState:
+        return self._state
+
+    @property
+    def node_id(self) -> str | None:
+        """The node this connection speaks for, once its hello was accepted."""
+        return self._node_id
+
+    @property
+    def remote_address(self) -> str:
+        return self._remote_address
+
+    def receive(self, data: bytes | str, now: float) -> list[Output]:
+        if self._state is SessionState.CLOSED:
+            return []
+        self._last_heard = now
+        try:
+            message = decode_from_agent(data)
+        except ProtocolError as exc:
+            code = (
+                CloseCode.MESSAGE_TOO_BIG
+                if isinstance(exc, MessageTooLarge)
+                else CloseCode.PROTOCOL_ERROR
+            )
+            return self._close(code, str(exc))
+        if self._state is SessionState.AWAITING_HELLO:
+            return self._greet(message)
+        return self._handle(message)
+
+    def tick(self, now: float) -> list[Output]:
+        if self._state is SessionState.CLOSED:
+            return []
+        silent_s = now - self._last_heard
+        if silent_s <= self._heartbeat_timeout_s:
+            return []
+        if self._state is SessionState.AWAITING_HELLO:
+            reason = f"no hello within {_secs(self._heartbeat_timeout_s)}s"
+        else:
+            reason = f"no heartbeat for {_secs(silent_s)}s"
+        return self._close(CloseCode.TIMED_OUT, reason)
+
+    def send_command(self, message: AgentCommand) -> list[Output]:
+        if self._state is not SessionState.ACTIVE:
+            raise SessionStateError(
+                f"cannot send {message_type(message)} {message.command_id}: "
+                f"the session is {self._state.name}, not ACTIVE"
+            )
+        return [Send(message)]
+
+    def replaced(self) -> list[Output]:
+        """A newer connection for the same node took over: close this one without
+        reporting the node gone, since it is still connected."""
+        if self._state is SessionState.CLOSED:
+            return []
+        self._state = SessionState.CLOSED
+        return [Close(CloseCode.REPLACED, "replaced by a newer connection")]
+
+    def connection_lost(self, reason: str, now: float) -> list[Output]:
+        """The transport ended. ``now`` is accepted so every input is timed alike."""
+        was_active = self._state is SessionState.ACTIVE
+        self._state = SessionState.CLOSED
+        if was_active and self._node_id is not None:
+            return [Observe(AgentGone(node_id=self._node_id, reason=reason))]
+        return []
+
+    def _greet(self, message: AgentMessage) -> list[Output]:
+        if not isinstance(message, Hello):
+            return self._close(
+                CloseCode.PROTOCOL_ERROR, f"expected hello, got {message_type(message)}"
+            )
+        mismatch = self._identity_mismatch(message.node_id)
+        if mismatch is not None:
+            self._state = SessionState.CLOSED
+            return [
+                Close(CloseCode.POLICY_VIOLATION, fit_close_reason(mismatch)),
+                Observe(
+                    IdentityMismatch(
+                        claimed_node_id=message.node_id,
+                        certificate_subject=self._peer.subject if self._peer else "",
+                        remote_address=self._remote_address,
+                        reason=mismatch,
+                    )
+                ),
+            ]
+        self._state = SessionState.ACTIVE
+        self._node_id = message.node_id
+        welcome = Welcome(
+            protocol_version=PROTOCOL_VERSION,
+            heartbeat_interval_s=self._heartbeat_interval_s,
+            server_id=self._server_id,
+            epoch=self._epoch,
+        )
+        hello = AgentHello(
+            node_id=message.node_id, hello=message, remote_address=self._remote_address
+        )
+        return [Send(welcome), Observe(hello)]
+
+    def _handle(self, message: AgentMessage) -> list[Output]:
+        node_id = self._node_id
+        assert node_id is not None, "an ACTIVE session knows its node"
+        match message:
+            case Heartbeat():
+                return [
+                    Observe(AgentHeartbeat(node_id=node_id, heartbeat=message)),
+                    Send(HeartbeatAck(seq=message.seq)),
+                ]
+            case ShardStatus():
+                return [Observe(ShardStatusReported(node_id=node_id, status=message))]
+            case CommandResult():
+                return [Observe(CommandCompleted(node_id=node_id, result=message))]
+            case Hello():
+                return self._close(CloseCode.PROTOCOL_ERROR, "hello twice")
+            case _:
+                assert_never(message)
+
+    def _identity_mismatch(self, node_id: str) -> str | None:
+        if not self._require_identity:
+            return None
+        if self._peer is None:
+            return "no client certificate"
+        if self._peer.kind != NODE_CERTIFICATE_KIND:
+            return f"a certificate of kind {self._peer.kind!r} cannot connect as a node"
+        if self._peer.common_name != node_id:
+            return (
+                f"certificate common name {self._peer.common_name!r} "
+                f"does not match node id {node_id!r}"
+            )
+        return None
+
+    def _close(self, code: CloseCode, reason: str) -> list[Output]:
+        """Close for a reason of our own; an agent that had said hello is now gone."""
+        outputs: list[Output] = [Close(code, fit_close_reason(reason))]
+        if self._state is SessionState.ACTIVE and self._node_id is not None:
+            outputs.append(Observe(AgentGone(node_id=self._node_id, reason=reason)))
+        self._state = SessionState.CLOSED
+        return outputs
+
+
+def _secs(seconds: float) -> str:
+    return f"{seconds:.1f}".removesuffix(".0")

@@ -1,0 +1,464 @@
+"""The wire messages: every message round-trips, and every bad input gets a precise error."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta, timezone
+from typing import get_args
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from app.fleet.errors import (
+    MalformedMessage,
+    MessageTooLarge,
+    ProtocolError,
+    UnknownMessageType,
+    UnsupportedVersion,
+)
+from app.fleet.messages import (
+    MAX_CLOSE_REASON_BYTES,
+    MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSION,
+    AgentMessage,
+    CommandResult,
+    GpuHealthChange,
+    GpuReport,
+    Heartbeat,
+    HeartbeatAck,
+    HeartbeatShard,
+    Hello,
+    Peer,
+    ServerMessage,
+    ShardReport,
+    ShardStatus,
+    StartShard,
+    StopShard,
+    Welcome,
+    decode_from_agent,
+    decode_from_server,
+    encode,
+    fit_close_reason,
+    message_type,
+)
+
+# -- strategies for every message ---------------------------------------------------------
+
+text = st.text(max_size=12)
+name = st.text(min_size=1, max_size=12)
+index = st.integers(min_value=0, max_value=2**31)
+port = st.integers(min_value=1, max_value=65535)
+maybe_int = st.none() | st.integers(min_value=-(2**63), max_value=2**63 - 1)
+maybe_text = st.none() | text
+shard_state = st.sampled_from(["starting", "ready", "failed", "stopped"])
+labels = st.dictionaries(text, text, max_size=3)
+offsets = st.sampled_from(
+    [UTC, timezone(timedelta(hours=5, minutes=30)), timezone(-timedelta(hours=8))]
+)
+aware_datetimes = st.datetimes(timezones=offsets)
+seconds = st.floats(min_value=0, max_value=1e6, allow_nan=False, exclude_min=True)
+
+gpu_reports = st.builds(
+    GpuReport,
+    index=index,
+    uuid=text,
+    name=text,
+    memory_total_mib=index,
+    memory_used_mib=index,
+    healthy=st.booleans(),
+    unhealthy_reason=maybe_text,
+)
+shard_reports = st.builds(
+    ShardReport,
+    replica_id=name,
+    shard_index=index,
+    model=text,
+    port=port,
+    gpus=st.tuples(index) | st.tuples(index, index),
+    pid=maybe_int,
+    state=shard_state,
+    started_at=aware_datetimes,
+)
+hellos = st.builds(
+    Hello,
+    protocol_version=st.just(PROTOCOL_VERSION),
+    node_id=name,
+    agent_version=text,
+    address=name,
+    labels=labels,
+    port_range=st.tuples(port, port).map(lambda pair: (min(pair), max(pair))),
+    gpus=st.lists(gpu_reports, max_size=3).map(tuple),
+    shards=st.lists(shard_reports, max_size=3).map(tuple),
+)
+heartbeats = st.builds(
+    Heartbeat,
+    seq=index,
+    gpu_changes=st.lists(
+        st.builds(
+            GpuHealthChange,
+            index=index,
+            uuid=text,
+            healthy=st.booleans(),
+            reason=maybe_text,
+            xid=maybe_int,
+        ),
+        max_size=3,
+    ).map(tuple),
+    shards=st.lists(
+        st.builds(HeartbeatShard, replica_id=name, shard_index=index, state=shard_state),
+        max_size=3,
+    ).map(tuple),
+)
+shard_statuses = st.builds(
+    ShardStatus,
+    replica_id=name,
+    shard_index=index,
+    state=shard_state,
+    pid=maybe_int,
+    port=port,
+    error=maybe_text,
+    exit_code=maybe_int,
+    log_tail=st.lists(text, max_size=100).map(tuple),
+    command_id=st.none() | name,
+)
+command_results = st.builds(CommandResult, command_id=name, ok=st.booleans(), error=maybe_text)
+welcomes = st.builds(
+    Welcome,
+    protocol_version=st.just(PROTOCOL_VERSION),
+    heartbeat_interval_s=seconds,
+    server_id=text,
+    epoch=index,
+)
+acks = st.builds(HeartbeatAck, seq=index)
+start_shards = st.builds(
+    StartShard,
+    command_id=name,
+    replica_id=name,
+    shard_index=index,
+    model=text,
+    argv=st.lists(text, min_size=1, max_size=4).map(tuple),
+    env=labels,
+    gpus=st.lists(index, max_size=4).map(tuple),
+    port=port,
+    peers=st.lists(st.builds(Peer, shard_index=index, address=name, port=port), max_size=2).map(
+        tuple
+    ),
+)
+stop_shards = st.builds(
+    StopShard, command_id=name, replica_id=name, shard_index=index, grace_s=st.just(0.0) | seconds
+)
+agent_messages = st.one_of(hellos, heartbeats, shard_statuses, command_results)
+server_messages = st.one_of(welcomes, acks, start_shards, stop_shards)
+
+
+# -- round trips --------------------------------------------------------------------------
+
+
+@given(agent_messages)
+def test_every_agent_message_round_trips_as_bytes_and_as_text(message: AgentMessage) -> None:
+    data = encode(message)
+    assert decode_from_agent(data) == message
+    assert decode_from_agent(data.decode()) == message
+
+
+@given(server_messages)
+def test_every_server_message_round_trips_as_bytes_and_as_text(message: ServerMessage) -> None:
+    data = encode(message)
+    assert decode_from_server(data) == message
+    assert decode_from_server(data.decode()) == message
+
+
+@given(st.one_of(agent_messages, server_messages))
+def test_the_wire_names_each_message_by_its_snake_case_type(
+    message: AgentMessage | ServerMessage,
+) -> None:
+    assert json.loads(encode(message))["type"] == message_type(message)
+
+
+def test_the_wire_types_are_the_documented_ones() -> None:
+    tags = {
+        cls.__struct_config__.tag for cls in (*get_args(AgentMessage), *get_args(ServerMessage))
+    }
+    assert tags == {
+        "hello",
+        "heartbeat",
+        "shard_status",
+        "command_result",
+        "welcome",
+        "heartbeat_ack",
+        "start_shard",
+        "stop_shard",
+    }
+
+
+@given(st.binary(max_size=200) | st.text(max_size=200))
+def test_any_input_either_decodes_or_raises_a_protocol_error(data: bytes | str) -> None:
+    for decode in (decode_from_agent, decode_from_server):
+        try:
+            message = decode(data)
+        except ProtocolError:
+            continue
+        assert isinstance(message, msgspec.Struct)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@given(
+    st.sampled_from(["hello", "heartbeat", "shard_status", "welcome", "start_shard", "x"]),
+    st.dictionaries(text, json_values, max_size=5),
+)
+def test_any_json_object_either_decodes_or_raises_a_protocol_error(
+    message_type_: str, fields: dict[str, object]
+) -> None:
+    data = json.dumps({**fields, "type": message_type_})
+    for decode in (decode_from_agent, decode_from_server):
+        try:
+            message = decode(data)
+        except ProtocolError:
+            continue
+        assert isinstance(message, msgspec.Struct)
+
+
+# -- precise errors -----------------------------------------------------------------------
+
+
+def test_garbage_bytes_are_malformed() -> None:
+    with pytest.raises(MalformedMessage, match="not valid JSON"):
+        decode_from_agent(b"\xff\xfe\x00garbage")
+
+
+def test_invalid_json_is_malformed() -> None:
+    with pytest.raises(MalformedMessage, match="not valid JSON"):
+        decode_from_server('{"type": "welcome",')
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ("[1, 2]", "Expected `object`, got `array`"),
+        ('{"seq": 1}', "missing required field `type`"),
+        ('{"type": 7}', "Expected `str`"),
+    ],
+)
+def test_json_that_is_not_a_message_is_malformed(data: str, expected: str) -> None:
+    with pytest.raises(MalformedMessage, match=expected):
+        decode_from_agent(data)
+
+
+def test_a_wrong_field_type_is_malformed_and_names_the_path() -> None:
+    data = '{"type": "heartbeat", "seq": 1, "shards": [{"replica_id": "m-1", "shard_index": "0"}]}'
+    with pytest.raises(MalformedMessage) as caught:
+        decode_from_agent(data)
+    assert str(caught.value) == (
+        "malformed heartbeat: Expected `int`, got `str` - at `$.shards[0].shard_index`"
+    )
+
+
+def test_an_unknown_shard_state_is_malformed() -> None:
+    shard = {"replica_id": "m-1", "shard_index": 0, "state": "sleepy"}
+    data = json.dumps({"type": "heartbeat", "seq": 1, "shards": [shard]})
+    with pytest.raises(MalformedMessage, match=r"\$\.shards\[0\]\.state"):
+        decode_from_agent(data)
+
+
+def test_an_unknown_type_is_named() -> None:
+    with pytest.raises(UnknownMessageType, match="unknown message type 'gossip'") as caught:
+        decode_from_agent('{"type": "gossip"}')
+    assert caught.value.message_type == "gossip"
+
+
+@pytest.mark.parametrize(
+    ("decode", "data", "expected"),
+    [
+        (
+            decode_from_agent,
+            '{"type": "start_shard"}',
+            "'start_shard' is not a message the control plane receives",
+        ),
+        (
+            decode_from_server,
+            '{"type": "heartbeat", "seq": 1}',
+            "'heartbeat' is not a message an agent receives",
+        ),
+    ],
+)
+def test_a_message_for_the_other_side_is_an_unknown_type(
+    decode: Callable[[str], object], data: str, expected: str
+) -> None:
+    with pytest.raises(UnknownMessageType, match=expected):
+        decode(data)
+
+
+def test_a_message_over_the_limit_is_too_large_before_it_is_parsed() -> None:
+    data = b"{" + b" " * MAX_MESSAGE_BYTES + b"}"
+    with pytest.raises(MessageTooLarge) as caught:
+        decode_from_agent(data)
+    assert caught.value.size == MAX_MESSAGE_BYTES + 2
+    assert caught.value.limit == MAX_MESSAGE_BYTES
+
+
+def test_text_is_measured_in_utf8_bytes_not_characters() -> None:
+    three_bytes_each = "€" * (MAX_MESSAGE_BYTES // 3 + 1)
+    assert len(three_bytes_each) < MAX_MESSAGE_BYTES
+    with pytest.raises(MessageTooLarge):
+        decode_from_server(
+            json.dumps({"type": "welcome", "server_id": three_bytes_each}, ensure_ascii=False)
+        )
+
+
+def test_a_message_exactly_at_the_limit_is_accepted() -> None:
+    skeleton = encode(CommandResult(command_id="c-1", ok=False, error=""))
+    padding = "x" * (MAX_MESSAGE_BYTES - len(skeleton))
+    data = encode(CommandResult(command_id="c-1", ok=False, error=padding))
+    assert len(data) == MAX_MESSAGE_BYTES
+    assert decode_from_agent(data.decode()) == CommandResult(
+        command_id="c-1", ok=False, error=padding
+    )
+
+
+def test_encode_refuses_what_the_other_side_would_refuse() -> None:
+    with pytest.raises(MessageTooLarge):
+        encode(CommandResult(command_id="c-1", ok=False, error="x" * MAX_MESSAGE_BYTES))
+
+
+def test_a_hello_in_another_version_names_both_versions() -> None:
+    data = encode(_hello(protocol_version=PROTOCOL_VERSION + 1))
+    with pytest.raises(UnsupportedVersion) as caught:
+        decode_from_agent(data)
+    assert (caught.value.offered, caught.value.supported) == (
+        PROTOCOL_VERSION + 1,
+        PROTOCOL_VERSION,
+    )
+    assert str(caught.value) == (
+        f"protocol version {PROTOCOL_VERSION + 1} is not supported; "
+        f"this side speaks version {PROTOCOL_VERSION}"
+    )
+
+
+def test_a_later_version_with_another_shape_is_still_a_version_mismatch() -> None:
+    with pytest.raises(UnsupportedVersion):
+        decode_from_agent('{"type": "hello", "protocol_version": 2, "identity": {"node": "gpu-1"}}')
+    with pytest.raises(UnsupportedVersion):
+        decode_from_server('{"type": "welcome", "protocol_version": 2, "cadence": "fast"}')
+
+
+def test_a_welcome_in_another_version_is_refused() -> None:
+    welcome = Welcome(protocol_version=0, heartbeat_interval_s=5.0, server_id="cp", epoch=1)
+    with pytest.raises(UnsupportedVersion, match="version 0 is not supported"):
+        decode_from_server(encode(welcome))
+
+
+def test_fields_this_version_does_not_know_are_ignored() -> None:
+    data = json.loads(encode(HeartbeatAck(seq=4)))
+    data["added_in_a_later_minor_change"] = {"anything": [1, 2]}
+    assert decode_from_server(json.dumps(data)) == HeartbeatAck(seq=4)
+
+
+@pytest.mark.parametrize(
+    ("change", "path"),
+    [
+        ({"port_range": [21000, 20000]}, "port_range [21000, 20000] is empty"),
+        ({"port_range": [0, 10]}, "$.port_range[0]"),
+        ({"node_id": ""}, "$.node_id"),
+        (
+            {
+                "shards": [
+                    {
+                        "replica_id": "m-1",
+                        "shard_index": 0,
+                        "model": "m",
+                        "port": 20001,
+                        "gpus": [0],
+                        "pid": 1,
+                        "state": "ready",
+                        "started_at": "2025-01-01T00:00:00",
+                    }
+                ]
+            },
+            "$.shards[0].started_at",
+        ),
+    ],
+)
+def test_hello_values_out_of_range_are_malformed(change: dict[str, object], path: str) -> None:
+    data = {**json.loads(encode(_hello())), **change}
+    with pytest.raises(MalformedMessage) as caught:
+        decode_from_agent(json.dumps(data))
+    assert path in str(caught.value)
+
+
+def test_a_log_tail_over_100_lines_is_malformed() -> None:
+    status = ShardStatus(
+        replica_id="m-1", shard_index=0, state="failed", port=20001, log_tail=("line",) * 101
+    )
+    with pytest.raises(MalformedMessage, match=r"\$\.log_tail"):
+        decode_from_agent(encode(status))
+
+
+def test_started_at_travels_as_iso_8601() -> None:
+    started = datetime(2025, 3, 1, 12, 30, 5, 250000, tzinfo=UTC)
+    hello = _hello(shards=(_shard_report(started_at=started),))
+    assert json.loads(encode(hello))["shards"][0]["started_at"] == "2025-03-01T12:30:05.250000Z"
+
+
+@pytest.mark.parametrize("reason", ["short", "x" * 500, "é" * 100, "€" * 60 + "abc"])
+def test_close_reasons_are_cut_to_fit_a_close_frame(reason: str) -> None:
+    fitted = fit_close_reason(reason)
+    assert len(fitted.encode()) <= MAX_CLOSE_REASON_BYTES
+    if len(reason.encode()) <= MAX_CLOSE_REASON_BYTES:
+        assert fitted == reason
+    else:
+        assert fitted.endswith("...")
+        assert reason.startswith(fitted.removesuffix("..."))
+
+
+def test_decoded_messages_are_frozen() -> None:
+    message = decode_from_server(encode(HeartbeatAck(seq=1)))
+    assert isinstance(message, HeartbeatAck)
+    with pytest.raises(AttributeError):
+        message.seq = 2  # type: ignore[misc]
+    assert msgspec.structs.replace(message, seq=2) == HeartbeatAck(seq=2)
+
+
+def _shard_report(*, started_at: datetime) -> ShardReport:
+    return ShardReport(
+        replica_id="llama-1",
+        shard_index=0,
+        model="llama",
+        port=20001,
+        gpus=(0, 1),
+        pid=4242,
+        state="ready",
+        started_at=started_at,
+    )
+
+
+def _hello(
+    *, protocol_version: int = PROTOCOL_VERSION, shards: tuple[ShardReport, ...] = ()
+) -> Hello:
+    return Hello(
+        protocol_version=protocol_version,
+        node_id="gpu-1",
+        agent_version="0.1.0",
+        address="10.0.0.7",
+        labels={"zone": "a"},
+        port_range=(20000, 20999),
+        gpus=(
+            GpuReport(
+                index=0,
+                uuid="GPU-0",
+                name="H100",
+                memory_total_mib=81559,
+                memory_used_mib=0,
+                healthy=True,
+            ),
+        ),
+        shards=shards,
+    )

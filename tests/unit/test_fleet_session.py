@@ -1,0 +1,412 @@
+"""Stories of one agent connection, told from the control plane's side."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from app.fleet.errors import SessionStateError
+from app.fleet.messages import (
+    MAX_CLOSE_REASON_BYTES,
+    MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSION,
+    CloseCode,
+    CommandResult,
+    Heartbeat,
+    HeartbeatAck,
+    HeartbeatShard,
+    Hello,
+    ShardStatus,
+    StartShard,
+    StopShard,
+    Welcome,
+    encode,
+)
+from app.fleet.session import (
+    AgentGone,
+    AgentHeartbeat,
+    AgentHello,
+    AgentSession,
+    Close,
+    CommandCompleted,
+    IdentityMismatch,
+    Observe,
+    PeerCertificate,
+    Send,
+    SessionState,
+    ShardStatusReported,
+)
+
+INTERVAL_S = 5.0
+TIMEOUT_S = 15.0
+REMOTE = "10.0.0.7:51234"
+NODE_CERT = PeerCertificate(common_name="gpu-1", subject="CN=gpu-1,O=llmgw", kind="node")
+
+
+def new_session(
+    *, peer: PeerCertificate | None = NODE_CERT, require_identity: bool = True, now: float = 0.0
+) -> AgentSession:
+    return AgentSession(
+        peer=peer,
+        remote_address=REMOTE,
+        require_identity=require_identity,
+        heartbeat_interval_s=INTERVAL_S,
+        heartbeat_timeout_s=TIMEOUT_S,
+        server_id="cp-a",
+        epoch=3,
+        now=now,
+    )
+
+
+def hello(node_id: str = "gpu-1", protocol_version: int = PROTOCOL_VERSION) -> Hello:
+    return Hello(
+        protocol_version=protocol_version,
+        node_id=node_id,
+        agent_version="0.1.0",
+        address="10.0.0.7",
+        port_range=(20000, 20999),
+    )
+
+
+def connected(now: float = 0.0) -> AgentSession:
+    session = new_session(now=now)
+    session.receive(encode(hello()), now)
+    assert session.state is SessionState.ACTIVE
+    return session
+
+
+START = StartShard(
+    command_id="c-1",
+    replica_id="llama-1",
+    shard_index=0,
+    model="llama",
+    argv=("vllm", "serve"),
+    gpus=(0,),
+    port=20001,
+)
+
+
+def gone(reason: str) -> Observe:
+    return Observe(AgentGone(node_id="gpu-1", reason=reason))
+
+
+# -- handshake ----------------------------------------------------------------------------
+
+
+def test_a_node_that_says_hello_is_welcomed_and_reported() -> None:
+    session = new_session()
+
+    outputs = session.receive(encode(hello()), now=1.0)
+
+    assert outputs == [
+        Send(Welcome(protocol_version=1, heartbeat_interval_s=5.0, server_id="cp-a", epoch=3)),
+        Observe(AgentHello(node_id="gpu-1", hello=hello(), remote_address=REMOTE)),
+    ]
+    assert session.state is SessionState.ACTIVE
+    assert session.node_id == "gpu-1"
+
+
+def test_hello_as_text_is_accepted_like_bytes() -> None:
+    session = new_session()
+    outputs = session.receive(encode(hello()).decode(), now=1.0)
+    assert session.state is SessionState.ACTIVE
+    assert isinstance(outputs[0], Send)
+
+
+def test_a_certificate_for_another_node_is_refused_and_recorded() -> None:
+    session = new_session(
+        peer=PeerCertificate(common_name="gpu-2", subject="CN=gpu-2", kind="node")
+    )
+
+    outputs = session.receive(encode(hello("gpu-1")), now=1.0)
+
+    reason = "certificate common name 'gpu-2' does not match node id 'gpu-1'"
+    assert outputs == [
+        Close(CloseCode.POLICY_VIOLATION, reason),
+        Observe(
+            IdentityMismatch(
+                claimed_node_id="gpu-1",
+                certificate_subject="CN=gpu-2",
+                remote_address=REMOTE,
+                reason=reason,
+            )
+        ),
+    ]
+    assert session.state is SessionState.CLOSED
+    assert session.node_id is None
+
+
+def test_an_operator_certificate_cannot_connect_as_a_node() -> None:
+    operator = PeerCertificate(
+        common_name="gpu-1", subject="CN=gpu-1,OU=operators", kind="operator"
+    )
+    session = new_session(peer=operator)
+
+    outputs = session.receive(encode(hello("gpu-1")), now=1.0)
+
+    reason = "a certificate of kind 'operator' cannot connect as a node"
+    assert outputs[0] == Close(CloseCode.POLICY_VIOLATION, reason)
+    assert outputs[1] == Observe(
+        IdentityMismatch(
+            claimed_node_id="gpu-1",
+            certificate_subject="CN=gpu-1,OU=operators",
+            remote_address=REMOTE,
+            reason=reason,
+        )
+    )
+
+
+def test_a_connection_without_a_certificate_is_refused_when_identity_is_required() -> None:
+    outputs = new_session(peer=None).receive(encode(hello()), now=1.0)
+    assert outputs[0] == Close(CloseCode.POLICY_VIOLATION, "no client certificate")
+    assert isinstance(outputs[1], Observe)
+    assert isinstance(outputs[1].observation, IdentityMismatch)
+
+
+def test_identity_is_not_checked_when_not_required() -> None:
+    stranger = PeerCertificate(common_name="laptop", subject="CN=laptop", kind="operator")
+    session = new_session(peer=stranger, require_identity=False)
+    session.receive(encode(hello("gpu-1")), now=1.0)
+    assert session.state is SessionState.ACTIVE
+
+
+def test_a_hello_in_another_protocol_version_is_refused_naming_both() -> None:
+    session = new_session()
+
+    outputs = session.receive(encode(hello(protocol_version=2)), now=1.0)
+
+    assert outputs == [
+        Close(
+            CloseCode.PROTOCOL_ERROR,
+            "protocol version 2 is not supported; this side speaks version 1",
+        )
+    ]
+    assert session.state is SessionState.CLOSED
+
+
+def test_a_message_before_hello_is_refused() -> None:
+    session = new_session()
+    outputs = session.receive(encode(Heartbeat(seq=0)), now=1.0)
+    assert outputs == [Close(CloseCode.PROTOCOL_ERROR, "expected hello, got heartbeat")]
+    assert session.state is SessionState.CLOSED
+
+
+def test_hello_twice_closes_and_the_agent_is_gone() -> None:
+    session = connected()
+    outputs = session.receive(encode(hello()), now=2.0)
+    assert outputs == [Close(CloseCode.PROTOCOL_ERROR, "hello twice"), gone("hello twice")]
+
+
+# -- bad input ----------------------------------------------------------------------------
+
+BAD_INPUTS = [
+    pytest.param(b"\x00\xff\x13garbage", CloseCode.PROTOCOL_ERROR, "not valid JSON", id="garbage"),
+    pytest.param(b'{"type": "hello",', CloseCode.PROTOCOL_ERROR, "not valid JSON", id="bad-json"),
+    pytest.param(
+        b'{"type": "gossip"}',
+        CloseCode.PROTOCOL_ERROR,
+        "unknown message type 'gossip'",
+        id="unknown-type",
+    ),
+    pytest.param(
+        encode(START),
+        CloseCode.PROTOCOL_ERROR,
+        "'start_shard' is not a message the control plane receives",
+        id="server-message",
+    ),
+    pytest.param(
+        b'{"type": "heartbeat", "seq": -1}',
+        CloseCode.PROTOCOL_ERROR,
+        "malformed heartbeat: Expected `int` >= 0 - at `$.seq`",
+        id="malformed",
+    ),
+    pytest.param(
+        b" " * (MAX_MESSAGE_BYTES + 1),
+        CloseCode.MESSAGE_TOO_BIG,
+        f"message of {MAX_MESSAGE_BYTES + 1} bytes is over the {MAX_MESSAGE_BYTES}-byte limit",
+        id="oversized",
+    ),
+]
+
+
+@pytest.mark.parametrize(("data", "code", "reason"), BAD_INPUTS)
+def test_bad_input_before_hello_closes_with_a_reason(
+    data: bytes, code: CloseCode, reason: str
+) -> None:
+    session = new_session()
+    outputs = session.receive(data, now=1.0)
+    assert len(outputs) == 1
+    assert isinstance(outputs[0], Close)
+    assert outputs[0].code == code
+    assert reason in outputs[0].reason
+    assert session.state is SessionState.CLOSED
+
+
+@pytest.mark.parametrize(("data", "code", "reason"), BAD_INPUTS)
+def test_bad_input_after_hello_closes_and_the_agent_is_gone(
+    data: bytes, code: CloseCode, reason: str
+) -> None:
+    session = connected()
+    close, observed = session.receive(data, now=1.0)
+    assert isinstance(close, Close)
+    assert (close.code, reason in close.reason) == (code, True)
+    assert isinstance(observed, Observe)
+    assert isinstance(observed.observation, AgentGone)
+    assert reason in observed.observation.reason
+
+
+@given(st.binary(max_size=300) | st.text(max_size=300))
+def test_whatever_arrives_any_close_reason_fits_a_close_frame(data: bytes | str) -> None:
+    for session in (new_session(), connected()):
+        for output in session.receive(data, now=1.0):
+            if isinstance(output, Close):
+                assert len(output.reason.encode()) <= MAX_CLOSE_REASON_BYTES
+
+
+def test_a_closed_session_ignores_everything() -> None:
+    session = connected()
+    session.receive(b"nonsense", now=1.0)
+
+    assert session.receive(encode(Heartbeat(seq=1)), now=2.0) == []
+    assert session.tick(now=1000.0) == []
+    assert session.connection_lost("eof", now=1001.0) == []
+    with pytest.raises(SessionStateError):
+        session.send_command(START)
+
+
+# -- traffic ------------------------------------------------------------------------------
+
+
+def test_heartbeats_are_observed_and_acknowledged() -> None:
+    session = connected()
+    beat = Heartbeat(
+        seq=7, shards=(HeartbeatShard(replica_id="m-1", shard_index=0, state="ready"),)
+    )
+
+    outputs = session.receive(encode(beat), now=5.0)
+
+    assert outputs == [
+        Observe(AgentHeartbeat(node_id="gpu-1", heartbeat=beat)),
+        Send(HeartbeatAck(seq=7)),
+    ]
+
+
+def test_shard_status_and_command_results_are_observed() -> None:
+    session = connected()
+    status = ShardStatus(
+        replica_id="m-1",
+        shard_index=0,
+        state="failed",
+        port=20001,
+        error="exited",
+        exit_code=1,
+        log_tail=("CUDA out of memory",),
+        command_id="c-1",
+    )
+    result = CommandResult(command_id="c-1", ok=False, error="exited")
+
+    assert session.receive(encode(status), now=1.0) == [
+        Observe(ShardStatusReported(node_id="gpu-1", status=status))
+    ]
+    assert session.receive(encode(result), now=2.0) == [
+        Observe(CommandCompleted(node_id="gpu-1", result=result))
+    ]
+
+
+def test_commands_go_out_only_once_the_agent_said_hello() -> None:
+    session = new_session()
+    with pytest.raises(SessionStateError, match="AWAITING_HELLO"):
+        session.send_command(START)
+
+    session.receive(encode(hello()), now=1.0)
+    stop = StopShard(command_id="c-2", replica_id="llama-1", shard_index=0, grace_s=30.0)
+
+    assert session.send_command(START) == [Send(START)]
+    assert session.send_command(stop) == [Send(stop)]
+
+
+# -- time ---------------------------------------------------------------------------------
+
+
+def test_an_agent_silent_past_the_timeout_is_closed_and_gone() -> None:
+    session = connected(now=0.0)
+
+    assert session.tick(now=TIMEOUT_S) == []
+    outputs = session.tick(now=TIMEOUT_S + 0.5)
+
+    assert outputs == [
+        Close(CloseCode.TIMED_OUT, "no heartbeat for 15.5s"),
+        gone("no heartbeat for 15.5s"),
+    ]
+    assert session.state is SessionState.CLOSED
+
+
+def test_every_message_keeps_the_connection_alive() -> None:
+    session = connected(now=0.0)
+    for second in range(5, 60, 5):
+        session.receive(encode(Heartbeat(seq=second)), now=float(second))
+        assert session.tick(now=second + TIMEOUT_S - 0.1) == []
+    assert session.state is SessionState.ACTIVE
+
+
+def test_a_connection_that_never_says_hello_is_closed_quietly() -> None:
+    session = new_session(now=100.0)
+    assert session.tick(now=100.0 + TIMEOUT_S) == []
+    assert session.tick(now=100.0 + TIMEOUT_S + 0.1) == [
+        Close(CloseCode.TIMED_OUT, "no hello within 15s")
+    ]
+
+
+# -- the end of a connection --------------------------------------------------------------
+
+
+def test_a_lost_connection_reports_the_agent_gone_once() -> None:
+    session = connected()
+    assert session.connection_lost("connection reset", now=3.0) == [gone("connection reset")]
+    assert session.connection_lost("connection reset", now=4.0) == []
+
+
+def test_a_connection_lost_before_hello_reports_nothing() -> None:
+    assert new_session().connection_lost("eof", now=1.0) == []
+
+
+def test_an_agent_closed_for_silence_is_not_reported_gone_again_when_the_socket_ends() -> None:
+    session = connected()
+    session.tick(now=TIMEOUT_S + 1)
+    assert session.connection_lost("closed", now=TIMEOUT_S + 2) == []
+
+
+def test_a_replaced_connection_closes_without_reporting_the_node_gone() -> None:
+    session = connected()
+    assert session.replaced() == [Close(CloseCode.REPLACED, "replaced by a newer connection")]
+    assert session.connection_lost("closed by server", now=2.0) == []
+    assert session.replaced() == []
+
+
+def test_the_timeout_must_leave_room_for_a_heartbeat() -> None:
+    with pytest.raises(ValueError, match="heartbeat_interval_s"):
+        AgentSession(
+            peer=NODE_CERT,
+            remote_address=REMOTE,
+            require_identity=True,
+            heartbeat_interval_s=10.0,
+            heartbeat_timeout_s=10.0,
+            server_id="cp-a",
+            epoch=1,
+            now=0.0,
+        )
+
+
+def test_the_welcome_on_the_wire_is_plain_json() -> None:
+    send = new_session().receive(encode(hello()), now=0.0)[0]
+    assert isinstance(send, Send)
+    assert json.loads(encode(send.message)) == {
+        "type": "welcome",
+        "protocol_version": 1,
+        "heartbeat_interval_s": 5.0,
+        "server_id": "cp-a",
+        "epoch": 3,
+    }
