@@ -15,6 +15,7 @@ from app.store.errors import ConcurrencyError
 from app.store.interface import NO_STREAM, NewEvent
 from app.store.postgres import PostgresEventStore
 from app.store.subscription import Subscription
+from tests.support.waiting import wait_until
 
 ACTOR = Meta(actor="test")
 
@@ -126,18 +127,13 @@ async def test_a_subscriber_survives_its_listen_connection_being_killed(
         )
         await admin.close()
         assert killed == 1
-        await _wait_until(lambda: subscription.connections == 2 and subscription.listening.is_set())
+        await wait_until(
+            lambda: subscription.connections == 2 and subscription.listening.is_set(),
+            what="LISTEN reconnected",
+        )
 
         later = await pg_store.append("node-a", None, [cordon("a", 2)], ACTOR)
         assert await asyncio.wait_for(received.get(), 10) == later[0].position
     finally:
         follower.cancel()
         await asyncio.gather(follower, return_exceptions=True)
-
-
-async def _wait_until(condition: object, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():  # type: ignore[operator]
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)

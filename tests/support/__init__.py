@@ -1,0 +1,1 @@
+"""Helpers the test suites share: the PostgreSQL server, and what runs on it."""
