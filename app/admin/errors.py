@@ -7,12 +7,12 @@ from typing import Any
 import structlog
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
-from litestar.types import ExceptionHandlersMap
 from litestar.status_codes import (
     HTTP_409_CONFLICT,
     HTTP_500_INTERNAL_SERVER_ERROR,
     HTTP_503_SERVICE_UNAVAILABLE,
 )
+from litestar.types import ExceptionHandlersMap
 
 from app.store.errors import ConcurrencyError, FencedError, StoreError, StoreUnavailable
 

@@ -331,10 +331,7 @@ AnyEvent = (
     | ApiKeyRevoked
 )
 
-EVENT_TYPES: dict[str, type[Event]] = {
-    _snake(cls.__name__): cls
-    for cls in AnyEvent.__args__
-}
+EVENT_TYPES: dict[str, type[Event]] = {_snake(cls.__name__): cls for cls in AnyEvent.__args__}
 
 
 def event_type(event: Event) -> str:

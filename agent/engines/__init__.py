@@ -1,0 +1,29 @@
+"""Engine supervision for the node agent.
+
+``EngineSupervisor`` starts engine processes on the control plane's ``start_shard``, stops
+them on ``stop_shard``, reports each state change, and re-attaches running engines when
+the agent starts again. Engines outlive the agent: they run in their own sessions, write
+their own logs, and are found again through records in the agent's state directory.
+
+Exceptions::
+
+    EngineError
+     └── EngineLaunchError    no engine process could be started
+"""
+
+from agent.engines.changes import ShardChange
+from agent.engines.errors import EngineError, EngineLaunchError
+from agent.engines.records import ShardKey, ShardRecord, ShardState
+from agent.engines.spec import ShardSpec
+from agent.engines.supervisor import EngineSupervisor
+
+__all__ = [
+    "EngineError",
+    "EngineLaunchError",
+    "EngineSupervisor",
+    "ShardChange",
+    "ShardKey",
+    "ShardRecord",
+    "ShardSpec",
+    "ShardState",
+]

@@ -1,0 +1,11 @@
+"""Errors raised by engine supervision."""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base of every error raised by ``agent.engines``."""
+
+
+class EngineLaunchError(EngineError):
+    """An engine process could not be started (missing executable, exec refused, ...)."""

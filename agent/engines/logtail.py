@@ -1,0 +1,47 @@
+"""The last lines of an engine log, read from the end of the file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+BLOCK_BYTES = 8192
+MAX_TAIL_BYTES = 256 * 1024
+
+
+def last_lines(data: bytes, lines: int) -> list[str]:
+    """The last ``lines`` lines of ``data``. Only ``\\n`` ends a line: progress bars redraw
+    with ``\\r`` and would otherwise fill the tail with one bar's frames."""
+    if lines <= 0:
+        return []
+    parts = data.decode("utf-8", errors="replace").split("\n")
+    if parts[-1] == "":
+        parts.pop()
+    return [part.rstrip("\r") for part in parts[-lines:]]
+
+
+def read_log_tail(path: Path, lines: int = 100, max_bytes: int = MAX_TAIL_BYTES) -> list[str]:
+    """The last ``lines`` lines of the file at ``path`` (none if it does not exist).
+
+    Reads backwards block by block and never more than ``max_bytes``, so a huge log or a
+    line without end costs the same as a small one; the oldest line may then be cut.
+    """
+    if lines <= 0:
+        return []
+    try:
+        file = path.open("rb")
+    except FileNotFoundError:
+        return []
+    with file:
+        end = file.seek(0, os.SEEK_END)
+        start = end
+        blocks: list[bytes] = []
+        newlines = 0
+        while start > 0 and newlines <= lines and end - start < max_bytes:
+            size = min(BLOCK_BYTES, start, max_bytes - (end - start))
+            start -= size
+            file.seek(start)
+            block = file.read(size)
+            blocks.append(block)
+            newlines += block.count(b"\n")
+    return last_lines(b"".join(reversed(blocks)), lines)

@@ -1,0 +1,143 @@
+"""What the agent remembers about each engine it runs, on disk, across its own restarts.
+
+One JSON file per shard in ``<state_dir>/shards/``. A record names the engine process by
+its pid *and* its start time (``/proc/<pid>/stat`` field 22, clock ticks since boot): pids
+are reused, so a pid alone could point a restarted agent at somebody else's process.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import NamedTuple
+from urllib.parse import quote
+
+import msgspec
+import structlog
+
+log = structlog.get_logger(__name__)
+
+
+class ShardState(StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class ShardKey(NamedTuple):
+    replica_id: str
+    shard_index: int
+
+
+class ShardRecord(msgspec.Struct, frozen=True, kw_only=True):
+    replica_id: str
+    shard_index: int
+    model: str
+    port: int
+    gpus: tuple[int, ...]
+    command: tuple[str, ...]
+    pid: int
+    process_start_time: int
+    log_path: str
+    started_at: datetime
+    state: ShardState
+
+    @property
+    def key(self) -> ShardKey:
+        return ShardKey(self.replica_id, self.shard_index)
+
+
+def shard_file_stem(key: ShardKey) -> str:
+    """``<replica_id>-<shard_index>``, with anything unsafe in a file name percent-escaped."""
+    return f"{quote(key.replica_id, safe='')}-{key.shard_index}"
+
+
+class RecordStore:
+    """Shard records as files; every write is atomic (temp file, fsync, rename, fsync dir)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.directory = state_dir / "shards"
+
+    def save(self, record: ShardRecord) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self._path(record.key)
+        temporary = path.with_name(f".{path.name}.tmp")
+        with temporary.open("wb") as file:
+            file.write(msgspec.json.encode(record))
+            file.flush()
+            os.fsync(file.fileno())
+        temporary.replace(path)
+        self._sync_directory()
+
+    def remove(self, key: ShardKey) -> None:
+        try:
+            self._path(key).unlink()
+        except FileNotFoundError:
+            return
+        self._sync_directory()
+
+    def load_all(self) -> list[ShardRecord]:
+        """Every readable record; a file that does not decode is logged and left alone."""
+        records: list[ShardRecord] = []
+        for path in sorted(self.directory.glob("*.json")):
+            try:
+                records.append(msgspec.json.decode(path.read_bytes(), type=ShardRecord))
+            except (OSError, msgspec.DecodeError) as exc:
+                log.warning("shard_record_unreadable", path=str(path), error=str(exc))
+        return records
+
+    def _path(self, key: ShardKey) -> Path:
+        return self.directory / f"{shard_file_stem(key)}.json"
+
+    def _sync_directory(self) -> None:
+        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+class ProcStat(NamedTuple):
+    state: str
+    start_time: int
+
+
+def parse_proc_stat(text: str) -> ProcStat:
+    """State (field 3) and start time (field 22) from the text of ``/proc/<pid>/stat``.
+
+    Field 2 is the command name in parentheses and may itself contain spaces and
+    parentheses, so the fields are counted from its last closing parenthesis.
+    """
+    fields = text[text.rindex(")") + 1 :].split()
+    return ProcStat(state=fields[0], start_time=int(fields[19]))
+
+
+def read_proc_stat(pid: int) -> ProcStat | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return parse_proc_stat(text)
+
+
+def process_identity(pid: int) -> int | None:
+    """The start time of process ``pid`` in clock ticks since boot, or None if there is none."""
+    stat = read_proc_stat(pid)
+    return None if stat is None else stat.start_time
+
+
+def is_same_process(record: ShardRecord) -> bool:
+    """True only while the recorded engine itself is alive: same pid and same start time.
+
+    A zombie has already exited (only its parent's ``wait()`` keeps it listed), so it does
+    not count as alive.
+    """
+    stat = read_proc_stat(record.pid)
+    return (
+        stat is not None
+        and stat.state not in ("Z", "X")
+        and stat.start_time == record.process_start_time
+    )

@@ -1,0 +1,308 @@
+"""The engine supervisor: starts, watches, stops and re-attaches engine processes.
+
+Engines outlive the agent on purpose. Each one is recorded on disk before ``start``
+returns; an agent that starts again calls ``reattach`` to pick up the engines that are
+still alive (by pid and start time), and stopping the agent (``shutdown``) leaves its
+engines running unless asked otherwise.
+
+Every state change (``starting``, ``ready``, ``failed``, ``stopped``) goes to the
+``on_change`` callback. A shard that failed stays in the inventory as ``failed`` until it
+is stopped or started again, so a failure that happened while the control plane could not
+hear it still reaches it with the next ``hello``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TypeVar
+
+import msgspec
+import structlog
+
+from agent.engines.changes import (
+    LOG_TAIL_LINES,
+    ShardChange,
+    can_transition,
+    change_of,
+    describe_exit,
+)
+from agent.engines.errors import EngineError, EngineLaunchError
+from agent.engines.logtail import read_log_tail
+from agent.engines.processes import AdoptedProcess, ChildProcess, EngineProcess, spawn_engine
+from agent.engines.readiness import readiness_url, wait_until_ready
+from agent.engines.records import (
+    RecordStore,
+    ShardKey,
+    ShardRecord,
+    ShardState,
+    is_same_process,
+    process_identity,
+    shard_file_stem,
+)
+from agent.engines.spec import ShardSpec, engine_env
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+AWAY_ERROR = "engine exited while the agent was away"
+KILL_WAIT_S = 10.0
+
+
+@dataclass(eq=False)
+class _Watched:
+    record: ShardRecord
+    process: EngineProcess
+    exit: asyncio.Task[int | None]
+    monitor: asyncio.Task[None] | None = None
+    stopping: bool = False
+
+
+class EngineSupervisor:
+    def __init__(
+        self,
+        state_dir: Path,
+        on_change: Callable[[ShardChange], None],
+        *,
+        poll_interval_s: float = 0.5,
+    ) -> None:
+        self._records = RecordStore(state_dir)
+        self._logs_dir = state_dir / "logs"
+        self._on_change = on_change
+        self._poll_interval_s = poll_interval_s
+        self._running: dict[ShardKey, _Watched] = {}
+        self._failed: dict[ShardKey, ShardRecord] = {}
+        self._locks: dict[ShardKey, asyncio.Lock] = {}
+        self._closed = False
+
+    async def start(self, spec: ShardSpec) -> ShardRecord:
+        """Start the shard, or return its record if it is already running.
+
+        Raises ``EngineLaunchError`` (after reporting ``failed``) if no process could be
+        started.
+        """
+        self._check_open()
+        async with self._lock(spec.key):
+            watched = self._running.get(spec.key)
+            if watched is not None:
+                return watched.record
+            self._failed.pop(spec.key, None)
+            log_path = self.log_path(spec.key)
+            try:
+                pid = spawn_engine(spec.argv, engine_env(os.environ, spec), log_path)
+            except OSError as exc:
+                raise self._launch_failed(spec, f"cannot start {spec.argv[0]!r}: {exc}") from exc
+            except EngineLaunchError as exc:
+                raise self._launch_failed(spec, str(exc)) from exc
+            process = ChildProcess(pid, poll_interval_s=self._poll_interval_s)
+            # An unreaped child keeps its /proc entry even if it has already exited.
+            start_time = process_identity(pid)
+            if start_time is None:
+                await _kill(process)
+                raise self._launch_failed(spec, f"cannot read /proc/{pid}/stat")
+            record = ShardRecord(
+                replica_id=spec.replica_id,
+                shard_index=spec.shard_index,
+                model=spec.model,
+                port=spec.port,
+                gpus=spec.gpus,
+                command=spec.argv,
+                pid=pid,
+                process_start_time=start_time,
+                log_path=str(log_path),
+                started_at=datetime.now(UTC),
+                state=ShardState.STARTING,
+            )
+            try:
+                self._records.save(record)
+            except OSError as exc:
+                await _kill(process)
+                raise self._launch_failed(spec, f"cannot record the engine: {exc}") from exc
+            self._watch(record, process)
+            return record
+
+    async def stop(self, replica_id: str, shard_index: int, grace_s: float = 10.0) -> None:
+        """SIGTERM the engine's process group, SIGKILL it after ``grace_s``, report
+        ``stopped`` and forget the shard. Stopping a shard that is not running only
+        reports ``stopped``."""
+        key = ShardKey(replica_id, shard_index)
+        async with self._lock(key):
+            watched = self._running.get(key)
+            exit_code = None if watched is None else await self._terminate(watched, grace_s)
+            known = watched.record if watched is not None else self._failed.get(key)
+            self._running.pop(key, None)
+            self._failed.pop(key, None)
+            self._records.remove(key)
+            if known is None:
+                self._report(ShardChange(**key._asdict(), state=ShardState.STOPPED))
+            else:
+                stopped = msgspec.structs.replace(known, state=ShardState.STOPPED)
+                self._report(change_of(stopped, exit_code=exit_code))
+
+    async def reattach(self) -> list[ShardRecord]:
+        """Watch again every recorded engine that is still alive (never restarting it);
+        report the others ``failed`` and drop their records. Call before any ``start``."""
+        self._check_open()
+        adopted: list[ShardRecord] = []
+        for record in self._records.load_all():
+            if record.key in self._running:
+                continue
+            if is_same_process(record):
+                # Starting again until it answers its health checks: it was not watched.
+                unconfirmed = msgspec.structs.replace(record, state=ShardState.STARTING)
+                self._records.save(unconfirmed)
+                process = AdoptedProcess(unconfirmed, poll_interval_s=self._poll_interval_s)
+                adopted.append(self._watch(unconfirmed, process).record)
+                continue
+            self._records.remove(record.key)
+            failed = msgspec.structs.replace(record, state=ShardState.FAILED)
+            self._failed[record.key] = failed
+            self._report(change_of(failed, error=AWAY_ERROR, log_tail=self._tail(record.key)))
+        return adopted
+
+    def inventory(self) -> list[ShardRecord]:
+        """Every shard this agent knows of, in its current state."""
+        records = [watched.record for watched in self._running.values()]
+        records.extend(self._failed.values())
+        return sorted(records, key=lambda record: record.key)
+
+    def log_path(self, key: ShardKey) -> Path:
+        return self._logs_dir / f"{shard_file_stem(key)}.log"
+
+    def log_tail(self, replica_id: str, shard_index: int, lines: int = LOG_TAIL_LINES) -> list[str]:
+        return read_log_tail(self.log_path(ShardKey(replica_id, shard_index)), lines)
+
+    async def shutdown(self, stop_engines: bool = False, grace_s: float = 10.0) -> None:
+        """Stop watching. Engines keep running unless ``stop_engines``: an agent that exits
+        must not take its engines with it."""
+        self._closed = True
+        if stop_engines:
+            keys = list(self._running)
+            await asyncio.gather(*(self.stop(*key, grace_s=grace_s) for key in keys))
+        tasks: list[asyncio.Task[int | None] | asyncio.Task[None]] = []
+        for watched in self._running.values():
+            tasks.append(watched.exit)
+            if watched.monitor is not None:
+                tasks.append(watched.monitor)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._running.clear()
+
+    # -- watching ------------------------------------------------------------------------
+
+    def _watch(self, record: ShardRecord, process: EngineProcess) -> _Watched:
+        watched = _Watched(record=record, process=process, exit=_task(process.wait_exit()))
+        self._running[record.key] = watched
+        self._report(change_of(record))
+        watched.monitor = _task(self._monitor(watched, readiness_url(record.port)))
+        return watched
+
+    async def _monitor(self, watched: _Watched, url: str) -> None:
+        """Report ``ready`` once the engine serves, and ``failed`` as soon as it exits."""
+        ready = _task(wait_until_ready(url, interval_s=self._poll_interval_s))
+        try:
+            done, _ = await asyncio.wait({ready, watched.exit}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+        if ready in done and ready.exception() is None and not watched.exit.done():
+            self._transition(watched, ShardState.READY)
+        exit_code = await asyncio.shield(watched.exit)
+        if watched.stopping:
+            return
+        self._transition(
+            watched,
+            ShardState.FAILED,
+            error=describe_exit(exit_code),
+            exit_code=exit_code,
+            log_tail=self._tail(watched.record.key),
+        )
+        self._running.pop(watched.record.key, None)
+        self._records.remove(watched.record.key)
+        self._failed[watched.record.key] = watched.record
+
+    async def _terminate(self, watched: _Watched, grace_s: float) -> int | None:
+        watched.stopping = True
+        if watched.monitor is not None:
+            watched.monitor.cancel()
+        if watched.process.signal_group(signal.SIGTERM):
+            try:
+                return await asyncio.wait_for(asyncio.shield(watched.exit), grace_s)
+            except TimeoutError:
+                log.warning("engine_ignored_sigterm", pid=watched.record.pid, grace_s=grace_s)
+                watched.process.signal_group(signal.SIGKILL)
+        try:
+            return await asyncio.wait_for(asyncio.shield(watched.exit), KILL_WAIT_S)
+        except TimeoutError:
+            log.error("engine_survived_sigkill", pid=watched.record.pid)
+            return None
+
+    # -- reporting -----------------------------------------------------------------------
+
+    def _transition(
+        self,
+        watched: _Watched,
+        target: ShardState,
+        *,
+        error: str | None = None,
+        exit_code: int | None = None,
+        log_tail: tuple[str, ...] = (),
+    ) -> None:
+        if not can_transition(watched.record.state, target):
+            return
+        watched.record = msgspec.structs.replace(watched.record, state=target)
+        if target is ShardState.READY:
+            self._records.save(watched.record)
+        self._report(change_of(watched.record, error=error, exit_code=exit_code, log_tail=log_tail))
+
+    def _launch_failed(self, spec: ShardSpec, error: str) -> EngineLaunchError:
+        self._report(
+            ShardChange(
+                replica_id=spec.replica_id,
+                shard_index=spec.shard_index,
+                state=ShardState.FAILED,
+                port=spec.port,
+                error=error,
+                log_tail=self._tail(spec.key),
+            )
+        )
+        return EngineLaunchError(error)
+
+    def _report(self, change: ShardChange) -> None:
+        try:
+            self._on_change(change)
+        except Exception:
+            # A failing listener must not stop the supervisor from watching its engines.
+            log.exception("shard_change_listener_failed", change=change)
+
+    def _tail(self, key: ShardKey) -> tuple[str, ...]:
+        return tuple(read_log_tail(self.log_path(key), LOG_TAIL_LINES))
+
+    def _lock(self, key: ShardKey) -> asyncio.Lock:
+        return self._locks.setdefault(key, asyncio.Lock())
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineError("the engine supervisor has been shut down")
+
+
+async def _kill(process: EngineProcess) -> None:
+    """Kill an engine the supervisor will not watch (one it could not record)."""
+    process.signal_group(signal.SIGKILL)
+    await process.wait_exit()
+
+
+def _task(coroutine: Coroutine[object, object, T]) -> asyncio.Task[T]:
+    task = asyncio.create_task(coroutine)
+    task.add_done_callback(_log_failure)
+    return task
+
+
+def _log_failure(task: asyncio.Task[object]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("engine_watch_failed", exc_info=task.exception())

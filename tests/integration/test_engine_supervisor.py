@@ -1,0 +1,495 @@
+"""The engine supervisor with real engine processes.
+
+The engine is a small HTTP server written into the test's directory and run with this
+interpreter: it serves ``/health`` and ``/v1/models`` on ``$PORT`` after an optional delay,
+or exits with an error, or ignores SIGTERM, and exits with code 7 on ``POST /crash``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agent.engines import (
+    EngineLaunchError,
+    EngineSupervisor,
+    ShardChange,
+    ShardKey,
+    ShardRecord,
+    ShardSpec,
+    ShardState,
+)
+from agent.engines.records import (
+    RecordStore,
+    is_same_process,
+    process_identity,
+    read_proc_stat,
+)
+
+ENGINE_SOURCE = r"""
+import argparse, http.server, json, os, signal, sys, time
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--delay", type=float, default=0.0)
+parser.add_argument("--fail-with", type=int)
+parser.add_argument("--ignore-sigterm", action="store_true")
+args = parser.parse_args()
+port = int(os.environ["PORT"])
+print(f"engine started pid={os.getpid()} PORT={port}", flush=True)
+print(f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}", flush=True)
+
+if args.fail_with is not None:
+    for number in range(150):
+        print(f"loading weights part {number}")
+    print("fatal: not enough memory for the KV cache", file=sys.stderr, flush=True)
+    sys.exit(args.fail_with)
+
+def on_sigterm(signum, frame):
+    if args.ignore_sigterm:
+        print("ignoring SIGTERM", flush=True)
+        return
+    print("received SIGTERM, shutting down", flush=True)
+    os._exit(0)
+
+signal.signal(signal.SIGTERM, on_sigterm)
+time.sleep(args.delay)
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == "/health":
+            self.answer(200, b"ok")
+        elif self.path == "/v1/models":
+            self.answer(200, json.dumps({"object": "list", "data": [{"id": "tiny"}]}).encode())
+        elif self.path == "/hello":
+            print("said hello", flush=True)
+            self.answer(200, b"hello")
+        else:
+            self.answer(404, b"")
+
+    def do_POST(self):
+        if self.path == "/crash":
+            self.answer(200, b"bye")
+            print("crashing on request", flush=True)
+            os._exit(7)
+        self.answer(404, b"")
+
+    def answer(self, status, body):
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.wfile.flush()
+
+    def log_message(self, *args):
+        pass
+
+http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def a_record(*, replica_id: str = "tiny-5", pid: int, process_start_time: int) -> ShardRecord:
+    return ShardRecord(
+        replica_id=replica_id,
+        shard_index=0,
+        model="tiny",
+        port=free_port(),
+        gpus=(0,),
+        command=("vllm", "serve", "tiny"),
+        pid=pid,
+        process_start_time=process_start_time,
+        log_path=f"/nonexistent/{replica_id}-0.log",
+        started_at=datetime.now(UTC),
+        state=ShardState.READY,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+async def eventually(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@dataclass
+class ChangeLog:
+    """Every change one supervisor reported, in order."""
+
+    changes: list[ShardChange] = field(default_factory=list)
+
+    def states(self, key: ShardKey) -> list[ShardState]:
+        return [change.state for change in self.changes_of(key)]
+
+    def changes_of(self, key: ShardKey) -> list[ShardChange]:
+        return [c for c in self.changes if (c.replica_id, c.shard_index) == key]
+
+    async def wait_for(
+        self, key: ShardKey, state: ShardState, timeout_s: float = 10.0
+    ) -> ShardChange:
+        await eventually(lambda: state in self.states(key), f"{key} {state}", timeout_s)
+        return next(change for change in self.changes_of(key) if change.state is state)
+
+
+@dataclass
+class Agent:
+    supervisor: EngineSupervisor
+    log: ChangeLog
+
+
+@dataclass
+class Node:
+    """One machine's state dir; each ``agent()`` is an agent process starting on it."""
+
+    state_dir: Path
+    engine_script: Path
+    agents: list[Agent] = field(default_factory=list)
+    engines: dict[int, int] = field(default_factory=dict)  # pid -> start time
+
+    def agent(self) -> Agent:
+        log = ChangeLog()
+
+        def on_change(change: ShardChange) -> None:
+            log.changes.append(change)
+            if change.pid is not None and change.pid not in self.engines:
+                start_time = process_identity(change.pid)
+                if start_time is not None:
+                    self.engines[change.pid] = start_time
+
+        agent = Agent(EngineSupervisor(self.state_dir, on_change), log)
+        self.agents.append(agent)
+        return agent
+
+    def spec(
+        self, *engine_args: str, replica_id: str = "tiny-1", gpus: tuple[int, ...] = (0,)
+    ) -> ShardSpec:
+        return ShardSpec(
+            replica_id=replica_id,
+            shard_index=0,
+            model="tiny",
+            argv=(sys.executable, str(self.engine_script), *engine_args),
+            gpus=gpus,
+            port=free_port(),
+        )
+
+    def engine_log(self, record: ShardRecord) -> str:
+        return Path(record.log_path).read_text()
+
+    def reap_engines(self) -> None:
+        """Kill and reap every engine a test started, whatever the test left behind."""
+        for pid, start_time in self.engines.items():
+            stat = read_proc_stat(pid)
+            if stat is not None and stat.start_time == start_time:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+
+
+@pytest.fixture
+async def node(tmp_path: Path) -> AsyncIterator[Node]:
+    script = tmp_path / "engine.py"
+    script.write_text(ENGINE_SOURCE)
+    node = Node(state_dir=tmp_path / "agent-state", engine_script=script)
+    try:
+        yield node
+    finally:
+        for agent in node.agents:
+            await agent.supervisor.shutdown()
+        node.reap_engines()
+
+
+@pytest.fixture
+def unrelated_process() -> Iterator[subprocess.Popen[bytes]]:
+    process = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+async def test_a_started_engine_reports_starting_then_ready_and_serves(node: Node) -> None:
+    agent = node.agent()
+    spec = node.spec("--delay", "0.3", gpus=(0, 1))
+
+    record = await agent.supervisor.start(spec)
+
+    assert record.state is ShardState.STARTING
+    assert is_same_process(record)
+    assert RecordStore(node.state_dir).load_all() == [record]
+    await agent.log.wait_for(spec.key, ShardState.READY)
+    assert agent.log.states(spec.key) == [ShardState.STARTING, ShardState.READY]
+    assert agent.log.changes[0].pid == record.pid
+    async with httpx.AsyncClient(base_url=spec.readiness_url) as client:
+        assert (await client.get("/v1/models")).json()["data"][0]["id"] == "tiny"
+    assert "CUDA_VISIBLE_DEVICES=0,1" in node.engine_log(record)
+    assert f"PORT={spec.port}" in node.engine_log(record)
+    assert [r.state for r in agent.supervisor.inventory()] == [ShardState.READY]
+    assert [r.state for r in RecordStore(node.state_dir).load_all()] == [ShardState.READY]
+
+
+async def test_starting_a_running_shard_again_returns_the_same_engine(node: Node) -> None:
+    agent = node.agent()
+    spec = node.spec()
+    first = await agent.supervisor.start(spec)
+
+    while_starting = await agent.supervisor.start(spec)
+    await agent.log.wait_for(spec.key, ShardState.READY)
+    once_ready = await agent.supervisor.start(spec)
+
+    assert while_starting.pid == once_ready.pid == first.pid
+    assert once_ready.state is ShardState.READY
+    assert agent.log.states(spec.key) == [ShardState.STARTING, ShardState.READY]
+    assert node.engine_log(first).count("engine started") == 1
+
+
+async def test_stop_terminates_the_engine_and_reports_stopped(node: Node) -> None:
+    agent = node.agent()
+    spec = node.spec()
+    record = await agent.supervisor.start(spec)
+    await agent.log.wait_for(spec.key, ShardState.READY)
+
+    await agent.supervisor.stop(spec.replica_id, spec.shard_index, grace_s=5.0)
+
+    stopped = agent.log.changes[-1]
+    assert (stopped.state, stopped.exit_code, stopped.pid) == (ShardState.STOPPED, 0, record.pid)
+    assert agent.supervisor.log_tail(spec.replica_id, 0)[-1] == "received SIGTERM, shutting down"
+    assert process_identity(record.pid) is None
+    assert agent.supervisor.inventory() == []
+    assert RecordStore(node.state_dir).load_all() == []
+
+
+async def test_an_engine_that_ignores_sigterm_is_killed_after_the_grace(node: Node) -> None:
+    agent = node.agent()
+    spec = node.spec("--ignore-sigterm")
+    record = await agent.supervisor.start(spec)
+    await agent.log.wait_for(spec.key, ShardState.READY)
+    asked_at = time.monotonic()
+
+    await agent.supervisor.stop(spec.replica_id, spec.shard_index, grace_s=0.5)
+
+    assert time.monotonic() - asked_at >= 0.5
+    assert agent.log.changes[-1].exit_code == -signal.SIGKILL
+    assert "ignoring SIGTERM" in agent.supervisor.log_tail(spec.replica_id, 0)
+    assert process_identity(record.pid) is None
+
+
+async def test_an_engine_that_exits_with_an_error_is_reported_failed_with_its_log(
+    node: Node,
+) -> None:
+    agent = node.agent()
+    spec = node.spec("--fail-with", "3")
+
+    await agent.supervisor.start(spec)
+    failed = await agent.log.wait_for(spec.key, ShardState.FAILED)
+
+    assert agent.log.states(spec.key) == [ShardState.STARTING, ShardState.FAILED]
+    assert failed.exit_code == 3
+    assert failed.error == "engine exited with code 3"
+    assert len(failed.log_tail) == 100
+    assert failed.log_tail[-2:] == (
+        "loading weights part 149",
+        "fatal: not enough memory for the KV cache",
+    )
+    assert [r.state for r in agent.supervisor.inventory()] == [ShardState.FAILED]
+    assert RecordStore(node.state_dir).load_all() == []
+
+
+async def test_a_crash_after_ready_is_reported_at_once(node: Node) -> None:
+    agent = node.agent()
+    spec = node.spec()
+    await agent.supervisor.start(spec)
+    await agent.log.wait_for(spec.key, ShardState.READY)
+
+    async with httpx.AsyncClient(base_url=spec.readiness_url) as client:
+        await client.post("/crash")
+    failed = await agent.log.wait_for(spec.key, ShardState.FAILED, timeout_s=2.0)
+
+    assert failed.exit_code == 7
+    assert failed.log_tail[-1] == "crashing on request"
+
+
+async def test_a_failed_shard_can_be_stopped_and_started_again(node: Node) -> None:
+    agent = node.agent()
+    spec = node.spec()
+    first = await agent.supervisor.start(spec)
+    await agent.log.wait_for(spec.key, ShardState.READY)
+    os.killpg(first.pid, signal.SIGKILL)
+    failed = await agent.log.wait_for(spec.key, ShardState.FAILED)
+    assert failed.error == "engine was killed by SIGKILL"
+
+    await agent.supervisor.stop(spec.replica_id, spec.shard_index)
+    second = await agent.supervisor.start(spec)
+
+    assert agent.log.states(spec.key)[-2:] == [ShardState.STOPPED, ShardState.STARTING]
+    assert second.pid != first.pid
+    assert [r.pid for r in agent.supervisor.inventory()] == [second.pid]
+
+
+async def test_a_missing_executable_is_reported_failed(node: Node) -> None:
+    agent = node.agent()
+    spec = ShardSpec(
+        replica_id="tiny-9", shard_index=0, model="tiny", argv=("/nonexistent/vllm",), port=1
+    )
+
+    with pytest.raises(EngineLaunchError, match="No such file"):
+        await agent.supervisor.start(spec)
+
+    [failed] = agent.log.changes
+    assert failed.state is ShardState.FAILED
+    assert "/nonexistent/vllm" in str(failed.error)
+    assert agent.supervisor.inventory() == []
+
+
+async def test_stopping_an_unknown_shard_still_reports_stopped(node: Node) -> None:
+    agent = node.agent()
+
+    await agent.supervisor.stop("never-started-1", 0)
+    await agent.supervisor.stop("never-started-1", 0)
+
+    assert agent.log.states(ShardKey("never-started-1", 0)) == [ShardState.STOPPED] * 2
+
+
+async def test_a_restarted_agent_reattaches_its_running_engine(node: Node) -> None:
+    first_agent = node.agent()
+    spec = node.spec()
+    record = await first_agent.supervisor.start(spec)
+    await first_agent.log.wait_for(spec.key, ShardState.READY)
+
+    await first_agent.supervisor.shutdown()
+    assert is_same_process(record)
+    async with httpx.AsyncClient(base_url=spec.readiness_url) as client:
+        await client.get("/hello")
+    second_agent = node.agent()
+    adopted = await second_agent.supervisor.reattach()
+
+    assert [r.pid for r in adopted] == [record.pid]
+    await second_agent.log.wait_for(spec.key, ShardState.READY)
+    assert second_agent.log.states(spec.key) == [ShardState.STARTING, ShardState.READY]
+    assert node.engine_log(record).count("engine started") == 1
+    assert second_agent.supervisor.log_tail(spec.replica_id, 0)[-1] == "said hello"
+    assert [(r.pid, r.state) for r in second_agent.supervisor.inventory()] == [
+        (record.pid, ShardState.READY)
+    ]
+
+
+async def test_a_reattached_engine_that_dies_is_reported_failed(node: Node) -> None:
+    first_agent = node.agent()
+    spec = node.spec()
+    record = await first_agent.supervisor.start(spec)
+    await first_agent.log.wait_for(spec.key, ShardState.READY)
+    await first_agent.supervisor.shutdown()
+    second_agent = node.agent()
+    await second_agent.supervisor.reattach()
+    await second_agent.log.wait_for(spec.key, ShardState.READY)
+
+    os.killpg(record.pid, signal.SIGKILL)
+    failed = await second_agent.log.wait_for(spec.key, ShardState.FAILED, timeout_s=3.0)
+
+    assert failed.exit_code is None
+    assert RecordStore(node.state_dir).load_all() == []
+
+
+async def test_a_reattached_engine_can_be_stopped(node: Node) -> None:
+    first_agent = node.agent()
+    spec = node.spec()
+    record = await first_agent.supervisor.start(spec)
+    await first_agent.log.wait_for(spec.key, ShardState.READY)
+    await first_agent.supervisor.shutdown()
+    second_agent = node.agent()
+    await second_agent.supervisor.reattach()
+
+    await second_agent.supervisor.stop(spec.replica_id, spec.shard_index, grace_s=5.0)
+
+    assert second_agent.log.states(spec.key)[-1] is ShardState.STOPPED
+    assert not is_same_process(record)
+    assert "received SIGTERM, shutting down" in node.engine_log(record)
+
+
+async def test_an_engine_gone_while_the_agent_was_away_is_reported_failed(node: Node) -> None:
+    first_agent = node.agent()
+    spec = node.spec()
+    record = await first_agent.supervisor.start(spec)
+    await first_agent.log.wait_for(spec.key, ShardState.READY)
+    await first_agent.supervisor.shutdown()
+    os.killpg(record.pid, signal.SIGKILL)
+    await eventually(lambda: not is_same_process(record), "the engine to die")
+
+    second_agent = node.agent()
+    adopted = await second_agent.supervisor.reattach()
+
+    assert adopted == []
+    [failed] = second_agent.log.changes
+    assert (failed.state, failed.error) == (
+        ShardState.FAILED,
+        "engine exited while the agent was away",
+    )
+    assert "engine started" in failed.log_tail[1]
+    assert RecordStore(node.state_dir).load_all() == []
+
+
+async def test_a_record_whose_pid_was_reused_is_not_adopted(
+    node: Node, unrelated_process: subprocess.Popen[bytes]
+) -> None:
+    start_time = process_identity(unrelated_process.pid)
+    assert start_time is not None
+    RecordStore(node.state_dir).save(
+        a_record(replica_id="tiny-4", pid=unrelated_process.pid, process_start_time=start_time - 1)
+    )
+    agent = node.agent()
+
+    adopted = await agent.supervisor.reattach()
+    await agent.supervisor.stop("tiny-4", 0, grace_s=0.1)
+
+    assert adopted == []
+    assert agent.log.states(ShardKey("tiny-4", 0)) == [ShardState.FAILED, ShardState.STOPPED]
+    assert unrelated_process.poll() is None
+    assert RecordStore(node.state_dir).load_all() == []
+
+
+async def test_shutdown_can_stop_every_engine(node: Node) -> None:
+    agent = node.agent()
+    records = [await agent.supervisor.start(node.spec(replica_id=f"tiny-{n}")) for n in (1, 2)]
+
+    await agent.supervisor.shutdown(stop_engines=True, grace_s=5.0)
+
+    assert (
+        sorted(c.state for c in agent.log.changes if c.state is ShardState.STOPPED)
+        == [ShardState.STOPPED] * 2
+    )
+    assert not any(is_same_process(record) for record in records)
+
+
+def test_an_exited_but_unreaped_engine_is_not_the_recorded_process() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        start_time = process_identity(child.pid)
+        assert start_time is not None
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+        assert read_proc_stat(child.pid) == ("Z", start_time)
+
+        assert not is_same_process(a_record(pid=child.pid, process_start_time=start_time))
+    finally:
+        child.wait()

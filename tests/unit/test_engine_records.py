@@ -1,0 +1,107 @@
+"""Shard records: what a restarted agent reads to find its engines again."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+import msgspec
+
+from agent.engines.records import (
+    RecordStore,
+    ShardKey,
+    ShardRecord,
+    ShardState,
+    is_same_process,
+    parse_proc_stat,
+    process_identity,
+    shard_file_stem,
+)
+
+
+def a_record(**changes: object) -> ShardRecord:
+    record = ShardRecord(
+        replica_id="llama-8b-3",
+        shard_index=1,
+        model="llama-8b",
+        port=20017,
+        gpus=(0, 1),
+        command=("vllm", "serve", "meta-llama/Llama-3.1-8B", "--port", "20017"),
+        pid=4242,
+        process_start_time=123456,
+        log_path="/var/lib/llmgw-agent/logs/llama-8b-3-1.log",
+        started_at=datetime(2024, 5, 1, 12, 30, tzinfo=UTC),
+        state=ShardState.READY,
+    )
+    return msgspec.structs.replace(record, **changes)
+
+
+def test_a_saved_record_reads_back_equal(tmp_path: Path) -> None:
+    store = RecordStore(tmp_path)
+    record = a_record()
+
+    store.save(record)
+
+    assert store.load_all() == [record]
+    assert [path.name for path in (tmp_path / "shards").iterdir()] == ["llama-8b-3-1.json"]
+
+
+def test_saving_again_replaces_the_record(tmp_path: Path) -> None:
+    store = RecordStore(tmp_path)
+    store.save(a_record(state=ShardState.STARTING))
+
+    store.save(a_record(state=ShardState.READY))
+
+    assert [record.state for record in store.load_all()] == [ShardState.READY]
+
+
+def test_a_removed_record_is_gone_and_removing_twice_is_harmless(tmp_path: Path) -> None:
+    store = RecordStore(tmp_path)
+    store.save(a_record())
+
+    store.remove(ShardKey("llama-8b-3", 1))
+    store.remove(ShardKey("llama-8b-3", 1))
+
+    assert store.load_all() == []
+
+
+def test_an_unreadable_record_is_skipped(tmp_path: Path) -> None:
+    store = RecordStore(tmp_path)
+    store.save(a_record())
+    (tmp_path / "shards" / "torn-0.json").write_bytes(b'{"replica_id": "tor')
+
+    assert store.load_all() == [a_record()]
+
+
+def test_replica_ids_that_are_not_file_names_are_escaped() -> None:
+    assert shard_file_stem(ShardKey("org/model-1", 0)) == "org%2Fmodel-1-0"
+    assert shard_file_stem(ShardKey("qwen2.5-7b-12", 3)) == "qwen2.5-7b-12-3"
+
+
+def test_the_start_time_is_field_22_even_when_the_name_has_spaces_and_parens() -> None:
+    fields_after_name = ["S", *[str(n) for n in range(4, 22)], "987654", "0", "0"]
+    text = f"4242 (python3 (x) y) {' '.join(fields_after_name)}\n"
+
+    assert parse_proc_stat(text) == ("S", 987654)
+
+
+def test_the_running_process_is_itself() -> None:
+    start_time = process_identity(os.getpid())
+    assert start_time is not None
+
+    assert is_same_process(a_record(pid=os.getpid(), process_start_time=start_time))
+
+
+def test_a_reused_pid_is_not_the_recorded_process() -> None:
+    start_time = process_identity(os.getpid())
+    assert start_time is not None
+
+    assert not is_same_process(a_record(pid=os.getpid(), process_start_time=start_time - 1))
+
+
+def test_a_pid_that_does_not_exist_is_not_the_recorded_process() -> None:
+    beyond_any_pid_max = 2**22 + 1
+
+    assert process_identity(beyond_any_pid_max) is None
+    assert not is_same_process(a_record(pid=beyond_any_pid_max))
