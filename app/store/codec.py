@@ -8,6 +8,7 @@ log stays readable forever without rewriting it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -44,9 +45,25 @@ def current_version(type_name: str) -> int:
     return cls.schema_version if cls is not None else 1
 
 
+# PostgreSQL's jsonb cannot hold U+0000, and engine output (log tails) can contain it. An
+# escaped NUL (preceded by an even number of backslashes) becomes U+FFFD instead.
+_ESCAPED_NUL = re.compile(rb"(?<!\\)((?:\\\\)*)\\u0000")
+
+
 def encode_event(event: AnyEvent) -> tuple[str, int, bytes]:
     """``(type, schema_version, json)`` for storage."""
-    return event_type(event), type(event).schema_version, _encoder.encode(event)
+    data = _encoder.encode(event)
+    if b"\\u0000" in data:
+        data = _ESCAPED_NUL.sub(rb"\1\\ufffd", data)
+    return event_type(event), type(event).schema_version, data
+
+
+def storable(event: AnyEvent) -> AnyEvent:
+    """The event exactly as it will read back from the log (NUL characters replaced)."""
+    if b"\\u0000" not in _encoder.encode(event):
+        return event
+    stored: AnyEvent = _event_decoder.decode(encode_event(event)[2])
+    return stored
 
 
 def encode_meta(meta: Meta) -> bytes:

@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.domain.envelope import Meta, Recorded
 from app.domain.evolve import evolve
 from app.domain.state import ClusterState
-from app.store.codec import decode_event, decode_meta, encode_event, encode_meta
+from app.store.codec import decode_event, decode_meta, encode_event, encode_meta, storable
 from app.store.database import connection
 from app.store.errors import ConcurrencyError, FencedError, StoreError
 from app.store.interface import AppendRequest, NewEvent
@@ -147,7 +147,7 @@ class PostgresEventStore:
                         event_id=new.event_id,
                         recorded_at=now,
                         meta=meta,
-                        event=new.event,
+                        event=storable(new.event),
                     )
                 )
             versions[request.stream] = actual

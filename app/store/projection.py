@@ -81,7 +81,7 @@ def node_row(node: Node) -> Row:
         "address": node.address,
         "remote_address": node.remote_address,
         "labels": dict(node.labels),
-        "gpus": msgspec.to_builtins(node.gpus),
+        "gpus": list(msgspec.to_builtins(node.gpus)),
         "gpu_count": len(node.gpus),
         "healthy_gpu_count": sum(1 for gpu in node.gpus if gpu.healthy),
         "agent_version": node.agent_version,

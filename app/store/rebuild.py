@@ -154,6 +154,6 @@ def _normal(value: Any, is_json: bool) -> Any:
 def _plain(value: Any) -> Any:
     if isinstance(value, datetime):
         return value
-    if isinstance(value, dict | list):
+    if isinstance(value, dict | list | tuple):
         return msgspec.json.decode(msgspec.json.encode(value))
     return value

@@ -11,8 +11,18 @@ from typing import Any
 import msgspec
 from hypothesis import strategies as st
 from msgspec import inspect as mi
+from msgspec.structs import replace
 
-from app.domain.events import EVENT_TYPES, AnyEvent, Event, StrayStopped
+from app.domain.events import (
+    EVENT_TYPES,
+    AnyEvent,
+    ApiKeyCreated,
+    Event,
+    NodeConnected,
+    NodeRegistered,
+    ReplicaPlaced,
+    StrayStopped,
+)
 
 MODELS = ("llama", "qwen")
 NODES = ("gpu-1", "gpu-2", "gpu-3")
@@ -71,7 +81,20 @@ def struct_strategy(cls: type[msgspec.Struct]) -> st.SearchStrategy[Any]:
 
 def events() -> st.SearchStrategy[AnyEvent]:
     classes: list[type[Event]] = list(EVENT_TYPES.values())
-    return st.one_of(*(struct_strategy(cls) for cls in classes))
+    return st.one_of(*(struct_strategy(cls) for cls in classes)).map(_valid)
+
+
+def _valid(event: AnyEvent) -> AnyEvent:
+    """Invariants the deciders guarantee: shards and GPUs numbered 0..n-1, key prefixes unique."""
+    if isinstance(event, ReplicaPlaced):
+        shards = tuple(replace(s, index=i) for i, s in enumerate(event.shards))
+        return replace(event, shards=shards)
+    if isinstance(event, ApiKeyCreated):  # prefixes identify keys: unique by construction
+        return replace(event, prefix=f"llmgw_{event.key_id}")
+    if isinstance(event, NodeRegistered | NodeConnected):  # an agent reports each GPU once
+        gpus = tuple(replace(g, index=i) for i, g in enumerate(event.gpus))
+        return replace(event, gpus=gpus)
+    return event
 
 
 def stream_for(event: AnyEvent) -> str:

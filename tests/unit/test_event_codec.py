@@ -1,0 +1,78 @@
+"""Every event survives the trip through the store's codec; old payloads are lifted."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+
+from app.domain.describe import describe
+from app.domain.events import EVENT_TYPES, AnyEvent, ShardFailed
+from app.store.codec import decode_event, encode_event, storable, upcast
+from app.store.errors import UnreadableEvent
+from tests.support.generators import events
+
+
+@settings(max_examples=300)
+@given(events())
+def test_every_event_round_trips_its_codec(event: AnyEvent) -> None:
+    type_name, schema_version, data = encode_event(event)
+
+    assert type_name in EVENT_TYPES
+    assert decode_event(1, type_name, schema_version, data) == storable(event)
+    if b"\\u0000" not in msgspec.json.encode(event):
+        assert storable(event) is event
+
+
+def test_nul_characters_postgres_cannot_store_become_replacement_characters() -> None:
+    event = ShardFailed(
+        replica_id="m-1", shard_index=0, node_id="n", error="bad\x00byte", log_tail=("a\\u0000",)
+    )
+
+    stored = decode_event(1, *encode_event(event))
+
+    assert stored == storable(event)
+    assert isinstance(stored, ShardFailed)
+    assert stored.error == "bad\ufffdbyte"
+    assert stored.log_tail == ("a\\u0000",)  # an escaped backslash is left alone
+
+
+@settings(max_examples=200)
+@given(events())
+def test_every_event_can_be_told_in_words(event: AnyEvent) -> None:
+    assert describe(event).strip()
+
+
+def test_a_stored_v1_shard_failure_reads_as_v2() -> None:
+    v1 = msgspec.json.encode(
+        {
+            "type": "shard_failed",
+            "replica_id": "llama-3",
+            "shard_index": 0,
+            "node_id": "gpu-7",
+            "error": "exited with 1",
+            "exit_code": 1,
+            "log": "INFO loading\nERROR CUDA out of memory",
+        }
+    )
+
+    event = decode_event(17, "shard_failed", 1, v1)
+
+    assert isinstance(event, ShardFailed)
+    assert event.log_tail == ("INFO loading", "ERROR CUDA out of memory")
+    assert ShardFailed.schema_version == 2
+
+
+def test_a_payload_without_an_upcaster_is_reported_not_guessed() -> None:
+    with pytest.raises(UnreadableEvent, match="no upcaster"):
+        upcast("shard_failed", 0, {})
+
+
+def test_an_unknown_event_type_is_reported_with_its_position() -> None:
+    with pytest.raises(UnreadableEvent, match=r"event 9 .*unknown event type"):
+        decode_event(9, "replica_teleported", 1, b"{}")
+
+
+def test_a_corrupt_payload_is_reported_with_its_position() -> None:
+    with pytest.raises(UnreadableEvent, match="event 4"):
+        decode_event(4, "replica_serving", 1, b'{"type": "replica_serving"}')

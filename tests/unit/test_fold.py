@@ -1,0 +1,240 @@
+"""Stories of the fold, and the property that an incremental projection equals a replay."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.domain.envelope import Meta, Recorded
+from app.domain.events import (
+    AnyEvent,
+    ApiKeyCreated,
+    ApiKeyRevoked,
+    GpuInfo,
+    GpuMarkedUnhealthy,
+    GpuRecovered,
+    IdentityRejected,
+    ModelDeclared,
+    ModelRemoved,
+    ModelScaled,
+    ModelTuned,
+    NodeConnected,
+    NodeDrainRequested,
+    NodeUncordoned,
+    ReplicaDrainStarted,
+    ReplicaPlaced,
+    ReplicaServing,
+    ReplicaStartupTimedOut,
+    ReplicaStopped,
+    ReplicaStopping,
+    ShardFailed,
+    ShardPlacement,
+    ShardReady,
+    ShardStarting,
+)
+from app.domain.evolve import replay
+from app.domain.model_spec import ModelSpec
+from app.domain.state import ClusterState, ReplicaPhase, ShardPhase
+from app.store.projection import Row, all_rows, fold
+from app.store.tables import PROJECTION_TABLES
+from tests.support.generators import events, stream_for
+
+T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+
+
+def log_of(*items: AnyEvent, actor: str = "alice") -> list[Recorded]:
+    return [
+        Recorded(
+            position=n,
+            stream=stream_for(event),
+            version=n,
+            event_id=uuid.uuid4(),
+            recorded_at=T0 + timedelta(seconds=n),
+            meta=Meta(actor=actor),
+            event=event,
+        )
+        for n, event in enumerate(items, start=1)
+    ]
+
+
+SPEC = ModelSpec(name="llama", command="sim --port {port}", replicas=2)
+GPU = GpuInfo(index=0, uuid="GPU-0", name="H100", memory_total_mib=81559)
+PLACED = ReplicaPlaced(
+    replica_id="llama-1",
+    model="llama",
+    number=1,
+    shards=(ShardPlacement(index=0, node_id="gpu-1", gpus=(0,), port=20000),),
+)
+
+
+def test_a_replica_goes_from_placed_to_serving_to_stopped() -> None:
+    state = replay(
+        log_of(
+            ModelDeclared(model="llama", spec=SPEC),
+            PLACED,
+            ShardStarting(replica_id="llama-1", shard_index=0, node_id="gpu-1", pid=101),
+            ShardReady(replica_id="llama-1", shard_index=0, node_id="gpu-1"),
+            ReplicaServing(replica_id="llama-1"),
+        )
+    )
+    replica = state.replicas["llama-1"]
+    assert replica.phase is ReplicaPhase.SERVING
+    assert replica.routable
+    assert replica.starting_since == T0 + timedelta(seconds=3)
+    assert replica.shards[0].phase is ShardPhase.READY
+    assert state.models["llama"].replicas_created == 1
+
+    later = replay(
+        log_of(
+            ReplicaDrainStarted(replica_id="llama-1", drain_id="d-1"),
+            ReplicaStopping(replica_id="llama-1", reason="drain d-1"),
+            ReplicaStopped(replica_id="llama-1"),
+        ),
+        state,
+    )
+    assert later.replicas["llama-1"].phase is ReplicaPhase.STOPPED
+    assert not later.replicas["llama-1"].routable
+
+
+def test_a_timed_out_replica_keeps_its_log_tail_and_says_why() -> None:
+    state = replay(
+        log_of(
+            ModelDeclared(model="llama", spec=SPEC),
+            PLACED,
+            ShardStarting(replica_id="llama-1", shard_index=0, node_id="gpu-1"),
+            ShardFailed(
+                replica_id="llama-1",
+                shard_index=0,
+                node_id="gpu-1",
+                error="exit 1",
+                log_tail=("CUDA OOM",),
+            ),
+            ReplicaStartupTimedOut(replica_id="llama-1", timeout_s=120, waited_s=121),
+        )
+    )
+    replica = state.replicas["llama-1"]
+    assert replica.phase is ReplicaPhase.TIMED_OUT
+    assert replica.end_reason == "not ready after 121s (timeout 120s)"
+    assert replica.shards[0].log_tail == ("CUDA OOM",)
+
+
+def test_replica_numbers_are_never_reused_even_after_a_model_is_removed() -> None:
+    state = replay(
+        log_of(
+            ModelDeclared(model="llama", spec=SPEC),
+            PLACED,
+            ModelRemoved(model="llama"),
+            ModelDeclared(model="llama", spec=SPEC),
+        )
+    )
+    assert state.models["llama"].replicas_created == 1
+    assert not state.models["llama"].removed
+
+
+def test_scaling_tuning_and_removal_change_what_the_model_asks_for() -> None:
+    state = replay(
+        log_of(
+            ModelDeclared(model="llama", spec=SPEC),
+            ModelScaled(model="llama", replicas=5, previous=2),
+            ModelTuned(model="llama", weight=2.5, target_waiting=8, kv_ceiling=0.9),
+        )
+    )
+    model = state.models["llama"]
+    assert model.desired == 5
+    assert model.spec.routing.target_waiting == 8
+    assert replay(log_of(ModelRemoved(model="llama")), state).models["llama"].desired == 0
+
+
+def test_nodes_drain_and_gpus_fail_and_recover() -> None:
+    connected = NodeConnected(node_id="gpu-1", address="10.0.0.1", gpus=(GPU,))
+    state = replay(
+        log_of(
+            connected,
+            GpuMarkedUnhealthy(node_id="gpu-1", gpu_index=0, reason="XID 79", xid=79),
+            NodeDrainRequested(node_id="gpu-1", drain_id="d-1", grace_s=600),
+        )
+    )
+    node = state.nodes["gpu-1"]
+    assert node.connected
+    assert node.cordoned
+    assert node.drain_id == "d-1"
+    assert node.gpus[0].unhealthy_reason == "XID 79"
+
+    state = replay(
+        log_of(GpuRecovered(node_id="gpu-1", gpu_index=0), NodeUncordoned(node_id="gpu-1")), state
+    )
+    assert state.nodes["gpu-1"].gpus[0].healthy
+    assert not state.nodes["gpu-1"].cordoned
+
+
+def test_a_rejected_identity_changes_nothing() -> None:
+    state = replay(
+        log_of(
+            IdentityRejected(
+                claimed_node_id="gpu-2",
+                certificate_subject="CN=gpu-1,OU=node",
+                remote_address="10.0.0.9",
+                reason="certificate is for gpu-1",
+            )
+        )
+    )
+    assert state.nodes == {}
+
+
+def test_keys_remember_who_created_and_revoked_them() -> None:
+    created = log_of(
+        ApiKeyCreated(key_id="k1", name="ci", prefix="llmgw_ab", secret_hash="h", models=("llama",))
+    )
+    state = replay(created)
+    state = replay(log_of(ApiKeyRevoked(key_id="k1"), actor="bob"), state)
+    key = state.keys["k1"]
+    assert key.created_by == "alice"
+    assert key.revoked_by == "bob"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(events(), min_size=1, max_size=5), max_size=15))
+def test_an_incremental_projection_equals_a_replay(batches: list[list[AnyEvent]]) -> None:
+    tables: dict[str, dict[str, Row]] = {t.name: {} for t in PROJECTION_TABLES}
+    state = ClusterState()
+    log: list[Recorded] = []
+    for batch in batches:
+        recorded = log_of(*batch)
+        recorded = [
+            Recorded(
+                position=len(log) + n,
+                stream=r.stream,
+                version=r.version,
+                event_id=r.event_id,
+                recorded_at=r.recorded_at,
+                meta=r.meta,
+                event=r.event,
+            )
+            for n, r in enumerate(recorded, start=1)
+        ]
+        log += recorded
+        changes = fold(state, recorded)
+        for table, keys in changes.touched.items():
+            for key in keys:
+                tables[table].pop(key, None)
+        for owner in changes.touched["replicas"]:
+            tables["shards"] = {
+                k: v for k, v in tables["shards"].items() if v["replica_id"] != owner
+            }
+        for table, rows in changes.rows.items():
+            for row in rows:
+                tables[table][_key(table, row)] = row
+
+    rebuilt = all_rows(replay(log))
+    assert {t: sorted(map(repr, rows.values())) for t, rows in tables.items()} == {
+        t: sorted(map(repr, rows)) for t, rows in rebuilt.items()
+    }
+
+
+def _key(table: str, row: Row) -> str:
+    if table == "shards":
+        return f"{row['replica_id']}/{row['shard_index']}"
+    return str(row["name"] if table == "models" else row["id"])
