@@ -1,0 +1,83 @@
+"""Errors the simulator answers with, and the three body styles it can write them in.
+
+``openai`` (default) writes ``{"error": {"message", "type", "param", "code"}}`` as the
+OpenAI API does; ``flat`` writes ``{"detail": "..."}`` as FastAPI-based servers do;
+``message`` writes ``{"object": "error", "message", "type", "param", "code"}`` with the
+HTTP status as ``code``, as older vLLM releases do. A gateway that normalises engine
+errors can be tested against each.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from agent.simulator.config import ErrorStyle
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.code = code
+        self.param = param
+
+
+def invalid_request(message: str, *, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param)
+
+
+def model_not_found(model: str) -> ApiError:
+    return ApiError(
+        404,
+        f"The model `{model}` does not exist.",
+        code="model_not_found",
+        param="model",
+    )
+
+
+def not_ready() -> ApiError:
+    return ApiError(503, "The engine is starting.", type="server_error", code="not_ready")
+
+
+class _OpenAIErrorDetail(msgspec.Struct, frozen=True):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class _OpenAIError(msgspec.Struct, frozen=True):
+    error: _OpenAIErrorDetail
+
+
+class _FlatError(msgspec.Struct, frozen=True):
+    detail: str
+
+
+class _MessageError(msgspec.Struct, frozen=True):
+    message: str
+    type: str
+    param: str | None
+    code: int
+    object: str = "error"
+
+
+def error_body(error: ApiError, style: ErrorStyle) -> bytes:
+    body: _OpenAIError | _FlatError | _MessageError
+    if style == "openai":
+        body = _OpenAIError(_OpenAIErrorDetail(error.message, error.type, error.param, error.code))
+    elif style == "flat":
+        body = _FlatError(error.message)
+    else:
+        body = _MessageError(error.message, error.type, error.param, error.status)
+    return msgspec.json.encode(body)

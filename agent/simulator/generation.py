@@ -1,0 +1,115 @@
+"""Turn an OpenAI request body into what the engine needs: prompt tokens and limits."""
+
+from __future__ import annotations
+
+from typing import Literal, TypeVar
+
+import msgspec
+
+from agent.simulator.errors import invalid_request, model_not_found
+from agent.simulator.tokens import tokenize, tokenize_ids
+from agent.simulator.wire import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    StreamOptions,
+)
+
+DEFAULT_MAX_TOKENS = 16
+
+Kind = Literal["chat", "completion"]
+_Request = TypeVar("_Request", ChatCompletionRequest, CompletionRequest)
+
+
+class Generation(msgspec.Struct, frozen=True, kw_only=True):
+    kind: Kind
+    prompt: tuple[str, ...]
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+
+
+_chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
+_completion_decoder = msgspec.json.Decoder(CompletionRequest)
+
+
+def parse_chat(body: bytes, served_model: str) -> Generation:
+    request = _decode(_chat_decoder, body)
+    _check_model(request.model, served_model)
+    max_tokens = request.max_completion_tokens
+    if max_tokens is None:
+        max_tokens = request.max_tokens
+    return _generation(
+        "chat",
+        tokenize(" ".join(_message_text(message) for message in request.messages)),
+        max_tokens,
+        request.n,
+        request.stream,
+        request.stream_options,
+    )
+
+
+def parse_completion(body: bytes, served_model: str) -> Generation:
+    request = _decode(_completion_decoder, body)
+    _check_model(request.model, served_model)
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        tokens = tokenize(prompt)
+    elif all(isinstance(item, int) for item in prompt):
+        tokens = tokenize_ids([item for item in prompt if isinstance(item, int)])
+    elif len(prompt) == 1 and isinstance(prompt[0], str):
+        tokens = tokenize(prompt[0])
+    else:
+        raise invalid_request(
+            "`prompt` must be a string, a list of one string, or a list of token ids",
+            param="prompt",
+        )
+    return _generation(
+        "completion", tokens, request.max_tokens, request.n, request.stream, request.stream_options
+    )
+
+
+def _decode(decoder: msgspec.json.Decoder[_Request], body: bytes) -> _Request:
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise invalid_request(f"Invalid request body: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise invalid_request(f"The request body is not valid JSON: {exc}") from exc
+
+
+def _check_model(requested: str, served_model: str) -> None:
+    if requested != served_model:
+        raise model_not_found(requested)
+
+
+def _message_text(message: ChatMessage) -> str:
+    content = message.content
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return " ".join(part.text for part in content if part.type == "text" and part.text)
+
+
+def _generation(
+    kind: Kind,
+    prompt: tuple[str, ...],
+    max_tokens: int | None,
+    n: int,
+    stream: bool,
+    stream_options: StreamOptions | None,
+) -> Generation:
+    if n != 1:
+        raise invalid_request("Only n=1 is supported.", param="n")
+    if max_tokens is None:
+        max_tokens = DEFAULT_MAX_TOKENS
+    if max_tokens < 1:
+        raise invalid_request("`max_tokens` must be at least 1.", param="max_tokens")
+    return Generation(
+        kind=kind,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        stream=stream,
+        include_usage=stream and stream_options is not None and stream_options.include_usage,
+    )

@@ -1,0 +1,168 @@
+"""The simulator's Prometheus metrics, under vLLM's names and labels.
+
+Written by hand in the Prometheus text format (version 0.0.4) because the set is small
+and fixed: counters carry the ``_total`` suffix in their ``# TYPE`` line as vLLM's
+exporter writes them, histograms use vLLM's buckets, and every sample carries
+``model_name`` and ``engine="0"``.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+
+TTFT_BUCKETS: tuple[float, ...] = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+INTER_TOKEN_BUCKETS: tuple[float, ...] = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+E2E_BUCKETS: tuple[float, ...] = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+    40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+
+
+class Histogram:
+    __slots__ = ("_bounds", "_counts", "count", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self._bounds = tuple(bounds)
+        self._counts = [0] * (len(self._bounds) + 1)
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self._counts[bisect_left(self._bounds, value)] += 1
+        self.count += 1
+        self.sum += value
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        rows: list[tuple[str, int]] = []
+        running = 0
+        for bound, count in zip(self._bounds, self._counts, strict=False):
+            running += count
+            rows.append((repr(float(bound)), running))
+        rows.append(("+Inf", self.count))
+        return rows
+
+
+class EngineMetrics:
+    """Counters and histograms the engine updates; gauges are read at scrape time."""
+
+    def __init__(self) -> None:
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.requests_succeeded = 0
+        self.requests_aborted = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.time_to_first_token = Histogram(TTFT_BUCKETS)
+        self.inter_token_latency = Histogram(INTER_TOKEN_BUCKETS)
+        self.e2e_request_latency = Histogram(E2E_BUCKETS)
+
+
+class GaugeReadings:
+    __slots__ = ("kv_cache_usage", "num_running", "num_waiting")
+
+    def __init__(self, *, num_waiting: int, num_running: int, kv_cache_usage: float) -> None:
+        self.num_waiting = num_waiting
+        self.num_running = num_running
+        self.kv_cache_usage = kv_cache_usage
+
+
+def render(metrics: EngineMetrics, gauges: GaugeReadings, model_name: str) -> str:
+    labels = f'engine="0",model_name="{_escape(model_name)}"'
+    out: list[str] = []
+
+    def sample(name: str, kind: str, help_text: str, value: float, extra: str = "") -> None:
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} {kind}")
+        out.append(f"{name}{{{labels}{extra}}} {_number(value)}")
+
+    def histogram(name: str, help_text: str, histogram: Histogram) -> None:
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} histogram")
+        for bound, count in histogram.cumulative():
+            out.append(f'{name}_bucket{{{labels},le="{bound}"}} {count}')
+        out.append(f"{name}_count{{{labels}}} {histogram.count}")
+        out.append(f"{name}_sum{{{labels}}} {_number(histogram.sum)}")
+
+    sample(
+        "vllm:num_requests_running", "gauge", "Requests in the running batch.", gauges.num_running
+    )
+    sample(
+        "vllm:num_requests_waiting", "gauge", "Requests waiting to be admitted.", gauges.num_waiting
+    )
+    sample(
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        "Fraction of KV-cache blocks in use (1 means full).",
+        gauges.kv_cache_usage,
+    )
+    sample(
+        "vllm:prefix_cache_queries_total",
+        "counter",
+        "Prompt tokens looked up in the prefix cache.",
+        metrics.prefix_cache_queries,
+    )
+    sample(
+        "vllm:prefix_cache_hits_total",
+        "counter",
+        "Prompt tokens found in the prefix cache.",
+        metrics.prefix_cache_hits,
+    )
+    sample(
+        "vllm:request_success_total",
+        "counter",
+        "Requests that finished.",
+        metrics.requests_succeeded,
+        ',finished_reason="length"',
+    )
+    sample(
+        "vllm:prompt_tokens_total", "counter", "Prefill tokens processed.", metrics.prompt_tokens
+    )
+    sample(
+        "vllm:generation_tokens_total",
+        "counter",
+        "Generation tokens processed.",
+        metrics.generation_tokens,
+    )
+    sample(
+        "llmgw_sim:requests_aborted_total",
+        "counter",
+        "Requests aborted because their client went away.",
+        metrics.requests_aborted,
+    )
+    histogram(
+        "vllm:time_to_first_token_seconds",
+        "Time to first token in seconds.",
+        metrics.time_to_first_token,
+    )
+    histogram(
+        "vllm:inter_token_latency_seconds",
+        "Time between output tokens in seconds.",
+        metrics.inter_token_latency,
+    )
+    histogram(
+        "vllm:time_per_output_token_seconds",
+        "Time per output token in seconds (same samples as the inter-token latency).",
+        metrics.inter_token_latency,
+    )
+    histogram(
+        "vllm:e2e_request_latency_seconds",
+        "End-to-end request latency in seconds.",
+        metrics.e2e_request_latency,
+    )
+    out.append("")
+    return "\n".join(out)
+
+
+def _number(value: float) -> str:
+    return repr(float(value))
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -1,0 +1,119 @@
+"""OpenAI request and response bodies, as msgspec structs.
+
+Requests accept and ignore fields the simulator has no use for (temperature, top_p,
+stop, ...), as engines do. Response fields appear exactly as OpenAI writes them,
+``null`` included; a field left ``UNSET`` is not written at all.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+
+class StreamOptions(msgspec.Struct, frozen=True):
+    include_usage: bool = False
+
+
+class ContentPart(msgspec.Struct, frozen=True):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(msgspec.Struct, frozen=True):
+    role: str
+    content: str | list[ContentPart] | None = None
+
+
+class _GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
+    model: str
+    max_tokens: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+    n: int = 1
+
+
+class ChatCompletionRequest(_GenerationRequest, frozen=True, kw_only=True):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+
+
+class CompletionRequest(_GenerationRequest, frozen=True, kw_only=True):
+    prompt: str | list[str | int]
+
+
+class Usage(msgspec.Struct, frozen=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantMessage(msgspec.Struct, frozen=True, kw_only=True):
+    role: str = "assistant"
+    content: str
+
+
+class ChatChoice(msgspec.Struct, frozen=True, kw_only=True):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: str
+
+
+class ChatCompletion(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    object: str = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(msgspec.Struct, frozen=True, omit_defaults=True):
+    role: str | UnsetType = UNSET
+    content: str | UnsetType = UNSET
+
+
+class ChatChunkChoice(msgspec.Struct, frozen=True, kw_only=True):
+    index: int = 0
+    delta: ChatDelta
+    logprobs: None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    object: str = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | UnsetType | None = UNSET
+
+
+class CompletionChoice(msgspec.Struct, frozen=True, kw_only=True):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class Completion(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    object: str = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | UnsetType | None = UNSET
+
+
+class ModelCard(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    object: str = "model"
+    created: int
+    owned_by: str = "llmgw-sim"
+
+
+class ModelList(msgspec.Struct, frozen=True, kw_only=True):
+    object: str = "list"
+    data: list[ModelCard]

@@ -1,0 +1,133 @@
+"""From an OpenAI request body to prompt tokens and limits, and the errors on the way."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from agent.simulator.errors import ApiError, error_body, model_not_found
+from agent.simulator.generation import DEFAULT_MAX_TOKENS, parse_chat, parse_completion
+from agent.simulator.tokens import output_piece, output_text, tokenize
+
+MODEL = "sim-model"
+
+
+def body(payload: object) -> bytes:
+    return msgspec.json.encode(payload)
+
+
+def test_the_tokenizer_counts_whitespace_separated_words() -> None:
+    assert tokenize("  Hello,\tbig\n world ") == ("Hello,", "big", "world")
+
+
+def test_the_output_is_the_same_filler_words_every_time() -> None:
+    assert output_text(3) == "the quick brown"
+    assert "".join(output_piece(index) for index in range(20)) == output_text(20)
+
+
+def test_a_chat_prompt_is_every_message_joined() -> None:
+    generation = parse_chat(
+        body(
+            {
+                "model": MODEL,
+                "messages": [
+                    {"role": "system", "content": "be brief"},
+                    {"role": "user", "content": [{"type": "text", "text": "hello there"}]},
+                ],
+            }
+        ),
+        MODEL,
+    )
+
+    assert generation.prompt == ("be", "brief", "hello", "there")
+    assert generation.max_tokens == DEFAULT_MAX_TOKENS
+    assert not generation.stream
+
+
+def test_max_completion_tokens_wins_over_max_tokens() -> None:
+    generation = parse_chat(
+        body(
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 5,
+                "max_completion_tokens": 7,
+                "ignore_eos": True,
+            }
+        ),
+        MODEL,
+    )
+
+    assert generation.max_tokens == 7
+
+
+def test_usage_is_streamed_only_when_asked_for_on_a_stream() -> None:
+    def include_usage(stream: bool, options: dict[str, bool] | None) -> bool:
+        payload = {"model": MODEL, "prompt": "hi", "stream": stream, "stream_options": options}
+        return parse_completion(body(payload), MODEL).include_usage
+
+    assert include_usage(True, {"include_usage": True})
+    assert not include_usage(True, None)
+    assert not include_usage(False, {"include_usage": True})
+
+
+@pytest.mark.parametrize(
+    ("prompt", "tokens"),
+    [("one two three", 3), (["one two"], 2), ([101, 102, 103, 104], 4)],
+)
+def test_a_completion_prompt_may_be_text_or_token_ids(prompt: object, tokens: int) -> None:
+    generation = parse_completion(body({"model": MODEL, "prompt": prompt}), MODEL)
+
+    assert len(generation.prompt) == tokens
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (b'{"model": "sim-model", "messages": [', "not valid JSON"),
+        (body({"messages": []}), "missing required field `model`"),
+        (body({"model": MODEL}), "missing required field `messages`"),
+        (body({"model": MODEL, "messages": [], "max_tokens": 0}), "at least 1"),
+        (body({"model": MODEL, "messages": [], "n": 2}), "n=1"),
+    ],
+)
+def test_a_malformed_chat_request_is_a_400(payload: bytes, message: str) -> None:
+    with pytest.raises(ApiError) as raised:
+        parse_chat(payload, MODEL)
+
+    assert raised.value.status == 400
+    assert message in raised.value.message
+
+
+def test_a_request_for_another_model_is_a_404() -> None:
+    with pytest.raises(ApiError) as raised:
+        parse_completion(body({"model": "gpt-4", "prompt": "hi"}), MODEL)
+
+    assert (raised.value.status, raised.value.code, raised.value.param) == (
+        404,
+        "model_not_found",
+        "model",
+    )
+
+
+def test_errors_can_be_written_in_three_styles() -> None:
+    error = model_not_found("gpt-4")
+
+    assert msgspec.json.decode(error_body(error, "openai")) == {
+        "error": {
+            "message": "The model `gpt-4` does not exist.",
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": "model_not_found",
+        }
+    }
+    assert msgspec.json.decode(error_body(error, "flat")) == {
+        "detail": "The model `gpt-4` does not exist."
+    }
+    assert msgspec.json.decode(error_body(error, "message")) == {
+        "object": "error",
+        "message": "The model `gpt-4` does not exist.",
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": 404,
+    }
