@@ -1,0 +1,163 @@
+"""Fake GPUs for development and tests: declared on the command line, marked unhealthy
+through a JSON file while the agent runs.
+
+``parse_fake_gpus("4x80GB")`` gives four GPUs of 80 GiB each. The health file maps GPU
+indices to reasons, ``{"2": "XID 79: GPU has fallen off the bus"}``; it is read on every
+snapshot, so removing a key recovers that GPU. A reason that starts with ``XID <code>``
+is also reported once as an XID event, as NVML would.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from agent.gpus.files import write_atomically
+from agent.gpus.types import GpuSnapshot, GpuStatus, XidEvent
+from agent.gpus.xid import classify_xid
+
+MAX_FAKE_GPUS = 64
+
+_SPEC = re.compile(r"(?P<count>\d+)\s*x\s*(?P<size>\d+)\s*(?P<unit>GB|GiB|MiB)", re.IGNORECASE)
+_UNITS = {"gb": ("GB", 1024), "gib": ("GiB", 1024), "mib": ("MiB", 1)}
+_XID_REASON = re.compile(r"XID (?P<code>\d+)\b")
+_UUID_NAMESPACE = uuid.UUID("9d1c6f4e-43d2-4f0e-9a51-5b1f3c0e7a21")
+
+
+def parse_fake_gpus(spec: str, seed: str = "") -> list[GpuStatus]:
+    """``COUNTxSIZE`` with SIZE in GB, GiB or MiB (GB is read as GiB, as GPU memory is
+    quoted). UUIDs are derived from ``seed`` (a node id), so a node keeps its GPUs' UUIDs
+    across restarts and two nodes never share one."""
+    match = _SPEC.fullmatch(spec.strip())
+    if match is None:
+        raise ValueError(
+            f"fake GPU spec {spec!r}: expected COUNTxSIZE such as '4x80GB' or '2x24576MiB' "
+            "(units GB, GiB or MiB)"
+        )
+    count, size = int(match["count"]), int(match["size"])
+    if not 1 <= count <= MAX_FAKE_GPUS:
+        raise ValueError(f"fake GPU spec {spec!r}: count must be 1 to {MAX_FAKE_GPUS}")
+    if size < 1:
+        raise ValueError(f"fake GPU spec {spec!r}: memory size must be positive")
+    unit, mib_per_unit = _UNITS[match["unit"].lower()]
+    return [
+        GpuStatus(
+            index=index,
+            uuid=f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{seed}/{index}')}",
+            name=f"llmgw fake GPU {size}{unit}",
+            memory_total_mib=size * mib_per_unit,
+            memory_used_mib=0,
+        )
+        for index in range(count)
+    ]
+
+
+def read_health_file(path: Path) -> dict[int, str]:
+    """The overrides in ``path``: GPU index -> why it is unhealthy. Missing file: none."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    try:
+        document = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"fake GPU health file {path} is not JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise ValueError(f"fake GPU health file {path} must hold an object of index: reason")
+    overrides: dict[int, str] = {}
+    for key, reason in document.items():
+        if not key.isdigit() or not isinstance(reason, str) or not reason:
+            raise ValueError(
+                f"fake GPU health file {path}: {key!r}: {reason!r} is not a GPU index "
+                "with a non-empty reason"
+            )
+        overrides[int(key)] = reason
+    return overrides
+
+
+def mark_fake_gpu(health_file: Path, index: int, reason: str | None) -> None:
+    """Mark fake GPU ``index`` unhealthy for ``reason``, or healthy again with None."""
+    if reason is not None and not reason:
+        raise ValueError("give a reason to mark a GPU unhealthy, or None to recover it")
+    overrides = read_health_file(health_file)
+    if reason is None:
+        overrides.pop(index, None)
+    else:
+        overrides[index] = reason
+    document = {str(key): value for key, value in sorted(overrides.items())}
+    write_atomically(health_file, json.dumps(document, indent=2) + "\n")
+
+
+class FakeGpuSource:
+    """A ``GpuSource`` over declared GPUs, with health read from ``health_file``."""
+
+    def __init__(
+        self,
+        gpus: Sequence[GpuStatus],
+        health_file: Path | None = None,
+        *,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._gpus = tuple(gpus)
+        self._health_file = health_file
+        self._now = now
+        self._reported: dict[int, str] = {}
+
+    def snapshot(self) -> GpuSnapshot:
+        overrides = self._overrides()
+        events: list[XidEvent] = []
+        for index, reason in sorted(overrides.items()):
+            code = _xid_of(reason)
+            if code is not None and self._reported.get(index) != reason:
+                events.append(self._xid_event(index, code))
+        self._reported = overrides
+        gpus = tuple(
+            GpuStatus(
+                index=gpu.index,
+                uuid=gpu.uuid,
+                name=gpu.name,
+                memory_total_mib=gpu.memory_total_mib,
+                memory_used_mib=gpu.memory_used_mib,
+                healthy=gpu.index not in overrides,
+                unhealthy_reason=overrides.get(gpu.index),
+                xid=_xid_of(overrides.get(gpu.index)),
+            )
+            for gpu in self._gpus
+        )
+        return GpuSnapshot(gpus=gpus, xid_events=tuple(events))
+
+    def close(self) -> None:
+        pass
+
+    def _overrides(self) -> dict[int, str]:
+        if self._health_file is None:
+            return {}
+        overrides = read_health_file(self._health_file)
+        known = {gpu.index for gpu in self._gpus}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(
+                f"fake GPU health file {self._health_file} names GPU(s) {unknown}, "
+                f"but this node has {sorted(known)}"
+            )
+        return overrides
+
+    def _xid_event(self, index: int, code: int) -> XidEvent:
+        info = classify_xid(code)
+        return XidEvent(
+            gpu_index=index,
+            xid=info.code,
+            classification=info.classification,
+            description=info.description,
+            marks_unhealthy=info.marks_unhealthy,
+            at=self._now(),
+        )
+
+
+def _xid_of(reason: str | None) -> int | None:
+    match = _XID_REASON.match(reason or "")
+    return int(match["code"]) if match else None

@@ -1,0 +1,319 @@
+"""GPU discovery and health through NVML.
+
+Each snapshot lists the GPUs, drains the XID events NVML queued since the previous one
+and runs the health checks (see ``health`` and docs/gpus.md for the rules):
+
+- retired pages pending, row remapping pending or failed, volatile uncorrectable ECC
+  errors: unhealthy while NVML reports them;
+- ``GpuIsLost`` or ``Unknown`` from any query: the GPU has fallen off the bus, unhealthy;
+- ``NotSupported`` (ECC and row remapping on consumer GPUs): the check is skipped, the
+  GPU stays healthy;
+- any other NVML error from a query: unhealthy while it lasts, the error in the reason.
+
+A machine without the driver gives an empty snapshot that says so; the source retries
+``nvmlInit`` on the next snapshot, so a driver loaded later is picked up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import ParamSpec, TypeVar
+
+from agent.gpus.health import DEFAULT_XID_RECOVERY, GpuReading, XidHolds, judge
+from agent.gpus.nvml_api import (
+    LOST_CODES,
+    NO_DRIVER_CODES,
+    UNSUPPORTED_CODES,
+    NvmlLibrary,
+    error_code,
+    error_message,
+)
+from agent.gpus.types import GpuSnapshot, GpuStatus, XidEvent
+from agent.gpus.xid import classify_xid
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+MIB = 1024 * 1024
+# A driver that keeps queueing events must not keep one snapshot draining forever.
+MAX_EVENTS_PER_SNAPSHOT = 1024
+
+RETIRED_PAGES_PENDING = "retired pages pending: a GPU reset is needed to retire them"
+ROW_REMAP_PENDING = "row remapping pending: a GPU reset is needed to apply it"
+ROW_REMAP_FAILED = "row remapping failed: a faulty memory row could not be remapped"
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+class _Unreadable(Exception):
+    """A query that leaves the GPU unhealthy; ``reason`` says why in words."""
+
+    @property
+    def reason(self) -> str:
+        return str(self)
+
+
+class _GpuLost(_Unreadable):
+    pass
+
+
+class _CallFailed(_Unreadable):
+    def __init__(self, function: str, code: int, message: str) -> None:
+        super().__init__(f"NVML {function} failed: {message}")
+        self.function = function
+        self.code = code
+        self.message = message
+
+    @property
+    def unsupported(self) -> bool:
+        return self.code in UNSUPPORTED_CODES
+
+
+class NvmlGpuSource:
+    """A ``GpuSource`` over ``pynvml`` or anything shaped like it (``RecordedNvml``)."""
+
+    def __init__(
+        self,
+        nvml: NvmlLibrary,
+        *,
+        xid_recovery: timedelta = DEFAULT_XID_RECOVERY,
+        now: Callable[[], datetime] = _utc_now,
+    ) -> None:
+        self._nvml = nvml
+        self._now = now
+        self._holds = XidHolds(xid_recovery)
+        self._started = False
+        self._closed = False
+        self._event_set: object | None = None
+        self._xid_registration_settled: set[int] = set()
+        self._last_readings: dict[int, GpuReading] = {}
+
+    def snapshot(self) -> GpuSnapshot:
+        if self._closed:
+            raise RuntimeError("the NVML GPU source is closed")
+        if not self._started:
+            problem = self._start()
+            if problem is not None:
+                return GpuSnapshot(gpus=(), unavailable_reason=problem)
+        try:
+            count = self._ask(self._nvml.nvmlDeviceGetCount)
+        except _CallFailed as failed:
+            return GpuSnapshot(
+                gpus=(), unavailable_reason=f"NVML could not count the GPUs: {failed.message}"
+            )
+        handles = self._open_handles(count)
+        self._register_for_xids(handles)
+        now = self._now()
+        events = self._drain_xid_events(now)
+        for event in events:
+            self._holds.note(event, range(count))
+        gpus = tuple(self._status(self._read(index, handle), now) for index, handle in handles)
+        return GpuSnapshot(
+            gpus=gpus,
+            xid_events=tuple(events),
+            unavailable_reason=None if gpus else "NVML found no GPUs",
+        )
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not self._started:
+            return
+        with contextlib.suppress(self._nvml.NVMLError):
+            if self._event_set is not None:
+                self._nvml.nvmlEventSetFree(self._event_set)
+        with contextlib.suppress(self._nvml.NVMLError):
+            self._nvml.nvmlShutdown()
+
+    # -- starting ------------------------------------------------------------------------
+
+    def _start(self) -> str | None:
+        try:
+            self._nvml.nvmlInit()
+        except self._nvml.NVMLError as exc:
+            if error_code(exc) in NO_DRIVER_CODES:
+                return f"no NVML: no GPUs discovered ({error_message(exc)})"
+            return f"NVML failed to start: no GPUs discovered ({error_message(exc)})"
+        self._started = True
+        try:
+            self._event_set = self._nvml.nvmlEventSetCreate()
+        except self._nvml.NVMLError:
+            self._event_set = None  # XIDs go unwatched; every other check still runs
+        return None
+
+    def _open_handles(self, count: int) -> list[tuple[int, object]]:
+        """Each GPU's handle, or the ``_Unreadable`` saying why it could not be opened."""
+        handles: list[tuple[int, object]] = []
+        for index in range(count):
+            try:
+                handles.append((index, self._ask_gpu(self._nvml.nvmlDeviceGetHandleByIndex, index)))
+            except _Unreadable as exc:
+                handles.append((index, exc))
+        return handles
+
+    # -- XID events ----------------------------------------------------------------------
+
+    def _register_for_xids(self, handles: list[tuple[int, object]]) -> None:
+        if self._event_set is None:
+            return
+        for index, handle in handles:
+            if index in self._xid_registration_settled or isinstance(handle, _Unreadable):
+                continue
+            try:
+                self._ask(
+                    self._nvml.nvmlDeviceRegisterEvents,
+                    handle,
+                    self._nvml.nvmlEventTypeXidCriticalError,
+                    self._event_set,
+                )
+            except _CallFailed as failed:
+                if failed.unsupported:
+                    self._xid_registration_settled.add(index)
+                continue  # a GPU lost now may come back: register it on a later snapshot
+            self._xid_registration_settled.add(index)
+
+    def _drain_xid_events(self, now: datetime) -> list[XidEvent]:
+        if self._event_set is None:
+            return []
+        events: list[XidEvent] = []
+        for _ in range(MAX_EVENTS_PER_SNAPSHOT):
+            try:
+                data = self._ask(self._nvml.nvmlEventSetWait, self._event_set, 0)
+            except _CallFailed:
+                break  # Timeout: nothing left; any other error: the next snapshot tries again
+            if data.eventType != self._nvml.nvmlEventTypeXidCriticalError:
+                continue
+            info = classify_xid(int(data.eventData))
+            events.append(
+                XidEvent(
+                    gpu_index=self._event_gpu_index(data.device),
+                    xid=info.code,
+                    classification=info.classification,
+                    description=info.description,
+                    marks_unhealthy=info.marks_unhealthy,
+                    at=now,
+                )
+            )
+        return events
+
+    def _event_gpu_index(self, device: object) -> int | None:
+        if not device:  # a NULL handle: the driver did not say which GPU
+            return None
+        try:
+            return self._ask(self._nvml.nvmlDeviceGetIndex, device)
+        except _CallFailed:
+            return None
+
+    # -- one GPU -------------------------------------------------------------------------
+
+    def _read(self, index: int, handle: object) -> GpuReading:
+        if isinstance(handle, _Unreadable):
+            return self._last_reading(index, handle.reason)
+        try:
+            uuid = _text(self._ask_gpu(self._nvml.nvmlDeviceGetUUID, handle))
+            name = _text(self._ask_gpu(self._nvml.nvmlDeviceGetName, handle))
+            memory = self._ask_gpu(self._nvml.nvmlDeviceGetMemoryInfo, handle)
+            problems = self._health_problems(handle)
+        except _Unreadable as exc:
+            return self._last_reading(index, exc.reason)
+        reading = GpuReading(
+            index=index,
+            uuid=uuid,
+            name=name,
+            memory_total_mib=memory.total // MIB,
+            memory_used_mib=memory.used // MIB,
+            problems=tuple(problems),
+        )
+        self._last_readings[index] = reading
+        return reading
+
+    def _last_reading(self, index: int, problem: str) -> GpuReading:
+        """What was last known of a GPU that cannot be read now, with why not."""
+        last = self._last_readings.get(index)
+        if last is None:
+            return GpuReading(index, "", "unknown", 0, 0, (problem,))
+        return GpuReading(
+            index, last.uuid, last.name, last.memory_total_mib, last.memory_used_mib, (problem,)
+        )
+
+    def _health_problems(self, handle: object) -> list[str]:
+        problems: list[str] = []
+        for check in (self._retired_pages, self._row_remapping, self._uncorrected_ecc):
+            try:
+                problems.extend(check(handle))
+            except _CallFailed as failed:
+                if not failed.unsupported:
+                    problems.append(failed.reason)
+        return problems
+
+    def _retired_pages(self, handle: object) -> list[str]:
+        pending = self._ask_gpu(self._nvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
+        return [RETIRED_PAGES_PENDING] if pending else []
+
+    def _row_remapping(self, handle: object) -> list[str]:
+        _corrected, _uncorrected, pending, failed = self._ask_gpu(
+            self._nvml.nvmlDeviceGetRemappedRows, handle
+        )
+        problems: list[str] = []
+        if pending:
+            problems.append(ROW_REMAP_PENDING)
+        if failed:
+            problems.append(ROW_REMAP_FAILED)
+        return problems
+
+    def _uncorrected_ecc(self, handle: object) -> list[str]:
+        count = self._ask_gpu(
+            self._nvml.nvmlDeviceGetTotalEccErrors,
+            handle,
+            self._nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            self._nvml.NVML_VOLATILE_ECC,
+        )
+        if count <= 0:
+            return []
+        return [f"{count} uncorrectable ECC error(s) since the last GPU reset"]
+
+    def _status(self, reading: GpuReading, now: datetime) -> GpuStatus:
+        hold = self._holds.holding(reading.index, now, other_problems=bool(reading.problems))
+        return judge(reading, hold)
+
+    # -- calling NVML --------------------------------------------------------------------
+
+    def _ask(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return call(*args, **kwargs)
+        except self._nvml.NVMLError as exc:
+            function = getattr(call, "__name__", "call")
+            raise _CallFailed(function, error_code(exc), error_message(exc)) from exc
+
+    def _ask_gpu(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Like ``_ask``, but a lost GPU stops the reading of that GPU at once."""
+        try:
+            return self._ask(call, *args, **kwargs)
+        except _CallFailed as failed:
+            if failed.code in LOST_CODES:
+                raise _GpuLost(
+                    f"GPU is lost: NVML {failed.function} answered '{failed.message}'"
+                ) from failed
+            raise
+
+
+class UnavailableNvml:
+    """A ``GpuSource`` for a machine where pynvml itself cannot be imported."""
+
+    def __init__(self, reason: str) -> None:
+        self._reason = reason
+
+    def snapshot(self) -> GpuSnapshot:
+        return GpuSnapshot(gpus=(), unavailable_reason=self._reason)
+
+    def close(self) -> None:
+        pass
