@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
+import socket
+import ssl
 import sys
+from collections.abc import Generator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated
 
 import msgspec
@@ -13,7 +20,10 @@ from cyclopts import App, Parameter
 
 from app.admin.app import create_admin_app
 from app.admin.auth import TokenAuthenticator, parse_tokens
+from app.fleet.hub import DEFAULT_HEARTBEAT_INTERVAL_S, AgentHub
 from app.logs import configure_logging
+from app.pki import TlsConfigurationError, server_ssl_context
+from app.services.fleet import FleetService
 from app.store import migrate as migrations
 from app.store.database import create_engine
 from app.store.errors import StoreError
@@ -26,6 +36,9 @@ app = App(
 )
 projections = App(name="projections", help="Maintain the tables projected from the event log.")
 app.command(projections)
+
+HEARTBEAT_TIMEOUT_INTERVALS = 3
+"""An agent silent for this many heartbeat intervals is disconnected (15 s at 5 s)."""
 
 DatabaseUrl = Annotated[
     str,
@@ -105,6 +118,13 @@ def _print_report(report: RebuildReport) -> None:
         print(f"{count} difference(s)" if count else "no differences")
 
 
+AGENT_TLS_HINT = (
+    "the agent hub needs --tls-cert, --tls-key and --tls-ca (or LLMGW_TLS_CERT, "
+    "LLMGW_TLS_KEY, LLMGW_TLS_CA): agents always connect with mutual TLS. Create them with "
+    "`llmgw-cli cert init-ca` and `llmgw-cli cert server --ip <address agents dial>`"
+)
+
+
 @app.command
 def serve(
     *,
@@ -114,11 +134,37 @@ def serve(
     admin_tokens: Annotated[
         str, Parameter(env_var="LLMGW_ADMIN_TOKENS", help="NAME:TOKEN pairs, comma-separated")
     ] = "",
+    agent_host: Annotated[str, Parameter(env_var="LLMGW_AGENT_HOST")] = "0.0.0.0",
+    agent_port: Annotated[int, Parameter(env_var="LLMGW_AGENT_PORT")] = 8443,
+    tls_cert: Annotated[
+        Path | None, Parameter(env_var="LLMGW_TLS_CERT", help="the hub's server certificate")
+    ] = None,
+    tls_key: Annotated[
+        Path | None, Parameter(env_var="LLMGW_TLS_KEY", help="the server certificate's key")
+    ] = None,
+    tls_ca: Annotated[
+        Path | None,
+        Parameter(env_var="LLMGW_TLS_CA", help="the llmgw CA that issues node certificates"),
+    ] = None,
+    require_identity: Annotated[
+        bool,
+        Parameter(
+            env_var="LLMGW_REQUIRE_IDENTITY",
+            help="a node certificate's common name must equal the node id its agent claims",
+        ),
+    ] = True,
+    heartbeat_interval: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_HEARTBEAT_INTERVAL",
+            help="seconds between agent heartbeats; an agent silent for three is disconnected",
+        ),
+    ] = DEFAULT_HEARTBEAT_INTERVAL_S,
     log_level: Annotated[str, Parameter(env_var="LLMGW_LOG_LEVEL")] = "info",
 ) -> None:
-    """Run the control plane (admin API on the admin listener).
+    """Run the control plane: the admin API and the agent hub, until SIGINT or SIGTERM.
 
-    Example: LLMGW_ADMIN_TOKENS=ci:$(openssl rand -hex 16) llmgw-server serve
+    Example: llmgw-server serve --tls-cert server.crt --tls-key server.key --tls-ca ca.crt
     """
     configure_logging(log_level)
     try:
@@ -126,21 +172,99 @@ def serve(
     except ValueError as exc:
         _fail(str(exc))
         return
-    asyncio.run(_serve(database_url, admin_host, admin_port, TokenAuthenticator(tokens)))
-
-
-async def _serve(url: str, host: str, port: int, authenticator: TokenAuthenticator) -> None:
-    engine = create_engine(url)
-    store = PostgresEventStore(engine)
-    await store.catch_up()
-    admin = create_admin_app(store, authenticator)
-    server = uvicorn.Server(
-        uvicorn.Config(admin, host=host, port=port, log_config=None, access_log=False)
-    )
+    if tls_cert is None or tls_key is None or tls_ca is None:
+        _fail(AGENT_TLS_HINT)
+        return
+    if heartbeat_interval <= 0:
+        _fail(f"--heartbeat-interval must be positive, not {heartbeat_interval}")
+        return
     try:
-        await server.serve()
+        agent_tls = server_ssl_context(tls_cert, tls_key, tls_ca)
+    except TlsConfigurationError as exc:
+        _fail(str(exc))
+        return
+    settings = ServeSettings(
+        database_url=database_url,
+        admin_host=admin_host,
+        admin_port=admin_port,
+        authenticator=TokenAuthenticator(tokens),
+        agent_host=agent_host,
+        agent_port=agent_port,
+        agent_tls=agent_tls,
+        require_identity=require_identity,
+        heartbeat_interval_s=heartbeat_interval,
+    )
+    asyncio.run(_serve(settings))
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    database_url: str
+    admin_host: str
+    admin_port: int
+    authenticator: TokenAuthenticator
+    agent_host: str
+    agent_port: int
+    agent_tls: ssl.SSLContext
+    require_identity: bool
+    heartbeat_interval_s: float
+
+
+class _AdminServer(uvicorn.Server):
+    """uvicorn without its own signal handling: ``_serve`` stops it with the hub."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+async def _serve(settings: ServeSettings) -> None:
+    engine = create_engine(settings.database_url)
+    try:
+        store = PostgresEventStore(engine)
+        await store.catch_up()
+        hub = AgentHub(
+            FleetService(store),
+            settings.agent_tls,
+            require_identity=settings.require_identity,
+            heartbeat_interval_s=settings.heartbeat_interval_s,
+            heartbeat_timeout_s=settings.heartbeat_interval_s * HEARTBEAT_TIMEOUT_INTERVALS,
+            server_id=socket.gethostname(),
+        )
+        admin = _AdminServer(
+            uvicorn.Config(
+                create_admin_app(store, settings.authenticator),
+                host=settings.admin_host,
+                port=settings.admin_port,
+                log_config=None,
+                access_log=False,
+            )
+        )
+        await hub.start(settings.agent_host, settings.agent_port)
+        try:
+            await _run_until_signalled(admin)
+        finally:
+            await hub.stop()
     finally:
         await engine.dispose()
+
+
+async def _run_until_signalled(admin: uvicorn.Server) -> None:
+    """Serve the admin API until SIGINT or SIGTERM, or until it stops by itself."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    admin_task = asyncio.create_task(admin.serve())
+    stop_task = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({admin_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+        stop_task.cancel()
+        admin.should_exit = True
+        await admin_task
 
 
 def main() -> None:

@@ -1,0 +1,240 @@
+"""What the agents' reports mean for the log: pure decisions, no I/O.
+
+Each function takes the cluster as the log describes it and one thing an agent said (in
+domain terms; the services convert the wire messages) and returns the events to append,
+as ``(stream, event)`` pairs in order. A report that changes nothing returns no events, so
+an agent repeating itself never grows the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+import msgspec
+
+from app.domain.events import (
+    AnyEvent,
+    GpuInfo,
+    GpuMarkedUnhealthy,
+    GpuRecovered,
+    IdentityRejected,
+    NodeConnected,
+    NodeDisconnected,
+    NodeRegistered,
+    ShardFailed,
+    ShardReady,
+    ShardStarting,
+    ShardStopped,
+    node_stream,
+    replica_stream,
+)
+from app.domain.state import ClusterState, ShardPhase
+
+Decision = list[tuple[str, AnyEvent]]
+ReportedPhase = Literal[
+    ShardPhase.STARTING, ShardPhase.READY, ShardPhase.FAILED, ShardPhase.STOPPED
+]
+"""The phases an agent reports; only the control plane places shards."""
+
+
+class AgentInventory(msgspec.Struct, frozen=True, kw_only=True):
+    """What an agent said about its node when it connected."""
+
+    node_id: str
+    address: str
+    remote_address: str
+    labels: dict[str, str]
+    gpus: tuple[GpuInfo, ...]
+    port_range: tuple[int, int]
+    agent_version: str
+
+
+class GpuHealth(msgspec.Struct, frozen=True, kw_only=True):
+    """One GPU's health as an agent last reported it."""
+
+    index: int
+    uuid: str
+    healthy: bool
+    reason: str | None = None
+    xid: int | None = None
+
+
+class ShardPhaseReport(msgspec.Struct, frozen=True, kw_only=True):
+    """An agent says one of its shards is now in ``phase``."""
+
+    replica_id: str
+    shard_index: int
+    phase: ReportedPhase
+    pid: int | None = None
+    error: str | None = None
+    exit_code: int | None = None
+    log_tail: tuple[str, ...] = ()
+
+
+class IdentityClaim(msgspec.Struct, frozen=True, kw_only=True):
+    """A connection claimed a node its certificate does not prove."""
+
+    claimed_node_id: str
+    certificate_subject: str
+    remote_address: str
+    reason: str
+
+
+def agent_connected(
+    state: ClusterState, inventory: AgentInventory, *, replaced_previous: bool
+) -> Decision:
+    """Registered the first time the node is seen, then connected with its inventory, plus
+    a GPU event for every GPU whose health differs from what the log knew."""
+    stream = node_stream(inventory.node_id)
+    known = state.nodes.get(inventory.node_id)
+    decision: Decision = []
+    if known is None:
+        decision.append(
+            (
+                stream,
+                NodeRegistered(
+                    node_id=inventory.node_id,
+                    address=inventory.address,
+                    labels=inventory.labels,
+                    gpus=inventory.gpus,
+                    agent_version=inventory.agent_version,
+                    port_range=inventory.port_range,
+                ),
+            )
+        )
+    decision.append(
+        (
+            stream,
+            NodeConnected(
+                node_id=inventory.node_id,
+                address=inventory.address,
+                remote_address=inventory.remote_address,
+                labels=inventory.labels,
+                gpus=inventory.gpus,
+                agent_version=inventory.agent_version,
+                port_range=inventory.port_range,
+                replaced_previous=replaced_previous,
+            ),
+        )
+    )
+    reported = (
+        GpuHealth(index=g.index, uuid=g.uuid, healthy=g.healthy, reason=g.unhealthy_reason)
+        for g in inventory.gpus
+    )
+    previous = known.gpus if known is not None else ()
+    decision += _health_changes(inventory.node_id, previous, reported, unknown_is_healthy=True)
+    return decision
+
+
+def gpu_health_reported(
+    state: ClusterState, node_id: str, changes: Sequence[GpuHealth]
+) -> Decision:
+    """GPU events for the reported changes that the log does not know yet. A GPU the node
+    never listed is ignored: its next hello brings it in with its health."""
+    node = state.nodes.get(node_id)
+    if node is None:
+        return []
+    return _health_changes(node_id, node.gpus, changes, unknown_is_healthy=False)
+
+
+def shard_reported(state: ClusterState, node_id: str, report: ShardPhaseReport) -> Decision:
+    """The shard's new phase, if the log places that shard on this node and its phase
+    changes. A report about a shard the log does not place here is left for the
+    reconciler, which decides what to do with strays."""
+    replica = state.replicas.get(report.replica_id)
+    if replica is None or not 0 <= report.shard_index < len(replica.shards):
+        return []
+    shard = replica.shards[report.shard_index]
+    if shard.node_id != node_id or shard.phase is report.phase:
+        return []
+    return [(replica_stream(report.replica_id), _shard_event(node_id, report))]
+
+
+def _shard_event(node_id: str, report: ShardPhaseReport) -> AnyEvent:
+    replica_id, index = report.replica_id, report.shard_index
+    match report.phase:
+        case ShardPhase.STARTING:
+            return ShardStarting(
+                replica_id=replica_id, shard_index=index, node_id=node_id, pid=report.pid
+            )
+        case ShardPhase.READY:
+            return ShardReady(replica_id=replica_id, shard_index=index, node_id=node_id)
+        case ShardPhase.FAILED:
+            return ShardFailed(
+                replica_id=replica_id,
+                shard_index=index,
+                node_id=node_id,
+                error=report.error or _unexplained_failure(report.exit_code),
+                exit_code=report.exit_code,
+                log_tail=report.log_tail,
+            )
+        case ShardPhase.STOPPED:
+            return ShardStopped(
+                replica_id=replica_id,
+                shard_index=index,
+                node_id=node_id,
+                exit_code=report.exit_code,
+            )
+
+
+def identity_rejected(claim: IdentityClaim) -> Decision:
+    """Recorded on the claimed node's stream for the audit trail; it changes no state."""
+    return [
+        (
+            node_stream(claim.claimed_node_id),
+            IdentityRejected(
+                claimed_node_id=claim.claimed_node_id,
+                certificate_subject=claim.certificate_subject,
+                remote_address=claim.remote_address,
+                reason=claim.reason,
+            ),
+        )
+    ]
+
+
+def agent_gone(state: ClusterState, node_id: str, reason: str) -> Decision:
+    node = state.nodes.get(node_id)
+    if node is None or not node.connected:
+        return []
+    return [(node_stream(node_id), NodeDisconnected(node_id=node_id, reason=reason))]
+
+
+def _health_changes(
+    node_id: str,
+    known: Iterable[GpuInfo],
+    reported: Iterable[GpuHealth],
+    *,
+    unknown_is_healthy: bool,
+) -> Decision:
+    healthy: dict[int, bool] = {gpu.index: gpu.healthy for gpu in known}
+    stream = node_stream(node_id)
+    decision: Decision = []
+    for gpu in reported:
+        was_healthy = healthy.get(gpu.index)
+        if was_healthy is None:
+            if not unknown_is_healthy:
+                continue
+            was_healthy = True
+        if gpu.healthy == was_healthy:
+            continue
+        healthy[gpu.index] = gpu.healthy
+        event: AnyEvent
+        if gpu.healthy:
+            event = GpuRecovered(node_id=node_id, gpu_index=gpu.index, gpu_uuid=gpu.uuid)
+        else:
+            event = GpuMarkedUnhealthy(
+                node_id=node_id,
+                gpu_index=gpu.index,
+                gpu_uuid=gpu.uuid,
+                reason=gpu.reason or "reported unhealthy without a reason",
+                xid=gpu.xid,
+            )
+        decision.append((stream, event))
+    return decision
+
+
+def _unexplained_failure(exit_code: int | None) -> str:
+    if exit_code is None:
+        return "failed without a reason"
+    return f"exited with code {exit_code}"

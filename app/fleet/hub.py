@@ -1,0 +1,323 @@
+"""The agent hub: the asyncio shell around ``AgentSession``, one per mTLS WebSocket.
+
+For every connection the hub checks the client certificate (node certificates only),
+feeds the session each frame and the passing of time, and carries out what it returns, in
+order: ``Send`` goes out as a text frame, ``Close`` closes the connection, ``Observe`` goes
+to the fleet service. The hub decides nothing about the cluster; which connection speaks
+for a node is kept in a ``ConnectionRegistry``.
+
+A connection that misbehaves (garbage, binary frames, an oversized frame, an unknown
+message) is closed and logged; the other connections and the server carry on.
+
+::
+
+    FleetError
+    └── NodeNotConnected            send_command to a node with no live connection
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from time import monotonic
+from typing import Protocol, assert_never
+
+import structlog
+from cryptography import x509
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+from websockets.frames import CloseCode as WebSocketCloseCode
+
+from app.fleet.errors import FleetError, SessionStateError
+from app.fleet.messages import MAX_MESSAGE_BYTES, AgentCommand, CloseCode, encode, fit_close_reason
+from app.fleet.registry import ConnectionRegistry
+from app.fleet.session import (
+    AgentGone,
+    AgentHello,
+    AgentSession,
+    Close,
+    IdentityMismatch,
+    Observation,
+    Observe,
+    Output,
+    PeerCertificate,
+    Send,
+    SessionState,
+)
+from app.pki import CertificateKind, CertificateRejected, peer_identity
+from app.pki.describe import common_name
+
+DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
+DEFAULT_HEARTBEAT_TIMEOUT_S = 15.0
+MAX_TICK_S = 1.0
+
+log = structlog.get_logger(__name__)
+
+
+class NodeNotConnected(FleetError):
+    def __init__(self, node_id: str) -> None:
+        super().__init__(f"node {node_id!r} has no live agent connection")
+        self.node_id = node_id
+
+
+class ObservationHandler(Protocol):
+    """What the hub hands observations to: ``app.services.fleet.FleetService``."""
+
+    async def handle(
+        self, node_id: str, observation: Observation, *, replaced_previous: bool = False
+    ) -> None: ...
+
+
+class _AgentConnection:
+    """One accepted WebSocket and its session; the registry's handle for a node."""
+
+    def __init__(self, websocket: ServerConnection, session: AgentSession) -> None:
+        self.websocket = websocket
+        self.session = session
+        self._closing: asyncio.Task[None] | None = None
+
+    def close(self, code: int, reason: str) -> None:
+        """Start the closing handshake without waiting for it, so that what the session
+        says next (the agent is gone) is recorded at once, even if the peer is dead."""
+        if self._closing is None:
+            self._closing = asyncio.create_task(self.websocket.close(code, reason))
+
+    async def closed(self) -> None:
+        if self._closing is not None:
+            await self._closing
+
+
+class AgentHub:
+    def __init__(
+        self,
+        service: ObservationHandler,
+        ssl_context: ssl.SSLContext,
+        *,
+        require_identity: bool = True,
+        heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S,
+        heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
+        server_id: str = "llmgw-server",
+        epoch: int = 0,
+    ) -> None:
+        if not 0 < heartbeat_interval_s < heartbeat_timeout_s:
+            raise ValueError(
+                f"need 0 < heartbeat interval ({heartbeat_interval_s}s) "
+                f"< heartbeat timeout ({heartbeat_timeout_s}s)"
+            )
+        self._service = service
+        self._ssl_context = ssl_context
+        self._require_identity = require_identity
+        self._heartbeat_interval_s = heartbeat_interval_s
+        self._heartbeat_timeout_s = heartbeat_timeout_s
+        self._tick_s = min(MAX_TICK_S, heartbeat_timeout_s / 10)
+        self._server_id = server_id
+        self._epoch = epoch
+        self._registry: ConnectionRegistry[_AgentConnection] = ConnectionRegistry()
+        self._server: Server | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host``:``port`` (0 picks a free port); returns the port."""
+        self._server = await serve(
+            self._serve_connection,
+            host,
+            port,
+            ssl=self._ssl_context,
+            max_size=MAX_MESSAGE_BYTES,
+        )
+        bound = self.port
+        log.info("agent hub listening", host=host, port=bound)
+        return bound
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("the agent hub is not started")
+        port: int = next(iter(self._server.sockets)).getsockname()[1]
+        return port
+
+    async def stop(self) -> None:
+        """Close every connection (1001) and wait until each is accounted for."""
+        if self._server is None:
+            return
+        self._server.close()
+        await self._server.wait_closed()
+        self._server = None
+        log.info("agent hub stopped")
+
+    def connected_nodes(self) -> list[str]:
+        return self._registry.connected_nodes()
+
+    async def send_command(self, node_id: str, command: AgentCommand) -> None:
+        """Send ``command`` on the node's current connection; raises ``NodeNotConnected``
+        when there is none or it closes under the send."""
+        connection = self._registry.get(node_id)
+        if connection is None:
+            raise NodeNotConnected(node_id)
+        try:
+            outputs = connection.session.send_command(command)
+            await self._carry_out(connection, outputs)
+        except (SessionStateError, ConnectionClosed) as exc:
+            raise NodeNotConnected(node_id) from exc
+
+    # -- one connection ------------------------------------------------------------------
+
+    async def _serve_connection(self, websocket: ServerConnection) -> None:
+        remote = _format_address(websocket.remote_address)
+        ssl_object = websocket.transport.get_extra_info("ssl_object")
+        try:
+            peer = _node_certificate(ssl_object)
+        except CertificateRejected as exc:
+            await self._refuse(websocket, ssl_object, remote, str(exc))
+            return
+        session = AgentSession(
+            peer=peer,
+            remote_address=remote,
+            require_identity=self._require_identity,
+            heartbeat_interval_s=self._heartbeat_interval_s,
+            heartbeat_timeout_s=self._heartbeat_timeout_s,
+            server_id=self._server_id,
+            epoch=self._epoch,
+            now=monotonic(),
+        )
+        connection = _AgentConnection(websocket, session)
+        try:
+            await self._converse(connection)
+        except ConnectionClosed:
+            pass
+        except Exception:
+            log.exception("agent connection failed", remote_address=remote)
+            connection.close(WebSocketCloseCode.INTERNAL_ERROR, "internal error")
+        finally:
+            await self._end(connection)
+
+    async def _converse(self, connection: _AgentConnection) -> None:
+        session = connection.session
+        while session.state is not SessionState.CLOSED:
+            try:
+                async with asyncio.timeout(self._tick_s):
+                    frame = await connection.websocket.recv()
+            except TimeoutError:
+                await self._carry_out(connection, session.tick(monotonic()))
+                continue
+            if isinstance(frame, bytes):
+                reason = "binary frames are not part of the protocol; send JSON text"
+                await self._carry_out(connection, [Close(CloseCode.PROTOCOL_ERROR, reason)])
+                return
+            await self._carry_out(connection, session.receive(frame, monotonic()))
+
+    async def _end(self, connection: _AgentConnection) -> None:
+        websocket = connection.websocket
+        try:
+            await connection.closed()
+            reason = _describe_close(websocket.close_code, websocket.close_reason)
+            await self._carry_out(
+                connection, connection.session.connection_lost(reason, monotonic())
+            )
+        except Exception:
+            log.exception(
+                "agent connection did not end cleanly", node_id=connection.session.node_id
+            )
+
+    async def _carry_out(self, connection: _AgentConnection, outputs: list[Output]) -> None:
+        for output in outputs:
+            match output:
+                case Send(message=message):
+                    await connection.websocket.send(encode(message), text=True)
+                case Close(code=code, reason=reason):
+                    _log_close(connection.session, code, reason)
+                    connection.close(code, reason)
+                case Observe(observation=observation):
+                    await self._observe(connection, observation)
+                case _:
+                    assert_never(output)
+
+    async def _observe(self, connection: _AgentConnection, observation: Observation) -> None:
+        match observation:
+            case AgentHello(node_id=node_id):
+                previous = self._registry.register(node_id, connection)
+                if previous is not None:
+                    await self._carry_out(previous, previous.session.replaced())
+                log.info(
+                    "agent connected",
+                    node_id=node_id,
+                    remote_address=connection.session.remote_address,
+                    replaced_previous=previous is not None,
+                )
+                await self._service.handle(
+                    node_id, observation, replaced_previous=previous is not None
+                )
+            case AgentGone(node_id=node_id, reason=reason):
+                if not self._registry.unregister(node_id, connection):
+                    return  # a newer connection speaks for the node now
+                log.info("agent disconnected", node_id=node_id, reason=reason)
+                await self._service.handle(node_id, observation)
+            case IdentityMismatch(claimed_node_id=claimed):
+                await self._service.handle(claimed, observation)
+            case _:
+                await self._service.handle(observation.node_id, observation)
+
+    async def _refuse(
+        self, websocket: ServerConnection, ssl_object: object, remote: str, reason: str
+    ) -> None:
+        """Close a connection whose certificate is not a node's, and record the attempt
+        under the common name it carries (it has claimed no node yet)."""
+        log.warning("agent connection refused", remote_address=remote, reason=reason)
+        await websocket.close(CloseCode.POLICY_VIOLATION, fit_close_reason(reason))
+        presented = _presented_certificate(ssl_object)
+        if presented is None:
+            return
+        name = common_name(presented)
+        if not name:
+            return
+        rejection = IdentityMismatch(
+            claimed_node_id=name,
+            certificate_subject=presented.subject.rfc4514_string(),
+            remote_address=remote,
+            reason=reason,
+        )
+        try:
+            await self._service.handle(name, rejection)
+        except Exception:
+            log.exception("refused agent connection not recorded", remote_address=remote)
+
+
+def _node_certificate(ssl_object: object) -> PeerCertificate:
+    if not isinstance(ssl_object, ssl.SSLObject):
+        raise CertificateRejected("the connection is not protected by TLS")
+    identity = peer_identity(ssl_object, expect=CertificateKind.NODE)
+    return PeerCertificate(
+        common_name=identity.common_name, subject=identity.subject, kind=str(identity.kind)
+    )
+
+
+def _presented_certificate(ssl_object: object) -> x509.Certificate | None:
+    if not isinstance(ssl_object, ssl.SSLObject):
+        return None
+    der = ssl_object.getpeercert(binary_form=True)
+    if not der:
+        return None
+    try:
+        return x509.load_der_x509_certificate(der)
+    except ValueError:
+        return None
+
+
+def _format_address(address: object) -> str:
+    if isinstance(address, tuple) and len(address) >= 2:
+        host, port = address[0], address[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return str(address)
+
+
+def _describe_close(code: int | None, reason: str | None) -> str:
+    if code is None:
+        return "connection lost"
+    return f"connection closed ({code}{': ' + reason if reason else ''})"
+
+
+def _log_close(session: AgentSession, code: CloseCode, reason: str) -> None:
+    fields = {"node_id": session.node_id, "remote_address": session.remote_address}
+    if code in (CloseCode.REPLACED, CloseCode.TIMED_OUT):
+        log.info("closing agent connection", code=int(code), reason=reason, **fields)
+    else:
+        log.warning("closing agent connection", code=int(code), reason=reason, **fields)

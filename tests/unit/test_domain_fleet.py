@@ -1,0 +1,384 @@
+"""Stories of what agents say and what the log records because of it.
+
+Given the events already in the log, when an agent reports something, then these events
+(and only these) are appended: a report that changes nothing appends nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from app.domain.envelope import Meta, Recorded
+from app.domain.events import (
+    AnyEvent,
+    GpuInfo,
+    GpuMarkedUnhealthy,
+    GpuRecovered,
+    IdentityRejected,
+    NodeConnected,
+    NodeDisconnected,
+    NodeRegistered,
+    ReplicaPlaced,
+    ShardFailed,
+    ShardPlacement,
+    ShardReady,
+    ShardStarting,
+    ShardStopped,
+)
+from app.domain.evolve import replay
+from app.domain.fleet import (
+    AgentInventory,
+    GpuHealth,
+    IdentityClaim,
+    ReportedPhase,
+    ShardPhaseReport,
+    agent_connected,
+    agent_gone,
+    gpu_health_reported,
+    identity_rejected,
+    shard_reported,
+)
+from app.domain.state import ClusterState, ShardPhase
+
+T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+NODE = "gpu-1"
+
+
+def given(*events: AnyEvent) -> ClusterState:
+    return replay(
+        Recorded(
+            position=n,
+            stream="any",
+            version=n,
+            event_id=uuid.uuid4(),
+            recorded_at=T0 + timedelta(seconds=n),
+            meta=Meta(actor="test"),
+            event=event,
+        )
+        for n, event in enumerate(events, start=1)
+    )
+
+
+def gpu(index: int, *, healthy: bool = True, reason: str | None = None) -> GpuInfo:
+    return GpuInfo(
+        index=index,
+        uuid=f"GPU-{index}",
+        name="H100",
+        memory_total_mib=81559,
+        healthy=healthy,
+        unhealthy_reason=reason,
+    )
+
+
+def inventory(*gpus: GpuInfo, node_id: str = NODE) -> AgentInventory:
+    return AgentInventory(
+        node_id=node_id,
+        address="10.0.0.7",
+        remote_address="10.0.0.7:51234",
+        labels={"zone": "a"},
+        gpus=gpus,
+        port_range=(20000, 20099),
+        agent_version="1.2.0",
+    )
+
+
+def connected(*gpus: GpuInfo, replaced_previous: bool = False) -> NodeConnected:
+    return NodeConnected(
+        node_id=NODE,
+        address="10.0.0.7",
+        remote_address="10.0.0.7:51234",
+        labels={"zone": "a"},
+        gpus=gpus,
+        agent_version="1.2.0",
+        port_range=(20000, 20099),
+        replaced_previous=replaced_previous,
+    )
+
+
+def registered(*gpus: GpuInfo) -> NodeRegistered:
+    return NodeRegistered(
+        node_id=NODE,
+        address="10.0.0.7",
+        labels={"zone": "a"},
+        gpus=gpus,
+        agent_version="1.2.0",
+        port_range=(20000, 20099),
+    )
+
+
+STREAM = f"node-{NODE}"
+PLACED = ReplicaPlaced(
+    replica_id="llama-1",
+    model="llama",
+    number=1,
+    shards=(ShardPlacement(index=0, node_id=NODE, gpus=(0,), port=20001),),
+)
+
+
+# -- an agent says hello -----------------------------------------------------------------
+
+
+def test_a_node_seen_for_the_first_time_is_registered_then_connected() -> None:
+    decision = agent_connected(given(), inventory(gpu(0)), replaced_previous=False)
+
+    assert decision == [(STREAM, registered(gpu(0))), (STREAM, connected(gpu(0)))]
+
+
+def test_a_known_node_that_reconnects_is_only_connected() -> None:
+    state = given(registered(gpu(0)), connected(gpu(0)), NodeDisconnected(node_id=NODE, reason="x"))
+
+    decision = agent_connected(state, inventory(gpu(0)), replaced_previous=False)
+
+    assert decision == [(STREAM, connected(gpu(0)))]
+
+
+def test_a_connection_that_replaced_another_says_so() -> None:
+    state = given(registered(gpu(0)), connected(gpu(0)))
+
+    decision = agent_connected(state, inventory(gpu(0)), replaced_previous=True)
+
+    assert decision == [(STREAM, connected(gpu(0), replaced_previous=True))]
+
+
+def test_a_new_node_with_a_broken_gpu_says_why_it_is_unhealthy() -> None:
+    broken = gpu(1, healthy=False, reason="Xid 79: fallen off the bus")
+
+    decision = agent_connected(given(), inventory(gpu(0), broken), replaced_previous=False)
+
+    assert decision[-1] == (
+        STREAM,
+        GpuMarkedUnhealthy(
+            node_id=NODE, gpu_index=1, gpu_uuid="GPU-1", reason="Xid 79: fallen off the bus"
+        ),
+    )
+    assert len(decision) == 3
+
+
+def test_a_gpu_that_recovered_while_the_agent_was_away_is_recorded_on_hello() -> None:
+    state = given(
+        registered(gpu(0)),
+        connected(gpu(0)),
+        GpuMarkedUnhealthy(node_id=NODE, gpu_index=0, reason="ecc"),
+    )
+
+    decision = agent_connected(state, inventory(gpu(0)), replaced_previous=False)
+
+    assert decision == [
+        (STREAM, connected(gpu(0))),
+        (STREAM, GpuRecovered(node_id=NODE, gpu_index=0, gpu_uuid="GPU-0")),
+    ]
+
+
+def test_a_hello_whose_gpus_are_as_the_log_knows_them_adds_no_gpu_events() -> None:
+    state = given(
+        registered(gpu(0)),
+        GpuMarkedUnhealthy(node_id=NODE, gpu_index=0, reason="ecc"),
+    )
+    still_broken = gpu(0, healthy=False, reason="ecc")
+
+    decision = agent_connected(state, inventory(still_broken), replaced_previous=False)
+
+    assert decision == [(STREAM, connected(still_broken))]
+
+
+# -- heartbeats carry GPU health changes -------------------------------------------------
+
+
+def test_a_gpu_that_fails_is_marked_unhealthy_with_its_xid() -> None:
+    state = given(registered(gpu(0)), connected(gpu(0)))
+    failing = GpuHealth(index=0, uuid="GPU-0", healthy=False, reason="Xid 48", xid=48)
+
+    decision = gpu_health_reported(state, NODE, [failing])
+
+    assert decision == [
+        (
+            STREAM,
+            GpuMarkedUnhealthy(
+                node_id=NODE, gpu_index=0, gpu_uuid="GPU-0", reason="Xid 48", xid=48
+            ),
+        )
+    ]
+
+
+def test_a_failure_the_log_already_knows_is_not_recorded_twice() -> None:
+    state = given(
+        registered(gpu(0)),
+        GpuMarkedUnhealthy(node_id=NODE, gpu_index=0, reason="Xid 48", xid=48),
+    )
+    again = GpuHealth(index=0, uuid="GPU-0", healthy=False, reason="Xid 48", xid=48)
+
+    assert gpu_health_reported(state, NODE, [again]) == []
+
+
+def test_a_gpu_that_comes_back_is_recovered() -> None:
+    state = given(registered(gpu(0)), GpuMarkedUnhealthy(node_id=NODE, gpu_index=0, reason="x"))
+
+    decision = gpu_health_reported(state, NODE, [GpuHealth(index=0, uuid="GPU-0", healthy=True)])
+
+    assert decision == [(STREAM, GpuRecovered(node_id=NODE, gpu_index=0, gpu_uuid="GPU-0"))]
+
+
+def test_a_gpu_that_fails_and_recovers_between_heartbeats_leaves_both_facts() -> None:
+    state = given(registered(gpu(0)))
+    changes = [
+        GpuHealth(index=0, uuid="GPU-0", healthy=False, reason=None, xid=79),
+        GpuHealth(index=0, uuid="GPU-0", healthy=True),
+    ]
+
+    decision = gpu_health_reported(state, NODE, changes)
+
+    assert [type(event) for _, event in decision] == [GpuMarkedUnhealthy, GpuRecovered]
+    first = decision[0][1]
+    assert isinstance(first, GpuMarkedUnhealthy)
+    assert first.reason == "reported unhealthy without a reason"
+
+
+def test_health_of_a_gpu_or_node_the_log_does_not_know_is_ignored() -> None:
+    change = GpuHealth(index=5, uuid="GPU-5", healthy=False, reason="x")
+
+    assert gpu_health_reported(given(registered(gpu(0))), NODE, [change]) == []
+    assert gpu_health_reported(given(), NODE, [change]) == []
+
+
+# -- shard status ------------------------------------------------------------------------
+
+
+def report(
+    phase: ReportedPhase,
+    *,
+    pid: int | None = None,
+    error: str | None = None,
+    exit_code: int | None = None,
+    log_tail: tuple[str, ...] = (),
+) -> ShardPhaseReport:
+    return ShardPhaseReport(
+        replica_id="llama-1",
+        shard_index=0,
+        phase=phase,
+        pid=pid,
+        error=error,
+        exit_code=exit_code,
+        log_tail=log_tail,
+    )
+
+
+@pytest.mark.parametrize(
+    ("phase", "expected"),
+    [
+        (
+            ShardPhase.STARTING,
+            ShardStarting(replica_id="llama-1", shard_index=0, node_id=NODE, pid=4242),
+        ),
+        (ShardPhase.READY, ShardReady(replica_id="llama-1", shard_index=0, node_id=NODE)),
+        (
+            ShardPhase.STOPPED,
+            ShardStopped(replica_id="llama-1", shard_index=0, node_id=NODE, exit_code=0),
+        ),
+    ],
+)
+def test_a_placed_shard_moves_to_the_phase_its_agent_reports(
+    phase: ReportedPhase, expected: AnyEvent
+) -> None:
+    state = given(registered(gpu(0)), PLACED)
+
+    decision = shard_reported(state, NODE, report(phase, pid=4242, exit_code=0))
+
+    assert decision == [("replica-llama-1", expected)]
+
+
+def test_a_failed_shard_keeps_the_error_and_the_log_tail() -> None:
+    state = given(
+        registered(gpu(0)), PLACED, ShardStarting(replica_id="llama-1", shard_index=0, node_id=NODE)
+    )
+    failed = report(
+        ShardPhase.FAILED,
+        error="CUDA out of memory",
+        exit_code=1,
+        log_tail=("loading", "OutOfMemoryError"),
+    )
+
+    decision = shard_reported(state, NODE, failed)
+
+    assert decision == [
+        (
+            "replica-llama-1",
+            ShardFailed(
+                replica_id="llama-1",
+                shard_index=0,
+                node_id=NODE,
+                error="CUDA out of memory",
+                exit_code=1,
+                log_tail=("loading", "OutOfMemoryError"),
+            ),
+        )
+    ]
+
+
+def test_a_failure_without_an_error_is_explained_by_its_exit_code() -> None:
+    state = given(PLACED)
+
+    [(_, event)] = shard_reported(state, NODE, report(ShardPhase.FAILED, exit_code=137))
+
+    assert isinstance(event, ShardFailed)
+    assert event.error == "exited with code 137"
+
+
+def test_a_repeated_phase_is_not_recorded_again() -> None:
+    state = given(PLACED, ShardReady(replica_id="llama-1", shard_index=0, node_id=NODE))
+
+    assert shard_reported(state, NODE, report(ShardPhase.READY)) == []
+
+
+@pytest.mark.parametrize(
+    ("node_id", "replica_id", "shard_index"),
+    [(NODE, "llama-9", 0), (NODE, "llama-1", 1), ("gpu-2", "llama-1", 0)],
+    ids=["unknown replica", "unknown shard", "shard placed on another node"],
+)
+def test_a_shard_the_log_does_not_place_on_that_node_is_left_to_the_reconciler(
+    node_id: str, replica_id: str, shard_index: int
+) -> None:
+    stray = ShardPhaseReport(replica_id=replica_id, shard_index=shard_index, phase=ShardPhase.READY)
+
+    assert shard_reported(given(PLACED), node_id, stray) == []
+
+
+# -- identity and disconnects ------------------------------------------------------------
+
+
+def test_an_identity_mismatch_is_recorded_on_the_claimed_nodes_stream() -> None:
+    claim = IdentityClaim(
+        claimed_node_id="gpu-9",
+        certificate_subject="O=llmgw,OU=node,CN=gpu-1",
+        remote_address="10.0.0.8:40000",
+        reason="certificate common name 'gpu-1' does not match node id 'gpu-9'",
+    )
+
+    assert identity_rejected(claim) == [
+        (
+            "node-gpu-9",
+            IdentityRejected(
+                claimed_node_id="gpu-9",
+                certificate_subject="O=llmgw,OU=node,CN=gpu-1",
+                remote_address="10.0.0.8:40000",
+                reason="certificate common name 'gpu-1' does not match node id 'gpu-9'",
+            ),
+        )
+    ]
+
+
+def test_an_agent_that_goes_away_disconnects_its_node() -> None:
+    state = given(registered(gpu(0)), connected(gpu(0)))
+
+    assert agent_gone(state, NODE, "no heartbeat for 15.5s") == [
+        (STREAM, NodeDisconnected(node_id=NODE, reason="no heartbeat for 15.5s"))
+    ]
+
+
+def test_a_node_that_is_not_connected_is_not_disconnected_again() -> None:
+    state = given(registered(gpu(0)), connected(gpu(0)), NodeDisconnected(node_id=NODE, reason="x"))
+
+    assert agent_gone(state, NODE, "late close") == []
+    assert agent_gone(given(), NODE, "never seen") == []
