@@ -1,0 +1,323 @@
+"""The agent's settings: command-line flags over ``LLMGW_AGENT_*`` variables over a TOML file
+over defaults.
+
+Each source is read into ``AgentSettings``, where None means "not set here"; ``merge`` takes
+each field from the first source that sets it (lists and tables are replaced whole, never
+combined), and ``resolve`` checks the result and fills in the defaults. Every problem is a
+``ConfigError`` whose text names the setting and says what is expected.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import NamedTuple, TypeVar
+from urllib.parse import urlsplit
+
+import msgspec
+from msgspec import UNSET
+from msgspec import UnsetType as Unset
+
+from agent.gpus import parse_fake_gpus
+from app.pki.errors import InvalidRequest
+from app.pki.names import check_subject_name
+
+ENV_PREFIX = "LLMGW_AGENT_"
+CONFIG_ENV = f"{ENV_PREFIX}CONFIG"
+DEFAULT_PORT_RANGE = (20000, 20999)
+FAKE_GPU_HEALTH_FILE = "fake-gpu-health.json"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+T = TypeVar("T")
+
+_LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,62}")
+_PORT_RANGE = re.compile(r"(\d+)\s*-\s*(\d+)")
+
+
+class ConfigError(ValueError):
+    """The settings are missing something or hold a value that cannot work."""
+
+
+class ServerAddress(NamedTuple):
+    uri: str
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentSettings:
+    """One source of settings; None means the source does not set that field."""
+
+    servers: tuple[str, ...] | None = None
+    node_id: str | None = None
+    cert: Path | None = None
+    key: Path | None = None
+    ca: Path | None = None
+    fake_gpus: str | None = None
+    state_dir: Path | None = None
+    labels: dict[str, str] | None = None
+    address: str | None = None
+    port_range: str | None = None
+    log_level: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentConfig:
+    servers: tuple[ServerAddress, ...]
+    node_id: str
+    cert: Path
+    key: Path
+    ca: Path
+    fake_gpus: str | None
+    state_dir: Path
+    labels: dict[str, str]
+    address: str
+    port_range: tuple[int, int]
+    log_level: str
+
+    @property
+    def fake_gpu_health_file(self) -> Path:
+        return fake_gpu_health_file(self.state_dir)
+
+
+class _FileSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The config file as written: paths are still text, a single server may be a string
+    and the port range a ``[lo, hi]`` pair."""
+
+    servers: str | tuple[str, ...] | Unset = UNSET
+    node_id: str | Unset = UNSET
+    cert: str | Unset = UNSET
+    key: str | Unset = UNSET
+    ca: str | Unset = UNSET
+    fake_gpus: str | Unset = UNSET
+    state_dir: str | Unset = UNSET
+    labels: dict[str, str] | Unset = UNSET
+    address: str | Unset = UNSET
+    port_range: str | tuple[int, int] | Unset = UNSET
+    log_level: str | Unset = UNSET
+
+
+def fake_gpu_health_file(state_dir: Path) -> Path:
+    """Where ``llmgw-agent fake-gpu mark`` writes and the running agent reads."""
+    return state_dir / FAKE_GPU_HEALTH_FILE
+
+
+def load_config(
+    flags: AgentSettings, environ: Mapping[str, str], config_file: Path | None = None
+) -> AgentConfig:
+    """Flags over the environment over the config file (``config_file``, else
+    ``$LLMGW_AGENT_CONFIG``) over defaults."""
+    path = config_file or _path_or_none(environ.get(CONFIG_ENV))
+    from_file = settings_from_file(path) if path is not None else AgentSettings()
+    return resolve(merge(flags, settings_from_env(environ), from_file), environ)
+
+
+def settings_from_env(environ: Mapping[str, str]) -> AgentSettings:
+    def get(name: str) -> str | None:
+        value = environ.get(f"{ENV_PREFIX}{name}", "").strip()
+        return value or None
+
+    servers = get("SERVERS")
+    labels = get("LABELS")
+    return AgentSettings(
+        servers=None if servers is None else tuple(re.split(r"[\s,]+", servers)),
+        node_id=get("NODE_ID"),
+        cert=_path_or_none(get("CERT")),
+        key=_path_or_none(get("KEY")),
+        ca=_path_or_none(get("CA")),
+        fake_gpus=get("FAKE_GPUS"),
+        state_dir=_path_or_none(get("STATE_DIR")),
+        labels=None if labels is None else parse_labels(labels.split(","), f"{ENV_PREFIX}LABELS"),
+        address=get("ADDRESS"),
+        port_range=get("PORT_RANGE"),
+        log_level=get("LOG_LEVEL"),
+    )
+
+
+def settings_from_file(path: Path) -> AgentSettings:
+    """The settings in a TOML file; relative paths in it are read from the file's folder."""
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read the config file {path}: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    try:
+        read = msgspec.convert(document, _FileSettings)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from exc
+    base = path.parent
+    return AgentSettings(
+        servers=_server_list(read.servers),
+        node_id=_given(read.node_id),
+        cert=_under(base, _given(read.cert)),
+        key=_under(base, _given(read.key)),
+        ca=_under(base, _given(read.ca)),
+        fake_gpus=_given(read.fake_gpus),
+        state_dir=_under(base, _given(read.state_dir)),
+        labels=_given(read.labels),
+        address=_given(read.address),
+        port_range=_port_range_text(read.port_range),
+        log_level=_given(read.log_level),
+    )
+
+
+def merge(*sources: AgentSettings) -> AgentSettings:
+    """Each field from the first source that sets it: pass the strongest source first."""
+    merged = {
+        field.name: next(
+            (value for source in sources if (value := getattr(source, field.name)) is not None),
+            None,
+        )
+        for field in fields(AgentSettings)
+    }
+    return AgentSettings(**merged)
+
+
+def resolve(settings: AgentSettings, environ: Mapping[str, str]) -> AgentConfig:
+    """Check every setting and fill in the defaults."""
+    if not settings.servers:
+        raise ConfigError(_missing("--server", "SERVERS", "servers", "wss://HOST:PORT"))
+    node_id = _required(settings.node_id, "--node-id", "NODE_ID", "node_id")
+    try:
+        check_subject_name("node id", node_id)
+    except InvalidRequest as exc:
+        raise ConfigError(f"--node-id: {exc}") from exc
+    fake_gpus = settings.fake_gpus
+    if fake_gpus is not None:
+        try:
+            parse_fake_gpus(fake_gpus)
+        except ValueError as exc:
+            raise ConfigError(f"--fake-gpus: {exc}") from exc
+    log_level = (settings.log_level or "info").lower()
+    if log_level not in LOG_LEVELS:
+        raise ConfigError(f"--log-level {log_level!r}: expected one of {', '.join(LOG_LEVELS)}")
+    return AgentConfig(
+        servers=tuple(parse_server(server) for server in settings.servers),
+        node_id=node_id,
+        cert=_existing_file(settings.cert, "--cert", "CERT", "cert"),
+        key=_existing_file(settings.key, "--key", "KEY", "key"),
+        ca=_existing_file(settings.ca, "--ca", "CA", "ca"),
+        fake_gpus=fake_gpus,
+        state_dir=settings.state_dir or default_state_dir(environ),
+        labels=dict(settings.labels or {}),
+        address=_address(settings.address),
+        port_range=(
+            DEFAULT_PORT_RANGE
+            if settings.port_range is None
+            else parse_port_range(settings.port_range)
+        ),
+        log_level=log_level,
+    )
+
+
+def parse_server(text: str) -> ServerAddress:
+    """``wss://HOST[:PORT][/PATH]``; the port defaults to 443."""
+    parts = urlsplit(text.strip())
+    if parts.scheme != "wss":
+        raise ConfigError(
+            f"--server {text!r}: expected wss://HOST:PORT (the agent channel always uses TLS)"
+        )
+    try:
+        port = parts.port or 443
+    except ValueError as exc:
+        raise ConfigError(f"--server {text!r}: {exc}") from exc
+    if not parts.hostname:
+        raise ConfigError(f"--server {text!r}: no host; expected wss://HOST:PORT")
+    if parts.query or parts.fragment or parts.username:
+        raise ConfigError(f"--server {text!r}: expected wss://HOST:PORT[/PATH] and nothing else")
+    return ServerAddress(uri=text.strip(), host=parts.hostname, port=port)
+
+
+def parse_port_range(text: str) -> tuple[int, int]:
+    """``LO-HI``, both 1-65535 and LO <= HI."""
+    match = _PORT_RANGE.fullmatch(text.strip())
+    if match is None:
+        raise ConfigError(f"--port-range {text!r}: expected LO-HI, such as 20000-20999")
+    low, high = int(match[1]), int(match[2])
+    if not 1 <= low <= high <= 65535:
+        raise ConfigError(
+            f"--port-range {text!r}: ports must be 1-65535 with the first no greater than the last"
+        )
+    return low, high
+
+
+def parse_labels(items: Sequence[str], source: str = "--label") -> dict[str, str]:
+    """``key=value`` items; a key may appear once."""
+    labels: dict[str, str] = {}
+    for item in items:
+        key, equals, value = item.strip().partition("=")
+        key = key.strip()
+        if not equals or not _LABEL_KEY.fullmatch(key):
+            raise ConfigError(
+                f"{source} {item!r}: expected key=value, the key made of letters, digits, "
+                "'.', '_', '/' or '-'"
+            )
+        if key in labels:
+            raise ConfigError(f"{source}: label {key!r} is given twice")
+        labels[key] = value.strip()
+    return labels
+
+
+def default_state_dir(environ: Mapping[str, str], *, is_root: bool | None = None) -> Path:
+    """``/var/lib/llmgw-agent`` for root, else ``$XDG_STATE_HOME/llmgw-agent`` (by default
+    ``~/.local/state/llmgw-agent``)."""
+    if os.geteuid() == 0 if is_root is None else is_root:
+        return Path("/var/lib/llmgw-agent")
+    state_home = environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state_home) / "llmgw-agent"
+
+
+def _address(address: str | None) -> str:
+    if address is None:
+        return socket.gethostname()
+    if not address.strip() or any(character.isspace() for character in address.strip()):
+        raise ConfigError(f"--address {address!r}: expected a host name or IP address")
+    return address.strip()
+
+
+def _existing_file(path: Path | None, flag: str, env: str, key: str) -> Path:
+    if path is None:
+        raise ConfigError(_missing(flag, env, key, "FILE"))
+    if not path.is_file():
+        raise ConfigError(f"{flag} {path}: no such file")
+    return path
+
+
+def _required(value: str | None, flag: str, env: str, key: str) -> str:
+    if value is None or not value.strip():
+        raise ConfigError(_missing(flag, env, key, key.upper()))
+    return value.strip()
+
+
+def _missing(flag: str, env: str, key: str, example: str) -> str:
+    return f"{flag} {example} is required (or {ENV_PREFIX}{env}, or {key!r} in the config file)"
+
+
+def _server_list(servers: str | tuple[str, ...] | Unset) -> tuple[str, ...] | None:
+    if isinstance(servers, Unset):
+        return None
+    return (servers,) if isinstance(servers, str) else servers
+
+
+def _port_range_text(port_range: str | tuple[int, int] | Unset) -> str | None:
+    if isinstance(port_range, Unset):
+        return None
+    return port_range if isinstance(port_range, str) else f"{port_range[0]}-{port_range[1]}"
+
+
+def _given(value: T | Unset) -> T | None:
+    return None if isinstance(value, Unset) else value
+
+
+def _path_or_none(text: str | None) -> Path | None:
+    return None if text is None else Path(text).expanduser()
+
+
+def _under(base: Path, path: str | None) -> Path | None:
+    return None if path is None else base / Path(path).expanduser()

@@ -1,0 +1,259 @@
+"""Staying connected to the control plane: dial, serve, and after a failure wait and dial
+again, until a failure shows that trying again cannot help.
+
+Each attempt dials the next configured server in turn. Between attempts the agent waits a
+jittered, exponentially growing delay (``Backoff``: 0.5 s doubling up to 30 s, each delay
+drawn from its upper half); the growth starts over once a connection has stayed up for
+``STABLE_AFTER_S``. websockets' own ``async for ws in connect(uri)`` is not used because it
+dials one URI only and forgets its backoff at every opening handshake, so two agents
+claiming one node id would replace each other (4001) in a tight loop.
+
+Every failure is sorted in one place, ``classify_failure`` (dialling) and ``classify_close``
+(the server closing an open connection)::
+
+    retryable                                  fatal: ConnectionFatal, the agent exits
+    ---------------------------------------    ------------------------------------------
+    connection refused, reset, unreachable     the server certificate fails verification
+    timeouts (TCP, TLS, opening handshake)       (not issued by our CA, expired, lacks the
+    TLS errors unrelated to certificates         dialled host or IP): ServerCertificateRejected
+    HTTP statuses other than 401/403           our certificate refused: a TLS alert naming
+    close 1001, 1002, 1011, 4001, 4002, ...      it, HTTP 401/403, close 1008, or the server
+    the server hanging up right after the        hanging up right after the TLS handshake
+      TLS handshake, fewer than 3 times          REFUSAL_STRIKES times in a row:
+                                                 ClientCertificateRejected
+
+An asyncio TLS server that refuses a client certificate closes the connection without
+sending the TLS alert, so for the client the handshake succeeds and the server then hangs
+up; that is why hang-ups are counted rather than trusted at once. Exceptions::
+
+    ConnectionFatal
+     ├── ServerCertificateRejected
+     └── ClientCertificateRejected
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum, auto
+from typing import NoReturn
+
+import structlog
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import InvalidMessage, InvalidStatus, WebSocketException
+
+from agent.config import ServerAddress
+from app.fleet.messages import MAX_MESSAGE_BYTES, CloseCode
+from app.pki import explain_tls_failure, fetch_presented_certificate
+
+log = structlog.get_logger("llmgw.agent")
+
+STABLE_AFTER_S = 10.0
+REFUSAL_STRIKES = 3
+OPEN_TIMEOUT_S = 10.0
+CLOSE_TIMEOUT_S = 2.0
+
+# TLS alerts by which a server refuses the client certificate (OpenSSL reason names).
+CLIENT_CERTIFICATE_ALERTS = frozenset(
+    {
+        "TLSV13_ALERT_CERTIFICATE_REQUIRED",
+        "SSLV3_ALERT_HANDSHAKE_FAILURE",
+        "SSLV3_ALERT_BAD_CERTIFICATE",
+        "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE",
+        "SSLV3_ALERT_CERTIFICATE_REVOKED",
+        "SSLV3_ALERT_CERTIFICATE_EXPIRED",
+        "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+        "TLSV1_ALERT_UNKNOWN_CA",
+        "TLSV1_ALERT_ACCESS_DENIED",
+    }
+)
+_REFUSING_STATUSES = frozenset({401, 403})
+
+NODE_CERTIFICATE_HINT = (
+    "issue a node certificate for this node id on the control plane "
+    "(`llmgw-cli cert node <node-id>`) and check the files with `llmgw-cli cert show`"
+)
+
+
+class ConnectionFatal(Exception):
+    """Connecting again cannot succeed until someone changes the configuration."""
+
+
+class ServerCertificateRejected(ConnectionFatal):
+    """The control plane's certificate failed verification."""
+
+
+class ClientCertificateRejected(ConnectionFatal):
+    """The control plane refused this agent's certificate or node id."""
+
+
+class Failure(Enum):
+    RETRYABLE = auto()
+    HUNG_UP_AFTER_TLS = auto()  # retryable, but REFUSAL_STRIKES in a row are fatal
+    SERVER_CERTIFICATE = auto()  # fatal
+    CLIENT_REFUSED = auto()  # fatal
+
+
+def classify_failure(exc: BaseException) -> Failure:
+    """What a failed dial means, the websockets ``process_exception`` decision made explicit."""
+    error = _ssl_error_in(exc)
+    if isinstance(error, ssl.SSLCertVerificationError):
+        return Failure.SERVER_CERTIFICATE
+    if error is not None and getattr(error, "reason", None) in CLIENT_CERTIFICATE_ALERTS:
+        return Failure.CLIENT_REFUSED
+    if isinstance(exc, InvalidStatus) and exc.response.status_code in _REFUSING_STATUSES:
+        return Failure.CLIENT_REFUSED
+    if isinstance(exc, InvalidMessage) and isinstance(exc.__cause__, EOFError):
+        return Failure.HUNG_UP_AFTER_TLS
+    return Failure.RETRYABLE
+
+
+def classify_close(code: int) -> Failure:
+    """What it means that the server closed an open connection with ``code``."""
+    return Failure.CLIENT_REFUSED if code == CloseCode.POLICY_VIOLATION else Failure.RETRYABLE
+
+
+class Backoff:
+    """Delays that double from ``initial_s`` up to ``cap_s``, each drawn at random from the
+    upper half of its step so that agents cut off together do not return together."""
+
+    def __init__(
+        self,
+        initial_s: float = 0.5,
+        cap_s: float = 30.0,
+        factor: float = 2.0,
+        uniform: Callable[[], float] = random.random,
+    ) -> None:
+        self._initial_s = initial_s
+        self._cap_s = cap_s
+        self._factor = factor
+        self._uniform = uniform
+        self._step = 0
+
+    def next_delay(self) -> float:
+        ceiling = min(self._cap_s, self._initial_s * self._factor**self._step)
+        self._step += 1
+        return ceiling * (0.5 + 0.5 * self._uniform())
+
+    def reset(self) -> None:
+        self._step = 0
+
+
+Serve = Callable[[ClientConnection], Awaitable[bool]]
+
+
+@dataclass(frozen=True)
+class _Ending:
+    failure: Failure
+    detail: str
+    connected: bool = False
+    stable: bool = False
+
+
+async def stay_connected(
+    servers: Sequence[ServerAddress],
+    ssl_context: ssl.SSLContext,
+    serve: Serve,
+    *,
+    backoff: Backoff | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> NoReturn:
+    """Dial the servers in turn and hand each connection to ``serve`` (which returns True if
+    the control plane welcomed the agent), for ever; raise ``ConnectionFatal`` when trying
+    again cannot help."""
+    backoff = backoff or Backoff()
+    hang_ups = 0
+    delay = 0.0
+    for server in itertools.cycle(servers):
+        if delay:
+            await asyncio.sleep(delay)
+        ending = await _connect_once(server, ssl_context, serve, clock)
+        hang_ups = hang_ups + 1 if ending.failure is Failure.HUNG_UP_AFTER_TLS else 0
+        if hang_ups >= REFUSAL_STRIKES:
+            raise ClientCertificateRejected(
+                f"{server.host} closed {hang_ups} connections in a row right after the TLS "
+                "handshake, which is how it refuses a client certificate (issued by another "
+                f"CA, expired, or not a node certificate): {NODE_CERTIFICATE_HINT}"
+            )
+        if ending.stable:
+            backoff.reset()
+        delay = backoff.next_delay()
+        log.warning(
+            "disconnected" if ending.connected else "connect_failed",
+            server=server.uri,
+            reason=ending.detail,
+            retry_in_s=round(delay, 2),
+        )
+    raise ConnectionFatal("no server to connect to")
+
+
+async def _connect_once(
+    server: ServerAddress, ssl_context: ssl.SSLContext, serve: Serve, clock: Callable[[], float]
+) -> _Ending:
+    try:
+        async with connect(
+            server.uri,
+            ssl=ssl_context,
+            max_size=MAX_MESSAGE_BYTES,
+            open_timeout=OPEN_TIMEOUT_S,
+            close_timeout=CLOSE_TIMEOUT_S,
+            proxy=None,
+        ) as websocket:
+            log.info("connected", server=server.uri)
+            opened_at = clock()
+            welcomed = await serve(websocket)
+            stable = welcomed and clock() - opened_at >= STABLE_AFTER_S
+            return _ending_of(server, websocket, stable)
+    except (OSError, TimeoutError, WebSocketException) as exc:
+        failure = classify_failure(exc)
+        if failure is Failure.SERVER_CERTIFICATE:
+            presented = await asyncio.to_thread(
+                fetch_presented_certificate, server.host, server.port
+            )
+            raise ServerCertificateRejected(
+                explain_tls_failure(exc, server.host, presented)
+            ) from exc
+        if failure is Failure.CLIENT_REFUSED:
+            raise ClientCertificateRejected(_refusal(exc, server)) from exc
+        return _Ending(failure, explain_tls_failure(exc, server.host))
+
+
+def _ending_of(server: ServerAddress, websocket: ClientConnection, stable: bool) -> _Ending:
+    protocol = websocket.protocol
+    received = protocol.close_rcvd
+    if received is None or protocol.close_rcvd_then_sent is False:
+        sent = protocol.close_sent
+        what = "connection lost" if sent is None else f"closed by this agent: {sent}"
+        return _Ending(Failure.RETRYABLE, what, connected=True, stable=stable)
+    if classify_close(received.code) is Failure.CLIENT_REFUSED:
+        raise ClientCertificateRejected(
+            f"{server.host} refused this node (close code {received.code}): {received.reason}. "
+            f"The certificate's common name must equal --node-id: {NODE_CERTIFICATE_HINT}"
+        )
+    return _Ending(
+        Failure.RETRYABLE, f"closed by the server: {received}", connected=True, stable=stable
+    )
+
+
+def _refusal(exc: BaseException, server: ServerAddress) -> str:
+    if isinstance(exc, InvalidStatus):
+        return (
+            f"{server.host} refused the connection with HTTP {exc.response.status_code}: "
+            f"{NODE_CERTIFICATE_HINT}"
+        )
+    return explain_tls_failure(exc, server.host)
+
+
+def _ssl_error_in(exc: BaseException) -> ssl.SSLError | None:
+    """The SSLError itself or the one it was raised from, up a short chain."""
+    current: BaseException | None = exc
+    for _ in range(5):
+        if current is None or isinstance(current, ssl.SSLError):
+            return current
+        current = current.__cause__ or current.__context__
+    return None

@@ -1,0 +1,259 @@
+"""``llmgw-agent``: the node agent, and ``llmgw-agent fake-gpu`` to mark fake GPUs unhealthy.
+
+Settings come from flags, then ``LLMGW_AGENT_*`` variables, then the TOML file named by
+``--config`` (or ``$LLMGW_AGENT_CONFIG``), then defaults; docs/agent.md lists them all.
+
+Exit codes: 0 stopped by SIGTERM or SIGINT (engines are left running), 1 cannot go on (a
+certificate refused by either side, the state directory in use or unwritable), 2 bad usage
+or configuration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import signal
+import ssl
+import sys
+from contextlib import suppress
+from pathlib import Path
+from typing import Annotated, TextIO
+
+import structlog
+from cyclopts import App, Parameter
+
+from agent.config import (
+    AgentConfig,
+    AgentSettings,
+    ConfigError,
+    default_state_dir,
+    fake_gpu_health_file,
+    load_config,
+    parse_labels,
+)
+from agent.connection import ConnectionFatal, stay_connected
+from agent.gpus import mark_fake_gpu, open_gpu_source
+from agent.runtime import AgentRuntime, agent_version
+from app.logs import configure_logging
+from app.pki import TlsConfigurationError, client_ssl_context
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+LOCK_FILE = "agent.lock"
+
+log = structlog.get_logger("llmgw.agent")
+
+app = App(
+    name="llmgw-agent",
+    help="The llmgw node agent: reports this machine's GPUs and runs the engine shards the "
+    "control plane asks for.",
+    version=agent_version,
+)
+fake_gpu_app = App(
+    name="fake-gpu",
+    help="Mark fake GPUs (--fake-gpus) unhealthy or healthy again while the agent runs.",
+)
+app.command(fake_gpu_app)
+
+StateDir = Annotated[
+    Path | None,
+    Parameter(
+        help="Shard records, engine logs, the fake GPU health file. [default: "
+        "$LLMGW_AGENT_STATE_DIR, else /var/lib/llmgw-agent for root, else "
+        "$XDG_STATE_HOME/llmgw-agent]"
+    ),
+]
+
+
+class StateDirBusy(Exception):
+    """Another agent process holds the state directory."""
+
+
+@app.default
+def run(
+    *,
+    server: Annotated[
+        list[str] | None,
+        Parameter(help="Control plane to dial, wss://HOST:PORT; repeat for several.", negative=()),
+    ] = None,
+    node_id: Annotated[
+        str | None, Parameter(help="This node's id: the common name of its certificate.")
+    ] = None,
+    cert: Annotated[Path | None, Parameter(help="The node certificate (PEM).")] = None,
+    key: Annotated[Path | None, Parameter(help="The node certificate's private key.")] = None,
+    ca: Annotated[Path | None, Parameter(help="The llmgw CA certificate (ca.crt).")] = None,
+    fake_gpus: Annotated[
+        str | None, Parameter(help="Declare fake GPUs instead of using NVML, e.g. 4x80GB.")
+    ] = None,
+    state_dir: StateDir = None,
+    label: Annotated[
+        list[str] | None,
+        Parameter(help="A node label, key=value; repeat for several.", negative=()),
+    ] = None,
+    address: Annotated[
+        str | None,
+        Parameter(
+            help="Host or IP at which engines on this node are reachable. [default: hostname]"
+        ),
+    ] = None,
+    port_range: Annotated[
+        str | None, Parameter(help="Ports engines may use, LO-HI. [default: 20000-20999]")
+    ] = None,
+    log_level: Annotated[
+        str | None, Parameter(help="debug, info, warning or error. [default: info]")
+    ] = None,
+    config: Annotated[
+        Path | None, Parameter(help="A TOML file of settings. [default: $LLMGW_AGENT_CONFIG]")
+    ] = None,
+) -> int:
+    """Connect to the control plane and run engines until SIGTERM or SIGINT.
+
+    ```
+    llmgw-agent --server wss://10.0.0.5:8443 --node-id gpu-07 \\
+        --cert gpu-07.crt --key gpu-07.key --ca ca.crt --fake-gpus 4x80GB
+    ```
+    """
+    try:
+        flags = AgentSettings(
+            servers=tuple(server) if server else None,
+            node_id=node_id,
+            cert=cert,
+            key=key,
+            ca=ca,
+            fake_gpus=fake_gpus,
+            state_dir=state_dir,
+            labels=parse_labels(label) if label else None,
+            address=address,
+            port_range=port_range,
+            log_level=log_level,
+        )
+        settings = load_config(flags, os.environ, config)
+    except ConfigError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    configure_logging(settings.log_level)
+    return asyncio.run(run_agent(settings))
+
+
+@fake_gpu_app.command
+def mark(
+    *,
+    gpu: Annotated[int, Parameter(help="Index of the fake GPU.")],
+    reason: Annotated[str, Parameter(help='Why it is unhealthy, e.g. "XID 79".')],
+    state_dir: StateDir = None,
+) -> int:
+    """Mark a fake GPU unhealthy; the running agent reports it within a few seconds."""
+    return _mark(state_dir, gpu, reason)
+
+
+@fake_gpu_app.command
+def clear(
+    *,
+    gpu: Annotated[int, Parameter(help="Index of the fake GPU.")],
+    state_dir: StateDir = None,
+) -> int:
+    """Mark a fake GPU healthy again."""
+    return _mark(state_dir, gpu, None)
+
+
+async def run_agent(config: AgentConfig) -> int:
+    """Run until a signal (0) or a fatal connection failure (1). Engines are left running."""
+    try:
+        ssl_context = client_ssl_context(config.ca, config.cert, config.key)
+    except TlsConfigurationError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    try:
+        lock = _lock_state_dir(config.state_dir)
+    except (StateDirBusy, OSError) as exc:
+        return _fail(str(exc), EXIT_FAILED)
+    with lock:
+        return await _run_locked(config, ssl_context)
+
+
+async def _run_locked(config: AgentConfig, ssl_context: ssl.SSLContext) -> int:
+    gpu_source = open_gpu_source(config.fake_gpus, config.fake_gpu_health_file, config.node_id)
+    runtime = AgentRuntime(config, gpu_source)
+    try:
+        await runtime.start()
+        return await _serve_until_stopped(config, ssl_context, runtime)
+    finally:
+        await runtime.close()
+
+
+async def _serve_until_stopped(
+    config: AgentConfig, ssl_context: ssl.SSLContext, runtime: AgentRuntime
+) -> int:
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    connection = asyncio.create_task(stay_connected(config.servers, ssl_context, runtime.serve))
+    gpu_watch = asyncio.create_task(runtime.watch_gpus())
+    stop = asyncio.create_task(stopping.wait())
+    try:
+        await asyncio.wait({connection, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if connection.done():
+            error = connection.exception()
+            if isinstance(error, ConnectionFatal):
+                log.error("cannot_connect", error=str(error))
+                return _fail(str(error), EXIT_FAILED)
+            await connection  # any other ending is a bug: let it raise
+        log.info("agent_stopping", engines_left_running=len(runtime.supervisor.inventory()))
+        return EXIT_OK
+    finally:
+        for task in (connection, gpu_watch, stop):
+            task.cancel()
+        await asyncio.gather(connection, gpu_watch, stop, return_exceptions=True)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+
+
+def _lock_state_dir(state_dir: Path) -> TextIO:
+    """Hold ``<state_dir>/agent.lock`` until the returned file is closed: two agents on one
+    state directory would both re-attach, watch and report the same engines."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    lock = (state_dir / LOCK_FILE).open("a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "unknown"
+        lock.close()
+        raise StateDirBusy(
+            f"another llmgw-agent (pid {holder}) is using the state directory {state_dir}"
+        ) from None
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
+def _mark(state_dir: Path | None, gpu: int, reason: str | None) -> int:
+    if gpu < 0:
+        return _fail(f"--gpu {gpu}: a GPU index is 0 or more", EXIT_USAGE)
+    if reason is not None and not reason.strip():
+        return _fail("--reason: say why the GPU is unhealthy", EXIT_USAGE)
+    directory = state_dir or _state_dir_from_env()
+    try:
+        mark_fake_gpu(fake_gpu_health_file(directory), gpu, reason)
+    except ValueError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    except OSError as exc:
+        return _fail(f"cannot write {fake_gpu_health_file(directory)}: {exc}", EXIT_FAILED)
+    return EXIT_OK
+
+
+def _state_dir_from_env() -> Path:
+    configured = os.environ.get("LLMGW_AGENT_STATE_DIR", "").strip()
+    return Path(configured).expanduser() if configured else default_state_dir(os.environ)
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"llmgw-agent: {message}", file=sys.stderr)
+    return code
+
+
+def main() -> None:
+    with suppress(KeyboardInterrupt):
+        app()

@@ -1,0 +1,439 @@
+"""The agent itself: its GPUs, its engines and its session with the control plane, wired.
+
+``AgentRuntime`` holds what outlives a connection: the GPU source and its latest snapshot,
+the GPU health changes no heartbeat has carried yet, the engine supervisor and the command
+ledger. The reconnect loop hands it each WebSocket (``serve``); it drives one
+``ServerSession`` over it, carries out the session's outputs in order, and converts between
+the wire messages and the supervisor's and GPU source's own types (the pure functions at
+the top of this module).
+
+Engines never depend on the connection: they keep running while the agent is disconnected
+and after it exits, and the next ``hello`` lists every one of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
+
+from agent.config import AgentConfig
+from agent.engines import (
+    EngineError,
+    EngineSupervisor,
+    ShardChange,
+    ShardKey,
+    ShardRecord,
+    ShardSpec,
+    ShardState,
+)
+from agent.gpus import GpuSnapshot, GpuSource, GpuStatus
+from agent.session import (
+    MAX_ERROR_CHARS,
+    Close,
+    CommandLedger,
+    Execute,
+    HeartbeatContent,
+    Output,
+    Send,
+    ServerSession,
+)
+from app.fleet.errors import MessageTooLarge
+from app.fleet.messages import (
+    PROTOCOL_VERSION,
+    AgentCommand,
+    CloseCode,
+    CommandResult,
+    GpuHealthChange,
+    GpuReport,
+    HeartbeatShard,
+    Hello,
+    ShardReport,
+    StartShard,
+    StopShard,
+    encode,
+)
+from app.fleet.messages import ShardState as WireShardState
+from app.fleet.messages import ShardStatus as WireShardStatus
+
+log = structlog.get_logger("llmgw.agent")
+
+GPU_POLL_INTERVAL_S = 3.0
+TICK_INTERVAL_S = 0.25
+CLOSE_TIMEOUT_S = 2.0
+
+_WIRE_STATES: dict[ShardState, WireShardState] = {
+    ShardState.STARTING: "starting",
+    ShardState.READY: "ready",
+    ShardState.FAILED: "failed",
+    ShardState.STOPPED: "stopped",
+}
+
+
+def agent_version() -> str:
+    try:
+        return importlib.metadata.version("llmgw")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+# -- conversions -------------------------------------------------------------------------
+
+
+def gpu_report(gpu: GpuStatus) -> GpuReport:
+    return GpuReport(
+        index=gpu.index,
+        uuid=gpu.uuid,
+        name=gpu.name,
+        memory_total_mib=gpu.memory_total_mib,
+        memory_used_mib=gpu.memory_used_mib,
+        healthy=gpu.healthy,
+        unhealthy_reason=gpu.unhealthy_reason,
+    )
+
+
+def gpu_health_changes(
+    previous: Sequence[GpuStatus], current: Sequence[GpuStatus]
+) -> list[GpuHealthChange]:
+    """The GPUs whose health or reason changed; a GPU not seen before counts as having
+    been healthy."""
+    before = {gpu.index: (gpu.healthy, gpu.unhealthy_reason) for gpu in previous}
+    return [
+        GpuHealthChange(
+            index=gpu.index,
+            uuid=gpu.uuid,
+            healthy=gpu.healthy,
+            reason=gpu.unhealthy_reason,
+            xid=gpu.xid,
+        )
+        for gpu in current
+        if before.get(gpu.index, (True, None)) != (gpu.healthy, gpu.unhealthy_reason)
+    ]
+
+
+def shard_report(record: ShardRecord) -> ShardReport:
+    return ShardReport(
+        replica_id=record.replica_id,
+        shard_index=record.shard_index,
+        model=record.model,
+        port=record.port,
+        gpus=record.gpus,
+        pid=record.pid,
+        state=_WIRE_STATES[record.state],
+        started_at=record.started_at,
+    )
+
+
+def heartbeat_shard(record: ShardRecord) -> HeartbeatShard:
+    return HeartbeatShard(
+        replica_id=record.replica_id,
+        shard_index=record.shard_index,
+        state=_WIRE_STATES[record.state],
+    )
+
+
+def shard_status(change: ShardChange, command_id: str | None) -> WireShardStatus | None:
+    """The wire status for a supervisor change; None for a shard the agent never knew (a
+    stop of an unknown shard has no port to report: its command result says enough)."""
+    if change.port is None:
+        return None
+    return WireShardStatus(
+        replica_id=change.replica_id,
+        shard_index=change.shard_index,
+        state=_WIRE_STATES[change.state],
+        pid=change.pid,
+        port=change.port,
+        error=change.error,
+        exit_code=change.exit_code,
+        log_tail=change.log_tail,
+        command_id=command_id,
+    )
+
+
+def shard_spec(command: StartShard) -> ShardSpec:
+    """The argv arrives rendered; peers are already in it, so they are not passed on."""
+    return ShardSpec(
+        replica_id=command.replica_id,
+        shard_index=command.shard_index,
+        model=command.model,
+        argv=command.argv,
+        env=dict(command.env),
+        gpus=command.gpus,
+        port=command.port,
+    )
+
+
+def start_refusal(
+    command: StartShard, port_range: tuple[int, int], gpus: Sequence[GpuStatus]
+) -> str | None:
+    """Why this node cannot run the shard as asked, or None when it can."""
+    low, high = port_range
+    if not low <= command.port <= high:
+        return f"port {command.port} is outside this node's port range {low}-{high}"
+    known = {gpu.index for gpu in gpus}
+    unknown = sorted(set(command.gpus) - known)
+    if unknown:
+        return f"GPU(s) {unknown} do not exist on this node (it has {sorted(known)})"
+    return None
+
+
+def build_hello(
+    config: AgentConfig, gpus: Sequence[GpuStatus], shards: Sequence[ShardRecord]
+) -> Hello:
+    return Hello(
+        protocol_version=PROTOCOL_VERSION,
+        node_id=config.node_id,
+        agent_version=agent_version(),
+        address=config.address,
+        labels=dict(config.labels),
+        port_range=config.port_range,
+        gpus=tuple(gpu_report(gpu) for gpu in gpus),
+        shards=tuple(shard_report(record) for record in shards),
+    )
+
+
+# -- the runtime -------------------------------------------------------------------------
+
+
+class CommandRefused(Exception):
+    """A command this node cannot carry out as asked."""
+
+
+@dataclass(eq=False)
+class _Link:
+    """The current connection: its session and the queue of its outputs, in order."""
+
+    session: ServerSession
+    outbox: asyncio.Queue[Output] = field(default_factory=asyncio.Queue)
+
+    def push(self, outputs: Sequence[Output]) -> None:
+        for output in outputs:
+            self.outbox.put_nowait(output)
+
+
+class AgentRuntime:
+    def __init__(
+        self,
+        config: AgentConfig,
+        gpu_source: GpuSource,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        gpu_poll_interval_s: float = GPU_POLL_INTERVAL_S,
+    ) -> None:
+        self._config = config
+        self._gpu_source = gpu_source
+        self._clock = clock
+        self._gpu_poll_interval_s = gpu_poll_interval_s
+        self._gpu_lock = asyncio.Lock()
+        self._snapshot = GpuSnapshot(gpus=())
+        self._unreported_gpu_changes: list[GpuHealthChange] = []
+        self._supervisor = EngineSupervisor(config.state_dir, self._shard_changed)
+        self._ledger = CommandLedger()
+        self._causes: dict[ShardKey, str] = {}
+        self._link: _Link | None = None
+        self._commands: set[asyncio.Task[None]] = set()
+
+    @property
+    def supervisor(self) -> EngineSupervisor:
+        return self._supervisor
+
+    async def start(self) -> None:
+        """Read the GPUs and re-attach the engines an earlier agent process left running."""
+        await self.refresh_gpus()
+        adopted = await self._supervisor.reattach()
+        log.info(
+            "agent_started",
+            node_id=self._config.node_id,
+            gpus=len(self._snapshot.gpus),
+            reattached=[f"{record.replica_id}/{record.shard_index}" for record in adopted],
+        )
+
+    async def watch_gpus(self) -> None:
+        """Poll GPU health for ever; changes go out with the next heartbeat."""
+        while True:
+            await asyncio.sleep(self._gpu_poll_interval_s)
+            await self.refresh_gpus()
+
+    async def refresh_gpus(self) -> None:
+        async with self._gpu_lock:
+            try:
+                snapshot = await asyncio.to_thread(self._gpu_source.snapshot)
+            except Exception as exc:
+                log.warning("gpu_snapshot_failed", error=str(exc))
+                return
+            self._take(snapshot)
+
+    def _take(self, snapshot: GpuSnapshot) -> None:
+        reason = snapshot.unavailable_reason
+        if reason and reason != self._snapshot.unavailable_reason:
+            log.warning("gpus_unavailable", reason=reason)
+        for event in snapshot.xid_events:
+            log.warning(
+                "gpu_xid", gpu=event.gpu_index, xid=event.xid, description=event.description
+            )
+        changes = gpu_health_changes(self._snapshot.gpus, snapshot.gpus)
+        for change in changes:
+            log.info(
+                "gpu_health_changed", gpu=change.index, healthy=change.healthy, reason=change.reason
+            )
+        self._unreported_gpu_changes.extend(changes)
+        self._snapshot = snapshot
+
+    async def serve(self, websocket: ClientConnection) -> bool:
+        """Speak the protocol over ``websocket`` until it closes; True if the control plane
+        welcomed this agent on it."""
+        await self.refresh_gpus()
+        session = ServerSession(
+            node_id=self._config.node_id,
+            hello_factory=self._hello,
+            now=self._clock(),
+            heartbeat_content=self._heartbeat_content,
+            commands=self._ledger,
+        )
+        link = _Link(session)
+        self._link = link
+        writer = asyncio.create_task(self._write(websocket, link))
+        ticker = asyncio.create_task(self._tick(link))
+        try:
+            link.push(session.opened(self._clock()))
+            async for frame in websocket:
+                link.push(session.receive(frame, self._clock()))
+        except ConnectionClosed:
+            pass
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await websocket.close(CloseCode.GOING_AWAY, "agent shutting down")
+            raise
+        finally:
+            session.connection_lost()
+            if self._link is link:
+                self._link = None
+            for task in (writer, ticker):
+                task.cancel()
+            await asyncio.gather(writer, ticker, return_exceptions=True)
+        return session.welcome is not None
+
+    async def close(self) -> None:
+        """Stop watching the engines, leaving them running, and release the GPU source."""
+        for task in list(self._commands):
+            task.cancel()
+        await asyncio.gather(*self._commands, return_exceptions=True)
+        await self._supervisor.shutdown(stop_engines=False)
+        self._gpu_source.close()
+
+    # -- the session's callbacks ---------------------------------------------------------
+
+    def _hello(self) -> Hello:
+        # The hello carries every GPU's health, so older changes need no heartbeat.
+        self._unreported_gpu_changes.clear()
+        return build_hello(self._config, self._snapshot.gpus, self._supervisor.inventory())
+
+    def _heartbeat_content(self) -> HeartbeatContent:
+        changes = tuple(self._unreported_gpu_changes)
+        self._unreported_gpu_changes.clear()
+        shards = tuple(heartbeat_shard(record) for record in self._supervisor.inventory())
+        return HeartbeatContent(gpu_changes=changes, shards=shards)
+
+    def _shard_changed(self, change: ShardChange) -> None:
+        key = ShardKey(change.replica_id, change.shard_index)
+        command_id = self._causes.get(key)
+        if change.state is not ShardState.STARTING:
+            self._causes.pop(key, None)
+        log.info(
+            "shard_changed",
+            replica_id=change.replica_id,
+            shard_index=change.shard_index,
+            state=change.state.value,
+            pid=change.pid,
+            error=change.error,
+            command_id=command_id,
+        )
+        status = shard_status(change, command_id)
+        link = self._link
+        if status is not None and link is not None:
+            link.push(link.session.report_shard(status))
+
+    # -- commands ------------------------------------------------------------------------
+
+    async def _execute(self, command: AgentCommand) -> None:
+        log.info("command_received", command=type(command).__name__, command_id=command.command_id)
+        error: str | None = None
+        try:
+            match command:
+                case StartShard():
+                    await self._start_shard(command)
+                case StopShard():
+                    await self._stop_shard(command)
+        except (EngineError, CommandRefused) as exc:
+            error = str(exc)
+        except Exception as exc:
+            log.exception("command_failed", command_id=command.command_id)
+            error = f"unexpected error: {exc}"
+        log.info("command_finished", command_id=command.command_id, ok=error is None, error=error)
+        self._finished(command.command_id, error)
+
+    async def _start_shard(self, command: StartShard) -> None:
+        refusal = start_refusal(command, self._config.port_range, self._snapshot.gpus)
+        if refusal is not None:
+            raise CommandRefused(refusal)
+        key = ShardKey(command.replica_id, command.shard_index)
+        self._causes[key] = command.command_id
+        record = await self._supervisor.start(shard_spec(command))
+        if record.state is not ShardState.STARTING:
+            # It was already running: nothing that happens to it next is this command's doing.
+            self._causes.pop(key, None)
+
+    async def _stop_shard(self, command: StopShard) -> None:
+        key = ShardKey(command.replica_id, command.shard_index)
+        self._causes[key] = command.command_id
+        await self._supervisor.stop(command.replica_id, command.shard_index, command.grace_s)
+
+    def _finished(self, command_id: str, error: str | None) -> None:
+        link = self._link
+        if link is not None:
+            link.push(link.session.command_finished(command_id, error is None, error))
+            return
+        # No connection: remember the result so that a re-sent command gets it.
+        cut = None if error is None else error[:MAX_ERROR_CHARS]
+        self._ledger.finished(CommandResult(command_id=command_id, ok=error is None, error=cut))
+
+    def _spawn(self, coroutine: Coroutine[object, object, None]) -> None:
+        task = asyncio.create_task(coroutine)
+        self._commands.add(task)
+        task.add_done_callback(self._commands.discard)
+
+    # -- the connection's tasks ----------------------------------------------------------
+
+    async def _write(self, websocket: ClientConnection, link: _Link) -> None:
+        while True:
+            output = await link.outbox.get()
+            match output:
+                case Send(message):
+                    try:
+                        data = encode(message)
+                    except MessageTooLarge as exc:
+                        log.error("message_too_large", type=type(message).__name__, error=str(exc))
+                        continue
+                    try:
+                        await websocket.send(data, text=True)
+                    except ConnectionClosed:
+                        return
+                case Close(code, reason):
+                    log.info("closing_connection", code=int(code), reason=reason)
+                    await websocket.close(code, reason)
+                    return
+                case Execute(command):
+                    self._spawn(self._execute(command))
+
+    async def _tick(self, link: _Link) -> None:
+        while True:
+            await asyncio.sleep(TICK_INTERVAL_S)
+            link.push(link.session.tick(self._clock()))

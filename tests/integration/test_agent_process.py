@@ -1,0 +1,593 @@
+"""``llmgw-agent`` as a real process, over real mTLS, against a stand-in control plane.
+
+The stand-in is the sans-I/O ``AgentSession`` behind ``websockets.asyncio.server.serve`` with
+the llmgw CA's server certificate: it welcomes the agent, answers its heartbeats, sends the
+commands a test asks for, and keeps every observation. One story runs against the control
+plane's own ``AgentHub`` instead, to show that both sides agree. Engines are the real
+``llmgw-sim-engine`` or a one-line Python program that fails. Every agent and engine process
+group is killed when a test ends, passed or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+import pytest
+from cryptography import x509
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+from agent.engines.records import read_proc_stat
+from agent.simulator.launcher import free_port, simulator_command
+from app.fleet.hub import AgentHub
+from app.fleet.messages import (
+    MAX_MESSAGE_BYTES,
+    AgentCommand,
+    GpuHealthChange,
+    Hello,
+    ShardStatus,
+    StartShard,
+    StopShard,
+    encode,
+)
+from app.fleet.session import (
+    AgentGone,
+    AgentHeartbeat,
+    AgentHello,
+    AgentSession,
+    Close,
+    CommandCompleted,
+    Observation,
+    Observe,
+    Output,
+    PeerCertificate,
+    Send,
+    ShardStatusReported,
+)
+from app.pki import (
+    CertificateKind,
+    build_ca,
+    generate_key,
+    issue_node,
+    issue_server,
+    peer_identity,
+    server_ssl_context,
+)
+from app.pki.files import write_ca, write_issued
+from app.pki.keys import PrivateKey
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+LOOPBACK = "127.0.0.1"
+NODE_ID = "gpu-01"
+AGENT = str(Path(sys.executable).parent / "llmgw-agent")
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The CA, a server certificate for 127.0.0.1, one for 127.0.0.2 only, the node's, and
+    a node certificate from another CA."""
+    directory = tmp_path_factory.mktemp("pki")
+    now = datetime.now(UTC)
+    ca = build_ca(generate_key(), "llmgw CA", now, 1)
+    stranger = build_ca(generate_key(), "llmgw CA", now, 1)
+    write_ca(directory, ca, force=False)
+    loopback, elsewhere = ipaddress.ip_address(LOOPBACK), ipaddress.ip_address("127.0.0.2")
+    certificates: dict[str, Callable[[PrivateKey], x509.Certificate]] = {
+        "server": lambda key: issue_server(ca, key, ["localhost"], [loopback], now, 1),
+        "server-elsewhere": lambda key: issue_server(ca, key, [], [elsewhere], now, 1),
+        "node": lambda key: issue_node(ca, key, NODE_ID, now, 1),
+        "node-stranger": lambda key: issue_node(stranger, key, NODE_ID, now, 1),
+    }
+    for stem, build in certificates.items():
+        key = generate_key()
+        write_issued(directory, stem, build(key), key, force=False)
+    return directory
+
+
+# -- control planes --------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Recorder:
+    """Where a control plane listens, and every observation its sessions made."""
+
+    pki: Path
+    port: int = 0
+    seen: list[Observation] = field(default_factory=list)
+
+    @property
+    def uri(self) -> str:
+        return f"wss://{LOOPBACK}:{self.port}"
+
+    async def handle(
+        self, node_id: str, observation: Observation, *, replaced_previous: bool = False
+    ) -> None:
+        self.seen.append(observation)
+
+    def mark(self) -> int:
+        """A place in the observations: ``observed(..., since=mark)`` looks only after it."""
+        return len(self.seen)
+
+    async def observed(
+        self,
+        kind: type[T],
+        matches: Callable[[T], bool] = lambda _: True,
+        *,
+        since: int = 0,
+        within_s: float = 15.0,
+        what: str = "an observation",
+    ) -> T:
+        found: list[T] = []
+
+        def check() -> bool:
+            found[:] = [o for o in self.seen[since:] if isinstance(o, kind) and matches(o)]
+            return bool(found)
+
+        await wait_until(check, within_s=within_s, what=what)
+        return found[0]
+
+    async def hello(self, *, since: int = 0) -> Hello:
+        observation = await self.observed(AgentHello, since=since, what="a hello")
+        return observation.hello
+
+    async def status(self, replica_id: str, state: str, *, within_s: float = 15.0) -> ShardStatus:
+        observation = await self.observed(
+            ShardStatusReported,
+            lambda o: o.status.replica_id == replica_id and o.status.state == state,
+            within_s=within_s,
+            what=f"{replica_id} {state}",
+        )
+        return observation.status
+
+    async def result(self, command_id: str) -> CommandCompleted:
+        return await self.observed(
+            CommandCompleted, lambda o: o.result.command_id == command_id, what=command_id
+        )
+
+    def engine_pids(self) -> set[int]:
+        pids: set[int] = set()
+        for observation in self.seen:
+            if isinstance(observation, ShardStatusReported) and observation.status.pid:
+                pids.add(observation.status.pid)
+            if isinstance(observation, AgentHello):
+                pids.update(shard.pid for shard in observation.hello.shards if shard.pid)
+        return pids
+
+
+@dataclass(eq=False)
+class ControlPlane(Recorder):
+    """The stand-in: ``AgentSession`` behind ``serve``, and nothing else."""
+
+    certificate: str = "server"
+    _server: Server | None = None
+    _current: tuple[ServerConnection, AgentSession] | None = None
+
+    async def start(self) -> None:
+        context = server_ssl_context(
+            self.pki / f"{self.certificate}.crt",
+            self.pki / f"{self.certificate}.key",
+            self.pki / "ca.crt",
+        )
+        self._server = await serve(
+            self._handle, LOOPBACK, self.port, ssl=context, max_size=MAX_MESSAGE_BYTES
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Shut down as a restarting control plane does: every agent is told 1001."""
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def send(self, command: AgentCommand) -> None:
+        assert self._current is not None, "no agent is connected"
+        websocket, session = self._current
+        await self._carry_out(websocket, session.send_command(command))
+
+    async def _handle(self, websocket: ServerConnection) -> None:
+        identity = peer_identity(
+            websocket.transport.get_extra_info("ssl_object"), CertificateKind.NODE
+        )
+        session = AgentSession(
+            peer=PeerCertificate(
+                common_name=identity.common_name, subject=identity.subject, kind=identity.kind
+            ),
+            remote_address=LOOPBACK,
+            require_identity=True,
+            heartbeat_interval_s=1.0,
+            heartbeat_timeout_s=3.0,
+            server_id="stand-in",
+            epoch=1,
+            now=time.monotonic(),
+        )
+        self._current = (websocket, session)
+        ticker = asyncio.create_task(self._tick(websocket, session))
+        try:
+            async for frame in websocket:
+                await self._carry_out(websocket, session.receive(frame, time.monotonic()))
+        except ConnectionClosed:
+            pass
+        finally:
+            ticker.cancel()
+            reason = f"closed {websocket.close_code}"
+            await self._carry_out(websocket, session.connection_lost(reason, time.monotonic()))
+
+    async def _tick(self, websocket: ServerConnection, session: AgentSession) -> None:
+        while True:
+            await asyncio.sleep(0.2)
+            await self._carry_out(websocket, session.tick(time.monotonic()))
+
+    async def _carry_out(self, websocket: ServerConnection, outputs: list[Output]) -> None:
+        for output in outputs:
+            match output:
+                case Send(message):
+                    with contextlib.suppress(ConnectionClosed):
+                        await websocket.send(encode(message), text=True)
+                case Close(code, reason):
+                    await websocket.close(code, reason)
+                case Observe(observation):
+                    await self.handle(NODE_ID, observation)
+
+
+@dataclass(eq=False)
+class RealHub(Recorder):
+    """The control plane's own ``AgentHub``, handing its observations to this recorder."""
+
+    _hub: AgentHub | None = None
+
+    async def start(self) -> None:
+        context = server_ssl_context(
+            self.pki / "server.crt", self.pki / "server.key", self.pki / "ca.crt"
+        )
+        self._hub = AgentHub(self, context, heartbeat_interval_s=1.0, heartbeat_timeout_s=3.0)
+        self.port = await self._hub.start(LOOPBACK, self.port)
+
+    async def stop(self) -> None:
+        if self._hub is not None:
+            await self._hub.stop()
+
+    async def send(self, command: AgentCommand) -> None:
+        assert self._hub is not None
+        await self._hub.send_command(NODE_ID, command)
+
+
+# -- agent processes ---------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class AgentProcess:
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def exited(self) -> bool:
+        return self.process.poll() is not None
+
+
+@dataclass(eq=False)
+class Processes:
+    """Starts agents and, whatever happens, kills them and every engine they reported."""
+
+    tmp_path: Path
+    agents: list[AgentProcess] = field(default_factory=list)
+    control_planes: list[Recorder] = field(default_factory=list)
+
+    def agent(
+        self,
+        control_plane: Recorder,
+        state_dir: Path,
+        *,
+        node_id: str = NODE_ID,
+        certificate: str = "node",
+    ) -> AgentProcess:
+        if control_plane not in self.control_planes:
+            self.control_planes.append(control_plane)
+        pki = control_plane.pki
+        log_path = self.tmp_path / f"agent-{len(self.agents)}.log"
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_AGENT_")}
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [
+                    AGENT,
+                    *("--server", control_plane.uri, "--node-id", node_id),
+                    *("--cert", str(pki / f"{certificate}.crt")),
+                    *("--key", str(pki / f"{certificate}.key")),
+                    *("--ca", str(pki / "ca.crt"), "--state-dir", str(state_dir)),
+                    *("--fake-gpus", "2x80GB", "--address", LOOPBACK, "--label", "zone=test"),
+                    *("--port-range", "1024-65535"),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=environment,
+                start_new_session=True,
+            )
+        agent = AgentProcess(process, log_path)
+        self.agents.append(agent)
+        return agent
+
+    def reap(self) -> None:
+        for agent in self.agents:
+            _kill_group(agent.process.pid)
+            agent.process.wait(timeout=10)
+        for control_plane in self.control_planes:
+            for pid in control_plane.engine_pids():
+                _kill_group(pid)
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def is_running(pid: int) -> bool:
+    stat = read_proc_stat(pid)
+    return stat is not None and stat.state not in ("Z", "X")
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[Processes]:
+    started = Processes(tmp_path)
+    try:
+        yield started
+    finally:
+        started.reap()
+
+
+@pytest.fixture
+async def control_plane(pki: Path) -> AsyncIterator[ControlPlane]:
+    plane = ControlPlane(pki)
+    await plane.start()
+    try:
+        yield plane
+    finally:
+        await plane.stop()
+
+
+def sim_shard(command_id: str, replica_id: str, port: int) -> StartShard:
+    return StartShard(
+        command_id=command_id,
+        replica_id=replica_id,
+        shard_index=0,
+        model="m",
+        argv=(simulator_command(), "--port", str(port), "--model", "m", "--instant"),
+        gpus=(1,),
+        port=port,
+    )
+
+
+async def models_served(port: int) -> list[str]:
+    async with httpx.AsyncClient(trust_env=False) as client:
+        response = await client.get(f"http://{LOOPBACK}:{port}/v1/models")
+    return [model["id"] for model in response.json()["data"]]
+
+
+# -- stories -----------------------------------------------------------------------------
+
+
+async def test_an_agent_says_hello_runs_a_shard_and_stops_it(
+    control_plane: ControlPlane, processes: Processes, tmp_path: Path
+) -> None:
+    processes.agent(control_plane, tmp_path / "state")
+
+    hello = await control_plane.hello()
+    assert hello.node_id == NODE_ID
+    assert hello.address == LOOPBACK
+    assert hello.labels == {"zone": "test"}
+    assert [(gpu.index, gpu.memory_total_mib, gpu.healthy) for gpu in hello.gpus] == [
+        (0, 80 * 1024, True),
+        (1, 80 * 1024, True),
+    ]
+    assert hello.shards == ()
+
+    port = free_port()
+    await control_plane.send(sim_shard("start-1", "m-1", port))
+    assert (await control_plane.result("start-1")).result.ok
+    ready = await control_plane.status("m-1", "ready")
+    engine_pid = ready.pid
+    assert engine_pid is not None
+    assert ready.command_id == "start-1"
+    assert ready.port == port
+    assert await models_served(port) == ["m"]
+
+    await control_plane.send(
+        StopShard(command_id="stop-1", replica_id="m-1", shard_index=0, grace_s=5)
+    )
+    assert (await control_plane.result("stop-1")).result.ok
+    stopped = await control_plane.status("m-1", "stopped")
+    assert stopped.command_id == "stop-1"
+    await wait_until(lambda: not is_running(engine_pid), what="the engine process is gone")
+
+
+async def test_an_engine_that_exits_with_an_error_is_reported_failed_with_its_log_tail(
+    control_plane: ControlPlane, processes: Processes, tmp_path: Path
+) -> None:
+    processes.agent(control_plane, tmp_path / "state")
+    await control_plane.hello()
+    crash = "import sys; print('loading weights'); sys.exit('CUDA out of memory')"
+    await control_plane.send(
+        StartShard(
+            command_id="start-bad",
+            replica_id="bad-1",
+            shard_index=0,
+            model="bad",
+            argv=(sys.executable, "-c", crash),
+            gpus=(0,),
+            port=free_port(),
+        )
+    )
+
+    failed = await control_plane.status("bad-1", "failed")
+    assert failed.exit_code == 1
+    assert failed.error == "engine exited with code 1"
+    assert "loading weights" in failed.log_tail
+    assert "CUDA out of memory" in failed.log_tail
+
+
+async def test_an_agent_killed_and_started_again_reattaches_its_engine_and_leaves_it_on_sigterm(
+    control_plane: ControlPlane, processes: Processes, tmp_path: Path
+) -> None:
+    state_dir = tmp_path / "state"
+    first = processes.agent(control_plane, state_dir)
+    await control_plane.hello()
+    await control_plane.send(sim_shard("start-1", "m-1", free_port()))
+    engine_pid = (await control_plane.status("m-1", "ready")).pid
+    assert engine_pid is not None
+
+    os.killpg(first.process.pid, signal.SIGKILL)
+    await wait_until(first.exited, what="the first agent is dead")
+    since = control_plane.mark()
+    second = processes.agent(control_plane, state_dir)
+
+    hello = await control_plane.hello(since=since)
+    assert [(shard.replica_id, shard.pid) for shard in hello.shards] == [("m-1", engine_pid)]
+    assert is_running(engine_pid)
+
+    second.process.send_signal(signal.SIGTERM)
+    await wait_until(second.exited, what="the agent exits on SIGTERM")
+    assert second.process.returncode == 0
+    gone = await control_plane.observed(AgentGone, since=since, what="the agent left")
+    assert "1001" in gone.reason
+    assert is_running(engine_pid), "an agent that stops leaves its engines running"
+
+
+async def test_a_fake_gpu_marked_unhealthy_is_reported_in_a_heartbeat(
+    control_plane: ControlPlane, processes: Processes, tmp_path: Path
+) -> None:
+    state_dir = tmp_path / "state"
+    processes.agent(control_plane, state_dir)
+    await control_plane.hello()
+
+    marking = await asyncio.create_subprocess_exec(
+        AGENT, "fake-gpu", "mark", "--state-dir", str(state_dir), "--gpu", "1",
+        "--reason", "XID 79: GPU has fallen off the bus",
+    )  # fmt: skip
+    assert await marking.wait() == 0
+
+    beat = await control_plane.observed(
+        AgentHeartbeat, lambda o: bool(o.heartbeat.gpu_changes), what="a GPU health change"
+    )
+    assert beat.heartbeat.gpu_changes == (
+        GpuHealthChange(
+            index=1,
+            uuid=beat.heartbeat.gpu_changes[0].uuid,
+            healthy=False,
+            reason="XID 79: GPU has fallen off the bus",
+            xid=79,
+        ),
+    )
+
+
+async def test_a_second_agent_on_the_same_state_directory_is_refused(
+    control_plane: ControlPlane, processes: Processes, tmp_path: Path
+) -> None:
+    first = processes.agent(control_plane, tmp_path / "state")
+    await control_plane.hello()
+
+    second = processes.agent(control_plane, tmp_path / "state")
+    await wait_until(second.exited, what="the second agent exits")
+
+    assert second.process.returncode == 1
+    assert f"another llmgw-agent (pid {first.process.pid})" in second.log()
+    assert not first.exited()
+
+
+async def test_the_agent_refuses_a_server_certificate_without_the_dialled_ip(
+    pki: Path, processes: Processes, tmp_path: Path
+) -> None:
+    impostor = ControlPlane(pki, certificate="server-elsewhere")
+    await impostor.start()
+    try:
+        agent = processes.agent(impostor, tmp_path / "state")
+        await wait_until(agent.exited, within_s=15, what="the agent exits")
+    finally:
+        await impostor.stop()
+
+    assert agent.process.returncode == 1
+    output = agent.log()
+    assert "not valid for 127.0.0.1" in output
+    assert "subject alternative names (it has IP:127.0.0.2)" in output
+    assert "llmgw-cli cert server --ip 127.0.0.2 --ip 127.0.0.1 --force" in output
+    assert impostor.seen == []
+
+
+async def test_the_agent_gives_up_when_the_control_plane_refuses_its_certificate(
+    control_plane: ControlPlane, processes: Processes, tmp_path: Path
+) -> None:
+    agent = processes.agent(control_plane, tmp_path / "state", certificate="node-stranger")
+
+    await wait_until(agent.exited, within_s=15, what="the agent exits")
+
+    assert agent.process.returncode == 1
+    assert "right after the TLS handshake" in agent.log()
+    assert "llmgw-cli cert node <node-id>" in agent.log()
+    assert control_plane.seen == []
+
+
+async def test_the_agent_gives_up_when_its_certificate_names_another_node(
+    control_plane: ControlPlane, processes: Processes, tmp_path: Path
+) -> None:
+    agent = processes.agent(control_plane, tmp_path / "state", node_id="gpu-02")
+
+    await wait_until(agent.exited, within_s=15, what="the agent exits")
+
+    assert agent.process.returncode == 1
+    assert "refused this node (close code 1008)" in agent.log()
+    assert "certificate common name 'gpu-01' does not match node id 'gpu-02'" in agent.log()
+    assert not any(isinstance(observation, AgentHello) for observation in control_plane.seen)
+
+
+async def test_the_agent_reconnects_after_the_control_plane_restarts_and_says_hello_again(
+    control_plane: ControlPlane, processes: Processes, tmp_path: Path
+) -> None:
+    agent = processes.agent(control_plane, tmp_path / "state")
+    await control_plane.hello()
+
+    await control_plane.stop()
+    await wait_until(
+        lambda: "Connect call failed" in agent.log(),
+        what="the agent tries again and finds nobody",
+    )
+    since = control_plane.mark()
+    await control_plane.start()
+
+    hello = await control_plane.hello(since=since)
+    assert hello.node_id == NODE_ID
+    assert not agent.exited()
+
+
+async def test_the_agent_and_the_control_planes_own_hub_run_a_shard_together(
+    pki: Path, processes: Processes, tmp_path: Path
+) -> None:
+    hub = RealHub(pki)
+    await hub.start()
+    try:
+        processes.agent(hub, tmp_path / "state")
+        assert len((await hub.hello()).gpus) == 2
+
+        await hub.send(sim_shard("start-1", "m-1", free_port()))
+        assert (await hub.status("m-1", "ready")).command_id == "start-1"
+        await hub.send(StopShard(command_id="stop-1", replica_id="m-1", shard_index=0, grace_s=5))
+        assert (await hub.status("m-1", "stopped")).command_id == "stop-1"
+        assert (await hub.result("stop-1")).result.ok
+    finally:
+        await hub.stop()

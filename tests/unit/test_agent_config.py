@@ -1,0 +1,214 @@
+"""The agent's settings: flags over ``LLMGW_AGENT_*`` over the TOML file over defaults, and
+the messages that say what is wrong."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.config import (
+    DEFAULT_PORT_RANGE,
+    AgentSettings,
+    ConfigError,
+    ServerAddress,
+    default_state_dir,
+    load_config,
+)
+from agent.gpus.fake import read_health_file
+from agent.main import EXIT_OK, EXIT_USAGE, app
+
+
+@pytest.fixture
+def node_files(tmp_path: Path) -> Path:
+    """A folder with the three PEM files an agent needs (their content is not read here)."""
+    for name in ("node.crt", "node.key", "ca.crt"):
+        (tmp_path / name).write_text("PEM\n")
+    return tmp_path
+
+
+def flags(files: Path, **overrides: Any) -> AgentSettings:
+    """Complete flags, with ``overrides`` (values of several field types) replacing some."""
+    complete = AgentSettings(
+        servers=("wss://10.0.0.5:8443",),
+        node_id="gpu-07",
+        cert=files / "node.crt",
+        key=files / "node.key",
+        ca=files / "ca.crt",
+    )
+    return dataclasses.replace(complete, **overrides)
+
+
+def write_config(directory: Path, text: str) -> Path:
+    path = directory / "agent.toml"
+    path.write_text(text)
+    return path
+
+
+# -- precedence --------------------------------------------------------------------------
+
+
+def test_a_flag_beats_the_environment_which_beats_the_file(node_files: Path) -> None:
+    config_file = write_config(
+        node_files,
+        'node_id = "from-file"\naddress = "10.0.0.9"\nlog_level = "warning"\n'
+        'labels = { zone = "file" }\n',
+    )
+    environ = {
+        "LLMGW_AGENT_NODE_ID": "from-env",
+        "LLMGW_AGENT_LOG_LEVEL": "debug",
+        "LLMGW_AGENT_LABELS": "zone=env,rack=7",
+    }
+
+    config = load_config(flags(node_files, node_id="from-flag"), environ, config_file)
+
+    assert config.node_id == "from-flag"
+    assert config.log_level == "debug"
+    assert config.address == "10.0.0.9"
+    assert config.labels == {"zone": "env", "rack": "7"}, "a list is replaced, never merged"
+    assert config.port_range == DEFAULT_PORT_RANGE
+
+
+def test_everything_can_come_from_a_file_named_by_the_environment(tmp_path: Path) -> None:
+    folder = tmp_path / "etc"
+    folder.mkdir()
+    for name in ("gpu-07.crt", "gpu-07.key", "ca.crt"):
+        (folder / name).write_text("PEM\n")
+    config_file = write_config(
+        folder,
+        'servers = ["wss://cp-1:8443", "wss://[fd00::5]/agent"]\nnode_id = "gpu-07"\n'
+        'cert = "gpu-07.crt"\nkey = "gpu-07.key"\nca = "ca.crt"\nstate_dir = "state"\n'
+        'fake_gpus = "4x80GB"\nport_range = [21000, 21099]\n',
+    )
+
+    config = load_config(AgentSettings(), {"LLMGW_AGENT_CONFIG": str(config_file)})
+
+    assert config.servers == (
+        ServerAddress("wss://cp-1:8443", "cp-1", 8443),
+        ServerAddress("wss://[fd00::5]/agent", "fd00::5", 443),
+    )
+    assert config.cert == folder / "gpu-07.crt", "relative paths are read from the file's folder"
+    assert config.state_dir == folder / "state"
+    assert config.fake_gpu_health_file == folder / "state" / "fake-gpu-health.json"
+    assert config.fake_gpus == "4x80GB"
+    assert config.port_range == (21000, 21099)
+
+
+def test_servers_and_labels_come_from_the_environment_as_lists(node_files: Path) -> None:
+    environ = {
+        "LLMGW_AGENT_SERVERS": "wss://cp-1:8443, wss://cp-2:8443",
+        "LLMGW_AGENT_PORT_RANGE": "30000-30010",
+    }
+
+    config = load_config(flags(node_files, servers=None), environ)
+
+    assert [server.host for server in config.servers] == ["cp-1", "cp-2"]
+    assert config.port_range == (30000, 30010)
+
+
+@pytest.mark.parametrize(
+    ("is_root", "environ", "expected"),
+    [
+        (True, {"XDG_STATE_HOME": "/home/op/.state"}, Path("/var/lib/llmgw-agent")),
+        (False, {"XDG_STATE_HOME": "/home/op/.state"}, Path("/home/op/.state/llmgw-agent")),
+    ],
+)
+def test_the_state_directory_defaults_by_who_runs_the_agent(
+    is_root: bool, environ: dict[str, str], expected: Path
+) -> None:
+    assert default_state_dir(environ, is_root=is_root) == expected
+
+
+# -- validation --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"servers": None}, "--server wss://HOST:PORT is required (or LLMGW_AGENT_SERVERS"),
+        ({"servers": ("ws://10.0.0.5:8443",)}, "the agent channel always uses TLS"),
+        ({"servers": ("wss://:8443",)}, "no host"),
+        ({"servers": ("wss://cp:99999",)}, "--server 'wss://cp:99999'"),
+        ({"node_id": "gpu 7"}, "--node-id: invalid node id 'gpu 7'"),
+        ({"node_id": None}, "--node-id NODE_ID is required"),
+        ({"cert": Path("/nonexistent/node.crt")}, "--cert /nonexistent/node.crt: no such file"),
+        ({"port_range": "20999-20000"}, "the first no greater than the last"),
+        ({"port_range": "0-10"}, "ports must be 1-65535"),
+        ({"port_range": "20000"}, "expected LO-HI"),
+        ({"fake_gpus": "4xA100"}, "--fake-gpus: fake GPU spec '4xA100'"),
+        ({"log_level": "loud"}, "--log-level 'loud': expected one of debug, info"),
+        ({"address": "my host"}, "--address 'my host'"),
+    ],
+)
+def test_a_bad_setting_is_refused_with_a_message_naming_it(
+    node_files: Path, overrides: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_config(flags(node_files, **overrides), {})
+    assert message in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('node_id = "a"\nsevrers = ["wss://cp:1"]\n', "unknown field `sevrers`"),
+        ("node_id = 7\n", "Expected `str`, got `int` - at `$.node_id`"),
+        ("node_id = \n", "is not valid TOML"),
+    ],
+)
+def test_a_bad_config_file_is_refused_with_its_name_and_the_problem(
+    node_files: Path, text: str, message: str
+) -> None:
+    config_file = write_config(node_files, text)
+    with pytest.raises(ConfigError) as refused:
+        load_config(flags(node_files), {}, config_file)
+    assert str(config_file) in str(refused.value)
+    assert message in str(refused.value)
+
+
+def test_a_missing_config_file_is_refused(node_files: Path) -> None:
+    with pytest.raises(ConfigError, match=r"cannot read the config file /nonexistent\.toml"):
+        load_config(flags(node_files), {}, Path("/nonexistent.toml"))
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"LLMGW_AGENT_LABELS": "zone"}, "LLMGW_AGENT_LABELS 'zone': expected key=value"),
+        ({"LLMGW_AGENT_LABELS": "a=1,a=2"}, "label 'a' is given twice"),
+    ],
+)
+def test_bad_labels_are_refused(node_files: Path, environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(flags(node_files), environ)
+
+
+# -- the command line --------------------------------------------------------------------
+
+
+def test_a_usage_error_exits_2_with_the_reason_on_stderr(
+    node_files: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = app(
+        ["--server", "ws://10.0.0.5:8443", "--node-id", "gpu-07"],
+        result_action="return_value",
+    )
+
+    assert code == EXIT_USAGE
+    assert "llmgw-agent: --server 'ws://10.0.0.5:8443'" in capsys.readouterr().err
+
+
+def test_fake_gpus_are_marked_unhealthy_and_cleared_in_the_state_directory(
+    tmp_path: Path,
+) -> None:
+    mark = ["fake-gpu", "mark", "--state-dir", str(tmp_path), "--gpu", "2"]
+    health_file = tmp_path / "fake-gpu-health.json"
+
+    assert app([*mark, "--reason", "XID 79"], result_action="return_value") == EXIT_OK
+    assert read_health_file(health_file) == {2: "XID 79"}
+
+    clear = ["fake-gpu", "clear", "--state-dir", str(tmp_path), "--gpu", "2"]
+    assert app(clear, result_action="return_value") == EXIT_OK
+    assert read_health_file(health_file) == {}

@@ -1,0 +1,350 @@
+"""What the agent says about its GPUs and engines, and which connection failures it outlives.
+
+The conversions are pure. The TLS failures are real: the handshakes run between two
+``ssl`` objects over memory buffers, so the errors are the ones OpenSSL raises, without a
+socket.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import ssl
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from websockets.datastructures import Headers
+from websockets.exceptions import InvalidMessage, InvalidStatus
+from websockets.http11 import Response
+
+from agent.config import AgentConfig, ServerAddress
+from agent.connection import Backoff, Failure, classify_close, classify_failure
+from agent.engines import ShardChange, ShardRecord, ShardState
+from agent.gpus import GpuStatus
+from agent.runtime import (
+    build_hello,
+    gpu_health_changes,
+    shard_spec,
+    shard_status,
+    start_refusal,
+)
+from app.fleet.messages import GpuHealthChange, GpuReport, ShardReport, StartShard
+from app.pki import (
+    build_ca,
+    client_ssl_context,
+    generate_key,
+    issue_node,
+    issue_server,
+    server_ssl_context,
+)
+from app.pki.files import write_ca, write_issued
+from app.pki.keys import PrivateKey
+
+STARTED_AT = datetime(2025, 3, 1, 12, 30, tzinfo=UTC)
+
+
+def a_gpu(index: int, *, reason: str | None = None, xid: int | None = None) -> GpuStatus:
+    return GpuStatus(
+        index=index,
+        uuid=f"GPU-{index}",
+        name="llmgw fake GPU 80GB",
+        memory_total_mib=81920,
+        memory_used_mib=0,
+        healthy=reason is None,
+        unhealthy_reason=reason,
+        xid=xid,
+    )
+
+
+def a_record(state: ShardState = ShardState.READY) -> ShardRecord:
+    return ShardRecord(
+        replica_id="m-1",
+        shard_index=0,
+        model="m",
+        port=20001,
+        gpus=(0, 1),
+        command=("vllm", "serve", "m"),
+        pid=4242,
+        process_start_time=99,
+        log_path="/var/lib/llmgw-agent/logs/m-1-0.log",
+        started_at=STARTED_AT,
+        state=state,
+    )
+
+
+def a_config(tmp_path: Path) -> AgentConfig:
+    return AgentConfig(
+        servers=(ServerAddress("wss://cp:8443", "cp", 8443),),
+        node_id="gpu-07",
+        cert=tmp_path / "node.crt",
+        key=tmp_path / "node.key",
+        ca=tmp_path / "ca.crt",
+        fake_gpus="2x80GB",
+        state_dir=tmp_path,
+        labels={"zone": "a"},
+        address="10.0.0.7",
+        port_range=(20000, 20999),
+        log_level="info",
+    )
+
+
+def a_start(*, port: int = 20001, gpus: tuple[int, ...] = (0,)) -> StartShard:
+    return StartShard(
+        command_id="c-1",
+        replica_id="m-1",
+        shard_index=0,
+        model="m",
+        argv=("vllm", "serve", "m", "--port", str(port)),
+        env={"HF_HOME": "/models"},
+        gpus=gpus,
+        port=port,
+    )
+
+
+# -- conversions -------------------------------------------------------------------------
+
+
+def test_hello_carries_the_gpu_snapshot_and_every_shard(tmp_path: Path) -> None:
+    hello = build_hello(
+        a_config(tmp_path),
+        [a_gpu(0), a_gpu(1, reason="XID 79: fallen off the bus", xid=79)],
+        [a_record(ShardState.STARTING)],
+    )
+
+    assert (hello.node_id, hello.address, hello.labels) == ("gpu-07", "10.0.0.7", {"zone": "a"})
+    assert hello.port_range == (20000, 20999)
+    assert hello.gpus == (
+        GpuReport(
+            index=0,
+            uuid="GPU-0",
+            name="llmgw fake GPU 80GB",
+            memory_total_mib=81920,
+            memory_used_mib=0,
+            healthy=True,
+        ),
+        GpuReport(
+            index=1,
+            uuid="GPU-1",
+            name="llmgw fake GPU 80GB",
+            memory_total_mib=81920,
+            memory_used_mib=0,
+            healthy=False,
+            unhealthy_reason="XID 79: fallen off the bus",
+        ),
+    )
+    assert hello.shards == (
+        ShardReport(
+            replica_id="m-1",
+            shard_index=0,
+            model="m",
+            port=20001,
+            gpus=(0, 1),
+            pid=4242,
+            state="starting",
+            started_at=STARTED_AT,
+        ),
+    )
+
+
+def test_a_failed_engine_becomes_a_shard_status_with_its_log_tail_and_cause() -> None:
+    change = ShardChange(
+        replica_id="m-1",
+        shard_index=0,
+        state=ShardState.FAILED,
+        pid=4242,
+        port=20001,
+        error="engine exited with code 1",
+        exit_code=1,
+        log_tail=("loading weights", "CUDA out of memory"),
+    )
+
+    status = shard_status(change, "c-1")
+
+    assert status is not None
+    assert (status.state, status.pid, status.port) == ("failed", 4242, 20001)
+    assert (status.error, status.exit_code) == ("engine exited with code 1", 1)
+    assert status.log_tail == ("loading weights", "CUDA out of memory")
+    assert status.command_id == "c-1"
+
+
+def test_stopping_a_shard_the_agent_never_knew_has_no_status_to_send() -> None:
+    change = ShardChange(replica_id="m-9", shard_index=0, state=ShardState.STOPPED)
+
+    assert shard_status(change, "c-2") is None
+
+
+def test_gpu_health_changes_name_only_the_gpus_that_changed() -> None:
+    healthy = [a_gpu(0), a_gpu(1)]
+    broken = [a_gpu(0), a_gpu(1, reason="XID 79: fallen off the bus", xid=79)]
+
+    assert gpu_health_changes(healthy, healthy) == []
+    assert gpu_health_changes(healthy, broken) == [
+        GpuHealthChange(
+            index=1, uuid="GPU-1", healthy=False, reason="XID 79: fallen off the bus", xid=79
+        )
+    ]
+    assert gpu_health_changes(broken, healthy) == [
+        GpuHealthChange(index=1, uuid="GPU-1", healthy=True)
+    ]
+    assert gpu_health_changes([], healthy) == [], "a GPU seen for the first time was healthy"
+
+
+def test_a_start_command_becomes_the_spec_the_supervisor_runs() -> None:
+    spec = shard_spec(a_start())
+
+    assert spec.argv == ("vllm", "serve", "m", "--port", "20001")
+    assert (spec.replica_id, spec.shard_index, spec.model) == ("m-1", 0, "m")
+    assert (spec.gpus, spec.port, spec.env) == ((0,), 20001, {"HF_HOME": "/models"})
+
+
+@pytest.mark.parametrize(
+    ("command", "refusal"),
+    [
+        (a_start(), None),
+        (a_start(port=8080), "port 8080 is outside this node's port range 20000-20999"),
+        (a_start(gpus=(1, 5)), "GPU(s) [5] do not exist on this node (it has [0, 1])"),
+    ],
+)
+def test_a_start_outside_the_ports_or_gpus_of_this_node_is_refused(
+    command: StartShard, refusal: str | None
+) -> None:
+    assert start_refusal(command, (20000, 20999), [a_gpu(0), a_gpu(1)]) == refusal
+
+
+# -- which failures are fatal ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("pki")
+    now = datetime.now(UTC)
+    ca = build_ca(generate_key(), "llmgw CA", now, 1)
+    stranger = build_ca(generate_key(), "llmgw CA", now, 1)
+    write_ca(directory, ca, force=False)
+    loopback, elsewhere = ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("127.0.0.2")
+    issuers: dict[str, Callable[[PrivateKey], x509.Certificate]] = {
+        "server": lambda key: issue_server(ca, key, [], [loopback], now, 1),
+        "server-elsewhere": lambda key: issue_server(ca, key, [], [elsewhere], now, 1),
+        "node": lambda key: issue_node(ca, key, "gpu-07", now, 1),
+        "node-stranger": lambda key: issue_node(stranger, key, "gpu-07", now, 1),
+    }
+    for stem, issue in issuers.items():
+        key = generate_key()
+        write_issued(directory, stem, issue(key), key, force=False)
+    return directory
+
+
+def tls_failure(pki: Path, server: str, client: str | None) -> ssl.SSLError | None:
+    """The error the client side of a handshake with ``server`` raises, if any, read as a
+    client does: the handshake first, then the server's first answer (TLS 1.3 servers check
+    the client certificate after the client has finished)."""
+    server_side = server_ssl_context(pki / f"{server}.crt", pki / f"{server}.key", pki / "ca.crt")
+    client_side = client_ssl_context(
+        pki / "ca.crt",
+        None if client is None else pki / f"{client}.crt",
+        None if client is None else pki / f"{client}.key",
+    )
+    to_client, from_client, to_server, from_server = (ssl.MemoryBIO() for _ in range(4))
+    client_tls = client_side.wrap_bio(to_client, from_client, server_hostname="127.0.0.1")
+    server_tls = server_side.wrap_bio(to_server, from_server, server_side=True)
+    client_done = server_done = False
+    for _ in range(10):
+        try:
+            if client_done:
+                client_tls.read()
+            else:
+                client_tls.do_handshake()
+                client_done = True
+        except ssl.SSLWantReadError:
+            pass
+        except ssl.SSLError as exc:
+            return exc
+        to_server.write(from_client.read())
+        try:
+            if not server_done:
+                server_tls.do_handshake()
+                server_done = True
+        except (ssl.SSLWantReadError, ssl.SSLError):
+            pass  # the server's refusal travels to the client as an alert
+        to_client.write(from_server.read())
+    return None
+
+
+def test_the_handshakes_of_a_good_certificate_pair_succeed(pki: Path) -> None:
+    assert tls_failure(pki, "server", "node") is None
+
+
+def test_a_server_certificate_without_the_dialled_ip_is_fatal(pki: Path) -> None:
+    failure = tls_failure(pki, "server-elsewhere", "node")
+
+    assert isinstance(failure, ssl.SSLCertVerificationError)
+    assert classify_failure(failure) is Failure.SERVER_CERTIFICATE
+
+
+@pytest.mark.parametrize("client", ["node-stranger", None])
+def test_a_client_certificate_the_server_refuses_with_an_alert_is_fatal(
+    pki: Path, client: str | None
+) -> None:
+    failure = tls_failure(pki, "server", client)
+
+    assert failure is not None
+    assert classify_failure(failure) is Failure.CLIENT_REFUSED
+    wrapped = OSError("connection failed")
+    wrapped.__cause__ = failure
+    assert classify_failure(wrapped) is Failure.CLIENT_REFUSED, "found up the cause chain"
+
+
+@pytest.mark.parametrize(
+    ("status", "failure"),
+    [(403, Failure.CLIENT_REFUSED), (401, Failure.CLIENT_REFUSED), (503, Failure.RETRYABLE)],
+)
+def test_an_http_refusal_is_fatal_and_a_server_error_is_not(status: int, failure: Failure) -> None:
+    exc = InvalidStatus(Response(status, "", Headers()))
+
+    assert classify_failure(exc) is failure
+
+
+def test_a_hang_up_before_the_http_answer_is_retried_but_counted() -> None:
+    hang_up = InvalidMessage("did not receive a valid HTTP response")
+    hang_up.__cause__ = EOFError("connection closed while reading HTTP status line")
+
+    assert classify_failure(hang_up) is Failure.HUNG_UP_AFTER_TLS
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ConnectionRefusedError(111, "Connect call failed"),
+        ConnectionResetError(104, "Connection reset by peer"),
+        TimeoutError("timed out during opening handshake"),
+        OSError(113, "No route to host"),
+    ],
+)
+def test_network_failures_are_retried(exc: Exception) -> None:
+    assert classify_failure(exc) is Failure.RETRYABLE
+
+
+@pytest.mark.parametrize(
+    ("code", "failure"),
+    [
+        (1008, Failure.CLIENT_REFUSED),
+        (1001, Failure.RETRYABLE),
+        (1011, Failure.RETRYABLE),
+        (4001, Failure.RETRYABLE),
+        (4002, Failure.RETRYABLE),
+    ],
+)
+def test_only_a_policy_close_by_the_server_is_fatal(code: int, failure: Failure) -> None:
+    assert classify_close(code) is failure
+
+
+def test_backoff_doubles_with_jitter_up_to_its_cap_and_starts_over_when_reset() -> None:
+    highest = Backoff(initial_s=0.5, cap_s=30.0, uniform=lambda: 1.0)
+    lowest = Backoff(initial_s=0.5, cap_s=30.0, uniform=lambda: 0.0)
+
+    assert [highest.next_delay() for _ in range(8)] == [0.5, 1, 2, 4, 8, 16, 30, 30]
+    assert [lowest.next_delay() for _ in range(3)] == [0.25, 0.5, 1]
+    highest.reset()
+    assert highest.next_delay() == 0.5
