@@ -10,7 +10,7 @@ consistent picture. Events about an entity the state does not know leave it unch
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, assert_never
 
 from msgspec.structs import replace
@@ -53,6 +53,7 @@ from app.domain.events import (
 )
 from app.domain.model_spec import RoutingSettings
 from app.domain.state import (
+    STRAYS_REMEMBERED,
     ApiKey,
     ClusterState,
     Model,
@@ -61,6 +62,7 @@ from app.domain.state import (
     ReplicaPhase,
     Shard,
     ShardPhase,
+    backoff_s,
 )
 
 
@@ -119,7 +121,13 @@ def evolve(state: ClusterState, recorded: Recorded) -> ClusterState:
                 number=event.number,
                 phase=ReplicaPhase.PLACED,
                 shards=tuple(
-                    Shard(index=s.index, node_id=s.node_id, gpus=s.gpus, port=s.port)
+                    Shard(
+                        index=s.index,
+                        node_id=s.node_id,
+                        gpus=s.gpus,
+                        port=s.port,
+                        epoch=recorded.meta.epoch,
+                    )
                     for s in event.shards
                 ),
                 placed_at=at,
@@ -141,12 +149,14 @@ def evolve(state: ClusterState, recorded: Recorded) -> ClusterState:
                 serving_since=at,
                 routable=True,
             )
+            _model_of(state, event.replica_id, failures=0, backoff_until=None)
         case ReplicaDrainStarted():
             _update_replica(
                 state,
                 event.replica_id,
                 phase=ReplicaPhase.DRAINING,
                 drain_id=event.drain_id,
+                drain_started_at=at,
             )
         case ReplacementServing():
             _update_replica(state, event.replica_id, replacement_id=event.replacement_id)
@@ -162,9 +172,11 @@ def evolve(state: ClusterState, recorded: Recorded) -> ClusterState:
             _end_replica(state, event.replica_id, ReplicaPhase.STOPPED, at, None)
         case ReplicaFailed():
             _end_replica(state, event.replica_id, ReplicaPhase.FAILED, at, event.reason)
+            _count_failure(state, event.replica_id, at)
         case ReplicaStartupTimedOut():
             reason = f"not ready after {event.waited_s:.0f}s (timeout {event.timeout_s:.0f}s)"
             _end_replica(state, event.replica_id, ReplicaPhase.TIMED_OUT, at, reason)
+            _count_failure(state, event.replica_id, at)
         case ReplicaLost():
             _end_replica(state, event.replica_id, ReplicaPhase.LOST, at, event.reason)
         case ReplicaAdopted():
@@ -179,6 +191,7 @@ def evolve(state: ClusterState, recorded: Recorded) -> ClusterState:
                     "pid": event.pid,
                     "phase": shard_phase,
                     "came_up": event.ready,
+                    "epoch": recorded.meta.epoch,
                 },
                 replica_changes=_starting(state, event.replica_id, at),
             )
@@ -246,8 +259,10 @@ def evolve(state: ClusterState, recorded: Recorded) -> ClusterState:
             )
         case GpuRecovered():
             _update_gpu(state, event.node_id, event.gpu_index, healthy=True, unhealthy_reason=None)
-        case IdentityRejected() | StrayStopped():
-            pass  # recorded for the audit trail; what nobody asked for is not state
+        case StrayStopped():
+            _remember_stray(state, event)
+        case IdentityRejected():
+            pass  # recorded for the audit trail; a refused connection is not state
         # Models.
         case ModelDeclared():
             known = state.models.get(event.model)
@@ -340,6 +355,29 @@ def _end_replica(
         ended_at=at,
         end_reason=reason if reason is not None else replica.end_reason,
     )
+
+
+def _remember_stray(state: ClusterState, event: StrayStopped) -> None:
+    node = state.nodes.get(event.node_id)
+    if node is not None:
+        key = f"{event.replica_id}/{event.shard_index}/{event.pid}"
+        strays = (*node.stray_stops, key)[-STRAYS_REMEMBERED:]
+        state.nodes[event.node_id] = replace(node, stray_stops=strays)
+
+
+def _model_of(state: ClusterState, replica_id: str, **changes: Any) -> None:
+    replica = state.replicas.get(replica_id)
+    if replica is not None:
+        _update_model(state, replica.model, **changes)
+
+
+def _count_failure(state: ClusterState, replica_id: str, at: datetime) -> None:
+    replica = state.replicas.get(replica_id)
+    model = state.models.get(replica.model) if replica else None
+    if model is not None:
+        failures = model.failures + 1
+        until = at + timedelta(seconds=backoff_s(failures))
+        state.models[model.name] = replace(model, failures=failures, backoff_until=until)
 
 
 def _update_node(state: ClusterState, node_id: str, **changes: Any) -> None:

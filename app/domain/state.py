@@ -39,6 +39,16 @@ ACTIVE_PHASES = frozenset(
 )
 
 
+BACKOFF_BASE_S = 10.0
+BACKOFF_CAP_S = 600.0
+STRAYS_REMEMBERED = 64
+
+
+def backoff_s(failures: int) -> float:
+    """Seconds a model waits before placing again after ``failures`` failures in a row."""
+    return float(min(BACKOFF_BASE_S * 2.0 ** max(failures - 1, 0), BACKOFF_CAP_S))
+
+
 class ShardPhase(StrEnum):
     PLACED = "placed"
     STARTING = "starting"
@@ -58,6 +68,8 @@ class Shard(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
     exit_code: int | None = None
     log_tail: tuple[str, ...] = ()
+    epoch: int | None = None
+    """Leader epoch that placed or last adopted this shard: a later leader adopts it."""
 
 
 class Replica(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,6 +84,7 @@ class Replica(msgspec.Struct, frozen=True, kw_only=True):
     starting_since: datetime | None = None
     serving_since: datetime | None = None
     drain_id: str | None = None
+    drain_started_at: datetime | None = None
     replacement_id: str | None = None
     routable: bool = False
     ended_at: datetime | None = None
@@ -91,6 +104,9 @@ class Model(msgspec.Struct, frozen=True, kw_only=True):
     removed: bool = False
     unplaceable_reason: str | None = None
     tuned_summary: dict[str, Any] | None = None
+    failures: int = 0
+    """Replicas that failed or timed out in a row; reset when one serves."""
+    backoff_until: datetime | None = None
 
     @property
     def desired(self) -> int:
@@ -114,6 +130,8 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
     drain_id: str | None = None
     drain_grace_s: float | None = None
     drain_requested_at: datetime | None = None
+    stray_stops: tuple[str, ...] = ()
+    """``replica/shard/pid`` of the last strays stopped here, so each is recorded once."""
 
 
 class ApiKey(msgspec.Struct, frozen=True, kw_only=True):

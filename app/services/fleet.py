@@ -35,7 +35,7 @@ from app.fleet.session import (
 from app.store.errors import ConcurrencyError
 from app.store.interface import AppendRequest, EventStore, NewEvent
 
-HUB_ACTOR = "hub"
+HUB_ACTOR = "agent-hub"
 """The actor of events about connections that proved no node (identity rejections)."""
 MAX_ATTEMPTS = 5
 

@@ -158,7 +158,7 @@ class PostgresEventStore:
     ) -> list[Recorded]:
         touched = Touched()
         for planned in plan:
-            touched.add(planned)
+            touched.add(planned, self._state)
         snapshot = Snapshot.take(self._state, touched)
         changes = fold(self._state, plan)
         try:

@@ -28,7 +28,7 @@ class Touched(msgspec.Struct):
     replicas: set[str] = msgspec.field(default_factory=set)
     keys: set[str] = msgspec.field(default_factory=set)
 
-    def add(self, recorded: Recorded) -> None:
+    def add(self, recorded: Recorded, state: ClusterState) -> None:
         event = recorded.event
         # Every event names the entities it concerns with these field names; touching an
         # entity the event did not change only rewrites an identical row.
@@ -41,6 +41,9 @@ class Touched(msgspec.Struct):
         replica_id = getattr(event, "replica_id", None)
         if replica_id is not None:
             self.replicas.add(replica_id)
+            replica = state.replicas.get(replica_id)
+            if replica is not None:  # its model counts failures and replica numbers
+                self.models.add(replica.model)
         key_id = getattr(event, "key_id", None)
         if key_id is not None:
             self.keys.add(key_id)
@@ -72,6 +75,8 @@ def model_row(model: Model) -> Row:
         "unplaceable_reason": model.unplaceable_reason,
         "tuned_summary": model.tuned_summary,
         "declared_at": model.declared_at,
+        "failures": model.failures,
+        "backoff_until": model.backoff_until,
     }
 
 
@@ -113,6 +118,7 @@ def replica_row(replica: Replica) -> Row:
         "starting_since": replica.starting_since,
         "serving_since": replica.serving_since,
         "drain_id": replica.drain_id,
+        "drain_started_at": replica.drain_started_at,
         "replacement_id": replica.replacement_id,
         "ended_at": replica.ended_at,
         "end_reason": replica.end_reason,
@@ -172,7 +178,7 @@ def fold(state: ClusterState, batch: Iterable[Recorded]) -> RowChanges:
     """Evolve ``state`` by ``batch`` and return the row changes that mirror it."""
     touched = Touched()
     for recorded in batch:
-        touched.add(recorded)
+        touched.add(recorded, state)
         evolve(state, recorded)
     return changes_for(state, touched)
 

@@ -89,6 +89,8 @@ models = Table(
     Column("unplaceable_reason", Text),
     Column("tuned_summary", JSONB),
     Column("declared_at", DateTime(timezone=True), nullable=False),
+    Column("failures", Integer, nullable=False, server_default="0"),
+    Column("backoff_until", DateTime(timezone=True)),
 )
 
 nodes = Table(
@@ -129,6 +131,7 @@ replicas = Table(
     Column("starting_since", DateTime(timezone=True)),
     Column("serving_since", DateTime(timezone=True)),
     Column("drain_id", Text),
+    Column("drain_started_at", DateTime(timezone=True)),
     Column("replacement_id", Text),
     Column("ended_at", DateTime(timezone=True)),
     Column("end_reason", Text),

@@ -309,7 +309,7 @@ async def test_an_operator_certificate_is_refused_and_the_attempt_recorded(
 
     await wait_until(stream_is(pg_store, node_stream(operator), ["identity_rejected"]))
     [recorded] = await pg_store.read_stream(node_stream(operator))
-    assert recorded.meta.actor == "hub"
+    assert recorded.meta.actor == "agent-hub"
     assert isinstance(recorded.event, IdentityRejected)
     assert "OU=operator" in recorded.event.certificate_subject
     assert operator not in pg_store.state.nodes

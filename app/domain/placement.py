@@ -1,0 +1,208 @@
+"""Placement: every node checked against every filter, the survivors scored, reasons in words.
+
+Filters (all evaluated for every node, so an explanation lists every reason, not only the
+first): connected; not cordoned; not draining; labels match the model's selector; enough
+healthy, unallocated GPUs with enough free memory; a free port in the node's engine port
+range. Shards of one replica go to distinct nodes.
+
+Score among the eligible nodes, best first (documented in docs/placement.md):
+1. spread: fewer replicas of the same model already on the node;
+2. pack: fewer usable GPUs left over after this shard (best fit keeps big holes for big
+   models);
+3. the node id, so equal nodes are always chosen in the same order.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from enum import StrEnum
+
+import msgspec
+
+from app.domain.allocation import Allocations
+from app.domain.events import ShardPlacement
+from app.domain.model_spec import ModelSpec
+from app.domain.state import ClusterState, Node
+
+MIB_PER_GIB = 1024
+
+
+class Rejection(StrEnum):
+    NOT_CONNECTED = "not connected"
+    CORDONED = "cordoned"
+    DRAINING = "draining"
+    LABELS = "labels do not match"
+    GPUS = "not enough healthy free GPUs"
+    PORTS = "no free port"
+
+
+class Candidate(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    eligible: bool
+    reasons: tuple[str, ...] = ()
+    rejections: tuple[Rejection, ...] = ()
+    gpus: tuple[int, ...] = ()
+    port: int | None = None
+    same_model_replicas: int = 0
+    usable_gpus: int = 0
+
+
+class Explanation(msgspec.Struct, frozen=True, kw_only=True):
+    model: str
+    shards: int
+    gpus_per_shard: int
+    gpu_memory_gib: float
+    candidates: tuple[Candidate, ...]
+    placement: tuple[ShardPlacement, ...] | None
+    summary: str
+
+
+def explain_placement(
+    state: ClusterState,
+    spec: ModelSpec,
+    allocations: Allocations | None = None,
+    *,
+    detail: bool = True,
+) -> Explanation:
+    """Where one more replica of ``spec`` would go, and why every other node would not.
+
+    ``detail=False`` skips the per-GPU wording (the reconciler's fast path)."""
+    allocations = allocations if allocations is not None else Allocations.from_state(state)
+    candidates = tuple(
+        _evaluate(node, spec, allocations, detail)
+        for node in sorted(state.nodes.values(), key=lambda n: n.id)
+    )
+    eligible = sorted(
+        (c for c in candidates if c.eligible),
+        key=lambda c: (c.same_model_replicas, c.usable_gpus - spec.gpus_per_shard, c.node_id),
+    )
+    if len(eligible) >= spec.shards_per_replica:
+        chosen = eligible[: spec.shards_per_replica]
+        placement = tuple(
+            ShardPlacement(index=i, node_id=c.node_id, gpus=c.gpus, port=c.port or 0)
+            for i, c in enumerate(chosen)
+        )
+        return Explanation(
+            model=spec.name,
+            shards=spec.shards_per_replica,
+            gpus_per_shard=spec.gpus_per_shard,
+            gpu_memory_gib=spec.gpu_memory_gib,
+            candidates=candidates,
+            placement=placement,
+            summary=_chosen_summary(chosen, len(eligible)),
+        )
+    return Explanation(
+        model=spec.name,
+        shards=spec.shards_per_replica,
+        gpus_per_shard=spec.gpus_per_shard,
+        gpu_memory_gib=spec.gpu_memory_gib,
+        candidates=candidates,
+        placement=None,
+        summary=unplaceable_summary(spec, candidates),
+    )
+
+
+def unplaceable_summary(spec: ModelSpec, candidates: tuple[Candidate, ...]) -> str:
+    """One stable line: the same situation always gives the same words (the reconciler
+    records a model's reason only when it changes)."""
+    eligible = sum(1 for c in candidates if c.eligible)
+    need = f"{spec.shards_per_replica} node(s) with {spec.gpus_per_shard} healthy free GPU(s)" + (
+        f" of {spec.gpu_memory_gib:g} GiB" if spec.gpu_memory_gib else ""
+    )
+    if not candidates:
+        return f"needs {need}: no nodes are registered"
+    counts = Counter(r for c in candidates if not c.eligible for r in c.rejections)
+    parts = ", ".join(f"{n} {reason.value}" for reason, n in sorted(counts.items()))
+    return f"needs {need}, {eligible} eligible of {len(candidates)}: {parts}"
+
+
+def _chosen_summary(chosen: list[Candidate], eligible: int) -> str:
+    where = ", ".join(
+        f"{c.node_id} (GPUs {','.join(map(str, c.gpus))}, port {c.port}, "
+        f"{c.same_model_replicas} replica(s) of this model there, "
+        f"{c.usable_gpus} usable GPU(s))"
+        for c in chosen
+    )
+    return (
+        f"would place on {where}; {eligible} eligible node(s), ranked by fewest replicas of "
+        "this model, then tightest fit, then node id"
+    )
+
+
+def _evaluate(node: Node, spec: ModelSpec, allocations: Allocations, detail: bool) -> Candidate:
+    reasons: list[str] = []
+    rejections: list[Rejection] = []
+
+    def reject(kind: Rejection, text: str) -> None:
+        rejections.append(kind)
+        reasons.append(text)
+
+    if not node.connected:
+        reject(Rejection.NOT_CONNECTED, "not connected" + (" (lost)" if node.lost else ""))
+    if node.drain_id is not None:
+        reject(Rejection.DRAINING, f"draining (drain {node.drain_id})")
+    elif node.cordoned:
+        reject(
+            Rejection.CORDONED,
+            "cordoned" + (f" ({node.cordon_reason})" if node.cordon_reason else ""),
+        )
+    mismatched = [
+        f"{key}={value} (node has {node.labels.get(key, 'none')})"
+        for key, value in sorted(spec.node_selector.items())
+        if node.labels.get(key) != value
+    ]
+    if mismatched:
+        reject(Rejection.LABELS, "labels do not match: needs " + ", ".join(mismatched))
+
+    usable, notes = _usable_gpus(node, spec, allocations, detail)
+    if len(usable) < spec.gpus_per_shard:
+        memory = f" with {spec.gpu_memory_gib:g} GiB free" if spec.gpu_memory_gib else ""
+        text = f"needs {spec.gpus_per_shard} healthy GPU(s){memory}, has {len(usable)}"
+        reject(Rejection.GPUS, text + (": " + ", ".join(notes) if notes else ""))
+
+    port = _free_port(node, allocations.ports.get(node.id, set()))
+    if port is None:
+        low, high = node.port_range
+        reject(Rejection.PORTS, f"no free port in {low}-{high}")
+
+    return Candidate(
+        node_id=node.id,
+        eligible=not rejections,
+        reasons=tuple(reasons),
+        rejections=tuple(rejections),
+        gpus=tuple(usable[: spec.gpus_per_shard]),
+        port=port,
+        same_model_replicas=allocations.model_replicas.get(node.id, {}).get(spec.name, 0),
+        usable_gpus=len(usable),
+    )
+
+
+def _usable_gpus(
+    node: Node, spec: ModelSpec, allocations: Allocations, detail: bool
+) -> tuple[list[int], list[str]]:
+    need_mib = spec.gpu_memory_gib * MIB_PER_GIB
+    held = allocations.gpus.get(node.id, {})
+    usable: list[int] = []
+    notes: list[str] = []
+    for gpu in node.gpus:
+        if not gpu.healthy:
+            if detail:
+                notes.append(f"GPU {gpu.index} unhealthy ({gpu.unhealthy_reason or 'no reason'})")
+        elif gpu.index in held:
+            if detail:
+                notes.append(f"GPU {gpu.index} used by {held[gpu.index]}")
+        elif gpu.memory_total_mib - gpu.memory_used_mib < need_mib:
+            if detail:
+                free = (gpu.memory_total_mib - gpu.memory_used_mib) / MIB_PER_GIB
+                notes.append(f"GPU {gpu.index} has {free:.0f} GiB free")
+        else:
+            usable.append(gpu.index)
+    return usable, notes
+
+
+def _free_port(node: Node, used: set[int]) -> int | None:
+    low, high = node.port_range
+    for port in range(low, high + 1):
+        if port not in used:
+            return port
+    return None

@@ -1,0 +1,160 @@
+"""Where llmgw-cli finds the admin API and the credentials to call it.
+
+Each setting comes from the first place that has it: a flag, an environment variable,
+the config file (``$LLMGW_CONFIG``, else ``$XDG_CONFIG_HOME/llmgw/cli.toml``, else
+``~/.config/llmgw/cli.toml``), then the default. The file is TOML with top-level keys::
+
+    admin_url = "https://llmgw.internal:8081"
+    token = "..."                              # prefer LLMGW_ADMIN_TOKEN
+    client_cert = "operator-alice.crt"         # relative paths are relative to the file
+    client_key = "operator-alice.key"
+    ca_cert = "ca.crt"
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+from cyclopts import Parameter
+
+DEFAULT_ADMIN_URL = "http://127.0.0.1:8081"
+CONFIG_ENV = "LLMGW_CONFIG"
+
+SETTING_ENV = {
+    "admin_url": "LLMGW_ADMIN_URL",
+    "token": "LLMGW_ADMIN_TOKEN",
+    "client_cert": "LLMGW_CLIENT_CERT",
+    "client_key": "LLMGW_CLIENT_KEY",
+    "ca_cert": "LLMGW_CA_CERT",
+}
+_PATH_SETTINGS = ("client_cert", "client_key", "ca_cert")
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used as given (a usage error: exit code 2)."""
+
+
+@Parameter(name="*", group="Connection")
+@dataclass(frozen=True)
+class ConnectionFlags:
+    """The connection flags every command that calls the admin API takes."""
+
+    admin_url: Annotated[
+        str | None,
+        Parameter(
+            name="--admin-url",
+            help=f"Admin API URL. [default: $LLMGW_ADMIN_URL, else {DEFAULT_ADMIN_URL}]",
+        ),
+    ] = None
+    token: Annotated[
+        str | None,
+        Parameter(
+            name="--token",
+            help="Admin token (visible to other local users in the process list: prefer "
+            "$LLMGW_ADMIN_TOKEN).",
+        ),
+    ] = None
+    client_cert: Annotated[
+        Path | None,
+        Parameter(
+            name="--client-cert", help="Operator certificate for https. [$LLMGW_CLIENT_CERT]"
+        ),
+    ] = None
+    client_key: Annotated[
+        Path | None,
+        Parameter(name="--client-key", help="Its private key. [$LLMGW_CLIENT_KEY]"),
+    ] = None
+    ca_cert: Annotated[
+        Path | None,
+        Parameter(
+            name="--ca-cert",
+            help="The llmgw CA that issued the server's certificate. [$LLMGW_CA_CERT]",
+        ),
+    ] = None
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    admin_url: str
+    token: str | None = None
+    client_cert: Path | None = None
+    client_key: Path | None = None
+    ca_cert: Path | None = None
+    config_file: Path | None = None
+    """The config file consulted (whether it exists or not); advice names it."""
+
+
+def resolve_settings(
+    flags: ConnectionFlags, environ: Mapping[str, str] = os.environ
+) -> ConnectionSettings:
+    """The settings to connect with: flags, then environment, then config file, then
+    defaults. Raises ConfigError for an unreadable or malformed config file."""
+    config_file = config_path(environ)
+    from_file = read_config_file(config_file, required=CONFIG_ENV in environ)
+
+    def pick(name: str) -> str | None:
+        flag = getattr(flags, name)
+        if flag is not None:
+            return str(flag)
+        return environ.get(SETTING_ENV[name]) or from_file.get(name)
+
+    def pick_path(name: str) -> Path | None:
+        value = pick(name)
+        return Path(value).expanduser() if value else None
+
+    admin_url = (pick("admin_url") or DEFAULT_ADMIN_URL).rstrip("/")
+    if not admin_url.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"the admin API URL must start with http:// or https://, not {admin_url!r} "
+            f"(from --admin-url, ${SETTING_ENV['admin_url']} or {config_file})"
+        )
+    return ConnectionSettings(
+        admin_url=admin_url,
+        token=pick("token"),
+        client_cert=pick_path("client_cert"),
+        client_key=pick_path("client_key"),
+        ca_cert=pick_path("ca_cert"),
+        config_file=config_file,
+    )
+
+
+def config_path(environ: Mapping[str, str] = os.environ) -> Path:
+    if explicit := environ.get(CONFIG_ENV):
+        return Path(explicit).expanduser()
+    config_home = environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config_home) / "llmgw" / "cli.toml"
+
+
+def read_config_file(path: Path, *, required: bool) -> dict[str, str]:
+    """The settings in ``path`` (paths made absolute); empty if it does not exist and was
+    not asked for by name."""
+    try:
+        with path.open("rb") as file:
+            document = tomllib.load(file)
+    except FileNotFoundError:
+        if required:
+            raise ConfigError(f"config file {path} (from ${CONFIG_ENV}) does not exist") from None
+        return {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    unknown = sorted(set(document) - set(SETTING_ENV))
+    if unknown:
+        raise ConfigError(
+            f"config file {path}: unknown setting(s) {', '.join(unknown)}; "
+            f"known: {', '.join(SETTING_ENV)}"
+        )
+    settings: dict[str, str] = {}
+    for name, value in document.items():
+        if not isinstance(value, str):
+            raise ConfigError(f"config file {path}: {name} must be a string")
+        if name in _PATH_SETTINGS:
+            value = str(path.parent / Path(value).expanduser())
+        settings[name] = value
+    return settings

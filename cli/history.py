@@ -1,0 +1,184 @@
+"""`llmgw-cli history ...`: everything the log recorded about one replica, node, model or key.
+
+Exit codes: 0 events shown, 1 failed (no such events, the API unreachable or refusing),
+2 bad usage (a bad flag, an unusable config file).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from cyclopts import App, Parameter, validators
+
+from cli.client import AdminClient, ClientError, HistoryEvent
+from cli.config import ConfigError, ConnectionFlags, resolve_settings
+from cli.render import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    Column,
+    print_error,
+    print_json_array,
+    print_table,
+    utc_seconds,
+)
+
+history_app = App(
+    name="history",
+    help="Show what the event log recorded about one replica, node, model or API key: "
+    "who did what, when, and which operation (correlation id) it belonged to.",
+)
+
+Output = Annotated[
+    Literal["table", "json"],
+    Parameter(help="table for people; json prints the events as the API returns them."),
+]
+Limit = Annotated[
+    int | None,
+    Parameter(validator=validators.Number(gte=1), help="Show at most N events. [default: all]"),
+]
+After = Annotated[
+    int,
+    Parameter(
+        validator=validators.Number(gte=0),
+        help="Show only events after this log position (the position column of a listing).",
+    ),
+]
+
+COLUMNS = (
+    Column("position", justify="right"),
+    Column("time (UTC)"),
+    Column("event"),
+    Column("actor"),
+    Column("what", wrap=True),
+    Column("correlation", wrap=True),
+)
+
+
+@history_app.command(name="replica")
+def replica_history(
+    replica_id: Annotated[str, Parameter(help="The replica id, such as llama-3-8b-2.")],
+    /,
+    *,
+    output: Output = "table",
+    limit: Limit = None,
+    after: After = 0,
+    connection: ConnectionFlags | None = None,
+) -> int:
+    """Every event about one replica: placement, shards starting, ready or failed (with
+    the engine's log tail in --output json), serving, drains, stops.
+
+    ```
+    llmgw-cli history replica llama-3-8b-2
+    llmgw-cli history replica llama-3-8b-2 --output json | jq '.[].data.log_tail'
+    ```
+    """
+    return show_history("replica", replica_id, output, limit, after, connection)
+
+
+@history_app.command(name="node")
+def node_history(
+    node_id: Annotated[str, Parameter(help="The node id its agent claims.")],
+    /,
+    *,
+    output: Output = "table",
+    limit: Limit = None,
+    after: After = 0,
+    connection: ConnectionFlags | None = None,
+) -> int:
+    """Every event about one node: registration, connections, GPU health, cordons, drains,
+    the shards it ran, and connections refused while claiming its id.
+
+    ```
+    llmgw-cli history node gpu-08
+    ```
+    """
+    return show_history("node", node_id, output, limit, after, connection)
+
+
+@history_app.command(name="model")
+def model_history(
+    model: Annotated[str, Parameter(help="The model name.")],
+    /,
+    *,
+    output: Output = "table",
+    limit: Limit = None,
+    after: After = 0,
+    connection: ConnectionFlags | None = None,
+) -> int:
+    """Every event about one model: declarations, scaling, tuning, why it could not be
+    placed, and its replicas' placements.
+
+    ```
+    llmgw-cli history model qwen-2-7b --limit 20
+    ```
+    """
+    return show_history("model", model, output, limit, after, connection)
+
+
+@history_app.command(name="key")
+def key_history(
+    key_id: Annotated[str, Parameter(help="The API key id (not its secret).")],
+    /,
+    *,
+    output: Output = "table",
+    limit: Limit = None,
+    after: After = 0,
+    connection: ConnectionFlags | None = None,
+) -> int:
+    """When an API key was created and revoked, and by whom.
+
+    ```
+    llmgw-cli history key k-ci-7f3a
+    ```
+    """
+    return show_history("key", key_id, output, limit, after, connection)
+
+
+def show_history(
+    subject: str,
+    key: str,
+    output: Literal["table", "json"],
+    limit: int | None,
+    after: int,
+    flags: ConnectionFlags | None,
+) -> int:
+    try:
+        settings = resolve_settings(flags or ConnectionFlags())
+    except ConfigError as exc:
+        print_error("history", str(exc))
+        return EXIT_USAGE
+    try:
+        with AdminClient(settings) as client:
+            events = client.history(subject, key, after=after, limit=limit)
+    except ClientError as exc:
+        print_error("history", str(exc))
+        return EXIT_FAILED
+    if output == "json":
+        print_json_array(event.raw for event in events)
+    elif events:
+        print_table(COLUMNS, (_row(event) for event in events), title=_title(subject, key, events))
+    if not events:
+        print_error(
+            "history",
+            f"no events for {subject} {key}" + (f" after position {after}" if after else ""),
+        )
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _row(event: HistoryEvent) -> tuple[str, ...]:
+    view = event.view
+    return (
+        str(view.position),
+        utc_seconds(view.recorded_at),
+        view.type,
+        view.actor,
+        view.summary,
+        view.correlation_id or "",
+    )
+
+
+def _title(subject: str, key: str, events: list[HistoryEvent]) -> str:
+    count = f"{len(events)} event{'s' if len(events) != 1 else ''}"
+    return f"{subject} {key}: {count}"

@@ -1,0 +1,572 @@
+"""`llmgw-cli history` as an operator runs it: the installed console script, talking to a
+real `llmgw-server serve` (a subprocess on a free port) over the seeded history
+(tests/support/seed.py), with real sockets and real TLS."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from ipaddress import ip_address
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+import pytest_asyncio
+
+from app.domain.envelope import Meta
+from app.domain.events import NodeCordoned, node_stream
+from app.pki import build_ca, generate_key, issue_operator, issue_server, server_ssl_context
+from app.pki.files import write_ca, write_issued
+from app.store.database import create_engine
+from app.store.interface import NewEvent
+from app.store.postgres import PostgresEventStore
+from tests.support.postgres import PostgresServer
+from tests.support.seed import (
+    TIMED_OUT_LOG_TAIL,
+    SeededDatabase,
+    seeded_database,
+)
+from tests.support.waiting import wait_until
+
+LOOPBACK = "127.0.0.1"
+TOKEN = secrets.token_hex(16)
+CLI_TIMEOUT_S = 60
+
+
+def installed(script: str) -> str:
+    beside_python = Path(sys.executable).parent / script
+    found = str(beside_python) if beside_python.exists() else shutil.which(script)
+    assert found, f"{script} is not installed (pip install -e .)"
+    return found
+
+
+def free_port() -> int:
+    with closing(socket.socket()) as probe:
+        probe.bind((LOOPBACK, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def clean_environment(**settings: str) -> dict[str, str]:
+    """This process's environment without any llmgw setting, plus ``settings``."""
+    return {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("LLMGW_") and key != "XDG_CONFIG_HOME"
+    } | settings
+
+
+@dataclass(frozen=True)
+class AdminApi:
+    url: str
+    database: SeededDatabase
+
+    @property
+    def environment(self) -> dict[str, str]:
+        return {"LLMGW_ADMIN_URL": self.url, "LLMGW_ADMIN_TOKEN": TOKEN}
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def seeded(
+    postgres_server: PostgresServer, migrated_template: str
+) -> AsyncIterator[SeededDatabase]:
+    async with seeded_database(postgres_server, migrated_template) as database:
+        yield database
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The llmgw CA with a server certificate for the loopback address and an operator
+    certificate for alice, and a stranger CA that issued neither."""
+    directory = tmp_path_factory.mktemp("pki")
+    now = datetime.now(UTC)
+    ca = build_ca(generate_key(), "llmgw CA", now, 2)
+    write_ca(directory, ca, force=False)
+    write_ca(directory / "stranger", build_ca(generate_key(), "llmgw CA", now, 2), force=False)
+    server_key, operator_key = generate_key(), generate_key()
+    server = issue_server(ca, server_key, [], [ip_address(LOOPBACK)], now, 1)
+    write_issued(directory, "server", server, server_key, force=False)
+    write_issued(
+        directory,
+        "alice",
+        issue_operator(ca, operator_key, "alice", now, 1),
+        operator_key,
+        force=False,
+    )
+    return directory
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def admin_api(
+    seeded: SeededDatabase, pki: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[AdminApi]:
+    port = free_port()
+    log = tmp_path_factory.mktemp("llmgw-server") / "server.log"
+    with running_server(seeded.url, port, pki, log) as server:
+        url = f"http://{LOOPBACK}:{port}"
+
+        async def answering() -> bool:
+            if server.poll() is not None:
+                raise AssertionError(f"llmgw-server exited with {server.returncode}:\n{tail(log)}")
+            try:
+                async with httpx.AsyncClient() as client:
+                    return (await client.get(f"{url}/healthz")).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        await wait_until(answering, within_s=30, every_s=0.1, what="llmgw-server on /healthz")
+        yield AdminApi(url=url, database=seeded)
+
+
+@contextmanager
+def running_server(
+    database_url: str, port: int, pki: Path, log: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``llmgw-server serve`` until the block ends, however it ends. Its agent hub listens
+    on another free loopback port; no agent connects in these tests."""
+    with log.open("wb") as output:
+        server = subprocess.Popen(
+            [
+                installed("llmgw-server"),
+                "serve",
+                "--database-url",
+                database_url,
+                "--admin-port",
+                str(port),
+                "--admin-tokens",
+                f"alice:{TOKEN}",
+                "--agent-host",
+                LOOPBACK,
+                "--agent-port",
+                str(free_port()),
+                "--tls-cert",
+                str(pki / "server.crt"),
+                "--tls-key",
+                str(pki / "server.key"),
+                "--tls-ca",
+                str(pki / "ca.crt"),
+            ],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=clean_environment(),
+        )
+    try:
+        yield server
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def tail(log: Path, lines: int = 30) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+@dataclass(frozen=True)
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+
+@dataclass(frozen=True)
+class Operator:
+    """Runs ``llmgw-cli history ...`` from a scratch home, with only the settings given."""
+
+    home: Path
+
+    async def history(self, *args: str, environment: dict[str, str] | None = None) -> Result:
+        process = await asyncio.create_subprocess_exec(
+            installed("llmgw-cli"),
+            "history",
+            *args,
+            cwd=self.home,
+            env=clean_environment(HOME=str(self.home), COLUMNS="200", **(environment or {})),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            stdout, stderr = await asyncio.wait_for(process.communicate(), CLI_TIMEOUT_S)
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        assert process.returncode is not None
+        return Result(process.returncode, stdout.decode(), stderr.decode())
+
+
+@pytest.fixture
+def operator(tmp_path: Path) -> Operator:
+    return Operator(home=tmp_path)
+
+
+def table_rows(stdout: str) -> list[list[str]]:
+    """The body rows of a history table, as cells (continuation lines of wrapped cells
+    are left out: their first cell is empty)."""
+    rows = []
+    for line in stdout.splitlines():
+        cells = [cell.strip() for cell in line.split("│")[1:-1]]
+        if cells and cells[0].isdigit():
+            rows.append(cells)
+    return rows
+
+
+async def stored_replica_events(database_url: str, replica_id: str) -> list[asyncpg.Record]:
+    connection = await asyncpg.connect(database_url)
+    try:
+        rows: list[asyncpg.Record] = await connection.fetch(
+            "SELECT position, recorded_at, type, actor, correlation_id, data::text AS data "
+            "FROM events WHERE replica_id = $1 ORDER BY position",
+            replica_id,
+        )
+    finally:
+        await connection.close()
+    return rows
+
+
+# -- the stories -------------------------------------------------------------------------
+
+
+async def test_a_replicas_history_names_the_operator_who_drained_it(
+    admin_api: AdminApi, operator: Operator
+) -> None:
+    story = admin_api.database.story
+
+    result = await operator.history(
+        "replica", story.drained_replica, environment=admin_api.environment
+    )
+
+    assert result.code == 0, result.stderr
+    assert f"replica {story.drained_replica}: 9 events" in result.stdout
+    drain = story.drain_id
+    rows = table_rows(result.stdout)
+    assert [
+        (time, event, actor, correlation) for _, time, event, actor, _, correlation in rows
+    ] == [
+        ("2026-02-23 09:06:00", "replica_placed", "reconciler", ""),
+        ("2026-02-23 09:06:02", "shard_starting", "agent:gpu-08", ""),
+        ("2026-02-23 09:07:40", "shard_ready", "agent:gpu-08", ""),
+        ("2026-02-23 09:07:41", "replica_serving", "reconciler", ""),
+        ("2026-03-05 16:00:00", "replica_drain_started", story.operator, drain),
+        ("2026-03-05 16:01:31", "replacement_serving", "reconciler", drain),
+        ("2026-03-05 16:01:31", "replica_stopping", "reconciler", drain),
+        ("2026-03-05 16:01:45", "shard_stopped", "agent:gpu-08", ""),
+        ("2026-03-05 16:01:45", "replica_stopped", "reconciler", drain),
+    ]
+    summaries = [row[4] for row in rows]
+    assert summaries[4] == f"draining (drain {drain}): node gpu-08 draining"
+    assert summaries[5] == f"replacement {story.replacement} is serving"
+
+
+async def test_json_output_is_every_event_as_the_api_returns_it(
+    admin_api: AdminApi, operator: Operator
+) -> None:
+    story = admin_api.database.story
+
+    result = await operator.history(
+        "replica", story.timed_out_replica, "--output", "json", environment=admin_api.environment
+    )
+
+    assert result.code == 0, result.stderr
+    printed = json.loads(result.stdout)
+    stored = await stored_replica_events(admin_api.database.url, story.timed_out_replica)
+    assert [as_printed(event) for event in printed] == [as_stored(row) for row in stored]
+    failed = next(e for e in printed if e["type"] == "shard_failed")
+    assert failed["data"]["log_tail"] == list(TIMED_OUT_LOG_TAIL)
+
+
+def as_printed(event: dict[str, Any]) -> tuple[object, ...]:
+    recorded_at = datetime.fromisoformat(event["recorded_at"])
+    position, kind, actor, correlation = (
+        event["position"],
+        event["type"],
+        event["actor"],
+        event["correlation_id"],
+    )
+    return (position, recorded_at, kind, actor, correlation, event["data"])
+
+
+def as_stored(row: asyncpg.Record) -> tuple[object, ...]:
+    data = {key: value for key, value in json.loads(row["data"]).items() if key != "type"}
+    position, recorded_at, kind, actor = (
+        row["position"],
+        row["recorded_at"],
+        row["type"],
+        row["actor"],
+    )
+    return (position, recorded_at, kind, actor, row["correlation_id"], data)
+
+
+async def test_a_long_history_is_read_page_by_page(admin_api: AdminApi, operator: Operator) -> None:
+    node = f"gpu-flapping-{secrets.token_hex(3)}"
+    engine = create_engine(admin_api.database.url, pool_size=1)
+    try:
+        store = PostgresEventStore(engine, clock=lambda: datetime(2026, 3, 11, tzinfo=UTC))
+        events = [NewEvent(NodeCordoned(node_id=node, reason=f"flap {n}")) for n in range(1201)]
+        recorded = await store.append(node_stream(node), None, events, Meta(actor="bob"))
+    finally:
+        await engine.dispose()
+    positions = [r.position for r in recorded]
+
+    everything = await operator.history(
+        "node", node, "--output", "json", environment=admin_api.environment
+    )
+    a_slice = await operator.history(
+        "node",
+        node,
+        "--output",
+        "json",
+        "--after",
+        str(positions[499]),
+        "--limit",
+        "3",
+        environment=admin_api.environment,
+    )
+
+    assert everything.code == 0, everything.stderr
+    assert [e["position"] for e in json.loads(everything.stdout)] == positions
+    assert a_slice.code == 0, a_slice.stderr
+    assert [e["position"] for e in json.loads(a_slice.stdout)] == positions[500:503]
+
+
+async def test_an_id_without_events_says_so_and_fails(
+    admin_api: AdminApi, operator: Operator
+) -> None:
+    result = await operator.history("replica", "llama-3-8b-99", environment=admin_api.environment)
+
+    assert result.code == 1
+    assert "no events for replica llama-3-8b-99" in result.stderr
+    assert result.stdout == ""
+
+
+async def test_without_a_token_the_operator_is_told_to_set_one(
+    admin_api: AdminApi, operator: Operator
+) -> None:
+    result = await operator.history(
+        "replica", "llama-3-8b-2", environment={"LLMGW_ADMIN_URL": admin_api.url}
+    )
+
+    assert result.code == 1
+    assert "authentication required: set LLMGW_ADMIN_TOKEN" in result.stderr
+    assert result.stdout == ""
+
+
+async def test_a_token_the_server_does_not_know_is_refused(
+    admin_api: AdminApi, operator: Operator
+) -> None:
+    environment = admin_api.environment | {"LLMGW_ADMIN_TOKEN": secrets.token_hex(16)}
+
+    result = await operator.history("replica", "llama-3-8b-2", environment=environment)
+
+    assert result.code == 1
+    assert "the admin API refused the token given; set LLMGW_ADMIN_TOKEN" in result.stderr
+
+
+async def test_with_the_server_down_the_operator_is_told_where_it_was_looked_for(
+    operator: Operator,
+) -> None:
+    nobody = f"http://{LOOPBACK}:{free_port()}"
+
+    result = await operator.history(
+        "replica",
+        "llama-3-8b-2",
+        environment={"LLMGW_ADMIN_URL": nobody, "LLMGW_ADMIN_TOKEN": TOKEN},
+    )
+
+    assert result.code == 1
+    assert (
+        f"cannot reach the admin API at {nobody}: connection refused — is llmgw-server "
+        "running? set LLMGW_ADMIN_URL"
+    ) in result.stderr
+
+
+async def test_flags_beat_the_environment_which_beats_the_config_file(
+    admin_api: AdminApi, operator: Operator
+) -> None:
+    config = operator.home / ".config" / "llmgw" / "cli.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text(f'admin_url = "{admin_api.url}"\ntoken = "{TOKEN}"\n')
+    stale_token = {"LLMGW_ADMIN_TOKEN": secrets.token_hex(16)}
+
+    from_the_file = await operator.history("model", "qwen-2-7b")
+    environment_first = await operator.history("model", "qwen-2-7b", environment=stale_token)
+    flag_first = await operator.history(
+        "model", "qwen-2-7b", "--token", TOKEN, environment=stale_token
+    )
+
+    assert from_the_file.code == 0, from_the_file.stderr
+    assert environment_first.code == 1
+    assert "refused the token" in environment_first.stderr
+    assert flag_first.code == 0, flag_first.stderr
+    assert flag_first.stdout == from_the_file.stdout
+
+
+async def test_bad_usage_exits_with_2(operator: Operator) -> None:
+    missing_config = str(operator.home / "nowhere.toml")
+
+    zero_limit = await operator.history("replica", "llama-3-8b-2", "--limit", "0")
+    no_config = await operator.history(
+        "replica", "llama-3-8b-2", environment={"LLMGW_CONFIG": missing_config}
+    )
+
+    assert zero_limit.code == 2
+    assert no_config.code == 2
+    assert f"config file {missing_config} (from $LLMGW_CONFIG) does not exist" in no_config.stderr
+
+
+async def test_every_history_command_has_help_with_an_example(operator: Operator) -> None:
+    subjects = ("replica", "node", "model", "key")
+
+    helps = await asyncio.gather(*(operator.history(s, "--help") for s in subjects))
+
+    for subject, shown in zip(subjects, helps, strict=True):
+        assert shown.code == 0, shown.stderr
+        example = rf"^\s+llmgw-cli history {subject} [\w-]+"
+        assert re.search(example, shown.stdout, re.MULTILINE), shown.stdout
+
+
+def test_the_cli_knows_the_api_and_nothing_behind_it() -> None:
+    imported = subprocess.run(
+        [sys.executable, "-c", "import sys, cli.main; print(*sorted(sys.modules))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=CLI_TIMEOUT_S,
+    ).stdout.split()
+
+    behind_the_api = [m for m in imported if m.startswith(("app.domain", "app.store"))]
+    assert behind_the_api == []
+
+
+# -- over TLS ----------------------------------------------------------------------------
+
+
+@contextmanager
+def https_front(pki: Path, backend_port: int) -> Iterator[str]:
+    """TLS in front of the admin API, requiring an operator certificate from the CA: the
+    way an operator reaches the control plane from outside its host. Blocking sockets in
+    threads, because they send the TLS alert that tells a client why it was refused."""
+    context = server_ssl_context(pki / "server.crt", pki / "server.key", pki / "ca.crt")
+    stop = threading.Event()
+    listener = socket.create_server((LOOPBACK, 0))
+    listener.settimeout(0.05)
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                raw, _ = listener.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=relay, args=(raw,), daemon=True).start()
+
+    def relay(raw: socket.socket) -> None:
+        raw.settimeout(CLI_TIMEOUT_S)
+        try:
+            client = context.wrap_socket(raw, server_side=True)
+        except (ssl.SSLError, OSError):
+            raw.close()
+            return
+        with client, socket.create_connection((LOOPBACK, backend_port)) as backend:
+            answer = threading.Thread(target=pipe, args=(backend, client), daemon=True)
+            answer.start()
+            pipe(client, backend)
+            answer.join(CLI_TIMEOUT_S)
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    try:
+        yield f"https://{LOOPBACK}:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        acceptor.join()
+        listener.close()
+
+
+def pipe(source: socket.socket, destination: socket.socket) -> None:
+    try:
+        while data := source.recv(65536):
+            destination.sendall(data)
+        destination.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+async def test_over_https_the_operator_certificate_gets_the_operator_in(
+    admin_api: AdminApi, operator: Operator, pki: Path
+) -> None:
+    backend_port = int(admin_api.url.rsplit(":", 1)[1])
+    with https_front(pki, backend_port) as url:
+        result = await operator.history(
+            "key",
+            admin_api.database.story.revoked_key,
+            environment={
+                "LLMGW_ADMIN_URL": url,
+                "LLMGW_ADMIN_TOKEN": TOKEN,
+                "LLMGW_CA_CERT": str(pki / "ca.crt"),
+                "LLMGW_CLIENT_CERT": str(pki / "alice.crt"),
+                "LLMGW_CLIENT_KEY": str(pki / "alice.key"),
+            },
+        )
+
+    assert result.code == 0, result.stderr
+    assert [row[2] for row in table_rows(result.stdout)] == ["api_key_created", "api_key_revoked"]
+
+
+async def test_without_an_operator_certificate_the_operator_is_told_to_configure_one(
+    admin_api: AdminApi, operator: Operator, pki: Path
+) -> None:
+    backend_port = int(admin_api.url.rsplit(":", 1)[1])
+    with https_front(pki, backend_port) as url:
+        result = await operator.history(
+            "key",
+            admin_api.database.story.revoked_key,
+            environment={
+                "LLMGW_ADMIN_URL": url,
+                "LLMGW_ADMIN_TOKEN": TOKEN,
+                "LLMGW_CA_CERT": str(pki / "ca.crt"),
+            },
+        )
+
+    assert result.code == 1
+    assert f"TLS handshake with the admin API at {url} failed" in result.stderr
+    assert "requires a client certificate and none was sent" in result.stderr
+
+
+async def test_a_server_certificate_from_another_ca_is_explained(
+    admin_api: AdminApi, operator: Operator, pki: Path
+) -> None:
+    backend_port = int(admin_api.url.rsplit(":", 1)[1])
+    with https_front(pki, backend_port) as url:
+        result = await operator.history(
+            "key",
+            "k-ci-7f3a",
+            environment={
+                "LLMGW_ADMIN_URL": url,
+                "LLMGW_ADMIN_TOKEN": TOKEN,
+                "LLMGW_CA_CERT": str(pki / "stranger" / "ca.crt"),
+                "LLMGW_CLIENT_CERT": str(pki / "alice.crt"),
+                "LLMGW_CLIENT_KEY": str(pki / "alice.key"),
+            },
+        )
+
+    assert result.code == 1
+    assert f"TLS handshake with the admin API at {url} failed" in result.stderr
+    assert "was not issued by the CA this side trusts" in result.stderr
