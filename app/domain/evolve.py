@@ -166,6 +166,7 @@ def evolve(state: ClusterState, recorded: Recorded) -> ClusterState:
                 event.replica_id,
                 phase=ReplicaPhase.STOPPING,
                 routable=False,
+                stopping_since=at,
                 end_reason=event.reason,
             )
         case ReplicaStopped():

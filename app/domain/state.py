@@ -87,6 +87,7 @@ class Replica(msgspec.Struct, frozen=True, kw_only=True):
     drain_started_at: datetime | None = None
     replacement_id: str | None = None
     routable: bool = False
+    stopping_since: datetime | None = None
     ended_at: datetime | None = None
     end_reason: str | None = None
     routing: RoutingSettings | None = None

@@ -1,0 +1,119 @@
+"""Adoption: the fleet is authoritative about what runs; the log about what was asked.
+
+For every shard a connected agent reports running:
+
+- it matches the log (same replica, shard, node and port): adopted, once per leader epoch
+  (a shard placed by this leader needs no adoption);
+- the log's copy of that shard never came up (merely placed, elsewhere or on another
+  port): the running engine wins and is adopted in its place, port and all;
+- the log's copy came up elsewhere: two engines really run; the reported one, which
+  nobody asked for, is stopped as a stray;
+- the replica is unknown to the log, or was lost (its node came back after it was
+  replaced): a stray. The engine of a replica that ended otherwise (stopped, failed, timed
+  out) is simply stopped: that is the plan, not a surprise.
+
+Each case is an event naming the rule that applied.
+"""
+
+from __future__ import annotations
+
+from app.domain.commands import stray_stop_command
+from app.domain.decision import Draft
+from app.domain.events import ReplicaAdopted, StrayStopped, node_stream, replica_stream
+from app.domain.fleet_view import FleetView, ReportedShard
+from app.domain.state import ACTIVE_PHASES, Replica, ReplicaPhase
+
+MATCHES = "matches the log"
+NEVER_CAME_UP = "the log's copy never came up; the running engine takes its place"
+
+
+def adopt_reported(draft: Draft, fleet: FleetView, stray_grace_s: float) -> None:
+    for node_id in sorted(fleet.reports):
+        for reported in fleet.reports[node_id].shards.values():
+            if reported.running:
+                _adopt_one(draft, node_id, reported, stray_grace_s)
+
+
+def _adopt_one(draft: Draft, node_id: str, reported: ReportedShard, stray_grace_s: float) -> None:
+    state = draft.state
+    replica = state.replicas.get(reported.replica_id)
+    if replica is None:
+        _stray(draft, node_id, reported, "the log knows no such replica", stray_grace_s)
+        return
+    if replica.phase not in ACTIVE_PHASES:
+        if replica.phase is not ReplicaPhase.LOST and _is_logged_copy(replica, node_id, reported):
+            return  # our own engine of a replica that ended: its stop command is on the way
+        _stray(
+            draft,
+            node_id,
+            reported,
+            f"replica {replica.id} is {replica.phase.value}",
+            stray_grace_s,
+        )
+        return
+    if reported.shard_index >= len(replica.shards):
+        _stray(
+            draft,
+            node_id,
+            reported,
+            f"replica {replica.id} has no shard {reported.shard_index}",
+            stray_grace_s,
+        )
+        return
+    shard = replica.shards[reported.shard_index]
+    if shard.node_id == node_id and shard.port == reported.port:
+        if shard.epoch != draft.epoch:
+            _adopt(draft, node_id, reported, MATCHES)
+        return
+    if not shard.came_up:
+        _adopt(draft, node_id, reported, NEVER_CAME_UP)
+        return
+    rule = (
+        f"the log's copy came up on {shard.node_id} port {shard.port}; "
+        "two engines run and this one was not asked for"
+    )
+    _stray(draft, node_id, reported, rule, stray_grace_s)
+
+
+def _is_logged_copy(replica: Replica, node_id: str, reported: ReportedShard) -> bool:
+    if reported.shard_index >= len(replica.shards):
+        return False
+    shard = replica.shards[reported.shard_index]
+    return shard.node_id == node_id and shard.port == reported.port
+
+
+def _adopt(draft: Draft, node_id: str, reported: ReportedShard, rule: str) -> None:
+    draft.emit(
+        replica_stream(reported.replica_id),
+        ReplicaAdopted(
+            replica_id=reported.replica_id,
+            shard_index=reported.shard_index,
+            node_id=node_id,
+            port=reported.port,
+            pid=reported.pid,
+            ready=reported.ready,
+            rule=rule,
+        ),
+    )
+
+
+def _stray(draft: Draft, node_id: str, reported: ReportedShard, rule: str, grace_s: float) -> None:
+    node = draft.state.nodes.get(node_id)
+    key = f"{reported.replica_id}/{reported.shard_index}/{reported.pid}"
+    if node is not None and key not in node.stray_stops:
+        draft.emit(
+            node_stream(node_id),
+            StrayStopped(
+                node_id=node_id,
+                replica_id=reported.replica_id,
+                shard_index=reported.shard_index,
+                model=reported.model,
+                port=reported.port,
+                pid=reported.pid,
+                rule=rule,
+            ),
+        )
+    draft.command(
+        node_id,
+        stray_stop_command(reported.replica_id, reported.shard_index, reported.pid, grace_s),
+    )

@@ -1,0 +1,146 @@
+"""Drain as a rolling move.
+
+Draining a node cordons it; then, for every replica on it, at most ``max_moves`` per model
+at a time: the replica is marked draining (it keeps serving but no longer counts towards
+its model's desired count), so the scale rule places a replacement elsewhere. Once the
+replacement has served for the stability window (a replacement that flaps never ends the
+move), the original is taken out of routing and stopped. A replica that was not serving yet
+has nothing to protect and is stopped at once. The drain's grace bounds it all: when it runs
+out, whatever is left on the node is stopped and that is recorded, so a node can always be
+taken out of service. Every step carries the drain's id as correlation id.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+
+from app.domain.decision import Draft
+from app.domain.events import (
+    NodeDrainFinished,
+    ReplacementServing,
+    ReplicaDrainStarted,
+    ReplicaStopping,
+    node_stream,
+    replica_stream,
+)
+from app.domain.state import ACTIVE_PHASES, Node, Replica, ReplicaPhase
+
+
+def drain_moves(draft: Draft, stability_window_s: float, replica_grace_s: float) -> None:
+    _finish_moves(draft, stability_window_s, replica_grace_s)
+    for node in sorted(draft.state.nodes.values(), key=lambda n: n.id):
+        if node.drain_id is not None:
+            _drain_node(draft, node)
+
+
+def _finish_moves(draft: Draft, stability_window_s: float, replica_grace_s: float) -> None:
+    state, now = draft.state, draft.now
+    window = timedelta(seconds=stability_window_s)
+    for original in list(state.replicas.values()):
+        if original.phase is not ReplicaPhase.DRAINING:
+            continue
+        replacement = next(
+            (
+                r
+                for r in state.replicas.values()
+                if r.replaces == original.id
+                and r.phase is ReplicaPhase.SERVING
+                and r.serving_since is not None
+                and now - r.serving_since >= window
+            ),
+            None,
+        )
+        if replacement is not None:
+            draft.emit(
+                replica_stream(original.id),
+                ReplacementServing(replica_id=original.id, replacement_id=replacement.id),
+                correlation_id=original.drain_id,
+            )
+            draft.emit(
+                replica_stream(original.id),
+                ReplicaStopping(
+                    replica_id=original.id,
+                    reason=(
+                        f"drain {original.drain_id}: replacement {replacement.id} has served "
+                        f"for {stability_window_s:g}s"
+                    ),
+                ),
+                correlation_id=original.drain_id,
+            )
+        elif _replica_grace_over(draft, original, replica_grace_s):
+            draft.emit(
+                replica_stream(original.id),
+                ReplicaStopping(
+                    replica_id=original.id,
+                    reason=f"drain {original.drain_id}: grace ran out before a replacement served",
+                ),
+                correlation_id=original.drain_id,
+            )
+
+
+def _replica_grace_over(draft: Draft, replica: Replica, replica_grace_s: float) -> bool:
+    """A replica drained on its own has its own grace; one drained with its node, the node's."""
+    for node_id in replica.node_ids:
+        node = draft.state.nodes.get(node_id)
+        if node is not None and node.drain_id == replica.drain_id:
+            return _node_grace_over(draft, node)
+    started = replica.drain_started_at
+    return started is not None and draft.now - started > timedelta(seconds=replica_grace_s)
+
+
+def _node_grace_over(draft: Draft, node: Node) -> bool:
+    if node.drain_requested_at is None or node.drain_grace_s is None:
+        return False
+    return draft.now - node.drain_requested_at > timedelta(seconds=node.drain_grace_s)
+
+
+def _drain_node(draft: Draft, node: Node) -> None:
+    state = draft.state
+    drain_id = node.drain_id
+    on_node = [
+        r for r in state.replicas.values() if r.phase in ACTIVE_PHASES and node.id in r.node_ids
+    ]
+    moving = Counter(r.model for r in state.replicas.values() if r.phase is ReplicaPhase.DRAINING)
+    grace_over = _node_grace_over(draft, node)
+    for replica in sorted(on_node, key=lambda r: r.id):
+        if replica.phase in (ReplicaPhase.PLACED, ReplicaPhase.STARTING):
+            reason = f"drain {drain_id}: not serving yet, nothing to move"
+            _stopping(draft, replica, reason, drain_id)
+        elif replica.phase is ReplicaPhase.SERVING:
+            model = state.models.get(replica.model)
+            max_moves = model.spec.max_moves if model else 1
+            if grace_over:
+                reason = f"drain {drain_id}: grace ran out before it could move"
+                _stopping(draft, replica, reason, drain_id)
+            elif moving[replica.model] < max_moves:
+                draft.emit(
+                    replica_stream(replica.id),
+                    ReplicaDrainStarted(
+                        replica_id=replica.id,
+                        drain_id=drain_id or "",
+                        reason=f"node {node.id} drains",
+                    ),
+                    correlation_id=drain_id,
+                )
+                moving[replica.model] += 1
+    still_there = any(
+        r.phase in ACTIVE_PHASES and node.id in r.node_ids for r in state.replicas.values()
+    )
+    if not still_there:
+        outcome = (
+            "grace ran out; what was left was stopped" if grace_over else "every replica moved"
+        )
+        draft.emit(
+            node_stream(node.id),
+            NodeDrainFinished(node_id=node.id, drain_id=drain_id or "", outcome=outcome),
+            correlation_id=drain_id,
+        )
+
+
+def _stopping(draft: Draft, replica: Replica, reason: str, drain_id: str | None) -> None:
+    draft.emit(
+        replica_stream(replica.id),
+        ReplicaStopping(replica_id=replica.id, reason=reason),
+        correlation_id=drain_id,
+    )

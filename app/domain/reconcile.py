@@ -1,0 +1,327 @@
+"""The reconciler's decision: ``decide(state, fleet, now, settings) -> Decision``.
+
+Pure: the clock, the leader epoch and what agents report are parameters; it returns events
+to append and commands to send, and never reads time, logs or awaits. Each rule sees the
+effects of the rules before it in the same pass (they are folded into a working copy), so
+one pass never contradicts itself. The rules, in order:
+
+1. adoption: what agents report running is matched against the log (see ``adoption``);
+2. nodes that stayed away past the lost timeout are lost, with their replicas;
+3. shards the log expects that no agent reports are lost;
+4. replicas in ``starting`` past their model's startup timeout are timed out;
+5. a failed shard fails its replica; all shards ready make a replica serve;
+6. stopping replicas whose shards are gone are stopped;
+7. drains move replicas (see ``drain``);
+8. each model is brought to its desired count (placement, or stopping the newest);
+9. commands: start placed shards, stop what should not run.
+
+Rules 2-4 and the placements of rule 8 wait for the adoption grace after a start, so a
+control plane never races its own agents.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import msgspec
+
+from app.domain.adoption import adopt_reported
+from app.domain.allocation import Allocations
+from app.domain.commands import StartShard, StopShard, start_command, stop_command
+from app.domain.decision import Decision, Draft
+from app.domain.drain import drain_moves
+from app.domain.events import (
+    ModelUnplaceable,
+    NodeDisconnected,
+    NodeLost,
+    ReplicaFailed,
+    ReplicaLost,
+    ReplicaPlaced,
+    ReplicaServing,
+    ReplicaStartupTimedOut,
+    ReplicaStopped,
+    ReplicaStopping,
+    model_stream,
+    node_stream,
+    replica_id_for,
+    replica_stream,
+)
+from app.domain.fleet_view import FleetView
+from app.domain.placement import explain_placement
+from app.domain.state import (
+    ACTIVE_PHASES,
+    ClusterState,
+    Model,
+    Replica,
+    ReplicaPhase,
+    ShardPhase,
+)
+
+COUNTING_PHASES = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING, ReplicaPhase.SERVING})
+"""Replicas that count towards a model's desired count (draining ones do not)."""
+STOPPED_BY_PLAN = frozenset({ReplicaPhase.STOPPED, ReplicaPhase.FAILED, ReplicaPhase.TIMED_OUT})
+"""Ended replicas whose engines are stopped as planned (a lost one's are strays)."""
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    epoch: int
+    started_at: datetime
+    adoption_grace_s: float = 30.0
+    lost_timeout_s: float = 60.0
+    stability_window_s: float = 10.0
+    replica_drain_grace_s: float = 600.0
+    stray_grace_s: float = 10.0
+    quiesce_s: float = 2.0
+    """How long a replica out of routing keeps running before its engines are told to stop,
+    so requests already sent to it can finish (the engines then get their stop grace)."""
+
+
+def in_adoption_grace(state: ClusterState, fleet: FleetView, now: datetime, s: Settings) -> bool:
+    """True until the grace has passed or every node the log knows has said hello."""
+    if now >= s.started_at + timedelta(seconds=s.adoption_grace_s):
+        return False
+    expected = {n.id for n in state.nodes.values() if not n.lost}
+    return not expected <= fleet.reports.keys()
+
+
+def decide(state: ClusterState, fleet: FleetView, now: datetime, settings: Settings) -> Decision:
+    draft = Draft(state, now, settings.epoch)
+    grace = in_adoption_grace(state, fleet, now, settings)
+    adopt_reported(draft, fleet, settings.stray_grace_s)
+    if not grace:
+        _nodes_gone(draft, fleet, settings)
+        _missing_shards(draft, fleet)
+        _startup_timeouts(draft)
+    _shard_outcomes(draft)
+    _stopping_done(draft, fleet)
+    drain_moves(draft, settings.stability_window_s, settings.replica_drain_grace_s)
+    _scale(draft, placing=not grace)
+    _commands(draft, fleet, settings.quiesce_s)
+    return draft.decision()
+
+
+def _nodes_gone(draft: Draft, fleet: FleetView, settings: Settings) -> None:
+    state, now = draft.state, draft.now
+    lost_after = timedelta(seconds=settings.lost_timeout_s)
+    for node in list(state.nodes.values()):
+        if node.lost:
+            continue
+        if node.connected and node.id not in fleet.reports:
+            # The log says connected, but this control plane has not heard from it since it
+            # started: the connection belonged to a predecessor.
+            draft.emit(
+                node_stream(node.id),
+                NodeDisconnected(
+                    node_id=node.id, reason="did not reconnect after the control plane started"
+                ),
+            )
+            node = state.nodes[node.id]
+        if node.connected:
+            continue
+        since = node.last_change_at or node.registered_at
+        if now - since <= lost_after:
+            continue
+        away = (now - since).total_seconds()
+        draft.emit(node_stream(node.id), NodeLost(node_id=node.id, disconnected_for_s=away))
+        for replica in _replicas_on(state, node.id):
+            if replica.phase is ReplicaPhase.STOPPING:
+                draft.emit(replica_stream(replica.id), ReplicaStopped(replica_id=replica.id))
+            else:
+                reason = f"node {node.id} lost after {away:.0f}s without its agent"
+                draft.emit(
+                    replica_stream(replica.id), ReplicaLost(replica_id=replica.id, reason=reason)
+                )
+
+
+def _missing_shards(draft: Draft, fleet: FleetView) -> None:
+    for replica in list(draft.state.replicas.values()):
+        if replica.phase not in ACTIVE_PHASES or replica.phase is ReplicaPhase.STOPPING:
+            continue
+        for shard in replica.shards:
+            report = fleet.reports.get(shard.node_id)
+            if report is None or shard.phase not in (ShardPhase.STARTING, ShardPhase.READY):
+                continue
+            if (replica.id, shard.index) not in report.shards:
+                reason = f"shard {shard.index} no longer runs on {shard.node_id}"
+                draft.emit(
+                    replica_stream(replica.id), ReplicaLost(replica_id=replica.id, reason=reason)
+                )
+                break
+
+
+def _startup_timeouts(draft: Draft) -> None:
+    state, now = draft.state, draft.now
+    for replica in list(state.replicas.values()):
+        if replica.phase not in (ReplicaPhase.PLACED, ReplicaPhase.STARTING):
+            continue
+        model = state.models.get(replica.model)
+        timeout = model.spec.startup_timeout_s if model else 600.0
+        waited = (now - (replica.starting_since or replica.placed_at)).total_seconds()
+        if waited > timeout:
+            draft.emit(
+                replica_stream(replica.id),
+                ReplicaStartupTimedOut(replica_id=replica.id, timeout_s=timeout, waited_s=waited),
+            )
+
+
+def _shard_outcomes(draft: Draft) -> None:
+    for replica in list(draft.state.replicas.values()):
+        if replica.phase not in COUNTING_PHASES | {ReplicaPhase.DRAINING}:
+            continue
+        failed = next((s for s in replica.shards if s.phase is ShardPhase.FAILED), None)
+        if failed is not None:
+            reason = f"shard {failed.index} on {failed.node_id} failed: {failed.error or 'exited'}"
+            draft.emit(
+                replica_stream(replica.id), ReplicaFailed(replica_id=replica.id, reason=reason)
+            )
+        elif replica.phase in (ReplicaPhase.PLACED, ReplicaPhase.STARTING) and all(
+            s.phase is ShardPhase.READY for s in replica.shards
+        ):
+            draft.emit(replica_stream(replica.id), ReplicaServing(replica_id=replica.id))
+
+
+def _stopping_done(draft: Draft, fleet: FleetView) -> None:
+    for replica in list(draft.state.replicas.values()):
+        if replica.phase is not ReplicaPhase.STOPPING:
+            continue
+        if all(
+            s.phase in (ShardPhase.STOPPED, ShardPhase.FAILED, ShardPhase.PLACED)
+            or s.node_id not in fleet.reports
+            or (replica.id, s.index) not in fleet.reports[s.node_id].shards
+            for s in replica.shards
+        ):
+            draft.emit(
+                replica_stream(replica.id),
+                ReplicaStopped(replica_id=replica.id),
+                correlation_id=replica.drain_id,
+            )
+
+
+def _scale(draft: Draft, *, placing: bool) -> None:
+    state = draft.state
+    allocations: Allocations | None = None
+    by_model: dict[str, list[Replica]] = {}
+    for replica in state.replicas.values():
+        if replica.phase in ACTIVE_PHASES:
+            by_model.setdefault(replica.model, []).append(replica)
+    for model in list(state.models.values()):
+        replicas = by_model.get(model.name, [])
+        if model.removed:
+            for replica in replicas:
+                if replica.phase is not ReplicaPhase.STOPPING:
+                    _stop(draft, replica, "model removed")
+            continue
+        counting = [r for r in replicas if r.phase in COUNTING_PHASES]
+        deficit = model.desired - len(counting)
+        if deficit < 0:
+            for replica in _newest_first(counting)[:-deficit]:
+                _stop(draft, replica, f"scaled down to {model.desired}")
+        elif deficit > 0 and placing:
+            if model.backoff_until is not None and draft.now < model.backoff_until:
+                continue
+            if allocations is None:
+                allocations = Allocations.from_state(state)
+            _place(draft, model, deficit, replicas, allocations)
+
+
+def _place(
+    draft: Draft, model: Model, deficit: int, replicas: list[Replica], allocations: Allocations
+) -> None:
+    state = draft.state
+    waiting_for_replacement = sorted(
+        (
+            r
+            for r in replicas
+            if r.phase is ReplicaPhase.DRAINING
+            and not any(o.replaces == r.id and o.phase in COUNTING_PHASES for o in replicas)
+        ),
+        key=lambda r: r.number,
+    )
+    for _ in range(deficit):
+        explanation = explain_placement(state, model.spec, allocations, detail=False)
+        if explanation.placement is None:
+            current = state.models[model.name].unplaceable_reason
+            if current != explanation.summary:
+                draft.emit(
+                    model_stream(model.name),
+                    ModelUnplaceable(
+                        model=model.name, reason=explanation.summary, missing_replicas=deficit
+                    ),
+                )
+            return
+        number = state.models[model.name].replicas_created + 1
+        replica_id = replica_id_for(model.name, number)
+        original = waiting_for_replacement.pop(0) if waiting_for_replacement else None
+        reason = (
+            f"replacement for {original.id} (drain {original.drain_id})"
+            if original
+            else f"below desired count ({model.desired - deficit} of {model.desired})"
+        )
+        draft.emit(
+            replica_stream(replica_id),
+            ReplicaPlaced(
+                replica_id=replica_id,
+                model=model.name,
+                number=number,
+                shards=explanation.placement,
+                reason=reason,
+                replaces=original.id if original else None,
+            ),
+            expected_version=0,
+            correlation_id=original.drain_id if original else None,
+        )
+        allocations.reserve(replica_id, model.name, explanation.placement)
+        deficit -= 1
+
+
+def _stop(draft: Draft, replica: Replica, reason: str) -> None:
+    draft.emit(
+        replica_stream(replica.id),
+        ReplicaStopping(replica_id=replica.id, reason=reason),
+        correlation_id=replica.drain_id,
+    )
+
+
+def _newest_first(replicas: list[Replica]) -> list[Replica]:
+    """Scale-down order: the newest that is not serving yet, then the newest serving."""
+    return sorted(replicas, key=lambda r: (r.phase is ReplicaPhase.SERVING, -r.number))
+
+
+def _replicas_on(state: ClusterState, node_id: str) -> list[Replica]:
+    return [
+        r
+        for r in state.replicas.values()
+        if r.phase in ACTIVE_PHASES and any(s.node_id == node_id for s in r.shards)
+    ]
+
+
+def _commands(draft: Draft, fleet: FleetView, quiesce_s: float) -> None:
+    state = draft.state
+    quiesce = timedelta(seconds=quiesce_s)
+    for replica in state.replicas.values():
+        model = state.models.get(replica.model)
+        if replica.phase in ACTIVE_PHASES and replica.phase is not ReplicaPhase.STOPPING:
+            for shard in replica.shards:
+                report = fleet.reports.get(shard.node_id)
+                if (
+                    model is not None
+                    and shard.phase is ShardPhase.PLACED
+                    and report is not None
+                    and (replica.id, shard.index) not in report.shards
+                ):
+                    command: StartShard | StopShard = start_command(
+                        state, model.spec, replica, shard
+                    )
+                    draft.command(shard.node_id, command)
+            continue
+        if replica.phase is ReplicaPhase.STOPPING and (
+            replica.stopping_since is not None and draft.now - replica.stopping_since < quiesce
+        ):
+            continue
+        if replica.phase is ReplicaPhase.STOPPING or replica.phase in STOPPED_BY_PLAN:
+            grace = model.spec.stop_grace_s if model else 30.0
+            for shard in replica.shards:
+                report = fleet.reports.get(shard.node_id)
+                running = report.shards.get((replica.id, shard.index)) if report else None
+                if running is not None and running.running and running.port == shard.port:
+                    draft.command(shard.node_id, stop_command(replica.id, shard.index, grace))

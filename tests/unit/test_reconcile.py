@@ -1,0 +1,639 @@
+"""Stories of the reconciler: given a log and what agents report, when a pass runs at a time,
+then these events and commands."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from app.domain.decision import Decision
+from app.domain.envelope import Meta, Recorded
+from app.domain.events import (
+    AnyEvent,
+    GpuInfo,
+    ModelDeclared,
+    ModelScaled,
+    ModelUnplaceable,
+    NodeConnected,
+    NodeDisconnected,
+    NodeDrainFinished,
+    NodeDrainRequested,
+    NodeLost,
+    ReplacementServing,
+    ReplicaAdopted,
+    ReplicaDrainStarted,
+    ReplicaFailed,
+    ReplicaLost,
+    ReplicaPlaced,
+    ReplicaServing,
+    ReplicaStartupTimedOut,
+    ReplicaStopped,
+    ReplicaStopping,
+    ShardFailed,
+    ShardPlacement,
+    ShardReady,
+    ShardStarting,
+    ShardStopped,
+    StrayStopped,
+)
+from app.domain.evolve import evolve
+from app.domain.fleet_view import FleetView, NodeReport, ReportedShard
+from app.domain.model_spec import ModelSpec
+from app.domain.reconcile import Settings, decide
+from app.domain.state import ClusterState, ReplicaPhase
+from tests.support.generators import stream_for
+
+T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+EPOCH = 2
+
+
+def gpus(n: int) -> tuple[GpuInfo, ...]:
+    return tuple(
+        GpuInfo(index=i, uuid=f"GPU-{i}", name="H100", memory_total_mib=81559) for i in range(n)
+    )
+
+
+class Cluster:
+    """A log being written, and the passes the reconciler makes over it."""
+
+    def __init__(self) -> None:
+        self.state = ClusterState()
+        self.now = T0
+        self.started_at = T0
+        self.reports: dict[str, NodeReport] = {}
+
+    def given(
+        self, *events: AnyEvent, epoch: int | None = EPOCH, at: datetime | None = None
+    ) -> None:
+        for event in events:
+            evolve(
+                self.state,
+                Recorded(
+                    position=self.state.position + 1,
+                    stream=stream_for(event),
+                    version=0,
+                    event_id=uuid.uuid4(),
+                    recorded_at=at or self.now,
+                    meta=Meta(actor="test", epoch=epoch),
+                    event=event,
+                ),
+            )
+
+    def node(self, node_id: str, n_gpus: int = 8, **labels: str) -> None:
+        self.given(
+            NodeConnected(
+                node_id=node_id,
+                address=f"10.0.0.{len(self.state.nodes) + 1}",
+                gpus=gpus(n_gpus),
+                labels=labels,
+            )
+        )
+        self.reports.setdefault(node_id, NodeReport(node_id=node_id))
+
+    def model(self, name: str = "llama", **spec: object) -> None:
+        self.given(
+            ModelDeclared(
+                model=name,
+                spec=ModelSpec(name=name, command="sim --port {port} --model {model}", **spec),
+            )
+        )  # type: ignore[arg-type]
+
+    def running(
+        self,
+        node_id: str,
+        replica_id: str,
+        port: int,
+        *,
+        shard: int = 0,
+        state: str = "ready",
+        pid: int = 4242,
+    ) -> None:
+        report = self.reports.get(node_id, NodeReport(node_id=node_id))
+        shards = dict(report.shards)
+        shards[(replica_id, shard)] = ReportedShard(
+            replica_id=replica_id,
+            shard_index=shard,
+            model=replica_id.rsplit("-", 1)[0],
+            port=port,
+            pid=pid,
+            state=state,
+        )
+        self.reports[node_id] = NodeReport(node_id=node_id, shards=shards)
+
+    def gone(self, node_id: str) -> None:
+        self.reports.pop(node_id, None)
+
+    def settings(self, **overrides: float) -> Settings:
+        values = {
+            "adoption_grace_s": 30.0,
+            "lost_timeout_s": 60.0,
+            "stability_window_s": 10.0,
+            "quiesce_s": 0.0,
+        }
+        values.update(overrides)
+        return Settings(epoch=EPOCH, started_at=self.started_at, **values)  # type: ignore[arg-type]
+
+    def after(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+    def reconcile(self, **overrides: float) -> Decision:
+        decision = decide(
+            self.state, FleetView(reports=dict(self.reports)), self.now, self.settings(**overrides)
+        )
+        for planned in decision.events:
+            evolve(
+                self.state,
+                Recorded(
+                    position=self.state.position + 1,
+                    stream=planned.stream,
+                    version=0,
+                    event_id=uuid.uuid4(),
+                    recorded_at=self.now,
+                    meta=Meta(
+                        actor="reconciler", epoch=EPOCH, correlation_id=planned.correlation_id
+                    ),
+                    event=planned.event,
+                ),
+            )
+        return decision
+
+    def serve(self, replica_id: str) -> None:
+        """The agent starts the replica's shards and they come up."""
+        replica = self.state.replicas[replica_id]
+        for shard in replica.shards:
+            self.given(
+                ShardStarting(
+                    replica_id=replica_id,
+                    shard_index=shard.index,
+                    node_id=shard.node_id,
+                    pid=1000 + shard.port,
+                ),
+                ShardReady(replica_id=replica_id, shard_index=shard.index, node_id=shard.node_id),
+            )
+            self.running(
+                shard.node_id, replica_id, shard.port, shard=shard.index, pid=1000 + shard.port
+            )
+        self.reconcile()
+
+    def stop_reported(self, replica_id: str) -> None:
+        for shard in self.state.replicas[replica_id].shards:
+            self.given(
+                ShardStopped(replica_id=replica_id, shard_index=shard.index, node_id=shard.node_id)
+            )
+            report = self.reports.get(shard.node_id)
+            if report is not None:
+                shards = {k: v for k, v in report.shards.items() if k != (replica_id, shard.index)}
+                self.reports[shard.node_id] = NodeReport(node_id=shard.node_id, shards=shards)
+
+    def phase(self, replica_id: str) -> ReplicaPhase:
+        return self.state.replicas[replica_id].phase
+
+
+def kinds(decision: Decision) -> list[str]:
+    return [type(p.event).__name__ for p in decision.events]
+
+
+def of_type(decision: Decision, kind: type) -> list:  # type: ignore[type-arg]
+    return [p.event for p in decision.events if isinstance(p.event, kind)]
+
+
+def commands(decision: Decision) -> list[str]:
+    return sorted(c.command.command_id for c in decision.commands)
+
+
+def placed_ids(decision: Decision) -> list[str]:
+    return [e.replica_id for e in of_type(decision, ReplicaPlaced)]
+
+
+def with_two_nodes_and_a_model(replicas: int = 2, **spec: object) -> Cluster:
+    cluster = Cluster()
+    cluster.node("gpu-1")
+    cluster.node("gpu-2")
+    cluster.model(replicas=replicas, **spec)
+    cluster.after(31)  # past the adoption grace
+    return cluster
+
+
+# -- placement and scaling ---------------------------------------------------------------
+
+
+def test_a_declared_model_is_placed_spread_over_nodes_and_started() -> None:
+    cluster = with_two_nodes_and_a_model(replicas=2)
+
+    decision = cluster.reconcile()
+
+    placed = of_type(decision, ReplicaPlaced)
+    assert [p.replica_id for p in placed] == ["llama-1", "llama-2"]
+    assert {p.shards[0].node_id for p in placed} == {"gpu-1", "gpu-2"}
+    assert all(p.shards[0].port == 20000 for p in placed)
+    assert commands(decision) == ["start-llama-1-0", "start-llama-2-0"]
+    start = next(c.command for c in decision.commands if c.command.command_id == "start-llama-1-0")
+    assert start.argv[:3] == ("sim", "--port", "20000")
+
+
+def test_replicas_become_serving_when_every_shard_is_ready() -> None:
+    cluster = with_two_nodes_and_a_model(replicas=1)
+    cluster.reconcile()
+    cluster.given(ShardStarting(replica_id="llama-1", shard_index=0, node_id="gpu-1"))
+    cluster.given(ShardReady(replica_id="llama-1", shard_index=0, node_id="gpu-1"))
+    cluster.running("gpu-1", "llama-1", 20000)
+
+    assert kinds(cluster.reconcile()) == ["ReplicaServing"]
+
+
+def test_scaling_down_stops_the_newest_not_yet_serving_first() -> None:
+    cluster = with_two_nodes_and_a_model(replicas=3)
+    cluster.reconcile()
+    cluster.serve("llama-1")
+    cluster.serve("llama-2")
+    cluster.given(ModelScaled(model="llama", replicas=1, previous=3))
+
+    stopping = of_type(cluster.reconcile(), ReplicaStopping)
+
+    assert [s.replica_id for s in stopping] == ["llama-3", "llama-2"]
+
+
+def test_an_unplaceable_model_is_recorded_once_per_reason() -> None:
+    cluster = Cluster()
+    cluster.node("gpu-1", n_gpus=2)
+    cluster.model(gpus_per_shard=4)
+    cluster.after(31)
+
+    first = of_type(cluster.reconcile(), ModelUnplaceable)
+    again = cluster.reconcile()
+
+    assert len(first) == 1
+    assert "needs 1 node(s) with 4 healthy free GPU(s)" in first[0].reason
+    assert "1 not enough healthy free GPUs" in first[0].reason
+    assert again.events == ()
+
+
+# -- startup timeouts and failures ---------------------------------------------------------
+
+
+def test_two_replicas_stuck_in_starting_past_a_two_minute_timeout_are_timed_out_and_replaced() -> (
+    None
+):
+    cluster = with_two_nodes_and_a_model(replicas=2, startup_timeout_s=120.0)
+    cluster.reconcile()
+    for replica_id, node in (("llama-1", "gpu-1"), ("llama-2", "gpu-2")):
+        cluster.given(ShardStarting(replica_id=replica_id, shard_index=0, node_id=node, pid=7))
+        cluster.running(node, replica_id, 20000, state="starting", pid=7)
+
+    cluster.after(119)
+    assert of_type(cluster.reconcile(), ReplicaStartupTimedOut) == []
+
+    cluster.after(2)
+    decision = cluster.reconcile()
+    assert [e.replica_id for e in of_type(decision, ReplicaStartupTimedOut)] == [
+        "llama-1",
+        "llama-2",
+    ]
+    assert "stop-llama-1-0" in commands(decision)
+    assert "stop-llama-2-0" in commands(decision)
+    # The failures put the model in backoff before it is placed again.
+    assert cluster.state.models["llama"].failures == 2
+    assert placed_ids(decision) == []
+    cluster.after(21)
+    assert placed_ids(cluster.reconcile()) == ["llama-3", "llama-4"]
+
+
+def test_a_failed_shard_fails_its_replica_and_the_model_backs_off() -> None:
+    cluster = with_two_nodes_and_a_model(replicas=1)
+    cluster.reconcile()
+    cluster.given(
+        ShardFailed(
+            replica_id="llama-1", shard_index=0, node_id="gpu-1", error="exit 1", log_tail=("OOM",)
+        )
+    )
+
+    decision = cluster.reconcile()
+
+    assert [e.reason for e in of_type(decision, ReplicaFailed)] == [
+        "shard 0 on gpu-1 failed: exit 1"
+    ]
+    model = cluster.state.models["llama"]
+    assert model.backoff_until == cluster.now + timedelta(seconds=10)
+    cluster.after(11)
+    assert placed_ids(cluster.reconcile()) == ["llama-2"]
+
+
+# -- nodes lost and strays -------------------------------------------------------------------
+
+
+def test_a_node_away_past_the_lost_timeout_loses_its_replicas_and_they_are_replaced() -> None:
+    cluster = Cluster()
+    cluster.node("gpu-1")
+    cluster.node("gpu-2")
+    cluster.model(replicas=1)
+    cluster.after(31)
+    cluster.reconcile()
+    cluster.serve("llama-1")
+    node = cluster.state.replicas["llama-1"].shards[0].node_id
+    cluster.given(NodeDisconnected(node_id=node, reason="heartbeat timeout"))
+    cluster.gone(node)
+
+    cluster.after(59)
+    assert of_type(cluster.reconcile(), NodeLost) == []
+    cluster.after(2)
+    decision = cluster.reconcile()
+
+    assert kinds(decision)[:2] == ["NodeLost", "ReplicaLost"]
+    assert placed_ids(decision) == ["llama-2"]
+    assert of_type(decision, ReplicaPlaced)[0].shards[0].node_id != node
+
+
+def test_a_node_that_returns_with_copies_of_replaced_replicas_has_them_stopped_as_strays() -> None:
+    cluster = Cluster()
+    cluster.node("gpu-1")
+    cluster.model(replicas=1)
+    cluster.after(31)
+    cluster.reconcile()
+    cluster.serve("llama-1")
+    cluster.node("gpu-2")
+    cluster.given(NodeDisconnected(node_id="gpu-1", reason="network"))
+    cluster.gone("gpu-1")
+    cluster.after(61)
+    cluster.reconcile()  # lost, replaced on gpu-2
+    cluster.serve("llama-2")
+
+    cluster.given(NodeConnected(node_id="gpu-1", address="10.0.0.1", gpus=gpus(8)))
+    cluster.running("gpu-1", "llama-1", 20000, pid=1234)
+    decision = cluster.reconcile()
+
+    strays = of_type(decision, StrayStopped)
+    assert [(s.replica_id, s.pid) for s in strays] == [("llama-1", 1234)]
+    assert strays[0].rule == "replica llama-1 is lost"
+    assert commands(decision) == ["stray-llama-1-0-1234"]
+    assert cluster.reconcile().events == ()  # recorded once, while the stop is on its way
+
+
+# -- adoption after a restart ----------------------------------------------------------------
+
+
+def restarted_with_two_serving_replicas() -> Cluster:
+    """A control plane at epoch 1 placed two replicas that serve; epoch 2 starts now."""
+    cluster = Cluster()
+    cluster.given(
+        NodeConnected(node_id="gpu-1", address="10.0.0.1", gpus=gpus(8)),
+        NodeConnected(node_id="gpu-2", address="10.0.0.2", gpus=gpus(8)),
+        ModelDeclared(
+            model="llama", spec=ModelSpec(name="llama", command="sim --port {port}", replicas=2)
+        ),
+        ReplicaPlaced(
+            replica_id="llama-1",
+            model="llama",
+            number=1,
+            shards=(ShardPlacement(index=0, node_id="gpu-1", gpus=(0,), port=20000),),
+        ),
+        ReplicaPlaced(
+            replica_id="llama-2",
+            model="llama",
+            number=2,
+            shards=(ShardPlacement(index=0, node_id="gpu-2", gpus=(0,), port=20000),),
+        ),
+        ShardStarting(replica_id="llama-1", shard_index=0, node_id="gpu-1"),
+        ShardReady(replica_id="llama-1", shard_index=0, node_id="gpu-1"),
+        ReplicaServing(replica_id="llama-1"),
+        ShardStarting(replica_id="llama-2", shard_index=0, node_id="gpu-2"),
+        ShardReady(replica_id="llama-2", shard_index=0, node_id="gpu-2"),
+        ReplicaServing(replica_id="llama-2"),
+        epoch=1,
+    )
+    cluster.after(3600)
+    cluster.started_at = cluster.now
+    return cluster
+
+
+def test_a_restarted_control_plane_adopts_what_its_agents_report_and_places_nothing() -> None:
+    cluster = restarted_with_two_serving_replicas()
+
+    assert cluster.reconcile().events == ()  # nobody has reconnected: wait, do not place
+
+    cluster.reports["gpu-1"] = NodeReport(node_id="gpu-1")
+    cluster.running("gpu-1", "llama-1", 20000)
+    cluster.reports["gpu-2"] = NodeReport(node_id="gpu-2")
+    cluster.running("gpu-2", "llama-2", 20000)
+    cluster.after(1)
+    decision = cluster.reconcile()
+
+    adopted = of_type(decision, ReplicaAdopted)
+    assert [(a.replica_id, a.rule) for a in adopted] == [
+        ("llama-1", "matches the log"),
+        ("llama-2", "matches the log"),
+    ]
+    assert placed_ids(decision) == []
+    assert decision.commands == ()
+    cluster.after(60)
+    assert cluster.reconcile().events == ()  # adopted once per epoch
+
+
+def test_a_restart_that_placed_before_agents_reconnected_does_not_start_a_second_replica() -> None:
+    """The log says llama-3 was placed on port 20004 and never came up; the agent reports the
+    engine of llama-3 answering on 20000. The running engine wins, port and all."""
+    cluster = restarted_with_two_serving_replicas()
+    cluster.given(
+        ModelScaled(model="llama", replicas=3, previous=2),
+        ReplicaPlaced(
+            replica_id="llama-3",
+            model="llama",
+            number=3,
+            shards=(ShardPlacement(index=0, node_id="gpu-1", gpus=(1,), port=20004),),
+        ),
+        epoch=1,
+    )
+    for node, replica in (("gpu-1", "llama-1"), ("gpu-2", "llama-2")):
+        cluster.reports[node] = NodeReport(node_id=node)
+        cluster.running(node, replica, 20000)
+    cluster.running("gpu-1", "llama-3", 20001, pid=5555)
+
+    decision = cluster.reconcile()
+
+    adopted = {a.replica_id: a for a in of_type(decision, ReplicaAdopted)}
+    assert adopted["llama-3"].port == 20001
+    assert (
+        adopted["llama-3"].rule
+        == "the log's copy never came up; the running engine takes its place"
+    )
+    assert placed_ids(decision) == []
+    assert not any(c.command.command_id.startswith("start-") for c in decision.commands)
+    assert cluster.state.replicas["llama-3"].shards[0].port == 20001
+
+
+def test_a_second_copy_of_a_replica_that_came_up_elsewhere_is_a_stray() -> None:
+    cluster = restarted_with_two_serving_replicas()
+    cluster.reports["gpu-1"] = NodeReport(node_id="gpu-1")
+    cluster.running("gpu-1", "llama-1", 20000)
+    cluster.reports["gpu-2"] = NodeReport(node_id="gpu-2")
+    cluster.running("gpu-2", "llama-2", 20000)
+    cluster.running("gpu-2", "llama-1", 20001, pid=999)
+
+    decision = cluster.reconcile()
+
+    (stray,) = of_type(decision, StrayStopped)
+    assert stray.node_id == "gpu-2"
+    assert stray.rule.startswith("the log's copy came up on gpu-1 port 20000")
+    assert "stray-llama-1-0-999" in commands(decision)
+
+
+def test_a_shard_the_log_expects_and_no_agent_reports_is_lost_after_the_grace() -> None:
+    cluster = restarted_with_two_serving_replicas()
+    cluster.reports["gpu-1"] = NodeReport(node_id="gpu-1")
+    cluster.running("gpu-1", "llama-1", 20000)
+    cluster.reports["gpu-2"] = NodeReport(node_id="gpu-2")  # llama-2's engine is gone
+
+    decision = cluster.reconcile()
+
+    assert [e.replica_id for e in of_type(decision, ReplicaLost)] == ["llama-2"]
+    assert placed_ids(decision) == ["llama-3"]
+
+
+# -- drains ----------------------------------------------------------------------------------
+
+
+def serving_on_two_of_three_nodes() -> Cluster:
+    cluster = Cluster()
+    for node in ("gpu-1", "gpu-2", "gpu-3"):
+        cluster.node(node)
+    cluster.model(replicas=2)
+    cluster.after(31)
+    cluster.reconcile()
+    cluster.serve("llama-1")
+    cluster.serve("llama-2")
+    return cluster
+
+
+def test_a_drain_moves_the_replica_and_stops_the_original_only_after_the_replacement_served() -> (
+    None
+):
+    cluster = serving_on_two_of_three_nodes()
+    node = cluster.state.replicas["llama-1"].shards[0].node_id
+    cluster.given(NodeDrainRequested(node_id=node, drain_id="drain-1", grace_s=600))
+
+    decision = cluster.reconcile()
+    assert kinds(decision) == ["ReplicaDrainStarted", "ReplicaPlaced"]
+    placed = of_type(decision, ReplicaPlaced)[0]
+    assert placed.replaces == "llama-1"
+    assert placed.shards[0].node_id not in (node,)
+    assert {p.correlation_id for p in decision.events} == {"drain-1"}
+
+    cluster.serve("llama-3")
+    assert cluster.phase("llama-1") is ReplicaPhase.DRAINING  # serving, but not long enough
+    cluster.after(9)
+    assert cluster.reconcile().events == ()
+
+    cluster.after(2)
+    decision = cluster.reconcile()
+    assert kinds(decision) == ["ReplacementServing", "ReplicaStopping"]
+    assert "stop-llama-1-0" in commands(decision)
+
+    cluster.stop_reported("llama-1")
+    decision = cluster.reconcile()
+    assert kinds(decision) == ["ReplicaStopped", "NodeDrainFinished"]
+    assert of_type(decision, NodeDrainFinished)[0].outcome == "every replica moved"
+
+
+def test_a_flapping_replacement_does_not_stop_the_original() -> None:
+    cluster = serving_on_two_of_three_nodes()
+    node = cluster.state.replicas["llama-1"].shards[0].node_id
+    cluster.given(NodeDrainRequested(node_id=node, drain_id="drain-1", grace_s=600))
+    cluster.reconcile()
+    cluster.serve("llama-3")
+    cluster.after(5)
+    replacement_node = cluster.state.replicas["llama-3"].shards[0].node_id
+    cluster.given(
+        ShardFailed(replica_id="llama-3", shard_index=0, node_id=replacement_node, error="crash")
+    )
+
+    decision = cluster.reconcile()
+
+    assert [e.replica_id for e in of_type(decision, ReplicaFailed)] == ["llama-3"]
+    assert of_type(decision, ReplacementServing) == []
+    assert of_type(decision, ReplicaStopping) == []
+    assert cluster.phase("llama-1") is ReplicaPhase.DRAINING
+    assert cluster.state.replicas["llama-1"].routable
+    cluster.after(11)
+    again = cluster.reconcile()  # backoff over: another replacement, for the same original
+    assert [p.replaces for p in of_type(again, ReplicaPlaced)] == ["llama-1"]
+
+
+def test_draining_the_only_capable_node_finishes_at_the_grace_period() -> None:
+    cluster = Cluster()
+    cluster.node("gpu-1")
+    cluster.node("gpu-2", n_gpus=1)
+    cluster.model(replicas=1, gpus_per_shard=4)
+    cluster.after(31)
+    cluster.reconcile()
+    cluster.serve("llama-1")
+    cluster.given(NodeDrainRequested(node_id="gpu-1", drain_id="drain-9", grace_s=300))
+
+    decision = cluster.reconcile()
+    assert kinds(decision) == ["ReplicaDrainStarted", "ModelUnplaceable"]
+    cluster.after(299)
+    assert of_type(cluster.reconcile(), ReplicaStopping) == []
+
+    cluster.after(2)
+    decision = cluster.reconcile()
+    (stopping,) = of_type(decision, ReplicaStopping)
+    assert stopping.reason == "drain drain-9: grace ran out before a replacement served"
+    cluster.stop_reported("llama-1")
+    finished = of_type(cluster.reconcile(), NodeDrainFinished)
+    assert finished[0].outcome == "grace ran out; what was left was stopped"
+
+
+def test_at_most_one_replica_of_a_model_moves_at_a_time() -> None:
+    cluster = Cluster()
+    for node in ("gpu-1", "gpu-2"):
+        cluster.node(node)
+    cluster.model(replicas=2)
+    cluster.after(31)
+    cluster.reconcile()
+    # Put both on gpu-1 for the story: drain a node holding two replicas of one model.
+    cluster.state.replicas.clear()
+    cluster.given(
+        ReplicaPlaced(
+            replica_id="llama-1",
+            model="llama",
+            number=1,
+            shards=(ShardPlacement(index=0, node_id="gpu-1", gpus=(0,), port=20000),),
+        ),
+        ReplicaPlaced(
+            replica_id="llama-2",
+            model="llama",
+            number=2,
+            shards=(ShardPlacement(index=0, node_id="gpu-1", gpus=(1,), port=20001),),
+        ),
+    )
+    cluster.serve("llama-1")
+    cluster.serve("llama-2")
+    cluster.given(NodeDrainRequested(node_id="gpu-1", drain_id="d", grace_s=600))
+
+    started = of_type(cluster.reconcile(), ReplicaDrainStarted)
+
+    assert [s.replica_id for s in started] == ["llama-1"]
+
+
+def test_a_replica_not_yet_serving_on_a_draining_node_is_stopped_at_once() -> None:
+    cluster = with_two_nodes_and_a_model(replicas=1)
+    cluster.reconcile()
+    node = cluster.state.replicas["llama-1"].shards[0].node_id
+    cluster.given(NodeDrainRequested(node_id=node, drain_id="d", grace_s=600))
+
+    decision = cluster.reconcile()
+
+    assert (
+        of_type(decision, ReplicaStopping)[0].reason == "drain d: not serving yet, nothing to move"
+    )
+    assert placed_ids(decision) == ["llama-2"]
+
+
+def test_a_stopping_replica_is_stopped_once_its_shards_are_gone() -> None:
+    cluster = with_two_nodes_and_a_model(replicas=1)
+    cluster.reconcile()
+    cluster.serve("llama-1")
+    cluster.given(ModelScaled(model="llama", replicas=0, previous=1))
+    cluster.reconcile()
+    assert cluster.phase("llama-1") is ReplicaPhase.STOPPING
+    cluster.stop_reported("llama-1")
+
+    assert of_type(cluster.reconcile(), ReplicaStopped) == [ReplicaStopped(replica_id="llama-1")]
