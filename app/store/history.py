@@ -7,6 +7,7 @@ from enum import StrEnum
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.envelope import Recorded
+from app.store.codec import RECORDED_COLUMNS
 from app.store.database import connection
 from app.store.postgres import record_from_row
 
@@ -36,8 +37,7 @@ async def read_history(
     engine: AsyncEngine, subject: Subject, key: str, after: int = 0, limit: int = 500
 ) -> list[Recorded]:
     query = (
-        "SELECT position, stream, version, event_id, recorded_at, meta::text AS meta, type, "
-        f"schema_version, data::text AS data FROM events WHERE {subject.condition} "
+        f"SELECT {RECORDED_COLUMNS} FROM events WHERE {subject.condition} "
         "AND position > $2 ORDER BY position LIMIT $3"
     )
     async with connection(engine) as db:

@@ -31,7 +31,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.domain.envelope import Meta, Recorded
 from app.domain.evolve import evolve
 from app.domain.state import ClusterState
-from app.store.codec import decode_event, decode_meta, encode_event, encode_meta, storable
+from app.store.codec import (
+    RECORDED_COLUMNS,
+    decode_recorded,
+    encode_event,
+    encode_meta,
+    storable,
+)
 from app.store.database import connection
 from app.store.errors import ConcurrencyError, FencedError, StoreError
 from app.store.interface import AppendRequest, NewEvent
@@ -42,10 +48,7 @@ APPEND_LOCK_KEY = 0x6C6C6D67_77000001  # "llmgw" + 1: one key for the whole log
 NOTIFY_CHANNEL = "llmgw_events"
 CHECKPOINT = "main"
 
-_SELECT_EVENTS = (
-    "SELECT position, stream, version, event_id, recorded_at, meta::text AS meta, type, "
-    "schema_version, data::text AS data FROM events"
-)
+_SELECT_EVENTS = f"SELECT {RECORDED_COLUMNS} FROM events"
 
 _APPEND_CALL = (
     "SELECT out_position, out_event_id FROM llmgw_append($1, $2, $3::text[], $4::int[], "
@@ -188,7 +191,7 @@ class PostgresEventStore:
         await self._catch_up_locked(db)
         ids = [new.event_id for request in requests for new in request.events]
         rows = await db.fetch(_SELECT_EVENTS + " WHERE event_id = ANY($1::uuid[])", ids)
-        known = {row["event_id"]: record_from_row(row) for row in rows}
+        known = {r.event_id: r for r in map(record_from_row, rows)}
         rest = [
             AppendRequest(
                 r.stream, r.expected_version, [e for e in r.events if e.event_id not in known]
@@ -327,16 +330,8 @@ def _json(value: Any) -> str:
 
 
 def record_from_row(row: asyncpg.Record) -> Recorded:
-    position: int = row["position"]
-    return Recorded(
-        position=position,
-        stream=row["stream"],
-        version=row["version"],
-        event_id=row["event_id"],
-        recorded_at=row["recorded_at"],
-        meta=decode_meta(row["meta"]),
-        event=decode_event(position, row["type"], row["schema_version"], row["data"]),
-    )
+    """A row selected with ``RECORDED_COLUMNS``, decoded."""
+    return decode_recorded(row[0], row[1], row[2], row[3])
 
 
 async def write_all_rows(db: asyncpg.Connection, rows: dict[str, list[dict[str, Any]]]) -> None:

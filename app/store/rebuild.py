@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import datetime
-from functools import lru_cache
 from typing import Any
 
 import asyncpg
@@ -11,19 +10,13 @@ import msgspec
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.domain.envelope import Meta, Recorded
 from app.domain.evolve import evolve
 from app.domain.state import ClusterState
-from app.store.codec import decode_event, decode_meta
+from app.store.codec import RECORDED_COLUMNS, decode_recorded
 from app.store.database import driver_connection, translated_errors
 from app.store.postgres import APPEND_LOCK_KEY, CHECKPOINT, json_columns, write_all_rows
 from app.store.projection import Row, all_rows
 from app.store.tables import PROJECTION_TABLES
-
-_REPLAY_QUERY = (
-    "SELECT position, stream, version, event_id, recorded_at, meta::text, type, "
-    "schema_version, data::text FROM events ORDER BY position"
-)
 
 
 class RowDifference(msgspec.Struct, frozen=True):
@@ -43,32 +36,14 @@ class RebuildReport(msgspec.Struct, frozen=True):
     rewritten: bool
 
 
-@lru_cache(maxsize=4096)
-def _meta(raw: str) -> Meta:
-    # Many events share one meta (one actor, one drain): decode each distinct text once.
-    return decode_meta(raw)
-
-
 async def replay_into(db: asyncpg.Connection, state: ClusterState) -> int:
     """Fold every event after ``state.position`` into ``state``; returns how many.
 
     Must run inside a transaction (the cursor needs one)."""
     count = 0
-    query = _REPLAY_QUERY.replace("ORDER BY", "WHERE position > $1 ORDER BY")
+    query = f"SELECT {RECORDED_COLUMNS} FROM events WHERE position > $1 ORDER BY position"
     async for row in db.cursor(query, state.position, prefetch=5000):
-        position, stream, version, event_id, recorded_at, meta, type_name, schema, data = row
-        evolve(
-            state,
-            Recorded(
-                position=position,
-                stream=stream,
-                version=version,
-                event_id=event_id,
-                recorded_at=recorded_at,
-                meta=_meta(meta),
-                event=decode_event(position, type_name, schema, data),
-            ),
-        )
+        evolve(state, decode_recorded(row[0], row[1], row[2], row[3]))
         count += 1
     return count
 

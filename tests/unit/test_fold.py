@@ -238,3 +238,10 @@ def _key(table: str, row: Row) -> str:
     if table == "shards":
         return f"{row['replica_id']}/{row['shard_index']}"
     return str(row["name"] if table == "models" else row["id"])
+
+
+def test_every_event_type_has_a_handler_in_the_fold() -> None:
+    from app.domain.events import EVENT_TYPES
+    from app.domain.evolve import _HANDLERS
+
+    assert set(_HANDLERS) == set(EVENT_TYPES.values())
