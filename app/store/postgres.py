@@ -53,7 +53,8 @@ _SELECT_EVENTS = f"SELECT {RECORDED_COLUMNS} FROM events"
 _APPEND_CALL = (
     "SELECT out_position, out_event_id FROM llmgw_append($1, $2, $3::text[], $4::int[], "
     "$5::text[], $6::smallint[], $7::jsonb[], $8::uuid[], $9::text[], $10::text[], "
-    "$11::text[], $12::jsonb, $13, $14, $15, $16::jsonb, $17::jsonb, $18)"
+    "$11::text[], $12::jsonb, $13, $14, $15, $16::text[], $17::text[], $18::text[], "
+    "$19::text[], $20::jsonb, $21)"
 )
 _encoder = msgspec.json.Encoder()
 
@@ -319,7 +320,10 @@ def _arguments(
         plan[0].recorded_at,
         meta.actor,
         meta.correlation_id,
-        _json(changes.touched),
+        changes.touched["models"],
+        changes.touched["nodes"],
+        changes.touched["replicas"],
+        changes.touched["api_keys"],
         _json(changes.rows),
         channel,
     )

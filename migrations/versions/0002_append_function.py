@@ -42,7 +42,10 @@ CREATE FUNCTION llmgw_append(
     p_recorded_at timestamptz,
     p_actor text,
     p_correlation_id text,
-    p_touched jsonb,
+    p_touched_models text[],
+    p_touched_nodes text[],
+    p_touched_replicas text[],
+    p_touched_keys text[],
     p_rows jsonb,
     p_channel text
 ) RETURNS TABLE (out_position bigint, out_event_id uuid)
@@ -96,10 +99,10 @@ BEGIN
 
     -- Projection rows of every touched entity are replaced: deleted, then inserted from
     -- the rows the caller folded (an entity that no longer exists has no row to insert).
-    DELETE FROM models WHERE name IN (SELECT jsonb_array_elements_text(p_touched->'models'));
-    DELETE FROM nodes WHERE id IN (SELECT jsonb_array_elements_text(p_touched->'nodes'));
-    DELETE FROM replicas WHERE id IN (SELECT jsonb_array_elements_text(p_touched->'replicas'));
-    DELETE FROM api_keys WHERE id IN (SELECT jsonb_array_elements_text(p_touched->'api_keys'));
+    DELETE FROM models WHERE name = ANY(p_touched_models);
+    DELETE FROM nodes WHERE id = ANY(p_touched_nodes);
+    DELETE FROM replicas WHERE id = ANY(p_touched_replicas);
+    DELETE FROM api_keys WHERE id = ANY(p_touched_keys);
     INSERT INTO models SELECT * FROM jsonb_populate_recordset(NULL::models, p_rows->'models');
     INSERT INTO nodes SELECT * FROM jsonb_populate_recordset(NULL::nodes, p_rows->'nodes');
     INSERT INTO replicas
@@ -124,5 +127,5 @@ def downgrade() -> None:
     op.execute(
         "DROP FUNCTION IF EXISTS llmgw_append(bigint, bigint, text[], int[], text[], "
         "smallint[], jsonb[], uuid[], text[], text[], text[], jsonb, timestamptz, text, text, "
-        "jsonb, jsonb, text)"
+        "text[], text[], text[], text[], jsonb, text)"
     )
