@@ -15,7 +15,6 @@ import contextlib
 import ipaddress
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -30,8 +29,7 @@ from cryptography import x509
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from agent.engines.records import read_proc_stat
-from agent.simulator.launcher import free_port, simulator_command
+from agent.simulator.launcher import free_port
 from app.fleet.hub import AgentHub
 from app.fleet.messages import (
     MAX_MESSAGE_BYTES,
@@ -68,13 +66,20 @@ from app.pki import (
 )
 from app.pki.files import write_ca, write_issued
 from app.pki.keys import PrivateKey
+from tests.support.fleet import (
+    LOOPBACK,
+    AgentProcess,
+    FleetProcesses,
+    NodeCredentials,
+    is_running,
+    mark_fake_gpu,
+    simulator_shard,
+)
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
-LOOPBACK = "127.0.0.1"
 NODE_ID = "gpu-01"
-AGENT = str(Path(sys.executable).parent / "llmgw-agent")
 T = TypeVar("T")
 
 
@@ -272,23 +277,10 @@ class RealHub(Recorder):
 
 
 @dataclass(eq=False)
-class AgentProcess:
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def exited(self) -> bool:
-        return self.process.poll() is not None
-
-
-@dataclass(eq=False)
 class Processes:
-    """Starts agents and, whatever happens, kills them and every engine they reported."""
+    """Agents dialling the control planes here; ``reap`` kills them and every engine."""
 
-    tmp_path: Path
-    agents: list[AgentProcess] = field(default_factory=list)
+    fleet: FleetProcesses
     control_planes: list[Recorder] = field(default_factory=list)
 
     def agent(
@@ -302,51 +294,20 @@ class Processes:
         if control_plane not in self.control_planes:
             self.control_planes.append(control_plane)
         pki = control_plane.pki
-        log_path = self.tmp_path / f"agent-{len(self.agents)}.log"
-        environment = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_AGENT_")}
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [
-                    AGENT,
-                    *("--server", control_plane.uri, "--node-id", node_id),
-                    *("--cert", str(pki / f"{certificate}.crt")),
-                    *("--key", str(pki / f"{certificate}.key")),
-                    *("--ca", str(pki / "ca.crt"), "--state-dir", str(state_dir)),
-                    *("--fake-gpus", "2x80GB", "--address", LOOPBACK, "--label", "zone=test"),
-                    *("--port-range", "1024-65535"),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=environment,
-                start_new_session=True,
-            )
-        agent = AgentProcess(process, log_path)
-        self.agents.append(agent)
-        return agent
+        credentials = NodeCredentials(
+            pki / f"{certificate}.crt", pki / f"{certificate}.key", pki / "ca.crt"
+        )
+        return self.fleet.start_agent(
+            control_plane.uri, node_id, credentials, state_dir, labels={"zone": "test"}
+        )
 
     def reap(self) -> None:
-        for agent in self.agents:
-            _kill_group(agent.process.pid)
-            agent.process.wait(timeout=10)
-        for control_plane in self.control_planes:
-            for pid in control_plane.engine_pids():
-                _kill_group(pid)
-
-
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-def is_running(pid: int) -> bool:
-    stat = read_proc_stat(pid)
-    return stat is not None and stat.state not in ("Z", "X")
+        self.fleet.reap(pid for plane in self.control_planes for pid in plane.engine_pids())
 
 
 @pytest.fixture
 def processes(tmp_path: Path) -> Iterator[Processes]:
-    started = Processes(tmp_path)
+    started = Processes(FleetProcesses(tmp_path))
     try:
         yield started
     finally:
@@ -361,18 +322,6 @@ async def control_plane(pki: Path) -> AsyncIterator[ControlPlane]:
         yield plane
     finally:
         await plane.stop()
-
-
-def sim_shard(command_id: str, replica_id: str, port: int) -> StartShard:
-    return StartShard(
-        command_id=command_id,
-        replica_id=replica_id,
-        shard_index=0,
-        model="m",
-        argv=(simulator_command(), "--port", str(port), "--model", "m", "--instant"),
-        gpus=(1,),
-        port=port,
-    )
 
 
 async def models_served(port: int) -> list[str]:
@@ -400,7 +349,7 @@ async def test_an_agent_says_hello_runs_a_shard_and_stops_it(
     assert hello.shards == ()
 
     port = free_port()
-    await control_plane.send(sim_shard("start-1", "m-1", port))
+    await control_plane.send(simulator_shard("start-1", "m-1", port))
     assert (await control_plane.result("start-1")).result.ok
     ready = await control_plane.status("m-1", "ready")
     engine_pid = ready.pid
@@ -449,7 +398,7 @@ async def test_an_agent_killed_and_started_again_reattaches_its_engine_and_leave
     state_dir = tmp_path / "state"
     first = processes.agent(control_plane, state_dir)
     await control_plane.hello()
-    await control_plane.send(sim_shard("start-1", "m-1", free_port()))
+    await control_plane.send(simulator_shard("start-1", "m-1", free_port()))
     engine_pid = (await control_plane.status("m-1", "ready")).pid
     assert engine_pid is not None
 
@@ -477,11 +426,8 @@ async def test_a_fake_gpu_marked_unhealthy_is_reported_in_a_heartbeat(
     processes.agent(control_plane, state_dir)
     await control_plane.hello()
 
-    marking = await asyncio.create_subprocess_exec(
-        AGENT, "fake-gpu", "mark", "--state-dir", str(state_dir), "--gpu", "1",
-        "--reason", "XID 79: GPU has fallen off the bus",
-    )  # fmt: skip
-    assert await marking.wait() == 0
+    reason = "XID 79: GPU has fallen off the bus"
+    assert await mark_fake_gpu(state_dir, 1, reason) == 0
 
     beat = await control_plane.observed(
         AgentHeartbeat, lambda o: bool(o.heartbeat.gpu_changes), what="a GPU health change"
@@ -491,7 +437,7 @@ async def test_a_fake_gpu_marked_unhealthy_is_reported_in_a_heartbeat(
             index=1,
             uuid=beat.heartbeat.gpu_changes[0].uuid,
             healthy=False,
-            reason="XID 79: GPU has fallen off the bus",
+            reason=reason,
             xid=79,
         ),
     )
@@ -584,7 +530,7 @@ async def test_the_agent_and_the_control_planes_own_hub_run_a_shard_together(
         processes.agent(hub, tmp_path / "state")
         assert len((await hub.hello()).gpus) == 2
 
-        await hub.send(sim_shard("start-1", "m-1", free_port()))
+        await hub.send(simulator_shard("start-1", "m-1", free_port()))
         assert (await hub.status("m-1", "ready")).command_id == "start-1"
         await hub.send(StopShard(command_id="stop-1", replica_id="m-1", shard_index=0, grace_s=5))
         assert (await hub.status("m-1", "stopped")).command_id == "stop-1"
