@@ -7,22 +7,24 @@ is already on its way, and the replacement must be placeable on the same node.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from app.domain.events import ShardPlacement
-from app.domain.state import ACTIVE_PHASES, ClusterState
+from app.domain.state import ACTIVE_PHASES, ClusterState, Node
 
 
 class Allocations:
-    """GPUs and ports in use per node; updated as a reconcile pass places replicas."""
+    """GPUs and ports in use per node; updated as a reconcile pass places replicas.
 
-    __slots__ = ("gpus", "model_replicas", "ports")
+    What is free on a node is computed once and kept until a placement there changes it:
+    a pass asks the same question of every node for every model it places."""
+
+    __slots__ = ("_free", "gpus", "model_replicas", "ports")
 
     def __init__(self) -> None:
-        self.gpus: dict[str, dict[int, str]] = defaultdict(dict)
-        self.ports: dict[str, set[int]] = defaultdict(set)
-        self.model_replicas: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self.gpus: dict[str, dict[int, str]] = {}
+        self.ports: dict[str, set[int]] = {}
+        self.model_replicas: dict[str, dict[str, int]] = {}
         """node -> model -> how many active replicas of it have a shard there"""
+        self._free: dict[str, tuple[tuple[tuple[int, int], ...], int | None]] = {}
 
     @classmethod
     def from_state(cls, state: ClusterState) -> Allocations:
@@ -39,10 +41,37 @@ class Allocations:
         for shard in shards:
             self._hold(replica_id, model, shard.node_id, shard.gpus, shard.port)
 
+    def free(self, node: Node) -> tuple[tuple[tuple[int, int], ...], int | None]:
+        """``((gpu index, free MiB) of every healthy unallocated GPU, lowest free port)``."""
+        known = self._free.get(node.id)
+        if known is None:
+            held = self.gpus.get(node.id, {})
+            gpus = tuple(
+                (gpu.index, gpu.memory_total_mib - gpu.memory_used_mib)
+                for gpu in node.gpus
+                if gpu.healthy and gpu.index not in held
+            )
+            known = (gpus, _lowest_free_port(node, self.ports.get(node.id, set())))
+            self._free[node.id] = known
+        return known
+
     def _hold(
         self, replica_id: str, model: str, node_id: str, gpus: tuple[int, ...], port: int
     ) -> None:
+        held = self.gpus.get(node_id)
+        if held is None:
+            held = self.gpus[node_id] = {}
         for gpu in gpus:
-            self.gpus[node_id][gpu] = replica_id
-        self.ports[node_id].add(port)
-        self.model_replicas[node_id][model] += 1
+            held[gpu] = replica_id
+        self.ports.setdefault(node_id, set()).add(port)
+        models = self.model_replicas.setdefault(node_id, {})
+        models[model] = models.get(model, 0) + 1
+        self._free.pop(node_id, None)
+
+
+def _lowest_free_port(node: Node, used: set[int]) -> int | None:
+    low, high = node.port_range
+    for port in range(low, high + 1):
+        if port not in used:
+            return port
+    return None

@@ -14,6 +14,7 @@ Score among the eligible nodes, best first (documented in docs/placement.md):
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from enum import StrEnum
 
@@ -73,8 +74,7 @@ def explain_placement(
         for node in sorted(state.nodes.values(), key=lambda n: n.id)
     )
     eligible = sorted(
-        (c for c in candidates if c.eligible),
-        key=lambda c: (c.same_model_replicas, c.usable_gpus - spec.gpus_per_shard, c.node_id),
+        (c for c in candidates if c.eligible), key=lambda c: rank(c, spec.gpus_per_shard)
     )
     if len(eligible) >= spec.shards_per_replica:
         chosen = eligible[: spec.shards_per_replica]
@@ -100,6 +100,52 @@ def explain_placement(
         placement=None,
         summary=unplaceable_summary(spec, candidates),
     )
+
+
+def rank(candidate: Candidate, gpus_per_shard: int) -> tuple[int, int, str]:
+    """Best first: fewest replicas of this model, then tightest fit, then node id."""
+    return (
+        candidate.same_model_replicas,
+        candidate.usable_gpus - gpus_per_shard,
+        candidate.node_id,
+    )
+
+
+class Placer:
+    """Places replicas of one model one after another in a reconcile pass: every node is
+    evaluated once, and after each placement only the nodes it used are evaluated again."""
+
+    def __init__(self, state: ClusterState, spec: ModelSpec, allocations: Allocations) -> None:
+        self._state = state
+        self._spec = spec
+        self._allocations = allocations
+        self._key = lambda c: rank(c, spec.gpus_per_shard)
+        fit = (_fit(node, spec, allocations) for node in state.nodes.values())
+        self._ranked = sorted((c for c in fit if c is not None), key=self._key)
+
+    def place(self, replica_id: str) -> tuple[ShardPlacement, ...] | None:
+        need = self._spec.shards_per_replica
+        if len(self._ranked) < need:
+            return None
+        chosen, self._ranked = self._ranked[:need], self._ranked[need:]
+        placement = tuple(
+            ShardPlacement(index=i, node_id=c.node_id, gpus=c.gpus, port=c.port or 0)
+            for i, c in enumerate(chosen)
+        )
+        self._allocations.reserve(replica_id, self._spec.name, placement)
+        for used in chosen:
+            again = _fit(self._state.nodes[used.node_id], self._spec, self._allocations)
+            if again is not None:
+                bisect.insort(self._ranked, again, key=self._key)
+        return placement
+
+    def summary(self) -> str:
+        """Why no (more) replica fits, every node with every reason counted."""
+        candidates = tuple(
+            _evaluate(node, self._spec, self._allocations, detail=False)
+            for node in self._state.nodes.values()
+        )
+        return unplaceable_summary(self._spec, candidates)
 
 
 def unplaceable_summary(spec: ModelSpec, candidates: tuple[Candidate, ...]) -> str:
@@ -160,7 +206,7 @@ def _evaluate(node: Node, spec: ModelSpec, allocations: Allocations, detail: boo
         text = f"needs {spec.gpus_per_shard} healthy GPU(s){memory}, has {len(usable)}"
         reject(Rejection.GPUS, text + (": " + ", ".join(notes) if notes else ""))
 
-    port = _free_port(node, allocations.ports.get(node.id, set()))
+    port = allocations.free(node)[1]
     if port is None:
         low, high = node.port_range
         reject(Rejection.PORTS, f"no free port in {low}-{high}")
@@ -170,6 +216,32 @@ def _evaluate(node: Node, spec: ModelSpec, allocations: Allocations, detail: boo
         eligible=not rejections,
         reasons=tuple(reasons),
         rejections=tuple(rejections),
+        gpus=tuple(usable[: spec.gpus_per_shard]),
+        port=port,
+        same_model_replicas=allocations.model_replicas.get(node.id, {}).get(spec.name, 0),
+        usable_gpus=len(usable),
+    )
+
+
+def _fit(node: Node, spec: ModelSpec, allocations: Allocations) -> Candidate | None:
+    """``_evaluate`` for the reconciler's hot path: the candidate if the node is eligible,
+    else None, stopping at the first failed check."""
+    if not node.connected or node.cordoned:
+        return None
+    labels = node.labels
+    for key, value in spec.node_selector.items():
+        if labels.get(key) != value:
+            return None
+    free_gpus, port = allocations.free(node)
+    if port is None or len(free_gpus) < spec.gpus_per_shard:
+        return None
+    need_mib = spec.gpu_memory_gib * MIB_PER_GIB
+    usable = [index for index, free_mib in free_gpus if free_mib >= need_mib]
+    if len(usable) < spec.gpus_per_shard:
+        return None
+    return Candidate(
+        node_id=node.id,
+        eligible=True,
         gpus=tuple(usable[: spec.gpus_per_shard]),
         port=port,
         same_model_replicas=allocations.model_replicas.get(node.id, {}).get(spec.name, 0),
@@ -198,11 +270,3 @@ def _usable_gpus(
         else:
             usable.append(gpu.index)
     return usable, notes
-
-
-def _free_port(node: Node, used: set[int]) -> int | None:
-    low, high = node.port_range
-    for port in range(low, high + 1):
-        if port not in used:
-            return port
-    return None

@@ -47,7 +47,7 @@ from app.domain.events import (
     replica_stream,
 )
 from app.domain.fleet_view import FleetView
-from app.domain.placement import explain_placement
+from app.domain.placement import Placer
 from app.domain.state import (
     ACTIVE_PHASES,
     ClusterState,
@@ -237,20 +237,19 @@ def _place(
         ),
         key=lambda r: r.number,
     )
+    placer = Placer(state, model.spec, allocations)
     for _ in range(deficit):
-        explanation = explain_placement(state, model.spec, allocations, detail=False)
-        if explanation.placement is None:
-            current = state.models[model.name].unplaceable_reason
-            if current != explanation.summary:
-                draft.emit(
-                    model_stream(model.name),
-                    ModelUnplaceable(
-                        model=model.name, reason=explanation.summary, missing_replicas=deficit
-                    ),
-                )
-            return
         number = state.models[model.name].replicas_created + 1
         replica_id = replica_id_for(model.name, number)
+        placement = placer.place(replica_id)
+        if placement is None:
+            reason = placer.summary()
+            if state.models[model.name].unplaceable_reason != reason:
+                draft.emit(
+                    model_stream(model.name),
+                    ModelUnplaceable(model=model.name, reason=reason, missing_replicas=deficit),
+                )
+            return
         original = waiting_for_replacement.pop(0) if waiting_for_replacement else None
         reason = (
             f"replacement for {original.id} (drain {original.drain_id})"
@@ -263,14 +262,13 @@ def _place(
                 replica_id=replica_id,
                 model=model.name,
                 number=number,
-                shards=explanation.placement,
+                shards=placement,
                 reason=reason,
                 replaces=original.id if original else None,
             ),
             expected_version=0,
             correlation_id=original.drain_id if original else None,
         )
-        allocations.reserve(replica_id, model.name, explanation.placement)
         deficit -= 1
 
 

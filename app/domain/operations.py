@@ -1,0 +1,388 @@
+"""What an operator's request records, or why it is refused: pure decisions, no I/O.
+
+Each decision takes the cluster as the log describes it and the request, and returns the
+``Change`` to record: the events for the one stream it writes, none when the request
+changes nothing (so a repeated request records nothing twice). A request that cannot be
+carried out raises an ``OperationError`` whose message an operator can act on. The
+questions operators ask about a model or a drain are answered here too, from the same
+state.
+
+OperationError
+├── UnknownThing        no such model, node, replica or drain in the log (``key`` says which)
+│   ├── UnknownModel
+│   ├── UnknownNode
+│   ├── UnknownReplica
+│   └── UnknownDrain
+├── InvalidSpec         the spec breaks the rules of ``validate_spec``; ``errors`` has them all
+└── InvalidOperation    the request does not fit the cluster as it is now
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from datetime import datetime
+
+import msgspec
+from msgspec.structs import replace
+
+from app.domain.envelope import Recorded
+from app.domain.events import (
+    AnyEvent,
+    ModelDeclared,
+    ModelRemoved,
+    ModelScaled,
+    NodeCordoned,
+    NodeDrainFinished,
+    NodeDrainRequested,
+    NodeUncordoned,
+    ReplicaDrainStarted,
+    model_stream,
+    node_stream,
+    replica_stream,
+)
+from app.domain.model_spec import ModelSpec, SpecError, validate_spec
+from app.domain.placement import Explanation, explain_placement
+from app.domain.state import ACTIVE_PHASES, ClusterState, Model, Node, Replica, ReplicaPhase
+
+ENDED_PHASES = frozenset(ReplicaPhase) - ACTIVE_PHASES
+NOT_SERVING_YET = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING})
+
+
+class OperationError(Exception):
+    """Base of every refusal; the message is meant for the operator."""
+
+
+class UnknownThing(OperationError):
+    kind = "thing"
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"no {self.kind} {key!r} is known")
+        self.key = key
+
+
+class UnknownModel(UnknownThing):
+    kind = "model"
+
+
+class UnknownNode(UnknownThing):
+    kind = "node"
+
+
+class UnknownReplica(UnknownThing):
+    kind = "replica"
+
+
+class UnknownDrain(UnknownThing):
+    kind = "drain"
+
+
+class InvalidSpec(OperationError):
+    def __init__(self, model: str, errors: Sequence[SpecError]) -> None:
+        listed = "; ".join(f"{e.field}: {e.reason}" for e in errors)
+        super().__init__(f"spec of model {model!r} is invalid ({listed}); nothing was recorded")
+        self.errors = list(errors)
+
+
+class InvalidOperation(OperationError):
+    pass
+
+
+class Change(msgspec.Struct, frozen=True, kw_only=True):
+    """Events to append to ``stream``, at the version of it the decision was made on."""
+
+    stream: str
+    events: tuple[AnyEvent, ...] = ()
+
+
+# -- models ------------------------------------------------------------------------------
+
+
+def apply_model(state: ClusterState, spec: ModelSpec) -> Change:
+    """Declare ``spec``: nothing when the model is already declared exactly so."""
+    errors = validate_spec(spec)
+    if errors:
+        raise InvalidSpec(spec.name, errors)
+    known = state.models.get(spec.name)
+    if known is not None and not known.removed and known.spec == spec:
+        return Change(stream=model_stream(spec.name))
+    return Change(
+        stream=model_stream(spec.name), events=(ModelDeclared(model=spec.name, spec=spec),)
+    )
+
+
+def scale(state: ClusterState, name: str, replicas: int) -> Change:
+    model = _declared_model(state, name)
+    errors = [
+        e for e in validate_spec(replace(model.spec, replicas=replicas)) if e.field == "replicas"
+    ]
+    if errors:
+        raise InvalidSpec(name, errors)
+    if replicas == model.spec.replicas:
+        return Change(stream=model_stream(name))
+    scaled = ModelScaled(model=name, replicas=replicas, previous=model.spec.replicas)
+    return Change(stream=model_stream(name), events=(scaled,))
+
+
+def remove(state: ClusterState, name: str) -> Change:
+    """Every replica of a removed model is stopped by the reconciler."""
+    model = find_model(state, name)
+    if model.removed:
+        return Change(stream=model_stream(name))
+    return Change(stream=model_stream(name), events=(ModelRemoved(model=name),))
+
+
+def placement_of(state: ClusterState, name: str) -> Explanation:
+    return explain_placement(state, find_model(state, name).spec)
+
+
+def placement_dry_run(state: ClusterState, spec: ModelSpec) -> Explanation:
+    errors = validate_spec(spec)
+    if errors:
+        raise InvalidSpec(spec.name, errors)
+    return explain_placement(state, spec)
+
+
+# -- nodes and replicas ------------------------------------------------------------------
+
+
+def cordon(state: ClusterState, node_id: str, reason: str) -> Change:
+    """No new replica is placed on a cordoned node; those on it keep running."""
+    node = find_node(state, node_id)
+    if node.cordoned:
+        return Change(stream=node_stream(node_id))
+    return Change(
+        stream=node_stream(node_id), events=(NodeCordoned(node_id=node_id, reason=reason),)
+    )
+
+
+def uncordon(state: ClusterState, node_id: str) -> Change:
+    node = find_node(state, node_id)
+    if node.drain_id is not None:
+        raise InvalidOperation(
+            f"node {node_id} is draining (drain {node.drain_id}); it can be uncordoned once "
+            "that drain has finished"
+        )
+    if not node.cordoned:
+        return Change(stream=node_stream(node_id))
+    return Change(stream=node_stream(node_id), events=(NodeUncordoned(node_id=node_id),))
+
+
+def drain_node(state: ClusterState, node_id: str, drain_id: str, grace_s: float) -> Change:
+    """Move every replica off the node (the reconciler carries it out, see ``drain``)."""
+    node = find_node(state, node_id)
+    if node.drain_id is not None:
+        since = (
+            f" since {node.drain_requested_at:%Y-%m-%d %H:%M:%S}" if node.drain_requested_at else ""
+        )
+        raise InvalidOperation(
+            f"node {node_id} is already draining (drain {node.drain_id}{since}); follow it "
+            f"at /admin/v1/drains/{node.drain_id}"
+        )
+    requested = NodeDrainRequested(node_id=node_id, drain_id=drain_id, grace_s=grace_s)
+    return Change(stream=node_stream(node_id), events=(requested,))
+
+
+def drain_replica(state: ClusterState, replica_id: str, drain_id: str) -> Change:
+    """Move one serving replica: a replacement is placed, and it stops once that serves."""
+    replica = find_replica(state, replica_id)
+    if replica.phase is not ReplicaPhase.SERVING:
+        raise InvalidOperation(
+            f"replica {replica_id} cannot be drained: {_why_not_drainable(replica)}"
+        )
+    started = ReplicaDrainStarted(
+        replica_id=replica_id, drain_id=drain_id, reason="drain of this replica requested"
+    )
+    return Change(stream=replica_stream(replica_id), events=(started,))
+
+
+def _why_not_drainable(replica: Replica) -> str:
+    if replica.phase is ReplicaPhase.DRAINING:
+        return f"it is already draining (drain {replica.drain_id})"
+    if replica.phase in NOT_SERVING_YET:
+        return (
+            f"it is {replica.phase.value} and not serving yet, so there is nothing to move; "
+            "scale the model down to stop it"
+        )
+    if replica.phase is ReplicaPhase.STOPPING:
+        return f"it is already stopping ({replica.end_reason or 'no reason recorded'})"
+    return f"it has ended ({replica.phase.value}: {replica.end_reason or 'no reason recorded'})"
+
+
+# -- lookups -----------------------------------------------------------------------------
+
+
+def find_model(state: ClusterState, name: str) -> Model:
+    model = state.models.get(name)
+    if model is None:
+        raise UnknownModel(name)
+    return model
+
+
+def find_node(state: ClusterState, node_id: str) -> Node:
+    node = state.nodes.get(node_id)
+    if node is None:
+        raise UnknownNode(node_id)
+    return node
+
+
+def find_replica(state: ClusterState, replica_id: str) -> Replica:
+    replica = state.replicas.get(replica_id)
+    if replica is None:
+        raise UnknownReplica(replica_id)
+    return replica
+
+
+def _declared_model(state: ClusterState, name: str) -> Model:
+    model = find_model(state, name)
+    if model.removed:
+        raise InvalidOperation(f"model {name} was removed; apply its spec to declare it again")
+    return model
+
+
+def replicas_matching(
+    state: ClusterState,
+    model: str | None = None,
+    node_id: str | None = None,
+    phase: ReplicaPhase | None = None,
+) -> list[Replica]:
+    """Replicas of ``model``, with a shard on ``node_id``, in ``phase`` (each if given)."""
+    return sorted(
+        (
+            r
+            for r in state.replicas.values()
+            if (model is None or r.model == model)
+            and (node_id is None or node_id in r.node_ids)
+            and (phase is None or r.phase is phase)
+        ),
+        key=lambda r: (r.model, r.number),
+    )
+
+
+# -- model status ------------------------------------------------------------------------
+
+
+class ModelStatus(msgspec.Struct, frozen=True, kw_only=True):
+    model: Model
+    phases: dict[str, int]
+    """Replicas of the model by phase, ended ones included."""
+    serving: int
+    counting: int
+    """Placed, starting or serving: the replicas that count towards the desired count."""
+    below_desired_because: tuple[str, ...]
+    """Empty when as many replicas serve as are desired."""
+
+
+def model_status(state: ClusterState, name: str, now: datetime) -> ModelStatus:
+    model = find_model(state, name)
+    replicas = [r for r in state.replicas.values() if r.model == name]
+    phases = Counter(r.phase for r in replicas)
+    serving = phases[ReplicaPhase.SERVING]
+    counting = serving + sum(phases[p] for p in NOT_SERVING_YET)
+    reasons = (
+        _below_desired(model, replicas, phases, counting, now) if serving < model.desired else ()
+    )
+    return ModelStatus(
+        model=model,
+        phases={phase.value: n for phase, n in sorted(phases.items())},
+        serving=serving,
+        counting=counting,
+        below_desired_because=reasons,
+    )
+
+
+def _below_desired(
+    model: Model,
+    replicas: list[Replica],
+    phases: Counter[ReplicaPhase],
+    counting: int,
+    now: datetime,
+) -> tuple[str, ...]:
+    reasons: list[str] = []
+    missing = model.desired - counting
+    if missing > 0:
+        if model.backoff_until is not None and now < model.backoff_until:
+            reasons.append(
+                f"placement waits until {model.backoff_until:%Y-%m-%d %H:%M:%S} after "
+                f"{model.failures} failed start(s) in a row"
+            )
+        if model.unplaceable_reason:
+            reasons.append(f"cannot place {missing} replica(s): {model.unplaceable_reason}")
+        elif not reasons:
+            reasons.append(f"{missing} replica(s) not placed yet")
+    starting = sum(phases[p] for p in NOT_SERVING_YET)
+    if starting:
+        reasons.append(f"{starting} replica(s) placed or starting, not serving yet")
+    if phases[ReplicaPhase.DRAINING]:
+        reasons.append(
+            f"{phases[ReplicaPhase.DRAINING]} replica(s) draining: they serve until their "
+            "replacements do"
+        )
+    if model.failures:
+        last = max(
+            (r for r in replicas if r.phase in (ReplicaPhase.FAILED, ReplicaPhase.TIMED_OUT)),
+            key=lambda r: (r.ended_at or r.placed_at, r.number),
+            default=None,
+        )
+        detail = f": {last.id} {last.phase.value}, {last.end_reason}" if last else ""
+        reasons.append(f"{model.failures} failed start(s) in a row{detail}")
+    return tuple(reasons)
+
+
+# -- drain progress ----------------------------------------------------------------------
+
+
+class DrainProgress(msgspec.Struct, frozen=True, kw_only=True):
+    drain_id: str
+    node_id: str | None
+    """The drained node; None when one replica was drained on its own."""
+    requested_by: str
+    requested_at: datetime
+    grace_s: float | None
+    finished: bool
+    outcome: str | None
+    replicas: tuple[Replica, ...]
+    """Replicas the drain moved, placed as replacements, or stopped."""
+    still_on_node: tuple[str, ...]
+    """Active replicas on the drained node that the drain has not reached yet."""
+    events: tuple[Recorded, ...]
+
+
+def drain_progress(state: ClusterState, drain_id: str, events: Sequence[Recorded]) -> DrainProgress:
+    """How the drain is going, from its events (those carrying its id as correlation id)."""
+    if not events:
+        raise UnknownDrain(drain_id)
+    first = events[0]
+    touched = {r.id for r in state.replicas.values() if r.drain_id == drain_id}
+    touched |= {i for e in events if (i := getattr(e.event, "replica_id", None)) is not None}
+    replicas = tuple(state.replicas[i] for i in sorted(touched) if i in state.replicas)
+    requested = first.event
+    if isinstance(requested, NodeDrainRequested):
+        node_id: str | None = requested.node_id
+        grace_s: float | None = requested.grace_s
+        done = next((e.event for e in events if isinstance(e.event, NodeDrainFinished)), None)
+        outcome = done.outcome if done is not None else None
+        still = tuple(
+            r.id
+            for r in replicas_matching(state, node_id=requested.node_id)
+            if r.phase in ACTIVE_PHASES and r.id not in touched
+        )
+    else:
+        node_id, grace_s, still = None, None, ()
+        moved = [r for r in replicas if r.drain_id == drain_id]
+        ended = bool(moved) and all(r.phase in ENDED_PHASES for r in moved)
+        outcome = (
+            "; ".join(f"{r.id} {r.end_reason or r.phase.value}" for r in moved) if ended else None
+        )
+    return DrainProgress(
+        drain_id=drain_id,
+        node_id=node_id,
+        requested_by=first.meta.actor,
+        requested_at=first.recorded_at,
+        grace_s=grace_s,
+        finished=outcome is not None,
+        outcome=outcome,
+        replicas=replicas,
+        still_on_node=still,
+        events=tuple(events),
+    )

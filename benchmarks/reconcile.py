@@ -1,0 +1,230 @@
+"""How fast the reconciler decides, on a fleet of 1,000 nodes with 8 GPUs each.
+
+    python benchmarks/reconcile.py [--nodes 1000] [--replicas 4000] [--repeat 15]
+
+Measured, pure (no database, no sockets; the decisions are what the control plane runs on
+every pass):
+- one ``explain_placement`` of a model that fits (target: <= 20 ms);
+- one full reconcile pass with nothing to do (target: <= 50 ms);
+- one full reconcile pass with 100 replicas to place (target: <= 50 ms).
+Medians of ``--repeat`` runs; a baseline of the same size, one pass over the replicas
+doing nothing but reading them, is reported beside it so the machine's speed is visible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import msgspec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from app.domain.envelope import Meta, Recorded
+from app.domain.events import (
+    AnyEvent,
+    GpuInfo,
+    ModelDeclared,
+    ModelScaled,
+    NodeConnected,
+    ReplicaPlaced,
+    ReplicaServing,
+    ShardPlacement,
+    ShardReady,
+    ShardStarting,
+)
+from app.domain.evolve import evolve
+from app.domain.fleet_view import FleetView, NodeReport, ReportedShard
+from app.domain.model_spec import ModelSpec
+from app.domain.placement import explain_placement
+from app.domain.reconcile import Settings, decide
+from app.domain.state import ClusterState
+from benchmarks.common import format_table, load_average, write_results
+
+T0 = datetime(2026, 11, 2, tzinfo=UTC)
+EPOCH = 1
+MODELS = 40
+
+
+class Figure(msgspec.Struct, frozen=True):
+    name: str
+    median_ms: float
+    p90_ms: float
+    target_ms: float | None
+
+
+class Results(msgspec.Struct, frozen=True):
+    nodes: int
+    replicas: int
+    repeat: int
+    load_average: tuple[float, float, float]
+    figures: list[Figure]
+
+
+def fleet(nodes: int, replicas: int) -> tuple[ClusterState, FleetView]:
+    """``nodes`` nodes of 8 H100s and ``replicas`` serving single-GPU replicas spread over
+    ``MODELS`` models, every shard reported running by its agent."""
+    state = ClusterState()
+    position = 0
+
+    def fold(event: AnyEvent) -> None:
+        nonlocal position
+        position += 1
+        evolve(
+            state,
+            Recorded(
+                position=position,
+                stream="s",
+                version=1,
+                event_id=uuid.UUID(int=position),
+                recorded_at=T0,
+                meta=Meta(actor="bench", epoch=EPOCH),
+                event=event,
+            ),
+        )
+
+    gpus = tuple(
+        GpuInfo(index=i, uuid=f"GPU-{i}", name="H100", memory_total_mib=81559) for i in range(8)
+    )
+    for n in range(nodes):
+        fold(NodeConnected(node_id=f"gpu-{n:04}", address=f"10.{n // 250}.{n % 250}.1", gpus=gpus))
+    per_model = replicas // MODELS
+    for m in range(MODELS):
+        spec = ModelSpec(name=f"model-{m}", command="vllm serve --port {port}", replicas=per_model)
+        fold(ModelDeclared(model=spec.name, spec=spec))
+    reports: dict[str, dict[tuple[str, int], ReportedShard]] = {}
+    for r in range(replicas):
+        model = f"model-{r % MODELS}"
+        number = r // MODELS + 1
+        replica_id = f"{model}-{number}"
+        node = f"gpu-{r % nodes:04}"
+        gpu = (r // nodes) % 8
+        port = 20000 + r // nodes
+        shard = ShardPlacement(index=0, node_id=node, gpus=(gpu,), port=port)
+        fold(ReplicaPlaced(replica_id=replica_id, model=model, number=number, shards=(shard,)))
+        fold(ShardStarting(replica_id=replica_id, shard_index=0, node_id=node, pid=r + 100))
+        fold(ShardReady(replica_id=replica_id, shard_index=0, node_id=node))
+        fold(ReplicaServing(replica_id=replica_id))
+        reports.setdefault(node, {})[(replica_id, 0)] = ReportedShard(
+            replica_id=replica_id, shard_index=0, model=model, port=port, pid=r + 100, state="ready"
+        )
+    view = FleetView(
+        reports={n: NodeReport(node_id=n, shards=reports.get(n, {})) for n in state.nodes}
+    )
+    return state, view
+
+
+def timed(run: Callable[[], object], repeat: int) -> list[float]:
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        samples.append((time.perf_counter() - start) * 1000)
+    return samples
+
+
+def figure(name: str, samples: list[float], target: float | None) -> Figure:
+    ordered = sorted(samples)
+    return Figure(
+        name=name,
+        median_ms=round(statistics.median(ordered), 2),
+        p90_ms=round(ordered[int(0.9 * (len(ordered) - 1))], 2),
+        target_ms=target,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--replicas", type=int, default=4000)
+    parser.add_argument("--repeat", type=int, default=15)
+    args = parser.parse_args()
+
+    built = time.perf_counter()
+    state, view = fleet(args.nodes, args.replicas)
+    print(
+        f"built a fleet of {args.nodes} nodes and {args.replicas} replicas "
+        f"in {time.perf_counter() - built:.1f}s"
+    )
+    settings = Settings(epoch=EPOCH, started_at=T0 - timedelta(hours=1))
+    now = T0 + timedelta(hours=1)
+    spec = ModelSpec(name="new-model", command="x", gpus_per_shard=4, gpu_memory_gib=40)
+
+    idle = decide(state, view, now, settings)
+    assert idle.events == () and idle.commands == (), "the fleet should need nothing"
+    grown = state.copy()
+    for m in range(10):  # ten models each ask for ten more replicas: 100 placements
+        model = grown.models[f"model-{m}"]
+        evolve(
+            grown,
+            Recorded(
+                position=grown.position + 1,
+                stream="s",
+                version=1,
+                event_id=uuid.uuid4(),
+                recorded_at=now,
+                meta=Meta(actor="bench"),
+                event=ModelScaled(
+                    model=model.name, replicas=model.desired + 10, previous=model.desired
+                ),
+            ),
+        )
+    placing = decide(grown, view, now, settings)
+    placed = sum(1 for p in placing.events if isinstance(p.event, ReplicaPlaced))
+    assert placed == 100, f"expected 100 placements, got {placed}"
+
+    figures = [
+        figure(
+            "baseline: read every replica once",
+            timed(lambda: sum(len(r.shards) for r in state.replicas.values()), args.repeat),
+            None,
+        ),
+        figure(
+            "explain-placement (4 GPUs x 40 GiB)",
+            timed(lambda: explain_placement(state, spec), args.repeat),
+            20,
+        ),
+        figure(
+            "reconcile pass, nothing to do",
+            timed(lambda: decide(state, view, now, settings), args.repeat),
+            50,
+        ),
+        figure(
+            "reconcile pass, 100 placements",
+            timed(lambda: decide(grown, view, now, settings), args.repeat),
+            50,
+        ),
+    ]
+    rows = [
+        [
+            f.name,
+            f"{f.median_ms:.2f}",
+            f"{f.p90_ms:.2f}",
+            "-" if f.target_ms is None else f"<= {f.target_ms:g}",
+            "-" if f.target_ms is None else ("met" if f.median_ms <= f.target_ms else "MISSED"),
+        ]
+        for f in figures
+    ]
+    print(format_table(["measure", "median ms", "p90 ms", "target", ""], rows))
+    print(f"load average: {load_average()}")
+    path = write_results(
+        "reconcile",
+        Results(
+            nodes=args.nodes,
+            replicas=args.replicas,
+            repeat=args.repeat,
+            load_average=load_average(),
+            figures=figures,
+        ),
+    )
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()
