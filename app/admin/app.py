@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
-from litestar import Litestar, get
+import re
+from typing import Any
+
+from litestar import Litestar, Request, get
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
-from app.admin.auth import TokenAuthenticator
+from app.admin.auth import ACTOR_KEY, TokenAuthenticator
 from app.admin.errors import EXCEPTION_HANDLERS
 from app.admin.history import HistoryController
+from app.admin.models import ModelController
+from app.admin.nodes import DrainController, NodeController
+from app.admin.placement import PlacementController
+from app.admin.replicas import ReplicaController
+from app.services.operations import Caller, Operations, new_request_id
 from app.store.postgres import PostgresEventStore
+
+REQUEST_ID_HEADER = "x-request-id"
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 
 @get("/healthz", include_in_schema=False)
@@ -18,13 +29,38 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
+def provide_caller(request: Request[Any, Any, Any]) -> Caller:
+    """The actor the ``require_actor`` guard found, and the request's id: the client's
+    ``X-Request-Id`` when it sent a usable one."""
+    sent = request.headers.get(REQUEST_ID_HEADER, "")
+    request_id = sent if _REQUEST_ID.match(sent) else new_request_id()
+    return Caller(actor=request.scope["state"][ACTOR_KEY], request_id=request_id)
+
+
 def create_admin_app(store: PostgresEventStore, authenticator: TokenAuthenticator) -> Litestar:
+    operations = Operations(store)
+
     async def provide_store() -> PostgresEventStore:
         return store
 
+    async def provide_operations() -> Operations:
+        return operations
+
     return Litestar(
-        route_handlers=[HistoryController, healthz],
-        dependencies={"store": Provide(provide_store)},
+        route_handlers=[
+            HistoryController,
+            ModelController,
+            PlacementController,
+            NodeController,
+            DrainController,
+            ReplicaController,
+            healthz,
+        ],
+        dependencies={
+            "store": Provide(provide_store),
+            "operations": Provide(provide_operations),
+            "caller": Provide(provide_caller, sync_to_thread=False),
+        },
         state=State({"authenticator": authenticator}),
         exception_handlers=EXCEPTION_HANDLERS,
         openapi_config=OpenAPIConfig(title="llmgw admin API", version="1", path="/admin/v1/schema"),

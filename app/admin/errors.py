@@ -8,17 +8,34 @@ import structlog
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.status_codes import (
+    HTTP_404_NOT_FOUND,
     HTTP_409_CONFLICT,
+    HTTP_422_UNPROCESSABLE_ENTITY,
     HTTP_500_INTERNAL_SERVER_ERROR,
     HTTP_503_SERVICE_UNAVAILABLE,
 )
 from litestar.types import ExceptionHandlersMap
 
+from app.domain.operations import (
+    InvalidOperation,
+    InvalidSpec,
+    UnknownDrain,
+    UnknownModel,
+    UnknownNode,
+    UnknownReplica,
+    UnknownThing,
+)
 from app.store.errors import ConcurrencyError, FencedError, StoreError, StoreUnavailable
 
 log = structlog.get_logger(__name__)
 
 PROBLEM_TABLE: tuple[tuple[type[Exception], int, str], ...] = (
+    (UnknownModel, HTTP_404_NOT_FOUND, "unknown-model"),
+    (UnknownNode, HTTP_404_NOT_FOUND, "unknown-node"),
+    (UnknownReplica, HTTP_404_NOT_FOUND, "unknown-replica"),
+    (UnknownDrain, HTTP_404_NOT_FOUND, "unknown-drain"),
+    (InvalidSpec, HTTP_422_UNPROCESSABLE_ENTITY, "invalid-spec"),
+    (InvalidOperation, HTTP_409_CONFLICT, "invalid-operation"),
     (ConcurrencyError, HTTP_409_CONFLICT, "conflict"),
     (FencedError, HTTP_503_SERVICE_UNAVAILABLE, "not-leader"),
     (StoreUnavailable, HTTP_503_SERVICE_UNAVAILABLE, "database-unavailable"),
@@ -50,11 +67,22 @@ def handle_http(_: Request[Any, Any, Any], exc: HTTPException) -> Response[dict[
 def handle_domain(_: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
     for kind, status, slug in PROBLEM_TABLE:
         if isinstance(exc, kind):
-            return problem(status, slug, str(exc))
+            return problem(status, slug, str(exc), **_details(exc))
     log.exception("admin.unhandled", error=str(exc))
     return problem(
         HTTP_500_INTERNAL_SERVER_ERROR, "internal-error", "internal error; see the server log"
     )
+
+
+def _details(exc: Exception) -> dict[str, Any]:
+    """What a client needs besides the message: every field of an invalid spec, the id of
+    an unknown thing."""
+    match exc:
+        case InvalidSpec():
+            return {"errors": [{"field": e.field, "reason": e.reason} for e in exc.errors]}
+        case UnknownThing():
+            return {"id": exc.key}
+    return {}
 
 
 def _slug(exc: HTTPException) -> str:

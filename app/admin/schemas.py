@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
+
+ViewT = TypeVar("ViewT")
 
 
 class EventView(msgspec.Struct, frozen=True, kw_only=True):
@@ -27,3 +29,266 @@ class HistoryPage(msgspec.Struct, frozen=True, kw_only=True):
     events: list[EventView]
     next_after: int | None
     """Pass as ``after`` to read the next page; null when this page is the last."""
+
+
+def as_view(value: object, view: type[ViewT], **extra: object) -> ViewT:
+    """``value`` (a domain struct) as the wire struct ``view``, with ``extra`` fields; fields
+    the view does not declare are left out."""
+    data = msgspec.to_builtins(value, builtin_types=(datetime,))
+    return msgspec.convert({**data, **extra}, view)
+
+
+# -- models ------------------------------------------------------------------------------
+
+
+class RoutingBody(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True
+):
+    weight: float | None = None
+    target_waiting: int | None = None
+    kv_ceiling: float | None = None
+
+
+class ModelSpecBody(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True
+):
+    """A model spec as sent to the API; a field left out (or null) takes its default."""
+
+    name: str | None = None
+    command: str
+    engine: str | None = None
+    env: dict[str, str] | None = None
+    gpus_per_shard: int | None = None
+    gpu_memory_gib: float | None = None
+    shards_per_replica: int | None = None
+    node_selector: dict[str, str] | None = None
+    replicas: int | None = None
+    startup_timeout_s: float | None = None
+    stop_grace_s: float | None = None
+    max_moves: int | None = None
+    routing: RoutingBody | None = None
+
+
+class RoutingView(msgspec.Struct, frozen=True, kw_only=True):
+    weight: float
+    target_waiting: int
+    kv_ceiling: float
+
+
+class ModelSpecView(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    command: str
+    engine: str
+    env: dict[str, str]
+    gpus_per_shard: int
+    gpu_memory_gib: float
+    shards_per_replica: int
+    node_selector: dict[str, str]
+    replicas: int
+    startup_timeout_s: float
+    stop_grace_s: float
+    max_moves: int
+    routing: RoutingView
+
+
+class ModelView(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    declared_at: datetime
+    removed: bool
+    desired: int
+    serving: int
+    counting: int
+    """Placed, starting or serving: the replicas that count towards ``desired``."""
+    phases: dict[str, int]
+    below_desired_because: list[str]
+    unplaceable_reason: str | None
+    failures: int
+    backoff_until: datetime | None
+    spec: ModelSpecView
+
+
+class ModelChange(msgspec.Struct, frozen=True, kw_only=True):
+    changed: bool
+    """False when the request changed nothing (and so recorded nothing)."""
+    model: ModelView
+
+
+class ScaleRequest(msgspec.Struct, frozen=True, kw_only=True):
+    replicas: int
+
+
+# -- placement ---------------------------------------------------------------------------
+
+
+class CandidateView(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    eligible: bool
+    reasons: list[str]
+    """Every reason the node cannot take a shard; empty when it can."""
+    gpus: list[int]
+    port: int | None
+    same_model_replicas: int
+    usable_gpus: int
+
+
+class ShardPlacementView(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    node_id: str
+    gpus: list[int]
+    port: int
+
+
+class PlacementView(msgspec.Struct, frozen=True, kw_only=True):
+    model: str
+    shards: int
+    gpus_per_shard: int
+    gpu_memory_gib: float
+    placeable: bool
+    summary: str
+    """Where a replica would go and why those nodes, or why it cannot be placed."""
+    placement: list[ShardPlacementView] | None
+    candidates: list[CandidateView]
+
+
+# -- nodes -------------------------------------------------------------------------------
+
+
+class ConnectionView(msgspec.Struct, frozen=True, kw_only=True):
+    connected: bool
+    lost: bool
+    address: str
+    remote_address: str
+    agent_version: str
+    since: datetime | None
+
+
+class GpuView(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    uuid: str
+    name: str
+    memory_total_mib: int
+    memory_used_mib: int
+    memory_free_mib: int
+    healthy: bool
+    unhealthy_reason: str | None
+    used_by: str | None
+    """The replica holding this GPU."""
+    excluded_because: str | None
+    """Why placement will not use this GPU for any model; null when it may."""
+
+
+class NodeDrainView(msgspec.Struct, frozen=True, kw_only=True):
+    drain_id: str
+    grace_s: float | None
+    requested_at: datetime | None
+
+
+class NodeReplicaView(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    model: str
+    phase: str
+    shards: list[int]
+    """Indexes of the replica's shards on this node."""
+
+
+class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    address: str
+    connected: bool
+    lost: bool
+    cordoned: bool
+    drain_id: str | None
+    labels: dict[str, str]
+    gpus: int
+    healthy_gpus: int
+    free_gpus: int
+    """Healthy GPUs that no replica holds."""
+    replicas: int
+    """Active replicas with a shard here."""
+
+
+class NodeView(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    registered_at: datetime
+    connection: ConnectionView
+    labels: dict[str, str]
+    port_range: list[int]
+    gpus: list[GpuView]
+    cordoned: bool
+    cordon_reason: str | None
+    drain: NodeDrainView | None
+    replicas: list[NodeReplicaView]
+
+
+class CordonRequest(msgspec.Struct, frozen=True, kw_only=True):
+    reason: str = ""
+
+
+class NodeChange(msgspec.Struct, frozen=True, kw_only=True):
+    changed: bool
+    node: NodeView
+
+
+class DrainRequest(msgspec.Struct, frozen=True, kw_only=True):
+    grace_s: Annotated[float, msgspec.Meta(gt=0, le=7 * 24 * 3600)] = 600.0
+    """Seconds the whole move may take; what is left on the node then is stopped."""
+
+
+# -- replicas and drains -----------------------------------------------------------------
+
+
+class ReplicaSummary(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    model: str
+    number: int
+    phase: str
+    nodes: list[str]
+    placed_at: datetime
+    serving_since: datetime | None
+    routable: bool
+    drain_id: str | None
+    replaces: str | None
+    replacement_id: str | None
+
+
+class ShardView(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    node_id: str
+    gpus: list[int]
+    port: int
+    phase: str
+    pid: int | None
+    came_up: bool
+    error: str | None
+    exit_code: int | None
+    log_tail: list[str]
+    """The engine's last log lines, when the shard failed."""
+
+
+class ReplicaView(ReplicaSummary, frozen=True, kw_only=True):
+    reason: str
+    starting_since: datetime | None
+    drain_started_at: datetime | None
+    stopping_since: datetime | None
+    ended_at: datetime | None
+    end_reason: str | None
+    shards: list[ShardView]
+
+
+class DrainAccepted(msgspec.Struct, frozen=True, kw_only=True):
+    drain_id: str
+    progress: str
+    """Where to follow the drain."""
+
+
+class DrainProgressView(msgspec.Struct, frozen=True, kw_only=True):
+    drain_id: str
+    node_id: str | None
+    requested_by: str
+    requested_at: datetime
+    grace_s: float | None
+    finished: bool
+    outcome: str | None
+    replicas: list[ReplicaSummary]
+    still_on_node: list[str]
+    events: list[EventView]

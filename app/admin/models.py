@@ -1,0 +1,108 @@
+"""``/admin/v1/models``: declare, scale and remove models; each one's spec and status."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+from litestar import Controller, Request, delete, get, post, put
+
+from app.admin.auth import require_actor
+from app.admin.schemas import ModelChange, ModelSpecBody, ModelView, ScaleRequest, as_view
+from app.domain.model_spec import ModelSpec, SpecError
+from app.domain.operations import InvalidSpec, ModelStatus
+from app.services.operations import Caller, Operations
+
+DRY_RUN_MODEL = "dry-run"
+"""The name of a dry-run spec that has none."""
+
+_MSGSPEC_ERROR = re.compile(r"^(?P<reason>.*?)(?: - at `\$\.?(?P<path>[^`]*)`)?$")
+_NAMED_FIELD = re.compile(r"(?P<what>missing required|contains unknown) field `(?P<field>[^`]+)`")
+
+
+def spec_from_body(body: bytes, path_name: str | None) -> ModelSpec:
+    """The spec a request sent; ``InvalidSpec`` naming the field when it does not decode, or
+    when its name differs from the one in the path."""
+    try:
+        sent = msgspec.json.decode(body, type=ModelSpecBody)
+    except msgspec.ValidationError as exc:
+        raise InvalidSpec(path_name or "?", [_spec_error(str(exc))]) from exc
+    except msgspec.DecodeError as exc:
+        raise InvalidSpec(path_name or "?", [SpecError("(body)", f"not JSON: {exc}")]) from exc
+    if path_name is not None and sent.name not in (None, path_name):
+        reason = f"is {sent.name!r}, but the path names {path_name!r}"
+        raise InvalidSpec(path_name, [SpecError("name", reason)])
+    name = path_name or sent.name or DRY_RUN_MODEL
+    return msgspec.convert({**msgspec.to_builtins(sent), "name": name}, ModelSpec)
+
+
+def _spec_error(message: str) -> SpecError:
+    """msgspec's first complaint (``Expected `int`, got `str` - at `$.replicas```, ``Object
+    contains unknown field `x```) as a field and a reason."""
+    parsed = _MSGSPEC_ERROR.match(message)
+    path, reason = (parsed["path"] or "", parsed["reason"]) if parsed else ("", message)
+    named = _NAMED_FIELD.search(reason)
+    if named is None:
+        return SpecError(path or "(body)", reason.replace(" | null", "").lower())
+    field = ".".join(filter(None, (path, named["field"])))
+    if named["what"] == "missing required":
+        return SpecError(field, "is required")
+    return SpecError(field, "is not a field of a model spec")
+
+
+def model_view(status: ModelStatus) -> ModelView:
+    model = status.model
+    return as_view(
+        status,
+        ModelView,
+        name=model.name,
+        declared_at=model.declared_at,
+        removed=model.removed,
+        desired=model.desired,
+        unplaceable_reason=model.unplaceable_reason,
+        failures=model.failures,
+        backoff_until=model.backoff_until,
+        spec=msgspec.to_builtins(model.spec),
+    )
+
+
+class ModelController(Controller):
+    path = "/admin/v1/models"
+    guards = [require_actor]
+    tags = ["models"]
+
+    @get("/", summary="Every declared model with its status")
+    async def list_models(
+        self, operations: Operations, include_removed: bool = False
+    ) -> list[ModelView]:
+        statuses = await operations.models(include_removed=include_removed)
+        return [model_view(status) for status in statuses]
+
+    @get("/{name:str}", summary="A model's spec, and why it is below its count if it is")
+    async def show(self, operations: Operations, name: str) -> ModelView:
+        return model_view(await operations.model(name))
+
+    @put(
+        "/{name:str}",
+        summary="Declare a model (a JSON spec); the same spec again records nothing",
+        description="An invalid spec is answered 422 with every field and reason; "
+        "nothing is recorded then.",
+    )
+    async def apply(
+        self, request: Request[Any, Any, Any], operations: Operations, caller: Caller, name: str
+    ) -> ModelChange:
+        spec = spec_from_body(await request.body(), name)
+        changed = await operations.apply_model(caller, spec)
+        return ModelChange(changed=changed, model=model_view(await operations.model(name)))
+
+    @post("/{name:str}/scale", status_code=200, summary="Change a model's replica count")
+    async def scale(
+        self, data: ScaleRequest, operations: Operations, caller: Caller, name: str
+    ) -> ModelChange:
+        changed = await operations.scale(caller, name, data.replicas)
+        return ModelChange(changed=changed, model=model_view(await operations.model(name)))
+
+    @delete("/{name:str}", summary="Remove a model: every replica of it is stopped")
+    async def remove(self, operations: Operations, caller: Caller, name: str) -> None:
+        await operations.remove(caller, name)

@@ -1,0 +1,178 @@
+"""``/admin/v1/nodes``: the GPU machines, cordon, uncordon and drain; ``/admin/v1/drains``:
+how a drain is going."""
+
+from __future__ import annotations
+
+from litestar import Controller, get, post
+from litestar.status_codes import HTTP_202_ACCEPTED
+from msgspec.structs import replace
+
+from app.admin.auth import require_actor
+from app.admin.history import event_view
+from app.admin.replicas import DRAINS_PATH, drain_accepted, replica_summary
+from app.admin.schemas import (
+    ConnectionView,
+    CordonRequest,
+    DrainAccepted,
+    DrainProgressView,
+    DrainRequest,
+    GpuView,
+    NodeChange,
+    NodeDrainView,
+    NodeReplicaView,
+    NodeSummary,
+    NodeView,
+    as_view,
+)
+from app.domain.allocation import Allocations
+from app.domain.events import GpuInfo
+from app.domain.operations import DrainProgress, find_node, replicas_matching
+from app.domain.state import ACTIVE_PHASES, ClusterState, Node, Replica
+from app.services.operations import Caller, Operations
+
+
+def node_summary(state: ClusterState, node: Node, allocations: Allocations) -> NodeSummary:
+    healthy = [gpu.index for gpu in node.gpus if gpu.healthy]
+    held = allocations.gpus.get(node.id, {})
+    return NodeSummary(
+        id=node.id,
+        address=node.address,
+        connected=node.connected,
+        lost=node.lost,
+        cordoned=node.cordoned,
+        drain_id=node.drain_id,
+        labels=node.labels,
+        gpus=len(node.gpus),
+        healthy_gpus=len(healthy),
+        free_gpus=sum(1 for index in healthy if index not in held),
+        replicas=len(_active_on(state, node.id)),
+    )
+
+
+def node_view(state: ClusterState, node_id: str) -> NodeView:
+    node = find_node(state, node_id)
+    held = Allocations.from_state(state).gpus.get(node.id, {})
+    drain = (
+        NodeDrainView(
+            drain_id=node.drain_id,
+            grace_s=node.drain_grace_s,
+            requested_at=node.drain_requested_at,
+        )
+        if node.drain_id is not None
+        else None
+    )
+    return NodeView(
+        id=node.id,
+        registered_at=node.registered_at,
+        connection=ConnectionView(
+            connected=node.connected,
+            lost=node.lost,
+            address=node.address,
+            remote_address=node.remote_address,
+            agent_version=node.agent_version,
+            since=node.last_change_at,
+        ),
+        labels=node.labels,
+        port_range=list(node.port_range),
+        gpus=[_gpu_view(gpu, held.get(gpu.index)) for gpu in node.gpus],
+        cordoned=node.cordoned,
+        cordon_reason=node.cordon_reason,
+        drain=drain,
+        replicas=[
+            NodeReplicaView(
+                id=r.id,
+                model=r.model,
+                phase=r.phase.value,
+                shards=[s.index for s in r.shards if s.node_id == node.id],
+            )
+            for r in _active_on(state, node.id)
+        ],
+    )
+
+
+def _gpu_view(gpu: GpuInfo, used_by: str | None) -> GpuView:
+    excluded = (
+        f"unhealthy: {gpu.unhealthy_reason or 'no reason reported'}"
+        if not gpu.healthy
+        else f"used by replica {used_by}"
+        if used_by is not None
+        else None
+    )
+    return as_view(
+        gpu,
+        GpuView,
+        memory_free_mib=gpu.memory_total_mib - gpu.memory_used_mib,
+        used_by=used_by,
+        excluded_because=excluded,
+    )
+
+
+def _active_on(state: ClusterState, node_id: str) -> list[Replica]:
+    return [r for r in replicas_matching(state, node_id=node_id) if r.phase in ACTIVE_PHASES]
+
+
+def drain_progress_view(progress: DrainProgress) -> DrainProgressView:
+    return as_view(
+        replace(progress, replicas=(), events=()),
+        DrainProgressView,
+        replicas=[replica_summary(r) for r in progress.replicas],
+        events=[event_view(e) for e in progress.events],
+    )
+
+
+class NodeController(Controller):
+    path = "/admin/v1/nodes"
+    guards = [require_actor]
+    tags = ["nodes"]
+
+    @get("/", summary="Every node the log knows")
+    async def list_nodes(self, operations: Operations) -> list[NodeSummary]:
+        state = await operations.current()
+        allocations = Allocations.from_state(state)
+        return [node_summary(state, n, allocations) for _, n in sorted(state.nodes.items())]
+
+    @get("/{node_id:str}", summary="A node: connection, GPUs and why any is excluded, replicas")
+    async def show(self, operations: Operations, node_id: str) -> NodeView:
+        return node_view(await operations.current(), node_id)
+
+    @post("/{node_id:str}/cordon", status_code=200, summary="Place nothing new on the node")
+    async def cordon(
+        self,
+        operations: Operations,
+        caller: Caller,
+        node_id: str,
+        data: CordonRequest | None = None,
+    ) -> NodeChange:
+        reason = data.reason if data is not None else ""
+        changed = await operations.cordon(caller, node_id, reason)
+        return NodeChange(changed=changed, node=node_view(await operations.current(), node_id))
+
+    @post("/{node_id:str}/uncordon", status_code=200, summary="Allow placements again")
+    async def uncordon(self, operations: Operations, caller: Caller, node_id: str) -> NodeChange:
+        changed = await operations.uncordon(caller, node_id)
+        return NodeChange(changed=changed, node=node_view(await operations.current(), node_id))
+
+    @post(
+        "/{node_id:str}/drain",
+        status_code=HTTP_202_ACCEPTED,
+        summary="Move every replica off the node; answers at once with the drain's id",
+    )
+    async def drain(
+        self,
+        operations: Operations,
+        caller: Caller,
+        node_id: str,
+        data: DrainRequest | None = None,
+    ) -> DrainAccepted:
+        grace_s = (data or DrainRequest()).grace_s
+        return drain_accepted(await operations.drain_node(caller, node_id, grace_s))
+
+
+class DrainController(Controller):
+    path = DRAINS_PATH
+    guards = [require_actor]
+    tags = ["drains"]
+
+    @get("/{drain_id:str}", summary="A drain's progress: its events, the replicas it moves")
+    async def progress(self, operations: Operations, drain_id: str) -> DrainProgressView:
+        return drain_progress_view(await operations.drain(drain_id))

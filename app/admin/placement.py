@@ -1,0 +1,35 @@
+"""Where a replica would be placed, and why every other node would not: for a declared model,
+or for a spec that is only being tried (nothing is recorded)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Controller, Request, get, post
+
+from app.admin.auth import require_actor
+from app.admin.models import spec_from_body
+from app.admin.schemas import PlacementView, as_view
+from app.domain.placement import Explanation
+from app.services.operations import Operations
+
+
+def placement_view(explanation: Explanation) -> PlacementView:
+    return as_view(explanation, PlacementView, placeable=explanation.placement is not None)
+
+
+class PlacementController(Controller):
+    path = "/admin/v1"
+    guards = [require_actor]
+    tags = ["placement"]
+
+    @get("/models/{name:str}/placement", summary="Explain where one more replica would go")
+    async def of_model(self, operations: Operations, name: str) -> PlacementView:
+        return placement_view(await operations.placement(name))
+
+    @post("/placement", status_code=200, summary="Explain where a spec would go (a dry run)")
+    async def dry_run(
+        self, request: Request[Any, Any, Any], operations: Operations
+    ) -> PlacementView:
+        spec = spec_from_body(await request.body(), None)
+        return placement_view(await operations.placement_dry_run(spec))

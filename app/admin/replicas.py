@@ -1,0 +1,59 @@
+"""``/admin/v1/replicas``: replicas with their shards, failures and engine log tails; drain
+one."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from litestar import Controller, get, post
+from litestar.params import Parameter
+from litestar.status_codes import HTTP_202_ACCEPTED
+
+from app.admin.auth import require_actor
+from app.admin.schemas import DrainAccepted, ReplicaSummary, ReplicaView, as_view
+from app.domain.operations import find_replica, replicas_matching
+from app.domain.state import Replica, ReplicaPhase
+from app.services.operations import Caller, Operations
+
+DRAINS_PATH = "/admin/v1/drains"
+
+
+def drain_accepted(drain_id: str) -> DrainAccepted:
+    return DrainAccepted(drain_id=drain_id, progress=f"{DRAINS_PATH}/{drain_id}")
+
+
+def replica_summary(replica: Replica) -> ReplicaSummary:
+    return as_view(replica, ReplicaSummary, nodes=list(replica.node_ids))
+
+
+def replica_view(replica: Replica) -> ReplicaView:
+    return as_view(replica, ReplicaView, nodes=list(replica.node_ids))
+
+
+class ReplicaController(Controller):
+    path = "/admin/v1/replicas"
+    guards = [require_actor]
+    tags = ["replicas"]
+
+    @get("/", summary="Replicas, by model, node and phase when given")
+    async def list_replicas(
+        self,
+        operations: Operations,
+        model: str | None = None,
+        node: Annotated[str | None, Parameter(description="with a shard on this node")] = None,
+        phase: ReplicaPhase | None = None,
+    ) -> list[ReplicaSummary]:
+        state = await operations.current()
+        return [replica_summary(r) for r in replicas_matching(state, model, node, phase)]
+
+    @get("/{replica_id:str}", summary="A replica: shards, their state, errors and log tails")
+    async def show(self, operations: Operations, replica_id: str) -> ReplicaView:
+        return replica_view(find_replica(await operations.current(), replica_id))
+
+    @post(
+        "/{replica_id:str}/drain",
+        status_code=HTTP_202_ACCEPTED,
+        summary="Move a serving replica: it stops once its replacement serves",
+    )
+    async def drain(self, operations: Operations, caller: Caller, replica_id: str) -> DrainAccepted:
+        return drain_accepted(await operations.drain_replica(caller, replica_id))

@@ -1,0 +1,151 @@
+"""What operators ask of the cluster: load the log's state, decide, append.
+
+Every change is appended with the operator as the actor and a correlation id (the drain's
+id for drains, else the request's id), and only if the stream it writes is still at the
+version the decision was made on: of two operators changing one thing at once, the second
+gets a ``ConcurrencyError`` (409) instead of silently overwriting the first.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from app.domain import operations as decide
+from app.domain.envelope import Meta, Recorded
+from app.domain.events import model_stream, node_stream, replica_stream
+from app.domain.model_spec import ModelSpec
+from app.domain.placement import Explanation
+from app.domain.state import ClusterState
+from app.store.codec import RECORDED_COLUMNS
+from app.store.database import connection
+from app.store.interface import NewEvent
+from app.store.postgres import PostgresEventStore, record_from_row
+
+DRAIN_EVENTS_SHOWN = 1000
+
+_CORRELATED = (
+    f"SELECT {RECORDED_COLUMNS} FROM events WHERE correlation_id = $1 ORDER BY position LIMIT $2"
+)
+
+
+def new_drain_id() -> str:
+    return f"drain-{secrets.token_hex(4)}"
+
+
+def new_request_id() -> str:
+    return f"req-{secrets.token_hex(6)}"
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who asked (the actor of what is recorded) and the id of their request."""
+
+    actor: str
+    request_id: str = field(default_factory=new_request_id)
+
+
+class Operations:
+    def __init__(self, store: PostgresEventStore, clock: Callable[[], datetime] = _utc_now) -> None:
+        self._store = store
+        self._clock = clock
+
+    # -- changes: each returns whether anything was recorded, or the new drain's id --------
+
+    async def apply_model(self, caller: Caller, spec: ModelSpec) -> bool:
+        stream = model_stream(spec.name)
+        return await self._record(caller, stream, lambda s: decide.apply_model(s, spec))
+
+    async def scale(self, caller: Caller, name: str, replicas: int) -> bool:
+        stream = model_stream(name)
+        return await self._record(caller, stream, lambda s: decide.scale(s, name, replicas))
+
+    async def remove(self, caller: Caller, name: str) -> bool:
+        return await self._record(caller, model_stream(name), lambda s: decide.remove(s, name))
+
+    async def cordon(self, caller: Caller, node_id: str, reason: str) -> bool:
+        stream = node_stream(node_id)
+        return await self._record(caller, stream, lambda s: decide.cordon(s, node_id, reason))
+
+    async def uncordon(self, caller: Caller, node_id: str) -> bool:
+        stream = node_stream(node_id)
+        return await self._record(caller, stream, lambda s: decide.uncordon(s, node_id))
+
+    async def drain_node(self, caller: Caller, node_id: str, grace_s: float) -> str:
+        drain_id = new_drain_id()
+        await self._record(
+            caller,
+            node_stream(node_id),
+            lambda s: decide.drain_node(s, node_id, drain_id, grace_s),
+            correlation_id=drain_id,
+        )
+        return drain_id
+
+    async def drain_replica(self, caller: Caller, replica_id: str) -> str:
+        drain_id = new_drain_id()
+        await self._record(
+            caller,
+            replica_stream(replica_id),
+            lambda s: decide.drain_replica(s, replica_id, drain_id),
+            correlation_id=drain_id,
+        )
+        return drain_id
+
+    # -- questions ---------------------------------------------------------------------
+
+    async def current(self) -> ClusterState:
+        """The cluster as of the end of the log; later appends do not change this copy."""
+        return (await self._store.catch_up()).copy()
+
+    async def models(self, *, include_removed: bool = False) -> list[decide.ModelStatus]:
+        state, now = await self.current(), self._clock()
+        return [
+            decide.model_status(state, name, now)
+            for name, model in sorted(state.models.items())
+            if include_removed or not model.removed
+        ]
+
+    async def model(self, name: str) -> decide.ModelStatus:
+        return decide.model_status(await self.current(), name, self._clock())
+
+    async def placement(self, name: str) -> Explanation:
+        return decide.placement_of(await self.current(), name)
+
+    async def placement_dry_run(self, spec: ModelSpec) -> Explanation:
+        return decide.placement_dry_run(await self.current(), spec)
+
+    async def drain(self, drain_id: str) -> decide.DrainProgress:
+        events = await self._correlated(drain_id)
+        return decide.drain_progress(await self.current(), drain_id, events)
+
+    # -- the shell -----------------------------------------------------------------------
+
+    async def _record(
+        self,
+        caller: Caller,
+        stream: str,
+        decision: Callable[[ClusterState], decide.Change],
+        correlation_id: str | None = None,
+    ) -> bool:
+        # The version is read before the state is loaded, so the state holds at least that
+        # many of the stream's events; the append then succeeds only if none came since.
+        version = await self._store.stream_version(stream)
+        change = decision(await self._store.catch_up())
+        if change.stream != stream:
+            raise RuntimeError(f"decision for {stream} wrote {change.stream}")
+        if not change.events:
+            return False
+        meta = Meta(actor=caller.actor, correlation_id=correlation_id or caller.request_id)
+        await self._store.append(stream, version, [NewEvent(e) for e in change.events], meta)
+        return True
+
+    async def _correlated(self, correlation_id: str) -> list[Recorded]:
+        async with connection(self._store.engine) as db:
+            rows = await db.fetch(_CORRELATED, correlation_id, DRAIN_EVENTS_SHOWN)
+        return [record_from_row(row) for row in rows]

@@ -1,0 +1,524 @@
+"""Stories of what operators ask and what the log records because of it.
+
+Given the events already in the log, when an operator asks for something, then these
+events (and only these) are recorded, or the request is refused with a reason an operator
+can act on. Asking for what is already so records nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from app.domain import operations as ops
+from app.domain.envelope import Meta, Recorded
+from app.domain.events import (
+    AnyEvent,
+    GpuInfo,
+    ModelDeclared,
+    ModelRemoved,
+    ModelScaled,
+    ModelUnplaceable,
+    NodeConnected,
+    NodeCordoned,
+    NodeDrainFinished,
+    NodeDrainRequested,
+    NodeRegistered,
+    NodeUncordoned,
+    ReplicaDrainStarted,
+    ReplicaFailed,
+    ReplicaPlaced,
+    ReplicaServing,
+    ReplicaStopped,
+    ReplicaStopping,
+    ShardPlacement,
+    ShardStarting,
+    model_stream,
+    node_stream,
+    replica_stream,
+)
+from app.domain.evolve import replay
+from app.domain.model_spec import ModelSpec, RoutingSettings
+from app.domain.state import ClusterState, ReplicaPhase, backoff_s
+
+T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+LLAMA = ModelSpec(name="llama", command="vllm serve {model} --port {port}", replicas=2)
+
+
+def log(*events: AnyEvent | tuple[AnyEvent, str]) -> list[Recorded]:
+    """Events as recorded one second apart; ``(event, correlation_id)`` for correlated ones."""
+    recorded = []
+    for n, item in enumerate(events, start=1):
+        event, correlation = item if isinstance(item, tuple) else (item, None)
+        recorded.append(
+            Recorded(
+                position=n,
+                stream="any",
+                version=n,
+                event_id=uuid.uuid4(),
+                recorded_at=T0 + timedelta(seconds=n),
+                meta=Meta(actor="alice" if n == 1 else "reconciler", correlation_id=correlation),
+                event=event,
+            )
+        )
+    return recorded
+
+
+def given(*events: AnyEvent) -> ClusterState:
+    return replay(log(*events))
+
+
+def after(state: ClusterState, change: ops.Change) -> ClusterState:
+    """``state`` with ``change`` recorded."""
+    return replay(
+        (
+            Recorded(
+                position=state.position + n,
+                stream=change.stream,
+                version=n,
+                event_id=uuid.uuid4(),
+                recorded_at=T0 + timedelta(hours=1),
+                meta=Meta(actor="alice"),
+                event=event,
+            )
+            for n, event in enumerate(change.events, start=1)
+        ),
+        state,
+    )
+
+
+def gpu(index: int, *, healthy: bool = True) -> GpuInfo:
+    return GpuInfo(
+        index=index,
+        uuid=f"GPU-{index}",
+        name="H100",
+        memory_total_mib=81559,
+        healthy=healthy,
+        unhealthy_reason=None if healthy else "XID 79: fell off the bus",
+    )
+
+
+def node(node_id: str, *gpus: GpuInfo) -> tuple[NodeRegistered, NodeConnected]:
+    return (
+        NodeRegistered(node_id=node_id, address="10.0.0.7", gpus=gpus),
+        NodeConnected(node_id=node_id, address="10.0.0.7", gpus=gpus),
+    )
+
+
+def placed(model: str, number: int, node_id: str, replaces: str | None = None) -> ReplicaPlaced:
+    return ReplicaPlaced(
+        replica_id=f"{model}-{number}",
+        model=model,
+        number=number,
+        shards=(ShardPlacement(index=0, node_id=node_id, gpus=(0,), port=20000 + number),),
+        replaces=replaces,
+    )
+
+
+# -- declaring models --------------------------------------------------------------------
+
+
+def test_a_new_model_is_declared_with_its_spec() -> None:
+    change = ops.apply_model(given(), LLAMA)
+
+    assert change == ops.Change(
+        stream=model_stream("llama"), events=(ModelDeclared(model="llama", spec=LLAMA),)
+    )
+
+
+def test_applying_the_same_spec_again_records_nothing() -> None:
+    state = after(given(), ops.apply_model(given(), LLAMA))
+
+    assert ops.apply_model(state, LLAMA).events == ()
+
+
+def test_a_changed_spec_is_declared_again_and_its_replica_count_comes_with_it() -> None:
+    changed = ModelSpec(name="llama", command=LLAMA.command, replicas=5, gpus_per_shard=2)
+
+    change = ops.apply_model(given(ModelDeclared(model="llama", spec=LLAMA)), changed)
+
+    assert change.events == (ModelDeclared(model="llama", spec=changed),)
+
+
+def test_a_removed_model_is_declared_again_by_applying_its_spec() -> None:
+    state = given(ModelDeclared(model="llama", spec=LLAMA), ModelRemoved(model="llama"))
+
+    assert ops.apply_model(state, LLAMA).events == (ModelDeclared(model="llama", spec=LLAMA),)
+
+
+def test_an_invalid_spec_is_refused_with_every_field_and_reason() -> None:
+    bad = ModelSpec(
+        name="Llama 3",
+        command="vllm serve {model} --tp {tensor_parallel}",
+        gpus_per_shard=0,
+        replicas=-1,
+        routing=RoutingSettings(kv_ceiling=1.5),
+    )
+
+    with pytest.raises(ops.InvalidSpec) as refused:
+        ops.apply_model(given(), bad)
+
+    fields = [error.field for error in refused.value.errors]
+    assert fields == ["name", "command", "gpus_per_shard", "replicas", "routing.kv_ceiling"]
+    assert "unknown placeholder(s) tensor_parallel" in str(refused.value)
+    assert "nothing was recorded" in str(refused.value)
+
+
+# -- scaling and removing ----------------------------------------------------------------
+
+
+def test_scaling_records_the_new_count_and_the_previous_one() -> None:
+    state = given(ModelDeclared(model="llama", spec=LLAMA))
+
+    change = ops.scale(state, "llama", 4)
+
+    assert change.events == (ModelScaled(model="llama", replicas=4, previous=2),)
+    assert ops.scale(after(state, change), "llama", 4).events == ()
+
+
+def test_scaling_to_a_count_out_of_range_names_the_field() -> None:
+    with pytest.raises(ops.InvalidSpec) as refused:
+        ops.scale(given(ModelDeclared(model="llama", spec=LLAMA)), "llama", -1)
+
+    assert [(e.field, e.reason) for e in refused.value.errors] == [
+        ("replicas", "must be between 0 and 10000")
+    ]
+
+
+def test_an_unknown_or_removed_model_cannot_be_scaled() -> None:
+    with pytest.raises(ops.UnknownModel) as unknown:
+        ops.scale(given(), "mistral", 1)
+    assert unknown.value.key == "mistral"
+
+    removed = given(ModelDeclared(model="llama", spec=LLAMA), ModelRemoved(model="llama"))
+    with pytest.raises(ops.InvalidOperation, match="llama was removed; apply its spec"):
+        ops.scale(removed, "llama", 1)
+
+
+def test_removing_a_model_twice_records_it_once() -> None:
+    state = given(ModelDeclared(model="llama", spec=LLAMA))
+
+    change = ops.remove(state, "llama")
+
+    assert change.events == (ModelRemoved(model="llama"),)
+    assert ops.remove(after(state, change), "llama").events == ()
+    with pytest.raises(ops.UnknownModel):
+        ops.remove(state, "mistral")
+
+
+# -- nodes -------------------------------------------------------------------------------
+
+
+def test_cordon_and_uncordon_are_recorded_once_each() -> None:
+    state = given(*node("gpu-1", gpu(0)))
+
+    cordoned = ops.cordon(state, "gpu-1", "firmware update")
+    state = after(state, cordoned)
+    uncordoned = ops.uncordon(state, "gpu-1")
+
+    assert cordoned == ops.Change(
+        stream=node_stream("gpu-1"),
+        events=(NodeCordoned(node_id="gpu-1", reason="firmware update"),),
+    )
+    assert ops.cordon(state, "gpu-1", "again").events == ()
+    assert uncordoned.events == (NodeUncordoned(node_id="gpu-1"),)
+    assert ops.uncordon(after(state, uncordoned), "gpu-1").events == ()
+
+
+def test_an_unknown_node_is_named() -> None:
+    with pytest.raises(ops.UnknownNode, match="no node 'gpu-9' is known"):
+        ops.cordon(given(), "gpu-9", "")
+
+
+def test_draining_a_node_records_the_request_with_its_id_and_grace() -> None:
+    change = ops.drain_node(given(*node("gpu-1", gpu(0))), "gpu-1", "drain-0a1b2c3d", 300.0)
+
+    assert change.events == (
+        NodeDrainRequested(node_id="gpu-1", drain_id="drain-0a1b2c3d", grace_s=300.0),
+    )
+
+
+def test_a_draining_node_cannot_be_drained_again_nor_uncordoned_and_says_which_drain() -> None:
+    state = given(
+        *node("gpu-1", gpu(0)),
+        NodeDrainRequested(node_id="gpu-1", drain_id="drain-0a1b2c3d", grace_s=300.0),
+    )
+
+    with pytest.raises(ops.InvalidOperation, match="already draining \\(drain drain-0a1b2c3d"):
+        ops.drain_node(state, "gpu-1", "drain-ffffffff", 300.0)
+    with pytest.raises(ops.InvalidOperation, match="draining \\(drain drain-0a1b2c3d\\)"):
+        ops.uncordon(state, "gpu-1")
+
+
+def test_a_node_whose_drain_finished_can_be_drained_again() -> None:
+    state = given(
+        *node("gpu-1", gpu(0)),
+        NodeDrainRequested(node_id="gpu-1", drain_id="drain-0a1b2c3d", grace_s=300.0),
+        NodeDrainFinished(node_id="gpu-1", drain_id="drain-0a1b2c3d", outcome="moved"),
+    )
+
+    change = ops.drain_node(state, "gpu-1", "drain-ffffffff", 60.0)
+
+    assert [type(e) for e in change.events] == [NodeDrainRequested]
+
+
+# -- replicas ----------------------------------------------------------------------------
+
+
+def test_a_serving_replica_is_drained_on_its_own() -> None:
+    state = given(
+        ModelDeclared(model="llama", spec=LLAMA),
+        placed("llama", 1, "gpu-1"),
+        ReplicaServing(replica_id="llama-1"),
+    )
+
+    change = ops.drain_replica(state, "llama-1", "drain-0a1b2c3d")
+
+    assert change.stream == replica_stream("llama-1")
+    [started] = change.events
+    assert isinstance(started, ReplicaDrainStarted)
+    assert (started.replica_id, started.drain_id) == ("llama-1", "drain-0a1b2c3d")
+
+
+@pytest.mark.parametrize(
+    ("history", "why"),
+    [
+        ((), "it is placed and not serving yet, so there is nothing to move"),
+        (
+            (ShardStarting(replica_id="llama-1", shard_index=0, node_id="gpu-1"),),
+            "it is starting and not serving yet",
+        ),
+        (
+            (
+                ReplicaServing(replica_id="llama-1"),
+                ReplicaDrainStarted(replica_id="llama-1", drain_id="drain-0a1b2c3d"),
+            ),
+            "it is already draining (drain drain-0a1b2c3d)",
+        ),
+        (
+            (ReplicaStopping(replica_id="llama-1", reason="scaled down to 1"),),
+            "it is already stopping (scaled down to 1)",
+        ),
+        (
+            (ReplicaFailed(replica_id="llama-1", reason="shard 0 on gpu-1 failed: OOM"),),
+            "it has ended (failed: shard 0 on gpu-1 failed: OOM)",
+        ),
+    ],
+)
+def test_only_a_serving_replica_can_be_drained_and_the_refusal_says_why(
+    history: tuple[AnyEvent, ...], why: str
+) -> None:
+    state = given(ModelDeclared(model="llama", spec=LLAMA), placed("llama", 1, "gpu-1"), *history)
+
+    with pytest.raises(ops.InvalidOperation) as refused:
+        ops.drain_replica(state, "llama-1", "drain-ffffffff")
+
+    assert str(refused.value).startswith(f"replica llama-1 cannot be drained: {why}")
+
+
+def test_an_unknown_replica_is_named() -> None:
+    with pytest.raises(ops.UnknownReplica) as unknown:
+        ops.drain_replica(given(), "llama-7", "drain-ffffffff")
+    assert unknown.value.key == "llama-7"
+
+
+def test_replicas_are_found_by_model_node_and_phase() -> None:
+    state = given(
+        ModelDeclared(model="llama", spec=LLAMA),
+        placed("llama", 1, "gpu-1"),
+        placed("llama", 2, "gpu-2"),
+        placed("qwen", 1, "gpu-1"),
+        ReplicaServing(replica_id="llama-2"),
+    )
+
+    def ids(
+        model: str | None = None, node_id: str | None = None, phase: ReplicaPhase | None = None
+    ) -> list[str]:
+        return [r.id for r in ops.replicas_matching(state, model, node_id, phase)]
+
+    assert ids() == ["llama-1", "llama-2", "qwen-1"]
+    assert ids(model="llama") == ["llama-1", "llama-2"]
+    assert ids(node_id="gpu-1") == ["llama-1", "qwen-1"]
+    assert ids(model="llama", phase=ReplicaPhase.SERVING) == ["llama-2"]
+
+
+# -- why a model is below its count ------------------------------------------------------
+
+
+def test_a_model_with_every_replica_serving_has_no_reason_to_give() -> None:
+    state = given(
+        ModelDeclared(model="llama", spec=LLAMA),
+        placed("llama", 1, "gpu-1"),
+        placed("llama", 2, "gpu-2"),
+        ReplicaServing(replica_id="llama-1"),
+        ReplicaServing(replica_id="llama-2"),
+    )
+
+    status = ops.model_status(state, "llama", T0)
+
+    assert (status.model.desired, status.serving, status.counting) == (2, 2, 2)
+    assert status.phases == {"serving": 2}
+    assert status.below_desired_because == ()
+
+
+def test_an_unplaceable_model_says_why_and_what_is_still_starting() -> None:
+    reason = "needs 1 node(s) with 1 healthy free GPU(s), 0 eligible of 1: 1 cordoned"
+    state = given(
+        ModelDeclared(model="llama", spec=LLAMA),
+        placed("llama", 1, "gpu-1"),
+        ModelUnplaceable(model="llama", reason=reason),
+    )
+
+    status = ops.model_status(state, "llama", T0)
+
+    assert status.model.unplaceable_reason == reason
+    assert status.below_desired_because == (
+        f"cannot place 1 replica(s): {reason}",
+        "1 replica(s) placed or starting, not serving yet",
+    )
+
+
+def test_a_model_backing_off_after_failures_says_until_when_and_the_last_failure() -> None:
+    state = given(
+        ModelDeclared(model="llama", spec=ModelSpec(name="llama", command="x", replicas=1)),
+        placed("llama", 1, "gpu-1"),
+        ReplicaFailed(replica_id="llama-1", reason="shard 0 on gpu-1 failed: CUDA OOM"),
+    )
+    failed_at = T0 + timedelta(seconds=3)
+    until = failed_at + timedelta(seconds=backoff_s(1))
+
+    waiting = ops.model_status(state, "llama", failed_at)
+    later = ops.model_status(state, "llama", until + timedelta(seconds=1))
+
+    assert waiting.model.backoff_until == until
+    assert waiting.phases == {"failed": 1}
+    assert waiting.below_desired_because == (
+        f"placement waits until {until:%Y-%m-%d %H:%M:%S} after 1 failed start(s) in a row",
+        "1 failed start(s) in a row: llama-1 failed, shard 0 on gpu-1 failed: CUDA OOM",
+    )
+    assert later.below_desired_because[0] == "1 replica(s) not placed yet"
+
+
+def test_a_draining_replica_no_longer_counts_but_is_named() -> None:
+    state = given(
+        ModelDeclared(model="llama", spec=ModelSpec(name="llama", command="x", replicas=1)),
+        placed("llama", 1, "gpu-1"),
+        ReplicaServing(replica_id="llama-1"),
+        ReplicaDrainStarted(replica_id="llama-1", drain_id="drain-0a1b2c3d"),
+        placed("llama", 2, "gpu-2", replaces="llama-1"),
+    )
+
+    status = ops.model_status(state, "llama", T0)
+
+    assert (status.serving, status.counting) == (0, 1)
+    assert status.below_desired_because == (
+        "1 replica(s) placed or starting, not serving yet",
+        "1 replica(s) draining: they serve until their replacements do",
+    )
+
+
+def test_the_status_of_an_unknown_model_is_refused() -> None:
+    with pytest.raises(ops.UnknownModel):
+        ops.model_status(given(), "mistral", T0)
+
+
+# -- placement ---------------------------------------------------------------------------
+
+
+def test_placement_is_explained_for_a_declared_model_and_for_a_dry_run() -> None:
+    state = given(
+        ModelDeclared(model="llama", spec=LLAMA),
+        *node("gpu-1", gpu(0, healthy=False)),
+        *node("gpu-2", gpu(0)),
+    )
+
+    declared = ops.placement_of(state, "llama")
+    dry_run = ops.placement_dry_run(state, ModelSpec(name="big", command="x", gpus_per_shard=2))
+
+    assert declared.placement is not None
+    assert [s.node_id for s in declared.placement] == ["gpu-2"]
+    assert declared.candidates[0].reasons == (
+        "needs 1 healthy GPU(s), has 0: GPU 0 unhealthy (XID 79: fell off the bus)",
+    )
+    assert dry_run.placement is None
+    assert dry_run.summary.endswith("2 not enough healthy free GPUs")
+
+
+def test_an_invalid_dry_run_spec_is_refused_like_an_apply() -> None:
+    with pytest.raises(ops.InvalidSpec) as refused:
+        ops.placement_dry_run(given(), ModelSpec(name="x", command=""))
+    assert [e.field for e in refused.value.errors] == ["command"]
+
+
+# -- drain progress ----------------------------------------------------------------------
+
+DRAIN = "drain-0a1b2c3d"
+
+
+def test_a_node_drain_in_progress_shows_what_moves_and_what_waits() -> None:
+    events = log(
+        (NodeDrainRequested(node_id="gpu-1", drain_id=DRAIN, grace_s=600.0), DRAIN),
+        (ReplicaDrainStarted(replica_id="llama-1", drain_id=DRAIN), DRAIN),
+        (placed("llama", 3, "gpu-2", replaces="llama-1"), DRAIN),
+    )
+    state = given(
+        ModelDeclared(model="llama", spec=LLAMA),
+        *node("gpu-1", gpu(0), gpu(1)),
+        placed("llama", 1, "gpu-1"),
+        placed("llama", 2, "gpu-1"),
+        ReplicaServing(replica_id="llama-1"),
+        ReplicaServing(replica_id="llama-2"),
+        *(recorded.event for recorded in events),
+    )
+
+    progress = ops.drain_progress(state, DRAIN, events)
+
+    assert (progress.node_id, progress.requested_by, progress.grace_s) == ("gpu-1", "alice", 600)
+    assert not progress.finished
+    assert [(r.id, r.phase) for r in progress.replicas] == [
+        ("llama-1", ReplicaPhase.DRAINING),
+        ("llama-3", ReplicaPhase.PLACED),
+    ]
+    assert progress.still_on_node == ("llama-2",)
+
+
+def test_a_finished_node_drain_says_how_it_ended() -> None:
+    events = log(
+        (NodeDrainRequested(node_id="gpu-1", drain_id=DRAIN, grace_s=600.0), DRAIN),
+        (NodeDrainFinished(node_id="gpu-1", drain_id=DRAIN, outcome="every replica moved"), DRAIN),
+    )
+
+    progress = ops.drain_progress(given(*node("gpu-1", gpu(0))), DRAIN, events)
+
+    assert progress.finished
+    assert progress.outcome == "every replica moved"
+
+
+def test_a_replica_drain_finishes_when_the_replica_has_stopped() -> None:
+    stopping = ReplicaStopping(replica_id="llama-1", reason=f"drain {DRAIN}: replacement served")
+    events = log(
+        (ReplicaDrainStarted(replica_id="llama-1", drain_id=DRAIN), DRAIN),
+        (placed("llama", 2, "gpu-2", replaces="llama-1"), DRAIN),
+        (stopping, DRAIN),
+        (ReplicaStopped(replica_id="llama-1"), DRAIN),
+    )
+    history = (
+        ModelDeclared(model="llama", spec=LLAMA),
+        placed("llama", 1, "gpu-1"),
+        ReplicaServing(replica_id="llama-1"),
+    )
+
+    moving = ops.drain_progress(given(*history, *(e.event for e in events[:3])), DRAIN, events)
+    done = ops.drain_progress(given(*history, *(e.event for e in events)), DRAIN, events)
+
+    assert moving.node_id is None
+    assert not moving.finished
+    assert done.finished
+    assert done.outcome == f"llama-1 drain {DRAIN}: replacement served"
+
+
+def test_a_drain_with_no_events_is_unknown() -> None:
+    with pytest.raises(ops.UnknownDrain, match="no drain 'drain-ffffffff' is known"):
+        ops.drain_progress(given(), "drain-ffffffff", [])
