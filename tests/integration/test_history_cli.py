@@ -245,7 +245,7 @@ async def stored_replica_events(database_url: str, replica_id: str) -> list[asyn
 # -- the stories -------------------------------------------------------------------------
 
 
-async def test_a_replicas_history_names_the_operator_who_drained_it(
+async def test_a_drained_replicas_history_leads_to_the_operator_who_drained_its_node(
     admin_api: AdminApi, operator: Operator
 ) -> None:
     story = admin_api.database.story
@@ -265,15 +265,21 @@ async def test_a_replicas_history_names_the_operator_who_drained_it(
         ("2026-02-23 09:06:02", "shard_starting", "agent:gpu-08", ""),
         ("2026-02-23 09:07:40", "shard_ready", "agent:gpu-08", ""),
         ("2026-02-23 09:07:41", "replica_serving", "reconciler", ""),
-        ("2026-03-05 16:00:00", "replica_drain_started", story.operator, drain),
+        ("2026-03-05 16:00:01", "replica_drain_started", "reconciler", drain),
         ("2026-03-05 16:01:31", "replacement_serving", "reconciler", drain),
         ("2026-03-05 16:01:31", "replica_stopping", "reconciler", drain),
         ("2026-03-05 16:01:45", "shard_stopped", "agent:gpu-08", ""),
         ("2026-03-05 16:01:45", "replica_stopped", "reconciler", drain),
     ]
     summaries = [row[4] for row in rows]
-    assert summaries[4] == f"draining (drain {drain}): node gpu-08 draining"
+    assert summaries[4] == f"draining (drain {drain}): node gpu-08 drains"
     assert summaries[5] == f"replacement {story.replacement} is serving"
+
+    # The drain id leads to the request, in the node's history, in the operator's name.
+    node = await operator.history("node", story.drained_node, environment=admin_api.environment)
+    assert node.code == 0, node.stderr
+    requested = [r for r in table_rows(node.stdout) if r[2] == "node_drain_requested"]
+    assert [(r[3], r[5]) for r in requested] == [(story.operator, drain)]
 
 
 async def test_json_output_is_every_event_as_the_api_returns_it(

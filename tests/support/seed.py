@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -356,13 +356,19 @@ async def _an_identity_is_refused(record: _Recorder) -> None:
 
 async def _alice_drains_gpu_08(record: _Recorder, seeded: SeededHistory) -> None:
     drain, old, new = seeded.drain_id, seeded.drained_replica, seeded.replacement
-    # Her request decides the whole first step, so each of its events carries her name.
+    # Her request is recorded in her name; the reconciler carries out the move under the
+    # drain's id.
     await record.at(
         seeded.drain_requested_at,
         seeded.operator,
         NodeDrainRequested(node_id="gpu-08", drain_id=drain, grace_s=900),
+        correlation_id=drain,
+    )
+    await record.at(
+        seeded.drain_requested_at + timedelta(seconds=1),
+        RECONCILER,
+        ReplicaDrainStarted(replica_id=old, drain_id=drain, reason="node gpu-08 drains"),
         placed("llama-3-8b", 3, "gpu-07", 3, 20003, reason=f"drain {drain}", replaces=old),
-        ReplicaDrainStarted(replica_id=old, drain_id=drain, reason="node gpu-08 draining"),
         correlation_id=drain,
     )
     await record.at(utc(3, 5, 16, 0, 2), agent("gpu-07"), starting(new, "gpu-07", pid=4420))
