@@ -7,7 +7,6 @@ import contextlib
 import os
 import signal
 import socket
-import ssl
 import sys
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -15,20 +14,23 @@ from pathlib import Path
 from typing import Annotated
 
 import msgspec
+import structlog
 import uvicorn
 from cyclopts import App, Parameter
 
 from app.admin.app import create_admin_app
 from app.admin.auth import TokenAuthenticator, parse_tokens
-from app.fleet.hub import DEFAULT_HEARTBEAT_INTERVAL_S, AgentHub
+from app.fleet.hub import DEFAULT_HEARTBEAT_INTERVAL_S
 from app.logs import configure_logging
 from app.pki import TlsConfigurationError, server_ssl_context
-from app.services.fleet import FleetService
+from app.services.control_plane import ControlPlane, ControlPlaneConfig, Outcome
 from app.store import migrate as migrations
 from app.store.database import create_engine
 from app.store.errors import StoreError
 from app.store.postgres import PostgresEventStore
 from app.store.rebuild import RebuildReport, rebuild
+
+log = structlog.get_logger(__name__)
 
 app = App(
     name="llmgw-server",
@@ -39,6 +41,9 @@ app.command(projections)
 
 HEARTBEAT_TIMEOUT_INTERVALS = 3
 """An agent silent for this many heartbeat intervals is disconnected (15 s at 5 s)."""
+EXIT_DEPOSED = 3
+"""``serve`` exits with this code when it lost leadership, so a supervisor restarts it (as a
+standby) rather than treating it as a crash or a clean stop."""
 
 DatabaseUrl = Annotated[
     str,
@@ -160,9 +165,49 @@ def serve(
             help="seconds between agent heartbeats; an agent silent for three is disconnected",
         ),
     ] = DEFAULT_HEARTBEAT_INTERVAL_S,
+    server_id: Annotated[
+        str,
+        Parameter(
+            env_var="LLMGW_SERVER_ID",
+            help="this server's name in the leadership table and to agents (hostname:pid)",
+        ),
+    ] = "",
+    adoption_grace: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_ADOPTION_GRACE",
+            help="seconds after election during which nothing is placed, lost or timed out, "
+            "unless every known node has reconnected sooner",
+        ),
+    ] = 30.0,
+    lost_timeout: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_LOST_TIMEOUT",
+            help="seconds a disconnected node may stay away before it and its replicas are lost",
+        ),
+    ] = 60.0,
+    stability_window: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_STABILITY_WINDOW",
+            help="seconds a drain replacement must serve before the original is stopped",
+        ),
+    ] = 10.0,
+    reconcile_interval: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_RECONCILE_INTERVAL",
+            help="seconds between reconcile passes when nothing wakes the reconciler sooner",
+        ),
+    ] = 1.0,
     log_level: Annotated[str, Parameter(env_var="LLMGW_LOG_LEVEL")] = "info",
 ) -> None:
-    """Run the control plane: the admin API and the agent hub, until SIGINT or SIGTERM.
+    """Run the control plane until SIGINT or SIGTERM: the admin API always; the agent hub
+    and the reconciler while this server is the elected leader.
+
+    Several servers may run against one database: one leads, the others stand by and take
+    over within seconds when it goes. A server that loses leadership exits with code 3.
 
     Example: llmgw-server serve --tls-cert server.crt --tls-key server.key --tls-ca ca.crt
     """
@@ -175,9 +220,21 @@ def serve(
     if tls_cert is None or tls_key is None or tls_ca is None:
         _fail(AGENT_TLS_HINT)
         return
-    if heartbeat_interval <= 0:
-        _fail(f"--heartbeat-interval must be positive, not {heartbeat_interval}")
-        return
+    for flag, value in (
+        ("--heartbeat-interval", heartbeat_interval),
+        ("--reconcile-interval", reconcile_interval),
+    ):
+        if value <= 0:
+            _fail(f"{flag} must be positive, not {value}")
+            return
+    for flag, value in (
+        ("--adoption-grace", adoption_grace),
+        ("--lost-timeout", lost_timeout),
+        ("--stability-window", stability_window),
+    ):
+        if value < 0:
+            _fail(f"{flag} must not be negative, not {value}")
+            return
     try:
         agent_tls = server_ssl_context(tls_cert, tls_key, tls_ca)
     except TlsConfigurationError as exc:
@@ -188,13 +245,21 @@ def serve(
         admin_host=admin_host,
         admin_port=admin_port,
         authenticator=TokenAuthenticator(tokens),
-        agent_host=agent_host,
-        agent_port=agent_port,
-        agent_tls=agent_tls,
-        require_identity=require_identity,
-        heartbeat_interval_s=heartbeat_interval,
+        control_plane=ControlPlaneConfig(
+            server_id=server_id or f"{socket.gethostname()}:{os.getpid()}",
+            agent_host=agent_host,
+            agent_port=agent_port,
+            agent_tls=agent_tls,
+            require_identity=require_identity,
+            heartbeat_interval_s=heartbeat_interval,
+            heartbeat_timeout_s=heartbeat_interval * HEARTBEAT_TIMEOUT_INTERVALS,
+            adoption_grace_s=adoption_grace,
+            lost_timeout_s=lost_timeout,
+            stability_window_s=stability_window,
+            reconcile_interval_s=reconcile_interval,
+        ),
     )
-    asyncio.run(_serve(settings))
+    sys.exit(asyncio.run(_serve(settings)))
 
 
 @dataclass(frozen=True)
@@ -203,34 +268,24 @@ class ServeSettings:
     admin_host: str
     admin_port: int
     authenticator: TokenAuthenticator
-    agent_host: str
-    agent_port: int
-    agent_tls: ssl.SSLContext
-    require_identity: bool
-    heartbeat_interval_s: float
+    control_plane: ControlPlaneConfig
 
 
 class _AdminServer(uvicorn.Server):
-    """uvicorn without its own signal handling: ``_serve`` stops it with the hub."""
+    """uvicorn without its own signal handling: ``_serve`` stops it with the control plane."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
 
 
-async def _serve(settings: ServeSettings) -> None:
+async def _serve(settings: ServeSettings) -> int:
+    """Serve until signalled or deposed; the process's exit code."""
     engine = create_engine(settings.database_url)
     try:
         store = PostgresEventStore(engine)
         await store.catch_up()
-        hub = AgentHub(
-            FleetService(store),
-            settings.agent_tls,
-            require_identity=settings.require_identity,
-            heartbeat_interval_s=settings.heartbeat_interval_s,
-            heartbeat_timeout_s=settings.heartbeat_interval_s * HEARTBEAT_TIMEOUT_INTERVALS,
-            server_id=socket.gethostname(),
-        )
+        control_plane = ControlPlane(store, settings.database_url, settings.control_plane)
         admin = _AdminServer(
             uvicorn.Config(
                 create_admin_app(store, settings.authenticator),
@@ -240,31 +295,39 @@ async def _serve(settings: ServeSettings) -> None:
                 access_log=False,
             )
         )
-        await hub.start(settings.agent_host, settings.agent_port)
-        try:
-            await _run_until_signalled(admin)
-        finally:
-            await hub.stop()
+        outcome = await _run_until_signalled(admin, control_plane)
+    except (OSError, StoreError) as exc:
+        log.error("cannot serve", error=str(exc))
+        return 1
     finally:
         await engine.dispose()
+    if outcome is Outcome.DEPOSED:
+        log.error(
+            "exiting: this server no longer leads; restart it to stand by",
+            exit_code=EXIT_DEPOSED,
+        )
+        return EXIT_DEPOSED
+    return 0
 
 
-async def _run_until_signalled(admin: uvicorn.Server) -> None:
-    """Serve the admin API until SIGINT or SIGTERM, or until it stops by itself."""
+async def _run_until_signalled(admin: uvicorn.Server, control_plane: ControlPlane) -> Outcome:
+    """Serve the admin API and run the control plane until SIGINT or SIGTERM, until the
+    control plane is deposed, or until the admin API stops by itself."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     admin_task = asyncio.create_task(admin.serve())
-    stop_task = asyncio.create_task(stop.wait())
+    plane_task = asyncio.create_task(control_plane.run(stop))
     try:
-        await asyncio.wait({admin_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({admin_task, plane_task}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
-        stop_task.cancel()
+        stop.set()
         admin.should_exit = True
-        await admin_task
+        await asyncio.gather(plane_task, admin_task, return_exceptions=True)
+    return plane_task.result()
 
 
 def main() -> None:

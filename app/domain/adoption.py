@@ -21,9 +21,10 @@ from app.domain.commands import stray_stop_command
 from app.domain.decision import Draft
 from app.domain.events import ReplicaAdopted, StrayStopped, node_stream, replica_stream
 from app.domain.fleet_view import FleetView, ReportedShard
-from app.domain.state import ACTIVE_PHASES, Replica, ReplicaPhase
+from app.domain.state import ACTIVE_PHASES, Replica, ReplicaPhase, ShardPhase
 
 MATCHES = "matches the log"
+MISSED_READY = "the agent reports it ready; the log had not recorded that"
 NEVER_CAME_UP = "the log's copy never came up; the running engine takes its place"
 
 
@@ -64,6 +65,8 @@ def _adopt_one(draft: Draft, node_id: str, reported: ReportedShard, stray_grace_
     if shard.node_id == node_id and shard.port == reported.port:
         if shard.epoch != draft.epoch:
             _adopt(draft, node_id, reported, MATCHES)
+        elif reported.ready and shard.phase in (ShardPhase.PLACED, ShardPhase.STARTING):
+            _adopt(draft, node_id, reported, MISSED_READY)
         return
     if not shard.came_up:
         _adopt(draft, node_id, reported, NEVER_CAME_UP)

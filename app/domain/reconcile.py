@@ -168,9 +168,17 @@ def _shard_outcomes(draft: Draft) -> None:
     for replica in list(draft.state.replicas.values()):
         if replica.phase not in COUNTING_PHASES | {ReplicaPhase.DRAINING}:
             continue
-        failed = next((s for s in replica.shards if s.phase is ShardPhase.FAILED), None)
+        failed = next(
+            (s for s in replica.shards if s.phase in (ShardPhase.FAILED, ShardPhase.STOPPED)),
+            None,
+        )
         if failed is not None:
-            reason = f"shard {failed.index} on {failed.node_id} failed: {failed.error or 'exited'}"
+            what = (
+                f"failed: {failed.error or 'exited'}"
+                if failed.phase is ShardPhase.FAILED
+                else "stopped without being asked to"
+            )
+            reason = f"shard {failed.index} on {failed.node_id} {what}"
             draft.emit(
                 replica_stream(replica.id), ReplicaFailed(replica_id=replica.id, reason=reason)
             )

@@ -49,9 +49,14 @@ def agent_actor(node_id: str) -> str:
 
 
 class FleetService:
-    def __init__(self, store: EventStore, *, max_attempts: int = MAX_ATTEMPTS) -> None:
+    def __init__(
+        self, store: EventStore, *, max_attempts: int = MAX_ATTEMPTS, epoch: int | None = None
+    ) -> None:
+        """``epoch``: the leader epoch of this control plane, carried in every append so a
+        deposed leader's agent events are refused like its own (``FencedError``)."""
         self._store = store
         self._max_attempts = max_attempts
+        self._epoch = epoch
         self._node_locks: dict[str, asyncio.Lock] = {}
 
     async def handle(
@@ -61,8 +66,8 @@ class FleetService:
         came on a connection that took over from an older one for the same node.
 
         Raises the store's errors (``ConcurrencyError`` after ``max_attempts`` lost races,
-        ``StoreError`` when the database fails); nothing was written for this observation
-        then.
+        ``FencedError`` once another leader took over, ``StoreError`` when the database
+        fails); nothing was written for this observation then.
         """
         decide = _decision_for(observation, replaced_previous)
         if decide is None:
@@ -88,7 +93,9 @@ class FleetService:
             if not decision or not _streams(decision) <= versions.keys():
                 continue  # nothing to do any more, or another stream to read first
             try:
-                await self._store.append_many(_requests(decision, versions), Meta(actor=actor))
+                await self._store.append_many(
+                    _requests(decision, versions), Meta(actor=actor, epoch=self._epoch)
+                )
             except ConcurrencyError as exc:
                 if attempt == self._max_attempts:
                     raise

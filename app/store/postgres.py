@@ -171,7 +171,7 @@ class PostgresEventStore:
             )
         except asyncpg.PostgresError as exc:
             snapshot.restore(self._state)
-            raise _translate(exc) from exc
+            raise _translate(exc, meta) from exc
         except BaseException:
             # The call may or may not have committed: undo the fold; if it did commit, the
             # next append finds the log ahead of us and catches up.
@@ -277,7 +277,7 @@ class _AlreadyStored(Exception):
     """At least one event id is already in the log."""
 
 
-def _translate(exc: asyncpg.PostgresError) -> Exception:
+def _translate(exc: asyncpg.PostgresError, meta: Meta) -> Exception:
     detail = getattr(exc, "detail", None) or ""
     match exc.sqlstate:
         case "LG001":
@@ -285,7 +285,7 @@ def _translate(exc: asyncpg.PostgresError) -> Exception:
         case "LG004":
             return _AlreadyStored()
         case "LG003":
-            return FencedError(0, int(detail or 0))
+            return FencedError(meta.epoch or 0, int(detail or 0))
         case "LG002":
             stream, _, actual = detail.rpartition(" ")
             return ConcurrencyError(stream, None, int(actual or 0))

@@ -72,8 +72,11 @@ class Subscription:
                     yield recorded
                 if len(batch) == self._batch_size:
                     continue
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+                # that arrives as the event is set, and the subscription would never stop.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self._poll_interval_s)
+                    async with asyncio.timeout(self._poll_interval_s):
+                        await self._wake.wait()
         finally:
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -111,7 +114,8 @@ class Subscription:
             self._wake.set()
             while not closed.is_set():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(closed.wait(), 5.0)
+                    async with asyncio.timeout(5.0):
+                        await closed.wait()
                 if not closed.is_set() and conn.is_closed():
                     break
             log.info("subscription.listen_lost", application_name=self.application_name)

@@ -637,3 +637,27 @@ def test_a_stopping_replica_is_stopped_once_its_shards_are_gone() -> None:
     cluster.stop_reported("llama-1")
 
     assert of_type(cluster.reconcile(), ReplicaStopped) == [ReplicaStopped(replica_id="llama-1")]
+
+
+def test_a_ready_shard_the_log_missed_is_caught_up_from_the_agents_report() -> None:
+    cluster = with_two_nodes_and_a_model(replicas=1)
+    cluster.reconcile()
+    cluster.given(ShardStarting(replica_id="llama-1", shard_index=0, node_id="gpu-1"))
+    cluster.running("gpu-1", "llama-1", 20000, state="ready")  # its shard_ready was lost
+
+    decision = cluster.reconcile()
+
+    (adopted,) = of_type(decision, ReplicaAdopted)
+    assert adopted.rule == "the agent reports it ready; the log had not recorded that"
+    assert cluster.phase("llama-1") is ReplicaPhase.SERVING
+
+
+def test_a_shard_that_stops_unasked_fails_its_replica() -> None:
+    cluster = with_two_nodes_and_a_model(replicas=1)
+    cluster.reconcile()
+    cluster.serve("llama-1")
+    cluster.given(ShardStopped(replica_id="llama-1", shard_index=0, node_id="gpu-1", exit_code=0))
+
+    (failed,) = of_type(cluster.reconcile(), ReplicaFailed)
+
+    assert failed.reason == "shard 0 on gpu-1 stopped without being asked to"

@@ -1,0 +1,275 @@
+"""The control plane's composition: standby until elected, then leader until stopped or
+deposed.
+
+While standby the server answers the admin API (run beside this by ``llmgw-server
+serve``) and keeps asking for leadership; the agent hub does not listen. Once elected with
+epoch N, a ``Leader`` runs for that one term:
+
+    agent hub -> FleetViewTracker -> FleetService (appends with epoch N)
+                       |
+                       v  the live fleet view, wakes
+                 Reconciler (appends with epoch N, sends commands through the hub)
+                       ^
+    NOTIFY of every append (Subscription) wakes it too
+
+A term ends when the leader lock is lost or an append is fenced; the leader then stops
+the hub and the reconciler and ``run`` returns ``Outcome.DEPOSED``. A deposed server does
+not try to lead again in the same process: it may hold stale state and half-done work,
+and a fresh start (as a standby) is the one path that is known to be right.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import TypeVar
+
+import structlog
+
+from app.domain.reconcile import Settings
+from app.fleet.hub import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S, AgentHub
+from app.fleet.session import Observation
+from app.services.fleet import FleetService
+from app.services.fleet_view import FleetViewTracker
+from app.services.leader import LeaderElection
+from app.services.reconciler import DEFAULT_INTERVAL_S, Reconciler
+from app.store.errors import FencedError
+from app.store.postgres import PostgresEventStore
+from app.store.subscription import Subscription
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+CANCEL_RETRY_S = 0.5
+
+
+@dataclass(frozen=True)
+class ControlPlaneConfig:
+    server_id: str
+    agent_host: str
+    agent_port: int
+    agent_tls: ssl.SSLContext
+    require_identity: bool = True
+    heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
+    heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
+    adoption_grace_s: float = 30.0
+    lost_timeout_s: float = 60.0
+    stability_window_s: float = 10.0
+    reconcile_interval_s: float = DEFAULT_INTERVAL_S
+
+
+class Role(StrEnum):
+    STANDBY = "standby"
+    LEADER = "leader"
+    STOPPED = "stopped"
+
+
+class Outcome(StrEnum):
+    STOPPED = "stopped"
+    """Asked to stop (a signal); leadership, if held, was handed back."""
+    DEPOSED = "deposed"
+    """Another server leads now, or may: this one stopped leading."""
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Leader:
+    """One leadership term: the hub, the fleet view and the reconciler, all with ``epoch``."""
+
+    def __init__(
+        self,
+        store: PostgresEventStore,
+        database_url: str,
+        config: ControlPlaneConfig,
+        epoch: int,
+        *,
+        clock: Callable[[], datetime] = _utc_now,
+    ) -> None:
+        self._store = store
+        self._database_url = database_url
+        self._config = config
+        self.epoch = epoch
+        self._clock = clock
+        self._deposed = asyncio.Event()
+        self._deposed_reason = ""
+        self._tasks: list[asyncio.Task[None]] = []
+        service = _FencingWatch(FleetService(store, epoch=epoch), self._depose)
+        self.tracker = FleetViewTracker(service, model_of=self._model_of)
+        self.hub = AgentHub(
+            self.tracker,
+            config.agent_tls,
+            require_identity=config.require_identity,
+            heartbeat_interval_s=config.heartbeat_interval_s,
+            heartbeat_timeout_s=config.heartbeat_timeout_s,
+            server_id=config.server_id,
+            epoch=epoch,
+        )
+        self.reconciler: Reconciler | None = None
+
+    async def start(self) -> int:
+        """Catch up with the log, listen for agents and start reconciling; returns the
+        agent port."""
+        await self._store.catch_up()
+        settings = Settings(
+            epoch=self.epoch,
+            started_at=self._clock(),
+            adoption_grace_s=self._config.adoption_grace_s,
+            lost_timeout_s=self._config.lost_timeout_s,
+            stability_window_s=self._config.stability_window_s,
+        )
+        reconciler = Reconciler(
+            self._store,
+            self.hub,
+            self.tracker,
+            settings,
+            interval_s=self._config.reconcile_interval_s,
+            clock=self._clock,
+        )
+        self.reconciler = reconciler
+        port = await self.hub.start(self._config.agent_host, self._config.agent_port)
+        self._tasks = [
+            asyncio.create_task(self._reconcile(reconciler), name="reconciler"),
+            asyncio.create_task(self._wake_on_appends(reconciler), name="reconciler-wake"),
+        ]
+        return port
+
+    async def deposed(self) -> str:
+        """Wait until an append of this term was fenced; returns why."""
+        await self._deposed.wait()
+        return self._deposed_reason
+
+    async def stop(self) -> None:
+        """Stop reconciling, then close every agent connection (their disconnects are
+        recorded while this term may still write)."""
+        for task in self._tasks:
+            await _cancel(task)
+        self._tasks = []
+        await self.hub.stop()
+
+    def _depose(self, reason: str) -> None:
+        if not self._deposed.is_set():
+            self._deposed_reason = reason
+            self._deposed.set()
+
+    def _model_of(self, replica_id: str) -> str | None:
+        replica = self._store.state.replicas.get(replica_id)
+        return replica.model if replica is not None else None
+
+    async def _reconcile(self, reconciler: Reconciler) -> None:
+        try:
+            await reconciler.run()
+        except FencedError as exc:
+            self._depose(str(exc))
+
+    async def _wake_on_appends(self, reconciler: Reconciler) -> None:
+        appends = Subscription(
+            self._store,
+            self._database_url,
+            after_position=self._store.state.position,
+            name="reconciler",
+        )
+        async for _ in appends:
+            reconciler.wake()
+
+
+class _FencingWatch:
+    """Passes observations to the fleet service; a fenced append deposes the leader."""
+
+    def __init__(self, service: FleetService, depose: Callable[[str], None]) -> None:
+        self._service = service
+        self._depose = depose
+
+    async def handle(
+        self, node_id: str, observation: Observation, *, replaced_previous: bool = False
+    ) -> None:
+        try:
+            await self._service.handle(node_id, observation, replaced_previous=replaced_previous)
+        except FencedError as exc:
+            self._depose(str(exc))
+            raise
+
+
+class ControlPlane:
+    def __init__(
+        self,
+        store: PostgresEventStore,
+        database_url: str,
+        config: ControlPlaneConfig,
+        *,
+        election: LeaderElection | None = None,
+        clock: Callable[[], datetime] = _utc_now,
+    ) -> None:
+        self._store = store
+        self._database_url = database_url
+        self._config = config
+        self._election = election or LeaderElection(database_url, config.server_id)
+        self._clock = clock
+        self.role = Role.STANDBY
+        self.leader: Leader | None = None
+
+    async def run(self, stop: asyncio.Event) -> Outcome:
+        """Lead when elected, until ``stop`` is set or leadership is lost."""
+        log.info("standing by for leadership", server_id=self._config.server_id)
+        try:
+            acquiring = asyncio.ensure_future(self._election.acquire())
+            await _until_first(acquiring, stop.wait())
+            if not _finished(acquiring):
+                return Outcome.STOPPED
+            return await self._lead(acquiring.result(), stop)
+        finally:
+            self.role = Role.STOPPED
+            await self._election.close()
+
+    async def _lead(self, epoch: int, stop: asyncio.Event) -> Outcome:
+        leader = Leader(self._store, self._database_url, self._config, epoch, clock=self._clock)
+        self.leader = leader
+        try:
+            port = await leader.start()
+            self.role = Role.LEADER
+            log.info("leading", epoch=epoch, agent_port=port, server_id=self._config.server_id)
+            lost = asyncio.ensure_future(self._election.lost())
+            deposed = asyncio.ensure_future(leader.deposed())
+            await _until_first(lost, deposed, stop.wait())
+            for ended in (lost, deposed):
+                if _finished(ended):
+                    log.error(
+                        "leadership lost: stopping the agent hub and the reconciler",
+                        epoch=epoch,
+                        reason=ended.result(),
+                    )
+                    return Outcome.DEPOSED
+            return Outcome.STOPPED
+        finally:
+            await leader.stop()
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    """Cancel ``task`` and wait for it to end. The cancellation is repeated while it runs:
+    on Python 3.11 ``asyncio.wait_for`` (``Subscription`` waits with it) swallows one that
+    arrives just as what it waits for is done."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=CANCEL_RETRY_S)
+    if not task.cancelled() and task.exception() is not None:
+        log.error("leader task failed", task=task.get_name(), error=str(task.exception()))
+
+
+async def _until_first(*awaitables: Awaitable[object]) -> None:
+    """Wait until one of ``awaitables`` finishes; the others are cancelled."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _finished(task: asyncio.Future[T]) -> bool:
+    """Done by itself (with a result or an error), not cancelled."""
+    return task.done() and not task.cancelled()

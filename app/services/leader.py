@@ -1,0 +1,205 @@
+"""Leader election: one control plane leads at a time, and a deposed one cannot write.
+
+Two mechanisms, each doing one job:
+
+- **Liveness: a session-level advisory lock.** Every server keeps a dedicated connection
+  (never a pooled one: the lock belongs to the session and must not be handed to other
+  work) and tries ``pg_try_advisory_lock(LEADER_LOCK_KEY)`` on it every
+  ``retry_interval_s``. PostgreSQL grants the lock to one session at a time and frees it
+  when that session ends, so when a leader dies, or its connection does, a standby takes
+  over within about a retry interval.
+- **Safety: epoch fencing in the store.** On taking the lock, the new leader increments
+  ``leadership.epoch`` in one statement and stamps every event it appends with that epoch
+  (``Meta.epoch``). ``llmgw_append`` refuses an append whose epoch is older than the
+  current one, checked under the append lock (migration 0002).
+
+Why both: the lock alone cannot stop a deposed leader. A leader whose lock connection was
+cut (a network partition, ``pg_terminate_backend``) can still hold pooled connections and
+append through them before it notices the loss. The epoch closes that window: the new
+leader bumps the epoch before its first append, and appends are serialized by the append
+lock, so an old-epoch append either committed before that first append or reads the new
+epoch and is refused with ``FencedError``. Nothing of epoch N can land after the first
+event of epoch N+1. The lock only decides who *should* lead; the epoch makes sure the
+log never listens to anyone else.
+
+Losing the lock connection means losing leadership, even when the database is fine: this
+side cannot tell a killed session from a slow network, and the session may already have
+been ended and the lock granted elsewhere. ``lost()`` reports it; the caller stops leading
+(and, in ``llmgw-server``, exits so a supervisor restarts it as a standby).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import asyncpg
+import structlog
+
+from app.store.database import driver_url
+
+LEADER_LOCK_KEY = 0x6C6C6D67_77000002
+"""``"llmgw"`` + 2; the append lock is + 1 (``app.store.postgres.APPEND_LOCK_KEY``)."""
+
+NEXT_EPOCH = (
+    "INSERT INTO leadership (id, epoch, holder, acquired_at) VALUES (1, 1, $1, now()) "
+    "ON CONFLICT (id) DO UPDATE SET epoch = leadership.epoch + 1, holder = EXCLUDED.holder, "
+    "acquired_at = EXCLUDED.acquired_at RETURNING epoch"
+)
+CONNECT_TIMEOUT_S = 5.0
+
+log = structlog.get_logger(__name__)
+
+_CONNECTION_ERRORS = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    # A terminated backend's last message can leave the protocol busy for a moment; a query
+    # then fails with this rather than with the termination itself.
+    asyncpg.InternalClientError,
+)
+
+
+class LeaderElection:
+    """``epoch = await election.acquire()`` waits until this process leads;
+    ``reason = await election.lost()`` waits until it no longer does; ``close()`` resigns."""
+
+    def __init__(
+        self,
+        database_url: str,
+        holder_id: str,
+        *,
+        retry_interval_s: float = 1.0,
+        check_interval_s: float = 1.0,
+        check_timeout_s: float = 5.0,
+        lock_key: int = LEADER_LOCK_KEY,
+    ) -> None:
+        self._url = driver_url(database_url)
+        self.holder_id = holder_id
+        self._retry_interval_s = retry_interval_s
+        self._check_interval_s = check_interval_s
+        self._check_timeout_s = check_timeout_s
+        self._lock_key = lock_key
+        self._connection: asyncpg.Connection | None = None
+        self._connection_closed = asyncio.Event()
+        self._watch: asyncio.Task[None] | None = None
+        self._lost = asyncio.Event()
+        self._lost_reason = ""
+        self.epoch: int | None = None
+        """The epoch this process leads in; None before it is elected."""
+        self.tries = 0
+        """How many times this process asked for the lock (standbys keep asking)."""
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The PostgreSQL backend that holds (or asks for) the lock."""
+        return None if self._connection is None else self._connection.get_server_pid()
+
+    @property
+    def leading(self) -> bool:
+        return self.epoch is not None and not self._lost.is_set()
+
+    async def acquire(self) -> int:
+        """Ask for the lock until it is granted, then take the next epoch and return it.
+        A database that cannot be reached is retried; this never gives up by itself."""
+        if self.epoch is not None:
+            raise RuntimeError("this election was already won; use a new one to lead again")
+        while True:
+            try:
+                epoch = await self._try_once()
+            except _CONNECTION_ERRORS as exc:
+                log.warning("asking for the leader lock failed; retrying", error=str(exc))
+                await self._drop_connection()
+                epoch = None
+            if epoch is not None:
+                self.epoch = epoch
+                self._watch = asyncio.create_task(self._watch_lock(), name="leader-lock-watch")
+                log.info("elected leader", holder=self.holder_id, epoch=epoch)
+                return epoch
+            await asyncio.sleep(self._retry_interval_s)
+
+    async def lost(self) -> str:
+        """Wait until leadership is lost; returns why."""
+        await self._lost.wait()
+        return self._lost_reason
+
+    async def close(self) -> None:
+        """Resign: end the session that holds the lock, so a standby takes over at once."""
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+            self._watch = None
+        if self.epoch is not None and not self._lost.is_set():
+            self._lost_reason = "resigned"
+            self._lost.set()
+            log.info("resigned leadership", holder=self.holder_id, epoch=self.epoch)
+        await self._drop_connection()
+
+    async def _try_once(self) -> int | None:
+        connection = await self._connect()
+        self.tries += 1
+        granted = await connection.fetchval("SELECT pg_try_advisory_lock($1)", self._lock_key)
+        if not granted:
+            return None
+        epoch: int = await connection.fetchval(NEXT_EPOCH, self.holder_id)
+        return epoch
+
+    async def _connect(self) -> asyncpg.Connection:
+        if self._connection is not None and not self._connection.is_closed():
+            return self._connection
+        self._connection_closed = asyncio.Event()
+        closed = self._connection_closed
+        connection = await asyncpg.connect(
+            self._url,
+            timeout=CONNECT_TIMEOUT_S,
+            server_settings={"application_name": f"llmgw-leader-{self.holder_id}"[:63]},
+        )
+        connection.add_termination_listener(lambda _: closed.set())
+        self._connection = connection
+        return connection
+
+    async def _watch_lock(self) -> None:
+        try:
+            reason = await self._until_lock_lost()
+        except Exception as exc:
+            # Whatever broke, this side can no longer vouch for the lock.
+            log.exception("watching the leader lock failed")
+            reason = f"watching the leader lock failed: {exc!r}"
+        self._report_lost(reason)
+        await self._drop_connection()
+
+    async def _until_lock_lost(self) -> str:
+        """The lock lives exactly as long as its session: watch the session; returns why
+        it is gone."""
+        connection = self._connection
+        assert connection is not None, "watching starts once the lock is held"
+        while True:
+            # asyncio.timeout, not wait_for, which can swallow a cancellation on Python 3.11.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._check_interval_s):
+                    await self._connection_closed.wait()
+            if self._connection_closed.is_set() or connection.is_closed():
+                return "the connection holding the leader lock was closed"
+            try:
+                async with asyncio.timeout(self._check_timeout_s):
+                    await connection.fetchval("SELECT 1")
+            except _CONNECTION_ERRORS as exc:
+                failure = str(exc) or type(exc).__name__
+                return f"the connection holding the leader lock failed: {failure}"
+
+    def _report_lost(self, reason: str) -> None:
+        self._lost_reason = reason
+        self._lost.set()
+        log.warning("leadership lost", holder=self.holder_id, epoch=self.epoch, reason=reason)
+
+    async def _drop_connection(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is None or connection.is_closed():
+            return
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                await connection.close()
+        except _CONNECTION_ERRORS:
+            connection.terminate()

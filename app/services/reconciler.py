@@ -1,0 +1,248 @@
+"""The reconcile loop: load, decide, append, send, again.
+
+A pass reads the log (``store.catch_up()``) and the live fleet view in step, asks
+``app.domain.reconcile.decide`` what to do, appends the events it returns and only then
+sends the commands, so no agent is ever told to run something the log does not hold.
+Passes run every ``interval_s`` and at once when woken: by a change in the fleet view, by
+an append anywhere (the leader wires NOTIFY to ``wake``) and after a lost race.
+
+Events are appended in the order decided. Consecutive events with the same correlation id
+go in one ``append_many`` (one transaction), since the correlation id is part of the
+append's ``Meta``; a pass that decided ``a(x), b(x), c(y), d(x)`` makes three appends.
+
+- ``ConcurrencyError``: another writer moved a stream first. Nothing more is appended or
+  sent; the next pass (right away) decides again on the caught-up log.
+- ``FencedError``: another leader took over. ``run`` raises it; the caller stops leading.
+- ``StoreError`` otherwise (the database is unreachable): logged; the next pass retries.
+
+A command id already sent to a node is not sent again until that node says hello again
+(agents execute an id once anyway; this keeps a pending start from being resent every
+second). A node without a connection is skipped: the next pass sends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from time import monotonic
+from typing import Protocol, assert_never
+
+import msgspec
+import structlog
+
+from app.domain import commands as domain
+from app.domain.decision import RECONCILER, Command, Decision, PlannedEvent
+from app.domain.envelope import Meta
+from app.domain.events import event_type
+from app.domain.reconcile import Settings, decide
+from app.fleet import messages as wire
+from app.fleet.errors import FleetError
+from app.fleet.hub import NodeNotConnected
+from app.services.fleet_view import FleetViewTracker
+from app.store.errors import ConcurrencyError, FencedError, StoreError
+from app.store.interface import AppendRequest, EventStore, NewEvent
+
+DEFAULT_INTERVAL_S = 1.0
+PASSES_KEPT = 100
+IMMEDIATE_RETRIES = 3
+"""Lost races in a row that are retried at once; after that, at the usual interval."""
+
+log = structlog.get_logger(__name__)
+
+
+class CommandChannel(Protocol):
+    """Where commands go: ``app.fleet.hub.AgentHub``."""
+
+    async def send_command(self, node_id: str, command: wire.AgentCommand) -> None: ...
+
+
+class PassReport(msgspec.Struct, frozen=True, kw_only=True):
+    """One pass, for logs and metrics. ``outcome``: ``done``, ``conflict`` (a lost race,
+    nothing sent) or ``store_error`` (the log could not be read or written)."""
+
+    at: datetime
+    duration_s: float
+    events: int
+    commands: int
+    sent: int
+    outcome: str
+
+
+@dataclass
+class _SentSinceHello:
+    greeting: int
+    command_ids: set[str] = field(default_factory=set)
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Reconciler:
+    def __init__(
+        self,
+        store: EventStore,
+        hub: CommandChannel,
+        tracker: FleetViewTracker,
+        settings: Settings,
+        *,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        clock: Callable[[], datetime] = _utc_now,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"the reconcile interval must be positive, not {interval_s}")
+        self._store = store
+        self._hub = hub
+        self._tracker = tracker
+        self.settings = settings
+        self._interval_s = interval_s
+        self._clock = clock
+        self._wake = asyncio.Event()
+        self._sent: dict[str, _SentSinceHello] = {}
+        self.passes: deque[PassReport] = deque(maxlen=PASSES_KEPT)
+        """The last passes, newest last."""
+        self.pass_count = 0
+        """Every pass since this reconciler started."""
+        tracker.add_listener(self.wake)
+
+    def wake(self) -> None:
+        """Run a pass now (or right after the one in progress)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Pass after pass until cancelled; raises ``FencedError`` once deposed."""
+        conflicts = 0
+        while True:
+            self._wake.clear()
+            try:
+                report = await self.run_pass()
+            except FencedError:
+                raise
+            except Exception:
+                log.exception("reconcile pass failed")
+            else:
+                conflicts = conflicts + 1 if report.outcome == "conflict" else 0
+                if 0 < conflicts <= IMMEDIATE_RETRIES:
+                    continue
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation
+            # that arrives as the event is set, and the loop would never stop.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._interval_s):
+                    await self._wake.wait()
+
+    async def run_pass(self) -> PassReport:
+        at, started = self._clock(), monotonic()
+        decision = Decision()
+        outcome, sent = "done", 0
+        try:
+            async with self._tracker.quiet():
+                state = await self._store.catch_up()
+                at = self._clock()
+                decision = decide(state, self._tracker.snapshot(), at, self.settings)
+            await self._append(decision.events)
+        except ConcurrencyError as exc:
+            log.info("reconcile pass lost a race; deciding again", stream=exc.stream)
+            outcome = "conflict"
+        except FencedError:
+            raise
+        except StoreError as exc:
+            log.warning("reconcile pass could not use the log", error=str(exc))
+            outcome = "store_error"
+        else:
+            sent = await self._send(decision.commands)
+        report = PassReport(
+            at=at,
+            duration_s=monotonic() - started,
+            events=len(decision.events),
+            commands=len(decision.commands),
+            sent=sent,
+            outcome=outcome,
+        )
+        self.passes.append(report)
+        self.pass_count += 1
+        if outcome == "done" and (report.events or sent):
+            log.info(
+                "reconcile pass",
+                events=report.events,
+                event_types=dict(Counter(event_type(p.event) for p in decision.events)),
+                commands=report.commands,
+                sent=sent,
+                duration_ms=round(report.duration_s * 1000, 1),
+            )
+        return report
+
+    async def _append(self, events: Sequence[PlannedEvent]) -> None:
+        for correlation_id, run in _runs_by_correlation(events):
+            requests = [
+                AppendRequest(p.stream, p.expected_version, [NewEvent(p.event)]) for p in run
+            ]
+            meta = Meta(actor=RECONCILER, correlation_id=correlation_id, epoch=self.settings.epoch)
+            await self._store.append_many(requests, meta)
+
+    async def _send(self, commands: Sequence[Command]) -> int:
+        sent = 0
+        for planned in commands:
+            node_id, command_id = planned.node_id, planned.command.command_id
+            greeting = self._tracker.greeting(node_id)
+            if greeting is None:
+                continue
+            ledger = self._sent.get(node_id)
+            if ledger is None or ledger.greeting != greeting:
+                ledger = self._sent[node_id] = _SentSinceHello(greeting)
+            if command_id in ledger.command_ids:
+                continue
+            try:
+                await self._hub.send_command(node_id, to_wire(planned.command))
+            except NodeNotConnected:
+                continue
+            except FleetError as exc:
+                log.warning(
+                    "command not sent", node_id=node_id, command_id=command_id, error=str(exc)
+                )
+                continue
+            ledger.command_ids.add(command_id)
+            sent += 1
+        for node_id in [n for n in self._sent if self._tracker.greeting(n) is None]:
+            del self._sent[node_id]
+        return sent
+
+
+def _runs_by_correlation(
+    events: Sequence[PlannedEvent],
+) -> Iterator[tuple[str | None, list[PlannedEvent]]]:
+    for correlation_id, run in itertools.groupby(events, key=lambda p: p.correlation_id):
+        yield correlation_id, list(run)
+
+
+def to_wire(command: domain.StartShard | domain.StopShard) -> wire.AgentCommand:
+    """The domain's command as the agent channel carries it."""
+    match command:
+        case domain.StartShard():
+            return wire.StartShard(
+                command_id=command.command_id,
+                replica_id=command.replica_id,
+                shard_index=command.shard_index,
+                model=command.model,
+                argv=command.argv,
+                env=dict(command.env),
+                gpus=command.gpus,
+                port=command.port,
+                peers=tuple(
+                    wire.Peer(shard_index=p.shard_index, address=p.address, port=p.port)
+                    for p in command.peers
+                ),
+            )
+        case domain.StopShard():
+            return wire.StopShard(
+                command_id=command.command_id,
+                replica_id=command.replica_id,
+                shard_index=command.shard_index,
+                grace_s=command.grace_s,
+            )
+        case _:
+            assert_never(command)

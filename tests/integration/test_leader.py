@@ -1,0 +1,189 @@
+"""Leader election on real PostgreSQL: one leader at a time, a standby takes over when the
+leader's lock connection dies, a deposed leader's appends are fenced by the store, and a
+control plane leads only while it holds leadership."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+import pytest_asyncio
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.domain.envelope import Meta
+from app.domain.events import NodeCordoned, node_stream
+from app.services.control_plane import ControlPlane, ControlPlaneConfig, Outcome, Role
+from app.services.leader import LeaderElection
+from app.store.database import driver_url
+from app.store.errors import FencedError
+from app.store.interface import NewEvent
+from app.store.postgres import PostgresEventStore
+from tests.support.fake_agents import LOOPBACK, make_pki
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(40)
+
+TAKEOVER_S = 5.0
+FENCE_STREAM = node_stream("gpu-fence")
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def candidates(database_url: str) -> AsyncIterator[tuple[LeaderElection, LeaderElection]]:
+    pair = tuple(
+        LeaderElection(database_url, holder, retry_interval_s=0.1, check_interval_s=0.1)
+        for holder in ("server-a", "server-b")
+    )
+    yield pair[0], pair[1]
+    for election in pair:
+        await election.close()
+
+
+async def terminate_backend(database_url: str, pid: int | None) -> None:
+    """What an operator's ``pg_terminate_backend`` or a dropped TCP connection does."""
+    assert pid is not None
+    admin = await asyncpg.connect(driver_url(database_url))
+    try:
+        assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+    finally:
+        await admin.close()
+
+
+async def leadership_row(database_url: str) -> tuple[int, str]:
+    conn = await asyncpg.connect(driver_url(database_url))
+    try:
+        row = await conn.fetchrow("SELECT epoch, holder FROM leadership WHERE id = 1")
+    finally:
+        await conn.close()
+    assert row is not None
+    return row["epoch"], row["holder"]
+
+
+def cordon(n: int, epoch: int) -> list[NewEvent]:
+    return [NewEvent(NodeCordoned(node_id="gpu-fence", reason=f"write {n} of epoch {epoch}"))]
+
+
+async def test_one_candidate_leads_and_the_other_takes_over_when_its_lock_connection_dies(
+    candidates: tuple[LeaderElection, LeaderElection], database_url: str
+) -> None:
+    first, second = candidates
+    acquiring = {
+        asyncio.create_task(first.acquire()): first,
+        asyncio.create_task(second.acquire()): second,
+    }
+    done, pending = await asyncio.wait(
+        acquiring, timeout=TAKEOVER_S, return_when=asyncio.FIRST_COMPLETED
+    )
+    [won] = done
+    [waiting] = pending
+    leader, standby = acquiring[won], acquiring[waiting]
+    epoch = won.result()
+    try:
+        assert await leadership_row(database_url) == (epoch, leader.holder_id)
+        # The standby keeps asking, and keeps being refused.
+        asked = standby.tries
+        await wait_until(lambda: standby.tries >= asked + 3, what="three more refused tries")
+        assert not waiting.done()
+        assert [leader.leading, standby.leading] == [True, False]
+
+        await terminate_backend(database_url, leader.backend_pid)
+
+        reason = await asyncio.wait_for(leader.lost(), TAKEOVER_S)
+        assert "leader lock" in reason
+        assert await asyncio.wait_for(waiting, TAKEOVER_S) == epoch + 1
+        assert [leader.leading, standby.leading] == [False, True]
+        assert await leadership_row(database_url) == (epoch + 1, standby.holder_id)
+    finally:
+        waiting.cancel()
+
+
+async def test_a_deposed_leader_is_fenced_and_none_of_its_events_land_after_the_new_ones(
+    candidates: tuple[LeaderElection, LeaderElection], database_url: str, engine: AsyncEngine
+) -> None:
+    old, new = candidates
+    old_epoch = await old.acquire()
+    old_store, new_store = PostgresEventStore(engine), PostgresEventStore(engine)
+    written = 0
+
+    async def old_leader_keeps_writing() -> None:
+        # As a deposed leader that has not noticed yet would, through its pooled connections.
+        nonlocal written
+        while True:
+            meta = Meta(actor="reconciler", epoch=old_epoch)
+            await old_store.append(FENCE_STREAM, None, cordon(written, old_epoch), meta)
+            written += 1
+
+    writer = asyncio.create_task(old_leader_keeps_writing())
+    acquiring = asyncio.create_task(new.acquire())
+    try:
+        await wait_until(lambda: written >= 3, what="the old leader writing")
+
+        await terminate_backend(database_url, old.backend_pid)
+        new_epoch = await asyncio.wait_for(acquiring, TAKEOVER_S)
+        assert new_epoch == old_epoch + 1
+        await new_store.append(
+            FENCE_STREAM, None, cordon(0, new_epoch), Meta(actor="reconciler", epoch=new_epoch)
+        )
+
+        with pytest.raises(FencedError, match=f"superseded by epoch {new_epoch}"):
+            await asyncio.wait_for(writer, TAKEOVER_S)
+        late = Meta(actor="reconciler", epoch=old_epoch)
+        with pytest.raises(FencedError):
+            await old_store.append(FENCE_STREAM, None, cordon(written, old_epoch), late)
+    finally:
+        writer.cancel()
+        acquiring.cancel()
+
+    recorded = await new_store.read_stream(FENCE_STREAM)
+    old_positions = [r.position for r in recorded if r.meta.epoch == old_epoch]
+    new_positions = [r.position for r in recorded if r.meta.epoch == new_epoch]
+    assert len(old_positions) == written
+    assert len(new_positions) == 1
+    assert max(old_positions) < min(new_positions)
+
+
+async def test_a_control_plane_stands_by_leads_when_the_leader_stops_and_exits_when_deposed(
+    candidates: tuple[LeaderElection, LeaderElection],
+    database_url: str,
+    engine: AsyncEngine,
+    tmp_path: Path,
+) -> None:
+    pki = make_pki(tmp_path)
+
+    def control_plane(election: LeaderElection) -> ControlPlane:
+        config = ControlPlaneConfig(
+            server_id=election.holder_id,
+            agent_host=LOOPBACK,
+            agent_port=0,
+            agent_tls=pki.server_context(),
+            reconcile_interval_s=0.2,
+        )
+        return ControlPlane(PostgresEventStore(engine), database_url, config, election=election)
+
+    first_election, second_election = candidates
+    first, second = control_plane(first_election), control_plane(second_election)
+    stop_first, stop_second = asyncio.Event(), asyncio.Event()
+    first_run = asyncio.create_task(first.run(stop_first))
+    second_run: asyncio.Task[Outcome] | None = None
+    try:
+        await wait_until(lambda: first.role is Role.LEADER, what="the first leading")
+        second_run = asyncio.create_task(second.run(stop_second))
+        await wait_until(lambda: second_election.tries >= 3, what="the second asking")
+        assert (second.role, second.leader) == (Role.STANDBY, None)
+
+        stop_first.set()
+        assert await asyncio.wait_for(first_run, TAKEOVER_S) is Outcome.STOPPED
+        await wait_until(lambda: second.role is Role.LEADER, what="the second leading")
+        assert [first_election.epoch, second_election.epoch] == [1, 2]
+
+        await terminate_backend(database_url, second_election.backend_pid)
+        assert await asyncio.wait_for(second_run, TAKEOVER_S) is Outcome.DEPOSED
+        assert second.role is Role.STOPPED
+    finally:
+        stop_first.set()
+        stop_second.set()
+        await asyncio.gather(
+            first_run, *([second_run] if second_run else []), return_exceptions=True
+        )

@@ -1,0 +1,260 @@
+"""The reconciler as a leader runs it: real PostgreSQL, the real agent hub on 127.0.0.1 with
+mutual TLS, the fleet view, and in-process agents that speak the real protocol.
+
+An operator writes to the log through a store of its own, as the admin API of another
+server would; the leader learns of it from the log alone. Every story is checked in the
+log, and in what the agents were sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack
+
+import asyncpg
+import pytest
+import pytest_asyncio
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.domain.envelope import Meta
+from app.domain.events import (
+    AnyEvent,
+    ModelDeclared,
+    ModelScaled,
+    StrayStopped,
+    event_type,
+    model_stream,
+    node_stream,
+    replica_stream,
+)
+from app.domain.model_spec import ModelSpec
+from app.domain.state import Replica, ReplicaPhase
+from app.fleet.messages import StopShard
+from app.services.control_plane import ControlPlaneConfig, Leader
+from app.services.leader import NEXT_EPOCH, LeaderElection
+from app.store.database import driver_url
+from app.store.interface import NewEvent
+from app.store.postgres import PostgresEventStore
+from tests.support.fake_agents import LOOPBACK, AgentPki, fake_agent, make_pki, running_shard
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+OPERATOR = Meta(actor="operator:alice")
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> AgentPki:
+    return make_pki(tmp_path_factory.mktemp("reconciler-pki"))
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def leader(
+    pg_store: PostgresEventStore, database_url: str, pki: AgentPki
+) -> AsyncIterator[Leader]:
+    election = LeaderElection(database_url, "test-leader")
+    epoch = await election.acquire()
+    config = ControlPlaneConfig(
+        server_id="test-leader",
+        agent_host=LOOPBACK,
+        agent_port=0,
+        agent_tls=pki.server_context(),
+        heartbeat_interval_s=0.5,
+        heartbeat_timeout_s=10.0,
+        reconcile_interval_s=0.2,
+    )
+    leader = Leader(pg_store, database_url, config, epoch)
+    await leader.start()
+    try:
+        yield leader
+    finally:
+        await leader.stop()
+        await election.close()
+
+
+@pytest.fixture
+def operator(engine: AsyncEngine) -> PostgresEventStore:
+    return PostgresEventStore(engine)
+
+
+def new_node_id() -> str:
+    return f"gpu-{uuid.uuid4().hex[:8]}"
+
+
+async def declare(operator: PostgresEventStore, model: str, replicas: int) -> None:
+    spec = ModelSpec(
+        name=model, command="llmgw-sim-engine --port {port} --model {model}", replicas=replicas
+    )
+    await operator.append(
+        model_stream(model), None, [NewEvent(ModelDeclared(model=model, spec=spec))], OPERATOR
+    )
+
+
+async def record(operator: PostgresEventStore, stream: str, event: AnyEvent) -> None:
+    await operator.append(stream, None, [NewEvent(event)], OPERATOR)
+
+
+def replicas_of(store: PostgresEventStore, model: str) -> list[Replica]:
+    return sorted(
+        (r for r in store.state.replicas.values() if r.model == model), key=lambda r: r.number
+    )
+
+
+def all_connected(store: PostgresEventStore, nodes: list[str]) -> Callable[[], bool]:
+    return lambda: all(n in store.state.nodes and store.state.nodes[n].connected for n in nodes)
+
+
+async def types_in(store: PostgresEventStore, stream: str) -> list[str]:
+    return [event_type(r.event) for r in await store.read_stream(stream)]
+
+
+async def test_a_model_is_placed_across_nodes_served_and_scaled_down_newest_first(
+    leader: Leader, pki: AgentPki, pg_store: PostgresEventStore, operator: PostgresEventStore
+) -> None:
+    model = f"m-{uuid.uuid4().hex[:6]}"
+    nodes = [new_node_id() for _ in range(3)]
+    async with AsyncExitStack() as stack:
+        agents = {
+            n: await stack.enter_async_context(fake_agent(leader.hub.port, pki, n, gpus=2))
+            for n in nodes
+        }
+        await wait_until(all_connected(pg_store, nodes), what="three nodes connected")
+
+        await declare(operator, model, replicas=2)
+
+        def serving() -> bool:
+            replicas = replicas_of(pg_store, model)
+            return len(replicas) == 2 and all(r.phase is ReplicaPhase.SERVING for r in replicas)
+
+        await wait_until(serving, what="two replicas serving")
+        first, newest = replicas_of(pg_store, model)
+        hosts = {r.id: r.shards[0].node_id for r in (first, newest)}
+        assert len(set(hosts.values())) == 2, "the two replicas share a node"
+        for replica in (first, newest):
+            starts = agents[hosts[replica.id]].starts()
+            assert [(s.replica_id, s.port, s.argv[0]) for s in starts] == [
+                (replica.id, replica.shards[0].port, "llmgw-sim-engine")
+            ]
+        [idle] = set(nodes) - set(hosts.values())
+        assert agents[idle].received == []
+        [placed, *_] = await pg_store.read_stream(replica_stream(newest.id))
+        assert (placed.meta.actor, placed.meta.epoch) == ("reconciler", leader.epoch)
+
+        await record(
+            operator, model_stream(model), ModelScaled(model=model, replicas=1, previous=2)
+        )
+
+        await wait_until(
+            lambda: pg_store.state.replicas[newest.id].phase is ReplicaPhase.STOPPED,
+            what="the newest replica stopped",
+        )
+        assert agents[hosts[newest.id]].stops() == [
+            StopShard(
+                command_id=f"stop-{newest.id}-0",
+                replica_id=newest.id,
+                shard_index=0,
+                grace_s=30.0,
+            )
+        ]
+        assert agents[hosts[first.id]].stops() == []
+        assert pg_store.state.replicas[first.id].phase is ReplicaPhase.SERVING
+        assert await types_in(pg_store, replica_stream(newest.id)) == [
+            "replica_placed",
+            "shard_starting",
+            "shard_ready",
+            "replica_serving",
+            "replica_stopping",
+            "shard_stopped",
+            "replica_stopped",
+        ]
+
+
+async def test_a_shard_of_a_replica_the_log_never_placed_is_stopped_as_a_stray(
+    leader: Leader, pki: AgentPki, pg_store: PostgresEventStore
+) -> None:
+    node_id = new_node_id()
+    ghost = running_shard("ghost-7", 20050, pid=4242, model="ghost")
+
+    async with fake_agent(leader.hub.port, pki, node_id, shards=[ghost]) as agent:
+        await wait_until(lambda: agent.stops() != [], what="a stop_shard for the stray")
+        await wait_until(
+            lambda: ("ghost-7", 0) not in agent.shards, what="the agent stopped the stray"
+        )
+
+    assert agent.stops() == [
+        StopShard(
+            command_id="stray-ghost-7-0-4242", replica_id="ghost-7", shard_index=0, grace_s=10.0
+        )
+    ]
+    strays = [
+        r
+        for r in await pg_store.read_stream(node_stream(node_id))
+        if isinstance(r.event, StrayStopped)
+    ]
+    assert [(r.meta.actor, r.event) for r in strays] == [
+        (
+            "reconciler",
+            StrayStopped(
+                node_id=node_id,
+                replica_id="ghost-7",
+                shard_index=0,
+                model="ghost",
+                port=20050,
+                pid=4242,
+                rule="the log knows no such replica",
+            ),
+        )
+    ]
+
+
+async def test_a_command_goes_once_per_connection_and_again_after_a_reconnect(
+    leader: Leader, pki: AgentPki, pg_store: PostgresEventStore
+) -> None:
+    node_id = new_node_id()
+    stubborn = running_shard("ghost-9", 20060, pid=777)
+    reconciler = leader.reconciler
+    assert reconciler is not None
+
+    async with fake_agent(leader.hub.port, pki, node_id, shards=[stubborn], obeys=False) as agent:
+        await wait_until(lambda: agent.stops() != [], what="a stop_shard for the stray")
+        # The stray keeps running, so every pass decides to stop it again.
+        passes = reconciler.pass_count
+        await wait_until(lambda: reconciler.pass_count >= passes + 5, what="five more passes")
+        assert [s.command_id for s in agent.stops()] == ["stray-ghost-9-0-777"]
+
+    async with fake_agent(
+        leader.hub.port, pki, node_id, shards=[stubborn], obeys=False
+    ) as reconnected:
+        await wait_until(lambda: reconnected.stops() != [], what="the stop sent again")
+        assert [s.command_id for s in reconnected.stops()] == ["stray-ghost-9-0-777"]
+
+    assert (await types_in(pg_store, node_stream(node_id))).count("stray_stopped") == 1
+
+
+async def test_a_leader_whose_epoch_was_taken_stops_leading_and_places_nothing(
+    leader: Leader,
+    pki: AgentPki,
+    pg_store: PostgresEventStore,
+    operator: PostgresEventStore,
+    database_url: str,
+) -> None:
+    node_id = new_node_id()
+    async with fake_agent(leader.hub.port, pki, node_id, gpus=2) as agent:
+        await wait_until(all_connected(pg_store, [node_id]), what="the node connected")
+        usurper = await asyncpg.connect(driver_url(database_url))
+        try:
+            taken = await usurper.fetchval(NEXT_EPOCH, "another-server")
+        finally:
+            await usurper.close()
+        assert taken == leader.epoch + 1
+
+        await declare(operator, f"m-{uuid.uuid4().hex[:6]}", replicas=1)
+
+        reason = await asyncio.wait_for(leader.deposed(), 10)
+        assert f"superseded by epoch {taken}" in reason
+        assert agent.starts() == []
+    recorded = await pg_store.read_all(limit=10_000)
+    assert "replica_placed" not in [event_type(r.event) for r in recorded]
+    assert all(r.meta.epoch in (None, leader.epoch) for r in recorded)
