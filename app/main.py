@@ -20,6 +20,7 @@ from cyclopts import App, Parameter
 
 from app.admin.app import create_admin_app
 from app.admin.auth import TokenAuthenticator, parse_tokens
+from app.admin.health import Readiness
 from app.fleet.hub import DEFAULT_HEARTBEAT_INTERVAL_S
 from app.logs import configure_logging
 from app.pki import TlsConfigurationError, server_ssl_context
@@ -288,7 +289,11 @@ async def _serve(settings: ServeSettings) -> int:
         control_plane = ControlPlane(store, settings.database_url, settings.control_plane)
         admin = _AdminServer(
             uvicorn.Config(
-                create_admin_app(store, settings.authenticator),
+                create_admin_app(
+                    store,
+                    settings.authenticator,
+                    Readiness(engine, role=lambda: control_plane.role),
+                ),
                 host=settings.admin_host,
                 port=settings.admin_port,
                 log_config=None,

@@ -5,13 +5,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from litestar import Litestar, Request, get
+from litestar import Litestar, Request
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
 from app.admin.auth import ACTOR_KEY, TokenAuthenticator
 from app.admin.errors import EXCEPTION_HANDLERS
+from app.admin.health import Readiness, healthz, readyz
 from app.admin.history import HistoryController
 from app.admin.models import ModelController
 from app.admin.nodes import DrainController, NodeController
@@ -24,11 +25,6 @@ REQUEST_ID_HEADER = "x-request-id"
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 
-@get("/healthz", include_in_schema=False)
-async def healthz() -> dict[str, str]:
-    return {"status": "ok"}
-
-
 def provide_caller(request: Request[Any, Any, Any]) -> Caller:
     """The actor the ``require_actor`` guard found, and the request's id: the client's
     ``X-Request-Id`` when it sent a usable one."""
@@ -37,14 +33,24 @@ def provide_caller(request: Request[Any, Any, Any]) -> Caller:
     return Caller(actor=request.scope["state"][ACTOR_KEY], request_id=request_id)
 
 
-def create_admin_app(store: PostgresEventStore, authenticator: TokenAuthenticator) -> Litestar:
+def create_admin_app(
+    store: PostgresEventStore,
+    authenticator: TokenAuthenticator,
+    readiness: Readiness | None = None,
+) -> Litestar:
+    """The admin API over ``store``. ``readiness`` defaults to checking the store's database
+    with no control plane role to report."""
     operations = Operations(store)
+    checks = readiness or Readiness(store.engine)
 
     async def provide_store() -> PostgresEventStore:
         return store
 
     async def provide_operations() -> Operations:
         return operations
+
+    async def provide_readiness() -> Readiness:
+        return checks
 
     return Litestar(
         route_handlers=[
@@ -55,10 +61,12 @@ def create_admin_app(store: PostgresEventStore, authenticator: TokenAuthenticato
             DrainController,
             ReplicaController,
             healthz,
+            readyz,
         ],
         dependencies={
             "store": Provide(provide_store),
             "operations": Provide(provide_operations),
+            "readiness": Provide(provide_readiness),
             "caller": Provide(provide_caller, sync_to_thread=False),
         },
         state=State({"authenticator": authenticator}),

@@ -6,7 +6,8 @@ from typing import Annotated, Any
 
 import msgspec
 from litestar import Controller, get
-from litestar.params import Parameter
+from litestar.di import NamedDependency
+from litestar.params import FromPath, QueryParameter
 
 from app.admin.auth import require_actor
 from app.admin.schemas import EventView, HistoryPage
@@ -40,11 +41,13 @@ class HistoryController(Controller):
     @get("/{subject:str}/{key:str}", summary="Events about one replica, node, model or key")
     async def history(
         self,
-        store: PostgresEventStore,
-        subject: Subject,
-        key: str,
-        after: Annotated[int, Parameter(ge=0, description="read events after this position")] = 0,
-        limit: Annotated[int, Parameter(ge=1, le=5000)] = 500,
+        store: NamedDependency[PostgresEventStore],
+        subject: FromPath[Subject],
+        key: FromPath[str],
+        after: Annotated[
+            int, QueryParameter(ge=0, description="read events after this position")
+        ] = 0,
+        limit: Annotated[int, QueryParameter(ge=1, le=5000)] = 500,
     ) -> HistoryPage:
         events = await read_history(store.engine, subject, key, after, limit)
         return HistoryPage(

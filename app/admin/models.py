@@ -7,6 +7,8 @@ from typing import Any
 
 import msgspec
 from litestar import Controller, Request, delete, get, post, put
+from litestar.di import NamedDependency
+from litestar.params import FromPath, FromQuery, JSONBody
 
 from app.admin.auth import require_actor
 from app.admin.schemas import ModelChange, ModelSpecBody, ModelView, ScaleRequest, as_view
@@ -74,13 +76,13 @@ class ModelController(Controller):
 
     @get("/", summary="Every declared model with its status")
     async def list_models(
-        self, operations: Operations, include_removed: bool = False
+        self, operations: NamedDependency[Operations], include_removed: FromQuery[bool] = False
     ) -> list[ModelView]:
         statuses = await operations.models(include_removed=include_removed)
         return [model_view(status) for status in statuses]
 
     @get("/{name:str}", summary="A model's spec, and why it is below its count if it is")
-    async def show(self, operations: Operations, name: str) -> ModelView:
+    async def show(self, operations: NamedDependency[Operations], name: FromPath[str]) -> ModelView:
         return model_view(await operations.model(name))
 
     @put(
@@ -90,7 +92,11 @@ class ModelController(Controller):
         "nothing is recorded then.",
     )
     async def apply(
-        self, request: Request[Any, Any, Any], operations: Operations, caller: Caller, name: str
+        self,
+        request: Request[Any, Any, Any],
+        operations: NamedDependency[Operations],
+        caller: NamedDependency[Caller],
+        name: FromPath[str],
     ) -> ModelChange:
         spec = spec_from_body(await request.body(), name)
         changed = await operations.apply_model(caller, spec)
@@ -98,11 +104,20 @@ class ModelController(Controller):
 
     @post("/{name:str}/scale", status_code=200, summary="Change a model's replica count")
     async def scale(
-        self, data: ScaleRequest, operations: Operations, caller: Caller, name: str
+        self,
+        data: JSONBody[ScaleRequest],
+        operations: NamedDependency[Operations],
+        caller: NamedDependency[Caller],
+        name: FromPath[str],
     ) -> ModelChange:
         changed = await operations.scale(caller, name, data.replicas)
         return ModelChange(changed=changed, model=model_view(await operations.model(name)))
 
     @delete("/{name:str}", summary="Remove a model: every replica of it is stopped")
-    async def remove(self, operations: Operations, caller: Caller, name: str) -> None:
+    async def remove(
+        self,
+        operations: NamedDependency[Operations],
+        caller: NamedDependency[Caller],
+        name: FromPath[str],
+    ) -> None:
         await operations.remove(caller, name)

@@ -4,6 +4,8 @@ how a drain is going."""
 from __future__ import annotations
 
 from litestar import Controller, get, post
+from litestar.di import NamedDependency
+from litestar.params import FromPath, JSONBody
 from litestar.status_codes import HTTP_202_ACCEPTED
 from msgspec.structs import replace
 
@@ -126,29 +128,36 @@ class NodeController(Controller):
     tags = ["nodes"]
 
     @get("/", summary="Every node the log knows")
-    async def list_nodes(self, operations: Operations) -> list[NodeSummary]:
+    async def list_nodes(self, operations: NamedDependency[Operations]) -> list[NodeSummary]:
         state = await operations.current()
         allocations = Allocations.from_state(state)
         return [node_summary(state, n, allocations) for _, n in sorted(state.nodes.items())]
 
     @get("/{node_id:str}", summary="A node: connection, GPUs and why any is excluded, replicas")
-    async def show(self, operations: Operations, node_id: str) -> NodeView:
+    async def show(
+        self, operations: NamedDependency[Operations], node_id: FromPath[str]
+    ) -> NodeView:
         return node_view(await operations.current(), node_id)
 
     @post("/{node_id:str}/cordon", status_code=200, summary="Place nothing new on the node")
     async def cordon(
         self,
-        operations: Operations,
-        caller: Caller,
-        node_id: str,
-        data: CordonRequest | None = None,
+        operations: NamedDependency[Operations],
+        caller: NamedDependency[Caller],
+        node_id: FromPath[str],
+        data: JSONBody[CordonRequest | None] = None,
     ) -> NodeChange:
         reason = data.reason if data is not None else ""
         changed = await operations.cordon(caller, node_id, reason)
         return NodeChange(changed=changed, node=node_view(await operations.current(), node_id))
 
     @post("/{node_id:str}/uncordon", status_code=200, summary="Allow placements again")
-    async def uncordon(self, operations: Operations, caller: Caller, node_id: str) -> NodeChange:
+    async def uncordon(
+        self,
+        operations: NamedDependency[Operations],
+        caller: NamedDependency[Caller],
+        node_id: FromPath[str],
+    ) -> NodeChange:
         changed = await operations.uncordon(caller, node_id)
         return NodeChange(changed=changed, node=node_view(await operations.current(), node_id))
 
@@ -159,10 +168,10 @@ class NodeController(Controller):
     )
     async def drain(
         self,
-        operations: Operations,
-        caller: Caller,
-        node_id: str,
-        data: DrainRequest | None = None,
+        operations: NamedDependency[Operations],
+        caller: NamedDependency[Caller],
+        node_id: FromPath[str],
+        data: JSONBody[DrainRequest | None] = None,
     ) -> DrainAccepted:
         grace_s = (data or DrainRequest()).grace_s
         return drain_accepted(await operations.drain_node(caller, node_id, grace_s))
@@ -174,5 +183,7 @@ class DrainController(Controller):
     tags = ["drains"]
 
     @get("/{drain_id:str}", summary="A drain's progress: its events, the replicas it moves")
-    async def progress(self, operations: Operations, drain_id: str) -> DrainProgressView:
+    async def progress(
+        self, operations: NamedDependency[Operations], drain_id: FromPath[str]
+    ) -> DrainProgressView:
         return drain_progress_view(await operations.drain(drain_id))

@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Controller, Request, get, post
+from litestar.di import NamedDependency
+from litestar.params import FromPath
 
 from app.admin.auth import require_actor
 from app.admin.models import spec_from_body
@@ -24,12 +26,14 @@ class PlacementController(Controller):
     tags = ["placement"]
 
     @get("/models/{name:str}/placement", summary="Explain where one more replica would go")
-    async def of_model(self, operations: Operations, name: str) -> PlacementView:
+    async def of_model(
+        self, operations: NamedDependency[Operations], name: FromPath[str]
+    ) -> PlacementView:
         return placement_view(await operations.placement(name))
 
     @post("/placement", status_code=200, summary="Explain where a spec would go (a dry run)")
     async def dry_run(
-        self, request: Request[Any, Any, Any], operations: Operations
+        self, request: Request[Any, Any, Any], operations: NamedDependency[Operations]
     ) -> PlacementView:
         spec = spec_from_body(await request.body(), None)
         return placement_view(await operations.placement_dry_run(spec))

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from litestar import Controller, get, post
-from litestar.params import Parameter
+from litestar.di import NamedDependency
+from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.status_codes import HTTP_202_ACCEPTED
 
 from app.admin.auth import require_actor
@@ -38,16 +39,18 @@ class ReplicaController(Controller):
     @get("/", summary="Replicas, by model, node and phase when given")
     async def list_replicas(
         self,
-        operations: Operations,
-        model: str | None = None,
-        node: Annotated[str | None, Parameter(description="with a shard on this node")] = None,
-        phase: ReplicaPhase | None = None,
+        operations: NamedDependency[Operations],
+        model: FromQuery[str | None] = None,
+        node: Annotated[str | None, QueryParameter(description="with a shard on this node")] = None,
+        phase: FromQuery[ReplicaPhase | None] = None,
     ) -> list[ReplicaSummary]:
         state = await operations.current()
         return [replica_summary(r) for r in replicas_matching(state, model, node, phase)]
 
     @get("/{replica_id:str}", summary="A replica: shards, their state, errors and log tails")
-    async def show(self, operations: Operations, replica_id: str) -> ReplicaView:
+    async def show(
+        self, operations: NamedDependency[Operations], replica_id: FromPath[str]
+    ) -> ReplicaView:
         return replica_view(find_replica(await operations.current(), replica_id))
 
     @post(
@@ -55,5 +58,10 @@ class ReplicaController(Controller):
         status_code=HTTP_202_ACCEPTED,
         summary="Move a serving replica: it stops once its replacement serves",
     )
-    async def drain(self, operations: Operations, caller: Caller, replica_id: str) -> DrainAccepted:
+    async def drain(
+        self,
+        operations: NamedDependency[Operations],
+        caller: NamedDependency[Caller],
+        replica_id: FromPath[str],
+    ) -> DrainAccepted:
         return drain_accepted(await operations.drain_replica(caller, replica_id))

@@ -292,3 +292,22 @@ class DrainProgressView(msgspec.Struct, frozen=True, kw_only=True):
     replicas: list[ReplicaSummary]
     still_on_node: list[str]
     events: list[EventView]
+
+
+# -- health ------------------------------------------------------------------------------
+
+
+class CheckView(msgspec.Struct, frozen=True, kw_only=True):
+    ok: bool
+    detail: str
+
+
+class ReadinessView(msgspec.Struct, frozen=True, kw_only=True):
+    ready: bool
+    role: str | None
+    """The control plane's: ``leader`` or ``standby`` (``stopped`` while it shuts down);
+    null where the API is served without one."""
+    failing: list[str]
+    """The names of the checks that failed, in ``checks`` order; empty when ready."""
+    checks: dict[str, CheckView]
+    """``database``, then ``migrations`` once the database answers."""

@@ -1,0 +1,121 @@
+"""``/healthz``: the process answers. ``/readyz``: it can serve, meaning the database
+answers and its schema is at the revision this server was built for.
+
+The control plane's role is reported, not checked: a standby serves reads. Both endpoints
+need no token, so load balancers and supervisors can probe them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from litestar import Response, get
+from litestar.di import NamedDependency
+from litestar.status_codes import HTTP_200_OK, HTTP_503_SERVICE_UNAVAILABLE
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.admin.schemas import CheckView, ReadinessView
+from app.store.database import ping, translated_errors
+from app.store.errors import StoreError
+from app.store.migrate import current_revision, head_revision
+
+DATABASE_TIMEOUT_S = 2.0
+"""How long each database check may take before it counts as failed."""
+REVISION_TTL_S = 5.0
+"""How long a read of the schema revision is reused: it changes only when someone migrates."""
+
+RoleSource = Callable[[], str]
+"""Reads the control plane's current role (``leader``, ``standby``, ``stopped``)."""
+
+
+class Readiness:
+    """The readiness checks of one server: one ``SELECT`` per probe, and a read of the
+    schema revision at most every ``revision_ttl_s``."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        role: RoleSource | None = None,
+        *,
+        timeout_s: float = DATABASE_TIMEOUT_S,
+        revision_ttl_s: float = REVISION_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._engine = engine
+        self._role = role
+        self._timeout_s = timeout_s
+        self._revision_ttl_s = revision_ttl_s
+        self._clock = clock
+        self._head: str | None = None
+        self._head_known = False
+        self._revision: str | None = None
+        self._revision_read_at: float | None = None
+
+    @property
+    def engine(self) -> AsyncEngine:
+        return self._engine
+
+    async def check(self) -> ReadinessView:
+        checks = {"database": await self._database()}
+        if checks["database"].ok:
+            checks["migrations"] = await self._migrations()
+        failing = [name for name, check in checks.items() if not check.ok]
+        role = self._role() if self._role is not None else None
+        return ReadinessView(ready=not failing, role=role, failing=failing, checks=checks)
+
+    async def _database(self) -> CheckView:
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await ping(self._engine)
+        except TimeoutError:
+            return CheckView(ok=False, detail=f"no answer within {self._timeout_s:g} s")
+        except StoreError as exc:
+            return CheckView(ok=False, detail=str(exc))
+        return CheckView(ok=True, detail="answers")
+
+    async def _migrations(self) -> CheckView:
+        try:
+            revision = await self._current_revision()
+        except TimeoutError:
+            return CheckView(ok=False, detail=f"no answer within {self._timeout_s:g} s")
+        except StoreError as exc:
+            return CheckView(ok=False, detail=str(exc))
+        head = await self._head_revision()
+        if revision != head:
+            return CheckView(
+                ok=False,
+                detail=f"schema at revision {revision or '(none)'}, this server needs {head} "
+                "(`llmgw-server migrate` upgrades an older schema)",
+            )
+        return CheckView(ok=True, detail=f"at revision {head}")
+
+    async def _current_revision(self) -> str | None:
+        now = self._clock()
+        read_at = self._revision_read_at
+        if read_at is None or now - read_at >= self._revision_ttl_s:
+            async with asyncio.timeout(self._timeout_s), translated_errors():
+                self._revision = await current_revision(self._engine)
+            self._revision_read_at = now
+        return self._revision
+
+    async def _head_revision(self) -> str | None:
+        if not self._head_known:
+            # Reading the migration scripts imports them: seconds on a cold start, so
+            # once, off the event loop.
+            self._head = await asyncio.to_thread(head_revision)
+            self._head_known = True
+        return self._head
+
+
+@get("/healthz", include_in_schema=False)
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@get("/readyz", include_in_schema=False)
+async def readyz(readiness: NamedDependency[Readiness]) -> Response[ReadinessView]:
+    view = await readiness.check()
+    status = HTTP_200_OK if view.ready else HTTP_503_SERVICE_UNAVAILABLE
+    return Response(view, status_code=status)

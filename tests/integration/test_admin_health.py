@@ -1,0 +1,157 @@
+"""Load balancers and supervisors probing the admin API: `/healthz` says the process
+answers, `/readyz` whether it can serve. Both are asked without a token, over real HTTP to
+the app served by uvicorn on a loopback socket, against real PostgreSQL databases: a
+migrated one, an empty one, and one that is not there."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, closing
+
+import httpx
+import pytest_asyncio
+import uvicorn
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.admin.app import create_admin_app
+from app.admin.auth import TokenAuthenticator
+from app.admin.health import Readiness
+from app.store import migrate
+from app.store.database import create_engine
+from app.store.postgres import PostgresEventStore
+from tests.support.postgres import PostgresServer, unique_database_name
+from tests.support.waiting import wait_until
+
+LOOPBACK = "127.0.0.1"
+
+
+class ControlPlaneRole:
+    """What the control plane's ``role`` attribute reads, changed as an election would."""
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+
+    def __call__(self) -> str:
+        return self.role
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@asynccontextmanager
+async def probing(readiness: Readiness) -> AsyncIterator[httpx.AsyncClient]:
+    """A client without a token, of the admin API served with ``readiness``."""
+    store = PostgresEventStore(readiness.engine)
+    app = create_admin_app(store, TokenAuthenticator({}), readiness)
+    listener = socket.socket()
+    listener.bind((LOOPBACK, 0))
+    port = listener.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
+    try:
+        await wait_until(lambda: server.started, within_s=10, what="admin API listening")
+        async with httpx.AsyncClient(base_url=f"http://{LOOPBACK}:{port}") as client:
+            yield client
+    finally:
+        server.should_exit = True
+        await serving
+        listener.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def empty_database(postgres_server: PostgresServer) -> AsyncIterator[str]:
+    """A database nobody has migrated yet."""
+    name = unique_database_name("llmgw_empty")
+    await postgres_server.create_database(name)
+    yield postgres_server.url(name)
+    await postgres_server.drop_database(name)
+
+
+@asynccontextmanager
+async def engine_for(url: str) -> AsyncIterator[AsyncEngine]:
+    engine = create_engine(url, pool_size=2)
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
+
+
+def closed_port() -> int:
+    with closing(socket.socket()) as probe:
+        probe.bind((LOOPBACK, 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+async def test_a_running_process_is_healthy_without_a_token(engine: AsyncEngine) -> None:
+    async with probing(Readiness(engine)) as probe:
+        answer = await probe.get("/healthz")
+
+    assert answer.status_code == 200
+    assert answer.json() == {"status": "ok"}
+
+
+async def test_a_standby_on_a_migrated_database_is_ready_and_says_its_role(
+    engine: AsyncEngine,
+) -> None:
+    control_plane = ControlPlaneRole("standby")
+    async with probing(Readiness(engine, role=control_plane)) as probe:
+        as_standby = await probe.get("/readyz")
+        control_plane.role = "leader"
+        as_leader = await probe.get("/readyz")
+
+    assert as_standby.status_code == 200
+    body = as_standby.json()
+    assert (body["ready"], body["role"], body["failing"]) == (True, "standby", [])
+    assert body["checks"]["database"]["ok"] is True
+    assert body["checks"]["migrations"] == {
+        "ok": True,
+        "detail": f"at revision {migrate.head_revision()}",
+    }
+    assert as_leader.status_code == 200
+    assert as_leader.json()["role"] == "leader"
+
+
+async def test_an_unmigrated_database_is_not_ready_until_the_revision_is_read_again(
+    empty_database: str,
+) -> None:
+    clock = ManualClock()
+    async with (
+        engine_for(empty_database) as engine,
+        probing(Readiness(engine, revision_ttl_s=5, clock=clock)) as probe,
+    ):
+        before = await probe.get("/readyz")
+        await asyncio.to_thread(migrate.upgrade, empty_database)
+        while_cached = await probe.get("/readyz")
+        clock.now += 5
+        after_the_cache_expired = await probe.get("/readyz")
+
+    assert before.status_code == 503
+    body = before.json()
+    assert (body["ready"], body["failing"]) == (False, ["migrations"])
+    assert body["checks"]["database"]["ok"] is True
+    assert "schema at revision (none)" in body["checks"]["migrations"]["detail"]
+    assert while_cached.status_code == 503, "the revision is read at most every 5 s"
+    assert after_the_cache_expired.status_code == 200
+
+
+async def test_an_unreachable_database_is_not_ready_and_is_named() -> None:
+    url = f"postgresql://llmgw@{LOOPBACK}:{closed_port()}/llmgw"
+    async with engine_for(url) as engine, probing(Readiness(engine, timeout_s=5)) as probe:
+        health = await probe.get("/healthz")
+        readiness = await probe.get("/readyz")
+
+    assert health.status_code == 200, "the process itself still answers"
+    assert readiness.status_code == 503
+    body = readiness.json()
+    assert (body["ready"], body["failing"]) == (False, ["database"])
+    assert body["checks"]["database"]["ok"] is False
+    assert "unreachable" in body["checks"]["database"]["detail"]
+    assert "migrations" not in body["checks"]
