@@ -157,7 +157,8 @@ def main() -> None:
     spec = ModelSpec(name="new-model", command="x", gpus_per_shard=4, gpu_memory_gib=40)
 
     idle = decide(state, view, now, settings)
-    assert idle.events == () and idle.commands == (), "the fleet should need nothing"
+    assert idle.events == (), "the fleet should need nothing"
+    assert idle.commands == (), "the fleet should need nothing"
     grown = state.copy()
     for m in range(10):  # ten models each ask for ten more replicas: 100 placements
         model = grown.models[f"model-{m}"]
