@@ -99,17 +99,28 @@ BEGIN
 
     -- Projection rows of every touched entity are replaced: deleted, then inserted from
     -- the rows the caller folded (an entity that no longer exists has no row to insert).
-    DELETE FROM models WHERE name = ANY(p_touched_models);
-    DELETE FROM nodes WHERE id = ANY(p_touched_nodes);
-    DELETE FROM replicas WHERE id = ANY(p_touched_replicas);
-    DELETE FROM api_keys WHERE id = ANY(p_touched_keys);
-    INSERT INTO models SELECT * FROM jsonb_populate_recordset(NULL::models, p_rows->'models');
-    INSERT INTO nodes SELECT * FROM jsonb_populate_recordset(NULL::nodes, p_rows->'nodes');
-    INSERT INTO replicas
-        SELECT * FROM jsonb_populate_recordset(NULL::replicas, p_rows->'replicas');
-    INSERT INTO shards SELECT * FROM jsonb_populate_recordset(NULL::shards, p_rows->'shards');
-    INSERT INTO api_keys
-        SELECT * FROM jsonb_populate_recordset(NULL::api_keys, p_rows->'api_keys');
+    -- Tables no event touched are skipped: most appends touch one or two.
+    IF cardinality(p_touched_models) > 0 THEN
+        DELETE FROM models WHERE name = ANY(p_touched_models);
+        INSERT INTO models
+            SELECT * FROM jsonb_populate_recordset(NULL::models, p_rows->'models');
+    END IF;
+    IF cardinality(p_touched_nodes) > 0 THEN
+        DELETE FROM nodes WHERE id = ANY(p_touched_nodes);
+        INSERT INTO nodes SELECT * FROM jsonb_populate_recordset(NULL::nodes, p_rows->'nodes');
+    END IF;
+    IF cardinality(p_touched_replicas) > 0 THEN
+        DELETE FROM replicas WHERE id = ANY(p_touched_replicas);
+        INSERT INTO replicas
+            SELECT * FROM jsonb_populate_recordset(NULL::replicas, p_rows->'replicas');
+        INSERT INTO shards
+            SELECT * FROM jsonb_populate_recordset(NULL::shards, p_rows->'shards');
+    END IF;
+    IF cardinality(p_touched_keys) > 0 THEN
+        DELETE FROM api_keys WHERE id = ANY(p_touched_keys);
+        INSERT INTO api_keys
+            SELECT * FROM jsonb_populate_recordset(NULL::api_keys, p_rows->'api_keys');
+    END IF;
 
     SELECT max(position) INTO v_last FROM events;
     UPDATE projection_checkpoints SET position = v_last WHERE name = 'main';
