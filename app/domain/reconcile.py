@@ -192,10 +192,14 @@ def _stopping_done(draft: Draft, fleet: FleetView) -> None:
     for replica in list(draft.state.replicas.values()):
         if replica.phase is not ReplicaPhase.STOPPING:
             continue
+        # A node that has not said hello to this control plane proves nothing: it may be
+        # on its way back with the engine still running (a lost node is handled with it).
         if all(
             s.phase in (ShardPhase.STOPPED, ShardPhase.FAILED, ShardPhase.PLACED)
-            or s.node_id not in fleet.reports
-            or (replica.id, s.index) not in fleet.reports[s.node_id].shards
+            or (
+                s.node_id in fleet.reports
+                and (replica.id, s.index) not in fleet.reports[s.node_id].shards
+            )
             for s in replica.shards
         ):
             draft.emit(

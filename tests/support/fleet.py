@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,21 +74,25 @@ class FleetProcesses:
         *,
         fake_gpus: str = "2x80GB",
         labels: Mapping[str, str] | None = None,
+        fallback_servers: Sequence[str] = (),
+        port_range: str = "1024-65535",
     ) -> AgentProcess:
-        """``llmgw-agent`` dialling ``server_uri`` with fake GPUs, engines allowed any port;
-        its stdout and stderr go to a log file in ``tmp_path``."""
+        """``llmgw-agent`` dialling ``server_uri`` (then each of ``fallback_servers`` in
+        turn) with fake GPUs, engines on any port unless ``port_range`` says; its stdout and
+        stderr go to a log file in ``tmp_path``."""
         log_path = self.tmp_path / f"agent-{len(self.agents)}.log"
         label_flags = [flag for k, v in (labels or {}).items() for flag in ("--label", f"{k}={v}")]
+        fallback_flags = [flag for uri in fallback_servers for flag in ("--server", uri)]
         environment = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_AGENT_")}
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 [
                     AGENT,
-                    *("--server", server_uri, "--node-id", node_id),
+                    *("--server", server_uri, *fallback_flags, "--node-id", node_id),
                     *("--cert", str(credentials.certificate), "--key", str(credentials.key)),
                     *("--ca", str(credentials.ca), "--state-dir", str(state_dir)),
                     *("--fake-gpus", fake_gpus, "--address", LOOPBACK),
-                    *("--port-range", "1024-65535", *label_flags),
+                    *("--port-range", port_range, *label_flags),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,

@@ -661,3 +661,15 @@ def test_a_shard_that_stops_unasked_fails_its_replica() -> None:
     (failed,) = of_type(cluster.reconcile(), ReplicaFailed)
 
     assert failed.reason == "shard 0 on gpu-1 stopped without being asked to"
+
+
+def test_a_stopping_replica_on_a_node_not_back_yet_is_not_taken_for_stopped() -> None:
+    cluster = restarted_with_two_serving_replicas()
+    cluster.given(ReplicaStopping(replica_id="llama-2", reason="drain d"), epoch=1)
+    cluster.reports["gpu-1"] = NodeReport(node_id="gpu-1")
+    cluster.running("gpu-1", "llama-1", 20000)  # gpu-2 has not said hello to us yet
+
+    assert of_type(cluster.reconcile(), ReplicaStopped) == []
+
+    cluster.reports["gpu-2"] = NodeReport(node_id="gpu-2")  # back, and the engine is gone
+    assert of_type(cluster.reconcile(), ReplicaStopped) == [ReplicaStopped(replica_id="llama-2")]

@@ -1,0 +1,535 @@
+"""A whole llmgw cluster of real processes for end-to-end tests: ``llmgw-server serve``
+processes sharing one database, ``llmgw-agent`` processes with fake GPUs that dial every
+server (so they fail over), and the engines those agents start.
+
+Certificates come from the ``llmgw-cli cert`` commands an operator runs (``issue_pki``,
+once per module). A ``Cluster`` knows which server leads, kills and restarts servers and
+agents, calls the admin API with a token, and reads the event log. Every process writes to
+a log file; when a test fails those logs are added to its report
+(``add_logs_to_failed_reports``), and every process, engines included, is killed when the
+cluster closes, passed or failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from types import TracebackType
+
+import asyncpg
+import httpx
+import pytest
+
+from agent.simulator.launcher import free_port, simulator_command
+from app.store.database import driver_url
+from tests.support.fleet import LOOPBACK, AgentProcess, FleetProcesses, NodeCredentials
+from tests.support.waiting import wait_until
+
+BIN = Path(sys.executable).parent
+SERVER = str(BIN / "llmgw-server")
+CLI = str(BIN / "llmgw-cli")
+ADMIN_TOKEN_NAME = "alice"
+ADMIN_TOKEN = "e2e-admin-token-0123456789"
+START_WITHIN_S = 20.0
+STOP_WAIT_S = 10.0
+SIMULATOR_COMMAND = f"{simulator_command()} --port {{port}} --model {{model}} --instant"
+JsonObject = dict[str, object]
+ENGINE_PORTS_PER_NODE = 20
+ENGINE_PORTS_FROM = (10000, 30000)
+"""Every agent runs on 127.0.0.1, so each node gets engine ports of its own, below the
+ephemeral ports the kernel hands out for connections."""
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """``llmgw-server serve`` timings, short enough for tests. The adoption grace is longer
+    than the others: after a control plane restarts, an agent may be up to about 8 s into
+    its reconnect backoff (0.5 s doubling), and a grace that ends before every agent is back
+    starts the lost timeout of nodes that are merely slow. It ends as soon as every known
+    node has said hello, so it costs nothing when they are quick."""
+
+    adoption_grace_s: float = 10.0
+    lost_timeout_s: float = 5.0
+    stability_window_s: float = 1.0
+    heartbeat_interval_s: float = 0.5
+    reconcile_interval_s: float = 0.2
+
+    def flags(self) -> list[str]:
+        return [
+            *("--adoption-grace", str(self.adoption_grace_s)),
+            *("--lost-timeout", str(self.lost_timeout_s)),
+            *("--stability-window", str(self.stability_window_s)),
+            *("--heartbeat-interval", str(self.heartbeat_interval_s)),
+            *("--reconcile-interval", str(self.reconcile_interval_s)),
+        ]
+
+
+@dataclass(frozen=True)
+class ClusterPki:
+    """The CA, a server certificate for 127.0.0.1, and node certificates issued on demand."""
+
+    directory: Path
+
+    @property
+    def ca(self) -> Path:
+        return self.directory / "ca.crt"
+
+    @property
+    def server_certificate(self) -> Path:
+        return self.directory / "server.crt"
+
+    @property
+    def server_key(self) -> Path:
+        return self.directory / "server.key"
+
+    def node(self, node_id: str) -> NodeCredentials:
+        """The node's certificate, issued with ``llmgw-cli cert node`` the first time."""
+        certificate = self.directory / f"node-{node_id}.crt"
+        if not certificate.exists():
+            _cert("node", node_id, "--dir", str(self.directory))
+        return NodeCredentials(certificate, self.directory / f"node-{node_id}.key", self.ca)
+
+
+def issue_pki(directory: Path) -> ClusterPki:
+    """Create the CA and the server certificate for 127.0.0.1 as the docs say."""
+    _cert("init-ca", "--name", "llmgw CA e2e", "--dir", str(directory))
+    _cert("server", "--ip", LOOPBACK, "--dir", str(directory))
+    return ClusterPki(directory)
+
+
+def _cert(*args: str) -> None:
+    subprocess.run([CLI, "cert", *args], capture_output=True, check=True, timeout=60)
+
+
+@dataclass(eq=False)
+class ServerProcess:
+    """One ``llmgw-server serve``; its ports stay the same across restarts."""
+
+    server_id: str
+    admin_port: int
+    agent_port: int
+    log_path: Path
+    process: subprocess.Popen[bytes]
+
+    @property
+    def agent_uri(self) -> str:
+        return f"wss://{LOOPBACK}:{self.agent_port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.admin_port}"
+
+    def exited(self) -> bool:
+        return self.process.poll() is not None
+
+    def kill(self) -> None:
+        """SIGKILL: no disconnect is recorded, leadership is not handed back."""
+        self._signal(signal.SIGKILL)
+        self.process.wait(timeout=STOP_WAIT_S)
+
+    def terminate(self) -> int:
+        """SIGTERM, as a supervisor stops it; the exit code."""
+        self._signal(signal.SIGTERM)
+        return self.process.wait(timeout=STOP_WAIT_S)
+
+    def _signal(self, signum: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.process.send_signal(signum)
+
+
+@dataclass(frozen=True)
+class LoggedEvent:
+    """An event as the ``events`` table holds it."""
+
+    position: int
+    stream: str
+    type: str
+    data: JsonObject
+    actor: str
+    correlation_id: str | None
+    epoch: int | None
+    recorded_at: datetime
+
+    def get(self, key: str) -> object:
+        return self.data.get(key)
+
+
+def about(**data: object) -> Callable[[LoggedEvent], bool]:
+    """Matches events whose data holds every one of ``data``'s items."""
+    return lambda event: all(event.data.get(key) == value for key, value in data.items())
+
+
+@dataclass(frozen=True)
+class Leadership:
+    epoch: int
+    holder: str
+
+
+@dataclass(eq=False)
+class Cluster:
+    """Servers and agents of one test, on one database. Use ``async with``."""
+
+    database_url: str
+    directory: Path
+    pki: ClusterPki
+    settings: ServerSettings = field(default_factory=ServerSettings)
+    servers: list[ServerProcess] = field(default_factory=list)
+    agents: dict[str, AgentProcess] = field(default_factory=dict)
+    engine_ports: dict[str, str] = field(default_factory=dict)
+    _fleet: FleetProcesses | None = None
+    _database: asyncpg.Connection | None = None
+    _http: httpx.AsyncClient | None = None
+
+    async def __aenter__(self) -> Cluster:
+        self._fleet = FleetProcesses(self.directory)
+        self._database = await asyncpg.connect(driver_url(self.database_url))
+        self._http = httpx.AsyncClient(
+            headers={"authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10.0
+        )
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Kill every server, agent and engine; engines are found through the agents' state
+        directories and every pid the log recorded for a shard."""
+        for server in self.servers:
+            server.kill()
+        engine_pids: list[int] = []
+        if self._database is not None:
+            with contextlib.suppress(asyncpg.PostgresError, OSError):
+                engine_pids = [
+                    pid for e in await self.events() if isinstance(pid := e.get("pid"), int)
+                ]
+            await self._database.close()
+        if self._fleet is not None:
+            self._fleet.reap(engine_pids)
+        if self._http is not None:
+            await self._http.aclose()
+
+    # -- processes --------------------------------------------------------------------
+
+    def start_server(self) -> ServerProcess:
+        """A new server with ports of its own; it leads or stands by."""
+        index = len(self.servers)
+        server = self._spawn_server(f"server-{index}", free_port(), free_port())
+        self.servers.append(server)
+        return server
+
+    def restart_server(self, server: ServerProcess) -> ServerProcess:
+        """Start ``server`` again on the same ports, after it was killed or stopped."""
+        if not server.exited():
+            raise AssertionError(f"{server.server_id} still runs; kill or stop it first")
+        again = self._spawn_server(server.server_id, server.admin_port, server.agent_port)
+        self.servers[self.servers.index(server)] = again
+        return again
+
+    def _spawn_server(self, server_id: str, admin_port: int, agent_port: int) -> ServerProcess:
+        log_path = self._next_log(server_id)
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [
+                    SERVER,
+                    "serve",
+                    *("--database-url", self.database_url, "--server-id", server_id),
+                    *("--admin-host", LOOPBACK, "--admin-port", str(admin_port)),
+                    *("--agent-host", LOOPBACK, "--agent-port", str(agent_port)),
+                    *("--admin-tokens", f"{ADMIN_TOKEN_NAME}:{ADMIN_TOKEN}"),
+                    *("--tls-cert", str(self.pki.server_certificate)),
+                    *("--tls-key", str(self.pki.server_key), "--tls-ca", str(self.pki.ca)),
+                    *self.settings.flags(),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return ServerProcess(server_id, admin_port, agent_port, log_path, process)
+
+    def start_agent(self, node_id: str, *, fake_gpus: str = "2x80GB") -> AgentProcess:
+        """``llmgw-agent`` for ``node_id`` dialling every server started so far, in order."""
+        if not self.servers:
+            raise AssertionError("start a server before its agents")
+        first, *others = [server.agent_uri for server in self.servers]
+        agent = self._processes().start_agent(
+            first,
+            node_id,
+            self.pki.node(node_id),
+            self.directory / f"state-{node_id}",
+            fake_gpus=fake_gpus,
+            fallback_servers=others,
+            port_range=self._engine_ports(node_id),
+        )
+        self.agents[node_id] = agent
+        return agent
+
+    def stop_agent(self, node_id: str) -> int:
+        """SIGTERM the node's agent, as its supervisor stops it; the exit code."""
+        agent = self.agents[node_id]
+        with contextlib.suppress(ProcessLookupError):
+            agent.process.send_signal(signal.SIGTERM)
+        return agent.process.wait(timeout=STOP_WAIT_S)
+
+    def restart_agent(self, node_id: str) -> AgentProcess:
+        """Kill the node's agent (its engines live on) and start it again."""
+        self.agents[node_id].kill()
+        self.agents[node_id].process.wait(timeout=STOP_WAIT_S)
+        return self.start_agent(node_id)
+
+    def _engine_ports(self, node_id: str) -> str:
+        """The node's engine port range, the same for every agent it runs."""
+        if node_id not in self.engine_ports:
+            low, high = ENGINE_PORTS_FROM
+            base = random.randrange(low, high, ENGINE_PORTS_PER_NODE)
+            taken = {int(r.split("-")[0]) for r in self.engine_ports.values()}
+            while base in taken:
+                base = random.randrange(low, high, ENGINE_PORTS_PER_NODE)
+            self.engine_ports[node_id] = f"{base}-{base + ENGINE_PORTS_PER_NODE - 1}"
+        return self.engine_ports[node_id]
+
+    def _processes(self) -> FleetProcesses:
+        if self._fleet is None:
+            raise AssertionError("use the cluster inside `async with`")
+        return self._fleet
+
+    def _next_log(self, name: str) -> Path:
+        existing = len(list(self.directory.glob(f"{name}*.log")))
+        return self.directory / f"{name}{'-' + str(existing) if existing else ''}.log"
+
+    def logs(self) -> str:
+        """Every process's log, servers first, each under a heading."""
+        paths = sorted(self.directory.glob("server-*.log")) + sorted(
+            self.directory.glob("agent-*.log")
+        )
+        return "\n".join(
+            f"===== {path.name} =====\n{path.read_text(errors='replace')}" for path in paths
+        )
+
+    # -- leadership -------------------------------------------------------------------
+
+    async def leadership(self) -> Leadership | None:
+        row = await self._db().fetchrow("SELECT epoch, holder FROM leadership WHERE id = 1")
+        return None if row is None else Leadership(epoch=row["epoch"], holder=row["holder"])
+
+    async def wait_for_leader(
+        self, *, after_epoch: int = 0, within_s: float = START_WITHIN_S
+    ) -> ServerProcess:
+        """The server that leads with an epoch newer than ``after_epoch``, once its agent
+        hub accepts connections."""
+        found: list[ServerProcess] = []
+
+        async def leads() -> bool:
+            if all(server.exited() for server in self.servers):
+                raise AssertionError("every server exited")
+            leadership = await self.leadership()
+            if leadership is None or leadership.epoch <= after_epoch:
+                return False
+            found[:] = [s for s in self.servers if s.server_id == leadership.holder]
+            return bool(found) and not found[0].exited() and await _listens(found[0].agent_port)
+
+        await wait_until(leads, within_s=within_s, every_s=0.05, what="a leader")
+        return found[0]
+
+    async def wait_until_serving_admin(self, server: ServerProcess) -> None:
+        async def answers() -> bool:
+            with contextlib.suppress(httpx.TransportError):
+                response = await self._client().get(f"{server.admin_url}/admin/v1/nodes")
+                return response.status_code == 200
+            return False
+
+        await wait_until(
+            answers, within_s=START_WITHIN_S, every_s=0.05, what=f"{server.server_id} admin API"
+        )
+
+    # -- admin API --------------------------------------------------------------------
+
+    async def apply_simulated_model(
+        self, name: str, *, replicas: int, via: ServerProcess | None = None, **spec: object
+    ) -> JsonObject:
+        """``PUT /admin/v1/models/{name}`` with the instant engine simulator as command."""
+        body = {"command": SIMULATOR_COMMAND, "replicas": replicas, **spec}
+        return await self._admin("PUT", f"/admin/v1/models/{name}", via, body=body)
+
+    async def drain_node(
+        self, node_id: str, *, grace_s: float = 600.0, via: ServerProcess | None = None
+    ) -> str:
+        """``POST /admin/v1/nodes/{id}/drain``; the drain id."""
+        answer = await self._admin(
+            "POST", f"/admin/v1/nodes/{node_id}/drain", via, body={"grace_s": grace_s}
+        )
+        drain_id = answer["drain_id"]
+        assert isinstance(drain_id, str)
+        return drain_id
+
+    async def replicas(
+        self, *, via: ServerProcess | None = None, **filters: str
+    ) -> list[JsonObject]:
+        """``GET /admin/v1/replicas`` with ``model``, ``node`` or ``phase`` filters."""
+        return await self._admin_list("/admin/v1/replicas", via, filters)
+
+    async def nodes(self, *, via: ServerProcess | None = None) -> list[JsonObject]:
+        return await self._admin_list("/admin/v1/nodes", via)
+
+    async def wait_for_nodes_connected(
+        self, node_ids: Iterable[str], *, within_s: float = START_WITHIN_S
+    ) -> None:
+        """Until the admin API shows every one of ``node_ids`` connected."""
+        wanted = set(node_ids)
+
+        async def connected() -> bool:
+            nodes = await self.nodes()
+            return wanted <= {str(n["id"]) for n in nodes if n["connected"]}
+
+        await wait_until(connected, within_s=within_s, every_s=0.1, what=f"{wanted} connected")
+
+    async def drain(self, drain_id: str, *, via: ServerProcess | None = None) -> JsonObject:
+        return await self._admin("GET", f"/admin/v1/drains/{drain_id}", via)
+
+    async def admin(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: object = None,
+        params: Mapping[str, str] | None = None,
+        via: ServerProcess | None = None,
+    ) -> object:
+        """Any admin API call with the operator's token, to ``via`` or the first server
+        that runs; the decoded answer. An error status fails the test with its problem
+        document."""
+        server = via or next((s for s in self.servers if not s.exited()), None)
+        if server is None:
+            raise AssertionError("no server runs to ask")
+        response = await self._client().request(
+            method, f"{server.admin_url}{path}", json=body, params=params
+        )
+        if response.status_code >= 400:
+            raise AssertionError(f"{method} {path}: {response.status_code} {response.text}")
+        answer: object = response.json()
+        return answer
+
+    async def _admin(
+        self, method: str, path: str, via: ServerProcess | None, *, body: object = None
+    ) -> JsonObject:
+        answer = await self.admin(method, path, body=body, via=via)
+        assert isinstance(answer, dict), answer
+        return answer
+
+    async def _admin_list(
+        self, path: str, via: ServerProcess | None, params: Mapping[str, str] | None = None
+    ) -> list[JsonObject]:
+        answer = await self.admin("GET", path, params=params, via=via)
+        assert isinstance(answer, list), answer
+        return answer
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            raise AssertionError("use the cluster inside `async with`")
+        return self._http
+
+    # -- the event log ----------------------------------------------------------------
+
+    async def events(self, *types: str, after: int = 0) -> list[LoggedEvent]:
+        """The log in order, only ``types`` when given, only after position ``after``."""
+        rows = await self._db().fetch(
+            "SELECT position, stream, type, data, actor, correlation_id, recorded_at, "
+            "meta->>'epoch' AS epoch "
+            "FROM events WHERE position > $1 AND (cardinality($2::text[]) = 0 "
+            "OR type = ANY($2::text[])) ORDER BY position",
+            after,
+            list(types),
+        )
+        return [
+            LoggedEvent(
+                position=row["position"],
+                stream=row["stream"],
+                type=row["type"],
+                data=json.loads(row["data"]),
+                actor=row["actor"],
+                correlation_id=row["correlation_id"],
+                epoch=None if row["epoch"] is None else int(row["epoch"]),
+                recorded_at=row["recorded_at"],
+            )
+            for row in rows
+        ]
+
+    async def last_position(self) -> int:
+        position = await self._db().fetchval("SELECT coalesce(max(position), 0) FROM events")
+        assert isinstance(position, int)
+        return position
+
+    async def wait_for_event(
+        self,
+        event_types: str | tuple[str, ...],
+        matches: Callable[[LoggedEvent], bool] = lambda _: True,
+        *,
+        after: int = 0,
+        within_s: float = 15.0,
+    ) -> LoggedEvent:
+        """The first event of ``event_types`` after ``after`` that ``matches``, once one is
+        logged."""
+        types = (event_types,) if isinstance(event_types, str) else event_types
+        found: list[LoggedEvent] = []
+
+        async def logged() -> bool:
+            found[:] = [e for e in await self.events(*types, after=after) if matches(e)]
+            return bool(found)
+
+        await wait_until(logged, within_s=within_s, every_s=0.1, what=f"a {types} event")
+        return found[0]
+
+    def _db(self) -> asyncpg.Connection:
+        if self._database is None:
+            raise AssertionError("use the cluster inside `async with`")
+        return self._database
+
+    # -- maintenance commands ---------------------------------------------------------
+
+    async def verify_projections(self) -> subprocess.CompletedProcess[str]:
+        """``llmgw-server projections rebuild --verify`` against the cluster's database."""
+        return await asyncio.to_thread(
+            subprocess.run,
+            [SERVER, "projections", "rebuild", "--verify", "--database-url", self.database_url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+
+async def _listens(port: int) -> bool:
+    try:
+        _, writer = await asyncio.open_connection(LOOPBACK, port)
+    except OSError:
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
+
+
+def add_logs_to_failed_reports(request: pytest.FixtureRequest, cluster: Cluster) -> None:
+    """Add the cluster's process logs to every failed report of ``request``'s test: call this
+    while the fixture tears down, before the processes' files go. The reports are the ones
+    the terminal shows in its failure summary at the end of the session."""
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    failed: list[pytest.TestReport] = getattr(reporter, "stats", {}).get("failed", [])
+    mine = [r for r in failed if r.nodeid == request.node.nodeid]
+    if mine:
+        logs = cluster.logs()
+        for report in mine:
+            report.sections.append(("cluster process logs", logs))
