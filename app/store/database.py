@@ -42,8 +42,8 @@ def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
 async def driver_connection(conn: AsyncConnection) -> asyncpg.Connection:
     """The asyncpg connection under ``conn``, inside the same transaction.
 
-    The append path runs its statements on it directly: prepared, pipelined statements
-    are what keep an append close to the cost of a bare INSERT (see docs/performance.md).
+    The store runs its statements on it directly (prepared by asyncpg, no SQLAlchemy
+    statement layer on the hot path); docs/performance.md has what an append costs.
     """
     raw = await conn.get_raw_connection()
     return cast(asyncpg.Connection, raw.driver_connection)

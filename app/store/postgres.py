@@ -41,7 +41,7 @@ from app.store.codec import (
 from app.store.database import connection
 from app.store.errors import ConcurrencyError, FencedError, StoreError
 from app.store.interface import AppendRequest, NewEvent
-from app.store.projection import RowChanges, Snapshot, Touched, fold
+from app.store.projection import RowChanges, fold
 from app.store.tables import PROJECTION_TABLES
 
 APPEND_LOCK_KEY = 0x6C6C6D67_77000001  # "llmgw" + 1: one key for the whole log
@@ -160,11 +160,7 @@ class PostgresEventStore:
     async def _call_append(
         self, db: asyncpg.Connection, plan: list[Recorded], meta: Meta
     ) -> list[Recorded]:
-        touched = Touched()
-        for planned in plan:
-            touched.add(planned, self._state)
-        snapshot = Snapshot.take(self._state, touched)
-        changes = fold(self._state, plan)
+        changes, snapshot = fold(self._state, plan)
         try:
             rows = await db.fetch(
                 _APPEND_CALL, *_arguments(plan, meta, changes, snapshot.position, self._channel)

@@ -8,7 +8,7 @@ in-memory state are two renderings of one fold.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -174,32 +174,40 @@ def all_rows(state: ClusterState) -> dict[str, list[Row]]:
     }
 
 
-def fold(state: ClusterState, batch: Iterable[Recorded]) -> RowChanges:
-    """Evolve ``state`` by ``batch`` and return the row changes that mirror it."""
+def fold(state: ClusterState, batch: Sequence[Recorded]) -> tuple[RowChanges, Snapshot]:
+    """Evolve ``state`` by ``batch``; return the row changes that mirror it, and a snapshot
+    that undoes it (for an append that does not commit)."""
     touched = Touched()
     for recorded in batch:
         touched.add(recorded, state)
+    snapshot = Snapshot.take(state, touched)
+    for recorded in batch:
         evolve(state, recorded)
-    return changes_for(state, touched)
+    return changes_for(state, snapshot), snapshot
 
 
-def changes_for(state: ClusterState, touched: Touched) -> RowChanges:
-    replicas = [state.replicas[k] for k in sorted(touched.replicas) if k in state.replicas]
+def changes_for(state: ClusterState, before: Snapshot) -> RowChanges:
+    """Rows of the entities that changed. Entities are frozen and replaced when an event
+    changes them, so an entity still identical to its snapshot needs no row written."""
+    models = _changed(state.models, before.models)
+    nodes = _changed(state.nodes, before.nodes)
+    replica_ids = _changed(state.replicas, before.replicas)
+    keys = _changed(state.keys, before.keys)
+    replicas = [state.replicas[k] for k in replica_ids if k in state.replicas]
     return RowChanges(
-        touched={
-            "models": sorted(touched.models),
-            "nodes": sorted(touched.nodes),
-            "replicas": sorted(touched.replicas),
-            "api_keys": sorted(touched.keys),
-        },
+        touched={"models": models, "nodes": nodes, "replicas": replica_ids, "api_keys": keys},
         rows={
-            "models": [model_row(state.models[k]) for k in touched.models if k in state.models],
-            "nodes": [node_row(state.nodes[k]) for k in touched.nodes if k in state.nodes],
+            "models": [model_row(state.models[k]) for k in models if k in state.models],
+            "nodes": [node_row(state.nodes[k]) for k in nodes if k in state.nodes],
             "replicas": [replica_row(r) for r in replicas],
             "shards": [row for r in replicas for row in shard_rows(r)],
-            "api_keys": [key_row(state.keys[k]) for k in touched.keys if k in state.keys],
+            "api_keys": [key_row(state.keys[k]) for k in keys if k in state.keys],
         },
     )
+
+
+def _changed(now: dict[str, Any], before: dict[str, Any]) -> list[str]:
+    return sorted(key for key, old in before.items() if now.get(key) is not old)
 
 
 class Snapshot(msgspec.Struct):

@@ -216,7 +216,7 @@ def test_an_incremental_projection_equals_a_replay(batches: list[list[AnyEvent]]
             for n, r in enumerate(recorded, start=1)
         ]
         log += recorded
-        changes = fold(state, recorded)
+        changes, _ = fold(state, recorded)
         for table, keys in changes.touched.items():
             for key in keys:
                 tables[table].pop(key, None)
