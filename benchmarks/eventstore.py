@@ -1,0 +1,646 @@
+"""Event store benchmark: appends, batched appends, replay and rebuild of a large log.
+
+    python benchmarks/eventstore.py [--events 1000000] [--single 3000] [--quick]
+
+One run, one fresh migrated database on one server (see ``benchmarks/common.py``):
+
+1. load a synthetic cluster history of ``--events`` events through the store, in batches
+   of 1,000 (timed, and its mix of event types reported);
+2. replay it into ``ClusterState``, verify the projection tables against it, and rebuild
+   them, each in a child process of its own so that its peak RSS is its own;
+3. single-event appends through ``PostgresEventStore.append`` against a bare asyncpg
+   INSERT + COMMIT of the same rows into the same table, in alternating rounds;
+4. batched appends (100 events per ``append_many``) against a bare 100-row INSERT.
+
+The appends run after the load, against a log of ``--events`` events, as they would in a
+cluster that has run for a while. Results are printed and written to
+``benchmarks/results/eventstore-<timestamp>.json``; ``docs/performance.md`` discusses them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import os
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import Any, NamedTuple
+
+# Run as a script, this file's folder is on sys.path but the repository root is not.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import asyncpg
+import msgspec
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.domain.envelope import Meta
+from app.domain.events import event_type
+from app.store.codec import encode_event, encode_meta
+from app.store.database import connection, create_engine
+from app.store.interface import NO_STREAM, AppendRequest, NewEvent
+from app.store.postgres import PostgresEventStore
+from app.store.rebuild import rebuild, replay
+from benchmarks.common import (
+    BenchServer,
+    Machine,
+    bench_server,
+    describe_machine,
+    format_table,
+    fresh_database,
+    load_average,
+    max_rss_mib,
+    median,
+    peak_rss_mib,
+    per_second,
+    percentile,
+    write_results,
+)
+from benchmarks.history import ClusterHistory, Step
+
+META = Meta(actor="reconciler")
+LOAD_BATCH = 1_000
+APPEND_BATCH = 100
+WARM_UP = 50
+TARGET_SINGLE_RATIO = 0.7
+TARGET_BATCHED_PER_S = 50_000.0
+TARGET_REPLAY_PER_S = 200_000.0
+CHILD_URL_ENV = "LLMGW_BENCH_CHILD_URL"
+SCRIPT = Path(__file__).resolve()
+
+
+# -- feeding the history to the store and to the bare baseline ------------------------------
+
+
+class Feed:
+    """Takes steps from a history and turns them into append requests that expect the
+    streams' current versions, or into the bare rows the baseline inserts."""
+
+    def __init__(self, history: ClusterHistory) -> None:
+        self._steps = history.steps()
+        self._versions: dict[str, int] = {}
+        self._baseline_versions: dict[str, int] = {}
+
+    def take(self, count: int) -> list[Step]:
+        return list(itertools.islice(self._steps, count))
+
+    def requests(self, steps: Sequence[Step], *, checked: bool = True) -> list[AppendRequest]:
+        """One request per run of consecutive steps on one stream."""
+        requests = []
+        for stream, run in itertools.groupby(steps, key=lambda step: step[0]):
+            events = [NewEvent(event) for _, event in run]
+            version = self._versions.get(stream, NO_STREAM)
+            self._versions[stream] = version + len(events)
+            requests.append(AppendRequest(stream, version if checked else None, events))
+        return requests
+
+    def singles(self, steps: Sequence[Step]) -> list[AppendRequest]:
+        return [request for step in steps for request in self.requests([step])]
+
+    def baseline_rows(self, steps: Sequence[Step]) -> list[tuple[Any, ...]]:
+        """The rows the store would insert for ``steps`` (same columns, same payloads), on
+        streams of their own so that they never collide with the store's."""
+        meta = encode_meta(META).decode()
+        now = datetime.now(UTC)
+        rows = []
+        for stream, event in steps:
+            type_name, schema_version, data = encode_event(event)
+            baseline_stream = f"baseline-{stream}"
+            version = self._baseline_versions.get(baseline_stream, 0) + 1
+            self._baseline_versions[baseline_stream] = version
+            node_id = getattr(event, "node_id", None) or getattr(event, "claimed_node_id", None)
+            rows.append(
+                (baseline_stream, version, type_name, schema_version, data.decode(), meta,
+                 uuid.uuid4(), now, getattr(event, "replica_id", None), node_id,
+                 getattr(event, "model", None), META.actor, META.correlation_id)
+            )  # fmt: skip
+        return rows
+
+
+_COLUMNS = (
+    "stream, version, type, schema_version, data, meta, event_id, recorded_at, replica_id, "
+    "node_id, model, actor, correlation_id"
+)
+INSERT_ONE = (
+    f"INSERT INTO events ({_COLUMNS}) "
+    "VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, $7, $8, $9, $10, $11, $12, $13)"
+)
+INSERT_MANY = (
+    f"INSERT INTO events ({_COLUMNS}) SELECT * FROM unnest($1::text[], $2::int[], $3::text[], "
+    "$4::smallint[], $5::jsonb[], $6::jsonb[], $7::uuid[], $8::timestamptz[], $9::text[], "
+    "$10::text[], $11::text[], $12::text[], $13::text[])"
+)
+
+
+# -- results -----------------------------------------------------------------------------------
+
+
+class Latency(msgspec.Struct, frozen=True):
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+
+    @classmethod
+    def of(cls, seconds: Sequence[float]) -> Latency:
+        return cls(*(round(percentile(seconds, pct) * 1000, 3) for pct in (50, 90, 99)))
+
+
+class Comparison(msgspec.Struct, frozen=True, kw_only=True):
+    """The store against a bare INSERT + COMMIT of the same rows, in alternating rounds."""
+
+    unit: str
+    per_round: int
+    store_rounds: list[float]
+    baseline_rounds: list[float]
+    store_median: float
+    baseline_median: float
+    ratio: float
+    """Median store rate over median baseline rate."""
+    round_ratios: list[float]
+    store_latency: Latency
+    baseline_latency: Latency
+    store_client_cpu_ms: float
+    """This process's CPU time per store call, over all rounds."""
+    baseline_client_cpu_ms: float
+    store_server_ms: float | None
+    """Time per store call inside ``llmgw_append``, as PostgreSQL counts it
+    (``track_functions``); None where the benchmark may not turn that on."""
+
+
+class Load(msgspec.Struct, frozen=True, kw_only=True):
+    events: int
+    batch: int
+    seconds: float
+    """Generating the history and appending it."""
+    append_seconds: float
+    """Inside ``append_many`` only."""
+    events_per_s: float
+    streams: int
+    event_types: dict[str, int]
+    settle_seconds: float
+    """VACUUM ANALYZE and CHECKPOINT after the load, so that neither autovacuum nor a
+    checkpoint of the load's writes runs during a measurement."""
+
+
+class ChildRun(msgspec.Struct, frozen=True, kw_only=True):
+    """Replay, verify or rebuild, measured in a process of its own."""
+
+    operation: str
+    events: int
+    seconds: float
+    cpu_seconds: float
+    """This process's CPU time during the operation: the rest of ``seconds`` is the
+    server's work and waiting for a core."""
+    events_per_s: float
+    rss_before_mib: float
+    """Peak RSS with the interpreter, the imports and a connection, before the operation."""
+    peak_rss_mib: float
+    """The process's own peak RSS (``VmHWM``)."""
+    ru_maxrss_mib: float
+    """``ru_maxrss``: at least the parent's RSS when it started this process (see
+    ``benchmarks.common.peak_rss_mib``), so only an upper bound."""
+    counts: dict[str, int]
+
+
+class Results(msgspec.Struct, frozen=True, kw_only=True):
+    benchmark: str
+    started_at: str
+    arguments: dict[str, int]
+    server: str
+    machine: Machine
+    load_average: dict[str, tuple[float, float, float]]
+    """At the start of each phase and at the end (1, 5, 15 minutes)."""
+    load: Load
+    replay: ChildRun
+    verify: ChildRun
+    rebuild: ChildRun
+    single: Comparison
+    batched: Comparison
+    targets: dict[str, float]
+    met: dict[str, bool]
+
+
+# -- phases --------------------------------------------------------------------------------------
+
+
+async def load_history(
+    store: PostgresEventStore, db: asyncpg.Connection, feed: Feed, count: int
+) -> Load:
+    started = time.perf_counter()
+    appending = 0.0
+    types: Counter[str] = Counter()
+    streams: set[str] = set()
+    for offset in range(0, count, LOAD_BATCH):
+        steps = feed.take(min(LOAD_BATCH, count - offset))
+        types.update(event_type(event) for _, event in steps)
+        streams.update(stream for stream, _ in steps)
+        requests = feed.requests(steps, checked=False)
+        before = time.perf_counter()
+        await store.append_many(requests, META)
+        appending += time.perf_counter() - before
+    seconds = time.perf_counter() - started
+    settle_seconds = await settle(db)
+    return Load(
+        events=count,
+        batch=LOAD_BATCH,
+        seconds=round(seconds, 2),
+        append_seconds=round(appending, 2),
+        events_per_s=round(per_second(count, seconds)),
+        streams=len(streams),
+        event_types=dict(types.most_common()),
+        settle_seconds=settle_seconds,
+    )
+
+
+async def track_function_time(db: asyncpg.Connection) -> None:
+    """Have every new session of this database count time in PL/pgSQL functions (a
+    superuser's setting: on a server of someone else's, the figure is left out)."""
+    with contextlib.suppress(asyncpg.InsufficientPrivilegeError):
+        name = await db.fetchval("SELECT current_database()")
+        await db.execute(f"ALTER DATABASE \"{name}\" SET track_functions = 'pl'")
+
+
+async def settle(db: asyncpg.Connection) -> float:
+    started = time.perf_counter()
+    await db.execute("VACUUM ANALYZE")
+    with contextlib.suppress(asyncpg.InsufficientPrivilegeError):  # a server of someone else's
+        await db.execute("CHECKPOINT")
+    return round(time.perf_counter() - started, 2)
+
+
+async def compare_single(
+    store: PostgresEventStore, db: asyncpg.Connection, feed: Feed, total: int, rounds: int
+) -> Comparison:
+    async def store_round(steps: list[Step]) -> Timed:
+        calls = [
+            partial(store.append, request.stream, request.expected_version, request.events, META)
+            for request in feed.singles(steps)
+        ]
+        await store.catch_up()  # fold the baseline's rows before the clock starts
+        return await _timed(calls)
+
+    async def baseline_round(steps: list[Step]) -> Timed:
+        return await _timed(
+            [partial(_insert, db, INSERT_ONE, row) for row in feed.baseline_rows(steps)]
+        )
+
+    server = ServerClock(store, db)
+    return await _compare("appends/s", feed, store_round, baseline_round, total, rounds, 1, server)
+
+
+async def compare_batched(
+    store: PostgresEventStore, db: asyncpg.Connection, feed: Feed, total: int, rounds: int
+) -> Comparison:
+    async def store_round(steps: list[Step]) -> Timed:
+        batches = [feed.requests(steps[i : i + APPEND_BATCH]) for i in _batch_starts(steps)]
+        calls = [partial(store.append_many, requests, META) for requests in batches]
+        await store.catch_up()
+        return await _timed(calls)
+
+    async def baseline_round(steps: list[Step]) -> Timed:
+        batches = [feed.baseline_rows(steps[i : i + APPEND_BATCH]) for i in _batch_starts(steps)]
+        columns = [tuple(zip(*rows, strict=True)) for rows in batches]
+        return await _timed([partial(_insert, db, INSERT_MANY, values) for values in columns])
+
+    server = ServerClock(store, db)
+    return await _compare(
+        "events/s", feed, store_round, baseline_round, total, rounds, APPEND_BATCH, server
+    )
+
+
+def _batch_starts(steps: Sequence[Step]) -> range:
+    return range(0, len(steps), APPEND_BATCH)
+
+
+async def _insert(db: asyncpg.Connection, statement: str, values: tuple[Any, ...]) -> None:
+    async with db.transaction():
+        await db.execute(statement, *values)
+
+
+class Timed(NamedTuple):
+    seconds: float
+    cpu_seconds: float
+    latencies: list[float]
+
+
+async def _timed(calls: Sequence[Callable[[], Awaitable[object]]]) -> Timed:
+    latencies = []
+    started, cpu_started = time.perf_counter(), time.process_time()
+    for call in calls:
+        before = time.perf_counter()
+        await call()
+        latencies.append(time.perf_counter() - before)
+    return Timed(time.perf_counter() - started, time.process_time() - cpu_started, latencies)
+
+
+Round = Callable[[list[Step]], Awaitable[Timed]]
+
+
+async def _compare(
+    unit: str, feed: Feed, store_round: Round, baseline_round: Round, total: int, rounds: int,
+    events_per_call: int, server: ServerClock,
+) -> Comparison:  # fmt: skip
+    """Alternate rounds of the two (which goes first alternates too, so that a drift in the
+    machine's load favours neither). Preparing a round's calls is not timed."""
+    per_round = max(total // rounds, events_per_call)
+    await store_round(feed.take(WARM_UP * events_per_call))
+    await baseline_round(feed.take(WARM_UP * events_per_call))
+    server_before = await server.reading()
+    rates: dict[str, list[float]] = {"store": [], "baseline": []}
+    latencies: dict[str, list[float]] = {"store": [], "baseline": []}
+    cpu = {"store": 0.0, "baseline": 0.0}
+    for number in range(rounds):
+        order = [("store", store_round), ("baseline", baseline_round)]
+        for name, measure in order if number % 2 == 0 else reversed(order):
+            steps = feed.take(per_round)
+            timed = await measure(steps)
+            latencies[name] += timed.latencies
+            cpu[name] += timed.cpu_seconds
+            rates[name].append(round(per_second(len(steps), timed.seconds), 1))
+    server_ms = server.per_call(server_before, await server.reading())
+    store_median, baseline_median = median(rates["store"]), median(rates["baseline"])
+    store_calls, baseline_calls = len(latencies["store"]), len(latencies["baseline"])
+    return Comparison(
+        unit=unit,
+        per_round=per_round,
+        store_rounds=rates["store"],
+        baseline_rounds=rates["baseline"],
+        store_median=store_median,
+        baseline_median=baseline_median,
+        ratio=round(store_median / baseline_median, 3),
+        round_ratios=[
+            round(s / b, 3) for s, b in zip(rates["store"], rates["baseline"], strict=True)
+        ],
+        store_latency=Latency.of(latencies["store"]),
+        baseline_latency=Latency.of(latencies["baseline"]),
+        store_client_cpu_ms=round(cpu["store"] / store_calls * 1000, 3),
+        baseline_client_cpu_ms=round(cpu["baseline"] / baseline_calls * 1000, 3),
+        store_server_ms=server_ms,
+    )
+
+
+class ServerClock:
+    """Time PostgreSQL spent inside ``llmgw_append``, from ``pg_stat_user_functions``
+    (counted where ``track_functions`` is on: ``run`` turns it on for the database)."""
+
+    def __init__(self, store: PostgresEventStore, db: asyncpg.Connection) -> None:
+        self._store = store
+        self._db = db
+
+    async def reading(self) -> tuple[int, float]:
+        """Calls so far and milliseconds spent in them."""
+        # A backend reports its counts when a transaction ends, at most once a second.
+        await asyncio.sleep(1.1)
+        async with connection(self._store.engine) as conn:
+            await conn.execute("SELECT 1")
+        row = await self._db.fetchrow(
+            "SELECT calls, total_time FROM pg_stat_user_functions WHERE funcname = $1",
+            "llmgw_append",
+        )
+        return (row["calls"], row["total_time"]) if row else (0, 0.0)
+
+    @staticmethod
+    def per_call(before: tuple[int, float], after: tuple[int, float]) -> float | None:
+        calls = after[0] - before[0]
+        return round((after[1] - before[1]) / calls, 3) if calls else None
+
+
+# -- replay, verify and rebuild, each in a process of its own --------------------------------
+
+
+async def measure_in_child(operation: str, url: str) -> ChildRun:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(SCRIPT),
+        "--child",
+        operation,
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, CHILD_URL_ENV: url},  # not on the command line: it may hold a password
+    )
+    output, _ = await process.communicate()
+    if process.returncode != 0:
+        raise RuntimeError(f"the {operation} process exited with status {process.returncode}")
+    return msgspec.json.decode(output, type=ChildRun)
+
+
+async def _replay_counts(engine: AsyncEngine) -> dict[str, int]:
+    state = await replay(engine)
+    return {
+        "nodes": len(state.nodes),
+        "models": len(state.models),
+        "replicas": len(state.replicas),
+        "keys": len(state.keys),
+        "position": state.position,
+    }
+
+
+async def _rebuild_counts(engine: AsyncEngine, verify: bool) -> dict[str, int]:
+    report = await rebuild(engine, verify=verify)
+    differences = Counter(f"differences.{d.table}.{d.problem}" for d in report.differences)
+    return {**report.rows, "differences": len(report.differences), **differences}
+
+
+CHILD_OPERATIONS: dict[str, Callable[[AsyncEngine], Awaitable[dict[str, int]]]] = {
+    "replay": _replay_counts,
+    "verify": partial(_rebuild_counts, verify=True),
+    "rebuild": partial(_rebuild_counts, verify=False),
+}
+
+
+async def run_child(operation: str, url: str) -> ChildRun:
+    engine = create_engine(url, pool_size=1)
+    try:
+        async with engine.connect() as conn:  # connecting is not part of the operation
+            events = (await conn.execute(text("SELECT count(*) FROM events"))).scalar_one()
+        rss_before = peak_rss_mib()
+        started, cpu_started = time.perf_counter(), time.process_time()
+        counts = await CHILD_OPERATIONS[operation](engine)
+        seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+        peak, ru_maxrss = peak_rss_mib(), max_rss_mib()
+    finally:
+        await engine.dispose()
+    return ChildRun(
+        operation=operation,
+        events=events,
+        seconds=round(seconds, 3),
+        cpu_seconds=round(cpu_seconds, 3),
+        events_per_s=round(per_second(events, seconds)),
+        rss_before_mib=rss_before,
+        peak_rss_mib=peak,
+        ru_maxrss_mib=ru_maxrss,
+        counts=counts,
+    )
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+class Sizes(msgspec.Struct, frozen=True):
+    events: int
+    single: int
+    batched: int
+    rounds: int
+
+
+async def run(server: BenchServer, sizes: Sizes) -> Results:
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    loads: dict[str, tuple[float, float, float]] = {}
+
+    def phase(name: str) -> None:
+        loads[name] = load_average()
+        print(f"{name} (load average {' '.join(map(str, loads[name]))})", flush=True)
+
+    async with fresh_database(server) as url:
+        machine = await describe_machine(url)
+        db = await asyncpg.connect(url)
+        await track_function_time(db)
+        engine = create_engine(url)
+        try:
+            store = PostgresEventStore(engine)
+            feed = Feed(ClusterHistory())
+            phase(f"loading {sizes.events:,} events")
+            load = await load_history(store, db, feed, sizes.events)
+            phase("replay")
+            replayed = await measure_in_child("replay", url)
+            phase("projections rebuild --verify")
+            verified = await measure_in_child("verify", url)
+            phase("projections rebuild")
+            rebuilt = await measure_in_child("rebuild", url)
+            phase(f"single-event appends ({sizes.single:,} a side)")
+            single = await compare_single(store, db, feed, sizes.single, sizes.rounds)
+            phase(f"batched appends ({sizes.batched:,} events a side)")
+            batched = await compare_batched(store, db, feed, sizes.batched, sizes.rounds)
+            phase("end")
+        finally:
+            await db.close()
+            await engine.dispose()
+    targets = {
+        "single_ratio": TARGET_SINGLE_RATIO,
+        "batched_events_per_s": TARGET_BATCHED_PER_S,
+        "replay_events_per_s": TARGET_REPLAY_PER_S,
+    }
+    measured = {
+        "single_ratio": single.ratio,
+        "batched_events_per_s": batched.store_median,
+        "replay_events_per_s": float(replayed.events_per_s),
+    }
+    return Results(
+        benchmark="eventstore",
+        started_at=started_at,
+        arguments=msgspec.structs.asdict(sizes),
+        server=server.description,
+        machine=machine,
+        load_average=loads,
+        load=load,
+        replay=replayed,
+        verify=verified,
+        rebuild=rebuilt,
+        single=single,
+        batched=batched,
+        targets=targets,
+        met={name: measured[name] >= target for name, target in targets.items()},
+    )
+
+
+def report(results: Results) -> str:
+    single, batched, replayed = results.single, results.batched, results.replay
+    machine = results.machine
+    yes_no = {True: "yes", False: "NO"}
+    rows = [
+        ("single appends/s, store", f"{single.store_median:,.0f}", "", ""),
+        ("single appends/s, bare INSERT", f"{single.baseline_median:,.0f}", "", ""),
+        ("single ratio store/bare", f"{single.ratio:.3f}", f">= {TARGET_SINGLE_RATIO}",
+         yes_no[results.met["single_ratio"]]),
+        ("single append p50/p99 ms, store",
+         f"{single.store_latency.p50_ms:.2f}/{single.store_latency.p99_ms:.2f}", "", ""),
+        ("single append p50/p99 ms, bare",
+         f"{single.baseline_latency.p50_ms:.2f}/{single.baseline_latency.p99_ms:.2f}", "", ""),
+        ("single client CPU / server ms, store",
+         f"{single.store_client_cpu_ms:.2f}/{_ms(single.store_server_ms)}", "", ""),
+        ("batched events/s, store", f"{batched.store_median:,.0f}",
+         f">= {TARGET_BATCHED_PER_S:,.0f}", yes_no[results.met["batched_events_per_s"]]),
+        ("batched events/s, bare INSERT", f"{batched.baseline_median:,.0f}", "", ""),
+        ("batched ratio store/bare", f"{batched.ratio:.3f}", "", ""),
+        ("batched p50 ms, store/bare",
+         f"{batched.store_latency.p50_ms:.1f}/{batched.baseline_latency.p50_ms:.1f}", "", ""),
+        ("batched client CPU / server ms, store",
+         f"{batched.store_client_cpu_ms:.2f}/{_ms(batched.store_server_ms)}", "", ""),
+        ("replay events/s", f"{replayed.events_per_s:,.0f}", f">= {TARGET_REPLAY_PER_S:,.0f}",
+         yes_no[results.met["replay_events_per_s"]]),
+        ("replay seconds (client CPU)", f"{replayed.seconds:.2f} ({replayed.cpu_seconds:.2f})",
+         "", ""),
+        ("replay peak RSS MiB (before)",
+         f"{replayed.peak_rss_mib:,.0f} ({replayed.rss_before_mib:,.0f})", "", ""),
+        ("rebuild --verify seconds", f"{results.verify.seconds:.2f}", "", ""),
+        ("rebuild seconds", f"{results.rebuild.seconds:.2f}", "", ""),
+        ("load events/s (seconds)",
+         f"{results.load.events_per_s:,.0f} ({results.load.seconds:.0f})", "", ""),
+    ]  # fmt: skip
+    rounds = [
+        (f"{name} rounds, {comparison.unit}", " ".join(f"{r:,.0f}" for r in rates))
+        for comparison, label in ((single, "single"), (batched, "batched"))
+        for name, rates in (
+            (f"{label} store", comparison.store_rounds),
+            (f"{label} bare", comparison.baseline_rounds),
+        )
+    ]
+    differences = results.verify.counts.get("differences", 0)
+    return "\n".join(
+        [
+            f"{machine.cpu_model}, {machine.cores} cores, {machine.memory_gib} GiB, "
+            f"Python {machine.python}, PostgreSQL {machine.postgresql} ({results.server})",
+            format_table(("figure", "median", "target", "met"), rows),
+            "",
+            *(f"{name}: {values}" for name, values in rounds),
+            f"rebuild --verify differences: {differences}",
+            "load average: "
+            + "; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in results.load_average.items()),
+        ]
+    )
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--events", type=int, help="events in the replayed log (1,000,000)")
+    parser.add_argument("--single", type=int, help="single-event appends a side (3,000)")
+    parser.add_argument("--batched", type=int, help="events appended in batches a side (50,000)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (5)")
+    parser.add_argument("--quick", action="store_true", help="small sizes, to try it out")
+    parser.add_argument("--child", choices=sorted(CHILD_OPERATIONS), help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = parse_arguments(argv)
+    if arguments.child:
+        result = asyncio.run(run_child(arguments.child, os.environ[CHILD_URL_ENV]))
+        sys.stdout.write(msgspec.json.encode(result).decode() + "\n")
+        return 0
+    quick = arguments.quick
+    sizes = Sizes(
+        events=arguments.events or (20_000 if quick else 1_000_000),
+        single=arguments.single or (500 if quick else 3_000),
+        batched=arguments.batched or (5_000 if quick else 50_000),
+        rounds=arguments.rounds,
+    )
+    with bench_server() as server:
+        results = asyncio.run(run(server, sizes))
+    print(report(results))
+    print(f"results: {write_results('eventstore', results)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
