@@ -51,6 +51,7 @@ DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
 DEFAULT_HEARTBEAT_TIMEOUT_S = 15.0
 MAX_TICK_S = 1.0
 
+LISTEN_BACKLOG = 4096
 log = structlog.get_logger(__name__)
 
 
@@ -123,6 +124,9 @@ class AgentHub:
             port,
             ssl=self._ssl_context,
             max_size=MAX_MESSAGE_BYTES,
+            # A restarted control plane is dialled by every agent at once; the default
+            # backlog of 100 drops most of a thousand and they retry seconds later.
+            backlog=LISTEN_BACKLOG,
         )
         bound = self.port
         log.info("agent hub listening", host=host, port=bound)

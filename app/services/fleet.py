@@ -83,15 +83,14 @@ class FleetService:
 
     async def _decide_and_append(self, decide: Decide, actor: str) -> None:
         # The usual heartbeat changes nothing: then there is nothing to load either.
-        decision = decide(self._store.state)
         for attempt in range(1, self._max_attempts + 1):
+            # Decided on the store's fold and appended with the versions of that fold: no
+            # read before the write. If another writer moved a stream meanwhile, the store
+            # refuses the append, catches up, and we decide again.
+            decision = decide(self._store.state)
             if not decision:
                 return
-            versions = {s: await self._store.stream_version(s) for s in _streams(decision)}
-            # Read after the versions, so every event up to them is in the state decided on.
-            decision = decide(await self._store.catch_up())
-            if not decision or not _streams(decision) <= versions.keys():
-                continue  # nothing to do any more, or another stream to read first
+            versions = {s: self._store.known_version(s) for s in _streams(decision)}
             try:
                 await self._store.append_many(
                     _requests(decision, versions), Meta(actor=actor, epoch=self._epoch)
@@ -100,6 +99,7 @@ class FleetService:
                 if attempt == self._max_attempts:
                     raise
                 log.info("fleet decision lost a race", stream=exc.stream, attempt=attempt)
+                await self._store.catch_up()
                 continue
             log.info("fleet events recorded", actor=actor, events=_types(decision))
             return

@@ -109,6 +109,9 @@ class InMemoryEventStore:
         start = max(after_position, 0)
         return [_decode(s) for s in self._log[start : start + limit]]
 
+    def known_version(self, stream: str) -> int:
+        return self._versions.get(stream, 0)
+
     async def stream_version(self, stream: str) -> int:
         return self._versions.get(stream, 0)
 

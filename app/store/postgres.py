@@ -245,6 +245,9 @@ class PostgresEventStore:
             )
         return [record_from_row(row) for row in rows]
 
+    def known_version(self, stream: str) -> int:
+        return self._versions.get(stream, 0)
+
     async def stream_version(self, stream: str) -> int:
         async with connection(self._engine) as db:
             version = await db.fetchval(

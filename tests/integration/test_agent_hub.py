@@ -567,6 +567,9 @@ class RivalWritesFirst:
     async def stream_version(self, stream: str) -> int:
         return await self._store.stream_version(stream)
 
+    def known_version(self, stream: str) -> int:
+        return self._store.known_version(stream)
+
     async def last_position(self) -> int:
         return await self._store.last_position()
 
