@@ -1,11 +1,15 @@
 PY ?= .venv/bin/python
 
-.PHONY: venv lint types test test-unit check bench
+.PHONY: venv dev lint types test test-unit check bench
 
 venv:
 	python3 -m venv .venv
 	.venv/bin/pip install -q --upgrade pip
 	.venv/bin/pip install -q -e '.[dev]'
+
+dev:
+	test -x .venv/bin/llmgw-server || $(MAKE) venv
+	.venv/bin/llmgw-server dev
 
 lint:
 	$(PY) -m ruff check app agent cli tests migrations benchmarks

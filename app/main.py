@@ -21,6 +21,7 @@ from cyclopts import App, Parameter
 from app.admin.app import create_admin_app
 from app.admin.auth import TokenAuthenticator, parse_tokens
 from app.admin.health import Readiness
+from app.dev import dev_command
 from app.fleet.hub import DEFAULT_HEARTBEAT_INTERVAL_S
 from app.logs import configure_logging
 from app.pki import TlsConfigurationError, server_ssl_context
@@ -333,6 +334,9 @@ async def _run_until_signalled(admin: uvicorn.Server, control_plane: ControlPlan
         admin.should_exit = True
         await asyncio.gather(plane_task, admin_task, return_exceptions=True)
     return plane_task.result()
+
+
+app.command(dev_command, name="dev")
 
 
 def main() -> None:

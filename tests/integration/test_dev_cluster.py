@@ -1,0 +1,187 @@
+"""``llmgw-server dev`` as a newcomer runs it: one command brings up PostgreSQL, the control
+plane, two agents and a demo model; the next steps it prints work exactly as printed; Ctrl-C
+stops every process it started.
+
+The command starts its own PostgreSQL (``LLMGW_DATABASE_URL`` is removed from its
+environment), as it does on a fresh machine, so stopping that cluster is checked too. Its
+state directory is made under /tmp and opened to other users: as root, PostgreSQL runs as
+the ``postgres`` user, which must be able to reach it (pytest's own tmp dirs are private).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agent.engines.records import RecordStore, is_same_process
+from agent.simulator.launcher import free_port
+from tests.support.fleet import is_running, kill_group
+from tests.support.waiting import wait_until
+
+SERVER = str(Path(sys.executable).parent / "llmgw-server")
+LAST_LINE_OF_NEXT_STEPS = "Press Ctrl-C"
+START_WITHIN_S = 45.0
+STOP_WITHIN_S = 30.0
+
+
+@dataclass(frozen=True)
+class NextSteps:
+    """What ``dev`` printed for the operator to run."""
+
+    environment: dict[str, str]
+    history: list[str]
+    curl: list[str]
+
+    @classmethod
+    def parse(cls, text: str) -> NextSteps:
+        lines = [line.strip() for line in text.splitlines()]
+        export = shlex.split(next(line for line in lines if line.startswith("export ")))
+        history = next(line for line in lines if "history model demo" in line)
+        curl = next(line for line in lines if line.startswith("curl "))
+        return cls(
+            environment=dict(word.split("=", 1) for word in export[1:]),
+            history=shlex.split(history),
+            curl=shlex.split(curl),
+        )
+
+    @property
+    def curl_url(self) -> str:
+        return next(word for word in self.curl if word.startswith("http://"))
+
+    @property
+    def curl_body(self) -> str:
+        return self.curl[self.curl.index("-d") + 1]
+
+    @property
+    def curl_headers(self) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        for index, word in enumerate(self.curl):
+            if word == "-H":
+                name, value = self.curl[index + 1].split(":", 1)
+                headers[name.strip()] = value.strip()
+        return headers
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    directory = Path(tempfile.mkdtemp(prefix="llmgw-dev-", dir="/tmp"))
+    directory.chmod(0o755)
+    yield directory
+    _kill_everything_under(directory)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+async def dev(state_dir: Path) -> AsyncIterator[asyncio.subprocess.Process]:
+    environment = {k: v for k, v in os.environ.items() if k != "LLMGW_DATABASE_URL"}
+    process = await asyncio.create_subprocess_exec(
+        *(SERVER, "dev", "--state-dir", str(state_dir)),
+        *("--admin-port", str(free_port()), "--agent-port", str(free_port())),
+        stdin=subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=environment,
+    )
+    yield process
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGINT)
+        try:
+            await asyncio.wait_for(process.wait(), STOP_WITHIN_S)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+
+
+async def test_dev_prints_next_steps_that_work_and_ctrl_c_leaves_no_process(
+    dev: asyncio.subprocess.Process, state_dir: Path
+) -> None:
+    printed = await asyncio.wait_for(_read_until_next_steps(dev), START_WITHIN_S)
+    steps = NextSteps.parse(printed)
+
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        answer = await client.post(
+            steps.curl_url, content=steps.curl_body, headers=steps.curl_headers
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["object"] == "chat.completion"
+        engine_pids = await _engine_pids(client, steps.environment)
+    assert len(engine_pids) == 2
+
+    history = await asyncio.to_thread(
+        subprocess.run,
+        steps.history,
+        env={**os.environ, **steps.environment, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert history.returncode == 0, history.stderr
+    assert "replica_placed" in history.stdout
+
+    dev.send_signal(signal.SIGINT)
+    assert await asyncio.wait_for(dev.wait(), STOP_WITHIN_S) == 0
+    await wait_until(lambda: not _processes_under(state_dir), within_s=5.0, what="no process")
+    assert [pid for pid in engine_pids if is_running(pid)] == []
+
+
+async def _read_until_next_steps(dev: asyncio.subprocess.Process) -> str:
+    assert dev.stdout is not None
+    printed: list[str] = []
+    while not printed or LAST_LINE_OF_NEXT_STEPS not in printed[-1]:
+        line = await dev.stdout.readline()
+        if not line:
+            raise AssertionError(f"dev exited before its next steps:\n{''.join(printed)}")
+        printed.append(line.decode())
+    return "".join(printed)
+
+
+async def _engine_pids(client: httpx.AsyncClient, environment: dict[str, str]) -> list[int]:
+    admin = environment["LLMGW_ADMIN_URL"]
+    headers = {"authorization": f"Bearer {environment['LLMGW_ADMIN_TOKEN']}"}
+    replicas = await client.get(
+        f"{admin}/admin/v1/replicas", params={"model": "demo", "phase": "serving"}, headers=headers
+    )
+    pids: list[int] = []
+    for replica in replicas.json():
+        detail = await client.get(f"{admin}/admin/v1/replicas/{replica['id']}", headers=headers)
+        pids += [shard["pid"] for shard in detail.json()["shards"]]
+    return pids
+
+
+def _processes_under(directory: Path) -> list[str]:
+    """Command lines of live processes (llmgw-agent, llmgw-server, postgres) that name it."""
+    found: list[str] = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                command = proc.joinpath("cmdline").read_bytes().replace(b"\0", b" ").decode()
+                if str(directory) in command and is_running(int(proc.name)):
+                    found.append(command)
+    return found
+
+
+def _kill_everything_under(directory: Path) -> None:
+    """After a failed test: the engines the agents recorded, then whatever names the dir."""
+    for shards in directory.glob("agents/*"):
+        for record in RecordStore(shards).load_all():
+            if is_same_process(record):
+                kill_group(record.pid)
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if str(directory).encode() in proc.joinpath("cmdline").read_bytes():
+                    os.kill(int(proc.name), signal.SIGKILL)
