@@ -41,7 +41,6 @@ import ssl
 import sys
 import tempfile
 import time
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator, Sequence
 from datetime import UTC, datetime
@@ -77,7 +76,6 @@ from app.domain.model_spec import ModelSpec
 from app.fleet.messages import (
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
-    GpuReport,
     Heartbeat,
     HeartbeatShard,
     Hello,
@@ -91,11 +89,14 @@ from app.store.database import create_engine
 from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
 from benchmarks.agents import (
+    GPUS_PER_NODE,
     SERVER_COMMAND,
     Certificates,
     certificates_for,
     cpu_seconds,
     free_port,
+    gpu_reports,
+    node_address,
     node_id,
     profiled,
     rss_mib,
@@ -112,9 +113,6 @@ from benchmarks.common import (
 )
 
 MODELS = 40
-GPUS_PER_NODE = 8
-GPU_NAME = "NVIDIA H100 80GB HBM3"
-GPU_MEMORY_MIB = 81_559
 FIRST_PORT = 20_000
 FIRST_PID = 10_000
 PREVIOUS_EPOCH = 1
@@ -167,30 +165,12 @@ def layout(agents: int, replicas: int) -> list[Shard]:
     ]
 
 
-def gpu_reports(number: int) -> tuple[GpuReport, ...]:
-    return tuple(
-        GpuReport(
-            index=index,
-            uuid=str(uuid.UUID(int=number * GPUS_PER_NODE + index)),
-            name=GPU_NAME,
-            memory_total_mib=GPU_MEMORY_MIB,
-            memory_used_mib=0,
-            healthy=True,
-        )
-        for index in range(GPUS_PER_NODE)
-    )
-
-
-def address(number: int) -> str:
-    return f"10.{number // 65_536 % 256}.{number // 256 % 256}.{number % 256}"
-
-
 def hello(number: int, shards: Sequence[Shard]) -> Hello:
     return Hello(
         protocol_version=PROTOCOL_VERSION,
         node_id=node_id(number),
         agent_version="benchmark",
-        address=address(number),
+        address=node_address(number),
         labels={"pool": "benchmark"},
         port_range=(FIRST_PORT, FIRST_PORT + 999),
         gpus=gpu_reports(number),
@@ -233,7 +213,7 @@ def history(agents: int, shards: Sequence[Shard]) -> list[list[tuple[str, AnyEve
     nodes: list[tuple[str, AnyEvent]] = []
     for number in range(agents):
         gpus = tuple(GpuInfo(**msgspec.structs.asdict(g)) for g in gpu_reports(number))
-        node, at = node_id(number), address(number)
+        node, at = node_id(number), node_address(number)
         nodes.append((node_stream(node), NodeRegistered(node_id=node, address=at, gpus=gpus)))
         nodes.append((node_stream(node), NodeConnected(node_id=node, address=at, gpus=gpus)))
     replicas: list[tuple[str, AnyEvent]] = []

@@ -570,8 +570,9 @@ class SimulatedAgent:
             self._stats.acks_of_window += 1
 
 
-def _hello(number: int) -> Hello:
-    gpus = tuple(
+def gpu_reports(number: int) -> tuple[GpuReport, ...]:
+    """The fake GPUs of simulated agent ``number`` (uuids unique across the fleet)."""
+    return tuple(
         GpuReport(
             index=index,
             uuid=str(uuid.UUID(int=number * GPUS_PER_NODE + index)),
@@ -582,15 +583,21 @@ def _hello(number: int) -> Hello:
         )
         for index in range(GPUS_PER_NODE)
     )
-    address = f"10.{number // 65_536 % 256}.{number // 256 % 256}.{number % 256}"
+
+
+def node_address(number: int) -> str:
+    return f"10.{number // 65_536 % 256}.{number // 256 % 256}.{number % 256}"
+
+
+def _hello(number: int) -> Hello:
     return Hello(
         protocol_version=PROTOCOL_VERSION,
         node_id=node_id(number),
         agent_version="benchmark",
-        address=address,
+        address=node_address(number),
         labels={"pool": "benchmark"},
         port_range=(20_000, 20_999),
-        gpus=gpus,
+        gpus=gpu_reports(number),
     )
 
 
