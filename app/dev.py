@@ -224,7 +224,7 @@ class DevCluster:
                 if condition():
                     return
             except httpx.TransportError:
-                pass
+                pass  # not listening yet: the deadline below decides
             if time.monotonic() > deadline:
                 raise DevError(
                     f"timed out after {START_WITHIN_S:.0f}s waiting for {what}; "
@@ -506,7 +506,7 @@ def run_dev(options: DevOptions) -> int:
         print(cluster.start(), flush=True)
         cluster.watch()
     except StopRequested:
-        pass
+        pass  # Ctrl-C or SIGTERM: stop everything below and exit 0
     except DevError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         code = 1

@@ -103,7 +103,7 @@ class PostgresEventStore:
                 # the control plane, the only steady writer).
                 return await self._attempt(db, requests, meta)
             except _Stale:
-                pass
+                pass  # another process appended meanwhile: take the lock, below
             # Another process appended meanwhile. Take the append lock for the whole
             # catch-up and append, so a busy log cannot starve this writer.
             async with db.transaction():
