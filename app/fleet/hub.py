@@ -187,7 +187,7 @@ class AgentHub:
         try:
             await self._converse(connection)
         except ConnectionClosed:
-            pass  # the agent went away; the session already reported it gone
+            pass  # the agent went away: _end below reports it gone
         except Exception:
             log.exception("agent connection failed", remote_address=remote)
             connection.close(WebSocketCloseCode.INTERNAL_ERROR, "internal error")
