@@ -14,21 +14,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from app.domain import operations as decide
-from app.domain.envelope import Meta, Recorded
+from app.domain.envelope import Meta
 from app.domain.events import model_stream, node_stream, replica_stream
 from app.domain.model_spec import ModelSpec
 from app.domain.placement import Explanation
 from app.domain.state import ClusterState
-from app.store.codec import RECORDED_COLUMNS
-from app.store.database import connection
+from app.store.history import read_correlated
 from app.store.interface import NewEvent
-from app.store.postgres import PostgresEventStore, record_from_row
+from app.store.postgres import PostgresEventStore
 
 DRAIN_EVENTS_SHOWN = 1000
-
-_CORRELATED = (
-    f"SELECT {RECORDED_COLUMNS} FROM events WHERE correlation_id = $1 ORDER BY position LIMIT $2"
-)
 
 
 def new_drain_id() -> str:
@@ -121,7 +116,7 @@ class Operations:
         return decide.placement_dry_run(await self.current(), spec)
 
     async def drain(self, drain_id: str) -> decide.DrainProgress:
-        events = await self._correlated(drain_id)
+        events = await read_correlated(self._store.engine, drain_id, DRAIN_EVENTS_SHOWN)
         return decide.drain_progress(await self.current(), drain_id, events)
 
     # -- the shell -----------------------------------------------------------------------
@@ -133,10 +128,10 @@ class Operations:
         decision: Callable[[ClusterState], decide.Change],
         correlation_id: str | None = None,
     ) -> bool:
-        # The version is read before the state is loaded, so the state holds at least that
-        # many of the stream's events; the append then succeeds only if none came since.
-        version = await self._store.stream_version(stream)
+        # Decided on the caught-up fold and appended with that fold's version of the
+        # stream: the append succeeds only if no event came since.
         change = decision(await self._store.catch_up())
+        version = self._store.known_version(stream)
         if change.stream != stream:
             raise RuntimeError(f"decision for {stream} wrote {change.stream}")
         if not change.events:
@@ -144,8 +139,3 @@ class Operations:
         meta = Meta(actor=caller.actor, correlation_id=correlation_id or caller.request_id)
         await self._store.append(stream, version, [NewEvent(e) for e in change.events], meta)
         return True
-
-    async def _correlated(self, correlation_id: str) -> list[Recorded]:
-        async with connection(self._store.engine) as db:
-            rows = await db.fetch(_CORRELATED, correlation_id, DRAIN_EVENTS_SHOWN)
-        return [record_from_row(row) for row in rows]

@@ -43,3 +43,16 @@ async def read_history(
     async with connection(engine) as db:
         rows = await db.fetch(query, key, after, limit)
     return [record_from_row(row) for row in rows]
+
+
+async def read_correlated(
+    engine: AsyncEngine, correlation_id: str, limit: int = 1000
+) -> list[Recorded]:
+    """Every step of one operation (a drain, say), in order."""
+    query = (
+        f"SELECT {RECORDED_COLUMNS} FROM events WHERE correlation_id = $1 "
+        "ORDER BY position LIMIT $2"
+    )
+    async with connection(engine) as db:
+        rows = await db.fetch(query, correlation_id, limit)
+    return [record_from_row(row) for row in rows]
