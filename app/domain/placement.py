@@ -232,11 +232,10 @@ def _fit(node: Node, spec: ModelSpec, allocations: Allocations) -> Candidate | N
     for key, value in spec.node_selector.items():
         if labels.get(key) != value:
             return None
-    free_gpus, port = allocations.free(node)
-    if port is None or len(free_gpus) < spec.gpus_per_shard:
+    port = allocations.free(node)[1]
+    if port is None:
         return None
-    need_mib = spec.gpu_memory_gib * MIB_PER_GIB
-    usable = [index for index, free_mib in free_gpus if free_mib >= need_mib]
+    usable = _usable(node, spec, allocations)
     if len(usable) < spec.gpus_per_shard:
         return None
     return Candidate(
@@ -249,24 +248,30 @@ def _fit(node: Node, spec: ModelSpec, allocations: Allocations) -> Candidate | N
     )
 
 
+def _usable(node: Node, spec: ModelSpec, allocations: Allocations) -> list[int]:
+    """Healthy, unallocated GPUs with the memory the model needs: the one rule both the
+    explanation and the reconciler's fast path apply."""
+    need_mib = spec.gpu_memory_gib * MIB_PER_GIB
+    return [index for index, free_mib in allocations.free(node)[0] if free_mib >= need_mib]
+
+
 def _usable_gpus(
     node: Node, spec: ModelSpec, allocations: Allocations, detail: bool
 ) -> tuple[list[int], list[str]]:
-    need_mib = spec.gpu_memory_gib * MIB_PER_GIB
+    """The usable GPUs and, with ``detail``, why each other GPU is not."""
+    usable = _usable(node, spec, allocations)
+    if not detail:
+        return usable, []
     held = allocations.gpus.get(node.id, {})
-    usable: list[int] = []
     notes: list[str] = []
     for gpu in node.gpus:
+        if gpu.index in usable:
+            continue
         if not gpu.healthy:
-            if detail:
-                notes.append(f"GPU {gpu.index} unhealthy ({gpu.unhealthy_reason or 'no reason'})")
+            notes.append(f"GPU {gpu.index} unhealthy ({gpu.unhealthy_reason or 'no reason'})")
         elif gpu.index in held:
-            if detail:
-                notes.append(f"GPU {gpu.index} used by {held[gpu.index]}")
-        elif gpu.memory_total_mib - gpu.memory_used_mib < need_mib:
-            if detail:
-                free = (gpu.memory_total_mib - gpu.memory_used_mib) / MIB_PER_GIB
-                notes.append(f"GPU {gpu.index} has {free:.0f} GiB free")
+            notes.append(f"GPU {gpu.index} used by {held[gpu.index]}")
         else:
-            usable.append(gpu.index)
+            free = (gpu.memory_total_mib - gpu.memory_used_mib) / MIB_PER_GIB
+            notes.append(f"GPU {gpu.index} has {free:.0f} GiB free")
     return usable, notes
