@@ -1,0 +1,62 @@
+"""What a gateway knows about the cluster: the routing table and the key set.
+
+Both are loaded from the projection (``routing_table`` view, ``api_keys`` table) as one
+``GatewaySnapshot``, replaced whole on every refresh, so a request always sees one
+consistent table. A gateway keeps serving from its last snapshot while the database is
+away; ``loaded_at`` and ``position`` say how old that snapshot is.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+DEFAULT_TARGET_WAITING = 5
+DEFAULT_KV_CEILING = 0.8
+
+
+class Route(msgspec.Struct, frozen=True, kw_only=True):
+    """One serving replica of a model, as the gateway sends requests to it."""
+
+    replica_id: str
+    model: str
+    url: str
+    """Base URL of the engine, e.g. ``http://10.0.0.7:8001`` (no trailing slash)."""
+    weight: float = 1.0
+    target_waiting: int = DEFAULT_TARGET_WAITING
+    kv_ceiling: float = DEFAULT_KV_CEILING
+    draining: bool = False
+    """The replica's node is being drained: it still serves but is last in line."""
+
+
+class KeyRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """An API key as the gateway checks it: never the secret, only its hash."""
+
+    key_id: str
+    name: str
+    prefix: str
+    secret_hash: str
+    models: frozenset[str] = frozenset()
+    """Models the key may use; empty means every model."""
+    rpm: int | None = None
+    tpm: int | None = None
+
+    def allows(self, model: str) -> bool:
+        return not self.models or model in self.models
+
+
+class GatewaySnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    declared: frozenset[str] = frozenset()
+    """Every declared model, serving or not: a declared model without a serving replica is
+    503 (try again), an undeclared one 404."""
+    routes: dict[str, tuple[Route, ...]] = {}
+    """Serving replicas by model name."""
+    keys: dict[str, KeyRecord] = {}
+    """Live (not revoked) keys by public prefix."""
+    position: int = 0
+    """The log position the projection was at when this snapshot was read."""
+    loaded_at: float = 0.0
+    """``time.monotonic()`` when it was read."""
+
+    def models_for(self, key: KeyRecord) -> list[str]:
+        """The models ``key`` may use, for ``GET /v1/models``."""
+        return sorted(m for m in self.declared if key.allows(m))
