@@ -1,0 +1,192 @@
+"""Which replica takes the next request: eligibility and choice, without I/O or a clock.
+
+A replica with *fresh* engine signals is eligible iff
+
+    waiting + reserved < target_waiting   and   kv_usage < kv_ceiling
+
+where ``reserved`` counts the gateway's own requests the engine cannot have reported yet.
+Among eligible replicas the lowest ``max((waiting + reserved) / target_waiting,
+kv_usage / kv_ceiling) / weight`` wins, ties broken by ``in_flight / weight``.
+
+A replica whose signals are *stale* (none yet, or older than ``stale_after_s``) is judged
+by the gateway's own in-flight count alone: eligible iff ``in_flight < 2 * target_waiting``,
+with load ``in_flight / (2 * target_waiting)``. That count falls every time one of
+the gateway's own requests ends, so a stale replica is never saturated for ever.
+
+Draining replicas are chosen only when no other replica is eligible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol, TypeVar
+
+import msgspec
+
+from app.gateway.table import Route
+
+STALE_AFTER_INTERVALS = 3
+"""Signals older than this many scrape intervals are stale."""
+STALE_IN_FLIGHT_FACTOR = 2
+"""A stale replica takes up to ``factor * target_waiting`` requests from this gateway."""
+_MIN_WEIGHT = 1e-6
+
+
+class Signals(msgspec.Struct, frozen=True, kw_only=True):
+    """What one scrape of an engine's ``/metrics`` said."""
+
+    waiting: float
+    running: float
+    kv_usage: float
+    """Fraction of the KV cache in use, 0..1."""
+    scraped_at: float
+    """The gateway's monotonic clock when the scrape answered."""
+
+
+class Load(Protocol):
+    """One replica as admission sees it at one instant."""
+
+    @property
+    def route(self) -> Route: ...
+    @property
+    def signals(self) -> Signals | None: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def reserved(self) -> int: ...
+
+
+class Candidate(msgspec.Struct, frozen=True, kw_only=True):
+    """A ``Load`` frozen in time."""
+
+    route: Route
+    signals: Signals | None
+    in_flight: int
+    reserved: int
+
+
+Rank = tuple[bool, float, float]
+"""(draining, load / weight, in_flight / weight): lower is better."""
+
+L = TypeVar("L", bound=Load)
+
+
+def is_fresh(signals: Signals | None, *, now: float, stale_after_s: float) -> bool:
+    return signals is not None and now - signals.scraped_at <= stale_after_s
+
+
+def assess(candidate: Load, *, now: float, stale_after_s: float) -> Rank | None:
+    """The candidate's rank, or ``None`` when it may not take a request now."""
+    route, signals = candidate.route, candidate.signals
+    # A target below 1 would make the replica refuse everything for ever.
+    target = route.target_waiting if route.target_waiting >= 1 else 1
+    if signals is None or now - signals.scraped_at > stale_after_s:
+        limit = STALE_IN_FLIGHT_FACTOR * target
+        if candidate.in_flight >= limit:
+            return None
+        load = candidate.in_flight / limit
+    else:
+        waiting = signals.waiting + candidate.reserved
+        if waiting >= target or signals.kv_usage >= route.kv_ceiling:
+            return None
+        kv = signals.kv_usage / route.kv_ceiling if route.kv_ceiling > 0 else 0.0
+        load = max(waiting / target, kv)
+    weight = route.weight if route.weight > _MIN_WEIGHT else _MIN_WEIGHT
+    return (route.draining, load / weight, candidate.in_flight / weight)
+
+
+def is_eligible(candidate: Load, *, now: float, stale_after_s: float) -> bool:
+    return assess(candidate, now=now, stale_after_s=stale_after_s) is not None
+
+
+def choose(candidates: Iterable[L], *, now: float, stale_after_s: float) -> L | None:
+    """The eligible candidate to send the next request to, or ``None`` if none is."""
+    best: L | None = None
+    best_rank: Rank | None = None
+    for candidate in candidates:
+        candidate_rank = assess(candidate, now=now, stale_after_s=stale_after_s)
+        if candidate_rank is not None and (best_rank is None or candidate_rank < best_rank):
+            best, best_rank = candidate, candidate_rank
+    return best
+
+
+class ReplicaView(msgspec.Struct, frozen=True, kw_only=True):
+    """One replica as the gateway's metrics publish it."""
+
+    replica_id: str
+    model: str
+    url: str
+    weight: float
+    draining: bool
+    in_flight: int
+    reserved: int
+    waiting: float | None
+    running: float | None
+    kv_usage: float | None
+    signals_age_s: float | None
+    """Seconds since the last good scrape; ``None`` before the first."""
+    stale: bool
+
+
+class ReplicaState:
+    """The gateway's running account of one replica (mutable; owned by the router)."""
+
+    __slots__ = (
+        "_reservations",
+        "in_flight",
+        "retired_idle_since",
+        "route",
+        "scrapes_begun",
+        "signals",
+    )
+
+    def __init__(self, route: Route) -> None:
+        self.route = route
+        self.in_flight = 0
+        self.signals: Signals | None = None
+        self.scrapes_begun = 0
+        self.retired_idle_since: float | None = None
+        """Out of routing and idle since then; ``None`` while routed or busy."""
+        # Reservation holder -> scrapes begun when it was made.
+        self._reservations: dict[object, int] = {}
+
+    @property
+    def reserved(self) -> int:
+        return len(self._reservations)
+
+    def reserve(self, holder: object) -> None:
+        self._reservations[holder] = self.scrapes_begun
+
+    def unreserve(self, holder: object) -> bool:
+        return self._reservations.pop(holder, None) is not None
+
+    def begin_scrape(self) -> int:
+        self.scrapes_begun += 1
+        return self.scrapes_begun
+
+    def absorb_reservations(self, scrape: int) -> None:
+        """Scrape number ``scrape`` answered: drop the reservations it must already count.
+
+        Scrape ``n + 1`` may have been sent before a request reserved at ``n`` left the
+        gateway; scrape ``n + 2`` began a whole interval later, so the engine had it by then.
+        """
+        absorbed = [h for h, begun in self._reservations.items() if begun + 2 <= scrape]
+        for holder in absorbed:
+            del self._reservations[holder]
+
+    def view(self, now: float, stale_after_s: float) -> ReplicaView:
+        signals, route = self.signals, self.route
+        return ReplicaView(
+            replica_id=route.replica_id,
+            model=route.model,
+            url=route.url,
+            weight=route.weight,
+            draining=route.draining,
+            in_flight=self.in_flight,
+            reserved=self.reserved,
+            waiting=None if signals is None else signals.waiting,
+            running=None if signals is None else signals.running,
+            kv_usage=None if signals is None else signals.kv_usage,
+            signals_age_s=None if signals is None else now - signals.scraped_at,
+            stale=not is_fresh(signals, now=now, stale_after_s=stale_after_s),
+        )

@@ -1,0 +1,162 @@
+"""The gateway's ASGI application: OpenAI's API in front of the replicas.
+
+Raw ASGI rather than a framework: every completion request passes through here, and a
+gateway is only worth having if it costs next to nothing (see docs/performance.md).
+
+Routes::
+
+    GET  /v1/models             the models the key may use
+    POST /v1/chat/completions   forwarded to a replica of the body's ``model``
+    POST /v1/completions        likewise (both in ``app.gateway.completions``)
+    GET  /healthz               200 while the process serves
+    GET  /readyz                200, or 503 with the reason when the routing table is stale
+    GET  /metrics               Prometheus text
+
+Every answer but the last three carries ``x-request-id`` and ``x-llmgw-gateway-ms``: the
+time the gateway itself added, which is the request's time so far minus the time spent
+waiting on engines (queueing for a free replica counts as the gateway's). For a stream it
+is measured when the answer starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import msgspec
+
+from app.gateway.asgi import (
+    JSON,
+    Receive,
+    Scope,
+    Send,
+    authenticate,
+    clock,
+    gateway_headers,
+    refuse,
+    respond,
+)
+from app.gateway.completions import Completions
+from app.gateway.engine_client import EngineClient
+from app.gateway.errors import ApiError, method_not_allowed, not_found
+from app.gateway.metrics import GatewayMetrics
+from app.gateway.proxy import Upstream
+from app.gateway.ratelimit import RateLimiter
+from app.gateway.router import Router
+from app.gateway.table import GatewaySnapshot
+
+Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_TEXT = (b"content-type", b"text/plain; charset=utf-8")
+_METRICS = (b"content-type", b"text/plain; version=0.0.4; charset=utf-8")
+
+
+class _ModelCard(msgspec.Struct):
+    id: str
+    object: str = "model"
+    created: int = 0
+    owned_by: str = "llmgw"
+
+
+class _ModelList(msgspec.Struct):
+    data: list[_ModelCard]
+    object: str = "list"
+
+
+class GatewayApp:
+    """The application; ``snapshot`` is replaced whole when the routing table changes."""
+
+    def __init__(
+        self,
+        *,
+        router: Router,
+        metrics: GatewayMetrics,
+        limiter: RateLimiter,
+        stale_reason: Callable[[], str | None],
+        connect_timeout_s: float = 5.0,
+        log_requests: bool = True,
+    ) -> None:
+        self._router = router
+        self._metrics = metrics
+        self._stale_reason = stale_reason
+        self._connect_timeout_s = connect_timeout_s
+        self._session: aiohttp.ClientSession | None = None
+        self._engines: EngineClient | None = None
+        self.snapshot = GatewaySnapshot()
+        self._completions = Completions(
+            snapshot=lambda: self.snapshot,
+            metrics=metrics,
+            limiter=limiter,
+            log_requests=log_requests,
+        )
+        self._routes: dict[str, tuple[str, Handler]] = {
+            "/v1/chat/completions": ("POST", self._completions),
+            "/v1/completions": ("POST", self._completions),
+            "/v1/models": ("GET", self._models),
+            "/healthz": ("GET", self._healthz),
+            "/readyz": ("GET", self._readyz),
+            "/metrics": ("GET", self._metrics_text),
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path: str = scope["path"]
+            route = self._routes.get(path)
+            if route is None:
+                await refuse(send, not_found(path), gateway_headers(clock()))
+            elif scope["method"] != route[0]:
+                await refuse(send, method_not_allowed(route[0], path), gateway_headers(clock()))
+            else:
+                await route[1](scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                # aiohttp for the scrapers; the lean client for the requests themselves.
+                self._session = aiohttp.ClientSession(
+                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s)
+                )
+                self._engines = EngineClient(connect_timeout_s=self._connect_timeout_s)
+                self._completions.upstream = Upstream(
+                    self._router, self._engines, self._metrics.retried
+                )
+                await self._router.start(self._session)
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                try:
+                    await self._router.close()
+                finally:
+                    if self._engines is not None:
+                        self._engines.close()
+                    if self._session is not None:
+                        await self._session.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = clock()
+        try:
+            key = authenticate(self.snapshot, scope)
+        except ApiError as error:
+            await refuse(send, error, gateway_headers(started))
+            return
+        cards = [_ModelCard(id=model) for model in self.snapshot.models_for(key)]
+        body = msgspec.json.encode(_ModelList(data=cards))
+        await respond(send, 200, body, [JSON, *gateway_headers(started)])
+
+    async def _healthz(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await respond(send, 200, b"ok\n", [_TEXT])
+
+    async def _readyz(self, scope: Scope, receive: Receive, send: Send) -> None:
+        reason = self._stale_reason()
+        if reason is None:
+            await respond(send, 200, b'{"status":"ready"}', [JSON])
+            return
+        body = msgspec.json.encode({"status": "stale", "reason": reason})
+        await respond(send, 503, body, [JSON])
+
+    async def _metrics_text(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await respond(send, 200, self._metrics.render(), [_METRICS])

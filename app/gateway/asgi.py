@@ -1,0 +1,73 @@
+"""What every route of the gateway's ASGI application shares: the ASGI types, request ids,
+the API key check, and writing an answer or an error in one go."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from app.domain.keys import key_matches, prefix_of
+from app.gateway.errors import ApiError, invalid_api_key
+from app.gateway.table import GatewaySnapshot, KeyRecord
+
+# ASGI messages are dictionaries whose value types depend on their "type" key.
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+Header = tuple[bytes, bytes]
+
+JSON = (b"content-type", b"application/json")
+
+clock = time.perf_counter
+
+_BEARER = b"bearer "
+_REQUEST_PREFIX = b"req_" + os.urandom(8).hex().encode()
+_request_numbers = itertools.count(1)
+
+
+def request_id() -> bytes:
+    # Unique across gateways by the random per-process prefix; a counter is cheaper than
+    # asking the kernel for random bytes on every request.
+    return b"%s%012x" % (_REQUEST_PREFIX, next(_request_numbers))
+
+
+def authenticate(snapshot: GatewaySnapshot, scope: Scope) -> KeyRecord:
+    """The live key the request presents as ``Authorization: Bearer``; else 401."""
+    presented = None
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            if value[:7].lower() == _BEARER:
+                presented = value[7:].strip().decode("latin-1")
+            break
+    if not presented:
+        raise invalid_api_key("Missing API key: send it as `Authorization: Bearer <key>`.")
+    prefix = prefix_of(presented)
+    key = snapshot.keys.get(prefix) if prefix is not None else None
+    if key is None or not key_matches(presented, key.secret_hash):
+        raise invalid_api_key("Incorrect API key provided.")
+    return key
+
+
+def gateway_headers(started: float) -> list[Header]:
+    """``x-request-id`` and ``x-llmgw-gateway-ms`` of an answer that needed no engine."""
+    return [
+        (b"x-request-id", request_id()),
+        (b"x-llmgw-gateway-ms", b"%.3f" % ((clock() - started) * 1000)),
+    ]
+
+
+async def respond(send: Send, status: int, body: bytes, headers: list[Header]) -> None:
+    """A whole answer: ``headers`` (content type included) and ``body``."""
+    headers.append((b"content-length", b"%d" % len(body)))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def refuse(send: Send, error: ApiError, headers: list[Header]) -> None:
+    """``error`` in OpenAI's shape, after ``headers``."""
+    headers += [JSON, *error.headers]
+    await respond(send, error.status, error.body(), headers)

@@ -1,0 +1,310 @@
+"""``POST /v1/chat/completions`` and ``POST /v1/completions``: the gateway's hot path.
+
+A request costs one header scan and one SHA-256 for the key, one msgspec decode that reads
+only ``model`` and ``stream`` (the body itself goes to the engine byte for byte), the rate
+limiter, the router's choice, one write to the engine, and one log line.
+
+A client that disconnects cancels its request: a watcher task, started once the body is
+read, sees ``http.disconnect`` and cancels the request's task wherever it is (queued for a
+replica, waiting for the engine's first byte, or mid-stream); closing the upstream
+connection is what tells the engine to abort.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import structlog
+
+from app.gateway.asgi import Header, Receive, Scope, Send, authenticate, clock, refuse, request_id
+from app.gateway.errors import (
+    ApiError,
+    body_too_large,
+    internal_error,
+    invalid_request,
+    model_not_found,
+    no_serving_replica,
+    quota_exceeded,
+    quota_reason,
+    rate_limit_headers,
+    saturated,
+)
+from app.gateway.metrics import CLIENT_GONE, GatewayMetrics
+from app.gateway.proxy import Opened, Timing, Upstream, read_whole, relay_stream
+from app.gateway.ratelimit import ALLOWED_UNLIMITED, RateLimiter
+from app.gateway.router import NoServingReplica, Saturated
+from app.gateway.table import GatewaySnapshot, KeyRecord
+from app.gateway.usage import StreamTokens, usage_of_body
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+log = structlog.get_logger("llmgw.gateway")
+
+
+class RoutingFields(msgspec.Struct):
+    """What the gateway reads of a request body; the engine reads the rest."""
+
+    model: str
+    stream: bool | None = None
+
+
+_decode_fields = msgspec.json.Decoder(RoutingFields).decode
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its request body arrived."""
+
+
+class _Watch:
+    """Cancels the request's task when its client disconnects, until ``done``."""
+
+    __slots__ = ("done", "fired", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.done = False
+        self.fired = False
+
+    async def run(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        # After the answer's last byte, ``receive`` says http.disconnect too: not a cancel.
+        if not self.done:
+            self.fired = True
+            self.task.cancel()
+
+
+class _Exchange:
+    """One completion request: what it asked, where it went, and what its log line says."""
+
+    __slots__ = (
+        "added_s",
+        "body",
+        "first_byte_at",
+        "key",
+        "model",
+        "note",
+        "quota_headers",
+        "replica",
+        "request_id",
+        "status",
+        "stream",
+        "timing",
+    )
+
+    def __init__(self, started: float) -> None:
+        self.timing = Timing(started)
+        self.request_id = request_id()
+        self.key: KeyRecord | None = None
+        self.body = b""
+        self.model = ""
+        self.stream = False
+        self.replica = ""
+        self.status = 500
+        self.note: str | None = None
+        self.quota_headers: tuple[Header, ...] = ()
+        self.first_byte_at: float | None = None
+        self.added_s: float | None = None
+        """Fixed when the answer starts; until then, ``timing`` says."""
+
+    @property
+    def answer_started(self) -> bool:
+        return self.added_s is not None
+
+    def answer_headers(self) -> list[Header]:
+        """The gateway's headers of an answer that starts now."""
+        self.added_s = self.timing.added_s(clock())
+        return [
+            (b"x-request-id", self.request_id),
+            (b"x-llmgw-gateway-ms", b"%.3f" % (self.added_s * 1000)),
+            *self.quota_headers,
+        ]
+
+
+class Completions:
+    """Serves completion requests; ``upstream`` is set once the application has started."""
+
+    def __init__(
+        self,
+        *,
+        snapshot: Callable[[], GatewaySnapshot],
+        metrics: GatewayMetrics,
+        limiter: RateLimiter,
+        log_requests: bool = True,
+    ) -> None:
+        self._snapshot = snapshot
+        self._metrics = metrics
+        self._limiter = limiter
+        self._log_requests = log_requests
+        self.upstream: Upstream | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        exchange = _Exchange(clock())
+        try:
+            snapshot = self._snapshot()
+            key = exchange.key = authenticate(snapshot, scope)
+            exchange.body = await _read_body(receive)
+            fields = _parse(exchange.body)
+            model = fields.model
+            if model not in snapshot.declared or not key.allows(model):
+                raise model_not_found(model)
+            exchange.model = model
+            exchange.stream = bool(fields.stream)
+            decision = self._limiter.admit(
+                key.key_id, rpm=key.rpm, tpm=key.tpm, now=time.monotonic()
+            )
+            if not decision.allowed:
+                self._metrics.rejected(quota_reason(decision))
+                raise quota_exceeded(decision)
+            if decision is not ALLOWED_UNLIMITED:
+                exchange.quota_headers = rate_limit_headers(decision)
+            await self._forward(exchange, key, scope["path"], receive, send)
+        except ApiError as error:
+            exchange.status = error.status
+            await refuse(send, error, exchange.answer_headers())
+        except _ClientGone:
+            exchange.status = CLIENT_GONE
+        except Exception:
+            # A bug, not a client's or an engine's doing: logged with its traceback, and
+            # answered in OpenAI's shape if the answer has not started yet.
+            log.exception("request failed", request_id=exchange.request_id.decode())
+            exchange.status = 500
+            if not exchange.answer_started:
+                await refuse(send, internal_error(), exchange.answer_headers())
+        finally:
+            self._finish(exchange)
+
+    async def _forward(
+        self, exchange: _Exchange, key: KeyRecord, path: str, receive: Receive, send: Send
+    ) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        watch = _Watch(task)
+        watcher = asyncio.get_running_loop().create_task(watch.run(receive))
+        opened: Opened | None = None
+        try:
+            opened = await self._open(exchange, key, path)
+            exchange.replica = opened.lease.route.replica_id
+            if exchange.stream and opened.answer.status == 200:
+                tokens = StreamTokens() if key.tpm is not None else None
+                exchange.status = 200
+
+                def first_chunk() -> None:
+                    exchange.first_byte_at = clock()
+
+                finished = await relay_stream(
+                    opened, send, exchange.answer_headers(), tokens, first_chunk
+                )
+                watch.done = True
+                if tokens is not None:
+                    self._spend(key, tokens.total())
+                if not finished:
+                    exchange.note = "the engine stopped mid-stream"
+                return
+            status, content_type, body = await read_whole(opened, exchange.timing)
+            exchange.first_byte_at = clock()
+            exchange.status = status
+            watch.done = True
+            if key.tpm is not None and status < 400:
+                self._spend(key, usage_of_body(body) or 0)
+            headers = exchange.answer_headers()
+            headers.append((b"content-type", content_type))
+            headers.append((b"content-length", b"%d" % len(body)))
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+        except asyncio.CancelledError:
+            if watch.fired and task.uncancel() == 0:
+                exchange.status = CLIENT_GONE
+                return
+            raise
+        finally:
+            watch.done = True
+            watcher.cancel()
+            if opened is not None:
+                opened.close()
+
+    async def _open(self, exchange: _Exchange, key: KeyRecord, path: str) -> Opened:
+        if self.upstream is None:
+            raise RuntimeError("requests are served only between lifespan startup and shutdown")
+        model = exchange.model
+        try:
+            return await self.upstream.open(
+                model,
+                key.key_id,
+                path,
+                exchange.body,
+                exchange.request_id.decode(),
+                exchange.timing,
+            )
+        except NoServingReplica:
+            self._metrics.rejected("no_serving_replica")
+            raise no_serving_replica(model) from None
+        except Saturated as exc:
+            self._metrics.rejected("saturated")
+            raise saturated(model, exc.retry_after_s) from None
+
+    def _spend(self, key: KeyRecord, tokens: int) -> None:
+        self._limiter.record_tokens(key.key_id, tokens, now=time.monotonic())
+
+    def _finish(self, exchange: _Exchange) -> None:
+        now = clock()
+        timing = exchange.timing
+        added_s = timing.added_s(now) if exchange.added_s is None else exchange.added_s
+        first_byte_at = exchange.first_byte_at
+        self._metrics.answered(
+            exchange.model,
+            exchange.status,
+            duration_s=now - timing.started,
+            added_s=added_s,
+            first_byte_s=None if first_byte_at is None else first_byte_at - timing.started,
+            queue_s=timing.queue_s if exchange.replica else None,
+        )
+        if self._log_requests:
+            log.info(
+                "request",
+                request_id=exchange.request_id.decode(),
+                key=exchange.key.prefix if exchange.key is not None else None,
+                model=exchange.model,
+                replica=exchange.replica,
+                status=exchange.status,
+                stream=exchange.stream,
+                added_ms=round(added_s * 1000, 3),
+                ms=round((now - timing.started) * 1000, 3),
+                note=exchange.note,
+            )
+
+
+def _parse(body: bytes) -> RoutingFields:
+    try:
+        return _decode_fields(body)
+    except msgspec.ValidationError as exc:
+        raise invalid_request(f"Invalid request body: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise invalid_request(f"The request body is not valid JSON: {exc}") from None
+
+
+async def _read_body(receive: Receive) -> bytes:
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise _ClientGone
+    body: bytes = message.get("body", b"")
+    if message.get("more_body", False):
+        chunks = [body]
+        size = len(body)
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientGone
+            chunk: bytes = message.get("body", b"")
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise body_too_large(MAX_BODY_BYTES)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+    return body

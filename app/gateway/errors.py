@@ -1,0 +1,275 @@
+"""Errors the gateway answers with, always in OpenAI's shape.
+
+Every refusal is an ``ApiError``; ``body`` writes it as
+``{"error": {"message", "type", "param", "code"}}``, which every OpenAI client parses.
+Engines do not all answer errors that way: FastAPI-based servers write ``{"detail": ...}``,
+older vLLM releases ``{"object": "error", "message", ..., "code": 400}``, others a bare
+``{"message": ...}`` or plain text. ``normalize_engine_error`` rewrites whatever an engine
+sent into the same shape, so a client sees one error format whichever engine served it.
+
+Exception tree::
+
+    ApiError                  a response the gateway sends instead of the engine's
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+
+from app.gateway.ratelimit import RateDecision
+
+Header = tuple[bytes, bytes]
+
+MAX_ENGINE_MESSAGE_CHARS = 2000
+"""An engine's error text longer than this (an HTML error page, a traceback) is cut."""
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+class ErrorDetail(msgspec.Struct, frozen=True):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(msgspec.Struct, frozen=True):
+    error: ErrorDetail
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+class ApiError(Exception):
+    """A response in OpenAI's error shape, with the headers that go with it."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str | None = None,
+        code: str | None = None,
+        param: str | None = None,
+        headers: tuple[Header, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type or type_for_status(status)
+        self.code = code
+        self.param = param
+        self.headers = headers
+
+    def body(self) -> bytes:
+        return _encode(ErrorBody(ErrorDetail(self.message, self.type, self.param, self.code)))
+
+
+def type_for_status(status: int) -> str:
+    if status >= 500:
+        return "server_error"
+    return _TYPE_BY_STATUS.get(status, "invalid_request_error")
+
+
+# -- the gateway's own refusals ------------------------------------------------------------
+
+
+def invalid_api_key(message: str) -> ApiError:
+    return ApiError(401, message, type="invalid_request_error", code="invalid_api_key")
+
+
+def model_not_found(model: str) -> ApiError:
+    # The same answer whether the model is undeclared or outside the key's scope, so a
+    # key cannot learn which models exist beyond its own.
+    return ApiError(
+        404,
+        f"The model `{model}` does not exist or you do not have access to it.",
+        type="invalid_request_error",
+        code="model_not_found",
+        param="model",
+    )
+
+
+def invalid_request(message: str, *, param: str | None = None) -> ApiError:
+    return ApiError(400, message, type="invalid_request_error", param=param)
+
+
+def not_found(path: str) -> ApiError:
+    return ApiError(404, f"No route for {path}.", type="invalid_request_error", code="not_found")
+
+
+def method_not_allowed(method: str, path: str) -> ApiError:
+    return ApiError(
+        405, f"Use {method} for {path}.", type="invalid_request_error", code="method_not_allowed"
+    )
+
+
+def body_too_large(limit: int) -> ApiError:
+    return ApiError(413, f"The request body exceeds {limit} bytes.", type="invalid_request_error")
+
+
+def quota_exceeded(decision: RateDecision) -> ApiError:
+    """The key is over its rpm or tpm: 429 that clients must not retry at once."""
+    requests, tokens = decision.requests, decision.tokens
+    if requests is not None and requests.remaining < 1:
+        message = f"Rate limit reached: {requests.limit} requests per minute for this key."
+    elif tokens is not None:
+        message = f"Rate limit reached: {tokens.limit} tokens per minute for this key."
+    else:
+        message = "Rate limit reached for this key."
+    message += f" Retry after {decision.retry_after_s:.1f} s."
+    headers = (
+        (b"retry-after", retry_after_header(decision.retry_after_s)),
+        (b"retry-after-ms", b"%d" % math.ceil(decision.retry_after_s * 1000)),
+        # A quota refusal is not transient: a client retrying at once only burns requests.
+        (b"x-should-retry", b"false"),
+        *rate_limit_headers(decision),
+    )
+    return ApiError(
+        429, message, type="rate_limit_error", code="rate_limit_exceeded", headers=headers
+    )
+
+
+def quota_reason(decision: RateDecision) -> str:
+    """Which limit refused the request, for the rejections counter."""
+    requests = decision.requests
+    return "rpm" if requests is not None and requests.remaining < 1 else "tpm"
+
+
+def rate_limit_headers(decision: RateDecision) -> tuple[Header, ...]:
+    """``x-ratelimit-*`` as OpenAI writes them, for the limits the key has."""
+    headers: list[Header] = []
+    for kind, quota in (("requests", decision.requests), ("tokens", decision.tokens)):
+        if quota is not None:
+            headers += [
+                (b"x-ratelimit-limit-" + kind.encode(), b"%d" % quota.limit),
+                (b"x-ratelimit-remaining-" + kind.encode(), b"%d" % quota.remaining),
+                (b"x-ratelimit-reset-" + kind.encode(), duration_header(quota.reset_s)),
+            ]
+    return tuple(headers)
+
+
+def duration_header(seconds: float) -> bytes:
+    """A duration as OpenAI's rate-limit headers write it: ``20ms``, ``1.5s``, ``6m0s``."""
+    if seconds < 1:
+        return b"%dms" % math.ceil(seconds * 1000)
+    if seconds < 60:
+        return (b"%.3f" % seconds).rstrip(b"0").rstrip(b".") + b"s"
+    minutes, rest = divmod(math.ceil(seconds), 60)
+    return b"%dm%ds" % (minutes, rest)
+
+
+def saturated(model: str, retry_after_s: float) -> ApiError:
+    return ApiError(
+        429,
+        f"Every replica of `{model}` is at capacity; retry after {retry_after_s:g} s.",
+        type="rate_limit_error",
+        code="engine_overloaded",
+        headers=((b"retry-after", retry_after_header(retry_after_s)),),
+    )
+
+
+def no_serving_replica(model: str) -> ApiError:
+    return ApiError(
+        503,
+        f"The model `{model}` has no serving replica right now; try again shortly.",
+        type="server_error",
+        code="no_serving_replica",
+    )
+
+
+def upstream_unreachable(model: str, reason: str) -> ApiError:
+    return ApiError(
+        502,
+        f"No replica of `{model}` could be reached: {reason}",
+        type="server_error",
+        code="upstream_unreachable",
+    )
+
+
+def internal_error() -> ApiError:
+    return ApiError(
+        500, "The gateway failed to handle the request; it has been logged.", code="internal_error"
+    )
+
+
+def retry_after_header(seconds: float) -> bytes:
+    """``Retry-After`` takes whole seconds; round up so a client never comes back early."""
+    return b"%d" % max(1, math.ceil(seconds))
+
+
+# -- engines' errors -----------------------------------------------------------------------
+
+
+def normalize_engine_error(status: int, body: bytes) -> bytes:
+    """An engine's error ``body`` (any of the shapes engines use) in OpenAI's shape."""
+    try:
+        decoded: Any = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        decoded = None
+    detail = _detail_of(status, decoded) if isinstance(decoded, dict) else None
+    if detail is None:
+        text = body.decode("utf-8", errors="replace").strip()
+        detail = ErrorDetail(
+            _shorten(text) or f"The engine answered HTTP {status} with no message.",
+            type_for_status(status),
+        )
+    return _encode(ErrorBody(detail))
+
+
+def _detail_of(status: int, decoded: dict[str, Any]) -> ErrorDetail | None:
+    error = decoded.get("error")
+    if isinstance(error, dict):
+        # OpenAI's shape, or vLLM's newer one with an integer code: keep what fits.
+        return _detail(status, error.get("message"), error)
+    if isinstance(error, str):
+        # {"error": "...", "error_type": "..."} as text-generation-inference writes it.
+        return _detail(status, error, {"type": decoded.get("error_type")})
+    if "detail" in decoded:
+        detail = decoded["detail"]
+        message = detail if isinstance(detail, str) else _encode(detail).decode()
+        return _detail(status, message, {})
+    if "message" in decoded:
+        return _detail(status, decoded["message"], decoded)
+    return None
+
+
+def _detail(status: int, message: Any, fields: dict[str, Any]) -> ErrorDetail:
+    if isinstance(message, str):
+        text = message
+    else:
+        text = "" if message is None else _encode(message).decode()
+    kind = fields.get("type")
+    param = fields.get("param")
+    code = fields.get("code")
+    return ErrorDetail(
+        _shorten(text) or f"The engine answered HTTP {status} with no message.",
+        kind if isinstance(kind, str) and kind else type_for_status(status),
+        param if isinstance(param, str) else None,
+        # OpenAI's codes are strings; an integer code is an engine repeating the status.
+        code if isinstance(code, str) else None,
+    )
+
+
+def _shorten(text: str) -> str:
+    if len(text) <= MAX_ENGINE_MESSAGE_CHARS:
+        return text
+    return text[:MAX_ENGINE_MESSAGE_CHARS] + "..."
+
+
+def stream_error_events(message: str) -> bytes:
+    """What ends a stream whose engine died mid-way: an error event, then ``[DONE]``."""
+    error = ErrorBody(ErrorDetail(message, "server_error", None, "upstream_disconnected"))
+    return b"data: " + _encode(error) + b"\n\ndata: [DONE]\n\n"

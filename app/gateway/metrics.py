@@ -1,0 +1,187 @@
+"""The gateway's own Prometheus metrics, in a registry each gateway owns.
+
+Request figures are counted as requests end (one counter, four histograms, children cached
+by label so a request costs a few dictionary lookups). Per-replica figures (signals,
+in-flight, staleness) are read from the router when ``/metrics`` is scraped, not kept up to
+date on the request path.
+
+The ``model`` label only ever holds declared models (or ``""``): a client's typo must not
+become a new time series.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from app.gateway.admission import ReplicaView
+
+DURATION_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)  # fmt: skip
+FIRST_BYTE_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+QUEUE_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+ADDED_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0,
+)  # fmt: skip
+
+CLIENT_GONE = 499
+"""Status recorded for a request whose client disconnected before its answer ended."""
+
+
+ReplicaReader = Callable[[], Iterable[ReplicaView]]
+QueueReader = Callable[[], dict[str, int]]
+
+
+class _ReplicaCollector(Collector):
+    def __init__(self, read: ReplicaReader, queued: QueueReader) -> None:
+        self._read = read
+        self._queued = queued
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["replica", "model"]
+        in_flight = _gauge("replica_in_flight", "Requests this gateway has open.", labels)
+        reserved = _gauge(
+            "replica_reserved", "Requests sent that the engine cannot have counted yet.", labels
+        )
+        waiting = _gauge("replica_waiting", "The engine's waiting requests.", labels)
+        running = _gauge("replica_running", "The engine's running requests.", labels)
+        kv_usage = _gauge("replica_kv_usage", "The engine's KV-cache usage, 0 to 1.", labels)
+        age = _gauge("replica_signals_age_seconds", "Age of the last good scrape.", labels)
+        stale = _gauge(
+            "stale_replicas",
+            "Replicas routed by in-flight count alone: no signals yet, or stale ones.",
+            [],
+        )
+        queued = _gauge("queued", "Requests waiting for an eligible replica.", ["model"])
+        stale_count = 0
+        for view in self._read():
+            values = [view.replica_id, view.model]
+            in_flight.add_metric(values, view.in_flight)
+            reserved.add_metric(values, view.reserved)
+            stale_count += view.stale
+            for family, value in (
+                (waiting, view.waiting),
+                (running, view.running),
+                (kv_usage, view.kv_usage),
+                (age, view.signals_age_s),
+            ):
+                if value is not None:
+                    family.add_metric(values, value)
+        stale.add_metric([], stale_count)
+        for model, count in self._queued().items():
+            queued.add_metric([model], count)
+        yield from (in_flight, reserved, waiting, running, kv_usage, age, stale, queued)
+
+
+def _gauge(name: str, documentation: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"llmgw_gateway_{name}", documentation, labels=labels)
+
+
+class _ModelHistograms(NamedTuple):
+    duration: Histogram
+    added: Histogram
+    first_byte: Histogram
+    queue: Histogram
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._requests = Counter(
+            "llmgw_gateway_requests",
+            "Completion requests answered, by model and HTTP status.",
+            ["model", "status"],
+            registry=self.registry,
+        )
+        self._duration = Histogram(
+            "llmgw_gateway_request_duration_seconds",
+            "From the request's arrival to the end of its answer.",
+            ["model"],
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self._first_byte = Histogram(
+            "llmgw_gateway_time_to_first_byte_seconds",
+            "From the request's arrival to the first byte of the engine's answer.",
+            ["model"],
+            buckets=FIRST_BYTE_BUCKETS,
+            registry=self.registry,
+        )
+        self._queue = Histogram(
+            "llmgw_gateway_queue_seconds",
+            "Time waiting for an eligible replica (admission).",
+            ["model"],
+            buckets=QUEUE_BUCKETS,
+            registry=self.registry,
+        )
+        self._added = Histogram(
+            "llmgw_gateway_added_seconds",
+            "Time the gateway itself added to a request (all but the engine's time).",
+            ["model"],
+            buckets=ADDED_BUCKETS,
+            registry=self.registry,
+        )
+        self._rejections = Counter(
+            "llmgw_gateway_admission_rejections",
+            "Requests refused before reaching an engine, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self._retries = Counter(
+            "llmgw_gateway_upstream_retries",
+            "Requests sent again to another replica, by what went wrong with the first.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self._counters: dict[tuple[str, int], Counter] = {}
+        self._histograms: dict[str, _ModelHistograms] = {}
+
+    def watch_replicas(self, read: ReplicaReader, queued: QueueReader) -> None:
+        """Publish the router's per-replica figures, read at each scrape."""
+        self.registry.register(_ReplicaCollector(read, queued))
+
+    def answered(
+        self,
+        model: str,
+        status: int,
+        *,
+        duration_s: float,
+        added_s: float,
+        first_byte_s: float | None,
+        queue_s: float | None,
+    ) -> None:
+        key = (model, status)
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = self._counters[key] = self._requests.labels(model, str(status))
+        counter.inc()
+        histograms = self._histograms.get(model)
+        if histograms is None:
+            histograms = self._histograms[model] = _ModelHistograms(
+                self._duration.labels(model),
+                self._added.labels(model),
+                self._first_byte.labels(model),
+                self._queue.labels(model),
+            )
+        histograms.duration.observe(duration_s)
+        histograms.added.observe(added_s)
+        if first_byte_s is not None:
+            histograms.first_byte.observe(first_byte_s)
+        if queue_s is not None:
+            histograms.queue.observe(queue_s)
+
+    def rejected(self, reason: str) -> None:
+        self._rejections.labels(reason).inc()
+
+    def retried(self, reason: str) -> None:
+        self._retries.labels(reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,192 @@
+"""Calling an engine replica: choosing one, the one retry, and relaying its answer.
+
+``Upstream.open`` asks the router for a replica and sends the client's body to it byte for
+byte. A connection failure, or an engine answering 503 (starting, overloaded), before
+anything of the answer arrived is retried once on another replica: nothing has reached the
+client yet, so the retry is invisible to it. Past that point the answer is the client's,
+errors included.
+
+Relaying: a whole answer is read and sent on (an error body in OpenAI's shape); a stream's
+server-sent events go to the client as they arrive, unparsed, ending with the engine's own
+``data: [DONE]``. If the engine dies mid-stream the client gets an error event and
+``data: [DONE]`` instead of a stream that just stops.
+
+Cancellation is the caller's: cancelling the task that awaits any of these and then
+closing the answer (``Opened.close``) closes the upstream connection, which is how an
+engine learns that its client went away.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from app.gateway.engine_client import AnswerBroken, EngineAnswer, EngineClient, EngineUnreachable
+from app.gateway.errors import (
+    ApiError,
+    normalize_engine_error,
+    stream_error_events,
+    upstream_unreachable,
+)
+from app.gateway.router import Lease, NoServingReplica, Router
+from app.gateway.usage import StreamTokens
+
+Message = MutableMapping[str, Any]
+Send = Callable[[Message], Awaitable[None]]
+Header = tuple[bytes, bytes]
+
+RETRYABLE_STATUS = 503
+
+_clock = time.perf_counter
+
+
+class Timing:
+    """Where a request's time went: ``upstream_s`` is time spent waiting on engines."""
+
+    __slots__ = ("queue_s", "started", "upstream_s")
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.upstream_s = 0.0
+        self.queue_s = 0.0
+
+    def added_s(self, now: float) -> float:
+        """Time the gateway itself added so far: everything but the engines' time."""
+        return now - self.started - self.upstream_s
+
+
+class EngineRefusal(ApiError):
+    """An engine's error answer, already in OpenAI's shape, kept to be sent on."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(status, f"the engine answered HTTP {status}")
+        self._body = body
+
+    def body(self) -> bytes:
+        return self._body
+
+
+class Opened:
+    """A replica's answer whose head has arrived, and the lease that holds the replica."""
+
+    __slots__ = ("answer", "lease")
+
+    def __init__(self, lease: Lease, answer: EngineAnswer) -> None:
+        self.lease = lease
+        self.answer = answer
+
+    def close(self) -> None:
+        """The request is over: an unfinished answer's connection is closed."""
+        self.answer.close()
+        self.lease.release()
+
+
+class Upstream:
+    def __init__(
+        self,
+        router: Router,
+        client: EngineClient,
+        on_retry: Callable[[str], None] = lambda reason: None,
+    ) -> None:
+        self._router = router
+        self._client = client
+        self._on_retry = on_retry
+
+    async def open(
+        self, model: str, key_id: str, path: str, body: bytes, request_id: str, timing: Timing
+    ) -> Opened:
+        """Send ``body`` to a replica of ``model``; retried once before the first byte.
+        Raises ``NoServingReplica``, ``Saturated`` (from the router) or ``ApiError``."""
+        exclude: frozenset[str] = frozenset()
+        failure: ApiError | None = None
+        for attempt in (1, 2):
+            queued = _clock()
+            try:
+                lease = await self._router.acquire(model, key_id, exclude)
+            except NoServingReplica:
+                if failure is None:
+                    raise
+                # The only replicas left are the ones that just failed: say why they did.
+                raise failure from None
+            finally:
+                timing.queue_s += _clock() - queued
+            sent = _clock()
+            try:
+                answer = await self._client.post(lease.route.url, path, body, request_id)
+            except EngineUnreachable as exc:
+                lease.release()
+                failure = upstream_unreachable(model, str(exc))
+                reason = "unreachable"
+            except BaseException:
+                lease.release()
+                raise
+            else:
+                if answer.status != RETRYABLE_STATUS or attempt == 2:
+                    timing.upstream_s += _clock() - sent
+                    return Opened(lease, answer)
+                try:
+                    refused = await answer.read()
+                except AnswerBroken:
+                    refused = b""
+                finally:
+                    answer.close()
+                    lease.release()
+                failure = EngineRefusal(
+                    RETRYABLE_STATUS, normalize_engine_error(RETRYABLE_STATUS, refused)
+                )
+                reason = "unavailable"
+            timing.upstream_s += _clock() - sent
+            if attempt == 1:
+                self._on_retry(reason)
+            exclude = exclude | {lease.route.replica_id}
+        assert failure is not None
+        raise failure
+
+
+async def read_whole(opened: Opened, timing: Timing) -> tuple[int, bytes, bytes]:
+    """The whole answer: status, content type and body (errors in OpenAI's shape)."""
+    answer = opened.answer
+    opened.lease.first_byte()
+    started = _clock()
+    try:
+        body = await answer.read()
+    except AnswerBroken as exc:
+        raise upstream_unreachable(opened.lease.route.model, str(exc)) from exc
+    finally:
+        timing.upstream_s += _clock() - started
+    status = answer.status
+    if status >= 400:
+        return status, b"application/json", normalize_engine_error(status, body)
+    return status, answer.content_type or b"application/json", body
+
+
+async def relay_stream(
+    opened: Opened,
+    send: Send,
+    headers: list[Header],
+    tokens: StreamTokens | None,
+    on_first_chunk: Callable[[], None],
+) -> bool:
+    """Pass the engine's stream to the client as it comes; ``headers`` start the answer.
+    Whether the engine finished it (``False``: it died and the client got an error event)."""
+    answer = opened.answer
+    headers.append((b"content-type", answer.content_type or b"text/event-stream"))
+    headers.append((b"cache-control", b"no-cache"))
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    first = True
+    try:
+        async for chunk in answer.chunks():
+            if first:
+                first = False
+                opened.lease.first_byte()
+                on_first_chunk()
+            if tokens is not None:
+                tokens.feed(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    except AnswerBroken as exc:
+        message = f"The engine stopped answering mid-stream: {exc}"
+        await send({"type": "http.response.body", "body": stream_error_events(message)})
+        return False
+    await send({"type": "http.response.body", "body": b""})
+    return True

@@ -1,0 +1,180 @@
+"""Per-key requests-per-minute and tokens-per-minute limits over a sliding window.
+
+The window is approximated from two fixed buckets, as most gateways do: the count of the
+previous bucket weighted by how much of it the sliding window still covers, plus the
+count of the current one. Two numbers per key and limit, O(1) per request.
+
+A request is admitted when one more request fits under ``rpm`` and at least one token is
+left under ``tpm``: tokens are only known once the answer is over, so they are charged
+afterwards with ``record_tokens`` (a burst of concurrent requests can overshoot ``tpm`` by
+what they generate; the next ones wait for it). Refused requests are not counted.
+
+Pure: ``now`` (seconds, any monotonic origin) is always a parameter.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+WINDOW_S = 60.0
+_SWEEP_EVERY = 4096
+_EPSILON = 1e-9
+
+
+class Quota(msgspec.Struct, frozen=True, kw_only=True):
+    """One limit as the ``x-ratelimit-*`` headers tell it."""
+
+    limit: int
+    remaining: int
+    reset_s: float
+    """Seconds until the window no longer holds anything of what it counts now."""
+
+
+class RateDecision(msgspec.Struct, frozen=True, kw_only=True):
+    allowed: bool
+    retry_after_s: float
+    """0 when allowed; else seconds until this request would fit, if nothing else comes."""
+    requests: Quota | None
+    """``None`` when the key has no rpm limit."""
+    tokens: Quota | None
+    """``None`` when the key has no tpm limit."""
+
+
+ALLOWED_UNLIMITED = RateDecision(allowed=True, retry_after_s=0.0, requests=None, tokens=None)
+
+
+class SlidingCount:
+    """Events in the last ``window_s`` seconds, approximated from two fixed buckets."""
+
+    __slots__ = ("_bucket", "_current", "_previous", "_window_s")
+
+    def __init__(self, window_s: float = WINDOW_S) -> None:
+        self._window_s = window_s
+        self._bucket = -1
+        self._current = 0.0
+        self._previous = 0.0
+
+    def add(self, amount: float, now: float) -> None:
+        self._roll(now)
+        self._current += amount
+
+    def estimate(self, now: float) -> float:
+        self._roll(now)
+        return self._previous * (1.0 - self._elapsed_fraction(now)) + self._current
+
+    def fits(self, cost: float, limit: float, now: float) -> bool:
+        return self.estimate(now) + cost <= limit + _EPSILON
+
+    def wait_for_room(self, cost: float, limit: float, now: float) -> float:
+        """Seconds until ``cost`` more fits under ``limit`` if nothing else is added."""
+        self._roll(now)
+        if self.fits(cost, limit, now):
+            return 0.0
+        if cost > limit:
+            return self._window_s  # never fits; ask again in a window
+        start = self._bucket * self._window_s
+        room = limit - cost
+        if self._current <= room:
+            # The previous bucket's weight fades within the current bucket.
+            fraction = 1.0 - (room - self._current) / self._previous
+            return max(0.0, start + self._window_s * fraction - now)
+        # Only once the current bucket has become the previous one and faded enough.
+        fraction = 1.0 - room / self._current
+        return start + self._window_s * (1.0 + fraction) - now
+
+    def reset_s(self, now: float) -> float:
+        self._roll(now)
+        to_bucket_end = (self._bucket + 1) * self._window_s - now
+        if self._current > 0:
+            return to_bucket_end + self._window_s
+        return to_bucket_end if self._previous > 0 else 0.0
+
+    def idle(self, now: float) -> bool:
+        self._roll(now)
+        return self._current == 0 and self._previous == 0
+
+    def _elapsed_fraction(self, now: float) -> float:
+        return (now - self._bucket * self._window_s) / self._window_s
+
+    def _roll(self, now: float) -> None:
+        bucket = math.floor(now / self._window_s)
+        if bucket == self._bucket:
+            return
+        self._previous = self._current if bucket == self._bucket + 1 else 0.0
+        self._current = 0.0
+        self._bucket = bucket
+
+
+class _KeyUsage:
+    __slots__ = ("requests", "tokens")
+
+    def __init__(self, window_s: float) -> None:
+        self.requests = SlidingCount(window_s)
+        self.tokens = SlidingCount(window_s)
+
+
+class RateLimiter:
+    def __init__(self, window_s: float = WINDOW_S) -> None:
+        self._window_s = window_s
+        self._usage: dict[str, _KeyUsage] = {}
+        self._until_sweep = _SWEEP_EVERY
+
+    def admit(self, key_id: str, *, rpm: int | None, tpm: int | None, now: float) -> RateDecision:
+        """Admit one request of ``key_id`` and count it, or say how long to wait."""
+        if rpm is None and tpm is None:
+            return ALLOWED_UNLIMITED
+        self._maybe_sweep(now)
+        usage = self._usage_of(key_id)
+        waits = [0.0]
+        if rpm is not None:
+            waits.append(usage.requests.wait_for_room(1.0, rpm, now))
+        if tpm is not None:
+            waits.append(usage.tokens.wait_for_room(1.0, tpm, now))
+        retry_after_s = max(waits)
+        allowed = retry_after_s == 0.0
+        if allowed and rpm is not None:
+            usage.requests.add(1.0, now)
+        return RateDecision(
+            allowed=allowed,
+            retry_after_s=retry_after_s,
+            requests=None if rpm is None else _quota(usage.requests, rpm, now),
+            tokens=None if tpm is None else _quota(usage.tokens, tpm, now),
+        )
+
+    def record_tokens(self, key_id: str, tokens: int, *, now: float) -> None:
+        """Charge the tokens an answer used (prompt and completion) to ``key_id``."""
+        if tokens > 0:
+            self._usage_of(key_id).tokens.add(float(tokens), now)
+
+    def tracked_keys(self) -> int:
+        return len(self._usage)
+
+    def forget_idle(self, now: float) -> None:
+        """Drop the counts of keys that used nothing in the last two windows."""
+        self._usage = {
+            key: usage
+            for key, usage in self._usage.items()
+            if not (usage.requests.idle(now) and usage.tokens.idle(now))
+        }
+
+    def _usage_of(self, key_id: str) -> _KeyUsage:
+        usage = self._usage.get(key_id)
+        if usage is None:
+            usage = self._usage[key_id] = _KeyUsage(self._window_s)
+        return usage
+
+    def _maybe_sweep(self, now: float) -> None:
+        self._until_sweep -= 1
+        if self._until_sweep <= 0:
+            self._until_sweep = _SWEEP_EVERY
+            self.forget_idle(now)
+
+
+def _quota(count: SlidingCount, limit: int, now: float) -> Quota:
+    return Quota(
+        limit=limit,
+        remaining=max(0, math.floor(limit - count.estimate(now) + _EPSILON)),
+        reset_s=count.reset_s(now),
+    )

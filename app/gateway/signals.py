@@ -1,0 +1,233 @@
+"""Engine signals: reading an engine's Prometheus ``/metrics``, and a scraper per replica.
+
+Metric names differ by engine; the first name found wins, each summed over every series
+(an engine with several ``engine`` label values reports them all):
+
+======== ============================== ======================================================
+signal   vLLM                           SGLang
+======== ============================== ======================================================
+waiting  ``vllm:num_requests_waiting``  ``sglang:num_queue_reqs``
+running  ``vllm:num_requests_running``  ``sglang:num_running_reqs``
+kv       ``vllm:kv_cache_usage_perc``,  ``sglang:token_usage``
+         ``vllm:gpu_cache_usage_perc``
+======== ============================== ======================================================
+
+An engine that exposes no waiting and no KV name gives no reading: the router treats it as
+stale, i.e. routes to it by its own in-flight count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import Callable
+
+import aiohttp
+import msgspec
+import structlog
+
+log = structlog.get_logger("llmgw.gateway")
+
+WAITING_NAMES = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
+RUNNING_NAMES = ("vllm:num_requests_running", "sglang:num_running_reqs")
+KV_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
+SIGNAL_NAMES = frozenset(WAITING_NAMES + RUNNING_NAMES + KV_NAMES)
+
+
+class EngineReading(msgspec.Struct, frozen=True, kw_only=True):
+    waiting: float
+    running: float
+    kv_usage: float
+    names: tuple[str, ...]
+    """The metric names the reading came from."""
+
+
+def sum_samples(text: str, names: frozenset[str]) -> dict[str, float]:
+    """Samples of the metrics in ``names`` from Prometheus text, summed over their series.
+
+    Lines that cannot be read are skipped: one odd line must not hide the others.
+    """
+    totals: dict[str, float] = {}
+    # A vLLM page has thousands of histogram lines: look for the wanted lines only, with
+    # str.find, rather than walking every line in Python. Lines end with "\n" only.
+    page = "\n" + text
+    for name in names:
+        needle = "\n" + name
+        start = page.find(needle)
+        while start != -1:
+            end = page.find("\n", start + 1)
+            parsed = _parse_sample(page[start + 1 : end if end != -1 else None].rstrip("\r"))
+            if parsed is not None and parsed[0] == name and not math.isnan(parsed[1]):
+                totals[name] = totals.get(name, 0.0) + parsed[1]
+            start = -1 if end == -1 else page.find(needle, end)
+    return totals
+
+
+def _parse_sample(line: str) -> tuple[str, float] | None:
+    brace = line.find("{")
+    space = line.find(" ")
+    if brace != -1 and (space == -1 or brace < space):
+        name = line[:brace]
+        # Only the value and a timestamp follow the label set, so its closing brace is the
+        # last one on the line, whatever braces the label values hold.
+        end = line.rfind("}")
+        if end < brace:
+            return None
+        rest = line[end + 1 :].split()
+    else:
+        name, *rest = line.split()
+    if not rest:
+        return None
+    try:
+        return name, float(rest[0])
+    except ValueError:
+        return None
+
+
+def read_engine_signals(text: str) -> EngineReading | None:
+    totals = sum_samples(text, SIGNAL_NAMES)
+    waiting_name = _first_present(WAITING_NAMES, totals)
+    kv_name = _first_present(KV_NAMES, totals)
+    if waiting_name is None and kv_name is None:
+        return None
+    running_name = _first_present(RUNNING_NAMES, totals)
+    names = tuple(n for n in (waiting_name, running_name, kv_name) if n is not None)
+    return EngineReading(
+        waiting=totals[waiting_name] if waiting_name else 0.0,
+        running=totals[running_name] if running_name else 0.0,
+        kv_usage=totals[kv_name] if kv_name else 0.0,
+        names=names,
+    )
+
+
+def _first_present(candidates: tuple[str, ...], totals: dict[str, float]) -> str | None:
+    return next((name for name in candidates if name in totals), None)
+
+
+class ScrapeFailed(Exception):
+    """One scrape gave no reading (its cause is in the message)."""
+
+
+class MetricsScraper:
+    """Scrapes one replica's ``/metrics`` every ``interval_s`` until cancelled.
+
+    ``begin()`` is called as each scrape is sent and returns its sequence number;
+    ``report(sequence, reading)`` when it ends, with ``None`` for a failure.
+    """
+
+    def __init__(
+        self,
+        *,
+        replica_id: str,
+        url: str,
+        session: aiohttp.ClientSession,
+        interval_s: float,
+        timeout_s: float,
+        begin: Callable[[], int],
+        report: Callable[[int, EngineReading | None], None],
+    ) -> None:
+        self.replica_id = replica_id
+        self.url = url
+        self._session = session
+        self._interval_s = interval_s
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._begin = begin
+        self._report = report
+        self._names_logged = False
+        self._failing = False
+
+    async def run(self) -> None:
+        while True:
+            sequence = self._begin()
+            try:
+                reading = await self.scrape_once()
+            except ScrapeFailed as exc:
+                self._report(sequence, None)
+                self._note_failure(str(exc))
+            except Exception:
+                # A bug here must not end the scraper: its replica would stay stale for ever.
+                log.exception("engine metrics scrape crashed", replica=self.replica_id)
+                self._report(sequence, None)
+                self._failing = True
+            else:
+                self._report(sequence, reading)
+                self._note_success(reading)
+            await asyncio.sleep(self._interval_s)
+
+    async def scrape_once(self) -> EngineReading:
+        try:
+            async with self._session.get(f"{self.url}/metrics", timeout=self._timeout) as resp:
+                if resp.status != 200:
+                    raise ScrapeFailed(f"GET /metrics answered {resp.status}")
+                text = await resp.text(errors="replace")
+        except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError) as exc:
+            raise ScrapeFailed(f"{type(exc).__name__}: {exc}") from exc
+        reading = read_engine_signals(text)
+        if reading is None:
+            raise ScrapeFailed("no known waiting-queue or KV-cache metric")
+        return reading
+
+    def _note_failure(self, error: str) -> None:
+        if not self._failing:
+            log.warning("engine metrics unavailable", replica=self.replica_id, error=error)
+            self._failing = True
+
+    def _note_success(self, reading: EngineReading) -> None:
+        if self._failing:
+            log.info("engine metrics back", replica=self.replica_id)
+            self._failing = False
+        if not self._names_logged:
+            log.info("engine metrics found", replica=self.replica_id, names=list(reading.names))
+            self._names_logged = True
+
+
+class ScraperTasks:
+    """One scraper task per replica id, started and stopped as routes come and go."""
+
+    def __init__(self, *, interval_s: float, timeout_s: float) -> None:
+        if interval_s <= 0 or timeout_s <= 0:
+            raise ValueError("scrape interval and timeout must be positive")
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+
+    def __contains__(self, replica_id: str) -> bool:
+        return replica_id in self._tasks
+
+    def start(
+        self,
+        replica_id: str,
+        url: str,
+        session: aiohttp.ClientSession,
+        begin: Callable[[], int],
+        report: Callable[[int, EngineReading | None], None],
+    ) -> None:
+        self.stop(replica_id)
+        scraper = MetricsScraper(
+            replica_id=replica_id,
+            url=url,
+            session=session,
+            interval_s=self.interval_s,
+            timeout_s=self.timeout_s,
+            begin=begin,
+            report=report,
+        )
+        self._tasks[replica_id] = asyncio.get_running_loop().create_task(
+            scraper.run(), name=f"scrape {replica_id}"
+        )
+
+    def stop(self, replica_id: str) -> None:
+        task = self._tasks.pop(replica_id, None)
+        if task is not None:
+            task.cancel()
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
+
+    async def close(self) -> None:
+        for replica_id in list(self._tasks):
+            self.stop(replica_id)
+        for task in list(self._stopping):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

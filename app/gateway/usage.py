@@ -1,0 +1,62 @@
+"""How many tokens an answer used, for the per-key tokens-per-minute limit.
+
+A whole answer carries ``usage``; only that field is decoded. A stream is passed through
+untouched, so it is not parsed event by event: the counter watches the bytes go by, counts
+the JSON events, and keeps the stream's last few KiB, where the engine puts the usage chunk
+when the client asked for it (``stream_options.include_usage``). Without one, each event
+counts as one token, which is what a streamed chunk usually carries.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+STREAM_TAIL_BYTES = 4096
+"""The usage chunk is the stream's last event before ``[DONE]``; it fits in this many."""
+
+_TOTAL_TOKENS = re.compile(rb'"usage"\s*:\s*\{[^{}]*?"total_tokens"\s*:\s*(\d+)')
+_EVENT = b"data: {"
+
+
+class _Usage(msgspec.Struct):
+    total_tokens: int = 0
+
+
+class _WithUsage(msgspec.Struct):
+    usage: _Usage | None = None
+
+
+_usage_decoder = msgspec.json.Decoder(_WithUsage)
+
+
+def usage_of_body(body: bytes) -> int | None:
+    """``usage.total_tokens`` of a whole answer, or ``None`` when it has none."""
+    try:
+        usage = _usage_decoder.decode(body).usage
+    except msgspec.DecodeError:
+        return None
+    return None if usage is None else usage.total_tokens
+
+
+class StreamTokens:
+    """Counts the tokens of a stream from its bytes, as they pass."""
+
+    __slots__ = ("_events", "_tail")
+
+    def __init__(self) -> None:
+        self._events = 0
+        self._tail = b""
+
+    def feed(self, chunk: bytes) -> None:
+        self._events += chunk.count(_EVENT)
+        if len(chunk) >= STREAM_TAIL_BYTES:
+            self._tail = chunk[-STREAM_TAIL_BYTES:]
+        else:
+            self._tail = (self._tail + chunk)[-STREAM_TAIL_BYTES:]
+
+    def total(self) -> int:
+        """The usage chunk's ``total_tokens`` when the stream had one, else one per event."""
+        found = _TOTAL_TOKENS.findall(self._tail)
+        return int(found[-1]) if found else self._events

@@ -1,0 +1,170 @@
+"""Every error a client gets from the gateway has OpenAI's shape, whatever the engine sent."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from app.gateway.errors import (
+    MAX_ENGINE_MESSAGE_CHARS,
+    duration_header,
+    invalid_api_key,
+    model_not_found,
+    normalize_engine_error,
+    quota_exceeded,
+    quota_reason,
+    retry_after_header,
+    saturated,
+    stream_error_events,
+)
+from app.gateway.ratelimit import Quota, RateDecision
+
+
+def error_of(body: bytes) -> dict[str, object]:
+    decoded = msgspec.json.decode(body)
+    assert list(decoded) == ["error"]
+    error: dict[str, object] = decoded["error"]
+    assert list(error) == ["message", "type", "param", "code"]
+    return error
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        pytest.param(
+            400,
+            b'{"error": {"message": "bad", "type": "invalid_request_error", "param": "n",'
+            b' "code": "x"}}',
+            {"message": "bad", "type": "invalid_request_error", "param": "n", "code": "x"},
+            id="openai",
+        ),
+        pytest.param(
+            400,
+            b'{"error": {"message": "bad", "type": "BadRequestError", "param": null, "code": 400}}',
+            {"message": "bad", "type": "BadRequestError", "param": None, "code": None},
+            id="vllm-new",
+        ),
+        pytest.param(
+            422,
+            b'{"detail": "too long"}',
+            {"message": "too long", "type": "invalid_request_error", "param": None, "code": None},
+            id="flat",
+        ),
+        pytest.param(
+            400,
+            b'{"object": "error", "message": "no", "type": "BadRequestError", "param": null,'
+            b' "code": 400}',
+            {"message": "no", "type": "BadRequestError", "param": None, "code": None},
+            id="vllm-old",
+        ),
+        pytest.param(
+            500,
+            b'{"message": "boom"}',
+            {"message": "boom", "type": "server_error", "param": None, "code": None},
+            id="bare-message",
+        ),
+        pytest.param(
+            503,
+            b'{"error": "overloaded", "error_type": "overloaded"}',
+            {"message": "overloaded", "type": "overloaded", "param": None, "code": None},
+            id="tgi",
+        ),
+        pytest.param(
+            502,
+            b"<html>Bad gateway</html>",
+            {"message": "<html>Bad gateway</html>", "type": "server_error", "param": None,
+             "code": None},
+            id="text",
+        ),
+        pytest.param(
+            404,
+            b"",
+            {"message": "The engine answered HTTP 404 with no message.",
+             "type": "not_found_error", "param": None, "code": None},
+            id="empty",
+        ),
+    ],
+)  # fmt: skip
+def test_engine_errors_are_normalized(status: int, body: bytes, expected: object) -> None:
+    assert error_of(normalize_engine_error(status, body)) == expected
+
+
+def test_structured_detail_is_kept_as_json_text() -> None:
+    body = b'{"detail": [{"loc": ["body", "messages"], "msg": "field required"}]}'
+    message = error_of(normalize_engine_error(422, body))["message"]
+    assert message == '[{"loc":["body","messages"],"msg":"field required"}]'
+
+
+def test_a_huge_engine_message_is_cut() -> None:
+    error = error_of(normalize_engine_error(500, b"x" * 100_000))
+    assert isinstance(error["message"], str)
+    assert len(error["message"]) == MAX_ENGINE_MESSAGE_CHARS + 3
+
+
+def test_gateway_refusals_have_the_openai_codes() -> None:
+    assert error_of(invalid_api_key("nope").body())["code"] == "invalid_api_key"
+    assert invalid_api_key("nope").status == 401
+    not_found = model_not_found("m")
+    assert (not_found.status, not_found.param, not_found.code) == (404, "model", "model_not_found")
+
+
+def test_a_saturated_model_is_retryable() -> None:
+    error = saturated("m", 1.2)
+    assert error.status == 429
+    assert dict(error.headers) == {b"retry-after": b"2"}
+
+
+def test_a_quota_refusal_says_which_limit_and_not_to_retry() -> None:
+    decision = RateDecision(
+        allowed=False,
+        retry_after_s=12.5,
+        requests=Quota(limit=1, remaining=0, reset_s=47.5),
+        tokens=Quota(limit=1000, remaining=990, reset_s=47.5),
+    )
+    error = quota_exceeded(decision)
+    headers = dict(error.headers)
+    assert error.status == 429
+    assert "1 requests per minute" in error.message
+    assert quota_reason(decision) == "rpm"
+    assert headers == {
+        b"retry-after": b"13",
+        b"retry-after-ms": b"12500",
+        b"x-should-retry": b"false",
+        b"x-ratelimit-limit-requests": b"1",
+        b"x-ratelimit-remaining-requests": b"0",
+        b"x-ratelimit-reset-requests": b"47.5s",
+        b"x-ratelimit-limit-tokens": b"1000",
+        b"x-ratelimit-remaining-tokens": b"990",
+        b"x-ratelimit-reset-tokens": b"47.5s",
+    }
+
+
+def test_a_token_quota_refusal() -> None:
+    decision = RateDecision(
+        allowed=False,
+        retry_after_s=3.0,
+        requests=None,
+        tokens=Quota(limit=100, remaining=0, reset_s=61.0),
+    )
+    assert quota_reason(decision) == "tpm"
+    assert "100 tokens per minute" in quota_exceeded(decision).message
+
+
+@pytest.mark.parametrize(
+    ("seconds", "expected"),
+    [(0.0201, b"21ms"), (1.0, b"1s"), (1.5, b"1.5s"), (59.9999, b"60s"), (360.0, b"6m0s"),
+     (119.2, b"2m0s")],
+)  # fmt: skip
+def test_durations_are_written_as_openai_does(seconds: float, expected: bytes) -> None:
+    assert duration_header(seconds) == expected
+
+
+@pytest.mark.parametrize(("seconds", "expected"), [(0.0, b"1"), (1.0, b"1"), (1.01, b"2")])
+def test_retry_after_rounds_up_to_whole_seconds(seconds: float, expected: bytes) -> None:
+    assert retry_after_header(seconds) == expected
+
+
+def test_a_broken_stream_ends_with_an_error_event_and_done() -> None:
+    events = stream_error_events("gone").split(b"\n\n")
+    assert events[-2:] == [b"data: [DONE]", b""]
+    assert error_of(events[0].removeprefix(b"data: "))["code"] == "upstream_disconnected"

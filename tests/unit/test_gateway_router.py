@@ -1,0 +1,279 @@
+"""The router's bookkeeping and waiting line, without engines: no scrapers run here, so
+every replica is judged by the gateway's own in-flight count (the staleness rule)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from app.gateway.router import Lease, NoServingReplica, Router, Saturated
+from app.gateway.table import GatewaySnapshot, Route
+from tests.support.waiting import wait_until
+
+MODEL = "m"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def snapshot(*routes: Route) -> GatewaySnapshot:
+    by_model: dict[str, tuple[Route, ...]] = {}
+    for route in routes:
+        by_model[route.model] = (*by_model.get(route.model, ()), route)
+    return GatewaySnapshot(declared=frozenset(by_model), routes=by_model)
+
+
+def route(replica_id: str, *, model: str = MODEL, **settings: object) -> Route:
+    return Route(replica_id=replica_id, model=model, url=f"http://{replica_id}", **settings)  # type: ignore[arg-type]
+
+
+def router_with(*routes: Route, **options: object) -> Router:
+    router = Router(**options)  # type: ignore[arg-type]
+    router.update(snapshot(*routes))
+    return router
+
+
+def key() -> str:
+    return f"key-{uuid.uuid4().hex[:8]}"
+
+
+async def test_unknown_model_or_every_replica_excluded_is_no_serving_replica() -> None:
+    router = router_with(route("a"))
+    with pytest.raises(NoServingReplica) as raised:
+        await router.acquire("other", key())
+    assert raised.value.model == "other"
+    with pytest.raises(NoServingReplica):
+        await router.acquire(MODEL, key(), frozenset({"a"}))
+
+
+async def test_requests_are_spread_by_in_flight_per_weight() -> None:
+    router = router_with(route("a", weight=2.0), route("b"))
+    leases = [await router.acquire(MODEL, key()) for _ in range(6)]
+    assert router.in_flight() == {"a": 4, "b": 2}
+    assert [lease.queued_s for lease in leases] == [0.0] * 6
+
+
+async def test_excluded_replicas_are_skipped() -> None:
+    router = router_with(route("a"), route("b"))
+    for _ in range(3):
+        lease = await router.acquire(MODEL, key(), frozenset({"a"}))
+        assert lease.route.replica_id == "b"
+
+
+async def test_a_lease_counts_until_released_and_releasing_twice_is_harmless() -> None:
+    router = router_with(route("a"))
+    lease = await router.acquire(MODEL, key())
+    assert router.replica_views()[0].reserved == 1
+    lease.first_byte()
+    lease.first_byte()
+    assert router.replica_views()[0].reserved == 0
+    assert router.in_flight() == {"a": 1}
+    lease.release()
+    lease.release()
+    lease.first_byte()
+    assert router.in_flight() == {"a": 0}
+
+
+async def test_release_drops_a_reservation_without_a_first_byte() -> None:
+    router = router_with(route("a"))
+    (await router.acquire(MODEL, key())).release()
+    view = router.replica_views()[0]
+    assert (view.in_flight, view.reserved, view.stale) == (0, 0, True)
+    assert router.stale_replicas() == 1
+
+
+async def fill(router: Router, count: int) -> list[Lease]:
+    return [await router.acquire(MODEL, key()) for _ in range(count)]
+
+
+async def test_when_all_are_full_a_request_waits_and_gets_the_next_free_slot() -> None:
+    clock = FakeClock()
+    router = router_with(route("a", target_waiting=1), clock=clock)  # two in flight at most
+    held = await fill(router, 2)
+    waiting = asyncio.create_task(router.acquire(MODEL, key()))
+    await wait_until(lambda: router.queued() == {MODEL: 1}, what="the request queued")
+    clock.now += 0.5
+    held[0].release()
+    lease = await waiting
+    assert lease.route.replica_id == "a"
+    assert lease.queued_s == pytest.approx(0.5)
+    assert router.queued() == {}
+    assert router.in_flight() == {"a": 2}
+
+
+async def test_a_first_byte_alone_does_not_free_a_stale_replica() -> None:
+    router = router_with(route("a", target_waiting=1), queue_timeout_s=0.2)
+    held = await fill(router, 2)
+    for lease in held:
+        lease.first_byte()
+    with pytest.raises(Saturated):
+        await router.acquire(MODEL, key())
+
+
+async def test_the_queue_timeout_ends_in_saturated_with_a_retry_after() -> None:
+    router = router_with(route("a", target_waiting=1), queue_timeout_s=0.1)
+    await fill(router, 2)
+    with pytest.raises(Saturated) as raised:
+        await router.acquire(MODEL, key())
+    assert raised.value.retry_after_s >= 1.0
+    assert router.queued() == {}
+
+
+async def test_a_full_queue_refuses_at_once() -> None:
+    router = router_with(route("a", target_waiting=1), queue_limit=1, queue_timeout_s=30)
+    await fill(router, 2)
+    first = asyncio.create_task(router.acquire(MODEL, key()))
+    await wait_until(lambda: router.queued() == {MODEL: 1}, what="the request queued")
+    with pytest.raises(Saturated):
+        await asyncio.wait_for(router.acquire(MODEL, key()), timeout=1.0)
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert router.queued() == {}
+
+
+async def until_queued(router: Router, count: int) -> None:
+    await wait_until(lambda: sum(router.queued().values()) == count, what=f"{count} queued")
+
+
+async def until_length(items: list[str], length: int) -> None:
+    await wait_until(lambda: len(items) == length, what=f"{length} items")
+
+
+async def test_waiters_are_served_round_robin_across_keys() -> None:
+    router = router_with(route("a", target_waiting=1), queue_timeout_s=30)
+    held = await fill(router, 2)
+    order: list[str] = []
+
+    async def wait_as(name: str) -> None:
+        lease = await router.acquire(MODEL, name)
+        order.append(name)
+        held.append(lease)
+
+    tasks = []
+    for name in ("greedy", "greedy", "greedy", "modest"):
+        tasks.append(asyncio.create_task(wait_as(name)))
+        await until_queued(router, len(tasks))
+    for _ in range(4):
+        granted = len(order) + 1
+        held.pop(0).release()
+        await until_length(order, granted)
+    await asyncio.gather(*tasks)
+    assert order == ["greedy", "modest", "greedy", "greedy"]
+
+
+async def test_a_lease_granted_to_a_waiter_that_is_cancelled_is_handed_back() -> None:
+    router = router_with(route("a", target_waiting=1), queue_timeout_s=30)
+    held = await fill(router, 2)
+    waiting = asyncio.create_task(router.acquire(MODEL, key()))
+    await wait_until(lambda: router.queued() == {MODEL: 1}, what="the request queued")
+    held[0].release()  # grants the waiter a lease before its task runs again
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert router.in_flight() == {"a": 1}
+
+
+async def test_kept_replicas_keep_their_counts_across_updates() -> None:
+    router = router_with(route("a"), route("b"))
+    lease = await router.acquire(MODEL, key())
+    router.update(snapshot(route("a", weight=3.0), route("b", weight=3.0), route("c")))
+    assert router.in_flight()[lease.route.replica_id] == 1
+    assert {v.replica_id: v.weight for v in router.replica_views()} == {
+        "a": 3.0,
+        "b": 3.0,
+        "c": 1.0,
+    }
+
+
+async def test_a_replica_out_of_routing_gets_nothing_but_its_in_flight_is_still_reported() -> None:
+    clock = FakeClock()
+    router = router_with(route("a"), clock=clock)
+    lease = await router.acquire(MODEL, key())
+    router.update(snapshot(route("b")))
+    assert (await router.acquire(MODEL, key())).route.replica_id == "b"
+    assert router.in_flight() == {"a": 1, "b": 1}
+    assert [v.replica_id for v in router.replica_views()] == ["b"]
+    lease.release()
+    assert router.in_flight() == {"a": 0, "b": 1}
+    clock.now += 31
+    assert router.in_flight() == {"b": 1}
+
+
+async def test_a_replica_back_in_routing_keeps_its_count() -> None:
+    router = router_with(route("a"), route("b"))
+    lease = await router.acquire(MODEL, key(), frozenset({"b"}))
+    router.update(snapshot(route("b")))
+    router.update(snapshot(route("a"), route("b")))
+    assert router.in_flight() == {"a": 1, "b": 0}
+    lease.release()
+    assert router.in_flight() == {"a": 0, "b": 0}
+
+
+async def test_waiters_of_a_model_that_lost_its_replicas_are_told_so() -> None:
+    router = router_with(route("a", target_waiting=1), queue_timeout_s=30)
+    await fill(router, 2)
+    waiting = asyncio.create_task(router.acquire(MODEL, key()))
+    await wait_until(lambda: router.queued() == {MODEL: 1}, what="the request queued")
+    router.update(snapshot(route("x", model="other")))
+    with pytest.raises(NoServingReplica):
+        await waiting
+    assert router.queued() == {}
+
+
+async def test_a_new_replica_serves_the_waiters_at_once() -> None:
+    router = router_with(route("a", target_waiting=1), queue_timeout_s=30)
+    await fill(router, 2)
+    waiting = asyncio.create_task(router.acquire(MODEL, key()))
+    await wait_until(lambda: router.queued() == {MODEL: 1}, what="the request queued")
+    router.update(snapshot(route("a", target_waiting=1), route("b")))
+    assert (await waiting).route.replica_id == "b"
+
+
+async def test_draining_replicas_take_work_only_when_the_others_are_full() -> None:
+    router = router_with(route("old", draining=True), route("new", target_waiting=1))
+    leases = await fill(router, 3)
+    assert [lease.route.replica_id for lease in leases] == ["new", "new", "old"]
+
+
+async def test_close_turns_waiters_away() -> None:
+    router = router_with(route("a", target_waiting=1), queue_timeout_s=30)
+    await fill(router, 2)
+    waiting = asyncio.create_task(router.acquire(MODEL, key()))
+    await wait_until(lambda: router.queued() == {MODEL: 1}, what="the request queued")
+    await router.close()
+    with pytest.raises(Saturated):
+        await waiting
+
+
+def test_a_scrape_interval_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        Router(scrape_interval_s=0)
+
+
+def test_retry_after_is_a_few_scrapes_and_at_least_a_second() -> None:
+    assert Router().retry_after_s == 1.0
+    assert Router(scrape_interval_s=2.0).retry_after_s == 8.0
+
+
+async def test_a_waiter_cancelled_just_before_a_slot_frees_is_skipped() -> None:
+    router = router_with(route("a", target_waiting=1), queue_timeout_s=30)
+    held = await fill(router, 2)
+    gone = asyncio.create_task(router.acquire(MODEL, key()))
+    await wait_until(lambda: router.queued() == {MODEL: 1}, what="the first request queued")
+    staying = asyncio.create_task(router.acquire(MODEL, key()))
+    await wait_until(lambda: router.queued() == {MODEL: 2}, what="the second request queued")
+    gone.cancel()
+    held[0].release()  # before the cancelled task has run again
+    assert (await staying).route.replica_id == "a"
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    assert router.queued() == {}
+    assert router.in_flight() == {"a": 2}

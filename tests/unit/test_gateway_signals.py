@@ -1,0 +1,123 @@
+"""Reading engine signals from Prometheus text, whichever engine wrote it."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.simulator.metrics import EngineMetrics, GaugeReadings, render
+from app.gateway.signals import read_engine_signals, sum_samples
+
+SGLANG = """\
+# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="qwen",engine_type="unified",tp_rank="0"} 7.0
+# HELP sglang:num_queue_reqs The number of requests in the waiting queue.
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="qwen",engine_type="unified",tp_rank="0"} 3.0
+# HELP sglang:token_usage The token usage.
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="qwen",engine_type="unified",tp_rank="0"} 0.42
+"""
+
+OLD_VLLM = """\
+vllm:num_requests_running{model_name="llama"} 2
+vllm:num_requests_waiting{model_name="llama"} 1
+vllm:gpu_cache_usage_perc{model_name="llama"} 0.5
+"""
+
+
+def test_the_simulators_metrics_read_as_vllms() -> None:
+    text = render(
+        EngineMetrics(), GaugeReadings(num_waiting=4, num_running=9, kv_cache_usage=0.25), "m"
+    )
+    reading = read_engine_signals(text)
+    assert reading is not None
+    assert (reading.waiting, reading.running, reading.kv_usage) == (4, 9, 0.25)
+    assert reading.names == (
+        "vllm:num_requests_waiting",
+        "vllm:num_requests_running",
+        "vllm:kv_cache_usage_perc",
+    )
+
+
+def test_sglang_names() -> None:
+    reading = read_engine_signals(SGLANG)
+    assert reading is not None
+    assert (reading.waiting, reading.running, reading.kv_usage) == (3, 7, 0.42)
+    assert reading.names == (
+        "sglang:num_queue_reqs",
+        "sglang:num_running_reqs",
+        "sglang:token_usage",
+    )
+
+
+def test_older_vllm_kv_name_is_the_fallback() -> None:
+    reading = read_engine_signals(OLD_VLLM)
+    assert reading is not None
+    assert reading.kv_usage == 0.5
+    assert "vllm:gpu_cache_usage_perc" in reading.names
+
+
+def test_the_newer_kv_name_wins_when_both_are_there() -> None:
+    reading = read_engine_signals(OLD_VLLM + 'vllm:kv_cache_usage_perc{model_name="llama"} 0.7\n')
+    assert reading is not None
+    assert reading.kv_usage == 0.7
+
+
+def test_series_are_summed_across_the_engine_label() -> None:
+    text = (
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 2\n'
+        'vllm:num_requests_waiting{engine="1",model_name="m"} 3\n'
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.1\n'
+        'vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.2\n'
+    )
+    reading = read_engine_signals(text)
+    assert reading is not None
+    assert reading.waiting == 5
+    assert math.isclose(reading.kv_usage, 0.3)
+    assert reading.running == 0  # not exposed: nothing known to be running
+
+
+def test_odd_labels_timestamps_and_bad_lines_do_not_confuse_the_reader() -> None:
+    text = (
+        'vllm:num_requests_waiting{model_name="a} b\\" c",engine="0"} 4 1712345678000\n'
+        "vllm:num_requests_waiting 1\n"
+        'vllm:num_requests_waiting{model_name="unterminated 9\n'
+        "vllm:num_requests_running{} not-a-number\n"
+        "vllm:num_requests_running NaN\n"
+        "vllm:kv_cache_usage_perc\n"
+        "   \n"
+        "vllm:kv_cache_usage_perc{} +Inf\n"
+    )
+    totals = sum_samples(text, frozenset({"vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"}))
+    assert totals == {"vllm:num_requests_waiting": 5.0, "vllm:kv_cache_usage_perc": math.inf}
+
+
+def test_an_engine_without_any_known_name_gives_no_reading() -> None:
+    assert read_engine_signals("") is None
+    assert read_engine_signals("process_cpu_seconds_total 12.5\n") is None
+    assert read_engine_signals('vllm:num_requests_running{engine="0"} 3\n') is None
+
+
+label_values = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_characters="\n\r"), max_size=12
+)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(label_values, st.integers(0, 1000)), min_size=1, max_size=8))
+def test_any_label_values_sum_to_the_total(series: list[tuple[str, int]]) -> None:
+    text = "".join(
+        f'vllm:num_requests_waiting{{engine="{n}",model_name="{_escape(name)}"}} {value}\n'
+        for n, (name, value) in enumerate(series)
+    )
+    reading = read_engine_signals(text)
+    assert reading is not None
+    assert reading.waiting == sum(value for _, value in series)

@@ -1,0 +1,50 @@
+"""Token accounting for tokens-per-minute: from a whole answer's usage, or from a stream."""
+
+from __future__ import annotations
+
+from app.gateway.usage import STREAM_TAIL_BYTES, StreamTokens, usage_of_body
+
+
+def test_a_whole_answer_reports_its_usage() -> None:
+    body = b'{"id": "x", "choices": [], "usage": {"prompt_tokens": 3, "total_tokens": 9}}'
+    assert usage_of_body(body) == 9
+
+
+def test_an_answer_without_usage_or_json_has_none() -> None:
+    assert usage_of_body(b'{"id": "x"}') is None
+    assert usage_of_body(b'{"usage": null}') is None
+    assert usage_of_body(b"not json") is None
+
+
+def chunk(content: str) -> bytes:
+    return b'data: {"choices": [{"delta": {"content": "%s"}}], "usage": null}\n\n' % (
+        content.encode()
+    )
+
+
+def test_a_stream_with_a_usage_chunk_counts_what_it_says() -> None:
+    tokens = StreamTokens()
+    for word in ["a", "b", "c"]:
+        tokens.feed(chunk(word))
+    tokens.feed(b'data: {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3, ')
+    tokens.feed(b'"total_tokens": 8}}\n\ndata: [DONE]\n\n')
+    assert tokens.total() == 8
+
+
+def test_a_stream_without_usage_counts_one_token_per_event() -> None:
+    tokens = StreamTokens()
+    for word in ["a", "b", "c", "d"]:
+        tokens.feed(chunk(word))
+    tokens.feed(b"data: [DONE]\n\n")
+    assert tokens.total() == 4
+
+
+def test_a_long_stream_keeps_only_its_tail() -> None:
+    tokens = StreamTokens()
+    for _ in range(1000):
+        tokens.feed(chunk("word"))
+    tokens.feed(b'data: {"choices": [], "usage": {"total_tokens": 1234}}\n\ndata: [DONE]\n\n')
+    assert tokens.total() == 1234
+    big = StreamTokens()
+    big.feed(chunk("x" * STREAM_TAIL_BYTES * 2))
+    assert big.total() == 1
