@@ -16,6 +16,7 @@ from litestar.status_codes import (
 )
 from litestar.types import ExceptionHandlersMap
 
+from app.domain.keys import InvalidKey, UnknownKey
 from app.domain.operations import (
     InvalidOperation,
     InvalidSpec,
@@ -34,6 +35,8 @@ PROBLEM_TABLE: tuple[tuple[type[Exception], int, str], ...] = (
     (UnknownNode, HTTP_404_NOT_FOUND, "unknown-node"),
     (UnknownReplica, HTTP_404_NOT_FOUND, "unknown-replica"),
     (UnknownDrain, HTTP_404_NOT_FOUND, "unknown-drain"),
+    (UnknownKey, HTTP_404_NOT_FOUND, "unknown-key"),
+    (InvalidKey, HTTP_422_UNPROCESSABLE_ENTITY, "invalid-key"),
     (InvalidSpec, HTTP_422_UNPROCESSABLE_ENTITY, "invalid-spec"),
     (InvalidOperation, HTTP_409_CONFLICT, "invalid-operation"),
     (ConcurrencyError, HTTP_409_CONFLICT, "conflict"),
@@ -78,7 +81,7 @@ def _details(exc: Exception) -> dict[str, Any]:
     """What a client needs besides the message: every field of an invalid spec, the id of
     an unknown thing."""
     match exc:
-        case InvalidSpec():
+        case InvalidSpec() | InvalidKey():
             return {"errors": [{"field": e.field, "reason": e.reason} for e in exc.errors]}
         case UnknownThing():
             return {"id": exc.key}

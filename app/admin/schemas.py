@@ -262,7 +262,8 @@ class ShardView(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None
     exit_code: int | None
     log_tail: list[str]
-    """The engine's last log lines, when the shard failed."""
+    """The engine's last log lines, when the shard failed or was stopped before it was
+    ever ready."""
 
 
 class ReplicaView(ReplicaSummary, frozen=True, kw_only=True):
@@ -311,3 +312,45 @@ class ReadinessView(msgspec.Struct, frozen=True, kw_only=True):
     """The names of the checks that failed, in ``checks`` order; empty when ready."""
     checks: dict[str, CheckView]
     """``database``, then ``migrations`` once the database answers."""
+
+
+# -- API keys ----------------------------------------------------------------------------
+
+
+class KeyRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    models: list[str]
+    """The models the key may use; ``["*"]`` for every model, declared now or later."""
+    rpm: int | None = None
+    """Requests per minute; null for no limit."""
+    tpm: int | None = None
+    """Tokens per minute; null for no limit."""
+
+
+class KeyView(msgspec.Struct, frozen=True, kw_only=True):
+    """A key as operators see it: never its secret, nor the secret's hash."""
+
+    id: str
+    """Its stream in the log: ``/admin/v1/history/key/{id}``."""
+    prefix: str
+    name: str
+    models: list[str]
+    """``["*"]`` when the key may use every model."""
+    rpm: int | None
+    tpm: int | None
+    created_at: datetime
+    created_by: str
+    revoked: bool
+    revoked_at: datetime | None
+    revoked_by: str | None
+
+
+class KeyCreated(KeyView, frozen=True, kw_only=True):
+    key: str
+    """The whole key, shown this once: only its hash is stored."""
+
+
+class KeyChange(msgspec.Struct, frozen=True, kw_only=True):
+    changed: bool
+    """False when the key was revoked already (nothing was recorded)."""
+    key: KeyView

@@ -4,6 +4,15 @@ A key is printed once as ``llmgw-<prefix>-<secret>``. The prefix (8 hex characte
 public: it identifies the key in lists, logs and the log. Only a SHA-256 of the whole key is
 stored; the secret is 32 random bytes, so a fast hash is enough (there is nothing to guess
 by brute force) and checking a key costs one hash and one constant-time compare.
+
+The decisions refuse with these (``OperationError`` subclasses, so the admin API maps them
+like the others)::
+
+    InvalidKey          the request breaks a rule (``errors`` has each field and why)
+    DuplicateKeyName    a live key already has that name
+    PrefixTaken         the prefix the caller drew is used already: draw another
+    AmbiguousKey        a name shared by several live keys: revoke by prefix
+    UnknownKey          no key has that prefix or name
 """
 
 from __future__ import annotations
@@ -11,6 +20,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+from collections.abc import Sequence
+
+from app.domain.events import ApiKeyCreated, ApiKeyRevoked, key_stream
+from app.domain.model_spec import SpecError
+from app.domain.operations import (
+    Change,
+    InvalidOperation,
+    OperationError,
+    UnknownThing,
+)
+from app.domain.state import ApiKey, ClusterState
 
 KEY_PREFIX = "llmgw-"
 _KEY = re.compile(r"^llmgw-([0-9a-f]{8})-([A-Za-z0-9_-]{20,})$")
@@ -33,3 +53,163 @@ def prefix_of(key: str) -> str | None:
 def key_matches(key: str, secret_hash: str) -> bool:
     """Whether ``key`` hashes to ``secret_hash``, compared in constant time."""
     return hmac.compare_digest(hash_key(key).encode(), secret_hash.encode())
+
+
+# -- decisions ---------------------------------------------------------------------------
+
+ALL_MODELS = "*"
+"""In a request's model list: every model, now and later (recorded as an empty scope)."""
+MAX_LIMIT = 2**31 - 1
+"""The largest rpm or tpm: the ``api_keys`` columns are 32-bit integers."""
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_PREFIX = re.compile(r"^[0-9a-f]{8}$")
+
+
+class InvalidKey(OperationError):
+    def __init__(self, name: str, errors: Sequence[SpecError]) -> None:
+        listed = "; ".join(f"{e.field}: {e.reason}" for e in errors)
+        super().__init__(f"API key {name!r} cannot be created ({listed}); nothing was recorded")
+        self.errors = list(errors)
+
+
+class DuplicateKeyName(InvalidOperation):
+    pass
+
+
+class PrefixTaken(InvalidOperation):
+    pass
+
+
+class AmbiguousKey(InvalidOperation):
+    pass
+
+
+class UnknownKey(UnknownThing):
+    kind = "API key (by prefix or name)"
+
+
+def create(
+    state: ClusterState,
+    *,
+    name: str,
+    models: Sequence[str],
+    rpm: int | None,
+    tpm: int | None,
+    key_id: str,
+    prefix: str,
+    secret_hash: str,
+) -> Change:
+    """Record a new key scoped to ``models`` (``["*"]``: every model). ``key_id``,
+    ``prefix`` and ``secret_hash`` are drawn by the caller; a prefix already used, even by
+    a revoked key, is refused with ``PrefixTaken`` so the caller draws again."""
+    if not _PREFIX.match(prefix):
+        raise ValueError(f"a key prefix is 8 lowercase hex characters, not {prefix!r}")
+    errors = validate_key(state, name, models, rpm, tpm)
+    if errors:
+        raise InvalidKey(name, errors)
+    same_name = [k.prefix for k in live_keys(state) if k.name == name]
+    if same_name:
+        raise DuplicateKeyName(
+            f"a live API key is already named {name!r} (prefix {same_name[0]}); revoke it "
+            "first or choose another name"
+        )
+    if key_id in state.keys or any(k.prefix == prefix for k in state.keys.values()):
+        raise PrefixTaken(f"key prefix {prefix} (id {key_id}) is taken")
+    created = ApiKeyCreated(
+        key_id=key_id,
+        name=name,
+        prefix=prefix,
+        secret_hash=secret_hash,
+        models=scope_of(models),
+        rpm=rpm,
+        tpm=tpm,
+    )
+    return Change(stream=key_stream(key_id), events=(created,))
+
+
+def validate_key(
+    state: ClusterState, name: str, models: Sequence[str], rpm: int | None, tpm: int | None
+) -> list[SpecError]:
+    """Every problem with a key request (an empty list means it may be created)."""
+    errors = []
+    if not _NAME.match(name):
+        errors.append(
+            SpecError(
+                "name",
+                "must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit",
+            )
+        )
+    elif _PREFIX.match(name):
+        errors.append(SpecError("name", "must not look like a key prefix (8 hex characters)"))
+    errors.extend(_scope_errors(state, models))
+    for field, limit in (("rpm", rpm), ("tpm", tpm)):
+        if limit is not None and not 1 <= limit <= MAX_LIMIT:
+            errors.append(SpecError(field, f"must be between 1 and {MAX_LIMIT} (or left out)"))
+    return errors
+
+
+def _scope_errors(state: ClusterState, models: Sequence[str]) -> list[SpecError]:
+    if not models:
+        return [SpecError("models", f"list at least one model, or {ALL_MODELS!r} for every model")]
+    if ALL_MODELS in models:
+        if len(set(models)) > 1:
+            return [SpecError("models", f"{ALL_MODELS!r} means every model: give it alone")]
+        return []
+    declared = sorted(n for n, m in state.models.items() if not m.removed)
+    unknown = sorted({m for m in models if m not in declared})
+    if not unknown:
+        return []
+    listed = ", ".join(declared) if declared else "none yet"
+    return [
+        SpecError(
+            "models",
+            f"{', '.join(map(repr, unknown))} {'is' if len(unknown) == 1 else 'are'} not "
+            f"declared (declared models: {listed}; {ALL_MODELS!r} for every model)",
+        )
+    ]
+
+
+def scope_of(models: Sequence[str]) -> tuple[str, ...]:
+    """The models a key is recorded with: sorted, once each; empty for every model."""
+    return () if ALL_MODELS in models else tuple(sorted(set(models)))
+
+
+def find_key(state: ClusterState, prefix_or_name: str) -> ApiKey:
+    """The key with that prefix; else the live key with that name; else, when every key of
+    that name is revoked, the one revoked last (so revoking twice is no error)."""
+    for key in state.keys.values():
+        if key.prefix == prefix_or_name:
+            return key
+    named = [k for k in state.keys.values() if k.name == prefix_or_name]
+    live = [k for k in named if k.revoked_at is None]
+    if len(live) > 1:
+        prefixes = ", ".join(sorted(k.prefix for k in live))
+        raise AmbiguousKey(
+            f"{len(live)} live API keys are named {prefix_or_name!r} (prefixes {prefixes}); "
+            "revoke one by its prefix"
+        )
+    if live:
+        return live[0]
+    if named:
+        return max(named, key=lambda k: (k.revoked_at or k.created_at, k.created_at))
+    raise UnknownKey(prefix_or_name)
+
+
+def revoke(state: ClusterState, key_id: str) -> Change:
+    """Revoke the key: nothing when it is revoked already."""
+    key = state.keys.get(key_id)
+    if key is None:
+        raise UnknownKey(key_id)
+    if key.revoked_at is not None:
+        return Change(stream=key_stream(key_id))
+    return Change(stream=key_stream(key_id), events=(ApiKeyRevoked(key_id=key_id),))
+
+
+def live_keys(state: ClusterState) -> list[ApiKey]:
+    return [k for k in state.keys.values() if k.revoked_at is None]
+
+
+def listed(state: ClusterState) -> list[ApiKey]:
+    """Every key ever created, revoked ones too, oldest first."""
+    return sorted(state.keys.values(), key=lambda k: (k.created_at, k.id))

@@ -8,22 +8,29 @@ gets a ``ConcurrencyError`` (409) instead of silently overwriting the first.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
+from typing import Any
 
+from app.domain import keys as key_decisions
 from app.domain import operations as decide
+from app.domain import tuning
 from app.domain.envelope import Meta
-from app.domain.events import model_stream, node_stream, replica_stream
-from app.domain.model_spec import ModelSpec
+from app.domain.events import key_stream, model_stream, node_stream, replica_stream
+from app.domain.model_spec import ModelSpec, RoutingSettings
 from app.domain.placement import Explanation
-from app.domain.state import ClusterState
+from app.domain.state import ApiKey, ClusterState
 from app.store.history import read_correlated
 from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore
 
 DRAIN_EVENTS_SHOWN = 1000
+PREFIX_DRAWS = 8
+"""Prefixes drawn before giving up: with 2**32 of them, a second draw is already rare."""
 
 
 def new_drain_id() -> str:
@@ -46,10 +53,21 @@ class Caller:
     request_id: str = field(default_factory=new_request_id)
 
 
+@dataclass(frozen=True)
+class NewKey:
+    key: str
+    """The whole key: returned once to whoever created it, stored and logged nowhere."""
+    record: ApiKey
+
+
 class Operations:
     def __init__(self, store: PostgresEventStore, clock: Callable[[], datetime] = _utc_now) -> None:
         self._store = store
         self._clock = clock
+        # Key names are unique among live keys, but each key is its own stream, so the
+        # stream version cannot catch two creations of one name: this process makes them
+        # one at a time instead.
+        self._key_creation = asyncio.Lock()
 
     # -- changes: each returns whether anything was recorded, or the new drain's id --------
 
@@ -92,7 +110,62 @@ class Operations:
         )
         return drain_id
 
+    async def tune(
+        self,
+        caller: Caller,
+        name: str,
+        replica_id: str | None,
+        routing: RoutingSettings,
+        summary: Mapping[str, Any],
+    ) -> bool:
+        return await self._record(
+            caller,
+            model_stream(name),
+            lambda s: tuning.tune(s, name, replica_id, routing, summary),
+        )
+
+    async def create_key(
+        self,
+        caller: Caller,
+        name: str,
+        models: Sequence[str],
+        rpm: int | None = None,
+        tpm: int | None = None,
+    ) -> NewKey:
+        secret = secrets.token_urlsafe(32)
+        async with self._key_creation:
+            for _ in range(PREFIX_DRAWS):
+                prefix = secrets.token_hex(4)
+                key, key_id = key_decisions.format_key(prefix, secret), f"k-{prefix}"
+                creation = partial(
+                    key_decisions.create,
+                    name=name,
+                    models=models,
+                    rpm=rpm,
+                    tpm=tpm,
+                    key_id=key_id,
+                    prefix=prefix,
+                    secret_hash=key_decisions.hash_key(key),
+                )
+                try:
+                    await self._record(caller, key_stream(key_id), creation)
+                except key_decisions.PrefixTaken:
+                    continue
+                return NewKey(key=key, record=(await self.current()).keys[key_id])
+        raise key_decisions.PrefixTaken(f"no free key prefix in {PREFIX_DRAWS} draws")
+
+    async def revoke_key(self, caller: Caller, prefix_or_name: str) -> tuple[bool, ApiKey]:
+        """Whether anything was recorded (not when the key was revoked already), and the key."""
+        key = key_decisions.find_key(await self._store.catch_up(), prefix_or_name)
+        changed = await self._record(
+            caller, key_stream(key.id), lambda s: key_decisions.revoke(s, key.id)
+        )
+        return changed, (await self.current()).keys[key.id]
+
     # -- questions ---------------------------------------------------------------------
+
+    async def list_keys(self) -> list[ApiKey]:
+        return key_decisions.listed(await self.current())
 
     async def current(self) -> ClusterState:
         """The cluster as of the end of the log; later appends do not change this copy."""

@@ -1,0 +1,67 @@
+"""``/admin/v1/keys``: create API keys (the key is shown once), list and revoke them."""
+
+from __future__ import annotations
+
+from litestar import Controller, delete, get, post
+from litestar.datastructures import CacheControlHeader
+from litestar.di import NamedDependency
+from litestar.params import FromPath, JSONBody
+from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED
+
+from app.admin.auth import require_actor
+from app.admin.schemas import KeyChange, KeyCreated, KeyRequest, KeyView, as_view
+from app.domain.keys import ALL_MODELS
+from app.domain.state import ApiKey
+from app.services.operations import Caller, Operations
+
+
+def key_view(key: ApiKey) -> KeyView:
+    return as_view(key, KeyView, **_shown(key))
+
+
+def _shown(key: ApiKey) -> dict[str, object]:
+    """The fields whose wire form differs from the record (the hash is dropped by
+    ``KeyView`` not declaring it)."""
+    return {"models": list(key.models) or [ALL_MODELS], "revoked": key.revoked_at is not None}
+
+
+class KeyController(Controller):
+    path = "/admin/v1/keys"
+    guards = [require_actor]
+    tags = ["keys"]
+
+    @post(
+        "/",
+        status_code=HTTP_201_CREATED,
+        cache_control=CacheControlHeader(no_store=True),
+        summary="Create an API key; the answer holds the whole key, this once",
+        description="Only a hash of the key is stored: it cannot be shown again. A name "
+        "already used by a live key is refused (409); unknown models or limits below 1 "
+        "are refused (422) with every field and reason.",
+    )
+    async def create(
+        self,
+        data: JSONBody[KeyRequest],
+        operations: NamedDependency[Operations],
+        caller: NamedDependency[Caller],
+    ) -> KeyCreated:
+        new = await operations.create_key(caller, data.name, data.models, data.rpm, data.tpm)
+        return as_view(new.record, KeyCreated, **_shown(new.record), key=new.key)
+
+    @get("/", summary="Every API key, revoked ones too, oldest first (never a secret)")
+    async def list_keys(self, operations: NamedDependency[Operations]) -> list[KeyView]:
+        return [key_view(key) for key in await operations.list_keys()]
+
+    @delete(
+        "/{prefix_or_name:str}",
+        status_code=HTTP_200_OK,
+        summary="Revoke an API key by its prefix or its name; again records nothing",
+    )
+    async def revoke(
+        self,
+        operations: NamedDependency[Operations],
+        caller: NamedDependency[Caller],
+        prefix_or_name: FromPath[str],
+    ) -> KeyChange:
+        changed, key = await operations.revoke_key(caller, prefix_or_name)
+        return KeyChange(changed=changed, key=key_view(key))

@@ -1,0 +1,295 @@
+"""Operators managing API keys at the admin API: the Litestar app served by uvicorn on a
+loopback socket in this process, over real HTTP, against a fresh PostgreSQL database per
+test. Models are declared through the API; keys are created, listed and revoked through it,
+and what was recorded is read back from the log and the ``api_keys`` projection."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest_asyncio
+import uvicorn
+
+from app.admin.app import create_admin_app
+from app.admin.auth import TokenAuthenticator
+from app.domain.events import ApiKeyCreated, ApiKeyRevoked, key_stream
+from app.domain.keys import hash_key, key_matches, prefix_of
+from app.services.operations import Caller, Operations
+from app.store.database import connection
+from app.store.postgres import PostgresEventStore
+from tests.support.waiting import wait_until
+
+ALICE_TOKEN = secrets.token_hex(16)
+BOB_TOKEN = secrets.token_hex(16)
+KEYS = "/admin/v1/keys"
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def admin_url(pg_store: PostgresEventStore) -> AsyncIterator[str]:
+    app = create_admin_app(pg_store, TokenAuthenticator({ALICE_TOKEN: "alice", BOB_TOKEN: "bob"}))
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
+    try:
+        await wait_until(lambda: server.started, within_s=10, what="admin API listening")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await serving
+        listener.close()
+
+
+@asynccontextmanager
+async def operator(url: str, token: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(
+        base_url=url, headers={"authorization": f"Bearer {token}"}
+    ) as client:
+        yield client
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def alice(admin_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with operator(admin_url, ALICE_TOKEN) as client:
+        yield client
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def bob(admin_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with operator(admin_url, BOB_TOKEN) as client:
+        yield client
+
+
+async def declare(client: httpx.AsyncClient, *names: str) -> None:
+    for name in names:
+        answer = await client.put(
+            f"/admin/v1/models/{name}", json={"command": "vllm serve {model} --port {port}"}
+        )
+        assert answer.status_code == 200, answer.text
+
+
+async def create_key(client: httpx.AsyncClient, **body: Any) -> dict[str, Any]:
+    answer = await client.post(KEYS, json=body)
+    assert answer.status_code == 201, answer.text
+    created: dict[str, Any] = answer.json()
+    return created
+
+
+async def stored_key_row(store: PostgresEventStore, key_id: str) -> dict[str, Any]:
+    async with connection(store.engine) as db:
+        row = await db.fetchrow("SELECT * FROM api_keys WHERE id = $1", key_id)
+    assert row is not None
+    return dict(row)
+
+
+async def log_text(store: PostgresEventStore) -> str:
+    """Everything the log holds, as text: events, their metadata, and the projections."""
+    async with connection(store.engine) as db:
+        events = await db.fetchval("SELECT string_agg(data::text || meta::text, ' ') FROM events")
+        keys = await db.fetchval("SELECT string_agg(api_keys::text, ' ') FROM api_keys")
+    return f"{events} {keys}"
+
+
+def problem_of(answer: httpx.Response, status: int, kind: str) -> dict[str, Any]:
+    assert answer.status_code == status, answer.text
+    assert answer.headers["content-type"].startswith("application/problem+json")
+    body: dict[str, Any] = answer.json()
+    assert body["title"] == kind
+    return body
+
+
+# -- the stories -------------------------------------------------------------------------
+
+
+async def test_a_created_key_is_shown_once_and_only_its_hash_is_recorded(
+    alice: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    await declare(alice, "llama", "qwen")
+
+    answer = await alice.post(
+        KEYS, json={"name": "ci", "models": ["qwen", "llama"], "rpm": 60, "tpm": 100_000}
+    )
+
+    assert answer.status_code == 201, answer.text
+    assert answer.headers["cache-control"] == "no-store"
+    created = answer.json()
+    key = created["key"]
+    assert re.fullmatch(r"llmgw-[0-9a-f]{8}-[A-Za-z0-9_-]{43}", key)
+    assert prefix_of(key) == created["prefix"]
+    assert created["id"] == f"k-{created['prefix']}"
+    assert {k: v for k, v in created.items() if k not in ("key", "id", "prefix", "created_at")} == {
+        "name": "ci",
+        "models": ["llama", "qwen"],
+        "rpm": 60,
+        "tpm": 100_000,
+        "created_by": "alice",
+        "revoked": False,
+        "revoked_at": None,
+        "revoked_by": None,
+    }
+    [recorded] = await pg_store.read_stream(key_stream(created["id"]))
+    assert isinstance(recorded.event, ApiKeyCreated)
+    assert recorded.meta.actor == "alice"
+    assert key_matches(key, recorded.event.secret_hash)
+    row = await stored_key_row(pg_store, created["id"])
+    assert row["secret_hash"] == hash_key(key)
+    assert row["models"] == ["llama", "qwen"]
+    secret = key.rsplit("-", 1)[1]
+    assert secret not in await log_text(pg_store)
+
+
+async def test_the_list_shows_every_key_and_who_revoked_it_but_never_a_secret_or_hash(
+    alice: httpx.AsyncClient, bob: httpx.AsyncClient
+) -> None:
+    await declare(alice, "llama")
+    ci = await create_key(alice, name="ci", models=["llama"], rpm=10)
+    everything = await create_key(alice, name="everything", models=["*"])
+    revoked = await bob.delete(f"{KEYS}/ci")
+    assert revoked.status_code == 200, revoked.text
+
+    answer = await bob.get(KEYS)
+
+    assert answer.status_code == 200, answer.text
+    listed = answer.json()
+    assert [(k["prefix"], k["name"]) for k in listed] == [
+        (ci["prefix"], "ci"),
+        (everything["prefix"], "everything"),
+    ]
+    assert listed[0]["revoked"] is True
+    assert listed[0]["revoked_by"] == "bob"
+    assert listed[0]["revoked_at"] is not None
+    assert (listed[0]["rpm"], listed[0]["tpm"]) == (10, None)
+    assert listed[1]["models"] == ["*"]
+    assert listed[1]["revoked"] is False
+    assert ci["key"] not in answer.text
+    assert everything["key"] not in answer.text
+    assert not any("hash" in field for key in listed for field in key)
+
+
+async def test_a_key_is_revoked_by_name_or_prefix_once_and_the_history_says_who(
+    alice: httpx.AsyncClient, bob: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    await declare(alice, "llama")
+    ci = await create_key(alice, name="ci", models=["llama"])
+    bot = await create_key(alice, name="bot", models=["llama"])
+
+    by_name = await bob.delete(f"{KEYS}/ci")
+    by_prefix = await bob.delete(f"{KEYS}/{bot['prefix']}")
+    again = await alice.delete(f"{KEYS}/{ci['prefix']}")
+
+    assert [a.status_code for a in (by_name, by_prefix, again)] == [200, 200, 200]
+    assert (by_name.json()["changed"], by_prefix.json()["changed"]) == (True, True)
+    assert again.json()["changed"] is False
+    assert again.json()["key"]["revoked_by"] == "bob"
+    stream = await pg_store.read_stream(key_stream(ci["id"]))
+    assert [(type(r.event), r.meta.actor) for r in stream] == [
+        (ApiKeyCreated, "alice"),
+        (ApiKeyRevoked, "bob"),
+    ]
+    row = await stored_key_row(pg_store, ci["id"])
+    assert (row["revoked_by"], row["revoked_at"] is not None) == ("bob", True)
+    history = await alice.get(f"/admin/v1/history/key/{ci['id']}")
+    assert [(e["type"], e["actor"]) for e in history.json()["events"]] == [
+        ("api_key_created", "alice"),
+        ("api_key_revoked", "bob"),
+    ]
+
+
+async def test_a_revoked_name_can_be_given_to_a_new_key(alice: httpx.AsyncClient) -> None:
+    await declare(alice, "llama")
+    first = await create_key(alice, name="ci", models=["llama"])
+    await alice.delete(f"{KEYS}/ci")
+
+    second = await create_key(alice, name="ci", models=["llama"])
+
+    assert second["prefix"] != first["prefix"]
+    assert second["key"] != first["key"]
+
+
+async def test_a_live_keys_name_is_refused_to_another_key(
+    alice: httpx.AsyncClient, bob: httpx.AsyncClient
+) -> None:
+    await declare(alice, "llama")
+    first = await create_key(alice, name="ci", models=["llama"])
+
+    answer = await bob.post(KEYS, json={"name": "ci", "models": ["*"]})
+
+    body = problem_of(answer, 409, "invalid-operation")
+    assert body["detail"] == (
+        f"a live API key is already named 'ci' (prefix {first['prefix']}); revoke it first "
+        "or choose another name"
+    )
+    assert [k["name"] for k in (await alice.get(KEYS)).json()] == ["ci"]
+
+
+async def test_bad_requests_are_refused_with_every_reason_and_record_nothing(
+    alice: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    await declare(alice, "llama")
+    position = (await pg_store.catch_up()).position
+
+    unknown = await alice.post(KEYS, json={"name": "ci", "models": ["lama"], "rpm": 0})
+    not_a_number = await alice.post(KEYS, json={"name": "ci", "models": ["llama"], "rpm": "x"})
+    no_models = await alice.post(KEYS, json={"name": "ci"})
+    unknown_field = await alice.post(KEYS, json={"name": "ci", "models": ["*"], "owner": "me"})
+
+    body = problem_of(unknown, 422, "invalid-key")
+    assert body["errors"] == [
+        {
+            "field": "models",
+            "reason": "'lama' is not declared (declared models: llama; '*' for every model)",
+        },
+        {"field": "rpm", "reason": "must be between 1 and 2147483647 (or left out)"},
+    ]
+    for answer in (not_a_number, no_models, unknown_field):
+        assert answer.status_code == 400, answer.text
+    assert "rpm" in not_a_number.text
+    assert "models" in no_models.text
+    assert "owner" in unknown_field.text
+    assert (await pg_store.catch_up()).position == position
+
+
+async def test_revoking_what_does_not_exist_is_404(alice: httpx.AsyncClient) -> None:
+    answer = await alice.delete(f"{KEYS}/nobody")
+
+    body = problem_of(answer, 404, "unknown-key")
+    assert body["detail"] == "no API key (by prefix or name) 'nobody' is known"
+    assert body["id"] == "nobody"
+
+
+async def test_without_a_token_nothing_about_keys_is_shown_or_changed(admin_url: str) -> None:
+    async with httpx.AsyncClient(base_url=admin_url) as stranger:
+        answers = [
+            await stranger.get(KEYS),
+            await stranger.post(KEYS, json={"name": "ci", "models": ["*"]}),
+            await stranger.delete(f"{KEYS}/ci"),
+        ]
+
+    assert [a.status_code for a in answers] == [401, 401, 401]
+
+
+async def test_creations_of_one_name_at_once_in_one_process_make_one_key(
+    alice: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    await declare(alice, "llama")
+    operations = Operations(pg_store)
+
+    outcomes = await asyncio.gather(
+        *(operations.create_key(Caller(actor="alice"), "ci", ["llama"]) for _ in range(3)),
+        return_exceptions=True,
+    )
+
+    assert sorted(type(o).__name__ for o in outcomes) == [
+        "DuplicateKeyName",
+        "DuplicateKeyName",
+        "NewKey",
+    ]
+    assert [k.name for k in await operations.list_keys()] == ["ci"]
