@@ -1,9 +1,10 @@
 """``llmgw-server dev``: a whole local cluster of real processes, in one command.
 
 PostgreSQL (``app.devdb``, or ``LLMGW_DATABASE_URL``), a CA with its certificates, an
-admin token, ``llmgw-server serve``, two ``llmgw-agent`` processes with fake GPUs, and a
-``demo`` model whose engines are the simulator. Everything lives in one state directory
-and is reused by the next run: the log survives, certificates and token stay the same.
+admin token, ``llmgw-server serve`` with its gateway, two ``llmgw-agent`` processes with
+fake GPUs, a ``demo`` model whose engines are the simulator, and an API key for it.
+Everything lives in one state directory and is reused by the next run: the log survives,
+certificates, token and API key stay the same (a key revoked meanwhile is replaced).
 
 Stopping. Ctrl-C or SIGTERM stops the agents (SIGTERM: they close their connections and,
 by design, leave their engines running), then kills every engine process group the
@@ -44,6 +45,7 @@ from cryptography import x509
 
 from agent.engines.records import RecordStore, is_same_process
 from app.devdb import DevDatabaseError, LocalPostgres, port_is_free
+from app.domain.keys import prefix_of
 from app.logs import configure_logging
 from app.pki import (
     CertificateAuthority,
@@ -65,6 +67,7 @@ HOST = "127.0.0.1"
 DATABASE = "llmgw"
 MODEL = "demo"
 TOKEN_NAME = "dev"
+API_KEY_NAME = "dev"
 NODES = ("dev-node-1", "dev-node-2")
 FAKE_GPUS = "2x80GB"
 ENGINE_PORTS_FROM = 21000
@@ -97,10 +100,16 @@ class DevOptions:
     admin_port: int
     agent_port: int
     replicas: int
+    client_port: int = 8080
 
     @property
     def admin_url(self) -> str:
         return f"http://{HOST}:{self.admin_port}"
+
+    @property
+    def gateway_url(self) -> str:
+        """Base URL of the OpenAI-compatible API."""
+        return f"http://{HOST}:{self.client_port}/v1"
 
     @property
     def logs(self) -> Path:
@@ -131,6 +140,7 @@ class DevCluster:
         for port, flag in (
             (options.admin_port, "--admin-port"),
             (options.agent_port, "--agent-port"),
+            (options.client_port, "--client-port"),
         ):
             if not port_is_free(port):
                 raise DevError(f"port {port} on {HOST} is in use; choose another with {flag}")
@@ -150,8 +160,14 @@ class DevCluster:
             self._wait_for(lambda: _nodes_connected(admin), "both agents to connect")
             desired = _declare_model(admin, options.replicas)
             self._wait_for(lambda: len(_serving(admin)) >= desired, f"{desired} serving replica(s)")
-            port = _replica_port(admin, _serving(admin)[0])
-        return next_steps(options, self.token, port, self._log_paths())
+            api_key = _api_key(admin, options.state_dir / "api-key")
+        if desired > 0:
+            with httpx.Client(timeout=10.0) as client:
+                self._wait_for(
+                    lambda: _answers_through_gateway(client, options, api_key),
+                    "the gateway to route to the model",
+                )
+        return next_steps(options, self.token, api_key, self._log_paths())
 
     def watch(self) -> None:
         """Until a stop is requested (returns) or a child exits by itself (DevError)."""
@@ -327,6 +343,7 @@ def _server_argv(options: DevOptions, database_url: str, pki: DevPki) -> list[st
         *("--database-url", database_url),
         *("--admin-host", HOST, "--admin-port", str(options.admin_port)),
         *("--agent-host", HOST, "--agent-port", str(options.agent_port)),
+        *("--client-host", HOST, "--client-port", str(options.client_port)),
         *("--tls-cert", str(pki.certificate("server")), "--tls-key", str(pki.key("server"))),
         *("--tls-ca", str(pki.ca)),
         *SERVER_FLAGS,
@@ -425,10 +442,39 @@ def _serving(admin: httpx.Client) -> list[str]:
     return sorted(replica["id"] for replica in replicas.json())
 
 
-def _replica_port(admin: httpx.Client, replica_id: str) -> int:
-    replica = admin.get(f"/admin/v1/replicas/{replica_id}").raise_for_status().json()
-    port: int = replica["shards"][0]["port"]
-    return port
+def _api_key(admin: httpx.Client, path: Path) -> str:
+    """The API key stored at ``path`` (mode 0600) while it is live; else a new one for the
+    demo model, created through the admin API (a live key of the same name, whose secret
+    was lost with the file, is revoked first)."""
+    keys = admin.get("/admin/v1/keys").raise_for_status().json()
+    live = {key["prefix"]: key for key in keys if not key["revoked"]}
+    if path.exists():
+        stored = path.read_text().strip()
+        if prefix_of(stored) in live:
+            return stored
+    for key in live.values():
+        if key["name"] == API_KEY_NAME:
+            admin.delete(f"/admin/v1/keys/{key['prefix']}").raise_for_status()
+    answer = admin.post("/admin/v1/keys", json={"name": API_KEY_NAME, "models": [MODEL]})
+    if answer.status_code >= 400:
+        raise DevError(f"cannot create an API key: {answer.status_code} {answer.text}")
+    created: str = answer.json()["key"]
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(created + "\n")
+    return created
+
+
+def _answers_through_gateway(client: httpx.Client, options: DevOptions, api_key: str) -> bool:
+    """Whether the gateway routes the printed request yet (it learns of the new key and the
+    serving replicas within a second)."""
+    answer = client.post(
+        f"{options.gateway_url}/chat/completions",
+        content=CHAT_BODY,
+        headers={"content-type": "application/json", "authorization": f"Bearer {api_key}"},
+    )
+    return answer.status_code == 200
 
 
 # -- what to do next ----------------------------------------------------------------------------
@@ -437,20 +483,23 @@ def _replica_port(admin: httpx.Client, replica_id: str) -> int:
 CHAT_BODY = '{"model": "demo", "messages": [{"role": "user", "content": "Hello!"}]}'
 
 
-def next_steps(options: DevOptions, token: str, engine_port: int, logs: dict[str, Path]) -> str:
+def next_steps(options: DevOptions, token: str, api_key: str, logs: dict[str, Path]) -> str:
     cli = (
         "llmgw-cli" if shutil.which("llmgw-cli") == _program("llmgw-cli") else _program("llmgw-cli")
     )
+    python = "python" if shutil.which("python") == sys.executable else sys.executable
     log_lines = "\n".join(f"  {name:<12} {path}" for name, path in logs.items())
     curl = shlex.join(
         [
             "curl",
-            f"http://{HOST}:{engine_port}/v1/chat/completions",
+            f"{options.gateway_url}/chat/completions",
+            *("-H", f"Authorization: Bearer {api_key}"),
             *("-H", "Content-Type: application/json", "-d", CHAT_BODY),
         ]
     )
     return f"""\
 llmgw dev cluster is up: state in {options.state_dir}
+  gateway      {options.gateway_url} (OpenAI-compatible; API key in {options.state_dir / "api-key"})
   admin API    {options.admin_url} (token in {options.state_dir / "admin-token"})
   agent hub    wss://{HOST}:{options.agent_port}
   nodes        {", ".join(NODES)} ({FAKE_GPUS} fake GPUs each)
@@ -462,7 +511,15 @@ Next steps, in another shell:
   export LLMGW_ADMIN_URL={options.admin_url} LLMGW_ADMIN_TOKEN={token}
   {cli} history model {MODEL}
   {curl}
-The OpenAI gateway with API keys comes later; until then, call a replica directly as above.
+Or with the openai SDK:
+{shlex.quote(python)} - <<'PY'
+from openai import OpenAI
+client = OpenAI(base_url="{options.gateway_url}", api_key="{api_key}")
+reply = client.chat.completions.create(
+    model="{MODEL}", messages=[{{"role": "user", "content": "Hello!"}}]
+)
+print(reply.choices[0].message.content)
+PY
 Press Ctrl-C to stop every process started here; the next run reuses {options.state_dir}.
 """
 
@@ -475,20 +532,22 @@ def dev_command(
     state_dir: Path = DEFAULT_STATE_DIR,
     admin_port: int = 8081,
     agent_port: int = 8443,
+    client_port: int = 8080,
     replicas: int = 2,
 ) -> None:
     """Run a whole local cluster until Ctrl-C: PostgreSQL (unless LLMGW_DATABASE_URL is
-    set), a CA and certificates, this control plane, two agents with fake GPUs, and a demo
-    model served by the engine simulator. Everything is kept in --state-dir and reused by
-    the next run; Ctrl-C stops every process it started.
+    set), a CA and certificates, this control plane with its gateway on --client-port, two
+    agents with fake GPUs, a demo model served by the engine simulator, and an API key for
+    it. Everything is kept in --state-dir and reused by the next run; Ctrl-C stops every
+    process it started.
 
-    Example: llmgw-server dev --admin-port 8081 --agent-port 8443
+    Example: llmgw-server dev --admin-port 8081 --agent-port 8443 --client-port 8080
     """
     configure_logging()
     if replicas < 0:
         print(f"error: --replicas must not be negative, not {replicas}", file=sys.stderr)
         sys.exit(1)
-    options = DevOptions(state_dir.resolve(), admin_port, agent_port, replicas)
+    options = DevOptions(state_dir.resolve(), admin_port, agent_port, replicas, client_port)
     sys.exit(run_dev(options))
 
 

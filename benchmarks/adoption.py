@@ -381,7 +381,7 @@ async def server(
         "--admin-host", "127.0.0.1", "--admin-port", str(free_port()),
         "--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(certificates.ca),
         "--heartbeat-interval", str(HEARTBEAT_INTERVAL_S),
-        "--adoption-grace", str(ADOPTION_GRACE_S),
+        "--adoption-grace", str(ADOPTION_GRACE_S), "--no-gateway",
     ]  # fmt: skip
     with log.open("wb") as output:
         process = await asyncio.create_subprocess_exec(

@@ -227,7 +227,7 @@ async def control_plane(
         "serve", "--agent-host", "127.0.0.1", "--agent-port", str(agent_port),
         "--admin-host", "127.0.0.1", "--admin-port", str(admin_port),
         "--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(certificates.ca),
-        "--heartbeat-interval", str(HEARTBEAT_INTERVAL_S),
+        "--heartbeat-interval", str(HEARTBEAT_INTERVAL_S), "--no-gateway",
     ]  # fmt: skip
     with log.open("wb") as output:
         process = await asyncio.create_subprocess_exec(

@@ -1,7 +1,9 @@
-"""What connected agents say is running right now: not in the log, observed live.
+"""What the fleet says right now: not in the log, observed live.
 
 The hub keeps one ``NodeReport`` per node that said hello to this control plane: the
-hello's shard inventory, updated by heartbeats and shard status messages."""
+hello's shard inventory, updated by heartbeats and shard status messages. Gateways report
+how many requests each replica has in flight (``in_flight``), so a replica taken out of
+routing is stopped only once it is idle."""
 
 from __future__ import annotations
 
@@ -34,3 +36,6 @@ class NodeReport(msgspec.Struct, frozen=True, kw_only=True):
 
 class FleetView(msgspec.Struct, frozen=True, kw_only=True):
     reports: dict[str, NodeReport] = {}
+    in_flight: dict[str, int] = {}
+    """Requests open on each replica, summed over the gateways that reported recently;
+    a replica no gateway reports has none."""

@@ -13,7 +13,8 @@ one pass never contradicts itself. The rules, in order:
 6. stopping replicas whose shards are gone are stopped;
 7. drains move replicas (see ``drain``);
 8. each model is brought to its desired count (placement, or stopping the newest);
-9. commands: start placed shards, stop what should not run.
+9. commands: start placed shards, stop what should not run (a replica taken out of
+   routing once gateways report nothing in flight on it, or after a timeout).
 
 Rules 2-4 and the placements of rule 8 wait for the adoption grace after a start, so a
 control plane never races its own agents.
@@ -73,7 +74,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     stray_grace_s: float = 10.0
     quiesce_s: float = 2.0
     """How long a replica out of routing keeps running before its engines are told to stop,
-    so requests already sent to it can finish (the engines then get their stop grace)."""
+    so gateways see it leave the routing table before it goes."""
+    drain_idle_timeout_s: float = 60.0
+    """How long a replica out of routing waits for the requests gateways report in flight
+    on it to finish; past this it is stopped anyway (its engines then get their stop
+    grace), so a stuck request or a gateway that reports forever cannot keep it alive."""
 
 
 def in_adoption_grace(state: ClusterState, fleet: FleetView, now: datetime, s: Settings) -> bool:
@@ -96,7 +101,7 @@ def decide(state: ClusterState, fleet: FleetView, now: datetime, settings: Setti
     _stopping_done(draft, fleet)
     drain_moves(draft, settings.stability_window_s, settings.replica_drain_grace_s)
     _scale(draft, placing=not grace)
-    _commands(draft, fleet, settings.quiesce_s)
+    _commands(draft, fleet, settings)
     return draft.decision()
 
 
@@ -305,9 +310,19 @@ def _replicas_on(state: ClusterState, node_id: str) -> list[Replica]:
     ]
 
 
-def _commands(draft: Draft, fleet: FleetView, quiesce_s: float) -> None:
+def _still_quiescing(replica: Replica, fleet: FleetView, now: datetime, s: Settings) -> bool:
+    """A stopping replica keeps running for ``quiesce_s``, then while a gateway reports a
+    request in flight on it, up to ``drain_idle_timeout_s``."""
+    if replica.stopping_since is None:
+        return False
+    waited = (now - replica.stopping_since).total_seconds()
+    if waited < s.quiesce_s:
+        return True
+    return fleet.in_flight.get(replica.id, 0) > 0 and waited < s.drain_idle_timeout_s
+
+
+def _commands(draft: Draft, fleet: FleetView, settings: Settings) -> None:
     state = draft.state
-    quiesce = timedelta(seconds=quiesce_s)
     for replica in state.replicas.values():
         model = state.models.get(replica.model)
         if replica.phase in ACTIVE_PHASES and replica.phase is not ReplicaPhase.STOPPING:
@@ -324,8 +339,8 @@ def _commands(draft: Draft, fleet: FleetView, quiesce_s: float) -> None:
                     )
                     draft.command(shard.node_id, command)
             continue
-        if replica.phase is ReplicaPhase.STOPPING and (
-            replica.stopping_since is not None and draft.now - replica.stopping_since < quiesce
+        if replica.phase is ReplicaPhase.STOPPING and _still_quiescing(
+            replica, fleet, draft.now, settings
         ):
             continue
         if replica.phase is ReplicaPhase.STOPPING or replica.phase in STOPPED_BY_PLAN:

@@ -38,6 +38,7 @@ from app.services.fleet_view import FleetViewTracker
 from app.services.leader import LeaderElection
 from app.services.reconciler import DEFAULT_INTERVAL_S, Reconciler
 from app.store.errors import FencedError
+from app.store.gateway_reports import InFlightReports
 from app.store.postgres import PostgresEventStore
 from app.store.subscription import Subscription
 
@@ -59,6 +60,7 @@ class ControlPlaneConfig:
     lost_timeout_s: float = 60.0
     stability_window_s: float = 10.0
     reconcile_interval_s: float = DEFAULT_INTERVAL_S
+    drain_idle_timeout_s: float = 60.0
 
 
 class Role(StrEnum):
@@ -121,6 +123,7 @@ class Leader:
             adoption_grace_s=self._config.adoption_grace_s,
             lost_timeout_s=self._config.lost_timeout_s,
             stability_window_s=self._config.stability_window_s,
+            drain_idle_timeout_s=self._config.drain_idle_timeout_s,
         )
         reconciler = Reconciler(
             self._store,
@@ -129,6 +132,7 @@ class Leader:
             settings,
             interval_s=self._config.reconcile_interval_s,
             clock=self._clock,
+            in_flight=InFlightReports(self._store.engine),
         )
         self.reconciler = reconciler
         port = await self.hub.start(self._config.agent_host, self._config.agent_port)

@@ -1,8 +1,10 @@
 """The reconcile loop: load, decide, append, send, again.
 
-A pass reads the log (``store.catch_up()``) and the live fleet view in step, asks
-``app.domain.reconcile.decide`` what to do, appends the events it returns and only then
-sends the commands, so no agent is ever told to run something the log does not hold.
+A pass reads the log (``store.catch_up()``) and the live fleet view in step, with what
+gateways report in flight (read just before: it only delays stopping a replica, so it need
+not be in step), asks ``app.domain.reconcile.decide`` what to do, appends the events it
+returns and only then sends the commands, so no agent is ever told to run something the
+log does not hold.
 Passes run every ``interval_s`` and at once when woken: by a change in the fleet view, by
 an append anywhere (the leader wires NOTIFY to ``wake``) and after a lost race.
 
@@ -61,6 +63,12 @@ class CommandChannel(Protocol):
     async def send_command(self, node_id: str, command: wire.AgentCommand) -> None: ...
 
 
+class InFlightSource(Protocol):
+    """What gateways report in flight: ``app.store.gateway_reports.InFlightReports``."""
+
+    async def read_in_flight(self) -> dict[str, int]: ...
+
+
 class PassReport(msgspec.Struct, frozen=True, kw_only=True):
     """One pass, for logs and metrics. ``outcome``: ``done``, ``conflict`` (a lost race,
     nothing sent) or ``store_error`` (the log could not be read or written)."""
@@ -93,6 +101,7 @@ class Reconciler:
         *,
         interval_s: float = DEFAULT_INTERVAL_S,
         clock: Callable[[], datetime] = _utc_now,
+        in_flight: InFlightSource | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"the reconcile interval must be positive, not {interval_s}")
@@ -102,6 +111,7 @@ class Reconciler:
         self.settings = settings
         self._interval_s = interval_s
         self._clock = clock
+        self._in_flight = in_flight
         self._wake = asyncio.Event()
         self._sent: dict[str, _SentSinceHello] = {}
         self.passes: deque[PassReport] = deque(maxlen=PASSES_KEPT)
@@ -140,10 +150,12 @@ class Reconciler:
         decision = Decision()
         outcome, sent = "done", 0
         try:
+            in_flight = await self._in_flight.read_in_flight() if self._in_flight else {}
             async with self._tracker.quiet():
                 state = await self._store.catch_up()
                 at = self._clock()
-                decision = decide(state, self._tracker.snapshot(), at, self.settings)
+                fleet = msgspec.structs.replace(self._tracker.snapshot(), in_flight=in_flight)
+                decision = decide(state, fleet, at, self.settings)
             await self._append(decision.events)
         except ConcurrencyError as exc:
             log.info("reconcile pass lost a race; deciding again", stream=exc.stream)

@@ -21,6 +21,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
@@ -175,6 +176,16 @@ api_keys = Table(
     Column("created_by", Text, nullable=False),
     Column("revoked_at", DateTime(timezone=True)),
     Column("revoked_by", Text),
+)
+
+gateway_reports = Table(
+    "gateway_reports",
+    metadata,
+    # Not projected from the log: live telemetry each gateway overwrites (see
+    # app/store/gateway_reports.py).
+    Column("gateway_id", Text, primary_key=True),
+    Column("in_flight", JSONB, nullable=False),
+    Column("reported_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
 )
 
 PROJECTION_TABLES = (models, nodes, replicas, shards, api_keys)

@@ -1,6 +1,7 @@
 """``llmgw-server dev`` as a newcomer runs it: one command brings up PostgreSQL, the control
-plane, two agents and a demo model; the next steps it prints work exactly as printed; Ctrl-C
-stops every process it started.
+plane with its gateway, two agents, a demo model and an API key; the next steps it prints
+(a curl through the gateway, an openai SDK snippet) work exactly as printed; Ctrl-C stops
+every process it started.
 
 The command starts its own PostgreSQL (``LLMGW_DATABASE_URL`` is removed from its
 environment), as it does on a fresh machine, so stopping that cluster is checked too. Its
@@ -44,17 +45,23 @@ class NextSteps:
     environment: dict[str, str]
     history: list[str]
     curl: list[str]
+    sdk_snippet: str
+    """The shell here-document that runs the openai SDK example."""
 
     @classmethod
     def parse(cls, text: str) -> NextSteps:
-        lines = [line.strip() for line in text.splitlines()]
+        raw = text.splitlines()
+        lines = [line.strip() for line in raw]
         export = shlex.split(next(line for line in lines if line.startswith("export ")))
         history = next(line for line in lines if "history model demo" in line)
         curl = next(line for line in lines if line.startswith("curl "))
+        start = next(i for i, line in enumerate(raw) if line.endswith("<<'PY'"))
+        end = raw.index("PY", start)
         return cls(
             environment=dict(word.split("=", 1) for word in export[1:]),
             history=shlex.split(history),
             curl=shlex.split(curl),
+            sdk_snippet="\n".join(raw[start : end + 1]) + "\n",
         )
 
     @property
@@ -85,11 +92,17 @@ def state_dir() -> Iterator[Path]:
 
 
 @pytest.fixture
-async def dev(state_dir: Path) -> AsyncIterator[asyncio.subprocess.Process]:
+def client_port() -> int:
+    return free_port()
+
+
+@pytest.fixture
+async def dev(state_dir: Path, client_port: int) -> AsyncIterator[asyncio.subprocess.Process]:
     environment = {k: v for k, v in os.environ.items() if k != "LLMGW_DATABASE_URL"}
     process = await asyncio.create_subprocess_exec(
         *(SERVER, "dev", "--state-dir", str(state_dir)),
         *("--admin-port", str(free_port()), "--agent-port", str(free_port())),
+        *("--client-port", str(client_port)),
         stdin=subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
@@ -107,17 +120,24 @@ async def dev(state_dir: Path) -> AsyncIterator[asyncio.subprocess.Process]:
 
 
 async def test_dev_prints_next_steps_that_work_and_ctrl_c_leaves_no_process(
-    dev: asyncio.subprocess.Process, state_dir: Path
+    dev: asyncio.subprocess.Process, state_dir: Path, client_port: int
 ) -> None:
     printed = await asyncio.wait_for(_read_until_next_steps(dev), START_WITHIN_S)
     steps = NextSteps.parse(printed)
 
+    assert steps.curl_url == f"http://127.0.0.1:{client_port}/v1/chat/completions"
+    assert steps.curl_headers["Authorization"].startswith("Bearer llmgw-")
     async with httpx.AsyncClient(timeout=10.0) as client:
         answer = await client.post(
             steps.curl_url, content=steps.curl_body, headers=steps.curl_headers
         )
         assert answer.status_code == 200, answer.text
         assert answer.json()["object"] == "chat.completion"
+        admin_on_client_port = await client.get(
+            f"http://127.0.0.1:{client_port}/admin/v1/nodes",
+            headers={"authorization": f"Bearer {steps.environment['LLMGW_ADMIN_TOKEN']}"},
+        )
+        assert admin_on_client_port.status_code == 404, "the admin API leaks to clients"
         engine_pids = await _engine_pids(client, steps.environment)
     assert len(engine_pids) == 2
 
@@ -131,6 +151,16 @@ async def test_dev_prints_next_steps_that_work_and_ctrl_c_leaves_no_process(
     )
     assert history.returncode == 0, history.stderr
     assert "replica_placed" in history.stdout
+
+    sdk = await asyncio.to_thread(
+        subprocess.run,
+        ["bash", "-c", steps.sdk_snippet],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert sdk.returncode == 0, sdk.stderr
+    assert sdk.stdout.strip(), "the SDK example printed no answer"
 
     dev.send_signal(signal.SIGINT)
     assert await asyncio.wait_for(dev.wait(), STOP_WITHIN_S) == 0

@@ -9,7 +9,16 @@ import asyncpg
 from app.store import migrate
 from tests.support.postgres import PostgresServer, unique_database_name
 
-TABLES = {"events", "models", "nodes", "replicas", "shards", "api_keys", "projection_checkpoints"}
+TABLES = {
+    "events",
+    "models",
+    "nodes",
+    "replicas",
+    "shards",
+    "api_keys",
+    "projection_checkpoints",
+    "gateway_reports",
+}
 VIEWS = {"audit_log", "replica_history", "node_history", "routing_table"}
 
 

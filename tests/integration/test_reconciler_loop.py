@@ -12,6 +12,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
+from datetime import timedelta
 
 import asyncpg
 import pytest
@@ -32,6 +33,7 @@ from app.domain.events import (
 from app.domain.model_spec import ModelSpec
 from app.domain.state import Replica, ReplicaPhase
 from app.fleet.messages import StopShard
+from app.gateway.source import PostgresSnapshotSource
 from app.services.control_plane import ControlPlaneConfig, Leader
 from app.services.leader import NEXT_EPOCH, LeaderElection
 from app.store.database import driver_url
@@ -258,3 +260,50 @@ async def test_a_leader_whose_epoch_was_taken_stops_leading_and_places_nothing(
     recorded = await pg_store.read_all(limit=10_000)
     assert "replica_placed" not in [event_type(r.event) for r in recorded]
     assert all(r.meta.epoch in (None, leader.epoch) for r in recorded)
+
+
+async def test_a_replica_out_of_routing_is_stopped_once_no_gateway_reports_requests_on_it(
+    leader: Leader,
+    pki: AgentPki,
+    pg_store: PostgresEventStore,
+    operator: PostgresEventStore,
+    database_url: str,
+) -> None:
+    model, node_id = f"m-{uuid.uuid4().hex[:6]}", new_node_id()
+    reconciler = leader.reconciler
+    assert reconciler is not None
+    open_requests: dict[str, int] = {}
+    gateway = PostgresSnapshotSource(database_url, gateway_id=f"gw-{node_id}")
+    gateway.report_in_flight(lambda: dict(open_requests))
+    await gateway.start()
+    try:
+        async with fake_agent(leader.hub.port, pki, node_id, gpus=1) as agent:
+            await declare(operator, model, replicas=1)
+            await wait_until(
+                lambda: [r.phase for r in replicas_of(pg_store, model)] == [ReplicaPhase.SERVING],
+                what="the replica serving",
+            )
+            [replica] = replicas_of(pg_store, model)
+            open_requests[replica.id] = 2  # a long request the gateway is still relaying
+
+            await record(
+                operator, model_stream(model), ModelScaled(model=model, replicas=0, previous=1)
+            )
+            await wait_until(
+                lambda: pg_store.state.replicas[replica.id].stopping_since is not None,
+                what="the replica out of routing",
+            )
+            stopping_since = pg_store.state.replicas[replica.id].stopping_since
+            assert stopping_since is not None
+            quiesced = stopping_since + timedelta(seconds=reconciler.settings.quiesce_s + 1)
+            await wait_until(
+                lambda: reconciler.passes[-1].at > quiesced,
+                what="passes after the quiesce time",
+            )
+            assert agent.stops() == []
+
+            open_requests.clear()
+            await wait_until(lambda: agent.stops() != [], what="the replica stopped once idle")
+            assert [s.replica_id for s in agent.stops()] == [replica.id]
+    finally:
+        await gateway.close()

@@ -61,6 +61,8 @@ class Cluster:
         self.now = T0
         self.started_at = T0
         self.reports: dict[str, NodeReport] = {}
+        self.in_flight: dict[str, int] = {}
+        """What gateways report in flight, by replica."""
 
     def given(
         self, *events: AnyEvent, epoch: int | None = EPOCH, at: datetime | None = None
@@ -137,9 +139,8 @@ class Cluster:
         self.now += timedelta(seconds=seconds)
 
     def reconcile(self, **overrides: float) -> Decision:
-        decision = decide(
-            self.state, FleetView(reports=dict(self.reports)), self.now, self.settings(**overrides)
-        )
+        fleet = FleetView(reports=dict(self.reports), in_flight=dict(self.in_flight))
+        decision = decide(self.state, fleet, self.now, self.settings(**overrides))
         for planned in decision.events:
             evolve(
                 self.state,
@@ -673,3 +674,51 @@ def test_a_stopping_replica_on_a_node_not_back_yet_is_not_taken_for_stopped() ->
 
     cluster.reports["gpu-2"] = NodeReport(node_id="gpu-2")  # back, and the engine is gone
     assert of_type(cluster.reconcile(), ReplicaStopped) == [ReplicaStopped(replica_id="llama-2")]
+
+
+# -- stopping a replica taken out of routing once it is idle ---------------------------------
+
+
+def scaled_down_while_serving(**settings: float) -> Cluster:
+    """llama-1 serves, then the model is scaled to 0: it leaves routing (stopping)."""
+    cluster = with_two_nodes_and_a_model(replicas=1)
+    cluster.reconcile()
+    cluster.serve("llama-1")
+    cluster.given(ModelScaled(model="llama", replicas=0, previous=1))
+    cluster.reconcile(**settings)
+    assert cluster.phase("llama-1") is ReplicaPhase.STOPPING
+    return cluster
+
+
+def test_a_replica_out_of_routing_keeps_running_while_a_gateway_reports_requests_on_it() -> None:
+    cluster = scaled_down_while_serving(quiesce_s=2.0)
+    cluster.in_flight = {"llama-1": 3, "llama-2": 0}
+
+    cluster.after(1)
+    assert commands(cluster.reconcile(quiesce_s=2.0)) == []  # quiescing
+    cluster.after(10)
+    assert commands(cluster.reconcile(quiesce_s=2.0)) == []  # still busy
+
+    cluster.in_flight = {}
+    assert commands(cluster.reconcile(quiesce_s=2.0)) == ["stop-llama-1-0"]
+
+
+def test_an_idle_replica_out_of_routing_is_stopped_once_the_quiesce_time_has_passed() -> None:
+    cluster = scaled_down_while_serving(quiesce_s=2.0)
+    cluster.in_flight = {"llama-1": 0, "other-1": 5}
+
+    cluster.after(1.5)
+    assert commands(cluster.reconcile(quiesce_s=2.0)) == []
+    cluster.after(0.5)
+    assert commands(cluster.reconcile(quiesce_s=2.0)) == ["stop-llama-1-0"]
+
+
+def test_requests_reported_forever_stop_holding_a_replica_after_the_idle_timeout() -> None:
+    cluster = scaled_down_while_serving(quiesce_s=2.0, drain_idle_timeout_s=60.0)
+    cluster.in_flight = {"llama-1": 1}
+
+    cluster.after(59.9)
+    assert commands(cluster.reconcile(quiesce_s=2.0, drain_idle_timeout_s=60.0)) == []
+    cluster.after(0.1)
+    decision = cluster.reconcile(quiesce_s=2.0, drain_idle_timeout_s=60.0)
+    assert commands(decision) == ["stop-llama-1-0"]

@@ -1,0 +1,93 @@
+"""A gateway that follows PostgreSQL: what ``llmgw-server gateway`` runs, and what ``serve``
+runs on its client listener.
+
+It is stateless: everything it routes by comes from the database (``PostgresSnapshotSource``)
+and the only thing it writes there is its in-flight report, so any number of them can run
+behind a load balancer. Stopping it lets open requests finish, reporting them until the
+last one ends, then removes its report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import structlog
+
+from app.gateway.server import Gateway
+from app.gateway.source import DEFAULT_REFRESH_INTERVAL_S, PostgresSnapshotSource
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_CLIENT_HOST = "127.0.0.1"
+DEFAULT_CLIENT_PORT = 8080
+
+
+@dataclass(frozen=True)
+class GatewayOptions:
+    host: str = DEFAULT_CLIENT_HOST
+    port: int = DEFAULT_CLIENT_PORT
+    gateway_id: str | None = None
+    """Its name in ``gateway_reports``; hostname-pid when not given."""
+    queue_timeout_s: float = 5.0
+    scrape_interval_s: float = 0.25
+    refresh_interval_s: float = DEFAULT_REFRESH_INTERVAL_S
+
+    def problems(self) -> list[str]:
+        """What is wrong with these options, as messages naming the command's flags."""
+        found = []
+        if not 0 <= self.port <= 65535:
+            found.append(f"--port must be between 0 and 65535, not {self.port}")
+        if self.queue_timeout_s < 0:
+            found.append(f"--queue-timeout must not be negative, not {self.queue_timeout_s}")
+        for flag, value in (
+            ("--scrape-interval", self.scrape_interval_s),
+            ("--refresh-interval", self.refresh_interval_s),
+        ):
+            if value <= 0:
+                found.append(f"{flag} must be positive, not {value}")
+        return found
+
+
+class PostgresGateway:
+    def __init__(self, database_url: str, options: GatewayOptions) -> None:
+        self.source = PostgresSnapshotSource(
+            database_url,
+            gateway_id=options.gateway_id,
+            refresh_interval_s=options.refresh_interval_s,
+        )
+        self.gateway = Gateway(
+            self.source,
+            host=options.host,
+            port=options.port,
+            queue_timeout_s=options.queue_timeout_s,
+            scrape_interval_s=options.scrape_interval_s,
+        )
+        self.source.report_in_flight(self.gateway.in_flight)
+
+    async def start(self) -> None:
+        """Read the first snapshot (or give up waiting for it after a few seconds: the
+        gateway then answers 503 until the database answers) and listen."""
+        await self.source.start()
+        if not self.source.fresh():
+            log.warning("gateway starts without a routing table", reason=self.source.stale_reason())
+        try:
+            await self.gateway.start()
+        except BaseException:
+            await self.source.close()
+            raise
+        log.info(
+            "gateway listening",
+            url=self.gateway.url,
+            gateway_id=self.source.gateway_id,
+            position=self.source.current().position,
+        )
+
+    async def serve(self) -> None:
+        """Until ``stop()`` (or uvicorn stops by itself)."""
+        await self.gateway.serve()
+
+    async def stop(self) -> None:
+        try:
+            await self.gateway.stop()
+        finally:
+            await self.source.close()

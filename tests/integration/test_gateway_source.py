@@ -1,0 +1,134 @@
+"""The gateway's snapshot source against a real PostgreSQL: what the control plane appends
+reaches the snapshot (keys within a second), and what the gateway reports in flight reaches
+the reconciler's reader."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest_asyncio
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.domain.keys import key_matches
+from app.gateway.source import PostgresSnapshotSource
+from app.gateway.table import GatewaySnapshot
+from app.services.operations import Caller, Operations
+from app.store.database import driver_url
+from app.store.gateway_reports import InFlightReports
+from app.store.postgres import PostgresEventStore
+from tests.support.routing import connect_node, declare_model, scale_to_zero, serve_replica
+from tests.support.waiting import wait_until
+
+REVOKED_WITHIN_S = 1.0
+ALICE = Caller(actor="alice")
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def source(database_url: str) -> AsyncIterator[PostgresSnapshotSource]:
+    source = PostgresSnapshotSource(database_url, gateway_id=f"gw-{secrets.token_hex(4)}")
+    await source.start()
+    assert source.fresh(), source.stale_reason()
+    yield source
+    await source.close()
+
+
+def name() -> str:
+    return f"m{secrets.token_hex(3)}"
+
+
+async def test_a_key_created_through_the_store_appears_and_revoked_disappears_within_a_second(
+    pg_store: PostgresEventStore, source: PostgresSnapshotSource
+) -> None:
+    operations = Operations(pg_store)
+    model = name()
+    await declare_model(pg_store, model)
+    created = await operations.create_key(ALICE, f"ci-{model}", [model], rpm=60)
+
+    await wait_until(
+        lambda: created.record.prefix in source.current().keys, within_s=REVOKED_WITHIN_S
+    )
+    record = source.current().keys[created.record.prefix]
+    assert key_matches(created.key, record.secret_hash)
+    assert (record.models, record.rpm, record.tpm) == (frozenset({model}), 60, None)
+    assert model in source.current().declared
+
+    await operations.revoke_key(ALICE, created.record.prefix)
+
+    await wait_until(
+        lambda: created.record.prefix not in source.current().keys,
+        within_s=REVOKED_WITHIN_S,
+        what="the revoked key gone from the snapshot",
+    )
+
+
+async def test_serving_replicas_are_routed_and_a_model_scaled_to_zero_leaves_the_table(
+    pg_store: PostgresEventStore, source: PostgresSnapshotSource
+) -> None:
+    model, other = name(), name()
+    seen: list[GatewaySnapshot] = []
+    source.subscribe(seen.append)
+    await connect_node(pg_store, "gpu-1", "127.0.0.1")
+    await connect_node(pg_store, "gpu-2", "::1")
+    await declare_model(pg_store, model, replicas=2)
+    await declare_model(pg_store, other)
+    first = await serve_replica(pg_store, model, 1, "gpu-1", 21001)
+    second = await serve_replica(pg_store, model, 2, "gpu-2", 21002)
+    kept = await serve_replica(pg_store, other, 1, "gpu-1", 21003)
+
+    await wait_until(lambda: len(source.current().routes.get(model, ())) == 2, within_s=1.0)
+    routes = source.current().routes[model]
+    assert [(r.replica_id, r.url, r.draining) for r in routes] == [
+        (first, "http://127.0.0.1:21001", False),
+        (second, "http://[::1]:21002", False),
+    ]
+    assert seen
+    assert seen[-1] is source.current()
+
+    await scale_to_zero(pg_store, model, [first, second])
+
+    await wait_until(lambda: model not in source.current().routes, within_s=1.0)
+    assert model in source.current().declared  # still declared: 503, not 404
+    assert [r.replica_id for r in source.current().routes[other]] == [kept]
+
+
+async def test_what_a_gateway_has_in_flight_reaches_the_reconciler_until_it_closes(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    counts = {"a-1": 2, "b-1": 0}
+    one = PostgresSnapshotSource(database_url, gateway_id="gw-one", report_interval_s=0.05)
+    two = PostgresSnapshotSource(database_url, gateway_id="gw-two", report_interval_s=0.05)
+    one.report_in_flight(lambda: dict(counts))
+    two.report_in_flight(lambda: {"a-1": 1})
+    reports = InFlightReports(engine)
+    await one.start()
+    await two.start()
+    try:
+
+        async def reported(expected: dict[str, int]) -> bool:
+            return await reports.read_in_flight() == expected
+
+        await wait_until(lambda: reported({"a-1": 3}), within_s=2.0, what="summed reports")
+        counts["a-1"] = 0
+        await wait_until(lambda: reported({"a-1": 1}), within_s=2.0, what="one gateway idle")
+    finally:
+        await two.close()
+    assert await reports.read_in_flight() == {}  # a closed gateway's report is removed
+    await one.close()
+
+
+async def test_reports_older_than_the_age_limit_are_ignored(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    db = await asyncpg.connect(driver_url(database_url))
+    try:
+        await db.execute(
+            "INSERT INTO gateway_reports (gateway_id, in_flight, reported_at) VALUES "
+            """('gone', '{"a-1": 4}', now() - interval '6 seconds'), """
+            """('live', '{"a-1": 1, "b-1": 2}', now())"""
+        )
+    finally:
+        await db.close()
+
+    assert await InFlightReports(engine).read_in_flight() == {"a-1": 1, "b-1": 2}

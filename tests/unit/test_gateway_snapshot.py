@@ -1,0 +1,57 @@
+"""The snapshot a gateway builds from the projection's rows."""
+
+from __future__ import annotations
+
+from app.store.gateway_snapshot import KeyRow, RouteRow, build_snapshot, engine_url
+
+
+def route(replica_id: str, model: str, address: str = "10.0.0.7", port: int = 20001) -> RouteRow:
+    return RouteRow(
+        replica_id=replica_id,
+        model=model,
+        address=address,
+        port=port,
+        weight=2.0,
+        target_waiting=3,
+        kv_ceiling=0.7,
+        draining=replica_id.endswith("-2"),
+    )
+
+
+def test_engine_urls_use_the_registered_address_with_ipv6_in_brackets() -> None:
+    assert engine_url("10.0.0.7", 20001) == "http://10.0.0.7:20001"
+    assert engine_url("gpu-7.internal", 20001) == "http://gpu-7.internal:20001"
+    assert engine_url("fd00::7", 20001) == "http://[fd00::7]:20001"
+    assert engine_url("[fd00::7]", 20001) == "http://[fd00::7]:20001"
+
+
+def test_routes_are_grouped_by_model_in_replica_order_and_keys_by_prefix() -> None:
+    keys = [
+        KeyRow(id="k-1", name="ci", prefix="0a1b2c3d", secret_hash="h", models=["llama"], rpm=60,
+               tpm=None),
+        KeyRow(id="k-2", name="all", prefix="99887766", secret_hash="g", models=[], rpm=None,
+               tpm=1000),
+    ]  # fmt: skip
+    snapshot = build_snapshot(
+        42,
+        ["llama", "qwen", "idle"],
+        [route("qwen-1", "qwen"), route("llama-2", "llama"), route("llama-1", "llama")],
+        keys,
+        at=7.5,
+    )
+
+    assert snapshot.declared == frozenset({"llama", "qwen", "idle"})
+    assert [r.replica_id for r in snapshot.routes["llama"]] == ["llama-1", "llama-2"]
+    assert [r.draining for r in snapshot.routes["llama"]] == [False, True]
+    assert "idle" not in snapshot.routes
+    first = snapshot.routes["llama"][0]
+    assert (first.url, first.weight, first.target_waiting, first.kv_ceiling) == (
+        "http://10.0.0.7:20001",
+        2.0,
+        3,
+        0.7,
+    )
+    assert snapshot.keys["0a1b2c3d"].allows("llama")
+    assert not snapshot.keys["0a1b2c3d"].allows("qwen")
+    assert snapshot.keys["99887766"].allows("qwen")  # an empty scope is every model
+    assert (snapshot.position, snapshot.loaded_at) == (42, 7.5)
