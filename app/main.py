@@ -7,8 +7,9 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 import sys
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -16,13 +17,24 @@ from typing import Annotated
 import msgspec
 import structlog
 import uvicorn
+import uvloop
 from cyclopts import App, Parameter
 
 from app.admin.app import create_admin_app
 from app.admin.auth import TokenAuthenticator, parse_tokens
+from app.admin.events import end_event_streams
 from app.admin.health import Readiness
+from app.admin.metrics import control_plane_figures
+from app.admin.tls import TlsScopeProtocol, admin_ssl_context
 from app.dev import dev_command
 from app.fleet.hub import DEFAULT_HEARTBEAT_INTERVAL_S
+from app.gateway.postgres import (
+    DEFAULT_CLIENT_HOST,
+    DEFAULT_CLIENT_PORT,
+    GatewayOptions,
+    PostgresGateway,
+)
+from app.gateway.server import GatewayFailed
 from app.logs import configure_logging
 from app.pki import TlsConfigurationError, server_ssl_context
 from app.services.control_plane import ControlPlane, ControlPlaneConfig, Outcome
@@ -46,6 +58,8 @@ HEARTBEAT_TIMEOUT_INTERVALS = 3
 EXIT_DEPOSED = 3
 """``serve`` exits with this code when it lost leadership, so a supervisor restarts it (as a
 standby) rather than treating it as a crash or a clean stop."""
+ADMIN_SHUTDOWN_GRACE_S = 3
+"""How long admin requests may go on once the server stops (event streams are cut then)."""
 
 DatabaseUrl = Annotated[
     str,
@@ -141,6 +155,24 @@ def serve(
     admin_tokens: Annotated[
         str, Parameter(env_var="LLMGW_ADMIN_TOKENS", help="NAME:TOKEN pairs, comma-separated")
     ] = "",
+    admin_tls_cert: Annotated[
+        Path | None,
+        Parameter(
+            env_var="LLMGW_ADMIN_TLS_CERT",
+            help="serve the admin API over HTTPS with this server certificate; operators may "
+            "then authenticate with an operator certificate",
+        ),
+    ] = None,
+    admin_tls_key: Annotated[
+        Path | None, Parameter(env_var="LLMGW_ADMIN_TLS_KEY", help="that certificate's key")
+    ] = None,
+    admin_ca: Annotated[
+        Path | None,
+        Parameter(
+            env_var="LLMGW_ADMIN_CA",
+            help="the CA that issues operator certificates [default: --tls-ca]",
+        ),
+    ] = None,
     agent_host: Annotated[str, Parameter(env_var="LLMGW_AGENT_HOST")] = "0.0.0.0",
     agent_port: Annotated[int, Parameter(env_var="LLMGW_AGENT_PORT")] = 8443,
     tls_cert: Annotated[
@@ -203,13 +235,42 @@ def serve(
             help="seconds between reconcile passes when nothing wakes the reconciler sooner",
         ),
     ] = 1.0,
+    client_host: Annotated[
+        str,
+        Parameter(
+            env_var="LLMGW_CLIENT_HOST",
+            help="where the OpenAI-compatible gateway listens (loopback unless set)",
+        ),
+    ] = DEFAULT_CLIENT_HOST,
+    client_port: Annotated[int, Parameter(env_var="LLMGW_CLIENT_PORT")] = DEFAULT_CLIENT_PORT,
+    gateway: Annotated[
+        bool,
+        Parameter(
+            env_var="LLMGW_GATEWAY",
+            help="serve the gateway on the client listener; --no-gateway when separate "
+            "`llmgw-server gateway` processes serve clients",
+        ),
+    ] = True,
+    drain_idle_timeout: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_DRAIN_IDLE_TIMEOUT",
+            help="seconds a replica taken out of routing waits for the requests gateways "
+            "report in flight on it before it is stopped anyway",
+        ),
+    ] = 60.0,
     log_level: Annotated[str, Parameter(env_var="LLMGW_LOG_LEVEL")] = "info",
 ) -> None:
-    """Run the control plane until SIGINT or SIGTERM: the admin API always; the agent hub
-    and the reconciler while this server is the elected leader.
+    """Run the control plane until SIGINT or SIGTERM: the admin API and the gateway (on
+    its own client listener, never serving the admin API) always; the agent hub and the
+    reconciler while this server is the elected leader.
 
     Several servers may run against one database: one leads, the others stand by and take
     over within seconds when it goes. A server that loses leadership exits with code 3.
+
+    With --admin-tls-cert and --admin-tls-key the admin API is served over HTTPS, and an
+    operator certificate from the llmgw CA (`llmgw-cli cert operator <name>`) authenticates
+    its holder, whose name then becomes the actor of what they change.
 
     Example: llmgw-server serve --tls-cert server.crt --tls-key server.key --tls-ca ca.crt
     """
@@ -233,19 +294,22 @@ def serve(
         ("--adoption-grace", adoption_grace),
         ("--lost-timeout", lost_timeout),
         ("--stability-window", stability_window),
+        ("--drain-idle-timeout", drain_idle_timeout),
     ):
         if value < 0:
             _fail(f"{flag} must not be negative, not {value}")
             return
     try:
         agent_tls = server_ssl_context(tls_cert, tls_key, tls_ca)
-    except TlsConfigurationError as exc:
+        admin_tls = _admin_tls(admin_tls_cert, admin_tls_key, admin_ca or tls_ca)
+    except (TlsConfigurationError, ValueError) as exc:
         _fail(str(exc))
         return
     settings = ServeSettings(
         database_url=database_url,
         admin_host=admin_host,
         admin_port=admin_port,
+        admin_tls=admin_tls,
         authenticator=TokenAuthenticator(tokens),
         control_plane=ControlPlaneConfig(
             server_id=server_id or f"{socket.gethostname()}:{os.getpid()}",
@@ -259,9 +323,26 @@ def serve(
             lost_timeout_s=lost_timeout,
             stability_window_s=stability_window,
             reconcile_interval_s=reconcile_interval,
+            drain_idle_timeout_s=drain_idle_timeout,
         ),
+        gateway=GatewayOptions(host=client_host, port=client_port, gateway_id=server_id or None)
+        if gateway
+        else None,
     )
+    if gateway and not 0 <= client_port <= 65535:
+        _fail(f"--client-port must be between 0 and 65535, not {client_port}")
+        return
     sys.exit(asyncio.run(_serve(settings)))
+
+
+def _admin_tls(cert: Path | None, key: Path | None, ca: Path) -> ssl.SSLContext | None:
+    """HTTPS for the admin listener when --admin-tls-cert is given, else None (plain
+    HTTP, for a loopback listener)."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise ValueError("--admin-tls-cert and --admin-tls-key go together: give both or neither")
+    return admin_ssl_context(cert, key, ca)
 
 
 @dataclass(frozen=True)
@@ -271,6 +352,9 @@ class ServeSettings:
     admin_port: int
     authenticator: TokenAuthenticator
     control_plane: ControlPlaneConfig
+    admin_tls: ssl.SSLContext | None = None
+    gateway: GatewayOptions | None = None
+    """The client listener; None: no gateway in this process."""
 
 
 class _AdminServer(uvicorn.Server):
@@ -279,6 +363,11 @@ class _AdminServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # Event streams never end by themselves; ended now, they do not hold up the stop.
+        end_event_streams(self.config.app)
+        await super().shutdown(sockets)
 
 
 async def _serve(settings: ServeSettings) -> int:
@@ -294,15 +383,27 @@ async def _serve(settings: ServeSettings) -> int:
                     store,
                     settings.authenticator,
                     Readiness(engine, role=lambda: control_plane.role),
+                    live=control_plane_figures(control_plane),
                 ),
                 host=settings.admin_host,
                 port=settings.admin_port,
                 log_config=None,
                 access_log=False,
+                # Followers of /admin/v1/events never finish their request by themselves.
+                timeout_graceful_shutdown=ADMIN_SHUTDOWN_GRACE_S,
+                http=TlsScopeProtocol,
+                ssl_context_factory=_fixed_context(settings.admin_tls),
             )
         )
-        outcome = await _run_until_signalled(admin, control_plane)
-    except (OSError, StoreError) as exc:
+        gateway = (
+            PostgresGateway(settings.database_url, settings.gateway)
+            if settings.gateway is not None
+            else None
+        )
+        if gateway is not None:
+            await gateway.start()
+        outcome = await _run_until_signalled(admin, control_plane, gateway)
+    except (OSError, StoreError, GatewayFailed) as exc:
         log.error("cannot serve", error=str(exc))
         return 1
     finally:
@@ -316,24 +417,129 @@ async def _serve(settings: ServeSettings) -> int:
     return 0
 
 
-async def _run_until_signalled(admin: uvicorn.Server, control_plane: ControlPlane) -> Outcome:
-    """Serve the admin API and run the control plane until SIGINT or SIGTERM, until the
-    control plane is deposed, or until the admin API stops by itself."""
+def _fixed_context(
+    context: ssl.SSLContext | None,
+) -> Callable[[uvicorn.Config, Callable[[], ssl.SSLContext]], ssl.SSLContext] | None:
+    if context is None:
+        return None
+    return lambda _config, _default: context
+
+
+async def _run_until_signalled(
+    admin: uvicorn.Server, control_plane: ControlPlane, gateway: PostgresGateway | None = None
+) -> Outcome:
+    """Serve the admin API (and the gateway, if any) and run the control plane until
+    SIGINT or SIGTERM, until the control plane is deposed, or until a listener stops by
+    itself."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     admin_task = asyncio.create_task(admin.serve())
     plane_task = asyncio.create_task(control_plane.run(stop))
+    tasks = {admin_task, plane_task}
+    if gateway is not None:
+        tasks.add(asyncio.create_task(gateway.serve()))
     try:
-        await asyncio.wait({admin_task, plane_task}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
         stop.set()
         admin.should_exit = True
-        await asyncio.gather(plane_task, admin_task, return_exceptions=True)
+        if gateway is not None:
+            await gateway.stop()
+        await asyncio.gather(*tasks, return_exceptions=True)
     return plane_task.result()
+
+
+@app.command(name="gateway")
+def gateway_command(
+    *,
+    database_url: DatabaseUrl,
+    host: Annotated[
+        str,
+        Parameter(
+            env_var="LLMGW_GATEWAY_HOST",
+            help="address to listen on; loopback by default, so exposing the gateway is a "
+            "choice (0.0.0.0 behind a load balancer)",
+        ),
+    ] = DEFAULT_CLIENT_HOST,
+    port: Annotated[int, Parameter(env_var="LLMGW_GATEWAY_PORT")] = DEFAULT_CLIENT_PORT,
+    gateway_id: Annotated[
+        str,
+        Parameter(
+            env_var="LLMGW_GATEWAY_ID",
+            help="this gateway's name in its in-flight reports [default: hostname-pid]",
+            show_default=False,
+        ),
+    ] = "",
+    queue_timeout: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_QUEUE_TIMEOUT",
+            help="seconds a request waits for a replica with room before it gets 429",
+        ),
+    ] = 5.0,
+    scrape_interval: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_SCRAPE_INTERVAL",
+            help="seconds between scrapes of each replica's engine metrics",
+        ),
+    ] = 0.25,
+    refresh_interval: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_REFRESH_INTERVAL",
+            help="seconds between reads of the routing table and keys when no change is "
+            "notified sooner",
+        ),
+    ] = 5.0,
+    log_level: Annotated[str, Parameter(env_var="LLMGW_LOG_LEVEL")] = "info",
+) -> None:
+    """Run the OpenAI-compatible gateway alone, stateless, against the database, until
+    SIGINT or SIGTERM. Any number may run behind a load balancer; each keeps serving from
+    its last routing table and keys while the database is away (/readyz then says 503).
+
+    Example: llmgw-server gateway --host 0.0.0.0 --port 8080
+    """
+    configure_logging(log_level)
+    options = GatewayOptions(
+        host=host,
+        port=port,
+        gateway_id=gateway_id or None,
+        queue_timeout_s=queue_timeout,
+        scrape_interval_s=scrape_interval,
+        refresh_interval_s=refresh_interval,
+    )
+    if options.problems():
+        _fail("; ".join(options.problems()))
+        return
+    sys.exit(uvloop.run(_gateway(database_url, options)))
+
+
+async def _gateway(database_url: str, options: GatewayOptions) -> int:
+    """Serve until signalled; the exit code (1 when it cannot listen or stops by itself)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    gateway = PostgresGateway(database_url, options)
+    try:
+        await gateway.start()
+    except (OSError, GatewayFailed) as exc:
+        log.error("cannot serve the gateway", host=options.host, port=options.port, error=str(exc))
+        return 1
+    serving = asyncio.create_task(gateway.serve())
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        await gateway.stop()
+        await asyncio.gather(serving, stopping, return_exceptions=True)
+    return 0 if stop.is_set() else 1
 
 
 app.command(dev_command, name="dev")

@@ -12,12 +12,16 @@ from litestar.openapi import OpenAPIConfig
 
 from app.admin.auth import ACTOR_KEY, TokenAuthenticator
 from app.admin.errors import EXCEPTION_HANDLERS
+from app.admin.events import EventsController
 from app.admin.health import Readiness, healthz, readyz
 from app.admin.history import HistoryController
+from app.admin.keys import KeyController
+from app.admin.metrics import ClusterMetrics, LiveSource, metrics
 from app.admin.models import ModelController
 from app.admin.nodes import DrainController, NodeController
 from app.admin.placement import PlacementController
 from app.admin.replicas import ReplicaController
+from app.admin.tuning import TuningController
 from app.services.operations import Caller, Operations, new_request_id
 from app.store.postgres import PostgresEventStore
 
@@ -37,11 +41,13 @@ def create_admin_app(
     store: PostgresEventStore,
     authenticator: TokenAuthenticator,
     readiness: Readiness | None = None,
+    live: LiveSource | None = None,
 ) -> Litestar:
     """The admin API over ``store``. ``readiness`` defaults to checking the store's database
-    with no control plane role to report."""
+    with no control plane role to report; ``live`` gives ``/metrics`` the leader's figures."""
     operations = Operations(store)
     checks = readiness or Readiness(store.engine)
+    cluster_metrics = ClusterMetrics(store, live)
 
     async def provide_store() -> PostgresEventStore:
         return store
@@ -52,21 +58,29 @@ def create_admin_app(
     async def provide_readiness() -> Readiness:
         return checks
 
+    async def provide_metrics() -> ClusterMetrics:
+        return cluster_metrics
+
     return Litestar(
         route_handlers=[
+            EventsController,
             HistoryController,
+            KeyController,
             ModelController,
             PlacementController,
             NodeController,
             DrainController,
             ReplicaController,
+            TuningController,
             healthz,
             readyz,
+            metrics,
         ],
         dependencies={
             "store": Provide(provide_store),
             "operations": Provide(provide_operations),
             "readiness": Provide(provide_readiness),
+            "cluster_metrics": Provide(provide_metrics),
             "caller": Provide(provide_caller, sync_to_thread=False),
         },
         state=State({"authenticator": authenticator}),

@@ -1,20 +1,38 @@
 """Who is calling the admin API. Every request needs an identity; it becomes the actor of
 every event the request causes.
 
-Tokens for automation are configured as ``name:token`` pairs; the token is compared in
-constant time and its name is the actor.
+Two kinds of identity are accepted:
+
+- an operator certificate from the llmgw CA (``llmgw-cli cert operator <name>``), presented
+  in the TLS handshake of an HTTPS admin listener: its common name is the actor. A
+  certificate of any other kind (a node's, most importantly) is refused outright, even
+  with a valid token beside it: a client that presents the wrong certificate is
+  misconfigured, and saying so beats guessing.
+- a token for automation, configured as ``name:token`` pairs: compared in constant time,
+  its name is the actor. It is consulted only when no certificate was presented.
+
+``/healthz``, ``/readyz`` and ``/metrics`` carry no guard: probes and scrapers read them.
 """
 
 from __future__ import annotations
 
+import functools
 import hmac
+from collections.abc import Mapping
 from typing import Any
 
+import structlog
+from cryptography import x509
 from litestar.connection import ASGIConnection
-from litestar.exceptions import NotAuthorizedException
+from litestar.exceptions import NotAuthorizedException, PermissionDeniedException
 from litestar.handlers.base import BaseRouteHandler
 
+from app.admin.tls import TLS_EXTENSION
+from app.pki import CertificateKind, CertificateRejected, PeerIdentity, peer_identity
+
 ACTOR_KEY = "llmgw_actor"
+
+log = structlog.get_logger(__name__)
 
 
 def parse_tokens(spec: str) -> dict[str, str]:
@@ -46,13 +64,44 @@ class TokenAuthenticator:
         return actor
 
 
+def operator_for(scope: Mapping[str, Any]) -> str | None:
+    """The operator named by the client certificate of the request's TLS connection; None
+    when none was presented. Raises ``PermissionDeniedException`` for a certificate that
+    is not an operator's."""
+    tls = scope.get("extensions", {}).get(TLS_EXTENSION)
+    chain = tls.get("client_cert_chain") if isinstance(tls, Mapping) else None
+    if not chain:
+        return None
+    try:
+        return _operator_identity(chain[0]).common_name
+    except CertificateRejected as exc:
+        log.warning("admin.certificate_refused", reason=str(exc))
+        raise PermissionDeniedException(
+            f"{exc}; issue one with `llmgw-cli cert operator <name>`"
+        ) from exc
+
+
+@functools.lru_cache(maxsize=256)
+def _operator_identity(pem: str) -> PeerIdentity:
+    # Parsed once per certificate, not once per request of a keep-alive connection.
+    try:
+        certificate = x509.load_pem_x509_certificate(pem.encode())
+    except ValueError as exc:
+        raise CertificateRejected(f"the client certificate cannot be parsed: {exc}") from exc
+    return peer_identity(certificate, expect=CertificateKind.OPERATOR)
+
+
 def require_actor(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
     """Guard: a request without a valid identity is refused before any handler runs."""
-    authenticator: TokenAuthenticator = connection.app.state.authenticator
-    actor = authenticator.actor_for(connection.headers.get("authorization"))
+    actor = operator_for(connection.scope)
+    if actor is None:
+        authenticator: TokenAuthenticator = connection.app.state.authenticator
+        actor = authenticator.actor_for(connection.headers.get("authorization"))
     if actor is None:
         raise NotAuthorizedException(
-            "authentication required: send 'Authorization: Bearer <admin token>' "
-            "(llmgw-cli reads it from LLMGW_ADMIN_TOKEN)"
+            "authentication required: present an operator certificate over HTTPS "
+            "(`llmgw-cli cert operator <name>`; llmgw-cli reads LLMGW_ADMIN_CERT and "
+            "LLMGW_ADMIN_KEY) or send 'Authorization: Bearer <admin token>' "
+            "(llmgw-cli reads LLMGW_ADMIN_TOKEN)"
         )
     connection.scope["state"][ACTOR_KEY] = actor

@@ -33,6 +33,10 @@ def event_view(recorded: Recorded) -> EventView:
     )
 
 
+MAX_POSITION = 2**63 - 1
+"""The largest log position (a bigint); a larger ``after`` is refused, not sent to SQL."""
+
+
 class HistoryController(Controller):
     path = "/admin/v1/history"
     guards = [require_actor]
@@ -45,7 +49,8 @@ class HistoryController(Controller):
         subject: FromPath[Subject],
         key: FromPath[str],
         after: Annotated[
-            int, QueryParameter(ge=0, description="read events after this position")
+            int,
+            QueryParameter(ge=0, le=MAX_POSITION, description="read events after this position"),
         ] = 0,
         limit: Annotated[int, QueryParameter(ge=1, le=5000)] = 500,
     ) -> HistoryPage:

@@ -13,6 +13,8 @@ import msgspec
 
 NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 ENGINES = ("vllm", "sglang", "openai")
+MAX_TARGET_WAITING = 100_000
+"""Far above any engine's queue; the bound keeps the value inside the tables' integer."""
 COMMAND_PLACEHOLDERS = frozenset(
     {"model", "port", "host", "gpus", "gpu_count", "rank", "world_size", "peers", "leader"}
 )
@@ -82,7 +84,11 @@ def validate_spec(spec: ModelSpec) -> list[SpecError]:
     need(spec.stop_grace_s >= 0, "stop_grace_s", "must not be negative")
     need(spec.max_moves >= 1, "max_moves", "must be at least 1")
     need(spec.routing.weight > 0, "routing.weight", "must be positive")
-    need(spec.routing.target_waiting >= 1, "routing.target_waiting", "must be at least 1")
+    need(
+        1 <= spec.routing.target_waiting <= MAX_TARGET_WAITING,
+        "routing.target_waiting",
+        f"must be between 1 and {MAX_TARGET_WAITING}",
+    )
     need(0 < spec.routing.kv_ceiling <= 1, "routing.kv_ceiling", "must be in (0, 1]")
     return errors
 

@@ -41,7 +41,7 @@ from app.domain.events import (
     node_stream,
     replica_stream,
 )
-from app.domain.model_spec import ModelSpec, SpecError, validate_spec
+from app.domain.model_spec import ModelSpec, RoutingSettings, SpecError, validate_spec
 from app.domain.placement import Explanation, explain_placement
 from app.domain.state import ACTIVE_PHASES, ClusterState, Model, Node, Replica, ReplicaPhase
 
@@ -99,11 +99,17 @@ class Change(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def apply_model(state: ClusterState, spec: ModelSpec) -> Change:
-    """Declare ``spec``: nothing when the model is already declared exactly so."""
+    """Declare ``spec``: nothing when the model is already declared exactly so.
+
+    A spec that says nothing about routing (the defaults) keeps the routing the model has:
+    re-applying the file a model was declared from must not undo what ``bench`` measured
+    and recorded as ``ModelTuned``. Routing written in the spec replaces it."""
     errors = validate_spec(spec)
     if errors:
         raise InvalidSpec(spec.name, errors)
     known = state.models.get(spec.name)
+    if known is not None and not known.removed and spec.routing == RoutingSettings():
+        spec = replace(spec, routing=known.spec.routing)
     if known is not None and not known.removed and known.spec == spec:
         return Change(stream=model_stream(spec.name))
     return Change(

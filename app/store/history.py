@@ -33,9 +33,15 @@ class Subject(StrEnum):
                 return "stream = 'key-' || $1"
 
 
+_NUL = "\x00"
+"""PostgreSQL text cannot hold it, so no stored id has one (and a query with it fails)."""
+
+
 async def read_history(
     engine: AsyncEngine, subject: Subject, key: str, after: int = 0, limit: int = 500
 ) -> list[Recorded]:
+    if _NUL in key:
+        return []
     query = (
         f"SELECT {RECORDED_COLUMNS} FROM events WHERE {subject.condition} "
         "AND position > $2 ORDER BY position LIMIT $3"
@@ -49,6 +55,8 @@ async def read_correlated(
     engine: AsyncEngine, correlation_id: str, limit: int = 1000
 ) -> list[Recorded]:
     """Every step of one operation (a drain, say), in order."""
+    if _NUL in correlation_id:
+        return []
     query = (
         f"SELECT {RECORDED_COLUMNS} FROM events WHERE correlation_id = $1 "
         "ORDER BY position LIMIT $2"

@@ -154,6 +154,7 @@ def running_server(
                 LOOPBACK,
                 "--agent-port",
                 str(free_port()),
+                "--no-gateway",
                 "--tls-cert",
                 str(pki / "server.crt"),
                 "--tls-key",

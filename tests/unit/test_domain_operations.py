@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import msgspec
 import pytest
 
 from app.domain import operations as ops
@@ -20,6 +21,7 @@ from app.domain.events import (
     ModelDeclared,
     ModelRemoved,
     ModelScaled,
+    ModelTuned,
     ModelUnplaceable,
     NodeConnected,
     NodeCordoned,
@@ -140,6 +142,25 @@ def test_a_changed_spec_is_declared_again_and_its_replica_count_comes_with_it() 
     change = ops.apply_model(given(ModelDeclared(model="llama", spec=LLAMA)), changed)
 
     assert change.events == (ModelDeclared(model="llama", spec=changed),)
+
+
+def test_re_applying_a_spec_without_routing_keeps_the_measured_routing() -> None:
+    tuned = ModelTuned(model="llama", weight=7.5, target_waiting=12, kv_ceiling=0.9)
+    state = given(ModelDeclared(model="llama", spec=LLAMA), tuned)
+
+    assert ops.apply_model(state, LLAMA).events == ()
+    rescaled = ops.apply_model(state, msgspec.structs.replace(LLAMA, replicas=4))
+    declared = rescaled.events[0]
+    assert isinstance(declared, ModelDeclared)
+    assert declared.spec.routing == RoutingSettings(weight=7.5, target_waiting=12, kv_ceiling=0.9)
+
+
+def test_routing_written_in_a_spec_replaces_the_measured_routing() -> None:
+    tuned = ModelTuned(model="llama", weight=7.5, target_waiting=12, kv_ceiling=0.9)
+    state = given(ModelDeclared(model="llama", spec=LLAMA), tuned)
+    written = msgspec.structs.replace(LLAMA, routing=RoutingSettings(target_waiting=3))
+
+    assert ops.apply_model(state, written).events == (ModelDeclared(model="llama", spec=written),)
 
 
 def test_a_removed_model_is_declared_again_by_applying_its_spec() -> None:

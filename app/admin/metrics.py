@@ -1,0 +1,235 @@
+"""``/metrics``: the cluster in Prometheus text, read where each figure lives at scrape time.
+
+Served without authentication on the admin listener, like ``/healthz``: scrapers are rarely
+given client certificates, and nothing here is secret or writable (counts, model names,
+phases and placement reasons; never a key, a token, a spec or an address). An operator who
+wants it closed puts the admin listener behind the network policy that already guards it.
+
+Figures come from three places, none of them counters sprinkled through the code:
+
+- the log's fold (the store's in-memory state, the same fold the projection tables hold):
+  replicas by model and phase, nodes by connection, drains in progress, and, for each model
+  that cannot place a replica, the nodes rejected for each reason;
+- the ``events`` table: events appended by type, counted incrementally by position (appends
+  are serialized, so no event can appear later below a position already counted);
+- the leader's live parts (``LiveFigures``): agents connected to this server's hub and the
+  reconciler's recent passes. A standby reports no leader and no agents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from litestar import Response, get
+from litestar.di import NamedDependency
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from app.domain.allocation import Allocations
+from app.domain.placement import Rejection, explain_placement
+from app.domain.state import ACTIVE_PHASES, ClusterState, ReplicaPhase
+from app.services.control_plane import ControlPlane, Role
+from app.store.database import connection
+from app.store.postgres import PostgresEventStore
+
+QUANTILES = (0.5, 0.9, 0.99, 1.0)
+MEDIA_TYPE = "text/plain; version=0.0.4"
+"""The classic text format every Prometheus reads (Litestar adds the charset)."""
+COUNTING_PHASES = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING, ReplicaPhase.SERVING})
+
+
+@dataclass(frozen=True)
+class LiveFigures:
+    """What only the leading server knows: its agent connections and reconcile passes."""
+
+    agents_connected: int
+    reconcile_passes: int
+    recent_pass_durations_s: Sequence[float]
+
+
+LiveSource = Callable[[], LiveFigures | None]
+"""The leader's figures now; None while this server does not lead."""
+
+
+def control_plane_figures(control_plane: ControlPlane) -> LiveSource:
+    def read() -> LiveFigures | None:
+        leader = control_plane.leader
+        if control_plane.role is not Role.LEADER or leader is None:
+            return None
+        reconciler = leader.reconciler
+        return LiveFigures(
+            agents_connected=len(leader.hub.connected_nodes()),
+            reconcile_passes=reconciler.pass_count if reconciler else 0,
+            recent_pass_durations_s=[p.duration_s for p in reconciler.passes] if reconciler else [],
+        )
+
+    return read
+
+
+class EventCounts:
+    """Events in the log by type, read incrementally: each scrape counts only new ones."""
+
+    def __init__(self, store: PostgresEventStore) -> None:
+        self._store = store
+        self._lock = asyncio.Lock()
+        self.by_type: Counter[str] = Counter()
+        self.position = 0
+
+    async def refresh(self) -> None:
+        async with self._lock, connection(self._store.engine) as db:
+            rows = await db.fetch(
+                "SELECT type, count(*) AS n, max(position) AS last FROM events "
+                "WHERE position > $1 GROUP BY type",
+                self.position,
+            )
+            for row in rows:
+                self.by_type[row["type"]] += row["n"]
+                self.position = max(self.position, row["last"])
+
+
+class ClusterCollector(Collector):
+    """Yields the families from the current fold, event counts and live figures."""
+
+    def __init__(self, store: PostgresEventStore, counts: EventCounts, live: LiveSource) -> None:
+        self._store = store
+        self._counts = counts
+        self._live = live
+
+    def collect(self) -> Iterator[Metric]:
+        yield from live_families(self._live())
+        yield event_family(self._counts)
+        yield from fold_families(self._store.state)
+
+
+class ClusterMetrics:
+    """The ``/metrics`` page: its own registry, nothing global."""
+
+    def __init__(self, store: PostgresEventStore, live: LiveSource | None = None) -> None:
+        self._store = store
+        self._counts = EventCounts(store)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(ClusterCollector(store, self._counts, live or (lambda: None)))
+
+    async def render(self) -> bytes:
+        await self._store.catch_up()
+        await self._counts.refresh()
+        # Synchronous from here: the fold cannot move while the page is written.
+        return generate_latest(self.registry)
+
+
+def live_families(figures: LiveFigures | None) -> Iterator[Metric]:
+    leading = GaugeMetricFamily("llmgw_leader", "1 while this server leads the cluster")
+    leading.add_metric([], 1 if figures is not None else 0)
+    yield leading
+    agents = GaugeMetricFamily(
+        "llmgw_agents_connected", "Agents connected to this server's hub (0 on a standby)"
+    )
+    agents.add_metric([], figures.agents_connected if figures else 0)
+    yield agents
+    passes = CounterMetricFamily(
+        "llmgw_reconcile_passes", "Reconcile passes since this server began leading"
+    )
+    passes.add_metric([], figures.reconcile_passes if figures else 0)
+    yield passes
+    durations = sorted(figures.recent_pass_durations_s) if figures else []
+    recent = GaugeMetricFamily(
+        "llmgw_reconcile_pass_duration_seconds",
+        f"Reconcile pass duration over the last {len(durations)} passes, by quantile "
+        "(1 is the slowest)",
+        labels=["quantile"],
+    )
+    for q in QUANTILES if durations else ():
+        recent.add_metric([f"{q:g}"], durations[min(len(durations) - 1, int(q * len(durations)))])
+    yield recent
+
+
+def event_family(counts: EventCounts) -> Metric:
+    family = CounterMetricFamily(
+        "llmgw_events", "Events appended to the log, by type", labels=["type"]
+    )
+    for event_type, n in sorted(counts.by_type.items()):
+        family.add_metric([event_type], n)
+    return family
+
+
+def fold_families(state: ClusterState) -> Iterator[Metric]:
+    yield replica_family(state)
+    nodes = GaugeMetricFamily("llmgw_nodes", "Nodes the log knows, by connection", labels=["state"])
+    by_state = Counter(
+        "lost" if n.lost else "connected" if n.connected else "disconnected"
+        for n in state.nodes.values()
+    )
+    for name in ("connected", "disconnected", "lost"):
+        nodes.add_metric([name], by_state[name])
+    yield nodes
+    drains = GaugeMetricFamily("llmgw_drains_in_progress", "Drains of nodes or replicas not done")
+    drains.add_metric([], len(drains_in_progress(state)))
+    yield drains
+    yield from placement_families(state)
+
+
+def replica_family(state: ClusterState) -> Metric:
+    family = GaugeMetricFamily(
+        "llmgw_replicas",
+        "Replicas by model and phase, ended ones included",
+        labels=["model", "phase"],
+    )
+    by_model_phase = Counter((r.model, r.phase) for r in state.replicas.values())
+    active_models = {r.model for r in state.replicas.values() if r.phase in ACTIVE_PHASES}
+    shown = sorted(
+        name for name, m in state.models.items() if not m.removed or name in active_models
+    )
+    for model in shown:
+        for phase in ReplicaPhase:
+            family.add_metric([model, phase.value], by_model_phase[(model, phase)])
+    return family
+
+
+def drains_in_progress(state: ClusterState) -> set[str]:
+    """Drain ids of draining nodes, and of single replicas still draining."""
+    node_drains = {n.drain_id for n in state.nodes.values() if n.drain_id is not None}
+    replica_drains = {
+        r.drain_id
+        for r in state.replicas.values()
+        if r.drain_id is not None and r.phase is ReplicaPhase.DRAINING
+    }
+    return node_drains | replica_drains
+
+
+def placement_families(state: ClusterState) -> Iterator[Metric]:
+    stuck = GaugeMetricFamily(
+        "llmgw_models_unplaceable", "Models below their count that no node can take a replica of"
+    )
+    rejections = GaugeMetricFamily(
+        "llmgw_placement_rejections",
+        "For each model that cannot place a replica, the nodes rejected for each reason",
+        labels=["model", "reason"],
+    )
+    unplaceable = _unplaceable_models(state)
+    allocations = Allocations.from_state(state)
+    for name in unplaceable:
+        explanation = explain_placement(state, state.models[name].spec, allocations, detail=False)
+        counts = Counter(r for c in explanation.candidates for r in c.rejections)
+        for reason in Rejection:
+            rejections.add_metric([name, reason.value], counts[reason])
+    stuck.add_metric([], len(unplaceable))
+    yield stuck
+    yield rejections
+
+
+def _unplaceable_models(state: ClusterState) -> list[str]:
+    counting = Counter(r.model for r in state.replicas.values() if r.phase in COUNTING_PHASES)
+    return sorted(
+        name
+        for name, model in state.models.items()
+        if model.unplaceable_reason is not None and counting[name] < model.desired
+    )
+
+
+@get("/metrics", include_in_schema=False, media_type=MEDIA_TYPE)
+async def metrics(cluster_metrics: NamedDependency[ClusterMetrics]) -> Response[bytes]:
+    return Response(await cluster_metrics.render(), media_type=MEDIA_TYPE)

@@ -1,0 +1,158 @@
+"""``/metrics`` read by a scraper: the admin API over a fresh PostgreSQL database, the
+cluster seeded as agents, the reconciler and operators would have recorded it."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest_asyncio
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.admin.metrics import LiveFigures
+from app.domain.events import (
+    ModelUnplaceable,
+    NodeCordoned,
+    NodeDisconnected,
+    NodeDrainRequested,
+    ReplicaDrainStarted,
+    ReplicaPlaced,
+    ReplicaServing,
+    ShardPlacement,
+)
+from app.store.database import connection
+from app.store.postgres import PostgresEventStore
+from tests.support.admin_server import record, seed_node, serving_admin
+
+TOKEN = secrets.token_hex(16)
+LEADER = LiveFigures(
+    agents_connected=2, reconcile_passes=41, recent_pass_durations_s=[0.004, 0.002, 0.009]
+)
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def admin(pg_store: PostgresEventStore) -> AsyncIterator[httpx.AsyncClient]:
+    async with (
+        serving_admin(pg_store, tokens={TOKEN: "alice"}, live=lambda: LEADER) as url,
+        httpx.AsyncClient(base_url=url, headers={"authorization": f"Bearer {TOKEN}"}) as client,
+    ):
+        yield client
+
+
+async def scrape(admin: httpx.AsyncClient) -> Samples:
+    page = await admin.get("/metrics", headers={"authorization": ""})
+    assert page.status_code == 200, page.text
+    assert page.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(page.text)
+        for sample in family.samples
+    }
+
+
+def placed(replica_id: str, node_id: str, gpu: int) -> ReplicaPlaced:
+    model, number = replica_id.rsplit("-", 1)
+    shard = ShardPlacement(index=0, node_id=node_id, gpus=(gpu,), port=20000 + gpu)
+    return ReplicaPlaced(replica_id=replica_id, model=model, number=int(number), shards=(shard,))
+
+
+async def stored_counts(store: PostgresEventStore) -> dict[str, int]:
+    async with connection(store.engine) as db:
+        rows = await db.fetch("SELECT type, count(*) AS n FROM events GROUP BY type")
+    return {row["type"]: row["n"] for row in rows}
+
+
+async def test_a_scrape_reads_the_cluster_as_the_log_and_the_leader_have_it(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    # Given a model of three replicas with one serving, one placed, and no room for a third:
+    # its only connected node is draining and full, the other node is gone.
+    busy, gone = f"gpu-{secrets.token_hex(3)}", f"gpu-{secrets.token_hex(3)}"
+    await seed_node(pg_store, busy)
+    await seed_node(pg_store, gone)
+    await record(pg_store, f"agent:{gone}", NodeDisconnected(node_id=gone, reason="closed"))
+    spec = {"command": "vllm serve {model} --port {port}", "replicas": 3}
+    assert (await admin.put("/admin/v1/models/llama", json=spec)).status_code == 200
+    await record(
+        pg_store,
+        "reconciler",
+        placed("llama-1", busy, 0),
+        ReplicaServing(replica_id="llama-1"),
+        placed("llama-2", busy, 1),
+        ModelUnplaceable(model="llama", reason="needs 1 node(s) ...", missing_replicas=1),
+    )
+    drain = NodeDrainRequested(node_id=busy, drain_id="drain-a", grace_s=60)
+    await record(pg_store, "alice", drain)
+    await record(
+        pg_store,
+        "reconciler",
+        ReplicaDrainStarted(replica_id="llama-1", drain_id="drain-b", reason="drain requested"),
+    )
+
+    samples = await scrape(admin)
+
+    assert samples[("llmgw_leader", ())] == 1
+    assert samples[("llmgw_agents_connected", ())] == 2
+    assert samples[("llmgw_reconcile_passes_total", ())] == 41
+    assert samples[("llmgw_reconcile_pass_duration_seconds", (("quantile", "1"),))] == 0.009
+    assert samples[("llmgw_reconcile_pass_duration_seconds", (("quantile", "0.5"),))] == 0.004
+    replicas = {
+        labels[1][1]: value
+        for (name, labels), value in samples.items()
+        if name == "llmgw_replicas" and labels[0] == ("model", "llama")
+    }
+    assert replicas["draining"] == 1
+    assert replicas["placed"] == 1
+    assert replicas["serving"] == 0
+    assert replicas["stopped"] == 0
+    assert samples[("llmgw_nodes", (("state", "connected"),))] == 1
+    assert samples[("llmgw_nodes", (("state", "disconnected"),))] == 1
+    assert samples[("llmgw_drains_in_progress", ())] == 2
+    assert samples[("llmgw_models_unplaceable", ())] == 1
+    rejections = {
+        dict(labels)["reason"]: value
+        for (name, labels), value in samples.items()
+        if name == "llmgw_placement_rejections" and dict(labels)["model"] == "llama"
+    }
+    assert rejections["not connected"] == 1
+    assert rejections["draining"] == 1
+    assert rejections["not enough healthy free GPUs"] == 1
+    assert rejections["cordoned"] == 0
+    appended = {
+        dict(labels)["type"]: value
+        for (name, labels), value in samples.items()
+        if name == "llmgw_events_total"
+    }
+    assert appended == await stored_counts(pg_store)
+
+
+async def test_events_are_counted_once_across_scrapes(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    node_id = f"gpu-{secrets.token_hex(3)}"
+    await seed_node(pg_store, node_id)
+    first = await scrape(admin)
+
+    await record(pg_store, "alice", NodeCordoned(node_id=node_id, reason="maintenance"))
+    second = await scrape(admin)
+    third = await scrape(admin)
+
+    cordoned = ("llmgw_events_total", (("type", "node_cordoned"),))
+    connected = ("llmgw_events_total", (("type", "node_connected"),))
+    assert (first.get(cordoned), second[cordoned], third[cordoned]) == (None, 1, 1)
+    assert first[connected] == second[connected] == third[connected] == 1
+
+
+async def test_a_standby_reports_no_leader_and_no_agents(pg_store: PostgresEventStore) -> None:
+    async with (
+        serving_admin(pg_store) as url,
+        httpx.AsyncClient(base_url=url) as scraper,
+    ):
+        samples = await scrape(scraper)
+
+    assert samples[("llmgw_leader", ())] == 0
+    assert samples[("llmgw_agents_connected", ())] == 0
+    assert samples[("llmgw_reconcile_passes_total", ())] == 0

@@ -1,0 +1,180 @@
+"""Operators identified by their certificates: the admin API over HTTPS with the llmgw CA,
+real TLS handshakes on a loopback socket, against a fresh PostgreSQL database per test."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import ssl
+import threading
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from app.admin.tls import tls_extension
+from app.store.postgres import PostgresEventStore
+from tests.support.admin_server import (
+    Pki,
+    last_position,
+    seed_node,
+    serving_admin,
+    write_pki,
+)
+
+TOKEN = secrets.token_hex(16)
+AUTOMATION = "ci"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    suffix = secrets.token_hex(3)
+    return write_pki(tmp_path_factory.mktemp("pki"), f"alice-{suffix}", f"gpu-{suffix}")
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def https_url(pg_store: PostgresEventStore, pki: Pki) -> AsyncIterator[str]:
+    async with serving_admin(pg_store, tokens={TOKEN: AUTOMATION}, tls=pki.server_context()) as url:
+        yield url
+
+
+def client(url: str, pki: Pki, stem: str | None, token: str | None = None) -> httpx.AsyncClient:
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    return httpx.AsyncClient(base_url=url, verify=pki.client_context(stem), headers=headers)
+
+
+async def node_history_actors(url: str, pki: Pki, node_id: str) -> list[tuple[str, str]]:
+    async with client(url, pki, "operator") as operator:
+        answer = await operator.get(f"/admin/v1/history/node/{node_id}")
+    assert answer.status_code == 200, answer.text
+    return [(e["type"], e["actor"]) for e in answer.json()["events"]]
+
+
+async def test_a_drain_made_with_an_operator_certificate_is_recorded_in_its_name(
+    https_url: str, pki: Pki, pg_store: PostgresEventStore
+) -> None:
+    node_id = f"gpu-{secrets.token_hex(3)}"
+    await seed_node(pg_store, node_id)
+
+    async with client(https_url, pki, "operator") as operator:
+        answer = await operator.post(f"/admin/v1/nodes/{node_id}/drain", json={"grace_s": 60})
+
+    assert answer.status_code == 202, answer.text
+    assert await node_history_actors(https_url, pki, node_id) == [
+        ("node_registered", f"agent:{node_id}"),
+        ("node_connected", f"agent:{node_id}"),
+        ("node_drain_requested", pki.operator),
+    ]
+
+
+async def test_the_certificate_names_the_actor_even_beside_a_token(
+    https_url: str, pki: Pki, pg_store: PostgresEventStore
+) -> None:
+    node_id = f"gpu-{secrets.token_hex(3)}"
+    await seed_node(pg_store, node_id)
+
+    async with client(https_url, pki, "operator", token=TOKEN) as operator:
+        answer = await operator.post(f"/admin/v1/nodes/{node_id}/cordon", json={"reason": "x"})
+
+    assert answer.status_code == 200, answer.text
+    assert (await node_history_actors(https_url, pki, node_id))[-1] == (
+        "node_cordoned",
+        pki.operator,
+    )
+
+
+async def test_over_https_a_token_alone_still_works_and_names_its_owner(
+    https_url: str, pki: Pki, pg_store: PostgresEventStore
+) -> None:
+    node_id = f"gpu-{secrets.token_hex(3)}"
+    await seed_node(pg_store, node_id)
+
+    async with client(https_url, pki, None, token=TOKEN) as automation:
+        answer = await automation.post(f"/admin/v1/nodes/{node_id}/cordon", json={})
+
+    assert answer.status_code == 200, answer.text
+    assert (await node_history_actors(https_url, pki, node_id))[-1] == (
+        "node_cordoned",
+        AUTOMATION,
+    )
+
+
+async def test_a_request_without_credentials_is_refused_and_writes_nothing(
+    https_url: str, pki: Pki, pg_store: PostgresEventStore
+) -> None:
+    node_id = f"gpu-{secrets.token_hex(3)}"
+    await seed_node(pg_store, node_id)
+    before = await last_position(pg_store)
+
+    async with client(https_url, pki, None) as anonymous:
+        drain = await anonymous.post(f"/admin/v1/nodes/{node_id}/drain", json={})
+        listing = await anonymous.get("/admin/v1/nodes")
+        wrong_token = await anonymous.get(
+            "/admin/v1/nodes", headers={"authorization": f"Bearer {secrets.token_hex(16)}"}
+        )
+
+    assert (drain.status_code, listing.status_code, wrong_token.status_code) == (401, 401, 401)
+    assert "operator certificate" in drain.json()["detail"]
+    assert await last_position(pg_store) == before
+
+
+async def test_a_node_certificate_does_not_pass_for_an_operator(
+    https_url: str, pki: Pki, pg_store: PostgresEventStore
+) -> None:
+    node_id = f"gpu-{secrets.token_hex(3)}"
+    await seed_node(pg_store, node_id)
+    before = await last_position(pg_store)
+
+    async with client(https_url, pki, "node", token=TOKEN) as agent:
+        drain = await agent.post(f"/admin/v1/nodes/{node_id}/drain", json={})
+        listing = await agent.get("/admin/v1/nodes")
+
+    assert (drain.status_code, listing.status_code) == (403, 403)
+    assert "is a node certificate" in drain.json()["detail"]
+    assert await last_position(pg_store) == before
+
+
+async def test_a_certificate_from_another_ca_gets_no_answer(https_url: str, pki: Pki) -> None:
+    async with client(https_url, pki, "stranger") as stranger:
+        # The handshake fails on the server; asyncio drops the connection without sending
+        # the TLS alert, so the client sees it cut off (llmgw-cli explains that case).
+        with pytest.raises(httpx.TransportError):
+            await stranger.get("/admin/v1/nodes")
+
+
+async def test_probes_and_scrapers_need_no_credentials(https_url: str, pki: Pki) -> None:
+    async with client(https_url, pki, None) as probe:
+        answers = [await probe.get(path) for path in ("/healthz", "/readyz", "/metrics")]
+
+    assert [a.status_code for a in answers] == [200, 200, 200]
+
+
+def test_the_tls_extension_carries_the_verified_client_certificate(pki: Pki) -> None:
+    """One real handshake over a socket pair, read the way the admin protocol reads it."""
+    server_side, client_side = socket.socketpair()
+    client_context = pki.client_context("operator")
+    client_context.check_hostname = False
+    accepted: list[ssl.SSLSocket] = []
+
+    def accept() -> None:
+        accepted.append(pki.server_context().wrap_socket(server_side, server_side=True))
+
+    with server_side, client_side:
+        handshake = threading.Thread(target=accept)
+        handshake.start()
+        with client_context.wrap_socket(client_side):
+            handshake.join(10)
+            [tls] = accepted
+            with tls:
+                extension = tls_extension(tls)
+
+    name = str(extension["client_cert_name"])
+    assert f"CN={pki.operator}" in name
+    assert "OU=operator" in name
+    chain = extension["client_cert_chain"]
+    assert isinstance(chain, list)
+    assert len(chain) == 1
+    assert chain[0].startswith("-----BEGIN CERTIFICATE-----")
+    assert extension["client_cert_error"] is None
+    assert extension["tls_version"] in (0x0303, 0x0304)

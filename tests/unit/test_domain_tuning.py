@@ -1,0 +1,184 @@
+"""Stories of applying bench results: given the log, when settings are applied to a model or
+a replica, then one ``ModelTuned`` is recorded and the fold routes by it, or the request is
+refused with every field and reason, or nothing is recorded because nothing changes."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from app.domain.envelope import Meta, Recorded
+from app.domain.events import (
+    AnyEvent,
+    ModelDeclared,
+    ModelRemoved,
+    ModelTuned,
+    ReplicaPlaced,
+    ReplicaServing,
+    ReplicaStopped,
+    ShardPlacement,
+    model_stream,
+)
+from app.domain.evolve import replay
+from app.domain.model_spec import ModelSpec, RoutingSettings
+from app.domain.operations import Change, InvalidOperation, UnknownModel
+from app.domain.state import ClusterState
+from app.domain.tuning import MAX_SUMMARY_BYTES, InvalidTuning, tune
+
+T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+LLAMA = ModelSpec(name="llama", command="vllm serve {model} --port {port}", replicas=2)
+QWEN = ModelSpec(name="qwen", command="vllm serve {model} --port {port}")
+MEASURED = RoutingSettings(weight=2.5, target_waiting=12, kv_ceiling=0.9)
+SUMMARY = {"capacity_concurrency": 24, "p95_ttft_s": 0.41}
+
+
+def recorded(events: tuple[AnyEvent, ...], start: int = 1) -> list[Recorded]:
+    return [
+        Recorded(
+            position=n,
+            stream="any",
+            version=n,
+            event_id=uuid.uuid4(),
+            recorded_at=T0 + timedelta(seconds=n),
+            meta=Meta(actor="alice"),
+            event=event,
+        )
+        for n, event in enumerate(events, start=start)
+    ]
+
+
+def given(*events: AnyEvent) -> ClusterState:
+    return replay(recorded(events))
+
+
+def after(state: ClusterState, change: Change) -> ClusterState:
+    return replay(recorded(change.events, start=state.position + 1), state)
+
+
+def placed(replica_id: str) -> ReplicaPlaced:
+    model, number = replica_id.rsplit("-", 1)
+    shard = ShardPlacement(index=0, node_id="gpu-1", gpus=(0,), port=20000)
+    return ReplicaPlaced(replica_id=replica_id, model=model, number=int(number), shards=(shard,))
+
+
+def cluster() -> ClusterState:
+    return given(
+        ModelDeclared(model="llama", spec=LLAMA),
+        ModelDeclared(model="qwen", spec=QWEN),
+        placed("llama-1"),
+        ReplicaServing(replica_id="llama-1"),
+        placed("llama-2"),
+        placed("qwen-1"),
+        placed("llama-3"),
+        ReplicaStopped(replica_id="llama-3"),
+    )
+
+
+def test_tuning_a_model_records_the_settings_and_its_replicas_route_by_them() -> None:
+    state = cluster()
+
+    change = tune(state, "llama", None, MEASURED, SUMMARY)
+
+    assert change.stream == model_stream("llama")
+    assert change.events == (
+        ModelTuned(
+            model="llama",
+            replica_id=None,
+            weight=2.5,
+            target_waiting=12,
+            kv_ceiling=0.9,
+            summary=SUMMARY,
+        ),
+    )
+    tuned = after(state, change)
+    assert tuned.models["llama"].spec.routing == MEASURED
+    assert tuned.models["llama"].tuned_summary == SUMMARY
+    assert tuned.replicas["llama-1"].routing is None  # it follows the model's
+
+
+def test_tuning_one_replica_leaves_the_model_and_its_other_replicas_alone() -> None:
+    state = cluster()
+
+    tuned = after(state, tune(state, "llama", "llama-2", MEASURED, SUMMARY))
+
+    assert tuned.replicas["llama-2"].routing == MEASURED
+    assert tuned.replicas["llama-1"].routing is None
+    assert tuned.models["llama"].spec.routing == RoutingSettings()
+
+
+def test_settings_already_in_force_record_nothing() -> None:
+    state = cluster()
+    tuned = after(state, tune(state, "llama", "llama-2", MEASURED, SUMMARY))
+
+    assert tune(tuned, "llama", "llama-2", MEASURED, {}).events == ()
+    assert tune(state, "llama", None, RoutingSettings(), {}).events == ()
+
+
+@pytest.mark.parametrize(
+    ("routing", "field", "reason"),
+    [
+        (RoutingSettings(weight=0), "weight", "must be a positive number"),
+        (RoutingSettings(weight=float("inf")), "weight", "must be a positive number"),
+        (RoutingSettings(weight=float("nan")), "weight", "must be a positive number"),
+        (RoutingSettings(target_waiting=0), "target_waiting", "must be between 1 and 100000"),
+        (RoutingSettings(target_waiting=2**40), "target_waiting", "must be between 1 and 100000"),
+        (RoutingSettings(kv_ceiling=0), "kv_ceiling", "must be in (0, 1]"),
+        (RoutingSettings(kv_ceiling=1.01), "kv_ceiling", "must be in (0, 1]"),
+    ],
+)
+def test_settings_out_of_range_are_refused_naming_the_field(
+    routing: RoutingSettings, field: str, reason: str
+) -> None:
+    with pytest.raises(InvalidTuning) as refused:
+        tune(cluster(), "llama", None, routing, {})
+
+    assert [(e.field, e.reason) for e in refused.value.errors] == [(field, reason)]
+    assert "nothing was recorded" in str(refused.value)
+
+
+def test_every_bad_field_is_named_at_once() -> None:
+    bad = RoutingSettings(weight=-1, target_waiting=0, kv_ceiling=2)
+
+    with pytest.raises(InvalidTuning) as refused:
+        tune(cluster(), "llama", "qwen-1", bad, {})
+
+    assert [e.field for e in refused.value.errors] == [
+        "weight",
+        "target_waiting",
+        "kv_ceiling",
+        "replica_id",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("replica_id", "reason"),
+    [
+        ("llama-9", "no replica 'llama-9' is known"),
+        ("qwen-1", "is a replica of model 'qwen', not this one"),
+        ("llama-3", "has ended (stopped)"),
+    ],
+)
+def test_a_replica_must_be_an_active_replica_of_the_model(replica_id: str, reason: str) -> None:
+    with pytest.raises(InvalidTuning) as refused:
+        tune(cluster(), "llama", replica_id, MEASURED, {})
+
+    assert [(e.field, e.reason) for e in refused.value.errors] == [("replica_id", reason)]
+
+
+def test_a_summary_too_big_for_the_log_is_refused() -> None:
+    with pytest.raises(InvalidTuning) as refused:
+        tune(cluster(), "llama", None, MEASURED, {"blob": "x" * MAX_SUMMARY_BYTES})
+
+    assert [(e.field, e.reason) for e in refused.value.errors] == [
+        ("summary", f"must encode to at most {MAX_SUMMARY_BYTES} bytes")
+    ]
+
+
+def test_an_unknown_or_removed_model_cannot_be_tuned() -> None:
+    with pytest.raises(UnknownModel):
+        tune(cluster(), "mistral", None, MEASURED, {})
+    removed = after(cluster(), Change(stream="", events=(ModelRemoved(model="qwen"),)))
+    with pytest.raises(InvalidOperation, match="was removed"):
+        tune(removed, "qwen", None, MEASURED, {})
