@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import Generic, Self, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -58,9 +58,11 @@ class AuthenticationRequired(ClientError):
 
 
 class ApiProblem(ClientError):
-    def __init__(self, status: int, detail: str) -> None:
+    def __init__(self, status: int, detail: str, errors: tuple[FieldError, ...] = ()) -> None:
         super().__init__(detail)
         self.status = status
+        self.errors = errors
+        """Each field the API refused and why (an invalid model spec)."""
 
 
 # -- wire types --------------------------------------------------------------------------
@@ -89,6 +91,67 @@ class Problem(msgspec.Struct, frozen=True):
     title: str = ""
 
 
+class FieldError(msgspec.Struct, frozen=True):
+    field: str = ""
+    reason: str = ""
+
+
+class FieldErrors(msgspec.Struct, frozen=True):
+    errors: list[FieldError] = []
+
+
+class Routing(msgspec.Struct, frozen=True, kw_only=True):
+    weight: float
+    target_waiting: int
+    kv_ceiling: float
+
+
+class TuningResult(msgspec.Struct, frozen=True, kw_only=True):
+    """``POST /admin/v1/models/{name}/tuning``'s answer."""
+
+    changed: bool
+    """False when these settings were already in force (nothing was recorded)."""
+    model: str
+    replica_id: str | None = None
+    routing: Routing
+    """The settings now in force for the model, or for the replica."""
+
+
+class KeyView(msgspec.Struct, frozen=True, kw_only=True):
+    """An API key as ``/admin/v1/keys`` lists it (never its secret)."""
+
+    id: str
+    prefix: str
+    name: str
+    models: list[str] = []
+    """``["*"]`` when the key may use every model."""
+    rpm: int | None = None
+    tpm: int | None = None
+    created_at: datetime
+    created_by: str = ""
+    revoked: bool = False
+    revoked_at: datetime | None = None
+    revoked_by: str | None = None
+
+
+class KeyCreated(KeyView, frozen=True, kw_only=True):
+    key: str
+    """The whole key: the server shows it this once."""
+
+
+class KeyChange(msgspec.Struct, frozen=True, kw_only=True):
+    changed: bool
+    key: KeyView
+
+
+@dataclass(frozen=True)
+class KeyReply(Generic[_T]):
+    """A keys answer, decoded and as it came (``--output json`` prints ``raw``)."""
+
+    value: _T
+    raw: bytes
+
+
 @dataclass(frozen=True)
 class HistoryEvent:
     view: EventView
@@ -99,6 +162,11 @@ class HistoryEvent:
 _event_decoder = msgspec.json.Decoder(EventView)
 _page_decoder = msgspec.json.Decoder(HistoryPage)
 _problem_decoder = msgspec.json.Decoder(Problem)
+_key_created_decoder = msgspec.json.Decoder(KeyCreated)
+_key_list_decoder = msgspec.json.Decoder(list[KeyView])
+_key_change_decoder = msgspec.json.Decoder(KeyChange)
+_tuning_decoder = msgspec.json.Decoder(TuningResult)
+_field_errors_decoder = msgspec.json.Decoder(FieldErrors)
 
 
 # -- the client --------------------------------------------------------------------------
@@ -135,6 +203,48 @@ class AdminClient:
     def close(self) -> None:
         self._http.close()
 
+    def tune(
+        self,
+        model: str,
+        *,
+        weight: float,
+        target_waiting: int,
+        kv_ceiling: float,
+        replica_id: str | None = None,
+        summary: Mapping[str, object] | None = None,
+    ) -> TuningResult:
+        """Apply routing settings (measured by bench) to ``model``, or to ``replica_id``
+        alone; ``summary`` is kept with them in the log."""
+        body = self.request(
+            "POST",
+            f"/admin/v1/models/{quote(model, safe='')}/tuning",
+            body={
+                "replica_id": replica_id,
+                "weight": weight,
+                "target_waiting": target_waiting,
+                "kv_ceiling": kv_ceiling,
+                "summary": dict(summary or {}),
+            },
+        )
+        return _decode(_tuning_decoder, body, "tuning result")
+
+    def create_key(
+        self, name: str, models: list[str], *, rpm: int | None = None, tpm: int | None = None
+    ) -> KeyReply[KeyCreated]:
+        """A new API key scoped to ``models`` (``["*"]``: every model); the answer holds the
+        whole key, which the server never shows again."""
+        body = {"name": name, "models": models, "rpm": rpm, "tpm": tpm}
+        raw = self.request("POST", "/admin/v1/keys", body=body)
+        return KeyReply(_decode(_key_created_decoder, raw, "new key"), raw)
+
+    def list_keys(self) -> KeyReply[list[KeyView]]:
+        raw = self.request("GET", "/admin/v1/keys")
+        return KeyReply(_decode(_key_list_decoder, raw, "key list"), raw)
+
+    def revoke_key(self, prefix_or_name: str) -> KeyReply[KeyChange]:
+        raw = self.request("DELETE", f"/admin/v1/keys/{quote(prefix_or_name, safe='')}")
+        return KeyReply(_decode(_key_change_decoder, raw, "revoked key"), raw)
+
     def history(
         self, subject: str, key: str, *, after: int = 0, limit: int | None = None
     ) -> list[HistoryEvent]:
@@ -164,13 +274,50 @@ class AdminClient:
             after = page.next_after
 
     def _get(self, path: str, params: Mapping[str, int | str]) -> bytes:
+        return self.request("GET", path, params=params)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, int | str] | None = None,
+        body: object = None,
+    ) -> bytes:
+        """One call of the admin API (``body``, if any, sent as JSON); the answer's body."""
+        content = None if body is None else msgspec.json.encode(body)
+        headers = {"content-type": "application/json"} if content is not None else None
         try:
-            response = self._http.get(path, params=dict(params))
+            response = self._http.request(
+                method, path, params=dict(params or {}), content=content, headers=headers
+            )
         except httpx.TransportError as exc:
             raise self._transport_failure(exc) from exc
         if response.is_success:
             return response.content
         raise self._error_answer(response)
+
+    def stream_lines(
+        self,
+        path: str,
+        params: Mapping[str, int | str],
+        *,
+        headers: Mapping[str, str] | None = None,
+        idle_timeout_s: float = 60.0,
+    ) -> Iterator[str]:
+        """The lines of a streamed answer as they arrive, until the server ends it; a
+        ``ClientError`` when no line came for ``idle_timeout_s`` or the connection broke."""
+        timeout = httpx.Timeout(self._http.timeout.connect, read=idle_timeout_s)
+        try:
+            with self._http.stream(
+                "GET", path, params=dict(params), headers=headers, timeout=timeout
+            ) as response:
+                if not response.is_success:
+                    response.read()
+                    raise self._error_answer(response)
+                yield from response.iter_lines()
+        except httpx.TransportError as exc:
+            raise self._transport_failure(exc) from exc
 
     def _transport_failure(self, exc: httpx.TransportError) -> ClientError:
         url = self._settings.admin_url
@@ -183,6 +330,13 @@ class AdminClient:
         elif _in_chain(exc, socket.gaierror) is not None:
             reason = f"cannot resolve the host name {self._url.host!r}"
         elif isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError):
+            if self._url.scheme == "https":
+                # An asyncio TLS server that rejects a client certificate drops the
+                # connection without a TLS alert: all this side sees is the cut.
+                return TlsFailure(
+                    f"TLS with the admin API at {url} failed: the server closed the connection "
+                    f"without answering; {self._refused_certificate_advice()}"
+                )
             return AdminUnreachable(
                 f"the admin API at {url} broke off the exchange ({exc or type(exc).__name__}): "
                 f"{self._cut_off_advice()}"
@@ -195,13 +349,20 @@ class AdminClient:
         )
 
     def _cut_off_advice(self) -> str:
-        advice = "does the URL's scheme (http or https) match the server's?"
-        if self._url.scheme == "https" and self._settings.client_cert is None:
-            advice += (
-                f" If it requires an operator certificate, set {SETTING_ENV['client_cert']} "
+        return "does the URL's scheme (http or https) match the server's?"
+
+    def _refused_certificate_advice(self) -> str:
+        certificate = self._settings.client_cert
+        if certificate is None:
+            return (
+                f"if it requires an operator certificate, set {SETTING_ENV['client_cert']} "
                 f"and {SETTING_ENV['client_key']} (`llmgw-cli cert operator <name>` issues one)"
             )
-        return advice
+        return (
+            f"it most likely refused the client certificate {certificate}: check that it was "
+            "issued by the llmgw CA the server trusts (`llmgw-cli cert show "
+            f"{certificate}` names its issuer)"
+        )
 
     def _why(self, exc: httpx.TransportError) -> str:
         host = self._url.host
@@ -224,11 +385,21 @@ class AdminClient:
                 f"{response.reason_phrase} without a problem document, so it is not the llmgw "
                 f"admin API (or a proxy in front of it failed): check {SETTING_ENV['admin_url']}"
             )
-        return ApiProblem(response.status_code, detail)
+        try:
+            sent = _field_errors_decoder.decode(response.content).errors
+            errors = tuple(error for error in sent if error.field)
+        except msgspec.DecodeError:
+            errors = ()
+        return ApiProblem(response.status_code, detail, errors)
 
     def _authentication_advice(self) -> str:
         config = self._settings.config_file or "the config file"
         where = f"set {SETTING_ENV['token']} (or pass --token, or set token in {config})"
+        if self._url.scheme == "https" and self._settings.client_cert is None:
+            where += (
+                f", or present an operator certificate: set {SETTING_ENV['client_cert']} and "
+                f"{SETTING_ENV['client_key']} (`llmgw-cli cert operator <name>` issues one)"
+            )
         if not self._settings.token:
             return f"authentication required: {where}"
         return f"authentication required: the admin API refused the token given; {where}"

@@ -28,10 +28,16 @@ CONFIG_ENV = "LLMGW_CONFIG"
 SETTING_ENV = {
     "admin_url": "LLMGW_ADMIN_URL",
     "token": "LLMGW_ADMIN_TOKEN",
+    "client_cert": "LLMGW_ADMIN_CERT",
+    "client_key": "LLMGW_ADMIN_KEY",
+    "ca_cert": "LLMGW_ADMIN_CA",
+}
+FORMER_SETTING_ENV = {
     "client_cert": "LLMGW_CLIENT_CERT",
     "client_key": "LLMGW_CLIENT_KEY",
     "ca_cert": "LLMGW_CA_CERT",
 }
+"""Names these settings had before; still read, after the current ones."""
 _PATH_SETTINGS = ("client_cert", "client_key", "ca_cert")
 
 
@@ -62,18 +68,20 @@ class ConnectionFlags:
     client_cert: Annotated[
         Path | None,
         Parameter(
-            name="--client-cert", help="Operator certificate for https. [$LLMGW_CLIENT_CERT]"
+            name="--client-cert",
+            help="Operator certificate for https (`llmgw-cli cert operator <name>`). "
+            "[$LLMGW_ADMIN_CERT]",
         ),
     ] = None
     client_key: Annotated[
         Path | None,
-        Parameter(name="--client-key", help="Its private key. [$LLMGW_CLIENT_KEY]"),
+        Parameter(name="--client-key", help="Its private key. [$LLMGW_ADMIN_KEY]"),
     ] = None
     ca_cert: Annotated[
         Path | None,
         Parameter(
             name="--ca-cert",
-            help="The llmgw CA that issued the server's certificate. [$LLMGW_CA_CERT]",
+            help="The llmgw CA that issued the server's certificate. [$LLMGW_ADMIN_CA]",
         ),
     ] = None
 
@@ -101,7 +109,9 @@ def resolve_settings(
         flag = getattr(flags, name)
         if flag is not None:
             return str(flag)
-        return environ.get(SETTING_ENV[name]) or from_file.get(name)
+        former = FORMER_SETTING_ENV.get(name)
+        from_env = environ.get(SETTING_ENV[name]) or (environ.get(former) if former else None)
+        return from_env or from_file.get(name)
 
     def pick_path(name: str) -> Path | None:
         value = pick(name)

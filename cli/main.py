@@ -4,15 +4,43 @@ from __future__ import annotations
 
 from cyclopts import App
 
+from cli.bench.command import bench_app
 from cli.cert import cert_app
+from cli.completion import register_completion
+from cli.drain import drain, drain_progress
+from cli.events import events
 from cli.history import history_app
+from cli.keys import keys_app
+from cli.models import models_app, remove, scale, show_model
+from cli.nodes import cordon, list_nodes, show_node, uncordon
+from cli.placement import explain_placement
+from cli.replicas import list_replicas, show_replica
 
 app = App(
     name="llmgw-cli",
-    help="Operate an llmgw cluster: nodes, models, replicas, drains, history, keys, certificates.",
+    help="Operate an llmgw cluster: nodes, models, replicas, drains, history, keys, certificates."
+    "\n\nShell completion: `llmgw-cli --install-completion`, or "
+    '`eval "$(llmgw-cli completion bash)"`.',
 )
+app.command(list_nodes, name="nodes")
+app.command(show_node, name="node")
+app.command(models_app)
+app.command(show_model, name="model")
+app.command(scale, name="scale")
+app.command(remove, name="remove")
+app.command(list_replicas, name="replicas")
+app.command(show_replica, name="replica")
+app.command(explain_placement, name="explain-placement")
+app.command(cordon, name="cordon")
+app.command(uncordon, name="uncordon")
+app.command(drain, name="drain")
+app.command(drain_progress, name="drain-progress")
+app.command(events, name="events")
 app.command(cert_app)
 app.command(history_app)
+app.command(keys_app)
+app.command(bench_app)
+register_completion(app)
 
 
 def main() -> None:

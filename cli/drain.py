@@ -1,0 +1,236 @@
+"""`llmgw-cli drain <node> | --replica <id> [--wait]` and `drain-progress <drain-id>`.
+
+A drain answers at once with its id; ``--wait`` then follows it until it is done: a live
+view on a terminal (rich Live), one line per step of the drain elsewhere (logs, CI).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Annotated
+
+from cyclopts import Parameter, validators
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from cli.client import AdminClient, ClientError, EventView
+from cli.config import ConnectionFlags
+from cli.operator import (
+    ADMIN,
+    Output,
+    Reply,
+    call,
+    print_json,
+    run_command,
+    segment,
+)
+from cli.render import EXIT_FAILED, EXIT_OK, EXIT_USAGE, print_error, utc_seconds
+from cli.replicas import moves
+from cli.views import DrainAccepted, DrainProgressView
+
+POLL_INTERVAL_S = 0.5
+EVENTS_SHOWN = 8
+NODE_DRAIN_COMPLETE = "every replica moved"
+"""The outcome the API records for a node drain that moved (or had no need to move) every
+replica; the other outcome says the grace ran out and what was left was stopped."""
+
+Wait = Annotated[
+    bool,
+    Parameter(
+        help="Follow the drain until it is done: exit 0 when it completes, 1 if it fails.",
+        negative=(),
+    ),
+]
+
+
+def drain(
+    node_id: Annotated[str | None, Parameter(help="The node to drain.")] = None,
+    /,
+    *,
+    replica: Annotated[
+        str | None, Parameter(help="Drain this one serving replica instead of a node.")
+    ] = None,
+    grace: Annotated[
+        float | None,
+        Parameter(
+            help="Seconds a node drain may take; what is left then is stopped. [default: 600]",
+            validator=validators.Number(gt=0),
+        ),
+    ] = None,
+    wait: Wait = False,
+    output: Output = "table",
+    connection: ConnectionFlags | None = None,
+) -> int:
+    """Move replicas off a node (or move one replica) without dropping a request: a
+    replacement is placed elsewhere, and each original keeps serving until its replacement
+    serves. The node is cordoned first, so nothing new lands on it. With --wait, a live
+    view of every move until the drain is done (one line per step when not on a terminal;
+    the final progress as JSON with --output json).
+
+    ```
+    llmgw-cli drain gpu-08 --wait
+    llmgw-cli drain --replica llama-3-8b-2
+    ```
+    """
+    if (node_id is None) == (replica is None):
+        print_error("drain", "give a node, or --replica ID (one of the two)")
+        return EXIT_USAGE
+    if replica is not None and grace is not None:
+        print_error("drain", "--grace applies to a node drain; a replica drain has its own")
+        return EXIT_USAGE
+
+    def start(client: AdminClient) -> int:
+        if node_id is not None:
+            path = f"{ADMIN}/nodes/{segment(node_id)}/drain"
+            body = {} if grace is None else {"grace_s": grace}
+        else:
+            path = f"{ADMIN}/replicas/{segment(replica or '')}/drain"
+            body = None
+        accepted = call(client, DrainAccepted, "POST", path, body=body)
+        if wait:
+            return watch(client, accepted.value.drain_id, output)
+        if output == "json":
+            print_json(accepted.raw)
+        else:
+            drain_id = accepted.value.drain_id
+            what = f"node {node_id}" if node_id is not None else f"replica {replica}"
+            print(f"{drain_id}: draining {what}")
+            print(f"follow it: llmgw-cli drain-progress {drain_id} --wait")
+        return EXIT_OK
+
+    return run_command("drain", connection, start)
+
+
+def drain_progress(
+    drain_id: Annotated[str, Parameter(help="The drain's id, as drain printed it.")],
+    /,
+    *,
+    wait: Wait = False,
+    output: Output = "table",
+    connection: ConnectionFlags | None = None,
+) -> int:
+    """How a drain is going: the replicas it moves and their replacements, what is still on
+    the node, its latest steps. Exits 1 for a drain that failed.
+
+    ```
+    llmgw-cli drain-progress drain-3f2a9c1e --wait
+    ```
+    """
+
+    def show(client: AdminClient) -> int:
+        if wait:
+            return watch(client, drain_id, output)
+        progress = _progress(client, drain_id)
+        if output == "json":
+            print_json(progress.raw)
+        else:
+            Console(highlight=False).print(render(progress.value))
+        return _exit_code(progress.value)
+
+    return run_command("drain-progress", connection, show)
+
+
+def watch(client: AdminClient, drain_id: str, output: Output) -> int:
+    """Poll the drain's progress until it is finished; show it as it goes."""
+    console = Console(highlight=False)
+    try:
+        if output == "json":
+            progress = _poll_until_finished(client, drain_id, lambda _: None)
+            print_json(progress.raw)
+        elif console.is_terminal:
+            with Live(console=console, auto_refresh=False) as live:
+                progress = _poll_until_finished(
+                    client, drain_id, lambda p: live.update(render(p), refresh=True)
+                )
+        else:
+            shown: set[int] = set()
+            progress = _poll_until_finished(
+                client, drain_id, lambda p: _print_new_steps(console, p, shown)
+            )
+            console.print(render(progress.value))
+    except ClientError as exc:
+        raise ClientError(
+            f"{exc} (the drain goes on: llmgw-cli drain-progress {drain_id} --wait)"
+        ) from exc
+    code = _exit_code(progress.value)
+    if code != EXIT_OK:
+        print_error("drain", f"{drain_id} failed: {progress.value.outcome}")
+    return code
+
+
+def _poll_until_finished(
+    client: AdminClient, drain_id: str, show: Callable[[DrainProgressView], None]
+) -> Reply[DrainProgressView]:
+    while True:
+        progress = _progress(client, drain_id)
+        show(progress.value)
+        if progress.value.finished:
+            return progress
+        time.sleep(POLL_INTERVAL_S)
+
+
+def _progress(client: AdminClient, drain_id: str) -> Reply[DrainProgressView]:
+    return call(client, DrainProgressView, "GET", f"{ADMIN}/drains/{segment(drain_id)}")
+
+
+def succeeded(progress: DrainProgressView) -> bool:
+    """A node drain succeeds when every replica moved; a replica drain when each replica
+    it drained was replaced (one stopped because the grace ran out was not)."""
+    if progress.node_id is not None:
+        return progress.outcome == NODE_DRAIN_COMPLETE
+    drained = [r for r in progress.replicas if r.drain_id == progress.drain_id]
+    return all(r.replacement_id is not None for r in drained)
+
+
+def _exit_code(progress: DrainProgressView) -> int:
+    return EXIT_OK if not progress.finished or succeeded(progress) else EXIT_FAILED
+
+
+def _print_new_steps(console: Console, progress: DrainProgressView, shown: set[int]) -> None:
+    for event in progress.events:
+        if event.position not in shown:
+            shown.add(event.position)
+            console.print(Text(_step(event)), soft_wrap=True)
+
+
+def _step(event: EventView) -> str:
+    return f"{utc_seconds(event.recorded_at)}  {event.type:<22} {event.summary}"
+
+
+def render(progress: DrainProgressView) -> RenderableType:
+    what = f"node {progress.node_id}" if progress.node_id is not None else "one replica"
+    requested = (
+        f", requested by {progress.requested_by} at {utc_seconds(progress.requested_at)} UTC"
+        if progress.requested_at is not None
+        else ""
+    )
+    grace = f", grace {progress.grace_s:g}s" if progress.grace_s is not None else ""
+    if not progress.finished:
+        state = ("moving", "yellow")
+    elif succeeded(progress):
+        state = (f"done: {progress.outcome}", "green")
+    else:
+        state = (f"failed: {progress.outcome}", "red")
+    parts: list[RenderableType] = [
+        Text.assemble(
+            (f"{progress.drain_id}", "bold"), f" drains {what}{requested}{grace}: ", state
+        )
+    ]
+    if progress.still_on_node:
+        parts.append(Text(f"still on the node: {', '.join(progress.still_on_node)}"))
+    replicas = Table(title="replicas", title_justify="left", header_style="bold")
+    for header in ("replica", "model", "phase", "nodes", "moves"):
+        replicas.add_column(header)
+    for r in progress.replicas:
+        replicas.add_row(*(Text(c) for c in (r.id, r.model, r.phase, ",".join(r.nodes), moves(r))))
+    parts.append(replicas)
+    steps = Table(title="latest steps", title_justify="left", header_style="bold")
+    for header in ("time (UTC)", "event", "what"):
+        steps.add_column(header)
+    for event in progress.events[-EVENTS_SHOWN:]:
+        steps.add_row(Text(utc_seconds(event.recorded_at)), Text(event.type), Text(event.summary))
+    parts.append(steps)
+    return Group(*parts)

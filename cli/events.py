@@ -1,0 +1,177 @@
+"""`llmgw-cli events [--follow] [--since POS]`: the event log, all of it, as it grows.
+
+``--follow`` reads the admin API's server-sent events; when the connection is lost it
+resumes after the last position it printed, so nothing is skipped or printed twice.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Annotated
+
+import msgspec
+from cyclopts import Parameter, validators
+
+from cli.client import (
+    AdminClient,
+    AdminUnreachable,
+    ClientError,
+    EventView,
+    TlsFailure,
+)
+from cli.config import ConnectionFlags
+from cli.history import COLUMNS
+from cli.operator import ADMIN, Output, OutputFormat, UsageError, call, run_command
+from cli.render import EXIT_OK, print_json_array, print_table, utc_seconds
+from cli.sse import SseParser
+from cli.views import EventsPage
+
+EVENTS_PATH = f"{ADMIN}/events"
+DEFAULT_LAST = 20
+PAGE_SIZE = 1000
+IDLE_TIMEOUT_S = 60.0
+"""The server sends a comment every 15 s on a quiet stream: this long without a line
+means the connection is dead."""
+RESUME_WITHIN_S = 60.0
+"""How long ``--follow`` keeps trying to resume before it gives up (exit 1)."""
+
+_event_decoder = msgspec.json.Decoder(EventView)
+
+
+def events(
+    *,
+    follow: Annotated[
+        bool,
+        Parameter(help="Keep printing events as they are appended, until Ctrl-C.", negative=()),
+    ] = False,
+    since: Annotated[
+        int | None,
+        Parameter(
+            help="Every event after this log position (the position column).",
+            validator=validators.Number(gte=0),
+        ),
+    ] = None,
+    last: Annotated[
+        int | None,
+        Parameter(
+            help=f"Start with the latest N events. [default: {DEFAULT_LAST}, unless --since]",
+            validator=validators.Number(gte=0),
+        ),
+    ] = None,
+    output: Output = "table",
+    connection: ConnectionFlags | None = None,
+) -> int:
+    """The whole event log: who did what to which model, node, replica or key, in order.
+    With --follow, one line per event as it happens (JSON lines with --output json); a
+    lost connection is resumed where it broke off.
+
+    ```
+    llmgw-cli events --last 50
+    llmgw-cli events --follow
+    llmgw-cli events --follow --since 1200 --output json | jq -c 'select(.type == "shard_failed")'
+    ```
+    """
+
+    def show(client: AdminClient) -> int:
+        if since is not None and last is not None:
+            raise UsageError("give --since or --last, not both")
+        if since is not None:
+            position, shown = since, _read_after(client, since)
+        else:
+            position, shown = _read_latest(client, DEFAULT_LAST if last is None else last)
+        if not follow:
+            _print_page(shown, output)
+            return EXIT_OK
+        for raw in shown:
+            _print_line(raw, output)
+        if shown:
+            position = _event_decoder.decode(shown[-1]).position
+        _follow(client, position, output)
+        return EXIT_OK
+
+    return run_command("events", connection, show)
+
+
+def _read_after(client: AdminClient, since: int) -> list[msgspec.Raw]:
+    found: list[msgspec.Raw] = []
+    position = since
+    while True:
+        page = _page(client, {"since": position, "limit": PAGE_SIZE})
+        found.extend(page.events)
+        position = page.next_since
+        if not page.more:
+            return found
+
+
+def _read_latest(client: AdminClient, count: int) -> tuple[int, list[msgspec.Raw]]:
+    """The latest ``count`` events, and the log position they end at."""
+    page = _page(client, {"limit": max(count, 1)})
+    return page.next_since, page.events[len(page.events) - count :] if count else []
+
+
+def _page(client: AdminClient, params: dict[str, int | str]) -> EventsPage:
+    return call(client, EventsPage, "GET", EVENTS_PATH, params={**params, "follow": "false"}).value
+
+
+def _print_page(events: list[msgspec.Raw], output: OutputFormat) -> None:
+    if output == "json":
+        print_json_array(events)
+        return
+    rows = [_row(_event_decoder.decode(raw)) for raw in events]
+    count = f"{len(rows)} event{'s' if len(rows) != 1 else ''}"
+    print_table(COLUMNS, rows, title=f"the log: {count}")
+
+
+def _row(view: EventView) -> tuple[str, ...]:
+    return (
+        str(view.position),
+        utc_seconds(view.recorded_at),
+        view.type,
+        view.actor,
+        view.summary,
+        view.correlation_id or "",
+    )
+
+
+def _follow(client: AdminClient, position: int, output: OutputFormat) -> None:
+    """Print every event after ``position`` as it arrives, forever (until Ctrl-C)."""
+    lost_since: float | None = None
+    while True:
+        parser = SseParser()
+        try:
+            for line in client.stream_lines(
+                EVENTS_PATH,
+                {"since": position},
+                headers={"accept": "text/event-stream"},
+                idle_timeout_s=IDLE_TIMEOUT_S,
+            ):
+                lost_since = None
+                message = parser.feed(line)
+                if message is None:
+                    continue
+                _print_line(msgspec.Raw(message.data.encode()), output)
+                if message.id is not None:
+                    position = int(message.id)
+            reason = "the server closed the stream"
+        except (AdminUnreachable, TlsFailure) as exc:
+            reason = str(exc)
+            if lost_since is None:
+                lost_since = time.monotonic()
+            elif time.monotonic() - lost_since > RESUME_WITHIN_S:
+                raise ClientError(f"gave up resuming after position {position}: {exc}") from exc
+        print(f"llmgw-cli events: {reason}; resuming after position {position}", file=sys.stderr)
+        time.sleep(1.0 if lost_since is not None else 0.1)
+
+
+def _print_line(raw: msgspec.Raw, output: OutputFormat) -> None:
+    if output == "json":
+        print(bytes(raw).decode(), flush=True)
+        return
+    view = _event_decoder.decode(raw)
+    correlation = f"  [{view.correlation_id}]" if view.correlation_id else ""
+    print(
+        f"{view.position:>8}  {utc_seconds(view.recorded_at)}  {view.type:<24} "
+        f"{view.actor:<16} {view.summary}{correlation}",
+        flush=True,
+    )

@@ -1,0 +1,253 @@
+"""`llmgw-cli models`, `models apply FILE`, `model <name>`, `scale <model> <n>`,
+`remove <model>`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+from cyclopts import App, Parameter, validators
+from rich.console import Console
+
+from cli.client import AdminClient, ApiProblem
+from cli.config import ConnectionFlags
+from cli.operator import (
+    ADMIN,
+    Output,
+    Reply,
+    call,
+    print_facts,
+    print_json,
+    run_command,
+    segment,
+)
+from cli.render import EXIT_FAILED, EXIT_OK, Column, print_error, print_table, utc_seconds
+from cli.spec_file import SpecFileError, read_specs
+from cli.views import ModelChange, ModelView
+
+ModelName = Annotated[str, Parameter(help="The model name, such as llama-3-8b.")]
+
+models_app = App(
+    name="models",
+    help="""List the declared models: replicas desired and serving, and why a model is short
+if it is. `models apply FILE` declares them from a spec file.
+
+```
+llmgw-cli models
+llmgw-cli models --output json | jq -r '.[] | select(.serving < .desired) | .name'
+llmgw-cli models apply llama.yaml
+```
+""",
+)
+
+
+@models_app.default
+def list_models(
+    *,
+    removed: Annotated[bool, Parameter(help="Include removed models.", negative=())] = False,
+    output: Output = "table",
+    connection: ConnectionFlags | None = None,
+) -> int:
+    """Every declared model: replicas desired and serving, and why it is short if it is."""
+
+    def show(client: AdminClient) -> int:
+        params = {"include_removed": "true"} if removed else {}
+        reply = call(client, list[ModelView], "GET", f"{ADMIN}/models", params=params)
+        if output == "json":
+            print_json(reply.raw)
+            return EXIT_OK
+        print_table(
+            (
+                Column("model"),
+                Column("serving/desired", justify="right"),
+                Column("phases"),
+                Column("GPUs/replica", justify="right"),
+                Column("engine"),
+                Column("below its count because", wrap=True),
+            ),
+            (
+                (
+                    m.name + (" (removed)" if m.removed else ""),
+                    f"{m.serving}/{m.desired}",
+                    ", ".join(f"{n} {phase}" for phase, n in m.phases.items()),
+                    str(m.spec.gpus_per_shard * m.spec.shards_per_replica),
+                    m.spec.engine,
+                    "; ".join(m.below_desired_because),
+                )
+                for m in reply.value
+            ),
+            title=f"{len(reply.value)} model{'s' if len(reply.value) != 1 else ''}",
+        )
+        return EXIT_OK
+
+    return run_command("models", connection, show)
+
+
+@models_app.command(name="apply")
+def apply_models(
+    file: Annotated[
+        Path,
+        Parameter(
+            help="A YAML or JSON model spec (or several: a list, or YAML documents separated "
+            "by ---). Each needs a name.",
+            validator=validators.Path(exists=True, dir_okay=False),
+        ),
+    ],
+    /,
+    *,
+    output: Output = "table",
+    connection: ConnectionFlags | None = None,
+) -> int:
+    """Declare models from a spec file. Applying the same spec again records nothing; an
+    invalid spec is refused with every field and why, and nothing of it is recorded.
+
+    ```
+    llmgw-cli models apply llama.yaml
+    ```
+
+    where llama.yaml is
+
+    ```
+    name: llama-3-8b
+    command: vllm serve meta-llama/Meta-Llama-3-8B --port {port}
+    gpus_per_shard: 1
+    gpu_memory_gib: 40
+    replicas: 2
+    ```
+    """
+    try:
+        specs = read_specs(file)
+    except SpecFileError as exc:
+        print_error("models apply", str(exc))
+        return EXIT_FAILED
+    unnamed = [n for n, spec in enumerate(specs, 1) if not isinstance(spec.get("name"), str)]
+    if unnamed:
+        which = f"spec {unnamed[0]} in {file}" if len(specs) > 1 else str(file)
+        print_error("models apply", f"{which}: name: is required (the model's name)")
+        return EXIT_FAILED
+
+    def apply(client: AdminClient) -> int:
+        replies: list[Reply[ModelChange]] = []
+        for spec in specs:
+            path = f"{ADMIN}/models/{segment(spec['name'])}"
+            try:
+                replies.append(call(client, ModelChange, "PUT", path, body=spec))
+            except ApiProblem:
+                _report_applied(replies, output)
+                raise
+        _report_applied(replies, output)
+        return EXIT_OK
+
+    return run_command("models apply", connection, apply)
+
+
+def _report_applied(replies: list[Reply[ModelChange]], output: Output) -> None:
+    if output == "json":
+        array = b"[" + b",".join(reply.raw for reply in replies) + b"]"
+        print_json(array)
+        return
+    for reply in replies:
+        change = reply.value
+        said = "declared" if change.changed else "unchanged, nothing recorded"
+        print(f"model {change.model.name}: {said}")
+    sys.stdout.flush()
+
+
+def show_model(
+    name: ModelName, /, *, output: Output = "table", connection: ConnectionFlags | None = None
+) -> int:
+    """One model: its spec, its replicas by phase, and why it is below its count if it is.
+
+    ```
+    llmgw-cli model llama-3-8b
+    ```
+    """
+
+    def show(client: AdminClient) -> int:
+        reply = call(client, ModelView, "GET", f"{ADMIN}/models/{segment(name)}")
+        if output == "json":
+            print_json(reply.raw)
+        else:
+            print_model(reply.value)
+        return EXIT_OK
+
+    return run_command("model", connection, show)
+
+
+def scale(
+    name: ModelName,
+    replicas: Annotated[
+        int, Parameter(help="How many replicas.", validator=validators.Number(gte=0))
+    ],
+    /,
+    *,
+    output: Output = "table",
+    connection: ConnectionFlags | None = None,
+) -> int:
+    """Change how many replicas of a model should serve.
+
+    ```
+    llmgw-cli scale llama-3-8b 4
+    ```
+    """
+
+    def change(client: AdminClient) -> int:
+        path = f"{ADMIN}/models/{segment(name)}/scale"
+        reply = call(client, ModelChange, "POST", path, body={"replicas": replicas})
+        if output == "json":
+            print_json(reply.raw)
+        elif reply.value.changed:
+            print(f"model {name}: scaled to {replicas} replica{'s' if replicas != 1 else ''}")
+        else:
+            print(f"model {name}: already at {replicas}, nothing recorded")
+        return EXIT_OK
+
+    return run_command("scale", connection, change)
+
+
+def remove(
+    name: ModelName, /, *, output: Output = "table", connection: ConnectionFlags | None = None
+) -> int:
+    """Remove a model: every replica of it is stopped. Its history stays in the log.
+
+    ```
+    llmgw-cli remove llama-3-8b
+    ```
+    """
+
+    def change(client: AdminClient) -> int:
+        client.request("DELETE", f"{ADMIN}/models/{segment(name)}")
+        if output == "json":
+            print_json(b'{"model":' + msgspec.json.encode(name) + b',"removed":true}')
+        else:
+            print(f"model {name}: removed; its replicas are being stopped")
+        return EXIT_OK
+
+    return run_command("remove", connection, change)
+
+
+def print_model(model: ModelView) -> None:
+    spec = model.spec
+    memory = f"{spec.gpu_memory_gib:g} GiB free each" if spec.gpu_memory_gib else "any memory"
+    facts: list[tuple[str, str | None]] = [
+        ("model", model.name + (" (removed)" if model.removed else "")),
+        ("serving", f"{model.serving} of {model.desired} desired ({model.counting} counting)"),
+        ("phases", ", ".join(f"{n} {phase}" for phase, n in model.phases.items())),
+        ("engine", spec.engine),
+        ("command", spec.command),
+        ("shape", f"{spec.shards_per_replica} shard(s) x {spec.gpus_per_shard} GPU(s), {memory}"),
+        ("selector", ",".join(f"{k}={v}" for k, v in sorted(spec.node_selector.items()))),
+        ("startup", f"times out after {spec.startup_timeout_s:g}s"),
+    ]
+    if model.failures:
+        facts.append(("failures", str(model.failures)))
+    if model.backoff_until is not None:
+        facts.append(("backoff", f"until {utc_seconds(model.backoff_until)} UTC"))
+    if model.unplaceable_reason:
+        facts.append(("unplaceable", model.unplaceable_reason))
+    console = Console(highlight=False)
+    print_facts(facts, console)
+    for reason in model.below_desired_because:
+        console.print(f"below its count: {reason}", markup=False)

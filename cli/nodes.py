@@ -1,0 +1,203 @@
+"""`llmgw-cli nodes`, `node <id>`, `cordon <node>`, `uncordon <node>`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from cyclopts import Parameter
+from rich.console import Console
+
+from cli.client import AdminClient
+from cli.config import ConnectionFlags
+from cli.operator import (
+    ADMIN,
+    Output,
+    call,
+    labels_text,
+    print_facts,
+    print_json,
+    run_command,
+    segment,
+    yes_no,
+)
+from cli.render import EXIT_OK, Column, print_table, utc_seconds
+from cli.views import NodeChange, NodeSummary, NodeView
+
+NodeId = Annotated[str, Parameter(help="The node id its agent claims, such as gpu-08.")]
+
+
+def list_nodes(*, output: Output = "table", connection: ConnectionFlags | None = None) -> int:
+    """Every node the log knows: connection, cordon and drain, GPUs (healthy and free), how
+    many replicas run there.
+
+    ```
+    llmgw-cli nodes
+    llmgw-cli nodes --output json | jq -r '.[] | select(.free_gpus > 0) | .id'
+    ```
+    """
+
+    def show(client: AdminClient) -> int:
+        reply = call(client, list[NodeSummary], "GET", f"{ADMIN}/nodes")
+        if output == "json":
+            print_json(reply.raw)
+            return EXIT_OK
+        print_table(
+            (
+                Column("node"),
+                Column("state"),
+                Column("GPUs healthy/total", justify="right"),
+                Column("free", justify="right"),
+                Column("replicas", justify="right"),
+                Column("address"),
+                Column("labels", wrap=True),
+            ),
+            (
+                (
+                    n.id,
+                    node_state(n.connected, n.lost, n.cordoned, n.drain_id),
+                    f"{n.healthy_gpus}/{n.gpus}",
+                    str(n.free_gpus),
+                    str(n.replicas),
+                    n.address,
+                    labels_text(n.labels),
+                )
+                for n in reply.value
+            ),
+            title=f"{len(reply.value)} node{'s' if len(reply.value) != 1 else ''}",
+        )
+        return EXIT_OK
+
+    return run_command("nodes", connection, show)
+
+
+def show_node(
+    node_id: NodeId, /, *, output: Output = "table", connection: ConnectionFlags | None = None
+) -> int:
+    """One node: its connection, labels, every GPU with its memory and health (and why
+    placement will not use it), its cordon or drain, the replicas on it.
+
+    ```
+    llmgw-cli node gpu-08
+    ```
+    """
+
+    def show(client: AdminClient) -> int:
+        reply = call(client, NodeView, "GET", f"{ADMIN}/nodes/{segment(node_id)}")
+        if output == "json":
+            print_json(reply.raw)
+        else:
+            print_node(reply.value)
+        return EXIT_OK
+
+    return run_command("node", connection, show)
+
+
+def cordon(
+    node_id: NodeId,
+    /,
+    *,
+    reason: Annotated[str, Parameter(help="Why, for whoever reads the history.")] = "",
+    output: Output = "table",
+    connection: ConnectionFlags | None = None,
+) -> int:
+    """Place nothing new on a node; what runs there keeps running (drain moves it).
+
+    ```
+    llmgw-cli cordon gpu-08 --reason "ECC errors on GPU 3"
+    ```
+    """
+    path = f"{ADMIN}/nodes/{segment(node_id)}/cordon"
+    return _change("cordon", node_id, path, {"reason": reason}, output, connection)
+
+
+def uncordon(
+    node_id: NodeId, /, *, output: Output = "table", connection: ConnectionFlags | None = None
+) -> int:
+    """Allow placements on a node again (after a cordon or a finished drain).
+
+    ```
+    llmgw-cli uncordon gpu-08
+    ```
+    """
+    path = f"{ADMIN}/nodes/{segment(node_id)}/uncordon"
+    return _change("uncordon", node_id, path, None, output, connection)
+
+
+def _change(
+    command: str,
+    node_id: str,
+    path: str,
+    body: object,
+    output: Output,
+    connection: ConnectionFlags | None,
+) -> int:
+    def change(client: AdminClient) -> int:
+        reply = call(client, NodeChange, "POST", path, body=body)
+        if output == "json":
+            print_json(reply.raw)
+        elif reply.value.changed:
+            print(f"node {node_id}: {command}ed")
+        else:
+            print(f"node {node_id}: already {command}ed, nothing recorded")
+        return EXIT_OK
+
+    return run_command(command, connection, change)
+
+
+def node_state(connected: bool, lost: bool, cordoned: bool, drain_id: str | None) -> str:
+    state = "lost" if lost else "connected" if connected else "disconnected"
+    if drain_id is not None:
+        return f"{state}, draining ({drain_id})"
+    return f"{state}, cordoned" if cordoned else state
+
+
+def print_node(node: NodeView) -> None:
+    connection = node.connection
+    since = f" since {utc_seconds(connection.since)} UTC" if connection.since else ""
+    state = node_state(connection.connected, connection.lost, node.cordoned, None)
+    facts: list[tuple[str, str | None]] = [
+        ("node", node.id),
+        ("state", f"{state}{since}"),
+        ("address", connection.address),
+        ("agent", connection.agent_version),
+        ("labels", labels_text(node.labels)),
+        ("ports", "-".join(str(p) for p in node.port_range)),
+    ]
+    if node.cordoned:
+        facts.append(("cordoned", node.cordon_reason or "no reason given"))
+    if node.drain is not None:
+        requested = node.drain.requested_at
+        at = f" requested {utc_seconds(requested)} UTC" if requested else ""
+        facts.append(("draining", f"{node.drain.drain_id}{at}"))
+    console = Console(highlight=False)
+    print_facts(facts, console)
+    print_table(
+        (
+            Column("GPU", justify="right"),
+            Column("name"),
+            Column("memory used/total MiB", justify="right"),
+            Column("healthy"),
+            Column("used by"),
+            Column("excluded because", wrap=True),
+        ),
+        (
+            (
+                str(g.index),
+                g.name,
+                f"{g.memory_used_mib}/{g.memory_total_mib}",
+                yes_no(g.healthy),
+                g.used_by,
+                g.excluded_because,
+            )
+            for g in node.gpus
+        ),
+        title="GPUs",
+        console=console,
+    )
+    if node.replicas:
+        print_table(
+            (Column("replica"), Column("model"), Column("phase"), Column("shards here")),
+            ((r.id, r.model, r.phase, ",".join(str(s) for s in r.shards)) for r in node.replicas),
+            title="replicas",
+            console=console,
+        )

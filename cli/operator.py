@@ -1,0 +1,109 @@
+"""What every operator command shares: the connection, exit codes, `--output`, JSON output.
+
+A command is a few lines: resolve the settings, call the API, render. ``run_command`` turns
+the failures into a one-line message on stderr and the exit code the README promises:
+0 done, 1 failed (the API refused or could not be reached), 2 bad usage (a bad flag, an
+unusable config file).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Generic, Literal, TypeVar
+from urllib.parse import quote
+
+import msgspec
+from cyclopts import Parameter
+from rich.console import Console
+from rich.text import Text
+
+from cli.client import AdminClient, ApiProblem, ClientError
+from cli.config import ConfigError, ConnectionFlags, resolve_settings
+from cli.render import EXIT_FAILED, EXIT_USAGE, print_error
+
+ADMIN = "/admin/v1"
+
+OutputFormat = Literal["table", "json"]
+Output = Annotated[
+    OutputFormat,
+    Parameter(help="table for people; json for scripts (the API's answer, unchanged)."),
+]
+
+ViewT = TypeVar("ViewT")
+
+
+class UsageError(Exception):
+    """The command was called in a way it cannot work (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class Reply(Generic[ViewT]):
+    """An answer of the API: decoded for the table, and as it came for ``--output json``."""
+
+    value: ViewT
+    raw: bytes
+
+
+def run_command(
+    command: str, flags: ConnectionFlags | None, action: Callable[[AdminClient], int]
+) -> int:
+    """``action`` with a client of the configured admin API; its exit code, or 1 or 2 with
+    a message when it fails."""
+    try:
+        settings = resolve_settings(flags or ConnectionFlags())
+        with AdminClient(settings) as client:
+            return action(client)
+    except (ConfigError, UsageError) as exc:
+        print_error(command, str(exc))
+        return EXIT_USAGE
+    except ClientError as exc:
+        print_error(command, str(exc))
+        if isinstance(exc, ApiProblem):
+            for error in exc.errors:
+                print(f"  {error.field}: {error.reason}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def call(
+    client: AdminClient,
+    view: type[ViewT],
+    method: str,
+    path: str,
+    *,
+    params: Mapping[str, int | str] | None = None,
+    body: object = None,
+) -> Reply[ViewT]:
+    raw = client.request(method, path, params=params, body=body)
+    try:
+        return Reply(msgspec.json.decode(raw, type=view), raw)
+    except msgspec.DecodeError as exc:
+        raise ApiProblem(
+            200, f"the admin API sent an answer this client cannot read: {exc}"
+        ) from exc
+
+
+def segment(value: str) -> str:
+    """``value`` as one path segment (ids are the operator's input: quote them)."""
+    return quote(value, safe="")
+
+
+def print_json(raw: bytes) -> None:
+    """One JSON value, re-indented."""
+    sys.stdout.write(msgspec.json.format(raw, indent=2).decode() + "\n")
+
+
+def yes_no(value: bool) -> str:
+    return "yes" if value else "no"
+
+
+def labels_text(labels: Mapping[str, str]) -> str:
+    return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+
+
+def print_facts(facts: Sequence[tuple[str, str | None]], console: Console) -> None:
+    """``name: value`` lines, values aligned; values are plain text, never markup."""
+    width = max((len(name) for name, _ in facts), default=0) + 2
+    for name, value in facts:
+        console.print(Text.assemble((f"{name}:".ljust(width), "bold"), value or "-"))

@@ -1,0 +1,116 @@
+"""`llmgw-cli explain-placement <model> | --spec FILE`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from cyclopts import Parameter, validators
+from rich.console import Console
+from rich.text import Text
+
+from cli.client import AdminClient
+from cli.config import ConnectionFlags
+from cli.operator import (
+    ADMIN,
+    Output,
+    Reply,
+    call,
+    print_json,
+    run_command,
+    segment,
+)
+from cli.render import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Column, print_error, print_table
+from cli.spec_file import SpecFileError, read_specs
+from cli.views import PlacementView
+
+
+def explain_placement(
+    model: Annotated[str | None, Parameter(help="A declared model.")] = None,
+    /,
+    *,
+    spec: Annotated[
+        Path | None,
+        Parameter(
+            help="Explain a spec that is only being tried (YAML or JSON); nothing is recorded.",
+            validator=validators.Path(exists=True, dir_okay=False),
+        ),
+    ] = None,
+    output: Output = "table",
+    connection: ConnectionFlags | None = None,
+) -> int:
+    """Where one more replica would go, and the exact reason every other node would not
+    take it: not connected, cordoned or draining, too few healthy free GPUs (and which GPU
+    is unhealthy and why), labels that do not match, no free port.
+
+    ```
+    llmgw-cli explain-placement llama-3-8b
+    llmgw-cli explain-placement --spec qwen-72b.yaml
+    ```
+    """
+    if (model is None) == (spec is None):
+        print_error("explain-placement", "give a model name or --spec FILE (one of the two)")
+        return EXIT_USAGE
+    body = None
+    if spec is not None:
+        try:
+            specs = read_specs(spec)
+        except SpecFileError as exc:
+            print_error("explain-placement", str(exc))
+            return EXIT_FAILED
+        if len(specs) != 1:
+            print_error("explain-placement", f"{spec} holds {len(specs)} specs; give one")
+            return EXIT_FAILED
+        body = specs[0]
+
+    def explain(client: AdminClient) -> int:
+        reply = _ask(client, model, body)
+        if output == "json":
+            print_json(reply.raw)
+        else:
+            print_placement(reply.value)
+        return EXIT_OK
+
+    return run_command("explain-placement", connection, explain)
+
+
+def _ask(client: AdminClient, model: str | None, spec: object) -> Reply[PlacementView]:
+    if model is not None:
+        return call(client, PlacementView, "GET", f"{ADMIN}/models/{segment(model)}/placement")
+    return call(client, PlacementView, "POST", f"{ADMIN}/placement", body=spec)
+
+
+def print_placement(placement: PlacementView) -> None:
+    console = Console(highlight=False)
+    verdict = ("placeable", "green") if placement.placeable else ("not placeable", "red")
+    console.print(Text.assemble((f"{placement.model}: ", "bold"), verdict))
+    console.print(Text(placement.summary), soft_wrap=True)
+    print_table(
+        (
+            Column("node"),
+            Column("eligible"),
+            Column("usable GPUs", justify="right"),
+            Column("replicas of it", justify="right"),
+            Column("would use"),
+            Column("why not", wrap=True),
+        ),
+        (
+            (
+                c.node_id,
+                "yes" if c.eligible else "no",
+                str(c.usable_gpus),
+                str(c.same_model_replicas),
+                _would_use(c.gpus, c.port),
+                "; ".join(c.reasons),
+            )
+            for c in placement.candidates
+        ),
+        console=console,
+    )
+
+
+def _would_use(gpus: list[int], port: int | None) -> str:
+    if not gpus:
+        return ""
+    used = f"GPUs {','.join(str(g) for g in gpus)}"
+    return used if port is None else f"{used}, port {port}"

@@ -1,0 +1,169 @@
+"""`llmgw-cli replicas [--model M] [--node N]` and `replica <id>`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from cyclopts import Parameter
+from rich.console import Console
+from rich.text import Text
+
+from cli.client import AdminClient
+from cli.config import ConnectionFlags
+from cli.operator import ADMIN, Output, call, print_facts, print_json, run_command, segment
+from cli.render import EXIT_OK, Column, print_table, utc_seconds
+from cli.views import ReplicaSummary, ReplicaView
+
+Phase = Literal[
+    "placed",
+    "starting",
+    "serving",
+    "draining",
+    "stopping",
+    "stopped",
+    "failed",
+    "timed_out",
+    "lost",
+]
+
+
+def list_replicas(
+    *,
+    model: Annotated[str | None, Parameter(help="Only this model's replicas.")] = None,
+    node: Annotated[str | None, Parameter(help="Only replicas with a shard on this node.")] = None,
+    phase: Annotated[Phase | None, Parameter(help="Only replicas in this phase.")] = None,
+    output: Output = "table",
+    connection: ConnectionFlags | None = None,
+) -> int:
+    """Replicas with their phase, nodes, and the drain moving them if one is.
+
+    ```
+    llmgw-cli replicas --model llama-3-8b
+    llmgw-cli replicas --node gpu-08 --phase serving
+    ```
+    """
+
+    def show(client: AdminClient) -> int:
+        filters = {"model": model, "node": node, "phase": phase}
+        params = {name: value for name, value in filters.items() if value is not None}
+        reply = call(client, list[ReplicaSummary], "GET", f"{ADMIN}/replicas", params=params)
+        if output == "json":
+            print_json(reply.raw)
+            return EXIT_OK
+        print_table(REPLICA_COLUMNS, (replica_row(r) for r in reply.value))
+        return EXIT_OK
+
+    return run_command("replicas", connection, show)
+
+
+REPLICA_COLUMNS = (
+    Column("replica"),
+    Column("model"),
+    Column("phase"),
+    Column("nodes"),
+    Column("serving since (UTC)"),
+    Column("routable"),
+    Column("moves", wrap=True),
+)
+
+
+def replica_row(replica: ReplicaSummary) -> tuple[str, ...]:
+    return (
+        replica.id,
+        replica.model,
+        replica.phase,
+        ",".join(replica.nodes),
+        utc_seconds(replica.serving_since) if replica.serving_since else "",
+        "yes" if replica.routable else "no",
+        moves(replica),
+    )
+
+
+def moves(replica: ReplicaSummary) -> str:
+    said = []
+    if replica.drain_id is not None:
+        said.append(f"drained by {replica.drain_id}")
+    if replica.replaces is not None:
+        said.append(f"replaces {replica.replaces}")
+    if replica.replacement_id is not None:
+        said.append(f"replaced by {replica.replacement_id}")
+    return "; ".join(said)
+
+
+def show_replica(
+    replica_id: Annotated[str, Parameter(help="The replica id, such as llama-3-8b-2.")],
+    /,
+    *,
+    output: Output = "table",
+    connection: ConnectionFlags | None = None,
+) -> int:
+    """One replica: its phase and why, every shard with its node, GPUs, port, state and
+    error, and the engine's last log lines of a shard that failed.
+
+    ```
+    llmgw-cli replica llama-3-8b-2
+    ```
+    """
+
+    def show(client: AdminClient) -> int:
+        reply = call(client, ReplicaView, "GET", f"{ADMIN}/replicas/{segment(replica_id)}")
+        if output == "json":
+            print_json(reply.raw)
+        else:
+            print_replica(reply.value)
+        return EXIT_OK
+
+    return run_command("replica", connection, show)
+
+
+def print_replica(replica: ReplicaView) -> None:
+    console = Console(highlight=False)
+    facts: list[tuple[str, str | None]] = [
+        ("replica", replica.id),
+        ("model", replica.model),
+        ("phase", replica.phase + (f" ({replica.reason})" if replica.reason else "")),
+        ("routable", "yes" if replica.routable else "no"),
+    ]
+    if replica.serving_since is not None:
+        facts.append(("serving", f"since {utc_seconds(replica.serving_since)} UTC"))
+    if replica.ended_at is not None:
+        facts.append(("ended", f"{utc_seconds(replica.ended_at)} UTC: {replica.end_reason}"))
+    if said := moves(replica):
+        facts.append(("moves", said))
+    print_facts(facts, console)
+    print_table(
+        (
+            Column("shard", justify="right"),
+            Column("node"),
+            Column("GPUs"),
+            Column("port", justify="right"),
+            Column("state"),
+            Column("pid", justify="right"),
+            Column("error", wrap=True),
+        ),
+        (
+            (
+                str(s.index),
+                s.node_id,
+                ",".join(str(g) for g in s.gpus),
+                str(s.port),
+                s.phase,
+                "" if s.pid is None else str(s.pid),
+                _error(s.error, s.exit_code),
+            )
+            for s in replica.shards
+        ),
+        title="shards",
+        console=console,
+    )
+    for shard in replica.shards:
+        if shard.log_tail:
+            console.print(Text(f"engine log of shard {shard.index} (last lines):", "bold"))
+            for line in shard.log_tail:
+                console.print(Text(f"  {line}"), soft_wrap=True)
+
+
+def _error(error: str | None, exit_code: int | None) -> str:
+    if error is None:
+        return ""
+    return error if exit_code is None else f"{error} (exit code {exit_code})"

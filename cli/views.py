@@ -1,0 +1,197 @@
+"""What the admin API answers about nodes, models, replicas, placement, drains and the log,
+as far as llmgw-cli renders it (``--output json`` prints the answers whole).
+
+Declared from the API's JSON, never imported from the server: fields the CLI does not show
+are left out, and every field has a default so that an older or newer server still reads.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import msgspec
+
+from cli.client import EventView
+
+
+class View(msgspec.Struct, frozen=True, kw_only=True):
+    pass
+
+
+# -- nodes -------------------------------------------------------------------------------
+
+
+class NodeSummary(View, frozen=True, kw_only=True):
+    id: str
+    address: str = ""
+    connected: bool = False
+    lost: bool = False
+    cordoned: bool = False
+    drain_id: str | None = None
+    labels: dict[str, str] = {}
+    gpus: int = 0
+    healthy_gpus: int = 0
+    free_gpus: int = 0
+    replicas: int = 0
+
+
+class ConnectionView(View, frozen=True, kw_only=True):
+    connected: bool = False
+    lost: bool = False
+    address: str = ""
+    remote_address: str = ""
+    agent_version: str = ""
+    since: datetime | None = None
+
+
+class GpuView(View, frozen=True, kw_only=True):
+    index: int
+    name: str = ""
+    memory_total_mib: int = 0
+    memory_used_mib: int = 0
+    healthy: bool = True
+    used_by: str | None = None
+    excluded_because: str | None = None
+
+
+class NodeDrainView(View, frozen=True, kw_only=True):
+    drain_id: str
+    grace_s: float | None = None
+    requested_at: datetime | None = None
+
+
+class NodeReplicaView(View, frozen=True, kw_only=True):
+    id: str
+    model: str = ""
+    phase: str = ""
+    shards: list[int] = []
+
+
+class NodeView(View, frozen=True, kw_only=True):
+    id: str
+    connection: ConnectionView = ConnectionView()
+    labels: dict[str, str] = {}
+    port_range: list[int] = []
+    gpus: list[GpuView] = []
+    cordoned: bool = False
+    cordon_reason: str | None = None
+    drain: NodeDrainView | None = None
+    replicas: list[NodeReplicaView] = []
+
+
+class NodeChange(View, frozen=True, kw_only=True):
+    changed: bool
+    node: NodeView
+
+
+# -- models ------------------------------------------------------------------------------
+
+
+class ModelSpecView(View, frozen=True, kw_only=True):
+    command: str = ""
+    engine: str = ""
+    gpus_per_shard: int = 0
+    gpu_memory_gib: float = 0.0
+    shards_per_replica: int = 0
+    node_selector: dict[str, str] = {}
+    startup_timeout_s: float = 0.0
+
+
+class ModelView(View, frozen=True, kw_only=True):
+    name: str
+    removed: bool = False
+    desired: int = 0
+    serving: int = 0
+    counting: int = 0
+    phases: dict[str, int] = {}
+    below_desired_because: list[str] = []
+    unplaceable_reason: str | None = None
+    failures: int = 0
+    backoff_until: datetime | None = None
+    spec: ModelSpecView = ModelSpecView()
+
+
+class ModelChange(View, frozen=True, kw_only=True):
+    changed: bool
+    model: ModelView
+
+
+# -- replicas ----------------------------------------------------------------------------
+
+
+class ReplicaSummary(View, frozen=True, kw_only=True):
+    id: str
+    model: str = ""
+    phase: str = ""
+    nodes: list[str] = []
+    serving_since: datetime | None = None
+    routable: bool = False
+    drain_id: str | None = None
+    replaces: str | None = None
+    replacement_id: str | None = None
+
+
+class ShardView(View, frozen=True, kw_only=True):
+    index: int
+    node_id: str = ""
+    gpus: list[int] = []
+    port: int = 0
+    phase: str = ""
+    pid: int | None = None
+    error: str | None = None
+    exit_code: int | None = None
+    log_tail: list[str] = []
+
+
+class ReplicaView(ReplicaSummary, frozen=True, kw_only=True):
+    reason: str = ""
+    starting_since: datetime | None = None
+    ended_at: datetime | None = None
+    end_reason: str | None = None
+    shards: list[ShardView] = []
+
+
+# -- placement ---------------------------------------------------------------------------
+
+
+class CandidateView(View, frozen=True, kw_only=True):
+    node_id: str
+    eligible: bool = False
+    reasons: list[str] = []
+    gpus: list[int] = []
+    port: int | None = None
+    same_model_replicas: int = 0
+    usable_gpus: int = 0
+
+
+class PlacementView(View, frozen=True, kw_only=True):
+    model: str = ""
+    placeable: bool = False
+    summary: str = ""
+    candidates: list[CandidateView] = []
+
+
+# -- drains and the log ------------------------------------------------------------------
+
+
+class DrainAccepted(View, frozen=True, kw_only=True):
+    drain_id: str
+
+
+class DrainProgressView(View, frozen=True, kw_only=True):
+    drain_id: str
+    node_id: str | None = None
+    requested_by: str = ""
+    requested_at: datetime | None = None
+    grace_s: float | None = None
+    finished: bool = False
+    outcome: str | None = None
+    replicas: list[ReplicaSummary] = []
+    still_on_node: list[str] = []
+    events: list[EventView] = []
+
+
+class EventsPage(View, frozen=True, kw_only=True):
+    events: list[msgspec.Raw] = []
+    next_since: int = 0
+    more: bool = False

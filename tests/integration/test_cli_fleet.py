@@ -1,0 +1,264 @@
+"""`llmgw-cli nodes`, `node`, `cordon`, `uncordon`, `replicas`, `replica`,
+`explain-placement` against a live admin API, over nodes and replicas recorded as the agent
+hub and the reconciler record them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from app.domain.events import (
+    GpuMarkedUnhealthy,
+    NodeDrainFinished,
+    ReplacementServing,
+    ReplicaDrainStarted,
+    ReplicaPlaced,
+    ReplicaServing,
+    ReplicaStopped,
+    ReplicaStopping,
+    ShardFailed,
+    ShardPlacement,
+    node_stream,
+)
+from app.store.postgres import PostgresEventStore
+from tests.support.operator_cli import (
+    OPERATOR,
+    OnTerminal,
+    Operator,
+    live_admin_api,
+    record,
+    seed_node,
+    seed_serving_replica,
+)
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def operator(pg_store: PostgresEventStore, tmp_path: Path) -> AsyncIterator[Operator]:
+    async with live_admin_api(pg_store) as url:
+        yield Operator(home=tmp_path, admin_url=url)
+
+
+def an_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(3)}"
+
+
+def rows(table: str) -> list[list[str]]:
+    """The cells of every body row of the tables in ``table``."""
+    found = []
+    for line in table.splitlines():
+        cells = [cell.strip() for cell in line.split("│")[1:-1]]
+        if cells and cells[0]:
+            found.append(cells)
+    return found
+
+
+async def test_nodes_and_node_show_connection_gpus_health_and_the_replicas_there(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    node, other = an_id("gpu"), an_id("gpu")
+    await seed_node(pg_store, node, labels={"zone": "a"})
+    await seed_node(pg_store, other)
+    await record(
+        pg_store,
+        f"agent:{node}",
+        GpuMarkedUnhealthy(node_id=node, gpu_index=1, reason="XID 79: fell off the bus", xid=79),
+    )
+    replica = f"{an_id('llama')}-1"
+    await seed_serving_replica(pg_store, replica, node)
+
+    listed, table, shown, detail = await asyncio.gather(
+        operator.run("nodes", "--output", "json"),
+        operator.run("nodes"),
+        operator.run("node", node, "--output", "json"),
+        operator.run("node", node),
+    )
+
+    by_id = {n["id"]: n for n in listed.json()}
+    assert set(by_id) == {node, other}
+    assert (by_id[node]["healthy_gpus"], by_id[node]["free_gpus"], by_id[node]["replicas"]) == (
+        1,
+        0,
+        1,
+    )
+    [row] = [r for r in rows(table.stdout) if r[0] == node]
+    assert row[1:5] == ["connected", "1/2", "0", "1"]
+    assert row[6] == "zone=a"
+    gpus = shown.json()["gpus"]
+    assert [g["excluded_because"] for g in gpus] == [
+        f"used by replica {replica}",
+        "unhealthy: XID 79: fell off the bus",
+    ]
+    assert detail.code == 0, detail.stderr
+    assert "unhealthy: XID 79: fell off the bus" in detail.stdout
+    assert [r[:3] for r in rows(detail.stdout) if r[0] == replica] == [
+        [replica, replica.rsplit("-", 1)[0], "serving"]
+    ]
+
+
+async def test_cordon_and_uncordon_are_recorded_as_the_operator_and_say_when_nothing_changed(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    node = an_id("gpu")
+    await seed_node(pg_store, node)
+
+    cordoned = await operator.run("cordon", node, "--reason", "ECC errors on GPU 3")
+    again = await operator.run("cordon", node, "--reason", "ECC errors on GPU 3")
+    shown = await operator.run("node", node, "--output", "json")
+    uncordoned = await operator.run("uncordon", node, "--output", "json")
+    unknown = await operator.run("cordon", "gpu-nowhere")
+
+    assert cordoned.stdout == f"node {node}: cordoned\n"
+    assert again.stdout == f"node {node}: already cordoned, nothing recorded\n"
+    assert (shown.json()["cordoned"], shown.json()["cordon_reason"]) == (
+        True,
+        "ECC errors on GPU 3",
+    )
+    assert (uncordoned.json()["changed"], uncordoned.json()["node"]["cordoned"]) == (True, False)
+    recorded = (await pg_store.read_stream(node_stream(node)))[-2:]
+    assert [(type(r.event).__name__, r.meta.actor) for r in recorded] == [
+        ("NodeCordoned", OPERATOR),
+        ("NodeUncordoned", OPERATOR),
+    ]
+    assert unknown.code == 1
+    assert "no node 'gpu-nowhere' is known" in unknown.stderr
+
+
+async def test_replicas_filter_and_replica_shows_a_failed_shards_error_and_engine_log(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    node = an_id("gpu")
+    await seed_node(pg_store, node)
+    serving = f"{an_id('llama')}-1"
+    await seed_serving_replica(pg_store, serving, node)
+    model = an_id("qwen")
+    failed = f"{model}-1"
+    shard = ShardPlacement(index=0, node_id=node, gpus=(1,), port=20001)
+    await record(
+        pg_store,
+        "reconciler",
+        ReplicaPlaced(replica_id=failed, model=model, number=1, shards=(shard,)),
+    )
+    await record(
+        pg_store,
+        f"agent:{node}",
+        ShardFailed(
+            replica_id=failed,
+            shard_index=0,
+            node_id=node,
+            error="exited with code 1",
+            exit_code=1,
+            log_tail=("loading weights", OOM),
+        ),
+    )
+
+    on_node, of_model, in_phase, shown, detail = await asyncio.gather(
+        operator.run("replicas", "--node", node, "--output", "json"),
+        operator.run("replicas", "--model", model, "--output", "json"),
+        operator.run("replicas", "--phase", "serving"),
+        operator.run("replica", failed, "--output", "json"),
+        operator.run("replica", failed),
+    )
+
+    assert sorted(r["id"] for r in on_node.json()) == sorted([serving, failed])
+    assert [r["id"] for r in of_model.json()] == [failed]
+    assert [r[0] for r in rows(in_phase.stdout) if r[0] != "replica"] == [serving]
+    [failed_shard] = shown.json()["shards"]
+    assert (failed_shard["phase"], failed_shard["exit_code"]) == ("failed", 1)
+    assert failed_shard["log_tail"] == ["loading weights", OOM]
+    assert detail.code == 0, detail.stderr
+    assert "exited with code 1 (exit code 1)" in detail.stdout
+    assert "engine log of shard 0 (last lines):\n  loading weights\n" in detail.stdout
+    assert f"  {OOM}\n" in detail.stdout
+
+
+async def test_explain_placement_gives_every_nodes_reason_for_a_model_or_a_spec_on_trial(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    free, cordoned = an_id("gpu"), an_id("gpu")
+    await seed_node(pg_store, free)
+    await seed_node(pg_store, cordoned)
+    assert (await operator.run("cordon", cordoned, "--reason", "new firmware")).code == 0
+    model = an_id("llama")
+    declared = operator.home / "llama.yaml"
+    declared.write_text(f"name: {model}\ncommand: sim --port {{port}}\nreplicas: 0\n")
+    assert (await operator.run("models", "apply", str(declared))).code == 0
+    too_big = operator.home / "big.json"
+    too_big.write_text(json.dumps({"command": "sim", "gpus_per_shard": 4}))
+
+    for_model, table, trial, neither, both = await asyncio.gather(
+        operator.run("explain-placement", model, "--output", "json"),
+        operator.run("explain-placement", model),
+        operator.run("explain-placement", "--spec", str(too_big), "--output", "json"),
+        operator.run("explain-placement"),
+        operator.run("explain-placement", model, "--spec", str(too_big)),
+    )
+
+    explained = for_model.json()
+    assert explained["placeable"]
+    reasons = {c["node_id"]: c["reasons"] for c in explained["candidates"]}
+    assert reasons == {free: [], cordoned: ["cordoned (new firmware)"]}
+    assert f"{model}: placeable" in table.stdout
+    [row] = [r for r in rows(table.stdout) if r[0] == cordoned]
+    assert (row[1], row[-1]) == ("no", "cordoned (new firmware)")
+    assert not trial.json()["placeable"]
+    assert trial.json()["summary"].startswith("needs 1 node(s) with 4 healthy free GPU(s)")
+    assert (neither.code, both.code) == (2, 2)
+    assert "give a model name or --spec FILE" in neither.stderr
+
+
+async def test_drain_wait_on_a_terminal_shows_the_move_live_until_the_drain_completes(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    node, other = an_id("gpu"), an_id("gpu")
+    await seed_node(pg_store, node)
+    await seed_node(pg_store, other)
+    model = an_id("llama")
+    original, replacement = f"{model}-1", f"{model}-2"
+    await seed_serving_replica(pg_store, original, node)
+    started = await operator.run("drain", node, "--output", "json")
+    drain_id = started.json()["drain_id"]
+    watcher = OnTerminal.start(operator, "drain-progress", drain_id, "--wait")
+    try:
+        await wait_until(lambda: "moving" in watcher.text(), what="the live view")
+        # The reconciler's steps, recorded while the operator watches.
+        shard = ShardPlacement(index=0, node_id=other, gpus=(0,), port=20000)
+        await record(
+            pg_store,
+            "reconciler",
+            ReplicaDrainStarted(replica_id=original, drain_id=drain_id, reason="node drains"),
+            ReplicaPlaced(
+                replica_id=replacement, model=model, number=2, shards=(shard,), replaces=original
+            ),
+            correlation_id=drain_id,
+        )
+        await wait_until(lambda: "replica_placed" in watcher.text(), what="the placement shown")
+        await record(pg_store, "reconciler", ReplicaServing(replica_id=replacement))
+        await record(
+            pg_store,
+            "reconciler",
+            ReplacementServing(replica_id=original, replacement_id=replacement),
+            ReplicaStopping(replica_id=original, reason=f"drain {drain_id}: replaced"),
+            ReplicaStopped(replica_id=original),
+            NodeDrainFinished(node_id=node, drain_id=drain_id, outcome="every replica moved"),
+            correlation_id=drain_id,
+        )
+        code = await watcher.exit_code()
+    finally:
+        watcher.kill()
+
+    assert code == 0, watcher.text()
+    shown = watcher.text()
+    assert f"{drain_id} drains node {node}, requested by {OPERATOR}" in shown
+    assert "done: every replica moved" in shown
+    assert f"replaced by {replacement}" in shown

@@ -1,0 +1,139 @@
+"""`llmgw-cli models apply FILE`, `models`, `model <name>`, `scale`, `remove` against a live
+admin API over a real PostgreSQL log."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from app.domain.events import model_stream
+from app.store.postgres import PostgresEventStore
+from tests.support.operator_cli import OPERATOR, Operator, live_admin_api
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def operator(pg_store: PostgresEventStore, tmp_path: Path) -> AsyncIterator[Operator]:
+    async with live_admin_api(pg_store) as url:
+        yield Operator(home=tmp_path, admin_url=url)
+
+
+def a_model() -> str:
+    return f"llama-{secrets.token_hex(3)}"
+
+
+def spec_yaml(name: str, replicas: int = 2) -> str:
+    return (
+        f"name: {name}\n"
+        "command: vllm serve meta-llama/Meta-Llama-3-8B --port {port}\n"
+        "gpu_memory_gib: 40\n"
+        f"replicas: {replicas}\n"
+    )
+
+
+async def test_applying_a_yaml_spec_declares_the_model_once_and_models_lists_it(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    name = a_model()
+    spec = operator.home / "llama.yaml"
+    spec.write_text(spec_yaml(name))
+
+    first = await operator.run("models", "apply", str(spec))
+    again = await operator.run("models", "apply", str(spec), "--output", "json")
+    listed, shown, table = await asyncio.gather(
+        operator.run("models", "--output", "json"),
+        operator.run("model", name, "--output", "json"),
+        operator.run("models"),
+    )
+
+    assert first.code == 0, first.stderr
+    assert first.stdout == f"model {name}: declared\n"
+    [unchanged] = again.json()
+    assert (unchanged["changed"], unchanged["model"]["name"]) == (False, name)
+    [declared] = await pg_store.read_stream(model_stream(name))
+    assert declared.meta.actor == OPERATOR
+    assert [m["name"] for m in listed.json()] == [name]
+    model = shown.json()
+    assert (model["desired"], model["serving"], model["spec"]["gpu_memory_gib"]) == (2, 0, 40)
+    assert model["below_desired_because"] == ["2 replica(s) not placed yet"]
+    [row] = [line for line in table.stdout.splitlines() if name in line]
+    assert "0/2" in row
+    assert "2 replica(s) not placed yet" in row
+
+
+async def test_a_json_file_with_several_specs_declares_each(operator: Operator) -> None:
+    names = [a_model(), a_model()]
+    specs = [{"name": n, "command": "sim --port {port}", "replicas": 1} for n in names]
+    path = operator.home / "fleet.json"
+    path.write_text(json.dumps(specs))
+
+    applied = await operator.run("models", "apply", str(path), "--output", "json")
+
+    assert [(c["changed"], c["model"]["name"]) for c in applied.json()] == [
+        (True, names[0]),
+        (True, names[1]),
+    ]
+
+
+async def test_an_invalid_spec_is_refused_with_each_field_and_reason_and_nothing_is_recorded(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    name = a_model()
+    spec = operator.home / "bad.yaml"
+    spec.write_text(spec_yaml(name, replicas=-1) + "routing:\n  weight: 0\n")
+    unnamed = operator.home / "unnamed.yaml"
+    unnamed.write_text("command: vllm serve x\n")
+    broken = operator.home / "broken.yaml"
+    broken.write_text("name: [unclosed\n")
+    before = await pg_store.last_position()
+
+    refused, nameless, unparsable, missing = await asyncio.gather(
+        operator.run("models", "apply", str(spec)),
+        operator.run("models", "apply", str(unnamed)),
+        operator.run("models", "apply", str(broken)),
+        operator.run("models", "apply", str(operator.home / "nowhere.yaml")),
+    )
+
+    assert refused.code == 1
+    assert f"spec of model '{name}' is invalid" in refused.stderr
+    assert "  replicas: must be between 0 and 10000\n" in refused.stderr
+    assert "  routing.weight: must be positive\n" in refused.stderr
+    assert nameless.code == 1
+    assert f"{unnamed}: name: is required" in nameless.stderr
+    assert unparsable.code == 1
+    assert f"{broken} is not valid YAML at line 2" in unparsable.stderr
+    assert missing.code == 2
+    assert await pg_store.last_position() == before
+
+
+async def test_scale_and_remove_record_the_change_and_an_unknown_model_fails(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    name = a_model()
+    spec = operator.home / "llama.yaml"
+    spec.write_text(spec_yaml(name))
+    assert (await operator.run("models", "apply", str(spec))).code == 0
+
+    scaled = await operator.run("scale", name, "3", "--output", "json")
+    same = await operator.run("scale", name, "3")
+    removed = await operator.run("remove", name, "--output", "json")
+    unknown = await operator.run("scale", "no-such-model", "1")
+    negative = await operator.run("scale", name, "-1")
+    after_removal = await operator.run("models", "--removed", "--output", "json")
+
+    assert scaled.json()["model"]["desired"] == 3
+    assert same.stdout == f"model {name}: already at 3, nothing recorded\n"
+    assert removed.json() == {"model": name, "removed": True}
+    types = [type(r.event).__name__ for r in await pg_store.read_stream(model_stream(name))]
+    assert types == ["ModelDeclared", "ModelScaled", "ModelRemoved"]
+    assert unknown.code == 1
+    assert "no model 'no-such-model' is known" in unknown.stderr
+    assert negative.code == 2
+    assert [(m["name"], m["removed"]) for m in after_removal.json()] == [(name, True)]
