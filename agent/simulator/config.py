@@ -48,6 +48,8 @@ class FaultConfig(msgspec.Struct, frozen=True, kw_only=True):
     never_ready: bool = False
     exit_after_s: float | None = None
     crash_after_requests: int | None = None
+    without_metrics: bool = False
+    """``/metrics`` answers 404, as an engine that exports no metrics does."""
 
 
 class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -55,5 +57,8 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     port: int = 8000
     model: str = "sim-model"
     error_style: ErrorStyle = "openai"
+    eos_after_tokens: int | None = None
+    """The simulated model emits its end-of-sequence token after this many output tokens;
+    ``None``: never, every answer runs to ``max_tokens``."""
     capacity: CapacityConfig = CapacityConfig()
     faults: FaultConfig = FaultConfig()

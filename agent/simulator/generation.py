@@ -27,6 +27,16 @@ class Generation(msgspec.Struct, frozen=True, kw_only=True):
     max_tokens: int
     stream: bool
     include_usage: bool
+    ignore_eos: bool = False
+    finish_reason: str = "length"
+
+    def ending_at_eos(self, eos_after_tokens: int | None) -> Generation:
+        """This generation as it runs on an engine whose model emits its end-of-sequence
+        token after ``eos_after_tokens`` tokens: shorter, finishing with ``stop``, unless
+        the request asked to ignore it."""
+        if self.ignore_eos or eos_after_tokens is None or eos_after_tokens >= self.max_tokens:
+            return self
+        return msgspec.structs.replace(self, max_tokens=eos_after_tokens, finish_reason="stop")
 
 
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
@@ -46,6 +56,7 @@ def parse_chat(body: bytes, served_model: str) -> Generation:
         request.n,
         request.stream,
         request.stream_options,
+        request.ignore_eos,
     )
 
 
@@ -65,7 +76,13 @@ def parse_completion(body: bytes, served_model: str) -> Generation:
             param="prompt",
         )
     return _generation(
-        "completion", tokens, request.max_tokens, request.n, request.stream, request.stream_options
+        "completion",
+        tokens,
+        request.max_tokens,
+        request.n,
+        request.stream,
+        request.stream_options,
+        request.ignore_eos,
     )
 
 
@@ -99,6 +116,7 @@ def _generation(
     n: int,
     stream: bool,
     stream_options: StreamOptions | None,
+    ignore_eos: bool,
 ) -> Generation:
     if n != 1:
         raise invalid_request("Only n=1 is supported.", param="n")
@@ -112,4 +130,5 @@ def _generation(
         max_tokens=max_tokens,
         stream=stream,
         include_usage=stream and stream_options is not None and stream_options.include_usage,
+        ignore_eos=ignore_eos,
     )

@@ -132,6 +132,8 @@ class SimulatorApp:
         await _respond(send, 200, b"", _TEXT)
 
     async def _metrics(self, receive: Receive, send: Send) -> None:
+        if self._config.faults.without_metrics:
+            raise ApiError(404, "No route for /metrics.", code="not_found")
         text = render(self.metrics, self.engine.gauges(), self._config.model)
         await _respond(send, 200, text.encode(), _TEXT)
 
@@ -160,6 +162,7 @@ class SimulatorApp:
             raise not_ready()
 
     async def _generate(self, generation: Generation, receive: Receive, send: Send) -> None:
+        generation = generation.ending_at_eos(self._config.eos_after_tokens)
         try:
             handle = self.engine.submit(
                 generation.prompt, generation.max_tokens, streaming=generation.stream

@@ -49,6 +49,8 @@ def serve(
     never_ready: bool = False,
     exit_after: float | None = None,
     crash_after_requests: int | None = None,
+    without_metrics: bool = False,
+    eos_after: int | None = None,
     error_style: ErrorStyle = "openai",
 ) -> int:
     """Serve a simulated engine until interrupted.
@@ -83,6 +85,11 @@ def serve(
         Exit with a failure this many seconds after start.
     crash_after_requests
         Exit with a failure after serving this many completion requests.
+    without_metrics
+        /metrics answers 404, as an engine without a metrics exporter does.
+    eos_after
+        The model ends its answer after this many tokens (finish_reason "stop") unless
+        the request sets ignore_eos. [default: answers run to max_tokens]
     error_style
         Error bodies: openai ({"error": {...}}), flat ({"detail": ...}) or message
         ({"object": "error", "message": ...}).
@@ -99,17 +106,22 @@ def serve(
     except ValueError as exc:
         log.error("invalid capacity settings", error=str(exc))
         return 2
+    if eos_after is not None and eos_after < 1:
+        log.error("invalid --eos-after", error="must be at least 1")
+        return 2
     config = ServerConfig(
         host=host,
         port=port,
         model=model,
         error_style=error_style,
+        eos_after_tokens=eos_after,
         capacity=capacity.instant() if instant else capacity,
         faults=FaultConfig(
             start_delay_s=start_delay,
             never_ready=never_ready,
             exit_after_s=exit_after,
             crash_after_requests=crash_after_requests,
+            without_metrics=without_metrics,
         ),
     )
     log.info(
@@ -123,6 +135,8 @@ def serve(
         never_ready=never_ready,
         exit_after=exit_after,
         crash_after_requests=crash_after_requests,
+        without_metrics=without_metrics,
+        eos_after=eos_after,
         error_style=error_style,
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
     )

@@ -28,7 +28,6 @@ from agent.simulator.wire import (
     Usage,
 )
 
-FINISH_REASON = "length"
 DONE_EVENT = b"data: [DONE]\n\n"
 
 _encode = msgspec.json.Encoder().encode
@@ -76,7 +75,7 @@ class ChatRenderer:
                 choices=[
                     ChatChoice(
                         message=AssistantMessage(content=output_text(output_tokens)),
-                        finish_reason=FINISH_REASON,
+                        finish_reason=self._generation.finish_reason,
                     )
                 ],
                 usage=_usage(self._generation, output_tokens),
@@ -93,7 +92,7 @@ class ChatRenderer:
         )
 
     def closing(self, output_tokens: int) -> bytes:
-        closing = self._chunk(ChatDelta(), FINISH_REASON)
+        closing = self._chunk(ChatDelta(), self._generation.finish_reason)
         if self._generation.include_usage:
             closing += _event(
                 ChatCompletionChunk(
@@ -135,7 +134,10 @@ class CompletionRenderer:
                 created=self._created,
                 model=self._model,
                 choices=[
-                    CompletionChoice(text=output_text(output_tokens), finish_reason=FINISH_REASON)
+                    CompletionChoice(
+                        text=output_text(output_tokens),
+                        finish_reason=self._generation.finish_reason,
+                    )
                 ],
                 usage=_usage(self._generation, output_tokens),
             )
@@ -146,8 +148,9 @@ class CompletionRenderer:
 
     def tokens(self, start: int, stop: int) -> bytes:
         last = self._generation.max_tokens - 1
+        finish_reason = self._generation.finish_reason
         return b"".join(
-            self._chunk(output_piece(index), FINISH_REASON if index == last else None)
+            self._chunk(output_piece(index), finish_reason if index == last else None)
             for index in range(start, stop)
         )
 

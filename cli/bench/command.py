@@ -1,0 +1,236 @@
+"""`llmgw-cli bench`: measure what one engine serves within a latency SLO, and recommend
+its weight, target_waiting and kv_ceiling (``--apply`` records them).
+
+Exit codes: 0 the climb ended (the capacity is known, or at least --max-concurrency);
+1 failed (the engine unreachable or without /metrics, even concurrency 1 broke the SLO,
+--apply refused); 2 bad usage. A report is written whenever a level ran.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from cyclopts import App, Group, Parameter, validators
+
+from cli.bench.errors import BenchError
+from cli.bench.plan import BenchPlan
+from cli.bench.slo import SloError, SloTarget, parse_duration, parse_fraction, parse_targets
+from cli.bench.target import Target, engine_root, resolve_replica
+from cli.client import AdminClient, ClientError
+from cli.config import ConfigError, ConnectionFlags, ConnectionSettings, resolve_settings
+from cli.render import EXIT_FAILED, EXIT_USAGE, print_error
+
+bench_app = App(
+    name="bench",
+    help="Climb concurrency against one replica or engine until a latency SLO breaks; "
+    "report its capacity and recommend weight, target_waiting and kv_ceiling.",
+)
+
+TARGET = Group("Target", sort_key=0)
+SLO = Group("SLO", sort_key=1)
+WORKLOAD = Group("Workload", sort_key=2)
+CLIMB = Group("Climb", sort_key=3)
+RESULT = Group("Report and apply", sort_key=4)
+Positive = validators.Number(gte=1)
+
+
+class UsageError(ValueError):
+    pass
+
+
+@bench_app.default
+def bench(
+    *,
+    url: Annotated[
+        str | None,
+        Parameter(group=TARGET, help="An OpenAI-compatible engine: http://HOST:PORT or .../v1."),
+    ] = None,
+    replica: Annotated[
+        str | None,
+        Parameter(group=TARGET, help="A serving replica, found through the admin API."),
+    ] = None,
+    model: Annotated[
+        str | None,
+        Parameter(group=TARGET, help="The model id to request, when the engine serves several."),
+    ] = None,
+    api: Annotated[
+        Literal["completions", "chat"],
+        Parameter(group=TARGET, help="/v1/completions (the prompt first, as sent) or chat."),
+    ] = "completions",
+    slo: Annotated[
+        tuple[str, ...],
+        Parameter(
+            group=SLO,
+            negative=(),
+            show_default=False,
+            help="A latency target, LATENCY_pN=LIMIT: ttft, tpot or e2e; p50, p90, p95 or p99; "
+            "such as ttft_p95=500ms. Repeat for several; at least one.",
+        ),
+    ] = (),
+    min_success: Annotated[
+        str, Parameter(group=SLO, help="Share of requests that must succeed at a level.")
+    ] = "99%",
+    input_tokens: Annotated[int, Parameter(group=WORKLOAD, validator=Positive)] = 512,
+    output_tokens: Annotated[
+        int,
+        Parameter(
+            group=WORKLOAD,
+            validator=Positive,
+            help="Enforced with max_tokens, and ignore_eos where the engine takes it.",
+        ),
+    ] = 128,
+    shared_prefix: Annotated[
+        bool,
+        Parameter(
+            group=WORKLOAD,
+            negative=(),
+            help="Send byte-identical prompts, to measure prefix caching on purpose. By "
+            "default every prompt starts with a random header, so no cache can help.",
+        ),
+    ] = False,
+    warmup: Annotated[str, Parameter(group=CLIMB, help="Unmeasured start of each level.")] = "5s",
+    duration: Annotated[str, Parameter(group=CLIMB, help="How long each level measures.")] = "30s",
+    requests: Annotated[
+        int | None,
+        Parameter(group=CLIMB, validator=Positive, help="Measure this many requests instead."),
+    ] = None,
+    start_concurrency: Annotated[int, Parameter(group=CLIMB, validator=Positive)] = 1,
+    max_concurrency: Annotated[int, Parameter(group=CLIMB, validator=Positive)] = 256,
+    precision: Annotated[
+        str,
+        Parameter(
+            group=CLIMB,
+            help="Stop bisecting when passing and failing levels are this close (a share of "
+            "the passing level; never closer than 1).",
+        ),
+    ] = "5%",
+    sample_interval: Annotated[
+        str, Parameter(group=CLIMB, help="How often /metrics is read while a level measures.")
+    ] = "500ms",
+    request_timeout: Annotated[str, Parameter(group=CLIMB)] = "300s",
+    seed: Annotated[
+        int | None, Parameter(group=WORKLOAD, help="Make the random prompts reproducible.")
+    ] = None,
+    report_dir: Annotated[
+        Path | None,
+        Parameter(
+            group=RESULT,
+            help="Where bench.json and bench.png go. [default: ./bench-NAME-TIME]",
+        ),
+    ] = None,
+    output: Annotated[
+        Literal["table", "json"],
+        Parameter(group=RESULT, help="table for people; json prints the report's JSON."),
+    ] = "table",
+    apply: Annotated[
+        bool,
+        Parameter(
+            group=RESULT,
+            negative=(),
+            help="Record the recommendation through the admin API (a tuned event with the "
+            "bench summary).",
+        ),
+    ] = False,
+    apply_to: Annotated[
+        Literal["model", "replica"],
+        Parameter(group=RESULT, help="Tune the whole model, or only --replica."),
+    ] = "model",
+    connection: ConnectionFlags | None = None,
+) -> int:
+    """Measure what one engine can serve within an SLO.
+
+    Concurrency climbs 1, 2, 4, ... until a level breaks the SLO, then bisects between the
+    last level that met it (the capacity) and the first that broke it. Each level warms
+    up, then measures TTFT, TPOT, end-to-end latency, throughput and errors, and samples
+    the engine's waiting queue and KV-cache usage from /metrics. The prefix cache is reset
+    between levels where the engine offers it.
+
+    ```
+    llmgw-cli bench --replica llama-3-8b-2 --slo ttft_p95=500ms --slo tpot_p95=50ms
+    llmgw-cli bench --url http://10.0.0.7:8001 --slo e2e_p99=10s --input-tokens 2000 --apply
+    ```
+    """
+    try:
+        plan = BenchPlan(
+            targets=_targets(slo),
+            min_success_rate=parse_fraction(min_success, "--min-success"),
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            shared_prefix=shared_prefix,
+            warmup_s=parse_duration(warmup, "--warmup"),
+            duration_s=_positive(parse_duration(duration, "--duration"), "--duration"),
+            max_requests=requests,
+            start_concurrency=start_concurrency,
+            max_concurrency=_at_least(max_concurrency, start_concurrency),
+            precision=_precision(precision),
+            sample_interval_s=_positive(
+                parse_duration(sample_interval, "--sample-interval"), "--sample-interval"
+            ),
+            request_timeout_s=_positive(
+                parse_duration(request_timeout, "--request-timeout"), "--request-timeout"
+            ),
+            seed=seed,
+        )
+        _check_target_flags(url, replica, apply, apply_to)
+        settings = resolve_settings(connection or ConnectionFlags()) if replica or apply else None
+        root_url = engine_root(url) if url is not None else None
+    except (SloError, UsageError, ConfigError, ValueError) as exc:
+        print_error("bench", str(exc))
+        return EXIT_USAGE
+    try:
+        target = _target(root_url, replica, settings)
+    except (ClientError, BenchError, UsageError) as exc:
+        print_error("bench", str(exc))
+        return EXIT_FAILED
+    # aiohttp and matplotlib load only when a bench runs, so other commands start quickly.
+    from cli.bench.execute import run_and_report
+
+    return run_and_report(
+        plan, target, model, api, report_dir, output, settings if apply else None, apply_to
+    )
+
+
+def _target(
+    root_url: str | None, replica: str | None, settings: ConnectionSettings | None
+) -> Target:
+    if root_url is not None:
+        return Target(root_url=root_url)
+    if replica is None or settings is None:
+        raise UsageError("give the engine to bench: --url URL or --replica ID")
+    with AdminClient(settings) as client:
+        return resolve_replica(client, replica)
+
+
+def _check_target_flags(
+    url: str | None, replica: str | None, apply: bool, apply_to: Literal["model", "replica"]
+) -> None:
+    if (url is None) == (replica is None):
+        raise UsageError("give the engine to bench: --url URL or --replica ID (one of them)")
+    if apply and apply_to == "replica" and replica is None:
+        raise UsageError("--apply-to replica needs --replica")
+
+
+def _targets(texts: tuple[str, ...]) -> tuple[SloTarget, ...]:
+    if not texts:
+        raise UsageError("give at least one latency target, such as --slo ttft_p95=500ms")
+    return parse_targets(texts)
+
+
+def _positive(value: float, flag: str) -> float:
+    if value <= 0:
+        raise UsageError(f"{flag} must be more than zero")
+    return value
+
+
+def _at_least(maximum: int, start: int) -> int:
+    if maximum < start:
+        raise UsageError(f"--max-concurrency {maximum} is below --start-concurrency {start}")
+    return maximum
+
+
+def _precision(text: str) -> float:
+    value = parse_fraction(text, "--precision")
+    if value >= 1:
+        raise UsageError("--precision must be below 100%")
+    return value

@@ -1,0 +1,136 @@
+"""Running a planned bench: the climb, the report files and table, and ``--apply``."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from rich.console import Console
+
+from cli.bench.climb import StopReason
+from cli.bench.errors import BenchError
+from cli.bench.plan import BenchPlan
+from cli.bench.progress import LevelProgress
+from cli.bench.report import (
+    INTERRUPTED,
+    AppliedView,
+    BenchReport,
+    TargetView,
+    build_report,
+    tuning_summary,
+    write_json,
+)
+from cli.bench.runner import BenchRun, run_bench
+from cli.bench.table import print_report
+from cli.bench.target import Api, Target
+from cli.client import AdminClient, ClientError
+from cli.config import ConnectionSettings
+from cli.render import EXIT_FAILED, EXIT_OK, print_error
+
+REPORT_FILE = "bench.json"
+CHART_FILE = "bench.png"
+
+
+def run_and_report(
+    plan: BenchPlan,
+    target: Target,
+    model: str | None,
+    api: Api,
+    report_dir: Path | None,
+    output: Literal["table", "json"],
+    apply_with: ConnectionSettings | None,
+    apply_to: Literal["model", "replica"],
+) -> int:
+    """Run the climb, write and print the report (whenever a level ran), apply the
+    recommendation when ``apply_with`` is given; the exit code."""
+    run = BenchRun.planned(plan)
+    console = Console(stderr=True, highlight=False)
+    started_at = datetime.now(UTC)
+    failure: str | None = None
+    try:
+        with LevelProgress(console) as progress:
+            asyncio.run(run_bench(run, target.root_url, model, api, progress))
+    except BenchError as exc:
+        failure = str(exc)
+    except KeyboardInterrupt:
+        failure = INTERRUPTED
+    view = TargetView(
+        url=target.root_url, model=model or target.model, replica_id=target.replica_id, api=api
+    )
+    report = build_report(
+        run, view, started_at=started_at, finished_at=datetime.now(UTC), failure=failure
+    )
+    directory = report_dir or _default_report_dir(target, report)
+    code, problem = EXIT_OK, None
+    if failure is not None:
+        code, problem = EXIT_FAILED, failure if failure != INTERRUPTED else "interrupted"
+    elif report.stop_reason == StopReason.FIRST_LEVEL_BROKEN:
+        code, problem = EXIT_FAILED, report.stop_detail
+    elif apply_with is not None:
+        report, problem = _apply(report, target, apply_with, apply_to, directory / REPORT_FILE)
+        code = EXIT_OK if problem is None else EXIT_FAILED
+    if report.levels:
+        _write_files(report, directory, console)
+        if output == "json":
+            sys.stdout.write((directory / REPORT_FILE).read_text())
+        else:
+            print_report(report, Console(highlight=False))
+    if problem is not None:
+        print_error("bench", problem)
+    return code
+
+
+def _apply(
+    report: BenchReport,
+    target: Target,
+    settings: ConnectionSettings,
+    apply_to: Literal["model", "replica"],
+    report_file: Path,
+) -> tuple[BenchReport, str | None]:
+    """The report with what was applied, or the reason nothing was."""
+    recommendation = report.recommendation
+    model = target.model or report.target.model
+    if recommendation is None or model is None:
+        return report, f"--apply: nothing to apply: {report.recommendation_note}"
+    replica_id = target.replica_id if apply_to == "replica" else None
+    try:
+        with AdminClient(settings) as client:
+            result = client.tune(
+                model,
+                weight=recommendation.weight,
+                target_waiting=recommendation.target_waiting,
+                kv_ceiling=recommendation.kv_ceiling,
+                replica_id=replica_id,
+                summary=tuning_summary(report, report_file.resolve()),
+            )
+    except ClientError as exc:
+        return report, f"--apply: {exc}"
+    subject = f"replica {replica_id}" if replica_id else f"model {model}"
+    print(
+        f"applied to {subject}: weight {result.routing.weight:g}, target_waiting "
+        f"{result.routing.target_waiting}, kv_ceiling {result.routing.kv_ceiling:g}"
+        + ("" if result.changed else " (already in force: nothing recorded)"),
+        file=sys.stderr,
+    )
+    applied = AppliedView(model=model, replica_id=replica_id, changed=result.changed)
+    return report.with_applied(applied), None
+
+
+def _write_files(report: BenchReport, directory: Path, console: Console) -> None:
+    # matplotlib takes a while to load; a run that drew nothing does not pay for it.
+    from cli.bench.chart import write_chart
+
+    directory.mkdir(parents=True, exist_ok=True)
+    write_json(report, directory / REPORT_FILE)
+    write_chart(report, directory / CHART_FILE)
+    console.print(f"report: {directory / REPORT_FILE}, chart: {directory / CHART_FILE}")
+
+
+def _default_report_dir(target: Target, report: BenchReport) -> Path:
+    name = target.replica_id or report.target.model or "engine"
+    stamp = report.started_at.strftime("%Y%m%dT%H%M%SZ")
+    return Path(f"bench-{re.sub(r'[^A-Za-z0-9._-]+', '_', name)}-{stamp}")

@@ -1,0 +1,111 @@
+"""The engine's ``/metrics`` as bench reads it: queue depth, KV-cache usage and the prefix
+cache's counters, under the names vLLM, SGLang and llama.cpp's server export.
+
+The first name of each list that the scrape contains is used. With several engines in one
+scrape (data parallel), waiting requests and counters are summed and the KV-cache usage is
+the fullest engine's, the one that saturates first. Samples labelled with another model
+than the one benched are left out when any sample carries the benched model's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+from prometheus_client.parser import text_string_to_metric_families
+
+from cli.bench.errors import MetricsUnavailable
+
+WAITING_METRICS = (
+    "vllm:num_requests_waiting",
+    "sglang:num_queue_reqs",
+    "llamacpp:requests_deferred",
+)
+KV_USAGE_METRICS = (
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "sglang:token_usage",
+    "llamacpp:kv_cache_usage_ratio",
+)
+PREFIX_HITS_METRICS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
+PREFIX_QUERIES_METRICS = (
+    "vllm:prefix_cache_queries_total",
+    "vllm:gpu_prefix_cache_queries_total",
+)
+_MODEL_LABELS = ("model_name", "model")
+
+
+class EngineReading(msgspec.Struct, frozen=True, kw_only=True):
+    waiting: float | None = None
+    kv_cache_usage: float | None = None
+    prefix_cache_hits: float | None = None
+    prefix_cache_queries: float | None = None
+
+    @property
+    def has_gauges(self) -> bool:
+        return self.waiting is not None and self.kv_cache_usage is not None
+
+
+def read_metrics(text: str, model: str | None = None) -> EngineReading:
+    """What bench needs from one scrape. Raises ``MetricsUnavailable`` for text that is not
+    the Prometheus format."""
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    except (ValueError, TypeError, IndexError) as exc:
+        raise MetricsUnavailable(f"/metrics is not in the Prometheus text format: {exc}") from exc
+
+    def values(names: Sequence[str]) -> list[float] | None:
+        for name in names:
+            if name in samples:
+                return _for_model(samples[name], model)
+        return None
+
+    waiting = values(WAITING_METRICS)
+    kv_usage = values(KV_USAGE_METRICS)
+    hits = values(PREFIX_HITS_METRICS)
+    queries = values(PREFIX_QUERIES_METRICS)
+    return EngineReading(
+        waiting=None if waiting is None else sum(waiting),
+        kv_cache_usage=None if not kv_usage else max(kv_usage),
+        prefix_cache_hits=None if hits is None else sum(hits),
+        prefix_cache_queries=None if queries is None else sum(queries),
+    )
+
+
+def missing_gauges(reading: EngineReading) -> list[str]:
+    """What bench needs and the scrape lacked, as the names it looked for."""
+    missing: list[str] = []
+    if reading.waiting is None:
+        missing.append("the waiting queue (" + ", ".join(WAITING_METRICS) + ")")
+    if reading.kv_cache_usage is None:
+        missing.append("KV-cache usage (" + ", ".join(KV_USAGE_METRICS) + ")")
+    return missing
+
+
+def prefix_cache_hit_rate(before: EngineReading, after: EngineReading) -> float | None:
+    """Prompt tokens the prefix cache answered over those looked up between two scrapes."""
+    hits_before, hits_after = before.prefix_cache_hits, after.prefix_cache_hits
+    queries_before, queries_after = before.prefix_cache_queries, after.prefix_cache_queries
+    if hits_before is None or hits_after is None:
+        return None
+    if queries_before is None or queries_after is None or queries_after <= queries_before:
+        return None
+    return (hits_after - hits_before) / (queries_after - queries_before)
+
+
+def _for_model(labelled: list[tuple[dict[str, str], float]], model: str | None) -> list[float]:
+    if model is not None:
+        mine = [value for labels, value in labelled if _model_of(labels) == model]
+        if mine:
+            return mine
+    return [value for _, value in labelled]
+
+
+def _model_of(labels: dict[str, str]) -> str | None:
+    for label in _MODEL_LABELS:
+        if label in labels:
+            return labels[label]
+    return None

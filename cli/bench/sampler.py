@@ -1,0 +1,75 @@
+"""Reads the engine's ``/metrics``: once before and after a level (counters), and every
+sample interval while the level measures (queue depth, KV-cache usage)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import aiohttp
+
+from cli.bench.errors import BenchError, MetricsUnavailable, TargetUnreachable
+from cli.bench.load import ClosedLoop, Phase
+from cli.bench.metrics import EngineReading, missing_gauges, read_metrics
+from cli.bench.request import connect_failure
+from cli.bench.target import Engine
+
+SCRAPE_TIMEOUT_S = 10.0
+
+
+class MetricsReader:
+    def __init__(self, session: aiohttp.ClientSession, engine: Engine) -> None:
+        self._session = session
+        self._engine = engine
+
+    async def read(self) -> EngineReading:
+        """Raises ``MetricsUnavailable`` and ``TargetUnreachable``."""
+        url = self._engine.metrics_url
+        try:
+            async with self._session.get(
+                url, timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)
+            ) as response:
+                text = await response.text(errors="replace")
+                status = response.status
+        except aiohttp.ClientConnectorError as exc:
+            raise TargetUnreachable(
+                f"cannot connect to the engine at {self._engine.root_url} to read {url}: "
+                f"{connect_failure(exc)}"
+            ) from exc
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            raise TargetUnreachable(
+                f"the engine at {self._engine.root_url} broke off the connection while {url} "
+                f"was read: {exc or type(exc).__name__}"
+            ) from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise MetricsUnavailable(f"GET {url} failed: {exc or type(exc).__name__}") from exc
+        if status != 200:
+            raise MetricsUnavailable(
+                f"GET {url} answered HTTP {status}: bench reads the engine's waiting queue and "
+                "KV-cache usage there to recommend target_waiting and kv_ceiling; start the "
+                "engine with its Prometheus metrics on (vLLM and SGLang serve them by default)"
+            )
+        return read_metrics(text, self._engine.model)
+
+    async def check(self) -> EngineReading:
+        """A first reading, refused when it lacks the gauges bench needs."""
+        reading = await self.read()
+        missing = missing_gauges(reading)
+        if missing:
+            raise MetricsUnavailable(
+                f"{self._engine.metrics_url} has no sample of {' nor '.join(missing)}: bench "
+                "needs both to recommend target_waiting and kv_ceiling"
+            )
+        return reading
+
+
+async def sample_while_measuring(
+    reader: MetricsReader, load: ClosedLoop, interval_s: float, samples: list[EngineReading]
+) -> None:
+    """Append a reading every ``interval_s`` while ``load`` measures; runs until cancelled.
+    A failed scrape is skipped: the load notices an engine that went away."""
+    while True:
+        if load.phase is Phase.MEASURE:
+            with contextlib.suppress(BenchError):
+                samples.append(await reader.read())
+        await asyncio.sleep(interval_s)

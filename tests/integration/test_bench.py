@@ -1,0 +1,565 @@
+"""`llmgw-cli bench` as an operator runs it: the installed console script against real
+``llmgw-sim-engine`` processes whose capacity model says what the answer must be, and,
+for ``--replica`` and ``--apply``, against a real cluster (server, agent, PostgreSQL).
+
+The simulator is set up so that the KV cache holds four unique requests (24 blocks of
+16 tokens; a request of 64 prompt and 8 output tokens needs 5) while 16 could run at once.
+A decode step takes 30 ms whatever the batch. So unique prompts run four at a time and
+queue beyond that, and byte-identical prompts share their four prompt blocks and all 16
+run: prefix caching raises the capacity, as it does on real hardware.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import random
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+import httpx
+import msgspec
+import pytest
+import pytest_asyncio
+from aiohttp import web
+
+from agent.simulator.config import CapacityConfig
+from agent.simulator.launcher import SimulatorProcess, free_port, simulator_command, start_simulator
+from agent.simulator.prediction import predict_steady_state
+from app.store.database import driver_url
+from app.store.gateway_snapshot import read_snapshot
+from cli.bench.report import BenchReport
+from tests.support.cluster import (
+    ADMIN_TOKEN,
+    CLI,
+    Cluster,
+    ClusterPki,
+    add_logs_to_failed_reports,
+    issue_pki,
+)
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+CAPACITY = CapacityConfig(
+    max_num_seqs=16,
+    block_size=16,
+    num_blocks=24,
+    prefill_ms_per_token=0.0,
+    decode_base_ms=30.0,
+    decode_per_seq_ms=0.0,
+)
+INPUT_TOKENS = 64
+OUTPUT_TOKENS = 8
+EOS_AFTER = 3
+"""The simulated model would end every answer after 3 tokens; bench asks it not to."""
+TTFT_LIMIT_S = 0.31
+"""Between the TTFT predicted at concurrency 8 (270 ms: one answer's wait, 240 ms, and a
+step) and at 9 (330 ms on average; the unlucky ninth waits two answers)."""
+SIMULATOR_FLAGS = (
+    *("--max-num-seqs", str(CAPACITY.max_num_seqs)),
+    *("--block-size", str(CAPACITY.block_size)),
+    *("--num-blocks", str(CAPACITY.num_blocks)),
+    *("--prefill-ms-per-token", "0"),
+    *("--decode-base-ms", str(CAPACITY.decode_base_ms)),
+    *("--decode-per-seq-ms", "0"),
+    *("--eos-after", str(EOS_AFTER)),
+)
+SHORT_LEVELS = (
+    *("--warmup", "600ms", "--duration", "1500ms", "--sample-interval", "50ms"),
+    *("--input-tokens", str(INPUT_TOKENS), "--output-tokens", str(OUTPUT_TOKENS)),
+)
+QUICK_LEVELS = (
+    *("--warmup", "100ms", "--requests", "8", "--sample-interval", "20ms"),
+    *("--input-tokens", "24", "--output-tokens", "4"),
+)
+CLI_TIMEOUT_S = 150
+
+
+@dataclass(frozen=True)
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+    report_dir: Path
+
+    @property
+    def report(self) -> BenchReport:
+        return msgspec.json.decode((self.report_dir / "bench.json").read_bytes(), type=BenchReport)
+
+
+async def bench(tmp_path: Path, *args: str, environment: dict[str, str] | None = None) -> Result:
+    """``llmgw-cli bench ARGS`` with its report in a directory of its own under ``tmp_path``."""
+    report_dir = tmp_path / f"report-{random.getrandbits(32):08x}"
+    code, stdout, stderr = await llmgw_cli(
+        tmp_path, "bench", *args, "--report-dir", str(report_dir), environment=environment
+    )
+    return Result(code, stdout, stderr, report_dir)
+
+
+async def llmgw_cli(
+    home: Path, *args: str, environment: dict[str, str] | None = None
+) -> tuple[int, str, str]:
+    """The installed ``llmgw-cli`` with only the llmgw settings given; its exit code,
+    stdout and stderr."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("LLMGW_") and key != "XDG_CONFIG_HOME"
+    }
+    process = await asyncio.create_subprocess_exec(
+        CLI,
+        *args,
+        cwd=home,
+        env={**env, "HOME": str(home), "COLUMNS": "200", **(environment or {})},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        stdout, stderr = await asyncio.wait_for(process.communicate(), CLI_TIMEOUT_S)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode is not None
+    return process.returncode, stdout.decode(), stderr.decode()
+
+
+@contextmanager
+def running(*flags: str) -> Iterator[SimulatorProcess]:
+    with start_simulator(*flags) as simulator:
+        simulator.wait_healthy()
+        yield simulator
+
+
+@pytest.fixture
+def simulated() -> Iterator[SimulatorProcess]:
+    """The engine described at the top of this module."""
+    with running(*SIMULATOR_FLAGS) as simulator:
+        yield simulator
+
+
+@pytest.fixture
+def quick_engine() -> Iterator[SimulatorProcess]:
+    with running("--decode-base-ms", "2", "--decode-per-seq-ms", "0") as simulator:
+        yield simulator
+
+
+def predicted_capacity(limit_s: float, up_to: int, *, cached_prompt_tokens: int = 0) -> int:
+    """The highest concurrency whose predicted TTFT is within ``limit_s``."""
+    meets = [
+        concurrency
+        for concurrency in range(1, up_to + 1)
+        if predict_steady_state(
+            CAPACITY,
+            concurrency=concurrency,
+            prompt_tokens=INPUT_TOKENS,
+            output_tokens=OUTPUT_TOKENS,
+            cached_prompt_tokens=cached_prompt_tokens,
+        ).time_to_first_token_s
+        <= limit_s
+    ]
+    return max(meets, default=0)
+
+
+def prefix_cache_hits(simulator: SimulatorProcess) -> float:
+    text = httpx.get(f"{simulator.base_url}/metrics").text
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("vllm:prefix_cache_hits_total{")]
+    return float(line.rsplit(" ", 1)[1])
+
+
+# -- capacity --------------------------------------------------------------------------
+
+
+async def test_the_capacity_is_the_one_the_capacity_model_predicts_for_the_slo(
+    simulated: SimulatorProcess, tmp_path: Path
+) -> None:
+    expected = predicted_capacity(TTFT_LIMIT_S, up_to=12)
+    assert expected == 8  # four run, four wait one answer's time; a ninth waits two
+
+    result = await bench(
+        tmp_path,
+        *("--url", simulated.openai_base_url, "--slo", "ttft_p95=310ms"),
+        *("--max-concurrency", "12", "--precision", "0", *SHORT_LEVELS),
+    )
+
+    assert result.code == 0, result.stderr
+    report = result.report
+    assert report.stop_reason == "slo_broken"
+    assert abs(report.capacity - expected) <= report.resolution == 1, result.stdout
+    assert f"capacity: {report.capacity} concurrent requests" in result.stdout
+    assert all(level.mean_output_tokens == OUTPUT_TOKENS for level in report.levels)
+    assert all(level.prefix_cache_hit_rate == 0 for level in report.levels)
+    assert report.target.ignore_eos is True
+    assert (result.report_dir / "bench.png").read_bytes().startswith(b"\x89PNG")
+
+
+async def test_the_recommendation_lies_within_what_the_engine_showed_at_capacity(
+    simulated: SimulatorProcess, tmp_path: Path
+) -> None:
+    result = await bench(
+        tmp_path,
+        *("--url", simulated.base_url, "--slo", "e2e_p99=10s"),
+        *("--start-concurrency", "8", "--max-concurrency", "8", *SHORT_LEVELS),
+    )
+
+    assert result.code == 0, result.stderr
+    report = result.report
+    at_capacity = report.level(report.capacity)
+    recommendation = report.recommendation
+    assert at_capacity is not None, result.stdout
+    assert recommendation is not None, report.recommendation_note
+    waiting, kv = at_capacity.waiting, at_capacity.kv_cache_usage
+    assert waiting is not None
+    assert kv is not None
+    assert waiting.min <= recommendation.target_waiting <= waiting.max
+    assert kv.min <= recommendation.kv_ceiling <= kv.max
+    assert recommendation.target_waiting >= 3  # four requests queue behind the four running
+    assert recommendation.weight == pytest.approx(at_capacity.output_tokens_per_s / 100, rel=0.01)
+
+
+async def test_a_shared_prefix_is_answered_from_the_cache_and_raises_the_capacity(
+    simulated: SimulatorProcess, tmp_path: Path
+) -> None:
+    unique_capacity = predicted_capacity(TTFT_LIMIT_S, up_to=16)
+    hits_before = prefix_cache_hits(simulated)
+
+    result = await bench(
+        tmp_path,
+        *("--url", simulated.base_url, "--slo", "ttft_p95=310ms", "--shared-prefix"),
+        *("--max-concurrency", "16", *SHORT_LEVELS),
+    )
+
+    assert result.code == 0, result.stderr
+    report = result.report
+    assert report.capacity > unique_capacity, result.stdout
+    assert report.capacity == 16
+    assert report.stop_reason == "ceiling"
+    assert all((level.prefix_cache_hit_rate or 0) > 0.8 for level in report.levels)
+    assert prefix_cache_hits(simulated) > hits_before
+    assert report.workload.prefix_cache_reset == "/reset_prefix_cache"
+
+
+# -- what is sent ----------------------------------------------------------------------
+
+
+class RecordingProxy:
+    """Passes every request through to the engine, streaming, and keeps the bodies of the
+    completion requests."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.bodies: list[dict[str, Any]] = []
+        self.refuse_ignore_eos = False
+        """Answer 400 to ``ignore_eos``, as OpenAI's own API does to fields it does not know."""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        if request.path.endswith("/completions"):
+            self.bodies.append(json.loads(body))
+            if self.refuse_ignore_eos and "ignore_eos" in self.bodies[-1]:
+                message = "Unrecognized request argument supplied: ignore_eos"
+                return web.json_response({"error": {"message": message}}, status=400)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.request(
+                request.method,
+                f"{self.upstream}{request.path_qs}",
+                data=body,
+                headers={"content-type": request.content_type},
+            ) as upstream,
+        ):
+            response = web.StreamResponse(
+                status=upstream.status,
+                headers={"content-type": upstream.headers.get("content-type", "text/plain")},
+            )
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+    def prompts(self) -> list[str]:
+        """What bench sent to measure, without its first request (the engine probe)."""
+        return [str(body["prompt"]) for body in self.bodies[1:]]
+
+    def count(self, text: str) -> int:
+        return sum(1 for body in self.bodies if text in json.dumps(body))
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def proxy(quick_engine: SimulatorProcess) -> AsyncIterator[tuple[str, RecordingProxy]]:
+    recorder = RecordingProxy(quick_engine.base_url)
+    application = web.Application()
+    application.router.add_route("*", "/{path:.*}", recorder.handle)
+    runner = web.AppRunner(application)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}", recorder
+    finally:
+        await runner.cleanup()
+
+
+async def test_default_prompts_differ_from_their_first_bytes_as_sent(
+    proxy: tuple[str, RecordingProxy], tmp_path: Path
+) -> None:
+    url, recorder = proxy
+
+    result = await bench(
+        tmp_path,
+        *("--url", url, "--slo", "e2e_p99=10s", "--max-concurrency", "4", *QUICK_LEVELS),
+    )
+
+    assert result.code == 0, result.stderr
+    prompts = recorder.prompts()
+    assert len(prompts) >= 3 * 8
+    assert all(a[:16] != b[:16] for a, b in itertools.combinations(prompts, 2))
+    assert all(len(prompt.split(" ")) == 24 for prompt in prompts)
+    assert all(body.get("ignore_eos") is True for body in recorder.bodies)
+    assert {body["max_tokens"] for body in recorder.bodies[1:]} == {4}
+
+
+async def test_shared_prefix_prompts_are_byte_identical_as_sent(
+    proxy: tuple[str, RecordingProxy], tmp_path: Path
+) -> None:
+    url, recorder = proxy
+
+    result = await bench(
+        tmp_path,
+        *("--url", url, "--slo", "e2e_p99=10s", "--max-concurrency", "4", *QUICK_LEVELS),
+        *("--shared-prefix", "--output", "json"),
+    )
+
+    assert result.code == 0, result.stderr
+    assert msgspec.json.decode(result.stdout, type=BenchReport) == result.report
+    prompts = recorder.prompts()
+    assert len(prompts) >= 3 * 8
+    assert len(set(prompts)) == 1
+    assert len(prompts[0].split(" ")) == 24
+
+
+async def test_an_engine_that_refuses_ignore_eos_is_benched_without_it(
+    proxy: tuple[str, RecordingProxy], tmp_path: Path
+) -> None:
+    url, recorder = proxy
+    recorder.refuse_ignore_eos = True
+
+    result = await bench(
+        tmp_path,
+        *("--url", url, "--slo", "e2e_p99=10s", "--max-concurrency", "2", *QUICK_LEVELS),
+    )
+
+    assert result.code == 0, result.stderr
+    report = result.report
+    assert report.target.ignore_eos is False
+    assert any("the engine refused ignore_eos" in note for note in report.notes)
+    assert "note: the engine refused ignore_eos" in result.stdout
+    assert recorder.count("ignore_eos") == 1  # the first request only
+    assert len(recorder.bodies) > 2 * 8
+
+
+# -- bad input -------------------------------------------------------------------------
+
+
+async def test_an_unreachable_engine_is_named_and_nothing_is_written(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+
+    result = await bench(tmp_path, "--url", url, "--slo", "ttft_p95=1s")
+
+    assert result.code == 1
+    assert f"cannot reach the engine at {url}: connection refused" in result.stderr
+    assert not result.report_dir.exists()
+
+
+async def test_an_engine_without_metrics_is_refused_before_any_level(tmp_path: Path) -> None:
+    with running("--without-metrics") as simulator:
+        result = await bench(tmp_path, "--url", simulator.base_url, "--slo", "ttft_p95=1s")
+
+    assert result.code == 1
+    assert f"GET {simulator.base_url}/metrics answered HTTP 404" in result.stderr
+    assert "target_waiting and kv_ceiling" in result.stderr
+    assert not result.report_dir.exists()
+
+
+async def test_an_slo_that_concurrency_one_breaks_ends_with_a_one_level_report(
+    quick_engine: SimulatorProcess, tmp_path: Path
+) -> None:
+    result = await bench(
+        tmp_path, "--url", quick_engine.base_url, "--slo", "ttft_p95=10us", *QUICK_LEVELS
+    )
+
+    assert result.code == 1
+    assert "llmgw-cli bench: even concurrency 1 broke the SLO: ttft_p95" in result.stderr
+    report = result.report
+    assert [level.concurrency for level in report.levels] == [1]
+    assert report.stop_reason == "first_level_broken"
+    assert report.capacity == 0
+    assert report.recommendation is None
+
+
+async def test_an_engine_that_dies_half_way_leaves_a_report_of_the_levels_that_ran(
+    tmp_path: Path,
+) -> None:
+    with running("--decode-base-ms", "2", "--crash-after-requests", "40") as simulator:
+        result = await bench(
+            tmp_path, "--url", simulator.base_url, "--slo", "e2e_p99=10s", *QUICK_LEVELS
+        )
+        await wait_until(lambda: simulator.process.poll() is not None, what="the crash")
+
+    assert result.code == 1
+    assert f"the engine at {simulator.base_url}" in result.stderr.splitlines()[-1]
+    report = result.report
+    assert report.stop_reason == "failed"
+    assert 1 <= len(report.levels) < 4
+    assert report.recommendation is None
+    assert "capacity: unknown, the bench stopped early" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("flags", "complaint"),
+    [
+        (("--slo", "ttft_p95=1s"), "--url URL or --replica ID"),
+        (("--url", "http://127.0.0.1:1"), "at least one latency target"),
+        (("--url", "http://127.0.0.1:1", "--slo", "ttft_p95"), "LATENCY_pN=LIMIT"),
+        (("--url", "http://127.0.0.1:1", "--slo", "ttft_p95=1s", "--apply-to", "replica",
+          "--apply"), "--apply-to replica needs --replica"),
+    ],
+)  # fmt: skip
+async def test_bad_usage_exits_2_with_the_way_to_fix_it(
+    flags: tuple[str, ...], complaint: str, tmp_path: Path
+) -> None:
+    result = await bench(tmp_path, *flags)
+
+    assert result.code == 2
+    assert complaint in result.stderr
+
+
+# -- a replica of a cluster ------------------------------------------------------------
+
+
+MODEL = "bench-sim"
+NODE = "gpu-bench"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> ClusterPki:
+    pki = issue_pki(tmp_path_factory.mktemp("bench-pki"))
+    pki.node(NODE)
+    return pki
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def cluster(
+    database_url: str, tmp_path: Path, pki: ClusterPki, request: pytest.FixtureRequest
+) -> AsyncIterator[Cluster]:
+    directory = tmp_path / "cluster"
+    directory.mkdir()
+    async with Cluster(database_url, directory, pki) as cluster:
+        try:
+            yield cluster
+        finally:
+            add_logs_to_failed_reports(request, cluster)
+
+
+async def serving_replica(cluster: Cluster) -> str:
+    """One replica of a small simulated model, serving; its id."""
+    cluster.start_server()
+    await cluster.wait_for_leader()
+    cluster.start_agent(NODE)
+    await cluster.wait_for_nodes_connected([NODE])
+    command = (
+        f"{simulator_command()} --port {{port}} --model {{model}} --max-num-seqs 4 "
+        "--decode-base-ms 2 --decode-per-seq-ms 0"
+    )
+    await cluster.apply_simulated_model(MODEL, replicas=1, command=command)
+    serving: list[dict[str, object]] = []
+
+    async def one_serving() -> bool:
+        serving[:] = await cluster.replicas(model=MODEL, phase="serving")
+        return len(serving) == 1
+
+    await wait_until(one_serving, within_s=30.0, every_s=0.1, what="the replica serving")
+    return str(serving[0]["id"])
+
+
+async def test_apply_records_the_recommendation_with_its_summary_and_the_gateway_routes_by_it(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    replica_id = await serving_replica(cluster)
+    admin = {"LLMGW_ADMIN_URL": cluster.servers[0].admin_url, "LLMGW_ADMIN_TOKEN": ADMIN_TOKEN}
+
+    result = await bench(
+        tmp_path,
+        *("--replica", replica_id, "--slo", "e2e_p99=10s", "--max-concurrency", "4"),
+        *QUICK_LEVELS,
+        "--apply",
+        environment=admin,
+    )
+
+    assert result.code == 0, result.stderr
+    report = result.report
+    recommendation = report.recommendation
+    assert recommendation is not None
+    assert report.target.replica_id == replica_id
+    assert report.applied is not None
+    assert report.applied.changed
+    assert f"applied to model {MODEL}: weight {recommendation.weight:g}" in result.stderr
+    tuned = await cluster.wait_for_event("model_tuned")
+    assert tuned.actor == "alice"
+    assert (tuned.get("weight"), tuned.get("target_waiting"), tuned.get("kv_ceiling")) == (
+        recommendation.weight,
+        recommendation.target_waiting,
+        recommendation.kv_ceiling,
+    )
+    summary = tuned.get("summary")
+    assert isinstance(summary, dict)
+    assert summary["source"] == "llmgw-cli bench"
+    assert summary["capacity"] == report.capacity == 4
+    assert summary["target"]["replica_id"] == replica_id
+    assert summary["slo"] == ["e2e_p99 <= 10 s"]
+    connection = await asyncpg.connect(driver_url(cluster.database_url))
+    try:
+        snapshot = await read_snapshot(connection, within_s=5.0)
+    finally:
+        await connection.close()
+    (route,) = snapshot.routes[MODEL]
+    assert route.replica_id == replica_id
+    assert route.url == report.target.url  # the engine bench measured is the one routed to
+    assert (route.weight, route.target_waiting, route.kv_ceiling) == (
+        pytest.approx(recommendation.weight),
+        recommendation.target_waiting,
+        pytest.approx(recommendation.kv_ceiling),
+    )
+
+    code, history, _ = await llmgw_cli(tmp_path, "history", "model", MODEL, environment=admin)
+    assert code == 0
+    assert f"model tuned: weight {recommendation.weight:g}" in history
+
+    alone = await bench(
+        tmp_path,
+        *("--replica", replica_id, "--slo", "e2e_p99=10s", "--max-concurrency", "2"),
+        *QUICK_LEVELS,
+        *("--apply", "--apply-to", "replica"),
+        environment=admin,
+    )
+    assert alone.code == 0, alone.stderr
+    assert f"applied to replica {replica_id}" in alone.stderr
+    for_replica = await cluster.wait_for_event(
+        "model_tuned", lambda event: event.get("replica_id") == replica_id
+    )
+    assert for_replica.position > tuned.position
+
+    unknown = await bench(
+        tmp_path, "--replica", f"{MODEL}-999", "--slo", "e2e_p99=10s", environment=admin
+    )
+    assert unknown.code == 1
+    assert f"{MODEL}-999" in unknown.stderr

@@ -1,0 +1,176 @@
+"""The report of a bench, complete or cut short: its verdict, the JSON, the chart, the
+table, and the summary --apply records."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import msgspec
+from rich.console import Console
+
+from cli.bench.chart import write_chart
+from cli.bench.plan import BenchPlan
+from cli.bench.report import (
+    FAILED,
+    INTERRUPTED,
+    BenchReport,
+    TargetView,
+    build_report,
+    tuning_summary,
+    write_json,
+)
+from cli.bench.runner import BenchRun
+from cli.bench.slo import breaches, parse_targets
+from cli.bench.stats import LevelFigures, percentiles
+from cli.bench.table import print_report
+from cli.bench.target import Engine
+
+STARTED = datetime(2026, 3, 5, 16, 0, tzinfo=UTC)
+PLAN = BenchPlan(
+    targets=parse_targets(["ttft_p95=300ms"]),
+    min_success_rate=0.99,
+    input_tokens=64,
+    output_tokens=8,
+    max_concurrency=64,
+    precision=0.0,
+)
+TARGET = TargetView(url="http://10.0.0.7:8001", model=None, replica_id="llama-2", api="completions")
+
+
+def measured(concurrency: int, ttft_s: float, tokens_per_s: float) -> LevelFigures:
+    figures = LevelFigures(
+        concurrency=concurrency,
+        window_s=2.0,
+        requests=20,
+        succeeded=20,
+        errors=0,
+        success_rate=1.0,
+        requests_per_s=tokens_per_s / 8,
+        output_tokens_per_s=tokens_per_s,
+        ttft_s=percentiles([ttft_s] * 20),
+        tpot_s=percentiles([0.03] * 20),
+        e2e_s=percentiles([ttft_s + 0.21] * 20),
+        waiting=percentiles([max(concurrency - 4, 0)] * 5),
+        kv_cache_usage=percentiles([0.8, 0.83]),
+        prefix_cache_hit_rate=0.0,
+        metric_samples=5,
+    )
+    missed = breaches(PLAN.targets, PLAN.min_success_rate, figures)
+    return msgspec.structs.replace(figures, slo_met=not missed, breaches=missed)
+
+
+def run_against(levels: dict[int, tuple[float, float]]) -> BenchRun:
+    """A run whose climb measured the levels it asked for from ``levels``."""
+    run = BenchRun.planned(PLAN)
+    run.engine = Engine("http://10.0.0.7:8001", "llama", ignore_eos=True)
+    while (level := run.climb.next_level) is not None and level in levels:
+        figures = measured(level, *levels[level])
+        run.levels.append(figures)
+        run.climb.record(level, passed=figures.slo_met)
+    return run
+
+
+ENGINE = {
+    1: (0.03, 30.0),
+    2: (0.05, 60.0),
+    4: (0.06, 120.0),
+    8: (0.27, 133.0),
+    16: (0.9, 140.0),
+    12: (0.5, 135.0),
+    10: (0.5, 134.0),
+    9: (0.48, 133.5),
+}
+
+
+def report_of(run: BenchRun, failure: str | None = None) -> BenchReport:
+    return build_report(
+        run,
+        TARGET,
+        started_at=STARTED,
+        finished_at=STARTED + timedelta(minutes=3),
+        failure=failure,
+    )
+
+
+def test_a_finished_climb_reports_capacity_peak_and_a_recommendation() -> None:
+    report = report_of(run_against(ENGINE))
+
+    assert report.complete
+    assert report.capacity == 8
+    assert report.resolution == 1
+    assert report.stop_reason == "slo_broken"
+    assert report.stop_detail == (
+        "concurrency 9 broke the SLO (ttft_p95 480 ms > 300 ms); 8 met it"
+    )
+    assert report.peak is not None
+    assert (report.peak.concurrency, report.peak.slo_met) == (16, False)
+    assert report.recommendation is not None
+    assert report.recommendation.target_waiting == 4
+    assert report.recommendation.kv_ceiling == 0.83
+    assert report.recommendation.weight == 1.33
+    assert report.target.model == "llama"
+    assert report.target.ignore_eos is True
+
+
+def test_a_climb_cut_short_keeps_its_levels_but_recommends_nothing() -> None:
+    run = run_against({1: ENGINE[1], 2: ENGINE[2]})
+
+    report = report_of(run, failure="cannot connect to the engine: connection refused")
+
+    assert [level.concurrency for level in report.levels] == [1, 2]
+    assert report.stop_reason == FAILED
+    assert report.stop_detail == "cannot connect to the engine: connection refused"
+    assert report.recommendation is None
+    assert report.recommendation_note == "the bench did not finish, so its capacity is not known"
+    assert report_of(run, failure=INTERRUPTED).stop_detail == "interrupted after 2 levels"
+
+
+def test_when_concurrency_one_breaks_the_report_says_why() -> None:
+    report = report_of(run_against({1: (0.5, 30.0)}))
+
+    assert report.stop_reason == "first_level_broken"
+    assert report.stop_detail == "even concurrency 1 broke the SLO: ttft_p95 500 ms > 300 ms"
+    assert report.capacity == 0
+    assert report.recommendation is None
+
+
+def test_the_json_report_reads_back_whole(tmp_path: Path) -> None:
+    report = report_of(run_against(ENGINE))
+
+    write_json(report, tmp_path / "bench.json")
+
+    assert msgspec.json.decode((tmp_path / "bench.json").read_bytes(), type=BenchReport) == report
+
+
+def test_the_chart_is_a_png(tmp_path: Path) -> None:
+    write_chart(report_of(run_against(ENGINE)), tmp_path / "bench.png")
+    write_chart(report_of(run_against({1: (0.5, 30.0)})), tmp_path / "one.png")
+
+    for name in ("bench.png", "one.png"):
+        assert (tmp_path / name).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_the_table_marks_capacity_and_peak_and_ends_with_the_verdict() -> None:
+    console = Console(width=140, record=True)
+
+    print_report(report_of(run_against(ENGINE)), console)
+
+    text = console.export_text()
+    assert "cap 8" in text
+    assert "peak 16" in text
+    assert "capacity: 8 concurrent requests (to within 1)" in text
+    assert "recommended: weight 1.33, target_waiting 4, kv_ceiling 0.83" in text
+
+
+def test_the_summary_says_where_the_numbers_came_from() -> None:
+    summary = tuning_summary(report_of(run_against(ENGINE)), Path("/tmp/bench.json"))
+
+    assert summary["source"] == "llmgw-cli bench"
+    assert summary["capacity"] == 8
+    assert summary["slo"] == ["ttft_p95 <= 300 ms"]
+    assert summary["target"]["replica_id"] == "llama-2"
+    assert summary["at_capacity"]["output_tokens_per_s"] == 133.0
+    assert summary["peak"]["concurrency"] == 16
+    assert summary["report_file"] == "/tmp/bench.json"
+    assert len(msgspec.json.encode(summary)) < 4096
