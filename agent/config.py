@@ -30,6 +30,7 @@ from app.pki.names import check_subject_name
 ENV_PREFIX = "LLMGW_AGENT_"
 CONFIG_ENV = f"{ENV_PREFIX}CONFIG"
 DEFAULT_PORT_RANGE = (20000, 20999)
+DEFAULT_RECONNECT_MAX_DELAY_S = 30.0
 FAKE_GPU_HEALTH_FILE = "fake-gpu-health.json"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -64,6 +65,7 @@ class AgentSettings:
     address: str | None = None
     port_range: str | None = None
     log_level: str | None = None
+    reconnect_max_delay: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +81,8 @@ class AgentConfig:
     address: str
     port_range: tuple[int, int]
     log_level: str
+    reconnect_max_delay_s: float = DEFAULT_RECONNECT_MAX_DELAY_S
+    """The longest wait between two connection attempts."""
 
     @property
     def fake_gpu_health_file(self) -> Path:
@@ -100,6 +104,7 @@ class _FileSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     address: str | Unset = UNSET
     port_range: str | tuple[int, int] | Unset = UNSET
     log_level: str | Unset = UNSET
+    reconnect_max_delay: float | Unset = UNSET
 
 
 def fake_gpu_health_file(state_dir: Path) -> Path:
@@ -124,6 +129,7 @@ def settings_from_env(environ: Mapping[str, str]) -> AgentSettings:
 
     servers = get("SERVERS")
     labels = get("LABELS")
+    reconnect_max_delay = get("RECONNECT_MAX_DELAY")
     return AgentSettings(
         servers=None if servers is None else tuple(re.split(r"[\s,]+", servers)),
         node_id=get("NODE_ID"),
@@ -136,6 +142,9 @@ def settings_from_env(environ: Mapping[str, str]) -> AgentSettings:
         address=get("ADDRESS"),
         port_range=get("PORT_RANGE"),
         log_level=get("LOG_LEVEL"),
+        reconnect_max_delay=None
+        if reconnect_max_delay is None
+        else _seconds(reconnect_max_delay, f"{ENV_PREFIX}RECONNECT_MAX_DELAY"),
     )
 
 
@@ -164,6 +173,7 @@ def settings_from_file(path: Path) -> AgentSettings:
         address=_given(read.address),
         port_range=_port_range_text(read.port_range),
         log_level=_given(read.log_level),
+        reconnect_max_delay=_given(read.reconnect_max_delay),
     )
 
 
@@ -197,6 +207,11 @@ def resolve(settings: AgentSettings, environ: Mapping[str, str]) -> AgentConfig:
     log_level = (settings.log_level or "info").lower()
     if log_level not in LOG_LEVELS:
         raise ConfigError(f"--log-level {log_level!r}: expected one of {', '.join(LOG_LEVELS)}")
+    reconnect_max_delay = settings.reconnect_max_delay
+    if reconnect_max_delay is not None and not reconnect_max_delay > 0:
+        raise ConfigError(
+            f"--reconnect-max-delay {reconnect_max_delay}: expected a positive number of seconds"
+        )
     return AgentConfig(
         servers=tuple(parse_server(server) for server in settings.servers),
         node_id=node_id,
@@ -213,6 +228,7 @@ def resolve(settings: AgentSettings, environ: Mapping[str, str]) -> AgentConfig:
             else parse_port_range(settings.port_range)
         ),
         log_level=log_level,
+        reconnect_max_delay_s=reconnect_max_delay or DEFAULT_RECONNECT_MAX_DELAY_S,
     )
 
 
@@ -309,6 +325,13 @@ def _port_range_text(port_range: str | tuple[int, int] | Unset) -> str | None:
     if isinstance(port_range, Unset):
         return None
     return port_range if isinstance(port_range, str) else f"{port_range[0]}-{port_range[1]}"
+
+
+def _seconds(text: str, source: str) -> float:
+    try:
+        return float(text)
+    except ValueError as exc:
+        raise ConfigError(f"{source} {text!r}: expected a number of seconds") from exc
 
 
 def _given(value: T | Unset) -> T | None:

@@ -32,7 +32,7 @@ from agent.config import (
     load_config,
     parse_labels,
 )
-from agent.connection import ConnectionFatal, stay_connected
+from agent.connection import Backoff, ConnectionFatal, stay_connected
 from agent.gpus import mark_fake_gpu, open_gpu_source
 from agent.runtime import AgentRuntime, agent_version
 from app.logs import configure_logging
@@ -104,6 +104,10 @@ def run(
     log_level: Annotated[
         str | None, Parameter(help="debug, info, warning or error. [default: info]")
     ] = None,
+    reconnect_max_delay: Annotated[
+        float | None,
+        Parameter(help="The longest wait in seconds between connection attempts. [default: 30]"),
+    ] = None,
     config: Annotated[
         Path | None, Parameter(help="A TOML file of settings. [default: $LLMGW_AGENT_CONFIG]")
     ] = None,
@@ -128,6 +132,7 @@ def run(
             address=address,
             port_range=port_range,
             log_level=log_level,
+            reconnect_max_delay=reconnect_max_delay,
         )
         settings = load_config(flags, os.environ, config)
     except ConfigError as exc:
@@ -188,7 +193,10 @@ async def _serve_until_stopped(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
-    connection = asyncio.create_task(stay_connected(config.servers, ssl_context, runtime.serve))
+    backoff = Backoff(cap_s=config.reconnect_max_delay_s)
+    connection = asyncio.create_task(
+        stay_connected(config.servers, ssl_context, runtime.serve, backoff=backoff)
+    )
     gpu_watch = asyncio.create_task(runtime.watch_gpus())
     stop = asyncio.create_task(stopping.wait())
     try:

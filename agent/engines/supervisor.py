@@ -129,7 +129,8 @@ class EngineSupervisor:
     async def stop(self, replica_id: str, shard_index: int, grace_s: float = 10.0) -> None:
         """SIGTERM the engine's process group, SIGKILL it after ``grace_s``, report
         ``stopped`` and forget the shard. Stopping a shard that is not running only
-        reports ``stopped``."""
+        reports ``stopped``. An engine stopped before it was ever ready (timed out, most
+        likely) reports its log tail with it: the operator's only clue to why."""
         key = ShardKey(replica_id, shard_index)
         async with self._lock(key):
             watched = self._running.get(key)
@@ -141,8 +142,10 @@ class EngineSupervisor:
             if known is None:
                 self._report(ShardChange(**key._asdict(), state=ShardState.STOPPED))
             else:
+                never_ready = known.state is ShardState.STARTING
+                tail = self._tail(key) if never_ready else ()
                 stopped = msgspec.structs.replace(known, state=ShardState.STOPPED)
-                self._report(change_of(stopped, exit_code=exit_code))
+                self._report(change_of(stopped, exit_code=exit_code, log_tail=tail))
 
     async def reattach(self) -> list[ShardRecord]:
         """Watch again every recorded engine that is still alive (never restarting it);

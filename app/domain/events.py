@@ -218,10 +218,14 @@ class ShardFailed(Event, frozen=True, kw_only=True):
 
 
 class ShardStopped(Event, frozen=True, kw_only=True):
+    """``log_tail``: the engine's last lines when it was stopped before it was ever ready
+    (absent from older payloads, which read as empty)."""
+
     replica_id: str
     shard_index: int
     node_id: str
     exit_code: int | None = None
+    log_tail: tuple[str, ...] = ()
 
 
 class ReplicaServing(Event, frozen=True, kw_only=True):

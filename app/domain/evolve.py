@@ -117,12 +117,10 @@ def _shard_failed(state: ClusterState, event: ShardFailed, recorded: Recorded) -
 
 
 def _shard_stopped(state: ClusterState, event: ShardStopped, recorded: Recorded) -> None:
-    _update_shard(
-        state,
-        event.replica_id,
-        event.shard_index,
-        {"phase": ShardPhase.STOPPED, "exit_code": event.exit_code},
-    )
+    changes: dict[str, Any] = {"phase": ShardPhase.STOPPED, "exit_code": event.exit_code}
+    if event.log_tail:  # an empty one keeps the tail an earlier failure reported
+        changes["log_tail"] = event.log_tail
+    _update_shard(state, event.replica_id, event.shard_index, changes)
 
 
 def _replica_placed(state: ClusterState, event: ReplicaPlaced, recorded: Recorded) -> None:

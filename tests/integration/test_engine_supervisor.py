@@ -38,6 +38,7 @@ from agent.engines.records import (
     process_identity,
     read_proc_stat,
 )
+from tests.support.waiting import wait_until
 
 ENGINE_SOURCE = r"""
 import argparse, http.server, json, os, signal, sys, time
@@ -275,10 +276,27 @@ async def test_stop_terminates_the_engine_and_reports_stopped(node: Node) -> Non
 
     stopped = agent.log.changes[-1]
     assert (stopped.state, stopped.exit_code, stopped.pid) == (ShardState.STOPPED, 0, record.pid)
+    assert stopped.log_tail == ()
     assert agent.supervisor.log_tail(spec.replica_id, 0)[-1] == "received SIGTERM, shutting down"
     assert process_identity(record.pid) is None
     assert agent.supervisor.inventory() == []
     assert RecordStore(node.state_dir).load_all() == []
+
+
+async def test_an_engine_stopped_before_it_was_ready_reports_its_log_tail(node: Node) -> None:
+    agent = node.agent()
+    spec = node.spec("--delay", "60")
+    record = await agent.supervisor.start(spec)
+    started = f"engine started pid={record.pid} PORT={spec.port}"
+    await wait_until(
+        lambda: started in agent.supervisor.log_tail(spec.replica_id, 0), what="the engine's log"
+    )
+
+    await agent.supervisor.stop(spec.replica_id, spec.shard_index, grace_s=5.0)
+
+    stopped = agent.log.changes[-1]
+    assert (stopped.state, stopped.pid) == (ShardState.STOPPED, record.pid)
+    assert started in stopped.log_tail
 
 
 async def test_an_engine_that_ignores_sigterm_is_killed_after_the_grace(node: Node) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from agent.config import (
     DEFAULT_PORT_RANGE,
+    DEFAULT_RECONNECT_MAX_DELAY_S,
     AgentSettings,
     ConfigError,
     ServerAddress,
@@ -80,7 +81,7 @@ def test_everything_can_come_from_a_file_named_by_the_environment(tmp_path: Path
         folder,
         'servers = ["wss://cp-1:8443", "wss://[fd00::5]/agent"]\nnode_id = "gpu-07"\n'
         'cert = "gpu-07.crt"\nkey = "gpu-07.key"\nca = "ca.crt"\nstate_dir = "state"\n'
-        'fake_gpus = "4x80GB"\nport_range = [21000, 21099]\n',
+        'fake_gpus = "4x80GB"\nport_range = [21000, 21099]\nreconnect_max_delay = 5\n',
     )
 
     config = load_config(AgentSettings(), {"LLMGW_AGENT_CONFIG": str(config_file)})
@@ -94,6 +95,7 @@ def test_everything_can_come_from_a_file_named_by_the_environment(tmp_path: Path
     assert config.fake_gpu_health_file == folder / "state" / "fake-gpu-health.json"
     assert config.fake_gpus == "4x80GB"
     assert config.port_range == (21000, 21099)
+    assert config.reconnect_max_delay_s == 5.0
 
 
 def test_servers_and_labels_come_from_the_environment_as_lists(node_files: Path) -> None:
@@ -106,6 +108,15 @@ def test_servers_and_labels_come_from_the_environment_as_lists(node_files: Path)
 
     assert [server.host for server in config.servers] == ["cp-1", "cp-2"]
     assert config.port_range == (30000, 30010)
+    assert config.reconnect_max_delay_s == DEFAULT_RECONNECT_MAX_DELAY_S
+
+
+def test_the_reconnect_delay_cap_comes_from_the_environment_in_seconds(node_files: Path) -> None:
+    config = load_config(flags(node_files), {"LLMGW_AGENT_RECONNECT_MAX_DELAY": "1.5"})
+
+    assert config.reconnect_max_delay_s == 1.5
+    with pytest.raises(ConfigError, match="LLMGW_AGENT_RECONNECT_MAX_DELAY 'soon': expected"):
+        load_config(flags(node_files), {"LLMGW_AGENT_RECONNECT_MAX_DELAY": "soon"})
 
 
 @pytest.mark.parametrize(
@@ -140,6 +151,7 @@ def test_the_state_directory_defaults_by_who_runs_the_agent(
         ({"fake_gpus": "4xA100"}, "--fake-gpus: fake GPU spec '4xA100'"),
         ({"log_level": "loud"}, "--log-level 'loud': expected one of debug, info"),
         ({"address": "my host"}, "--address 'my host'"),
+        ({"reconnect_max_delay": 0.0}, "--reconnect-max-delay 0.0: expected a positive number"),
     ],
 )
 def test_a_bad_setting_is_refused_with_a_message_naming_it(

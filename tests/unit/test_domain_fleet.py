@@ -317,6 +317,18 @@ def test_a_failed_shard_keeps_the_error_and_the_log_tail() -> None:
     ]
 
 
+def test_a_shard_stopped_before_it_was_ready_keeps_the_log_tail() -> None:
+    state = given(
+        registered(gpu(0)), PLACED, ShardStarting(replica_id="llama-1", shard_index=0, node_id=NODE)
+    )
+    stopped = report(ShardPhase.STOPPED, exit_code=0, log_tail=("loading weights",))
+
+    [(_, event)] = shard_reported(state, NODE, stopped)
+
+    assert isinstance(event, ShardStopped)
+    assert event.log_tail == ("loading weights",)
+
+
 def test_a_failure_without_an_error_is_explained_by_its_exit_code() -> None:
     state = given(PLACED)
 

@@ -34,6 +34,7 @@ from app.domain.events import (
     ShardPlacement,
     ShardReady,
     ShardStarting,
+    ShardStopped,
 )
 from app.domain.evolve import replay
 from app.domain.model_spec import ModelSpec
@@ -119,6 +120,42 @@ def test_a_timed_out_replica_keeps_its_log_tail_and_says_why() -> None:
     assert replica.phase is ReplicaPhase.TIMED_OUT
     assert replica.end_reason == "not ready after 121s (timeout 120s)"
     assert replica.shards[0].log_tail == ("CUDA OOM",)
+
+
+def test_an_engine_stopped_before_it_was_ready_leaves_its_log_tail_on_the_shard() -> None:
+    state = replay(
+        log_of(
+            ModelDeclared(model="llama", spec=SPEC),
+            PLACED,
+            ShardStarting(replica_id="llama-1", shard_index=0, node_id="gpu-1"),
+            ReplicaStartupTimedOut(replica_id="llama-1", timeout_s=120, waited_s=121),
+            ShardStopped(
+                replica_id="llama-1", shard_index=0, node_id="gpu-1", log_tail=("loading",)
+            ),
+        )
+    )
+
+    assert state.replicas["llama-1"].shards[0].phase is ShardPhase.STOPPED
+    assert state.replicas["llama-1"].shards[0].log_tail == ("loading",)
+
+
+def test_a_stop_without_a_log_tail_keeps_the_one_a_failure_reported() -> None:
+    state = replay(
+        log_of(
+            ModelDeclared(model="llama", spec=SPEC),
+            PLACED,
+            ShardFailed(
+                replica_id="llama-1",
+                shard_index=0,
+                node_id="gpu-1",
+                error="exit 1",
+                log_tail=("CUDA OOM",),
+            ),
+            ShardStopped(replica_id="llama-1", shard_index=0, node_id="gpu-1"),
+        )
+    )
+
+    assert state.replicas["llama-1"].shards[0].log_tail == ("CUDA OOM",)
 
 
 def test_replica_numbers_are_never_reused_even_after_a_model_is_removed() -> None:
