@@ -1,6 +1,7 @@
 """A whole llmgw cluster of real processes for end-to-end tests: ``llmgw-server serve``
 processes sharing one database, ``llmgw-agent`` processes with fake GPUs that dial every
-server (so they fail over), and the engines those agents start.
+server (so they fail over), the engines those agents start, and standalone
+``llmgw-server gateway`` processes in front of them.
 
 Certificates come from the ``llmgw-cli cert`` commands an operator runs (``issue_pki``,
 once per module). A ``Cluster`` knows which server leads, kills and restarts servers and
@@ -15,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import random
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -119,6 +121,8 @@ class ServerProcess:
     agent_port: int
     log_path: Path
     process: subprocess.Popen[bytes]
+    client_port: int = 0
+    """Where its gateway listens."""
 
     @property
     def agent_uri(self) -> str:
@@ -127,6 +131,11 @@ class ServerProcess:
     @property
     def admin_url(self) -> str:
         return f"http://{LOOPBACK}:{self.admin_port}"
+
+    @property
+    def gateway_url(self) -> str:
+        """Base URL of its OpenAI-compatible API."""
+        return f"http://{LOOPBACK}:{self.client_port}/v1"
 
     def exited(self) -> bool:
         return self.process.poll() is not None
@@ -144,6 +153,47 @@ class ServerProcess:
     def _signal(self, signum: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):
             self.process.send_signal(signum)
+
+
+@dataclass(eq=False)
+class GatewayProcess:
+    """One standalone ``llmgw-server gateway``; its port stays the same across restarts."""
+
+    gateway_id: str
+    port: int
+    log_path: Path
+    process: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        """Base URL of its OpenAI-compatible API, as the ``openai`` SDK takes it."""
+        return f"http://{LOOPBACK}:{self.port}/v1"
+
+    @property
+    def readyz_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}/readyz"
+
+    def exited(self) -> bool:
+        return self.process.poll() is not None
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=STOP_WAIT_S)
+
+    def terminate(self) -> int:
+        """SIGTERM: open requests finish first; the exit code."""
+        with contextlib.suppress(ProcessLookupError):
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=STOP_WAIT_S)
+
+
+@dataclass(frozen=True)
+class Exit:
+    """A server that failed (or was killed) and was restarted by ``Cluster.supervised``."""
+
+    server_id: str
+    returncode: int | None
 
 
 @dataclass(frozen=True)
@@ -182,12 +232,17 @@ class Cluster:
     directory: Path
     pki: ClusterPki
     settings: ServerSettings = field(default_factory=ServerSettings)
+    agent_reconnect_max_delay_s: float | None = None
+    """Agents' ``--reconnect-max-delay``: short for a test that restarts the control plane
+    more often than every 10 s, which would otherwise find them ever slower to come back."""
     servers: list[ServerProcess] = field(default_factory=list)
     agents: dict[str, AgentProcess] = field(default_factory=dict)
+    gateways: list[GatewayProcess] = field(default_factory=list)
     engine_ports: dict[str, str] = field(default_factory=dict)
     _fleet: FleetProcesses | None = None
     _database: asyncpg.Connection | None = None
     _http: httpx.AsyncClient | None = None
+    _supervised: bool = False
 
     async def __aenter__(self) -> Cluster:
         self._fleet = FleetProcesses(self.directory)
@@ -208,15 +263,20 @@ class Cluster:
     async def close(self) -> None:
         """Kill every server, agent and engine; engines are found through the agents' state
         directories and every pid the log recorded for a shard."""
+        for gateway in self.gateways:
+            gateway.kill()
         for server in self.servers:
             server.kill()
         engine_pids: list[int] = []
         if self._database is not None:
-            with contextlib.suppress(asyncpg.PostgresError, OSError):
+            # The database may be gone (a test that stops it failed): engines are then
+            # found through the agents' state directories alone.
+            with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
                 engine_pids = [
                     pid for e in await self.events() if isinstance(pid := e.get("pid"), int)
                 ]
-            await self._database.close()
+            with contextlib.suppress(asyncpg.InterfaceError, OSError):
+                await self._database.close(timeout=STOP_WAIT_S)
         if self._fleet is not None:
             self._fleet.reap(engine_pids)
         if self._http is not None:
@@ -227,7 +287,7 @@ class Cluster:
     def start_server(self) -> ServerProcess:
         """A new server with ports of its own; it leads or stands by."""
         index = len(self.servers)
-        server = self._spawn_server(f"server-{index}", free_port(), free_port())
+        server = self._spawn_server(f"server-{index}", free_port(), free_port(), free_port())
         self.servers.append(server)
         return server
 
@@ -235,11 +295,47 @@ class Cluster:
         """Start ``server`` again on the same ports, after it was killed or stopped."""
         if not server.exited():
             raise AssertionError(f"{server.server_id} still runs; kill or stop it first")
-        again = self._spawn_server(server.server_id, server.admin_port, server.agent_port)
+        again = self._spawn_server(
+            server.server_id, server.admin_port, server.agent_port, server.client_port
+        )
         self.servers[self.servers.index(server)] = again
         return again
 
-    def _spawn_server(self, server_id: str, admin_port: int, agent_port: int) -> ServerProcess:
+    @contextlib.asynccontextmanager
+    async def supervised(self, *, restart_after_s: float = 1.0) -> AsyncIterator[list[Exit]]:
+        """Restart every server that fails while this is open (exits with a non-zero code
+        or is killed), ``restart_after_s`` later, as the documented systemd unit does
+        (``Restart=on-failure``): a deposed server exits with 3 and comes back as a
+        standby. Yields the exits seen so far."""
+        exits: list[Exit] = []
+        loop = asyncio.get_running_loop()
+
+        async def watch() -> None:
+            exited_at: dict[str, float] = {}
+            while True:
+                for server in list(self.servers):
+                    if not server.exited() or server.process.returncode == 0:
+                        continue
+                    since = exited_at.setdefault(server.server_id, loop.time())
+                    if loop.time() - since >= restart_after_s:
+                        exits.append(Exit(server.server_id, server.process.returncode))
+                        self.restart_server(server)
+                        del exited_at[server.server_id]
+                await asyncio.sleep(0.1)
+
+        watcher = asyncio.create_task(watch())
+        self._supervised = True
+        try:
+            yield exits
+        finally:
+            self._supervised = False
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    def _spawn_server(
+        self, server_id: str, admin_port: int, agent_port: int, client_port: int
+    ) -> ServerProcess:
         log_path = self._next_log(server_id)
         with log_path.open("wb") as log:
             process = subprocess.Popen(
@@ -249,6 +345,7 @@ class Cluster:
                     *("--database-url", self.database_url, "--server-id", server_id),
                     *("--admin-host", LOOPBACK, "--admin-port", str(admin_port)),
                     *("--agent-host", LOOPBACK, "--agent-port", str(agent_port)),
+                    *("--client-host", LOOPBACK, "--client-port", str(client_port)),
                     *("--admin-tokens", f"{ADMIN_TOKEN_NAME}:{ADMIN_TOKEN}"),
                     *("--tls-cert", str(self.pki.server_certificate)),
                     *("--tls-key", str(self.pki.server_key), "--tls-ca", str(self.pki.ca)),
@@ -259,7 +356,54 @@ class Cluster:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        return ServerProcess(server_id, admin_port, agent_port, log_path, process)
+        return ServerProcess(server_id, admin_port, agent_port, log_path, process, client_port)
+
+    async def start_gateway(
+        self, *, refresh_interval_s: float = 1.0, queue_timeout_s: float = 5.0
+    ) -> GatewayProcess:
+        """A standalone ``llmgw-server gateway`` on a free port, once ``/readyz`` says it
+        has read the routing table. Changes reach it by NOTIFY; the refresh interval only
+        bounds how long a missed one can go unnoticed."""
+        gateway = self._spawn_gateway(
+            f"gateway-{len(self.gateways)}", refresh_interval_s, queue_timeout_s
+        )
+        self.gateways.append(gateway)
+        await self.wait_until_gateway_ready(gateway)
+        return gateway
+
+    def _spawn_gateway(
+        self, gateway_id: str, refresh_interval_s: float, queue_timeout_s: float
+    ) -> GatewayProcess:
+        port = free_port()
+        log_path = self._next_log(gateway_id)
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [
+                    SERVER,
+                    "gateway",
+                    *("--database-url", self.database_url, "--gateway-id", gateway_id),
+                    *("--host", LOOPBACK, "--port", str(port)),
+                    *("--refresh-interval", str(refresh_interval_s)),
+                    *("--queue-timeout", str(queue_timeout_s)),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return GatewayProcess(gateway_id, port, log_path, process)
+
+    async def wait_until_gateway_ready(
+        self, gateway: GatewayProcess, *, within_s: float = START_WITHIN_S
+    ) -> None:
+        async def ready() -> bool:
+            if gateway.exited():
+                raise AssertionError(f"{gateway.gateway_id} exited; see its log")
+            with contextlib.suppress(httpx.TransportError):
+                return (await self._client().get(gateway.readyz_url)).status_code == 200
+            return False
+
+        await wait_until(ready, within_s=within_s, every_s=0.05, what=f"{gateway.gateway_id} ready")
 
     def start_agent(self, node_id: str, *, fake_gpus: str = "2x80GB") -> AgentProcess:
         """``llmgw-agent`` for ``node_id`` dialling every server started so far, in order."""
@@ -274,6 +418,7 @@ class Cluster:
             fake_gpus=fake_gpus,
             fallback_servers=others,
             port_range=self._engine_ports(node_id),
+            reconnect_max_delay_s=self.agent_reconnect_max_delay_s,
         )
         self.agents[node_id] = agent
         return agent
@@ -302,6 +447,12 @@ class Cluster:
             self.engine_ports[node_id] = f"{base}-{base + ENGINE_PORTS_PER_NODE - 1}"
         return self.engine_ports[node_id]
 
+    @property
+    def fleet(self) -> FleetProcesses:
+        """For agents the cluster does not track by node (one holding another node's
+        certificate, say); they are reaped with the others."""
+        return self._processes()
+
     def _processes(self) -> FleetProcesses:
         if self._fleet is None:
             raise AssertionError("use the cluster inside `async with`")
@@ -313,9 +464,11 @@ class Cluster:
 
     def logs(self) -> str:
         """Every process's log, servers first, each under a heading."""
-        paths = sorted(self.directory.glob("server-*.log")) + sorted(
-            self.directory.glob("agent-*.log")
-        )
+        paths = [
+            path
+            for pattern in ("server-*.log", "gateway-*.log", "agent-*.log")
+            for path in sorted(self.directory.glob(pattern))
+        ]
         return "\n".join(
             f"===== {path.name} =====\n{path.read_text(errors='replace')}" for path in paths
         )
@@ -334,7 +487,7 @@ class Cluster:
         found: list[ServerProcess] = []
 
         async def leads() -> bool:
-            if all(server.exited() for server in self.servers):
+            if not self._supervised and all(server.exited() for server in self.servers):
                 raise AssertionError("every server exited")
             leadership = await self.leadership()
             if leadership is None or leadership.epoch <= after_epoch:
@@ -396,6 +549,45 @@ class Cluster:
             return wanted <= {str(n["id"]) for n in nodes if n["connected"]}
 
         await wait_until(connected, within_s=within_s, every_s=0.1, what=f"{wanted} connected")
+
+    async def create_key(
+        self,
+        name: str,
+        models: Iterable[str] = ("*",),
+        *,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        via: ServerProcess | None = None,
+    ) -> str:
+        """``POST /admin/v1/keys``: a new API key, whole, as clients send it."""
+        body = {"name": name, "models": list(models), "rpm": rpm, "tpm": tpm}
+        answer = await self._admin("POST", "/admin/v1/keys", via, body=body)
+        key = answer["key"]
+        assert isinstance(key, str), answer
+        return key
+
+    async def scale(
+        self, model: str, replicas: int, *, via: ServerProcess | None = None
+    ) -> JsonObject:
+        """``POST /admin/v1/models/{model}/scale``."""
+        return await self._admin(
+            "POST", f"/admin/v1/models/{model}/scale", via, body={"replicas": replicas}
+        )
+
+    async def wait_for_serving(
+        self, model: str, count: int, *, within_s: float = 20.0
+    ) -> list[JsonObject]:
+        """Until exactly ``count`` replicas of ``model`` serve; those replicas, by id."""
+        serving: list[JsonObject] = []
+
+        async def that_many() -> bool:
+            serving[:] = await self.replicas(model=model, phase="serving")
+            return len(serving) == count
+
+        await wait_until(
+            that_many, within_s=within_s, every_s=0.1, what=f"{count} {model} replicas serving"
+        )
+        return sorted(serving, key=lambda replica: str(replica["id"]))
 
     async def drain(self, drain_id: str, *, via: ServerProcess | None = None) -> JsonObject:
         return await self._admin("GET", f"/admin/v1/drains/{drain_id}", via)
@@ -493,12 +685,41 @@ class Cluster:
         await wait_until(logged, within_s=within_s, every_s=0.1, what=f"a {types} event")
         return found[0]
 
+    async def reconnect_database(self) -> None:
+        """A new connection for reading the log, after the database was restarted."""
+        if self._database is not None:
+            with contextlib.suppress(asyncpg.InterfaceError, OSError):
+                await self._database.close(timeout=STOP_WAIT_S)
+        self._database = await asyncpg.connect(driver_url(self.database_url))
+
     def _db(self) -> asyncpg.Connection:
         if self._database is None:
             raise AssertionError("use the cluster inside `async with`")
         return self._database
 
     # -- maintenance commands ---------------------------------------------------------
+
+    async def cli(
+        self, *args: str, via: ServerProcess | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """``llmgw-cli ARGS`` as the operator runs it, against ``via`` or the first server
+        that runs, with the operator's token and no other llmgw setting."""
+        server = via or next((s for s in self.servers if not s.exited()), None)
+        if server is None:
+            raise AssertionError("no server runs to ask")
+        environment = {
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith("LLMGW_") and key != "XDG_CONFIG_HOME"
+        } | {"LLMGW_ADMIN_URL": server.admin_url, "LLMGW_ADMIN_TOKEN": ADMIN_TOKEN}
+        return await asyncio.to_thread(
+            subprocess.run,
+            [CLI, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=environment,
+        )
 
     async def verify_projections(self) -> subprocess.CompletedProcess[str]:
         """``llmgw-server projections rebuild --verify`` against the cluster's database."""

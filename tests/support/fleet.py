@@ -76,6 +76,7 @@ class FleetProcesses:
         labels: Mapping[str, str] | None = None,
         fallback_servers: Sequence[str] = (),
         port_range: str = "1024-65535",
+        reconnect_max_delay_s: float | None = None,
     ) -> AgentProcess:
         """``llmgw-agent`` dialling ``server_uri`` (then each of ``fallback_servers`` in
         turn) with fake GPUs, engines on any port unless ``port_range`` says; its stdout and
@@ -83,6 +84,11 @@ class FleetProcesses:
         log_path = self.tmp_path / f"agent-{len(self.agents)}.log"
         label_flags = [flag for k, v in (labels or {}).items() for flag in ("--label", f"{k}={v}")]
         fallback_flags = [flag for uri in fallback_servers for flag in ("--server", uri)]
+        reconnect_flags = (
+            []
+            if reconnect_max_delay_s is None
+            else ["--reconnect-max-delay", str(reconnect_max_delay_s)]
+        )
         environment = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_AGENT_")}
         with log_path.open("wb") as log:
             process = subprocess.Popen(
@@ -92,7 +98,7 @@ class FleetProcesses:
                     *("--cert", str(credentials.certificate), "--key", str(credentials.key)),
                     *("--ca", str(credentials.ca), "--state-dir", str(state_dir)),
                     *("--fake-gpus", fake_gpus, "--address", LOOPBACK),
-                    *("--port-range", port_range, *label_flags),
+                    *("--port-range", port_range, *label_flags, *reconnect_flags),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
