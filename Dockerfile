@@ -1,0 +1,33 @@
+# llmgw: llmgw-server, llmgw-agent, llmgw-cli and llmgw-sim-engine in one image.
+# compose.yaml runs every service from it; docs/operations.md covers real deployments.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /opt/llmgw/src
+COPY pyproject.toml README.md ./
+COPY app ./app
+COPY agent ./agent
+COPY cli ./cli
+RUN pip install . && cd / && rm -rf /opt/llmgw/src
+
+# The migrations are not part of the installed packages: llmgw-server migrate and /readyz
+# find them through LLMGW_MIGRATIONS_DIR.
+COPY migrations /opt/llmgw/migrations
+ENV LLMGW_MIGRATIONS_DIR=/opt/llmgw/migrations
+
+# The directories named volumes are mounted on are created here, owned by the llmgw user:
+# Docker gives an empty named volume the owner of its mount point in the image.
+RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/llmgw --shell /usr/sbin/nologin llmgw \
+    && mkdir -p /var/lib/llmgw/ca /var/lib/llmgw/certs /var/lib/llmgw/agent \
+    && chown -R llmgw:llmgw /var/lib/llmgw \
+    && chmod 0700 /var/lib/llmgw/ca
+
+USER llmgw
+WORKDIR /var/lib/llmgw
+ENV HOME=/var/lib/llmgw
+
+CMD ["llmgw-server", "--help"]
