@@ -44,7 +44,8 @@ import httpx
 from cryptography import x509
 
 from agent.engines.records import RecordStore, is_same_process
-from app.devdb import DevDatabaseError, LocalPostgres, port_is_free
+from app.devdb import DevDatabaseError, LocalPostgres, find_bindir, port_is_free
+from app.devdocker import DockerPostgres, docker_answers
 from app.domain.keys import prefix_of
 from app.logs import configure_logging
 from app.pki import (
@@ -129,7 +130,7 @@ class DevCluster:
 
     options: DevOptions
     stop_requested: Callable[[], bool]
-    postgres: LocalPostgres | None = None
+    postgres: LocalPostgres | DockerPostgres | None = None
     server: Child | None = None
     agents: list[Child] = field(default_factory=list)
     token: str = ""
@@ -197,7 +198,7 @@ class DevCluster:
         url = os.environ.get("LLMGW_DATABASE_URL")
         try:
             if url is None:
-                postgres = LocalPostgres(self.options.state_dir / "postgres", durable=True)
+                postgres = self._local_or_docker_postgres()
                 postgres.start()
                 self.postgres = postgres
                 asyncio.run(_create_database(postgres.url(), DATABASE))
@@ -208,6 +209,17 @@ class DevCluster:
         except (OSError, StoreError, asyncpg.PostgresError) as exc:
             raise DevError(f"cannot prepare the database: {exc}") from exc
         return url
+
+    def _local_or_docker_postgres(self) -> LocalPostgres | DockerPostgres:
+        """The local PostgreSQL binaries when installed, else a container when Docker
+        answers (each kept in the state directory, so the next run finds the same log)."""
+        try:
+            find_bindir()
+        except DevDatabaseError as exc:
+            if docker_answers():
+                return DockerPostgres(self.options.state_dir / "postgres-docker")
+            raise DevDatabaseError(f"{exc}; and no Docker daemon answers either") from exc
+        return LocalPostgres(self.options.state_dir / "postgres", durable=True)
 
     def _spawn(self, name: str, argv: list[str], admin_token: str = "") -> Child:
         log_path = self.options.logs / f"{name}.log"
