@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from litestar import Litestar, Request
@@ -21,20 +20,18 @@ from app.admin.models import ModelController
 from app.admin.nodes import DrainController, NodeController
 from app.admin.placement import PlacementController
 from app.admin.replicas import ReplicaController
+from app.admin.request_log import REQUEST_ID_KEY, log_requests, request_id_of
 from app.admin.tuning import TuningController
-from app.services.operations import Caller, Operations, new_request_id
+from app.services.operations import Caller, Operations
 from app.store.postgres import PostgresEventStore
-
-REQUEST_ID_HEADER = "x-request-id"
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 
 def provide_caller(request: Request[Any, Any, Any]) -> Caller:
     """The actor the ``require_actor`` guard found, and the request's id: the client's
     ``X-Request-Id`` when it sent a usable one."""
-    sent = request.headers.get(REQUEST_ID_HEADER, "")
-    request_id = sent if _REQUEST_ID.match(sent) else new_request_id()
-    return Caller(actor=request.scope["state"][ACTOR_KEY], request_id=request_id)
+    state = request.scope["state"]
+    request_id = state.get(REQUEST_ID_KEY) or request_id_of(request.scope)
+    return Caller(actor=state[ACTOR_KEY], request_id=request_id)
 
 
 def create_admin_app(
@@ -86,5 +83,6 @@ def create_admin_app(
         state=State({"authenticator": authenticator}),
         exception_handlers=EXCEPTION_HANDLERS,
         openapi_config=OpenAPIConfig(title="llmgw admin API", version="1", path="/admin/v1/schema"),
+        middleware=[log_requests],
         debug=False,
     )

@@ -182,6 +182,9 @@ class Reconciler:
                 "reconcile pass",
                 events=report.events,
                 event_types=dict(Counter(event_type(p.event) for p in decision.events)),
+                correlation_ids=sorted(
+                    {p.correlation_id for p in decision.events if p.correlation_id}
+                ),
                 commands=report.commands,
                 sent=sent,
                 duration_ms=round(report.duration_s * 1000, 1),

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
+import structlog
 import uvicorn
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -145,6 +146,24 @@ async def test_applying_a_spec_twice_records_one_event(
     assert (shown["desired"], shown["serving"]) == (2, 0)
     assert shown["below_desired_because"] == ["2 replica(s) not placed yet"]
     assert [m["name"] for m in (await admin.get("/admin/v1/models")).json()] == ["llama"]
+
+
+async def test_a_request_is_logged_once_with_its_id_which_correlates_its_events(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    with structlog.testing.capture_logs() as logs:
+        answer = await admin.put(
+            "/admin/v1/models/llama", json=LLAMA, headers={"x-request-id": "ticket-4711"}
+        )
+
+    assert answer.headers["x-request-id"] == "ticket-4711"
+    [line] = [entry for entry in logs if entry["event"] == "admin request"]
+    assert (line["method"], line["path"], line["status"]) == ("PUT", "/admin/v1/models/llama", 200)
+    assert line["actor"] == OPERATOR
+    [declared] = await events_of(pg_store, model_stream("llama"))
+    assert declared.meta.correlation_id == "ticket-4711"
+    unnamed = await admin.get("/admin/v1/models")
+    assert unnamed.headers["x-request-id"].startswith("req-")
 
 
 async def test_an_invalid_spec_is_refused_naming_every_field_and_nothing_is_written(
