@@ -14,11 +14,6 @@ COPY agent ./agent
 COPY cli ./cli
 RUN pip install . && cd / && rm -rf /opt/llmgw/src
 
-# The migrations are not part of the installed packages: llmgw-server migrate and /readyz
-# find them through LLMGW_MIGRATIONS_DIR.
-COPY migrations /opt/llmgw/migrations
-ENV LLMGW_MIGRATIONS_DIR=/opt/llmgw/migrations
-
 # The directories named volumes are mounted on are created here, owned by the llmgw user:
 # Docker gives an empty named volume the owner of its mount point in the image.
 RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/llmgw --shell /usr/sbin/nologin llmgw \

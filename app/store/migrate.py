@@ -12,13 +12,28 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.database import sqlalchemy_url
+from app.store.errors import StoreError
+
+PACKAGED_MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
+"""``app/migrations``, installed with the package."""
+
+
+class MigrationsNotFound(StoreError):
+    pass
 
 
 def migrations_dir() -> Path:
+    """The packaged migrations, or the directory ``LLMGW_MIGRATIONS_DIR`` names instead."""
     configured = os.environ.get("LLMGW_MIGRATIONS_DIR")
-    if configured:
-        return Path(configured)
-    return Path(__file__).resolve().parents[2] / "migrations"
+    directory = Path(configured) if configured else PACKAGED_MIGRATIONS
+    source = " (LLMGW_MIGRATIONS_DIR)" if configured else ""
+    if not directory.is_dir():
+        raise MigrationsNotFound(f"the migrations directory {directory}{source} does not exist")
+    if not (directory / "env.py").is_file():
+        raise MigrationsNotFound(
+            f"the migrations directory {directory}{source} holds no Alembic env.py"
+        )
+    return directory
 
 
 def alembic_config(url: str) -> Config:

@@ -1,12 +1,19 @@
-"""Migrations go up, down and up again on an empty database."""
+"""Migrations go up, down and up again on an empty database; they are part of the
+package, and a missing migrations directory is one line of error."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+from pathlib import Path
 
 import asyncpg
+import pytest
 
+import app
 from app.store import migrate
+from tests.support.cluster import SERVER
 from tests.support.postgres import PostgresServer, unique_database_name
 
 TABLES = {
@@ -49,3 +56,42 @@ async def test_upgrade_downgrade_upgrade(postgres_server: PostgresServer) -> Non
         assert TABLES | VIEWS | {"llmgw_append"} <= await _relations(url)
     finally:
         await postgres_server.drop_database(name)
+
+
+def test_the_migrations_are_the_packages_own_unless_overridden(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("LLMGW_MIGRATIONS_DIR", raising=False)
+    packaged = migrate.migrations_dir()
+    monkeypatch.setenv("LLMGW_MIGRATIONS_DIR", str(tmp_path))
+    (tmp_path / "env.py").write_text("")
+
+    assert packaged == Path(app.__file__).parent / "migrations"
+    assert sorted(p.name for p in (packaged / "versions").glob("0001_*.py")) == [
+        "0001_event_log_and_projections.py"
+    ]
+    assert migrate.migrations_dir() == tmp_path
+
+
+def test_migrate_without_its_migrations_directory_says_so_in_one_line(tmp_path: Path) -> None:
+    missing = tmp_path / "no-migrations"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
+
+    result = subprocess.run(
+        [SERVER, "migrate"],
+        env={
+            **env,
+            "LLMGW_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/unused",
+            "LLMGW_MIGRATIONS_DIR": str(missing),
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"error: cannot migrate: the migrations directory {missing} (LLMGW_MIGRATIONS_DIR) "
+        "does not exist\n"
+    )
