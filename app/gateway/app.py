@@ -98,6 +98,15 @@ class GatewayApp:
             "/metrics": ("GET", self._metrics_text),
         }
 
+    def use(self, snapshot: GatewaySnapshot) -> None:
+        """Serve by ``snapshot`` from now on; engines it no longer routes to lose their
+        connection pools."""
+        self.snapshot = snapshot
+        if self._engines is not None:
+            self._engines.keep_only(
+                {route.url for routes in snapshot.routes.values() for route in routes}
+            )
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             path: str = scope["path"]

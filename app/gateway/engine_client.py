@@ -26,7 +26,7 @@ import asyncio
 import collections
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -278,6 +278,7 @@ class _Origin:
         self.host_header = parts.netloc.encode("idna")
         self._connect_timeout_s = connect_timeout_s
         self._idle: list[_Connection] = []
+        self._retired = False
 
     async def connection(self) -> tuple[_Connection, bool]:
         """An idle connection (and ``True``), or a new one (and ``False``)."""
@@ -305,6 +306,9 @@ class _Origin:
         return connection, False
 
     def put(self, connection: _Connection) -> None:
+        if self._retired:
+            connection.abandon()
+            return
         connection.idle_since = time.monotonic()
         self._idle.append(connection)
 
@@ -313,6 +317,8 @@ class _Origin:
             self._idle.remove(connection)
 
     def close(self) -> None:
+        """Close the idle connections; a busy one closes when its answer is done."""
+        self._retired = True
         idle, self._idle = self._idle, []
         for connection in idle:
             connection.abandon()
@@ -358,6 +364,17 @@ class EngineClient:
                 answer.close()
                 raise
             return answer
+
+    @property
+    def pooled(self) -> frozenset[str]:
+        """The engines (base URLs) it keeps a pool of connections to."""
+        return frozenset(self._origins)
+
+    def keep_only(self, base_urls: Collection[str]) -> None:
+        """Close and forget the pools of every engine but ``base_urls`` (those still routed
+        to): idle connections close now, busy ones when their answer is done."""
+        for base_url in [url for url in self._origins if url not in base_urls]:
+            self._origins.pop(base_url).close()
 
     def close(self) -> None:
         """Close the idle connections (answers in progress close their own)."""

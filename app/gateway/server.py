@@ -183,7 +183,7 @@ class Gateway:
             await task
 
     def _use(self, snapshot: GatewaySnapshot) -> None:
-        self.app.snapshot = snapshot
+        self.app.use(snapshot)
         self.router.update(snapshot)
 
     def _stale_reason(self) -> str | None:

@@ -270,3 +270,57 @@ async def test_a_slow_reader_stops_the_engine_sending(client: EngineClient) -> N
         assert len(await reply.read()) == size
         await wait_until(sent.is_set, what="the server's write finishing")
         reply.close()
+
+
+async def test_engines_no_longer_routed_lose_their_pools_once_their_answers_are_done(
+    client: EngineClient,
+) -> None:
+    answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+    release = asyncio.Event()
+    closed: dict[str, asyncio.Event] = {}
+
+    def make(name: str, *, hold_first: bool) -> Callable[[Server], Handler]:
+        closed[name] = asyncio.Event()
+
+        def handler_for(server: Server) -> Handler:
+            async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                while await server.read_request(reader) is not None:
+                    if hold_first and len(server.requests) == 1:
+                        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+                        writer.write(b"3\r\none\r\n")
+                        await writer.drain()
+                        await release.wait()
+                        writer.write(b"3\r\ntwo\r\n0\r\n\r\n")
+                    else:
+                        writer.write(answer)
+                    await writer.drain()
+                closed[name].set()  # the client closed the connection
+
+            return handler
+
+        return handler_for
+
+    async with (
+        Server(make("kept", hold_first=False)) as kept,
+        Server(make("idle", hold_first=False)) as idle,
+        Server(make("busy", hold_first=True)) as busy,
+    ):
+        for server in (kept, idle):
+            reply = await client.post(server.url, "/x", b"{}", "r")
+            assert await reply.read() == b"ok"
+        streaming = await client.post(busy.url, "/x", b"{}", "r")
+        pieces = streaming.chunks()
+        assert await anext(pieces) == b"one"
+
+        client.keep_only({kept.url})
+
+        assert client.pooled == {kept.url}
+        await wait_until(closed["idle"].is_set, what="the idle connection closing")
+        assert not closed["busy"].is_set()  # the answer in progress goes on
+        release.set()
+        assert [piece async for piece in pieces] == [b"two"]
+        streaming.close()
+        await wait_until(closed["busy"].is_set, what="the busy connection closing when done")
+        again = await client.post(kept.url, "/x", b"{}", "r")
+        assert await again.read() == b"ok"
+        assert (kept.connections, closed["kept"].is_set()) == (1, False)
