@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import sys
+from collections.abc import Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from rich.console import Console
 
 from cli.bench.climb import StopReason
 from cli.bench.errors import BenchError
 from cli.bench.plan import BenchPlan
-from cli.bench.progress import LevelProgress
+from cli.bench.progress import level_observer
 from cli.bench.report import (
     INTERRUPTED,
     AppliedView,
@@ -52,11 +54,11 @@ def run_and_report(
     started_at = datetime.now(UTC)
     failure: str | None = None
     try:
-        with LevelProgress(console) as progress:
-            asyncio.run(run_bench(run, target.root_url, model, api, progress))
+        with level_observer(console) as progress:
+            asyncio.run(_stopped_by_sigterm(run_bench(run, target.root_url, model, api, progress)))
     except BenchError as exc:
         failure = str(exc)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Terminated):
         failure = INTERRUPTED
     view = TargetView(
         url=target.root_url, model=model or target.model, replica_id=target.replica_id, api=api
@@ -82,6 +84,34 @@ def run_and_report(
     if problem is not None:
         print_error("bench", problem)
     return code
+
+
+class _Terminated(Exception):
+    pass
+
+
+async def _stopped_by_sigterm(bench: Coroutine[Any, Any, None]) -> None:
+    """Runs ``bench``; SIGTERM (``timeout``, ``kill``, a CI job's end) stops it as Ctrl-C
+    does, so the levels that ran are still reported."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    terminated = False
+
+    def terminate() -> None:
+        nonlocal terminated
+        terminated = True
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, terminate)
+    try:
+        await bench
+    except asyncio.CancelledError:
+        if terminated:
+            raise _Terminated from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _apply(

@@ -1,4 +1,6 @@
-"""A progress bar per level on stderr, and a line with the level's verdict when it ends."""
+"""What an operator sees while a bench runs, on stderr: on a terminal, a progress bar per
+level that ends in the level's verdict; elsewhere (a file, a pipe, a CI log), one line per
+level with that verdict, flushed as it is printed, so the log follows the climb."""
 
 from __future__ import annotations
 
@@ -13,8 +15,13 @@ from cli.bench.slo import format_seconds
 from cli.bench.stats import LevelFigures
 
 
+def level_observer(console: Console) -> LevelProgress | LevelLines:
+    """The ``Observer`` that suits where ``console`` writes. Use it as a context manager."""
+    return LevelProgress(console) if console.is_terminal else LevelLines(console)
+
+
 class LevelProgress:
-    """The ``Observer`` of a bench run. Use it as a context manager."""
+    """Progress bars, for a terminal."""
 
     def __init__(self, console: Console) -> None:
         self._console = console
@@ -62,21 +69,58 @@ class LevelProgress:
     def level_finished(self, figures: LevelFigures) -> None:
         if self._task is None:
             return
-        verdict = (
-            "met the SLO" if figures.slo_met else "broke the SLO: " + "; ".join(figures.breaches)
-        )
-        ttft = "-" if figures.ttft_s is None else format_seconds(figures.ttft_s.p95)
         self._progress.update(
             self._task,
-            description=f"concurrency {figures.concurrency:>4}: {verdict}",
+            description=_verdict(figures),
             completed=self._total,
-            counts=(
-                f"{figures.output_tokens_per_s:.1f} tok/s, TTFT p95 {ttft}, "
-                f"{figures.errors}/{figures.requests} errors"
-            ),
+            counts=_figures(figures),
         )
         self._task = None
 
 
+class LevelLines:
+    """One line per finished level, for whatever is not a terminal. Rich shows nothing of
+    a progress bar there until it stops, which is when the bench ends."""
+
+    def __init__(self, console: Console) -> None:
+        self._console = console
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._console.file.flush()
+
+    def level_started(self, load: ClosedLoop) -> None:
+        pass
+
+    def level_progress(self, load: ClosedLoop) -> None:
+        pass
+
+    def level_finished(self, figures: LevelFigures) -> None:
+        self._console.print(
+            f"{_verdict(figures)}  {_figures(figures)}", markup=False, soft_wrap=True
+        )
+        self._console.file.flush()
+
+
 def _description(load: ClosedLoop) -> str:
     return f"concurrency {load.concurrency:>4}: {load.phase.value}"
+
+
+def _verdict(figures: LevelFigures) -> str:
+    verdict = "met the SLO" if figures.slo_met else "broke the SLO: " + "; ".join(figures.breaches)
+    return f"concurrency {figures.concurrency:>4}: {verdict}"
+
+
+def _figures(figures: LevelFigures) -> str:
+    ttft = "-" if figures.ttft_s is None else format_seconds(figures.ttft_s.p95)
+    return (
+        f"{figures.output_tokens_per_s:.1f} tok/s, TTFT p95 {ttft}, "
+        f"{figures.errors}/{figures.requests} errors"
+    )

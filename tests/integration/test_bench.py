@@ -424,6 +424,41 @@ async def test_an_engine_that_dies_half_way_leaves_a_report_of_the_levels_that_r
     assert "capacity: unknown, the bench stopped early" in result.stdout
 
 
+async def test_sigterm_mid_climb_reports_the_levels_that_ran_as_they_were_logged(
+    quick_engine: SimulatorProcess, tmp_path: Path
+) -> None:
+    """Output to pipes, as under ``nohup`` or in a CI job: each level's line arrives while
+    the bench runs, and ``timeout``'s SIGTERM leaves the report of what ran."""
+    report_dir = tmp_path / f"report-{random.getrandbits(32):08x}"
+    process = await asyncio.create_subprocess_exec(
+        CLI,
+        *("bench", "--url", quick_engine.base_url, "--slo", "e2e_p99=10s"),
+        *("--warmup", "100ms", "--duration", "1500ms", "--sample-interval", "50ms"),
+        *("--input-tokens", "24", "--output-tokens", "4", "--report-dir", str(report_dir)),
+        cwd=tmp_path,
+        env={**os.environ, "HOME": str(tmp_path), "COLUMNS": "200"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stderr is not None
+        first = await asyncio.wait_for(process.stderr.readline(), CLI_TIMEOUT_S)
+        assert first.startswith(b"concurrency    1: met the SLO"), first
+        process.terminate()
+        stdout, rest = await asyncio.wait_for(process.communicate(), CLI_TIMEOUT_S)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+    assert process.returncode == 1, rest
+    assert rest.decode().splitlines()[-1] == "llmgw-cli bench: interrupted"
+    report = msgspec.json.decode((report_dir / "bench.json").read_bytes(), type=BenchReport)
+    assert report.stop_reason == "interrupted"
+    assert [level.concurrency for level in report.levels] == [1]
+    assert "capacity: unknown, the bench stopped early" in stdout.decode()
+
+
 @pytest.mark.parametrize(
     ("flags", "complaint"),
     [
