@@ -25,8 +25,10 @@ from typing import Protocol, assert_never
 import structlog
 from cryptography import x509
 from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode as WebSocketCloseCode
+from websockets.http11 import Request, Response
 
 from app.fleet.errors import FleetError, SessionStateError
 from app.fleet.messages import MAX_MESSAGE_BYTES, AgentCommand, CloseCode, encode, fit_close_reason
@@ -123,6 +125,7 @@ class AgentHub:
             host,
             port,
             ssl=self._ssl_context,
+            process_request=_answer_health_checks,
             max_size=MAX_MESSAGE_BYTES,
             # A restarted control plane is dialled by every agent at once; the default
             # backlog of 100 drops most of a thousand and they retry seconds later.
@@ -283,6 +286,21 @@ class AgentHub:
             await self._service.handle(name, rejection)
         except Exception:
             log.exception("refused agent connection not recorded", remote_address=remote)
+
+
+HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+def _answer_health_checks(connection: ServerConnection, request: Request) -> Response | None:
+    """``/healthz`` and ``/readyz`` on the hub's listener, as on every listener: the hub
+    listens only while its server leads, so answering at all means alive and leading.
+    Anything else goes on to the WebSocket handshake."""
+    path = request.path.split("?", 1)[0]
+    if path not in HEALTH_PATHS:
+        return None
+    body = b'{"status":"ok","role":"leader"}\n'
+    headers = Headers([("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+    return Response(200, "OK", headers, body)
 
 
 def _node_certificate(ssl_object: object) -> PeerCertificate:

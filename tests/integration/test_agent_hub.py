@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 import pytest_asyncio
 from cryptography import x509
@@ -599,3 +600,16 @@ async def test_a_hello_that_loses_the_race_to_register_is_decided_again(
         (f"agent:{node_id}", "node_connected"),
     ]
     assert pg_store.state.nodes[node_id].connected
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz"])
+async def test_the_hubs_listener_answers_health_checks_and_records_nothing(
+    hub: AgentHub, pki: Pki, pg_store: PostgresEventStore, path: str
+) -> None:
+    async with httpx.AsyncClient(verify=pki.node(new_node_id()), timeout=DEADLINE_S) as client:
+        answer = await client.get(f"https://{LOOPBACK}:{hub.port}{path}")
+
+    assert answer.status_code == 200
+    assert answer.json() == {"status": "ok", "role": "leader"}
+    assert await pg_store.read_all() == []
+    assert hub.connected_nodes() == []
