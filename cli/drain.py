@@ -33,9 +33,6 @@ from cli.views import DrainAccepted, DrainProgressView
 
 POLL_INTERVAL_S = 0.5
 EVENTS_SHOWN = 8
-NODE_DRAIN_COMPLETE = "every replica moved"
-"""The outcome the API records for a node drain that moved (or had no need to move) every
-replica; the other outcome says the grace ran out and what was left was stopped."""
 
 Wait = Annotated[
     bool,
@@ -177,12 +174,9 @@ def _progress(client: AdminClient, drain_id: str) -> Reply[DrainProgressView]:
 
 
 def succeeded(progress: DrainProgressView) -> bool:
-    """A node drain succeeds when every replica moved; a replica drain when each replica
-    it drained was replaced (one stopped because the grace ran out was not)."""
-    if progress.node_id is not None:
-        return progress.outcome == NODE_DRAIN_COMPLETE
-    drained = [r for r in progress.replicas if r.drain_id == progress.drain_id]
-    return all(r.replacement_id is not None for r in drained)
+    """The API says: a node drain that moved every replica, a replica drain whose replicas
+    were each replaced."""
+    return progress.state == "succeeded"
 
 
 def _exit_code(progress: DrainProgressView) -> int:

@@ -184,6 +184,8 @@ class DrainProgressView(View, frozen=True, kw_only=True):
     requested_by: str = ""
     requested_at: datetime | None = None
     grace_s: float | None = None
+    state: str = "running"
+    """``running``, ``succeeded`` or ``failed``."""
     finished: bool = False
     outcome: str | None = None
     replicas: list[ReplicaSummary] = []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -288,8 +288,13 @@ class DrainProgressView(msgspec.Struct, frozen=True, kw_only=True):
     requested_by: str
     requested_at: datetime
     grace_s: float | None
+    state: Literal["running", "succeeded", "failed"]
+    """``succeeded``: a node drain moved every replica, a replica drain's replicas were each
+    replaced; ``failed``: the grace ran out and what was left was stopped."""
     finished: bool
+    """Whether ``state`` is no longer ``running``."""
     outcome: str | None
+    """What the drain came to, in words, for people; null while it runs."""
     replicas: list[ReplicaSummary]
     still_on_node: list[str]
     events: list[EventView]

@@ -26,6 +26,10 @@ from app.domain.events import (
 )
 from app.domain.state import ACTIVE_PHASES, Node, Replica, ReplicaPhase
 
+NODE_DRAIN_COMPLETE = "every replica moved"
+"""The outcome of a node drain that moved (or had no need to move) every replica."""
+NODE_DRAIN_GRACE_RAN_OUT = "grace ran out; what was left was stopped"
+
 
 def drain_moves(draft: Draft, stability_window_s: float, replica_grace_s: float) -> None:
     _finish_moves(draft, stability_window_s, replica_grace_s)
@@ -128,9 +132,7 @@ def _drain_node(draft: Draft, node: Node) -> None:
         r.phase in ACTIVE_PHASES and node.id in r.node_ids for r in state.replicas.values()
     )
     if not still_there:
-        outcome = (
-            "grace ran out; what was left was stopped" if grace_over else "every replica moved"
-        )
+        outcome = NODE_DRAIN_GRACE_RAN_OUT if grace_over else NODE_DRAIN_COMPLETE
         draft.emit(
             node_stream(node.id),
             NodeDrainFinished(node_id=node.id, drain_id=drain_id or "", outcome=outcome),

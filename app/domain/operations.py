@@ -22,10 +22,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
+from enum import StrEnum
 
 import msgspec
 from msgspec.structs import replace
 
+from app.domain.drain import NODE_DRAIN_COMPLETE
 from app.domain.envelope import Recorded
 from app.domain.events import (
     AnyEvent,
@@ -338,6 +340,15 @@ def _below_desired(
 # -- drain progress ----------------------------------------------------------------------
 
 
+class DrainState(StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    """A node drain that moved every replica; a replica drain whose replicas were each
+    replaced."""
+    FAILED = "failed"
+    """The grace ran out and what was left was stopped, not moved."""
+
+
 class DrainProgress(msgspec.Struct, frozen=True, kw_only=True):
     drain_id: str
     node_id: str | None
@@ -345,8 +356,10 @@ class DrainProgress(msgspec.Struct, frozen=True, kw_only=True):
     requested_by: str
     requested_at: datetime
     grace_s: float | None
+    state: DrainState
     finished: bool
     outcome: str | None
+    """What the drain came to, in words; None while it runs."""
     replicas: tuple[Replica, ...]
     """Replicas the drain moved, placed as replacements, or stopped."""
     still_on_node: tuple[str, ...]
@@ -368,6 +381,7 @@ def drain_progress(state: ClusterState, drain_id: str, events: Sequence[Recorded
         grace_s: float | None = requested.grace_s
         done = next((e.event for e in events if isinstance(e.event, NodeDrainFinished)), None)
         outcome = done.outcome if done is not None else None
+        succeeded = outcome == NODE_DRAIN_COMPLETE
         still = tuple(
             r.id
             for r in replicas_matching(state, node_id=requested.node_id)
@@ -380,12 +394,18 @@ def drain_progress(state: ClusterState, drain_id: str, events: Sequence[Recorded
         outcome = (
             "; ".join(f"{r.id} {r.end_reason or r.phase.value}" for r in moved) if ended else None
         )
+        succeeded = all(r.replacement_id is not None for r in moved)
+    if outcome is None:
+        drain_state = DrainState.RUNNING
+    else:
+        drain_state = DrainState.SUCCEEDED if succeeded else DrainState.FAILED
     return DrainProgress(
         drain_id=drain_id,
         node_id=node_id,
         requested_by=first.meta.actor,
         requested_at=first.recorded_at,
         grace_s=grace_s,
+        state=drain_state,
         finished=outcome is not None,
         outcome=outcome,
         replicas=replicas,

@@ -14,6 +14,7 @@ import msgspec
 import pytest
 
 from app.domain import operations as ops
+from app.domain.drain import NODE_DRAIN_COMPLETE, NODE_DRAIN_GRACE_RAN_OUT
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import (
     AnyEvent,
@@ -29,6 +30,7 @@ from app.domain.events import (
     NodeDrainRequested,
     NodeRegistered,
     NodeUncordoned,
+    ReplacementServing,
     ReplicaDrainStarted,
     ReplicaFailed,
     ReplicaPlaced,
@@ -517,11 +519,33 @@ def test_a_finished_node_drain_says_how_it_ended() -> None:
     assert progress.outcome == "every replica moved"
 
 
-def test_a_replica_drain_finishes_when_the_replica_has_stopped() -> None:
-    stopping = ReplicaStopping(replica_id="llama-1", reason=f"drain {DRAIN}: replacement served")
+@pytest.mark.parametrize(
+    ("outcome", "expected"),
+    [
+        (None, ops.DrainState.RUNNING),
+        (NODE_DRAIN_COMPLETE, ops.DrainState.SUCCEEDED),
+        (NODE_DRAIN_GRACE_RAN_OUT, ops.DrainState.FAILED),
+    ],
+)
+def test_a_node_drain_states_whether_it_runs_moved_everything_or_ran_out_of_grace(
+    outcome: str | None, expected: ops.DrainState
+) -> None:
+    requested = NodeDrainRequested(node_id="gpu-1", drain_id=DRAIN, grace_s=600.0)
+    finished = NodeDrainFinished(node_id="gpu-1", drain_id=DRAIN, outcome=outcome or "")
+    events = log((requested, DRAIN), *([(finished, DRAIN)] if outcome is not None else []))
+
+    progress = ops.drain_progress(given(*node("gpu-1", gpu(0))), DRAIN, events)
+
+    assert progress.state is expected
+    assert progress.finished is (expected is not ops.DrainState.RUNNING)
+
+
+def test_a_replica_drain_fails_when_the_replica_stopped_before_it_was_replaced() -> None:
+    stopping = ReplicaStopping(
+        replica_id="llama-1", reason=f"drain {DRAIN}: grace ran out before it could move"
+    )
     events = log(
         (ReplicaDrainStarted(replica_id="llama-1", drain_id=DRAIN), DRAIN),
-        (placed("llama", 2, "gpu-2", replaces="llama-1"), DRAIN),
         (stopping, DRAIN),
         (ReplicaStopped(replica_id="llama-1"), DRAIN),
     )
@@ -531,13 +555,37 @@ def test_a_replica_drain_finishes_when_the_replica_has_stopped() -> None:
         ReplicaServing(replica_id="llama-1"),
     )
 
-    moving = ops.drain_progress(given(*history, *(e.event for e in events[:3])), DRAIN, events)
+    moving = ops.drain_progress(given(*history, *(e.event for e in events[:2])), DRAIN, events)
+    done = ops.drain_progress(given(*history, *(e.event for e in events)), DRAIN, events)
+
+    assert moving.state is ops.DrainState.RUNNING
+    assert done.state is ops.DrainState.FAILED
+    assert done.outcome == f"llama-1 drain {DRAIN}: grace ran out before it could move"
+
+
+def test_a_replica_drain_finishes_when_the_replica_has_stopped() -> None:
+    stopping = ReplicaStopping(replica_id="llama-1", reason=f"drain {DRAIN}: replacement served")
+    events = log(
+        (ReplicaDrainStarted(replica_id="llama-1", drain_id=DRAIN), DRAIN),
+        (placed("llama", 2, "gpu-2", replaces="llama-1"), DRAIN),
+        (ReplacementServing(replica_id="llama-1", replacement_id="llama-2"), DRAIN),
+        (stopping, DRAIN),
+        (ReplicaStopped(replica_id="llama-1"), DRAIN),
+    )
+    history = (
+        ModelDeclared(model="llama", spec=LLAMA),
+        placed("llama", 1, "gpu-1"),
+        ReplicaServing(replica_id="llama-1"),
+    )
+
+    moving = ops.drain_progress(given(*history, *(e.event for e in events[:4])), DRAIN, events)
     done = ops.drain_progress(given(*history, *(e.event for e in events)), DRAIN, events)
 
     assert moving.node_id is None
     assert not moving.finished
     assert done.finished
     assert done.outcome == f"llama-1 drain {DRAIN}: replacement served"
+    assert (moving.state, done.state) == (ops.DrainState.RUNNING, ops.DrainState.SUCCEEDED)
 
 
 def test_a_drain_with_no_events_is_unknown() -> None:
