@@ -22,6 +22,7 @@ from cli.operator import (
     print_json,
     run_command,
     segment,
+    show_one,
 )
 from cli.render import EXIT_FAILED, EXIT_OK, Column, print_error, print_table, utc_seconds
 from cli.spec_file import SpecFileError, read_specs
@@ -164,16 +165,8 @@ def show_model(
     llmgw-cli model llama-3-8b
     ```
     """
-
-    def show(client: AdminClient) -> int:
-        reply = call(client, ModelView, "GET", f"{ADMIN}/models/{segment(name)}")
-        if output == "json":
-            print_json(reply.raw)
-        else:
-            print_model(reply.value)
-        return EXIT_OK
-
-    return run_command("model", connection, show)
+    path = f"{ADMIN}/models/{segment(name)}"
+    return show_one("model", path, ModelView, print_model, output, connection)
 
 
 def scale(

@@ -18,6 +18,7 @@ from cli.operator import (
     print_json,
     run_command,
     segment,
+    show_one,
     yes_no,
 )
 from cli.render import EXIT_OK, Column, print_table, utc_seconds
@@ -80,16 +81,8 @@ def show_node(
     llmgw-cli node gpu-08
     ```
     """
-
-    def show(client: AdminClient) -> int:
-        reply = call(client, NodeView, "GET", f"{ADMIN}/nodes/{segment(node_id)}")
-        if output == "json":
-            print_json(reply.raw)
-        else:
-            print_node(reply.value)
-        return EXIT_OK
-
-    return run_command("node", connection, show)
+    path = f"{ADMIN}/nodes/{segment(node_id)}"
+    return show_one("node", path, NodeView, print_node, output, connection)
 
 
 def cordon(

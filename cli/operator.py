@@ -21,7 +21,7 @@ from rich.text import Text
 
 from cli.client import AdminClient, ApiProblem, ClientError
 from cli.config import ConfigError, ConnectionFlags, resolve_settings
-from cli.render import EXIT_FAILED, EXIT_USAGE, print_error
+from cli.render import EXIT_FAILED, EXIT_OK, EXIT_USAGE, print_error
 
 ADMIN = "/admin/v1"
 
@@ -82,6 +82,33 @@ def call(
         raise ApiProblem(
             200, f"the admin API sent an answer this client cannot read: {exc}"
         ) from exc
+
+
+def show_one(
+    command: str,
+    path: str,
+    view: type[ViewT],
+    print_view: Callable[[ViewT], None],
+    output: OutputFormat,
+    flags: ConnectionFlags | None,
+) -> int:
+    """``GET path`` and print the one thing it answers (``llmgw-cli node``, ``model``...)."""
+
+    def show(client: AdminClient) -> int:
+        print_reply(call(client, view, "GET", path), output, print_view)
+        return EXIT_OK
+
+    return run_command(command, flags, show)
+
+
+def print_reply(
+    reply: Reply[ViewT], output: OutputFormat, print_view: Callable[[ViewT], None]
+) -> None:
+    """The API's answer unchanged for ``--output json``; ``print_view``'s rendering else."""
+    if output == "json":
+        print_json(reply.raw)
+    else:
+        print_view(reply.value)
 
 
 def segment(value: str) -> str:

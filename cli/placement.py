@@ -16,7 +16,7 @@ from cli.operator import (
     Output,
     Reply,
     call,
-    print_json,
+    print_reply,
     run_command,
     segment,
 )
@@ -64,11 +64,7 @@ def explain_placement(
         body = specs[0]
 
     def explain(client: AdminClient) -> int:
-        reply = _ask(client, model, body)
-        if output == "json":
-            print_json(reply.raw)
-        else:
-            print_placement(reply.value)
+        print_reply(_ask(client, model, body), output, print_placement)
         return EXIT_OK
 
     return run_command("explain-placement", connection, explain)

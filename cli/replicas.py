@@ -10,7 +10,16 @@ from rich.text import Text
 
 from cli.client import AdminClient
 from cli.config import ConnectionFlags
-from cli.operator import ADMIN, Output, call, print_facts, print_json, run_command, segment
+from cli.operator import (
+    ADMIN,
+    Output,
+    call,
+    print_facts,
+    print_json,
+    run_command,
+    segment,
+    show_one,
+)
 from cli.render import EXIT_OK, Column, print_table, utc_seconds
 from cli.views import ReplicaSummary, ReplicaView
 
@@ -104,16 +113,8 @@ def show_replica(
     llmgw-cli replica llama-3-8b-2
     ```
     """
-
-    def show(client: AdminClient) -> int:
-        reply = call(client, ReplicaView, "GET", f"{ADMIN}/replicas/{segment(replica_id)}")
-        if output == "json":
-            print_json(reply.raw)
-        else:
-            print_replica(reply.value)
-        return EXIT_OK
-
-    return run_command("replica", connection, show)
+    path = f"{ADMIN}/replicas/{segment(replica_id)}"
+    return show_one("replica", path, ReplicaView, print_replica, output, connection)
 
 
 def print_replica(replica: ReplicaView) -> None:

@@ -4,16 +4,14 @@ failed test and which is reaped, passed or failed. Every test here is marked ``e
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
-from tests.support.cluster import Cluster, ClusterPki, add_logs_to_failed_reports, issue_pki
+from tests.support.cluster import ClusterPki, cluster, issue_pki
 from tests.support.databases import database_url, engine, migrated_template, pg_store
 
-__all__ = ["database_url", "engine", "migrated_template", "pg_store"]
+__all__ = ["cluster", "database_url", "engine", "migrated_template", "pg_store"]
 
 HERE = Path(__file__).parent
 
@@ -28,14 +26,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pki(tmp_path_factory: pytest.TempPathFactory) -> ClusterPki:
     """The CA and the server certificate; node certificates are issued as nodes start."""
     return issue_pki(tmp_path_factory.mktemp("e2e-pki"))
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def cluster(
-    database_url: str, tmp_path: Path, pki: ClusterPki, request: pytest.FixtureRequest
-) -> AsyncIterator[Cluster]:
-    async with Cluster(database_url, tmp_path, pki) as cluster:
-        try:
-            yield cluster
-        finally:
-            add_logs_to_failed_reports(request, cluster)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from tests.support.cluster import Cluster, JsonObject, ServerSettings, about
+from tests.support.cluster import Cluster, JsonObject, ServerSettings, about, node_of
 from tests.support.fleet import LOOPBACK, is_running
 from tests.support.traffic import Traffic, serves
 from tests.support.waiting import wait_until
@@ -142,19 +142,8 @@ async def fleet_under_traffic(cluster: Cluster) -> AsyncIterator[tuple[Serving, 
     sending to them through a standalone gateway (already succeeding)."""
     cluster.start_server()
     await cluster.wait_for_leader()
-    for node in NODES:
-        cluster.start_agent(node)
-    await cluster.wait_for_nodes_connected(NODES)
-    await cluster.apply_simulated_model(MODEL, replicas=2)
-    replicas: list[JsonObject] = []
-
-    async def two_serving() -> bool:
-        replicas[:] = await cluster.replicas(model=MODEL, phase="serving")
-        return len(replicas) == 2
-
-    await wait_until(two_serving, within_s=20.0, every_s=0.1, what="two replicas serving")
+    replicas = await cluster.start_fleet(NODES, MODEL, replicas=2)
     assert len({node_of(r) for r in replicas}) == 2, replicas
-    replicas.sort(key=lambda r: str(r["id"]))
     engines = {str(r["id"]): await engine_pid(cluster, str(r["id"])) for r in replicas}
     gateway = await cluster.start_gateway()
     key = await cluster.create_key("agent-faults", [MODEL])
@@ -183,13 +172,6 @@ async def engine_pid(cluster: Cluster, replica_id: str) -> int:
     pid = shard["pid"]
     assert isinstance(pid, int), view
     return pid
-
-
-def node_of(replica: JsonObject) -> str:
-    nodes = replica["nodes"]
-    assert isinstance(nodes, list), replica
-    assert len(nodes) == 1, replica
-    return str(nodes[0])
 
 
 def placement_nodes(placed: JsonObject) -> list[str]:

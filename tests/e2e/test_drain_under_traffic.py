@@ -4,7 +4,6 @@ client notices, the replica moves, and the log tells who did it and in what orde
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 
 import pytest
 
@@ -15,6 +14,8 @@ from tests.support.cluster import (
     JsonObject,
     LoggedEvent,
     about,
+    first,
+    node_of,
 )
 from tests.support.traffic import Traffic, serves
 from tests.support.waiting import wait_until
@@ -36,11 +37,9 @@ async def test_a_drain_under_traffic_moves_the_replica_and_no_client_sees_an_err
 ) -> None:
     cluster.start_server()
     server = await cluster.wait_for_leader()
-    for node in NODES:
-        cluster.start_agent(node)
-    await cluster.wait_for_nodes_connected(NODES)
-    await cluster.apply_simulated_model(MODEL, replicas=2, command=PACED_ENGINE)
-    original, _ = await two_serving_on_two_nodes(cluster)
+    serving = await cluster.start_fleet(NODES, MODEL, replicas=2, command=PACED_ENGINE)
+    assert len({node_of(r) for r in serving}) == 2, serving
+    original, _ = serving
     drained_node = node_of(original)
     key = await cluster.create_key("drain-traffic", [MODEL])
     await wait_until(
@@ -92,36 +91,10 @@ async def test_a_drain_under_traffic_moves_the_replica_and_no_client_sees_an_err
     assert arrived[0]["correlation_id"] == drain_id, arrived
 
 
-async def two_serving_on_two_nodes(cluster: Cluster) -> list[JsonObject]:
-    serving: list[JsonObject] = []
-
-    async def two_serving() -> bool:
-        serving[:] = await cluster.replicas(model=MODEL, phase="serving")
-        return len(serving) == 2
-
-    await wait_until(two_serving, within_s=20.0, every_s=0.1, what="two replicas serving")
-    assert len({node_of(r) for r in serving}) == 2, serving
-    return sorted(serving, key=lambda r: str(r["id"]))
-
-
-def node_of(replica: JsonObject) -> str:
-    nodes = replica["nodes"]
-    assert isinstance(nodes, list), replica
-    assert len(nodes) == 1, replica
-    return str(nodes[0])
-
-
 def nodes_of_placement(placed: LoggedEvent) -> list[str]:
     shards = placed.get("shards")
     assert isinstance(shards, list), placed
     return [str(shard["node_id"]) for shard in shards]
-
-
-def first(log: Iterable[LoggedEvent], event_type: str, **data: object) -> LoggedEvent:
-    matches = about(**data)
-    found = next((e for e in log if e.type == event_type and matches(e)), None)
-    assert found is not None, f"no {event_type} with {data} in the log"
-    return found
 
 
 async def history(cluster: Cluster, subject: str, key: str) -> list[JsonObject]:

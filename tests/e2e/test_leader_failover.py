@@ -25,11 +25,7 @@ async def test_a_standby_leads_within_seconds_of_the_leader_being_killed_under_t
     leader = await cluster.wait_for_leader()
     standby = cluster.start_server()
     await cluster.wait_until_serving_admin(standby)
-    for node in NODES:
-        cluster.start_agent(node)
-    await cluster.wait_for_nodes_connected(NODES)
-    await cluster.apply_simulated_model(MODEL, replicas=2)
-    serving = await cluster.wait_for_serving(MODEL, 2)
+    serving = await cluster.start_fleet(NODES, MODEL, replicas=2)
     gateway = await cluster.start_gateway()
     key = await cluster.create_key("failover-traffic", [MODEL])
     await wait_until(lambda: serves(gateway.url, key, MODEL), what="the gateway routes")

@@ -22,7 +22,7 @@ from tests.support.cluster import (
     ClusterPki,
     GatewayProcess,
     about,
-    add_logs_to_failed_reports,
+    reported_cluster,
 )
 from tests.support.postgres import LocalServer
 from tests.support.traffic import Traffic, serves
@@ -55,11 +55,8 @@ async def own_cluster(
     await own_postgres.create_database("llmgw")
     url = own_postgres.url("llmgw")
     await asyncio.to_thread(migrate.upgrade, url)
-    async with Cluster(url, tmp_path, pki) as cluster:
-        try:
-            yield cluster
-        finally:
-            add_logs_to_failed_reports(request, cluster)
+    async with reported_cluster(url, tmp_path, pki, request) as cluster:
+        yield cluster
 
 
 async def ready_says(gateway: GatewayProcess, status: int) -> bool:
@@ -78,11 +75,7 @@ async def test_the_fleet_serves_through_a_database_restart_and_loses_no_event(
     cluster = own_cluster
     cluster.start_server()
     await cluster.wait_for_leader()
-    for node in NODES:
-        cluster.start_agent(node)
-    await cluster.wait_for_nodes_connected(NODES)
-    await cluster.apply_simulated_model(MODEL, replicas=2)
-    serving = await cluster.wait_for_serving(MODEL, 2)
+    serving = await cluster.start_fleet(NODES, MODEL, replicas=2)
     gateway = await cluster.start_gateway()
     key = await cluster.create_key("restart-traffic", [MODEL])
     await wait_until(lambda: serves(gateway.url, key, MODEL), what="the gateway routes")

@@ -8,23 +8,18 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
-import socket
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import pytest_asyncio
-import uvicorn
 
-from app.admin.app import create_admin_app
-from app.admin.auth import TokenAuthenticator
 from app.domain.events import ApiKeyCreated, ApiKeyRevoked, key_stream
 from app.domain.keys import hash_key, key_matches, prefix_of
 from app.services.operations import Caller, Operations
 from app.store.database import connection
 from app.store.postgres import PostgresEventStore
-from tests.support.waiting import wait_until
+from tests.support.admin_server import bearer_client, serving_admin
 
 ALICE_TOKEN = secrets.token_hex(16)
 BOB_TOKEN = secrets.token_hex(16)
@@ -33,38 +28,19 @@ KEYS = "/admin/v1/keys"
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def admin_url(pg_store: PostgresEventStore) -> AsyncIterator[str]:
-    app = create_admin_app(pg_store, TokenAuthenticator({ALICE_TOKEN: "alice", BOB_TOKEN: "bob"}))
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    serving = asyncio.create_task(server.serve(sockets=[listener]))
-    try:
-        await wait_until(lambda: server.started, within_s=10, what="admin API listening")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await serving
-        listener.close()
-
-
-@asynccontextmanager
-async def operator(url: str, token: str) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(
-        base_url=url, headers={"authorization": f"Bearer {token}"}
-    ) as client:
-        yield client
+    async with serving_admin(pg_store, tokens={ALICE_TOKEN: "alice", BOB_TOKEN: "bob"}) as url:
+        yield url
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def alice(admin_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    async with operator(admin_url, ALICE_TOKEN) as client:
+    async with bearer_client(admin_url, ALICE_TOKEN) as client:
         yield client
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def bob(admin_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    async with operator(admin_url, BOB_TOKEN) as client:
+    async with bearer_client(admin_url, BOB_TOKEN) as client:
         yield client
 
 

@@ -5,10 +5,8 @@ record them; everything else goes through the API."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 import secrets
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,24 +15,16 @@ import httpx
 import pytest
 import pytest_asyncio
 import structlog
-import uvicorn
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.admin.app import create_admin_app
-from app.admin.auth import TokenAuthenticator
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import (
-    AnyEvent,
-    GpuInfo,
     GpuMarkedUnhealthy,
     ModelScaled,
-    NodeConnected,
     NodeCordoned,
     NodeDrainRequested,
-    NodeRegistered,
     ReplicaDrainStarted,
     ReplicaPlaced,
-    ReplicaServing,
     ShardFailed,
     ShardPlacement,
     model_stream,
@@ -44,7 +34,13 @@ from app.domain.events import (
 from app.domain.state import ClusterState
 from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore
-from tests.support.waiting import wait_until
+from tests.support.admin_server import (
+    bearer_client,
+    record,
+    seed_node,
+    seed_serving_replica,
+    serving_admin,
+)
 
 OPERATOR = "alice"
 TOKEN = secrets.token_hex(16)
@@ -65,62 +61,11 @@ async def admin(pg_store: PostgresEventStore) -> AsyncIterator[httpx.AsyncClient
 @asynccontextmanager
 async def admin_client(store: PostgresEventStore) -> AsyncIterator[httpx.AsyncClient]:
     """An operator's HTTP client of the admin API served over ``store``."""
-    app = create_admin_app(store, TokenAuthenticator({TOKEN: OPERATOR}))
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    serving = asyncio.create_task(server.serve(sockets=[listener]))
-    try:
-        await wait_until(lambda: server.started, within_s=10, what="admin API listening")
-        async with httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{port}",
-            headers={"authorization": f"Bearer {TOKEN}"},
-        ) as client:
-            yield client
-    finally:
-        server.should_exit = True
-        await serving
-        listener.close()
-
-
-def gpu(index: int) -> GpuInfo:
-    return GpuInfo(index=index, uuid=f"GPU-{index}", name="H100", memory_total_mib=81559)
-
-
-async def record(
-    store: PostgresEventStore, actor: str, *events: AnyEvent, correlation_id: str | None = None
-) -> None:
-    meta = Meta(actor=actor, correlation_id=correlation_id)
-    for event in events:
-        await store.append(_stream_of(event), None, [NewEvent(event)], meta)
-
-
-def _stream_of(event: AnyEvent) -> str:
-    if (replica_id := getattr(event, "replica_id", None)) is not None:
-        return replica_stream(replica_id)
-    return node_stream(getattr(event, "node_id", ""))
-
-
-async def seed_node(store: PostgresEventStore, node_id: str, gpus: int = 2) -> None:
-    inventory = tuple(gpu(i) for i in range(gpus))
-    await record(
-        store,
-        f"agent:{node_id}",
-        NodeRegistered(node_id=node_id, address="10.0.0.7", gpus=inventory),
-        NodeConnected(node_id=node_id, address="10.0.0.7", gpus=inventory),
-    )
-
-
-async def seed_serving_replica(store: PostgresEventStore, replica_id: str, node_id: str) -> None:
-    model, number = replica_id.rsplit("-", 1)
-    shard = ShardPlacement(index=0, node_id=node_id, gpus=(0,), port=20000)
-    await record(
-        store,
-        "reconciler",
-        ReplicaPlaced(replica_id=replica_id, model=model, number=int(number), shards=(shard,)),
-        ReplicaServing(replica_id=replica_id),
-    )
+    async with (
+        serving_admin(store, tokens={TOKEN: OPERATOR}) as url,
+        bearer_client(url, TOKEN) as client,
+    ):
+        yield client
 
 
 async def events_of(store: PostgresEventStore, stream: str) -> list[Recorded]:

@@ -8,12 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
-import pytest_asyncio
 
 from tests.support.cluster import (
     ADMIN_TOKEN,
@@ -21,7 +19,6 @@ from tests.support.cluster import (
     ClusterPki,
     JsonObject,
     ServerProcess,
-    add_logs_to_failed_reports,
     issue_pki,
 )
 from tests.support.operator_cli import Operator
@@ -36,21 +33,7 @@ MODEL = f"sim-{SUFFIX}"
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> ClusterPki:
-    pki = issue_pki(tmp_path_factory.mktemp("cli-pki"))
-    for node in NODES:
-        pki.node(node)
-    return pki
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def cluster(
-    database_url: str, tmp_path: Path, pki: ClusterPki, request: pytest.FixtureRequest
-) -> AsyncIterator[Cluster]:
-    async with Cluster(database_url, tmp_path, pki) as cluster:
-        try:
-            yield cluster
-        finally:
-            add_logs_to_failed_reports(request, cluster)
+    return issue_pki(tmp_path_factory.mktemp("cli-pki"), NODES)
 
 
 async def serving_server(cluster: Cluster) -> ServerProcess:
@@ -115,6 +98,7 @@ async def test_drain_wait_follows_each_drain_to_its_end_and_exits_with_how_it_en
     assert stranded.code == 1
     progress = json.loads(stranded.stdout)
     assert (progress["node_id"], progress["finished"]) == (second_node, True)
+    assert progress["state"] == "failed"
     assert progress["outcome"] == "grace ran out; what was left was stopped"
     assert f"{progress['drain_id']} failed: grace ran out" in stranded.stderr
 
@@ -138,6 +122,7 @@ async def test_a_drain_that_is_refused_says_why_and_drain_progress_shows_a_finis
     assert unknown.code == 1
     assert f"no replica '{MODEL}-99' is known" in unknown.stderr
     assert (shown.json()["finished"], shown.json()["outcome"]) == (True, "every replica moved")
+    assert shown.json()["state"] == "succeeded"
 
 
 async def test_a_server_stops_promptly_while_an_operator_follows_its_events(

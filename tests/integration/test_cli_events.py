@@ -19,14 +19,8 @@ from app.domain.events import NodeCordoned, NodeUncordoned
 from app.store.database import driver_url
 from app.store.postgres import PostgresEventStore
 from cli.sse import SseMessage, SseParser
-from tests.support.operator_cli import (
-    OPERATOR,
-    TOKEN,
-    Operator,
-    live_admin_api,
-    record,
-    seed_node,
-)
+from tests.support.admin_server import record, seed_node
+from tests.support.operator_cli import OPERATOR, TOKEN, Operator, live_admin_api
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)

@@ -27,15 +27,8 @@ from app.domain.events import (
     node_stream,
 )
 from app.store.postgres import PostgresEventStore
-from tests.support.operator_cli import (
-    OPERATOR,
-    OnTerminal,
-    Operator,
-    live_admin_api,
-    record,
-    seed_node,
-    seed_serving_replica,
-)
+from tests.support.admin_server import record, seed_node, seed_serving_replica
+from tests.support.operator_cli import OPERATOR, OnTerminal, Operator, live_admin_api
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.operator_cli import LOOPBACK, Operator
+from tests.support.admin_server import LOOPBACK
+from tests.support.operator_cli import Operator
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,69 +6,42 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import secrets
-import shutil
 import socket
 import ssl
 import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from ipaddress import ip_address
 from pathlib import Path
 from typing import Any
 
 import asyncpg
-import httpx
 import pytest
 import pytest_asyncio
 
+from agent.simulator.launcher import free_port
 from app.domain.envelope import Meta
 from app.domain.events import NodeCordoned, node_stream
-from app.pki import build_ca, generate_key, issue_operator, issue_server, server_ssl_context
-from app.pki.files import write_ca, write_issued
+from app.pki import server_ssl_context
 from app.store.database import create_engine
 from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore
+from tests.support.admin_server import LOOPBACK, Pki, write_pki
+from tests.support.operator_cli import CLI_TIMEOUT_S, Result, run_cli
 from tests.support.postgres import PostgresServer
 from tests.support.seed import (
     TIMED_OUT_LOG_TAIL,
     SeededDatabase,
     seeded_database,
 )
-from tests.support.waiting import wait_until
+from tests.support.serve_process import serving_process
 
-LOOPBACK = "127.0.0.1"
 TOKEN = secrets.token_hex(16)
-CLI_TIMEOUT_S = 60
-
-
-def installed(script: str) -> str:
-    beside_python = Path(sys.executable).parent / script
-    found = str(beside_python) if beside_python.exists() else shutil.which(script)
-    assert found, f"{script} is not installed (pip install -e .)"
-    return found
-
-
-def free_port() -> int:
-    with closing(socket.socket()) as probe:
-        probe.bind((LOOPBACK, 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def clean_environment(**settings: str) -> dict[str, str]:
-    """This process's environment without any llmgw setting, plus ``settings``."""
-    return {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith("LLMGW_") and key != "XDG_CONFIG_HOME"
-    } | settings
 
 
 @dataclass(frozen=True)
@@ -90,102 +63,23 @@ async def seeded(
 
 
 @pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     """The llmgw CA with a server certificate for the loopback address and an operator
     certificate for alice, and a stranger CA that issued neither."""
-    directory = tmp_path_factory.mktemp("pki")
-    now = datetime.now(UTC)
-    ca = build_ca(generate_key(), "llmgw CA", now, 2)
-    write_ca(directory, ca, force=False)
-    write_ca(directory / "stranger", build_ca(generate_key(), "llmgw CA", now, 2), force=False)
-    server_key, operator_key = generate_key(), generate_key()
-    server = issue_server(ca, server_key, [], [ip_address(LOOPBACK)], now, 1)
-    write_issued(directory, "server", server, server_key, force=False)
-    write_issued(
-        directory,
-        "alice",
-        issue_operator(ca, operator_key, "alice", now, 1),
-        operator_key,
-        force=False,
-    )
-    return directory
+    return write_pki(tmp_path_factory.mktemp("pki"), "alice", "gpu-1")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def admin_api(
-    seeded: SeededDatabase, pki: Path, tmp_path_factory: pytest.TempPathFactory
+    seeded: SeededDatabase, pki: Pki, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[AdminApi]:
-    port = free_port()
+    """``llmgw-server serve`` over the seeded history; its agent hub listens on another
+    free loopback port, and no agent connects in these tests."""
     log = tmp_path_factory.mktemp("llmgw-server") / "server.log"
-    with running_server(seeded.url, port, pki, log) as server:
-        url = f"http://{LOOPBACK}:{port}"
-
-        async def answering() -> bool:
-            if server.poll() is not None:
-                raise AssertionError(f"llmgw-server exited with {server.returncode}:\n{tail(log)}")
-            try:
-                async with httpx.AsyncClient() as client:
-                    return (await client.get(f"{url}/healthz")).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        await wait_until(answering, within_s=30, every_s=0.1, what="llmgw-server on /healthz")
+    async with serving_process(
+        seeded.url, pki, log, token_name="alice", token=TOKEN, admin_tls=False
+    ) as url:
         yield AdminApi(url=url, database=seeded)
-
-
-@contextmanager
-def running_server(
-    database_url: str, port: int, pki: Path, log: Path
-) -> Iterator[subprocess.Popen[bytes]]:
-    """``llmgw-server serve`` until the block ends, however it ends. Its agent hub listens
-    on another free loopback port; no agent connects in these tests."""
-    with log.open("wb") as output:
-        server = subprocess.Popen(
-            [
-                installed("llmgw-server"),
-                "serve",
-                "--database-url",
-                database_url,
-                "--admin-port",
-                str(port),
-                "--admin-tokens",
-                f"alice:{TOKEN}",
-                "--agent-host",
-                LOOPBACK,
-                "--agent-port",
-                str(free_port()),
-                "--no-gateway",
-                "--tls-cert",
-                str(pki / "server.crt"),
-                "--tls-key",
-                str(pki / "server.key"),
-                "--tls-ca",
-                str(pki / "ca.crt"),
-            ],
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            env=clean_environment(),
-        )
-    try:
-        yield server
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-
-
-def tail(log: Path, lines: int = 30) -> str:
-    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-
-
-@dataclass(frozen=True)
-class Result:
-    code: int
-    stdout: str
-    stderr: str
 
 
 @dataclass(frozen=True)
@@ -195,23 +89,7 @@ class Operator:
     home: Path
 
     async def history(self, *args: str, environment: dict[str, str] | None = None) -> Result:
-        process = await asyncio.create_subprocess_exec(
-            installed("llmgw-cli"),
-            "history",
-            *args,
-            cwd=self.home,
-            env=clean_environment(HOME=str(self.home), COLUMNS="200", **(environment or {})),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        try:
-            stdout, stderr = await asyncio.wait_for(process.communicate(), CLI_TIMEOUT_S)
-        finally:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-        assert process.returncode is not None
-        return Result(process.returncode, stdout.decode(), stderr.decode())
+        return await run_cli("history", *args, home=self.home, settings=environment or {})
 
 
 @pytest.fixture
@@ -467,11 +345,11 @@ def test_the_cli_knows_the_api_and_nothing_behind_it() -> None:
 
 
 @contextmanager
-def https_front(pki: Path, backend_port: int) -> Iterator[str]:
+def https_front(pki: Pki, backend_port: int) -> Iterator[str]:
     """TLS in front of the admin API, requiring an operator certificate from the CA: the
     way an operator reaches the control plane from outside its host. Blocking sockets in
     threads, because they send the TLS alert that tells a client why it was refused."""
-    context = server_ssl_context(pki / "server.crt", pki / "server.key", pki / "ca.crt")
+    context = server_ssl_context(*pki.pair("server"), pki.ca)
     stop = threading.Event()
     listener = socket.create_server((LOOPBACK, 0))
     listener.settimeout(0.05)
@@ -517,7 +395,7 @@ def pipe(source: socket.socket, destination: socket.socket) -> None:
 
 
 async def test_over_https_the_operator_certificate_gets_the_operator_in(
-    admin_api: AdminApi, operator: Operator, pki: Path
+    admin_api: AdminApi, operator: Operator, pki: Pki
 ) -> None:
     backend_port = int(admin_api.url.rsplit(":", 1)[1])
     with https_front(pki, backend_port) as url:
@@ -527,9 +405,9 @@ async def test_over_https_the_operator_certificate_gets_the_operator_in(
             environment={
                 "LLMGW_ADMIN_URL": url,
                 "LLMGW_ADMIN_TOKEN": TOKEN,
-                "LLMGW_CA_CERT": str(pki / "ca.crt"),
-                "LLMGW_CLIENT_CERT": str(pki / "alice.crt"),
-                "LLMGW_CLIENT_KEY": str(pki / "alice.key"),
+                "LLMGW_CA_CERT": str(pki.ca),
+                "LLMGW_CLIENT_CERT": str(pki.pair("operator")[0]),
+                "LLMGW_CLIENT_KEY": str(pki.pair("operator")[1]),
             },
         )
 
@@ -538,7 +416,7 @@ async def test_over_https_the_operator_certificate_gets_the_operator_in(
 
 
 async def test_without_an_operator_certificate_the_operator_is_told_to_configure_one(
-    admin_api: AdminApi, operator: Operator, pki: Path
+    admin_api: AdminApi, operator: Operator, pki: Pki
 ) -> None:
     backend_port = int(admin_api.url.rsplit(":", 1)[1])
     with https_front(pki, backend_port) as url:
@@ -548,7 +426,7 @@ async def test_without_an_operator_certificate_the_operator_is_told_to_configure
             environment={
                 "LLMGW_ADMIN_URL": url,
                 "LLMGW_ADMIN_TOKEN": TOKEN,
-                "LLMGW_CA_CERT": str(pki / "ca.crt"),
+                "LLMGW_CA_CERT": str(pki.ca),
             },
         )
 
@@ -558,7 +436,7 @@ async def test_without_an_operator_certificate_the_operator_is_told_to_configure
 
 
 async def test_a_server_certificate_from_another_ca_is_explained(
-    admin_api: AdminApi, operator: Operator, pki: Path
+    admin_api: AdminApi, operator: Operator, pki: Pki
 ) -> None:
     backend_port = int(admin_api.url.rsplit(":", 1)[1])
     with https_front(pki, backend_port) as url:
@@ -568,9 +446,9 @@ async def test_a_server_certificate_from_another_ca_is_explained(
             environment={
                 "LLMGW_ADMIN_URL": url,
                 "LLMGW_ADMIN_TOKEN": TOKEN,
-                "LLMGW_CA_CERT": str(pki / "stranger" / "ca.crt"),
-                "LLMGW_CLIENT_CERT": str(pki / "alice.crt"),
-                "LLMGW_CLIENT_KEY": str(pki / "alice.key"),
+                "LLMGW_CA_CERT": str(pki.stranger_ca),
+                "LLMGW_CLIENT_CERT": str(pki.pair("operator")[0]),
+                "LLMGW_CLIENT_KEY": str(pki.pair("operator")[1]),
             },
         )
 

@@ -6,64 +6,28 @@ read back with `llmgw-cli history key` and from the ``api_keys`` projection."""
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import re
 import secrets
-import shutil
-import socket
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import pytest_asyncio
-import uvicorn
 
-from app.admin.app import create_admin_app
-from app.admin.auth import TokenAuthenticator
 from app.domain.keys import key_matches
 from app.store.database import connection
 from app.store.postgres import PostgresEventStore
-from tests.support.waiting import wait_until
+from tests.support.admin_server import bearer_client, serving_admin
+from tests.support.operator_cli import Result, run_cli
 
 TOKENS = {"alice": secrets.token_hex(16), "bob": secrets.token_hex(16)}
 KEY = re.compile(r"^\s+(llmgw-[0-9a-f]{8}-[A-Za-z0-9_-]{43})$", re.MULTILINE)
-CLI_TIMEOUT_S = 60
 CI_KEY = (
     *("keys", "create", "--name", "ci", "--models", "llama-3-8b, qwen-2-7b"),
     *("--rpm", "60", "--tpm", "100000"),
 )
-
-
-def installed(script: str) -> str:
-    beside_python = Path(sys.executable).parent / script
-    found = str(beside_python) if beside_python.exists() else shutil.which(script)
-    assert found, f"{script} is not installed (pip install -e .)"
-    return found
-
-
-def clean_environment(**settings: str) -> dict[str, str]:
-    """This process's environment without any llmgw setting, plus ``settings``."""
-    return {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith("LLMGW_") and key != "XDG_CONFIG_HOME"
-    } | settings
-
-
-@dataclass(frozen=True)
-class Result:
-    code: int
-    stdout: str
-    stderr: str
-
-    def json(self) -> Any:
-        assert self.code == 0, self.stderr
-        return json.loads(self.stdout)
 
 
 @dataclass(frozen=True)
@@ -75,54 +39,29 @@ class Operator:
     name: str
 
     async def cli(self, *args: str, token: str | None = None) -> Result:
-        environment = {"LLMGW_ADMIN_URL": self.url}
+        """As ``name`` with its own token, or with ``token`` instead ("" for none)."""
+        settings = {"LLMGW_ADMIN_URL": self.url}
         if token is None:
-            environment["LLMGW_ADMIN_TOKEN"] = TOKENS[self.name]
+            settings["LLMGW_ADMIN_TOKEN"] = TOKENS[self.name]
         elif token:
-            environment["LLMGW_ADMIN_TOKEN"] = token
-        process = await asyncio.create_subprocess_exec(
-            installed("llmgw-cli"),
-            *args,
-            cwd=self.home,
-            env=clean_environment(HOME=str(self.home), COLUMNS="200", **environment),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        try:
-            stdout, stderr = await asyncio.wait_for(process.communicate(), CLI_TIMEOUT_S)
-        finally:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-        assert process.returncode is not None
-        return Result(process.returncode, stdout.decode(), stderr.decode())
+            settings["LLMGW_ADMIN_TOKEN"] = token
+        return await run_cli(*args, home=self.home, settings=settings)
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def admin_url(pg_store: PostgresEventStore) -> AsyncIterator[str]:
-    app = create_admin_app(pg_store, TokenAuthenticator({t: n for n, t in TOKENS.items()}))
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    serving = asyncio.create_task(server.serve(sockets=[listener]))
-    try:
-        await wait_until(lambda: server.started, within_s=10, what="admin API listening")
-        url = f"http://127.0.0.1:{port}"
-        async with httpx.AsyncClient(
-            base_url=url, headers={"authorization": f"Bearer {TOKENS['alice']}"}
-        ) as client:
-            for model in ("llama-3-8b", "qwen-2-7b"):
-                answer = await client.put(
-                    f"/admin/v1/models/{model}",
-                    json={"command": "vllm serve {model} --port {port}"},
-                )
-                assert answer.status_code == 200, answer.text
+    tokens = {token: name for name, token in TOKENS.items()}
+    async with (
+        serving_admin(pg_store, tokens=tokens) as url,
+        bearer_client(url, TOKENS["alice"]) as client,
+    ):
+        for model in ("llama-3-8b", "qwen-2-7b"):
+            answer = await client.put(
+                f"/admin/v1/models/{model}",
+                json={"command": "vllm serve {model} --port {port}"},
+            )
+            assert answer.status_code == 200, answer.text
         yield url
-    finally:
-        server.should_exit = True
-        await serving
-        listener.close()
 
 
 @pytest.fixture

@@ -7,11 +7,9 @@ control plane.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
-from pathlib import Path
+from collections.abc import Iterable
 
 import pytest
-import pytest_asyncio
 
 from tests.support.cluster import (
     ADMIN_TOKEN_NAME,
@@ -21,8 +19,9 @@ from tests.support.cluster import (
     LoggedEvent,
     ServerSettings,
     about,
-    add_logs_to_failed_reports,
+    first,
     issue_pki,
+    node_of,
 )
 from tests.support.fleet import is_running
 from tests.support.waiting import wait_until
@@ -46,54 +45,15 @@ Shard = tuple[str, object]
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> ClusterPki:
-    pki = issue_pki(tmp_path_factory.mktemp("e2e-pki"))
-    for node in NODES:
-        pki.node(node)
-    return pki
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def cluster(
-    database_url: str, tmp_path: Path, pki: ClusterPki, request: pytest.FixtureRequest
-) -> AsyncIterator[Cluster]:
-    async with Cluster(database_url, tmp_path, pki) as cluster:
-        try:
-            yield cluster
-        finally:
-            add_logs_to_failed_reports(request, cluster)
+    return issue_pki(tmp_path_factory.mktemp("e2e-pki"), NODES)
 
 
 async def start_fleet(cluster: Cluster) -> list[JsonObject]:
     """Three agents, and two replicas of the model serving on two different nodes: those
     replicas, by id."""
-    for node in NODES:
-        cluster.start_agent(node)
-    await cluster.wait_for_nodes_connected(NODES)
-    await cluster.apply_simulated_model(MODEL, replicas=2)
-    serving: list[JsonObject] = []
-
-    async def two_serving() -> bool:
-        serving[:] = await cluster.replicas(model=MODEL, phase="serving")
-        return len(serving) == 2
-
-    await wait_until(two_serving, within_s=20.0, every_s=0.1, what="two replicas serving")
+    serving = await cluster.start_fleet(NODES, MODEL, replicas=2)
     assert len({node_of(r) for r in serving}) == 2, serving
-    return sorted(serving, key=lambda r: str(r["id"]))
-
-
-def node_of(replica: JsonObject) -> str:
-    nodes = replica["nodes"]
-    assert isinstance(nodes, list), replica
-    assert len(nodes) == 1, replica
-    return str(nodes[0])
-
-
-def first(log: Iterable[LoggedEvent], event_type: str, **data: object) -> LoggedEvent:
-    matches = about(**data)
-    for event in log:
-        if event.type == event_type and matches(event):
-            return event
-    raise AssertionError(f"no {event_type} with {data} in the log")
+    return serving
 
 
 def of_type(log: Iterable[LoggedEvent], event_type: str) -> list[LoggedEvent]:

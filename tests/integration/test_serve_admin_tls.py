@@ -4,15 +4,9 @@ from its environment, real TLS on both sides."""
 
 from __future__ import annotations
 
-import asyncio
-import os
 import secrets
-import shutil
-import socket
 import subprocess
-import sys
-from collections.abc import AsyncIterator, Iterator
-from contextlib import closing, contextmanager
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,32 +18,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.store.database import create_engine
 from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import LOOPBACK, Pki, seed_node, write_pki
+from tests.support.operator_cli import Result, clean_environment, installed, run_cli
 from tests.support.postgres import PostgresServer, unique_database_name
+from tests.support.serve_process import serving_process
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
 TOKEN = secrets.token_hex(16)
 PROCESS_TIMEOUT_S = 60
-
-
-def installed(script: str) -> str:
-    beside_python = Path(sys.executable).parent / script
-    found = str(beside_python) if beside_python.exists() else shutil.which(script)
-    assert found, f"{script} is not installed (pip install -e .)"
-    return found
-
-
-def free_port() -> int:
-    with closing(socket.socket()) as probe:
-        probe.bind((LOOPBACK, 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def clean_environment(**settings: str) -> dict[str, str]:
-    inherited = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
-    return inherited | settings
 
 
 @dataclass(frozen=True)
@@ -66,69 +43,11 @@ class Server:
             settings |= {"LLMGW_ADMIN_CERT": str(certificate), "LLMGW_ADMIN_KEY": str(key)}
         return settings
 
-    async def cli(self, *args: str, environment: dict[str, str]) -> tuple[int, str, str]:
-        process = await asyncio.create_subprocess_exec(
-            installed("llmgw-cli"),
-            *args,
-            cwd=self.home,
-            env=clean_environment(HOME=str(self.home), COLUMNS="200", **environment),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        try:
-            stdout, stderr = await asyncio.wait_for(process.communicate(), PROCESS_TIMEOUT_S)
-        finally:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-        return process.returncode, stdout.decode(), stderr.decode()
+    async def cli(self, *args: str, environment: dict[str, str]) -> Result:
+        return await run_cli(*args, home=self.home, settings=environment)
 
     def client(self, stem: str | None = "operator") -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.url, verify=self.pki.client_context(stem))
-
-
-@contextmanager
-def running_server(database_url: str, port: int, pki: Pki, log: Path) -> Iterator[None]:
-    with log.open("wb") as output:
-        process = subprocess.Popen(
-            [
-                installed("llmgw-server"),
-                "serve",
-                "--database-url",
-                database_url,
-                "--admin-port",
-                str(port),
-                "--admin-tokens",
-                f"ci:{TOKEN}",
-                "--admin-tls-cert",
-                str(pki.pair("server")[0]),
-                "--admin-tls-key",
-                str(pki.pair("server")[1]),
-                "--agent-host",
-                LOOPBACK,
-                "--agent-port",
-                str(free_port()),
-                "--no-gateway",
-                "--tls-cert",
-                str(pki.pair("server")[0]),
-                "--tls-key",
-                str(pki.pair("server")[1]),
-                "--tls-ca",
-                str(pki.ca),
-            ],
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            env=clean_environment(),
-        )
-    try:
-        yield
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -155,20 +74,11 @@ async def server(
 ) -> AsyncIterator[Server]:
     suffix = secrets.token_hex(3)
     pki = write_pki(tmp_path_factory.mktemp("pki"), f"alice-{suffix}", f"gpu-{suffix}")
-    port = free_port()
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    served = Server(f"https://{LOOPBACK}:{port}", pki, tmp_path_factory.mktemp("home"))
-    with running_server(module_database, port, pki, log):
-
-        async def answering() -> bool:
-            try:
-                async with served.client(None) as probe:
-                    return (await probe.get("/healthz")).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        await wait_until(answering, within_s=30, every_s=0.1, what=f"llmgw-server; see {log}")
-        yield served
+    async with serving_process(
+        module_database, pki, log, token_name="ci", token=TOKEN, admin_tls=True
+    ) as url:
+        yield Server(url, pki, tmp_path_factory.mktemp("home"))
 
 
 async def test_the_cli_with_an_operator_certificate_reads_the_drain_in_its_name(
@@ -180,24 +90,20 @@ async def test_the_cli_with_an_operator_certificate_reads_the_drain_in_its_name(
         drained = await operator.post(f"/admin/v1/nodes/{node_id}/drain", json={})
     assert drained.status_code == 202, drained.text
 
-    code, stdout, stderr = await server.cli(
-        "history", "node", node_id, environment=server.settings("operator")
-    )
+    shown = await server.cli("history", "node", node_id, environment=server.settings("operator"))
 
-    assert code == 0, stderr
-    requested = [line for line in stdout.splitlines() if "node_drain_requested" in line]
+    assert shown.code == 0, shown.stderr
+    requested = [line for line in shown.stdout.splitlines() if "node_drain_requested" in line]
     assert len(requested) == 1
     assert server.pki.operator in requested[0]
 
 
 async def test_without_credentials_the_cli_is_told_both_ways_in(server: Server) -> None:
-    code, _, stderr = await server.cli(
-        "history", "node", "gpu-1", environment=server.settings(None)
-    )
+    refused = await server.cli("history", "node", "gpu-1", environment=server.settings(None))
 
-    assert code == 1
-    assert "authentication required: set LLMGW_ADMIN_TOKEN" in stderr
-    assert "set LLMGW_ADMIN_CERT and LLMGW_ADMIN_KEY" in stderr
+    assert refused.code == 1
+    assert "authentication required: set LLMGW_ADMIN_TOKEN" in refused.stderr
+    assert "set LLMGW_ADMIN_CERT and LLMGW_ADMIN_KEY" in refused.stderr
 
 
 async def test_a_refused_certificate_is_told_apart_from_an_unreachable_server(
@@ -207,13 +113,14 @@ async def test_a_refused_certificate_is_told_apart_from_an_unreachable_server(
     elsewhere = server.settings("operator") | {"LLMGW_ADMIN_URL": f"https://{LOOPBACK}:1"}
     unreachable = await server.cli("history", "node", "gpu-1", environment=elsewhere)
 
-    code, _, stderr = refused
-    assert code == 1
-    assert f"TLS with the admin API at {server.url} failed" in stderr
-    assert "refused the client certificate" in stderr
-    code, _, stderr = unreachable
-    assert code == 1
-    assert f"cannot reach the admin API at https://{LOOPBACK}:1: connection refused" in stderr
+    assert refused.code == 1
+    assert f"TLS with the admin API at {server.url} failed" in refused.stderr
+    assert "refused the client certificate" in refused.stderr
+    assert unreachable.code == 1
+    assert (
+        f"cannot reach the admin API at https://{LOOPBACK}:1: connection refused"
+        in unreachable.stderr
+    )
 
 
 async def test_metrics_show_the_leader_and_its_agents(server: Server) -> None:

@@ -1,6 +1,7 @@
 """The admin API served for a test: uvicorn on a loopback socket in the test's event loop,
-plain HTTP or HTTPS with the llmgw CA, the way ``llmgw-server serve`` runs it; and a
-private CA with the certificates those tests present."""
+plain HTTP or HTTPS with the llmgw CA, the way ``llmgw-server serve`` runs it; a private CA
+with the certificates those tests present; and the log seeded as agents and the reconciler
+record it."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from datetime import UTC, datetime
 from ipaddress import ip_address
 from pathlib import Path
 
+import httpx
 import uvicorn
 from cryptography import x509
 
 from app.admin.app import create_admin_app
 from app.admin.auth import TokenAuthenticator
+from app.admin.events import end_event_streams
 from app.admin.metrics import LiveSource
 from app.admin.tls import TlsScopeProtocol, admin_ssl_context
 from app.domain.envelope import Meta
@@ -42,12 +45,15 @@ from app.store.postgres import PostgresEventStore
 from tests.support.waiting import wait_until
 
 LOOPBACK = "127.0.0.1"
+SHUTDOWN_GRACE_S = 2
+"""As ``llmgw-server serve``: requests still going on this long after the stop are cut."""
 
 
 @dataclass(frozen=True)
 class Pki:
     """Files of a test CA: ``ca.crt``, ``server.crt`` for the loopback address, an operator
-    certificate, a node certificate, and an operator certificate from a stranger CA."""
+    certificate, a node certificate; and a stranger CA (``stranger/ca.crt``) with an
+    operator certificate of its own (``stranger.crt``)."""
 
     directory: Path
     operator: str
@@ -56,6 +62,11 @@ class Pki:
     @property
     def ca(self) -> Path:
         return self.directory / "ca.crt"
+
+    @property
+    def stranger_ca(self) -> Path:
+        """A CA that issued none of the other files."""
+        return self.directory / "stranger" / "ca.crt"
 
     def pair(self, stem: str) -> tuple[Path, Path]:
         return self.directory / f"{stem}.crt", self.directory / f"{stem}.key"
@@ -76,6 +87,7 @@ def write_pki(directory: Path, operator: str, node: str) -> Pki:
     ca = build_ca(generate_key(), "llmgw test CA", now, 2)
     write_ca(directory, ca, force=False)
     stranger = build_ca(generate_key(), "llmgw test CA", now, 2)
+    write_ca(directory / "stranger", stranger, force=False)
     builders: dict[str, Callable[[PrivateKey], x509.Certificate]] = {
         "server": lambda key: issue_server(ca, key, [], [ip_address(LOOPBACK)], now, 1),
         "operator": lambda key: issue_operator(ca, key, operator, now, 1),
@@ -95,28 +107,38 @@ async def serving_admin(
     tokens: dict[str, str] | None = None,
     tls: ssl.SSLContext | None = None,
     live: LiveSource | None = None,
+    port: int | None = None,
 ) -> AsyncIterator[str]:
-    """The admin API over ``store`` until the block ends; yields its base URL."""
+    """The admin API over ``store`` until the block ends, on ``port`` or a free one; yields
+    its base URL. ``tokens`` maps each token to the operator it names."""
     app = create_admin_app(store, TokenAuthenticator(tokens or {}), live=live)
     listener = socket.socket()
-    listener.bind((LOOPBACK, 0))
-    port = listener.getsockname()[1]
+    # A test that serves again on the same port must not wait out the old one's TIME_WAIT.
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((LOOPBACK, port or 0))
     config = uvicorn.Config(
         app,
         log_level="warning",
         lifespan="on",
         http=TlsScopeProtocol,
         ssl_context_factory=(lambda _config, _default: tls) if tls is not None else None,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
     )
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve(sockets=[listener]))
     try:
         await wait_until(lambda: server.started, within_s=10, what="admin API listening")
-        yield f"{'https' if tls else 'http'}://{LOOPBACK}:{port}"
+        yield f"{'https' if tls else 'http'}://{LOOPBACK}:{listener.getsockname()[1]}"
     finally:
+        end_event_streams(app)
         server.should_exit = True
         await serving
         listener.close()
+
+
+def bearer_client(url: str, token: str) -> httpx.AsyncClient:
+    """An HTTP client of the admin API at ``url`` that presents ``token``."""
+    return httpx.AsyncClient(base_url=url, headers={"authorization": f"Bearer {token}"})
 
 
 # -- seeding what agents and the reconciler would record ---------------------------------
@@ -127,10 +149,12 @@ def gpu(index: int) -> GpuInfo:
 
 
 async def record(
-    store: PostgresEventStore, actor: str, *events: AnyEvent, stream: str | None = None
+    store: PostgresEventStore, actor: str, *events: AnyEvent, correlation_id: str | None = None
 ) -> None:
+    """Append each event to its own stream, one at a time, as ``actor``."""
+    meta = Meta(actor=actor, correlation_id=correlation_id)
     for event in events:
-        await store.append(stream or stream_of(event), None, [NewEvent(event)], Meta(actor=actor))
+        await store.append(stream_of(event), None, [NewEvent(event)], meta)
 
 
 def stream_of(event: AnyEvent) -> str:
@@ -141,17 +165,31 @@ def stream_of(event: AnyEvent) -> str:
     return model_stream(getattr(event, "model", ""))
 
 
-async def seed_node(store: PostgresEventStore, node_id: str, gpus: int = 2) -> None:
+async def seed_node(
+    store: PostgresEventStore,
+    node_id: str,
+    gpus: int = 2,
+    labels: dict[str, str] | None = None,
+) -> None:
+    """A node that registered and is connected, with ``gpus`` healthy H100s."""
     inventory = tuple(gpu(i) for i in range(gpus))
+    address = "10.0.0.7"
     await record(
         store,
         f"agent:{node_id}",
-        NodeRegistered(node_id=node_id, address="10.0.0.7", gpus=inventory),
-        NodeConnected(node_id=node_id, address="10.0.0.7", gpus=inventory),
+        NodeRegistered(node_id=node_id, address=address, gpus=inventory, labels=labels or {}),
+        NodeConnected(
+            node_id=node_id,
+            address=address,
+            gpus=inventory,
+            labels=labels or {},
+            agent_version="0.1",
+        ),
     )
 
 
 async def seed_serving_replica(store: PostgresEventStore, replica_id: str, node_id: str) -> None:
+    """``replica_id`` (``<model>-<n>``) placed on GPU 0 of ``node_id``, and serving."""
     model, number = replica_id.rsplit("-", 1)
     shard = ShardPlacement(index=0, node_id=node_id, gpus=(0,), port=20000)
     await record(

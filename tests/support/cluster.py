@@ -21,7 +21,7 @@ import random
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -30,6 +30,7 @@ from types import TracebackType
 import asyncpg
 import httpx
 import pytest
+import pytest_asyncio
 
 from agent.simulator.launcher import free_port, simulator_command
 from app.store.database import driver_url
@@ -101,11 +102,15 @@ class ClusterPki:
         return NodeCredentials(certificate, self.directory / f"node-{node_id}.key", self.ca)
 
 
-def issue_pki(directory: Path) -> ClusterPki:
-    """Create the CA and the server certificate for 127.0.0.1 as the docs say."""
+def issue_pki(directory: Path, nodes: Iterable[str] = ()) -> ClusterPki:
+    """Create the CA and the server certificate for 127.0.0.1 as the docs say, and the
+    certificates of ``nodes`` now rather than when their agents first start."""
     _cert("init-ca", "--name", "llmgw CA e2e", "--dir", str(directory))
     _cert("server", "--ip", LOOPBACK, "--dir", str(directory))
-    return ClusterPki(directory)
+    pki = ClusterPki(directory)
+    for node in nodes:
+        pki.node(node)
+    return pki
 
 
 def _cert(*args: str) -> None:
@@ -216,6 +221,23 @@ class LoggedEvent:
 def about(**data: object) -> Callable[[LoggedEvent], bool]:
     """Matches events whose data holds every one of ``data``'s items."""
     return lambda event: all(event.data.get(key) == value for key, value in data.items())
+
+
+def first(log: Iterable[LoggedEvent], event_type: str, **data: object) -> LoggedEvent:
+    """The first ``event_type`` event in ``log`` whose data holds ``data``; fails without."""
+    matches = about(**data)
+    for event in log:
+        if event.type == event_type and matches(event):
+            return event
+    raise AssertionError(f"no {event_type} with {data} in the log")
+
+
+def node_of(replica: JsonObject) -> str:
+    """The one node a replica of one shard (as ``GET /admin/v1/replicas`` shows it) runs on."""
+    nodes = replica["nodes"]
+    assert isinstance(nodes, list), replica
+    assert len(nodes) == 1, replica
+    return str(nodes[0])
 
 
 @dataclass(frozen=True)
@@ -404,6 +426,23 @@ class Cluster:
             return False
 
         await wait_until(ready, within_s=within_s, every_s=0.05, what=f"{gateway.gateway_id} ready")
+
+    async def start_fleet(
+        self,
+        nodes: Sequence[str],
+        model: str,
+        *,
+        replicas: int,
+        command: str = SIMULATOR_COMMAND,
+    ) -> list[JsonObject]:
+        """An agent for each of ``nodes``, and ``model`` applied with ``command`` (the
+        instant engine simulator unless told); once ``replicas`` of it serve, those
+        replicas, by id."""
+        for node in nodes:
+            self.start_agent(node)
+        await self.wait_for_nodes_connected(nodes)
+        await self.apply_simulated_model(model, replicas=replicas, command=command)
+        return await self.wait_for_serving(model, replicas)
 
     def start_agent(self, node_id: str, *, fake_gpus: str = "2x80GB") -> AgentProcess:
         """``llmgw-agent`` for ``node_id`` dialling every server started so far, in order."""
@@ -741,6 +780,28 @@ async def _listens(port: int) -> bool:
     with contextlib.suppress(OSError):
         await writer.wait_closed()
     return True
+
+
+@contextlib.asynccontextmanager
+async def reported_cluster(
+    database_url: str, directory: Path, pki: ClusterPki, request: pytest.FixtureRequest
+) -> AsyncIterator[Cluster]:
+    """A ``Cluster`` whose process logs join the report of ``request``'s test if it fails,
+    and which is reaped, passed or failed."""
+    async with Cluster(database_url, directory, pki) as cluster:
+        try:
+            yield cluster
+        finally:
+            add_logs_to_failed_reports(request, cluster)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def cluster(
+    database_url: str, tmp_path: Path, pki: ClusterPki, request: pytest.FixtureRequest
+) -> AsyncIterator[Cluster]:
+    """The test's cluster on its own database; the ``pki`` fixture says whose certificates."""
+    async with reported_cluster(database_url, tmp_path, pki, request) as cluster:
+        yield cluster
 
 
 def add_logs_to_failed_reports(request: pytest.FixtureRequest, cluster: Cluster) -> None:

@@ -1,7 +1,8 @@
-"""An operator at a live admin API: the Litestar app served by uvicorn on a loopback port in
-the test's event loop, over a real PostgreSQL store, and the installed ``llmgw-cli`` run as
-a subprocess against it. Nodes and replicas are seeded through the store, as the agent hub
-and the reconciler record them."""
+"""The installed ``llmgw-cli`` run as a subprocess, the way an operator runs it: from a
+scratch home, with only the connection settings a test gives it (no llmgw setting of this
+process leaks in). ``Operator`` also holds the admin API's URL and a token, for tests of an
+admin API served in the test's event loop (``live_admin_api``) over a real PostgreSQL
+store."""
 
 from __future__ import annotations
 
@@ -12,43 +13,21 @@ import pty
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import uvicorn
-
-from app.admin.app import create_admin_app
-from app.admin.auth import TokenAuthenticator
-from app.admin.events import end_event_streams
-from app.domain.envelope import Meta
-from app.domain.events import (
-    AnyEvent,
-    GpuInfo,
-    NodeConnected,
-    NodeRegistered,
-    ReplicaPlaced,
-    ReplicaServing,
-    ShardPlacement,
-    node_stream,
-    replica_stream,
-)
-from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore
-from tests.support.waiting import wait_until
+from tests.support.admin_server import serving_admin
 
 OPERATOR = "alice"
 TOKEN = secrets.token_hex(16)
-LOOPBACK = "127.0.0.1"
 CLI_TIMEOUT_S = 60.0
-SHUTDOWN_GRACE_S = 2
-"""As ``llmgw-server serve``: requests still going on this long after the stop are cut."""
 
 
 def installed(script: str) -> str:
@@ -78,6 +57,38 @@ class Result:
         return json.loads(self.stdout)
 
 
+def cli_environment(home: Path, settings: Mapping[str, str]) -> dict[str, str]:
+    """What ``llmgw-cli`` runs with: ``home`` as its home, a wide terminal, ``settings``."""
+    return clean_environment(HOME=str(home), COLUMNS="200", **settings)
+
+
+async def start_cli(
+    *args: str, home: Path, settings: Mapping[str, str]
+) -> asyncio.subprocess.Process:
+    """``llmgw-cli args...`` running in ``home``, its output piped."""
+    return await asyncio.create_subprocess_exec(
+        installed("llmgw-cli"),
+        *args,
+        cwd=home,
+        env=cli_environment(home, settings),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def run_cli(*args: str, home: Path, settings: Mapping[str, str]) -> Result:
+    """``llmgw-cli args...`` run to its end (killed if it takes over a minute)."""
+    process = await start_cli(*args, home=home, settings=settings)
+    try:
+        stdout, stderr = await asyncio.wait_for(process.communicate(), CLI_TIMEOUT_S)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode is not None
+    return Result(process.returncode, stdout.decode(), stderr.decode())
+
+
 @dataclass(frozen=True)
 class Operator:
     """Runs ``llmgw-cli`` from a scratch home with the admin API's URL and the token."""
@@ -86,36 +97,15 @@ class Operator:
     admin_url: str
     token: str = TOKEN
 
-    def environment(self, **extra: str) -> dict[str, str]:
-        return clean_environment(
-            HOME=str(self.home),
-            COLUMNS="200",
-            LLMGW_ADMIN_URL=self.admin_url,
-            LLMGW_ADMIN_TOKEN=self.token,
-            **extra,
-        )
+    def settings(self, **extra: str) -> dict[str, str]:
+        return {"LLMGW_ADMIN_URL": self.admin_url, "LLMGW_ADMIN_TOKEN": self.token, **extra}
 
     async def run(self, *args: str, **extra_env: str) -> Result:
-        process = await self.start(*args, **extra_env)
-        try:
-            stdout, stderr = await asyncio.wait_for(process.communicate(), CLI_TIMEOUT_S)
-        finally:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-        assert process.returncode is not None
-        return Result(process.returncode, stdout.decode(), stderr.decode())
+        return await run_cli(*args, home=self.home, settings=self.settings(**extra_env))
 
     async def start(self, *args: str, **extra_env: str) -> asyncio.subprocess.Process:
         """``llmgw-cli args...`` running, its output piped (for commands that keep going)."""
-        return await asyncio.create_subprocess_exec(
-            installed("llmgw-cli"),
-            *args,
-            cwd=self.home,
-            env=self.environment(**extra_env),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        return await start_cli(*args, home=self.home, settings=self.settings(**extra_env))
 
 
 class OnTerminal:
@@ -135,7 +125,7 @@ class OnTerminal:
         process = subprocess.Popen(
             [installed("llmgw-cli"), *args],
             cwd=operator.home,
-            env=operator.environment(TERM="xterm-256color"),
+            env=cli_environment(operator.home, operator.settings(TERM="xterm-256color")),
             stdin=subprocess.DEVNULL,
             stdout=screen,
             stderr=screen,
@@ -174,76 +164,7 @@ ANSI_CONTROL = re.compile(r"\x1b(\[[0-9;?]*[A-Za-z]|\][^\x07]*\x07|[()][A-Z0-9])
 
 @asynccontextmanager
 async def live_admin_api(store: PostgresEventStore, port: int | None = None) -> AsyncIterator[str]:
-    """The admin API over ``store`` until the block ends; its URL."""
-    app = create_admin_app(store, TokenAuthenticator({TOKEN: OPERATOR}))
-    listener = socket.socket()
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((LOOPBACK, port or 0))
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            log_level="warning",
-            lifespan="on",
-            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
-        )
-    )
-    serving = asyncio.create_task(server.serve(sockets=[listener]))
-    try:
-        await wait_until(lambda: server.started, within_s=10, what="admin API listening")
-        yield f"http://{LOOPBACK}:{listener.getsockname()[1]}"
-    finally:
-        end_event_streams(app)
-        server.should_exit = True
-        await serving
-        listener.close()
-
-
-# -- seeding the log as agents and the reconciler would ----------------------------------
-
-
-def gpu(index: int, **health: Any) -> GpuInfo:
-    return GpuInfo(index=index, uuid=f"GPU-{index}", name="H100", memory_total_mib=81559, **health)
-
-
-async def record(
-    store: PostgresEventStore, actor: str, *events: AnyEvent, correlation_id: str | None = None
-) -> None:
-    meta = Meta(actor=actor, correlation_id=correlation_id)
-    for event in events:
-        await store.append(_stream_of(event), None, [NewEvent(event)], meta)
-
-
-def _stream_of(event: AnyEvent) -> str:
-    if (replica_id := getattr(event, "replica_id", None)) is not None:
-        return replica_stream(replica_id)
-    return node_stream(getattr(event, "node_id", ""))
-
-
-async def seed_node(
-    store: PostgresEventStore,
-    node_id: str,
-    gpus: tuple[GpuInfo, ...] = (gpu(0), gpu(1)),
-    labels: dict[str, str] | None = None,
-) -> None:
-    address = "10.0.0.7"
-    await record(
-        store,
-        f"agent:{node_id}",
-        NodeRegistered(node_id=node_id, address=address, gpus=gpus, labels=labels or {}),
-        NodeConnected(
-            node_id=node_id, address=address, gpus=gpus, labels=labels or {}, agent_version="0.1"
-        ),
-    )
-
-
-async def seed_serving_replica(
-    store: PostgresEventStore, replica_id: str, node_id: str, gpu_index: int = 0
-) -> None:
-    model, number = replica_id.rsplit("-", 1)
-    shard = ShardPlacement(index=0, node_id=node_id, gpus=(gpu_index,), port=20000 + gpu_index)
-    await record(
-        store,
-        "reconciler",
-        ReplicaPlaced(replica_id=replica_id, model=model, number=int(number), shards=(shard,)),
-        ReplicaServing(replica_id=replica_id),
-    )
+    """The admin API over ``store``, taking ``TOKEN`` as ``OPERATOR``, until the block ends;
+    its URL."""
+    async with serving_admin(store, tokens={TOKEN: OPERATOR}, port=port) as url:
+        yield url
