@@ -1,0 +1,1 @@
+"""The commands of ``llmgw-server``, one module each; ``app.main`` assembles them."""

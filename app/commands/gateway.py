@@ -1,0 +1,112 @@
+"""``llmgw-server gateway``: the gateway alone, stateless, against the database."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from typing import Annotated
+
+import structlog
+import uvloop
+from cyclopts import Parameter
+
+from app.commands.common import DatabaseUrl, fail
+from app.gateway.postgres import (
+    DEFAULT_CLIENT_HOST,
+    DEFAULT_CLIENT_PORT,
+    GatewayOptions,
+    PostgresGateway,
+)
+from app.gateway.server import GatewayFailed
+from app.logs import configure_logging
+
+log = structlog.get_logger(__name__)
+
+
+def gateway_command(
+    *,
+    database_url: DatabaseUrl,
+    host: Annotated[
+        str,
+        Parameter(
+            env_var="LLMGW_GATEWAY_HOST",
+            help="address to listen on; loopback by default, so exposing the gateway is a "
+            "choice (0.0.0.0 behind a load balancer)",
+        ),
+    ] = DEFAULT_CLIENT_HOST,
+    port: Annotated[int, Parameter(env_var="LLMGW_GATEWAY_PORT")] = DEFAULT_CLIENT_PORT,
+    gateway_id: Annotated[
+        str,
+        Parameter(
+            env_var="LLMGW_GATEWAY_ID",
+            help="this gateway's name in its in-flight reports [default: hostname-pid]",
+            show_default=False,
+        ),
+    ] = "",
+    queue_timeout: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_QUEUE_TIMEOUT",
+            help="seconds a request waits for a replica with room before it gets 429",
+        ),
+    ] = 5.0,
+    scrape_interval: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_SCRAPE_INTERVAL",
+            help="seconds between scrapes of each replica's engine metrics",
+        ),
+    ] = 0.25,
+    refresh_interval: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_REFRESH_INTERVAL",
+            help="seconds between reads of the routing table and keys when no change is "
+            "notified sooner",
+        ),
+    ] = 5.0,
+    log_level: Annotated[str, Parameter(env_var="LLMGW_LOG_LEVEL")] = "info",
+) -> None:
+    """Run the OpenAI-compatible gateway alone, stateless, against the database, until
+    SIGINT or SIGTERM. Any number may run behind a load balancer; each keeps serving from
+    its last routing table and keys while the database is away (/readyz then says 503).
+
+    Example: llmgw-server gateway --host 0.0.0.0 --port 8080
+    """
+    configure_logging(log_level)
+    options = GatewayOptions(
+        host=host,
+        port=port,
+        gateway_id=gateway_id or None,
+        queue_timeout_s=queue_timeout,
+        scrape_interval_s=scrape_interval,
+        refresh_interval_s=refresh_interval,
+    )
+    if options.problems():
+        fail("; ".join(options.problems()))
+        return
+    sys.exit(uvloop.run(_gateway(database_url, options)))
+
+
+async def _gateway(database_url: str, options: GatewayOptions) -> int:
+    """Serve until signalled; the exit code (1 when it cannot listen or stops by itself)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    gateway = PostgresGateway(database_url, options)
+    try:
+        await gateway.start()
+    except (OSError, GatewayFailed) as exc:
+        log.error("cannot serve the gateway", host=options.host, port=options.port, error=str(exc))
+        return 1
+    serving = asyncio.create_task(gateway.serve())
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        await gateway.stop()
+        await asyncio.gather(serving, stopping, return_exceptions=True)
+    return 0 if stop.is_set() else 1
