@@ -9,6 +9,7 @@ import pytest
 
 from tests.support.cluster import Cluster, JsonObject, about
 from tests.support.fleet import AgentProcess
+from tests.support.traffic import Traffic, serves
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -18,6 +19,8 @@ STRANGER = "gpu-x"
 """A node the cluster has never seen."""
 HUB_ACTOR = "agent-hub"
 REFUSED_EXIT_CODE = 1
+MODEL = "sim"
+CLIENTS = 4
 
 
 async def test_an_agent_with_another_nodes_certificate_is_refused_recorded_and_ignored(
@@ -25,25 +28,32 @@ async def test_an_agent_with_another_nodes_certificate_is_refused_recorded_and_i
 ) -> None:
     cluster.start_server()
     await cluster.wait_for_leader()
-    for node in HONEST:
-        cluster.start_agent(node)
-    await cluster.wait_for_nodes_connected(HONEST)
+    await cluster.start_fleet(HONEST, MODEL, replicas=2)
+    gateway = await cluster.start_gateway()
+    key = await cluster.create_key("identity-traffic", [MODEL])
+    await wait_until(lambda: serves(gateway.url, key, MODEL), what="the gateway routes")
     before = {str(node["id"]): node for node in await cluster.nodes()}
     honest_until = await cluster.last_position()
 
-    impostors = {claim: impersonate(cluster, "gpu-a", claim) for claim in ("gpu-b", STRANGER)}
+    async with Traffic(gateway.url, key, MODEL, clients=CLIENTS) as traffic:
+        await traffic.wait_for_successes(CLIENTS)
+        impostors = {claim: impersonate(cluster, "gpu-a", claim) for claim in ("gpu-b", STRANGER)}
 
-    for claim, impostor in impostors.items():
-        refusal = await cluster.wait_for_event(
-            "identity_rejected", about(claimed_node_id=claim), after=honest_until
-        )
-        assert refusal.stream == f"node-{claim}"
-        assert refusal.actor == HUB_ACTOR
-        assert "CN=gpu-a" in str(refusal.get("certificate_subject")), refusal
-        assert "'gpu-a' does not match node id" in str(refusal.get("reason")), refusal
-        await wait_until(impostor.exited, within_s=10.0, what=f"the agent claiming {claim} gone")
-        assert impostor.process.returncode == REFUSED_EXIT_CODE, impostor.log()
-        assert "refused this node" in impostor.log()
+        for claim, impostor in impostors.items():
+            refusal = await cluster.wait_for_event(
+                "identity_rejected", about(claimed_node_id=claim), after=honest_until
+            )
+            assert refusal.stream == f"node-{claim}"
+            assert refusal.actor == HUB_ACTOR
+            assert "CN=gpu-a" in str(refusal.get("certificate_subject")), refusal
+            assert "'gpu-a' does not match node id" in str(refusal.get("reason")), refusal
+            await wait_until(
+                impostor.exited, within_s=10.0, what=f"the agent claiming {claim} gone"
+            )
+            assert impostor.process.returncode == REFUSED_EXIT_CODE, impostor.log()
+            assert "refused this node" in impostor.log()
+        await traffic.wait_for_successes(2 * CLIENTS)
+    traffic.assert_no_failures()
 
     since = await cluster.events(after=honest_until)
     assert {event.type for event in since} == {"identity_rejected"}, [
