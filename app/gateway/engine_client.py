@@ -41,11 +41,11 @@ LOW_WATER_BYTES = 1 << 18
 
 
 class EngineUnreachable(Exception):
-    pass
+    """No answer head: connecting failed, or the connection dropped first."""
 
 
 class AnswerBroken(Exception):
-    pass
+    """The connection dropped, or sent garbage, in the middle of an answer."""
 
 
 class EngineAnswer:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from typing import Protocol
 
 import uvicorn
@@ -29,9 +29,7 @@ from app.gateway.app import GatewayApp
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.ratelimit import RateLimiter
 from app.gateway.router import Router
-from app.gateway.table import GatewaySnapshot
-
-SnapshotListener = Callable[[GatewaySnapshot], None]
+from app.gateway.table import GatewaySnapshot, SnapshotListener
 
 
 class SnapshotSource(Protocol):

@@ -29,7 +29,7 @@ from typing import Any
 import asyncpg
 import structlog
 
-from app.gateway.table import GatewaySnapshot
+from app.gateway.table import GatewaySnapshot, SnapshotListener
 from app.store.database import driver_url
 from app.store.gateway_reports import delete_report, write_report
 from app.store.gateway_snapshot import read_snapshot
@@ -54,7 +54,6 @@ _CONNECTION_LOST = (
 )
 
 InFlightCounter = Callable[[], dict[str, int]]
-SnapshotListener = Callable[[GatewaySnapshot], None]
 
 
 def default_gateway_id() -> str:

@@ -8,6 +8,8 @@ away; ``loaded_at`` and ``position`` say how old that snapshot is.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 
 DEFAULT_TARGET_WAITING = 5
@@ -60,3 +62,7 @@ class GatewaySnapshot(msgspec.Struct, frozen=True, kw_only=True):
     def models_for(self, key: KeyRecord) -> list[str]:
         """The models ``key`` may use, for ``GET /v1/models``."""
         return sorted(m for m in self.declared if key.allows(m))
+
+
+SnapshotListener = Callable[[GatewaySnapshot], None]
+"""Called with each new snapshot a source reads."""
