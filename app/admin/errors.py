@@ -18,6 +18,7 @@ from litestar.types import ExceptionHandlersMap
 
 from app.domain.keys import InvalidKey, UnknownKey
 from app.domain.operations import (
+    InvalidFields,
     InvalidOperation,
     InvalidSpec,
     UnknownDrain,
@@ -81,7 +82,7 @@ def _details(exc: Exception) -> dict[str, Any]:
     """What a client needs besides the message: every field of an invalid spec, the id of
     an unknown thing."""
     match exc:
-        case InvalidSpec() | InvalidKey():
+        case InvalidFields():
             return {"errors": [{"field": e.field, "reason": e.reason} for e in exc.errors]}
         case UnknownThing():
             return {"id": exc.key}

@@ -26,8 +26,8 @@ from app.domain.events import ApiKeyCreated, ApiKeyRevoked, key_stream
 from app.domain.model_spec import SpecError
 from app.domain.operations import (
     Change,
+    InvalidFields,
     InvalidOperation,
-    OperationError,
     UnknownThing,
 )
 from app.domain.state import ApiKey, ClusterState
@@ -66,11 +66,9 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _PREFIX = re.compile(r"^[0-9a-f]{8}$")
 
 
-class InvalidKey(OperationError):
+class InvalidKey(InvalidFields):
     def __init__(self, name: str, errors: Sequence[SpecError]) -> None:
-        listed = "; ".join(f"{e.field}: {e.reason}" for e in errors)
-        super().__init__(f"API key {name!r} cannot be created ({listed}); nothing was recorded")
-        self.errors = list(errors)
+        super().__init__(f"API key {name!r} cannot be created", errors)
 
 
 class DuplicateKeyName(InvalidOperation):

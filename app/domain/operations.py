@@ -79,11 +79,18 @@ class UnknownDrain(UnknownThing):
     kind = "drain"
 
 
-class InvalidSpec(OperationError):
-    def __init__(self, model: str, errors: Sequence[SpecError]) -> None:
+class InvalidFields(OperationError):
+    """A request whose fields break the rules; ``errors`` has every one, field and reason."""
+
+    def __init__(self, what: str, errors: Sequence[SpecError]) -> None:
         listed = "; ".join(f"{e.field}: {e.reason}" for e in errors)
-        super().__init__(f"spec of model {model!r} is invalid ({listed}); nothing was recorded")
+        super().__init__(f"{what} ({listed}); nothing was recorded")
         self.errors = list(errors)
+
+
+class InvalidSpec(InvalidFields):
+    def __init__(self, model: str, errors: Sequence[SpecError]) -> None:
+        super().__init__(f"spec of model {model!r} is invalid", errors)
 
 
 class InvalidOperation(OperationError):

@@ -17,9 +17,9 @@ from app.domain.events import ModelTuned, model_stream
 from app.domain.model_spec import MAX_TARGET_WAITING, RoutingSettings, SpecError
 from app.domain.operations import (
     Change,
+    InvalidFields,
     InvalidOperation,
     InvalidSpec,
-    OperationError,
     find_model,
 )
 from app.domain.state import ACTIVE_PHASES, ClusterState
@@ -32,11 +32,7 @@ class InvalidTuning(InvalidSpec):
     """Settings that break the rules of ``routing_errors``; ``errors`` has them all."""
 
     def __init__(self, model: str, errors: Sequence[SpecError]) -> None:
-        listed = "; ".join(f"{e.field}: {e.reason}" for e in errors)
-        OperationError.__init__(
-            self, f"tuning of model {model!r} is invalid ({listed}); nothing was recorded"
-        )
-        self.errors = list(errors)
+        InvalidFields.__init__(self, f"tuning of model {model!r} is invalid", errors)
 
 
 def routing_errors(routing: RoutingSettings, summary: Mapping[str, Any]) -> list[SpecError]:
