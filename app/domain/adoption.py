@@ -1,12 +1,19 @@
 """Adoption: the fleet is authoritative about what runs; the log about what was asked.
 
-For every shard a connected agent reports running:
+A node speaks only for itself: a report can adopt only a shard that the log placed on the
+reporting node, at a port inside that node's declared range. For every shard a connected
+agent reports running:
 
+- the shard was placed on another node: a stray on the reporting node, whatever the state
+  of the log's copy (a node with a valid certificate must not be able to take over another
+  node's replica by naming it);
+- the port is outside the reporting node's declared range: a stray;
 - it matches the log (same replica, shard, node and port): adopted, once per leader epoch
   (a shard placed by this leader needs no adoption);
-- the log's copy of that shard never came up (merely placed, elsewhere or on another
-  port): the running engine wins and is adopted in its place, port and all;
-- the log's copy came up elsewhere: two engines really run; the reported one, which
+- the log's copy on this node never came up and the engine answers on another port of
+  this node: the running engine wins and is adopted in its place, port and all (an
+  earlier leader started it there and the log lost or never recorded that start);
+- the log's copy came up on another port: two engines really run; the reported one, which
   nobody asked for, is stopped as a stray;
 - the replica is unknown to the log, or was lost (its node came back after it was
   replaced): a stray. The engine of a replica that ended otherwise (stopped, failed, timed
@@ -21,7 +28,7 @@ from app.domain.commands import stray_stop_command
 from app.domain.decision import Draft
 from app.domain.events import ReplicaAdopted, StrayStopped, node_stream, replica_stream
 from app.domain.fleet_view import FleetView, ReportedShard
-from app.domain.state import ACTIVE_PHASES, Replica, ReplicaPhase, ShardPhase
+from app.domain.state import ACTIVE_PHASES, Node, Replica, ReplicaPhase, ShardPhase
 
 MATCHES = "matches the log"
 MISSED_READY = "the agent reports it ready; the log had not recorded that"
@@ -62,7 +69,11 @@ def _adopt_one(draft: Draft, node_id: str, reported: ReportedShard, stray_grace_
         )
         return
     shard = replica.shards[reported.shard_index]
-    if shard.node_id == node_id and shard.port == reported.port:
+    refusal = _not_vouched(state.nodes.get(node_id), shard.node_id, reported)
+    if refusal is not None:
+        _stray(draft, node_id, reported, refusal, stray_grace_s)
+        return
+    if shard.port == reported.port:
         if shard.epoch != draft.epoch:
             _adopt(draft, node_id, reported, MATCHES)
         elif reported.ready and shard.phase in (ShardPhase.PLACED, ShardPhase.STARTING):
@@ -76,6 +87,19 @@ def _adopt_one(draft: Draft, node_id: str, reported: ReportedShard, stray_grace_
         "two engines run and this one was not asked for"
     )
     _stray(draft, node_id, reported, rule, stray_grace_s)
+
+
+def _not_vouched(node: Node | None, placed_on: str, reported: ReportedShard) -> str | None:
+    """Why the reporting node cannot speak for this shard, or None when it can: the shard
+    must have been placed on it, at a port inside its declared range."""
+    if node is None:
+        return "the reporting node is unknown to the log"
+    if placed_on != node.id:
+        return f"placed on {placed_on}, reported by {node.id}"
+    low, high = node.port_range
+    if not low <= reported.port <= high:
+        return f"port {reported.port} is outside {node.id}'s declared port range {low}-{high}"
+    return None
 
 
 def _is_logged_copy(replica: Replica, node_id: str, reported: ReportedShard) -> bool:

@@ -15,6 +15,7 @@ from app.domain.events import (
     ModelScaled,
     ModelUnplaceable,
     NodeConnected,
+    NodeCordoned,
     NodeDisconnected,
     NodeDrainFinished,
     NodeDrainRequested,
@@ -473,8 +474,93 @@ def test_a_second_copy_of_a_replica_that_came_up_elsewhere_is_a_stray() -> None:
 
     (stray,) = of_type(decision, StrayStopped)
     assert stray.node_id == "gpu-2"
+    assert stray.rule == "placed on gpu-1, reported by gpu-2"
+    assert "stray-llama-1-0-999" in commands(decision)
+
+
+def test_an_engine_on_another_port_than_the_copy_that_came_up_on_that_node_is_a_stray() -> None:
+    cluster = restarted_with_two_serving_replicas()
+    cluster.reports["gpu-2"] = NodeReport(node_id="gpu-2")
+    cluster.running("gpu-2", "llama-2", 20000)
+    cluster.reports["gpu-1"] = NodeReport(node_id="gpu-1")
+    cluster.running("gpu-1", "llama-1", 20001, pid=999)
+
+    decision = cluster.reconcile()
+
+    (stray,) = of_type(decision, StrayStopped)
+    assert stray.node_id == "gpu-1"
     assert stray.rule.startswith("the log's copy came up on gpu-1 port 20000")
     assert "stray-llama-1-0-999" in commands(decision)
+
+
+def starting_on_gpu_1() -> Cluster:
+    """llama-1 was placed on gpu-1 and is still starting there: its engine never came up."""
+    cluster = with_two_nodes_and_a_model(replicas=1)
+    cluster.reconcile()
+    assert cluster.state.replicas["llama-1"].shards[0].node_id == "gpu-1"
+    cluster.given(ShardStarting(replica_id="llama-1", shard_index=0, node_id="gpu-1", pid=77))
+    cluster.running("gpu-1", "llama-1", 20000, state="starting", pid=77)
+    return cluster
+
+
+def test_a_node_cannot_take_over_a_replica_placed_on_another_node() -> None:
+    """gpu-2 holds a valid certificate and reports llama-1, which is still starting on gpu-1,
+    as ready at a port of its choosing. Before, the log's copy "never came up" and gpu-2's
+    engine took its place; the gateway then sent prompts to gpu-2's listener."""
+    cluster = starting_on_gpu_1()
+    cluster.running("gpu-2", "llama-1", 20000, pid=6666)
+
+    decision = cluster.reconcile()
+
+    assert of_type(decision, ReplicaAdopted) == []
+    (stray,) = of_type(decision, StrayStopped)
+    assert (stray.node_id, stray.replica_id, stray.pid) == ("gpu-2", "llama-1", 6666)
+    assert stray.rule == "placed on gpu-1, reported by gpu-2"
+    assert [(c.node_id, c.command.command_id) for c in decision.commands] == [
+        ("gpu-2", "stray-llama-1-0-6666")
+    ]
+    shard = cluster.state.replicas["llama-1"].shards[0]
+    assert (shard.node_id, shard.port, shard.pid) == ("gpu-1", 20000, 77)
+    assert cluster.phase("llama-1") is ReplicaPhase.STARTING
+
+
+def test_a_cordoned_node_cannot_take_over_a_replica_either() -> None:
+    cluster = starting_on_gpu_1()
+    cluster.given(NodeCordoned(node_id="gpu-2", reason="maintenance"))
+    cluster.running("gpu-2", "llama-1", 20500, pid=6666)
+
+    decision = cluster.reconcile()
+
+    assert of_type(decision, ReplicaAdopted) == []
+    assert [s.rule for s in of_type(decision, StrayStopped)] == [
+        "placed on gpu-1, reported by gpu-2"
+    ]
+
+
+def test_a_report_at_a_port_outside_the_node_s_range_is_a_stray_even_on_its_own_node() -> None:
+    cluster = starting_on_gpu_1()
+    cluster.running("gpu-1", "llama-1", 8080, pid=6666)
+
+    decision = cluster.reconcile()
+
+    assert of_type(decision, ReplicaAdopted) == []
+    (stray,) = of_type(decision, StrayStopped)
+    assert stray.rule == "port 8080 is outside gpu-1's declared port range 20000-20999"
+    assert cluster.state.replicas["llama-1"].shards[0].port == 20000
+
+
+def test_the_real_engine_still_becomes_ready_after_a_rogue_report_was_refused() -> None:
+    cluster = starting_on_gpu_1()
+    cluster.running("gpu-2", "llama-1", 20000, pid=6666)
+    cluster.reconcile()
+
+    cluster.given(ShardReady(replica_id="llama-1", shard_index=0, node_id="gpu-1"))
+    cluster.running("gpu-1", "llama-1", 20000, pid=77)
+    decision = cluster.reconcile()
+
+    assert kinds(decision).count("ReplicaServing") == 1
+    assert cluster.phase("llama-1") is ReplicaPhase.SERVING
+    assert cluster.state.replicas["llama-1"].shards[0].node_id == "gpu-1"
 
 
 def test_a_shard_the_log_expects_and_no_agent_reports_is_lost_after_the_grace() -> None:
