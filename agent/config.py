@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -78,7 +77,9 @@ class AgentConfig:
     fake_gpus: str | None
     state_dir: Path
     labels: dict[str, str]
-    address: str
+    address: str | None
+    """Where engines on this node are reachable; None: the address the connection to the
+    control plane leaves from (which the control plane accepts without further proof)."""
     port_range: tuple[int, int]
     log_level: str
     reconnect_max_delay_s: float = DEFAULT_RECONNECT_MAX_DELAY_S
@@ -289,9 +290,9 @@ def default_state_dir(environ: Mapping[str, str], *, is_root: bool | None = None
     return Path(state_home) / "llmgw-agent"
 
 
-def _address(address: str | None) -> str:
+def _address(address: str | None) -> str | None:
     if address is None:
-        return socket.gethostname()
+        return None
     if not address.strip() or any(character.isspace() for character in address.strip()):
         raise ConfigError(f"--address {address!r}: expected a host name or IP address")
     return address.strip()

@@ -232,12 +232,26 @@ def _ending_of(server: ServerAddress, websocket: ClientConnection, stable: bool)
         return _Ending(Failure.RETRYABLE, what, connected=True, stable=stable)
     if classify_close(received.code) is Failure.CLIENT_REFUSED:
         raise ClientCertificateRejected(
-            f"{server.host} refused this node (close code {received.code}): {received.reason}. "
-            f"The certificate's common name must equal --node-id: {NODE_CERTIFICATE_HINT}"
+            f"{server.host} refused this node (close code {received.code}): {received.reason}"
+            f"{_refusal_advice(received.reason)}"
         )
     return _Ending(
         Failure.RETRYABLE, f"closed by the server: {received}", connected=True, stable=stable
     )
+
+
+def _refusal_advice(reason: str) -> str:
+    """What fixes the refusal the server named, when the reason says which it was."""
+    if "common name" in reason or "certificate of kind" in reason:
+        return f". The certificate's common name must equal --node-id: {NODE_CERTIFICATE_HINT}"
+    if "advertised address" in reason:
+        return (
+            ". Set --address to the address this agent connects from, or reissue the node "
+            "certificate naming the address: llmgw-cli cert node <node-id> --ip <address>"
+        )
+    if "revoked" in reason:
+        return f". Issue a new certificate for this node: {NODE_CERTIFICATE_HINT}"
+    return ""
 
 
 def _refusal(exc: BaseException, server: ServerAddress) -> str:

@@ -95,7 +95,9 @@ def run(
     address: Annotated[
         str | None,
         Parameter(
-            help="Host or IP at which engines on this node are reachable. [default: hostname]"
+            help="Host or IP at which engines on this node are reachable; the node's "
+            "certificate must name it (`llmgw-cli cert node --host/--ip`) unless it is the "
+            "address the agent connects from. [default: the address it connects from]"
         ),
     ] = None,
     port_range: Annotated[

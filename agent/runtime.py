@@ -185,13 +185,18 @@ def start_refusal(
 
 
 def build_hello(
-    config: AgentConfig, gpus: Sequence[GpuStatus], shards: Sequence[ShardRecord]
+    config: AgentConfig,
+    gpus: Sequence[GpuStatus],
+    shards: Sequence[ShardRecord],
+    local_address: str = "",
 ) -> Hello:
+    """``local_address``: where this connection leaves from, advertised unless
+    ``--address`` says otherwise."""
     return Hello(
         protocol_version=PROTOCOL_VERSION,
         node_id=config.node_id,
         agent_version=agent_version(),
-        address=config.address,
+        address=config.address or local_address,
         labels=dict(config.labels),
         port_range=config.port_range,
         gpus=tuple(gpu_report(gpu) for gpu in gpus),
@@ -238,6 +243,7 @@ class AgentRuntime:
         self._ledger = CommandLedger()
         self._causes: dict[ShardKey, str] = {}
         self._link: _Link | None = None
+        self._local_address = ""
         self._commands: set[asyncio.Task[None]] = set()
 
     @property
@@ -290,6 +296,7 @@ class AgentRuntime:
         """Speak the protocol over ``websocket`` until it closes; True if the control plane
         welcomed this agent on it."""
         await self.refresh_gpus()
+        self._local_address = _local_host(websocket)
         session = ServerSession(
             node_id=self._config.node_id,
             hello_factory=self._hello,
@@ -334,7 +341,9 @@ class AgentRuntime:
     def _hello(self) -> Hello:
         # The hello carries every GPU's health, so older changes need no heartbeat.
         self._unreported_gpu_changes.clear()
-        return build_hello(self._config, self._snapshot.gpus, self._supervisor.inventory())
+        return build_hello(
+            self._config, self._snapshot.gpus, self._supervisor.inventory(), self._local_address
+        )
 
     def _heartbeat_content(self) -> HeartbeatContent:
         changes = tuple(self._unreported_gpu_changes)
@@ -437,3 +446,12 @@ class AgentRuntime:
         while True:
             await asyncio.sleep(TICK_INTERVAL_S)
             link.push(link.session.tick(self._clock()))
+
+
+def _local_host(websocket: ClientConnection) -> str:
+    """The IP this connection leaves from: what the control plane sees it come from (unless
+    a NAT stands between them, when ``--address`` and a certificate naming it are needed)."""
+    address = websocket.local_address
+    if isinstance(address, tuple) and address:
+        return str(address[0])
+    return ""

@@ -30,6 +30,7 @@ from app.pki import (
     issue_server,
 )
 from app.pki.files import IssuedFiles, load_ca, load_certificate, write_ca, write_issued
+from app.pki.issued import record_issued
 from app.pki.keys import PrivateKey
 from app.pki.names import check_host, check_subject_name, parse_ip
 
@@ -140,6 +141,22 @@ def node_certificate(
     node_id: Annotated[str, Parameter(help="The node id the agent will claim.")],
     /,
     *,
+    host: Annotated[
+        tuple[str, ...],
+        Parameter(
+            name="--host",
+            negative_iterable=(),
+            help="A host name at which the node's engines are reachable; repeat for each.",
+        ),
+    ] = (),
+    ip: Annotated[
+        tuple[str, ...],
+        Parameter(
+            name="--ip",
+            negative_iterable=(),
+            help="An IP at which the node's engines are reachable; repeat for each.",
+        ),
+    ] = (),
     ca_dir: CaDir = None,
     out: OutDir = None,
     days: Annotated[int, Parameter(help="Days the certificate is valid.")] = 365,
@@ -148,20 +165,25 @@ def node_certificate(
     """Issue an agent's client certificate (`node-<id>.crt`, `node-<id>.key`).
 
     Its common name is the node id: with require_identity on, the agent hub refuses an
-    agent that claims any other id.
+    agent that claims any other id. The address an agent advertises for its engines
+    (`llmgw-agent --address`) must be one the certificate names with --host or --ip, or
+    the address its connection to the control plane comes from.
 
     ```
     llmgw-cli cert node gpu-07 --out ./gpu-07
+    llmgw-cli cert node gpu-07 --host gpu-07.internal --ip 10.20.0.7
     ```
     """
     ca_dir = ca_dir or default_ca_dir()
 
     def create() -> int:
         check_subject_name("node id", node_id)
+        hosts = [check_host(name) for name in host]
+        ips = [parse_ip(address) for address in ip]
         _check_days(days)
 
         def build(ca: CertificateAuthority, key: PrivateKey, now: datetime) -> x509.Certificate:
-            return issue_node(ca, key, node_id, now, days)
+            return issue_node(ca, key, node_id, now, days, hosts=hosts, ips=ips)
 
         return _issue(ca_dir, out, f"node-{node_id}", f"node {node_id}", force, build)
 
@@ -248,6 +270,7 @@ def _issue(
     key = generate_key()
     certificate = build(ca, key, now)
     files = write_issued(out or ca_dir, stem, certificate, key, force=force)
+    record_issued(ca_dir, certificate, files.certificate)
     _print_issued(what, files, describe(certificate, now))
     if certificate.not_valid_after_utc > ca.certificate.not_valid_after_utc:
         _error(

@@ -6,6 +6,7 @@ from cyclopts import App
 
 from cli.bench.command import bench_app
 from cli.cert import cert_app
+from cli.cert_revocation import list_certificates, revoke_certificate
 from cli.completion import register_completion
 from cli.drain import drain, drain_progress
 from cli.events import events
@@ -36,6 +37,8 @@ app.command(uncordon, name="uncordon")
 app.command(drain, name="drain")
 app.command(drain_progress, name="drain-progress")
 app.command(events, name="events")
+cert_app.command(revoke_certificate, name="revoke")
+cert_app.command(list_certificates, name="list")
 app.command(cert_app)
 app.command(history_app)
 app.command(keys_app)

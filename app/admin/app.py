@@ -10,6 +10,7 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
 from app.admin.auth import ACTOR_KEY, TokenAuthenticator
+from app.admin.certificates import CertificateController
 from app.admin.errors import EXCEPTION_HANDLERS
 from app.admin.events import EventsController
 from app.admin.health import Readiness, healthz, readyz
@@ -60,6 +61,7 @@ def create_admin_app(
 
     return Litestar(
         route_handlers=[
+            CertificateController,
             EventsController,
             HistoryController,
             KeyController,

@@ -27,6 +27,7 @@ from app.domain.operations import (
     UnknownReplica,
     UnknownThing,
 )
+from app.domain.revocations import InvalidRevocation
 from app.store.errors import ConcurrencyError, FencedError, StoreError, StoreUnavailable
 
 log = structlog.get_logger(__name__)
@@ -38,6 +39,7 @@ PROBLEM_TABLE: tuple[tuple[type[Exception], int, str], ...] = (
     (UnknownDrain, HTTP_404_NOT_FOUND, "unknown-drain"),
     (UnknownKey, HTTP_404_NOT_FOUND, "unknown-key"),
     (InvalidKey, HTTP_422_UNPROCESSABLE_ENTITY, "invalid-key"),
+    (InvalidRevocation, HTTP_422_UNPROCESSABLE_ENTITY, "invalid-revocation"),
     (InvalidSpec, HTTP_422_UNPROCESSABLE_ENTITY, "invalid-spec"),
     (InvalidOperation, HTTP_409_CONFLICT, "invalid-operation"),
     (ConcurrencyError, HTTP_409_CONFLICT, "conflict"),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
+import msgspec
 import structlog
 import uvicorn
 from cyclopts import Parameter
@@ -25,6 +26,7 @@ from app.admin.health import Readiness
 from app.admin.metrics import control_plane_figures
 from app.admin.tls import TlsScopeProtocol, admin_ssl_context
 from app.commands.common import DatabaseUrl, fail
+from app.fleet.budget import MessageBudget
 from app.fleet.hub import DEFAULT_HEARTBEAT_INTERVAL_S
 from app.gateway.postgres import (
     DEFAULT_CLIENT_HOST,
@@ -48,6 +50,7 @@ AGENT_TLS_HINT = (
     "`llmgw-cli cert init-ca` and `llmgw-cli cert server --ip <address agents dial>`"
 )
 
+DEFAULT_BUDGET = MessageBudget()
 HEARTBEAT_TIMEOUT_INTERVALS = 3
 """An agent silent for this many heartbeat intervals is disconnected (15 s at 5 s)."""
 EXIT_DEPOSED = 3
@@ -169,6 +172,21 @@ def serve(
             "report in flight on it before it is stopped anyway",
         ),
     ] = 60.0,
+    agent_message_rate: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_AGENT_MESSAGE_RATE",
+            help="messages a second one agent connection may send, sustained; a connection "
+            "over its budget is closed (1008) and the refusal recorded",
+        ),
+    ] = DEFAULT_BUDGET.messages_per_s,
+    agent_message_burst: Annotated[
+        int,
+        Parameter(
+            env_var="LLMGW_AGENT_MESSAGE_BURST",
+            help="messages one agent connection may send at once above that rate",
+        ),
+    ] = DEFAULT_BUDGET.message_burst,
     log_level: Annotated[str, Parameter(env_var="LLMGW_LOG_LEVEL")] = "info",
 ) -> None:
     """Run the control plane until SIGINT or SIGTERM: the admin API and the gateway (on
@@ -196,6 +214,8 @@ def serve(
     for flag, value in (
         ("--heartbeat-interval", heartbeat_interval),
         ("--reconcile-interval", reconcile_interval),
+        ("--agent-message-rate", agent_message_rate),
+        ("--agent-message-burst", agent_message_burst),
     ):
         if value <= 0:
             fail(f"{flag} must be positive, not {value}")
@@ -234,6 +254,11 @@ def serve(
             stability_window_s=stability_window,
             reconcile_interval_s=reconcile_interval,
             drain_idle_timeout_s=drain_idle_timeout,
+            agent_budget=msgspec.structs.replace(
+                DEFAULT_BUDGET,
+                messages_per_s=agent_message_rate,
+                message_burst=agent_message_burst,
+            ),
         ),
         gateway=GatewayOptions(host=client_host, port=client_port, gateway_id=server_id or None)
         if gateway

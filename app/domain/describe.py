@@ -8,6 +8,7 @@ from app.domain.events import (
     AnyEvent,
     ApiKeyCreated,
     ApiKeyRevoked,
+    CertificateRevoked,
     GpuMarkedUnhealthy,
     GpuRecovered,
     IdentityRejected,
@@ -22,6 +23,7 @@ from app.domain.events import (
     NodeDrainFinished,
     NodeDrainRequested,
     NodeLost,
+    NodeRefused,
     NodeRegistered,
     NodeUncordoned,
     ReplacementServing,
@@ -85,8 +87,20 @@ def describe(event: AnyEvent) -> str:
         case IdentityRejected():
             return (
                 f"refused a connection claiming {event.claimed_node_id!r} from "
-                f"{event.remote_address}: {event.reason}"
+                f"{event.remote_address}: {event.reason}{_suppressed(event.suppressed)}"
             )
+        case NodeRefused():
+            return (
+                f"refused {event.node_id}'s connection from {event.remote_address}: "
+                f"{event.reason}{_suppressed(event.suppressed)}"
+            )
+        case CertificateRevoked():
+            what = (
+                f"certificate {event.serial}"
+                if event.serial is not None
+                else f"every certificate of node {event.node_id} issued until now"
+            )
+            return f"revoked {what}: {event.reason}"
         case StrayStopped():
             return (
                 f"stopped stray shard {event.replica_id}/{event.shard_index} on port "
@@ -138,3 +152,7 @@ def describe(event: AnyEvent) -> str:
             return "key revoked"
         case _:
             assert_never(event)
+
+
+def _suppressed(count: int) -> str:
+    return f" ({count} more like it since the last one recorded)" if count else ""

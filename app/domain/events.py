@@ -5,7 +5,8 @@ and is what the store writes in the ``type`` column. ``schema_version`` says whi
 of the payload a class reads; older payloads are upcast on read (see
 ``app.store.codec``), so a stored event stays readable forever.
 
-Streams: ``model-<name>``, ``node-<id>``, ``replica-<id>``, ``key-<id>``. The helpers at
+Streams: ``model-<name>``, ``node-<id>``, ``replica-<id>``, ``key-<id>``, and
+``certificate-<serial>`` for a certificate revoked by its serial. The helpers at
 the bottom name them, so nobody formats a stream name by hand.
 """
 
@@ -111,6 +112,8 @@ class NodeConnected(Event, frozen=True, kw_only=True):
     agent_version: str = ""
     port_range: tuple[int, int] = (20000, 20999)
     replaced_previous: bool = False
+    certificate_serial: str = ""
+    """The serial of the certificate the agent connected with (absent from older payloads)."""
 
 
 class NodeDisconnected(Event, frozen=True, kw_only=True):
@@ -159,11 +162,35 @@ class GpuRecovered(Event, frozen=True, kw_only=True):
 
 
 class IdentityRejected(Event, frozen=True, kw_only=True):
-    """A connection whose certificate did not match the node it claimed. Changes no state."""
+    """A connection whose certificate did not match the node it claimed, or was revoked.
+    Changes no state. ``suppressed``: refusals like this one since the last recorded, which
+    were not recorded one by one."""
 
     claimed_node_id: str
     certificate_subject: str
     remote_address: str
+    reason: str
+    suppressed: int = 0
+
+
+class NodeRefused(Event, frozen=True, kw_only=True):
+    """The hub refused or cut off a connection that proved its node: its hello claimed what
+    the node cannot vouch for (an address, an impossible inventory), or it sent more than
+    the channel allows. Changes no state; ``suppressed`` as for ``IdentityRejected``."""
+
+    node_id: str
+    remote_address: str
+    certificate_serial: str = ""
+    reason: str
+    suppressed: int = 0
+
+
+class CertificateRevoked(Event, frozen=True, kw_only=True):
+    """A certificate may no longer connect: the one with ``serial``, or, with ``node_id``
+    alone, every certificate issued to that node until the revocation was recorded."""
+
+    serial: str | None = None
+    node_id: str | None = None
     reason: str
 
 
@@ -316,6 +343,8 @@ AnyEvent = (
     | GpuMarkedUnhealthy
     | GpuRecovered
     | IdentityRejected
+    | NodeRefused
+    | CertificateRevoked
     | StrayStopped
     | ReplicaPlaced
     | ShardStarting
@@ -360,6 +389,10 @@ def replica_stream(replica_id: str) -> str:
 
 def key_stream(key_id: str) -> str:
     return f"key-{key_id}"
+
+
+def certificate_stream(serial: str) -> str:
+    return f"certificate-{serial}"
 
 
 def replica_id_for(model: str, number: int) -> str:

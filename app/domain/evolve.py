@@ -19,6 +19,7 @@ from app.domain.envelope import Recorded
 from app.domain.events import (
     ApiKeyCreated,
     ApiKeyRevoked,
+    CertificateRevoked,
     Event,
     GpuMarkedUnhealthy,
     GpuRecovered,
@@ -34,6 +35,7 @@ from app.domain.events import (
     NodeDrainFinished,
     NodeDrainRequested,
     NodeLost,
+    NodeRefused,
     NodeRegistered,
     NodeUncordoned,
     ReplacementServing,
@@ -56,6 +58,7 @@ from app.domain.model_spec import RoutingSettings
 from app.domain.state import (
     STRAYS_REMEMBERED,
     ApiKey,
+    CertificateRevocation,
     ClusterState,
     Model,
     Node,
@@ -267,6 +270,7 @@ def _node_connected(state: ClusterState, event: NodeConnected, recorded: Recorde
         gpus=event.gpus,
         agent_version=event.agent_version,
         port_range=event.port_range,
+        certificate_serial=event.certificate_serial,
         connected=True,
         lost=False,
         last_change_at=at,
@@ -392,6 +396,23 @@ def _api_key_revoked(state: ClusterState, event: ApiKeyRevoked, recorded: Record
         state.keys[event.key_id] = replace(key, revoked_at=at, revoked_by=recorded.meta.actor)
 
 
+def _node_refused(state: ClusterState, event: NodeRefused, recorded: Recorded) -> None:
+    """An audit record only: the refused connection changed nothing."""
+
+
+def _certificate_revoked(
+    state: ClusterState, event: CertificateRevoked, recorded: Recorded
+) -> None:
+    revocation = CertificateRevocation(
+        serial=event.serial,
+        node_id=event.node_id,
+        reason=event.reason,
+        revoked_at=recorded.recorded_at,
+        revoked_by=recorded.meta.actor,
+    )
+    state.revocations[revocation.key] = revocation
+
+
 # A table rather than a ``match``: a replay folds a million events, and a match tries its
 # cases in order (some 0.2 us each); the table is one lookup. That every event type has a
 # handler is checked by tests/unit/test_fold.py instead of by assert_never.
@@ -422,6 +443,8 @@ _HANDLERS: dict[type[Event], Callable[[ClusterState, Any, Recorded], None]] = {
     GpuRecovered: _gpu_recovered,
     StrayStopped: _stray_stopped,
     IdentityRejected: _identity_rejected,
+    NodeRefused: _node_refused,
+    CertificateRevoked: _certificate_revoked,
     ModelDeclared: _model_declared,
     ModelScaled: _model_scaled,
     ModelRemoved: _model_removed,

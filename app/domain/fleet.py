@@ -21,6 +21,7 @@ from app.domain.events import (
     IdentityRejected,
     NodeConnected,
     NodeDisconnected,
+    NodeRefused,
     NodeRegistered,
     ShardFailed,
     ShardReady,
@@ -48,6 +49,7 @@ class AgentInventory(msgspec.Struct, frozen=True, kw_only=True):
     gpus: tuple[GpuInfo, ...]
     port_range: tuple[int, int]
     agent_version: str
+    certificate_serial: str = ""
 
 
 class GpuHealth(msgspec.Struct, frozen=True, kw_only=True):
@@ -73,12 +75,23 @@ class ShardPhaseReport(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class IdentityClaim(msgspec.Struct, frozen=True, kw_only=True):
-    """A connection claimed a node its certificate does not prove."""
+    """A connection claimed a node its certificate does not prove (or a revoked one)."""
 
     claimed_node_id: str
     certificate_subject: str
     remote_address: str
     reason: str
+    suppressed: int = 0
+
+
+class Refusal(msgspec.Struct, frozen=True, kw_only=True):
+    """A connection that proved its node was refused or cut off for what it said or did."""
+
+    node_id: str
+    remote_address: str
+    certificate_serial: str
+    reason: str
+    suppressed: int = 0
 
 
 def agent_connected(
@@ -115,6 +128,7 @@ def agent_connected(
                 agent_version=inventory.agent_version,
                 port_range=inventory.port_range,
                 replaced_previous=replaced_previous,
+                certificate_serial=inventory.certificate_serial,
             ),
         )
     )
@@ -189,6 +203,23 @@ def identity_rejected(claim: IdentityClaim) -> Decision:
                 certificate_subject=claim.certificate_subject,
                 remote_address=claim.remote_address,
                 reason=claim.reason,
+                suppressed=claim.suppressed,
+            ),
+        )
+    ]
+
+
+def node_refused(refusal: Refusal) -> Decision:
+    """Recorded on the node's stream for the audit trail; it changes no state."""
+    return [
+        (
+            node_stream(refusal.node_id),
+            NodeRefused(
+                node_id=refusal.node_id,
+                remote_address=refusal.remote_address,
+                certificate_serial=refusal.certificate_serial,
+                reason=refusal.reason,
+                suppressed=refusal.suppressed,
             ),
         )
     ]
@@ -208,18 +239,24 @@ def _health_changes(
     *,
     unknown_is_healthy: bool,
 ) -> Decision:
-    healthy: dict[int, bool] = {gpu.index: gpu.healthy for gpu in known}
+    """An event per GPU whose health differs from what the log knows, and per unhealthy GPU
+    whose reason changed (a new fault, or held as flapping, is news to an operator)."""
+    health: dict[int, tuple[bool, str | None]] = {
+        gpu.index: (gpu.healthy, gpu.unhealthy_reason) for gpu in known
+    }
     stream = node_stream(node_id)
     decision: Decision = []
     for gpu in reported:
-        was_healthy = healthy.get(gpu.index)
-        if was_healthy is None:
+        was = health.get(gpu.index)
+        if was is None:
             if not unknown_is_healthy:
                 continue
-            was_healthy = True
-        if gpu.healthy == was_healthy:
+            was = (True, None)
+        was_healthy, was_reason = was
+        reason = gpu.reason or "reported unhealthy without a reason"
+        if gpu.healthy == was_healthy and (gpu.healthy or reason == was_reason):
             continue
-        healthy[gpu.index] = gpu.healthy
+        health[gpu.index] = (gpu.healthy, None if gpu.healthy else reason)
         event: AnyEvent
         if gpu.healthy:
             event = GpuRecovered(node_id=node_id, gpu_index=gpu.index, gpu_uuid=gpu.uuid)
@@ -228,7 +265,7 @@ def _health_changes(
                 node_id=node_id,
                 gpu_index=gpu.index,
                 gpu_uuid=gpu.uuid,
-                reason=gpu.reason or "reported unhealthy without a reason",
+                reason=reason,
                 xid=gpu.xid,
             )
         decision.append((stream, event))

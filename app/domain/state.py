@@ -133,6 +133,8 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
     drain_requested_at: datetime | None = None
     stray_stops: tuple[str, ...] = ()
     """``replica/shard/pid`` of the last strays stopped here, so each is recorded once."""
+    certificate_serial: str = ""
+    """The certificate its agent last connected with."""
 
 
 class ApiKey(msgspec.Struct, frozen=True, kw_only=True):
@@ -149,16 +151,37 @@ class ApiKey(msgspec.Struct, frozen=True, kw_only=True):
     revoked_by: str | None = None
 
 
+class CertificateRevocation(msgspec.Struct, frozen=True, kw_only=True):
+    """One certificate (``serial``) or every certificate of a node issued until
+    ``revoked_at`` (``node_id`` alone) may no longer connect."""
+
+    serial: str | None
+    node_id: str | None
+    reason: str
+    revoked_at: datetime
+    revoked_by: str
+
+    @property
+    def key(self) -> str:
+        return revocation_key(self.serial, self.node_id)
+
+
+def revocation_key(serial: str | None, node_id: str | None) -> str:
+    """How revocations are filed: ``serial:<hex>``, or ``node:<id>`` for a whole node."""
+    return f"serial:{serial}" if serial is not None else f"node:{node_id}"
+
+
 class ClusterState:
     """Everything the log says, up to ``position``."""
 
-    __slots__ = ("keys", "models", "nodes", "position", "replicas")
+    __slots__ = ("keys", "models", "nodes", "position", "replicas", "revocations")
 
     def __init__(self) -> None:
         self.nodes: dict[str, Node] = {}
         self.models: dict[str, Model] = {}
         self.replicas: dict[str, Replica] = {}
         self.keys: dict[str, ApiKey] = {}
+        self.revocations: dict[str, CertificateRevocation] = {}
         self.position = 0
 
     def copy(self) -> ClusterState:
@@ -168,5 +191,6 @@ class ClusterState:
         other.models = dict(self.models)
         other.replicas = dict(self.replicas)
         other.keys = dict(self.keys)
+        other.revocations = dict(self.revocations)
         other.position = self.position
         return other

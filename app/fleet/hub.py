@@ -1,13 +1,16 @@
 """The agent hub: the asyncio shell around ``AgentSession``, one per mTLS WebSocket.
 
-For every connection the hub checks the client certificate (node certificates only),
-feeds the session each frame and the passing of time, and carries out what it returns, in
-order: ``Send`` goes out as a text frame, ``Close`` closes the connection, ``Observe`` goes
-to the fleet service. The hub decides nothing about the cluster; which connection speaks
-for a node is kept in a ``ConnectionRegistry``.
+For every connection the hub checks the client certificate (node certificates only, not
+revoked), feeds the session each frame and the passing of time, and carries out what it
+returns, in order: ``Send`` goes out as a text frame, ``Close`` closes the connection,
+``Observe`` goes to the fleet service. The hub decides nothing about the cluster; which
+connection speaks for a node is kept in a ``ConnectionRegistry``.
 
 A connection that misbehaves (garbage, binary frames, an oversized frame, an unknown
-message) is closed and logged; the other connections and the server carry on.
+message, more than its budget) is closed and logged; the other connections and the server
+carry on. Refusals are recorded as events at most once a minute per certificate
+(``RefusalThrottle``), so a certificate dialling in a loop cannot grow the log. When a
+certificate is revoked, ``enforce_revocations`` closes the live connections that use it.
 
 ::
 
@@ -18,10 +21,13 @@ message) is closed and logged; the other connections and the server carry on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
+from collections.abc import Callable
 from time import monotonic
 from typing import Protocol, assert_never
 
+import msgspec
 import structlog
 from cryptography import x509
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -30,14 +36,18 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode as WebSocketCloseCode
 from websockets.http11 import Request, Response
 
+from app.domain.revocations import PresentedCertificate
+from app.fleet.budget import MessageBudget
 from app.fleet.errors import FleetError, SessionStateError
 from app.fleet.messages import MAX_MESSAGE_BYTES, AgentCommand, CloseCode, encode, fit_close_reason
+from app.fleet.refusals import CoolDown, RefusalThrottle
 from app.fleet.registry import ConnectionRegistry
 from app.fleet.session import (
     AgentGone,
     AgentHello,
     AgentSession,
     Close,
+    ConnectionRefused,
     IdentityMismatch,
     Observation,
     Observe,
@@ -46,12 +56,13 @@ from app.fleet.session import (
     Send,
     SessionState,
 )
-from app.pki import CertificateKind, CertificateRejected, peer_identity
-from app.pki.describe import common_name
+from app.pki import CertificateKind, CertificateRejected, PeerIdentity, peer_identity
+from app.pki.describe import common_name, serial_hex
 
 DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
 DEFAULT_HEARTBEAT_TIMEOUT_S = 15.0
 MAX_TICK_S = 1.0
+CLOSE_TIMEOUT_S = 2.0
 
 LISTEN_BACKLOG = 4096
 log = structlog.get_logger(__name__)
@@ -61,6 +72,10 @@ class NodeNotConnected(FleetError):
     def __init__(self, node_id: str) -> None:
         super().__init__(f"node {node_id!r} has no live agent connection")
         self.node_id = node_id
+
+
+RevocationCheck = Callable[[PresentedCertificate], str | None]
+"""Why a certificate may no longer connect (it was revoked), or None when it may."""
 
 
 class ObservationHandler(Protocol):
@@ -74,9 +89,12 @@ class ObservationHandler(Protocol):
 class _AgentConnection:
     """One accepted WebSocket and its session; the registry's handle for a node."""
 
-    def __init__(self, websocket: ServerConnection, session: AgentSession) -> None:
+    def __init__(
+        self, websocket: ServerConnection, session: AgentSession, certificate: PresentedCertificate
+    ) -> None:
         self.websocket = websocket
         self.session = session
+        self.certificate = certificate
         self._closing: asyncio.Task[None] | None = None
 
     def close(self, code: int, reason: str) -> None:
@@ -86,8 +104,21 @@ class _AgentConnection:
             self._closing = asyncio.create_task(self.websocket.close(code, reason))
 
     async def closed(self) -> None:
-        if self._closing is not None:
+        """Wait for the closing handshake. Frames still arriving are read and dropped
+        meanwhile: a peer that floods without reading would otherwise fill both ways and
+        hold the connection until the close timeout."""
+        if self._closing is None:
+            return
+        discarding = asyncio.create_task(self._discard_incoming())
+        try:
             await self._closing
+        finally:
+            discarding.cancel()
+
+    async def _discard_incoming(self) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            while True:
+                await self.websocket.recv()
 
 
 class AgentHub:
@@ -101,6 +132,10 @@ class AgentHub:
         heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
         server_id: str = "llmgw-server",
         epoch: int = 0,
+        budget: MessageBudget | None = None,
+        revocations: RevocationCheck | None = None,
+        refusals: RefusalThrottle | None = None,
+        cool_down: CoolDown | None = None,
     ) -> None:
         if not 0 < heartbeat_interval_s < heartbeat_timeout_s:
             raise ValueError(
@@ -115,6 +150,10 @@ class AgentHub:
         self._tick_s = min(MAX_TICK_S, heartbeat_timeout_s / 10)
         self._server_id = server_id
         self._epoch = epoch
+        self._budget = budget or MessageBudget()
+        self._revocations = revocations or (lambda _: None)
+        self._refusals = refusals or RefusalThrottle()
+        self._cool_down = cool_down or CoolDown()
         self._registry: ConnectionRegistry[_AgentConnection] = ConnectionRegistry()
         self._server: Server | None = None
 
@@ -130,6 +169,9 @@ class AgentHub:
             # A restarted control plane is dialled by every agent at once; the default
             # backlog of 100 drops most of a thousand and they retry seconds later.
             backlog=LISTEN_BACKLOG,
+            # A refused or cut-off peer that does not answer the close is not waited for
+            # long: honest agents answer at once.
+            close_timeout=CLOSE_TIMEOUT_S,
         )
         bound = self.port
         log.info("agent hub listening", host=host, port=bound)
@@ -166,27 +208,83 @@ class AgentHub:
         except (SessionStateError, ConnectionClosed) as exc:
             raise NodeNotConnected(node_id) from exc
 
+    async def enforce_revocations(self) -> int:
+        """Close every live connection whose certificate is now revoked; returns how many."""
+        closed = 0
+        for node_id in self._registry.connected_nodes():
+            connection = self._registry.get(node_id)
+            if connection is None:
+                continue
+            reason = self._revocations(connection.certificate)
+            if reason is None:
+                continue
+            closed += 1
+            log.warning("closing a connection whose certificate was revoked", node_id=node_id)
+            await self._carry_out(connection, connection.session.revoked(reason))
+            await self._record_refusal(
+                IdentityMismatch(
+                    claimed_node_id=node_id,
+                    certificate_subject=connection.session.peer.subject
+                    if connection.session.peer
+                    else "",
+                    remote_address=connection.session.remote_address,
+                    reason=reason,
+                    certificate_serial=connection.certificate.serial,
+                )
+            )
+        return closed
+
     # -- one connection ------------------------------------------------------------------
 
     async def _serve_connection(self, websocket: ServerConnection) -> None:
         remote = _format_address(websocket.remote_address)
         ssl_object = websocket.transport.get_extra_info("ssl_object")
         try:
-            peer = _node_certificate(ssl_object)
+            identity = _node_identity(ssl_object)
         except CertificateRejected as exc:
             await self._refuse(websocket, ssl_object, remote, str(exc))
             return
+        certificate = PresentedCertificate(
+            common_name=identity.common_name,
+            serial=identity.serial,
+            issued_at=identity.issued_at,
+        )
+        revoked = self._revocations(certificate)
+        if revoked is not None:
+            await self._refuse(websocket, ssl_object, remote, revoked)
+            return
+        cooling = self._cool_down.remaining_s(identity.common_name, monotonic())
+        if cooling is not None:
+            reason = f"cut off for sending too much; refused for another {cooling:.0f}s"
+            await websocket.close(CloseCode.POLICY_VIOLATION, reason)
+            refusal = ConnectionRefused(
+                node_id=identity.common_name,
+                remote_address=remote,
+                certificate_serial=identity.serial,
+                reason=reason,
+            )
+            await self._record_refusal(refusal)
+            return
         session = AgentSession(
-            peer=peer,
+            peer=PeerCertificate(
+                common_name=identity.common_name,
+                subject=identity.subject,
+                kind=str(identity.kind),
+                serial=identity.serial,
+                dns_names=identity.dns_names,
+                ip_addresses=identity.ip_addresses,
+            ),
             remote_address=remote,
+            remote_host=_host_of(websocket.remote_address, remote),
             require_identity=self._require_identity,
             heartbeat_interval_s=self._heartbeat_interval_s,
             heartbeat_timeout_s=self._heartbeat_timeout_s,
             server_id=self._server_id,
             epoch=self._epoch,
             now=monotonic(),
+            budget=self._budget,
         )
-        connection = _AgentConnection(websocket, session)
+        connection = _AgentConnection(websocket, session, certificate)
         try:
             await self._converse(connection)
         except ConnectionClosed:
@@ -258,10 +356,28 @@ class AgentHub:
                     return  # a newer connection speaks for the node now
                 log.info("agent disconnected", node_id=node_id, reason=reason)
                 await self._service.handle(node_id, observation)
-            case IdentityMismatch(claimed_node_id=claimed):
-                await self._service.handle(claimed, observation)
+            case ConnectionRefused(over_budget=True, node_id=node_id):
+                self._cool_down.start(node_id, monotonic())
+                await self._record_refusal(observation)
+            case IdentityMismatch() | ConnectionRefused():
+                await self._record_refusal(observation)
             case _:
                 await self._service.handle(observation.node_id, observation)
+
+    async def _record_refusal(self, refusal: IdentityMismatch | ConnectionRefused) -> None:
+        """Hand a refusal to the service unless one for the same certificate (or node) was
+        recorded within the throttle's interval; the ones left out are counted."""
+        if isinstance(refusal, IdentityMismatch):
+            node_id = refusal.claimed_node_id
+        else:
+            node_id = refusal.node_id
+        certificate = refusal.certificate_serial or f"node:{node_id}"
+        key = f"{certificate} {type(refusal).__name__} {node_id}"
+        suppressed = self._refusals.admit(key, monotonic(), group=certificate)
+        if suppressed is None:
+            log.info("refusal not recorded again within the minute", node_id=node_id, key=key)
+            return
+        await self._service.handle(node_id, msgspec.structs.replace(refusal, suppressed=suppressed))
 
     async def _refuse(
         self, websocket: ServerConnection, ssl_object: object, remote: str, reason: str
@@ -281,9 +397,10 @@ class AgentHub:
             certificate_subject=presented.subject.rfc4514_string(),
             remote_address=remote,
             reason=reason,
+            certificate_serial=serial_hex(presented),
         )
         try:
-            await self._service.handle(name, rejection)
+            await self._record_refusal(rejection)
         except Exception:
             log.exception("refused agent connection not recorded", remote_address=remote)
 
@@ -303,13 +420,10 @@ def _answer_health_checks(connection: ServerConnection, request: Request) -> Res
     return Response(200, "OK", headers, body)
 
 
-def _node_certificate(ssl_object: object) -> PeerCertificate:
+def _node_identity(ssl_object: object) -> PeerIdentity:
     if not isinstance(ssl_object, ssl.SSLObject):
         raise CertificateRejected("the connection is not protected by TLS")
-    identity = peer_identity(ssl_object, expect=CertificateKind.NODE)
-    return PeerCertificate(
-        common_name=identity.common_name, subject=identity.subject, kind=str(identity.kind)
-    )
+    return peer_identity(ssl_object, expect=CertificateKind.NODE)
 
 
 def _presented_certificate(ssl_object: object) -> x509.Certificate | None:
@@ -322,6 +436,12 @@ def _presented_certificate(ssl_object: object) -> x509.Certificate | None:
         return x509.load_der_x509_certificate(der)
     except ValueError:
         return None
+
+
+def _host_of(address: object, formatted: str) -> str:
+    if isinstance(address, tuple) and address:
+        return str(address[0])
+    return formatted
 
 
 def _format_address(address: object) -> str:

@@ -43,15 +43,25 @@ class CloseCode(IntEnum):
     MESSAGE_TOO_BIG = 1009  # over MAX_MESSAGE_BYTES
     REPLACED = 4001  # a newer connection for the same node took over
     TIMED_OUT = 4002  # no hello, welcome or heartbeat in time
+    OVER_BUDGET = 4003  # more messages than the channel allows one connection
 
 
 ShardState = Literal["starting", "ready", "failed", "stopped"]
-NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
 Index = Annotated[int, msgspec.Meta(ge=0)]
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 Mebibytes = Annotated[int, msgspec.Meta(ge=0)]
 AwareDatetime = Annotated[datetime, msgspec.Meta(tz=True)]
 LogTail = Annotated[tuple[str, ...], msgspec.Meta(max_length=MAX_LOG_TAIL_LINES)]
+Text = Annotated[str, msgspec.Meta(max_length=1024)]
+"""Names, versions and reasons: generous, but bounded, so one field cannot be a megabyte."""
+Host = Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
+LabelKey = Annotated[str, msgspec.Meta(min_length=1, max_length=63)]
+LabelValue = Annotated[str, msgspec.Meta(max_length=256)]
+Labels = Annotated[dict[LabelKey, LabelValue], msgspec.Meta(max_length=64)]
+MAX_LISTED = 4096
+"""Most GPUs, shards or GPU indexes one message may list; the meaning of a hello is checked
+against tighter limits (``app.fleet.claims``)."""
 
 
 class _Wire(msgspec.Struct, frozen=True, kw_only=True):
@@ -68,12 +78,12 @@ class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
 
 class GpuReport(_Wire, frozen=True, kw_only=True):
     index: Index
-    uuid: str
-    name: str
+    uuid: Text
+    name: Text
     memory_total_mib: Mebibytes
     memory_used_mib: Mebibytes
     healthy: bool
-    unhealthy_reason: str | None = None
+    unhealthy_reason: Text | None = None
 
 
 class ShardReport(_Wire, frozen=True, kw_only=True):
@@ -81,9 +91,9 @@ class ShardReport(_Wire, frozen=True, kw_only=True):
 
     replica_id: NonEmpty
     shard_index: Index
-    model: str
+    model: Text
     port: Port
-    gpus: tuple[Index, ...]
+    gpus: Annotated[tuple[Index, ...], msgspec.Meta(max_length=MAX_LISTED)]
     pid: int | None
     state: ShardState
     started_at: AwareDatetime
@@ -91,9 +101,9 @@ class ShardReport(_Wire, frozen=True, kw_only=True):
 
 class GpuHealthChange(_Wire, frozen=True, kw_only=True):
     index: Index
-    uuid: str
+    uuid: Text
     healthy: bool
-    reason: str | None = None
+    reason: Text | None = None
     xid: int | None = None
 
 
@@ -117,12 +127,12 @@ class Peer(_Wire, frozen=True, kw_only=True):
 class Hello(_Message, frozen=True, kw_only=True, tag="hello"):
     protocol_version: int
     node_id: NonEmpty
-    agent_version: str
-    address: NonEmpty
-    labels: dict[str, str] = {}
+    agent_version: Text
+    address: Host
+    labels: Labels = {}
     port_range: tuple[Port, Port]
-    gpus: tuple[GpuReport, ...] = ()
-    shards: tuple[ShardReport, ...] = ()
+    gpus: Annotated[tuple[GpuReport, ...], msgspec.Meta(max_length=MAX_LISTED)] = ()
+    shards: Annotated[tuple[ShardReport, ...], msgspec.Meta(max_length=MAX_LISTED)] = ()
 
     def __post_init__(self) -> None:
         low, high = self.port_range
@@ -135,8 +145,8 @@ class Heartbeat(_Message, frozen=True, kw_only=True, tag="heartbeat"):
     of every shard the agent runs."""
 
     seq: Index
-    gpu_changes: tuple[GpuHealthChange, ...] = ()
-    shards: tuple[HeartbeatShard, ...] = ()
+    gpu_changes: Annotated[tuple[GpuHealthChange, ...], msgspec.Meta(max_length=MAX_LISTED)] = ()
+    shards: Annotated[tuple[HeartbeatShard, ...], msgspec.Meta(max_length=MAX_LISTED)] = ()
 
 
 class ShardStatus(_Message, frozen=True, kw_only=True, tag="shard_status"):

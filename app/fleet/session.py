@@ -8,11 +8,15 @@ The session never touches a socket or reads a clock; ``now`` is monotonic second
 ::
 
     AWAITING_HELLO --hello, identity ok--> ACTIVE --timeout, protocol error, lost--> CLOSED
-          |                                                                          ^
-          +--anything else, bad identity, timeout, protocol error, lost--------------+
+          |                                       over budget, revoked               ^
+          +--anything else, bad identity, unvouched claims, timeout, protocol error,-+
+             over budget, lost
 
-A closed session ignores every further input. An agent that said hello is reported gone
-exactly once, however its connection ends, unless a newer connection replaced it.
+A hello is accepted only from the node the certificate names, advertising an address the
+node can vouch for, with an inventory a machine can have (``app.fleet.claims``); every
+message counts against the connection's budget (``app.fleet.budget``). A closed session
+ignores every further input. An agent that said hello is reported gone exactly once,
+however its connection ends, unless a newer connection replaced it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from typing import assert_never
 
 import msgspec
 
+from app.fleet.budget import BudgetMeter, MessageBudget
+from app.fleet.claims import address_refusal, inventory_refusal
 from app.fleet.errors import MessageTooLarge, ProtocolError, SessionStateError
 from app.fleet.messages import (
     PROTOCOL_VERSION,
@@ -55,6 +61,9 @@ class PeerCertificate(msgspec.Struct, frozen=True, kw_only=True):
     common_name: str | None
     subject: str
     kind: str
+    serial: str = ""
+    dns_names: tuple[str, ...] = ()
+    ip_addresses: tuple[str, ...] = ()
 
 
 # -- observations, for the services layer ------------------------------------------------
@@ -64,6 +73,7 @@ class AgentHello(msgspec.Struct, frozen=True, kw_only=True):
     node_id: str
     hello: Hello
     remote_address: str
+    certificate_serial: str = ""
 
 
 class AgentHeartbeat(msgspec.Struct, frozen=True, kw_only=True):
@@ -86,6 +96,21 @@ class IdentityMismatch(msgspec.Struct, frozen=True, kw_only=True):
     certificate_subject: str
     remote_address: str
     reason: str
+    certificate_serial: str = ""
+    suppressed: int = 0
+    """Refusals like this one that were not recorded since the last one (the hub's count)."""
+
+
+class ConnectionRefused(msgspec.Struct, frozen=True, kw_only=True):
+    """A connection that proved its node was refused (its hello) or cut off (its budget)."""
+
+    node_id: str
+    remote_address: str
+    certificate_serial: str
+    reason: str
+    suppressed: int = 0
+    over_budget: bool = False
+    """Cut off for sending too much: the hub then refuses the node for a while."""
 
 
 class AgentGone(msgspec.Struct, frozen=True, kw_only=True):
@@ -99,6 +124,7 @@ Observation = (
     | ShardStatusReported
     | CommandCompleted
     | IdentityMismatch
+    | ConnectionRefused
     | AgentGone
 )
 
@@ -136,6 +162,8 @@ class AgentSession:
         server_id: str,
         epoch: int,
         now: float,
+        remote_host: str | None = None,
+        budget: MessageBudget | None = None,
     ) -> None:
         if not 0 < heartbeat_interval_s < heartbeat_timeout_s:
             raise ValueError(
@@ -144,6 +172,8 @@ class AgentSession:
             )
         self._peer = peer
         self._remote_address = remote_address
+        self._remote_host = remote_host if remote_host is not None else _host(remote_address)
+        self._budget = BudgetMeter(budget or MessageBudget(), now)
         self._require_identity = require_identity
         self._heartbeat_interval_s = heartbeat_interval_s
         self._heartbeat_timeout_s = heartbeat_timeout_s
@@ -166,10 +196,17 @@ class AgentSession:
     def remote_address(self) -> str:
         return self._remote_address
 
+    @property
+    def peer(self) -> PeerCertificate | None:
+        return self._peer
+
     def receive(self, data: bytes | str, now: float) -> list[Output]:
         if self._state is SessionState.CLOSED:
             return []
         self._last_heard = now
+        over = self._budget.spend(len(data), now)
+        if over is not None:
+            return self._refuse(CloseCode.POLICY_VIOLATION, over, self._node_id, over_budget=True)
         try:
             message = decode_from_agent(data)
         except ProtocolError as exc:
@@ -211,6 +248,12 @@ class AgentSession:
         self._state = SessionState.CLOSED
         return [Close(CloseCode.REPLACED, "replaced by a newer connection")]
 
+    def revoked(self, reason: str) -> list[Output]:
+        """The certificate of this connection was revoked: close it (the node is gone)."""
+        if self._state is SessionState.CLOSED:
+            return []
+        return self._close(CloseCode.POLICY_VIOLATION, reason)
+
     def connection_lost(self, reason: str, now: float) -> list[Output]:
         """The transport ended. ``now`` is accepted so every input is timed alike."""
         was_active = self._state is SessionState.ACTIVE
@@ -235,9 +278,21 @@ class AgentSession:
                         certificate_subject=self._peer.subject if self._peer else "",
                         remote_address=self._remote_address,
                         reason=mismatch,
+                        certificate_serial=self._peer.serial if self._peer else "",
                     )
                 ),
             ]
+        impossible = inventory_refusal(message)
+        if impossible is not None:
+            return self._refuse(CloseCode.PROTOCOL_ERROR, impossible, message.node_id)
+        unvouched = address_refusal(
+            message.address,
+            remote_host=self._remote_host,
+            dns_names=self._peer.dns_names if self._peer else (),
+            ip_addresses=self._peer.ip_addresses if self._peer else (),
+        )
+        if unvouched is not None:
+            return self._refuse(CloseCode.POLICY_VIOLATION, unvouched, message.node_id)
         self._state = SessionState.ACTIVE
         self._node_id = message.node_id
         welcome = Welcome(
@@ -247,7 +302,10 @@ class AgentSession:
             epoch=self._epoch,
         )
         hello = AgentHello(
-            node_id=message.node_id, hello=message, remote_address=self._remote_address
+            node_id=message.node_id,
+            hello=message,
+            remote_address=self._remote_address,
+            certificate_serial=self._peer.serial if self._peer else "",
         )
         return [Send(welcome), Observe(hello)]
 
@@ -283,6 +341,24 @@ class AgentSession:
             )
         return None
 
+    def _refuse(
+        self, code: CloseCode, reason: str, node_id: str | None, *, over_budget: bool = False
+    ) -> list[Output]:
+        """Close, and say why for the record: the node is the one the hello named, or the
+        one the certificate names when the connection never said hello."""
+        outputs = self._close(code, reason)
+        node = node_id or (self._peer.common_name if self._peer else None)
+        if node:
+            refusal = ConnectionRefused(
+                node_id=node,
+                remote_address=self._remote_address,
+                certificate_serial=self._peer.serial if self._peer else "",
+                reason=reason,
+                over_budget=over_budget,
+            )
+            outputs.append(Observe(refusal))
+        return outputs
+
     def _close(self, code: CloseCode, reason: str) -> list[Output]:
         """Close for a reason of our own; an agent that had said hello is now gone."""
         outputs: list[Output] = [Close(code, fit_close_reason(reason))]
@@ -290,6 +366,14 @@ class AgentSession:
             outputs.append(Observe(AgentGone(node_id=self._node_id, reason=reason)))
         self._state = SessionState.CLOSED
         return outputs
+
+
+def _host(remote_address: str) -> str:
+    """The host of ``host:port`` or ``[v6]:port``."""
+    host, _, port = remote_address.rpartition(":")
+    if not host or not port.isdigit():
+        return remote_address
+    return host.removeprefix("[").removesuffix("]")
 
 
 def _secs(seconds: float) -> str:

@@ -88,9 +88,17 @@ def issue_server(
 
 
 def issue_node(
-    ca: CertificateAuthority, key: SubjectKey, node_id: str, now: datetime, days: int
+    ca: CertificateAuthority,
+    key: SubjectKey,
+    node_id: str,
+    now: datetime,
+    days: int,
+    *,
+    hosts: Sequence[str] = (),
+    ips: Sequence[IPAddress] = (),
 ) -> x509.Certificate:
-    """A clientAuth certificate whose common name is the node id the agent will claim."""
+    """A clientAuth certificate whose common name is the node id the agent will claim, and
+    whose subject alternative names are the addresses it may advertise for its engines."""
     return issue(
         ca,
         key,
@@ -98,6 +106,8 @@ def issue_node(
         unit=CertificateKind.NODE,
         usages=(Usage.CLIENT_AUTH,),
         validity=Validity.starting(now, days),
+        dns_names=tuple(dict.fromkeys(check_host(host) for host in hosts)),
+        ip_addresses=tuple(dict.fromkeys(ips)),
     )
 
 

@@ -57,7 +57,7 @@ def describe(certificate: x509.Certificate, now: datetime) -> CertificateDescrip
         issuer=certificate.issuer.rfc4514_string(),
         self_signed=certificate.issuer == certificate.subject,
         is_ca=is_ca(certificate),
-        serial=format(certificate.serial_number, "x"),
+        serial=serial_hex(certificate),
         sha256_fingerprint=certificate.fingerprint(hashes.SHA256()).hex(":").upper(),
         public_key=_public_key_words(certificate),
         dns_names=dns_names,
@@ -102,6 +102,11 @@ def extended_key_usages(certificate: x509.Certificate) -> tuple[x509.ObjectIdent
     except x509.ExtensionNotFound:
         return ()
     return tuple(usages.value)
+
+
+def serial_hex(certificate: x509.Certificate) -> str:
+    """The serial number as llmgw names it everywhere: lower-case hex, no separators."""
+    return format(certificate.serial_number, "x")
 
 
 def common_name(certificate: x509.Certificate) -> str:

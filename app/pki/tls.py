@@ -14,13 +14,20 @@ import os
 import socket
 import ssl
 from dataclasses import dataclass
+from datetime import datetime
 
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from app.pki.describe import common_name, extended_key_usages, kind_of
+from app.pki.describe import (
+    alternative_names,
+    common_name,
+    extended_key_usages,
+    kind_of,
+    serial_hex,
+)
 from app.pki.errors import CertificateRejected, InvalidRequest, TlsConfigurationError
-from app.pki.model import CertificateKind
+from app.pki.model import CLOCK_SKEW, CertificateKind
 from app.pki.names import check_subject_name
 
 PathLike = str | os.PathLike[str]
@@ -34,6 +41,12 @@ class PeerIdentity:
     common_name: str
     kind: CertificateKind
     subject: str
+    serial: str = ""
+    """The serial number in lower-case hex, as `llmgw-cli cert show` prints it."""
+    dns_names: tuple[str, ...] = ()
+    ip_addresses: tuple[str, ...] = ()
+    issued_at: datetime | None = None
+    """When the CA issued it: not_before plus the clock-skew allowance it was backdated by."""
 
 
 def server_ssl_context(
@@ -99,7 +112,16 @@ def peer_identity(peer: PeerCertificate, expect: CertificateKind | None = None) 
         name = check_subject_name(f"{kind} name", common_name(certificate))
     except InvalidRequest as exc:
         raise CertificateRejected(f"certificate {subject!r}: {exc}") from exc
-    return PeerIdentity(common_name=name, kind=kind, subject=subject)
+    dns_names, ip_addresses = alternative_names(certificate)
+    return PeerIdentity(
+        common_name=name,
+        kind=kind,
+        subject=subject,
+        serial=serial_hex(certificate),
+        dns_names=dns_names,
+        ip_addresses=ip_addresses,
+        issued_at=certificate.not_valid_before_utc + CLOCK_SKEW,
+    )
 
 
 def fetch_presented_certificate(

@@ -23,21 +23,24 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TypeVar
 
 import structlog
 
+from app.domain.events import CertificateRevoked
 from app.domain.reconcile import Settings
+from app.domain.revocations import PresentedCertificate, revocation_refusal
+from app.fleet.budget import MessageBudget
 from app.fleet.hub import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S, AgentHub
 from app.fleet.session import Observation
 from app.services.fleet import FleetService
 from app.services.fleet_view import FleetViewTracker
 from app.services.leader import LeaderElection
 from app.services.reconciler import DEFAULT_INTERVAL_S, Reconciler
-from app.store.errors import FencedError
+from app.store.errors import FencedError, StoreError
 from app.store.gateway_reports import InFlightReports
 from app.store.postgres import PostgresEventStore
 from app.store.subscription import Subscription
@@ -45,6 +48,7 @@ from app.store.subscription import Subscription
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 CANCEL_RETRY_S = 0.5
+REVOCATION_RETRY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,7 @@ class ControlPlaneConfig:
     stability_window_s: float = 10.0
     reconcile_interval_s: float = DEFAULT_INTERVAL_S
     drain_idle_timeout_s: float = 60.0
+    agent_budget: MessageBudget = field(default_factory=MessageBudget)
 
 
 class Role(StrEnum):
@@ -110,6 +115,8 @@ class Leader:
             heartbeat_timeout_s=config.heartbeat_timeout_s,
             server_id=config.server_id,
             epoch=epoch,
+            budget=config.agent_budget,
+            revocations=self._revoked,
         )
         self.reconciler: Reconciler | None = None
 
@@ -160,6 +167,9 @@ class Leader:
             self._deposed_reason = reason
             self._deposed.set()
 
+    def _revoked(self, certificate: PresentedCertificate) -> str | None:
+        return revocation_refusal(self._store.state.revocations, certificate)
+
     def _model_of(self, replica_id: str) -> str | None:
         replica = self._store.state.replicas.get(replica_id)
         return replica.model if replica is not None else None
@@ -177,8 +187,23 @@ class Leader:
             after_position=self._store.state.position,
             name="reconciler",
         )
-        async for _ in appends:
+        async for recorded in appends:
             reconciler.wake()
+            if isinstance(recorded.event, CertificateRevoked):
+                await self._enforce_revocations()
+
+    async def _enforce_revocations(self) -> None:
+        """Whoever recorded a revocation (any server's admin API), the connections using the
+        certificate are this leader's: close them as soon as the fold has it."""
+        while True:
+            try:
+                await self._store.catch_up()
+                break
+            except StoreError as exc:
+                log.warning("revocation not enforced yet: the log is unreadable", error=str(exc))
+                await asyncio.sleep(REVOCATION_RETRY_S)
+        closed = await self.hub.enforce_revocations()
+        log.info("revocations enforced", connections_closed=closed)
 
 
 class _FencingWatch:

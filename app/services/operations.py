@@ -18,12 +18,12 @@ from typing import Any
 
 from app.domain import keys as key_decisions
 from app.domain import operations as decide
-from app.domain import tuning
+from app.domain import revocations, tuning
 from app.domain.envelope import Meta
 from app.domain.events import key_stream, model_stream, node_stream, replica_stream
 from app.domain.model_spec import ModelSpec, RoutingSettings
 from app.domain.placement import Explanation
-from app.domain.state import ApiKey, ClusterState
+from app.domain.state import ApiKey, CertificateRevocation, ClusterState, revocation_key
 from app.store.history import read_correlated
 from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore
@@ -162,7 +162,21 @@ class Operations:
         )
         return changed, (await self.current()).keys[key.id]
 
+    async def revoke_certificate(
+        self, caller: Caller, request: revocations.RevocationRequest
+    ) -> tuple[bool, CertificateRevocation]:
+        """Whether anything was recorded (not for a serial revoked already), and the
+        revocation as the log now holds it."""
+        request = revocations.checked(request)
+        stream = revocations.revocation_stream(request)
+        changed = await self._record(caller, stream, lambda s: revocations.revoke(s, request))
+        key = revocation_key(request.serial, request.node_id)
+        return changed, (await self.current()).revocations[key]
+
     # -- questions ---------------------------------------------------------------------
+
+    async def list_revocations(self) -> list[CertificateRevocation]:
+        return revocations.listed(await self.current())
 
     async def list_keys(self) -> list[ApiKey]:
         return key_decisions.listed(await self.current())

@@ -7,24 +7,16 @@ log records because of it.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import ipaddress
 import ssl
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import timedelta
 
 import httpx
 import pytest
-import pytest_asyncio
-from cryptography import x509
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
-from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from app.domain.envelope import Meta, Recorded
@@ -44,186 +36,46 @@ from app.domain.state import ClusterState
 from app.fleet.hub import AgentHub, NodeNotConnected
 from app.fleet.messages import (
     MAX_MESSAGE_BYTES,
-    PROTOCOL_VERSION,
     GpuHealthChange,
-    GpuReport,
     Heartbeat,
     HeartbeatAck,
-    Hello,
-    ServerMessage,
     ShardStatus,
     StartShard,
     StopShard,
-    Welcome,
-    decode_from_server,
-    encode,
 )
 from app.fleet.session import AgentHello
 from app.pki import (
     CertificateAuthority,
     Usage,
     Validity,
-    build_ca,
-    client_ssl_context,
-    generate_key,
     issue,
-    issue_node,
     issue_operator,
-    issue_server,
-    server_ssl_context,
 )
-from app.pki.files import write_ca, write_issued
-from app.pki.keys import PrivateKey
 from app.services.fleet import FleetService
 from app.store.interface import NO_STREAM, AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
+from tests.support.hub import (
+    DEADLINE_S,
+    ENGINE_ADDRESS,
+    LOOPBACK,
+    Pki,
+    RunHub,
+    close_code,
+    dial,
+    event_types,
+    greet,
+    hear,
+    hello,
+    hub,
+    new_node_id,
+    pki,
+    run_hub,
+    say,
+    stream_is,
+)
 from tests.support.waiting import wait_until
 
-LOOPBACK = "127.0.0.1"
-DEADLINE_S = 10.0
-
-
-# -- certificates ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Pki:
-    directory: Path
-    ca: CertificateAuthority
-    stranger: CertificateAuthority
-    now: datetime
-
-    def client(self, build: Callable[[PrivateKey], x509.Certificate]) -> ssl.SSLContext:
-        """An agent's TLS context presenting the certificate ``build`` makes."""
-        key = generate_key()
-        stem = uuid.uuid4().hex
-        files = write_issued(self.directory, stem, build(key), key, force=False)
-        return client_ssl_context(self.directory / "ca.crt", files.certificate, files.key)
-
-    def node(self, node_id: str) -> ssl.SSLContext:
-        return self.client(lambda key: issue_node(self.ca, key, node_id, self.now, 1))
-
-    def anonymous(self) -> ssl.SSLContext:
-        return client_ssl_context(self.directory / "ca.crt")
-
-    def server_context(self) -> ssl.SSLContext:
-        d = self.directory
-        return server_ssl_context(d / "server.crt", d / "server.key", d / "ca.crt")
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    directory = tmp_path_factory.mktemp("hub-pki")
-    now = datetime.now(UTC)
-    ca = build_ca(generate_key(), "llmgw CA", now, 30)
-    write_ca(directory, ca, force=False)
-    key = generate_key()
-    server = issue_server(ca, key, ["localhost"], [ipaddress.ip_address(LOOPBACK)], now, 1)
-    write_issued(directory, "server", server, key, force=False)
-    stranger = build_ca(generate_key(), "llmgw CA", now, 30)
-    return Pki(directory=directory, ca=ca, stranger=stranger, now=now)
-
-
-# -- the hub and agents ------------------------------------------------------------------
-
-
-RunHub = Callable[..., AbstractAsyncContextManager[AgentHub]]
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def run_hub(pg_store: PostgresEventStore, pki: Pki) -> RunHub:
-    @asynccontextmanager
-    async def running(
-        heartbeat_interval_s: float = 1.0, heartbeat_timeout_s: float = 10.0
-    ) -> AsyncIterator[AgentHub]:
-        hub = AgentHub(
-            FleetService(pg_store),
-            pki.server_context(),
-            heartbeat_interval_s=heartbeat_interval_s,
-            heartbeat_timeout_s=heartbeat_timeout_s,
-            server_id="test-hub",
-        )
-        await hub.start(LOOPBACK, 0)
-        try:
-            yield hub
-        finally:
-            await hub.stop()
-
-    return running
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def hub(run_hub: RunHub) -> AsyncIterator[AgentHub]:
-    async with run_hub() as running:
-        yield running
-
-
-def dial(hub: AgentHub, context: ssl.SSLContext) -> connect:
-    return connect(f"wss://{LOOPBACK}:{hub.port}", ssl=context, open_timeout=DEADLINE_S)
-
-
-def new_node_id() -> str:
-    return f"gpu-{uuid.uuid4().hex[:8]}"
-
-
-def gpu(index: int) -> GpuReport:
-    return GpuReport(
-        index=index,
-        uuid=f"GPU-{index}",
-        name="H100",
-        memory_total_mib=81559,
-        memory_used_mib=0,
-        healthy=True,
-    )
-
-
-def hello(node_id: str) -> Hello:
-    return Hello(
-        protocol_version=PROTOCOL_VERSION,
-        node_id=node_id,
-        agent_version="test",
-        address="10.0.0.7",
-        labels={"zone": "a"},
-        port_range=(20000, 20099),
-        gpus=(gpu(0),),
-    )
-
-
-async def say(agent: ClientConnection, message: Hello | Heartbeat | ShardStatus) -> None:
-    await agent.send(encode(message), text=True)
-
-
-async def hear(agent: ClientConnection) -> ServerMessage:
-    async with asyncio.timeout(DEADLINE_S):
-        return decode_from_server(await agent.recv())
-
-
-async def greet(agent: ClientConnection, node_id: str) -> Welcome:
-    await say(agent, hello(node_id))
-    welcome = await hear(agent)
-    assert isinstance(welcome, Welcome)
-    return welcome
-
-
-async def close_code(agent: ClientConnection) -> int | None:
-    """The code the hub closed ``agent`` with, once the closing handshake is over."""
-    async with asyncio.timeout(DEADLINE_S):
-        await agent.wait_closed()
-    return agent.close_code
-
-
-async def event_types(store: PostgresEventStore, stream: str) -> list[str]:
-    return [event_type(recorded.event) for recorded in await store.read_stream(stream)]
-
-
-def stream_is(
-    store: PostgresEventStore, stream: str, expected: list[str]
-) -> Callable[[], Awaitable[bool]]:
-    async def check() -> bool:
-        return await event_types(store, stream) == expected
-
-    return check
-
+__all__ = ["hub", "pki", "run_hub"]  # fixtures, shared with the other stories of the hub
 
 # -- who may connect ---------------------------------------------------------------------
 
@@ -242,7 +94,7 @@ async def test_a_node_with_its_own_certificate_is_registered_and_connected(
         )
         node = pg_store.state.nodes[node_id]
         assert node.connected
-        assert node.address == "10.0.0.7"
+        assert node.address == ENGINE_ADDRESS
         assert node.labels == {"zone": "a"}
         assert [g.index for g in node.gpus] == [0]
         assert hub.connected_nodes() == [node_id]

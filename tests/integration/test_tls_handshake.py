@@ -37,8 +37,9 @@ from app.pki import (
     peer_identity,
     server_ssl_context,
 )
-from app.pki.files import write_ca, write_issued
+from app.pki.files import load_certificate, write_ca, write_issued
 from app.pki.keys import PrivateKey
+from app.pki.model import CLOCK_SKEW
 
 LOOPBACK = "127.0.0.1"
 DEADLINE_S = 10.0
@@ -161,8 +162,13 @@ async def test_a_node_with_its_certificate_is_accepted_and_identified(pki: Path)
         said = await greeting(listener.port, agent_context(pki, "node"))
 
         assert said == b"welcome gpu-07\n"
+        presented = load_certificate(pki / "node.crt")
         assert await listener.next_outcome() == PeerIdentity(
-            common_name="gpu-07", kind=CertificateKind.NODE, subject="O=llmgw,OU=node,CN=gpu-07"
+            common_name="gpu-07",
+            kind=CertificateKind.NODE,
+            subject="O=llmgw,OU=node,CN=gpu-07",
+            serial=format(presented.serial_number, "x"),
+            issued_at=presented.not_valid_before_utc + CLOCK_SKEW,
         )
 
 

@@ -17,6 +17,7 @@ from app.domain.events import (
     EVENT_TYPES,
     AnyEvent,
     ApiKeyCreated,
+    CertificateRevoked,
     Event,
     NodeConnected,
     NodeRegistered,
@@ -91,6 +92,8 @@ def _valid(event: AnyEvent) -> AnyEvent:
         return replace(event, shards=shards)
     if isinstance(event, ApiKeyCreated):  # prefixes identify keys: unique by construction
         return replace(event, prefix=f"llmgw_{event.key_id}")
+    if isinstance(event, CertificateRevoked) and event.serial is None and event.node_id is None:
+        return replace(event, node_id=NODES[0])  # a revocation names one or the other
     if isinstance(event, NodeRegistered | NodeConnected):  # an agent reports each GPU once
         gpus = tuple(replace(g, index=i) for i, g in enumerate(event.gpus))
         return replace(event, gpus=gpus)
@@ -104,6 +107,7 @@ def stream_for(event: AnyEvent) -> str:
         ("key_id", "key"),
         ("node_id", "node"),
         ("claimed_node_id", "node"),
+        ("serial", "certificate"),
         ("model", "model"),
     ):
         value = getattr(event, field, None)

@@ -54,7 +54,7 @@ port = st.integers(min_value=1, max_value=65535)
 maybe_int = st.none() | st.integers(min_value=-(2**63), max_value=2**63 - 1)
 maybe_text = st.none() | text
 shard_state = st.sampled_from(["starting", "ready", "failed", "stopped"])
-labels = st.dictionaries(text, text, max_size=3)
+labels = st.dictionaries(name, text, max_size=3)
 offsets = st.sampled_from(
     [UTC, timezone(timedelta(hours=5, minutes=30)), timezone(-timedelta(hours=8))]
 )

@@ -7,7 +7,9 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from msgspec.structs import replace
 
+from app.fleet.budget import MessageBudget
 from app.fleet.errors import SessionStateError
 from app.fleet.messages import (
     MAX_CLOSE_REASON_BYTES,
@@ -15,6 +17,7 @@ from app.fleet.messages import (
     PROTOCOL_VERSION,
     CloseCode,
     CommandResult,
+    GpuReport,
     Heartbeat,
     HeartbeatAck,
     HeartbeatShard,
@@ -32,6 +35,7 @@ from app.fleet.session import (
     AgentSession,
     Close,
     CommandCompleted,
+    ConnectionRefused,
     IdentityMismatch,
     Observe,
     PeerCertificate,
@@ -410,3 +414,86 @@ def test_the_welcome_on_the_wire_is_plain_json() -> None:
         "server_id": "cp-a",
         "epoch": 3,
     }
+
+
+# -- what a hello may claim, and the budget ------------------------------------------------
+
+
+def refused(reason: str, node_id: str = "gpu-1") -> Observe:
+    return Observe(
+        ConnectionRefused(
+            node_id=node_id, remote_address=REMOTE, certificate_serial="", reason=reason
+        )
+    )
+
+
+def test_a_hello_advertising_an_address_nobody_vouched_for_is_refused_and_reported() -> None:
+    session = new_session()
+
+    outputs = session.receive(encode(replace(hello(), address="169.254.169.254")), now=1.0)
+
+    [close, observe] = outputs
+    assert isinstance(close, Close)
+    assert close.code is CloseCode.POLICY_VIOLATION
+    assert isinstance(observe, Observe)
+    assert isinstance(observe.observation, ConnectionRefused)
+    assert observe.observation.reason.startswith("advertised address '169.254.169.254'")
+    assert session.state is SessionState.CLOSED
+    assert session.node_id is None  # never accepted: nothing to report gone later
+
+
+def test_an_address_the_certificate_names_is_accepted_though_the_connection_differs() -> None:
+    peer = replace(NODE_CERT, ip_addresses=("10.20.0.7",), dns_names=("gpu-1.internal",))
+    for address in ("10.20.0.7", "gpu-1.internal"):
+        session = new_session(peer=peer)
+        session.receive(encode(replace(hello(), address=address)), now=1.0)
+        assert session.state is SessionState.ACTIVE
+
+
+def test_an_impossible_inventory_is_a_protocol_error_with_its_reason() -> None:
+    session = new_session()
+    twice = GpuReport(
+        index=0, uuid="GPU-0", name="H100", memory_total_mib=1, memory_used_mib=0, healthy=True
+    )
+
+    outputs = session.receive(encode(replace(hello(), gpus=(twice, twice))), now=1.0)
+
+    assert outputs == [
+        Close(CloseCode.PROTOCOL_ERROR, "the hello lists GPU index 0 twice"),
+        refused("the hello lists GPU index 0 twice"),
+    ]
+
+
+def test_a_connection_over_its_budget_is_closed_reported_gone_and_refused_once() -> None:
+    session = AgentSession(
+        peer=NODE_CERT,
+        remote_address=REMOTE,
+        require_identity=True,
+        heartbeat_interval_s=INTERVAL_S,
+        heartbeat_timeout_s=TIMEOUT_S,
+        server_id="cp-a",
+        epoch=3,
+        now=0.0,
+        budget=MessageBudget(messages_per_s=1, message_burst=3),
+    )
+    session.receive(encode(hello()), 0.0)
+    session.receive(encode(Heartbeat(seq=1)), 0.0)
+    session.receive(encode(Heartbeat(seq=2)), 0.0)
+
+    outputs = session.receive(encode(Heartbeat(seq=3)), 0.0)
+
+    reason = "over the message budget: more than 1 messages a second (bursts of 3)"
+    assert outputs == [Close(CloseCode.POLICY_VIOLATION, reason), gone(reason), refused(reason)]
+    assert session.receive(encode(Heartbeat(seq=4)), 0.0) == []
+
+
+def test_a_revoked_connection_is_closed_and_its_node_reported_gone() -> None:
+    session = connected()
+
+    outputs = session.revoked("certificate 1f was revoked")
+
+    assert outputs == [
+        Close(CloseCode.POLICY_VIOLATION, "certificate 1f was revoked"),
+        gone("certificate 1f was revoked"),
+    ]
+    assert session.revoked("again") == []

@@ -1,0 +1,134 @@
+"""Revoked certificates: which may still connect, and what revoking one records. Pure.
+
+Two ways to revoke, because an operator knows one of two things:
+
+- the serial of one certificate (``llmgw-cli cert show`` prints it): that certificate is
+  refused for good;
+- only the node it was issued to (a machine was stolen or rebuilt): every certificate of
+  that node issued until the revocation is refused, and one issued afterwards connects. A
+  certificate's issue time is its ``not_before`` plus the clock-skew allowance the CA
+  backdates it by (``app.pki.model.CLOCK_SKEW``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+import msgspec
+
+from app.domain.events import CertificateRevoked, certificate_stream, node_stream
+from app.domain.model_spec import SpecError
+from app.domain.operations import Change, InvalidFields
+from app.domain.state import CertificateRevocation, ClusterState, revocation_key
+
+MAX_REASON_LENGTH = 500
+MAX_NODE_ID_LENGTH = 64
+
+
+class PresentedCertificate(msgspec.Struct, frozen=True, kw_only=True):
+    """What the TLS layer verified about a node's certificate."""
+
+    common_name: str
+    serial: str
+    issued_at: datetime | None
+
+
+class InvalidRevocation(InvalidFields):
+    def __init__(self, errors: Sequence[SpecError]) -> None:
+        super().__init__("the revocation cannot be recorded", errors)
+
+
+class RevocationRequest(msgspec.Struct, frozen=True, kw_only=True):
+    serial: str | None = None
+    node_id: str | None = None
+    reason: str
+
+
+def revocation_refusal(
+    revocations: Mapping[str, CertificateRevocation], certificate: PresentedCertificate
+) -> str | None:
+    """Why ``certificate`` may not connect, or None when it may."""
+    by_serial = revocations.get(revocation_key(certificate.serial, None))
+    if by_serial is not None:
+        return _refusal(by_serial, f"certificate {certificate.serial} was revoked")
+    by_node = revocations.get(revocation_key(None, certificate.common_name))
+    if by_node is None:
+        return None
+    issued = certificate.issued_at
+    if issued is not None and issued > by_node.revoked_at:
+        return None  # issued after the node's certificates were revoked: a replacement
+    return _refusal(
+        by_node, f"the certificates of node {certificate.common_name} issued until then"
+    )
+
+
+def checked(request: RevocationRequest) -> RevocationRequest:
+    """``request`` with its serial in llmgw's form; raises ``InvalidRevocation`` naming
+    every field that is wrong."""
+    errors: list[SpecError] = []
+    serial = request.serial
+    if serial is not None:
+        serial = _normalized_serial(serial, errors)
+    if serial is None and not request.node_id and not errors:
+        errors.append(SpecError("serial", "name the certificate's serial, or its node_id"))
+    if serial is not None and request.node_id:
+        errors.append(SpecError("node_id", "name a serial or a node, not both"))
+    if request.node_id is not None and not _is_node_id(request.node_id):
+        errors.append(SpecError("node_id", f"{request.node_id[:60]!r} is not a node id"))
+    reason = request.reason.strip()
+    if not reason:
+        errors.append(SpecError("reason", "say why the certificate is revoked"))
+    elif len(reason) > MAX_REASON_LENGTH:
+        errors.append(SpecError("reason", f"at most {MAX_REASON_LENGTH} characters"))
+    if errors:
+        raise InvalidRevocation(errors)
+    return RevocationRequest(serial=serial, node_id=request.node_id or None, reason=reason)
+
+
+def revocation_stream(request: RevocationRequest) -> str:
+    """The stream a checked request is recorded on."""
+    if request.serial is not None:
+        return certificate_stream(request.serial)
+    assert request.node_id is not None, "a checked request names a serial or a node"
+    return node_stream(request.node_id)
+
+
+def revoke(state: ClusterState, request: RevocationRequest) -> Change:
+    """Record a checked request; nothing when a serial is revoked already (a node's
+    certificates are revoked again: that voids the ones issued since)."""
+    stream = revocation_stream(request)
+    if request.serial is not None and revocation_key(request.serial, None) in state.revocations:
+        return Change(stream=stream)
+    event = CertificateRevoked(
+        serial=request.serial, node_id=request.node_id, reason=request.reason
+    )
+    return Change(stream=stream, events=(event,))
+
+
+def listed(state: ClusterState) -> list[CertificateRevocation]:
+    return sorted(state.revocations.values(), key=lambda r: r.revoked_at)
+
+
+def _normalized_serial(text: str, errors: list[SpecError]) -> str | None:
+    """A serial as llmgw writes it (lower-case hex, no leading zeros); accepts the forms
+    tools print: ``0x`` prefixes and ``:`` separators."""
+    digits = text.strip().lower().removeprefix("0x").replace(":", "")
+    if not digits or len(digits) > 40 or any(c not in "0123456789abcdef" for c in digits):
+        errors.append(
+            SpecError("serial", f"{text[:60]!r} is not a serial (up to 40 hexadecimal digits)")
+        )
+        return None
+    return format(int(digits, 16), "x")
+
+
+def _is_node_id(text: str) -> bool:
+    """What a node certificate's common name can be: 1 to 64 printable characters."""
+    return 0 < len(text) <= MAX_NODE_ID_LENGTH and text.isprintable() and text.strip() == text
+
+
+def _refusal(revocation: CertificateRevocation, what: str) -> str:
+    return (
+        f"{what}: revoked by {revocation.revoked_by} at "
+        f"{revocation.revoked_at.isoformat(timespec='seconds')}: {revocation.reason}"
+    )

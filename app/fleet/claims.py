@@ -1,0 +1,115 @@
+"""What a hello may claim: pure checks of a node's word, no I/O.
+
+A node that proved its id with its certificate is still only trusted with what it can
+vouch for. Its hello is refused, with the reason, when
+
+- the address it advertises for its engines is neither named by its certificate (a
+  subject alternative name: IP address, or DNS name compared without case) nor the address
+  its connection comes from: otherwise any node could point the gateway at any host, a
+  metadata service say, and make it a request forwarder;
+- its inventory is not one a machine can have: more GPUs than any machine holds, two GPUs
+  with one index or one UUID, more memory used than there is, sizes no GPU has, or two
+  reports of one shard.
+
+The wire types bound every size too (``app.fleet.messages``), so that nothing absurd is
+even decoded; these checks are about meaning.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+
+from app.fleet.messages import GpuReport, Hello, ShardReport
+
+MAX_GPUS_PER_NODE = 64
+MAX_GPU_MEMORY_MIB = 1024 * 1024
+"""1 TiB: several times the largest GPU memory there is."""
+MAX_SHARDS_PER_NODE = 1024
+
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def address_refusal(
+    advertised: str,
+    *,
+    remote_host: str,
+    dns_names: Sequence[str],
+    ip_addresses: Sequence[str],
+) -> str | None:
+    """Why ``advertised`` is not an address the node can vouch for, or None when it is."""
+    named = f"the certificate names {_listed(dns_names, ip_addresses)}"
+    address = parse_ip(advertised)
+    if address is None:
+        if advertised.rstrip(".").lower() in {name.rstrip(".").lower() for name in dns_names}:
+            return None
+    else:
+        vouched = {parse_ip(ip) for ip in ip_addresses} | {parse_ip(remote_host)}
+        if address in vouched:
+            return None
+    return (
+        f"advertised address {advertised!r} is neither named by the node's certificate "
+        f"({named}) nor the address its connection comes from ({remote_host})"
+    )
+
+
+def inventory_refusal(hello: Hello) -> str | None:
+    """Why the inventory in ``hello`` cannot be true, or None when it can."""
+    return _gpu_refusal(hello.gpus) or _shard_refusal(hello.shards)
+
+
+def parse_ip(text: str) -> IpAddress | None:
+    """``text`` as an IP address (brackets around IPv6 allowed; an IPv4-mapped IPv6 address
+    reads as its IPv4 address), or None when it is not one."""
+    try:
+        address = ipaddress.ip_address(text.strip().removeprefix("[").removesuffix("]"))
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _gpu_refusal(gpus: Sequence[GpuReport]) -> str | None:
+    if len(gpus) > MAX_GPUS_PER_NODE:
+        return f"the hello lists {len(gpus)} GPUs; a node has at most {MAX_GPUS_PER_NODE}"
+    indexes: set[int] = set()
+    uuids: set[str] = set()
+    for gpu in gpus:
+        if gpu.index in indexes:
+            return f"the hello lists GPU index {gpu.index} twice"
+        indexes.add(gpu.index)
+        if gpu.uuid and gpu.uuid in uuids:
+            return f"the hello lists GPU UUID {gpu.uuid!r} twice"
+        uuids.add(gpu.uuid)
+        if gpu.memory_total_mib > MAX_GPU_MEMORY_MIB:
+            return (
+                f"GPU {gpu.index} reports {gpu.memory_total_mib} MiB of memory; "
+                f"no GPU has more than {MAX_GPU_MEMORY_MIB} MiB"
+            )
+        if gpu.memory_used_mib > gpu.memory_total_mib:
+            return (
+                f"GPU {gpu.index} reports {gpu.memory_used_mib} MiB used of "
+                f"{gpu.memory_total_mib} MiB"
+            )
+    return None
+
+
+def _shard_refusal(shards: Sequence[ShardReport]) -> str | None:
+    if len(shards) > MAX_SHARDS_PER_NODE:
+        return f"the hello lists {len(shards)} shards; a node runs at most {MAX_SHARDS_PER_NODE}"
+    seen: set[tuple[str, int]] = set()
+    for shard in shards:
+        key = (shard.replica_id, shard.shard_index)
+        if key in seen:
+            return f"the hello lists shard {shard.shard_index} of {shard.replica_id} twice"
+        seen.add(key)
+    return None
+
+
+def _listed(dns_names: Sequence[str], ip_addresses: Sequence[str]) -> str:
+    names = [*dns_names, *ip_addresses]
+    if not names:
+        return "no host names or IP addresses"
+    shown = ", ".join(names[:5])
+    return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")

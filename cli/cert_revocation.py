@@ -1,0 +1,273 @@
+"""`llmgw-cli cert revoke` and `cert list`: the certificates the CA issued, and revoking them.
+
+Revoking goes through the admin API (it is an event in the log, and the agent hub acts on
+it); listing joins the CA directory's record of what it issued with what the control plane
+knows (what was revoked, which certificate each node last connected with), each side only
+where it is available.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime
+from typing import Annotated
+
+import msgspec
+from cyclopts import Parameter
+
+from app.pki.errors import PkiError
+from app.pki.issued import IssuedCertificate, read_issued
+from app.pki.model import CLOCK_SKEW
+from cli.cert import CaDir, default_ca_dir
+from cli.client import AdminClient, ClientError
+from cli.config import ConfigError, ConnectionFlags, resolve_settings
+from cli.operator import ADMIN, Output, call, run_command
+from cli.render import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Column, print_error, print_table
+
+
+class RevocationView(msgspec.Struct, frozen=True, kw_only=True):
+    serial: str | None = None
+    node_id: str | None = None
+    reason: str
+    revoked_at: datetime
+    revoked_by: str = ""
+
+
+class RevocationChange(msgspec.Struct, frozen=True, kw_only=True):
+    changed: bool
+    """False when that serial was revoked already (nothing was recorded)."""
+    revocation: RevocationView
+
+
+class NodeCertificateView(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    serial: str = ""
+    connected: bool = False
+
+
+class CertificatesView(msgspec.Struct, frozen=True, kw_only=True):
+    revocations: list[RevocationView] = []
+    nodes: list[NodeCertificateView] = []
+
+
+COLUMNS = (
+    Column("serial"),
+    Column("kind"),
+    Column("name", wrap=True),
+    Column("expires"),
+    Column("state", wrap=True),
+)
+
+
+class ListedCertificate(msgspec.Struct, frozen=True, kw_only=True):
+    """One row of `cert list --output json`."""
+
+    serial: str
+    kind: str | None
+    """None for a certificate the CA directory has no record of (seen by the server only)."""
+    name: str
+    not_after: datetime | None
+    state: str
+    """issued, expired, revoked, or connected / last used by its node."""
+    revocation: RevocationView | None = None
+
+
+def revoke_certificate(
+    *,
+    serial: Annotated[
+        str | None, Parameter(help="The certificate's serial (`llmgw-cli cert show` prints it).")
+    ] = None,
+    node: Annotated[
+        str | None,
+        Parameter(
+            help="Instead of --serial: every certificate issued to this node until now; one "
+            "issued afterwards connects."
+        ),
+    ] = None,
+    reason: Annotated[str, Parameter(help="Why, for the log (who revoked it is recorded too).")],
+    output: Output = "table",
+    connection: ConnectionFlags | None = None,
+) -> int:
+    """Revoke a node certificate: the agent hub refuses it from now on and closes the
+    connections that use it within a second. Recorded in the log with you as the actor.
+
+    ```
+    llmgw-cli cert revoke --serial 5f1c0a9e3b --reason "laptop stolen"
+    llmgw-cli cert revoke --node gpu-07 --reason "machine rebuilt"; llmgw-cli cert node gpu-07
+    ```
+    """
+    if (serial is None) == (node is None):
+        print_error("cert revoke", "give --serial or --node (one of them)")
+        return EXIT_USAGE
+    if not reason.strip():
+        print_error("cert revoke", "--reason must say why")
+        return EXIT_USAGE
+
+    def revoke(client: AdminClient) -> int:
+        body = {"serial": serial, "node_id": node, "reason": reason}
+        reply = call(
+            client, RevocationChange, "POST", f"{ADMIN}/certificates/revocations", body=body
+        )
+        if output == "json":
+            sys.stdout.write(msgspec.json.format(reply.raw, indent=2).decode() + "\n")
+            return EXIT_OK
+        revocation = reply.value.revocation
+        what = _revoked_what(revocation)
+        if reply.value.changed:
+            print(f"Revoked {what}. The agent hub refuses it from now on.")
+        else:
+            print(
+                f"{what.capitalize()} was already revoked by {revocation.revoked_by} at "
+                f"{_when(revocation.revoked_at)}; nothing changed."
+            )
+        return EXIT_OK
+
+    return run_command("cert revoke", connection, revoke)
+
+
+def list_certificates(
+    *,
+    ca_dir: CaDir = None,
+    offline: Annotated[
+        bool, Parameter(negative=(), help="Do not ask the admin API; the CA directory alone.")
+    ] = False,
+    output: Output = "table",
+    connection: ConnectionFlags | None = None,
+) -> int:
+    """The certificates this CA issued, with what the control plane knows of each:
+    revoked (by whom, when, why), connected, or last used by its node.
+
+    ```
+    llmgw-cli cert list
+    llmgw-cli cert list --offline --output json
+    ```
+    """
+    directory = ca_dir or default_ca_dir()
+    try:
+        record = read_issued(directory)
+    except PkiError as exc:
+        print_error("cert list", str(exc))
+        return EXIT_FAILED
+    known: CertificatesView | None = None
+    if not offline:
+        known, problem = _ask_server(connection)
+        if problem is not None:
+            print(
+                f"llmgw-cli cert list: {problem}; showing the CA directory alone", file=sys.stderr
+            )
+    rows = listed(record.certificates, known, datetime.now(UTC))
+    if record.unreadable_lines:
+        print(
+            f"llmgw-cli cert list: {record.unreadable_lines} unreadable line(s) in "
+            f"{directory / 'issued.jsonl'} skipped",
+            file=sys.stderr,
+        )
+    if output == "json":
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(rows), indent=2).decode() + "\n")
+        return EXIT_OK
+    title = f"{len(rows)} certificate{'s' if len(rows) != 1 else ''} ({directory})"
+    print_table(COLUMNS, (_row(row) for row in rows), title=title)
+    return EXIT_OK
+
+
+def listed(
+    issued: tuple[IssuedCertificate, ...], known: CertificatesView | None, now: datetime
+) -> list[ListedCertificate]:
+    """Issued certificates with their state, then any the server saw that the CA directory
+    did not record (issued elsewhere, or before it kept a record)."""
+    revocations = known.revocations if known else []
+    by_serial = {r.serial: r for r in revocations if r.serial}
+    by_node = {r.node_id: r for r in revocations if r.node_id and not r.serial}
+    last_used = {n.serial: n for n in known.nodes if n.serial} if known else {}
+    rows: list[ListedCertificate] = []
+    for certificate in issued:
+        revocation = by_serial.get(certificate.serial)
+        node_wide = by_node.get(certificate.common_name) if certificate.kind == "node" else None
+        if revocation is None and node_wide is not None and _issued_before(certificate, node_wide):
+            revocation = node_wide
+        rows.append(
+            ListedCertificate(
+                serial=certificate.serial,
+                kind=certificate.kind,
+                name=certificate.common_name,
+                not_after=certificate.not_after,
+                state=_state(certificate, revocation, last_used, now, known is not None),
+                revocation=revocation,
+            )
+        )
+    recorded = {row.serial for row in rows}
+    for serial, node in sorted(last_used.items()):
+        if serial not in recorded:
+            revocation = by_serial.get(serial)
+            rows.append(
+                ListedCertificate(
+                    serial=serial,
+                    kind=None,
+                    name=node.node_id,
+                    not_after=None,
+                    state="revoked" if revocation else _use(node.connected),
+                    revocation=revocation,
+                )
+            )
+    return rows
+
+
+def _issued_before(certificate: IssuedCertificate, revocation: RevocationView) -> bool:
+    """As the hub decides: a certificate's issue time is its not_before plus the skew
+    allowance the CA backdates it by."""
+    return certificate.not_before + CLOCK_SKEW <= revocation.revoked_at
+
+
+def _state(
+    certificate: IssuedCertificate,
+    revocation: RevocationView | None,
+    last_used: dict[str, NodeCertificateView],
+    now: datetime,
+    asked: bool,
+) -> str:
+    if revocation is not None:
+        return "revoked"
+    if certificate.not_after < now:
+        return "expired"
+    node = last_used.get(certificate.serial)
+    if node is not None:
+        return _use(node.connected)
+    return "issued" if asked else "issued (revocations unknown)"
+
+
+def _use(connected: bool) -> str:
+    return "connected" if connected else "last used by its node"
+
+
+def _row(row: ListedCertificate) -> tuple[str, ...]:
+    expires = f"{row.not_after:%Y-%m-%d}" if row.not_after else ""
+    return (row.serial, row.kind or "?", row.name, expires, _state_text(row))
+
+
+def _state_text(row: ListedCertificate) -> str:
+    revocation = row.revocation
+    if revocation is None:
+        return row.state
+    return f"revoked {_when(revocation.revoked_at)} by {revocation.revoked_by}: {revocation.reason}"
+
+
+def _ask_server(flags: ConnectionFlags | None) -> tuple[CertificatesView | None, str | None]:
+    try:
+        settings = resolve_settings(flags or ConnectionFlags())
+    except ConfigError as exc:
+        return None, f"the admin API is not configured ({exc})"
+    try:
+        with AdminClient(settings) as client:
+            return call(client, CertificatesView, "GET", f"{ADMIN}/certificates").value, None
+    except ClientError as exc:
+        return None, f"the admin API did not answer ({exc})"
+
+
+def _revoked_what(revocation: RevocationView) -> str:
+    if revocation.serial is not None:
+        return f"certificate {revocation.serial}"
+    return f"every certificate of node {revocation.node_id} issued until now"
+
+
+def _when(moment: datetime) -> str:
+    return f"{moment.astimezone(UTC):%Y-%m-%d %H:%M}"

@@ -1,0 +1,253 @@
+"""What a node with a valid certificate may still not do, tried over real mTLS WebSockets
+against a real PostgreSQL: advertise an address it cannot vouch for, report an inventory no
+machine has, flood the hub, keep using a revoked certificate."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import msgspec
+import pytest
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
+
+from app.domain.events import NodeRefused, node_stream
+from app.domain.revocations import PresentedCertificate
+from app.fleet.budget import MessageBudget
+from app.fleet.hub import AgentHub
+from app.fleet.messages import Heartbeat
+from app.pki import issue_node
+from app.store.postgres import PostgresEventStore
+from tests.support.hub import (
+    LOOPBACK,
+    Pki,
+    RunHub,
+    close_code,
+    dial,
+    event_types,
+    gpu,
+    greet,
+    hello,
+    hub,
+    new_node_id,
+    pki,
+    run_hub,
+    say,
+    stream_is,
+)
+from tests.support.waiting import wait_until
+
+__all__ = ["hub", "pki", "run_hub"]  # fixtures
+
+METADATA_SERVICE = "169.254.169.254"  # a deliberately foreign address: it must be refused
+
+
+async def flood(agent: ClientConnection, count: int) -> int:
+    """Heartbeats as fast as the socket takes them, until the hub closes the connection;
+    how many the hub acknowledged (it acknowledges each heartbeat it accepts)."""
+    acknowledged = 0
+
+    async def read_acknowledgements() -> None:  # so the hub's close frame is not stuck
+        nonlocal acknowledged
+        with contextlib.suppress(ConnectionClosed):
+            while True:
+                await agent.recv()
+                acknowledged += 1
+
+    reader = asyncio.create_task(read_acknowledgements())
+    try:
+        with contextlib.suppress(ConnectionClosed):
+            for seq in range(count):
+                await say(agent, Heartbeat(seq=seq))
+                if seq % 10 == 0:
+                    await asyncio.sleep(0)
+        await reader
+    finally:
+        reader.cancel()
+    return acknowledged
+
+
+async def refusals(store: PostgresEventStore, node_id: str) -> list[NodeRefused]:
+    return [
+        r.event
+        for r in await store.read_stream(node_stream(node_id))
+        if isinstance(r.event, NodeRefused)
+    ]
+
+
+@pytest.mark.parametrize(
+    "address", [METADATA_SERVICE, "127.0.0.9", "metadata.google.internal", "localhost"]
+)
+async def test_an_address_the_certificate_does_not_name_is_refused_at_hello(
+    hub: AgentHub, pki: Pki, pg_store: PostgresEventStore, address: str
+) -> None:
+    """Before, a node could point the gateway at any address: 169.254.169.254 was accepted."""
+    node_id = new_node_id()
+    async with dial(hub, pki.node(node_id)) as agent:
+        await say(agent, msgspec.structs.replace(hello(node_id), address=address))
+        assert await close_code(agent) == 1008
+        assert "advertised address" in (agent.close_reason or "")
+
+    await wait_until(stream_is(pg_store, node_stream(node_id), ["node_refused"]))
+    [refusal] = await refusals(pg_store, node_id)
+    assert f"advertised address {address!r} is neither named" in refusal.reason
+    assert "(IP:127.0.0.7)" not in refusal.reason  # the names are listed plainly
+    assert "127.0.0.7" in refusal.reason
+    assert LOOPBACK in refusal.reason
+    assert node_id not in pg_store.state.nodes
+    assert hub.connected_nodes() == []
+
+
+async def test_the_address_a_connection_comes_from_needs_no_naming(
+    hub: AgentHub, pki: Pki, pg_store: PostgresEventStore
+) -> None:
+    node_id = new_node_id()
+    async with dial(hub, pki.node(node_id, ips=())) as agent:
+        await say(agent, msgspec.structs.replace(hello(node_id), address=LOOPBACK))
+        await wait_until(
+            stream_is(pg_store, node_stream(node_id), ["node_registered", "node_connected"])
+        )
+    assert pg_store.state.nodes[node_id].address == LOOPBACK
+
+
+async def test_a_host_name_the_certificate_names_is_accepted_whatever_its_case(
+    hub: AgentHub, pki: Pki, pg_store: PostgresEventStore
+) -> None:
+    node_id = new_node_id()
+    context = pki.client(
+        lambda key: issue_node(pki.ca, key, node_id, pki.now, 1, hosts=["gpu-7.example.test"])
+    )
+    async with dial(hub, context) as agent:
+        await say(agent, msgspec.structs.replace(hello(node_id), address="GPU-7.example.test"))
+        await wait_until(
+            stream_is(pg_store, node_stream(node_id), ["node_registered", "node_connected"])
+        )
+    assert pg_store.state.nodes[node_id].address == "GPU-7.example.test"
+
+
+IMPOSSIBLE = {
+    "two GPUs with one index": {"gpus": (gpu(0), gpu(0))},
+    "more memory used than there is": {
+        "gpus": (msgspec.structs.replace(gpu(0), memory_used_mib=90000),)
+    },
+    "a GPU of 2 TiB": {"gpus": (msgspec.structs.replace(gpu(0), memory_total_mib=2**21),)},
+    "a hundred GPUs": {"gpus": tuple(gpu(i) for i in range(100))},
+}
+
+
+@pytest.mark.parametrize("case", sorted(IMPOSSIBLE))
+async def test_an_inventory_no_machine_has_is_refused_and_not_folded_into_nodes(
+    hub: AgentHub, pki: Pki, pg_store: PostgresEventStore, case: str
+) -> None:
+    node_id = new_node_id()
+    async with dial(hub, pki.node(node_id)) as agent:
+        await say(agent, msgspec.structs.replace(hello(node_id), **IMPOSSIBLE[case]))
+        assert await close_code(agent) == 1002
+
+    await wait_until(stream_is(pg_store, node_stream(node_id), ["node_refused"]))
+    [refusal] = await refusals(pg_store, node_id)
+    assert refusal.reason.startswith(("the hello lists", "GPU 0 reports"))
+    assert node_id not in pg_store.state.nodes
+
+
+async def test_a_flood_of_heartbeats_closes_that_connection_with_one_recorded_event(
+    run_hub: RunHub, pki: Pki, pg_store: PostgresEventStore
+) -> None:
+    budget = MessageBudget(messages_per_s=20, message_burst=50)
+    honest_id, flooder_id = new_node_id(), new_node_id()
+    async with (
+        run_hub(budget=budget) as hub,
+        dial(hub, pki.node(honest_id)) as honest,
+        dial(hub, pki.node(flooder_id)) as flooder,
+    ):
+        await greet(honest, honest_id)
+        await greet(flooder, flooder_id)
+        started = time.monotonic()
+        accepted = await flood(flooder, 10_000)
+        elapsed = time.monotonic() - started
+        assert await close_code(flooder) == 1008
+        assert "over the message budget" in (flooder.close_reason or "")
+        await wait_until(
+            stream_is(
+                pg_store,
+                node_stream(flooder_id),
+                ["node_registered", "node_connected", "node_disconnected", "node_refused"],
+            ),
+            what="the flooder cut off, and recorded once",
+        )
+        await say(honest, Heartbeat(seq=1))  # the honest node was never disturbed
+        assert hub.connected_nodes() == [honest_id]
+
+        async with dial(hub, pki.node(flooder_id)) as again:  # and it is cooling down
+            assert await close_code(again) == 1008
+            assert "cut off for sending too much" in (again.close_reason or "")
+        assert hub.connected_nodes() == [honest_id]
+    # The burst, and what the rate earned while the flood lasted: not one heartbeat more.
+    assert accepted <= budget.message_burst + budget.messages_per_s * elapsed
+    recorded = await event_types(pg_store, node_stream(flooder_id))
+    assert recorded.count("node_connected") == 1  # the refused reconnection said no hello
+
+
+async def test_repeated_refusals_of_one_certificate_are_recorded_once_a_minute(
+    hub: AgentHub, pki: Pki, pg_store: PostgresEventStore
+) -> None:
+    node_id = new_node_id()
+    context = pki.node(node_id)
+    for _ in range(5):
+        async with dial(hub, context) as agent:
+            await say(agent, msgspec.structs.replace(hello(node_id), address=METADATA_SERVICE))
+            assert await close_code(agent) == 1008
+    # A node's observations are recorded in the order they came: once its good hello is in
+    # the log, every refusal before it that was going to be recorded is too.
+    async with dial(hub, context) as agent:
+        await greet(agent, node_id)
+        await wait_until(
+            stream_is(
+                pg_store,
+                node_stream(node_id),
+                ["node_refused", "node_registered", "node_connected"],
+            ),
+            what="one refusal recorded of five, then the good hello",
+        )
+    [refusal] = await refusals(pg_store, node_id)
+    assert refusal.suppressed == 0  # the first of its minute: nothing was left out before it
+
+
+async def test_a_revoked_certificate_is_refused_at_the_handshake_and_its_connection_closed(
+    run_hub: RunHub, pki: Pki, pg_store: PostgresEventStore
+) -> None:
+    """The leader wires the hub to the log's revocations; here a dict stands for the log."""
+    node_id = new_node_id()
+    revoked: dict[str, str] = {}
+
+    def check(certificate: PresentedCertificate) -> str | None:
+        return revoked.get(certificate.serial)
+
+    context = pki.node(node_id)
+    async with run_hub(revocations=check) as hub, dial(hub, context) as agent:
+        await greet(agent, node_id)
+        await wait_until(
+            stream_is(pg_store, node_stream(node_id), ["node_registered", "node_connected"])
+        )
+        serial = pg_store.state.nodes[node_id].certificate_serial
+        assert serial
+        assert await hub.enforce_revocations() == 0  # nothing revoked yet: nothing closed
+
+        revoked[serial] = f"certificate {serial} was revoked: stolen"
+        assert await hub.enforce_revocations() == 1
+        assert await close_code(agent) == 1008
+        assert "revoked" in (agent.close_reason or "")
+
+        async with dial(hub, context) as again:
+            assert await close_code(again) == 1008
+        assert hub.connected_nodes() == []
+    await wait_until(
+        stream_is(
+            pg_store,
+            node_stream(node_id),
+            ["node_registered", "node_connected", "node_disconnected", "identity_rejected"],
+        ),
+        what="the revoked connection closed, and the refusals recorded once",
+    )

@@ -1,0 +1,118 @@
+"""Revoking certificates: by serial for good, or every certificate a node had until then."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from app.domain.envelope import Meta, Recorded
+from app.domain.events import CertificateRevoked
+from app.domain.evolve import evolve
+from app.domain.revocations import (
+    InvalidRevocation,
+    PresentedCertificate,
+    RevocationRequest,
+    checked,
+    revocation_refusal,
+    revocation_stream,
+    revoke,
+)
+from app.domain.state import ClusterState
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+def recorded(state: ClusterState, request: RevocationRequest, at: datetime) -> ClusterState:
+    change = revoke(state, checked(request))
+    for event in change.events:
+        evolve(
+            state,
+            Recorded(
+                position=state.position + 1,
+                stream=change.stream,
+                version=1,
+                event_id=uuid.uuid4(),
+                recorded_at=at,
+                meta=Meta(actor="alice"),
+                event=event,
+            ),
+        )
+    return state
+
+
+def presented(
+    serial: str = "5f1c", node: str = "gpu-7", issued: datetime = T0
+) -> PresentedCertificate:
+    return PresentedCertificate(common_name=node, serial=serial, issued_at=issued)
+
+
+def test_a_certificate_revoked_by_serial_is_refused_naming_who_when_and_why() -> None:
+    state = recorded(ClusterState(), RevocationRequest(serial="5F:1C", reason="stolen"), T0)
+
+    reason = revocation_refusal(state.revocations, presented(serial="5f1c"))
+
+    assert (
+        reason
+        == "certificate 5f1c was revoked: revoked by alice at 2026-12-01T12:00:00+00:00: stolen"
+    )
+    assert revocation_refusal(state.revocations, presented(serial="5f1d")) is None
+
+
+def test_revoking_a_node_voids_what_it_was_issued_until_then_and_not_its_replacement() -> None:
+    state = recorded(ClusterState(), RevocationRequest(node_id="gpu-7", reason="rebuilt"), T0)
+
+    before = presented(issued=T0 - timedelta(days=30))
+    after = presented(serial="77", issued=T0 + timedelta(minutes=1))
+
+    reason = revocation_refusal(state.revocations, before)
+    assert reason is not None
+    assert "the certificates of node gpu-7 issued until then" in reason
+    assert revocation_refusal(state.revocations, after) is None
+    assert revocation_refusal(state.revocations, presented(node="gpu-8")) is None
+
+
+def test_revoking_a_serial_twice_records_nothing_the_second_time() -> None:
+    request = RevocationRequest(serial="0x5f1c", reason="stolen")
+    state = recorded(ClusterState(), request, T0)
+
+    assert revoke(state, checked(request)).events == ()
+    assert revocation_stream(checked(request)) == "certificate-5f1c"
+
+
+def test_revoking_a_node_again_moves_its_cut_off_forward() -> None:
+    state = recorded(ClusterState(), RevocationRequest(node_id="gpu-7", reason="one"), T0)
+    later = T0 + timedelta(days=1)
+    state = recorded(state, RevocationRequest(node_id="gpu-7", reason="two"), later)
+
+    between = presented(issued=T0 + timedelta(hours=1))
+    assert revocation_refusal(state.revocations, between) is not None
+    assert revocation_stream(checked(RevocationRequest(node_id="gpu-7", reason="x"))) == (
+        "node-gpu-7"
+    )
+
+
+@pytest.mark.parametrize(
+    ("request_", "fields"),
+    [
+        (RevocationRequest(reason="why"), ["serial"]),
+        (RevocationRequest(serial="zz", reason="why"), ["serial"]),
+        (RevocationRequest(serial="1" * 41, reason="why"), ["serial"]),
+        (RevocationRequest(serial="1f", node_id="gpu-7", reason="why"), ["node_id"]),
+        (RevocationRequest(node_id="gpu 7\n", reason="why"), ["node_id"]),
+        (RevocationRequest(serial="1f", reason="  "), ["reason"]),
+        (RevocationRequest(serial="1f", reason="x" * 501), ["reason"]),
+    ],
+)
+def test_a_malformed_revocation_is_refused_naming_each_bad_field(
+    request_: RevocationRequest, fields: list[str]
+) -> None:
+    with pytest.raises(InvalidRevocation) as refused:
+        checked(request_)
+    assert [error.field for error in refused.value.errors] == fields
+
+
+def test_the_event_names_what_was_revoked() -> None:
+    change = revoke(ClusterState(), checked(RevocationRequest(serial="ABC", reason=" lost ")))
+    assert change.events == (CertificateRevoked(serial="abc", node_id=None, reason="lost"),)

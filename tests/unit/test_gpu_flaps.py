@@ -1,0 +1,76 @@
+"""A GPU that keeps changing its mind is held unhealthy, then released once stable."""
+
+from __future__ import annotations
+
+from app.domain.fleet import GpuHealth
+from app.domain.gpu_flaps import FlapGuard, FlapPolicy
+
+POLICY = FlapPolicy(window_s=10, max_changes=3, stable_s=30)
+
+
+def health(healthy: bool, reason: str | None = None) -> GpuHealth:
+    return GpuHealth(
+        index=0, uuid="GPU-0", healthy=healthy, reason=reason or (None if healthy else "xid 79")
+    )
+
+
+def flip(guard: FlapGuard, times: int, start: float = 1.0) -> list[GpuHealth]:
+    passed: list[GpuHealth] = []
+    for n in range(times):
+        passed += guard.observe([health(n % 2 == 1)], start + n * 0.1)
+    return passed
+
+
+def test_occasional_changes_pass_through() -> None:
+    guard = FlapGuard(POLICY)
+    guard.observe([health(True)], 0.0)
+
+    assert guard.observe([health(False)], 1.0) == [health(False)]
+    assert guard.observe([health(True)], 20.0) == [health(True)]
+    assert guard.release(100.0) == []
+
+
+def test_a_flapping_gpu_is_held_unhealthy_with_one_report_however_often_it_flips() -> None:
+    guard = FlapGuard(POLICY)
+    guard.observe([health(True)], 0.0)
+
+    passed = flip(guard, 170)
+
+    assert [p.healthy for p in passed] == [False, True, False, False]
+    held = passed[-1]
+    assert held.reason == (
+        "flapping: 4 health changes within 10s; held unhealthy until stable for 30s"
+    )
+    assert guard.health(health(True)).healthy is False  # a hello is told the same
+
+
+def test_a_held_gpu_is_released_with_its_last_health_once_stable() -> None:
+    guard = FlapGuard(POLICY)
+    guard.observe([health(True)], 0.0)
+    flip(guard, 10)  # ends healthy at about t=1.9
+    assert guard.release(20.0) == []  # not stable long enough
+
+    assert guard.release(32.0) == [health(True)]
+    assert guard.health(health(True)).healthy is True
+    assert guard.release(40.0) == []
+
+
+def test_a_change_while_held_restarts_the_stable_period() -> None:
+    guard = FlapGuard(POLICY)
+    guard.observe([health(True)], 0.0)
+    flip(guard, 10)
+    assert guard.observe([health(False)], 25.0) == []
+
+    assert guard.release(50.0) == []
+    assert guard.release(55.0) == [health(False)]
+
+
+def test_gpus_are_judged_one_by_one() -> None:
+    guard = FlapGuard(POLICY)
+    other = GpuHealth(index=1, uuid="GPU-1", healthy=True)
+    guard.observe([health(True), other], 0.0)
+    flip(guard, 10)
+
+    assert guard.observe([GpuHealth(index=1, uuid="GPU-1", healthy=False, reason="x")], 3.0) == [
+        GpuHealth(index=1, uuid="GPU-1", healthy=False, reason="x")
+    ]
