@@ -65,6 +65,8 @@ class ServerSettings:
     stability_window_s: float = 1.0
     heartbeat_interval_s: float = 0.5
     reconcile_interval_s: float = 0.2
+    extra_flags: tuple[str, ...] = ()
+    """Any other ``serve`` flags, as given."""
 
     def flags(self) -> list[str]:
         return [
@@ -73,6 +75,7 @@ class ServerSettings:
             *("--stability-window", str(self.stability_window_s)),
             *("--heartbeat-interval", str(self.heartbeat_interval_s)),
             *("--reconcile-interval", str(self.reconcile_interval_s)),
+            *self.extra_flags,
         ]
 
 
@@ -100,6 +103,11 @@ class ClusterPki:
         if not certificate.exists():
             _cert("node", node_id, "--dir", str(self.directory))
         return NodeCredentials(certificate, self.directory / f"node-{node_id}.key", self.ca)
+
+    def reissue(self, node_id: str) -> NodeCredentials:
+        """A new certificate for the node, replacing its files (after a revocation, say)."""
+        _cert("node", node_id, "--dir", str(self.directory), "--force")
+        return self.node(node_id)
 
 
 def issue_pki(directory: Path, nodes: Iterable[str] = ()) -> ClusterPki:
