@@ -9,7 +9,9 @@ agent reports running:
   node's replica by naming it);
 - the port is outside the reporting node's declared range: a stray;
 - it matches the log (same replica, shard, node and port): adopted, once per leader epoch
-  (a shard placed by this leader needs no adoption);
+  (a shard placed by this leader needs no adoption); reported ready when the log has it
+  starting, by a shard this leader placed or adopted already, it is recorded ready
+  (``shard_ready``: a status the log missed), not adopted a second time;
 - the log's copy on this node never came up and the engine answers on another port of
   this node: the running engine wins and is adopted in its place, port and all (an
   earlier leader started it there and the log lost or never recorded that start);
@@ -26,12 +28,17 @@ from __future__ import annotations
 
 from app.domain.commands import stray_stop_command
 from app.domain.decision import Draft
-from app.domain.events import ReplicaAdopted, StrayStopped, node_stream, replica_stream
+from app.domain.events import (
+    ReplicaAdopted,
+    ShardReady,
+    StrayStopped,
+    node_stream,
+    replica_stream,
+)
 from app.domain.fleet_view import FleetView, ReportedShard
 from app.domain.state import ACTIVE_PHASES, Node, Replica, ReplicaPhase, ShardPhase
 
 MATCHES = "matches the log"
-MISSED_READY = "the agent reports it ready; the log had not recorded that"
 NEVER_CAME_UP = "the log's copy never came up; the running engine takes its place"
 
 
@@ -77,7 +84,10 @@ def _adopt_one(draft: Draft, node_id: str, reported: ReportedShard, stray_grace_
         if shard.epoch != draft.epoch:
             _adopt(draft, node_id, reported, MATCHES)
         elif reported.ready and shard.phase in (ShardPhase.PLACED, ShardPhase.STARTING):
-            _adopt(draft, node_id, reported, MISSED_READY)
+            shard_ready = ShardReady(
+                replica_id=reported.replica_id, shard_index=reported.shard_index, node_id=node_id
+            )
+            draft.emit(replica_stream(reported.replica_id), shard_ready)
         return
     if not shard.came_up:
         _adopt(draft, node_id, reported, NEVER_CAME_UP)

@@ -236,11 +236,21 @@ def _replica_adopted(state: ClusterState, event: ReplicaAdopted, recorded: Recor
             "port": event.port,
             "pid": event.pid,
             "phase": shard_phase,
-            "came_up": event.ready,
+            # An engine that came up and is adopted while its agent re-checks it is still
+            # the engine that came up.
+            "came_up": event.ready or _came_up_there(state, event),
             "epoch": recorded.meta.epoch,
         },
         replica_changes=_starting(state, event.replica_id, at),
     )
+
+
+def _came_up_there(state: ClusterState, event: ReplicaAdopted) -> bool:
+    replica = state.replicas.get(event.replica_id)
+    if replica is None or not 0 <= event.shard_index < len(replica.shards):
+        return False
+    shard = replica.shards[event.shard_index]
+    return shard.came_up and (shard.node_id, shard.port) == (event.node_id, event.port)
 
 
 def _node_registered(state: ClusterState, event: NodeRegistered, recorded: Recorded) -> None:

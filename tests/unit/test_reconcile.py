@@ -734,9 +734,29 @@ def test_a_ready_shard_the_log_missed_is_caught_up_from_the_agents_report() -> N
 
     decision = cluster.reconcile()
 
-    (adopted,) = of_type(decision, ReplicaAdopted)
-    assert adopted.rule == "the agent reports it ready; the log had not recorded that"
+    assert of_type(decision, ShardReady) == [
+        ShardReady(replica_id="llama-1", shard_index=0, node_id="gpu-1")
+    ]
+    assert of_type(decision, ReplicaAdopted) == []  # this leader placed it: nothing to adopt
     assert cluster.phase("llama-1") is ReplicaPhase.SERVING
+
+
+def test_a_shard_is_adopted_once_per_epoch_even_when_it_turns_ready_afterwards() -> None:
+    """After a restart the agent re-checks a re-attached engine: its hello says starting,
+    its next heartbeat ready. Before, that made a second replica_adopted."""
+    cluster = restarted_with_two_serving_replicas()
+    cluster.running("gpu-1", "llama-1", 20000, state="starting")
+    cluster.running("gpu-2", "llama-2", 20000)
+    first = cluster.reconcile()
+    assert [a.replica_id for a in of_type(first, ReplicaAdopted)] == ["llama-1", "llama-2"]
+    assert cluster.state.replicas["llama-1"].shards[0].came_up  # the engine that came up
+
+    cluster.running("gpu-1", "llama-1", 20000, state="ready")
+    second = cluster.reconcile()
+
+    assert of_type(second, ReplicaAdopted) == []
+    assert kinds(second) == ["ShardReady"]
+    assert cluster.state.replicas["llama-1"].shards[0].phase.value == "ready"
 
 
 def test_a_shard_that_stops_unasked_fails_its_replica() -> None:
