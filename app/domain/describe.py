@@ -45,10 +45,49 @@ from app.domain.events import (
 
 
 def describe(event: AnyEvent) -> str:
+    """The event as an operator reads it: what it is about, then what happened, so that a
+    line in a tail of the whole log stands on its own."""
+    return f"{_subject(event)} {_what(event)}"
+
+
+def _subject(event: AnyEvent) -> str:
+    match event:
+        case ModelDeclared() | ModelScaled() | ModelRemoved() | ModelUnplaceable():
+            return f"model {event.model}"
+        case ModelTuned():
+            return f"replica {event.replica_id}" if event.replica_id else f"model {event.model}"
+        case IdentityRejected():
+            return f"node {event.claimed_node_id}"
+        case CertificateRevoked():
+            return f"certificate {event.serial}" if event.serial else f"node {event.node_id}"
+        case (
+            NodeRegistered()
+            | NodeConnected()
+            | NodeDisconnected()
+            | NodeLost()
+            | NodeCordoned()
+            | NodeUncordoned()
+            | NodeDrainRequested()
+            | NodeDrainFinished()
+            | GpuMarkedUnhealthy()
+            | GpuRecovered()
+            | NodeRefused()
+            | StrayStopped()
+        ):
+            return f"node {event.node_id}"
+        case ApiKeyCreated():
+            return f"key {event.name} ({event.prefix})"
+        case ApiKeyRevoked():
+            return f"key {event.key_id}"
+        case _:
+            return f"replica {event.replica_id}"
+
+
+def _what(event: AnyEvent) -> str:
     match event:
         case ModelDeclared(spec=spec):
             return (
-                f"declared {spec.replicas} replica(s) x {spec.shards_per_replica} shard(s) "
+                f"declared: {spec.replicas} replica(s) x {spec.shards_per_replica} shard(s) "
                 f"x {spec.gpus_per_shard} GPU(s), engine {spec.engine}"
             )
         case ModelScaled():
@@ -56,10 +95,9 @@ def describe(event: AnyEvent) -> str:
         case ModelRemoved():
             return "removed: every replica drains"
         case ModelTuned():
-            target = f"replica {event.replica_id}" if event.replica_id else "model"
             return (
-                f"{target} tuned: weight {event.weight:g}, target_waiting "
-                f"{event.target_waiting}, kv_ceiling {event.kv_ceiling:g}"
+                f"tuned: weight {event.weight:g}, target_waiting {event.target_waiting}, "
+                f"kv_ceiling {event.kv_ceiling:g}"
             )
         case ModelUnplaceable():
             return f"cannot place {event.missing_replicas} replica(s): {event.reason}"
@@ -86,21 +124,18 @@ def describe(event: AnyEvent) -> str:
             return f"GPU {event.gpu_index} healthy again"
         case IdentityRejected():
             return (
-                f"refused a connection claiming {event.claimed_node_id!r} from "
-                f"{event.remote_address}: {event.reason}{_suppressed(event.suppressed)}"
+                f"refused a connection claiming it from {event.remote_address}: "
+                f"{event.reason}{_suppressed(event.suppressed)}"
             )
         case NodeRefused():
             return (
-                f"refused {event.node_id}'s connection from {event.remote_address}: "
+                f"refused its connection from {event.remote_address}: "
                 f"{event.reason}{_suppressed(event.suppressed)}"
             )
         case CertificateRevoked():
-            what = (
-                f"certificate {event.serial}"
-                if event.serial is not None
-                else f"every certificate of node {event.node_id} issued until now"
-            )
-            return f"revoked {what}: {event.reason}"
+            if event.serial is not None:
+                return f"revoked: {event.reason}"
+            return f"certificates issued until now revoked: {event.reason}"
         case StrayStopped():
             return (
                 f"stopped stray shard {event.replica_id}/{event.shard_index} on port "
@@ -147,9 +182,9 @@ def describe(event: AnyEvent) -> str:
             return f"lost: {event.reason}"
         case ApiKeyCreated():
             scope = ", ".join(event.models) if event.models else "all models"
-            return f"key {event.name} ({event.prefix}...) created for {scope}"
+            return f"created for {scope}"
         case ApiKeyRevoked():
-            return "key revoked"
+            return "revoked"
         case _:
             assert_never(event)
 

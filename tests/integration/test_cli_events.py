@@ -247,7 +247,7 @@ async def test_events_shows_the_latest_events_or_those_after_a_position(
     assert (last_row[2], last_row[3], last_row[4]) == (
         "node_cordoned",
         OPERATOR,
-        "cordoned: reason 2",
+        f"node {node} cordoned: reason 2",
     )
     assert [e["position"] for e in latest.json()] == positions[1:]
     assert [e["data"]["reason"] for e in after.json()] == ["reason 1", "reason 2"]
@@ -333,5 +333,5 @@ async def test_follow_prints_one_line_per_event_for_people(
         str(shown),
         "node_cordoned",
         OPERATOR,
-        "cordoned: ECC errors",
+        f"node {node} cordoned: ECC errors",
     )

@@ -151,8 +151,9 @@ async def test_a_drained_replicas_history_leads_to_the_operator_who_drained_its_
         ("2026-03-05 16:01:45", "replica_stopped", "reconciler", drain),
     ]
     summaries = [row[4] for row in rows]
-    assert summaries[4] == f"draining (drain {drain}): node gpu-08 drains"
-    assert summaries[5] == f"replacement {story.replacement} is serving"
+    replica = f"replica {story.drained_replica}"
+    assert summaries[4] == f"{replica} draining (drain {drain}): node gpu-08 drains"
+    assert summaries[5] == f"{replica} replacement {story.replacement} is serving"
 
     # The drain id leads to the request, in the node's history, in the operator's name.
     node = await operator.history("node", story.drained_node, environment=admin_api.environment)

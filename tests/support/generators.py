@@ -92,8 +92,10 @@ def _valid(event: AnyEvent) -> AnyEvent:
         return replace(event, shards=shards)
     if isinstance(event, ApiKeyCreated):  # prefixes identify keys: unique by construction
         return replace(event, prefix=f"llmgw_{event.key_id}")
-    if isinstance(event, CertificateRevoked) and event.serial is None and event.node_id is None:
-        return replace(event, node_id=NODES[0])  # a revocation names one or the other
+    if isinstance(event, CertificateRevoked):  # a revocation names a serial or a node
+        if event.serial:
+            return replace(event, node_id=None)
+        return replace(event, serial=None, node_id=event.node_id or NODES[0])
     if isinstance(event, NodeRegistered | NodeConnected):  # an agent reports each GPU once
         gpus = tuple(replace(g, index=i) for i, g in enumerate(event.gpus))
         return replace(event, gpus=gpus)

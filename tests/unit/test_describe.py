@@ -1,0 +1,35 @@
+"""Every human-readable event line names its subject, so a line of `events --follow` or of
+a node's history stands on its own."""
+
+from __future__ import annotations
+
+from hypothesis import given
+
+from app.domain.describe import describe
+from app.domain.events import (
+    AnyEvent,
+    ApiKeyCreated,
+    ApiKeyRevoked,
+    NodeUncordoned,
+    ReplicaServing,
+    ShardStarting,
+)
+from tests.support.generators import events, stream_for
+
+
+@given(events())
+def test_every_line_begins_with_what_the_event_is_about(event: AnyEvent) -> None:
+    kind, _, key = stream_for(event).partition("-")
+    line = describe(event)
+    if kind == "key" and isinstance(event, ApiKeyCreated):
+        assert line.startswith(f"key {event.name} ({event.prefix}) ")
+    else:
+        assert line.startswith(f"{kind} {key} "), line
+
+
+def test_the_lines_operators_saw_without_a_subject_now_have_one() -> None:
+    assert describe(ReplicaServing(replica_id="demo-1")) == "replica demo-1 serving"
+    assert describe(NodeUncordoned(node_id="dev-node-1")) == "node dev-node-1 uncordoned"
+    assert describe(ApiKeyRevoked(key_id="k-1")) == "key k-1 revoked"
+    starting = ShardStarting(replica_id="demo-1", shard_index=0, node_id="dev-node-1", pid=8951)
+    assert describe(starting) == "replica demo-1 shard 0 starting on dev-node-1 pid 8951"
