@@ -76,6 +76,8 @@ TOKEN_NAME = "dev"
 API_KEY_NAME = "dev"
 NODES = ("dev-node-1", "dev-node-2")
 FAKE_GPUS = "2x80GB"
+ENGINE_NETWORKS = "127.0.0.0/8"
+"""Every engine of a dev cluster listens on loopback: nothing else is ever contacted."""
 SIMULATOR_FLAGS = "--max-num-seqs 16 --decode-base-ms 5 --prefill-ms-per-token 0.05"
 SERVER_FLAGS = (
     *("--adoption-grace", "5", "--lost-timeout", "20", "--stability-window", "2"),
@@ -368,7 +370,7 @@ def _server_argv(options: DevOptions, database_url: str, pki: DevPki) -> list[st
         *("--agent-host", HOST, "--agent-port", str(options.agent_port)),
         *("--client-host", HOST, "--client-port", str(options.client_port)),
         *("--tls-cert", str(pki.certificate("server")), "--tls-key", str(pki.key("server"))),
-        *("--tls-ca", str(pki.ca)),
+        *("--tls-ca", str(pki.ca), "--engine-networks", ENGINE_NETWORKS),
         *SERVER_FLAGS,
     ]
 

@@ -382,6 +382,7 @@ async def server(
         "--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(certificates.ca),
         "--heartbeat-interval", str(HEARTBEAT_INTERVAL_S),
         "--adoption-grace", str(ADOPTION_GRACE_S), "--no-gateway",
+        "--engine-networks", "127.0.0.0/8",
     ]  # fmt: skip
     with log.open("wb") as output:
         process = await asyncio.create_subprocess_exec(

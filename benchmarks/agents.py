@@ -228,6 +228,7 @@ async def control_plane(
         "--admin-host", "127.0.0.1", "--admin-port", str(admin_port),
         "--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(certificates.ca),
         "--heartbeat-interval", str(HEARTBEAT_INTERVAL_S), "--no-gateway",
+        "--engine-networks", "127.0.0.0/8",
     ]  # fmt: skip
     with log.open("wb") as output:
         process = await asyncio.create_subprocess_exec(

@@ -25,7 +25,9 @@ from typing import Protocol
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from app.domain.egress import EngineNetworks
 from app.gateway.app import GatewayApp
+from app.gateway.egress import EngineEgress
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.ratelimit import RateLimiter
 from app.gateway.router import Router
@@ -101,8 +103,11 @@ class Gateway:
         graceful_shutdown_s: int = 30,
         registry: CollectorRegistry | None = None,
         log_requests: bool = True,
+        engine_networks: EngineNetworks | None = None,
     ) -> None:
-        """``port`` 0 takes a free port (``self.port`` says which once started)."""
+        """``port`` 0 takes a free port (``self.port`` says which once started).
+        ``engine_networks`` is where engines may be contacted; None: each node only at the
+        address its agent connected from (``app.gateway.egress``)."""
         self.source = source
         self.host = host
         self.port = port
@@ -113,6 +118,7 @@ class Gateway:
         )
         self.metrics = GatewayMetrics(registry)
         self.metrics.watch_replicas(self.router.replica_views, self.router.queued)
+        self.egress = EngineEgress(engine_networks, self.metrics)
         self.app = GatewayApp(
             router=self.router,
             metrics=self.metrics,
@@ -181,8 +187,10 @@ class Gateway:
             await task
 
     def _use(self, snapshot: GatewaySnapshot) -> None:
-        self.app.use(snapshot)
-        self.router.update(snapshot)
+        # The one way routes reach the router (and its scrapers) and the proxy.
+        admitted = self.egress.admit(snapshot)
+        self.app.use(admitted)
+        self.router.update(admitted)
 
     def _stale_reason(self) -> str | None:
         if self.source.fresh():

@@ -30,6 +30,7 @@ from typing import TypeVar
 
 import structlog
 
+from app.domain.egress import EngineNetworks
 from app.domain.reconcile import Settings
 from app.fleet.hub import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S, AgentHub
 from app.fleet.session import Observation
@@ -61,6 +62,9 @@ class ControlPlaneConfig:
     stability_window_s: float = 10.0
     reconcile_interval_s: float = DEFAULT_INTERVAL_S
     drain_idle_timeout_s: float = 60.0
+    engine_networks: EngineNetworks | None = None
+    """Where nodes' engines may live (``--engine-networks``); None: each node only at the
+    address its agent connects from."""
 
 
 class Role(StrEnum):
