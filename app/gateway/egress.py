@@ -18,7 +18,6 @@ route is counted once in ``llmgw_gateway_engine_egress_refusals_total{reason}``,
 from __future__ import annotations
 
 from typing import NamedTuple
-from urllib.parse import urlsplit
 
 import msgspec
 import structlog
@@ -30,7 +29,8 @@ from app.gateway.table import GatewaySnapshot, Route
 log = structlog.get_logger("llmgw.gateway")
 
 MAX_WARNED_ADDRESSES = 10_000
-"""Addresses remembered as already warned about; past that, refusals are only counted."""
+"""Addresses remembered as already warned about (past that, refusals are only counted),
+and agent addresses whose default networks are kept at once."""
 
 
 class Refusal(NamedTuple):
@@ -42,18 +42,17 @@ class Refusal(NamedTuple):
 
 def engine_host(url: str) -> str | None:
     """The host of ``http://<host>:<port>``, brackets kept around IPv6; None for any URL
-    with more or less in it (user info, a path, a query, no port, another scheme)."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
+    with more or less in it (user info, a path, a query, no port, another scheme). What
+    the host may be is ``EngineNetworks.allows``'s to say: an IP address or a host name,
+    so nothing of the URL is left for a parser to read another way."""
+    if not url.startswith("http://"):
         return None
-    if parts.scheme != "http" or port is None or "@" in parts.netloc:
+    host, colon, port = url[len("http://") :].rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) <= 65535:
         return None
-    if url != f"http://{parts.netloc}":
-        return None
-    host = parts.netloc.rpartition(":")[0]
-    return host or None
+    if host.startswith("["):
+        return host if host.endswith("]") and "]" not in host[:-1] else None
+    return None if ":" in host else host
 
 
 class EngineEgress:
@@ -64,22 +63,24 @@ class EngineEgress:
         self._decisions: dict[tuple[str, str], Refusal | None] = {}
         self._refused: set[tuple[str, str]] = set()
         self._warned: set[str] = set()
+        self._agents: dict[str, EngineNetworks] = {}
 
     def admit(self, snapshot: GatewaySnapshot) -> GatewaySnapshot:
-        """``snapshot`` without the routes whose engine may not be contacted."""
+        """``snapshot`` without the routes whose engine may not be contacted. Decisions are
+        kept from one snapshot to the next, for the routes that are still in it."""
+        known = self._decisions
         decisions: dict[tuple[str, str], Refusal | None] = {}
+        per_node = self.networks is None
         refused: set[tuple[str, str]] = set()
         routes: dict[str, tuple[Route, ...]] = {}
         for model, candidates in snapshot.routes.items():
             kept = []
             for route in candidates:
-                decision_key = (route.url, route.agent_address)
-                if decision_key in decisions:
-                    refusal = decisions[decision_key]
-                elif decision_key in self._decisions:
-                    refusal = decisions[decision_key] = self._decisions[decision_key]
+                key = (route.url, route.agent_address if per_node else "")
+                if key in decisions:
+                    refusal = decisions[key]
                 else:
-                    refusal = decisions[decision_key] = self._judge(route)
+                    refusal = decisions[key] = known[key] if key in known else self._judge(route)
                 if refusal is None:
                     kept.append(route)
                     continue
@@ -88,7 +89,9 @@ class EngineEgress:
                 if route_key not in self._refused:
                     self._metrics.egress_refused(refusal.reason)
                     self._warn(route, refusal)
-            if kept:
+            if len(kept) == len(candidates):
+                routes[model] = candidates
+            elif kept:
                 routes[model] = tuple(kept)
         self._decisions = decisions
         self._refused = refused
@@ -107,7 +110,7 @@ class EngineEgress:
             return Refusal(
                 "outside_engine_networks", f"{host} is outside the engine networks {self.networks}"
             )
-        if EngineNetworks.of_connection(route.agent_address).allows(host):
+        if self._of_agent(route.agent_address).allows(host):
             return None
         connected_from = connection_host(route.agent_address) or "an unknown address"
         return Refusal(
@@ -115,6 +118,14 @@ class EngineEgress:
             f"{host} is not the address its node's agent connected from ({connected_from}); "
             "list the networks engines may live on with --engine-networks to allow it",
         )
+
+    def _of_agent(self, agent_address: str) -> EngineNetworks:
+        networks = self._agents.get(agent_address)
+        if networks is None:
+            if len(self._agents) >= MAX_WARNED_ADDRESSES:
+                self._agents.clear()  # nodes come and go: forget the old ones in one go
+            networks = self._agents[agent_address] = EngineNetworks.of_connection(agent_address)
+        return networks
 
     def _warn(self, route: Route, refusal: Refusal) -> None:
         address = engine_host(route.url) or route.url
