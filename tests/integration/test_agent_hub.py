@@ -182,7 +182,7 @@ def hello(node_id: str) -> Hello:
         protocol_version=PROTOCOL_VERSION,
         node_id=node_id,
         agent_version="test",
-        address="10.0.0.7",
+        address="127.0.0.7",
         labels={"zone": "a"},
         port_range=(20000, 20099),
         gpus=(gpu(0),),
@@ -242,7 +242,7 @@ async def test_a_node_with_its_own_certificate_is_registered_and_connected(
         )
         node = pg_store.state.nodes[node_id]
         assert node.connected
-        assert node.address == "10.0.0.7"
+        assert node.address == "127.0.0.7"
         assert node.labels == {"zone": "a"}
         assert [g.index for g in node.gpus] == [0]
         assert hub.connected_nodes() == [node_id]
@@ -584,13 +584,13 @@ async def test_a_hello_that_loses_the_race_to_register_is_decided_again(
     node_id = new_node_id()
 
     async def rival_registers() -> None:
-        registration = NodeRegistered(node_id=node_id, address="10.0.0.9")
+        registration = NodeRegistered(node_id=node_id, address="127.0.0.9")
         await PostgresEventStore(engine).append(
             node_stream(node_id), NO_STREAM, [NewEvent(registration)], Meta(actor="rival")
         )
 
     service = FleetService(RivalWritesFirst(pg_store, rival_registers))
-    observation = AgentHello(node_id=node_id, hello=hello(node_id), remote_address="10.0.0.7:1")
+    observation = AgentHello(node_id=node_id, hello=hello(node_id), remote_address="127.0.0.7:1")
 
     await service.handle(node_id, observation)
 

@@ -42,7 +42,7 @@ from app.fleet.session import (
 
 INTERVAL_S = 5.0
 TIMEOUT_S = 15.0
-REMOTE = "10.0.0.7:51234"
+REMOTE = "127.0.0.7:51234"
 NODE_CERT = PeerCertificate(common_name="gpu-1", subject="CN=gpu-1,O=llmgw", kind="node")
 
 
@@ -66,7 +66,7 @@ def hello(node_id: str = "gpu-1", protocol_version: int = PROTOCOL_VERSION) -> H
         protocol_version=protocol_version,
         node_id=node_id,
         agent_version="0.1.0",
-        address="10.0.0.7",
+        address="127.0.0.7",
         port_range=(20000, 20999),
     )
 
