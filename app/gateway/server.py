@@ -1,4 +1,5 @@
-"""A gateway assembled: a snapshot source, the router, the ASGI app, and uvicorn.
+"""A gateway assembled: a snapshot source, the egress check, the router, the ASGI app, and
+uvicorn.
 
     gateway = Gateway(source, host="0.0.0.0", port=8080)
     await gateway.start()        # listening once this returns
@@ -10,7 +11,9 @@ itself. Signals are the caller's: the server installs no handlers of its own.
 
 Where the routing table and keys come from is a ``SnapshotSource``: PostgreSQL in
 production (``app.gateway.source``), a ``StaticSource`` holding one snapshot in tests and
-benchmarks. Run the loop on uvloop (``uvloop.run(...)``) for the figures in
+benchmarks. Each snapshot passes the egress check (``app.gateway.egress``) before the
+router and the app see it: ``engine_networks`` says where engines may be contacted. Run the
+loop on uvloop (``uvloop.run(...)``) for the figures in
 docs/performance.md.
 """
 
