@@ -6,6 +6,10 @@ fake GPUs, a ``demo`` model whose engines are the simulator, and an API key for 
 Everything lives in one state directory and is reused by the next run: the log survives,
 certificates, token and API key stay the same (a key revoked meanwhile is replaced).
 
+Engine ports. Each state directory has a block of engine ports of its own
+(``app.devports``), so several dev clusters, each with its own ``--state-dir`` and
+listener ports, run side by side on one machine without their engines meeting.
+
 Stopping. Ctrl-C or SIGTERM stops the agents (SIGTERM: they close their connections and,
 by design, leave their engines running), then kills every engine process group the
 agents' shard records name and removes those records, then stops the server, then the
@@ -46,6 +50,7 @@ from cryptography import x509
 from agent.engines.records import RecordStore, is_same_process
 from app.devdb import DevDatabaseError, LocalPostgres, find_bindir, port_is_free
 from app.devdocker import DockerPostgres, docker_answers
+from app.devports import EnginePortBlock, EnginePortsUnavailable, claim_engine_ports
 from app.domain.keys import prefix_of
 from app.logs import configure_logging
 from app.pki import (
@@ -71,8 +76,8 @@ TOKEN_NAME = "dev"
 API_KEY_NAME = "dev"
 NODES = ("dev-node-1", "dev-node-2")
 FAKE_GPUS = "2x80GB"
-ENGINE_PORTS_FROM = 21000
-ENGINE_PORTS_PER_NODE = 100
+ENGINE_NETWORKS = "127.0.0.0/8"
+"""Every engine of a dev cluster listens on loopback: nothing else is ever contacted."""
 SIMULATOR_FLAGS = "--max-num-seqs 16 --decode-base-ms 5 --prefill-ms-per-token 0.05"
 SERVER_FLAGS = (
     *("--adoption-grace", "5", "--lost-timeout", "20", "--stability-window", "2"),
@@ -133,6 +138,7 @@ class DevCluster:
     postgres: LocalPostgres | DockerPostgres | None = None
     server: Child | None = None
     agents: list[Child] = field(default_factory=list)
+    engine_ports: EnginePortBlock | None = None
     token: str = ""
 
     def start(self) -> str:
@@ -146,6 +152,10 @@ class DevCluster:
             if not port_is_free(port):
                 raise DevError(f"port {port} on {HOST} is in use; choose another with {flag}")
         options.logs.mkdir(parents=True, exist_ok=True)
+        try:
+            engine_ports = self.engine_ports = claim_engine_ports(options.state_dir)
+        except EnginePortsUnavailable as exc:
+            raise DevError(str(exc)) from exc
         database_url = self._database()
         pki = ensure_pki(options.state_dir / "pki", NODES)
         self.token = _admin_token(options.state_dir / "admin-token")
@@ -157,7 +167,8 @@ class DevCluster:
         ) as admin:
             self._wait_for(lambda: _leads(admin), "the server to lead")
             for index, node in enumerate(NODES):
-                self.agents.append(self._spawn(node, _agent_argv(options, pki, node, index)))
+                ports = engine_ports.node_range(index)
+                self.agents.append(self._spawn(node, _agent_argv(options, pki, node, ports)))
             self._wait_for(lambda: _nodes_connected(admin), "both agents to connect")
             desired = _declare_model(admin, options.replicas)
             self._wait_for(lambda: len(_serving(admin)) >= desired, f"{desired} serving replica(s)")
@@ -191,6 +202,8 @@ class DevCluster:
                 self.postgres.stop()
             except DevDatabaseError as exc:
                 print(f"error: {exc}", file=sys.stderr)
+        if self.engine_ports is not None:
+            self.engine_ports.release()
 
     # -- steps --------------------------------------------------------------------------
 
@@ -357,20 +370,20 @@ def _server_argv(options: DevOptions, database_url: str, pki: DevPki) -> list[st
         *("--agent-host", HOST, "--agent-port", str(options.agent_port)),
         *("--client-host", HOST, "--client-port", str(options.client_port)),
         *("--tls-cert", str(pki.certificate("server")), "--tls-key", str(pki.key("server"))),
-        *("--tls-ca", str(pki.ca)),
+        *("--tls-ca", str(pki.ca), "--engine-networks", ENGINE_NETWORKS),
         *SERVER_FLAGS,
     ]
 
 
-def _agent_argv(options: DevOptions, pki: DevPki, node: str, index: int) -> list[str]:
-    low = ENGINE_PORTS_FROM + index * ENGINE_PORTS_PER_NODE
+def _agent_argv(options: DevOptions, pki: DevPki, node: str, ports: tuple[int, int]) -> list[str]:
+    low, high = ports
     return [
         _program("llmgw-agent"),
         *("--server", f"wss://{HOST}:{options.agent_port}", "--node-id", node),
         *("--cert", str(pki.certificate(f"node-{node}")), "--key", str(pki.key(f"node-{node}"))),
         *("--ca", str(pki.ca), "--state-dir", str(_agent_state_dir(options, node))),
         *("--fake-gpus", FAKE_GPUS, "--address", HOST),
-        *("--port-range", f"{low}-{low + ENGINE_PORTS_PER_NODE - 1}"),
+        *("--port-range", f"{low}-{high}"),
     ]
 
 

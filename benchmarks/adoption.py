@@ -279,6 +279,8 @@ class AdoptingAgent:
         self._hello = encode(hello(number, shards))
         self._beat = tuple(HeartbeatShard(replica_id=s.replica_id, shard_index=0, state="ready")
                            for s in shards)  # fmt: skip
+        # Dialled from the address it advertises, as a real node is (the hub checks).
+        self._source = (node_address(number), 0)
         self._context = context
         self._uri = uri
 
@@ -292,6 +294,7 @@ class AdoptingAgent:
                     max_size=MAX_MESSAGE_BYTES,
                     open_timeout=OPEN_TIMEOUT_S,
                     proxy=None,
+                    local_addr=self._source,
                 ) as websocket:
                     backoff.reset()
                     await self._converse(websocket)
@@ -382,6 +385,7 @@ async def server(
         "--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(certificates.ca),
         "--heartbeat-interval", str(HEARTBEAT_INTERVAL_S),
         "--adoption-grace", str(ADOPTION_GRACE_S), "--no-gateway",
+        "--engine-networks", "127.0.0.0/8",
     ]  # fmt: skip
     with log.open("wb") as output:
         process = await asyncio.create_subprocess_exec(

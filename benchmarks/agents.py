@@ -228,6 +228,7 @@ async def control_plane(
         "--admin-host", "127.0.0.1", "--admin-port", str(admin_port),
         "--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(certificates.ca),
         "--heartbeat-interval", str(HEARTBEAT_INTERVAL_S), "--no-gateway",
+        "--engine-networks", "127.0.0.0/8",
     ]  # fmt: skip
     with log.open("wb") as output:
         process = await asyncio.create_subprocess_exec(
@@ -476,6 +477,9 @@ class SimulatedAgent:
         self._websocket: ClientConnection | None = None
         self._stopping = False
         self._hello = encode(_hello(number))
+        # Dialled from the address it advertises, as a real node is: the hub accepts an
+        # engine address that the connection comes from (or the certificate names).
+        self._source = (node_address(number), 0)
         self._context = context
         self._uri = uri
         self._stats = stats
@@ -495,6 +499,7 @@ class SimulatedAgent:
                     close_timeout=CLOSE_TIMEOUT_S,
                     compression=self._compression,
                     proxy=None,
+                    local_addr=self._source,
                 ) as websocket:
                     delay = RETRY_FIRST_S
                     self._websocket = websocket
@@ -586,7 +591,7 @@ def gpu_reports(number: int) -> tuple[GpuReport, ...]:
 
 
 def node_address(number: int) -> str:
-    return f"10.{number // 65_536 % 256}.{number // 256 % 256}.{number % 256}"
+    return f"127.{number // 65_536 % 256}.{number // 256 % 256}.{number % 256}"
 
 
 def _hello(number: int) -> Hello:

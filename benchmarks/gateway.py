@@ -63,6 +63,7 @@ import msgspec
 import uvloop
 
 from agent.simulator.launcher import SimulatorProcess, free_port, start_simulator
+from app.domain.egress import EngineNetworks
 from app.domain.keys import format_key, hash_key
 from app.gateway.table import GatewaySnapshot, KeyRecord, Route
 from benchmarks.common import format_table, load_average, median, percentile, write_results
@@ -93,7 +94,13 @@ def serve_gateway(snapshot_path: Path, port: int, log_requests: bool) -> None:
 
     async def run() -> None:
         source = StaticSource(snapshot)
-        gateway = Gateway(source, host="127.0.0.1", port=port, log_requests=log_requests)
+        gateway = Gateway(
+            source,
+            host="127.0.0.1",
+            port=port,
+            log_requests=log_requests,
+            engine_networks=EngineNetworks.parse("127.0.0.0/8"),
+        )
         await gateway.start()
         await gateway.serve()
 

@@ -5,10 +5,15 @@ the same seed: ~50 models, ~1,000 nodes with 8 GPUs each and ~4,000 replicas ser
 any time, then the churn of a cluster that runs for months (see the class docstring).
 Events are shaped like the control plane's and the agents' own (inventories with every
 GPU, engine log tails on failures), so payload sizes are realistic too.
+
+Every address in it is in ``network`` (loopback, 127.1.0.0/16, unless told), so a gateway
+pointed at a database of this history can reach nobody's machines:
+``tests/unit/test_fixture_addresses.py`` refuses any other address here.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import uuid
 from collections import Counter
@@ -72,6 +77,9 @@ GPU_NAME = "NVIDIA H100 80GB HBM3"
 GPU_MEMORY_MIB = 81_559
 AGENT_VERSION = "0.1.0"
 XIDS = (48, 63, 64, 74, 79, 94, 95)
+NODE_NETWORK = "127.1.0.0/16"
+STRANGER = "127.9.9.9:51234"
+"""Where a connection with another node's certificate comes from."""
 ENGINE_LOG_TAIL = tuple(
     f"[rank0]: {line}"
     for line in (
@@ -103,8 +111,18 @@ class ClusterHistory:
     """
 
     def __init__(
-        self, *, seed: int = 1129, models: int = 50, nodes: int = 1_000, in_flight: int = 64
+        self,
+        *,
+        seed: int = 1129,
+        models: int = 50,
+        nodes: int = 1_000,
+        in_flight: int = 64,
+        network: str = NODE_NETWORK,
     ) -> None:
+        """``network``: where the nodes' addresses come from, one each, in order."""
+        self._network = ipaddress.ip_network(network)
+        if self._network.num_addresses < nodes + 2:
+            raise ValueError(f"{network} has no room for {nodes} node addresses")
         self._rng = Random(seed)
         self._in_flight = in_flight
         self._specs = {spec.name: spec for spec in map(self._spec, range(models))}
@@ -178,7 +196,7 @@ class ClusterHistory:
                 node_stream(node),
                 NodeRegistered(
                     node_id=node,
-                    address=_address(n),
+                    address=self._address(n),
                     labels=_labels(n),
                     gpus=self._gpus(node),
                     agent_version=AGENT_VERSION,
@@ -450,7 +468,7 @@ class ClusterHistory:
                 IdentityRejected(
                     claimed_node_id=node,
                     certificate_subject="CN=gpu-9999",
-                    remote_address="10.9.9.9:51234",
+                    remote_address=STRANGER,
                     reason="certificate names gpu-9999",
                 ),
             )
@@ -478,8 +496,8 @@ class ClusterHistory:
         n = int(node.rpartition("-")[2]) - 1
         return NodeConnected(
             node_id=node,
-            address=_address(n),
-            remote_address=f"{_address(n)}:{self._rng.randrange(32_768, 61_000)}",
+            address=self._address(n),
+            remote_address=f"{self._address(n)}:{self._rng.randrange(32_768, 61_000)}",
             labels=_labels(n),
             gpus=self._gpus(node),
             agent_version=AGENT_VERSION,
@@ -500,9 +518,8 @@ class ClusterHistory:
     def _hex(self) -> str:
         return f"{self._rng.getrandbits(40):010x}"
 
-
-def _address(n: int) -> str:
-    return f"10.1.{n // 250}.{n % 250 + 1}"
+    def _address(self, n: int) -> str:
+        return str(self._network[n + 1])
 
 
 def _labels(n: int) -> dict[str, str]:

@@ -93,7 +93,7 @@ def fleet(nodes: int, replicas: int) -> tuple[ClusterState, FleetView]:
         GpuInfo(index=i, uuid=f"GPU-{i}", name="H100", memory_total_mib=81559) for i in range(8)
     )
     for n in range(nodes):
-        fold(NodeConnected(node_id=f"gpu-{n:04}", address=f"10.{n // 250}.{n % 250}.1", gpus=gpus))
+        fold(NodeConnected(node_id=f"gpu-{n:04}", address=f"127.{n // 250}.{n % 250}.1", gpus=gpus))
     per_model = replicas // MODELS
     for m in range(MODELS):
         spec = ModelSpec(name=f"model-{m}", command="vllm serve --port {port}", replicas=per_model)

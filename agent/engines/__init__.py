@@ -8,11 +8,12 @@ their own logs, and are found again through records in the agent's state directo
 Exceptions::
 
     EngineError
-     └── EngineLaunchError    no engine process could be started
+     ├── EngineLaunchError    no engine process could be started
+     └── PortHeldElsewhere    another process listens on the engine's port
 """
 
 from agent.engines.changes import ShardChange
-from agent.engines.errors import EngineError, EngineLaunchError
+from agent.engines.errors import EngineError, EngineLaunchError, PortHeldElsewhere
 from agent.engines.records import ShardKey, ShardRecord, ShardState
 from agent.engines.spec import ShardSpec
 from agent.engines.supervisor import EngineSupervisor
@@ -21,6 +22,7 @@ __all__ = [
     "EngineError",
     "EngineLaunchError",
     "EngineSupervisor",
+    "PortHeldElsewhere",
     "ShardChange",
     "ShardKey",
     "ShardRecord",

@@ -9,3 +9,7 @@ class EngineError(Exception):
 
 class EngineLaunchError(EngineError):
     """An engine process could not be started (missing executable, exec refused, ...)."""
+
+
+class PortHeldElsewhere(EngineError):
+    """Another process listens on the engine's port: its answers are not the engine's."""

@@ -1,10 +1,15 @@
-"""Waiting for an engine to serve: ``GET /health`` and then ``GET /v1/models`` answer 200."""
+"""Waiting for an engine to serve: ``GET /health`` and then ``GET /v1/models`` answer 200,
+and every socket listening on its port is the engine's own (``agent.engines.port_owner``).
+"""
 
 from __future__ import annotations
 
 import asyncio
 
 import httpx
+
+from agent.engines.errors import PortHeldElsewhere
+from agent.engines.port_owner import HeldElsewhere, Owned, check_port_owner
 
 READINESS_PATHS = ("/health", "/v1/models")
 
@@ -14,17 +19,27 @@ def readiness_url(port: int) -> str:
     return f"http://127.0.0.1:{port}"
 
 
-async def wait_until_ready(
-    base_url: str, *, interval_s: float = 0.5, request_timeout_s: float = 2.0
+async def wait_until_serving(
+    port: int, engine_pid: int, *, interval_s: float = 0.5, request_timeout_s: float = 2.0
 ) -> None:
-    """Return once every readiness path answers 200; poll until then (or until cancelled).
+    """Return once every readiness path answers 200 on ``port`` and the engine led by
+    ``engine_pid`` holds every socket listening there; poll until then (or until
+    cancelled). Raises ``PortHeldElsewhere`` when the answer may have come from another
+    process: that engine can never serve on its port.
 
     How long an engine may take is the control plane's decision, so there is no deadline.
     """
     async with httpx.AsyncClient(
-        base_url=base_url, timeout=request_timeout_s, trust_env=False
+        base_url=readiness_url(port), timeout=request_timeout_s, trust_env=False
     ) as client:
-        while not await _all_answer_ok(client):  # noqa: ASYNC110 (polling the engine)
+        while True:
+            if await _all_answer_ok(client):
+                ownership = await asyncio.to_thread(check_port_owner, port, engine_pid)
+                if isinstance(ownership, Owned):
+                    return
+                if isinstance(ownership, HeldElsewhere):
+                    raise PortHeldElsewhere(ownership.reason)
+                # Nothing listens any more: the answer came from a listener now closed.
             await asyncio.sleep(interval_s)
 
 

@@ -32,10 +32,11 @@ from agent.engines.changes import (
     change_of,
     describe_exit,
 )
-from agent.engines.errors import EngineError, EngineLaunchError
+from agent.engines.errors import EngineError, EngineLaunchError, PortHeldElsewhere
 from agent.engines.logtail import read_log_tail
+from agent.engines.port_owner import HeldElsewhere, check_port_owner
 from agent.engines.processes import AdoptedProcess, ChildProcess, EngineProcess, spawn_engine
-from agent.engines.readiness import readiness_url, wait_until_ready
+from agent.engines.readiness import wait_until_serving
 from agent.engines.records import (
     RecordStore,
     ShardKey,
@@ -52,6 +53,8 @@ T = TypeVar("T")
 
 AWAY_ERROR = "engine exited while the agent was away"
 KILL_WAIT_S = 10.0
+REFUSED_GRACE_S = 5.0
+"""How long an engine whose port is another process's gets to exit after SIGTERM."""
 
 
 @dataclass(eq=False)
@@ -61,6 +64,8 @@ class _Watched:
     exit: asyncio.Task[int | None]
     monitor: asyncio.Task[None] | None = None
     stopping: bool = False
+    refusal: str | None = None
+    """Why the supervisor ended the engine itself (its port is another process's)."""
 
 
 class EngineSupervisor:
@@ -203,31 +208,65 @@ class EngineSupervisor:
         watched = _Watched(record=record, process=process, exit=_task(process.wait_exit()))
         self._running[record.key] = watched
         self._report(change_of(record))
-        watched.monitor = _task(self._monitor(watched, readiness_url(record.port)))
+        watched.monitor = _task(self._monitor(watched))
         return watched
 
-    async def _monitor(self, watched: _Watched, url: str) -> None:
-        """Report ``ready`` once the engine serves, and ``failed`` as soon as it exits."""
-        ready = _task(wait_until_ready(url, interval_s=self._poll_interval_s))
+    async def _monitor(self, watched: _Watched) -> None:
+        """Report ``ready`` once the engine serves on a port of its own, and ``failed`` as
+        soon as it exits, or once it is ended because another process holds its port."""
+        record = watched.record
+        # Not ``_task``: its failures are expected, and read below.
+        ready = asyncio.create_task(
+            wait_until_serving(record.port, record.pid, interval_s=self._poll_interval_s)
+        )
         try:
             done, _ = await asyncio.wait({ready, watched.exit}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             ready.cancel()
-        if ready in done and ready.exception() is None and not watched.exit.done():
-            self._transition(watched, ShardState.READY)
+        if ready in done and not watched.exit.done():
+            failure = ready.exception()
+            if failure is None:
+                self._transition(watched, ShardState.READY)
+            elif isinstance(failure, PortHeldElsewhere):
+                log.warning("engine_port_held_elsewhere", pid=record.pid, reason=str(failure))
+                watched.refusal = str(failure)
+                await self._end(watched)
+            else:
+                log.error("engine_readiness_failed", pid=record.pid, exc_info=failure)
         exit_code = await asyncio.shield(watched.exit)
         if watched.stopping:
             return
+        error = watched.refusal or await self._exit_error(watched.record, exit_code)
         self._transition(
             watched,
             ShardState.FAILED,
-            error=describe_exit(exit_code),
+            error=error,
             exit_code=exit_code,
             log_tail=self._tail(watched.record.key),
         )
         self._running.pop(watched.record.key, None)
         self._records.remove(watched.record.key)
         self._failed[watched.record.key] = watched.record
+
+    async def _end(self, watched: _Watched) -> None:
+        """SIGTERM the engine's group, SIGKILL it after ``REFUSED_GRACE_S``."""
+        if not watched.process.signal_group(signal.SIGTERM):
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(watched.exit), REFUSED_GRACE_S)
+        except TimeoutError:
+            watched.process.signal_group(signal.SIGKILL)
+
+    async def _exit_error(self, record: ShardRecord, exit_code: int | None) -> str:
+        """How the engine exited; for one that never served, also who holds its port if
+        another process does (the likeliest reason it could not bind)."""
+        described = describe_exit(exit_code)
+        if record.state is not ShardState.STARTING:
+            return described
+        ownership = await asyncio.to_thread(check_port_owner, record.port, record.pid)
+        if isinstance(ownership, HeldElsewhere):
+            return f"{described}; {ownership.reason}"
+        return described
 
     async def _terminate(self, watched: _Watched, grace_s: float) -> int | None:
         watched.stopping = True

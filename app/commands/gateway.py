@@ -11,7 +11,8 @@ import structlog
 import uvloop
 from cyclopts import Parameter
 
-from app.commands.common import DatabaseUrl, fail
+from app.commands.common import DatabaseUrl, EngineNetworksFlag, engine_networks_of, fail
+from app.domain.egress import InvalidEngineNetworks
 from app.gateway.postgres import (
     DEFAULT_CLIENT_HOST,
     DEFAULT_CLIENT_PORT,
@@ -66,15 +67,24 @@ def gateway_command(
             "notified sooner",
         ),
     ] = 5.0,
+    engine_networks: EngineNetworksFlag = "",
     log_level: Annotated[str, Parameter(env_var="LLMGW_LOG_LEVEL")] = "info",
 ) -> None:
     """Run the OpenAI-compatible gateway alone, stateless, against the database, until
     SIGINT or SIGTERM. Any number may run behind a load balancer; each keeps serving from
     its last routing table and keys while the database is away (/readyz then says 503).
 
-    Example: llmgw-server gateway --host 0.0.0.0 --port 8080
+    Engines are contacted only where --engine-networks allows; a route elsewhere is left
+    out of routing, with a warning.
+
+    Example: llmgw-server gateway --host 0.0.0.0 --port 8080 --engine-networks 10.20.0.0/16
     """
     configure_logging(log_level)
+    try:
+        networks = engine_networks_of(engine_networks)
+    except InvalidEngineNetworks as exc:
+        fail(f"--engine-networks: {exc}")
+        return
     options = GatewayOptions(
         host=host,
         port=port,
@@ -82,6 +92,7 @@ def gateway_command(
         queue_timeout_s=queue_timeout,
         scrape_interval_s=scrape_interval,
         refresh_interval_s=refresh_interval,
+        engine_networks=networks,
     )
     if options.problems():
         fail("; ".join(options.problems()))

@@ -25,7 +25,8 @@ from app.admin.events import end_event_streams
 from app.admin.health import Readiness
 from app.admin.metrics import control_plane_figures
 from app.admin.tls import TlsScopeProtocol, admin_ssl_context
-from app.commands.common import DatabaseUrl, fail
+from app.commands.common import DatabaseUrl, EngineNetworksFlag, engine_networks_of, fail
+from app.domain.egress import InvalidEngineNetworks
 from app.fleet.budget import MessageBudget
 from app.fleet.hub import DEFAULT_HEARTBEAT_INTERVAL_S
 from app.gateway.postgres import (
@@ -187,6 +188,7 @@ def serve(
             help="messages one agent connection may send at once above that rate",
         ),
     ] = DEFAULT_BUDGET.message_burst,
+    engine_networks: EngineNetworksFlag = "",
     log_level: Annotated[str, Parameter(env_var="LLMGW_LOG_LEVEL")] = "info",
 ) -> None:
     """Run the control plane until SIGINT or SIGTERM: the admin API and the gateway (on
@@ -200,6 +202,8 @@ def serve(
     operator certificate from the llmgw CA (`llmgw-cli cert operator <name>`) authenticates
     its holder, whose name then becomes the actor of what they change.
 
+    Engines are contacted only where --engine-networks allows.
+
     Example: llmgw-server serve --tls-cert server.crt --tls-key server.key --tls-ca ca.crt
     """
     configure_logging(log_level)
@@ -207,6 +211,11 @@ def serve(
         tokens = parse_tokens(admin_tokens or os.environ.get("LLMGW_ADMIN_TOKEN_PAIRS", ""))
     except ValueError as exc:
         fail(str(exc))
+        return
+    try:
+        networks = engine_networks_of(engine_networks)
+    except InvalidEngineNetworks as exc:
+        fail(f"--engine-networks: {exc}")
         return
     if tls_cert is None or tls_key is None or tls_ca is None:
         fail(AGENT_TLS_HINT)
@@ -259,8 +268,14 @@ def serve(
                 messages_per_s=agent_message_rate,
                 message_burst=agent_message_burst,
             ),
+            engine_networks=networks,
         ),
-        gateway=GatewayOptions(host=client_host, port=client_port, gateway_id=server_id or None)
+        gateway=GatewayOptions(
+            host=client_host,
+            port=client_port,
+            gateway_id=server_id or None,
+            engine_networks=networks,
+        )
         if gateway
         else None,
     )

@@ -7,6 +7,9 @@ vouch for. Its hello is refused, with the reason, when
   subject alternative name: IP address, or DNS name compared without case) nor the address
   its connection comes from: otherwise any node could point the gateway at any host, a
   metadata service say, and make it a request forwarder;
+- that address is outside the engine networks (``--engine-networks``, by default the
+  address the connection comes from): the gateway would refuse to contact it, so the node
+  is told at once instead of its replicas never being routed;
 - its inventory is not one a machine can have: more GPUs than any machine holds, two GPUs
   with one index or one UUID, more memory used than there is, sizes no GPU has, or two
   reports of one shard.
@@ -17,17 +20,15 @@ even decoded; these checks are about meaning.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Sequence
 
+from app.domain.egress import EngineNetworks, host_name, ip_address_of
 from app.fleet.messages import GpuReport, Hello, ShardReport
 
 MAX_GPUS_PER_NODE = 64
 MAX_GPU_MEMORY_MIB = 1024 * 1024
 """1 TiB: several times the largest GPU memory there is."""
 MAX_SHARDS_PER_NODE = 1024
-
-IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 def address_refusal(
@@ -36,21 +37,25 @@ def address_refusal(
     remote_host: str,
     dns_names: Sequence[str],
     ip_addresses: Sequence[str],
+    engine_networks: EngineNetworks | None = None,
 ) -> str | None:
-    """Why ``advertised`` is not an address the node can vouch for, or None when it is."""
-    named = f"the certificate names {_listed(dns_names, ip_addresses)}"
-    address = parse_ip(advertised)
-    if address is None:
-        if advertised.rstrip(".").lower() in {name.rstrip(".").lower() for name in dns_names}:
-            return None
-    else:
-        vouched = {parse_ip(ip) for ip in ip_addresses} | {parse_ip(remote_host)}
-        if address in vouched:
-            return None
-    return (
-        f"advertised address {advertised!r} is neither named by the node's certificate "
-        f"({named}) nor the address its connection comes from ({remote_host})"
-    )
+    """Why ``advertised`` is not an address the node can vouch for, or one the gateway may
+    contact (``engine_networks``; None: the address the connection comes from), or None
+    when it is both."""
+    if not _vouched(advertised, remote_host, dns_names, ip_addresses):
+        named = f"the certificate names {_listed(dns_names, ip_addresses)}"
+        return (
+            f"advertised address {advertised!r} is neither named by the node's certificate "
+            f"({named}) nor the address its connection comes from ({remote_host})"
+        )
+    allowed = engine_networks or EngineNetworks.of_connection(remote_host)
+    if not allowed.allows(advertised):
+        setting = "--engine-networks" if engine_networks else "the default of --engine-networks"
+        return (
+            f"advertised address {advertised!r} is outside the engine networks the gateway "
+            f"may contact ({setting}: {allowed})"
+        )
+    return None
 
 
 def inventory_refusal(hello: Hello) -> str | None:
@@ -58,16 +63,14 @@ def inventory_refusal(hello: Hello) -> str | None:
     return _gpu_refusal(hello.gpus) or _shard_refusal(hello.shards)
 
 
-def parse_ip(text: str) -> IpAddress | None:
-    """``text`` as an IP address (brackets around IPv6 allowed; an IPv4-mapped IPv6 address
-    reads as its IPv4 address), or None when it is not one."""
-    try:
-        address = ipaddress.ip_address(text.strip().removeprefix("[").removesuffix("]"))
-    except ValueError:
-        return None
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    return address
+def _vouched(
+    advertised: str, remote_host: str, dns_names: Sequence[str], ip_addresses: Sequence[str]
+) -> bool:
+    address = ip_address_of(advertised)
+    if address is None:
+        name = host_name(advertised)
+        return name is not None and name in {host_name(n) for n in dns_names}
+    return address in {ip_address_of(ip) for ip in ip_addresses} | {ip_address_of(remote_host)}
 
 
 def _gpu_refusal(gpus: Sequence[GpuReport]) -> str | None:

@@ -36,6 +36,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode as WebSocketCloseCode
 from websockets.http11 import Request, Response
 
+from app.domain.egress import EngineNetworks
 from app.domain.revocations import PresentedCertificate
 from app.fleet.budget import MessageBudget
 from app.fleet.errors import FleetError, SessionStateError
@@ -136,6 +137,7 @@ class AgentHub:
         revocations: RevocationCheck | None = None,
         refusals: RefusalThrottle | None = None,
         cool_down: CoolDown | None = None,
+        engine_networks: EngineNetworks | None = None,
     ) -> None:
         if not 0 < heartbeat_interval_s < heartbeat_timeout_s:
             raise ValueError(
@@ -154,6 +156,7 @@ class AgentHub:
         self._revocations = revocations or (lambda _: None)
         self._refusals = refusals or RefusalThrottle()
         self._cool_down = cool_down or CoolDown()
+        self._engine_networks = engine_networks
         self._registry: ConnectionRegistry[_AgentConnection] = ConnectionRegistry()
         self._server: Server | None = None
 
@@ -283,6 +286,7 @@ class AgentHub:
             epoch=self._epoch,
             now=monotonic(),
             budget=self._budget,
+            engine_networks=self._engine_networks,
         )
         connection = _AgentConnection(websocket, session, certificate)
         try:

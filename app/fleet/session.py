@@ -26,6 +26,7 @@ from typing import assert_never
 
 import msgspec
 
+from app.domain.egress import EngineNetworks
 from app.fleet.budget import BudgetMeter, MessageBudget
 from app.fleet.claims import address_refusal, inventory_refusal
 from app.fleet.errors import MessageTooLarge, ProtocolError, SessionStateError
@@ -164,6 +165,7 @@ class AgentSession:
         now: float,
         remote_host: str | None = None,
         budget: MessageBudget | None = None,
+        engine_networks: EngineNetworks | None = None,
     ) -> None:
         if not 0 < heartbeat_interval_s < heartbeat_timeout_s:
             raise ValueError(
@@ -174,6 +176,7 @@ class AgentSession:
         self._remote_address = remote_address
         self._remote_host = remote_host if remote_host is not None else _host(remote_address)
         self._budget = BudgetMeter(budget or MessageBudget(), now)
+        self._engine_networks = engine_networks
         self._require_identity = require_identity
         self._heartbeat_interval_s = heartbeat_interval_s
         self._heartbeat_timeout_s = heartbeat_timeout_s
@@ -290,6 +293,7 @@ class AgentSession:
             remote_host=self._remote_host,
             dns_names=self._peer.dns_names if self._peer else (),
             ip_addresses=self._peer.ip_addresses if self._peer else (),
+            engine_networks=self._engine_networks,
         )
         if unvouched is not None:
             return self._refuse(CloseCode.POLICY_VIOLATION, unvouched, message.node_id)

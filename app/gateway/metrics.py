@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -140,6 +140,18 @@ class GatewayMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self._egress_refusals = Counter(
+            "llmgw_gateway_engine_egress_refusals",
+            "Routes left out of routing because their engine address may not be contacted "
+            "(see --engine-networks), by reason; each route counted once, when first refused.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self._egress_refused_routes = Gauge(
+            "llmgw_gateway_egress_refused_routes",
+            "Routes of the current routing table left out by the egress check.",
+            registry=self.registry,
+        )
         self._counters: dict[tuple[str, int], Counter] = {}
         self._histograms: dict[str, _ModelHistograms] = {}
 
@@ -182,6 +194,12 @@ class GatewayMetrics:
 
     def retried(self, reason: str) -> None:
         self._retries.labels(reason).inc()
+
+    def egress_refused(self, reason: str) -> None:
+        self._egress_refusals.labels(reason).inc()
+
+    def egress_refused_routes(self, count: int) -> None:
+        self._egress_refused_routes.set(count)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

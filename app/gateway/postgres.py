@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from app.domain.egress import EngineNetworks
 from app.gateway.server import Gateway
 from app.gateway.source import DEFAULT_REFRESH_INTERVAL_S, PostgresSnapshotSource
 
@@ -31,6 +32,8 @@ class GatewayOptions:
     queue_timeout_s: float = 5.0
     scrape_interval_s: float = 0.25
     refresh_interval_s: float = DEFAULT_REFRESH_INTERVAL_S
+    engine_networks: EngineNetworks | None = None
+    """Where engines may be contacted; None: each node at its agent's own address only."""
 
     def problems(self) -> list[str]:
         """What is wrong with these options, as messages naming the command's flags."""
@@ -61,6 +64,7 @@ class PostgresGateway:
             port=options.port,
             queue_timeout_s=options.queue_timeout_s,
             scrape_interval_s=options.scrape_interval_s,
+            engine_networks=options.engine_networks,
         )
         self.source.report_in_flight(self.gateway.in_flight)
 
@@ -75,11 +79,13 @@ class PostgresGateway:
         except BaseException:
             await self.source.close()
             raise
+        networks = self.gateway.egress.networks
         log.info(
             "gateway listening",
             url=self.gateway.url,
             gateway_id=self.source.gateway_id,
             position=self.source.current().position,
+            engine_networks=str(networks) if networks is not None else "each node's agent address",
         )
 
     async def serve(self) -> None:

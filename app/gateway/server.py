@@ -1,4 +1,5 @@
-"""A gateway assembled: a snapshot source, the router, the ASGI app, and uvicorn.
+"""A gateway assembled: a snapshot source, the egress check, the router, the ASGI app, and
+uvicorn.
 
     gateway = Gateway(source, host="0.0.0.0", port=8080)
     await gateway.start()        # listening once this returns
@@ -10,7 +11,9 @@ itself. Signals are the caller's: the server installs no handlers of its own.
 
 Where the routing table and keys come from is a ``SnapshotSource``: PostgreSQL in
 production (``app.gateway.source``), a ``StaticSource`` holding one snapshot in tests and
-benchmarks. Run the loop on uvloop (``uvloop.run(...)``) for the figures in
+benchmarks. Each snapshot passes the egress check (``app.gateway.egress``) before the
+router and the app see it: ``engine_networks`` says where engines may be contacted. Run the
+loop on uvloop (``uvloop.run(...)``) for the figures in
 docs/performance.md.
 """
 
@@ -25,7 +28,9 @@ from typing import Protocol
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from app.domain.egress import EngineNetworks
 from app.gateway.app import GatewayApp
+from app.gateway.egress import EngineEgress
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.ratelimit import RateLimiter
 from app.gateway.router import Router
@@ -101,8 +106,11 @@ class Gateway:
         graceful_shutdown_s: int = 30,
         registry: CollectorRegistry | None = None,
         log_requests: bool = True,
+        engine_networks: EngineNetworks | None = None,
     ) -> None:
-        """``port`` 0 takes a free port (``self.port`` says which once started)."""
+        """``port`` 0 takes a free port (``self.port`` says which once started).
+        ``engine_networks`` is where engines may be contacted; None: each node only at the
+        address its agent connected from (``app.gateway.egress``)."""
         self.source = source
         self.host = host
         self.port = port
@@ -113,6 +121,7 @@ class Gateway:
         )
         self.metrics = GatewayMetrics(registry)
         self.metrics.watch_replicas(self.router.replica_views, self.router.queued)
+        self.egress = EngineEgress(engine_networks, self.metrics)
         self.app = GatewayApp(
             router=self.router,
             metrics=self.metrics,
@@ -181,8 +190,10 @@ class Gateway:
             await task
 
     def _use(self, snapshot: GatewaySnapshot) -> None:
-        self.app.use(snapshot)
-        self.router.update(snapshot)
+        # The one way routes reach the router (and its scrapers) and the proxy.
+        admitted = self.egress.admit(snapshot)
+        self.app.use(admitted)
+        self.router.update(admitted)
 
     def _stale_reason(self) -> str | None:
         if self.source.fresh():

@@ -28,6 +28,10 @@ class Route(msgspec.Struct, frozen=True, kw_only=True):
     kv_ceiling: float = DEFAULT_KV_CEILING
     draining: bool = False
     """The replica's node is being drained: it still serves but is last in line."""
+    agent_address: str = ""
+    """Where the node's agent connected from (``host:port``, as the hub recorded it): the
+    one address the gateway contacts the node's engines at when no engine networks are
+    configured (``app.gateway.egress``)."""
 
 
 class KeyRecord(msgspec.Struct, frozen=True, kw_only=True):

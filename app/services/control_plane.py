@@ -30,6 +30,7 @@ from typing import TypeVar
 
 import structlog
 
+from app.domain.egress import EngineNetworks
 from app.domain.events import CertificateRevoked
 from app.domain.reconcile import Settings
 from app.domain.revocations import PresentedCertificate, revocation_refusal
@@ -66,6 +67,9 @@ class ControlPlaneConfig:
     reconcile_interval_s: float = DEFAULT_INTERVAL_S
     drain_idle_timeout_s: float = 60.0
     agent_budget: MessageBudget = field(default_factory=MessageBudget)
+    engine_networks: EngineNetworks | None = None
+    """Where nodes' engines may live (``--engine-networks``); None: each node only at the
+    address its agent connects from."""
 
 
 class Role(StrEnum):
@@ -117,6 +121,7 @@ class Leader:
             epoch=epoch,
             budget=config.agent_budget,
             revocations=self._revoked,
+            engine_networks=config.engine_networks,
         )
         self.reconciler: Reconciler | None = None
 

@@ -1,7 +1,9 @@
 """What a gateway routes by, read from the projection in one statement.
 
 Declared models (removed ones are not: they answer 404 like any unknown model), the
-``routing_table`` view, live (not revoked) API keys and the projection's position. One
+``routing_table`` view with the address each route's node connected from (the gateway's
+egress check allows that address by default), live (not revoked) API keys and the
+projection's position. One
 statement sees one snapshot of the database, as a REPEATABLE READ transaction of several
 would, in one round trip instead of six.
 """
@@ -21,8 +23,9 @@ SELECT
   (SELECT position FROM projection_checkpoints WHERE name = $1) AS position,
   (SELECT coalesce(json_agg(name), '[]') FROM models WHERE NOT removed) AS declared,
   (SELECT coalesce(json_agg(r), '[]') FROM (
-     SELECT replica_id, model, address, port, weight, target_waiting, kv_ceiling, draining
-     FROM routing_table) r) AS routes,
+     SELECT t.replica_id, t.model, t.address, t.port, t.weight, t.target_waiting,
+            t.kv_ceiling, t.draining, coalesce(n.remote_address, '') AS agent_address
+     FROM routing_table t LEFT JOIN nodes n ON n.id = t.node_id) r) AS routes,
   (SELECT coalesce(json_agg(k), '[]') FROM (
      SELECT id, name, prefix, secret_hash, models, rpm, tpm
      FROM api_keys WHERE revoked_at IS NULL) k) AS keys
@@ -38,6 +41,7 @@ class RouteRow(msgspec.Struct, frozen=True):
     target_waiting: int
     kv_ceiling: float
     draining: bool
+    agent_address: str = ""
 
 
 class KeyRow(msgspec.Struct, frozen=True):
@@ -87,6 +91,7 @@ def build_snapshot(
                 target_waiting=row.target_waiting,
                 kv_ceiling=row.kv_ceiling,
                 draining=row.draining,
+                agent_address=row.agent_address,
             )
         )
     return GatewaySnapshot(

@@ -159,7 +159,7 @@ async def test_state_is_the_fold_of_what_was_appended(store: EventStore) -> None
     node = unique("gpu-")
     await store.append(f"model-{model}", NO_STREAM, [declared(model)], ALICE)
     await store.append(
-        f"node-{node}", None, [NewEvent(NodeRegistered(node_id=node, address="10.0.0.7"))], ALICE
+        f"node-{node}", None, [NewEvent(NodeRegistered(node_id=node, address="127.0.0.7"))], ALICE
     )
     await store.append(
         f"replica-{model}-1",
@@ -178,7 +178,7 @@ async def test_state_is_the_fold_of_what_was_appended(store: EventStore) -> None
     assert replica.shards[0].phase is ShardPhase.STARTING
     assert replica.shards[0].pid == 42
     assert state.models[model].replicas_created == 1
-    assert state.nodes[node].address == "10.0.0.7"
+    assert state.nodes[node].address == "127.0.0.7"
     assert state.position == await store.last_position()
 
 

@@ -436,13 +436,13 @@ async def test_a_hello_that_loses_the_race_to_register_is_decided_again(
     node_id = new_node_id()
 
     async def rival_registers() -> None:
-        registration = NodeRegistered(node_id=node_id, address="10.0.0.9")
+        registration = NodeRegistered(node_id=node_id, address="127.0.0.9")
         await PostgresEventStore(engine).append(
             node_stream(node_id), NO_STREAM, [NewEvent(registration)], Meta(actor="rival")
         )
 
     service = FleetService(RivalWritesFirst(pg_store, rival_registers))
-    observation = AgentHello(node_id=node_id, hello=hello(node_id), remote_address="10.0.0.7:1")
+    observation = AgentHello(node_id=node_id, hello=hello(node_id), remote_address="127.0.0.7:1")
 
     await service.handle(node_id, observation)
 

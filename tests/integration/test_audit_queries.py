@@ -212,7 +212,7 @@ def expected_answers(story: SeededHistory) -> dict[str, Answer]:
                     utc(3, 4, 9, 30),
                     "gpu-07",
                     "O=llmgw,CN=gpu-12",
-                    "10.0.3.12:50412",
+                    "127.0.3.12:50412",
                     "the certificate names gpu-12, not the node id claimed",
                 )
             ],
@@ -235,10 +235,10 @@ def expected_answers(story: SeededHistory) -> dict[str, Answer]:
         "routable-now": Answer(
             ("replica_id", "model", "node_id", "address", "port", "weight", "draining"),
             [
-                ("llama-3-8b-1", "llama-3-8b", "gpu-07", "10.0.3.7", 20000, 1.0, False),
-                ("llama-3-8b-3", "llama-3-8b", "gpu-07", "10.0.3.7", 20003, 1.0, False),
-                ("qwen-2-7b-1", "qwen-2-7b", "gpu-07", "10.0.3.7", 20001, 1.0, False),
-                ("qwen-2-7b-3", "qwen-2-7b", "gpu-07", "10.0.3.7", 20002, 1.0, False),
+                ("llama-3-8b-1", "llama-3-8b", "gpu-07", "127.0.3.7", 20000, 1.0, False),
+                ("llama-3-8b-3", "llama-3-8b", "gpu-07", "127.0.3.7", 20003, 1.0, False),
+                ("qwen-2-7b-1", "qwen-2-7b", "gpu-07", "127.0.3.7", 20001, 1.0, False),
+                ("qwen-2-7b-3", "qwen-2-7b", "gpu-07", "127.0.3.7", 20002, 1.0, False),
             ],
         ),
     }

@@ -114,14 +114,14 @@ def test_server_node_and_operator_certificates_are_issued_from_the_ca(
 
     server = operator.run(
         "server", "--dir", "ca", "--out", "out", "--host", "llmgw.internal",
-        "--ip", "10.0.0.5", "--ip", "127.0.0.1",
+        "--ip", "127.0.0.5", "--ip", "127.0.0.1",
     )  # fmt: skip
     node = operator.run("node", "gpu-07", "--dir", "ca", "--days", "30")
     person = operator.run("operator", "alice", "--dir", "ca", "--out", "out")
 
     assert (server.code, node.code, person.code) == (0, 0, 0), server.stderr + node.stderr
     assert "llmgw.internal" in server.stdout
-    assert "10.0.0.5, 127.0.0.1" in server.stdout
+    assert "127.0.0.5, 127.0.0.1" in server.stdout
     issued = {
         "out/server": "server",
         "ca/node-gpu-07": "node",
@@ -140,19 +140,19 @@ def test_server_node_and_operator_certificates_are_issued_from_the_ca(
 
 def test_show_describes_a_certificate_in_words_and_in_json(operator: Operator) -> None:
     assert operator.run("init-ca", "--dir", "ca").code == 0
-    assert operator.run("server", "--dir", "ca", "--ip", "10.0.0.5").code == 0
+    assert operator.run("server", "--dir", "ca", "--ip", "127.0.0.5").code == 0
 
     text = operator.run("show", "ca/server.crt")
     as_json = operator.run("show", "ca/server.crt", "--output", "json")
 
     assert text.code == 0, text.stderr
     assert "server certificate" in text.stdout
-    assert "10.0.0.5" in text.stdout
+    assert "127.0.0.5" in text.stdout
     assert "server authentication" in text.stdout
     assert as_json.code == 0, as_json.stderr
     described = json.loads(as_json.stdout)
     assert described["kind"] == "server"
-    assert described["ip_addresses"] == ["10.0.0.5"]
+    assert described["ip_addresses"] == ["127.0.0.5"]
     assert described["expired"] is False
 
 

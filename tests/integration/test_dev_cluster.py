@@ -4,9 +4,10 @@ plane with its gateway, two agents, a demo model and an API key; the next steps 
 every process it started.
 
 The command starts its own PostgreSQL (``LLMGW_DATABASE_URL`` is removed from its
-environment), as it does on a fresh machine, so stopping that cluster is checked too. Its
-state directory is made under /tmp and opened to other users: as root, PostgreSQL runs as
-the ``postgres`` user, which must be able to reach it (pytest's own tmp dirs are private).
+environment), as it does on a fresh machine, so stopping that cluster is checked too; two
+clusters side by side are given databases on the tests' server instead. Each state
+directory is made under /tmp and opened to other users: as root, PostgreSQL runs as the
+``postgres`` user, which must be able to reach it (pytest's own tmp dirs are private).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import pytest
 from agent.engines.records import RecordStore, is_same_process
 from agent.simulator.launcher import free_port
 from tests.support.fleet import is_running, kill_group
+from tests.support.postgres import PostgresServer, unique_database_name
 from tests.support.waiting import wait_until
 
 SERVER = str(Path(sys.executable).parent / "llmgw-server")
@@ -84,11 +86,19 @@ class NextSteps:
 
 @pytest.fixture
 def state_dir() -> Iterator[Path]:
+    with _state_directory() as directory:
+        yield directory
+
+
+@contextlib.contextmanager
+def _state_directory() -> Iterator[Path]:
     directory = Path(tempfile.mkdtemp(prefix="llmgw-dev-", dir="/tmp"))
     directory.chmod(0o755)
-    yield directory
-    _kill_everything_under(directory)
-    shutil.rmtree(directory, ignore_errors=True)
+    try:
+        yield directory
+    finally:
+        _kill_everything_under(directory)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture
@@ -99,6 +109,15 @@ def client_port() -> int:
 @pytest.fixture
 async def dev(state_dir: Path, client_port: int) -> AsyncIterator[asyncio.subprocess.Process]:
     environment = {k: v for k, v in os.environ.items() if k != "LLMGW_DATABASE_URL"}
+    async with _running_dev(state_dir, client_port, environment) as process:
+        yield process
+
+
+@contextlib.asynccontextmanager
+async def _running_dev(
+    state_dir: Path, client_port: int, environment: dict[str, str]
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """``llmgw-server dev`` on ``state_dir`` with listeners of its own, SIGINT at the end."""
     process = await asyncio.create_subprocess_exec(
         *(SERVER, "dev", "--state-dir", str(state_dir)),
         *("--admin-port", str(free_port()), "--agent-port", str(free_port())),
@@ -108,15 +127,17 @@ async def dev(state_dir: Path, client_port: int) -> AsyncIterator[asyncio.subpro
         stderr=asyncio.subprocess.STDOUT,
         env=environment,
     )
-    yield process
-    if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGINT)
-        try:
-            await asyncio.wait_for(process.wait(), STOP_WITHIN_S)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGINT)
+            try:
+                await asyncio.wait_for(process.wait(), STOP_WITHIN_S)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
 
 
 async def test_dev_prints_next_steps_that_work_and_ctrl_c_leaves_no_process(
@@ -168,6 +189,59 @@ async def test_dev_prints_next_steps_that_work_and_ctrl_c_leaves_no_process(
     assert [pid for pid in engine_pids if is_running(pid)] == []
 
 
+async def test_two_dev_clusters_on_one_machine_each_serve_from_engines_of_their_own(
+    postgres_server: PostgresServer,
+) -> None:
+    """Each with its own state directory, listeners and database (on the tests' server,
+    to spare a second PostgreSQL): their engines must never meet on a port."""
+    databases = [unique_database_name("llmgw_dev") for _ in range(2)]
+    for name in databases:
+        await postgres_server.create_database(name)
+    try:
+        with _state_directory() as first_dir, _state_directory() as second_dir:
+            clusters = [
+                (first_dir, free_port(), databases[0]),
+                (second_dir, free_port(), databases[1]),
+            ]
+            async with contextlib.AsyncExitStack() as stack:
+                running = [
+                    await stack.enter_async_context(
+                        _running_dev(
+                            directory,
+                            port,
+                            {**os.environ, "LLMGW_DATABASE_URL": postgres_server.url(database)},
+                        )
+                    )
+                    for directory, port, database in clusters
+                ]
+                printed = await asyncio.wait_for(
+                    asyncio.gather(*(_read_until_next_steps(dev) for dev in running)),
+                    2 * START_WITHIN_S,
+                )
+                engines = []
+                async with httpx.AsyncClient(timeout=10.0) as client:
+                    for steps in map(NextSteps.parse, printed):
+                        answer = await client.post(
+                            steps.curl_url, content=steps.curl_body, headers=steps.curl_headers
+                        )
+                        assert answer.status_code == 200, answer.text
+                        engines.append(await _engine_shards(client, steps.environment))
+                for dev in running:
+                    dev.send_signal(signal.SIGINT)
+                assert [await asyncio.wait_for(dev.wait(), STOP_WITHIN_S) for dev in running] == [
+                    0,
+                    0,
+                ]
+    finally:
+        for name in databases:
+            await postgres_server.drop_database(name)
+
+    first, second = engines
+    assert len(first) == len(second) == 2
+    assert not {port for _, port in first} & {port for _, port in second}, engines
+    assert not {pid for pid, _ in first} & {pid for pid, _ in second}, engines
+
+
 async def _read_until_next_steps(dev: asyncio.subprocess.Process) -> str:
     assert dev.stdout is not None
     printed: list[str] = []
@@ -180,16 +254,23 @@ async def _read_until_next_steps(dev: asyncio.subprocess.Process) -> str:
 
 
 async def _engine_pids(client: httpx.AsyncClient, environment: dict[str, str]) -> list[int]:
+    return [pid for pid, _ in await _engine_shards(client, environment)]
+
+
+async def _engine_shards(
+    client: httpx.AsyncClient, environment: dict[str, str]
+) -> list[tuple[int, int]]:
+    """Pid and port of every shard of the serving replicas of ``demo``."""
     admin = environment["LLMGW_ADMIN_URL"]
     headers = {"authorization": f"Bearer {environment['LLMGW_ADMIN_TOKEN']}"}
     replicas = await client.get(
         f"{admin}/admin/v1/replicas", params={"model": "demo", "phase": "serving"}, headers=headers
     )
-    pids: list[int] = []
+    shards: list[tuple[int, int]] = []
     for replica in replicas.json():
         detail = await client.get(f"{admin}/admin/v1/replicas/{replica['id']}", headers=headers)
-        pids += [shard["pid"] for shard in detail.json()["shards"]]
-    return pids
+        shards += [(shard["pid"], shard["port"]) for shard in detail.json()["shards"]]
+    return shards
 
 
 def _processes_under(directory: Path) -> list[str]:

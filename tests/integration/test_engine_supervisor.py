@@ -2,7 +2,10 @@
 
 The engine is a small HTTP server written into the test's directory and run with this
 interpreter: it serves ``/health`` and ``/v1/models`` on ``$PORT`` after an optional delay,
-or exits with an error, or ignores SIGTERM, and exits with code 7 on ``POST /crash``.
+or exits with an error, or ignores SIGTERM, and exits with code 7 on ``POST /crash``. It
+may serve from a worker it forks (which may start a session of its own), as engines with
+worker processes do. The same script, started by the test rather than the supervisor,
+plays another program that already listens on an engine's port.
 """
 
 from __future__ import annotations
@@ -41,12 +44,14 @@ from agent.engines.records import (
 from tests.support.waiting import wait_until
 
 ENGINE_SOURCE = r"""
-import argparse, http.server, json, os, signal, sys, time
+import argparse, http.server, json, os, signal, sys, threading, time
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--delay", type=float, default=0.0)
 parser.add_argument("--fail-with", type=int)
 parser.add_argument("--ignore-sigterm", action="store_true")
+parser.add_argument("--serve-in-worker", action="store_true")
+parser.add_argument("--worker-session", action="store_true")
 args = parser.parse_args()
 port = int(os.environ["PORT"])
 print(f"engine started pid={os.getpid()} PORT={port}", flush=True)
@@ -67,6 +72,25 @@ def on_sigterm(signum, frame):
 
 signal.signal(signal.SIGTERM, on_sigterm)
 time.sleep(args.delay)
+
+if args.serve_in_worker:
+    worker = os.fork()
+    if worker:
+        def stop_worker(signum, frame):
+            os.kill(worker, signal.SIGTERM)
+            os._exit(0)
+        signal.signal(signal.SIGTERM, stop_worker)
+        os.waitpid(worker, 0)
+        sys.exit(0)
+    if args.worker_session:
+        os.setsid()
+    leader = os.getppid()
+    def exit_when_orphaned():
+        while os.getppid() == leader:
+            time.sleep(0.1)
+        os._exit(0)
+    threading.Thread(target=exit_when_orphaned, daemon=True).start()
+    print(f"worker pid={os.getpid()} serves", flush=True)
 
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
@@ -347,6 +371,106 @@ async def test_a_crash_after_ready_is_reported_at_once(node: Node) -> None:
 
     assert failed.exit_code == 7
     assert failed.log_tail[-1] == "crashing on request"
+
+
+@contextlib.contextmanager
+def another_program_on(port: int, *, answering: Path | None) -> Iterator[subprocess.Popen[bytes]]:
+    """Another program listening on ``port`` on loopback, in a session of its own: the
+    engine script (``answering``: it answers the readiness checks too) or a bare socket."""
+    bare = (
+        "import socket, time\n"
+        "s = socket.socket()\n"
+        "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        f"s.bind(('127.0.0.1', {port}))\n"
+        "s.listen()\n"
+        "time.sleep(120)\n"
+    )
+    argv = [sys.executable, str(answering)] if answering else [sys.executable, "-c", bare]
+    process = subprocess.Popen(
+        argv,
+        env={**os.environ, "PORT": str(port), "CUDA_VISIBLE_DEVICES": ""},
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_listening(port, process)
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+def wait_listening(port: int, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 10.0
+    while True:
+        assert process.poll() is None, "the other program exited"
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return
+        assert time.monotonic() < deadline, f"nothing listens on {port}"
+        time.sleep(0.02)
+
+
+async def test_an_engine_whose_port_another_program_answers_on_fails_and_is_never_ready(
+    node: Node,
+) -> None:
+    agent = node.agent()
+    spec = node.spec("--delay", "30")  # loading its weights: it has not tried to bind yet
+    with another_program_on(spec.port, answering=node.engine_script) as other:
+        record = await agent.supervisor.start(spec)
+        failed = await agent.log.wait_for(spec.key, ShardState.FAILED)
+
+        assert agent.log.states(spec.key) == [ShardState.STARTING, ShardState.FAILED]
+        assert str(failed.error).startswith(
+            f"port {spec.port} is held by pid {other.pid}, not our engine"
+        )
+        assert "received SIGTERM, shutting down" in failed.log_tail
+        assert process_identity(record.pid) is None
+        assert other.poll() is None, "the other program is not the agent's to stop"
+        assert [r.state for r in agent.supervisor.inventory()] == [ShardState.FAILED]
+        assert RecordStore(node.state_dir).load_all() == []
+
+
+async def test_an_engine_that_cannot_bind_names_the_program_holding_its_port(node: Node) -> None:
+    agent = node.agent()
+    spec = node.spec()
+    with another_program_on(spec.port, answering=None) as other:
+        await agent.supervisor.start(spec)
+        failed = await agent.log.wait_for(spec.key, ShardState.FAILED)
+
+    assert agent.log.states(spec.key) == [ShardState.STARTING, ShardState.FAILED]
+    assert str(failed.error).startswith(
+        f"engine exited with code 1; port {spec.port} is held by pid {other.pid}, not our engine"
+    )
+    assert any("Address already in use" in line for line in failed.log_tail)
+
+
+@pytest.mark.parametrize("own_session", [False, True], ids=["same session", "own session"])
+async def test_an_engine_that_serves_from_a_worker_it_forked_is_ready(
+    node: Node, own_session: bool
+) -> None:
+    agent = node.agent()
+    spec = node.spec("--serve-in-worker", *(["--worker-session"] if own_session else []))
+
+    record = await agent.supervisor.start(spec)
+    await agent.log.wait_for(spec.key, ShardState.READY)
+    await agent.supervisor.stop(spec.replica_id, spec.shard_index, grace_s=5.0)
+
+    assert "serves" in node.engine_log(record)
+    assert agent.log.states(spec.key) == [ShardState.STARTING, ShardState.READY, ShardState.STOPPED]
+
+
+async def test_a_reattached_engine_serving_from_a_worker_is_ready_again(node: Node) -> None:
+    first_agent = node.agent()
+    spec = node.spec("--serve-in-worker")
+    record = await first_agent.supervisor.start(spec)
+    await first_agent.log.wait_for(spec.key, ShardState.READY)
+    await first_agent.supervisor.shutdown()
+
+    second_agent = node.agent()
+    assert [r.pid for r in await second_agent.supervisor.reattach()] == [record.pid]
+
+    await second_agent.log.wait_for(spec.key, ShardState.READY)
+    assert second_agent.log.states(spec.key) == [ShardState.STARTING, ShardState.READY]
 
 
 async def test_a_failed_shard_can_be_stopped_and_started_again(node: Node) -> None:

@@ -93,6 +93,23 @@ async def test_serving_replicas_are_routed_and_a_model_scaled_to_zero_leaves_the
     assert [r.replica_id for r in source.current().routes[other]] == [kept]
 
 
+async def test_each_route_carries_the_address_its_nodes_agent_connected_from(
+    pg_store: PostgresEventStore, source: PostgresSnapshotSource
+) -> None:
+    model = name()
+    await connect_node(pg_store, "gpu-1", "127.0.0.1")
+    await connect_node(pg_store, "gpu-2", "127.0.0.2", connected_from="127.0.0.9:51234")
+    await declare_model(pg_store, model, replicas=2)
+    await serve_replica(pg_store, model, 1, "gpu-1", 21001)
+    await serve_replica(pg_store, model, 2, "gpu-2", 21002)
+
+    await wait_until(lambda: len(source.current().routes.get(model, ())) == 2, within_s=1.0)
+    assert [r.agent_address for r in source.current().routes[model]] == [
+        "127.0.0.1:44300",
+        "127.0.0.9:51234",
+    ]
+
+
 async def test_what_a_gateway_has_in_flight_reaches_the_reconciler_until_it_closes(
     engine: AsyncEngine, database_url: str
 ) -> None:

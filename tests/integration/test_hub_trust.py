@@ -13,6 +13,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
+from app.domain.egress import EngineNetworks
 from app.domain.events import NodeRefused, node_stream
 from app.domain.revocations import PresentedCertificate
 from app.fleet.budget import MessageBudget
@@ -112,19 +113,35 @@ async def test_the_address_a_connection_comes_from_needs_no_naming(
     assert pg_store.state.nodes[node_id].address == LOOPBACK
 
 
-async def test_a_host_name_the_certificate_names_is_accepted_whatever_its_case(
-    hub: AgentHub, pki: Pki, pg_store: PostgresEventStore
+async def test_a_host_name_the_certificate_names_is_accepted_where_the_networks_list_it(
+    run_hub: RunHub, pki: Pki, pg_store: PostgresEventStore
 ) -> None:
     node_id = new_node_id()
     context = pki.client(
         lambda key: issue_node(pki.ca, key, node_id, pki.now, 1, hosts=["gpu-7.example.test"])
     )
-    async with dial(hub, context) as agent:
+    networks = EngineNetworks.parse("127.0.0.0/8,gpu-7.example.test")
+    async with run_hub(engine_networks=networks) as hub, dial(hub, context) as agent:
         await say(agent, msgspec.structs.replace(hello(node_id), address="GPU-7.example.test"))
         await wait_until(
             stream_is(pg_store, node_stream(node_id), ["node_registered", "node_connected"])
         )
     assert pg_store.state.nodes[node_id].address == "GPU-7.example.test"
+
+
+async def test_a_vouched_address_the_gateway_may_not_contact_is_refused_at_hello(
+    run_hub: RunHub, pki: Pki, pg_store: PostgresEventStore
+) -> None:
+    """The certificate names 127.0.0.7, but the engine networks are 127.0.0.1 alone: the
+    gateway would never route there, so the node hears why at once."""
+    node_id = new_node_id()
+    networks = EngineNetworks.parse("127.0.0.1/32")
+    async with run_hub(engine_networks=networks) as hub, dial(hub, pki.node(node_id)) as agent:
+        await say(agent, hello(node_id))
+        assert await close_code(agent) == 1008
+    await wait_until(stream_is(pg_store, node_stream(node_id), ["node_refused"]))
+    [refusal] = await refusals(pg_store, node_id)
+    assert "outside the engine networks the gateway may contact" in refusal.reason
 
 
 IMPOSSIBLE = {

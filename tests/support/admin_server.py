@@ -173,7 +173,7 @@ async def seed_node(
 ) -> None:
     """A node that registered and is connected, with ``gpus`` healthy H100s."""
     inventory = tuple(gpu(i) for i in range(gpus))
-    address = "10.0.0.7"
+    address = "127.0.0.7"
     await record(
         store,
         f"agent:{node_id}",

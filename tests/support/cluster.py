@@ -50,6 +50,8 @@ ENGINE_PORTS_PER_NODE = 20
 ENGINE_PORTS_FROM = (10000, 30000)
 """Every agent runs on 127.0.0.1, so each node gets engine ports of its own, below the
 ephemeral ports the kernel hands out for connections."""
+ENGINE_NETWORKS = "127.0.0.0/8"
+"""Where the servers and gateways may contact engines: every engine here is on loopback."""
 
 
 @dataclass(frozen=True)
@@ -379,6 +381,7 @@ class Cluster:
                     *("--admin-tokens", f"{ADMIN_TOKEN_NAME}:{ADMIN_TOKEN}"),
                     *("--tls-cert", str(self.pki.server_certificate)),
                     *("--tls-key", str(self.pki.server_key), "--tls-ca", str(self.pki.ca)),
+                    *("--engine-networks", ENGINE_NETWORKS),
                     *self.settings.flags(),
                 ],
                 stdin=subprocess.DEVNULL,
@@ -413,6 +416,7 @@ class Cluster:
                     "gateway",
                     *("--database-url", self.database_url, "--gateway-id", gateway_id),
                     *("--host", LOOPBACK, "--port", str(port)),
+                    *("--engine-networks", ENGINE_NETWORKS),
                     *("--refresh-interval", str(refresh_interval_s)),
                     *("--queue-timeout", str(queue_timeout_s)),
                 ],

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import uvloop
 
+from app.domain.egress import EngineNetworks
 from app.domain.keys import format_key, hash_key
 from app.gateway.server import Gateway, StaticSource
 from app.gateway.table import GatewaySnapshot, KeyRecord, Route
@@ -27,6 +28,8 @@ from app.gateway.table import GatewaySnapshot, KeyRecord, Route
 T = TypeVar("T")
 
 START_TIMEOUT_S = 20.0
+LOOPBACK_ENGINES = EngineNetworks.parse("127.0.0.0/8")
+"""Every engine a test starts listens on loopback: the gateway may contact nothing else."""
 
 
 def new_key(
@@ -63,7 +66,13 @@ def snapshot_of(
 class GatewayThread:
     def __init__(self, source: StaticSource, **options: Any) -> None:
         self.source = source
-        self._options = {"port": 0, "graceful_shutdown_s": 1, "log_requests": False, **options}
+        self._options = {
+            "port": 0,
+            "graceful_shutdown_s": 1,
+            "log_requests": False,
+            "engine_networks": LOOPBACK_ENGINES,
+            **options,
+        }
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._run, name="gateway", daemon=True)
         self._started: Future[Gateway] = Future()

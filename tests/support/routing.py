@@ -42,14 +42,20 @@ async def declare_model(store: PostgresEventStore, model: str, replicas: int = 1
     await _append(store, model_stream(model), OPERATOR, ModelDeclared(model=model, spec=spec))
 
 
-async def connect_node(store: PostgresEventStore, node_id: str, address: str) -> None:
+async def connect_node(
+    store: PostgresEventStore, node_id: str, address: str, *, connected_from: str | None = None
+) -> None:
+    """Record ``node_id`` registered and connected, advertising ``address``; its agent's
+    connection came from ``connected_from`` (``host:port``), by default from ``address``."""
     agent = Meta(actor=f"agent:{node_id}")
+    if connected_from is None:
+        connected_from = f"[{address}]:44300" if ":" in address else f"{address}:44300"
     await _append(
         store,
         node_stream(node_id),
         agent,
         NodeRegistered(node_id=node_id, address=address),
-        NodeConnected(node_id=node_id, address=address),
+        NodeConnected(node_id=node_id, address=address, remote_address=connected_from),
     )
 
 

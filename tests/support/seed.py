@@ -103,7 +103,7 @@ QWEN = ModelSpec(
     replicas=1,
     startup_timeout_s=300,
 )
-NODES = {"gpu-07": "10.0.3.7", "gpu-08": "10.0.3.8"}
+NODES = {"gpu-07": "127.0.3.7", "gpu-08": "127.0.3.8"}
 DRAIN_REQUESTED_AT = datetime(2026, 3, 5, 16, 0, tzinfo=UTC)
 
 
@@ -348,7 +348,7 @@ async def _an_identity_is_refused(record: _Recorder) -> None:
         IdentityRejected(
             claimed_node_id="gpu-07",
             certificate_subject="O=llmgw,CN=gpu-12",
-            remote_address="10.0.3.12:50412",
+            remote_address="127.0.3.12:50412",
             reason="the certificate names gpu-12, not the node id claimed",
         ),
     )

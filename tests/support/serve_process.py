@@ -54,6 +54,7 @@ def _start(
                 *("--database-url", database_url),
                 *admin_flags,
                 *("--agent-host", LOOPBACK, "--agent-port", str(free_port()), "--no-gateway"),
+                *("--engine-networks", "127.0.0.0/8"),
                 *("--tls-cert", str(certificate), "--tls-key", str(key), "--tls-ca", str(pki.ca)),
             ],
             stdout=output,

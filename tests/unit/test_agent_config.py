@@ -33,7 +33,7 @@ def node_files(tmp_path: Path) -> Path:
 def flags(files: Path, **overrides: Any) -> AgentSettings:
     """Complete flags, with ``overrides`` (values of several field types) replacing some."""
     complete = AgentSettings(
-        servers=("wss://10.0.0.5:8443",),
+        servers=("wss://127.0.0.5:8443",),
         node_id="gpu-07",
         cert=files / "node.crt",
         key=files / "node.key",
@@ -54,7 +54,7 @@ def write_config(directory: Path, text: str) -> Path:
 def test_a_flag_beats_the_environment_which_beats_the_file(node_files: Path) -> None:
     config_file = write_config(
         node_files,
-        'node_id = "from-file"\naddress = "10.0.0.9"\nlog_level = "warning"\n'
+        'node_id = "from-file"\naddress = "127.0.0.9"\nlog_level = "warning"\n'
         'labels = { zone = "file" }\n',
     )
     environ = {
@@ -67,7 +67,7 @@ def test_a_flag_beats_the_environment_which_beats_the_file(node_files: Path) -> 
 
     assert config.node_id == "from-flag"
     assert config.log_level == "debug"
-    assert config.address == "10.0.0.9"
+    assert config.address == "127.0.0.9"
     assert config.labels == {"zone": "env", "rack": "7"}, "a list is replaced, never merged"
     assert config.port_range == DEFAULT_PORT_RANGE
 
@@ -79,7 +79,7 @@ def test_everything_can_come_from_a_file_named_by_the_environment(tmp_path: Path
         (folder / name).write_text("PEM\n")
     config_file = write_config(
         folder,
-        'servers = ["wss://cp-1:8443", "wss://[fd00::5]/agent"]\nnode_id = "gpu-07"\n'
+        'servers = ["wss://cp-1:8443", "wss://[::1]/agent"]\nnode_id = "gpu-07"\n'
         'cert = "gpu-07.crt"\nkey = "gpu-07.key"\nca = "ca.crt"\nstate_dir = "state"\n'
         'fake_gpus = "4x80GB"\nport_range = [21000, 21099]\nreconnect_max_delay = 5\n',
     )
@@ -88,7 +88,7 @@ def test_everything_can_come_from_a_file_named_by_the_environment(tmp_path: Path
 
     assert config.servers == (
         ServerAddress("wss://cp-1:8443", "cp-1", 8443),
-        ServerAddress("wss://[fd00::5]/agent", "fd00::5", 443),
+        ServerAddress("wss://[::1]/agent", "::1", 443),
     )
     assert config.cert == folder / "gpu-07.crt", "relative paths are read from the file's folder"
     assert config.state_dir == folder / "state"
@@ -139,7 +139,7 @@ def test_the_state_directory_defaults_by_who_runs_the_agent(
     ("overrides", "message"),
     [
         ({"servers": None}, "--server wss://HOST:PORT is required (or LLMGW_AGENT_SERVERS"),
-        ({"servers": ("ws://10.0.0.5:8443",)}, "the agent channel always uses TLS"),
+        ({"servers": ("ws://127.0.0.5:8443",)}, "the agent channel always uses TLS"),
         ({"servers": ("wss://:8443",)}, "no host"),
         ({"servers": ("wss://cp:99999",)}, "--server 'wss://cp:99999'"),
         ({"node_id": "gpu 7"}, "--node-id: invalid node id 'gpu 7'"),
@@ -204,12 +204,12 @@ def test_a_usage_error_exits_2_with_the_reason_on_stderr(
     node_files: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code = app(
-        ["--server", "ws://10.0.0.5:8443", "--node-id", "gpu-07"],
+        ["--server", "ws://127.0.0.5:8443", "--node-id", "gpu-07"],
         result_action="return_value",
     )
 
     assert code == EXIT_USAGE
-    assert "llmgw-agent: --server 'ws://10.0.0.5:8443'" in capsys.readouterr().err
+    assert "llmgw-agent: --server 'ws://127.0.0.5:8443'" in capsys.readouterr().err
 
 
 def test_fake_gpus_are_marked_unhealthy_and_cleared_in_the_state_directory(

@@ -84,7 +84,7 @@ def a_config(tmp_path: Path) -> AgentConfig:
         fake_gpus="2x80GB",
         state_dir=tmp_path,
         labels={"zone": "a"},
-        address="10.0.0.7",
+        address="127.0.0.7",
         port_range=(20000, 20999),
         log_level="info",
     )
@@ -113,7 +113,7 @@ def test_hello_carries_the_gpu_snapshot_and_every_shard(tmp_path: Path) -> None:
         [a_record(ShardState.STARTING)],
     )
 
-    assert (hello.node_id, hello.address, hello.labels) == ("gpu-07", "10.0.0.7", {"zone": "a"})
+    assert (hello.node_id, hello.address, hello.labels) == ("gpu-07", "127.0.0.7", {"zone": "a"})
     assert hello.port_range == (20000, 20999)
     assert hello.gpus == (
         GpuReport(

@@ -45,7 +45,7 @@ HELLO = Hello(
     protocol_version=PROTOCOL_VERSION,
     node_id="gpu-1",
     agent_version="0.1.0",
-    address="10.0.0.7",
+    address="127.0.0.7",
     port_range=(20000, 20999),
 )
 

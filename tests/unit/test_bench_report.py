@@ -35,7 +35,9 @@ PLAN = BenchPlan(
     max_concurrency=64,
     precision=0.0,
 )
-TARGET = TargetView(url="http://10.0.0.7:8001", model=None, replica_id="llama-2", api="completions")
+TARGET = TargetView(
+    url="http://127.0.0.7:8001", model=None, replica_id="llama-2", api="completions"
+)
 
 
 def measured(concurrency: int, ttft_s: float, tokens_per_s: float) -> LevelFigures:
@@ -63,7 +65,7 @@ def measured(concurrency: int, ttft_s: float, tokens_per_s: float) -> LevelFigur
 def run_against(levels: dict[int, tuple[float, float]]) -> BenchRun:
     """A run whose climb measured the levels it asked for from ``levels``."""
     run = BenchRun.planned(PLAN)
-    run.engine = Engine("http://10.0.0.7:8001", "llama", ignore_eos=True)
+    run.engine = Engine("http://127.0.0.7:8001", "llama", ignore_eos=True)
     while (level := run.climb.next_level) is not None and level in levels:
         figures = measured(level, *levels[level])
         run.levels.append(figures)

@@ -10,18 +10,18 @@ from cli.bench.target import Engine, engine_root
 @pytest.mark.parametrize(
     ("given", "root"),
     [
-        ("http://10.0.0.7:8001", "http://10.0.0.7:8001"),
-        ("http://10.0.0.7:8001/", "http://10.0.0.7:8001"),
-        ("http://10.0.0.7:8001/v1", "http://10.0.0.7:8001"),
+        ("http://127.0.0.7:8001", "http://127.0.0.7:8001"),
+        ("http://127.0.0.7:8001/", "http://127.0.0.7:8001"),
+        ("http://127.0.0.7:8001/v1", "http://127.0.0.7:8001"),
         ("https://engines.internal/llama/v1/", "https://engines.internal/llama"),
-        ("http://[fd00::7]:8001/v1", "http://[fd00::7]:8001"),
+        ("http://[::1]:8001/v1", "http://[::1]:8001"),
     ],
 )
 def test_an_openai_base_url_and_the_engine_root_are_the_same_engine(given: str, root: str) -> None:
     assert engine_root(given) == root
 
 
-@pytest.mark.parametrize("given", ["10.0.0.7:8001", "ftp://host/v1", "http://"])
+@pytest.mark.parametrize("given", ["127.0.0.7:8001", "ftp://host/v1", "http://"])
 def test_a_url_that_names_no_http_server_is_refused(given: str) -> None:
     with pytest.raises(ValueError, match="expected http://HOST:PORT"):
         engine_root(given)

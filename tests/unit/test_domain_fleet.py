@@ -76,8 +76,8 @@ def gpu(index: int, *, healthy: bool = True, reason: str | None = None) -> GpuIn
 def inventory(*gpus: GpuInfo, node_id: str = NODE) -> AgentInventory:
     return AgentInventory(
         node_id=node_id,
-        address="10.0.0.7",
-        remote_address="10.0.0.7:51234",
+        address="127.0.0.7",
+        remote_address="127.0.0.7:51234",
         labels={"zone": "a"},
         gpus=gpus,
         port_range=(20000, 20099),
@@ -88,8 +88,8 @@ def inventory(*gpus: GpuInfo, node_id: str = NODE) -> AgentInventory:
 def connected(*gpus: GpuInfo, replaced_previous: bool = False) -> NodeConnected:
     return NodeConnected(
         node_id=NODE,
-        address="10.0.0.7",
-        remote_address="10.0.0.7:51234",
+        address="127.0.0.7",
+        remote_address="127.0.0.7:51234",
         labels={"zone": "a"},
         gpus=gpus,
         agent_version="1.2.0",
@@ -101,7 +101,7 @@ def connected(*gpus: GpuInfo, replaced_previous: bool = False) -> NodeConnected:
 def registered(*gpus: GpuInfo) -> NodeRegistered:
     return NodeRegistered(
         node_id=NODE,
-        address="10.0.0.7",
+        address="127.0.0.7",
         labels={"zone": "a"},
         gpus=gpus,
         agent_version="1.2.0",
@@ -364,7 +364,7 @@ def test_an_identity_mismatch_is_recorded_on_the_claimed_nodes_stream() -> None:
     claim = IdentityClaim(
         claimed_node_id="gpu-9",
         certificate_subject="O=llmgw,OU=node,CN=gpu-1",
-        remote_address="10.0.0.8:40000",
+        remote_address="127.0.0.8:40000",
         reason="certificate common name 'gpu-1' does not match node id 'gpu-9'",
     )
 
@@ -374,7 +374,7 @@ def test_an_identity_mismatch_is_recorded_on_the_claimed_nodes_stream() -> None:
             IdentityRejected(
                 claimed_node_id="gpu-9",
                 certificate_subject="O=llmgw,OU=node,CN=gpu-1",
-                remote_address="10.0.0.8:40000",
+                remote_address="127.0.0.8:40000",
                 reason="certificate common name 'gpu-1' does not match node id 'gpu-9'",
             ),
         )

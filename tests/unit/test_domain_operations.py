@@ -106,8 +106,8 @@ def gpu(index: int, *, healthy: bool = True) -> GpuInfo:
 
 def node(node_id: str, *gpus: GpuInfo) -> tuple[NodeRegistered, NodeConnected]:
     return (
-        NodeRegistered(node_id=node_id, address="10.0.0.7", gpus=gpus),
-        NodeConnected(node_id=node_id, address="10.0.0.7", gpus=gpus),
+        NodeRegistered(node_id=node_id, address="127.0.0.7", gpus=gpus),
+        NodeConnected(node_id=node_id, address="127.0.0.7", gpus=gpus),
     )
 
 

@@ -7,8 +7,12 @@ from datetime import UTC, datetime
 import msgspec
 import pytest
 
-from app.fleet.claims import address_refusal, inventory_refusal, parse_ip
+from app.domain.egress import EngineNetworks
+from app.fleet.claims import address_refusal, inventory_refusal
 from app.fleet.messages import PROTOCOL_VERSION, GpuReport, Hello, ShardReport
+
+ANYWHERE = EngineNetworks.parse("0.0.0.0/0,::/0,gpu-7.internal,gpu-8.internal")
+"""Engine networks that allow whatever is vouched for, to look at vouching alone."""
 
 
 def vouched(
@@ -18,7 +22,10 @@ def vouched(
     dns: tuple[str, ...] = (),
     ips: tuple[str, ...] = (),
 ) -> bool:
-    return address_refusal(advertised, remote_host=remote, dns_names=dns, ip_addresses=ips) is None
+    refusal = address_refusal(
+        advertised, remote_host=remote, dns_names=dns, ip_addresses=ips, engine_networks=ANYWHERE
+    )
+    return refusal is None
 
 
 def test_the_address_the_connection_comes_from_is_vouched_for_by_the_connection() -> None:
@@ -48,10 +55,28 @@ def test_a_host_name_is_never_resolved_only_compared() -> None:
     assert not vouched("localhost")  # it resolves to 127.0.0.1, the remote: still refused
 
 
-def test_ip_parsing_accepts_brackets_and_unwraps_mapped_addresses() -> None:
-    assert str(parse_ip("[::1]")) == "::1"
-    assert str(parse_ip("::ffff:10.0.0.1")) == "10.0.0.1"
-    assert parse_ip("gpu-7") is None
+def test_a_vouched_address_outside_the_engine_networks_is_refused_too() -> None:
+    reason = address_refusal(
+        "127.0.0.5",
+        remote_host="127.0.0.1",
+        dns_names=(),
+        ip_addresses=("127.0.0.5",),
+        engine_networks=EngineNetworks.parse("127.0.0.1/32"),
+    )
+    assert reason == (
+        "advertised address '127.0.0.5' is outside the engine networks the gateway may "
+        "contact (--engine-networks: 127.0.0.1/32)"
+    )
+
+
+def test_by_default_only_the_connection_s_own_address_is_within_the_engine_networks() -> None:
+    named = {"dns_names": (), "ip_addresses": ("127.0.0.5",)}
+    assert address_refusal("127.0.0.5", remote_host="127.0.0.1", **named) is None  # loopback
+    refusal = address_refusal(
+        "10.20.0.5", remote_host="10.20.0.9", dns_names=(), ip_addresses=("10.20.0.5",)
+    )
+    assert refusal is not None
+    assert "the default of --engine-networks: 10.20.0.9/32" in refusal
 
 
 def gpu(index: int, **changes: object) -> GpuReport:

@@ -31,7 +31,7 @@ HELLO = Hello(
     protocol_version=PROTOCOL_VERSION,
     node_id="gpu-1",
     agent_version="0.1.0",
-    address="10.0.0.7",
+    address="127.0.0.7",
     port_range=(20000, 20999),
 )
 START = StartShard(
@@ -89,7 +89,7 @@ def connect(now: float, commands: CommandLedger | None = None) -> Link:
     )
     server = AgentSession(
         peer=PeerCertificate(common_name="gpu-1", subject="CN=gpu-1,O=llmgw", kind="node"),
-        remote_address="10.0.0.7:40000",
+        remote_address="127.0.0.7:40000",
         require_identity=True,
         heartbeat_interval_s=1.0,
         heartbeat_timeout_s=3.0,
@@ -105,7 +105,7 @@ def connect(now: float, commands: CommandLedger | None = None) -> Link:
 def test_an_agent_connects_runs_a_command_and_stays_connected() -> None:
     link = connect(now=0.0)
     assert link.observed == [
-        AgentHello(node_id="gpu-1", hello=HELLO, remote_address="10.0.0.7:40000")
+        AgentHello(node_id="gpu-1", hello=HELLO, remote_address="127.0.0.7:40000")
     ]
     assert link.agent.welcome is not None
     assert link.agent.welcome.epoch == 7

@@ -447,7 +447,7 @@ def _hello(
         protocol_version=protocol_version,
         node_id="gpu-1",
         agent_version="0.1.0",
-        address="10.0.0.7",
+        address="127.0.0.7",
         labels={"zone": "a"},
         port_range=(20000, 20999),
         gpus=(

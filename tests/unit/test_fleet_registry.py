@@ -85,7 +85,7 @@ def test_an_agent_that_reconnects_keeps_the_node_connected() -> None:
 def _session(now: float) -> AgentSession:
     return AgentSession(
         peer=PeerCertificate(common_name="gpu-1", subject="CN=gpu-1", kind="node"),
-        remote_address="10.0.0.7:5000",
+        remote_address="127.0.0.7:5000",
         require_identity=True,
         heartbeat_interval_s=5.0,
         heartbeat_timeout_s=15.0,
@@ -100,6 +100,6 @@ def _hello() -> Hello:
         protocol_version=PROTOCOL_VERSION,
         node_id="gpu-1",
         agent_version="0.1.0",
-        address="10.0.0.7",
+        address="127.0.0.7",
         port_range=(20000, 20999),
     )

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
+from app.domain.egress import EngineNetworks
 from app.fleet.budget import MessageBudget
 from app.fleet.errors import SessionStateError
 from app.fleet.messages import (
@@ -46,12 +47,16 @@ from app.fleet.session import (
 
 INTERVAL_S = 5.0
 TIMEOUT_S = 15.0
-REMOTE = "10.0.0.7:51234"
+REMOTE = "127.0.0.7:51234"
 NODE_CERT = PeerCertificate(common_name="gpu-1", subject="CN=gpu-1,O=llmgw", kind="node")
 
 
 def new_session(
-    *, peer: PeerCertificate | None = NODE_CERT, require_identity: bool = True, now: float = 0.0
+    *,
+    peer: PeerCertificate | None = NODE_CERT,
+    require_identity: bool = True,
+    now: float = 0.0,
+    engine_networks: EngineNetworks | None = None,
 ) -> AgentSession:
     return AgentSession(
         peer=peer,
@@ -62,6 +67,7 @@ def new_session(
         server_id="cp-a",
         epoch=3,
         now=now,
+        engine_networks=engine_networks,
     )
 
 
@@ -70,7 +76,7 @@ def hello(node_id: str = "gpu-1", protocol_version: int = PROTOCOL_VERSION) -> H
         protocol_version=protocol_version,
         node_id=node_id,
         agent_version="0.1.0",
-        address="10.0.0.7",
+        address="127.0.0.7",
         port_range=(20000, 20999),
     )
 
@@ -419,12 +425,15 @@ def test_the_welcome_on_the_wire_is_plain_json() -> None:
 # -- what a hello may claim, and the budget ------------------------------------------------
 
 
-def refused(reason: str, node_id: str = "gpu-1") -> Observe:
-    return Observe(
-        ConnectionRefused(
-            node_id=node_id, remote_address=REMOTE, certificate_serial="", reason=reason
-        )
+def refused(reason: str, *, over_budget: bool = False) -> Observe:
+    refusal = ConnectionRefused(
+        node_id="gpu-1",
+        remote_address=REMOTE,
+        certificate_serial="",
+        reason=reason,
+        over_budget=over_budget,
     )
+    return Observe(refusal)
 
 
 def test_a_hello_advertising_an_address_nobody_vouched_for_is_refused_and_reported() -> None:
@@ -444,8 +453,9 @@ def test_a_hello_advertising_an_address_nobody_vouched_for_is_refused_and_report
 
 def test_an_address_the_certificate_names_is_accepted_though_the_connection_differs() -> None:
     peer = replace(NODE_CERT, ip_addresses=("10.20.0.7",), dns_names=("gpu-1.internal",))
+    networks = EngineNetworks.parse("10.20.0.0/16,gpu-1.internal")
     for address in ("10.20.0.7", "gpu-1.internal"):
-        session = new_session(peer=peer)
+        session = new_session(peer=peer, engine_networks=networks)
         session.receive(encode(replace(hello(), address=address)), now=1.0)
         assert session.state is SessionState.ACTIVE
 
@@ -483,7 +493,11 @@ def test_a_connection_over_its_budget_is_closed_reported_gone_and_refused_once()
     outputs = session.receive(encode(Heartbeat(seq=3)), 0.0)
 
     reason = "over the message budget: more than 1 messages a second (bursts of 3)"
-    assert outputs == [Close(CloseCode.POLICY_VIOLATION, reason), gone(reason), refused(reason)]
+    assert outputs == [
+        Close(CloseCode.POLICY_VIOLATION, reason),
+        gone(reason),
+        refused(reason, over_budget=True),
+    ]
     assert session.receive(encode(Heartbeat(seq=4)), 0.0) == []
 
 

@@ -186,7 +186,7 @@ def test_scaling_tuning_and_removal_change_what_the_model_asks_for() -> None:
 
 
 def test_nodes_drain_and_gpus_fail_and_recover() -> None:
-    connected = NodeConnected(node_id="gpu-1", address="10.0.0.1", gpus=(GPU,))
+    connected = NodeConnected(node_id="gpu-1", address="127.0.0.1", gpus=(GPU,))
     state = replay(
         log_of(
             connected,
@@ -213,7 +213,7 @@ def test_a_rejected_identity_changes_nothing() -> None:
             IdentityRejected(
                 claimed_node_id="gpu-2",
                 certificate_subject="CN=gpu-1,OU=node",
-                remote_address="10.0.0.9",
+                remote_address="127.0.0.9",
                 reason="certificate is for gpu-1",
             )
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from app.store.gateway_snapshot import KeyRow, RouteRow, build_snapshot, engine_url
 
 
-def route(replica_id: str, model: str, address: str = "10.0.0.7", port: int = 20001) -> RouteRow:
+def route(replica_id: str, model: str, address: str = "127.0.0.7", port: int = 20001) -> RouteRow:
     return RouteRow(
         replica_id=replica_id,
         model=model,
@@ -19,10 +19,10 @@ def route(replica_id: str, model: str, address: str = "10.0.0.7", port: int = 20
 
 
 def test_engine_urls_use_the_registered_address_with_ipv6_in_brackets() -> None:
-    assert engine_url("10.0.0.7", 20001) == "http://10.0.0.7:20001"
+    assert engine_url("127.0.0.7", 20001) == "http://127.0.0.7:20001"
     assert engine_url("gpu-7.internal", 20001) == "http://gpu-7.internal:20001"
-    assert engine_url("fd00::7", 20001) == "http://[fd00::7]:20001"
-    assert engine_url("[fd00::7]", 20001) == "http://[fd00::7]:20001"
+    assert engine_url("::1", 20001) == "http://[::1]:20001"
+    assert engine_url("[::1]", 20001) == "http://[::1]:20001"
 
 
 def test_routes_are_grouped_by_model_in_replica_order_and_keys_by_prefix() -> None:
@@ -46,7 +46,7 @@ def test_routes_are_grouped_by_model_in_replica_order_and_keys_by_prefix() -> No
     assert "idle" not in snapshot.routes
     first = snapshot.routes["llama"][0]
     assert (first.url, first.weight, first.target_waiting, first.kv_ceiling) == (
-        "http://10.0.0.7:20001",
+        "http://127.0.0.7:20001",
         2.0,
         3,
         0.7,

@@ -86,14 +86,14 @@ def test_a_server_certificate_names_every_host_and_ip_as_sans(ca: CertificateAut
         ca,
         generate_key(),
         hosts=["llmgw.internal", "localhost"],
-        ips=[IP("10.0.0.5"), IP("::1")],
+        ips=[IP("127.0.0.5"), IP("::1")],
         now=NOW,
         days=825,
     )
 
     sans = extension(certificate, x509.SubjectAlternativeName).value
     assert sans.get_values_for_type(x509.DNSName) == ["llmgw.internal", "localhost"]
-    assert sans.get_values_for_type(x509.IPAddress) == [IP("10.0.0.5"), IP("::1")]
+    assert sans.get_values_for_type(x509.IPAddress) == [IP("127.0.0.5"), IP("::1")]
     assert attribute(certificate, NameOID.COMMON_NAME) == "llmgw.internal"
     assert attribute(certificate, NameOID.ORGANIZATIONAL_UNIT_NAME) == "server"
     assert list(extension(certificate, x509.ExtendedKeyUsage).value) == [
@@ -101,7 +101,7 @@ def test_a_server_certificate_names_every_host_and_ip_as_sans(ca: CertificateAut
     ]
     assert certificate.not_valid_before_utc == NOW - SKEW
     assert certificate.not_valid_after_utc == NOW + timedelta(days=825)
-    for dialled in ("llmgw.internal", "localhost", "10.0.0.5", "::1"):
+    for dialled in ("llmgw.internal", "localhost", "127.0.0.5", "::1"):
         verify_as_server(ca, certificate, dialled)
 
 
@@ -217,7 +217,7 @@ def test_names_with_dots_underscores_and_dashes_up_to_63_characters_are_accepted
 
 def test_an_ip_passed_as_a_host_is_refused_with_a_pointer_to_ip(ca: CertificateAuthority) -> None:
     with pytest.raises(InvalidRequest, match="pass it with --ip"):
-        issue_server(ca, generate_key(), ["10.0.0.5"], [], NOW, 825)
+        issue_server(ca, generate_key(), ["127.0.0.5"], [], NOW, 825)
 
 
 @pytest.mark.parametrize("host", ["-bad.example", "bad_host", "a..b", "x" * 64 + ".com"])

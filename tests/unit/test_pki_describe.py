@@ -58,14 +58,14 @@ def test_a_node_certificate_is_described_in_words(ca: CertificateAuthority) -> N
 
 def test_a_server_certificate_lists_its_sans(ca: CertificateAuthority) -> None:
     certificate = issue_server(
-        ca, generate_key(), ["llmgw.internal"], [ipaddress.ip_address("10.0.0.5")], NOW, 825
+        ca, generate_key(), ["llmgw.internal"], [ipaddress.ip_address("127.0.0.5")], NOW, 825
     )
 
     description = describe(certificate, NOW)
 
     assert description.kind is CertificateKind.SERVER
     assert description.dns_names == ("llmgw.internal",)
-    assert description.ip_addresses == ("10.0.0.5",)
+    assert description.ip_addresses == ("127.0.0.5",)
     assert description.extended_key_usages == ("server authentication",)
 
 

@@ -65,16 +65,16 @@ def test_a_dialled_ip_missing_from_the_sans_is_named_with_the_sans_and_the_fix(
     server_certificate: x509.Certificate,
 ) -> None:
     error = verification_error(
-        IP_ADDRESS_MISMATCH, "IP address mismatch, certificate is not valid for '10.0.0.5'."
+        IP_ADDRESS_MISMATCH, "IP address mismatch, certificate is not valid for '127.0.0.5'."
     )
 
-    message = explain_tls_failure(error, "10.0.0.5", server_certificate)
+    message = explain_tls_failure(error, "127.0.0.5", server_certificate)
 
-    assert "not valid for 10.0.0.5" in message
+    assert "not valid for 127.0.0.5" in message
     assert "that IP address is not among its subject alternative names" in message
     assert "DNS:llmgw.internal, IP:127.0.0.2" in message
     assert (
-        "`llmgw-cli cert server --host llmgw.internal --ip 127.0.0.2 --ip 10.0.0.5 --force`"
+        "`llmgw-cli cert server --host llmgw.internal --ip 127.0.0.2 --ip 127.0.0.5 --force`"
         in message
     )
 
@@ -93,20 +93,20 @@ def test_a_dialled_host_missing_from_the_sans_is_added_as_a_host(
 def test_without_the_presented_certificate_the_fix_still_names_the_dialled_ip() -> None:
     error = verification_error(IP_ADDRESS_MISMATCH, "IP address mismatch")
 
-    message = explain_tls_failure(error, "10.0.0.5")
+    message = explain_tls_failure(error, "127.0.0.5")
 
-    assert "not valid for 10.0.0.5" in message
+    assert "not valid for 127.0.0.5" in message
     assert "llmgw-cli cert show server.crt" in message
-    assert "llmgw-cli cert server --ip 10.0.0.5" in message
+    assert "llmgw-cli cert server --ip 127.0.0.5" in message
 
 
 def test_a_bracketed_ipv6_address_is_recognised_as_an_ip() -> None:
     error = verification_error(IP_ADDRESS_MISMATCH, "IP address mismatch")
 
-    message = explain_tls_failure(error, "[fd00::5]")
+    message = explain_tls_failure(error, "[::1]")
 
-    assert "not valid for fd00::5: that IP address" in message
-    assert "--ip fd00::5" in message
+    assert "not valid for ::1: that IP address" in message
+    assert "--ip ::1" in message
 
 
 def test_an_expired_server_certificate_says_when_and_how_to_reissue(
@@ -184,12 +184,12 @@ def test_an_ssl_error_wrapped_by_a_library_is_still_found() -> None:
         except ssl.SSLError as exc:
             raise ConnectionError("handshake failed") from exc
     except ConnectionError as wrapped:
-        message = explain_tls_failure(wrapped, "10.0.0.5")
+        message = explain_tls_failure(wrapped, "127.0.0.5")
 
-    assert "not valid for 10.0.0.5" in message
+    assert "not valid for 127.0.0.5" in message
 
 
 def test_other_errors_are_reported_as_they_are() -> None:
-    message = explain_tls_failure(ConnectionRefusedError(111, "Connection refused"), "10.0.0.5")
+    message = explain_tls_failure(ConnectionRefusedError(111, "Connection refused"), "127.0.0.5")
 
-    assert message == "could not connect to 10.0.0.5: [Errno 111] Connection refused"
+    assert message == "could not connect to 127.0.0.5: [Errno 111] Connection refused"

@@ -38,7 +38,7 @@ SPEC = ModelSpec(
 def test_every_node_is_listed_with_every_reason_and_the_chosen_one_with_why() -> None:
     state = replay(
         log_of(
-            NodeConnected(node_id="gpu-1", address="10.0.0.1", gpus=gpus(4)),
+            NodeConnected(node_id="gpu-1", address="127.0.0.1", gpus=gpus(4)),
             GpuMarkedUnhealthy(
                 node_id="gpu-1", gpu_index=3, reason="XID 79, fallen off the bus", xid=79
             ),
@@ -49,13 +49,13 @@ def test_every_node_is_listed_with_every_reason_and_the_chosen_one_with_why() ->
                 number=3,
                 shards=(ShardPlacement(index=0, node_id="gpu-1", gpus=(1,), port=20000),),
             ),
-            NodeConnected(node_id="gpu-2", address="10.0.0.2", gpus=gpus(8)),
+            NodeConnected(node_id="gpu-2", address="127.0.0.2", gpus=gpus(8)),
             NodeCordoned(node_id="gpu-2", reason="bad fan"),
-            NodeConnected(node_id="gpu-3", address="10.0.0.3", gpus=gpus(8, used_mib=40_000)),
-            NodeConnected(node_id="gpu-4", address="10.0.0.4", gpus=gpus(8), labels={"zone": "b"}),
-            NodeConnected(node_id="gpu-5", address="10.0.0.5", gpus=gpus(8)),
+            NodeConnected(node_id="gpu-3", address="127.0.0.3", gpus=gpus(8, used_mib=40_000)),
+            NodeConnected(node_id="gpu-4", address="127.0.0.4", gpus=gpus(8), labels={"zone": "b"}),
+            NodeConnected(node_id="gpu-5", address="127.0.0.5", gpus=gpus(8)),
             NodeDisconnected(node_id="gpu-5", reason="heartbeat timeout"),
-            NodeConnected(node_id="gpu-6", address="10.0.0.6", gpus=gpus(8)),
+            NodeConnected(node_id="gpu-6", address="127.0.0.6", gpus=gpus(8)),
             NodeDrainRequested(node_id="gpu-6", drain_id="drain-1", grace_s=60),
         )
     )
@@ -125,7 +125,7 @@ def test_a_multi_node_replica_takes_distinct_nodes() -> None:
     state = replay(
         log_of(
             *(
-                NodeConnected(node_id=f"gpu-{i}", address=f"10.0.0.{i}", gpus=gpus(8))
+                NodeConnected(node_id=f"gpu-{i}", address=f"127.0.0.{i}", gpus=gpus(8))
                 for i in (1, 2, 3)
             )
         )

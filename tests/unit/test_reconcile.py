@@ -86,7 +86,7 @@ class Cluster:
         self.given(
             NodeConnected(
                 node_id=node_id,
-                address=f"10.0.0.{len(self.state.nodes) + 1}",
+                address=f"127.0.0.{len(self.state.nodes) + 1}",
                 gpus=gpus(n_gpus),
                 labels=labels,
             )
@@ -359,7 +359,7 @@ def test_a_node_that_returns_with_copies_of_replaced_replicas_has_them_stopped_a
     cluster.reconcile()  # lost, replaced on gpu-2
     cluster.serve("llama-2")
 
-    cluster.given(NodeConnected(node_id="gpu-1", address="10.0.0.1", gpus=gpus(8)))
+    cluster.given(NodeConnected(node_id="gpu-1", address="127.0.0.1", gpus=gpus(8)))
     cluster.running("gpu-1", "llama-1", 20000, pid=1234)
     decision = cluster.reconcile()
 
@@ -377,8 +377,8 @@ def restarted_with_two_serving_replicas() -> Cluster:
     """A control plane at epoch 1 placed two replicas that serve; epoch 2 starts now."""
     cluster = Cluster()
     cluster.given(
-        NodeConnected(node_id="gpu-1", address="10.0.0.1", gpus=gpus(8)),
-        NodeConnected(node_id="gpu-2", address="10.0.0.2", gpus=gpus(8)),
+        NodeConnected(node_id="gpu-1", address="127.0.0.1", gpus=gpus(8)),
+        NodeConnected(node_id="gpu-2", address="127.0.0.2", gpus=gpus(8)),
         ModelDeclared(
             model="llama", spec=ModelSpec(name="llama", command="sim --port {port}", replicas=2)
         ),

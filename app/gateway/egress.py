@@ -1,0 +1,141 @@
+"""The gateway's egress check: routes to engine addresses it may not contact are left out.
+
+Every engine the gateway contacts, to forward a request or to scrape ``/metrics``, is a
+route of the snapshot the router and the application are given, and every snapshot passes
+through ``EngineEgress.admit`` first (``Gateway._use``): a route whose engine address is
+outside the allowed engine networks never reaches them, so no socket is ever opened to it.
+
+What is allowed is ``app.domain.egress``: the ``--engine-networks`` list when one is given,
+else, per route, only the address its node's agent connected from. A route's address is
+the host of its URL, which must be exactly ``http://<host>:<port>`` (as
+``app.store.gateway_snapshot.engine_url`` renders it): anything else is refused too.
+
+Each refused address is logged once (a warning naming the route and why); each refused
+route is counted once in ``llmgw_gateway_engine_egress_refusals_total{reason}``, and
+``llmgw_gateway_egress_refused_routes`` says how many routes the current snapshot lost.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import msgspec
+import structlog
+
+from app.domain.egress import EngineNetworks, connection_host
+from app.gateway.metrics import GatewayMetrics
+from app.gateway.table import GatewaySnapshot, Route
+
+log = structlog.get_logger("llmgw.gateway")
+
+MAX_WARNED_ADDRESSES = 10_000
+"""Addresses remembered as already warned about (past that, refusals are only counted),
+and agent addresses whose default networks are kept at once."""
+
+
+class Refusal(NamedTuple):
+    reason: str
+    """The metric's label: ``outside_engine_networks``, ``not_the_agent_address`` or
+    ``not_an_engine_url``."""
+    explanation: str
+
+
+def engine_host(url: str) -> str | None:
+    """The host of ``http://<host>:<port>``, brackets kept around IPv6; None for any URL
+    with more or less in it (user info, a path, a query, no port, another scheme). What
+    the host may be is ``EngineNetworks.allows``'s to say: an IP address or a host name,
+    so nothing of the URL is left for a parser to read another way."""
+    if not url.startswith("http://"):
+        return None
+    host, colon, port = url[len("http://") :].rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        return None
+    if host.startswith("["):
+        return host if host.endswith("]") and "]" not in host[:-1] else None
+    return None if ":" in host else host
+
+
+class EngineEgress:
+    def __init__(self, networks: EngineNetworks | None, metrics: GatewayMetrics) -> None:
+        """``networks`` None: the default, each node's own agent connection address."""
+        self.networks = networks
+        self._metrics = metrics
+        self._decisions: dict[tuple[str, str], Refusal | None] = {}
+        self._refused: set[tuple[str, str]] = set()
+        self._warned: set[str] = set()
+        self._agents: dict[str, EngineNetworks] = {}
+
+    def admit(self, snapshot: GatewaySnapshot) -> GatewaySnapshot:
+        """``snapshot`` without the routes whose engine may not be contacted. Decisions are
+        kept from one snapshot to the next, for the routes that are still in it."""
+        known = self._decisions
+        decisions: dict[tuple[str, str], Refusal | None] = {}
+        per_node = self.networks is None
+        refused: set[tuple[str, str]] = set()
+        routes: dict[str, tuple[Route, ...]] = {}
+        for model, candidates in snapshot.routes.items():
+            kept = []
+            for route in candidates:
+                key = (route.url, route.agent_address if per_node else "")
+                if key in decisions:
+                    refusal = decisions[key]
+                else:
+                    refusal = decisions[key] = known[key] if key in known else self._judge(route)
+                if refusal is None:
+                    kept.append(route)
+                    continue
+                route_key = (route.replica_id, route.url)
+                refused.add(route_key)
+                if route_key not in self._refused:
+                    self._metrics.egress_refused(refusal.reason)
+                    self._warn(route, refusal)
+            if len(kept) == len(candidates):
+                routes[model] = candidates
+            elif kept:
+                routes[model] = tuple(kept)
+        self._decisions = decisions
+        self._refused = refused
+        self._metrics.egress_refused_routes(len(refused))
+        if not refused:
+            return snapshot
+        return msgspec.structs.replace(snapshot, routes=routes)
+
+    def _judge(self, route: Route) -> Refusal | None:
+        host = engine_host(route.url)
+        if host is None:
+            return Refusal("not_an_engine_url", f"{route.url!r} is not http://<host>:<port>")
+        if self.networks is not None:
+            if self.networks.allows(host):
+                return None
+            return Refusal(
+                "outside_engine_networks", f"{host} is outside the engine networks {self.networks}"
+            )
+        if self._of_agent(route.agent_address).allows(host):
+            return None
+        connected_from = connection_host(route.agent_address) or "an unknown address"
+        return Refusal(
+            "not_the_agent_address",
+            f"{host} is not the address its node's agent connected from ({connected_from}); "
+            "list the networks engines may live on with --engine-networks to allow it",
+        )
+
+    def _of_agent(self, agent_address: str) -> EngineNetworks:
+        networks = self._agents.get(agent_address)
+        if networks is None:
+            if len(self._agents) >= MAX_WARNED_ADDRESSES:
+                self._agents.clear()  # nodes come and go: forget the old ones in one go
+            networks = self._agents[agent_address] = EngineNetworks.of_connection(agent_address)
+        return networks
+
+    def _warn(self, route: Route, refusal: Refusal) -> None:
+        address = engine_host(route.url) or route.url
+        if address in self._warned or len(self._warned) >= MAX_WARNED_ADDRESSES:
+            return
+        self._warned.add(address)
+        log.warning(
+            "engine address refused",
+            address=address,
+            replica=route.replica_id,
+            model=route.model,
+            reason=refusal.explanation,
+        )
