@@ -575,9 +575,14 @@ async def test_apply_records_the_recommendation_with_its_summary_and_the_gateway
         pytest.approx(recommendation.kv_ceiling),
     )
 
-    code, history, _ = await llmgw_cli(tmp_path, "history", "model", MODEL, environment=admin)
+    code, history, _ = await llmgw_cli(
+        tmp_path, "history", "model", MODEL, "--output", "json", environment=admin
+    )
     assert code == 0
-    assert f"model tuned: weight {recommendation.weight:g}" in history
+    summaries = [event["summary"] for event in json.loads(history)]
+    assert any(
+        s.startswith(f"model {MODEL} tuned: weight {recommendation.weight:g}") for s in summaries
+    )
 
     alone = await bench(
         tmp_path,
