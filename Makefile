@@ -12,8 +12,8 @@ dev:
 	.venv/bin/llmgw-server dev
 
 lint:
-	$(PY) -m ruff check app agent cli tests benchmarks
-	$(PY) -m ruff format --check app agent cli tests benchmarks
+	$(PY) -m ruff check app agent cli wire tests benchmarks
+	$(PY) -m ruff format --check app agent cli wire tests benchmarks
 
 types:
 	$(PY) -m mypy

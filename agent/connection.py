@@ -48,8 +48,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidMessage, InvalidStatus, WebSocketException
 
 from agent.config import ServerAddress
-from app.fleet.messages import MAX_MESSAGE_BYTES, CloseCode
 from app.pki import explain_tls_failure, fetch_presented_certificate
+from wire.messages import MAX_MESSAGE_BYTES, CloseCode
 
 log = structlog.get_logger("llmgw.agent")
 

@@ -45,8 +45,8 @@ from agent.session import (
     Send,
     ServerSession,
 )
-from app.fleet.errors import MessageTooLarge
-from app.fleet.messages import (
+from wire.errors import MessageTooLarge
+from wire.messages import (
     PROTOCOL_VERSION,
     AgentCommand,
     CloseCode,
@@ -60,8 +60,8 @@ from app.fleet.messages import (
     StopShard,
     encode,
 )
-from app.fleet.messages import ShardState as WireShardState
-from app.fleet.messages import ShardStatus as WireShardStatus
+from wire.messages import ShardState as WireShardState
+from wire.messages import ShardStatus as WireShardStatus
 
 log = structlog.get_logger("llmgw.agent")
 

@@ -26,8 +26,8 @@ from typing import assert_never
 
 import msgspec
 
-from app.fleet.errors import MessageTooLarge, ProtocolError, SessionStateError
-from app.fleet.messages import (
+from wire.errors import MessageTooLarge, ProtocolError, SessionStateError
+from wire.messages import (
     MAX_LOG_TAIL_LINES,
     AgentCommand,
     AgentMessage,

@@ -73,17 +73,6 @@ from app.domain.events import (
     replica_stream,
 )
 from app.domain.model_spec import ModelSpec
-from app.fleet.messages import (
-    MAX_MESSAGE_BYTES,
-    PROTOCOL_VERSION,
-    Heartbeat,
-    HeartbeatShard,
-    Hello,
-    ShardReport,
-    Welcome,
-    decode_from_server,
-    encode,
-)
 from app.pki import client_ssl_context
 from app.store.database import create_engine
 from app.store.interface import AppendRequest, NewEvent
@@ -110,6 +99,17 @@ from benchmarks.common import (
     load_average,
     median,
     write_results,
+)
+from wire.messages import (
+    MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSION,
+    Heartbeat,
+    HeartbeatShard,
+    Hello,
+    ShardReport,
+    Welcome,
+    decode_from_server,
+    encode,
 )
 
 MODELS = 40

@@ -71,19 +71,6 @@ import msgspec
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
-from app.fleet.errors import FleetError
-from app.fleet.messages import (
-    MAX_MESSAGE_BYTES,
-    PROTOCOL_VERSION,
-    CloseCode,
-    GpuReport,
-    Heartbeat,
-    HeartbeatAck,
-    Hello,
-    Welcome,
-    decode_from_server,
-    encode,
-)
 from app.pki import build_ca, client_ssl_context, generate_key, issue_node, issue_server
 from app.pki.files import write_ca, write_issued
 from benchmarks.common import (
@@ -97,6 +84,19 @@ from benchmarks.common import (
     median,
     percentile,
     write_results,
+)
+from wire.errors import FleetError
+from wire.messages import (
+    MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSION,
+    CloseCode,
+    GpuReport,
+    Heartbeat,
+    HeartbeatAck,
+    Hello,
+    Welcome,
+    decode_from_server,
+    encode,
 )
 
 HEARTBEAT_INTERVAL_S = 1.0

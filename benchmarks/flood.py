@@ -133,7 +133,7 @@ def flooder_main(uri: str, ca: str, certificate: str, key: str, seconds: float, 
 async def flood(
     uri: str, ca: str, certificate: str, key: str, seconds: float, again: bool
 ) -> FlooderReport:
-    from app.fleet.messages import PROTOCOL_VERSION, Heartbeat, Hello, encode
+    from wire.messages import PROTOCOL_VERSION, Heartbeat, Hello, encode
 
     context = ssl.create_default_context(cafile=ca)
     context.load_cert_chain(certificate, key)

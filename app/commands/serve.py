@@ -27,8 +27,6 @@ from app.admin.metrics import control_plane_figures
 from app.admin.tls import TlsScopeProtocol, admin_ssl_context
 from app.commands.common import DatabaseUrl, EngineNetworksFlag, engine_networks_of, fail
 from app.domain.egress import InvalidEngineNetworks
-from app.fleet.budget import MessageBudget
-from app.fleet.hub import DEFAULT_HEARTBEAT_INTERVAL_S
 from app.gateway.postgres import (
     DEFAULT_CLIENT_HOST,
     DEFAULT_CLIENT_PORT,
@@ -36,6 +34,8 @@ from app.gateway.postgres import (
     PostgresGateway,
 )
 from app.gateway.server import GatewayFailed
+from app.hub.budget import MessageBudget
+from app.hub.hub import DEFAULT_HEARTBEAT_INTERVAL_S
 from app.logs import configure_logging
 from app.pki import TlsConfigurationError, server_ssl_context
 from app.services.control_plane import ControlPlane, ControlPlaneConfig, Outcome

@@ -13,6 +13,19 @@ from app.domain.model_spec import ModelSpec
 from app.domain.state import ClusterState, Replica, Shard
 
 
+class CommandNotSent(Exception):
+    """Whoever carries commands to agents (the agent hub) could not send one."""
+
+
+class NodeNotConnected(CommandNotSent):
+    """The node has no live connection to this control plane; the next reconcile pass, after
+    its agent said hello again, sends the command again."""
+
+    def __init__(self, node_id: str) -> None:
+        super().__init__(f"node {node_id!r} has no live agent connection")
+        self.node_id = node_id
+
+
 class Peer(msgspec.Struct, frozen=True, kw_only=True):
     shard_index: int
     address: str

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from app.domain.fleet import GpuHealth
+from app.domain.reports import GpuHealth
 
 
 class FlapPolicy(msgspec.Struct, frozen=True, kw_only=True):

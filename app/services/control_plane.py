@@ -5,10 +5,10 @@ While standby the server answers the admin API (run beside this by ``llmgw-serve
 serve``) and keeps asking for leadership; the agent hub does not listen. Once elected with
 epoch N, a ``Leader`` runs for that one term:
 
-    agent hub -> FleetViewTracker -> FleetService (appends with epoch N)
-                       |
-                       v  the live fleet view, wakes
-                 Reconciler (appends with epoch N, sends commands through the hub)
+    agent hub -> LiveView -> ReportRecorder (appends with epoch N)
+                    |
+                    v  the live fleet view, wakes
+              Reconciler (appends with epoch N, sends commands through the hub)
                        ^
     NOTIFY of every append (Subscription) wakes it too
 
@@ -34,12 +34,11 @@ from app.domain.egress import EngineNetworks
 from app.domain.events import CertificateRevoked
 from app.domain.reconcile import Settings
 from app.domain.revocations import PresentedCertificate, revocation_refusal
-from app.fleet.budget import MessageBudget
-from app.fleet.hub import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S, AgentHub
-from app.fleet.session import Observation
-from app.services.fleet import FleetService
-from app.services.fleet_view import FleetViewTracker
+from app.hub.budget import MessageBudget
+from app.hub.hub import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S, AgentHub
+from app.services.agent_reports import ReportRecorder
 from app.services.leader import LeaderElection
+from app.services.live_view import LiveView
 from app.services.reconciler import DEFAULT_INTERVAL_S, Reconciler
 from app.store.errors import FencedError, StoreError
 from app.store.gateway_reports import InFlightReports
@@ -109,8 +108,8 @@ class Leader:
         self._deposed = asyncio.Event()
         self._deposed_reason = ""
         self._tasks: list[asyncio.Task[None]] = []
-        service = _FencingWatch(FleetService(store, epoch=epoch), self._depose)
-        self.tracker = FleetViewTracker(service, model_of=self._model_of)
+        recorder = ReportRecorder(store, epoch=epoch, on_fenced=self._depose)
+        self.tracker = LiveView(recorder, model_of=self._model_of)
         self.hub = AgentHub(
             self.tracker,
             config.agent_tls,
@@ -209,23 +208,6 @@ class Leader:
                 await asyncio.sleep(REVOCATION_RETRY_S)
         closed = await self.hub.enforce_revocations()
         log.info("revocations enforced", connections_closed=closed)
-
-
-class _FencingWatch:
-    """Passes observations to the fleet service; a fenced append deposes the leader."""
-
-    def __init__(self, service: FleetService, depose: Callable[[str], None]) -> None:
-        self._service = service
-        self._depose = depose
-
-    async def handle(
-        self, node_id: str, observation: Observation, *, replaced_previous: bool = False
-    ) -> None:
-        try:
-            await self._service.handle(node_id, observation, replaced_previous=replaced_previous)
-        except FencedError as exc:
-            self._depose(str(exc))
-            raise
 
 
 class ControlPlane:

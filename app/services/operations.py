@@ -223,6 +223,10 @@ class Operations:
             raise RuntimeError(f"decision for {stream} wrote {change.stream}")
         if not change.events:
             return False
-        meta = Meta(actor=caller.actor, correlation_id=correlation_id or caller.request_id)
+        meta = Meta(
+            actor=caller.actor,
+            correlation_id=correlation_id or caller.request_id,
+            causation_id=caller.request_id,
+        )
         await self._store.append(stream, version, [NewEvent(e) for e in change.events], meta)
         return True

@@ -32,20 +32,18 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from time import monotonic
-from typing import Protocol, assert_never
+from typing import Protocol
 
 import msgspec
 import structlog
 
 from app.domain import commands as domain
+from app.domain.commands import CommandNotSent, NodeNotConnected
 from app.domain.decision import RECONCILER, Command, Decision, PlannedEvent
 from app.domain.envelope import Meta
 from app.domain.events import event_type
 from app.domain.reconcile import Settings, decide
-from app.fleet import messages as wire
-from app.fleet.errors import FleetError
-from app.fleet.hub import NodeNotConnected
-from app.services.fleet_view import FleetViewTracker
+from app.services.live_view import LiveView
 from app.store.errors import ConcurrencyError, FencedError, StoreError
 from app.store.interface import AppendRequest, EventStore, NewEvent
 
@@ -58,9 +56,12 @@ log = structlog.get_logger(__name__)
 
 
 class CommandChannel(Protocol):
-    """Where commands go: ``app.fleet.hub.AgentHub``."""
+    """Where commands go: the agent hub. Raises ``NodeNotConnected`` for a node without a
+    live connection and ``CommandNotSent`` for any other reason a command did not go."""
 
-    async def send_command(self, node_id: str, command: wire.AgentCommand) -> None: ...
+    async def send_command(
+        self, node_id: str, command: domain.StartShard | domain.StopShard
+    ) -> None: ...
 
 
 class InFlightSource(Protocol):
@@ -96,7 +97,7 @@ class Reconciler:
         self,
         store: EventStore,
         hub: CommandChannel,
-        tracker: FleetViewTracker,
+        tracker: LiveView,
         settings: Settings,
         *,
         interval_s: float = DEFAULT_INTERVAL_S,
@@ -212,10 +213,10 @@ class Reconciler:
             if command_id in ledger.command_ids:
                 continue
             try:
-                await self._hub.send_command(node_id, to_wire(planned.command))
+                await self._hub.send_command(node_id, planned.command)
             except NodeNotConnected:
                 continue
-            except FleetError as exc:
+            except CommandNotSent as exc:
                 log.warning(
                     "command not sent", node_id=node_id, command_id=command_id, error=str(exc)
                 )
@@ -232,32 +233,3 @@ def _runs_by_correlation(
 ) -> Iterator[tuple[str | None, list[PlannedEvent]]]:
     for correlation_id, run in itertools.groupby(events, key=lambda p: p.correlation_id):
         yield correlation_id, list(run)
-
-
-def to_wire(command: domain.StartShard | domain.StopShard) -> wire.AgentCommand:
-    """The domain's command as the agent channel carries it."""
-    match command:
-        case domain.StartShard():
-            return wire.StartShard(
-                command_id=command.command_id,
-                replica_id=command.replica_id,
-                shard_index=command.shard_index,
-                model=command.model,
-                argv=command.argv,
-                env=dict(command.env),
-                gpus=command.gpus,
-                port=command.port,
-                peers=tuple(
-                    wire.Peer(shard_index=p.shard_index, address=p.address, port=p.port)
-                    for p in command.peers
-                ),
-            )
-        case domain.StopShard():
-            return wire.StopShard(
-                command_id=command.command_id,
-                replica_id=command.replica_id,
-                shard_index=command.shard_index,
-                grace_s=command.grace_s,
-            )
-        case _:
-            assert_never(command)

@@ -17,7 +17,12 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from app.fleet.messages import (
+from app.pki import client_ssl_context
+from tests.support.cluster import SIMULATOR_COMMAND, Cluster, about, node_of
+from tests.support.fleet import LOOPBACK
+from tests.support.traffic import Traffic, serves
+from tests.support.waiting import wait_until
+from wire.messages import (
     PROTOCOL_VERSION,
     GpuReport,
     Heartbeat,
@@ -28,11 +33,6 @@ from app.fleet.messages import (
     decode_from_server,
     encode,
 )
-from app.pki import client_ssl_context
-from tests.support.cluster import SIMULATOR_COMMAND, Cluster, about, node_of
-from tests.support.fleet import LOOPBACK
-from tests.support.traffic import Traffic, serves
-from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,7 +1,7 @@
 """The agent hub end to end: real TLS on 127.0.0.1, real WebSockets, real PostgreSQL.
 
 Agents here are plain WebSocket clients that speak the protocol by hand with the messages
-of ``app.fleet.messages``, so each story shows exactly what goes over the wire and what the
+of ``wire.messages``, so each story shows exactly what goes over the wire and what the
 log records because of it.
 """
 
@@ -19,6 +19,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
+from app.domain import commands
+from app.domain.commands import NodeNotConnected
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import (
     GpuMarkedUnhealthy,
@@ -33,17 +35,9 @@ from app.domain.events import (
     replica_stream,
 )
 from app.domain.state import ClusterState
-from app.fleet.hub import AgentHub, NodeNotConnected
-from app.fleet.messages import (
-    MAX_MESSAGE_BYTES,
-    GpuHealthChange,
-    Heartbeat,
-    HeartbeatAck,
-    ShardStatus,
-    StartShard,
-    StopShard,
-)
-from app.fleet.session import AgentHello
+from app.hub.edge import command_to_wire, report_of
+from app.hub.hub import AgentHub
+from app.hub.session import AgentHello
 from app.pki import (
     CertificateAuthority,
     Usage,
@@ -51,7 +45,7 @@ from app.pki import (
     issue,
     issue_operator,
 )
-from app.services.fleet import FleetService
+from app.services.agent_reports import ReportRecorder
 from app.store.interface import NO_STREAM, AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
 from tests.support.hub import (
@@ -74,6 +68,13 @@ from tests.support.hub import (
     stream_is,
 )
 from tests.support.waiting import wait_until
+from wire.messages import (
+    MAX_MESSAGE_BYTES,
+    GpuHealthChange,
+    Heartbeat,
+    HeartbeatAck,
+    ShardStatus,
+)
 
 __all__ = ["hub", "pki", "run_hub"]  # fixtures, shared with the other stories of the hub
 
@@ -250,17 +251,18 @@ async def test_a_second_connection_replaces_the_first_and_the_node_stays_connect
         await say(second, Heartbeat(seq=0))
         assert await hear(second) == HeartbeatAck(seq=0)
         assert hub.connected_nodes() == [node_id]
-        command = StartShard(
+        command = commands.StartShard(
             command_id="c-1",
             replica_id="llama-1",
             shard_index=0,
             model="llama",
             argv=("vllm", "serve"),
+            env={},
             gpus=(0,),
             port=20001,
         )
         await hub.send_command(node_id, command)
-        assert await hear(second) == command
+        assert await hear(second) == command_to_wire(command)
 
         await wait_until(
             stream_is(
@@ -276,7 +278,7 @@ async def test_a_second_connection_replaces_the_first_and_the_node_stays_connect
 
 
 async def test_a_command_for_a_node_without_a_connection_is_refused(hub: AgentHub) -> None:
-    stop = StopShard(command_id="c-9", replica_id="llama-9", shard_index=0, grace_s=5)
+    stop = commands.StopShard(command_id="c-9", replica_id="llama-9", shard_index=0, grace_s=5)
     with pytest.raises(NodeNotConnected, match="has no live agent connection"):
         await hub.send_command(new_node_id(), stop)
 
@@ -441,10 +443,10 @@ async def test_a_hello_that_loses_the_race_to_register_is_decided_again(
             node_stream(node_id), NO_STREAM, [NewEvent(registration)], Meta(actor="rival")
         )
 
-    service = FleetService(RivalWritesFirst(pg_store, rival_registers))
+    recorder = ReportRecorder(RivalWritesFirst(pg_store, rival_registers))
     observation = AgentHello(node_id=node_id, hello=hello(node_id), remote_address="127.0.0.7:1")
 
-    await service.handle(node_id, observation)
+    await recorder.handle(report_of(observation))
 
     recorded = await pg_store.read_stream(node_stream(node_id))
     assert [(r.meta.actor, event_type(r.event)) for r in recorded] == [

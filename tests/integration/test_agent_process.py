@@ -30,18 +30,16 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from agent.simulator.launcher import free_port
-from app.fleet.hub import AgentHub
-from app.fleet.messages import (
-    MAX_MESSAGE_BYTES,
-    AgentCommand,
-    GpuHealthChange,
-    Hello,
-    ShardStatus,
-    StartShard,
-    StopShard,
-    encode,
+from app.domain import commands
+from app.domain.reports import (
+    AgentConnected,
+    AgentInventory,
+    AgentReport,
+    CommandAnswered,
+    ShardStatusReport,
 )
-from app.fleet.session import (
+from app.hub.hub import AgentHub
+from app.hub.session import (
     AgentGone,
     AgentHeartbeat,
     AgentHello,
@@ -74,8 +72,19 @@ from tests.support.fleet import (
     is_running,
     mark_fake_gpu,
     simulator_shard,
+    simulator_start,
 )
 from tests.support.waiting import wait_until
+from wire.messages import (
+    MAX_MESSAGE_BYTES,
+    AgentCommand,
+    GpuHealthChange,
+    Hello,
+    ShardStatus,
+    StartShard,
+    StopShard,
+    encode,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -252,10 +261,20 @@ class ControlPlane(Recorder):
 
 
 @dataclass(eq=False)
-class RealHub(Recorder):
-    """The control plane's own ``AgentHub``, handing its observations to this recorder."""
+class RealHub:
+    """The control plane's own ``AgentHub``, handing the reports it converts to this."""
 
+    pki: Path
+    port: int = 0
+    seen: list[AgentReport] = field(default_factory=list)
     _hub: AgentHub | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"wss://{LOOPBACK}:{self.port}"
+
+    async def handle(self, report: AgentReport) -> None:
+        self.seen.append(report)
 
     async def start(self) -> None:
         context = server_ssl_context(
@@ -268,9 +287,42 @@ class RealHub(Recorder):
         if self._hub is not None:
             await self._hub.stop()
 
-    async def send(self, command: AgentCommand) -> None:
+    async def send(self, command: commands.StartShard | commands.StopShard) -> None:
         assert self._hub is not None
         await self._hub.send_command(NODE_ID, command)
+
+    async def reported(self, kind: type[T], matches: Callable[[T], bool], what: str) -> T:
+        found: list[T] = []
+
+        def check() -> bool:
+            found[:] = [r for r in self.seen if isinstance(r, kind) and matches(r)]
+            return bool(found)
+
+        await wait_until(check, within_s=15.0, what=what)
+        return found[0]
+
+    async def hello(self) -> AgentInventory:
+        connected = await self.reported(AgentConnected, lambda _: True, "a hello")
+        return connected.inventory
+
+    async def status(self, replica_id: str, state: str) -> ShardStatusReport:
+        return await self.reported(
+            ShardStatusReport,
+            lambda r: r.phase.replica_id == replica_id and r.phase.phase.value == state,
+            f"{replica_id} {state}",
+        )
+
+    async def result(self, command_id: str) -> CommandAnswered:
+        return await self.reported(
+            CommandAnswered, lambda r: r.command_id == command_id, command_id
+        )
+
+    def engine_pids(self) -> set[int]:
+        pids = {r.phase.pid for r in self.seen if isinstance(r, ShardStatusReport) and r.phase.pid}
+        for report in self.seen:
+            if isinstance(report, AgentConnected):
+                pids.update(shard.pid for shard in report.shards if shard.pid)
+        return pids
 
 
 # -- agent processes ---------------------------------------------------------------------
@@ -281,11 +333,11 @@ class Processes:
     """Agents dialling the control planes here; ``reap`` kills them and every engine."""
 
     fleet: FleetProcesses
-    control_planes: list[Recorder] = field(default_factory=list)
+    control_planes: list[Recorder | RealHub] = field(default_factory=list)
 
     def agent(
         self,
-        control_plane: Recorder,
+        control_plane: Recorder | RealHub,
         state_dir: Path,
         *,
         node_id: str = NODE_ID,
@@ -530,10 +582,11 @@ async def test_the_agent_and_the_control_planes_own_hub_run_a_shard_together(
         processes.agent(hub, tmp_path / "state")
         assert len((await hub.hello()).gpus) == 2
 
-        await hub.send(simulator_shard("start-1", "m-1", free_port()))
+        await hub.send(simulator_start("start-1", "m-1", free_port()))
         assert (await hub.status("m-1", "ready")).command_id == "start-1"
-        await hub.send(StopShard(command_id="stop-1", replica_id="m-1", shard_index=0, grace_s=5))
+        stop = commands.StopShard(command_id="stop-1", replica_id="m-1", shard_index=0, grace_s=5)
+        await hub.send(stop)
         assert (await hub.status("m-1", "stopped")).command_id == "stop-1"
-        assert (await hub.result("stop-1")).result.ok
+        assert (await hub.result("stop-1")).ok
     finally:
         await hub.stop()

@@ -2,8 +2,8 @@
 
 Real ``llmgw-agent`` processes with fake GPUs run the real ``llmgw-sim-engine`` and dial the
 control plane's own ``AgentHub`` over mutual TLS, with certificates made by the
-``llmgw-cli cert`` commands an operator runs. The hub hands what it observes to the real
-``FleetService``, which appends to PostgreSQL. Every story is checked in the log and in the
+``llmgw-cli cert`` commands an operator runs. The hub hands what agents report to the real
+``ReportRecorder``, which appends to PostgreSQL. Every story is checked in the log and in the
 projections, never only in memory. Agents and engines are killed when a test ends, passed
 or not.
 """
@@ -23,6 +23,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agent.simulator.launcher import free_port
+from app.domain import commands
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import (
     GpuMarkedUnhealthy,
@@ -40,11 +41,10 @@ from app.domain.events import (
     replica_stream,
 )
 from app.domain.model_spec import ModelSpec
-from app.fleet.hub import AgentHub
-from app.fleet.messages import Hello, StopShard
-from app.fleet.session import AgentHeartbeat, AgentHello, Observation, ShardStatusReported
+from app.domain.reports import AgentConnected, AgentReport, HeartbeatReport, ShardStatusReport
+from app.hub.hub import AgentHub
 from app.pki import server_ssl_context
-from app.services.fleet import FleetService, agent_actor
+from app.services.agent_reports import ReportRecorder, agent_actor
 from app.store.interface import NO_STREAM, NewEvent
 from app.store.postgres import PostgresEventStore
 from tests.support.fleet import (
@@ -55,7 +55,7 @@ from tests.support.fleet import (
     clear_fake_gpu,
     is_running,
     mark_fake_gpu,
-    simulator_shard,
+    simulator_start,
 )
 from tests.support.waiting import wait_until
 
@@ -87,21 +87,19 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @dataclass(eq=False)
-class WatchedFleetService:
-    """The real ``FleetService``, and every observation the hub handed it (the hello's
-    shard list, for one, is nowhere in the log)."""
+class WatchedRecorder:
+    """The real ``ReportRecorder``, and every report the hub handed it (the hello's shard
+    list, for one, is nowhere in the log)."""
 
-    service: FleetService
-    seen: list[Observation] = field(default_factory=list)
+    recorder: ReportRecorder
+    seen: list[AgentReport] = field(default_factory=list)
 
-    async def handle(
-        self, node_id: str, observation: Observation, *, replaced_previous: bool = False
-    ) -> None:
-        self.seen.append(observation)
-        await self.service.handle(node_id, observation, replaced_previous=replaced_previous)
+    async def handle(self, report: AgentReport) -> None:
+        self.seen.append(report)
+        await self.recorder.handle(report)
 
     def mark(self) -> int:
-        """A place in the observations: ``observed(..., since=mark)`` looks only after it."""
+        """A place in the reports: ``observed(..., since=mark)`` looks only after it."""
         return len(self.seen)
 
     async def observed(
@@ -119,11 +117,11 @@ class WatchedFleetService:
     def engine_pids(self) -> set[int]:
         """Every engine pid an agent reported, in a status or in its hello."""
         pids: set[int] = set()
-        for observation in self.seen:
-            if isinstance(observation, ShardStatusReported) and observation.status.pid:
-                pids.add(observation.status.pid)
-            if isinstance(observation, AgentHello):
-                pids.update(shard.pid for shard in observation.hello.shards if shard.pid)
+        for report in self.seen:
+            if isinstance(report, ShardStatusReport) and report.phase.pid:
+                pids.add(report.phase.pid)
+            if isinstance(report, AgentConnected):
+                pids.update(shard.pid for shard in report.shards if shard.pid)
         return pids
 
 
@@ -132,7 +130,7 @@ class Fleet:
     """One control plane (hub, service, store), the node's agents, and the log to read."""
 
     hub: AgentHub
-    service: WatchedFleetService
+    service: WatchedRecorder
     store: PostgresEventStore
     database: AsyncEngine
     processes: FleetProcesses
@@ -186,7 +184,7 @@ class Fleet:
     async def start_simulator(self, replica_id: str, port: int, *flags: str) -> int:
         """Send ``start_shard`` for the simulator through the hub; the pid it starts with."""
         await self.hub.send_command(
-            NODE_ID, simulator_shard(f"start-{replica_id}", replica_id, port, *flags, model=MODEL)
+            NODE_ID, simulator_start(f"start-{replica_id}", replica_id, port, *flags, model=MODEL)
         )
         starting = await self.recorded(replica_stream(replica_id), "shard_starting")
         assert isinstance(starting.event, ShardStarting)
@@ -203,7 +201,7 @@ class Fleet:
 async def fleet(
     pki: Path, pg_store: PostgresEventStore, engine: AsyncEngine, tmp_path: Path
 ) -> AsyncIterator[Fleet]:
-    service = WatchedFleetService(FleetService(pg_store))
+    service = WatchedRecorder(ReportRecorder(pg_store))
     context = server_ssl_context(pki / "server.crt", pki / "server.key", pki / "ca.crt")
     # Short, so that an agent that dies without a word counts as gone within the story.
     hub = AgentHub(
@@ -261,6 +259,7 @@ async def test_a_placed_simulator_shard_starts_becomes_ready_and_stops(fleet: Fl
 
     assert await fleet.event_types(stream) == ["replica_placed", "shard_starting", "shard_ready"]
     assert ready.meta.actor == agent_actor(NODE_ID)
+    assert ready.meta.causation_id == f"start-{replica_id}"  # the command it answers
     assert is_running(engine_pid)
     shard = await fleet.row(
         "SELECT node_id, phase, pid FROM shards WHERE replica_id = :id AND shard_index = 0",
@@ -268,7 +267,7 @@ async def test_a_placed_simulator_shard_starts_becomes_ready_and_stops(fleet: Fl
     )
     assert shard == {"node_id": NODE_ID, "phase": "ready", "pid": engine_pid}
 
-    stop = StopShard(
+    stop = commands.StopShard(
         command_id=f"stop-{replica_id}", replica_id=replica_id, shard_index=0, grace_s=5
     )
     await fleet.hub.send_command(NODE_ID, stop)
@@ -351,13 +350,13 @@ async def test_a_killed_agent_is_disconnected_and_its_successor_reattaches_the_e
     since = fleet.service.mark()
     fleet.start_agent()
     await fleet.connected(count=2)
-    hello: Hello = (
-        await fleet.service.observed(AgentHello, lambda _: True, since=since, what="a hello")
-    ).hello
+    hello = await fleet.service.observed(
+        AgentConnected, lambda _: True, since=since, what="a hello"
+    )
     assert [(s.replica_id, s.pid) for s in hello.shards] == [(replica_id, engine_pid)]
     await fleet.service.observed(
-        AgentHeartbeat,
-        lambda o: [(s.replica_id, s.state) for s in o.heartbeat.shards] == [(replica_id, "ready")],
+        HeartbeatReport,
+        lambda o: [(r, state) for r, _, state in o.shard_states] == [(replica_id, "ready")],
         since=since,
         what="the re-attached engine ready again",
     )

@@ -16,9 +16,8 @@ from websockets.exceptions import ConnectionClosed
 from app.domain.egress import EngineNetworks
 from app.domain.events import NodeRefused, node_stream
 from app.domain.revocations import PresentedCertificate
-from app.fleet.budget import MessageBudget
-from app.fleet.hub import AgentHub
-from app.fleet.messages import Heartbeat
+from app.hub.budget import MessageBudget
+from app.hub.hub import AgentHub
 from app.pki import issue_node
 from app.store.postgres import PostgresEventStore
 from tests.support.hub import (
@@ -39,6 +38,7 @@ from tests.support.hub import (
     stream_is,
 )
 from tests.support.waiting import wait_until
+from wire.messages import Heartbeat
 
 __all__ = ["hub", "pki", "run_hub"]  # fixtures
 

@@ -32,7 +32,6 @@ from app.domain.events import (
 )
 from app.domain.model_spec import ModelSpec
 from app.domain.state import Replica, ReplicaPhase
-from app.fleet.messages import StopShard
 from app.gateway.source import PostgresSnapshotSource
 from app.services.control_plane import ControlPlaneConfig, Leader
 from app.services.leader import NEXT_EPOCH, LeaderElection
@@ -41,6 +40,7 @@ from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore
 from tests.support.fake_agents import LOOPBACK, AgentPki, fake_agent, make_pki, running_shard
 from tests.support.waiting import wait_until
+from wire.messages import StopShard
 
 pytestmark = pytest.mark.timeout(60)
 

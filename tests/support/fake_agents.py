@@ -24,7 +24,17 @@ from pathlib import Path
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from app.fleet.messages import (
+from app.pki import (
+    CertificateAuthority,
+    build_ca,
+    client_ssl_context,
+    generate_key,
+    issue_node,
+    issue_server,
+    server_ssl_context,
+)
+from app.pki.files import write_ca, write_issued
+from wire.messages import (
     PROTOCOL_VERSION,
     AgentMessage,
     CommandResult,
@@ -41,16 +51,6 @@ from app.fleet.messages import (
     decode_from_server,
     encode,
 )
-from app.pki import (
-    CertificateAuthority,
-    build_ca,
-    client_ssl_context,
-    generate_key,
-    issue_node,
-    issue_server,
-    server_ssl_context,
-)
-from app.pki.files import write_ca, write_issued
 
 LOOPBACK = "127.0.0.1"
 DEADLINE_S = 10.0

@@ -21,7 +21,9 @@ from pathlib import Path
 
 from agent.engines.records import RecordStore, is_same_process, read_proc_stat
 from agent.simulator.launcher import simulator_command
-from app.fleet.messages import StartShard
+from app.domain import commands
+from app.hub.edge import command_to_wire
+from wire.messages import StartShard
 
 LOOPBACK = "127.0.0.1"
 AGENT = str(Path(sys.executable).parent / "llmgw-agent")
@@ -159,13 +161,31 @@ def simulator_shard(
     model: str = "m",
     gpus: tuple[int, ...] = (1,),
 ) -> StartShard:
-    """Start shard 0 of ``replica_id`` as the real ``llmgw-sim-engine`` serving ``model``."""
-    return StartShard(
+    """Start shard 0 of ``replica_id`` as the real ``llmgw-sim-engine`` serving ``model``,
+    as the agent receives it."""
+    start = command_to_wire(
+        simulator_start(command_id, replica_id, port, *flags, model=model, gpus=gpus)
+    )
+    assert isinstance(start, StartShard)
+    return start
+
+
+def simulator_start(
+    command_id: str,
+    replica_id: str,
+    port: int,
+    *flags: str,
+    model: str = "m",
+    gpus: tuple[int, ...] = (1,),
+) -> commands.StartShard:
+    """The same, as the control plane decides it (what its agent hub sends)."""
+    return commands.StartShard(
         command_id=command_id,
         replica_id=replica_id,
         shard_index=0,
         model=model,
         argv=(simulator_command(), "--port", str(port), "--model", model, "--instant", *flags),
+        env={},
         gpus=gpus,
         port=port,
     )

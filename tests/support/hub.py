@@ -1,6 +1,6 @@
 """The agent hub for tests that speak its protocol by hand: a test CA, a hub on 127.0.0.1
 over a real PostgreSQL store, and plain WebSocket clients that send the messages of
-``app.fleet.messages`` themselves, so each story shows exactly what goes over the wire.
+``wire.messages`` themselves, so each story shows exactly what goes over the wire.
 
 Node certificates issued here name ``ENGINE_ADDRESS``, the address the hand-made hellos
 advertise for their engines, as a subject alternative name (the hub accepts only an address
@@ -25,18 +25,7 @@ from cryptography import x509
 from websockets.asyncio.client import ClientConnection, connect
 
 from app.domain.events import event_type
-from app.fleet.hub import AgentHub
-from app.fleet.messages import (
-    PROTOCOL_VERSION,
-    GpuReport,
-    Heartbeat,
-    Hello,
-    ServerMessage,
-    ShardStatus,
-    Welcome,
-    decode_from_server,
-    encode,
-)
+from app.hub.hub import AgentHub
 from app.pki import (
     CertificateAuthority,
     build_ca,
@@ -48,8 +37,19 @@ from app.pki import (
 )
 from app.pki.files import write_ca, write_issued
 from app.pki.keys import PrivateKey
-from app.services.fleet import FleetService
+from app.services.agent_reports import ReportRecorder
 from app.store.postgres import PostgresEventStore
+from wire.messages import (
+    PROTOCOL_VERSION,
+    GpuReport,
+    Heartbeat,
+    Hello,
+    ServerMessage,
+    ShardStatus,
+    Welcome,
+    decode_from_server,
+    encode,
+)
 
 LOOPBACK = "127.0.0.1"
 ENGINE_ADDRESS = "127.0.0.7"
@@ -114,7 +114,7 @@ async def run_hub(pg_store: PostgresEventStore, pki: Pki) -> RunHub:
         heartbeat_interval_s: float = 1.0, heartbeat_timeout_s: float = 10.0, **options: Any
     ) -> AsyncIterator[AgentHub]:
         hub = AgentHub(
-            FleetService(pg_store),
+            ReportRecorder(pg_store),
             pki.server_context(),
             heartbeat_interval_s=heartbeat_interval_s,
             heartbeat_timeout_s=heartbeat_timeout_s,

@@ -30,7 +30,6 @@ from agent.runtime import (
     shard_status,
     start_refusal,
 )
-from app.fleet.messages import GpuHealthChange, GpuReport, ShardReport, StartShard
 from app.pki import (
     build_ca,
     client_ssl_context,
@@ -41,6 +40,7 @@ from app.pki import (
 )
 from app.pki.files import write_ca, write_issued
 from app.pki.keys import PrivateKey
+from wire.messages import GpuHealthChange, GpuReport, ShardReport, StartShard
 
 STARTED_AT = datetime(2025, 3, 1, 12, 30, tzinfo=UTC)
 

@@ -16,8 +16,8 @@ from agent.session import (
     ServerSession,
     SessionState,
 )
-from app.fleet.errors import SessionStateError
-from app.fleet.messages import (
+from wire.errors import SessionStateError
+from wire.messages import (
     MAX_LOG_TAIL_LINES,
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.fleet.budget import MIB, BudgetMeter, MessageBudget
-from app.fleet.refusals import RefusalThrottle
+from app.hub.budget import MIB, BudgetMeter, MessageBudget
+from app.hub.refusals import RefusalThrottle
 
 
 def test_a_burst_up_to_the_budget_passes_and_the_next_message_does_not() -> None:

@@ -8,8 +8,8 @@ import msgspec
 import pytest
 
 from app.domain.egress import EngineNetworks
-from app.fleet.claims import address_refusal, inventory_refusal
-from app.fleet.messages import PROTOCOL_VERSION, GpuReport, Hello, ShardReport
+from app.hub.claims import address_refusal, inventory_refusal
+from wire.messages import PROTOCOL_VERSION, GpuReport, Hello, ShardReport
 
 ANYWHERE = EngineNetworks.parse("0.0.0.0/0,::/0,gpu-7.internal,gpu-8.internal")
 """Engine networks that allow whatever is vouched for, to look at vouching alone."""

@@ -5,18 +5,8 @@ from __future__ import annotations
 
 from agent import session as agent_side
 from agent.session import CommandLedger, Execute, HeartbeatContent, ServerSession
-from app.fleet import session as server_side
-from app.fleet.messages import (
-    PROTOCOL_VERSION,
-    CloseCode,
-    CommandResult,
-    HeartbeatShard,
-    Hello,
-    ShardStatus,
-    StartShard,
-    encode,
-)
-from app.fleet.session import (
+from app.hub import session as server_side
+from app.hub.session import (
     AgentGone,
     AgentHeartbeat,
     AgentHello,
@@ -25,6 +15,16 @@ from app.fleet.session import (
     Observation,
     PeerCertificate,
     ShardStatusReported,
+)
+from wire.messages import (
+    PROTOCOL_VERSION,
+    CloseCode,
+    CommandResult,
+    HeartbeatShard,
+    Hello,
+    ShardStatus,
+    StartShard,
+    encode,
 )
 
 HELLO = Hello(

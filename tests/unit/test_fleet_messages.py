@@ -12,14 +12,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.fleet.errors import (
+from wire.errors import (
     MalformedMessage,
     MessageTooLarge,
     ProtocolError,
     UnknownMessageType,
     UnsupportedVersion,
 )
-from app.fleet.messages import (
+from wire.messages import (
     MAX_CLOSE_REASON_BYTES,
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,

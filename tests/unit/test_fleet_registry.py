@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from app.fleet.messages import PROTOCOL_VERSION, CloseCode, Hello, encode
-from app.fleet.registry import ConnectionRegistry
-from app.fleet.session import AgentSession, Close, PeerCertificate, SessionState
+from app.hub.registry import ConnectionRegistry
+from app.hub.session import AgentSession, Close, PeerCertificate, SessionState
+from wire.messages import PROTOCOL_VERSION, CloseCode, Hello, encode
 
 
 class Connection:

@@ -10,9 +10,24 @@ from hypothesis import strategies as st
 from msgspec.structs import replace
 
 from app.domain.egress import EngineNetworks
-from app.fleet.budget import MessageBudget
-from app.fleet.errors import SessionStateError
-from app.fleet.messages import (
+from app.hub.budget import MessageBudget
+from app.hub.session import (
+    AgentGone,
+    AgentHeartbeat,
+    AgentHello,
+    AgentSession,
+    Close,
+    CommandCompleted,
+    ConnectionRefused,
+    IdentityMismatch,
+    Observe,
+    PeerCertificate,
+    Send,
+    SessionState,
+    ShardStatusReported,
+)
+from wire.errors import SessionStateError
+from wire.messages import (
     MAX_CLOSE_REASON_BYTES,
     MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
@@ -28,21 +43,6 @@ from app.fleet.messages import (
     StopShard,
     Welcome,
     encode,
-)
-from app.fleet.session import (
-    AgentGone,
-    AgentHeartbeat,
-    AgentHello,
-    AgentSession,
-    Close,
-    CommandCompleted,
-    ConnectionRefused,
-    IdentityMismatch,
-    Observe,
-    PeerCertificate,
-    Send,
-    SessionState,
-    ShardStatusReported,
 )
 
 INTERVAL_S = 5.0

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from app.domain.fleet import GpuHealth
 from app.domain.gpu_flaps import FlapGuard, FlapPolicy
+from app.domain.reports import GpuHealth
 
 POLICY = FlapPolicy(window_s=10, max_changes=3, stable_s=30)
 

@@ -12,10 +12,9 @@ carry on. Refusals are recorded as events at most once a minute per certificate
 (``RefusalThrottle``), so a certificate dialling in a loop cannot grow the log. When a
 certificate is revoked, ``enforce_revocations`` closes the live connections that use it.
 
-::
-
-    FleetError
-    └── NodeNotConnected            send_command to a node with no live connection
+``send_command`` takes the domain's commands (converted at the edge, ``app.hub.edge``) and
+raises the domain's ``NodeNotConnected`` when the node has no live connection; what the
+sessions observe reaches the handler as ``app.domain.reports``, converted there too.
 """
 
 from __future__ import annotations
@@ -36,14 +35,15 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode as WebSocketCloseCode
 from websockets.http11 import Request, Response
 
+from app.domain.commands import CommandNotSent, NodeNotConnected, StartShard, StopShard
 from app.domain.egress import EngineNetworks
+from app.domain.reports import AgentReport
 from app.domain.revocations import PresentedCertificate
-from app.fleet.budget import MessageBudget
-from app.fleet.errors import FleetError, SessionStateError
-from app.fleet.messages import MAX_MESSAGE_BYTES, AgentCommand, CloseCode, encode, fit_close_reason
-from app.fleet.refusals import CoolDown, RefusalThrottle
-from app.fleet.registry import ConnectionRegistry
-from app.fleet.session import (
+from app.hub.budget import MessageBudget
+from app.hub.edge import command_to_wire, report_of
+from app.hub.refusals import CoolDown, RefusalThrottle
+from app.hub.registry import ConnectionRegistry
+from app.hub.session import (
     AgentGone,
     AgentHello,
     AgentSession,
@@ -59,6 +59,8 @@ from app.fleet.session import (
 )
 from app.pki import CertificateKind, CertificateRejected, PeerIdentity, peer_identity
 from app.pki.describe import common_name, serial_hex
+from wire.errors import ProtocolError, SessionStateError
+from wire.messages import MAX_MESSAGE_BYTES, CloseCode, encode, fit_close_reason
 
 DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
 DEFAULT_HEARTBEAT_TIMEOUT_S = 15.0
@@ -69,22 +71,14 @@ LISTEN_BACKLOG = 4096
 log = structlog.get_logger(__name__)
 
 
-class NodeNotConnected(FleetError):
-    def __init__(self, node_id: str) -> None:
-        super().__init__(f"node {node_id!r} has no live agent connection")
-        self.node_id = node_id
-
-
 RevocationCheck = Callable[[PresentedCertificate], str | None]
 """Why a certificate may no longer connect (it was revoked), or None when it may."""
 
 
-class ObservationHandler(Protocol):
-    """What the hub hands observations to: ``app.services.fleet.FleetService``."""
+class ReportHandler(Protocol):
+    """What the hub hands agents' reports to: the control plane's live view."""
 
-    async def handle(
-        self, node_id: str, observation: Observation, *, replaced_previous: bool = False
-    ) -> None: ...
+    async def handle(self, report: AgentReport) -> None: ...
 
 
 class _AgentConnection:
@@ -125,7 +119,7 @@ class _AgentConnection:
 class AgentHub:
     def __init__(
         self,
-        service: ObservationHandler,
+        handler: ReportHandler,
         ssl_context: ssl.SSLContext,
         *,
         require_identity: bool = True,
@@ -144,7 +138,7 @@ class AgentHub:
                 f"need 0 < heartbeat interval ({heartbeat_interval_s}s) "
                 f"< heartbeat timeout ({heartbeat_timeout_s}s)"
             )
-        self._service = service
+        self._handler = handler
         self._ssl_context = ssl_context
         self._require_identity = require_identity
         self._heartbeat_interval_s = heartbeat_interval_s
@@ -199,17 +193,19 @@ class AgentHub:
     def connected_nodes(self) -> list[str]:
         return self._registry.connected_nodes()
 
-    async def send_command(self, node_id: str, command: AgentCommand) -> None:
+    async def send_command(self, node_id: str, command: StartShard | StopShard) -> None:
         """Send ``command`` on the node's current connection; raises ``NodeNotConnected``
         when there is none or it closes under the send."""
         connection = self._registry.get(node_id)
         if connection is None:
             raise NodeNotConnected(node_id)
         try:
-            outputs = connection.session.send_command(command)
+            outputs = connection.session.send_command(command_to_wire(command))
             await self._carry_out(connection, outputs)
         except (SessionStateError, ConnectionClosed) as exc:
             raise NodeNotConnected(node_id) from exc
+        except ProtocolError as exc:  # too large a message for the channel, say
+            raise CommandNotSent(f"{command.command_id} to {node_id}: {exc}") from exc
 
     async def enforce_revocations(self) -> int:
         """Close every live connection whose certificate is now revoked; returns how many."""
@@ -352,21 +348,21 @@ class AgentHub:
                     remote_address=connection.session.remote_address,
                     replaced_previous=previous is not None,
                 )
-                await self._service.handle(
-                    node_id, observation, replaced_previous=previous is not None
+                await self._handler.handle(
+                    report_of(observation, replaced_previous=previous is not None)
                 )
             case AgentGone(node_id=node_id, reason=reason):
                 if not self._registry.unregister(node_id, connection):
                     return  # a newer connection speaks for the node now
                 log.info("agent disconnected", node_id=node_id, reason=reason)
-                await self._service.handle(node_id, observation)
+                await self._handler.handle(report_of(observation))
             case ConnectionRefused(over_budget=True, node_id=node_id):
                 self._cool_down.start(node_id, monotonic())
                 await self._record_refusal(observation)
             case IdentityMismatch() | ConnectionRefused():
                 await self._record_refusal(observation)
             case _:
-                await self._service.handle(observation.node_id, observation)
+                await self._handler.handle(report_of(observation))
 
     async def _record_refusal(self, refusal: IdentityMismatch | ConnectionRefused) -> None:
         """Hand a refusal to the service unless one for the same certificate (or node) was
@@ -381,7 +377,9 @@ class AgentHub:
         if suppressed is None:
             log.info("refusal not recorded again within the minute", node_id=node_id, key=key)
             return
-        await self._service.handle(node_id, msgspec.structs.replace(refusal, suppressed=suppressed))
+        await self._handler.handle(
+            report_of(msgspec.structs.replace(refusal, suppressed=suppressed))
+        )
 
     async def _refuse(
         self, websocket: ServerConnection, ssl_object: object, remote: str, reason: str

@@ -13,8 +13,8 @@ The session never touches a socket or reads a clock; ``now`` is monotonic second
              over budget, lost
 
 A hello is accepted only from the node the certificate names, advertising an address the
-node can vouch for, with an inventory a machine can have (``app.fleet.claims``); every
-message counts against the connection's budget (``app.fleet.budget``). A closed session
+node can vouch for, with an inventory a machine can have (``app.hub.claims``); every
+message counts against the connection's budget (``app.hub.budget``). A closed session
 ignores every further input. An agent that said hello is reported gone exactly once,
 however its connection ends, unless a newer connection replaced it.
 """
@@ -27,10 +27,10 @@ from typing import assert_never
 import msgspec
 
 from app.domain.egress import EngineNetworks
-from app.fleet.budget import BudgetMeter, MessageBudget
-from app.fleet.claims import address_refusal, inventory_refusal
-from app.fleet.errors import MessageTooLarge, ProtocolError, SessionStateError
-from app.fleet.messages import (
+from app.hub.budget import BudgetMeter, MessageBudget
+from app.hub.claims import address_refusal, inventory_refusal
+from wire.errors import MessageTooLarge, ProtocolError, SessionStateError
+from wire.messages import (
     PROTOCOL_VERSION,
     AgentCommand,
     AgentMessage,

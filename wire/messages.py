@@ -9,7 +9,7 @@ version is refused with close code 1002, the reason naming both versions. Receiv
 fields they do not know, so adding an optional field needs no new version; removing,
 renaming or retyping a field does. See docs/protocol.md for the full description.
 
-Decoding raises the ``ProtocolError`` subclasses of ``app.fleet.errors``.
+Decoding raises the ``ProtocolError`` subclasses of ``wire.errors``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Annotated, Literal, get_args
 
 import msgspec
 
-from app.fleet.errors import (
+from wire.errors import (
     MalformedMessage,
     MessageTooLarge,
     ProtocolError,
@@ -61,7 +61,7 @@ LabelValue = Annotated[str, msgspec.Meta(max_length=256)]
 Labels = Annotated[dict[LabelKey, LabelValue], msgspec.Meta(max_length=64)]
 MAX_LISTED = 4096
 """Most GPUs, shards or GPU indexes one message may list; the meaning of a hello is checked
-against tighter limits (``app.fleet.claims``)."""
+against tighter limits (``app.hub.claims``)."""
 
 
 class _Wire(msgspec.Struct, frozen=True, kw_only=True):

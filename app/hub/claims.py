@@ -14,7 +14,7 @@ vouch for. Its hello is refused, with the reason, when
   with one index or one UUID, more memory used than there is, sizes no GPU has, or two
   reports of one shard.
 
-The wire types bound every size too (``app.fleet.messages``), so that nothing absurd is
+The wire types bound every size too (``wire.messages``), so that nothing absurd is
 even decoded; these checks are about meaning.
 """
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from app.domain.egress import EngineNetworks, host_name, ip_address_of
-from app.fleet.messages import GpuReport, Hello, ShardReport
+from wire.messages import GpuReport, Hello, ShardReport
 
 MAX_GPUS_PER_NODE = 64
 MAX_GPU_MEMORY_MIB = 1024 * 1024

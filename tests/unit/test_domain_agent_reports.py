@@ -11,6 +11,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from app.domain.agent_reports import (
+    agent_connected,
+    agent_gone,
+    gpu_health_reported,
+    identity_rejected,
+    shard_reported,
+)
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import (
     AnyEvent,
@@ -29,17 +36,12 @@ from app.domain.events import (
     ShardStopped,
 )
 from app.domain.evolve import replay
-from app.domain.fleet import (
+from app.domain.reports import (
     AgentInventory,
     GpuHealth,
     IdentityClaim,
     ReportedPhase,
     ShardPhaseReport,
-    agent_connected,
-    agent_gone,
-    gpu_health_reported,
-    identity_rejected,
-    shard_reported,
 )
 from app.domain.state import ClusterState, ShardPhase
 

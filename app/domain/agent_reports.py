@@ -1,17 +1,15 @@
 """What the agents' reports mean for the log: pure decisions, no I/O.
 
-Each function takes the cluster as the log describes it and one thing an agent said (in
-domain terms; the services convert the wire messages) and returns the events to append,
-as ``(stream, event)`` pairs in order. A report that changes nothing returns no events, so
-an agent repeating itself never grows the log.
+``decide(state, report)`` takes the cluster as the log describes it and one thing an agent
+said (``app.domain.reports``: the agent hub converts the wire messages at its edge) and
+returns the events to append, as ``(stream, event)`` pairs in order. A report that changes
+nothing returns no events, so an agent repeating itself never grows the log.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Literal
-
-import msgspec
+from typing import assert_never
 
 from app.domain.events import (
     AnyEvent,
@@ -30,68 +28,43 @@ from app.domain.events import (
     node_stream,
     replica_stream,
 )
+from app.domain.reports import (
+    AgentConnected,
+    AgentDisconnected,
+    AgentInventory,
+    AgentReport,
+    CommandAnswered,
+    GpuHealth,
+    HeartbeatReport,
+    IdentityClaim,
+    Refusal,
+    ShardPhaseReport,
+    ShardStatusReport,
+)
 from app.domain.state import ClusterState, ShardPhase
 
 Decision = list[tuple[str, AnyEvent]]
-ReportedPhase = Literal[
-    ShardPhase.STARTING, ShardPhase.READY, ShardPhase.FAILED, ShardPhase.STOPPED
-]
-"""The phases an agent reports; only the control plane places shards."""
 
 
-class AgentInventory(msgspec.Struct, frozen=True, kw_only=True):
-    """What an agent said about its node when it connected."""
-
-    node_id: str
-    address: str
-    remote_address: str
-    labels: dict[str, str]
-    gpus: tuple[GpuInfo, ...]
-    port_range: tuple[int, int]
-    agent_version: str
-    certificate_serial: str = ""
-
-
-class GpuHealth(msgspec.Struct, frozen=True, kw_only=True):
-    """One GPU's health as an agent last reported it."""
-
-    index: int
-    uuid: str
-    healthy: bool
-    reason: str | None = None
-    xid: int | None = None
-
-
-class ShardPhaseReport(msgspec.Struct, frozen=True, kw_only=True):
-    """An agent says one of its shards is now in ``phase``."""
-
-    replica_id: str
-    shard_index: int
-    phase: ReportedPhase
-    pid: int | None = None
-    error: str | None = None
-    exit_code: int | None = None
-    log_tail: tuple[str, ...] = ()
-
-
-class IdentityClaim(msgspec.Struct, frozen=True, kw_only=True):
-    """A connection claimed a node its certificate does not prove (or a revoked one)."""
-
-    claimed_node_id: str
-    certificate_subject: str
-    remote_address: str
-    reason: str
-    suppressed: int = 0
-
-
-class Refusal(msgspec.Struct, frozen=True, kw_only=True):
-    """A connection that proved its node was refused or cut off for what it said or did."""
-
-    node_id: str
-    remote_address: str
-    certificate_serial: str
-    reason: str
-    suppressed: int = 0
+def decide(state: ClusterState, report: AgentReport) -> Decision:
+    """The events ``report`` adds to what the log says."""
+    match report:
+        case AgentConnected(inventory=inventory, replaced_previous=replaced):
+            return agent_connected(state, inventory, replaced_previous=replaced)
+        case HeartbeatReport(node_id=node_id, gpu_changes=changes):
+            return gpu_health_reported(state, node_id, changes)
+        case ShardStatusReport(node_id=node_id, phase=phase):
+            return shard_reported(state, node_id, phase)
+        case AgentDisconnected(node_id=node_id, reason=reason):
+            return agent_gone(state, node_id, reason)
+        case IdentityClaim():
+            return identity_rejected(report)
+        case Refusal():
+            return node_refused(report)
+        case CommandAnswered():
+            return []
+        case _:
+            assert_never(report)
 
 
 def agent_connected(

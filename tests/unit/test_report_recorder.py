@@ -1,13 +1,15 @@
-"""The fleet service on the in-memory store: what agents say, as the log records it."""
+"""The report recorder on the in-memory store: what agents say, as the log records it."""
 
 from __future__ import annotations
 
 from app.domain.events import GpuMarkedUnhealthy, GpuRecovered, event_type, node_stream
 from app.domain.gpu_flaps import FlapPolicy
-from app.fleet.messages import PROTOCOL_VERSION, GpuHealthChange, GpuReport, Heartbeat, Hello
-from app.fleet.session import AgentHeartbeat, AgentHello
-from app.services.fleet import FleetService
+from app.domain.reports import AgentReport
+from app.hub.edge import report_of
+from app.hub.session import AgentHeartbeat, AgentHello
+from app.services.agent_reports import ReportRecorder
 from app.store.memory import InMemoryEventStore
+from wire.messages import PROTOCOL_VERSION, GpuHealthChange, GpuReport, Heartbeat, Hello
 
 NODE = "gpu-1"
 
@@ -20,7 +22,7 @@ class Clock:
         return self.now
 
 
-def hello(healthy: bool = True) -> AgentHello:
+def hello(healthy: bool = True) -> AgentReport:
     gpu = GpuReport(
         index=0,
         uuid="GPU-0",
@@ -38,16 +40,18 @@ def hello(healthy: bool = True) -> AgentHello:
         port_range=(20000, 20999),
         gpus=(gpu,),
     )
-    return AgentHello(node_id=NODE, hello=message, remote_address="127.0.0.1:5000")
+    return report_of(AgentHello(node_id=NODE, hello=message, remote_address="127.0.0.1:5000"))
 
 
-def heartbeat(seq: int, healthy: bool | None = None) -> AgentHeartbeat:
+def heartbeat(seq: int, healthy: bool | None = None) -> AgentReport:
     changes = (
         ()
         if healthy is None
         else (GpuHealthChange(index=0, uuid="GPU-0", healthy=healthy, reason="xid 79"),)
     )
-    return AgentHeartbeat(node_id=NODE, heartbeat=Heartbeat(seq=seq, gpu_changes=changes))
+    return report_of(
+        AgentHeartbeat(node_id=NODE, heartbeat=Heartbeat(seq=seq, gpu_changes=changes))
+    )
 
 
 async def gpu_events(store: InMemoryEventStore) -> list[str]:
@@ -60,14 +64,14 @@ async def gpu_events(store: InMemoryEventStore) -> list[str]:
 
 async def test_a_gpu_flipping_170_times_is_recorded_a_handful_of_times_then_held() -> None:
     store, clock = InMemoryEventStore(), Clock()
-    service = FleetService(
+    service = ReportRecorder(
         store, clock=clock, flap_policy=FlapPolicy(window_s=10, max_changes=3, stable_s=30)
     )
-    await service.handle(NODE, hello())
+    await service.handle(hello())
 
     for seq in range(170):
         clock.now = seq / 170
-        await service.handle(NODE, heartbeat(seq, healthy=seq % 2 == 1))
+        await service.handle(heartbeat(seq, healthy=seq % 2 == 1))
 
     assert await gpu_events(store) == [
         "gpu_marked_unhealthy",
@@ -79,10 +83,10 @@ async def test_a_gpu_flipping_170_times_is_recorded_a_handful_of_times_then_held
     assert not gpu.healthy
     assert str(gpu.unhealthy_reason).startswith("flapping")
 
-    await service.handle(NODE, hello(healthy=True))  # reconnecting does not clear the hold
+    await service.handle(hello(healthy=True))  # reconnecting does not clear the hold
     assert not store.state.nodes[NODE].gpus[0].healthy
 
     clock.now = 40.0
-    await service.handle(NODE, heartbeat(999))  # a plain heartbeat, once stable
+    await service.handle(heartbeat(999))  # a plain heartbeat, once stable
     assert (await gpu_events(store))[-1] == "gpu_recovered"
     assert store.state.nodes[NODE].gpus[0].healthy

@@ -1,0 +1,191 @@
+"""What agents report, recorded: decide against the log, append with the agent as actor.
+
+The agent hub converts what its sessions observe into ``app.domain.reports`` at its edge
+and hands each report here (through the live view, which folds it first);
+``app.domain.agent_reports.decide`` says what it adds to the log.
+
+Reports about one node are recorded one at a time, in the order they arrive, so a node's
+events reach the log in the order its agent caused them (a disconnect can never overtake
+the connect before it). Appends check the version of every stream they write; when
+another writer moved one first, the decision is made again on the new state. An append
+refused because another leader took over (``FencedError``) calls ``on_fenced`` before it
+is raised, so the leader stops at once.
+
+GPU health goes through each node's ``FlapGuard`` first: a GPU that flaps is held
+unhealthy (one event) instead of reaching the log with every flip, and released on a later
+heartbeat once it has been stable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import msgspec
+import structlog
+
+from app.domain import agent_reports
+from app.domain.envelope import Meta
+from app.domain.events import event_type
+from app.domain.gpu_flaps import FlapGuard, FlapPolicy
+from app.domain.reports import (
+    AgentConnected,
+    AgentInventory,
+    AgentReport,
+    CommandAnswered,
+    GpuHealth,
+    HeartbeatReport,
+    IdentityClaim,
+    Refusal,
+    ShardStatusReport,
+    reporting_node,
+)
+from app.store.errors import ConcurrencyError, FencedError
+from app.store.interface import AppendRequest, EventStore, NewEvent
+
+HUB_ACTOR = "agent-hub"
+"""The actor of events about refused connections: what a refused connection says is not
+taken as its node's word."""
+MAX_ATTEMPTS = 5
+
+log = structlog.get_logger(__name__)
+
+
+def agent_actor(node_id: str) -> str:
+    return f"agent:{node_id}"
+
+
+class ReportRecorder:
+    def __init__(
+        self,
+        store: EventStore,
+        *,
+        max_attempts: int = MAX_ATTEMPTS,
+        epoch: int | None = None,
+        flap_policy: FlapPolicy | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_fenced: Callable[[str], None] = lambda _: None,
+    ) -> None:
+        """``epoch``: the leader epoch of this control plane, carried in every append so a
+        deposed leader's agent events are refused like its own (``FencedError``)."""
+        self._store = store
+        self._max_attempts = max_attempts
+        self._epoch = epoch
+        self._flap_policy = flap_policy or FlapPolicy()
+        self._clock = clock
+        self._on_fenced = on_fenced
+        self._node_locks: dict[str, asyncio.Lock] = {}
+        self._flaps: dict[str, FlapGuard] = {}
+
+    async def handle(self, report: AgentReport) -> None:
+        """Record what ``report`` changes.
+
+        Raises the store's errors (``ConcurrencyError`` after ``max_attempts`` lost races,
+        ``FencedError`` once another leader took over, ``StoreError`` when the database
+        fails); nothing was written for this report then.
+        """
+        recorded = self._debounced(report)
+        if recorded is None:
+            return
+        node_id = reporting_node(recorded)
+        refused = isinstance(recorded, IdentityClaim | Refusal)
+        actor = HUB_ACTOR if refused else agent_actor(node_id)
+        # No await before the lock is taken: reports queue in the order they came.
+        async with self._lock_for(node_id):
+            try:
+                await self._decide_and_append(recorded, actor)
+            except FencedError as exc:
+                self._on_fenced(str(exc))
+                raise
+
+    def _lock_for(self, node_id: str) -> asyncio.Lock:
+        return self._node_locks.setdefault(node_id, asyncio.Lock())
+
+    async def _decide_and_append(self, report: AgentReport, actor: str) -> None:
+        for attempt in range(1, self._max_attempts + 1):
+            # Decided on the store's fold and appended with the versions of that fold: no
+            # read before the write. If another writer moved a stream meanwhile, the store
+            # refuses the append, catches up, and we decide again.
+            decision = agent_reports.decide(self._store.state, report)
+            if not decision:
+                return
+            versions = {s: self._store.known_version(s) for s in _streams(decision)}
+            try:
+                await self._store.append_many(
+                    _requests(decision, versions), self._meta(report, actor)
+                )
+            except ConcurrencyError as exc:
+                if attempt == self._max_attempts:
+                    raise
+                log.info("fleet decision lost a race", stream=exc.stream, attempt=attempt)
+                await self._store.catch_up()
+                continue
+            log.info("fleet events recorded", actor=actor, events=_types(decision))
+            return
+
+    def _meta(self, report: AgentReport, actor: str) -> Meta:
+        """Who, in which epoch, and the cause: the command a shard's new state answers."""
+        cause = report.command_id if isinstance(report, ShardStatusReport) else None
+        return Meta(actor=actor, epoch=self._epoch, causation_id=cause)
+
+    def _debounced(self, report: AgentReport) -> AgentReport | None:
+        """``report`` with GPU health as the log should hear it; None when nothing is left
+        to record (a heartbeat that changes nothing, a command's result)."""
+        match report:
+            case AgentConnected(inventory=inventory):
+                return msgspec.structs.replace(report, inventory=self._held(inventory))
+            case HeartbeatReport(node_id=node_id, gpu_changes=reported):
+                guard, now = self._guard(node_id), self._clock()
+                changes = guard.observe(reported, now) + guard.release(now)
+                if not changes:
+                    return None
+                return msgspec.structs.replace(report, gpu_changes=tuple(changes))
+            case CommandAnswered():
+                log.info(
+                    "agent command completed",
+                    node_id=report.node_id,
+                    command_id=report.command_id,
+                    ok=report.ok,
+                    error=report.error,
+                )
+                return None
+            case _:
+                return report
+
+    def _guard(self, node_id: str) -> FlapGuard:
+        return self._flaps.setdefault(node_id, FlapGuard(self._flap_policy))
+
+    def _held(self, inventory: AgentInventory) -> AgentInventory:
+        """The hello's GPUs as the log should see them: a flapping GPU stays held unhealthy,
+        however often its agent reconnects."""
+        guard = self._guard(inventory.node_id)
+        reported = [
+            GpuHealth(index=g.index, uuid=g.uuid, healthy=g.healthy, reason=g.unhealthy_reason)
+            for g in inventory.gpus
+        ]
+        guard.observe(reported, self._clock())
+        held = {health.index: guard.health(health) for health in reported}
+        gpus = tuple(
+            msgspec.structs.replace(
+                gpu, healthy=held[gpu.index].healthy, unhealthy_reason=held[gpu.index].reason
+            )
+            for gpu in inventory.gpus
+        )
+        return msgspec.structs.replace(inventory, gpus=gpus)
+
+
+def _types(decision: agent_reports.Decision) -> list[str]:
+    return [event_type(event) for _, event in decision]
+
+
+def _streams(decision: agent_reports.Decision) -> set[str]:
+    return {stream for stream, _ in decision}
+
+
+def _requests(decision: agent_reports.Decision, versions: dict[str, int]) -> list[AppendRequest]:
+    """One request per stream, streams in the order the decision first names them."""
+    by_stream: dict[str, list[NewEvent]] = {}
+    for stream, event in decision:
+        by_stream.setdefault(stream, []).append(NewEvent(event))
+    return [AppendRequest(stream, versions[stream], events) for stream, events in by_stream.items()]

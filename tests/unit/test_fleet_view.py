@@ -1,0 +1,99 @@
+"""The live fleet view is a fold of what agents report: stories of ``observe``."""
+
+from __future__ import annotations
+
+from app.domain.fleet_view import FleetView, observe
+from app.domain.reports import (
+    AgentConnected,
+    AgentDisconnected,
+    AgentInventory,
+    CommandAnswered,
+    HeartbeatReport,
+    ReportedShard,
+    ShardPhaseReport,
+    ShardStatusReport,
+)
+from app.domain.state import ShardPhase
+
+MODELS = {"llama-1": "llama", "qwen-1": "qwen"}
+
+
+def model_of(replica_id: str) -> str | None:
+    return MODELS.get(replica_id)
+
+
+def shard(replica_id: str, state: str = "ready", port: int = 20000) -> ReportedShard:
+    return ReportedShard(
+        replica_id=replica_id, shard_index=0, model="llama", port=port, pid=7, state=state
+    )
+
+
+def hello(node_id: str, *shards: ReportedShard) -> AgentConnected:
+    inventory = AgentInventory(
+        node_id=node_id,
+        address="127.0.0.1",
+        remote_address="127.0.0.1:4000",
+        labels={},
+        gpus=(),
+        port_range=(20000, 20999),
+        agent_version="t",
+    )
+    return AgentConnected(inventory=inventory, shards=shards)
+
+
+def status(
+    node_id: str, replica_id: str, phase: ShardPhase, port: int = 20000
+) -> ShardStatusReport:
+    return ShardStatusReport(
+        node_id=node_id,
+        phase=ShardPhaseReport(replica_id=replica_id, shard_index=0, phase=phase, pid=8),  # type: ignore[arg-type]
+        port=port,
+    )
+
+
+def test_a_hello_lists_what_runs_and_gives_the_node_a_new_greeting() -> None:
+    view = observe(FleetView(), hello("gpu-1", shard("llama-1")), model_of)
+    again = observe(view, hello("gpu-1"), model_of)
+
+    assert list(view.reports["gpu-1"].shards) == [("llama-1", 0)]
+    assert again.reports["gpu-1"].shards == {}  # a hello replaces what was known
+    assert (view.greeting("gpu-1"), again.greeting("gpu-1")) == (1, 2)
+    assert again.greeting("gpu-2") is None
+
+
+def test_a_heartbeat_updates_only_the_shards_the_view_knows() -> None:
+    view = observe(FleetView(), hello("gpu-1", shard("llama-1", state="starting")), model_of)
+
+    beat = HeartbeatReport(
+        node_id="gpu-1", shard_states=(("llama-1", 0, "ready"), ("x-1", 0, "ready"))
+    )
+    after = observe(view, beat, model_of)
+
+    assert {k: s.state for k, s in after.reports["gpu-1"].shards.items()} == {
+        ("llama-1", 0): "ready"
+    }
+    assert observe(after, beat, model_of) is after  # nothing new: the same view
+
+
+def test_a_status_inserts_a_shard_with_the_model_the_log_knows() -> None:
+    view = observe(FleetView(), hello("gpu-1"), model_of)
+
+    after = observe(view, status("gpu-1", "qwen-1", ShardPhase.STARTING, port=20001), model_of)
+
+    [reported] = after.reports["gpu-1"].shards.values()
+    assert (reported.model, reported.port, reported.state, reported.pid) == (
+        "qwen",
+        20001,
+        "starting",
+        8,
+    )
+
+
+def test_a_disconnect_drops_the_node_and_other_reports_change_nothing() -> None:
+    view = observe(FleetView(), hello("gpu-1", shard("llama-1")), model_of)
+
+    answered = CommandAnswered(node_id="gpu-1", command_id="c", ok=True)
+    assert observe(view, answered, model_of) is view
+    gone = observe(view, AgentDisconnected(node_id="gpu-1", reason="lost"), model_of)
+    assert gone.reports == {}
+    assert observe(gone, AgentDisconnected(node_id="gpu-1", reason="lost"), model_of) is gone
