@@ -24,7 +24,7 @@ from app.admin.events import end_event_streams
 from app.admin.health import Readiness
 from app.admin.metrics import control_plane_figures
 from app.admin.tls import TlsScopeProtocol, admin_ssl_context
-from app.commands.common import DatabaseUrl, fail
+from app.commands.common import AllowPrivilegedRole, DatabaseUrl, database_role_allowed, fail
 from app.fleet.hub import DEFAULT_HEARTBEAT_INTERVAL_S
 from app.gateway.postgres import (
     DEFAULT_CLIENT_HOST,
@@ -169,6 +169,7 @@ def serve(
             "report in flight on it before it is stopped anyway",
         ),
     ] = 60.0,
+    allow_privileged_role: AllowPrivilegedRole = False,
     log_level: Annotated[str, Parameter(env_var="LLMGW_LOG_LEVEL")] = "info",
 ) -> None:
     """Run the control plane until SIGINT or SIGTERM: the admin API and the gateway (on
@@ -181,6 +182,10 @@ def serve(
     With --admin-tls-cert and --admin-tls-key the admin API is served over HTTPS, and an
     operator certificate from the llmgw CA (`llmgw-cli cert operator <name>`) authenticates
     its holder, whose name then becomes the actor of what they change.
+
+    The database role must be the runtime role (`llmgw-server migrate --runtime-role`),
+    which appends only through llmgw_append and owns nothing: a superuser, or the owner of
+    the log's tables, is refused unless --allow-privileged-role is given.
 
     Example: llmgw-server serve --tls-cert server.crt --tls-key server.key --tls-ca ca.crt
     """
@@ -238,6 +243,7 @@ def serve(
         gateway=GatewayOptions(host=client_host, port=client_port, gateway_id=server_id or None)
         if gateway
         else None,
+        allow_privileged_role=allow_privileged_role,
     )
     if gateway and not 0 <= client_port <= 65535:
         fail(f"--client-port must be between 0 and 65535, not {client_port}")
@@ -265,6 +271,7 @@ class ServeSettings:
     admin_tls: ssl.SSLContext | None = None
     gateway: GatewayOptions | None = None
     """The client listener; None: no gateway in this process."""
+    allow_privileged_role: bool = False
 
 
 class _AdminServer(uvicorn.Server):
@@ -284,6 +291,11 @@ async def _serve(settings: ServeSettings) -> int:
     """Serve until signalled or deposed; the process's exit code."""
     engine = create_engine(settings.database_url)
     try:
+        allowed = await database_role_allowed(
+            settings.database_url, allow_privileged=settings.allow_privileged_role
+        )
+        if not allowed:
+            return 1
         store = PostgresEventStore(engine)
         await store.catch_up()
         control_plane = ControlPlane(store, settings.database_url, settings.control_plane)
