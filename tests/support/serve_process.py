@@ -1,7 +1,7 @@
 """``llmgw-server serve`` as a process of its own, the way an operator starts it: its admin
 API on a free loopback port with one token, the test CA's certificates for its agent hub
-(and for the admin API too, when asked), its output in a log file. No gateway runs and no
-agent connects."""
+(and for the admin API too, when asked), its output in a log file, connected as the runtime
+role. No gateway runs and no agent connects."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import httpx
 
 from agent.simulator.launcher import free_port
 from tests.support.admin_server import LOOPBACK, Pki
+from tests.support.databases import runtime_url
 from tests.support.operator_cli import clean_environment, installed
 from tests.support.waiting import wait_until
 
@@ -51,7 +52,7 @@ def _start(
             [
                 installed("llmgw-server"),
                 "serve",
-                *("--database-url", database_url),
+                *("--database-url", runtime_url(database_url)),
                 *admin_flags,
                 *("--agent-host", LOOPBACK, "--agent-port", str(free_port()), "--no-gateway"),
                 *("--tls-cert", str(certificate), "--tls-key", str(key), "--tls-ca", str(pki.ca)),
