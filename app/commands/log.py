@@ -13,9 +13,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.commands.common import DatabaseUrl, fail
 from app.logs import configure_logging
-from app.store.chain import AnchorError, Head, parse_anchor
+from app.store.chain import Head, parse_anchor
 from app.store.database import create_engine
-from app.store.errors import StoreError
+from app.store.errors import InvalidAnchor, StoreError
 from app.store.verification import Progress, Verification, read_head, verify_log
 
 T = TypeVar("T")
@@ -52,7 +52,7 @@ def verify_command(
         fail(f"--output is text or json, not {output!r}")
     try:
         anchors = [parse_anchor(value) for value in anchor or ()]
-    except AnchorError as exc:
+    except InvalidAnchor as exc:
         fail(f"--anchor: {exc}")
         return
     progress = _terminal_progress() if output == "text" and sys.stderr.isatty() else None

@@ -26,6 +26,8 @@ from typing import NamedTuple
 
 import msgspec
 
+from app.store.errors import InvalidAnchor
+
 GENESIS = bytes(32)
 """The chain hash "before" the first event: 32 zero bytes."""
 FORMAT_VERSION = 1
@@ -132,21 +134,17 @@ class Head(msgspec.Struct, frozen=True):
         return f"{self.position}:{self.chain_hash.hex()}"
 
 
-class AnchorError(ValueError):
-    pass
-
-
 def parse_anchor(text: str) -> Head:
     """``POSITION:HASH`` (a head as ``log head`` prints it) into a ``Head``."""
     match = _ANCHOR.fullmatch(text.strip())
     if match is None:
-        raise AnchorError(
+        raise InvalidAnchor(
             f"an anchor is POSITION:HASH, the position a whole number and the hash 64 hex "
             f"digits, as `llmgw-server log head` prints it; not {text!r}"
         )
     position = int(match[1])
     if position >= 2**63:
-        raise AnchorError(f"anchor position {position} is beyond any position")
+        raise InvalidAnchor(f"anchor position {position} is beyond any position")
     return Head(position, bytes.fromhex(match[2]))
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 
-from app.store.errors import StoreError
+from app.store.errors import RuntimeRoleError
 from app.store.scram import scram_sha256_verifier
 
 DEFAULT_RUNTIME_ROLE = "llmgw_runtime"
@@ -45,10 +45,6 @@ TELEMETRY_TABLES = ("gateway_reports",)
 MAX_ROLE_NAME_BYTES = 63
 DUPLICATE_OBJECT = "42710"
 UNIQUE_VIOLATION = "23505"
-
-
-class RuntimeRoleError(StoreError):
-    """The runtime role cannot be created, or must not be used as one."""
 
 
 @dataclass(frozen=True)

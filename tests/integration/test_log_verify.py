@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import pty
 import subprocess
 import uuid
 from collections.abc import AsyncIterator
@@ -275,3 +277,27 @@ async def test_a_malformed_anchor_is_refused_in_one_line(log: Log, anchor: str) 
     assert result.stdout == ""
     assert result.stderr.startswith("error: --anchor: an anchor is POSITION:HASH"), result
     assert len(result.stderr.splitlines()) == 1
+
+
+async def test_on_a_terminal_it_shows_how_far_it_got(log: Log) -> None:
+    terminal, its_side = pty.openpty()
+    try:
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [SERVER, "log", "verify", "--database-url", runtime_url(log.database_url)],
+            stdout=subprocess.PIPE,
+            stderr=its_side,
+            text=True,
+            timeout=PROCESS_TIMEOUT_S,
+            check=False,
+        )
+        shown = os.read(terminal, 65536).decode()
+    finally:
+        os.close(its_side)
+        os.close(terminal)
+
+    last = log.first + EVENTS - 1
+    assert done.returncode == 0
+    assert f"\rverifying: {EVENTS} events, at position {last} (100%)" in shown
+    assert shown.endswith("\r\x1b[K")  # and the line is cleared before the report
+    assert done.stdout.startswith(f"log verified: {EVENTS} events")

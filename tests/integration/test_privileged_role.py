@@ -21,12 +21,14 @@ import pytest_asyncio
 from sqlalchemy.engine import make_url
 
 from agent.simulator.launcher import free_port
+from app.devdb import DevDatabaseError, LocalPostgres, find_bindir
 from app.store.privileges import privileged_role
 from tests.support.admin_server import LOOPBACK, Pki, write_pki
-from tests.support.databases import runtime_url
+from tests.support.databases import migrate_for_tests, runtime_url
 from tests.support.operator_cli import clean_environment, installed
-from tests.support.postgres import PostgresServer, quote_identifier
+from tests.support.postgres import LocalServer, PostgresServer, quote_identifier
 from tests.support.serve_process import serving_process
+from tests.support.waiting import wait_until
 
 REFUSED_WITHIN_S = 60
 ADVICE = (
@@ -179,3 +181,47 @@ async def test_a_role_granted_writes_on_the_log_by_hand_is_refused(database_url:
 
     assert column == ("llmgw_runtime_test", "may UPDATE events directly")
     assert table == ("llmgw_runtime_test", "may TRUNCATE replicas directly")
+
+
+def start_gateway(database_url: str, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as output:
+        return subprocess.Popen(
+            [
+                *(installed("llmgw-server"), "gateway", "--database-url", database_url),
+                *("--port", str(free_port())),
+            ],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=clean_environment(),
+        )
+
+
+async def test_a_gateway_started_while_the_database_is_away_refuses_once_it_answers(
+    tmp_path: Path,
+) -> None:
+    try:
+        find_bindir()
+    except DevDatabaseError as exc:
+        pytest.skip(str(exc))
+    log = tmp_path / "gateway.log"
+    with LocalPostgres(durable=False) as cluster:
+        server = LocalServer(cluster)
+        await server.create_database("llmgw")
+        await asyncio.to_thread(migrate_for_tests, server.url("llmgw"))
+        await server.stop()
+        gateway = start_gateway(server.url("llmgw"), log)
+        try:
+            await wait_until(
+                lambda: "cannot check the database role yet" in log.read_text(),
+                what="the gateway serving without its database",
+            )
+            assert gateway.poll() is None
+            await server.start()
+            code = await asyncio.to_thread(gateway.wait, REFUSED_WITHIN_S)
+        finally:
+            if gateway.poll() is None:
+                gateway.kill()
+                gateway.wait()
+
+    assert code == 1
+    assert f'error: the database role "postgres" is a superuser, {ADVICE}' in log.read_text()

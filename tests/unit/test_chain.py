@@ -11,7 +11,6 @@ import pytest
 
 from app.store.chain import (
     GENESIS,
-    AnchorError,
     Break,
     ChainRow,
     ChainWalk,
@@ -21,6 +20,7 @@ from app.store.chain import (
     event_bytes,
     parse_anchor,
 )
+from app.store.errors import InvalidAnchor
 
 EXAMPLE = ChainRow(
     position=1,
@@ -192,5 +192,5 @@ def test_an_anchor_is_read_as_log_head_prints_it() -> None:
              f"-1:{'0' * 64}", f"99999999999999999999:{'0' * 64}", f"42:{'z' * 64}"],
 )  # fmt: skip
 def test_anything_else_is_no_anchor(text: str) -> None:
-    with pytest.raises(AnchorError, match="an anchor is POSITION:HASH"):
+    with pytest.raises(InvalidAnchor, match="an anchor is POSITION:HASH"):
         parse_anchor(text)

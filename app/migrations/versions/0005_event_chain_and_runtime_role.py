@@ -61,17 +61,24 @@ CREATE FUNCTION llmgw_event_bytes(
     p_model text,
     p_actor text,
     p_correlation_id text
-) RETURNS bytea LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT '\\x01'::bytea
+) RETURNS bytea LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+DECLARE
+    -- In variables, so that llmgw_chain_text is inlined (an argument it would evaluate
+    -- three times must be a plain value) and this costs microseconds, not a plan per call.
+    v_data text := p_data::text;
+    v_meta text := p_meta::text;
+BEGIN
+    RETURN '\\x01'::bytea
         || int8send(p_position) || int8send(p_previous_position)
         || llmgw_chain_text(p_stream) || int8send(p_version::bigint)
         || llmgw_chain_text(p_type) || int8send(p_schema_version::bigint)
         || uuid_send(p_event_id)
         || int8send((extract(epoch FROM p_recorded_at) * 1000000)::bigint)
-        || llmgw_chain_text(p_data::text) || llmgw_chain_text(p_meta::text)
+        || llmgw_chain_text(v_data) || llmgw_chain_text(v_meta)
         || llmgw_chain_text(p_replica_id) || llmgw_chain_text(p_node_id)
         || llmgw_chain_text(p_model) || llmgw_chain_text(p_actor)
-        || llmgw_chain_text(p_correlation_id)
+        || llmgw_chain_text(p_correlation_id);
+END;
 $$""",
 )
 
