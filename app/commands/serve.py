@@ -25,7 +25,14 @@ from app.admin.events import end_event_streams
 from app.admin.health import Readiness
 from app.admin.metrics import control_plane_figures
 from app.admin.tls import TlsScopeProtocol, admin_ssl_context
-from app.commands.common import DatabaseUrl, EngineNetworksFlag, engine_networks_of, fail
+from app.commands.common import (
+    AllowPrivilegedRole,
+    DatabaseUrl,
+    EngineNetworksFlag,
+    database_role_allowed,
+    engine_networks_of,
+    fail,
+)
 from app.domain.egress import InvalidEngineNetworks
 from app.fleet.budget import MessageBudget
 from app.fleet.hub import DEFAULT_HEARTBEAT_INTERVAL_S
@@ -189,6 +196,7 @@ def serve(
         ),
     ] = DEFAULT_BUDGET.message_burst,
     engine_networks: EngineNetworksFlag = "",
+    allow_privileged_role: AllowPrivilegedRole = False,
     log_level: Annotated[str, Parameter(env_var="LLMGW_LOG_LEVEL")] = "info",
 ) -> None:
     """Run the control plane until SIGINT or SIGTERM: the admin API and the gateway (on
@@ -203,6 +211,9 @@ def serve(
     its holder, whose name then becomes the actor of what they change.
 
     Engines are contacted only where --engine-networks allows.
+    The database role must be the runtime role (`llmgw-server migrate --runtime-role`),
+    which appends only through llmgw_append and owns nothing: a superuser, or the owner of
+    the log's tables, is refused unless --allow-privileged-role is given.
 
     Example: llmgw-server serve --tls-cert server.crt --tls-key server.key --tls-ca ca.crt
     """
@@ -278,6 +289,7 @@ def serve(
         )
         if gateway
         else None,
+        allow_privileged_role=allow_privileged_role,
     )
     if gateway and not 0 <= client_port <= 65535:
         fail(f"--client-port must be between 0 and 65535, not {client_port}")
@@ -305,6 +317,7 @@ class ServeSettings:
     admin_tls: ssl.SSLContext | None = None
     gateway: GatewayOptions | None = None
     """The client listener; None: no gateway in this process."""
+    allow_privileged_role: bool = False
 
 
 class _AdminServer(uvicorn.Server):
@@ -324,6 +337,11 @@ async def _serve(settings: ServeSettings) -> int:
     """Serve until signalled or deposed; the process's exit code."""
     engine = create_engine(settings.database_url)
     try:
+        allowed = await database_role_allowed(
+            settings.database_url, allow_privileged=settings.allow_privileged_role
+        )
+        if not allowed:
+            return 1
         store = PostgresEventStore(engine)
         await store.catch_up()
         control_plane = ControlPlane(store, settings.database_url, settings.control_plane)
