@@ -285,6 +285,13 @@ def _parse(body: bytes) -> RoutingFields:
         raise invalid_request(f"Invalid request body: {exc}") from None
     except msgspec.DecodeError as exc:
         raise invalid_request(f"The request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        # Catching the decoder's own limit costs nothing on the requests that stay under it;
+        # a scan for depth beforehand would cost every request a second pass over its body.
+        raise invalid_request(
+            "The request body nests arrays and objects too deeply for the gateway to read "
+            "(about 1,000 levels); no OpenAI request comes close."
+        ) from None
 
 
 async def _read_body(receive: Receive) -> bytes:

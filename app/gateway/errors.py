@@ -217,7 +217,7 @@ def normalize_engine_error(status: int, body: bytes) -> bytes:
     """An engine's error ``body`` (any of the shapes engines use) in OpenAI's shape."""
     try:
         decoded: Any = msgspec.json.decode(body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         decoded = None
     detail = _detail_of(status, decoded) if isinstance(decoded, dict) else None
     if detail is None:
