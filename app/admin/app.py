@@ -10,6 +10,7 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
 from app.admin.auth import ACTOR_KEY, TokenAuthenticator
+from app.admin.bodies import MAX_BODY_BYTES
 from app.admin.errors import EXCEPTION_HANDLERS
 from app.admin.events import EventsController
 from app.admin.health import Readiness, healthz, readyz
@@ -84,5 +85,6 @@ def create_admin_app(
         exception_handlers=EXCEPTION_HANDLERS,
         openapi_config=OpenAPIConfig(title="llmgw admin API", version="1", path="/admin/v1/schema"),
         middleware=[log_requests],
+        request_max_body_size=MAX_BODY_BYTES,
         debug=False,
     )

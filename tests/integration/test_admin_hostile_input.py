@@ -1,0 +1,194 @@
+"""Hostile bodies at the admin API: the Litestar app served by uvicorn on a loopback socket,
+over real HTTP, against a fresh PostgreSQL database per test.
+
+Each story sends what an attacker (or a broken script) would: JSON nested a thousand deep,
+strings where numbers belong, bodies of many megabytes, numbers at the edge of what a float
+holds. Each gets a clear 4xx naming what is wrong, and the log is left as it was.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from app.admin.bodies import MAX_BODY_BYTES, MAX_BODY_DEPTH
+from app.store.postgres import PostgresEventStore
+from tests.support.admin_server import (
+    bearer_client,
+    last_position,
+    seed_node,
+    serving_admin,
+)
+
+TOKEN = secrets.token_hex(16)
+COMMAND = "vllm serve {model} --port {port}"
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def admin(pg_store: PostgresEventStore) -> AsyncIterator[httpx.AsyncClient]:
+    async with (
+        serving_admin(pg_store, tokens={TOKEN: "alice"}) as url,
+        bearer_client(url, TOKEN) as client,
+    ):
+        yield client
+
+
+def problem_of(answer: httpx.Response, status: int) -> dict[str, Any]:
+    assert answer.status_code == status, answer.text
+    assert answer.headers["content-type"].startswith("application/problem+json")
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+async def seeded(admin: httpx.AsyncClient, store: PostgresEventStore) -> int:
+    """A node and a declared model to aim requests at; the log's position after them."""
+    await seed_node(store, "gpu-1")
+    declared = await admin.put("/admin/v1/models/llama", json={"command": COMMAND})
+    assert declared.status_code == 200, declared.text
+    return await last_position(store)
+
+
+# -- JSON nested deeper than anything the API reads --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/admin/v1/nodes/gpu-1/drain", '{"grace_s": 60, "x": %s}'),
+        ("POST", "/admin/v1/nodes/gpu-1/cordon", '{"reason": "r", "x": %s}'),
+        ("POST", "/admin/v1/models/llama/scale", '{"replicas": 2, "x": %s}'),
+        ("PUT", "/admin/v1/models/llama", '{"command": "x", "env": %s}'),
+        ("POST", "/admin/v1/placement", '{"command": "x", "env": %s}'),
+        ("POST", "/admin/v1/keys", '{"name": "k", "models": ["*"], "x": %s}'),
+        (
+            "POST",
+            "/admin/v1/models/llama/tuning",
+            '{"weight": 1, "target_waiting": 2, "kv_ceiling": 0.5, "summary": {"a": %s}}',
+        ),
+    ],
+    ids=["drain", "cordon", "scale", "apply", "placement", "key", "tuning"],
+)
+@pytest.mark.parametrize("depth", [MAX_BODY_DEPTH + 1, 1000, 100_000])
+async def test_json_nested_too_deep_is_a_400_and_records_nothing(
+    admin: httpx.AsyncClient,
+    pg_store: PostgresEventStore,
+    method: str,
+    path: str,
+    body: str,
+    depth: int,
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.request(method, path, content=body % nested(depth))
+
+    problem = problem_of(answer, 400)
+    assert f"more than {MAX_BODY_DEPTH} levels deep" in problem["detail"]
+    assert await last_position(pg_store) == before
+
+
+async def test_json_as_deep_as_the_limit_is_read(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    await seeded(admin, pg_store)
+    summary = "1"
+    for _ in range(MAX_BODY_DEPTH - 1):
+        summary = f'{{"a": {summary}}}'
+    body = f'{{"weight": 2, "target_waiting": 3, "kv_ceiling": 0.5, "summary": {summary}}}'
+
+    answer = await admin.post("/admin/v1/models/llama/tuning", content=body)
+
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["changed"] is True
+
+
+# -- strict types: a string is not a number ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/admin/v1/nodes/gpu-1/drain", {"grace_s": "10"}, "grace_s"),
+        ("/admin/v1/nodes/gpu-1/drain", {"grace_s": True}, "grace_s"),
+        ("/admin/v1/nodes/gpu-1/cordon", {"reason": 5}, "reason"),
+        ("/admin/v1/models/llama/scale", {"replicas": "3"}, "replicas"),
+        ("/admin/v1/models/llama/scale", {"replicas": 3.0}, "replicas"),
+        ("/admin/v1/keys", {"name": "k", "models": ["*"], "rpm": "60"}, "rpm"),
+        ("/admin/v1/keys", {"name": 7, "models": ["*"]}, "name"),
+        (
+            "/admin/v1/models/llama/tuning",
+            {"weight": "1", "target_waiting": 2, "kv_ceiling": 0.5},
+            "weight",
+        ),
+        (
+            "/admin/v1/models/llama/tuning",
+            {"weight": 1, "target_waiting": "2", "kv_ceiling": 0.5},
+            "target_waiting",
+        ),
+    ],
+    ids=[
+        "drain grace as text",
+        "drain grace as a boolean",
+        "cordon reason as a number",
+        "scale as text",
+        "scale as a float",
+        "key rpm as text",
+        "key name as a number",
+        "tuning weight as text",
+        "tuning target as text",
+    ],
+)
+async def test_a_value_of_the_wrong_type_is_a_400_naming_the_field(
+    admin: httpx.AsyncClient,
+    pg_store: PostgresEventStore,
+    path: str,
+    body: dict[str, Any],
+    field: str,
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.post(path, json=body)
+
+    problem = problem_of(answer, 400)
+    assert problem["detail"].startswith(f"{field}: Expected `"), problem
+    assert problem["errors"] == [
+        {"key": field, "message": problem["detail"].removeprefix(f"{field}: "), "source": "body"}
+    ]
+    assert await last_position(pg_store) == before
+
+
+async def test_a_spec_with_a_number_as_text_is_refused_naming_the_field(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.put(
+        "/admin/v1/models/llama", json={"command": COMMAND, "stop_grace_s": "10"}
+    )
+
+    problem = problem_of(answer, 422)
+    assert problem["errors"] == [{"field": "stop_grace_s", "reason": "expected `float`, got `str`"}]
+    assert await last_position(pg_store) == before
+
+
+# -- size --------------------------------------------------------------------------------
+
+
+async def test_a_body_over_the_limit_is_a_413(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    before = await seeded(admin, pg_store)
+    reason = "x" * MAX_BODY_BYTES
+
+    answer = await admin.post("/admin/v1/nodes/gpu-1/cordon", json={"reason": reason})
+
+    problem_of(answer, 413)
+    assert await last_position(pg_store) == before
