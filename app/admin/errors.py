@@ -18,6 +18,7 @@ from litestar.types import ExceptionHandlersMap
 
 from app.domain.keys import InvalidKey, UnknownKey
 from app.domain.operations import (
+    InvalidDrain,
     InvalidFields,
     InvalidOperation,
     InvalidSpec,
@@ -39,6 +40,7 @@ PROBLEM_TABLE: tuple[tuple[type[Exception], int, str], ...] = (
     (UnknownKey, HTTP_404_NOT_FOUND, "unknown-key"),
     (InvalidKey, HTTP_422_UNPROCESSABLE_ENTITY, "invalid-key"),
     (InvalidSpec, HTTP_422_UNPROCESSABLE_ENTITY, "invalid-spec"),
+    (InvalidDrain, HTTP_422_UNPROCESSABLE_ENTITY, "invalid-drain"),
     (InvalidOperation, HTTP_409_CONFLICT, "invalid-operation"),
     (ConcurrencyError, HTTP_409_CONFLICT, "conflict"),
     (FencedError, HTTP_503_SERVICE_UNAVAILABLE, "not-leader"),

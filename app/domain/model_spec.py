@@ -13,8 +13,24 @@ import msgspec
 
 NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 ENGINES = ("vllm", "sglang", "openai")
+
+# Every number of a spec is bounded: far beyond any real value, well inside what the tables'
+# columns hold and what a float writes exactly in the log's JSON (a weight of 1e308 is
+# stored as 1 and 308 zeros, which no longer reads back as the float that was recorded).
+MAX_GPUS_PER_SHARD = 64
+MAX_SHARDS_PER_REPLICA = 64
+MAX_REPLICAS = 10_000
+MAX_GPU_MEMORY_GIB = 1024
+MAX_STARTUP_TIMEOUT_S = 86_400
+"""A day: the largest models load in well under an hour."""
+MAX_STOP_GRACE_S = 3_600
+MAX_MOVES = MAX_REPLICAS
+MIN_WEIGHT = 0.001
+"""What ``llmgw-cli bench`` recommends at the least."""
+MAX_WEIGHT = 1_000_000
 MAX_TARGET_WAITING = 100_000
 """Far above any engine's queue; the bound keeps the value inside the tables' integer."""
+MIN_KV_CEILING = 0.01
 COMMAND_PLACEHOLDERS = frozenset(
     {"model", "port", "host", "gpus", "gpu_count", "rank", "world_size", "peers", "leader"}
 )
@@ -76,20 +92,49 @@ def validate_spec(spec: ModelSpec) -> list[SpecError]:
         f"known: {', '.join(sorted(COMMAND_PLACEHOLDERS))}",
     )
     need(spec.engine in ENGINES, "engine", f"must be one of {', '.join(ENGINES)}")
-    need(1 <= spec.gpus_per_shard <= 64, "gpus_per_shard", "must be between 1 and 64")
-    need(spec.gpu_memory_gib >= 0, "gpu_memory_gib", "must not be negative")
-    need(1 <= spec.shards_per_replica <= 64, "shards_per_replica", "must be between 1 and 64")
-    need(0 <= spec.replicas <= 10_000, "replicas", "must be between 0 and 10000")
-    need(spec.startup_timeout_s > 0, "startup_timeout_s", "must be positive")
-    need(spec.stop_grace_s >= 0, "stop_grace_s", "must not be negative")
-    need(spec.max_moves >= 1, "max_moves", "must be at least 1")
-    need(spec.routing.weight > 0, "routing.weight", "must be positive")
+    # Written as ranges to hold, so that NaN (which compares false) is refused too.
     need(
-        1 <= spec.routing.target_waiting <= MAX_TARGET_WAITING,
-        "routing.target_waiting",
-        f"must be between 1 and {MAX_TARGET_WAITING}",
+        1 <= spec.gpus_per_shard <= MAX_GPUS_PER_SHARD,
+        "gpus_per_shard",
+        f"must be between 1 and {MAX_GPUS_PER_SHARD}",
     )
-    need(0 < spec.routing.kv_ceiling <= 1, "routing.kv_ceiling", "must be in (0, 1]")
+    need(
+        0 <= spec.gpu_memory_gib <= MAX_GPU_MEMORY_GIB,
+        "gpu_memory_gib",
+        f"must be between 0 and {MAX_GPU_MEMORY_GIB}",
+    )
+    need(
+        1 <= spec.shards_per_replica <= MAX_SHARDS_PER_REPLICA,
+        "shards_per_replica",
+        f"must be between 1 and {MAX_SHARDS_PER_REPLICA}",
+    )
+    need(0 <= spec.replicas <= MAX_REPLICAS, "replicas", f"must be between 0 and {MAX_REPLICAS}")
+    need(
+        0 < spec.startup_timeout_s <= MAX_STARTUP_TIMEOUT_S,
+        "startup_timeout_s",
+        f"must be more than 0 and at most {MAX_STARTUP_TIMEOUT_S} (a day)",
+    )
+    need(
+        0 <= spec.stop_grace_s <= MAX_STOP_GRACE_S,
+        "stop_grace_s",
+        f"must be between 0 and {MAX_STOP_GRACE_S} (an hour)",
+    )
+    need(1 <= spec.max_moves <= MAX_MOVES, "max_moves", f"must be between 1 and {MAX_MOVES}")
+    errors.extend(
+        SpecError(f"routing.{e.field}", e.reason) for e in routing_setting_errors(spec.routing)
+    )
+    return errors
+
+
+def routing_setting_errors(routing: RoutingSettings) -> list[SpecError]:
+    """What is wrong with routing settings, by the name of each field in ``routing``."""
+    errors = []
+    if not MIN_WEIGHT <= routing.weight <= MAX_WEIGHT:
+        errors.append(SpecError("weight", f"must be between {MIN_WEIGHT:g} and {MAX_WEIGHT}"))
+    if not 1 <= routing.target_waiting <= MAX_TARGET_WAITING:
+        errors.append(SpecError("target_waiting", f"must be between 1 and {MAX_TARGET_WAITING}"))
+    if not MIN_KV_CEILING <= routing.kv_ceiling <= 1:
+        errors.append(SpecError("kv_ceiling", f"must be between {MIN_KV_CEILING:g} and 1"))
     return errors
 
 

@@ -192,3 +192,124 @@ async def test_a_body_over_the_limit_is_a_413(
 
     problem_of(answer, 413)
     assert await last_position(pg_store) == before
+
+
+# -- numbers beyond any real value --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "reason"),
+    [
+        ({"routing": {"weight": 1e308}}, "routing.weight", "must be between 0.001 and 1000000"),
+        ({"routing": {"weight": 1e-300}}, "routing.weight", "must be between 0.001 and 1000000"),
+        ({"routing": {"kv_ceiling": 1e-9}}, "routing.kv_ceiling", "must be between 0.01 and 1"),
+        (
+            {"routing": {"target_waiting": 2**62}},
+            "routing.target_waiting",
+            "must be between 1 and 100000",
+        ),
+        ({"stop_grace_s": 1e308}, "stop_grace_s", "must be between 0 and 3600 (an hour)"),
+        (
+            {"startup_timeout_s": 1e308},
+            "startup_timeout_s",
+            "must be more than 0 and at most 86400 (a day)",
+        ),
+        ({"gpu_memory_gib": 1e308}, "gpu_memory_gib", "must be between 0 and 1024"),
+        ({"max_moves": 2**62}, "max_moves", "must be between 1 and 10000"),
+        ({"replicas": 2**62}, "replicas", "must be between 0 and 10000"),
+        ({"gpus_per_shard": 2**62}, "gpus_per_shard", "must be between 1 and 64"),
+    ],
+    ids=lambda value: str(value)[:40],
+)
+async def test_a_spec_number_out_of_bounds_is_a_422_naming_the_field_and_the_bound(
+    admin: httpx.AsyncClient,
+    pg_store: PostgresEventStore,
+    spec: dict[str, Any],
+    field: str,
+    reason: str,
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answers = [
+        await admin.put("/admin/v1/models/llama", json={"command": COMMAND, **spec}),
+        await admin.post("/admin/v1/placement", json={"command": COMMAND, **spec}),
+    ]
+
+    for answer in answers:
+        problem = problem_of(answer, 422)
+        assert problem["title"] == "invalid-spec"
+        assert problem["errors"] == [{"field": field, "reason": reason}]
+    assert await last_position(pg_store) == before
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "kind", "field", "reason"),
+    [
+        (
+            "/admin/v1/models/llama/tuning",
+            {"weight": 1e308, "target_waiting": 2, "kv_ceiling": 0.5},
+            "invalid-spec",
+            "weight",
+            "must be between 0.001 and 1000000",
+        ),
+        (
+            "/admin/v1/models/llama/scale",
+            {"replicas": 2**62},
+            "invalid-spec",
+            "replicas",
+            "must be between 0 and 10000",
+        ),
+        (
+            "/admin/v1/keys",
+            {"name": "big", "models": ["*"], "tpm": 2**62},
+            "invalid-key",
+            "tpm",
+            "must be between 1 and 2147483647 (or left out)",
+        ),
+        (
+            "/admin/v1/nodes/gpu-1/drain",
+            {"grace_s": 1e308},
+            "invalid-drain",
+            "grace_s",
+            "must be more than 0 and at most 604800 (a week)",
+        ),
+        (
+            "/admin/v1/nodes/gpu-1/drain",
+            {"grace_s": 0},
+            "invalid-drain",
+            "grace_s",
+            "must be more than 0 and at most 604800 (a week)",
+        ),
+    ],
+    ids=["tuning weight", "scale", "key tpm", "drain grace", "no drain grace"],
+)
+async def test_other_numbers_out_of_bounds_are_a_422_naming_the_field_and_the_bound(
+    admin: httpx.AsyncClient,
+    pg_store: PostgresEventStore,
+    path: str,
+    body: dict[str, Any],
+    kind: str,
+    field: str,
+    reason: str,
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.post(path, json=body)
+
+    problem = problem_of(answer, 422)
+    assert problem["title"] == kind
+    assert problem["errors"] == [{"field": field, "reason": reason}]
+    assert await last_position(pg_store) == before
+
+
+async def test_a_number_too_large_for_a_float_is_refused_not_stored_as_infinity(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    before = await seeded(admin, pg_store)
+    body = f'{{"command": "{COMMAND}", "routing": {{"weight": 1e400}}}}'
+
+    answer = await admin.put("/admin/v1/models/llama", content=body)
+
+    problem = problem_of(answer, 422)
+    assert problem["errors"] == [{"field": "routing.weight", "reason": "number out of range"}]
+    assert await last_position(pg_store) == before
