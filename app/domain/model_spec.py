@@ -7,6 +7,7 @@ asked for at any point in time.
 from __future__ import annotations
 
 import re
+import shlex
 import string
 
 import msgspec
@@ -34,6 +35,17 @@ MIN_KV_CEILING = 0.01
 COMMAND_PLACEHOLDERS = frozenset(
     {"model", "port", "host", "gpus", "gpu_count", "rank", "world_size", "peers", "leader"}
 )
+MAX_COMMAND_BYTES = 16 * 1024
+"""An engine command template: a long one, with an inline chat template, is a few KiB."""
+MAX_SPEC_BYTES = 64 * 1024
+"""A whole spec as JSON, its environment included."""
+MAX_AGENT_MESSAGE_BYTES = 1024 * 1024
+"""The agent channel's frame limit (``app.fleet.messages.MAX_MESSAGE_BYTES``, kept equal
+by a test): a shard's ``start_shard`` command must fit in one frame."""
+_LONGEST_ADDRESS = "a" * 253
+"""A node's address as placeholders render it, at its longest (a full DNS name)."""
+_ENVELOPE_BYTES = 512
+"""What a start_shard carries besides the spec's values: its type, ids, indexes, names."""
 
 
 class RoutingSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -91,6 +103,18 @@ def validate_spec(spec: ModelSpec) -> list[SpecError]:
         f"unknown placeholder(s) {', '.join(sorted(unknown))}; "
         f"known: {', '.join(sorted(COMMAND_PLACEHOLDERS))}",
     )
+    command_size = len(spec.command.encode())
+    need(
+        command_size <= MAX_COMMAND_BYTES,
+        "command",
+        f"is {command_size} bytes, over the limit of {MAX_COMMAND_BYTES}",
+    )
+    spec_size = len(msgspec.json.encode(spec))
+    need(
+        spec_size <= MAX_SPEC_BYTES,
+        "(spec)",
+        f"is {spec_size} bytes as JSON, over the limit of {MAX_SPEC_BYTES}",
+    )
     need(spec.engine in ENGINES, "engine", f"must be one of {', '.join(ENGINES)}")
     # Written as ranges to hold, so that NaN (which compares false) is refused too.
     need(
@@ -123,6 +147,8 @@ def validate_spec(spec: ModelSpec) -> list[SpecError]:
     errors.extend(
         SpecError(f"routing.{e.field}", e.reason) for e in routing_setting_errors(spec.routing)
     )
+    if not errors:
+        errors.extend(_start_command_errors(spec))
     return errors
 
 
@@ -138,9 +164,67 @@ def routing_setting_errors(routing: RoutingSettings) -> list[SpecError]:
     return errors
 
 
+def _start_command_errors(spec: ModelSpec) -> list[SpecError]:
+    """The command line must split into words, and the ``start_shard`` command of a shard
+    must fit in one agent frame even with the longest values its placeholders can take:
+    otherwise every start of the replica would fail while it holds its GPUs."""
+    shards = spec.shards_per_replica
+    endpoint = f"{_LONGEST_ADDRESS}:65535"
+    values = {
+        "model": spec.name,
+        "port": "65535",
+        "host": _LONGEST_ADDRESS,
+        "gpus": ",".join(["99"] * spec.gpus_per_shard),
+        "gpu_count": str(spec.gpus_per_shard),
+        "rank": str(shards - 1),
+        "world_size": str(shards),
+        "peers": ",".join([endpoint] * (shards - 1)),
+        "leader": endpoint,
+    }
+    try:
+        # Split before filling in (the values hold no spaces or quotes, so the words are
+        # the same): splitting is slow, and a few KiB of {peers} fill in to megabytes.
+        words = shlex.split(spec.command)
+    except ValueError as exc:
+        return [SpecError("command", f"cannot be split into words: {exc}")]
+    size = _ENVELOPE_BYTES + sum(
+        len(literal) + (len(values[name]) if name else 0)
+        for literal, name, _, _ in string.Formatter().parse(spec.command)
+    )
+    bound = "at least"
+    if size <= MAX_AGENT_MESSAGE_BYTES:
+        bound = "up to"
+        peer = {"shard_index": 63, "address": _LONGEST_ADDRESS, "port": 65535}
+        command = {
+            "argv": [word.format(**values) for word in words],
+            "env": spec.env,
+            "gpus": [99] * spec.gpus_per_shard,
+            "peers": [peer] * (shards - 1),
+        }
+        size = _ENVELOPE_BYTES + len(msgspec.json.encode(command))
+    if size <= MAX_AGENT_MESSAGE_BYTES:
+        return []
+    return [
+        SpecError(
+            "command",
+            f"makes a start_shard command of {bound} {size} bytes (placeholders filled in), "
+            f"over the agent channel's limit of {MAX_AGENT_MESSAGE_BYTES} bytes",
+        )
+    ]
+
+
 def _unknown_placeholders(template: str) -> set[str]:
     try:
-        fields = {name for _, name, _, _ in string.Formatter().parse(template) if name}
+        parsed = list(string.Formatter().parse(template))
     except ValueError:
         return {"<unbalanced braces>"}
-    return fields - COMMAND_PLACEHOLDERS
+    unknown = {name for _, name, _, _ in parsed if name} - COMMAND_PLACEHOLDERS
+    for _, name, format_spec, conversion in parsed:
+        if name is None:
+            continue
+        # Only plain {name}: {} has no value, and a format spec such as {port:>999999999}
+        # would render a gigabyte of padding.
+        if not name or format_spec or conversion:
+            shown = name + (f"!{conversion}" if conversion else "")
+            unknown.add("{" + shown + (f":{format_spec}" if format_spec else "") + "}")
+    return unknown

@@ -8,6 +8,7 @@ holds. Each gets a clear 4xx naming what is wrong, and the log is left as it was
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import AsyncIterator
 from typing import Any
@@ -312,4 +313,43 @@ async def test_a_number_too_large_for_a_float_is_refused_not_stored_as_infinity(
 
     problem = problem_of(answer, 422)
     assert problem["errors"] == [{"field": "routing.weight", "reason": "number out of range"}]
+    assert await last_position(pg_store) == before
+
+
+# -- specs too big to record or to start --------------------------------------------------
+
+
+async def test_a_spec_whose_start_command_would_not_fit_an_agent_frame_is_a_422(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    before = await seeded(admin, pg_store)
+    spec = {"command": "engine" + " --peer {peers}" * 100, "shards_per_replica": 64}
+
+    answers = [
+        await admin.put("/admin/v1/models/llama", json=spec),
+        await admin.post("/admin/v1/placement", json=spec),
+    ]
+
+    for answer in answers:
+        [error] = problem_of(answer, 422)["errors"]
+        assert error["field"] == "command"
+        assert re.fullmatch(
+            r"makes a start_shard command of at least \d+ bytes \(placeholders filled in\), "
+            r"over the agent channel's limit of 1048576 bytes",
+            error["reason"],
+        )
+    assert await last_position(pg_store) == before
+
+
+async def test_a_spec_over_its_size_limit_is_a_422_with_the_size(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    before = await seeded(admin, pg_store)
+    spec = {"command": COMMAND, "env": {f"VAR_{i}": "v" * 1000 for i in range(100)}}
+
+    answer = await admin.put("/admin/v1/models/llama", json=spec)
+
+    [error] = problem_of(answer, 422)["errors"]
+    assert error["field"] == "(spec)"
+    assert re.fullmatch(r"is \d+ bytes as JSON, over the limit of 65536", error["reason"])
     assert await last_position(pg_store) == before
