@@ -31,6 +31,7 @@ from app.pki import (
 )
 from app.pki.files import IssuedFiles, load_ca, load_certificate, write_ca, write_issued
 from app.pki.keys import PrivateKey
+from app.pki.model import MAX_DAYS
 from app.pki.names import check_host, check_subject_name, parse_ip
 
 EXIT_OK = 0
@@ -65,7 +66,7 @@ def init_ca(
     *,
     ca_dir: CaDir = None,
     name: Annotated[str, Parameter(help="Common name of the CA.")] = "llmgw CA",
-    days: Annotated[int, Parameter(help="Days the CA is valid.")] = 3650,
+    days: Annotated[int, Parameter(help="Days the CA is valid (at most 10000).")] = 3650,
     force: Force = False,
 ) -> int:
     """Create the CA: a new key (ca.key, mode 0600) and a self-signed root (ca.crt).
@@ -80,6 +81,7 @@ def init_ca(
     ca_dir = ca_dir or default_ca_dir()
 
     def create() -> int:
+        _check_days(days)
         ca = build_ca(generate_key(), name, _now(), days)
         files = write_ca(ca_dir, ca, force=force)
         print(f"Created the CA in {ca_dir}")
@@ -106,7 +108,9 @@ def server_certificate(
     ] = (),
     ca_dir: CaDir = None,
     out: OutDir = None,
-    days: Annotated[int, Parameter(help="Days the certificate is valid.")] = 825,
+    days: Annotated[
+        int, Parameter(help="Days the certificate is valid; never past the CA's own expiry.")
+    ] = 825,
     force: Force = False,
 ) -> int:
     """Issue the control plane's server certificate (server.crt, server.key).
@@ -142,7 +146,9 @@ def node_certificate(
     *,
     ca_dir: CaDir = None,
     out: OutDir = None,
-    days: Annotated[int, Parameter(help="Days the certificate is valid.")] = 365,
+    days: Annotated[
+        int, Parameter(help="Days the certificate is valid; never past the CA's own expiry.")
+    ] = 365,
     force: Force = False,
 ) -> int:
     """Issue an agent's client certificate (`node-<id>.crt`, `node-<id>.key`).
@@ -175,7 +181,9 @@ def operator_certificate(
     *,
     ca_dir: CaDir = None,
     out: OutDir = None,
-    days: Annotated[int, Parameter(help="Days the certificate is valid.")] = 365,
+    days: Annotated[
+        int, Parameter(help="Days the certificate is valid; never past the CA's own expiry.")
+    ] = 365,
     force: Force = False,
 ) -> int:
     """Issue an operator's client certificate for the admin API (`operator-<name>.crt`).
@@ -249,11 +257,6 @@ def _issue(
     certificate = build(ca, key, now)
     files = write_issued(out or ca_dir, stem, certificate, key, force=force)
     _print_issued(what, files, describe(certificate, now))
-    if certificate.not_valid_after_utc > ca.certificate.not_valid_after_utc:
-        _error(
-            f"warning: the CA expires on {_when(ca.certificate.not_valid_after_utc)}, "
-            "before this certificate; it stops verifying then"
-        )
     return EXIT_OK
 
 
@@ -272,8 +275,10 @@ def _run(command: Callable[[], int]) -> int:
 
 
 def _check_days(days: int) -> None:
-    if days < 1:
-        raise InvalidRequest(f"--days must be at least 1, not {days}")
+    if not 1 <= days <= MAX_DAYS:
+        raise InvalidRequest(
+            f"--days must be between 1 and {MAX_DAYS} (about 27 years), not {days}"
+        )
 
 
 def _print_issued(what: str, files: IssuedFiles, description: CertificateDescription) -> None:

@@ -81,7 +81,7 @@ def issue_server(
         common_name=common_name,
         unit=CertificateKind.SERVER,
         usages=(Usage.SERVER_AUTH,),
-        validity=Validity.starting(now, days),
+        validity=Validity.within(ca, now, days),
         dns_names=unique_hosts,
         ip_addresses=unique_ips,
     )
@@ -97,7 +97,7 @@ def issue_node(
         common_name=check_subject_name("node id", node_id),
         unit=CertificateKind.NODE,
         usages=(Usage.CLIENT_AUTH,),
-        validity=Validity.starting(now, days),
+        validity=Validity.within(ca, now, days),
     )
 
 
@@ -111,7 +111,7 @@ def issue_operator(
         common_name=check_subject_name("operator name", name),
         unit=CertificateKind.OPERATOR,
         usages=(Usage.CLIENT_AUTH,),
-        validity=Validity.starting(now, days),
+        validity=Validity.within(ca, now, days),
     )
 
 
