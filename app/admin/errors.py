@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from http import HTTPStatus
 from typing import Any
 
+import msgspec
 import structlog
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
@@ -61,6 +63,19 @@ def problem(status: int, kind: str, detail: str, **extra: Any) -> Response[dict[
         status_code=status,
         media_type="application/problem+json",
     )
+
+
+def problem_body(status: int, detail: str) -> tuple[bytes, bytes]:
+    """A problem document written before any request reached the app (a slow client cut
+    off at the listener): its content type and body."""
+    kind = HTTPStatus(status).phrase.lower().replace(" ", "-")
+    document = {
+        "type": f"https://llmgw.dev/problems/{kind}",
+        "title": kind,
+        "status": status,
+        "detail": detail,
+    }
+    return b"application/problem+json", msgspec.json.encode(document)
 
 
 def handle_http(_: Request[Any, Any, Any], exc: HTTPException) -> Response[dict[str, Any]]:

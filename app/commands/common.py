@@ -16,6 +16,24 @@ DatabaseUrl = Annotated[
 ]
 
 
+HeaderTimeout = Annotated[
+    float,
+    Parameter(
+        env_var="LLMGW_HEADER_TIMEOUT",
+        help="seconds a client has to send a request's headers (from connecting, or from "
+        "the first byte of the next request); then it gets 408 and is disconnected",
+    ),
+]
+BodyTimeout = Annotated[
+    float,
+    Parameter(
+        env_var="LLMGW_BODY_TIMEOUT",
+        help="seconds a client has to send a request's body once its headers are in; then "
+        "it gets 408 and is disconnected",
+    ),
+]
+
+
 def fail(message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
     sys.exit(1)

@@ -11,14 +11,15 @@ import structlog
 import uvloop
 from cyclopts import Parameter
 
-from app.commands.common import DatabaseUrl, fail
+from app.commands.common import BodyTimeout, DatabaseUrl, HeaderTimeout, fail
+from app.edge.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, ListenerLimits
 from app.gateway.postgres import (
     DEFAULT_CLIENT_HOST,
     DEFAULT_CLIENT_PORT,
     GatewayOptions,
     PostgresGateway,
 )
-from app.gateway.server import GatewayFailed
+from app.gateway.server import DEFAULT_MAX_CONNECTIONS, GatewayFailed
 from app.logs import configure_logging
 
 log = structlog.get_logger(__name__)
@@ -66,6 +67,15 @@ def gateway_command(
             "notified sooner",
         ),
     ] = 5.0,
+    header_timeout: HeaderTimeout = DEFAULT_HEADER_TIMEOUT_S,
+    body_timeout: BodyTimeout = DEFAULT_BODY_TIMEOUT_S,
+    max_connections: Annotated[
+        int,
+        Parameter(
+            env_var="LLMGW_GATEWAY_MAX_CONNECTIONS",
+            help="client connections held at once; one more is answered 503 and closed",
+        ),
+    ] = DEFAULT_MAX_CONNECTIONS,
     log_level: Annotated[str, Parameter(env_var="LLMGW_LOG_LEVEL")] = "info",
 ) -> None:
     """Run the OpenAI-compatible gateway alone, stateless, against the database, until
@@ -82,6 +92,11 @@ def gateway_command(
         queue_timeout_s=queue_timeout,
         scrape_interval_s=scrape_interval,
         refresh_interval_s=refresh_interval,
+        limits=ListenerLimits(
+            header_timeout_s=header_timeout,
+            body_timeout_s=body_timeout,
+            max_connections=max_connections,
+        ),
     )
     if options.problems():
         fail("; ".join(options.problems()))

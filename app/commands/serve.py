@@ -10,7 +10,7 @@ import socket
 import ssl
 import sys
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -23,8 +23,9 @@ from app.admin.auth import TokenAuthenticator, parse_tokens
 from app.admin.events import end_event_streams
 from app.admin.health import Readiness
 from app.admin.metrics import control_plane_figures
-from app.admin.tls import TlsScopeProtocol, admin_ssl_context
-from app.commands.common import DatabaseUrl, fail
+from app.admin.tls import DEFAULT_ADMIN_MAX_CONNECTIONS, admin_protocol, admin_ssl_context
+from app.commands.common import BodyTimeout, DatabaseUrl, HeaderTimeout, fail
+from app.edge.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, ListenerLimits
 from app.fleet.hub import DEFAULT_HEARTBEAT_INTERVAL_S
 from app.gateway.postgres import (
     DEFAULT_CLIENT_HOST,
@@ -32,7 +33,7 @@ from app.gateway.postgres import (
     GatewayOptions,
     PostgresGateway,
 )
-from app.gateway.server import GatewayFailed
+from app.gateway.server import DEFAULT_MAX_CONNECTIONS, GatewayFailed
 from app.logs import configure_logging
 from app.pki import TlsConfigurationError, server_ssl_context
 from app.services.control_plane import ControlPlane, ControlPlaneConfig, Outcome
@@ -169,6 +170,23 @@ def serve(
             "report in flight on it before it is stopped anyway",
         ),
     ] = 60.0,
+    header_timeout: HeaderTimeout = DEFAULT_HEADER_TIMEOUT_S,
+    body_timeout: BodyTimeout = DEFAULT_BODY_TIMEOUT_S,
+    admin_max_connections: Annotated[
+        int,
+        Parameter(
+            env_var="LLMGW_ADMIN_MAX_CONNECTIONS",
+            help="connections the admin listener holds at once; one more is answered 503",
+        ),
+    ] = DEFAULT_ADMIN_MAX_CONNECTIONS,
+    client_max_connections: Annotated[
+        int,
+        Parameter(
+            env_var="LLMGW_CLIENT_MAX_CONNECTIONS",
+            help="connections the gateway's client listener holds at once; one more is "
+            "answered 503",
+        ),
+    ] = DEFAULT_MAX_CONNECTIONS,
     log_level: Annotated[str, Parameter(env_var="LLMGW_LOG_LEVEL")] = "info",
 ) -> None:
     """Run the control plane until SIGINT or SIGTERM: the admin API and the gateway (on
@@ -209,6 +227,19 @@ def serve(
         if value < 0:
             fail(f"{flag} must not be negative, not {value}")
             return
+    admin_limits = ListenerLimits(
+        header_timeout_s=header_timeout,
+        body_timeout_s=body_timeout,
+        max_connections=admin_max_connections,
+    )
+    client_limits = replace(admin_limits, max_connections=client_max_connections)
+    problems = dict.fromkeys(  # the timeouts' problems once, each listener's cap's
+        admin_limits.problems("--admin-max-connections")
+        + client_limits.problems("--client-max-connections")
+    )
+    if problems:
+        fail("; ".join(problems))
+        return
     try:
         agent_tls = server_ssl_context(tls_cert, tls_key, tls_ca)
         admin_tls = _admin_tls(admin_tls_cert, admin_tls_key, admin_ca or tls_ca)
@@ -220,6 +251,7 @@ def serve(
         admin_host=admin_host,
         admin_port=admin_port,
         admin_tls=admin_tls,
+        admin_limits=admin_limits,
         authenticator=TokenAuthenticator(tokens),
         control_plane=ControlPlaneConfig(
             server_id=server_id or f"{socket.gethostname()}:{os.getpid()}",
@@ -235,7 +267,12 @@ def serve(
             reconcile_interval_s=reconcile_interval,
             drain_idle_timeout_s=drain_idle_timeout,
         ),
-        gateway=GatewayOptions(host=client_host, port=client_port, gateway_id=server_id or None)
+        gateway=GatewayOptions(
+            host=client_host,
+            port=client_port,
+            gateway_id=server_id or None,
+            limits=client_limits,
+        )
         if gateway
         else None,
     )
@@ -263,6 +300,9 @@ class ServeSettings:
     authenticator: TokenAuthenticator
     control_plane: ControlPlaneConfig
     admin_tls: ssl.SSLContext | None = None
+    admin_limits: ListenerLimits = field(
+        default_factory=lambda: ListenerLimits(max_connections=DEFAULT_ADMIN_MAX_CONNECTIONS)
+    )
     gateway: GatewayOptions | None = None
     """The client listener; None: no gateway in this process."""
 
@@ -301,7 +341,7 @@ async def _serve(settings: ServeSettings) -> int:
                 access_log=False,
                 # Followers of /admin/v1/events never finish their request by themselves.
                 timeout_graceful_shutdown=ADMIN_SHUTDOWN_GRACE_S,
-                http=TlsScopeProtocol,
+                http=admin_protocol(settings.admin_limits),
                 ssl_context_factory=_fixed_context(settings.admin_tls),
             )
         )

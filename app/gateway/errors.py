@@ -205,6 +205,12 @@ def internal_error() -> ApiError:
     )
 
 
+def listener_refusal(status: int, message: str) -> tuple[bytes, bytes]:
+    """A refusal written by the listener itself (a slow client cut off), in OpenAI's shape:
+    its content type and body."""
+    return b"application/json", ApiError(status, message).body()
+
+
 def retry_after_header(seconds: float) -> bytes:
     """``Retry-After`` takes whole seconds; round up so a client never comes back early."""
     return b"%d" % max(1, math.ceil(seconds))

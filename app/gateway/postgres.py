@@ -9,11 +9,12 @@ last one ends, then removes its report.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
-from app.gateway.server import Gateway
+from app.edge.limits import ListenerLimits
+from app.gateway.server import DEFAULT_MAX_CONNECTIONS, Gateway
 from app.gateway.source import DEFAULT_REFRESH_INTERVAL_S, PostgresSnapshotSource
 
 log = structlog.get_logger(__name__)
@@ -31,10 +32,14 @@ class GatewayOptions:
     queue_timeout_s: float = 5.0
     scrape_interval_s: float = 0.25
     refresh_interval_s: float = DEFAULT_REFRESH_INTERVAL_S
+    limits: ListenerLimits = field(
+        default_factory=lambda: ListenerLimits(max_connections=DEFAULT_MAX_CONNECTIONS)
+    )
+    """Of the client listener: slow clients cut off, connections capped."""
 
-    def problems(self) -> list[str]:
+    def problems(self, connections_flag: str = "--max-connections") -> list[str]:
         """What is wrong with these options, as messages naming the command's flags."""
-        found = []
+        found = self.limits.problems(connections_flag)
         if not 0 <= self.port <= 65535:
             found.append(f"--port must be between 0 and 65535, not {self.port}")
         if self.queue_timeout_s < 0:
@@ -61,6 +66,7 @@ class PostgresGateway:
             port=options.port,
             queue_timeout_s=options.queue_timeout_s,
             scrape_interval_s=options.scrape_interval_s,
+            limits=options.limits,
         )
         self.source.report_in_flight(self.gateway.in_flight)
 

@@ -24,8 +24,11 @@ from typing import Protocol
 
 import uvicorn
 from prometheus_client import CollectorRegistry
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from app.edge.limits import ListenerLimits, limited
 from app.gateway.app import GatewayApp
+from app.gateway.errors import listener_refusal
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.ratelimit import RateLimiter
 from app.gateway.router import Router
@@ -75,6 +78,10 @@ class StaticSource:
             listener(snapshot)
 
 
+DEFAULT_MAX_CONNECTIONS = 4096
+"""Client connections one gateway holds; each stream is one. Raise ``ulimit -n`` above it."""
+
+
 class GatewayFailed(RuntimeError):
     """The gateway could not start listening, or stopped by itself."""
 
@@ -101,11 +108,13 @@ class Gateway:
         graceful_shutdown_s: int = 30,
         registry: CollectorRegistry | None = None,
         log_requests: bool = True,
+        limits: ListenerLimits | None = None,
     ) -> None:
         """``port`` 0 takes a free port (``self.port`` says which once started)."""
         self.source = source
         self.host = host
         self.port = port
+        self.limits = limits or ListenerLimits(max_connections=DEFAULT_MAX_CONNECTIONS)
         self.router = Router(
             queue_timeout_s=queue_timeout_s,
             queue_limit=queue_limit,
@@ -142,9 +151,12 @@ class Gateway:
         self.source.subscribe(self._use)
         listener = _listen(self.host, self.port)
         self.port = listener.getsockname()[1]
+        protocol: type[HttpToolsProtocol] = limited(
+            HttpToolsProtocol, self.limits, listener_refusal
+        )
         config = uvicorn.Config(
             self.app,
-            http="httptools",
+            http=protocol,
             ws="none",
             lifespan="on",
             access_log=False,
