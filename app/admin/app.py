@@ -16,7 +16,7 @@ from app.admin.events import EventsController
 from app.admin.health import Readiness, healthz, readyz
 from app.admin.history import HistoryController
 from app.admin.keys import KeyController
-from app.admin.metrics import ClusterMetrics, LiveSource, metrics
+from app.admin.metrics import ClusterMetrics, GatewayPage, LiveSource, metrics
 from app.admin.models import ModelController
 from app.admin.nodes import DrainController, NodeController
 from app.admin.placement import PlacementController
@@ -40,12 +40,14 @@ def create_admin_app(
     authenticator: TokenAuthenticator,
     readiness: Readiness | None = None,
     live: LiveSource | None = None,
+    gateway_metrics: GatewayPage | None = None,
 ) -> Litestar:
     """The admin API over ``store``. ``readiness`` defaults to checking the store's database
-    with no control plane role to report; ``live`` gives ``/metrics`` the leader's figures."""
+    with no control plane role to report; ``live`` gives ``/metrics`` the leader's figures,
+    ``gateway_metrics`` those of the gateway in this process."""
     operations = Operations(store)
     checks = readiness or Readiness(store.engine)
-    cluster_metrics = ClusterMetrics(store, live)
+    cluster_metrics = ClusterMetrics(store, live, gateway_metrics)
 
     async def provide_store() -> PostgresEventStore:
         return store

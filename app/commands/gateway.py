@@ -19,7 +19,12 @@ from app.gateway.postgres import (
     GatewayOptions,
     PostgresGateway,
 )
-from app.gateway.server import DEFAULT_MAX_CONNECTIONS, GatewayFailed
+from app.gateway.server import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_METRICS_HOST,
+    DEFAULT_METRICS_PORT,
+    GatewayFailed,
+)
 from app.logs import configure_logging
 
 log = structlog.get_logger(__name__)
@@ -67,6 +72,17 @@ def gateway_command(
             "notified sooner",
         ),
     ] = 5.0,
+    metrics_host: Annotated[
+        str,
+        Parameter(
+            env_var="LLMGW_GATEWAY_METRICS_HOST",
+            help="where /metrics is served, apart from clients: it names every model and "
+            "replica (loopback unless set; the client listener answers 404 for it)",
+        ),
+    ] = DEFAULT_METRICS_HOST,
+    metrics_port: Annotated[
+        int, Parameter(env_var="LLMGW_GATEWAY_METRICS_PORT")
+    ] = DEFAULT_METRICS_PORT,
     header_timeout: HeaderTimeout = DEFAULT_HEADER_TIMEOUT_S,
     body_timeout: BodyTimeout = DEFAULT_BODY_TIMEOUT_S,
     max_connections: Annotated[
@@ -82,7 +98,10 @@ def gateway_command(
     SIGINT or SIGTERM. Any number may run behind a load balancer; each keeps serving from
     its last routing table and keys while the database is away (/readyz then says 503).
 
-    Example: llmgw-server gateway --host 0.0.0.0 --port 8080
+    Its /metrics is on a listener of its own (--metrics-host, --metrics-port), never on
+    the client listener.
+
+    Example: llmgw-server gateway --host 0.0.0.0 --port 8080 --metrics-host 10.0.0.5
     """
     configure_logging(log_level)
     options = GatewayOptions(
@@ -92,6 +111,8 @@ def gateway_command(
         queue_timeout_s=queue_timeout,
         scrape_interval_s=scrape_interval,
         refresh_interval_s=refresh_interval,
+        metrics_host=metrics_host,
+        metrics_port=metrics_port,
         limits=ListenerLimits(
             header_timeout_s=header_timeout,
             body_timeout_s=body_timeout,

@@ -327,6 +327,11 @@ async def _serve(settings: ServeSettings) -> int:
         store = PostgresEventStore(engine)
         await store.catch_up()
         control_plane = ControlPlane(store, settings.database_url, settings.control_plane)
+        gateway = (
+            PostgresGateway(settings.database_url, settings.gateway)
+            if settings.gateway is not None
+            else None
+        )
         admin = _AdminServer(
             uvicorn.Config(
                 create_admin_app(
@@ -334,6 +339,9 @@ async def _serve(settings: ServeSettings) -> int:
                     settings.authenticator,
                     Readiness(engine, role=lambda: control_plane.role),
                     live=control_plane_figures(control_plane),
+                    # The gateway's page names every model and replica: operators read it
+                    # here, with the cluster's, and its client listener has none.
+                    gateway_metrics=gateway.gateway.metrics.render if gateway else None,
                 ),
                 host=settings.admin_host,
                 port=settings.admin_port,
@@ -344,11 +352,6 @@ async def _serve(settings: ServeSettings) -> int:
                 http=admin_protocol(settings.admin_limits),
                 ssl_context_factory=_fixed_context(settings.admin_tls),
             )
-        )
-        gateway = (
-            PostgresGateway(settings.database_url, settings.gateway)
-            if settings.gateway is not None
-            else None
         )
         if gateway is not None:
             await gateway.start()

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from app.edge.limits import ListenerLimits
-from app.gateway.server import DEFAULT_MAX_CONNECTIONS, Gateway
+from app.gateway.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_METRICS_HOST, Gateway
 from app.gateway.source import DEFAULT_REFRESH_INTERVAL_S, PostgresSnapshotSource
 
 log = structlog.get_logger(__name__)
@@ -36,12 +36,17 @@ class GatewayOptions:
         default_factory=lambda: ListenerLimits(max_connections=DEFAULT_MAX_CONNECTIONS)
     )
     """Of the client listener: slow clients cut off, connections capped."""
+    metrics_host: str = DEFAULT_METRICS_HOST
+    metrics_port: int | None = None
+    """Serve ``/metrics`` on a listener of its own there; None: on none (``serve`` has the
+    admin API serve it)."""
 
     def problems(self, connections_flag: str = "--max-connections") -> list[str]:
         """What is wrong with these options, as messages naming the command's flags."""
         found = self.limits.problems(connections_flag)
-        if not 0 <= self.port <= 65535:
-            found.append(f"--port must be between 0 and 65535, not {self.port}")
+        for flag, port in (("--port", self.port), ("--metrics-port", self.metrics_port)):
+            if port is not None and not 0 <= port <= 65535:
+                found.append(f"{flag} must be between 0 and 65535, not {port}")
         if self.queue_timeout_s < 0:
             found.append(f"--queue-timeout must not be negative, not {self.queue_timeout_s}")
         for flag, value in (
@@ -67,6 +72,8 @@ class PostgresGateway:
             queue_timeout_s=options.queue_timeout_s,
             scrape_interval_s=options.scrape_interval_s,
             limits=options.limits,
+            metrics_host=options.metrics_host,
+            metrics_port=options.metrics_port,
         )
         self.source.report_in_flight(self.gateway.in_flight)
 
@@ -84,6 +91,7 @@ class PostgresGateway:
         log.info(
             "gateway listening",
             url=self.gateway.url,
+            metrics=self.gateway.metrics_url,
             gateway_id=self.source.gateway_id,
             position=self.source.current().position,
         )

@@ -57,3 +57,43 @@ def test_json_nested_thousands_deep_is_a_400_in_openais_shape(
     after = client.post(path, json={"model": MODEL, "prompt": "hi"})
     assert after.status_code == 503, after.text
     assert after.json()["error"]["code"] == "no_serving_replica"
+
+
+# -- /metrics names every model and replica: never on the client listener ------------------
+
+
+def test_the_client_listener_answers_404_for_metrics(
+    key_and_gateway: tuple[str, GatewayThread],
+) -> None:
+    _, gateway = key_and_gateway
+
+    answer = httpx.get(f"{gateway.base_url}/metrics")
+
+    assert answer.status_code == 404
+    assert answer.json()["error"]["code"] == "not_found"
+    assert gateway.gateway.metrics_url is None
+
+
+def test_a_standalone_gateway_serves_metrics_on_a_listener_of_its_own() -> None:
+    key, record = new_key()
+    snapshot = snapshot_of([], [record], frozenset({MODEL}))
+    with GatewayThread(StaticSource(snapshot), metrics_port=0) as gateway:
+        metrics_url = gateway.gateway.metrics_url
+        assert metrics_url is not None
+        assert metrics_url.startswith("http://127.0.0.1:")
+        asked = httpx.post(
+            f"{gateway.url}/completions",
+            json={"model": MODEL, "prompt": "hi"},
+            headers={"authorization": f"Bearer {key}"},
+        )
+
+        page = httpx.get(metrics_url)
+        on_the_client_listener = httpx.get(f"{gateway.base_url}/metrics")
+        api_on_the_metrics_listener = httpx.get(metrics_url.replace("/metrics", "/v1/models"))
+
+    assert asked.status_code == 503
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert f'llmgw_gateway_requests_total{{model="{MODEL}",status="503"}} 1.0' in page.text
+    assert on_the_client_listener.status_code == 404
+    assert api_on_the_metrics_listener.status_code == 404

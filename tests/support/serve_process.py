@@ -1,7 +1,7 @@
 """``llmgw-server serve`` as a process of its own, the way an operator starts it: its admin
 API on a free loopback port with one token, the test CA's certificates for its agent hub
-(and for the admin API too, when asked), its output in a log file. No gateway runs and no
-agent connects."""
+(and for the admin API too, when asked), its output in a log file. No gateway runs unless
+asked for (on ``gateway_port``), and no agent connects."""
 
 from __future__ import annotations
 
@@ -24,12 +24,24 @@ STOP_WAIT_S = 10
 
 @asynccontextmanager
 async def serving_process(
-    database_url: str, pki: Pki, log: Path, *, token_name: str, token: str, admin_tls: bool
+    database_url: str,
+    pki: Pki,
+    log: Path,
+    *,
+    token_name: str,
+    token: str,
+    admin_tls: bool,
+    gateway_port: int | None = None,
 ) -> AsyncIterator[str]:
     """``llmgw-server serve`` over ``database_url`` until the block ends, however it ends;
-    yields its admin API's URL once ``/healthz`` answers there (HTTPS with ``admin_tls``)."""
+    yields its admin API's URL once ``/healthz`` answers there (HTTPS with ``admin_tls``).
+    With ``gateway_port``, its gateway serves clients there."""
     port = free_port()
     admin = ["--admin-port", str(port), "--admin-tokens", f"{token_name}:{token}"]
+    if gateway_port is None:
+        admin.append("--no-gateway")
+    else:
+        admin += ["--client-host", LOOPBACK, "--client-port", str(gateway_port)]
     if admin_tls:
         certificate, key = pki.pair("server")
         admin += ["--admin-tls-cert", str(certificate), "--admin-tls-key", str(key)]
@@ -53,7 +65,7 @@ def _start(
                 "serve",
                 *("--database-url", database_url),
                 *admin_flags,
-                *("--agent-host", LOOPBACK, "--agent-port", str(free_port()), "--no-gateway"),
+                *("--agent-host", LOOPBACK, "--agent-port", str(free_port())),
                 *("--tls-cert", str(certificate), "--tls-key", str(key), "--tls-ca", str(pki.ca)),
             ],
             stdout=output,
