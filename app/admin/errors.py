@@ -51,7 +51,13 @@ PROBLEM_TABLE: tuple[tuple[type[Exception], int, str], ...] = (
 )
 
 
-def problem(status: int, kind: str, detail: str, **extra: Any) -> Response[dict[str, Any]]:
+def problem(
+    status: int,
+    kind: str,
+    detail: str,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> Response[dict[str, Any]]:
     return Response(
         {
             "type": f"https://llmgw.dev/problems/{kind}",
@@ -62,6 +68,7 @@ def problem(status: int, kind: str, detail: str, **extra: Any) -> Response[dict[
         },
         status_code=status,
         media_type="application/problem+json",
+        headers=headers,
     )
 
 
@@ -82,7 +89,7 @@ def handle_http(_: Request[Any, Any, Any], exc: HTTPException) -> Response[dict[
     extra: dict[str, Any] = {}
     if isinstance(exc, ValidationException) and exc.extra:
         extra["errors"] = exc.extra
-    return problem(exc.status_code, _slug(exc), exc.detail, **extra)
+    return problem(exc.status_code, _slug(exc), exc.detail, exc.headers, **extra)
 
 
 def handle_domain(_: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:

@@ -34,6 +34,23 @@ BodyTimeout = Annotated[
 ]
 
 
+AuthFailureBurst = Annotated[
+    int,
+    Parameter(
+        env_var="LLMGW_AUTH_FAILURE_BURST",
+        help="wrong keys or tokens one client address may send at once before it gets 429 "
+        "with Retry-After",
+    ),
+]
+AuthFailuresPerMinute = Annotated[
+    float,
+    Parameter(
+        env_var="LLMGW_AUTH_FAILURES_PER_MINUTE",
+        help="wrong keys or tokens an address earns back each minute",
+    ),
+]
+
+
 def fail(message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
     sys.exit(1)

@@ -11,8 +11,16 @@ import structlog
 import uvloop
 from cyclopts import Parameter
 
-from app.commands.common import BodyTimeout, DatabaseUrl, HeaderTimeout, fail
+from app.commands.common import (
+    AuthFailureBurst,
+    AuthFailuresPerMinute,
+    BodyTimeout,
+    DatabaseUrl,
+    HeaderTimeout,
+    fail,
+)
 from app.edge.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, ListenerLimits
+from app.edge.throttle import DEFAULT_BURST, DEFAULT_PER_MINUTE, FailureLimits
 from app.gateway.postgres import (
     DEFAULT_CLIENT_HOST,
     DEFAULT_CLIENT_PORT,
@@ -83,6 +91,8 @@ def gateway_command(
     metrics_port: Annotated[
         int, Parameter(env_var="LLMGW_GATEWAY_METRICS_PORT")
     ] = DEFAULT_METRICS_PORT,
+    auth_failure_burst: AuthFailureBurst = DEFAULT_BURST,
+    auth_failures_per_minute: AuthFailuresPerMinute = DEFAULT_PER_MINUTE,
     header_timeout: HeaderTimeout = DEFAULT_HEADER_TIMEOUT_S,
     body_timeout: BodyTimeout = DEFAULT_BODY_TIMEOUT_S,
     max_connections: Annotated[
@@ -111,6 +121,7 @@ def gateway_command(
         queue_timeout_s=queue_timeout,
         scrape_interval_s=scrape_interval,
         refresh_interval_s=refresh_interval,
+        auth_failures=FailureLimits(burst=auth_failure_burst, per_minute=auth_failures_per_minute),
         metrics_host=metrics_host,
         metrics_port=metrics_port,
         limits=ListenerLimits(

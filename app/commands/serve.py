@@ -24,8 +24,16 @@ from app.admin.events import end_event_streams
 from app.admin.health import Readiness
 from app.admin.metrics import control_plane_figures
 from app.admin.tls import DEFAULT_ADMIN_MAX_CONNECTIONS, admin_protocol, admin_ssl_context
-from app.commands.common import BodyTimeout, DatabaseUrl, HeaderTimeout, fail
+from app.commands.common import (
+    AuthFailureBurst,
+    AuthFailuresPerMinute,
+    BodyTimeout,
+    DatabaseUrl,
+    HeaderTimeout,
+    fail,
+)
 from app.edge.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, ListenerLimits
+from app.edge.throttle import DEFAULT_BURST, DEFAULT_PER_MINUTE, FailureBudget, FailureLimits
 from app.fleet.hub import DEFAULT_HEARTBEAT_INTERVAL_S
 from app.gateway.postgres import (
     DEFAULT_CLIENT_HOST,
@@ -170,6 +178,8 @@ def serve(
             "report in flight on it before it is stopped anyway",
         ),
     ] = 60.0,
+    auth_failure_burst: AuthFailureBurst = DEFAULT_BURST,
+    auth_failures_per_minute: AuthFailuresPerMinute = DEFAULT_PER_MINUTE,
     header_timeout: HeaderTimeout = DEFAULT_HEADER_TIMEOUT_S,
     body_timeout: BodyTimeout = DEFAULT_BODY_TIMEOUT_S,
     admin_max_connections: Annotated[
@@ -233,9 +243,11 @@ def serve(
         max_connections=admin_max_connections,
     )
     client_limits = replace(admin_limits, max_connections=client_max_connections)
+    auth_failures = FailureLimits(burst=auth_failure_burst, per_minute=auth_failures_per_minute)
     problems = dict.fromkeys(  # the timeouts' problems once, each listener's cap's
         admin_limits.problems("--admin-max-connections")
         + client_limits.problems("--client-max-connections")
+        + auth_failures.problems()
     )
     if problems:
         fail("; ".join(problems))
@@ -252,7 +264,7 @@ def serve(
         admin_port=admin_port,
         admin_tls=admin_tls,
         admin_limits=admin_limits,
-        authenticator=TokenAuthenticator(tokens),
+        authenticator=TokenAuthenticator(tokens, FailureBudget(auth_failures)),
         control_plane=ControlPlaneConfig(
             server_id=server_id or f"{socket.gethostname()}:{os.getpid()}",
             agent_host=agent_host,
@@ -272,6 +284,7 @@ def serve(
             port=client_port,
             gateway_id=server_id or None,
             limits=client_limits,
+            auth_failures=auth_failures,
         )
         if gateway
         else None,

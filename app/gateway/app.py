@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import msgspec
 
+from app.edge.throttle import FailureBudget
 from app.gateway.asgi import (
     JSON,
     Receive,
@@ -78,9 +79,11 @@ class GatewayApp:
         stale_reason: Callable[[], str | None],
         connect_timeout_s: float = 5.0,
         log_requests: bool = True,
+        failures: FailureBudget | None = None,
     ) -> None:
         self._router = router
         self._metrics = metrics
+        self._failures = failures or FailureBudget()
         self._stale_reason = stale_reason
         self._connect_timeout_s = connect_timeout_s
         self._session: aiohttp.ClientSession | None = None
@@ -90,6 +93,7 @@ class GatewayApp:
             snapshot=lambda: self.snapshot,
             metrics=metrics,
             limiter=limiter,
+            failures=self._failures,
             log_requests=log_requests,
         )
         self._routes: dict[str, tuple[str, Handler]] = {
@@ -150,7 +154,7 @@ class GatewayApp:
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = clock()
         try:
-            key = authenticate(self.snapshot, scope)
+            key = authenticate(self.snapshot, scope, self._failures)
         except ApiError as error:
             await refuse(send, error, gateway_headers(started))
             return

@@ -90,6 +90,18 @@ def invalid_api_key(message: str) -> ApiError:
     return ApiError(401, message, type="invalid_request_error", code="invalid_api_key")
 
 
+def too_many_failed_authentications(retry_after_s: float) -> ApiError:
+    """The client's address sent too many incorrect keys: 429 until it has earned one back."""
+    return ApiError(
+        429,
+        "Too many requests with an incorrect API key from your address; retry after "
+        f"{math.ceil(retry_after_s)} s.",
+        type="rate_limit_error",
+        code="too_many_failed_authentications",
+        headers=((b"retry-after", retry_after_header(retry_after_s)),),
+    )
+
+
 def model_not_found(model: str) -> ApiError:
     # The same answer whether the model is undeclared or outside the key's scope, so a
     # key cannot learn which models exist beyond its own.

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from app.edge.limits import ListenerLimits
+from app.edge.throttle import FailureLimits
 from app.gateway.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_METRICS_HOST, Gateway
 from app.gateway.source import DEFAULT_REFRESH_INTERVAL_S, PostgresSnapshotSource
 
@@ -36,6 +37,8 @@ class GatewayOptions:
         default_factory=lambda: ListenerLimits(max_connections=DEFAULT_MAX_CONNECTIONS)
     )
     """Of the client listener: slow clients cut off, connections capped."""
+    auth_failures: FailureLimits = field(default_factory=FailureLimits)
+    """Wrong keys per client address before 429."""
     metrics_host: str = DEFAULT_METRICS_HOST
     metrics_port: int | None = None
     """Serve ``/metrics`` on a listener of its own there; None: on none (``serve`` has the
@@ -43,7 +46,7 @@ class GatewayOptions:
 
     def problems(self, connections_flag: str = "--max-connections") -> list[str]:
         """What is wrong with these options, as messages naming the command's flags."""
-        found = self.limits.problems(connections_flag)
+        found = self.limits.problems(connections_flag) + self.auth_failures.problems()
         for flag, port in (("--port", self.port), ("--metrics-port", self.metrics_port)):
             if port is not None and not 0 <= port <= 65535:
                 found.append(f"{flag} must be between 0 and 65535, not {port}")
@@ -74,6 +77,7 @@ class PostgresGateway:
             limits=options.limits,
             metrics_host=options.metrics_host,
             metrics_port=options.metrics_port,
+            auth_failures=options.auth_failures,
         )
         self.source.report_in_flight(self.gateway.in_flight)
 

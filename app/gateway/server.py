@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.edge.limits import ListenerLimits, limited
+from app.edge.throttle import FailureBudget, FailureLimits
 from app.gateway.app import GatewayApp, MetricsApp
 from app.gateway.errors import listener_refusal
 from app.gateway.metrics import GatewayMetrics
@@ -167,6 +168,7 @@ class Gateway:
         limits: ListenerLimits | None = None,
         metrics_host: str = DEFAULT_METRICS_HOST,
         metrics_port: int | None = None,
+        auth_failures: FailureLimits | None = None,
     ) -> None:
         """``port`` 0 takes a free port (``self.port`` says which once started).
         ``metrics_port`` (0: a free one) serves ``/metrics`` on a listener of its own;
@@ -191,6 +193,7 @@ class Gateway:
             stale_reason=self._stale_reason,
             connect_timeout_s=connect_timeout_s,
             log_requests=log_requests,
+            failures=FailureBudget(auth_failures),
         )
         self._graceful_shutdown_s = graceful_shutdown_s
         self._clients: _Listening | None = None

@@ -18,6 +18,7 @@ import pytest
 import pytest_asyncio
 
 from app.admin.bodies import MAX_BODY_BYTES, MAX_BODY_DEPTH
+from app.edge.throttle import FailureLimits
 from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import (
     bearer_client,
@@ -353,3 +354,45 @@ async def test_a_spec_over_its_size_limit_is_a_422_with_the_size(
     assert error["field"] == "(spec)"
     assert re.fullmatch(r"is \d+ bytes as JSON, over the limit of 65536", error["reason"])
     assert await last_position(pg_store) == before
+
+
+# -- wrong tokens, one after another -------------------------------------------------------
+
+
+def admin_from(url: str, address: str, token: str | None) -> httpx.AsyncClient:
+    """A client of the admin API whose connections come from ``address`` (of 127.0.0.0/8)."""
+    headers = {"authorization": f"Bearer {token}"} if token is not None else {}
+    transport = httpx.AsyncHTTPTransport(local_address=address)
+    return httpx.AsyncClient(base_url=url, headers=headers, transport=transport)
+
+
+async def test_an_address_sending_wrong_tokens_is_refused_429_before_any_check(
+    pg_store: PostgresEventStore,
+) -> None:
+    wrong = secrets.token_hex(16)
+    limits = FailureLimits(burst=3, per_minute=1)
+    async with serving_admin(pg_store, tokens={TOKEN: "alice"}, auth_failures=limits) as url:
+        async with admin_from(url, "127.0.0.1", wrong) as attacker:
+            flood = [await attacker.get("/admin/v1/nodes") for _ in range(50)]
+        async with admin_from(url, "127.0.0.1", TOKEN) as same_address:
+            right_from_the_attackers_address = await same_address.get("/admin/v1/nodes")
+        async with admin_from(url, "127.0.0.2", TOKEN) as elsewhere:
+            right_from_elsewhere = await elsewhere.get("/admin/v1/nodes")
+        async with admin_from(url, "127.0.0.2", wrong) as neighbour:
+            wrong_from_elsewhere = await neighbour.get("/admin/v1/nodes")
+        async with admin_from(url, "127.0.0.1", None) as probe:
+            health = await probe.get("/healthz")
+
+    assert [a.status_code for a in flood] == [401] * 3 + [429] * 47
+    throttled = problem_of(flood[-1], 429)
+    assert throttled["title"] == "too-many-requests"
+    assert "too many requests with a wrong admin token from this address" in throttled["detail"]
+    retry_after = int(flood[-1].headers["retry-after"])
+    assert 1 <= retry_after <= 60  # one failure a minute comes back
+    assert f"retry after {retry_after} s" in throttled["detail"]
+    # While the address is out of failures its right token waits too: otherwise every
+    # guess would still be checked. Another address is not held up.
+    assert right_from_the_attackers_address.status_code == 429
+    assert right_from_elsewhere.status_code == 200
+    assert wrong_from_elsewhere.status_code == 401
+    assert health.status_code == 200

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from app.edge.throttle import FailureLimits
 from app.gateway.server import StaticSource
 from tests.support.gateway import GatewayThread, new_key, snapshot_of
 
@@ -97,3 +98,51 @@ def test_a_standalone_gateway_serves_metrics_on_a_listener_of_its_own() -> None:
     assert f'llmgw_gateway_requests_total{{model="{MODEL}",status="503"}} 1.0' in page.text
     assert on_the_client_listener.status_code == 404
     assert api_on_the_metrics_listener.status_code == 404
+
+
+# -- wrong keys, one after another ---------------------------------------------------------
+
+BURST = 5
+
+
+def from_address(address: str, gateway: GatewayThread, key: str | None) -> httpx.Client:
+    """A client whose connections come from ``address`` (any of 127.0.0.0/8 is this host)."""
+    headers = {"authorization": f"Bearer {key}"} if key is not None else {}
+    transport = httpx.HTTPTransport(local_address=address)
+    return httpx.Client(base_url=gateway.url, headers=headers, transport=transport)
+
+
+def test_an_address_sending_wrong_keys_gets_429_and_nobody_else_is_slowed() -> None:
+    key, record = new_key()
+    wrong, _ = new_key()
+    snapshot = snapshot_of([], [record], frozenset({MODEL}))
+    limits = FailureLimits(burst=BURST, per_minute=1)
+    with GatewayThread(StaticSource(snapshot), auth_failures=limits) as gateway:
+        with from_address("127.0.0.1", gateway, wrong) as attacker:
+            flood = [attacker.get("/models") for _ in range(1000)]
+        with from_address("127.0.0.1", gateway, key) as same_address:
+            valid_from_the_attackers_address = same_address.get("/models")
+        with from_address("127.0.0.1", gateway, None) as keyless:
+            without_a_key = keyless.get("/models")
+        with from_address("127.0.0.2", gateway, wrong) as neighbour:
+            wrong_from_elsewhere = neighbour.get("/models")
+        with from_address("127.0.0.2", gateway, key) as other:
+            valid_from_elsewhere = other.get("/models")
+
+    assert [a.status_code for a in flood] == [401] * BURST + [429] * (1000 - BURST)
+    throttled = flood[-1]
+    # One failure a minute comes back: less what has already refilled while flooding.
+    retry_after = int(throttled.headers["retry-after"])
+    assert 1 <= retry_after <= 60
+    error = throttled.json()["error"]
+    assert error["type"] == "rate_limit_error"
+    assert error["code"] == "too_many_failed_authentications"
+    assert f"retry after {retry_after} s" in error["message"]
+    # A valid key is served whatever its address has failed; a request without a key is
+    # no guess and is told so.
+    assert valid_from_the_attackers_address.status_code == 200
+    assert without_a_key.status_code == 401
+    assert "Missing API key" in without_a_key.json()["error"]["message"]
+    # Another address has a budget of its own.
+    assert wrong_from_elsewhere.status_code == 401
+    assert valid_from_elsewhere.status_code == 200

@@ -38,6 +38,7 @@ from app.domain.events import (
     replica_stream,
 )
 from app.edge.limits import ListenerLimits
+from app.edge.throttle import FailureBudget, FailureLimits
 from app.pki import build_ca, generate_key, issue_node, issue_operator, issue_server
 from app.pki.files import write_ca, write_issued
 from app.pki.keys import PrivateKey
@@ -110,11 +111,14 @@ async def serving_admin(
     live: LiveSource | None = None,
     port: int | None = None,
     limits: ListenerLimits | None = None,
+    auth_failures: FailureLimits | None = None,
 ) -> AsyncIterator[str]:
     """The admin API over ``store`` until the block ends, on ``port`` or a free one; yields
     its base URL. ``tokens`` maps each token to the operator it names; ``limits`` are the
-    listener's, as ``serve`` sets them by default."""
-    app = create_admin_app(store, TokenAuthenticator(tokens or {}), live=live)
+    listener's and ``auth_failures`` the budget of wrong tokens per address, as ``serve``
+    sets them by default."""
+    authenticator = TokenAuthenticator(tokens or {}, FailureBudget(auth_failures))
+    app = create_admin_app(store, authenticator, live=live)
     listener = socket.socket()
     # A test that serves again on the same port must not wait out the old one's TIME_WAIT.
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
