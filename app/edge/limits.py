@@ -12,6 +12,9 @@ memory behind it, forever, and enough of them hold every connection the process 
 - the listener holds at most ``max_connections`` connections: one more is answered 503
   at once and closed.
 
+The timeouts are checked by one sweep per listener every second (or every quarter of the
+shorter timeout), so a late client is cut off up to that much after its time.
+
 A client over a limit gets a short answer (408, 431 or 503, in the listener's own error
 shape) and its connection is closed; nobody else notices. The time between requests on a
 kept-alive connection is uvicorn's own keep-alive timeout (5 s).
@@ -21,8 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import http
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -65,12 +70,21 @@ def limited(
     protocol: type[HttpToolsProtocol], limits: ListenerLimits, refusal: Refusal = plain_text
 ) -> type[HttpToolsProtocol]:
     """``protocol`` (uvicorn's httptools protocol or a subclass) with ``limits``; pass the
-    result as ``uvicorn.Config(http=...)``."""
+    result as ``uvicorn.Config(http=...)``, one per listener."""
+    head = (limits.header_timeout_s, "the request's headers")
+    body = (limits.body_timeout_s, "the request's body")
+    sweep_every_s = min(1.0, limits.header_timeout_s / 4, limits.body_timeout_s / 4)
 
     # mypy cannot check a class whose base is a parameter; HttpToolsProtocol's methods
     # are what is overridden.
     class Limited(protocol):  # type: ignore[valid-type,misc]
-        _deadline: asyncio.TimerHandle | None = None
+        # A request only writes down when its current stage is due; one sweep per listener
+        # closes the late ones. A timer per stage would cost every request four calls
+        # into the loop (arm and cancel, twice).
+        _open: ClassVar[set[Limited]] = set()
+        _sweeping: ClassVar[bool] = False
+        _due = math.inf
+        _stage = head
         _reading_head = True
         _head_bytes = 0
         _lingering = False
@@ -80,10 +94,14 @@ def limited(
             if len(self.connections) > limits.max_connections:
                 self._refuse(503, "This server has as many connections as it takes; retry.")
                 return
-            self._arm(limits.header_timeout_s, "the request's headers")
+            self._await(head)
+            Limited._open.add(self)
+            if not Limited._sweeping:
+                Limited._sweeping = True
+                self.loop.call_later(sweep_every_s, Limited._sweep, self.loop)
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
+            Limited._open.discard(self)
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
@@ -101,32 +119,36 @@ def limited(
             if not self._reading_head:
                 # The next request of a kept-alive connection: its head is timed anew.
                 self._reading_head, self._head_bytes = True, 0
-                self._arm(limits.header_timeout_s, "the request's headers")
+                self._await(head)
 
         def on_headers_complete(self) -> None:
             self._reading_head = False
-            self._arm(limits.body_timeout_s, "the request's body")
+            self._await(body)
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
-            self._disarm()
+            self._due = math.inf
             super().on_message_complete()
 
-        def _arm(self, seconds: float, what: str) -> None:
-            self._disarm()
-            self._deadline = self.loop.call_later(seconds, self._timed_out, seconds, what)
+        def _await(self, stage: tuple[float, str]) -> None:
+            self._stage = stage
+            self._due = self.loop.time() + stage[0]
 
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
-
-        def _timed_out(self, seconds: float, what: str) -> None:
-            self._deadline = None
-            self._refuse(408, f"{what[0].upper()}{what[1:]} did not arrive within {seconds:g} s.")
+        @staticmethod
+        def _sweep(loop: asyncio.AbstractEventLoop) -> None:
+            now = loop.time()
+            for connection in [c for c in Limited._open if c._due <= now]:
+                seconds, what = connection._stage
+                connection._refuse(
+                    408, f"{what[0].upper()}{what[1:]} did not arrive within {seconds:g} s."
+                )
+            Limited._sweeping = bool(Limited._open)
+            if Limited._sweeping:
+                loop.call_later(sweep_every_s, Limited._sweep, loop)
 
         def _refuse(self, status: int, message: str) -> None:
-            self._disarm()
+            self._due = math.inf
+            Limited._open.discard(self)
             if self.transport.is_closing() or self._lingering:
                 return
             cycle = self.cycle
