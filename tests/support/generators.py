@@ -30,7 +30,6 @@ from app.domain.model_spec import (
     MAX_STARTUP_TIMEOUT_S,
     MAX_TARGET_WAITING,
     MAX_WEIGHT,
-    MIN_KV_CEILING,
     MIN_WEIGHT,
 )
 
@@ -56,7 +55,6 @@ EXTREME_FLOATS = (
     5e-324,
     1e-300,
     MIN_WEIGHT,
-    MIN_KV_CEILING,
     1.0,
     float(MAX_WEIGHT),
     float(MAX_STARTUP_TIMEOUT_S),

@@ -124,8 +124,8 @@ def test_settings_already_in_force_record_nothing() -> None:
         (RoutingSettings(weight=float("nan")), "weight", "must be between 0.001 and 1000000"),
         (RoutingSettings(target_waiting=0), "target_waiting", "must be between 1 and 100000"),
         (RoutingSettings(target_waiting=2**40), "target_waiting", "must be between 1 and 100000"),
-        (RoutingSettings(kv_ceiling=0), "kv_ceiling", "must be between 0.01 and 1"),
-        (RoutingSettings(kv_ceiling=1.01), "kv_ceiling", "must be between 0.01 and 1"),
+        (RoutingSettings(kv_ceiling=0), "kv_ceiling", "must be in (0, 1]"),
+        (RoutingSettings(kv_ceiling=1.01), "kv_ceiling", "must be in (0, 1]"),
     ],
 )
 def test_settings_out_of_range_are_refused_naming_the_field(

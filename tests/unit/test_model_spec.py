@@ -16,7 +16,6 @@ from app.domain.model_spec import (
     MAX_STARTUP_TIMEOUT_S,
     MAX_STOP_GRACE_S,
     MAX_WEIGHT,
-    MIN_KV_CEILING,
     MIN_WEIGHT,
     ModelSpec,
     RoutingSettings,
@@ -84,9 +83,8 @@ def test_every_number_is_bounded_and_the_reason_names_the_bound(field: str, valu
     [error] = validate_spec(spec)
 
     assert error.field == field
-    assert re.fullmatch(
-        r"must be (between \S+ and \S+|more than 0 and at most \S+)( \(.*\))?", error.reason
-    )
+    bounds = r"between \S+ and \S+|more than 0 and at most \S+|in \(0, 1\]"
+    assert re.fullmatch(rf"must be ({bounds})( \(.*\))?", error.reason)
 
 
 @pytest.mark.parametrize(
@@ -111,7 +109,7 @@ def test_every_number_is_bounded_and_the_reason_names_the_bound(field: str, valu
             startup_timeout_s=5e-324,
             stop_grace_s=0,
             max_moves=1,
-            routing=RoutingSettings(weight=MIN_WEIGHT, target_waiting=1, kv_ceiling=MIN_KV_CEILING),
+            routing=RoutingSettings(weight=MIN_WEIGHT, target_waiting=1, kv_ceiling=5e-324),
         ),
     ],
     ids=["every maximum", "every minimum"],
