@@ -56,6 +56,41 @@ def engine_networks_of(text: str) -> EngineNetworks | None:
     return EngineNetworks.parse(text)
 
 
+HeaderTimeout = Annotated[
+    float,
+    Parameter(
+        env_var="LLMGW_HEADER_TIMEOUT",
+        help="seconds a client has to send a request's headers (from connecting, or from "
+        "the first byte of the next request); then it gets 408 and is disconnected",
+    ),
+]
+BodyTimeout = Annotated[
+    float,
+    Parameter(
+        env_var="LLMGW_BODY_TIMEOUT",
+        help="seconds a client has to send a request's body once its headers are in; then "
+        "it gets 408 and is disconnected",
+    ),
+]
+
+
+AuthFailureBurst = Annotated[
+    int,
+    Parameter(
+        env_var="LLMGW_AUTH_FAILURE_BURST",
+        help="wrong keys or tokens one client address may send at once before it gets 429 "
+        "with Retry-After",
+    ),
+]
+AuthFailuresPerMinute = Annotated[
+    float,
+    Parameter(
+        env_var="LLMGW_AUTH_FAILURES_PER_MINUTE",
+        help="wrong keys or tokens an address earns back each minute",
+    ),
+]
+
+
 def fail(message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
     sys.exit(1)

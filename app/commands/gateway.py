@@ -13,20 +13,31 @@ from cyclopts import Parameter
 
 from app.commands.common import (
     AllowPrivilegedRole,
+    AuthFailureBurst,
+    AuthFailuresPerMinute,
+    BodyTimeout,
     DatabaseUrl,
     EngineNetworksFlag,
+    HeaderTimeout,
     database_role_allowed,
     engine_networks_of,
     fail,
 )
 from app.domain.egress import InvalidEngineNetworks
+from app.edge.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, ListenerLimits
+from app.edge.throttle import DEFAULT_BURST, DEFAULT_PER_MINUTE, FailureLimits
 from app.gateway.postgres import (
     DEFAULT_CLIENT_HOST,
     DEFAULT_CLIENT_PORT,
     GatewayOptions,
     PostgresGateway,
 )
-from app.gateway.server import GatewayFailed
+from app.gateway.server import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_METRICS_HOST,
+    DEFAULT_METRICS_PORT,
+    GatewayFailed,
+)
 from app.logs import configure_logging
 from app.store.errors import StoreUnavailable
 
@@ -80,6 +91,28 @@ def gateway_command(
     ] = 5.0,
     engine_networks: EngineNetworksFlag = "",
     allow_privileged_role: AllowPrivilegedRole = False,
+    metrics_host: Annotated[
+        str,
+        Parameter(
+            env_var="LLMGW_GATEWAY_METRICS_HOST",
+            help="where /metrics is served, apart from clients: it names every model and "
+            "replica (loopback unless set; the client listener answers 404 for it)",
+        ),
+    ] = DEFAULT_METRICS_HOST,
+    metrics_port: Annotated[
+        int, Parameter(env_var="LLMGW_GATEWAY_METRICS_PORT")
+    ] = DEFAULT_METRICS_PORT,
+    auth_failure_burst: AuthFailureBurst = DEFAULT_BURST,
+    auth_failures_per_minute: AuthFailuresPerMinute = DEFAULT_PER_MINUTE,
+    header_timeout: HeaderTimeout = DEFAULT_HEADER_TIMEOUT_S,
+    body_timeout: BodyTimeout = DEFAULT_BODY_TIMEOUT_S,
+    max_connections: Annotated[
+        int,
+        Parameter(
+            env_var="LLMGW_GATEWAY_MAX_CONNECTIONS",
+            help="client connections held at once; one more is answered 503 and closed",
+        ),
+    ] = DEFAULT_MAX_CONNECTIONS,
     log_level: Annotated[str, Parameter(env_var="LLMGW_LOG_LEVEL")] = "info",
 ) -> None:
     """Run the OpenAI-compatible gateway alone, stateless, against the database, until
@@ -87,14 +120,14 @@ def gateway_command(
     its last routing table and keys while the database is away (/readyz then says 503).
 
     Engines are contacted only where --engine-networks allows; a route elsewhere is left
-    out of routing, with a warning.
+    out of routing, with a warning. Like `serve`, it refuses a database role that could
+    rewrite the event log (a superuser, the owner of its tables) unless
+    --allow-privileged-role is given: connect as the runtime role. Started while the
+    database is away, it checks once the database answers. Its /metrics is on a listener of
+    its own (--metrics-host, --metrics-port), never on the client listener.
 
     Example: llmgw-server gateway --host 0.0.0.0 --port 8080 --engine-networks 10.20.0.0/16
-    Like `serve`, it refuses a database role that could rewrite the event log (a superuser,
-    the owner of its tables) unless --allow-privileged-role is given: connect as the
-    runtime role. Started while the database is away, it checks once the database answers.
-
-    Example: llmgw-server gateway --host 0.0.0.0 --port 8080
+    --metrics-host 10.0.0.5
     """
     configure_logging(log_level)
     try:
@@ -110,6 +143,14 @@ def gateway_command(
         scrape_interval_s=scrape_interval,
         refresh_interval_s=refresh_interval,
         engine_networks=networks,
+        auth_failures=FailureLimits(burst=auth_failure_burst, per_minute=auth_failures_per_minute),
+        metrics_host=metrics_host,
+        metrics_port=metrics_port,
+        limits=ListenerLimits(
+            header_timeout_s=header_timeout,
+            body_timeout_s=body_timeout,
+            max_connections=max_connections,
+        ),
     )
     if options.problems():
         fail("; ".join(options.problems()))

@@ -1,7 +1,7 @@
 """``llmgw-server serve`` as a process of its own, the way an operator starts it: its admin
 API on a free loopback port with one token, the test CA's certificates for its agent hub
 (and for the admin API too, when asked), its output in a log file, connected as the runtime
-role. No gateway runs and no agent connects."""
+role. No gateway runs unless asked for (on ``gateway_port``), and no agent connects."""
 
 from __future__ import annotations
 
@@ -34,12 +34,18 @@ async def serving_process(
     admin_tls: bool,
     as_owner: bool = False,
     flags: Sequence[str] = (),
+    gateway_port: int | None = None,
 ) -> AsyncIterator[str]:
     """``llmgw-server serve`` over ``database_url`` until the block ends, however it ends;
     yields its admin API's URL once ``/healthz`` answers there (HTTPS with ``admin_tls``).
-    It connects as the runtime role, or with ``as_owner`` as ``database_url`` says."""
+    It connects as the runtime role, or with ``as_owner`` as ``database_url`` says. With
+    ``gateway_port``, its gateway serves clients there."""
     port = free_port()
     admin = ["--admin-port", str(port), "--admin-tokens", f"{token_name}:{token}", *flags]
+    if gateway_port is None:
+        admin.append("--no-gateway")
+    else:
+        admin += ["--client-host", LOOPBACK, "--client-port", str(gateway_port)]
     if admin_tls:
         certificate, key = pki.pair("server")
         admin += ["--admin-tls-cert", str(certificate), "--admin-tls-key", str(key)]
@@ -63,7 +69,7 @@ def _start(
                 "serve",
                 *("--database-url", database_url),
                 *admin_flags,
-                *("--agent-host", LOOPBACK, "--agent-port", str(free_port()), "--no-gateway"),
+                *("--agent-host", LOOPBACK, "--agent-port", str(free_port())),
                 *("--engine-networks", "127.0.0.0/8"),
                 *("--tls-cert", str(certificate), "--tls-key", str(key), "--tls-ca", str(pki.ca)),
             ],
