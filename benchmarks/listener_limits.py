@@ -1,4 +1,4 @@
-"""What the listener limits (``app.edge.limits``) cost a request, side by side with none.
+"""What the listener limits (``app.listeners.limits``) cost a request, side by side with none.
 
     python benchmarks/listener_limits.py [--requests 5000] [--rounds 5]
 
@@ -34,7 +34,7 @@ import uvicorn
 import uvloop
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.edge.limits import ListenerLimits, limited
+from app.listeners.limits import ListenerLimits, limited
 from benchmarks.common import format_table, load_average, median, percentile, write_results
 
 BODY = b'{"model": "bench-model", "messages": [{"role": "user", "content": "Hello!"}]}'

@@ -10,7 +10,7 @@ Two kinds of identity are accepted:
   misconfigured, and saying so beats guessing.
 - a token for automation, configured as ``name:token`` pairs: compared in constant time,
   its name is the actor. It is consulted only when no certificate was presented. Wrong
-  tokens are counted per client address (``app.edge.throttle``): an address that has
+  tokens are counted per client address (``app.listeners.throttle``): an address that has
   spent its budget of failures is answered 429 with ``Retry-After`` before its token is
   even compared, its right token included, so that a short token cannot be guessed at
   speed. Operator certificates are never throttled.
@@ -37,7 +37,7 @@ from litestar.exceptions import (
 from litestar.handlers.base import BaseRouteHandler
 
 from app.admin.tls import TLS_EXTENSION
-from app.edge.throttle import FailureBudget
+from app.listeners.throttle import FailureBudget
 from app.pki import CertificateKind, CertificateRejected, PeerIdentity, peer_identity
 
 ACTOR_KEY = "llmgw_actor"

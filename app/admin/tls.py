@@ -18,7 +18,7 @@ from cryptography import x509
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.admin.errors import problem_body
-from app.edge.limits import ListenerLimits, limited
+from app.listeners.limits import ListenerLimits, limited
 from app.pki import server_ssl_context
 
 TLS_EXTENSION = "tls"
@@ -82,5 +82,5 @@ DEFAULT_ADMIN_MAX_CONNECTIONS = 256
 
 def admin_protocol(limits: ListenerLimits) -> type[HttpToolsProtocol]:
     """The admin listener's protocol: the TLS extension in each scope, slow clients cut
-    off (``app.edge.limits``) with a problem document."""
+    off (``app.listeners.limits``) with a problem document."""
     return limited(TlsScopeProtocol, limits, problem_body)

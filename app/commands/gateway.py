@@ -24,8 +24,6 @@ from app.commands.common import (
     fail,
 )
 from app.domain.egress import InvalidEngineNetworks
-from app.edge.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, ListenerLimits
-from app.edge.throttle import DEFAULT_BURST, DEFAULT_PER_MINUTE, FailureLimits
 from app.gateway.postgres import (
     DEFAULT_CLIENT_HOST,
     DEFAULT_CLIENT_PORT,
@@ -38,6 +36,8 @@ from app.gateway.server import (
     DEFAULT_METRICS_PORT,
     GatewayFailed,
 )
+from app.listeners.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, ListenerLimits
+from app.listeners.throttle import DEFAULT_BURST, DEFAULT_PER_MINUTE, FailureLimits
 from app.logs import configure_logging
 from app.store.errors import StoreUnavailable
 

@@ -38,8 +38,6 @@ from app.commands.common import (
     fail,
 )
 from app.domain.egress import InvalidEngineNetworks
-from app.edge.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, ListenerLimits
-from app.edge.throttle import DEFAULT_BURST, DEFAULT_PER_MINUTE, FailureBudget, FailureLimits
 from app.fleet.budget import MessageBudget
 from app.fleet.hub import DEFAULT_HEARTBEAT_INTERVAL_S
 from app.gateway.postgres import (
@@ -49,6 +47,8 @@ from app.gateway.postgres import (
     PostgresGateway,
 )
 from app.gateway.server import DEFAULT_MAX_CONNECTIONS, GatewayFailed
+from app.listeners.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, ListenerLimits
+from app.listeners.throttle import DEFAULT_BURST, DEFAULT_PER_MINUTE, FailureBudget, FailureLimits
 from app.logs import configure_logging
 from app.pki import TlsConfigurationError, server_ssl_context
 from app.services.control_plane import ControlPlane, ControlPlaneConfig, Outcome

@@ -28,7 +28,6 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import msgspec
 
-from app.edge.throttle import FailureBudget
 from app.gateway.asgi import (
     JSON,
     Receive,
@@ -48,6 +47,7 @@ from app.gateway.proxy import Upstream
 from app.gateway.ratelimit import RateLimiter
 from app.gateway.router import Router
 from app.gateway.table import GatewaySnapshot
+from app.listeners.throttle import FailureBudget
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 

@@ -10,9 +10,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from app.domain.keys import key_matches, prefix_of
-from app.edge.throttle import FailureBudget
 from app.gateway.errors import ApiError, invalid_api_key, too_many_failed_authentications
 from app.gateway.table import GatewaySnapshot, KeyRecord
+from app.listeners.throttle import FailureBudget
 
 # ASGI messages are dictionaries whose value types depend on their "type" key.
 Scope = MutableMapping[str, Any]

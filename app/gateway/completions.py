@@ -20,7 +20,6 @@ from typing import Any
 import msgspec
 import structlog
 
-from app.edge.throttle import FailureBudget
 from app.gateway.asgi import Header, Receive, Scope, Send, authenticate, clock, refuse, request_id
 from app.gateway.errors import (
     ApiError,
@@ -40,6 +39,7 @@ from app.gateway.ratelimit import ALLOWED_UNLIMITED, RateLimiter
 from app.gateway.router import NoServingReplica, Saturated
 from app.gateway.table import GatewaySnapshot, KeyRecord
 from app.gateway.usage import StreamTokens, usage_of_body
+from app.listeners.throttle import FailureBudget
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 import structlog
 
 from app.domain.egress import EngineNetworks
-from app.edge.limits import ListenerLimits
-from app.edge.throttle import FailureLimits
 from app.gateway.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_METRICS_HOST, Gateway
 from app.gateway.source import DEFAULT_REFRESH_INTERVAL_S, PostgresSnapshotSource
+from app.listeners.limits import ListenerLimits
+from app.listeners.throttle import FailureLimits
 
 log = structlog.get_logger(__name__)
 

@@ -31,8 +31,6 @@ from prometheus_client import CollectorRegistry
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.domain.egress import EngineNetworks
-from app.edge.limits import ListenerLimits, limited
-from app.edge.throttle import FailureBudget, FailureLimits
 from app.gateway.app import GatewayApp, MetricsApp
 from app.gateway.egress import EngineEgress
 from app.gateway.errors import listener_refusal
@@ -40,6 +38,8 @@ from app.gateway.metrics import GatewayMetrics
 from app.gateway.ratelimit import RateLimiter
 from app.gateway.router import Router
 from app.gateway.table import GatewaySnapshot, SnapshotListener
+from app.listeners.limits import ListenerLimits, limited
+from app.listeners.throttle import FailureBudget, FailureLimits
 
 
 class SnapshotSource(Protocol):

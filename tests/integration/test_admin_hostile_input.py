@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 
 from app.admin.bodies import MAX_BODY_BYTES, MAX_BODY_DEPTH
-from app.edge.throttle import FailureLimits
+from app.listeners.throttle import FailureLimits
 from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import (
     bearer_client,

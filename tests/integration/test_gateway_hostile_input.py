@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from app.edge.throttle import FailureLimits
 from app.gateway.server import StaticSource
+from app.listeners.throttle import FailureLimits
 from tests.support.gateway import GatewayThread, new_key, snapshot_of
 
 pytestmark = pytest.mark.timeout(60)

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from app.edge.limits import ListenerLimits
 from app.gateway.server import StaticSource
+from app.listeners.limits import ListenerLimits
 from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import serving_admin
 from tests.support.gateway import GatewayThread, new_key, snapshot_of

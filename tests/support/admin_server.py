@@ -37,8 +37,8 @@ from app.domain.events import (
     node_stream,
     replica_stream,
 )
-from app.edge.limits import ListenerLimits
-from app.edge.throttle import FailureBudget, FailureLimits
+from app.listeners.limits import ListenerLimits
+from app.listeners.throttle import FailureBudget, FailureLimits
 from app.pki import build_ca, generate_key, issue_node, issue_operator, issue_server
 from app.pki.files import write_ca, write_issued
 from app.pki.keys import PrivateKey

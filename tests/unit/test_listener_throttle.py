@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.edge.throttle import FailureBudget, FailureLimits
+from app.listeners.throttle import FailureBudget, FailureLimits
 
 
 class Clock:
