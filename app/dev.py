@@ -9,6 +9,10 @@ certificates, token and API key stay the same (a key revoked meanwhile is replac
 Engine ports. Each state directory has a block of engine ports of its own
 (``app.devports``), so several dev clusters, each with its own ``--state-dir`` and
 listener ports, run side by side on one machine without their engines meeting.
+The database has the two roles of production: ``dev`` migrates as the server's superuser
+(or the role of ``LLMGW_DATABASE_URL``), which owns the schema, with ``llmgw_runtime`` as
+the runtime role (its password generated once into the state directory), and ``serve``
+connects as ``llmgw_runtime``.
 
 Stopping. Ctrl-C or SIGTERM stops the agents (SIGTERM: they close their connections and,
 by design, leave their engines running), then kills every engine process group the
@@ -46,6 +50,7 @@ from pathlib import Path
 import asyncpg
 import httpx
 from cryptography import x509
+from sqlalchemy.engine import make_url
 
 from agent.engines.records import RecordStore, is_same_process
 from app.devdb import DevDatabaseError, LocalPostgres, find_bindir, port_is_free
@@ -67,6 +72,7 @@ from app.pki.keys import PrivateKey
 from app.store import migrate as migrations
 from app.store.database import driver_url
 from app.store.errors import StoreError
+from app.store.grants import DEFAULT_RUNTIME_ROLE, RuntimeRole
 
 DEFAULT_STATE_DIR = Path(".llmgw/dev")
 HOST = "127.0.0.1"
@@ -159,7 +165,9 @@ class DevCluster:
         database_url = self._database()
         pki = ensure_pki(options.state_dir / "pki", NODES)
         self.token = _admin_token(options.state_dir / "admin-token")
-        self.server = self._spawn("server", _server_argv(options, database_url, pki), self.token)
+        self.server = self._spawn(
+            "server", _server_argv(options, pki), self.token, database_url=database_url
+        )
         with httpx.Client(
             base_url=options.admin_url,
             headers={"authorization": f"Bearer {self.token}"},
@@ -208,6 +216,7 @@ class DevCluster:
     # -- steps --------------------------------------------------------------------------
 
     def _database(self) -> str:
+        """The database migrated, with its runtime role; the runtime role's URL."""
         url = os.environ.get("LLMGW_DATABASE_URL")
         try:
             if url is None:
@@ -216,12 +225,14 @@ class DevCluster:
                 self.postgres = postgres
                 asyncio.run(_create_database(postgres.url(), DATABASE))
                 url = postgres.url(DATABASE)
-            migrations.upgrade(url)
+            password = _secret(self.options.state_dir / "runtime-password")
+            migrations.upgrade(url, runtime=RuntimeRole(DEFAULT_RUNTIME_ROLE, password))
         except DevDatabaseError as exc:
             raise DevError(str(exc)) from exc
         except (OSError, StoreError, asyncpg.PostgresError) as exc:
             raise DevError(f"cannot prepare the database: {exc}") from exc
-        return url
+        as_runtime = make_url(url).set(username=DEFAULT_RUNTIME_ROLE, password=password)
+        return as_runtime.render_as_string(hide_password=False)
 
     def _local_or_docker_postgres(self) -> LocalPostgres | DockerPostgres:
         """The local PostgreSQL binaries when installed, else a container when Docker
@@ -234,7 +245,9 @@ class DevCluster:
             raise DevDatabaseError(f"{exc}; and no Docker daemon answers either") from exc
         return LocalPostgres(self.options.state_dir / "postgres", durable=True)
 
-    def _spawn(self, name: str, argv: list[str], admin_token: str = "") -> Child:
+    def _spawn(
+        self, name: str, argv: list[str], admin_token: str = "", database_url: str = ""
+    ) -> Child:
         log_path = self.options.logs / f"{name}.log"
         environment = {
             key: value
@@ -243,6 +256,8 @@ class DevCluster:
         }
         if admin_token:
             environment["LLMGW_ADMIN_TOKENS"] = f"{TOKEN_NAME}:{admin_token}"
+        if database_url:  # in the environment, not on the command line: it holds a password
+            environment["LLMGW_DATABASE_URL"] = database_url
         with log_path.open("ab") as log:
             process = subprocess.Popen(
                 argv,
@@ -337,6 +352,11 @@ def _issue_leaf(
 
 def _admin_token(path: Path) -> str:
     """The admin token stored at ``path`` (mode 0600), generated the first time."""
+    return _secret(path)
+
+
+def _secret(path: Path) -> str:
+    """The secret stored at ``path`` (mode 0600), generated the first time."""
     if not path.exists():
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(descriptor, "w") as file:
@@ -361,11 +381,10 @@ def _program(name: str) -> str:
     return str(beside_python) if beside_python.exists() else (shutil.which(name) or name)
 
 
-def _server_argv(options: DevOptions, database_url: str, pki: DevPki) -> list[str]:
+def _server_argv(options: DevOptions, pki: DevPki) -> list[str]:
     return [
         _program("llmgw-server"),
         "serve",
-        *("--database-url", database_url),
         *("--admin-host", HOST, "--admin-port", str(options.admin_port)),
         *("--agent-host", HOST, "--agent-port", str(options.agent_port)),
         *("--client-host", HOST, "--client-port", str(options.client_port)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from cyclopts import App
 
 from app.commands.gateway import gateway_command
+from app.commands.log import head_command, verify_command
 from app.commands.maintenance import migrate, rebuild_command
 from app.commands.serve import serve
 from app.dev import dev_command
@@ -17,6 +18,10 @@ projections = App(name="projections", help="Maintain the tables projected from t
 app.command(projections)
 app.command(migrate)
 projections.command(rebuild_command, name="rebuild")
+log = App(name="log", help="Check the event log against its chain hash.")
+app.command(log)
+log.command(verify_command, name="verify")
+log.command(head_command, name="head")
 app.command(serve)
 app.command(gateway_command, name="gateway")
 app.command(dev_command, name="dev")

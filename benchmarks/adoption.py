@@ -98,6 +98,7 @@ from benchmarks.common import (
     fresh_database,
     load_average,
     median,
+    runtime_url,
     write_results,
 )
 from wire.messages import (
@@ -391,7 +392,8 @@ async def server(
         process = await asyncio.create_subprocess_exec(
             SERVER_COMMAND, *arguments,
             stdin=asyncio.subprocess.DEVNULL, stdout=output, stderr=output,
-            env={**os.environ, "LLMGW_DATABASE_URL": url},  # it may hold a password
+            # As the runtime role, as in production; not on the command line: a password.
+            env={**os.environ, "LLMGW_DATABASE_URL": runtime_url(url)},
         )  # fmt: skip
     try:
         yield process

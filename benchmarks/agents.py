@@ -83,6 +83,7 @@ from benchmarks.common import (
     load_average,
     median,
     percentile,
+    runtime_url,
     write_results,
 )
 from wire.errors import FleetError
@@ -237,7 +238,8 @@ async def control_plane(
             stdin=asyncio.subprocess.DEVNULL,
             stdout=output,
             stderr=output,
-            env={**os.environ, "LLMGW_DATABASE_URL": database_url},  # it may hold a password
+            # As the runtime role, as in production; not on the command line: a password.
+            env={**os.environ, "LLMGW_DATABASE_URL": runtime_url(database_url)},
         )
     try:
         await _wait_ready(process, admin_port, agent_port, log)

@@ -26,8 +26,11 @@ from sqlalchemy.engine import make_url
 
 from app.devdb import LocalPostgres
 from app.store import migrate
+from app.store.grants import RuntimeRole
 
 BENCH_DATABASE_URL_ENV = "LLMGW_BENCH_DATABASE_URL"
+BENCH_RUNTIME_ROLE = RuntimeRole("llmgw_runtime_bench", password="llmgw-runtime-bench")
+"""The runtime role the control planes under measurement connect as, as in production."""
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 POSTGRES_SETTINGS = (
     "fsync",
@@ -65,16 +68,25 @@ def bench_server() -> Iterator[BenchServer]:
 
 
 @asynccontextmanager
-async def fresh_database(server: BenchServer, prefix: str = "llmgw_bench") -> AsyncIterator[str]:
-    """A new database, migrated to head; dropped on exit. Yields its URL."""
+async def fresh_database(
+    server: BenchServer, prefix: str = "llmgw_bench", runtime: RuntimeRole = BENCH_RUNTIME_ROLE
+) -> AsyncIterator[str]:
+    """A new database, migrated to head with ``runtime`` as its runtime role; dropped on
+    exit. Yields its URL, the owner's (``runtime_url`` makes the runtime role's)."""
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     await _as_admin(server, f'CREATE DATABASE "{name}"')
     try:
         url = server.url(name)
-        await asyncio.to_thread(migrate.upgrade, url)
+        await asyncio.to_thread(migrate.upgrade, url, "head", runtime)
         yield url
     finally:
         await _as_admin(server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def runtime_url(url: str, runtime: RuntimeRole = BENCH_RUNTIME_ROLE) -> str:
+    """``url`` as ``runtime`` connects to it."""
+    as_runtime = make_url(url).set(username=runtime.name, password=runtime.password)
+    return as_runtime.render_as_string(hide_password=False)
 
 
 async def _as_admin(server: BenchServer, statement: str) -> None:

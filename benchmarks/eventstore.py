@@ -1,16 +1,22 @@
-"""Event store benchmark: appends, batched appends, replay and rebuild of a large log.
+"""Event store benchmark: appends, batched appends, replay and rebuild of a large log, and
+what the chain hash costs.
 
     python benchmarks/eventstore.py [--events 1000000] [--single 3000] [--quick]
 
 One run, one fresh migrated database on one server (see ``benchmarks/common.py``):
 
 1. load a synthetic cluster history of ``--events`` events through the store, in batches
-   of 1,000 (timed, and its mix of event types reported);
+   of 1,000 (timed, and its mix of event types reported); at a tenth of it, and again at
+   the end, ``log verify`` the chain, in a child process (peak RSS: memory stays flat);
 2. replay it into ``ClusterState``, verify the projection tables against it, and rebuild
    them, each in a child process of its own so that its peak RSS is its own;
 3. single-event appends through ``PostgresEventStore.append`` against a bare asyncpg
    INSERT + COMMIT of the same rows into the same table, in alternating rounds;
-4. batched appends (100 events per ``append_many``) against a bare 100-row INSERT.
+4. batched appends (100 events per ``append_many``) against a bare 100-row INSERT;
+5. the chain hash per append: single and batched appends through the same store and the
+   same ``llmgw_append``, with the chain and with a copy that skips the hash
+   (``benchmarks/chain.py``), in alternating rounds;
+6. migration 0005 chaining the whole log, as an upgrade from 0004 does.
 
 The appends run after the load, against a log of ``--events`` events, as they would in a
 cluster that has run for a while. Results are printed and written to
@@ -49,6 +55,14 @@ from app.store.database import connection, create_engine
 from app.store.interface import NO_STREAM, AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
 from app.store.rebuild import rebuild, replay
+from app.store.verification import verify_log
+from benchmarks.chain import (
+    UNCHAINED_SCHEMA,
+    Backfill,
+    install_unchained_append,
+    measure_backfill,
+    unchained_engine,
+)
 from benchmarks.common import (
     BenchServer,
     Machine,
@@ -127,16 +141,19 @@ class Feed:
 
 _COLUMNS = (
     "stream, version, type, schema_version, data, meta, event_id, recorded_at, replica_id, "
-    "node_id, model, actor, correlation_id"
+    "node_id, model, actor, correlation_id, previous_position, chain_hash"
 )
+# The chain's columns get a placeholder (as wide as a real hash): the baseline is the table
+# alone, and these rows break the chain, which is verified before they are written.
+_NO_CHAIN = f"0, '\\x{'00' * 32}'::bytea"
 INSERT_ONE = (
     f"INSERT INTO events ({_COLUMNS}) "
-    "VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, $7, $8, $9, $10, $11, $12, $13)"
+    f"VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, $7, $8, $9, $10, $11, $12, $13, {_NO_CHAIN})"
 )
 INSERT_MANY = (
-    f"INSERT INTO events ({_COLUMNS}) SELECT * FROM unnest($1::text[], $2::int[], $3::text[], "
-    "$4::smallint[], $5::jsonb[], $6::jsonb[], $7::uuid[], $8::timestamptz[], $9::text[], "
-    "$10::text[], $11::text[], $12::text[], $13::text[])"
+    f"INSERT INTO events ({_COLUMNS}) SELECT *, {_NO_CHAIN} FROM unnest($1::text[], "
+    "$2::int[], $3::text[], $4::smallint[], $5::jsonb[], $6::jsonb[], $7::uuid[], "
+    "$8::timestamptz[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[])"
 )
 
 
@@ -173,6 +190,8 @@ class Comparison(msgspec.Struct, frozen=True, kw_only=True):
     store_server_ms: float | None
     """Time per store call inside ``llmgw_append``, as PostgreSQL counts it
     (``track_functions``); None where the benchmark may not turn that on."""
+    baseline_server_ms: float | None = None
+    """The same for the baseline, where it is a function too (the chain comparison)."""
 
 
 class Load(msgspec.Struct, frozen=True, kw_only=True):
@@ -224,6 +243,13 @@ class Results(msgspec.Struct, frozen=True, kw_only=True):
     rebuild: ChildRun
     single: Comparison
     batched: Comparison
+    log_verify_early: ChildRun
+    """``log verify`` at a tenth of the load."""
+    log_verify: ChildRun
+    chain_single: Comparison
+    """Single appends with the chain hash (store) and without (baseline)."""
+    chain_batched: Comparison
+    backfill: Backfill
     targets: dict[str, float]
     met: dict[str, bool]
 
@@ -232,13 +258,23 @@ class Results(msgspec.Struct, frozen=True, kw_only=True):
 
 
 async def load_history(
-    store: PostgresEventStore, db: asyncpg.Connection, feed: Feed, count: int
+    store: PostgresEventStore,
+    db: asyncpg.Connection,
+    feed: Feed,
+    count: int,
+    pause: tuple[int, Callable[[], Awaitable[object]]] | None = None,
 ) -> Load:
+    """Append ``count`` events; ``pause`` is (events, what to do once that many are in),
+    not counted in the load's time."""
     started = time.perf_counter()
-    appending = 0.0
+    appending = paused = 0.0
     types: Counter[str] = Counter()
     streams: set[str] = set()
     for offset in range(0, count, LOAD_BATCH):
+        if pause is not None and offset == pause[0]:
+            before = time.perf_counter()
+            await pause[1]()
+            paused += time.perf_counter() - before
         steps = feed.take(min(LOAD_BATCH, count - offset))
         types.update(event_type(event) for _, event in steps)
         streams.update(stream for stream, _ in steps)
@@ -246,7 +282,7 @@ async def load_history(
         before = time.perf_counter()
         await store.append_many(requests, META)
         appending += time.perf_counter() - before
-    seconds = time.perf_counter() - started
+    seconds = time.perf_counter() - started - paused
     settle_seconds = await settle(db)
     return Load(
         events=count,
@@ -316,6 +352,40 @@ async def compare_batched(
     )
 
 
+async def compare_chain(
+    chained: PostgresEventStore,
+    unchained: PostgresEventStore,
+    db: asyncpg.Connection,
+    feed: Feed,
+    total: int,
+    rounds: int,
+    batch: int,
+) -> Comparison:
+    """Appends of ``batch`` events per call through the same store, with the chain hash
+    (the "store" side) and without it (the "baseline" side)."""
+
+    def round_of(store: PostgresEventStore) -> Round:
+        async def measure(steps: list[Step]) -> Timed:
+            if batch == 1:
+                calls = [
+                    partial(store.append, r.stream, r.expected_version, r.events, META)
+                    for r in feed.singles(steps)
+                ]
+            else:
+                batches = [feed.requests(steps[i : i + batch]) for i in range(0, len(steps), batch)]
+                calls = [partial(store.append_many, requests, META) for requests in batches]
+            await store.catch_up()  # fold the other side's events before the clock starts
+            return await _timed(calls)
+
+        return measure
+
+    unit = "appends/s" if batch == 1 else "events/s"
+    return await _compare(
+        unit, feed, round_of(chained), round_of(unchained), total, rounds, batch,
+        ServerClock(chained, db), ServerClock(unchained, db, UNCHAINED_SCHEMA),
+    )  # fmt: skip
+
+
 def _batch_starts(steps: Sequence[Step]) -> range:
     return range(0, len(steps), APPEND_BATCH)
 
@@ -346,7 +416,7 @@ Round = Callable[[list[Step]], Awaitable[Timed]]
 
 async def _compare(
     unit: str, feed: Feed, store_round: Round, baseline_round: Round, total: int, rounds: int,
-    events_per_call: int, server: ServerClock,
+    events_per_call: int, server: ServerClock, baseline_server: ServerClock | None = None,
 ) -> Comparison:  # fmt: skip
     """Alternate rounds of the two (which goes first alternates too, so that a drift in the
     machine's load favours neither). Preparing a round's calls is not timed."""
@@ -354,6 +424,7 @@ async def _compare(
     await store_round(feed.take(WARM_UP * events_per_call))
     await baseline_round(feed.take(WARM_UP * events_per_call))
     server_before = await server.reading()
+    baseline_before = await baseline_server.reading() if baseline_server else (0, 0.0)
     rates: dict[str, list[float]] = {"store": [], "baseline": []}
     latencies: dict[str, list[float]] = {"store": [], "baseline": []}
     cpu = {"store": 0.0, "baseline": 0.0}
@@ -366,6 +437,11 @@ async def _compare(
             cpu[name] += timed.cpu_seconds
             rates[name].append(round(per_second(len(steps), timed.seconds), 1))
     server_ms = server.per_call(server_before, await server.reading())
+    baseline_ms = (
+        baseline_server.per_call(baseline_before, await baseline_server.reading())
+        if baseline_server
+        else None
+    )
     store_median, baseline_median = median(rates["store"]), median(rates["baseline"])
     store_calls, baseline_calls = len(latencies["store"]), len(latencies["baseline"])
     return Comparison(
@@ -384,6 +460,7 @@ async def _compare(
         store_client_cpu_ms=round(cpu["store"] / store_calls * 1000, 3),
         baseline_client_cpu_ms=round(cpu["baseline"] / baseline_calls * 1000, 3),
         store_server_ms=server_ms,
+        baseline_server_ms=baseline_ms,
     )
 
 
@@ -391,9 +468,12 @@ class ServerClock:
     """Time PostgreSQL spent inside ``llmgw_append``, from ``pg_stat_user_functions``
     (counted where ``track_functions`` is on: ``run`` turns it on for the database)."""
 
-    def __init__(self, store: PostgresEventStore, db: asyncpg.Connection) -> None:
+    def __init__(
+        self, store: PostgresEventStore, db: asyncpg.Connection, schema: str = "public"
+    ) -> None:
         self._store = store
         self._db = db
+        self._schema = schema
 
     async def reading(self) -> tuple[int, float]:
         """Calls so far and milliseconds spent in them."""
@@ -402,8 +482,10 @@ class ServerClock:
         async with connection(self._store.engine) as conn:
             await conn.execute("SELECT 1")
         row = await self._db.fetchrow(
-            "SELECT calls, total_time FROM pg_stat_user_functions WHERE funcname = $1",
+            "SELECT calls, total_time FROM pg_stat_user_functions "
+            "WHERE funcname = $1 AND schemaname = $2",
             "llmgw_append",
+            self._schema,
         )
         return (row["calls"], row["total_time"]) if row else (0, 0.0)
 
@@ -448,10 +530,16 @@ async def _rebuild_counts(engine: AsyncEngine, verify: bool) -> dict[str, int]:
     return {**report.rows, "differences": len(report.differences), **differences}
 
 
+async def _log_verify_counts(engine: AsyncEngine) -> dict[str, int]:
+    result = await verify_log(engine)
+    return {"verified": result.events, "head": result.head.position, "broken": int(not result.ok)}
+
+
 CHILD_OPERATIONS: dict[str, Callable[[AsyncEngine], Awaitable[dict[str, int]]]] = {
     "replay": _replay_counts,
     "verify": partial(_rebuild_counts, verify=True),
     "rebuild": partial(_rebuild_counts, verify=False),
+    "log-verify": _log_verify_counts,
 }
 
 
@@ -488,6 +576,8 @@ class Sizes(msgspec.Struct, frozen=True):
     single: int
     batched: int
     rounds: int
+    chain_single: int
+    chain_batched: int
 
 
 async def run(server: BenchServer, sizes: Sizes) -> Results:
@@ -507,7 +597,17 @@ async def run(server: BenchServer, sizes: Sizes) -> Results:
             store = PostgresEventStore(engine)
             feed = Feed(ClusterHistory())
             phase(f"loading {sizes.events:,} events")
-            load = await load_history(store, db, feed, sizes.events)
+            early: list[ChildRun] = []
+            tenth = sizes.events // 10 // LOAD_BATCH * LOAD_BATCH
+
+            async def verify_early() -> None:
+                phase(f"log verify at {tenth:,} events")
+                early.append(await measure_in_child("log-verify", url))
+                phase("loading the rest")
+
+            load = await load_history(store, db, feed, sizes.events, (tenth, verify_early))
+            phase("log verify")
+            log_verified = await measure_in_child("log-verify", url)
             phase("replay")
             replayed = await measure_in_child("replay", url)
             phase("projections rebuild --verify")
@@ -518,6 +618,23 @@ async def run(server: BenchServer, sizes: Sizes) -> Results:
             single = await compare_single(store, db, feed, sizes.single, sizes.rounds)
             phase(f"batched appends ({sizes.batched:,} events a side)")
             batched = await compare_batched(store, db, feed, sizes.batched, sizes.rounds)
+            await install_unchained_append(db)
+            bare = unchained_engine(url)
+            unchained = PostgresEventStore(bare)
+            try:
+                phase(f"chain: single appends ({sizes.chain_single:,} a side)")
+                chain_single = await compare_chain(
+                    store, unchained, db, feed, sizes.chain_single, sizes.rounds, 1
+                )
+                phase(f"chain: batched appends ({sizes.chain_batched:,} events a side)")
+                chain_batched = await compare_chain(
+                    store, unchained, db, feed, sizes.chain_batched, sizes.rounds, APPEND_BATCH
+                )
+            finally:
+                await bare.dispose()
+            await engine.dispose()
+            phase("chaining the whole log (migration 0005)")
+            backfill = await measure_backfill(url, await db.fetchval("SELECT count(*) FROM events"))
             phase("end")
         finally:
             await db.close()
@@ -545,6 +662,11 @@ async def run(server: BenchServer, sizes: Sizes) -> Results:
         rebuild=rebuilt,
         single=single,
         batched=batched,
+        log_verify_early=early[0],
+        log_verify=log_verified,
+        chain_single=chain_single,
+        chain_batched=chain_batched,
+        backfill=backfill,
         targets=targets,
         met={name: measured[name] >= target for name, target in targets.items()},
     )
@@ -584,6 +706,7 @@ def report(results: Results) -> str:
         ("load events/s (seconds)",
          f"{results.load.events_per_s:,.0f} ({results.load.seconds:.0f})", "", ""),
     ]  # fmt: skip
+    rows += chain_rows(results)
     rounds = [
         (f"{name} rounds, {comparison.unit}", " ".join(f"{r:,.0f}" for r in rates))
         for comparison, label in ((single, "single"), (batched, "batched"))
@@ -607,6 +730,34 @@ def report(results: Results) -> str:
     )
 
 
+def chain_rows(results: Results) -> list[tuple[str, str, str, str]]:
+    single, batched = results.chain_single, results.chain_batched
+    early, verified, backfill = results.log_verify_early, results.log_verify, results.backfill
+    return [
+        ("chain: single appends/s, with / without",
+         f"{single.store_median:,.0f} / {single.baseline_median:,.0f}", "", ""),
+        ("chain: single ratio with / without", f"{single.ratio:.3f}", "", ""),
+        ("chain: single p50 ms, with / without",
+         f"{single.store_latency.p50_ms:.2f} / {single.baseline_latency.p50_ms:.2f}", "", ""),
+        ("chain: single server ms, with / without",
+         f"{_ms(single.store_server_ms)} / {_ms(single.baseline_server_ms)}", "", ""),
+        ("chain: batched events/s, with / without",
+         f"{batched.store_median:,.0f} / {batched.baseline_median:,.0f}", "", ""),
+        ("chain: batched ratio with / without", f"{batched.ratio:.3f}", "", ""),
+        ("chain: batched server ms, with / without",
+         f"{_ms(batched.store_server_ms)} / {_ms(batched.baseline_server_ms)}", "", ""),
+        (f"log verify of {verified.events:,} events, events/s (seconds)",
+         f"{verified.events_per_s:,.0f} ({verified.seconds:.1f})", "", ""),
+        ("log verify client CPU seconds", f"{verified.cpu_seconds:.1f}", "", ""),
+        (f"log verify peak RSS MiB at {early.events:,} / {verified.events:,} events",
+         f"{early.peak_rss_mib:,.0f} / {verified.peak_rss_mib:,.0f}", "", ""),
+        ("log verify broke (early / end)",
+         f"{early.counts['broken']} / {verified.counts['broken']}", "", ""),
+        (f"chaining {backfill.events:,} events (0004 -> 0005), seconds",
+         f"{backfill.seconds:.1f}", "", ""),
+    ]  # fmt: skip
+
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -617,6 +768,12 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--single", type=int, help="single-event appends a side (3,000)")
     parser.add_argument("--batched", type=int, help="events appended in batches a side (50,000)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (5)")
+    parser.add_argument(
+        "--chain-single", type=int, help="single appends a side, with and without the chain (3,000)"
+    )
+    parser.add_argument(
+        "--chain-batched", type=int, help="events a side in batches, with and without (20,000)"
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes, to try it out")
     parser.add_argument("--child", choices=sorted(CHILD_OPERATIONS), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -634,6 +791,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         single=arguments.single or (500 if quick else 3_000),
         batched=arguments.batched or (5_000 if quick else 50_000),
         rounds=arguments.rounds,
+        chain_single=arguments.chain_single or (500 if quick else 3_000),
+        chain_batched=arguments.chain_batched or (5_000 if quick else 20_000),
     )
     with bench_server() as server:
         results = asyncio.run(run(server, sizes))

@@ -58,6 +58,7 @@ from benchmarks.common import (
     write_results,
 )
 from tests.support.cluster import Cluster, JsonObject, ServerSettings, about, issue_pki
+from tests.support.databases import TEST_RUNTIME_ROLE
 from tests.support.traffic import Outcome, Traffic, serves
 from tests.support.waiting import wait_until
 
@@ -304,7 +305,7 @@ def print_report(results: Results) -> None:
 async def soak(arguments: argparse.Namespace, workdir: Path) -> Results:
     rng = random.Random(arguments.seed)
     with bench_server() as server:
-        async with fresh_database(server, "llmgw_soak") as url:
+        async with fresh_database(server, "llmgw_soak", TEST_RUNTIME_ROLE) as url:
             pki = issue_pki(workdir / "pki")
             async with Cluster(url, workdir, pki, settings=SETTINGS) as cluster:
                 return await soak_cluster(cluster, arguments, rng)

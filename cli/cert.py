@@ -32,6 +32,7 @@ from app.pki import (
 from app.pki.files import IssuedFiles, load_ca, load_certificate, write_ca, write_issued
 from app.pki.issued import record_issued
 from app.pki.keys import PrivateKey
+from app.pki.model import MAX_DAYS
 from app.pki.names import check_host, check_subject_name, parse_ip
 
 EXIT_OK = 0
@@ -66,7 +67,7 @@ def init_ca(
     *,
     ca_dir: CaDir = None,
     name: Annotated[str, Parameter(help="Common name of the CA.")] = "llmgw CA",
-    days: Annotated[int, Parameter(help="Days the CA is valid.")] = 3650,
+    days: Annotated[int, Parameter(help="Days the CA is valid (at most 10000).")] = 3650,
     force: Force = False,
 ) -> int:
     """Create the CA: a new key (ca.key, mode 0600) and a self-signed root (ca.crt).
@@ -81,6 +82,7 @@ def init_ca(
     ca_dir = ca_dir or default_ca_dir()
 
     def create() -> int:
+        _check_days(days)
         ca = build_ca(generate_key(), name, _now(), days)
         files = write_ca(ca_dir, ca, force=force)
         print(f"Created the CA in {ca_dir}")
@@ -107,7 +109,9 @@ def server_certificate(
     ] = (),
     ca_dir: CaDir = None,
     out: OutDir = None,
-    days: Annotated[int, Parameter(help="Days the certificate is valid.")] = 825,
+    days: Annotated[
+        int, Parameter(help="Days the certificate is valid; never past the CA's own expiry.")
+    ] = 825,
     force: Force = False,
 ) -> int:
     """Issue the control plane's server certificate (server.crt, server.key).
@@ -159,7 +163,9 @@ def node_certificate(
     ] = (),
     ca_dir: CaDir = None,
     out: OutDir = None,
-    days: Annotated[int, Parameter(help="Days the certificate is valid.")] = 365,
+    days: Annotated[
+        int, Parameter(help="Days the certificate is valid; never past the CA's own expiry.")
+    ] = 365,
     force: Force = False,
 ) -> int:
     """Issue an agent's client certificate (`node-<id>.crt`, `node-<id>.key`).
@@ -197,7 +203,9 @@ def operator_certificate(
     *,
     ca_dir: CaDir = None,
     out: OutDir = None,
-    days: Annotated[int, Parameter(help="Days the certificate is valid.")] = 365,
+    days: Annotated[
+        int, Parameter(help="Days the certificate is valid; never past the CA's own expiry.")
+    ] = 365,
     force: Force = False,
 ) -> int:
     """Issue an operator's client certificate for the admin API (`operator-<name>.crt`).
@@ -272,11 +280,6 @@ def _issue(
     files = write_issued(out or ca_dir, stem, certificate, key, force=force)
     record_issued(ca_dir, certificate, files.certificate)
     _print_issued(what, files, describe(certificate, now))
-    if certificate.not_valid_after_utc > ca.certificate.not_valid_after_utc:
-        _error(
-            f"warning: the CA expires on {_when(ca.certificate.not_valid_after_utc)}, "
-            "before this certificate; it stops verifying then"
-        )
     return EXIT_OK
 
 
@@ -295,8 +298,10 @@ def _run(command: Callable[[], int]) -> int:
 
 
 def _check_days(days: int) -> None:
-    if days < 1:
-        raise InvalidRequest(f"--days must be at least 1, not {days}")
+    if not 1 <= days <= MAX_DAYS:
+        raise InvalidRequest(
+            f"--days must be between 1 and {MAX_DAYS} (about 27 years), not {days}"
+        )
 
 
 def _print_issued(what: str, files: IssuedFiles, description: CertificateDescription) -> None:

@@ -5,7 +5,8 @@
     FleetError
     ├── ProtocolError               the peer broke the protocol; that connection is closed
     │   ├── MessageTooLarge         over MAX_MESSAGE_BYTES (close 1009)
-    │   ├── MalformedMessage        not JSON, not an object, wrong field types (close 1002)
+    │   ├── MalformedMessage        not JSON, not an object, wrong field types, nested too
+    │   │                           deeply (close 1002)
     │   ├── UnknownMessageType      a type this side does not receive (close 1002)
     │   └── UnsupportedVersion      a hello or welcome in a version we do not speak (close 1002)
     └── SessionStateError           a session method called in a state that does not allow it

@@ -248,6 +248,8 @@ def decode_from_agent(data: bytes | str) -> AgentMessage:
         message = _agent_decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise _explain(data, exc, _AGENT_TYPES, "the control plane", "hello") from exc
+    except RecursionError as exc:
+        raise _too_deep() from exc
     if isinstance(message, Hello):
         _check_version(message.protocol_version)
     return message
@@ -260,6 +262,8 @@ def decode_from_server(data: bytes | str) -> ServerMessage:
         message = _server_decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise _explain(data, exc, _SERVER_TYPES, "an agent", "welcome") from exc
+    except RecursionError as exc:
+        raise _too_deep() from exc
     if isinstance(message, Welcome):
         _check_version(message.protocol_version)
     return message
@@ -293,6 +297,12 @@ def _check_size(data: bytes | str) -> None:
 def _check_version(offered: int) -> None:
     if offered != PROTOCOL_VERSION:
         raise UnsupportedVersion(offered, PROTOCOL_VERSION)
+
+
+def _too_deep() -> MalformedMessage:
+    # No message nests more than a few levels; the decoder gives up on JSON nested past
+    # the interpreter's recursion limit, which only a hostile peer sends.
+    return MalformedMessage("malformed message: JSON nested too deeply")
 
 
 def _explain(

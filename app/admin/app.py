@@ -10,13 +10,14 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
 from app.admin.auth import ACTOR_KEY, TokenAuthenticator
+from app.admin.bodies import MAX_BODY_BYTES
 from app.admin.certificates import CertificateController
 from app.admin.errors import EXCEPTION_HANDLERS
 from app.admin.events import EventsController
 from app.admin.health import Readiness, healthz, readyz
 from app.admin.history import HistoryController
 from app.admin.keys import KeyController
-from app.admin.metrics import ClusterMetrics, LiveSource, metrics
+from app.admin.metrics import ClusterMetrics, GatewayPage, LiveSource, metrics
 from app.admin.models import ModelController
 from app.admin.nodes import DrainController, NodeController
 from app.admin.placement import PlacementController
@@ -40,12 +41,14 @@ def create_admin_app(
     authenticator: TokenAuthenticator,
     readiness: Readiness | None = None,
     live: LiveSource | None = None,
+    gateway_metrics: GatewayPage | None = None,
 ) -> Litestar:
     """The admin API over ``store``. ``readiness`` defaults to checking the store's database
-    with no control plane role to report; ``live`` gives ``/metrics`` the leader's figures."""
+    with no control plane role to report; ``live`` gives ``/metrics`` the leader's figures,
+    ``gateway_metrics`` those of the gateway in this process."""
     operations = Operations(store)
     checks = readiness or Readiness(store.engine)
-    cluster_metrics = ClusterMetrics(store, live)
+    cluster_metrics = ClusterMetrics(store, live, gateway_metrics)
 
     async def provide_store() -> PostgresEventStore:
         return store
@@ -86,5 +89,6 @@ def create_admin_app(
         exception_handlers=EXCEPTION_HANDLERS,
         openapi_config=OpenAPIConfig(title="llmgw admin API", version="1", path="/admin/v1/schema"),
         middleware=[log_requests],
+        request_max_body_size=MAX_BODY_BYTES,
         debug=False,
     )

@@ -9,7 +9,11 @@ Two kinds of identity are accepted:
   with a valid token beside it: a client that presents the wrong certificate is
   misconfigured, and saying so beats guessing.
 - a token for automation, configured as ``name:token`` pairs: compared in constant time,
-  its name is the actor. It is consulted only when no certificate was presented.
+  its name is the actor. It is consulted only when no certificate was presented. Wrong
+  tokens are counted per client address (``app.listeners.throttle``): an address that has
+  spent its budget of failures is answered 429 with ``Retry-After`` before its token is
+  even compared, its right token included, so that a short token cannot be guessed at
+  speed. Operator certificates are never throttled.
 
 ``/healthz``, ``/readyz`` and ``/metrics`` carry no guard: probes and scrapers read them.
 """
@@ -18,16 +22,22 @@ from __future__ import annotations
 
 import functools
 import hmac
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import structlog
 from cryptography import x509
 from litestar.connection import ASGIConnection
-from litestar.exceptions import NotAuthorizedException, PermissionDeniedException
+from litestar.exceptions import (
+    NotAuthorizedException,
+    PermissionDeniedException,
+    TooManyRequestsException,
+)
 from litestar.handlers.base import BaseRouteHandler
 
 from app.admin.tls import TLS_EXTENSION
+from app.listeners.throttle import FailureBudget
 from app.pki import CertificateKind, CertificateRejected, PeerIdentity, peer_identity
 
 ACTOR_KEY = "llmgw_actor"
@@ -49,18 +59,34 @@ def parse_tokens(spec: str) -> dict[str, str]:
     return tokens
 
 
-class TokenAuthenticator:
-    def __init__(self, tokens: dict[str, str]) -> None:
-        self._tokens = tokens
+class TooManyFailures(Exception):
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__(
+            "too many requests with a wrong admin token from this address; retry after "
+            f"{math.ceil(retry_after_s)} s (an operator certificate is not held up by this)"
+        )
+        self.retry_after_s = retry_after_s
 
-    def actor_for(self, header: str | None) -> str | None:
+
+class TokenAuthenticator:
+    def __init__(self, tokens: dict[str, str], failures: FailureBudget | None = None) -> None:
+        self._tokens = tokens
+        self._failures = failures or FailureBudget()
+
+    def actor_for(self, header: str | None, address: str | None = None) -> str | None:
+        """The actor the bearer token in ``header`` names; None for none or a wrong one.
+        Raises ``TooManyFailures`` when ``address`` has spent its budget of wrong ones."""
         if not header or not header.lower().startswith("bearer "):
             return None
+        if wait_s := self._failures.wait_s(address):
+            raise TooManyFailures(wait_s)
         presented = header[7:].strip().encode()
         actor = None
         for token, name in self._tokens.items():
             if hmac.compare_digest(token.encode(), presented):
                 actor = name
+        if actor is None:
+            self._failures.spend(address)
         return actor
 
 
@@ -96,7 +122,13 @@ def require_actor(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHa
     actor = operator_for(connection.scope)
     if actor is None:
         authenticator: TokenAuthenticator = connection.app.state.authenticator
-        actor = authenticator.actor_for(connection.headers.get("authorization"))
+        address = connection.client.host if connection.client else None
+        try:
+            actor = authenticator.actor_for(connection.headers.get("authorization"), address)
+        except TooManyFailures as exc:
+            raise TooManyRequestsException(
+                str(exc), headers={"retry-after": str(max(1, math.ceil(exc.retry_after_s)))}
+            ) from exc
     if actor is None:
         raise NotAuthorizedException(
             "authentication required: present an operator certificate over HTTPS "

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from http import HTTPStatus
 from typing import Any
 
+import msgspec
 import structlog
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
@@ -18,6 +20,7 @@ from litestar.types import ExceptionHandlersMap
 
 from app.domain.keys import InvalidKey, UnknownKey
 from app.domain.operations import (
+    InvalidDrain,
     InvalidFields,
     InvalidOperation,
     InvalidSpec,
@@ -41,6 +44,7 @@ PROBLEM_TABLE: tuple[tuple[type[Exception], int, str], ...] = (
     (InvalidKey, HTTP_422_UNPROCESSABLE_ENTITY, "invalid-key"),
     (InvalidRevocation, HTTP_422_UNPROCESSABLE_ENTITY, "invalid-revocation"),
     (InvalidSpec, HTTP_422_UNPROCESSABLE_ENTITY, "invalid-spec"),
+    (InvalidDrain, HTTP_422_UNPROCESSABLE_ENTITY, "invalid-drain"),
     (InvalidOperation, HTTP_409_CONFLICT, "invalid-operation"),
     (ConcurrencyError, HTTP_409_CONFLICT, "conflict"),
     (FencedError, HTTP_503_SERVICE_UNAVAILABLE, "not-leader"),
@@ -49,7 +53,13 @@ PROBLEM_TABLE: tuple[tuple[type[Exception], int, str], ...] = (
 )
 
 
-def problem(status: int, kind: str, detail: str, **extra: Any) -> Response[dict[str, Any]]:
+def problem(
+    status: int,
+    kind: str,
+    detail: str,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> Response[dict[str, Any]]:
     return Response(
         {
             "type": f"https://llmgw.dev/problems/{kind}",
@@ -60,14 +70,28 @@ def problem(status: int, kind: str, detail: str, **extra: Any) -> Response[dict[
         },
         status_code=status,
         media_type="application/problem+json",
+        headers=headers,
     )
+
+
+def problem_body(status: int, detail: str) -> tuple[bytes, bytes]:
+    """A problem document written before any request reached the app (a slow client cut
+    off at the listener): its content type and body."""
+    kind = HTTPStatus(status).phrase.lower().replace(" ", "-")
+    document = {
+        "type": f"https://llmgw.dev/problems/{kind}",
+        "title": kind,
+        "status": status,
+        "detail": detail,
+    }
+    return b"application/problem+json", msgspec.json.encode(document)
 
 
 def handle_http(_: Request[Any, Any, Any], exc: HTTPException) -> Response[dict[str, Any]]:
     extra: dict[str, Any] = {}
     if isinstance(exc, ValidationException) and exc.extra:
         extra["errors"] = exc.extra
-    return problem(exc.status_code, _slug(exc), exc.detail, **extra)
+    return problem(exc.status_code, _slug(exc), exc.detail, exc.headers, **extra)
 
 
 def handle_domain(_: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:

@@ -13,12 +13,19 @@ from app.admin.auth import require_actor
 from app.admin.schemas import EventView, HistoryPage
 from app.domain.describe import describe
 from app.domain.envelope import Recorded
+from app.domain.events import SECRET_FIELDS
 from app.store.history import Subject, read_history
 from app.store.postgres import PostgresEventStore
 
 
 def event_view(recorded: Recorded) -> EventView:
-    data: dict[str, Any] = msgspec.to_builtins(recorded.event)
+    """An event as every admin answer shows it (history, pages, streams, drains): its
+    secret fields left out."""
+    data: dict[str, Any] = {
+        name: value
+        for name, value in msgspec.to_builtins(recorded.event).items()
+        if name not in SECRET_FIELDS
+    }
     return EventView(
         position=recorded.position,
         recorded_at=recorded.recorded_at,

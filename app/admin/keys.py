@@ -9,6 +9,7 @@ from litestar.params import FromPath, JSONBody
 from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED
 
 from app.admin.auth import require_actor
+from app.admin.bodies import check_body
 from app.admin.schemas import KeyChange, KeyCreated, KeyRequest, KeyView, as_view
 from app.domain.keys import ALL_MODELS
 from app.domain.state import ApiKey
@@ -27,7 +28,7 @@ def _shown(key: ApiKey) -> dict[str, object]:
 
 class KeyController(Controller):
     path = "/admin/v1/keys"
-    guards = [require_actor]
+    guards = [require_actor, check_body]
     tags = ["keys"]
 
     @post(

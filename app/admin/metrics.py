@@ -13,7 +13,10 @@ Figures come from three places, none of them counters sprinkled through the code
 - the ``events`` table: events appended by type, counted incrementally by position (appends
   are serialized, so no event can appear later below a position already counted);
 - the leader's live parts (``LiveFigures``): agents connected to this server's hub and the
-  reconciler's recent passes. A standby reports no leader and no agents.
+  reconciler's recent passes. A standby reports no leader and no agents;
+- the gateway this process runs, if any (``llmgw_gateway_*``, see docs/gateway.md): its
+  page names every model and replica, so ``serve`` publishes it here, to operators, and
+  its client listener answers 404 for ``/metrics``.
 """
 
 from __future__ import annotations
@@ -105,11 +108,21 @@ class ClusterCollector(Collector):
         yield from fold_families(self._store.state)
 
 
+GatewayPage = Callable[[], bytes]
+"""The ``/metrics`` text of the gateway in this process."""
+
+
 class ClusterMetrics:
     """The ``/metrics`` page: its own registry, nothing global."""
 
-    def __init__(self, store: PostgresEventStore, live: LiveSource | None = None) -> None:
+    def __init__(
+        self,
+        store: PostgresEventStore,
+        live: LiveSource | None = None,
+        gateway: GatewayPage | None = None,
+    ) -> None:
         self._store = store
+        self._gateway = gateway
         self._counts = EventCounts(store)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ClusterCollector(store, self._counts, live or (lambda: None)))
@@ -118,7 +131,9 @@ class ClusterMetrics:
         await self._store.catch_up()
         await self._counts.refresh()
         # Synchronous from here: the fold cannot move while the page is written.
-        return generate_latest(self.registry)
+        page = generate_latest(self.registry)
+        # Its families are all llmgw_gateway_*: the two pages join without a clash.
+        return page + self._gateway() if self._gateway is not None else page
 
 
 def live_families(figures: LiveFigures | None) -> Iterator[Metric]:

@@ -11,6 +11,7 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, JSONBody
 
 from app.admin.auth import require_actor
+from app.admin.bodies import check_body
 from app.admin.schemas import ModelChange, ModelSpecBody, ModelView, ScaleRequest, as_view
 from app.domain.model_spec import ModelSpec, SpecError
 from app.domain.operations import InvalidSpec, ModelStatus
@@ -71,7 +72,7 @@ def model_view(status: ModelStatus) -> ModelView:
 
 class ModelController(Controller):
     path = "/admin/v1/models"
-    guards = [require_actor]
+    guards = [require_actor, check_body]
     tags = ["models"]
 
     @get("/", summary="Every declared model with its status")

@@ -10,6 +10,7 @@ from litestar.status_codes import HTTP_202_ACCEPTED
 from msgspec.structs import replace
 
 from app.admin.auth import require_actor
+from app.admin.bodies import check_body
 from app.admin.history import event_view
 from app.admin.replicas import DRAINS_PATH, drain_accepted, replica_summary
 from app.admin.schemas import (
@@ -124,7 +125,7 @@ def drain_progress_view(progress: DrainProgress) -> DrainProgressView:
 
 class NodeController(Controller):
     path = "/admin/v1/nodes"
-    guards = [require_actor]
+    guards = [require_actor, check_body]
     tags = ["nodes"]
 
     @get("/", summary="Every node the log knows")

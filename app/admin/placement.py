@@ -10,6 +10,7 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath
 
 from app.admin.auth import require_actor
+from app.admin.bodies import check_body
 from app.admin.models import spec_from_body
 from app.admin.schemas import PlacementView, as_view
 from app.domain.placement import Explanation
@@ -22,7 +23,7 @@ def placement_view(explanation: Explanation) -> PlacementView:
 
 class PlacementController(Controller):
     path = "/admin/v1"
-    guards = [require_actor]
+    guards = [require_actor, check_body]
     tags = ["placement"]
 
     @get("/models/{name:str}/placement", summary="Explain where one more replica would go")

@@ -11,6 +11,7 @@ from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.status_codes import HTTP_202_ACCEPTED
 
 from app.admin.auth import require_actor
+from app.admin.bodies import check_body
 from app.admin.schemas import DrainAccepted, ReplicaSummary, ReplicaView, as_view
 from app.domain.operations import find_replica, replicas_matching
 from app.domain.state import Replica, ReplicaPhase
@@ -33,7 +34,7 @@ def replica_view(replica: Replica) -> ReplicaView:
 
 class ReplicaController(Controller):
     path = "/admin/v1/replicas"
-    guards = [require_actor]
+    guards = [require_actor, check_body]
     tags = ["replicas"]
 
     @get("/", summary="Replicas, by model, node and phase when given")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -230,8 +230,9 @@ class NodeChange(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class DrainRequest(msgspec.Struct, frozen=True, kw_only=True):
-    grace_s: Annotated[float, msgspec.Meta(gt=0, le=7 * 24 * 3600)] = 600.0
-    """Seconds the whole move may take; what is left on the node then is stopped."""
+    grace_s: float = 600.0
+    """Seconds the whole move may take (at most a week); what is left on the node then is
+    stopped."""
 
 
 # -- replicas and drains -----------------------------------------------------------------

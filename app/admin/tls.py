@@ -17,6 +17,8 @@ from pathlib import Path
 from cryptography import x509
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from app.admin.errors import problem_body
+from app.listeners.limits import ListenerLimits, limited
 from app.pki import server_ssl_context
 
 TLS_EXTENSION = "tls"
@@ -72,3 +74,13 @@ class TlsScopeProtocol(HttpToolsProtocol):
         super().on_message_begin()
         if self._tls is not None:
             self.scope["extensions"] = {TLS_EXTENSION: self._tls}
+
+
+DEFAULT_ADMIN_MAX_CONNECTIONS = 256
+"""Operators, scripts, scrapers and event followers: a few dozen at once is a busy day."""
+
+
+def admin_protocol(limits: ListenerLimits) -> type[HttpToolsProtocol]:
+    """The admin listener's protocol: the TLS extension in each scope, slow clients cut
+    off (``app.listeners.limits``) with a problem document."""
+    return limited(TlsScopeProtocol, limits, problem_body)

@@ -11,6 +11,7 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 
 from app.admin.auth import require_actor
+from app.admin.bodies import check_body
 from app.admin.schemas import RoutingView
 from app.domain.model_spec import RoutingSettings
 from app.domain.operations import find_model
@@ -52,7 +53,7 @@ def routing_in_force(state: ClusterState, model: str, replica_id: str | None) ->
 
 class TuningController(Controller):
     path = "/admin/v1/models/{name:str}/tuning"
-    guards = [require_actor]
+    guards = [require_actor, check_body]
     tags = ["models"]
 
     @post(

@@ -1,20 +1,36 @@
 """What every ``llmgw-server`` command shares: the database URL flag, the engine networks
-flag, and failing in one line."""
+flag, failing in one line, and the refusal to serve as a database role that could rewrite
+the event log."""
 
 from __future__ import annotations
 
 import sys
 from typing import Annotated
 
+import asyncpg
+import structlog
 from cyclopts import Parameter
 
 from app.domain.egress import EngineNetworks
+from app.store.errors import StoreUnavailable
+from app.store.grants import DEFAULT_RUNTIME_ROLE
+from app.store.privileges import privileged_role
+
+log = structlog.get_logger(__name__)
 
 DatabaseUrl = Annotated[
     str,
     Parameter(
         env_var="LLMGW_DATABASE_URL",
         help="PostgreSQL URL, e.g. postgresql://llmgw@db:5432/llmgw.",
+    ),
+]
+AllowPrivilegedRole = Annotated[
+    bool,
+    Parameter(
+        env_var="LLMGW_ALLOW_PRIVILEGED_ROLE",
+        help="start even when the database role could rewrite the event log (a superuser, "
+        "the owner of its tables); a warning is logged. Connect as the runtime role instead",
     ),
 ]
 
@@ -40,6 +56,69 @@ def engine_networks_of(text: str) -> EngineNetworks | None:
     return EngineNetworks.parse(text)
 
 
+HeaderTimeout = Annotated[
+    float,
+    Parameter(
+        env_var="LLMGW_HEADER_TIMEOUT",
+        help="seconds a client has to send a request's headers (from connecting, or from "
+        "the first byte of the next request); then it gets 408 and is disconnected",
+    ),
+]
+BodyTimeout = Annotated[
+    float,
+    Parameter(
+        env_var="LLMGW_BODY_TIMEOUT",
+        help="seconds a client has to send a request's body once its headers are in; then "
+        "it gets 408 and is disconnected",
+    ),
+]
+
+
+AuthFailureBurst = Annotated[
+    int,
+    Parameter(
+        env_var="LLMGW_AUTH_FAILURE_BURST",
+        help="wrong keys or tokens one client address may send at once before it gets 429 "
+        "with Retry-After",
+    ),
+]
+AuthFailuresPerMinute = Annotated[
+    float,
+    Parameter(
+        env_var="LLMGW_AUTH_FAILURES_PER_MINUTE",
+        help="wrong keys or tokens an address earns back each minute",
+    ),
+]
+
+
 def fail(message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
     sys.exit(1)
+
+
+async def database_role_allowed(database_url: str, *, allow_privileged: bool) -> bool:
+    """False, after saying why on stderr, when the database role could rewrite the event log
+    and that was not allowed explicitly. Raises ``StoreUnavailable`` when the database
+    cannot be asked."""
+    try:
+        role, reason = await privileged_role(database_url)
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise StoreUnavailable(f"database unreachable: {exc}") from exc
+    if reason is None:
+        return True
+    if allow_privileged:
+        log.warning(
+            "serving with a privileged database role: it could rewrite the event log",
+            role=role,
+            reason=reason,
+        )
+        return True
+    print(
+        f'error: the database role "{role}" {reason}, so it could rewrite the event log; '
+        f"connect as the runtime role instead (`llmgw-server migrate --runtime-role "
+        f"{DEFAULT_RUNTIME_ROLE}` sets it up, docs/security.md), or pass "
+        "--allow-privileged-role (LLMGW_ALLOW_PRIVILEGED_ROLE=1) to serve anyway",
+        file=sys.stderr,
+        flush=True,
+    )
+    return False

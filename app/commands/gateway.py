@@ -11,7 +11,18 @@ import structlog
 import uvloop
 from cyclopts import Parameter
 
-from app.commands.common import DatabaseUrl, EngineNetworksFlag, engine_networks_of, fail
+from app.commands.common import (
+    AllowPrivilegedRole,
+    AuthFailureBurst,
+    AuthFailuresPerMinute,
+    BodyTimeout,
+    DatabaseUrl,
+    EngineNetworksFlag,
+    HeaderTimeout,
+    database_role_allowed,
+    engine_networks_of,
+    fail,
+)
 from app.domain.egress import InvalidEngineNetworks
 from app.gateway.postgres import (
     DEFAULT_CLIENT_HOST,
@@ -19,10 +30,21 @@ from app.gateway.postgres import (
     GatewayOptions,
     PostgresGateway,
 )
-from app.gateway.server import GatewayFailed
+from app.gateway.server import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_METRICS_HOST,
+    DEFAULT_METRICS_PORT,
+    GatewayFailed,
+)
+from app.listeners.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, ListenerLimits
+from app.listeners.throttle import DEFAULT_BURST, DEFAULT_PER_MINUTE, FailureLimits
 from app.logs import configure_logging
+from app.store.errors import StoreUnavailable
 
 log = structlog.get_logger(__name__)
+
+ROLE_CHECK_RETRY_S = 5.0
+"""How often a gateway that started while the database was away asks again for its role."""
 
 
 def gateway_command(
@@ -68,6 +90,29 @@ def gateway_command(
         ),
     ] = 5.0,
     engine_networks: EngineNetworksFlag = "",
+    allow_privileged_role: AllowPrivilegedRole = False,
+    metrics_host: Annotated[
+        str,
+        Parameter(
+            env_var="LLMGW_GATEWAY_METRICS_HOST",
+            help="where /metrics is served, apart from clients: it names every model and "
+            "replica (loopback unless set; the client listener answers 404 for it)",
+        ),
+    ] = DEFAULT_METRICS_HOST,
+    metrics_port: Annotated[
+        int, Parameter(env_var="LLMGW_GATEWAY_METRICS_PORT")
+    ] = DEFAULT_METRICS_PORT,
+    auth_failure_burst: AuthFailureBurst = DEFAULT_BURST,
+    auth_failures_per_minute: AuthFailuresPerMinute = DEFAULT_PER_MINUTE,
+    header_timeout: HeaderTimeout = DEFAULT_HEADER_TIMEOUT_S,
+    body_timeout: BodyTimeout = DEFAULT_BODY_TIMEOUT_S,
+    max_connections: Annotated[
+        int,
+        Parameter(
+            env_var="LLMGW_GATEWAY_MAX_CONNECTIONS",
+            help="client connections held at once; one more is answered 503 and closed",
+        ),
+    ] = DEFAULT_MAX_CONNECTIONS,
     log_level: Annotated[str, Parameter(env_var="LLMGW_LOG_LEVEL")] = "info",
 ) -> None:
     """Run the OpenAI-compatible gateway alone, stateless, against the database, until
@@ -75,9 +120,14 @@ def gateway_command(
     its last routing table and keys while the database is away (/readyz then says 503).
 
     Engines are contacted only where --engine-networks allows; a route elsewhere is left
-    out of routing, with a warning.
+    out of routing, with a warning. Like `serve`, it refuses a database role that could
+    rewrite the event log (a superuser, the owner of its tables) unless
+    --allow-privileged-role is given: connect as the runtime role. Started while the
+    database is away, it checks once the database answers. Its /metrics is on a listener of
+    its own (--metrics-host, --metrics-port), never on the client listener.
 
     Example: llmgw-server gateway --host 0.0.0.0 --port 8080 --engine-networks 10.20.0.0/16
+    --metrics-host 10.0.0.5
     """
     configure_logging(log_level)
     try:
@@ -93,19 +143,35 @@ def gateway_command(
         scrape_interval_s=scrape_interval,
         refresh_interval_s=refresh_interval,
         engine_networks=networks,
+        auth_failures=FailureLimits(burst=auth_failure_burst, per_minute=auth_failures_per_minute),
+        metrics_host=metrics_host,
+        metrics_port=metrics_port,
+        limits=ListenerLimits(
+            header_timeout_s=header_timeout,
+            body_timeout_s=body_timeout,
+            max_connections=max_connections,
+        ),
     )
     if options.problems():
         fail("; ".join(options.problems()))
         return
-    sys.exit(uvloop.run(_gateway(database_url, options)))
+    sys.exit(uvloop.run(_gateway(database_url, options, allow_privileged_role)))
 
 
-async def _gateway(database_url: str, options: GatewayOptions) -> int:
-    """Serve until signalled; the exit code (1 when it cannot listen or stops by itself)."""
+async def _gateway(database_url: str, options: GatewayOptions, allow_privileged: bool) -> int:
+    """Serve until signalled; the exit code (1 when it cannot listen, stops by itself or
+    finds its database role privileged)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    try:
+        if not await database_role_allowed(database_url, allow_privileged=allow_privileged):
+            return 1
+        role_checked = True
+    except StoreUnavailable as exc:
+        log.warning("cannot check the database role yet; asking again", error=str(exc))
+        role_checked = False
     gateway = PostgresGateway(database_url, options)
     try:
         await gateway.start()
@@ -114,10 +180,28 @@ async def _gateway(database_url: str, options: GatewayOptions) -> int:
         return 1
     serving = asyncio.create_task(gateway.serve())
     stopping = asyncio.create_task(stop.wait())
+    waiting: set[asyncio.Task[object]] = {serving, stopping}
+    if not role_checked:
+        waiting.add(asyncio.create_task(_role_refused_later(database_url, allow_privileged)))
     try:
-        await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        while True:
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if done & {serving, stopping} or any(task.result() for task in done):
+                break
+            waiting -= done  # the role, asked once the database answered, is allowed
     finally:
-        stopping.cancel()
+        for task in waiting - {serving}:
+            task.cancel()
         await gateway.stop()
-        await asyncio.gather(serving, stopping, return_exceptions=True)
+        await asyncio.gather(*waiting, return_exceptions=True)
     return 0 if stop.is_set() else 1
+
+
+async def _role_refused_later(database_url: str, allow_privileged: bool) -> bool:
+    """Whether the role is refused, asked until the database answers."""
+    while True:
+        await asyncio.sleep(ROLE_CHECK_RETRY_S)
+        try:
+            return not await database_role_allowed(database_url, allow_privileged=allow_privileged)
+        except StoreUnavailable:
+            continue

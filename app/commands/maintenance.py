@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import msgspec
@@ -15,22 +17,85 @@ from app.logs import configure_logging
 from app.store import migrate as migrations
 from app.store.database import create_engine
 from app.store.errors import StoreError
+from app.store.grants import DEFAULT_RUNTIME_ROLE, RuntimeRole
 from app.store.rebuild import RebuildReport, rebuild
 
 log = structlog.get_logger(__name__)
 
 
-def migrate(*, database_url: DatabaseUrl) -> None:
-    """Upgrade the database schema to the newest revision (safe to run repeatedly).
+RUNTIME_PASSWORD_ENV = "LLMGW_RUNTIME_PASSWORD"
 
-    Example: LLMGW_DATABASE_URL=postgresql://llmgw@db/llmgw llmgw-server migrate
+
+def migrate(
+    *,
+    database_url: DatabaseUrl,
+    runtime_role: Annotated[
+        str | None,
+        Parameter(
+            env_var="LLMGW_RUNTIME_ROLE",
+            help="the role serve and gateway connect as: created (LOGIN, nothing else) if "
+            "missing, then granted what it needs in this database and nothing more",
+        ),
+    ] = None,
+    runtime_password_file: Annotated[
+        Path | None,
+        Parameter(
+            env_var="LLMGW_RUNTIME_PASSWORD_FILE",
+            help=f"set the runtime role's password to this file's first line (or to "
+            f"{RUNTIME_PASSWORD_ENV}); sent as a SCRAM-SHA-256 verifier, never in clear",
+        ),
+    ] = None,
+) -> None:
+    """Upgrade the database schema to the newest revision (safe to run repeatedly), as the
+    role that owns the schema, and set up the runtime role that serve and gateway connect
+    as: it reads what it needs, appends only through llmgw_append and owns nothing.
+
+    Roles belong to the whole PostgreSQL server, privileges to one database: run migrate
+    with --runtime-role for every database. Every run grants the runtime privileges again,
+    to the role given and to every role that holds them already, so tables of newer
+    revisions are covered.
+
+    Example: llmgw-server migrate --runtime-role llmgw_runtime --runtime-password-file pw
     """
     configure_logging()
     try:
-        migrations.upgrade(database_url)
-    except (OSError, StoreError) as exc:
+        password = _runtime_password(runtime_password_file)
+        if password is not None and runtime_role is None:
+            raise ValueError("a runtime password needs --runtime-role")
+        runtime = RuntimeRole(runtime_role, password) if runtime_role is not None else None
+        upgraded = migrations.upgrade(database_url, runtime=runtime)
+    except (OSError, ValueError, StoreError) as exc:
         fail(f"cannot migrate: {exc}")
+        return
     print(f"database at revision {migrations.head_revision()}")
+    if runtime is not None:
+        done = ["created" if upgraded.created_role else "found"]
+        done += ["password set"] if runtime.password is not None else []
+        print(f'runtime role "{runtime.name}": {", ".join(done)}, privileges granted')
+    others = [role for role in upgraded.runtime_roles if runtime is None or role != runtime.name]
+    for role in others:
+        print(f'runtime role "{role}": privileges granted again')
+    if not upgraded.runtime_roles:
+        print(
+            "no runtime role yet: serve and gateway refuse to run as the owner; set one up "
+            f"with --runtime-role {DEFAULT_RUNTIME_ROLE} (docs/security.md)"
+        )
+
+
+def _runtime_password(path: Path | None) -> str | None:
+    password: str | None
+    if path is not None:
+        lines = path.read_text().splitlines()
+        password = lines[0] if lines else ""
+        source = str(path)
+    else:
+        password = os.environ.get(RUNTIME_PASSWORD_ENV)
+        source = RUNTIME_PASSWORD_ENV
+    if password is None:
+        return None
+    if not password:
+        raise ValueError(f"the runtime password in {source} is empty")
+    return password
 
 
 def rebuild_command(
@@ -61,7 +126,13 @@ async def _rebuild(url: str, verify: bool) -> RebuildReport:
     try:
         return await rebuild(engine, verify=verify)
     except StoreError as exc:
-        fail(str(exc))
+        hint = (
+            "; rebuilding writes the projection tables directly: run it as the role that "
+            "owns them (the one that runs migrate), or use --verify"
+            if "permission denied" in str(exc) and not verify
+            else ""
+        )
+        fail(f"{exc}{hint}")
         raise
     finally:
         await engine.dispose()

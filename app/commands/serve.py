@@ -10,7 +10,7 @@ import socket
 import ssl
 import sys
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -24,8 +24,19 @@ from app.admin.auth import TokenAuthenticator, parse_tokens
 from app.admin.events import end_event_streams
 from app.admin.health import Readiness
 from app.admin.metrics import control_plane_figures
-from app.admin.tls import TlsScopeProtocol, admin_ssl_context
-from app.commands.common import DatabaseUrl, EngineNetworksFlag, engine_networks_of, fail
+from app.admin.tls import DEFAULT_ADMIN_MAX_CONNECTIONS, admin_protocol, admin_ssl_context
+from app.commands.common import (
+    AllowPrivilegedRole,
+    AuthFailureBurst,
+    AuthFailuresPerMinute,
+    BodyTimeout,
+    DatabaseUrl,
+    EngineNetworksFlag,
+    HeaderTimeout,
+    database_role_allowed,
+    engine_networks_of,
+    fail,
+)
 from app.domain.egress import InvalidEngineNetworks
 from app.gateway.postgres import (
     DEFAULT_CLIENT_HOST,
@@ -33,9 +44,11 @@ from app.gateway.postgres import (
     GatewayOptions,
     PostgresGateway,
 )
-from app.gateway.server import GatewayFailed
+from app.gateway.server import DEFAULT_MAX_CONNECTIONS, GatewayFailed
 from app.hub.budget import MessageBudget
 from app.hub.hub import DEFAULT_HEARTBEAT_INTERVAL_S
+from app.listeners.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, ListenerLimits
+from app.listeners.throttle import DEFAULT_BURST, DEFAULT_PER_MINUTE, FailureBudget, FailureLimits
 from app.logs import configure_logging
 from app.pki import TlsConfigurationError, server_ssl_context
 from app.services.control_plane import ControlPlane, ControlPlaneConfig, Outcome
@@ -189,6 +202,26 @@ def serve(
         ),
     ] = DEFAULT_BUDGET.message_burst,
     engine_networks: EngineNetworksFlag = "",
+    allow_privileged_role: AllowPrivilegedRole = False,
+    auth_failure_burst: AuthFailureBurst = DEFAULT_BURST,
+    auth_failures_per_minute: AuthFailuresPerMinute = DEFAULT_PER_MINUTE,
+    header_timeout: HeaderTimeout = DEFAULT_HEADER_TIMEOUT_S,
+    body_timeout: BodyTimeout = DEFAULT_BODY_TIMEOUT_S,
+    admin_max_connections: Annotated[
+        int,
+        Parameter(
+            env_var="LLMGW_ADMIN_MAX_CONNECTIONS",
+            help="connections the admin listener holds at once; one more is answered 503",
+        ),
+    ] = DEFAULT_ADMIN_MAX_CONNECTIONS,
+    client_max_connections: Annotated[
+        int,
+        Parameter(
+            env_var="LLMGW_CLIENT_MAX_CONNECTIONS",
+            help="connections the gateway's client listener holds at once; one more is "
+            "answered 503",
+        ),
+    ] = DEFAULT_MAX_CONNECTIONS,
     log_level: Annotated[str, Parameter(env_var="LLMGW_LOG_LEVEL")] = "info",
 ) -> None:
     """Run the control plane until SIGINT or SIGTERM: the admin API and the gateway (on
@@ -203,6 +236,9 @@ def serve(
     its holder, whose name then becomes the actor of what they change.
 
     Engines are contacted only where --engine-networks allows.
+    The database role must be the runtime role (`llmgw-server migrate --runtime-role`),
+    which appends only through llmgw_append and owns nothing: a superuser, or the owner of
+    the log's tables, is refused unless --allow-privileged-role is given.
 
     Example: llmgw-server serve --tls-cert server.crt --tls-key server.key --tls-ca ca.crt
     """
@@ -238,6 +274,21 @@ def serve(
         if value < 0:
             fail(f"{flag} must not be negative, not {value}")
             return
+    admin_limits = ListenerLimits(
+        header_timeout_s=header_timeout,
+        body_timeout_s=body_timeout,
+        max_connections=admin_max_connections,
+    )
+    client_limits = replace(admin_limits, max_connections=client_max_connections)
+    auth_failures = FailureLimits(burst=auth_failure_burst, per_minute=auth_failures_per_minute)
+    problems = dict.fromkeys(  # the timeouts' problems once, each listener's cap's
+        admin_limits.problems("--admin-max-connections")
+        + client_limits.problems("--client-max-connections")
+        + auth_failures.problems()
+    )
+    if problems:
+        fail("; ".join(problems))
+        return
     try:
         agent_tls = server_ssl_context(tls_cert, tls_key, tls_ca)
         admin_tls = _admin_tls(admin_tls_cert, admin_tls_key, admin_ca or tls_ca)
@@ -249,7 +300,8 @@ def serve(
         admin_host=admin_host,
         admin_port=admin_port,
         admin_tls=admin_tls,
-        authenticator=TokenAuthenticator(tokens),
+        admin_limits=admin_limits,
+        authenticator=TokenAuthenticator(tokens, FailureBudget(auth_failures)),
         control_plane=ControlPlaneConfig(
             server_id=server_id or f"{socket.gethostname()}:{os.getpid()}",
             agent_host=agent_host,
@@ -275,9 +327,12 @@ def serve(
             port=client_port,
             gateway_id=server_id or None,
             engine_networks=networks,
+            limits=client_limits,
+            auth_failures=auth_failures,
         )
         if gateway
         else None,
+        allow_privileged_role=allow_privileged_role,
     )
     if gateway and not 0 <= client_port <= 65535:
         fail(f"--client-port must be between 0 and 65535, not {client_port}")
@@ -303,8 +358,12 @@ class ServeSettings:
     authenticator: TokenAuthenticator
     control_plane: ControlPlaneConfig
     admin_tls: ssl.SSLContext | None = None
+    admin_limits: ListenerLimits = field(
+        default_factory=lambda: ListenerLimits(max_connections=DEFAULT_ADMIN_MAX_CONNECTIONS)
+    )
     gateway: GatewayOptions | None = None
     """The client listener; None: no gateway in this process."""
+    allow_privileged_role: bool = False
 
 
 class _AdminServer(uvicorn.Server):
@@ -324,9 +383,19 @@ async def _serve(settings: ServeSettings) -> int:
     """Serve until signalled or deposed; the process's exit code."""
     engine = create_engine(settings.database_url)
     try:
+        allowed = await database_role_allowed(
+            settings.database_url, allow_privileged=settings.allow_privileged_role
+        )
+        if not allowed:
+            return 1
         store = PostgresEventStore(engine)
         await store.catch_up()
         control_plane = ControlPlane(store, settings.database_url, settings.control_plane)
+        gateway = (
+            PostgresGateway(settings.database_url, settings.gateway)
+            if settings.gateway is not None
+            else None
+        )
         admin = _AdminServer(
             uvicorn.Config(
                 create_admin_app(
@@ -334,6 +403,9 @@ async def _serve(settings: ServeSettings) -> int:
                     settings.authenticator,
                     Readiness(engine, role=lambda: control_plane.role),
                     live=control_plane_figures(control_plane),
+                    # The gateway's page names every model and replica: operators read it
+                    # here, with the cluster's, and its client listener has none.
+                    gateway_metrics=gateway.gateway.metrics.render if gateway else None,
                 ),
                 host=settings.admin_host,
                 port=settings.admin_port,
@@ -341,14 +413,9 @@ async def _serve(settings: ServeSettings) -> int:
                 access_log=False,
                 # Followers of /admin/v1/events never finish their request by themselves.
                 timeout_graceful_shutdown=ADMIN_SHUTDOWN_GRACE_S,
-                http=TlsScopeProtocol,
+                http=admin_protocol(settings.admin_limits),
                 ssl_context_factory=_fixed_context(settings.admin_tls),
             )
-        )
-        gateway = (
-            PostgresGateway(settings.database_url, settings.gateway)
-            if settings.gateway is not None
-            else None
         )
         if gateway is not None:
             await gateway.start()

@@ -110,7 +110,10 @@ def render_argv(
         ),
         "leader": f"{_address(state, leader.node_id)}:{leader.port}",
     }
-    return tuple(shlex.split(spec.command.format(**values)))
+    # Split, then fill in: a value is always one word (an address with a space or a quote
+    # in it cannot add arguments), and the split reads the short template, not what a
+    # placeholder such as {peers} fills in to.
+    return tuple(word.format(**values) for word in shlex.split(spec.command))
 
 
 def _address(state: ClusterState, node_id: str) -> str:

@@ -312,6 +312,11 @@ class ReplicaLost(Event, frozen=True, kw_only=True):
 # -- API keys ----------------------------------------------------------------------------
 
 
+SECRET_FIELDS = frozenset({"secret_hash"})
+"""Fields of an event that stay in the log: no answer of the server shows them, so a hash
+that could check guesses of a key is never handed to anyone who can read the history."""
+
+
 class ApiKeyCreated(Event, frozen=True, kw_only=True):
     key_id: str
     name: str

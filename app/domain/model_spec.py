@@ -7,17 +7,44 @@ asked for at any point in time.
 from __future__ import annotations
 
 import re
+import shlex
 import string
 
 import msgspec
 
 NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 ENGINES = ("vllm", "sglang", "openai")
+
+# Every number of a spec is bounded: far beyond any real value, well inside what the tables'
+# columns hold and what a float writes exactly in the log's JSON (a weight of 1e308 is
+# stored as 1 and 308 zeros, which no longer reads back as the float that was recorded).
+MAX_GPUS_PER_SHARD = 64
+MAX_SHARDS_PER_REPLICA = 64
+MAX_REPLICAS = 10_000
+MAX_GPU_MEMORY_GIB = 1024
+MAX_STARTUP_TIMEOUT_S = 86_400
+"""A day: the largest models load in well under an hour."""
+MAX_STOP_GRACE_S = 3_600
+MAX_MOVES = MAX_REPLICAS
+MIN_WEIGHT = 0.001
+"""What ``llmgw-cli bench`` recommends at the least."""
+MAX_WEIGHT = 1_000_000
 MAX_TARGET_WAITING = 100_000
 """Far above any engine's queue; the bound keeps the value inside the tables' integer."""
 COMMAND_PLACEHOLDERS = frozenset(
     {"model", "port", "host", "gpus", "gpu_count", "rank", "world_size", "peers", "leader"}
 )
+MAX_COMMAND_BYTES = 16 * 1024
+"""An engine command template: a long one, with an inline chat template, is a few KiB."""
+MAX_SPEC_BYTES = 64 * 1024
+"""A whole spec as JSON, its environment included."""
+MAX_AGENT_MESSAGE_BYTES = 1024 * 1024
+"""The agent channel's frame limit (``wire.messages.MAX_MESSAGE_BYTES``, kept equal
+by a test): a shard's ``start_shard`` command must fit in one frame."""
+_LONGEST_ADDRESS = "a" * 253
+"""A node's address as placeholders render it, at its longest (a full DNS name)."""
+_ENVELOPE_BYTES = 512
+"""What a start_shard carries besides the spec's values: its type, ids, indexes, names."""
 
 
 class RoutingSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -75,27 +102,129 @@ def validate_spec(spec: ModelSpec) -> list[SpecError]:
         f"unknown placeholder(s) {', '.join(sorted(unknown))}; "
         f"known: {', '.join(sorted(COMMAND_PLACEHOLDERS))}",
     )
-    need(spec.engine in ENGINES, "engine", f"must be one of {', '.join(ENGINES)}")
-    need(1 <= spec.gpus_per_shard <= 64, "gpus_per_shard", "must be between 1 and 64")
-    need(spec.gpu_memory_gib >= 0, "gpu_memory_gib", "must not be negative")
-    need(1 <= spec.shards_per_replica <= 64, "shards_per_replica", "must be between 1 and 64")
-    need(0 <= spec.replicas <= 10_000, "replicas", "must be between 0 and 10000")
-    need(spec.startup_timeout_s > 0, "startup_timeout_s", "must be positive")
-    need(spec.stop_grace_s >= 0, "stop_grace_s", "must not be negative")
-    need(spec.max_moves >= 1, "max_moves", "must be at least 1")
-    need(spec.routing.weight > 0, "routing.weight", "must be positive")
+    command_size = len(spec.command.encode())
     need(
-        1 <= spec.routing.target_waiting <= MAX_TARGET_WAITING,
-        "routing.target_waiting",
-        f"must be between 1 and {MAX_TARGET_WAITING}",
+        command_size <= MAX_COMMAND_BYTES,
+        "command",
+        f"is {command_size} bytes, over the limit of {MAX_COMMAND_BYTES}",
     )
-    need(0 < spec.routing.kv_ceiling <= 1, "routing.kv_ceiling", "must be in (0, 1]")
+    spec_size = len(msgspec.json.encode(spec))
+    need(
+        spec_size <= MAX_SPEC_BYTES,
+        "(spec)",
+        f"is {spec_size} bytes as JSON, over the limit of {MAX_SPEC_BYTES}",
+    )
+    need(spec.engine in ENGINES, "engine", f"must be one of {', '.join(ENGINES)}")
+    # Written as ranges to hold, so that NaN (which compares false) is refused too.
+    need(
+        1 <= spec.gpus_per_shard <= MAX_GPUS_PER_SHARD,
+        "gpus_per_shard",
+        f"must be between 1 and {MAX_GPUS_PER_SHARD}",
+    )
+    need(
+        0 <= spec.gpu_memory_gib <= MAX_GPU_MEMORY_GIB,
+        "gpu_memory_gib",
+        f"must be between 0 and {MAX_GPU_MEMORY_GIB}",
+    )
+    need(
+        1 <= spec.shards_per_replica <= MAX_SHARDS_PER_REPLICA,
+        "shards_per_replica",
+        f"must be between 1 and {MAX_SHARDS_PER_REPLICA}",
+    )
+    need(0 <= spec.replicas <= MAX_REPLICAS, "replicas", f"must be between 0 and {MAX_REPLICAS}")
+    need(
+        0 < spec.startup_timeout_s <= MAX_STARTUP_TIMEOUT_S,
+        "startup_timeout_s",
+        f"must be more than 0 and at most {MAX_STARTUP_TIMEOUT_S} (a day)",
+    )
+    need(
+        0 <= spec.stop_grace_s <= MAX_STOP_GRACE_S,
+        "stop_grace_s",
+        f"must be between 0 and {MAX_STOP_GRACE_S} (an hour)",
+    )
+    need(1 <= spec.max_moves <= MAX_MOVES, "max_moves", f"must be between 1 and {MAX_MOVES}")
+    errors.extend(
+        SpecError(f"routing.{e.field}", e.reason) for e in routing_setting_errors(spec.routing)
+    )
+    if not errors:
+        errors.extend(_start_command_errors(spec))
     return errors
+
+
+def routing_setting_errors(routing: RoutingSettings) -> list[SpecError]:
+    """What is wrong with routing settings, by the name of each field in ``routing``."""
+    errors = []
+    if not MIN_WEIGHT <= routing.weight <= MAX_WEIGHT:
+        errors.append(SpecError("weight", f"must be between {MIN_WEIGHT:g} and {MAX_WEIGHT}"))
+    if not 1 <= routing.target_waiting <= MAX_TARGET_WAITING:
+        errors.append(SpecError("target_waiting", f"must be between 1 and {MAX_TARGET_WAITING}"))
+    # Any positive share: bench sets it to the highest KV usage it saw, however small.
+    if not 0 < routing.kv_ceiling <= 1:
+        errors.append(SpecError("kv_ceiling", "must be in (0, 1]"))
+    return errors
+
+
+def _start_command_errors(spec: ModelSpec) -> list[SpecError]:
+    """The command line must split into words, and the ``start_shard`` command of a shard
+    must fit in one agent frame even with the longest values its placeholders can take:
+    otherwise every start of the replica would fail while it holds its GPUs."""
+    shards = spec.shards_per_replica
+    endpoint = f"{_LONGEST_ADDRESS}:65535"
+    values = {
+        "model": spec.name,
+        "port": "65535",
+        "host": _LONGEST_ADDRESS,
+        "gpus": ",".join(["99"] * spec.gpus_per_shard),
+        "gpu_count": str(spec.gpus_per_shard),
+        "rank": str(shards - 1),
+        "world_size": str(shards),
+        "peers": ",".join([endpoint] * (shards - 1)),
+        "leader": endpoint,
+    }
+    try:
+        # Split before filling in (the values hold no spaces or quotes, so the words are
+        # the same): splitting is slow, and a few KiB of {peers} fill in to megabytes.
+        words = shlex.split(spec.command)
+    except ValueError as exc:
+        return [SpecError("command", f"cannot be split into words: {exc}")]
+    size = _ENVELOPE_BYTES + sum(
+        len(literal) + (len(values[name]) if name else 0)
+        for literal, name, _, _ in string.Formatter().parse(spec.command)
+    )
+    bound = "at least"
+    if size <= MAX_AGENT_MESSAGE_BYTES:
+        bound = "up to"
+        peer = {"shard_index": 63, "address": _LONGEST_ADDRESS, "port": 65535}
+        command = {
+            "argv": [word.format(**values) for word in words],
+            "env": spec.env,
+            "gpus": [99] * spec.gpus_per_shard,
+            "peers": [peer] * (shards - 1),
+        }
+        size = _ENVELOPE_BYTES + len(msgspec.json.encode(command))
+    if size <= MAX_AGENT_MESSAGE_BYTES:
+        return []
+    return [
+        SpecError(
+            "command",
+            f"makes a start_shard command of {bound} {size} bytes (placeholders filled in), "
+            f"over the agent channel's limit of {MAX_AGENT_MESSAGE_BYTES} bytes",
+        )
+    ]
 
 
 def _unknown_placeholders(template: str) -> set[str]:
     try:
-        fields = {name for _, name, _, _ in string.Formatter().parse(template) if name}
+        parsed = list(string.Formatter().parse(template))
     except ValueError:
         return {"<unbalanced braces>"}
-    return fields - COMMAND_PLACEHOLDERS
+    unknown = {name for _, name, _, _ in parsed if name} - COMMAND_PLACEHOLDERS
+    for _, name, format_spec, conversion in parsed:
+        if name is None:
+            continue
+        # Only plain {name}: {} has no value, and a format spec such as {port:>999999999}
+        # would render a gigabyte of padding.
+        if not name or format_spec or conversion:
+            shown = name + (f"!{conversion}" if conversion else "")
+            unknown.add("{" + shown + (f":{format_spec}" if format_spec else "") + "}")
+    return unknown

@@ -14,6 +14,7 @@ OperationError
 │   ├── UnknownReplica
 │   └── UnknownDrain
 ├── InvalidSpec         the spec breaks the rules of ``validate_spec``; ``errors`` has them all
+├── InvalidDrain        a drain's grace out of bounds (``errors`` says so)
 └── InvalidOperation    the request does not fit the cluster as it is now
 """
 
@@ -48,6 +49,7 @@ from app.domain.placement import Explanation, explain_placement
 from app.domain.state import ACTIVE_PHASES, ClusterState, Model, Node, Replica, ReplicaPhase
 
 ENDED_PHASES = frozenset(ReplicaPhase) - ACTIVE_PHASES
+MAX_DRAIN_GRACE_S = 7 * 24 * 3600
 NOT_SERVING_YET = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING})
 
 
@@ -91,6 +93,11 @@ class InvalidFields(OperationError):
 class InvalidSpec(InvalidFields):
     def __init__(self, model: str, errors: Sequence[SpecError]) -> None:
         super().__init__(f"spec of model {model!r} is invalid", errors)
+
+
+class InvalidDrain(InvalidFields):
+    def __init__(self, node_id: str, errors: Sequence[SpecError]) -> None:
+        super().__init__(f"drain of node {node_id!r} cannot be requested", errors)
 
 
 class InvalidOperation(OperationError):
@@ -186,6 +193,9 @@ def uncordon(state: ClusterState, node_id: str) -> Change:
 def drain_node(state: ClusterState, node_id: str, drain_id: str, grace_s: float) -> Change:
     """Move every replica off the node (the reconciler carries it out, see ``drain``)."""
     node = find_node(state, node_id)
+    if not 0 < grace_s <= MAX_DRAIN_GRACE_S:
+        reason = f"must be more than 0 and at most {MAX_DRAIN_GRACE_S} (a week)"
+        raise InvalidDrain(node_id, [SpecError("grace_s", reason)])
     if node.drain_id is not None:
         since = (
             f" since {node.drain_requested_at:%Y-%m-%d %H:%M:%S}" if node.drain_requested_at else ""

@@ -7,14 +7,13 @@ read them in that order). Settings already in force record nothing.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
 
 from app.domain.events import ModelTuned, model_stream
-from app.domain.model_spec import MAX_TARGET_WAITING, RoutingSettings, SpecError
+from app.domain.model_spec import RoutingSettings, SpecError, routing_setting_errors
 from app.domain.operations import (
     Change,
     InvalidFields,
@@ -36,13 +35,7 @@ class InvalidTuning(InvalidSpec):
 
 
 def routing_errors(routing: RoutingSettings, summary: Mapping[str, Any]) -> list[SpecError]:
-    errors: list[SpecError] = []
-    if not (math.isfinite(routing.weight) and routing.weight > 0):
-        errors.append(SpecError("weight", "must be a positive number"))
-    if not 1 <= routing.target_waiting <= MAX_TARGET_WAITING:
-        errors.append(SpecError("target_waiting", f"must be between 1 and {MAX_TARGET_WAITING}"))
-    if not 0 < routing.kv_ceiling <= 1:
-        errors.append(SpecError("kv_ceiling", "must be in (0, 1]"))
+    errors = routing_setting_errors(routing)
     if len(msgspec.json.encode(summary)) > MAX_SUMMARY_BYTES:
         errors.append(SpecError("summary", f"must encode to at most {MAX_SUMMARY_BYTES} bytes"))
     return errors

@@ -10,9 +10,12 @@ Routes::
     POST /v1/completions        likewise (both in ``app.gateway.completions``)
     GET  /healthz               200 while the process serves
     GET  /readyz                200, or 503 with the reason when the routing table is stale
-    GET  /metrics               Prometheus text
 
-Every answer but the last three carries ``x-request-id`` and ``x-llmgw-gateway-ms``: the
+``/metrics`` is not among them: it names every model and replica, so it is served only
+where operators reach it, by ``MetricsApp`` on a listener of its own (a standalone
+gateway's, loopback by default) or by the admin API (a gateway inside ``serve``).
+
+Every answer but the last two carries ``x-request-id`` and ``x-llmgw-gateway-ms``: the
 time the gateway itself added, which is the request's time so far minus the time spent
 waiting on engines (queueing for a free replica counts as the gateway's). For a stream it
 is measured when the answer starts.
@@ -44,6 +47,7 @@ from app.gateway.proxy import Upstream
 from app.gateway.ratelimit import RateLimiter
 from app.gateway.router import Router
 from app.gateway.table import GatewaySnapshot
+from app.listeners.throttle import FailureBudget
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 
@@ -75,9 +79,11 @@ class GatewayApp:
         stale_reason: Callable[[], str | None],
         connect_timeout_s: float = 5.0,
         log_requests: bool = True,
+        failures: FailureBudget | None = None,
     ) -> None:
         self._router = router
         self._metrics = metrics
+        self._failures = failures or FailureBudget()
         self._stale_reason = stale_reason
         self._connect_timeout_s = connect_timeout_s
         self._session: aiohttp.ClientSession | None = None
@@ -87,6 +93,7 @@ class GatewayApp:
             snapshot=lambda: self.snapshot,
             metrics=metrics,
             limiter=limiter,
+            failures=self._failures,
             log_requests=log_requests,
         )
         self._routes: dict[str, tuple[str, Handler]] = {
@@ -95,7 +102,6 @@ class GatewayApp:
             "/v1/models": ("GET", self._models),
             "/healthz": ("GET", self._healthz),
             "/readyz": ("GET", self._readyz),
-            "/metrics": ("GET", self._metrics_text),
         }
 
     def use(self, snapshot: GatewaySnapshot) -> None:
@@ -148,7 +154,7 @@ class GatewayApp:
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = clock()
         try:
-            key = authenticate(self.snapshot, scope)
+            key = authenticate(self.snapshot, scope, self._failures)
         except ApiError as error:
             await refuse(send, error, gateway_headers(started))
             return
@@ -167,5 +173,21 @@ class GatewayApp:
         body = msgspec.json.encode({"status": "stale", "reason": reason})
         await respond(send, 503, body, [JSON])
 
-    async def _metrics_text(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await respond(send, 200, self._metrics.render(), [_METRICS])
+
+class MetricsApp:
+    """``GET /metrics`` (Prometheus text) and nothing else: the app of a gateway's internal
+    listener."""
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self._metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        if path != "/metrics":
+            await refuse(send, not_found(path), [])
+        elif scope["method"] != "GET":
+            await refuse(send, method_not_allowed("GET", path), [])
+        else:
+            await respond(send, 200, self._metrics.render(), [_METRICS])

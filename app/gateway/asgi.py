@@ -10,8 +10,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from app.domain.keys import key_matches, prefix_of
-from app.gateway.errors import ApiError, invalid_api_key
+from app.gateway.errors import ApiError, invalid_api_key, too_many_failed_authentications
 from app.gateway.table import GatewaySnapshot, KeyRecord
+from app.listeners.throttle import FailureBudget
 
 # ASGI messages are dictionaries whose value types depend on their "type" key.
 Scope = MutableMapping[str, Any]
@@ -35,8 +36,11 @@ def request_id() -> bytes:
     return b"%s%012x" % (_REQUEST_PREFIX, next(_request_numbers))
 
 
-def authenticate(snapshot: GatewaySnapshot, scope: Scope) -> KeyRecord:
-    """The live key the request presents as ``Authorization: Bearer``; else 401."""
+def authenticate(snapshot: GatewaySnapshot, scope: Scope, failures: FailureBudget) -> KeyRecord:
+    """The live key the request presents as ``Authorization: Bearer``; else 401, or 429
+    once the client's address has spent its ``failures``. A valid key is served whatever
+    its address has failed: its secret cannot be guessed, and behind a load balancer that
+    address is every client's."""
     presented = None
     for name, value in scope["headers"]:
         if name == b"authorization":
@@ -48,6 +52,10 @@ def authenticate(snapshot: GatewaySnapshot, scope: Scope) -> KeyRecord:
     prefix = prefix_of(presented)
     key = snapshot.keys.get(prefix) if prefix is not None else None
     if key is None or not key_matches(presented, key.secret_hash):
+        client = scope.get("client")
+        wait_s = failures.spend(client[0] if client else None)
+        if wait_s:
+            raise too_many_failed_authentications(wait_s)
         raise invalid_api_key("Incorrect API key provided.")
     return key
 

@@ -39,6 +39,7 @@ from app.gateway.ratelimit import ALLOWED_UNLIMITED, RateLimiter
 from app.gateway.router import NoServingReplica, Saturated
 from app.gateway.table import GatewaySnapshot, KeyRecord
 from app.gateway.usage import StreamTokens, usage_of_body
+from app.listeners.throttle import FailureBudget
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
@@ -134,11 +135,13 @@ class Completions:
         snapshot: Callable[[], GatewaySnapshot],
         metrics: GatewayMetrics,
         limiter: RateLimiter,
+        failures: FailureBudget,
         log_requests: bool = True,
     ) -> None:
         self._snapshot = snapshot
         self._metrics = metrics
         self._limiter = limiter
+        self._failures = failures
         self._log_requests = log_requests
         self.upstream: Upstream | None = None
 
@@ -146,7 +149,7 @@ class Completions:
         exchange = _Exchange(clock())
         try:
             snapshot = self._snapshot()
-            key = exchange.key = authenticate(snapshot, scope)
+            key = exchange.key = authenticate(snapshot, scope, self._failures)
             exchange.body = await _read_body(receive)
             fields = _parse(exchange.body)
             model = fields.model
@@ -285,6 +288,13 @@ def _parse(body: bytes) -> RoutingFields:
         raise invalid_request(f"Invalid request body: {exc}") from None
     except msgspec.DecodeError as exc:
         raise invalid_request(f"The request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        # Catching the decoder's own limit costs nothing on the requests that stay under it;
+        # a scan for depth beforehand would cost every request a second pass over its body.
+        raise invalid_request(
+            "The request body nests arrays and objects too deeply for the gateway to read "
+            "(about 1,000 levels); no OpenAI request comes close."
+        ) from None
 
 
 async def _read_body(receive: Receive) -> bytes:

@@ -90,6 +90,18 @@ def invalid_api_key(message: str) -> ApiError:
     return ApiError(401, message, type="invalid_request_error", code="invalid_api_key")
 
 
+def too_many_failed_authentications(retry_after_s: float) -> ApiError:
+    """The client's address sent too many incorrect keys: 429 until it has earned one back."""
+    return ApiError(
+        429,
+        "Too many requests with an incorrect API key from your address; retry after "
+        f"{math.ceil(retry_after_s)} s.",
+        type="rate_limit_error",
+        code="too_many_failed_authentications",
+        headers=((b"retry-after", retry_after_header(retry_after_s)),),
+    )
+
+
 def model_not_found(model: str) -> ApiError:
     # The same answer whether the model is undeclared or outside the key's scope, so a
     # key cannot learn which models exist beyond its own.
@@ -205,6 +217,12 @@ def internal_error() -> ApiError:
     )
 
 
+def listener_refusal(status: int, message: str) -> tuple[bytes, bytes]:
+    """A refusal written by the listener itself (a slow client cut off), in OpenAI's shape:
+    its content type and body."""
+    return b"application/json", ApiError(status, message).body()
+
+
 def retry_after_header(seconds: float) -> bytes:
     """``Retry-After`` takes whole seconds; round up so a client never comes back early."""
     return b"%d" % max(1, math.ceil(seconds))
@@ -217,7 +235,7 @@ def normalize_engine_error(status: int, body: bytes) -> bytes:
     """An engine's error ``body`` (any of the shapes engines use) in OpenAI's shape."""
     try:
         decoded: Any = msgspec.json.decode(body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         decoded = None
     detail = _detail_of(status, decoded) if isinstance(decoded, dict) else None
     if detail is None:

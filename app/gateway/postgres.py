@@ -9,13 +9,15 @@ last one ends, then removes its report.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
 from app.domain.egress import EngineNetworks
-from app.gateway.server import Gateway
+from app.gateway.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_METRICS_HOST, Gateway
 from app.gateway.source import DEFAULT_REFRESH_INTERVAL_S, PostgresSnapshotSource
+from app.listeners.limits import ListenerLimits
+from app.listeners.throttle import FailureLimits
 
 log = structlog.get_logger(__name__)
 
@@ -34,12 +36,23 @@ class GatewayOptions:
     refresh_interval_s: float = DEFAULT_REFRESH_INTERVAL_S
     engine_networks: EngineNetworks | None = None
     """Where engines may be contacted; None: each node at its agent's own address only."""
+    limits: ListenerLimits = field(
+        default_factory=lambda: ListenerLimits(max_connections=DEFAULT_MAX_CONNECTIONS)
+    )
+    """Of the client listener: slow clients cut off, connections capped."""
+    auth_failures: FailureLimits = field(default_factory=FailureLimits)
+    """Wrong keys per client address before 429."""
+    metrics_host: str = DEFAULT_METRICS_HOST
+    metrics_port: int | None = None
+    """Serve ``/metrics`` on a listener of its own there; None: on none (``serve`` has the
+    admin API serve it)."""
 
-    def problems(self) -> list[str]:
+    def problems(self, connections_flag: str = "--max-connections") -> list[str]:
         """What is wrong with these options, as messages naming the command's flags."""
-        found = []
-        if not 0 <= self.port <= 65535:
-            found.append(f"--port must be between 0 and 65535, not {self.port}")
+        found = self.limits.problems(connections_flag) + self.auth_failures.problems()
+        for flag, port in (("--port", self.port), ("--metrics-port", self.metrics_port)):
+            if port is not None and not 0 <= port <= 65535:
+                found.append(f"{flag} must be between 0 and 65535, not {port}")
         if self.queue_timeout_s < 0:
             found.append(f"--queue-timeout must not be negative, not {self.queue_timeout_s}")
         for flag, value in (
@@ -65,6 +78,10 @@ class PostgresGateway:
             queue_timeout_s=options.queue_timeout_s,
             scrape_interval_s=options.scrape_interval_s,
             engine_networks=options.engine_networks,
+            limits=options.limits,
+            metrics_host=options.metrics_host,
+            metrics_port=options.metrics_port,
+            auth_failures=options.auth_failures,
         )
         self.source.report_in_flight(self.gateway.in_flight)
 
@@ -83,6 +100,7 @@ class PostgresGateway:
         log.info(
             "gateway listening",
             url=self.gateway.url,
+            metrics=self.gateway.metrics_url,
             gateway_id=self.source.gateway_id,
             position=self.source.current().position,
             engine_networks=str(networks) if networks is not None else "each node's agent address",

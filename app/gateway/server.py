@@ -23,18 +23,23 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import Generator
-from typing import Protocol
+from dataclasses import replace
+from typing import Literal, Protocol
 
 import uvicorn
 from prometheus_client import CollectorRegistry
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.domain.egress import EngineNetworks
-from app.gateway.app import GatewayApp
+from app.gateway.app import GatewayApp, MetricsApp
 from app.gateway.egress import EngineEgress
+from app.gateway.errors import listener_refusal
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.ratelimit import RateLimiter
 from app.gateway.router import Router
 from app.gateway.table import GatewaySnapshot, SnapshotListener
+from app.listeners.limits import ListenerLimits, limited
+from app.listeners.throttle import FailureBudget, FailureLimits
 
 
 class SnapshotSource(Protocol):
@@ -80,6 +85,13 @@ class StaticSource:
             listener(snapshot)
 
 
+DEFAULT_MAX_CONNECTIONS = 4096
+"""Client connections one gateway holds; each stream is one. Raise ``ulimit -n`` above it."""
+DEFAULT_METRICS_HOST = "127.0.0.1"
+DEFAULT_METRICS_PORT = 8082
+MAX_METRICS_CONNECTIONS = 64
+
+
 class GatewayFailed(RuntimeError):
     """The gateway could not start listening, or stopped by itself."""
 
@@ -90,6 +102,58 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
+
+
+class _Listening:
+    """One uvicorn server on one socket, and the task serving it."""
+
+    def __init__(self, server: _Server, task: asyncio.Task[None], port: int) -> None:
+        self.server = server
+        self.task = task
+        self.port = port
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+
+async def _serve_on(
+    app: GatewayApp | MetricsApp,
+    host: str,
+    port: int,
+    *,
+    protocol: type[HttpToolsProtocol],
+    lifespan: Literal["on", "off"],
+    graceful_shutdown_s: int,
+    what: str,
+) -> _Listening:
+    """Start uvicorn with ``app`` on ``host``:``port``; listening once this returns."""
+    listener = _listen(host, port)
+    port = listener.getsockname()[1]
+    config = uvicorn.Config(
+        app,
+        http=protocol,
+        ws="none",
+        lifespan=lifespan,
+        access_log=False,
+        log_config=None,
+        proxy_headers=False,
+        server_header=False,
+        timeout_graceful_shutdown=graceful_shutdown_s,
+    )
+    server = _Server(config)
+    task = asyncio.get_running_loop().create_task(
+        server.serve(sockets=[listener]), name=f"{what} :{port}"
+    )
+    while not server.started:
+        if task.done():
+            listener.close()
+            raise GatewayFailed(f"the {what} on {host}:{port} did not start") from (
+                task.exception()
+            )
+        await asyncio.sleep(0.01)
+    return _Listening(server, task, port)
 
 
 class Gateway:
@@ -107,13 +171,22 @@ class Gateway:
         registry: CollectorRegistry | None = None,
         log_requests: bool = True,
         engine_networks: EngineNetworks | None = None,
+        limits: ListenerLimits | None = None,
+        metrics_host: str = DEFAULT_METRICS_HOST,
+        metrics_port: int | None = None,
+        auth_failures: FailureLimits | None = None,
     ) -> None:
         """``port`` 0 takes a free port (``self.port`` says which once started).
         ``engine_networks`` is where engines may be contacted; None: each node only at the
-        address its agent connected from (``app.gateway.egress``)."""
+        address its agent connected from (``app.gateway.egress``). ``metrics_port`` (0: a
+        free one) serves ``/metrics`` on a listener of its own; None serves it nowhere
+        (``self.metrics.render()`` is the page)."""
         self.source = source
         self.host = host
         self.port = port
+        self.metrics_host = metrics_host
+        self.metrics_port = metrics_port
+        self.limits = limits or ListenerLimits(max_connections=DEFAULT_MAX_CONNECTIONS)
         self.router = Router(
             queue_timeout_s=queue_timeout_s,
             queue_limit=queue_limit,
@@ -129,65 +202,72 @@ class Gateway:
             stale_reason=self._stale_reason,
             connect_timeout_s=connect_timeout_s,
             log_requests=log_requests,
+            failures=FailureBudget(auth_failures),
         )
         self._graceful_shutdown_s = graceful_shutdown_s
-        self._server: _Server | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._clients: _Listening | None = None
+        self._internal: _Listening | None = None
 
     @property
     def url(self) -> str:
         """Base URL of the OpenAI API, e.g. ``http://127.0.0.1:8080/v1``."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/v1"
+        return f"{_base_url(self.host, self.port)}/v1"
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where ``/metrics`` is served, once started; None without a metrics listener."""
+        if self.metrics_port is None:
+            return None
+        return f"{_base_url(self.metrics_host, self.metrics_port)}/metrics"
 
     def in_flight(self) -> dict[str, int]:
         """Requests open per replica (replicas just taken out of routing included)."""
         return self.router.in_flight()
 
     async def start(self) -> None:
-        if self._task is not None:
+        if self._clients is not None:
             raise RuntimeError("the gateway is started already")
         self._use(self.source.current())
         self.source.subscribe(self._use)
-        listener = _listen(self.host, self.port)
-        self.port = listener.getsockname()[1]
-        config = uvicorn.Config(
+        self._clients = await _serve_on(
             self.app,
-            http="httptools",
-            ws="none",
+            self.host,
+            self.port,
+            protocol=limited(HttpToolsProtocol, self.limits, listener_refusal),
             lifespan="on",
-            access_log=False,
-            log_config=None,
-            proxy_headers=False,
-            server_header=False,
-            timeout_graceful_shutdown=self._graceful_shutdown_s,
+            graceful_shutdown_s=self._graceful_shutdown_s,
+            what="gateway",
         )
-        server = self._server = _Server(config)
-        self._task = asyncio.get_running_loop().create_task(
-            server.serve(sockets=[listener]), name=f"gateway :{self.port}"
-        )
-        while not server.started:
-            if self._task.done():
-                listener.close()
-                raise GatewayFailed(f"the gateway on {self.url} did not start") from (
-                    self._task.exception()
-                )
-            await asyncio.sleep(0.01)
+        self.port = self._clients.port
+        if self.metrics_port is None:
+            return
+        internal = replace(self.limits, max_connections=MAX_METRICS_CONNECTIONS)
+        try:
+            self._internal = await _serve_on(
+                MetricsApp(self.metrics),
+                self.metrics_host,
+                self.metrics_port,
+                protocol=limited(HttpToolsProtocol, internal, listener_refusal),
+                lifespan="off",
+                graceful_shutdown_s=1,
+                what="gateway's metrics listener",
+            )
+        except BaseException:
+            await self.stop()
+            raise
+        self.metrics_port = self._internal.port
 
     async def serve(self) -> None:
         """Serve until ``stop()``."""
-        if self._task is None:
+        if self._clients is None:
             await self.start()
-        assert self._task is not None
-        await asyncio.shield(self._task)
+        assert self._clients is not None
+        await asyncio.shield(self._clients.task)
 
     async def stop(self) -> None:
-        server, task = self._server, self._task
-        if server is None or task is None:
-            return
-        server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        for listening in (self._internal, self._clients):
+            if listening is not None:
+                await listening.stop()
 
     def _use(self, snapshot: GatewaySnapshot) -> None:
         # The one way routes reach the router (and its scrapers) and the proxy.
@@ -199,6 +279,10 @@ class Gateway:
         if self.source.fresh():
             return None
         return self.source.stale_reason() or "the routing table is stale"
+
+
+def _base_url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -35,7 +35,7 @@ def usage_of_body(body: bytes) -> int | None:
     """``usage.total_tokens`` of a whole answer, or ``None`` when it has none."""
     try:
         usage = _usage_decoder.decode(body).usage
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
     return None if usage is None else usage.total_tokens
 

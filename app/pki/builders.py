@@ -81,7 +81,7 @@ def issue_server(
         common_name=common_name,
         unit=CertificateKind.SERVER,
         usages=(Usage.SERVER_AUTH,),
-        validity=Validity.starting(now, days),
+        validity=Validity.within(ca, now, days),
         dns_names=unique_hosts,
         ip_addresses=unique_ips,
     )
@@ -105,7 +105,7 @@ def issue_node(
         common_name=check_subject_name("node id", node_id),
         unit=CertificateKind.NODE,
         usages=(Usage.CLIENT_AUTH,),
-        validity=Validity.starting(now, days),
+        validity=Validity.within(ca, now, days),
         dns_names=tuple(dict.fromkeys(check_host(host) for host in hosts)),
         ip_addresses=tuple(dict.fromkeys(ips)),
     )
@@ -121,7 +121,7 @@ def issue_operator(
         common_name=check_subject_name("operator name", name),
         unit=CertificateKind.OPERATOR,
         usages=(Usage.CLIENT_AUTH,),
-        validity=Validity.starting(now, days),
+        validity=Validity.within(ca, now, days),
     )
 
 

@@ -16,6 +16,8 @@ CLOCK_SKEW = timedelta(minutes=5)
 """How far back not_before is set, so that a peer whose clock runs a little behind accepts it."""
 
 ORGANIZATION = "llmgw"
+MAX_DAYS = 10_000
+"""The longest validity of any certificate, the CA's included: about 27 years."""
 
 
 class CertificateKind(StrEnum):
@@ -56,9 +58,29 @@ class Validity:
     def starting(cls, now: datetime, days: int) -> Validity:
         """Valid from `now` (less the clock skew allowance) for `days` days."""
         require_aware(now)
-        if days < 1:
-            raise InvalidRequest(f"validity must be at least 1 day, not {days}")
+        if not 1 <= days <= MAX_DAYS:
+            raise InvalidRequest(
+                f"validity must be at least 1 day and at most {MAX_DAYS} days (about 27 "
+                f"years), not {days}"
+            )
         return cls(not_before=now - CLOCK_SKEW, not_after=now + timedelta(days=days))
+
+    @classmethod
+    def within(cls, ca: CertificateAuthority, now: datetime, days: int) -> Validity:
+        """Like ``starting``, for a certificate ``ca`` issues: refused when it would
+        outlive the CA, which stops vouching for it then."""
+        validity = cls.starting(now, days)
+        ca_expires = ca.certificate.not_valid_after_utc
+        # Certificates keep whole seconds: a leaf issued for as long as the CA from the same
+        # moment ends with it.
+        if validity.not_after.replace(microsecond=0) > ca_expires:
+            left = max(0, (ca_expires - now).days)
+            raise InvalidRequest(
+                f"a certificate valid for {days} days would outlive the CA, which expires on "
+                f"{ca_expires:%Y-%m-%d %H:%M} UTC: issue it for at most {left} days, or "
+                "create a new CA (`llmgw-cli cert init-ca --force`) and issue again"
+            )
+        return validity
 
 
 def require_aware(moment: datetime) -> datetime:

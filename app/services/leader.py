@@ -9,9 +9,9 @@ Two mechanisms, each doing one job:
   when that session ends, so when a leader dies, or its connection does, a standby takes
   over within about a retry interval.
 - **Safety: epoch fencing in the store.** On taking the lock, the new leader increments
-  ``leadership.epoch`` in one statement and stamps every event it appends with that epoch
-  (``Meta.epoch``). ``llmgw_append`` refuses an append whose epoch is older than the
-  current one, checked under the append lock (migration 0002).
+  ``leadership.epoch`` in one statement (``llmgw_next_epoch``) and stamps every event it
+  appends with that epoch (``Meta.epoch``). ``llmgw_append`` refuses an append whose epoch
+  is older than the current one, checked under the append lock (migration 0002).
 
 Why both: the lock alone cannot stop a deposed leader. A leader whose lock connection was
 cut (a network partition, ``pg_terminate_backend``) can still hold pooled connections and
@@ -41,11 +41,9 @@ from app.store.database import driver_url
 LEADER_LOCK_KEY = 0x6C6C6D67_77000002
 """``"llmgw"`` + 2; the append lock is + 1 (``app.store.postgres.APPEND_LOCK_KEY``)."""
 
-NEXT_EPOCH = (
-    "INSERT INTO leadership (id, epoch, holder, acquired_at) VALUES (1, 1, $1, now()) "
-    "ON CONFLICT (id) DO UPDATE SET epoch = leadership.epoch + 1, holder = EXCLUDED.holder, "
-    "acquired_at = EXCLUDED.acquired_at RETURNING epoch"
-)
+NEXT_EPOCH = "SELECT llmgw_next_epoch($1)"
+"""One more than the last epoch, recorded with the holder (migration 0005): a function, so
+that the runtime role, which may not write ``leadership`` itself, can only ever add one."""
 CONNECT_TIMEOUT_S = 5.0
 
 log = structlog.get_logger(__name__)

@@ -4,7 +4,9 @@ StoreError
 ├── ConcurrencyError       a stream moved on since the caller read it; nothing was written
 ├── FencedError            the appender's leader epoch is no longer current
 ├── StoreUnavailable       the database cannot be reached
-└── UnreadableEvent        a stored payload no longer decodes into any known event
+├── UnreadableEvent        a stored payload no longer decodes into any known event
+├── RuntimeRoleError       the runtime role cannot be set up, or could rewrite the log
+└── InvalidAnchor          (also a ValueError) not a head as ``log head`` prints it
 """
 
 from __future__ import annotations
@@ -40,3 +42,11 @@ class UnreadableEvent(StoreError):
     def __init__(self, position: int, event_type: str, detail: str) -> None:
         super().__init__(f"event {position} ({event_type}) cannot be decoded: {detail}")
         self.position = position
+
+
+class RuntimeRoleError(StoreError):
+    """The runtime role cannot be created, or must not be used as one."""
+
+
+class InvalidAnchor(StoreError, ValueError):
+    """Not ``POSITION:HASH``."""

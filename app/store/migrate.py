@@ -1,18 +1,31 @@
-"""Running the Alembic migrations from code (``llmgw-server migrate``, tests, the dev cluster)."""
+"""Running the Alembic migrations from code (``llmgw-server migrate``, tests, the dev cluster).
+
+``upgrade`` with a ``RuntimeRole`` also creates that role (or sets its password) before the
+migrations run, and after them grants the runtime privileges (``app.store.grants``) to it and
+to every role that holds them already.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.store.database import sqlalchemy_url
+from app.store.database import create_engine, sqlalchemy_url, translated_errors
 from app.store.errors import StoreError
+from app.store.grants import RuntimeRole, ensure_runtime_role, grant_runtime_privileges
+
+T = TypeVar("T")
 
 PACKAGED_MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
 """``app/migrations``, installed with the package."""
@@ -43,10 +56,30 @@ def alembic_config(url: str) -> Config:
     return config
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    """Upgrade the database at ``url``. Blocking: call it outside a running event loop
-    (or through ``asyncio.to_thread``)."""
-    command.upgrade(alembic_config(url), revision)
+@dataclass(frozen=True)
+class Upgraded:
+    runtime_roles: list[str]
+    """The roles that hold the runtime privileges now (none below the newest revision)."""
+    created_role: bool = False
+    """Whether the runtime role asked for was created (rather than found)."""
+
+
+def upgrade(url: str, revision: str = "head", runtime: RuntimeRole | None = None) -> Upgraded:
+    """Upgrade the database at ``url``; at the newest revision, (re-)grant the runtime
+    privileges to ``runtime`` (created first if missing) and every role that holds them
+    already. Blocking: call it outside a running event loop (or through
+    ``asyncio.to_thread``)."""
+    config = alembic_config(url)
+    created = False
+    if runtime is not None:
+        created = _run(url, lambda connection: ensure_runtime_role(connection, runtime))
+        config.attributes["runtime_role"] = runtime.name
+    command.upgrade(config, revision)
+    if revision != "head":
+        return Upgraded([], created)
+    name = runtime.name if runtime is not None else None
+    roles = _run(url, lambda connection: grant_runtime_privileges(connection, name))
+    return Upgraded(roles, created)
 
 
 def downgrade(url: str, revision: str = "base") -> None:
@@ -62,3 +95,17 @@ async def current_revision(engine: AsyncEngine) -> str | None:
         return await conn.run_sync(
             lambda sync: MigrationContext.configure(sync).get_current_revision()
         )
+
+
+def _run(url: str, work: Callable[[Connection], T]) -> T:
+    """``work`` on a synchronous connection to ``url``, in one transaction."""
+
+    async def run() -> T:
+        engine = create_engine(url, pool_size=1)
+        try:
+            async with translated_errors(), engine.begin() as conn:
+                return await conn.run_sync(work)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(run())

@@ -6,6 +6,7 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 import asyncpg
@@ -137,9 +138,15 @@ def _key(row: Row, keys: list[str]) -> str:
     return "/".join(str(row[k]) for k in keys)
 
 
+# PostgreSQL keeps a JSON number as an exact decimal and writes it back in full: a float
+# recorded as 1e+308 comes back as 1 and 308 zeros, which reads as an int unequal to the
+# float. Both sides are read with their fractions and exponents as exact decimals instead.
+_json_as_decimals = msgspec.json.Decoder(float_hook=Decimal).decode
+
+
 def _normal(value: Any, is_json: bool) -> Any:
     if is_json and value is not None:
-        return msgspec.json.decode(value)
+        return _json_as_decimals(value)
     return value
 
 
@@ -147,5 +154,5 @@ def _plain(value: Any) -> Any:
     if isinstance(value, datetime):
         return value
     if isinstance(value, dict | list | tuple):
-        return msgspec.json.decode(msgspec.json.encode(value))
+        return _json_as_decimals(msgspec.json.encode(value))
     return value

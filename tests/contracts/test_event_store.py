@@ -67,10 +67,13 @@ def write_legacy(store: EventStore, request: pytest.FixtureRequest) -> LegacyWri
         engine: AsyncEngine = request.getfixturevalue("engine")
         async with engine.begin() as conn:
             raw = await conn.get_raw_connection()
+            # Through llmgw_append, as every llmgw since 0002 appends: it chains the event.
             await raw.driver_connection.execute(
-                "INSERT INTO events (stream, version, type, schema_version, data, meta, "
-                "event_id, recorded_at, actor) VALUES ($1, $2, $3, $4, $5::jsonb, "
-                "'{\"actor\": \"llmgw 0.0\"}', $6, now(), 'llmgw 0.0')",
+                "SELECT llmgw_append((SELECT coalesce(max(position), 0) FROM events), NULL, "
+                "ARRAY[$1], ARRAY[$2::int], ARRAY[$3], ARRAY[$4::smallint], "
+                "ARRAY[$5::jsonb], ARRAY[$6::uuid], ARRAY[NULL], ARRAY[NULL], ARRAY[NULL], "
+                "'{\"actor\": \"llmgw 0.0\"}', now(), 'llmgw 0.0', NULL, '{}', '{}', '{}', "
+                "'{}', '{}', 'llmgw_events')",
                 stream,
                 version,
                 type_name,

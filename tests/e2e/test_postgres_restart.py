@@ -16,7 +16,6 @@ import pytest
 import pytest_asyncio
 
 from app.devdb import DevDatabaseError, LocalPostgres, find_bindir
-from app.store import migrate
 from tests.support.cluster import (
     Cluster,
     ClusterPki,
@@ -24,6 +23,7 @@ from tests.support.cluster import (
     about,
     reported_cluster,
 )
+from tests.support.databases import migrate_for_tests
 from tests.support.postgres import LocalServer
 from tests.support.traffic import Traffic, serves
 from tests.support.waiting import wait_until
@@ -54,7 +54,7 @@ async def own_cluster(
 ) -> AsyncIterator[Cluster]:
     await own_postgres.create_database("llmgw")
     url = own_postgres.url("llmgw")
-    await asyncio.to_thread(migrate.upgrade, url)
+    await asyncio.to_thread(migrate_for_tests, url)
     async with reported_cluster(url, tmp_path, pki, request) as cluster:
         yield cluster
 

@@ -128,7 +128,7 @@ async def test_an_invalid_spec_is_refused_naming_every_field_and_nothing_is_writ
     assert [(e["field"], e["reason"]) for e in answers[0].json()["errors"]] == [
         ("command", "unknown placeholder(s) nope; known: " + KNOWN_PLACEHOLDERS),
         ("replicas", "must be between 0 and 10000"),
-        ("routing.weight", "must be positive"),
+        ("routing.weight", "must be between 0.001 and 1000000"),
     ]
     assert answers[1].json()["errors"] == [
         {"field": "replica", "reason": "is not a field of a model spec"}

@@ -176,4 +176,4 @@ async def test_the_cli_client_reports_a_refusal_with_its_fields(admin_url: str) 
         await asyncio.to_thread(tune_badly)
 
     assert refused.value.status == 422
-    assert "weight: must be a positive number" in str(refused.value)
+    assert "weight: must be between 0.001 and 1000000" in str(refused.value)

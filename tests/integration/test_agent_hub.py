@@ -202,8 +202,9 @@ async def test_a_node_claiming_another_nodes_id_is_refused_and_recorded(
         ("{not json", 1002),
         ('{"type": "dance", "steps": 3}', 1002),
         ('"' + "x" * MAX_MESSAGE_BYTES + '"', 1009),
+        ('{"type": "heartbeat", "seq": 0, "x": ' + "[" * 50_000 + "]" * 50_000 + "}", 1002),
     ],
-    ids=["binary garbage", "invalid JSON", "unknown type", "oversized"],
+    ids=["binary garbage", "invalid JSON", "unknown type", "oversized", "nested too deep"],
 )
 async def test_a_bad_frame_closes_that_connection_only(
     hub: AgentHub, pki: Pki, pg_store: PostgresEventStore, frame: str | bytes, expected_code: int

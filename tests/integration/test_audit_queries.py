@@ -232,6 +232,10 @@ def expected_answers(story: SeededHistory) -> dict[str, Answer]:
                 (utc(3, 5, 16, 1, 45), old, "replica_stopped", "reconciler", None, drain),
             ],
         ),
+        "chain-check": Answer(
+            ("position", "holds", "linked"),
+            [(True, True)] * sum(len(positions) for positions in story.positions.values()),
+        ),
         "routable-now": Answer(
             ("replica_id", "model", "node_id", "address", "port", "weight", "draining"),
             [

@@ -203,3 +203,50 @@ def test_every_command_help_carries_an_example(operator: Operator, command: str)
     assert result.code == 0
     lines = [line.strip() for line in result.stdout.splitlines()]
     assert any(line.startswith(f"llmgw-cli cert {command} ") for line in lines), result.stdout
+
+
+# -- lifetimes ---------------------------------------------------------------------------
+
+
+def test_a_certificate_that_would_outlive_its_ca_is_refused_with_what_is_possible(
+    operator: Operator,
+) -> None:
+    assert operator.run("init-ca", "--dir", "ca", "--days", "30").code == 0
+
+    node = operator.run("node", "gpu-07", "--dir", "ca", "--days", "31")
+    server = operator.run("server", "--dir", "ca", "--ip", "127.0.0.5")  # 825 days by default
+
+    for result, days in ((node, 31), (server, 825)):
+        assert result.code == 2, result.stderr
+        assert f"a certificate valid for {days} days would outlive the CA" in result.stderr
+        assert "issue it for at most 29 days" in result.stderr
+        assert "Traceback" not in result.stderr
+    assert not (operator.home / "ca" / "node-gpu-07.crt").exists()
+    assert not (operator.home / "ca" / "server.crt").exists()
+    within = operator.run("node", "gpu-07", "--dir", "ca", "--days", "29")
+    assert within.code == 0, within.stderr
+
+
+@pytest.mark.parametrize("days", ["3650000", "10001", "0", "-5"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("init-ca", "--dir", "fresh"),
+        ("server", "--dir", "ca", "--ip", "127.0.0.5"),
+        ("node", "gpu-07", "--dir", "ca"),
+        ("operator", "alice", "--dir", "ca"),
+    ],
+    ids=["init-ca", "server", "node", "operator"],
+)
+def test_days_out_of_bounds_are_a_usage_error_not_a_traceback(
+    operator: Operator, command: tuple[str, ...], days: str
+) -> None:
+    assert operator.run("init-ca", "--dir", "ca").code == 0
+
+    result = operator.run(*command, "--days", days)
+
+    assert result.code == 2, result.stdout + result.stderr
+    assert f"--days must be between 1 and 10000 (about 27 years), not {days}" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (operator.home / "fresh").exists()
+    assert sorted(p.name for p in (operator.home / "ca").iterdir()) == ["ca.crt", "ca.key"]

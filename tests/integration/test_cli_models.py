@@ -104,7 +104,7 @@ async def test_an_invalid_spec_is_refused_with_each_field_and_reason_and_nothing
     assert refused.code == 1
     assert f"spec of model '{name}' is invalid" in refused.stderr
     assert "  replicas: must be between 0 and 10000\n" in refused.stderr
-    assert "  routing.weight: must be positive\n" in refused.stderr
+    assert "  routing.weight: must be between 0.001 and 1000000\n" in refused.stderr
     assert nameless.code == 1
     assert f"{unnamed}: name: is required" in nameless.stderr
     assert unparsable.code == 1

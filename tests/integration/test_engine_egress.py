@@ -39,6 +39,7 @@ from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
 from benchmarks.history import ClusterHistory
 from tests.support.admin_server import write_pki
+from tests.support.databases import runtime_url
 from tests.support.routing import connect_node, declare_model, serve_replica
 from tests.support.waiting import wait_until
 
@@ -162,7 +163,7 @@ def serving(
             [
                 SERVER,
                 "serve",
-                *("--database-url", database_url, "--server-id", "egress-test"),
+                *("--database-url", runtime_url(database_url), "--server-id", "egress-test"),
                 *("--admin-host", "127.0.0.1", "--admin-port", str(free_port())),
                 *("--agent-host", "127.0.0.1", "--agent-port", str(free_port())),
                 *("--client-host", "127.0.0.1", "--client-port", str(client_port)),

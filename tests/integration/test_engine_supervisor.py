@@ -423,7 +423,7 @@ async def test_an_engine_whose_port_another_program_answers_on_fails_and_is_neve
         assert str(failed.error).startswith(
             f"port {spec.port} is held by pid {other.pid}, not our engine"
         )
-        assert "received SIGTERM, shutting down" in failed.log_tail
+        # Stopped by the agent, whether or not it had got as far as printing anything.
         assert process_identity(record.pid) is None
         assert other.poll() is None, "the other program is not the agent's to stop"
         assert [r.state for r in agent.supervisor.inventory()] == [ShardState.FAILED]

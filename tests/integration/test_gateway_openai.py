@@ -71,7 +71,7 @@ def keys_and_gateway(sims: dict[str, SimulatorProcess]) -> Iterator[tuple[Keys, 
     snapshot = snapshot_of(
         routes, [everything_record, scoped_record, one_rpm_record], frozenset({IDLE_MODEL})
     )
-    with GatewayThread(StaticSource(snapshot)) as gateway:
+    with GatewayThread(StaticSource(snapshot), metrics_port=0) as gateway:
         yield Keys(everything, scoped, one_rpm), gateway
 
 
@@ -309,7 +309,7 @@ def refusals(gateway: GatewayThread) -> float:
 
 
 def metric(gateway: GatewayThread, series: str) -> float:
-    for line in httpx.get(f"{gateway.base_url}/metrics").text.splitlines():
+    for line in httpx.get(gateway.metrics_url).text.splitlines():
         if line.startswith(series + " "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
@@ -350,7 +350,7 @@ def test_metrics_count_requests_by_model_and_status(
     gateway: GatewayThread, client: openai.OpenAI
 ) -> None:
     client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1)
-    text = httpx.get(f"{gateway.base_url}/metrics").text
+    text = httpx.get(gateway.metrics_url).text
     assert f'llmgw_gateway_requests_total{{model="{MODEL}",status="200"}}' in text
     assert f'llmgw_gateway_replica_in_flight{{model="{MODEL}",replica="{MODEL}-1"}}' in text
     assert "llmgw_gateway_time_to_first_byte_seconds_bucket" in text
@@ -390,7 +390,7 @@ def retry_gateway(sim: SimulatorProcess, dead_urls: list[str]) -> tuple[str, Gat
         Route(replica_id=f"dead-{i}", model=MODEL, url=url) for i, url in enumerate(dead_urls)
     ]
     routes.append(Route(replica_id="live", model=MODEL, url=sim.base_url))
-    return key, GatewayThread(StaticSource(snapshot_of(routes, [record])))
+    return key, GatewayThread(StaticSource(snapshot_of(routes, [record])), metrics_port=0)
 
 
 @pytest.mark.parametrize("dead", ["refuses", "hangs up"])

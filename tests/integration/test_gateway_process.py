@@ -26,9 +26,9 @@ import pytest_asyncio
 from agent.simulator.launcher import SimulatorProcess, free_port, start_simulator
 from app.devdb import DevDatabaseError, LocalPostgres, find_bindir
 from app.services.operations import Caller, Operations
-from app.store import migrate
 from app.store.database import create_engine
 from app.store.postgres import PostgresEventStore
+from tests.support.databases import migrate_for_tests, runtime_url
 from tests.support.postgres import LocalServer
 from tests.support.routing import connect_node, declare_model, serve_replica
 from tests.support.waiting import wait_until
@@ -84,7 +84,7 @@ class Database:
 async def database(own_server: LocalServer) -> AsyncIterator[Database]:
     await own_server.create_database("llmgw")
     url = own_server.url("llmgw")
-    await asyncio.to_thread(migrate.upgrade, url)
+    await asyncio.to_thread(migrate_for_tests, url)
     database = Database(url)
     yield database
     await database.engine.dispose()
@@ -97,7 +97,7 @@ def gateway_process(database_url: str, port: int, log: Path) -> Iterator[subproc
             [
                 SERVER,
                 "gateway",
-                *("--database-url", database_url, "--port", str(port)),
+                *("--database-url", runtime_url(database_url), "--port", str(port)),
                 *("--gateway-id", "gw-test", "--refresh-interval", str(REFRESH_INTERVAL_S)),
             ],
             stdin=subprocess.DEVNULL,

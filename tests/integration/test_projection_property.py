@@ -8,13 +8,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.domain.envelope import Meta
-from app.domain.events import AnyEvent
+from app.domain.events import AnyEvent, ModelDeclared
+from app.domain.model_spec import ModelSpec, RoutingSettings
 from app.store.database import create_engine
 from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
 from app.store.projection import all_rows
 from app.store.rebuild import rebuild, replay
 from tests.support.generators import events, stream_for
+
+META = Meta(actor="property")
 
 
 def test_inline_projection_equals_a_full_rebuild(database_url: str) -> None:
@@ -41,6 +44,34 @@ async def _append_and_verify(url: str, batches: list[list[AnyEvent]]) -> None:
         report = await rebuild(engine, verify=True)
         assert report.differences == []
         # The live store's fold, the replayed fold and the tables are one picture.
+        assert all_rows(store.state) == all_rows(await replay(engine))
+    finally:
+        await engine.dispose()
+
+
+async def test_numbers_far_outside_todays_bounds_still_rebuild_identically(
+    database_url: str,
+) -> None:
+    """A log written before specs were bounded may hold any float; verifying it must not
+    report differences that a rebuild cannot remove."""
+    spec = ModelSpec(
+        name="llama",
+        command="vllm serve {model}",
+        gpu_memory_gib=1.7976931348623157e308,
+        startup_timeout_s=5e-324,
+        stop_grace_s=1e308,
+        routing=RoutingSettings(weight=1.2345678901234567e300, kv_ceiling=1e-300),
+    )
+    engine = create_engine(database_url, pool_size=2)
+    try:
+        store = PostgresEventStore(engine)
+        await store.append(
+            "model-llama", None, [NewEvent(ModelDeclared(model="llama", spec=spec))], META
+        )
+
+        report = await rebuild(engine, verify=True)
+
+        assert report.differences == []
         assert all_rows(store.state) == all_rows(await replay(engine))
     finally:
         await engine.dispose()

@@ -148,10 +148,13 @@ async def test_a_model_is_placed_across_nodes_served_and_scaled_down_newest_firs
             operator, model_stream(model), ModelScaled(model=model, replicas=1, previous=2)
         )
 
-        await wait_until(
-            lambda: pg_store.state.replicas[newest.id].phase is ReplicaPhase.STOPPED,
-            what="the newest replica stopped",
-        )
+        async def stopped() -> bool:
+            # The store folds an append before its transaction commits: wait for the log
+            # itself, not only for the fold.
+            recorded = await types_in(pg_store, replica_stream(newest.id))
+            return "replica_stopped" in recorded
+
+        await wait_until(stopped, what="the newest replica stopped, in the log")
         assert agents[hosts[newest.id]].stops() == [
             StopShard(
                 command_id=f"stop-{newest.id}-0",

@@ -23,7 +23,7 @@ from app.admin.app import create_admin_app
 from app.admin.auth import TokenAuthenticator
 from app.admin.events import end_event_streams
 from app.admin.metrics import LiveSource
-from app.admin.tls import TlsScopeProtocol, admin_ssl_context
+from app.admin.tls import DEFAULT_ADMIN_MAX_CONNECTIONS, admin_protocol, admin_ssl_context
 from app.domain.envelope import Meta
 from app.domain.events import (
     AnyEvent,
@@ -37,6 +37,8 @@ from app.domain.events import (
     node_stream,
     replica_stream,
 )
+from app.listeners.limits import ListenerLimits
+from app.listeners.throttle import FailureBudget, FailureLimits
 from app.pki import build_ca, generate_key, issue_node, issue_operator, issue_server
 from app.pki.files import write_ca, write_issued
 from app.pki.keys import PrivateKey
@@ -108,10 +110,15 @@ async def serving_admin(
     tls: ssl.SSLContext | None = None,
     live: LiveSource | None = None,
     port: int | None = None,
+    limits: ListenerLimits | None = None,
+    auth_failures: FailureLimits | None = None,
 ) -> AsyncIterator[str]:
     """The admin API over ``store`` until the block ends, on ``port`` or a free one; yields
-    its base URL. ``tokens`` maps each token to the operator it names."""
-    app = create_admin_app(store, TokenAuthenticator(tokens or {}), live=live)
+    its base URL. ``tokens`` maps each token to the operator it names; ``limits`` are the
+    listener's and ``auth_failures`` the budget of wrong tokens per address, as ``serve``
+    sets them by default."""
+    authenticator = TokenAuthenticator(tokens or {}, FailureBudget(auth_failures))
+    app = create_admin_app(store, authenticator, live=live)
     listener = socket.socket()
     # A test that serves again on the same port must not wait out the old one's TIME_WAIT.
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -120,7 +127,9 @@ async def serving_admin(
         app,
         log_level="warning",
         lifespan="on",
-        http=TlsScopeProtocol,
+        http=admin_protocol(
+            limits or ListenerLimits(max_connections=DEFAULT_ADMIN_MAX_CONNECTIONS)
+        ),
         ssl_context_factory=(lambda _config, _default: tls) if tls is not None else None,
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
     )

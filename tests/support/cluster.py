@@ -1,7 +1,8 @@
 """A whole llmgw cluster of real processes for end-to-end tests: ``llmgw-server serve``
 processes sharing one database, ``llmgw-agent`` processes with fake GPUs that dial every
 server (so they fail over), the engines those agents start, and standalone
-``llmgw-server gateway`` processes in front of them.
+``llmgw-server gateway`` processes in front of them. Servers and gateways connect as the
+runtime role, as in production; the cluster reads the log as the owner.
 
 Certificates come from the ``llmgw-cli cert`` commands an operator runs (``issue_pki``,
 once per module). A ``Cluster`` knows which server leads, kills and restarts servers and
@@ -34,6 +35,7 @@ import pytest_asyncio
 
 from agent.simulator.launcher import free_port, simulator_command
 from app.store.database import driver_url
+from tests.support.databases import runtime_url
 from tests.support.fleet import LOOPBACK, AgentProcess, FleetProcesses, NodeCredentials
 from tests.support.waiting import wait_until
 
@@ -374,7 +376,8 @@ class Cluster:
                 [
                     SERVER,
                     "serve",
-                    *("--database-url", self.database_url, "--server-id", server_id),
+                    *("--database-url", runtime_url(self.database_url)),
+                    *("--server-id", server_id),
                     *("--admin-host", LOOPBACK, "--admin-port", str(admin_port)),
                     *("--agent-host", LOOPBACK, "--agent-port", str(agent_port)),
                     *("--client-host", LOOPBACK, "--client-port", str(client_port)),
@@ -414,7 +417,8 @@ class Cluster:
                 [
                     SERVER,
                     "gateway",
-                    *("--database-url", self.database_url, "--gateway-id", gateway_id),
+                    *("--database-url", runtime_url(self.database_url)),
+                    *("--gateway-id", gateway_id),
                     *("--host", LOOPBACK, "--port", str(port)),
                     *("--engine-networks", ENGINE_NETWORKS),
                     *("--refresh-interval", str(refresh_interval_s)),

@@ -1,6 +1,13 @@
 """Fixtures for tests that write to PostgreSQL: a migrated template, and a fresh database
 cloned from it per test (cheap: CREATE DATABASE ... TEMPLATE), so tests never depend on
-each other's rows or order."""
+each other's rows or order.
+
+The template is migrated as production is (``llmgw-server migrate --runtime-role``): by the
+server's superuser, which owns the schema, with ``TEST_RUNTIME_ROLE`` set up as the runtime
+role. Privileges live in the database, so every clone has them. ``database_url`` is the
+owner's URL (tests seed and inspect with it); ``runtime_url`` turns it into the runtime
+role's, which every ``llmgw-server serve`` and ``gateway`` process of the tests connects as.
+"""
 
 from __future__ import annotations
 
@@ -9,19 +16,37 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store import migrate
 from app.store.database import create_engine
+from app.store.grants import RuntimeRole
 from app.store.postgres import PostgresEventStore
 from tests.support.postgres import PostgresServer, unique_database_name
+
+TEST_RUNTIME_ROLE = RuntimeRole("llmgw_runtime_test", password="llmgw-runtime-test-password")
+"""Roles are the whole server's: every test session on one server sets up this same one."""
+
+
+def runtime_url(database_url: str) -> str:
+    """``database_url`` (the owner's) as the test runtime role connects to it."""
+    url = make_url(database_url).set(
+        username=TEST_RUNTIME_ROLE.name, password=TEST_RUNTIME_ROLE.password
+    )
+    return url.render_as_string(hide_password=False)
+
+
+def migrate_for_tests(url: str) -> None:
+    """Migrate ``url`` to the newest revision with the test runtime role (blocking)."""
+    migrate.upgrade(url, runtime=TEST_RUNTIME_ROLE)
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def migrated_template(postgres_server: PostgresServer) -> AsyncIterator[str]:
     name = unique_database_name("llmgw_template")
     await postgres_server.create_database(name)
-    await asyncio.to_thread(migrate.upgrade, postgres_server.url(name))
+    await asyncio.to_thread(migrate_for_tests, postgres_server.url(name))
     yield name
     await postgres_server.drop_database(name)
 

@@ -90,6 +90,13 @@ class GatewayThread:
     def base_url(self) -> str:
         return self.gateway.url.removesuffix("/v1")
 
+    @property
+    def metrics_url(self) -> str:
+        """The gateway's ``/metrics``; start it with ``metrics_port=0`` to have one."""
+        url = self.gateway.metrics_url
+        assert url is not None, "this gateway serves no /metrics: pass metrics_port=0"
+        return url
+
     def call(self, function: Callable[[], T]) -> T:
         """Run ``function`` on the gateway's loop and return its result."""
 

@@ -6,6 +6,7 @@ replicas and exercise real transitions rather than events about strangers.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import msgspec
@@ -24,6 +25,14 @@ from app.domain.events import (
     ReplicaPlaced,
     StrayStopped,
 )
+from app.domain.keys import MAX_LIMIT
+from app.domain.model_spec import (
+    MAX_REPLICAS,
+    MAX_STARTUP_TIMEOUT_S,
+    MAX_TARGET_WAITING,
+    MAX_WEIGHT,
+    MIN_WEIGHT,
+)
 
 MODELS = ("llama", "qwen")
 NODES = ("gpu-1", "gpu-2", "gpu-3")
@@ -41,6 +50,22 @@ _IDS: dict[str, st.SearchStrategy[str]] = {
     "key_id": st.sampled_from(KEYS),
 }
 _text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+EXTREME_FLOATS = (
+    0.0,
+    -0.0,
+    5e-324,
+    1e-300,
+    MIN_WEIGHT,
+    1.0,
+    float(MAX_WEIGHT),
+    float(MAX_STARTUP_TIMEOUT_S),
+    2.0**53 + 2,
+    1.2345678901234567e300,
+    sys.float_info.max,
+)
+"""The edges of what the API accepts, and far past them, as a log written before specs
+were bounded may hold: each must rebuild to the very rows it was projected to."""
+EXTREME_INTS = (0, 1, MAX_REPLICAS, MAX_TARGET_WAITING, MAX_LIMIT)
 _json_scalars = st.one_of(
     st.none(), st.booleans(), st.integers(-1000, 1000), st.floats(-1e6, 1e6), _text
 )
@@ -51,9 +76,12 @@ def _for_type(info: mi.Type, field: str) -> st.SearchStrategy[Any]:
         case mi.StrType():
             return _IDS.get(field, _text)
         case mi.IntType():
-            return st.integers(0, 3) if field in {"index", "shard_index"} else st.integers(0, 30000)
+            if field in {"index", "shard_index"}:
+                return st.integers(0, 3)
+            return st.sampled_from(EXTREME_INTS) | st.integers(0, 30000)
         case mi.FloatType():
-            return st.floats(0, 1e5, allow_nan=False, allow_infinity=False)
+            finite = st.floats(0, 1e5, allow_nan=False, allow_infinity=False)
+            return st.sampled_from(EXTREME_FLOATS) | finite
         case mi.BoolType():
             return st.booleans()
         case mi.NoneType():

@@ -3,7 +3,7 @@
 ``provide_postgres()`` picks the first that is available:
 
 1. ``LLMGW_TEST_DATABASE_URL``: an existing server (any database in the URL; tests create
-   their own databases on it, so its role needs CREATEDB);
+   their own databases on it and a runtime role, so its role needs CREATEDB and CREATEROLE);
 2. a ``postgres:15`` container, when a Docker daemon answers;
 3. a throwaway cluster from the local PostgreSQL binaries (``app.devdb.LocalPostgres``).
 

@@ -119,9 +119,9 @@ def test_settings_already_in_force_record_nothing() -> None:
 @pytest.mark.parametrize(
     ("routing", "field", "reason"),
     [
-        (RoutingSettings(weight=0), "weight", "must be a positive number"),
-        (RoutingSettings(weight=float("inf")), "weight", "must be a positive number"),
-        (RoutingSettings(weight=float("nan")), "weight", "must be a positive number"),
+        (RoutingSettings(weight=0), "weight", "must be between 0.001 and 1000000"),
+        (RoutingSettings(weight=float("inf")), "weight", "must be between 0.001 and 1000000"),
+        (RoutingSettings(weight=float("nan")), "weight", "must be between 0.001 and 1000000"),
         (RoutingSettings(target_waiting=0), "target_waiting", "must be between 1 and 100000"),
         (RoutingSettings(target_waiting=2**40), "target_waiting", "must be between 1 and 100000"),
         (RoutingSettings(kv_ceiling=0), "kv_ceiling", "must be in (0, 1]"),

@@ -38,6 +38,8 @@ DELIBERATELY_FOREIGN = {
     "tests/unit/test_fleet_claims.py",
     "tests/unit/test_fleet_session.py",
     "tests/integration/test_hub_trust.py",
+    # Client addresses of the per-address authentication budget (IPv6 by /64): pure.
+    "tests/unit/test_listener_throttle.py",
 }
 
 _OCTET = r"(?:\d{1,3}|\{[^{}]*\})"

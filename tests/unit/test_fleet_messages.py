@@ -262,6 +262,20 @@ def test_a_wrong_field_type_is_malformed_and_names_the_path() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("decode", "message_type"),
+    [(decode_from_agent, "heartbeat"), (decode_from_server, "heartbeat_ack")],
+)
+def test_json_nested_thousands_deep_is_malformed_not_a_crash(
+    decode: Callable[[str], object], message_type: str
+) -> None:
+    # Unknown fields are skipped, recursively: the one place the decoder goes that deep.
+    deep = "[" * 100_000 + "]" * 100_000
+    data = f'{{"type": "{message_type}", "seq": 1, "extra": {deep}}}'
+    with pytest.raises(MalformedMessage, match=r"^malformed message: JSON nested too deeply$"):
+        decode(data)
+
+
 def test_an_unknown_shard_state_is_malformed() -> None:
     shard = {"replica_id": "m-1", "shard_index": 0, "state": "sleepy"}
     data = json.dumps({"type": "heartbeat", "seq": 1, "shards": [shard]})

@@ -1,8 +1,31 @@
 from __future__ import annotations
 
+import re
+from datetime import UTC, datetime
+
+import pytest
 from msgspec.structs import replace
 
-from app.domain.model_spec import ModelSpec, RoutingSettings, validate_spec
+from app.domain.commands import start_command
+from app.domain.model_spec import (
+    MAX_AGENT_MESSAGE_BYTES,
+    MAX_COMMAND_BYTES,
+    MAX_GPU_MEMORY_GIB,
+    MAX_REPLICAS,
+    MAX_SPEC_BYTES,
+    MAX_STARTUP_TIMEOUT_S,
+    MAX_STOP_GRACE_S,
+    MAX_WEIGHT,
+    MIN_WEIGHT,
+    ModelSpec,
+    RoutingSettings,
+    SpecError,
+    validate_spec,
+)
+from app.domain.state import ClusterState, Replica, ReplicaPhase, Shard
+from app.hub.edge import command_to_wire
+from wire.errors import MessageTooLarge
+from wire.messages import MAX_MESSAGE_BYTES, encode
 
 GOOD = ModelSpec(
     name="llama-70b",
@@ -35,3 +58,179 @@ def test_every_problem_is_named_with_its_field() -> None:
 def test_unbalanced_braces_are_an_error_not_a_crash() -> None:
     errors = validate_spec(replace(GOOD, command="serve --port {port"))
     assert [e.field for e in errors] == ["command"]
+
+
+NUMERIC_FIELDS = (
+    "gpus_per_shard",
+    "gpu_memory_gib",
+    "shards_per_replica",
+    "replicas",
+    "startup_timeout_s",
+    "stop_grace_s",
+    "max_moves",
+)
+ROUTING_FIELDS = ("weight", "target_waiting", "kv_ceiling")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), 1e308, -1e308])
+@pytest.mark.parametrize("field", NUMERIC_FIELDS + tuple(f"routing.{f}" for f in ROUTING_FIELDS))
+def test_every_number_is_bounded_and_the_reason_names_the_bound(field: str, value: float) -> None:
+    if field.startswith("routing."):
+        spec = replace(GOOD, routing=replace(GOOD.routing, **{field.split(".")[1]: value}))
+    else:
+        spec = replace(GOOD, **{field: value})
+
+    [error] = validate_spec(spec)
+
+    assert error.field == field
+    bounds = r"between \S+ and \S+|more than 0 and at most \S+|in \(0, 1\]"
+    assert re.fullmatch(rf"must be ({bounds})( \(.*\))?", error.reason)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        replace(
+            GOOD,
+            gpus_per_shard=64,
+            shards_per_replica=64,
+            gpu_memory_gib=MAX_GPU_MEMORY_GIB,
+            replicas=MAX_REPLICAS,
+            startup_timeout_s=MAX_STARTUP_TIMEOUT_S,
+            stop_grace_s=MAX_STOP_GRACE_S,
+            max_moves=MAX_REPLICAS,
+            routing=RoutingSettings(weight=MAX_WEIGHT, target_waiting=100_000, kv_ceiling=1),
+        ),
+        replace(
+            GOOD,
+            gpus_per_shard=1,
+            gpu_memory_gib=0,
+            replicas=0,
+            startup_timeout_s=5e-324,
+            stop_grace_s=0,
+            max_moves=1,
+            routing=RoutingSettings(weight=MIN_WEIGHT, target_waiting=1, kv_ceiling=5e-324),
+        ),
+    ],
+    ids=["every maximum", "every minimum"],
+)
+def test_the_bounds_themselves_are_accepted(spec: ModelSpec) -> None:
+    assert validate_spec(spec) == []
+
+
+# -- size: a spec must fit the log, and each shard's start command one agent frame ---------
+
+
+def test_the_start_command_limit_is_the_agent_channels_frame_limit() -> None:
+    assert MAX_AGENT_MESSAGE_BYTES == MAX_MESSAGE_BYTES
+
+
+def largest_wire_start_command(spec: ModelSpec) -> int:
+    """The bytes of the largest start_shard the control plane would send for ``spec``, with
+    every node at the longest address a DNS name can be and the highest ports."""
+    node_ids = [f"{i:02d}" + "n" * 251 for i in range(spec.shards_per_replica)]
+    shards = tuple(
+        Shard(index=i, node_id=node, gpus=tuple(range(99 - spec.gpus_per_shard, 99)), port=65535)
+        for i, node in enumerate(node_ids)
+    )
+    replica = Replica(
+        id=f"{spec.name}-2147483647",
+        model=spec.name,
+        number=2**31 - 1,
+        phase=ReplicaPhase.PLACED,
+        shards=shards,
+        placed_at=datetime.now(UTC),
+    )
+    # No node is known, so each renders as its id: 253 characters.
+    state = ClusterState()
+    sizes = []
+    for shard in shards:
+        command = command_to_wire(start_command(state, spec, replica, shard))
+        try:
+            sizes.append(len(encode(command)))
+        except MessageTooLarge as exc:
+            sizes.append(exc.size)
+    return max(sizes)
+
+
+@pytest.mark.parametrize("repeats", [1, 10, 60, 63, 64, 70, 200])
+def test_a_spec_is_accepted_exactly_when_every_start_command_fits_a_frame(repeats: int) -> None:
+    spec = replace(
+        GOOD,
+        command="engine " + " ".join(["--peers {peers}"] * repeats),
+        gpus_per_shard=8,
+        shards_per_replica=64,
+        env={"HF_HOME": "/models/cache"},
+    )
+    size = largest_wire_start_command(spec)
+
+    errors = validate_spec(spec)
+
+    if size <= MAX_MESSAGE_BYTES:
+        assert errors == []
+    else:
+        [error] = errors
+        assert error.field == "command"
+        assert f"over the agent channel's limit of {MAX_MESSAGE_BYTES} bytes" in error.reason
+
+
+@pytest.mark.parametrize(("repeats", "bound"), [(63, "up to"), (200, "at least")])
+def test_the_refusal_names_the_size_a_start_command_could_reach(repeats: int, bound: str) -> None:
+    spec = replace(GOOD, command="engine" + " {peers}" * repeats, shards_per_replica=64)
+
+    [error] = validate_spec(spec)
+
+    found = re.search(r"of (up to|at least) (\d+) bytes", error.reason)
+    assert found is not None, error.reason
+    size, largest = int(found.group(2)), largest_wire_start_command(spec)
+    assert found.group(1) == bound
+    assert size >= largest if bound == "up to" else MAX_MESSAGE_BYTES < size <= largest
+
+
+def test_a_command_or_spec_over_its_limit_is_refused_with_the_size() -> None:
+    long_command = replace(GOOD, command="engine " + "x" * MAX_COMMAND_BYTES)
+    big_env = replace(GOOD, env={"BLOB": "y" * MAX_SPEC_BYTES})
+
+    assert validate_spec(long_command) == [
+        SpecError(
+            "command",
+            f"is {MAX_COMMAND_BYTES + 7} bytes, over the limit of {MAX_COMMAND_BYTES}",
+        )
+    ]
+    [error] = validate_spec(big_env)
+    assert error.field == "(spec)"
+    assert error.reason.endswith(f"bytes as JSON, over the limit of {MAX_SPEC_BYTES}")
+
+
+@pytest.mark.parametrize(
+    ("command", "reason"),
+    [
+        ("engine {} --port {port}", "unknown placeholder(s) {}"),
+        ("engine --port {port:>999999999}", "unknown placeholder(s) {port:>999999999}"),
+        ("engine --model {model!r}", "unknown placeholder(s) {model!r}"),
+        ('engine --name "unterminated {model}', "cannot be split into words: No closing quotation"),
+    ],
+    ids=["empty placeholder", "format spec", "conversion", "open quote"],
+)
+def test_a_command_the_control_plane_could_not_render_is_refused(command: str, reason: str) -> None:
+    [error] = validate_spec(replace(GOOD, command=command))
+
+    assert error.field == "command"
+    assert error.reason.startswith(reason)
+
+
+def test_a_placeholders_value_is_one_argument_whatever_it_holds() -> None:
+    spec = replace(GOOD, command="engine --host {host} --model '{model} x'")
+    shard = Shard(index=0, node_id='127.0.0.7 --evil "flag', gpus=(0,), port=20000)
+    replica = Replica(
+        id="llama-70b-1",
+        model="llama-70b",
+        number=1,
+        phase=ReplicaPhase.PLACED,
+        shards=(shard,),
+        placed_at=datetime.now(UTC),
+    )
+
+    argv = start_command(ClusterState(), spec, replica, shard).argv
+
+    assert argv == ("engine", "--host", '127.0.0.7 --evil "flag', "--model", "llama-70b x")

@@ -241,3 +241,25 @@ def test_validity_needs_an_aware_clock_and_at_least_one_day(ca: CertificateAutho
 def test_keys_other_than_p256_are_refused(ca: CertificateAuthority) -> None:
     with pytest.raises(InvalidRequest, match="P-256"):
         issue_node(ca, ec.generate_private_key(ec.SECP384R1()), "gpu-07", NOW, 365)
+
+
+@pytest.mark.parametrize("issue_client", [issue_node, issue_operator])
+def test_a_certificate_may_not_outlive_the_ca_that_issues_it(
+    issue_client: IssueClientCertificate,
+) -> None:
+    short_lived = build_ca(generate_key(), "llmgw CA", NOW, 30)
+
+    with pytest.raises(InvalidRequest, match="would outlive the CA") as refused:
+        issue_client(short_lived, generate_key(), "gpu-07", NOW, 31)
+    with pytest.raises(InvalidRequest, match="would outlive the CA"):
+        issue_server(short_lived, generate_key(), ["llmgw.internal"], [], NOW, 31)
+
+    assert "issue it for at most 30 days" in str(refused.value)
+    last_day = issue_client(short_lived, generate_key(), "gpu-07", NOW, 30)
+    assert last_day.not_valid_after_utc == short_lived.certificate.not_valid_after_utc
+
+
+@pytest.mark.parametrize("days", [10_001, 3_650_000, 10**12])
+def test_validity_beyond_the_longest_is_refused_not_an_overflow(days: int) -> None:
+    with pytest.raises(InvalidRequest, match="at most 10000 days"):
+        build_ca(generate_key(), "llmgw CA", NOW, days)

@@ -1,0 +1,83 @@
+"""Request bodies of the admin API, checked before a handler sees them.
+
+A body's size is bounded by the app (``MAX_BODY_BYTES``, 413 above it). ``check_body``, a
+guard that runs after the caller's identity is known, then refuses:
+
+- JSON nested deeper than ``MAX_BODY_DEPTH`` (400). No admin body nests more than a few
+  levels, and what a body carries is kept in the log, where every later read of it would
+  have to recurse as deep;
+- a body that does not decode *strictly* into the type its handler declares (400 naming
+  the field). Litestar converts bodies leniently, so ``{"grace_s": "10"}`` would become 10
+  seconds; a string where a number belongs is a mistake to report, not to guess at.
+
+Model specs are read by their handlers (``app.admin.models``), strictly too; they get the
+depth check here all the same.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+from litestar import Request
+from litestar.connection import ASGIConnection
+from litestar.exceptions import ValidationException
+from litestar.handlers.base import BaseRouteHandler
+
+MAX_BODY_BYTES = 1024 * 1024
+"""The largest request body the admin API reads; a spec is bounded far lower."""
+MAX_BODY_DEPTH = 32
+"""Arrays and objects inside each other; a spec nests three levels, a bench summary a few."""
+
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+_STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_OPENING = bytes.maketrans(b"[{]}", b"[[]]")
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_MSGSPEC_PATH = re.compile(r"^(?P<reason>.*?)(?: - at `\$\.?(?P<path>[^`]*)`)?$")
+
+
+def nested_deeper_than(body: bytes, limit: int) -> bool:
+    """Whether the JSON in ``body`` nests arrays and objects more than ``limit`` deep."""
+    # Depth never exceeds the number of opening brackets: most bodies stop here.
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return False
+    brackets = _STRINGS.sub(b"", body).translate(_OPENING, _NOT_BRACKETS)
+    depth = 0
+    for bracket in brackets:
+        if bracket == 0x5B:  # [
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+async def check_body(
+    connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
+) -> None:
+    """Guard: the body is shallow enough and, where the handler declares ``data``, of
+    exactly that type."""
+    if not isinstance(connection, Request) or connection.method not in _BODY_METHODS:
+        return
+    body = await connection.body()
+    if nested_deeper_than(body, MAX_BODY_DEPTH):
+        raise ValidationException(
+            f"the request body nests arrays and objects more than {MAX_BODY_DEPTH} levels deep"
+        )
+    data = handler.parsed_fn_signature.parameters.get("data")
+    if data is None or not body.strip():
+        return
+    try:
+        msgspec.json.decode(body, type=data.annotation, strict=True)
+    except msgspec.ValidationError as exc:
+        parsed = _MSGSPEC_PATH.match(str(exc))
+        field = (parsed["path"] if parsed else "") or "(body)"
+        reason = parsed["reason"] if parsed else str(exc)
+        raise ValidationException(
+            f"{field}: {reason}",
+            extra=[{"key": field, "message": reason, "source": "body"}],
+        ) from exc
+    except msgspec.DecodeError as exc:
+        raise ValidationException(f"the request body is not valid JSON: {exc}") from exc

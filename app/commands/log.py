@@ -1,0 +1,145 @@
+"""``llmgw-server log verify`` and ``llmgw-server log head``: the event log against its chain."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Annotated, TypeVar
+
+import msgspec
+from cyclopts import Parameter
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.commands.common import DatabaseUrl, fail
+from app.logs import configure_logging
+from app.store.chain import Head, parse_anchor
+from app.store.database import create_engine
+from app.store.errors import InvalidAnchor, StoreError
+from app.store.verification import Progress, Verification, read_head, verify_log
+
+T = TypeVar("T")
+Output = Annotated[str, Parameter(help="text or json")]
+
+
+def verify_command(
+    *,
+    database_url: DatabaseUrl,
+    anchor: Annotated[
+        list[str] | None,
+        Parameter(
+            help="POSITION:HASH, a head recorded earlier by `log head`, kept outside the "
+            "database: the chain must pass through it (repeat for several)",
+            negative="",
+        ),
+    ] = None,
+    output: Output = "text",
+) -> None:
+    """Check every event of the log against its chain hash, from the first to the last, and
+    print how many there are and the head (position and chain hash). Exits 1 at the first
+    break, naming its position and what is wrong there: an event changed, missing, inserted
+    or moved, or an anchor the chain does not pass through.
+
+    The chain alone shows changes made by someone who did not recompute the hashes after
+    them. Someone able to rewrite the whole table can recompute them too; only heads
+    recorded elsewhere before (`log head`, then `--anchor`) show that. Reads one snapshot
+    with a cursor: memory stays the same however long the log, and appends may go on.
+
+    Example: llmgw-server log verify --anchor "$(tail -n 1 /srv/audit/llmgw-heads)"
+    """
+    configure_logging()
+    if output not in ("text", "json"):
+        fail(f"--output is text or json, not {output!r}")
+    try:
+        anchors = [parse_anchor(value) for value in anchor or ()]
+    except InvalidAnchor as exc:
+        fail(f"--anchor: {exc}")
+        return
+    progress = _terminal_progress() if output == "text" and sys.stderr.isatty() else None
+    result = _run(database_url, lambda engine: verify_log(engine, anchors, progress), "verify")
+    if progress is not None:
+        sys.stderr.write("\r\x1b[K")
+    if output == "json":
+        print(msgspec.json.encode(_json_report(result)).decode())
+    else:
+        _print_report(result)
+    if not result.ok:
+        sys.exit(1)
+
+
+def head_command(*, database_url: DatabaseUrl, output: Output = "text") -> None:
+    """Print the log's head: the last event's position and chain hash, as POSITION:HASH.
+
+    Record it somewhere the database's administrators cannot rewrite (another system, a
+    ticket, a signed mail) from time to time; `log verify --anchor POSITION:HASH` later shows
+    whether the log up to there is still the one that was recorded.
+
+    Example: llmgw-server log head >> /srv/audit/llmgw-heads
+    """
+    configure_logging()
+    if output not in ("text", "json"):
+        fail(f"--output is text or json, not {output!r}")
+    head = _run(database_url, read_head, "read the head of")
+    if output == "json":
+        print(msgspec.json.encode(_json_head(head)).decode())
+    else:
+        print(head)
+
+
+def _run(url: str, work: Callable[[AsyncEngine], Awaitable[T]], action: str) -> T:
+    async def run() -> T:
+        engine = create_engine(url, pool_size=1)
+        try:
+            return await work(engine)
+        finally:
+            await engine.dispose()
+
+    try:
+        return asyncio.run(run())
+    except StoreError as exc:
+        hint = (
+            " (is the database at the newest revision? llmgw-server migrate)"
+            if "does not exist" in str(exc)
+            else ""
+        )
+        fail(f"cannot {action} the log: {exc}{hint}")
+        raise
+
+
+def _terminal_progress() -> Progress:
+    def show(events: int, position: int, last: int) -> None:
+        share = f" ({position / last:.0%})" if last else ""
+        sys.stderr.write(f"\rverifying: {events:,} events, at position {position:,}{share}")
+        sys.stderr.flush()
+
+    return show
+
+
+def _print_report(result: Verification) -> None:
+    if result.broken is None:
+        span = f"position {result.head.position}" if result.events else "the genesis"
+        print(f"log verified: {result.events:,} events, the chain holds up to {span}")
+    else:
+        broken = result.broken
+        print(f"the chain breaks at position {broken.position} ({broken.problem}): {broken.detail}")
+        print(f"{result.events:,} events before it checked out")
+    print(f"head {result.head}" if result.ok else f"last good head {result.head}")
+    for anchor in result.anchors:
+        print(f"passes through anchor {anchor}")
+
+
+def _json_head(head: Head) -> dict[str, object]:
+    return {"position": head.position, "chain_hash": head.chain_hash.hex()}
+
+
+def _json_report(result: Verification) -> dict[str, object]:
+    broken = result.broken
+    return {
+        "ok": result.ok,
+        "events": result.events,
+        "head": _json_head(result.head),
+        "anchors": [_json_head(anchor) for anchor in result.anchors],
+        "break": None
+        if broken is None
+        else {"position": broken.position, "problem": str(broken.problem), "detail": broken.detail},
+    }

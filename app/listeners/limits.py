@@ -1,0 +1,177 @@
+"""Slow and greedy clients, cut off at the connection, before any app sees them.
+
+uvicorn reads a request's head and body for as long as the client takes to send them: a
+client that sends its headers a byte at a time (slowloris) holds its connection, and the
+memory behind it, forever, and enough of them hold every connection the process can open.
+``limited(protocol, limits)`` is uvicorn's HTTP protocol with four limits added:
+
+- the head (request line and headers) must arrive within ``header_timeout_s`` of the
+  connection opening, or of the first byte of the next request on a kept-alive one;
+- the body within ``body_timeout_s`` of the head;
+- the head may hold at most ``max_header_bytes``;
+- the listener holds at most ``max_connections`` connections: one more is answered 503
+  at once and closed.
+
+The timeouts are checked by one sweep per listener every second (or every quarter of the
+shorter timeout), so a late client is cut off up to that much after its time.
+
+A client over a limit gets a short answer (408, 431 or 503, in the listener's own error
+shape) and its connection is closed; nobody else notices. The time between requests on a
+kept-alive connection is uvicorn's own keep-alive timeout (5 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+Refusal = Callable[[int, str], tuple[bytes, bytes]]
+"""Renders a refusal: the status and a message in, the content type and the body out."""
+
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 60.0
+DEFAULT_MAX_HEADER_BYTES = 64 * 1024
+LINGER_S = 2.0
+"""How long a refused connection is read (and its bytes dropped) before it is closed."""
+
+
+def plain_text(status: int, message: str) -> tuple[bytes, bytes]:
+    return b"text/plain; charset=utf-8", message.encode() + b"\n"
+
+
+@dataclass(frozen=True)
+class ListenerLimits:
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    max_connections: int = 1024
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+
+    def problems(self, connections_flag: str = "--max-connections") -> list[str]:
+        """What is wrong with these limits, as messages naming the commands' flags."""
+        found = []
+        for flag, value in (
+            ("--header-timeout", self.header_timeout_s),
+            ("--body-timeout", self.body_timeout_s),
+        ):
+            if not value > 0:
+                found.append(f"{flag} must be positive, not {value}")
+        if self.max_connections < 1:
+            found.append(f"{connections_flag} must be at least 1, not {self.max_connections}")
+        return found
+
+
+def limited(
+    protocol: type[HttpToolsProtocol], limits: ListenerLimits, refusal: Refusal = plain_text
+) -> type[HttpToolsProtocol]:
+    """``protocol`` (uvicorn's httptools protocol or a subclass) with ``limits``; pass the
+    result as ``uvicorn.Config(http=...)``, one per listener."""
+    head = (limits.header_timeout_s, "the request's headers")
+    body = (limits.body_timeout_s, "the request's body")
+    sweep_every_s = min(1.0, limits.header_timeout_s / 4, limits.body_timeout_s / 4)
+
+    # mypy cannot check a class whose base is a parameter; HttpToolsProtocol's methods
+    # are what is overridden.
+    class Limited(protocol):  # type: ignore[valid-type,misc]
+        # A request only writes down when its current stage is due; one sweep per listener
+        # closes the late ones. A timer per stage would cost every request four calls
+        # into the loop (arm and cancel, twice).
+        _open: ClassVar[set[Limited]] = set()
+        _sweeping: ClassVar[bool] = False
+        _due = math.inf
+        _stage = head
+        _reading_head = True
+        _head_bytes = 0
+        _lingering = False
+
+        def connection_made(self, transport: asyncio.Transport) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > limits.max_connections:
+                self._refuse(503, "This server has as many connections as it takes; retry.")
+                return
+            self._await(head)
+            Limited._open.add(self)
+            if not Limited._sweeping:
+                Limited._sweeping = True
+                self.loop.call_later(sweep_every_s, Limited._sweep, self.loop)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            Limited._open.discard(self)
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._lingering:
+                return
+            super().data_received(data)
+            # Counted after parsing: a chunk that completes the head may carry body too.
+            if self._reading_head and not self.transport.is_closing():
+                self._head_bytes += len(data)
+                if self._head_bytes > limits.max_header_bytes:
+                    self._refuse(431, f"Request headers over {limits.max_header_bytes} bytes.")
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            if not self._reading_head:
+                # The next request of a kept-alive connection: its head is timed anew.
+                self._reading_head, self._head_bytes = True, 0
+                self._await(head)
+
+        def on_headers_complete(self) -> None:
+            self._reading_head = False
+            self._await(body)
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._due = math.inf
+            super().on_message_complete()
+
+        def _await(self, stage: tuple[float, str]) -> None:
+            self._stage = stage
+            self._due = self.loop.time() + stage[0]
+
+        @staticmethod
+        def _sweep(loop: asyncio.AbstractEventLoop) -> None:
+            now = loop.time()
+            for connection in [c for c in Limited._open if c._due <= now]:
+                seconds, what = connection._stage
+                connection._refuse(
+                    408, f"{what[0].upper()}{what[1:]} did not arrive within {seconds:g} s."
+                )
+            Limited._sweeping = bool(Limited._open)
+            if Limited._sweeping:
+                loop.call_later(sweep_every_s, Limited._sweep, loop)
+
+        def _refuse(self, status: int, message: str) -> None:
+            self._due = math.inf
+            Limited._open.discard(self)
+            if self.transport.is_closing() or self._lingering:
+                return
+            cycle = self.cycle
+            if cycle is None or not cycle.response_started:
+                content_type, body = refusal(status, message)
+                phrase = http.HTTPStatus(status).phrase.encode()
+                self.transport.write(
+                    b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n"
+                    b"connection: close\r\n\r\n%s" % (status, phrase, content_type, len(body), body)
+                )
+            if cycle is not None and not cycle.response_complete:
+                # The app, if it is reading this request, sees its client gone; whatever
+                # it would still send is dropped.
+                cycle.disconnected = True
+                cycle.message_event.set()
+            # Closed outright, a socket with unread bytes from the client resets the
+            # connection, and the client may lose the answer: what still comes is read and
+            # dropped until the client hangs up, for LINGER_S at most.
+            self._lingering = True
+            self.flow.resume_reading()
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            self.loop.call_later(LINGER_S, self.transport.close)
+
+    Limited.__name__ = Limited.__qualname__ = f"Limited{protocol.__name__}"
+    return Limited

@@ -1,0 +1,259 @@
+"""The event log's chain hash, checked on this side of the connection.
+
+Every event carries ``chain_hash = sha256(previous chain hash || canonical bytes)``, the
+first event's previous chain hash being ``GENESIS``. ``llmgw_append`` computes it under the
+append lock (migration 0005, ``llmgw_event_bytes``); ``event_bytes`` here builds the same
+bytes from the stored columns, so that verifying the log trusts no function in the
+database. docs/audit.md defines the bytes for anyone who wants to check them elsewhere.
+
+``ChainWalk`` takes the events in position order, one at a time (memory stays constant
+however long the log), and names the first place where the chain breaks and how: an event
+changed, missing, inserted or moved. It also checks the chain against anchors: heads
+recorded earlier, outside the database, which someone able to rewrite the whole table and
+recompute every hash cannot match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import struct
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import NamedTuple
+
+import msgspec
+
+from app.store.errors import InvalidAnchor
+
+GENESIS = bytes(32)
+"""The chain hash "before" the first event: 32 zero bytes."""
+FORMAT_VERSION = 1
+"""The first byte of every event's canonical bytes."""
+
+CHAIN_COLUMNS = (
+    "position, previous_position, chain_hash, stream, version, type, schema_version, "
+    "event_id, recorded_at, data::text, meta::text, replica_id, node_id, model, actor, "
+    "correlation_id"
+)
+"""What to select for ``ChainRow``, in its order."""
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+_NULL = struct.pack(">i", -1)
+_HEADER = struct.Struct(">Bqq")
+_INT8 = struct.Struct(">q")
+_LENGTH = struct.Struct(">i")
+_ANCHOR = re.compile(r"(\d{1,19}):([0-9a-fA-F]{64})")
+
+
+class ChainRow(NamedTuple):
+    """One event's stored columns, as ``CHAIN_COLUMNS`` selects them."""
+
+    position: int
+    previous_position: int | None
+    chain_hash: bytes | None
+    stream: str
+    version: int
+    type: str
+    schema_version: int
+    event_id: uuid.UUID
+    recorded_at: datetime
+    data: str
+    meta: str
+    replica_id: str | None
+    node_id: str | None
+    model: str | None
+    actor: str
+    correlation_id: str | None
+
+
+def event_bytes(row: ChainRow) -> bytes:
+    """The canonical bytes of one event (``llmgw_event_bytes`` in SQL)."""
+    return b"".join(
+        (
+            _HEADER.pack(FORMAT_VERSION, row.position, row.previous_position or 0),
+            _text(row.stream),
+            _INT8.pack(row.version),
+            _text(row.type),
+            _INT8.pack(row.schema_version),
+            row.event_id.bytes,
+            _INT8.pack((row.recorded_at - _EPOCH) // _MICROSECOND),
+            _text(row.data),
+            _text(row.meta),
+            _text(row.replica_id),
+            _text(row.node_id),
+            _text(row.model),
+            _text(row.actor),
+            _text(row.correlation_id),
+        )
+    )
+
+
+def chain_link(previous_hash: bytes, row: ChainRow) -> bytes:
+    return hashlib.sha256(previous_hash + event_bytes(row)).digest()
+
+
+def _text(value: str | None) -> bytes:
+    if value is None:
+        return _NULL
+    raw = value.encode()
+    return _LENGTH.pack(len(raw)) + raw
+
+
+class Problem(StrEnum):
+    CHANGED = "changed"
+    MISSING = "missing"
+    INSERTED = "inserted"
+    REORDERED = "reordered"
+    ANCHOR_MISMATCH = "anchor_mismatch"
+    ANCHOR_MISSING = "anchor_missing"
+    ANCHOR_BEYOND_END = "anchor_beyond_end"
+
+
+class Break(msgspec.Struct, frozen=True):
+    """Where the chain first breaks, and what is wrong there."""
+
+    position: int
+    problem: Problem
+    detail: str
+    inserted_after: int | None = None
+    """For ``INSERTED``: the position the next genuine event was appended after (the first
+    inserted event is the one that now follows it)."""
+
+
+class Head(msgspec.Struct, frozen=True):
+    """The last event's position and chain hash: what ``--anchor`` takes back."""
+
+    position: int
+    chain_hash: bytes
+
+    def __str__(self) -> str:
+        return f"{self.position}:{self.chain_hash.hex()}"
+
+
+def parse_anchor(text: str) -> Head:
+    """``POSITION:HASH`` (a head as ``log head`` prints it) into a ``Head``."""
+    match = _ANCHOR.fullmatch(text.strip())
+    if match is None:
+        raise InvalidAnchor(
+            f"an anchor is POSITION:HASH, the position a whole number and the hash 64 hex "
+            f"digits, as `llmgw-server log head` prints it; not {text!r}"
+        )
+    position = int(match[1])
+    if position >= 2**63:
+        raise InvalidAnchor(f"anchor position {position} is beyond any position")
+    return Head(position, bytes.fromhex(match[2]))
+
+
+class ChainWalk:
+    """Feed it every event in position order (``step``), then ``finish``; each returns the
+    first break found, after which the walk is over."""
+
+    def __init__(self, anchors: Sequence[Head] = ()) -> None:
+        self.head = Head(0, GENESIS)
+        """The last event that checked out."""
+        self.events = 0
+        self._anchors = sorted(anchors, key=lambda anchor: anchor.position)
+        self.anchors_passed: list[Head] = []
+
+    def step(self, row: ChainRow) -> Break | None:
+        found = (
+            self._check_link(row)
+            or self._check_anchors_before(row.position)
+            or self._check_hash(row)
+        )
+        if found is not None:
+            return found
+        assert row.chain_hash is not None, "a null hash never matches"
+        self.head = Head(row.position, row.chain_hash)
+        self.events += 1
+        return self._check_anchors_before(row.position + 1)
+
+    def finish(self) -> Break | None:
+        """After the last event: anchors the log does not reach."""
+        found = self._check_anchors_before(self.head.position + 1)
+        if found is not None:
+            return found
+        for anchor in self._anchors:
+            if anchor.position > self.head.position:
+                return Break(
+                    anchor.position,
+                    Problem.ANCHOR_BEYOND_END,
+                    f"the log ends at position {self.head.position}, before the anchor at "
+                    f"position {anchor.position}: events at the end were removed, or the "
+                    "anchor is of another database",
+                )
+        return None
+
+    def _check_link(self, row: ChainRow) -> Break | None:
+        before, last = row.previous_position, self.head.position
+        if before is None or row.chain_hash is None:
+            return Break(
+                row.position,
+                Problem.CHANGED,
+                f"the event at position {row.position} has no previous position or no chain "
+                "hash: its columns were changed after it was appended",
+            )
+        if before == last:
+            return None
+        if before >= row.position:
+            return Break(
+                row.position,
+                Problem.REORDERED,
+                f"the event at position {row.position} was appended after position {before}, "
+                "which is not before it: events were moved",
+            )
+        if before > last:
+            return Break(
+                before,
+                Problem.MISSING,
+                f"the event at position {before} is missing: position {row.position} was "
+                f"appended right after it, and the log goes from {last or 'its start'} to "
+                f"{row.position}; every event between them was removed or never existed, "
+                f"{before} at least was appended",
+            )
+        return Break(
+            last,
+            Problem.INSERTED,
+            f"events were inserted after position {before}: position {row.position} was "
+            f"appended right after it, but now position {last} (and any between) stands "
+            "between them",
+            inserted_after=before,
+        )
+
+    def _check_hash(self, row: ChainRow) -> Break | None:
+        if row.chain_hash == chain_link(self.head.chain_hash, row):
+            return None
+        return Break(
+            row.position,
+            Problem.CHANGED,
+            f"the event at position {row.position} does not match its chain hash: its "
+            "payload or another column was changed after it was appended (or the chain hash "
+            "of the event before it was)",
+        )
+
+    def _check_anchors_before(self, position: int) -> Break | None:
+        """Every anchor before ``position`` must have been passed, at its hash."""
+        while self._anchors and self._anchors[0].position < position:
+            anchor = self._anchors.pop(0)
+            if anchor.position != self.head.position:
+                return Break(
+                    anchor.position,
+                    Problem.ANCHOR_MISSING,
+                    f"the log has no event at position {anchor.position}, which the anchor "
+                    f"{anchor} names: it was removed, or the anchor is of another database",
+                )
+            if anchor.chain_hash != self.head.chain_hash:
+                return Break(
+                    anchor.position,
+                    Problem.ANCHOR_MISMATCH,
+                    f"the chain hash at position {anchor.position} is "
+                    f"{self.head.chain_hash.hex()}, not the anchor's "
+                    f"{anchor.chain_hash.hex()}: the log up to there was rewritten since the "
+                    "anchor was recorded (or the anchor is of another database)",
+                )
+            self.anchors_passed.append(anchor)
+        return None

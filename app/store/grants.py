@@ -1,0 +1,246 @@
+"""The runtime role: the database role ``llmgw-server serve`` and ``gateway`` connect as.
+
+The schema's owner runs the migrations; the runtime role owns nothing and gets exactly:
+
+============================================  ================================================
+privilege                                     why
+============================================  ================================================
+SELECT on every table and view of the schema  catching up with the log, history, ``/readyz``
+                                              (``alembic_version``), the gateway's snapshot
+                                              (``routing_table``, ``api_keys``, ...), the
+                                              reconciler's in-flight sum, ``log verify``
+EXECUTE on ``llmgw_append``                   every append; it runs as the owner, so events,
+                                              projection rows and the checkpoint are written
+                                              only through it
+EXECUTE on ``llmgw_next_epoch``               a new leader's epoch bump, which only adds one
+INSERT, UPDATE, DELETE on ``gateway_reports``  each gateway's in-flight report: live telemetry,
+                                              not part of the log
+CONNECT on the database, USAGE on the schema  only where PUBLIC does not have them already
+============================================  ================================================
+
+Advisory locks, LISTEN and NOTIFY need no privilege. Everything else it might hold on the
+schema's relations (granted by hand, say) is revoked first, so the result is exactly this.
+
+``grant_runtime_privileges`` is the one place that says it: migration 0005 calls it, and
+``llmgw-server migrate`` calls it after every upgrade, for the role it is given and every
+role that already holds these privileges, so a table a later migration adds is granted
+without that migration doing anything. The functions take a synchronous SQLAlchemy
+connection: the migrations' own, or ``run_sync`` of an async one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlalchemy import Connection, text
+from sqlalchemy.exc import DBAPIError
+
+from app.store.errors import RuntimeRoleError
+from app.store.scram import scram_sha256_verifier
+
+DEFAULT_RUNTIME_ROLE = "llmgw_runtime"
+APPEND_FUNCTION = "llmgw_append"
+RUNTIME_FUNCTIONS = (APPEND_FUNCTION, "llmgw_next_epoch")
+TELEMETRY_TABLES = ("gateway_reports",)
+MAX_ROLE_NAME_BYTES = 63
+DUPLICATE_OBJECT = "42710"
+UNIQUE_VIOLATION = "23505"
+
+
+@dataclass(frozen=True)
+class RuntimeRole:
+    name: str
+    password: str | None = field(default=None, repr=False)
+    """Set (as a SCRAM-SHA-256 verifier computed here) when given; else left as it is."""
+
+
+def check_role_name(name: str) -> None:
+    if not name or len(name.encode()) > MAX_ROLE_NAME_BYTES:
+        raise RuntimeRoleError(
+            f"a role name has 1 to {MAX_ROLE_NAME_BYTES} bytes, not {len(name.encode())}"
+        )
+    if "\x00" in name or name.lower().startswith("pg_") or name.lower() == "public":
+        raise RuntimeRoleError(f"{name!r} cannot be a role name (reserved or invalid)")
+
+
+def ensure_runtime_role(connection: Connection, role: RuntimeRole) -> bool:
+    """Create ``role`` (LOGIN, nothing else) unless it exists, set its password when one is
+    given, and refuse a role that could rewrite the log. True when it was created."""
+    check_role_name(role.name)
+    quoted = _quote(connection, role.name)
+    exists = connection.execute(
+        text("SELECT 1 FROM pg_roles WHERE rolname = :name"), {"name": role.name}
+    ).scalar()
+    created = False
+    if not exists:
+        _require_createrole(connection, role.name, "create")
+        created = _create_role_unless_taken(connection, quoted)
+    if role.password is not None:
+        _require_createrole(connection, role.name, "set the password of")
+        verifier = scram_sha256_verifier(role.password)
+        connection.exec_driver_sql(f"ALTER ROLE {quoted} PASSWORD '{verifier}'")
+    refuse_privileged(connection, role.name)
+    return created
+
+
+def grant_runtime_privileges(connection: Connection, role: str | None = None) -> list[str]:
+    """Give ``role`` (when given) and every role that already holds them the runtime
+    privileges on this database; returns those roles, sorted."""
+    roles = set(runtime_roles(connection))
+    if role is not None:
+        check_role_name(role)
+        roles.add(role)
+    if not roles:
+        return []
+    relations = connection.execute(
+        text(
+            "SELECT c.oid::regclass::text, c.relkind::text, c.relname::text FROM pg_class c "
+            "WHERE c.relnamespace = to_regnamespace(current_schema()) "
+            "AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S') "
+            "AND c.relowner = (SELECT oid FROM pg_roles WHERE rolname = current_user) "
+            "ORDER BY c.relname"
+        )
+    ).all()
+    sequences = [name for name, kind, _ in relations if kind == "S"]
+    readable = [name for name, kind, _ in relations if kind != "S"]
+    telemetry = [name for name, kind, bare in relations if bare in TELEMETRY_TABLES]
+    functions = _function_signatures(connection)
+    if set(RUNTIME_FUNCTIONS) - set(functions):
+        raise RuntimeRoleError(
+            f"the schema lacks {', '.join(sorted(set(RUNTIME_FUNCTIONS) - set(functions)))}: "
+            "migrate the database to the newest revision first"
+        )
+    for name in sorted(roles):
+        refuse_privileged(connection, name)
+        grantee = _quote(connection, name)
+        if readable:
+            connection.exec_driver_sql(f"REVOKE ALL ON TABLE {', '.join(readable)} FROM {grantee}")
+            connection.exec_driver_sql(f"GRANT SELECT ON TABLE {', '.join(readable)} TO {grantee}")
+        if sequences:
+            connection.exec_driver_sql(
+                f"REVOKE ALL ON SEQUENCE {', '.join(sequences)} FROM {grantee}"
+            )
+        if telemetry:
+            connection.exec_driver_sql(
+                f"GRANT INSERT, UPDATE, DELETE ON TABLE {', '.join(telemetry)} TO {grantee}"
+            )
+        connection.exec_driver_sql(
+            f"GRANT EXECUTE ON FUNCTION {', '.join(functions.values())} TO {grantee}"
+        )
+        _grant_unless_public(connection, name, grantee)
+    return sorted(roles)
+
+
+def runtime_roles(connection: Connection) -> list[str]:
+    """Roles other than its owner that may execute ``llmgw_append`` here: the runtime roles
+    this database was set up for."""
+    rows = connection.execute(
+        text(
+            "SELECT DISTINCT pg_get_userbyid(acl.grantee) FROM pg_proc p, "
+            "aclexplode(p.proacl) AS acl WHERE p.proname = :function "
+            "AND p.pronamespace = to_regnamespace(current_schema()) "
+            "AND acl.privilege_type = 'EXECUTE' AND acl.grantee <> 0 "
+            "AND acl.grantee <> p.proowner"
+        ),
+        {"function": APPEND_FUNCTION},
+    ).scalars()
+    return sorted(rows)
+
+
+def refuse_privileged(connection: Connection, role: str) -> None:
+    """Raise unless ``role`` is fit to be a runtime role: no superuser, no CREATEROLE or
+    BYPASSRLS, not the migrating role, no member of it, owning nothing in the schema."""
+    row = connection.execute(
+        text(
+            "SELECT r.rolsuper, r.rolcreaterole, r.rolbypassrls, "
+            "pg_has_role(r.oid, (SELECT oid FROM pg_roles WHERE rolname = current_user), "
+            "'MEMBER') AS member_of_owner, "
+            "(SELECT c.relname FROM pg_class c "
+            " WHERE c.relnamespace = to_regnamespace(current_schema()) "
+            " AND pg_has_role(r.oid, c.relowner, 'MEMBER') ORDER BY c.relname LIMIT 1) "
+            "AS owns "
+            "FROM pg_roles r WHERE r.rolname = :role"
+        ),
+        {"role": role},
+    ).one_or_none()
+    if row is None:
+        raise RuntimeRoleError(f'role "{role}" does not exist')
+    superuser, createrole, bypassrls, member_of_owner, owns = row
+    problem = (
+        "is a superuser"
+        if superuser
+        else "is the role running this migration, or a member of it"
+        if member_of_owner
+        else f"owns {owns}, or is a member of its owner"
+        if owns
+        else "has CREATEROLE (it could make itself a member of the owner)"
+        if createrole
+        else "has BYPASSRLS"
+        if bypassrls
+        else None
+    )
+    if problem is not None:
+        raise RuntimeRoleError(
+            f'role "{role}" {problem}: a runtime role must not be able to rewrite the log; '
+            "choose another name for it"
+        )
+
+
+def _function_signatures(connection: Connection) -> dict[str, str]:
+    rows = connection.execute(
+        text(
+            "SELECT p.proname, p.oid::regprocedure::text FROM pg_proc p "
+            "WHERE p.proname = ANY(:names) "
+            "AND p.pronamespace = to_regnamespace(current_schema())"
+        ),
+        {"names": list(RUNTIME_FUNCTIONS)},
+    ).all()
+    return {name: signature for name, signature in rows}
+
+
+def _grant_unless_public(connection: Connection, role: str, grantee: str) -> None:
+    """CONNECT and schema USAGE, where PUBLIC's defaults do not give them already (the
+    migrating role may own neither the database nor the schema)."""
+    connect, usage = connection.execute(
+        text(
+            "SELECT has_database_privilege(:role, current_database(), 'CONNECT'), "
+            "has_schema_privilege(:role, current_schema(), 'USAGE')"
+        ),
+        {"role": role},
+    ).one()
+    if not connect:
+        database = connection.execute(text("SELECT quote_ident(current_database())")).scalar()
+        connection.exec_driver_sql(f"GRANT CONNECT ON DATABASE {database} TO {grantee}")
+    if not usage:
+        schema = connection.execute(text("SELECT quote_ident(current_schema())")).scalar()
+        connection.exec_driver_sql(f"GRANT USAGE ON SCHEMA {schema} TO {grantee}")
+
+
+def _require_createrole(connection: Connection, role: str, action: str) -> None:
+    allowed = connection.execute(
+        text("SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user")
+    ).scalar()
+    if not allowed:
+        current = connection.execute(text("SELECT current_user")).scalar()
+        raise RuntimeRoleError(
+            f'cannot {action} role "{role}": "{current}" has no CREATEROLE; have an '
+            f'administrator run CREATE ROLE "{role}" LOGIN PASSWORD ... (docs/operations.md), '
+            "then migrate again"
+        )
+
+
+def _create_role_unless_taken(connection: Connection, quoted: str) -> bool:
+    """Roles are cluster-wide: another migrate (of another database, or a parallel test
+    session) may create the same one meanwhile, which is as good."""
+    try:
+        with connection.begin_nested():
+            connection.exec_driver_sql(f"CREATE ROLE {quoted} LOGIN")
+    except DBAPIError as exc:
+        if getattr(exc.orig, "sqlstate", None) not in (DUPLICATE_OBJECT, UNIQUE_VIOLATION):
+            raise
+        return False
+    return True
+
+
+def _quote(connection: Connection, name: str) -> str:
+    return connection.dialect.identifier_preparer.quote_identifier(name)

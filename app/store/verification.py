@@ -1,0 +1,81 @@
+"""Walking the stored log against its chain (``llmgw-server log verify``) and reading its head
+(``llmgw-server log head``).
+
+The walk reads through a server-side cursor, a page at a time, in one read-only snapshot: it
+holds one page in memory however long the log is, and appends made meanwhile neither show up
+half-way nor count as breaks. Any role that can read ``events`` can run it, the runtime role
+included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import msgspec
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.store.chain import CHAIN_COLUMNS, GENESIS, Break, ChainRow, ChainWalk, Head, Problem
+from app.store.database import driver_connection, translated_errors
+
+PAGE = 5_000
+"""Events fetched from the cursor at a time."""
+
+Progress = Callable[[int, int, int], None]
+"""Called after each page with (events checked, position reached, last position)."""
+
+
+class Verification(msgspec.Struct, frozen=True):
+    events: int
+    """Events that checked out (all of them, when nothing broke)."""
+    head: Head
+    """The last event that checked out."""
+    anchors: list[Head]
+    """Anchors the chain was found to pass through."""
+    broken: Break | None
+
+    @property
+    def ok(self) -> bool:
+        return self.broken is None
+
+
+async def verify_log(
+    engine: AsyncEngine, anchors: Sequence[Head] = (), progress: Progress | None = None
+) -> Verification:
+    walk = ChainWalk(anchors)
+    async with translated_errors(), engine.connect() as conn:
+        await conn.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"))
+        db = await driver_connection(conn)
+        last = int(await db.fetchval("SELECT coalesce(max(position), 0) FROM events"))
+        cursor = await db.cursor(f"SELECT {CHAIN_COLUMNS} FROM events ORDER BY position")
+        broken: Break | None = None
+        while broken is None:
+            rows = await cursor.fetch(PAGE)
+            if not rows:
+                broken = walk.finish()
+                break
+            for row in rows:
+                broken = walk.step(ChainRow(*row))
+                if broken is not None:
+                    break
+            if progress is not None:
+                progress(walk.events, walk.head.position, last)
+        if broken is not None and broken.problem is Problem.INSERTED:
+            first = await db.fetchval(
+                "SELECT min(position) FROM events WHERE position > $1", broken.inserted_after
+            )
+            broken = msgspec.structs.replace(broken, position=int(first))
+    return Verification(walk.events, walk.head, walk.anchors_passed, broken)
+
+
+async def read_head(engine: AsyncEngine) -> Head:
+    """The last event's position and chain hash; position 0 and the genesis hash when the
+    log is empty."""
+    async with translated_errors(), engine.connect() as conn:
+        db = await driver_connection(conn)
+        row = await db.fetchrow(
+            "SELECT position, chain_hash FROM events ORDER BY position DESC LIMIT 1"
+        )
+    if row is None:
+        return Head(0, GENESIS)
+    return Head(row["position"], bytes(row["chain_hash"]))

@@ -1,0 +1,398 @@
+"""Hostile bodies at the admin API: the Litestar app served by uvicorn on a loopback socket,
+over real HTTP, against a fresh PostgreSQL database per test.
+
+Each story sends what an attacker (or a broken script) would: JSON nested a thousand deep,
+strings where numbers belong, bodies of many megabytes, numbers at the edge of what a float
+holds. Each gets a clear 4xx naming what is wrong, and the log is left as it was.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from app.admin.bodies import MAX_BODY_BYTES, MAX_BODY_DEPTH
+from app.listeners.throttle import FailureLimits
+from app.store.postgres import PostgresEventStore
+from tests.support.admin_server import (
+    bearer_client,
+    last_position,
+    seed_node,
+    serving_admin,
+)
+
+TOKEN = secrets.token_hex(16)
+COMMAND = "vllm serve {model} --port {port}"
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def admin(pg_store: PostgresEventStore) -> AsyncIterator[httpx.AsyncClient]:
+    async with (
+        serving_admin(pg_store, tokens={TOKEN: "alice"}) as url,
+        bearer_client(url, TOKEN) as client,
+    ):
+        yield client
+
+
+def problem_of(answer: httpx.Response, status: int) -> dict[str, Any]:
+    assert answer.status_code == status, answer.text
+    assert answer.headers["content-type"].startswith("application/problem+json")
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+async def seeded(admin: httpx.AsyncClient, store: PostgresEventStore) -> int:
+    """A node and a declared model to aim requests at; the log's position after them."""
+    await seed_node(store, "gpu-1")
+    declared = await admin.put("/admin/v1/models/llama", json={"command": COMMAND})
+    assert declared.status_code == 200, declared.text
+    return await last_position(store)
+
+
+# -- JSON nested deeper than anything the API reads --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/admin/v1/nodes/gpu-1/drain", '{"grace_s": 60, "x": %s}'),
+        ("POST", "/admin/v1/nodes/gpu-1/cordon", '{"reason": "r", "x": %s}'),
+        ("POST", "/admin/v1/models/llama/scale", '{"replicas": 2, "x": %s}'),
+        ("PUT", "/admin/v1/models/llama", '{"command": "x", "env": %s}'),
+        ("POST", "/admin/v1/placement", '{"command": "x", "env": %s}'),
+        ("POST", "/admin/v1/keys", '{"name": "k", "models": ["*"], "x": %s}'),
+        (
+            "POST",
+            "/admin/v1/models/llama/tuning",
+            '{"weight": 1, "target_waiting": 2, "kv_ceiling": 0.5, "summary": {"a": %s}}',
+        ),
+    ],
+    ids=["drain", "cordon", "scale", "apply", "placement", "key", "tuning"],
+)
+@pytest.mark.parametrize("depth", [MAX_BODY_DEPTH + 1, 1000, 100_000])
+async def test_json_nested_too_deep_is_a_400_and_records_nothing(
+    admin: httpx.AsyncClient,
+    pg_store: PostgresEventStore,
+    method: str,
+    path: str,
+    body: str,
+    depth: int,
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.request(method, path, content=body % nested(depth))
+
+    problem = problem_of(answer, 400)
+    assert f"more than {MAX_BODY_DEPTH} levels deep" in problem["detail"]
+    assert await last_position(pg_store) == before
+
+
+async def test_json_as_deep_as_the_limit_is_read(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    await seeded(admin, pg_store)
+    summary = "1"
+    for _ in range(MAX_BODY_DEPTH - 1):
+        summary = f'{{"a": {summary}}}'
+    body = f'{{"weight": 2, "target_waiting": 3, "kv_ceiling": 0.5, "summary": {summary}}}'
+
+    answer = await admin.post("/admin/v1/models/llama/tuning", content=body)
+
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["changed"] is True
+
+
+# -- strict types: a string is not a number ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/admin/v1/nodes/gpu-1/drain", {"grace_s": "10"}, "grace_s"),
+        ("/admin/v1/nodes/gpu-1/drain", {"grace_s": True}, "grace_s"),
+        ("/admin/v1/nodes/gpu-1/cordon", {"reason": 5}, "reason"),
+        ("/admin/v1/models/llama/scale", {"replicas": "3"}, "replicas"),
+        ("/admin/v1/models/llama/scale", {"replicas": 3.0}, "replicas"),
+        ("/admin/v1/keys", {"name": "k", "models": ["*"], "rpm": "60"}, "rpm"),
+        ("/admin/v1/keys", {"name": 7, "models": ["*"]}, "name"),
+        (
+            "/admin/v1/models/llama/tuning",
+            {"weight": "1", "target_waiting": 2, "kv_ceiling": 0.5},
+            "weight",
+        ),
+        (
+            "/admin/v1/models/llama/tuning",
+            {"weight": 1, "target_waiting": "2", "kv_ceiling": 0.5},
+            "target_waiting",
+        ),
+    ],
+    ids=[
+        "drain grace as text",
+        "drain grace as a boolean",
+        "cordon reason as a number",
+        "scale as text",
+        "scale as a float",
+        "key rpm as text",
+        "key name as a number",
+        "tuning weight as text",
+        "tuning target as text",
+    ],
+)
+async def test_a_value_of_the_wrong_type_is_a_400_naming_the_field(
+    admin: httpx.AsyncClient,
+    pg_store: PostgresEventStore,
+    path: str,
+    body: dict[str, Any],
+    field: str,
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.post(path, json=body)
+
+    problem = problem_of(answer, 400)
+    assert problem["detail"].startswith(f"{field}: Expected `"), problem
+    assert problem["errors"] == [
+        {"key": field, "message": problem["detail"].removeprefix(f"{field}: "), "source": "body"}
+    ]
+    assert await last_position(pg_store) == before
+
+
+async def test_a_spec_with_a_number_as_text_is_refused_naming_the_field(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.put(
+        "/admin/v1/models/llama", json={"command": COMMAND, "stop_grace_s": "10"}
+    )
+
+    problem = problem_of(answer, 422)
+    assert problem["errors"] == [{"field": "stop_grace_s", "reason": "expected `float`, got `str`"}]
+    assert await last_position(pg_store) == before
+
+
+# -- size --------------------------------------------------------------------------------
+
+
+async def test_a_body_over_the_limit_is_a_413(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    before = await seeded(admin, pg_store)
+    reason = "x" * MAX_BODY_BYTES
+
+    answer = await admin.post("/admin/v1/nodes/gpu-1/cordon", json={"reason": reason})
+
+    problem_of(answer, 413)
+    assert await last_position(pg_store) == before
+
+
+# -- numbers beyond any real value --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "reason"),
+    [
+        ({"routing": {"weight": 1e308}}, "routing.weight", "must be between 0.001 and 1000000"),
+        ({"routing": {"weight": 1e-300}}, "routing.weight", "must be between 0.001 and 1000000"),
+        ({"routing": {"kv_ceiling": 1e308}}, "routing.kv_ceiling", "must be in (0, 1]"),
+        (
+            {"routing": {"target_waiting": 2**62}},
+            "routing.target_waiting",
+            "must be between 1 and 100000",
+        ),
+        ({"stop_grace_s": 1e308}, "stop_grace_s", "must be between 0 and 3600 (an hour)"),
+        (
+            {"startup_timeout_s": 1e308},
+            "startup_timeout_s",
+            "must be more than 0 and at most 86400 (a day)",
+        ),
+        ({"gpu_memory_gib": 1e308}, "gpu_memory_gib", "must be between 0 and 1024"),
+        ({"max_moves": 2**62}, "max_moves", "must be between 1 and 10000"),
+        ({"replicas": 2**62}, "replicas", "must be between 0 and 10000"),
+        ({"gpus_per_shard": 2**62}, "gpus_per_shard", "must be between 1 and 64"),
+    ],
+    ids=lambda value: str(value)[:40],
+)
+async def test_a_spec_number_out_of_bounds_is_a_422_naming_the_field_and_the_bound(
+    admin: httpx.AsyncClient,
+    pg_store: PostgresEventStore,
+    spec: dict[str, Any],
+    field: str,
+    reason: str,
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answers = [
+        await admin.put("/admin/v1/models/llama", json={"command": COMMAND, **spec}),
+        await admin.post("/admin/v1/placement", json={"command": COMMAND, **spec}),
+    ]
+
+    for answer in answers:
+        problem = problem_of(answer, 422)
+        assert problem["title"] == "invalid-spec"
+        assert problem["errors"] == [{"field": field, "reason": reason}]
+    assert await last_position(pg_store) == before
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "kind", "field", "reason"),
+    [
+        (
+            "/admin/v1/models/llama/tuning",
+            {"weight": 1e308, "target_waiting": 2, "kv_ceiling": 0.5},
+            "invalid-spec",
+            "weight",
+            "must be between 0.001 and 1000000",
+        ),
+        (
+            "/admin/v1/models/llama/scale",
+            {"replicas": 2**62},
+            "invalid-spec",
+            "replicas",
+            "must be between 0 and 10000",
+        ),
+        (
+            "/admin/v1/keys",
+            {"name": "big", "models": ["*"], "tpm": 2**62},
+            "invalid-key",
+            "tpm",
+            "must be between 1 and 2147483647 (or left out)",
+        ),
+        (
+            "/admin/v1/nodes/gpu-1/drain",
+            {"grace_s": 1e308},
+            "invalid-drain",
+            "grace_s",
+            "must be more than 0 and at most 604800 (a week)",
+        ),
+        (
+            "/admin/v1/nodes/gpu-1/drain",
+            {"grace_s": 0},
+            "invalid-drain",
+            "grace_s",
+            "must be more than 0 and at most 604800 (a week)",
+        ),
+    ],
+    ids=["tuning weight", "scale", "key tpm", "drain grace", "no drain grace"],
+)
+async def test_other_numbers_out_of_bounds_are_a_422_naming_the_field_and_the_bound(
+    admin: httpx.AsyncClient,
+    pg_store: PostgresEventStore,
+    path: str,
+    body: dict[str, Any],
+    kind: str,
+    field: str,
+    reason: str,
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.post(path, json=body)
+
+    problem = problem_of(answer, 422)
+    assert problem["title"] == kind
+    assert problem["errors"] == [{"field": field, "reason": reason}]
+    assert await last_position(pg_store) == before
+
+
+async def test_a_number_too_large_for_a_float_is_refused_not_stored_as_infinity(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    before = await seeded(admin, pg_store)
+    body = f'{{"command": "{COMMAND}", "routing": {{"weight": 1e400}}}}'
+
+    answer = await admin.put("/admin/v1/models/llama", content=body)
+
+    problem = problem_of(answer, 422)
+    assert problem["errors"] == [{"field": "routing.weight", "reason": "number out of range"}]
+    assert await last_position(pg_store) == before
+
+
+# -- specs too big to record or to start --------------------------------------------------
+
+
+async def test_a_spec_whose_start_command_would_not_fit_an_agent_frame_is_a_422(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    before = await seeded(admin, pg_store)
+    spec = {"command": "engine" + " --peer {peers}" * 100, "shards_per_replica": 64}
+
+    answers = [
+        await admin.put("/admin/v1/models/llama", json=spec),
+        await admin.post("/admin/v1/placement", json=spec),
+    ]
+
+    for answer in answers:
+        [error] = problem_of(answer, 422)["errors"]
+        assert error["field"] == "command"
+        assert re.fullmatch(
+            r"makes a start_shard command of at least \d+ bytes \(placeholders filled in\), "
+            r"over the agent channel's limit of 1048576 bytes",
+            error["reason"],
+        )
+    assert await last_position(pg_store) == before
+
+
+async def test_a_spec_over_its_size_limit_is_a_422_with_the_size(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    before = await seeded(admin, pg_store)
+    spec = {"command": COMMAND, "env": {f"VAR_{i}": "v" * 1000 for i in range(100)}}
+
+    answer = await admin.put("/admin/v1/models/llama", json=spec)
+
+    [error] = problem_of(answer, 422)["errors"]
+    assert error["field"] == "(spec)"
+    assert re.fullmatch(r"is \d+ bytes as JSON, over the limit of 65536", error["reason"])
+    assert await last_position(pg_store) == before
+
+
+# -- wrong tokens, one after another -------------------------------------------------------
+
+
+def admin_from(url: str, address: str, token: str | None) -> httpx.AsyncClient:
+    """A client of the admin API whose connections come from ``address`` (of 127.0.0.0/8)."""
+    headers = {"authorization": f"Bearer {token}"} if token is not None else {}
+    transport = httpx.AsyncHTTPTransport(local_address=address)
+    return httpx.AsyncClient(base_url=url, headers=headers, transport=transport)
+
+
+async def test_an_address_sending_wrong_tokens_is_refused_429_before_any_check(
+    pg_store: PostgresEventStore,
+) -> None:
+    wrong = secrets.token_hex(16)
+    limits = FailureLimits(burst=3, per_minute=1)
+    async with serving_admin(pg_store, tokens={TOKEN: "alice"}, auth_failures=limits) as url:
+        async with admin_from(url, "127.0.0.1", wrong) as attacker:
+            flood = [await attacker.get("/admin/v1/nodes") for _ in range(50)]
+        async with admin_from(url, "127.0.0.1", TOKEN) as same_address:
+            right_from_the_attackers_address = await same_address.get("/admin/v1/nodes")
+        async with admin_from(url, "127.0.0.2", TOKEN) as elsewhere:
+            right_from_elsewhere = await elsewhere.get("/admin/v1/nodes")
+        async with admin_from(url, "127.0.0.2", wrong) as neighbour:
+            wrong_from_elsewhere = await neighbour.get("/admin/v1/nodes")
+        async with admin_from(url, "127.0.0.1", None) as probe:
+            health = await probe.get("/healthz")
+
+    assert [a.status_code for a in flood] == [401] * 3 + [429] * 47
+    throttled = problem_of(flood[-1], 429)
+    assert throttled["title"] == "too-many-requests"
+    assert "too many requests with a wrong admin token from this address" in throttled["detail"]
+    retry_after = int(flood[-1].headers["retry-after"])
+    assert 1 <= retry_after <= 60  # one failure a minute comes back
+    assert f"retry after {retry_after} s" in throttled["detail"]
+    # While the address is out of failures its right token waits too: otherwise every
+    # guess would still be checked. Another address is not held up.
+    assert right_from_the_attackers_address.status_code == 429
+    assert right_from_elsewhere.status_code == 200
+    assert wrong_from_elsewhere.status_code == 401
+    assert health.status_code == 200

@@ -1,0 +1,148 @@
+"""Hostile clients at a real gateway (uvicorn on a loopback socket, its own loop in a thread).
+
+What an attacker sends (JSON nested a thousand deep, one wrong key after another, a scrape
+of ``/metrics``) gets an OpenAI-shaped answer that costs only that client, and the gateway
+keeps serving everyone else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from app.gateway.server import StaticSource
+from app.listeners.throttle import FailureLimits
+from tests.support.gateway import GatewayThread, new_key, snapshot_of
+
+pytestmark = pytest.mark.timeout(60)
+
+MODEL = "hostile-model"
+"""Declared without a replica: requests that get past parsing are answered 503."""
+
+
+@pytest.fixture(scope="module")
+def key_and_gateway() -> Iterator[tuple[str, GatewayThread]]:
+    key, record = new_key()
+    snapshot = snapshot_of([], [record], frozenset({MODEL}))
+    with GatewayThread(StaticSource(snapshot)) as gateway:
+        yield key, gateway
+
+
+@pytest.fixture
+def client(key_and_gateway: tuple[str, GatewayThread]) -> Iterator[httpx.Client]:
+    key, gateway = key_and_gateway
+    with httpx.Client(base_url=gateway.url, headers={"authorization": f"Bearer {key}"}) as client:
+        yield client
+
+
+# -- JSON nested deeper than the gateway reads --------------------------------------------
+
+
+@pytest.mark.parametrize("depth", [1_000, 100_000])
+@pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
+def test_json_nested_thousands_deep_is_a_400_in_openais_shape(
+    client: httpx.Client, path: str, depth: int
+) -> None:
+    body = f'{{"model": "{MODEL}", "messages": {"[" * depth}{"]" * depth}}}'
+
+    answer = client.post(path, content=body, headers={"content-type": "application/json"})
+
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert "nests arrays and objects too deeply" in error["message"]
+    assert answer.headers["x-request-id"].startswith("req_")
+    # The gateway is unharmed: the next request is routed as usual.
+    after = client.post(path, json={"model": MODEL, "prompt": "hi"})
+    assert after.status_code == 503, after.text
+    assert after.json()["error"]["code"] == "no_serving_replica"
+
+
+# -- /metrics names every model and replica: never on the client listener ------------------
+
+
+def test_the_client_listener_answers_404_for_metrics(
+    key_and_gateway: tuple[str, GatewayThread],
+) -> None:
+    _, gateway = key_and_gateway
+
+    answer = httpx.get(f"{gateway.base_url}/metrics")
+
+    assert answer.status_code == 404
+    assert answer.json()["error"]["code"] == "not_found"
+    assert gateway.gateway.metrics_url is None
+
+
+def test_a_standalone_gateway_serves_metrics_on_a_listener_of_its_own() -> None:
+    key, record = new_key()
+    snapshot = snapshot_of([], [record], frozenset({MODEL}))
+    with GatewayThread(StaticSource(snapshot), metrics_port=0) as gateway:
+        metrics_url = gateway.gateway.metrics_url
+        assert metrics_url is not None
+        assert metrics_url.startswith("http://127.0.0.1:")
+        asked = httpx.post(
+            f"{gateway.url}/completions",
+            json={"model": MODEL, "prompt": "hi"},
+            headers={"authorization": f"Bearer {key}"},
+        )
+
+        page = httpx.get(metrics_url)
+        on_the_client_listener = httpx.get(f"{gateway.base_url}/metrics")
+        api_on_the_metrics_listener = httpx.get(metrics_url.replace("/metrics", "/v1/models"))
+
+    assert asked.status_code == 503
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert f'llmgw_gateway_requests_total{{model="{MODEL}",status="503"}} 1.0' in page.text
+    assert on_the_client_listener.status_code == 404
+    assert api_on_the_metrics_listener.status_code == 404
+
+
+# -- wrong keys, one after another ---------------------------------------------------------
+
+BURST = 5
+
+
+def from_address(address: str, gateway: GatewayThread, key: str | None) -> httpx.Client:
+    """A client whose connections come from ``address`` (any of 127.0.0.0/8 is this host)."""
+    headers = {"authorization": f"Bearer {key}"} if key is not None else {}
+    transport = httpx.HTTPTransport(local_address=address)
+    return httpx.Client(base_url=gateway.url, headers=headers, transport=transport)
+
+
+def test_an_address_sending_wrong_keys_gets_429_and_nobody_else_is_slowed() -> None:
+    key, record = new_key()
+    wrong, _ = new_key()
+    snapshot = snapshot_of([], [record], frozenset({MODEL}))
+    limits = FailureLimits(burst=BURST, per_minute=1)
+    with GatewayThread(StaticSource(snapshot), auth_failures=limits) as gateway:
+        with from_address("127.0.0.1", gateway, wrong) as attacker:
+            flood = [attacker.get("/models") for _ in range(1000)]
+        with from_address("127.0.0.1", gateway, key) as same_address:
+            valid_from_the_attackers_address = same_address.get("/models")
+        with from_address("127.0.0.1", gateway, None) as keyless:
+            without_a_key = keyless.get("/models")
+        with from_address("127.0.0.2", gateway, wrong) as neighbour:
+            wrong_from_elsewhere = neighbour.get("/models")
+        with from_address("127.0.0.2", gateway, key) as other:
+            valid_from_elsewhere = other.get("/models")
+
+    assert [a.status_code for a in flood] == [401] * BURST + [429] * (1000 - BURST)
+    throttled = flood[-1]
+    # One failure a minute comes back: less what has already refilled while flooding.
+    retry_after = int(throttled.headers["retry-after"])
+    assert 1 <= retry_after <= 60
+    error = throttled.json()["error"]
+    assert error["type"] == "rate_limit_error"
+    assert error["code"] == "too_many_failed_authentications"
+    assert f"retry after {retry_after} s" in error["message"]
+    # A valid key is served whatever its address has failed; a request without a key is
+    # no guess and is told so.
+    assert valid_from_the_attackers_address.status_code == 200
+    assert without_a_key.status_code == 401
+    assert "Missing API key" in without_a_key.json()["error"]["message"]
+    # Another address has a budget of its own.
+    assert wrong_from_elsewhere.status_code == 401
+    assert valid_from_elsewhere.status_code == 200

@@ -1,0 +1,226 @@
+"""Slow and greedy clients at both HTTP listeners, over real sockets: the gateway's client
+listener (uvicorn in its own thread) and the admin API's (uvicorn on this test's loop).
+
+A slowloris client sends its headers, or its body, one byte at a time; it is answered 408
+and cut off when its time is up, while ordinary clients are served the whole time. A
+listener holding as many connections as it may answers the next one 503 at once, and
+serves again once one goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from app.gateway.server import StaticSource
+from app.listeners.limits import ListenerLimits
+from app.store.postgres import PostgresEventStore
+from tests.support.admin_server import serving_admin
+from tests.support.gateway import GatewayThread, new_key, snapshot_of
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+HEAD = b"GET /healthz HTTP/1.1\r\nHost: llmgw\r\nUser-Agent: slowloris\r\nAccept: */*\r\n\r\n"
+BYTE_EVERY_S = 0.05
+"""The slow client's pace: the head above would take seconds to arrive."""
+QUICK = ListenerLimits(header_timeout_s=1.0, body_timeout_s=1.0, max_connections=64)
+
+
+@dataclass
+class Trickled:
+    sent: int
+    """Bytes the client got out before the server hung up."""
+    answer: bytes
+    ended_at: float
+
+
+async def trickle(port: int, data: bytes, *, quickly: bytes = b"") -> Trickled:
+    """Connect, send ``quickly`` at once and then ``data`` a byte at a time until the server
+    answers or all is sent; the server's answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    answered = asyncio.create_task(reader.read())
+    sent = 0
+    try:
+        writer.write(quickly)
+        await writer.drain()
+        for byte in data:
+            if answered.done():
+                break
+            try:
+                writer.write(bytes([byte]))
+                await writer.drain()
+            except ConnectionError:
+                break
+            sent += 1
+            # The pace of the client under test, cut short by the server's answer.
+            await asyncio.wait({answered}, timeout=BYTE_EVERY_S)
+        answer = await asyncio.wait_for(answered, 10)
+    finally:
+        answered.cancel()
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+    return Trickled(sent=sent, answer=answer, ended_at=time.monotonic())
+
+
+def status_of(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1])
+
+
+@pytest.fixture
+def gateway() -> Iterator[GatewayThread]:
+    _, record = new_key()
+    with GatewayThread(StaticSource(snapshot_of([], [record])), limits=QUICK) as gateway:
+        yield gateway
+
+
+ADMIN_TOKEN = secrets.token_hex(16)
+
+
+@asynccontextmanager
+async def admin_listener(store: PostgresEventStore, limits: ListenerLimits) -> AsyncIterator[int]:
+    async with serving_admin(store, tokens={ADMIN_TOKEN: "alice"}, limits=limits) as url:
+        yield int(url.rsplit(":", 1)[1])
+
+
+# -- slow headers, slow bodies ------------------------------------------------------------
+
+
+async def served_meanwhile(base_url: str, count: int = 5) -> float:
+    """``count`` ordinary requests, each answered 200; when the last was answered."""
+    async with httpx.AsyncClient(base_url=base_url) as client:
+        for _ in range(count):
+            answer = await client.get("/healthz")
+            assert answer.status_code == 200
+    return time.monotonic()
+
+
+async def test_the_gateway_cuts_off_clients_sending_headers_a_byte_at_a_time(
+    gateway: GatewayThread,
+) -> None:
+    slow = [asyncio.create_task(trickle(gateway.gateway.port, HEAD)) for _ in range(10)]
+
+    served_at = await served_meanwhile(gateway.base_url)
+    cut = await asyncio.gather(*slow)
+
+    for client in cut:
+        assert client.sent < len(HEAD)
+        assert status_of(client.answer) == 408
+        assert b'"type":"invalid_request_error"' in client.answer
+        assert b"The request's headers did not arrive within 1 s." in client.answer
+        assert served_at < client.ended_at
+
+
+async def test_the_gateway_cuts_off_a_client_sending_its_body_a_byte_at_a_time(
+    gateway: GatewayThread,
+) -> None:
+    key, record = new_key()
+    gateway.publish(snapshot_of([], [record], frozenset({"m"})))
+    body = b'{"model": "m", "prompt": "' + b"x" * 200 + b'"}'
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: llmgw\r\nContent-Type: application/json\r\n"
+        b"Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n" % (key.encode(), len(body))
+    )
+
+    client = await trickle(gateway.gateway.port, body, quickly=head)
+
+    assert client.sent < len(body)
+    assert status_of(client.answer) == 408
+    assert b"The request's body did not arrive within 1 s." in client.answer
+
+
+async def test_the_gateway_refuses_headers_over_the_limit(gateway: GatewayThread) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.gateway.port)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: llmgw\r\nX-Padding: " + b"a" * 100_000)
+    await writer.drain()
+
+    answer = await asyncio.wait_for(reader.read(), 10)
+
+    assert status_of(answer) == 431
+    writer.close()
+
+
+async def test_the_admin_api_cuts_off_clients_sending_headers_a_byte_at_a_time(
+    pg_store: PostgresEventStore,
+) -> None:
+    async with admin_listener(pg_store, QUICK) as port:
+        slow = [asyncio.create_task(trickle(port, HEAD)) for _ in range(10)]
+
+        served_at = await served_meanwhile(f"http://127.0.0.1:{port}")
+        cut = await asyncio.gather(*slow)
+
+    for client in cut:
+        assert client.sent < len(HEAD)
+        assert status_of(client.answer) == 408
+        assert b"content-type: application/problem+json" in client.answer
+        assert b"The request's headers did not arrive within 1 s." in client.answer
+        assert served_at < client.ended_at
+
+
+async def test_the_admin_api_cuts_off_a_client_sending_its_body_a_byte_at_a_time(
+    pg_store: PostgresEventStore,
+) -> None:
+    body = b'{"reason": "' + b"r" * 200 + b'"}'
+    head = (
+        b"POST /admin/v1/nodes/gpu-1/cordon HTTP/1.1\r\nHost: llmgw\r\n"
+        b"Authorization: Bearer %s\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % (ADMIN_TOKEN.encode(), len(body))
+    )
+    async with admin_listener(pg_store, QUICK) as port:
+        client = await trickle(port, body, quickly=head)
+
+    assert client.sent < len(body)
+    assert status_of(client.answer) == 408
+    assert b"The request's body did not arrive within 1 s." in client.answer
+
+
+# -- a cap on connections -----------------------------------------------------------------
+
+CAPPED = ListenerLimits(header_timeout_s=30.0, body_timeout_s=30.0, max_connections=4)
+
+
+async def connections_are_capped(port: int, base_url: str) -> None:
+    idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
+    try:
+        one_more_reader, one_more_writer = await asyncio.open_connection("127.0.0.1", port)
+        one_more_writer.write(HEAD)
+        answer = await asyncio.wait_for(one_more_reader.read(), 10)
+        assert status_of(answer) == 503
+        one_more_writer.close()
+
+        _, first_writer = idle.pop()
+        first_writer.close()
+
+        async def served() -> bool:
+            async with httpx.AsyncClient(base_url=base_url) as client:
+                try:
+                    return (await client.get("/healthz")).status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+        await wait_until(served, what="a request served once a connection went")
+    finally:
+        for _, writer in idle:
+            writer.close()
+
+
+async def test_the_gateway_answers_a_connection_over_its_cap_503_at_once() -> None:
+    _, record = new_key()
+    with GatewayThread(StaticSource(snapshot_of([], [record])), limits=CAPPED) as gateway:
+        await connections_are_capped(gateway.gateway.port, gateway.base_url)
+
+
+async def test_the_admin_api_answers_a_connection_over_its_cap_503_at_once(
+    pg_store: PostgresEventStore,
+) -> None:
+    async with admin_listener(pg_store, CAPPED) as port:
+        await connections_are_capped(port, f"http://127.0.0.1:{port}")

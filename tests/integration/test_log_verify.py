@@ -1,0 +1,303 @@
+"""``llmgw-server log verify`` and ``log head`` as an auditor runs them, against a log that
+someone with the superuser's password changed around the database's guards: each change is
+found at the position where it was made, and one recomputed all the way to the end is
+found against a head recorded before.
+
+Verification runs as the runtime role (it only reads); the tampering as the superuser,
+with the triggers silenced by ``session_replication_role``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pty
+import subprocess
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from app.domain.envelope import Meta
+from app.domain.events import (
+    NodeCordoned,
+    NodeRegistered,
+    ReplicaPlaced,
+    ShardPlacement,
+    node_stream,
+    replica_stream,
+)
+from app.store.chain import GENESIS
+from app.store.database import driver_url
+from app.store.interface import NewEvent
+from app.store.postgres import PostgresEventStore
+from tests.support.cluster import SERVER
+from tests.support.databases import runtime_url
+
+EVENTS = 12
+PROCESS_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+
+@dataclass(frozen=True)
+class Log:
+    """The test's log: ``EVENTS`` events at positions ``first`` .. ``first + EVENTS - 1``."""
+
+    database_url: str
+    first: int
+
+    async def run(self, *args: str) -> Result:
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [SERVER, "log", *args, "--database-url", runtime_url(self.database_url)],
+            capture_output=True,
+            text=True,
+            timeout=PROCESS_TIMEOUT_S,
+            check=False,
+        )
+        return Result(done.returncode, done.stdout, done.stderr)
+
+    async def head(self) -> str:
+        result = await self.run("head")
+        assert result.code == 0, result
+        return result.stdout.strip()
+
+    async def tamper(self, *statements: str) -> None:
+        """Run ``statements`` as the superuser, with the log's triggers off."""
+        connection = await asyncpg.connect(driver_url(self.database_url))
+        try:
+            async with connection.transaction():
+                await connection.execute("SET LOCAL session_replication_role = replica")
+                for statement in statements:
+                    await connection.execute(statement)
+        finally:
+            await connection.close()
+
+
+async def seed(store: PostgresEventStore) -> int:
+    """Events of several kinds, with and without the optional columns; the first position."""
+    node, replica = f"gpu-{uuid.uuid4().hex[:6]}", f"m-{uuid.uuid4().hex[:4]}-1"
+    shard = ShardPlacement(index=0, node_id=node, gpus=(0,), port=20001)
+    first = (await store.last_position()) + 1
+    await store.append(
+        node_stream(node),
+        None,
+        [NewEvent(NodeRegistered(node_id=node, address="h"))],
+        Meta(actor="a"),
+    )
+    for n in range(EVENTS - 2):
+        reason = f'step {n}: ünïcode € 🚀 and "quotes" \\ and a tab\t'
+        meta = Meta(actor=f"alice-{n}", correlation_id=f"drain-{n}" if n % 2 else None)
+        await store.append(
+            node_stream(node), None, [NewEvent(NodeCordoned(node_id=node, reason=reason))], meta
+        )
+    placed = ReplicaPlaced(replica_id=replica, model=replica[:-2], number=1, shards=(shard,))
+    await store.append(replica_stream(replica), None, [NewEvent(placed)], Meta(actor="reconciler"))
+    return first
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def log(database_url: str, pg_store: PostgresEventStore) -> AsyncIterator[Log]:
+    yield Log(database_url, await seed(pg_store))
+
+
+def breaks(result: Result) -> str:
+    assert result.code == 1, result
+    return result.stdout.splitlines()[0]
+
+
+async def test_an_untouched_log_verifies_and_its_head_is_the_last_event(log: Log) -> None:
+    last = log.first + EVENTS - 1
+
+    verified = await log.run("verify")
+    as_json = await log.run("verify", "--output", "json")
+    head = await log.head()
+
+    assert verified.code == 0, verified
+    assert verified.stdout.splitlines() == [
+        f"log verified: {EVENTS} events, the chain holds up to position {last}",
+        f"head {head}",
+    ]
+    assert verified.stderr == ""
+    assert head.startswith(f"{last}:")
+    report = json.loads(as_json.stdout)
+    assert report["ok"] is True
+    assert report["break"] is None
+    assert f"{report['head']['position']}:{report['head']['chain_hash']}" == head
+    head_json = json.loads((await log.run("head", "--output", "json")).stdout)
+    assert head_json == report["head"]
+
+
+async def test_an_empty_log_has_the_genesis_as_its_head(database_url: str) -> None:
+    empty = Log(database_url, 1)
+
+    verified = await empty.run("verify", "--anchor", f"0:{GENESIS.hex()}")
+
+    assert verified.code == 0, verified
+    assert await empty.head() == f"0:{'00' * 32}"
+
+
+async def test_an_edited_payload_is_found_at_its_position(log: Log) -> None:
+    edited = log.first + 4
+    await log.tamper(
+        f"UPDATE events SET data = jsonb_set(data, '{{reason}}', '\"nothing to see\"') "
+        f"WHERE position = {edited}"
+    )
+
+    result = await log.run("verify")
+
+    assert breaks(result) == (
+        f"the chain breaks at position {edited} (changed): the event at position {edited} "
+        "does not match its chain hash: its payload or another column was changed after it "
+        "was appended (or the chain hash of the event before it was)"
+    )
+    assert result.stdout.splitlines()[1] == "4 events before it checked out"
+
+
+async def test_an_edited_actor_column_is_found_too(log: Log) -> None:
+    await log.tamper(f"UPDATE events SET actor = 'someone else' WHERE position = {log.first + 7}")
+
+    assert f"position {log.first + 7} (changed)" in breaks(await log.run("verify"))
+
+
+async def test_a_deleted_event_is_found_missing_at_its_position(log: Log) -> None:
+    deleted = log.first + 6
+    await log.tamper(f"DELETE FROM events WHERE position = {deleted}")
+
+    line = breaks(await log.run("verify"))
+
+    assert line.startswith(
+        f"the chain breaks at position {deleted} (missing): the event at position {deleted} "
+        f"is missing: position {deleted + 1} was appended right after it"
+    ), line
+
+
+async def test_a_swapped_pair_is_found_reordered_at_the_first_of_them(log: Log) -> None:
+    first, second = log.first + 2, log.first + 3
+    await log.tamper(
+        "ALTER TABLE events DROP CONSTRAINT events_previous_position_check",
+        f"CREATE TEMP TABLE pair AS SELECT * FROM events WHERE position IN ({first}, {second})",
+        f"DELETE FROM events WHERE position IN ({first}, {second})",
+        f"UPDATE pair SET position = CASE position WHEN {first} THEN {second} ELSE {first} END",
+        "INSERT INTO events OVERRIDING SYSTEM VALUE SELECT * FROM pair",
+    )
+
+    line = breaks(await log.run("verify"))
+
+    assert line == (
+        f"the chain breaks at position {first} (reordered): the event at position {first} was "
+        f"appended after position {first}, which is not before it: events were moved"
+    )
+
+
+async def test_an_anchor_the_chain_does_not_pass_through_is_reported(log: Log) -> None:
+    head = await log.head()
+    position, chain_hash = head.split(":")
+    other = f"{position}:{'ab' * 32}"
+
+    matching = await log.run("verify", "--anchor", head)
+    mismatch = await log.run("verify", "--anchor", other, "--output", "json")
+
+    assert matching.code == 0, matching
+    assert f"passes through anchor {head}" in matching.stdout.splitlines()
+    assert mismatch.code == 1, mismatch
+    report = json.loads(mismatch.stdout)["break"]
+    assert report["position"] == int(position)
+    assert report["problem"] == "anchor_mismatch"
+    assert f"is {chain_hash}, not the anchor's {'ab' * 32}" in report["detail"]
+
+
+async def test_a_log_rewritten_and_rehashed_to_its_end_fails_only_against_an_older_head(
+    log: Log,
+) -> None:
+    recorded = await log.head()
+    rewritten = log.first + 1
+    await log.tamper(
+        f"UPDATE events SET data = jsonb_set(data, '{{reason}}', '\"forged\"') "
+        f"WHERE position = {rewritten}",
+        f"""DO $$
+        DECLARE
+            e record;
+            previous bytea := (SELECT chain_hash FROM events WHERE position < {rewritten}
+                               ORDER BY position DESC LIMIT 1);
+        BEGIN
+            FOR e IN SELECT * FROM events WHERE position >= {rewritten} ORDER BY position LOOP
+                previous := sha256(previous || llmgw_event_bytes(e.position,
+                    e.previous_position, e.stream, e.version, e.type, e.schema_version,
+                    e.event_id, e.recorded_at, e.data, e.meta, e.replica_id, e.node_id,
+                    e.model, e.actor, e.correlation_id));
+                UPDATE events SET chain_hash = previous WHERE position = e.position;
+            END LOOP;
+        END $$""",
+    )
+
+    alone = await log.run("verify")
+    anchored = await log.run("verify", "--anchor", recorded)
+
+    assert alone.code == 0, alone
+    assert await log.head() != recorded
+    assert breaks(anchored).startswith(
+        f"the chain breaks at position {recorded.split(':')[0]} (anchor_mismatch)"
+    )
+
+
+async def test_events_removed_from_the_end_are_found_against_an_older_head(log: Log) -> None:
+    recorded = await log.head()
+    last = int(recorded.split(":")[0])
+    await log.tamper(f"DELETE FROM events WHERE position > {last - 2}")
+
+    alone = await log.run("verify")
+    anchored = await log.run("verify", "--anchor", recorded)
+
+    assert alone.code == 0, alone
+    assert breaks(anchored) == (
+        f"the chain breaks at position {last} (anchor_beyond_end): the log ends at position "
+        f"{last - 2}, before the anchor at position {last}: events at the end were removed, "
+        "or the anchor is of another database"
+    )
+
+
+@pytest.mark.parametrize(
+    "anchor", ["12", "12:abc", f"x:{'0' * 64}", f"-1:{'0' * 64}", f"12:{'g' * 64}"]
+)
+async def test_a_malformed_anchor_is_refused_in_one_line(log: Log, anchor: str) -> None:
+    result = await log.run("verify", "--anchor", anchor)
+
+    assert result.code == 1
+    assert result.stdout == ""
+    assert result.stderr.startswith("error: --anchor: an anchor is POSITION:HASH"), result
+    assert len(result.stderr.splitlines()) == 1
+
+
+async def test_on_a_terminal_it_shows_how_far_it_got(log: Log) -> None:
+    terminal, its_side = pty.openpty()
+    try:
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [SERVER, "log", "verify", "--database-url", runtime_url(log.database_url)],
+            stdout=subprocess.PIPE,
+            stderr=its_side,
+            text=True,
+            timeout=PROCESS_TIMEOUT_S,
+            check=False,
+        )
+        shown = os.read(terminal, 65536).decode()
+    finally:
+        os.close(its_side)
+        os.close(terminal)
+
+    last = log.first + EVENTS - 1
+    assert done.returncode == 0
+    assert f"\rverifying: {EVENTS} events, at position {last} (100%)" in shown
+    assert shown.endswith("\r\x1b[K")  # and the line is cleared before the report
+    assert done.stdout.startswith(f"log verified: {EVENTS} events")

@@ -1,0 +1,342 @@
+"""``llmgw-server migrate --runtime-role`` as an operator runs it, on a database of its own:
+the role is created once and granted on every run, its password works where the server
+checks one, a table of a later migration is granted without that migration doing anything,
+a role that could rewrite the log is refused, and the chain survives downgrades.
+
+Roles belong to the whole server, so each test makes its own with a random name and drops
+it afterwards (after its database, which holds its privileges).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+import pytest
+import pytest_asyncio
+from sqlalchemy.engine import make_url
+
+from app.domain.envelope import Meta
+from app.domain.events import NodeCordoned, NodeRegistered, node_stream
+from app.store import migrate
+from app.store.database import create_engine
+from app.store.interface import NewEvent
+from app.store.postgres import PostgresEventStore
+from app.store.verification import verify_log
+from tests.support.cluster import SERVER
+from tests.support.postgres import LocalServer, PostgresServer, quote_identifier
+from tests.support.waiting import wait_until
+
+PROCESS_TIMEOUT_S = 120
+LATER_MIGRATION = '''"""A table of a later release
+
+Revision ID: 9001
+Revises: {head}
+"""
+
+from alembic import op
+
+revision = "9001"
+down_revision = "{head}"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.execute("CREATE TABLE later_things (id int PRIMARY KEY)")
+
+
+def downgrade() -> None:
+    op.execute("DROP TABLE later_things")
+'''
+
+
+@dataclass
+class Scratch:
+    """A database and the roles a test made, all dropped when it ends."""
+
+    server: PostgresServer
+    database: str
+    roles: list[str]
+
+    @property
+    def url(self) -> str:
+        return self.server.url(self.database)
+
+    def url_as(self, role: str, password: str | None = None) -> str:
+        url = make_url(self.url).set(username=role, password=password)
+        return url.render_as_string(hide_password=False)
+
+    def new_role_name(self, kind: str) -> str:
+        name = f"llmgw_{kind}_{uuid.uuid4().hex[:8]}"
+        self.roles.append(name)
+        return name
+
+    async def admin(self, statement: str, *args: object) -> object:
+        connection = await asyncpg.connect(self.url)
+        try:
+            return await connection.fetchval(statement, *args)
+        finally:
+            await connection.close()
+
+    async def migrate(self, *flags: str, url: str | None = None, **env: str) -> Result:
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [SERVER, "migrate", "--database-url", url or self.url, *flags],
+            capture_output=True,
+            text=True,
+            timeout=PROCESS_TIMEOUT_S,
+            env={**environment, **env},
+            check=False,
+        )
+        return Result(done.returncode, done.stdout, done.stderr)
+
+
+@dataclass(frozen=True)
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def scratch(postgres_server: PostgresServer) -> AsyncIterator[Scratch]:
+    name = f"llmgw_migrate_{uuid.uuid4().hex[:10]}"
+    await postgres_server.create_database(name)
+    scratch = Scratch(postgres_server, name, [])
+    try:
+        yield scratch
+    finally:
+        await postgres_server.drop_database(name)
+        connection = await asyncpg.connect(postgres_server.admin_url)
+        try:
+            for role in reversed(scratch.roles):
+                await connection.execute(f"DROP ROLE IF EXISTS {quote_identifier(role)}")
+        finally:
+            await connection.close()
+
+
+async def refused(url: str) -> bool:
+    return not await connects(url)
+
+
+async def connects(url: str) -> bool:
+    try:
+        connection = await asyncpg.connect(url)
+    except asyncpg.InvalidPasswordError:
+        return False
+    await connection.close()
+    return True
+
+
+async def test_migrate_twice_creates_the_role_once_and_grants_it_each_time(
+    scratch: Scratch,
+) -> None:
+    role = scratch.new_role_name("runtime")
+
+    first = await scratch.migrate("--runtime-role", role)
+    again = await scratch.migrate("--runtime-role", role)
+    plain = await scratch.migrate()
+
+    head = migrate.head_revision()
+    assert first.code == 0, first
+    assert first.stdout == (
+        f'database at revision {head}\nruntime role "{role}": created, privileges granted\n'
+    )
+    assert again.stdout == (
+        f'database at revision {head}\nruntime role "{role}": found, privileges granted\n'
+    )
+    assert plain.stdout == (
+        f'database at revision {head}\nruntime role "{role}": privileges granted again\n'
+    )
+    runtime = await asyncpg.connect(scratch.url_as(role))
+    try:
+        assert await runtime.fetchval("SELECT count(*) FROM events") == 0
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await runtime.execute("INSERT INTO models DEFAULT VALUES")
+    finally:
+        await runtime.close()
+
+
+async def test_migrate_without_a_runtime_role_says_how_to_set_one_up(scratch: Scratch) -> None:
+    result = await scratch.migrate()
+
+    assert result.code == 0, result
+    assert result.stdout.splitlines()[1] == (
+        "no runtime role yet: serve and gateway refuse to run as the owner; set one up with "
+        "--runtime-role llmgw_runtime (docs/security.md)"
+    )
+
+
+async def test_a_table_of_a_later_migration_is_granted_without_that_migration_asking(
+    scratch: Scratch, tmp_path: Path
+) -> None:
+    role = scratch.new_role_name("runtime")
+    assert (await scratch.migrate("--runtime-role", role)).code == 0
+    migrations = tmp_path / "migrations"
+    shutil.copytree(migrate.migrations_dir(), migrations)
+    later = LATER_MIGRATION.format(head=migrate.head_revision())
+    (migrations / "versions" / "9001_later_things.py").write_text(later)
+
+    result = await scratch.migrate(LLMGW_MIGRATIONS_DIR=str(migrations))
+
+    assert result.code == 0, result
+    assert result.stdout.splitlines() == [
+        "database at revision 9001",
+        f'runtime role "{role}": privileges granted again',
+    ]
+    runtime = await asyncpg.connect(scratch.url_as(role))
+    try:
+        assert await runtime.fetchval("SELECT count(*) FROM later_things") == 0
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await runtime.execute("INSERT INTO later_things VALUES (1)")
+    finally:
+        await runtime.close()
+
+
+@pytest.mark.parametrize("who", ["a superuser", "the migrating role", "a member of the owner"])
+async def test_a_role_that_could_rewrite_the_log_is_refused_as_the_runtime_role(
+    scratch: Scratch, postgres_server: PostgresServer, who: str
+) -> None:
+    migrating = str(await scratch.admin("SELECT current_user"))
+    if who == "a superuser":
+        role, problem = migrating, "is a superuser"
+    elif who == "the migrating role":
+        role = scratch.new_role_name("owner")
+        await scratch.admin(f"CREATE ROLE {role} LOGIN CREATEROLE")
+        await scratch.admin(f"ALTER DATABASE {scratch.database} OWNER TO {role}")
+        await scratch.admin(f"ALTER SCHEMA public OWNER TO {role}")
+        migrating, problem = role, "is the role running this migration, or a member of it"
+    else:
+        role = scratch.new_role_name("member")
+        await scratch.admin(f"CREATE ROLE {role} LOGIN IN ROLE {quote_identifier(migrating)}")
+        problem = "is the role running this migration, or a member of it"
+
+    result = await scratch.migrate("--runtime-role", role, url=scratch.url_as(migrating))
+
+    assert result.code == 1, result
+    assert result.stderr == (
+        f'error: cannot migrate: role "{role}" {problem}: a runtime role must not be able to '
+        "rewrite the log; choose another name for it\n"
+    )
+
+
+async def test_an_owner_without_createrole_is_told_to_have_the_role_created_for_it(
+    scratch: Scratch,
+) -> None:
+    owner, runtime = scratch.new_role_name("owner"), scratch.new_role_name("runtime")
+    await scratch.admin(f"CREATE ROLE {owner} LOGIN")
+    await scratch.admin(f"ALTER DATABASE {scratch.database} OWNER TO {owner}")
+    await scratch.admin(f"ALTER SCHEMA public OWNER TO {owner}")
+
+    refused = await scratch.migrate("--runtime-role", runtime, url=scratch.url_as(owner))
+    await scratch.admin(f"CREATE ROLE {runtime} LOGIN")  # what the administrator runs
+    granted = await scratch.migrate("--runtime-role", runtime, url=scratch.url_as(owner))
+
+    assert refused.code == 1
+    assert refused.stderr == (
+        f'error: cannot migrate: cannot create role "{runtime}": "{owner}" has no CREATEROLE; '
+        f'have an administrator run CREATE ROLE "{runtime}" LOGIN PASSWORD ... '
+        "(docs/operations.md), then migrate again\n"
+    )
+    assert granted.code == 0, granted
+    assert f'runtime role "{runtime}": found, privileges granted' in granted.stdout
+    assert await scratch.admin(f"SELECT has_table_privilege('{runtime}', 'events', 'SELECT')")
+    assert not await scratch.admin(f"SELECT has_table_privilege('{runtime}', 'events', 'INSERT')")
+
+
+@contextlib.contextmanager
+def passwords_asked_of(hba: Path, role: str) -> Iterator[None]:
+    """Until the block ends, the server asks ``role`` for its password (SCRAM) instead of
+    trusting it as it trusts everyone else (reload the configuration on both sides)."""
+    original = hba.read_text()
+    hba.write_text(f"host all {role} 127.0.0.1/32 scram-sha-256\n{original}")
+    try:
+        yield
+    finally:
+        hba.write_text(original)
+
+
+async def test_the_runtime_password_logs_in_where_the_server_checks_passwords(
+    scratch: Scratch, postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    if not isinstance(postgres_server, LocalServer):
+        pytest.skip("needs a server whose authentication the test may configure")
+    role = scratch.new_role_name("runtime")
+    password = "s3cret, with ünïcode and a 'quote'"
+    password_file = tmp_path / "password"
+    password_file.write_text(f"{password}\n")
+    hba = Path(str(await scratch.admin("SHOW hba_file")))
+    try:
+        with passwords_asked_of(hba, role):
+            await scratch.admin("SELECT pg_reload_conf()")
+            from_file = await scratch.migrate(
+                "--runtime-role", role, "--runtime-password-file", str(password_file)
+            )
+            await wait_until(lambda: refused(scratch.url_as(role, "wrong")), what="hba reloaded")
+            first_works = await connects(scratch.url_as(role, password))
+            changed = await scratch.migrate("--runtime-role", role, LLMGW_RUNTIME_PASSWORD="new")
+            second_works = await connects(scratch.url_as(role, "new"))
+            first_still_works = await connects(scratch.url_as(role, password))
+    finally:
+        await scratch.admin("SELECT pg_reload_conf()")
+
+    assert from_file.stdout.splitlines()[1] == (
+        f'runtime role "{role}": created, password set, privileges granted'
+    )
+    assert changed.stdout.splitlines()[1] == (
+        f'runtime role "{role}": found, password set, privileges granted'
+    )
+    assert first_works
+    assert second_works
+    assert not first_still_works
+
+
+async def test_events_from_before_the_chain_are_chained_and_survive_a_downgrade(
+    scratch: Scratch,
+) -> None:
+    async def append(count: int, label: str) -> None:
+        engine = create_engine(scratch.url, pool_size=1)
+        store = PostgresEventStore(engine)
+        try:
+            await store.append(
+                node_stream(label),
+                None,
+                [NewEvent(NodeRegistered(node_id=label, address="h"))],
+                Meta(actor="t"),
+            )
+            for n in range(count - 1):
+                event = NodeCordoned(node_id=label, reason=f"{label} {n} ✓")
+                await store.append(node_stream(label), None, [NewEvent(event)], Meta(actor="t"))
+        finally:
+            await engine.dispose()
+
+    async def verified() -> int:
+        engine = create_engine(scratch.url, pool_size=1)
+        try:
+            result = await verify_log(engine)
+        finally:
+            await engine.dispose()
+        assert result.broken is None, result.broken
+        return result.events
+
+    await asyncio.to_thread(migrate.upgrade, scratch.url, "0004")
+    await append(5, "before")
+    await asyncio.to_thread(migrate.upgrade, scratch.url)
+    chained = await verified()
+    await append(3, "chained")
+    await asyncio.to_thread(migrate.downgrade, scratch.url, "0004")
+    await append(2, "unchained")
+    await asyncio.to_thread(migrate.upgrade, scratch.url)
+
+    assert chained == 5
+    assert await verified() == 10
