@@ -64,18 +64,25 @@ STOPPED_BY_PLAN = frozenset({ReplicaPhase.STOPPED, ReplicaPhase.FAILED, ReplicaP
 """Ended replicas whose engines are stopped as planned (a lost one's are strays)."""
 
 
+DEFAULT_ADOPTION_GRACE_S = 30.0
+DEFAULT_LOST_TIMEOUT_S = 60.0
+DEFAULT_STABILITY_WINDOW_S = 10.0
+DEFAULT_DRAIN_IDLE_TIMEOUT_S = 60.0
+"""The reconciler's timings, written once: ``llmgw-server serve``'s flags default to them."""
+
+
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
     epoch: int
     started_at: datetime
-    adoption_grace_s: float = 30.0
-    lost_timeout_s: float = 60.0
-    stability_window_s: float = 10.0
+    adoption_grace_s: float = DEFAULT_ADOPTION_GRACE_S
+    lost_timeout_s: float = DEFAULT_LOST_TIMEOUT_S
+    stability_window_s: float = DEFAULT_STABILITY_WINDOW_S
     replica_drain_grace_s: float = 600.0
     stray_grace_s: float = 10.0
     quiesce_s: float = 2.0
     """How long a replica out of routing keeps running before its engines are told to stop,
     so gateways see it leave the routing table before it goes."""
-    drain_idle_timeout_s: float = 60.0
+    drain_idle_timeout_s: float = DEFAULT_DRAIN_IDLE_TIMEOUT_S
     """How long a replica out of routing waits for the requests gateways report in flight
     on it to finish; past this it is stopped anyway (its engines then get their stop
     grace), so a stuck request or a gateway that reports forever cannot keep it alive."""

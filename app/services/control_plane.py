@@ -12,6 +12,10 @@ epoch N, a ``Leader`` runs for that one term:
                        ^
     NOTIFY of every append (Subscription) wakes it too
 
+The adapters (the agent hub, the feed of appends, what gateways report) come in a
+``LeaderWiring`` built by the composition root, ``app.bootstrap``; this module knows them
+by the protocols it needs.
+
 A term ends when the leader lock is lost or an append is fenced; the leader then stops
 the hub and the reconciler and ``run`` returns ``Outcome.DEPOSED``. A deposed server does
 not try to lead again in the same process: it may hold stale state and half-done work,
@@ -21,29 +25,34 @@ and a fresh start (as a standby) is the one path that is known to be right.
 from __future__ import annotations
 
 import asyncio
-import ssl
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import structlog
 
-from app.domain.egress import EngineNetworks
+from app.domain.envelope import Recorded
 from app.domain.events import CertificateRevoked
-from app.domain.reconcile import Settings
+from app.domain.reconcile import (
+    DEFAULT_ADOPTION_GRACE_S,
+    DEFAULT_DRAIN_IDLE_TIMEOUT_S,
+    DEFAULT_LOST_TIMEOUT_S,
+    DEFAULT_STABILITY_WINDOW_S,
+    Settings,
+)
 from app.domain.revocations import PresentedCertificate, revocation_refusal
-from app.hub.budget import MessageBudget
-from app.hub.hub import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S, AgentHub
 from app.services.agent_reports import ReportRecorder
-from app.services.leader import LeaderElection
-from app.services.live_view import LiveView
-from app.services.reconciler import DEFAULT_INTERVAL_S, Reconciler
+from app.services.live_view import LiveView, ReportHandler
+from app.services.reconciler import (
+    DEFAULT_INTERVAL_S,
+    CommandChannel,
+    InFlightSource,
+    Reconciler,
+)
 from app.store.errors import FencedError, StoreError
-from app.store.gateway_reports import InFlightReports
-from app.store.postgres import PostgresEventStore
-from app.store.subscription import Subscription
+from app.store.interface import EventStore
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -53,22 +62,16 @@ REVOCATION_RETRY_S = 1.0
 
 @dataclass(frozen=True)
 class ControlPlaneConfig:
+    """What a term runs with; the agent hub's own settings are the composition root's."""
+
     server_id: str
     agent_host: str
     agent_port: int
-    agent_tls: ssl.SSLContext
-    require_identity: bool = True
-    heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
-    heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
-    adoption_grace_s: float = 30.0
-    lost_timeout_s: float = 60.0
-    stability_window_s: float = 10.0
+    adoption_grace_s: float = DEFAULT_ADOPTION_GRACE_S
+    lost_timeout_s: float = DEFAULT_LOST_TIMEOUT_S
+    stability_window_s: float = DEFAULT_STABILITY_WINDOW_S
     reconcile_interval_s: float = DEFAULT_INTERVAL_S
-    drain_idle_timeout_s: float = 60.0
-    agent_budget: MessageBudget = field(default_factory=MessageBudget)
-    engine_networks: EngineNetworks | None = None
-    """Where nodes' engines may live (``--engine-networks``); None: each node only at the
-    address its agent connects from."""
+    drain_idle_timeout_s: float = DEFAULT_DRAIN_IDLE_TIMEOUT_S
 
 
 class Role(StrEnum):
@@ -88,40 +91,56 @@ def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+class AgentChannel(CommandChannel, Protocol):
+    """What a term needs of its agent hub: listen, send commands, close connections."""
+
+    async def start(self, host: str, port: int) -> int: ...
+
+    async def stop(self) -> None: ...
+
+    async def enforce_revocations(self) -> int: ...
+
+    def connected_nodes(self) -> list[str]: ...
+
+
+RevocationCheck = Callable[[PresentedCertificate], str | None]
+
+
+@dataclass(frozen=True)
+class LeaderWiring:
+    """The adapters a term runs with, built by the composition root (``app.bootstrap``):
+    ``hub(handler, epoch, revocations)`` an agent hub for the term, ``appends(position)``
+    every event appended after ``position`` (it wakes the reconciler), ``in_flight`` what
+    gateways report open on each replica."""
+
+    hub: Callable[[ReportHandler, int, RevocationCheck], AgentChannel]
+    appends: Callable[[int], AsyncIterator[Recorded]]
+    in_flight: InFlightSource | None = None
+
+
 class Leader:
     """One leadership term: the hub, the fleet view and the reconciler, all with ``epoch``."""
 
     def __init__(
         self,
-        store: PostgresEventStore,
-        database_url: str,
+        store: EventStore,
         config: ControlPlaneConfig,
         epoch: int,
+        wiring: LeaderWiring,
         *,
         clock: Callable[[], datetime] = _utc_now,
     ) -> None:
         self._store = store
-        self._database_url = database_url
         self._config = config
         self.epoch = epoch
+        self._wiring = wiring
         self._clock = clock
         self._deposed = asyncio.Event()
         self._deposed_reason = ""
         self._tasks: list[asyncio.Task[None]] = []
         recorder = ReportRecorder(store, epoch=epoch, on_fenced=self._depose)
         self.tracker = LiveView(recorder, model_of=self._model_of)
-        self.hub = AgentHub(
-            self.tracker,
-            config.agent_tls,
-            require_identity=config.require_identity,
-            heartbeat_interval_s=config.heartbeat_interval_s,
-            heartbeat_timeout_s=config.heartbeat_timeout_s,
-            server_id=config.server_id,
-            epoch=epoch,
-            budget=config.agent_budget,
-            revocations=self._revoked,
-            engine_networks=config.engine_networks,
-        )
+        self.hub = wiring.hub(self.tracker, epoch, self._revoked)
         self.reconciler: Reconciler | None = None
 
     async def start(self) -> int:
@@ -143,7 +162,7 @@ class Leader:
             settings,
             interval_s=self._config.reconcile_interval_s,
             clock=self._clock,
-            in_flight=InFlightReports(self._store.engine),
+            in_flight=self._wiring.in_flight,
         )
         self.reconciler = reconciler
         port = await self.hub.start(self._config.agent_host, self._config.agent_port)
@@ -185,13 +204,7 @@ class Leader:
             self._depose(str(exc))
 
     async def _wake_on_appends(self, reconciler: Reconciler) -> None:
-        appends = Subscription(
-            self._store,
-            self._database_url,
-            after_position=self._store.state.position,
-            name="reconciler",
-        )
-        async for recorded in appends:
+        async for recorded in self._wiring.appends(self._store.state.position):
             reconciler.wake()
             if isinstance(recorded.event, CertificateRevoked):
                 await self._enforce_revocations()
@@ -210,20 +223,30 @@ class Leader:
         log.info("revocations enforced", connections_closed=closed)
 
 
+class Election(Protocol):
+    """Leadership: ``app.services.leader.LeaderElection``."""
+
+    async def acquire(self) -> int: ...
+
+    async def lost(self) -> str: ...
+
+    async def close(self) -> None: ...
+
+
 class ControlPlane:
     def __init__(
         self,
-        store: PostgresEventStore,
-        database_url: str,
+        store: EventStore,
         config: ControlPlaneConfig,
+        wiring: LeaderWiring,
+        election: Election,
         *,
-        election: LeaderElection | None = None,
         clock: Callable[[], datetime] = _utc_now,
     ) -> None:
         self._store = store
-        self._database_url = database_url
         self._config = config
-        self._election = election or LeaderElection(database_url, config.server_id)
+        self._wiring = wiring
+        self._election = election
         self._clock = clock
         self.role = Role.STANDBY
         self.leader: Leader | None = None
@@ -242,7 +265,7 @@ class ControlPlane:
             await self._election.close()
 
     async def _lead(self, epoch: int, stop: asyncio.Event) -> Outcome:
-        leader = Leader(self._store, self._database_url, self._config, epoch, clock=self._clock)
+        leader = Leader(self._store, self._config, epoch, self._wiring, clock=self._clock)
         self.leader = leader
         try:
             port = await leader.start()

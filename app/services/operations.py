@@ -24,9 +24,7 @@ from app.domain.events import key_stream, model_stream, node_stream, replica_str
 from app.domain.model_spec import ModelSpec, RoutingSettings
 from app.domain.placement import Explanation
 from app.domain.state import ApiKey, CertificateRevocation, ClusterState, revocation_key
-from app.store.history import read_correlated
-from app.store.interface import NewEvent
-from app.store.postgres import PostgresEventStore
+from app.store.interface import EventStore, NewEvent
 
 DRAIN_EVENTS_SHOWN = 1000
 PREFIX_DRAWS = 8
@@ -61,7 +59,7 @@ class NewKey:
 
 
 class Operations:
-    def __init__(self, store: PostgresEventStore, clock: Callable[[], datetime] = _utc_now) -> None:
+    def __init__(self, store: EventStore, clock: Callable[[], datetime] = _utc_now) -> None:
         self._store = store
         self._clock = clock
         # Key names are unique among live keys, but each key is its own stream, so the
@@ -203,7 +201,7 @@ class Operations:
         return decide.placement_dry_run(await self.current(), spec)
 
     async def drain(self, drain_id: str) -> decide.DrainProgress:
-        events = await read_correlated(self._store.engine, drain_id, DRAIN_EVENTS_SHOWN)
+        events = await self._store.read_correlated(drain_id, DRAIN_EVENTS_SHOWN)
         return decide.drain_progress(await self.current(), drain_id, events)
 
     # -- the shell -----------------------------------------------------------------------

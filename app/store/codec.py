@@ -9,7 +9,7 @@ log stays readable forever without rewriting it.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -131,3 +131,8 @@ def upcast(type_name: str, schema_version: int, payload: Payload) -> Payload:
         payload = step(payload)
         version += 1
     return payload
+
+
+def record_from_row(row: Sequence[Any]) -> Recorded:
+    """A row selected with ``RECORDED_COLUMNS``, decoded."""
+    return decode_recorded(row[0], row[1], row[2], row[3])

@@ -7,9 +7,8 @@ from enum import StrEnum
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.envelope import Recorded
-from app.store.codec import RECORDED_COLUMNS
+from app.store.codec import RECORDED_COLUMNS, record_from_row
 from app.store.database import connection
-from app.store.postgres import record_from_row
 
 
 class Subject(StrEnum):

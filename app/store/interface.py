@@ -54,6 +54,10 @@ class EventStore(Protocol):
 
     async def read_all(self, after_position: int = 0, limit: int = 1000) -> list[Recorded]: ...
 
+    async def read_correlated(self, correlation_id: str, limit: int = 1000) -> list[Recorded]:
+        """Every event of one operation (a drain, say: its steps share its id), in order."""
+        ...
+
     async def stream_version(self, stream: str) -> int: ...
 
     def known_version(self, stream: str) -> int:

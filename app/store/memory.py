@@ -7,6 +7,7 @@ alike; the contract suite in ``tests/contracts`` runs against both stores.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from uuid import UUID
@@ -108,6 +109,10 @@ class InMemoryEventStore:
     async def read_all(self, after_position: int = 0, limit: int = 1000) -> list[Recorded]:
         start = max(after_position, 0)
         return [_decode(s) for s in self._log[start : start + limit]]
+
+    async def read_correlated(self, correlation_id: str, limit: int = 1000) -> list[Recorded]:
+        matching = (s for s in self._log if s.meta.correlation_id == correlation_id)
+        return [_decode(s) for s in itertools.islice(matching, limit)]
 
     def known_version(self, stream: str) -> int:
         return self._versions.get(stream, 0)

@@ -31,11 +31,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.domain.envelope import Meta, Recorded
 from app.domain.evolve import evolve
 from app.domain.state import ClusterState
+from app.store import history
 from app.store.codec import (
     RECORDED_COLUMNS,
-    decode_recorded,
     encode_event,
     encode_meta,
+    record_from_row,
     storable,
 )
 from app.store.database import connection
@@ -245,6 +246,9 @@ class PostgresEventStore:
             )
         return [record_from_row(row) for row in rows]
 
+    async def read_correlated(self, correlation_id: str, limit: int = 1000) -> list[Recorded]:
+        return await history.read_correlated(self._engine, correlation_id, limit)
+
     def known_version(self, stream: str) -> int:
         return self._versions.get(stream, 0)
 
@@ -330,11 +334,6 @@ def _arguments(
 
 def _json(value: Any) -> str:
     return _encoder.encode(value).decode()
-
-
-def record_from_row(row: asyncpg.Record) -> Recorded:
-    """A row selected with ``RECORDED_COLUMNS``, decoded."""
-    return decode_recorded(row[0], row[1], row[2], row[3])
 
 
 async def write_all_rows(db: asyncpg.Connection, rows: dict[str, list[dict[str, Any]]]) -> None:

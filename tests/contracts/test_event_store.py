@@ -226,3 +226,25 @@ async def test_concurrent_appenders_to_one_stream_one_wins(store: EventStore) ->
 
     assert outcomes.count(True) == 1
     assert len(await store.read_stream(f"model-{model}")) == 1
+
+
+async def test_the_steps_of_one_operation_are_read_by_its_correlation_id(store: EventStore) -> None:
+    node, drain = unique("gpu-"), unique("drain-")
+    mine = Meta(actor="alice", correlation_id=drain)
+    other = Meta(actor="bob", correlation_id=unique("req-"))
+    first = NewEvent(NodeRegistered(node_id=node, address="127.0.0.1"))
+    await store.append(f"node-{node}", NO_STREAM, [first], mine)
+    await store.append(
+        unique("node-"),
+        NO_STREAM,
+        [NewEvent(NodeRegistered(node_id="x", address="127.0.0.2"))],
+        other,
+    )
+    second = NewEvent(ReplicaServing(replica_id=unique("m-")))
+    await store.append(unique("replica-"), NO_STREAM, [second], mine)
+
+    steps = await store.read_correlated(drain)
+
+    assert [r.event_id for r in steps] == [first.event_id, second.event_id]
+    assert await store.read_correlated(drain, limit=1) == steps[:1]
+    assert await store.read_correlated(unique("drain-")) == []

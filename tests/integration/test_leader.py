@@ -13,6 +13,8 @@ import pytest
 import pytest_asyncio
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app import bootstrap
+from app.bootstrap import AgentHubConfig
 from app.domain.envelope import Meta
 from app.domain.events import NodeCordoned, node_stream
 from app.services.control_plane import ControlPlane, ControlPlaneConfig, Outcome, Role
@@ -157,10 +159,11 @@ async def test_a_control_plane_stands_by_leads_when_the_leader_stops_and_exits_w
             server_id=election.holder_id,
             agent_host=LOOPBACK,
             agent_port=0,
-            agent_tls=pki.server_context(),
             reconcile_interval_s=0.2,
         )
-        return ControlPlane(PostgresEventStore(engine), database_url, config, election=election)
+        hub = AgentHubConfig(tls=pki.server_context())
+        store = PostgresEventStore(engine)
+        return bootstrap.control_plane(store, database_url, config, hub, election=election)
 
     first_election, second_election = candidates
     first, second = control_plane(first_election), control_plane(second_election)

@@ -19,6 +19,7 @@ import pytest
 import pytest_asyncio
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.bootstrap import AgentHubConfig, leader_wiring
 from app.domain.envelope import Meta
 from app.domain.events import (
     AnyEvent,
@@ -59,15 +60,13 @@ async def leader(
     election = LeaderElection(database_url, "test-leader")
     epoch = await election.acquire()
     config = ControlPlaneConfig(
-        server_id="test-leader",
-        agent_host=LOOPBACK,
-        agent_port=0,
-        agent_tls=pki.server_context(),
-        heartbeat_interval_s=0.5,
-        heartbeat_timeout_s=10.0,
-        reconcile_interval_s=0.2,
+        server_id="test-leader", agent_host=LOOPBACK, agent_port=0, reconcile_interval_s=0.2
     )
-    leader = Leader(pg_store, database_url, config, epoch)
+    hub = AgentHubConfig(
+        tls=pki.server_context(), heartbeat_interval_s=0.5, heartbeat_timeout_s=10.0
+    )
+    wiring = leader_wiring(pg_store, database_url, hub, config.server_id)
+    leader = Leader(pg_store, config, epoch, wiring)
     await leader.start()
     try:
         yield leader

@@ -10,6 +10,7 @@ like a shell would, without running one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import inspect
 import os
@@ -193,6 +194,11 @@ def resolve(
             raise InvalidInvocation(f"{shlex.join(argv)}: {exc}") from exc
     if not command.__module__.startswith(PROJECT_PACKAGES):
         raise InvalidInvocation(f"{shlex.join(argv)} runs no command (only {command.__name__})")
+    for name, value in list(bound.arguments.items()):
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            # A command whose flags are one settings struct: its fields are its arguments.
+            del bound.arguments[name]
+            bound.arguments.update(vars(value))
     return command, bound
 
 

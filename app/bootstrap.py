@@ -1,0 +1,359 @@
+"""The composition root: every concrete adapter is chosen and wired here, once.
+
+``llmgw-server serve`` parses its flags into ``app.settings.ServeSettings`` and hands them
+to ``Server.from_settings``; tests build the same parts with the functions below. Read it
+top to bottom as the server is assembled:
+
+    PostgreSQL engine -> PostgresEventStore -> ControlPlane (election, and per term the
+    agent hub, the live view, the report recorder, the reconciler) -> admin API (Litestar on
+    uvicorn) -> the embedded gateway (on its own client listener)
+
+Everything below this module depends on protocols: the services never see the agent hub,
+the subscription or PostgreSQL by name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import ssl
+from collections.abc import AsyncIterator, Callable, Generator
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import msgspec
+import structlog
+import uvicorn
+
+from app.admin.app import create_admin_app
+from app.admin.auth import TokenAuthenticator, parse_tokens
+from app.admin.events import end_event_streams
+from app.admin.health import Readiness
+from app.admin.metrics import control_plane_figures
+from app.admin.tls import admin_protocol, admin_ssl_context
+from app.commands.common import database_role_allowed, engine_networks_of
+from app.domain.egress import EngineNetworks
+from app.domain.envelope import Recorded
+from app.gateway.postgres import GatewayOptions, PostgresGateway
+from app.gateway.server import GatewayFailed
+from app.hub.budget import MessageBudget
+from app.hub.hub import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S, AgentHub
+from app.listeners.limits import ListenerLimits
+from app.listeners.throttle import FailureBudget, FailureLimits
+from app.pki import TlsConfigurationError, server_ssl_context
+from app.services.control_plane import (
+    ControlPlane,
+    ControlPlaneConfig,
+    LeaderWiring,
+    Outcome,
+    RevocationCheck,
+)
+from app.services.leader import LeaderElection
+from app.services.live_view import ReportHandler
+from app.settings import DEFAULT_BUDGET, ServeSettings
+from app.store.database import create_engine
+from app.store.errors import StoreError
+from app.store.gateway_reports import InFlightReports
+from app.store.postgres import PostgresEventStore
+from app.store.subscription import Subscription
+
+log = structlog.get_logger(__name__)
+
+HEARTBEAT_TIMEOUT_INTERVALS = 3
+"""An agent silent for this many heartbeat intervals is disconnected (15 s at 5 s)."""
+EXIT_DEPOSED = 3
+"""``serve`` exits with this code when it lost leadership, so a supervisor restarts it (as a
+standby) rather than treating it as a crash or a clean stop."""
+ADMIN_SHUTDOWN_GRACE_S = 3
+"""How long admin requests may go on once the server stops (event streams are cut then)."""
+AGENT_TLS_HINT = (
+    "the agent hub needs --tls-cert, --tls-key and --tls-ca (or LLMGW_TLS_CERT, "
+    "LLMGW_TLS_KEY, LLMGW_TLS_CA): agents always connect with mutual TLS. Create them with "
+    "`llmgw-cli cert init-ca` and `llmgw-cli cert server --ip <address agents dial>`"
+)
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class SettingsError(ValueError):
+    """Settings that cannot be used; the message says why, in one line."""
+
+
+# -- the control plane -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AgentHubConfig:
+    """The agent hub's own settings: its TLS, identity rule, liveness, budget, networks."""
+
+    tls: ssl.SSLContext
+    require_identity: bool = True
+    heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
+    heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
+    budget: MessageBudget = field(default_factory=MessageBudget)
+    engine_networks: EngineNetworks | None = None
+    """Where nodes' engines may live (``--engine-networks``); None: each node only at the
+    address its agent connects from."""
+
+
+def leader_wiring(
+    store: PostgresEventStore, database_url: str, hub: AgentHubConfig, server_id: str
+) -> LeaderWiring:
+    """The adapters of every leadership term: an agent hub per term, the appends a
+    subscription delivers, and what gateways report in flight."""
+
+    def agent_hub(handler: ReportHandler, epoch: int, revocations: RevocationCheck) -> AgentHub:
+        return AgentHub(
+            handler,
+            hub.tls,
+            require_identity=hub.require_identity,
+            heartbeat_interval_s=hub.heartbeat_interval_s,
+            heartbeat_timeout_s=hub.heartbeat_timeout_s,
+            server_id=server_id,
+            epoch=epoch,
+            budget=hub.budget,
+            revocations=revocations,
+            engine_networks=hub.engine_networks,
+        )
+
+    def appends(after_position: int) -> AsyncIterator[Recorded]:
+        subscription = Subscription(
+            store, database_url, after_position=after_position, name="reconciler"
+        )
+        return subscription.__aiter__()
+
+    return LeaderWiring(hub=agent_hub, appends=appends, in_flight=InFlightReports(store.engine))
+
+
+def control_plane(
+    store: PostgresEventStore,
+    database_url: str,
+    config: ControlPlaneConfig,
+    hub: AgentHubConfig,
+    *,
+    election: LeaderElection | None = None,
+    clock: Callable[[], datetime] = _utc_now,
+) -> ControlPlane:
+    """A control plane on ``store`` that leads when elected in ``database_url``."""
+    return ControlPlane(
+        store,
+        config,
+        leader_wiring(store, database_url, hub, config.server_id),
+        election or LeaderElection(database_url, config.server_id),
+        clock=clock,
+    )
+
+
+# -- the whole server --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Server:
+    """``serve``'s parts, resolved from its settings: what ``run`` starts."""
+
+    database_url: str
+    admin_host: str
+    admin_port: int
+    authenticator: TokenAuthenticator
+    control_plane: ControlPlaneConfig
+    agent_hub: AgentHubConfig
+    admin_tls: ssl.SSLContext | None = None
+    admin_limits: ListenerLimits = field(default_factory=ListenerLimits)
+    gateway: GatewayOptions | None = None
+    """The client listener; None: no gateway in this process."""
+    allow_privileged_role: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: ServeSettings) -> Server:
+        """Raises ``SettingsError`` (with one line to print) for settings that cannot run."""
+        problems = settings.problems()
+        if problems:
+            raise SettingsError("; ".join(problems))
+        try:
+            tokens = parse_tokens(
+                settings.admin_tokens or os.environ.get("LLMGW_ADMIN_TOKEN_PAIRS", "")
+            )
+            networks = engine_networks_of(settings.engine_networks)
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from exc
+        if settings.tls_cert is None or settings.tls_key is None or settings.tls_ca is None:
+            raise SettingsError(AGENT_TLS_HINT)
+        admin_limits = ListenerLimits(
+            header_timeout_s=settings.header_timeout,
+            body_timeout_s=settings.body_timeout,
+            max_connections=settings.admin_max_connections,
+        )
+        client_limits = replace(admin_limits, max_connections=settings.client_max_connections)
+        auth_failures = FailureLimits(
+            burst=settings.auth_failure_burst, per_minute=settings.auth_failures_per_minute
+        )
+        limit_problems = dict.fromkeys(  # the timeouts' problems once, each listener's cap's
+            admin_limits.problems("--admin-max-connections")
+            + client_limits.problems("--client-max-connections")
+            + auth_failures.problems()
+        )
+        if limit_problems:
+            raise SettingsError("; ".join(limit_problems))
+        try:
+            agent_tls = server_ssl_context(settings.tls_cert, settings.tls_key, settings.tls_ca)
+            operators_ca = settings.admin_ca or settings.tls_ca
+            admin_tls = _admin_tls(settings.admin_tls_cert, settings.admin_tls_key, operators_ca)
+        except (TlsConfigurationError, ValueError) as exc:
+            raise SettingsError(str(exc)) from exc
+        server_id = settings.server_id or f"{socket.gethostname()}:{os.getpid()}"
+        return cls(
+            database_url=settings.database_url,
+            admin_host=settings.admin_host,
+            admin_port=settings.admin_port,
+            admin_tls=admin_tls,
+            admin_limits=admin_limits,
+            authenticator=TokenAuthenticator(tokens, FailureBudget(auth_failures)),
+            control_plane=ControlPlaneConfig(
+                server_id=server_id,
+                agent_host=settings.agent_host,
+                agent_port=settings.agent_port,
+                adoption_grace_s=settings.adoption_grace,
+                lost_timeout_s=settings.lost_timeout,
+                stability_window_s=settings.stability_window,
+                reconcile_interval_s=settings.reconcile_interval,
+                drain_idle_timeout_s=settings.drain_idle_timeout,
+            ),
+            agent_hub=AgentHubConfig(
+                tls=agent_tls,
+                require_identity=settings.require_identity,
+                heartbeat_interval_s=settings.heartbeat_interval,
+                heartbeat_timeout_s=settings.heartbeat_interval * HEARTBEAT_TIMEOUT_INTERVALS,
+                budget=msgspec.structs.replace(
+                    DEFAULT_BUDGET,
+                    messages_per_s=settings.agent_message_rate,
+                    message_burst=settings.agent_message_burst,
+                ),
+                engine_networks=networks,
+            ),
+            gateway=GatewayOptions(
+                host=settings.client_host,
+                port=settings.client_port,
+                gateway_id=settings.server_id or None,
+                engine_networks=networks,
+                limits=client_limits,
+                auth_failures=auth_failures,
+            )
+            if settings.gateway
+            else None,
+            allow_privileged_role=settings.allow_privileged_role,
+        )
+
+    async def run(self) -> int:
+        """Serve until signalled or deposed; the process's exit code."""
+        engine = create_engine(self.database_url)
+        try:
+            allowed = await database_role_allowed(
+                self.database_url, allow_privileged=self.allow_privileged_role
+            )
+            if not allowed:
+                return 1
+            store = PostgresEventStore(engine)
+            await store.catch_up()
+            plane = control_plane(store, self.database_url, self.control_plane, self.agent_hub)
+            gateway = PostgresGateway(self.database_url, self.gateway) if self.gateway else None
+            admin = _AdminServer(
+                uvicorn.Config(
+                    create_admin_app(
+                        store,
+                        self.authenticator,
+                        Readiness(engine, role=lambda: plane.role),
+                        live=control_plane_figures(plane),
+                        # The gateway's page names every model and replica: operators read
+                        # it here, with the cluster's, and its client listener has none.
+                        gateway_metrics=gateway.gateway.metrics.render if gateway else None,
+                    ),
+                    host=self.admin_host,
+                    port=self.admin_port,
+                    log_config=None,
+                    access_log=False,
+                    # Followers of /admin/v1/events never finish their request by themselves.
+                    timeout_graceful_shutdown=ADMIN_SHUTDOWN_GRACE_S,
+                    http=admin_protocol(self.admin_limits),
+                    ssl_context_factory=_fixed_context(self.admin_tls),
+                )
+            )
+            if gateway is not None:
+                await gateway.start()
+            outcome = await _run_until_signalled(admin, plane, gateway)
+        except (OSError, StoreError, GatewayFailed) as exc:
+            log.error("cannot serve", error=str(exc))
+            return 1
+        finally:
+            await engine.dispose()
+        if outcome is Outcome.DEPOSED:
+            log.error(
+                "exiting: this server no longer leads; restart it to stand by",
+                exit_code=EXIT_DEPOSED,
+            )
+            return EXIT_DEPOSED
+        return 0
+
+
+def _admin_tls(cert: Path | None, key: Path | None, ca: Path) -> ssl.SSLContext | None:
+    """HTTPS for the admin listener when --admin-tls-cert is given, else None (plain
+    HTTP, for a loopback listener)."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise ValueError("--admin-tls-cert and --admin-tls-key go together: give both or neither")
+    return admin_ssl_context(cert, key, ca)
+
+
+class _AdminServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the server stops it with the control plane."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # Event streams never end by themselves; ended now, they do not hold up the stop.
+        end_event_streams(self.config.app)
+        await super().shutdown(sockets)
+
+
+def _fixed_context(
+    context: ssl.SSLContext | None,
+) -> Callable[[uvicorn.Config, Callable[[], ssl.SSLContext]], ssl.SSLContext] | None:
+    if context is None:
+        return None
+    return lambda _config, _default: context
+
+
+async def _run_until_signalled(
+    admin: uvicorn.Server, plane: ControlPlane, gateway: PostgresGateway | None = None
+) -> Outcome:
+    """Serve the admin API (and the gateway, if any) and run the control plane until
+    SIGINT or SIGTERM, until the control plane is deposed, or until a listener stops by
+    itself."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    admin_task = asyncio.create_task(admin.serve())
+    plane_task = asyncio.create_task(plane.run(stop))
+    tasks = {admin_task, plane_task}
+    if gateway is not None:
+        tasks.add(asyncio.create_task(gateway.serve()))
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+        stop.set()
+        admin.should_exit = True
+        if gateway is not None:
+            await gateway.stop()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return plane_task.result()

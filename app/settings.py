@@ -1,0 +1,219 @@
+"""``llmgw-server serve``'s settings: one frozen struct that is also its set of flags.
+
+Each field is a flag (``--admin-port``) with its environment variable and help; its
+default is written here once, taken from the module that uses it where that module has
+one (the reconciler's timings, the agent budget, the listeners' limits). The composition
+root, ``app.bootstrap``, builds the server from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+from cyclopts import Parameter
+
+from app.admin.tls import DEFAULT_ADMIN_MAX_CONNECTIONS
+from app.commands.common import (
+    AllowPrivilegedRole,
+    AuthFailureBurst,
+    AuthFailuresPerMinute,
+    BodyTimeout,
+    DatabaseUrl,
+    EngineNetworksFlag,
+    HeaderTimeout,
+)
+from app.domain.reconcile import (
+    DEFAULT_ADOPTION_GRACE_S,
+    DEFAULT_DRAIN_IDLE_TIMEOUT_S,
+    DEFAULT_LOST_TIMEOUT_S,
+    DEFAULT_STABILITY_WINDOW_S,
+)
+from app.gateway.postgres import DEFAULT_CLIENT_HOST, DEFAULT_CLIENT_PORT
+from app.gateway.server import DEFAULT_MAX_CONNECTIONS
+from app.hub.budget import MessageBudget
+from app.hub.hub import DEFAULT_HEARTBEAT_INTERVAL_S
+from app.listeners.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S
+from app.listeners.throttle import DEFAULT_BURST, DEFAULT_PER_MINUTE
+from app.services.reconciler import DEFAULT_INTERVAL_S
+
+DEFAULT_BUDGET = MessageBudget()
+
+
+@Parameter(name="*")
+@dataclass(frozen=True, kw_only=True)
+class ServeSettings:
+    database_url: DatabaseUrl
+    admin_host: Annotated[str, Parameter(env_var="LLMGW_ADMIN_HOST")] = "127.0.0.1"
+    admin_port: Annotated[int, Parameter(env_var="LLMGW_ADMIN_PORT")] = 8081
+    admin_tokens: Annotated[
+        str, Parameter(env_var="LLMGW_ADMIN_TOKENS", help="NAME:TOKEN pairs, comma-separated")
+    ] = ""
+    admin_tls_cert: Annotated[
+        Path | None,
+        Parameter(
+            env_var="LLMGW_ADMIN_TLS_CERT",
+            help="serve the admin API over HTTPS with this server certificate; operators may "
+            "then authenticate with an operator certificate",
+        ),
+    ] = None
+    admin_tls_key: Annotated[
+        Path | None, Parameter(env_var="LLMGW_ADMIN_TLS_KEY", help="that certificate's key")
+    ] = None
+    admin_ca: Annotated[
+        Path | None,
+        Parameter(
+            env_var="LLMGW_ADMIN_CA",
+            help="the CA that issues operator certificates [default: --tls-ca]",
+        ),
+    ] = None
+    agent_host: Annotated[str, Parameter(env_var="LLMGW_AGENT_HOST")] = "0.0.0.0"
+    agent_port: Annotated[int, Parameter(env_var="LLMGW_AGENT_PORT")] = 8443
+    tls_cert: Annotated[
+        Path | None, Parameter(env_var="LLMGW_TLS_CERT", help="the hub's server certificate")
+    ] = None
+    tls_key: Annotated[
+        Path | None, Parameter(env_var="LLMGW_TLS_KEY", help="the server certificate's key")
+    ] = None
+    tls_ca: Annotated[
+        Path | None,
+        Parameter(env_var="LLMGW_TLS_CA", help="the llmgw CA that issues node certificates"),
+    ] = None
+    require_identity: Annotated[
+        bool,
+        Parameter(
+            env_var="LLMGW_REQUIRE_IDENTITY",
+            help="a node certificate's common name must equal the node id its agent claims",
+        ),
+    ] = True
+    heartbeat_interval: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_HEARTBEAT_INTERVAL",
+            help="seconds between agent heartbeats; an agent silent for three is disconnected",
+        ),
+    ] = DEFAULT_HEARTBEAT_INTERVAL_S
+    server_id: Annotated[
+        str,
+        Parameter(
+            env_var="LLMGW_SERVER_ID",
+            help="this server's name in the leadership table and to agents (hostname:pid)",
+        ),
+    ] = ""
+    adoption_grace: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_ADOPTION_GRACE",
+            help="seconds after election during which nothing is placed, lost or timed out, "
+            "unless every known node has reconnected sooner",
+        ),
+    ] = DEFAULT_ADOPTION_GRACE_S
+    lost_timeout: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_LOST_TIMEOUT",
+            help="seconds a disconnected node may stay away before it and its replicas are lost",
+        ),
+    ] = DEFAULT_LOST_TIMEOUT_S
+    stability_window: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_STABILITY_WINDOW",
+            help="seconds a drain replacement must serve before the original is stopped",
+        ),
+    ] = DEFAULT_STABILITY_WINDOW_S
+    reconcile_interval: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_RECONCILE_INTERVAL",
+            help="seconds between reconcile passes when nothing wakes the reconciler sooner",
+        ),
+    ] = DEFAULT_INTERVAL_S
+    client_host: Annotated[
+        str,
+        Parameter(
+            env_var="LLMGW_CLIENT_HOST",
+            help="where the OpenAI-compatible gateway listens (loopback unless set)",
+        ),
+    ] = DEFAULT_CLIENT_HOST
+    client_port: Annotated[int, Parameter(env_var="LLMGW_CLIENT_PORT")] = DEFAULT_CLIENT_PORT
+    gateway: Annotated[
+        bool,
+        Parameter(
+            env_var="LLMGW_GATEWAY",
+            help="serve the gateway on the client listener; --no-gateway when separate "
+            "`llmgw-server gateway` processes serve clients",
+        ),
+    ] = True
+    drain_idle_timeout: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_DRAIN_IDLE_TIMEOUT",
+            help="seconds a replica taken out of routing waits for the requests gateways "
+            "report in flight on it before it is stopped anyway",
+        ),
+    ] = DEFAULT_DRAIN_IDLE_TIMEOUT_S
+    agent_message_rate: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_AGENT_MESSAGE_RATE",
+            help="messages a second one agent connection may send, sustained; a connection "
+            "over its budget is closed (1008) and the refusal recorded",
+        ),
+    ] = DEFAULT_BUDGET.messages_per_s
+    agent_message_burst: Annotated[
+        int,
+        Parameter(
+            env_var="LLMGW_AGENT_MESSAGE_BURST",
+            help="messages one agent connection may send at once above that rate",
+        ),
+    ] = DEFAULT_BUDGET.message_burst
+    engine_networks: EngineNetworksFlag = ""
+    allow_privileged_role: AllowPrivilegedRole = False
+    auth_failure_burst: AuthFailureBurst = DEFAULT_BURST
+    auth_failures_per_minute: AuthFailuresPerMinute = DEFAULT_PER_MINUTE
+    header_timeout: HeaderTimeout = DEFAULT_HEADER_TIMEOUT_S
+    body_timeout: BodyTimeout = DEFAULT_BODY_TIMEOUT_S
+    admin_max_connections: Annotated[
+        int,
+        Parameter(
+            env_var="LLMGW_ADMIN_MAX_CONNECTIONS",
+            help="connections the admin listener holds at once; one more is answered 503",
+        ),
+    ] = DEFAULT_ADMIN_MAX_CONNECTIONS
+    client_max_connections: Annotated[
+        int,
+        Parameter(
+            env_var="LLMGW_CLIENT_MAX_CONNECTIONS",
+            help="connections the gateway's client listener holds at once; one more is "
+            "answered 503",
+        ),
+    ] = DEFAULT_MAX_CONNECTIONS
+    log_level: Annotated[str, Parameter(env_var="LLMGW_LOG_LEVEL")] = "info"
+
+    def problems(self) -> list[str]:
+        """What is wrong with these settings, one line each; empty when they can be used."""
+        problems = [
+            f"{flag} must be positive, not {value}"
+            for flag, value in (
+                ("--heartbeat-interval", self.heartbeat_interval),
+                ("--reconcile-interval", self.reconcile_interval),
+                ("--agent-message-rate", self.agent_message_rate),
+                ("--agent-message-burst", self.agent_message_burst),
+            )
+            if value <= 0
+        ]
+        problems += [
+            f"{flag} must not be negative, not {value}"
+            for flag, value in (
+                ("--adoption-grace", self.adoption_grace),
+                ("--lost-timeout", self.lost_timeout),
+                ("--stability-window", self.stability_window),
+                ("--drain-idle-timeout", self.drain_idle_timeout),
+            )
+            if value < 0
+        ]
+        if self.gateway and not 0 <= self.client_port <= 65535:
+            problems.append(f"--client-port must be between 0 and 65535, not {self.client_port}")
+        return problems
