@@ -1,0 +1,108 @@
+"""The services on the in-memory store, with fakes of their other ports: no database, no
+socket. The same stories run against PostgreSQL and real agents in tests/integration."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from app.domain import commands
+from app.domain.events import GpuInfo
+from app.domain.model_spec import ModelSpec
+from app.domain.reconcile import Settings
+from app.domain.reports import AgentConnected, AgentInventory
+from app.services.agent_reports import ReportRecorder
+from app.services.live_view import LiveView
+from app.services.operations import Caller, Operations
+from app.services.reconciler import Reconciler
+from app.store.memory import InMemoryEventStore
+
+ALICE = Caller(actor="alice", request_id="req-1")
+T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+
+
+class Agents:
+    """A command channel that remembers what it was asked to send, and to whom."""
+
+    def __init__(self, connected: set[str]) -> None:
+        self.connected = connected
+        self.sent: list[tuple[str, str]] = []
+
+    async def send_command(
+        self, node_id: str, command: commands.StartShard | commands.StopShard
+    ) -> None:
+        if node_id not in self.connected:
+            raise commands.NodeNotConnected(node_id)
+        self.sent.append((node_id, command.command_id))
+
+
+def hello(node_id: str) -> AgentConnected:
+    gpus = tuple(
+        GpuInfo(index=i, uuid=f"{node_id}-{i}", name="H100", memory_total_mib=81559)
+        for i in range(2)
+    )
+    inventory = AgentInventory(
+        node_id=node_id,
+        address="127.0.0.1",
+        remote_address="127.0.0.1:40000",
+        labels={},
+        gpus=gpus,
+        port_range=(20000, 20999),
+        agent_version="t",
+    )
+    return AgentConnected(inventory=inventory)
+
+
+async def test_an_operator_declares_scales_and_drains_and_every_step_is_recorded_as_theirs() -> (
+    None
+):
+    store = InMemoryEventStore()
+    operations = Operations(store, clock=lambda: T0)
+    await ReportRecorder(store).handle(hello("gpu-1"))
+
+    assert await operations.apply_model(ALICE, ModelSpec(name="llama", command="sim --port {port}"))
+    assert await operations.scale(ALICE, "llama", 3)
+    drain_id = await operations.drain_node(ALICE, "gpu-1", 600)
+
+    [status] = await operations.models()
+    assert status.model.desired == 3
+    progress = await operations.drain(drain_id)
+    assert (progress.node_id, progress.requested_by, progress.finished) == ("gpu-1", "alice", False)
+    recorded = await store.read_all()
+    operator_made = [r for r in recorded if not r.meta.actor.startswith("agent:")]
+    assert {r.meta.actor for r in operator_made} == {"alice"}
+    assert {r.meta.causation_id for r in operator_made} == {"req-1"}
+
+
+async def test_a_reconcile_pass_places_a_declared_model_and_sends_the_start_to_its_node() -> None:
+    store = InMemoryEventStore()
+    view = LiveView(ReportRecorder(store))
+    agents = Agents(connected={"gpu-1"})
+    await view.handle(hello("gpu-1"))
+    await Operations(store).apply_model(ALICE, ModelSpec(name="llama", command="sim --port {port}"))
+    settings = Settings(epoch=1, started_at=T0 - timedelta(hours=1))
+    reconciler = Reconciler(store, agents, view, settings, clock=lambda: T0)
+
+    report = await reconciler.run_pass()
+
+    assert (report.outcome, report.events, report.sent) == ("done", 1, 1)
+    assert agents.sent == [("gpu-1", "start-llama-1-0")]
+    assert store.state.replicas["llama-1"].shards[0].node_id == "gpu-1"
+    again = await reconciler.run_pass()
+    assert (again.events, again.sent) == (0, 0)  # nothing new, and no command twice
+
+
+async def test_a_command_for_a_node_that_went_away_waits_for_its_next_hello() -> None:
+    store = InMemoryEventStore()
+    view = LiveView(ReportRecorder(store))
+    agents = Agents(connected=set())  # its connection is gone, the view not told yet
+    await view.handle(hello("gpu-1"))
+    await Operations(store).apply_model(ALICE, ModelSpec(name="llama", command="sim --port {port}"))
+    settings = Settings(epoch=1, started_at=T0 - timedelta(hours=1))
+    reconciler = Reconciler(store, agents, view, settings, clock=lambda: T0)
+
+    report = await reconciler.run_pass()
+
+    assert (report.events, report.commands, report.sent) == (1, 1, 0)
+    agents.connected.add("gpu-1")
+    await view.handle(hello("gpu-1"))  # it says hello again: the command is due again
+    assert (await reconciler.run_pass()).sent == 1
