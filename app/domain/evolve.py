@@ -15,6 +15,13 @@ from typing import Any
 
 from msgspec.structs import replace
 
+from app.domain.changes import (
+    GpuChanges,
+    ModelChanges,
+    NodeChanges,
+    ReplicaChanges,
+    ShardChanges,
+)
 from app.domain.envelope import Recorded
 from app.domain.events import (
     ApiKeyCreated,
@@ -120,7 +127,7 @@ def _shard_failed(state: ClusterState, event: ShardFailed, recorded: Recorded) -
 
 
 def _shard_stopped(state: ClusterState, event: ShardStopped, recorded: Recorded) -> None:
-    changes: dict[str, Any] = {"phase": ShardPhase.STOPPED, "exit_code": event.exit_code}
+    changes: ShardChanges = {"phase": ShardPhase.STOPPED, "exit_code": event.exit_code}
     if event.log_tail:  # an empty one keeps the tail an earlier failure reported
         changes["log_tail"] = event.log_tail
     _update_shard(state, event.replica_id, event.shard_index, changes)
@@ -161,11 +168,9 @@ def _replica_serving(state: ClusterState, event: ReplicaServing, recorded: Recor
     _update_replica(
         state,
         event.replica_id,
-        phase=ReplicaPhase.SERVING,
-        serving_since=at,
-        routable=True,
+        {"phase": ReplicaPhase.SERVING, "serving_since": at, "routable": True},
     )
-    _model_of(state, event.replica_id, failures=0, backoff_until=None)
+    _model_of(state, event.replica_id, {"failures": 0, "backoff_until": None})
 
 
 def _replica_drain_started(
@@ -175,16 +180,14 @@ def _replica_drain_started(
     _update_replica(
         state,
         event.replica_id,
-        phase=ReplicaPhase.DRAINING,
-        drain_id=event.drain_id,
-        drain_started_at=at,
+        {"phase": ReplicaPhase.DRAINING, "drain_id": event.drain_id, "drain_started_at": at},
     )
 
 
 def _replacement_serving(
     state: ClusterState, event: ReplacementServing, recorded: Recorded
 ) -> None:
-    _update_replica(state, event.replica_id, replacement_id=event.replacement_id)
+    _update_replica(state, event.replica_id, {"replacement_id": event.replacement_id})
 
 
 def _replica_stopping(state: ClusterState, event: ReplicaStopping, recorded: Recorded) -> None:
@@ -192,10 +195,12 @@ def _replica_stopping(state: ClusterState, event: ReplicaStopping, recorded: Rec
     _update_replica(
         state,
         event.replica_id,
-        phase=ReplicaPhase.STOPPING,
-        routable=False,
-        stopping_since=at,
-        end_reason=event.reason,
+        {
+            "phase": ReplicaPhase.STOPPING,
+            "routable": False,
+            "stopping_since": at,
+            "end_reason": event.reason,
+        },
     )
 
 
@@ -289,27 +294,29 @@ def _node_connected(state: ClusterState, event: NodeConnected, recorded: Recorde
 
 def _node_disconnected(state: ClusterState, event: NodeDisconnected, recorded: Recorded) -> None:
     at = recorded.recorded_at
-    _update_node(state, event.node_id, connected=False, last_change_at=at)
+    _update_node(state, event.node_id, {"connected": False, "last_change_at": at})
 
 
 def _node_lost(state: ClusterState, event: NodeLost, recorded: Recorded) -> None:
     at = recorded.recorded_at
-    _update_node(state, event.node_id, connected=False, lost=True, last_change_at=at)
+    _update_node(state, event.node_id, {"connected": False, "lost": True, "last_change_at": at})
 
 
 def _node_cordoned(state: ClusterState, event: NodeCordoned, recorded: Recorded) -> None:
-    _update_node(state, event.node_id, cordoned=True, cordon_reason=event.reason)
+    _update_node(state, event.node_id, {"cordoned": True, "cordon_reason": event.reason})
 
 
 def _node_uncordoned(state: ClusterState, event: NodeUncordoned, recorded: Recorded) -> None:
     _update_node(
         state,
         event.node_id,
-        cordoned=False,
-        cordon_reason=None,
-        drain_id=None,
-        drain_grace_s=None,
-        drain_requested_at=None,
+        {
+            "cordoned": False,
+            "cordon_reason": None,
+            "drain_id": None,
+            "drain_grace_s": None,
+            "drain_requested_at": None,
+        },
     )
 
 
@@ -320,26 +327,32 @@ def _node_drain_requested(
     _update_node(
         state,
         event.node_id,
-        cordoned=True,
-        cordon_reason=f"drain {event.drain_id}",
-        drain_id=event.drain_id,
-        drain_grace_s=event.grace_s,
-        drain_requested_at=at,
+        {
+            "cordoned": True,
+            "cordon_reason": f"drain {event.drain_id}",
+            "drain_id": event.drain_id,
+            "drain_grace_s": event.grace_s,
+            "drain_requested_at": at,
+        },
     )
 
 
 def _node_drain_finished(state: ClusterState, event: NodeDrainFinished, recorded: Recorded) -> None:
-    _update_node(state, event.node_id, drain_id=None, drain_grace_s=None, drain_requested_at=None)
+    _update_node(
+        state, event.node_id, {"drain_id": None, "drain_grace_s": None, "drain_requested_at": None}
+    )
 
 
 def _gpu_marked_unhealthy(
     state: ClusterState, event: GpuMarkedUnhealthy, recorded: Recorded
 ) -> None:
-    _update_gpu(state, event.node_id, event.gpu_index, healthy=False, unhealthy_reason=event.reason)
+    _update_gpu(
+        state, event.node_id, event.gpu_index, {"healthy": False, "unhealthy_reason": event.reason}
+    )
 
 
 def _gpu_recovered(state: ClusterState, event: GpuRecovered, recorded: Recorded) -> None:
-    _update_gpu(state, event.node_id, event.gpu_index, healthy=True, unhealthy_reason=None)
+    _update_gpu(state, event.node_id, event.gpu_index, {"healthy": True, "unhealthy_reason": None})
 
 
 def _stray_stopped(state: ClusterState, event: StrayStopped, recorded: Recorded) -> None:
@@ -372,7 +385,7 @@ def _model_scaled(state: ClusterState, event: ModelScaled, recorded: Recorded) -
 
 
 def _model_removed(state: ClusterState, event: ModelRemoved, recorded: Recorded) -> None:
-    _update_model(state, event.model, removed=True)
+    _update_model(state, event.model, {"removed": True})
 
 
 def _model_tuned(state: ClusterState, event: ModelTuned, recorded: Recorded) -> None:
@@ -381,7 +394,7 @@ def _model_tuned(state: ClusterState, event: ModelTuned, recorded: Recorded) -> 
 
 
 def _model_unplaceable(state: ClusterState, event: ModelUnplaceable, recorded: Recorded) -> None:
-    _update_model(state, event.model, unplaceable_reason=event.reason)
+    _update_model(state, event.model, {"unplaceable_reason": event.reason})
 
 
 def _api_key_created(state: ClusterState, event: ApiKeyCreated, recorded: Recorded) -> None:
@@ -465,7 +478,7 @@ _HANDLERS: dict[type[Event], Callable[[ClusterState, Any, Recorded], None]] = {
 }
 
 
-def _starting(state: ClusterState, replica_id: str, at: datetime) -> dict[str, Any]:
+def _starting(state: ClusterState, replica_id: str, at: datetime) -> ReplicaChanges:
     replica = state.replicas.get(replica_id)
     if replica is None or replica.phase is not ReplicaPhase.PLACED:
         return {}
@@ -476,8 +489,8 @@ def _update_shard(
     state: ClusterState,
     replica_id: str,
     index: int,
-    changes: dict[str, Any],
-    replica_changes: dict[str, Any] | None = None,
+    changes: ShardChanges,
+    replica_changes: ReplicaChanges | None = None,
 ) -> None:
     replica = state.replicas.get(replica_id)
     if replica is None or not 0 <= index < len(replica.shards):
@@ -487,7 +500,7 @@ def _update_shard(
     state.replicas[replica_id] = replace(replica, shards=tuple(shards), **(replica_changes or {}))
 
 
-def _update_replica(state: ClusterState, replica_id: str, **changes: Any) -> None:
+def _update_replica(state: ClusterState, replica_id: str, changes: ReplicaChanges) -> None:
     replica = state.replicas.get(replica_id)
     if replica is not None:
         state.replicas[replica_id] = replace(replica, **changes)
@@ -520,10 +533,10 @@ def _remember_stray(state: ClusterState, event: StrayStopped) -> None:
         state.nodes[event.node_id] = replace(node, stray_stops=strays)
 
 
-def _model_of(state: ClusterState, replica_id: str, **changes: Any) -> None:
+def _model_of(state: ClusterState, replica_id: str, changes: ModelChanges) -> None:
     replica = state.replicas.get(replica_id)
     if replica is not None:
-        _update_model(state, replica.model, **changes)
+        _update_model(state, replica.model, changes)
 
 
 def _count_failure(state: ClusterState, replica_id: str, at: datetime) -> None:
@@ -535,13 +548,13 @@ def _count_failure(state: ClusterState, replica_id: str, at: datetime) -> None:
         state.models[model.name] = replace(model, failures=failures, backoff_until=until)
 
 
-def _update_node(state: ClusterState, node_id: str, **changes: Any) -> None:
+def _update_node(state: ClusterState, node_id: str, changes: NodeChanges) -> None:
     node = state.nodes.get(node_id)
     if node is not None:
         state.nodes[node_id] = replace(node, **changes)
 
 
-def _update_gpu(state: ClusterState, node_id: str, index: int, **changes: Any) -> None:
+def _update_gpu(state: ClusterState, node_id: str, index: int, changes: GpuChanges) -> None:
     node = state.nodes.get(node_id)
     if node is None:
         return
@@ -549,7 +562,7 @@ def _update_gpu(state: ClusterState, node_id: str, index: int, **changes: Any) -
     state.nodes[node_id] = replace(node, gpus=gpus)
 
 
-def _update_model(state: ClusterState, name: str, **changes: Any) -> None:
+def _update_model(state: ClusterState, name: str, changes: ModelChanges) -> None:
     model = state.models.get(name)
     if model is not None:
         state.models[name] = replace(model, **changes)
@@ -560,7 +573,7 @@ def _tune(state: ClusterState, event: ModelTuned, at: datetime) -> None:
         weight=event.weight, target_waiting=event.target_waiting, kv_ceiling=event.kv_ceiling
     )
     if event.replica_id is not None:
-        _update_replica(state, event.replica_id, routing=routing)
+        _update_replica(state, event.replica_id, {"routing": routing})
         return
     model = state.models.get(event.model)
     if model is not None:

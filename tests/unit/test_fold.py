@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import get_type_hints
 
+import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app.domain.changes import GpuChanges, ModelChanges, NodeChanges, ReplicaChanges, ShardChanges
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import (
     AnyEvent,
@@ -38,7 +42,7 @@ from app.domain.events import (
 )
 from app.domain.evolve import replay
 from app.domain.model_spec import ModelSpec
-from app.domain.state import ClusterState, ReplicaPhase, ShardPhase
+from app.domain.state import ClusterState, Model, Node, Replica, ReplicaPhase, Shard, ShardPhase
 from app.store.projection import Row, all_rows, fold
 from app.store.tables import PROJECTION_TABLES
 from tests.support.generators import events, stream_for
@@ -282,3 +286,19 @@ def test_every_event_type_has_a_handler_in_the_fold() -> None:
     from app.domain.evolve import _HANDLERS
 
     assert set(_HANDLERS) == set(EVENT_TYPES.values())
+
+
+@pytest.mark.parametrize(
+    ("changes", "entity", "identity"),
+    [
+        (ShardChanges, Shard, {"index"}),
+        (ReplicaChanges, Replica, {"id", "model", "number", "placed_at"}),
+        (ModelChanges, Model, {"name", "declared_at"}),
+        (NodeChanges, Node, {"id", "registered_at"}),
+        (GpuChanges, GpuInfo, {"index", "uuid", "name", "memory_total_mib"}),
+    ],
+)
+def test_what_the_fold_may_change_is_every_field_of_an_entity_but_its_identity(
+    changes: type, entity: type[msgspec.Struct], identity: set[str]
+) -> None:
+    assert set(get_type_hints(changes)) == set(entity.__struct_fields__) - identity
