@@ -27,6 +27,8 @@ from app.domain.egress import InvalidEngineNetworks
 from app.gateway.postgres import (
     DEFAULT_CLIENT_HOST,
     DEFAULT_CLIENT_PORT,
+    DEFAULT_QUEUE_TIMEOUT_S,
+    DEFAULT_SCRAPE_INTERVAL_S,
     GatewayOptions,
     PostgresGateway,
 )
@@ -36,6 +38,7 @@ from app.gateway.server import (
     DEFAULT_METRICS_PORT,
     GatewayFailed,
 )
+from app.gateway.source import DEFAULT_REFRESH_INTERVAL_S
 from app.listeners.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, ListenerLimits
 from app.listeners.throttle import DEFAULT_BURST, DEFAULT_PER_MINUTE, FailureLimits
 from app.logs import configure_logging
@@ -73,14 +76,14 @@ def gateway_command(
             env_var="LLMGW_QUEUE_TIMEOUT",
             help="seconds a request waits for a replica with room before it gets 429",
         ),
-    ] = 5.0,
+    ] = DEFAULT_QUEUE_TIMEOUT_S,
     scrape_interval: Annotated[
         float,
         Parameter(
             env_var="LLMGW_SCRAPE_INTERVAL",
             help="seconds between scrapes of each replica's engine metrics",
         ),
-    ] = 0.25,
+    ] = DEFAULT_SCRAPE_INTERVAL_S,
     refresh_interval: Annotated[
         float,
         Parameter(
@@ -88,7 +91,7 @@ def gateway_command(
             help="seconds between reads of the routing table and keys when no change is "
             "notified sooner",
         ),
-    ] = 5.0,
+    ] = DEFAULT_REFRESH_INTERVAL_S,
     engine_networks: EngineNetworksFlag = "",
     allow_privileged_role: AllowPrivilegedRole = False,
     metrics_host: Annotated[

@@ -25,14 +25,18 @@ DEFAULT_CLIENT_HOST = "127.0.0.1"
 DEFAULT_CLIENT_PORT = 8080
 
 
+DEFAULT_QUEUE_TIMEOUT_S = 5.0
+DEFAULT_SCRAPE_INTERVAL_S = 0.25
+
+
 @dataclass(frozen=True)
 class GatewayOptions:
     host: str = DEFAULT_CLIENT_HOST
     port: int = DEFAULT_CLIENT_PORT
     gateway_id: str | None = None
     """Its name in ``gateway_reports``; hostname-pid when not given."""
-    queue_timeout_s: float = 5.0
-    scrape_interval_s: float = 0.25
+    queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S
+    scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S
     refresh_interval_s: float = DEFAULT_REFRESH_INTERVAL_S
     engine_networks: EngineNetworks | None = None
     """Where engines may be contacted; None: each node at its agent's own address only."""
