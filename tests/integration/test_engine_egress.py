@@ -153,7 +153,7 @@ async def routing_table(database_url: str) -> list[RouteRow]:
 
 @contextlib.contextmanager
 def serving(
-    database_url: str, directory: Path, client_port: int
+    database_url: str, directory: Path, client_port: int, admin_port: int
 ) -> Iterator[subprocess.Popen[bytes]]:
     pki = write_pki(directory / "pki", operator="alice", node="gpu-0001")
     certificate, key = pki.pair("server")
@@ -164,7 +164,7 @@ def serving(
                 SERVER,
                 "serve",
                 *("--database-url", runtime_url(database_url), "--server-id", "egress-test"),
-                *("--admin-host", "127.0.0.1", "--admin-port", str(free_port())),
+                *("--admin-host", "127.0.0.1", "--admin-port", str(admin_port)),
                 *("--agent-host", "127.0.0.1", "--agent-port", str(free_port())),
                 *("--client-host", "127.0.0.1", "--client-port", str(client_port)),
                 *("--tls-cert", str(certificate), "--tls-key", str(key), "--tls-ca", str(pki.ca)),
@@ -224,11 +224,11 @@ async def test_the_gateway_contacts_no_engine_of_a_generated_history_outside_its
     await declare_model(pg_store, CONTROL_MODEL)
     await serve_replica(pg_store, CONTROL_MODEL, 1, "control-node", control.port)
     key = (await Operations(pg_store).create_key(Caller(actor="alice"), "egress", ["*"])).key
-    client_port = free_port()
+    client_port, admin_port = free_port(), free_port()
 
     async with listening(foreign) as watched:
         assert len(watched) >= 0.9 * len(foreign), "too few routes could be listened for"
-        with serving(database_url, tmp_path, client_port) as server:
+        with serving(database_url, tmp_path, client_port, admin_port) as server:
             async with httpx.AsyncClient(
                 base_url=f"http://127.0.0.1:{client_port}", timeout=10
             ) as http:
@@ -255,7 +255,9 @@ async def test_the_gateway_contacts_no_engine_of_a_generated_history_outside_its
                     json={**chat, "model": foreign[0].model},
                     headers=headers,
                 )
-                page = (await http.get("/metrics")).text
+                # The gateway's page is on the admin listener, where operators read it.
+                metrics = f"http://127.0.0.1:{admin_port}/metrics"
+                page = (await http.get(metrics)).text
 
             assert to_control.status_code == 200, to_control.text
             assert to_history.status_code == 503, to_history.text
