@@ -51,10 +51,10 @@ class CertificatesView(msgspec.Struct, frozen=True, kw_only=True):
 
 
 COLUMNS = (
-    Column("serial"),
+    Column("serial", key=True),
     Column("kind"),
-    Column("name", wrap=True),
-    Column("expires"),
+    Column("name", key=True),
+    Column("expires", drop=1),
     Column("state", wrap=True),
 )
 
@@ -166,7 +166,7 @@ def list_certificates(
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(rows), indent=2).decode() + "\n")
         return EXIT_OK
     title = f"{len(rows)} certificate{'s' if len(rows) != 1 else ''} ({directory})"
-    print_table(COLUMNS, (_row(row) for row in rows), title=title)
+    print_table(COLUMNS, (_row(row) for row in rows), title=title, wide=output == "wide")
     return EXIT_OK
 
 

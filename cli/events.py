@@ -120,7 +120,7 @@ def _print_page(events: list[msgspec.Raw], output: OutputFormat) -> None:
         return
     rows = [_row(_event_decoder.decode(raw)) for raw in events]
     count = f"{len(rows)} event{'s' if len(rows) != 1 else ''}"
-    print_table(COLUMNS, rows, title=f"the log: {count}")
+    print_table(COLUMNS, rows, title=f"the log: {count}", wide=output == "wide")
 
 
 def _row(view: EventView) -> tuple[str, ...]:

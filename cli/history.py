@@ -30,7 +30,7 @@ history_app = App(
 )
 
 Output = Annotated[
-    Literal["table", "json"],
+    Literal["table", "wide", "json"],
     Parameter(help="table for people; json prints the events as the API returns them."),
 ]
 Limit = Annotated[
@@ -46,12 +46,12 @@ After = Annotated[
 ]
 
 COLUMNS = (
-    Column("position", justify="right"),
-    Column("time (UTC)"),
-    Column("event"),
+    Column("position", justify="right", key=True),
+    Column("time (UTC)", drop=2),
+    Column("event", drop=3),
     Column("actor"),
     Column("what", wrap=True),
-    Column("correlation", wrap=True),
+    Column("correlation", wrap=True, drop=1),
 )
 
 
@@ -138,7 +138,7 @@ def key_history(
 def show_history(
     subject: str,
     key: str,
-    output: Literal["table", "json"],
+    output: Literal["table", "wide", "json"],
     limit: int | None,
     after: int,
     flags: ConnectionFlags | None,
@@ -157,7 +157,12 @@ def show_history(
     if output == "json":
         print_json_array(event.raw for event in events)
     elif events:
-        print_table(COLUMNS, (_row(event) for event in events), title=_title(subject, key, events))
+        print_table(
+            COLUMNS,
+            (_row(event) for event in events),
+            title=_title(subject, key, events),
+            wide=output == "wide",
+        )
     if not events:
         print_error(
             "history",

@@ -39,7 +39,7 @@ SHOWN_ONCE = (
 )
 
 Output = Annotated[
-    Literal["table", "json"],
+    Literal["table", "wide", "json"],
     Parameter(help="table for people; json prints the API's answer unchanged."),
 ]
 Limit = Annotated[
@@ -48,16 +48,16 @@ Limit = Annotated[
 ]
 
 COLUMNS = (
-    Column("prefix"),
-    Column("name"),
+    Column("prefix", key=True),
+    Column("name", key=True),
     Column("models", wrap=True),
     Column("rpm", justify="right"),
     Column("tpm", justify="right"),
-    Column("created (UTC)"),
-    Column("by"),
-    Column("revoked (UTC)"),
-    Column("by"),
-    Column("id"),
+    Column("created (UTC)", drop=3),
+    Column("by", drop=4),
+    Column("revoked (UTC)", drop=2),
+    Column("by", drop=5),
+    Column("id", drop=1),
 )
 
 
@@ -133,7 +133,7 @@ def list_keys(
         shown = [key for key, _ in kept]
         live_count = sum(1 for key in reply.value if not key.revoked)
         title = f"{len(shown)} API key{'s' if len(shown) != 1 else ''} ({live_count} live)"
-        print_table(COLUMNS, (_row(key) for key in shown), title=title)
+        print_table(COLUMNS, (_row(key) for key in shown), title=title, wide=output == "wide")
         return EXIT_OK
 
     return _run("keys list", connection, show)

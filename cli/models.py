@@ -44,6 +44,16 @@ llmgw-cli models apply llama.yaml
 )
 
 
+MODEL_COLUMNS = (
+    Column("model", key=True),
+    Column("serving/desired", justify="right"),
+    Column("phases"),
+    Column("GPUs/replica", justify="right", drop=2),
+    Column("engine", drop=1),
+    Column("below its count because", wrap=True),
+)
+
+
 @models_app.default
 def list_models(
     *,
@@ -60,14 +70,7 @@ def list_models(
             print_json(reply.raw)
             return EXIT_OK
         print_table(
-            (
-                Column("model"),
-                Column("serving/desired", justify="right"),
-                Column("phases"),
-                Column("GPUs/replica", justify="right"),
-                Column("engine"),
-                Column("below its count because", wrap=True),
-            ),
+            MODEL_COLUMNS,
             (
                 (
                     m.name + (" (removed)" if m.removed else ""),
@@ -80,6 +83,7 @@ def list_models(
                 for m in reply.value
             ),
             title=f"{len(reply.value)} model{'s' if len(reply.value) != 1 else ''}",
+            wide=output == "wide",
         )
         return EXIT_OK
 
@@ -221,7 +225,7 @@ def remove(
     return run_command("remove", connection, change)
 
 
-def print_model(model: ModelView) -> None:
+def print_model(model: ModelView, wide: bool = False) -> None:
     spec = model.spec
     memory = f"{spec.gpu_memory_gib:g} GiB free each" if spec.gpu_memory_gib else "any memory"
     facts: list[tuple[str, str | None]] = [

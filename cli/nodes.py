@@ -27,6 +27,17 @@ from cli.views import NodeChange, NodeSummary, NodeView
 NodeId = Annotated[str, Parameter(help="The node id its agent claims, such as gpu-08.")]
 
 
+NODE_COLUMNS = (
+    Column("node", key=True),
+    Column("state"),
+    Column("GPUs healthy/total", justify="right"),
+    Column("free", justify="right"),
+    Column("replicas", justify="right"),
+    Column("address", drop=1),
+    Column("labels", wrap=True, drop=2),
+)
+
+
 def list_nodes(*, output: Output = "table", connection: ConnectionFlags | None = None) -> int:
     """Every node the log knows: connection, cordon and drain, GPUs (healthy and free), how
     many replicas run there.
@@ -43,15 +54,7 @@ def list_nodes(*, output: Output = "table", connection: ConnectionFlags | None =
             print_json(reply.raw)
             return EXIT_OK
         print_table(
-            (
-                Column("node"),
-                Column("state"),
-                Column("GPUs healthy/total", justify="right"),
-                Column("free", justify="right"),
-                Column("replicas", justify="right"),
-                Column("address"),
-                Column("labels", wrap=True),
-            ),
+            NODE_COLUMNS,
             (
                 (
                     n.id,
@@ -65,6 +68,7 @@ def list_nodes(*, output: Output = "table", connection: ConnectionFlags | None =
                 for n in reply.value
             ),
             title=f"{len(reply.value)} node{'s' if len(reply.value) != 1 else ''}",
+            wide=output == "wide",
         )
         return EXIT_OK
 
@@ -144,7 +148,7 @@ def node_state(connected: bool, lost: bool, cordoned: bool, drain_id: str | None
     return f"{state}, cordoned" if cordoned else state
 
 
-def print_node(node: NodeView) -> None:
+def print_node(node: NodeView, wide: bool = False) -> None:
     connection = node.connection
     since = f" since {utc_seconds(connection.since)} UTC" if connection.since else ""
     state = node_state(connection.connected, connection.lost, node.cordoned, None)
@@ -170,7 +174,7 @@ def print_node(node: NodeView) -> None:
             Column("name"),
             Column("memory used/total MiB", justify="right"),
             Column("healthy"),
-            Column("used by"),
+            Column("used by", drop=1),
             Column("excluded because", wrap=True),
         ),
         (
@@ -186,11 +190,18 @@ def print_node(node: NodeView) -> None:
         ),
         title="GPUs",
         console=console,
+        wide=wide,
     )
     if node.replicas:
         print_table(
-            (Column("replica"), Column("model"), Column("phase"), Column("shards here")),
+            (
+                Column("replica", key=True),
+                Column("model"),
+                Column("phase"),
+                Column("shards here"),
+            ),
             ((r.id, r.model, r.phase, ",".join(str(s) for s in r.shards)) for r in node.replicas),
             title="replicas",
             console=console,
+            wide=wide,
         )

@@ -25,10 +25,14 @@ from cli.render import EXIT_FAILED, EXIT_OK, EXIT_USAGE, print_error
 
 ADMIN = "/admin/v1"
 
-OutputFormat = Literal["table", "json"]
+OutputFormat = Literal["table", "wide", "json"]
 Output = Annotated[
     OutputFormat,
-    Parameter(help="table for people; json for scripts (the API's answer, unchanged)."),
+    Parameter(
+        help="table for people (columns that do not fit the terminal are left out, in a "
+        "stated order); wide for every column however wide; json for scripts (the API's "
+        "answer, unchanged)."
+    ),
 ]
 
 ViewT = TypeVar("ViewT")
@@ -88,7 +92,7 @@ def show_one(
     command: str,
     path: str,
     view: type[ViewT],
-    print_view: Callable[[ViewT], None],
+    print_view: Callable[[ViewT, bool], None],
     output: OutputFormat,
     flags: ConnectionFlags | None,
 ) -> int:
@@ -102,13 +106,14 @@ def show_one(
 
 
 def print_reply(
-    reply: Reply[ViewT], output: OutputFormat, print_view: Callable[[ViewT], None]
+    reply: Reply[ViewT], output: OutputFormat, print_view: Callable[[ViewT, bool], None]
 ) -> None:
-    """The API's answer unchanged for ``--output json``; ``print_view``'s rendering else."""
+    """The API's answer unchanged for ``--output json``; ``print_view``'s rendering else
+    (told whether the output is to be ``wide``)."""
     if output == "json":
         print_json(reply.raw)
     else:
-        print_view(reply.value)
+        print_view(reply.value, output == "wide")
 
 
 def segment(value: str) -> str:

@@ -76,20 +76,23 @@ def _ask(client: AdminClient, model: str | None, spec: object) -> Reply[Placemen
     return call(client, PlacementView, "POST", f"{ADMIN}/placement", body=spec)
 
 
-def print_placement(placement: PlacementView) -> None:
+CANDIDATE_COLUMNS = (
+    Column("node", key=True),
+    Column("eligible"),
+    Column("usable GPUs", justify="right", drop=2),
+    Column("replicas of it", justify="right", drop=3),
+    Column("would use", drop=1),
+    Column("why not", wrap=True),
+)
+
+
+def print_placement(placement: PlacementView, wide: bool = False) -> None:
     console = Console(highlight=False)
     verdict = ("placeable", "green") if placement.placeable else ("not placeable", "red")
     console.print(Text.assemble((f"{placement.model}: ", "bold"), verdict))
     console.print(Text(placement.summary), soft_wrap=True)
     print_table(
-        (
-            Column("node"),
-            Column("eligible"),
-            Column("usable GPUs", justify="right"),
-            Column("replicas of it", justify="right"),
-            Column("would use"),
-            Column("why not", wrap=True),
-        ),
+        CANDIDATE_COLUMNS,
         (
             (
                 c.node_id,
@@ -102,6 +105,7 @@ def print_placement(placement: PlacementView) -> None:
             for c in placement.candidates
         ),
         console=console,
+        wide=wide,
     )
 
 

@@ -59,19 +59,19 @@ def list_replicas(
         if output == "json":
             print_json(reply.raw)
             return EXIT_OK
-        print_table(REPLICA_COLUMNS, (replica_row(r) for r in reply.value))
+        print_table(REPLICA_COLUMNS, (replica_row(r) for r in reply.value), wide=output == "wide")
         return EXIT_OK
 
     return run_command("replicas", connection, show)
 
 
 REPLICA_COLUMNS = (
-    Column("replica"),
-    Column("model"),
+    Column("replica", key=True),
+    Column("model", drop=3),  # the replica's id begins with it
     Column("phase"),
-    Column("nodes"),
-    Column("serving since (UTC)"),
-    Column("routable"),
+    Column("nodes", key=True),
+    Column("serving since (UTC)", drop=1),
+    Column("routable", drop=2),
     Column("moves", wrap=True),
 )
 
@@ -117,7 +117,7 @@ def show_replica(
     return show_one("replica", path, ReplicaView, print_replica, output, connection)
 
 
-def print_replica(replica: ReplicaView) -> None:
+def print_replica(replica: ReplicaView, wide: bool = False) -> None:
     console = Console(highlight=False)
     facts: list[tuple[str, str | None]] = [
         ("replica", replica.id),
@@ -135,7 +135,7 @@ def print_replica(replica: ReplicaView) -> None:
     print_table(
         (
             Column("shard", justify="right"),
-            Column("node"),
+            Column("node", key=True),
             Column("GPUs"),
             Column("port", justify="right"),
             Column("state"),
@@ -156,6 +156,7 @@ def print_replica(replica: ReplicaView) -> None:
         ),
         title="shards",
         console=console,
+        wide=wide,
     )
     for shard in replica.shards:
         if shard.log_tail:

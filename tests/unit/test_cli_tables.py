@@ -1,0 +1,138 @@
+"""The main tables at 80 columns (a common terminal, and the width when piped) and at 200:
+ids are never cut, columns are dropped in their stated order before anything is, and
+``--output wide`` shows every column."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+from rich.console import Console
+
+from cli.history import COLUMNS as HISTORY_COLUMNS
+from cli.keys import COLUMNS as KEY_COLUMNS
+from cli.models import MODEL_COLUMNS
+from cli.nodes import NODE_COLUMNS
+from cli.placement import CANDIDATE_COLUMNS
+from cli.render import Column, print_table
+from cli.replicas import REPLICA_COLUMNS
+
+NODES = [
+    ("dev-node-1", "ready", "2/2", "1", "1", "127.0.0.1", "zone=us-east-1a, gpu=h100-80gb-sxm5"),
+    ("gpu-node-with-a-long-name-07", "cordoned", "8/8", "8", "0", "gpu-07.internal", ""),
+]
+MODELS = [("llama-3-70b-instruct", "2/2", "2 serving, 3 stopped", "4", "vllm", "")]
+REPLICAS = [
+    (
+        "llama-70b-12",
+        "llama-70b",
+        "draining",
+        "gpu-07",
+        "2026-12-01 09:00:00",
+        "yes",
+        "replaced by llama-70b-13 (drain drain-4e1c), serving since 09:01",
+    )
+]
+CANDIDATES = [
+    ("dev-node-2", "no", "0", "1", "", "cordoned: maintenance; 0 healthy free GPUs of 2"),
+]
+KEYS = [
+    (
+        "47ac7a37", "tour", "demo", "60", "-", "2026-12-01 09:00:00", "alice",
+        "2026-12-01 10:00:00", "bob", "k-47ac7a37-9a4e",
+    )
+]  # fmt: skip
+HISTORY = [
+    (
+        "1234", "2026-12-01 09:00:00", "replica_drain_started", "reconciler",
+        "replica demo-1 draining (drain drain-4e1c): node dev-node-1 drains", "drain-4e1c",
+    )
+]  # fmt: skip
+
+TABLES = {
+    "nodes": (NODE_COLUMNS, NODES),
+    "models": (MODEL_COLUMNS, MODELS),
+    "replicas": (REPLICA_COLUMNS, REPLICAS),
+    "explain-placement": (CANDIDATE_COLUMNS, CANDIDATES),
+    "keys": (KEY_COLUMNS, KEYS),
+    "history": (HISTORY_COLUMNS, HISTORY),
+}
+
+
+def left_out_of(text: str) -> list[str]:
+    """The headers the footnote says were left out."""
+    match = re.search(r"\(left out to fit: (.*); --output wide shows them\)", text)
+    return match.group(1).split(", ") if match else []
+
+
+def rendered(
+    columns: tuple[Column, ...], rows: list[tuple[str, ...]], width: int, *, wide: bool = False
+) -> str:
+    output = io.StringIO()
+    console = Console(file=output, width=width, highlight=False, color_system=None)
+    print_table(columns, rows, console=console, wide=wide)
+    return output.getvalue()
+
+
+@pytest.mark.parametrize("table", sorted(TABLES))
+@pytest.mark.parametrize("width", [80, 200])
+def test_ids_are_whole_and_every_line_fits(table: str, width: int) -> None:
+    columns, rows = TABLES[table]
+
+    text = rendered(columns, rows, width)
+
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width, text
+    for row in rows:
+        for column, value in zip(columns, row, strict=True):
+            if column.key:
+                assert value in text, f"{column.header} {value!r} cut:\n{text}"
+    kept = [c for c in columns if c.header not in left_out_of(text)]
+    assert all(word in text for c in kept for word in c.header.split()), text
+    assert all(c in kept for c in columns if not c.drop)
+    assert "…" not in text
+
+
+@pytest.mark.parametrize("table", sorted(TABLES))
+def test_columns_are_left_out_in_their_stated_order_and_said_so(table: str) -> None:
+    columns, rows = TABLES[table]
+
+    narrow = rendered(columns, rows, 80)
+
+    left_out = [c for c in columns if c.header in left_out_of(narrow)]
+    assert all(c.drop for c in left_out), "only droppable columns are left out"
+    order = sorted(c.drop for c in columns if c.drop)
+    assert sorted(c.drop for c in left_out) == order[: len(left_out)]
+
+
+@pytest.mark.parametrize("table", sorted(TABLES))
+def test_wide_shows_every_column_at_any_width(table: str) -> None:
+    columns, rows = TABLES[table]
+
+    text = rendered(columns, rows, 80, wide=True)
+
+    assert all(c.header in text for c in columns), text
+    assert "left out" not in text
+    for row in rows:
+        assert all(value in text for value in row if value), text
+
+
+def test_at_200_columns_nothing_is_left_out() -> None:
+    for columns, rows in TABLES.values():
+        assert "left out" not in rendered(columns, rows, 200)
+
+
+def test_ids_too_long_for_the_terminal_are_folded_never_cut() -> None:
+    row = (
+        "llama-3-70b-instruct-awq-int4-12", "llama-3-70b-instruct-awq-int4", "serving",
+        "gpu-node-with-a-long-name-07.rack-12.example", "2026-12-01 09:00:00", "yes", "",
+    )  # fmt: skip
+
+    text = rendered(REPLICA_COLUMNS, [row], 80)
+
+    assert "…" not in text  # folded onto more lines, never cut short
+    first_column = "".join(
+        line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│")
+    )
+    assert first_column == row[0]
