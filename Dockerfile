@@ -8,11 +8,16 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /opt/llmgw/src
+# The locked runtime packages first (hash-checked, nothing resolved again: the versions CI
+# tested), then llmgw itself on top of them.
+COPY requirements/runtime.txt ./requirements/
+RUN pip install --require-hashes --no-deps -r requirements/runtime.txt
 COPY pyproject.toml README.md ./
 COPY app ./app
 COPY agent ./agent
 COPY cli ./cli
-RUN pip install . && cd / && rm -rf /opt/llmgw/src
+COPY wire ./wire
+RUN pip install --no-deps --no-build-isolation . && pip check && cd / && rm -rf /opt/llmgw/src
 
 # The directories named volumes are mounted on are created here, owned by the llmgw user:
 # Docker gives an empty named volume the owner of its mount point in the image.

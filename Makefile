@@ -1,11 +1,29 @@
 PY ?= .venv/bin/python
+UV ?= .venv/bin/uv
+LOCK_FLAGS ?=
+LOCK := $(UV) pip compile --quiet --universal --python-version 3.11 --generate-hashes \
+	--custom-compile-command 'make lock'
 
-.PHONY: venv dev lint types test test-unit check bench
+.PHONY: venv lock dev lint types test test-unit check bench
 
+# .venv exactly as CI tests it: every package from requirements/dev.txt (hash-checked,
+# nothing resolved again), then llmgw itself, editable, on top.
 venv:
 	python3 -m venv .venv
-	.venv/bin/pip install -q --upgrade pip
-	.venv/bin/pip install -q -e '.[dev]'
+	.venv/bin/python -m pip install -q --require-hashes --no-deps -r requirements/dev.txt
+	.venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+	.venv/bin/python -m pip check
+
+# Regenerates the locks from pyproject.toml, keeping every pin that still fits:
+#   make lock                                   after changing a dependency in pyproject.toml
+#   make lock LOCK_FLAGS=--upgrade              everything to its newest release
+#   make lock LOCK_FLAGS='--upgrade-package X'  X alone
+# then `make venv check`. requirements/runtime.txt (the image's) is dev.txt's subset.
+lock:
+	test -x $(UV) || $(MAKE) venv
+	$(LOCK) $(LOCK_FLAGS) pyproject.toml requirements/build.in --extra dev -o requirements/dev.txt
+	$(LOCK) $(LOCK_FLAGS) pyproject.toml requirements/build.in -c requirements/dev.txt \
+		-o requirements/runtime.txt
 
 dev:
 	test -x .venv/bin/llmgw-server || $(MAKE) venv

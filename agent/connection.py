@@ -172,7 +172,9 @@ async def stay_connected(
     for server in itertools.cycle(servers):
         if delay:
             await asyncio.sleep(delay)
-        ending = await _connect_once(server, ssl_context, serve, clock)
+        # Every line logged while this server is dialled or connected names it.
+        with structlog.contextvars.bound_contextvars(server=server.uri):
+            ending = await _connect_once(server, ssl_context, serve, clock)
         hang_ups = hang_ups + 1 if ending.failure is Failure.HUNG_UP_AFTER_TLS else 0
         if hang_ups >= REFUSAL_STRIKES:
             raise ClientCertificateRejected(
@@ -183,12 +185,15 @@ async def stay_connected(
         if ending.stable:
             backoff.reset()
         delay = backoff.next_delay()
-        log.warning(
-            "disconnected" if ending.connected else "connect_failed",
-            server=server.uri,
-            reason=ending.detail,
-            retry_in_s=round(delay, 2),
-        )
+        retry_in_s = round(delay, 2)
+        if ending.connected:
+            log.warning(
+                "disconnected", server=server.uri, reason=ending.detail, retry_in_s=retry_in_s
+            )
+        else:
+            log.warning(
+                "connect_failed", server=server.uri, reason=ending.detail, retry_in_s=retry_in_s
+            )
     raise ConnectionFatal("no server to connect to")
 
 
@@ -204,7 +209,7 @@ async def _connect_once(
             close_timeout=CLOSE_TIMEOUT_S,
             proxy=None,
         ) as websocket:
-            log.info("connected", server=server.uri)
+            log.info("connected")
             opened_at = clock()
             welcomed = await serve(websocket)
             stable = welcomed and clock() - opened_at >= STABLE_AFTER_S

@@ -174,7 +174,8 @@ async def run_agent(config: AgentConfig) -> int:
         lock = _lock_state_dir(config.state_dir)
     except (StateDirBusy, OSError) as exc:
         return _fail(str(exc), EXIT_FAILED)
-    with lock:
+    # One node per agent process: every line it logs names it.
+    with lock, structlog.contextvars.bound_contextvars(node_id=config.node_id):
         return await _run_locked(config, ssl_context)
 
 

@@ -256,7 +256,6 @@ class AgentRuntime:
         adopted = await self._supervisor.reattach()
         log.info(
             "agent_started",
-            node_id=self._config.node_id,
             gpus=len(self._snapshot.gpus),
             reattached=[f"{record.replica_id}/{record.shard_index}" for record in adopted],
         )
@@ -373,7 +372,16 @@ class AgentRuntime:
     # -- commands ------------------------------------------------------------------------
 
     async def _execute(self, command: AgentCommand) -> None:
-        log.info("command_received", command=type(command).__name__, command_id=command.command_id)
+        # Every line logged while carrying out the command names it and its shard.
+        with structlog.contextvars.bound_contextvars(
+            command_id=command.command_id,
+            replica_id=command.replica_id,
+            shard_index=command.shard_index,
+        ):
+            await self._carry_out(command)
+
+    async def _carry_out(self, command: AgentCommand) -> None:
+        log.info("command_received", command=type(command).__name__)
         error: str | None = None
         try:
             match command:
@@ -384,9 +392,9 @@ class AgentRuntime:
         except (EngineError, CommandRefused) as exc:
             error = str(exc)
         except Exception as exc:
-            log.exception("command_failed", command_id=command.command_id)
+            log.exception("command_failed")
             error = f"unexpected error: {exc}"
-        log.info("command_finished", command_id=command.command_id, ok=error is None, error=error)
+        log.info("command_finished", ok=error is None, error=error)
         self._finished(command.command_id, error)
 
     async def _start_shard(self, command: StartShard) -> None:

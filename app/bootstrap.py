@@ -287,13 +287,14 @@ class Server:
                 await gateway.start()
             outcome = await _run_until_signalled(admin, plane, gateway)
         except (OSError, StoreError, GatewayFailed) as exc:
-            log.error("cannot serve", error=str(exc))
+            log.error("serve_failed", error=str(exc))
             return 1
         finally:
             await engine.dispose()
         if outcome is Outcome.DEPOSED:
             log.error(
-                "exiting: this server no longer leads; restart it to stand by",
+                "serve_deposed",
+                detail="this server no longer leads; restart it to stand by",
                 exit_code=EXIT_DEPOSED,
             )
             return EXIT_DEPOSED

@@ -21,7 +21,7 @@ then, ``--settle`` seconds later, every event the new leader appended, by type (
 is no ``replica_placed`` and no ``stray_stopped``). The control plane's CPU (utime + stime,
 in cores) and RSS are sampled every second, and the agents' process's CPU is reported
 beside it. From the control plane's log: when the hub had every hello, when hellos were
-recorded, and every ``reconcile pass`` (when it ended, how long it took, what it
+recorded, and every ``reconcile_pass`` (when it ended, how long it took, what it
 appended). Target: every shard adopted within 15 s of the spawn.
 
 Certificates are issued once per ``--workdir`` (see ``benchmarks/agents.py``). Results are
@@ -417,7 +417,7 @@ class Sample(msgspec.Struct, frozen=True):
 
 
 class Pass(msgspec.Struct, frozen=True):
-    """One ``reconcile pass`` line (the control plane logs the passes that did something)."""
+    """One ``reconcile_pass`` line (the control plane logs the passes that did something)."""
 
     ended_s: float
     duration_s: float
@@ -428,10 +428,10 @@ class ServerLog(msgspec.Struct, frozen=True, kw_only=True):
     """What the control plane's log says, in seconds since the spawn."""
 
     hellos_s: float | None
-    """When the hub had logged every agent's hello ("agent connected"), recorded or not."""
+    """When the hub had logged every agent's hello ("agent_connected"), recorded or not."""
     first_recorded_s: float | None
     last_recorded_s: float | None
-    """The first and the last hello recorded in the log ("fleet events recorded")."""
+    """The first and the last hello recorded in the log ("fleet_events_recorded")."""
     passes: list[Pass]
 
 
@@ -570,7 +570,7 @@ class LogLine(msgspec.Struct, frozen=True, kw_only=True):
     event: str
     timestamp: str
     events: list[str] | int = []
-    """Types recorded ("fleet events recorded"), or how many ("reconcile pass")."""
+    """Types recorded ("fleet_events_recorded"), or how many ("reconcile_pass")."""
     duration_ms: float = 0.0
     event_types: dict[str, int] = {}
 
@@ -587,11 +587,11 @@ def read_server_log(log: Path, size: int, spawned_at: datetime, agents: int) -> 
         except msgspec.ValidationError:
             continue
         at = (datetime.fromisoformat(line.timestamp) - spawned_at).total_seconds()
-        if line.event == "agent connected":
+        if line.event == "agent_connected":
             hellos.append(at)
-        elif line.event == "fleet events recorded" and _names(line.events, "node_connected"):
+        elif line.event == "fleet_events_recorded" and _names(line.events, "node_connected"):
             recorded.append(at)
-        elif line.event == "reconcile pass":
+        elif line.event == "reconcile_pass":
             passes.append(Pass(round(at, 2), round(line.duration_ms / 1000, 2), line.event_types))
     return ServerLog(
         hellos_s=_nth(hellos, agents),

@@ -215,6 +215,10 @@ class EngineSupervisor:
         """Report ``ready`` once the engine serves on a port of its own, and ``failed`` as
         soon as it exits, or once it is ended because another process holds its port."""
         record = watched.record
+        # The monitor's own task: every line it logs names its shard.
+        structlog.contextvars.bind_contextvars(
+            replica_id=record.replica_id, shard_index=record.shard_index
+        )
         # Not ``_task``: its failures are expected, and read below.
         ready = asyncio.create_task(
             wait_until_serving(record.port, record.pid, interval_s=self._poll_interval_s)

@@ -104,10 +104,10 @@ def serve(
             decode_per_seq_ms=decode_per_seq_ms,
         )
     except ValueError as exc:
-        log.error("invalid capacity settings", error=str(exc))
+        log.error("invalid_capacity_settings", error=str(exc))
         return 2
     if eos_after is not None and eos_after < 1:
-        log.error("invalid --eos-after", error="must be at least 1")
+        log.error("invalid_eos_after", error="--eos-after must be at least 1")
         return 2
     config = ServerConfig(
         host=host,
@@ -125,7 +125,7 @@ def serve(
         ),
     )
     log.info(
-        "llmgw-sim-engine starting",
+        "simulator_starting",
         host=host,
         port=port,
         model=model,
@@ -162,7 +162,7 @@ def _fields(capacity: CapacityConfig) -> list[tuple[str, object]]:
 
 
 def _exit_with_failure(message: str) -> None:
-    log.error(message)
+    log.error("simulator_failing", reason=message)
     sys.stderr.flush()
     # A crashing engine does not drain its connections: end the process at once.
     os._exit(FAILURE_EXIT_CODE)

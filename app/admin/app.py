@@ -89,6 +89,9 @@ def create_admin_app(
         exception_handlers=EXCEPTION_HANDLERS,
         openapi_config=OpenAPIConfig(title="llmgw admin API", version="1", path="/admin/v1/schema"),
         middleware=[log_requests],
+        # The process's logging is app.logs's: Litestar's own would replace the root
+        # handler with a plain-text one of its own at startup.
+        logging_config=None,
         request_max_body_size=MAX_BODY_BYTES,
         debug=False,
     )

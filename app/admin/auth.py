@@ -101,7 +101,7 @@ def operator_for(scope: Mapping[str, Any]) -> str | None:
     try:
         return _operator_identity(chain[0]).common_name
     except CertificateRejected as exc:
-        log.warning("admin.certificate_refused", reason=str(exc))
+        log.warning("admin_certificate_refused", reason=str(exc))
         raise PermissionDeniedException(
             f"{exc}; issue one with `llmgw-cli cert operator <name>`"
         ) from exc

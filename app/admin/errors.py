@@ -98,7 +98,7 @@ def handle_domain(_: Request[Any, Any, Any], exc: Exception) -> Response[dict[st
     for kind, status, slug in PROBLEM_TABLE:
         if isinstance(exc, kind):
             return problem(status, slug, str(exc), **_details(exc))
-    log.exception("admin.unhandled", error=str(exc))
+    log.exception("admin_request_failed", error=str(exc))
     return problem(
         HTTP_500_INTERNAL_SERVER_ERROR, "internal-error", "internal error; see the server log"
     )

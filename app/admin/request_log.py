@@ -1,4 +1,7 @@
-"""One log line per admin API request, carrying its request id and actor.
+"""One log line per admin API request, carrying its request id and actor: at debug, so
+that polling and health checks write nothing at info, unless the answer was 5xx (error) or
+the request slow (warning; an event stream is long by design, never slow), as
+``app.logs.request_level`` says.
 
 The request id is the client's ``X-Request-Id`` when it sent a usable one, else a new one;
 it is bound to structlog's context for the request (so every line logged while handling it
@@ -17,6 +20,7 @@ from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.admin.auth import ACTOR_KEY
+from app.logs import request_level
 from app.services.operations import new_request_id
 
 REQUEST_ID_HEADER = "x-request-id"
@@ -46,12 +50,17 @@ def log_requests(app: ASGIApp) -> ASGIApp:
         state[REQUEST_ID_KEY] = request_id
         started = time.perf_counter()
         status = 500
+        streaming = False
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status
+            nonlocal status, streaming
             if message["type"] == "http.response.start":
                 status = message["status"]
                 headers = list(message.get("headers", ()))
+                streaming = any(
+                    name.lower() == b"content-type" and value.startswith(b"text/event-stream")
+                    for name, value in headers
+                )
                 headers.append((b"x-request-id", request_id.encode()))
                 message["headers"] = headers
             await send(message)
@@ -62,13 +71,15 @@ def log_requests(app: ASGIApp) -> ASGIApp:
             finally:
                 path = scope.get("path", "")
                 if path not in _QUIET_PATHS or status >= 500:
-                    log.info(
-                        "admin request",
+                    duration_s = time.perf_counter() - started
+                    log.log(
+                        request_level(status, 0.0 if streaming else duration_s),
+                        "admin_request",
                         method=scope.get("method"),
                         path=path,
                         status=status,
                         actor=state.get(ACTOR_KEY),
-                        duration_ms=round((time.perf_counter() - started) * 1000, 1),
+                        duration_ms=round(duration_s * 1000, 1),
                     )
 
     return middleware

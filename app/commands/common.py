@@ -108,7 +108,8 @@ async def database_role_allowed(database_url: str, *, allow_privileged: bool) ->
         return True
     if allow_privileged:
         log.warning(
-            "serving with a privileged database role: it could rewrite the event log",
+            "database_role_privileged",
+            detail="serving with a privileged database role: it could rewrite the event log",
             role=role,
             reason=reason,
         )

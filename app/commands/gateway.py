@@ -173,13 +173,17 @@ async def _gateway(database_url: str, options: GatewayOptions, allow_privileged:
             return 1
         role_checked = True
     except StoreUnavailable as exc:
-        log.warning("cannot check the database role yet; asking again", error=str(exc))
+        log.warning(
+            "database_role_unchecked",
+            detail="cannot check the database role yet; asking again",
+            error=str(exc),
+        )
         role_checked = False
     gateway = PostgresGateway(database_url, options)
     try:
         await gateway.start()
     except (OSError, GatewayFailed) as exc:
-        log.error("cannot serve the gateway", host=options.host, port=options.port, error=str(exc))
+        log.error("gateway_failed_to_start", host=options.host, port=options.port, error=str(exc))
         return 1
     serving = asyncio.create_task(gateway.serve())
     stopping = asyncio.create_task(stop.wait())

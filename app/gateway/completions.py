@@ -40,6 +40,7 @@ from app.gateway.router import NoServingReplica, Saturated
 from app.gateway.table import GatewaySnapshot, KeyRecord
 from app.gateway.usage import StreamTokens, usage_of_body
 from app.listeners.throttle import FailureBudget
+from app.logs import request_level
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
@@ -147,6 +148,11 @@ class Completions:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange = _Exchange(clock())
+        # Every line logged while serving the request carries its id, as its answer does.
+        with structlog.contextvars.bound_contextvars(request_id=exchange.request_id.decode()):
+            await self._serve(exchange, scope, receive, send)
+
+    async def _serve(self, exchange: _Exchange, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             snapshot = self._snapshot()
             key = exchange.key = authenticate(snapshot, scope, self._failures)
@@ -174,7 +180,7 @@ class Completions:
         except Exception:
             # A bug, not a client's or an engine's doing: logged with its traceback, and
             # answered in OpenAI's shape if the answer has not started yet.
-            log.exception("request failed", request_id=exchange.request_id.decode())
+            log.exception("gateway_request_failed")
             exchange.status = 500
             if not exchange.answer_started:
                 await refuse(send, internal_error(), exchange.answer_headers())
@@ -267,12 +273,14 @@ class Completions:
             queue_s=timing.queue_s if exchange.replica else None,
         )
         if self._log_requests:
-            log.info(
-                "request",
-                request_id=exchange.request_id.decode(),
+            # Debug unless it failed, or the gateway's own share (the queue) was slow: the
+            # engine's generation time is the engine's.
+            log.log(
+                request_level(exchange.status, added_s),
+                "gateway_request",
                 key=exchange.key.prefix if exchange.key is not None else None,
                 model=exchange.model,
-                replica=exchange.replica,
+                replica_id=exchange.replica,
                 status=exchange.status,
                 stream=exchange.stream,
                 added_ms=round(added_s * 1000, 3),

@@ -133,9 +133,9 @@ class EngineEgress:
             return
         self._warned.add(address)
         log.warning(
-            "engine address refused",
+            "engine_address_refused",
             address=address,
-            replica=route.replica_id,
+            replica_id=route.replica_id,
             model=route.model,
             reason=refusal.explanation,
         )

@@ -94,7 +94,7 @@ class PostgresGateway:
         gateway then answers 503 until the database answers) and listen."""
         await self.source.start()
         if not self.source.fresh():
-            log.warning("gateway starts without a routing table", reason=self.source.stale_reason())
+            log.warning("gateway_started_without_routes", reason=self.source.stale_reason())
         try:
             await self.gateway.start()
         except BaseException:
@@ -102,7 +102,7 @@ class PostgresGateway:
             raise
         networks = self.gateway.egress.networks
         log.info(
-            "gateway listening",
+            "gateway_listening",
             url=self.gateway.url,
             metrics=self.gateway.metrics_url,
             gateway_id=self.source.gateway_id,

@@ -138,6 +138,11 @@ class MetricsScraper:
         self._failing = False
 
     async def run(self) -> None:
+        # Every line the scraper logs names its replica.
+        with structlog.contextvars.bound_contextvars(replica_id=self.replica_id):
+            await self._scrape_for_ever()
+
+    async def _scrape_for_ever(self) -> None:
         while True:
             sequence = self._begin()
             try:
@@ -147,7 +152,7 @@ class MetricsScraper:
                 self._note_failure(str(exc))
             except Exception:
                 # A bug here must not end the scraper: its replica would stay stale for ever.
-                log.exception("engine metrics scrape crashed", replica=self.replica_id)
+                log.exception("engine_metrics_scrape_crashed")
                 self._report(sequence, None)
                 self._failing = True
             else:
@@ -170,15 +175,15 @@ class MetricsScraper:
 
     def _note_failure(self, error: str) -> None:
         if not self._failing:
-            log.warning("engine metrics unavailable", replica=self.replica_id, error=error)
+            log.warning("engine_metrics_unavailable", error=error)
             self._failing = True
 
     def _note_success(self, reading: EngineReading) -> None:
         if self._failing:
-            log.info("engine metrics back", replica=self.replica_id)
+            log.info("engine_metrics_back")
             self._failing = False
         if not self._names_logged:
-            log.info("engine metrics found", replica=self.replica_id, names=list(reading.names))
+            log.info("engine_metrics_found", names=list(reading.names))
             self._names_logged = True
 
 

@@ -157,7 +157,7 @@ class PostgresSnapshotSource:
             task.cancel()
             await asyncio.wait({task}, timeout=CLOSE_WITHIN_S)
         if not task.cancelled() and task.exception() is not None:
-            log.error("snapshot source failed", error=str(task.exception()))
+            log.error("routing_source_failed", error=str(task.exception()))
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -180,7 +180,7 @@ class PostgresSnapshotSource:
                 except _CONNECTION_LOST as exc:
                     self._lost(exc)
                 except Exception as exc:  # a bug must not end the loop: retry as if lost
-                    log.exception("reading the routing table failed")
+                    log.exception("routing_table_read_failed")
                     self._lost(exc)
                 finally:
                     connection.terminate()
@@ -234,7 +234,7 @@ class PostgresSnapshotSource:
             try:
                 listener(snapshot)
             except Exception:  # one broken listener must not stop the others' updates
-                log.exception("snapshot listener failed", listener=repr(listener))
+                log.exception("routing_listener_failed", listener=repr(listener))
 
     # -- events -----------------------------------------------------------------------------
 
@@ -255,7 +255,7 @@ class PostgresSnapshotSource:
         if not self._loss_logged:
             self._loss_logged = True
             log.warning(
-                "database unreachable",
+                "database_unreachable",
                 gateway_id=self.gateway_id,
                 error=self.last_error,
                 serving=f"the routing table and keys at position {self._snapshot.position}"
@@ -270,7 +270,7 @@ class PostgresSnapshotSource:
         if self._loss_logged:
             self._loss_logged = False
             log.info(
-                "database reachable again",
+                "database_reachable",
                 gateway_id=self.gateway_id,
                 position=self._snapshot.position,
             )

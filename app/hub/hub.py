@@ -171,7 +171,7 @@ class AgentHub:
             close_timeout=CLOSE_TIMEOUT_S,
         )
         bound = self.port
-        log.info("agent hub listening", host=host, port=bound)
+        log.info("agent_hub_listening", host=host, port=bound)
         return bound
 
     @property
@@ -188,7 +188,7 @@ class AgentHub:
         self._server.close()
         await self._server.wait_closed()
         self._server = None
-        log.info("agent hub stopped")
+        log.info("agent_hub_stopped")
 
     def connected_nodes(self) -> list[str]:
         return self._registry.connected_nodes()
@@ -218,7 +218,7 @@ class AgentHub:
             if reason is None:
                 continue
             closed += 1
-            log.warning("closing a connection whose certificate was revoked", node_id=node_id)
+            log.warning("agent_certificate_revoked", node_id=node_id)
             await self._carry_out(connection, connection.session.revoked(reason))
             await self._record_refusal(
                 IdentityMismatch(
@@ -237,6 +237,11 @@ class AgentHub:
 
     async def _serve_connection(self, websocket: ServerConnection) -> None:
         remote = _format_address(websocket.remote_address)
+        # Every line about this connection names its peer; the node, once it says hello.
+        with structlog.contextvars.bound_contextvars(remote_address=remote):
+            await self._serve_peer(websocket, remote)
+
+    async def _serve_peer(self, websocket: ServerConnection, remote: str) -> None:
         ssl_object = websocket.transport.get_extra_info("ssl_object")
         try:
             identity = _node_identity(ssl_object)
@@ -290,7 +295,7 @@ class AgentHub:
         except ConnectionClosed:
             pass  # the agent went away: _end below reports it gone
         except Exception:
-            log.exception("agent connection failed", remote_address=remote)
+            log.exception("agent_connection_failed")
             connection.close(WebSocketCloseCode.INTERNAL_ERROR, "internal error")
         finally:
             await self._end(connection)
@@ -319,9 +324,7 @@ class AgentHub:
                 connection, connection.session.connection_lost(reason, monotonic())
             )
         except Exception:
-            log.exception(
-                "agent connection did not end cleanly", node_id=connection.session.node_id
-            )
+            log.exception("agent_connection_end_failed")
 
     async def _carry_out(self, connection: _AgentConnection, outputs: list[Output]) -> None:
         for output in outputs:
@@ -339,22 +342,18 @@ class AgentHub:
     async def _observe(self, connection: _AgentConnection, observation: Observation) -> None:
         match observation:
             case AgentHello(node_id=node_id):
+                structlog.contextvars.bind_contextvars(node_id=node_id)
                 previous = self._registry.register(node_id, connection)
                 if previous is not None:
                     await self._carry_out(previous, previous.session.replaced())
-                log.info(
-                    "agent connected",
-                    node_id=node_id,
-                    remote_address=connection.session.remote_address,
-                    replaced_previous=previous is not None,
-                )
+                log.info("agent_connected", replaced_previous=previous is not None)
                 await self._handler.handle(
                     report_of(observation, replaced_previous=previous is not None)
                 )
             case AgentGone(node_id=node_id, reason=reason):
                 if not self._registry.unregister(node_id, connection):
                     return  # a newer connection speaks for the node now
-                log.info("agent disconnected", node_id=node_id, reason=reason)
+                log.info("agent_disconnected", reason=reason)
                 await self._handler.handle(report_of(observation))
             case ConnectionRefused(over_budget=True, node_id=node_id):
                 self._cool_down.start(node_id, monotonic())
@@ -375,7 +374,7 @@ class AgentHub:
         key = f"{certificate} {type(refusal).__name__} {node_id}"
         suppressed = self._refusals.admit(key, monotonic(), group=certificate)
         if suppressed is None:
-            log.info("refusal not recorded again within the minute", node_id=node_id, key=key)
+            log.info("agent_refusal_suppressed", node_id=node_id, key=key)
             return
         await self._handler.handle(
             report_of(msgspec.structs.replace(refusal, suppressed=suppressed))
@@ -386,7 +385,7 @@ class AgentHub:
     ) -> None:
         """Close a connection whose certificate is not a node's, and record the attempt
         under the common name it carries (it has claimed no node yet)."""
-        log.warning("agent connection refused", remote_address=remote, reason=reason)
+        log.warning("agent_connection_refused", reason=reason)
         await websocket.close(CloseCode.POLICY_VIOLATION, fit_close_reason(reason))
         presented = _presented_certificate(ssl_object)
         if presented is None:
@@ -404,7 +403,7 @@ class AgentHub:
         try:
             await self._record_refusal(rejection)
         except Exception:
-            log.exception("refused agent connection not recorded", remote_address=remote)
+            log.exception("agent_refusal_not_recorded")
 
 
 HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
@@ -460,8 +459,10 @@ def _describe_close(code: int | None, reason: str | None) -> str:
 
 
 def _log_close(session: AgentSession, code: CloseCode, reason: str) -> None:
+    # Named, not taken from the context: the connection closed may be another than the one
+    # the calling task serves (the one a new hello replaces, one revoked by the leader).
     fields = {"node_id": session.node_id, "remote_address": session.remote_address}
     if code in (CloseCode.REPLACED, CloseCode.TIMED_OUT):
-        log.info("closing agent connection", code=int(code), reason=reason, **fields)
+        log.info("agent_connection_closing", code=int(code), reason=reason, **fields)
     else:
-        log.warning("closing agent connection", code=int(code), reason=reason, **fields)
+        log.warning("agent_connection_closing", code=int(code), reason=reason, **fields)

@@ -118,10 +118,10 @@ class ReportRecorder:
             except ConcurrencyError as exc:
                 if attempt == self._max_attempts:
                     raise
-                log.info("fleet decision lost a race", stream=exc.stream, attempt=attempt)
+                log.info("fleet_decision_conflicted", stream=exc.stream, attempt=attempt)
                 await self._store.catch_up()
                 continue
-            log.info("fleet events recorded", actor=actor, events=_types(decision))
+            log.info("fleet_events_recorded", actor=actor, events=_types(decision))
             return
 
     def _meta(self, report: AgentReport, actor: str) -> Meta:
@@ -142,9 +142,8 @@ class ReportRecorder:
                     return None
                 return msgspec.structs.replace(report, gpu_changes=tuple(changes))
             case CommandAnswered():
-                log.info(
-                    "agent command completed",
-                    node_id=report.node_id,
+                log.info(  # the hub's connection handler has bound the node
+                    "agent_command_completed",
                     command_id=report.command_id,
                     ok=report.ok,
                     error=report.error,

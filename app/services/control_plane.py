@@ -217,10 +217,14 @@ class Leader:
                 await self._store.catch_up()
                 break
             except StoreError as exc:
-                log.warning("revocation not enforced yet: the log is unreadable", error=str(exc))
+                log.warning(
+                    "revocations_not_enforced",
+                    error=str(exc),
+                    detail="the log is unreadable; trying again",
+                )
                 await asyncio.sleep(REVOCATION_RETRY_S)
         closed = await self.hub.enforce_revocations()
-        log.info("revocations enforced", connections_closed=closed)
+        log.info("revocations_enforced", connections_closed=closed)
 
 
 class Election(Protocol):
@@ -253,7 +257,7 @@ class ControlPlane:
 
     async def run(self, stop: asyncio.Event) -> Outcome:
         """Lead when elected, until ``stop`` is set or leadership is lost."""
-        log.info("standing by for leadership", server_id=self._config.server_id)
+        log.info("standing_by", server_id=self._config.server_id)
         try:
             acquiring = asyncio.ensure_future(self._election.acquire())
             await _until_first(acquiring, stop.wait())
@@ -277,7 +281,8 @@ class ControlPlane:
             for ended in (lost, deposed):
                 if _finished(ended):
                     log.error(
-                        "leadership lost: stopping the agent hub and the reconciler",
+                        "leading_stopped",
+                        detail="leadership lost: stopping the agent hub and the reconciler",
                         epoch=epoch,
                         reason=ended.result(),
                     )
@@ -295,7 +300,7 @@ async def _cancel(task: asyncio.Task[None]) -> None:
         task.cancel()
         await asyncio.wait({task}, timeout=CANCEL_RETRY_S)
     if not task.cancelled() and task.exception() is not None:
-        log.error("leader task failed", task=task.get_name(), error=str(task.exception()))
+        log.error("leader_task_failed", task=task.get_name(), error=str(task.exception()))
 
 
 async def _until_first(*awaitables: Awaitable[object]) -> None:

@@ -107,13 +107,13 @@ class LeaderElection:
             try:
                 epoch = await self._try_once()
             except _CONNECTION_ERRORS as exc:
-                log.warning("asking for the leader lock failed; retrying", error=str(exc))
+                log.warning("leader_lock_request_failed", error=str(exc), detail="asking again")
                 await self._drop_connection()
                 epoch = None
             if epoch is not None:
                 self.epoch = epoch
                 self._watch = asyncio.create_task(self._watch_lock(), name="leader-lock-watch")
-                log.info("elected leader", holder=self.holder_id, epoch=epoch)
+                log.info("leader_elected", holder=self.holder_id, epoch=epoch)
                 return epoch
             await asyncio.sleep(self._retry_interval_s)
 
@@ -132,7 +132,7 @@ class LeaderElection:
         if self.epoch is not None and not self._lost.is_set():
             self._lost_reason = "resigned"
             self._lost.set()
-            log.info("resigned leadership", holder=self.holder_id, epoch=self.epoch)
+            log.info("leadership_resigned", holder=self.holder_id, epoch=self.epoch)
         await self._drop_connection()
 
     async def _try_once(self) -> int | None:
@@ -163,7 +163,7 @@ class LeaderElection:
             reason = await self._until_lock_lost()
         except Exception as exc:
             # Whatever broke, this side can no longer vouch for the lock.
-            log.exception("watching the leader lock failed")
+            log.exception("leader_lock_watch_failed")
             reason = f"watching the leader lock failed: {exc!r}"
         self._report_lost(reason)
         await self._drop_connection()
@@ -190,7 +190,7 @@ class LeaderElection:
     def _report_lost(self, reason: str) -> None:
         self._lost_reason = reason
         self._lost.set()
-        log.warning("leadership lost", holder=self.holder_id, epoch=self.epoch, reason=reason)
+        log.warning("leadership_lost", holder=self.holder_id, epoch=self.epoch, reason=reason)
 
     async def _drop_connection(self) -> None:
         connection, self._connection = self._connection, None

@@ -135,7 +135,7 @@ class Reconciler:
             except FencedError:
                 raise
             except Exception:
-                log.exception("reconcile pass failed")
+                log.exception("reconcile_pass_failed", reconcile_pass=self.pass_count + 1)
             else:
                 conflicts = conflicts + 1 if report.outcome == "conflict" else 0
                 if 0 < conflicts <= IMMEDIATE_RETRIES:
@@ -147,6 +147,11 @@ class Reconciler:
                     await self._wake.wait()
 
     async def run_pass(self) -> PassReport:
+        # Every line of this pass, and of the commands it sends, says which pass it was.
+        with structlog.contextvars.bound_contextvars(reconcile_pass=self.pass_count + 1):
+            return await self._run_pass()
+
+    async def _run_pass(self) -> PassReport:
         at, started = self._clock(), monotonic()
         decision = Decision()
         outcome, sent = "done", 0
@@ -159,12 +164,12 @@ class Reconciler:
                 decision = decide(state, fleet, at, self.settings)
             await self._append(decision.events)
         except ConcurrencyError as exc:
-            log.info("reconcile pass lost a race; deciding again", stream=exc.stream)
+            log.info("reconcile_pass_conflicted", stream=exc.stream)
             outcome = "conflict"
         except FencedError:
             raise
         except StoreError as exc:
-            log.warning("reconcile pass could not use the log", error=str(exc))
+            log.warning("reconcile_pass_store_error", error=str(exc))
             outcome = "store_error"
         else:
             sent = await self._send(decision.commands)
@@ -180,7 +185,7 @@ class Reconciler:
         self.pass_count += 1
         if outcome == "done" and (report.events or sent):
             log.info(
-                "reconcile pass",
+                "reconcile_pass",
                 events=report.events,
                 event_types=dict(Counter(event_type(p.event) for p in decision.events)),
                 correlation_ids=sorted(
@@ -212,15 +217,16 @@ class Reconciler:
                 ledger = self._sent[node_id] = _SentSinceHello(greeting)
             if command_id in ledger.command_ids:
                 continue
-            try:
-                await self._hub.send_command(node_id, planned.command)
-            except NodeNotConnected:
-                continue
-            except CommandNotSent as exc:
-                log.warning(
-                    "command not sent", node_id=node_id, command_id=command_id, error=str(exc)
-                )
-                continue
+            with structlog.contextvars.bound_contextvars(
+                node_id=node_id, replica_id=planned.command.replica_id, command_id=command_id
+            ):
+                try:
+                    await self._hub.send_command(node_id, planned.command)
+                except NodeNotConnected:
+                    continue
+                except CommandNotSent as exc:
+                    log.warning("command_not_sent", error=str(exc))
+                    continue
             ledger.command_ids.add(command_id)
             sent += 1
         for node_id in [n for n in self._sent if self._tracker.greeting(n) is None]:

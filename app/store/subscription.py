@@ -65,7 +65,7 @@ class Subscription:
                 try:
                     batch = await self._reader.read_all(self.position, self._batch_size)
                 except StoreUnavailable as exc:
-                    log.warning("subscription.read_failed", error=str(exc))
+                    log.warning("subscription_read_failed", error=str(exc))
                     batch = []
                 for recorded in batch:
                     self.position = recorded.position
@@ -89,7 +89,7 @@ class Subscription:
                 await self._listen_once()
                 backoff = 0.1
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                log.info("subscription.listen_failed", error=str(exc), retry_in_s=backoff)
+                log.info("subscription_listen_failed", error=str(exc), retry_in_s=backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
 
@@ -118,7 +118,7 @@ class Subscription:
                         await closed.wait()
                 if not closed.is_set() and conn.is_closed():
                     break
-            log.info("subscription.listen_lost", application_name=self.application_name)
+            log.info("subscription_listen_lost", application_name=self.application_name)
         finally:
             self.listening.clear()
             if not conn.is_closed():

@@ -35,6 +35,10 @@ from cli.render import EXIT_FAILED, EXIT_OK, print_error
 
 REPORT_FILE = "bench.json"
 CHART_FILE = "bench.png"
+NO_CHART = (
+    "no chart: matplotlib is not installed; `pip install 'llmgw[bench]'` adds it to draw "
+    f"{CHART_FILE} next time"
+)
 
 
 def run_and_report(
@@ -151,11 +155,19 @@ def _apply(
 
 
 def _write_files(report: BenchReport, directory: Path, console: Console) -> None:
-    # matplotlib takes a while to load; a run that drew nothing does not pay for it.
-    from cli.bench.chart import write_chart
-
     directory.mkdir(parents=True, exist_ok=True)
     write_json(report, directory / REPORT_FILE)
+    try:
+        # matplotlib takes a while to load; a run that drew nothing does not pay for it.
+        from cli.bench.chart import write_chart
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.partition(".")[0] != "matplotlib":
+            raise
+        # One line, however narrow the terminal; its brackets are not markup.
+        console.print(
+            f"report: {directory / REPORT_FILE}; {NO_CHART}", markup=False, soft_wrap=True
+        )
+        return
     write_chart(report, directory / CHART_FILE)
     console.print(f"report: {directory / REPORT_FILE}, chart: {directory / CHART_FILE}")
 

@@ -102,7 +102,7 @@ async def test_a_request_is_logged_once_with_its_id_which_correlates_its_events(
         )
 
     assert answer.headers["x-request-id"] == "ticket-4711"
-    [line] = [entry for entry in logs if entry["event"] == "admin request"]
+    [line] = [entry for entry in logs if entry["event"] == "admin_request"]
     assert (line["method"], line["path"], line["status"]) == ("PUT", "/admin/v1/models/llama", 200)
     assert line["actor"] == OPERATOR
     [declared] = await events_of(pg_store, model_stream("llama"))

@@ -17,6 +17,8 @@ import httpx
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
+from structlog.contextvars import merge_contextvars
+from structlog.testing import capture_logs
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from app.domain import commands
@@ -108,6 +110,32 @@ async def test_a_node_with_its_own_certificate_is_registered_and_connected(
             ).one()
         assert row.connected is True
         assert row.remote_address.startswith(f"{LOOPBACK}:")
+
+
+async def test_every_line_about_a_connection_names_its_node_and_peer(
+    hub: AgentHub, pki: Pki, pg_store: PostgresEventStore
+) -> None:
+    node_id = new_node_id()
+    with capture_logs(processors=[merge_contextvars]) as logs:
+        async with dial(hub, pki.node(node_id)) as agent:
+            peer = f"{LOOPBACK}:{agent.local_address[1]}"
+            await greet(agent, node_id)
+            await wait_until(
+                stream_is(pg_store, node_stream(node_id), ["node_registered", "node_connected"]),
+                what="the node registered and connected",
+            )
+        await wait_until(
+            lambda: any(e["event"] == "agent_disconnected" for e in logs),
+            what="the hub seeing the agent go",
+        )
+
+    about = [e for e in logs if e.get("remote_address") == peer]
+    assert [e["event"] for e in about if e["event"] != "fleet_events_recorded"] == [
+        "agent_connected",
+        "agent_disconnected",
+    ]
+    assert {e["event"] for e in about} >= {"fleet_events_recorded"}  # the service's lines too
+    assert all(e["node_id"] == node_id for e in about)
 
 
 def bad_certificate(pki: Pki, what: str, node_id: str) -> ssl.SSLContext:

@@ -175,6 +175,70 @@ def prefix_cache_hits(simulator: SimulatorProcess) -> float:
     return float(line.rsplit(" ", 1)[1])
 
 
+# -- the chart, an extra ------------------------------------------------------------------
+
+HIDE_MATPLOTLIB = """\
+import sys
+
+
+class _Uninstalled:
+    \"\"\"Imports of matplotlib fail as they do where the bench extra is not installed.\"\"\"
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "matplotlib":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _Uninstalled())
+"""
+
+
+def without_matplotlib(directory: Path) -> dict[str, str]:
+    """The environment of an ``llmgw-cli`` installed without the ``bench`` extra."""
+    (directory / "sitecustomize.py").write_text(HIDE_MATPLOTLIB)
+    return {"PYTHONPATH": str(directory)}
+
+
+async def test_with_the_bench_extra_the_report_comes_with_its_chart(
+    quick_engine: SimulatorProcess, tmp_path: Path
+) -> None:
+    result = await bench(
+        tmp_path,
+        *("--url", quick_engine.base_url, "--slo", "e2e_p99=10s", "--max-concurrency", "2"),
+        *QUICK_LEVELS,
+    )
+
+    assert result.code == 0, result.stderr
+    assert (result.report_dir / "bench.png").read_bytes().startswith(b"\x89PNG")
+    assert f"chart: {result.report_dir / 'bench.png'}" in result.stderr
+    assert "matplotlib" not in result.stderr
+
+
+async def test_without_the_bench_extra_the_report_is_written_and_one_line_says_how_to_chart(
+    quick_engine: SimulatorProcess, tmp_path: Path
+) -> None:
+    hidden = tmp_path / "site"
+    hidden.mkdir()
+
+    result = await bench(
+        tmp_path,
+        *("--url", quick_engine.base_url, "--slo", "e2e_p99=10s", "--max-concurrency", "2"),
+        *QUICK_LEVELS,
+        environment=without_matplotlib(hidden),
+    )
+
+    assert result.code == 0, result.stderr
+    assert [level.concurrency for level in result.report.levels] == [1, 2]
+    assert not (result.report_dir / "bench.png").exists()
+    [line] = [line for line in result.stderr.splitlines() if "matplotlib" in line]
+    assert line == (
+        f"report: {result.report_dir / 'bench.json'}; no chart: matplotlib is not installed; "
+        "`pip install 'llmgw[bench]'` adds it to draw bench.png next time"
+    )
+    assert "capacity:" in result.stdout
+
+
 # -- capacity --------------------------------------------------------------------------
 
 

@@ -275,7 +275,7 @@ async def test_the_gateway_contacts_no_engine_of_a_generated_history_outside_its
     warned = [
         entry["address"]
         for entry in map(json.loads, _json_lines(tmp_path / "server.log"))
-        if entry.get("event") == "engine address refused"
+        if entry.get("event") == "engine_address_refused"
     ]
     assert sorted(warned) == sorted({r.address for r in foreign})
 

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 import aiohttp
 import pytest
 import pytest_asyncio
+from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
 from agent.simulator.launcher import SimulatorProcess, start_simulator
@@ -133,12 +134,12 @@ def key() -> str:
 async def test_a_burst_is_spread_and_then_both_saturated_replicas_make_it_wait(
     engines: Engines,
 ) -> None:
-    with capture_logs() as logs:
+    with capture_logs(processors=[merge_contextvars]) as logs:
         router = await engines.start_router(
             engines.route(engines.a, target_waiting=2), engines.route(engines.b, target_waiting=2)
         )
-    found = [e for e in logs if e["event"] == "engine metrics found"]
-    assert sorted(e["replica"] for e in found) == ["a", "b"]
+    found = [e for e in logs if e["event"] == "engine_metrics_found"]
+    assert sorted(e["replica_id"] for e in found) == ["a", "b"]
     assert found[0]["names"] == [
         "vllm:num_requests_waiting",
         "vllm:num_requests_running",

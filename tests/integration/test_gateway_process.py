@@ -194,5 +194,5 @@ async def test_a_standalone_gateway_drops_revoked_keys_at_once_and_outlives_the_
 
     assert gateway.returncode == 0, log.read_text()
     events = log_events(log)
-    assert events.count("database unreachable") == 1, events
-    assert events.count("database reachable again") == 1, events
+    assert events.count("database_unreachable") == 1, events
+    assert events.count("database_reachable") == 1, events

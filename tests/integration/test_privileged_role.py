@@ -121,7 +121,8 @@ async def test_serve_with_allow_privileged_role_starts_and_warns(
     lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
     warnings = [line for line in lines if line.get("level") == "warning"]
     assert {
-        "event": "serving with a privileged database role: it could rewrite the event log",
+        "event": "database_role_privileged",
+        "detail": "serving with a privileged database role: it could rewrite the event log",
         "role": "postgres",
         "reason": "is a superuser",
     }.items() <= warnings[0].items()

@@ -18,6 +18,8 @@ import asyncpg
 import pytest
 import pytest_asyncio
 from sqlalchemy.ext.asyncio import AsyncEngine
+from structlog.contextvars import merge_contextvars
+from structlog.testing import capture_logs
 
 from app.bootstrap import AgentHubConfig, leader_wiring
 from app.domain.envelope import Meta
@@ -211,6 +213,34 @@ async def test_a_shard_of_a_replica_the_log_never_placed_is_stopped_as_a_stray(
             ),
         )
     ]
+
+
+async def test_a_pass_names_itself_on_its_lines_and_the_answer_names_the_node(
+    leader: Leader, pki: AgentPki, pg_store: PostgresEventStore
+) -> None:
+    node_id = new_node_id()
+    ghost = running_shard("ghost-8", 20055, pid=4343, model="ghost")
+
+    with capture_logs(processors=[merge_contextvars]) as logs:
+        async with fake_agent(leader.hub.port, pki, node_id, shards=[ghost]) as agent:
+            await wait_until(lambda: agent.stops() != [], what="a stop_shard for the stray")
+            await wait_until(
+                lambda: any(e["event"] == "agent_command_completed" for e in logs),
+                what="the agent's answer",
+            )
+
+    [decided] = [
+        e
+        for e in logs
+        if e["event"] == "reconcile_pass" and "stray_stopped" in e.get("event_types", {})
+    ]
+    reconciler = leader.reconciler
+    assert reconciler is not None
+    assert 1 <= decided["reconcile_pass"] <= reconciler.pass_count
+    [answered] = [e for e in logs if e["event"] == "agent_command_completed"]
+    assert answered["node_id"] == node_id  # bound by the hub's handler of that connection
+    assert answered["command_id"] == "stray-ghost-8-0-4343"
+    assert answered["remote_address"].startswith(f"{LOOPBACK}:")
 
 
 async def test_a_command_goes_once_per_connection_and_again_after_a_reconnect(

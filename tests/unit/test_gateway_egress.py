@@ -79,7 +79,7 @@ def test_each_route_is_counted_and_each_address_warned_about_once() -> None:
             egress.admit(first)
         egress.admit(later)
 
-    warned = [entry["address"] for entry in logs if entry["event"] == "engine address refused"]
+    warned = [entry["address"] for entry in logs if entry["event"] == "engine_address_refused"]
     assert warned == ["10.1.0.7", "10.1.0.8"]
     assert all(entry["log_level"] == "warning" for entry in logs)
     assert "outside the engine networks 127.0.0.0/8" in logs[0]["reason"]
