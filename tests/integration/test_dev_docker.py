@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from app.devdb import DevDatabaseError
-from app.devdocker import DockerPostgres, container_name, docker_answers, run_arguments
+from devcluster.docker import DockerPostgres, container_name, docker_answers, run_arguments
+from devcluster.errors import DevDatabaseError
 
 FAKE_DOCKER = """#!/bin/sh
 echo "$@" >> "{calls}"
