@@ -18,9 +18,10 @@ then the server stops, then the local PostgreSQL. The next run's agents report n
 the control plane restarts those same replicas where they were placed (docs/agent.md,
 "Stopping"), so replica names stay the same from one run to the next.
 
-If ``dev`` itself is killed abruptly (SIGKILL), its server and agents get SIGTERM from
-the kernel (``PR_SET_PDEATHSIG``) and stop their engines the same way, when they still can;
-an engine left behind is adopted by the next run through the agents' shard records.
+If ``dev`` itself is killed abruptly (SIGKILL), the kernel ends its children
+(``PR_SET_PDEATHSIG``): the server gets SIGTERM, the agents SIGKILL, so the engines (and
+PostgreSQL) keep running and the next run adopts them through the agents' shard records,
+as after any agent crash: nothing is rebuilt.
 """
 
 from __future__ import annotations

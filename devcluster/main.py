@@ -6,6 +6,7 @@ itself (the message says which and where its log is), 2 bad usage.
 
 from __future__ import annotations
 
+import importlib.metadata
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -17,11 +18,32 @@ from devcluster.dev import DevOptions, run_dev
 DEFAULT_STATE_DIR = Path(".llmgw/dev")
 EXIT_USAGE = 2
 
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("llmgw")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 app = App(
     name="llmgw-dev",
-    help="A whole llmgw cluster on this machine: PostgreSQL, certificates, the control plane "
-    "with its gateway, two agents with fake GPUs and a demo model served by the engine "
-    "simulator.",
+    version=version,
+    help="""A whole llmgw cluster on this machine, until Ctrl-C: PostgreSQL (unless
+LLMGW_DATABASE_URL is set), a CA and certificates, the control plane with its gateway on
+--client-port, two agents with fake GPUs, a demo model served by the engine simulator, and
+an API key for it. Everything is kept in --state-dir and reused by the next run. Ctrl-C
+stops every process it started, engines included (each agent reports its stops first),
+and the next run serves the same replicas again.
+
+Exit codes: 0 stopped by Ctrl-C or SIGTERM, 1 could not start or a process exited by
+itself (the message names it and its log), 2 bad usage.
+
+```
+llmgw-dev
+llmgw-dev --state-dir /tmp/second --admin-port 9081 --agent-port 9443 --client-port 9080
+```
+""",
 )
 
 
@@ -38,17 +60,7 @@ def dev(
         int, Parameter(help="Replicas of the demo model, the first time it is declared.")
     ] = 2,
 ) -> int:
-    """Run a whole local cluster until Ctrl-C: PostgreSQL (unless LLMGW_DATABASE_URL is
-    set), a CA and certificates, the control plane with its gateway on --client-port, two
-    agents with fake GPUs, a demo model served by the engine simulator, and an API key for
-    it. Everything is kept in --state-dir and reused by the next run; Ctrl-C stops every
-    process it started, engines included, and the next run serves the same replicas again.
-
-    ```
-    llmgw-dev --admin-port 8081 --agent-port 8443 --client-port 8080
-    llmgw-dev --state-dir /tmp/second --admin-port 9081 --agent-port 9443 --client-port 9080
-    ```
-    """
+    """Run the cluster until Ctrl-C (see llmgw-dev --help)."""
     if replicas < 0:
         print(f"llmgw-dev: --replicas must not be negative, not {replicas}", file=sys.stderr)
         return EXIT_USAGE

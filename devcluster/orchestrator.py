@@ -124,7 +124,9 @@ class Processes:
 
     logs: Path
     die_with_parent: bool = False
-    """Have the kernel SIGTERM every child when this process dies (``llmgw-dev``)."""
+    """Have the kernel end every child when this process dies, however it dies
+    (``llmgw-dev``): servers and gateways get SIGTERM; agents get SIGKILL, so that their
+    engines live on for the next run to adopt, as after any agent crash."""
     servers: list[ServerProcess] = field(default_factory=list)
     gateways: list[GatewayProcess] = field(default_factory=list)
     agents: list[AgentProcess] = field(default_factory=list)
@@ -163,7 +165,7 @@ class Processes:
         log_path: Path | None = None,
         append: bool = False,
     ) -> AgentProcess:
-        child = self._spawn(name, command.argv(), {}, log_path, append)
+        child = self._spawn(name, command.argv(), {}, log_path, append, signal.SIGKILL)
         agent = AgentProcess(child.name, child.process, child.log_path, command.state_dir)
         self.agents.append(agent)
         return agent
@@ -219,6 +221,7 @@ class Processes:
         secrets: dict[str, str],
         log_path: Path | None,
         append: bool,
+        death_signal: signal.Signals = signal.SIGTERM,
     ) -> Child:
         """``log_path``, else the next free ``<name>[-<n>].log`` in ``logs``; appended to
         with ``append``, else written afresh."""
@@ -229,5 +232,5 @@ class Processes:
             path,
             settings=secrets,
             append=append,
-            die_with_parent=self.die_with_parent,
+            death_signal=death_signal if self.die_with_parent else None,
         )

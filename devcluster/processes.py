@@ -3,8 +3,8 @@ or killed with its whole process group.
 
 A child leads its own session (and so its own process group): a terminal's Ctrl-C reaches
 only the program that started it, which stops the rest in the right order, and killing a
-group leaves nothing of the child behind. With ``die_with_parent`` the kernel also sends it
-SIGTERM when its parent dies, however it dies (``PR_SET_PDEATHSIG``).
+group leaves nothing of the child behind. With a ``death_signal`` the kernel also sends it
+that signal when its parent dies, however it dies (``PR_SET_PDEATHSIG``).
 
 Children see this process's environment without any ``LLMGW_*`` variable, plus what they
 are given: everything a cluster's processes need is passed to them explicitly, so a shell
@@ -66,8 +66,10 @@ class Child:
             self.process.send_signal(signum)
 
     def kill(self) -> None:
-        """SIGKILL its whole process group and reap it."""
-        kill_group(self.pid)
+        """SIGKILL its whole process group and reap it (once reaped, its pid may be
+        another process's: nothing is sent then)."""
+        if self.process.poll() is None:
+            kill_group(self.pid)
         self.process.wait(timeout=WAIT_AFTER_KILL_S)
 
     def terminate(self, within_s: float) -> int:
@@ -92,7 +94,7 @@ def spawn(
     *,
     settings: Mapping[str, str] | None = None,
     append: bool = False,
-    die_with_parent: bool = False,
+    death_signal: signal.Signals | None = None,
 ) -> Child:
     """Start ``argv`` in a session of its own, stdin closed, stdout and stderr to
     ``log_path`` (appended to with ``append``). ``settings`` are added to its environment
@@ -106,7 +108,7 @@ def spawn(
             stderr=subprocess.STDOUT,
             env=child_environment(settings),
             start_new_session=True,
-            preexec_fn=_die_with_parent(os.getpid()) if die_with_parent else None,
+            preexec_fn=None if death_signal is None else _die_with_parent(death_signal),
         )
     return Child(name, process, log_path)
 
@@ -143,12 +145,14 @@ def is_running(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def _die_with_parent(parent_pid: int) -> Callable[[], None]:
-    """Run in the child before exec: SIGTERM it when its parent dies, however it dies."""
+def _die_with_parent(signum: signal.Signals) -> Callable[[], None]:
+    """Run in the child before exec: send it ``signum`` when its parent dies, however it
+    dies."""
+    parent_pid = os.getpid()
     libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork, not in the child
 
     def arrange() -> None:
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        libc.prctl(PR_SET_PDEATHSIG, signum)
         if os.getppid() != parent_pid:  # the parent died before prctl took effect
             os._exit(1)
 

@@ -1,4 +1,4 @@
-"""The Docker fallback of ``llmgw-server dev``: one container and volume per state directory,
+"""The Docker fallback of ``llmgw-dev``: one container and volume per state directory,
 published on loopback only. A stand-in ``docker`` program on PATH records what is asked of it
 and answers as the real one does, so the fallback's control flow runs without a daemon."""
 

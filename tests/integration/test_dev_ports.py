@@ -1,4 +1,4 @@
-"""``llmgw-server dev``'s engine port blocks: one per state directory, never shared by two
+"""``llmgw-dev``'s engine port blocks: one per state directory, never shared by two
 running dev clusters, the same on the next run."""
 
 from __future__ import annotations
