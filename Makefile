@@ -26,12 +26,12 @@ lock:
 		-o requirements/runtime.txt
 
 dev:
-	test -x .venv/bin/llmgw-server || $(MAKE) venv
-	.venv/bin/llmgw-server dev
+	test -x .venv/bin/llmgw-dev || $(MAKE) venv
+	.venv/bin/llmgw-dev
 
 lint:
-	$(PY) -m ruff check app agent cli wire tests benchmarks
-	$(PY) -m ruff format --check app agent cli wire tests benchmarks
+	$(PY) -m ruff check app agent cli wire devcluster tests benchmarks
+	$(PY) -m ruff format --check app agent cli wire devcluster tests benchmarks
 
 types:
 	$(PY) -m mypy

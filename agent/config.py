@@ -15,7 +15,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import NamedTuple, TypeVar
+from typing import Literal, NamedTuple, TypeVar, get_args
 from urllib.parse import urlsplit
 
 import msgspec
@@ -32,6 +32,8 @@ DEFAULT_PORT_RANGE = (20000, 20999)
 DEFAULT_RECONNECT_MAX_DELAY_S = 30.0
 FAKE_GPU_HEALTH_FILE = "fake-gpu-health.json"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+EnginesOnExit = Literal["keep", "stop"]
+ENGINES_ON_EXIT: tuple[EnginesOnExit, ...] = get_args(EnginesOnExit)
 
 T = TypeVar("T")
 
@@ -65,6 +67,7 @@ class AgentSettings:
     port_range: str | None = None
     log_level: str | None = None
     reconnect_max_delay: float | None = None
+    engines_on_exit: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +87,9 @@ class AgentConfig:
     log_level: str
     reconnect_max_delay_s: float = DEFAULT_RECONNECT_MAX_DELAY_S
     """The longest wait between two connection attempts."""
+    engines_on_exit: EnginesOnExit = "keep"
+    """What the agent does with its engines when it is stopped (SIGTERM, SIGINT): ``keep``
+    them running, as an agent upgrade wants, or ``stop`` them and report each stop first."""
 
     @property
     def fake_gpu_health_file(self) -> Path:
@@ -106,6 +112,7 @@ class _FileSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     port_range: str | tuple[int, int] | Unset = UNSET
     log_level: str | Unset = UNSET
     reconnect_max_delay: float | Unset = UNSET
+    engines_on_exit: str | Unset = UNSET
 
 
 def fake_gpu_health_file(state_dir: Path) -> Path:
@@ -146,6 +153,7 @@ def settings_from_env(environ: Mapping[str, str]) -> AgentSettings:
         reconnect_max_delay=None
         if reconnect_max_delay is None
         else _seconds(reconnect_max_delay, f"{ENV_PREFIX}RECONNECT_MAX_DELAY"),
+        engines_on_exit=get("ENGINES_ON_EXIT"),
     )
 
 
@@ -175,6 +183,7 @@ def settings_from_file(path: Path) -> AgentSettings:
         port_range=_port_range_text(read.port_range),
         log_level=_given(read.log_level),
         reconnect_max_delay=_given(read.reconnect_max_delay),
+        engines_on_exit=_given(read.engines_on_exit),
     )
 
 
@@ -230,6 +239,7 @@ def resolve(settings: AgentSettings, environ: Mapping[str, str]) -> AgentConfig:
         ),
         log_level=log_level,
         reconnect_max_delay_s=reconnect_max_delay or DEFAULT_RECONNECT_MAX_DELAY_S,
+        engines_on_exit=parse_engines_on_exit(settings.engines_on_exit or "keep"),
     )
 
 
@@ -249,6 +259,17 @@ def parse_server(text: str) -> ServerAddress:
     if parts.query or parts.fragment or parts.username:
         raise ConfigError(f"--server {text!r}: expected wss://HOST:PORT[/PATH] and nothing else")
     return ServerAddress(uri=text.strip(), host=parts.hostname, port=port)
+
+
+def parse_engines_on_exit(text: str) -> EnginesOnExit:
+    """``keep`` or ``stop``."""
+    for choice in ENGINES_ON_EXIT:
+        if text.strip().lower() == choice:
+            return choice
+    raise ConfigError(
+        f"--engines-on-exit {text!r}: expected {' or '.join(ENGINES_ON_EXIT)} (keep: engines "
+        "run on while the agent is away, as for an upgrade; stop: stop them and report it)"
+    )
 
 
 def parse_port_range(text: str) -> tuple[int, int]:

@@ -1,11 +1,12 @@
-"""``llmgw-agent``: the node agent, and ``llmgw-agent fake-gpu`` to mark fake GPUs unhealthy.
+"""``llmgw-agent``: the node agent; ``llmgw-agent fake-gpu`` to mark fake GPUs unhealthy;
+``llmgw-agent stop-engines`` to stop the engines a stopped agent left running.
 
 Settings come from flags, then ``LLMGW_AGENT_*`` variables, then the TOML file named by
 ``--config`` (or ``$LLMGW_AGENT_CONFIG``), then defaults; docs/agent.md lists them all.
 
-Exit codes: 0 stopped by SIGTERM or SIGINT (engines are left running), 1 cannot go on (a
-certificate refused by either side, the state directory in use or unwritable), 2 bad usage
-or configuration.
+Exit codes: 0 stopped by SIGTERM or SIGINT (engines are left running, or stopped and
+reported with ``--engines-on-exit stop``), 1 cannot go on (a certificate refused by either
+side, the state directory in use or unwritable), 2 bad usage or configuration.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ from agent.config import (
     AgentConfig,
     AgentSettings,
     ConfigError,
+    EnginesOnExit,
     default_state_dir,
     fake_gpu_health_file,
     load_config,
     parse_labels,
 )
 from agent.connection import Backoff, ConnectionFatal, stay_connected
+from agent.engines.recorded_stop import stop_recorded_engines
 from agent.gpus import mark_fake_gpu, open_gpu_source
 from agent.runtime import AgentRuntime, agent_version
 from app.logs import configure_logging
@@ -42,6 +45,9 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 LOCK_FILE = "agent.lock"
+SHUTDOWN_REASON = "agent shutting down"
+ENGINE_STOP_GRACE_S = 10.0
+"""What an engine gets between SIGTERM and SIGKILL when the agent stops it on exit."""
 
 log = structlog.get_logger("llmgw.agent")
 
@@ -110,6 +116,14 @@ def run(
         float | None,
         Parameter(help="The longest wait in seconds between connection attempts. [default: 30]"),
     ] = None,
+    engines_on_exit: Annotated[
+        EnginesOnExit | None,
+        Parameter(
+            help="What SIGTERM or SIGINT does to the engines: keep (they run on, so an agent "
+            "upgrade or restart costs no engine) or stop (stop each, report the stops, then "
+            "disconnect). [default: keep]"
+        ),
+    ] = None,
     config: Annotated[
         Path | None, Parameter(help="A TOML file of settings. [default: $LLMGW_AGENT_CONFIG]")
     ] = None,
@@ -135,6 +149,7 @@ def run(
             port_range=port_range,
             log_level=log_level,
             reconnect_max_delay=reconnect_max_delay,
+            engines_on_exit=engines_on_exit,
         )
         settings = load_config(flags, os.environ, config)
     except ConfigError as exc:
@@ -162,6 +177,62 @@ def clear(
 ) -> int:
     """Mark a fake GPU healthy again."""
     return _mark(state_dir, gpu, None)
+
+
+@app.command(name="stop-engines")
+def stop_engines(
+    *,
+    state_dir: Annotated[
+        list[Path] | None,
+        Parameter(
+            help="A state directory whose engines to stop; repeat for several. [default: "
+            "$LLMGW_AGENT_STATE_DIR, else /var/lib/llmgw-agent for root, else "
+            "$XDG_STATE_HOME/llmgw-agent]",
+            negative=(),
+        ),
+    ] = None,
+    grace: Annotated[
+        float, Parameter(help="Seconds from SIGTERM to SIGKILL; 0 kills at once.")
+    ] = ENGINE_STOP_GRACE_S,
+) -> int:
+    """Stop the engines a stopped agent left running: SIGTERM to each recorded engine's
+    process group, SIGKILL after --grace, and forget their records. No agent may run on
+    the state directory meanwhile. Nothing reaches the control plane (no agent is
+    connected): it finds the shards gone when the node's agent next says hello. To stop
+    engines and have the stops recorded, stop the agent run with --engines-on-exit stop.
+
+    Exit codes: 0 every recorded engine is stopped (or none was recorded), 1 an agent
+    holds a state directory or an engine survived SIGKILL, 2 bad usage.
+
+    ```
+    llmgw-agent stop-engines --state-dir /var/lib/llmgw-agent
+    llmgw-agent stop-engines --state-dir /tmp/gpu-07 --state-dir /tmp/gpu-08 --grace 0
+    ```
+    """
+    if not grace >= 0:
+        return _fail(f"--grace {grace}: expected 0 or more seconds", EXIT_USAGE)
+    code = EXIT_OK
+    for directory in state_dir or [_state_dir_from_env()]:
+        if not directory.is_dir():
+            print(f"{directory}: no state directory, nothing to stop")
+            continue
+        try:
+            lock = _lock_state_dir(directory)
+        except (StateDirBusy, OSError) as exc:
+            code = _fail(f"{exc}; stop that agent first", EXIT_FAILED)
+            continue
+        with lock:
+            stops = stop_recorded_engines(directory, grace)
+        if not stops:
+            print(f"{directory}: no engines recorded")
+        for stop in stops:
+            record = stop.record
+            shard = f"{record.replica_id} shard {record.shard_index} (pid {record.pid})"
+            if stop.outcome == "survived":
+                code = _fail(f"{directory}: {shard} survived SIGKILL", EXIT_FAILED)
+            else:
+                print(f"{directory}: {shard} {stop.outcome}")
+    return code
 
 
 async def run_agent(config: AgentConfig) -> int:
@@ -210,7 +281,11 @@ async def _serve_until_stopped(
                 log.error("cannot_connect", error=str(error))
                 return _fail(str(error), EXIT_FAILED)
             await connection  # any other ending is a bug: let it raise
-        log.info("agent_stopping", engines_left_running=len(runtime.supervisor.inventory()))
+        if config.engines_on_exit == "stop":
+            stopped = await runtime.stop_engines(SHUTDOWN_REASON, ENGINE_STOP_GRACE_S)
+            log.info("agent_stopping", engines_stopped=stopped)
+        else:
+            log.info("agent_stopping", engines_left_running=len(runtime.supervisor.inventory()))
         return EXIT_OK
     finally:
         for task in (connection, gpu_watch, stop):

@@ -68,7 +68,10 @@ log = structlog.get_logger("llmgw.agent")
 GPU_POLL_INTERVAL_S = 3.0
 TICK_INTERVAL_S = 0.25
 CLOSE_TIMEOUT_S = 2.0
+FLUSH_TIMEOUT_S = 5.0
+"""How long stopping the agent waits for the stops it reports to go out."""
 
+_RUNNING = frozenset({ShardState.STARTING, ShardState.READY})
 _WIRE_STATES: dict[ShardState, WireShardState] = {
     ShardState.STARTING: "starting",
     ShardState.READY: "ready",
@@ -154,6 +157,7 @@ def shard_status(change: ShardChange, command_id: str | None) -> WireShardStatus
         exit_code=change.exit_code,
         log_tail=change.log_tail,
         command_id=command_id,
+        reason=change.reason,
     )
 
 
@@ -217,6 +221,7 @@ class _Link:
 
     session: ServerSession
     outbox: asyncio.Queue[Output] = field(default_factory=asyncio.Queue)
+    writer: asyncio.Task[None] | None = None
 
     def push(self, outputs: Sequence[Output]) -> None:
         for output in outputs:
@@ -305,7 +310,7 @@ class AgentRuntime:
         )
         link = _Link(session)
         self._link = link
-        writer = asyncio.create_task(self._write(websocket, link))
+        writer = link.writer = asyncio.create_task(self._write(websocket, link))
         ticker = asyncio.create_task(self._tick(link))
         try:
             link.push(session.opened(self._clock()))
@@ -326,6 +331,29 @@ class AgentRuntime:
                 task.cancel()
             await asyncio.gather(writer, ticker, return_exceptions=True)
         return session.welcome is not None
+
+    async def stop_engines(self, reason: str, grace_s: float) -> int:
+        """Stop every engine (nothing starts from now on), each reported ``stopped`` with
+        ``reason``, and wait until the connection, if there is one, has sent those
+        reports. How many engines were stopped."""
+        running = sum(r.state in _RUNNING for r in self._supervisor.inventory())
+        await self._supervisor.shutdown(stop_engines=True, grace_s=grace_s, reason=reason)
+        await self._flush()
+        return running
+
+    async def _flush(self) -> None:
+        """Until every output queued so far went out, the connection ended, or
+        ``FLUSH_TIMEOUT_S`` passed."""
+        link = self._link
+        if link is None or link.writer is None:
+            return
+        sent = asyncio.create_task(link.outbox.join())
+        try:
+            await asyncio.wait(
+                {sent, link.writer}, timeout=FLUSH_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            sent.cancel()
 
     async def close(self) -> None:
         """Stop watching the engines, leaving them running, and release the GPU source."""
@@ -432,23 +460,32 @@ class AgentRuntime:
     async def _write(self, websocket: ClientConnection, link: _Link) -> None:
         while True:
             output = await link.outbox.get()
-            match output:
-                case Send(message):
-                    try:
-                        data = encode(message)
-                    except MessageTooLarge as exc:
-                        log.error("message_too_large", type=type(message).__name__, error=str(exc))
-                        continue
-                    try:
-                        await websocket.send(data, text=True)
-                    except ConnectionClosed:
-                        return
-                case Close(code, reason):
-                    log.info("closing_connection", code=int(code), reason=reason)
-                    await websocket.close(code, reason)
+            try:
+                if not await self._perform(websocket, output):
                     return
-                case Execute(command):
-                    self._spawn(self._execute(command))
+            finally:
+                link.outbox.task_done()
+
+    async def _perform(self, websocket: ClientConnection, output: Output) -> bool:
+        """Carry out one output of the session; False once the connection is done."""
+        match output:
+            case Send(message):
+                try:
+                    data = encode(message)
+                except MessageTooLarge as exc:
+                    log.error("message_too_large", type=type(message).__name__, error=str(exc))
+                    return True
+                try:
+                    await websocket.send(data, text=True)
+                except ConnectionClosed:
+                    return False
+            case Close(code, reason):
+                log.info("closing_connection", code=int(code), reason=reason)
+                await websocket.close(code, reason)
+                return False
+            case Execute(command):
+                self._spawn(self._execute(command))
+        return True
 
     async def _tick(self, link: _Link) -> None:
         while True:

@@ -8,7 +8,6 @@ from app.commands.gateway import gateway_command
 from app.commands.log import head_command, verify_command
 from app.commands.maintenance import migrate, rebuild_command
 from app.commands.serve import serve
-from app.dev import dev_command
 
 app = App(
     name="llmgw-server",
@@ -24,7 +23,6 @@ log.command(verify_command, name="verify")
 log.command(head_command, name="head")
 app.command(serve)
 app.command(gateway_command, name="gateway")
-app.command(dev_command, name="dev")
 
 
 def main() -> None:

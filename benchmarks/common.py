@@ -24,9 +24,9 @@ import asyncpg
 import msgspec
 from sqlalchemy.engine import make_url
 
-from app.devdb import LocalPostgres
 from app.store import migrate
 from app.store.grants import RuntimeRole
+from devcluster.postgres import LocalPostgres
 
 BENCH_DATABASE_URL_ENV = "LLMGW_BENCH_DATABASE_URL"
 BENCH_RUNTIME_ROLE = RuntimeRole("llmgw_runtime_bench", password="llmgw-runtime-bench")

@@ -36,6 +36,7 @@ from cli.config import SETTING_ENV, ConnectionSettings
 USER_AGENT = "llmgw-cli/0.1"
 HISTORY_PAGE_SIZE = 500
 HISTORY_SUBJECTS = ("replica", "node", "model", "key")
+READYZ_PATH = "/readyz"
 
 _T = TypeVar("_T")
 _E = TypeVar("_E", bound=BaseException)
@@ -117,6 +118,15 @@ class TuningResult(msgspec.Struct, frozen=True, kw_only=True):
     """The settings now in force for the model, or for the replica."""
 
 
+class Readiness(msgspec.Struct, frozen=True, kw_only=True):
+    """``/readyz``'s answer: whether the server can serve, and its role."""
+
+    ready: bool = False
+    role: str | None = None
+    """``leader``, ``standby`` or ``stopped``; None for a server without a control plane."""
+    failing: list[str] = []
+
+
 class KeyView(msgspec.Struct, frozen=True, kw_only=True):
     """An API key as ``/admin/v1/keys`` lists it (never its secret)."""
 
@@ -167,6 +177,7 @@ _key_list_decoder = msgspec.json.Decoder(list[KeyView])
 _key_change_decoder = msgspec.json.Decoder(KeyChange)
 _tuning_decoder = msgspec.json.Decoder(TuningResult)
 _field_errors_decoder = msgspec.json.Decoder(FieldErrors)
+_readiness_decoder = msgspec.json.Decoder(Readiness)
 
 
 # -- the client --------------------------------------------------------------------------
@@ -227,6 +238,17 @@ class AdminClient:
             },
         )
         return _decode(_tuning_decoder, body, "tuning result")
+
+    def readiness(self) -> Readiness:
+        """``/readyz``: whether the server can serve and whether it leads. A server that
+        is not ready answers 503 with the same document, which is returned, not raised."""
+        try:
+            response = self._http.get(READYZ_PATH)
+        except httpx.TransportError as exc:
+            raise self._transport_failure(exc) from exc
+        if response.status_code not in (200, 503):
+            raise self._error_answer(response)
+        return _decode(_readiness_decoder, response.content, "readiness answer")
 
     def create_key(
         self, name: str, models: list[str], *, rpm: int | None = None, tpm: int | None = None

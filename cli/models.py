@@ -20,6 +20,7 @@ from cli.operator import (
     call,
     print_facts,
     print_json,
+    put_model,
     run_command,
     segment,
     show_one,
@@ -136,9 +137,8 @@ def apply_models(
     def apply(client: AdminClient) -> int:
         replies: list[Reply[ModelChange]] = []
         for spec in specs:
-            path = f"{ADMIN}/models/{segment(spec['name'])}"
             try:
-                replies.append(call(client, ModelChange, "PUT", path, body=spec))
+                replies.append(put_model(client, spec))
             except ApiProblem:
                 _report_applied(replies, output)
                 raise

@@ -13,6 +13,7 @@ from cli.operator import (
     ADMIN,
     Output,
     call,
+    get_nodes,
     labels_text,
     print_facts,
     print_json,
@@ -22,7 +23,7 @@ from cli.operator import (
     yes_no,
 )
 from cli.render import EXIT_OK, Column, print_table, utc_seconds
-from cli.views import NodeChange, NodeSummary, NodeView
+from cli.views import NodeChange, NodeView
 
 NodeId = Annotated[str, Parameter(help="The node id its agent claims, such as gpu-08.")]
 
@@ -49,7 +50,7 @@ def list_nodes(*, output: Output = "table", connection: ConnectionFlags | None =
     """
 
     def show(client: AdminClient) -> int:
-        reply = call(client, list[NodeSummary], "GET", f"{ADMIN}/nodes")
+        reply = get_nodes(client)
         if output == "json":
             print_json(reply.raw)
             return EXIT_OK

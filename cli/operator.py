@@ -22,6 +22,7 @@ from rich.text import Text
 from cli.client import AdminClient, ApiProblem, ClientError
 from cli.config import ConfigError, ConnectionFlags, resolve_settings
 from cli.render import EXIT_FAILED, EXIT_OK, EXIT_USAGE, print_error
+from cli.views import ModelChange, ModelView, NodeSummary, ReplicaSummary
 
 ADMIN = "/admin/v1"
 
@@ -86,6 +87,43 @@ def call(
         raise ApiProblem(
             200, f"the admin API sent an answer this client cannot read: {exc}"
         ) from exc
+
+
+# -- calls that commands and scripts share ----------------------------------------------
+
+
+def get_nodes(client: AdminClient) -> Reply[list[NodeSummary]]:
+    """Every node the log knows."""
+    return call(client, list[NodeSummary], "GET", f"{ADMIN}/nodes")
+
+
+def get_model(client: AdminClient, name: str) -> Reply[ModelView] | None:
+    """The model ``name``; None when the log has never declared it."""
+    try:
+        return call(client, ModelView, "GET", f"{ADMIN}/models/{segment(name)}")
+    except ApiProblem as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def put_model(client: AdminClient, spec: Mapping[str, object]) -> Reply[ModelChange]:
+    """Declare the model ``spec["name"]`` with ``spec`` (recorded only if it changes)."""
+    path = f"{ADMIN}/models/{segment(str(spec['name']))}"
+    return call(client, ModelChange, "PUT", path, body=dict(spec))
+
+
+def get_replicas(
+    client: AdminClient,
+    *,
+    model: str | None = None,
+    node: str | None = None,
+    phase: str | None = None,
+) -> Reply[list[ReplicaSummary]]:
+    """Replicas, only those of ``model``, on ``node`` or in ``phase`` when given."""
+    filters = {"model": model, "node": node, "phase": phase}
+    params = {name: value for name, value in filters.items() if value is not None}
+    return call(client, list[ReplicaSummary], "GET", f"{ADMIN}/replicas", params=params)
 
 
 def show_one(

@@ -13,7 +13,7 @@ from cli.config import ConnectionFlags
 from cli.operator import (
     ADMIN,
     Output,
-    call,
+    get_replicas,
     print_facts,
     print_json,
     run_command,
@@ -53,9 +53,7 @@ def list_replicas(
     """
 
     def show(client: AdminClient) -> int:
-        filters = {"model": model, "node": node, "phase": phase}
-        params = {name: value for name, value in filters.items() if value is not None}
-        reply = call(client, list[ReplicaSummary], "GET", f"{ADMIN}/replicas", params=params)
+        reply = get_replicas(client, model=model, node=node, phase=phase)
         if output == "json":
             print_json(reply.raw)
             return EXIT_OK
@@ -150,7 +148,7 @@ def print_replica(replica: ReplicaView, wide: bool = False) -> None:
                 str(s.port),
                 s.phase,
                 "" if s.pid is None else str(s.pid),
-                _error(s.error, s.exit_code),
+                _error(s.error, s.exit_code) or _stopped_by_agent(s.stop_reason),
             )
             for s in replica.shards
         ),
@@ -163,6 +161,10 @@ def print_replica(replica: ReplicaView, wide: bool = False) -> None:
             console.print(Text(f"engine log of shard {shard.index} (last lines):", "bold"))
             for line in shard.log_tail:
                 console.print(Text(f"  {line}"), soft_wrap=True)
+
+
+def _stopped_by_agent(reason: str | None) -> str:
+    return "" if reason is None else f"stopped by its agent: {reason}"
 
 
 def _error(error: str | None, exit_code: int | None) -> str:

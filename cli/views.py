@@ -141,6 +141,7 @@ class ShardView(View, frozen=True, kw_only=True):
     error: str | None = None
     exit_code: int | None = None
     log_tail: list[str] = []
+    stop_reason: str | None = None
 
 
 class ReplicaView(ReplicaSummary, frozen=True, kw_only=True):

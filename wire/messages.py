@@ -161,6 +161,9 @@ class ShardStatus(_Message, frozen=True, kw_only=True, tag="shard_status"):
     exit_code: int | None = None
     log_tail: LogTail = ()
     command_id: str | None = None
+    reason: Text | None = None
+    """Why the agent stopped the shard of its own accord (``agent shutting down``): set only
+    on ``stopped``, never on a stop the control plane asked for."""
 
 
 class CommandResult(_Message, frozen=True, kw_only=True, tag="command_result"):

@@ -33,6 +33,9 @@ class ShardChange(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
     exit_code: int | None = None
     log_tail: tuple[str, ...] = ()
+    reason: str | None = None
+    """Why the agent stopped the shard of its own accord (``agent shutting down``); None
+    for every other change, a stop the control plane asked for included."""
 
 
 def can_transition(current: ShardState, target: ShardState) -> bool:
@@ -45,6 +48,7 @@ def change_of(
     error: str | None = None,
     exit_code: int | None = None,
     log_tail: tuple[str, ...] = (),
+    reason: str | None = None,
 ) -> ShardChange:
     """The change that reports ``record`` in its current state."""
     return ShardChange(
@@ -56,6 +60,7 @@ def change_of(
         error=error,
         exit_code=exit_code,
         log_tail=log_tail,
+        reason=reason,
     )
 
 

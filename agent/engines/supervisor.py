@@ -131,11 +131,19 @@ class EngineSupervisor:
             self._watch(record, process)
             return record
 
-    async def stop(self, replica_id: str, shard_index: int, grace_s: float = 10.0) -> None:
+    async def stop(
+        self,
+        replica_id: str,
+        shard_index: int,
+        grace_s: float = 10.0,
+        *,
+        reason: str | None = None,
+    ) -> None:
         """SIGTERM the engine's process group, SIGKILL it after ``grace_s``, report
         ``stopped`` and forget the shard. Stopping a shard that is not running only
         reports ``stopped``. An engine stopped before it was ever ready (timed out, most
-        likely) reports its log tail with it: the operator's only clue to why."""
+        likely) reports its log tail with it: the operator's only clue to why. ``reason``
+        says why the agent stops it of its own accord (None: the control plane asked)."""
         key = ShardKey(replica_id, shard_index)
         async with self._lock(key):
             watched = self._running.get(key)
@@ -145,12 +153,12 @@ class EngineSupervisor:
             self._failed.pop(key, None)
             self._records.remove(key)
             if known is None:
-                self._report(ShardChange(**key._asdict(), state=ShardState.STOPPED))
+                self._report(ShardChange(**key._asdict(), state=ShardState.STOPPED, reason=reason))
             else:
                 never_ready = known.state is ShardState.STARTING
                 tail = self._tail(key) if never_ready else ()
                 stopped = msgspec.structs.replace(known, state=ShardState.STOPPED)
-                self._report(change_of(stopped, exit_code=exit_code, log_tail=tail))
+                self._report(change_of(stopped, exit_code=exit_code, log_tail=tail, reason=reason))
 
     async def reattach(self) -> list[ShardRecord]:
         """Watch again every recorded engine that is still alive (never restarting it);
@@ -185,13 +193,16 @@ class EngineSupervisor:
     def log_tail(self, replica_id: str, shard_index: int, lines: int = LOG_TAIL_LINES) -> list[str]:
         return read_log_tail(self.log_path(ShardKey(replica_id, shard_index)), lines)
 
-    async def shutdown(self, stop_engines: bool = False, grace_s: float = 10.0) -> None:
-        """Stop watching. Engines keep running unless ``stop_engines``: an agent that exits
-        must not take its engines with it."""
+    async def shutdown(
+        self, stop_engines: bool = False, grace_s: float = 10.0, *, reason: str | None = None
+    ) -> None:
+        """Stop watching; nothing starts from now on. Engines keep running unless
+        ``stop_engines`` (each stop is reported, with ``reason``): by default an agent
+        that exits must not take its engines with it."""
         self._closed = True
         if stop_engines:
             keys = list(self._running)
-            await asyncio.gather(*(self.stop(*key, grace_s=grace_s) for key in keys))
+            await asyncio.gather(*(self.stop(*key, grace_s=grace_s, reason=reason) for key in keys))
         tasks: list[asyncio.Task[int | None] | asyncio.Task[None]] = []
         for watched in self._running.values():
             tasks.append(watched.exit)

@@ -265,6 +265,9 @@ class ShardView(msgspec.Struct, frozen=True, kw_only=True):
     log_tail: list[str]
     """The engine's last log lines, when the shard failed or was stopped before it was
     ever ready."""
+    stop_reason: str | None = None
+    """Why its agent stopped it of its own accord (``agent shutting down``), while it is
+    stopped so; it starts again where it was placed once its node is back."""
 
 
 class ReplicaView(ReplicaSummary, frozen=True, kw_only=True):

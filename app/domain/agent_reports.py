@@ -163,6 +163,7 @@ def _shard_event(node_id: str, report: ShardPhaseReport) -> AnyEvent:
                 node_id=node_id,
                 exit_code=report.exit_code,
                 log_tail=report.log_tail,
+                reason=report.reason,
             )
 
 

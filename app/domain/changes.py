@@ -28,6 +28,7 @@ class ShardChanges(TypedDict, total=False):
     exit_code: int | None
     log_tail: tuple[str, ...]
     epoch: int | None
+    stop_reason: str | None
 
 
 class ReplicaChanges(TypedDict, total=False):
@@ -45,6 +46,7 @@ class ReplicaChanges(TypedDict, total=False):
     ended_at: datetime | None
     end_reason: str | None
     routing: RoutingSettings | None
+    agent_stopped_at: datetime | None
 
 
 class ModelChanges(TypedDict, total=False):

@@ -155,8 +155,10 @@ def _what(event: AnyEvent) -> str:
         case ShardFailed():
             code = f" (exit {event.exit_code})" if event.exit_code is not None else ""
             return f"shard {event.shard_index} failed on {event.node_id}{code}: {event.error}"
-        case ShardStopped():
+        case ShardStopped(reason=None):
             return f"shard {event.shard_index} stopped on {event.node_id}"
+        case ShardStopped():
+            return f"shard {event.shard_index} stopped by {event.node_id}: {event.reason}"
         case ReplicaServing():
             return "serving"
         case ReplicaFailed():

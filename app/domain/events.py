@@ -246,13 +246,16 @@ class ShardFailed(Event, frozen=True, kw_only=True):
 
 class ShardStopped(Event, frozen=True, kw_only=True):
     """``log_tail``: the engine's last lines when it was stopped before it was ever ready
-    (absent from older payloads, which read as empty)."""
+    (absent from older payloads, which read as empty). ``reason``: why its agent stopped it
+    of its own accord (``agent shutting down``); None for a stop the control plane asked
+    for, and in older payloads."""
 
     replica_id: str
     shard_index: int
     node_id: str
     exit_code: int | None = None
     log_tail: tuple[str, ...] = ()
+    reason: str | None = None
 
 
 class ReplicaServing(Event, frozen=True, kw_only=True):

@@ -94,13 +94,25 @@ def evolve(state: ClusterState, recorded: Recorded) -> ClusterState:
 
 def _shard_starting(state: ClusterState, event: ShardStarting, recorded: Recorded) -> None:
     at = recorded.recorded_at
+    changes: ShardChanges = {"phase": ShardPhase.STARTING, "pid": event.pid, "stop_reason": None}
+    if _restarted(state, event) and recorded.meta.epoch is not None:
+        # Restarted where it was placed, by the leader of this epoch: nothing to adopt.
+        changes["epoch"] = recorded.meta.epoch
     _update_shard(
         state,
         event.replica_id,
         event.shard_index,
-        {"phase": ShardPhase.STARTING, "pid": event.pid},
+        changes,
         replica_changes=_starting(state, event.replica_id, at),
     )
+
+
+def _restarted(state: ClusterState, event: ShardStarting) -> bool:
+    """Whether the shard starts again after its agent stopped it on purpose."""
+    replica = state.replicas.get(event.replica_id)
+    if replica is None or not 0 <= event.shard_index < len(replica.shards):
+        return False
+    return replica.shards[event.shard_index].stopped_by_agent
 
 
 def _shard_ready(state: ClusterState, event: ShardReady, recorded: Recorded) -> None:
@@ -108,7 +120,7 @@ def _shard_ready(state: ClusterState, event: ShardReady, recorded: Recorded) -> 
         state,
         event.replica_id,
         event.shard_index,
-        {"phase": ShardPhase.READY, "came_up": True},
+        {"phase": ShardPhase.READY, "came_up": True, "stop_reason": None},
     )
 
 
@@ -122,15 +134,40 @@ def _shard_failed(state: ClusterState, event: ShardFailed, recorded: Recorded) -
             "error": event.error,
             "exit_code": event.exit_code,
             "log_tail": event.log_tail,
+            "stop_reason": None,
         },
     )
 
 
 def _shard_stopped(state: ClusterState, event: ShardStopped, recorded: Recorded) -> None:
-    changes: ShardChanges = {"phase": ShardPhase.STOPPED, "exit_code": event.exit_code}
+    changes: ShardChanges = {
+        "phase": ShardPhase.STOPPED,
+        "exit_code": event.exit_code,
+        "stop_reason": event.reason,
+    }
     if event.log_tail:  # an empty one keeps the tail an earlier failure reported
         changes["log_tail"] = event.log_tail
-    _update_shard(state, event.replica_id, event.shard_index, changes)
+    replica_changes = (
+        _stopped_by_agent(state, event.replica_id, recorded.recorded_at)
+        if event.reason is not None
+        else {}
+    )
+    _update_shard(state, event.replica_id, event.shard_index, changes, replica_changes)
+
+
+def _stopped_by_agent(state: ClusterState, replica_id: str, at: datetime) -> ReplicaChanges:
+    """A replica starting or serving whose agent stops a shard on purpose goes back to
+    placed: out of routing, its placement kept, to be started there again."""
+    replica = state.replicas.get(replica_id)
+    if replica is None or replica.phase not in (ReplicaPhase.STARTING, ReplicaPhase.SERVING):
+        return {}
+    return {
+        "phase": ReplicaPhase.PLACED,
+        "routable": False,
+        "starting_since": None,
+        "serving_since": None,
+        "agent_stopped_at": at,
+    }
 
 
 def _replica_placed(state: ClusterState, event: ReplicaPlaced, recorded: Recorded) -> None:
@@ -168,7 +205,12 @@ def _replica_serving(state: ClusterState, event: ReplicaServing, recorded: Recor
     _update_replica(
         state,
         event.replica_id,
-        {"phase": ReplicaPhase.SERVING, "serving_since": at, "routable": True},
+        {
+            "phase": ReplicaPhase.SERVING,
+            "serving_since": at,
+            "routable": True,
+            "agent_stopped_at": None,
+        },
     )
     _model_of(state, event.replica_id, {"failures": 0, "backoff_until": None})
 
@@ -227,6 +269,17 @@ def _replica_startup_timed_out(
 def _replica_lost(state: ClusterState, event: ReplicaLost, recorded: Recorded) -> None:
     at = recorded.recorded_at
     _end_replica(state, event.replica_id, ReplicaPhase.LOST, at, event.reason)
+    replica = state.replicas.get(event.replica_id)
+    if replica is not None:
+        shards = tuple(
+            replace(shard, phase=ShardPhase.LOST) if shard.phase in _VOUCHED_FOR else shard
+            for shard in replica.shards
+        )
+        state.replicas[event.replica_id] = replace(replica, shards=shards)
+
+
+_VOUCHED_FOR = frozenset({ShardPhase.PLACED, ShardPhase.STARTING, ShardPhase.READY})
+"""Shard phases that say what an agent would run; a lost replica's shards lose them."""
 
 
 def _replica_adopted(state: ClusterState, event: ReplicaAdopted, recorded: Recorded) -> None:
@@ -245,6 +298,7 @@ def _replica_adopted(state: ClusterState, event: ReplicaAdopted, recorded: Recor
             # the engine that came up.
             "came_up": event.ready or _came_up_there(state, event),
             "epoch": recorded.meta.epoch,
+            "stop_reason": None,
         },
         replica_changes=_starting(state, event.replica_id, at),
     )

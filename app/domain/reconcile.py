@@ -9,12 +9,15 @@ one pass never contradicts itself. The rules, in order:
 2. nodes that stayed away past the lost timeout are lost, with their replicas;
 3. shards the log expects that no agent reports are lost;
 4. replicas in ``starting`` past their model's startup timeout are timed out;
-5. a failed shard fails its replica; all shards ready make a replica serve;
+5. a failed shard fails its replica (so does one that stopped unasked, unless its agent
+   stopped it on purpose: that replica waits to be started again where it was placed);
+   all shards ready make a replica serve;
 6. stopping replicas whose shards are gone are stopped;
 7. drains move replicas (see ``drain``);
 8. each model is brought to its desired count (placement, or stopping the newest);
-9. commands: start placed shards, stop what should not run (a replica taken out of
-   routing once gateways report nothing in flight on it, or after a timeout).
+9. commands: start placed shards (and shards their agents stopped on purpose), stop what
+   should not run (a replica taken out of routing once gateways report nothing in flight
+   on it, or after a timeout).
 
 Rules 2-4 and the placements of rule 8 wait for the adoption grace after a start, so a
 control plane never races its own agents.
@@ -166,9 +169,12 @@ def _startup_timeouts(draft: Draft) -> None:
     for replica in list(state.replicas.values()):
         if replica.phase not in (ReplicaPhase.PLACED, ReplicaPhase.STARTING):
             continue
+        since = _startup_clock(state, replica)
+        if since is None:
+            continue
         model = state.models.get(replica.model)
         timeout = model.spec.startup_timeout_s if model else 600.0
-        waited = (now - (replica.starting_since or replica.placed_at)).total_seconds()
+        waited = (now - since).total_seconds()
         if waited > timeout:
             draft.emit(
                 replica_stream(replica.id),
@@ -176,12 +182,41 @@ def _startup_timeouts(draft: Draft) -> None:
             )
 
 
+def _startup_clock(state: ClusterState, replica: Replica) -> datetime | None:
+    """Since when a placed or starting replica has been starting, for its timeout; None
+    while it waits for a node whose agent stopped one of its shards on purpose (that node
+    being away is the lost timeout's business). Such a replica starts again once every
+    such node is back: its clock starts then, never earlier than the stop."""
+    if replica.phase is ReplicaPhase.STARTING and replica.starting_since is not None:
+        return replica.starting_since
+    waiting_on = {s.node_id for s in replica.shards if s.stopped_by_agent}
+    if not waiting_on:
+        return replica.starting_since or replica.placed_at
+    nodes = [state.nodes.get(node_id) for node_id in waiting_on]
+    if any(node is None or not node.connected for node in nodes):
+        return None
+    back = [node.last_change_at for node in nodes if node is not None and node.last_change_at]
+    return max([replica.agent_stopped_at or replica.placed_at, *back])
+
+
 def _shard_outcomes(draft: Draft) -> None:
     for replica in list(draft.state.replicas.values()):
         if replica.phase not in COUNTING_PHASES | {ReplicaPhase.DRAINING}:
             continue
+        if replica.phase is ReplicaPhase.DRAINING and (
+            stopped := next((s for s in replica.shards if s.stopped_by_agent), None)
+        ):
+            # It would only serve again to be moved: its replacement is on its way.
+            reason = f"shard {stopped.index} stopped by {stopped.node_id}: {stopped.stop_reason}"
+            _stop(draft, replica, reason)
+            continue
         failed = next(
-            (s for s in replica.shards if s.phase in (ShardPhase.FAILED, ShardPhase.STOPPED)),
+            (
+                s
+                for s in replica.shards
+                if s.phase is ShardPhase.FAILED
+                or (s.phase is ShardPhase.STOPPED and not s.stopped_by_agent)
+            ),
             None,
         )
         if failed is not None:
@@ -337,7 +372,7 @@ def _commands(draft: Draft, fleet: FleetView, settings: Settings) -> None:
                 report = fleet.reports.get(shard.node_id)
                 if (
                     model is not None
-                    and shard.phase is ShardPhase.PLACED
+                    and (shard.phase is ShardPhase.PLACED or shard.stopped_by_agent)
                     and report is not None
                     and (replica.id, shard.index) not in report.shards
                 ):

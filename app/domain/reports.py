@@ -73,6 +73,9 @@ class ShardPhaseReport(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
     exit_code: int | None = None
     log_tail: tuple[str, ...] = ()
+    reason: str | None = None
+    """Why the agent stopped the shard of its own accord (``agent shutting down``); only on
+    ``stopped``, never on a stop the control plane asked for."""
 
 
 class IdentityClaim(msgspec.Struct, frozen=True, kw_only=True):

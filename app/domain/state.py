@@ -55,6 +55,8 @@ class ShardPhase(StrEnum):
     READY = "ready"
     FAILED = "failed"
     STOPPED = "stopped"
+    LOST = "lost"
+    """Its replica was lost: whatever the shard last reported, nobody vouches for it now."""
 
 
 class Shard(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,6 +72,13 @@ class Shard(msgspec.Struct, frozen=True, kw_only=True):
     log_tail: tuple[str, ...] = ()
     epoch: int | None = None
     """Leader epoch that placed or last adopted this shard: a later leader adopts it."""
+    stop_reason: str | None = None
+    """Why its agent stopped it of its own accord (``agent shutting down``), while it is
+    stopped so: the shard is started again where it was placed once its node is back."""
+
+    @property
+    def stopped_by_agent(self) -> bool:
+        return self.phase is ShardPhase.STOPPED and self.stop_reason is not None
 
 
 class Replica(msgspec.Struct, frozen=True, kw_only=True):
@@ -91,6 +100,9 @@ class Replica(msgspec.Struct, frozen=True, kw_only=True):
     ended_at: datetime | None = None
     end_reason: str | None = None
     routing: RoutingSettings | None = None
+    agent_stopped_at: datetime | None = None
+    """When an agent last stopped one of its shards of its own accord, until it serves
+    again: the replica keeps its placement and waits for its node (see ``Shard``)."""
 
     @property
     def node_ids(self) -> tuple[str, ...]:

@@ -176,6 +176,7 @@ def _phase(status: wire.ShardStatus) -> ShardPhaseReport:
         error=status.error,
         exit_code=status.exit_code,
         log_tail=status.log_tail,
+        reason=status.reason if status.state == "stopped" else None,
     )
 
 

@@ -15,7 +15,8 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from app.devdb import DevDatabaseError, LocalPostgres, find_bindir
+from devcluster.errors import DevDatabaseError
+from devcluster.postgres import LocalPostgres, find_bindir
 from tests.support.cluster import (
     Cluster,
     ClusterPki,

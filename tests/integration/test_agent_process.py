@@ -15,6 +15,7 @@ import contextlib
 import ipaddress
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -29,6 +30,7 @@ from cryptography import x509
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
+from agent.engines.records import RecordStore
 from agent.simulator.launcher import free_port
 from app.domain import commands
 from app.domain.reports import (
@@ -64,7 +66,9 @@ from app.pki import (
 )
 from app.pki.files import write_ca, write_issued
 from app.pki.keys import PrivateKey
+from devcluster.programs import EnginesOnExit
 from tests.support.fleet import (
+    AGENT,
     LOOPBACK,
     AgentProcess,
     FleetProcesses,
@@ -342,6 +346,7 @@ class Processes:
         *,
         node_id: str = NODE_ID,
         certificate: str = "node",
+        engines_on_exit: EnginesOnExit = "keep",
     ) -> AgentProcess:
         if control_plane not in self.control_planes:
             self.control_planes.append(control_plane)
@@ -350,7 +355,12 @@ class Processes:
             pki / f"{certificate}.crt", pki / f"{certificate}.key", pki / "ca.crt"
         )
         return self.fleet.start_agent(
-            control_plane.uri, node_id, credentials, state_dir, labels={"zone": "test"}
+            control_plane.uri,
+            node_id,
+            credentials,
+            state_dir,
+            labels={"zone": "test"},
+            engines_on_exit=engines_on_exit,
         )
 
     def reap(self) -> None:
@@ -469,6 +479,77 @@ async def test_an_agent_killed_and_started_again_reattaches_its_engine_and_leave
     gone = await control_plane.observed(AgentGone, since=since, what="the agent left")
     assert "1001" in gone.reason
     assert is_running(engine_pid), "an agent that stops leaves its engines running"
+
+
+async def test_an_agent_told_to_stop_its_engines_on_exit_reports_each_stop_before_it_leaves(
+    control_plane: ControlPlane, processes: Processes, tmp_path: Path
+) -> None:
+    state_dir = tmp_path / "state"
+    agent = processes.agent(control_plane, state_dir, engines_on_exit="stop")
+    await control_plane.hello()
+    await control_plane.send(simulator_shard("start-1", "m-1", free_port()))
+    engine_pid = (await control_plane.status("m-1", "ready")).pid
+    assert engine_pid is not None
+    since = control_plane.mark()
+
+    agent.process.send_signal(signal.SIGTERM)
+    await wait_until(agent.exited, within_s=20, what="the agent exits on SIGTERM")
+
+    assert agent.process.returncode == 0
+    stopped = await control_plane.observed(
+        ShardStatusReported, lambda o: o.status.state == "stopped", since=since, what="a stop"
+    )
+    assert stopped.status.replica_id == "m-1"
+    assert stopped.status.reason == "agent shutting down"
+    assert stopped.status.command_id is None, "nobody asked for this stop"
+    gone = await control_plane.observed(AgentGone, since=since, what="the agent left")
+    assert control_plane.seen.index(stopped) < control_plane.seen.index(gone)
+    assert "1001" in gone.reason
+    assert not is_running(engine_pid)
+    assert RecordStore(state_dir).load_all() == [], "a stopped engine leaves no record"
+
+
+async def test_stop_engines_stops_what_a_stopped_agent_left_running_and_refuses_a_running_one(
+    control_plane: ControlPlane, processes: Processes, tmp_path: Path
+) -> None:
+    state_dir = tmp_path / "state"
+    agent = processes.agent(control_plane, state_dir)
+    await control_plane.hello()
+    await control_plane.send(simulator_shard("start-1", "m-1", free_port()))
+    engine_pid = (await control_plane.status("m-1", "ready")).pid
+    assert engine_pid is not None
+
+    refused = await stop_engines("--state-dir", str(state_dir))
+    assert refused.returncode == 1
+    assert f"another llmgw-agent (pid {agent.pid})" in refused.stderr
+    assert "stop that agent first" in refused.stderr
+    assert is_running(engine_pid)
+
+    agent.process.send_signal(signal.SIGTERM)
+    await wait_until(agent.exited, what="the agent exits on SIGTERM")
+    assert is_running(engine_pid), "by default an agent leaves its engines running"
+
+    stopped = await stop_engines("--state-dir", str(state_dir), "--grace", "5")
+    assert stopped.returncode == 0, stopped.stderr
+    assert f"m-1 shard 0 (pid {engine_pid}) stopped" in stopped.stdout
+    assert not is_running(engine_pid)
+    again = await stop_engines("--state-dir", str(state_dir))
+    assert (again.returncode, again.stdout.strip()) == (0, f"{state_dir}: no engines recorded")
+    nowhere = await stop_engines("--state-dir", str(tmp_path / "nowhere"))
+    assert nowhere.returncode == 0
+    assert "no state directory" in nowhere.stdout
+    assert (await stop_engines("--state-dir", str(state_dir), "--grace", "-1")).returncode == 2
+
+
+async def stop_engines(*args: str) -> subprocess.CompletedProcess[str]:
+    """``llmgw-agent stop-engines ARGS`` as an operator runs it."""
+    return await asyncio.to_thread(
+        subprocess.run,
+        [AGENT, "stop-engines", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 async def test_a_fake_gpu_marked_unhealthy_is_reported_in_a_heartbeat(

@@ -18,12 +18,16 @@ from app.domain.events import (
     NodeDrainFinished,
     ReplacementServing,
     ReplicaDrainStarted,
+    ReplicaLost,
     ReplicaPlaced,
     ReplicaServing,
     ReplicaStopped,
     ReplicaStopping,
     ShardFailed,
     ShardPlacement,
+    ShardReady,
+    ShardStarting,
+    ShardStopped,
     node_stream,
 )
 from app.store.postgres import PostgresEventStore
@@ -173,6 +177,46 @@ async def test_replicas_filter_and_replica_shows_a_failed_shards_error_and_engin
     assert "exited with code 1 (exit code 1)" in detail.stdout
     assert "engine log of shard 0 (last lines):\n  loading weights\n" in detail.stdout
     assert f"  {OOM}\n" in detail.stdout
+
+
+async def test_replica_shows_a_lost_replica_s_shard_lost_and_why_an_agent_stopped_one(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    node = an_id("gpu")
+    await seed_node(pg_store, node)
+    lost = f"{an_id('llama')}-1"
+    await seed_serving_replica(pg_store, lost, node)
+    await record(
+        pg_store,
+        f"agent:{node}",
+        ShardStarting(replica_id=lost, shard_index=0, node_id=node, pid=4242),
+        ShardReady(replica_id=lost, shard_index=0, node_id=node),
+    )
+    await record(pg_store, "reconciler", ReplicaLost(replica_id=lost, reason=f"node {node} lost"))
+    parked = f"{an_id('llama')}-1"
+    await seed_serving_replica(pg_store, parked, node)
+    stop = ShardStopped(
+        replica_id=parked, shard_index=0, node_id=node, reason="agent shutting down"
+    )
+    await record(pg_store, f"agent:{node}", stop)
+
+    lost_json, lost_table, parked_json, parked_table = await asyncio.gather(
+        operator.run("replica", lost, "--output", "json"),
+        operator.run("replica", lost),
+        operator.run("replica", parked, "--output", "json"),
+        operator.run("replica", parked),
+    )
+
+    [lost_shard] = lost_json.json()["shards"]
+    assert (lost_json.json()["phase"], lost_shard["phase"]) == ("lost", "lost")
+    assert "ready" not in [row[4] for row in rows(lost_table.stdout) if len(row) > 4]
+    [parked_shard] = parked_json.json()["shards"]
+    assert parked_json.json()["phase"] == "placed"
+    assert (parked_shard["phase"], parked_shard["stop_reason"]) == (
+        "stopped",
+        "agent shutting down",
+    )
+    assert "stopped by its agent: agent shutting down" in parked_table.stdout
 
 
 async def test_explain_placement_gives_every_nodes_reason_for_a_model_or_a_spec_on_trial(

@@ -1,4 +1,4 @@
-"""``llmgw-server dev`` as a newcomer runs it: one command brings up PostgreSQL, the control
+"""``llmgw-dev`` as a newcomer runs it: one command brings up PostgreSQL, the control
 plane with its gateway, two agents, a demo model and an API key; the next steps it prints
 (a curl through the gateway, an openai SDK snippet) work exactly as printed; Ctrl-C stops
 every process it started.
@@ -24,6 +24,7 @@ import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -34,7 +35,7 @@ from tests.support.fleet import is_running, kill_group
 from tests.support.postgres import PostgresServer, unique_database_name
 from tests.support.waiting import wait_until
 
-SERVER = str(Path(sys.executable).parent / "llmgw-server")
+DEV = str(Path(sys.executable).parent / "llmgw-dev")
 LAST_LINE_OF_NEXT_STEPS = "Press Ctrl-C"
 START_WITHIN_S = 45.0
 STOP_WITHIN_S = 30.0
@@ -117,9 +118,9 @@ async def dev(state_dir: Path, client_port: int) -> AsyncIterator[asyncio.subpro
 async def _running_dev(
     state_dir: Path, client_port: int, environment: dict[str, str]
 ) -> AsyncIterator[asyncio.subprocess.Process]:
-    """``llmgw-server dev`` on ``state_dir`` with listeners of its own, SIGINT at the end."""
+    """``llmgw-dev`` on ``state_dir`` with listeners of its own, SIGINT at the end."""
     process = await asyncio.create_subprocess_exec(
-        *(SERVER, "dev", "--state-dir", str(state_dir)),
+        *(DEV, "--state-dir", str(state_dir)),
         *("--admin-port", str(free_port()), "--agent-port", str(free_port())),
         *("--client-port", str(client_port)),
         stdin=subprocess.DEVNULL,
@@ -187,6 +188,69 @@ async def test_dev_prints_next_steps_that_work_and_ctrl_c_leaves_no_process(
     assert await asyncio.wait_for(dev.wait(), STOP_WITHIN_S) == 0
     await wait_until(lambda: not _processes_under(state_dir), within_s=5.0, what="no process")
     assert [pid for pid in engine_pids if is_running(pid)] == []
+
+
+async def test_the_next_dev_run_serves_the_same_replicas_and_the_log_says_why_they_stopped(
+    state_dir: Path, client_port: int
+) -> None:
+    """Ctrl-C is a clean stop, not a loss: the agents report their engines stopped before
+    they leave, and the next run starts those same replicas again, so the tour's replica
+    names keep working."""
+    environment = {k: v for k, v in os.environ.items() if k != "LLMGW_DATABASE_URL"}
+    serving: list[list[str]] = []
+    for _ in range(2):
+        async with _running_dev(state_dir, client_port, environment) as dev:
+            steps = NextSteps.parse(
+                await asyncio.wait_for(_read_until_next_steps(dev), START_WITHIN_S)
+            )
+            async with httpx.AsyncClient(timeout=10.0) as client:
+                admin = _Admin(client, steps.environment)
+                serving.append(await admin.replica_ids(phase="serving"))
+                replicas = await admin.get("/admin/v1/replicas", model="demo")
+                histories = {
+                    replica_id: await admin.history(replica_id) for replica_id in serving[-1]
+                }
+            dev.send_signal(signal.SIGINT)
+            assert await asyncio.wait_for(dev.wait(), STOP_WITHIN_S) == 0
+
+    first, second = serving
+    assert first == second == ["demo-1", "demo-2"]
+    assert [(r["id"], r["phase"]) for r in replicas] == [
+        ("demo-1", "serving"),
+        ("demo-2", "serving"),
+    ], "nothing lost, nothing placed again"
+    for replica_id, history in histories.items():
+        stops = [event for event in history if event["type"] == "shard_stopped"]
+        assert len(stops) == 1, (replica_id, history)
+        assert stops[0]["data"]["reason"] == "agent shutting down"
+        assert stops[0]["actor"].startswith("agent:dev-node-")
+        assert [e["type"] for e in history if e["type"] == "replica_lost"] == []
+        after_stop = [e["type"] for e in history if e["position"] > stops[0]["position"]]
+        assert after_stop == ["shard_starting", "shard_ready", "replica_serving"]
+
+
+@dataclass(frozen=True)
+class _Admin:
+    """The admin API of a running dev cluster, with the token it printed."""
+
+    client: httpx.AsyncClient
+    environment: dict[str, str]
+
+    async def get(self, path: str, **params: str) -> list[dict[str, Any]]:
+        answer = await self.client.get(
+            f"{self.environment['LLMGW_ADMIN_URL']}{path}",
+            params=params,
+            headers={"authorization": f"Bearer {self.environment['LLMGW_ADMIN_TOKEN']}"},
+        )
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        return body["events"] if isinstance(body, dict) else body
+
+    async def replica_ids(self, **filters: str) -> list[str]:
+        return sorted(r["id"] for r in await self.get("/admin/v1/replicas", **filters))
+
+    async def history(self, replica_id: str) -> list[dict[str, Any]]:
+        return await self.get(f"/admin/v1/history/replica/{replica_id}")
 
 
 async def test_two_dev_clusters_on_one_machine_each_serve_from_engines_of_their_own(

@@ -1,4 +1,4 @@
-"""The Docker fallback of ``llmgw-server dev``: one container and volume per state directory,
+"""The Docker fallback of ``llmgw-dev``: one container and volume per state directory,
 published on loopback only. A stand-in ``docker`` program on PATH records what is asked of it
 and answers as the real one does, so the fallback's control flow runs without a daemon."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from app.devdb import DevDatabaseError
-from app.devdocker import DockerPostgres, container_name, docker_answers, run_arguments
+from devcluster.docker import DockerPostgres, container_name, docker_answers, run_arguments
+from devcluster.errors import DevDatabaseError
 
 FAKE_DOCKER = """#!/bin/sh
 echo "$@" >> "{calls}"

@@ -1,4 +1,4 @@
-"""``llmgw-server dev``'s engine port blocks: one per state directory, never shared by two
+"""``llmgw-dev``'s engine port blocks: one per state directory, never shared by two
 running dev clusters, the same on the next run."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from app.devports import BLOCK_FILE, BLOCK_PORTS, NODE_PORTS, claim_engine_ports
+from devcluster.ports import BLOCK_FILE, BLOCK_PORTS, NODE_PORTS, claim_engine_ports
 
 
 def test_two_state_directories_get_blocks_that_do_not_overlap(tmp_path: Path) -> None:

@@ -24,10 +24,11 @@ import pytest
 import pytest_asyncio
 
 from agent.simulator.launcher import SimulatorProcess, free_port, start_simulator
-from app.devdb import DevDatabaseError, LocalPostgres, find_bindir
 from app.services.operations import Caller, Operations
 from app.store.database import create_engine
 from app.store.postgres import PostgresEventStore
+from devcluster.errors import DevDatabaseError
+from devcluster.postgres import LocalPostgres, find_bindir
 from tests.support.databases import migrate_for_tests, runtime_url
 from tests.support.postgres import LocalServer
 from tests.support.routing import connect_node, declare_model, serve_replica

@@ -1,5 +1,5 @@
 """The PostgreSQL the suite runs against: whichever server was chosen, and the local
-cluster that ``app.devdb`` runs for tests and development."""
+cluster that ``devcluster.postgres`` runs for tests and development."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from app.devdb import DevDatabaseError, LocalPostgres, find_bindir
+from devcluster.errors import DevDatabaseError
+from devcluster.postgres import LocalPostgres, find_bindir
 from tests.support.postgres import (
     LocalServer,
     PostgresServer,

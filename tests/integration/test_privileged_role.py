@@ -21,8 +21,9 @@ import pytest_asyncio
 from sqlalchemy.engine import make_url
 
 from agent.simulator.launcher import free_port
-from app.devdb import DevDatabaseError, LocalPostgres, find_bindir
 from app.store.privileges import privileged_role
+from devcluster.errors import DevDatabaseError
+from devcluster.postgres import LocalPostgres, find_bindir
 from tests.support.admin_server import LOOPBACK, Pki, write_pki
 from tests.support.databases import migrate_for_tests, runtime_url
 from tests.support.operator_cli import clean_environment, installed

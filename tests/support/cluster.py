@@ -4,12 +4,13 @@ server (so they fail over), the engines those agents start, and standalone
 ``llmgw-server gateway`` processes in front of them. Servers and gateways connect as the
 runtime role, as in production; the cluster reads the log as the owner.
 
-Certificates come from the ``llmgw-cli cert`` commands an operator runs (``issue_pki``,
-once per module). A ``Cluster`` knows which server leads, kills and restarts servers and
-agents, calls the admin API with a token, and reads the event log. Every process writes to
-a log file; when a test fails those logs are added to its report
-(``add_logs_to_failed_reports``), and every process, engines included, is killed when the
-cluster closes, passed or failed.
+The processes are started, stopped and reaped by ``devcluster``'s orchestrator, the one
+``llmgw-dev`` runs on, and certificates come from the ``llmgw-cli cert`` commands an
+operator runs (``issue_pki``, once per module). A ``Cluster`` knows which server leads,
+kills and restarts servers and agents, calls the admin API with a token, and reads the
+event log. Every process writes to a log file; when a test fails those logs are added to
+its report (``add_logs_to_failed_reports``), and every process, engines included, is
+killed when the cluster closes, passed or failed.
 """
 
 from __future__ import annotations
@@ -18,10 +19,8 @@ import asyncio
 import contextlib
 import json
 import os
-import random
 import signal
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -33,26 +32,29 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from agent.simulator.launcher import free_port, simulator_command
 from app.store.database import driver_url
+from devcluster import pki as devpki
+from devcluster.orchestrator import GatewayProcess, Processes, ServerProcess
+from devcluster.pki import ClusterPki
+from devcluster.ports import NodePortRanges, free_port, listens
+from devcluster.processes import program
+from devcluster.programs import LOOPBACK_ENGINES, GatewayCommand, ServeCommand, simulator_command
+from devcluster.readiness import answers
 from tests.support.databases import runtime_url
-from tests.support.fleet import LOOPBACK, AgentProcess, FleetProcesses, NodeCredentials
+from tests.support.fleet import AgentProcess, FleetProcesses
 from tests.support.waiting import wait_until
 
-BIN = Path(sys.executable).parent
-SERVER = str(BIN / "llmgw-server")
-CLI = str(BIN / "llmgw-cli")
+__all__ = ["ClusterPki", "GatewayProcess", "ServerProcess"]
+
+SERVER = program("llmgw-server")
+CLI = program("llmgw-cli")
 ADMIN_TOKEN_NAME = "alice"
 ADMIN_TOKEN = "e2e-admin-token-0123456789"
 START_WITHIN_S = 20.0
 STOP_WAIT_S = 10.0
-SIMULATOR_COMMAND = f"{simulator_command()} --port {{port}} --model {{model}} --instant"
+SIMULATOR_COMMAND = simulator_command("--instant")
 JsonObject = dict[str, object]
-ENGINE_PORTS_PER_NODE = 20
-ENGINE_PORTS_FROM = (10000, 30000)
-"""Every agent runs on 127.0.0.1, so each node gets engine ports of its own, below the
-ephemeral ports the kernel hands out for connections."""
-ENGINE_NETWORKS = "127.0.0.0/8"
+ENGINE_NETWORKS = LOOPBACK_ENGINES
 """Where the servers and gateways may contact engines: every engine here is on loopback."""
 
 
@@ -83,126 +85,10 @@ class ServerSettings:
         ]
 
 
-@dataclass(frozen=True)
-class ClusterPki:
-    """The CA, a server certificate for 127.0.0.1, and node certificates issued on demand."""
-
-    directory: Path
-
-    @property
-    def ca(self) -> Path:
-        return self.directory / "ca.crt"
-
-    @property
-    def server_certificate(self) -> Path:
-        return self.directory / "server.crt"
-
-    @property
-    def server_key(self) -> Path:
-        return self.directory / "server.key"
-
-    def node(self, node_id: str) -> NodeCredentials:
-        """The node's certificate, issued with ``llmgw-cli cert node`` the first time."""
-        certificate = self.directory / f"node-{node_id}.crt"
-        if not certificate.exists():
-            _cert("node", node_id, "--dir", str(self.directory))
-        return NodeCredentials(certificate, self.directory / f"node-{node_id}.key", self.ca)
-
-    def reissue(self, node_id: str) -> NodeCredentials:
-        """A new certificate for the node, replacing its files (after a revocation, say)."""
-        _cert("node", node_id, "--dir", str(self.directory), "--force")
-        return self.node(node_id)
-
-
 def issue_pki(directory: Path, nodes: Iterable[str] = ()) -> ClusterPki:
     """Create the CA and the server certificate for 127.0.0.1 as the docs say, and the
     certificates of ``nodes`` now rather than when their agents first start."""
-    _cert("init-ca", "--name", "llmgw CA e2e", "--dir", str(directory))
-    _cert("server", "--ip", LOOPBACK, "--dir", str(directory))
-    pki = ClusterPki(directory)
-    for node in nodes:
-        pki.node(node)
-    return pki
-
-
-def _cert(*args: str) -> None:
-    subprocess.run([CLI, "cert", *args], capture_output=True, check=True, timeout=60)
-
-
-@dataclass(eq=False)
-class ServerProcess:
-    """One ``llmgw-server serve``; its ports stay the same across restarts."""
-
-    server_id: str
-    admin_port: int
-    agent_port: int
-    log_path: Path
-    process: subprocess.Popen[bytes]
-    client_port: int = 0
-    """Where its gateway listens."""
-
-    @property
-    def agent_uri(self) -> str:
-        return f"wss://{LOOPBACK}:{self.agent_port}"
-
-    @property
-    def admin_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.admin_port}"
-
-    @property
-    def gateway_url(self) -> str:
-        """Base URL of its OpenAI-compatible API."""
-        return f"http://{LOOPBACK}:{self.client_port}/v1"
-
-    def exited(self) -> bool:
-        return self.process.poll() is not None
-
-    def kill(self) -> None:
-        """SIGKILL: no disconnect is recorded, leadership is not handed back."""
-        self._signal(signal.SIGKILL)
-        self.process.wait(timeout=STOP_WAIT_S)
-
-    def terminate(self) -> int:
-        """SIGTERM, as a supervisor stops it; the exit code."""
-        self._signal(signal.SIGTERM)
-        return self.process.wait(timeout=STOP_WAIT_S)
-
-    def _signal(self, signum: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            self.process.send_signal(signum)
-
-
-@dataclass(eq=False)
-class GatewayProcess:
-    """One standalone ``llmgw-server gateway``; its port stays the same across restarts."""
-
-    gateway_id: str
-    port: int
-    log_path: Path
-    process: subprocess.Popen[bytes]
-
-    @property
-    def url(self) -> str:
-        """Base URL of its OpenAI-compatible API, as the ``openai`` SDK takes it."""
-        return f"http://{LOOPBACK}:{self.port}/v1"
-
-    @property
-    def readyz_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}/readyz"
-
-    def exited(self) -> bool:
-        return self.process.poll() is not None
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=STOP_WAIT_S)
-
-    def terminate(self) -> int:
-        """SIGTERM: open requests finish first; the exit code."""
-        with contextlib.suppress(ProcessLookupError):
-            self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=STOP_WAIT_S)
+    return devpki.issue_pki(directory, ca_name="llmgw CA e2e", nodes=nodes)
 
 
 @dataclass(frozen=True)
@@ -272,14 +158,16 @@ class Cluster:
     servers: list[ServerProcess] = field(default_factory=list)
     agents: dict[str, AgentProcess] = field(default_factory=dict)
     gateways: list[GatewayProcess] = field(default_factory=list)
-    engine_ports: dict[str, str] = field(default_factory=dict)
+    engine_ports: NodePortRanges = field(default_factory=NodePortRanges)
+    _processes: Processes | None = None
     _fleet: FleetProcesses | None = None
     _database: asyncpg.Connection | None = None
     _http: httpx.AsyncClient | None = None
     _supervised: bool = False
 
     async def __aenter__(self) -> Cluster:
-        self._fleet = FleetProcesses(self.directory)
+        self._processes = Processes(self.directory)
+        self._fleet = FleetProcesses(self.directory, self._processes)
         self._database = await asyncpg.connect(driver_url(self.database_url))
         self._http = httpx.AsyncClient(
             headers={"authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10.0
@@ -297,10 +185,8 @@ class Cluster:
     async def close(self) -> None:
         """Kill every server, agent and engine; engines are found through the agents' state
         directories and every pid the log recorded for a shard."""
-        for gateway in self.gateways:
-            gateway.kill()
-        for server in self.servers:
-            server.kill()
+        for child in (*self.gateways, *self.servers):
+            child.kill()
         engine_pids: list[int] = []
         if self._database is not None:
             # The database may be gone (a test that stops it failed): engines are then
@@ -311,8 +197,8 @@ class Cluster:
                 ]
             with contextlib.suppress(asyncpg.InterfaceError, OSError):
                 await self._database.close(timeout=STOP_WAIT_S)
-        if self._fleet is not None:
-            self._fleet.reap(engine_pids)
+        if self._processes is not None:
+            await asyncio.to_thread(self._processes.reap, engine_pids)
         if self._http is not None:
             await self._http.aclose()
 
@@ -370,29 +256,18 @@ class Cluster:
     def _spawn_server(
         self, server_id: str, admin_port: int, agent_port: int, client_port: int
     ) -> ServerProcess:
-        log_path = self._next_log(server_id)
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [
-                    SERVER,
-                    "serve",
-                    *("--database-url", runtime_url(self.database_url)),
-                    *("--server-id", server_id),
-                    *("--admin-host", LOOPBACK, "--admin-port", str(admin_port)),
-                    *("--agent-host", LOOPBACK, "--agent-port", str(agent_port)),
-                    *("--client-host", LOOPBACK, "--client-port", str(client_port)),
-                    *("--admin-tokens", f"{ADMIN_TOKEN_NAME}:{ADMIN_TOKEN}"),
-                    *("--tls-cert", str(self.pki.server_certificate)),
-                    *("--tls-key", str(self.pki.server_key), "--tls-ca", str(self.pki.ca)),
-                    *("--engine-networks", ENGINE_NETWORKS),
-                    *self.settings.flags(),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        return ServerProcess(server_id, admin_port, agent_port, log_path, process, client_port)
+        command = ServeCommand(
+            pki=self.pki,
+            server_id=server_id,
+            admin_port=admin_port,
+            agent_port=agent_port,
+            client_port=client_port,
+            database_url=runtime_url(self.database_url),
+            admin_tokens=((ADMIN_TOKEN_NAME, ADMIN_TOKEN),),
+            engine_networks=ENGINE_NETWORKS,
+            flags=tuple(self.settings.flags()),
+        )
+        return self._orchestrator().start_server(server_id, command)
 
     async def start_gateway(
         self, *, refresh_interval_s: float = 1.0, queue_timeout_s: float = 5.0
@@ -400,36 +275,18 @@ class Cluster:
         """A standalone ``llmgw-server gateway`` on a free port, once ``/readyz`` says it
         has read the routing table. Changes reach it by NOTIFY; the refresh interval only
         bounds how long a missed one can go unnoticed."""
-        gateway = self._spawn_gateway(
-            f"gateway-{len(self.gateways)}", refresh_interval_s, queue_timeout_s
+        command = GatewayCommand(
+            gateway_id=f"gateway-{len(self.gateways)}",
+            port=free_port(),
+            database_url=runtime_url(self.database_url),
+            refresh_interval_s=refresh_interval_s,
+            queue_timeout_s=queue_timeout_s,
+            engine_networks=ENGINE_NETWORKS,
         )
+        gateway = self._orchestrator().start_gateway(command.gateway_id, command)
         self.gateways.append(gateway)
         await self.wait_until_gateway_ready(gateway)
         return gateway
-
-    def _spawn_gateway(
-        self, gateway_id: str, refresh_interval_s: float, queue_timeout_s: float
-    ) -> GatewayProcess:
-        port = free_port()
-        log_path = self._next_log(gateway_id)
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [
-                    SERVER,
-                    "gateway",
-                    *("--database-url", runtime_url(self.database_url)),
-                    *("--gateway-id", gateway_id),
-                    *("--host", LOOPBACK, "--port", str(port)),
-                    *("--engine-networks", ENGINE_NETWORKS),
-                    *("--refresh-interval", str(refresh_interval_s)),
-                    *("--queue-timeout", str(queue_timeout_s)),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        return GatewayProcess(gateway_id, port, log_path, process)
 
     async def wait_until_gateway_ready(
         self, gateway: GatewayProcess, *, within_s: float = START_WITHIN_S
@@ -437,9 +294,7 @@ class Cluster:
         async def ready() -> bool:
             if gateway.exited():
                 raise AssertionError(f"{gateway.gateway_id} exited; see its log")
-            with contextlib.suppress(httpx.TransportError):
-                return (await self._client().get(gateway.readyz_url)).status_code == 200
-            return False
+            return await asyncio.to_thread(answers, gateway.readyz_url)
 
         await wait_until(ready, within_s=within_s, every_s=0.05, what=f"{gateway.gateway_id} ready")
 
@@ -465,14 +320,14 @@ class Cluster:
         if not self.servers:
             raise AssertionError("start a server before its agents")
         first, *others = [server.agent_uri for server in self.servers]
-        agent = self._processes().start_agent(
+        agent = self.fleet.start_agent(
             first,
             node_id,
             self.pki.node(node_id),
             self.directory / f"state-{node_id}",
             fake_gpus=fake_gpus,
             fallback_servers=others,
-            port_range=self._engine_ports(node_id),
+            port_range=self.engine_ports.of(node_id),
             reconnect_max_delay_s=self.agent_reconnect_max_delay_s,
         )
         self.agents[node_id] = agent
@@ -481,41 +336,26 @@ class Cluster:
     def stop_agent(self, node_id: str) -> int:
         """SIGTERM the node's agent, as its supervisor stops it; the exit code."""
         agent = self.agents[node_id]
-        with contextlib.suppress(ProcessLookupError):
-            agent.process.send_signal(signal.SIGTERM)
+        agent.send(signal.SIGTERM)
         return agent.process.wait(timeout=STOP_WAIT_S)
 
     def restart_agent(self, node_id: str) -> AgentProcess:
         """Kill the node's agent (its engines live on) and start it again."""
         self.agents[node_id].kill()
-        self.agents[node_id].process.wait(timeout=STOP_WAIT_S)
         return self.start_agent(node_id)
-
-    def _engine_ports(self, node_id: str) -> str:
-        """The node's engine port range, the same for every agent it runs."""
-        if node_id not in self.engine_ports:
-            low, high = ENGINE_PORTS_FROM
-            base = random.randrange(low, high, ENGINE_PORTS_PER_NODE)
-            taken = {int(r.split("-")[0]) for r in self.engine_ports.values()}
-            while base in taken:
-                base = random.randrange(low, high, ENGINE_PORTS_PER_NODE)
-            self.engine_ports[node_id] = f"{base}-{base + ENGINE_PORTS_PER_NODE - 1}"
-        return self.engine_ports[node_id]
 
     @property
     def fleet(self) -> FleetProcesses:
         """For agents the cluster does not track by node (one holding another node's
         certificate, say); they are reaped with the others."""
-        return self._processes()
-
-    def _processes(self) -> FleetProcesses:
         if self._fleet is None:
             raise AssertionError("use the cluster inside `async with`")
         return self._fleet
 
-    def _next_log(self, name: str) -> Path:
-        existing = len(list(self.directory.glob(f"{name}*.log")))
-        return self.directory / f"{name}{'-' + str(existing) if existing else ''}.log"
+    def _orchestrator(self) -> Processes:
+        if self._processes is None:
+            raise AssertionError("use the cluster inside `async with`")
+        return self._processes
 
     def logs(self) -> str:
         """Every process's log, servers first, each under a heading."""
@@ -548,7 +388,7 @@ class Cluster:
             if leadership is None or leadership.epoch <= after_epoch:
                 return False
             found[:] = [s for s in self.servers if s.server_id == leadership.holder]
-            return bool(found) and not found[0].exited() and await _listens(found[0].agent_port)
+            return bool(found) and not found[0].exited() and listens(found[0].agent_port)
 
         await wait_until(leads, within_s=within_s, every_s=0.05, what="a leader")
         return found[0]
@@ -785,17 +625,6 @@ class Cluster:
             text=True,
             timeout=60,
         )
-
-
-async def _listens(port: int) -> bool:
-    try:
-        _, writer = await asyncio.open_connection(LOOPBACK, port)
-    except OSError:
-        return False
-    writer.close()
-    with contextlib.suppress(OSError):
-        await writer.wait_closed()
-    return True
 
 
 @contextlib.asynccontextmanager

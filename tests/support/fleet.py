@@ -1,71 +1,62 @@
 """Real fleet processes for tests: ``llmgw-agent`` subprocesses, the engines they start, and
 the reaping that kills every one of them when a test ends, passed or failed.
 
-Each agent runs in its own session, so its process group id is its pid. Engines lead
-sessions of their own and outlive a killed agent, as they do in production; ``reap`` finds
-them through the shard records in each agent's state directory and through the pids a test
-saw reported.
+They are started and reaped by ``devcluster``'s orchestrator, as ``llmgw-dev`` starts its
+own: each agent runs in its own session, so its process group id is its pid. Engines lead
+sessions of their own and outlive a killed agent, as they do in production; ``reap`` stops
+them with ``llmgw-agent stop-engines`` over each agent's state directory, and kills the
+process groups of the pids a test saw reported.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.engines.records import RecordStore, is_same_process, read_proc_stat
 from agent.simulator.launcher import simulator_command
 from app.domain import commands
 from app.hub.edge import command_to_wire
+from devcluster.orchestrator import AgentProcess, Processes
+from devcluster.pki import NodeCredentials
+from devcluster.ports import LOOPBACK
+from devcluster.processes import is_running, kill_group, program
+from devcluster.programs import AgentCommand, EnginesOnExit
 from wire.messages import StartShard
 
-LOOPBACK = "127.0.0.1"
-AGENT = str(Path(sys.executable).parent / "llmgw-agent")
-REAP_WAIT_S = 10.0
+__all__ = [
+    "AGENT",
+    "LOOPBACK",
+    "AgentProcess",
+    "FleetProcesses",
+    "NodeCredentials",
+    "clear_fake_gpu",
+    "is_running",
+    "kill_group",
+    "mark_fake_gpu",
+    "simulator_shard",
+    "simulator_start",
+]
 
-
-@dataclass(frozen=True)
-class NodeCredentials:
-    """The files an agent presents and trusts: its node certificate and key, the CA."""
-
-    certificate: Path
-    key: Path
-    ca: Path
-
-
-@dataclass(eq=False)
-class AgentProcess:
-    process: subprocess.Popen[bytes]
-    log_path: Path
-    state_dir: Path
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def exited(self) -> bool:
-        return self.process.poll() is not None
-
-    def kill(self) -> None:
-        """SIGKILL the agent's process group; its engines, in sessions of their own, live on."""
-        kill_group(self.pid)
+AGENT = program("llmgw-agent")
 
 
 @dataclass(eq=False)
 class FleetProcesses:
-    """Starts agents and, in ``reap``, kills them and every engine they started."""
+    """Starts agents and, in ``reap``, kills them and every engine they started. Given
+    ``processes``, its agents join those (a test cluster's), and are reaped with them."""
 
     tmp_path: Path
-    agents: list[AgentProcess] = field(default_factory=list)
+    processes: Processes | None = None
+    _processes: Processes = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._processes = self.processes or Processes(self.tmp_path)
+
+    @property
+    def agents(self) -> list[AgentProcess]:
+        return self._processes.agents
 
     def start_agent(
         self,
@@ -79,61 +70,29 @@ class FleetProcesses:
         fallback_servers: Sequence[str] = (),
         port_range: str = "1024-65535",
         reconnect_max_delay_s: float | None = None,
+        engines_on_exit: EnginesOnExit = "keep",
     ) -> AgentProcess:
         """``llmgw-agent`` dialling ``server_uri`` (then each of ``fallback_servers`` in
         turn) with fake GPUs, engines on any port unless ``port_range`` says; its stdout and
         stderr go to a log file in ``tmp_path``."""
-        log_path = self.tmp_path / f"agent-{len(self.agents)}.log"
-        label_flags = [flag for k, v in (labels or {}).items() for flag in ("--label", f"{k}={v}")]
-        fallback_flags = [flag for uri in fallback_servers for flag in ("--server", uri)]
-        reconnect_flags = (
-            []
-            if reconnect_max_delay_s is None
-            else ["--reconnect-max-delay", str(reconnect_max_delay_s)]
+        command = AgentCommand(
+            servers=(server_uri, *fallback_servers),
+            node_id=node_id,
+            credentials=credentials,
+            state_dir=state_dir,
+            fake_gpus=fake_gpus,
+            port_range=port_range,
+            labels=dict(labels or {}),
+            reconnect_max_delay_s=reconnect_max_delay_s,
+            engines_on_exit=engines_on_exit,
         )
-        environment = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_AGENT_")}
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [
-                    AGENT,
-                    *("--server", server_uri, *fallback_flags, "--node-id", node_id),
-                    *("--cert", str(credentials.certificate), "--key", str(credentials.key)),
-                    *("--ca", str(credentials.ca), "--state-dir", str(state_dir)),
-                    *("--fake-gpus", fake_gpus, "--address", LOOPBACK),
-                    *("--port-range", port_range, *label_flags, *reconnect_flags),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=environment,
-                start_new_session=True,
-            )
-        agent = AgentProcess(process, log_path, state_dir)
-        self.agents.append(agent)
-        return agent
+        log_path = self.tmp_path / f"agent-{len(self.agents)}.log"
+        return self._processes.start_agent(node_id, command, log_path=log_path)
 
     def reap(self, reported_engine_pids: Iterable[int] = ()) -> None:
         """Kill every agent, every engine still recorded in their state directories, and
         the process group of every engine pid a test saw reported."""
-        for agent in self.agents:
-            agent.kill()
-            agent.process.wait(timeout=REAP_WAIT_S)
-        for state_dir in {agent.state_dir for agent in self.agents}:
-            for record in RecordStore(state_dir).load_all():
-                if is_same_process(record):
-                    kill_group(record.pid)
-        for pid in reported_engine_pids:
-            kill_group(pid)
-
-
-def kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-def is_running(pid: int) -> bool:
-    stat = read_proc_stat(pid)
-    return stat is not None and stat.state not in ("Z", "X")
+        self._processes.reap(reported_engine_pids)
 
 
 async def mark_fake_gpu(state_dir: Path, gpu: int, reason: str) -> int:

@@ -5,7 +5,7 @@
 1. ``LLMGW_TEST_DATABASE_URL``: an existing server (any database in the URL; tests create
    their own databases on it and a runtime role, so its role needs CREATEDB and CREATEROLE);
 2. a ``postgres:15`` container, when a Docker daemon answers;
-3. a throwaway cluster from the local PostgreSQL binaries (``app.devdb.LocalPostgres``).
+3. a throwaway cluster from the local PostgreSQL binaries (``devcluster.postgres.LocalPostgres``).
 
 Only the local cluster can be stopped and restarted by a test; the others raise
 ``Unsupported``, which such a test turns into a skip.
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import asyncpg
 from sqlalchemy.engine import make_url
 
-from app.devdb import LocalPostgres
+from devcluster.postgres import LocalPostgres
 
 if TYPE_CHECKING:
     from testcontainers.community.postgres import PostgresContainer

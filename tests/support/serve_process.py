@@ -1,22 +1,24 @@
 """``llmgw-server serve`` as a process of its own, the way an operator starts it: its admin
 API on a free loopback port with one token, the test CA's certificates for its agent hub
 (and for the admin API too, when asked), its output in a log file, connected as the runtime
-role. No gateway runs unless asked for (on ``gateway_port``), and no agent connects."""
+role. No gateway runs unless asked for (on ``gateway_port``), and no agent connects. It is
+started and stopped by ``devcluster``'s orchestrator."""
 
 from __future__ import annotations
 
+import asyncio
 import ssl
-import subprocess
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import httpx
-
-from agent.simulator.launcher import free_port
-from tests.support.admin_server import LOOPBACK, Pki
+from devcluster.orchestrator import Processes, ServerProcess
+from devcluster.pki import ClusterPki
+from devcluster.ports import free_port
+from devcluster.programs import ServeCommand
+from devcluster.readiness import answers
+from tests.support.admin_server import Pki
 from tests.support.databases import runtime_url
-from tests.support.operator_cli import clean_environment, installed
 from tests.support.waiting import wait_until
 
 START_WITHIN_S = 30
@@ -40,67 +42,32 @@ async def serving_process(
     yields its admin API's URL once ``/healthz`` answers there (HTTPS with ``admin_tls``).
     It connects as the runtime role, or with ``as_owner`` as ``database_url`` says. With
     ``gateway_port``, its gateway serves clients there."""
-    port = free_port()
-    admin = ["--admin-port", str(port), "--admin-tokens", f"{token_name}:{token}", *flags]
-    if gateway_port is None:
-        admin.append("--no-gateway")
-    else:
-        admin += ["--client-host", LOOPBACK, "--client-port", str(gateway_port)]
-    if admin_tls:
-        certificate, key = pki.pair("server")
-        admin += ["--admin-tls-cert", str(certificate), "--admin-tls-key", str(key)]
-    process = _start(database_url if as_owner else runtime_url(database_url), pki, log, admin)
-    url = f"{'https' if admin_tls else 'http'}://{LOOPBACK}:{port}"
+    command = ServeCommand(
+        pki=ClusterPki(pki.directory),
+        admin_port=free_port(),
+        agent_port=free_port(),
+        client_port=gateway_port,
+        database_url=database_url if as_owner else runtime_url(database_url),
+        admin_tokens=((token_name, token),),
+        admin_tls=admin_tls,
+        flags=tuple(flags),
+    )
+    server = Processes(log.parent).start_server("llmgw-server", command, log_path=log)
     try:
-        await _wait_until_healthy(process, url, log, pki.client_context() if admin_tls else True)
-        yield url
+        await _wait_until_healthy(server, pki.client_context() if admin_tls else True)
+        yield command.admin_url
     finally:
-        _stop(process)
+        await asyncio.to_thread(server.terminate, STOP_WAIT_S)
 
 
-def _start(
-    database_url: str, pki: Pki, log: Path, admin_flags: list[str]
-) -> subprocess.Popen[bytes]:
-    certificate, key = pki.pair("server")
-    with log.open("wb") as output:
-        return subprocess.Popen(
-            [
-                installed("llmgw-server"),
-                "serve",
-                *("--database-url", database_url),
-                *admin_flags,
-                *("--agent-host", LOOPBACK, "--agent-port", str(free_port())),
-                *("--engine-networks", "127.0.0.0/8"),
-                *("--tls-cert", str(certificate), "--tls-key", str(key), "--tls-ca", str(pki.ca)),
-            ],
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            env=clean_environment(),
-        )
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=STOP_WAIT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-async def _wait_until_healthy(
-    process: subprocess.Popen[bytes], url: str, log: Path, verify: ssl.SSLContext | bool
-) -> None:
+async def _wait_until_healthy(server: ServerProcess, verify: ssl.SSLContext | bool) -> None:
     async def answering() -> bool:
-        if process.poll() is not None:
-            raise AssertionError(f"llmgw-server exited with {process.returncode}:\n{tail(log)}")
-        try:
-            async with httpx.AsyncClient(verify=verify) as client:
-                return (await client.get(f"{url}/healthz")).status_code == 200
-        except httpx.TransportError:
-            return False
+        if server.exited():
+            code = server.process.returncode
+            raise AssertionError(f"llmgw-server exited with {code}:\n{tail(server.log_path)}")
+        return await asyncio.to_thread(answers, f"{server.admin_url}/healthz", verify=verify)
 
-    what = f"llmgw-server on {url}/healthz; see {log}"
+    what = f"llmgw-server on {server.admin_url}/healthz; see {server.log_path}"
     await wait_until(answering, within_s=START_WITHIN_S, every_s=0.1, what=what)
 
 

@@ -13,6 +13,7 @@ from app.domain.events import (
     NodeUncordoned,
     ReplicaServing,
     ShardStarting,
+    ShardStopped,
 )
 from tests.support.generators import events, stream_for
 
@@ -33,3 +34,14 @@ def test_the_lines_operators_saw_without_a_subject_now_have_one() -> None:
     assert describe(ApiKeyRevoked(key_id="k-1")) == "key k-1 revoked"
     starting = ShardStarting(replica_id="demo-1", shard_index=0, node_id="dev-node-1", pid=8951)
     assert describe(starting) == "replica demo-1 shard 0 starting on dev-node-1 pid 8951"
+
+
+def test_a_stop_says_who_stopped_the_shard_and_why_when_its_agent_did() -> None:
+    asked = ShardStopped(replica_id="demo-1", shard_index=0, node_id="dev-node-1")
+    assert describe(asked) == "replica demo-1 shard 0 stopped on dev-node-1"
+    on_purpose = ShardStopped(
+        replica_id="demo-1", shard_index=0, node_id="dev-node-1", reason="agent shutting down"
+    )
+    assert describe(on_purpose) == (
+        "replica demo-1 shard 0 stopped by dev-node-1: agent shutting down"
+    )

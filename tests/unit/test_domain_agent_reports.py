@@ -331,6 +331,20 @@ def test_a_shard_stopped_before_it_was_ready_keeps_the_log_tail() -> None:
     assert event.log_tail == ("loading weights",)
 
 
+def test_a_stop_its_agent_made_on_purpose_is_recorded_with_the_agent_s_reason() -> None:
+    state = given(
+        registered(gpu(0)), PLACED, ShardReady(replica_id="llama-1", shard_index=0, node_id=NODE)
+    )
+    stopped = ShardPhaseReport(
+        replica_id="llama-1", shard_index=0, phase=ShardPhase.STOPPED, reason="agent shutting down"
+    )
+
+    [(_, event)] = shard_reported(state, NODE, stopped)
+
+    assert isinstance(event, ShardStopped)
+    assert event.reason == "agent shutting down"
+
+
 def test_a_failure_without_an_error_is_explained_by_its_exit_code() -> None:
     state = given(PLACED)
 

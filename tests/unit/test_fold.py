@@ -29,6 +29,7 @@ from app.domain.events import (
     NodeDrainRequested,
     NodeUncordoned,
     ReplicaDrainStarted,
+    ReplicaLost,
     ReplicaPlaced,
     ReplicaServing,
     ReplicaStartupTimedOut,
@@ -160,6 +161,60 @@ def test_a_stop_without_a_log_tail_keeps_the_one_a_failure_reported() -> None:
     )
 
     assert state.replicas["llama-1"].shards[0].log_tail == ("CUDA OOM",)
+
+
+SERVING = (
+    ModelDeclared(model="llama", spec=SPEC),
+    PLACED,
+    ShardStarting(replica_id="llama-1", shard_index=0, node_id="gpu-1", pid=101),
+    ShardReady(replica_id="llama-1", shard_index=0, node_id="gpu-1"),
+    ReplicaServing(replica_id="llama-1"),
+)
+
+
+def test_a_lost_replica_s_shards_say_lost_not_ready_in_the_state_and_the_projection() -> None:
+    state = replay(
+        log_of(*SERVING, ReplicaLost(replica_id="llama-1", reason="node gpu-1 lost after 61s"))
+    )
+
+    shard = state.replicas["llama-1"].shards[0]
+    assert shard.phase is ShardPhase.LOST
+    assert shard.pid == 101, "the last pid it had is kept, for the record"
+    (row,) = all_rows(state)["shards"]
+    assert row["phase"] == "lost"
+
+
+def test_a_shard_its_agent_stopped_on_purpose_takes_its_replica_back_to_placed() -> None:
+    stop = ShardStopped(
+        replica_id="llama-1", shard_index=0, node_id="gpu-1", reason="agent shutting down"
+    )
+    state = replay(log_of(*SERVING, stop))
+
+    replica = state.replicas["llama-1"]
+    assert (replica.phase, replica.routable, replica.serving_since) == (
+        ReplicaPhase.PLACED,
+        False,
+        None,
+    )
+    assert replica.shards[0].phase is ShardPhase.STOPPED
+    assert replica.shards[0].stop_reason == "agent shutting down"
+    assert replica.agent_stopped_at == T0 + timedelta(seconds=6)
+
+    again = replay(
+        log_of(
+            ShardStarting(replica_id="llama-1", shard_index=0, node_id="gpu-1", pid=202),
+            ShardReady(replica_id="llama-1", shard_index=0, node_id="gpu-1"),
+            ReplicaServing(replica_id="llama-1"),
+        ),
+        state,
+    )
+    replica = again.replicas["llama-1"]
+    assert (replica.phase, replica.routable, replica.agent_stopped_at) == (
+        ReplicaPhase.SERVING,
+        True,
+        None,
+    )
+    assert replica.shards[0].stop_reason is None
 
 
 def test_replica_numbers_are_never_reused_even_after_a_model_is_removed() -> None:

@@ -829,3 +829,111 @@ def test_requests_reported_forever_stop_holding_a_replica_after_the_idle_timeout
     cluster.after(0.1)
     decision = cluster.reconcile(quiesce_s=2.0, drain_idle_timeout_s=60.0)
     assert commands(decision) == ["stop-llama-1-0"]
+
+
+# -- shards their agents stopped on purpose --------------------------------------------------
+
+SHUTDOWN = "agent shutting down"
+
+
+def stopped_by_their_agents_and_restarted() -> Cluster:
+    """llama-1 and llama-2 served; both agents stopped their engines on purpose and left,
+    and the control plane started again an hour later (epoch 2, nobody reconnected yet)."""
+    cluster = restarted_with_two_serving_replicas()
+    cluster.after(-3600)
+    for replica, node in (("llama-1", "gpu-1"), ("llama-2", "gpu-2")):
+        cluster.given(
+            ShardStopped(replica_id=replica, shard_index=0, node_id=node, reason=SHUTDOWN),
+            epoch=1,
+        )
+    cluster.given(
+        NodeDisconnected(node_id="gpu-1", reason="closed 1001"),
+        NodeDisconnected(node_id="gpu-2", reason="closed 1001"),
+        epoch=1,
+    )
+    cluster.after(3600)
+    cluster.started_at = cluster.now
+    return cluster
+
+
+def test_a_replica_whose_agent_stopped_its_shard_on_purpose_waits_placed_out_of_routing() -> None:
+    cluster = with_two_nodes_and_a_model(replicas=1)
+    cluster.reconcile()
+    cluster.serve("llama-1")
+    cluster.given(
+        ShardStopped(replica_id="llama-1", shard_index=0, node_id="gpu-1", reason=SHUTDOWN)
+    )
+    cluster.running("gpu-1", "llama-1", 20000, state="stopped")
+
+    decision = cluster.reconcile()
+
+    replica = cluster.state.replicas["llama-1"]
+    assert (replica.phase, replica.routable) == (ReplicaPhase.PLACED, False)
+    assert replica.shards[0].stop_reason == SHUTDOWN
+    assert decision.events == (), "neither failed, nor lost, nor replaced"
+    cluster.gone("gpu-1")
+    cluster.given(NodeDisconnected(node_id="gpu-1", reason="closed 1001"))
+    cluster.after(600)  # far past the startup timeout: the node being away is not a startup
+    assert cluster.reconcile(lost_timeout_s=3600).events == ()
+
+
+def test_replicas_stopped_by_their_agents_start_again_under_their_own_names() -> None:
+    cluster = stopped_by_their_agents_and_restarted()
+
+    for node in ("gpu-1", "gpu-2"):
+        cluster.given(NodeConnected(node_id=node, address="127.0.0.1", gpus=gpus(8)))
+        cluster.reports[node] = NodeReport(node_id=node)  # no shards: the engines are gone
+    cluster.after(1)
+    decision = cluster.reconcile()
+
+    assert of_type(decision, ReplicaLost) == []
+    assert of_type(decision, ReplicaStartupTimedOut) == []
+    assert placed_ids(decision) == []
+    assert commands(decision) == ["start-llama-1-0", "start-llama-2-0"]
+    cluster.serve("llama-1")
+    cluster.serve("llama-2")
+    assert cluster.phase("llama-1") is cluster.phase("llama-2") is ReplicaPhase.SERVING
+    assert of_type(cluster.reconcile(), ReplicaAdopted) == [], "this leader started them"
+
+
+def test_a_replica_stopped_by_its_agent_is_lost_with_its_node_and_replaced() -> None:
+    cluster = stopped_by_their_agents_and_restarted()
+    cluster.given(NodeConnected(node_id="gpu-1", address="127.0.0.1", gpus=gpus(8)))
+    cluster.reports["gpu-1"] = NodeReport(node_id="gpu-1")
+
+    cluster.after(31)  # past the grace; gpu-2 has been away for an hour
+    decision = cluster.reconcile()
+
+    assert [e.replica_id for e in of_type(decision, ReplicaLost)] == ["llama-2"]
+    assert placed_ids(decision) == ["llama-3"]
+    assert "start-llama-1-0" in commands(decision)
+
+
+def test_a_draining_replica_whose_agent_stops_its_shard_is_stopped_not_restarted() -> None:
+    cluster = serving_on_two_of_three_nodes()
+    node = cluster.state.replicas["llama-1"].shards[0].node_id
+    cluster.given(NodeDrainRequested(node_id=node, drain_id="drain-1", grace_s=600))
+    cluster.reconcile()
+    assert cluster.phase("llama-1") is ReplicaPhase.DRAINING
+    cluster.given(ShardStopped(replica_id="llama-1", shard_index=0, node_id=node, reason=SHUTDOWN))
+    cluster.running(node, "llama-1", 20000, state="stopped")
+
+    decision = cluster.reconcile()
+
+    assert kinds(decision)[:2] == ["ReplicaStopping", "ReplicaStopped"]
+    assert "start-llama-1-0" not in commands(decision)
+    assert of_type(decision, ReplicaFailed) == []
+
+
+def test_a_restarted_replica_that_never_comes_up_still_times_out() -> None:
+    cluster = stopped_by_their_agents_and_restarted()
+    for node in ("gpu-1", "gpu-2"):
+        cluster.given(NodeConnected(node_id=node, address="127.0.0.1", gpus=gpus(8)))
+        cluster.reports[node] = NodeReport(node_id=node)
+    cluster.after(1)
+    cluster.reconcile()  # start commands go out; the agents never answer them
+
+    cluster.after(601)
+    timed_out = of_type(cluster.reconcile(), ReplicaStartupTimedOut)
+
+    assert sorted(e.replica_id for e in timed_out) == ["llama-1", "llama-2"]

@@ -1,4 +1,4 @@
-"""PostgreSQL in Docker for ``llmgw-server dev`` on a machine without the server binaries.
+"""PostgreSQL in Docker for ``llmgw-dev`` on a machine without the server binaries.
 
 One container and one named volume per state directory (their names carry a hash of its
 path), so the next ``dev`` run with the same state directory finds the same log. The port
@@ -15,10 +15,11 @@ import subprocess
 import time
 from pathlib import Path
 
-from app.devdb import DevDatabaseError, free_port, port_is_free
+from devcluster.errors import DevDatabaseError
+from devcluster.ports import LOOPBACK as HOST
+from devcluster.ports import free_port, port_is_free
 
 IMAGE = "postgres:15"
-HOST = "127.0.0.1"
 READY_WITHIN_S = 90.0
 DOCKER_TIMEOUT_S = 120
 

@@ -9,7 +9,8 @@ A state directory holds ``data/`` (the cluster), ``socket/`` (its Unix socket),
 root the state directory is handed to the ``postgres`` system user and every binary runs
 through ``runuser -u postgres --``.
 
-Every failure is a ``DevDatabaseError`` whose message says what to do about it.
+Every failure is a ``DevDatabaseError`` whose message says what to do about it. Tests and
+benchmarks start their throwaway PostgreSQL with it too.
 """
 
 from __future__ import annotations
@@ -19,27 +20,25 @@ import os
 import pwd
 import shlex
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from devcluster.errors import DevDatabaseError
+from devcluster.ports import LOOPBACK as HOST
+from devcluster.ports import free_port, port_is_free
+
 SERVER_BINARIES = ("initdb", "pg_ctl", "postgres")
 INSTALL_HINT = "install PostgreSQL (apt-get install postgresql) or set LLMGW_DATABASE_URL"
 SYSTEM_USER = "postgres"
 SUPERUSER = "postgres"
-HOST = "127.0.0.1"
 START_TIMEOUT_S = 60
 LOG_TAIL_LINES = 25
 # Unix sockets live in sockaddr_un.sun_path: 108 bytes with the terminating NUL.
 MAX_SOCKET_PATH = 107
 NON_DURABLE_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
-
-
-class DevDatabaseError(Exception):
-    """The local cluster could not be found, prepared, started or stopped."""
 
 
 def find_bindir() -> Path:
@@ -80,24 +79,6 @@ def _debian_bindirs() -> list[Path]:
             return -1.0
 
     return sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=major_version, reverse=True)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((HOST, 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def port_is_free(port: int) -> bool:
-    # SO_REUSEADDR as PostgreSQL sets it: connections in TIME_WAIT do not block a restart.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((HOST, port))
-        except OSError:
-            return False
-        return True
 
 
 class LocalPostgres:

@@ -1,0 +1,68 @@
+"""Stopping the engines a state directory records, with no agent running:
+``llmgw-agent stop-engines``.
+
+Each recorded engine that is still the same process (pid and start time) gets SIGTERM to
+its process group, then SIGKILL once ``grace_s`` has passed; its record is removed once it
+is gone. Records of engines that exited already are removed too. Engines are not children
+of this process, so their end is seen in ``/proc`` rather than waited for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+from agent.engines.records import RecordStore, ShardRecord, is_same_process
+
+KILL_WAIT_S = 10.0
+POLL_S = 0.05
+
+
+class RecordedStop(NamedTuple):
+    record: ShardRecord
+    outcome: str
+    """``stopped`` (it exited after SIGTERM), ``killed`` (after SIGKILL), ``gone`` (it had
+    exited already) or ``survived`` (still there after SIGKILL: its record is kept)."""
+
+
+def stop_recorded_engines(state_dir: Path, grace_s: float) -> list[RecordedStop]:
+    """Stop every engine recorded in ``state_dir`` (see the module docstring)."""
+    store = RecordStore(state_dir)
+    records = store.load_all()
+    alive = [record for record in records if is_same_process(record)]
+    outcomes = {record.key: "gone" for record in records}
+    if grace_s > 0:
+        _signal_all(alive, signal.SIGTERM)
+        left = _wait_for_exit(alive, grace_s)
+        outcomes |= {record.key: "stopped" for record in alive}
+        alive = left
+    _signal_all(alive, signal.SIGKILL)
+    survivors = _wait_for_exit(alive, KILL_WAIT_S)
+    for record in alive:
+        outcomes[record.key] = "killed"
+    for record in survivors:
+        outcomes[record.key] = "survived"
+    for record in records:
+        if outcomes[record.key] != "survived":
+            store.remove(record.key)
+    return [RecordedStop(record, outcomes[record.key]) for record in records]
+
+
+def _signal_all(records: list[ShardRecord], signum: signal.Signals) -> None:
+    for record in records:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(record.pid, signum)
+
+
+def _wait_for_exit(records: list[ShardRecord], within_s: float) -> list[ShardRecord]:
+    """The records whose engine still runs after ``within_s``."""
+    deadline = time.monotonic() + within_s
+    alive = [record for record in records if is_same_process(record)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(POLL_S)  # not our children: nothing to wait on but /proc
+        alive = [record for record in alive if is_same_process(record)]
+    return alive

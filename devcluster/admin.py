@@ -1,0 +1,65 @@
+"""What ``llmgw-dev`` asks of the admin API, through llmgw-cli's own client: whether the
+server leads, which nodes are connected, the demo model, its serving replicas, and the
+API key it prints.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Mapping
+from pathlib import Path
+
+from cli.client import AdminClient
+from cli.operator import get_model, get_nodes, get_replicas, put_model
+
+
+def leads(admin: AdminClient) -> bool:
+    readiness = admin.readiness()
+    return readiness.ready and readiness.role == "leader"
+
+
+def nodes_connected(admin: AdminClient, nodes: Collection[str]) -> bool:
+    connected = {node.id for node in get_nodes(admin).value if node.connected}
+    return set(nodes) <= connected
+
+
+def declare_model(admin: AdminClient, spec: Mapping[str, object]) -> int:
+    """Declare the model of ``spec`` unless the log already has it; its desired replica
+    count (the log's, when it has the model: a count scaled meanwhile is kept)."""
+    name = str(spec["name"])
+    existing = get_model(admin, name)
+    if existing is not None:
+        return existing.value.desired
+    return put_model(admin, spec).value.model.desired
+
+
+def serving(admin: AdminClient, model: str) -> list[str]:
+    """The ids of the model's serving replicas, sorted."""
+    replicas = get_replicas(admin, model=model, phase="serving").value
+    return sorted(replica.id for replica in replicas)
+
+
+def api_key(admin: AdminClient, path: Path, *, name: str, models: list[str]) -> str:
+    """The API key stored at ``path`` (mode 0600) while it is live; else a new one for
+    ``models``, created through the admin API (a live key of the same name, whose secret
+    was lost with the file, is revoked first)."""
+    live = {key.prefix: key for key in admin.list_keys().value if not key.revoked}
+    if path.exists():
+        stored = path.read_text().strip()
+        if _prefix(stored) in live:
+            return stored
+    for key in live.values():
+        if key.name == name:
+            admin.revoke_key(key.prefix)
+    created = admin.create_key(name, models).value.key
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(created + "\n")
+    return created
+
+
+def _prefix(key: str) -> str | None:
+    """The public prefix of an ``llmgw-<prefix>-<secret>`` key (the secret may hold '-')."""
+    parts = key.split("-", 2)
+    return parts[1] if len(parts) == 3 and parts[0] == "llmgw" else None

@@ -1,0 +1,80 @@
+"""``llmgw-dev``: the whole cluster on this machine, for development and the README's tour.
+
+Exit codes: 0 stopped by Ctrl-C or SIGTERM, 1 could not start or a process exited by
+itself (the message says which and where its log is), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+from pathlib import Path
+from typing import Annotated
+
+from cyclopts import App, Parameter
+
+from devcluster.dev import DevOptions, run_dev
+
+DEFAULT_STATE_DIR = Path(".llmgw/dev")
+EXIT_USAGE = 2
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("llmgw")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+app = App(
+    name="llmgw-dev",
+    version=version,
+    help="""A whole llmgw cluster on this machine, until Ctrl-C: PostgreSQL (unless
+LLMGW_DATABASE_URL is set), a CA and certificates, the control plane with its gateway on
+--client-port, two agents with fake GPUs, a demo model served by the engine simulator, and
+an API key for it. Everything is kept in --state-dir and reused by the next run. Ctrl-C
+stops every process it started, engines included (each agent reports its stops first),
+and the next run serves the same replicas again.
+
+Exit codes: 0 stopped by Ctrl-C or SIGTERM, 1 could not start or a process exited by
+itself (the message names it and its log), 2 bad usage.
+
+```
+llmgw-dev
+llmgw-dev --state-dir /tmp/second --admin-port 9081 --agent-port 9443 --client-port 9080
+```
+""",
+)
+
+
+@app.default
+def dev(
+    *,
+    state_dir: Annotated[
+        Path, Parameter(help="Where everything is kept, and found again by the next run.")
+    ] = DEFAULT_STATE_DIR,
+    admin_port: Annotated[int, Parameter(help="The admin API's port on 127.0.0.1.")] = 8081,
+    agent_port: Annotated[int, Parameter(help="The agent hub's port on 127.0.0.1.")] = 8443,
+    client_port: Annotated[int, Parameter(help="The gateway's port on 127.0.0.1.")] = 8080,
+    replicas: Annotated[
+        int, Parameter(help="Replicas of the demo model, the first time it is declared.")
+    ] = 2,
+) -> int:
+    """Run the cluster until Ctrl-C (see llmgw-dev --help)."""
+    if replicas < 0:
+        print(f"llmgw-dev: --replicas must not be negative, not {replicas}", file=sys.stderr)
+        return EXIT_USAGE
+    for name, port in (
+        ("--admin-port", admin_port),
+        ("--agent-port", agent_port),
+        ("--client-port", client_port),
+    ):
+        if not 1 <= port <= 65535:
+            print(f"llmgw-dev: {name} {port}: a port is 1-65535", file=sys.stderr)
+            return EXIT_USAGE
+    options = DevOptions(state_dir.resolve(), admin_port, agent_port, replicas, client_port)
+    return run_dev(options)
+
+
+def main() -> None:
+    app()
