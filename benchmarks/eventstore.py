@@ -54,7 +54,8 @@ from app.store.codec import encode_event, encode_meta
 from app.store.database import connection, create_engine
 from app.store.interface import NO_STREAM, AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
-from app.store.rebuild import rebuild, replay
+from app.store.rebuild import rebuild
+from app.store.replay import replay
 from app.store.verification import verify_log
 from benchmarks.chain import (
     UNCHAINED_SCHEMA,
