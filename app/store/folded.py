@@ -47,6 +47,17 @@ class SnapshotPolicy(msgspec.Struct, frozen=True, kw_only=True):
     """Seconds after the last snapshot (with any event since), for a quiet log."""
 
 
+class FoldStart(msgspec.Struct, frozen=True, kw_only=True):
+    """How the fold got current the first time."""
+
+    position: int
+    snapshot: int | None
+    """The position of the snapshot it started from; None when it replayed the whole log."""
+    events_folded: int
+    """Events folded after the snapshot (or from the first, without one)."""
+    seconds: float
+
+
 def _utc_now() -> datetime:
     return datetime.now(UTC)
 
@@ -63,7 +74,6 @@ class FoldedEventStore:
         self._recorder = recorder
         self._clock = clock
         self._view = FoldView()
-        self._started = False
         # One fold at a time in this process: an append and a catch-up must not both
         # evolve the same events into the shared state.
         self._lock = asyncio.Lock()
@@ -72,6 +82,8 @@ class FoldedEventStore:
         self._snapshot_position = 0
         self._snapshot_at = monotonic()
         self._snapshot_task: asyncio.Task[None] | None = None
+        self.started: FoldStart | None = None
+        """Set once the first catch-up is done."""
 
     @property
     def state(self) -> ClusterState:
@@ -101,7 +113,7 @@ class FoldedEventStore:
 
     async def append_many(self, requests: Sequence[AppendRequest], meta: Meta) -> list[Recorded]:
         async with self._lock, self._recorder.session() as session:
-            if not self._started:
+            if self.started is None:
                 await self._catch_up(session)
             try:
                 # Optimistic: one round trip when the fold is current (the usual case for
@@ -177,7 +189,7 @@ class FoldedEventStore:
     async def _catch_up(self, session: RecorderSession) -> int:
         """Fold what other writers appended since the fold was last current; the first time,
         from the newest usable snapshot. Returns how many events were folded."""
-        starting = not self._started
+        starting = self.started is None
         started_at = monotonic()
         if starting:
             await self._start()
@@ -187,14 +199,13 @@ class FoldedEventStore:
             count += len(batch)
         if not starting:
             return count
-        self._started = True
-        log.info(
-            "fold loaded",
+        self.started = FoldStart(
             position=self._view.state.position,
             snapshot=self._snapshot_position or None,
             events_folded=count,
             seconds=round(monotonic() - started_at, 3),
         )
+        log.info("fold loaded", **msgspec.structs.asdict(self.started))
         if self._policy is not None and count >= self._policy.every_events:
             self._snapshot_soon()
         return count
