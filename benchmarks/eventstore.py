@@ -45,7 +45,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import asyncpg
 import msgspec
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.envelope import Meta
@@ -57,6 +56,7 @@ from app.store.postgres import PostgresEventStore
 from app.store.rebuild import rebuild
 from app.store.replay import replay
 from app.store.verification import verify_log
+from benchmarks import children
 from benchmarks.chain import (
     UNCHAINED_SCHEMA,
     Backfill,
@@ -64,6 +64,7 @@ from benchmarks.chain import (
     measure_backfill,
     unchained_engine,
 )
+from benchmarks.children import CHILD_URL_ENV, ChildOperation, ChildRun
 from benchmarks.common import (
     BenchServer,
     Machine,
@@ -72,11 +73,10 @@ from benchmarks.common import (
     format_table,
     fresh_database,
     load_average,
-    max_rss_mib,
     median,
-    peak_rss_mib,
     per_second,
     percentile,
+    settle,
     write_results,
 )
 from benchmarks.history import ClusterHistory, Step
@@ -88,7 +88,6 @@ WARM_UP = 50
 TARGET_SINGLE_RATIO = 0.7
 TARGET_BATCHED_PER_S = 50_000.0
 TARGET_REPLAY_PER_S = 200_000.0
-CHILD_URL_ENV = "LLMGW_BENCH_CHILD_URL"
 SCRIPT = Path(__file__).resolve()
 
 
@@ -210,26 +209,6 @@ class Load(msgspec.Struct, frozen=True, kw_only=True):
     checkpoint of the load's writes runs during a measurement."""
 
 
-class ChildRun(msgspec.Struct, frozen=True, kw_only=True):
-    """Replay, verify or rebuild, measured in a process of its own."""
-
-    operation: str
-    events: int
-    seconds: float
-    cpu_seconds: float
-    """This process's CPU time during the operation: the rest of ``seconds`` is the
-    server's work and waiting for a core."""
-    events_per_s: float
-    rss_before_mib: float
-    """Peak RSS with the interpreter, the imports and a connection, before the operation."""
-    peak_rss_mib: float
-    """The process's own peak RSS (``VmHWM``)."""
-    ru_maxrss_mib: float
-    """``ru_maxrss``: at least the parent's RSS when it started this process (see
-    ``benchmarks.common.peak_rss_mib``), so only an upper bound."""
-    counts: dict[str, int]
-
-
 class Results(msgspec.Struct, frozen=True, kw_only=True):
     benchmark: str
     started_at: str
@@ -303,14 +282,6 @@ async def track_function_time(db: asyncpg.Connection) -> None:
     with contextlib.suppress(asyncpg.InsufficientPrivilegeError):
         name = await db.fetchval("SELECT current_database()")
         await db.execute(f"ALTER DATABASE \"{name}\" SET track_functions = 'pl'")
-
-
-async def settle(db: asyncpg.Connection) -> float:
-    started = time.perf_counter()
-    await db.execute("VACUUM ANALYZE")
-    with contextlib.suppress(asyncpg.InsufficientPrivilegeError):  # a server of someone else's
-        await db.execute("CHECKPOINT")
-    return round(time.perf_counter() - started, 2)
 
 
 async def compare_single(
@@ -500,18 +471,7 @@ class ServerClock:
 
 
 async def measure_in_child(operation: str, url: str) -> ChildRun:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(SCRIPT),
-        "--child",
-        operation,
-        stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, CHILD_URL_ENV: url},  # not on the command line: it may hold a password
-    )
-    output, _ = await process.communicate()
-    if process.returncode != 0:
-        raise RuntimeError(f"the {operation} process exited with status {process.returncode}")
-    return msgspec.json.decode(output, type=ChildRun)
+    return await children.measure_in_child(SCRIPT, operation, url)
 
 
 async def _replay_counts(engine: AsyncEngine) -> dict[str, int]:
@@ -536,37 +496,12 @@ async def _log_verify_counts(engine: AsyncEngine) -> dict[str, int]:
     return {"verified": result.events, "head": result.head.position, "broken": int(not result.ok)}
 
 
-CHILD_OPERATIONS: dict[str, Callable[[AsyncEngine], Awaitable[dict[str, int]]]] = {
+CHILD_OPERATIONS: dict[str, ChildOperation] = {
     "replay": _replay_counts,
     "verify": partial(_rebuild_counts, verify=True),
     "rebuild": partial(_rebuild_counts, verify=False),
     "log-verify": _log_verify_counts,
 }
-
-
-async def run_child(operation: str, url: str) -> ChildRun:
-    engine = create_engine(url, pool_size=1)
-    try:
-        async with engine.connect() as conn:  # connecting is not part of the operation
-            events = (await conn.execute(text("SELECT count(*) FROM events"))).scalar_one()
-        rss_before = peak_rss_mib()
-        started, cpu_started = time.perf_counter(), time.process_time()
-        counts = await CHILD_OPERATIONS[operation](engine)
-        seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
-        peak, ru_maxrss = peak_rss_mib(), max_rss_mib()
-    finally:
-        await engine.dispose()
-    return ChildRun(
-        operation=operation,
-        events=events,
-        seconds=round(seconds, 3),
-        cpu_seconds=round(cpu_seconds, 3),
-        events_per_s=round(per_second(events, seconds)),
-        rss_before_mib=rss_before,
-        peak_rss_mib=peak,
-        ru_maxrss_mib=ru_maxrss,
-        counts=counts,
-    )
 
 
 # -- the run -------------------------------------------------------------------------------
@@ -783,7 +718,9 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = parse_arguments(argv)
     if arguments.child:
-        result = asyncio.run(run_child(arguments.child, os.environ[CHILD_URL_ENV]))
+        result = asyncio.run(
+            children.run_child(CHILD_OPERATIONS, arguments.child, os.environ[CHILD_URL_ENV])
+        )
         sys.stdout.write(msgspec.json.encode(result).decode() + "\n")
         return 0
     quick = arguments.quick
