@@ -2,6 +2,7 @@
 what the chain hash costs.
 
     python benchmarks/eventstore.py [--events 1000000] [--single 3000] [--quick]
+    python benchmarks/eventstore.py --startup [--startup-sizes 100000,1000000,5000000]
 
 One run, one fresh migrated database on one server (see ``benchmarks/common.py``):
 
@@ -21,6 +22,10 @@ One run, one fresh migrated database on one server (see ``benchmarks/common.py``
 The appends run after the load, against a log of ``--events`` events, as they would in a
 cluster that has run for a while. Results are printed and written to
 ``benchmarks/results/eventstore-<timestamp>.json``; ``docs/performance.md`` discusses them.
+
+``--startup`` measures only the store's start-up instead, from a fold snapshot and by
+replaying the whole log, at each of ``--startup-sizes`` (``benchmarks/startup.py``), into
+``benchmarks/results/eventstore-startup-<timestamp>.json``.
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ from app.store.postgres import PostgresEventStore
 from app.store.rebuild import rebuild
 from app.store.replay import replay
 from app.store.verification import verify_log
-from benchmarks import children
+from benchmarks import children, startup
 from benchmarks.chain import (
     UNCHAINED_SCHEMA,
     Backfill,
@@ -497,6 +502,7 @@ async def _log_verify_counts(engine: AsyncEngine) -> dict[str, int]:
 
 
 CHILD_OPERATIONS: dict[str, ChildOperation] = {
+    **startup.CHILD_OPERATIONS,
     "replay": _replay_counts,
     "verify": partial(_rebuild_counts, verify=True),
     "rebuild": partial(_rebuild_counts, verify=False),
@@ -711,6 +717,25 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         "--chain-batched", type=int, help="events a side in batches, with and without (20,000)"
     )
     parser.add_argument("--quick", action="store_true", help="small sizes, to try it out")
+    parser.add_argument(
+        "--startup", action="store_true", help="measure the store's start-up only (see above)"
+    )
+    parser.add_argument(
+        "--startup-sizes",
+        type=_sizes,
+        help="log sizes to start up at (100000,1000000,5000000; --quick: 20000,100000)",
+    )
+    parser.add_argument(
+        "--startup-tail",
+        type=int,
+        help=f"events after the snapshot ({startup.TAIL:,}; --quick: 5,000)",
+    )
+    parser.add_argument(
+        "--startup-rounds",
+        type=int,
+        default=startup.ROUNDS,
+        help=f"start-ups from the snapshot per size ({startup.ROUNDS})",
+    )
     parser.add_argument("--child", choices=sorted(CHILD_OPERATIONS), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -724,6 +749,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(msgspec.json.encode(result).decode() + "\n")
         return 0
     quick = arguments.quick
+    if arguments.startup:
+        return _startup(arguments)
     sizes = Sizes(
         events=arguments.events or (20_000 if quick else 1_000_000),
         single=arguments.single or (500 if quick else 3_000),
@@ -737,6 +764,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report(results))
     print(f"results: {write_results('eventstore', results)}")
     return 0
+
+
+def _startup(arguments: argparse.Namespace) -> int:
+    quick = arguments.quick
+    sizes = arguments.startup_sizes or ((20_000, 100_000) if quick else startup.SIZES)
+    tail = arguments.startup_tail or (5_000 if quick else startup.TAIL)
+    if tail >= min(sizes):
+        raise SystemExit(f"the tail ({tail:,}) must be shorter than the smallest size")
+    with bench_server() as server:
+        results = asyncio.run(
+            startup.run(server, measure_in_child, sizes, tail, arguments.startup_rounds)
+        )
+    print(startup.report(results))
+    print(f"results: {write_results('eventstore-startup', results)}")
+    return 0
+
+
+def _sizes(value: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(sorted(int(part.replace("_", "")) for part in value.split(",")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of numbers: {value!r}") from None
+    if not sizes or sizes[0] <= 0:
+        raise argparse.ArgumentTypeError("sizes are positive numbers of events")
+    return sizes
 
 
 if __name__ == "__main__":
