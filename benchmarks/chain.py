@@ -6,7 +6,7 @@
   instead, so the rows stay as wide); a store whose connections put that schema first on
   their ``search_path`` calls it. Everything else, the Python side included, is the same.
 - **Verifying**: ``verify_log`` over the whole log, in a process of its own for its peak
-  memory (see ``eventstore.measure_in_child``).
+  memory (see ``benchmarks/children.py``).
 - **Chaining a log that has none**: migration 0005's upgrade on the loaded log, after a
   downgrade to 0004 (which drops the chain's columns).
 

@@ -10,10 +10,12 @@ production.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import platform
 import resource
 import statistics
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -213,3 +215,13 @@ def write_results(benchmark: str, results: msgspec.Struct) -> Path:
     path = RESULTS_DIR / f"{benchmark}-{stamp}.json"
     path.write_bytes(msgspec.json.format(msgspec.json.encode(results), indent=2) + b"\n")
     return path
+
+
+async def settle(db: asyncpg.Connection) -> float:
+    """VACUUM ANALYZE and CHECKPOINT after a load, so that neither autovacuum nor a
+    checkpoint of the load's writes runs during a measurement; returns the seconds taken."""
+    started = time.perf_counter()
+    await db.execute("VACUUM ANALYZE")
+    with contextlib.suppress(asyncpg.InsufficientPrivilegeError):  # a server of someone else's
+        await db.execute("CHECKPOINT")
+    return round(time.perf_counter() - started, 2)

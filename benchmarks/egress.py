@@ -38,8 +38,9 @@ from agent.engines.port_owner import Owned, check_port_owner
 from app.domain.egress import EngineNetworks
 from app.gateway.egress import EngineEgress
 from app.gateway.metrics import GatewayMetrics
+from app.gateway.snapshot import build_snapshot
 from app.logs import configure_logging
-from app.store.gateway_snapshot import RouteRow, build_snapshot
+from app.store.routing_rows import RouteRow
 from benchmarks.common import format_table, load_average, write_results
 
 NODES = 1_000

@@ -2,6 +2,7 @@
 what the chain hash costs.
 
     python benchmarks/eventstore.py [--events 1000000] [--single 3000] [--quick]
+    python benchmarks/eventstore.py --startup [--startup-sizes 100000,1000000,5000000]
 
 One run, one fresh migrated database on one server (see ``benchmarks/common.py``):
 
@@ -21,6 +22,10 @@ One run, one fresh migrated database on one server (see ``benchmarks/common.py``
 The appends run after the load, against a log of ``--events`` events, as they would in a
 cluster that has run for a while. Results are printed and written to
 ``benchmarks/results/eventstore-<timestamp>.json``; ``docs/performance.md`` discusses them.
+
+``--startup`` measures only the store's start-up instead, from a fold snapshot and by
+replaying the whole log, at each of ``--startup-sizes`` (``benchmarks/startup.py``), into
+``benchmarks/results/eventstore-startup-<timestamp>.json``.
 """
 
 from __future__ import annotations
@@ -45,7 +50,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import asyncpg
 import msgspec
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.envelope import Meta
@@ -54,8 +58,10 @@ from app.store.codec import encode_event, encode_meta
 from app.store.database import connection, create_engine
 from app.store.interface import NO_STREAM, AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
-from app.store.rebuild import rebuild, replay
+from app.store.rebuild import rebuild
+from app.store.replay import replay
 from app.store.verification import verify_log
+from benchmarks import children, startup
 from benchmarks.chain import (
     UNCHAINED_SCHEMA,
     Backfill,
@@ -63,6 +69,7 @@ from benchmarks.chain import (
     measure_backfill,
     unchained_engine,
 )
+from benchmarks.children import CHILD_URL_ENV, ChildOperation, ChildRun
 from benchmarks.common import (
     BenchServer,
     Machine,
@@ -71,11 +78,10 @@ from benchmarks.common import (
     format_table,
     fresh_database,
     load_average,
-    max_rss_mib,
     median,
-    peak_rss_mib,
     per_second,
     percentile,
+    settle,
     write_results,
 )
 from benchmarks.history import ClusterHistory, Step
@@ -87,7 +93,6 @@ WARM_UP = 50
 TARGET_SINGLE_RATIO = 0.7
 TARGET_BATCHED_PER_S = 50_000.0
 TARGET_REPLAY_PER_S = 200_000.0
-CHILD_URL_ENV = "LLMGW_BENCH_CHILD_URL"
 SCRIPT = Path(__file__).resolve()
 
 
@@ -209,26 +214,6 @@ class Load(msgspec.Struct, frozen=True, kw_only=True):
     checkpoint of the load's writes runs during a measurement."""
 
 
-class ChildRun(msgspec.Struct, frozen=True, kw_only=True):
-    """Replay, verify or rebuild, measured in a process of its own."""
-
-    operation: str
-    events: int
-    seconds: float
-    cpu_seconds: float
-    """This process's CPU time during the operation: the rest of ``seconds`` is the
-    server's work and waiting for a core."""
-    events_per_s: float
-    rss_before_mib: float
-    """Peak RSS with the interpreter, the imports and a connection, before the operation."""
-    peak_rss_mib: float
-    """The process's own peak RSS (``VmHWM``)."""
-    ru_maxrss_mib: float
-    """``ru_maxrss``: at least the parent's RSS when it started this process (see
-    ``benchmarks.common.peak_rss_mib``), so only an upper bound."""
-    counts: dict[str, int]
-
-
 class Results(msgspec.Struct, frozen=True, kw_only=True):
     benchmark: str
     started_at: str
@@ -302,14 +287,6 @@ async def track_function_time(db: asyncpg.Connection) -> None:
     with contextlib.suppress(asyncpg.InsufficientPrivilegeError):
         name = await db.fetchval("SELECT current_database()")
         await db.execute(f"ALTER DATABASE \"{name}\" SET track_functions = 'pl'")
-
-
-async def settle(db: asyncpg.Connection) -> float:
-    started = time.perf_counter()
-    await db.execute("VACUUM ANALYZE")
-    with contextlib.suppress(asyncpg.InsufficientPrivilegeError):  # a server of someone else's
-        await db.execute("CHECKPOINT")
-    return round(time.perf_counter() - started, 2)
 
 
 async def compare_single(
@@ -499,18 +476,7 @@ class ServerClock:
 
 
 async def measure_in_child(operation: str, url: str) -> ChildRun:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(SCRIPT),
-        "--child",
-        operation,
-        stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, CHILD_URL_ENV: url},  # not on the command line: it may hold a password
-    )
-    output, _ = await process.communicate()
-    if process.returncode != 0:
-        raise RuntimeError(f"the {operation} process exited with status {process.returncode}")
-    return msgspec.json.decode(output, type=ChildRun)
+    return await children.measure_in_child(SCRIPT, operation, url)
 
 
 async def _replay_counts(engine: AsyncEngine) -> dict[str, int]:
@@ -535,37 +501,13 @@ async def _log_verify_counts(engine: AsyncEngine) -> dict[str, int]:
     return {"verified": result.events, "head": result.head.position, "broken": int(not result.ok)}
 
 
-CHILD_OPERATIONS: dict[str, Callable[[AsyncEngine], Awaitable[dict[str, int]]]] = {
+CHILD_OPERATIONS: dict[str, ChildOperation] = {
+    **startup.CHILD_OPERATIONS,
     "replay": _replay_counts,
     "verify": partial(_rebuild_counts, verify=True),
     "rebuild": partial(_rebuild_counts, verify=False),
     "log-verify": _log_verify_counts,
 }
-
-
-async def run_child(operation: str, url: str) -> ChildRun:
-    engine = create_engine(url, pool_size=1)
-    try:
-        async with engine.connect() as conn:  # connecting is not part of the operation
-            events = (await conn.execute(text("SELECT count(*) FROM events"))).scalar_one()
-        rss_before = peak_rss_mib()
-        started, cpu_started = time.perf_counter(), time.process_time()
-        counts = await CHILD_OPERATIONS[operation](engine)
-        seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
-        peak, ru_maxrss = peak_rss_mib(), max_rss_mib()
-    finally:
-        await engine.dispose()
-    return ChildRun(
-        operation=operation,
-        events=events,
-        seconds=round(seconds, 3),
-        cpu_seconds=round(cpu_seconds, 3),
-        events_per_s=round(per_second(events, seconds)),
-        rss_before_mib=rss_before,
-        peak_rss_mib=peak,
-        ru_maxrss_mib=ru_maxrss,
-        counts=counts,
-    )
 
 
 # -- the run -------------------------------------------------------------------------------
@@ -775,6 +717,25 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         "--chain-batched", type=int, help="events a side in batches, with and without (20,000)"
     )
     parser.add_argument("--quick", action="store_true", help="small sizes, to try it out")
+    parser.add_argument(
+        "--startup", action="store_true", help="measure the store's start-up only (see above)"
+    )
+    parser.add_argument(
+        "--startup-sizes",
+        type=_sizes,
+        help="log sizes to start up at (100000,1000000,5000000; --quick: 20000,100000)",
+    )
+    parser.add_argument(
+        "--startup-tail",
+        type=int,
+        help=f"events after the snapshot ({startup.TAIL:,}; --quick: 5,000)",
+    )
+    parser.add_argument(
+        "--startup-rounds",
+        type=int,
+        default=startup.ROUNDS,
+        help=f"start-ups from the snapshot per size ({startup.ROUNDS})",
+    )
     parser.add_argument("--child", choices=sorted(CHILD_OPERATIONS), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -782,10 +743,14 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = parse_arguments(argv)
     if arguments.child:
-        result = asyncio.run(run_child(arguments.child, os.environ[CHILD_URL_ENV]))
+        result = asyncio.run(
+            children.run_child(CHILD_OPERATIONS, arguments.child, os.environ[CHILD_URL_ENV])
+        )
         sys.stdout.write(msgspec.json.encode(result).decode() + "\n")
         return 0
     quick = arguments.quick
+    if arguments.startup:
+        return _startup(arguments)
     sizes = Sizes(
         events=arguments.events or (20_000 if quick else 1_000_000),
         single=arguments.single or (500 if quick else 3_000),
@@ -799,6 +764,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report(results))
     print(f"results: {write_results('eventstore', results)}")
     return 0
+
+
+def _startup(arguments: argparse.Namespace) -> int:
+    quick = arguments.quick
+    sizes = arguments.startup_sizes or ((20_000, 100_000) if quick else startup.SIZES)
+    tail = arguments.startup_tail or (5_000 if quick else startup.TAIL)
+    if tail >= min(sizes):
+        raise SystemExit(f"the tail ({tail:,}) must be shorter than the smallest size")
+    with bench_server() as server:
+        results = asyncio.run(
+            startup.run(server, measure_in_child, sizes, tail, arguments.startup_rounds)
+        )
+    print(startup.report(results))
+    print(f"results: {write_results('eventstore-startup', results)}")
+    return 0
+
+
+def _sizes(value: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(sorted(int(part.replace("_", "")) for part in value.split(",")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of numbers: {value!r}") from None
+    if not sizes or sizes[0] <= 0:
+        raise argparse.ArgumentTypeError("sizes are positive numbers of events")
+    return sizes
 
 
 if __name__ == "__main__":

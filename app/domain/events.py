@@ -13,7 +13,7 @@ the bottom name them, so nobody formats a stream name by hand.
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar
+from typing import Any, ClassVar, assert_never
 
 import msgspec
 
@@ -373,6 +373,72 @@ AnyEvent = (
 )
 
 EVENT_TYPES: dict[str, type[Event]] = {_snake(cls.__name__): cls for cls in AnyEvent.__args__}
+
+
+# -- what an event is about ----------------------------------------------------------------
+
+
+class Subjects(msgspec.Struct, frozen=True, kw_only=True):
+    """The entities an event is about, by id. The log files every event under its model,
+    node and replica (the ``events`` table's columns of those names, which audits filter
+    on), and the projection rewrites the rows of these entities (and of a replica's model)."""
+
+    model: str | None = None
+    node: str | None = None
+    replica: str | None = None
+    key: str | None = None
+    certificate: str | None = None
+    """The serial of a certificate an event revokes."""
+
+
+def subjects(event: AnyEvent) -> Subjects:
+    """What ``event`` is about. The most frequent events come first: a ``match`` tries its
+    cases in order, and every appended event is asked this twice."""
+    match event:
+        case ShardStarting() | ShardReady() | ShardFailed() | ShardStopped() | ReplicaAdopted():
+            return Subjects(replica=event.replica_id, node=event.node_id)
+        case ReplicaPlaced():
+            return Subjects(replica=event.replica_id, model=event.model)
+        case (
+            ReplicaServing()
+            | ReplicaStopping()
+            | ReplicaStopped()
+            | ReplicaDrainStarted()
+            | ReplacementServing()
+            | ReplicaFailed()
+            | ReplicaStartupTimedOut()
+            | ReplicaLost()
+        ):
+            return Subjects(replica=event.replica_id)
+        case (
+            NodeConnected()
+            | NodeDisconnected()
+            | NodeRegistered()
+            | NodeLost()
+            | NodeCordoned()
+            | NodeUncordoned()
+            | NodeDrainRequested()
+            | NodeDrainFinished()
+            | GpuMarkedUnhealthy()
+            | GpuRecovered()
+            | NodeRefused()
+        ):
+            return Subjects(node=event.node_id)
+        case StrayStopped():
+            # On the node's stream, about a replica the log may not know (and its model).
+            return Subjects(node=event.node_id, replica=event.replica_id, model=event.model)
+        case IdentityRejected():
+            return Subjects(node=event.claimed_node_id)
+        case CertificateRevoked():
+            return Subjects(node=event.node_id, certificate=event.serial)
+        case ModelDeclared() | ModelScaled() | ModelRemoved() | ModelUnplaceable():
+            return Subjects(model=event.model)
+        case ModelTuned():
+            return Subjects(model=event.model, replica=event.replica_id)
+        case ApiKeyCreated() | ApiKeyRevoked():
+            return Subjects(key=event.key_id)
+        case _:
+            assert_never(event)
 
 
 def event_type(event: Event) -> str:

@@ -43,6 +43,7 @@ from app.domain.events import (
     model_stream,
     node_stream,
     replica_stream,
+    subjects,
 )
 from app.domain.model_spec import ModelSpec, RoutingSettings, SpecError, validate_spec
 from app.domain.placement import Explanation, explain_placement
@@ -390,7 +391,7 @@ def drain_progress(state: ClusterState, drain_id: str, events: Sequence[Recorded
         raise UnknownDrain(drain_id)
     first = events[0]
     touched = {r.id for r in state.replicas.values() if r.drain_id == drain_id}
-    touched |= {i for e in events if (i := getattr(e.event, "replica_id", None)) is not None}
+    touched |= {i for e in events if (i := subjects(e.event).replica) is not None}
     replicas = tuple(state.replicas[i] for i in sorted(touched) if i in state.replicas)
     requested = first.event
     if isinstance(requested, NodeDrainRequested):

@@ -8,7 +8,7 @@ outside the allowed engine networks never reaches them, so no socket is ever ope
 What is allowed is ``app.domain.egress``: the ``--engine-networks`` list when one is given,
 else, per route, only the address its node's agent connected from. A route's address is
 the host of its URL, which must be exactly ``http://<host>:<port>`` (as
-``app.store.gateway_snapshot.engine_url`` renders it): anything else is refused too.
+``app.gateway.snapshot.engine_url`` renders it): anything else is refused too.
 
 Each refused address is logged once (a warning naming the route and why); each refused
 route is counted once in ``llmgw_gateway_engine_egress_refusals_total{reason}``, and

@@ -2,7 +2,7 @@
 
 ``PostgresSnapshotSource`` holds one connection to the database. On it, it
 
-- reads the snapshot (``app.store.gateway_snapshot``: declared models, the
+- reads the snapshot (``app.gateway.snapshot``: declared models, the
   ``routing_table`` view, live API keys and the projection's position) in one statement,
   so it sees one consistent state;
 - LISTENs on the log's channel: an append wakes it, and after ``debounce_s`` (one read for
@@ -29,10 +29,10 @@ from typing import Any
 import asyncpg
 import structlog
 
+from app.gateway.snapshot import read_snapshot
 from app.gateway.table import GatewaySnapshot, SnapshotListener
 from app.store.database import driver_url
 from app.store.gateway_reports import delete_report, write_report
-from app.store.gateway_snapshot import read_snapshot
 from app.store.postgres import NOTIFY_CHANNEL
 
 log = structlog.get_logger(__name__)

@@ -5,8 +5,13 @@ StoreError
 ├── FencedError            the appender's leader epoch is no longer current
 ├── StoreUnavailable       the database cannot be reached
 ├── UnreadableEvent        a stored payload no longer decodes into any known event
+├── UnreadableSnapshot     a fold snapshot is damaged, or was written by another fold
 ├── RuntimeRoleError       the runtime role cannot be set up, or could rewrite the log
 └── InvalidAnchor          (also a ValueError) not a head as ``log head`` prints it
+
+Two more pass between a recorder and the store built on it and never reach a caller:
+``LogMovedOn`` (the log is past what the caller folded: catch up, then try again) and
+``AlreadyRecorded`` (an event id of the batch is stored: a retried request).
 """
 
 from __future__ import annotations
@@ -42,6 +47,21 @@ class UnreadableEvent(StoreError):
     def __init__(self, position: int, event_type: str, detail: str) -> None:
         super().__init__(f"event {position} ({event_type}) cannot be decoded: {detail}")
         self.position = position
+
+
+class UnreadableSnapshot(StoreError):
+    def __init__(self, position: int, detail: str) -> None:
+        super().__init__(f"the fold snapshot at position {position} cannot be used: {detail}")
+        self.position = position
+        self.detail = detail
+
+
+class LogMovedOn(StoreError):
+    """Another writer appended after the position the caller's batch was folded at."""
+
+
+class AlreadyRecorded(StoreError):
+    """At least one event id of the batch is in the log already."""
 
 
 class RuntimeRoleError(StoreError):

@@ -15,6 +15,9 @@ EXECUTE on ``llmgw_append``                   every append; it runs as the owner
 EXECUTE on ``llmgw_next_epoch``               a new leader's epoch bump, which only adds one
 INSERT, UPDATE, DELETE on ``gateway_reports``  each gateway's in-flight report: live telemetry,
                                               not part of the log
+INSERT, DELETE on ``fold_snapshots`` and      the leader's snapshots of the fold (written
+``fold_snapshot_chunks``                      whole, pruned, never updated): derived from the
+                                              log, checked against its chain when read
 CONNECT on the database, USAGE on the schema  only where PUBLIC does not have them already
 ============================================  ================================================
 
@@ -42,6 +45,7 @@ DEFAULT_RUNTIME_ROLE = "llmgw_runtime"
 APPEND_FUNCTION = "llmgw_append"
 RUNTIME_FUNCTIONS = (APPEND_FUNCTION, "llmgw_next_epoch")
 TELEMETRY_TABLES = ("gateway_reports",)
+SNAPSHOT_TABLES = ("fold_snapshots", "fold_snapshot_chunks")
 MAX_ROLE_NAME_BYTES = 63
 DUPLICATE_OBJECT = "42710"
 UNIQUE_VIOLATION = "23505"
@@ -104,6 +108,7 @@ def grant_runtime_privileges(connection: Connection, role: str | None = None) ->
     sequences = [name for name, kind, _ in relations if kind == "S"]
     readable = [name for name, kind, _ in relations if kind != "S"]
     telemetry = [name for name, kind, bare in relations if bare in TELEMETRY_TABLES]
+    snapshots = [name for name, kind, bare in relations if bare in SNAPSHOT_TABLES]
     functions = _function_signatures(connection)
     if set(RUNTIME_FUNCTIONS) - set(functions):
         raise RuntimeRoleError(
@@ -123,6 +128,10 @@ def grant_runtime_privileges(connection: Connection, role: str | None = None) ->
         if telemetry:
             connection.exec_driver_sql(
                 f"GRANT INSERT, UPDATE, DELETE ON TABLE {', '.join(telemetry)} TO {grantee}"
+            )
+        if snapshots:
+            connection.exec_driver_sql(
+                f"GRANT INSERT, DELETE ON TABLE {', '.join(snapshots)} TO {grantee}"
             )
         connection.exec_driver_sql(
             f"GRANT EXECUTE ON FUNCTION {', '.join(functions.values())} TO {grantee}"

@@ -1,25 +1,29 @@
 """An event store in memory, for unit tests and tools: same interface, same contract.
 
-Payloads go through the same codec as in PostgreSQL, so upcasting and encoding behave
-alike; the contract suite in ``tests/contracts`` runs against both stores.
+``InMemoryRecorder`` keeps the log in a list and makes the checks ``llmgw_append`` makes in
+PostgreSQL (the caller's position, event ids, stream versions); the store around it is the
+PostgreSQL store's (``app.store.folded``). Payloads go through the same codec as in
+PostgreSQL, so upcasting and encoding behave alike; the contract suite in
+``tests/contracts`` runs against both stores.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from uuid import UUID
 
 import msgspec
 
 from app.domain.envelope import Meta, Recorded
-from app.domain.evolve import evolve
-from app.domain.state import ClusterState
 from app.store.codec import decode_event, encode_event
-from app.store.errors import ConcurrencyError
-from app.store.interface import AppendRequest, NewEvent
+from app.store.errors import AlreadyRecorded, ConcurrencyError, LogMovedOn
+from app.store.folded import FoldedEventStore
+from app.store.interface import AppendRequest
+from app.store.projection import RowChanges
 
 
 class StoredEvent(msgspec.Struct, frozen=True):
@@ -38,95 +42,100 @@ def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-class InMemoryEventStore:
-    def __init__(self, clock: Callable[[], datetime] = _utc_now) -> None:
-        self._clock = clock
-        self._log: list[StoredEvent] = []
+class InMemoryRecorder:
+    """The log as a list: ``log[n]`` is the event at position ``n + 1``."""
+
+    def __init__(self) -> None:
+        self.log: list[StoredEvent] = []
         self._versions: dict[str, int] = {}
         self._by_id: dict[UUID, StoredEvent] = {}
-        self._lock = asyncio.Lock()
-        self._state = ClusterState()
-        self.appended = asyncio.Event()
 
-    @property
-    def state(self) -> ClusterState:
-        return self._state
-
-    def insert_raw(self, stored: StoredEvent) -> None:
-        """Put a payload in the log as written by an older version (tests of upcasting)."""
-        self._log.append(stored)
+    def insert(self, stored: StoredEvent) -> None:
+        self.log.append(stored)
         self._versions[stored.stream] = stored.version
         self._by_id[stored.event_id] = stored
 
-    async def append(
-        self, stream: str, expected_version: int | None, events: Sequence[NewEvent], meta: Meta
-    ) -> list[Recorded]:
-        return await self.append_many([AppendRequest(stream, expected_version, events)], meta)
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[InMemoryRecorder]:
+        yield self
 
-    async def append_many(self, requests: Sequence[AppendRequest], meta: Meta) -> list[Recorded]:
-        async with self._lock:
-            plan: list[tuple[str, int, NewEvent]] = []
-            existing: list[StoredEvent] = []
-            versions = dict(self._versions)
-            for request in requests:
-                fresh = [e for e in request.events if e.event_id not in self._by_id]
-                known = [e for e in request.events if e.event_id in self._by_id]
-                existing += [self._by_id[e.event_id] for e in known]
-                if not fresh:
-                    continue
-                actual = versions.get(request.stream, 0)
-                expected = request.expected_version
-                if expected is not None and expected != actual:
-                    raise ConcurrencyError(request.stream, expected, actual)
-                for offset, new in enumerate(fresh, start=1):
-                    plan.append((request.stream, actual + offset, new))
-                versions[request.stream] = actual + len(fresh)
-            now = self._clock()
-            recorded: list[Recorded] = []
-            for stream, version, new in plan:
-                type_name, schema_version, data = encode_event(new.event)
-                stored = StoredEvent(
-                    position=len(self._log) + 1,
-                    stream=stream,
-                    version=version,
-                    event_id=new.event_id,
-                    recorded_at=now,
-                    meta=meta,
-                    type=type_name,
-                    schema_version=schema_version,
-                    data=data,
-                )
-                self.insert_raw(stored)
-                recorded.append(_decode(stored))
-            await self.catch_up()
-            if recorded:
-                self.appended.set()
-            return [_decode(s) for s in existing] + recorded
+    @asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        yield  # one event loop, no await between the checks and the insert: nothing to lock
+
+    async def events_after(self, position: int, limit: int) -> list[Recorded]:
+        start = max(position, 0)
+        return [_decode(s) for s in self.log[start : start + limit]]
+
+    async def events_with_ids(self, event_ids: Sequence[UUID]) -> list[Recorded]:
+        return [_decode(self._by_id[i]) for i in dict.fromkeys(event_ids) if i in self._by_id]
+
+    async def record(
+        self, batch: Sequence[Recorded], rows: RowChanges, meta: Meta, after_position: int
+    ) -> dict[UUID, int]:
+        if after_position != len(self.log):
+            raise LogMovedOn()
+        if any(r.event_id in self._by_id for r in batch):
+            raise AlreadyRecorded()
+        first: dict[str, int] = {}
+        for recorded in batch:
+            first.setdefault(recorded.stream, recorded.version)
+        for stream, version in first.items():
+            actual = self._versions.get(stream, 0)
+            if actual != version - 1:
+                raise ConcurrencyError(stream, None, actual)
+        positions: dict[UUID, int] = {}
+        for recorded in batch:
+            type_name, schema_version, data = encode_event(recorded.event)
+            stored = StoredEvent(
+                position=len(self.log) + 1,
+                stream=recorded.stream,
+                version=recorded.version,
+                event_id=recorded.event_id,
+                recorded_at=recorded.recorded_at,
+                meta=meta,
+                type=type_name,
+                schema_version=schema_version,
+                data=data,
+            )
+            self.insert(stored)
+            positions[stored.event_id] = stored.position
+        return positions
 
     async def read_stream(self, stream: str, after_version: int = 0) -> list[Recorded]:
-        return [_decode(s) for s in self._log if s.stream == stream and s.version > after_version]
+        return [_decode(s) for s in self.log if s.stream == stream and s.version > after_version]
 
     async def read_all(self, after_position: int = 0, limit: int = 1000) -> list[Recorded]:
-        start = max(after_position, 0)
-        return [_decode(s) for s in self._log[start : start + limit]]
+        return await self.events_after(after_position, limit)
 
     async def read_correlated(self, correlation_id: str, limit: int = 1000) -> list[Recorded]:
-        matching = (s for s in self._log if s.meta.correlation_id == correlation_id)
+        matching = (s for s in self.log if s.meta.correlation_id == correlation_id)
         return [_decode(s) for s in itertools.islice(matching, limit)]
-
-    def known_version(self, stream: str) -> int:
-        return self._versions.get(stream, 0)
 
     async def stream_version(self, stream: str) -> int:
         return self._versions.get(stream, 0)
 
     async def last_position(self) -> int:
-        return len(self._log)
+        return len(self.log)
 
-    async def catch_up(self) -> ClusterState:
-        for stored in self._log[self._state.position :]:
-            evolve(self._state, _decode(stored))
-        return self._state
+
+class InMemoryEventStore(FoldedEventStore):
+    def __init__(self, clock: Callable[[], datetime] = _utc_now) -> None:
+        self._log = InMemoryRecorder()
+        super().__init__(self._log, clock=clock)
+        self.appended = asyncio.Event()
+        """Set by every append that stored an event."""
+
+    def insert_raw(self, stored: StoredEvent) -> None:
+        """Put a payload in the log as written by an older version (tests of upcasting)."""
+        self._log.insert(stored)
+
+    async def append_many(self, requests: Sequence[AppendRequest], meta: Meta) -> list[Recorded]:
+        before = len(self._log.log)
+        recorded = await super().append_many(requests, meta)
+        if len(self._log.log) > before:
+            self.appended.set()
+        return recorded
 
 
 def _decode(stored: StoredEvent) -> Recorded:

@@ -1,49 +1,48 @@
-"""The event store in PostgreSQL: events, projection rows and checkpoint in one transaction.
+"""The event store in PostgreSQL: a recorder around ``llmgw_append``, and the store built on it.
 
-An append is one call of the ``llmgw_append`` function (migration 0002): it takes the
-append lock, checks that the caller's fold is current, that no event id is already
-stored and that every stream is at the version the caller expects, inserts the events,
-replaces the projection rows of every entity they touch, moves the checkpoint and
-notifies listeners, all in one statement and so one transaction. Why appends are
-serialized, and why this is one round trip, is explained there.
+An append is one call of the ``llmgw_append`` function (migrations 0002 and 0005): it takes
+the append lock, checks that the caller's fold is current, that no event id is already
+stored and that every stream is at the version the caller expects, inserts the events
+(chained), replaces the projection rows of every entity they touch, moves the checkpoint
+and notifies listeners, all in one statement and so one transaction. Why appends are
+serialized, and why this is one round trip, is explained there. ``PostgresRecorder`` is
+the only place where the function's refusals (SQLSTATEs ``LG001``-``LG004``) become the
+store's errors; connection errors are translated by ``app.store.database``.
 
-The version check runs here first, against the stream versions of the in-memory fold, so a
-writer that loses a race is refused before anything reaches the database and consumes no
-position: it leaves no hole. (A transaction that fails after inserting, a lost connection
-say, does leave a gap in ``position``; readers never wait for gaps, they rely only on
-positions becoming visible in commit order, so a gap cannot stall them.)
+The version check runs first in the store, against the stream versions of the in-memory
+fold, so a writer that loses a race is refused before anything reaches the database and
+consumes no position: it leaves no hole. (A transaction that fails after inserting, a lost
+connection say, does leave a gap in ``position``; readers never wait for gaps, they rely
+only on positions becoming visible in commit order, so a gap cannot stall them.)
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
+from uuid import UUID
 
 import asyncpg
 import msgspec
-from msgspec.structs import replace
-from sqlalchemy import Table
-from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.envelope import Meta, Recorded
-from app.domain.evolve import evolve
-from app.domain.state import ClusterState
+from app.domain.events import subjects
 from app.store import history
-from app.store.codec import (
-    RECORDED_COLUMNS,
-    encode_event,
-    encode_meta,
-    record_from_row,
-    storable,
-)
+from app.store.codec import RECORDED_COLUMNS, encode_event, encode_meta, record_from_row
 from app.store.database import connection
-from app.store.errors import ConcurrencyError, FencedError, StoreError
-from app.store.interface import AppendRequest, NewEvent
-from app.store.projection import RowChanges, fold
-from app.store.tables import PROJECTION_TABLES
+from app.store.errors import (
+    AlreadyRecorded,
+    ConcurrencyError,
+    FencedError,
+    LogMovedOn,
+    StoreError,
+)
+from app.store.folded import FoldedEventStore, SnapshotPolicy
+from app.store.projection import RowChanges
+from app.store.snapshot_table import PostgresFoldSnapshots
 
 APPEND_LOCK_KEY = 0x6C6C6D67_77000001  # "llmgw" + 1: one key for the whole log
 NOTIFY_CHANNEL = "llmgw_events"
@@ -58,175 +57,48 @@ _APPEND_CALL = (
     "$19::text[], $20::jsonb, $21)"
 )
 _encoder = msgspec.json.Encoder()
+DEFAULT_POLICY = SnapshotPolicy()
 
 
 def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-class PostgresEventStore:
+class PostgresEventStore(FoldedEventStore):
+    """The store of ``llmgw-server``: the log in PostgreSQL, the fold in this process, fold
+    snapshots in ``fold_snapshots`` (``policy=None`` writes none; start-up still reads
+    them)."""
+
     def __init__(
         self,
         engine: AsyncEngine,
         clock: Callable[[], datetime] = _utc_now,
         notify_channel: str = NOTIFY_CHANNEL,
+        *,
+        policy: SnapshotPolicy | None = DEFAULT_POLICY,
     ) -> None:
+        super().__init__(
+            PostgresRecorder(engine, notify_channel),
+            clock=clock,
+            snapshots=PostgresFoldSnapshots(engine),
+            policy=policy,
+        )
         self._engine = engine
-        self._clock = clock
-        self._channel = notify_channel
-        self._state = ClusterState()
-        self._versions: dict[str, int] = {}
-        # Rebuild the fold from the whole log before trusting it (at start).
-        self._stale = True
-        # One fold at a time in this process: an append and a catch-up must not both
-        # evolve the same events into the shared state.
-        self._state_lock = asyncio.Lock()
 
     @property
     def engine(self) -> AsyncEngine:
         return self._engine
 
-    @property
-    def state(self) -> ClusterState:
-        return self._state
 
-    async def append(
-        self, stream: str, expected_version: int | None, events: Sequence[NewEvent], meta: Meta
-    ) -> list[Recorded]:
-        return await self.append_many([AppendRequest(stream, expected_version, events)], meta)
+class PostgresRecorder:
+    def __init__(self, engine: AsyncEngine, notify_channel: str = NOTIFY_CHANNEL) -> None:
+        self._engine = engine
+        self._channel = notify_channel
 
-    async def append_many(self, requests: Sequence[AppendRequest], meta: Meta) -> list[Recorded]:
-        async with self._state_lock, connection(self._engine) as db:
-            if self._stale:
-                await self._catch_up_locked(db)
-            try:
-                # Optimistic: one round trip when our fold is current (the usual case for
-                # the control plane, the only steady writer).
-                return await self._attempt(db, requests, meta)
-            except _Stale:
-                pass  # another process appended meanwhile: take the lock, below
-            # Another process appended meanwhile. Take the append lock for the whole
-            # catch-up and append, so a busy log cannot starve this writer.
-            async with db.transaction():
-                await db.execute("SELECT pg_advisory_xact_lock($1)", APPEND_LOCK_KEY)
-                await self._catch_up_locked(db)
-                return await self._attempt(db, requests, meta)
-
-    async def _attempt(
-        self, db: asyncpg.Connection, requests: Sequence[AppendRequest], meta: Meta
-    ) -> list[Recorded]:
-        try:
-            plan = self._plan(requests, meta)
-        except ConcurrencyError:
-            if await self._catch_up_locked(db) > 0:
-                raise _Stale() from None  # another writer moved the stream: check again
-            if await _any_stored(db, requests):
-                return await self._append_rest(db, requests, meta)
-            raise  # our fold is current and the events are new: a real conflict
-        if not plan:
-            return []
-        try:
-            return await self._call_append(db, plan, meta)
-        except _AlreadyStored:
-            return await self._append_rest(db, requests, meta)
-
-    def _plan(self, requests: Sequence[AppendRequest], meta: Meta) -> list[Recorded]:
-        """The events as they will be recorded (positions provisional), checking versions."""
-        now = self._clock()
-        versions: dict[str, int] = {}
-        plan: list[Recorded] = []
-        position = self._state.position
-        for request in requests:
-            actual = versions.get(request.stream, self._versions.get(request.stream, 0))
-            expected = request.expected_version
-            if expected is not None and expected != actual and request.events:
-                raise ConcurrencyError(request.stream, expected, actual)
-            for new in request.events:
-                actual += 1
-                position += 1
-                plan.append(
-                    Recorded(
-                        position=position,
-                        stream=request.stream,
-                        version=actual,
-                        event_id=new.event_id,
-                        recorded_at=now,
-                        meta=meta,
-                        event=storable(new.event),
-                    )
-                )
-            versions[request.stream] = actual
-        return plan
-
-    async def _call_append(
-        self, db: asyncpg.Connection, plan: list[Recorded], meta: Meta
-    ) -> list[Recorded]:
-        changes, snapshot = fold(self._state, plan)
-        try:
-            rows = await db.fetch(
-                _APPEND_CALL, *_arguments(plan, meta, changes, snapshot.position, self._channel)
-            )
-        except asyncpg.PostgresError as exc:
-            snapshot.restore(self._state)
-            raise _translate(exc, meta) from exc
-        except BaseException:
-            # The call may or may not have committed: undo the fold; if it did commit, the
-            # next append finds the log ahead of us and catches up.
-            snapshot.restore(self._state)
-            raise
-        positions = {row["out_event_id"]: row["out_position"] for row in rows}
-        recorded = [replace(r, position=positions[r.event_id]) for r in plan]
-        self._state.position = max(positions.values())
-        for one in recorded:
-            self._versions[one.stream] = one.version
-        return recorded
-
-    async def _append_rest(
-        self, db: asyncpg.Connection, requests: Sequence[AppendRequest], meta: Meta
-    ) -> list[Recorded]:
-        """Some events were stored before (a retried request): return those as stored and
-        append the others, if any."""
-        await self._catch_up_locked(db)
-        ids = [new.event_id for request in requests for new in request.events]
-        rows = await db.fetch(_SELECT_EVENTS + " WHERE event_id = ANY($1::uuid[])", ids)
-        known = {r.event_id: r for r in map(record_from_row, rows)}
-        rest = [
-            AppendRequest(
-                r.stream, r.expected_version, [e for e in r.events if e.event_id not in known]
-            )
-            for r in requests
-        ]
-        stored = [known[i] for i in ids if i in known]
-        if not any(r.events for r in rest):
-            return stored
-        plan = self._plan(rest, meta)
-        return stored + await self._call_append(db, plan, meta)
-
-    async def _catch_up_locked(self, db: asyncpg.Connection) -> int:
-        """Fold what other writers appended since our state was last current."""
-        if self._stale:
-            self._state = ClusterState()
-            self._versions = {}
-        count = 0
-        while True:
-            rows = await db.fetch(
-                _SELECT_EVENTS + " WHERE position > $1 ORDER BY position LIMIT 10000",
-                self._state.position,
-            )
-            if not rows:
-                break
-            for recorded in map(record_from_row, rows):
-                evolve(self._state, recorded)
-                self._versions[recorded.stream] = recorded.version
-            count += len(rows)
-        self._stale = False
-        return count
-
-    async def catch_up(self) -> ClusterState:
-        """Bring ``state`` up to the end of the log."""
-        async with self._state_lock, connection(self._engine) as db:
-            await self._catch_up_locked(db)
-        return self._state
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[PostgresSession]:
+        async with connection(self._engine) as db:
+            yield PostgresSession(db, self._channel)
 
     async def read_stream(self, stream: str, after_version: int = 0) -> list[Recorded]:
         async with connection(self._engine) as db:
@@ -239,18 +111,10 @@ class PostgresEventStore:
 
     async def read_all(self, after_position: int = 0, limit: int = 1000) -> list[Recorded]:
         async with connection(self._engine) as db:
-            rows = await db.fetch(
-                _SELECT_EVENTS + " WHERE position > $1 ORDER BY position LIMIT $2",
-                after_position,
-                limit,
-            )
-        return [record_from_row(row) for row in rows]
+            return await _events_after(db, after_position, limit)
 
     async def read_correlated(self, correlation_id: str, limit: int = 1000) -> list[Recorded]:
         return await history.read_correlated(self._engine, correlation_id, limit)
-
-    def known_version(self, stream: str) -> int:
-        return self._versions.get(stream, 0)
 
     async def stream_version(self, stream: str) -> int:
         async with connection(self._engine) as db:
@@ -265,28 +129,53 @@ class PostgresEventStore:
         return int(position)
 
 
-async def _any_stored(db: asyncpg.Connection, requests: Sequence[AppendRequest]) -> bool:
-    ids = [new.event_id for request in requests for new in request.events]
-    return bool(
-        await db.fetchval("SELECT count(*) FROM events WHERE event_id = ANY($1::uuid[])", ids)
+class PostgresSession:
+    def __init__(self, db: asyncpg.Connection, channel: str) -> None:
+        self._db = db
+        self._channel = channel
+
+    @asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """A transaction holding the append lock (the one ``llmgw_append`` takes)."""
+        async with self._db.transaction():
+            await self._db.execute("SELECT pg_advisory_xact_lock($1)", APPEND_LOCK_KEY)
+            yield
+
+    async def events_after(self, position: int, limit: int) -> list[Recorded]:
+        return await _events_after(self._db, position, limit)
+
+    async def events_with_ids(self, event_ids: Sequence[UUID]) -> list[Recorded]:
+        rows = await self._db.fetch(
+            _SELECT_EVENTS + " WHERE event_id = ANY($1::uuid[])", list(event_ids)
+        )
+        return [record_from_row(row) for row in rows]
+
+    async def record(
+        self, batch: Sequence[Recorded], rows: RowChanges, meta: Meta, after_position: int
+    ) -> dict[UUID, int]:
+        try:
+            result = await self._db.fetch(
+                _APPEND_CALL, *_arguments(batch, meta, rows, after_position, self._channel)
+            )
+        except asyncpg.PostgresError as exc:
+            raise _translate(exc, meta) from exc
+        return {row["out_event_id"]: row["out_position"] for row in result}
+
+
+async def _events_after(db: asyncpg.Connection, position: int, limit: int) -> list[Recorded]:
+    rows = await db.fetch(
+        _SELECT_EVENTS + " WHERE position > $1 ORDER BY position LIMIT $2", position, limit
     )
+    return [record_from_row(row) for row in rows]
 
 
-class _Stale(Exception):
-    """Another writer appended since our fold was current."""
-
-
-class _AlreadyStored(Exception):
-    """At least one event id is already in the log."""
-
-
-def _translate(exc: asyncpg.PostgresError, meta: Meta) -> Exception:
+def _translate(exc: asyncpg.PostgresError, meta: Meta) -> StoreError:
     detail = getattr(exc, "detail", None) or ""
     match exc.sqlstate:
         case "LG001":
-            return _Stale()
+            return LogMovedOn(str(exc))
         case "LG004":
-            return _AlreadyStored()
+            return AlreadyRecorded(str(exc))
         case "LG003":
             return FencedError(meta.epoch or 0, int(detail or 0))
         case "LG002":
@@ -296,12 +185,13 @@ def _translate(exc: asyncpg.PostgresError, meta: Meta) -> Exception:
 
 
 def _arguments(
-    plan: list[Recorded], meta: Meta, changes: RowChanges, last_position: int, channel: str
+    batch: Sequence[Recorded], meta: Meta, changes: RowChanges, last_position: int, channel: str
 ) -> tuple[Any, ...]:
     columns: list[list[Any]] = [[] for _ in range(9)]
-    for recorded in plan:
+    for recorded in batch:
         event = recorded.event
         type_name, schema_version, data = encode_event(event)
+        about = subjects(event)
         values = (
             recorded.stream,
             recorded.version,
@@ -309,9 +199,9 @@ def _arguments(
             schema_version,
             data.decode(),
             recorded.event_id,
-            getattr(event, "replica_id", None),
-            getattr(event, "node_id", None) or getattr(event, "claimed_node_id", None),
-            getattr(event, "model", None),
+            about.replica,
+            about.node,
+            about.model,
         )
         for column, value in zip(columns, values, strict=True):
             column.append(value)
@@ -320,31 +210,13 @@ def _arguments(
         meta.epoch,
         *columns,
         encode_meta(meta).decode(),
-        plan[0].recorded_at,
+        batch[0].recorded_at,
         meta.actor,
         meta.correlation_id,
         changes.touched["models"],
         changes.touched["nodes"],
         changes.touched["replicas"],
         changes.touched["api_keys"],
-        _json(changes.rows),
+        _encoder.encode(changes.rows).decode(),
         channel,
     )
-
-
-def _json(value: Any) -> str:
-    return _encoder.encode(value).decode()
-
-
-async def write_all_rows(db: asyncpg.Connection, rows: dict[str, list[dict[str, Any]]]) -> None:
-    """Insert every row of a fresh projection (used by rebuild, after TRUNCATE)."""
-    for table in PROJECTION_TABLES:
-        await db.execute(
-            f"INSERT INTO {table.name} SELECT * FROM "
-            f"jsonb_populate_recordset(NULL::{table.name}, $1::jsonb)",
-            _json(rows[table.name]),
-        )
-
-
-def json_columns(table: Table) -> frozenset[str]:
-    return frozenset(c.name for c in table.columns if isinstance(c.type, JSONB))

@@ -13,16 +13,20 @@ from __future__ import annotations
 import asyncpg
 
 from app.store.database import driver_url
-from app.store.grants import RUNTIME_FUNCTIONS, TELEMETRY_TABLES
+from app.store.grants import RUNTIME_FUNCTIONS, SNAPSHOT_TABLES, TELEMETRY_TABLES
 from app.store.tables import metadata
 
 CONNECT_TIMEOUT_S = 10.0
 WRITE_PRIVILEGES = ("INSERT", "UPDATE", "DELETE", "TRUNCATE", "TRIGGER")
 LOG_TABLES = tuple(
-    sorted(table.name for table in metadata.sorted_tables if table.name not in TELEMETRY_TABLES)
+    sorted(
+        table.name
+        for table in metadata.sorted_tables
+        if table.name not in TELEMETRY_TABLES and table.name not in SNAPSHOT_TABLES
+    )
 )
 """Tables the runtime role may read but not write: the log, its projections, checkpoints
-and leadership."""
+and leadership (not the gateways' reports, nor the fold snapshots derived from the log)."""
 
 _ROLE = """
 SELECT current_user AS role, rolsuper, rolcreaterole, rolbypassrls

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from app.domain.envelope import Recorded
+from app.domain.events import subjects
 from app.domain.evolve import evolve
 from app.domain.state import ApiKey, ClusterState, Model, Node, Replica
 
@@ -29,24 +30,20 @@ class Touched(msgspec.Struct):
     keys: set[str] = msgspec.field(default_factory=set)
 
     def add(self, recorded: Recorded, state: ClusterState) -> None:
-        event = recorded.event
-        # Every event names the entities it concerns with these field names; touching an
-        # entity the event did not change only rewrites an identical row.
-        model = getattr(event, "model", None)
-        if model is not None:
-            self.models.add(model)
-        node_id = getattr(event, "node_id", None)
-        if node_id is not None:
-            self.nodes.add(node_id)
-        replica_id = getattr(event, "replica_id", None)
-        if replica_id is not None:
-            self.replicas.add(replica_id)
-            replica = state.replicas.get(replica_id)
+        # Touching an entity the event did not change costs nothing: only entities that
+        # differ from the undo record get their rows written (``changes_for``).
+        about = subjects(recorded.event)
+        if about.model is not None:
+            self.models.add(about.model)
+        if about.node is not None:
+            self.nodes.add(about.node)
+        if about.replica is not None:
+            self.replicas.add(about.replica)
+            replica = state.replicas.get(about.replica)
             if replica is not None:  # its model counts failures and replica numbers
                 self.models.add(replica.model)
-        key_id = getattr(event, "key_id", None)
-        if key_id is not None:
-            self.keys.add(key_id)
+        if about.key is not None:
+            self.keys.add(about.key)
 
 
 class RowChanges(msgspec.Struct):
@@ -174,21 +171,21 @@ def all_rows(state: ClusterState) -> dict[str, list[Row]]:
     }
 
 
-def fold(state: ClusterState, batch: Sequence[Recorded]) -> tuple[RowChanges, Snapshot]:
-    """Evolve ``state`` by ``batch``; return the row changes that mirror it, and a snapshot
-    that undoes it (for an append that does not commit)."""
+def fold(state: ClusterState, batch: Sequence[Recorded]) -> tuple[RowChanges, Undo]:
+    """Evolve ``state`` by ``batch``; return the row changes that mirror it, and what undoes
+    it (for an append that does not commit)."""
     touched = Touched()
     for recorded in batch:
         touched.add(recorded, state)
-    snapshot = Snapshot.take(state, touched)
+    undo = Undo.take(state, touched)
     for recorded in batch:
         evolve(state, recorded)
-    return changes_for(state, snapshot), snapshot
+    return changes_for(state, undo), undo
 
 
-def changes_for(state: ClusterState, before: Snapshot) -> RowChanges:
+def changes_for(state: ClusterState, before: Undo) -> RowChanges:
     """Rows of the entities that changed. Entities are frozen and replaced when an event
-    changes them, so an entity still identical to its snapshot needs no row written."""
+    changes them, so an entity still identical to its undo record needs no row written."""
     models = _changed(state.models, before.models)
     nodes = _changed(state.nodes, before.nodes)
     replica_ids = _changed(state.replicas, before.replicas)
@@ -210,7 +207,7 @@ def _changed(now: dict[str, Any], before: dict[str, Any]) -> list[str]:
     return sorted(key for key, old in before.items() if now.get(key) is not old)
 
 
-class Snapshot(msgspec.Struct):
+class Undo(msgspec.Struct):
     """The entities a batch is about to touch, as they were: restoring it undoes a fold
     whose append did not commit."""
 
@@ -221,7 +218,7 @@ class Snapshot(msgspec.Struct):
     keys: dict[str, ApiKey | None]
 
     @classmethod
-    def take(cls, state: ClusterState, touched: Touched) -> Snapshot:
+    def take(cls, state: ClusterState, touched: Touched) -> Undo:
         return cls(
             position=state.position,
             models={k: state.models.get(k) for k in touched.models},

@@ -1,25 +1,27 @@
-"""Replaying the whole log: the state at start-up, and ``projections rebuild [--verify]``."""
+"""``projections rebuild [--verify]``: the projection tables from a replay of the whole log.
+
+``--verify`` also compares every fold snapshot kept (``fold_snapshots``) with the replay at
+its position: a snapshot is derived from the log like the tables are, and a start-up
+trusts it.
+"""
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
 import asyncpg
 import msgspec
-from sqlalchemy import text
+from sqlalchemy import Table, text
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.domain.evolve import evolve
 from app.domain.state import ClusterState
-from app.store.codec import RECORDED_COLUMNS, decode_recorded
 from app.store.database import driver_connection, translated_errors
-from app.store.postgres import APPEND_LOCK_KEY, CHECKPOINT, json_columns, write_all_rows
+from app.store.postgres import APPEND_LOCK_KEY, CHECKPOINT
 from app.store.projection import Row, all_rows
+from app.store.replay import SnapshotDifference, replay_checking_snapshots, replay_into
 from app.store.tables import PROJECTION_TABLES
 
 
@@ -28,7 +30,9 @@ class RowDifference(msgspec.Struct, frozen=True):
     key: str
     problem: str
     """``missing`` (the log implies the row, the table lacks it), ``unexpected`` (the
-    table has a row the log does not imply) or ``differs`` (with the columns)."""
+    table has a row the log does not imply) or ``differs`` (with the columns). For table
+    ``fold_snapshots`` the key is ``<position>/<part>/<id>`` and the problem can also be
+    ``unreadable`` (damaged, or not of this log)."""
     columns: dict[str, tuple[Any, Any]] = {}
 
 
@@ -38,40 +42,6 @@ class RebuildReport(msgspec.Struct, frozen=True):
     rows: dict[str, int]
     differences: list[RowDifference]
     rewritten: bool
-
-
-async def replay_into(db: asyncpg.Connection, state: ClusterState) -> int:
-    """Fold every event after ``state.position`` into ``state``; returns how many.
-
-    Must run inside a transaction (the cursor needs one)."""
-    count = 0
-    query = f"SELECT {RECORDED_COLUMNS} FROM events WHERE position > $1 ORDER BY position"
-    with paused_gc():
-        async for row in db.cursor(query, state.position, prefetch=5000):
-            evolve(state, decode_recorded(row[0], row[1], row[2], row[3]))
-            count += 1
-    return count
-
-
-@contextmanager
-def paused_gc() -> Iterator[None]:
-    """A replay allocates millions of objects that all stay alive; the cyclic collector
-    would walk them again and again (a third of a replay's time) for nothing to free."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-async def replay(engine: AsyncEngine) -> ClusterState:
-    state = ClusterState()
-    async with translated_errors(), engine.connect() as conn:
-        await conn.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"))
-        await replay_into(await driver_connection(conn), state)
-    return state
 
 
 async def rebuild(engine: AsyncEngine, *, verify: bool) -> RebuildReport:
@@ -86,10 +56,13 @@ async def rebuild(engine: AsyncEngine, *, verify: bool) -> RebuildReport:
             await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": APPEND_LOCK_KEY})
         db = await driver_connection(conn)
         state = ClusterState()
-        count = await replay_into(db, state)
+        if verify:
+            count, snapshots = await replay_checking_snapshots(db, state)
+        else:
+            count = await replay_into(db, state)
         expected = all_rows(state)
         if verify:
-            differences = await _compare(db, expected)
+            differences = await _compare(db, expected) + [_row(d) for d in snapshots]
         else:
             differences = []
             await db.execute(f"TRUNCATE {', '.join(t.name for t in PROJECTION_TABLES)}")
@@ -134,6 +107,15 @@ async def _compare(db: asyncpg.Connection, expected: dict[str, list[Row]]) -> li
     return differences
 
 
+def _row(difference: SnapshotDifference) -> RowDifference:
+    return RowDifference(
+        "fold_snapshots",
+        f"{difference.position}/{difference.part}/{difference.key}".rstrip("/"),
+        difference.problem,
+        difference.fields,
+    )
+
+
 def _key(row: Row, keys: list[str]) -> str:
     return "/".join(str(row[k]) for k in keys)
 
@@ -156,3 +138,17 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict | list | tuple):
         return _json_as_decimals(msgspec.json.encode(value))
     return value
+
+
+async def write_all_rows(db: asyncpg.Connection, rows: dict[str, list[Row]]) -> None:
+    """Insert every row of a fresh projection (after TRUNCATE)."""
+    for table in PROJECTION_TABLES:
+        await db.execute(
+            f"INSERT INTO {table.name} SELECT * FROM "
+            f"jsonb_populate_recordset(NULL::{table.name}, $1::jsonb)",
+            msgspec.json.encode(rows[table.name]).decode(),
+        )
+
+
+def json_columns(table: Table) -> frozenset[str]:
+    return frozenset(c.name for c in table.columns if isinstance(c.type, JSONB))

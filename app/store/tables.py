@@ -16,6 +16,7 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     SmallInteger,
     Table,
@@ -186,6 +187,28 @@ gateway_reports = Table(
     Column("gateway_id", Text, primary_key=True),
     Column("in_flight", JSONB, nullable=False),
     Column("reported_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+)
+
+fold_snapshots = Table(
+    "fold_snapshots",
+    metadata,
+    # Not projected from the log: the fold at a position, to start from instead of the
+    # first event (app/store/snapshot_table.py). Written whole, never changed.
+    Column("position", BigInteger, primary_key=True, autoincrement=False),
+    Column("chain_hash", LargeBinary, nullable=False),
+    Column("fingerprint", Text, nullable=False),
+    Column("chunks", Integer, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("digest", LargeBinary, nullable=False),
+    Column("written_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+)
+
+fold_snapshot_chunks = Table(
+    "fold_snapshot_chunks",
+    metadata,
+    Column("position", BigInteger, primary_key=True, autoincrement=False),
+    Column("chunk", Integer, primary_key=True, autoincrement=False),
+    Column("data", LargeBinary, nullable=False),
 )
 
 PROJECTION_TABLES = (models, nodes, replicas, shards, api_keys)

@@ -33,8 +33,8 @@ from aiohttp import web
 from agent.simulator.config import CapacityConfig
 from agent.simulator.launcher import SimulatorProcess, free_port, simulator_command, start_simulator
 from agent.simulator.prediction import predict_steady_state
+from app.gateway.snapshot import read_snapshot
 from app.store.database import driver_url
-from app.store.gateway_snapshot import read_snapshot
 from cli.bench.report import BenchReport
 from tests.support.cluster import (
     ADMIN_TOKEN,

@@ -25,6 +25,8 @@ TABLES = {
     "api_keys",
     "projection_checkpoints",
     "gateway_reports",
+    "fold_snapshots",
+    "fold_snapshot_chunks",
 }
 VIEWS = {"audit_log", "replica_history", "node_history", "routing_table"}
 

@@ -14,7 +14,8 @@ from app.store.database import create_engine
 from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
 from app.store.projection import all_rows
-from app.store.rebuild import rebuild, replay
+from app.store.rebuild import rebuild
+from app.store.replay import replay
 from tests.support.generators import events, stream_for
 
 META = Meta(actor="property")

@@ -161,3 +161,30 @@ async def test_the_runtime_role_bumps_the_epoch_by_one_and_reports_its_requests(
     assert holder == "server-b"
     assert in_flight == {"m-1": 2}
     assert after == {}
+
+
+async def test_the_runtime_role_writes_fold_snapshots_whole_and_never_rewrites_one(
+    runtime_store: PostgresEventStore, as_runtime: asyncpg.Connection, database_url: str
+) -> None:
+    for n in range(3):
+        node = f"gpu-{uuid.uuid4().hex[:6]}-{n}"
+        await runtime_store.append(node_stream(node), NO_STREAM, [node_registered(node)], ALICE)
+
+    position = await runtime_store.save_snapshot()
+    engine = create_engine(runtime_url(database_url), pool_size=2)
+    try:
+        restarted = PostgresEventStore(engine, policy=None)
+        await restarted.catch_up()
+    finally:
+        await engine.dispose()
+
+    assert position == runtime_store.state.position
+    assert restarted.state.nodes == runtime_store.state.nodes
+    for statement in (
+        "UPDATE fold_snapshots SET fingerprint = fingerprint",
+        "UPDATE fold_snapshot_chunks SET data = data",
+        "TRUNCATE fold_snapshots",
+        "TRUNCATE fold_snapshot_chunks",
+    ):
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await as_runtime.execute(statement)

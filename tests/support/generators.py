@@ -24,6 +24,7 @@ from app.domain.events import (
     NodeRegistered,
     ReplicaPlaced,
     StrayStopped,
+    subjects,
 )
 from app.domain.keys import MAX_LIMIT
 from app.domain.model_spec import (
@@ -131,16 +132,17 @@ def _valid(event: AnyEvent) -> AnyEvent:
 
 
 def stream_for(event: AnyEvent) -> str:
-    """The stream an event of this kind belongs to."""
-    for field, prefix in (
-        ("replica_id", "replica"),
-        ("key_id", "key"),
-        ("node_id", "node"),
-        ("claimed_node_id", "node"),
-        ("serial", "certificate"),
-        ("model", "model"),
+    """The stream an event of this kind belongs to: its replica's, key's, node's,
+    certificate's or model's, in that order; a stopped stray is on its node's."""
+    about = subjects(event)
+    replica = None if isinstance(event, StrayStopped) else about.replica
+    for prefix, value in (
+        ("replica", replica),
+        ("key", about.key),
+        ("node", about.node),
+        ("certificate", about.certificate),
+        ("model", about.model),
     ):
-        value = getattr(event, field, None)
-        if value is not None and not (field == "replica_id" and isinstance(event, StrayStopped)):
+        if value is not None:
             return f"{prefix}-{value}"
     raise AssertionError(f"no stream for {event!r}")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from app.store.gateway_snapshot import KeyRow, RouteRow, build_snapshot, engine_url
+from app.gateway.snapshot import build_snapshot, engine_url
+from app.store.routing_rows import KeyRow, RouteRow
 
 
 def route(replica_id: str, model: str, address: str = "127.0.0.7", port: int = 20001) -> RouteRow:

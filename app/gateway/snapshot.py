@@ -1,0 +1,58 @@
+"""The gateway's snapshot, from the rows the store reads (``app.store.routing_rows``)."""
+
+from __future__ import annotations
+
+from time import monotonic
+
+import asyncpg
+
+from app.gateway.table import GatewaySnapshot, KeyRecord, Route
+from app.store.routing_rows import KeyRow, RouteRow, read_routing_rows
+
+
+async def read_snapshot(db: asyncpg.Connection, *, within_s: float) -> GatewaySnapshot:
+    rows = await read_routing_rows(db, within_s=within_s)
+    return build_snapshot(rows.position, rows.declared, rows.routes, rows.keys, monotonic())
+
+
+def engine_url(address: str, port: int) -> str:
+    """``http://address:port``, the address agents register with; IPv6 in brackets."""
+    host = f"[{address}]" if ":" in address and not address.startswith("[") else address
+    return f"http://{host}:{port}"
+
+
+def build_snapshot(
+    position: int, declared: list[str], routes: list[RouteRow], keys: list[KeyRow], at: float
+) -> GatewaySnapshot:
+    by_model: dict[str, list[Route]] = {}
+    for row in sorted(routes, key=lambda r: r.replica_id):
+        by_model.setdefault(row.model, []).append(
+            Route(
+                replica_id=row.replica_id,
+                model=row.model,
+                url=engine_url(row.address, row.port),
+                weight=row.weight,
+                target_waiting=row.target_waiting,
+                kv_ceiling=row.kv_ceiling,
+                draining=row.draining,
+                agent_address=row.agent_address,
+            )
+        )
+    return GatewaySnapshot(
+        declared=frozenset(declared),
+        routes={model: tuple(replicas) for model, replicas in by_model.items()},
+        keys={
+            k.prefix: KeyRecord(
+                key_id=k.id,
+                name=k.name,
+                prefix=k.prefix,
+                secret_hash=k.secret_hash,
+                models=frozenset(k.models),
+                rpm=k.rpm,
+                tpm=k.tpm,
+            )
+            for k in keys
+        },
+        position=position,
+        loaded_at=at,
+    )

@@ -1,0 +1,80 @@
+"""What an event store is built from: a recorder that keeps the log, and somewhere to keep
+snapshots of the fold.
+
+A ``Recorder`` stores and reads events and nothing else: it knows no state and folds
+nothing. It checks, atomically with the write, what the log itself can decide: that the
+caller's view of the log is current, that no event id is stored twice, that every stream is
+at the version the batch continues and (PostgreSQL) that the writer's leader epoch is
+current. It is the only place where a driver's errors become the store's. The view of the
+log (the fold, the stream versions, the projection rows handed to ``record``) is
+``app.store.fold_view``, and ``app.store.folded`` puts the two together; the in-memory and
+the PostgreSQL store differ only in their recorder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
+from uuid import UUID
+
+from app.domain.envelope import Meta, Recorded
+from app.domain.state import ClusterState
+from app.store.projection import RowChanges
+
+
+class RecorderSession(Protocol):
+    """The recorder on one connection. Reads and writes made in ``exclusive()`` are not
+    interleaved with any other writer's appends."""
+
+    def exclusive(self) -> AbstractAsyncContextManager[None]: ...
+
+    async def events_after(self, position: int, limit: int) -> list[Recorded]:
+        """Up to ``limit`` events after ``position``, in order."""
+        ...
+
+    async def events_with_ids(self, event_ids: Sequence[UUID]) -> list[Recorded]:
+        """Those of ``event_ids`` already stored (in no particular order)."""
+        ...
+
+    async def record(
+        self, batch: Sequence[Recorded], rows: RowChanges, meta: Meta, after_position: int
+    ) -> dict[UUID, int]:
+        """Store ``batch`` (its positions provisional) and the projection ``rows`` it
+        leads to; returns each event's position.
+
+        Raises ``LogMovedOn`` when the log is past ``after_position`` (the rows may be
+        wrong), ``AlreadyRecorded`` when one of the event ids is stored,
+        ``ConcurrencyError`` when a stream is not at the version before the batch's
+        first, ``FencedError`` when ``meta.epoch`` was superseded. Nothing is stored then.
+        """
+        ...
+
+
+class Recorder(Protocol):
+    def session(self) -> AbstractAsyncContextManager[RecorderSession]: ...
+
+    async def read_stream(self, stream: str, after_version: int = 0) -> list[Recorded]: ...
+
+    async def read_all(self, after_position: int = 0, limit: int = 1000) -> list[Recorded]: ...
+
+    async def read_correlated(self, correlation_id: str, limit: int = 1000) -> list[Recorded]: ...
+
+    async def stream_version(self, stream: str) -> int: ...
+
+    async def last_position(self) -> int: ...
+
+
+class FoldSnapshots(Protocol):
+    """Snapshots of the fold at some positions of the log, to start from instead of the
+    first event."""
+
+    async def load(self) -> tuple[ClusterState, dict[str, int]] | None:
+        """The newest snapshot this version of the fold can trust, or None (a warning says
+        why each one it found was passed over)."""
+        ...
+
+    async def save(self, state: ClusterState, versions: dict[str, int]) -> bool:
+        """Keep a snapshot of ``state`` (and the stream versions at its position); False
+        when one at that position exists already."""
+        ...

@@ -1,0 +1,75 @@
+"""What a gateway routes by, read from the projection in one statement.
+
+Declared models (removed ones are not: they answer 404 like any unknown model), the
+``routing_table`` view with the address each route's node connected from (the gateway's
+egress check allows that address by default), live (not revoked) API keys and the
+projection's position. One statement sees one snapshot of the database, as a REPEATABLE
+READ transaction of several would, in one round trip instead of six. The gateway turns
+these rows into its routing table (``app.gateway.snapshot``).
+"""
+
+from __future__ import annotations
+
+import asyncpg
+import msgspec
+
+from app.store.postgres import CHECKPOINT
+
+_READ_ROWS = """
+SELECT
+  (SELECT position FROM projection_checkpoints WHERE name = $1) AS position,
+  (SELECT coalesce(json_agg(name), '[]') FROM models WHERE NOT removed) AS declared,
+  (SELECT coalesce(json_agg(r), '[]') FROM (
+     SELECT t.replica_id, t.model, t.address, t.port, t.weight, t.target_waiting,
+            t.kv_ceiling, t.draining, coalesce(n.remote_address, '') AS agent_address
+     FROM routing_table t LEFT JOIN nodes n ON n.id = t.node_id) r) AS routes,
+  (SELECT coalesce(json_agg(k), '[]') FROM (
+     SELECT id, name, prefix, secret_hash, models, rpm, tpm
+     FROM api_keys WHERE revoked_at IS NULL) k) AS keys
+"""
+
+
+class RouteRow(msgspec.Struct, frozen=True):
+    replica_id: str
+    model: str
+    address: str
+    port: int
+    weight: float
+    target_waiting: int
+    kv_ceiling: float
+    draining: bool
+    agent_address: str = ""
+
+
+class KeyRow(msgspec.Struct, frozen=True):
+    id: str
+    name: str
+    prefix: str
+    secret_hash: str
+    models: list[str]
+    rpm: int | None
+    tpm: int | None
+
+
+class RoutingRows(msgspec.Struct, frozen=True):
+    position: int
+    """The log position the projection was at."""
+    declared: list[str]
+    routes: list[RouteRow]
+    keys: list[KeyRow]
+
+
+_declared_decoder = msgspec.json.Decoder(list[str])
+_routes_decoder = msgspec.json.Decoder(list[RouteRow])
+_keys_decoder = msgspec.json.Decoder(list[KeyRow])
+
+
+async def read_routing_rows(db: asyncpg.Connection, *, within_s: float) -> RoutingRows:
+    row = await db.fetchrow(_READ_ROWS, CHECKPOINT, timeout=within_s)
+    assert row is not None  # a SELECT without FROM returns one row
+    return RoutingRows(
+        position=int(row["position"] or 0),
+        declared=_declared_decoder.decode(row["declared"]),
+        routes=_routes_decoder.decode(row["routes"]),
+        keys=_keys_decoder.decode(row["keys"]),
+    )
