@@ -27,7 +27,7 @@ lock:
 
 dev:
 	test -x .venv/bin/llmgw-dev || $(MAKE) venv
-	.venv/bin/llmgw-dev
+	.venv/bin/llmgw-dev $(ARGS)
 
 lint:
 	$(PY) -m ruff check app agent cli wire devcluster tests benchmarks

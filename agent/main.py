@@ -37,9 +37,10 @@ from agent.config import (
 from agent.connection import Backoff, ConnectionFatal, stay_connected
 from agent.engines.recorded_stop import stop_recorded_engines
 from agent.gpus import mark_fake_gpu, open_gpu_source
-from agent.runtime import AgentRuntime, agent_version
+from agent.runtime import AgentRuntime
 from app.logs import configure_logging
 from app.pki import TlsConfigurationError, client_ssl_context
+from wire.version import llmgw_version
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -55,7 +56,7 @@ app = App(
     name="llmgw-agent",
     help="The llmgw node agent: reports this machine's GPUs and runs the engine shards the "
     "control plane asks for.",
-    version=agent_version,
+    version=llmgw_version,
 )
 fake_gpu_app = App(
     name="fake-gpu",

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.metadata
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -62,6 +61,7 @@ from wire.messages import (
 )
 from wire.messages import ShardState as WireShardState
 from wire.messages import ShardStatus as WireShardStatus
+from wire.version import llmgw_version
 
 log = structlog.get_logger("llmgw.agent")
 
@@ -78,13 +78,6 @@ _WIRE_STATES: dict[ShardState, WireShardState] = {
     ShardState.FAILED: "failed",
     ShardState.STOPPED: "stopped",
 }
-
-
-def agent_version() -> str:
-    try:
-        return importlib.metadata.version("llmgw")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 # -- conversions -------------------------------------------------------------------------
@@ -199,7 +192,7 @@ def build_hello(
     return Hello(
         protocol_version=PROTOCOL_VERSION,
         node_id=config.node_id,
-        agent_version=agent_version(),
+        agent_version=llmgw_version(),
         address=config.address or local_address,
         labels=dict(config.labels),
         port_range=config.port_range,

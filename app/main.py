@@ -8,9 +8,11 @@ from app.commands.gateway import gateway_command
 from app.commands.log import head_command, verify_command
 from app.commands.maintenance import migrate, rebuild_command
 from app.commands.serve import serve
+from wire.version import llmgw_version
 
 app = App(
     name="llmgw-server",
+    version=llmgw_version,
     help="The llmgw control plane: event store, agent hub, reconciler, admin API, gateway.",
 )
 projections = App(name="projections", help="Maintain the tables projected from the event log.")

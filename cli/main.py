@@ -16,9 +16,11 @@ from cli.models import models_app, remove, scale, show_model
 from cli.nodes import cordon, list_nodes, show_node, uncordon
 from cli.placement import explain_placement
 from cli.replicas import list_replicas, show_replica
+from wire.version import llmgw_version
 
 app = App(
     name="llmgw-cli",
+    version=llmgw_version,
     help="Operate an llmgw cluster: nodes, models, replicas, drains, history, keys, certificates."
     "\n\nShell completion: `llmgw-cli --install-completion`, or "
     '`eval "$(llmgw-cli completion bash)"`.',

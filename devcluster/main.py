@@ -6,7 +6,6 @@ itself (the message says which and where its log is), 2 bad usage.
 
 from __future__ import annotations
 
-import importlib.metadata
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -14,21 +13,15 @@ from typing import Annotated
 from cyclopts import App, Parameter
 
 from devcluster.dev import DevOptions, run_dev
+from wire.version import llmgw_version
 
 DEFAULT_STATE_DIR = Path(".llmgw/dev")
 EXIT_USAGE = 2
 
 
-def version() -> str:
-    try:
-        return importlib.metadata.version("llmgw")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
 app = App(
     name="llmgw-dev",
-    version=version,
+    version=llmgw_version,
     help="""A whole llmgw cluster on this machine, until Ctrl-C: PostgreSQL (unless
 LLMGW_DATABASE_URL is set), a CA and certificates, the control plane with its gateway on
 --client-port, two agents with fake GPUs, a demo model served by the engine simulator, and

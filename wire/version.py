@@ -1,0 +1,17 @@
+"""The version of llmgw this program is: what every program's ``--version`` prints and what
+an agent reports in its hello."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+UNKNOWN = "unknown"
+
+
+def llmgw_version() -> str:
+    """The installed distribution's version; ``unknown`` when run from a tree that was never
+    installed."""
+    try:
+        return importlib.metadata.version("llmgw")
+    except importlib.metadata.PackageNotFoundError:
+        return UNKNOWN
