@@ -60,7 +60,13 @@ app = App(
 )
 fake_gpu_app = App(
     name="fake-gpu",
-    help="Mark fake GPUs (--fake-gpus) unhealthy or healthy again while the agent runs.",
+    help="""Mark fake GPUs (--fake-gpus) unhealthy or healthy again while the agent runs.
+
+```
+llmgw-agent fake-gpu mark --gpu 0 --reason "XID 79: GPU has fallen off the bus"
+llmgw-agent fake-gpu clear --gpu 0
+```
+""",
 )
 app.command(fake_gpu_app)
 
@@ -166,7 +172,12 @@ def mark(
     reason: Annotated[str, Parameter(help='Why it is unhealthy, e.g. "XID 79".')],
     state_dir: StateDir = None,
 ) -> int:
-    """Mark a fake GPU unhealthy; the running agent reports it within a few seconds."""
+    """Mark a fake GPU unhealthy; the running agent reports it within a few seconds.
+
+    ```
+    llmgw-agent fake-gpu mark --gpu 1 --reason "XID 79" --state-dir .llmgw/dev/agents/dev-node-1
+    ```
+    """
     return _mark(state_dir, gpu, reason)
 
 
@@ -176,7 +187,12 @@ def clear(
     gpu: Annotated[int, Parameter(help="Index of the fake GPU.")],
     state_dir: StateDir = None,
 ) -> int:
-    """Mark a fake GPU healthy again."""
+    """Mark a fake GPU healthy again.
+
+    ```
+    llmgw-agent fake-gpu clear --gpu 1 --state-dir .llmgw/dev/agents/dev-node-1
+    ```
+    """
     return _mark(state_dir, gpu, None)
 
 

@@ -15,11 +15,19 @@ app = App(
     version=llmgw_version,
     help="The llmgw control plane: event store, agent hub, reconciler, admin API, gateway.",
 )
-projections = App(name="projections", help="Maintain the tables projected from the event log.")
+projections = App(
+    name="projections",
+    help="Maintain the tables projected from the event log.\n\n"
+    "Example: llmgw-server projections rebuild --verify",
+)
 app.command(projections)
 app.command(migrate)
 projections.command(rebuild_command, name="rebuild")
-log = App(name="log", help="Check the event log against its chain hash.")
+log = App(
+    name="log",
+    help="Check the event log against its chain hash.\n\n"
+    "Example: llmgw-server log verify; llmgw-server log head --anchor",
+)
 app.command(log)
 log.command(verify_command, name="verify")
 log.command(head_command, name="head")

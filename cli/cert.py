@@ -41,8 +41,15 @@ EXIT_USAGE = 2
 
 cert_app = App(
     name="cert",
-    help="Run llmgw's private CA: create it, issue server, node and operator certificates, "
-    "and show what a certificate contains.",
+    help="""Run llmgw's private CA: create it, issue server, node and operator certificates,
+show what a certificate contains, list what it issued and revoke node certificates.
+
+```
+llmgw-cli cert init-ca --dir ./ca
+llmgw-cli cert node gpu-07 --dir ./ca --ip 10.20.0.7
+llmgw-cli cert revoke --node gpu-07 --reason "machine retired"
+```
+""",
 )
 
 CaDir = Annotated[
@@ -58,6 +65,20 @@ OutDir = Annotated[
     Parameter(name="--out", help="Where to write the certificate and key. [default: --dir]"),
 ]
 Force = Annotated[bool, Parameter(name="--force", negative=(), help="Replace existing files.")]
+Output = Annotated[
+    Literal["text", "json"],
+    Parameter(help="text for people; json prints the files written and what the certificate says."),
+]
+
+
+class WrittenCertificate(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``--output json`` prints after a certificate is written."""
+
+    certificate: str
+    """Absolute paths, whatever directory the command ran in."""
+    key: str
+    description: CertificateDescription
+
 
 IssueCertificate = Callable[[CertificateAuthority, PrivateKey, datetime], x509.Certificate]
 
@@ -69,6 +90,7 @@ def init_ca(
     name: Annotated[str, Parameter(help="Common name of the CA.")] = "llmgw CA",
     days: Annotated[int, Parameter(help="Days the CA is valid (at most 10000).")] = 3650,
     force: Force = False,
+    output: Output = "text",
 ) -> int:
     """Create the CA: a new key (ca.key, mode 0600) and a self-signed root (ca.crt).
 
@@ -77,6 +99,7 @@ def init_ca(
 
     ```
     llmgw-cli cert init-ca --dir /etc/llmgw/ca --name "llmgw CA (prod)"
+    llmgw-cli cert init-ca --dir ./ca --output json | jq -r .description.sha256_fingerprint
     ```
     """
     ca_dir = ca_dir or default_ca_dir()
@@ -85,10 +108,14 @@ def init_ca(
         _check_days(days)
         ca = build_ca(generate_key(), name, _now(), days)
         files = write_ca(ca_dir, ca, force=force)
+        description = describe(ca.certificate, _now())
+        if output == "json":
+            _print_written(files.certificate, files.key, description)
+            return EXIT_OK
         print(f"Created the CA in {ca_dir}")
         print(f"  certificate  {files.certificate}  (give it to servers and agents)")
         print(f"  key          {files.key}  (mode 0600; keep it here, never copy it)")
-        _print_description(describe(ca.certificate, _now()))
+        _print_description(description)
         return EXIT_OK
 
     return _run(create)
@@ -113,6 +140,7 @@ def server_certificate(
         int, Parameter(help="Days the certificate is valid; never past the CA's own expiry.")
     ] = 825,
     force: Force = False,
+    output: Output = "text",
 ) -> int:
     """Issue the control plane's server certificate (server.crt, server.key).
 
@@ -135,7 +163,7 @@ def server_certificate(
         def build(ca: CertificateAuthority, key: PrivateKey, now: datetime) -> x509.Certificate:
             return issue_server(ca, key, hosts, ips, now, days)
 
-        return _issue(ca_dir, out, "server", "server", force, build)
+        return _issue(ca_dir, out, "server", "server", force, build, output)
 
     return _run(create)
 
@@ -167,6 +195,7 @@ def node_certificate(
         int, Parameter(help="Days the certificate is valid; never past the CA's own expiry.")
     ] = 365,
     force: Force = False,
+    output: Output = "text",
 ) -> int:
     """Issue an agent's client certificate (`node-<id>.crt`, `node-<id>.key`).
 
@@ -178,6 +207,7 @@ def node_certificate(
     ```
     llmgw-cli cert node gpu-07 --out ./gpu-07
     llmgw-cli cert node gpu-07 --host gpu-07.internal --ip 10.20.0.7
+    llmgw-cli cert node gpu-08 --output json | jq -r .description.serial
     ```
     """
     ca_dir = ca_dir or default_ca_dir()
@@ -191,7 +221,7 @@ def node_certificate(
         def build(ca: CertificateAuthority, key: PrivateKey, now: datetime) -> x509.Certificate:
             return issue_node(ca, key, node_id, now, days, hosts=hosts, ips=ips)
 
-        return _issue(ca_dir, out, f"node-{node_id}", f"node {node_id}", force, build)
+        return _issue(ca_dir, out, f"node-{node_id}", f"node {node_id}", force, build, output)
 
     return _run(create)
 
@@ -207,11 +237,13 @@ def operator_certificate(
         int, Parameter(help="Days the certificate is valid; never past the CA's own expiry.")
     ] = 365,
     force: Force = False,
+    output: Output = "text",
 ) -> int:
     """Issue an operator's client certificate for the admin API (`operator-<name>.crt`).
 
     ```
     llmgw-cli cert operator alice --out ~/.config/llmgw
+    llmgw-cli cert operator bob --output json | jq -r .certificate
     ```
     """
     ca_dir = ca_dir or default_ca_dir()
@@ -223,7 +255,7 @@ def operator_certificate(
         def build(ca: CertificateAuthority, key: PrivateKey, now: datetime) -> x509.Certificate:
             return issue_operator(ca, key, name, now, days)
 
-        return _issue(ca_dir, out, f"operator-{name}", f"operator {name}", force, build)
+        return _issue(ca_dir, out, f"operator-{name}", f"operator {name}", force, build, output)
 
     return _run(create)
 
@@ -269,6 +301,7 @@ def _issue(
     what: str,
     force: bool,
     build: IssueCertificate,
+    output: Literal["text", "json"],
 ) -> int:
     ca = load_ca(ca_dir)
     now = _now()
@@ -279,7 +312,11 @@ def _issue(
     certificate = build(ca, key, now)
     files = write_issued(out or ca_dir, stem, certificate, key, force=force)
     record_issued(ca_dir, certificate, files.certificate)
-    _print_issued(what, files, describe(certificate, now))
+    description = describe(certificate, now)
+    if output == "json":
+        _print_written(files.certificate, files.key, description)
+    else:
+        _print_issued(what, files, description)
     return EXIT_OK
 
 
@@ -302,6 +339,13 @@ def _check_days(days: int) -> None:
         raise InvalidRequest(
             f"--days must be between 1 and {MAX_DAYS} (about 27 years), not {days}"
         )
+
+
+def _print_written(certificate: Path, key: Path, description: CertificateDescription) -> None:
+    written = WrittenCertificate(
+        certificate=str(certificate.resolve()), key=str(key.resolve()), description=description
+    )
+    print(msgspec.json.format(msgspec.json.encode(written), indent=2).decode())
 
 
 def _print_issued(what: str, files: IssuedFiles, description: CertificateDescription) -> None:

@@ -25,8 +25,15 @@ from cli.render import (
 
 history_app = App(
     name="history",
-    help="Show what the event log recorded about one replica, node, model or API key: "
-    "who did what, when, and which operation (correlation id) it belonged to.",
+    help="""Show what the event log recorded about one replica, node, model or API key: who
+did what, when, and which operation (correlation id) it belonged to.
+
+```
+llmgw-cli history replica demo-1
+llmgw-cli history node dev-node-1 --limit 20
+llmgw-cli history key ci --output json | jq -r '.[].actor'
+```
+""",
 )
 
 Output = Annotated[
@@ -118,7 +125,13 @@ def model_history(
 
 @history_app.command(name="key")
 def key_history(
-    key_id: Annotated[str, Parameter(help="The API key id (not its secret).")],
+    key: Annotated[
+        str,
+        Parameter(
+            help="The API key by its id (k-7f3a9c21), prefix (7f3a9c21) or name (ci), as "
+            "`keys list` shows them; never its secret."
+        ),
+    ],
     /,
     *,
     output: Output = "table",
@@ -128,11 +141,14 @@ def key_history(
 ) -> int:
     """When an API key was created and revoked, and by whom.
 
+    A name names the live key of that name, else the one of that name revoked last.
+
     ```
-    llmgw-cli history key k-ci-7f3a
+    llmgw-cli history key ci
+    llmgw-cli history key 7f3a9c21 --output json
     ```
     """
-    return show_history("key", key_id, output, limit, after, connection)
+    return show_history("key", key, output, limit, after, connection)
 
 
 def show_history(

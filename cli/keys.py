@@ -28,8 +28,15 @@ from cli.render import (
 
 keys_app = App(
     name="keys",
-    help="Create, list and revoke the API keys clients use at the gateway. A key is shown "
-    "once, when it is created: only its hash is stored.",
+    help="""Create, list and revoke the API keys clients use at the gateway. A key is shown
+once, when it is created: only its hash is stored.
+
+```
+llmgw-cli keys create --name ci --models demo --rpm 60
+llmgw-cli keys list --live
+llmgw-cli keys revoke ci
+```
+""",
 )
 
 ALL_MODELS = "*"

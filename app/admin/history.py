@@ -14,6 +14,7 @@ from app.admin.schemas import EventView, HistoryPage
 from app.domain.describe import describe
 from app.domain.envelope import Recorded
 from app.domain.events import SECRET_FIELDS
+from app.domain.keys import find_key
 from app.store.history import Subject, read_history
 from app.store.postgres import PostgresEventStore
 
@@ -61,6 +62,8 @@ class HistoryController(Controller):
         ] = 0,
         limit: Annotated[int, QueryParameter(ge=1, le=5000)] = 500,
     ) -> HistoryPage:
+        if subject is Subject.KEY:  # by id, prefix or name, as `keys revoke` takes it
+            key = find_key(await store.catch_up(), key).id
         events = await read_history(store.engine, subject, key, after, limit)
         return HistoryPage(
             kind=subject.value,

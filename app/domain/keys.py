@@ -12,7 +12,7 @@ like the others)::
     DuplicateKeyName    a live key already has that name
     PrefixTaken         the prefix the caller drew is used already: draw another
     AmbiguousKey        a name shared by several live keys: revoke by prefix
-    UnknownKey          no key has that prefix or name
+    UnknownKey          no key has that id, prefix or name
 """
 
 from __future__ import annotations
@@ -174,8 +174,11 @@ def scope_of(models: Sequence[str]) -> tuple[str, ...]:
 
 
 def find_key(state: ClusterState, prefix_or_name: str) -> ApiKey:
-    """The key with that prefix; else the live key with that name; else, when every key of
-    that name is revoked, the one revoked last (so revoking twice is no error)."""
+    """The key with that id (``k-<prefix>``) or prefix; else the live key with that name;
+    else, when every key of that name is revoked, the one revoked last (so revoking twice
+    is no error)."""
+    if (by_id := state.keys.get(prefix_or_name)) is not None:
+        return by_id
     for key in state.keys.values():
         if key.prefix == prefix_or_name:
             return key

@@ -179,6 +179,33 @@ async def test_a_key_is_revoked_by_name_or_prefix_once_and_the_history_says_who(
     ]
 
 
+async def test_a_key_s_history_is_found_by_id_prefix_or_name_as_revoke_finds_it(
+    alice: httpx.AsyncClient,
+) -> None:
+    await declare(alice, "llama")
+    old = await create_key(alice, name="tour", models=["llama"])
+    await alice.delete(f"{KEYS}/tour")
+    live = await create_key(alice, name="tour", models=["llama"])
+
+    answers = {
+        given: await alice.get(f"/admin/v1/history/key/{given}")
+        for given in (live["id"], live["prefix"], "tour", old["prefix"])
+    }
+    unknown = await alice.get("/admin/v1/history/key/no-such-key")
+
+    ids = {given: answer.json()["id"] for given, answer in answers.items()}
+    assert ids == {live["id"]: live["id"], live["prefix"]: live["id"], "tour": live["id"]} | {
+        old["prefix"]: old["id"]
+    }
+    assert [e["type"] for e in answers["tour"].json()["events"]] == ["api_key_created"]
+    assert [e["type"] for e in answers[old["prefix"]].json()["events"]] == [
+        "api_key_created",
+        "api_key_revoked",
+    ]
+    assert unknown.status_code == 404
+    assert "no-such-key" in unknown.text
+
+
 async def test_a_revoked_name_can_be_given_to_a_new_key(alice: httpx.AsyncClient) -> None:
     await declare(alice, "llama")
     first = await create_key(alice, name="ci", models=["llama"])

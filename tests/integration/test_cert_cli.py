@@ -250,3 +250,30 @@ def test_days_out_of_bounds_are_a_usage_error_not_a_traceback(
     assert "Traceback" not in result.stderr
     assert not (operator.home / "fresh").exists()
     assert sorted(p.name for p in (operator.home / "ca").iterdir()) == ["ca.crt", "ca.key"]
+
+
+# -- for scripts ---------------------------------------------------------------------------
+
+
+def test_every_issuing_command_prints_json_for_scripts(operator: Operator) -> None:
+    created = operator.run("init-ca", "--dir", "ca", "--output", "json")
+    issued = {
+        "server": operator.run(
+            "server", "--dir", "ca", "--ip", "127.0.0.1", "--out", "s", "--output", "json"
+        ),
+        "node": operator.run("node", "gpu-07", "--dir", "ca", "--out", "n", "--output", "json"),
+        "operator": operator.run("operator", "alice", "--dir", "ca", "--output", "json"),
+    }
+
+    assert created.code == 0, created.stderr
+    ca = json.loads(created.stdout)
+    assert Path(ca["certificate"]) == operator.home / "ca" / "ca.crt"
+    assert ca["description"]["is_ca"] is True
+    for kind, result in issued.items():
+        assert result.code == 0, (kind, result.stderr)
+        written = json.loads(result.stdout)
+        certificate = load_certificate(Path(written["certificate"]))
+        assert Path(written["key"]).exists()
+        assert written["description"]["kind"] == kind
+        assert written["description"]["serial"] == format(certificate.serial_number, "x")
+    assert json.loads(issued["node"].stdout)["description"]["common_name"] == "gpu-07"

@@ -1,0 +1,57 @@
+"""Every command of every program, and every command group, has ``--help`` with an example:
+a line that runs it, as the README promises."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Iterator
+
+import pytest
+from cyclopts import App
+from rich.console import Console
+
+from agent.main import app as agent_app
+from app.main import app as server_app
+from cli.main import app as cli_app
+from devcluster.main import app as dev_app
+
+PROGRAMS = {"llmgw-cli": cli_app, "llmgw-server": server_app, "llmgw-agent": agent_app}
+
+
+def commands(app: App, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    for name in app:
+        if name.startswith("-"):
+            continue
+        yield (*path, name)
+        yield from commands(app[name], (*path, name))
+
+
+def help_text(app: App, path: tuple[str, ...]) -> str:
+    shown = io.StringIO()
+    app.help_print(list(path), console=Console(file=shown, width=200, force_terminal=False))
+    return shown.getvalue()
+
+
+EVERY_COMMAND = [(program, path) for program, app in PROGRAMS.items() for path in commands(app)] + [
+    ("llmgw-dev", ())
+]
+
+
+@pytest.mark.parametrize(
+    ("program", "path"), EVERY_COMMAND, ids=[" ".join((p, *c)) for p, c in EVERY_COMMAND]
+)
+def test_help_has_an_example(program: str, path: tuple[str, ...]) -> None:
+    app = dev_app if program == "llmgw-dev" else PROGRAMS[program]
+    shown = help_text(app, path)
+
+    # An indented line that runs it (after any VAR=value, or in eval "$(...)"), or one
+    # after "Example: "; never the Usage line.
+    command = re.escape(" ".join((program, *path)))
+    example = rf"^(\s+|.*Example: )(eval \"\$\(|\S+=\S+ )*{command}(\s|$)"
+    assert re.search(example, shown, re.MULTILINE), shown
+
+
+def test_the_walk_reaches_nested_commands() -> None:
+    assert ("history", "key") in list(commands(cli_app))
+    assert ("projections", "rebuild") in list(commands(server_app))
