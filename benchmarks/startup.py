@@ -168,7 +168,7 @@ async def run(
                 replayed = await measure("replay-startup", url)
                 startups = []
                 for number in range(rounds):
-                    phase(f"start-up from the snapshot, {number + 1} of {rounds}")
+                    phase(f"start-up from the snapshot at {size:,}, {number + 1} of {rounds}")
                     startups.append(await measure("startup", url))
                 if {run.counts["snapshot"] for run in startups} != {snapshot.counts["position"]}:
                     raise AssertionError(f"a start-up at {size:,} events did not use the snapshot")

@@ -88,11 +88,27 @@ def encode_event(event: AnyEvent) -> tuple[str, int, bytes]:
 
 
 def storable(event: AnyEvent) -> AnyEvent:
-    """The event exactly as it will read back from the log (NUL characters replaced)."""
-    if b"\\u0000" not in _encoder.encode(event):
+    """The event exactly as it will read back from the log: NUL characters replaced, and
+    negative zeros positive (jsonb's numbers have no sign of zero), so that the writer's
+    fold and a replay of the log agree."""
+    data = _encoder.encode(event)
+    if b"\\u0000" not in data and b"-0.0" not in data:
         return event
-    stored: AnyEvent = _event_decoder.decode(encode_event(event)[2])
+    data = encode_event(event)[2]
+    if b"-0.0" in data:
+        data = _encoder.encode(_without_negative_zero(msgspec.json.decode(data)))
+    stored: AnyEvent = _event_decoder.decode(data)
     return stored
+
+
+def _without_negative_zero(value: Any) -> Any:
+    if isinstance(value, float):
+        return 0.0 if value == 0.0 else value
+    if isinstance(value, list):
+        return [_without_negative_zero(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _without_negative_zero(v) for k, v in value.items()}
+    return value
 
 
 def encode_meta(meta: Meta) -> bytes:

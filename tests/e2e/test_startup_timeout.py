@@ -32,7 +32,7 @@ FIRST_FAILURE_BACKOFF_S = 10.0
 """The model waits this long after its first failure before it places again."""
 LATE_BY_AT_MOST_S = 2.5
 """Reconcile passes come every 0.2 s; the rest is a loaded machine's scheduling."""
-ENGINE_START_LINE = "llmgw-sim-engine starting"
+ENGINE_START_LINE = "simulator_starting"
 """What the simulator logs first: the engine's own words, read from its log file."""
 
 

@@ -121,6 +121,7 @@ async def run_hub(pg_store: PostgresEventStore, pki: Pki) -> RunHub:
             server_id="test-hub",
             **options,
         )
+        await pg_store.catch_up()  # as the leader does before it listens: not in a connection
         await hub.start(LOOPBACK, 0)
         try:
             yield hub
