@@ -58,7 +58,7 @@ def run_and_report(
     started_at = datetime.now(UTC)
     failure: str | None = None
     try:
-        with level_observer(console) as progress:
+        with level_observer(console, run) as progress:
             asyncio.run(_stopped_by_sigterm(run_bench(run, target.root_url, model, api, progress)))
     except BenchError as exc:
         failure = str(exc)

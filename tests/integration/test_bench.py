@@ -506,8 +506,12 @@ async def test_sigterm_mid_climb_reports_the_levels_that_ran_as_they_were_logged
     )
     try:
         assert process.stderr is not None
+        for _ in range(2):
+            planned = await asyncio.wait_for(process.stderr.readline(), CLI_TIMEOUT_S)
+            assert planned.startswith(b"bench plan: "), planned
         first = await asyncio.wait_for(process.stderr.readline(), CLI_TIMEOUT_S)
-        assert first.startswith(b"concurrency    1: met the SLO"), first
+        assert first.startswith(b"level 1 of at most "), first
+        assert b": concurrency    1: met the SLO" in first, first
         process.terminate()
         stdout, rest = await asyncio.wait_for(process.communicate(), CLI_TIMEOUT_S)
     finally:
