@@ -3,7 +3,9 @@ its weight, target_waiting and kv_ceiling (``--apply`` records them).
 
 Exit codes: 0 the climb ended (the capacity is known, or at least --max-concurrency);
 1 failed (the engine unreachable or without /metrics, even concurrency 1 broke the SLO,
---apply refused); 2 bad usage. A report is written whenever a level ran.
+--apply refused); 2 bad usage. A report is written whenever a level ran, under
+``$XDG_STATE_HOME/llmgw/bench/`` (else ``~/.local/state/llmgw/bench/``) unless
+``--report-dir`` says where.
 """
 
 from __future__ import annotations
@@ -160,7 +162,9 @@ def bench(
         Path | None,
         Parameter(
             group=RESULT,
-            help="Where bench.json and bench.png go. [default: ./bench-NAME-TIME]",
+            help="Where bench.json and bench.png go. "
+            "[default: $XDG_STATE_HOME/llmgw/bench/NAME-TIME, else "
+            "~/.local/state/llmgw/bench/NAME-TIME]",
         ),
     ] = None,
     output: Annotated[
@@ -194,7 +198,8 @@ def bench(
     Before the first request it prints the levels it may measure and the most time they
     may take; as it runs, which level of how many, the time elapsed and the most left.
     With the defaults that is at most 14 levels of 35s: 8m10s. --quick takes a first look
-    in a minute or less (at most 8 levels of 4s).
+    in a minute or less (at most 8 levels of 4s). The report goes under
+    $XDG_STATE_HOME/llmgw/bench/ (else ~/.local/state/llmgw/bench/) or to --report-dir.
 
     ```
     llmgw-cli bench --replica llama-3-8b-2 --slo ttft_p95=500ms --quick
