@@ -13,6 +13,9 @@ until they are ``resolution`` apart: one level, or ``precision`` of the passing 
 that is more (measuring 412 rather than 410 costs a level and says nothing new). A first
 level that breaks is bisected towards zero, which counts as passing; when even
 concurrency 1 breaks, the capacity is zero.
+
+``most_levels_left`` bounds how many levels are still to come, whatever the verdicts, so a
+bench can say beforehand how long it may take and, as it goes, how long it still may.
 """
 
 from __future__ import annotations
@@ -77,6 +80,24 @@ class Climb:
             return StopReason.FIRST_LEVEL_BROKEN
         return StopReason.SLO_BROKEN
 
+    @property
+    def most_levels_left(self) -> int:
+        """The most levels still to measure, the next one included: 0 once the climb is
+        over. Never less than what follows, whatever the verdicts turn out to be."""
+        if self._next is None:
+            return 0
+        if self._failing is not None:
+            return _most_bisection_steps(self._passing, self._failing, self._precision)
+        worst = 0
+        passing, level, climbed = self._passing, self._next, 0
+        while True:
+            climbed += 1
+            broken_here = climbed + _most_bisection_steps(passing, level, self._precision)
+            worst = max(worst, broken_here)
+            if level >= self._ceiling:
+                return worst
+            passing, level = level, min(level * 2, self._ceiling)
+
     def record(self, level: int, *, passed: bool) -> None:
         if level != self._next:
             raise ValueError(f"measure level {self._next}, not {level}")
@@ -94,3 +115,15 @@ class Climb:
         if self._failing - self._passing <= self.resolution:
             return None
         return (self._passing + self._failing) // 2
+
+
+def _most_bisection_steps(passing: int, failing: int, precision: float) -> int:
+    """The most levels a bisection between ``passing`` and ``failing`` measures. Each level
+    leaves at most the larger half of the gap, and the resolution only grows as the
+    passing level does, so halving against today's resolution never counts too few."""
+    resolution = max(1, math.floor(passing * precision))
+    gap, steps = failing - passing, 0
+    while gap > resolution:
+        gap = (gap + 1) // 2
+        steps += 1
+    return steps

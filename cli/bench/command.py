@@ -3,13 +3,16 @@ its weight, target_waiting and kv_ceiling (``--apply`` records them).
 
 Exit codes: 0 the climb ended (the capacity is known, or at least --max-concurrency);
 1 failed (the engine unreachable or without /metrics, even concurrency 1 broke the SLO,
---apply refused); 2 bad usage. A report is written whenever a level ran.
+--apply refused); 2 bad usage. A report is written whenever a level ran, under
+``$XDG_STATE_HOME/llmgw/bench/`` (else ``~/.local/state/llmgw/bench/``) unless
+``--report-dir`` says where.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 from cyclopts import App, Group, Parameter, validators
 
@@ -21,11 +24,7 @@ from cli.client import AdminClient, ClientError
 from cli.config import ConfigError, ConnectionFlags, ConnectionSettings, resolve_settings
 from cli.render import EXIT_FAILED, EXIT_USAGE, print_error
 
-bench_app = App(
-    name="bench",
-    help="Climb concurrency against one replica or engine until a latency SLO breaks; "
-    "report its capacity and recommend weight, target_waiting and kv_ceiling.",
-)
+bench_app = App(name="bench")
 
 TARGET = Group("Target", sort_key=0)
 SLO = Group("SLO", sort_key=1)
@@ -33,6 +32,21 @@ WORKLOAD = Group("Workload", sort_key=2)
 CLIMB = Group("Climb", sort_key=3)
 RESULT = Group("Report and apply", sort_key=4)
 Positive = validators.Number(gte=1)
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class ClimbDefaults:
+    """How long each level runs and how high the climb goes, unless flags say otherwise."""
+
+    warmup: str
+    duration: str
+    max_concurrency: int
+
+
+STANDARD = ClimbDefaults(warmup="5s", duration="30s", max_concurrency=256)
+QUICK = ClimbDefaults(warmup="1s", duration="3s", max_concurrency=16)
+"""At most 8 levels of 4s, 32s, which the simulator keeps within 40s."""
 
 
 class UsageError(ValueError):
@@ -89,14 +103,46 @@ def bench(
             "default every prompt starts with a random header, so no cache can help.",
         ),
     ] = False,
-    warmup: Annotated[str, Parameter(group=CLIMB, help="Unmeasured start of each level.")] = "5s",
-    duration: Annotated[str, Parameter(group=CLIMB, help="How long each level measures.")] = "30s",
+    quick: Annotated[
+        bool,
+        Parameter(
+            group=CLIMB,
+            negative=(),
+            help=f"A first look, in a minute or less: --warmup {QUICK.warmup} --duration "
+            f"{QUICK.duration} --max-concurrency {QUICK.max_concurrency}, where not given. "
+            "Its short levels are noisier: tune a production replica without it.",
+        ),
+    ] = False,
+    warmup: Annotated[
+        str | None,
+        Parameter(
+            group=CLIMB,
+            help="Unmeasured start of each level. "
+            f"[default: {STANDARD.warmup}; {QUICK.warmup} with --quick]",
+        ),
+    ] = None,
+    duration: Annotated[
+        str | None,
+        Parameter(
+            group=CLIMB,
+            help="How long each level measures. "
+            f"[default: {STANDARD.duration}; {QUICK.duration} with --quick]",
+        ),
+    ] = None,
     requests: Annotated[
         int | None,
         Parameter(group=CLIMB, validator=Positive, help="Measure this many requests instead."),
     ] = None,
     start_concurrency: Annotated[int, Parameter(group=CLIMB, validator=Positive)] = 1,
-    max_concurrency: Annotated[int, Parameter(group=CLIMB, validator=Positive)] = 256,
+    max_concurrency: Annotated[
+        int | None,
+        Parameter(
+            group=CLIMB,
+            validator=Positive,
+            help="The highest level to measure. "
+            f"[default: {STANDARD.max_concurrency}; {QUICK.max_concurrency} with --quick]",
+        ),
+    ] = None,
     precision: Annotated[
         str,
         Parameter(
@@ -116,7 +162,9 @@ def bench(
         Path | None,
         Parameter(
             group=RESULT,
-            help="Where bench.json and bench.png go. [default: ./bench-NAME-TIME]",
+            help="Where bench.json and bench.png go. "
+            "[default: $XDG_STATE_HOME/llmgw/bench/NAME-TIME, else "
+            "~/.local/state/llmgw/bench/NAME-TIME]",
         ),
     ] = None,
     output: Annotated[
@@ -138,7 +186,8 @@ def bench(
     ] = "model",
     connection: ConnectionFlags | None = None,
 ) -> int:
-    """Measure what one engine can serve within an SLO.
+    """Climb concurrency against one replica or engine until a latency SLO breaks; report
+    its capacity and recommend weight, target_waiting and kv_ceiling.
 
     Concurrency climbs 1, 2, 4, ... until a level breaks the SLO, then bisects between the
     last level that met it (the capacity) and the first that broke it. Each level warms
@@ -146,11 +195,19 @@ def bench(
     the engine's waiting queue and KV-cache usage from /metrics. The prefix cache is reset
     between levels where the engine offers it.
 
+    Before the first request it prints the levels it may measure and the most time they
+    may take; as it runs, which level of how many, the time elapsed and the most left.
+    With the defaults that is at most 14 levels of 35s: 8m10s. --quick takes a first look
+    in a minute or less (at most 8 levels of 4s). The report goes under
+    $XDG_STATE_HOME/llmgw/bench/ (else ~/.local/state/llmgw/bench/) or to --report-dir.
+
     ```
+    llmgw-cli bench --replica llama-3-8b-2 --slo ttft_p95=500ms --quick
     llmgw-cli bench --replica llama-3-8b-2 --slo ttft_p95=500ms --slo tpot_p95=50ms
     llmgw-cli bench --url http://10.0.0.7:8001 --slo e2e_p99=10s --input-tokens 2000 --apply
     ```
     """
+    defaults = QUICK if quick else STANDARD
     try:
         plan = BenchPlan(
             targets=_targets(slo),
@@ -158,11 +215,17 @@ def bench(
             input_tokens=input_tokens,
             output_tokens=output_tokens,
             shared_prefix=shared_prefix,
-            warmup_s=parse_duration(warmup, "--warmup"),
-            duration_s=_positive(parse_duration(duration, "--duration"), "--duration"),
+            warmup_s=parse_duration(_given(warmup, defaults.warmup), "--warmup"),
+            duration_s=_positive(
+                parse_duration(_given(duration, defaults.duration), "--duration"), "--duration"
+            ),
             max_requests=requests,
             start_concurrency=start_concurrency,
-            max_concurrency=_at_least(max_concurrency, start_concurrency),
+            max_concurrency=_at_least(
+                _given(max_concurrency, defaults.max_concurrency),
+                start_concurrency,
+                "--max-concurrency" if max_concurrency is not None or not quick else "--quick",
+            ),
             precision=_precision(precision),
             sample_interval_s=_positive(
                 parse_duration(sample_interval, "--sample-interval"), "--sample-interval"
@@ -217,14 +280,23 @@ def _targets(texts: tuple[str, ...]) -> tuple[SloTarget, ...]:
     return parse_targets(texts)
 
 
+def _given(value: _T | None, default: _T) -> _T:
+    return default if value is None else value
+
+
 def _positive(value: float, flag: str) -> float:
     if value <= 0:
         raise UsageError(f"{flag} must be more than zero")
     return value
 
 
-def _at_least(maximum: int, start: int) -> int:
+def _at_least(maximum: int, start: int, flag: str) -> int:
     if maximum < start:
+        if flag == "--quick":
+            raise UsageError(
+                f"--quick climbs to concurrency {maximum}, below --start-concurrency {start}: "
+                "give --max-concurrency too"
+            )
         raise UsageError(f"--max-concurrency {maximum} is below --start-concurrency {start}")
     return maximum
 

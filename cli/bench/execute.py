@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
 import sys
@@ -58,7 +59,7 @@ def run_and_report(
     started_at = datetime.now(UTC)
     failure: str | None = None
     try:
-        with level_observer(console) as progress:
+        with level_observer(console, run) as progress:
             asyncio.run(_stopped_by_sigterm(run_bench(run, target.root_url, model, api, progress)))
     except BenchError as exc:
         failure = str(exc)
@@ -169,10 +170,23 @@ def _write_files(report: BenchReport, directory: Path, console: Console) -> None
         )
         return
     write_chart(report, directory / CHART_FILE)
-    console.print(f"report: {directory / REPORT_FILE}, chart: {directory / CHART_FILE}")
+    console.print(
+        f"report: {directory / REPORT_FILE}, chart: {directory / CHART_FILE}",
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 def _default_report_dir(target: Target, report: BenchReport) -> Path:
     name = target.replica_id or report.target.model or "engine"
     stamp = report.started_at.strftime("%Y%m%dT%H%M%SZ")
-    return Path(f"bench-{re.sub(r'[^A-Za-z0-9._-]+', '_', name)}-{stamp}")
+    return reports_home() / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', name)}-{stamp}"
+
+
+def reports_home() -> Path:
+    """Where reports go unless ``--report-dir`` says: the XDG state directory, which holds
+    what a tool keeps between runs that is not worth backing up, never the working
+    directory. A relative ``$XDG_STATE_HOME`` is ignored, as the XDG spec asks."""
+    state_home = os.environ.get("XDG_STATE_HOME", "")
+    base = Path(state_home) if os.path.isabs(state_home) else Path.home() / ".local" / "state"
+    return base / "llmgw" / "bench"

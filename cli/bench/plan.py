@@ -23,3 +23,12 @@ class BenchPlan:
     sample_interval_s: float = 0.5
     request_timeout_s: float = 300.0
     seed: int | None = None
+
+    @property
+    def level_budget_s(self) -> float | None:
+        """What one level is given: its warm-up and its measure window; ``None`` when it
+        measures a count of requests, which takes as long as the engine needs. A level
+        also waits for its last measured requests to end, so a slow engine can run over."""
+        if self.max_requests is not None:
+            return None
+        return self.warmup_s + self.duration_s

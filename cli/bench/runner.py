@@ -37,7 +37,8 @@ class Observer(Protocol):
 
     def level_progress(self, load: ClosedLoop) -> None: ...
 
-    def level_finished(self, figures: LevelFigures) -> None: ...
+    def level_finished(self, figures: LevelFigures) -> None:
+        """Once the level is recorded in the run and its climb."""
 
 
 @dataclass
@@ -93,6 +94,7 @@ async def run_bench(
             figures = await _measure(load, reader, plan, observer)
             run.levels.append(figures)
             run.climb.record(level, passed=figures.slo_met)
+            observer.level_finished(figures)
         if run.cache_reset is None:
             run.notes.append(
                 "the engine offers no prefix-cache reset (/reset_prefix_cache, /flush_cache): "
@@ -120,9 +122,7 @@ async def _measure(
     after = await reader.read()
     figures = summarize(result, samples, before, after)
     missed = breaches(plan.targets, plan.min_success_rate, figures)
-    figures = msgspec.structs.replace(figures, slo_met=not missed, breaches=missed)
-    observer.level_finished(figures)
-    return figures
+    return msgspec.structs.replace(figures, slo_met=not missed, breaches=missed)
 
 
 async def _report_progress(load: ClosedLoop, observer: Observer) -> None:

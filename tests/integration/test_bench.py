@@ -16,6 +16,7 @@ import itertools
 import json
 import os
 import random
+import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -105,19 +106,19 @@ async def bench(tmp_path: Path, *args: str, environment: dict[str, str] | None =
 
 
 async def llmgw_cli(
-    home: Path, *args: str, environment: dict[str, str] | None = None
+    home: Path, *args: str, environment: dict[str, str] | None = None, cwd: Path | None = None
 ) -> tuple[int, str, str]:
-    """The installed ``llmgw-cli`` with only the llmgw settings given; its exit code,
-    stdout and stderr."""
+    """The installed ``llmgw-cli`` with only the llmgw settings given, in ``cwd`` (else
+    ``home``); its exit code, stdout and stderr."""
     env = {
         key: value
         for key, value in os.environ.items()
-        if not key.startswith("LLMGW_") and key != "XDG_CONFIG_HOME"
+        if not key.startswith("LLMGW_") and key not in ("XDG_CONFIG_HOME", "XDG_STATE_HOME")
     }
     process = await asyncio.create_subprocess_exec(
         CLI,
         *args,
-        cwd=home,
+        cwd=cwd or home,
         env={**env, "HOME": str(home), "COLUMNS": "200", **(environment or {})},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -431,6 +432,199 @@ async def test_an_engine_that_refuses_ignore_eos_is_benched_without_it(
     assert len(recorder.bodies) > 2 * 8
 
 
+# -- the plan, progress and where the report goes --------------------------------------
+
+LEVEL_LINE = re.compile(
+    r"level (?P<level>\d+) of (?P<bound>at most \d+|\d+), (?P<elapsed>[\d.]+s|\d+m\d\ds) "
+    r"elapsed(, at most ~(?P<left>[\d.]+s|\d+m\d\ds) left)?: "
+    r"concurrency +(?P<concurrency>\d+): (met|broke) the SLO  "
+)
+
+
+class HoldingProxy(RecordingProxy):
+    """Holds the first request bench sends until ``release`` is set, so a test can see
+    what bench printed before any request was answered."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream)
+        self.first_request = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if not self.first_request.is_set():
+            self.first_request.set()
+            await self.release.wait()
+        return await super().handle(request)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def holding_proxy(quick_engine: SimulatorProcess) -> AsyncIterator[tuple[str, HoldingProxy]]:
+    recorder = HoldingProxy(quick_engine.base_url)
+    application = web.Application()
+    application.router.add_route("*", "/{path:.*}", recorder.handle)
+    runner = web.AppRunner(application)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}", recorder
+    finally:
+        recorder.release.set()
+        await runner.cleanup()
+
+
+async def test_the_plan_and_its_longest_time_are_printed_before_the_first_request(
+    holding_proxy: tuple[str, HoldingProxy], tmp_path: Path
+) -> None:
+    url, proxy = holding_proxy
+    report_dir = tmp_path / "report"
+    process = await asyncio.create_subprocess_exec(
+        CLI,
+        *("bench", "--url", url, "--slo", "e2e_p99=10s", "--max-concurrency", "4"),
+        *("--warmup", "100ms", "--duration", "500ms", "--sample-interval", "50ms"),
+        *("--input-tokens", "24", "--output-tokens", "4", "--output", "json"),
+        *("--report-dir", str(report_dir)),
+        cwd=tmp_path,
+        env={**os.environ, "HOME": str(tmp_path), "COLUMNS": "200"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stderr is not None
+        await asyncio.wait_for(proxy.first_request.wait(), CLI_TIMEOUT_S)
+        # bench waits for the answer to its first request: what it printed came before.
+        planned = [
+            (await asyncio.wait_for(process.stderr.readline(), 30)).decode() for _ in range(2)
+        ]
+        proxy.release.set()
+        stdout, rest = await asyncio.wait_for(process.communicate(), CLI_TIMEOUT_S)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+    assert process.returncode == 0, rest
+    assert planned == [
+        "bench plan: concurrency 1, 2, 4, doubling until a level breaks the SLO, then "
+        "bisecting to within 5% (never closer than one)\n",
+        "bench plan: at most 4 levels of 0.1s warm-up + 0.5s measure: at most 2.4s, plus the "
+        "engine checks and each level's wait for its last answers\n",
+    ]
+    report = msgspec.json.decode(stdout, type=BenchReport)  # stdout is the report alone
+    assert [level.concurrency for level in report.levels] == [1, 2, 4]
+
+
+async def test_off_a_terminal_each_level_says_which_of_how_many_and_the_time_left(
+    quick_engine: SimulatorProcess, tmp_path: Path
+) -> None:
+    result = await bench(
+        tmp_path,
+        *("--url", quick_engine.base_url, "--slo", "e2e_p99=10s", "--max-concurrency", "4"),
+        *QUICK_LEVELS,
+    )
+
+    assert result.code == 0, result.stderr
+    lines = [m for line in result.stderr.splitlines() if (m := LEVEL_LINE.match(line))]
+    assert [(m["level"], m["bound"], m["concurrency"]) for m in lines] == [
+        ("1", "at most 4", "1"),  # 4 breaking would bisect to 3
+        ("2", "at most 4", "2"),
+        ("3", "3", "4"),  # the ceiling met the SLO: the last level
+    ]
+    # Levels that measure a request count take a time known once one has run.
+    assert [m["left"] is not None for m in lines] == [True, True, False]
+    assert len(result.report.levels) == 3
+
+
+async def test_quick_measures_few_short_levels(
+    quick_engine: SimulatorProcess, tmp_path: Path
+) -> None:
+    result = await bench(
+        tmp_path,
+        *("--url", quick_engine.base_url, "--slo", "e2e_p99=10s", "--quick"),
+        *("--input-tokens", "24", "--output-tokens", "4"),
+    )
+
+    assert result.code == 0, result.stderr
+    assert (
+        "bench plan: at most 8 levels of 1s warm-up + 3s measure: at most 32s, plus"
+        in result.stderr
+    )
+    report = result.report
+    assert (report.workload.warmup_s, report.workload.duration_s) == (1.0, 3.0)
+    assert [level.concurrency for level in report.levels] == [1, 2, 4, 8, 16]
+    assert report.stop_reason == "ceiling"
+
+
+async def test_flags_given_with_quick_win_over_its_settings(
+    quick_engine: SimulatorProcess, tmp_path: Path
+) -> None:
+    result = await bench(
+        tmp_path,
+        *("--url", quick_engine.base_url, "--slo", "e2e_p99=10s", "--quick"),
+        *("--max-concurrency", "2", *QUICK_LEVELS),
+    )
+
+    assert result.code == 0, result.stderr
+    report = result.report
+    assert [level.concurrency for level in report.levels] == [1, 2]
+    assert (report.workload.warmup_s, report.workload.max_requests) == (0.1, 8)
+
+
+@pytest.mark.parametrize(
+    ("state_home", "reports_under"),
+    [
+        ("{tmp}/state", "state/llmgw/bench"),
+        (None, "home/.local/state/llmgw/bench"),
+        ("relative/state", "home/.local/state/llmgw/bench"),  # the XDG spec: ignored
+    ],
+)
+async def test_by_default_the_report_goes_to_the_state_directory_not_the_working_one(
+    quick_engine: SimulatorProcess, tmp_path: Path, state_home: str | None, reports_under: str
+) -> None:
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    environment = {} if state_home is None else {"XDG_STATE_HOME": state_home.format(tmp=tmp_path)}
+
+    code, _, stderr = await llmgw_cli(
+        home,
+        *("bench", "--url", quick_engine.base_url, "--slo", "e2e_p99=10s"),
+        *("--max-concurrency", "1", *QUICK_LEVELS),
+        environment=environment,
+        cwd=work,
+    )
+
+    assert code == 0, stderr
+    assert list(work.iterdir()) == []
+    [directory] = (tmp_path / reports_under).iterdir()
+    assert re.fullmatch(r"sim-model-\d{8}T\d{6}Z", directory.name), directory.name
+    assert f"report: {directory / 'bench.json'}, chart: {directory / 'bench.png'}" in stderr
+    report = msgspec.json.decode((directory / "bench.json").read_bytes(), type=BenchReport)
+    assert [level.concurrency for level in report.levels] == [1]
+
+
+async def test_report_dir_is_where_the_report_goes_relative_to_the_working_directory(
+    quick_engine: SimulatorProcess, tmp_path: Path
+) -> None:
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+
+    code, _, stderr = await llmgw_cli(
+        home,
+        *("bench", "--url", quick_engine.base_url, "--slo", "e2e_p99=10s"),
+        *("--max-concurrency", "1", *QUICK_LEVELS, "--report-dir", "runs/first"),
+        environment={"XDG_STATE_HOME": str(tmp_path / "state")},
+        cwd=work,
+    )
+
+    assert code == 0, stderr
+    assert (work / "runs" / "first" / "bench.json").is_file()
+    assert "report: runs/first/bench.json, chart: runs/first/bench.png" in stderr
+    assert not (tmp_path / "state").exists()
+    assert not (home / ".local").exists()
+
+
 # -- bad input -------------------------------------------------------------------------
 
 
@@ -506,8 +700,12 @@ async def test_sigterm_mid_climb_reports_the_levels_that_ran_as_they_were_logged
     )
     try:
         assert process.stderr is not None
+        for _ in range(2):
+            planned = await asyncio.wait_for(process.stderr.readline(), CLI_TIMEOUT_S)
+            assert planned.startswith(b"bench plan: "), planned
         first = await asyncio.wait_for(process.stderr.readline(), CLI_TIMEOUT_S)
-        assert first.startswith(b"concurrency    1: met the SLO"), first
+        assert first.startswith(b"level 1 of at most "), first
+        assert b": concurrency    1: met the SLO" in first, first
         process.terminate()
         stdout, rest = await asyncio.wait_for(process.communicate(), CLI_TIMEOUT_S)
     finally:
