@@ -162,7 +162,7 @@ def _verdict(report: BenchReport) -> list[str]:
     if recommendation is not None:
         lines.append(
             f"recommended: weight {recommendation.weight:g}, target_waiting "
-            f"{recommendation.target_waiting}, kv_ceiling {recommendation.kv_ceiling:.3g}"
+            f"{recommendation.target_waiting}, kv_ceiling {recommendation.kv_ceiling:g}"
         )
     elif report.recommendation_note:
         lines.append(f"no recommendation: {report.recommendation_note}")

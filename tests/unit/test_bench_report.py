@@ -176,3 +176,14 @@ def test_the_summary_says_where_the_numbers_came_from() -> None:
     assert summary["peak"]["concurrency"] == 16
     assert summary["report_file"] == "/tmp/bench.json"
     assert len(msgspec.json.encode(summary)) < 4096
+
+
+def test_the_recommendation_is_printed_as_it_is_applied() -> None:
+    report = report_of(run_against(ENGINE))
+    assert report.recommendation is not None
+    exact = msgspec.structs.replace(report.recommendation, kv_ceiling=0.3125)
+    console = Console(width=140, record=True)
+
+    print_report(msgspec.structs.replace(report, recommendation=exact), console)
+
+    assert "kv_ceiling 0.3125" in console.export_text()
