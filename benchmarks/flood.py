@@ -56,6 +56,7 @@ from benchmarks.common import (
     write_results,
 )
 from tests.support.cluster import Cluster, LoggedEvent, ServerProcess, ServerSettings, issue_pki
+from tests.support.databases import TEST_RUNTIME_ROLE
 
 HONEST = ("gpu-a", "gpu-b")
 FLOODER = "gpu-flood"
@@ -306,7 +307,7 @@ async def run_all(arguments: argparse.Namespace, workdir: Path) -> Results:
     results: list[VariantResult] = []
     with bench_server() as server:
         for number, variant in enumerate(VARIANTS):
-            async with fresh_database(server, "llmgw_flood") as url:
+            async with fresh_database(server, "llmgw_flood", TEST_RUNTIME_ROLE) as url:
                 result = await run_variant(
                     variant, url, workdir / str(number), arguments.seconds, arguments.rounds
                 )
