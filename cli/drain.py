@@ -147,7 +147,7 @@ def watch(client: AdminClient, drain_id: str, output: Output) -> int:
             progress = _poll_until_finished(
                 client, drain_id, lambda p: _print_new_steps(console, p, shown)
             )
-            console.print(render(progress.value))
+            console.print(render(progress.value, steps=False))  # each step is printed already
     except ClientError as exc:
         raise ClientError(
             f"{exc} (the drain goes on: llmgw-cli drain-progress {drain_id} --wait)"
@@ -194,7 +194,8 @@ def _step(event: EventView) -> str:
     return f"{utc_seconds(event.recorded_at)}  {event.type:<22} {event.summary}"
 
 
-def render(progress: DrainProgressView) -> RenderableType:
+def render(progress: DrainProgressView, *, steps: bool = True) -> RenderableType:
+    """The drain's state, its replicas and (with ``steps``) its latest steps."""
     what = f"node {progress.node_id}" if progress.node_id is not None else "one replica"
     requested = (
         f", requested by {progress.requested_by} at {utc_seconds(progress.requested_at)} UTC"
@@ -221,10 +222,13 @@ def render(progress: DrainProgressView) -> RenderableType:
     for r in progress.replicas:
         replicas.add_row(*(Text(c) for c in (r.id, r.model, r.phase, ",".join(r.nodes), moves(r))))
     parts.append(replicas)
-    steps = Table(title="latest steps", title_justify="left", header_style="bold")
-    for header in ("time (UTC)", "event", "what"):
-        steps.add_column(header)
-    for event in progress.events[-EVENTS_SHOWN:]:
-        steps.add_row(Text(utc_seconds(event.recorded_at)), Text(event.type), Text(event.summary))
-    parts.append(steps)
+    if steps:
+        latest = Table(title="latest steps", title_justify="left", header_style="bold")
+        for header in ("time (UTC)", "event", "what"):
+            latest.add_column(header)
+        for event in progress.events[-EVENTS_SHOWN:]:
+            latest.add_row(
+                Text(utc_seconds(event.recorded_at)), Text(event.type), Text(event.summary)
+            )
+        parts.append(latest)
     return Group(*parts)

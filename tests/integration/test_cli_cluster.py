@@ -94,6 +94,7 @@ async def test_drain_wait_follows_each_drain_to_its_end_and_exits_with_how_it_en
     assert steps[-1] == "node_drain_finished"
     assert "replacement_serving" in steps
     assert "done: every replica moved" in node_moved.stdout
+    assert "latest steps" not in node_moved.stdout  # the steps were printed as they came
     assert (survivor["replaces"], the_node(survivor)) == (replacement["id"], second_node)
     assert stranded.code == 1
     progress = json.loads(stranded.stdout)
