@@ -198,7 +198,9 @@ def assert_openai_shape(body: object) -> dict[str, object]:
     return body
 
 
-@pytest.mark.parametrize("model", [FLAT_MODEL, MESSAGE_MODEL, MODEL])
+@pytest.mark.parametrize(
+    "model", [FLAT_MODEL, MESSAGE_MODEL, MODEL], ids=["flat", "message", "chat"]
+)
 def test_an_engine_error_is_normalized(client: openai.OpenAI, model: str) -> None:
     with pytest.raises(openai.BadRequestError) as raised:
         client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=TOO_MANY_TOKENS)
@@ -256,7 +258,7 @@ def test_a_known_prefix_with_the_wrong_secret_is_refused(
         client.models.list()
 
 
-@pytest.mark.parametrize("model", [FLAT_MODEL, f"undeclared-{RUN}"])
+@pytest.mark.parametrize("model", [FLAT_MODEL, f"undeclared-{RUN}"], ids=["flat", "undeclared"])
 def test_a_model_outside_the_scope_does_not_exist(
     gateway: GatewayThread, keys: Keys, model: str
 ) -> None:
