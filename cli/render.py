@@ -45,12 +45,12 @@ def print_table(
     console: Console | None = None,
     wide: bool = False,
 ) -> None:
-    """A table that fits the terminal: droppable columns go first, in their stated order,
-    then columns narrow and their values wrap, widest first, key columns last and never
-    below a third of the terminal; nothing is ever cut short (when nothing more can give,
-    the table is a little wider than the terminal instead). ``wide``: every column, each as
-    wide as it needs. Cells are plain text: brackets in values are printed, never read as
-    markup."""
+    """A table that fits the terminal: columns empty in every row go first, then droppable
+    columns in their stated order, then columns narrow and their values wrap, widest
+    first, key columns last and never below a third of the terminal; nothing is ever cut
+    short (when nothing more can give, the table is a little wider than the terminal
+    instead). ``wide``: every column, each as wide as it needs. Cells are plain text:
+    brackets in values are printed, never read as markup."""
     console = console or Console(highlight=False)
     cells = [[value or "" for value in row] for row in rows]
     shown = list(range(len(columns)))
@@ -60,7 +60,13 @@ def print_table(
             file=console.file, width=width, highlight=False, no_color=console.no_color
         )
     else:
-        droppable = sorted(
+        # A column empty in every row goes before any that says something.
+        empty = [
+            i
+            for i, c in enumerate(columns)
+            if not c.key and not c.drop and not any(row[i] for row in cells)
+        ]
+        droppable = empty + sorted(
             (i for i, c in enumerate(columns) if c.drop), key=lambda i: columns[i].drop
         )
         for index in droppable:

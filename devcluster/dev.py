@@ -306,10 +306,23 @@ def run_dev(options: DevOptions) -> int:
         for signum in previous:
             signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not cut the stop short
         if cluster.started_anything():
-            print("stopping the dev cluster ...", flush=True)
+            _announce("stopping the dev cluster ...")
             cluster.stop()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     if cluster.started_anything():
-        print("stopped" if code == 0 else "stopped after the error above", flush=True)
+        _announce("stopped" if code == 0 else "stopped after the error above")
     return code
+
+
+def _announce(line: str) -> None:
+    """Print a line of the stop, which must happen even when nobody reads it any more:
+    ``llmgw-dev | tee dev.log`` and Ctrl-C end ``tee`` too, so stdout is a closed pipe."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        # What is still buffered and every later line go nowhere, rather than fail again
+        # (at exit, too).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)

@@ -168,8 +168,12 @@ def bench(
         ),
     ] = None,
     output: Annotated[
-        Literal["table", "json"],
-        Parameter(group=RESULT, help="table for people; json prints the report's JSON."),
+        Literal["table", "wide", "json"],
+        Parameter(
+            group=RESULT,
+            help="table for people (columns left out to fit the terminal, and said so); "
+            "wide: every column; json prints the report's JSON.",
+        ),
     ] = "table",
     apply: Annotated[
         bool,

@@ -48,7 +48,7 @@ def run_and_report(
     model: str | None,
     api: Api,
     report_dir: Path | None,
-    output: Literal["table", "json"],
+    output: Literal["table", "wide", "json"],
     apply_with: ConnectionSettings | None,
     apply_to: Literal["model", "replica"],
 ) -> int:
@@ -85,7 +85,7 @@ def run_and_report(
         if output == "json":
             sys.stdout.write((directory / REPORT_FILE).read_text())
         else:
-            print_report(report, Console(highlight=False))
+            print_report(report, Console(highlight=False), wide=output == "wide")
     if problem is not None:
         print_error("bench", problem)
     return code

@@ -7,15 +7,12 @@ from dataclasses import dataclass
 
 from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 from cli.bench.report import FAILED, INTERRUPTED, BenchReport
 from cli.bench.stats import LevelFigures, Percentiles
-
-FULL_WIDTH = 110
-"""Narrower consoles get only the latencies the SLO names (TTFT always) and cache hits
-only for a shared-prefix run."""
 
 
 @dataclass(frozen=True)
@@ -23,29 +20,68 @@ class _Column:
     header: str
     cell: Callable[[LevelFigures], str]
     latency: str | None = None
+    """The latency this column shows: never left out when the SLO names it."""
     cache: bool = False
+    drop: int = 0
+    """0: always shown; 1, 2, ...: left out in this order (1 first) when the console is too
+    narrow for every column, before any value would be cut."""
 
 
 COLUMNS = (
     _Column("SLO", lambda lv: "met" if lv.slo_met else "broken"),
-    _Column("req/s", lambda lv: f"{lv.requests_per_s:.2f}"),
+    _Column("req/s", lambda lv: f"{lv.requests_per_s:.2f}", drop=3),
     _Column("out\ntok/s", lambda lv: f"{lv.output_tokens_per_s:.1f}"),
     _Column("TTFT ms\np50/p95", lambda lv: _milliseconds(lv.ttft_s, 50, 95)),
-    _Column("TPOT ms\np50/p95", lambda lv: _milliseconds(lv.tpot_s, 50, 95), latency="tpot"),
-    _Column("e2e ms\np95/p99", lambda lv: _milliseconds(lv.e2e_s, 95, 99), latency="e2e"),
+    _Column(
+        "TPOT ms\np50/p95", lambda lv: _milliseconds(lv.tpot_s, 50, 95), latency="tpot", drop=2
+    ),
+    _Column("e2e ms\np95/p99", lambda lv: _milliseconds(lv.e2e_s, 95, 99), latency="e2e", drop=1),
     _Column("errors", lambda lv: f"{lv.errors}/{lv.requests}"),
-    _Column("waiting\np50/p95", lambda lv: _pair(lv.waiting, _count, "p50", "p95")),
-    _Column("KV use\np50/max", lambda lv: _pair(lv.kv_cache_usage, _percent, "p50", "max")),
+    _Column("waiting\np50/p95", lambda lv: _pair(lv.waiting, _count, "p50", "p95"), drop=5),
+    _Column("KV use\np50/max", lambda lv: _pair(lv.kv_cache_usage, _percent, "p50", "max"), drop=4),
     _Column(
         "cache\nhits",
         lambda lv: "-" if lv.prefix_cache_hit_rate is None else f"{lv.prefix_cache_hit_rate:.0%}",
         cache=True,
+        drop=1,
     ),
 )
 
 
-def print_report(report: BenchReport, console: Console) -> None:
-    columns = _columns(report, wide=console.width >= FULL_WIDTH)
+def print_report(report: BenchReport, console: Console, *, wide: bool = False) -> None:
+    """The levels as a table that fits ``console``: columns go in their stated order when
+    it is too narrow (never concurrency, SLO, TTFT, errors or a latency the SLO names) and
+    a line says which; ``wide`` shows every column, however wide the table gets."""
+    shown = [column for column in COLUMNS if not column.cache or report.workload.shared_prefix]
+    named = {target.latency for target in report.slo.targets}
+    droppable = sorted(
+        (c for c in shown if c.drop and (c.latency is None or c.latency not in named)),
+        key=lambda c: c.drop,
+    )
+    table = _table(report, shown)
+    left_out: list[_Column] = []
+    for column in [] if wide else droppable:
+        if _natural_width(table, console) <= console.width:
+            break
+        shown.remove(column)
+        left_out.append(column)
+        table = _table(report, shown)
+    # Wide, or nothing left to leave out: a table wider than the console, never a value cut
+    # short.
+    width = console.width
+    console.width = max(width, _natural_width(table, console))
+    try:
+        console.print(table)
+    finally:
+        console.width = width
+    if left_out:
+        headers = ", ".join(column.header.replace("\n", " ") for column in left_out)
+        console.print(Text(f"(left out to fit: {headers}; --output wide shows them)"))
+    for line in _verdict(report):
+        console.print(Text(line))
+
+
+def _table(report: BenchReport, columns: list[_Column]) -> Table:
     table = Table(
         title=_title(report),
         title_justify="left",
@@ -65,21 +101,16 @@ def print_report(report: BenchReport, console: Console) -> None:
             *(column.cell(level) for column in columns),
             style=_style(level, report),
         )
-    console.print(table)
-    for line in _verdict(report):
-        console.print(Text(line))
+    return table
 
 
-def _columns(report: BenchReport, *, wide: bool) -> list[_Column]:
-    if wide:
-        return list(COLUMNS)
-    named = {target.latency for target in report.slo.targets}
-    return [
-        column
-        for column in COLUMNS
-        if (column.latency is None or column.latency in named)
-        and (not column.cache or report.workload.shared_prefix)
-    ]
+def _natural_width(table: Table, console: Console) -> int:
+    """The width ``table`` takes with every value whole (its title wraps, so not counted)."""
+    title, table.title = table.title, None
+    try:
+        return Measurement.get(console, console.options.update_width(10_000), table).maximum
+    finally:
+        table.title = title
 
 
 def _title(report: BenchReport) -> str:

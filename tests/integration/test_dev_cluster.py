@@ -229,6 +229,56 @@ async def test_the_next_dev_run_serves_the_same_replicas_and_the_log_says_why_th
         assert after_stop == ["shard_starting", "shard_ready", "replica_serving"]
 
 
+async def test_ctrl_c_stops_everything_when_the_reader_of_its_output_is_gone_first(
+    state_dir: Path, client_port: int
+) -> None:
+    """``make dev | tee dev.log``, then Ctrl-C: the terminal's SIGINT ends ``tee`` too, so
+    the lines that announce the stop meet a closed pipe. The stop must happen all the same:
+    nothing of the cluster (engines, agents, server, PostgreSQL) may be left running."""
+    environment = {k: v for k, v in os.environ.items() if k != "LLMGW_DATABASE_URL"}
+    ports = ("--admin-port", str(free_port()), "--agent-port", str(free_port()))
+    dev = await asyncio.to_thread(
+        subprocess.Popen,
+        [DEV, "--state-dir", str(state_dir), *ports, "--client-port", str(client_port)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=environment,
+    )
+    try:
+        assert dev.stdout is not None
+        printed = await asyncio.wait_for(
+            asyncio.to_thread(_read_lines_until, dev.stdout, LAST_LINE_OF_NEXT_STEPS),
+            START_WITHIN_S,
+        )
+        steps = NextSteps.parse(printed)
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            engine_pids = await _engine_pids(client, steps.environment)
+        assert len(engine_pids) == 2
+
+        dev.stdout.close()  # the reader goes first, as tee does
+        dev.send_signal(signal.SIGINT)
+        code = await asyncio.to_thread(dev.wait, STOP_WITHIN_S)
+    finally:
+        if dev.poll() is None:
+            dev.kill()
+            dev.wait()
+
+    assert code == 0
+    await wait_until(lambda: not _processes_under(state_dir), within_s=5.0, what="no process")
+    assert [pid for pid in engine_pids if is_running(pid)] == []
+
+
+def _read_lines_until(stream: Any, last: str) -> str:
+    printed: list[str] = []
+    while not printed or last not in printed[-1]:
+        line = stream.readline()
+        if not line:
+            raise AssertionError(f"dev exited before its next steps:\n{''.join(printed)}")
+        printed.append(line.decode())
+    return "".join(printed)
+
+
 @dataclass(frozen=True)
 class _Admin:
     """The admin API of a running dev cluster, with the token it printed."""

@@ -3,6 +3,7 @@ table, and the summary --apply records."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -187,3 +188,46 @@ def test_the_recommendation_is_printed_as_it_is_applied() -> None:
     print_report(msgspec.structs.replace(report, recommendation=exact), console)
 
     assert "kv_ceiling 0.3125" in console.export_text()
+
+
+def two_target_report() -> BenchReport:
+    """The tour's bench: TTFT and TPOT both named, large figures in every column."""
+    plan = dataclasses.replace(PLAN, targets=parse_targets(["ttft_p95=500ms", "tpot_p95=50ms"]))
+    run = BenchRun.planned(plan)
+    run.engine = Engine("http://127.0.0.7:8001", "llama", ignore_eos=True)
+    for concurrency in (1, 2, 4, 8, 16):
+        run.levels.append(measured(concurrency, 0.2271, 1588.8))
+        run.climb.record(concurrency, passed=True)
+    return report_of(run)
+
+
+def rendered_lines(report: BenchReport, width: int, *, wide: bool = False) -> list[str]:
+    console = Console(width=width, record=True, highlight=False)
+    print_report(report, console, wide=wide)
+    return console.export_text().splitlines()
+
+
+def test_at_80_columns_the_levels_fit_whole_and_say_what_was_left_out() -> None:
+    lines = rendered_lines(two_target_report(), 80)
+
+    text = "\n".join(lines)
+    table_lines = lines[lines.index(next(x for x in lines if "concurrency" in x)) :]
+    assert all(len(line) <= 80 for line in table_lines)
+    assert "…" not in text
+    for header in ("concurrency", "SLO", "TTFT ms", "TPOT ms", "errors", "tok/s"):
+        assert header in text
+    assert "1588.8" in text
+    assert "227/227" in text
+    assert "(left out to fit: e2e ms p95/p99, req/s; --output wide shows them)" in text
+
+
+def test_at_200_columns_or_wide_every_column_shows() -> None:
+    for lines in (
+        rendered_lines(two_target_report(), 200),
+        rendered_lines(two_target_report(), 80, wide=True),
+    ):
+        text = "\n".join(lines)
+        assert "left out" not in text
+        assert "…" not in text
+        for header in ("e2e ms", "req/s", "KV use", "waiting"):
+            assert header in text

@@ -90,7 +90,8 @@ def test_ids_are_whole_and_every_line_fits(table: str, width: int) -> None:
                 assert value in text, f"{column.header} {value!r} cut:\n{text}"
     kept = [c for c in columns if c.header not in left_out_of(text)]
     assert all(word in text for c in kept for word in c.header.split()), text
-    assert all(c in kept for c in columns if not c.drop)
+    said_nothing = {c.header for i, c in enumerate(columns) if not any(r[i] for r in rows)}
+    assert all(c in kept for c in columns if not c.drop and c.header not in said_nothing)
     assert "…" not in text
 
 
@@ -100,10 +101,22 @@ def test_columns_are_left_out_in_their_stated_order_and_said_so(table: str) -> N
 
     narrow = rendered(columns, rows, 80)
 
+    index = {c.header: i for i, c in enumerate(columns)}
     left_out = [c for c in columns if c.header in left_out_of(narrow)]
-    assert all(c.drop for c in left_out), "only droppable columns are left out"
+    empty = [c for c in left_out if not any(row[index[c.header]] for row in rows)]
+    dropped = [c for c in left_out if c not in empty]
+    assert all(c.drop for c in dropped), "only droppable or empty columns are left out"
     order = sorted(c.drop for c in columns if c.drop)
-    assert sorted(c.drop for c in left_out) == order[: len(left_out)]
+    assert sorted(c.drop for c in dropped) == order[: len(dropped)]
+
+
+def test_a_column_empty_in_every_row_goes_before_one_that_says_something() -> None:
+    models = [("demo", "1/1", "1 serving, 2 stopped", "1", "llamacpp", "")]
+
+    text = rendered(MODEL_COLUMNS, models, 80)
+
+    assert "llamacpp" in text
+    assert left_out_of(text) == ["below its count because"]
 
 
 @pytest.mark.parametrize("table", sorted(TABLES))
