@@ -38,7 +38,11 @@ llmgw-cli history key ci --output json | jq -r '.[].actor'
 
 Output = Annotated[
     Literal["table", "wide", "json"],
-    Parameter(help="table for people; json prints the events as the API returns them."),
+    Parameter(
+        help="table for people (columns that do not fit the terminal are left out, in a "
+        "stated order); wide for every column however wide; json prints the events as the "
+        "API returns them."
+    ),
 ]
 Limit = Annotated[
     int | None,
