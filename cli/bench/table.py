@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -15,7 +16,8 @@ from cli.bench.stats import LevelFigures, Percentiles
 
 FULL_WIDTH = 110
 """Narrower consoles get only the latencies the SLO names (TTFT always) and cache hits
-only for a shared-prefix run."""
+only for a shared-prefix run; if that is still too wide, columns are left out in their
+``drop`` order (and the report file keeps every figure). No figure is ever cut short."""
 
 
 @dataclass(frozen=True)
@@ -24,28 +26,53 @@ class _Column:
     cell: Callable[[LevelFigures], str]
     latency: str | None = None
     cache: bool = False
+    drop: int = 0
+    """Left out to fit a narrow terminal: 1 first, then 2, ...; 0 never."""
 
 
 COLUMNS = (
     _Column("SLO", lambda lv: "met" if lv.slo_met else "broken"),
-    _Column("req/s", lambda lv: f"{lv.requests_per_s:.2f}"),
+    _Column("req/s", lambda lv: f"{lv.requests_per_s:.2f}", drop=4),
     _Column("out\ntok/s", lambda lv: f"{lv.output_tokens_per_s:.1f}"),
     _Column("TTFT ms\np50/p95", lambda lv: _milliseconds(lv.ttft_s, 50, 95)),
     _Column("TPOT ms\np50/p95", lambda lv: _milliseconds(lv.tpot_s, 50, 95), latency="tpot"),
     _Column("e2e ms\np95/p99", lambda lv: _milliseconds(lv.e2e_s, 95, 99), latency="e2e"),
     _Column("errors", lambda lv: f"{lv.errors}/{lv.requests}"),
-    _Column("waiting\np50/p95", lambda lv: _pair(lv.waiting, _count, "p50", "p95")),
-    _Column("KV use\np50/max", lambda lv: _pair(lv.kv_cache_usage, _percent, "p50", "max")),
+    _Column("waiting\np50/p95", lambda lv: _pair(lv.waiting, _count, "p50", "p95"), drop=2),
+    _Column("KV use\np50/max", lambda lv: _pair(lv.kv_cache_usage, _percent, "p50", "max"), drop=1),
     _Column(
         "cache\nhits",
         lambda lv: "-" if lv.prefix_cache_hit_rate is None else f"{lv.prefix_cache_hit_rate:.0%}",
         cache=True,
+        drop=3,
     ),
 )
 
 
 def print_report(report: BenchReport, console: Console) -> None:
     columns = _columns(report, wide=console.width >= FULL_WIDTH)
+    table = _table(report, columns)
+    left_out: list[_Column] = []
+    for column in sorted((c for c in columns if c.drop), key=lambda c: c.drop):
+        if _natural_width(console, table) <= console.width:
+            break
+        columns.remove(column)
+        left_out.append(column)
+        table = _table(report, columns)
+    console.print(table)
+    if left_out:
+        names = ", ".join(" ".join(column.header.split()) for column in left_out)
+        console.print(Text(f"(left out to fit: {names}; bench.json has them)"))
+    for line in _verdict(report):
+        console.print(Text(line))
+
+
+def _natural_width(console: Console, table: Table) -> int:
+    """How wide ``table`` is with no cell cut (rich measures within the console's width)."""
+    return Measurement.get(console, console.options.update_width(10_000), table).maximum
+
+
+def _table(report: BenchReport, columns: list[_Column]) -> Table:
     table = Table(
         title=_title(report),
         title_justify="left",
@@ -65,9 +92,7 @@ def print_report(report: BenchReport, console: Console) -> None:
             *(column.cell(level) for column in columns),
             style=_style(level, report),
         )
-    console.print(table)
-    for line in _verdict(report):
-        console.print(Text(line))
+    return table
 
 
 def _columns(report: BenchReport, *, wide: bool) -> list[_Column]:
@@ -112,7 +137,12 @@ def _style(level: LevelFigures, report: BenchReport) -> str:
 def _milliseconds(figures: Percentiles | None, low: int, high: int) -> str:
     if figures is None:
         return "-"
-    return f"{figures.at(low) * 1000:.3g}/{figures.at(high) * 1000:.3g}"
+    return f"{_ms(figures.at(low) * 1000)}/{_ms(figures.at(high) * 1000)}"
+
+
+def _ms(value: float) -> str:
+    """Three significant figures, and whole milliseconds from 100 up: never ``1.11e+03``."""
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
 
 
 def _pair(figures: Percentiles | None, form: Callable[[float], str], low: str, high: str) -> str:
