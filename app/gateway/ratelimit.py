@@ -87,6 +87,8 @@ class SlidingCount:
 
     def estimate(self, now: float) -> float:
         self._roll(now)
+        if self._previous == 0:
+            return self._current
         return self._previous * self._previous_share(now) + self._current
 
     def fits(self, cost: float, limit: float, now: float) -> bool:
