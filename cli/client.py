@@ -366,8 +366,8 @@ class AdminClient:
         else:
             reason = str(exc) or type(exc).__name__
         return AdminUnreachable(
-            f"cannot reach the admin API at {url}: {reason} — is llmgw-server running? "
-            f"set {SETTING_ENV['admin_url']}"
+            f"cannot reach the admin API at {url}: {reason} — is llmgw-server running there? "
+            f"For another address, give --admin-url or set {SETTING_ENV['admin_url']}"
         )
 
     def _cut_off_advice(self) -> str:

@@ -38,7 +38,11 @@ llmgw-cli history key ci --output json | jq -r '.[].actor'
 
 Output = Annotated[
     Literal["table", "wide", "json"],
-    Parameter(help="table for people; json prints the events as the API returns them."),
+    Parameter(
+        help="table for people (columns that do not fit the terminal are left out, in a "
+        "stated order); wide for every column however wide; json prints the events as the "
+        "API returns them."
+    ),
 ]
 Limit = Annotated[
     int | None,
@@ -159,16 +163,17 @@ def show_history(
     after: int,
     flags: ConnectionFlags | None,
 ) -> int:
+    command = f"history {subject}"
     try:
         settings = resolve_settings(flags or ConnectionFlags())
     except ConfigError as exc:
-        print_error("history", str(exc))
+        print_error(command, str(exc))
         return EXIT_USAGE
     try:
         with AdminClient(settings) as client:
             events = client.history(subject, key, after=after, limit=limit)
     except ClientError as exc:
-        print_error("history", str(exc))
+        print_error(command, str(exc))
         return EXIT_FAILED
     if output == "json":
         print_json_array(event.raw for event in events)
@@ -181,7 +186,7 @@ def show_history(
         )
     if not events:
         print_error(
-            "history",
+            command,
             f"no events for {subject} {key}" + (f" after position {after}" if after else ""),
         )
         return EXIT_FAILED

@@ -47,7 +47,11 @@ SHOWN_ONCE = (
 
 Output = Annotated[
     Literal["table", "wide", "json"],
-    Parameter(help="table for people; json prints the API's answer unchanged."),
+    Parameter(
+        help="table for people (columns that do not fit the terminal are left out, in a "
+        "stated order); wide for every column however wide; json prints the API's answer "
+        "unchanged."
+    ),
 ]
 Limit = Annotated[
     int | None,

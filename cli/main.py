@@ -16,6 +16,7 @@ from cli.models import models_app, remove, scale, show_model
 from cli.nodes import cordon, list_nodes, show_node, uncordon
 from cli.placement import explain_placement
 from cli.replicas import list_replicas, show_replica
+from cli.usage_errors import usage_error_console, usage_error_line
 from wire.version import llmgw_version
 
 app = App(
@@ -24,6 +25,8 @@ app = App(
     help="Operate an llmgw cluster: nodes, models, replicas, drains, history, keys, certificates."
     "\n\nShell completion: `llmgw-cli --install-completion`, or "
     '`eval "$(llmgw-cli completion bash)"`.',
+    error_formatter=usage_error_line,
+    error_console=usage_error_console(),
 )
 app.command(list_nodes, name="nodes")
 app.command(show_node, name="node")

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
-from pathlib import Path
+from itertools import dropwhile
+from pathlib import Path, PurePosixPath
 from typing import Annotated
 
 import msgspec
@@ -78,7 +80,7 @@ def list_models(
                     f"{m.serving}/{m.desired}",
                     ", ".join(f"{n} {phase}" for phase, n in m.phases.items()),
                     str(m.spec.gpus_per_shard * m.spec.shards_per_replica),
-                    m.spec.engine,
+                    engine_text(m.spec.engine, m.spec.command),
                     "; ".join(m.below_desired_because),
                 )
                 for m in reply.value
@@ -232,7 +234,7 @@ def print_model(model: ModelView, wide: bool = False) -> None:
         ("model", model.name + (" (removed)" if model.removed else "")),
         ("serving", f"{model.serving} of {model.desired} desired ({model.counting} counting)"),
         ("phases", ", ".join(f"{n} {phase}" for phase, n in model.phases.items())),
-        ("engine", spec.engine),
+        ("engine", engine_text(spec.engine, spec.command)),
         ("command", spec.command),
         ("shape", f"{spec.shards_per_replica} shard(s) x {spec.gpus_per_shard} GPU(s), {memory}"),
         ("selector", ",".join(f"{k}={v}" for k, v in sorted(spec.node_selector.items()))),
@@ -248,3 +250,24 @@ def print_model(model: ModelView, wide: bool = False) -> None:
     print_facts(facts, console)
     for reason in model.below_desired_because:
         console.print(f"below its count: {reason}", markup=False)
+
+
+def engine_text(engine: str, command: str) -> str:
+    """The declared engine, with the program the command runs when that is not the engine
+    itself: the dev cluster's ``demo`` reads ``llmgw-sim-engine (vllm-compatible)``."""
+    program = program_of(command)
+    return engine if engine.lower() in program.lower() else f"{program} ({engine}-compatible)"
+
+
+def program_of(command: str) -> str:
+    """The program a command template runs: past a leading ``env`` and ``NAME=value``s, a
+    path's last part, and for ``python -m`` the module's package."""
+    try:
+        words = shlex.split(command)
+    except ValueError:  # unbalanced quotes: the spec was accepted, show what is there
+        words = command.split()
+    words = list(dropwhile(lambda word: word == "env" or "=" in word, words)) or [command]
+    program = PurePosixPath(words[0]).name
+    if program.startswith("python") and words[1:2] == ["-m"] and len(words) > 2:
+        return words[2].split(".")[0]
+    return program

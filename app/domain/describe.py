@@ -145,7 +145,9 @@ def _what(event: AnyEvent) -> str:
             where = ", ".join(
                 f"{s.node_id} GPUs {','.join(map(str, s.gpus))} port {s.port}" for s in event.shards
             )
-            replaces = f", replacing {event.replaces}" if event.replaces else ""
+            # A drain's replacement already names the original in its reason.
+            named = event.replaces is None or event.replaces in event.reason
+            replaces = "" if named else f", replacing {event.replaces}"
             return f"placed on {where} ({event.reason}{replaces})"
         case ShardStarting():
             pid = f" pid {event.pid}" if event.pid is not None else ""

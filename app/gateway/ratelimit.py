@@ -2,7 +2,11 @@
 
 The window is approximated from two fixed buckets, as most gateways do: the count of the
 previous bucket weighted by how much of it the sliding window still covers, plus the
-count of the current one. Two numbers per key and limit, O(1) per request.
+count of the current one. Each bucket also keeps when its first and last events came, and
+the weight is taken over that span rather than the whole bucket, so an event is forgotten
+at most one window after it came: what the headers advertise (``Retry-After``,
+``x-ratelimit-reset-*``) is never more than the window, and is when it really happens.
+Four numbers per key and limit, O(1) per request.
 
 A request is admitted when one more request fits under ``rpm`` and at least one token is
 left under ``tpm``: tokens are only known once the answer is over, so they are charged
@@ -46,65 +50,115 @@ ALLOWED_UNLIMITED = RateDecision(allowed=True, retry_after_s=0.0, requests=None,
 
 
 class SlidingCount:
-    """Events in the last ``window_s`` seconds, approximated from two fixed buckets."""
+    """Events in the last ``window_s`` seconds, approximated from two fixed buckets.
 
-    __slots__ = ("_bucket", "_current", "_previous", "_window_s")
+    Each bucket keeps its count and the span its events took (first and last). The events
+    of the previous bucket are taken as spread evenly over that span, so they leave the
+    window as the window's start passes over it, and the last one leaves exactly a window
+    after it came: nothing counts for longer than the window.
+    """
+
+    __slots__ = (
+        "_bucket",
+        "_current",
+        "_current_first",
+        "_current_last",
+        "_previous",
+        "_previous_first",
+        "_previous_last",
+        "_window_s",
+    )
 
     def __init__(self, window_s: float = WINDOW_S) -> None:
         self._window_s = window_s
         self._bucket = -1
         self._current = 0.0
+        self._current_first = self._current_last = 0.0
         self._previous = 0.0
+        self._previous_first = self._previous_last = 0.0
 
     def add(self, amount: float, now: float) -> None:
         self._roll(now)
+        if self._current == 0:
+            self._current_first = self._current_last = now
+        elif now > self._current_last:
+            self._current_last = now
         self._current += amount
 
     def estimate(self, now: float) -> float:
         self._roll(now)
-        return self._previous * (1.0 - self._elapsed_fraction(now)) + self._current
+        if self._previous == 0:
+            return self._current
+        return self._previous * self._previous_share(now) + self._current
 
     def fits(self, cost: float, limit: float, now: float) -> bool:
         return self.estimate(now) + cost <= limit + _EPSILON
 
     def wait_for_room(self, cost: float, limit: float, now: float) -> float:
-        """Seconds until ``cost`` more fits under ``limit`` if nothing else is added."""
-        self._roll(now)
+        """Seconds until ``cost`` more fits under ``limit`` if nothing else is added: at
+        most the window."""
         if self.fits(cost, limit, now):
             return 0.0
         if cost > limit:
             return self._window_s  # never fits; ask again in a window
-        start = self._bucket * self._window_s
         room = limit - cost
         if self._current <= room:
-            # The previous bucket's weight fades within the current bucket.
-            fraction = 1.0 - (room - self._current) / self._previous
-            return max(0.0, start + self._window_s * fraction - now)
-        # Only once the current bucket has become the previous one and faded enough.
-        fraction = 1.0 - room / self._current
-        return start + self._window_s * (1.0 + fraction) - now
+            # The previous bucket leaves the window before the current one does.
+            fits_at = _leaves_window_at(
+                self._previous_first,
+                self._previous_last,
+                (room - self._current) / self._previous,
+                self._window_s,
+            )
+        else:
+            # Only once this bucket's own events have begun to leave the window.
+            fits_at = _leaves_window_at(
+                self._current_first, self._current_last, room / self._current, self._window_s
+            )
+        return min(self._window_s, max(0.0, fits_at - now))
 
     def reset_s(self, now: float) -> float:
+        """Seconds until nothing counted now is left in the window: at most the window."""
         self._roll(now)
-        to_bucket_end = (self._bucket + 1) * self._window_s - now
         if self._current > 0:
-            return to_bucket_end + self._window_s
-        return to_bucket_end if self._previous > 0 else 0.0
+            last = self._current_last
+        elif self._previous > 0:
+            last = self._previous_last
+        else:
+            return 0.0
+        return min(self._window_s, max(0.0, last + self._window_s - now))
 
     def idle(self, now: float) -> bool:
-        self._roll(now)
-        return self._current == 0 and self._previous == 0
+        return self.estimate(now) == 0
 
-    def _elapsed_fraction(self, now: float) -> float:
-        return (now - self._bucket * self._window_s) / self._window_s
+    def _previous_share(self, now: float) -> float:
+        """How much of the previous bucket's count the window still holds."""
+        start = now - self._window_s
+        if start < self._previous_first:
+            return 1.0
+        if start >= self._previous_last:
+            return 0.0
+        span = self._previous_last - self._previous_first
+        return (self._previous_last - start) / span
 
     def _roll(self, now: float) -> None:
         bucket = math.floor(now / self._window_s)
         if bucket == self._bucket:
             return
-        self._previous = self._current if bucket == self._bucket + 1 else 0.0
+        if bucket == self._bucket + 1:
+            self._previous = self._current
+            self._previous_first, self._previous_last = self._current_first, self._current_last
+        else:
+            self._previous = 0.0
         self._current = 0.0
+        self._current_first = self._current_last = 0.0
         self._bucket = bucket
+
+
+def _leaves_window_at(first: float, last: float, share: float, window_s: float) -> float:
+    """When the window's share of events spread evenly over ``[first, last]`` falls to
+    ``share`` (0 <= share < 1)."""
+    return last + window_s - share * (last - first)
 
 
 class _KeyUsage:
@@ -152,7 +206,7 @@ class RateLimiter:
         return len(self._usage)
 
     def forget_idle(self, now: float) -> None:
-        """Drop the counts of keys that used nothing in the last two windows."""
+        """Drop the counts of keys that the window no longer holds anything of."""
         self._usage = {
             key: usage
             for key, usage in self._usage.items()

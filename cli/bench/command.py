@@ -85,7 +85,14 @@ def bench(
     min_success: Annotated[
         str, Parameter(group=SLO, help="Share of requests that must succeed at a level.")
     ] = "99%",
-    input_tokens: Annotated[int, Parameter(group=WORKLOAD, validator=Positive)] = 512,
+    input_tokens: Annotated[
+        int,
+        Parameter(
+            group=WORKLOAD,
+            validator=Positive,
+            help="Prompt length: words of about one token each (the simulator's exactly).",
+        ),
+    ] = 512,
     output_tokens: Annotated[
         int,
         Parameter(
@@ -133,7 +140,9 @@ def bench(
         int | None,
         Parameter(group=CLIMB, validator=Positive, help="Measure this many requests instead."),
     ] = None,
-    start_concurrency: Annotated[int, Parameter(group=CLIMB, validator=Positive)] = 1,
+    start_concurrency: Annotated[
+        int, Parameter(group=CLIMB, validator=Positive, help="The first level to measure.")
+    ] = 1,
     max_concurrency: Annotated[
         int | None,
         Parameter(
@@ -154,7 +163,12 @@ def bench(
     sample_interval: Annotated[
         str, Parameter(group=CLIMB, help="How often /metrics is read while a level measures.")
     ] = "500ms",
-    request_timeout: Annotated[str, Parameter(group=CLIMB)] = "300s",
+    request_timeout: Annotated[
+        str,
+        Parameter(
+            group=CLIMB, help="How long one request may take; a slower one counts as failed."
+        ),
+    ] = "300s",
     seed: Annotated[
         int | None, Parameter(group=WORKLOAD, help="Make the random prompts reproducible.")
     ] = None,

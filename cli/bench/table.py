@@ -143,7 +143,12 @@ def _style(level: LevelFigures, report: BenchReport) -> str:
 def _milliseconds(figures: Percentiles | None, low: int, high: int) -> str:
     if figures is None:
         return "-"
-    return f"{figures.at(low) * 1000:.3g}/{figures.at(high) * 1000:.3g}"
+    return f"{_ms(figures.at(low) * 1000)}/{_ms(figures.at(high) * 1000)}"
+
+
+def _ms(value: float) -> str:
+    """Three significant figures, and whole milliseconds from 100 up: never ``1.11e+03``."""
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
 
 
 def _pair(figures: Percentiles | None, form: Callable[[float], str], low: str, high: str) -> str:

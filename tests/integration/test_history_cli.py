@@ -279,9 +279,10 @@ async def test_with_the_server_down_the_operator_is_told_where_it_was_looked_for
 
     assert result.code == 1
     assert (
-        f"cannot reach the admin API at {nobody}: connection refused — is llmgw-server "
-        "running? set LLMGW_ADMIN_URL"
-    ) in result.stderr
+        f"llmgw-cli history replica: cannot reach the admin API at {nobody}: connection "
+        "refused — is llmgw-server running there? For another address, give --admin-url or "
+        "set LLMGW_ADMIN_URL\n"
+    ) == result.stderr
 
 
 async def test_flags_beat_the_environment_which_beats_the_config_file(

@@ -63,9 +63,9 @@ def measured(concurrency: int, ttft_s: float, tokens_per_s: float) -> LevelFigur
     return msgspec.structs.replace(figures, slo_met=not missed, breaches=missed)
 
 
-def run_against(levels: dict[int, tuple[float, float]]) -> BenchRun:
+def run_against(levels: dict[int, tuple[float, float]], plan: BenchPlan = PLAN) -> BenchRun:
     """A run whose climb measured the levels it asked for from ``levels``."""
-    run = BenchRun.planned(PLAN)
+    run = BenchRun.planned(plan)
     run.engine = Engine("http://127.0.0.7:8001", "llama", ignore_eos=True)
     while (level := run.climb.next_level) is not None and level in levels:
         figures = measured(level, *levels[level])
@@ -231,3 +231,22 @@ def test_at_200_columns_or_wide_every_column_shows() -> None:
         assert "…" not in text
         for header in ("e2e ms", "req/s", "KV use", "waiting"):
             assert header in text
+
+
+def test_at_80_columns_no_figure_is_cut_and_what_is_left_out_is_said() -> None:
+    plan = dataclasses.replace(
+        PLAN, targets=parse_targets(["ttft_p95=300ms", "tpot_p95=50ms", "e2e_p99=2s"])
+    )
+    slow = {1: (0.03, 1583.8), 2: (0.05, 10047.9), 4: (1.2, 10583.8)}
+    console = Console(width=80, record=True, color_system=None)
+
+    print_report(report_of(run_against(slow, plan)), console)
+
+    text = console.export_text()
+    assert "…" not in text
+    assert "e+" not in text  # 1410 ms, not 1.41e+03
+    assert all(len(line.rstrip()) <= 80 for line in text.splitlines()), text
+    for figure in ("10047.9", "1583.8", "1410/1410", "30/30"):
+        assert figure in text
+    left_out = "(left out to fit: req/s, KV use p50/max, waiting p50/p95; --output wide shows"
+    assert left_out in text

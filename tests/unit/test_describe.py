@@ -11,7 +11,9 @@ from app.domain.events import (
     ApiKeyCreated,
     ApiKeyRevoked,
     NodeUncordoned,
+    ReplicaPlaced,
     ReplicaServing,
+    ShardPlacement,
     ShardStarting,
     ShardStopped,
 )
@@ -45,3 +47,22 @@ def test_a_stop_says_who_stopped_the_shard_and_why_when_its_agent_did() -> None:
     assert describe(on_purpose) == (
         "replica demo-1 shard 0 stopped by dev-node-1: agent shutting down"
     )
+
+
+def test_a_replacement_names_its_original_once() -> None:
+    placed = ReplicaPlaced(
+        replica_id="demo-3",
+        model="demo",
+        number=3,
+        shards=(ShardPlacement(index=0, node_id="dev-node-2", gpus=(1,), port=21301),),
+        reason="replacement for demo-1 (drain drain-53a6dd63)",
+        replaces="demo-1",
+    )
+    assert describe(placed) == (
+        "replica demo-3 placed on dev-node-2 GPUs 1 port 21301 "
+        "(replacement for demo-1 (drain drain-53a6dd63))"
+    )
+    unexplained = ReplicaPlaced(
+        replica_id="demo-3", model="demo", number=3, shards=(), reason="moved", replaces="demo-1"
+    )
+    assert describe(unexplained).endswith("(moved, replacing demo-1)")

@@ -17,7 +17,7 @@ from app.gateway.errors import (
     saturated,
     stream_error_events,
 )
-from app.gateway.ratelimit import Quota, RateDecision
+from app.gateway.ratelimit import Quota, RateDecision, RateLimiter
 
 
 def error_of(body: bytes) -> dict[str, object]:
@@ -148,6 +148,50 @@ def test_a_token_quota_refusal() -> None:
     )
     assert quota_reason(decision) == "tpm"
     assert "100 tokens per minute" in quota_exceeded(decision).message
+
+
+T0 = 6000.0
+"""The start of one of the rate limiter's fixed buckets."""
+
+
+@pytest.mark.parametrize(
+    ("arrivals", "refused_at", "retry_after", "retry_after_ms", "reset"),
+    [
+        # A burst at the very start of a bucket, refused at once.
+        ((T0, T0, T0), T0, b"60", b"60000", b"1m0s"),
+        # A burst at the very end of a bucket, refused at once.
+        ((T0 + 59.999,) * 3, T0 + 59.999, b"60", b"60000", b"1m0s"),
+        # Spread over the previous bucket, refused just after the boundary: the first of them
+        # is still in the window; the last leaves it 59 s later.
+        ((T0 + 30, T0 + 45, T0 + 59), T0 + 60, b"40", b"39667", b"59s"),
+    ],
+)  # fmt: skip
+def test_a_request_refusal_advertises_at_most_the_window(
+    arrivals: tuple[float, ...],
+    refused_at: float,
+    retry_after: bytes,
+    retry_after_ms: bytes,
+    reset: bytes,
+) -> None:
+    limiter = RateLimiter()
+    for now in arrivals:
+        assert limiter.admit("k", rpm=3, tpm=None, now=now).allowed
+    decision = limiter.admit("k", rpm=3, tpm=None, now=refused_at)
+    headers = dict(quota_exceeded(decision).headers)
+    assert headers[b"retry-after"] == retry_after
+    assert headers[b"retry-after-ms"] == retry_after_ms
+    assert headers[b"x-ratelimit-reset-requests"] == reset
+    assert headers[b"x-ratelimit-remaining-requests"] == b"0"
+
+
+def test_a_token_refusal_advertises_at_most_the_window() -> None:
+    limiter = RateLimiter()
+    assert limiter.admit("k", rpm=None, tpm=100, now=T0).allowed
+    limiter.record_tokens("k", 150, now=T0 + 1)
+    headers = dict(quota_exceeded(limiter.admit("k", rpm=None, tpm=100, now=T0 + 1)).headers)
+    assert headers[b"retry-after"] == b"60"
+    assert headers[b"x-ratelimit-reset-tokens"] == b"1m0s"
+    assert headers[b"x-ratelimit-remaining-tokens"] == b"0"
 
 
 @pytest.mark.parametrize(

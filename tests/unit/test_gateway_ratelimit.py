@@ -8,7 +8,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.gateway.ratelimit import RateLimiter, SlidingCount
+from app.gateway.ratelimit import WINDOW_S, RateLimiter, SlidingCount
 
 T0 = 6000.0  # the start of a fixed bucket
 
@@ -32,13 +32,29 @@ def test_requests_over_the_limit_wait_for_the_window_to_slide() -> None:
         assert decision.requests.remaining == 2 - n
     refused = limiter.admit("k", rpm=3, tpm=None, now=T0 + 10)
     assert not refused.allowed
-    # Three in this bucket: one more fits once they fade to two thirds into the next one.
-    assert math.isclose(refused.retry_after_s, 60 - 10 + 20)
+    # Three over [T0, T0+2]: one more fits once a third of that span has left the window.
+    assert math.isclose(refused.retry_after_s, 60 + 2 / 3 - 10)
     assert refused.requests is not None
     assert refused.requests.remaining == 0
-    assert math.isclose(refused.requests.reset_s, 50 + 60)
+    # The last of the three leaves the window a minute after it came.
+    assert math.isclose(refused.requests.reset_s, 62 - 10)
     assert refused.tokens is None
-    assert limiter.admit("k", rpm=3, tpm=None, now=T0 + 80.001).allowed
+    assert not limiter.admit("k", rpm=3, tpm=None, now=T0 + 60.6).allowed
+    assert limiter.admit("k", rpm=3, tpm=None, now=T0 + 60.667).allowed
+
+
+def test_a_burst_is_forgotten_a_window_after_it_came() -> None:
+    """Three requests at the very start of a bucket: the refused fourth may come back one
+    window after them, not after the two windows the fixed buckets span."""
+    limiter = RateLimiter()
+    for _ in range(3):
+        assert limiter.admit("k", rpm=3, tpm=None, now=T0).allowed
+    refused = limiter.admit("k", rpm=3, tpm=None, now=T0)
+    assert refused.retry_after_s == 60.0
+    assert refused.requests is not None
+    assert refused.requests.reset_s == 60.0
+    assert not limiter.admit("k", rpm=3, tpm=None, now=T0 + 59.999).allowed
+    assert limiter.admit("k", rpm=3, tpm=None, now=T0 + 60).allowed
 
 
 def test_keys_are_limited_separately() -> None:
@@ -70,20 +86,29 @@ def test_a_zero_limit_refuses_everything_and_says_to_ask_again_in_a_window() -> 
 
 def test_idle_keys_are_forgotten() -> None:
     limiter = RateLimiter()
-    limiter.admit("k", rpm=5, tpm=None, now=T0)
-    limiter.forget_idle(T0 + 61)
-    assert limiter.tracked_keys() == 1  # still in the previous bucket
-    limiter.forget_idle(T0 + 121)
+    limiter.admit("k", rpm=5, tpm=None, now=T0 + 30)
+    limiter.forget_idle(T0 + 89.9)
+    assert limiter.tracked_keys() == 1  # in the previous bucket, still in the window
+    limiter.forget_idle(T0 + 90)
     assert limiter.tracked_keys() == 0
 
 
-def test_the_previous_bucket_fades_linearly() -> None:
+def test_the_previous_bucket_fades_over_the_span_its_events_took() -> None:
+    count = SlidingCount(60.0)
+    count.add(5, T0 + 10)
+    count.add(5, T0 + 30)
+    assert math.isclose(count.estimate(T0 + 60), 10)
+    assert math.isclose(count.estimate(T0 + 70), 10)
+    assert math.isclose(count.estimate(T0 + 80), 5)
+    assert math.isclose(count.estimate(T0 + 89.999), 0, abs_tol=1e-3)
+    assert count.estimate(T0 + 90) == 0
+
+
+def test_events_at_one_moment_leave_the_window_together() -> None:
     count = SlidingCount(60.0)
     count.add(10, T0 + 30)
-    assert math.isclose(count.estimate(T0 + 60), 10)
-    assert math.isclose(count.estimate(T0 + 90), 5)
-    assert math.isclose(count.estimate(T0 + 119.999), 0, abs_tol=1e-3)
-    assert count.estimate(T0 + 120) == 0
+    assert math.isclose(count.estimate(T0 + 89.999), 10)
+    assert count.estimate(T0 + 90) == 0
 
 
 arrivals = st.lists(st.floats(0, 300, allow_nan=False), max_size=80).map(sorted)
@@ -125,3 +150,33 @@ def test_retry_after_is_honest(rpm: int, tpm: int | None, times: list[float], to
             sooner = copy.deepcopy(limiter)
             early = now + decision.retry_after_s - 0.01
             assert not sooner.admit("k", rpm=rpm, tpm=tpm, now=early).allowed
+
+
+@settings(max_examples=300)
+@given(
+    rpm=st.integers(1, 12),
+    tpm=st.one_of(st.none(), st.integers(1, 500)),
+    times=arrivals,
+    tokens=st.integers(0, 200),
+)
+def test_what_a_refusal_advertises_is_never_more_than_the_window(
+    rpm: int, tpm: int | None, times: list[float], tokens: int
+) -> None:
+    """``Retry-After`` and ``x-ratelimit-reset-*`` stay within the window; and once the
+    reset has passed, the window holds nothing of what it counted."""
+    limiter = RateLimiter()
+    for offset in times:
+        now = T0 + offset
+        decision = limiter.admit("k", rpm=rpm, tpm=tpm, now=now)
+        if decision.allowed:
+            limiter.record_tokens("k", tokens, now=now)
+            continue
+        assert decision.retry_after_s <= WINDOW_S
+        for quota in (decision.requests, decision.tokens):
+            if quota is None:
+                continue
+            assert 0 <= quota.reset_s <= WINDOW_S
+            after_reset = copy.deepcopy(limiter)
+            fresh = after_reset.admit("k", rpm=rpm, tpm=tpm, now=now + quota.reset_s)
+            assert fresh.requests is None or fresh.requests.remaining == rpm - 1
+            assert fresh.tokens is None or fresh.tokens.remaining == fresh.tokens.limit

@@ -55,3 +55,22 @@ def test_help_has_an_example(program: str, path: tuple[str, ...]) -> None:
 def test_the_walk_reaches_nested_commands() -> None:
     assert ("history", "key") in list(commands(cli_app))
     assert ("projections", "rebuild") in list(commands(server_app))
+
+
+@pytest.mark.parametrize("path", list(commands(cli_app)), ids=" ".join)
+def test_every_output_choice_offered_is_described(path: tuple[str, ...]) -> None:
+    """``--output`` lists its choices; its help says what each of them prints."""
+    shown = " ".join(help_text(cli_app, path).split())
+    choices = re.search(r"--output CHOICE (.*?)\[choices: ([a-z, ]+)\]", shown)
+    if choices is None:
+        return
+    described, offered = choices.group(1), choices.group(2).split(", ")
+    assert [choice for choice in offered if not re.search(rf"\b{choice}\b", described)] == []
+
+
+@pytest.mark.parametrize("path", list(commands(cli_app)), ids=" ".join)
+def test_every_option_says_what_it_does(path: tuple[str, ...]) -> None:
+    """No option is shown with only its type and default."""
+    bare = re.compile(r"^│\s+(\*\s+)?(-[\w-]+)(\s+[A-Z_.]+)?\s+(\[default|\[choices|│)")
+    shown = help_text(cli_app, path).splitlines()
+    assert [line.split()[1] for line in shown if bare.match(line)] == []
