@@ -47,6 +47,8 @@ from wire.messages import (
     fit_close_reason,
     message_type,
 )
+from wire.outputs import Close as Close
+from wire.outputs import Send as Send
 
 REMEMBERED_COMMANDS = 1024
 # Caps that keep a shard status far below MAX_MESSAGE_BYTES whatever an engine prints.
@@ -69,22 +71,12 @@ class HeartbeatContent(msgspec.Struct, frozen=True, kw_only=True):
     shards: tuple[HeartbeatShard, ...] = ()
 
 
-class Send(msgspec.Struct, frozen=True):
-    message: AgentMessage
-
-
-class Close(msgspec.Struct, frozen=True):
-    """Close the connection; ``reason`` already fits a close frame."""
-
-    code: CloseCode
-    reason: str
-
-
 class Execute(msgspec.Struct, frozen=True):
     command: AgentCommand
 
 
-Output = Send | Close | Execute
+# Send and Close come from wire.outputs (the hub's session has the same two), re-exported here.
+Output = Send[AgentMessage] | Close | Execute
 
 
 class CommandLedger:

@@ -46,6 +46,8 @@ from wire.messages import (
     fit_close_reason,
     message_type,
 )
+from wire.outputs import Close as Close
+from wire.outputs import Send as Send
 
 NODE_CERTIFICATE_KIND = "node"
 
@@ -133,22 +135,12 @@ Observation = (
 # -- outputs -----------------------------------------------------------------------------
 
 
-class Send(msgspec.Struct, frozen=True):
-    message: ServerMessage
-
-
-class Close(msgspec.Struct, frozen=True):
-    """Close the connection; ``reason`` already fits a close frame."""
-
-    code: CloseCode
-    reason: str
-
-
 class Observe(msgspec.Struct, frozen=True):
     observation: Observation
 
 
-Output = Send | Close | Observe
+# Send and Close come from wire.outputs (the agent's session has the same two), re-exported here.
+Output = Send[ServerMessage] | Close | Observe
 
 
 class AgentSession:
