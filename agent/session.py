@@ -26,7 +26,7 @@ from typing import assert_never
 
 import msgspec
 
-from wire.errors import MessageTooLarge, ProtocolError, SessionStateError
+from wire.errors import ProtocolError, SessionStateError
 from wire.messages import (
     MAX_LOG_TAIL_LINES,
     AgentCommand,
@@ -49,6 +49,7 @@ from wire.messages import (
 )
 from wire.outputs import Close as Close
 from wire.outputs import Send as Send
+from wire.outputs import close_code_for
 
 REMEMBERED_COMMANDS = 1024
 # Caps that keep a shard status far below MAX_MESSAGE_BYTES whatever an engine prints.
@@ -164,12 +165,7 @@ class ServerSession:
         try:
             message = decode_from_server(data)
         except ProtocolError as exc:
-            code = (
-                CloseCode.MESSAGE_TOO_BIG
-                if isinstance(exc, MessageTooLarge)
-                else CloseCode.PROTOCOL_ERROR
-            )
-            return self._close(code, str(exc))
+            return self._close(close_code_for(exc), str(exc))
         if self._state is SessionState.AWAITING_WELCOME:
             return self._welcomed(message, now)
         return self._handle(message)

@@ -29,7 +29,7 @@ import msgspec
 from app.domain.egress import EngineNetworks
 from app.hub.budget import BudgetMeter, MessageBudget
 from app.hub.claims import address_refusal, inventory_refusal
-from wire.errors import MessageTooLarge, ProtocolError, SessionStateError
+from wire.errors import ProtocolError, SessionStateError
 from wire.messages import (
     PROTOCOL_VERSION,
     AgentCommand,
@@ -48,6 +48,7 @@ from wire.messages import (
 )
 from wire.outputs import Close as Close
 from wire.outputs import Send as Send
+from wire.outputs import close_code_for
 
 NODE_CERTIFICATE_KIND = "node"
 
@@ -205,12 +206,7 @@ class AgentSession:
         try:
             message = decode_from_agent(data)
         except ProtocolError as exc:
-            code = (
-                CloseCode.MESSAGE_TOO_BIG
-                if isinstance(exc, MessageTooLarge)
-                else CloseCode.PROTOCOL_ERROR
-            )
-            return self._close(code, str(exc))
+            return self._close(close_code_for(exc), str(exc))
         if self._state is SessionState.AWAITING_HELLO:
             return self._greet(message)
         return self._handle(message)
