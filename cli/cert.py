@@ -64,6 +64,9 @@ OutDir = Annotated[
     Path | None,
     Parameter(name="--out", help="Where to write the certificate and key. [default: --dir]"),
 ]
+IssuedDays = Annotated[
+    int, Parameter(help="Days the certificate is valid; never past the CA's own expiry.")
+]
 Force = Annotated[bool, Parameter(name="--force", negative=(), help="Replace existing files.")]
 Output = Annotated[
     Literal["text", "json"],
@@ -136,9 +139,7 @@ def server_certificate(
     ] = (),
     ca_dir: CaDir = None,
     out: OutDir = None,
-    days: Annotated[
-        int, Parameter(help="Days the certificate is valid; never past the CA's own expiry.")
-    ] = 825,
+    days: IssuedDays = 825,
     force: Force = False,
     output: Output = "text",
 ) -> int:
@@ -191,9 +192,7 @@ def node_certificate(
     ] = (),
     ca_dir: CaDir = None,
     out: OutDir = None,
-    days: Annotated[
-        int, Parameter(help="Days the certificate is valid; never past the CA's own expiry.")
-    ] = 365,
+    days: IssuedDays = 365,
     force: Force = False,
     output: Output = "text",
 ) -> int:
@@ -233,9 +232,7 @@ def operator_certificate(
     *,
     ca_dir: CaDir = None,
     out: OutDir = None,
-    days: Annotated[
-        int, Parameter(help="Days the certificate is valid; never past the CA's own expiry.")
-    ] = 365,
+    days: IssuedDays = 365,
     force: Force = False,
     output: Output = "text",
 ) -> int:
