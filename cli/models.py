@@ -18,6 +18,7 @@ from cli.operator import (
     Output,
     Reply,
     call,
+    post_change,
     print_facts,
     print_json,
     put_model,
@@ -190,18 +191,16 @@ def scale(
     ```
     """
 
-    def change(client: AdminClient) -> int:
-        path = f"{ADMIN}/models/{segment(name)}/scale"
-        reply = call(client, ModelChange, "POST", path, body={"replicas": replicas})
-        if output == "json":
-            print_json(reply.raw)
-        elif reply.value.changed:
-            print(f"model {name}: scaled to {replicas} replica{'s' if replicas != 1 else ''}")
-        else:
-            print(f"model {name}: already at {replicas}, nothing recorded")
-        return EXIT_OK
-
-    return run_command("scale", connection, change)
+    return post_change(
+        "scale",
+        f"{ADMIN}/models/{segment(name)}/scale",
+        ModelChange,
+        {"replicas": replicas},
+        output,
+        connection,
+        done=f"model {name}: scaled to {replicas} replica{'s' if replicas != 1 else ''}",
+        unchanged=f"model {name}: already at {replicas}, nothing recorded",
+    )
 
 
 def remove(
