@@ -83,6 +83,11 @@ class WrittenCertificate(msgspec.Struct, frozen=True, kw_only=True):
     description: CertificateDescription
 
 
+def _repeated(flag: str, help: str) -> Parameter:
+    """A flag given once per value (``--ip A --ip B``), with no ``--empty-`` form."""
+    return Parameter(name=flag, negative_iterable=(), help=help)
+
+
 IssueCertificate = Callable[[CertificateAuthority, PrivateKey, datetime], x509.Certificate]
 
 
@@ -128,15 +133,9 @@ def init_ca(
 def server_certificate(
     *,
     host: Annotated[
-        tuple[str, ...],
-        Parameter(
-            name="--host", negative_iterable=(), help="A host name clients dial; repeat for each."
-        ),
+        tuple[str, ...], _repeated("--host", "A host name clients dial; repeat for each.")
     ] = (),
-    ip: Annotated[
-        tuple[str, ...],
-        Parameter(name="--ip", negative_iterable=(), help="An IP clients dial; repeat for each."),
-    ] = (),
+    ip: Annotated[tuple[str, ...], _repeated("--ip", "An IP clients dial; repeat for each.")] = (),
     ca_dir: CaDir = None,
     out: OutDir = None,
     days: IssuedDays = 825,
@@ -176,19 +175,13 @@ def node_certificate(
     *,
     host: Annotated[
         tuple[str, ...],
-        Parameter(
-            name="--host",
-            negative_iterable=(),
-            help="A host name at which the node's engines are reachable; repeat for each.",
+        _repeated(
+            "--host", "A host name at which the node's engines are reachable; repeat for each."
         ),
     ] = (),
     ip: Annotated[
         tuple[str, ...],
-        Parameter(
-            name="--ip",
-            negative_iterable=(),
-            help="An IP at which the node's engines are reachable; repeat for each.",
-        ),
+        _repeated("--ip", "An IP at which the node's engines are reachable; repeat for each."),
     ] = (),
     ca_dir: CaDir = None,
     out: OutDir = None,
