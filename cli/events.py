@@ -23,7 +23,7 @@ from cli.client import (
 from cli.config import ConnectionFlags
 from cli.history import COLUMNS, event_row
 from cli.operator import ADMIN, Output, OutputFormat, UsageError, call, run_command
-from cli.render import EXIT_OK, print_json_array, print_table, utc_seconds
+from cli.render import EXIT_OK, counted, print_json_array, print_table, utc_seconds
 from cli.sse import SseParser
 from cli.views import EventsPage
 
@@ -119,7 +119,7 @@ def _print_page(events: list[msgspec.Raw], output: OutputFormat) -> None:
         print_json_array(events)
         return
     rows = [event_row(_event_decoder.decode(raw)) for raw in events]
-    count = f"{len(rows)} event{'s' if len(rows) != 1 else ''}"
+    count = counted(len(rows), "event")
     print_table(COLUMNS, rows, title=f"the log: {count}", wide=output == "wide")
 
 

@@ -17,6 +17,7 @@ from cli.render import (
     EXIT_OK,
     EXIT_USAGE,
     Column,
+    counted,
     print_error,
     print_json_array,
     print_table,
@@ -201,5 +202,5 @@ def show_history(
 
 
 def _title(subject: str, key: str, events: list[HistoryEvent]) -> str:
-    count = f"{len(events)} event{'s' if len(events) != 1 else ''}"
+    count = counted(len(events), "event")
     return f"{subject} {key}: {count}"

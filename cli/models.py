@@ -26,7 +26,7 @@ from cli.operator import (
     segment,
     show_one,
 )
-from cli.render import EXIT_FAILED, EXIT_OK, Column, print_error, print_table, utc_seconds
+from cli.render import EXIT_FAILED, EXIT_OK, Column, counted, print_error, print_table, utc_seconds
 from cli.spec_file import SpecFileError, read_specs
 from cli.views import ModelChange, ModelView
 
@@ -84,7 +84,7 @@ def list_models(
                 )
                 for m in reply.value
             ),
-            title=f"{len(reply.value)} model{'s' if len(reply.value) != 1 else ''}",
+            title=counted(len(reply.value), "model"),
             wide=output == "wide",
         )
         return EXIT_OK
@@ -198,7 +198,7 @@ def scale(
         {"replicas": replicas},
         output,
         connection,
-        done=f"model {name}: scaled to {replicas} replica{'s' if replicas != 1 else ''}",
+        done=f"model {name}: scaled to {counted(replicas, 'replica')}",
         unchanged=f"model {name}: already at {replicas}, nothing recorded",
     )
 

@@ -22,7 +22,7 @@ from cli.operator import (
     show_one,
     yes_no,
 )
-from cli.render import EXIT_OK, Column, print_table, utc_seconds
+from cli.render import EXIT_OK, Column, counted, print_table, utc_seconds
 from cli.views import NodeChange, NodeView
 
 NodeId = Annotated[str, Parameter(help="The node id its agent claims, such as gpu-08.")]
@@ -68,7 +68,7 @@ def list_nodes(*, output: Output = "table", connection: ConnectionFlags | None =
                 )
                 for n in reply.value
             ),
-            title=f"{len(reply.value)} node{'s' if len(reply.value) != 1 else ''}",
+            title=counted(len(reply.value), "node"),
             wide=output == "wide",
         )
         return EXIT_OK

@@ -20,6 +20,7 @@ from cli.bench.plan import BenchPlan
 from cli.bench.runner import BenchRun
 from cli.bench.slo import format_seconds
 from cli.bench.stats import LevelFigures
+from cli.render import counted
 
 LEVELS_LISTED = 6
 """A climb of more doublings than this is shown by its first three and last two."""
@@ -49,7 +50,7 @@ def plan_lines(run: BenchRun) -> list[str]:
             f"at most {format_span(levels * budget)}, plus the engine checks and each "
             "level's wait for its last answers"
         )
-    return [climb_text, f"bench plan: at most {_count(levels)} of {each}: {total}"]
+    return [climb_text, f"bench plan: at most {counted(levels, 'level')} of {each}: {total}"]
 
 
 class Pace:
@@ -78,7 +79,7 @@ class Pace:
         head = f"level {done + 1} of at most {done + left}, {self._elapsed()} elapsed"
         per_level = self._per_level_s()
         if per_level is None:
-            return f"{head}, at most {_count(left - 1)} more"
+            return f"{head}, at most {counted(left - 1, 'level')} more"
         this_one = max(0.0, per_level - (time.monotonic() - self._level_started))
         return f"{head}, at most ~{format_span(this_one + (left - 1) * per_level)} left"
 
@@ -91,7 +92,7 @@ class Pace:
         head = f"level {done} of at most {done + left}, {self._elapsed()} elapsed"
         per_level = self._per_level_s()
         if per_level is None:
-            return f"{head}, at most {_count(left)} more"
+            return f"{head}, at most {counted(left, 'level')} more"
         return f"{head}, at most ~{format_span(left * per_level)} left"
 
     def _per_level_s(self) -> float | None:
@@ -232,10 +233,6 @@ def _precision(plan: BenchPlan) -> str:
     if plan.precision == 0:
         return "one"
     return f"{plan.precision * 100:g}% (never closer than one)"
-
-
-def _count(levels: int) -> str:
-    return f"{levels} level{'' if levels == 1 else 's'}"
 
 
 def _description(load: ClosedLoop) -> str:
