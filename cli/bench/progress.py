@@ -105,13 +105,44 @@ class Pace:
         return format_span(time.monotonic() - self._started)
 
 
-class LevelProgress:
-    """Progress bars, for a terminal."""
+class _PlanFirst:
+    """What both observers share: the plan is printed on entering, before the first
+    request, and the pace is kept level by level."""
 
     def __init__(self, console: Console, run: BenchRun) -> None:
         self._console = console
         self._run = run
         self._pace = Pace(run)
+
+    def __enter__(self) -> Self:
+        for line in plan_lines(self._run):
+            self._print(line)
+        self._begin()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._end()
+
+    def _print(self, text: str) -> None:
+        self._console.print(text, markup=False, soft_wrap=True)
+
+    def _begin(self) -> None:
+        """After the plan, before the first level."""
+
+    def _end(self) -> None:
+        """After the last level, or when the bench stops early."""
+
+
+class LevelProgress(_PlanFirst):
+    """Progress bars, for a terminal."""
+
+    def __init__(self, console: Console, run: BenchRun) -> None:
+        super().__init__(console, run)
         self._progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -123,18 +154,10 @@ class LevelProgress:
         self._task: TaskID | None = None
         self._total = 0.0
 
-    def __enter__(self) -> Self:
-        for line in plan_lines(self._run):
-            self._console.print(line, markup=False, soft_wrap=True)
+    def _begin(self) -> None:
         self._progress.start()
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def _end(self) -> None:
         self._progress.stop()
 
     def level_started(self, load: ClosedLoop) -> None:
@@ -171,27 +194,9 @@ class LevelProgress:
         self._task = None
 
 
-class LevelLines:
+class LevelLines(_PlanFirst):
     """The plan, then one line per finished level, for whatever is not a terminal. Rich
     shows nothing of a progress bar there until it stops, which is when the bench ends."""
-
-    def __init__(self, console: Console, run: BenchRun) -> None:
-        self._console = console
-        self._run = run
-        self._pace = Pace(run)
-
-    def __enter__(self) -> Self:
-        for line in plan_lines(self._run):
-            self._line(line)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self._console.file.flush()
 
     def level_started(self, load: ClosedLoop) -> None:
         self._pace.level_started()
@@ -201,10 +206,13 @@ class LevelLines:
 
     def level_finished(self, figures: LevelFigures) -> None:
         self._pace.level_finished()
-        self._line(f"{self._pace.finished()}: {_verdict(figures)}  {_figures(figures)}")
+        self._print(f"{self._pace.finished()}: {_verdict(figures)}  {_figures(figures)}")
 
-    def _line(self, text: str) -> None:
-        self._console.print(text, markup=False, soft_wrap=True)
+    def _print(self, text: str) -> None:
+        super()._print(text)
+        self._console.file.flush()
+
+    def _end(self) -> None:
         self._console.file.flush()
 
 
