@@ -144,6 +144,15 @@ class Observe(msgspec.Struct, frozen=True):
 Output = Send[ServerMessage] | Close | Observe
 
 
+def check_heartbeat_timing(interval_s: float, timeout_s: float) -> None:
+    """Raise ``ValueError`` unless ``0 < interval_s < timeout_s``: an agent must have a
+    chance to be heard before its silence counts against it."""
+    if not 0 < interval_s < timeout_s:
+        raise ValueError(
+            f"need 0 < heartbeat_interval_s ({interval_s}) < heartbeat_timeout_s ({timeout_s})"
+        )
+
+
 class AgentSession:
     def __init__(
         self,
@@ -160,11 +169,7 @@ class AgentSession:
         budget: MessageBudget | None = None,
         engine_networks: EngineNetworks | None = None,
     ) -> None:
-        if not 0 < heartbeat_interval_s < heartbeat_timeout_s:
-            raise ValueError(
-                f"need 0 < heartbeat_interval_s ({heartbeat_interval_s}) "
-                f"< heartbeat_timeout_s ({heartbeat_timeout_s})"
-            )
+        check_heartbeat_timing(heartbeat_interval_s, heartbeat_timeout_s)
         self._peer = peer
         self._remote_address = remote_address
         self._remote_host = remote_host if remote_host is not None else _host(remote_address)
