@@ -48,7 +48,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidMessage, InvalidStatus, WebSocketException
 
 from agent.config import ServerAddress
-from app.pki import explain_tls_failure, fetch_presented_certificate
+from app.pki import explain_tls_failure, fetch_presented_certificate, ssl_error_in
 from wire.messages import MAX_MESSAGE_BYTES, CloseCode
 
 log = structlog.get_logger("llmgw.agent")
@@ -101,7 +101,7 @@ class Failure(Enum):
 
 def classify_failure(exc: BaseException) -> Failure:
     """What a failed dial means, the websockets ``process_exception`` decision made explicit."""
-    error = _ssl_error_in(exc)
+    error = ssl_error_in(exc)
     if isinstance(error, ssl.SSLCertVerificationError):
         return Failure.SERVER_CERTIFICATE
     if error is not None and getattr(error, "reason", None) in CLIENT_CERTIFICATE_ALERTS:
@@ -266,13 +266,3 @@ def _refusal(exc: BaseException, server: ServerAddress) -> str:
             f"{NODE_CERTIFICATE_HINT}"
         )
     return explain_tls_failure(exc, server.host)
-
-
-def _ssl_error_in(exc: BaseException) -> ssl.SSLError | None:
-    """The SSLError itself or the one it was raised from, up a short chain."""
-    current: BaseException | None = exc
-    for _ in range(5):
-        if current is None or isinstance(current, ssl.SSLError):
-            return current
-        current = current.__cause__ or current.__context__
-    return None

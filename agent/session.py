@@ -26,7 +26,7 @@ from typing import assert_never
 
 import msgspec
 
-from wire.errors import MessageTooLarge, ProtocolError, SessionStateError
+from wire.errors import ProtocolError, SessionStateError
 from wire.messages import (
     MAX_LOG_TAIL_LINES,
     AgentCommand,
@@ -47,6 +47,9 @@ from wire.messages import (
     fit_close_reason,
     message_type,
 )
+from wire.outputs import Close as Close
+from wire.outputs import Send as Send
+from wire.outputs import close_code_for
 
 REMEMBERED_COMMANDS = 1024
 # Caps that keep a shard status far below MAX_MESSAGE_BYTES whatever an engine prints.
@@ -69,22 +72,12 @@ class HeartbeatContent(msgspec.Struct, frozen=True, kw_only=True):
     shards: tuple[HeartbeatShard, ...] = ()
 
 
-class Send(msgspec.Struct, frozen=True):
-    message: AgentMessage
-
-
-class Close(msgspec.Struct, frozen=True):
-    """Close the connection; ``reason`` already fits a close frame."""
-
-    code: CloseCode
-    reason: str
-
-
 class Execute(msgspec.Struct, frozen=True):
     command: AgentCommand
 
 
-Output = Send | Close | Execute
+# Send and Close come from wire.outputs (the hub's session has the same two), re-exported here.
+Output = Send[AgentMessage] | Close | Execute
 
 
 class CommandLedger:
@@ -172,12 +165,7 @@ class ServerSession:
         try:
             message = decode_from_server(data)
         except ProtocolError as exc:
-            code = (
-                CloseCode.MESSAGE_TOO_BIG
-                if isinstance(exc, MessageTooLarge)
-                else CloseCode.PROTOCOL_ERROR
-            )
-            return self._close(code, str(exc))
+            return self._close(close_code_for(exc), str(exc))
         if self._state is SessionState.AWAITING_WELCOME:
             return self._welcomed(message, now)
         return self._handle(message)

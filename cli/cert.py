@@ -64,6 +64,9 @@ OutDir = Annotated[
     Path | None,
     Parameter(name="--out", help="Where to write the certificate and key. [default: --dir]"),
 ]
+IssuedDays = Annotated[
+    int, Parameter(help="Days the certificate is valid; never past the CA's own expiry.")
+]
 Force = Annotated[bool, Parameter(name="--force", negative=(), help="Replace existing files.")]
 Output = Annotated[
     Literal["text", "json"],
@@ -78,6 +81,11 @@ class WrittenCertificate(msgspec.Struct, frozen=True, kw_only=True):
     """Absolute paths, whatever directory the command ran in."""
     key: str
     description: CertificateDescription
+
+
+def _repeated(flag: str, help: str) -> Parameter:
+    """A flag given once per value (``--ip A --ip B``), with no ``--empty-`` form."""
+    return Parameter(name=flag, negative_iterable=(), help=help)
 
 
 IssueCertificate = Callable[[CertificateAuthority, PrivateKey, datetime], x509.Certificate]
@@ -125,20 +133,12 @@ def init_ca(
 def server_certificate(
     *,
     host: Annotated[
-        tuple[str, ...],
-        Parameter(
-            name="--host", negative_iterable=(), help="A host name clients dial; repeat for each."
-        ),
+        tuple[str, ...], _repeated("--host", "A host name clients dial; repeat for each.")
     ] = (),
-    ip: Annotated[
-        tuple[str, ...],
-        Parameter(name="--ip", negative_iterable=(), help="An IP clients dial; repeat for each."),
-    ] = (),
+    ip: Annotated[tuple[str, ...], _repeated("--ip", "An IP clients dial; repeat for each.")] = (),
     ca_dir: CaDir = None,
     out: OutDir = None,
-    days: Annotated[
-        int, Parameter(help="Days the certificate is valid; never past the CA's own expiry.")
-    ] = 825,
+    days: IssuedDays = 825,
     force: Force = False,
     output: Output = "text",
 ) -> int:
@@ -175,25 +175,17 @@ def node_certificate(
     *,
     host: Annotated[
         tuple[str, ...],
-        Parameter(
-            name="--host",
-            negative_iterable=(),
-            help="A host name at which the node's engines are reachable; repeat for each.",
+        _repeated(
+            "--host", "A host name at which the node's engines are reachable; repeat for each."
         ),
     ] = (),
     ip: Annotated[
         tuple[str, ...],
-        Parameter(
-            name="--ip",
-            negative_iterable=(),
-            help="An IP at which the node's engines are reachable; repeat for each.",
-        ),
+        _repeated("--ip", "An IP at which the node's engines are reachable; repeat for each."),
     ] = (),
     ca_dir: CaDir = None,
     out: OutDir = None,
-    days: Annotated[
-        int, Parameter(help="Days the certificate is valid; never past the CA's own expiry.")
-    ] = 365,
+    days: IssuedDays = 365,
     force: Force = False,
     output: Output = "text",
 ) -> int:
@@ -233,9 +225,7 @@ def operator_certificate(
     *,
     ca_dir: CaDir = None,
     out: OutDir = None,
-    days: Annotated[
-        int, Parameter(help="Days the certificate is valid; never past the CA's own expiry.")
-    ] = 365,
+    days: IssuedDays = 365,
     force: Force = False,
     output: Output = "text",
 ) -> int:

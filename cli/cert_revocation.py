@@ -22,7 +22,7 @@ from cli.cert import CaDir, default_ca_dir
 from cli.client import AdminClient, ClientError
 from cli.config import ConfigError, ConnectionFlags, resolve_settings
 from cli.operator import ADMIN, Output, call, run_command
-from cli.render import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Column, print_error, print_table
+from cli.render import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Column, counted, print_error, print_table
 
 
 class RevocationView(msgspec.Struct, frozen=True, kw_only=True):
@@ -165,7 +165,7 @@ def list_certificates(
     if output == "json":
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(rows), indent=2).decode() + "\n")
         return EXIT_OK
-    title = f"{len(rows)} certificate{'s' if len(rows) != 1 else ''} ({directory})"
+    title = f"{counted(len(rows), 'certificate')} ({directory})"
     print_table(COLUMNS, (_row(row) for row in rows), title=title, wide=output == "wide")
     return EXIT_OK
 

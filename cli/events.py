@@ -21,9 +21,9 @@ from cli.client import (
     TlsFailure,
 )
 from cli.config import ConnectionFlags
-from cli.history import COLUMNS
+from cli.history import COLUMNS, event_row
 from cli.operator import ADMIN, Output, OutputFormat, UsageError, call, run_command
-from cli.render import EXIT_OK, print_json_array, print_table, utc_seconds
+from cli.render import EXIT_OK, counted, print_json_array, print_table, utc_seconds
 from cli.sse import SseParser
 from cli.views import EventsPage
 
@@ -118,20 +118,9 @@ def _print_page(events: list[msgspec.Raw], output: OutputFormat) -> None:
     if output == "json":
         print_json_array(events)
         return
-    rows = [_row(_event_decoder.decode(raw)) for raw in events]
-    count = f"{len(rows)} event{'s' if len(rows) != 1 else ''}"
+    rows = [event_row(_event_decoder.decode(raw)) for raw in events]
+    count = counted(len(rows), "event")
     print_table(COLUMNS, rows, title=f"the log: {count}", wide=output == "wide")
-
-
-def _row(view: EventView) -> tuple[str, ...]:
-    return (
-        str(view.position),
-        utc_seconds(view.recorded_at),
-        view.type,
-        view.actor,
-        view.summary,
-        view.correlation_id or "",
-    )
 
 
 def _follow(client: AdminClient, position: int, output: OutputFormat) -> None:

@@ -10,13 +10,14 @@ from typing import Annotated, Literal
 
 from cyclopts import App, Parameter, validators
 
-from cli.client import AdminClient, ClientError, HistoryEvent
+from cli.client import AdminClient, ClientError, EventView, HistoryEvent
 from cli.config import ConfigError, ConnectionFlags, resolve_settings
 from cli.render import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
     Column,
+    counted,
     print_error,
     print_json_array,
     print_table,
@@ -64,6 +65,18 @@ COLUMNS = (
     Column("what", wrap=True),
     Column("correlation", wrap=True, drop=1),
 )
+
+
+def event_row(view: EventView) -> tuple[str, ...]:
+    """One event as a row of ``COLUMNS`` (``llmgw-cli events`` prints the same rows)."""
+    return (
+        str(view.position),
+        utc_seconds(view.recorded_at),
+        view.type,
+        view.actor,
+        view.summary,
+        view.correlation_id or "",
+    )
 
 
 @history_app.command(name="replica")
@@ -180,7 +193,7 @@ def show_history(
     elif events:
         print_table(
             COLUMNS,
-            (_row(event) for event in events),
+            (event_row(event.view) for event in events),
             title=_title(subject, key, events),
             wide=output == "wide",
         )
@@ -193,18 +206,6 @@ def show_history(
     return EXIT_OK
 
 
-def _row(event: HistoryEvent) -> tuple[str, ...]:
-    view = event.view
-    return (
-        str(view.position),
-        utc_seconds(view.recorded_at),
-        view.type,
-        view.actor,
-        view.summary,
-        view.correlation_id or "",
-    )
-
-
 def _title(subject: str, key: str, events: list[HistoryEvent]) -> str:
-    count = f"{len(events)} event{'s' if len(events) != 1 else ''}"
+    count = counted(len(events), "event")
     return f"{subject} {key}: {count}"

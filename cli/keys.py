@@ -20,6 +20,7 @@ from cli.render import (
     EXIT_OK,
     EXIT_USAGE,
     Column,
+    counted,
     print_error,
     print_json_array,
     print_table,
@@ -143,7 +144,7 @@ def list_keys(
             return EXIT_OK
         shown = [key for key, _ in kept]
         live_count = sum(1 for key in reply.value if not key.revoked)
-        title = f"{len(shown)} API key{'s' if len(shown) != 1 else ''} ({live_count} live)"
+        title = f"{counted(len(shown), 'API key')} ({live_count} live)"
         print_table(COLUMNS, (_row(key) for key in shown), title=title, wide=output == "wide")
         return EXIT_OK
 

@@ -20,6 +20,7 @@ from cli.operator import (
     Output,
     Reply,
     call,
+    post_change,
     print_facts,
     print_json,
     put_model,
@@ -27,7 +28,7 @@ from cli.operator import (
     segment,
     show_one,
 )
-from cli.render import EXIT_FAILED, EXIT_OK, Column, print_error, print_table, utc_seconds
+from cli.render import EXIT_FAILED, EXIT_OK, Column, counted, print_error, print_table, utc_seconds
 from cli.spec_file import SpecFileError, read_specs
 from cli.views import ModelChange, ModelView
 
@@ -85,7 +86,7 @@ def list_models(
                 )
                 for m in reply.value
             ),
-            title=f"{len(reply.value)} model{'s' if len(reply.value) != 1 else ''}",
+            title=counted(len(reply.value), "model"),
             wide=output == "wide",
         )
         return EXIT_OK
@@ -192,18 +193,16 @@ def scale(
     ```
     """
 
-    def change(client: AdminClient) -> int:
-        path = f"{ADMIN}/models/{segment(name)}/scale"
-        reply = call(client, ModelChange, "POST", path, body={"replicas": replicas})
-        if output == "json":
-            print_json(reply.raw)
-        elif reply.value.changed:
-            print(f"model {name}: scaled to {replicas} replica{'s' if replicas != 1 else ''}")
-        else:
-            print(f"model {name}: already at {replicas}, nothing recorded")
-        return EXIT_OK
-
-    return run_command("scale", connection, change)
+    return post_change(
+        "scale",
+        f"{ADMIN}/models/{segment(name)}/scale",
+        ModelChange,
+        {"replicas": replicas},
+        output,
+        connection,
+        done=f"model {name}: scaled to {counted(replicas, 'replica')}",
+        unchanged=f"model {name}: already at {replicas}, nothing recorded",
+    )
 
 
 def remove(

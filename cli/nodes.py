@@ -12,9 +12,9 @@ from cli.config import ConnectionFlags
 from cli.operator import (
     ADMIN,
     Output,
-    call,
     get_nodes,
     labels_text,
+    post_change,
     print_facts,
     print_json,
     run_command,
@@ -22,7 +22,7 @@ from cli.operator import (
     show_one,
     yes_no,
 )
-from cli.render import EXIT_OK, Column, print_table, utc_seconds
+from cli.render import EXIT_OK, Column, counted, print_table, utc_seconds
 from cli.views import NodeChange, NodeView
 
 NodeId = Annotated[str, Parameter(help="The node id its agent claims, such as gpu-08.")]
@@ -68,7 +68,7 @@ def list_nodes(*, output: Output = "table", connection: ConnectionFlags | None =
                 )
                 for n in reply.value
             ),
-            title=f"{len(reply.value)} node{'s' if len(reply.value) != 1 else ''}",
+            title=counted(len(reply.value), "node"),
             wide=output == "wide",
         )
         return EXIT_OK
@@ -129,17 +129,16 @@ def _change(
     output: Output,
     connection: ConnectionFlags | None,
 ) -> int:
-    def change(client: AdminClient) -> int:
-        reply = call(client, NodeChange, "POST", path, body=body)
-        if output == "json":
-            print_json(reply.raw)
-        elif reply.value.changed:
-            print(f"node {node_id}: {command}ed")
-        else:
-            print(f"node {node_id}: already {command}ed, nothing recorded")
-        return EXIT_OK
-
-    return run_command(command, connection, change)
+    return post_change(
+        command,
+        path,
+        NodeChange,
+        body,
+        output,
+        connection,
+        done=f"node {node_id}: {command}ed",
+        unchanged=f"node {node_id}: already {command}ed, nothing recorded",
+    )
 
 
 def node_state(connected: bool, lost: bool, cordoned: bool, drain_id: str | None) -> str:

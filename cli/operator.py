@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Generic, Literal, TypeVar
+from typing import Annotated, Generic, Literal, Protocol, TypeVar
 from urllib.parse import quote
 
 import msgspec
@@ -37,6 +37,16 @@ Output = Annotated[
 ]
 
 ViewT = TypeVar("ViewT")
+
+
+class Change(Protocol):
+    """An answer to a change that may find nothing to do (and then records nothing)."""
+
+    @property
+    def changed(self) -> bool: ...
+
+
+ChangeT = TypeVar("ChangeT", bound=Change)
 
 
 class UsageError(Exception):
@@ -141,6 +151,31 @@ def show_one(
         return EXIT_OK
 
     return run_command(command, flags, show)
+
+
+def post_change(
+    command: str,
+    path: str,
+    view: type[ChangeT],
+    body: object,
+    output: OutputFormat,
+    flags: ConnectionFlags | None,
+    *,
+    done: str,
+    unchanged: str,
+) -> int:
+    """``POST path`` for a change (``llmgw-cli scale``, ``cordon``...) and print the API's
+    answer for ``--output json``, else ``done``, or ``unchanged`` when nothing was recorded."""
+
+    def change(client: AdminClient) -> int:
+        reply = call(client, view, "POST", path, body=body)
+        if output == "json":
+            print_json(reply.raw)
+        else:
+            print(done if reply.value.changed else unchanged)
+        return EXIT_OK
+
+    return run_command(command, flags, change)
 
 
 def print_reply(

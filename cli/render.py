@@ -156,6 +156,11 @@ def print_json_array(items: Iterable[msgspec.Raw]) -> None:
     sys.stdout.write(msgspec.json.format(array, indent=2).decode() + "\n")
 
 
+def counted(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural unless there is exactly one: "1 node", "3 nodes"."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def utc_seconds(moment: datetime) -> str:
     """``2026-03-05 16:00:00``: UTC, to the second (the column header says UTC)."""
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import IntEnum
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Literal, TypeVar, get_args
 
 import msgspec
 
@@ -233,6 +233,7 @@ _encoder = msgspec.json.Encoder()
 _agent_decoder = msgspec.json.Decoder(AgentMessage)
 _server_decoder = msgspec.json.Decoder(ServerMessage)
 _envelope_decoder = msgspec.json.Decoder(_Envelope)
+MessageT = TypeVar("MessageT", AgentMessage, ServerMessage)
 
 
 def encode(message: AgentMessage | ServerMessage) -> bytes:
@@ -246,28 +247,31 @@ def encode(message: AgentMessage | ServerMessage) -> bytes:
 
 def decode_from_agent(data: bytes | str) -> AgentMessage:
     """The message an agent sent, or a ``ProtocolError`` saying what is wrong with it."""
-    _check_size(data)
-    try:
-        message = _agent_decoder.decode(data)
-    except msgspec.DecodeError as exc:
-        raise _explain(data, exc, _AGENT_TYPES, "the control plane", "hello") from exc
-    except RecursionError as exc:
-        raise _too_deep() from exc
-    if isinstance(message, Hello):
-        _check_version(message.protocol_version)
-    return message
+    return _decode(data, _agent_decoder, _AGENT_TYPES, "the control plane", "hello")
 
 
 def decode_from_server(data: bytes | str) -> ServerMessage:
     """The message the control plane sent, or a ``ProtocolError`` saying what is wrong."""
+    return _decode(data, _server_decoder, _SERVER_TYPES, "an agent", "welcome")
+
+
+def _decode(
+    data: bytes | str,
+    decoder: msgspec.json.Decoder[MessageT],
+    receives: frozenset[str],
+    receiver: str,
+    handshake: str,
+) -> MessageT:
+    """One side's decoding: its size limit, its messages, and the version its handshake
+    (``hello`` or ``welcome``) offers."""
     _check_size(data)
     try:
-        message = _server_decoder.decode(data)
+        message = decoder.decode(data)
     except msgspec.DecodeError as exc:
-        raise _explain(data, exc, _SERVER_TYPES, "an agent", "welcome") from exc
+        raise _explain(data, exc, receives, receiver, handshake) from exc
     except RecursionError as exc:
         raise _too_deep() from exc
-    if isinstance(message, Welcome):
+    if isinstance(message, Hello | Welcome):
         _check_version(message.protocol_version)
     return message
 

@@ -13,6 +13,7 @@ import json
 import re
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -116,12 +117,8 @@ class FakeGpuSource:
                 events.append(self._xid_event(index, code))
         self._reported = overrides
         gpus = tuple(
-            GpuStatus(
-                index=gpu.index,
-                uuid=gpu.uuid,
-                name=gpu.name,
-                memory_total_mib=gpu.memory_total_mib,
-                memory_used_mib=gpu.memory_used_mib,
+            replace(
+                gpu,
                 healthy=gpu.index not in overrides,
                 unhealthy_reason=overrides.get(gpu.index),
                 xid=_xid_of(overrides.get(gpu.index)),

@@ -76,29 +76,24 @@ def explain_placement(
     eligible = sorted(
         (c for c in candidates if c.eligible), key=lambda c: rank(c, spec.gpus_per_shard)
     )
+    placement: tuple[ShardPlacement, ...] | None = None
     if len(eligible) >= spec.shards_per_replica:
         chosen = eligible[: spec.shards_per_replica]
         placement = tuple(
             ShardPlacement(index=i, node_id=c.node_id, gpus=c.gpus, port=c.port or 0)
             for i, c in enumerate(chosen)
         )
-        return Explanation(
-            model=spec.name,
-            shards=spec.shards_per_replica,
-            gpus_per_shard=spec.gpus_per_shard,
-            gpu_memory_gib=spec.gpu_memory_gib,
-            candidates=candidates,
-            placement=placement,
-            summary=_chosen_summary(chosen, len(eligible)),
-        )
+        summary = _chosen_summary(chosen, len(eligible))
+    else:
+        summary = unplaceable_summary(spec, candidates)
     return Explanation(
         model=spec.name,
         shards=spec.shards_per_replica,
         gpus_per_shard=spec.gpus_per_shard,
         gpu_memory_gib=spec.gpu_memory_gib,
         candidates=candidates,
-        placement=None,
-        summary=unplaceable_summary(spec, candidates),
+        placement=placement,
+        summary=summary,
     )
 
 

@@ -56,6 +56,7 @@ from app.hub.session import (
     PeerCertificate,
     Send,
     SessionState,
+    check_heartbeat_timing,
 )
 from app.pki import CertificateKind, CertificateRejected, PeerIdentity, peer_identity
 from app.pki.describe import common_name, serial_hex
@@ -133,11 +134,7 @@ class AgentHub:
         cool_down: CoolDown | None = None,
         engine_networks: EngineNetworks | None = None,
     ) -> None:
-        if not 0 < heartbeat_interval_s < heartbeat_timeout_s:
-            raise ValueError(
-                f"need 0 < heartbeat interval ({heartbeat_interval_s}s) "
-                f"< heartbeat timeout ({heartbeat_timeout_s}s)"
-            )
+        check_heartbeat_timing(heartbeat_interval_s, heartbeat_timeout_s)
         self._handler = handler
         self._ssl_context = ssl_context
         self._require_identity = require_identity

@@ -29,7 +29,7 @@ import msgspec
 from app.domain.egress import EngineNetworks
 from app.hub.budget import BudgetMeter, MessageBudget
 from app.hub.claims import address_refusal, inventory_refusal
-from wire.errors import MessageTooLarge, ProtocolError, SessionStateError
+from wire.errors import ProtocolError, SessionStateError
 from wire.messages import (
     PROTOCOL_VERSION,
     AgentCommand,
@@ -46,6 +46,9 @@ from wire.messages import (
     fit_close_reason,
     message_type,
 )
+from wire.outputs import Close as Close
+from wire.outputs import Send as Send
+from wire.outputs import close_code_for
 
 NODE_CERTIFICATE_KIND = "node"
 
@@ -133,22 +136,21 @@ Observation = (
 # -- outputs -----------------------------------------------------------------------------
 
 
-class Send(msgspec.Struct, frozen=True):
-    message: ServerMessage
-
-
-class Close(msgspec.Struct, frozen=True):
-    """Close the connection; ``reason`` already fits a close frame."""
-
-    code: CloseCode
-    reason: str
-
-
 class Observe(msgspec.Struct, frozen=True):
     observation: Observation
 
 
-Output = Send | Close | Observe
+# Send and Close come from wire.outputs (the agent's session has the same two), re-exported here.
+Output = Send[ServerMessage] | Close | Observe
+
+
+def check_heartbeat_timing(interval_s: float, timeout_s: float) -> None:
+    """Raise ``ValueError`` unless ``0 < interval_s < timeout_s``: an agent must have a
+    chance to be heard before its silence counts against it."""
+    if not 0 < interval_s < timeout_s:
+        raise ValueError(
+            f"need 0 < heartbeat_interval_s ({interval_s}) < heartbeat_timeout_s ({timeout_s})"
+        )
 
 
 class AgentSession:
@@ -167,11 +169,7 @@ class AgentSession:
         budget: MessageBudget | None = None,
         engine_networks: EngineNetworks | None = None,
     ) -> None:
-        if not 0 < heartbeat_interval_s < heartbeat_timeout_s:
-            raise ValueError(
-                f"need 0 < heartbeat_interval_s ({heartbeat_interval_s}) "
-                f"< heartbeat_timeout_s ({heartbeat_timeout_s})"
-            )
+        check_heartbeat_timing(heartbeat_interval_s, heartbeat_timeout_s)
         self._peer = peer
         self._remote_address = remote_address
         self._remote_host = remote_host if remote_host is not None else _host(remote_address)
@@ -213,12 +211,7 @@ class AgentSession:
         try:
             message = decode_from_agent(data)
         except ProtocolError as exc:
-            code = (
-                CloseCode.MESSAGE_TOO_BIG
-                if isinstance(exc, MessageTooLarge)
-                else CloseCode.PROTOCOL_ERROR
-            )
-            return self._close(code, str(exc))
+            return self._close(close_code_for(exc), str(exc))
         if self._state is SessionState.AWAITING_HELLO:
             return self._greet(message)
         return self._handle(message)

@@ -17,7 +17,7 @@ from app.pki.errors import (
     TlsConfigurationError,
     UnreadableFile,
 )
-from app.pki.explain import explain_tls_failure
+from app.pki.explain import explain_tls_failure, ssl_error_in
 from app.pki.keys import generate_key
 from app.pki.model import CertificateAuthority, CertificateKind, Usage, Validity
 from app.pki.tls import (
@@ -56,4 +56,5 @@ __all__ = [
     "kind_of",
     "peer_identity",
     "server_ssl_context",
+    "ssl_error_in",
 ]

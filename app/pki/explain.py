@@ -45,7 +45,7 @@ def explain_tls_failure(
     `fetch_presented_certificate`); with it the message names what it does contain.
     """
     host = dialled_host.removeprefix("[").removesuffix("]")
-    error = _ssl_error_in(exc)
+    error = ssl_error_in(exc)
     if isinstance(error, ssl.SSLCertVerificationError):
         return _explain_verification(error, host, presented)
     if error is not None:
@@ -150,7 +150,7 @@ def _reissue_command(host: str, presented: x509.Certificate | None) -> str:
     return f"llmgw-cli cert server {' '.join(flags)} --force"
 
 
-def _ssl_error_in(exc: BaseException) -> ssl.SSLError | None:
+def ssl_error_in(exc: BaseException) -> ssl.SSLError | None:
     """The SSLError itself or the one it was raised from, up a short chain."""
     current: BaseException | None = exc
     for _ in range(5):

@@ -20,6 +20,7 @@ from cli.bench.plan import BenchPlan
 from cli.bench.runner import BenchRun
 from cli.bench.slo import format_seconds
 from cli.bench.stats import LevelFigures
+from cli.render import counted
 
 LEVELS_LISTED = 6
 """A climb of more doublings than this is shown by its first three and last two."""
@@ -49,7 +50,7 @@ def plan_lines(run: BenchRun) -> list[str]:
             f"at most {format_span(levels * budget)}, plus the engine checks and each "
             "level's wait for its last answers"
         )
-    return [climb_text, f"bench plan: at most {_count(levels)} of {each}: {total}"]
+    return [climb_text, f"bench plan: at most {counted(levels, 'level')} of {each}: {total}"]
 
 
 class Pace:
@@ -78,7 +79,7 @@ class Pace:
         head = f"level {done + 1} of at most {done + left}, {self._elapsed()} elapsed"
         per_level = self._per_level_s()
         if per_level is None:
-            return f"{head}, at most {_count(left - 1)} more"
+            return f"{head}, at most {counted(left - 1, 'level')} more"
         this_one = max(0.0, per_level - (time.monotonic() - self._level_started))
         return f"{head}, at most ~{format_span(this_one + (left - 1) * per_level)} left"
 
@@ -91,7 +92,7 @@ class Pace:
         head = f"level {done} of at most {done + left}, {self._elapsed()} elapsed"
         per_level = self._per_level_s()
         if per_level is None:
-            return f"{head}, at most {_count(left)} more"
+            return f"{head}, at most {counted(left, 'level')} more"
         return f"{head}, at most ~{format_span(left * per_level)} left"
 
     def _per_level_s(self) -> float | None:
@@ -104,13 +105,44 @@ class Pace:
         return format_span(time.monotonic() - self._started)
 
 
-class LevelProgress:
-    """Progress bars, for a terminal."""
+class _PlanFirst:
+    """What both observers share: the plan is printed on entering, before the first
+    request, and the pace is kept level by level."""
 
     def __init__(self, console: Console, run: BenchRun) -> None:
         self._console = console
         self._run = run
         self._pace = Pace(run)
+
+    def __enter__(self) -> Self:
+        for line in plan_lines(self._run):
+            self._print(line)
+        self._begin()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._end()
+
+    def _print(self, text: str) -> None:
+        self._console.print(text, markup=False, soft_wrap=True)
+
+    def _begin(self) -> None:
+        """After the plan, before the first level."""
+
+    def _end(self) -> None:
+        """After the last level, or when the bench stops early."""
+
+
+class LevelProgress(_PlanFirst):
+    """Progress bars, for a terminal."""
+
+    def __init__(self, console: Console, run: BenchRun) -> None:
+        super().__init__(console, run)
         self._progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -122,18 +154,10 @@ class LevelProgress:
         self._task: TaskID | None = None
         self._total = 0.0
 
-    def __enter__(self) -> Self:
-        for line in plan_lines(self._run):
-            self._console.print(line, markup=False, soft_wrap=True)
+    def _begin(self) -> None:
         self._progress.start()
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def _end(self) -> None:
         self._progress.stop()
 
     def level_started(self, load: ClosedLoop) -> None:
@@ -170,27 +194,9 @@ class LevelProgress:
         self._task = None
 
 
-class LevelLines:
+class LevelLines(_PlanFirst):
     """The plan, then one line per finished level, for whatever is not a terminal. Rich
     shows nothing of a progress bar there until it stops, which is when the bench ends."""
-
-    def __init__(self, console: Console, run: BenchRun) -> None:
-        self._console = console
-        self._run = run
-        self._pace = Pace(run)
-
-    def __enter__(self) -> Self:
-        for line in plan_lines(self._run):
-            self._line(line)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self._console.file.flush()
 
     def level_started(self, load: ClosedLoop) -> None:
         self._pace.level_started()
@@ -200,10 +206,13 @@ class LevelLines:
 
     def level_finished(self, figures: LevelFigures) -> None:
         self._pace.level_finished()
-        self._line(f"{self._pace.finished()}: {_verdict(figures)}  {_figures(figures)}")
+        self._print(f"{self._pace.finished()}: {_verdict(figures)}  {_figures(figures)}")
 
-    def _line(self, text: str) -> None:
-        self._console.print(text, markup=False, soft_wrap=True)
+    def _print(self, text: str) -> None:
+        super()._print(text)
+        self._console.file.flush()
+
+    def _end(self) -> None:
         self._console.file.flush()
 
 
@@ -232,10 +241,6 @@ def _precision(plan: BenchPlan) -> str:
     if plan.precision == 0:
         return "one"
     return f"{plan.precision * 100:g}% (never closer than one)"
-
-
-def _count(levels: int) -> str:
-    return f"{levels} level{'' if levels == 1 else 's'}"
 
 
 def _description(load: ClosedLoop) -> str:

@@ -15,6 +15,7 @@ from cli.bench.recommend import NoRecommendation, Recommendation, recommend
 from cli.bench.runner import BenchRun
 from cli.bench.slo import SloTarget
 from cli.bench.stats import LevelFigures, Percentiles
+from cli.render import counted
 
 REPORT_VERSION = 1
 FAILED = "failed"
@@ -157,7 +158,7 @@ def _recommendation(
 def _stop(run: BenchRun, failure: str | None) -> tuple[str, str]:
     climb = run.climb
     if failure == INTERRUPTED:
-        return INTERRUPTED, f"interrupted after {_levels(len(run.levels))}"
+        return INTERRUPTED, f"interrupted after {counted(len(run.levels), 'level')}"
     if failure is not None:
         return FAILED, failure
     reason = climb.stop_reason
@@ -178,10 +179,6 @@ def _stop(run: BenchRun, failure: str | None) -> tuple[str, str]:
 
 def _last_at(levels: Sequence[LevelFigures], concurrency: int | None) -> LevelFigures | None:
     return next((lv for lv in reversed(levels) if lv.concurrency == concurrency), None)
-
-
-def _levels(count: int) -> str:
-    return f"{count} level{'' if count == 1 else 's'}"
 
 
 def _peak(levels: Sequence[LevelFigures]) -> PeakView | None:
