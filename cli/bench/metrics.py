@@ -1,5 +1,6 @@
 """The engine's ``/metrics`` as bench reads it: queue depth, KV-cache usage and the prefix
-cache's counters, under the names vLLM, SGLang and llama.cpp's server export.
+cache's counters, under the names vLLM, SGLang and llama.cpp's server export (the engine
+profiles' names, ``wire.engines``, for the queue and the KV cache).
 
 The first name of each list that the scrape contains is used. With several engines in one
 scrape (data parallel), waiting requests and counters are summed and the KV-cache usage is
@@ -15,18 +16,10 @@ import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli.bench.errors import MetricsUnavailable
+from wire.engines import signal_names
 
-WAITING_METRICS = (
-    "vllm:num_requests_waiting",
-    "sglang:num_queue_reqs",
-    "llamacpp:requests_deferred",
-)
-KV_USAGE_METRICS = (
-    "vllm:kv_cache_usage_perc",
-    "vllm:gpu_cache_usage_perc",
-    "sglang:token_usage",
-    "llamacpp:kv_cache_usage_ratio",
-)
+WAITING_METRICS = signal_names("waiting")
+KV_USAGE_METRICS = signal_names("kv_usage")
 PREFIX_HITS_METRICS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
 PREFIX_QUERIES_METRICS = (
     "vllm:prefix_cache_queries_total",

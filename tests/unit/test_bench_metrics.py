@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.simulator.metrics import EngineMetrics, GaugeReadings, render
+from agent.simulator.metrics import EngineMetrics, GaugeReadings, SimulatedProfile, render
 from cli.bench.errors import MetricsUnavailable
 from cli.bench.metrics import EngineReading, missing_gauges, prefix_cache_hit_rate, read_metrics
 
@@ -38,6 +38,18 @@ def test_sglang_names_are_read_too() -> None:
 
     assert (reading.waiting, reading.kv_cache_usage) == (7, 0.25)
     assert reading.prefix_cache_hits is None
+
+
+@pytest.mark.parametrize("profile", ["sglang", "llamacpp"])
+def test_the_simulator_under_another_profile_is_read_by_its_names(
+    profile: SimulatedProfile,
+) -> None:
+    gauges = GaugeReadings(num_waiting=5, num_running=3, kv_cache_usage=0.5)
+    reading = read_metrics(render(EngineMetrics(), gauges, "llama", profile), "llama")
+
+    assert reading.waiting == 5
+    # llama.cpp's server has no KV-cache gauge: bench says which names it looked for.
+    assert reading.kv_cache_usage == (None if profile == "llamacpp" else 0.5)
 
 
 def test_engines_of_one_scrape_add_their_queues_and_the_fullest_cache_counts() -> None:
