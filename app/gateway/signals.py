@@ -6,7 +6,7 @@ each summed over every series (an engine with several ``engine`` label values re
 all):
 
 - vLLM: waiting ``vllm:num_requests_waiting``, running ``vllm:num_requests_running``, KV
-  ``vllm:kv_cache_usage_perc`` (``vllm:gpu_cache_usage_perc`` before v0.11);
+  ``vllm:kv_cache_usage_perc`` (``vllm:gpu_cache_usage_perc`` in older releases);
 - SGLang: ``sglang:num_queue_reqs``, ``sglang:num_running_reqs``, ``sglang:token_usage``;
 - llama.cpp: ``llamacpp:requests_deferred``, ``llamacpp:requests_processing``, and no KV
   gauge in current builds (``llamacpp:kv_cache_usage_ratio`` in older ones).
