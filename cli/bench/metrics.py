@@ -34,10 +34,6 @@ class EngineReading(msgspec.Struct, frozen=True, kw_only=True):
     prefix_cache_hits: float | None = None
     prefix_cache_queries: float | None = None
 
-    @property
-    def has_gauges(self) -> bool:
-        return self.waiting is not None and self.kv_cache_usage is not None
-
 
 def read_metrics(text: str, model: str | None = None) -> EngineReading:
     """What bench needs from one scrape. Raises ``MetricsUnavailable`` for text that is not
@@ -69,13 +65,12 @@ def read_metrics(text: str, model: str | None = None) -> EngineReading:
 
 
 def missing_gauges(reading: EngineReading) -> list[str]:
-    """What bench needs and the scrape lacked, as the names it looked for."""
-    missing: list[str] = []
+    """What bench needs and the scrape lacked, as the names it looked for: the waiting
+    queue. KV-cache usage is not needed: an engine without its gauge (llama.cpp's server)
+    is admitted by its queue alone, and bench recommends no KV ceiling for it."""
     if reading.waiting is None:
-        missing.append("the waiting queue (" + ", ".join(WAITING_METRICS) + ")")
-    if reading.kv_cache_usage is None:
-        missing.append("KV-cache usage (" + ", ".join(KV_USAGE_METRICS) + ")")
-    return missing
+        return ["the waiting queue (" + ", ".join(WAITING_METRICS) + ")"]
+    return []
 
 
 def prefix_cache_hit_rate(before: EngineReading, after: EngineReading) -> float | None:

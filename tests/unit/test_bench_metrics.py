@@ -81,9 +81,19 @@ def test_a_scrape_without_the_gauges_says_which_names_were_looked_for() -> None:
 
     missing = missing_gauges(reading)
 
-    assert len(missing) == 2
+    assert len(missing) == 1
     assert "vllm:num_requests_waiting" in missing[0]
-    assert "vllm:kv_cache_usage_perc" in missing[1]
+    assert "llamacpp:requests_deferred" in missing[0]
+
+
+def test_a_scrape_with_a_queue_and_no_kv_gauge_is_enough() -> None:
+    """llama.cpp's server has no KV-cache gauge: bench goes by its queue."""
+    reading = read_metrics(
+        "# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 2\n"
+    )
+
+    assert (reading.waiting, reading.kv_cache_usage) == (2, None)
+    assert missing_gauges(reading) == []
 
 
 def test_text_that_is_not_prometheus_is_refused() -> None:
