@@ -37,7 +37,9 @@ class MetricNames(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class FailurePattern(msgspec.Struct, frozen=True, kw_only=True):
-    """A log line containing any of ``needles`` (case-insensitive) explains the failure."""
+    """A log line containing any of ``needles`` (lower case; lines are compared in lower
+    case) explains the failure. The most telling needle comes first: the line quoted is
+    the last one holding the first needle that any line holds."""
 
     reason: str
     needles: tuple[str, ...]
@@ -89,19 +91,28 @@ _UNSUPPORTED_ARCHITECTURE = FailurePattern(
         "unsupported architecture",
     ),
 )
+# Not "No such file or directory" alone: a missing shared library says it too.
 _MODEL_NOT_FOUND = FailurePattern(
-    reason="model file not found or failed to load",
+    reason="model file not found",
     needles=(
-        "failed to load model",
-        "error loading model",
         "failed to open gguf file",
-        "no such file or directory",
         "is not a local folder and is not a valid model identifier",
+        "invalid repository id or local directory",
         "repository not found",
         "does not appear to have a file named",
     ),
 )
-_COMMON_FAILURES = (_OUT_OF_MEMORY, _ADDRESS_IN_USE, _UNSUPPORTED_ARCHITECTURE, _MODEL_NOT_FOUND)
+_MODEL_NOT_LOADED = FailurePattern(
+    reason="failed to load the model",
+    needles=("invalid magic characters", "error loading model", "failed to load model"),
+)
+_COMMON_FAILURES = (
+    _OUT_OF_MEMORY,
+    _ADDRESS_IN_USE,
+    _UNSUPPORTED_ARCHITECTURE,
+    _MODEL_NOT_FOUND,
+    _MODEL_NOT_LOADED,
+)
 
 VLLM = EngineProfile(
     name="vllm",
@@ -191,14 +202,16 @@ def signal_names(signal_name: str) -> tuple[str, ...]:
 
 def failure_reason(profile: EngineProfile, log_tail: Iterable[str]) -> str | None:
     """One line saying why an engine failed, from the last lines of its log: the profile's
-    first pattern that a line matches, with the last such line; None if none matches."""
+    first pattern that a line matches, quoting the line of its most telling needle; None
+    if no line matches."""
     lines = list(log_tail)
     lowered = [line.lower() for line in lines]
     for pattern in profile.failure_patterns:
-        for line, low in zip(reversed(lines), reversed(lowered), strict=True):
-            if any(needle in low for needle in pattern.needles):
-                shown = " ".join(line.split())
-                if len(shown) > MAX_REASON_LINE:
-                    shown = shown[: MAX_REASON_LINE - 3] + "..."
-                return f"{pattern.reason} ({shown})"
+        for needle in pattern.needles:
+            for line, low in zip(reversed(lines), reversed(lowered), strict=True):
+                if needle in low:
+                    shown = " ".join(line.split())
+                    if len(shown) > MAX_REASON_LINE:
+                        shown = shown[: MAX_REASON_LINE - 3] + "..."
+                    return f"{pattern.reason} ({shown})"
     return None

@@ -382,9 +382,7 @@ async def test_a_failure_its_log_explains_is_reported_with_that_one_line_reason(
     await agent.supervisor.start(spec)
     failed = await agent.log.wait_for(spec.key, ShardState.FAILED)
 
-    assert failed.error == (
-        f"engine exited with code 1: model file not found or failed to load ({missing})"
-    )
+    assert failed.error == (f"engine exited with code 1: model file not found ({missing})")
     assert failed.log_tail[-1] == missing
 
 
