@@ -74,17 +74,17 @@ def test_the_multi_node_sglang_shell_computes_tp_and_the_rendezvous_address() ->
         assert args[args.index("--tp") + 1] == total_gpus
         assert args[args.index("--nnodes") + 1] == str(spec.shards_per_replica)
         assert args[args.index("--node-rank") + 1] == str(rank)
-        assert args[args.index("--dist-init-addr") + 1] == "10.0.0.1:50000"
+        assert args[args.index("--dist-init-addr") + 1] == "127.0.0.11:50000"
         assert args[args.index("--port") + 1] == str(replica.shards[rank].port)
         assert args[args.index("--served-model-name") + 1] == spec.name
 
 
 def placed(spec: ModelSpec) -> Replica:
-    """The spec's replica placed on nodes named by their addresses (10.0.0.1, ...)."""
+    """The spec's replica placed on nodes named by their addresses (127.0.0.11, ...)."""
     shards = tuple(
         Shard(
             index=i,
-            node_id=f"10.0.0.{i + 1}",
+            node_id=f"127.0.0.{i + 11}",
             gpus=tuple(range(spec.gpus_per_shard)),
             port=8001 + i,
         )
