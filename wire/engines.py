@@ -66,8 +66,8 @@ class EngineProfile(msgspec.Struct, frozen=True, kw_only=True):
 
 CANCEL_BY_CLOSING = "close the HTTP connection: the engine aborts the request and frees its slot"
 
-# Patterns every engine shares, since they come from CUDA, the OS and Hugging Face rather
-# than the engine; out of memory first, as a load that runs out of memory also says it
+# One list for every profile: one engine's lines are never another's, and a generic server
+# may be any of them. Out of memory first, as a load that runs out of memory also says it
 # failed to load the model.
 _OUT_OF_MEMORY = FailurePattern(
     reason="CUDA out of memory",
