@@ -164,6 +164,7 @@ def shard_spec(command: StartShard) -> ShardSpec:
         env=dict(command.env),
         gpus=command.gpus,
         port=command.port,
+        engine=command.engine,
     )
 
 

@@ -199,6 +199,9 @@ class StartShard(_Message, frozen=True, kw_only=True, tag="start_shard"):
     gpus: tuple[Index, ...]
     port: Port
     peers: tuple[Peer, ...] = ()
+    engine: Annotated[str, msgspec.Meta(max_length=64)] = "vllm"
+    """The engine's profile (``wire.engines``); a name the agent does not know gets the
+    default engine's, and a control plane that sends none means the default."""
 
 
 class StopShard(_Message, frozen=True, kw_only=True, tag="stop_shard"):

@@ -1,5 +1,7 @@
-"""Waiting for an engine to serve: ``GET /health`` and then ``GET /v1/models`` answer 200,
-and every socket listening on its port is the engine's own (``agent.engines.port_owner``).
+"""Waiting for an engine to serve: every readiness path of its profile (``wire.engines``;
+``/health`` and ``/v1/models`` for vLLM, SGLang and llama.cpp) answers 200, and every socket
+listening on its port is the engine's own (``agent.engines.port_owner``). Anything else,
+a refused connection or llama.cpp's 503 while it loads, means "not yet".
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ import httpx
 
 from agent.engines.errors import PortHeldElsewhere
 from agent.engines.port_owner import HeldElsewhere, Owned, check_port_owner
+from wire.engines import DEFAULT_ENGINE, PROFILES
 
-READINESS_PATHS = ("/health", "/v1/models")
+DEFAULT_READINESS_PATHS = PROFILES[DEFAULT_ENGINE].readiness_paths
 
 
 def readiness_url(port: int) -> str:
@@ -20,7 +23,12 @@ def readiness_url(port: int) -> str:
 
 
 async def wait_until_serving(
-    port: int, engine_pid: int, *, interval_s: float = 0.5, request_timeout_s: float = 2.0
+    port: int,
+    engine_pid: int,
+    *,
+    paths: tuple[str, ...] = DEFAULT_READINESS_PATHS,
+    interval_s: float = 0.5,
+    request_timeout_s: float = 2.0,
 ) -> None:
     """Return once every readiness path answers 200 on ``port`` and the engine led by
     ``engine_pid`` holds every socket listening there; poll until then (or until
@@ -33,7 +41,7 @@ async def wait_until_serving(
         base_url=readiness_url(port), timeout=request_timeout_s, trust_env=False
     ) as client:
         while True:
-            if await _all_answer_ok(client):
+            if await _all_answer_ok(client, paths):
                 ownership = await asyncio.to_thread(check_port_owner, port, engine_pid)
                 if isinstance(ownership, Owned):
                     return
@@ -43,8 +51,8 @@ async def wait_until_serving(
             await asyncio.sleep(interval_s)
 
 
-async def _all_answer_ok(client: httpx.AsyncClient) -> bool:
-    for path in READINESS_PATHS:
+async def _all_answer_ok(client: httpx.AsyncClient, paths: tuple[str, ...]) -> bool:
+    for path in paths:
         try:
             response = await client.get(path)
         except httpx.HTTPError:

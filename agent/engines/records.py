@@ -17,6 +17,8 @@ from urllib.parse import quote
 import msgspec
 import structlog
 
+from wire.engines import DEFAULT_ENGINE
+
 log = structlog.get_logger(__name__)
 
 
@@ -44,6 +46,9 @@ class ShardRecord(msgspec.Struct, frozen=True, kw_only=True):
     log_path: str
     started_at: datetime
     state: ShardState
+    engine: str = DEFAULT_ENGINE
+    """The engine's profile name (``wire.engines``); records written before profiles
+    existed read as the default engine, whose probes they were started with."""
 
     @property
     def key(self) -> ShardKey:

@@ -8,6 +8,7 @@ import msgspec
 
 from agent.engines.readiness import readiness_url
 from agent.engines.records import ShardKey
+from wire.engines import DEFAULT_ENGINE
 
 
 class ShardSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -20,6 +21,8 @@ class ShardSpec(msgspec.Struct, frozen=True, kw_only=True):
     env: dict[str, str] = {}
     gpus: tuple[int, ...] = ()
     port: int
+    engine: str = DEFAULT_ENGINE
+    """The engine's profile name (``wire.engines``)."""
 
     @property
     def key(self) -> ShardKey:

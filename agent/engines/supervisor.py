@@ -47,6 +47,7 @@ from agent.engines.records import (
     shard_file_stem,
 )
 from agent.engines.spec import ShardSpec, engine_env
+from wire.engines import failure_reason, profile_of
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -122,6 +123,7 @@ class EngineSupervisor:
                 log_path=str(log_path),
                 started_at=datetime.now(UTC),
                 state=ShardState.STARTING,
+                engine=spec.engine,
             )
             try:
                 self._records.save(record)
@@ -139,7 +141,8 @@ class EngineSupervisor:
         *,
         reason: str | None = None,
     ) -> None:
-        """SIGTERM the engine's process group, SIGKILL it after ``grace_s``, report
+        """Send the engine's process group its profile's stop signal (SIGTERM for every engine
+        llmgw knows), SIGKILL it after ``grace_s``, report
         ``stopped`` and forget the shard. Stopping a shard that is not running only
         reports ``stopped``. An engine stopped before it was ever ready (timed out, most
         likely) reports its log tail with it: the operator's only clue to why. ``reason``
@@ -232,7 +235,12 @@ class EngineSupervisor:
         )
         # Not ``_task``: its failures are expected, and read below.
         ready = asyncio.create_task(
-            wait_until_serving(record.port, record.pid, interval_s=self._poll_interval_s)
+            wait_until_serving(
+                record.port,
+                record.pid,
+                paths=profile_of(record.engine).readiness_paths,
+                interval_s=self._poll_interval_s,
+            )
         )
         try:
             done, _ = await asyncio.wait({ready, watched.exit}, return_when=asyncio.FIRST_COMPLETED)
@@ -251,43 +259,46 @@ class EngineSupervisor:
         exit_code = await asyncio.shield(watched.exit)
         if watched.stopping:
             return
-        error = watched.refusal or await self._exit_error(watched.record, exit_code)
+        tail = self._tail(watched.record.key)
+        error = watched.refusal or await self._exit_error(watched.record, exit_code, tail)
         self._transition(
-            watched,
-            ShardState.FAILED,
-            error=error,
-            exit_code=exit_code,
-            log_tail=self._tail(watched.record.key),
+            watched, ShardState.FAILED, error=error, exit_code=exit_code, log_tail=tail
         )
         self._running.pop(watched.record.key, None)
         self._records.remove(watched.record.key)
         self._failed[watched.record.key] = watched.record
 
     async def _end(self, watched: _Watched) -> None:
-        """SIGTERM the engine's group, SIGKILL it after ``REFUSED_GRACE_S``."""
-        if not watched.process.signal_group(signal.SIGTERM):
+        """Send the engine's group its stop signal, SIGKILL it after ``REFUSED_GRACE_S``."""
+        if not watched.process.signal_group(profile_of(watched.record.engine).stop_signal):
             return
         try:
             await asyncio.wait_for(asyncio.shield(watched.exit), REFUSED_GRACE_S)
         except TimeoutError:
             watched.process.signal_group(signal.SIGKILL)
 
-    async def _exit_error(self, record: ShardRecord, exit_code: int | None) -> str:
-        """How the engine exited; for one that never served, also who holds its port if
-        another process does (the likeliest reason it could not bind)."""
+    async def _exit_error(
+        self, record: ShardRecord, exit_code: int | None, log_tail: tuple[str, ...]
+    ) -> str:
+        """How the engine exited, with the reason its log gives when a line of it matches
+        one of its profile's failure patterns; for one that never served, also who holds
+        its port if another process does (the likeliest reason it could not bind)."""
         described = describe_exit(exit_code)
+        reason = failure_reason(profile_of(record.engine), log_tail)
+        explained = described if reason is None else f"{described}: {reason}"
         if record.state is not ShardState.STARTING:
-            return described
+            return explained
         ownership = await asyncio.to_thread(check_port_owner, record.port, record.pid)
         if isinstance(ownership, HeldElsewhere):
-            return f"{described}; {ownership.reason}"
-        return described
+            held = f"{described}; {ownership.reason}"
+            return held if reason is None else f"{held}; {reason}"
+        return explained
 
     async def _terminate(self, watched: _Watched, grace_s: float) -> int | None:
         watched.stopping = True
         if watched.monitor is not None:
             watched.monitor.cancel()
-        if watched.process.signal_group(signal.SIGTERM):
+        if watched.process.signal_group(profile_of(watched.record.engine).stop_signal):
             try:
                 return await asyncio.wait_for(asyncio.shield(watched.exit), grace_s)
             except TimeoutError:

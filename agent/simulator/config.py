@@ -6,6 +6,8 @@ from typing import Literal
 
 import msgspec
 
+from agent.simulator.metrics import SimulatedProfile
+
 ErrorStyle = Literal["openai", "flat", "message"]
 
 
@@ -62,3 +64,5 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     ``None``: never, every answer runs to ``max_tokens``."""
     capacity: CapacityConfig = CapacityConfig()
     faults: FaultConfig = FaultConfig()
+    profile: SimulatedProfile = "vllm"
+    """Whose metric names ``/metrics`` speaks (``agent.simulator.metrics``)."""

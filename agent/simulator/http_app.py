@@ -134,7 +134,7 @@ class SimulatorApp:
     async def _metrics(self, receive: Receive, send: Send) -> None:
         if self._config.faults.without_metrics:
             raise ApiError(404, "No route for /metrics.", code="not_found")
-        text = render(self.metrics, self.engine.gauges(), self._config.model)
+        text = render(self.metrics, self.engine.gauges(), self._config.model, self._config.profile)
         await _respond(send, 200, text.encode(), _TEXT)
 
     async def _models(self, receive: Receive, send: Send) -> None:

@@ -16,6 +16,7 @@ import uvicorn
 
 from agent.simulator.config import CapacityConfig, ErrorStyle, FaultConfig, ServerConfig
 from agent.simulator.http_app import SimulatorApp
+from agent.simulator.metrics import SimulatedProfile
 
 FAILURE_EXIT_CODE = 3
 
@@ -23,7 +24,8 @@ log = structlog.get_logger("llmgw.sim")
 
 app = cyclopts.App(
     name="llmgw-sim-engine",
-    help="An OpenAI-compatible engine simulator with a capacity model and vLLM's metrics.",
+    help="An OpenAI-compatible engine simulator with a capacity model and the metrics of "
+    "vLLM, SGLang or llama.cpp's server.",
     config=cyclopts.config.Env("LLMGW_SIM_"),
 )
 
@@ -52,6 +54,7 @@ def serve(
     without_metrics: bool = False,
     eos_after: int | None = None,
     error_style: ErrorStyle = "openai",
+    profile: SimulatedProfile = "vllm",
 ) -> int:
     """Serve a simulated engine until interrupted.
 
@@ -93,6 +96,9 @@ def serve(
     error_style
         Error bodies: openai ({"error": {...}}), flat ({"detail": ...}) or message
         ({"object": "error", "message": ...}).
+    profile
+        Whose metric names /metrics speaks: vllm, sglang or llamacpp (llama.cpp's server:
+        no labels, no KV-cache gauge).
     """
     try:
         capacity = CapacityConfig(
@@ -115,6 +121,7 @@ def serve(
         model=model,
         error_style=error_style,
         eos_after_tokens=eos_after,
+        profile=profile,
         capacity=capacity.instant() if instant else capacity,
         faults=FaultConfig(
             start_delay_s=start_delay,
@@ -138,6 +145,7 @@ def serve(
         without_metrics=without_metrics,
         eos_after=eos_after,
         error_style=error_style,
+        profile=profile,
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
     )
     server = uvicorn.Server(

@@ -1,15 +1,30 @@
-"""The simulator's Prometheus metrics, under vLLM's names and labels.
+"""The simulator's Prometheus metrics, under the names and labels of the engine profile it
+plays (``--profile``; vLLM's by default).
 
 Written by hand in the Prometheus text format (version 0.0.4) because the set is small
-and fixed: counters carry the ``_total`` suffix in their ``# TYPE`` line as vLLM's
-exporter writes them, histograms use vLLM's buckets, and every sample carries
-``model_name`` and ``engine="0"``.
+and fixed. As vLLM (the default) counters carry the ``_total`` suffix in their ``# TYPE``
+line as vLLM's exporter writes them, histograms use vLLM's buckets, and every sample
+carries ``model_name`` and ``engine="0"``. As SGLang, the queue, running and token-usage
+gauges, the token counters and the latency histograms take ``sglang:`` names and a
+``model_name`` label. As llama.cpp's server, samples have no labels and there is no
+KV-cache gauge and no histogram, as in its current builds. The gauges' names are the
+profile's own (``wire.engines``), so what the simulator says is what llmgw reads.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+from wire.engines import LLAMACPP, SGLANG, VLLM, EngineProfile
+
+SimulatedProfile = Literal["vllm", "sglang", "llamacpp"]
+SIMULATED_PROFILES: dict[str, EngineProfile] = {
+    "vllm": VLLM,
+    "sglang": SGLANG,
+    "llamacpp": LLAMACPP,
+}
 
 TTFT_BUCKETS: tuple[float, ...] = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
@@ -73,7 +88,17 @@ class GaugeReadings:
         self.kv_cache_usage = kv_cache_usage
 
 
-def render(metrics: EngineMetrics, gauges: GaugeReadings, model_name: str) -> str:
+def render(
+    metrics: EngineMetrics,
+    gauges: GaugeReadings,
+    model_name: str,
+    profile: SimulatedProfile = "vllm",
+) -> str:
+    renderer = {"vllm": _render_vllm, "sglang": _render_sglang, "llamacpp": _render_llamacpp}
+    return renderer[profile](metrics, gauges, model_name)
+
+
+def _render_vllm(metrics: EngineMetrics, gauges: GaugeReadings, model_name: str) -> str:
     labels = f'engine="0",model_name="{_escape(model_name)}"'
     out: list[str] = []
 
@@ -90,14 +115,10 @@ def render(metrics: EngineMetrics, gauges: GaugeReadings, model_name: str) -> st
         out.append(f"{name}_count{{{labels}}} {histogram.count}")
         out.append(f"{name}_sum{{{labels}}} {_number(histogram.sum)}")
 
+    sample(VLLM.metrics.running[0], "gauge", "Requests in the running batch.", gauges.num_running)
+    sample(VLLM.metrics.waiting[0], "gauge", "Requests waiting to be admitted.", gauges.num_waiting)
     sample(
-        "vllm:num_requests_running", "gauge", "Requests in the running batch.", gauges.num_running
-    )
-    sample(
-        "vllm:num_requests_waiting", "gauge", "Requests waiting to be admitted.", gauges.num_waiting
-    )
-    sample(
-        "vllm:kv_cache_usage_perc",
+        VLLM.metrics.kv_usage[0],
         "gauge",
         "Fraction of KV-cache blocks in use (1 means full).",
         gauges.kv_cache_usage,
@@ -158,6 +179,100 @@ def render(metrics: EngineMetrics, gauges: GaugeReadings, model_name: str) -> st
     )
     out.append("")
     return "\n".join(out)
+
+
+def _render_sglang(metrics: EngineMetrics, gauges: GaugeReadings, model_name: str) -> str:
+    labels = f'model_name="{_escape(model_name)}"'
+    out: list[str] = []
+    sample = _sampler(out, labels)
+    sample(
+        SGLANG.metrics.running[0], "gauge", "The number of running requests.", gauges.num_running
+    )
+    sample(
+        SGLANG.metrics.waiting[0],
+        "gauge",
+        "The number of requests in the waiting queue.",
+        gauges.num_waiting,
+    )
+    sample(SGLANG.metrics.kv_usage[0], "gauge", "The token usage.", gauges.kv_cache_usage)
+    sample(
+        "sglang:prompt_tokens_total",
+        "counter",
+        "Number of prefill tokens processed.",
+        metrics.prompt_tokens,
+    )
+    sample(
+        "sglang:generation_tokens_total",
+        "counter",
+        "Number of generation tokens processed.",
+        metrics.generation_tokens,
+    )
+    for name, help_text, histogram in (
+        (
+            "sglang:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            metrics.time_to_first_token,
+        ),
+        (
+            "sglang:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            metrics.inter_token_latency,
+        ),
+        (
+            "sglang:e2e_request_latency_seconds",
+            "Histogram of End-to-end request latency in seconds",
+            metrics.e2e_request_latency,
+        ),
+    ):
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} histogram")
+        for bound, count in histogram.cumulative():
+            out.append(f'{name}_bucket{{{labels},le="{bound}"}} {count}')
+        out.append(f"{name}_count{{{labels}}} {histogram.count}")
+        out.append(f"{name}_sum{{{labels}}} {_number(histogram.sum)}")
+    out.append("")
+    return "\n".join(out)
+
+
+def _render_llamacpp(metrics: EngineMetrics, gauges: GaugeReadings, model_name: str) -> str:
+    """llama.cpp's server labels nothing (it serves one model) and has no KV-cache gauge."""
+    out: list[str] = []
+    sample = _sampler(out, None)
+    sample(
+        "llamacpp:prompt_tokens_total",
+        "counter",
+        "Number of prompt tokens processed.",
+        metrics.prompt_tokens,
+    )
+    sample(
+        "llamacpp:tokens_predicted_total",
+        "counter",
+        "Number of generation tokens processed.",
+        metrics.generation_tokens,
+    )
+    sample(
+        LLAMACPP.metrics.running[0],
+        "gauge",
+        "Number of requests processing.",
+        gauges.num_running,
+    )
+    sample(
+        LLAMACPP.metrics.waiting[0],
+        "gauge",
+        "Number of requests deferred.",
+        gauges.num_waiting,
+    )
+    out.append("")
+    return "\n".join(out)
+
+
+def _sampler(out: list[str], labels: str | None) -> Callable[[str, str, str, float], None]:
+    def sample(name: str, kind: str, help_text: str, value: float) -> None:
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} {kind}")
+        out.append(f"{name}{{{labels}}} {_number(value)}" if labels else f"{name} {_number(value)}")
+
+    return sample
 
 
 def _number(value: float) -> str:

@@ -42,6 +42,8 @@ class StartShard(msgspec.Struct, frozen=True, kw_only=True):
     gpus: tuple[int, ...]
     port: int
     peers: tuple[Peer, ...] = ()
+    engine: str = "vllm"
+    """The spec's engine: the agent probes, stops and explains the engine by its profile."""
 
 
 class StopShard(msgspec.Struct, frozen=True, kw_only=True):
@@ -69,6 +71,7 @@ def start_command(
         gpus=shard.gpus,
         port=shard.port,
         peers=peers,
+        engine=spec.engine,
     )
 
 

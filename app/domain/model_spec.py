@@ -13,7 +13,8 @@ import string
 import msgspec
 
 NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
-ENGINES = ("vllm", "sglang", "openai")
+ENGINES = ("vllm", "sglang", "llamacpp", "openai")
+"""The engines llmgw has a profile for (``wire.engines.PROFILES``, kept equal by a test)."""
 
 # Every number of a spec is bounded: far beyond any real value, well inside what the tables'
 # columns hold and what a float writes exactly in the log's JSON (a weight of 1e308 is
@@ -200,6 +201,7 @@ def _start_command_errors(spec: ModelSpec) -> list[SpecError]:
             "env": spec.env,
             "gpus": [99] * spec.gpus_per_shard,
             "peers": [peer] * (shards - 1),
+            "engine": spec.engine,
         }
         size = _ENVELOPE_BYTES + len(msgspec.json.encode(command))
     if size <= MAX_AGENT_MESSAGE_BYTES:

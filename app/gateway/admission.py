@@ -6,7 +6,9 @@ A replica with *fresh* engine signals is eligible iff
 
 where ``reserved`` counts the gateway's own requests the engine cannot have reported yet.
 Among eligible replicas the lowest ``max((waiting + reserved) / target_waiting,
-kv_usage / kv_ceiling) / weight`` wins, ties broken by ``in_flight / weight``.
+kv_usage / kv_ceiling) / weight`` wins, ties broken by ``in_flight / weight``. A signal
+the engine does not export reads 0 (``app.gateway.signals``): an engine without a
+KV-cache gauge, llama.cpp's server, is admitted by its waiting queue alone.
 
 A replica whose signals are *stale* (none yet, or older than ``stale_after_s``) is judged
 by the gateway's own in-flight count alone: eligible iff ``in_flight < 2 * target_waiting``,

@@ -1,19 +1,23 @@
 """Engine signals: reading an engine's Prometheus ``/metrics``, and a scraper per replica.
 
-Metric names differ by engine; the first name found wins, each summed over every series
-(an engine with several ``engine`` label values reports them all):
+Metric names differ by engine and come from the engine profiles (``wire.engines``); the
+gateway looks for every profile's names, in profile order, and the first name found wins,
+each summed over every series (an engine with several ``engine`` label values reports them
+all):
 
-======== ============================== ======================================================
-signal   vLLM                           SGLang
-======== ============================== ======================================================
-waiting  ``vllm:num_requests_waiting``  ``sglang:num_queue_reqs``
-running  ``vllm:num_requests_running``  ``sglang:num_running_reqs``
-kv       ``vllm:kv_cache_usage_perc``,  ``sglang:token_usage``
-         ``vllm:gpu_cache_usage_perc``
-======== ============================== ======================================================
+- vLLM: waiting ``vllm:num_requests_waiting``, running ``vllm:num_requests_running``, KV
+  ``vllm:kv_cache_usage_perc`` (``vllm:gpu_cache_usage_perc`` in older releases);
+- SGLang: ``sglang:num_queue_reqs``, ``sglang:num_running_reqs``, ``sglang:token_usage``;
+- llama.cpp: ``llamacpp:requests_deferred``, ``llamacpp:requests_processing``, and no KV
+  gauge in current builds (``llamacpp:kv_cache_usage_ratio`` in older ones).
+
+Routes do not say which engine serves them, and an ``openai`` engine may be any of these:
+so the names, not the spec, say which engine answers.
 
 An engine that exposes no waiting and no KV name gives no reading: the router treats it as
-stale, i.e. routes to it by its own in-flight count.
+stale, i.e. routes to it by its own in-flight count. One that lacks only some signals is
+admitted by those it has (a missing one reads 0: llama.cpp is admitted by its waiting
+queue alone), and its scraper says once which are absent.
 """
 
 from __future__ import annotations
@@ -27,12 +31,23 @@ import aiohttp
 import msgspec
 import structlog
 
+from wire.engines import signal_names
+
 log = structlog.get_logger("llmgw.gateway")
 
-WAITING_NAMES = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
-RUNNING_NAMES = ("vllm:num_requests_running", "sglang:num_running_reqs")
-KV_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
+WAITING_NAMES = signal_names("waiting")
+RUNNING_NAMES = signal_names("running")
+KV_NAMES = signal_names("kv_usage")
 SIGNAL_NAMES = frozenset(WAITING_NAMES + RUNNING_NAMES + KV_NAMES)
+ADMITTED_BY = {
+    frozenset(): "waiting queue and KV-cache usage",
+    frozenset({"running"}): "waiting queue and KV-cache usage",
+    frozenset({"kv_usage"}): "waiting queue only",
+    frozenset({"kv_usage", "running"}): "waiting queue only",
+    frozenset({"waiting"}): "KV-cache usage only",
+    frozenset({"waiting", "running"}): "KV-cache usage only",
+}
+"""What admission uses, by the signals an engine lacks (it needs waiting or KV usage)."""
 
 
 class EngineReading(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,6 +56,9 @@ class EngineReading(msgspec.Struct, frozen=True, kw_only=True):
     kv_usage: float
     names: tuple[str, ...]
     """The metric names the reading came from."""
+    absent: tuple[str, ...] = ()
+    """The signals (``waiting``, ``running``, ``kv_usage``) the engine exports no name for:
+    they read 0, and admission goes by the others."""
 
 
 def sum_samples(text: str, names: frozenset[str]) -> dict[str, float]:
@@ -92,12 +110,13 @@ def read_engine_signals(text: str) -> EngineReading | None:
     if waiting_name is None and kv_name is None:
         return None
     running_name = _first_present(RUNNING_NAMES, totals)
-    names = tuple(n for n in (waiting_name, running_name, kv_name) if n is not None)
+    found = {"waiting": waiting_name, "running": running_name, "kv_usage": kv_name}
     return EngineReading(
         waiting=totals[waiting_name] if waiting_name else 0.0,
         running=totals[running_name] if running_name else 0.0,
         kv_usage=totals[kv_name] if kv_name else 0.0,
-        names=names,
+        names=tuple(name for name in found.values() if name is not None),
+        absent=tuple(signal for signal, name in found.items() if name is None),
     )
 
 
@@ -184,6 +203,12 @@ class MetricsScraper:
             self._failing = False
         if not self._names_logged:
             log.info("engine_metrics_found", names=list(reading.names))
+            if reading.absent:
+                log.info(
+                    "engine_signals_absent",
+                    absent=list(reading.absent),
+                    admission_by=ADMITTED_BY[frozenset(reading.absent)],
+                )
             self._names_logged = True
 
 

@@ -109,6 +109,7 @@ def command_to_wire(command: commands.StartShard | commands.StopShard) -> wire.A
                     wire.Peer(shard_index=p.shard_index, address=p.address, port=p.port)
                     for p in command.peers
                 ),
+                engine=command.engine,
             )
         case commands.StopShard():
             return wire.StopShard(

@@ -1,5 +1,6 @@
 """The engine's ``/metrics`` as bench reads it: queue depth, KV-cache usage and the prefix
-cache's counters, under the names vLLM, SGLang and llama.cpp's server export.
+cache's counters, under the names vLLM, SGLang and llama.cpp's server export (the engine
+profiles' names, ``wire.engines``, for the queue and the KV cache).
 
 The first name of each list that the scrape contains is used. With several engines in one
 scrape (data parallel), waiting requests and counters are summed and the KV-cache usage is
@@ -15,18 +16,10 @@ import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli.bench.errors import MetricsUnavailable
+from wire.engines import signal_names
 
-WAITING_METRICS = (
-    "vllm:num_requests_waiting",
-    "sglang:num_queue_reqs",
-    "llamacpp:requests_deferred",
-)
-KV_USAGE_METRICS = (
-    "vllm:kv_cache_usage_perc",
-    "vllm:gpu_cache_usage_perc",
-    "sglang:token_usage",
-    "llamacpp:kv_cache_usage_ratio",
-)
+WAITING_METRICS = signal_names("waiting")
+KV_USAGE_METRICS = signal_names("kv_usage")
 PREFIX_HITS_METRICS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
 PREFIX_QUERIES_METRICS = (
     "vllm:prefix_cache_queries_total",
@@ -40,10 +33,6 @@ class EngineReading(msgspec.Struct, frozen=True, kw_only=True):
     kv_cache_usage: float | None = None
     prefix_cache_hits: float | None = None
     prefix_cache_queries: float | None = None
-
-    @property
-    def has_gauges(self) -> bool:
-        return self.waiting is not None and self.kv_cache_usage is not None
 
 
 def read_metrics(text: str, model: str | None = None) -> EngineReading:
@@ -76,13 +65,12 @@ def read_metrics(text: str, model: str | None = None) -> EngineReading:
 
 
 def missing_gauges(reading: EngineReading) -> list[str]:
-    """What bench needs and the scrape lacked, as the names it looked for."""
-    missing: list[str] = []
+    """What bench needs and the scrape lacked, as the names it looked for: the waiting
+    queue. KV-cache usage is not needed: an engine without its gauge (llama.cpp's server)
+    is admitted by its queue alone, and bench recommends no KV ceiling for it."""
     if reading.waiting is None:
-        missing.append("the waiting queue (" + ", ".join(WAITING_METRICS) + ")")
-    if reading.kv_cache_usage is None:
-        missing.append("KV-cache usage (" + ", ".join(KV_USAGE_METRICS) + ")")
-    return missing
+        return ["the waiting queue (" + ", ".join(WAITING_METRICS) + ")"]
+    return []
 
 
 def prefix_cache_hit_rate(before: EngineReading, after: EngineReading) -> float | None:

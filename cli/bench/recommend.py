@@ -43,23 +43,29 @@ class Recommendation(msgspec.Struct, frozen=True, kw_only=True):
 
 def recommend(capacity: LevelFigures) -> Recommendation:
     level = capacity.concurrency
-    if capacity.waiting is None or capacity.kv_cache_usage is None:
+    if capacity.waiting is None:
         raise NoRecommendation(
-            f"no queue or KV-cache sample was read from /metrics at concurrency {level}; "
+            f"no queue sample was read from /metrics at concurrency {level}; "
             "lower --sample-interval or lengthen --duration"
         )
-    if capacity.kv_cache_usage.max <= 0:
+    if capacity.kv_cache_usage is None:
+        # Queue samples without a single KV one: the engine has no KV-cache gauge (llama.cpp's
+        # server). The gateway admits it by its queue alone, so no ceiling: 1, the highest.
+        kv_ceiling = 1.0
+    elif capacity.kv_cache_usage.max <= 0:
         raise NoRecommendation(
             f"the engine reported an empty KV cache all through concurrency {level}, so there "
             "is no ceiling to learn (does it report kv usage?)"
         )
+    else:
+        kv_ceiling = min(capacity.kv_cache_usage.max, 1.0)
     if capacity.output_tokens_per_s <= 0:
         raise NoRecommendation(f"no output token arrived in the window at concurrency {level}")
     return Recommendation(
         concurrency=level,
         weight=max(_significant(capacity.output_tokens_per_s / WEIGHT_TOKENS_PER_S), MIN_WEIGHT),
         target_waiting=max(1, math.ceil(capacity.waiting.p95 - 1e-9)),
-        kv_ceiling=min(capacity.kv_cache_usage.max, 1.0),
+        kv_ceiling=kv_ceiling,
     )
 
 

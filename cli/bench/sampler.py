@@ -13,8 +13,15 @@ from cli.bench.load import ClosedLoop, Phase
 from cli.bench.metrics import EngineReading, missing_gauges, read_metrics
 from cli.bench.request import connect_failure
 from cli.bench.target import Engine
+from wire.engines import PROFILES
 
 SCRAPE_TIMEOUT_S = 10.0
+METRICS_FLAGS = ", ".join(
+    f"{profile.name}: {profile.metrics_flag or 'on by default'}"
+    for profile in PROFILES.values()
+    if profile.name != "openai"
+)
+"""How each engine is told to serve ``/metrics`` (``wire.engines``)."""
 
 
 class MetricsReader:
@@ -47,7 +54,7 @@ class MetricsReader:
             raise MetricsUnavailable(
                 f"GET {url} answered HTTP {status}: bench reads the engine's waiting queue and "
                 "KV-cache usage there to recommend target_waiting and kv_ceiling; start the "
-                "engine with its Prometheus metrics on (vLLM and SGLang serve them by default)"
+                f"engine with its Prometheus metrics on ({METRICS_FLAGS})"
             )
         return read_metrics(text, self._engine.model)
 
@@ -58,7 +65,7 @@ class MetricsReader:
         if missing:
             raise MetricsUnavailable(
                 f"{self._engine.metrics_url} has no sample of {' nor '.join(missing)}: bench "
-                "needs both to recommend target_waiting and kv_ceiling"
+                "needs it to recommend target_waiting"
             )
         return reading
 

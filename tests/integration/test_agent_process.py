@@ -429,7 +429,7 @@ async def test_an_agent_says_hello_runs_a_shard_and_stops_it(
     await wait_until(lambda: not is_running(engine_pid), what="the engine process is gone")
 
 
-async def test_an_engine_that_exits_with_an_error_is_reported_failed_with_its_log_tail(
+async def test_an_engine_that_exits_with_an_error_is_reported_failed_with_its_log_and_reason(
     control_plane: ControlPlane, processes: Processes, tmp_path: Path
 ) -> None:
     processes.agent(control_plane, tmp_path / "state")
@@ -449,7 +449,8 @@ async def test_an_engine_that_exits_with_an_error_is_reported_failed_with_its_lo
 
     failed = await control_plane.status("bad-1", "failed")
     assert failed.exit_code == 1
-    assert failed.error == "engine exited with code 1"
+    # The log's last words give the one-line reason (wire.engines' failure patterns).
+    assert failed.error == "engine exited with code 1: CUDA out of memory (CUDA out of memory)"
     assert "loading weights" in failed.log_tail
     assert "CUDA out of memory" in failed.log_tail
 

@@ -290,6 +290,31 @@ async def test_the_recommendation_lies_within_what_the_engine_showed_at_capacity
     assert recommendation.weight == pytest.approx(at_capacity.output_tokens_per_s / 100, rel=0.01)
 
 
+async def test_an_engine_without_a_kv_gauge_is_benched_by_its_queue_alone(
+    tmp_path: Path,
+) -> None:
+    """As llama.cpp's server (the simulator under its profile): requests_deferred is the
+    queue, there is no KV-cache gauge, and the recommendation sets no KV ceiling."""
+    with running(*SIMULATOR_FLAGS, "--profile", "llamacpp") as simulator:
+        result = await bench(
+            tmp_path,
+            *("--url", simulator.base_url, "--slo", "e2e_p99=10s"),
+            *("--start-concurrency", "8", "--max-concurrency", "8", *SHORT_LEVELS),
+        )
+
+    assert result.code == 0, result.stderr
+    report = result.report
+    at_capacity = report.level(report.capacity)
+    recommendation = report.recommendation
+    assert at_capacity is not None, result.stdout
+    assert recommendation is not None, report.recommendation_note
+    assert at_capacity.kv_cache_usage is None
+    assert at_capacity.waiting is not None
+    assert at_capacity.waiting.min <= recommendation.target_waiting <= at_capacity.waiting.max
+    assert recommendation.target_waiting >= 3  # four requests queue behind the four running
+    assert recommendation.kv_ceiling == 1.0
+
+
 async def test_a_shared_prefix_is_answered_from_the_cache_and_raises_the_capacity(
     simulated: SimulatorProcess, tmp_path: Path
 ) -> None:
@@ -645,6 +670,7 @@ async def test_an_engine_without_metrics_is_refused_before_any_level(tmp_path: P
     assert result.code == 1
     assert f"GET {simulator.base_url}/metrics answered HTTP 404" in result.stderr
     assert "target_waiting and kv_ceiling" in result.stderr
+    assert "llamacpp: --metrics" in result.stderr
     assert not result.report_dir.exists()
 
 

@@ -137,3 +137,40 @@ async def test_scale_and_remove_record_the_change_and_an_unknown_model_fails(
     assert "no model 'no-such-model' is known" in unknown.stderr
     assert negative.code == 2
     assert [(m["name"], m["removed"]) for m in after_removal.json()] == [(name, True)]
+
+
+async def test_a_llamacpp_spec_is_declared_and_shown_with_its_engine(operator: Operator) -> None:
+    name = a_model()
+    spec = operator.home / "gemma.yaml"
+    spec.write_text(
+        f"name: {name}\n"
+        "engine: llamacpp\n"
+        "command: >-\n"
+        "  llama-server -m /models/gemma.gguf --alias {model}\n"
+        "  --host 0.0.0.0 --port {port} --metrics -np 4 -c 4096\n"
+        "replicas: 1\n"
+    )
+
+    applied = await operator.run("models", "apply", str(spec))
+    listed, shown = await asyncio.gather(
+        operator.run("models", "--output", "json"), operator.run("model", name)
+    )
+
+    assert applied.code == 0, applied.stderr
+    [model] = [m for m in listed.json() if m["name"] == name]
+    assert model["spec"]["engine"] == "llamacpp"
+    assert any(line.split() == ["engine:", "llamacpp"] for line in shown.stdout.splitlines()), (
+        shown.stdout
+    )
+
+
+async def test_an_engine_without_a_profile_is_refused_with_the_known_ones(
+    operator: Operator,
+) -> None:
+    spec = operator.home / "bad-engine.yaml"
+    spec.write_text(f"name: {a_model()}\nengine: llama.cpp\ncommand: x --port {{port}}\n")
+
+    refused = await operator.run("models", "apply", str(spec))
+
+    assert refused.code != 0
+    assert "must be one of vllm, sglang, llamacpp, openai" in refused.stderr

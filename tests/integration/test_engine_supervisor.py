@@ -1,11 +1,12 @@
 """The engine supervisor with real engine processes.
 
 The engine is a small HTTP server written into the test's directory and run with this
-interpreter: it serves ``/health`` and ``/v1/models`` on ``$PORT`` after an optional delay,
-or exits with an error, or ignores SIGTERM, and exits with code 7 on ``POST /crash``. It
-may serve from a worker it forks (which may start a session of its own), as engines with
-worker processes do. The same script, started by the test rather than the supervisor,
-plays another program that already listens on an engine's port.
+interpreter: it serves ``/health`` and ``/v1/models`` on ``$PORT`` after an optional delay
+(or answers ``/health`` with another status, as llama.cpp's 503 while loading), or exits
+with an error and chosen last words, or ignores SIGTERM, and exits with code 7 on
+``POST /crash``. It may serve from a worker it forks (which may start a session of its
+own), as engines with worker processes do. The same script, started by the test rather
+than the supervisor, plays another program that already listens on an engine's port.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ import argparse, http.server, json, os, signal, sys, threading, time
 parser = argparse.ArgumentParser()
 parser.add_argument("--delay", type=float, default=0.0)
 parser.add_argument("--fail-with", type=int)
+parser.add_argument("--last-words", default="fatal: not enough memory for the KV cache")
+parser.add_argument("--health-status", type=int, default=200)
 parser.add_argument("--ignore-sigterm", action="store_true")
 parser.add_argument("--serve-in-worker", action="store_true")
 parser.add_argument("--worker-session", action="store_true")
@@ -60,7 +63,7 @@ print(f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}", flush=True)
 if args.fail_with is not None:
     for number in range(150):
         print(f"loading weights part {number}")
-    print("fatal: not enough memory for the KV cache", file=sys.stderr, flush=True)
+    print(args.last_words, file=sys.stderr, flush=True)
     sys.exit(args.fail_with)
 
 def on_sigterm(signum, frame):
@@ -95,7 +98,9 @@ if args.serve_in_worker:
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/health":
-            self.answer(200, b"ok")
+            if args.health_status != 200:
+                print(f"health {args.health_status}", flush=True)
+            self.answer(args.health_status, b"ok")
         elif self.path == "/v1/models":
             self.answer(200, json.dumps({"object": "list", "data": [{"id": "tiny"}]}).encode())
         elif self.path == "/hello":
@@ -205,7 +210,11 @@ class Node:
         return agent
 
     def spec(
-        self, *engine_args: str, replica_id: str = "tiny-1", gpus: tuple[int, ...] = (0,)
+        self,
+        *engine_args: str,
+        replica_id: str = "tiny-1",
+        gpus: tuple[int, ...] = (0,),
+        engine: str = "vllm",
     ) -> ShardSpec:
         return ShardSpec(
             replica_id=replica_id,
@@ -214,6 +223,7 @@ class Node:
             argv=(sys.executable, str(self.engine_script), *engine_args),
             gpus=gpus,
             port=free_port(),
+            engine=engine,
         )
 
     def engine_log(self, record: ShardRecord) -> str:
@@ -359,6 +369,44 @@ async def test_an_engine_that_exits_with_an_error_is_reported_failed_with_its_lo
     assert RecordStore(node.state_dir).load_all() == []
 
 
+async def test_a_failure_its_log_explains_is_reported_with_that_one_line_reason(
+    node: Node,
+) -> None:
+    agent = node.agent()
+    missing = (
+        "gguf_init_from_file: failed to open GGUF file '/models/missing.gguf' "
+        "(No such file or directory)"
+    )
+    spec = node.spec("--fail-with", "1", "--last-words", missing, engine="llamacpp")
+
+    await agent.supervisor.start(spec)
+    failed = await agent.log.wait_for(spec.key, ShardState.FAILED)
+
+    assert failed.error == (f"engine exited with code 1: model file not found ({missing})")
+    assert failed.log_tail[-1] == missing
+
+
+async def test_each_engine_is_probed_at_its_profiles_paths(node: Node) -> None:
+    """A generic OpenAI server is ready once /v1/models answers; llama.cpp, whose /health
+    answers 503 while it loads, is not ready while /health says so."""
+    agent = node.agent()
+    generic = node.spec("--health-status", "404", replica_id="generic-1", engine="openai")
+    loading = node.spec("--health-status", "503", replica_id="loading-1", engine="llamacpp")
+
+    await agent.supervisor.start(generic)
+    loading_record = await agent.supervisor.start(loading)
+    await agent.log.wait_for(generic.key, ShardState.READY)
+    await eventually(
+        lambda: node.engine_log(loading_record).count("health 503") >= 3,
+        "three readiness probes of the loading engine",
+    )
+
+    assert agent.log.states(loading.key) == [ShardState.STARTING]
+    assert "health 404" not in node.engine_log(
+        next(r for r in agent.supervisor.inventory() if r.key == generic.key)
+    )
+
+
 async def test_a_crash_after_ready_is_reported_at_once(node: Node) -> None:
     agent = node.agent()
     spec = node.spec()
@@ -442,6 +490,7 @@ async def test_an_engine_that_cannot_bind_names_the_program_holding_its_port(nod
         f"engine exited with code 1; port {spec.port} is held by pid {other.pid}, not our engine"
     )
     assert any("Address already in use" in line for line in failed.log_tail)
+    assert "; address already in use (" in str(failed.error)
 
 
 @pytest.mark.parametrize("own_session", [False, True], ids=["same session", "own session"])

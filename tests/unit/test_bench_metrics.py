@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.simulator.metrics import EngineMetrics, GaugeReadings, render
+from agent.simulator.metrics import EngineMetrics, GaugeReadings, SimulatedProfile, render
 from cli.bench.errors import MetricsUnavailable
 from cli.bench.metrics import EngineReading, missing_gauges, prefix_cache_hit_rate, read_metrics
 
@@ -40,6 +40,18 @@ def test_sglang_names_are_read_too() -> None:
     assert reading.prefix_cache_hits is None
 
 
+@pytest.mark.parametrize("profile", ["sglang", "llamacpp"])
+def test_the_simulator_under_another_profile_is_read_by_its_names(
+    profile: SimulatedProfile,
+) -> None:
+    gauges = GaugeReadings(num_waiting=5, num_running=3, kv_cache_usage=0.5)
+    reading = read_metrics(render(EngineMetrics(), gauges, "llama", profile), "llama")
+
+    assert reading.waiting == 5
+    # llama.cpp's server has no KV-cache gauge: bench says which names it looked for.
+    assert reading.kv_cache_usage == (None if profile == "llamacpp" else 0.5)
+
+
 def test_engines_of_one_scrape_add_their_queues_and_the_fullest_cache_counts() -> None:
     text = (
         "# TYPE vllm:num_requests_waiting gauge\n"
@@ -69,9 +81,19 @@ def test_a_scrape_without_the_gauges_says_which_names_were_looked_for() -> None:
 
     missing = missing_gauges(reading)
 
-    assert len(missing) == 2
+    assert len(missing) == 1
     assert "vllm:num_requests_waiting" in missing[0]
-    assert "vllm:kv_cache_usage_perc" in missing[1]
+    assert "llamacpp:requests_deferred" in missing[0]
+
+
+def test_a_scrape_with_a_queue_and_no_kv_gauge_is_enough() -> None:
+    """llama.cpp's server has no KV-cache gauge: bench goes by its queue."""
+    reading = read_metrics(
+        "# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 2\n"
+    )
+
+    assert (reading.waiting, reading.kv_cache_usage) == (2, None)
+    assert missing_gauges(reading) == []
 
 
 def test_text_that_is_not_prometheus_is_refused() -> None:

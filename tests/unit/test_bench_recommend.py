@@ -50,9 +50,17 @@ def test_an_engine_that_never_queued_gets_the_smallest_target_the_gateway_accept
     assert recommendation.target_waiting == 1
 
 
-def test_without_samples_there_is_no_recommendation() -> None:
-    with pytest.raises(NoRecommendation, match="no queue or KV-cache sample"):
+def test_without_queue_samples_there_is_no_recommendation() -> None:
+    with pytest.raises(NoRecommendation, match="no queue sample"):
         recommend(capacity_level([], [0.5]))
+
+
+def test_an_engine_without_a_kv_gauge_gets_no_ceiling_and_is_admitted_by_its_queue() -> None:
+    """llama.cpp's server: queue samples, not one of KV-cache usage."""
+    recommendation = recommend(capacity_level([0, 1, 2, 3], []))
+
+    assert recommendation.kv_ceiling == 1.0
+    assert recommendation.target_waiting == 3
 
 
 def test_an_engine_that_reports_no_kv_use_gives_no_ceiling() -> None:

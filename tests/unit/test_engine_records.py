@@ -105,3 +105,19 @@ def test_a_pid_that_does_not_exist_is_not_the_recorded_process() -> None:
 
     assert process_identity(beyond_any_pid_max) is None
     assert not is_same_process(a_record(pid=beyond_any_pid_max))
+
+
+def test_a_record_written_before_engine_profiles_reads_as_the_default_engine(
+    tmp_path: Path,
+) -> None:
+    store = RecordStore(tmp_path)
+    store.save(a_record(engine="llamacpp"))
+    [path] = (tmp_path / "shards").iterdir()
+    older = msgspec.json.decode(path.read_bytes())
+    del older["engine"]
+    path.write_bytes(msgspec.json.encode(older))
+
+    [record] = store.load_all()
+
+    assert record.engine == "vllm"
+    assert record == a_record()

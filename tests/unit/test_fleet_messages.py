@@ -476,3 +476,23 @@ def _hello(
         ),
         shards=shards,
     )
+
+
+def test_a_start_shard_without_an_engine_means_the_default_one() -> None:
+    """A control plane from before engine profiles sends none: vLLM's probes, as then."""
+    sent = {
+        "type": "start_shard",
+        "command_id": "start-m-1-0",
+        "replica_id": "m-1",
+        "shard_index": 0,
+        "model": "m",
+        "argv": ["vllm", "serve"],
+        "gpus": [0],
+        "port": 8001,
+    }
+    message = decode_from_server(json.dumps(sent))
+    assert isinstance(message, StartShard)
+    assert message.engine == "vllm"
+    llamacpp = decode_from_server(json.dumps({**sent, "engine": "llamacpp"}))
+    assert isinstance(llamacpp, StartShard)
+    assert llamacpp.engine == "llamacpp"

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.simulator.metrics import EngineMetrics, GaugeReadings, render
-from app.gateway.signals import read_engine_signals, sum_samples
+from agent.simulator.metrics import (
+    SIMULATED_PROFILES,
+    EngineMetrics,
+    GaugeReadings,
+    SimulatedProfile,
+    render,
+)
+from app.gateway.signals import ADMITTED_BY, read_engine_signals, sum_samples
 
 SGLANG = """\
 # HELP sglang:num_running_reqs The number of running requests.
@@ -20,6 +27,30 @@ sglang:num_queue_reqs{model_name="qwen",engine_type="unified",tp_rank="0"} 3.0
 # HELP sglang:token_usage The token usage.
 # TYPE sglang:token_usage gauge
 sglang:token_usage{model_name="qwen",engine_type="unified",tp_rank="0"} 0.42
+"""
+
+LLAMACPP = """\
+# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total 512
+# HELP llamacpp:prompt_seconds_total Prompt process time
+# TYPE llamacpp:prompt_seconds_total counter
+llamacpp:prompt_seconds_total 0.81
+# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.
+# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total 96
+# HELP llamacpp:prompt_tokens_seconds Average prompt throughput in tokens/s.
+# TYPE llamacpp:prompt_tokens_seconds gauge
+llamacpp:prompt_tokens_seconds 632.1
+# HELP llamacpp:predicted_tokens_seconds Average generation throughput in tokens/s.
+# TYPE llamacpp:predicted_tokens_seconds gauge
+llamacpp:predicted_tokens_seconds 34.3
+# HELP llamacpp:requests_processing Number of requests processing.
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 4
+# HELP llamacpp:requests_deferred Number of requests deferred.
+# TYPE llamacpp:requests_deferred gauge
+llamacpp:requests_deferred 2
 """
 
 OLD_VLLM = """\
@@ -52,6 +83,37 @@ def test_sglang_names() -> None:
         "sglang:num_running_reqs",
         "sglang:token_usage",
     )
+
+
+def test_llamacpp_names_and_its_missing_kv_gauge() -> None:
+    reading = read_engine_signals(LLAMACPP)
+    assert reading is not None
+    assert (reading.waiting, reading.running, reading.kv_usage) == (2, 4, 0)
+    assert reading.names == ("llamacpp:requests_deferred", "llamacpp:requests_processing")
+    assert reading.absent == ("kv_usage",)
+    assert ADMITTED_BY[frozenset(reading.absent)] == "waiting queue only"
+
+
+def test_an_older_llamacpp_build_still_gives_its_kv_gauge() -> None:
+    reading = read_engine_signals(LLAMACPP + "llamacpp:kv_cache_usage_ratio 0.31\n")
+    assert reading is not None
+    assert reading.kv_usage == 0.31
+    assert reading.absent == ()
+
+
+@pytest.mark.parametrize("profile", ["vllm", "sglang", "llamacpp"])
+def test_the_simulator_under_each_profile_reads_as_that_engine(profile: SimulatedProfile) -> None:
+    gauges = GaugeReadings(num_waiting=4, num_running=9, kv_cache_usage=0.25)
+    reading = read_engine_signals(render(EngineMetrics(), gauges, "m", profile))
+    names = SIMULATED_PROFILES[profile].metrics
+    assert reading is not None
+    assert (reading.waiting, reading.running) == (4, 9)
+    assert reading.names[:2] == (names.waiting[0], names.running[0])
+    if profile == "llamacpp":
+        assert (reading.kv_usage, reading.absent) == (0, ("kv_usage",))
+    else:
+        assert (reading.kv_usage, reading.absent) == (0.25, ())
+        assert reading.names[2] == names.kv_usage[0]
 
 
 def test_older_vllm_kv_name_is_the_fallback() -> None:

@@ -8,6 +8,7 @@ from msgspec.structs import replace
 
 from app.domain.commands import start_command
 from app.domain.model_spec import (
+    ENGINES,
     MAX_AGENT_MESSAGE_BYTES,
     MAX_COMMAND_BYTES,
     MAX_GPU_MEMORY_GIB,
@@ -24,6 +25,7 @@ from app.domain.model_spec import (
 )
 from app.domain.state import ClusterState, Replica, ReplicaPhase, Shard
 from app.hub.edge import command_to_wire
+from wire.engines import ENGINE_NAMES
 from wire.errors import MessageTooLarge
 from wire.messages import MAX_MESSAGE_BYTES, encode
 
@@ -123,6 +125,33 @@ def test_the_bounds_themselves_are_accepted(spec: ModelSpec) -> None:
 
 def test_the_start_command_limit_is_the_agent_channels_frame_limit() -> None:
     assert MAX_AGENT_MESSAGE_BYTES == MAX_MESSAGE_BYTES
+
+
+def test_the_spec_accepts_exactly_the_engines_that_have_a_profile() -> None:
+    """The domain cannot import ``wire``: its list of engines is kept equal here."""
+    assert ENGINES == ENGINE_NAMES
+    for engine in ENGINES:
+        assert validate_spec(replace(GOOD, engine=engine)) == []
+
+
+def test_an_engine_without_a_profile_is_refused_naming_the_known_ones() -> None:
+    errors = validate_spec(replace(GOOD, engine="llama.cpp"))
+    assert errors == [SpecError("engine", "must be one of vllm, sglang, llamacpp, openai")]
+
+
+def test_the_start_command_carries_the_specs_engine_to_the_agent() -> None:
+    spec = replace(GOOD, engine="llamacpp")
+    shard = Shard(index=0, node_id="n1", gpus=(0,), port=8001)
+    replica = Replica(
+        id="llama-70b-1",
+        model=spec.name,
+        number=1,
+        phase=ReplicaPhase.PLACED,
+        shards=(shard,),
+        placed_at=datetime.now(UTC),
+    )
+    command = command_to_wire(start_command(ClusterState(), spec, replica, shard))
+    assert command.engine == "llamacpp"
 
 
 def largest_wire_start_command(spec: ModelSpec) -> int:

@@ -55,3 +55,24 @@ def test_metrics_carry_vllm_names_and_labels() -> None:
     ):
         assert f"# TYPE {histogram} histogram" in text
         assert values[f"{histogram}_count{{{labels}}}"] == 0
+
+
+def test_as_llamacpp_samples_carry_no_labels_and_there_is_no_kv_gauge() -> None:
+    gauges = GaugeReadings(num_waiting=3, num_running=2, kv_cache_usage=0.25)
+
+    values = samples(render(EngineMetrics(), gauges, "m", "llamacpp"))
+
+    assert values["llamacpp:requests_deferred"] == 3
+    assert values["llamacpp:requests_processing"] == 2
+    assert not any("kv" in name or "{" in name for name in values)
+
+
+def test_as_sglang_gauges_carry_sglangs_names_and_the_model_label() -> None:
+    gauges = GaugeReadings(num_waiting=3, num_running=2, kv_cache_usage=0.25)
+
+    values = samples(render(EngineMetrics(), gauges, "m", "sglang"))
+
+    assert values['sglang:num_queue_reqs{model_name="m"}'] == 3
+    assert values['sglang:num_running_reqs{model_name="m"}'] == 2
+    assert values['sglang:token_usage{model_name="m"}'] == 0.25
+    assert not any(name.startswith("vllm:") for name in values)
