@@ -30,10 +30,9 @@ from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
-ENGINE = "openai"
-"""The spec's ``engine``. It becomes ``llamacpp`` once the model spec knows llama.cpp's
-profile; the assertions under ``if ENGINE == "llamacpp"`` are those that the profile brings
-(admission signals read from llama.cpp's metric names, a one-line failure reason)."""
+ENGINE = "llamacpp"
+"""The spec's ``engine``: llama.cpp's profile (its readiness probe, metric names and
+failure reasons, ``wire/engines.py``)."""
 NODES = ("gpu-a", "gpu-b")
 MODEL = "gemma"
 MAX_TOKENS = 8
@@ -109,22 +108,6 @@ async def test_the_gateway_scrapes_the_real_engines_metrics(
         assert set(ENGINE_METRICS) <= sum_samples(page, frozenset(ENGINE_METRICS)).keys(), page
 
     server = cluster.servers[0]
-    if ENGINE != "llamacpp":
-        # The gateway knows vLLM's and SGLang's names only: it reads each replica's real
-        # page (an answer it could not read would say why) and routes by its own
-        # in-flight count, the replicas counted as stale.
-        await wait_until(
-            lambda: said_in(server_log(cluster), "no known waiting-queue or KV-cache metric"),
-            within_s=30.0,
-            what="the gateway reading the engines' /metrics",
-        )
-        await wait_until(
-            lambda: gateway_counts(server.admin_url, "llmgw_gateway_stale_replicas", len(serving)),
-            within_s=10.0,
-            what="both replicas routed by in-flight count",
-        )
-        return
-
     # With llama.cpp's profile: requests_processing is read as running and
     # requests_deferred as waiting, no replica is stale, and running moves under load.
     running = "llmgw_gateway_replica_running"
@@ -134,6 +117,12 @@ async def test_the_gateway_scrapes_the_real_engines_metrics(
         what="the gateway's running gauge per replica",
     )
     assert await gateway_counts(server.admin_url, "llmgw_gateway_stale_replicas", 0)
+    # llama.cpp has no KV-cache gauge: admission goes by the waiting queue, and says so.
+    await wait_until(
+        lambda: said_in(server_log(cluster), "engine_signals_absent"),
+        within_s=10.0,
+        what="the gateway saying which signal the engine lacks",
+    )
     async with Traffic(gateway, key, MODEL, clients=CLIENTS, max_tokens=64) as traffic:
         await wait_until(
             lambda: gateway_above_zero(server.admin_url, running),
@@ -205,9 +194,8 @@ async def test_a_spec_naming_a_missing_model_file_fails_with_the_engines_log(
     failed = await cluster.wait_for_event("shard_failed", within_s=30.0)
     tail = log_tail(failed)
     assert any(str(missing) in line and "failed to open GGUF file" in line for line in tail), tail
-    if ENGINE == "llamacpp":
-        # The profile turns the tail into a one-line reason.
-        assert "model file not found" in str(failed.get("error")), failed.data
+    # The profile turns the tail into a one-line reason.
+    assert "model file not found" in str(failed.get("error")), failed.data
 
 
 # -- the fleet ------------------------------------------------------------------------
