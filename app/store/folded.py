@@ -19,7 +19,7 @@ leader epoch) have moved the fold ``every_events`` positions past the last one, 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime
 from time import monotonic
 from uuid import UUID
@@ -28,7 +28,7 @@ import msgspec
 import structlog
 
 from app.domain.envelope import Meta, Recorded
-from app.domain.state import ClusterState
+from app.domain.state import ClusterState, Replica, ReplicaPhase
 from app.store.errors import AlreadyRecorded, ConcurrencyError, LogMovedOn, StoreError
 from app.store.fold_view import FoldView
 from app.store.interface import AppendRequest, NewEvent
@@ -100,6 +100,14 @@ class FoldedEventStore:
 
     async def read_correlated(self, correlation_id: str, limit: int = 1000) -> list[Recorded]:
         return await self._recorder.read_correlated(correlation_id, limit)
+
+    async def read_about_replica(self, replica_id: str) -> list[Recorded]:
+        return await self._recorder.read_about_replica(replica_id)
+
+    async def forgotten_replicas(
+        self, known: Collection[str], model: str | None, phase: ReplicaPhase | None
+    ) -> list[Replica]:
+        return await self._recorder.forgotten_replicas(known, model, phase)
 
     async def stream_version(self, stream: str) -> int:
         return await self._recorder.stream_version(stream)
