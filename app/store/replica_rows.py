@@ -9,10 +9,8 @@ and the log keeps every event about it.
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any
 
 import asyncpg
-import msgspec
 from msgspec.structs import replace
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -103,16 +101,12 @@ def _shard(row: asyncpg.Record) -> Shard:
     return Shard(
         index=get("shard_index"),
         node_id=get("node_id"),
-        gpus=tuple(_json(get("gpus"))),
+        gpus=tuple(get("gpus")),
         port=get("port"),
         phase=ShardPhase(get("shard_phase")),
         pid=get("pid"),
         came_up=get("came_up"),
         error=get("error"),
         exit_code=get("exit_code"),
-        log_tail=tuple(_json(get("log_tail"))),
+        log_tail=tuple(get("log_tail")),
     )
-
-
-def _json(value: str) -> Any:
-    return msgspec.json.decode(value)
