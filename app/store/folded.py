@@ -142,7 +142,7 @@ class FoldedEventStore:
         self, session: RecorderSession, requests: Sequence[AppendRequest], meta: Meta
     ) -> list[Recorded]:
         try:
-            plan = self._view.plan(requests, meta, self._clock())
+            plan = await self._plan(session, requests, meta)
         except ConcurrencyError:
             if await self._catch_up(session) > 0:
                 raise LogMovedOn() from None  # another writer moved the stream: check again
@@ -186,8 +186,18 @@ class FoldedEventStore:
         stored = [known[i] for i in ids if i in known]
         if not any(r.events for r in rest):
             return stored
-        plan = self._view.plan(rest, meta, self._clock())
+        plan = await self._plan(session, rest, meta)
         return stored + await self._record(session, plan, meta)
+
+    async def _plan(
+        self, session: RecorderSession, requests: Sequence[AppendRequest], meta: Meta
+    ) -> list[Recorded]:
+        unknown = self._view.unknown_streams(requests)
+        # Usually none: a new stream is appended to with expected version 0. An unchecked
+        # append to a stream the fold has no version of asks the recorder for it (a stale
+        # answer is refused like a stale fold: the log moved on).
+        recorded_versions = await session.stream_versions(unknown) if unknown else None
+        return self._view.plan(requests, meta, self._clock(), recorded_versions)
 
     # -- catching up -----------------------------------------------------------------------------
 

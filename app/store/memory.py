@@ -70,6 +70,9 @@ class InMemoryRecorder:
         start = max(position, 0)
         return [_decode(s) for s in self.log[start : start + limit]]
 
+    async def stream_versions(self, streams: Sequence[str]) -> dict[str, int]:
+        return {s: self._versions[s] for s in streams if s in self._versions}
+
     async def events_with_ids(self, event_ids: Sequence[UUID]) -> list[Recorded]:
         return [_decode(self._by_id[i]) for i in dict.fromkeys(event_ids) if i in self._by_id]
 

@@ -159,6 +159,14 @@ class PostgresSession:
         )
         return [record_from_row(row) for row in rows]
 
+    async def stream_versions(self, streams: Sequence[str]) -> dict[str, int]:
+        rows = await self._db.fetch(
+            "SELECT stream, max(version) FROM events WHERE stream = ANY($1::text[]) "
+            "GROUP BY stream",
+            list(streams),
+        )
+        return {row[0]: int(row[1]) for row in rows}
+
     async def record(
         self, batch: Sequence[Recorded], rows: RowChanges, meta: Meta, after_position: int
     ) -> dict[UUID, int]:

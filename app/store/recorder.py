@@ -37,6 +37,10 @@ class RecorderSession(Protocol):
         """Those of ``event_ids`` already stored (in no particular order)."""
         ...
 
+    async def stream_versions(self, streams: Sequence[str]) -> dict[str, int]:
+        """The versions of those of ``streams`` that have events."""
+        ...
+
     async def record(
         self, batch: Sequence[Recorded], rows: RowChanges, meta: Meta, after_position: int
     ) -> dict[UUID, int]:

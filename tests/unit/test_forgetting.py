@@ -251,3 +251,16 @@ def test_a_snapshot_keeps_what_the_fold_remembers_of_its_ended_replicas() -> Non
     tail = log_of(ended(1, first=K + 2), after=state.position)
     assert replay(tail, decoded).replicas == replay(tail, state).replicas
     assert isinstance(decoded, ClusterState)
+
+
+async def test_a_forgotten_replica_s_stream_has_no_version_but_an_append_continues_it() -> None:
+    store, _ = await forgotten_in_memory()
+    assert store.known_version("replica-llama-1") == 0
+    assert store.known_version("replica-llama-2") == 3
+
+    late = ShardStopped(replica_id="llama-1", shard_index=0, node_id="gpu-1", exit_code=0)
+    (recorded,) = await store.append("replica-llama-1", None, [NewEvent(late)], Meta(actor="t"))
+
+    assert recorded.version == 4
+    assert await store.stream_version("replica-llama-1") == 4
+    assert "llama-1" not in store.state.replicas
