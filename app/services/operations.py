@@ -225,12 +225,10 @@ class Operations:
         """Replicas of ``model``, with a shard on ``node_id``, in ``phase`` (each if given),
         those the fold forgot included, by model and number."""
         state = await self.current()
-        forgotten = await self._store.forgotten_replicas(state.replicas.keys(), model, phase)
+        known = state.replicas.keys()
+        forgotten = await self._store.forgotten_replicas(known, model, node_id, phase)
         return sorted(
-            [
-                *decide.replicas_matching(state, model, node_id, phase),
-                *(r for r in forgotten if decide.matches(r, model, node_id, phase)),
-            ],
+            [*decide.replicas_matching(state, model, node_id, phase), *forgotten],
             key=lambda r: (r.model, r.number),
         )
 

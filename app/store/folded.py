@@ -105,9 +105,13 @@ class FoldedEventStore:
         return await self._recorder.read_about_replica(replica_id)
 
     async def forgotten_replicas(
-        self, known: Collection[str], model: str | None, phase: ReplicaPhase | None
+        self,
+        known: Collection[str],
+        model: str | None,
+        node_id: str | None,
+        phase: ReplicaPhase | None,
     ) -> list[Replica]:
-        return await self._recorder.forgotten_replicas(known, model, phase)
+        return await self._recorder.forgotten_replicas(known, model, node_id, phase)
 
     async def stream_version(self, stream: str) -> int:
         return await self._recorder.stream_version(stream)

@@ -63,10 +63,15 @@ class EventStore(Protocol):
         ...
 
     async def forgotten_replicas(
-        self, known: Collection[str], model: str | None, phase: ReplicaPhase | None
+        self,
+        known: Collection[str],
+        model: str | None,
+        node_id: str | None,
+        phase: ReplicaPhase | None,
     ) -> list[Replica]:
-        """Ended replicas (of ``model``, in ``phase``, if given) that ``known`` lacks: those
-        the fold forgot, as the projection keeps them (enough for a summary)."""
+        """Ended replicas (of ``model``, with a shard on ``node_id``, in ``phase``, if given)
+        that ``known`` lacks: those the fold forgot, as the projection keeps them (enough
+        for a summary)."""
         ...
 
     async def stream_version(self, stream: str) -> int: ...

@@ -123,7 +123,11 @@ class InMemoryRecorder:
         return [r for r in decoded if subjects(r.event).replica == replica_id]
 
     async def forgotten_replicas(
-        self, known: Collection[str], model: str | None, phase: ReplicaPhase | None
+        self,
+        known: Collection[str],
+        model: str | None,
+        node_id: str | None,
+        phase: ReplicaPhase | None,
     ) -> list[Replica]:
         # No tables here: a replay that keeps what it forgets (tests and tools only).
         state = ClusterState()
@@ -136,6 +140,7 @@ class InMemoryRecorder:
             if r.id not in known
             and r.phase in ENDED_PHASES
             and (model is None or r.model == model)
+            and (node_id is None or node_id in r.node_ids)
             and (phase is None or r.phase is phase)
         ]
 

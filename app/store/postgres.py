@@ -121,9 +121,15 @@ class PostgresRecorder:
         return await replica_rows.read_about_replica(self._engine, replica_id)
 
     async def forgotten_replicas(
-        self, known: Collection[str], model: str | None, phase: ReplicaPhase | None
+        self,
+        known: Collection[str],
+        model: str | None,
+        node_id: str | None,
+        phase: ReplicaPhase | None,
     ) -> list[Replica]:
-        return await replica_rows.read_forgotten_replicas(self._engine, known, model, phase)
+        return await replica_rows.read_forgotten_replicas(
+            self._engine, known, model, node_id, phase
+        )
 
     async def stream_version(self, stream: str) -> int:
         async with connection(self._engine) as db:

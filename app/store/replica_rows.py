@@ -28,6 +28,8 @@ SELECT r.id, r.model, r.number, r.phase, r.routable, r.placed_at, r.reason, r.re
        s.error, s.exit_code, s.log_tail
 FROM replicas r JOIN shards s ON s.replica_id = r.id
 WHERE r.phase = ANY($1::text[]) AND ($2::text IS NULL OR r.model = $2)
+  AND ($3::text IS NULL OR EXISTS (
+        SELECT 1 FROM shards o WHERE o.replica_id = r.id AND o.node_id = $3))
 ORDER BY r.id, s.shard_index
 """
 
@@ -35,15 +37,22 @@ _ABOUT_REPLICA = f"SELECT {RECORDED_COLUMNS} FROM events WHERE replica_id = $1 O
 
 
 async def read_forgotten_replicas(
-    engine: AsyncEngine, known: Collection[str], model: str | None, phase: ReplicaPhase | None
+    engine: AsyncEngine,
+    known: Collection[str],
+    model: str | None,
+    node_id: str | None,
+    phase: ReplicaPhase | None,
 ) -> list[Replica]:
-    """Ended replicas (of ``model``, in ``phase``, if given) the tables hold and ``known``
-    (the fold's replica ids) lacks. Built from their rows: the fields the tables do not keep
-    (``stopping_since``, ``agent_stopped_at``, a shard's ``epoch`` and ``stop_reason``) are
-    left at their defaults, which a summary does not show."""
+    """Ended replicas (of ``model``, with a shard on ``node_id``, in ``phase``, if given) the
+    tables hold and ``known`` (the fold's replica ids) lacks. Built from their rows: the
+    fields the tables do not keep (``stopping_since``, ``agent_stopped_at``, a shard's
+    ``epoch`` and ``stop_reason``) are left at their defaults, which a summary does not
+    show."""
     phases = [p.value for p in ENDED_PHASES if phase is None or p is phase]
+    if not phases:  # an active phase: the fold holds every such replica
+        return []
     async with connection(engine) as db:
-        rows = await db.fetch(_ENDED_ROWS, phases, model)
+        rows = await db.fetch(_ENDED_ROWS, phases, model, node_id)
     replicas: dict[str, Replica] = {}
     shards: dict[str, list[Shard]] = {}
     for row in rows:
