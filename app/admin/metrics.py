@@ -194,6 +194,10 @@ def replica_family(state: ClusterState) -> Metric:
         labels=["model", "phase"],
     )
     by_model_phase = Counter((r.model, r.phase) for r in state.replicas.values())
+    for known in state.models.values():  # ended replicas the fold forgot count too
+        by_model_phase.update(
+            {(known.name, ReplicaPhase(p)): n for p, n in known.forgotten.items()}
+        )
     active_models = {r.model for r in state.replicas.values() if r.phase in ACTIVE_PHASES}
     shown = sorted(
         name for name, m in state.models.items() if not m.removed or name in active_models

@@ -13,7 +13,6 @@ from litestar.status_codes import HTTP_202_ACCEPTED
 from app.admin.auth import require_actor
 from app.admin.bodies import check_body
 from app.admin.schemas import DrainAccepted, ReplicaSummary, ReplicaView, as_view
-from app.domain.operations import find_replica, replicas_matching
 from app.domain.state import Replica, ReplicaPhase
 from app.services.operations import Caller, Operations
 
@@ -45,14 +44,13 @@ class ReplicaController(Controller):
         node: Annotated[str | None, QueryParameter(description="with a shard on this node")] = None,
         phase: FromQuery[ReplicaPhase | None] = None,
     ) -> list[ReplicaSummary]:
-        state = await operations.current()
-        return [replica_summary(r) for r in replicas_matching(state, model, node, phase)]
+        return [replica_summary(r) for r in await operations.replicas(model, node, phase)]
 
     @get("/{replica_id:str}", summary="A replica: shards, their state, errors and log tails")
     async def show(
         self, operations: NamedDependency[Operations], replica_id: FromPath[str]
     ) -> ReplicaView:
-        return replica_view(find_replica(await operations.current(), replica_id))
+        return replica_view(await operations.replica(replica_id))
 
     @post(
         "/{replica_id:str}/drain",

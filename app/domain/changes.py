@@ -57,6 +57,8 @@ class ModelChanges(TypedDict, total=False):
     tuned_summary: dict[str, Any] | None
     failures: int
     backoff_until: datetime | None
+    ended: tuple[str, ...]
+    forgotten: dict[str, int]
 
 
 class NodeChanges(TypedDict, total=False):

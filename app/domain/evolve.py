@@ -5,6 +5,12 @@ rows, so the two cannot disagree. It updates ``state``'s maps in place and retur
 replay folds a million events and cannot afford to copy four maps per event. Entities are
 frozen and replaced, never mutated, so anyone holding one (or a ``state.copy()``) keeps a
 consistent picture. Events about an entity the state does not know leave it unchanged.
+
+The fold keeps the live cluster, not its whole history: once more than
+``ENDED_KEPT_PER_MODEL`` replicas of a model have ended, the one that ended first is
+forgotten (``_keep_ended``), so the state, its snapshots and a start-up stay the size of the
+cluster however long the log. Events about a forgotten replica leave the state unchanged,
+like events about one it never knew.
 """
 
 from __future__ import annotations
@@ -63,6 +69,8 @@ from app.domain.events import (
 )
 from app.domain.model_spec import RoutingSettings
 from app.domain.state import (
+    ENDED_KEPT_PER_MODEL,
+    ENDED_PHASES,
     STRAYS_REMEMBERED,
     ApiKey,
     CertificateRevocation,
@@ -426,6 +434,8 @@ def _model_declared(state: ClusterState, event: ModelDeclared, recorded: Recorde
             spec=event.spec,
             declared_at=at,
             replicas_created=known.replicas_created if known else 0,
+            ended=known.ended if known else (),
+            forgotten=known.forgotten if known else {},
         )
     else:
         state.models[event.model] = replace(known, spec=event.spec)
@@ -577,6 +587,31 @@ def _end_replica(
         ended_at=at,
         end_reason=reason if reason is not None else replica.end_reason,
     )
+    _keep_ended(state, replica)
+
+
+def _keep_ended(state: ClusterState, replica: Replica) -> None:
+    """Add ``replica`` to its model's ended replicas (last, even if it ended before), and
+    forget the first of them once there are more than ``ENDED_KEPT_PER_MODEL``: one tuple of
+    at most that many ids per end, never a scan of the replicas. A replica of a model the
+    state does not know is kept (nothing orders its end)."""
+    model = state.models.get(replica.model)
+    if model is None:
+        return
+    ended = (*(i for i in model.ended if i != replica.id), replica.id)
+    forgotten = model.forgotten
+    while len(ended) > ENDED_KEPT_PER_MODEL:
+        oldest = state.replicas.get(ended[0])
+        ended = ended[1:]
+        # Only if it is still an ended replica of this model: an event may have brought it
+        # back (the fold does not refuse that), and then it ends again later.
+        if oldest is not None and oldest.model == model.name and oldest.phase in ENDED_PHASES:
+            del state.replicas[oldest.id]
+            phase = oldest.phase.value
+            forgotten = {**forgotten, phase: forgotten.get(phase, 0) + 1}
+            if state.forgotten is not None:
+                state.forgotten.append(oldest)
+    state.models[model.name] = replace(model, ended=ended, forgotten=forgotten)
 
 
 def _remember_stray(state: ClusterState, event: StrayStopped) -> None:

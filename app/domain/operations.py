@@ -21,7 +21,7 @@ OperationError
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from enum import StrEnum
 
@@ -45,11 +45,19 @@ from app.domain.events import (
     replica_stream,
     subjects,
 )
+from app.domain.evolve import replay
 from app.domain.model_spec import ModelSpec, RoutingSettings, SpecError, validate_spec
 from app.domain.placement import Explanation, explain_placement
-from app.domain.state import ACTIVE_PHASES, ClusterState, Model, Node, Replica, ReplicaPhase
+from app.domain.state import (
+    ACTIVE_PHASES,
+    ENDED_PHASES,
+    ClusterState,
+    Model,
+    Node,
+    Replica,
+    ReplicaPhase,
+)
 
-ENDED_PHASES = frozenset(ReplicaPhase) - ACTIVE_PHASES
 MAX_DRAIN_GRACE_S = 7 * 24 * 3600
 NOT_SERVING_YET = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING})
 
@@ -274,15 +282,25 @@ def replicas_matching(
 ) -> list[Replica]:
     """Replicas of ``model``, with a shard on ``node_id``, in ``phase`` (each if given)."""
     return sorted(
-        (
-            r
-            for r in state.replicas.values()
-            if (model is None or r.model == model)
-            and (node_id is None or node_id in r.node_ids)
-            and (phase is None or r.phase is phase)
-        ),
+        (r for r in state.replicas.values() if matches(r, model, node_id, phase)),
         key=lambda r: (r.model, r.number),
     )
+
+
+def matches(
+    replica: Replica, model: str | None, node_id: str | None, phase: ReplicaPhase | None
+) -> bool:
+    return (
+        (model is None or replica.model == model)
+        and (node_id is None or node_id in replica.node_ids)
+        and (phase is None or replica.phase is phase)
+    )
+
+
+def replica_from_events(replica_id: str, events: Iterable[Recorded]) -> Replica | None:
+    """The replica as the fold had it after ``events``, every event about it: a replica's
+    state depends on its own events alone, so a fold of them rebuilds one it forgot."""
+    return replay(events).replicas.get(replica_id)
 
 
 # -- model status ------------------------------------------------------------------------
@@ -303,6 +321,7 @@ def model_status(state: ClusterState, name: str, now: datetime) -> ModelStatus:
     model = find_model(state, name)
     replicas = [r for r in state.replicas.values() if r.model == name]
     phases = Counter(r.phase for r in replicas)
+    phases.update({ReplicaPhase(phase): n for phase, n in model.forgotten.items()})
     serving = phases[ReplicaPhase.SERVING]
     counting = serving + sum(phases[p] for p in NOT_SERVING_YET)
     reasons = (

@@ -39,6 +39,20 @@ ACTIVE_PHASES = frozenset(
 )
 
 
+ENDED_PHASES = frozenset(ReplicaPhase) - ACTIVE_PHASES
+
+ENDED_KEPT_PER_MODEL = 20
+"""Ended replicas the fold keeps per model, the most recently ended; older ones are
+forgotten (see ``Model.ended``).
+
+Why a count and not a time: a count is read off the events alone (no clock, so a replay, a
+fold from a snapshot and the live fold forget the same replicas at the same event), it
+bounds the fold whatever the churn (a crash loop ends replicas as fast as backoff lets it),
+and it costs one short tuple per model. Twenty is far more than ever end together in
+practice, so an engine still running for a replica that just ended is stopped as planned,
+not as a stray. A forgotten replica stays in the log and in the ``replicas`` and
+``shards`` tables; the fold no longer decides anything with it (see docs/reconciler.md)."""
+
 BACKOFF_BASE_S = 10.0
 BACKOFF_CAP_S = 600.0
 STRAYS_REMEMBERED = 64
@@ -120,6 +134,12 @@ class Model(msgspec.Struct, frozen=True, kw_only=True):
     failures: int = 0
     """Replicas that failed or timed out in a row; reset when one serves."""
     backoff_until: datetime | None = None
+    ended: tuple[str, ...] = ()
+    """Ids of its last ``ENDED_KEPT_PER_MODEL`` ended replicas, in the order they ended: the
+    fold forgets the first when one more ends."""
+    forgotten: dict[str, int] = {}
+    """Replicas of this model the fold forgot, by phase (``stopped``: 12), so counts of its
+    replicas by phase still include them."""
 
     @property
     def desired(self) -> int:
@@ -186,7 +206,7 @@ def revocation_key(serial: str | None, node_id: str | None) -> str:
 class ClusterState:
     """Everything the log says, up to ``position``."""
 
-    __slots__ = ("keys", "models", "nodes", "position", "replicas", "revocations")
+    __slots__ = ("forgotten", "keys", "models", "nodes", "position", "replicas", "revocations")
 
     def __init__(self) -> None:
         self.nodes: dict[str, Node] = {}
@@ -195,6 +215,10 @@ class ClusterState:
         self.keys: dict[str, ApiKey] = {}
         self.revocations: dict[str, CertificateRevocation] = {}
         self.position = 0
+        self.forgotten: list[Replica] | None = None
+        """When a list, every replica the fold forgets is appended to it, as it was then:
+        ``projections rebuild`` keeps their rows that way. Not part of the state (a copy
+        or a snapshot leaves it out)."""
 
     def copy(self) -> ClusterState:
         """A snapshot that later events will not change (entities are frozen)."""

@@ -20,10 +20,17 @@ from app.domain import keys as key_decisions
 from app.domain import operations as decide
 from app.domain import revocations, tuning
 from app.domain.envelope import Meta
-from app.domain.events import key_stream, model_stream, node_stream, replica_stream
+from app.domain.events import key_stream, model_stream, node_stream, replica_stream, subjects
 from app.domain.model_spec import ModelSpec, RoutingSettings
 from app.domain.placement import Explanation
-from app.domain.state import ApiKey, CertificateRevocation, ClusterState, revocation_key
+from app.domain.state import (
+    ApiKey,
+    CertificateRevocation,
+    ClusterState,
+    Replica,
+    ReplicaPhase,
+    revocation_key,
+)
 from app.store.interface import EventStore, NewEvent
 
 DRAIN_EVENTS_SHOWN = 1000
@@ -105,6 +112,7 @@ class Operations:
             replica_stream(replica_id),
             lambda s: decide.drain_replica(s, replica_id, drain_id),
             correlation_id=drain_id,
+            about_replica=replica_id,
         )
         return drain_id
 
@@ -120,6 +128,7 @@ class Operations:
             caller,
             model_stream(name),
             lambda s: tuning.tune(s, name, replica_id, routing, summary),
+            about_replica=replica_id,
         )
 
     async def create_key(
@@ -202,7 +211,42 @@ class Operations:
 
     async def drain(self, drain_id: str) -> decide.DrainProgress:
         events = await self._store.read_correlated(drain_id, DRAIN_EVENTS_SHOWN)
-        return decide.drain_progress(await self.current(), drain_id, events)
+        state = await self.current()
+        for replica_id in sorted({i for e in events if (i := subjects(e.event).replica)}):
+            await self._put_back(state, replica_id)
+        return decide.drain_progress(state, drain_id, events)
+
+    async def replicas(
+        self,
+        model: str | None = None,
+        node_id: str | None = None,
+        phase: ReplicaPhase | None = None,
+    ) -> list[Replica]:
+        """Replicas of ``model``, with a shard on ``node_id``, in ``phase`` (each if given),
+        those the fold forgot included, by model and number."""
+        state = await self.current()
+        known = state.replicas.keys()
+        forgotten = await self._store.forgotten_replicas(known, model, node_id, phase)
+        return sorted(
+            [*decide.replicas_matching(state, model, node_id, phase), *forgotten],
+            key=lambda r: (r.model, r.number),
+        )
+
+    async def replica(self, replica_id: str) -> Replica:
+        """The replica as the fold has it, or as it had it before forgetting it."""
+        state = await self.current()
+        await self._put_back(state, replica_id)
+        return decide.find_replica(state, replica_id)
+
+    async def _put_back(self, state: ClusterState, replica_id: str) -> None:
+        """Put the replica back into ``state`` (a copy) if the fold forgot it: rebuilt from
+        the events about it, exactly as the fold had it."""
+        if replica_id in state.replicas:
+            return
+        events = await self._store.read_about_replica(replica_id)
+        replica = decide.replica_from_events(replica_id, events) if events else None
+        if replica is not None:
+            state.replicas[replica_id] = replica
 
     # -- the shell -----------------------------------------------------------------------
 
@@ -212,10 +256,17 @@ class Operations:
         stream: str,
         decision: Callable[[ClusterState], decide.Change],
         correlation_id: str | None = None,
+        about_replica: str | None = None,
     ) -> bool:
         # Decided on the caught-up fold and appended with that fold's version of the
         # stream: the append succeeds only if no event came since.
-        change = decision(await self._store.catch_up())
+        state = await self._store.catch_up()
+        if about_replica is not None and about_replica not in state.replicas:
+            # A replica the fold forgot has ended, and the decision refuses it as it did
+            # before: with the same words, so it is put back into a copy to decide on.
+            state = state.copy()
+            await self._put_back(state, about_replica)
+        change = decision(state)
         version = self._store.known_version(stream)
         if change.stream != stream:
             raise RuntimeError(f"decision for {stream} wrote {change.stream}")

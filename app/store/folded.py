@@ -19,7 +19,7 @@ leader epoch) have moved the fold ``every_events`` positions past the last one, 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime
 from time import monotonic
 from uuid import UUID
@@ -28,7 +28,7 @@ import msgspec
 import structlog
 
 from app.domain.envelope import Meta, Recorded
-from app.domain.state import ClusterState
+from app.domain.state import ClusterState, Replica, ReplicaPhase
 from app.store.errors import AlreadyRecorded, ConcurrencyError, LogMovedOn, StoreError
 from app.store.fold_view import FoldView
 from app.store.interface import AppendRequest, NewEvent
@@ -101,6 +101,18 @@ class FoldedEventStore:
     async def read_correlated(self, correlation_id: str, limit: int = 1000) -> list[Recorded]:
         return await self._recorder.read_correlated(correlation_id, limit)
 
+    async def read_about_replica(self, replica_id: str) -> list[Recorded]:
+        return await self._recorder.read_about_replica(replica_id)
+
+    async def forgotten_replicas(
+        self,
+        known: Collection[str],
+        model: str | None,
+        node_id: str | None,
+        phase: ReplicaPhase | None,
+    ) -> list[Replica]:
+        return await self._recorder.forgotten_replicas(known, model, node_id, phase)
+
     async def stream_version(self, stream: str) -> int:
         return await self._recorder.stream_version(stream)
 
@@ -134,7 +146,7 @@ class FoldedEventStore:
         self, session: RecorderSession, requests: Sequence[AppendRequest], meta: Meta
     ) -> list[Recorded]:
         try:
-            plan = self._view.plan(requests, meta, self._clock())
+            plan = await self._plan(session, requests, meta)
         except ConcurrencyError:
             if await self._catch_up(session) > 0:
                 raise LogMovedOn() from None  # another writer moved the stream: check again
@@ -178,8 +190,18 @@ class FoldedEventStore:
         stored = [known[i] for i in ids if i in known]
         if not any(r.events for r in rest):
             return stored
-        plan = self._view.plan(rest, meta, self._clock())
+        plan = await self._plan(session, rest, meta)
         return stored + await self._record(session, plan, meta)
+
+    async def _plan(
+        self, session: RecorderSession, requests: Sequence[AppendRequest], meta: Meta
+    ) -> list[Recorded]:
+        unknown = self._view.unknown_streams(requests)
+        # Usually none: a new stream is appended to with expected version 0. An unchecked
+        # append to a stream the fold has no version of asks the recorder for it (a stale
+        # answer is refused like a stale fold: the log moved on).
+        recorded_versions = await session.stream_versions(unknown) if unknown else None
+        return self._view.plan(requests, meta, self._clock(), recorded_versions)
 
     # -- catching up -----------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Protocol
 from uuid import UUID, uuid4
 
@@ -10,7 +10,7 @@ import msgspec
 
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import AnyEvent
-from app.domain.state import ClusterState
+from app.domain.state import ClusterState, Replica, ReplicaPhase
 
 NO_STREAM = 0
 """Expected version of a stream that must not exist yet (versions start at 1)."""
@@ -56,6 +56,22 @@ class EventStore(Protocol):
 
     async def read_correlated(self, correlation_id: str, limit: int = 1000) -> list[Recorded]:
         """Every event of one operation (a drain, say: its steps share its id), in order."""
+        ...
+
+    async def read_about_replica(self, replica_id: str) -> list[Recorded]:
+        """Every event about the replica (``subjects(event).replica``), in order."""
+        ...
+
+    async def forgotten_replicas(
+        self,
+        known: Collection[str],
+        model: str | None,
+        node_id: str | None,
+        phase: ReplicaPhase | None,
+    ) -> list[Replica]:
+        """Ended replicas (of ``model``, with a shard on ``node_id``, in ``phase``, if given)
+        that ``known`` lacks: those the fold forgot, as the projection keeps them (enough
+        for a summary)."""
         ...
 
     async def stream_version(self, stream: str) -> int: ...

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from uuid import UUID
@@ -19,6 +19,9 @@ from uuid import UUID
 import msgspec
 
 from app.domain.envelope import Meta, Recorded
+from app.domain.events import subjects
+from app.domain.evolve import replay
+from app.domain.state import ENDED_PHASES, ClusterState, Replica, ReplicaPhase
 from app.store.codec import decode_event, encode_event
 from app.store.errors import AlreadyRecorded, ConcurrencyError, LogMovedOn
 from app.store.folded import FoldedEventStore
@@ -67,6 +70,9 @@ class InMemoryRecorder:
         start = max(position, 0)
         return [_decode(s) for s in self.log[start : start + limit]]
 
+    async def stream_versions(self, streams: Sequence[str]) -> dict[str, int]:
+        return {s: self._versions[s] for s in streams if s in self._versions}
+
     async def events_with_ids(self, event_ids: Sequence[UUID]) -> list[Recorded]:
         return [_decode(self._by_id[i]) for i in dict.fromkeys(event_ids) if i in self._by_id]
 
@@ -111,6 +117,32 @@ class InMemoryRecorder:
     async def read_correlated(self, correlation_id: str, limit: int = 1000) -> list[Recorded]:
         matching = (s for s in self.log if s.meta.correlation_id == correlation_id)
         return [_decode(s) for s in itertools.islice(matching, limit)]
+
+    async def read_about_replica(self, replica_id: str) -> list[Recorded]:
+        decoded = (_decode(s) for s in self.log)
+        return [r for r in decoded if subjects(r.event).replica == replica_id]
+
+    async def forgotten_replicas(
+        self,
+        known: Collection[str],
+        model: str | None,
+        node_id: str | None,
+        phase: ReplicaPhase | None,
+    ) -> list[Replica]:
+        # No tables here: a replay that keeps what it forgets (tests and tools only).
+        state = ClusterState()
+        state.forgotten = []
+        replay((_decode(s) for s in self.log), state)
+        last = {r.id: r for r in state.forgotten}
+        return [
+            r
+            for r in last.values()
+            if r.id not in known
+            and r.phase in ENDED_PHASES
+            and (model is None or r.model == model)
+            and (node_id is None or node_id in r.node_ids)
+            and (phase is None or r.phase is phase)
+        ]
 
     async def stream_version(self, stream: str) -> int:
         return self._versions.get(stream, 0)

@@ -18,7 +18,7 @@ only on positions becoming visible in commit order, so a gap cannot stall them.)
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -30,7 +30,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import subjects
-from app.store import history
+from app.domain.state import Replica, ReplicaPhase
+from app.store import history, replica_rows
 from app.store.codec import RECORDED_COLUMNS, encode_event, encode_meta, record_from_row
 from app.store.database import connection
 from app.store.errors import (
@@ -116,6 +117,20 @@ class PostgresRecorder:
     async def read_correlated(self, correlation_id: str, limit: int = 1000) -> list[Recorded]:
         return await history.read_correlated(self._engine, correlation_id, limit)
 
+    async def read_about_replica(self, replica_id: str) -> list[Recorded]:
+        return await replica_rows.read_about_replica(self._engine, replica_id)
+
+    async def forgotten_replicas(
+        self,
+        known: Collection[str],
+        model: str | None,
+        node_id: str | None,
+        phase: ReplicaPhase | None,
+    ) -> list[Replica]:
+        return await replica_rows.read_forgotten_replicas(
+            self._engine, known, model, node_id, phase
+        )
+
     async def stream_version(self, stream: str) -> int:
         async with connection(self._engine) as db:
             version = await db.fetchval(
@@ -149,6 +164,14 @@ class PostgresSession:
             _SELECT_EVENTS + " WHERE event_id = ANY($1::uuid[])", list(event_ids)
         )
         return [record_from_row(row) for row in rows]
+
+    async def stream_versions(self, streams: Sequence[str]) -> dict[str, int]:
+        rows = await self._db.fetch(
+            "SELECT stream, max(version) FROM events WHERE stream = ANY($1::text[]) "
+            "GROUP BY stream",
+            list(streams),
+        )
+        return {row[0]: int(row[1]) for row in rows}
 
     async def record(
         self, batch: Sequence[Recorded], rows: RowChanges, meta: Meta, after_position: int

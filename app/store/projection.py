@@ -161,12 +161,15 @@ def key_row(key: ApiKey) -> Row:
 
 
 def all_rows(state: ClusterState) -> dict[str, list[Row]]:
-    """Every projection row the state maps to, keyed by table name."""
+    """Every projection row the state maps to, keyed by table name: with the replicas the
+    fold forgot as they were then, when it kept them (``state.forgotten``)."""
+    replicas = {r.id: r for r in state.forgotten or ()}
+    replicas.update(state.replicas)
     return {
         "models": [model_row(m) for m in state.models.values()],
         "nodes": [node_row(n) for n in state.nodes.values()],
-        "replicas": [replica_row(r) for r in state.replicas.values()],
-        "shards": [row for r in state.replicas.values() for row in shard_rows(r)],
+        "replicas": [replica_row(r) for r in replicas.values()],
+        "shards": [row for r in replicas.values() for row in shard_rows(r)],
         "api_keys": [key_row(k) for k in state.keys.values()],
     }
 
@@ -188,7 +191,8 @@ def changes_for(state: ClusterState, before: Undo) -> RowChanges:
     changes them, so an entity still identical to its undo record needs no row written."""
     models = _changed(state.models, before.models)
     nodes = _changed(state.nodes, before.nodes)
-    replica_ids = _changed(state.replicas, before.replicas)
+    # A replica the fold forgot keeps its rows as they are: it is not touched.
+    replica_ids = [k for k in _changed(state.replicas, before.replicas) if k in state.replicas]
     keys = _changed(state.keys, before.keys)
     replicas = [state.replicas[k] for k in replica_ids if k in state.replicas]
     return RowChanges(
@@ -219,11 +223,15 @@ class Undo(msgspec.Struct):
 
     @classmethod
     def take(cls, state: ClusterState, touched: Touched) -> Undo:
+        models = {k: state.models.get(k) for k in touched.models}
+        # An end can make the fold forget the replica of the model that ended first: the
+        # replicas each touched model keeps as ended are saved too (a few ids per model).
+        kept = {i for m in models.values() if m is not None for i in m.ended}
         return cls(
             position=state.position,
-            models={k: state.models.get(k) for k in touched.models},
+            models=models,
             nodes={k: state.nodes.get(k) for k in touched.nodes},
-            replicas={k: state.replicas.get(k) for k in touched.replicas},
+            replicas={k: state.replicas.get(k) for k in touched.replicas | kept},
             keys={k: state.keys.get(k) for k in touched.keys},
         )
 

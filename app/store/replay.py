@@ -10,6 +10,7 @@ import msgspec
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.domain.envelope import Recorded
 from app.domain.evolve import evolve
 from app.domain.state import ClusterState
 from app.store import snapshot_format
@@ -17,9 +18,11 @@ from app.store.codec import RECORDED_COLUMNS, decode_recorded
 from app.store.collector import paused_gc
 from app.store.database import driver_connection, translated_errors
 from app.store.errors import UnreadableSnapshot
+from app.store.fold_view import absorb
 from app.store.snapshot_table import SELECT_SNAPSHOTS, SnapshotRow, read_snapshot
 
 _END = 2**63 - 1
+_PAGE = 5000
 _REPLAY = (
     f"SELECT {RECORDED_COLUMNS} FROM events WHERE position > $1 AND position <= $2 "
     "ORDER BY position"
@@ -51,13 +54,20 @@ async def replay_into(
 
     Must run inside a transaction (the cursor needs one)."""
     count = 0
+    batch: list[Recorded] = []
     with paused_gc():
-        async for row in db.cursor(_REPLAY, state.position, until, prefetch=5000):
+        async for row in db.cursor(_REPLAY, state.position, until, prefetch=_PAGE):
             recorded = decode_recorded(row[0], row[1], row[2], row[3])
-            evolve(state, recorded)
-            if versions is not None:
-                versions[recorded.stream] = recorded.version
             count += 1
+            if versions is None:
+                evolve(state, recorded)
+                continue
+            batch.append(recorded)
+            if len(batch) == _PAGE:
+                absorb(state, versions, batch)
+                batch = []
+        if batch and versions is not None:
+            absorb(state, versions, batch)
     return count
 
 

@@ -16,7 +16,7 @@ from app.store.postgres import PostgresEventStore
 from app.store.projection import all_rows
 from app.store.rebuild import rebuild
 from app.store.replay import replay
-from tests.support.generators import events, stream_for
+from tests.support.generators import events, histories, stream_for
 
 META = Meta(actor="property")
 
@@ -27,7 +27,7 @@ def test_inline_projection_equals_a_full_rebuild(database_url: str) -> None:
         deadline=None,
         suppress_health_check=[HealthCheck.function_scoped_fixture],
     )
-    @given(st.lists(st.lists(events(), min_size=1, max_size=5), min_size=1, max_size=8))
+    @given(histories(st.lists(st.lists(events(), min_size=1, max_size=5), min_size=1, max_size=8)))
     def appended_then_verified(batches: list[list[AnyEvent]]) -> None:
         asyncio.run(_append_and_verify(database_url, batches))
 

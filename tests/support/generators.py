@@ -20,9 +20,15 @@ from app.domain.events import (
     ApiKeyCreated,
     CertificateRevoked,
     Event,
+    ModelDeclared,
     NodeConnected,
     NodeRegistered,
+    ReplicaFailed,
+    ReplicaLost,
     ReplicaPlaced,
+    ReplicaStartupTimedOut,
+    ReplicaStopped,
+    ShardPlacement,
     StrayStopped,
     subjects,
 )
@@ -33,7 +39,9 @@ from app.domain.model_spec import (
     MAX_TARGET_WAITING,
     MAX_WEIGHT,
     MIN_WEIGHT,
+    ModelSpec,
 )
+from app.domain.state import ENDED_KEPT_PER_MODEL
 
 MODELS = ("llama", "qwen")
 NODES = ("gpu-1", "gpu-2", "gpu-3")
@@ -146,3 +154,46 @@ def stream_for(event: AnyEvent) -> str:
         if value is not None:
             return f"{prefix}-{value}"
     raise AssertionError(f"no stream for {event!r}")
+
+
+_ENDS = (
+    lambda replica_id: ReplicaStopped(replica_id=replica_id),
+    lambda replica_id: ReplicaFailed(replica_id=replica_id, reason="shard 0 failed"),
+    lambda replica_id: ReplicaStartupTimedOut(replica_id=replica_id, timeout_s=60, waited_s=61),
+    lambda replica_id: ReplicaLost(replica_id=replica_id, reason="node gpu-1 lost"),
+)
+
+
+@st.composite
+def churn(draw: st.DrawFn) -> list[list[AnyEvent]]:
+    """Batches in which one model's replicas are placed and end, often more than the fold
+    keeps (``ENDED_KEPT_PER_MODEL``), so that it forgets the first ones (or one fewer, or as
+    many: then it forgets none). They are numbered
+    from 1, so the generated events of other batches speak of forgotten replicas too."""
+    model = draw(st.sampled_from(MODELS))
+    count = draw(st.integers(ENDED_KEPT_PER_MODEL - 1, ENDED_KEPT_PER_MODEL + 4))
+    spec = ModelSpec(name=model, command="sim --port {port}", replicas=1)
+    batches: list[list[AnyEvent]] = [[ModelDeclared(model=model, spec=spec)]]
+    for number in range(1, count + 1):
+        replica_id = f"{model}-{number}"
+        placement = ShardPlacement(
+            index=0, node_id=draw(st.sampled_from(NODES)), gpus=(0,), port=20000
+        )
+        placed = ReplicaPlaced(
+            replica_id=replica_id, model=model, number=number, shards=(placement,)
+        )
+        batches.append([placed, draw(st.sampled_from(_ENDS))(replica_id)])
+    return batches
+
+
+@st.composite
+def histories(
+    draw: st.DrawFn, batches: st.SearchStrategy[list[list[AnyEvent]]]
+) -> list[list[AnyEvent]]:
+    """Generated ``batches`` with a ``churn`` woven in, each in its own order."""
+    generated, churned = draw(batches), draw(churn())
+    history: list[list[AnyEvent]] = []
+    while generated or churned:
+        source = churned if not generated or (churned and draw(st.booleans())) else generated
+        history.append(source.pop(0))
+    return history

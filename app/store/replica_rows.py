@@ -1,0 +1,121 @@
+"""Replicas the fold forgot, read back: from the projection tables (for lists) and from the
+log (one replica, exactly as the fold had it).
+
+The fold keeps a few ended replicas per model (``ENDED_KEPT_PER_MODEL``); the ``replicas``
+and ``shards`` tables keep every replica with the row it had when the fold last changed it,
+and the log keeps every event about it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import asyncpg
+from msgspec.structs import replace
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.domain.envelope import Recorded
+from app.domain.model_spec import RoutingSettings
+from app.domain.state import ENDED_PHASES, Replica, ReplicaPhase, Shard, ShardPhase
+from app.store.codec import RECORDED_COLUMNS, record_from_row
+from app.store.database import connection
+
+_ENDED_ROWS = """
+SELECT r.id, r.model, r.number, r.phase, r.routable, r.placed_at, r.reason, r.replaces,
+       r.starting_since, r.serving_since, r.drain_id, r.drain_started_at, r.replacement_id,
+       r.ended_at, r.end_reason, r.weight, r.target_waiting, r.kv_ceiling,
+       s.shard_index, s.node_id, s.gpus, s.port, s.phase AS shard_phase, s.pid, s.came_up,
+       s.error, s.exit_code, s.log_tail
+FROM replicas r JOIN shards s ON s.replica_id = r.id
+WHERE r.phase = ANY($1::text[]) AND ($2::text IS NULL OR r.model = $2)
+  AND ($3::text IS NULL OR EXISTS (
+        SELECT 1 FROM shards o WHERE o.replica_id = r.id AND o.node_id = $3))
+ORDER BY r.id, s.shard_index
+"""
+
+_ABOUT_REPLICA = f"SELECT {RECORDED_COLUMNS} FROM events WHERE replica_id = $1 ORDER BY position"
+
+
+async def read_forgotten_replicas(
+    engine: AsyncEngine,
+    known: Collection[str],
+    model: str | None,
+    node_id: str | None,
+    phase: ReplicaPhase | None,
+) -> list[Replica]:
+    """Ended replicas (of ``model``, with a shard on ``node_id``, in ``phase``, if given) the
+    tables hold and ``known`` (the fold's replica ids) lacks. Built from their rows: the
+    fields the tables do not keep (``stopping_since``, ``agent_stopped_at``, a shard's
+    ``epoch`` and ``stop_reason``) are left at their defaults, which a summary does not
+    show."""
+    phases = [p.value for p in ENDED_PHASES if phase is None or p is phase]
+    if not phases:  # an active phase: the fold holds every such replica
+        return []
+    async with connection(engine) as db:
+        rows = await db.fetch(_ENDED_ROWS, phases, model, node_id)
+    replicas: dict[str, Replica] = {}
+    shards: dict[str, list[Shard]] = {}
+    for row in rows:
+        if row["id"] in known:
+            continue
+        shards.setdefault(row["id"], []).append(_shard(row))
+        if row["id"] not in replicas:
+            replicas[row["id"]] = _replica(row)
+    return [replace(r, shards=tuple(shards[r.id])) for r in replicas.values()]
+
+
+async def read_about_replica(engine: AsyncEngine, replica_id: str) -> list[Recorded]:
+    """Every event about the replica (``subjects(event).replica``), in order."""
+    if "\x00" in replica_id:  # PostgreSQL text cannot hold it: no stored id has one
+        return []
+    async with connection(engine) as db:
+        rows = await db.fetch(_ABOUT_REPLICA, replica_id)
+    return [record_from_row(row) for row in rows]
+
+
+def _replica(row: asyncpg.Record) -> Replica:
+    get = row.__getitem__
+    routing = (
+        RoutingSettings(
+            weight=get("weight"),
+            target_waiting=get("target_waiting"),
+            kv_ceiling=get("kv_ceiling"),
+        )
+        if get("weight") is not None
+        else None
+    )
+    return Replica(
+        id=get("id"),
+        model=get("model"),
+        number=get("number"),
+        phase=ReplicaPhase(get("phase")),
+        shards=(),
+        placed_at=get("placed_at"),
+        reason=get("reason"),
+        replaces=get("replaces"),
+        starting_since=get("starting_since"),
+        serving_since=get("serving_since"),
+        drain_id=get("drain_id"),
+        drain_started_at=get("drain_started_at"),
+        replacement_id=get("replacement_id"),
+        routable=get("routable"),
+        ended_at=get("ended_at"),
+        end_reason=get("end_reason"),
+        routing=routing,
+    )
+
+
+def _shard(row: asyncpg.Record) -> Shard:
+    get = row.__getitem__
+    return Shard(
+        index=get("shard_index"),
+        node_id=get("node_id"),
+        gpus=tuple(get("gpus")),
+        port=get("port"),
+        phase=ShardPhase(get("shard_phase")),
+        pid=get("pid"),
+        came_up=get("came_up"),
+        error=get("error"),
+        exit_code=get("exit_code"),
+        log_tail=tuple(get("log_tail")),
+    )
