@@ -21,7 +21,7 @@ import msgspec
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import subjects
 from app.domain.evolve import replay
-from app.domain.state import ENDED_PHASES, ClusterState, Replica, ReplicaPhase
+from app.domain.state import ENDED_PHASES, ClusterState, Replica, ReplicaFilter
 from app.store.codec import decode_event, encode_event
 from app.store.errors import AlreadyRecorded, ConcurrencyError, LogMovedOn
 from app.store.folded import FoldedEventStore
@@ -123,11 +123,7 @@ class InMemoryRecorder:
         return [r for r in decoded if subjects(r.event).replica == replica_id]
 
     async def forgotten_replicas(
-        self,
-        known: Collection[str],
-        model: str | None,
-        node_id: str | None,
-        phase: ReplicaPhase | None,
+        self, known: Collection[str], among: ReplicaFilter
     ) -> list[Replica]:
         # No tables here: a replay that keeps what it forgets (tests and tools only).
         state = ClusterState()
@@ -137,11 +133,7 @@ class InMemoryRecorder:
         return [
             r
             for r in last.values()
-            if r.id not in known
-            and r.phase in ENDED_PHASES
-            and (model is None or r.model == model)
-            and (node_id is None or node_id in r.node_ids)
-            and (phase is None or r.phase is phase)
+            if r.id not in known and r.phase in ENDED_PHASES and among.matches(r)
         ]
 
     async def stream_version(self, stream: str) -> int:
