@@ -45,25 +45,6 @@ class FailurePattern(msgspec.Struct, frozen=True, kw_only=True):
     needles: tuple[str, ...]
 
 
-class EngineProfile(msgspec.Struct, frozen=True, kw_only=True):
-    name: str
-    readiness_paths: tuple[str, ...]
-    """Every path must answer 200 before the engine counts as serving."""
-    loading: str
-    """What an engine that is still loading looks like to those probes."""
-    metrics: MetricNames
-    metrics_flag: str | None
-    """The flag the engine needs to export ``/metrics`` (None: on by default)."""
-    stop_signal: signal.Signals
-    """Sent to the engine's process group first; SIGKILL follows after the grace time."""
-    stop_grace: str
-    """What the engine does with the grace time."""
-    cancel: str
-    """How one request is cancelled."""
-    failure_patterns: tuple[FailurePattern, ...]
-    """Most specific first: the first pattern that any line matches gives the reason."""
-
-
 CANCEL_BY_CLOSING = "close the HTTP connection: the engine aborts the request and frees its slot"
 
 # One list for every profile: one engine's lines are never another's, and a generic server
@@ -114,6 +95,26 @@ _COMMON_FAILURES = (
     _MODEL_NOT_LOADED,
 )
 
+
+class EngineProfile(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    readiness_paths: tuple[str, ...]
+    """Every path must answer 200 before the engine counts as serving."""
+    loading: str
+    """What an engine that is still loading looks like to those probes."""
+    metrics: MetricNames
+    metrics_flag: str | None
+    """The flag the engine needs to export ``/metrics`` (None: on by default)."""
+    stop_signal: signal.Signals = signal.SIGTERM
+    """Sent to the engine's process group first; SIGKILL follows after the grace time."""
+    stop_grace: str
+    """What the engine does with the grace time."""
+    cancel: str = CANCEL_BY_CLOSING
+    """How one request is cancelled."""
+    failure_patterns: tuple[FailurePattern, ...] = _COMMON_FAILURES
+    """Most specific first: the first pattern that any line matches gives the reason."""
+
+
 VLLM = EngineProfile(
     name="vllm",
     readiness_paths=("/health", "/v1/models"),
@@ -124,10 +125,7 @@ VLLM = EngineProfile(
         kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     ),
     metrics_flag=None,
-    stop_signal=signal.SIGTERM,
     stop_grace="stops taking requests and shuts its worker processes down",
-    cancel=CANCEL_BY_CLOSING,
-    failure_patterns=_COMMON_FAILURES,
 )
 SGLANG = EngineProfile(
     name="sglang",
@@ -140,10 +138,7 @@ SGLANG = EngineProfile(
         kv_usage=("sglang:token_usage",),
     ),
     metrics_flag="--enable-metrics",
-    stop_signal=signal.SIGTERM,
     stop_grace="stops taking requests and shuts its scheduler and detokenizer processes down",
-    cancel=CANCEL_BY_CLOSING,
-    failure_patterns=_COMMON_FAILURES,
 )
 LLAMACPP = EngineProfile(
     name="llamacpp",
@@ -155,10 +150,7 @@ LLAMACPP = EngineProfile(
         kv_usage=("llamacpp:kv_cache_usage_ratio",),
     ),
     metrics_flag="--metrics",
-    stop_signal=signal.SIGTERM,
     stop_grace="stops its HTTP server and exits at once, ending the requests it runs",
-    cancel=CANCEL_BY_CLOSING,
-    failure_patterns=_COMMON_FAILURES,
 )
 OPENAI = EngineProfile(
     name="openai",
@@ -170,10 +162,7 @@ OPENAI = EngineProfile(
         kv_usage=(*VLLM.metrics.kv_usage, *SGLANG.metrics.kv_usage, *LLAMACPP.metrics.kv_usage),
     ),
     metrics_flag=None,
-    stop_signal=signal.SIGTERM,
     stop_grace="unknown: the server gets the grace time, then SIGKILL",
-    cancel=CANCEL_BY_CLOSING,
-    failure_patterns=_COMMON_FAILURES,
 )
 
 PROFILES: Mapping[str, EngineProfile] = MappingProxyType(

@@ -14,7 +14,7 @@ profile's own (``wire.engines``), so what the simulator says is what llmgw reads
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Literal
 
 from wire.engines import LLAMACPP, SGLANG, VLLM, EngineProfile
@@ -99,22 +99,8 @@ def render(
 
 
 def _render_vllm(metrics: EngineMetrics, gauges: GaugeReadings, model_name: str) -> str:
-    labels = f'engine="0",model_name="{_escape(model_name)}"'
-    out: list[str] = []
-
-    def sample(name: str, kind: str, help_text: str, value: float, extra: str = "") -> None:
-        out.append(f"# HELP {name} {help_text}")
-        out.append(f"# TYPE {name} {kind}")
-        out.append(f"{name}{{{labels}{extra}}} {_number(value)}")
-
-    def histogram(name: str, help_text: str, histogram: Histogram) -> None:
-        out.append(f"# HELP {name} {help_text}")
-        out.append(f"# TYPE {name} histogram")
-        for bound, count in histogram.cumulative():
-            out.append(f'{name}_bucket{{{labels},le="{bound}"}} {count}')
-        out.append(f"{name}_count{{{labels}}} {histogram.count}")
-        out.append(f"{name}_sum{{{labels}}} {_number(histogram.sum)}")
-
+    exposition = _Exposition(f'engine="0",model_name="{_escape(model_name)}"')
+    sample, histogram = exposition.sample, exposition.histogram
     sample(VLLM.metrics.running[0], "gauge", "Requests in the running batch.", gauges.num_running)
     sample(VLLM.metrics.waiting[0], "gauge", "Requests waiting to be admitted.", gauges.num_waiting)
     sample(
@@ -140,7 +126,7 @@ def _render_vllm(metrics: EngineMetrics, gauges: GaugeReadings, model_name: str)
         "counter",
         "Requests that finished.",
         metrics.requests_succeeded,
-        ',finished_reason="length"',
+        'finished_reason="length"',
     )
     sample(
         "vllm:prompt_tokens_total", "counter", "Prefill tokens processed.", metrics.prompt_tokens
@@ -177,14 +163,12 @@ def _render_vllm(metrics: EngineMetrics, gauges: GaugeReadings, model_name: str)
         "End-to-end request latency in seconds.",
         metrics.e2e_request_latency,
     )
-    out.append("")
-    return "\n".join(out)
+    return exposition.text()
 
 
 def _render_sglang(metrics: EngineMetrics, gauges: GaugeReadings, model_name: str) -> str:
-    labels = f'model_name="{_escape(model_name)}"'
-    out: list[str] = []
-    sample = _sampler(out, labels)
+    exposition = _Exposition(f'model_name="{_escape(model_name)}"')
+    sample = exposition.sample
     sample(
         SGLANG.metrics.running[0], "gauge", "The number of running requests.", gauges.num_running
     )
@@ -224,20 +208,14 @@ def _render_sglang(metrics: EngineMetrics, gauges: GaugeReadings, model_name: st
             metrics.e2e_request_latency,
         ),
     ):
-        out.append(f"# HELP {name} {help_text}")
-        out.append(f"# TYPE {name} histogram")
-        for bound, count in histogram.cumulative():
-            out.append(f'{name}_bucket{{{labels},le="{bound}"}} {count}')
-        out.append(f"{name}_count{{{labels}}} {histogram.count}")
-        out.append(f"{name}_sum{{{labels}}} {_number(histogram.sum)}")
-    out.append("")
-    return "\n".join(out)
+        exposition.histogram(name, help_text, histogram)
+    return exposition.text()
 
 
 def _render_llamacpp(metrics: EngineMetrics, gauges: GaugeReadings, model_name: str) -> str:
     """llama.cpp's server labels nothing (it serves one model) and has no KV-cache gauge."""
-    out: list[str] = []
-    sample = _sampler(out, None)
+    exposition = _Exposition(None)
+    sample = exposition.sample
     sample(
         "llamacpp:prompt_tokens_total",
         "counter",
@@ -262,17 +240,35 @@ def _render_llamacpp(metrics: EngineMetrics, gauges: GaugeReadings, model_name: 
         "Number of requests deferred.",
         gauges.num_waiting,
     )
-    out.append("")
-    return "\n".join(out)
+    return exposition.text()
 
 
-def _sampler(out: list[str], labels: str | None) -> Callable[[str, str, str, float], None]:
-    def sample(name: str, kind: str, help_text: str, value: float) -> None:
-        out.append(f"# HELP {name} {help_text}")
-        out.append(f"# TYPE {name} {kind}")
-        out.append(f"{name}{{{labels}}} {_number(value)}" if labels else f"{name} {_number(value)}")
+class _Exposition:
+    """Samples in the text format, each with the same ``labels`` (none when None)."""
 
-    return sample
+    def __init__(self, labels: str | None) -> None:
+        self._labels = labels
+        self._lines: list[str] = []
+
+    def sample(self, name: str, kind: str, help_text: str, value: float, extra: str = "") -> None:
+        """``extra``: labels this sample adds to the common ones."""
+        self._lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+        self._lines.append(f"{name}{self._braces(extra)} {_number(value)}")
+
+    def histogram(self, name: str, help_text: str, histogram: Histogram) -> None:
+        self._lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+        for bound, count in histogram.cumulative():
+            le = f'le="{bound}"'
+            self._lines.append(f"{name}_bucket{self._braces(le)} {count}")
+        self._lines.append(f"{name}_count{self._braces()} {histogram.count}")
+        self._lines.append(f"{name}_sum{self._braces()} {_number(histogram.sum)}")
+
+    def text(self) -> str:
+        return "\n".join([*self._lines, ""])
+
+    def _braces(self, extra: str = "") -> str:
+        labels = ",".join(label for label in (self._labels, extra) if label)
+        return f"{{{labels}}}" if labels else ""
 
 
 def _number(value: float) -> str:

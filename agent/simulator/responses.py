@@ -58,13 +58,21 @@ def _usage(generation: Generation, output_tokens: int) -> Usage:
     return Usage(prompt_tokens, output_tokens, prompt_tokens + output_tokens)
 
 
-class ChatRenderer:
+class _Response:
+    """What every body and chunk of one response repeats."""
+
+    id_prefix = ""
+
     def __init__(self, generation: Generation, model: str) -> None:
         self._generation = generation
-        self._id = f"chatcmpl-{uuid.uuid4().hex}"
+        self._id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         self._created = int(time.time())
         self._model = model
         self._usage_field: msgspec.UnsetType | None = None if generation.include_usage else UNSET
+
+
+class ChatRenderer(_Response):
+    id_prefix = "chatcmpl"
 
     def body(self, output_tokens: int) -> bytes:
         return _encode(
@@ -117,15 +125,10 @@ class ChatRenderer:
         )
 
 
-class CompletionRenderer:
+class CompletionRenderer(_Response):
     """Text completions put the finish reason on the chunk of the last token."""
 
-    def __init__(self, generation: Generation, model: str) -> None:
-        self._generation = generation
-        self._id = f"cmpl-{uuid.uuid4().hex}"
-        self._created = int(time.time())
-        self._model = model
-        self._usage_field: msgspec.UnsetType | None = None if generation.include_usage else UNSET
+    id_prefix = "cmpl"
 
     def body(self, output_tokens: int) -> bytes:
         return _encode(

@@ -22,8 +22,9 @@ class Meta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     epoch: int | None = None
 
 
-class Recorded(msgspec.Struct, frozen=True, kw_only=True):
-    """An event as the log holds it."""
+class Envelope(msgspec.Struct, frozen=True, kw_only=True):
+    """Where an event sits in the log, when it was recorded and why: what every form of a
+    recorded event carries, whatever form its payload takes."""
 
     position: int
     stream: str
@@ -31,4 +32,9 @@ class Recorded(msgspec.Struct, frozen=True, kw_only=True):
     event_id: UUID
     recorded_at: datetime
     meta: Meta
+
+
+class Recorded(Envelope, frozen=True, kw_only=True):
+    """An event as the log holds it."""
+
     event: AnyEvent

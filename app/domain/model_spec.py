@@ -89,6 +89,10 @@ def validate_spec(spec: ModelSpec) -> list[SpecError]:
         if not ok:
             errors.append(SpecError(field, reason))
 
+    def need_between(value: float, field: str, low: float, high: float, note: str = "") -> None:
+        # Written as a range to hold, so that NaN (which compares false) is refused too.
+        need(low <= value <= high, field, f"must be between {low} and {high}{note}")
+
     need(
         bool(NAME_PATTERN.match(spec.name)),
         "name",
@@ -116,34 +120,17 @@ def validate_spec(spec: ModelSpec) -> list[SpecError]:
         f"is {spec_size} bytes as JSON, over the limit of {MAX_SPEC_BYTES}",
     )
     need(spec.engine in ENGINES, "engine", f"must be one of {', '.join(ENGINES)}")
-    # Written as ranges to hold, so that NaN (which compares false) is refused too.
-    need(
-        1 <= spec.gpus_per_shard <= MAX_GPUS_PER_SHARD,
-        "gpus_per_shard",
-        f"must be between 1 and {MAX_GPUS_PER_SHARD}",
-    )
-    need(
-        0 <= spec.gpu_memory_gib <= MAX_GPU_MEMORY_GIB,
-        "gpu_memory_gib",
-        f"must be between 0 and {MAX_GPU_MEMORY_GIB}",
-    )
-    need(
-        1 <= spec.shards_per_replica <= MAX_SHARDS_PER_REPLICA,
-        "shards_per_replica",
-        f"must be between 1 and {MAX_SHARDS_PER_REPLICA}",
-    )
-    need(0 <= spec.replicas <= MAX_REPLICAS, "replicas", f"must be between 0 and {MAX_REPLICAS}")
+    need_between(spec.gpus_per_shard, "gpus_per_shard", 1, MAX_GPUS_PER_SHARD)
+    need_between(spec.gpu_memory_gib, "gpu_memory_gib", 0, MAX_GPU_MEMORY_GIB)
+    need_between(spec.shards_per_replica, "shards_per_replica", 1, MAX_SHARDS_PER_REPLICA)
+    need_between(spec.replicas, "replicas", 0, MAX_REPLICAS)
     need(
         0 < spec.startup_timeout_s <= MAX_STARTUP_TIMEOUT_S,
         "startup_timeout_s",
         f"must be more than 0 and at most {MAX_STARTUP_TIMEOUT_S} (a day)",
     )
-    need(
-        0 <= spec.stop_grace_s <= MAX_STOP_GRACE_S,
-        "stop_grace_s",
-        f"must be between 0 and {MAX_STOP_GRACE_S} (an hour)",
-    )
-    need(1 <= spec.max_moves <= MAX_MOVES, "max_moves", f"must be between 1 and {MAX_MOVES}")
+    need_between(spec.stop_grace_s, "stop_grace_s", 0, MAX_STOP_GRACE_S, " (an hour)")
+    need_between(spec.max_moves, "max_moves", 1, MAX_MOVES)
     errors.extend(
         SpecError(f"routing.{e.field}", e.reason) for e in routing_setting_errors(spec.routing)
     )

@@ -21,9 +21,10 @@ OperationError
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
+from typing import TypeVar
 
 import msgspec
 from msgspec.structs import replace
@@ -55,11 +56,14 @@ from app.domain.state import (
     Model,
     Node,
     Replica,
+    ReplicaFilter,
     ReplicaPhase,
 )
 
 MAX_DRAIN_GRACE_S = 7 * 24 * 3600
 NOT_SERVING_YET = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING})
+
+_T = TypeVar("_T")
 
 
 class OperationError(Exception):
@@ -247,24 +251,22 @@ def _why_not_drainable(replica: Replica) -> str:
 
 
 def find_model(state: ClusterState, name: str) -> Model:
-    model = state.models.get(name)
-    if model is None:
-        raise UnknownModel(name)
-    return model
+    return _known(state.models, name, UnknownModel)
 
 
 def find_node(state: ClusterState, node_id: str) -> Node:
-    node = state.nodes.get(node_id)
-    if node is None:
-        raise UnknownNode(node_id)
-    return node
+    return _known(state.nodes, node_id, UnknownNode)
 
 
 def find_replica(state: ClusterState, replica_id: str) -> Replica:
-    replica = state.replicas.get(replica_id)
-    if replica is None:
-        raise UnknownReplica(replica_id)
-    return replica
+    return _known(state.replicas, replica_id, UnknownReplica)
+
+
+def _known(things: Mapping[str, _T], key: str, unknown: type[UnknownThing]) -> _T:
+    thing = things.get(key)
+    if thing is None:
+        raise unknown(key)
+    return thing
 
 
 def _declared_model(state: ClusterState, name: str) -> Model:
@@ -281,20 +283,8 @@ def replicas_matching(
     phase: ReplicaPhase | None = None,
 ) -> list[Replica]:
     """Replicas of ``model``, with a shard on ``node_id``, in ``phase`` (each if given)."""
-    return sorted(
-        (r for r in state.replicas.values() if matches(r, model, node_id, phase)),
-        key=lambda r: (r.model, r.number),
-    )
-
-
-def matches(
-    replica: Replica, model: str | None, node_id: str | None, phase: ReplicaPhase | None
-) -> bool:
-    return (
-        (model is None or replica.model == model)
-        and (node_id is None or node_id in replica.node_ids)
-        and (phase is None or replica.phase is phase)
-    )
+    among = ReplicaFilter(model=model, node_id=node_id, phase=phase)
+    return sorted(filter(among.matches, state.replicas.values()), key=lambda r: (r.model, r.number))
 
 
 def replica_from_events(replica_id: str, events: Iterable[Recorded]) -> Replica | None:

@@ -123,6 +123,21 @@ class Replica(msgspec.Struct, frozen=True, kw_only=True):
         return tuple(dict.fromkeys(shard.node_id for shard in self.shards))
 
 
+class ReplicaFilter(msgspec.Struct, frozen=True, kw_only=True):
+    """Replicas of ``model``, with a shard on ``node_id``, in ``phase`` (each if given)."""
+
+    model: str | None = None
+    node_id: str | None = None
+    phase: ReplicaPhase | None = None
+
+    def matches(self, replica: Replica) -> bool:
+        return (
+            (self.model is None or replica.model == self.model)
+            and (self.node_id is None or self.node_id in replica.node_ids)
+            and (self.phase is None or replica.phase is self.phase)
+        )
+
+
 class Model(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     spec: ModelSpec

@@ -92,13 +92,11 @@ def invalid_api_key(message: str) -> ApiError:
 
 def too_many_failed_authentications(retry_after_s: float) -> ApiError:
     """The client's address sent too many incorrect keys: 429 until it has earned one back."""
-    return ApiError(
-        429,
+    return _retry_later(
         "Too many requests with an incorrect API key from your address; retry after "
         f"{math.ceil(retry_after_s)} s.",
-        type="rate_limit_error",
-        code="too_many_failed_authentications",
-        headers=((b"retry-after", retry_after_header(retry_after_s)),),
+        "too_many_failed_authentications",
+        retry_after_s,
     )
 
 
@@ -184,13 +182,17 @@ def duration_header(seconds: float) -> bytes:
 
 
 def saturated(model: str, retry_after_s: float) -> ApiError:
-    return ApiError(
-        429,
+    return _retry_later(
         f"Every replica of `{model}` is at capacity; retry after {retry_after_s:g} s.",
-        type="rate_limit_error",
-        code="engine_overloaded",
-        headers=((b"retry-after", retry_after_header(retry_after_s)),),
+        "engine_overloaded",
+        retry_after_s,
     )
+
+
+def _retry_later(message: str, code: str, retry_after_s: float) -> ApiError:
+    """429 with ``Retry-After``: the client may try again once that time has passed."""
+    retry_after = (b"retry-after", retry_after_header(retry_after_s))
+    return ApiError(429, message, type="rate_limit_error", code=code, headers=(retry_after,))
 
 
 def no_serving_replica(model: str) -> ApiError:

@@ -11,7 +11,7 @@ become a new time series.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -84,6 +84,16 @@ def _gauge(name: str, documentation: str, labels: list[str]) -> GaugeMetricFamil
     return GaugeMetricFamily(f"llmgw_gateway_{name}", documentation, labels=labels)
 
 
+def _per_model(
+    registry: CollectorRegistry, name: str, documentation: str, buckets: Sequence[float]
+) -> Histogram:
+    return Histogram(name, documentation, ["model"], buckets=buckets, registry=registry)
+
+
+def _by_reason(registry: CollectorRegistry, name: str, documentation: str) -> Counter:
+    return Counter(name, documentation, ["reason"], registry=registry)
+
+
 class _ModelHistograms(NamedTuple):
     duration: Histogram
     added: Histogram
@@ -100,52 +110,46 @@ class GatewayMetrics:
             ["model", "status"],
             registry=self.registry,
         )
-        self._duration = Histogram(
+        registry = self.registry
+        self._duration = _per_model(
+            registry,
             "llmgw_gateway_request_duration_seconds",
             "From the request's arrival to the end of its answer.",
-            ["model"],
-            buckets=DURATION_BUCKETS,
-            registry=self.registry,
+            DURATION_BUCKETS,
         )
-        self._first_byte = Histogram(
+        self._first_byte = _per_model(
+            registry,
             "llmgw_gateway_time_to_first_byte_seconds",
             "From the request's arrival to the first byte of the engine's answer.",
-            ["model"],
-            buckets=FIRST_BYTE_BUCKETS,
-            registry=self.registry,
+            FIRST_BYTE_BUCKETS,
         )
-        self._queue = Histogram(
+        self._queue = _per_model(
+            registry,
             "llmgw_gateway_queue_seconds",
             "Time waiting for an eligible replica (admission).",
-            ["model"],
-            buckets=QUEUE_BUCKETS,
-            registry=self.registry,
+            QUEUE_BUCKETS,
         )
-        self._added = Histogram(
+        self._added = _per_model(
+            registry,
             "llmgw_gateway_added_seconds",
             "Time the gateway itself added to a request (all but the engine's time).",
-            ["model"],
-            buckets=ADDED_BUCKETS,
-            registry=self.registry,
+            ADDED_BUCKETS,
         )
-        self._rejections = Counter(
+        self._rejections = _by_reason(
+            registry,
             "llmgw_gateway_admission_rejections",
             "Requests refused before reaching an engine, by reason.",
-            ["reason"],
-            registry=self.registry,
         )
-        self._retries = Counter(
+        self._retries = _by_reason(
+            registry,
             "llmgw_gateway_upstream_retries",
             "Requests sent again to another replica, by what went wrong with the first.",
-            ["reason"],
-            registry=self.registry,
         )
-        self._egress_refusals = Counter(
+        self._egress_refusals = _by_reason(
+            registry,
             "llmgw_gateway_engine_egress_refusals",
             "Routes left out of routing because their engine address may not be contacted "
             "(see --engine-networks), by reason; each route counted once, when first refused.",
-            ["reason"],
-            registry=self.registry,
         )
         self._egress_refused_routes = Gauge(
             "llmgw_gateway_egress_refused_routes",

@@ -28,6 +28,7 @@ from app.domain.state import (
     CertificateRevocation,
     ClusterState,
     Replica,
+    ReplicaFilter,
     ReplicaPhase,
     revocation_key,
 )
@@ -225,8 +226,8 @@ class Operations:
         """Replicas of ``model``, with a shard on ``node_id``, in ``phase`` (each if given),
         those the fold forgot included, by model and number."""
         state = await self.current()
-        known = state.replicas.keys()
-        forgotten = await self._store.forgotten_replicas(known, model, node_id, phase)
+        among = ReplicaFilter(model=model, node_id=node_id, phase=phase)
+        forgotten = await self._store.forgotten_replicas(state.replicas.keys(), among)
         return sorted(
             [*decide.replicas_matching(state, model, node_id, phase), *forgotten],
             key=lambda r: (r.model, r.number),

@@ -28,7 +28,7 @@ import msgspec
 import structlog
 
 from app.domain.envelope import Meta, Recorded
-from app.domain.state import ClusterState, Replica, ReplicaPhase
+from app.domain.state import ClusterState, Replica, ReplicaFilter
 from app.store.errors import AlreadyRecorded, ConcurrencyError, LogMovedOn, StoreError
 from app.store.fold_view import FoldView
 from app.store.interface import AppendRequest, NewEvent
@@ -105,13 +105,9 @@ class FoldedEventStore:
         return await self._recorder.read_about_replica(replica_id)
 
     async def forgotten_replicas(
-        self,
-        known: Collection[str],
-        model: str | None,
-        node_id: str | None,
-        phase: ReplicaPhase | None,
+        self, known: Collection[str], among: ReplicaFilter
     ) -> list[Replica]:
-        return await self._recorder.forgotten_replicas(known, model, node_id, phase)
+        return await self._recorder.forgotten_replicas(known, among)
 
     async def stream_version(self, stream: str) -> int:
         return await self._recorder.stream_version(stream)

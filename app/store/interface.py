@@ -10,7 +10,7 @@ import msgspec
 
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import AnyEvent
-from app.domain.state import ClusterState, Replica, ReplicaPhase
+from app.domain.state import ClusterState, Replica, ReplicaFilter
 
 NO_STREAM = 0
 """Expected version of a stream that must not exist yet (versions start at 1)."""
@@ -32,7 +32,35 @@ class AppendRequest(msgspec.Struct, frozen=True):
     events: Sequence[NewEvent]
 
 
-class EventStore(Protocol):
+class LogQueries(Protocol):
+    """What the log (and the projection tables beside it) answer, beyond the fold: the
+    reads an event store passes on to its recorder."""
+
+    async def read_stream(self, stream: str, after_version: int = 0) -> list[Recorded]: ...
+
+    async def read_all(self, after_position: int = 0, limit: int = 1000) -> list[Recorded]: ...
+
+    async def read_correlated(self, correlation_id: str, limit: int = 1000) -> list[Recorded]:
+        """Every event of one operation (a drain, say: its steps share its id), in order."""
+        ...
+
+    async def read_about_replica(self, replica_id: str) -> list[Recorded]:
+        """Every event about the replica (``subjects(event).replica``), in order."""
+        ...
+
+    async def forgotten_replicas(
+        self, known: Collection[str], among: ReplicaFilter
+    ) -> list[Replica]:
+        """Ended replicas ``among`` those asked for that ``known`` lacks: those the fold
+        forgot, as the projection keeps them (enough for a summary)."""
+        ...
+
+    async def stream_version(self, stream: str) -> int: ...
+
+    async def last_position(self) -> int: ...
+
+
+class EventStore(LogQueries, Protocol):
     """Append-only log of events with optimistic concurrency, read in global order.
 
     ``state`` is the cluster folded from every event up to ``state.position``: each store
@@ -50,37 +78,9 @@ class EventStore(Protocol):
         self, requests: Sequence[AppendRequest], meta: Meta
     ) -> list[Recorded]: ...
 
-    async def read_stream(self, stream: str, after_version: int = 0) -> list[Recorded]: ...
-
-    async def read_all(self, after_position: int = 0, limit: int = 1000) -> list[Recorded]: ...
-
-    async def read_correlated(self, correlation_id: str, limit: int = 1000) -> list[Recorded]:
-        """Every event of one operation (a drain, say: its steps share its id), in order."""
-        ...
-
-    async def read_about_replica(self, replica_id: str) -> list[Recorded]:
-        """Every event about the replica (``subjects(event).replica``), in order."""
-        ...
-
-    async def forgotten_replicas(
-        self,
-        known: Collection[str],
-        model: str | None,
-        node_id: str | None,
-        phase: ReplicaPhase | None,
-    ) -> list[Replica]:
-        """Ended replicas (of ``model``, with a shard on ``node_id``, in ``phase``, if given)
-        that ``known`` lacks: those the fold forgot, as the projection keeps them (enough
-        for a summary)."""
-        ...
-
-    async def stream_version(self, stream: str) -> int: ...
-
     def known_version(self, stream: str) -> int:
         """The stream's version in ``state`` (no I/O): what a decision made on ``state``
         expects. An append with it is refused if the stream has moved on meanwhile."""
         ...
-
-    async def last_position(self) -> int: ...
 
     async def catch_up(self) -> ClusterState: ...

@@ -14,14 +14,15 @@ import itertools
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from typing import Any
 from uuid import UUID
 
-import msgspec
+from msgspec.structs import replace
 
-from app.domain.envelope import Meta, Recorded
+from app.domain.envelope import Envelope, Meta, Recorded
 from app.domain.events import subjects
 from app.domain.evolve import replay
-from app.domain.state import ENDED_PHASES, ClusterState, Replica, ReplicaPhase
+from app.domain.state import ENDED_PHASES, ClusterState, Replica, ReplicaFilter
 from app.store.codec import decode_event, encode_event
 from app.store.errors import AlreadyRecorded, ConcurrencyError, LogMovedOn
 from app.store.folded import FoldedEventStore
@@ -29,13 +30,9 @@ from app.store.interface import AppendRequest
 from app.store.projection import RowChanges
 
 
-class StoredEvent(msgspec.Struct, frozen=True):
-    position: int
-    stream: str
-    version: int
-    event_id: UUID
-    recorded_at: datetime
-    meta: Meta
+class StoredEvent(Envelope, frozen=True, kw_only=True):
+    """An event as the in-memory log keeps it: its payload encoded, as PostgreSQL keeps it."""
+
     type: str
     schema_version: int
     data: bytes
@@ -93,16 +90,9 @@ class InMemoryRecorder:
         positions: dict[UUID, int] = {}
         for recorded in batch:
             type_name, schema_version, data = encode_event(recorded.event)
+            placed = replace(recorded, position=len(self.log) + 1, meta=meta)
             stored = StoredEvent(
-                position=len(self.log) + 1,
-                stream=recorded.stream,
-                version=recorded.version,
-                event_id=recorded.event_id,
-                recorded_at=recorded.recorded_at,
-                meta=meta,
-                type=type_name,
-                schema_version=schema_version,
-                data=data,
+                **_envelope(placed), type=type_name, schema_version=schema_version, data=data
             )
             self.insert(stored)
             positions[stored.event_id] = stored.position
@@ -123,11 +113,7 @@ class InMemoryRecorder:
         return [r for r in decoded if subjects(r.event).replica == replica_id]
 
     async def forgotten_replicas(
-        self,
-        known: Collection[str],
-        model: str | None,
-        node_id: str | None,
-        phase: ReplicaPhase | None,
+        self, known: Collection[str], among: ReplicaFilter
     ) -> list[Replica]:
         # No tables here: a replay that keeps what it forgets (tests and tools only).
         state = ClusterState()
@@ -137,11 +123,7 @@ class InMemoryRecorder:
         return [
             r
             for r in last.values()
-            if r.id not in known
-            and r.phase in ENDED_PHASES
-            and (model is None or r.model == model)
-            and (node_id is None or node_id in r.node_ids)
-            and (phase is None or r.phase is phase)
+            if r.id not in known and r.phase in ENDED_PHASES and among.matches(r)
         ]
 
     async def stream_version(self, stream: str) -> int:
@@ -171,12 +153,10 @@ class InMemoryEventStore(FoldedEventStore):
 
 
 def _decode(stored: StoredEvent) -> Recorded:
-    return Recorded(
-        position=stored.position,
-        stream=stored.stream,
-        version=stored.version,
-        event_id=stored.event_id,
-        recorded_at=stored.recorded_at,
-        meta=stored.meta,
-        event=decode_event(stored.position, stored.type, stored.schema_version, stored.data),
-    )
+    event = decode_event(stored.position, stored.type, stored.schema_version, stored.data)
+    return Recorded(**_envelope(stored), event=event)
+
+
+def _envelope(source: Envelope) -> dict[str, Any]:
+    """The envelope of ``source``, to build the event's other form from."""
+    return {name: getattr(source, name) for name in Envelope.__struct_fields__}

@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import subjects
-from app.domain.state import Replica, ReplicaPhase
+from app.domain.state import Replica, ReplicaFilter
 from app.store import history, replica_rows
 from app.store.codec import RECORDED_COLUMNS, encode_event, encode_meta, record_from_row
 from app.store.database import connection
@@ -121,15 +121,9 @@ class PostgresRecorder:
         return await replica_rows.read_about_replica(self._engine, replica_id)
 
     async def forgotten_replicas(
-        self,
-        known: Collection[str],
-        model: str | None,
-        node_id: str | None,
-        phase: ReplicaPhase | None,
+        self, known: Collection[str], among: ReplicaFilter
     ) -> list[Replica]:
-        return await replica_rows.read_forgotten_replicas(
-            self._engine, known, model, node_id, phase
-        )
+        return await replica_rows.read_forgotten_replicas(self._engine, known, among)
 
     async def stream_version(self, stream: str) -> int:
         async with connection(self._engine) as db:

@@ -13,13 +13,14 @@ the PostgreSQL store differ only in their recorder.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 from uuid import UUID
 
 from app.domain.envelope import Meta, Recorded
-from app.domain.state import ClusterState, Replica, ReplicaPhase
+from app.domain.state import ClusterState
+from app.store.interface import LogQueries
 from app.store.projection import RowChanges
 
 
@@ -55,34 +56,8 @@ class RecorderSession(Protocol):
         ...
 
 
-class Recorder(Protocol):
+class Recorder(LogQueries, Protocol):
     def session(self) -> AbstractAsyncContextManager[RecorderSession]: ...
-
-    async def read_stream(self, stream: str, after_version: int = 0) -> list[Recorded]: ...
-
-    async def read_all(self, after_position: int = 0, limit: int = 1000) -> list[Recorded]: ...
-
-    async def read_correlated(self, correlation_id: str, limit: int = 1000) -> list[Recorded]: ...
-
-    async def read_about_replica(self, replica_id: str) -> list[Recorded]:
-        """Every event about the replica (``subjects(event).replica``), in order."""
-        ...
-
-    async def forgotten_replicas(
-        self,
-        known: Collection[str],
-        model: str | None,
-        node_id: str | None,
-        phase: ReplicaPhase | None,
-    ) -> list[Replica]:
-        """Ended replicas (of ``model``, with a shard on ``node_id``, in ``phase``, if given)
-        that ``known`` lacks: those the fold forgot, as the projection keeps them (enough
-        for a summary)."""
-        ...
-
-    async def stream_version(self, stream: str) -> int: ...
-
-    async def last_position(self) -> int: ...
 
 
 class FoldSnapshots(Protocol):

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.envelope import Recorded
 from app.domain.model_spec import RoutingSettings
-from app.domain.state import ENDED_PHASES, Replica, ReplicaPhase, Shard, ShardPhase
+from app.domain.state import ENDED_PHASES, Replica, ReplicaFilter, ReplicaPhase, Shard, ShardPhase
 from app.store.codec import RECORDED_COLUMNS, record_from_row
 from app.store.database import connection
 
@@ -37,22 +37,16 @@ _ABOUT_REPLICA = f"SELECT {RECORDED_COLUMNS} FROM events WHERE replica_id = $1 O
 
 
 async def read_forgotten_replicas(
-    engine: AsyncEngine,
-    known: Collection[str],
-    model: str | None,
-    node_id: str | None,
-    phase: ReplicaPhase | None,
+    engine: AsyncEngine, known: Collection[str], among: ReplicaFilter
 ) -> list[Replica]:
-    """Ended replicas (of ``model``, with a shard on ``node_id``, in ``phase``, if given) the
-    tables hold and ``known`` (the fold's replica ids) lacks. Built from their rows: the
-    fields the tables do not keep (``stopping_since``, ``agent_stopped_at``, a shard's
-    ``epoch`` and ``stop_reason``) are left at their defaults, which a summary does not
-    show."""
-    phases = [p.value for p in ENDED_PHASES if phase is None or p is phase]
+    """``LogQueries.forgotten_replicas`` from the tables' rows: the fields they do not keep
+    (``stopping_since``, ``agent_stopped_at``, a shard's ``epoch`` and ``stop_reason``) are
+    left at their defaults, which a summary does not show."""
+    phases = [p.value for p in ENDED_PHASES if among.phase is None or p is among.phase]
     if not phases:  # an active phase: the fold holds every such replica
         return []
     async with connection(engine) as db:
-        rows = await db.fetch(_ENDED_ROWS, phases, model, node_id)
+        rows = await db.fetch(_ENDED_ROWS, phases, among.model, among.node_id)
     replicas: dict[str, Replica] = {}
     shards: dict[str, list[Shard]] = {}
     for row in rows:
