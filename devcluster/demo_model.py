@@ -36,10 +36,15 @@ LLAMACPP_SLOTS = 4
 LLAMACPP_CONTEXT = 4096
 """Shared by the slots: 1024 tokens each."""
 LLAMACPP_MAX_TOKENS = 128
-"""The most tokens one answer gets (``-n``): the model is a base model that rarely stops by
-itself, and a CPU writes a few dozen tokens a second."""
-LLAMACPP_FLAGS = ("--chat-template", "gemma", "-n", str(LLAMACPP_MAX_TOKENS))
-"""The model's file carries no chat template; llama.cpp's built-in ``gemma`` is its own."""
+"""How long an answer is when the request gives no ``max_tokens`` (``-n``): the model is a
+base model that rarely stops by itself, and a CPU writes a few dozen tokens a second."""
+LLAMACPP_FLAGS = (
+    *("--no-jinja", "--chat-template", "gemma"),
+    *("-n", str(LLAMACPP_MAX_TOKENS)),
+)
+"""The model's file carries no chat template, so llama.cpp's built-in ``gemma`` one. Only
+with ``--no-jinja``: with Jinja (this build's default) the name is taken as a template
+whose whole text is "gemma", and the model never sees the messages."""
 MAX_THREADS = 4
 """More threads buy a 270M-parameter model little."""
 

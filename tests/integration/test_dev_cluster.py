@@ -221,6 +221,9 @@ async def test_dev_on_llamacpp_answers_the_printed_curl_with_a_real_completion(
             assert completion["model"] == "demo"
             assert completion["choices"][0]["message"]["content"].strip()
             assert 0 < completion["usage"]["completion_tokens"] <= 128
+            # "Hello!" in gemma's chat template: <start_of_turn> user \n Hello ! <end_of_turn>
+            # \n <start_of_turn> model \n (a template taken for another would count otherwise)
+            assert completion["usage"]["prompt_tokens"] == 11, completion["usage"]
             assert len(engine_pids) == 2
             for pid in engine_pids:
                 command = _command_line(pid)

@@ -40,6 +40,7 @@ def test_the_llamacpp_spec_serves_the_real_model_under_the_demo_name_with_metric
         ["-np", "4", "-c", "4096"],
         ["-t", "1"],
         ["-n", "128"],
+        ["--no-jinja", "--chat-template", "gemma"],  # the model's own template, by name
     ):
         assert _contains(words, flags), (flags, words)
 
