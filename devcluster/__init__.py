@@ -10,6 +10,8 @@ their users do (the admin API through llmgw-cli's client, ``llmgw-cli cert``,
 | --- | --- |
 | ``main`` | the ``llmgw-dev`` command line |
 | ``dev`` | one dev run: start everything, wait until the demo model serves, stop in order |
+| ``demo_model`` | the demo model on each ``--engine``; the engine a state directory keeps |
+| ``llamacpp`` | the ``llamacpp`` extra: the real model assembled into the cache, ``llama-server`` |
 | ``orchestrator`` | ``Processes``: starts servers, gateways and agents; stops and reaps them |
 | ``programs`` | the command lines of ``serve``, ``gateway``, ``llmgw-agent``, the simulator |
 | ``processes`` | a child process: its own session, its log file, SIGTERM then SIGKILL |

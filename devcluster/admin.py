@@ -11,6 +11,7 @@ from pathlib import Path
 
 from cli.client import AdminClient
 from cli.operator import get_model, get_nodes, get_replicas, put_model
+from cli.views import ModelSpecView
 
 
 def leads(admin: AdminClient) -> bool:
@@ -21,6 +22,14 @@ def leads(admin: AdminClient) -> bool:
 def nodes_connected(admin: AdminClient, nodes: Collection[str]) -> bool:
     connected = {node.id for node in get_nodes(admin).value if node.connected}
     return set(nodes) <= connected
+
+
+def declared_spec(admin: AdminClient, name: str) -> ModelSpecView | None:
+    """The spec the log holds for the model ``name``; None when it is not declared."""
+    existing = get_model(admin, name)
+    if existing is None or existing.value.removed:
+        return None
+    return existing.value.spec
 
 
 def declare_model(admin: AdminClient, spec: Mapping[str, object]) -> int:

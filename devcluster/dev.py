@@ -2,7 +2,8 @@
 
 PostgreSQL (``devcluster.database``), a CA with its certificates (``llmgw-cli cert``), an
 admin token, ``llmgw-server serve`` with its gateway, two ``llmgw-agent`` processes with
-fake GPUs, a ``demo`` model whose engines are the simulator, and an API key for it.
+fake GPUs, a ``demo`` model whose engines are the simulator or llama.cpp with a real model
+(``devcluster.demo_model``), and an API key for it.
 Everything lives in one state directory and is reused by the next run: the log survives,
 certificates, token and API key stay the same (a key revoked meanwhile is replaced).
 
@@ -40,6 +41,14 @@ from cli.client import AdminClient, ClientError
 from cli.config import ConnectionSettings
 from devcluster import admin
 from devcluster.database import prepare_database, secret
+from devcluster.demo_model import (
+    MODEL,
+    SERVED_BY,
+    DevEngine,
+    demo_spec,
+    engine_conflict,
+    served_by,
+)
 from devcluster.docker import DockerPostgres
 from devcluster.errors import ChildExited, DevDatabaseError, DevError
 from devcluster.next_steps import CHAT_BODY, Where, next_steps
@@ -47,17 +56,13 @@ from devcluster.orchestrator import Processes
 from devcluster.pki import ClusterPki, issue_pki
 from devcluster.ports import LOOPBACK, EnginePortBlock, claim_engine_ports, port_is_free
 from devcluster.postgres import LocalPostgres
-from devcluster.programs import AgentCommand, ServeCommand, simulator_command
+from devcluster.programs import AgentCommand, ServeCommand
 from devcluster.readiness import wait_for
 
-MODEL = "demo"
 TOKEN_NAME = "dev"
 API_KEY_NAME = "dev"
 NODES = ("dev-node-1", "dev-node-2")
 FAKE_GPUS = "2x80GB"
-SIMULATOR_FLAGS = (
-    *("--max-num-seqs", "16", "--decode-base-ms", "5", "--prefill-ms-per-token", "0.05"),
-)
 SERVER_FLAGS = (
     *("--adoption-grace", "5", "--lost-timeout", "20", "--stability-window", "2"),
     *("--heartbeat-interval", "1", "--reconcile-interval", "0.5"),
@@ -65,6 +70,9 @@ SERVER_FLAGS = (
 START_WITHIN_S = 60.0
 POLL_S = 0.2
 CERTIFICATE_DAYS = 825
+ROUTE_PROBE_BODY = CHAT_BODY.removesuffix("}") + ', "max_tokens": 1}'
+"""The printed request, one token long: whether the gateway routes, not what a CPU engine
+takes to write a whole answer."""
 
 
 class StopRequested(Exception):
@@ -78,6 +86,7 @@ class DevOptions:
     agent_port: int
     replicas: int
     client_port: int = 8080
+    engine: DevEngine = "simulator"
 
     @property
     def admin_url(self) -> str:
@@ -117,6 +126,7 @@ class DevCluster:
         ):
             if not port_is_free(port):
                 raise DevError(f"port {port} on {LOOPBACK} is in use; choose another with {flag}")
+        spec = self._model_spec()
         options.logs.mkdir(parents=True, exist_ok=True)
         engine_ports = self.engine_ports = claim_engine_ports(options.state_dir)
         database = prepare_database(options.state_dir, _configured_database_url())
@@ -137,13 +147,14 @@ class DevCluster:
         settings = ConnectionSettings(admin_url=options.admin_url, token=self.token)
         with AdminClient(settings, timeout_s=5.0) as client:
             self._wait_for(lambda: _answers(admin.leads, client), "the server to lead")
+            self._refuse_another_engine(client)
             for index, node in enumerate(NODES):
                 self._start_agent(pki, serve, node, engine_ports.node_range(index))
             self._wait_for(
                 lambda: _answers(lambda c: admin.nodes_connected(c, NODES), client),
                 "both agents to connect",
             )
-            desired = admin.declare_model(client, self._model_spec())
+            desired = admin.declare_model(client, spec)
             self._wait_for(
                 lambda: len(admin.serving(client, MODEL)) >= desired,
                 f"{desired} serving replica(s)",
@@ -164,6 +175,7 @@ class DevCluster:
             NODES,
             FAKE_GPUS,
             MODEL,
+            SERVED_BY[options.engine],
         )
         return next_steps(where, self.token, api_key, self._log_paths())
 
@@ -218,12 +230,24 @@ class DevCluster:
         self.processes.start_agent(node, command, log_path=log_path, append=True)
 
     def _model_spec(self) -> dict[str, object]:
-        return {
-            "name": MODEL,
-            "command": simulator_command(*SIMULATOR_FLAGS),
-            "replicas": self.options.replicas,
-            "startup_timeout_s": 60,
-        }
+        try:
+            return demo_spec(self.options.engine, replicas=self.options.replicas)
+        except (OSError, ValueError) as exc:  # ValueError: a model file that fails its hash
+            raise DevError(f"the {MODEL} model's engine cannot be prepared: {exc}") from exc
+
+    def _refuse_another_engine(self, client: AdminClient) -> None:
+        """Before any agent starts an engine: the state directory's demo model must be on
+        the engine asked for (``devcluster.demo_model``)."""
+        declared = admin.declared_spec(client, MODEL)
+        if declared is None:
+            return
+        conflict = engine_conflict(
+            self.options.engine,
+            served_by(declared.engine, declared.command),
+            self.options.state_dir,
+        )
+        if conflict is not None:
+            raise DevError(conflict)
 
     def _wait_for(self, condition: Callable[[], bool], what: str) -> None:
         wait_for(
@@ -270,7 +294,7 @@ def _answers_through_gateway(client: httpx.Client, options: DevOptions, api_key:
     try:
         answer = client.post(
             f"{options.gateway_url}/chat/completions",
-            content=CHAT_BODY,
+            content=ROUTE_PROBE_BODY,
             headers={"content-type": "application/json", "authorization": f"Bearer {api_key}"},
         )
     except httpx.TransportError:

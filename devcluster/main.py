@@ -12,10 +12,12 @@ from typing import Annotated
 
 from cyclopts import App, Parameter
 
+from devcluster.demo_model import DEFAULT_STATE_DIRS, DevEngine, engine_unavailable
 from devcluster.dev import DevOptions, run_dev
+from devcluster.llamacpp import missing_packages
 from wire.version import llmgw_version
 
-DEFAULT_STATE_DIR = Path(".llmgw/dev")
+EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 
@@ -24,8 +26,10 @@ app = App(
     version=llmgw_version,
     help="""A whole llmgw cluster on this machine, until Ctrl-C: PostgreSQL (unless
 LLMGW_DATABASE_URL is set), a CA and certificates, the control plane with its gateway on
---client-port, two agents with fake GPUs, a demo model served by the engine simulator, and
-an API key for it. Everything is kept in --state-dir and reused by the next run. Ctrl-C
+--client-port, two agents with fake GPUs, a demo model served by the engine simulator (or,
+with --engine llamacpp, by llama.cpp's llama-server with a real 270M-parameter model on the
+CPU, from the llamacpp extra), and an API key for it. Everything is kept in --state-dir and
+reused by the next run; a state directory keeps the engine it was first run with. Ctrl-C
 stops every process it started, engines included (each agent reports its stops first),
 and the next run serves the same replicas again.
 
@@ -34,6 +38,7 @@ itself (the message names it and its log), 2 bad usage.
 
 ```
 llmgw-dev
+llmgw-dev --engine llamacpp
 llmgw-dev --state-dir /tmp/second --admin-port 9081 --agent-port 9443 --client-port 9080
 ```
 """,
@@ -43,9 +48,17 @@ llmgw-dev --state-dir /tmp/second --admin-port 9081 --agent-port 9443 --client-p
 @app.default
 def dev(
     *,
+    engine: Annotated[
+        DevEngine,
+        Parameter(help="What serves the demo model: the engine simulator, or llama.cpp."),
+    ] = "simulator",
     state_dir: Annotated[
-        Path, Parameter(help="Where everything is kept, and found again by the next run.")
-    ] = DEFAULT_STATE_DIR,
+        Path | None,
+        Parameter(
+            help="Where everything is kept, and found again by the next run "
+            "[default: .llmgw/dev, .llmgw/dev-llamacpp with --engine llamacpp]."
+        ),
+    ] = None,
     admin_port: Annotated[int, Parameter(help="The admin API's port on 127.0.0.1.")] = 8081,
     agent_port: Annotated[int, Parameter(help="The agent hub's port on 127.0.0.1.")] = 8443,
     client_port: Annotated[int, Parameter(help="The gateway's port on 127.0.0.1.")] = 8080,
@@ -65,7 +78,12 @@ def dev(
         if not 1 <= port <= 65535:
             print(f"llmgw-dev: {name} {port}: a port is 1-65535", file=sys.stderr)
             return EXIT_USAGE
-    options = DevOptions(state_dir.resolve(), admin_port, agent_port, replicas, client_port)
+    unavailable = engine_unavailable(engine, missing_packages())
+    if unavailable is not None:
+        print(f"llmgw-dev: {unavailable}", file=sys.stderr)
+        return EXIT_FAILED
+    state = (state_dir or DEFAULT_STATE_DIRS[engine]).resolve()
+    options = DevOptions(state, admin_port, agent_port, replicas, client_port, engine)
     return run_dev(options)
 
 

@@ -23,6 +23,7 @@ class Where:
     nodes: tuple[str, ...]
     fake_gpus: str
     model: str
+    served_by: str
 
 
 def next_steps(where: Where, token: str, api_key: str, logs: dict[str, Path]) -> str:
@@ -45,7 +46,7 @@ llmgw dev cluster is up: state in {state_dir}
   admin API    {where.admin_url} (token in {state_dir / "admin-token"})
   agent hub    {where.agent_uri}
   nodes        {", ".join(where.nodes)} ({where.fake_gpus} fake GPUs each)
-  model        {where.model}, served by the engine simulator
+  model        {where.model}, served by {where.served_by}
 logs:
 {log_lines}
 

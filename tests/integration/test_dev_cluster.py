@@ -1,7 +1,8 @@
 """``llmgw-dev`` as a newcomer runs it: one command brings up PostgreSQL, the control
 plane with its gateway, two agents, a demo model and an API key; the next steps it prints
 (a curl through the gateway, an openai SDK snippet) work exactly as printed; Ctrl-C stops
-every process it started.
+every process it started. With ``--engine llamacpp`` the same holds of llama.cpp's
+``llama-server`` serving a real model, and a state directory keeps its engine.
 
 The command starts its own PostgreSQL (``LLMGW_DATABASE_URL`` is removed from its
 environment), as it does on a fresh machine, so stopping that cluster is checked too; two
@@ -33,11 +34,14 @@ from agent.engines.records import RecordStore, is_same_process
 from agent.simulator.launcher import free_port
 from tests.support.fleet import is_running, kill_group
 from tests.support.postgres import PostgresServer, unique_database_name
+from tests.support.real_engine import RealEngine
 from tests.support.waiting import wait_until
 
 DEV = str(Path(sys.executable).parent / "llmgw-dev")
 LAST_LINE_OF_NEXT_STEPS = "Press Ctrl-C"
 START_WITHIN_S = 45.0
+START_ON_A_REAL_ENGINE_WITHIN_S = 90.0
+"""Two real engines load the model on two cores shared with other test runs."""
 STOP_WITHIN_S = 30.0
 
 
@@ -116,13 +120,13 @@ async def dev(state_dir: Path, client_port: int) -> AsyncIterator[asyncio.subpro
 
 @contextlib.asynccontextmanager
 async def _running_dev(
-    state_dir: Path, client_port: int, environment: dict[str, str]
+    state_dir: Path, client_port: int, environment: dict[str, str], *flags: str
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     """``llmgw-dev`` on ``state_dir`` with listeners of its own, SIGINT at the end."""
     process = await asyncio.create_subprocess_exec(
         *(DEV, "--state-dir", str(state_dir)),
         *("--admin-port", str(free_port()), "--agent-port", str(free_port())),
-        *("--client-port", str(client_port)),
+        *("--client-port", str(client_port), *flags),
         stdin=subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
@@ -188,6 +192,57 @@ async def test_dev_prints_next_steps_that_work_and_ctrl_c_leaves_no_process(
     assert await asyncio.wait_for(dev.wait(), STOP_WITHIN_S) == 0
     await wait_until(lambda: not _processes_under(state_dir), within_s=5.0, what="no process")
     assert [pid for pid in engine_pids if is_running(pid)] == []
+
+
+async def test_dev_on_llamacpp_answers_the_printed_curl_with_a_real_completion(
+    real_engine: RealEngine, state_dir: Path, client_port: int, postgres_server: PostgresServer
+) -> None:
+    """``llmgw-dev --engine llamacpp``: the demo model served by two real ``llama-server``
+    processes (the model already assembled in the cache by ``real_engine``); Ctrl-C leaves
+    none running. The state directory then keeps llama.cpp: a run on the simulator is
+    refused before any engine starts. The tests' PostgreSQL server spares an initdb."""
+    database = unique_database_name("llmgw_dev")
+    await postgres_server.create_database(database)
+    environment = {**os.environ, "LLMGW_DATABASE_URL": postgres_server.url(database)}
+    try:
+        async with _running_dev(state_dir, client_port, environment, "--engine", "llamacpp") as dev:
+            printed = await asyncio.wait_for(
+                _read_until_next_steps(dev), START_ON_A_REAL_ENGINE_WITHIN_S
+            )
+            assert "demo, served by llama.cpp's llama-server with a real 270M" in printed
+            steps = NextSteps.parse(printed)
+            async with httpx.AsyncClient(timeout=60.0) as client:
+                answer = await client.post(
+                    steps.curl_url, content=steps.curl_body, headers=steps.curl_headers
+                )
+                assert answer.status_code == 200, answer.text
+                engine_pids = await _engine_pids(client, steps.environment)
+            completion = answer.json()
+            assert completion["model"] == "demo"
+            assert completion["choices"][0]["message"]["content"].strip()
+            assert 0 < completion["usage"]["completion_tokens"] <= 128
+            # "Hello!" in gemma's chat template: <start_of_turn> user \n Hello ! <end_of_turn>
+            # \n <start_of_turn> model \n (a template taken for another would count otherwise)
+            assert completion["usage"]["prompt_tokens"] == 11, completion["usage"]
+            assert len(engine_pids) == 2
+            for pid in engine_pids:
+                command = _command_line(pid)
+                assert command[:3] == [str(real_engine.server), "-m", str(real_engine.model)]
+
+            dev.send_signal(signal.SIGINT)
+            assert await asyncio.wait_for(dev.wait(), STOP_WITHIN_S) == 0
+        await wait_until(lambda: not _processes_under(state_dir), within_s=5.0, what="no process")
+        assert [pid for pid in engine_pids if is_running(pid)] == []
+
+        agent_logs = _agent_log_sizes(state_dir)
+        async with _running_dev(state_dir, client_port, environment) as simulator:
+            refused = await asyncio.wait_for(_read_to_the_end(simulator), START_WITHIN_S)
+            assert await simulator.wait() == 1
+    finally:
+        await postgres_server.drop_database(database)
+    assert f"error: the demo model in {state_dir} was declared by an earlier run" in refused
+    assert "on llama.cpp; to run the engine simulator" in refused
+    assert _agent_log_sizes(state_dir) == agent_logs, "no agent, so no engine, was started"
 
 
 async def test_the_next_dev_run_serves_the_same_replicas_and_the_log_says_why_they_stopped(
@@ -367,6 +422,11 @@ async def _read_until_next_steps(dev: asyncio.subprocess.Process) -> str:
     return "".join(printed)
 
 
+async def _read_to_the_end(dev: asyncio.subprocess.Process) -> str:
+    assert dev.stdout is not None
+    return (await dev.stdout.read()).decode()
+
+
 async def _engine_pids(client: httpx.AsyncClient, environment: dict[str, str]) -> list[int]:
     return [pid for pid, _ in await _engine_shards(client, environment)]
 
@@ -385,6 +445,15 @@ async def _engine_shards(
         detail = await client.get(f"{admin}/admin/v1/replicas/{replica['id']}", headers=headers)
         shards += [(shard["pid"], shard["port"]) for shard in detail.json()["shards"]]
     return shards
+
+
+def _command_line(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+
+
+def _agent_log_sizes(state_dir: Path) -> dict[str, int]:
+    """The agents' logs, which every run appends to."""
+    return {log.name: log.stat().st_size for log in (state_dir / "logs").glob("dev-node-*.log")}
 
 
 def _processes_under(directory: Path) -> list[str]:
