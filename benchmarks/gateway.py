@@ -605,7 +605,7 @@ async def warm_up(
     session: aiohttp.ClientSession, setup: Setup, arguments: argparse.Namespace
 ) -> None:
     """Connections, caches and, for a real engine, its first requests (slower), out of
-    the way: for a second, as many clients as the first phase with clients has at most."""
+    the way: for a second, as many clients as the fewest ``--concurrency``, 20 at most."""
     clients = min(20, *arguments.concurrency)
     for stream in (False, True):
         for target in (setup.direct, setup.through):
