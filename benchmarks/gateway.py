@@ -1,12 +1,27 @@
 """Gateway benchmark: what one gateway process adds to a request, and how many it passes.
 
-    python benchmarks/gateway.py [--sequential 2000] [--concurrency 50 200] [--rate 1000]
-        [--seconds 5] [--rounds 3] [--max-tokens 16] [--no-request-log] [--profile DIR]
+    python benchmarks/gateway.py [--engine simulator|llamacpp] [--sequential 2000]
+        [--concurrency 50 200] [--rate 1000] [--seconds 5] [--rounds 3] [--max-tokens 16]
+        [--no-request-log] [--profile DIR]
 
-One run, all against the same simulator process started with ``--instant`` (every
-simulated time zero, 1,024 sequences at once, so the engine itself never queues):
+One run, all against the same engine process:
 
-* **direct**: the load client posts to the simulator;
+* ``--engine simulator`` (the default): the simulator started with ``--instant`` (every
+  simulated time zero, 1,024 sequences at once, so the engine itself never queues): what
+  is measured is the proxy alone;
+* ``--engine llamacpp``: llama.cpp's ``llama-server`` serving the real 270M-parameter model
+  on the CPU, from the ``llamacpp`` extra, with the command the real-engine tests give it
+  (``tests.support.real_engine``: one thread, 2 slots, ``--ignore-eos`` so that every
+  answer is ``max_tokens`` long). Its defaults are small (``--sequential 20
+  --concurrency 2 --seconds 10 --rounds 5 --max-tokens 8``, no open loop): the engine's
+  own latency, hundreds of milliseconds, dominates, and the figures that matter are the
+  gateway's as ratios to direct in the same run. The direct requests open a connection
+  each (``Connection: close``): llama-server drops some keep-alive connections after a
+  streamed answer, which the gateway's engine client survives and aiohttp does not.
+
+For both:
+
+* **direct**: the load client posts to the engine;
 * **gateway**: the same requests through one gateway process (a child process on uvloop,
   ``StaticSource`` snapshot with one route and one key, request log on, to a file), whose
   route has admission limits far above what the run reaches, so what is measured is the
@@ -25,11 +40,13 @@ For non-streaming and streaming requests alike, three kinds of load:
 
 Each phase is run ``--rounds`` times, direct and gateway alternating (which goes first
 alternates too); the figures are the medians of the rounds. "Added" is the gateway's
-percentile minus the direct one. The gateway's own ``x-llmgw-gateway-ms`` header, each
-process's CPU time, and the load average are recorded too: the load client is aiohttp on
-uvloop in this process, and on a small machine it, the gateway, the simulator and whatever
-else runs there share the CPU. ``--profile DIR`` samples the gateway with py-spy during
-the first round of the highest concurrency, non-streaming (that round is slower).
+percentile minus the direct one; the ratios are the gateway's p50, p99 and requests/s
+over the direct ones, each round's, then their median. The gateway's own
+``x-llmgw-gateway-ms`` header, each process's CPU time, and the load average are recorded
+too: the load client is aiohttp on uvloop in this process, and on a small machine it, the
+gateway, the engine and whatever else runs there share the CPU. ``--profile DIR`` samples
+the gateway with py-spy during the first round of the highest concurrency, non-streaming
+(that round is slower).
 
 Results are printed and written to ``benchmarks/results/gateway-<timestamp>.json``;
 ``docs/performance.md`` discusses them.
@@ -42,6 +59,7 @@ import asyncio
 import os
 import platform
 import resource
+import shlex
 import shutil
 import signal
 import subprocess
@@ -50,7 +68,8 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,16 +81,42 @@ import aiohttp
 import msgspec
 import uvloop
 
-from agent.simulator.launcher import SimulatorProcess, free_port, start_simulator
+from agent.simulator.launcher import free_port, simulator_command, start_simulator
 from app.domain.egress import EngineNetworks
 from app.domain.keys import format_key, hash_key
 from app.gateway.table import GatewaySnapshot, KeyRecord, Route
 from benchmarks.common import format_table, load_average, median, percentile, write_results
+from tests.support.real_engine import INSTALL_HINT, installed_real_engine, missing_packages
 
 MODEL = "bench-model"
 PROMPT = "Tell me a short story about a gateway."
 SIM_FLAGS = ("--instant", "--max-num-seqs", "1024", "--num-blocks", "65536")
 START_TIMEOUT_S = 30.0
+REAL_ENGINE_START_TIMEOUT_S = 120.0
+"""llama-server loads the model in about 3 s alone; two busy shared cores can make that
+many times longer."""
+REAL_ENGINE_SLOTS = 2
+ENGINES = ("simulator", "llamacpp")
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "simulator": {
+        "sequential": 2000,
+        "concurrency": [50, 200],
+        "rate": [1000],
+        "seconds": 5.0,
+        "rounds": 3,
+        "max_tokens": 16,
+    },
+    "llamacpp": {
+        "sequential": 20,
+        "concurrency": [REAL_ENGINE_SLOTS],
+        "rate": [],
+        "seconds": 10.0,
+        "rounds": 5,
+        "max_tokens": 8,
+    },
+}
+"""Per engine, what the load options are when not given: a real engine on the CPU answers
+a few requests a second, not thousands."""
 MAX_OUTSTANDING = 5000
 """Open-loop requests in flight at most; beyond, the load is not being kept up with."""
 TARGET_SEQUENTIAL_P50_MS = 1.0
@@ -108,7 +153,7 @@ def serve_gateway(snapshot_path: Path, port: int, log_requests: bool) -> None:
 
 
 def start_gateway(
-    sim: SimulatorProcess, workdir: Path, log_requests: bool
+    engine_url: str, workdir: Path, log_requests: bool
 ) -> tuple[subprocess.Popen[bytes], Target]:
     prefix = uuid.uuid4().hex[:8]
     key = format_key(prefix, uuid.uuid4().hex + uuid.uuid4().hex)
@@ -119,7 +164,7 @@ def start_gateway(
     route = Route(
         replica_id=f"{MODEL}-1",
         model=MODEL,
-        url=sim.base_url,
+        url=engine_url,
         target_waiting=1_000_000,
         kv_ceiling=1.01,
     )
@@ -266,7 +311,8 @@ class Side(msgspec.Struct, frozen=True, kw_only=True):
     gateway_header_p50_ms: float | None
     gateway_header_p99_ms: float | None
     cpu_s: dict[str, float]
-    """CPU time of the load client, the gateway and the simulator during this side."""
+    """CPU time of the load client, the gateway and the engine (``simulator`` or
+    ``llama-server``) during this side."""
 
 
 class Round(msgspec.Struct, frozen=True, kw_only=True):
@@ -288,6 +334,11 @@ class Phase(msgspec.Struct, frozen=True, kw_only=True):
     added_first_byte_p99_ms: float | None
     direct_rps: float
     gateway_rps: float
+    p50_ratio: float
+    """The gateway's p50 over the direct one, per round, their median."""
+    p99_ratio: float
+    rps_ratio: float
+    """The gateway's requests/s over the direct ones, per round, their median."""
     gateway_header_p50_ms: float | None
     gateway_header_p99_ms: float | None
     gateway_cpu_ms_per_request: float
@@ -308,6 +359,9 @@ class Results(msgspec.Struct, frozen=True, kw_only=True):
     started_at: str
     machine: MachineInfo
     commit: str
+    engine: str
+    """``simulator`` or ``llamacpp``."""
+    engine_command: list[str]
     load_average_before: tuple[float, float, float]
     load_average_after: tuple[float, float, float]
     sequential: int
@@ -370,6 +424,9 @@ def phase(
         ),
         direct_rps=of(lambda r: r.direct.rps),
         gateway_rps=of(lambda r: r.gateway.rps),
+        p50_ratio=of(lambda r: r.gateway.p50_ms / r.direct.p50_ms),
+        p99_ratio=of(lambda r: r.gateway.p99_ms / r.direct.p99_ms),
+        rps_ratio=of(lambda r: r.gateway.rps / r.direct.rps),
         gateway_header_p50_ms=_median_of([r.gateway.gateway_header_p50_ms for r in rounds]),
         gateway_header_p99_ms=_median_of([r.gateway.gateway_header_p99_ms for r in rounds]),
         gateway_cpu_ms_per_request=of(
@@ -393,9 +450,20 @@ def own_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+@dataclass(frozen=True)
+class Engine:
+    """The engine process under the gateway, however it was started."""
+
+    name: str
+    """``simulator`` or ``llama-server``: its key in the CPU times."""
+    process: subprocess.Popen[bytes]
+    base_url: str
+    command: list[str]
+
+
 @dataclass
 class Setup:
-    sim: SimulatorProcess
+    engine: Engine
     gateway: subprocess.Popen[bytes]
     direct: Target
     through: Target
@@ -406,7 +474,7 @@ class Setup:
         return {
             "client": own_cpu_s(),
             "gateway": process_cpu_s(self.gateway.pid),
-            "simulator": process_cpu_s(self.sim.process.pid),
+            self.engine.name: process_cpu_s(self.engine.process.pid),
         }
 
     def start_profile(self, label: str) -> subprocess.Popen[bytes] | None:
@@ -421,12 +489,16 @@ class Setup:
 
 
 async def wait_for_ready(
-    session: aiohttp.ClientSession, url: str, process: subprocess.Popen[bytes]
+    session: aiohttp.ClientSession,
+    url: str,
+    process: subprocess.Popen[bytes],
+    name: str = "the gateway",
+    timeout_s: float = START_TIMEOUT_S,
 ) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"the gateway exited with {process.returncode}")
+            raise RuntimeError(f"{name} exited with {process.returncode}")
         try:
             async with session.get(url) as response:
                 if response.status == 200:
@@ -434,7 +506,7 @@ async def wait_for_ready(
         except aiohttp.ClientError:
             pass
         await asyncio.sleep(0.05)
-    raise TimeoutError(f"{url} did not answer 200 within {START_TIMEOUT_S} s")
+    raise TimeoutError(f"{url} did not answer 200 within {timeout_s} s")
 
 
 def request_body(stream: bool, max_tokens: int) -> bytes:
@@ -497,29 +569,81 @@ async def run_phase(
     return result
 
 
+@contextmanager
+def simulator_engine(workdir: Path) -> Iterator[Engine]:
+    flags = (*SIM_FLAGS, "--model", MODEL)
+    with start_simulator(*flags, log_path=workdir / "sim.log") as sim:
+        sim.wait_healthy()
+        command = [simulator_command(), "--port", str(sim.port), *flags]
+        yield Engine("simulator", sim.process, sim.base_url, command)
+
+
+@contextmanager
+def llamacpp_engine(workdir: Path) -> Iterator[Engine]:
+    """llama-server with the real model, as the real-engine tests start it; not yet ready
+    (``/health`` answers 503 while the model loads)."""
+    missing = missing_packages()
+    if missing:
+        raise SystemExit(f"--engine llamacpp needs {', '.join(missing)}: {INSTALL_HINT}")
+    port = free_port()
+    template = installed_real_engine().command(slots=REAL_ENGINE_SLOTS)
+    command = shlex.split(template.format(host="127.0.0.1", port=port, model=MODEL))
+    with (workdir / "llama-server.log").open("wb") as log:
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    try:
+        yield Engine("llama-server", process, f"http://127.0.0.1:{port}", command)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+async def warm_up(
+    session: aiohttp.ClientSession, setup: Setup, arguments: argparse.Namespace
+) -> None:
+    """Connections, caches and, for a real engine, its first requests (slower), out of
+    the way: for a second, as many clients as the fewest ``--concurrency``, 20 at most."""
+    clients = min(20, *arguments.concurrency)
+    for stream in (False, True):
+        for target in (setup.direct, setup.through):
+            await closed_loop(sender(session, target, stream, arguments), clients, 1.0)
+
+
 async def run_all(arguments: argparse.Namespace, workdir: Path) -> Results:
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     load_before = load_average()
     loads = [Load("sequential", 1)]
     loads += [Load("clients", clients) for clients in arguments.concurrency]
     loads += [Load("rate", rate) for rate in arguments.rate]
-    with start_simulator(*SIM_FLAGS, "--model", MODEL, log_path=workdir / "sim.log") as sim:
-        sim.wait_healthy()
-        gateway, through = start_gateway(sim, workdir, not arguments.no_request_log)
-        direct_url = f"{sim.base_url}/v1/chat/completions"
-        direct = Target("direct", direct_url, {"Content-Type": "application/json"})
+    real = arguments.engine == "llamacpp"
+    with llamacpp_engine(workdir) if real else simulator_engine(workdir) as engine:
+        gateway, through = start_gateway(engine.base_url, workdir, not arguments.no_request_log)
+        direct_url = f"{engine.base_url}/v1/chat/completions"
+        direct_headers = {"Content-Type": "application/json"}
+        if real:
+            # llama-server drops some keep-alive connections after a streamed answer
+            # without a word; the gateway's engine client replaces such a connection
+            # before it sends, aiohttp fails the request. A connection per direct request
+            # costs a loopback connect, against answers of hundreds of milliseconds.
+            direct_headers["Connection"] = "close"
+        direct = Target("direct", direct_url, direct_headers)
         profile = Path(arguments.profile) if arguments.profile else None
-        setup = Setup(sim, gateway, direct, through, profile)
+        setup = Setup(engine, gateway, direct, through, profile)
         try:
             # Idle connections are dropped before uvicorn's 5 s keep-alive can close them
             # under a request.
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=3)
             async with aiohttp.ClientSession(connector=connector) as session:
+                if real:
+                    health = f"{engine.base_url}/health"
+                    timeout = REAL_ENGINE_START_TIMEOUT_S
+                    await wait_for_ready(session, health, engine.process, "llama-server", timeout)
                 ready = through.url.replace("/v1/chat/completions", "/readyz")
                 await wait_for_ready(session, ready, gateway)
-                for stream in (False, True):  # warm up connections and caches
-                    for target in (direct, through):
-                        await closed_loop(sender(session, target, stream, arguments), 20, 1.0)
+                await warm_up(session, setup, arguments)
                 phases = [
                     await run_phase(session, setup, stream, load, arguments)
                     for stream in (False, True)
@@ -537,6 +661,8 @@ async def run_all(arguments: argparse.Namespace, workdir: Path) -> Results:
             python=platform.python_version(),
         ),
         commit=_commit(),
+        engine=arguments.engine,
+        engine_command=engine.command,
         load_average_before=load_before,
         load_average_after=load_average(),
         sequential=arguments.sequential,
@@ -573,6 +699,7 @@ def _pair(first: float | None, second: float | None, sign: str = "") -> str:
 
 
 def report(results: Results) -> str:
+    rps_digits = 2 if results.engine == "llamacpp" else 0
     rows = [
         [
             f"{'stream' if p.stream else 'whole'}, {p.load.describe()}",
@@ -580,8 +707,10 @@ def report(results: Results) -> str:
             _pair(p.gateway_p50_ms, p.gateway_p99_ms),
             _pair(p.added_p50_ms, p.added_p99_ms, "+"),
             _pair(p.added_first_byte_p50_ms, p.added_first_byte_p99_ms, "+"),
-            f"{p.direct_rps:,.0f}",
-            f"{p.gateway_rps:,.0f}",
+            f"{p.direct_rps:,.{rps_digits}f}",
+            f"{p.gateway_rps:,.{rps_digits}f}",
+            f"{p.p50_ratio:.3f} / {p.p99_ratio:.3f}",
+            f"{p.rps_ratio:.3f}",
             _pair(p.gateway_header_p50_ms, p.gateway_header_p99_ms),
             f"{p.gateway_cpu_ms_per_request:.3f}",
             f"{p.cpu_cores_used:.2f}",
@@ -598,6 +727,8 @@ def report(results: Results) -> str:
         "added 1st byte p50/p99",
         "direct rps",
         "gateway rps",
+        "gw/direct p50/p99",
+        "gw/direct rps",
         "header ms p50/p99",
         "gw CPU ms/req",
         "cores used",
@@ -608,6 +739,8 @@ def report(results: Results) -> str:
 
 
 def verdict(results: Results) -> list[str]:
+    if results.engine == "llamacpp":
+        return ratios(results)
     lines = []
     for p in results.phases:
         if p.stream:
@@ -630,14 +763,29 @@ def verdict(results: Results) -> list[str]:
     return lines
 
 
+def ratios(results: Results) -> list[str]:
+    """A real engine's run: the targets are the proxy's against an instant engine; here,
+    what share of a request's time and of the throughput the gateway costs."""
+    lines = []
+    for p in results.phases:
+        share = p.added_p50_ms / p.gateway_p50_ms
+        lines.append(
+            f"{'stream' if p.stream else 'whole'}, {p.load.describe()}: through the gateway "
+            f"p50 x{p.p50_ratio:.3f} ({p.added_p50_ms:+.1f} ms, {share:.1%} of a request), "
+            f"p99 x{p.p99_ratio:.3f}, requests/s x{p.rps_ratio:.3f}"
+        )
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Gateway benchmark (see the module docstring).")
-    parser.add_argument("--sequential", type=int, default=2000)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[50, 200])
-    parser.add_argument("--rate", type=int, nargs="*", default=[1000])
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--engine", choices=ENGINES, default="simulator")
+    parser.add_argument("--sequential", type=int)
+    parser.add_argument("--concurrency", type=int, nargs="+")
+    parser.add_argument("--rate", type=int, nargs="*")
+    parser.add_argument("--seconds", type=float)
+    parser.add_argument("--rounds", type=int)
+    parser.add_argument("--max-tokens", type=int)
     parser.add_argument("--no-request-log", action="store_true")
     parser.add_argument("--profile", metavar="DIR")
     parser.add_argument("--workdir", metavar="DIR", help="keep the logs here")
@@ -647,6 +795,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments.serve_gateway:
         serve_gateway(Path(arguments.serve_gateway), arguments.port, not arguments.no_request_log)
         return 0
+    for name, value in DEFAULTS[arguments.engine].items():
+        if getattr(arguments, name) is None:
+            setattr(arguments, name, value)
     if arguments.workdir:
         workdir = Path(arguments.workdir)
         workdir.mkdir(parents=True, exist_ok=True)

