@@ -299,6 +299,10 @@ class RecordingProxy:
         self.bodies: list[dict[str, Any]] = []
         self.refuse_ignore_eos = False
         """Answer 400 to ``ignore_eos``, as OpenAI's own API does to fields it does not know."""
+        self.close_after_stream = False
+        """Close the connection after every streamed answer while offering keep-alive, as
+        llama.cpp's server does."""
+        self.closed_after_stream = 0
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -324,6 +328,10 @@ class RecordingProxy:
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
             await response.write_eof()
+            streamed = upstream.content_type == "text/event-stream"
+            if self.close_after_stream and streamed and request.transport is not None:
+                request.transport.close()
+                self.closed_after_stream += 1
             return response
 
     def prompts(self) -> list[str]:
@@ -405,6 +413,22 @@ async def test_an_engine_that_refuses_ignore_eos_is_benched_without_it(
     assert "note: the engine refused ignore_eos" in result.stdout
     assert recorder.count("ignore_eos") == 1  # the first request only
     assert len(recorder.bodies) > 2 * 8
+
+
+async def test_a_connection_the_engine_closes_after_each_stream_fails_no_request(
+    proxy: tuple[str, RecordingProxy], tmp_path: Path
+) -> None:
+    url, recorder = proxy
+    recorder.close_after_stream = True
+
+    result = await bench(
+        tmp_path,
+        *("--url", url, "--slo", "e2e_p99=10s", "--max-concurrency", "2", *QUICK_LEVELS),
+    )
+
+    assert result.code == 0, result.stderr
+    assert [level.errors for level in result.report.levels] == [0, 0], result.stdout
+    assert recorder.closed_after_stream >= 2 * 8
 
 
 # -- the plan, progress and where the report goes --------------------------------------
