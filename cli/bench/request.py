@@ -1,12 +1,19 @@
 """One streamed completion, timed from the client's side: time to first token (the first
 event with text), time per output token (the rest of the answer over the tokens after the
-first) and end to end."""
+first) and end to end.
+
+A request that went out on a pooled connection which the engine had closed meanwhile is sent
+again on another, as the gateway does: the engine never saw it. llama.cpp's server closes
+every connection after a streamed answer although it offers keep-alive, so without this a
+third of the requests to it would fail ("Can not write request body").
+"""
 
 from __future__ import annotations
 
 import socket
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import aiohttp
 import msgspec
@@ -24,6 +31,56 @@ class RequestFailed(Exception):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+class _Attempt:
+    """One try of a request, told by aiohttp's trace whether its connection was pooled."""
+
+    def __init__(self) -> None:
+        self.reused = False
+
+
+async def _mark_reused(
+    _session: aiohttp.ClientSession,
+    context: SimpleNamespace,
+    _params: aiohttp.TraceConnectionReuseconnParams,
+) -> None:
+    attempt = context.trace_request_ctx
+    if isinstance(attempt, _Attempt):
+        attempt.reused = True
+
+
+def engine_session() -> aiohttp.ClientSession:
+    """The session bench talks to the engine with: connections kept alive, and each
+    request's try told whether its connection was a pooled one."""
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_reuseconn.append(_mark_reused)
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, force_close=False),
+        trust_env=False,
+        trace_configs=[trace],
+    )
+
+
+async def _post(
+    session: aiohttp.ClientSession, url: str, body: bytes, timeout_s: float
+) -> aiohttp.ClientResponse:
+    """POST ``body``; its answer's head. A pooled connection the engine closed before
+    answering is dropped and the request sent again, on the next pooled one or a new one:
+    as many tries as there were stale connections in the pool, and no more."""
+    while True:
+        attempt = _Attempt()
+        try:
+            return await session.post(
+                url,
+                data=body,
+                headers={"content-type": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+                trace_request_ctx=attempt,
+            )
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            if not attempt.reused:
+                raise
 
 
 class _Delta(msgspec.Struct, frozen=True):
@@ -104,12 +161,8 @@ async def stream_request(
     usage: _Usage | None = None
     ended = False
     try:
-        async with session.post(
-            engine.generation_url,
-            data=request_body(engine, prompt, max_tokens),
-            headers={"content-type": "application/json"},
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-        ) as response:
+        body = request_body(engine, prompt, max_tokens)
+        async with await _post(session, engine.generation_url, body, timeout_s) as response:
             if response.status != 200:
                 raise RequestFailed(
                     f"HTTP {response.status}: {await _error_text(response)}", response.status

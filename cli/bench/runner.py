@@ -13,7 +13,6 @@ import random
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import aiohttp
 import msgspec
 
 from cli.bench.climb import Climb
@@ -22,6 +21,7 @@ from cli.bench.metrics import EngineReading
 from cli.bench.plan import BenchPlan
 from cli.bench.probe import PrefixCacheReset, connect
 from cli.bench.prompts import PromptSource
+from cli.bench.request import engine_session
 from cli.bench.sampler import MetricsReader, sample_while_measuring
 from cli.bench.slo import breaches
 from cli.bench.stats import LevelFigures, summarize
@@ -64,8 +64,7 @@ async def run_bench(
 ) -> None:
     """Fills ``run`` level by level. Raises ``BenchError`` subclasses."""
     plan = run.plan
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
+    async with engine_session() as session:
         engine, notes = await connect(session, root_url, model, api)
         run.engine = engine
         run.notes.extend(notes)

@@ -19,7 +19,6 @@ import random
 import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from agent.simulator.prediction import predict_steady_state
 from app.gateway.snapshot import read_snapshot
 from app.store.database import driver_url
 from cli.bench.report import BenchReport
+from tests.support.bench_cli import CLI_TIMEOUT_S, bench, llmgw_cli
 from tests.support.cluster import (
     ADMIN_TOKEN,
     CLI,
@@ -81,56 +81,6 @@ QUICK_LEVELS = (
     *("--warmup", "100ms", "--requests", "8", "--sample-interval", "20ms"),
     *("--input-tokens", "24", "--output-tokens", "4"),
 )
-CLI_TIMEOUT_S = 150
-
-
-@dataclass(frozen=True)
-class Result:
-    code: int
-    stdout: str
-    stderr: str
-    report_dir: Path
-
-    @property
-    def report(self) -> BenchReport:
-        return msgspec.json.decode((self.report_dir / "bench.json").read_bytes(), type=BenchReport)
-
-
-async def bench(tmp_path: Path, *args: str, environment: dict[str, str] | None = None) -> Result:
-    """``llmgw-cli bench ARGS`` with its report in a directory of its own under ``tmp_path``."""
-    report_dir = tmp_path / f"report-{random.getrandbits(32):08x}"
-    code, stdout, stderr = await llmgw_cli(
-        tmp_path, "bench", *args, "--report-dir", str(report_dir), environment=environment
-    )
-    return Result(code, stdout, stderr, report_dir)
-
-
-async def llmgw_cli(
-    home: Path, *args: str, environment: dict[str, str] | None = None, cwd: Path | None = None
-) -> tuple[int, str, str]:
-    """The installed ``llmgw-cli`` with only the llmgw settings given, in ``cwd`` (else
-    ``home``); its exit code, stdout and stderr."""
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith("LLMGW_") and key not in ("XDG_CONFIG_HOME", "XDG_STATE_HOME")
-    }
-    process = await asyncio.create_subprocess_exec(
-        CLI,
-        *args,
-        cwd=cwd or home,
-        env={**env, "HOME": str(home), "COLUMNS": "200", **(environment or {})},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(), CLI_TIMEOUT_S)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    assert process.returncode is not None
-    return process.returncode, stdout.decode(), stderr.decode()
 
 
 @contextmanager
@@ -349,6 +299,10 @@ class RecordingProxy:
         self.bodies: list[dict[str, Any]] = []
         self.refuse_ignore_eos = False
         """Answer 400 to ``ignore_eos``, as OpenAI's own API does to fields it does not know."""
+        self.close_after_stream = False
+        """Close the connection after every streamed answer while offering keep-alive, as
+        llama.cpp's server does."""
+        self.closed_after_stream = 0
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -374,6 +328,10 @@ class RecordingProxy:
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
             await response.write_eof()
+            streamed = upstream.content_type == "text/event-stream"
+            if self.close_after_stream and streamed and request.transport is not None:
+                request.transport.close()
+                self.closed_after_stream += 1
             return response
 
     def prompts(self) -> list[str]:
@@ -455,6 +413,22 @@ async def test_an_engine_that_refuses_ignore_eos_is_benched_without_it(
     assert "note: the engine refused ignore_eos" in result.stdout
     assert recorder.count("ignore_eos") == 1  # the first request only
     assert len(recorder.bodies) > 2 * 8
+
+
+async def test_a_connection_the_engine_closes_after_each_stream_fails_no_request(
+    proxy: tuple[str, RecordingProxy], tmp_path: Path
+) -> None:
+    url, recorder = proxy
+    recorder.close_after_stream = True
+
+    result = await bench(
+        tmp_path,
+        *("--url", url, "--slo", "e2e_p99=10s", "--max-concurrency", "2", *QUICK_LEVELS),
+    )
+
+    assert result.code == 0, result.stderr
+    assert [level.errors for level in result.report.levels] == [0, 0], result.stdout
+    assert recorder.closed_after_stream >= 2 * 8
 
 
 # -- the plan, progress and where the report goes --------------------------------------
