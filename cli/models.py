@@ -31,6 +31,7 @@ from cli.operator import (
 from cli.render import EXIT_FAILED, EXIT_OK, Column, counted, print_error, print_table, utc_seconds
 from cli.spec_file import SpecFileError, read_specs
 from cli.views import ModelChange, ModelView
+from wire.engines import PROFILES
 
 ModelName = Annotated[str, Parameter(help="The model name, such as llama-3-8b.")]
 
@@ -255,7 +256,9 @@ def engine_text(engine: str, command: str) -> str:
     """The declared engine, with the program the command runs when that is not the engine
     itself: the dev cluster's ``demo`` reads ``llmgw-sim-engine (vllm-compatible)``."""
     program = program_of(command)
-    return engine if engine.lower() in program.lower() else f"{program} ({engine}-compatible)"
+    profile = PROFILES.get(engine)
+    runs_it = profile is not None and program.lower() in profile.programs
+    return engine if runs_it else f"{program} ({engine}-compatible)"
 
 
 def program_of(command: str) -> str:

@@ -113,6 +113,9 @@ class EngineProfile(msgspec.Struct, frozen=True, kw_only=True):
     """How one request is cancelled."""
     failure_patterns: tuple[FailurePattern, ...] = _COMMON_FAILURES
     """Most specific first: the first pattern that any line matches gives the reason."""
+    programs: tuple[str, ...] = ()
+    """What a command running this engine itself starts (a path's last part, or the package
+    of ``python -m``): anything else only speaks its API, and says so where it is shown."""
 
 
 VLLM = EngineProfile(
@@ -126,6 +129,7 @@ VLLM = EngineProfile(
     ),
     metrics_flag=None,
     stop_grace="stops taking requests and shuts its worker processes down",
+    programs=("vllm",),
 )
 SGLANG = EngineProfile(
     name="sglang",
@@ -139,6 +143,7 @@ SGLANG = EngineProfile(
     ),
     metrics_flag="--enable-metrics",
     stop_grace="stops taking requests and shuts its scheduler and detokenizer processes down",
+    programs=("sglang",),
 )
 LLAMACPP = EngineProfile(
     name="llamacpp",
@@ -151,6 +156,7 @@ LLAMACPP = EngineProfile(
     ),
     metrics_flag="--metrics",
     stop_grace="stops its HTTP server and exits at once, ending the requests it runs",
+    programs=("llama-server", "llama-cpp-server"),
 )
 OPENAI = EngineProfile(
     name="openai",

