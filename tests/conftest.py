@@ -5,6 +5,7 @@ from contextlib import ExitStack
 
 import pytest
 
+from tests.support.ports import claimed_ports, release_claims_since
 from tests.support.postgres import PostgresServer, provide_postgres
 
 
@@ -16,3 +17,12 @@ def postgres_server(pytestconfig: pytest.Config) -> Iterator[PostgresServer]:
         with capture.global_and_fixture_disabled():  # the log says which server was chosen
             server = stack.enter_context(provide_postgres())
         yield server
+
+
+@pytest.fixture(autouse=True)
+def _release_the_tests_ports() -> Iterator[None]:
+    """The ports a test claims (``tests.support.ports.free_port``) are released once it and
+    its function fixtures are done: set up before them, this is torn down after them."""
+    earlier = claimed_ports()
+    yield
+    release_claims_since(earlier)

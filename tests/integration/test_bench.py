@@ -32,7 +32,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from agent.simulator.config import CapacityConfig
-from agent.simulator.launcher import SimulatorProcess, free_port, simulator_command, start_simulator
+from agent.simulator.launcher import SimulatorProcess, simulator_command, start_simulator
 from agent.simulator.prediction import predict_steady_state
 from app.gateway.snapshot import read_snapshot
 from app.store.database import driver_url
@@ -45,6 +45,7 @@ from tests.support.cluster import (
     add_logs_to_failed_reports,
     issue_pki,
 )
+from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -135,7 +136,7 @@ async def llmgw_cli(
 
 @contextmanager
 def running(*flags: str) -> Iterator[SimulatorProcess]:
-    with start_simulator(*flags) as simulator:
+    with start_simulator(*flags, port=free_port()) as simulator:
         simulator.wait_healthy()
         yield simulator
 

@@ -36,12 +36,13 @@ from app.store.database import driver_url
 from devcluster import pki as devpki
 from devcluster.orchestrator import GatewayProcess, Processes, ServerProcess
 from devcluster.pki import ClusterPki
-from devcluster.ports import NodePortRanges, free_port, listens
+from devcluster.ports import NodePortRanges, listens
 from devcluster.processes import program
 from devcluster.programs import LOOPBACK_ENGINES, GatewayCommand, ServeCommand, simulator_command
 from devcluster.readiness import answers
 from tests.support.databases import runtime_url
 from tests.support.fleet import AgentProcess, FleetProcesses
+from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 __all__ = ["ClusterPki", "GatewayProcess", "ServerProcess"]
