@@ -1,12 +1,13 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import ExitStack
 
 import pytest
 
 from tests.support.ports import claimed_ports, release_claims_since
 from tests.support.postgres import PostgresServer, provide_postgres
+from tests.support.reports import add_logs_if_failed
 
 
 @pytest.fixture(scope="session")
@@ -26,3 +27,12 @@ def _release_the_tests_ports() -> Iterator[None]:
     earlier = claimed_ports()
     yield
     release_claims_since(earlier)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    add_logs_if_failed(item, report)
+    return report

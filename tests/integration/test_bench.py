@@ -42,7 +42,7 @@ from tests.support.cluster import (
     CLI,
     Cluster,
     ClusterPki,
-    add_logs_to_failed_reports,
+    add_cluster_logs_to_failed_reports,
     issue_pki,
 )
 from tests.support.ports import free_port
@@ -762,10 +762,8 @@ async def cluster(
     directory = tmp_path / "cluster"
     directory.mkdir()
     async with Cluster(database_url, directory, pki) as cluster:
-        try:
-            yield cluster
-        finally:
-            add_logs_to_failed_reports(request, cluster)
+        add_cluster_logs_to_failed_reports(request, cluster)
+        yield cluster
 
 
 async def serving_replica(cluster: Cluster) -> str:
