@@ -772,9 +772,12 @@ async def serving_replica(cluster: Cluster) -> str:
     await cluster.wait_for_leader()
     cluster.start_agent(NODE)
     await cluster.wait_for_nodes_connected([NODE])
+    # 20 ms a token keeps each request in flight for tens of milliseconds, so the samples
+    # of KV-cache usage (every 20 ms, QUICK_LEVELS) find it in use even on a busy machine;
+    # at 2 ms a token a whole level could fall between two samples.
     command = (
         f"{simulator_command()} --port {{port}} --model {{model}} --max-num-seqs 4 "
-        "--decode-base-ms 2 --decode-per-seq-ms 0"
+        "--decode-base-ms 20 --decode-per-seq-ms 0"
     )
     await cluster.apply_simulated_model(MODEL, replicas=1, command=command)
     serving: list[dict[str, object]] = []
