@@ -8,7 +8,8 @@ ephemeral range instead, where nothing is handed out automatically, and claim ea
 ``llmgw-dev`` claims its engine port blocks (``devcluster.ports``): with an abstract Unix
 socket named after it, which no other process can bind meanwhile, and which the kernel
 releases however the process ends. A port is taken only while it is claimed by nobody and
-nothing listens on it.
+nothing holds it: no listener, and no connection in TIME_WAIT (which a listener without
+``SO_REUSEADDR`` could not bind over), as the kernel's own choice would be.
 
 A claim lasts until the test that made it ends (``release_claims_since``, called by an
 autouse fixture): the test's processes are gone by then. Claims made by module or session
@@ -23,7 +24,7 @@ import random
 import socket
 from pathlib import Path
 
-from devcluster.ports import port_is_free
+from devcluster.ports import LOOPBACK
 
 CLAIM_PREFIX = "llmgw-test-port-"
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -48,13 +49,23 @@ def free_port() -> int:
         claim = _claim(port)
         if claim is None:
             continue
-        if port_is_free(port):
+        if nothing_holds(port):
             _claims[port] = claim
             return port
         claim.close()
     raise RuntimeError(
         f"no free port in {candidates[0]}-{candidates[-1]}: every one is claimed or in use"
     )
+
+
+def nothing_holds(port: int) -> bool:
+    """Whether a listener could bind ``port`` now, with or without ``SO_REUSEADDR``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((LOOPBACK, port))
+        except OSError:
+            return False
+        return True
 
 
 def claimed_ports() -> frozenset[int]:
@@ -102,4 +113,4 @@ def _claim(port: int) -> socket.socket | None:
     return claim
 
 
-__all__ = ["claimed_ports", "free_port", "listener_ports", "release_claims_since"]
+__all__ = ["claimed_ports", "free_port", "listener_ports", "nothing_holds", "release_claims_since"]
