@@ -59,8 +59,17 @@ lint:
 types:
 	$(PY) -m mypy
 
+# Two parts, each with pytest's own summary: every test not marked `serial` on
+# TEST_WORKERS processes (pytest-xdist; one PostgreSQL cluster each), then the `serial`
+# ones alone, whose timings do not hold on a machine busy with other tests. Both parts
+# run even when the first fails; the target fails with the first one's exit status.
+TEST_WORKERS ?= auto
+
 test:
-	$(PY) -m pytest -q
+	status=0; \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m 'not serial' || status=$$?; \
+	$(PY) -m pytest -q -m serial || { code=$$?; [ $$status -ne 0 ] || status=$$code; }; \
+	exit $$status
 
 test-unit:
 	$(PY) -m pytest -q tests/unit

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import ExitStack
 
 import pytest
 
+from tests.support.ports import claimed_ports, release_claims_since
 from tests.support.postgres import PostgresServer, provide_postgres
+from tests.support.reports import add_logs_if_failed
 
 
 @pytest.fixture(scope="session")
@@ -16,3 +18,21 @@ def postgres_server(pytestconfig: pytest.Config) -> Iterator[PostgresServer]:
         with capture.global_and_fixture_disabled():  # the log says which server was chosen
             server = stack.enter_context(provide_postgres())
         yield server
+
+
+@pytest.fixture(autouse=True)
+def _release_the_tests_ports() -> Iterator[None]:
+    """The ports a test claims (``tests.support.ports.free_port``) are released once it and
+    its function fixtures are done: set up before them, this is torn down after them."""
+    earlier = claimed_ports()
+    yield
+    release_claims_since(earlier)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    add_logs_if_failed(item, report)
+    return report

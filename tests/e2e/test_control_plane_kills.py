@@ -28,7 +28,7 @@ from tests.support.fleet import is_running
 from tests.support.traffic import Traffic, serves
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.timeout(150), pytest.mark.serial]  # asserts how soon things happen
 
 NODES = ("gpu-a", "gpu-b", "gpu-c")
 MODEL = "sim"

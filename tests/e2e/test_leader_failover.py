@@ -10,7 +10,7 @@ from tests.support.cluster import Cluster, about
 from tests.support.traffic import Traffic, serves
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.serial]  # asserts how soon things happen
 
 NODES = ("gpu-a", "gpu-b", "gpu-c")
 MODEL = "sim"

@@ -17,7 +17,7 @@ from tests.support.fleet import is_running
 from tests.support.traffic import Traffic, serves
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.serial]  # asserts how soon things happen
 
 NODE = "gpu-a"
 MODEL = "stuck"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, closing
+from contextlib import asynccontextmanager
 
 import httpx
 import pytest_asyncio
@@ -21,6 +21,7 @@ from app.admin.health import Readiness
 from app.store import migrate
 from app.store.database import create_engine
 from app.store.postgres import PostgresEventStore
+from tests.support.ports import free_port
 from tests.support.postgres import PostgresServer, unique_database_name
 from tests.support.waiting import wait_until
 
@@ -83,13 +84,6 @@ async def engine_for(url: str) -> AsyncIterator[AsyncEngine]:
         await engine.dispose()
 
 
-def closed_port() -> int:
-    with closing(socket.socket()) as probe:
-        probe.bind((LOOPBACK, 0))
-        port: int = probe.getsockname()[1]
-    return port
-
-
 async def test_a_running_process_is_healthy_without_a_token(engine: AsyncEngine) -> None:
     async with probing(Readiness(engine)) as probe:
         answer = await probe.get("/healthz")
@@ -143,7 +137,7 @@ async def test_an_unmigrated_database_is_not_ready_until_the_revision_is_read_ag
 
 
 async def test_an_unreachable_database_is_not_ready_and_is_named() -> None:
-    url = f"postgresql://llmgw@{LOOPBACK}:{closed_port()}/llmgw"
+    url = f"postgresql://llmgw@{LOOPBACK}:{free_port()}/llmgw"
     async with engine_for(url) as engine, probing(Readiness(engine, timeout_s=5)) as probe:
         health = await probe.get("/healthz")
         readiness = await probe.get("/readyz")

@@ -31,7 +31,6 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from agent.engines.records import RecordStore
-from agent.simulator.launcher import free_port
 from app.domain import commands
 from app.domain.reports import (
     AgentConnected,
@@ -78,6 +77,7 @@ from tests.support.fleet import (
     simulator_shard,
     simulator_start,
 )
+from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 from wire.messages import (
     MAX_MESSAGE_BYTES,

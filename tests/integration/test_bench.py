@@ -31,7 +31,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from agent.simulator.config import CapacityConfig
-from agent.simulator.launcher import SimulatorProcess, free_port, simulator_command, start_simulator
+from agent.simulator.launcher import SimulatorProcess, simulator_command, start_simulator
 from agent.simulator.prediction import predict_steady_state
 from app.gateway.snapshot import read_snapshot
 from app.store.database import driver_url
@@ -42,9 +42,10 @@ from tests.support.cluster import (
     CLI,
     Cluster,
     ClusterPki,
-    add_logs_to_failed_reports,
+    add_cluster_logs_to_failed_reports,
     issue_pki,
 )
+from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -85,7 +86,7 @@ QUICK_LEVELS = (
 
 @contextmanager
 def running(*flags: str) -> Iterator[SimulatorProcess]:
-    with start_simulator(*flags) as simulator:
+    with start_simulator(*flags, port=free_port()) as simulator:
         simulator.wait_healthy()
         yield simulator
 
@@ -761,10 +762,8 @@ async def cluster(
     directory = tmp_path / "cluster"
     directory.mkdir()
     async with Cluster(database_url, directory, pki) as cluster:
-        try:
-            yield cluster
-        finally:
-            add_logs_to_failed_reports(request, cluster)
+        add_cluster_logs_to_failed_reports(request, cluster)
+        yield cluster
 
 
 async def serving_replica(cluster: Cluster) -> str:
@@ -773,9 +772,12 @@ async def serving_replica(cluster: Cluster) -> str:
     await cluster.wait_for_leader()
     cluster.start_agent(NODE)
     await cluster.wait_for_nodes_connected([NODE])
+    # 20 ms a token keeps each request in flight for tens of milliseconds, so the samples
+    # of KV-cache usage (every 20 ms, QUICK_LEVELS) find it in use even on a busy machine;
+    # at 2 ms a token a whole level could fall between two samples.
     command = (
         f"{simulator_command()} --port {{port}} --model {{model}} --max-num-seqs 4 "
-        "--decode-base-ms 2 --decode-per-seq-ms 0"
+        "--decode-base-ms 20 --decode-per-seq-ms 0"
     )
     await cluster.apply_simulated_model(MODEL, replicas=1, command=command)
     serving: list[dict[str, object]] = []

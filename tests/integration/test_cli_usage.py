@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 import subprocess
-from contextlib import closing
 from pathlib import Path
 
 import pytest
 
 from tests.support.admin_server import LOOPBACK
 from tests.support.operator_cli import Operator
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,9 +38,7 @@ COMMANDS = (
 
 
 def nobody_listening() -> str:
-    with closing(socket.socket()) as probe:
-        probe.bind((LOOPBACK, 0))
-        return f"http://{LOOPBACK}:{probe.getsockname()[1]}"
+    return f"http://{LOOPBACK}:{free_port()}"
 
 
 @pytest.fixture

@@ -31,8 +31,8 @@ import httpx
 import pytest
 
 from agent.engines.records import RecordStore, is_same_process
-from agent.simulator.launcher import free_port
 from tests.support.fleet import is_running, kill_group
+from tests.support.ports import free_port
 from tests.support.postgres import PostgresServer, unique_database_name
 from tests.support.real_engine import RealEngine
 from tests.support.waiting import wait_until

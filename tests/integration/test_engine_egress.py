@@ -31,7 +31,6 @@ import asyncpg
 import httpx
 import pytest
 
-from agent.simulator.launcher import free_port
 from app.domain.envelope import Meta
 from app.services.operations import Caller, Operations
 from app.store.database import driver_url
@@ -40,6 +39,7 @@ from app.store.postgres import PostgresEventStore
 from benchmarks.history import ClusterHistory
 from tests.support.admin_server import write_pki
 from tests.support.databases import runtime_url
+from tests.support.ports import free_port
 from tests.support.routing import connect_node, declare_model, serve_replica
 from tests.support.waiting import wait_until
 

@@ -42,6 +42,7 @@ from agent.engines.records import (
     process_identity,
     read_proc_stat,
 )
+from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 ENGINE_SOURCE = r"""
@@ -144,13 +145,6 @@ def a_record(*, replica_id: str = "tiny-5", pid: int, process_start_time: int) -
         started_at=datetime.now(UTC),
         state=ShardState.READY,
     )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 async def eventually(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:

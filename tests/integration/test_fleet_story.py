@@ -22,7 +22,6 @@ import pytest_asyncio
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from agent.simulator.launcher import free_port
 from app.domain import commands
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import (
@@ -57,6 +56,7 @@ from tests.support.fleet import (
     mark_fake_gpu,
     simulator_start,
 )
+from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)

@@ -22,6 +22,7 @@ from agent.simulator.launcher import SimulatorProcess, start_simulator
 from app.gateway.router import Lease, Router, Saturated
 from app.gateway.signals import EngineReading, read_engine_signals
 from app.gateway.table import GatewaySnapshot, Route
+from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
@@ -37,7 +38,10 @@ LONG = 1000
 
 @pytest.fixture(scope="module")
 def simulators() -> Iterator[tuple[SimulatorProcess, SimulatorProcess]]:
-    with start_simulator(*ONE_SLOT) as a, start_simulator(*ONE_SLOT) as b:
+    with (
+        start_simulator(*ONE_SLOT, port=free_port()) as a,
+        start_simulator(*ONE_SLOT, port=free_port()) as b,
+    ):
         a.wait_healthy()
         b.wait_healthy()
         yield a, b

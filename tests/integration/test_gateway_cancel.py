@@ -23,6 +23,7 @@ from agent.simulator.launcher import SimulatorProcess, start_simulator
 from app.gateway.server import StaticSource
 from app.gateway.table import Route
 from tests.support.gateway import GatewayThread, new_key, snapshot_of
+from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -43,7 +44,7 @@ SHORT_PROMPT = "hi"
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[SimulatorProcess]:
-    with start_simulator("--model", MODEL, *SLOW) as process:
+    with start_simulator("--model", MODEL, *SLOW, port=free_port()) as process:
         process.wait_healthy()
         yield process
 

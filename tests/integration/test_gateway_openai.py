@@ -20,10 +20,11 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from agent.simulator.launcher import SimulatorProcess, free_port, start_simulator
+from agent.simulator.launcher import SimulatorProcess, start_simulator
 from app.gateway.server import StaticSource
 from app.gateway.table import Route
 from tests.support.gateway import GatewayThread, new_key, snapshot_of
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,7 +43,9 @@ TOO_MANY_TOKENS = 10**6
 def sims() -> Iterator[dict[str, SimulatorProcess]]:
     styles = {MODEL: "openai", FLAT_MODEL: "flat", MESSAGE_MODEL: "message"}
     started = {
-        model: start_simulator("--instant", "--model", model, "--error-style", style)
+        model: start_simulator(
+            "--instant", "--model", model, "--error-style", style, port=free_port()
+        )
         for model, style in styles.items()
     }
     try:
@@ -419,7 +422,7 @@ def test_a_dead_replica_is_retried_on_another(sims: dict[str, SimulatorProcess],
 def test_an_engine_answering_503_is_retried_on_another(
     sims: dict[str, SimulatorProcess],
 ) -> None:
-    with start_simulator("--never-ready", "--model", MODEL) as starting:
+    with start_simulator("--never-ready", "--model", MODEL, port=free_port()) as starting:
         key, gateway_thread = retry_gateway(sims[MODEL], [starting.base_url])
         wait_for_status(starting, 503)
         with (
@@ -432,7 +435,9 @@ def test_an_engine_answering_503_is_retried_on_another(
 
 
 def test_an_engine_answering_503_with_no_other_replica_passes_it_on() -> None:
-    with start_simulator("--never-ready", "--model", MODEL, "--error-style", "flat") as starting:
+    with start_simulator(
+        "--never-ready", "--model", MODEL, "--error-style", "flat", port=free_port()
+    ) as starting:
         wait_for_status(starting, 503)
         key, record = new_key()
         route = Route(replica_id="starting", model=MODEL, url=starting.base_url)

@@ -23,13 +23,14 @@ import openai
 import pytest
 import pytest_asyncio
 
-from agent.simulator.launcher import SimulatorProcess, free_port, start_simulator
+from agent.simulator.launcher import SimulatorProcess, start_simulator
 from app.services.operations import Caller, Operations
 from app.store.database import create_engine
 from app.store.postgres import PostgresEventStore
 from devcluster.errors import DevDatabaseError
 from devcluster.postgres import LocalPostgres, find_bindir
 from tests.support.databases import migrate_for_tests, runtime_url
+from tests.support.ports import free_port
 from tests.support.postgres import LocalServer
 from tests.support.routing import connect_node, declare_model, serve_replica
 from tests.support.waiting import wait_until
@@ -59,7 +60,7 @@ def own_server() -> Iterator[LocalServer]:
 
 @pytest.fixture
 def simulator() -> Iterator[SimulatorProcess]:
-    with start_simulator("--model", MODEL, "--instant") as simulator:
+    with start_simulator("--model", MODEL, "--instant", port=free_port()) as simulator:
         simulator.wait_healthy()
         yield simulator
 

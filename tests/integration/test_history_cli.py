@@ -24,7 +24,6 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
-from agent.simulator.launcher import free_port
 from app.domain.envelope import Meta
 from app.domain.events import NodeCordoned, node_stream
 from app.pki import server_ssl_context
@@ -33,6 +32,7 @@ from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import LOOPBACK, Pki, write_pki
 from tests.support.operator_cli import CLI_TIMEOUT_S, Result, run_cli
+from tests.support.ports import free_port
 from tests.support.postgres import PostgresServer
 from tests.support.seed import (
     TIMED_OUT_LOG_TAIL,

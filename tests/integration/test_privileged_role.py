@@ -20,13 +20,13 @@ import pytest
 import pytest_asyncio
 from sqlalchemy.engine import make_url
 
-from agent.simulator.launcher import free_port
 from app.store.privileges import privileged_role
 from devcluster.errors import DevDatabaseError
 from devcluster.postgres import LocalPostgres, find_bindir
 from tests.support.admin_server import LOOPBACK, Pki, write_pki
 from tests.support.databases import migrate_for_tests, runtime_url
 from tests.support.operator_cli import clean_environment, installed
+from tests.support.ports import free_port
 from tests.support.postgres import LocalServer, PostgresServer, quote_identifier
 from tests.support.serve_process import serving_process
 from tests.support.waiting import wait_until

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.simulator.launcher import free_port
 from tests.support.admin_server import LOOPBACK, write_pki
+from tests.support.ports import free_port
 from tests.support.serve_process import serving_process
 
 pytestmark = pytest.mark.timeout(120)

@@ -13,8 +13,8 @@ import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.simulator.launcher import free_port
 from tests.support.admin_server import LOOPBACK, write_pki
+from tests.support.ports import free_port
 from tests.support.serve_process import serving_process
 
 pytestmark = pytest.mark.timeout(120)

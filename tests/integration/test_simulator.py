@@ -16,6 +16,7 @@ import pytest
 from agent.simulator.config import CapacityConfig
 from agent.simulator.launcher import SimulatorProcess, start_simulator
 from agent.simulator.prediction import predict_steady_state
+from tests.support.ports import free_port
 
 MODEL = "sim-model"
 FAST = ("--prefill-ms-per-token", "0", "--decode-base-ms", "1", "--decode-per-seq-ms", "0")
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[SimulatorProcess]:
-    with start_simulator(*FAST) as process:
+    with start_simulator(*FAST, port=free_port()) as process:
         process.wait_healthy()
         yield process
 
@@ -34,7 +35,13 @@ def sim() -> Iterator[SimulatorProcess]:
 def one_slot_sim() -> Iterator[SimulatorProcess]:
     """One sequence at a time, 20 ms a token: long requests to walk away from."""
     with start_simulator(
-        "--max-num-seqs", "1", "--decode-base-ms", "20", "--decode-per-seq-ms", "0"
+        "--max-num-seqs",
+        "1",
+        "--decode-base-ms",
+        "20",
+        "--decode-per-seq-ms",
+        "0",
+        port=free_port(),
     ) as process:
         process.wait_healthy()
         yield process
@@ -268,7 +275,7 @@ def test_the_sdk_sees_an_unknown_model_as_not_found(sim: SimulatorProcess) -> No
 
 
 def test_flat_error_style_answers_with_a_detail() -> None:
-    with start_simulator("--error-style", "flat", *FAST) as sim:
+    with start_simulator("--error-style", "flat", *FAST, port=free_port()) as sim:
         sim.wait_healthy()
 
         response = httpx.post(
@@ -317,7 +324,13 @@ def test_metrics_use_vllm_names(sim: SimulatorProcess) -> None:
 
 async def test_requests_beyond_the_batch_wait_and_take_longer() -> None:
     with start_simulator(
-        "--max-num-seqs", "2", "--decode-base-ms", "20", "--decode-per-seq-ms", "0"
+        "--max-num-seqs",
+        "2",
+        "--decode-base-ms",
+        "20",
+        "--decode-per-seq-ms",
+        "0",
+        port=free_port(),
     ) as sim:
         sim.wait_healthy()
         client = async_client(sim)
@@ -408,7 +421,7 @@ async def test_a_client_leaving_before_its_first_token_aborts_its_request(
 
 def test_settings_come_from_the_environment_and_are_printed_at_start() -> None:
     env = {"LLMGW_SIM_MODEL": "env-model", "LLMGW_SIM_MAX_NUM_SEQS": "3"}
-    with start_simulator(env={**env, "CUDA_VISIBLE_DEVICES": "2,3"}) as sim:
+    with start_simulator(env={**env, "CUDA_VISIBLE_DEVICES": "2,3"}, port=free_port()) as sim:
         sim.wait_healthy()
 
         models = [model.id for model in sync_client(sim).models.list()]
@@ -420,7 +433,7 @@ def test_settings_come_from_the_environment_and_are_printed_at_start() -> None:
 
 
 def test_start_delay_answers_503_until_ready() -> None:
-    with start_simulator("--start-delay", "1") as sim:
+    with start_simulator("--start-delay", "1", port=free_port()) as sim:
         statuses: list[int | None] = []
 
         def healthy() -> bool:
@@ -435,7 +448,7 @@ def test_start_delay_answers_503_until_ready() -> None:
 
 
 def test_exit_after_fails_with_a_message() -> None:
-    with start_simulator("--exit-after", "0.5") as sim:
+    with start_simulator("--exit-after", "0.5", port=free_port()) as sim:
         code = sim.wait_exit()
 
         assert code != 0
@@ -443,7 +456,7 @@ def test_exit_after_fails_with_a_message() -> None:
 
 
 def test_crash_after_requests_serves_that_many_then_fails() -> None:
-    with start_simulator("--crash-after-requests", "2", *FAST) as sim:
+    with start_simulator("--crash-after-requests", "2", *FAST, port=free_port()) as sim:
         sim.wait_healthy()
         client = sync_client(sim)
 

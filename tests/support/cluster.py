@@ -9,7 +9,7 @@ The processes are started, stopped and reaped by ``devcluster``'s orchestrator, 
 operator runs (``issue_pki``, once per module). A ``Cluster`` knows which server leads,
 kills and restarts servers and agents, calls the admin API with a token, and reads the
 event log. Every process writes to a log file; when a test fails those logs are added to
-its report (``add_logs_to_failed_reports``), and every process, engines included, is
+its reports (``add_cluster_logs_to_failed_reports``), and every process, engines included, is
 killed when the cluster closes, passed or failed.
 """
 
@@ -36,12 +36,14 @@ from app.store.database import driver_url
 from devcluster import pki as devpki
 from devcluster.orchestrator import GatewayProcess, Processes, ServerProcess
 from devcluster.pki import ClusterPki
-from devcluster.ports import NodePortRanges, free_port, listens
+from devcluster.ports import NodePortRanges, listens
 from devcluster.processes import program
 from devcluster.programs import LOOPBACK_ENGINES, GatewayCommand, ServeCommand, simulator_command
 from devcluster.readiness import answers
 from tests.support.databases import runtime_url
 from tests.support.fleet import AgentProcess, FleetProcesses
+from tests.support.ports import free_port
+from tests.support.reports import add_logs_to_failed_reports
 from tests.support.waiting import wait_until
 
 __all__ = ["ClusterPki", "GatewayProcess", "ServerProcess"]
@@ -631,13 +633,11 @@ class Cluster:
 async def reported_cluster(
     database_url: str, directory: Path, pki: ClusterPki, request: pytest.FixtureRequest
 ) -> AsyncIterator[Cluster]:
-    """A ``Cluster`` whose process logs join the report of ``request``'s test if it fails,
+    """A ``Cluster`` whose process logs join the reports of ``request``'s test if it fails,
     and which is reaped, passed or failed."""
     async with Cluster(database_url, directory, pki) as cluster:
-        try:
-            yield cluster
-        finally:
-            add_logs_to_failed_reports(request, cluster)
+        add_cluster_logs_to_failed_reports(request, cluster)
+        yield cluster
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -649,14 +649,7 @@ async def cluster(
         yield cluster
 
 
-def add_logs_to_failed_reports(request: pytest.FixtureRequest, cluster: Cluster) -> None:
-    """Add the cluster's process logs to every failed report of ``request``'s test: call this
-    while the fixture tears down, before the processes' files go. The reports are the ones
-    the terminal shows in its failure summary at the end of the session."""
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    failed: list[pytest.TestReport] = getattr(reporter, "stats", {}).get("failed", [])
-    mine = [r for r in failed if r.nodeid == request.node.nodeid]
-    if mine:
-        logs = cluster.logs()
-        for report in mine:
-            report.sections.append(("cluster process logs", logs))
+def add_cluster_logs_to_failed_reports(request: pytest.FixtureRequest, cluster: Cluster) -> None:
+    """Add the cluster's process logs, as they are then, to every failed report of
+    ``request``'s test."""
+    add_logs_to_failed_reports(request.node, "cluster process logs", cluster.logs)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import asyncpg
 import pytest
 import pytest_asyncio
 from sqlalchemy.engine import make_url
@@ -27,6 +28,7 @@ from tests.support.postgres import PostgresServer, unique_database_name
 
 TEST_RUNTIME_ROLE = RuntimeRole("llmgw_runtime_test", password="llmgw-runtime-test-password")
 """Roles are the whole server's: every test session on one server sets up this same one."""
+RUNTIME_ROLE_LOCK_KEY = 0x6C6C6D6777  # "llmgw"
 
 
 def runtime_url(database_url: str) -> str:
@@ -46,7 +48,14 @@ def migrate_for_tests(url: str) -> None:
 async def migrated_template(postgres_server: PostgresServer) -> AsyncIterator[str]:
     name = unique_database_name("llmgw_template")
     await postgres_server.create_database(name)
-    await asyncio.to_thread(migrate_for_tests, postgres_server.url(name))
+    # Sessions sharing a server (pytest -n on LLMGW_TEST_DATABASE_URL) migrate one at a
+    # time: each sets up the server-wide runtime role, and two would race to create it.
+    admin = await asyncpg.connect(postgres_server.admin_url)
+    try:
+        await admin.execute("SELECT pg_advisory_lock($1)", RUNTIME_ROLE_LOCK_KEY)
+        await asyncio.to_thread(migrate_for_tests, postgres_server.url(name))
+    finally:
+        await admin.close()
     yield name
     await postgres_server.drop_database(name)
 

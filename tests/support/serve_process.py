@@ -14,11 +14,11 @@ from pathlib import Path
 
 from devcluster.orchestrator import Processes, ServerProcess
 from devcluster.pki import ClusterPki
-from devcluster.ports import free_port
 from devcluster.programs import ServeCommand
 from devcluster.readiness import answers
 from tests.support.admin_server import Pki
 from tests.support.databases import runtime_url
+from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 START_WITHIN_S = 30
