@@ -97,6 +97,9 @@ class GatewayCommand:
     refresh_interval_s: float = 1.0
     queue_timeout_s: float = 5.0
     engine_networks: str = LOOPBACK_ENGINES
+    metrics_port: int = 0
+    """Its /metrics listener's port; 0: one the kernel picks, so that gateways on one
+    machine never meet on the default."""
 
     @property
     def url(self) -> str:
@@ -108,6 +111,7 @@ class GatewayCommand:
             "gateway",
             *("--gateway-id", self.gateway_id),
             *("--host", LOOPBACK, "--port", str(self.port)),
+            *("--metrics-port", str(self.metrics_port)),
             *("--engine-networks", self.engine_networks),
             *("--refresh-interval", str(self.refresh_interval_s)),
             *("--queue-timeout", str(self.queue_timeout_s)),

@@ -129,7 +129,11 @@ async def _serve_on(
     what: str,
 ) -> _Listening:
     """Start uvicorn with ``app`` on ``host``:``port``; listening once this returns."""
-    listener = _listen(host, port)
+    try:
+        listener = _listen(host, port)
+    except OSError as exc:
+        # Say which listener: a gateway has two, and "address in use" alone does not tell.
+        raise GatewayFailed(f"the {what} cannot listen on {host}:{port}: {exc}") from exc
     port = listener.getsockname()[1]
     config = uvicorn.Config(
         app,

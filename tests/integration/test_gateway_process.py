@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -100,6 +101,7 @@ def gateway_process(database_url: str, port: int, log: Path) -> Iterator[subproc
                 SERVER,
                 "gateway",
                 *("--database-url", runtime_url(database_url), "--port", str(port)),
+                *("--metrics-port", "0"),
                 *("--gateway-id", "gw-test", "--refresh-interval", str(REFRESH_INTERVAL_S)),
             ],
             stdin=subprocess.DEVNULL,
@@ -198,3 +200,38 @@ async def test_a_standalone_gateway_drops_revoked_keys_at_once_and_outlives_the_
     events = log_events(log)
     assert events.count("database_unreachable") == 1, events
     assert events.count("database_reachable") == 1, events
+
+
+async def test_a_gateway_whose_metrics_port_is_taken_says_which_listener_cannot_listen(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A gateway has two listeners; "address already in use" alone sends the operator to
+    the wrong one. The client port is free here, the metrics port is not."""
+    taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    metrics_port = taken.getsockname()[1]
+    try:
+        finished = await asyncio.to_thread(
+            subprocess.run,
+            [
+                *(SERVER, "gateway", "--database-url", runtime_url(database_url)),
+                *("--port", str(free_port()), "--metrics-port", str(metrics_port)),
+            ],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=STARTED_WITHIN_S,
+            check=False,
+        )
+    finally:
+        taken.close()
+
+    assert finished.returncode == 1, finished.stdout + finished.stderr
+    failed = [
+        json.loads(line)
+        for line in (finished.stdout + finished.stderr).splitlines()
+        if "gateway_failed_to_start" in line
+    ]
+    assert len(failed) == 1, finished.stdout + finished.stderr
+    assert f"metrics listener cannot listen on 127.0.0.1:{metrics_port}" in failed[0]["error"]

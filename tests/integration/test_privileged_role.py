@@ -190,7 +190,7 @@ def start_gateway(database_url: str, log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             [
                 *(installed("llmgw-server"), "gateway", "--database-url", database_url),
-                *("--port", str(free_port())),
+                *("--port", str(free_port()), "--metrics-port", "0"),
             ],
             stdout=output,
             stderr=subprocess.STDOUT,
