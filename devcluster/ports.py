@@ -116,9 +116,15 @@ def _recorded(path: Path) -> int | None:
 
 
 def _claim(first: int) -> socket.socket | None:
+    return claim_name(f"{CLAIM_PREFIX}{first}")
+
+
+def claim_name(name: str) -> socket.socket | None:
+    """An abstract Unix socket bound to ``name``: held by this process alone until it is
+    closed or the process ends, however it ends; None when another process holds it."""
     claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        claim.bind(f"\0{CLAIM_PREFIX}{first}")
+        claim.bind(f"\0{name}")
     except OSError:
         with contextlib.suppress(OSError):
             claim.close()

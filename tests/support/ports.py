@@ -19,12 +19,11 @@ listens, for tests that need one (connection refused).
 
 from __future__ import annotations
 
-import contextlib
 import random
 import socket
 from pathlib import Path
 
-from devcluster.ports import LOOPBACK
+from devcluster.ports import LOOPBACK, claim_name
 
 CLAIM_PREFIX = "llmgw-test-port-"
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -103,14 +102,7 @@ def ephemeral_range() -> tuple[int, int]:
 
 
 def _claim(port: int) -> socket.socket | None:
-    claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        claim.bind(f"\0{CLAIM_PREFIX}{port}")
-    except OSError:
-        with contextlib.suppress(OSError):
-            claim.close()
-        return None
-    return claim
+    return claim_name(f"{CLAIM_PREFIX}{port}")
 
 
 __all__ = ["claimed_ports", "free_port", "listener_ports", "nothing_holds", "release_claims_since"]
