@@ -13,6 +13,7 @@ import msgspec
 
 from cli.bench.report import BenchReport
 from tests.support.cluster import CLI
+from tests.support.operator_cli import finished
 
 CLI_TIMEOUT_S = 150
 
@@ -56,11 +57,4 @@ async def llmgw_cli(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(), CLI_TIMEOUT_S)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    assert process.returncode is not None
-    return process.returncode, stdout.decode(), stderr.decode()
+    return await finished(process, CLI_TIMEOUT_S)

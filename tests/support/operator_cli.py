@@ -79,14 +79,20 @@ async def start_cli(
 async def run_cli(*args: str, home: Path, settings: Mapping[str, str]) -> Result:
     """``llmgw-cli args...`` run to its end (killed if it takes over a minute)."""
     process = await start_cli(*args, home=home, settings=settings)
+    return Result(*await finished(process, CLI_TIMEOUT_S))
+
+
+async def finished(process: asyncio.subprocess.Process, within_s: float) -> tuple[int, str, str]:
+    """``process`` run to its end, killed if it takes longer than ``within_s``: its exit
+    code, stdout and stderr."""
     try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(), CLI_TIMEOUT_S)
+        stdout, stderr = await asyncio.wait_for(process.communicate(), within_s)
     finally:
         if process.returncode is None:
             process.kill()
             await process.wait()
     assert process.returncode is not None
-    return Result(process.returncode, stdout.decode(), stderr.decode())
+    return process.returncode, stdout.decode(), stderr.decode()
 
 
 @dataclass(frozen=True)
