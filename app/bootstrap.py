@@ -22,7 +22,7 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Callable, Generator
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 import msgspec
@@ -35,6 +35,7 @@ from app.admin.events import end_event_streams
 from app.admin.health import Readiness
 from app.admin.metrics import control_plane_figures
 from app.admin.tls import admin_protocol, admin_ssl_context
+from app.clock import utc_now
 from app.commands.common import database_role_allowed, engine_networks_of
 from app.domain.egress import EngineNetworks
 from app.domain.envelope import Recorded
@@ -75,10 +76,6 @@ AGENT_TLS_HINT = (
     "LLMGW_TLS_KEY, LLMGW_TLS_CA): agents always connect with mutual TLS. Create them with "
     "`llmgw-cli cert init-ca` and `llmgw-cli cert server --ip <address agents dial>`"
 )
-
-
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 class SettingsError(ValueError):
@@ -138,7 +135,7 @@ def control_plane(
     hub: AgentHubConfig,
     *,
     election: LeaderElection | None = None,
-    clock: Callable[[], datetime] = _utc_now,
+    clock: Callable[[], datetime] = utc_now,
 ) -> ControlPlane:
     """A control plane on ``store`` that leads when elected in ``database_url``."""
     return ControlPlane(

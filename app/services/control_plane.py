@@ -27,12 +27,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from typing import Protocol, TypeVar
 
 import structlog
 
+from app.clock import utc_now
 from app.domain.envelope import Recorded
 from app.domain.events import CertificateRevoked
 from app.domain.reconcile import (
@@ -87,10 +88,6 @@ class Outcome(StrEnum):
     """Another server leads now, or may: this one stopped leading."""
 
 
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 class AgentChannel(CommandChannel, Protocol):
     """What a term needs of its agent hub: listen, send commands, close connections."""
 
@@ -128,7 +125,7 @@ class Leader:
         epoch: int,
         wiring: LeaderWiring,
         *,
-        clock: Callable[[], datetime] = _utc_now,
+        clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self._store = store
         self._config = config
@@ -245,7 +242,7 @@ class ControlPlane:
         wiring: LeaderWiring,
         election: Election,
         *,
-        clock: Callable[[], datetime] = _utc_now,
+        clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self._store = store
         self._config = config

@@ -12,10 +12,11 @@ import asyncio
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import partial
 from typing import Any
 
+from app.clock import utc_now
 from app.domain import keys as key_decisions
 from app.domain import operations as decide
 from app.domain import revocations, tuning
@@ -47,10 +48,6 @@ def new_request_id() -> str:
     return f"req-{secrets.token_hex(6)}"
 
 
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 @dataclass(frozen=True)
 class Caller:
     """Who asked (the actor of what is recorded) and the id of their request."""
@@ -67,7 +64,7 @@ class NewKey:
 
 
 class Operations:
-    def __init__(self, store: EventStore, clock: Callable[[], datetime] = _utc_now) -> None:
+    def __init__(self, store: EventStore, clock: Callable[[], datetime] = utc_now) -> None:
         self._store = store
         self._clock = clock
         # Key names are unique among live keys, but each key is its own stream, so the

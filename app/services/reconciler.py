@@ -30,13 +30,14 @@ import itertools
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from time import monotonic
 from typing import Protocol
 
 import msgspec
 import structlog
 
+from app.clock import utc_now
 from app.domain import commands as domain
 from app.domain.commands import CommandNotSent, NodeNotConnected
 from app.domain.decision import RECONCILER, Command, Decision, PlannedEvent
@@ -88,10 +89,6 @@ class _SentSinceHello:
     command_ids: set[str] = field(default_factory=set)
 
 
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 class Reconciler:
     def __init__(
         self,
@@ -101,7 +98,7 @@ class Reconciler:
         settings: Settings,
         *,
         interval_s: float = DEFAULT_INTERVAL_S,
-        clock: Callable[[], datetime] = _utc_now,
+        clock: Callable[[], datetime] = utc_now,
         in_flight: InFlightSource | None = None,
     ) -> None:
         if interval_s <= 0:

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Collection, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from time import monotonic
 from uuid import UUID
 
 import msgspec
 import structlog
 
+from app.clock import utc_now
 from app.domain.envelope import Meta, Recorded
 from app.domain.state import ClusterState, Replica, ReplicaFilter
 from app.store.errors import AlreadyRecorded, ConcurrencyError, LogMovedOn, StoreError
@@ -58,16 +59,12 @@ class FoldStart(msgspec.Struct, frozen=True, kw_only=True):
     seconds: float
 
 
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 class FoldedEventStore:
     def __init__(
         self,
         recorder: Recorder,
         *,
-        clock: Callable[[], datetime] = _utc_now,
+        clock: Callable[[], datetime] = utc_now,
         snapshots: FoldSnapshots | None = None,
         policy: SnapshotPolicy | None = None,
     ) -> None:

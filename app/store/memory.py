@@ -13,12 +13,13 @@ import asyncio
 import itertools
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from msgspec.structs import replace
 
+from app.clock import utc_now
 from app.domain.envelope import Envelope, Meta, Recorded
 from app.domain.events import subjects
 from app.domain.evolve import replay
@@ -36,10 +37,6 @@ class StoredEvent(Envelope, frozen=True, kw_only=True):
     type: str
     schema_version: int
     data: bytes
-
-
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 class InMemoryRecorder:
@@ -134,7 +131,7 @@ class InMemoryRecorder:
 
 
 class InMemoryEventStore(FoldedEventStore):
-    def __init__(self, clock: Callable[[], datetime] = _utc_now) -> None:
+    def __init__(self, clock: Callable[[], datetime] = utc_now) -> None:
         self._log = InMemoryRecorder()
         super().__init__(self._log, clock=clock)
         self.appended = asyncio.Event()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -28,6 +28,7 @@ import asyncpg
 import msgspec
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.clock import utc_now
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import subjects
 from app.domain.state import Replica, ReplicaFilter
@@ -61,10 +62,6 @@ _encoder = msgspec.json.Encoder()
 DEFAULT_POLICY = SnapshotPolicy()
 
 
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 class PostgresEventStore(FoldedEventStore):
     """The store of ``llmgw-server``: the log in PostgreSQL, the fold in this process, fold
     snapshots in ``fold_snapshots`` (``policy=None`` writes none; start-up still reads
@@ -73,7 +70,7 @@ class PostgresEventStore(FoldedEventStore):
     def __init__(
         self,
         engine: AsyncEngine,
-        clock: Callable[[], datetime] = _utc_now,
+        clock: Callable[[], datetime] = utc_now,
         notify_channel: str = NOTIFY_CHANNEL,
         *,
         policy: SnapshotPolicy | None = DEFAULT_POLICY,
