@@ -46,6 +46,7 @@ from app.hub.hub import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_
 from app.listeners.limits import ListenerLimits
 from app.listeners.throttle import FailureBudget, FailureLimits
 from app.pki import TlsConfigurationError, server_ssl_context
+from app.services.agent_reports import ReportHandler
 from app.services.control_plane import (
     ControlPlane,
     ControlPlaneConfig,
@@ -54,7 +55,6 @@ from app.services.control_plane import (
     RevocationCheck,
 )
 from app.services.leader import LeaderElection
-from app.services.live_view import ReportHandler
 from app.settings import DEFAULT_BUDGET, ServeSettings
 from app.store.database import create_engine
 from app.store.errors import StoreError

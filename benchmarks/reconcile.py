@@ -40,11 +40,10 @@ from app.domain.events import (
     ShardStarting,
 )
 from app.domain.evolve import evolve
-from app.domain.fleet_view import FleetView, NodeReport
 from app.domain.model_spec import ModelSpec
 from app.domain.placement import explain_placement
 from app.domain.reconcile import Settings, decide
-from app.domain.reports import ReportedShard
+from app.domain.reports import FleetView, NodeReport, ReportedShard
 from app.domain.state import ClusterState
 from benchmarks.common import format_table, load_average, write_results
 

@@ -35,8 +35,7 @@ from app.domain.events import (
     node_stream,
     replica_stream,
 )
-from app.domain.fleet_view import FleetView
-from app.domain.reports import ReportedShard
+from app.domain.reports import FleetView, ReportedShard
 from app.domain.state import ACTIVE_PHASES, Node, Replica, ReplicaPhase, ShardPhase
 
 MATCHES = "matches the log"

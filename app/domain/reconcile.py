@@ -50,8 +50,8 @@ from app.domain.events import (
     replica_id_for,
     replica_stream,
 )
-from app.domain.fleet_view import FleetView
 from app.domain.placement import Placer
+from app.domain.reports import FleetView
 from app.domain.state import (
     ACTIVE_PHASES,
     ClusterState,

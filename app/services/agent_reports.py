@@ -1,15 +1,24 @@
-"""What agents report, recorded: decide against the log, append with the agent as actor.
+"""What agents report, taken in: folded into the live fleet view, then recorded in the log.
 
 The agent hub converts what its sessions observe into ``app.domain.reports`` at its edge
-and hands each report here (through the live view, which folds it first);
-``app.domain.agent_reports.decide`` says what it adds to the log.
+and hands each report to ``LiveView.handle``, which folds it into the view
+(``app.domain.reports.observe``) and passes it to ``ReportRecorder.handle``, which
+decides against the log (``app.domain.agent_reports.decide``) and appends with the agent
+as actor.
 
-Reports about one node are recorded one at a time, in the order they arrive, so a node's
-events reach the log in the order its agent caused them (a disconnect can never overtake
-the connect before it). Appends check the version of every stream they write; when
-another writer moved one first, the decision is made again on the new state. An append
-refused because another leader took over (``FencedError``) calls ``on_fenced`` before it
-is raised, so the leader stops at once.
+The live view. The reconciler decides on the log and the view together, so it must never
+see one without the other: a hello in the view whose ``node_connected`` is not appended yet
+makes a stray on a new node go unrecorded, and a ``node_connected`` whose hello is not in
+the view reads as a node that never came back. ``LiveView.quiet()`` gives that guarantee:
+inside it no report is half recorded, and reports that arrive wait until it ends (they may
+run together with each other otherwise). That gate is all the class adds to the pure fold.
+
+The recorder. Reports about one node are recorded one at a time, in the order they arrive,
+so a node's events reach the log in the order its agent caused them (a disconnect can
+never overtake the connect before it). Appends check the version of every stream they
+write; when another writer moved one first, the decision is made again on the new state.
+An append refused because another leader took over (``FencedError``) calls ``on_fenced``
+before it is raised, so the leader stops at once.
 
 GPU health goes through each node's ``FlapGuard`` first: a GPU that flaps is held
 unhealthy (one event) instead of reaching the log with every flip, and released on a later
@@ -20,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Protocol
 
 import msgspec
 import structlog
@@ -34,11 +45,14 @@ from app.domain.reports import (
     AgentInventory,
     AgentReport,
     CommandAnswered,
+    FleetView,
     GpuHealth,
     HeartbeatReport,
     IdentityClaim,
+    ModelOf,
     Refusal,
     ShardStatusReport,
+    observe,
     reporting_node,
 )
 from app.store.errors import ConcurrencyError, FencedError
@@ -54,6 +68,85 @@ log = structlog.get_logger(__name__)
 
 def agent_actor(node_id: str) -> str:
     return f"agent:{node_id}"
+
+
+class ReportHandler(Protocol):
+    """What reports go on to: ``ReportRecorder``."""
+
+    async def handle(self, report: AgentReport) -> None: ...
+
+
+class LiveView:
+    def __init__(self, recorder: ReportHandler, *, model_of: ModelOf = lambda _: None) -> None:
+        self._recorder = recorder
+        self._model_of = model_of
+        self._view = FleetView()
+        self._listeners: list[Callable[[], None]] = []
+        self._gate = _Gate()
+
+    def snapshot(self) -> FleetView:
+        """The view now; never changed afterwards (a change builds a new one)."""
+        return self._view
+
+    def greeting(self, node_id: str) -> int | None:
+        """A number that changes with every hello of the node; None while it is away."""
+        return self._view.greeting(node_id)
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after every report that changed the view."""
+        self._listeners.append(listener)
+
+    def quiet(self) -> AbstractAsyncContextManager[None]:
+        """``async with view.quiet():`` read the log's state and ``snapshot()`` in step."""
+        return self._gate.exclusive()
+
+    async def handle(self, report: AgentReport) -> None:
+        async with self._gate.shared():
+            before = self._view
+            self._view = observe(before, report, self._model_of)
+            try:
+                await self._recorder.handle(report)
+            finally:
+                if self._view is not before:
+                    for listener in self._listeners:
+                        listener()
+
+
+class _Gate:
+    """Many observers at once, or one reader alone. A waiting reader holds new observers
+    back, so a steady stream of observations cannot starve the reconciler. Leaving either
+    side takes no await, so a cancelled observer or reader cannot leave the gate shut."""
+
+    def __init__(self) -> None:
+        self._observing = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._open = asyncio.Event()
+        self._open.set()
+        self._reader = asyncio.Lock()
+
+    @asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        while not self._open.is_set():
+            await self._open.wait()
+        self._observing += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._observing -= 1
+            if self._observing == 0:
+                self._idle.set()
+
+    @asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        async with self._reader:
+            self._open.clear()
+            try:
+                await self._idle.wait()
+                yield
+            finally:
+                self._open.set()
 
 
 class ReportRecorder:

@@ -44,8 +44,7 @@ from app.domain.reconcile import (
     Settings,
 )
 from app.domain.revocations import PresentedCertificate, revocation_refusal
-from app.services.agent_reports import ReportRecorder
-from app.services.live_view import LiveView, ReportHandler
+from app.services.agent_reports import LiveView, ReportHandler, ReportRecorder
 from app.services.reconciler import (
     DEFAULT_INTERVAL_S,
     CommandChannel,

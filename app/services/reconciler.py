@@ -44,7 +44,7 @@ from app.domain.decision import RECONCILER, Command, Decision, PlannedEvent
 from app.domain.envelope import Meta
 from app.domain.events import event_type
 from app.domain.reconcile import Settings, decide
-from app.services.live_view import LiveView
+from app.services.agent_reports import LiveView
 from app.store.errors import ConcurrencyError, FencedError, StoreError
 from app.store.interface import AppendRequest, EventStore, NewEvent
 

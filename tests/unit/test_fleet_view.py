@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from app.domain.fleet_view import FleetView, observe
 from app.domain.reports import (
     AgentConnected,
     AgentDisconnected,
     AgentInventory,
     CommandAnswered,
+    FleetView,
     HeartbeatReport,
     ReportedShard,
     ShardPhaseReport,
     ShardStatusReport,
+    observe,
 )
 from app.domain.state import ShardPhase
 

@@ -38,10 +38,9 @@ from app.domain.events import (
     StrayStopped,
 )
 from app.domain.evolve import evolve
-from app.domain.fleet_view import FleetView, NodeReport
 from app.domain.model_spec import ModelSpec
 from app.domain.reconcile import Settings, decide
-from app.domain.reports import ReportedShard
+from app.domain.reports import FleetView, NodeReport, ReportedShard
 from app.domain.state import ClusterState, ReplicaPhase
 from tests.support.generators import stream_for
 

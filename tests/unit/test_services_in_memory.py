@@ -10,8 +10,7 @@ from app.domain.events import GpuInfo
 from app.domain.model_spec import ModelSpec
 from app.domain.reconcile import Settings
 from app.domain.reports import AgentConnected, AgentInventory
-from app.services.agent_reports import ReportRecorder
-from app.services.live_view import LiveView
+from app.services.agent_reports import LiveView, ReportRecorder
 from app.services.operations import Caller, Operations
 from app.services.reconciler import Reconciler
 from app.store.memory import InMemoryEventStore
