@@ -12,6 +12,7 @@ from litestar.openapi import OpenAPIConfig
 from app.admin.auth import ACTOR_KEY, TokenAuthenticator
 from app.admin.bodies import MAX_BODY_BYTES
 from app.admin.certificates import CertificateController
+from app.admin.drains import DrainController
 from app.admin.errors import EXCEPTION_HANDLERS
 from app.admin.events import EventsController
 from app.admin.health import Readiness, healthz, readyz
@@ -19,7 +20,7 @@ from app.admin.history import HistoryController
 from app.admin.keys import KeyController
 from app.admin.metrics import ClusterMetrics, GatewayPage, LiveSource, metrics
 from app.admin.models import ModelController
-from app.admin.nodes import DrainController, NodeController
+from app.admin.nodes import NodeController
 from app.admin.placement import PlacementController
 from app.admin.replicas import ReplicaController
 from app.admin.request_log import REQUEST_ID_KEY, log_requests, request_id_of

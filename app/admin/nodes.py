@@ -1,24 +1,17 @@
-"""``/admin/v1/nodes``: the GPU machines, cordon, uncordon and drain; ``/admin/v1/drains``:
-how a drain is going."""
+"""``/admin/v1/nodes``: the GPU machines, cordon and uncordon (a node's drain is in
+``app.admin.drains``)."""
 
 from __future__ import annotations
 
 from litestar import Controller, get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
-from litestar.status_codes import HTTP_202_ACCEPTED
-from msgspec.structs import replace
 
 from app.admin.auth import require_actor
 from app.admin.bodies import check_body
-from app.admin.history import event_view
-from app.admin.replicas import DRAINS_PATH, drain_accepted, replica_summary
 from app.admin.schemas import (
     ConnectionView,
     CordonRequest,
-    DrainAccepted,
-    DrainProgressView,
-    DrainRequest,
     GpuView,
     NodeChange,
     NodeDrainView,
@@ -29,7 +22,7 @@ from app.admin.schemas import (
 )
 from app.domain.allocation import Allocations
 from app.domain.events import GpuInfo
-from app.domain.operations import DrainProgress, find_node, replicas_matching
+from app.domain.operations import find_node, replicas_matching
 from app.domain.state import ACTIVE_PHASES, ClusterState, Node, Replica
 from app.services.operations import Caller, Operations
 
@@ -114,15 +107,6 @@ def _active_on(state: ClusterState, node_id: str) -> list[Replica]:
     return [r for r in replicas_matching(state, node_id=node_id) if r.phase in ACTIVE_PHASES]
 
 
-def drain_progress_view(progress: DrainProgress) -> DrainProgressView:
-    return as_view(
-        replace(progress, replicas=(), events=()),
-        DrainProgressView,
-        replicas=[replica_summary(r) for r in progress.replicas],
-        events=[event_view(e) for e in progress.events],
-    )
-
-
 class NodeController(Controller):
     path = "/admin/v1/nodes"
     guards = [require_actor, check_body]
@@ -161,30 +145,3 @@ class NodeController(Controller):
     ) -> NodeChange:
         changed = await operations.uncordon(caller, node_id)
         return NodeChange(changed=changed, node=node_view(await operations.current(), node_id))
-
-    @post(
-        "/{node_id:str}/drain",
-        status_code=HTTP_202_ACCEPTED,
-        summary="Move every replica off the node; answers at once with the drain's id",
-    )
-    async def drain(
-        self,
-        operations: NamedDependency[Operations],
-        caller: NamedDependency[Caller],
-        node_id: FromPath[str],
-        data: JSONBody[DrainRequest | None] = None,
-    ) -> DrainAccepted:
-        grace_s = (data or DrainRequest()).grace_s
-        return drain_accepted(await operations.drain_node(caller, node_id, grace_s))
-
-
-class DrainController(Controller):
-    path = DRAINS_PATH
-    guards = [require_actor]
-    tags = ["drains"]
-
-    @get("/{drain_id:str}", summary="A drain's progress: its events, the replicas it moves")
-    async def progress(
-        self, operations: NamedDependency[Operations], drain_id: FromPath[str]
-    ) -> DrainProgressView:
-        return drain_progress_view(await operations.drain(drain_id))

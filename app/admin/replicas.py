@@ -1,26 +1,19 @@
-"""``/admin/v1/replicas``: replicas with their shards, failures and engine log tails; drain
-one."""
+"""``/admin/v1/replicas``: replicas with their shards, failures and engine log tails (a
+replica's drain is in ``app.admin.drains``)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from litestar import Controller, get, post
+from litestar import Controller, get
 from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, QueryParameter
-from litestar.status_codes import HTTP_202_ACCEPTED
 
 from app.admin.auth import require_actor
 from app.admin.bodies import check_body
-from app.admin.schemas import DrainAccepted, ReplicaSummary, ReplicaView, as_view
+from app.admin.schemas import ReplicaSummary, ReplicaView, as_view
 from app.domain.state import Replica, ReplicaPhase
-from app.services.operations import Caller, Operations
-
-DRAINS_PATH = "/admin/v1/drains"
-
-
-def drain_accepted(drain_id: str) -> DrainAccepted:
-    return DrainAccepted(drain_id=drain_id, progress=f"{DRAINS_PATH}/{drain_id}")
+from app.services.operations import Operations
 
 
 def replica_summary(replica: Replica) -> ReplicaSummary:
@@ -51,16 +44,3 @@ class ReplicaController(Controller):
         self, operations: NamedDependency[Operations], replica_id: FromPath[str]
     ) -> ReplicaView:
         return replica_view(await operations.replica(replica_id))
-
-    @post(
-        "/{replica_id:str}/drain",
-        status_code=HTTP_202_ACCEPTED,
-        summary="Move a serving replica: it stops once its replacement serves",
-    )
-    async def drain(
-        self,
-        operations: NamedDependency[Operations],
-        caller: NamedDependency[Caller],
-        replica_id: FromPath[str],
-    ) -> DrainAccepted:
-        return drain_accepted(await operations.drain_replica(caller, replica_id))

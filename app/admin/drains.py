@@ -1,0 +1,80 @@
+"""Drains: move every replica off a node (``POST /admin/v1/nodes/{id}/drain``) or one
+replica (``POST /admin/v1/replicas/{id}/drain``), then follow how it goes
+(``GET /admin/v1/drains/{id}``). Both answer at once with the drain's id; the reconciler
+does the moving."""
+
+from __future__ import annotations
+
+from litestar import Controller, get, post
+from litestar.di import NamedDependency
+from litestar.params import FromPath, JSONBody
+from litestar.status_codes import HTTP_202_ACCEPTED
+from msgspec.structs import replace
+
+from app.admin.auth import require_actor
+from app.admin.bodies import check_body
+from app.admin.history import event_view
+from app.admin.replicas import replica_summary
+from app.admin.schemas import DrainAccepted, DrainProgressView, DrainRequest, as_view
+from app.domain.operations import DrainProgress
+from app.services.operations import Caller, Operations
+
+DRAINS_PATH = "/admin/v1/drains"
+
+
+def drain_accepted(drain_id: str) -> DrainAccepted:
+    return DrainAccepted(drain_id=drain_id, progress=f"{DRAINS_PATH}/{drain_id}")
+
+
+def drain_progress_view(progress: DrainProgress) -> DrainProgressView:
+    return as_view(
+        replace(progress, replicas=(), events=()),
+        DrainProgressView,
+        replicas=[replica_summary(r) for r in progress.replicas],
+        events=[event_view(e) for e in progress.events],
+    )
+
+
+class DrainController(Controller):
+    path = "/admin/v1"
+    guards = [require_actor, check_body]
+
+    @post(
+        "/nodes/{node_id:str}/drain",
+        status_code=HTTP_202_ACCEPTED,
+        tags=["nodes"],
+        summary="Move every replica off the node; answers at once with the drain's id",
+    )
+    async def drain_node(
+        self,
+        operations: NamedDependency[Operations],
+        caller: NamedDependency[Caller],
+        node_id: FromPath[str],
+        data: JSONBody[DrainRequest | None] = None,
+    ) -> DrainAccepted:
+        grace_s = (data or DrainRequest()).grace_s
+        return drain_accepted(await operations.drain_node(caller, node_id, grace_s))
+
+    @post(
+        "/replicas/{replica_id:str}/drain",
+        status_code=HTTP_202_ACCEPTED,
+        tags=["replicas"],
+        summary="Move a serving replica: it stops once its replacement serves",
+    )
+    async def drain_replica(
+        self,
+        operations: NamedDependency[Operations],
+        caller: NamedDependency[Caller],
+        replica_id: FromPath[str],
+    ) -> DrainAccepted:
+        return drain_accepted(await operations.drain_replica(caller, replica_id))
+
+    @get(
+        "/drains/{drain_id:str}",
+        tags=["drains"],
+        summary="A drain's progress: its events, the replicas it moves",
+    )
+    async def progress(
+        self, operations: NamedDependency[Operations], drain_id: FromPath[str]
+    ) -> DrainProgressView:
+        return drain_progress_view(await operations.drain(drain_id))
