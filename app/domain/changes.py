@@ -47,6 +47,7 @@ class ReplicaChanges(TypedDict, total=False):
     end_reason: str | None
     routing: RoutingSettings | None
     agent_stopped_at: datetime | None
+    revision: int
 
 
 class ModelChanges(TypedDict, total=False):
@@ -59,6 +60,7 @@ class ModelChanges(TypedDict, total=False):
     backoff_until: datetime | None
     ended: tuple[str, ...]
     forgotten: dict[str, int]
+    revision: int
 
 
 class NodeChanges(TypedDict, total=False):

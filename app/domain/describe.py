@@ -42,6 +42,7 @@ from app.domain.events import (
     ShardStopped,
     StrayStopped,
 )
+from app.domain.revisions import FIRST_REVISION, describe_changes
 
 
 def describe(event: AnyEvent) -> str:
@@ -85,11 +86,14 @@ def _subject(event: AnyEvent) -> str:
 
 def _what(event: AnyEvent) -> str:
     match event:
-        case ModelDeclared(spec=spec):
+        case ModelDeclared(spec=spec, changes=()):
             return (
-                f"declared: {spec.replicas} replica(s) x {spec.shards_per_replica} shard(s) "
-                f"x {spec.gpus_per_shard} GPU(s), engine {spec.engine}"
+                f"declared (revision {event.revision}): {spec.replicas} replica(s) x "
+                f"{spec.shards_per_replica} shard(s) x {spec.gpus_per_shard} GPU(s), "
+                f"engine {spec.engine}"
             )
+        case ModelDeclared():
+            return f"revision {event.revision}: {describe_changes(event.changes)}"
         case ModelScaled():
             return f"scaled from {event.previous} to {event.replicas} replica(s)"
         case ModelRemoved():
@@ -148,7 +152,9 @@ def _what(event: AnyEvent) -> str:
             # A drain's replacement already names the original in its reason.
             named = event.replaces is None or event.replaces in event.reason
             replaces = "" if named else f", replacing {event.replaces}"
-            return f"placed on {where} ({event.reason}{replaces})"
+            # The first revision is the rule; a later one is worth the words.
+            revision = f", revision {event.revision}" if event.revision != FIRST_REVISION else ""
+            return f"placed on {where} ({event.reason}{replaces}){revision}"
         case ShardStarting():
             pid = f" pid {event.pid}" if event.pid is not None else ""
             return f"shard {event.shard_index} starting on {event.node_id}{pid}"

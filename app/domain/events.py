@@ -18,6 +18,7 @@ from typing import Any, ClassVar, assert_never
 import msgspec
 
 from app.domain.model_spec import ModelSpec
+from app.domain.revisions import FIRST_REVISION, SpecChange
 
 
 def _snake(name: str) -> str:
@@ -56,8 +57,15 @@ class ShardPlacement(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ModelDeclared(Event, frozen=True, kw_only=True):
+    """``revision``: the model's revision from this declaration on (see
+    ``app.domain.revisions``); ``changes``: what made it a new revision, empty when it is
+    none (the first declaration, or a change that takes effect at once). Both are absent
+    from older payloads, which read as revision 1 with no changes."""
+
     model: str
     spec: ModelSpec
+    revision: int = FIRST_REVISION
+    changes: tuple[SpecChange, ...] = ()
 
 
 class ModelScaled(Event, frozen=True, kw_only=True):
@@ -217,6 +225,8 @@ class ReplicaPlaced(Event, frozen=True, kw_only=True):
     shards: tuple[ShardPlacement, ...]
     reason: str = "scale up"
     replaces: str | None = None
+    revision: int = FIRST_REVISION
+    """The revision of its model it runs (absent from older payloads: revision 1)."""
 
 
 class ShardStarting(Event, frozen=True, kw_only=True):

@@ -198,6 +198,7 @@ def _replica_placed(state: ClusterState, event: ReplicaPlaced, recorded: Recorde
         placed_at=at,
         reason=event.reason,
         replaces=event.replaces,
+        revision=event.revision,
     )
     model = state.models.get(event.model)
     if model is not None:
@@ -436,9 +437,10 @@ def _model_declared(state: ClusterState, event: ModelDeclared, recorded: Recorde
             replicas_created=known.replicas_created if known else 0,
             ended=known.ended if known else (),
             forgotten=known.forgotten if known else {},
+            revision=event.revision,
         )
     else:
-        state.models[event.model] = replace(known, spec=event.spec)
+        state.models[event.model] = replace(known, spec=event.spec, revision=event.revision)
 
 
 def _model_scaled(state: ClusterState, event: ModelScaled, recorded: Recorded) -> None:

@@ -49,6 +49,7 @@ from app.domain.events import (
 from app.domain.evolve import replay
 from app.domain.model_spec import ModelSpec, RoutingSettings, SpecError, validate_spec
 from app.domain.placement import Explanation, explain_placement
+from app.domain.revisions import FIRST_REVISION, next_revision, spec_changes
 from app.domain.state import (
     ACTIVE_PHASES,
     ENDED_PHASES,
@@ -132,18 +133,27 @@ def apply_model(state: ClusterState, spec: ModelSpec) -> Change:
 
     A spec that says nothing about routing (the defaults) keeps the routing the model has:
     re-applying the file a model was declared from must not undo what ``bench`` measured
-    and recorded as ``ModelTuned``. Routing written in the spec replaces it."""
+    and recorded as ``ModelTuned``. Routing written in the spec replaces it.
+
+    The first declaration is revision 1; a spec that changes what runs (``REVISION_FIELDS``)
+    is the next revision, with what changed; any other change keeps the revision and takes
+    effect at once. A model removed and declared again continues its count of revisions,
+    compared with the spec it had when it was removed."""
     errors = validate_spec(spec)
     if errors:
         raise InvalidSpec(spec.name, errors)
     known = state.models.get(spec.name)
-    if known is not None and not known.removed and spec.routing == RoutingSettings():
+    if known is None:
+        declared = ModelDeclared(model=spec.name, spec=spec, revision=FIRST_REVISION)
+        return Change(stream=model_stream(spec.name), events=(declared,))
+    if not known.removed and spec.routing == RoutingSettings():
         spec = replace(spec, routing=known.spec.routing)
-    if known is not None and not known.removed and known.spec == spec:
+    if not known.removed and known.spec == spec:
         return Change(stream=model_stream(spec.name))
-    return Change(
-        stream=model_stream(spec.name), events=(ModelDeclared(model=spec.name, spec=spec),)
-    )
+    changes = spec_changes(known.spec, spec)
+    revision = next_revision(known.revision, changes)
+    declared = ModelDeclared(model=spec.name, spec=spec, revision=revision, changes=changes)
+    return Change(stream=model_stream(spec.name), events=(declared,))
 
 
 def scale(state: ClusterState, name: str, replicas: int) -> Change:
@@ -305,6 +315,9 @@ class ModelStatus(msgspec.Struct, frozen=True, kw_only=True):
     """Placed, starting or serving: the replicas that count towards the desired count."""
     below_desired_because: tuple[str, ...]
     """Empty when as many replicas serve as are desired."""
+    outdated: tuple[str, ...] = ()
+    """Active replicas placed with an older revision than the model's, by number: they run
+    their revision until they are replaced."""
 
 
 def model_status(state: ClusterState, name: str, now: datetime) -> ModelStatus:
@@ -323,6 +336,11 @@ def model_status(state: ClusterState, name: str, now: datetime) -> ModelStatus:
         serving=serving,
         counting=counting,
         below_desired_because=reasons,
+        outdated=tuple(
+            r.id
+            for r in sorted(replicas, key=lambda r: r.number)
+            if r.phase in ACTIVE_PHASES and r.revision < model.revision
+        ),
     )
 
 

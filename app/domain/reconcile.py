@@ -324,6 +324,7 @@ def _place(
                 shards=placement,
                 reason=reason,
                 replaces=original.id if original else None,
+                revision=model.revision,
             ),
             expected_version=0,
             correlation_id=original.drain_id if original else None,

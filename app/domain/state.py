@@ -14,6 +14,7 @@ import msgspec
 
 from app.domain.events import GpuInfo
 from app.domain.model_spec import ModelSpec, RoutingSettings
+from app.domain.revisions import FIRST_REVISION
 
 
 class ReplicaPhase(StrEnum):
@@ -117,6 +118,8 @@ class Replica(msgspec.Struct, frozen=True, kw_only=True):
     agent_stopped_at: datetime | None = None
     """When an agent last stopped one of its shards of its own accord, until it serves
     again: the replica keeps its placement and waits for its node (see ``Shard``)."""
+    revision: int = FIRST_REVISION
+    """The revision of its model it was placed with; it runs that one until it is replaced."""
 
     @property
     def node_ids(self) -> tuple[str, ...]:
@@ -155,6 +158,8 @@ class Model(msgspec.Struct, frozen=True, kw_only=True):
     forgotten: dict[str, int] = {}
     """Replicas of this model the fold forgot, by phase (``stopped``: 12), so counts of its
     replicas by phase still include them."""
+    revision: int = FIRST_REVISION
+    """Its current revision: what a replica placed now runs (``app.domain.revisions``)."""
 
     @property
     def desired(self) -> int:

@@ -74,6 +74,7 @@ def model_row(model: Model) -> Row:
         "declared_at": model.declared_at,
         "failures": model.failures,
         "backoff_until": model.backoff_until,
+        "revision": model.revision,
     }
 
 
@@ -122,6 +123,7 @@ def replica_row(replica: Replica) -> Row:
         "weight": float(routing.weight) if routing else None,
         "target_waiting": routing.target_waiting if routing else None,
         "kv_ceiling": float(routing.kv_ceiling) if routing else None,
+        "revision": replica.revision,
     }
 
 

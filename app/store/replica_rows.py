@@ -23,7 +23,7 @@ from app.store.database import connection
 _ENDED_ROWS = """
 SELECT r.id, r.model, r.number, r.phase, r.routable, r.placed_at, r.reason, r.replaces,
        r.starting_since, r.serving_since, r.drain_id, r.drain_started_at, r.replacement_id,
-       r.ended_at, r.end_reason, r.weight, r.target_waiting, r.kv_ceiling,
+       r.ended_at, r.end_reason, r.weight, r.target_waiting, r.kv_ceiling, r.revision,
        s.shard_index, s.node_id, s.gpus, s.port, s.phase AS shard_phase, s.pid, s.came_up,
        s.error, s.exit_code, s.log_tail
 FROM replicas r JOIN shards s ON s.replica_id = r.id
@@ -96,6 +96,7 @@ def _replica(row: asyncpg.Record) -> Replica:
         ended_at=get("ended_at"),
         end_reason=get("end_reason"),
         routing=routing,
+        revision=get("revision"),
     )
 
 

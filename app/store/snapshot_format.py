@@ -31,6 +31,7 @@ import app.domain.envelope
 import app.domain.events
 import app.domain.evolve
 import app.domain.model_spec
+import app.domain.revisions
 import app.domain.state
 import app.store.codec
 from app.domain.state import ApiKey, CertificateRevocation, ClusterState, Model, Node, Replica
@@ -77,6 +78,7 @@ _FOLD_MODULES = (
     app.domain.events,
     app.domain.evolve,
     app.domain.model_spec,
+    app.domain.revisions,
     app.domain.state,
     app.store.codec,
     sys.modules[__name__],

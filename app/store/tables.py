@@ -93,6 +93,7 @@ models = Table(
     Column("declared_at", DateTime(timezone=True), nullable=False),
     Column("failures", Integer, nullable=False, server_default="0"),
     Column("backoff_until", DateTime(timezone=True)),
+    Column("revision", Integer, nullable=False, server_default="1"),
 )
 
 nodes = Table(
@@ -140,6 +141,7 @@ replicas = Table(
     Column("weight", Float),
     Column("target_waiting", Integer),
     Column("kv_ceiling", Float),
+    Column("revision", Integer, nullable=False, server_default="1"),
 )
 
 shards = Table(

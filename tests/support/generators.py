@@ -41,6 +41,7 @@ from app.domain.model_spec import (
     MIN_WEIGHT,
     ModelSpec,
 )
+from app.domain.revisions import SpecChange
 from app.domain.state import ENDED_KEPT_PER_MODEL
 
 MODELS = ("llama", "qwen")
@@ -169,20 +170,44 @@ def churn(draw: st.DrawFn) -> list[list[AnyEvent]]:
     """Batches in which one model's replicas are placed and end, often more than the fold
     keeps (``ENDED_KEPT_PER_MODEL``), so that it forgets the first ones (or one fewer, or as
     many: then it forgets none). They are numbered
-    from 1, so the generated events of other batches speak of forgotten replicas too."""
+    from 1, so the generated events of other batches speak of forgotten replicas too. The
+    model gets a second revision on the way (its command changes), and the replicas placed
+    after it carry that revision, while those before keep the first; some of those placed
+    first are still running then, and some end only after it."""
     model = draw(st.sampled_from(MODELS))
     count = draw(st.integers(ENDED_KEPT_PER_MODEL - 1, ENDED_KEPT_PER_MODEL + 4))
+    revised_before = draw(st.integers(1, count))
     spec = ModelSpec(name=model, command="sim --port {port}", replicas=1)
+    revised = replace(spec, command="sim --port {port} --fast")
     batches: list[list[AnyEvent]] = [[ModelDeclared(model=model, spec=spec)]]
+    revision = 1
+    running_end: AnyEvent | None = None
     for number in range(1, count + 1):
+        if number == revised_before:
+            revision = 2
+            change = SpecChange(field="command", old=spec.command, new=revised.command)
+            batches.append(
+                [ModelDeclared(model=model, spec=revised, revision=2, changes=(change,))]
+            )
+            if running_end is not None:  # placed with revision 1, ends under revision 2
+                batches.append([running_end])
         replica_id = f"{model}-{number}"
         placement = ShardPlacement(
             index=0, node_id=draw(st.sampled_from(NODES)), gpus=(0,), port=20000
         )
         placed = ReplicaPlaced(
-            replica_id=replica_id, model=model, number=number, shards=(placement,)
+            replica_id=replica_id,
+            model=model,
+            number=number,
+            shards=(placement,),
+            revision=revision,
         )
-        batches.append([placed, draw(st.sampled_from(_ENDS))(replica_id)])
+        end = draw(st.sampled_from(_ENDS))(replica_id)
+        if number == revised_before - 1:
+            batches.append([placed])
+            running_end = end
+        else:
+            batches.append([placed, end])
     return batches
 
 

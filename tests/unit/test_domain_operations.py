@@ -45,6 +45,7 @@ from app.domain.events import (
 )
 from app.domain.evolve import replay
 from app.domain.model_spec import ModelSpec, RoutingSettings
+from app.domain.revisions import SpecChange
 from app.domain.state import ClusterState, ReplicaPhase, backoff_s
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
@@ -143,7 +144,11 @@ def test_a_changed_spec_is_declared_again_and_its_replica_count_comes_with_it() 
 
     change = ops.apply_model(given(ModelDeclared(model="llama", spec=LLAMA)), changed)
 
-    assert change.events == (ModelDeclared(model="llama", spec=changed),)
+    # Two GPUs a shard change what runs: revision 2 (tests/unit/test_revisions.py).
+    gpus = SpecChange(field="gpus_per_shard", old="1", new="2")
+    assert change.events == (
+        ModelDeclared(model="llama", spec=changed, revision=2, changes=(gpus,)),
+    )
 
 
 def test_re_applying_a_spec_without_routing_keeps_the_measured_routing() -> None:

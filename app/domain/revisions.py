@@ -1,0 +1,113 @@
+"""Revisions of a model: which changes of a spec change what runs, and what changed.
+
+A model's spec has two kinds of fields. Those in ``REVISION_FIELDS`` decide the engine
+process a replica runs and where it may run: its command, environment and engine, the GPUs
+of a shard and how much memory each must have free, how many shards a replica spans, and
+which nodes may host it. Changing any of them makes a new **revision** of the model: a
+replica placed before the change keeps running the revision it was placed with, until it is
+replaced. Every other field takes effect at once for every replica, and is no revision: the
+replica count, the routing settings (the gateway's, not the engine's), the startup timeout,
+the stop grace and the number of moves at a time (the control plane's timers and pace).
+
+The first declaration of a model is revision 1. Events recorded before revisions existed
+carry none and read as revision 1, every one of them: so a replay of an old log, a fold
+started from a snapshot, and the projection rows migrated in place all say the same.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from app.domain.model_spec import ModelSpec
+
+FIRST_REVISION = 1
+
+REVISION_FIELDS = (
+    "command",
+    "engine",
+    "env",
+    "gpus_per_shard",
+    "gpu_memory_gib",
+    "shards_per_replica",
+    "node_selector",
+)
+"""The fields of a spec whose change is a new revision (see the module docstring)."""
+
+WITHHELD = "(set)"
+"""What a change of an environment variable says of its value, which may be a secret."""
+
+_SHOWN_CHARS = 48
+
+
+class SpecChange(msgspec.Struct, frozen=True, kw_only=True):
+    """One field a revision changed, with its values before and after as text. An
+    environment variable is a field of its own, ``env.NAME``, whose values are never
+    written: ``old`` None means it was added, ``new`` None that it was removed, and
+    ``WITHHELD`` stands for a value."""
+
+    field: str
+    old: str | None = None
+    new: str | None = None
+
+
+def spec_changes(old: ModelSpec, new: ModelSpec) -> tuple[SpecChange, ...]:
+    """What differs between ``old`` and ``new`` in ``REVISION_FIELDS``, in that order
+    (environment variables by name); empty when ``new`` is the same revision."""
+    changes: list[SpecChange] = []
+    for field in REVISION_FIELDS:
+        before, after = getattr(old, field), getattr(new, field)
+        if before == after:
+            continue
+        if field == "env":
+            changes.extend(_env_changes(old.env, new.env))
+        else:
+            changes.append(SpecChange(field=field, old=_text(before), new=_text(after)))
+    return tuple(changes)
+
+
+def next_revision(current: int, changes: tuple[SpecChange, ...]) -> int:
+    return current + 1 if changes else current
+
+
+def describe_changes(changes: tuple[SpecChange, ...]) -> str:
+    """The changes in one line: ``command 'a' -> 'b'; env: added HF_TOKEN, changed DEBUG``."""
+    said: list[str] = []
+    env: dict[str, list[str]] = {}
+    for change in changes:
+        if change.field.startswith("env."):
+            how = "added" if change.old is None else "removed" if change.new is None else "changed"
+            env.setdefault(how, []).append(change.field.removeprefix("env."))
+            continue
+        said.append(f"{change.field} {_shown(change.old)} -> {_shown(change.new)}")
+    if env:
+        parts = (f"{how} {', '.join(names)}" for how, names in sorted(env.items()))
+        said.append("env: " + "; ".join(parts))
+    return "; ".join(said)
+
+
+def _env_changes(old: dict[str, str], new: dict[str, str]) -> list[SpecChange]:
+    return [
+        SpecChange(
+            field=f"env.{name}",
+            old=WITHHELD if name in old else None,
+            new=WITHHELD if name in new else None,
+        )
+        for name in sorted(old.keys() | new.keys())
+        if old.get(name) != new.get(name)
+    ]
+
+
+def _text(value: object) -> str:
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in sorted(value.items()))
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _shown(value: str | None) -> str:
+    if value is None or value == "":
+        return "(none)"
+    if len(value) > _SHOWN_CHARS:
+        value = value[: _SHOWN_CHARS - 3] + "..."
+    return repr(value) if " " in value or not value.isprintable() else value
