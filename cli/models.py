@@ -51,6 +51,7 @@ llmgw-cli models apply llama.yaml
 
 MODEL_COLUMNS = (
     Column("model", key=True),
+    Column("rev"),
     Column("serving/desired", justify="right"),
     Column("phases"),
     Column("GPUs/replica", justify="right", drop=2),
@@ -79,6 +80,7 @@ def list_models(
             (
                 (
                     m.name + (" (removed)" if m.removed else ""),
+                    revision_text(m),
                     f"{m.serving}/{m.desired}",
                     ", ".join(f"{n} {phase}" for phase, n in m.phases.items()),
                     str(m.spec.gpus_per_shard * m.spec.shards_per_replica),
@@ -158,10 +160,23 @@ def _report_applied(replies: list[Reply[ModelChange]], output: Output) -> None:
         print_json(array)
         return
     for reply in replies:
-        change = reply.value
-        said = "declared" if change.changed else "unchanged, nothing recorded"
-        print(f"model {change.model.name}: {said}")
+        model = reply.value.model
+        said = "declared" if reply.value.changed else "unchanged, nothing recorded"
+        # The first revision goes without saying; a later one is news to whoever applies.
+        revision = f", revision {model.revision}" if model.revision > 1 else ""
+        print(f"model {model.name}: {said}{revision}")
+        if model.outdated:
+            print(
+                f"  {counted(len(model.outdated), 'replica')} placed with an older revision "
+                f"keep running it until replaced: {', '.join(model.outdated)}"
+            )
     sys.stdout.flush()
+
+
+def revision_text(model: ModelView) -> str:
+    """The model's revision, and how many of its replicas run an older one: ``2 (1 old)``."""
+    older = f" ({len(model.outdated)} old)" if model.outdated else ""
+    return f"{model.revision}{older}"
 
 
 def show_model(
@@ -234,6 +249,7 @@ def print_model(model: ModelView, wide: bool = False) -> None:
         ("model", model.name + (" (removed)" if model.removed else "")),
         ("serving", f"{model.serving} of {model.desired} desired ({model.counting} counting)"),
         ("phases", ", ".join(f"{n} {phase}" for phase, n in model.phases.items())),
+        ("revision", str(model.revision)),
         ("engine", engine_text(spec.engine, spec.command)),
         ("command", spec.command),
         ("shape", f"{spec.shards_per_replica} shard(s) x {spec.gpus_per_shard} GPU(s), {memory}"),
@@ -246,6 +262,14 @@ def print_model(model: ModelView, wide: bool = False) -> None:
         facts.append(("backoff", f"until {utc_seconds(model.backoff_until)} UTC"))
     if model.unplaceable_reason:
         facts.append(("unplaceable", model.unplaceable_reason))
+    if model.outdated:
+        facts.append(
+            (
+                "older",
+                f"{', '.join(model.outdated)} run(s) an older revision until replaced "
+                "(llmgw-cli history model shows what changed)",
+            )
+        )
     console = Console(highlight=False)
     print_facts(facts, console)
     for reason in model.below_desired_because:

@@ -67,6 +67,7 @@ REPLICA_COLUMNS = (
     Column("replica", key=True),
     Column("model", drop=3),  # the replica's id begins with it
     Column("phase"),
+    Column("revision"),
     Column("nodes", key=True),
     Column("serving since (UTC)", drop=1),
     Column("routable", drop=2),
@@ -79,11 +80,21 @@ def replica_row(replica: ReplicaSummary) -> tuple[str, ...]:
         replica.id,
         replica.model,
         replica.phase,
+        revision_text(replica),
         ",".join(replica.nodes),
         utc_seconds(replica.serving_since) if replica.serving_since else "",
         "yes" if replica.routable else "no",
         moves(replica),
     )
+
+
+def revision_text(replica: ReplicaSummary) -> str:
+    """The revision it runs, and its model's when that is newer: ``1 (current 2)``. A
+    replica keeps the revision it was placed with until it is replaced."""
+    current = replica.current_revision
+    if current is not None and current != replica.revision:
+        return f"{replica.revision} (current {current})"
+    return str(replica.revision)
 
 
 def moves(replica: ReplicaSummary) -> str:
@@ -121,6 +132,7 @@ def print_replica(replica: ReplicaView, wide: bool = False) -> None:
         ("replica", replica.id),
         ("model", replica.model),
         ("phase", replica.phase + (f" ({replica.reason})" if replica.reason else "")),
+        ("revision", _revision_fact(replica)),
         ("routable", "yes" if replica.routable else "no"),
     ]
     if replica.serving_since is not None:
@@ -161,6 +173,13 @@ def print_replica(replica: ReplicaView, wide: bool = False) -> None:
             console.print(Text(f"engine log of shard {shard.index} (last lines):", "bold"))
             for line in shard.log_tail:
                 console.print(Text(f"  {line}"), soft_wrap=True)
+
+
+def _revision_fact(replica: ReplicaView) -> str:
+    text = revision_text(replica)
+    if text == str(replica.revision):
+        return text
+    return f"{text}: it runs the spec it was placed with until it is replaced"
 
 
 def _stopped_by_agent(reason: str | None) -> str:

@@ -109,6 +109,9 @@ class ModelView(View, frozen=True, kw_only=True):
     failures: int = 0
     backoff_until: datetime | None = None
     spec: ModelSpecView = ModelSpecView()
+    revision: int = 1
+    outdated: list[str] = []
+    """Active replicas running an older revision than ``revision``."""
 
 
 class ModelChange(View, frozen=True, kw_only=True):
@@ -129,6 +132,8 @@ class ReplicaSummary(View, frozen=True, kw_only=True):
     drain_id: str | None = None
     replaces: str | None = None
     replacement_id: str | None = None
+    revision: int = 1
+    current_revision: int | None = None
 
 
 class ShardView(View, frozen=True, kw_only=True):

@@ -30,7 +30,7 @@ def drain_progress_view(progress: DrainProgress) -> DrainProgressView:
     return as_view(
         replace(progress, replicas=(), events=()),
         DrainProgressView,
-        replicas=[replica_summary(r) for r in progress.replicas],
+        replicas=[replica_summary(r, progress.revisions) for r in progress.replicas],
         events=[event_view(e) for e in progress.events],
     )
 

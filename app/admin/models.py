@@ -67,6 +67,8 @@ def model_view(status: ModelStatus) -> ModelView:
         failures=model.failures,
         backoff_until=model.backoff_until,
         spec=msgspec.to_builtins(model.spec),
+        revision=model.revision,
+        outdated=list(status.outdated),
     )
 
 

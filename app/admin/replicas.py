@@ -3,6 +3,7 @@ replica's drain is in ``app.admin.drains``)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated
 
 from litestar import Controller, get
@@ -16,12 +17,24 @@ from app.domain.state import Replica, ReplicaPhase
 from app.services.operations import Operations
 
 
-def replica_summary(replica: Replica) -> ReplicaSummary:
-    return as_view(replica, ReplicaSummary, nodes=list(replica.node_ids))
+def replica_summary(replica: Replica, revisions: Mapping[str, int]) -> ReplicaSummary:
+    """``revisions``: the current revision of models by name, to say whether the replica
+    runs an older one."""
+    return as_view(
+        replica,
+        ReplicaSummary,
+        nodes=list(replica.node_ids),
+        current_revision=revisions.get(replica.model),
+    )
 
 
-def replica_view(replica: Replica) -> ReplicaView:
-    return as_view(replica, ReplicaView, nodes=list(replica.node_ids))
+def replica_view(replica: Replica, revisions: Mapping[str, int]) -> ReplicaView:
+    return as_view(
+        replica,
+        ReplicaView,
+        nodes=list(replica.node_ids),
+        current_revision=revisions.get(replica.model),
+    )
 
 
 class ReplicaController(Controller):
@@ -37,10 +50,12 @@ class ReplicaController(Controller):
         node: Annotated[str | None, QueryParameter(description="with a shard on this node")] = None,
         phase: FromQuery[ReplicaPhase | None] = None,
     ) -> list[ReplicaSummary]:
-        return [replica_summary(r) for r in await operations.replicas(model, node, phase)]
+        replicas, revisions = await operations.replicas_and_revisions(model, node, phase)
+        return [replica_summary(r, revisions) for r in replicas]
 
     @get("/{replica_id:str}", summary="A replica: shards, their state, errors and log tails")
     async def show(
         self, operations: NamedDependency[Operations], replica_id: FromPath[str]
     ) -> ReplicaView:
-        return replica_view(await operations.replica(replica_id))
+        replica = await operations.replica(replica_id)
+        return replica_view(replica, await operations.revisions([replica]))

@@ -105,6 +105,11 @@ class ModelView(msgspec.Struct, frozen=True, kw_only=True):
     failures: int
     backoff_until: datetime | None
     spec: ModelSpecView
+    revision: int
+    """The model's current revision: what a replica placed now runs. A spec change that
+    alters what runs (command, env, engine, GPU shape, shards, node selector) is the next."""
+    outdated: list[str]
+    """Active replicas placed with an older revision: they run it until they are replaced."""
 
 
 class ModelChange(msgspec.Struct, frozen=True, kw_only=True):
@@ -250,6 +255,11 @@ class ReplicaSummary(msgspec.Struct, frozen=True, kw_only=True):
     drain_id: str | None
     replaces: str | None
     replacement_id: str | None
+    revision: int
+    """The revision of its model it was placed with, and runs until it is replaced."""
+    current_revision: int | None
+    """Its model's revision now: greater than ``revision`` when the replica runs an older
+    spec; null when its model is not known."""
 
 
 class ShardView(msgspec.Struct, frozen=True, kw_only=True):

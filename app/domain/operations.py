@@ -410,6 +410,8 @@ class DrainProgress(msgspec.Struct, frozen=True, kw_only=True):
     still_on_node: tuple[str, ...]
     """Active replicas on the drained node that the drain has not reached yet."""
     events: tuple[Recorded, ...]
+    revisions: dict[str, int] = {}
+    """The current revision of each model of ``replicas``."""
 
 
 def drain_progress(state: ClusterState, drain_id: str, events: Sequence[Recorded]) -> DrainProgress:
@@ -456,4 +458,14 @@ def drain_progress(state: ClusterState, drain_id: str, events: Sequence[Recorded
         replicas=replicas,
         still_on_node=still,
         events=tuple(events),
+        revisions=current_revisions(state, replicas),
     )
+
+
+def current_revisions(state: ClusterState, replicas: Iterable[Replica]) -> dict[str, int]:
+    """The current revision of each model of ``replicas`` that the log knows."""
+    return {
+        r.model: model.revision
+        for r in replicas
+        if (model := state.models.get(r.model)) is not None
+    }

@@ -22,12 +22,13 @@ NODES = [
     ("dev-node-1", "ready", "2/2", "1", "1", "127.0.0.1", "zone=us-east-1a, gpu=h100-80gb-sxm5"),
     ("gpu-node-with-a-long-name-07", "cordoned", "8/8", "8", "0", "gpu-07.internal", ""),
 ]
-MODELS = [("llama-3-70b-instruct", "2/2", "2 serving, 3 stopped", "4", "vllm", "")]
+MODELS = [("llama-3-70b-instruct", "2 (1 old)", "2/2", "2 serving, 3 stopped", "4", "vllm", "")]
 REPLICAS = [
     (
         "llama-70b-12",
         "llama-70b",
         "draining",
+        "1 (current 2)",
         "gpu-07",
         "2026-12-01 09:00:00",
         "yes",
@@ -111,7 +112,7 @@ def test_columns_are_left_out_in_their_stated_order_and_said_so(table: str) -> N
 
 
 def test_a_column_empty_in_every_row_goes_before_one_that_says_something() -> None:
-    models = [("demo", "1/1", "1 serving, 2 stopped", "1", "llamacpp", "")]
+    models = [("demo", "1", "1/1", "1 serving, 2 stopped", "1", "llamacpp", "")]
 
     text = rendered(MODEL_COLUMNS, models, 80)
 
@@ -138,7 +139,7 @@ def test_at_200_columns_nothing_is_left_out() -> None:
 
 def test_ids_too_long_for_the_terminal_are_folded_never_cut() -> None:
     row = (
-        "llama-3-70b-instruct-awq-int4-12", "llama-3-70b-instruct-awq-int4", "serving",
+        "llama-3-70b-instruct-awq-int4-12", "llama-3-70b-instruct-awq-int4", "serving", "1",
         "gpu-node-with-a-long-name-07.rack-12.example", "2026-12-01 09:00:00", "yes", "",
     )  # fmt: skip
 
