@@ -1,0 +1,219 @@
+"""Stories of model revisions: a spec change that alters what runs is the next revision,
+with what changed; replicas keep the revision they were placed with; old events read as
+revision 1."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from msgspec.structs import replace
+
+from app.domain import operations as ops
+from app.domain.describe import describe
+from app.domain.events import ModelDeclared, ModelRemoved, ModelScaled, ModelTuned, ReplicaPlaced
+from app.domain.evolve import replay
+from app.domain.model_spec import ModelSpec, RoutingSettings
+from app.domain.revisions import REVISION_FIELDS, WITHHELD, SpecChange, describe_changes
+from app.store.codec import decode_event
+from tests.unit.test_domain_operations import after, given, log
+from tests.unit.test_reconcile import of_type, with_two_nodes_and_a_model
+
+LLAMA = ModelSpec(name="llama", command="vllm serve {model} --port {port}", replicas=2)
+
+
+def declared(change: ops.Change) -> ModelDeclared:
+    [event] = change.events
+    assert isinstance(event, ModelDeclared)
+    return event
+
+
+def test_the_first_declaration_is_revision_1_with_nothing_changed() -> None:
+    first = declared(ops.apply_model(given(), LLAMA))
+
+    assert (first.revision, first.changes) == (1, ())
+    assert given(first).models["llama"].revision == 1
+    assert describe(first) == (
+        "model llama declared (revision 1): 2 replica(s) x 1 shard(s) x 1 GPU(s), engine vllm"
+    )
+
+
+def test_a_command_change_is_revision_2_with_the_old_and_new_command() -> None:
+    state = given(ModelDeclared(model="llama", spec=LLAMA))
+    upgraded = replace(LLAMA, command="vllm serve {model} --port {port} --enable-prefix-caching")
+
+    second = declared(ops.apply_model(state, upgraded))
+
+    assert second.revision == 2
+    assert second.changes == (SpecChange(field="command", old=LLAMA.command, new=upgraded.command),)
+    now = after(state, ops.Change(stream="model-llama", events=(second,)))
+    assert now.models["llama"].revision == 2
+    assert describe(second) == (
+        "model llama revision 2: command 'vllm serve {model} --port {port}' -> "
+        "'vllm serve {model} --port {port} --enable-pre...'"
+    )
+
+
+def test_an_env_change_names_the_variables_and_never_their_values() -> None:
+    before = replace(LLAMA, env={"HF_TOKEN": "hf_oldsecret", "DEBUG": "0", "GONE": "x"})
+    state = given(ModelDeclared(model="llama", spec=before))
+    now = replace(LLAMA, env={"HF_TOKEN": "hf_newsecret", "DEBUG": "0", "NEW": "y"})
+
+    second = declared(ops.apply_model(state, now))
+
+    assert second.revision == 2
+    assert second.changes == (
+        SpecChange(field="env.GONE", old=WITHHELD, new=None),
+        SpecChange(field="env.HF_TOKEN", old=WITHHELD, new=WITHHELD),
+        SpecChange(field="env.NEW", old=None, new=WITHHELD),
+    )
+    said = describe(second)
+    assert said == "model llama revision 2: env: added NEW; changed HF_TOKEN; removed GONE"
+    written = msgspec.json.encode(second.changes) + said.encode()
+    assert b"secret" not in written
+    assert b'"x"' not in written
+    assert b'"y"' not in written
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("command", "sglang serve {model} --port {port}"),
+        ("engine", "sglang"),
+        ("env", {"CUDA_LAUNCH_BLOCKING": "1"}),
+        ("gpus_per_shard", 2),
+        ("gpu_memory_gib", 70.0),
+        ("shards_per_replica", 2),
+        ("node_selector", {"gpu": "h100"}),
+    ],
+)
+def test_every_field_that_changes_what_runs_makes_a_revision(field: str, value: object) -> None:
+    state = given(ModelDeclared(model="llama", spec=LLAMA))
+
+    second = declared(ops.apply_model(state, replace(LLAMA, **{field: value})))
+
+    assert second.revision == 2
+    assert [c.field.split(".")[0] for c in second.changes] == [field]
+
+
+def test_the_fields_that_make_a_revision_are_those_the_stories_cover() -> None:
+    covered = test_every_field_that_changes_what_runs_makes_a_revision.pytestmark[0].args[1]
+    assert {field for field, _ in covered} == set(REVISION_FIELDS)
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        replace(LLAMA, routing=RoutingSettings(weight=3.0, target_waiting=8)),
+        replace(LLAMA, replicas=5),
+        replace(LLAMA, startup_timeout_s=1200.0, stop_grace_s=5.0, max_moves=2),
+    ],
+    ids=["routing", "replica count", "timers and pace"],
+)
+def test_a_change_that_does_not_change_what_runs_takes_effect_at_once_as_the_same_revision(
+    changed: ModelSpec,
+) -> None:
+    state = given(ModelDeclared(model="llama", spec=LLAMA))
+
+    event = declared(ops.apply_model(state, changed))
+    now = after(state, ops.Change(stream="model-llama", events=(event,)))
+
+    assert (event.revision, event.changes) == (1, ())
+    assert now.models["llama"].spec == changed  # at once, for every replica
+    assert now.models["llama"].revision == 1
+
+
+def test_scaling_and_tuning_are_no_revisions() -> None:
+    state = given(
+        ModelDeclared(model="llama", spec=LLAMA),
+        ModelScaled(model="llama", replicas=4, previous=2),
+        ModelTuned(model="llama", weight=2.0, target_waiting=9, kv_ceiling=0.7),
+    )
+
+    assert state.models["llama"].revision == 1
+    assert ops.scale(state, "llama", 6).events == (
+        ModelScaled(model="llama", replicas=6, previous=4),
+    )
+
+
+def test_re_applying_the_spec_of_the_current_revision_records_nothing() -> None:
+    upgraded = replace(LLAMA, gpus_per_shard=2)
+    state = given(
+        ModelDeclared(model="llama", spec=LLAMA),
+        ModelDeclared(model="llama", spec=upgraded, revision=2),
+    )
+
+    assert ops.apply_model(state, upgraded).events == ()
+
+
+def test_a_removed_model_declared_again_continues_its_count_of_revisions() -> None:
+    upgraded = replace(LLAMA, engine="sglang")
+    state = given(
+        ModelDeclared(model="llama", spec=LLAMA),
+        ModelDeclared(model="llama", spec=upgraded, revision=2),
+        ModelRemoved(model="llama"),
+    )
+
+    same = declared(ops.apply_model(state, upgraded))
+    other = declared(ops.apply_model(state, LLAMA))
+
+    assert (same.revision, same.changes) == (2, ())
+    assert other.revision == 3
+    assert other.changes == (SpecChange(field="engine", old="sglang", new="vllm"),)
+
+
+def test_replicas_placed_after_a_revision_carry_it_and_those_before_keep_theirs() -> None:
+    cluster = with_two_nodes_and_a_model(replicas=2)
+    first = of_type(cluster.reconcile(), ReplicaPlaced)
+    for replica in first:
+        cluster.serve(replica.replica_id)
+    spec = cluster.state.models["llama"].spec
+    revised = declared(
+        ops.apply_model(cluster.state, replace(spec, command=spec.command + " --fast", replicas=3))
+    )
+    cluster.given(revised)
+
+    later = of_type(cluster.reconcile(), ReplicaPlaced)
+
+    assert [(p.replica_id, p.revision) for p in first] == [("llama-1", 1), ("llama-2", 1)]
+    assert [(p.replica_id, p.revision) for p in later] == [("llama-3", 2)]
+    replicas = cluster.state.replicas
+    assert [replicas[i].revision for i in ("llama-1", "llama-2", "llama-3")] == [1, 1, 2]
+    status = ops.model_status(cluster.state, "llama", cluster.now)
+    assert status.model.revision == 2
+    assert status.outdated == ("llama-1", "llama-2")
+    assert describe(later[0]).endswith(", revision 2")
+
+
+def test_events_written_before_revisions_read_as_revision_1() -> None:
+    old_declared = msgspec.json.encode(
+        {"type": "model_declared", "model": "llama", "spec": msgspec.to_builtins(LLAMA)}
+    )
+    old_placed = msgspec.json.encode(
+        {
+            "type": "replica_placed",
+            "replica_id": "llama-1",
+            "model": "llama",
+            "number": 1,
+            "shards": [{"index": 0, "node_id": "gpu-1", "gpus": [0], "port": 20001}],
+        }
+    )
+
+    model_event = decode_event(1, "model_declared", 1, old_declared)
+    replica_event = decode_event(2, "replica_placed", 1, old_placed)
+    state = replay(log(model_event, replica_event))
+
+    assert isinstance(model_event, ModelDeclared)
+    assert isinstance(replica_event, ReplicaPlaced)
+    assert (model_event.revision, model_event.changes, replica_event.revision) == (1, (), 1)
+    assert (state.models["llama"].revision, state.replicas["llama-1"].revision) == (1, 1)
+    assert ops.model_status(state, "llama", state.models["llama"].declared_at).outdated == ()
+    # The first change after an upgrade is revision 2.
+    upgraded = declared(ops.apply_model(state, replace(LLAMA, gpus_per_shard=2)))
+    assert upgraded.revision == 2
+
+
+def test_changes_in_one_line_shorten_long_values() -> None:
+    long = "x" * 100
+    said = describe_changes((SpecChange(field="command", old="a", new=long),))
+
+    assert said == f"command a -> {'x' * 45}..."
