@@ -97,3 +97,60 @@ def test_migrate_without_its_migrations_directory_says_so_in_one_line(tmp_path: 
         f"error: cannot migrate: the migrations directory {missing} (LLMGW_MIGRATIONS_DIR) "
         "does not exist\n"
     )
+
+
+async def _columns(url: str, table: str) -> set[str]:
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = $1", table
+        )
+    finally:
+        await conn.close()
+    return {r[0] for r in rows}
+
+
+async def test_revisions_come_to_rows_projected_before_them_as_revision_1_and_go_again(
+    postgres_server: PostgresServer,
+) -> None:
+    """Migration 0007: a model and a replica projected before revisions existed read as
+    revision 1, as their events do; going down removes the columns and nothing else."""
+    name = unique_database_name("llmgw_migrations")
+    await postgres_server.create_database(name)
+    url = postgres_server.url(name)
+    try:
+        await asyncio.to_thread(migrate.upgrade, url, "0006")
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute(
+                "INSERT INTO models (name, engine, command, gpus_per_shard, gpu_memory_gib, "
+                "shards_per_replica, desired_replicas, removed, weight, target_waiting, "
+                "kv_ceiling, spec, replicas_created, declared_at) VALUES ('llama', 'vllm', "
+                "'vllm serve', 1, 0, 1, 1, false, 1, 5, 0.8, '{}', 1, now())"
+            )
+            await conn.execute(
+                "INSERT INTO replicas (id, model, number, phase, routable, placed_at, reason) "
+                "VALUES ('llama-1', 'llama', 1, 'serving', true, now(), 'scale up')"
+            )
+        finally:
+            await conn.close()
+
+        await asyncio.to_thread(migrate.upgrade, url)
+        conn = await asyncpg.connect(url)
+        try:
+            model = await conn.fetchval("SELECT revision FROM models WHERE name = 'llama'")
+            replica = await conn.fetchval("SELECT revision FROM replicas WHERE id = 'llama-1'")
+        finally:
+            await conn.close()
+        assert (model, replica) == (1, 1)
+
+        await asyncio.to_thread(migrate.downgrade, url, "0006")
+        assert "revision" not in await _columns(url, "models")
+        assert "revision" not in await _columns(url, "replicas")
+        assert "backoff_until" in await _columns(url, "models")
+
+        await asyncio.to_thread(migrate.upgrade, url)
+        assert "revision" in await _columns(url, "models")
+        assert "revision" in await _columns(url, "replicas")
+    finally:
+        await postgres_server.drop_database(name)
