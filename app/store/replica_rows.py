@@ -45,6 +45,8 @@ async def read_forgotten_replicas(
     phases = [p.value for p in ENDED_PHASES if among.phase is None or p is among.phase]
     if not phases:  # an active phase: the fold holds every such replica
         return []
+    if "\x00" in (among.model or "") + (among.node_id or ""):
+        return []  # PostgreSQL text cannot hold it: no stored id has one
     async with connection(engine) as db:
         rows = await db.fetch(_ENDED_ROWS, phases, among.model, among.node_id)
     replicas: dict[str, Replica] = {}

@@ -116,3 +116,14 @@ async def test_forgotten_replicas_answer_as_they_did_and_keep_their_rows(
     assert report.differences == []
     assert report.rows["replicas"] == K + 2
     assert all_rows(pg_store.state) == all_rows(await replay(engine))
+
+
+async def test_a_filter_no_stored_id_can_hold_finds_no_replica_rather_than_failing(
+    admin: httpx.AsyncClient,
+) -> None:
+    """PostgreSQL text cannot hold a NUL: the rows of forgotten replicas are not asked."""
+    for query in ("node=gpu-1%00", "model=llama%00x", "node=a%00&phase=stopped"):
+        response = await admin.get(f"/admin/v1/replicas?{query}")
+
+        assert response.status_code == 200, response.text
+        assert response.json() == []
