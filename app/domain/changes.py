@@ -61,6 +61,7 @@ class ModelChanges(TypedDict, total=False):
     ended: tuple[str, ...]
     forgotten: dict[str, int]
     revision: int
+    earlier_specs: dict[int, ModelSpec]
 
 
 class NodeChanges(TypedDict, total=False):

@@ -67,8 +67,9 @@ from app.domain.events import (
     ShardStopped,
     StrayStopped,
 )
-from app.domain.model_spec import RoutingSettings
+from app.domain.model_spec import ModelSpec, RoutingSettings
 from app.domain.state import (
+    ACTIVE_PHASES,
     ENDED_KEPT_PER_MODEL,
     ENDED_PHASES,
     STRAYS_REMEMBERED,
@@ -438,9 +439,30 @@ def _model_declared(state: ClusterState, event: ModelDeclared, recorded: Recorde
             ended=known.ended if known else (),
             forgotten=known.forgotten if known else {},
             revision=event.revision,
+            earlier_specs=_earlier_specs(state, known, event.revision) if known else {},
         )
     else:
-        state.models[event.model] = replace(known, spec=event.spec, revision=event.revision)
+        state.models[event.model] = replace(
+            known,
+            spec=event.spec,
+            revision=event.revision,
+            earlier_specs=_earlier_specs(state, known, event.revision),
+        )
+
+
+def _earlier_specs(state: ClusterState, known: Model, revision: int) -> dict[int, ModelSpec]:
+    """The specs of revisions before ``revision`` that active replicas of ``known`` run,
+    the one it replaces included. One scan of the replicas per declaration (rare), never
+    one per replica event."""
+    if revision == known.revision and not known.earlier_specs:
+        return {}
+    specs = {**known.earlier_specs, known.revision: known.spec}
+    in_use = {
+        r.revision
+        for r in state.replicas.values()
+        if r.model == known.name and r.phase in ACTIVE_PHASES and r.revision != revision
+    }
+    return {n: spec for n, spec in specs.items() if n in in_use}
 
 
 def _model_scaled(state: ClusterState, event: ModelScaled, recorded: Recorded) -> None:

@@ -378,7 +378,7 @@ def _commands(draft: Draft, fleet: FleetView, settings: Settings) -> None:
                     and (replica.id, shard.index) not in report.shards
                 ):
                     command: StartShard | StopShard = start_command(
-                        state, model.spec, replica, shard
+                        state, model.spec_of(replica.revision), replica, shard
                     )
                     draft.command(shard.node_id, command)
             continue

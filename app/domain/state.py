@@ -160,6 +160,16 @@ class Model(msgspec.Struct, frozen=True, kw_only=True):
     replicas by phase still include them."""
     revision: int = FIRST_REVISION
     """Its current revision: what a replica placed now runs (``app.domain.revisions``)."""
+    earlier_specs: dict[int, ModelSpec] = {}
+    """The specs of earlier revisions that its active replicas were placed with, by
+    revision: a shard of one that starts again (its agent stopped it, or it was placed and
+    not started yet) starts with the spec of its replica's revision, not the current one.
+    Kept from the declaration that replaced them to the first one after their last replica
+    ended."""
+
+    def spec_of(self, revision: int) -> ModelSpec:
+        """The spec a replica placed with ``revision`` runs."""
+        return self.earlier_specs.get(revision, self.spec)
 
     @property
     def desired(self) -> int:

@@ -9,10 +9,20 @@ import pytest
 from msgspec.structs import replace
 
 from app.domain import operations as ops
+from app.domain.commands import StartShard
 from app.domain.describe import describe
-from app.domain.events import ModelDeclared, ModelRemoved, ModelScaled, ModelTuned, ReplicaPlaced
+from app.domain.events import (
+    ModelDeclared,
+    ModelRemoved,
+    ModelScaled,
+    ModelTuned,
+    ReplicaPlaced,
+    ReplicaStopped,
+    ShardStopped,
+)
 from app.domain.evolve import replay
 from app.domain.model_spec import ModelSpec, RoutingSettings
+from app.domain.reports import NodeReport
 from app.domain.revisions import REVISION_FIELDS, WITHHELD, SpecChange, describe_changes
 from app.store.codec import decode_event
 from tests.unit.test_domain_operations import after, given, log
@@ -217,3 +227,47 @@ def test_changes_in_one_line_shorten_long_values() -> None:
     said = describe_changes((SpecChange(field="command", old="a", new=long),))
 
     assert said == f"command a -> {'x' * 45}..."
+
+
+def test_a_replica_of_an_earlier_revision_starts_again_with_its_own_spec() -> None:
+    cluster = with_two_nodes_and_a_model(replicas=1, env={"MODE": "old"})
+    cluster.reconcile()
+    cluster.serve("llama-1")
+    spec = cluster.state.models["llama"].spec
+    fast = replace(spec, command=spec.command + " --fast", env={"MODE": "new"}, replicas=2)
+    cluster.given(declared(ops.apply_model(cluster.state, fast)))
+    node = cluster.state.replicas["llama-1"].shards[0].node_id
+    cluster.given(
+        ShardStopped(
+            replica_id="llama-1", shard_index=0, node_id=node, reason="agent shutting down"
+        )
+    )
+    cluster.reports[node] = NodeReport(node_id=node)  # its engine is gone
+
+    decision = cluster.reconcile()
+
+    starts = {c.command.replica_id: c.command for c in decision.commands}
+    assert set(starts) == {"llama-1", "llama-2"}
+    old, new = starts["llama-1"], starts["llama-2"]
+    assert isinstance(old, StartShard)
+    assert isinstance(new, StartShard)
+    assert ("--fast" in old.argv, old.env) == (False, {"MODE": "old"})
+    assert ("--fast" in new.argv, new.env) == (True, {"MODE": "new"})
+
+
+def test_an_earlier_spec_is_kept_while_a_replica_runs_it_and_dropped_after() -> None:
+    cluster = with_two_nodes_and_a_model(replicas=1)
+    cluster.reconcile()
+    first = cluster.state.models["llama"].spec
+    second = replace(first, gpus_per_shard=2)
+    cluster.given(declared(ops.apply_model(cluster.state, second)))
+
+    kept = cluster.state.models["llama"]
+    cluster.given(ReplicaStopped(replica_id="llama-1"))
+    cluster.given(declared(ops.apply_model(cluster.state, replace(second, replicas=3))))
+    dropped = cluster.state.models["llama"]
+
+    assert (kept.revision, kept.earlier_specs) == (2, {1: first})
+    assert kept.spec_of(1) == first
+    assert kept.spec_of(2) == second
+    assert (dropped.revision, dropped.earlier_specs) == (2, {})
