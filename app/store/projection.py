@@ -193,10 +193,20 @@ def changes_for(state: ClusterState, before: Undo) -> RowChanges:
     changes them, so an entity still identical to its undo record needs no row written."""
     models = _changed(state.models, before.models)
     nodes = _changed(state.nodes, before.nodes)
-    # A replica the fold forgot keeps its rows as they are: it is not touched.
-    replica_ids = [k for k in _changed(state.replicas, before.replicas) if k in state.replicas]
+    replicas = [
+        state.replicas[k] for k in _changed(state.replicas, before.replicas) if k in state.replicas
+    ]
+    # A replica the fold forgot keeps the rows it had then, as a rebuild writes them: one the
+    # batch changed (or placed) before forgetting it gets them written as the fold last held
+    # it; one forgotten as it was is not touched.
+    forgotten = {r.id: r for r in state.forgotten or ()}
+    replicas += [
+        replica
+        for replica_id, replica in sorted(forgotten.items())
+        if replica_id not in state.replicas and before.replicas.get(replica_id) is not replica
+    ]
+    replica_ids = [r.id for r in replicas]
     keys = _changed(state.keys, before.keys)
-    replicas = [state.replicas[k] for k in replica_ids if k in state.replicas]
     return RowChanges(
         touched={"models": models, "nodes": nodes, "replicas": replica_ids, "api_keys": keys},
         rows={

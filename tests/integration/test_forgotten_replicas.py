@@ -12,6 +12,7 @@ import httpx
 import pytest_asyncio
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.domain.envelope import Meta
 from app.domain.events import (
     AnyEvent,
     ModelDeclared,
@@ -22,14 +23,16 @@ from app.domain.events import (
     ShardPlacement,
     ShardReady,
     ShardStarting,
+    ShardStopped,
 )
 from app.domain.model_spec import ModelSpec
 from app.domain.state import ENDED_KEPT_PER_MODEL
+from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
 from app.store.projection import all_rows
 from app.store.rebuild import rebuild
 from app.store.replay import replay
-from tests.support.admin_server import bearer_client, record, seed_node, serving_admin
+from tests.support.admin_server import bearer_client, record, seed_node, serving_admin, stream_of
 
 TOKEN = secrets.token_hex(16)
 K = ENDED_KEPT_PER_MODEL
@@ -127,3 +130,32 @@ async def test_a_filter_no_stored_id_can_hold_finds_no_replica_rather_than_faili
 
         assert response.status_code == 200, response.text
         assert response.json() == []
+
+
+async def test_a_replica_changed_or_placed_then_forgotten_in_one_append_keeps_its_last_rows(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore, engine: AsyncEngine
+) -> None:
+    """The rows of a replica the fold forgets are those it had when forgotten, whether the
+    append that forgot it also changed it (a late stop of an ended replica) or placed it."""
+    await seed_node(pg_store, "gpu-1")
+    spec = ModelSpec(name="llama", command="sim --port {port}", replicas=0)
+    await record(pg_store, "alice", ModelDeclared(model="llama", spec=spec))
+    for number in range(1, K + 1):
+        await record(pg_store, "reconciler", *lived_and_ended(number))
+
+    late_stop = ShardStopped(replica_id="llama-2", shard_index=0, node_id="gpu-1", exit_code=143)
+    one_append = [late_stop] + [e for n in range(K + 1, 2 * K + 2) for e in lived_and_ended(n)]
+    await pg_store.append_many(
+        [AppendRequest(stream_of(e), None, [NewEvent(e)]) for e in one_append],
+        Meta(actor="reconciler"),
+    )
+    assert "llama-2" not in pg_store.state.replicas
+    assert f"llama-{K + 1}" not in pg_store.state.replicas, "placed and forgotten at once"
+
+    stopped_late = (await admin.get("/admin/v1/replicas/llama-2")).json()
+    assert stopped_late["shards"][0]["exit_code"] == 143
+    placed_and_forgotten = await admin.get(f"/admin/v1/replicas/llama-{K + 1}")
+    assert placed_and_forgotten.json()["phase"] == "failed"
+    report = await rebuild(engine, verify=True)
+    assert report.differences == []
+    assert report.rows["replicas"] == 2 * K + 1
