@@ -17,6 +17,7 @@ STREAM_TAIL_BYTES = 4096
 """The usage chunk is the stream's last event before ``[DONE]``; it fits in this many."""
 
 _TOTAL_TOKENS = re.compile(rb'"usage"\s*:\s*\{[^{}]*?"total_tokens"\s*:\s*(\d+)')
+_COMPLETION_TOKENS = re.compile(rb'"usage"\s*:\s*\{[^{}]*?"completion_tokens"\s*:\s*(\d+)')
 _EVENT = b"data: {"
 
 
@@ -59,4 +60,10 @@ class StreamTokens:
     def total(self) -> int:
         """The usage chunk's ``total_tokens`` when the stream had one, else one per event."""
         found = _TOTAL_TOKENS.findall(self._tail)
+        return int(found[-1]) if found else self._events
+
+    def output_tokens(self) -> int:
+        """The usage chunk's ``completion_tokens`` when the stream had one, else one per
+        event (which counts an engine's role-only first event and last event too)."""
+        found = _COMPLETION_TOKENS.findall(self._tail)
         return int(found[-1]) if found else self._events
