@@ -1,5 +1,6 @@
-"""``/admin/v1/replicas``: replicas with their shards, failures and engine log tails (a
-replica's drain is in ``app.admin.drains``)."""
+"""``/admin/v1/replicas``: replicas with their shards, failures and engine log tails, and
+one replica's traffic as the gateways measured it (a replica's drain is in
+``app.admin.drains``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from litestar.params import FromPath, FromQuery, QueryParameter
 from app.admin.auth import require_actor
 from app.admin.bodies import check_body
 from app.admin.schemas import ReplicaSummary, ReplicaView, as_view
+from app.admin.traffic import TrafficSource, with_traffic
 from app.domain.state import Replica, ReplicaPhase
 from app.services.operations import Operations
 
@@ -39,8 +41,15 @@ class ReplicaController(Controller):
     ) -> list[ReplicaSummary]:
         return [replica_summary(r) for r in await operations.replicas(model, node, phase)]
 
-    @get("/{replica_id:str}", summary="A replica: shards, their state, errors and log tails")
+    @get(
+        "/{replica_id:str}",
+        summary="A replica: shards, their state, errors and log tails, and its traffic",
+    )
     async def show(
-        self, operations: NamedDependency[Operations], replica_id: FromPath[str]
+        self,
+        operations: NamedDependency[Operations],
+        traffic: NamedDependency[TrafficSource],
+        replica_id: FromPath[str],
     ) -> ReplicaView:
-        return replica_view(await operations.replica(replica_id))
+        view = replica_view(await operations.replica(replica_id))
+        return with_traffic(view, await traffic.replica_traffic(replica_id))
