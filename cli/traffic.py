@@ -17,14 +17,13 @@ def traffic_title(traffic: ReplicaTrafficView) -> str:
 
 def traffic_facts(traffic: ReplicaTrafficView) -> list[tuple[str, str | None]]:
     """``name: value`` lines, each well within 80 columns."""
-    said = [f"{traffic.requests:,}"]
-    if traffic.requests:
-        rate = 0.0 if traffic.error_rate is None else traffic.error_rate
-        said.append(f"{traffic.errors:,} failed ({percent(rate)})")
-    if traffic.cancelled:
-        said.append(f"{traffic.cancelled:,} more cancelled by their clients")
+    failed = f"{traffic.errors:,}"
+    if traffic.error_rate is not None:
+        failed += f" ({percent(traffic.error_rate)})"
     return [
-        ("requests", ", ".join(said)),
+        ("requests", f"{traffic.requests:,}"),
+        ("failed", failed),
+        ("cancelled", f"{traffic.cancelled:,} by their clients (not counted above)"),
         ("TTFT p95", latency(traffic.ttft_p95_ms, traffic.ttft_samples, "stream")),
         ("TPOT p95", latency(traffic.tpot_p95_ms, traffic.tpot_samples, "stream")),
         ("latency p95", latency(traffic.latency_p95_ms, traffic.latency_samples, "answer")),

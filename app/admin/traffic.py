@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import msgspec
 
@@ -10,6 +10,7 @@ from app.admin.schemas import ReplicaTrafficView, ReplicaView
 from app.domain.traffic import TrafficFigures
 
 
+@runtime_checkable  # Litestar checks a dependency's value against its annotation
 class TrafficSource(Protocol):
     """``app.store.gateway_reports.TrafficReports``: the fresh gateway reports, merged."""
 
