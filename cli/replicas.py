@@ -21,6 +21,7 @@ from cli.operator import (
     show_one,
 )
 from cli.render import EXIT_OK, Column, print_table, utc_seconds
+from cli.traffic import print_traffic
 from cli.views import ReplicaSummary, ReplicaView
 
 Phase = Literal[
@@ -116,7 +117,8 @@ def show_replica(
     connection: ConnectionFlags | None = None,
 ) -> int:
     """One replica: its phase and why, every shard with its node, GPUs, port, state and
-    error, and the engine's last log lines of a shard that failed.
+    error, the engine's last log lines of a shard that failed, and what the gateways
+    measured of its requests over the last minute (requests, errors, TTFT, TPOT).
 
     ```
     llmgw-cli replica llama-3-8b-2
@@ -173,6 +175,7 @@ def print_replica(replica: ReplicaView, wide: bool = False) -> None:
             console.print(Text(f"engine log of shard {shard.index} (last lines):", "bold"))
             for line in shard.log_tail:
                 console.print(Text(f"  {line}"), soft_wrap=True)
+    print_traffic(replica.traffic, console)
 
 
 def _revision_fact(replica: ReplicaView) -> str:

@@ -149,12 +149,28 @@ class ShardView(View, frozen=True, kw_only=True):
     stop_reason: str | None = None
 
 
+class ReplicaTrafficView(View, frozen=True, kw_only=True):
+    window_s: float = 60.0
+    gateways: int = 0
+    requests: int = 0
+    errors: int = 0
+    cancelled: int = 0
+    error_rate: float | None = None
+    ttft_p95_ms: float | None = None
+    ttft_samples: int = 0
+    tpot_p95_ms: float | None = None
+    tpot_samples: int = 0
+    latency_p95_ms: float | None = None
+    latency_samples: int = 0
+
+
 class ReplicaView(ReplicaSummary, frozen=True, kw_only=True):
     reason: str = ""
     starting_since: datetime | None = None
     ended_at: datetime | None = None
     end_reason: str | None = None
     shards: list[ShardView] = []
+    traffic: ReplicaTrafficView | None = None
 
 
 # -- placement ---------------------------------------------------------------------------

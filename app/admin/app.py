@@ -24,8 +24,10 @@ from app.admin.nodes import NodeController
 from app.admin.placement import PlacementController
 from app.admin.replicas import ReplicaController
 from app.admin.request_log import REQUEST_ID_KEY, log_requests, request_id_of
+from app.admin.traffic import TrafficSource
 from app.admin.tuning import TuningController
 from app.services.operations import Caller, Operations
+from app.store.gateway_reports import TrafficReports
 from app.store.postgres import PostgresEventStore
 
 
@@ -43,13 +45,16 @@ def create_admin_app(
     readiness: Readiness | None = None,
     live: LiveSource | None = None,
     gateway_metrics: GatewayPage | None = None,
+    traffic: TrafficSource | None = None,
 ) -> Litestar:
     """The admin API over ``store``. ``readiness`` defaults to checking the store's database
     with no control plane role to report; ``live`` gives ``/metrics`` the leader's figures,
-    ``gateway_metrics`` those of the gateway in this process."""
+    ``gateway_metrics`` those of the gateway in this process; ``traffic`` (by default the
+    gateways' reports in the store's database) what gateways measured of replicas."""
     operations = Operations(store)
     checks = readiness or Readiness(store.engine)
     cluster_metrics = ClusterMetrics(store, live, gateway_metrics)
+    replica_traffic = traffic or TrafficReports(store.engine)
 
     async def provide_store() -> PostgresEventStore:
         return store
@@ -62,6 +67,9 @@ def create_admin_app(
 
     async def provide_metrics() -> ClusterMetrics:
         return cluster_metrics
+
+    async def provide_traffic() -> TrafficSource:
+        return replica_traffic
 
     return Litestar(
         route_handlers=[
@@ -84,6 +92,7 @@ def create_admin_app(
             "operations": Provide(provide_operations),
             "readiness": Provide(provide_readiness),
             "cluster_metrics": Provide(provide_metrics),
+            "traffic": Provide(provide_traffic),
             "caller": Provide(provide_caller, sync_to_thread=False),
         },
         state=State({"authenticator": authenticator}),

@@ -1,5 +1,6 @@
-"""``/admin/v1/replicas``: replicas with their shards, failures and engine log tails (a
-replica's drain is in ``app.admin.drains``)."""
+"""``/admin/v1/replicas``: replicas with their shards, failures and engine log tails, and
+one replica's traffic as the gateways measured it (a replica's drain is in
+``app.admin.drains``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from litestar.params import FromPath, FromQuery, QueryParameter
 from app.admin.auth import require_actor
 from app.admin.bodies import check_body
 from app.admin.schemas import ReplicaSummary, ReplicaView, as_view
+from app.admin.traffic import TrafficSource, with_traffic
 from app.domain.state import Replica, ReplicaPhase
 from app.services.operations import Operations
 
@@ -53,9 +55,16 @@ class ReplicaController(Controller):
         replicas, revisions = await operations.replicas_and_revisions(model, node, phase)
         return [replica_summary(r, revisions) for r in replicas]
 
-    @get("/{replica_id:str}", summary="A replica: shards, their state, errors and log tails")
+    @get(
+        "/{replica_id:str}",
+        summary="A replica: shards, their state, errors and log tails, and its traffic",
+    )
     async def show(
-        self, operations: NamedDependency[Operations], replica_id: FromPath[str]
+        self,
+        operations: NamedDependency[Operations],
+        traffic: NamedDependency[TrafficSource],
+        replica_id: FromPath[str],
     ) -> ReplicaView:
         replica = await operations.replica(replica_id)
-        return replica_view(replica, await operations.revisions([replica]))
+        view = replica_view(replica, await operations.revisions([replica]))
+        return with_traffic(view, await traffic.replica_traffic(replica_id))

@@ -280,6 +280,33 @@ class ShardView(msgspec.Struct, frozen=True, kw_only=True):
     stopped so; it starts again where it was placed once its node is back."""
 
 
+class ReplicaTrafficView(msgspec.Struct, frozen=True, kw_only=True):
+    """What the gateways saw of a replica's requests over their window, all added up
+    (docs/gateway.md#what-the-gateway-measures)."""
+
+    window_s: float
+    """The gateways' sliding window: the last this many seconds (less at most a twelfth)."""
+    gateways: int
+    """Gateways with a fresh report, whether or not they sent the replica anything."""
+    requests: int
+    """Answered and failed requests; cancelled ones are not counted here."""
+    errors: int
+    """The engine's failures: a 5xx or 429, no answer, or an answer that broke off."""
+    cancelled: int
+    """Requests whose client went away first: not errors."""
+    error_rate: float | None
+    """``errors / requests``, 0 to 1; null without requests."""
+    ttft_p95_ms: float | None
+    """Time to the first chunk of streamed 2xx answers, 95th percentile (within 4.4 %)."""
+    ttft_samples: int
+    tpot_p95_ms: float | None
+    """Time per output token of finished streamed 2xx answers, 95th percentile."""
+    tpot_samples: int
+    latency_p95_ms: float | None
+    """Time to the last byte of 2xx answers, streamed or not, 95th percentile."""
+    latency_samples: int
+
+
 class ReplicaView(ReplicaSummary, frozen=True, kw_only=True):
     reason: str
     starting_since: datetime | None
@@ -288,6 +315,8 @@ class ReplicaView(ReplicaSummary, frozen=True, kw_only=True):
     ended_at: datetime | None
     end_reason: str | None
     shards: list[ShardView]
+    traffic: ReplicaTrafficView | None = None
+    """What the gateways measured of its requests; null when no gateway reports."""
 
 
 class DrainAccepted(msgspec.Struct, frozen=True, kw_only=True):

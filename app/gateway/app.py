@@ -47,6 +47,7 @@ from app.gateway.proxy import Upstream
 from app.gateway.ratelimit import RateLimiter
 from app.gateway.router import Router
 from app.gateway.table import GatewaySnapshot
+from app.gateway.traffic import TrafficWindow
 from app.listeners.throttle import FailureBudget
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -80,9 +81,11 @@ class GatewayApp:
         connect_timeout_s: float = 5.0,
         log_requests: bool = True,
         failures: FailureBudget | None = None,
+        traffic: TrafficWindow | None = None,
     ) -> None:
         self._router = router
         self._metrics = metrics
+        self._traffic = traffic or TrafficWindow()
         self._failures = failures or FailureBudget()
         self._stale_reason = stale_reason
         self._connect_timeout_s = connect_timeout_s
@@ -95,6 +98,7 @@ class GatewayApp:
             limiter=limiter,
             failures=self._failures,
             log_requests=log_requests,
+            traffic=self._traffic,
         )
         self._routes: dict[str, tuple[str, Handler]] = {
             "/v1/chat/completions": ("POST", self._completions),
@@ -136,7 +140,7 @@ class GatewayApp:
                 )
                 self._engines = EngineClient(connect_timeout_s=self._connect_timeout_s)
                 self._completions.upstream = Upstream(
-                    self._router, self._engines, self._metrics.retried
+                    self._router, self._engines, self._metrics.retried, self._traffic
                 )
                 await self._router.start(self._session)
                 await send({"type": "lifespan.startup.complete"})

@@ -8,6 +8,13 @@ A client that disconnects cancels its request: a watcher task, started once the 
 read, sees ``http.disconnect`` and cancels the request's task wherever it is (queued for a
 replica, waiting for the engine's first byte, or mid-stream); closing the upstream
 connection is what tells the engine to abort.
+
+How each answer ended is counted against its replica in the gateway's ``TrafficWindow``
+(``_count``): answered, failed (a 5xx or 429, or an answer that broke off) or cancelled by
+the client, with the times measured from sending the request to the engine. For a stream,
+TTFT is the first chunk of its body and TPOT the time from there to its end per output
+token after the first; the latency of a 2xx answer is to its last byte. What is measured
+and why is in docs/gateway.md.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from app.domain.traffic import Outcome, outcome_of_status
 from app.gateway.asgi import Header, Receive, Scope, Send, authenticate, clock, refuse, request_id
 from app.gateway.errors import (
     ApiError,
@@ -38,6 +46,7 @@ from app.gateway.proxy import Opened, Timing, Upstream, read_whole, relay_stream
 from app.gateway.ratelimit import ALLOWED_UNLIMITED, RateLimiter
 from app.gateway.router import NoServingReplica, Saturated
 from app.gateway.table import GatewaySnapshot, KeyRecord
+from app.gateway.traffic import TrafficWindow
 from app.gateway.usage import StreamTokens, usage_of_body
 from app.listeners.throttle import FailureBudget
 from app.logs import request_level
@@ -86,6 +95,7 @@ class _Exchange:
     __slots__ = (
         "added_s",
         "body",
+        "ended_at",
         "first_byte_at",
         "key",
         "model",
@@ -110,6 +120,8 @@ class _Exchange:
         self.note: str | None = None
         self.quota_headers: tuple[Header, ...] = ()
         self.first_byte_at: float | None = None
+        self.ended_at: float | None = None
+        """When the engine's answer was all read (a stream's last chunk relayed)."""
         self.added_s: float | None = None
         """Fixed when the answer starts; until then, ``timing`` says."""
 
@@ -138,12 +150,14 @@ class Completions:
         limiter: RateLimiter,
         failures: FailureBudget,
         log_requests: bool = True,
+        traffic: TrafficWindow | None = None,
     ) -> None:
         self._snapshot = snapshot
         self._metrics = metrics
         self._limiter = limiter
         self._failures = failures
         self._log_requests = log_requests
+        self._traffic = traffic or TrafficWindow()
         self.upstream: Upstream | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -195,11 +209,13 @@ class Completions:
         watch = _Watch(task)
         watcher = asyncio.get_running_loop().create_task(watch.run(receive))
         opened: Opened | None = None
+        tokens: StreamTokens | None = None
+        outcome: Outcome | None = None
         try:
             opened = await self._open(exchange, key, path)
             exchange.replica = opened.lease.route.replica_id
             if exchange.stream and opened.answer.status == 200:
-                tokens = StreamTokens() if key.tpm is not None else None
+                tokens = StreamTokens()
                 exchange.status = 200
 
                 def first_chunk() -> None:
@@ -208,14 +224,21 @@ class Completions:
                 finished = await relay_stream(
                     opened, send, exchange.answer_headers(), tokens, first_chunk
                 )
+                exchange.ended_at = clock()
+                outcome = Outcome.ANSWERED if finished else Outcome.FAILED
                 watch.done = True
-                if tokens is not None:
+                if key.tpm is not None:
                     self._spend(key, tokens.total())
                 if not finished:
                     exchange.note = "the engine stopped mid-stream"
                 return
-            status, content_type, body = await read_whole(opened, exchange.timing)
-            exchange.first_byte_at = clock()
+            try:
+                status, content_type, body = await read_whole(opened, exchange.timing)
+            except ApiError:
+                outcome = Outcome.FAILED  # the answer broke off
+                raise
+            exchange.first_byte_at = exchange.ended_at = clock()
+            outcome = outcome_of_status(status)
             exchange.status = status
             watch.done = True
             if key.tpm is not None and status < 400:
@@ -226,6 +249,8 @@ class Completions:
             await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": body})
         except asyncio.CancelledError:
+            if outcome is None:
+                outcome = Outcome.CANCELLED
             if watch.fired and task.uncancel() == 0:
                 exchange.status = CLIENT_GONE
                 return
@@ -235,6 +260,36 @@ class Completions:
             watcher.cancel()
             if opened is not None:
                 opened.close()
+                self._count(exchange, opened, outcome, tokens)
+
+    def _count(
+        self,
+        exchange: _Exchange,
+        opened: Opened,
+        outcome: Outcome | None,
+        tokens: StreamTokens | None,
+    ) -> None:
+        """Count the answer against its replica. ``tokens`` is set for a streamed 2xx."""
+        if outcome is None:
+            return  # a bug of the gateway's own (logged as one), not the replica's doing
+        sent_at = opened.sent_at
+        first_at = exchange.first_byte_at if tokens is not None else None
+        ended_at = exchange.ended_at
+        ttft_s = None if first_at is None else first_at - sent_at
+        latency_s = tpot_s = None
+        if outcome is Outcome.ANSWERED and ended_at is not None and opened.answer.status < 300:
+            latency_s = ended_at - sent_at
+            if tokens is not None and first_at is not None:
+                output_tokens = tokens.output_tokens()
+                if output_tokens >= 2:
+                    tpot_s = (ended_at - first_at) / (output_tokens - 1)
+        self._traffic.record(
+            opened.lease.route.replica_id,
+            outcome,
+            ttft_s=ttft_s,
+            tpot_s=tpot_s,
+            latency_s=latency_s,
+        )
 
     async def _open(self, exchange: _Exchange, key: KeyRecord, path: str) -> Opened:
         if self.upstream is None:

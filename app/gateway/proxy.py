@@ -14,14 +14,20 @@ server-sent events go to the client as they arrive, unparsed, ending with the en
 Cancellation is the caller's: cancelling the task that awaits any of these and then
 closing the answer (``Opened.close``) closes the upstream connection, which is how an
 engine learns that its client went away.
+
+Each attempt that ends here (no answer, a retried 503, a cancel before the answer's head)
+is counted against its replica in the gateway's ``TrafficWindow``; an answer handed to
+the caller is the caller's to count, with ``Opened.sent_at`` as its start.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from app.domain.traffic import Outcome
 from app.gateway.engine_client import AnswerBroken, EngineAnswer, EngineClient, EngineUnreachable
 from app.gateway.errors import (
     ApiError,
@@ -30,6 +36,7 @@ from app.gateway.errors import (
     upstream_unreachable,
 )
 from app.gateway.router import Lease, NoServingReplica, Router
+from app.gateway.traffic import TrafficWindow
 from app.gateway.usage import StreamTokens
 
 Message = MutableMapping[str, Any]
@@ -70,11 +77,13 @@ class EngineRefusal(ApiError):
 class Opened:
     """A replica's answer whose head has arrived, and the lease that holds the replica."""
 
-    __slots__ = ("answer", "lease")
+    __slots__ = ("answer", "lease", "sent_at")
 
-    def __init__(self, lease: Lease, answer: EngineAnswer) -> None:
+    def __init__(self, lease: Lease, answer: EngineAnswer, sent_at: float) -> None:
         self.lease = lease
         self.answer = answer
+        self.sent_at = sent_at
+        """When the request was sent to the engine (``time.perf_counter``)."""
 
     def close(self) -> None:
         """The request is over: an unfinished answer's connection is closed."""
@@ -88,10 +97,12 @@ class Upstream:
         router: Router,
         client: EngineClient,
         on_retry: Callable[[str], None] = lambda reason: None,
+        traffic: TrafficWindow | None = None,
     ) -> None:
         self._router = router
         self._client = client
         self._on_retry = on_retry
+        self._traffic = traffic or TrafficWindow()
 
     async def open(
         self, model: str, key_id: str, path: str, body: bytes, request_id: str, timing: Timing
@@ -116,15 +127,21 @@ class Upstream:
                 answer = await self._client.post(lease.route.url, path, body, request_id)
             except EngineUnreachable as exc:
                 lease.release()
+                self._traffic.record(lease.route.replica_id, Outcome.FAILED)
                 failure = upstream_unreachable(model, str(exc))
                 reason = "unreachable"
+            except asyncio.CancelledError:
+                lease.release()
+                self._traffic.record(lease.route.replica_id, Outcome.CANCELLED)
+                raise
             except BaseException:
                 lease.release()
                 raise
             else:
                 if answer.status != RETRYABLE_STATUS or attempt == 2:
                     timing.upstream_s += _clock() - sent
-                    return Opened(lease, answer)
+                    return Opened(lease, answer, sent)
+                self._traffic.record(lease.route.replica_id, Outcome.FAILED)
                 try:
                     refused = await answer.read()
                 except AnswerBroken:

@@ -3,7 +3,8 @@ uvicorn.
 
     gateway = Gateway(source, host="0.0.0.0", port=8080)
     await gateway.start()        # listening once this returns
-    ...                          # gateway.in_flight() for the database's drain accounting
+    ...                          # gateway.in_flight() for the database's drain accounting,
+                                 # gateway.traffic_report() for the replicas' figures
     await gateway.stop()         # in-flight requests finish (up to ``graceful_shutdown_s``)
 
 ``serve()`` is ``start()`` and then waiting until ``stop()`` is called or uvicorn stops by
@@ -38,8 +39,10 @@ from app.gateway.metrics import GatewayMetrics
 from app.gateway.ratelimit import RateLimiter
 from app.gateway.router import Router
 from app.gateway.table import GatewaySnapshot, SnapshotListener
+from app.gateway.traffic import TrafficWindow
 from app.listeners.limits import ListenerLimits, limited
 from app.listeners.throttle import FailureBudget, FailureLimits
+from app.store.gateway_reports import TrafficReport
 
 
 class SnapshotSource(Protocol):
@@ -199,9 +202,11 @@ class Gateway:
         self.metrics = GatewayMetrics(registry)
         self.metrics.watch_replicas(self.router.replica_views, self.router.queued)
         self.egress = EngineEgress(engine_networks, self.metrics)
+        self.traffic = TrafficWindow()
         self.app = GatewayApp(
             router=self.router,
             metrics=self.metrics,
+            traffic=self.traffic,
             limiter=RateLimiter(),
             stale_reason=self._stale_reason,
             connect_timeout_s=connect_timeout_s,
@@ -227,6 +232,10 @@ class Gateway:
     def in_flight(self) -> dict[str, int]:
         """Requests open per replica (replicas just taken out of routing included)."""
         return self.router.in_flight()
+
+    def traffic_report(self) -> TrafficReport:
+        """What this gateway saw of each replica's requests over its window."""
+        return TrafficReport(window_s=self.traffic.window_s, replicas=self.traffic.report())
 
     async def start(self) -> None:
         if self._clients is not None:

@@ -9,7 +9,9 @@
   a burst of appends) it reads again, so a revoked key is refused within a second;
 - reads again every ``refresh_interval_s`` anyway, in case a notification was lost;
 - writes the router's in-flight counts to ``gateway_reports`` every
-  ``report_interval_s``, for the reconciler (``app.store.gateway_reports``).
+  ``report_interval_s``, for the reconciler (``app.store.gateway_reports``), and in the
+  same statement what the gateway saw of each replica's requests over its window, for the
+  admin API (``app.gateway.traffic``).
 
 When the database goes away the last snapshot keeps serving and ``fresh()`` turns false
 (``/readyz`` says so); the loss is logged once, and so is the return. It reconnects with
@@ -32,7 +34,7 @@ import structlog
 from app.gateway.snapshot import read_snapshot
 from app.gateway.table import GatewaySnapshot, SnapshotListener
 from app.store.database import driver_url
-from app.store.gateway_reports import delete_report, write_report
+from app.store.gateway_reports import TrafficReport, delete_report, write_report
 from app.store.postgres import NOTIFY_CHANNEL
 
 log = structlog.get_logger(__name__)
@@ -54,6 +56,7 @@ _CONNECTION_LOST = (
 )
 
 InFlightCounter = Callable[[], dict[str, int]]
+TrafficReader = Callable[[], TrafficReport]
 
 
 def default_gateway_id() -> str:
@@ -91,6 +94,7 @@ class PostgresSnapshotSource:
         self._snapshot = GatewaySnapshot()
         self._listeners: list[SnapshotListener] = []
         self._in_flight: InFlightCounter | None = None
+        self._traffic: TrafficReader | None = None
         self._up = False
         self._up_since_connect = False
         self._loss_logged = False
@@ -134,6 +138,11 @@ class PostgresSnapshotSource:
     def report_in_flight(self, counter: InFlightCounter) -> None:
         """Write ``counter()`` (requests open per replica) to the database periodically."""
         self._in_flight = counter
+
+    def report_traffic(self, reader: TrafficReader) -> None:
+        """Write ``reader()`` (per-replica figures over a window) with each in-flight
+        report."""
+        self._traffic = reader
 
     async def start(self, *, wait_s: float = QUERY_TIMEOUT_S) -> None:
         """Connect and start following the database; returns once the first snapshot is
@@ -218,7 +227,13 @@ class PostgresSnapshotSource:
                 await self._read(db)
                 next_read = monotonic() + self._refresh_interval_s
             if self._in_flight is not None and monotonic() >= next_report:
-                await write_report(db, self.gateway_id, self._in_flight(), within_s=self._timeout_s)
+                await write_report(
+                    db,
+                    self.gateway_id,
+                    self._in_flight(),
+                    within_s=self._timeout_s,
+                    traffic=None if self._traffic is None else self._traffic(),
+                )
                 next_report = monotonic() + self._report_interval_s
         with contextlib.suppress(*_CONNECTION_LOST):
             await delete_report(db, self.gateway_id, within_s=min(self._timeout_s, 1.0))

@@ -1,4 +1,5 @@
-"""How many tokens an answer used, for the per-key tokens-per-minute limit.
+"""How many tokens an answer used, for the per-key tokens-per-minute limit, and how many
+a stream generated, for the replica's time per output token.
 
 A whole answer carries ``usage``; only that field is decoded. A stream is passed through
 untouched, so it is not parsed event by event: the counter watches the bytes go by, counts
@@ -9,6 +10,7 @@ counts as one token, which is what a streamed chunk usually carries.
 
 from __future__ import annotations
 
+import collections
 import re
 
 import msgspec
@@ -17,6 +19,7 @@ STREAM_TAIL_BYTES = 4096
 """The usage chunk is the stream's last event before ``[DONE]``; it fits in this many."""
 
 _TOTAL_TOKENS = re.compile(rb'"usage"\s*:\s*\{[^{}]*?"total_tokens"\s*:\s*(\d+)')
+_COMPLETION_TOKENS = re.compile(rb'"usage"\s*:\s*\{[^{}]*?"completion_tokens"\s*:\s*(\d+)')
 _EVENT = b"data: {"
 
 
@@ -41,22 +44,38 @@ def usage_of_body(body: bytes) -> int | None:
 
 
 class StreamTokens:
-    """Counts the tokens of a stream from its bytes, as they pass."""
+    """Counts the tokens of a stream from its bytes, as they pass.
 
-    __slots__ = ("_events", "_tail")
+    Every stream is counted (its output tokens give the replica's time per output token,
+    ``app.gateway.traffic``), so ``feed`` costs little: the tail is the last chunks, kept
+    as they came, and joined only when read."""
+
+    __slots__ = ("_events", "_tail", "_tail_bytes")
 
     def __init__(self) -> None:
         self._events = 0
-        self._tail = b""
+        self._tail: collections.deque[bytes] = collections.deque()
+        self._tail_bytes = 0
+        """At least the last ``STREAM_TAIL_BYTES`` of the stream, in ``_tail``."""
 
     def feed(self, chunk: bytes) -> None:
         self._events += chunk.count(_EVENT)
-        if len(chunk) >= STREAM_TAIL_BYTES:
-            self._tail = chunk[-STREAM_TAIL_BYTES:]
-        else:
-            self._tail = (self._tail + chunk)[-STREAM_TAIL_BYTES:]
+        tail = self._tail
+        tail.append(chunk)
+        self._tail_bytes += len(chunk)
+        while self._tail_bytes - len(tail[0]) >= STREAM_TAIL_BYTES:
+            self._tail_bytes -= len(tail.popleft())
 
     def total(self) -> int:
         """The usage chunk's ``total_tokens`` when the stream had one, else one per event."""
-        found = _TOTAL_TOKENS.findall(self._tail)
+        found = _TOTAL_TOKENS.findall(self._last_bytes())
         return int(found[-1]) if found else self._events
+
+    def output_tokens(self) -> int:
+        """The usage chunk's ``completion_tokens`` when the stream had one, else one per
+        event (which counts an engine's role-only first event and last event too)."""
+        found = _COMPLETION_TOKENS.findall(self._last_bytes())
+        return int(found[-1]) if found else self._events
+
+    def _last_bytes(self) -> bytes:
+        return b"".join(self._tail)[-STREAM_TAIL_BYTES:]

@@ -1,24 +1,56 @@
-"""What gateways have in flight, by replica: live telemetry, not events.
+"""What gateways have in flight, and what they saw of each replica's requests: live
+telemetry, not events.
 
-Each gateway overwrites its own ``gateway_reports`` row every half second. The reconciler
-sums the rows younger than ``REPORT_MAX_AGE_S``, aged by the database's clock so that no
-skew between machines matters; a gateway that stopped, or lost the database, stops
-counting after that.
+Each gateway overwrites its own ``gateway_reports`` row every half second: ``in_flight``
+(requests open per replica) and ``traffic`` (per replica over the gateway's window:
+requests, errors, cancels and latency histograms; ``app.domain.traffic``). Readers use the
+rows younger than ``REPORT_MAX_AGE_S``, aged by the database's clock so that no skew
+between machines matters; a gateway that stopped, or lost the database, stops counting
+after that.
+
+A row is the writer's word, so a reader takes it as hostile: ``traffic`` is decoded per
+replica into bounded types, and a piece that is too big or malformed is skipped (and
+logged), never a failure of the reader.
 """
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import asyncpg
 import msgspec
+import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.domain.traffic import ReplicaTraffic, TrafficFigures, WindowSeconds, merge
 from app.store.database import connection
 
+log = structlog.get_logger(__name__)
+
 REPORT_MAX_AGE_S = 5.0
+MAX_REPORTED_REPLICAS = 2000
+"""A report lists at most this many replicas, the busiest; a reader refuses more."""
+MAX_REPLICA_TRAFFIC_BYTES = 64 * 1024
+"""One replica's figures are three histograms of at most 185 buckets: far below this."""
+MAX_REPLICA_ID_CHARS = 256
+
+ReplicaId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REPLICA_ID_CHARS)]
+
+
+class TrafficReport(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``gateway_reports.traffic``: one gateway's window and what it saw per replica."""
+
+    window_s: WindowSeconds
+    replicas: Annotated[
+        dict[ReplicaId, ReplicaTraffic], msgspec.Meta(max_length=MAX_REPORTED_REPLICAS)
+    ]
+
 
 _UPSERT = """
-INSERT INTO gateway_reports (gateway_id, in_flight, reported_at) VALUES ($1, $2::jsonb, now())
-ON CONFLICT (gateway_id) DO UPDATE SET in_flight = excluded.in_flight, reported_at = now()
+INSERT INTO gateway_reports (gateway_id, in_flight, traffic, reported_at)
+VALUES ($1, $2::jsonb, $3::jsonb, now())
+ON CONFLICT (gateway_id) DO UPDATE
+SET in_flight = excluded.in_flight, traffic = excluded.traffic, reported_at = now()
 """
 _SUM_RECENT = """
 SELECT counts.key AS replica_id, sum(counts.value::int)::int AS in_flight
@@ -26,15 +58,40 @@ FROM gateway_reports, jsonb_each_text(gateway_reports.in_flight) AS counts
 WHERE gateway_reports.reported_at > now() - make_interval(secs => $1)
 GROUP BY counts.key
 """
+_REPLICA_TRAFFIC = """
+SELECT gateway_id, (traffic->'window_s')::text AS window_s,
+       (traffic->'replicas'->$1)::text AS replica
+FROM gateway_reports
+WHERE reported_at > now() - make_interval(secs => $2) AND traffic IS NOT NULL
+"""
 _encoder = msgspec.json.Encoder()
+_decode_window = msgspec.json.Decoder(WindowSeconds).decode
+_decode_replica = msgspec.json.Decoder(ReplicaTraffic).decode
+
+
+def bounded(report: TrafficReport) -> TrafficReport:
+    """``report`` with at most ``MAX_REPORTED_REPLICAS`` replicas: the busiest."""
+    if len(report.replicas) <= MAX_REPORTED_REPLICAS:
+        return report
+    busiest = sorted(
+        report.replicas.items(), key=lambda item: item[1].requests + item[1].cancelled
+    )[-MAX_REPORTED_REPLICAS:]
+    return TrafficReport(window_s=report.window_s, replicas=dict(busiest))
 
 
 async def write_report(
-    db: asyncpg.Connection, gateway_id: str, in_flight: dict[str, int], *, within_s: float
+    db: asyncpg.Connection,
+    gateway_id: str,
+    in_flight: dict[str, int],
+    *,
+    within_s: float,
+    traffic: TrafficReport | None = None,
 ) -> None:
-    """Replace ``gateway_id``'s report; only replicas with requests open are listed."""
+    """Replace ``gateway_id``'s report; only replicas with requests open are listed in
+    ``in_flight``, and only replicas with something in the window in ``traffic``."""
     busy = {replica: count for replica, count in in_flight.items() if count > 0}
-    await db.execute(_UPSERT, gateway_id, _encoder.encode(busy).decode(), timeout=within_s)
+    figures = None if traffic is None else _encoder.encode(bounded(traffic)).decode()
+    await db.execute(_UPSERT, gateway_id, _encoder.encode(busy).decode(), figures, timeout=within_s)
 
 
 async def delete_report(db: asyncpg.Connection, gateway_id: str, *, within_s: float) -> None:
@@ -54,3 +111,40 @@ class InFlightReports:
         async with connection(self._engine) as db:
             rows = await db.fetch(_SUM_RECENT, self._max_age_s)
         return {row["replica_id"]: row["in_flight"] for row in rows if row["in_flight"] > 0}
+
+
+class TrafficReports:
+    """The admin API's reader: a replica's traffic, merged over every live gateway."""
+
+    def __init__(self, engine: AsyncEngine, max_age_s: float = REPORT_MAX_AGE_S) -> None:
+        self._engine = engine
+        self._max_age_s = max_age_s
+
+    async def replica_traffic(self, replica_id: str) -> TrafficFigures | None:
+        """None when no live gateway reports traffic at all; figures of zero requests when
+        gateways report and none sent the replica anything in its window."""
+        async with connection(self._engine) as db:
+            rows = await db.fetch(_REPLICA_TRAFFIC, replica_id, self._max_age_s)
+        reports = []
+        for row in rows:
+            decoded = _decode_row(row["gateway_id"], row["window_s"], row["replica"])
+            if decoded is not None:
+                reports.append(decoded)
+        return merge(reports)
+
+
+def _decode_row(
+    gateway_id: str, window: str | None, replica: str | None
+) -> tuple[float, ReplicaTraffic | None] | None:
+    try:
+        if window is None:
+            raise ValueError("no window_s")
+        window_s = _decode_window(window)
+        if replica is None:
+            return window_s, None
+        if len(replica) > MAX_REPLICA_TRAFFIC_BYTES:
+            raise ValueError(f"{len(replica)} bytes of figures for one replica")
+        return window_s, _decode_replica(replica)
+    except (msgspec.DecodeError, ValueError) as exc:
+        log.warning("gateway_report_refused", gateway_id=gateway_id[:200], error=str(exc)[:500])
+        return None

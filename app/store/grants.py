@@ -13,8 +13,8 @@ EXECUTE on ``llmgw_append``                   every append; it runs as the owner
                                               projection rows and the checkpoint are written
                                               only through it
 EXECUTE on ``llmgw_next_epoch``               a new leader's epoch bump, which only adds one
-INSERT, UPDATE, DELETE on ``gateway_reports``  each gateway's in-flight report: live telemetry,
-                                              not part of the log
+INSERT, UPDATE, DELETE on ``gateway_reports``  each gateway's report (in flight, traffic):
+                                              live telemetry, not part of the log
 INSERT, DELETE on ``fold_snapshots`` and      the leader's snapshots of the fold (written
 ``fold_snapshot_chunks``                      whole, pruned, never updated): derived from the
                                               log, checked against its chain when read

@@ -189,6 +189,7 @@ gateway_reports = Table(
     Column("gateway_id", Text, primary_key=True),
     Column("in_flight", JSONB, nullable=False),
     Column("reported_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("traffic", JSONB),
 )
 
 fold_snapshots = Table(

@@ -29,6 +29,7 @@ def test_a_stream_with_a_usage_chunk_counts_what_it_says() -> None:
     tokens.feed(b'data: {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3, ')
     tokens.feed(b'"total_tokens": 8}}\n\ndata: [DONE]\n\n')
     assert tokens.total() == 8
+    assert tokens.output_tokens() == 3
 
 
 def test_a_stream_without_usage_counts_one_token_per_event() -> None:
@@ -37,6 +38,7 @@ def test_a_stream_without_usage_counts_one_token_per_event() -> None:
         tokens.feed(chunk(word))
     tokens.feed(b"data: [DONE]\n\n")
     assert tokens.total() == 4
+    assert tokens.output_tokens() == 4
 
 
 def test_a_long_stream_keeps_only_its_tail() -> None:

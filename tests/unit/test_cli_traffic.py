@@ -1,0 +1,68 @@
+"""The traffic section of ``llmgw-cli replica``: what it says, within 80 columns."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from cli.traffic import milliseconds, print_traffic
+from cli.views import ReplicaTrafficView
+
+
+def rendered(traffic: ReplicaTrafficView | None, width: int = 80) -> str:
+    output = io.StringIO()
+    print_traffic(traffic, Console(file=output, width=width, highlight=False, color_system=None))
+    return output.getvalue()
+
+
+def test_a_busy_replica_s_figures_fit_in_80_columns() -> None:
+    traffic = ReplicaTrafficView(
+        window_s=60.0,
+        gateways=12,
+        requests=123_456_789,
+        errors=1_234_567,
+        cancelled=98_765_432,
+        error_rate=1_234_567 / 123_456_789,
+        ttft_p95_ms=182_345.6,
+        ttft_samples=123_456_789,
+        tpot_p95_ms=21.43,
+        tpot_samples=123_456_789,
+        latency_p95_ms=3.2,
+        latency_samples=123_456_789,
+    )
+    text = rendered(traffic)
+    assert text.splitlines() == [
+        "traffic (last 60 s, 12 gateways):",
+        "  requests:    123,456,789",
+        "  failed:      1,234,567 (1.0 %)",
+        "  cancelled:   98,765,432 by their clients (not counted above)",
+        "  TTFT p95:    182 s (123,456,789 streams)",
+        "  TPOT p95:    21 ms (123,456,789 streams)",
+        "  latency p95: 3.2 ms (123,456,789 answers)",
+    ]
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_a_replica_without_requests_or_reports_says_so() -> None:
+    quiet = rendered(ReplicaTrafficView(window_s=60.0, gateways=1))
+    assert quiet.splitlines() == [
+        "traffic (last 60 s, 1 gateway):",
+        "  requests:    0",
+        "  failed:      0",
+        "  cancelled:   0 by their clients (not counted above)",
+        "  TTFT p95:    - (no streams)",
+        "  TPOT p95:    - (no streams)",
+        "  latency p95: - (no answers)",
+    ]
+    assert rendered(None) == "traffic: no gateway reports in the last 5 s\n"
+
+
+def test_latencies_keep_three_significant_figures_at_most() -> None:
+    assert [milliseconds(ms) for ms in (0.1234, 8.46, 182.4, 1234.0, 61_000.0)] == [
+        "0.12 ms",
+        "8.5 ms",
+        "182 ms",
+        "1.23 s",
+        "61 s",
+    ]
