@@ -13,6 +13,7 @@ from litestar.params import FromPath, FromQuery, JSONBody
 from app.admin.auth import require_actor
 from app.admin.bodies import check_body
 from app.admin.schemas import ModelChange, ModelSpecBody, ModelView, ScaleRequest, as_view
+from app.admin.traffic import TrafficSource, traffic_by_revision, traffic_view
 from app.domain.model_spec import ModelSpec, SpecError
 from app.domain.operations import InvalidSpec, ModelStatus
 from app.services.operations import Caller, Operations
@@ -84,9 +85,23 @@ class ModelController(Controller):
         statuses = await operations.models(include_removed=include_removed)
         return [model_view(status) for status in statuses]
 
-    @get("/{name:str}", summary="A model's spec, and why it is below its count if it is")
-    async def show(self, operations: NamedDependency[Operations], name: FromPath[str]) -> ModelView:
-        return model_view(await operations.model(name))
+    @get(
+        "/{name:str}",
+        summary="A model's spec, why it is below its count if it is, its traffic by revision",
+    )
+    async def show(
+        self,
+        operations: NamedDependency[Operations],
+        traffic: NamedDependency[TrafficSource],
+        name: FromPath[str],
+    ) -> ModelView:
+        view = model_view(await operations.model(name))
+        groups = traffic_by_revision(await operations.replicas(name))
+        figures = await traffic.traffic_of_groups(groups) if groups else {}
+        return msgspec.structs.replace(
+            view,
+            traffic_by_revision={rev: traffic_view(f) for rev, f in sorted(figures.items())},
+        )
 
     @put(
         "/{name:str}",

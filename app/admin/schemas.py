@@ -110,6 +110,11 @@ class ModelView(msgspec.Struct, frozen=True, kw_only=True):
     alters what runs (command, env, engine, GPU shape, shards, node selector) is the next."""
     outdated: list[str]
     """Active replicas placed with an older revision: they run it until they are replaced."""
+    traffic_by_revision: dict[str, ReplicaTrafficView] | None = None
+    """``GET /admin/v1/models/{name}`` only (null in the list): what the gateways saw of the
+    model's active replicas, added up per revision (keys are revision numbers); a revision
+    none of whose replicas any gateway reported is absent, and so is all of it when no
+    gateway reports traffic."""
 
 
 class ModelChange(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,12 +1,15 @@
-"""A replica's traffic as the gateways measured it, for ``GET /admin/v1/replicas/{id}``."""
+"""Traffic as the gateways measured it: a replica's for ``GET /admin/v1/replicas/{id}``, a
+model's per revision for ``GET /admin/v1/models/{name}``."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Mapping
 from typing import Protocol, runtime_checkable
 
 import msgspec
 
 from app.admin.schemas import ReplicaTrafficView, ReplicaView
+from app.domain.state import ACTIVE_PHASES, Replica
 from app.domain.traffic import TrafficFigures
 
 
@@ -15,6 +18,10 @@ class TrafficSource(Protocol):
     """``app.store.gateway_reports.TrafficReports``: the fresh gateway reports, merged."""
 
     async def replica_traffic(self, replica_id: str) -> TrafficFigures | None: ...
+
+    async def traffic_of_groups(
+        self, groups: Mapping[str, Collection[str]]
+    ) -> dict[str, TrafficFigures]: ...
 
 
 def traffic_view(figures: TrafficFigures) -> ReplicaTrafficView:
@@ -26,3 +33,14 @@ def with_traffic(view: ReplicaView, figures: TrafficFigures | None) -> ReplicaVi
     if figures is None:
         return view
     return msgspec.structs.replace(view, traffic=traffic_view(figures))
+
+
+def traffic_by_revision(
+    replicas: Iterable[Replica],
+) -> dict[str, list[str]]:
+    """The active replicas by the revision they run, keyed by its number as text."""
+    groups: dict[str, list[str]] = {}
+    for replica in replicas:
+        if replica.phase in ACTIVE_PHASES:
+            groups.setdefault(str(replica.revision), []).append(replica.id)
+    return groups

@@ -148,6 +148,29 @@ class TrafficFigures(msgspec.Struct, frozen=True, kw_only=True):
     latency_samples: int
 
 
+def combined(parts: Iterable[ReplicaTraffic]) -> ReplicaTraffic | None:
+    """What one gateway saw of several replicas (those of one revision) as one: counts and
+    histograms added up; None without any part."""
+    parts = list(parts)
+    if not parts:
+        return None
+    ttft: Histogram = {}
+    tpot: Histogram = {}
+    latency: Histogram = {}
+    for part in parts:
+        add_histogram(ttft, part.ttft)
+        add_histogram(tpot, part.tpot)
+        add_histogram(latency, part.latency)
+    return ReplicaTraffic(
+        requests=sum(p.requests for p in parts),
+        errors=sum(p.errors for p in parts),
+        cancelled=sum(p.cancelled for p in parts),
+        ttft=ttft,
+        tpot=tpot,
+        latency=latency,
+    )
+
+
 def merge(reports: Iterable[tuple[float, ReplicaTraffic | None]]) -> TrafficFigures | None:
     """Add up ``(window_s, what that gateway saw of the replica or None)`` per gateway;
     None when no gateway reported. The window is the longest of theirs."""

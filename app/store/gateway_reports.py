@@ -15,6 +15,7 @@ logged), never a failure of the reader.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from typing import Annotated
 
 import asyncpg
@@ -22,7 +23,7 @@ import msgspec
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.domain.traffic import ReplicaTraffic, TrafficFigures, WindowSeconds, merge
+from app.domain.traffic import ReplicaTraffic, TrafficFigures, WindowSeconds, combined, merge
 from app.store.database import connection
 
 log = structlog.get_logger(__name__)
@@ -64,9 +65,19 @@ SELECT gateway_id, (traffic->'window_s')::text AS window_s,
 FROM gateway_reports
 WHERE reported_at > now() - make_interval(secs => $2) AND traffic IS NOT NULL
 """
+_SOME_REPLICAS_TRAFFIC = """
+SELECT gateway_id, (traffic->'window_s')::text AS window_s,
+       (SELECT jsonb_object_agg(id, traffic->'replicas'->id)::text
+        FROM unnest($1::text[]) AS id
+        WHERE traffic->'replicas' ? id) AS replicas
+FROM gateway_reports
+WHERE reported_at > now() - make_interval(secs => $2) AND traffic IS NOT NULL
+"""
+
 _encoder = msgspec.json.Encoder()
 _decode_window = msgspec.json.Decoder(WindowSeconds).decode
 _decode_replica = msgspec.json.Decoder(ReplicaTraffic).decode
+_decode_raw_replicas = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
 
 
 def bounded(report: TrafficReport) -> TrafficReport:
@@ -131,6 +142,54 @@ class TrafficReports:
             if decoded is not None:
                 reports.append(decoded)
         return merge(reports)
+
+    async def traffic_of_groups(
+        self, groups: Mapping[str, Collection[str]]
+    ) -> dict[str, TrafficFigures]:
+        """Each group's replicas' traffic added up (a model's replicas by revision): per
+        gateway, what it saw of the group's replicas is one part, so ``gateways`` counts
+        gateways, not replicas. Empty when no live gateway reports traffic at all."""
+        wanted = sorted({replica for members in groups.values() for replica in members})
+        async with connection(self._engine) as db:
+            rows = await db.fetch(_SOME_REPLICAS_TRAFFIC, wanted, self._max_age_s)
+        seen: list[tuple[float, dict[str, ReplicaTraffic]]] = []
+        for row in rows:
+            decoded = _decode_replicas(row["gateway_id"], row["window_s"], row["replicas"])
+            if decoded is not None:
+                seen.append(decoded)
+        figures: dict[str, TrafficFigures] = {}
+        for group, members in groups.items():
+            merged = merge(
+                (window_s, combined(parts[m] for m in members if m in parts))
+                for window_s, parts in seen
+            )
+            if merged is not None:
+                figures[group] = merged
+        return figures
+
+
+def _decode_replicas(
+    gateway_id: str, window: str | None, replicas: str | None
+) -> tuple[float, dict[str, ReplicaTraffic]] | None:
+    """A gateway's window and its figures of the replicas asked for; a malformed piece is
+    left out (and logged), as ``_decode_row`` does for one replica."""
+    try:
+        if window is None:
+            raise ValueError("no window_s")
+        window_s = _decode_window(window)
+        raw = _decode_raw_replicas(replicas) if replicas is not None else {}
+    except (msgspec.DecodeError, ValueError) as exc:
+        log.warning("gateway_report_refused", gateway_id=gateway_id[:200], error=str(exc)[:500])
+        return None
+    parts: dict[str, ReplicaTraffic] = {}
+    for replica_id, piece in raw.items():
+        try:
+            if len(piece) > MAX_REPLICA_TRAFFIC_BYTES:
+                raise ValueError(f"{len(piece)} bytes of figures for one replica")
+            parts[replica_id] = _decode_replica(piece)
+        except (msgspec.DecodeError, ValueError) as exc:
+            log.warning("gateway_report_refused", gateway_id=gateway_id[:200], error=str(exc)[:500])
+    return window_s, parts
 
 
 def _decode_row(

@@ -21,6 +21,7 @@ from app.domain.traffic import (
     add_histogram,
     add_sample,
     bucket_of,
+    combined,
     merge,
     outcome_of_status,
     percentile_ms,
@@ -227,3 +228,32 @@ def test_a_gateway_reports_only_its_busiest_replicas_beyond_the_bound() -> None:
     assert f"r-{MAX_REPORTED_REPLICAS + 9}" in kept
     encoded = msgspec.json.encode(TrafficReport(window_s=60.0, replicas=kept))
     assert msgspec.json.decode(encoded, type=TrafficReport).replicas == kept
+
+
+@given(st.lists(st.lists(st.lists(in_range, max_size=10), max_size=4), min_size=1, max_size=4))
+def test_a_revision_is_its_replicas_added_up_per_gateway_and_counts_gateways_once(
+    gateways: list[list[list[float]]],
+) -> None:
+    """Per gateway, a list of replicas, each a list of TTFTs: a revision's figures are those
+    of one replica that got every request, seen by as many gateways as reported."""
+    reports = [
+        (
+            60.0,
+            combined(
+                ReplicaTraffic(requests=len(seen), errors=len(seen) // 3, ttft=histogram_of(seen))
+                for seen in replicas
+            ),
+        )
+        for replicas in gateways
+    ]
+    everything = [ms for replicas in gateways for seen in replicas for ms in seen]
+    errors = sum(len(seen) // 3 for replicas in gateways for seen in replicas)
+    one = ReplicaTraffic(requests=len(everything), errors=errors, ttft=histogram_of(everything))
+
+    figures = merge(reports)
+    alone = merge([(60.0, one)] + [(60.0, None)] * (len(gateways) - 1))
+
+    assert figures == alone
+    assert figures is not None
+    assert figures.gateways == len(gateways)
+    assert combined([]) is None
