@@ -30,6 +30,7 @@ from cli.operator import (
 )
 from cli.render import EXIT_FAILED, EXIT_OK, Column, counted, print_error, print_table, utc_seconds
 from cli.spec_file import SpecFileError, read_specs
+from cli.traffic import print_traffic_by_revision
 from cli.views import ModelChange, ModelView
 from wire.engines import PROFILES
 
@@ -274,6 +275,8 @@ def print_model(model: ModelView, wide: bool = False) -> None:
     print_facts(facts, console)
     for reason in model.below_desired_because:
         console.print(f"below its count: {reason}", markup=False)
+    if model.traffic_by_revision is not None:
+        print_traffic_by_revision(model.traffic_by_revision, console)
 
 
 def engine_text(engine: str, command: str) -> str:

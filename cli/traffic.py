@@ -1,5 +1,6 @@
-"""The ``traffic`` section of ``llmgw-cli replica``: what the gateways measured of the
-replica's requests over their window (docs/gateway.md#what-the-gateway-measures)."""
+"""The ``traffic`` sections of ``llmgw-cli replica`` and ``llmgw-cli model``: what the
+gateways measured of a replica's requests over their window, or of a model's replicas per
+revision (docs/gateway.md#what-the-gateway-measures)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,37 @@ def print_traffic(traffic: ReplicaTrafficView | None, console: Console) -> None:
         return
     console.print(Text(f"{traffic_title(traffic)}:", "bold"))
     print_facts([(f"  {name}", value) for name, value in traffic_facts(traffic)], console)
+
+
+def print_traffic_by_revision(by_revision: dict[str, ReplicaTrafficView], console: Console) -> None:
+    if not by_revision:
+        console.print(
+            Text.assemble(
+                ("traffic:", "bold"), " none (no gateway reports in the last 5 s, or no replica)"
+            )
+        )
+        return
+    first = next(iter(by_revision.values()))
+    title = traffic_title(first).replace("traffic (", "traffic by revision (", 1)
+    console.print(Text(f"{title}:", "bold"))
+    for revision, traffic in sorted(by_revision.items(), key=lambda item: -int(item[0])):
+        console.print(Text(f"  {revision_line(revision, traffic)}"))
+
+
+def revision_line(revision: str, traffic: ReplicaTrafficView) -> str:
+    """``rev 2: 1,204 requests, 1.0 % failed, TTFT p95 182 ms, TPOT p95 21 ms``: the
+    figures a canary is judged by, newest revision first; the latency of whole answers
+    stands in for TTFT where nothing was streamed."""
+    parts = [f"{traffic.requests:,} requests"]
+    if traffic.error_rate is not None:
+        parts.append(f"{percent(traffic.error_rate)} failed")
+    if traffic.ttft_p95_ms is not None:
+        parts.append(f"TTFT p95 {milliseconds(traffic.ttft_p95_ms)}")
+    elif traffic.latency_p95_ms is not None:
+        parts.append(f"latency p95 {milliseconds(traffic.latency_p95_ms)}")
+    if traffic.tpot_p95_ms is not None:
+        parts.append(f"TPOT p95 {milliseconds(traffic.tpot_p95_ms)}")
+    return f"rev {revision}: " + ", ".join(parts)
 
 
 def percent(rate: float) -> str:

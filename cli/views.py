@@ -112,6 +112,8 @@ class ModelView(View, frozen=True, kw_only=True):
     revision: int = 1
     outdated: list[str] = []
     """Active replicas running an older revision than ``revision``."""
+    traffic_by_revision: dict[str, ReplicaTrafficView] | None = None
+    """One model's answer only: what the gateways saw of its replicas, per revision."""
 
 
 class ModelChange(View, frozen=True, kw_only=True):

@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from cli.traffic import milliseconds, print_traffic
+from cli.traffic import milliseconds, print_traffic, print_traffic_by_revision
 from cli.views import ReplicaTrafficView
 
 
@@ -66,3 +66,35 @@ def test_latencies_keep_three_significant_figures_at_most() -> None:
         "1.23 s",
         "61 s",
     ]
+
+
+def test_a_models_traffic_reads_one_line_per_revision_newest_first_within_80_columns() -> None:
+    canary = ReplicaTrafficView(
+        window_s=60.0,
+        gateways=2,
+        requests=123_456_789,
+        errors=1_234_567,
+        error_rate=1_234_567 / 123_456_789,
+        ttft_p95_ms=182_345.6,
+        ttft_samples=5,
+        tpot_p95_ms=21.43,
+        tpot_samples=5,
+    )
+    stable = ReplicaTrafficView(
+        window_s=60.0, gateways=2, requests=40, error_rate=0.0, latency_p95_ms=950.0
+    )
+    idle = ReplicaTrafficView(window_s=60.0, gateways=2)
+    output = io.StringIO()
+    console = Console(file=output, width=80, highlight=False, color_system=None)
+
+    print_traffic_by_revision({"1": stable, "10": canary, "2": idle}, console)
+    print_traffic_by_revision({}, console)
+
+    assert output.getvalue().splitlines() == [
+        "traffic by revision (last 60 s, 2 gateways):",
+        "  rev 10: 123,456,789 requests, 1.0 % failed, TTFT p95 182 s, TPOT p95 21 ms",
+        "  rev 2: 0 requests",
+        "  rev 1: 40 requests, 0 % failed, latency p95 950 ms",
+        "traffic: none (no gateway reports in the last 5 s, or no replica)",
+    ]
+    assert max(len(line) for line in output.getvalue().splitlines()) <= 80
