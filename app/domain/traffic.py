@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from enum import Enum
-from typing import Annotated
+from typing import Annotated, Protocol
 
 import msgspec
 
@@ -148,9 +148,26 @@ class TrafficFigures(msgspec.Struct, frozen=True, kw_only=True):
     latency_samples: int
 
 
-def combined(parts: Iterable[ReplicaTraffic]) -> ReplicaTraffic | None:
-    """What one gateway saw of several replicas (those of one revision) as one: counts and
-    histograms added up; None without any part."""
+class Counted(Protocol):
+    """What adds up: a replica's traffic in a report, or one slot of a gateway's window."""
+
+    @property
+    def requests(self) -> int: ...
+    @property
+    def errors(self) -> int: ...
+    @property
+    def cancelled(self) -> int: ...
+    @property
+    def ttft(self) -> Mapping[int, int]: ...
+    @property
+    def tpot(self) -> Mapping[int, int]: ...
+    @property
+    def latency(self) -> Mapping[int, int]: ...
+
+
+def combined(parts: Iterable[Counted]) -> ReplicaTraffic | None:
+    """Several parts as one (a gateway's slots of a replica, or what it saw of a revision's
+    replicas): counts and histograms added up; None without any part."""
     parts = list(parts)
     if not parts:
         return None
@@ -174,35 +191,28 @@ def combined(parts: Iterable[ReplicaTraffic]) -> ReplicaTraffic | None:
 def merge(reports: Iterable[tuple[float, ReplicaTraffic | None]]) -> TrafficFigures | None:
     """Add up ``(window_s, what that gateway saw of the replica or None)`` per gateway;
     None when no gateway reported. The window is the longest of theirs."""
-    gateways = requests = errors = cancelled = 0
+    gateways = 0
     window_s = 0.0
-    ttft: Histogram = {}
-    tpot: Histogram = {}
-    latency: Histogram = {}
+    seen: list[ReplicaTraffic] = []
     for gateway_window_s, traffic in reports:
         gateways += 1
         window_s = max(window_s, gateway_window_s)
-        if traffic is None:
-            continue
-        requests += traffic.requests
-        errors += traffic.errors
-        cancelled += traffic.cancelled
-        add_histogram(ttft, traffic.ttft)
-        add_histogram(tpot, traffic.tpot)
-        add_histogram(latency, traffic.latency)
+        if traffic is not None:
+            seen.append(traffic)
     if gateways == 0:
         return None
+    total = combined(seen) or ReplicaTraffic()
     return TrafficFigures(
         window_s=window_s,
         gateways=gateways,
-        requests=requests,
-        errors=errors,
-        cancelled=cancelled,
-        error_rate=errors / requests if requests else None,
-        ttft_p95_ms=percentile_ms(ttft, P95),
-        ttft_samples=sum(ttft.values()),
-        tpot_p95_ms=percentile_ms(tpot, P95),
-        tpot_samples=sum(tpot.values()),
-        latency_p95_ms=percentile_ms(latency, P95),
-        latency_samples=sum(latency.values()),
+        requests=total.requests,
+        errors=total.errors,
+        cancelled=total.cancelled,
+        error_rate=total.errors / total.requests if total.requests else None,
+        ttft_p95_ms=percentile_ms(total.ttft, P95),
+        ttft_samples=sum(total.ttft.values()),
+        tpot_p95_ms=percentile_ms(total.tpot, P95),
+        tpot_samples=sum(total.tpot.values()),
+        latency_p95_ms=percentile_ms(total.latency, P95),
+        latency_samples=sum(total.latency.values()),
     )

@@ -25,8 +25,8 @@ from app.domain.traffic import (
     Histogram,
     Outcome,
     ReplicaTraffic,
-    add_histogram,
     add_sample,
+    combined,
 )
 
 DEFAULT_WINDOW_S = 60.0
@@ -104,27 +104,8 @@ class TrafficWindow:
         oldest = number - self._slots + 1
         report = {}
         for replica_id, ring in self._rings.items():
-            requests = errors = cancelled = 0
-            ttft: Histogram = {}
-            tpot: Histogram = {}
-            latency: Histogram = {}
-            for slot in ring:
-                if slot is None or slot.number < oldest:
-                    continue
-                requests += slot.requests
-                errors += slot.errors
-                cancelled += slot.cancelled
-                add_histogram(ttft, slot.ttft)
-                add_histogram(tpot, slot.tpot)
-                add_histogram(latency, slot.latency)
-            report[replica_id] = ReplicaTraffic(
-                requests=requests,
-                errors=errors,
-                cancelled=cancelled,
-                ttft=ttft,
-                tpot=tpot,
-                latency=latency,
-            )
+            fresh = (slot for slot in ring if slot is not None and slot.number >= oldest)
+            report[replica_id] = combined(fresh) or ReplicaTraffic()
         return report
 
     def _forget_idle(self, number: int) -> None:
