@@ -59,12 +59,6 @@ FROM gateway_reports, jsonb_each_text(gateway_reports.in_flight) AS counts
 WHERE gateway_reports.reported_at > now() - make_interval(secs => $1)
 GROUP BY counts.key
 """
-_REPLICA_TRAFFIC = """
-SELECT gateway_id, (traffic->'window_s')::text AS window_s,
-       (traffic->'replicas'->$1)::text AS replica
-FROM gateway_reports
-WHERE reported_at > now() - make_interval(secs => $2) AND traffic IS NOT NULL
-"""
 _SOME_REPLICAS_TRAFFIC = """
 SELECT gateway_id, (traffic->'window_s')::text AS window_s,
        (SELECT jsonb_object_agg(id, traffic->'replicas'->id)::text
@@ -134,14 +128,7 @@ class TrafficReports:
     async def replica_traffic(self, replica_id: str) -> TrafficFigures | None:
         """None when no live gateway reports traffic at all; figures of zero requests when
         gateways report and none sent the replica anything in its window."""
-        async with connection(self._engine) as db:
-            rows = await db.fetch(_REPLICA_TRAFFIC, replica_id, self._max_age_s)
-        reports = []
-        for row in rows:
-            decoded = _decode_row(row["gateway_id"], row["window_s"], row["replica"])
-            if decoded is not None:
-                reports.append(decoded)
-        return merge(reports)
+        return (await self.traffic_of_groups({replica_id: [replica_id]})).get(replica_id)
 
     async def traffic_of_groups(
         self, groups: Mapping[str, Collection[str]]
@@ -171,39 +158,19 @@ class TrafficReports:
 def _decode_replicas(
     gateway_id: str, window: str | None, replicas: str | None
 ) -> tuple[float, dict[str, ReplicaTraffic]] | None:
-    """A gateway's window and its figures of the replicas asked for; a malformed piece is
-    left out (and logged), as ``_decode_row`` does for one replica."""
+    """A gateway's window and its figures of the replicas asked for; None (logged) when any
+    of it is malformed or too big: the gateway's row is not taken then."""
     try:
         if window is None:
             raise ValueError("no window_s")
         window_s = _decode_window(window)
         raw = _decode_raw_replicas(replicas) if replicas is not None else {}
-    except (msgspec.DecodeError, ValueError) as exc:
-        log.warning("gateway_report_refused", gateway_id=gateway_id[:200], error=str(exc)[:500])
-        return None
-    parts: dict[str, ReplicaTraffic] = {}
-    for replica_id, piece in raw.items():
-        try:
+        parts: dict[str, ReplicaTraffic] = {}
+        for replica_id, piece in raw.items():
             if len(piece) > MAX_REPLICA_TRAFFIC_BYTES:
                 raise ValueError(f"{len(piece)} bytes of figures for one replica")
             parts[replica_id] = _decode_replica(piece)
-        except (msgspec.DecodeError, ValueError) as exc:
-            log.warning("gateway_report_refused", gateway_id=gateway_id[:200], error=str(exc)[:500])
-    return window_s, parts
-
-
-def _decode_row(
-    gateway_id: str, window: str | None, replica: str | None
-) -> tuple[float, ReplicaTraffic | None] | None:
-    try:
-        if window is None:
-            raise ValueError("no window_s")
-        window_s = _decode_window(window)
-        if replica is None:
-            return window_s, None
-        if len(replica) > MAX_REPLICA_TRAFFIC_BYTES:
-            raise ValueError(f"{len(replica)} bytes of figures for one replica")
-        return window_s, _decode_replica(replica)
     except (msgspec.DecodeError, ValueError) as exc:
         log.warning("gateway_report_refused", gateway_id=gateway_id[:200], error=str(exc)[:500])
         return None
+    return window_s, parts
