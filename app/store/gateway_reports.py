@@ -53,12 +53,14 @@ VALUES ($1, $2::jsonb, $3::jsonb, now())
 ON CONFLICT (gateway_id) DO UPDATE
 SET in_flight = excluded.in_flight, traffic = excluded.traffic, reported_at = now()
 """
+
 _SUM_RECENT = """
 SELECT counts.key AS replica_id, sum(counts.value::int)::int AS in_flight
 FROM gateway_reports, jsonb_each_text(gateway_reports.in_flight) AS counts
 WHERE gateway_reports.reported_at > now() - make_interval(secs => $1)
 GROUP BY counts.key
 """
+
 _SOME_REPLICAS_TRAFFIC = """
 SELECT gateway_id, (traffic->'window_s')::text AS window_s,
        (SELECT jsonb_object_agg(id, traffic->'replicas'->id)::text
