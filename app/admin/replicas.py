@@ -52,7 +52,8 @@ class ReplicaController(Controller):
         node: Annotated[str | None, QueryParameter(description="with a shard on this node")] = None,
         phase: FromQuery[ReplicaPhase | None] = None,
     ) -> list[ReplicaSummary]:
-        replicas, revisions = await operations.replicas_and_revisions(model, node, phase)
+        replicas = await operations.replicas(model, node, phase)
+        revisions = await operations.revisions(replicas)
         return [replica_summary(r, revisions) for r in replicas]
 
     @get(

@@ -230,16 +230,6 @@ class Operations:
             key=lambda r: (r.model, r.number),
         )
 
-    async def replicas_and_revisions(
-        self,
-        model: str | None = None,
-        node_id: str | None = None,
-        phase: ReplicaPhase | None = None,
-    ) -> tuple[list[Replica], dict[str, int]]:
-        """``replicas(...)``, and the current revision of each of their models."""
-        replicas = await self.replicas(model, node_id, phase)
-        return replicas, await self.revisions(replicas)
-
     async def revisions(self, replicas: Sequence[Replica]) -> dict[str, int]:
         """The current revision of each model of ``replicas``."""
         return decide.current_revisions(await self._store.catch_up(), replicas)
