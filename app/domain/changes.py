@@ -14,7 +14,7 @@ from typing import Any, TypedDict
 
 from app.domain.events import GpuInfo
 from app.domain.model_spec import ModelSpec, RoutingSettings
-from app.domain.state import ReplicaPhase, Shard, ShardPhase
+from app.domain.state import ReplicaPhase, Rollout, RolloutState, Shard, ShardPhase
 
 
 class ShardChanges(TypedDict, total=False):
@@ -62,6 +62,8 @@ class ModelChanges(TypedDict, total=False):
     forgotten: dict[str, int]
     revision: int
     earlier_specs: dict[int, ModelSpec]
+    latest_revision: int
+    rollout: Rollout | None
 
 
 class NodeChanges(TypedDict, total=False):
@@ -87,3 +89,15 @@ class GpuChanges(TypedDict, total=False):
     memory_used_mib: int
     healthy: bool
     unhealthy_reason: str | None
+
+
+class RolloutChanges(TypedDict, total=False):
+    state: RolloutState
+    step: int
+    step_started_at: datetime | None
+    holding_since: datetime | None
+    promoted: bool
+    pause_reason: str | None
+    verdict: str | None
+    finished_at: datetime | None
+    outcome: str | None

@@ -28,6 +28,7 @@ from app.domain.events import (
     NodeUncordoned,
     ReplacementServing,
     ReplicaAdopted,
+    ReplicaDrainCancelled,
     ReplicaDrainStarted,
     ReplicaFailed,
     ReplicaLost,
@@ -36,6 +37,14 @@ from app.domain.events import (
     ReplicaStartupTimedOut,
     ReplicaStopped,
     ReplicaStopping,
+    RolloutFinished,
+    RolloutHolding,
+    RolloutPaused,
+    RolloutResumed,
+    RolloutRolledBack,
+    RolloutStarted,
+    RolloutStepStarted,
+    RolloutVerdict,
     ShardFailed,
     ShardReady,
     ShardStarting,
@@ -55,6 +64,17 @@ def _subject(event: AnyEvent) -> str:
     match event:
         case ModelDeclared() | ModelScaled() | ModelRemoved() | ModelUnplaceable():
             return f"model {event.model}"
+        case (
+            RolloutStarted()
+            | RolloutStepStarted()
+            | RolloutHolding()
+            | RolloutVerdict()
+            | RolloutPaused()
+            | RolloutResumed()
+            | RolloutRolledBack()
+            | RolloutFinished()
+        ):
+            return f"model {event.model} rollout {event.rollout_id}"
         case ModelTuned():
             return f"replica {event.replica_id}" if event.replica_id else f"model {event.model}"
         case IdentityRejected():
@@ -190,6 +210,27 @@ def _what(event: AnyEvent) -> str:
             )
         case ReplicaLost():
             return f"lost: {event.reason}"
+        case RolloutStarted():
+            return f"started: revision {event.from_revision} -> {event.revision}"
+        case RolloutStepStarted():
+            share = f", {event.traffic:.0%} of the traffic" if event.traffic is not None else ""
+            hold = f", hold {event.hold_s:g}s" if event.hold_s else ""
+            count = f"{event.replicas} replica(s) of the new revision"
+            return f"step {event.step + 1}: {count}{share}{hold}"
+        case RolloutHolding():
+            return f"step {event.step + 1} holds for {event.hold_s:g}s"
+        case RolloutVerdict():
+            return f"step {event.step + 1} verdict {event.verdict}: {event.reason}"
+        case RolloutPaused():
+            return f"paused: {event.reason}"
+        case RolloutResumed():
+            return "resumed"
+        case RolloutRolledBack():
+            return f"rolled back to revision {event.to_revision}: {event.reason}"
+        case RolloutFinished():
+            return f"{'succeeded' if event.succeeded else 'finished'}: {event.outcome}"
+        case ReplicaDrainCancelled():
+            return f"move {event.drain_id} called off: {event.reason}"
         case ApiKeyCreated():
             scope = ", ".join(event.models) if event.models else "all models"
             return f"created for {scope}"

@@ -40,10 +40,11 @@ def drain_moves(draft: Draft, stability_window_s: float, replica_grace_s: float)
 
 def _finish_moves(draft: Draft, stability_window_s: float, replica_grace_s: float) -> None:
     state, now = draft.state, draft.now
-    window = timedelta(seconds=stability_window_s)
     for original in list(state.replicas.values()):
         if original.phase is not ReplicaPhase.DRAINING:
             continue
+        window_s = _stability_window_s(draft, original, stability_window_s)
+        window = timedelta(seconds=window_s)
         replacement = next(
             (
                 r
@@ -67,7 +68,7 @@ def _finish_moves(draft: Draft, stability_window_s: float, replica_grace_s: floa
                     replica_id=original.id,
                     reason=(
                         f"drain {original.drain_id}: replacement {replacement.id} has served "
-                        f"for {stability_window_s:g}s"
+                        f"for {window_s:g}s"
                     ),
                 ),
                 correlation_id=original.drain_id,
@@ -81,6 +82,16 @@ def _finish_moves(draft: Draft, stability_window_s: float, replica_grace_s: floa
                 ),
                 correlation_id=original.drain_id,
             )
+
+
+def _stability_window_s(draft: Draft, original: Replica, default_s: float) -> float:
+    """A rollout's move waits its policy's stability window when the policy sets one."""
+    model = draft.state.models.get(original.model)
+    rollout = model.rollout if model else None
+    if model is None or rollout is None or rollout.id != original.drain_id:
+        return default_s
+    window_s = model.spec.rollout.stability_window_s
+    return default_s if window_s is None else window_s
 
 
 def _replica_grace_over(draft: Draft, replica: Replica, replica_grace_s: float) -> bool:

@@ -97,6 +97,100 @@ class ModelUnplaceable(Event, frozen=True, kw_only=True):
     missing_replicas: int = 1
 
 
+# -- rollouts (on the model's stream; the rollout's id is their correlation id) ---------
+
+
+class RolloutStarted(Event, frozen=True, kw_only=True):
+    """A declaration made ``revision`` the model's: its replicas of ``from_revision`` are
+    replaced step by step, by the policy in its spec."""
+
+    model: str
+    rollout_id: str
+    revision: int
+    from_revision: int
+
+
+class RolloutStepStarted(Event, frozen=True, kw_only=True):
+    """Step ``step`` (from 0) begins: ``replicas`` of the new revision are to serve (the
+    model's desired count when the step says all), sent ``traffic`` of the model's requests
+    (None: their share by weight), held ``hold_s`` before its verdict."""
+
+    model: str
+    rollout_id: str
+    step: int
+    replicas: int
+    traffic: float | None = None
+    hold_s: float = 0.0
+
+
+class RolloutHolding(Event, frozen=True, kw_only=True):
+    """The step's replicas all serve: its hold begins."""
+
+    model: str
+    rollout_id: str
+    step: int
+    hold_s: float
+
+
+class JudgedFigures(msgspec.Struct, frozen=True, kw_only=True):
+    """What the gateways measured of one side of a verdict, over their window."""
+
+    requests: int
+    errors: int
+    error_rate: float | None = None
+    ttft_p95_ms: float | None = None
+    tpot_p95_ms: float | None = None
+    latency_p95_ms: float | None = None
+    gateways: int = 0
+    window_s: float = 0.0
+
+
+class RolloutVerdict(Event, frozen=True, kw_only=True):
+    """How a step's hold was judged: ``promote``, ``roll_back``, or ``inconclusive`` (too
+    few requests on one side: the rollout pauses for an operator). ``canary``: the new
+    revision's figures; ``stable``: those of the model's other replicas."""
+
+    model: str
+    rollout_id: str
+    step: int
+    verdict: str
+    reason: str
+    canary: JudgedFigures | None = None
+    stable: JudgedFigures | None = None
+
+
+class RolloutPaused(Event, frozen=True, kw_only=True):
+    model: str
+    rollout_id: str
+    reason: str
+
+
+class RolloutResumed(Event, frozen=True, kw_only=True):
+    model: str
+    rollout_id: str
+
+
+class RolloutRolledBack(Event, frozen=True, kw_only=True):
+    """The model is at ``to_revision`` again, with ``spec``; its replicas of the rolled
+    back revision are replaced by that one."""
+
+    model: str
+    rollout_id: str
+    reason: str
+    to_revision: int
+    spec: ModelSpec
+
+
+class RolloutFinished(Event, frozen=True, kw_only=True):
+    """``succeeded``: every replica runs the new revision; otherwise the rollout was rolled
+    back (and every replica runs the old one again), or cannot go on (``outcome``)."""
+
+    model: str
+    rollout_id: str
+    succeeded: bool
+    outcome: str
+
+
 # -- nodes -------------------------------------------------------------------------------
 
 
@@ -283,6 +377,15 @@ class ReplicaDrainStarted(Event, frozen=True, kw_only=True):
     reason: str = ""
 
 
+class ReplicaDrainCancelled(Event, frozen=True, kw_only=True):
+    """A move of the replica is called off (its rollout was rolled back and it runs the
+    revision rolled back to): it serves and counts again as before."""
+
+    replica_id: str
+    drain_id: str
+    reason: str
+
+
 class ReplacementServing(Event, frozen=True, kw_only=True):
     replica_id: str
     replacement_id: str
@@ -350,6 +453,14 @@ AnyEvent = (
     | ModelRemoved
     | ModelTuned
     | ModelUnplaceable
+    | RolloutStarted
+    | RolloutStepStarted
+    | RolloutHolding
+    | RolloutVerdict
+    | RolloutPaused
+    | RolloutResumed
+    | RolloutRolledBack
+    | RolloutFinished
     | NodeRegistered
     | NodeConnected
     | NodeDisconnected
@@ -372,6 +483,7 @@ AnyEvent = (
     | ReplicaServing
     | ReplicaFailed
     | ReplicaDrainStarted
+    | ReplicaDrainCancelled
     | ReplacementServing
     | ReplicaStopping
     | ReplicaStopped
@@ -414,6 +526,7 @@ def subjects(event: AnyEvent) -> Subjects:
             | ReplicaStopping()
             | ReplicaStopped()
             | ReplicaDrainStarted()
+            | ReplicaDrainCancelled()
             | ReplacementServing()
             | ReplicaFailed()
             | ReplicaStartupTimedOut()
@@ -441,7 +554,20 @@ def subjects(event: AnyEvent) -> Subjects:
             return Subjects(node=event.claimed_node_id)
         case CertificateRevoked():
             return Subjects(node=event.node_id, certificate=event.serial)
-        case ModelDeclared() | ModelScaled() | ModelRemoved() | ModelUnplaceable():
+        case (
+            ModelDeclared()
+            | ModelScaled()
+            | ModelRemoved()
+            | ModelUnplaceable()
+            | RolloutStarted()
+            | RolloutStepStarted()
+            | RolloutHolding()
+            | RolloutVerdict()
+            | RolloutPaused()
+            | RolloutResumed()
+            | RolloutRolledBack()
+            | RolloutFinished()
+        ):
             return Subjects(model=event.model)
         case ModelTuned():
             return Subjects(model=event.model, replica=event.replica_id)

@@ -26,6 +26,7 @@ from app.domain.changes import (
     ModelChanges,
     NodeChanges,
     ReplicaChanges,
+    RolloutChanges,
     ShardChanges,
 )
 from app.domain.envelope import Recorded
@@ -53,6 +54,7 @@ from app.domain.events import (
     NodeUncordoned,
     ReplacementServing,
     ReplicaAdopted,
+    ReplicaDrainCancelled,
     ReplicaDrainStarted,
     ReplicaFailed,
     ReplicaLost,
@@ -61,6 +63,14 @@ from app.domain.events import (
     ReplicaStartupTimedOut,
     ReplicaStopped,
     ReplicaStopping,
+    RolloutFinished,
+    RolloutHolding,
+    RolloutPaused,
+    RolloutResumed,
+    RolloutRolledBack,
+    RolloutStarted,
+    RolloutStepStarted,
+    RolloutVerdict,
     ShardFailed,
     ShardReady,
     ShardStarting,
@@ -80,6 +90,8 @@ from app.domain.state import (
     Node,
     Replica,
     ReplicaPhase,
+    Rollout,
+    RolloutState,
     Shard,
     ShardPhase,
     backoff_s,
@@ -234,6 +246,16 @@ def _replica_drain_started(
         event.replica_id,
         {"phase": ReplicaPhase.DRAINING, "drain_id": event.drain_id, "drain_started_at": at},
     )
+
+
+def _replica_drain_cancelled(
+    state: ClusterState, event: ReplicaDrainCancelled, recorded: Recorded
+) -> None:
+    replica = state.replicas.get(event.replica_id)
+    if replica is not None and replica.phase is ReplicaPhase.DRAINING:
+        state.replicas[event.replica_id] = replace(
+            replica, phase=ReplicaPhase.SERVING, drain_id=None, drain_started_at=None
+        )
 
 
 def _replacement_serving(
@@ -440,6 +462,8 @@ def _model_declared(state: ClusterState, event: ModelDeclared, recorded: Recorde
             forgotten=known.forgotten if known else {},
             revision=event.revision,
             earlier_specs=_earlier_specs(state, known, event.revision) if known else {},
+            latest_revision=max(event.revision, known.latest_revision if known else 0),
+            rollout=known.rollout if known else None,
         )
     else:
         state.models[event.model] = replace(
@@ -447,6 +471,7 @@ def _model_declared(state: ClusterState, event: ModelDeclared, recorded: Recorde
             spec=event.spec,
             revision=event.revision,
             earlier_specs=_earlier_specs(state, known, event.revision),
+            latest_revision=max(event.revision, known.latest_revision),
         )
 
 
@@ -462,7 +487,10 @@ def _earlier_specs(state: ClusterState, known: Model, revision: int) -> dict[int
         for r in state.replicas.values()
         if r.model == known.name and r.phase in ACTIVE_PHASES and r.revision != revision
     }
-    return {n: spec for n, spec in specs.items() if n in in_use}
+    if revision != known.revision:
+        # The spec it replaces, for the rollout that follows (``RolloutStarted`` takes it).
+        in_use.add(known.revision)
+    return {n: spec for n, spec in specs.items() if n in in_use and n != revision}
 
 
 def _model_scaled(state: ClusterState, event: ModelScaled, recorded: Recorded) -> None:
@@ -483,6 +511,115 @@ def _model_tuned(state: ClusterState, event: ModelTuned, recorded: Recorded) -> 
 
 def _model_unplaceable(state: ClusterState, event: ModelUnplaceable, recorded: Recorded) -> None:
     _update_model(state, event.model, {"unplaceable_reason": event.reason})
+
+
+def _rollout_started(state: ClusterState, event: RolloutStarted, recorded: Recorded) -> None:
+    model = state.models.get(event.model)
+    if model is None:
+        return
+    # A rollout still under way is superseded: the log says so (this event), and the model
+    # keeps only the one it is now in.
+    rollout = Rollout(
+        id=event.rollout_id,
+        revision=event.revision,
+        from_revision=event.from_revision,
+        from_spec=model.earlier_specs.get(event.from_revision, model.spec),
+        started_at=recorded.recorded_at,
+    )
+    state.models[event.model] = replace(model, rollout=rollout)
+
+
+def _rollout_step_started(
+    state: ClusterState, event: RolloutStepStarted, recorded: Recorded
+) -> None:
+    _update_rollout(
+        state,
+        event.model,
+        event.rollout_id,
+        {
+            "step": event.step,
+            "step_started_at": recorded.recorded_at,
+            "holding_since": None,
+            "promoted": False,
+        },
+    )
+
+
+def _rollout_holding(state: ClusterState, event: RolloutHolding, recorded: Recorded) -> None:
+    _update_rollout(
+        state,
+        event.model,
+        event.rollout_id,
+        {"holding_since": recorded.recorded_at},
+    )
+
+
+def _rollout_verdict(state: ClusterState, event: RolloutVerdict, recorded: Recorded) -> None:
+    _update_rollout(
+        state,
+        event.model,
+        event.rollout_id,
+        {"promoted": event.verdict == "promote", "verdict": f"{event.verdict}: {event.reason}"},
+    )
+
+
+def _rollout_paused(state: ClusterState, event: RolloutPaused, recorded: Recorded) -> None:
+    _update_rollout(
+        state,
+        event.model,
+        event.rollout_id,
+        {"state": RolloutState.PAUSED, "pause_reason": event.reason},
+    )
+
+
+def _rollout_resumed(state: ClusterState, event: RolloutResumed, recorded: Recorded) -> None:
+    model = state.models.get(event.model)
+    rollout = model.rollout if model else None
+    if model is None or rollout is None or rollout.id != event.rollout_id:
+        return
+    # Resumed once the hold is over (a verdict that could not be reached paused it): the
+    # operator's word promotes the step.
+    holding = rollout.holding_since
+    steps = model.spec.rollout.all_steps
+    hold_s = steps[rollout.step].hold_s if rollout.step < len(steps) else 0.0
+    over = holding is not None and recorded.recorded_at >= holding + timedelta(seconds=hold_s)
+    _update_rollout(
+        state,
+        event.model,
+        event.rollout_id,
+        {"state": RolloutState.RUNNING, "pause_reason": None, "promoted": rollout.promoted or over},
+    )
+
+
+def _rollout_rolled_back(state: ClusterState, event: RolloutRolledBack, recorded: Recorded) -> None:
+    model = state.models.get(event.model)
+    rollout = model.rollout if model else None
+    if model is None or rollout is None or rollout.id != event.rollout_id:
+        return
+    rolled_back = replace(rollout, state=RolloutState.ROLLING_BACK, outcome=event.reason)
+    state.models[event.model] = replace(
+        model,
+        spec=event.spec,
+        revision=event.to_revision,
+        earlier_specs=_earlier_specs(state, model, event.to_revision),
+        failures=0,
+        backoff_until=None,
+        rollout=rolled_back,
+    )
+
+
+def _rollout_finished(state: ClusterState, event: RolloutFinished, recorded: Recorded) -> None:
+    model = state.models.get(event.model)
+    rollout = model.rollout if model else None
+    if rollout is None or rollout.id != event.rollout_id:
+        return
+    ended = RolloutState.SUCCEEDED if event.succeeded else RolloutState.ROLLED_BACK
+    _update_rollout(
+        state,
+        event.model,
+        event.rollout_id,
+        {"state": ended, "finished_at": recorded.recorded_at, "outcome": event.outcome},
+    )
 
 
 def _api_key_created(state: ClusterState, event: ApiKeyCreated, recorded: Recorded) -> None:
@@ -535,6 +672,7 @@ _HANDLERS: dict[type[Event], Callable[[ClusterState, Any, Recorded], None]] = {
     ReplicaPlaced: _replica_placed,
     ReplicaServing: _replica_serving,
     ReplicaDrainStarted: _replica_drain_started,
+    ReplicaDrainCancelled: _replica_drain_cancelled,
     ReplacementServing: _replacement_serving,
     ReplicaStopping: _replica_stopping,
     ReplicaStopped: _replica_stopped,
@@ -561,6 +699,14 @@ _HANDLERS: dict[type[Event], Callable[[ClusterState, Any, Recorded], None]] = {
     ModelRemoved: _model_removed,
     ModelTuned: _model_tuned,
     ModelUnplaceable: _model_unplaceable,
+    RolloutStarted: _rollout_started,
+    RolloutStepStarted: _rollout_step_started,
+    RolloutHolding: _rollout_holding,
+    RolloutVerdict: _rollout_verdict,
+    RolloutPaused: _rollout_paused,
+    RolloutResumed: _rollout_resumed,
+    RolloutRolledBack: _rollout_rolled_back,
+    RolloutFinished: _rollout_finished,
     ApiKeyCreated: _api_key_created,
     ApiKeyRevoked: _api_key_revoked,
 }
@@ -655,10 +801,35 @@ def _model_of(state: ClusterState, replica_id: str, changes: ModelChanges) -> No
 def _count_failure(state: ClusterState, replica_id: str, at: datetime) -> None:
     replica = state.replicas.get(replica_id)
     model = state.models.get(replica.model) if replica else None
-    if model is not None:
-        failures = model.failures + 1
-        until = at + timedelta(seconds=backoff_s(failures))
-        state.models[model.name] = replace(model, failures=failures, backoff_until=until)
+    if replica is None or model is None:
+        return
+    failures = model.failures + 1
+    until = at + timedelta(seconds=backoff_s(failures))
+    rollout = model.rollout
+    if (
+        rollout is not None
+        and rollout.state in (RolloutState.RUNNING, RolloutState.PAUSED)
+        and replica.revision == rollout.revision
+    ):
+        rollout = replace(
+            rollout,
+            failures=rollout.failures + 1,
+            last_failure=f"{replica.id}: {replica.end_reason or replica.phase.value}",
+        )
+    state.models[model.name] = replace(
+        model, failures=failures, backoff_until=until, rollout=rollout
+    )
+
+
+def _update_rollout(
+    state: ClusterState, name: str, rollout_id: str, changes: RolloutChanges
+) -> None:
+    """Change the model's rollout if it is ``rollout_id`` (an event of an earlier one, now
+    superseded, changes nothing)."""
+    model = state.models.get(name)
+    rollout = model.rollout if model else None
+    if model is not None and rollout is not None and rollout.id == rollout_id:
+        state.models[name] = replace(model, rollout=replace(rollout, **changes))
 
 
 def _update_node(state: ClusterState, node_id: str, changes: NodeChanges) -> None:

@@ -41,6 +41,7 @@ from app.domain.events import (
     NodeDrainRequested,
     NodeUncordoned,
     ReplicaDrainStarted,
+    RolloutStarted,
     model_stream,
     node_stream,
     replica_stream,
@@ -49,7 +50,7 @@ from app.domain.events import (
 from app.domain.evolve import replay
 from app.domain.model_spec import ModelSpec, RoutingSettings, SpecError, validate_spec
 from app.domain.placement import Explanation, explain_placement
-from app.domain.revisions import FIRST_REVISION, next_revision, spec_changes
+from app.domain.revisions import FIRST_REVISION, next_revision, rollout_id_for, spec_changes
 from app.domain.state import (
     ACTIVE_PHASES,
     ENDED_PHASES,
@@ -151,9 +152,19 @@ def apply_model(state: ClusterState, spec: ModelSpec) -> Change:
     if not known.removed and known.spec == spec:
         return Change(stream=model_stream(spec.name))
     changes = spec_changes(known.spec, spec)
-    revision = next_revision(known.revision, changes)
+    revision = next_revision(max(known.revision, known.latest_revision), changes)
+    if not changes:
+        revision = known.revision
     declared = ModelDeclared(model=spec.name, spec=spec, revision=revision, changes=changes)
-    return Change(stream=model_stream(spec.name), events=(declared,))
+    if known.removed or revision == known.revision:
+        return Change(stream=model_stream(spec.name), events=(declared,))
+    started = RolloutStarted(
+        model=spec.name,
+        rollout_id=rollout_id_for(spec.name, revision),
+        revision=revision,
+        from_revision=known.revision,
+    )
+    return Change(stream=model_stream(spec.name), events=(declared, started))
 
 
 def scale(state: ClusterState, name: str, replicas: int) -> Change:

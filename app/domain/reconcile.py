@@ -52,6 +52,7 @@ from app.domain.events import (
 )
 from app.domain.placement import Placer
 from app.domain.reports import FleetView
+from app.domain.rollout import rollout_moves
 from app.domain.state import (
     ACTIVE_PHASES,
     ClusterState,
@@ -109,6 +110,8 @@ def decide(state: ClusterState, fleet: FleetView, now: datetime, settings: Setti
         _startup_timeouts(draft)
     _shard_outcomes(draft)
     _stopping_done(draft, fleet)
+    if not grace:
+        rollout_moves(draft, fleet.traffic)
     drain_moves(draft, settings.stability_window_s, settings.replica_drain_grace_s)
     _scale(draft, placing=not grace)
     _commands(draft, fleet, settings)

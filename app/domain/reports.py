@@ -29,6 +29,7 @@ import msgspec
 
 from app.domain.events import GpuInfo
 from app.domain.state import ShardPhase
+from app.domain.traffic import TrafficFigures
 
 RUNNING_STATES = frozenset({"starting", "ready"})
 
@@ -198,6 +199,9 @@ class FleetView(msgspec.Struct, frozen=True, kw_only=True):
     a replica no gateway reports has none."""
     hellos: int = 0
     """Hellos observed so far: the source of greeting numbers."""
+    traffic: dict[str, TrafficFigures] = {}
+    """What the gateways measured of the replica groups this pass's rollout verdicts need
+    (``app.domain.rollout.traffic_wanted``), merged over the gateways that reported."""
 
     def greeting(self, node_id: str) -> int | None:
         report = self.reports.get(node_id)

@@ -65,8 +65,15 @@ def spec_changes(old: ModelSpec, new: ModelSpec) -> tuple[SpecChange, ...]:
     return tuple(changes)
 
 
-def next_revision(current: int, changes: tuple[SpecChange, ...]) -> int:
-    return current + 1 if changes else current
+def next_revision(latest: int, changes: tuple[SpecChange, ...]) -> int:
+    """The revision a declaration with ``changes`` makes, after the ``latest`` the model
+    ever had (a rolled back one included, so that no number means two specs)."""
+    return latest + 1 if changes else latest
+
+
+def rollout_id_for(model: str, revision: int) -> str:
+    """A rollout's id, its correlation id in the log: one rollout brings each revision in."""
+    return f"rollout-{model}-r{revision}"
 
 
 def describe_changes(changes: tuple[SpecChange, ...]) -> str:

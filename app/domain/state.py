@@ -141,6 +141,58 @@ class ReplicaFilter(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
+class RolloutState(StrEnum):
+    RUNNING = "running"
+    """Replacing replicas step by step, or holding a step for its verdict."""
+    PAUSED = "paused"
+    """Stopped where it was by an operator, or by a verdict that could not be reached:
+    moves already under way finish, no new one starts, no verdict is reached."""
+    ROLLING_BACK = "rolling_back"
+    """The model is back at the revision it came from; replicas of the new one are being
+    replaced by it."""
+    SUCCEEDED = "succeeded"
+    ROLLED_BACK = "rolled_back"
+    SUPERSEDED = "superseded"
+    """A newer revision was declared while it ran; that revision's rollout goes on."""
+
+
+UNDER_WAY = frozenset({RolloutState.RUNNING, RolloutState.PAUSED, RolloutState.ROLLING_BACK})
+
+
+class Rollout(msgspec.Struct, frozen=True, kw_only=True):
+    """A model's move from one revision to the next (``app.domain.rollout``): its id is its
+    correlation id in the log."""
+
+    id: str
+    revision: int
+    """The revision it brings in."""
+    from_revision: int
+    from_spec: ModelSpec
+    """The spec of ``from_revision``: what a rollback or an undo goes back to."""
+    started_at: datetime
+    state: RolloutState = RolloutState.RUNNING
+    step: int = 0
+    """Index into the policy's ``all_steps``."""
+    step_started_at: datetime | None = None
+    """None until the reconciler has recorded the step's start."""
+    holding_since: datetime | None = None
+    """When the step's replicas all served and its hold began; None before."""
+    promoted: bool = False
+    """The current step's hold is over and it was promoted: the next step may start."""
+    pause_reason: str | None = None
+    verdict: str | None = None
+    """The last verdict and why."""
+    failures: int = 0
+    """Replicas of ``revision`` that failed or timed out at start during the rollout."""
+    last_failure: str | None = None
+    finished_at: datetime | None = None
+    outcome: str | None = None
+
+    @property
+    def under_way(self) -> bool:
+        return self.state in UNDER_WAY
+
+
 class Model(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     spec: ModelSpec
@@ -166,6 +218,25 @@ class Model(msgspec.Struct, frozen=True, kw_only=True):
     not started yet) starts with the spec of its replica's revision, not the current one.
     Kept from the declaration that replaced them to the first one after their last replica
     ended."""
+
+    latest_revision: int = FIRST_REVISION
+    """The highest revision it ever had: after a rollback its revision is lower, and the
+    next change is numbered after this one, so a number never means two specs."""
+    rollout: Rollout | None = None
+    """Its rollout under way, or the last one it had."""
+
+    @property
+    def canary(self) -> tuple[int, float] | None:
+        """``(revision, share)`` while a canary step sends that share of the model's
+        requests to the replicas of that revision; None otherwise."""
+        rollout = self.rollout
+        if rollout is None or rollout.state not in (RolloutState.RUNNING, RolloutState.PAUSED):
+            return None
+        steps = self.spec.rollout.all_steps
+        if rollout.step >= len(steps) or rollout.step_started_at is None:
+            return None
+        traffic = steps[rollout.step].traffic
+        return None if traffic is None else (rollout.revision, traffic)
 
     def spec_of(self, revision: int) -> ModelSpec:
         """The spec a replica placed with ``revision`` runs."""

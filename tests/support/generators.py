@@ -94,6 +94,8 @@ def _for_type(info: mi.Type, field: str) -> st.SearchStrategy[Any]:
             return st.sampled_from(EXTREME_FLOATS) | finite
         case mi.BoolType():
             return st.booleans()
+        case mi.LiteralType(values=values):
+            return st.sampled_from(values)
         case mi.NoneType():
             return st.none()
         case mi.UnionType(types=types):

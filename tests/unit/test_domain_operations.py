@@ -37,6 +37,7 @@ from app.domain.events import (
     ReplicaServing,
     ReplicaStopped,
     ReplicaStopping,
+    RolloutStarted,
     ShardPlacement,
     ShardStarting,
     model_stream,
@@ -148,6 +149,7 @@ def test_a_changed_spec_is_declared_again_and_its_replica_count_comes_with_it() 
     gpus = SpecChange(field="gpus_per_shard", old="1", new="2")
     assert change.events == (
         ModelDeclared(model="llama", spec=changed, revision=2, changes=(gpus,)),
+        RolloutStarted(model="llama", rollout_id="rollout-llama-r2", revision=2, from_revision=1),
     )
 
 

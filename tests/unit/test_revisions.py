@@ -18,6 +18,7 @@ from app.domain.events import (
     ModelTuned,
     ReplicaPlaced,
     ReplicaStopped,
+    RolloutStarted,
     ShardStopped,
 )
 from app.domain.evolve import replay
@@ -31,9 +32,24 @@ from tests.unit.test_reconcile import of_type, with_two_nodes_and_a_model
 LLAMA = ModelSpec(name="llama", command="vllm serve {model} --port {port}", replicas=2)
 
 
-def declared(change: ops.Change) -> ModelDeclared:
-    [event] = change.events
+def declared(change: ops.Change, *, removed: bool = False) -> ModelDeclared:
+    """The declaration ``change`` records; a new revision's comes with its rollout (not
+    when the model was removed: nothing runs to roll out)."""
+    event, *rest = change.events
     assert isinstance(event, ModelDeclared)
+    started = (
+        [
+            RolloutStarted(
+                model=event.model,
+                rollout_id=f"rollout-{event.model}-r{event.revision}",
+                revision=event.revision,
+                from_revision=event.revision - 1,
+            )
+        ]
+        if event.changes and not removed
+        else []
+    )
+    assert rest == started
     return event
 
 
@@ -163,8 +179,8 @@ def test_a_removed_model_declared_again_continues_its_count_of_revisions() -> No
         ModelRemoved(model="llama"),
     )
 
-    same = declared(ops.apply_model(state, upgraded))
-    other = declared(ops.apply_model(state, LLAMA))
+    same = declared(ops.apply_model(state, upgraded), removed=True)
+    other = declared(ops.apply_model(state, LLAMA), removed=True)
 
     assert (same.revision, same.changes) == (2, ())
     assert other.revision == 3

@@ -35,6 +35,7 @@ ID_FIELDS = {
 # Fields that hold ids too, of something other than what the event is about.
 NOT_SUBJECTS = {
     "drain_id",  # a drain is an operation (its events' correlation id), not an entity
+    "rollout_id",  # a rollout too
     "replacement_id",  # the replaced replica's event; the replacement has its own
     "certificate_serial",  # the node connected (or was refused) with this certificate
 }

@@ -1,0 +1,397 @@
+"""Rollouts: a model's replicas brought from one revision to the next, step by step, each
+canary step judged by what the gateways measured.
+
+A declaration that makes a new revision starts a rollout (``RolloutStarted``, recorded with
+it). Each pass, for every rollout under way, the reconciler:
+
+- rolls it back when ``max_failures`` replicas of the new revision failed to start: the
+  model is at the old revision again and its old replicas were never touched;
+- starts the current step (``RolloutStepStarted``) and brings its count of new replicas
+  up. Each serving replica of an older revision is replaced by a **move**, the drain's
+  mechanism: it is marked draining (with the rollout's id as its drain id), a replacement
+  of the model's current revision is placed, and it stops once that has served for the
+  stability window. At most ``max_surge`` moves run at once; ``max_unavailable`` replicas
+  may instead stop before their replacement serves. In the last step (every replica), old
+  replicas that are not serving yet have nothing to protect and stop at once;
+- once the step's replicas serve, holds it (``RolloutHolding``), then judges it from the
+  gateways' figures of the new revision against the model's other replicas
+  (``RolloutVerdict``): promote to the next step, roll back, or pause for an operator
+  when too few requests were seen to tell;
+- when every replica runs the new revision, finishes it (``RolloutFinished``).
+
+A rollout rolled back (by a verdict, by failures, or by ``rollout undo``) is brought home
+the same way: the model's revision is the old one again, so its replicas of the new one are
+the ones replaced, and moves of old replicas it had started are called off. Everything the
+reconciler decides here is an event with the rollout's id as correlation id, so a control
+plane that restarts anywhere in a rollout resumes it from the log exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+
+from msgspec.structs import replace
+
+from app.domain.decision import Draft
+from app.domain.events import (
+    JudgedFigures,
+    ReplicaDrainCancelled,
+    ReplicaDrainStarted,
+    ReplicaStopping,
+    RolloutFinished,
+    RolloutHolding,
+    RolloutPaused,
+    RolloutRolledBack,
+    RolloutStepStarted,
+    RolloutVerdict,
+    model_stream,
+    replica_stream,
+)
+from app.domain.model_spec import CanaryStep, RolloutPolicy
+from app.domain.revisions import REVISION_FIELDS
+from app.domain.state import (
+    ACTIVE_PHASES,
+    ClusterState,
+    Model,
+    Replica,
+    ReplicaPhase,
+    Rollout,
+    RolloutState,
+)
+from app.domain.traffic import TrafficFigures
+
+PROMOTE = "promote"
+ROLL_BACK = "roll_back"
+INCONCLUSIVE = "inconclusive"
+
+_COUNTING = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING, ReplicaPhase.SERVING})
+_NOT_SERVING_YET = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING})
+
+
+def canary_group(model: str) -> str:
+    """The key of a model's new-revision replicas in ``FleetView.traffic``."""
+    return f"{model} canary"
+
+
+def stable_group(model: str) -> str:
+    """The key of a model's other replicas in ``FleetView.traffic``."""
+    return f"{model} stable"
+
+
+def traffic_wanted(state: ClusterState) -> dict[str, list[str]]:
+    """The replicas whose gateway figures the verdicts of this pass need, by group: for each
+    rollout holding a step, its new revision's active replicas and the model's others.
+    Empty (nothing to read) when no rollout holds."""
+    wanted: dict[str, list[str]] = {}
+    holding = {
+        name: model.rollout.revision
+        for name, model in state.models.items()
+        if model.rollout is not None
+        and model.rollout.state is RolloutState.RUNNING
+        and model.rollout.holding_since is not None
+    }
+    if not holding:
+        return wanted
+    for replica in state.replicas.values():
+        revision = holding.get(replica.model)
+        if revision is None or replica.phase not in ACTIVE_PHASES:
+            continue
+        group = canary_group if replica.revision == revision else stable_group
+        wanted.setdefault(group(replica.model), []).append(replica.id)
+    return wanted
+
+
+def rollout_moves(draft: Draft, traffic: Mapping[str, TrafficFigures]) -> None:
+    """Advance every rollout under way by what the state and the gateways' figures say."""
+    for name in sorted(draft.state.models):
+        model = draft.state.models[name]
+        rollout = model.rollout
+        if rollout is None or not rollout.under_way:
+            continue
+        if model.removed:
+            _finish(draft, model, rollout, succeeded=False, outcome="the model was removed")
+        elif rollout.state is RolloutState.ROLLING_BACK:
+            _bring_back(draft, model, rollout)
+        elif rollout.state is RolloutState.RUNNING:
+            _advance(draft, model, rollout, traffic)
+
+
+def _advance(
+    draft: Draft, model: Model, rollout: Rollout, traffic: Mapping[str, TrafficFigures]
+) -> None:
+    policy = model.spec.rollout
+    if rollout.failures >= policy.max_failures:
+        reason = (
+            f"{rollout.failures} replica(s) of revision {rollout.revision} failed to start "
+            f"(max_failures {policy.max_failures}); last: {rollout.last_failure}"
+        )
+        _roll_back(draft, model, rollout, reason)
+        return
+    steps = policy.all_steps
+    index = min(rollout.step, len(steps) - 1)
+    step = steps[index]
+    if rollout.step_started_at is None:
+        _start_step(draft, model, rollout, index, step)
+        return
+    last = index == len(steps) - 1
+    target = step.count(model.desired)
+    if not _converge(draft, model, rollout, target, every=last):
+        return
+    if last:
+        outcome = f"every replica runs revision {rollout.revision}"
+        _finish(draft, model, rollout, succeeded=True, outcome=outcome)
+        return
+    if rollout.promoted or step.hold_s <= 0:
+        _start_step(draft, model, rollout, index + 1, steps[index + 1])
+        return
+    if rollout.holding_since is None:
+        draft.emit(
+            model_stream(model.name),
+            RolloutHolding(model=model.name, rollout_id=rollout.id, step=index, hold_s=step.hold_s),
+            correlation_id=rollout.id,
+        )
+        return
+    if draft.now < rollout.holding_since + timedelta(seconds=step.hold_s):
+        return
+    _judge(draft, model, rollout, index, traffic)
+
+
+def _start_step(draft: Draft, model: Model, rollout: Rollout, index: int, step: CanaryStep) -> None:
+    replicas = step.count(model.desired)
+    draft.emit(
+        model_stream(model.name),
+        RolloutStepStarted(
+            model=model.name,
+            rollout_id=rollout.id,
+            step=index,
+            replicas=replicas,
+            traffic=step.traffic,
+            hold_s=step.hold_s,
+        ),
+        correlation_id=rollout.id,
+    )
+
+
+def _judge(
+    draft: Draft,
+    model: Model,
+    rollout: Rollout,
+    index: int,
+    traffic: Mapping[str, TrafficFigures],
+) -> None:
+    canary = traffic.get(canary_group(model.name))
+    stable = traffic.get(stable_group(model.name))
+    verdict, reason = judge(canary, stable, model.spec.rollout)
+    draft.emit(
+        model_stream(model.name),
+        RolloutVerdict(
+            model=model.name,
+            rollout_id=rollout.id,
+            step=index,
+            verdict=verdict,
+            reason=reason,
+            canary=_judged(canary),
+            stable=_judged(stable),
+        ),
+        correlation_id=rollout.id,
+    )
+    if verdict == ROLL_BACK:
+        _roll_back(draft, model, rollout, f"step {index + 1}: {reason}")
+    elif verdict == INCONCLUSIVE:
+        draft.emit(
+            model_stream(model.name),
+            RolloutPaused(
+                model=model.name,
+                rollout_id=rollout.id,
+                reason=f"no verdict: {reason}; resume to promote, undo to roll back",
+            ),
+            correlation_id=rollout.id,
+        )
+    else:
+        steps = model.spec.rollout.all_steps
+        _start_step(draft, model, rollout, index + 1, steps[index + 1])
+
+
+def judge(
+    canary: TrafficFigures | None, stable: TrafficFigures | None, policy: RolloutPolicy
+) -> tuple[str, str]:
+    """``(verdict, why)`` for a canary's figures against the stable replicas'."""
+    needed = policy.min_requests
+    seen_canary = canary.requests if canary else 0
+    seen_stable = stable.requests if stable else 0
+    if canary is None or stable is None or seen_canary < needed or seen_stable < needed:
+        return INCONCLUSIVE, (
+            f"the gateways saw {seen_canary} request(s) to the new revision and "
+            f"{seen_stable} to the others, fewer than min_requests {needed}"
+        )
+    worse: list[str] = []
+    canary_rate = canary.error_rate or 0.0
+    stable_rate = stable.error_rate or 0.0
+    if canary_rate > stable_rate + policy.max_error_rate_increase:
+        worse.append(
+            f"error rate {canary_rate:.1%} against {stable_rate:.1%} "
+            f"(at most {policy.max_error_rate_increase * 100:g} point(s) more allowed)"
+        )
+    said = [f"error rate {canary_rate:.1%} against {stable_rate:.1%}"]
+    for name, new, old in (
+        ("TTFT p95", canary.ttft_p95_ms, stable.ttft_p95_ms),
+        ("TPOT p95", canary.tpot_p95_ms, stable.tpot_p95_ms),
+        ("latency p95", canary.latency_p95_ms, stable.latency_p95_ms),
+    ):
+        if new is None or old is None:
+            continue
+        said.append(f"{name} {new:.1f} ms against {old:.1f} ms")
+        if new > old * policy.max_latency_ratio:
+            worse.append(
+                f"{name} {new:.1f} ms against {old:.1f} ms "
+                f"(at most {policy.max_latency_ratio:g}x allowed)"
+            )
+    if worse:
+        return ROLL_BACK, "; ".join(worse)
+    return PROMOTE, "; ".join(said)
+
+
+def _judged(figures: TrafficFigures | None) -> JudgedFigures | None:
+    if figures is None:
+        return None
+    return JudgedFigures(
+        requests=figures.requests,
+        errors=figures.errors,
+        error_rate=figures.error_rate,
+        ttft_p95_ms=figures.ttft_p95_ms,
+        tpot_p95_ms=figures.tpot_p95_ms,
+        latency_p95_ms=figures.latency_p95_ms,
+        gateways=figures.gateways,
+        window_s=figures.window_s,
+    )
+
+
+def _roll_back(draft: Draft, model: Model, rollout: Rollout, reason: str) -> None:
+    draft.emit(
+        model_stream(model.name),
+        rollback_event(model, rollout, reason),
+        correlation_id=rollout.id,
+    )
+    _bring_back(draft, draft.state.models[model.name], rollout)
+
+
+def rollback_event(model: Model, rollout: Rollout, reason: str) -> RolloutRolledBack:
+    """The model back at the revision ``rollout`` came from, with its spec; the settings
+    that are no revision (replicas, routing, the rollout policy) stay as they are now."""
+    back = replace(model.spec, **{f: getattr(rollout.from_spec, f) for f in REVISION_FIELDS})
+    return RolloutRolledBack(
+        model=model.name,
+        rollout_id=rollout.id,
+        reason=reason,
+        to_revision=rollout.from_revision,
+        spec=back,
+    )
+
+
+def _bring_back(draft: Draft, model: Model, rollout: Rollout) -> None:
+    """Replace the rolled back revision's replicas by the model's (old) revision."""
+    for replica in _active(draft.state, model.name):
+        if (
+            replica.phase is ReplicaPhase.DRAINING
+            and replica.drain_id == rollout.id
+            and replica.revision == model.revision
+        ):
+            draft.emit(
+                replica_stream(replica.id),
+                ReplicaDrainCancelled(
+                    replica_id=replica.id,
+                    drain_id=rollout.id,
+                    reason=f"rollout {rollout.id} rolled back: it runs revision {model.revision}",
+                ),
+                correlation_id=rollout.id,
+            )
+    model = draft.state.models[model.name]
+    if _converge(draft, model, rollout, model.desired, every=True):
+        outcome = f"rolled back to revision {model.revision}: {rollout.outcome}"
+        _finish(draft, model, rollout, succeeded=False, outcome=outcome)
+
+
+def _finish(draft: Draft, model: Model, rollout: Rollout, *, succeeded: bool, outcome: str) -> None:
+    draft.emit(
+        model_stream(model.name),
+        RolloutFinished(
+            model=model.name, rollout_id=rollout.id, succeeded=succeeded, outcome=outcome
+        ),
+        correlation_id=rollout.id,
+    )
+
+
+def _converge(draft: Draft, model: Model, rollout: Rollout, target: int, *, every: bool) -> bool:
+    """Bring the model's replicas of its current revision towards ``target`` serving (all
+    of them when ``every``), by moves of this rollout and the stops ``max_unavailable``
+    allows. True once there: as many serve, no move of this rollout is under way, and
+    (when ``every``) no replica of another revision is left but those stopping."""
+    policy = model.spec.rollout
+    revision = model.revision
+    replicas = _active(draft.state, model.name)
+    current = [r for r in replicas if r.revision == revision and r.phase in _COUNTING]
+    moving = [r for r in replicas if r.phase is ReplicaPhase.DRAINING and r.drain_id == rollout.id]
+    outdated = [r for r in replicas if r.revision != revision]
+    serving_outdated = sorted(
+        (r for r in outdated if r.phase is ReplicaPhase.SERVING), key=lambda r: r.number
+    )
+    if every:
+        for replica in outdated:
+            if replica.phase in _NOT_SERVING_YET:
+                _stop(
+                    draft,
+                    replica,
+                    rollout,
+                    f"rollout {rollout.id}: not serving yet, placed again at revision {revision}",
+                )
+    replaced = {r.replaces for r in current if r.replaces is not None}
+    coming = len(current) + sum(1 for r in moving if r.id not in replaced)
+    need = target - coming
+    moves = min(max(need, 0), max(policy.max_surge - len(moving), 0), len(serving_outdated))
+    for replica in serving_outdated[:moves]:
+        draft.emit(
+            replica_stream(replica.id),
+            ReplicaDrainStarted(
+                replica_id=replica.id,
+                drain_id=rollout.id,
+                reason=f"rollout to revision {revision}",
+            ),
+            correlation_id=rollout.id,
+        )
+    need -= moves
+    if need > 0 and policy.max_unavailable > 0:
+        unavailable = model.desired - _available(replicas)
+        stops = min(need, max(policy.max_unavailable - unavailable, 0))
+        for replica in serving_outdated[moves : moves + stops]:
+            reason = (
+                f"rollout {rollout.id}: max_unavailable {policy.max_unavailable} lets it stop "
+                "before its replacement serves"
+            )
+            _stop(draft, replica, rollout, reason)
+    serving_current = sum(1 for r in current if r.phase is ReplicaPhase.SERVING)
+    left_behind = every and any(
+        r.phase is not ReplicaPhase.STOPPING
+        for r in _active(draft.state, model.name)
+        if r.revision != revision
+    )
+    return serving_current >= target and not moving and not left_behind
+
+
+def _available(replicas: list[Replica]) -> int:
+    """Replicas that serve, a move's original and its serving replacement counted once."""
+    serving = [r for r in replicas if r.phase in (ReplicaPhase.SERVING, ReplicaPhase.DRAINING)]
+    doubled = {r.replaces for r in serving if r.replaces is not None}
+    return sum(1 for r in serving if not (r.phase is ReplicaPhase.DRAINING and r.id in doubled))
+
+
+def _active(state: ClusterState, model: str) -> list[Replica]:
+    return [r for r in state.replicas.values() if r.model == model and r.phase in ACTIVE_PHASES]
+
+
+def _stop(draft: Draft, replica: Replica, rollout: Rollout, reason: str) -> None:
+    draft.emit(
+        replica_stream(replica.id),
+        ReplicaStopping(replica_id=replica.id, reason=reason),
+        correlation_id=rollout.id,
+    )
