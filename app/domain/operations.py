@@ -168,7 +168,7 @@ def apply_model(state: ClusterState, spec: ModelSpec) -> Change:
 
 
 def scale(state: ClusterState, name: str, replicas: int) -> Change:
-    model = _declared_model(state, name)
+    model = declared_model(state, name)
     errors = [
         e for e in validate_spec(replace(model.spec, replicas=replicas)) if e.field == "replicas"
     ]
@@ -290,7 +290,7 @@ def _known(things: Mapping[str, _T], key: str, unknown: type[UnknownThing]) -> _
     return thing
 
 
-def _declared_model(state: ClusterState, name: str) -> Model:
+def declared_model(state: ClusterState, name: str) -> Model:
     model = find_model(state, name)
     if model.removed:
         raise InvalidOperation(f"model {name} was removed; apply its spec to declare it again")

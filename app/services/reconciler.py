@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import itertools
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from time import monotonic
@@ -44,6 +44,9 @@ from app.domain.decision import RECONCILER, Command, Decision, PlannedEvent
 from app.domain.envelope import Meta
 from app.domain.events import event_type
 from app.domain.reconcile import Settings, decide
+from app.domain.rollout import traffic_wanted
+from app.domain.state import ClusterState
+from app.domain.traffic import TrafficFigures
 from app.services.agent_reports import LiveView
 from app.store.errors import ConcurrencyError, FencedError, StoreError
 from app.store.interface import AppendRequest, EventStore, NewEvent
@@ -66,9 +69,15 @@ class CommandChannel(Protocol):
 
 
 class InFlightSource(Protocol):
-    """What gateways report in flight: ``app.store.gateway_reports.InFlightReports``."""
+    """What gateways report: ``app.store.gateway_reports.InFlightReports``. Requests in
+    flight per replica, read every pass; and, when a rollout's verdict needs them, what
+    they measured of groups of replicas."""
 
     async def read_in_flight(self) -> dict[str, int]: ...
+
+    async def traffic_of_groups(
+        self, groups: Mapping[str, Collection[str]]
+    ) -> dict[str, TrafficFigures]: ...
 
 
 class PassReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -148,16 +157,27 @@ class Reconciler:
         with structlog.contextvars.bound_contextvars(reconcile_pass=self.pass_count + 1):
             return await self._run_pass()
 
+    async def _traffic(self, state: ClusterState) -> dict[str, TrafficFigures]:
+        """The gateways' figures a rollout's verdict may need this pass; none to read (and
+        no query) when no rollout holds a step."""
+        wanted = traffic_wanted(state)
+        if not wanted or self._in_flight is None:
+            return {}
+        return await self._in_flight.traffic_of_groups(wanted)
+
     async def _run_pass(self) -> PassReport:
         at, started = self._clock(), monotonic()
         decision = Decision()
         outcome, sent = "done", 0
         try:
             in_flight = await self._in_flight.read_in_flight() if self._in_flight else {}
+            traffic = await self._traffic(self._store.state)
             async with self._tracker.quiet():
                 state = await self._store.catch_up()
                 at = self._clock()
-                fleet = msgspec.structs.replace(self._tracker.snapshot(), in_flight=in_flight)
+                fleet = msgspec.structs.replace(
+                    self._tracker.snapshot(), in_flight=in_flight, traffic=traffic
+                )
                 decision = decide(state, fleet, at, self.settings)
             await self._append(decision.events)
         except ConcurrencyError as exc:

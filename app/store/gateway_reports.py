@@ -107,19 +107,6 @@ async def delete_report(db: asyncpg.Connection, gateway_id: str, *, within_s: fl
     )
 
 
-class InFlightReports:
-    """The reconciler's reader: requests in flight per replica, over every live gateway."""
-
-    def __init__(self, engine: AsyncEngine, max_age_s: float = REPORT_MAX_AGE_S) -> None:
-        self._engine = engine
-        self._max_age_s = max_age_s
-
-    async def read_in_flight(self) -> dict[str, int]:
-        async with connection(self._engine) as db:
-            rows = await db.fetch(_SUM_RECENT, self._max_age_s)
-        return {row["replica_id"]: row["in_flight"] for row in rows if row["in_flight"] > 0}
-
-
 class TrafficReports:
     """The admin API's reader: a replica's traffic, merged over every live gateway."""
 
@@ -155,6 +142,16 @@ class TrafficReports:
             if merged is not None:
                 figures[group] = merged
         return figures
+
+
+class InFlightReports(TrafficReports):
+    """The reconciler's reader: requests in flight per replica, over every live gateway,
+    and (for a rollout's verdicts) the traffic of groups of replicas."""
+
+    async def read_in_flight(self) -> dict[str, int]:
+        async with connection(self._engine) as db:
+            rows = await db.fetch(_SUM_RECENT, self._max_age_s)
+        return {row["replica_id"]: row["in_flight"] for row in rows if row["in_flight"] > 0}
 
 
 def _decode_replicas(

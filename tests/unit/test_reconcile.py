@@ -42,6 +42,7 @@ from app.domain.model_spec import ModelSpec
 from app.domain.reconcile import Settings, decide
 from app.domain.reports import FleetView, NodeReport, ReportedShard
 from app.domain.state import ClusterState, ReplicaPhase
+from app.domain.traffic import TrafficFigures
 from tests.support.generators import stream_for
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
@@ -64,6 +65,8 @@ class Cluster:
         self.reports: dict[str, NodeReport] = {}
         self.in_flight: dict[str, int] = {}
         """What gateways report in flight, by replica."""
+        self.traffic: dict[str, TrafficFigures] = {}
+        """What gateways measured, by the groups rollout verdicts ask for."""
 
     def given(
         self, *events: AnyEvent, epoch: int | None = EPOCH, at: datetime | None = None
@@ -140,7 +143,9 @@ class Cluster:
         self.now += timedelta(seconds=seconds)
 
     def reconcile(self, **overrides: float) -> Decision:
-        fleet = FleetView(reports=dict(self.reports), in_flight=dict(self.in_flight))
+        fleet = FleetView(
+            reports=dict(self.reports), in_flight=dict(self.in_flight), traffic=dict(self.traffic)
+        )
         decision = decide(self.state, fleet, self.now, self.settings(**overrides))
         for planned in decision.events:
             evolve(

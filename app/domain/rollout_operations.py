@@ -1,0 +1,187 @@
+"""What an operator asks of a model's rollout, and how it is going: pure decisions, no I/O.
+
+``pause``, ``resume`` and ``undo`` return the ``Change`` to record on the model's stream, or
+raise an ``OperationError`` an operator can act on; ``rollout_status`` answers "where is it"
+from the state alone (the rollout is an entity of the fold, so its progress is a lookup).
+The reconciler carries a rollout out (``app.domain.rollout``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import msgspec
+from msgspec.structs import replace
+
+from app.domain.events import (
+    ModelDeclared,
+    RolloutPaused,
+    RolloutResumed,
+    RolloutStarted,
+    model_stream,
+)
+from app.domain.model_spec import CanaryStep
+from app.domain.operations import Change, InvalidOperation, declared_model, find_model
+from app.domain.revisions import REVISION_FIELDS, next_revision, rollout_id_for, spec_changes
+from app.domain.rollout import rollback_event
+from app.domain.state import (
+    ACTIVE_PHASES,
+    ClusterState,
+    Model,
+    Replica,
+    ReplicaPhase,
+    Rollout,
+    RolloutState,
+)
+
+
+def _rollout(model: Model) -> Rollout:
+    if model.rollout is None:
+        raise InvalidOperation(
+            f"model {model.name} has had no rollout: it is at revision {model.revision}, "
+            "and a spec change that alters what runs starts one"
+        )
+    return model.rollout
+
+
+def pause(state: ClusterState, name: str, reason: str) -> Change:
+    """Stop the rollout where it is: moves under way finish, no new one starts."""
+    model = declared_model(state, name)
+    rollout = _rollout(model)
+    if rollout.state is RolloutState.PAUSED:
+        return Change(stream=model_stream(name))
+    if rollout.state is not RolloutState.RUNNING:
+        raise InvalidOperation(f"rollout {rollout.id} cannot be paused: {_why_not(rollout)}")
+    said = reason or "paused by an operator"
+    paused = RolloutPaused(model=name, rollout_id=rollout.id, reason=said)
+    return Change(stream=model_stream(name), events=(paused,))
+
+
+def resume(state: ClusterState, name: str) -> Change:
+    """Go on from where it paused; a step whose verdict could not be reached is promoted."""
+    model = declared_model(state, name)
+    rollout = _rollout(model)
+    if rollout.state is RolloutState.RUNNING:
+        return Change(stream=model_stream(name))
+    if rollout.state is not RolloutState.PAUSED:
+        raise InvalidOperation(f"rollout {rollout.id} cannot be resumed: {_why_not(rollout)}")
+    resumed = RolloutResumed(model=name, rollout_id=rollout.id)
+    return Change(stream=model_stream(name), events=(resumed,))
+
+
+def undo(state: ClusterState, name: str) -> Change:
+    """Back to the revision before: a rollout under way is rolled back (its old replicas
+    were never touched); after one that succeeded, the revision it came from is declared
+    again as the next revision, and rolled out like any other."""
+    model = declared_model(state, name)
+    rollout = _rollout(model)
+    if rollout.state in (RolloutState.RUNNING, RolloutState.PAUSED):
+        event = rollback_event(model, rollout, "undone by an operator")
+        return Change(stream=model_stream(name), events=(event,))
+    if rollout.state is RolloutState.SUCCEEDED:
+        spec = replace(model.spec, **{f: getattr(rollout.from_spec, f) for f in REVISION_FIELDS})
+        changes = spec_changes(model.spec, spec)
+        if not changes:
+            raise InvalidOperation(
+                f"revision {rollout.from_revision} runs what revision {model.revision} runs; "
+                "there is nothing to undo"
+            )
+        revision = next_revision(max(model.revision, model.latest_revision), changes)
+        declared = ModelDeclared(model=name, spec=spec, revision=revision, changes=changes)
+        started = RolloutStarted(
+            model=name,
+            rollout_id=rollout_id_for(name, revision),
+            revision=revision,
+            from_revision=model.revision,
+        )
+        return Change(stream=model_stream(name), events=(declared, started))
+    raise InvalidOperation(f"rollout {rollout.id} cannot be undone: {_why_not(rollout)}")
+
+
+def _why_not(rollout: Rollout) -> str:
+    match rollout.state:
+        case RolloutState.ROLLING_BACK:
+            return f"it is already rolling back to revision {rollout.from_revision}"
+        case RolloutState.ROLLED_BACK:
+            return f"it was rolled back to revision {rollout.from_revision} ({rollout.outcome})"
+        case RolloutState.SUPERSEDED:
+            return f"it was {rollout.outcome}"
+        case RolloutState.SUCCEEDED:
+            return f"it has finished ({rollout.outcome})"
+        case _:
+            return f"it is {rollout.state.value}"
+
+
+# -- status ------------------------------------------------------------------------------
+
+
+class MoveView(msgspec.Struct, frozen=True, kw_only=True):
+    """One move of the rollout under way: the original, its replacement (once placed)."""
+
+    replica_id: str
+    revision: int
+    replacement_id: str | None
+    replacement_phase: str | None
+
+
+class RolloutStatus(msgspec.Struct, frozen=True, kw_only=True):
+    model: str
+    rollout: Rollout
+    steps: tuple[CanaryStep, ...]
+    """The steps as they run (the implicit last step included)."""
+    desired: int
+    by_revision: dict[int, dict[str, int]]
+    """Active replicas of each revision, by phase."""
+    moves: tuple[MoveView, ...]
+    hold_left_s: float | None
+    """Seconds left of the current step's hold; None when it is not holding."""
+    canary: tuple[int, float] | None
+    """``(revision, share)`` the gateways send to the new revision now, if a share is set."""
+    max_surge: int
+    max_unavailable: int
+
+
+def rollout_status(state: ClusterState, name: str, now: datetime) -> RolloutStatus:
+    model = find_model(state, name)
+    rollout = _rollout(model)
+    replicas = [r for r in state.replicas.values() if r.model == name and r.phase in ACTIVE_PHASES]
+    by_revision: dict[int, dict[str, int]] = {}
+    for replica in replicas:
+        phases = by_revision.setdefault(replica.revision, {})
+        phases[replica.phase.value] = phases.get(replica.phase.value, 0) + 1
+    steps = model.spec.rollout.all_steps
+    hold_left = None
+    if rollout.holding_since is not None and rollout.state is RolloutState.RUNNING:
+        step = steps[min(rollout.step, len(steps) - 1)]
+        end = rollout.holding_since + timedelta(seconds=step.hold_s)
+        hold_left = max((end - now).total_seconds(), 0.0)
+    return RolloutStatus(
+        model=name,
+        rollout=rollout,
+        steps=steps,
+        desired=model.desired,
+        by_revision=dict(sorted(by_revision.items())),
+        moves=_moves(replicas, rollout),
+        hold_left_s=hold_left,
+        canary=model.canary,
+        max_surge=model.spec.rollout.max_surge,
+        max_unavailable=model.spec.rollout.max_unavailable,
+    )
+
+
+def _moves(replicas: list[Replica], rollout: Rollout) -> tuple[MoveView, ...]:
+    replacements = {r.replaces: r for r in replicas if r.replaces is not None}
+    moves = []
+    for replica in sorted(replicas, key=lambda r: r.number):
+        if replica.phase is not ReplicaPhase.DRAINING or replica.drain_id != rollout.id:
+            continue
+        replacement = replacements.get(replica.id)
+        moves.append(
+            MoveView(
+                replica_id=replica.id,
+                revision=replica.revision,
+                replacement_id=replacement.id if replacement else None,
+                replacement_phase=replacement.phase.value if replacement else None,
+            )
+        )
+    return tuple(moves)

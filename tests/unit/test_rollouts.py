@@ -1,0 +1,366 @@
+"""Stories of rollouts, on a fixed clock: a new revision replaces the running one step by
+step through moves, never serving fewer replicas than desired; a canary is judged by the
+gateways' figures; a failing revision is rolled back by itself; an operator pauses, resumes
+and undoes."""
+
+from __future__ import annotations
+
+from msgspec.structs import replace
+
+from app.domain import operations as ops
+from app.domain import rollout_operations as rollouts
+from app.domain.events import (
+    ModelDeclared,
+    ReplicaDrainStarted,
+    ReplicaPlaced,
+    ReplicaStopping,
+    RolloutFinished,
+    RolloutHolding,
+    RolloutPaused,
+    RolloutRolledBack,
+    RolloutStepStarted,
+    RolloutVerdict,
+    ShardFailed,
+    ShardStarting,
+)
+from app.domain.model_spec import CanaryStep, RolloutPolicy
+from app.domain.rollout import INCONCLUSIVE, PROMOTE, ROLL_BACK, canary_group, stable_group
+from app.domain.state import ReplicaPhase, RolloutState
+from app.domain.traffic import TrafficFigures
+from tests.unit.test_reconcile import Cluster, of_type, with_two_nodes_and_a_model
+
+UPGRADED = "sim --port {port} --model {model} --upgraded"
+
+
+def serving(**policy: object) -> Cluster:
+    """Four replicas of revision 1 serving, with ``policy`` as the model's rollout policy."""
+    cluster = with_two_nodes_and_a_model(replicas=4, rollout=RolloutPolicy(**policy))  # type: ignore[arg-type]
+    cluster.reconcile()
+    for replica_id in sorted(cluster.state.replicas):
+        cluster.serve(replica_id)
+    return cluster
+
+
+def revise(cluster: Cluster, command: str = UPGRADED) -> None:
+    spec = replace(cluster.state.models["llama"].spec, command=command)
+    cluster.given(*ops.apply_model(cluster.state, spec).events)
+
+
+def serving_count(cluster: Cluster) -> int:
+    """Replicas that serve, a move's original and its serving replacement counted once."""
+    replicas = list(cluster.state.replicas.values())
+    live = [r for r in replicas if r.phase in (ReplicaPhase.SERVING, ReplicaPhase.DRAINING)]
+    replaced = {r.replaces for r in live if r.phase is ReplicaPhase.SERVING and r.replaces}
+    return sum(1 for r in live if not (r.phase is ReplicaPhase.DRAINING and r.id in replaced))
+
+
+def step(cluster: Cluster) -> list[object]:
+    """One round: a pass, then the agents do what it asked (new replicas come up, stopping
+    ones go), and eleven seconds pass (past the stability window)."""
+    events = [p.event for p in cluster.reconcile().events]
+    for replica in list(cluster.state.replicas.values()):
+        if replica.phase is ReplicaPhase.PLACED:
+            cluster.serve(replica.id)
+        elif replica.phase is ReplicaPhase.STOPPING:
+            cluster.stop_reported(replica.id)
+    cluster.after(11)
+    return events
+
+
+def run(cluster: Cluster, rounds: int = 40) -> list[object]:
+    """Rounds until the rollout is no longer under way; every event of them, in order.
+    Checks on every round that as many replicas serve as the model desires."""
+    seen: list[object] = []
+    for _ in range(rounds):
+        seen.extend(step(cluster))
+        assert serving_count(cluster) >= cluster.state.models["llama"].desired
+        rollout = cluster.state.models["llama"].rollout
+        if rollout is not None and not rollout.under_way:
+            seen.extend(p.event for p in cluster.reconcile().events)
+            return seen
+    raise AssertionError(f"the rollout did not finish in {rounds} rounds")
+
+
+def active_revisions(cluster: Cluster) -> list[int]:
+    return sorted(
+        r.revision
+        for r in cluster.state.replicas.values()
+        if r.phase in (ReplicaPhase.SERVING, ReplicaPhase.PLACED, ReplicaPhase.STARTING)
+    )
+
+
+def figures(requests: int, *, errors: int = 0, ttft_ms: float = 100.0) -> TrafficFigures:
+    return TrafficFigures(
+        window_s=60.0,
+        gateways=1,
+        requests=requests,
+        errors=errors,
+        cancelled=0,
+        error_rate=errors / requests if requests else None,
+        ttft_p95_ms=ttft_ms,
+        ttft_samples=requests,
+        tpot_p95_ms=20.0,
+        tpot_samples=requests,
+        latency_p95_ms=ttft_ms * 5,
+        latency_samples=requests,
+    )
+
+
+# -- rolling updates -------------------------------------------------------------------
+
+
+def test_a_rolling_update_moves_one_replica_at_a_time_and_never_serves_fewer_than_desired() -> None:
+    cluster = serving()
+    originals = sorted(cluster.state.replicas)
+    revise(cluster)
+
+    events = run(cluster)
+
+    moved = [e.replica_id for e in events if isinstance(e, ReplicaDrainStarted)]
+    assert moved == originals
+    placed = [e for e in events if isinstance(e, ReplicaPlaced)]
+    assert [(p.replaces, p.revision) for p in placed] == [(o, 2) for o in originals]
+    assert active_revisions(cluster) == [2, 2, 2, 2]
+    finished = of_type_in(events, RolloutFinished)
+    assert [(f.succeeded, f.outcome) for f in finished] == [(True, "every replica runs revision 2")]
+    assert cluster.state.models["llama"].rollout.state is RolloutState.SUCCEEDED  # type: ignore[union-attr]
+
+
+def of_type_in(events: list[object], kind: type) -> list:  # type: ignore[type-arg]
+    return [e for e in events if isinstance(e, kind)]
+
+
+def test_max_surge_moves_that_many_replicas_at_once() -> None:
+    cluster = serving(max_surge=2)
+    revise(cluster)
+    cluster.reconcile()  # the step starts
+
+    first = cluster.reconcile()
+
+    assert len(of_type(first, ReplicaDrainStarted)) == 2
+    assert len(of_type(first, ReplicaPlaced)) == 2
+    assert len(of_type(cluster.reconcile(), ReplicaDrainStarted)) == 0
+
+
+def test_max_unavailable_stops_an_original_before_its_replacement_serves() -> None:
+    cluster = serving(max_surge=0, max_unavailable=1)
+    revise(cluster)
+    cluster.reconcile()
+
+    first = cluster.reconcile()
+
+    stopping = of_type(first, ReplicaStopping)
+    assert [s.replica_id for s in stopping] == ["llama-1"]
+    assert "max_unavailable 1" in stopping[0].reason
+    assert [p.revision for p in of_type(first, ReplicaPlaced)] == [2]
+    assert of_type(first, ReplicaDrainStarted) == []
+    assert of_type(cluster.reconcile(), ReplicaStopping) == []  # one at a time
+
+
+def test_a_change_of_routing_or_replica_count_alone_starts_no_rollout() -> None:
+    cluster = serving()
+    spec = cluster.state.models["llama"].spec
+    changed = replace(spec, replicas=5, routing=replace(spec.routing, weight=3.0))
+
+    change = ops.apply_model(cluster.state, changed)
+
+    assert [type(e).__name__ for e in change.events] == ["ModelDeclared"]
+    cluster.given(*change.events)
+    assert cluster.state.models["llama"].rollout is None
+
+
+# -- canaries and verdicts ---------------------------------------------------------------
+
+CANARY = (CanaryStep(replicas=1, traffic=0.1, hold_s=60.0),)
+
+
+def holding_a_canary() -> Cluster:
+    """One replica of revision 2 serving beside three of revision 1, the hold begun."""
+    cluster = serving(steps=CANARY)
+    revise(cluster)
+    for _ in range(6):
+        if of_type_in(step(cluster), RolloutHolding):
+            break
+    rollout = cluster.state.models["llama"].rollout
+    assert rollout is not None and rollout.holding_since is not None
+    assert active_revisions(cluster) == [1, 1, 1, 2]
+    return cluster
+
+
+def test_a_canary_step_holds_with_its_share_of_traffic_and_is_promoted_by_good_figures() -> None:
+    cluster = holding_a_canary()
+    assert cluster.state.models["llama"].canary == (2, 0.1)
+    cluster.traffic = {
+        canary_group("llama"): figures(50, ttft_ms=110.0),
+        stable_group("llama"): figures(450, ttft_ms=100.0),
+    }
+    assert of_type(cluster.reconcile(), RolloutVerdict) == []  # the hold is not over
+    cluster.after(60)
+
+    verdict = of_type_in(step(cluster), RolloutVerdict)
+
+    assert [(v.verdict, v.step) for v in verdict] == [(PROMOTE, 0)]
+    assert verdict[0].canary is not None and verdict[0].canary.requests == 50
+    run(cluster)
+    assert active_revisions(cluster) == [2, 2, 2, 2]
+    assert cluster.state.models["llama"].canary is None
+
+
+def test_a_slower_canary_is_rolled_back_by_its_verdict_and_the_old_revision_serves_again() -> None:
+    cluster = holding_a_canary()
+    cluster.traffic = {
+        canary_group("llama"): figures(50, ttft_ms=400.0),
+        stable_group("llama"): figures(450, ttft_ms=100.0),
+    }
+    cluster.after(60)
+
+    events = run(cluster)
+
+    [verdict] = of_type_in(events, RolloutVerdict)
+    assert verdict.verdict == ROLL_BACK
+    assert "TTFT p95 400.0 ms against 100.0 ms" in verdict.reason
+    [rolled_back] = of_type_in(events, RolloutRolledBack)
+    assert rolled_back.to_revision == 1
+    assert rolled_back.spec.command == "sim --port {port} --model {model}"
+    assert cluster.state.models["llama"].revision == 1
+    assert active_revisions(cluster) == [1, 1, 1, 1]
+    [finished] = of_type_in(events, RolloutFinished)
+    assert not finished.succeeded and finished.outcome.startswith("rolled back to revision 1")
+
+
+def test_a_canary_with_more_errors_is_rolled_back() -> None:
+    cluster = holding_a_canary()
+    cluster.traffic = {
+        canary_group("llama"): figures(50, errors=5),
+        stable_group("llama"): figures(450, errors=1),
+    }
+    cluster.after(60)
+
+    [verdict] = of_type(cluster.reconcile(), RolloutVerdict)
+
+    assert verdict.verdict == ROLL_BACK
+    assert verdict.reason.startswith("error rate 10.0% against 0.2%")
+
+
+def test_too_few_requests_pause_the_rollout_and_a_resume_promotes_the_step() -> None:
+    cluster = holding_a_canary()
+    cluster.traffic = {
+        canary_group("llama"): figures(3),
+        stable_group("llama"): figures(450),
+    }
+    cluster.after(60)
+
+    decision = cluster.reconcile()
+
+    assert [v.verdict for v in of_type(decision, RolloutVerdict)] == [INCONCLUSIVE]
+    [paused] = of_type(decision, RolloutPaused)
+    assert "3 request(s) to the new revision" in paused.reason
+    assert of_type(cluster.reconcile(), RolloutStepStarted) == []
+    cluster.given(*rollouts.resume(cluster.state, "llama").events)
+    assert [s.step for s in of_type(cluster.reconcile(), RolloutStepStarted)] == [1]
+    run(cluster)
+    assert active_revisions(cluster) == [2, 2, 2, 2]
+
+
+# -- failures ------------------------------------------------------------------------------
+
+
+def test_a_revision_whose_replicas_fail_to_start_is_rolled_back_and_the_old_ones_never_moved() -> (
+    None
+):
+    cluster = serving(max_failures=2)
+    originals = {r.id: r for r in cluster.state.replicas.values()}
+    revise(cluster, "sim --port {port} --model {model} --exit-at-start")
+    cluster.reconcile()
+    events: list[object] = []
+    for _ in range(2):
+        cluster.reconcile()
+        [new] = [
+            r
+            for r in cluster.state.replicas.values()
+            if r.revision == 2 and r.phase is ReplicaPhase.PLACED
+        ]
+        shard = new.shards[0]
+        cluster.given(
+            ShardStarting(replica_id=new.id, shard_index=0, node_id=shard.node_id),
+            ShardFailed(replica_id=new.id, shard_index=0, node_id=shard.node_id, error="exit 1"),
+        )
+        events.extend(p.event for p in cluster.reconcile().events)
+        cluster.after(30)  # past the model's backoff
+
+    events.extend(run(cluster))
+
+    [rolled_back] = of_type_in(events, RolloutRolledBack)
+    assert rolled_back.reason.startswith("2 replica(s) of revision 2 failed to start")
+    assert cluster.state.models["llama"].revision == 1
+    # The original that was moving serves on; none was stopped.
+    for replica_id in originals:
+        assert cluster.state.replicas[replica_id].phase is ReplicaPhase.SERVING
+    assert active_revisions(cluster) == [1, 1, 1, 1]
+
+
+# -- an operator's hand --------------------------------------------------------------------
+
+
+def test_a_paused_rollout_starts_no_move_until_it_is_resumed() -> None:
+    cluster = serving()
+    revise(cluster)
+    step(cluster)
+    step(cluster)
+    cluster.given(*rollouts.pause(cluster.state, "llama", "looking at the dashboards").events)
+    for _ in range(4):
+        step(cluster)
+    status = rollouts.rollout_status(cluster.state, "llama", cluster.now)
+    assert status.rollout.state is RolloutState.PAUSED
+    assert status.moves == ()
+    stuck = active_revisions(cluster)
+    assert 1 in stuck
+
+    cluster.given(*rollouts.resume(cluster.state, "llama").events)
+    run(cluster)
+
+    assert active_revisions(cluster) == [2, 2, 2, 2]
+
+
+def test_undo_in_the_middle_rolls_back_and_undo_after_success_declares_the_old_spec_again() -> None:
+    cluster = serving()
+    revise(cluster)
+    step(cluster)
+    step(cluster)
+    cluster.given(*rollouts.undo(cluster.state, "llama").events)
+    run(cluster)
+    assert cluster.state.models["llama"].revision == 1
+    assert active_revisions(cluster) == [1, 1, 1, 1]
+
+    revise(cluster)  # the same change again is the next number: 3
+    run(cluster)
+    assert cluster.state.models["llama"].revision == 3
+    change = rollouts.undo(cluster.state, "llama")
+    declared = change.events[0]
+    assert isinstance(declared, ModelDeclared)
+    assert (declared.revision, declared.spec.command) == (4, "sim --port {port} --model {model}")
+    cluster.given(*change.events)
+    run(cluster)
+    assert active_revisions(cluster) == [4, 4, 4, 4]
+
+
+def test_a_rollout_and_a_node_drain_at_the_same_time_both_finish() -> None:
+    cluster = serving()
+    revise(cluster)
+    step(cluster)
+    cluster.given(*ops.drain_node(cluster.state, "gpu-1", "drain-1", 3600).events)
+
+    run(cluster, rounds=60)
+
+    assert active_revisions(cluster) == [2, 2, 2, 2]
+    for _ in range(10):
+        step(cluster)
+        if cluster.state.nodes["gpu-1"].drain_id is None:
+            break
+    assert cluster.state.nodes["gpu-1"].drain_id is None
+    on_gpu_1 = [
+        r
+        for r in cluster.state.replicas.values()
+        if r.phase is ReplicaPhase.SERVING and "gpu-1" in r.node_ids
+    ]
+    assert on_gpu_1 == []
