@@ -346,6 +346,16 @@ class DrainProgressView(msgspec.Struct, frozen=True, kw_only=True):
     replicas: list[ReplicaSummary]
     still_on_node: list[str]
     events: list[EventView]
+    moves: list[MoveView] = []
+    """Its moves under way: each original still serving and its replacement (once placed)."""
+
+
+class MoveView(msgspec.Struct, frozen=True, kw_only=True):
+    replica_id: str
+    revision: int
+    """The revision the original runs."""
+    replacement_id: str | None
+    replacement_phase: str | None
 
 
 # -- health ------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any, TypedDict
 
 from app.domain.events import GpuInfo
 from app.domain.model_spec import ModelSpec, RoutingSettings
-from app.domain.state import ReplicaPhase, Rollout, RolloutState, Shard, ShardPhase
+from app.domain.state import Move, ReplicaPhase, Rollout, RolloutState, Shard, ShardPhase
 
 
 class ShardChanges(TypedDict, total=False):
@@ -64,6 +64,7 @@ class ModelChanges(TypedDict, total=False):
     earlier_specs: dict[int, ModelSpec]
     latest_revision: int
     rollout: Rollout | None
+    moves: dict[str, Move]
 
 
 class NodeChanges(TypedDict, total=False):

@@ -39,24 +39,24 @@ def drain_moves(draft: Draft, stability_window_s: float, replica_grace_s: float)
 
 
 def _finish_moves(draft: Draft, stability_window_s: float, replica_grace_s: float) -> None:
+    """Each move under way (``Model.moves``, a lookup: no scan of the replicas) ends once
+    its replacement has served for the stability window, or when its grace runs out."""
     state, now = draft.state, draft.now
-    for original in list(state.replicas.values()):
-        if original.phase is not ReplicaPhase.DRAINING:
+    moves = [move for model in state.models.values() for move in model.moves.values()]
+    for move in moves:
+        original = state.replicas.get(move.replica_id)
+        if original is None or original.phase is not ReplicaPhase.DRAINING:
             continue
         window_s = _stability_window_s(draft, original, stability_window_s)
-        window = timedelta(seconds=window_s)
-        replacement = next(
-            (
-                r
-                for r in state.replicas.values()
-                if r.replaces == original.id
-                and r.phase is ReplicaPhase.SERVING
-                and r.serving_since is not None
-                and now - r.serving_since >= window
-            ),
-            None,
+        replacement = (
+            state.replicas.get(move.replacement_id) if move.replacement_id is not None else None
         )
-        if replacement is not None:
+        if (
+            replacement is not None
+            and replacement.phase is ReplicaPhase.SERVING
+            and replacement.serving_since is not None
+            and now - replacement.serving_since >= timedelta(seconds=window_s)
+        ):
             draft.emit(
                 replica_stream(original.id),
                 ReplacementServing(replica_id=original.id, replacement_id=replacement.id),
@@ -116,7 +116,7 @@ def _drain_node(draft: Draft, node: Node) -> None:
     on_node = [
         r for r in state.replicas.values() if r.phase in ACTIVE_PHASES and node.id in r.node_ids
     ]
-    moving = Counter(r.model for r in state.replicas.values() if r.phase is ReplicaPhase.DRAINING)
+    moving = Counter({name: len(model.moves) for name, model in state.models.items()})
     grace_over = _node_grace_over(draft, node)
     for replica in sorted(on_node, key=lambda r: r.id):
         if replica.phase in (ReplicaPhase.PLACED, ReplicaPhase.STARTING):

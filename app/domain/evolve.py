@@ -87,6 +87,7 @@ from app.domain.state import (
     CertificateRevocation,
     ClusterState,
     Model,
+    Move,
     Node,
     Replica,
     ReplicaPhase,
@@ -215,10 +216,15 @@ def _replica_placed(state: ClusterState, event: ReplicaPlaced, recorded: Recorde
     )
     model = state.models.get(event.model)
     if model is not None:
+        moves = model.moves
+        move = moves.get(event.replaces) if event.replaces is not None else None
+        if move is not None:
+            moves = {**moves, move.replica_id: replace(move, replacement_id=event.replica_id)}
         state.models[event.model] = replace(
             model,
             replicas_created=max(model.replicas_created, event.number),
             unplaceable_reason=None,
+            moves=moves,
         )
 
 
@@ -241,11 +247,19 @@ def _replica_drain_started(
     state: ClusterState, event: ReplicaDrainStarted, recorded: Recorded
 ) -> None:
     at = recorded.recorded_at
-    _update_replica(
-        state,
-        event.replica_id,
-        {"phase": ReplicaPhase.DRAINING, "drain_id": event.drain_id, "drain_started_at": at},
+    replica = state.replicas.get(event.replica_id)
+    if replica is None:
+        return
+    state.replicas[event.replica_id] = replace(
+        replica, phase=ReplicaPhase.DRAINING, drain_id=event.drain_id, drain_started_at=at
     )
+    move = Move(
+        replica_id=event.replica_id, move_id=event.drain_id, started_at=at, reason=event.reason
+    )
+    model = state.models.get(replica.model)
+    if model is not None:
+        moves = {**model.moves, event.replica_id: move}
+        state.models[replica.model] = replace(model, moves=moves)
 
 
 def _replica_drain_cancelled(
@@ -256,6 +270,7 @@ def _replica_drain_cancelled(
         state.replicas[event.replica_id] = replace(
             replica, phase=ReplicaPhase.SERVING, drain_id=None, drain_started_at=None
         )
+        _move_over(state, replica)
 
 
 def _replacement_serving(
@@ -276,6 +291,9 @@ def _replica_stopping(state: ClusterState, event: ReplicaStopping, recorded: Rec
             "end_reason": event.reason,
         },
     )
+    replica = state.replicas.get(event.replica_id)
+    if replica is not None:
+        _move_over(state, replica)
 
 
 def _replica_stopped(state: ClusterState, event: ReplicaStopped, recorded: Recorded) -> None:
@@ -757,7 +775,24 @@ def _end_replica(
         ended_at=at,
         end_reason=reason if reason is not None else replica.end_reason,
     )
+    _move_over(state, replica)
     _keep_ended(state, replica)
+
+
+def _move_over(state: ClusterState, replica: Replica) -> None:
+    """``replica`` left routing or ended: a move of it is over, and a move it was placed
+    for has no replacement any more (unless another one was placed since)."""
+    model = state.models.get(replica.model)
+    if model is None or not model.moves:
+        return
+    moves = model.moves
+    if replica.id in moves:
+        moves = {k: m for k, m in moves.items() if k != replica.id}
+    waiting = moves.get(replica.replaces) if replica.replaces is not None else None
+    if waiting is not None and waiting.replacement_id == replica.id:
+        moves = {**moves, waiting.replica_id: replace(waiting, replacement_id=None)}
+    if moves is not model.moves:
+        state.models[model.name] = replace(model, moves=moves)
 
 
 def _keep_ended(state: ClusterState, replica: Replica) -> None:

@@ -393,6 +393,41 @@ def _below_desired(
     return tuple(reasons)
 
 
+# -- moves -------------------------------------------------------------------------------
+
+
+class MoveView(msgspec.Struct, frozen=True, kw_only=True):
+    """One move under way: the original, and its replacement once placed."""
+
+    replica_id: str
+    revision: int
+    replacement_id: str | None
+    replacement_phase: str | None
+
+
+def moves_of(state: ClusterState, move_id: str, model: Model | None = None) -> tuple[MoveView, ...]:
+    """The moves under way of a drain or a rollout (``move_id``), from the models' moves (a
+    lookup: no scan of the replicas); of ``model`` alone when given."""
+    models = [model] if model is not None else list(state.models.values())
+    views: list[tuple[tuple[str, int], MoveView]] = []
+    for each in models:
+        for move in each.moves.values():
+            original = state.replicas.get(move.replica_id)
+            if move.move_id != move_id or original is None:
+                continue
+            replacement = (
+                state.replicas.get(move.replacement_id) if move.replacement_id is not None else None
+            )
+            view = MoveView(
+                replica_id=move.replica_id,
+                revision=original.revision,
+                replacement_id=replacement.id if replacement else None,
+                replacement_phase=replacement.phase.value if replacement else None,
+            )
+            views.append(((each.name, original.number), view))
+    return tuple(view for _, view in sorted(views, key=lambda item: item[0]))
+
+
 # -- drain progress ----------------------------------------------------------------------
 
 
@@ -423,6 +458,8 @@ class DrainProgress(msgspec.Struct, frozen=True, kw_only=True):
     events: tuple[Recorded, ...]
     revisions: dict[str, int] = {}
     """The current revision of each model of ``replicas``."""
+    moves: tuple[MoveView, ...] = ()
+    """Its moves under way (the same view a rollout's status has)."""
 
 
 def drain_progress(state: ClusterState, drain_id: str, events: Sequence[Recorded]) -> DrainProgress:
@@ -470,6 +507,7 @@ def drain_progress(state: ClusterState, drain_id: str, events: Sequence[Recorded
         still_on_node=still,
         events=tuple(events),
         revisions=current_revisions(state, replicas),
+        moves=moves_of(state, drain_id),
     )
 
 

@@ -292,10 +292,11 @@ def _place(
     state = draft.state
     waiting_for_replacement = sorted(
         (
-            r
-            for r in replicas
-            if r.phase is ReplicaPhase.DRAINING
-            and not any(o.replaces == r.id and o.phase in COUNTING_PHASES for o in replicas)
+            original
+            for move in model.moves.values()
+            if (original := state.replicas.get(move.replica_id)) is not None
+            and original.phase is ReplicaPhase.DRAINING
+            and not _replaced(state, move.replacement_id)
         ),
         key=lambda r: r.number,
     )
@@ -333,6 +334,12 @@ def _place(
             correlation_id=original.drain_id if original else None,
         )
         deficit -= 1
+
+
+def _replaced(state: ClusterState, replacement_id: str | None) -> bool:
+    """Whether a move's replacement is on its way or serving."""
+    replacement = state.replicas.get(replacement_id) if replacement_id is not None else None
+    return replacement is not None and replacement.phase in COUNTING_PHASES
 
 
 def _stop(draft: Draft, replica: Replica, reason: str) -> None:

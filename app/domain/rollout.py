@@ -331,7 +331,7 @@ def _converge(draft: Draft, model: Model, rollout: Rollout, target: int, *, ever
     revision = model.revision
     replicas = _active(draft.state, model.name)
     current = [r for r in replicas if r.revision == revision and r.phase in _COUNTING]
-    moving = [r for r in replicas if r.phase is ReplicaPhase.DRAINING and r.drain_id == rollout.id]
+    moving = [m for m in model.moves.values() if m.move_id == rollout.id]
     outdated = [r for r in replicas if r.revision != revision]
     serving_outdated = sorted(
         (r for r in outdated if r.phase is ReplicaPhase.SERVING), key=lambda r: r.number
@@ -345,8 +345,7 @@ def _converge(draft: Draft, model: Model, rollout: Rollout, target: int, *, ever
                     rollout,
                     f"rollout {rollout.id}: not serving yet, placed again at revision {revision}",
                 )
-    replaced = {r.replaces for r in current if r.replaces is not None}
-    coming = len(current) + sum(1 for r in moving if r.id not in replaced)
+    coming = len(current) + sum(1 for m in moving if m.replacement_id is None)
     need = target - coming
     moves = min(max(need, 0), max(policy.max_surge - len(moving), 0), len(serving_outdated))
     for replica in serving_outdated[:moves]:

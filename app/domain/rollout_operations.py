@@ -21,15 +21,20 @@ from app.domain.events import (
     model_stream,
 )
 from app.domain.model_spec import CanaryStep
-from app.domain.operations import Change, InvalidOperation, declared_model, find_model
+from app.domain.operations import (
+    Change,
+    InvalidOperation,
+    MoveView,
+    declared_model,
+    find_model,
+    moves_of,
+)
 from app.domain.revisions import REVISION_FIELDS, next_revision, rollout_id_for, spec_changes
 from app.domain.rollout import rollback_event
 from app.domain.state import (
     ACTIVE_PHASES,
     ClusterState,
     Model,
-    Replica,
-    ReplicaPhase,
     Rollout,
     RolloutState,
 )
@@ -115,15 +120,6 @@ def _why_not(rollout: Rollout) -> str:
 # -- status ------------------------------------------------------------------------------
 
 
-class MoveView(msgspec.Struct, frozen=True, kw_only=True):
-    """One move of the rollout under way: the original, its replacement (once placed)."""
-
-    replica_id: str
-    revision: int
-    replacement_id: str | None
-    replacement_phase: str | None
-
-
 class RolloutStatus(msgspec.Struct, frozen=True, kw_only=True):
     model: str
     rollout: Rollout
@@ -161,27 +157,9 @@ def rollout_status(state: ClusterState, name: str, now: datetime) -> RolloutStat
         steps=steps,
         desired=model.desired,
         by_revision=dict(sorted(by_revision.items())),
-        moves=_moves(replicas, rollout),
+        moves=moves_of(state, rollout.id, model),
         hold_left_s=hold_left,
         canary=model.canary,
         max_surge=model.spec.rollout.max_surge,
         max_unavailable=model.spec.rollout.max_unavailable,
     )
-
-
-def _moves(replicas: list[Replica], rollout: Rollout) -> tuple[MoveView, ...]:
-    replacements = {r.replaces: r for r in replicas if r.replaces is not None}
-    moves = []
-    for replica in sorted(replicas, key=lambda r: r.number):
-        if replica.phase is not ReplicaPhase.DRAINING or replica.drain_id != rollout.id:
-            continue
-        replacement = replacements.get(replica.id)
-        moves.append(
-            MoveView(
-                replica_id=replica.id,
-                revision=replica.revision,
-                replacement_id=replacement.id if replacement else None,
-                replacement_phase=replacement.phase.value if replacement else None,
-            )
-        )
-    return tuple(moves)

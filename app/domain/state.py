@@ -141,6 +141,20 @@ class ReplicaFilter(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
+class Move(msgspec.Struct, frozen=True, kw_only=True):
+    """A replica being replaced: drained on its own or with its node, or by a rollout
+    (``move_id`` is that drain's or rollout's id). It serves until ``replacement_id``, a
+    replica of the model's current revision, has served for the stability window; the move
+    ends when it leaves routing (or is called off)."""
+
+    replica_id: str
+    move_id: str
+    started_at: datetime
+    reason: str = ""
+    replacement_id: str | None = None
+    """The replica placed to replace it, while that one has not ended."""
+
+
 class RolloutState(StrEnum):
     RUNNING = "running"
     """Replacing replicas step by step, or holding a step for its verdict."""
@@ -224,6 +238,8 @@ class Model(msgspec.Struct, frozen=True, kw_only=True):
     next change is numbered after this one, so a number never means two specs."""
     rollout: Rollout | None = None
     """Its rollout under way, or the last one it had."""
+    moves: dict[str, Move] = {}
+    """Its replicas being moved, by id: where a drain's or a rollout's progress is read."""
 
     @property
     def canary(self) -> tuple[int, float] | None:

@@ -364,3 +364,30 @@ def test_a_rollout_and_a_node_drain_at_the_same_time_both_finish() -> None:
         if r.phase is ReplicaPhase.SERVING and "gpu-1" in r.node_ids
     ]
     assert on_gpu_1 == []
+
+
+# -- the moves -----------------------------------------------------------------------------
+
+
+def test_a_drain_and_a_rollout_are_both_moves_read_from_the_model_by_their_id() -> None:
+    cluster = serving()
+    cluster.given(*ops.drain_replica(cluster.state, "llama-1", "drain-1").events)
+    revise(cluster)
+    cluster.reconcile()  # the rollout's first step starts
+    cluster.reconcile()  # its first move, and a replacement for each move
+
+    model = cluster.state.models["llama"]
+    assert {(m.replica_id, m.move_id) for m in model.moves.values()} == {
+        ("llama-1", "drain-1"),
+        ("llama-2", "rollout-llama-r2"),
+    }
+    [drained] = ops.moves_of(cluster.state, "drain-1")
+    [rolled] = ops.moves_of(cluster.state, "rollout-llama-r2")
+    assert (drained.replacement_id, drained.replacement_phase) == ("llama-5", "placed")
+    assert (rolled.replacement_id, rolled.replacement_phase) == ("llama-6", "placed")
+    assert rollouts.rollout_status(cluster.state, "llama", cluster.now).moves == (rolled,)
+
+    run(cluster)
+
+    assert cluster.state.models["llama"].moves == {}
+    assert ops.moves_of(cluster.state, "drain-1") == ()
