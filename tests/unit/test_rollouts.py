@@ -182,7 +182,8 @@ def holding_a_canary() -> Cluster:
         if of_type_in(step(cluster), RolloutHolding):
             break
     rollout = cluster.state.models["llama"].rollout
-    assert rollout is not None and rollout.holding_since is not None
+    assert rollout is not None
+    assert rollout.holding_since is not None
     assert active_revisions(cluster) == [1, 1, 1, 2]
     return cluster
 
@@ -200,7 +201,8 @@ def test_a_canary_step_holds_with_its_share_of_traffic_and_is_promoted_by_good_f
     verdict = of_type_in(step(cluster), RolloutVerdict)
 
     assert [(v.verdict, v.step) for v in verdict] == [(PROMOTE, 0)]
-    assert verdict[0].canary is not None and verdict[0].canary.requests == 50
+    assert verdict[0].canary is not None
+    assert verdict[0].canary.requests == 50
     run(cluster)
     assert active_revisions(cluster) == [2, 2, 2, 2]
     assert cluster.state.models["llama"].canary is None
@@ -225,7 +227,8 @@ def test_a_slower_canary_is_rolled_back_by_its_verdict_and_the_old_revision_serv
     assert cluster.state.models["llama"].revision == 1
     assert active_revisions(cluster) == [1, 1, 1, 1]
     [finished] = of_type_in(events, RolloutFinished)
-    assert not finished.succeeded and finished.outcome.startswith("rolled back to revision 1")
+    assert not finished.succeeded
+    assert finished.outcome.startswith("rolled back to revision 1")
 
 
 def test_a_canary_with_more_errors_is_rolled_back() -> None:
