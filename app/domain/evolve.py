@@ -631,7 +631,12 @@ def _rollout_finished(state: ClusterState, event: RolloutFinished, recorded: Rec
     rollout = model.rollout if model else None
     if rollout is None or rollout.id != event.rollout_id:
         return
-    ended = RolloutState.SUCCEEDED if event.succeeded else RolloutState.ROLLED_BACK
+    if event.succeeded:
+        ended = RolloutState.SUCCEEDED
+    elif rollout.state is RolloutState.ROLLING_BACK:
+        ended = RolloutState.ROLLED_BACK
+    else:
+        ended = RolloutState.ENDED
     _update_rollout(
         state,
         event.model,

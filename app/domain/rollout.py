@@ -308,7 +308,8 @@ def _bring_back(draft: Draft, model: Model, rollout: Rollout) -> None:
             )
     model = draft.state.models[model.name]
     if _converge(draft, model, rollout, model.desired, every=True):
-        outcome = f"rolled back to revision {model.revision}: {rollout.outcome}"
+        why = model.rollout.outcome if model.rollout is not None else None
+        outcome = f"rolled back to revision {model.revision}: {why}"
         _finish(draft, model, rollout, succeeded=False, outcome=outcome)
 
 

@@ -109,8 +109,8 @@ def _why_not(rollout: Rollout) -> str:
             return f"it is already rolling back to revision {rollout.from_revision}"
         case RolloutState.ROLLED_BACK:
             return f"it was rolled back to revision {rollout.from_revision} ({rollout.outcome})"
-        case RolloutState.SUPERSEDED:
-            return f"it was {rollout.outcome}"
+        case RolloutState.ENDED:
+            return f"it ended: {rollout.outcome}"
         case RolloutState.SUCCEEDED:
             return f"it has finished ({rollout.outcome})"
         case _:

@@ -166,8 +166,8 @@ class RolloutState(StrEnum):
     replaced by it."""
     SUCCEEDED = "succeeded"
     ROLLED_BACK = "rolled_back"
-    SUPERSEDED = "superseded"
-    """A newer revision was declared while it ran; that revision's rollout goes on."""
+    ENDED = "ended"
+    """Ended before it could finish: its model was removed."""
 
 
 UNDER_WAY = frozenset({RolloutState.RUNNING, RolloutState.PAUSED, RolloutState.ROLLING_BACK})

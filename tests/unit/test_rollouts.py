@@ -23,8 +23,15 @@ from app.domain.events import (
     ShardFailed,
     ShardStarting,
 )
-from app.domain.model_spec import CanaryStep, RolloutPolicy
-from app.domain.rollout import INCONCLUSIVE, PROMOTE, ROLL_BACK, canary_group, stable_group
+from app.domain.model_spec import CanaryStep, ModelSpec, RolloutPolicy, validate_spec
+from app.domain.rollout import (
+    INCONCLUSIVE,
+    PROMOTE,
+    ROLL_BACK,
+    canary_group,
+    judge,
+    stable_group,
+)
 from app.domain.state import ReplicaPhase, RolloutState
 from app.domain.traffic import TrafficFigures
 from tests.unit.test_reconcile import Cluster, of_type, with_two_nodes_and_a_model
@@ -394,3 +401,82 @@ def test_a_drain_and_a_rollout_are_both_moves_read_from_the_model_by_their_id() 
 
     assert cluster.state.models["llama"].moves == {}
     assert ops.moves_of(cluster.state, "drain-1") == ()
+
+
+def test_a_newer_revision_supersedes_a_rollout_under_way_and_every_replica_ends_at_it() -> None:
+    cluster = serving()
+    revise(cluster)
+    step(cluster)
+    step(cluster)
+
+    revise(cluster, "sim --port {port} --model {model} --newest")
+    run(cluster)
+
+    model = cluster.state.models["llama"]
+    assert model.rollout is not None
+    assert (model.rollout.id, model.rollout.state) == ("rollout-llama-r3", RolloutState.SUCCEEDED)
+    assert active_revisions(cluster) == [3, 3, 3, 3]
+
+
+def test_a_model_removed_during_its_rollout_ends_the_rollout() -> None:
+    cluster = serving()
+    revise(cluster)
+    step(cluster)
+    cluster.given(*ops.remove(cluster.state, "llama").events)
+
+    [finished] = of_type(cluster.reconcile(), RolloutFinished)
+
+    assert (finished.succeeded, finished.outcome) == (False, "the model was removed")
+    assert cluster.state.models["llama"].rollout.state is RolloutState.ENDED  # type: ignore[union-attr]
+
+
+# -- the policy ------------------------------------------------------------------------------
+
+
+def policy_errors(**policy: object) -> list[tuple[str, str]]:
+    spec = ModelSpec(name="llama", command="sim --port {port}", rollout=RolloutPolicy(**policy))  # type: ignore[arg-type]
+    return [(e.field, e.reason) for e in validate_spec(spec) if e.field.startswith("rollout.")]
+
+
+def test_a_sound_policy_has_no_errors_and_the_last_step_is_every_replica() -> None:
+    policy = RolloutPolicy(steps=CANARY)
+
+    assert policy_errors(steps=CANARY, max_surge=2) == []
+    assert [s.replicas for s in policy.all_steps] == [1, "all"]
+
+
+def test_a_policy_that_cannot_work_is_refused_field_by_field() -> None:
+    assert policy_errors(max_surge=0, max_unavailable=0) == [
+        (
+            "rollout.max_surge",
+            "and max_unavailable cannot both be 0: nothing could ever be replaced",
+        )
+    ]
+    bad_steps = (
+        CanaryStep(replicas=2, traffic=2.0),
+        CanaryStep(replicas=1, hold_s=-1),
+        CanaryStep(replicas="all", traffic=0.5),
+        CanaryStep(replicas=3),
+    )
+    assert [field for field, _ in policy_errors(steps=bad_steps)] == [
+        "rollout.steps[0].traffic",
+        "rollout.steps[1].replicas",
+        "rollout.steps[1].hold_s",
+        "rollout.steps[2].replicas",
+        "rollout.steps[2].traffic",
+    ]
+    assert [f for f, _ in policy_errors(max_latency_ratio=float("nan"), min_requests=0)] == [
+        "rollout.max_latency_ratio",
+        "rollout.min_requests",
+    ]
+
+
+def test_a_verdict_compares_each_figure_with_its_threshold() -> None:
+    policy = RolloutPolicy()
+    stable = figures(100, errors=1, ttft_ms=100.0)
+
+    assert judge(figures(100, errors=2, ttft_ms=119.0), stable, policy)[0] == PROMOTE
+    assert judge(figures(100, errors=3, ttft_ms=100.0), stable, policy)[0] == ROLL_BACK
+    assert judge(figures(100, ttft_ms=125.0), stable, policy)[0] == ROLL_BACK
+    assert judge(figures(19), stable, policy)[0] == INCONCLUSIVE
+    assert judge(None, stable, policy)[0] == INCONCLUSIVE
