@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from app.domain.events import ReplicaPlaced, ReplicaServing, ShardPlacement, model_stream
+from app.domain.events import (
+    ModelDeclared,
+    ReplicaPlaced,
+    ReplicaServing,
+    RolloutStarted,
+    ShardPlacement,
+    model_stream,
+)
 from app.store.database import connection
 from app.store.postgres import PostgresEventStore
 from app.store.rebuild import rebuild
@@ -107,8 +114,11 @@ async def test_a_changed_command_is_revision_2_and_replicas_on_revision_1_are_ma
     assert "command" in revised[0]
     assert "env: added HF_TOKEN" in revised[0]
     assert SECRET not in history.stdout
-    declarations = await pg_store.read_stream(model_stream(name))
-    assert [e.event.revision for e in declarations] == [1, 2]  # type: ignore[union-attr]
+    stream = await pg_store.read_stream(model_stream(name))
+    declarations = [e.event for e in stream if isinstance(e.event, ModelDeclared)]
+    assert [e.revision for e in declarations] == [1, 2]
+    started = [e.event for e in stream if isinstance(e.event, RolloutStarted)]
+    assert [(e.from_revision, e.revision) for e in started] == [(1, 2)]
 
 
 async def test_routing_and_replica_count_changes_keep_the_revision_and_take_effect_at_once(
