@@ -7,6 +7,15 @@ engine signals from a scraper task. ``acquire()`` picks a replica by the rule in
 in a bounded queue, fair across API keys, and is granted a lease as soon as a release, a
 first byte or a scrape makes room, or gets ``Saturated`` after the queue timeout.
 
+While a model is in a rollout's canary step (``GatewaySnapshot.canaries``), its replicas are
+two sides: those of the canary revision and the others. Each request draws once from the
+random source: below the canary's share it goes to the canary side, otherwise to the
+others, and the replica within that side is chosen by the same rule as without a canary.
+When the drawn side has no replica that can take the request now (none is routable, or
+every one is saturated), the other side takes it; only when neither can does it wait. The
+sides are split when a snapshot is taken: a request costs one look-up more, and one draw
+in a canary step. Every gateway splits by the same rule on its own.
+
 A reservation ends at the first byte of the answer, or earlier once a scrape that started
 at least one full scrape after the request was sent has answered: by then the engine
 counts the request itself (as waiting or running), and counting it twice would keep a
@@ -21,8 +30,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import aiohttp
 
@@ -99,6 +109,20 @@ class _Waiter:
         self.enqueued_at = 0.0
 
 
+class _Split:
+    """A model's replicas in a canary step: ``canary`` (those of the canary revision) take
+    ``share`` of its requests, ``stable`` (the others) the rest."""
+
+    __slots__ = ("canary", "share", "stable")
+
+    def __init__(
+        self, share: float, canary: list[ReplicaState], stable: list[ReplicaState]
+    ) -> None:
+        self.share = share
+        self.canary = canary
+        self.stable = stable
+
+
 class Router:
     def __init__(
         self,
@@ -108,16 +132,21 @@ class Router:
         scrape_interval_s: float = 0.25,
         scrape_timeout_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        draw: Callable[[], float] = random.random,
     ) -> None:
+        """``draw`` gives a number in [0, 1) for each request of a model in a canary step
+        (a seeded ``random.Random(n).random`` in tests)."""
         self._queue_timeout_s = queue_timeout_s
         self._queue_limit = queue_limit
         self._scrapers = ScraperTasks(interval_s=scrape_interval_s, timeout_s=scrape_timeout_s)
         self._clock = clock
+        self._draw = draw
         self._stale_after_s = STALE_AFTER_INTERVALS * scrape_interval_s
         self.retry_after_s = float(max(1, math.ceil(4 * scrape_interval_s)))
         """What ``Saturated`` tells clients: a few scrapes' time, at least a second."""
         self._replicas: dict[str, ReplicaState] = {}
         self._by_model: dict[str, list[ReplicaState]] = {}
+        self._splits: dict[str, _Split] = {}
         self._retired: dict[str, ReplicaState] = {}
         self._queues: dict[str, FairQueue[_Waiter]] = {}
         self._queued = 0
@@ -152,6 +181,7 @@ class Router:
             self._by_model.setdefault(state.route.model, []).append(state)
             if self._session is not None and state.route.replica_id not in self._scrapers:
                 self._start_scraper(state, self._session)
+        self._splits = _splits(snapshot, self._by_model)
         for model in list(self._queues):
             self._fail_unroutable(model)
             self._dispatch(model)
@@ -189,10 +219,23 @@ class Router:
         return any(s.route.replica_id not in exclude for s in self._by_model.get(model, ()))
 
     def _choose(self, model: str, exclude: frozenset[str]) -> ReplicaState | None:
-        replicas = self._by_model.get(model, ())
+        now = self._clock()
+        split = self._splits.get(model)
+        if split is None:
+            return self._choose_among(self._by_model.get(model, ()), exclude, now)
+        if self._draw() < split.share:
+            drawn, other = split.canary, split.stable
+        else:
+            drawn, other = split.stable, split.canary
+        chosen = self._choose_among(drawn, exclude, now)
+        return chosen if chosen is not None else self._choose_among(other, exclude, now)
+
+    def _choose_among(
+        self, replicas: Sequence[ReplicaState], exclude: frozenset[str], now: float
+    ) -> ReplicaState | None:
         if exclude:
             replicas = [s for s in replicas if s.route.replica_id not in exclude]
-        return choose(replicas, now=self._clock(), stale_after_s=self._stale_after_s)
+        return choose(replicas, now=now, stale_after_s=self._stale_after_s)
 
     def _dispatch(self, model: str) -> None:
         """Grant leases to waiters of ``model``, in fair order, while replicas have room."""
@@ -324,3 +367,18 @@ class Router:
     def queued(self) -> dict[str, int]:
         """Requests waiting for a replica, per model."""
         return {model: len(queue) for model, queue in self._queues.items()}
+
+
+def _splits(
+    snapshot: GatewaySnapshot, by_model: dict[str, list[ReplicaState]]
+) -> dict[str, _Split]:
+    """The canary split of each model in a canary step whose replicas are on both sides: with
+    one side empty every request ends on the other anyway, as without a split."""
+    splits: dict[str, _Split] = {}
+    for model, canary in snapshot.canaries.items():
+        replicas = by_model.get(model, [])
+        on_canary = [s for s in replicas if s.route.revision == canary.revision]
+        others = [s for s in replicas if s.route.revision != canary.revision]
+        if on_canary and others:
+            splits[model] = _Split(canary.share, on_canary, others)
+    return splits

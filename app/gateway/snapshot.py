@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from time import monotonic
 
 import asyncpg
 
-from app.gateway.table import GatewaySnapshot, KeyRecord, Route
-from app.store.routing_rows import KeyRow, RouteRow, read_routing_rows
+from app.gateway.table import Canary, GatewaySnapshot, KeyRecord, Route
+from app.store.routing_rows import CanaryRow, KeyRow, RouteRow, read_routing_rows
 
 
 async def read_snapshot(db: asyncpg.Connection, *, within_s: float) -> GatewaySnapshot:
     rows = await read_routing_rows(db, within_s=within_s)
-    return build_snapshot(rows.position, rows.declared, rows.routes, rows.keys, monotonic())
+    return build_snapshot(
+        rows.position, rows.declared, rows.routes, rows.keys, monotonic(), canaries=rows.canaries
+    )
 
 
 def engine_url(address: str, port: int) -> str:
@@ -22,7 +26,13 @@ def engine_url(address: str, port: int) -> str:
 
 
 def build_snapshot(
-    position: int, declared: list[str], routes: list[RouteRow], keys: list[KeyRow], at: float
+    position: int,
+    declared: list[str],
+    routes: list[RouteRow],
+    keys: list[KeyRow],
+    at: float,
+    *,
+    canaries: Sequence[CanaryRow] = (),
 ) -> GatewaySnapshot:
     by_model: dict[str, list[Route]] = {}
     for row in sorted(routes, key=lambda r: r.replica_id):
@@ -36,11 +46,18 @@ def build_snapshot(
                 kv_ceiling=row.kv_ceiling,
                 draining=row.draining,
                 agent_address=row.agent_address,
+                revision=row.revision,
             )
         )
+    names = frozenset(declared)
     return GatewaySnapshot(
-        declared=frozenset(declared),
+        declared=names,
         routes={model: tuple(replicas) for model, replicas in by_model.items()},
+        canaries={
+            c.model: Canary(revision=c.revision, share=c.traffic)
+            for c in canaries
+            if c.model in names and is_share(c.traffic)
+        },
         keys={
             k.prefix: KeyRecord(
                 key_id=k.id,
@@ -56,3 +73,9 @@ def build_snapshot(
         position=position,
         loaded_at=at,
     )
+
+
+def is_share(traffic: float) -> bool:
+    """A canary's share of requests is above 0 and at most 1 (the domain allows no other); a
+    row with any other is taken for no canary, so the model's routing stays as without one."""
+    return math.isfinite(traffic) and 0.0 < traffic <= 1.0

@@ -2,7 +2,7 @@
 
 ``PostgresSnapshotSource`` holds one connection to the database. On it, it
 
-- reads the snapshot (``app.gateway.snapshot``: declared models, the
+- reads the snapshot (``app.gateway.snapshot``: declared models and their canaries, the
   ``routing_table`` view, live API keys and the projection's position) in one statement,
   so it sees one consistent state;
 - LISTENs on the log's channel: an append wakes it, and after ``debounce_s`` (one read for
@@ -64,7 +64,12 @@ def default_gateway_id() -> str:
 
 
 def _same_content(a: GatewaySnapshot, b: GatewaySnapshot) -> bool:
-    return a.declared == b.declared and a.routes == b.routes and a.keys == b.keys
+    return (
+        a.declared == b.declared
+        and a.routes == b.routes
+        and a.canaries == b.canaries
+        and a.keys == b.keys
+    )
 
 
 class PostgresSnapshotSource:
@@ -119,7 +124,8 @@ class PostgresSnapshotSource:
         return self._up
 
     def subscribe(self, callback: SnapshotListener) -> None:
-        """Call ``callback`` with every snapshot whose routes, keys or models changed."""
+        """Call ``callback`` with every snapshot whose routes, canaries, keys or models
+        changed."""
         self._listeners.append(callback)
 
     def stale_reason(self) -> str:

@@ -1,9 +1,9 @@
 """What a gateway knows about the cluster: the routing table and the key set.
 
-Both are loaded from the projection (``routing_table`` view, ``api_keys`` table) as one
-``GatewaySnapshot``, replaced whole on every refresh, so a request always sees one
-consistent table. A gateway keeps serving from its last snapshot while the database is
-away; ``loaded_at`` and ``position`` say how old that snapshot is.
+Both are loaded from the projection (``routing_table`` view, ``models`` and ``api_keys``
+tables) as one ``GatewaySnapshot``, replaced whole on every refresh, so a request always
+sees one consistent table. A gateway keeps serving from its last snapshot while the
+database is away; ``loaded_at`` and ``position`` say how old that snapshot is.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import msgspec
+
+from app.domain.revisions import FIRST_REVISION
 
 DEFAULT_TARGET_WAITING = 5
 DEFAULT_KV_CEILING = 0.8
@@ -32,6 +34,16 @@ class Route(msgspec.Struct, frozen=True, kw_only=True):
     """Where the node's agent connected from (``host:port``, as the hub recorded it): the
     one address the gateway contacts the node's engines at when no engine networks are
     configured (``app.gateway.egress``)."""
+    revision: int = FIRST_REVISION
+    """The revision of its model the replica was placed with (and runs)."""
+
+
+class Canary(msgspec.Struct, frozen=True, kw_only=True):
+    """A model in a rollout's canary step: ``share`` (0 to 1] of its requests go to its
+    replicas of ``revision``, the rest to its other replicas (``app.gateway.router``)."""
+
+    revision: int
+    share: float
 
 
 class KeyRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,6 +68,8 @@ class GatewaySnapshot(msgspec.Struct, frozen=True, kw_only=True):
     503 (try again), an undeclared one 404."""
     routes: dict[str, tuple[Route, ...]] = {}
     """Serving replicas by model name."""
+    canaries: dict[str, Canary] = {}
+    """The canary split of each declared model in a rollout's canary step, by name."""
     keys: dict[str, KeyRecord] = {}
     """Live (not revoked) keys by public prefix."""
     position: int = 0

@@ -55,6 +55,7 @@ class RowChanges(msgspec.Struct):
 
 def model_row(model: Model) -> Row:
     spec = model.spec
+    canary = model.canary
     return {
         "name": model.name,
         "engine": spec.engine,
@@ -75,6 +76,9 @@ def model_row(model: Model) -> Row:
         "failures": model.failures,
         "backoff_until": model.backoff_until,
         "revision": model.revision,
+        # While a canary step runs: its revision and the share of requests it gets.
+        "canary_revision": canary[0] if canary else None,
+        "canary_traffic": float(canary[1]) if canary else None,
     }
 
 

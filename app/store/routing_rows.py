@@ -1,11 +1,12 @@
 """What a gateway routes by, read from the projection in one statement.
 
-Declared models (removed ones are not: they answer 404 like any unknown model), the
-``routing_table`` view with the address each route's node connected from (the gateway's
-egress check allows that address by default), live (not revoked) API keys and the
-projection's position. One statement sees one snapshot of the database, as a REPEATABLE
-READ transaction of several would, in one round trip instead of six. The gateway turns
-these rows into its routing table (``app.gateway.snapshot``).
+Declared models (removed ones are not: they answer 404 like any unknown model) with the
+canary split of those in a rollout's canary step, the ``routing_table`` view with each
+route's revision and the address its node connected from (the gateway's egress check
+allows that address by default), live (not revoked) API keys and the projection's
+position. One statement sees one snapshot of the database, as a REPEATABLE READ
+transaction of several would, in one round trip instead of six. The gateway turns these
+rows into its routing table (``app.gateway.snapshot``).
 """
 
 from __future__ import annotations
@@ -13,15 +14,22 @@ from __future__ import annotations
 import asyncpg
 import msgspec
 
+from app.domain.revisions import FIRST_REVISION
 from app.store.postgres import CHECKPOINT
 
 _READ_ROWS = """
 SELECT
   (SELECT position FROM projection_checkpoints WHERE name = $1) AS position,
   (SELECT coalesce(json_agg(name), '[]') FROM models WHERE NOT removed) AS declared,
+  (SELECT coalesce(json_agg(c), '[]') FROM (
+     SELECT name AS model, canary_revision AS revision, canary_traffic AS traffic
+     FROM models
+     WHERE NOT removed AND canary_revision IS NOT NULL AND canary_traffic IS NOT NULL) c)
+    AS canaries,
   (SELECT coalesce(json_agg(r), '[]') FROM (
      SELECT t.replica_id, t.model, t.address, t.port, t.weight, t.target_waiting,
-            t.kv_ceiling, t.draining, coalesce(n.remote_address, '') AS agent_address
+            t.kv_ceiling, t.draining, t.revision,
+            coalesce(n.remote_address, '') AS agent_address
      FROM routing_table t LEFT JOIN nodes n ON n.id = t.node_id) r) AS routes,
   (SELECT coalesce(json_agg(k), '[]') FROM (
      SELECT id, name, prefix, secret_hash, models, rpm, tpm
@@ -39,6 +47,16 @@ class RouteRow(msgspec.Struct, frozen=True):
     kv_ceiling: float
     draining: bool
     agent_address: str = ""
+    revision: int = FIRST_REVISION
+
+
+class CanaryRow(msgspec.Struct, frozen=True):
+    """A declared model in a rollout's canary step: ``traffic`` (0 to 1] of its requests
+    go to its replicas of ``revision``."""
+
+    model: str
+    revision: int
+    traffic: float
 
 
 class KeyRow(msgspec.Struct, frozen=True):
@@ -55,11 +73,13 @@ class RoutingRows(msgspec.Struct, frozen=True):
     position: int
     """The log position the projection was at."""
     declared: list[str]
+    canaries: list[CanaryRow]
     routes: list[RouteRow]
     keys: list[KeyRow]
 
 
 _declared_decoder = msgspec.json.Decoder(list[str])
+_canaries_decoder = msgspec.json.Decoder(list[CanaryRow])
 _routes_decoder = msgspec.json.Decoder(list[RouteRow])
 _keys_decoder = msgspec.json.Decoder(list[KeyRow])
 
@@ -70,6 +90,7 @@ async def read_routing_rows(db: asyncpg.Connection, *, within_s: float) -> Routi
     return RoutingRows(
         position=int(row["position"] or 0),
         declared=_declared_decoder.decode(row["declared"]),
+        canaries=_canaries_decoder.decode(row["canaries"]),
         routes=_routes_decoder.decode(row["routes"]),
         keys=_keys_decoder.decode(row["keys"]),
     )

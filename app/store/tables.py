@@ -94,6 +94,8 @@ models = Table(
     Column("failures", Integer, nullable=False, server_default="0"),
     Column("backoff_until", DateTime(timezone=True)),
     Column("revision", Integer, nullable=False, server_default="1"),
+    Column("canary_revision", Integer),
+    Column("canary_traffic", Float),
 )
 
 nodes = Table(

@@ -237,12 +237,12 @@ def expected_answers(story: SeededHistory) -> dict[str, Answer]:
             [(True, True)] * sum(len(positions) for positions in story.positions.values()),
         ),
         "routable-now": Answer(
-            ("replica_id", "model", "node_id", "address", "port", "weight", "draining"),
+            ("replica_id", "model", "node_id", "address", "port", "weight", "draining", "revision"),
             [
-                ("llama-3-8b-1", "llama-3-8b", "gpu-07", "127.0.3.7", 20000, 1.0, False),
-                ("llama-3-8b-3", "llama-3-8b", "gpu-07", "127.0.3.7", 20003, 1.0, False),
-                ("qwen-2-7b-1", "qwen-2-7b", "gpu-07", "127.0.3.7", 20001, 1.0, False),
-                ("qwen-2-7b-3", "qwen-2-7b", "gpu-07", "127.0.3.7", 20002, 1.0, False),
+                ("llama-3-8b-1", "llama-3-8b", "gpu-07", "127.0.3.7", 20000, 1.0, False, 1),
+                ("llama-3-8b-3", "llama-3-8b", "gpu-07", "127.0.3.7", 20003, 1.0, False, 1),
+                ("qwen-2-7b-1", "qwen-2-7b", "gpu-07", "127.0.3.7", 20001, 1.0, False, 1),
+                ("qwen-2-7b-3", "qwen-2-7b", "gpu-07", "127.0.3.7", 20002, 1.0, False, 1),
             ],
         ),
     }

@@ -26,6 +26,7 @@ from app.domain.events import (
     replica_stream,
 )
 from app.domain.model_spec import ModelSpec
+from app.domain.revisions import FIRST_REVISION
 from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
 
@@ -60,14 +61,26 @@ async def connect_node(
 
 
 async def serve_replica(
-    store: PostgresEventStore, model: str, number: int, node_id: str, port: int
+    store: PostgresEventStore,
+    model: str,
+    number: int,
+    node_id: str,
+    port: int,
+    *,
+    revision: int = FIRST_REVISION,
 ) -> str:
-    """Record replica ``<model>-<number>`` serving on ``node_id`` at ``port``; its id."""
+    """Record replica ``<model>-<number>`` of ``revision`` serving on ``node_id`` at
+    ``port``; its id."""
     replica_id = f"{model}-{number}"
     stream = replica_stream(replica_id)
     placement = ShardPlacement(index=0, node_id=node_id, gpus=(number,), port=port)
     placed = ReplicaPlaced(
-        replica_id=replica_id, model=model, number=number, shards=(placement,), reason="test"
+        replica_id=replica_id,
+        model=model,
+        number=number,
+        shards=(placement,),
+        reason="test",
+        revision=revision,
     )
     await _append(store, stream, RECONCILER, placed)
     agent = Meta(actor=f"agent:{node_id}")

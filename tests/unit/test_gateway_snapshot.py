@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
+
 from app.gateway.snapshot import build_snapshot, engine_url
-from app.store.routing_rows import KeyRow, RouteRow
+from app.gateway.table import Canary
+from app.store.routing_rows import CanaryRow, KeyRow, RouteRow
 
 
-def route(replica_id: str, model: str, address: str = "127.0.0.7", port: int = 20001) -> RouteRow:
+def route(
+    replica_id: str, model: str, address: str = "127.0.0.7", port: int = 20001, revision: int = 1
+) -> RouteRow:
     return RouteRow(
         replica_id=replica_id,
         model=model,
@@ -16,6 +21,7 @@ def route(replica_id: str, model: str, address: str = "127.0.0.7", port: int = 2
         target_waiting=3,
         kv_ceiling=0.7,
         draining=replica_id.endswith("-2"),
+        revision=revision,
     )
 
 
@@ -56,3 +62,45 @@ def test_routes_are_grouped_by_model_in_replica_order_and_keys_by_prefix() -> No
     assert not snapshot.keys["0a1b2c3d"].allows("qwen")
     assert snapshot.keys["99887766"].allows("qwen")  # an empty scope is every model
     assert (snapshot.position, snapshot.loaded_at) == (42, 7.5)
+
+
+def test_each_route_carries_its_revision_and_each_declared_model_its_canary() -> None:
+    snapshot = build_snapshot(
+        7,
+        ["llama", "qwen"],
+        [route("llama-1", "llama"), route("llama-3", "llama", revision=2), route("qwen-1", "qwen")],
+        [],
+        at=1.0,
+        canaries=[
+            CanaryRow(model="llama", revision=2, traffic=0.1),
+            CanaryRow(model="removed", revision=3, traffic=0.5),
+        ],
+    )
+
+    assert [(r.replica_id, r.revision) for r in snapshot.routes["llama"]] == [
+        ("llama-1", 1),
+        ("llama-3", 2),
+    ]
+    assert snapshot.canaries == {"llama": Canary(revision=2, share=0.1)}
+
+
+@pytest.mark.parametrize("traffic", [0.0, -0.5, 1.5, float("nan"), float("inf")])
+def test_a_canary_row_without_a_share_between_0_and_1_is_no_canary(traffic: float) -> None:
+    snapshot = build_snapshot(
+        7,
+        ["llama"],
+        [route("llama-1", "llama"), route("llama-3", "llama", revision=2)],
+        [],
+        at=1.0,
+        canaries=[CanaryRow(model="llama", revision=2, traffic=traffic)],
+    )
+
+    assert snapshot.canaries == {}
+
+
+def test_a_share_of_exactly_1_is_a_canary() -> None:
+    snapshot = build_snapshot(
+        7, ["llama"], [], [], at=1.0, canaries=[CanaryRow(model="llama", revision=2, traffic=1)]
+    )
+
+    assert snapshot.canaries == {"llama": Canary(revision=2, share=1.0)}
