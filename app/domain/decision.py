@@ -16,6 +16,7 @@ from app.domain.evolve import evolve
 from app.domain.state import ClusterState
 
 RECONCILER = "reconciler"
+AUTOSCALER = "autoscaler"
 
 
 class PlannedEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -23,6 +24,7 @@ class PlannedEvent(msgspec.Struct, frozen=True, kw_only=True):
     event: AnyEvent
     expected_version: int | None = None
     correlation_id: str | None = None
+    actor: str = RECONCILER
 
 
 class Command(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,6 +54,7 @@ class Draft:
         *,
         expected_version: int | None = None,
         correlation_id: str | None = None,
+        actor: str = RECONCILER,
     ) -> None:
         self._events.append(
             PlannedEvent(
@@ -59,6 +62,7 @@ class Draft:
                 event=event,
                 expected_version=expected_version,
                 correlation_id=correlation_id,
+                actor=actor,
             )
         )
         position = self.state.position
@@ -70,7 +74,7 @@ class Draft:
                 version=0,
                 event_id=uuid.UUID(int=0),
                 recorded_at=self.now,
-                meta=Meta(actor=RECONCILER, correlation_id=correlation_id, epoch=self.epoch),
+                meta=Meta(actor=actor, correlation_id=correlation_id, epoch=self.epoch),
                 event=event,
             ),
         )

@@ -114,8 +114,10 @@ def _what(event: AnyEvent) -> str:
             )
         case ModelDeclared():
             return f"revision {event.revision}: {describe_changes(event.changes)}"
-        case ModelScaled():
+        case ModelScaled(reason=""):
             return f"scaled from {event.previous} to {event.replicas} replica(s)"
+        case ModelScaled():
+            return f"scaled from {event.previous} to {event.replicas} replica(s): {event.reason}"
         case ModelRemoved():
             return "removed: every replica drains"
         case ModelTuned():

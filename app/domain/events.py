@@ -68,10 +68,29 @@ class ModelDeclared(Event, frozen=True, kw_only=True):
     changes: tuple[SpecChange, ...] = ()
 
 
+class ScaleInputs(msgspec.Struct, frozen=True, kw_only=True):
+    """What the autoscaler saw when it changed a model's replica count: the demand (requests
+    in flight on the model's replicas plus those held queued for it, over every gateway
+    that reported), the load one replica should carry and where that came from, and the
+    window figures that decided."""
+
+    demand: float
+    per_replica: float
+    per_replica_from: str
+    up_window_mean: float | None = None
+    down_window_max: float | None = None
+    samples: int = 0
+
+
 class ModelScaled(Event, frozen=True, kw_only=True):
+    """``reason`` and ``inputs``: why the autoscaler chose this count (absent when an
+    operator scaled)."""
+
     model: str
     replicas: int
     previous: int
+    reason: str = ""
+    inputs: ScaleInputs | None = None
 
 
 class ModelRemoved(Event, frozen=True, kw_only=True):

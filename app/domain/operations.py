@@ -48,7 +48,13 @@ from app.domain.events import (
     subjects,
 )
 from app.domain.evolve import replay
-from app.domain.model_spec import ModelSpec, RoutingSettings, SpecError, validate_spec
+from app.domain.model_spec import (
+    AutoscalePolicy,
+    ModelSpec,
+    RoutingSettings,
+    SpecError,
+    validate_spec,
+)
 from app.domain.placement import Explanation, explain_placement
 from app.domain.revisions import FIRST_REVISION, next_revision, rollout_id_for, spec_changes
 from app.domain.state import (
@@ -149,6 +155,9 @@ def apply_model(state: ClusterState, spec: ModelSpec) -> Change:
         return Change(stream=model_stream(spec.name), events=(declared,))
     if not known.removed and spec.routing == RoutingSettings():
         spec = replace(spec, routing=known.spec.routing)
+    if not known.removed and spec.autoscale is not None and known.spec.autoscale is not None:
+        # The autoscaler owns the count: re-applying the file must not reset it.
+        spec = replace(spec, replicas=known.spec.replicas)
     if not known.removed and known.spec == spec:
         return Change(stream=model_stream(spec.name))
     changes = spec_changes(known.spec, spec)
@@ -169,6 +178,13 @@ def apply_model(state: ClusterState, spec: ModelSpec) -> Change:
 
 def scale(state: ClusterState, name: str, replicas: int) -> Change:
     model = declared_model(state, name)
+    policy = model.spec.autoscale
+    if policy is not None:
+        raise InvalidOperation(
+            f"model {name} is autoscaled between {policy.min_replicas} and "
+            f"{policy.max_replicas} replicas; change the bounds (llmgw-cli autoscale {name} "
+            "--min N --max N) or turn autoscaling off (--off) first"
+        )
     errors = [
         e for e in validate_spec(replace(model.spec, replicas=replicas)) if e.field == "replicas"
     ]
@@ -178,6 +194,21 @@ def scale(state: ClusterState, name: str, replicas: int) -> Change:
         return Change(stream=model_stream(name))
     scaled = ModelScaled(model=name, replicas=replicas, previous=model.spec.replicas)
     return Change(stream=model_stream(name), events=(scaled,))
+
+
+def set_autoscale(state: ClusterState, name: str, policy: AutoscalePolicy | None) -> Change:
+    """Turn autoscaling on with ``policy`` (or change it), or off with None: the count stays
+    what it is until the autoscaler changes it (or an operator does, once it is off). Not
+    a revision: it changes no engine."""
+    model = declared_model(state, name)
+    spec = replace(model.spec, autoscale=policy)
+    errors = validate_spec(spec)
+    if errors:
+        raise InvalidSpec(name, errors)
+    if spec == model.spec:
+        return Change(stream=model_stream(name))
+    declared = ModelDeclared(model=name, spec=spec, revision=model.revision)
+    return Change(stream=model_stream(name), events=(declared,))
 
 
 def remove(state: ClusterState, name: str) -> Change:

@@ -29,12 +29,14 @@ from datetime import datetime, timedelta
 
 import msgspec
 
+from app.domain import autoscale
 from app.domain.adoption import adopt_reported
 from app.domain.allocation import Allocations
 from app.domain.commands import StartShard, StopShard, start_command, stop_command
-from app.domain.decision import Decision, Draft
+from app.domain.decision import AUTOSCALER, Decision, Draft
 from app.domain.drain import drain_moves
 from app.domain.events import (
+    ModelScaled,
     ModelUnplaceable,
     NodeDisconnected,
     NodeLost,
@@ -111,11 +113,33 @@ def decide(state: ClusterState, fleet: FleetView, now: datetime, settings: Setti
     _shard_outcomes(draft)
     _stopping_done(draft, fleet)
     if not grace:
+        _autoscale(draft, fleet)
         rollout_moves(draft, fleet.traffic)
     drain_moves(draft, settings.stability_window_s, settings.replica_drain_grace_s)
     _scale(draft, placing=not grace)
     _commands(draft, fleet, settings)
     return draft.decision()
+
+
+def _autoscale(draft: Draft, fleet: FleetView) -> None:
+    for name in sorted(fleet.demand):
+        model = draft.state.models.get(name)
+        if model is None:
+            continue
+        decision = autoscale.decide(model, fleet.demand[name], draft.now)
+        if decision is None:
+            continue
+        draft.emit(
+            model_stream(name),
+            ModelScaled(
+                model=name,
+                replicas=decision.replicas,
+                previous=model.spec.replicas,
+                reason=decision.reason,
+                inputs=decision.inputs,
+            ),
+            actor=AUTOSCALER,
+        )
 
 
 def _nodes_gone(draft: Draft, fleet: FleetView, settings: Settings) -> None:

@@ -27,6 +27,7 @@ from typing import Literal
 
 import msgspec
 
+from app.domain.autoscale import DemandSample
 from app.domain.events import GpuInfo
 from app.domain.state import ShardPhase
 from app.domain.traffic import TrafficFigures
@@ -199,6 +200,9 @@ class FleetView(msgspec.Struct, frozen=True, kw_only=True):
     a replica no gateway reports has none."""
     hellos: int = 0
     """Hellos observed so far: the source of greeting numbers."""
+    demand: dict[str, tuple[DemandSample, ...]] = {}
+    """Each autoscaled model's demand, sampled every pass over its longest window
+    (``app.domain.autoscale.observe``)."""
     traffic: dict[str, TrafficFigures] = {}
     """What the gateways measured of the replica groups this pass's rollout verdicts need
     (``app.domain.rollout.traffic_wanted``), merged over the gateways that reported."""

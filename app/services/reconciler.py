@@ -38,9 +38,10 @@ import msgspec
 import structlog
 
 from app.clock import utc_now
+from app.domain import autoscale
 from app.domain import commands as domain
 from app.domain.commands import CommandNotSent, NodeNotConnected
-from app.domain.decision import RECONCILER, Command, Decision, PlannedEvent
+from app.domain.decision import Command, Decision, PlannedEvent
 from app.domain.envelope import Meta
 from app.domain.events import event_type
 from app.domain.reconcile import Settings, decide
@@ -121,6 +122,9 @@ class Reconciler:
         self._in_flight = in_flight
         self._wake = asyncio.Event()
         self._sent: dict[str, _SentSinceHello] = {}
+        self._demand: dict[str, tuple[autoscale.DemandSample, ...]] = {}
+        """Autoscaled models' demand, sampled every pass: this leader's own memory (a
+        leader that starts watches a whole window before it scales anything down)."""
         self.passes: deque[PassReport] = deque(maxlen=PASSES_KEPT)
         """The last passes, newest last."""
         self.pass_count = 0
@@ -175,8 +179,13 @@ class Reconciler:
             async with self._tracker.quiet():
                 state = await self._store.catch_up()
                 at = self._clock()
+                demand = autoscale.demand_by_model(state, in_flight, {})
+                self._demand = autoscale.observe(self._demand, demand, state.models, at)
                 fleet = msgspec.structs.replace(
-                    self._tracker.snapshot(), in_flight=in_flight, traffic=traffic
+                    self._tracker.snapshot(),
+                    in_flight=in_flight,
+                    traffic=traffic,
+                    demand=self._demand,
                 )
                 decision = decide(state, fleet, at, self.settings)
             await self._append(decision.events)
@@ -215,11 +224,11 @@ class Reconciler:
         return report
 
     async def _append(self, events: Sequence[PlannedEvent]) -> None:
-        for correlation_id, run in _runs_by_correlation(events):
+        for (correlation_id, actor), run in _runs_by_meta(events):
             requests = [
                 AppendRequest(p.stream, p.expected_version, [NewEvent(p.event)]) for p in run
             ]
-            meta = Meta(actor=RECONCILER, correlation_id=correlation_id, epoch=self.settings.epoch)
+            meta = Meta(actor=actor, correlation_id=correlation_id, epoch=self.settings.epoch)
             await self._store.append_many(requests, meta)
 
     async def _send(self, commands: Sequence[Command]) -> int:
@@ -251,8 +260,9 @@ class Reconciler:
         return sent
 
 
-def _runs_by_correlation(
+def _runs_by_meta(
     events: Sequence[PlannedEvent],
-) -> Iterator[tuple[str | None, list[PlannedEvent]]]:
-    for correlation_id, run in itertools.groupby(events, key=lambda p: p.correlation_id):
-        yield correlation_id, list(run)
+) -> Iterator[tuple[tuple[str | None, str], list[PlannedEvent]]]:
+    """Consecutive events with the same correlation id and actor: one append each."""
+    for meta, run in itertools.groupby(events, key=lambda p: (p.correlation_id, p.actor)):
+        yield meta, list(run)

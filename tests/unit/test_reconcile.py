@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 
+from app.domain.autoscale import DemandSample
 from app.domain.decision import Decision
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import (
@@ -67,6 +68,8 @@ class Cluster:
         """What gateways report in flight, by replica."""
         self.traffic: dict[str, TrafficFigures] = {}
         """What gateways measured, by the groups rollout verdicts ask for."""
+        self.demand: dict[str, tuple[DemandSample, ...]] = {}
+        """Autoscaled models' demand samples."""
 
     def given(
         self, *events: AnyEvent, epoch: int | None = EPOCH, at: datetime | None = None
@@ -144,7 +147,10 @@ class Cluster:
 
     def reconcile(self, **overrides: float) -> Decision:
         fleet = FleetView(
-            reports=dict(self.reports), in_flight=dict(self.in_flight), traffic=dict(self.traffic)
+            reports=dict(self.reports),
+            in_flight=dict(self.in_flight),
+            traffic=dict(self.traffic),
+            demand=dict(self.demand),
         )
         decision = decide(self.state, fleet, self.now, self.settings(**overrides))
         for planned in decision.events:

@@ -1,0 +1,177 @@
+"""Autoscaling: a model's replica count follows its demand. A pure decision, no I/O.
+
+Demand is what the gateways report: the requests they have in flight on the model's
+replicas plus those they hold queued for it (a request held for a model starting from
+zero is among them), summed over every gateway whose report is fresh. An engine's own
+queue is inside that figure: a request the engine holds waiting is in flight for the
+gateway that sent it. The reconciler samples it every pass (``observe``) and keeps the
+samples of the longest window a policy needs; a control plane that starts has none, so
+it scales up at once when demand says so but down only once it has watched a whole window.
+
+``decide`` compares the demand with what one replica should carry (``AutoscalePolicy``):
+
+- **up** as soon as the demand averaged over ``up_window_s`` needs more replicas than the
+  model has (a burst shorter than that window moves the average only by its share);
+- **down** only when the *highest* demand over ``down_window_s`` needs fewer: a signal that
+  swings across a threshold keeps the count where its peaks need it, so it does not flap;
+- by at most ``max_step`` replicas a decision, never outside ``[min, max]``;
+- **to zero** (``min`` 0) only after ``idle_to_zero_s`` without any demand, and back to one
+  as soon as a request is held for it.
+
+Each change is a ``ModelScaled`` with the figures that decided it; the replicas it removes
+go as a scale-down always goes: out of routing, then stopped once the gateways report them
+idle (``app.domain.reconcile``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+
+import msgspec
+
+from app.domain.events import ScaleInputs
+from app.domain.model_spec import AutoscalePolicy
+from app.domain.state import ClusterState, Model
+
+COVERED_SLACK_S = 2.0
+"""A window counts as watched when its first sample is at most this late (a pass or two)."""
+
+
+class DemandSample(msgspec.Struct, frozen=True, array_like=True):
+    at: datetime
+    demand: float
+
+
+class ScaleDecision(msgspec.Struct, frozen=True, kw_only=True):
+    replicas: int
+    reason: str
+    inputs: ScaleInputs
+
+
+def longest_window_s(policy: AutoscalePolicy) -> float:
+    """How far back ``decide`` looks for ``policy``."""
+    return max(policy.up_window_s, policy.down_window_s, policy.idle_to_zero_s)
+
+
+def observe(
+    history: Mapping[str, tuple[DemandSample, ...]],
+    demand: Mapping[str, float],
+    models: Mapping[str, Model],
+    now: datetime,
+) -> dict[str, tuple[DemandSample, ...]]:
+    """The samples after this pass: each autoscaled model's demand now (0 when no gateway
+    reports any), older samples kept for its longest window."""
+    kept: dict[str, tuple[DemandSample, ...]] = {}
+    for name, model in models.items():
+        policy = model.spec.autoscale
+        if policy is None or model.removed:
+            continue
+        since = now - timedelta(seconds=longest_window_s(policy) + COVERED_SLACK_S)
+        earlier = tuple(s for s in history.get(name, ()) if s.at >= since)
+        kept[name] = (*earlier, DemandSample(now, float(demand.get(name, 0.0))))
+    return kept
+
+
+def demand_by_model(
+    state: ClusterState, in_flight: Mapping[str, int], queued: Mapping[str, int]
+) -> dict[str, float]:
+    """Requests in flight on each model's replicas plus those held queued for it."""
+    demand: dict[str, float] = {name: float(count) for name, count in queued.items()}
+    for replica_id, count in in_flight.items():
+        replica = state.replicas.get(replica_id)
+        if replica is not None:
+            demand[replica.model] = demand.get(replica.model, 0.0) + count
+    return demand
+
+
+def per_replica_load(model: Model, policy: AutoscalePolicy) -> tuple[float, str]:
+    """What one replica should carry, and where that figure comes from."""
+    benched = _benched_capacity(model)
+    if policy.capacity is not None and benched is not None:
+        return benched * policy.capacity, (
+            f"{policy.capacity:g} of the capacity bench measured ({benched:g} concurrent)"
+        )
+    if policy.capacity is not None:
+        return policy.target, f"target {policy.target:g} (no bench result to take a share of)"
+    return policy.target, f"target {policy.target:g}"
+
+
+def _benched_capacity(model: Model) -> float | None:
+    summary = model.tuned_summary or {}
+    capacity = summary.get("capacity")
+    if isinstance(capacity, int | float) and not isinstance(capacity, bool) and capacity > 0:
+        return float(capacity)
+    return None
+
+
+def decide(model: Model, samples: Sequence[DemandSample], now: datetime) -> ScaleDecision | None:
+    """The count ``model`` should have now, or None to keep the one it has."""
+    policy = model.spec.autoscale
+    if policy is None or model.removed or not samples:
+        return None
+    current = model.spec.replicas
+    per_replica, source = per_replica_load(model, policy)
+    latest = samples[-1].demand
+    up = _within(samples, now, policy.up_window_s)
+    down = _within(samples, now, policy.down_window_s)
+    mean_up = sum(s.demand for s in up) / len(up)
+    max_down = max(s.demand for s in down)
+    inputs = ScaleInputs(
+        demand=latest,
+        per_replica=per_replica,
+        per_replica_from=source,
+        up_window_mean=mean_up,
+        down_window_max=max_down,
+        samples=len(samples),
+    )
+    wanted_up = math.ceil(mean_up / per_replica)
+    wanted_down = math.ceil(max_down / per_replica)
+    desired, reason = current, ""
+    if current == 0 and latest > 0:
+        desired = max(1, min(wanted_up, policy.max_step))
+        reason = f"demand {latest:g} for a model with no replica"
+    elif wanted_up > current:
+        desired = min(wanted_up, current + policy.max_step)
+        reason = (
+            f"demand averaged {mean_up:.1f} over {policy.up_window_s:g}s needs {wanted_up} "
+            f"replica(s) at {per_replica:g} each"
+        )
+    elif wanted_down < current and _watched(samples, now, policy.down_window_s):
+        desired = max(wanted_down, current - policy.max_step)
+        reason = (
+            f"demand at most {max_down:.1f} over {policy.down_window_s:g}s needs "
+            f"{wanted_down} replica(s) at {per_replica:g} each"
+        )
+        if desired == 0 and not _idle(samples, now, policy.idle_to_zero_s):
+            desired = 1
+            reason += f"; one stays until {policy.idle_to_zero_s:g}s without any request"
+        elif desired == 0:
+            reason = f"no demand for {policy.idle_to_zero_s:g}s"
+    bounded = min(max(desired, policy.min_replicas), policy.max_replicas)
+    if bounded != desired:
+        limit = "min" if bounded > desired else "max"
+        reason = f"{reason + '; ' if reason else ''}held to {limit} {bounded}"
+        desired = bounded
+    if desired == current:
+        return None
+    return ScaleDecision(replicas=desired, reason=reason, inputs=inputs)
+
+
+def _within(samples: Sequence[DemandSample], now: datetime, window_s: float) -> list[DemandSample]:
+    since = now - timedelta(seconds=window_s)
+    inside = [s for s in samples if s.at >= since]
+    return inside or [samples[-1]]
+
+
+def _watched(samples: Sequence[DemandSample], now: datetime, window_s: float) -> bool:
+    """Whether the samples cover the whole window (a control plane just started has not)."""
+    start = now - timedelta(seconds=window_s - COVERED_SLACK_S)
+    return samples[0].at <= start
+
+
+def _idle(samples: Sequence[DemandSample], now: datetime, window_s: float) -> bool:
+    return _watched(samples, now, window_s) and all(
+        s.demand == 0 for s in _within(samples, now, window_s)
+    )

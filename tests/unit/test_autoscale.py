@@ -1,0 +1,226 @@
+"""Stories of autoscaling on a fixed clock: demand sampled every pass moves the replica
+count up at once, down only after a window of lower demand, never outside the bounds, to
+zero after an idle spell and back with the first request."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+from msgspec.structs import replace
+
+from app.domain import autoscale
+from app.domain import operations as ops
+from app.domain.autoscale import DemandSample, ScaleDecision
+from app.domain.events import ModelDeclared, ModelScaled, ModelTuned
+from app.domain.model_spec import AutoscalePolicy, ModelSpec, validate_spec
+from app.domain.state import ClusterState, Model
+from tests.unit.test_domain_operations import given
+from tests.unit.test_reconcile import of_type, with_two_nodes_and_a_model
+
+T0 = datetime(2026, 12, 2, 14, 0, 0)
+POLICY = AutoscalePolicy(
+    min_replicas=1,
+    max_replicas=8,
+    target=4.0,
+    up_window_s=10.0,
+    down_window_s=60.0,
+    idle_to_zero_s=120.0,
+    max_step=4,
+)
+
+
+def model(replicas: int, policy: AutoscalePolicy = POLICY, **tuned: object) -> Model:
+    spec = ModelSpec(name="llama", command="sim --port {port}", replicas=replicas, autoscale=policy)
+    events: list[object] = [ModelDeclared(model="llama", spec=spec)]
+    if tuned:
+        events.append(
+            ModelTuned(model="llama", weight=1.0, target_waiting=5, kv_ceiling=0.8, summary=tuned)
+        )
+    return given(*events).models["llama"]  # type: ignore[arg-type]
+
+
+class Demand:
+    """Samples taken every second, as the reconciler's passes would."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.now = T0
+        self.history: dict[str, tuple[DemandSample, ...]] = {}
+
+    def seconds(self, n: int, demand: float) -> ScaleDecision | None:
+        """``n`` passes a second apart at ``demand``; the first decision that changed the
+        count, or None (each is applied to the model as the log would)."""
+        changed = None
+        for _ in range(n):
+            self.now += timedelta(seconds=1)
+            models = {"llama": self.model}
+            self.history = autoscale.observe(self.history, {"llama": demand}, models, self.now)
+            decision = autoscale.decide(self.model, self.history["llama"], self.now)
+            if decision is not None:
+                spec = replace(self.model.spec, replicas=decision.replicas)
+                self.model = replace(self.model, spec=spec)
+                changed = changed or decision
+        return changed
+
+    @property
+    def replicas(self) -> int:
+        return self.model.spec.replicas
+
+
+def test_a_step_of_load_scales_up_within_the_up_window_by_at_most_max_step_a_decision() -> None:
+    demand = Demand(model(1))
+    demand.seconds(70, 2.0)
+    assert demand.replicas == 1
+
+    first = demand.seconds(1, 30.0)
+
+    assert first is not None
+    assert first.replicas == 2  # the average over 10 s is (9 x 2 + 30) / 10 = 4.8
+    demand.seconds(10, 30.0)
+    assert demand.replicas == 8  # 30 / 4 needs 8: capped by max, reached in steps of 4
+
+
+def test_a_burst_shorter_than_the_window_moves_the_average_only_by_its_share() -> None:
+    demand = Demand(model(2))
+    demand.seconds(70, 4.0)
+
+    demand.seconds(1, 12.0)  # one second at 12: the ten-second average is 4.8
+
+    assert demand.replicas == 2
+
+
+def test_the_count_comes_down_only_after_a_whole_window_of_lower_demand() -> None:
+    demand = Demand(model(1))
+    demand.seconds(15, 28.0)
+    assert demand.replicas == 7
+
+    assert demand.seconds(55, 4.0) is None  # the window still holds the peak
+    assert demand.replicas == 7
+    decision = demand.seconds(10, 4.0)
+
+    assert decision is not None
+    assert decision.replicas == 3
+    assert decision.reason == "demand at most 4.0 over 60s needs 1 replica(s) at 4 each"
+    assert decision.inputs.down_window_max == 4.0
+    demand.seconds(10, 4.0)
+    assert demand.replicas == 1
+
+
+def test_a_signal_swinging_across_a_threshold_does_not_flap() -> None:
+    demand = Demand(model(1))
+    counts = []
+    for _ in range(40):
+        demand.seconds(3, 13.0)  # the ten-second average swings between 5.8 and 8.2,
+        demand.seconds(3, 1.0)  # across the 8 that a third replica takes
+        counts.append(demand.replicas)
+
+    # The first seconds alone averaged 13 (4 replicas); the peaks keep the count there,
+    # where an average alone would take it to 2 or 3 and back every few seconds.
+    assert counts == [4] * 40
+
+
+def test_the_count_stays_inside_its_bounds_and_is_brought_back_into_them() -> None:
+    bounded = replace(POLICY, min_replicas=2, max_replicas=3)
+    demand = Demand(model(1, bounded))
+
+    first = demand.seconds(1, 0.0)
+    assert first is not None
+    assert (first.replicas, first.reason) == (2, "held to min 2")
+    demand.seconds(20, 100.0)
+    assert demand.replicas == 3
+
+
+def test_a_model_without_demand_goes_to_zero_after_its_idle_spell_and_back_at_once() -> None:
+    policy = replace(POLICY, min_replicas=0)
+    demand = Demand(model(1, policy))
+
+    demand.seconds(100, 0.0)
+    assert demand.replicas == 1  # down window over, idle spell not yet
+    gone = demand.seconds(30, 0.0)
+    assert gone is not None
+    assert (gone.replicas, gone.reason) == (0, "no demand for 120s")
+
+    back = demand.seconds(1, 1.0)  # one request held by a gateway
+
+    assert back is not None
+    assert (back.replicas, back.reason) == (1, "demand 1 for a model with no replica")
+
+
+def test_a_control_plane_that_just_started_scales_up_but_not_down() -> None:
+    demand = Demand(model(6))
+
+    assert demand.seconds(30, 1.0) is None
+    assert demand.seconds(5, 80.0) is not None  # the ten-second average is 40.5
+    assert demand.replicas == 8
+
+
+def test_the_target_is_a_share_of_the_benched_capacity_when_bench_measured_one() -> None:
+    policy = replace(POLICY, capacity=0.5)
+    benched = model(1, policy, capacity=16, source="llmgw-cli bench")
+
+    load, said = autoscale.per_replica_load(benched, policy)
+    assert (load, said) == (8.0, "0.5 of the capacity bench measured (16 concurrent)")
+    assert autoscale.per_replica_load(model(1, policy), policy) == (
+        4.0,
+        "target 4 (no bench result to take a share of)",
+    )
+    demand = Demand(benched)
+    demand.seconds(12, 20.0)
+    assert demand.replicas == 3  # 20 / 8
+
+
+def test_demand_is_in_flight_on_the_model_s_replicas_plus_what_is_held_queued_for_it() -> None:
+    cluster = with_two_nodes_and_a_model(replicas=2)
+    cluster.reconcile()
+    state: ClusterState = cluster.state
+
+    demand = autoscale.demand_by_model(
+        state, {"llama-1": 3, "llama-2": 2, "gone-9": 7}, {"llama": 1, "other": 4}
+    )
+
+    assert demand == {"llama": 6.0, "other": 4.0}
+
+
+def test_the_reconciler_records_the_autoscaler_s_change_with_its_inputs() -> None:
+    cluster = with_two_nodes_and_a_model(replicas=1, autoscale=POLICY)
+    history = autoscale.observe({}, {"llama": 12.0}, cluster.state.models, cluster.now)
+    cluster.demand = history
+
+    decision = cluster.reconcile()
+
+    [scaled] = of_type(decision, ModelScaled)
+    assert (scaled.previous, scaled.replicas) == (1, 3)
+    assert scaled.inputs is not None
+    assert scaled.inputs.demand == 12.0
+    [planned] = [p for p in decision.events if isinstance(p.event, ModelScaled)]
+    assert planned.actor == "autoscaler"
+    assert len(cluster.state.replicas) == 3  # placed in the same pass
+
+
+def test_an_autoscaled_model_refuses_a_manual_scale_and_keeps_its_count_on_re_apply() -> None:
+    spec = ModelSpec(name="llama", command="sim --port {port}", replicas=1, autoscale=POLICY)
+    state = given(
+        ModelDeclared(model="llama", spec=spec),
+        ModelScaled(model="llama", replicas=5, previous=1, reason="demand"),
+    )
+
+    with pytest.raises(ops.InvalidOperation, match="autoscaled between 1 and 8"):
+        ops.scale(state, "llama", 2)
+    assert ops.apply_model(state, spec).events == ()
+    off = ops.set_autoscale(state, "llama", None)
+    [declared] = off.events
+    assert isinstance(declared, ModelDeclared)
+    assert (declared.spec.autoscale, declared.spec.replicas, declared.revision) == (None, 5, 1)
+
+
+def test_a_policy_out_of_bounds_is_refused_field_by_field() -> None:
+    bad = AutoscalePolicy(min_replicas=5, max_replicas=2, target=0, capacity=1.5, max_step=0)
+    spec = ModelSpec(name="llama", command="sim --port {port}", autoscale=bad)
+
+    assert [e.field for e in validate_spec(spec)] == [
+        "autoscale.max",
+        "autoscale.target",
+        "autoscale.capacity",
+        "autoscale.max_step",
+    ]
