@@ -23,6 +23,8 @@ DRY_RUN_MODEL = "dry-run"
 
 _MSGSPEC_ERROR = re.compile(r"^(?P<reason>.*?)(?: - at `\$\.?(?P<path>[^`]*)`)?$")
 _NAMED_FIELD = re.compile(r"(?P<what>missing required|contains unknown) field `(?P<field>[^`]+)`")
+_STEP_REPLICAS = re.compile(r"^rollout\.steps\[\d+\]\.replicas$")
+"""A canary step's ``replicas``, whose type msgspec names as ``int | str``."""
 
 
 def spec_from_body(body: bytes, path_name: str | None) -> ModelSpec:
@@ -47,6 +49,8 @@ def _spec_error(message: str) -> SpecError:
     parsed = _MSGSPEC_ERROR.match(message)
     path, reason = (parsed["path"] or "", parsed["reason"]) if parsed else ("", message)
     named = _NAMED_FIELD.search(reason)
+    if named is None and _STEP_REPLICAS.match(path):
+        return SpecError(path, 'must be a number of replicas or "all"')
     if named is None:
         return SpecError(path or "(body)", reason.replace(" | null", "").lower())
     field = ".".join(filter(None, (path, named["field"])))

@@ -49,6 +49,32 @@ class RoutingBody(
     kv_ceiling: float | None = None
 
 
+class CanaryStepBody(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True
+):
+    replicas: int | Literal["all"]
+    """Replicas of the new revision the step brings up: a number, or ``"all"``."""
+    traffic: float | None = None
+    """The share of the model's requests they get, in (0, 1]; null: their share by weight."""
+    hold_s: float | None = None
+    """Seconds to hold the step before its verdict (0 to a week); null: no hold."""
+
+
+class RolloutPolicyBody(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True
+):
+    """How a new revision replaces the running one; a field left out takes its default."""
+
+    max_surge: int | None = None
+    max_unavailable: int | None = None
+    stability_window_s: float | None = None
+    steps: list[CanaryStepBody] | None = None
+    max_failures: int | None = None
+    max_error_rate_increase: float | None = None
+    max_latency_ratio: float | None = None
+    min_requests: int | None = None
+
+
 class ModelSpecBody(
     msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True
 ):
@@ -67,12 +93,32 @@ class ModelSpecBody(
     stop_grace_s: float | None = None
     max_moves: int | None = None
     routing: RoutingBody | None = None
+    rollout: RolloutPolicyBody | None = None
 
 
 class RoutingView(msgspec.Struct, frozen=True, kw_only=True):
     weight: float
     target_waiting: int
     kv_ceiling: float
+
+
+class CanaryStepView(msgspec.Struct, frozen=True, kw_only=True):
+    replicas: int | Literal["all"]
+    traffic: float | None
+    hold_s: float
+
+
+class RolloutPolicyView(msgspec.Struct, frozen=True, kw_only=True):
+    max_surge: int
+    max_unavailable: int
+    stability_window_s: float | None
+    """Null: the control plane's ``--stability-window``."""
+    steps: list[CanaryStepView]
+    """The canary steps as declared; after the last one every replica is replaced."""
+    max_failures: int
+    max_error_rate_increase: float
+    max_latency_ratio: float
+    min_requests: int
 
 
 class ModelSpecView(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,6 +135,7 @@ class ModelSpecView(msgspec.Struct, frozen=True, kw_only=True):
     stop_grace_s: float
     max_moves: int
     routing: RoutingView
+    rollout: RolloutPolicyView
 
 
 class ModelView(msgspec.Struct, frozen=True, kw_only=True):
