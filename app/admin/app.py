@@ -24,6 +24,7 @@ from app.admin.nodes import NodeController
 from app.admin.placement import PlacementController
 from app.admin.replicas import ReplicaController
 from app.admin.request_log import REQUEST_ID_KEY, log_requests, request_id_of
+from app.admin.rollouts import RolloutController
 from app.admin.traffic import TrafficSource
 from app.admin.tuning import TuningController
 from app.services.operations import Caller, Operations
@@ -82,6 +83,7 @@ def create_admin_app(
             NodeController,
             DrainController,
             ReplicaController,
+            RolloutController,
             TuningController,
             healthz,
             readyz,

@@ -12,10 +12,18 @@ from litestar.params import FromPath, FromQuery, JSONBody
 
 from app.admin.auth import require_actor
 from app.admin.bodies import check_body
-from app.admin.schemas import ModelChange, ModelSpecBody, ModelView, ScaleRequest, as_view
+from app.admin.schemas import (
+    ModelChange,
+    ModelRolloutView,
+    ModelSpecBody,
+    ModelView,
+    ScaleRequest,
+    as_view,
+)
 from app.admin.traffic import TrafficSource, traffic_by_revision, traffic_view
 from app.domain.model_spec import ModelSpec, SpecError
 from app.domain.operations import InvalidSpec, ModelStatus
+from app.domain.state import Model
 from app.services.operations import Caller, Operations
 
 DRY_RUN_MODEL = "dry-run"
@@ -74,6 +82,23 @@ def model_view(status: ModelStatus) -> ModelView:
         spec=msgspec.to_builtins(model.spec),
         revision=model.revision,
         outdated=list(status.outdated),
+        rollout=_rollout_summary(model),
+    )
+
+
+def _rollout_summary(model: Model) -> ModelRolloutView | None:
+    rollout = model.rollout
+    if rollout is None:
+        return None
+    return ModelRolloutView(
+        rollout_id=rollout.id,
+        state=rollout.state.value,
+        revision=rollout.revision,
+        from_revision=rollout.from_revision,
+        step=rollout.step,
+        steps=len(model.spec.rollout.all_steps),
+        outcome=rollout.outcome,
+        status=f"/admin/v1/models/{model.name}/rollout",
     )
 
 

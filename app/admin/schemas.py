@@ -138,6 +138,25 @@ class ModelSpecView(msgspec.Struct, frozen=True, kw_only=True):
     rollout: RolloutPolicyView
 
 
+class ModelRolloutView(msgspec.Struct, frozen=True, kw_only=True):
+    """A model's rollout under way, or the last one it had, in brief."""
+
+    rollout_id: str
+    state: str
+    """``running``, ``paused``, ``rolling_back``, ``succeeded``, ``rolled_back`` or
+    ``ended`` (its model was removed)."""
+    revision: int
+    """The revision it brings in."""
+    from_revision: int
+    step: int
+    """The current step, from 0, of ``steps``."""
+    steps: int
+    """How many steps it runs, the last (every replica) included."""
+    outcome: str | None
+    status: str
+    """Where its whole status is: ``/admin/v1/models/{name}/rollout``."""
+
+
 class ModelView(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     declared_at: datetime
@@ -157,6 +176,8 @@ class ModelView(msgspec.Struct, frozen=True, kw_only=True):
     alters what runs (command, env, engine, GPU shape, shards, node selector) is the next."""
     outdated: list[str]
     """Active replicas placed with an older revision: they run it until they are replaced."""
+    rollout: ModelRolloutView | None = None
+    """Its rollout under way, or the last one it had; null when it never had one."""
     traffic_by_revision: dict[str, ReplicaTrafficView] | None = None
     """``GET /admin/v1/models/{name}`` only (null in the list): what the gateways saw of the
     model's active replicas, added up per revision (keys are revision numbers); a revision

@@ -163,3 +163,13 @@ def rollout_status(state: ClusterState, name: str, now: datetime) -> RolloutStat
         max_surge=model.spec.rollout.max_surge,
         max_unavailable=model.spec.rollout.max_unavailable,
     )
+
+
+def steered_rollout(state: ClusterState, name: str) -> str | None:
+    """The rollout an operator's pause, resume or undo of model ``name`` acts on, whose id
+    is then the correlation id of what it records (as of the rollout's own steps); None
+    when none is under way: an undo after a rollout succeeded starts a new one, correlated
+    with its request as any declaration is."""
+    model = state.models.get(name)
+    rollout = model.rollout if model is not None else None
+    return rollout.id if rollout is not None and rollout.under_way else None

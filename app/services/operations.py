@@ -1,9 +1,10 @@
 """What operators ask of the cluster: load the log's state, decide, append.
 
 Every change is appended with the operator as the actor and a correlation id (the drain's
-id for drains, else the request's id), and only if the stream it writes is still at the
-version the decision was made on: of two operators changing one thing at once, the second
-gets a ``ConcurrencyError`` (409) instead of silently overwriting the first.
+id for drains, the rollout's for a pause, resume or undo of a rollout under way, else the
+request's id), and only if the stream it writes is still at the version the decision was
+made on: of two operators changing one thing at once, the second gets a
+``ConcurrencyError`` (409) instead of silently overwriting the first.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from app.clock import utc_now
 from app.domain import keys as key_decisions
 from app.domain import operations as decide
 from app.domain import revocations, tuning
+from app.domain import rollout_operations as rollouts
 from app.domain.envelope import Meta
 from app.domain.events import key_stream, model_stream, node_stream, replica_stream, subjects
 from app.domain.model_spec import ModelSpec, RoutingSettings
@@ -28,6 +30,7 @@ from app.domain.state import (
     ApiKey,
     CertificateRevocation,
     ClusterState,
+    Model,
     Replica,
     ReplicaFilter,
     ReplicaPhase,
@@ -54,6 +57,15 @@ class Caller:
 
     actor: str
     request_id: str = field(default_factory=new_request_id)
+
+
+@dataclass(frozen=True)
+class RolloutReport:
+    status: rollouts.RolloutStatus
+    model: Model
+    """The model now: its revision is the one rolled back to once a rollout is."""
+    replicas: list[Replica]
+    """The model's replicas the fold holds (every active one)."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +125,25 @@ class Operations:
             about_replica=replica_id,
         )
         return drain_id
+
+    async def pause_rollout(self, caller: Caller, name: str, reason: str) -> bool:
+        return await self._steer_rollout(caller, name, lambda s: rollouts.pause(s, name, reason))
+
+    async def resume_rollout(self, caller: Caller, name: str) -> bool:
+        return await self._steer_rollout(caller, name, lambda s: rollouts.resume(s, name))
+
+    async def undo_rollout(self, caller: Caller, name: str) -> bool:
+        return await self._steer_rollout(caller, name, lambda s: rollouts.undo(s, name))
+
+    async def _steer_rollout(
+        self, caller: Caller, name: str, decision: Callable[[ClusterState], decide.Change]
+    ) -> bool:
+        return await self._record(
+            caller,
+            model_stream(name),
+            decision,
+            correlation_id=lambda s: rollouts.steered_rollout(s, name),
+        )
 
     async def tune(
         self,
@@ -207,6 +238,21 @@ class Operations:
     async def placement_dry_run(self, spec: ModelSpec) -> Explanation:
         return decide.placement_dry_run(await self.current(), spec)
 
+    async def rollout(self, name: str) -> RolloutReport:
+        """Where the model's rollout under way (or its last one) stands."""
+        state = await self.current()
+        status = rollouts.rollout_status(state, name, self._clock())
+        return RolloutReport(
+            status=status,
+            model=state.models[name],
+            replicas=[r for r in state.replicas.values() if r.model == name],
+        )
+
+    async def rollout_id(self, name: str) -> str | None:
+        """The id of the model's rollout under way, or of its last one; None without one."""
+        rollout = decide.find_model(await self._store.catch_up(), name).rollout
+        return rollout.id if rollout is not None else None
+
     async def drain(self, drain_id: str) -> decide.DrainProgress:
         events = await self._store.read_correlated(drain_id, DRAIN_EVENTS_SHOWN)
         state = await self.current()
@@ -257,9 +303,11 @@ class Operations:
         caller: Caller,
         stream: str,
         decision: Callable[[ClusterState], decide.Change],
-        correlation_id: str | None = None,
+        correlation_id: str | Callable[[ClusterState], str | None] | None = None,
         about_replica: str | None = None,
     ) -> bool:
+        """``correlation_id``: what the events are correlated with (a function of the state
+        they are decided on, or the request's id when it gives None)."""
         # Decided on the caught-up fold and appended with that fold's version of the
         # stream: the append succeeds only if no event came since.
         state = await self._store.catch_up()
@@ -274,9 +322,10 @@ class Operations:
             raise RuntimeError(f"decision for {stream} wrote {change.stream}")
         if not change.events:
             return False
+        correlation = correlation_id(state) if callable(correlation_id) else correlation_id
         meta = Meta(
             actor=caller.actor,
-            correlation_id=correlation_id or caller.request_id,
+            correlation_id=correlation or caller.request_id,
             causation_id=caller.request_id,
         )
         await self._store.append(stream, version, [NewEvent(e) for e in change.events], meta)

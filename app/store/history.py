@@ -7,6 +7,7 @@ from enum import StrEnum
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.envelope import Recorded
+from app.domain.rollout_history import ROLLOUT_EVENT_PREFIX
 from app.store.codec import RECORDED_COLUMNS, record_from_row
 from app.store.database import connection
 
@@ -32,6 +33,8 @@ class Subject(StrEnum):
                 return "stream = 'key-' || $1"
 
 
+_AFTER_EVERY_POSITION = 2**63 - 1
+"""The largest position a bigint holds: ``position < it`` is every event."""
 _NUL = "\x00"
 """PostgreSQL text cannot hold it, so no stored id has one (and a query with it fails)."""
 
@@ -63,3 +66,40 @@ async def read_correlated(
     async with connection(engine) as db:
         rows = await db.fetch(query, correlation_id, limit)
     return [record_from_row(row) for row in rows]
+
+
+async def read_rollouts(
+    engine: AsyncEngine, stream: str, before: int | None = None, limit: int = 20
+) -> tuple[list[Recorded], int | None]:
+    """The rollout events of a model's ``stream`` (``rollout_*``), and the declarations that
+    started them, oldest first, for its ``limit`` latest rollouts started before position
+    ``before``; and the position to pass as ``before`` for older ones (None when there are
+    none)."""
+    if _NUL in stream:
+        return [], None
+    starts_query = (
+        "SELECT position, version, data->>'rollout_id' FROM events "
+        "WHERE stream = $1 AND type = 'rollout_started' AND position < $2 "
+        "ORDER BY position DESC LIMIT $3"
+    )
+    # The declaration that started a rollout is the stream's event just before its start:
+    # the two are recorded in one append.
+    events_query = (
+        f"SELECT {RECORDED_COLUMNS} FROM events WHERE stream = $1 AND ("
+        "(starts_with(type, $2) AND data->>'rollout_id' = ANY($3::text[])) "
+        "OR (type = 'model_declared' AND version = ANY($4::int[]))) ORDER BY position"
+    )
+    async with connection(engine) as db:
+        below = _AFTER_EVERY_POSITION if before is None else before
+        starts = await db.fetch(starts_query, stream, below, limit + 1)
+        page, more = starts[:limit], len(starts) > limit
+        if not page:
+            return [], None
+        rows = await db.fetch(
+            events_query,
+            stream,
+            ROLLOUT_EVENT_PREFIX,
+            [row[2] for row in page],
+            [row[1] - 1 for row in page],
+        )
+    return [record_from_row(row) for row in rows], page[-1][0] if more else None

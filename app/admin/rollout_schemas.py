@@ -1,0 +1,142 @@
+"""Bodies of ``/admin/v1/models/{name}/rollout`` and ``/rollouts``: a rollout's status, the
+operator's requests, the model's rollout history (wire schemas, apart from domain types)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+import msgspec
+
+from app.admin.schemas import EventView, MoveView, ReplicaTrafficView
+
+MAX_PAUSE_REASON = 500
+"""Characters of a pause's reason: it is kept in the log for ever."""
+
+
+class PauseRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    reason: Annotated[str, msgspec.Meta(max_length=MAX_PAUSE_REASON)] = ""
+    """Why, for the log; left out: ``paused by an operator``."""
+
+
+class RolloutStepView(msgspec.Struct, frozen=True, kw_only=True):
+    replicas: int | Literal["all"]
+    """As declared: a number of replicas of the new revision, or ``"all"``."""
+    target: int
+    """How many replicas of the new revision serve once the step is done, at the model's
+    desired count now."""
+    traffic: float | None
+    """The share of the model's requests they get during the step; null: their share by
+    weight, as any replica."""
+    hold_s: float
+    """Seconds the step is held, once its replicas serve, before its verdict."""
+
+
+class CanaryTrafficView(msgspec.Struct, frozen=True, kw_only=True):
+    revision: int
+    share: float
+    """The share of the model's requests the gateways send to that revision's replicas."""
+
+
+class RolloutView(msgspec.Struct, frozen=True, kw_only=True):
+    model: str
+    rollout_id: str
+    """Its correlation id in the log, and the drain id of its moves."""
+    state: str
+    """``running``, ``paused`` (by an operator, or by a verdict that could not be reached),
+    ``rolling_back``, or, once finished, ``succeeded``, ``rolled_back`` or ``ended`` (its
+    model was removed)."""
+    finished: bool
+    """Whether it is no longer under way (``state`` is none of the first three)."""
+    revision: int
+    """The revision it brings in."""
+    from_revision: int
+    """The revision it replaces, and the one a rollback goes back to."""
+    model_revision: int
+    """The model's revision now: ``revision`` while it runs, ``from_revision`` once rolled
+    back."""
+    started_at: datetime
+    step: int
+    """The current step, from 0: an index of ``steps`` (the ``step`` of its events)."""
+    steps: list[RolloutStepView]
+    """Every step as it runs, the last one (every replica) included."""
+    step_started_at: datetime | None
+    """Null until the reconciler has started the step."""
+    holding_since: datetime | None
+    """When the step's replicas all served and its hold began."""
+    hold_left_s: float | None
+    """Seconds left of the hold; null when the step is not holding."""
+    pause_reason: str | None
+    desired: int
+    replicas_by_revision: dict[str, dict[str, int]]
+    """The model's active replicas by the revision they run, then by phase."""
+    moves: list[MoveView]
+    """Replicas this rollout is replacing now, each with its replacement (as a drain's)."""
+    max_surge: int
+    max_unavailable: int
+    failures: int
+    """Replicas of the new revision that failed or timed out at start."""
+    max_failures: int
+    """Failures that roll it back."""
+    last_failure: str | None
+    verdict: str | None
+    """The last verdict and why: ``promote: ...``, ``roll_back: ...`` or ``inconclusive: ...``."""
+    canary: CanaryTrafficView | None
+    """The share of traffic a canary step sends the new revision now; null when it gets
+    its share by weight."""
+    outcome: str | None
+    """What it came to (or why it is rolling back), in words."""
+    finished_at: datetime | None
+    traffic_by_revision: dict[str, ReplicaTrafficView]
+    """What the gateways measured of the model's active replicas over their window, per
+    revision (as in ``GET /admin/v1/models/{name}``); ``{}`` when no gateway reports."""
+    moves_progress: str
+    """Where its moves are followed: ``/admin/v1/drains/{rollout_id}``."""
+    placement: str
+    """Where the next replacement would go and why other nodes would not:
+    ``/admin/v1/models/{name}/placement`` (replacements run the model's current spec)."""
+
+
+class RolloutChange(msgspec.Struct, frozen=True, kw_only=True):
+    changed: bool
+    """False when the request changed nothing (and so recorded nothing)."""
+    rollout: RolloutView
+
+
+class SpecChangeView(msgspec.Struct, frozen=True, kw_only=True):
+    field: str
+    old: str | None
+    """Null: added (an environment variable); values of ``env.*`` are never shown."""
+    new: str | None
+
+
+class RolloutRecordView(msgspec.Struct, frozen=True, kw_only=True):
+    """One rollout as the log tells it."""
+
+    rollout_id: str
+    revision: int
+    from_revision: int
+    started_at: datetime
+    started_by: str
+    """The actor of the declaration that started it."""
+    changes: list[SpecChangeView]
+    """What the revision changed, as the declaration recorded it."""
+    changes_summary: str
+    """The same in one line: ``command 'a' -> 'b'; env: added HF_TOKEN``."""
+    state: str
+    """As the log has it now: ``running``, ``paused``, ``rolling_back``, ``succeeded``,
+    ``rolled_back``, ``ended`` (its model was removed) or ``superseded`` (a newer revision
+    was declared while it ran)."""
+    outcome: str | None
+    finished_at: datetime | None
+    events: list[EventView]
+    """Its events on the model's stream, oldest first: steps, holds, verdicts with the
+    figures they judged, pauses, resumes, the rollback, the end."""
+
+
+class RolloutHistoryView(msgspec.Struct, frozen=True, kw_only=True):
+    model: str
+    rollouts: list[RolloutRecordView]
+    """Newest first."""
+    next_before: int | None
+    """Pass as ``before`` for the next (older) page; null when this page is the last."""
