@@ -16,13 +16,15 @@ from cli.models import models_app, remove, scale, show_model
 from cli.nodes import cordon, list_nodes, show_node, uncordon
 from cli.placement import explain_placement
 from cli.replicas import list_replicas, show_replica
+from cli.rollout import rollout_app
 from cli.usage_errors import usage_error_console, usage_error_line
 from wire.version import llmgw_version
 
 app = App(
     name="llmgw-cli",
     version=llmgw_version,
-    help="Operate an llmgw cluster: nodes, models, replicas, drains, history, keys, certificates."
+    help="Operate an llmgw cluster: nodes, models, replicas, drains, rollouts, history, keys, "
+    "certificates."
     "\n\nShell completion: `llmgw-cli --install-completion`, or "
     '`eval "$(llmgw-cli completion bash)"`.',
     error_formatter=usage_error_line,
@@ -41,6 +43,7 @@ app.command(cordon, name="cordon")
 app.command(uncordon, name="uncordon")
 app.command(drain, name="drain")
 app.command(drain_progress, name="drain-progress")
+app.command(rollout_app)
 app.command(events, name="events")
 cert_app.command(revoke_certificate, name="revoke")
 cert_app.command(list_certificates, name="list")

@@ -29,6 +29,7 @@ from cli.operator import (
     show_one,
 )
 from cli.render import EXIT_FAILED, EXIT_OK, Column, counted, print_error, print_table, utc_seconds
+from cli.rollout_views import UNDER_WAY
 from cli.spec_file import SpecFileError, read_specs
 from cli.traffic import print_traffic_by_revision
 from cli.views import ModelChange, ModelView
@@ -263,6 +264,23 @@ def print_model(model: ModelView, wide: bool = False) -> None:
         facts.append(("backoff", f"until {utc_seconds(model.backoff_until)} UTC"))
     if model.unplaceable_reason:
         facts.append(("unplaceable", model.unplaceable_reason))
+    rollout = model.rollout
+    if rollout is not None and rollout.state in UNDER_WAY:
+        facts.append(
+            (
+                "rollout",
+                f"{rollout.rollout_id} {rollout.state.replace('_', ' ')}, revision "
+                f"{rollout.from_revision} -> {rollout.revision}, step {rollout.step + 1} of "
+                f"{rollout.steps} (llmgw-cli rollout status {model.name})",
+            )
+        )
+    elif rollout is not None:
+        facts.append(
+            (
+                "last rollout",
+                f"{rollout.rollout_id} {rollout.state.replace('_', ' ')}: {rollout.outcome}",
+            )
+        )
     if model.outdated:
         facts.append(
             (

@@ -114,6 +114,8 @@ class ModelView(View, frozen=True, kw_only=True):
     """Active replicas running an older revision than ``revision``."""
     traffic_by_revision: dict[str, ReplicaTrafficView] | None = None
     """One model's answer only: what the gateways saw of its replicas, per revision."""
+    rollout: ModelRolloutView | None = None
+    """Its rollout under way, or its last one."""
 
 
 class ModelChange(View, frozen=True, kw_only=True):
@@ -221,3 +223,16 @@ class EventsPage(View, frozen=True, kw_only=True):
     events: list[msgspec.Raw] = []
     next_since: int = 0
     more: bool = False
+
+
+# -- rollouts ----------------------------------------------------------------------------
+
+
+class ModelRolloutView(View, frozen=True, kw_only=True):
+    rollout_id: str
+    state: str = ""
+    revision: int = 0
+    from_revision: int = 0
+    step: int = 0
+    steps: int = 0
+    outcome: str | None = None

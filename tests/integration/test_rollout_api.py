@@ -14,10 +14,10 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from app.domain.events import model_stream
+from app.domain.events import event_type, model_stream
 from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import bearer_client
-from tests.support.operator_cli import TOKEN, Operator, live_admin_api
+from tests.support.operator_cli import OPERATOR, TOKEN, Operator, live_admin_api
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -83,6 +83,7 @@ async def test_a_spec_file_carries_a_rollout_policy_and_the_model_shows_it(
     ]
     assert (policy["max_surge"], policy["min_requests"], policy["max_failures"]) == (2, 50, 2)
     assert policy["stability_window_s"] is None
+    assert shown["rollout"] is None
     [declared] = await pg_store.read_stream(model_stream(model))
     assert declared.event.spec.rollout.steps[0].traffic == 0.1  # type: ignore[attr-defined]
 
@@ -159,3 +160,163 @@ async def test_a_bad_rollout_policy_is_refused_naming_the_field_and_nothing_is_r
     assert answer.status_code == 422, answer.text
     assert [(e["field"], e["reason"]) for e in answer.json()["errors"]] == errors
     assert await pg_store.last_position() == before
+
+
+async def test_a_model_without_a_rollout_is_a_409_and_an_unknown_model_a_404(
+    admin: httpx.AsyncClient, api: Operator, pg_store: PostgresEventStore
+) -> None:
+    model = a_model()
+    await revise(admin, model)
+    before = await pg_store.last_position()
+
+    status = await admin.get(f"/admin/v1/models/{model}/rollout")
+    steering = [await admin.post(f"/admin/v1/models/{model}/rollout/{a}") for a in STEERING]
+    history = await admin.get(f"/admin/v1/models/{model}/rollouts")
+    unknown = [
+        await admin.get("/admin/v1/models/nope/rollout"),
+        await admin.get("/admin/v1/models/nope/rollouts"),
+        *[await admin.post(f"/admin/v1/models/nope/rollout/{a}") for a in STEERING],
+    ]
+    cli_status = await api.run("rollout", "status", model)
+    cli_history = await api.run("rollout", "history", model)
+
+    assert status.status_code == 409
+    assert status.json()["detail"] == (
+        f"model {model} has had no rollout: it is at revision 1, and a spec change that "
+        "alters what runs starts one"
+    )
+    assert [a.status_code for a in steering] == [409, 409, 409]
+    assert history.json() == {"model": model, "rollouts": [], "next_before": None}
+    assert {(a.status_code, a.json()["title"]) for a in unknown} == {(404, "unknown-model")}
+    assert cli_status.code == 1
+    assert cli_status.stderr == f"llmgw-cli rollout status: {status.json()['detail']}\n"
+    assert (cli_history.code, cli_history.stderr) == (
+        1,
+        f"llmgw-cli rollout history: model {model} has had no rollout\n",
+    )
+    assert await pg_store.last_position() == before
+
+
+STEERING = ("pause", "resume", "undo")
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"reason": "x" * 501}, "reason"),
+        ({"reason": 7}, "reason"),
+        ({"reason": "ok", "until": "noon"}, "(body)"),
+        ("just a reason", "(body)"),
+    ],
+)
+async def test_a_bad_pause_body_is_a_400_naming_it_and_records_nothing(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore, body: object, field: str
+) -> None:
+    model = a_model()
+    await revise(admin, model, f"{COMMAND} --enforce-eager")
+    before = await pg_store.last_position()
+
+    answer = await admin.post(f"/admin/v1/models/{model}/rollout/pause", json=body)
+
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["errors"][0]["key"] == field
+    assert await pg_store.last_position() == before
+
+
+async def test_history_pages_newest_first_and_tells_superseded_rollouts_from_the_current_one(
+    admin: httpx.AsyncClient, api: Operator, pg_store: PostgresEventStore
+) -> None:
+    model = a_model()
+    await revise(admin, model, f"{COMMAND} --a", f"{COMMAND} --b", f"{COMMAND} --c")
+    paused = await admin.post(
+        f"/admin/v1/models/{model}/rollout/pause", json={"reason": "night freeze"}
+    )
+
+    first = (await admin.get(f"/admin/v1/models/{model}/rollouts", params={"limit": 2})).json()
+    rest = (
+        await admin.get(
+            f"/admin/v1/models/{model}/rollouts",
+            params={"limit": 2, "before": first["next_before"]},
+        )
+    ).json()
+    told = await api.run("rollout", "history", model)
+
+    assert paused.json()["changed"] is True
+    listed = [(r["rollout_id"], r["state"]) for r in first["rollouts"] + rest["rollouts"]]
+    assert listed == [
+        (f"rollout-{model}-r4", "paused"),
+        (f"rollout-{model}-r3", "superseded"),
+        (f"rollout-{model}-r2", "superseded"),
+    ]
+    assert rest["next_before"] is None
+    newest = first["rollouts"][0]
+    assert (newest["from_revision"], newest["revision"], newest["started_by"]) == (3, 4, OPERATOR)
+    assert newest["changes_summary"] == (
+        "command 'vllm serve {model} --port {port} --b' -> 'vllm serve {model} --port {port} --c'"
+    )
+    assert [(e["type"], e["actor"], e["correlation_id"]) for e in newest["events"]] == [
+        ("rollout_started", OPERATOR, newest["events"][0]["correlation_id"]),
+        ("rollout_paused", OPERATOR, f"rollout-{model}-r4"),
+    ]
+    assert first["rollouts"][1]["outcome"] == "superseded by revision 4, declared while it ran"
+    assert rest["rollouts"][0]["outcome"] == "superseded by a newer revision, declared while it ran"
+    assert told.code == 0, told.stderr
+    assert f"rollout-{model}-r4: revision 3 -> 4, paused; started" in told.stdout
+    assert "paused: night freeze" in told.stdout
+    assert f"rollout-{model}-r2: revision 1 -> 2, superseded" in told.stdout
+
+
+async def test_undo_of_a_rollout_under_way_puts_the_old_revision_back_at_once(
+    admin: httpx.AsyncClient, api: Operator, pg_store: PostgresEventStore
+) -> None:
+    model = a_model()
+    await revise(admin, model, f"{COMMAND} --enforce-eager")
+
+    undone = await api.run("rollout", "undo", model)
+    shown = (await admin.get(f"/admin/v1/models/{model}")).json()
+    again = await api.run("rollout", "undo", model)
+    status = (await admin.get(f"/admin/v1/models/{model}/rollout")).json()
+
+    assert undone.code == 0, undone.stderr
+    assert undone.stdout.splitlines() == [
+        f"rollout-{model}-r2: rolling back to revision 1; its replicas of revision 2 are replaced",
+        f"follow it: llmgw-cli rollout status {model} --wait",
+    ]
+    assert (shown["revision"], shown["spec"]["command"]) == (1, COMMAND)
+    assert shown["rollout"]["state"] == "rolling_back"
+    assert again.code == 1
+    assert "is already rolling back to revision 1" in again.stderr
+    assert (status["state"], status["model_revision"], status["outcome"]) == (
+        "rolling_back",
+        1,
+        "undone by an operator",
+    )
+    [rolled_back] = [
+        e for e in await pg_store.read_stream(model_stream(model)) if e.meta.actor == OPERATOR
+    ][-1:]
+    assert rolled_back.meta.correlation_id == f"rollout-{model}-r2"
+
+
+async def test_pause_and_resume_say_what_they_recorded_and_when_they_recorded_nothing(
+    admin: httpx.AsyncClient, api: Operator, pg_store: PostgresEventStore
+) -> None:
+    model = a_model()
+    await revise(admin, model, f"{COMMAND} --enforce-eager")
+
+    resumed_running = await api.run("rollout", "resume", model)
+    paused = await api.run("rollout", "pause", model, "--reason", "night freeze")
+    paused_again = await api.run("rollout", "pause", model)
+    resumed = await api.run("rollout", "resume", model, "--output", "json")
+    events = await pg_store.read_stream(model_stream(model))
+
+    assert resumed_running.stdout == f"rollout-{model}-r2: already running, nothing recorded\n"
+    assert paused.stdout.splitlines() == [
+        f"rollout-{model}-r2: paused at step 1 of 1: 2 of 2 replica(s) on revision 2 (not "
+        f"started yet); moves under way finish, no new one starts (llmgw-cli rollout resume "
+        f"{model} goes on)",
+        f"follow it: llmgw-cli rollout status {model} --wait",
+    ]
+    assert paused_again.stdout == f"rollout-{model}-r2: already paused, nothing recorded\n"
+    assert (resumed.json()["changed"], resumed.json()["rollout"]["state"]) == (True, "running")
+    assert [event_type(e.event) for e in events][-2:] == ["rollout_paused", "rollout_resumed"]
+    assert events[-2].event.reason == "night freeze"  # type: ignore[union-attr]

@@ -1,0 +1,314 @@
+"""`llmgw-cli rollout status|pause|resume|undo|history MODEL`: follow and steer the rollout
+that a spec change starts (docs/rollouts.md).
+
+``status --wait`` follows the rollout until it finishes: a live view on a terminal (rich
+Live), one line per change elsewhere (logs, CI), and an exit code that says how it ended.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Annotated
+
+from cyclopts import App, Parameter, validators
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from cli.client import AdminClient, ApiProblem, ClientError
+from cli.config import ConnectionFlags
+from cli.operator import ADMIN, Output, Reply, call, print_json, run_command, segment
+from cli.render import EXIT_FAILED, EXIT_OK, print_error, utc_seconds
+from cli.rollout_render import render, render_record, step_text, summary_line
+from cli.rollout_views import RolloutChange, RolloutHistoryView, RolloutView
+
+POLL_INTERVAL_S = 1.0
+
+ModelName = Annotated[str, Parameter(help="The model whose rollout it is, such as llama-3-8b.")]
+
+rollout_app = App(
+    name="rollout",
+    help="""Follow and steer a model's rollout. A spec change that alters what runs (its
+command, env, engine, GPUs, shards or node selector) is a new revision, and a rollout
+replaces the model's replicas with it step by step, as the spec's `rollout` policy says,
+judging each canary step by what the gateways measured (docs/rollouts.md).
+
+```
+llmgw-cli rollout status llama-3-8b --wait
+llmgw-cli rollout pause llama-3-8b --reason 'TTFT looks high'
+llmgw-cli rollout undo llama-3-8b
+llmgw-cli rollout history llama-3-8b
+```
+""",
+)
+
+
+@rollout_app.command(name="status")
+def rollout_status(
+    model: ModelName,
+    /,
+    *,
+    wait: Annotated[
+        bool,
+        Parameter(
+            help="Follow the rollout until it finishes: exit 0 when it succeeded, 1 when it "
+            "was rolled back, ended with its model's removal, or was superseded by a newer "
+            "revision's (or --timeout ran out).",
+            negative=(),
+        ),
+    ] = False,
+    timeout: Annotated[
+        float | None,
+        Parameter(
+            help="With --wait, give up following after this many seconds (exit 1; the "
+            "rollout goes on). [default: no limit]",
+            validator=validators.Number(gt=0),
+        ),
+    ] = None,
+    output: Output = "table",
+    connection: ConnectionFlags | None = None,
+) -> int:
+    """How the model's rollout is going (or how its last one ended): its step of how
+    many, the step's replicas, traffic share and hold, the replicas of each revision by
+    phase, the moves under way with their replacements, failures, the last verdict, and
+    what the gateways measured of each revision. Exits 0, or 1 when the rollout finished
+    without succeeding (rolled back, or ended with its model's removal). With --wait, a
+    live view until it finishes (one line per change when not on a terminal; the final
+    status as JSON with --output json).
+
+    ```
+    llmgw-cli rollout status llama-3-8b
+    llmgw-cli rollout status llama-3-8b --wait --timeout 3600
+    ```
+    """
+
+    def show(client: AdminClient) -> int:
+        if wait:
+            return _follow(client, model, output, timeout)
+        reply = _status(client, model)
+        if output == "json":
+            print_json(reply.raw)
+        else:
+            Console(highlight=False).print(render(reply.value))
+        view = reply.value
+        return EXIT_FAILED if view.finished and view.state != "succeeded" else EXIT_OK
+
+    return run_command("rollout status", connection, show)
+
+
+@rollout_app.command(name="pause")
+def pause(
+    model: ModelName,
+    /,
+    *,
+    reason: Annotated[str, Parameter(help="Why, for the log (at most 500 characters).")] = "",
+    output: Output = "table",
+    connection: ConnectionFlags | None = None,
+) -> int:
+    """Pause the model's rollout where it is: moves under way finish, no new one starts,
+    no verdict is reached. Pausing a paused rollout records nothing; one rolling back or
+    finished cannot be paused (exit 1).
+
+    ```
+    llmgw-cli rollout pause llama-3-8b --reason 'TTFT looks high'
+    ```
+    """
+    body = {"reason": reason} if reason else None
+
+    def said(view: RolloutView, changed: bool) -> str:
+        if not changed:
+            return f"{view.rollout_id}: already paused, nothing recorded"
+        return (
+            f"{view.rollout_id}: paused at step {step_text(view)}; moves under way finish, "
+            f"no new one starts (llmgw-cli rollout resume {model} goes on)"
+        )
+
+    return _steer("pause", model, body, said, output, connection)
+
+
+@rollout_app.command(name="resume")
+def resume(
+    model: ModelName, /, *, output: Output = "table", connection: ConnectionFlags | None = None
+) -> int:
+    """Resume the model's paused rollout. A step paused because its verdict could not be
+    reached (too few requests) is promoted: the operator's word stands for the verdict.
+    Resuming a running rollout records nothing; one rolling back or finished cannot be
+    resumed (exit 1).
+
+    ```
+    llmgw-cli rollout resume llama-3-8b
+    ```
+    """
+
+    def said(view: RolloutView, changed: bool) -> str:
+        if not changed:
+            return f"{view.rollout_id}: already running, nothing recorded"
+        return f"{view.rollout_id}: resumed at step {step_text(view)}"
+
+    return _steer("resume", model, None, said, output, connection)
+
+
+@rollout_app.command(name="undo")
+def undo(
+    model: ModelName, /, *, output: Output = "table", connection: ConnectionFlags | None = None
+) -> int:
+    """Back to the revision before. A rollout under way is rolled back: the model is at
+    its old revision again, its old replicas were never touched, and its replicas of the
+    new one are replaced. After a rollout that succeeded, the old revision is declared
+    again as the next revision and rolled out like any other. A rollout rolling back or
+    rolled back already cannot be undone (exit 1).
+
+    ```
+    llmgw-cli rollout undo llama-3-8b
+    ```
+    """
+
+    def said(view: RolloutView, changed: bool) -> str:
+        if view.state == "rolling_back":
+            return (
+                f"{view.rollout_id}: rolling back to revision {view.from_revision}; its "
+                f"replicas of revision {view.revision} are replaced"
+            )
+        return (
+            f"{view.rollout_id}: revision {view.from_revision}'s spec rolls out again as "
+            f"revision {view.revision}"
+        )
+
+    return _steer("undo", model, None, said, output, connection)
+
+
+@rollout_app.command(name="history")
+def history(
+    model: ModelName,
+    /,
+    *,
+    limit: Annotated[
+        int,
+        Parameter(help="Show the N latest rollouts.", validator=validators.Number(gte=1, lte=100)),
+    ] = 20,
+    output: Output = "table",
+    connection: ConnectionFlags | None = None,
+) -> int:
+    """The model's rollouts, newest first, as the log tells them: what each revision
+    changed and who declared it, each step, hold and verdict with the figures it judged,
+    pauses, resumes, rollbacks, and how it ended.
+
+    ```
+    llmgw-cli rollout history llama-3-8b
+    llmgw-cli rollout history llama-3-8b --output json | jq '.rollouts[0].events'
+    ```
+    """
+
+    def show(client: AdminClient) -> int:
+        path = f"{ADMIN}/models/{segment(model)}/rollouts"
+        reply = call(client, RolloutHistoryView, "GET", path, params={"limit": limit})
+        if output == "json":
+            print_json(reply.raw)
+            return EXIT_OK
+        if not reply.value.rollouts:
+            print_error("rollout history", f"model {model} has had no rollout")
+            return EXIT_FAILED
+        console = Console(highlight=False)
+        for record in reply.value.rollouts:
+            console.print(render_record(record), soft_wrap=True)
+        return EXIT_OK
+
+    return run_command("rollout history", connection, show)
+
+
+def _steer(
+    action: str,
+    model: str,
+    body: object,
+    said: Callable[[RolloutView, bool], str],
+    output: Output,
+    flags: ConnectionFlags | None,
+) -> int:
+    def change(client: AdminClient) -> int:
+        path = f"{ADMIN}/models/{segment(model)}/rollout/{action}"
+        reply = call(client, RolloutChange, "POST", path, body=body)
+        if output == "json":
+            print_json(reply.raw)
+            return EXIT_OK
+        print(said(reply.value.rollout, reply.value.changed))
+        if reply.value.changed:
+            print(f"follow it: llmgw-cli rollout status {model} --wait")
+        return EXIT_OK
+
+    return run_command(f"rollout {action}", flags, change)
+
+
+def _status(client: AdminClient, model: str) -> Reply[RolloutView]:
+    return call(client, RolloutView, "GET", f"{ADMIN}/models/{segment(model)}/rollout")
+
+
+def _follow(client: AdminClient, model: str, output: Output, timeout_s: float | None) -> int:
+    """Poll the rollout until it finishes (or is superseded, or ``timeout_s`` runs out);
+    show it as it goes."""
+    console = Console(highlight=False)
+    first = _status(client, model)
+    followed = first.value.rollout_id
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    shown: list[str] = []
+
+    def show_line(view: RolloutView) -> None:
+        line = summary_line(view)
+        if not shown or shown[-1] != line:
+            shown.append(line)
+            console.print(Text(f"{utc_seconds_now()}  {line}"), soft_wrap=True)
+
+    def until_done(show: Callable[[RolloutView], None]) -> Reply[RolloutView]:
+        reply = first
+        while True:
+            if reply.value.rollout_id != followed:
+                return reply
+            show(reply.value)
+            if reply.value.finished:
+                return reply
+            if deadline is not None and time.monotonic() >= deadline:
+                return reply
+            time.sleep(POLL_INTERVAL_S)
+            reply = _status(client, model)
+
+    try:
+        if output == "json":
+            last = until_done(lambda _: None)
+            print_json(last.raw)
+        elif console.is_terminal:
+            with Live(console=console, auto_refresh=False) as live:
+                last = until_done(lambda view: live.update(render(view), refresh=True))
+        else:
+            last = until_done(show_line)
+    except ClientError as exc:
+        goes_on = f"(the rollout goes on: llmgw-cli rollout status {model} --wait)"
+        if isinstance(exc, ApiProblem):
+            raise ApiProblem(exc.status, f"{exc} {goes_on}", exc.errors) from exc
+        raise ClientError(f"{exc} {goes_on}") from exc
+    return _ending(model, followed, last.value)
+
+
+def _ending(model: str, followed: str, view: RolloutView) -> int:
+    if view.rollout_id != followed:
+        print_error(
+            "rollout status",
+            f"{followed} was superseded by {view.rollout_id} (revision {view.revision}); "
+            f"follow it: llmgw-cli rollout status {model} --wait",
+        )
+        return EXIT_FAILED
+    if not view.finished:
+        print_error(
+            "rollout status",
+            f"{followed} is still {view.state.replace('_', ' ')} (--timeout ran out); it goes "
+            f"on: llmgw-cli rollout status {model} --wait",
+        )
+        return EXIT_FAILED
+    if view.state == "succeeded":
+        return EXIT_OK
+    print_error("rollout status", f"{followed} {view.state.replace('_', ' ')}: {view.outcome}")
+    return EXIT_FAILED
+
+
+def utc_seconds_now() -> str:
+    return utc_seconds(datetime.now(UTC))

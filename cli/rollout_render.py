@@ -1,0 +1,177 @@
+"""How ``llmgw-cli rollout`` shows a rollout: the whole status for people (also the live
+view of ``rollout status --wait``), one line of it for logs, and a model's past rollouts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+
+from cli.render import utc_seconds
+from cli.rollout_views import UNDER_WAY, RolloutRecordView, RolloutView
+from cli.traffic import revision_line, traffic_title
+
+STATE_STYLES = {
+    "running": "yellow",
+    "paused": "bold yellow",
+    "rolling_back": "red",
+    "succeeded": "green",
+    "rolled_back": "red",
+    "ended": "dim",
+    "superseded": "dim",
+}
+
+
+def state_text(state: str) -> str:
+    return state.replace("_", " ")
+
+
+def step_text(view: RolloutView, *, hold_left: bool = True) -> str:
+    """``2 of 3: 1 of 4 replicas on revision 3, 10 % of the traffic, hold 300s (42s left)``."""
+    step = view.current_step
+    if step is None:
+        return f"{view.step + 1} of {len(view.steps)}"
+    said = (
+        f"{view.step + 1} of {len(view.steps)}: {step.target} of {view.desired} replica(s) "
+        f"on revision {view.revision}"
+    )
+    if step.traffic is not None:
+        said += f", {step.traffic * 100:g} % of the traffic"
+    if step.hold_s:
+        said += f", hold {step.hold_s:g}s"
+        if view.hold_left_s is not None:
+            said += f" ({view.hold_left_s:.0f}s left)" if hold_left else " (holding)"
+    if view.step_started_at is None and not view.finished:
+        said += " (not started yet)"
+    return said
+
+
+def replicas_text(view: RolloutView) -> str:
+    """``rev 3: 1 serving, 1 starting; rev 2: 3 serving``, newest revision first."""
+    parts = []
+    for revision, phases in sorted(view.replicas_by_revision.items(), key=lambda i: -int(i[0])):
+        counts = ", ".join(f"{n} {phase}" for phase, n in sorted(phases.items()))
+        parts.append(f"rev {revision}: {counts}")
+    return "; ".join(parts) or "none active"
+
+
+def moves_text(view: RolloutView) -> str:
+    """``llama-2 (rev 2) -> llama-5 starting``, each move; empty when none runs."""
+    return "; ".join(
+        f"{m.replica_id} (rev {m.revision}) -> "
+        + " ".join(filter(None, (m.replacement_id, m.replacement_phase)))
+        if m.replacement_id
+        else f"{m.replica_id} (rev {m.revision}) -> not placed yet"
+        for m in view.moves
+    )
+
+
+def failures_text(view: RolloutView) -> str:
+    said = f"{view.failures} of {view.max_failures} that roll it back"
+    return said + (f"; last: {view.last_failure}" if view.last_failure else "")
+
+
+def summary_line(view: RolloutView) -> str:
+    """The rollout in one line that changes only when the rollout does (the hold's
+    countdown left out): what ``rollout status --wait`` prints when not on a terminal."""
+    parts = [
+        f"{view.rollout_id} {state_text(view.state)}",
+        f"step {step_text(view, hold_left=False)}",
+        replicas_text(view),
+    ]
+    if view.moves:
+        parts.append(f"moves: {moves_text(view)}")
+    if view.failures:
+        parts.append(f"failures: {failures_text(view)}")
+    if view.state == "paused" and view.pause_reason:
+        parts.append(f"paused: {view.pause_reason}")
+    if view.verdict:
+        parts.append(f"verdict {view.verdict}")
+    if view.outcome:
+        parts.append(f"outcome: {view.outcome}")
+    return " | ".join(parts)
+
+
+def render(view: RolloutView) -> RenderableType:
+    """The whole status: what it brings in, its step, replicas by revision, moves,
+    failures, the last verdict, the gateways' figures per revision, and where the next
+    replacement would go."""
+    header = Text.assemble(
+        (view.rollout_id, "bold"),
+        ": ",
+        (state_text(view.state), STATE_STYLES.get(view.state, "")),
+        f", revision {view.from_revision} -> {view.revision}",
+        f" (model {view.model} at revision {view.model_revision})"
+        if view.model_revision != view.revision
+        else "",
+    )
+    facts: list[tuple[str, str]] = []
+    if view.started_at is not None:
+        facts.append(("started", f"{utc_seconds(view.started_at)} UTC"))
+    facts.append(("step", step_text(view)))
+    facts.append(("replicas", replicas_text(view)))
+    pace = f"max_surge {view.max_surge}, max_unavailable {view.max_unavailable}"
+    facts.append(("moves", f"{moves_text(view) or 'none under way'} ({pace})"))
+    facts.append(("failures", failures_text(view)))
+    if view.canary is not None:
+        share = f"{view.canary.share * 100:g} %"
+        facts.append(("canary", f"revision {view.canary.revision} gets {share} of the traffic"))
+    if view.verdict:
+        facts.append(("verdict", view.verdict))
+    if view.state == "paused":
+        facts.append(("paused", view.pause_reason or "-"))
+    if view.outcome:
+        facts.append(("outcome", view.outcome))
+    if view.finished_at is not None:
+        facts.append(("finished", f"{utc_seconds(view.finished_at)} UTC"))
+    lines: list[RenderableType] = [header, *fact_lines(facts)]
+    lines.extend(_traffic(view))
+    if view.state in UNDER_WAY:
+        lines.append(
+            Text(
+                f"next replacement: llmgw-cli explain-placement {view.model} shows where it "
+                "would go and why other nodes would not",
+                style="dim",
+            )
+        )
+    return Group(*lines)
+
+
+def _traffic(view: RolloutView) -> list[Text]:
+    by_revision = view.traffic_by_revision
+    if not by_revision:
+        return [Text.assemble(("traffic:", "bold"), " no gateway reports in the last 5 s")]
+    title = traffic_title(next(iter(by_revision.values())))
+    lines = [Text(title.replace("traffic (", "traffic by revision (", 1) + ":", "bold")]
+    for revision, figures in sorted(by_revision.items(), key=lambda i: -int(i[0])):
+        lines.append(Text(f"  {revision_line(revision, figures)}"))
+    return lines
+
+
+def fact_lines(facts: Sequence[tuple[str, str]]) -> list[Text]:
+    """``name: value`` lines, values aligned; values are plain text, never markup."""
+    width = max((len(name) for name, _ in facts), default=0) + 2
+    return [Text.assemble((f"{name}:".ljust(width), "bold"), value or "-") for name, value in facts]
+
+
+def render_record(record: RolloutRecordView) -> RenderableType:
+    """One past rollout: what it brought in, who started it, its steps and verdicts."""
+    started = utc_seconds(record.started_at) + " UTC" if record.started_at else "?"
+    header = Text.assemble(
+        (record.rollout_id, "bold"),
+        f": revision {record.from_revision} -> {record.revision}, ",
+        (state_text(record.state), STATE_STYLES.get(record.state, "")),
+        f"; started {started} by {record.started_by}",
+    )
+    lines: list[RenderableType] = [header]
+    if record.changes_summary:
+        lines.append(Text(f"  changed: {record.changes_summary}"))
+    # Each summary begins by what it is about, which the header has said already.
+    about = f"rollout {record.rollout_id} "
+    for event in record.events:
+        what = event.summary.partition(about)[2] or event.summary
+        lines.append(Text(f"  {utc_seconds(event.recorded_at)}  {event.actor:<10} {what}"))
+    if record.state == "superseded":  # no event of its own says so
+        lines.append(Text(f"  {record.outcome}"))
+    return Group(*lines)

@@ -1,0 +1,85 @@
+"""How ``llmgw-cli rollout status`` shows a rollout: one line per change for logs (a hold's
+countdown is no change), and the whole status for people, with the way to see where the
+next replacement would go while one is coming."""
+
+from __future__ import annotations
+
+import io
+from datetime import UTC, datetime
+
+from msgspec.structs import replace
+from rich.console import Console
+
+from cli.rollout_render import render, summary_line
+from cli.rollout_views import RolloutMoveView, RolloutStepView, RolloutView
+
+HOLDING = RolloutView(
+    model="llama",
+    rollout_id="rollout-llama-r3",
+    state="running",
+    revision=3,
+    from_revision=2,
+    model_revision=3,
+    step=0,
+    step_started_at=datetime(2026, 12, 1, 9, 0, tzinfo=UTC),
+    steps=[
+        RolloutStepView(replicas=1, target=1, traffic=0.1, hold_s=300.0),
+        RolloutStepView(replicas="all", target=4),
+    ],
+    hold_left_s=120.4,
+    desired=4,
+    replicas_by_revision={"2": {"serving": 3}, "3": {"serving": 1}},
+    max_surge=1,
+    max_failures=2,
+)
+
+
+def shown(view: RolloutView, width: int = 100) -> str:
+    output = io.StringIO()
+    Console(file=output, width=width, highlight=False, color_system=None).print(render(view))
+    return output.getvalue()
+
+
+def test_a_line_per_change_leaves_the_countdown_of_a_hold_out() -> None:
+    later = replace(HOLDING, hold_left_s=60.0)
+
+    line = summary_line(HOLDING)
+
+    assert line == summary_line(later)
+    assert line == (
+        "rollout-llama-r3 running | step 1 of 2: 1 of 4 replica(s) on revision 3, 10 % of the "
+        "traffic, hold 300s (holding) | rev 3: 1 serving; rev 2: 3 serving"
+    )
+
+
+def test_a_move_under_way_and_the_pause_reason_are_in_the_line() -> None:
+    moving = replace(
+        HOLDING,
+        state="paused",
+        pause_reason="night freeze",
+        hold_left_s=None,
+        moves=[
+            RolloutMoveView(replica_id="llama-2", revision=2, replacement_id="llama-6"),
+            RolloutMoveView(replica_id="llama-3", revision=2),
+        ],
+    )
+
+    line = summary_line(moving)
+
+    assert "moves: llama-2 (rev 2) -> llama-6 None; llama-3 (rev 2) -> not placed yet" not in line
+    assert "moves: llama-2 (rev 2) -> llama-6; llama-3 (rev 2) -> not placed yet" in line
+    assert line.endswith("| paused: night freeze")
+
+
+def test_the_status_says_where_the_next_replacement_would_go_only_while_one_may_come() -> None:
+    running = shown(HOLDING)
+    finished = shown(replace(HOLDING, state="succeeded", finished=True, hold_left_s=None))
+
+    assert running.splitlines()[:3] == [
+        "rollout-llama-r3: running, revision 2 -> 3",
+        "step:     1 of 2: 1 of 4 replica(s) on revision 3, 10 % of the traffic, hold 300s (120s "
+        "left)",
+        "replicas: rev 3: 1 serving; rev 2: 3 serving",
+    ]
+    assert "next replacement: llmgw-cli explain-placement llama shows where it" in running
+    assert "explain-placement" not in finished
