@@ -91,7 +91,8 @@ class RolloutView(msgspec.Struct, frozen=True, kw_only=True):
     """What the gateways measured of the model's active replicas over their window, per
     revision (as in ``GET /admin/v1/models/{name}``); ``{}`` when no gateway reports."""
     moves_progress: str
-    """Where its moves are followed: ``/admin/v1/drains/{rollout_id}``."""
+    """Where its moves are listed as a drain's: ``/admin/v1/drains/{rollout_id}`` (the
+    ``state`` there is of the moves made so far, not of the rollout)."""
     placement: str
     """Where the next replacement would go and why other nodes would not:
     ``/admin/v1/models/{name}/placement`` (replacements run the model's current spec)."""
