@@ -169,7 +169,7 @@ def _report_applied(replies: list[Reply[ModelChange]], output: Output) -> None:
         print(f"model {model.name}: {said}{revision}")
         if model.outdated:
             print(
-                f"  {counted(len(model.outdated), 'replica')} placed with an older revision "
+                f"  {counted(len(model.outdated), 'replica')} placed with another revision "
                 f"keep running it until replaced: {', '.join(model.outdated)}"
             )
     sys.stdout.flush()
@@ -285,7 +285,7 @@ def print_model(model: ModelView, wide: bool = False) -> None:
         facts.append(
             (
                 "older",
-                f"{', '.join(model.outdated)} run(s) an older revision until replaced "
+                f"{', '.join(model.outdated)} run(s) another revision until replaced "
                 "(llmgw-cli history model shows what changed)",
             )
         )

@@ -111,7 +111,7 @@ class ModelView(View, frozen=True, kw_only=True):
     spec: ModelSpecView = ModelSpecView()
     revision: int = 1
     outdated: list[str] = []
-    """Active replicas running an older revision than ``revision``."""
+    """Active replicas running another revision than ``revision``."""
     traffic_by_revision: dict[str, ReplicaTrafficView] | None = None
     """One model's answer only: what the gateways saw of its replicas, per revision."""
     rollout: ModelRolloutView | None = None

@@ -175,7 +175,8 @@ class ModelView(msgspec.Struct, frozen=True, kw_only=True):
     """The model's current revision: what a replica placed now runs. A spec change that
     alters what runs (command, env, engine, GPU shape, shards, node selector) is the next."""
     outdated: list[str]
-    """Active replicas placed with an older revision: they run it until they are replaced."""
+    """Active replicas placed with another revision than the current one (an older one, or
+    a newer one rolled back): they run it until they are replaced."""
     rollout: ModelRolloutView | None = None
     """Its rollout under way, or the last one it had; null when it never had one."""
     traffic_by_revision: dict[str, ReplicaTrafficView] | None = None

@@ -358,8 +358,8 @@ class ModelStatus(msgspec.Struct, frozen=True, kw_only=True):
     below_desired_because: tuple[str, ...]
     """Empty when as many replicas serve as are desired."""
     outdated: tuple[str, ...] = ()
-    """Active replicas placed with an older revision than the model's, by number: they run
-    their revision until they are replaced."""
+    """Active replicas placed with another revision than the model's (an older one, or a
+    newer one that was rolled back), by number: they run theirs until they are replaced."""
 
 
 def model_status(state: ClusterState, name: str, now: datetime) -> ModelStatus:
@@ -381,7 +381,7 @@ def model_status(state: ClusterState, name: str, now: datetime) -> ModelStatus:
         outdated=tuple(
             r.id
             for r in sorted(replicas, key=lambda r: r.number)
-            if r.phase in ACTIVE_PHASES and r.revision < model.revision
+            if r.phase in ACTIVE_PHASES and r.revision != model.revision
         ),
     )
 

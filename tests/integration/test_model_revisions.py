@@ -86,13 +86,13 @@ async def test_a_changed_command_is_revision_2_and_replicas_on_revision_1_are_ma
     assert first == f"model {name}: declared\n"
     assert second == (
         f"model {name}: declared, revision 2\n"
-        f"  2 replicas placed with an older revision keep running it until replaced: "
+        f"  2 replicas placed with another revision keep running it until replaced: "
         f"{name}-1, {name}-2\n"
     )
     [listed] = models.json()
     assert (listed["revision"], listed["outdated"]) == (2, [f"{name}-1", f"{name}-2"])
     assert re.search(r"^revision:\s+2$", model.stdout, re.MULTILINE), model.stdout
-    assert f"{name}-1, {name}-2 run(s) an older revision until replaced" in " ".join(
+    assert f"{name}-1, {name}-2 run(s) another revision until replaced" in " ".join(
         model.stdout.split()
     )
     [model_row] = [line for line in table.stdout.splitlines() if name in line]
