@@ -76,6 +76,7 @@ def _same_content(a: GatewaySnapshot, b: GatewaySnapshot) -> bool:
         a.declared == b.declared
         and a.routes == b.routes
         and a.canaries == b.canaries
+        and a.cold_start_s == b.cold_start_s
         and a.keys == b.keys
     )
 
@@ -134,8 +135,8 @@ class PostgresSnapshotSource:
         return self._up
 
     def subscribe(self, callback: SnapshotListener) -> None:
-        """Call ``callback`` with every snapshot whose routes, canaries, keys or models
-        changed."""
+        """Call ``callback`` with every snapshot whose routes, canaries, cold-start timeouts,
+        keys or models changed."""
         self._listeners.append(callback)
 
     def stale_reason(self) -> str:

@@ -12,6 +12,7 @@ import pytest_asyncio
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.keys import key_matches
+from app.domain.model_spec import AutoscalePolicy
 from app.gateway.source import PostgresSnapshotSource
 from app.gateway.table import GatewaySnapshot
 from app.services.operations import Caller, Operations
@@ -149,6 +150,19 @@ async def test_reports_older_than_the_age_limit_are_ignored(
         await db.close()
 
     assert await InFlightReports(engine).read_in_flight() == {"a-1": 1, "b-1": 2}
+
+
+async def test_a_model_with_an_autoscaling_policy_carries_its_cold_start_timeout(
+    pg_store: PostgresEventStore, source: PostgresSnapshotSource
+) -> None:
+    scaled, fixed = name(), name()
+    policy = AutoscalePolicy(min_replicas=0, max_replicas=2, cold_start_timeout_s=42.5)
+    await declare_model(pg_store, scaled, replicas=0, autoscale=policy)
+    await declare_model(pg_store, fixed)
+
+    await wait_until(lambda: {scaled, fixed} <= source.current().declared, within_s=1.0)
+    assert source.current().cold_start_s == {scaled: 42.5}
+    assert scaled not in source.current().routes
 
 
 async def test_what_a_gateway_holds_queued_reaches_the_reader_at_once_when_asked(
