@@ -91,6 +91,8 @@ class PostgresGateway:
         self.source.report_in_flight(self.gateway.in_flight)
         self.source.report_queued(self.gateway.queued)
         self.source.report_traffic(self.gateway.traffic_report)
+        # A request held for a model starting from zero is demand the leader should see now.
+        self.gateway.router.on_hold(self.source.report_soon)
 
     async def start(self) -> None:
         """Read the first snapshot (or give up waiting for it after a few seconds: the

@@ -201,7 +201,9 @@ class Gateway:
             scrape_interval_s=scrape_interval_s,
         )
         self.metrics = GatewayMetrics(registry)
-        self.metrics.watch_replicas(self.router.replica_views, self.router.queued)
+        self.metrics.watch_replicas(
+            self.router.replica_views, self.router.queued, self.router.cold_start_holds
+        )
         self.egress = EngineEgress(engine_networks, self.metrics)
         self.traffic = TrafficWindow()
         self.app = GatewayApp(
