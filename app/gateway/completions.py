@@ -32,6 +32,7 @@ from app.gateway.asgi import Header, Receive, Scope, Send, authenticate, clock, 
 from app.gateway.errors import (
     ApiError,
     body_too_large,
+    cold_start_timed_out,
     internal_error,
     invalid_request,
     model_not_found,
@@ -44,7 +45,7 @@ from app.gateway.errors import (
 from app.gateway.metrics import CLIENT_GONE, GatewayMetrics
 from app.gateway.proxy import Opened, Timing, Upstream, read_whole, relay_stream
 from app.gateway.ratelimit import ALLOWED_UNLIMITED, RateLimiter
-from app.gateway.router import NoServingReplica, Saturated
+from app.gateway.router import ColdStartTimedOut, NoServingReplica, Saturated
 from app.gateway.table import GatewaySnapshot, KeyRecord
 from app.gateway.traffic import TrafficWindow
 from app.gateway.usage import StreamTokens, usage_of_body
@@ -309,7 +310,10 @@ class Completions:
             raise no_serving_replica(model) from None
         except Saturated as exc:
             self._metrics.rejected("saturated")
-            raise saturated(model, exc.retry_after_s) from None
+            raise saturated(model, exc.retry_after_s, starting=exc.starting) from None
+        except ColdStartTimedOut as exc:
+            self._metrics.rejected("cold_start_timeout")
+            raise cold_start_timed_out(model, exc.timeout_s, exc.retry_after_s) from None
 
     def _spend(self, key: KeyRecord, tokens: int) -> None:
         self._limiter.record_tokens(key.key_id, tokens, now=time.monotonic())

@@ -181,12 +181,17 @@ def duration_header(seconds: float) -> bytes:
     return b"%dm%ds" % (minutes, rest)
 
 
-def saturated(model: str, retry_after_s: float) -> ApiError:
-    return _retry_later(
-        f"Every replica of `{model}` is at capacity; retry after {retry_after_s:g} s.",
-        "engine_overloaded",
-        retry_after_s,
-    )
+def saturated(model: str, retry_after_s: float, *, starting: bool = False) -> ApiError:
+    """Every replica is at capacity, or (``starting``) the model has none yet and the
+    gateway holds as many requests as it may."""
+    if starting:
+        message = (
+            f"The model `{model}` is starting from zero and the gateway holds as many "
+            f"requests as it may; retry after {retry_after_s:g} s."
+        )
+    else:
+        message = f"Every replica of `{model}` is at capacity; retry after {retry_after_s:g} s."
+    return _retry_later(message, "engine_overloaded", retry_after_s)
 
 
 def _retry_later(message: str, code: str, retry_after_s: float) -> ApiError:
@@ -201,6 +206,18 @@ def no_serving_replica(model: str) -> ApiError:
         f"The model `{model}` has no serving replica right now; try again shortly.",
         type="server_error",
         code="no_serving_replica",
+    )
+
+
+def cold_start_timed_out(model: str, timeout_s: float, retry_after_s: float) -> ApiError:
+    """A request held while ``model`` started from zero: no replica served in time."""
+    return ApiError(
+        503,
+        f"The model `{model}` is starting from zero and no replica served within "
+        f"{timeout_s:g} s; retry after {math.ceil(retry_after_s)} s.",
+        type="server_error",
+        code="cold_start_timeout",
+        headers=((b"retry-after", retry_after_header(retry_after_s)),),
     )
 
 

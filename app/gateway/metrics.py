@@ -2,8 +2,8 @@
 
 Request figures are counted as requests end (one counter, four histograms, children cached
 by label so a request costs a few dictionary lookups). Per-replica figures (signals,
-in-flight, staleness) are read from the router when ``/metrics`` is scraped, not kept up to
-date on the request path.
+in-flight, staleness), the queues per model and the requests held for a cold start are read
+from the router when ``/metrics`` is scraped, not kept up to date on the request path.
 
 The ``model`` label only ever holds declared models (or ``""``): a client's typo must not
 become a new time series.
@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from app.gateway.admission import ReplicaView
@@ -37,12 +37,15 @@ CLIENT_GONE = 499
 
 ReplicaReader = Callable[[], Iterable[ReplicaView]]
 QueueReader = Callable[[], dict[str, int]]
+HoldReader = Callable[[], dict[tuple[str, str], int]]
+"""Requests held for a cold start that ended, by (model, outcome)."""
 
 
 class _ReplicaCollector(Collector):
-    def __init__(self, read: ReplicaReader, queued: QueueReader) -> None:
+    def __init__(self, read: ReplicaReader, queued: QueueReader, holds: HoldReader) -> None:
         self._read = read
         self._queued = queued
+        self._holds = holds
 
     def collect(self) -> Iterator[Metric]:
         labels = ["replica", "model"]
@@ -59,7 +62,17 @@ class _ReplicaCollector(Collector):
             "Replicas routed by in-flight count alone: no signals yet, or stale ones.",
             [],
         )
-        queued = _gauge("queued", "Requests waiting for an eligible replica.", ["model"])
+        queued = _gauge(
+            "queued",
+            "Requests waiting for an eligible replica, or held while their model starts from zero.",
+            ["model"],
+        )
+        holds = CounterMetricFamily(
+            "llmgw_gateway_cold_start_holds",
+            "Requests held while their model started from zero, by how the hold ended: "
+            "served, timed_out, cancelled (the client left) or failed.",
+            labels=["model", "outcome"],
+        )
         stale_count = 0
         for view in self._read():
             values = [view.replica_id, view.model]
@@ -77,7 +90,9 @@ class _ReplicaCollector(Collector):
         stale.add_metric([], stale_count)
         for model, count in self._queued().items():
             queued.add_metric([model], count)
-        yield from (in_flight, reserved, waiting, running, kv_usage, age, stale, queued)
+        for (model, outcome), count in sorted(self._holds().items()):
+            holds.add_metric([model, outcome], count)
+        yield from (in_flight, reserved, waiting, running, kv_usage, age, stale, queued, holds)
 
 
 def _gauge(name: str, documentation: str, labels: list[str]) -> GaugeMetricFamily:
@@ -159,9 +174,12 @@ class GatewayMetrics:
         self._counters: dict[tuple[str, int], Counter] = {}
         self._histograms: dict[str, _ModelHistograms] = {}
 
-    def watch_replicas(self, read: ReplicaReader, queued: QueueReader) -> None:
-        """Publish the router's per-replica figures, read at each scrape."""
-        self.registry.register(_ReplicaCollector(read, queued))
+    def watch_replicas(
+        self, read: ReplicaReader, queued: QueueReader, holds: HoldReader = dict
+    ) -> None:
+        """Publish the router's per-replica figures, its queues and its cold-start holds,
+        read at each scrape."""
+        self.registry.register(_ReplicaCollector(read, queued, holds))
 
     def answered(
         self,

@@ -2,9 +2,10 @@
 runs on its client listener.
 
 It is stateless: everything it routes by comes from the database (``PostgresSnapshotSource``)
-and the only thing it writes there is its report (requests in flight, and what it saw of
-each replica's requests), so any number of them can run behind a load balancer. Stopping it
-lets open requests finish, reporting them until the last one ends, then removes its report.
+and the only thing it writes there is its report (requests in flight, requests queued per
+model, and what it saw of each replica's requests), so any number of them can run behind a
+load balancer. Stopping it lets open requests finish, reporting them until the last one
+ends, then removes its report.
 """
 
 from __future__ import annotations
@@ -88,7 +89,10 @@ class PostgresGateway:
             auth_failures=options.auth_failures,
         )
         self.source.report_in_flight(self.gateway.in_flight)
+        self.source.report_queued(self.gateway.queued)
         self.source.report_traffic(self.gateway.traffic_report)
+        # A request held for a model starting from zero is demand the leader should see now.
+        self.gateway.router.on_hold(self.source.report_soon)
 
     async def start(self) -> None:
         """Read the first snapshot (or give up waiting for it after a few seconds: the

@@ -108,7 +108,8 @@ class Upstream:
         self, model: str, key_id: str, path: str, body: bytes, request_id: str, timing: Timing
     ) -> Opened:
         """Send ``body`` to a replica of ``model``; retried once before the first byte.
-        Raises ``NoServingReplica``, ``Saturated`` (from the router) or ``ApiError``."""
+        Raises ``NoServingReplica``, ``Saturated``, ``ColdStartTimedOut`` (from the router) or
+        ``ApiError``."""
         exclude: frozenset[str] = frozenset()
         failure: ApiError | None = None
         for attempt in (1, 2):

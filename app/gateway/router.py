@@ -16,13 +16,25 @@ every one is saturated), the other side takes it; only when neither can does it 
 sides are split when a snapshot is taken: a request costs one look-up more, and one draw
 in a canary step. Every gateway splits by the same rule on its own.
 
+A model with an autoscaling policy (``GatewaySnapshot.cold_start_s``) that has no route at
+all is starting from zero, or about to: a request for it is held in the model's queue (the
+same fair, bounded queue) for up to the model's cold-start timeout instead of failing at
+once, and is granted a lease as soon as a routing table with a replica of the model
+arrives. Waiters that were queued for a saturated replica when their model lost its last
+route are held likewise, for a cold-start timeout from then. The router calls its
+``on_hold`` listener when it starts holding requests for a model that held none, so the
+gateway reports the demand at once (``app.gateway.source``); ``queued()`` counts held
+requests with the others.
+
 A reservation ends at the first byte of the answer, or earlier once a scrape that started
 at least one full scrape after the request was sent has answered: by then the engine
 counts the request itself (as waiting or running), and counting it twice would keep a
 replica with long non-streaming requests saturated.
 
-Exceptions: ``NoServingReplica`` (no route for the model: 503) and ``Saturated`` (every
-replica at its limit: 429 with ``Retry-After``).
+Exceptions: ``NoServingReplica`` (no route for the model: 503), ``Saturated`` (every
+replica at its limit, or the queue full: 429 with ``Retry-After``) and
+``ColdStartTimedOut`` (held for a model starting from zero, and no replica came within its
+cold-start timeout: 503 with ``Retry-After``).
 """
 
 from __future__ import annotations
@@ -32,7 +44,9 @@ import functools
 import math
 import random
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import aiohttp
 
@@ -48,10 +62,26 @@ from app.gateway.fairqueue import FairQueue
 from app.gateway.signals import EngineReading, ScraperTasks
 from app.gateway.table import GatewaySnapshot, Route
 
-__all__ = ["Lease", "NoServingReplica", "ReplicaView", "Router", "Saturated"]
+__all__ = [
+    "ColdStartTimedOut",
+    "HoldOutcome",
+    "Lease",
+    "NoServingReplica",
+    "ReplicaView",
+    "Router",
+    "Saturated",
+]
 
 RETIRED_LINGER_S = 30.0
 """How long a replica taken out of routing stays in ``in_flight()`` once it is idle."""
+COLD_START_RETRY_AFTER_S = (1.0, 30.0)
+"""What ``ColdStartTimedOut`` tells clients: a tenth of the cold-start timeout, within
+these bounds. The replica may be about to serve, or may take as long again."""
+
+HoldOutcome = Literal["served", "timed_out", "cancelled", "failed"]
+"""How a request held for a cold start ended: ``served``, ``timed_out``, ``cancelled``
+(its client left) or ``failed`` (the model was removed or lost its autoscaling policy, or
+the gateway stopped)."""
 
 
 class NoServingReplica(Exception):
@@ -61,9 +91,27 @@ class NoServingReplica(Exception):
 
 
 class Saturated(Exception):
-    def __init__(self, retry_after_s: float) -> None:
+    def __init__(self, retry_after_s: float, *, starting: bool = False) -> None:
+        """``starting``: the model has no replica yet, and the queue is full."""
         super().__init__(f"every replica is saturated; retry after {retry_after_s:g} s")
         self.retry_after_s = retry_after_s
+        self.starting = starting
+
+
+class ColdStartTimedOut(Exception):
+    def __init__(self, model: str, timeout_s: float, retry_after_s: float) -> None:
+        super().__init__(
+            f"model {model!r} is starting from zero and no replica served within "
+            f"{timeout_s:g} s; retry after {retry_after_s:g} s"
+        )
+        self.model = model
+        self.timeout_s = timeout_s
+        self.retry_after_s = retry_after_s
+
+
+def cold_start_retry_after_s(timeout_s: float) -> float:
+    low, high = COLD_START_RETRY_AFTER_S
+    return float(min(high, max(low, math.ceil(timeout_s / 10))))
 
 
 class Lease:
@@ -97,7 +145,7 @@ class Lease:
 
 
 class _Waiter:
-    __slots__ = ("enqueued_at", "exclude", "future", "key_id", "model")
+    __slots__ = ("deadline", "enqueued_at", "exclude", "future", "hold_s", "key_id", "model")
 
     def __init__(
         self, model: str, key_id: str, exclude: frozenset[str], future: asyncio.Future[Lease]
@@ -107,6 +155,16 @@ class _Waiter:
         self.exclude = exclude
         self.future = future
         self.enqueued_at = 0.0
+        self.hold_s: float | None = None
+        """Held for a cold start, up to this long; ``None`` while it waits for room."""
+        self.deadline: asyncio.Timeout | None = None
+
+    def hold(self, hold_s: float) -> None:
+        """Wait for a cold start from now on, up to ``hold_s``."""
+        self.hold_s = hold_s
+        deadline = self.deadline
+        if deadline is not None and not deadline.expired():  # else it ends as it was
+            deadline.reschedule(self.future.get_loop().time() + hold_s)
 
 
 class _Split:
@@ -150,7 +208,15 @@ class Router:
         self._retired: dict[str, ReplicaState] = {}
         self._queues: dict[str, FairQueue[_Waiter]] = {}
         self._queued = 0
+        self._cold_start_s: dict[str, float] = {}
+        self._holds: Counter[tuple[str, HoldOutcome]] = Counter()
+        self._on_hold: Callable[[], None] | None = None
         self._session: aiohttp.ClientSession | None = None
+
+    def on_hold(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (on the router's loop) whenever a request for a model starting
+        from zero is held and none was held for it before."""
+        self._on_hold = listener
 
     # -- routing table ---------------------------------------------------------------------
 
@@ -182,6 +248,7 @@ class Router:
             if self._session is not None and state.route.replica_id not in self._scrapers:
                 self._start_scraper(state, self._session)
         self._splits = _splits(snapshot, self._by_model)
+        self._cold_start_s = dict(snapshot.cold_start_s)
         for model in list(self._queues):
             self._fail_unroutable(model)
             self._dispatch(model)
@@ -191,29 +258,59 @@ class Router:
     async def acquire(
         self, model: str, key_id: str, exclude: frozenset[str] = frozenset()
     ) -> Lease:
-        if not self._has_candidates(model, exclude):
+        hold_s = self._hold_s(model)
+        if hold_s is None and not self._has_candidates(model, exclude):
             raise NoServingReplica(model)
         queue = self._queues.get(model)
-        if not queue:
+        if hold_s is None and not queue:
             chosen = self._choose(model, exclude)
             if chosen is not None:
                 return Lease(self, chosen, 0.0)
-        if self._queued >= self._queue_limit or self._queue_timeout_s <= 0:
+        if self._queued >= self._queue_limit:
+            raise Saturated(self.retry_after_s, starting=hold_s is not None)
+        if hold_s is None and self._queue_timeout_s <= 0:
             raise Saturated(self.retry_after_s)
         waiter = _Waiter(model, key_id, exclude, asyncio.get_running_loop().create_future())
         waiter.enqueued_at = self._clock()
+        waiter.hold_s = hold_s
         self._queues.setdefault(model, FairQueue()).push(key_id, waiter)
         self._queued += 1
-        self._dispatch(model)
+        if hold_s is None:
+            self._dispatch(model)
+        elif not queue and self._on_hold is not None:
+            self._on_hold()
         try:
-            async with asyncio.timeout(self._queue_timeout_s):
-                return await waiter.future
+            timeout_s = self._queue_timeout_s if hold_s is None else hold_s
+            async with asyncio.timeout(timeout_s) as deadline:
+                waiter.deadline = deadline
+                lease = await waiter.future
         except TimeoutError:
             self._abandon(waiter)
-            raise Saturated(self.retry_after_s) from None
-        except BaseException:
+            if waiter.hold_s is None:
+                raise Saturated(self.retry_after_s) from None
+            self._holds[model, "timed_out"] += 1
+            if model in self._by_model:  # a replica came, but had no room in time
+                raise Saturated(self.retry_after_s) from None
+            retry_after_s = max(self.retry_after_s, cold_start_retry_after_s(waiter.hold_s))
+            raise ColdStartTimedOut(model, waiter.hold_s, retry_after_s) from None
+        except BaseException as exc:
             self._abandon(waiter)
+            if waiter.hold_s is not None:
+                ended: HoldOutcome = (
+                    "cancelled" if isinstance(exc, asyncio.CancelledError) else "failed"
+                )
+                self._holds[model, ended] += 1
             raise
+        if waiter.hold_s is not None:
+            self._holds[model, "served"] += 1
+        return lease
+
+    def _hold_s(self, model: str) -> float | None:
+        """How long a request for ``model`` is held: its cold-start timeout while it has no
+        route at all; ``None`` when it has a route, or no autoscaling policy."""
+        if model in self._by_model:
+            return None
+        return self._cold_start_s.get(model)
 
     def _has_candidates(self, model: str, exclude: frozenset[str]) -> bool:
         return any(s.route.replica_id not in exclude for s in self._by_model.get(model, ()))
@@ -276,8 +373,18 @@ class Router:
             future.result().release()
 
     def _fail_unroutable(self, model: str) -> None:
+        """Fail the waiters of ``model`` that no replica can take; unless the model is
+        starting from zero: then its waiters are held for the cold start."""
         queue = self._queues.get(model)
         if queue is None:
+            return
+        hold_s = self._hold_s(model)
+        if hold_s is not None:
+            waiting = [w for w in queue if w.hold_s is None]
+            for waiter in waiting:
+                waiter.hold(hold_s)
+            if waiting and self._on_hold is not None:
+                self._on_hold()
             return
         for waiter in [w for w in queue if not self._has_candidates(model, w.exclude)]:
             queue.remove(waiter.key_id, waiter)
@@ -365,8 +472,13 @@ class Router:
         )
 
     def queued(self) -> dict[str, int]:
-        """Requests waiting for a replica, per model."""
+        """Requests waiting for a replica, per model (those held for a cold start too)."""
         return {model: len(queue) for model, queue in self._queues.items()}
+
+    def cold_start_holds(self) -> dict[tuple[str, str], int]:
+        """Requests held for a cold start that ended, by model and how they ended
+        (``HoldOutcome``)."""
+        return {ended: count for ended, count in self._holds.items()}
 
 
 def _splits(

@@ -4,6 +4,7 @@ uvicorn.
     gateway = Gateway(source, host="0.0.0.0", port=8080)
     await gateway.start()        # listening once this returns
     ...                          # gateway.in_flight() for the database's drain accounting,
+                                 # gateway.queued() for the autoscaler's demand,
                                  # gateway.traffic_report() for the replicas' figures
     await gateway.stop()         # in-flight requests finish (up to ``graceful_shutdown_s``)
 
@@ -200,7 +201,9 @@ class Gateway:
             scrape_interval_s=scrape_interval_s,
         )
         self.metrics = GatewayMetrics(registry)
-        self.metrics.watch_replicas(self.router.replica_views, self.router.queued)
+        self.metrics.watch_replicas(
+            self.router.replica_views, self.router.queued, self.router.cold_start_holds
+        )
         self.egress = EngineEgress(engine_networks, self.metrics)
         self.traffic = TrafficWindow()
         self.app = GatewayApp(
@@ -232,6 +235,10 @@ class Gateway:
     def in_flight(self) -> dict[str, int]:
         """Requests open per replica (replicas just taken out of routing included)."""
         return self.router.in_flight()
+
+    def queued(self) -> dict[str, int]:
+        """Requests waiting for a replica per model, those held for a cold start too."""
+        return self.router.queued()
 
     def traffic_report(self) -> TrafficReport:
         """What this gateway saw of each replica's requests over its window."""

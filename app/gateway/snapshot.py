@@ -8,14 +8,27 @@ from time import monotonic
 
 import asyncpg
 
+from app.domain.model_spec import MAX_COLD_START_S
 from app.gateway.table import Canary, GatewaySnapshot, KeyRecord, Route
-from app.store.routing_rows import CanaryRow, KeyRow, RouteRow, read_routing_rows
+from app.store.routing_rows import (
+    CanaryRow,
+    ColdStartRow,
+    KeyRow,
+    RouteRow,
+    read_routing_rows,
+)
 
 
 async def read_snapshot(db: asyncpg.Connection, *, within_s: float) -> GatewaySnapshot:
     rows = await read_routing_rows(db, within_s=within_s)
     return build_snapshot(
-        rows.position, rows.declared, rows.routes, rows.keys, monotonic(), canaries=rows.canaries
+        rows.position,
+        rows.declared,
+        rows.routes,
+        rows.keys,
+        monotonic(),
+        canaries=rows.canaries,
+        cold_starts=rows.cold_starts,
     )
 
 
@@ -33,6 +46,7 @@ def build_snapshot(
     at: float,
     *,
     canaries: Sequence[CanaryRow] = (),
+    cold_starts: Sequence[ColdStartRow] = (),
 ) -> GatewaySnapshot:
     by_model: dict[str, list[Route]] = {}
     for row in sorted(routes, key=lambda r: r.replica_id):
@@ -58,6 +72,11 @@ def build_snapshot(
             for c in canaries
             if c.model in names and is_share(c.traffic)
         },
+        cold_start_s={
+            c.model: c.timeout_s
+            for c in cold_starts
+            if c.model in names and is_cold_start_timeout(c.timeout_s)
+        },
         keys={
             k.prefix: KeyRecord(
                 key_id=k.id,
@@ -79,3 +98,9 @@ def is_share(traffic: float) -> bool:
     """A canary's share of requests is above 0 and at most 1 (the domain allows no other); a
     row with any other is taken for no canary, so the model's routing stays as without one."""
     return math.isfinite(traffic) and 0.0 < traffic <= 1.0
+
+
+def is_cold_start_timeout(timeout_s: float) -> bool:
+    """A cold-start timeout is above 0 and at most ``MAX_COLD_START_S`` (the spec allows no
+    other); a row with any other is taken for none, so the model's requests are not held."""
+    return math.isfinite(timeout_s) and 0.0 < timeout_s <= MAX_COLD_START_S

@@ -10,8 +10,12 @@
 - reads again every ``refresh_interval_s`` anyway, in case a notification was lost;
 - writes the router's in-flight counts to ``gateway_reports`` every
   ``report_interval_s``, for the reconciler (``app.store.gateway_reports``), and in the
-  same statement what the gateway saw of each replica's requests over its window, for the
-  admin API (``app.gateway.traffic``).
+  same statement the requests it holds queued per model (with the in-flight counts, the
+  demand the autoscaler reads) and what the gateway saw of each replica's requests over
+  its window, for the admin API (``app.gateway.traffic``);
+- writes that report at once, instead of at its next turn, when ``report_soon()`` is
+  called (the router does when it starts holding requests for a model that starts from
+  zero), but never more often than every ``MIN_REPORT_GAP_S``.
 
 When the database goes away the last snapshot keeps serving and ``fresh()`` turns false
 (``/readyz`` says so); the loss is logged once, and so is the return. It reconnects with
@@ -42,6 +46,9 @@ log = structlog.get_logger(__name__)
 DEFAULT_REFRESH_INTERVAL_S = 5.0
 DEFAULT_REPORT_INTERVAL_S = 0.5
 DEFAULT_DEBOUNCE_S = 0.05
+MIN_REPORT_GAP_S = 0.05
+"""``report_soon()`` writes a report at most this soon after the last one, however often
+it is called."""
 QUERY_TIMEOUT_S = 5.0
 """A statement that takes longer is taken for a dead connection (a network that drops
 packets sends no reset)."""
@@ -56,6 +63,7 @@ _CONNECTION_LOST = (
 )
 
 InFlightCounter = Callable[[], dict[str, int]]
+QueuedCounter = Callable[[], dict[str, int]]
 TrafficReader = Callable[[], TrafficReport]
 
 
@@ -68,6 +76,7 @@ def _same_content(a: GatewaySnapshot, b: GatewaySnapshot) -> bool:
         a.declared == b.declared
         and a.routes == b.routes
         and a.canaries == b.canaries
+        and a.cold_start_s == b.cold_start_s
         and a.keys == b.keys
     )
 
@@ -100,6 +109,8 @@ class PostgresSnapshotSource:
         self._listeners: list[SnapshotListener] = []
         self._in_flight: InFlightCounter | None = None
         self._traffic: TrafficReader | None = None
+        self._queued: QueuedCounter | None = None
+        self._report_soon = False
         self._up = False
         self._up_since_connect = False
         self._loss_logged = False
@@ -124,8 +135,8 @@ class PostgresSnapshotSource:
         return self._up
 
     def subscribe(self, callback: SnapshotListener) -> None:
-        """Call ``callback`` with every snapshot whose routes, canaries, keys or models
-        changed."""
+        """Call ``callback`` with every snapshot whose routes, canaries, cold-start timeouts,
+        keys or models changed."""
         self._listeners.append(callback)
 
     def stale_reason(self) -> str:
@@ -149,6 +160,17 @@ class PostgresSnapshotSource:
         """Write ``reader()`` (per-replica figures over a window) with each in-flight
         report."""
         self._traffic = reader
+
+    def report_queued(self, counter: QueuedCounter) -> None:
+        """Write ``counter()`` (requests queued per model) with each in-flight report."""
+        self._queued = counter
+
+    def report_soon(self) -> None:
+        """Write the next report now rather than at its turn (at most every
+        ``MIN_REPORT_GAP_S``): something the readers should see has just begun. Call it on
+        the source's loop."""
+        self._report_soon = True
+        self._wake.set()
 
     async def start(self, *, wait_s: float = QUERY_TIMEOUT_S) -> None:
         """Connect and start following the database; returns once the first snapshot is
@@ -215,6 +237,7 @@ class PostgresSnapshotSource:
         self._up_since_connect = True
         next_read = monotonic() + self._refresh_interval_s
         next_report = monotonic()
+        last_report = float("-inf")
         while not self._stop.is_set():
             if db.is_closed():
                 raise ConnectionResetError("the database closed the connection")
@@ -225,6 +248,9 @@ class PostgresSnapshotSource:
             self._wake.clear()
             if self._stop.is_set() or db.is_closed():
                 continue
+            if self._report_soon:
+                self._report_soon = False
+                next_report = min(next_report, last_report + MIN_REPORT_GAP_S)
             if self._notified:
                 await asyncio.sleep(self._debounce_s)  # one read for a burst of appends
                 self._notified = False
@@ -239,8 +265,10 @@ class PostgresSnapshotSource:
                     self._in_flight(),
                     within_s=self._timeout_s,
                     traffic=None if self._traffic is None else self._traffic(),
+                    queued=None if self._queued is None else self._queued(),
                 )
-                next_report = monotonic() + self._report_interval_s
+                last_report = monotonic()
+                next_report = last_report + self._report_interval_s
         with contextlib.suppress(*_CONNECTION_LOST):
             await delete_report(db, self.gateway_id, within_s=min(self._timeout_s, 1.0))
 

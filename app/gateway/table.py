@@ -70,6 +70,10 @@ class GatewaySnapshot(msgspec.Struct, frozen=True, kw_only=True):
     """Serving replicas by model name."""
     canaries: dict[str, Canary] = {}
     """The canary split of each declared model in a rollout's canary step, by name."""
+    cold_start_s: dict[str, float] = {}
+    """The cold-start timeout of each declared model with an autoscaling policy, by name: a
+    request for one that has no route waits up to this long for one, instead of 503 at
+    once (``app.gateway.router``)."""
     keys: dict[str, KeyRecord] = {}
     """Live (not revoked) keys by public prefix."""
     position: int = 0

@@ -2,15 +2,15 @@
 telemetry, not events.
 
 Each gateway overwrites its own ``gateway_reports`` row every half second: ``in_flight``
-(requests open per replica) and ``traffic`` (per replica over the gateway's window:
-requests, errors, cancels and latency histograms; ``app.domain.traffic``). Readers use the
-rows younger than ``REPORT_MAX_AGE_S``, aged by the database's clock so that no skew
-between machines matters; a gateway that stopped, or lost the database, stops counting
-after that.
+(requests open per replica), ``queued`` (requests it holds waiting for a replica, per
+model) and ``traffic`` (per replica over the gateway's window: requests, errors, cancels
+and latency histograms; ``app.domain.traffic``). Readers use the rows younger than
+``REPORT_MAX_AGE_S``, aged by the database's clock so that no skew between machines
+matters; a gateway that stopped, or lost the database, stops counting after that.
 
 A row is the writer's word, so a reader takes it as hostile: ``traffic`` is decoded per
-replica into bounded types, and a piece that is too big or malformed is skipped (and
-logged), never a failure of the reader.
+replica and ``queued`` per model into bounded types, and a piece that is too big or
+malformed is skipped (and logged), never a failure of the reader.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import msgspec
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.domain.model_spec import NAME_PATTERN
 from app.domain.traffic import ReplicaTraffic, TrafficFigures, WindowSeconds, combined, merge
 from app.store.database import connection
 
@@ -34,8 +35,16 @@ MAX_REPORTED_REPLICAS = 2000
 MAX_REPLICA_TRAFFIC_BYTES = 64 * 1024
 """One replica's figures are three histograms of at most 185 buckets: far below this."""
 MAX_REPLICA_ID_CHARS = 256
+MAX_REPORTED_MODELS = 2000
+"""A report lists the queues of at most this many models, the longest; a reader takes the
+first this many of a row that lists more."""
+MAX_QUEUED_PER_MODEL = 1_000_000
+"""Far above any gateway's queue limit: a count above it is a lie, not a queue."""
+MAX_QUEUED_REPORT_BYTES = 256 * 1024
+"""2,000 models of the longest names with their counts fit in less."""
 
 ReplicaId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REPLICA_ID_CHARS)]
+QueuedCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_QUEUED_PER_MODEL)]
 
 
 class TrafficReport(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -48,10 +57,11 @@ class TrafficReport(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 
 _UPSERT = """
-INSERT INTO gateway_reports (gateway_id, in_flight, traffic, reported_at)
-VALUES ($1, $2::jsonb, $3::jsonb, now())
+INSERT INTO gateway_reports (gateway_id, in_flight, traffic, queued, reported_at)
+VALUES ($1, $2::jsonb, $3::jsonb, $4::jsonb, now())
 ON CONFLICT (gateway_id) DO UPDATE
-SET in_flight = excluded.in_flight, traffic = excluded.traffic, reported_at = now()
+SET in_flight = excluded.in_flight, traffic = excluded.traffic, queued = excluded.queued,
+    reported_at = now()
 """
 
 _SUM_RECENT = """
@@ -59,6 +69,13 @@ SELECT counts.key AS replica_id, sum(counts.value::int)::int AS in_flight
 FROM gateway_reports, jsonb_each_text(gateway_reports.in_flight) AS counts
 WHERE gateway_reports.reported_at > now() - make_interval(secs => $1)
 GROUP BY counts.key
+"""
+
+_QUEUED_RECENT = """
+SELECT gateway_id, octet_length(queued::text) AS size,
+       CASE WHEN octet_length(queued::text) <= $2 THEN queued::text END AS queued
+FROM gateway_reports
+WHERE reported_at > now() - make_interval(secs => $1) AND queued IS NOT NULL
 """
 
 _SOME_REPLICAS_TRAFFIC = """
@@ -73,7 +90,8 @@ WHERE reported_at > now() - make_interval(secs => $2) AND traffic IS NOT NULL
 _encoder = msgspec.json.Encoder()
 _decode_window = msgspec.json.Decoder(WindowSeconds).decode
 _decode_replica = msgspec.json.Decoder(ReplicaTraffic).decode
-_decode_raw_replicas = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
+_decode_raw_pieces = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
+_decode_count = msgspec.json.Decoder(QueuedCount).decode
 
 
 def bounded(report: TrafficReport) -> TrafficReport:
@@ -86,6 +104,15 @@ def bounded(report: TrafficReport) -> TrafficReport:
     return TrafficReport(window_s=report.window_s, replicas=dict(busiest))
 
 
+def longest_queues(queued: Mapping[str, int]) -> dict[str, int]:
+    """The models with requests queued, at most ``MAX_REPORTED_MODELS`` of them (the
+    longest queues)."""
+    waiting = {model: count for model, count in queued.items() if count > 0}
+    if len(waiting) <= MAX_REPORTED_MODELS:
+        return waiting
+    return dict(sorted(waiting.items(), key=lambda item: item[1])[-MAX_REPORTED_MODELS:])
+
+
 async def write_report(
     db: asyncpg.Connection,
     gateway_id: str,
@@ -93,12 +120,22 @@ async def write_report(
     *,
     within_s: float,
     traffic: TrafficReport | None = None,
+    queued: Mapping[str, int] | None = None,
 ) -> None:
     """Replace ``gateway_id``'s report; only replicas with requests open are listed in
-    ``in_flight``, and only replicas with something in the window in ``traffic``."""
+    ``in_flight``, only replicas with something in the window in ``traffic``, and only
+    models with requests waiting in ``queued`` (None: this gateway does not say)."""
     busy = {replica: count for replica, count in in_flight.items() if count > 0}
     figures = None if traffic is None else _encoder.encode(bounded(traffic)).decode()
-    await db.execute(_UPSERT, gateway_id, _encoder.encode(busy).decode(), figures, timeout=within_s)
+    waiting = None if queued is None else _encoder.encode(longest_queues(queued)).decode()
+    await db.execute(
+        _UPSERT,
+        gateway_id,
+        _encoder.encode(busy).decode(),
+        figures,
+        waiting,
+        timeout=within_s,
+    )
 
 
 async def delete_report(db: asyncpg.Connection, gateway_id: str, *, within_s: float) -> None:
@@ -145,13 +182,27 @@ class TrafficReports:
 
 
 class InFlightReports(TrafficReports):
-    """The reconciler's reader: requests in flight per replica, over every live gateway,
-    and (for a rollout's verdicts) the traffic of groups of replicas."""
+    """The reconciler's reader: requests in flight per replica and requests queued per
+    model, over every live gateway, and (for a rollout's verdicts) the traffic of groups of
+    replicas."""
 
     async def read_in_flight(self) -> dict[str, int]:
         async with connection(self._engine) as db:
             rows = await db.fetch(_SUM_RECENT, self._max_age_s)
         return {row["replica_id"]: row["in_flight"] for row in rows if row["in_flight"] > 0}
+
+    async def read_queued(self) -> dict[str, int]:
+        """Requests the live gateways hold waiting for a replica, summed per model; only
+        models with some. A row too big, or not an object, is skipped whole; an entry that
+        is not a model name with a count in bounds is skipped alone (both logged)."""
+        async with connection(self._engine) as db:
+            rows = await db.fetch(_QUEUED_RECENT, self._max_age_s, MAX_QUEUED_REPORT_BYTES)
+        totals: dict[str, int] = {}
+        for row in rows:
+            queued = _decode_queued(row["gateway_id"], row["size"], row["queued"])
+            for model, count in queued.items():
+                totals[model] = totals.get(model, 0) + count
+        return {model: count for model, count in totals.items() if count > 0}
 
 
 def _decode_replicas(
@@ -163,7 +214,7 @@ def _decode_replicas(
         if window is None:
             raise ValueError("no window_s")
         window_s = _decode_window(window)
-        raw = _decode_raw_replicas(replicas) if replicas is not None else {}
+        raw = _decode_raw_pieces(replicas) if replicas is not None else {}
         parts: dict[str, ReplicaTraffic] = {}
         for replica_id, piece in raw.items():
             if len(piece) > MAX_REPLICA_TRAFFIC_BYTES:
@@ -173,3 +224,35 @@ def _decode_replicas(
         log.warning("gateway_report_refused", gateway_id=gateway_id[:200], error=str(exc)[:500])
         return None
     return window_s, parts
+
+
+def _decode_queued(gateway_id: str, size: int, document: str | None) -> dict[str, int]:
+    """A gateway's queued counts by model: what of it fits (the rest logged, never
+    raised)."""
+    try:
+        if document is None:
+            raise ValueError(f"{size} bytes of queued counts, over {MAX_QUEUED_REPORT_BYTES}")
+        raw = _decode_raw_pieces(document)
+    except (msgspec.DecodeError, ValueError) as exc:
+        log.warning("gateway_report_refused", gateway_id=gateway_id[:200], error=str(exc)[:500])
+        return {}
+    counts: dict[str, int] = {}
+    refused: list[str] = []
+    for model, piece in raw.items():
+        if len(counts) == MAX_REPORTED_MODELS:
+            refused.append(f"models past the first {MAX_REPORTED_MODELS}")
+            break
+        try:
+            if not NAME_PATTERN.fullmatch(model):
+                raise ValueError("not a model's name")
+            counts[model] = _decode_count(piece)
+        except (msgspec.DecodeError, ValueError) as exc:
+            refused.append(f"{model[:100]!r}: {exc}")
+    if refused:
+        log.warning(
+            "gateway_report_refused",
+            gateway_id=gateway_id[:200],
+            error=f"queued counts skipped: {'; '.join(refused[:5])}"[:500],
+            skipped=len(raw) - len(counts),
+        )
+    return counts

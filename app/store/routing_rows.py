@@ -1,7 +1,8 @@
 """What a gateway routes by, read from the projection in one statement.
 
 Declared models (removed ones are not: they answer 404 like any unknown model) with the
-canary split of those in a rollout's canary step, the ``routing_table`` view with each
+canary split of those in a rollout's canary step and the cold-start timeout of those with
+an autoscaling policy (``spec->'autoscale'``), the ``routing_table`` view with each
 route's revision and the address its node connected from (the gateway's egress check
 allows that address by default), live (not revoked) API keys and the projection's
 position. One statement sees one snapshot of the database, as a REPEATABLE READ
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncpg
 import msgspec
 
+from app.domain.model_spec import MAX_COLD_START_S
 from app.domain.revisions import FIRST_REVISION
 from app.store.postgres import CHECKPOINT
 
@@ -26,6 +28,14 @@ SELECT
      FROM models
      WHERE NOT removed AND canary_revision IS NOT NULL AND canary_traffic IS NOT NULL) c)
     AS canaries,
+  (SELECT coalesce(json_agg(c), '[]') FROM (
+     SELECT model, timeout_s FROM (
+       SELECT name AS model,
+              CASE WHEN jsonb_typeof(spec->'autoscale'->'cold_start_timeout_s') = 'number'
+                   THEN (spec->'autoscale'->'cold_start_timeout_s')::numeric END AS timeout_s
+       FROM models WHERE NOT removed) a
+     WHERE timeout_s > 0 AND timeout_s <= $2) c)
+    AS cold_starts,
   (SELECT coalesce(json_agg(r), '[]') FROM (
      SELECT t.replica_id, t.model, t.address, t.port, t.weight, t.target_waiting,
             t.kv_ceiling, t.draining, t.revision,
@@ -59,6 +69,15 @@ class CanaryRow(msgspec.Struct, frozen=True):
     traffic: float
 
 
+class ColdStartRow(msgspec.Struct, frozen=True):
+    """A declared model with an autoscaling policy: a request for it while it has no
+    route waits up to ``timeout_s`` for one. Only timeouts the spec allows are read: a
+    row with another (not a number, 0, past ``MAX_COLD_START_S``) is taken for none."""
+
+    model: str
+    timeout_s: float
+
+
 class KeyRow(msgspec.Struct, frozen=True):
     id: str
     name: str
@@ -74,23 +93,26 @@ class RoutingRows(msgspec.Struct, frozen=True):
     """The log position the projection was at."""
     declared: list[str]
     canaries: list[CanaryRow]
+    cold_starts: list[ColdStartRow]
     routes: list[RouteRow]
     keys: list[KeyRow]
 
 
 _declared_decoder = msgspec.json.Decoder(list[str])
 _canaries_decoder = msgspec.json.Decoder(list[CanaryRow])
+_cold_starts_decoder = msgspec.json.Decoder(list[ColdStartRow])
 _routes_decoder = msgspec.json.Decoder(list[RouteRow])
 _keys_decoder = msgspec.json.Decoder(list[KeyRow])
 
 
 async def read_routing_rows(db: asyncpg.Connection, *, within_s: float) -> RoutingRows:
-    row = await db.fetchrow(_READ_ROWS, CHECKPOINT, timeout=within_s)
+    row = await db.fetchrow(_READ_ROWS, CHECKPOINT, MAX_COLD_START_S, timeout=within_s)
     assert row is not None  # a SELECT without FROM returns one row
     return RoutingRows(
         position=int(row["position"] or 0),
         declared=_declared_decoder.decode(row["declared"]),
         canaries=_canaries_decoder.decode(row["canaries"]),
+        cold_starts=_cold_starts_decoder.decode(row["cold_starts"]),
         routes=_routes_decoder.decode(row["routes"]),
         keys=_keys_decoder.decode(row["keys"]),
     )

@@ -192,6 +192,7 @@ gateway_reports = Table(
     Column("in_flight", JSONB, nullable=False),
     Column("reported_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
     Column("traffic", JSONB),
+    Column("queued", JSONB),
 )
 
 fold_snapshots = Table(

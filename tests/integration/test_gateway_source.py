@@ -1,6 +1,6 @@
 """The gateway's snapshot source against a real PostgreSQL: what the control plane appends
-reaches the snapshot (keys within a second), and what the gateway reports in flight reaches
-the reconciler's reader."""
+reaches the snapshot (keys within a second), and what the gateway reports in flight and
+queued reaches the reconciler's reader."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest_asyncio
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.keys import key_matches
+from app.domain.model_spec import AutoscalePolicy
 from app.gateway.source import PostgresSnapshotSource
 from app.gateway.table import GatewaySnapshot
 from app.services.operations import Caller, Operations
@@ -149,3 +150,78 @@ async def test_reports_older_than_the_age_limit_are_ignored(
         await db.close()
 
     assert await InFlightReports(engine).read_in_flight() == {"a-1": 1, "b-1": 2}
+
+
+async def test_a_model_with_an_autoscaling_policy_carries_its_cold_start_timeout(
+    pg_store: PostgresEventStore, source: PostgresSnapshotSource
+) -> None:
+    scaled, fixed = name(), name()
+    policy = AutoscalePolicy(min_replicas=0, max_replicas=2, cold_start_timeout_s=42.5)
+    await declare_model(pg_store, scaled, replicas=0, autoscale=policy)
+    await declare_model(pg_store, fixed)
+
+    await wait_until(lambda: {scaled, fixed} <= source.current().declared, within_s=1.0)
+    assert source.current().cold_start_s == {scaled: 42.5}
+    assert scaled not in source.current().routes
+
+
+async def test_what_a_gateway_holds_queued_reaches_the_reader_at_once_when_asked(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    """Reports every 5 s: only ``report_soon`` can bring a hold within the second."""
+    queued: dict[str, int] = {}
+    one = PostgresSnapshotSource(database_url, gateway_id="gw-one", report_interval_s=5.0)
+    two = PostgresSnapshotSource(database_url, gateway_id="gw-two", report_interval_s=0.05)
+    one.report_in_flight(dict)
+    one.report_queued(lambda: dict(queued))
+    two.report_in_flight(dict)
+    two.report_queued(lambda: {"llama": 2, "idle": 0})
+    reports = InFlightReports(engine)
+    await one.start()
+    await two.start()
+    try:
+
+        async def reported(expected: dict[str, int]) -> bool:
+            return await reports.read_queued() == expected
+
+        await wait_until(lambda: reported({"llama": 2}), within_s=2.0, what="gw-two's queue")
+        queued["qwen"] = 3
+        one.report_soon()
+        await wait_until(lambda: reported({"llama": 2, "qwen": 3}), within_s=1.0, what="a hold")
+    finally:
+        await two.close()
+    assert await reports.read_queued() == {"qwen": 3}  # a closed gateway's report is removed
+    await one.close()
+    assert await reports.read_queued() == {}
+
+
+async def test_queued_counts_are_read_from_fresh_reports_and_lies_are_skipped(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    """A gateway's row is its writer's word: a malformed entry costs only that entry, a
+    malformed row only that row."""
+    rows = [
+        ("good", '{"llama": 2, "qwen": 1}'),
+        ("lies", '{"llama": -5, "qwen": 1, "Not A Model!": 3, "big": 1000000000, "odd": "7"}'),
+        ("array", "[1, 2, 3]"),
+        ("number", "12"),
+        ("huge", '{"llama": 1, "pad": "' + "x" * 300_000 + '"}'),
+        ("none", None),
+    ]
+    db = await asyncpg.connect(driver_url(database_url))
+    try:
+        for gateway_id, queued in rows:
+            await db.execute(
+                "INSERT INTO gateway_reports (gateway_id, in_flight, queued) "
+                "VALUES ($1, '{}'::jsonb, $2::jsonb)",
+                gateway_id,
+                queued,
+            )
+        await db.execute(
+            "INSERT INTO gateway_reports (gateway_id, in_flight, queued, reported_at) "
+            """VALUES ('stale', '{}', '{"llama": 100}', now() - interval '6 seconds')"""
+        )
+    finally:
+        await db.close()
+
+    assert await InFlightReports(engine).read_queued() == {"llama": 2, "qwen": 2}

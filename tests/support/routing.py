@@ -25,7 +25,7 @@ from app.domain.events import (
     node_stream,
     replica_stream,
 )
-from app.domain.model_spec import ModelSpec
+from app.domain.model_spec import AutoscalePolicy, ModelSpec
 from app.domain.revisions import FIRST_REVISION
 from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
@@ -38,8 +38,19 @@ async def _append(store: PostgresEventStore, stream: str, meta: Meta, *events: A
     await store.append_many([AppendRequest(stream, None, [NewEvent(e) for e in events])], meta)
 
 
-async def declare_model(store: PostgresEventStore, model: str, replicas: int = 1) -> None:
-    spec = ModelSpec(name=model, command="sim --port {port} --model {model}", replicas=replicas)
+async def declare_model(
+    store: PostgresEventStore,
+    model: str,
+    replicas: int = 1,
+    *,
+    autoscale: AutoscalePolicy | None = None,
+) -> None:
+    spec = ModelSpec(
+        name=model,
+        command="sim --port {port} --model {model}",
+        replicas=replicas,
+        autoscale=autoscale,
+    )
     await _append(store, model_stream(model), OPERATOR, ModelDeclared(model=model, spec=spec))
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from app.gateway.snapshot import build_snapshot, engine_url
 from app.gateway.table import Canary
-from app.store.routing_rows import CanaryRow, KeyRow, RouteRow
+from app.store.routing_rows import CanaryRow, ColdStartRow, KeyRow, RouteRow
 
 
 def route(
@@ -104,3 +104,29 @@ def test_a_share_of_exactly_1_is_a_canary() -> None:
     )
 
     assert snapshot.canaries == {"llama": Canary(revision=2, share=1.0)}
+
+
+def test_each_declared_model_with_an_autoscaling_policy_has_its_cold_start_timeout() -> None:
+    snapshot = build_snapshot(
+        7,
+        ["llama", "qwen"],
+        [route("qwen-1", "qwen")],
+        [],
+        at=1.0,
+        cold_starts=[
+            ColdStartRow(model="llama", timeout_s=120.0),
+            ColdStartRow(model="qwen", timeout_s=3600.0),
+            ColdStartRow(model="removed", timeout_s=60.0),
+        ],
+    )
+
+    assert snapshot.cold_start_s == {"llama": 120.0, "qwen": 3600.0}
+
+
+@pytest.mark.parametrize("timeout_s", [0.0, -1.0, 3600.5, float("nan"), float("inf")])
+def test_a_cold_start_timeout_the_spec_does_not_allow_holds_nothing(timeout_s: float) -> None:
+    snapshot = build_snapshot(
+        7, ["llama"], [], [], at=1.0, cold_starts=[ColdStartRow("llama", timeout_s)]
+    )
+
+    assert snapshot.cold_start_s == {}

@@ -1,0 +1,214 @@
+"""A model starting from zero, through a real ``llmgw-server gateway`` process.
+
+The model is declared with an autoscaling policy of ``min: 0`` and has no replica. A
+request for it is held by the gateway, which reports it queued in ``gateway_reports``
+within a second (what the leader's autoscaler reads); when a serving replica is recorded
+(as the control plane records one, ``tests.support.routing``) the held request is answered
+200. Past the model's cold-start timeout without a replica it is answered 503 with
+``Retry-After``; a client that gives up while held leaves the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from agent.simulator.launcher import SimulatorProcess, start_simulator
+from app.domain.model_spec import AutoscalePolicy
+from app.services.operations import Caller, Operations
+from app.store.gateway_reports import InFlightReports
+from app.store.postgres import PostgresEventStore
+from tests.support.databases import runtime_url
+from tests.support.ports import free_port
+from tests.support.routing import connect_node, declare_model, serve_replica
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+SERVER = str(Path(sys.executable).parent / "llmgw-server")
+ALICE = Caller(actor="alice")
+STARTED_WITHIN_S = 20.0
+REPORTED_WITHIN_S = 1.0
+
+
+def scale_to_zero(cold_start_timeout_s: float) -> AutoscalePolicy:
+    return AutoscalePolicy(
+        min_replicas=0, max_replicas=2, cold_start_timeout_s=cold_start_timeout_s
+    )
+
+
+def chat(model: str) -> dict[str, object]:
+    return {"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 4}
+
+
+@contextlib.contextmanager
+def gateway_process(
+    database_url: str, port: int, metrics_port: int, log: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            [
+                SERVER,
+                "gateway",
+                *("--database-url", runtime_url(database_url), "--port", str(port)),
+                *("--gateway-id", "gw-cold", "--metrics-port", str(metrics_port)),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        print(f"----- {log} -----\n{log.read_text(errors='replace')}")  # shown if it fails
+
+
+class Gateway:
+    """A running gateway process: its client API with one key, and its ``/metrics``."""
+
+    def __init__(self, port: int, metrics_port: int, key: str) -> None:
+        self.http = httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}",
+            headers={"authorization": f"Bearer {key}"},
+            timeout=90.0,
+        )
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+
+    async def until_ready(self) -> None:
+        async def ready() -> bool:
+            with contextlib.suppress(httpx.TransportError):
+                return (await self.http.get("/readyz")).status_code == 200
+            return False
+
+        await wait_until(ready, within_s=STARTED_WITHIN_S, what="the gateway ready")
+
+    async def chat(self, model: str) -> httpx.Response:
+        return await self.http.post("/v1/chat/completions", json=chat(model))
+
+    async def metric(self, line_start: str) -> float | None:
+        async with httpx.AsyncClient(timeout=5.0) as plain:
+            text = (await plain.get(self.metrics_url)).text
+        for line in text.splitlines():
+            if line.startswith(line_start + " "):
+                return float(line.rsplit(" ", 1)[1])
+        return None
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(database_url: str, key: str, tmp_path: Path) -> AsyncIterator[Gateway]:
+    port, metrics_port = free_port(), free_port()
+    with gateway_process(database_url, port, metrics_port, tmp_path / "gateway.log"):
+        gateway = Gateway(port, metrics_port, key)
+        try:
+            await gateway.until_ready()
+            yield gateway
+        finally:
+            await gateway.http.aclose()
+
+
+@pytest.fixture
+def simulator() -> Iterator[SimulatorProcess]:
+    with start_simulator("--model", "cold", "--instant") as simulator:
+        simulator.wait_healthy()
+        yield simulator
+
+
+async def queued_within(
+    reports: InFlightReports, expected: dict[str, int], within_s: float
+) -> None:
+    async def reported() -> bool:
+        return await reports.read_queued() == expected
+
+    await wait_until(reported, within_s=within_s, what=f"{expected} reported queued")
+
+
+async def test_a_request_for_a_model_at_zero_is_held_reported_and_served_when_a_replica_serves(
+    pg_store: PostgresEventStore,
+    database_url: str,
+    engine: AsyncEngine,
+    simulator: SimulatorProcess,
+    tmp_path: Path,
+) -> None:
+    model = "cold"
+    await connect_node(pg_store, "gpu-1", "127.0.0.1")
+    await declare_model(pg_store, model, replicas=0, autoscale=scale_to_zero(60.0))
+    created = await Operations(pg_store).create_key(ALICE, "cold", [model])
+    reports = InFlightReports(engine)
+
+    async with running_gateway(database_url, created.key, tmp_path) as gateway:
+        listed = (await gateway.http.get("/v1/models")).json()
+        assert [card["id"] for card in listed["data"]] == [model]  # listed with no replica
+
+        sent_at = time.monotonic()
+        held = asyncio.create_task(gateway.chat(model))
+        await queued_within(reports, {model: 1}, REPORTED_WITHIN_S)
+        assert not held.done()
+        assert await gateway.metric(f'llmgw_gateway_queued{{model="{model}"}}') == 1.0
+
+        await serve_replica(pg_store, model, 1, "gpu-1", simulator.port)
+        answer = await held
+        print(f"held for a cold start, answered in {time.monotonic() - sent_at:.3f} s")
+
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["message"]["content"]
+        await queued_within(reports, {}, 2.0)
+        served = f'llmgw_gateway_cold_start_holds_total{{model="{model}",outcome="served"}}'
+        assert await gateway.metric(served) == 1.0
+        assert (await gateway.chat(model)).status_code == 200  # served at once from now on
+
+
+async def test_a_model_that_stays_at_zero_answers_503_with_retry_after_once_its_timeout_passes(
+    pg_store: PostgresEventStore, database_url: str, engine: AsyncEngine, tmp_path: Path
+) -> None:
+    quick, patient = "quick", "patient"
+    await declare_model(pg_store, quick, replicas=0, autoscale=scale_to_zero(1.0))
+    await declare_model(pg_store, patient, replicas=0, autoscale=scale_to_zero(60.0))
+    created = await Operations(pg_store).create_key(ALICE, "cold", [quick, patient])
+    reports = InFlightReports(engine)
+
+    async with running_gateway(database_url, created.key, tmp_path) as gateway:
+        sent_at = time.monotonic()
+        answer = await gateway.chat(quick)
+        waited_s = time.monotonic() - sent_at
+
+        assert answer.status_code == 503, answer.text
+        assert answer.headers["retry-after"] == "1"
+        error = answer.json()["error"]
+        assert (error["type"], error["code"]) == ("server_error", "cold_start_timeout")
+        assert error["message"] == (
+            "The model `quick` is starting from zero and no replica served within 1 s; "
+            "retry after 1 s."
+        )
+        assert waited_s >= 1.0
+
+        # A client that gives up while held leaves the queue, and the report says so.
+        walking_away = asyncio.create_task(gateway.chat(patient))
+        await queued_within(reports, {patient: 1}, REPORTED_WITHIN_S)
+        walking_away.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await walking_away
+        await queued_within(reports, {}, 2.0)
+
+        holds = "llmgw_gateway_cold_start_holds_total"
+        assert await gateway.metric(f'{holds}{{model="{quick}",outcome="timed_out"}}') == 1.0
+        assert await gateway.metric(f'{holds}{{model="{patient}",outcome="cancelled"}}') == 1.0
+        rejected = 'llmgw_gateway_admission_rejections_total{reason="cold_start_timeout"}'
+        assert await gateway.metric(rejected) == 1.0

@@ -1,0 +1,285 @@
+"""A model starting from zero: the router holds its requests until a replica routes.
+
+Given a model with an autoscaling policy (a cold-start timeout in the snapshot) and no
+route, a request waits in the model's fair queue instead of failing, is served by the first
+routing table with a replica of it, or ends in ``ColdStartTimedOut`` after the timeout. A
+model without the policy fails at once, as always. No scrapers run here, so a replica is
+judged by the gateway's own in-flight count (two requests at ``target_waiting`` 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from app.gateway.router import (
+    ColdStartTimedOut,
+    Lease,
+    NoServingReplica,
+    Router,
+    Saturated,
+    cold_start_retry_after_s,
+)
+from app.gateway.table import GatewaySnapshot, Route
+from tests.support.waiting import wait_until
+
+MODEL = "m"
+OTHER = "plain"
+HOLD_S = 30.0
+
+_started: list[asyncio.Task[Lease]] = []
+
+
+@pytest.fixture(autouse=True)
+async def _no_request_left_waiting() -> AsyncIterator[None]:
+    """The tests share one loop: a request a failed test left held must not outlive it."""
+    yield
+    for task in _started:
+        task.cancel()
+    await asyncio.gather(*_started, return_exceptions=True)
+    _started.clear()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def route(replica_id: str, *, model: str = MODEL, **settings: object) -> Route:
+    return Route(replica_id=replica_id, model=model, url=f"http://{replica_id}", **settings)  # type: ignore[arg-type]
+
+
+def snapshot(*routes: Route, cold_start_s: dict[str, float] | None = None) -> GatewaySnapshot:
+    """``MODEL`` and ``OTHER`` declared; ``MODEL`` with a cold-start timeout of ``HOLD_S``
+    unless ``cold_start_s`` says otherwise."""
+    by_model: dict[str, tuple[Route, ...]] = {}
+    for one in routes:
+        by_model[one.model] = (*by_model.get(one.model, ()), one)
+    return GatewaySnapshot(
+        declared=frozenset({MODEL, OTHER}),
+        routes=by_model,
+        cold_start_s={MODEL: HOLD_S} if cold_start_s is None else cold_start_s,
+    )
+
+
+class Holds:
+    """A router and what it told its ``on_hold`` listener."""
+
+    def __init__(self, *routes: Route, **options: object) -> None:
+        self.router = Router(**options)  # type: ignore[arg-type]
+        self.wakes = 0
+        self.router.on_hold(self.wake)
+        self.router.update(snapshot(*routes))
+
+    def wake(self) -> None:
+        self.wakes += 1
+
+    def hold(self, key_id: str | None = None) -> asyncio.Task[Lease]:
+        task = asyncio.create_task(self.router.acquire(MODEL, key_id or key()))
+        _started.append(task)
+        return task
+
+    async def until_held(self, count: int) -> None:
+        await wait_until(
+            lambda: self.router.queued() == ({MODEL: count} if count else {}),
+            what=f"{count} requests held",
+        )
+
+
+def key() -> str:
+    return f"key-{uuid.uuid4().hex[:8]}"
+
+
+async def until_length(items: list[str], length: int) -> None:
+    await wait_until(lambda: len(items) == length, what=f"{length} items")
+
+
+async def test_a_request_is_held_until_a_table_with_a_replica_arrives_then_served() -> None:
+    clock = FakeClock()
+    holds = Holds(clock=clock)
+    held = holds.hold()
+    await holds.until_held(1)
+    assert holds.wakes == 1  # the gateway reports the demand at once
+
+    clock.now += 12.5
+    holds.router.update(snapshot(route("m-1")))
+
+    lease = await held
+    assert lease.route.replica_id == "m-1"
+    assert lease.queued_s == pytest.approx(12.5)
+    assert holds.router.queued() == {}
+    assert holds.router.in_flight() == {"m-1": 1}
+    assert holds.router.cold_start_holds() == {(MODEL, "served"): 1}
+
+
+async def test_the_listener_is_told_once_per_wake_not_once_per_request() -> None:
+    holds = Holds()
+    first = [holds.hold() for _ in range(3)]
+    await holds.until_held(3)
+    assert holds.wakes == 1
+
+    holds.router.update(snapshot(route("m-1")))
+    await asyncio.gather(*first)
+    holds.router.update(snapshot())  # scaled to zero again
+    later = holds.hold()
+    await holds.until_held(1)
+    assert holds.wakes == 2
+    later.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await later
+
+
+async def test_no_replica_within_the_timeout_is_a_cold_start_timeout_with_a_retry_after() -> None:
+    holds = Holds()
+    holds.router.update(snapshot(cold_start_s={MODEL: 0.2}))
+
+    with pytest.raises(ColdStartTimedOut) as raised:
+        await holds.router.acquire(MODEL, key())
+
+    error = raised.value
+    assert (error.model, error.timeout_s, error.retry_after_s) == (MODEL, 0.2, 1.0)
+    assert holds.router.queued() == {}
+    assert holds.router.cold_start_holds() == {(MODEL, "timed_out"): 1}
+
+
+def test_retry_after_a_cold_start_timeout_is_a_tenth_of_it_within_1_and_30_s() -> None:
+    assert cold_start_retry_after_s(0.2) == 1.0
+    assert cold_start_retry_after_s(50) == 5.0
+    assert cold_start_retry_after_s(300) == 30.0
+    assert cold_start_retry_after_s(3600) == 30.0
+
+
+async def test_a_model_without_an_autoscaling_policy_still_fails_at_once() -> None:
+    holds = Holds(route("o-1", model=OTHER))
+    holds.router.update(snapshot())  # OTHER lost its replica; MODEL has a policy, it none
+
+    with pytest.raises(NoServingReplica):
+        await asyncio.wait_for(holds.router.acquire(OTHER, key()), timeout=1.0)
+    assert holds.router.queued() == {}
+    assert holds.wakes == 0
+
+
+async def test_with_a_replica_the_policy_changes_nothing_a_retry_excluding_it_fails() -> None:
+    holds = Holds(route("m-1"))
+    with pytest.raises(NoServingReplica):
+        await asyncio.wait_for(holds.router.acquire(MODEL, key(), frozenset({"m-1"})), 1.0)
+    lease = await holds.router.acquire(MODEL, key())
+    assert (lease.route.replica_id, lease.queued_s) == ("m-1", 0.0)
+    assert holds.router.cold_start_holds() == {}
+
+
+async def test_held_requests_are_served_round_robin_across_keys() -> None:
+    holds = Holds()
+    order: list[str] = []
+
+    def served_to(name: str) -> Callable[[asyncio.Task[Lease]], None]:
+        return lambda _: order.append(name)
+
+    tasks = []
+    for name in ("greedy", "greedy", "greedy", "modest"):
+        task = holds.hold(name)
+        task.add_done_callback(served_to(name))
+        tasks.append(task)
+        await holds.until_held(len(tasks))
+
+    holds.router.update(snapshot(route("m-1", target_waiting=1)))  # room for two
+    await until_length(order, 2)
+    assert order == ["greedy", "modest"]
+    assert holds.router.queued() == {MODEL: 2}
+    tasks[0].result().release()
+    await until_length(order, 3)
+    tasks[3].result().release()
+    await until_length(order, 4)
+    assert order == ["greedy", "modest", "greedy", "greedy"]
+
+
+async def test_held_requests_count_against_the_queue_limit() -> None:
+    holds = Holds(queue_limit=2)
+    held = [holds.hold(), holds.hold()]
+    await holds.until_held(2)
+
+    with pytest.raises(Saturated) as raised:
+        await asyncio.wait_for(holds.router.acquire(MODEL, key()), timeout=1.0)
+    assert raised.value.starting
+    for task in held:
+        task.cancel()
+    await asyncio.gather(*held, return_exceptions=True)
+
+
+async def test_a_client_that_leaves_while_held_leaves_the_queue() -> None:
+    holds = Holds()
+    gone, staying = holds.hold(), holds.hold()
+    await holds.until_held(2)
+
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    assert holds.router.queued() == {MODEL: 1}
+
+    holds.router.update(snapshot(route("m-1")))
+    assert (await staying).route.replica_id == "m-1"
+    assert holds.router.in_flight() == {"m-1": 1}
+    assert holds.router.cold_start_holds() == {(MODEL, "cancelled"): 1, (MODEL, "served"): 1}
+
+
+async def test_a_held_request_whose_model_loses_its_policy_is_told_there_is_no_replica() -> None:
+    holds = Holds()
+    held = holds.hold()
+    await holds.until_held(1)
+
+    holds.router.update(snapshot(cold_start_s={}))
+
+    with pytest.raises(NoServingReplica):
+        await held
+    assert holds.router.queued() == {}
+    assert holds.router.cold_start_holds() == {(MODEL, "failed"): 1}
+
+
+async def test_a_replica_that_comes_without_room_in_time_ends_the_hold_as_saturated() -> None:
+    holds = Holds()
+    holds.router.update(snapshot(cold_start_s={MODEL: 0.3}))
+    held = [holds.hold() for _ in range(3)]
+    await holds.until_held(3)
+
+    holds.router.update(snapshot(route("m-1", target_waiting=1), cold_start_s={MODEL: 0.3}))
+
+    results = await asyncio.gather(*held, return_exceptions=True)
+    assert [type(r).__name__ for r in results] == ["Lease", "Lease", "Saturated"]
+    assert holds.router.cold_start_holds() == {(MODEL, "served"): 2, (MODEL, "timed_out"): 1}
+
+
+async def test_waiters_of_a_model_that_loses_its_last_replica_are_held_past_the_queue_timeout() -> (
+    None
+):
+    holds = Holds(route("m-1", target_waiting=1), queue_timeout_s=0.2)
+    full = [await holds.router.acquire(MODEL, key()) for _ in range(2)]
+    waiting = holds.hold()
+    await holds.until_held(1)
+    assert holds.wakes == 0  # waiting for room, not for a cold start
+
+    holds.router.update(snapshot())  # the replica is gone: the model starts from zero
+    assert holds.wakes == 1
+    done, _ = await asyncio.wait({waiting}, timeout=0.5)
+    assert not done, "the queue timeout ended a request held for a cold start"
+
+    holds.router.update(snapshot(route("m-2")))
+    assert (await waiting).route.replica_id == "m-2"
+    assert holds.router.cold_start_holds() == {(MODEL, "served"): 1}
+    for lease in full:
+        lease.release()
+
+
+async def test_closing_turns_held_requests_away() -> None:
+    holds = Holds()
+    held = holds.hold()
+    await holds.until_held(1)
+    await holds.router.close()
+    with pytest.raises(Saturated):
+        await held
+    assert holds.router.cold_start_holds() == {(MODEL, "failed"): 1}
