@@ -71,10 +71,13 @@ class CommandChannel(Protocol):
 
 class InFlightSource(Protocol):
     """What gateways report: ``app.store.gateway_reports.InFlightReports``. Requests in
-    flight per replica, read every pass; and, when a rollout's verdict needs them, what
-    they measured of groups of replicas."""
+    flight per replica, read every pass; requests held queued per model, when a model is
+    autoscaled; and, when a rollout's verdict needs them, what they measured of groups of
+    replicas."""
 
     async def read_in_flight(self) -> dict[str, int]: ...
+
+    async def read_queued(self) -> dict[str, int]: ...
 
     async def traffic_of_groups(
         self, groups: Mapping[str, Collection[str]]
@@ -161,6 +164,13 @@ class Reconciler:
         with structlog.contextvars.bound_contextvars(reconcile_pass=self.pass_count + 1):
             return await self._run_pass()
 
+    async def _queued(self, state: ClusterState) -> dict[str, int]:
+        """Requests the gateways hold queued per model: read only when a model is
+        autoscaled (no query otherwise)."""
+        if self._in_flight is None or not any(m.spec.autoscale for m in state.models.values()):
+            return {}
+        return await self._in_flight.read_queued()
+
     async def _traffic(self, state: ClusterState) -> dict[str, TrafficFigures]:
         """The gateways' figures a rollout's verdict may need this pass; none to read (and
         no query) when no rollout holds a step."""
@@ -175,11 +185,12 @@ class Reconciler:
         outcome, sent = "done", 0
         try:
             in_flight = await self._in_flight.read_in_flight() if self._in_flight else {}
+            queued = await self._queued(self._store.state)
             traffic = await self._traffic(self._store.state)
             async with self._tracker.quiet():
                 state = await self._store.catch_up()
                 at = self._clock()
-                demand = autoscale.demand_by_model(state, in_flight, {})
+                demand = autoscale.demand_by_model(state, in_flight, queued)
                 self._demand = autoscale.observe(self._demand, demand, state.models, at)
                 fleet = msgspec.structs.replace(
                     self._tracker.snapshot(),
