@@ -1,6 +1,7 @@
 """How fast the reconciler decides, on a fleet of 1,000 nodes with 8 GPUs each.
 
     python benchmarks/reconcile.py [--nodes 1000] [--replicas 4000] [--repeat 15]
+                                   [--rollout-replicas 1000] [--surges 1:300,10,100]
 
 Measured, pure (no database, no sockets; the decisions are what the control plane runs on
 every pass):
@@ -9,6 +10,14 @@ every pass):
 - one full reconcile pass with 100 replicas to place (target: <= 50 ms).
 Medians of ``--repeat`` runs; a baseline of the same size, one pass over the replicas
 doing nothing but reading them, is reported beside it so the machine's speed is visible.
+
+Then a rollout (``benchmarks/rollout_scenario.py``): one more model of
+``--rollout-replicas`` replicas, one per node, gets a new revision, and the passes that
+bring every replica to it run against simulated agents, once per ``--surges`` entry
+(``SURGE`` or ``SURGE:PASSES``, the rollout's ``max_surge`` and at most that many passes;
+without a bound, until ``RolloutFinished``). Each pass is timed (median, p95, max) and set
+against the same fleet's pass with nothing to do, measured just before (target of a pass:
+<= 50 ms).
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ from app.domain.reconcile import Settings, decide
 from app.domain.reports import FleetView, NodeReport, ReportedShard
 from app.domain.state import ClusterState
 from benchmarks.common import format_table, load_average, write_results
+from benchmarks.rollout_scenario import RolloutRun, run_rollout, with_model
 
 T0 = datetime(2026, 11, 2, tzinfo=UTC)
 EPOCH = 1
@@ -59,12 +69,31 @@ class Figure(msgspec.Struct, frozen=True):
     target_ms: float | None
 
 
+class RolloutFigure(msgspec.Struct, frozen=True, kw_only=True):
+    max_surge: int
+    passes: int
+    finished: bool
+    replaced: int
+    max_moves: int
+    median_ms: float
+    p95_ms: float
+    max_ms: float
+    steady_median_ms: float
+    """The same fleet's pass with nothing to do, before the revision changed."""
+    traffic_wanted_median_ms: float | None
+    simulated_s: float
+    wall_s: float
+    events: int
+
+
 class Results(msgspec.Struct, frozen=True):
     nodes: int
     replicas: int
     repeat: int
     load_average: tuple[float, float, float]
     figures: list[Figure]
+    rollout_replicas: int = 0
+    rollouts: list[RolloutFigure] = []
 
 
 def fleet(nodes: int, replicas: int) -> tuple[ClusterState, FleetView]:
@@ -139,11 +168,95 @@ def figure(name: str, samples: list[float], target: float | None) -> Figure:
     )
 
 
+def surges(text: str) -> list[tuple[int, int]]:
+    """``1:300,10,100`` -> ``[(1, 300), (10, 0), (100, 0)]``: each rollout's ``max_surge``
+    and its bound on passes (0: none)."""
+    runs = []
+    for item in text.split(","):
+        surge, _, passes = item.strip().partition(":")
+        try:
+            runs.append((int(surge), int(passes or 0)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r} is not SURGE or SURGE:PASSES") from None
+    return runs
+
+
+def percentile(ordered: list[float], share: float) -> float:
+    return ordered[int(share * (len(ordered) - 1))]
+
+
+def rollout_figure(run: RolloutRun, steady_ms: float) -> RolloutFigure:
+    ordered = sorted(run.pass_ms)
+    wanted = run.traffic_wanted_ms
+    return RolloutFigure(
+        max_surge=run.max_surge,
+        passes=run.passes,
+        finished=run.finished,
+        replaced=run.replaced,
+        max_moves=run.max_moves,
+        median_ms=round(statistics.median(ordered), 2),
+        p95_ms=round(percentile(ordered, 0.95), 2),
+        max_ms=round(ordered[-1], 2),
+        steady_median_ms=round(steady_ms, 2),
+        traffic_wanted_median_ms=round(statistics.median(wanted), 2) if wanted else None,
+        simulated_s=run.simulated_s,
+        wall_s=run.wall_s,
+        events=run.events,
+    )
+
+
+def measure_rollouts(
+    state: ClusterState,
+    view: FleetView,
+    now: datetime,
+    settings: Settings,
+    args: argparse.Namespace,
+) -> list[RolloutFigure]:
+    """The fleet with one more model of ``--rollout-replicas``, its pass with nothing to
+    do, then a rollout of it for each ``--surges`` entry, each from the same start."""
+    fleet_state = state.copy()
+    fleet_view = with_model(fleet_state, view, args.rollout_replicas, T0)
+    idle = decide(fleet_state, fleet_view, now, settings)
+    assert idle.events == (), "the fleet should need nothing"
+    assert idle.commands == (), "the fleet should need nothing"
+    figures = []
+    for surge, passes in args.surges:
+        steady = timed(lambda: decide(fleet_state, fleet_view, now, settings), args.repeat)
+        run = run_rollout(fleet_state, fleet_view, now, settings, surge, passes)
+        figures.append(rollout_figure(run, statistics.median(steady)))
+        done = "finished" if run.finished else f"stopped, {run.replaced} replaced"
+        print(f"max_surge {surge}: {run.passes} passes ({done}) in {run.wall_s:.0f}s")
+    return figures
+
+
+def rollout_rows(figures: list[RolloutFigure], replicas: int) -> list[list[str]]:
+    rows = []
+    for f in figures:
+        how = "until finished" if f.finished else f"first {f.passes} passes"
+        rows.append(
+            [
+                f"rollout of {replicas}, max_surge {f.max_surge}, {how}",
+                str(f.passes),
+                f"{f.median_ms:.2f}",
+                f"{f.p95_ms:.2f}",
+                f"{f.max_ms:.2f}",
+                f"{f.steady_median_ms:.2f}",
+                f"{f.median_ms / f.steady_median_ms:.2f}",
+                "met" if f.median_ms <= 50 else "MISSED",
+            ]
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--replicas", type=int, default=4000)
     parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument(
+        "--rollout-replicas", type=int, default=1000, help="0: no rollout is measured"
+    )
+    parser.add_argument("--surges", type=surges, default=surges("1:300,10,100"))
     args = parser.parse_args()
 
     built = time.perf_counter()
@@ -213,6 +326,15 @@ def main() -> None:
         for f in figures
     ]
     print(format_table(["measure", "median ms", "p90 ms", "target", ""], rows))
+    rollouts: list[RolloutFigure] = []
+    if args.rollout_replicas > 0:
+        rollouts = measure_rollouts(state, view, now, settings, args)
+        headers = ["measure", "passes", "median ms", "p95 ms", "max ms", "steady ms", "x", ""]
+        print(format_table(headers, rollout_rows(rollouts, args.rollout_replicas)))
+        print(
+            f"steady: the same fleet ({args.replicas + args.rollout_replicas} replicas), "
+            "a pass with nothing to do; x: median / steady; target of a pass: <= 50 ms"
+        )
     print(f"load average: {load_average()}")
     path = write_results(
         "reconcile",
@@ -222,6 +344,8 @@ def main() -> None:
             repeat=args.repeat,
             load_average=load_average(),
             figures=figures,
+            rollout_replicas=args.rollout_replicas,
+            rollouts=rollouts,
         ),
     )
     print(f"results: {path}")
