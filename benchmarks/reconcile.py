@@ -16,7 +16,7 @@ Then a rollout (``benchmarks/rollout_scenario.py``): one more model of
 bring every replica to it run against simulated agents, once per ``--surges`` entry
 (``SURGE`` or ``SURGE:PASSES``, the rollout's ``max_surge`` and at most that many passes;
 without a bound, until ``RolloutFinished``). Each pass is timed (median, p95, max) and set
-against the same fleet's pass with nothing to do, measured just before (target of a pass:
+against the same fleet's pass with nothing to do, timed after each one (target of a pass:
 <= 50 ms).
 """
 
@@ -79,7 +79,8 @@ class RolloutFigure(msgspec.Struct, frozen=True, kw_only=True):
     p95_ms: float
     max_ms: float
     steady_median_ms: float
-    """The same fleet's pass with nothing to do, before the revision changed."""
+    """The same fleet's pass with nothing to do (before the revision changed), timed after
+    each pass of the rollout."""
     traffic_wanted_median_ms: float | None
     simulated_s: float
     wall_s: float
@@ -185,7 +186,7 @@ def percentile(ordered: list[float], share: float) -> float:
     return ordered[int(share * (len(ordered) - 1))]
 
 
-def rollout_figure(run: RolloutRun, steady_ms: float) -> RolloutFigure:
+def rollout_figure(run: RolloutRun) -> RolloutFigure:
     ordered = sorted(run.pass_ms)
     wanted = run.traffic_wanted_ms
     return RolloutFigure(
@@ -197,7 +198,7 @@ def rollout_figure(run: RolloutRun, steady_ms: float) -> RolloutFigure:
         median_ms=round(statistics.median(ordered), 2),
         p95_ms=round(percentile(ordered, 0.95), 2),
         max_ms=round(ordered[-1], 2),
-        steady_median_ms=round(steady_ms, 2),
+        steady_median_ms=round(statistics.median(run.steady_ms), 2),
         traffic_wanted_median_ms=round(statistics.median(wanted), 2) if wanted else None,
         simulated_s=run.simulated_s,
         wall_s=run.wall_s,
@@ -221,9 +222,8 @@ def measure_rollouts(
     assert idle.commands == (), "the fleet should need nothing"
     figures = []
     for surge, passes in args.surges:
-        steady = timed(lambda: decide(fleet_state, fleet_view, now, settings), args.repeat)
         run = run_rollout(fleet_state, fleet_view, now, settings, surge, passes)
-        figures.append(rollout_figure(run, statistics.median(steady)))
+        figures.append(rollout_figure(run))
         done = "finished" if run.finished else f"stopped, {run.replaced} replaced"
         print(f"max_surge {surge}: {run.passes} passes ({done}) in {run.wall_s:.0f}s")
     return figures

@@ -8,7 +8,10 @@ of one canary step (10 replicas, 5 % of the traffic, held 60 s) and then every r
 From there, round after round until ``RolloutFinished`` (or a bound on the passes):
 
 1. one pass, ``decide(state, fleet, now, settings)``: the only thing timed (and, apart,
-   ``traffic_wanted``, which the service runs before each pass);
+   ``traffic_wanted``, which the service runs before each pass), followed by one pass
+   over the fleet as it was before the revision changed, when nothing is to be done:
+   the steady pass, timed the same way, so that both are measured over the same seconds
+   of a machine whose load comes and goes;
 2. its events are folded into the state, as the store does once they are appended;
 3. the simulated agents carry out its commands: a started shard reports ``starting`` at
    once and ``ready`` a round later; a stopped shard reports ``stopped`` and leaves its
@@ -79,6 +82,8 @@ class RolloutRun(msgspec.Struct, frozen=True, kw_only=True):
     events: int
     commands: int
     pass_ms: list[float]
+    steady_ms: list[float]
+    """A steady pass timed after each pass of the rollout."""
     traffic_wanted_ms: list[float]
     """``traffic_wanted`` on the passes a step held (on the others it finds no rollout
     holding and returns at once)."""
@@ -257,6 +262,8 @@ def run_rollout(
 ) -> RolloutRun:
     """Drive a rollout of ``MODEL`` with ``max_surge`` until it finishes, or for
     ``max_passes`` passes (0: no bound)."""
+    steady_fleet = FleetView(reports=dict(view.reports))
+    steady_ms: list[float] = []
     sim = Simulation(state, view, now, settings)
     desired = sim.state.models[MODEL].desired
     rollout_id = sim.revise(max_surge)
@@ -280,6 +287,9 @@ def run_rollout(
         begun = time.perf_counter()
         decision = decide(sim.state, fleet, sim.now, settings)
         pass_ms.append((time.perf_counter() - begun) * 1000)
+        begun = time.perf_counter()
+        decide(state, steady_fleet, now, settings)
+        steady_ms.append((time.perf_counter() - begun) * 1000)
         events += len(decision.events)
         commands += len(decision.commands)
         finished = any(isinstance(p.event, RolloutFinished) for p in decision.events)
@@ -303,6 +313,7 @@ def run_rollout(
         events=events,
         commands=commands,
         pass_ms=pass_ms,
+        steady_ms=steady_ms,
         traffic_wanted_ms=wanted_ms,
         simulated_s=(sim.now - now).total_seconds(),
         wall_s=round(wall, 1),
