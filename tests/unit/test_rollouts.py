@@ -309,6 +309,28 @@ def test_a_revision_whose_replicas_fail_to_start_is_rolled_back_and_the_old_ones
     assert active_revisions(cluster) == [1, 1, 1, 1]
 
 
+def test_a_rollback_that_is_home_in_the_pass_that_decided_it_finishes_with_its_reason() -> None:
+    cluster = serving(max_failures=1)
+    revise(cluster, "sim --port {port} --model {model} --exit-at-start")
+    cluster.reconcile()  # the step starts
+    cluster.reconcile()  # the first move: a replica of revision 2 is placed
+    [new] = [r for r in cluster.state.replicas.values() if r.revision == 2]
+    shard = new.shards[0]
+    cluster.given(
+        ShardStarting(replica_id=new.id, shard_index=0, node_id=shard.node_id),
+        ShardFailed(replica_id=new.id, shard_index=0, node_id=shard.node_id, error="exit 1"),
+    )
+
+    decision = cluster.reconcile()
+
+    [rolled_back] = of_type(decision, RolloutRolledBack)
+    # Nothing of revision 2 is left to replace: the rollback is home at once.
+    [finished] = of_type(decision, RolloutFinished)
+    assert not finished.succeeded
+    assert finished.outcome == f"rolled back to revision 1: {rolled_back.reason}"
+    assert rolled_back.reason.startswith("1 replica(s) of revision 2 failed to start")
+
+
 # -- an operator's hand --------------------------------------------------------------------
 
 
