@@ -21,7 +21,7 @@ from msgspec.structs import replace
 from app.domain import rollout_operations as rollouts
 from app.domain.decision import Decision
 from app.domain.envelope import Meta
-from app.domain.events import AnyEvent
+from app.domain.events import AnyEvent, RolloutPaused, RolloutResumed, RolloutRolledBack
 from app.domain.model_spec import CanaryStep, RolloutPolicy
 from app.domain.operations import apply_model
 from app.domain.rollout import canary_group, stable_group
@@ -57,8 +57,9 @@ def page_queries() -> tuple[dict[str, str], dict[str, str]]:
 
 class RecordingCluster(Cluster):
     """The unit stories' cluster, keeping every event with the actor and correlation id
-    the control plane records it with: an operator's change with its request's id, an
-    agent's report as ``agent:<node>``, the reconciler's decisions as decided."""
+    the control plane records it with: an operator's change with its request's id (a
+    pause, resume or undo of a rollout under way with the rollout's), an agent's report
+    as ``agent:<node>``, the reconciler's decisions as decided."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -73,6 +74,8 @@ class RecordingCluster(Cluster):
             node = getattr(event, "node_id", None)
             if node is not None:
                 meta = Meta(actor=f"agent:{node}")
+            elif isinstance(event, RolloutPaused | RolloutResumed | RolloutRolledBack):
+                meta = Meta(actor=OPERATOR, correlation_id=event.rollout_id)
             else:
                 meta = Meta(actor=OPERATOR, correlation_id=f"req-{next(self._requests)}")
             self.log.append((stream_for(event), event, meta))
