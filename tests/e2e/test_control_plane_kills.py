@@ -1,13 +1,15 @@
 """The control plane killed at random moments: while clients use the model through a
-standalone gateway, an operator scales it up twice, drains a node and scales it down, and
-the leader is SIGKILLed ten times along the way, at points drawn from a seed (printed, and
-taken from ``$LLMGW_E2E_SEED`` when set), and started again each time.
+standalone gateway, an operator scales it up twice, drains a node, scales it down and rolls
+out a new command, and the leader is SIGKILLed ten times along the way, at points drawn
+from a seed (printed, and taken from ``$LLMGW_E2E_SEED`` when set), and started again each
+time.
 
 After every restart the new leader adopts every engine the agents still run (an engine the
 log had already ended is stopped instead) and the projections equal a replay of the log.
 At the end every operation has completed, no replica id was used twice, no shard ever had
 two engines (by the log and by the agents' own records), nothing was lost, failed or
-stopped as a stray, and no client request failed.
+stopped as a stray, and no client request failed. The rollout succeeded, and each of its
+moves placed one replacement, which served before its original was stopped.
 """
 
 from __future__ import annotations
@@ -18,12 +20,19 @@ import random
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
 from agent.engines.records import RecordStore, is_same_process
-from tests.support.cluster import Cluster, LoggedEvent, ServerProcess, ServerSettings
+from tests.support.cluster import (
+    SIMULATOR_COMMAND,
+    Cluster,
+    LoggedEvent,
+    ServerProcess,
+    ServerSettings,
+    first,
+)
 from tests.support.fleet import is_running
 from tests.support.traffic import Traffic, serves
 from tests.support.waiting import wait_until
@@ -47,6 +56,8 @@ TROUBLE = (
     "node_lost",
     "model_unplaceable",
 )
+REVISED_COMMAND = f"{SIMULATOR_COMMAND} --profile vllm"
+"""The rollout's new command: the simulator's default profile named, the same engine."""
 Shard = tuple[str, int]
 Engine = tuple[str, int, int]
 """Replica id, shard index, pid."""
@@ -99,11 +110,13 @@ async def test_a_leader_killed_at_ten_random_points_finishes_every_operation_cle
         lambda: serves(gateway.url, key, MODEL), within_s=10.0, what="the gateway routes"
     )
     drain = NodeDrain(cluster)
+    rollout = Rollout(cluster)
     operations = [
         Operation("scale to 2", lambda: scale(cluster, 2), lambda: settled_at(cluster, 2), 5, 2),
-        Operation("scale to 3", lambda: scale(cluster, 3), lambda: settled_at(cluster, 3), 5, 2),
-        Operation("drain", drain.begin, drain.finished, 11, 4),
-        Operation("scale to 2", lambda: scale(cluster, 2), lambda: settled_at(cluster, 2), 4, 2),
+        Operation("scale to 3", lambda: scale(cluster, 3), lambda: settled_at(cluster, 3), 5, 1),
+        Operation("drain", drain.begin, drain.finished, 11, 3),
+        Operation("scale to 2", lambda: scale(cluster, 2), lambda: settled_at(cluster, 2), 4, 1),
+        Operation("rollout", rollout.begin, rollout.finished, 22, 3),
     ]
     assert sum(operation.kills for operation in operations) == KILLS
     restarts: list[Restart] = []
@@ -137,7 +150,8 @@ async def test_a_leader_killed_at_ten_random_points_finishes_every_operation_cle
     trouble = [(e.type, e.data) for e in log if e.type in TROUBLE]
     assert not trouble, trouble
     placed = [str(e.get("replica_id")) for e in log if e.type == "replica_placed"]
-    assert placed == [f"{MODEL}-{n}" for n in range(1, 5)], placed
+    assert placed == [f"{MODEL}-{n}" for n in range(1, 7)], placed
+    rollout.assert_each_move_placed_once_and_handed_over_in_order(log)
     assert engines_per_shard(log) == {shard: 1 for shard in engines_per_shard(log)}, log
     ended = {str(e.get("replica_id")) for e in log if e.type == "replica_stopped"}
     for restart in restarts:
@@ -215,6 +229,58 @@ class NodeDrain:
 
     async def finished(self) -> bool:
         return (await self.cluster.drain(self.drain_id))["finished"] is True
+
+
+@dataclass
+class Rollout:
+    """The model's command changed (to one that runs the same engine): its replicas, as
+    they serve then, are replaced one by one by the new revision."""
+
+    cluster: Cluster
+    originals: list[str] = field(default_factory=list)
+    rollout_id: str = ""
+
+    async def begin(self) -> None:
+        serving = await self.cluster.replicas(model=MODEL, phase="serving")
+        self.originals = sorted(str(r["id"]) for r in serving)
+        before = await self.cluster.last_position()
+        await self.cluster.apply_simulated_model(
+            MODEL, replicas=len(serving), command=REVISED_COMMAND
+        )
+        started = await self.cluster.wait_for_event("rollout_started", after=before)
+        self.rollout_id = str(started.get("rollout_id"))
+
+    async def finished(self) -> bool:
+        """The rollout has ended (however) and its last original has stopped."""
+        ended = await self.cluster.events("rollout_finished")
+        return any(e.get("rollout_id") == self.rollout_id for e in ended) and await settled_at(
+            self.cluster, len(self.originals)
+        )
+
+    def assert_each_move_placed_once_and_handed_over_in_order(self, log: list[LoggedEvent]) -> None:
+        """The rollout succeeded; each original got exactly one replacement, of the new
+        revision, which served before the original was taken out and stopped; and no other
+        replica of the new revision was placed."""
+        finished = first(log, "rollout_finished", rollout_id=self.rollout_id)
+        assert finished.get("succeeded") is True, finished
+        revision = first(log, "rollout_started", rollout_id=self.rollout_id).get("revision")
+        new = [e for e in log if e.type == "replica_placed" and e.get("revision") == revision]
+        assert sorted(str(e.get("replaces")) for e in new) == self.originals, new
+        for placed in new:
+            original, replacement = str(placed.get("replaces")), placed.get("replica_id")
+            assert placed.correlation_id == self.rollout_id, placed
+            order = [
+                first(log, "replica_drain_started", replica_id=original, drain_id=self.rollout_id),
+                placed,
+                first(log, "replica_serving", replica_id=replacement),
+                first(log, "replacement_serving", replica_id=original),
+                first(log, "replica_stopping", replica_id=original),
+                first(log, "replica_stopped", replica_id=original),
+            ]
+            assert [e.position for e in order] == sorted(e.position for e in order), order
+            assert order[0].correlation_id == self.rollout_id, order
+            stopped = [e for e in log if e.type == "replica_stopping"]
+            assert replacement not in {e.get("replica_id") for e in stopped}, stopped
 
 
 async def scale(cluster: Cluster, replicas: int) -> None:
