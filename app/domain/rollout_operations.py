@@ -168,8 +168,8 @@ def rollout_status(state: ClusterState, name: str, now: datetime) -> RolloutStat
 def steered_rollout(state: ClusterState, name: str) -> str | None:
     """The rollout an operator's pause, resume or undo of model ``name`` acts on, whose id
     is then the correlation id of what it records (as of the rollout's own steps); None
-    when none is under way: an undo after a rollout succeeded starts a new one, correlated
-    with its request as any declaration is."""
+    when none is under way: an undo after a rollout succeeded starts a new one, whose id
+    its declaration carries (as any declaration that starts a rollout)."""
     model = state.models.get(name)
     rollout = model.rollout if model is not None else None
     return rollout.id if rollout is not None and rollout.under_way else None

@@ -23,7 +23,14 @@ from app.domain import operations as decide
 from app.domain import revocations, tuning
 from app.domain import rollout_operations as rollouts
 from app.domain.envelope import Meta
-from app.domain.events import key_stream, model_stream, node_stream, replica_stream, subjects
+from app.domain.events import (
+    RolloutStarted,
+    key_stream,
+    model_stream,
+    node_stream,
+    replica_stream,
+    subjects,
+)
 from app.domain.model_spec import ModelSpec, RoutingSettings
 from app.domain.placement import Explanation
 from app.domain.state import (
@@ -323,6 +330,11 @@ class Operations:
         if not change.events:
             return False
         correlation = correlation_id(state) if callable(correlation_id) else correlation_id
+        started = next((e for e in change.events if isinstance(e, RolloutStarted)), None)
+        if started is not None:
+            # A declaration that starts a rollout is its first step: one id tells it all
+            # (the request's id stays as the cause).
+            correlation = started.rollout_id
         meta = Meta(
             actor=caller.actor,
             correlation_id=correlation or caller.request_id,

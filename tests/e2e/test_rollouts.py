@@ -328,13 +328,14 @@ def assert_rollout_told_in_order(
     every original (each told in ``MOVE_STEPS`` order), its end; nothing else."""
     started = first(log, "rollout_started", rollout_id=rollout_id)
     declared = first(log, "model_declared", revision=started.get("revision"))
-    # One append: the declaration and the start it makes are the operator's request's
-    # (docs/admin-api.md); the reconciler's steps of the rollout carry the rollout's id.
+    # One append, the operator's: the declaration and the start it makes carry the
+    # rollout's id, as every step of it the control plane takes after them.
     assert declared.position + 1 == started.position, (declared, started)
     assert declared.actor == started.actor == ADMIN_TOKEN_NAME, started
-    assert declared.correlation_id == started.correlation_id, (declared, started)
+    assert declared.correlation_id == started.correlation_id == rollout_id, (declared, started)
     told = [e for e in log if e.correlation_id == rollout_id]
-    assert {e.actor for e in told} == {RECONCILER}, told
+    assert told[:2] == [declared, started], told
+    assert {e.actor for e in told[2:]} == {RECONCILER}, told
     step = first(told, "rollout_step_started", rollout_id=rollout_id)
     finished = first(told, "rollout_finished", rollout_id=rollout_id)
     assert started.position < step.position < finished.position, told

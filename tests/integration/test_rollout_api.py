@@ -255,7 +255,7 @@ async def test_history_pages_newest_first_and_tells_superseded_rollouts_from_the
         "command 'vllm serve {model} --port {port} --b' -> 'vllm serve {model} --port {port} --c'"
     )
     assert [(e["type"], e["actor"], e["correlation_id"]) for e in newest["events"]] == [
-        ("rollout_started", OPERATOR, newest["events"][0]["correlation_id"]),
+        ("rollout_started", OPERATOR, f"rollout-{model}-r4"),
         ("rollout_paused", OPERATOR, f"rollout-{model}-r4"),
     ]
     assert first["rollouts"][1]["outcome"] == "superseded by revision 4, declared while it ran"

@@ -21,7 +21,13 @@ from msgspec.structs import replace
 from app.domain import rollout_operations as rollouts
 from app.domain.decision import Decision
 from app.domain.envelope import Meta
-from app.domain.events import AnyEvent, RolloutPaused, RolloutResumed, RolloutRolledBack
+from app.domain.events import (
+    AnyEvent,
+    RolloutPaused,
+    RolloutResumed,
+    RolloutRolledBack,
+    RolloutStarted,
+)
 from app.domain.model_spec import CanaryStep, RolloutPolicy
 from app.domain.operations import apply_model
 from app.domain.rollout import canary_group, stable_group
@@ -70,6 +76,9 @@ class RecordingCluster(Cluster):
         self, *events: AnyEvent, epoch: int | None = EPOCH, at: datetime | None = None
     ) -> None:
         super().given(*events, epoch=epoch, at=at)
+        # A declaration that starts a rollout is recorded with the start, under its id.
+        starts = [e.rollout_id for e in events if isinstance(e, RolloutStarted)]
+        request = f"req-{next(self._requests)}"
         for event in events:
             node = getattr(event, "node_id", None)
             if node is not None:
@@ -77,7 +86,7 @@ class RecordingCluster(Cluster):
             elif isinstance(event, RolloutPaused | RolloutResumed | RolloutRolledBack):
                 meta = Meta(actor=OPERATOR, correlation_id=event.rollout_id)
             else:
-                meta = Meta(actor=OPERATOR, correlation_id=f"req-{next(self._requests)}")
+                meta = Meta(actor=OPERATOR, correlation_id=starts[0] if starts else request)
             self.log.append((stream_for(event), event, meta))
 
     def reconcile(self, **overrides: float) -> Decision:
