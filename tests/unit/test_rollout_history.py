@@ -75,7 +75,7 @@ async def test_pause_resume_and_undo_are_recorded_as_the_operator_s_steps_of_the
     assert (report.status.rollout.state, report.model.revision) == (RolloutState.ROLLING_BACK, 1)
 
 
-async def test_an_undo_after_success_starts_a_rollout_correlated_with_its_request() -> None:
+async def test_an_undo_after_success_starts_a_rollout_under_its_own_id() -> None:
     store, operations = await declared("sim --port {port} --v2")
     await reconciler_records(
         store,
@@ -92,7 +92,8 @@ async def test_an_undo_after_success_starts_a_rollout_correlated_with_its_reques
         "model_declared",
         "rollout_started",
     ]
-    assert {declaration.meta.correlation_id, started.meta.correlation_id} == {"req-2"}
+    assert {declaration.meta.correlation_id, started.meta.correlation_id} == {"rollout-llama-r3"}
+    assert {declaration.meta.causation_id, started.meta.causation_id} == {"req-2"}
     report = await operations.rollout("llama")
     assert (report.status.rollout.id, report.model.revision) == ("rollout-llama-r3", 3)
     assert report.model.spec.command == "sim --port {port}"
