@@ -10,6 +10,7 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
 from app.admin.auth import ACTOR_KEY, TokenAuthenticator
+from app.admin.autoscale import AutoscaleController
 from app.admin.bodies import MAX_BODY_BYTES
 from app.admin.certificates import CertificateController
 from app.admin.drains import DrainController
@@ -74,6 +75,7 @@ def create_admin_app(
 
     return Litestar(
         route_handlers=[
+            AutoscaleController,
             CertificateController,
             EventsController,
             HistoryController,

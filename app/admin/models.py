@@ -11,6 +11,7 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, JSONBody
 
 from app.admin.auth import require_actor
+from app.admin.autoscale_schemas import AutoscaleDecisionView
 from app.admin.bodies import check_body
 from app.admin.schemas import (
     ModelChange,
@@ -21,10 +22,15 @@ from app.admin.schemas import (
     as_view,
 )
 from app.admin.traffic import TrafficSource, traffic_by_revision, traffic_view
+from app.domain.decision import AUTOSCALER
+from app.domain.envelope import Recorded
+from app.domain.events import model_stream
 from app.domain.model_spec import ModelSpec, SpecError
 from app.domain.operations import InvalidSpec, ModelStatus
 from app.domain.state import Model
 from app.services.operations import Caller, Operations
+from app.store.history import read_last_scaled
+from app.store.postgres import PostgresEventStore
 
 DRY_RUN_MODEL = "dry-run"
 """The name of a dry-run spec that has none."""
@@ -86,6 +92,16 @@ def model_view(status: ModelStatus) -> ModelView:
     )
 
 
+def autoscale_decision_view(recorded: Recorded) -> AutoscaleDecisionView:
+    """A ``model_scaled`` as the autoscaler's decision, with what it saw."""
+    return as_view(
+        recorded.event,
+        AutoscaleDecisionView,
+        position=recorded.position,
+        recorded_at=recorded.recorded_at,
+    )
+
+
 def _rollout_summary(model: Model) -> ModelRolloutView | None:
     rollout = model.rollout
     if rollout is None:
@@ -122,14 +138,17 @@ class ModelController(Controller):
         self,
         operations: NamedDependency[Operations],
         traffic: NamedDependency[TrafficSource],
+        store: NamedDependency[PostgresEventStore],
         name: FromPath[str],
     ) -> ModelView:
         view = model_view(await operations.model(name))
         groups = traffic_by_revision(await operations.replicas(name))
         figures = await traffic.traffic_of_groups(groups) if groups else {}
+        scaled = await read_last_scaled(store.engine, model_stream(name), AUTOSCALER)
         return msgspec.structs.replace(
             view,
             traffic_by_revision={rev: traffic_view(f) for rev, f in sorted(figures.items())},
+            last_autoscale=autoscale_decision_view(scaled) if scaled is not None else None,
         )
 
     @put(

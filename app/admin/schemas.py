@@ -7,6 +7,12 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
+from app.admin.autoscale_schemas import (
+    AutoscaleDecisionView,
+    AutoscalePolicyBody,
+    AutoscalePolicyView,
+)
+
 ViewT = TypeVar("ViewT")
 
 
@@ -94,6 +100,8 @@ class ModelSpecBody(
     max_moves: int | None = None
     routing: RoutingBody | None = None
     rollout: RolloutPolicyBody | None = None
+    autoscale: AutoscalePolicyBody | None = None
+    """Null (or left out): the replica count is ``replicas``, as operators set it."""
 
 
 class RoutingView(msgspec.Struct, frozen=True, kw_only=True):
@@ -136,6 +144,8 @@ class ModelSpecView(msgspec.Struct, frozen=True, kw_only=True):
     max_moves: int
     routing: RoutingView
     rollout: RolloutPolicyView
+    autoscale: AutoscalePolicyView | None = None
+    """Null: the replica count is what operators set."""
 
 
 class ModelRolloutView(msgspec.Struct, frozen=True, kw_only=True):
@@ -184,6 +194,9 @@ class ModelView(msgspec.Struct, frozen=True, kw_only=True):
     model's active replicas, added up per revision (keys are revision numbers); a revision
     none of whose replicas any gateway reported is absent, and so is all of it when no
     gateway reports traffic."""
+    last_autoscale: AutoscaleDecisionView | None = None
+    """``GET /admin/v1/models/{name}`` only (null in the list): the autoscaler's last change
+    of the count, with why and what it saw; null when it never changed it."""
 
 
 class ModelChange(msgspec.Struct, frozen=True, kw_only=True):

@@ -31,7 +31,7 @@ from app.domain.events import (
     replica_stream,
     subjects,
 )
-from app.domain.model_spec import ModelSpec, RoutingSettings
+from app.domain.model_spec import AutoscalePolicy, ModelSpec, RoutingSettings
 from app.domain.placement import Explanation
 from app.domain.state import (
     ApiKey,
@@ -100,6 +100,13 @@ class Operations:
     async def scale(self, caller: Caller, name: str, replicas: int) -> bool:
         stream = model_stream(name)
         return await self._record(caller, stream, lambda s: decide.scale(s, name, replicas))
+
+    async def set_autoscale(
+        self, caller: Caller, name: str, policy: AutoscalePolicy | None
+    ) -> bool:
+        """Autoscale the model with ``policy``, or stop (None)."""
+        stream = model_stream(name)
+        return await self._record(caller, stream, lambda s: decide.set_autoscale(s, name, policy))
 
     async def remove(self, caller: Caller, name: str) -> bool:
         return await self._record(caller, model_stream(name), lambda s: decide.remove(s, name))

@@ -68,6 +68,20 @@ async def read_correlated(
     return [record_from_row(row) for row in rows]
 
 
+async def read_last_scaled(engine: AsyncEngine, stream: str, actor: str) -> Recorded | None:
+    """The last ``model_scaled`` in a model's ``stream`` that ``actor`` recorded (the
+    autoscaler's last decision), or None."""
+    if _NUL in stream or _NUL in actor:
+        return None
+    query = (
+        f"SELECT {RECORDED_COLUMNS} FROM events WHERE stream = $1 AND type = 'model_scaled' "
+        "AND actor = $2 ORDER BY version DESC LIMIT 1"
+    )
+    async with connection(engine) as db:
+        row = await db.fetchrow(query, stream, actor)
+    return record_from_row(row) if row is not None else None
+
+
 async def read_rollouts(
     engine: AsyncEngine, stream: str, before: int | None = None, limit: int = 20
 ) -> tuple[list[Recorded], int | None]:

@@ -1,0 +1,68 @@
+"""The autoscaling policy as the admin API reads and shows it, and the autoscaler's last
+decision about a model (wire schemas, apart from ``app.domain.model_spec.AutoscalePolicy``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import msgspec
+
+
+class AutoscalePolicyBody(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True
+):
+    """Replicas that follow demand; a field left out (or null) takes its default: ``min`` 1,
+    ``max`` 1, ``target`` 4, ``capacity`` none, ``up_window_s`` 10, ``down_window_s`` 300,
+    ``idle_to_zero_s`` 900, ``max_step`` 4, ``cold_start_timeout_s`` 300."""
+
+    min_replicas: int | None = msgspec.field(name="min", default=None)
+    max_replicas: int | None = msgspec.field(name="max", default=None)
+    target: float | None = None
+    capacity: float | None = None
+    up_window_s: float | None = None
+    down_window_s: float | None = None
+    idle_to_zero_s: float | None = None
+    max_step: int | None = None
+    cold_start_timeout_s: float | None = None
+
+
+class AutoscalePolicyView(msgspec.Struct, frozen=True, kw_only=True):
+    min_replicas: int = msgspec.field(name="min")
+    max_replicas: int = msgspec.field(name="max")
+    target: float
+    """Requests (in flight plus queued) one replica should carry."""
+    capacity: float | None
+    """When set and bench measured the model: the share of its benched capacity one
+    replica should carry instead of ``target``."""
+    up_window_s: float
+    down_window_s: float
+    idle_to_zero_s: float
+    max_step: int
+    cold_start_timeout_s: float
+
+
+class ScaleInputsView(msgspec.Struct, frozen=True, kw_only=True):
+    demand: float
+    """Requests in flight on the model's replicas plus those queued for it, over every
+    gateway with a fresh report, when the autoscaler decided."""
+    per_replica: float
+    """What one replica should carry."""
+    per_replica_from: str
+    """Where ``per_replica`` comes from: the policy's ``target``, or a share of what bench
+    measured."""
+    up_window_mean: float | None
+    down_window_max: float | None
+    samples: int
+    """Demand samples the decision had."""
+
+
+class AutoscaleDecisionView(msgspec.Struct, frozen=True, kw_only=True):
+    """The autoscaler's last change of a model's count (its last ``model_scaled``)."""
+
+    position: int
+    """Its place in the log."""
+    recorded_at: datetime
+    replicas: int
+    previous: int
+    reason: str
+    inputs: ScaleInputsView | None

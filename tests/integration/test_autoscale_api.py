@@ -1,0 +1,336 @@
+"""A model's autoscaling policy at the admin API and ``llmgw-cli``, served in this event loop
+over a real PostgreSQL store, with no reconciler: what operators record (spec files with a
+policy, ``PUT``/``DELETE .../autoscale``, ``llmgw-cli autoscale``), what is refused and why,
+and how ``models`` and ``model`` show the policy and the autoscaler's last decision (seeded
+as the autoscaler records it). The autoscaler itself is in tests/unit/test_autoscale.py."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from app.domain.decision import AUTOSCALER
+from app.domain.events import (
+    ModelDeclared,
+    ModelScaled,
+    ScaleInputs,
+    event_type,
+    model_stream,
+)
+from app.domain.model_spec import AutoscalePolicy
+from app.store.postgres import PostgresEventStore
+from tests.support.admin_server import bearer_client, record
+from tests.support.operator_cli import OPERATOR, TOKEN, Operator, live_admin_api
+
+pytestmark = pytest.mark.timeout(120)
+
+COMMAND = "vllm serve {model} --port {port}"
+DEFAULTS = {
+    "min": 1,
+    "max": 1,
+    "target": 4.0,
+    "capacity": None,
+    "up_window_s": 10.0,
+    "down_window_s": 300.0,
+    "idle_to_zero_s": 900.0,
+    "max_step": 4,
+    "cold_start_timeout_s": 300.0,
+}
+"""``AutoscalePolicy()`` as the API shows it."""
+
+
+def a_model() -> str:
+    return f"llama-{secrets.token_hex(3)}"
+
+
+def spec(command: str = COMMAND, **fields: object) -> dict[str, Any]:
+    return {"command": command, "replicas": 2, **fields}
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def api(pg_store: PostgresEventStore, tmp_path: Path) -> AsyncIterator[Operator]:
+    async with live_admin_api(pg_store) as url:
+        yield Operator(home=tmp_path, admin_url=url)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def admin(api: Operator) -> AsyncIterator[httpx.AsyncClient]:
+    async with bearer_client(api.admin_url, TOKEN) as client:
+        yield client
+
+
+async def declare(admin: httpx.AsyncClient, model: str, **fields: object) -> dict[str, Any]:
+    answer = await admin.put(f"/admin/v1/models/{model}", json=spec(**fields))
+    assert answer.status_code == 200, answer.text
+    shown: dict[str, Any] = answer.json()["model"]
+    return shown
+
+
+async def scaled_by_autoscaler(store: PostgresEventStore, model: str, to: int, was: int) -> None:
+    """The autoscaler's ``model_scaled``, as the reconciler records it."""
+    inputs = ScaleInputs(
+        demand=23.0,
+        per_replica=4.0,
+        per_replica_from="target 4",
+        up_window_mean=21.5,
+        down_window_max=23.0,
+        samples=12,
+    )
+    reason = "demand averaged 21.5 over 10s needs 6 replica(s) at 4 each; held to max 5"
+    scaled = ModelScaled(model=model, replicas=to, previous=was, reason=reason, inputs=inputs)
+    await record(store, AUTOSCALER, scaled)
+
+
+def facts(shown: str) -> dict[str, str]:
+    """``llmgw-cli model``'s ``name: value`` lines."""
+    return {
+        name.strip(): value.strip()
+        for name, value in (line.split(":", 1) for line in shown.splitlines() if ":" in line)
+    }
+
+
+# -- the policy in a spec ------------------------------------------------------------------
+
+
+async def test_a_spec_file_carries_an_autoscale_policy_and_reapplying_it_keeps_the_count(
+    api: Operator, pg_store: PostgresEventStore
+) -> None:
+    model = a_model()
+    path = api.home / "llama.yaml"
+    path.write_text(
+        f"name: {model}\n"
+        f"command: {COMMAND}\n"
+        "replicas: 2\n"
+        "autoscale:\n"
+        "  min: 1\n"
+        "  max: 8\n"
+        "  capacity: 0.8\n"
+        "  down_window_s: 600\n"
+    )
+
+    applied = await api.run("models", "apply", str(path))
+    await scaled_by_autoscaler(pg_store, model, to=5, was=2)
+    again = await api.run("models", "apply", str(path))
+    shown = (await api.run("model", model, "--output", "json")).json()
+
+    assert applied.code == 0, applied.stderr
+    assert again.stdout == f"model {model}: unchanged, nothing recorded\n"
+    assert shown["spec"]["autoscale"] == DEFAULTS | {
+        "max": 8,
+        "capacity": 0.8,
+        "down_window_s": 600.0,
+    }
+    assert shown["desired"] == 5
+    declared, scaled = await pg_store.read_stream(model_stream(model))
+    assert isinstance(declared.event, ModelDeclared)
+    assert declared.event.spec.autoscale == AutoscalePolicy(
+        max_replicas=8, capacity=0.8, down_window_s=600
+    )
+    assert scaled.meta.actor == AUTOSCALER
+
+
+async def test_a_spec_without_a_policy_or_with_null_is_not_autoscaled(
+    admin: httpx.AsyncClient,
+) -> None:
+    left_out = await declare(admin, a_model())
+    null = await declare(admin, a_model(), autoscale=None)
+    empty = await declare(admin, a_model(), autoscale={})
+
+    assert left_out["spec"]["autoscale"] is None
+    assert null["spec"]["autoscale"] is None
+    assert empty["spec"]["autoscale"] == DEFAULTS
+
+
+HOSTILE_POLICIES = [
+    ({"min": 5, "max": 2}, [("autoscale.max", "must be at least min (5)")]),
+    ({"min": -1}, [("autoscale.min", "must be between 0 and 10000")]),
+    ({"max": 10_001}, [("autoscale.max", "must be between 1 and 10000")]),
+    (
+        {"target": 0},
+        [
+            (
+                "autoscale.target",
+                "must be more than 0 and at most 100000 (requests a replica carries)",
+            )
+        ],
+    ),
+    (
+        {"capacity": 1.5},
+        [
+            (
+                "autoscale.capacity",
+                "must be in (0, 1] (a share of the capacity bench measured), or absent",
+            )
+        ],
+    ),
+    (
+        {"up_window_s": -1, "idle_to_zero_s": 1e9},
+        [
+            ("autoscale.up_window_s", "must be between 0 and 86400 (a day)"),
+            ("autoscale.idle_to_zero_s", "must be between 0 and 86400 (a day)"),
+        ],
+    ),
+    ({"max_step": 0}, [("autoscale.max_step", "must be between 1 and 10000")]),
+    (
+        {"cold_start_timeout_s": 0},
+        [("autoscale.cold_start_timeout_s", "must be more than 0 and at most 3600 (an hour)")],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("policy", "errors"),
+    [
+        *HOSTILE_POLICIES,
+        ({"mni": 1}, [("autoscale.mni", "is not a field of a model spec")]),
+        ({"min_replicas": 1}, [("autoscale.min_replicas", "is not a field of a model spec")]),
+        ({"min": "1"}, [("autoscale.min", "expected `int`, got `str`")]),
+        ({"target": True}, [("autoscale.target", "expected `float`, got `bool`")]),
+        ("on", [("autoscale", "expected `object`, got `str`")]),
+    ],
+)
+async def test_a_bad_autoscale_policy_in_a_spec_is_refused_naming_the_field(
+    admin: httpx.AsyncClient,
+    pg_store: PostgresEventStore,
+    policy: object,
+    errors: list[tuple[str, str]],
+) -> None:
+    before = await pg_store.last_position()
+
+    answer = await admin.put(f"/admin/v1/models/{a_model()}", json=spec(autoscale=policy))
+
+    assert answer.status_code == 422, answer.text
+    assert [(e["field"], e["reason"]) for e in answer.json()["errors"]] == errors
+    assert await pg_store.last_position() == before
+
+
+# -- PUT and DELETE /admin/v1/models/{name}/autoscale ----------------------------------------
+
+
+async def test_put_and_delete_record_a_declaration_of_the_same_revision_once_each(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    model = a_model()
+    await declare(admin, model)
+    await declare(admin, model, command=f"{COMMAND} --enforce-eager")  # revision 2
+    before = len(await pg_store.read_stream(model_stream(model)))
+    path = f"/admin/v1/models/{model}/autoscale"
+
+    on = await admin.put(path, json={"min": 1, "max": 8, "target": 6})
+    same = await admin.put(path, json={"max": 8, "target": 6.0})
+    off = await admin.delete(path)
+    off_again = await admin.delete(path)
+    recorded = (await pg_store.read_stream(model_stream(model)))[before:]
+
+    assert on.status_code == 200, on.text
+    assert (on.json()["changed"], same.json()["changed"]) == (True, False)
+    shown = on.json()["model"]
+    assert shown["spec"]["autoscale"] == DEFAULTS | {"max": 8, "target": 6.0}
+    assert (shown["revision"], shown["desired"], shown["spec"]["replicas"]) == (2, 2, 2)
+    assert off.status_code == 200, off.text
+    assert (off.json()["changed"], off_again.json()["changed"]) == (True, False)
+    assert off.json()["model"]["spec"]["autoscale"] is None
+    assert off.json()["model"]["desired"] == 2
+    assert [event_type(r.event) for r in recorded] == ["model_declared", "model_declared"]
+    turned_on, turned_off = (r.event for r in recorded)
+    assert isinstance(turned_on, ModelDeclared)
+    assert isinstance(turned_off, ModelDeclared)
+    assert turned_on.revision == turned_off.revision == 2
+    assert turned_on.changes == turned_off.changes == ()
+    assert turned_on.spec.autoscale == AutoscalePolicy(max_replicas=8, target=6.0)
+    assert turned_off.spec.autoscale is None
+    assert turned_off.spec.command == f"{COMMAND} --enforce-eager"
+    assert {r.meta.actor for r in recorded} == {OPERATOR}
+
+
+@pytest.mark.parametrize(("policy", "errors"), HOSTILE_POLICIES)
+async def test_a_hostile_policy_is_a_422_naming_each_field_and_records_nothing(
+    admin: httpx.AsyncClient,
+    pg_store: PostgresEventStore,
+    policy: dict[str, object],
+    errors: list[tuple[str, str]],
+) -> None:
+    model = a_model()
+    await declare(admin, model)
+    before = await pg_store.last_position()
+
+    answer = await admin.put(f"/admin/v1/models/{model}/autoscale", json=policy)
+
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["title"] == "invalid-spec"
+    assert [(e["field"], e["reason"]) for e in answer.json()["errors"]] == errors
+    assert await pg_store.last_position() == before
+
+
+@pytest.mark.parametrize(
+    ("body", "key"),
+    [
+        ({"min": "1"}, "min"),
+        ({"capacity": "0.8"}, "capacity"),
+        ({"max": 2.5}, "max"),
+        ({"mni": 1}, "(body)"),
+        ([1, 8], "(body)"),
+    ],
+)
+async def test_a_body_that_is_not_a_policy_is_a_400_naming_it_and_records_nothing(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore, body: object, key: str
+) -> None:
+    model = a_model()
+    await declare(admin, model)
+    before = await pg_store.last_position()
+
+    answer = await admin.put(f"/admin/v1/models/{model}/autoscale", json=body)
+
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["errors"][0]["key"] == key
+    assert await pg_store.last_position() == before
+
+
+async def test_an_unknown_model_is_a_404_and_a_removed_one_a_409(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    removed = a_model()
+    await declare(admin, removed)
+    assert (await admin.delete(f"/admin/v1/models/{removed}")).status_code == 204
+    before = await pg_store.last_position()
+
+    unknown = [
+        await admin.put("/admin/v1/models/nope/autoscale", json={"max": 4}),
+        await admin.delete("/admin/v1/models/nope/autoscale"),
+    ]
+    gone = [
+        await admin.put(f"/admin/v1/models/{removed}/autoscale", json={"max": 4}),
+        await admin.delete(f"/admin/v1/models/{removed}/autoscale"),
+    ]
+
+    assert {(a.status_code, a.json()["title"]) for a in unknown} == {(404, "unknown-model")}
+    assert {(a.status_code, a.json()["detail"]) for a in gone} == {
+        (409, f"model {removed} was removed; apply its spec to declare it again")
+    }
+    assert await pg_store.last_position() == before
+
+
+async def test_a_manual_scale_of_an_autoscaled_model_is_a_409_that_says_what_to_do(
+    admin: httpx.AsyncClient, api: Operator, pg_store: PostgresEventStore
+) -> None:
+    model = a_model()
+    await declare(admin, model, autoscale={"min": 2, "max": 6})
+    before = await pg_store.last_position()
+
+    answer = await admin.post(f"/admin/v1/models/{model}/scale", json={"replicas": 4})
+    told = await api.run("scale", model, "4")
+
+    message = (
+        f"model {model} is autoscaled between 2 and 6 replicas; change the bounds "
+        f"(llmgw-cli autoscale {model} --min N --max N) or turn autoscaling off (--off) first"
+    )
+    assert (answer.status_code, answer.json()["title"]) == (409, "invalid-operation")
+    assert answer.json()["detail"] == message
+    assert (told.code, told.stderr) == (1, f"llmgw-cli scale: {message}\n")
+    assert await pg_store.last_position() == before
