@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from cyclopts import App
 
+from cli.autoscale import autoscale
 from cli.bench.command import bench_app
 from cli.cert import cert_app
 from cli.cert_revocation import list_certificates, revoke_certificate
@@ -23,8 +24,8 @@ from wire.version import llmgw_version
 app = App(
     name="llmgw-cli",
     version=llmgw_version,
-    help="Operate an llmgw cluster: nodes, models, replicas, drains, rollouts, history, keys, "
-    "certificates."
+    help="Operate an llmgw cluster: nodes, models, replicas, autoscaling, drains, rollouts, "
+    "history, keys, certificates."
     "\n\nShell completion: `llmgw-cli --install-completion`, or "
     '`eval "$(llmgw-cli completion bash)"`.',
     error_formatter=usage_error_line,
@@ -35,6 +36,7 @@ app.command(show_node, name="node")
 app.command(models_app)
 app.command(show_model, name="model")
 app.command(scale, name="scale")
+app.command(autoscale, name="autoscale")
 app.command(remove, name="remove")
 app.command(list_replicas, name="replicas")
 app.command(show_replica, name="replica")

@@ -13,6 +13,7 @@ import msgspec
 from cyclopts import App, Parameter, validators
 from rich.console import Console
 
+from cli.autoscale import bounds_text, decision_text, inputs_text, policy_text
 from cli.client import AdminClient, ApiProblem
 from cli.config import ConnectionFlags
 from cli.operator import (
@@ -39,8 +40,9 @@ ModelName = Annotated[str, Parameter(help="The model name, such as llama-3-8b.")
 
 models_app = App(
     name="models",
-    help="""List the declared models: replicas desired and serving, and why a model is short
-if it is. `models apply FILE` declares them from a spec file.
+    help="""List the declared models: replicas serving and desired, the bounds of those
+autoscaled (`auto 1..8`), and why a model is short if it is. `models apply FILE` declares
+them from a spec file.
 
 ```
 llmgw-cli models
@@ -69,7 +71,8 @@ def list_models(
     output: Output = "table",
     connection: ConnectionFlags | None = None,
 ) -> int:
-    """Every declared model: replicas desired and serving, and why it is short if it is."""
+    """Every declared model: replicas serving and desired, the bounds of those autoscaled
+    (`auto 1..8`), and, when fewer serve than are desired, why in one phrase."""
 
     def show(client: AdminClient) -> int:
         params = {"include_removed": "true"} if removed else {}
@@ -83,11 +86,11 @@ def list_models(
                 (
                     m.name + (" (removed)" if m.removed else ""),
                     revision_text(m),
-                    f"{m.serving}/{m.desired}",
+                    count_text(m),
                     ", ".join(f"{n} {phase}" for phase, n in m.phases.items()),
                     str(m.spec.gpus_per_shard * m.spec.shards_per_replica),
                     engine_text(m.spec.engine, m.spec.command),
-                    "; ".join(m.below_desired_because),
+                    shortfall_text(m),
                 )
                 for m in reply.value
             ),
@@ -175,6 +178,25 @@ def _report_applied(replies: list[Reply[ModelChange]], output: Output) -> None:
     sys.stdout.flush()
 
 
+def count_text(model: ModelView) -> str:
+    """``5/8``, and an autoscaled model's bounds: ``5/8 (auto 1..8)``."""
+    policy = model.spec.autoscale
+    bounds = f" ({bounds_text(policy)})" if policy is not None else ""
+    return f"{model.serving}/{model.desired}{bounds}"
+
+
+def shortfall_text(model: ModelView) -> str:
+    """Why fewer replicas serve than are desired, in one phrase (``llmgw-cli model`` gives
+    every reason): ``wants 8, has 5: needs 1 node(s) with 2 healthy free GPU(s), ...`` when
+    no node can take the rest, else the first reason the API gives; empty when none is
+    short."""
+    if model.serving >= model.desired or not model.below_desired_because:
+        return ""
+    if model.unplaceable_reason and model.counting < model.desired:
+        return f"wants {model.desired}, has {model.counting}: {model.unplaceable_reason}"
+    return model.below_desired_because[0]
+
+
 def revision_text(model: ModelView) -> str:
     """The model's revision, and how many of its replicas run an older one: ``2 (1 old)``."""
     older = f" ({len(model.outdated)} old)" if model.outdated else ""
@@ -184,7 +206,8 @@ def revision_text(model: ModelView) -> str:
 def show_model(
     name: ModelName, /, *, output: Output = "table", connection: ConnectionFlags | None = None
 ) -> int:
-    """One model: its spec, its replicas by phase, and why it is below its count if it is.
+    """One model: its spec, its replicas by phase, its autoscaling policy and the
+    autoscaler's last decision with what it saw, and why it is below its count if it is.
 
     ```
     llmgw-cli model llama-3-8b
@@ -264,6 +287,7 @@ def print_model(model: ModelView, wide: bool = False) -> None:
         facts.append(("backoff", f"until {utc_seconds(model.backoff_until)} UTC"))
     if model.unplaceable_reason:
         facts.append(("unplaceable", model.unplaceable_reason))
+    facts.extend(_autoscale_facts(model))
     rollout = model.rollout
     if rollout is not None and rollout.state in UNDER_WAY:
         facts.append(
@@ -295,6 +319,20 @@ def print_model(model: ModelView, wide: bool = False) -> None:
         console.print(f"below its count: {reason}", markup=False)
     if model.traffic_by_revision is not None:
         print_traffic_by_revision(model.traffic_by_revision, console)
+
+
+def _autoscale_facts(model: ModelView) -> list[tuple[str, str | None]]:
+    """The policy, and the autoscaler's last change of the count with what it saw."""
+    policy, last = model.spec.autoscale, model.last_autoscale
+    facts: list[tuple[str, str | None]] = [
+        ("autoscale", policy_text(policy) if policy is not None else "off"),
+    ]
+    if last is not None:
+        facts.append(("last scaled", decision_text(last)))
+        seen = inputs_text(last)
+        if seen is not None:
+            facts.append(("it saw", seen))
+    return facts
 
 
 def engine_text(engine: str, command: str) -> str:

@@ -87,6 +87,20 @@ class NodeChange(View, frozen=True, kw_only=True):
 # -- models ------------------------------------------------------------------------------
 
 
+class AutoscaleView(View, frozen=True, kw_only=True):
+    """A model's autoscaling policy (``autoscale`` of its spec)."""
+
+    min_replicas: int = msgspec.field(name="min", default=1)
+    max_replicas: int = msgspec.field(name="max", default=1)
+    target: float = 4.0
+    capacity: float | None = None
+    up_window_s: float = 10.0
+    down_window_s: float = 300.0
+    idle_to_zero_s: float = 900.0
+    max_step: int = 4
+    cold_start_timeout_s: float = 300.0
+
+
 class ModelSpecView(View, frozen=True, kw_only=True):
     command: str = ""
     engine: str = ""
@@ -95,6 +109,27 @@ class ModelSpecView(View, frozen=True, kw_only=True):
     shards_per_replica: int = 0
     node_selector: dict[str, str] = {}
     startup_timeout_s: float = 0.0
+    autoscale: AutoscaleView | None = None
+    """None: the replica count is what operators set."""
+
+
+class ScaleInputsView(View, frozen=True, kw_only=True):
+    demand: float = 0.0
+    per_replica: float = 0.0
+    per_replica_from: str = ""
+    up_window_mean: float | None = None
+    down_window_max: float | None = None
+    samples: int = 0
+
+
+class AutoscaleDecisionView(View, frozen=True, kw_only=True):
+    """The autoscaler's last change of a model's count."""
+
+    recorded_at: datetime | None = None
+    replicas: int = 0
+    previous: int = 0
+    reason: str = ""
+    inputs: ScaleInputsView | None = None
 
 
 class ModelView(View, frozen=True, kw_only=True):
@@ -116,6 +151,8 @@ class ModelView(View, frozen=True, kw_only=True):
     """One model's answer only: what the gateways saw of its replicas, per revision."""
     rollout: ModelRolloutView | None = None
     """Its rollout under way, or its last one."""
+    last_autoscale: AutoscaleDecisionView | None = None
+    """One model's answer only: the autoscaler's last change of its count."""
 
 
 class ModelChange(View, frozen=True, kw_only=True):

@@ -19,13 +19,16 @@ from app.domain.decision import AUTOSCALER
 from app.domain.events import (
     ModelDeclared,
     ModelScaled,
+    ModelUnplaceable,
+    ReplicaPlaced,
     ScaleInputs,
+    ShardPlacement,
     event_type,
     model_stream,
 )
 from app.domain.model_spec import AutoscalePolicy
 from app.store.postgres import PostgresEventStore
-from tests.support.admin_server import bearer_client, record
+from tests.support.admin_server import bearer_client, record, seed_node, seed_serving_replica
 from tests.support.operator_cli import OPERATOR, TOKEN, Operator, live_admin_api
 
 pytestmark = pytest.mark.timeout(120)
@@ -334,3 +337,167 @@ async def test_a_manual_scale_of_an_autoscaled_model_is_a_409_that_says_what_to_
     assert answer.json()["detail"] == message
     assert (told.code, told.stderr) == (1, f"llmgw-cli scale: {message}\n")
     assert await pg_store.last_position() == before
+
+
+# -- llmgw-cli autoscale, models, model ------------------------------------------------------
+
+
+async def test_autoscale_changes_only_the_options_given_and_off_hands_the_count_back(
+    admin: httpx.AsyncClient, api: Operator, pg_store: PostgresEventStore
+) -> None:
+    model = a_model()
+    await declare(admin, model)
+
+    on = await api.run("autoscale", model, "--max", "8", "--target", "6")
+    widened = await api.run("autoscale", model, "--min", "0", "--idle-to-zero", "1800")
+    same = await api.run("autoscale", model, "--max", "8")
+    as_json = (await api.run("model", model, "--output", "json")).json()
+    off = await api.run("autoscale", model, "--off")
+    off_again = await api.run("autoscale", model, "--off")
+    scaled = await api.run("scale", model, "3")
+
+    assert on.code == 0, on.stderr
+    assert on.stdout == (
+        f"model {model}: autoscaled, 1..8 replicas, 6 requests per replica, up on the 10s "
+        "average, down after 300s below, at most 4 a step; now 2 desired, 0 serving\n"
+    )
+    assert widened.stdout == (
+        f"model {model}: autoscaled, 0..8 replicas, 6 requests per replica, up on the 10s "
+        "average, down after 300s below, at most 4 a step, to zero after 1800s idle (a cold "
+        "start holds requests up to 300s); now 2 desired, 0 serving\n"
+    )
+    assert same.stdout == f"model {model}: autoscaling unchanged, nothing recorded\n"
+    assert as_json["spec"]["autoscale"] == DEFAULTS | {
+        "min": 0,
+        "max": 8,
+        "target": 6.0,
+        "idle_to_zero_s": 1800.0,
+    }
+    assert off.stdout == (
+        f"model {model}: autoscaling off; it stays at 2 replicas "
+        f"(llmgw-cli scale {model} N changes it)\n"
+    )
+    assert off_again.stdout == f"model {model}: not autoscaled, nothing recorded\n"
+    assert scaled.code == 0, scaled.stderr
+    types = [event_type(r.event) for r in await pg_store.read_stream(model_stream(model))]
+    assert types == ["model_declared"] * 4 + ["model_scaled"]
+
+
+async def test_autoscale_refuses_a_bad_command_line_before_and_a_bad_policy_from_the_api(
+    admin: httpx.AsyncClient, api: Operator, pg_store: PostgresEventStore
+) -> None:
+    model = a_model()
+    await declare(admin, model)
+    before = await pg_store.last_position()
+
+    both = await api.run("autoscale", model, "--off", "--min", "2", "--target", "3")
+    nothing = await api.run("autoscale", model)
+    infinite = await api.run("autoscale", model, "--target", "inf")
+    negative = await api.run("autoscale", model, "--min", "-1")
+    inverted = await api.run("autoscale", model, "--min", "5", "--max", "2")
+    unknown = await api.run("autoscale", "no-such-model", "--max", "2")
+
+    assert (both.code, both.stderr) == (
+        2,
+        "llmgw-cli autoscale: --off takes no other option (given: --min, --target)\n",
+    )
+    assert nothing.code == 2
+    assert "say what to change" in nothing.stderr
+    assert (infinite.code, negative.code) == (2, 2)
+    assert "Must be a finite number" in infinite.stderr
+    assert inverted.code == 1
+    assert inverted.stderr.splitlines() == [
+        f"llmgw-cli autoscale: spec of model '{model}' is invalid (autoscale.max: must be at "
+        "least min (5)); nothing was recorded",
+        "  autoscale.max: must be at least min (5)",
+    ]
+    assert (unknown.code, unknown.stderr) == (
+        1,
+        "llmgw-cli autoscale: no model 'no-such-model' is known\n",
+    )
+    assert await pg_store.last_position() == before
+
+
+async def test_models_shows_the_bounds_and_why_it_is_short_in_one_phrase(
+    admin: httpx.AsyncClient, api: Operator, pg_store: PostgresEventStore
+) -> None:
+    auto, manual = a_model(), a_model()
+    node = f"gpu-{secrets.token_hex(3)}"
+    await seed_node(pg_store, node)
+    await declare(admin, auto, replicas=1, autoscale={"min": 1, "max": 8})
+    await declare(admin, manual, replicas=2)
+    await seed_serving_replica(pg_store, f"{auto}-1", node)
+    shard = ShardPlacement(index=0, node_id=node, gpus=(1,), port=20001)
+    await record(
+        pg_store,
+        "reconciler",
+        ReplicaPlaced(replica_id=f"{manual}-1", model=manual, number=1, shards=(shard,)),
+    )
+    await scaled_by_autoscaler(pg_store, auto, to=3, was=1)
+    reason = "needs 1 node(s) with 1 healthy free GPU(s), 0 eligible of 1: 1 not enough GPUs"
+    await record(
+        pg_store,
+        "reconciler",
+        ModelUnplaceable(model=auto, reason=reason, missing_replicas=2),
+    )
+
+    table = await api.run("models", "--output", "wide")
+    narrow = await api.run("models")
+
+    rows = {line.split()[1]: line for line in table.stdout.splitlines() if "llama-" in line}
+    assert table.code == 0, table.stderr
+    assert "1/3 (auto 1..8)" in rows[auto]
+    assert "1/3 (auto 1..8)" in narrow.stdout
+    assert f"wants 3, has 1: {reason}" in rows[auto]
+    assert "0/2" in rows[manual]
+    assert "auto" not in rows[manual]
+    # One phrase, the first reason of those the model's answer gives.
+    assert "1 replica(s) not placed yet" in rows[manual]
+    assert "placed or starting" not in rows[manual]
+
+
+async def test_model_shows_the_policy_and_the_autoscalers_last_decision_with_its_inputs(
+    admin: httpx.AsyncClient, api: Operator, pg_store: PostgresEventStore
+) -> None:
+    model, manual = a_model(), a_model()
+    await declare(admin, model, autoscale={"min": 1, "max": 5, "capacity": 0.8})
+    await declare(admin, manual)
+    await scaled_by_autoscaler(pg_store, model, to=4, was=2)
+    await scaled_by_autoscaler(pg_store, model, to=5, was=4)
+    assert (await admin.post(f"/admin/v1/models/{manual}/scale", json={"replicas": 3})).is_success
+
+    shown = (await admin.get(f"/admin/v1/models/{model}")).json()
+    listed = (await admin.get("/admin/v1/models")).json()
+    told = await api.run("model", model)
+    told_manual = await api.run("model", manual)
+    not_autoscaled = (await admin.get(f"/admin/v1/models/{manual}")).json()
+
+    last = shown["last_autoscale"]
+    scaled = (await pg_store.read_stream(model_stream(model)))[-1]
+    assert (last["previous"], last["replicas"], last["position"]) == (4, 5, scaled.position)
+    assert last["reason"].startswith("demand averaged 21.5 over 10s")
+    assert last["inputs"] == {
+        "demand": 23.0,
+        "per_replica": 4.0,
+        "per_replica_from": "target 4",
+        "up_window_mean": 21.5,
+        "down_window_max": 23.0,
+        "samples": 12,
+    }
+    assert {m["name"]: m["last_autoscale"] for m in listed} == {model: None, manual: None}
+    assert not_autoscaled["last_autoscale"] is None  # an operator's scale is no decision
+    assert told.code == 0, told.stderr
+    lines = facts(told.stdout)
+    assert lines["autoscale"] == (
+        "1..5 replicas, 80% of the benched capacity per replica (4 requests without a bench "
+        "result), up on the 10s average, down after 300s below, at most 4 a step"
+    )
+    assert lines["last scaled"].endswith(
+        "UTC, 4 -> 5: demand averaged 21.5 over 10s needs 6 replica(s) at 4 each; held to max 5"
+    )
+    assert lines["it saw"] == (
+        "demand 23, 4 per replica (target 4), up-window mean 21.5, down-window peak 23.0, "
+        "12 samples"
+    )
+    assert facts(told_manual.stdout)["autoscale"] == "off"
+    assert "last scaled" not in told_manual.stdout

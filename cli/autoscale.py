@@ -1,0 +1,265 @@
+"""`llmgw-cli autoscale MODEL [--min N] [--max N] ...` and `autoscale MODEL --off`: a model's
+replica count follows its demand, or goes back to what operators set (docs/autoscaling.md).
+
+The API takes the whole policy (each field left out at its default); this command changes
+only the fields it is given, keeping the others as the model has them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated
+
+import msgspec
+from cyclopts import Parameter, validators
+
+from cli.client import AdminClient
+from cli.config import ConnectionFlags
+from cli.operator import ADMIN, Output, UsageError, call, print_json, run_command, segment
+from cli.render import EXIT_OK, counted, utc_seconds
+from cli.views import AutoscaleDecisionView, AutoscaleView, ModelChange, ModelView
+
+
+def _finite(_type: object, value: object) -> None:
+    # JSON has no infinity: sent, it would arrive as null, that is the field's default.
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("Must be a finite number.")
+
+
+def _at_least(low: float) -> tuple[validators.Number, object]:
+    return validators.Number(gte=low), _finite
+
+
+def _above(low: float) -> tuple[validators.Number, object]:
+    return validators.Number(gt=low), _finite
+
+
+ModelName = Annotated[str, Parameter(help="The model to autoscale, such as llama-3-8b.")]
+Seconds = float | None
+
+OPTIONS = (
+    ("min", "--min"),
+    ("max", "--max"),
+    ("target", "--target"),
+    ("capacity", "--capacity"),
+    ("up_window_s", "--up-window"),
+    ("down_window_s", "--down-window"),
+    ("idle_to_zero_s", "--idle-to-zero"),
+    ("max_step", "--max-step"),
+    ("cold_start_timeout_s", "--cold-start-timeout"),
+)
+"""Each policy field, as the API names it, and its option, in the order of the options."""
+
+
+def autoscale(
+    name: ModelName,
+    /,
+    *,
+    min_replicas: Annotated[
+        int | None,
+        Parameter(
+            name="--min",
+            help="The fewest replicas, 0 to 10000. 0 lets an idle model scale to zero.",
+            validator=validators.Number(gte=0),
+        ),
+    ] = None,
+    max_replicas: Annotated[
+        int | None,
+        Parameter(
+            name="--max",
+            help="The most replicas, 1 to 10000, at least --min.",
+            validator=validators.Number(gte=1),
+        ),
+    ] = None,
+    target: Annotated[
+        float | None,
+        Parameter(
+            help="Requests one replica should carry: in flight on it plus queued for the "
+            "model, as the gateways report them (at most 100000).",
+            validator=_above(0),
+        ),
+    ] = None,
+    capacity: Annotated[
+        float | None,
+        Parameter(
+            help="Instead of --target, the share (0 to 1) of the concurrency `llmgw-cli "
+            "bench` measured a replica serving within its SLO: 0.8 keeps each replica at "
+            "80 % of it. Without a bench result, --target is used.",
+            validator=(validators.Number(gt=0, lte=1), _finite),
+        ),
+    ] = None,
+    up_window: Annotated[
+        Seconds,
+        Parameter(
+            help="Seconds of demand averaged to scale up: up as soon as that average needs "
+            "more replicas; a burst shorter than this moves it only by its share.",
+            validator=_at_least(0),
+        ),
+    ] = None,
+    down_window: Annotated[
+        Seconds,
+        Parameter(
+            help="Seconds the demand must stay low to scale down: down only when the "
+            "highest demand over them needs fewer replicas, so a noisy signal does not flap.",
+            validator=_at_least(0),
+        ),
+    ] = None,
+    idle_to_zero: Annotated[
+        Seconds,
+        Parameter(
+            help="With --min 0, seconds without any request before the last replica goes.",
+            validator=_at_least(0),
+        ),
+    ] = None,
+    max_step: Annotated[
+        int | None,
+        Parameter(
+            help="The most replicas one decision adds or removes.",
+            validator=validators.Number(gte=1),
+        ),
+    ] = None,
+    cold_start_timeout: Annotated[
+        Seconds,
+        Parameter(
+            help="With --min 0, seconds a gateway holds a request for a model scaled to "
+            "zero while a replica starts; then 503 with Retry-After (at most 3600).",
+            validator=_above(0),
+        ),
+    ] = None,
+    off: Annotated[
+        bool,
+        Parameter(
+            help="Stop autoscaling: the count stays where it is, for `llmgw-cli scale`.",
+            negative=(),
+        ),
+    ] = False,
+    output: Output = "table",
+    connection: ConnectionFlags | None = None,
+) -> int:
+    """Let a model's replica count follow its demand, between --min and --max; or stop
+    with --off. Options not given keep the model's current values (the defaults when it is
+    not autoscaled yet: min 1, max 1, target 4, up window 10s, down window 300s, idle to
+    zero 900s, max step 4, cold start timeout 300s).
+
+    Demand is the requests the gateways have in flight on the model's replicas plus those
+    they hold queued for it. The model needs demand / load-per-replica replicas, where the
+    load one replica should carry is --target requests, or, with --capacity and a bench
+    result, that share of what bench measured. It scales up as soon as the demand averaged
+    over --up-window needs more, and down only once the highest demand over --down-window
+    needs fewer, at most --max-step at a time; replicas removed leave routing first and stop
+    once idle. Every change is a model_scaled by the autoscaler with what it saw
+    (`llmgw-cli model NAME` shows the last one).
+
+    ```
+    llmgw-cli autoscale llama-3-8b --min 1 --max 8 --target 6
+    llmgw-cli autoscale llama-3-8b --capacity 0.8 --down-window 600
+    llmgw-cli autoscale llama-3-8b --min 0 --idle-to-zero 1800
+    llmgw-cli autoscale llama-3-8b --off
+    ```
+    """
+    values = (
+        min_replicas,
+        max_replicas,
+        target,
+        capacity,
+        up_window,
+        down_window,
+        idle_to_zero,
+        max_step,
+        cold_start_timeout,
+    )
+    given = {
+        field: value for (field, _), value in zip(OPTIONS, values, strict=True) if value is not None
+    }
+    path = f"{ADMIN}/models/{segment(name)}/autoscale"
+
+    def change(client: AdminClient) -> int:
+        if off and given:
+            options = ", ".join(option for field, option in OPTIONS if field in given)
+            raise UsageError(f"--off takes no other option (given: {options})")
+        if not off and not given:
+            raise UsageError(
+                "say what to change (--min, --max, --target, --capacity, ...), or --off; "
+                f"`llmgw-cli model {name}` shows the policy"
+            )
+        if off:
+            reply = call(client, ModelChange, "DELETE", path)
+        else:
+            model = call(client, ModelView, "GET", f"{ADMIN}/models/{segment(name)}").value
+            current = model.spec.autoscale
+            kept = msgspec.to_builtins(current) if current is not None else {}
+            reply = call(client, ModelChange, "PUT", path, body=kept | given)
+        if output == "json":
+            print_json(reply.raw)
+        else:
+            print(_said(reply.value, off))
+        return EXIT_OK
+
+    return run_command("autoscale", connection, change)
+
+
+def _said(change: ModelChange, off: bool) -> str:
+    model = change.model
+    policy = model.spec.autoscale
+    if off:
+        if not change.changed:
+            return f"model {model.name}: not autoscaled, nothing recorded"
+        return (
+            f"model {model.name}: autoscaling off; it stays at "
+            f"{counted(model.desired, 'replica')} (llmgw-cli scale {model.name} N changes it)"
+        )
+    if not change.changed or policy is None:
+        return f"model {model.name}: autoscaling unchanged, nothing recorded"
+    return (
+        f"model {model.name}: autoscaled, {policy_text(policy)}; "
+        f"now {model.desired} desired, {model.serving} serving"
+    )
+
+
+def bounds_text(policy: AutoscaleView) -> str:
+    """``auto 1..8``."""
+    return f"auto {policy.min_replicas}..{policy.max_replicas}"
+
+
+def policy_text(policy: AutoscaleView) -> str:
+    """The policy in one line: bounds, the load per replica, windows, step, zero."""
+    load = f"{policy.target:g} requests per replica"
+    if policy.capacity is not None:
+        load = (
+            f"{policy.capacity:.0%} of the benched capacity per replica "
+            f"({policy.target:g} requests without a bench result)"
+        )
+    text = (
+        f"{policy.min_replicas}..{policy.max_replicas} replicas, {load}, up on the "
+        f"{policy.up_window_s:g}s average, down after {policy.down_window_s:g}s below, "
+        f"at most {policy.max_step} a step"
+    )
+    if policy.min_replicas == 0:
+        text += (
+            f", to zero after {policy.idle_to_zero_s:g}s idle (a cold start holds requests "
+            f"up to {policy.cold_start_timeout_s:g}s)"
+        )
+    return text
+
+
+def decision_text(decision: AutoscaleDecisionView) -> str:
+    """``2026-12-01 09:00:00 UTC, 2 -> 4: <reason>``."""
+    at = f"{utc_seconds(decision.recorded_at)} UTC, " if decision.recorded_at else ""
+    return f"{at}{decision.previous} -> {decision.replicas}: {decision.reason}"
+
+
+def inputs_text(decision: AutoscaleDecisionView) -> str | None:
+    """What the autoscaler saw when it decided, or None when the event says nothing."""
+    seen = decision.inputs
+    if seen is None:
+        return None
+    parts = [
+        f"demand {seen.demand:g}",
+        f"{seen.per_replica:g} per replica ({seen.per_replica_from})",
+    ]
+    if seen.up_window_mean is not None:
+        parts.append(f"up-window mean {seen.up_window_mean:.1f}")
+    if seen.down_window_max is not None:
+        parts.append(f"down-window peak {seen.down_window_max:.1f}")
+    parts.append(counted(seen.samples, "sample"))
+    return ", ".join(parts)

@@ -1,0 +1,66 @@
+"""How ``llmgw-cli`` words a model's autoscaling: the policy in a line, its count with its
+bounds, and why it is short in one phrase."""
+
+from __future__ import annotations
+
+from msgspec.structs import replace
+
+from cli.autoscale import policy_text
+from cli.models import count_text, shortfall_text
+from cli.views import AutoscaleView, ModelSpecView, ModelView
+
+UNPLACEABLE = "needs 1 node(s) with 2 healthy free GPU(s), 0 eligible of 3: 3 not enough GPUs"
+SHORT = ModelView(
+    name="llama",
+    desired=8,
+    serving=4,
+    counting=5,
+    unplaceable_reason=UNPLACEABLE,
+    below_desired_because=[
+        f"cannot place 3 replica(s): {UNPLACEABLE}",
+        "1 replica(s) placed or starting, not serving yet",
+    ],
+    spec=ModelSpecView(autoscale=AutoscaleView(min_replicas=1, max_replicas=8)),
+)
+
+
+def test_a_model_no_node_can_take_says_what_it_wants_what_it_has_and_why() -> None:
+    assert shortfall_text(SHORT) == f"wants 8, has 5: {UNPLACEABLE}"
+    assert count_text(SHORT) == "4/8 (auto 1..8)"
+
+
+def test_once_every_replica_is_placed_the_first_reason_stands_for_them_all() -> None:
+    # The unplaceable reason is the reconciler's last word, kept after a node freed up.
+    placed = replace(
+        SHORT,
+        counting=8,
+        below_desired_because=[
+            "4 replica(s) placed or starting, not serving yet",
+            "1 failed start(s) in a row: llama-3 failed",
+        ],
+    )
+
+    assert shortfall_text(placed) == "4 replica(s) placed or starting, not serving yet"
+
+
+def test_a_model_at_its_count_says_nothing_and_a_manual_one_shows_no_bounds() -> None:
+    full = replace(SHORT, serving=8, counting=8, below_desired_because=[])
+    manual = replace(full, spec=ModelSpecView())
+
+    assert shortfall_text(full) == ""
+    assert count_text(manual) == "8/8"
+
+
+def test_the_policy_names_its_load_per_replica_and_scale_to_zero_only_when_it_may() -> None:
+    by_target = AutoscaleView(min_replicas=2, max_replicas=6, target=3)
+    by_capacity = AutoscaleView(min_replicas=0, max_replicas=4, capacity=0.75, max_step=1)
+
+    assert policy_text(by_target) == (
+        "2..6 replicas, 3 requests per replica, up on the 10s average, down after 300s "
+        "below, at most 4 a step"
+    )
+    assert policy_text(by_capacity) == (
+        "0..4 replicas, 75% of the benched capacity per replica (4 requests without a bench "
+        "result), up on the 10s average, down after 300s below, at most 1 a step, to zero "
+        "after 900s idle (a cold start holds requests up to 300s)"
+    )
