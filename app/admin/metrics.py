@@ -8,12 +8,14 @@ wants it closed puts the admin listener behind the network policy that already g
 Figures come from three places, none of them counters sprinkled through the code:
 
 - the log's fold (the store's in-memory state, the same fold the projection tables hold):
-  replicas by model and phase, nodes by connection, drains in progress, and, for each model
-  that cannot place a replica, the nodes rejected for each reason;
+  replicas by model and phase, each model's desired and serving replicas, nodes by
+  connection, drains in progress, and, for each model that cannot place a replica, the
+  nodes rejected for each reason;
 - the ``events`` table: events appended by type, counted incrementally by position (appends
   are serialized, so no event can appear later below a position already counted);
-- the leader's live parts (``LiveFigures``): agents connected to this server's hub and the
-  reconciler's recent passes. A standby reports no leader and no agents;
+- the leader's live parts (``LiveFigures``): agents connected to this server's hub, the
+  reconciler's recent passes and the demand its autoscaler last sampled for each
+  autoscaled model. A standby reports no leader, no agents and no demand;
 - the gateway this process runs, if any (``llmgw_gateway_*``, see docs/gateway.md): its
   page names every model and replica, so ``serve`` publishes it here, to operators, and
   its client listener answers 404 for ``/metrics``.
@@ -23,8 +25,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from litestar import Response, get
 from litestar.di import NamedDependency
@@ -35,7 +37,7 @@ from prometheus_client.registry import Collector
 from app.domain.allocation import Allocations
 from app.domain.placement import Rejection, explain_placement
 from app.domain.state import ACTIVE_PHASES, ClusterState, ReplicaPhase
-from app.services.control_plane import ControlPlane, Role
+from app.services.control_plane import ControlPlane, Leader, Role
 from app.store.database import connection
 from app.store.postgres import PostgresEventStore
 
@@ -47,11 +49,13 @@ COUNTING_PHASES = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING, Replica
 
 @dataclass(frozen=True)
 class LiveFigures:
-    """What only the leading server knows: its agent connections and reconcile passes."""
+    """What only the leading server knows: its agent connections, reconcile passes, and the
+    demand its autoscaler last sampled, by model."""
 
     agents_connected: int
     reconcile_passes: int
     recent_pass_durations_s: Sequence[float]
+    demand: Mapping[str, float] = field(default_factory=dict)
 
 
 LiveSource = Callable[[], LiveFigures | None]
@@ -63,14 +67,20 @@ def control_plane_figures(control_plane: ControlPlane) -> LiveSource:
         leader = control_plane.leader
         if control_plane.role is not Role.LEADER or leader is None:
             return None
-        reconciler = leader.reconciler
-        return LiveFigures(
-            agents_connected=len(leader.hub.connected_nodes()),
-            reconcile_passes=reconciler.pass_count if reconciler else 0,
-            recent_pass_durations_s=[p.duration_s for p in reconciler.passes] if reconciler else [],
-        )
+        return leader_figures(leader)
 
     return read
+
+
+def leader_figures(leader: Leader) -> LiveFigures:
+    """What a leadership term knows now."""
+    reconciler = leader.reconciler
+    return LiveFigures(
+        agents_connected=len(leader.hub.connected_nodes()),
+        reconcile_passes=reconciler.pass_count if reconciler else 0,
+        recent_pass_durations_s=[p.duration_s for p in reconciler.passes] if reconciler else [],
+        demand=reconciler.last_demand() if reconciler else {},
+    )
 
 
 class EventCounts:
@@ -160,6 +170,15 @@ def live_families(figures: LiveFigures | None) -> Iterator[Metric]:
     for q in QUANTILES if durations else ():
         recent.add_metric([f"{q:g}"], durations[min(len(durations) - 1, int(q * len(durations)))])
     yield recent
+    demand = GaugeMetricFamily(
+        "llmgw_model_demand",
+        "Requests in flight on an autoscaled model's replicas plus those queued for it, as "
+        "the autoscaler last sampled them (on the leader only)",
+        labels=["model"],
+    )
+    for model, value in sorted(figures.demand.items()) if figures else ():
+        demand.add_metric([model], value)
+    yield demand
 
 
 def event_family(counts: EventCounts) -> Metric:
@@ -173,6 +192,7 @@ def event_family(counts: EventCounts) -> Metric:
 
 def fold_families(state: ClusterState) -> Iterator[Metric]:
     yield replica_family(state)
+    yield from model_count_families(state)
     nodes = GaugeMetricFamily("llmgw_nodes", "Nodes the log knows, by connection", labels=["state"])
     by_state = Counter(
         "lost" if n.lost else "connected" if n.connected else "disconnected"
@@ -198,14 +218,38 @@ def replica_family(state: ClusterState) -> Metric:
         by_model_phase.update(
             {(known.name, ReplicaPhase(p)): n for p, n in known.forgotten.items()}
         )
-    active_models = {r.model for r in state.replicas.values() if r.phase in ACTIVE_PHASES}
-    shown = sorted(
-        name for name, m in state.models.items() if not m.removed or name in active_models
-    )
-    for model in shown:
+    for model in _shown_models(state):
         for phase in ReplicaPhase:
             family.add_metric([model, phase.value], by_model_phase[(model, phase)])
     return family
+
+
+def model_count_families(state: ClusterState) -> Iterator[Metric]:
+    desired = GaugeMetricFamily(
+        "llmgw_model_desired_replicas",
+        "Replicas a model should have: as operators set it, or as the autoscaler last did "
+        "(0 once removed)",
+        labels=["model"],
+    )
+    serving = GaugeMetricFamily(
+        "llmgw_model_serving_replicas", "Replicas of a model serving", labels=["model"]
+    )
+    serving_by_model = Counter(
+        r.model for r in state.replicas.values() if r.phase is ReplicaPhase.SERVING
+    )
+    for model in _shown_models(state):
+        desired.add_metric([model], state.models[model].desired)
+        serving.add_metric([model], serving_by_model[model])
+    yield desired
+    yield serving
+
+
+def _shown_models(state: ClusterState) -> list[str]:
+    """Declared models, and removed ones while a replica of theirs is active."""
+    active_models = {r.model for r in state.replicas.values() if r.phase in ACTIVE_PHASES}
+    return sorted(
+        name for name, m in state.models.items() if not m.removed or name in active_models
+    )
 
 
 def drains_in_progress(state: ClusterState) -> set[str]:

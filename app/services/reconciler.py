@@ -134,6 +134,10 @@ class Reconciler:
         """Every pass since this reconciler started."""
         tracker.add_listener(self.wake)
 
+    def last_demand(self) -> dict[str, float]:
+        """Each autoscaled model's demand as the last pass sampled it (for ``/metrics``)."""
+        return {name: samples[-1].demand for name, samples in self._demand.items() if samples}
+
     def wake(self) -> None:
         """Run a pass now (or right after the one in progress)."""
         self._wake.set()

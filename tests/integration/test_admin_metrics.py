@@ -11,7 +11,10 @@ import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.admin.metrics import LiveFigures
+from app.domain.decision import AUTOSCALER
 from app.domain.events import (
+    ModelDeclared,
+    ModelScaled,
     ModelUnplaceable,
     NodeCordoned,
     NodeDisconnected,
@@ -21,6 +24,7 @@ from app.domain.events import (
     ReplicaServing,
     ShardPlacement,
 )
+from app.domain.model_spec import AutoscalePolicy, ModelSpec
 from app.store.database import connection
 from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import record, seed_node, serving_admin
@@ -146,7 +150,12 @@ async def test_events_are_counted_once_across_scrapes(
     assert first[connected] == second[connected] == third[connected] == 1
 
 
-async def test_a_standby_reports_no_leader_and_no_agents(pg_store: PostgresEventStore) -> None:
+async def test_a_standby_reports_no_leader_no_agents_and_no_demand(
+    pg_store: PostgresEventStore,
+) -> None:
+    policy = AutoscalePolicy(min_replicas=1, max_replicas=4)
+    spec = ModelSpec(name="auto", command="vllm serve {model} --port {port}", autoscale=policy)
+    await record(pg_store, "alice", ModelDeclared(model="auto", spec=spec))
     async with (
         serving_admin(pg_store) as url,
         httpx.AsyncClient(base_url=url) as scraper,
@@ -156,3 +165,56 @@ async def test_a_standby_reports_no_leader_and_no_agents(pg_store: PostgresEvent
     assert samples[("llmgw_leader", ())] == 0
     assert samples[("llmgw_agents_connected", ())] == 0
     assert samples[("llmgw_reconcile_passes_total", ())] == 0
+    assert samples[("llmgw_model_desired_replicas", (("model", "auto"),))] == 1
+    assert [key for key in samples if key[0] == "llmgw_model_demand"] == []
+
+
+async def test_each_model_has_its_desired_and_serving_counts_and_the_leader_its_demand(
+    pg_store: PostgresEventStore,
+) -> None:
+    # Given an autoscaled model the autoscaler took to 4 replicas, one of them serving, a
+    # model an operator set to 2 with none serving, and a removed one.
+    node_id, auto, manual, gone = (f"m-{secrets.token_hex(3)}" for _ in range(4))
+    await seed_node(pg_store, node_id)
+    command = "vllm serve {model} --port {port}"
+    leader = LiveFigures(
+        agents_connected=1,
+        reconcile_passes=3,
+        recent_pass_durations_s=[0.002],
+        demand={auto: 13.5},
+    )
+    async with (
+        serving_admin(pg_store, tokens={TOKEN: "alice"}, live=lambda: leader) as url,
+        httpx.AsyncClient(base_url=url, headers={"authorization": f"Bearer {TOKEN}"}) as admin,
+    ):
+        for name, fields in (
+            (auto, {"replicas": 1, "autoscale": {"min": 1, "max": 8}}),
+            (manual, {"replicas": 2}),
+            (gone, {"replicas": 1}),
+        ):
+            answer = await admin.put(
+                f"/admin/v1/models/{name}", json={"command": command, **fields}
+            )
+            assert answer.status_code == 200, answer.text
+        assert (await admin.delete(f"/admin/v1/models/{gone}")).status_code == 204
+        await record(
+            pg_store,
+            "reconciler",
+            placed(f"{auto}-1", node_id, 0),
+            ReplicaServing(replica_id=f"{auto}-1"),
+            placed(f"{manual}-1", node_id, 1),
+        )
+        await record(pg_store, AUTOSCALER, ModelScaled(model=auto, replicas=4, previous=1))
+
+        samples = await scrape(admin)
+
+    def by_model(metric: str) -> dict[str, float]:
+        return {
+            dict(labels)["model"]: value
+            for (name, labels), value in samples.items()
+            if name == metric and dict(labels)["model"] in (auto, manual, gone)
+        }
+
+    assert by_model("llmgw_model_desired_replicas") == {auto: 4, manual: 2}
+    assert by_model("llmgw_model_serving_replicas") == {auto: 1, manual: 0}
+    assert by_model("llmgw_model_demand") == {auto: 13.5}

@@ -15,12 +15,15 @@ from contextlib import AsyncExitStack
 from datetime import timedelta
 
 import asyncpg
+import httpx
 import pytest
 import pytest_asyncio
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.ext.asyncio import AsyncEngine
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
+from app.admin.metrics import leader_figures
 from app.bootstrap import AgentHubConfig, leader_wiring
 from app.domain.envelope import Meta
 from app.domain.events import (
@@ -33,7 +36,7 @@ from app.domain.events import (
     node_stream,
     replica_stream,
 )
-from app.domain.model_spec import ModelSpec
+from app.domain.model_spec import AutoscalePolicy, ModelSpec
 from app.domain.state import Replica, ReplicaPhase
 from app.gateway.source import PostgresSnapshotSource
 from app.services.control_plane import ControlPlaneConfig, Leader
@@ -41,6 +44,7 @@ from app.services.leader import NEXT_EPOCH, LeaderElection
 from app.store.database import driver_url
 from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore
+from tests.support.admin_server import serving_admin
 from tests.support.fake_agents import LOOPBACK, AgentPki, fake_agent, make_pki, running_shard
 from tests.support.waiting import wait_until
 from wire.messages import StopShard
@@ -86,9 +90,17 @@ def new_node_id() -> str:
     return f"gpu-{uuid.uuid4().hex[:8]}"
 
 
-async def declare(operator: PostgresEventStore, model: str, replicas: int) -> None:
+async def declare(
+    operator: PostgresEventStore,
+    model: str,
+    replicas: int,
+    autoscale: AutoscalePolicy | None = None,
+) -> None:
     spec = ModelSpec(
-        name=model, command="llmgw-sim-engine --port {port} --model {model}", replicas=replicas
+        name=model,
+        command="llmgw-sim-engine --port {port} --model {model}",
+        replicas=replicas,
+        autoscale=autoscale,
     )
     await operator.append(
         model_stream(model), None, [NewEvent(ModelDeclared(model=model, spec=spec))], OPERATOR
@@ -337,5 +349,58 @@ async def test_a_replica_out_of_routing_is_stopped_once_no_gateway_reports_reque
             open_requests.clear()
             await wait_until(lambda: agent.stops() != [], what="the replica stopped once idle")
             assert [s.replica_id for s in agent.stops()] == [replica.id]
+    finally:
+        await gateway.close()
+
+
+async def test_the_demand_a_pass_sampled_reaches_metrics_through_the_leaders_figures(
+    leader: Leader,
+    pki: AgentPki,
+    pg_store: PostgresEventStore,
+    operator: PostgresEventStore,
+    database_url: str,
+) -> None:
+    model, node_id = f"m-{uuid.uuid4().hex[:6]}", new_node_id()
+    open_requests: dict[str, int] = {}
+    gateway = PostgresSnapshotSource(database_url, gateway_id=f"gw-{node_id}")
+    gateway.report_in_flight(lambda: dict(open_requests))
+    await gateway.start()
+    try:
+        async with (
+            fake_agent(leader.hub.port, pki, node_id, gpus=1),
+            serving_admin(pg_store, live=lambda: leader_figures(leader)) as url,
+            httpx.AsyncClient(base_url=url) as scraper,
+        ):
+            policy = AutoscalePolicy(min_replicas=1, max_replicas=1)
+            await declare(operator, model, replicas=1, autoscale=policy)
+            await wait_until(
+                lambda: [r.phase for r in replicas_of(pg_store, model)] == [ReplicaPhase.SERVING],
+                what="the replica serving",
+            )
+            [replica] = replicas_of(pg_store, model)
+            open_requests[replica.id] = 3
+
+            async def demand_scraped() -> float | None:
+                page = (await scraper.get("/metrics")).text
+                return next(
+                    (
+                        sample.value
+                        for family in text_string_to_metric_families(page)
+                        for sample in family.samples
+                        if sample.name == "llmgw_model_demand" and sample.labels == {"model": model}
+                    ),
+                    None,
+                )
+
+            await wait_until(
+                lambda: leader_figures(leader).demand.get(model) == 3,
+                what="a pass sampling the gateway's 3 requests in flight",
+            )
+            assert await demand_scraped() == 3
+            open_requests.clear()
+            await wait_until(
+                lambda: leader_figures(leader).demand.get(model) == 0, what="the demand gone"
+            )
+            assert await demand_scraped() == 0
     finally:
         await gateway.close()
