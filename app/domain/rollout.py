@@ -65,6 +65,15 @@ PROMOTE = "promote"
 ROLL_BACK = "roll_back"
 INCONCLUSIVE = "inconclusive"
 
+RolloutEvent = (
+    RolloutStepStarted
+    | RolloutHolding
+    | RolloutVerdict
+    | RolloutPaused
+    | RolloutRolledBack
+    | RolloutFinished
+)
+
 _COUNTING = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING, ReplicaPhase.SERVING})
 _NOT_SERVING_YET = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING})
 
@@ -146,10 +155,10 @@ def _advance(
         _start_step(draft, model, rollout, index + 1, steps[index + 1])
         return
     if rollout.holding_since is None:
-        draft.emit(
-            model_stream(model.name),
+        _record(
+            draft,
+            rollout,
             RolloutHolding(model=model.name, rollout_id=rollout.id, step=index, hold_s=step.hold_s),
-            correlation_id=rollout.id,
         )
         return
     if draft.now < rollout.holding_since + timedelta(seconds=step.hold_s):
@@ -157,10 +166,16 @@ def _advance(
     _judge(draft, model, rollout, index, traffic)
 
 
+def _record(draft: Draft, rollout: Rollout, event: RolloutEvent) -> None:
+    """A step of the rollout, on its model's stream under the rollout's id."""
+    draft.emit(model_stream(event.model), event, correlation_id=rollout.id)
+
+
 def _start_step(draft: Draft, model: Model, rollout: Rollout, index: int, step: CanaryStep) -> None:
     replicas = step.count(model.desired)
-    draft.emit(
-        model_stream(model.name),
+    _record(
+        draft,
+        rollout,
         RolloutStepStarted(
             model=model.name,
             rollout_id=rollout.id,
@@ -169,7 +184,6 @@ def _start_step(draft: Draft, model: Model, rollout: Rollout, index: int, step: 
             traffic=step.traffic,
             hold_s=step.hold_s,
         ),
-        correlation_id=rollout.id,
     )
 
 
@@ -183,8 +197,9 @@ def _judge(
     canary = traffic.get(canary_group(model.name))
     stable = traffic.get(stable_group(model.name))
     verdict, reason = judge(canary, stable, model.spec.rollout)
-    draft.emit(
-        model_stream(model.name),
+    _record(
+        draft,
+        rollout,
         RolloutVerdict(
             model=model.name,
             rollout_id=rollout.id,
@@ -194,19 +209,18 @@ def _judge(
             canary=_judged(canary),
             stable=_judged(stable),
         ),
-        correlation_id=rollout.id,
     )
     if verdict == ROLL_BACK:
         _roll_back(draft, model, rollout, f"step {index + 1}: {reason}")
     elif verdict == INCONCLUSIVE:
-        draft.emit(
-            model_stream(model.name),
+        _record(
+            draft,
+            rollout,
             RolloutPaused(
                 model=model.name,
                 rollout_id=rollout.id,
                 reason=f"no verdict: {reason}; resume to promote, undo to roll back",
             ),
-            correlation_id=rollout.id,
         )
     else:
         steps = model.spec.rollout.all_steps
@@ -268,11 +282,7 @@ def _judged(figures: TrafficFigures | None) -> JudgedFigures | None:
 
 
 def _roll_back(draft: Draft, model: Model, rollout: Rollout, reason: str) -> None:
-    draft.emit(
-        model_stream(model.name),
-        rollback_event(model, rollout, reason),
-        correlation_id=rollout.id,
-    )
+    _record(draft, rollout, rollback_event(model, rollout, reason))
     _bring_back(draft, draft.state.models[model.name], rollout)
 
 
@@ -314,12 +324,12 @@ def _bring_back(draft: Draft, model: Model, rollout: Rollout) -> None:
 
 
 def _finish(draft: Draft, model: Model, rollout: Rollout, *, succeeded: bool, outcome: str) -> None:
-    draft.emit(
-        model_stream(model.name),
+    _record(
+        draft,
+        rollout,
         RolloutFinished(
             model=model.name, rollout_id=rollout.id, succeeded=succeeded, outcome=outcome
         ),
-        correlation_id=rollout.id,
     )
 
 
