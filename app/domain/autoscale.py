@@ -36,7 +36,8 @@ from app.domain.model_spec import AutoscalePolicy
 from app.domain.state import ClusterState, Model
 
 COVERED_SLACK_S = 2.0
-"""A window counts as watched when its first sample is at most this late (a pass or two)."""
+"""A window counts as watched when its first sample is at most this late (a pass or two),
+or a tenth of the window when that is less, so that a window of seconds is watched whole."""
 
 
 class DemandSample(msgspec.Struct, frozen=True, array_like=True):
@@ -167,7 +168,8 @@ def _within(samples: Sequence[DemandSample], now: datetime, window_s: float) -> 
 
 def _watched(samples: Sequence[DemandSample], now: datetime, window_s: float) -> bool:
     """Whether the samples cover the whole window (a control plane just started has not)."""
-    start = now - timedelta(seconds=window_s - COVERED_SLACK_S)
+    late_s = min(COVERED_SLACK_S, window_s / 10)
+    start = now - timedelta(seconds=window_s - late_s)
     return samples[0].at <= start
 
 

@@ -155,6 +155,25 @@ def test_a_control_plane_that_just_started_scales_up_but_not_down() -> None:
     assert demand.replicas == 8
 
 
+def test_a_window_of_a_few_seconds_is_watched_whole_before_the_count_goes_down() -> None:
+    short = replace(POLICY, min_replicas=0, down_window_s=3.0, idle_to_zero_s=3.0)
+    llama = model(1, short)
+    history: dict[str, tuple[DemandSample, ...]] = {}
+    now, first_sample, gone_at = T0, T0 + timedelta(seconds=0.2), None
+    while gone_at is None and now < T0 + timedelta(seconds=10):
+        now += timedelta(seconds=0.2)  # passes five times a second, none with demand
+        history = autoscale.observe(history, {}, {"llama": llama}, now)
+        decision = autoscale.decide(llama, history["llama"], now)
+        if decision is not None:
+            assert decision.replicas == 0, decision
+            gone_at = now
+
+    # Watched for at least 2.7 s of the 3 s (a tenth of a window may be missed, never
+    # two seconds of three).
+    assert gone_at is not None
+    assert gone_at - first_sample >= timedelta(seconds=2.7)
+
+
 def test_the_target_is_a_share_of_the_benched_capacity_when_bench_measured_one() -> None:
     policy = replace(POLICY, capacity=0.5)
     benched = model(1, policy, capacity=16, source="llmgw-cli bench")
