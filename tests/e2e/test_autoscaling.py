@@ -25,7 +25,7 @@ import pytest
 from agent.simulator.launcher import simulator_command
 from app.domain.model_spec import AutoscalePolicy, ModelSpec
 from tests.support.cluster import Cluster, GatewayProcess, LoggedEvent, about, first
-from tests.support.traffic import Traffic, serves
+from tests.support.traffic import Traffic, knows_key, serves
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.timeout(150), pytest.mark.serial]  # asserts how soon things happen
@@ -350,6 +350,8 @@ async def test_a_cold_start_slower_than_its_timeout_answers_503_with_retry_after
     )
     gateway = await start_cluster(cluster, spec)
     key = await cluster.create_key("slow", [SLOW])
+    # Not a completion: that would be the first request, held, whose end this test times.
+    await wait_until(lambda: knows_key(gateway.url, key), what="the gateway knows the key")
     assert await active_replicas(cluster, SLOW) == []
 
     async with openai.AsyncOpenAI(base_url=gateway.url, api_key=key, max_retries=0) as sdk:

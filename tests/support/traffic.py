@@ -294,6 +294,18 @@ async def serves(base_url: str, api_key: str, model: str) -> bool:
     return False
 
 
+async def knows_key(base_url: str, api_key: str) -> bool:
+    """Whether the gateway at ``base_url`` takes ``api_key`` now (its ``/models`` answers
+    200): for a test that must not send a completion before its first one counts."""
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        with contextlib.suppress(httpx.TransportError):
+            answer = await http.get(
+                f"{base_url}/models", headers={"authorization": f"Bearer {api_key}"}
+            )
+            return answer.status_code == 200
+    return False
+
+
 def _check_finished(text: str | None, finish_reason: str | None) -> None:
     if not text:
         raise UnfinishedAnswer("no text in the answer")
