@@ -130,6 +130,9 @@ class Change(msgspec.Struct, frozen=True, kw_only=True):
 
     stream: str
     events: tuple[AnyEvent, ...] = ()
+    correlation_id: str | None = None
+    """What the events are part of when the decision knows (a rollout they start or
+    steer); None: the request that asked for them."""
 
 
 # -- models ------------------------------------------------------------------------------
@@ -173,7 +176,11 @@ def apply_model(state: ClusterState, spec: ModelSpec) -> Change:
         revision=revision,
         from_revision=known.revision,
     )
-    return Change(stream=model_stream(spec.name), events=(declared, started))
+    return Change(
+        stream=model_stream(spec.name),
+        events=(declared, started),
+        correlation_id=started.rollout_id,
+    )
 
 
 def scale(state: ClusterState, name: str, replicas: int) -> Change:

@@ -59,7 +59,7 @@ def pause(state: ClusterState, name: str, reason: str) -> Change:
         raise InvalidOperation(f"rollout {rollout.id} cannot be paused: {_why_not(rollout)}")
     said = reason or "paused by an operator"
     paused = RolloutPaused(model=name, rollout_id=rollout.id, reason=said)
-    return Change(stream=model_stream(name), events=(paused,))
+    return Change(stream=model_stream(name), events=(paused,), correlation_id=rollout.id)
 
 
 def resume(state: ClusterState, name: str) -> Change:
@@ -71,7 +71,7 @@ def resume(state: ClusterState, name: str) -> Change:
     if rollout.state is not RolloutState.PAUSED:
         raise InvalidOperation(f"rollout {rollout.id} cannot be resumed: {_why_not(rollout)}")
     resumed = RolloutResumed(model=name, rollout_id=rollout.id)
-    return Change(stream=model_stream(name), events=(resumed,))
+    return Change(stream=model_stream(name), events=(resumed,), correlation_id=rollout.id)
 
 
 def undo(state: ClusterState, name: str) -> Change:
@@ -82,7 +82,7 @@ def undo(state: ClusterState, name: str) -> Change:
     rollout = _rollout(model)
     if rollout.state in (RolloutState.RUNNING, RolloutState.PAUSED):
         event = rollback_event(model, rollout, "undone by an operator")
-        return Change(stream=model_stream(name), events=(event,))
+        return Change(stream=model_stream(name), events=(event,), correlation_id=rollout.id)
     if rollout.state is RolloutState.SUCCEEDED:
         spec = replace(model.spec, **{f: getattr(rollout.from_spec, f) for f in REVISION_FIELDS})
         changes = spec_changes(model.spec, spec)
@@ -99,7 +99,9 @@ def undo(state: ClusterState, name: str) -> Change:
             revision=revision,
             from_revision=model.revision,
         )
-        return Change(stream=model_stream(name), events=(declared, started))
+        return Change(
+            stream=model_stream(name), events=(declared, started), correlation_id=started.rollout_id
+        )
     raise InvalidOperation(f"rollout {rollout.id} cannot be undone: {_why_not(rollout)}")
 
 
@@ -163,13 +165,3 @@ def rollout_status(state: ClusterState, name: str, now: datetime) -> RolloutStat
         max_surge=model.spec.rollout.max_surge,
         max_unavailable=model.spec.rollout.max_unavailable,
     )
-
-
-def steered_rollout(state: ClusterState, name: str) -> str | None:
-    """The rollout an operator's pause, resume or undo of model ``name`` acts on, whose id
-    is then the correlation id of what it records (as of the rollout's own steps); None
-    when none is under way: an undo after a rollout succeeded starts a new one, whose id
-    its declaration carries (as any declaration that starts a rollout)."""
-    model = state.models.get(name)
-    rollout = model.rollout if model is not None else None
-    return rollout.id if rollout is not None and rollout.under_way else None

@@ -24,7 +24,6 @@ from app.domain import revocations, tuning
 from app.domain import rollout_operations as rollouts
 from app.domain.envelope import Meta
 from app.domain.events import (
-    RolloutStarted,
     key_stream,
     model_stream,
     node_stream,
@@ -152,12 +151,7 @@ class Operations:
     async def _steer_rollout(
         self, caller: Caller, name: str, decision: Callable[[ClusterState], decide.Change]
     ) -> bool:
-        return await self._record(
-            caller,
-            model_stream(name),
-            decision,
-            correlation_id=lambda s: rollouts.steered_rollout(s, name),
-        )
+        return await self._record(caller, model_stream(name), decision)
 
     async def tune(
         self,
@@ -317,11 +311,11 @@ class Operations:
         caller: Caller,
         stream: str,
         decision: Callable[[ClusterState], decide.Change],
-        correlation_id: str | Callable[[ClusterState], str | None] | None = None,
+        correlation_id: str | None = None,
         about_replica: str | None = None,
     ) -> bool:
-        """``correlation_id``: what the events are correlated with (a function of the state
-        they are decided on, or the request's id when it gives None)."""
+        """The events are correlated with what the decision says they are part of (a
+        rollout), else with ``correlation_id``, else with the request."""
         # Decided on the caught-up fold and appended with that fold's version of the
         # stream: the append succeeds only if no event came since.
         state = await self._store.catch_up()
@@ -336,15 +330,9 @@ class Operations:
             raise RuntimeError(f"decision for {stream} wrote {change.stream}")
         if not change.events:
             return False
-        correlation = correlation_id(state) if callable(correlation_id) else correlation_id
-        started = next((e for e in change.events if isinstance(e, RolloutStarted)), None)
-        if started is not None:
-            # A declaration that starts a rollout is its first step: one id tells it all
-            # (the request's id stays as the cause).
-            correlation = started.rollout_id
         meta = Meta(
             actor=caller.actor,
-            correlation_id=correlation or caller.request_id,
+            correlation_id=change.correlation_id or correlation_id or caller.request_id,
             causation_id=caller.request_id,
         )
         await self._store.append(stream, version, [NewEvent(e) for e in change.events], meta)
