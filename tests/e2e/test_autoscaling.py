@@ -197,7 +197,6 @@ async def test_a_ramp_of_clients_scales_one_to_many_and_back_to_one_without_a_fa
         await wait_until(
             lambda: scaled_up_and_serving(cluster), within_s=SCALED_WITHIN_S, what="scaled up"
         )
-        peak = await desired(cluster, RAMPED)
         for clients in reversed(RAMP[:-1]):
             await ramp.to(clients)
         await wait_until(
@@ -215,12 +214,14 @@ async def test_a_ramp_of_clients_scales_one_to_many_and_back_to_one_without_a_fa
     answered = sum(len(group.outcomes) for group in ramp.ended)
     print(f"\nclients 1 -> 16 -> 1: replicas {counts}; {answered} requests, none failed")
 
-    assert peak > 1
     ups = [e for e in scaled if whole(e, "replicas") > whole(e, "previous")]
     downs = [e for e in scaled if whole(e, "replicas") < whole(e, "previous")]
     assert ups, scaled
     assert downs, scaled
-    assert max(whole(e, "replicas") for e in ups) == peak, scaled
+    # The autoscaler may still be adding a replica as the ramp turns down (its up window
+    # still sees the sixteen clients); the peak is the highest count it asked for.
+    peak = max(whole(e, "replicas") for e in ups)
+    assert peak > 1, scaled
     assert downs[-1].get("replicas") == 1, scaled
     for event in scaled:
         assert_inputs_recorded(event)
@@ -231,7 +232,7 @@ async def test_a_ramp_of_clients_scales_one_to_many_and_back_to_one_without_a_fa
     # Every replica the autoscaler removed left through the drain-to-idle path: out of
     # routing first, its engine stopped after, then recorded stopped.
     added = [e.data["replica_id"] for e in log if e.type == "replica_placed"]
-    assert len(added) == peak - 1, added
+    assert len(added) == sum(whole(e, "replicas") - whole(e, "previous") for e in ups), added
     for replica in added:
         stopping = first(log, "replica_stopping", replica_id=replica)
         assert str(stopping.get("reason")).startswith("scaled down to"), stopping
