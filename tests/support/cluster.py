@@ -514,8 +514,8 @@ class Cluster:
         via: ServerProcess | None = None,
     ) -> object:
         """Any admin API call with the operator's token, to ``via`` or the first server
-        that runs; the decoded answer. An error status fails the test with its problem
-        document."""
+        that runs; the decoded answer (None for an empty one: ``204 No Content``). An error
+        status fails the test with its problem document."""
         server = via or next((s for s in self.servers if not s.exited()), None)
         if server is None:
             raise AssertionError("no server runs to ask")
@@ -524,6 +524,8 @@ class Cluster:
         )
         if response.status_code >= 400:
             raise AssertionError(f"{method} {path}: {response.status_code} {response.text}")
+        if not response.content:
+            return None
         answer: object = response.json()
         return answer
 
