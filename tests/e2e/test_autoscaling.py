@@ -141,17 +141,18 @@ class Ramp:
 
     async def hold(self, successes: int, *, within_s: float = 30.0) -> None:
         wanted = self.successes() + successes
-        await wait_until(
-            lambda: self.successes() >= wanted,
-            within_s=within_s,
-            every_s=0.05,
-            what=f"{successes} more answers with {self.clients} clients; {self.summary()}",
-        )
+        try:
+            await wait_until(
+                lambda: self.successes() >= wanted,
+                within_s=within_s,
+                every_s=0.05,
+                what=f"{successes} more answers with {self.clients} clients",
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; so far {self.summary()}") from exc
 
     async def stop(self) -> None:
-        await self.to_nothing()
-
-    async def to_nothing(self) -> None:
+        """Stop every group, each letting its clients finish the request they are in."""
         while self.groups:
             group = self.groups.pop()
             await group.stop()
