@@ -232,7 +232,7 @@ async def run_plan(
         startup_timeout_s=60,
         autoscale=plan.autoscale,
     )
-    await cluster.declare_model(spec)
+    await cluster.apply_model(spec)
     await cluster.wait_for_serving(model, plan.replicas, within_s=SETTLE_S)
     key = await cluster.create_key(f"trace-{plan.name}", [model])
     await wait_until(lambda: serves(gateway_url, key, model), what=f"{model} routed")

@@ -8,8 +8,8 @@
 - An engine slower to start than the cold-start timeout: the held request gets 503 with
   ``Retry-After``, and a client that comes back as told is served once the replica is up.
 
-Each model is declared whole (``Cluster.declare_model``) with its ``autoscale`` policy and
-windows of seconds, so that the story fits in a minute.
+Each model is applied whole through the admin API (``Cluster.apply_model``) with its
+``autoscale`` policy and windows of seconds, so that the story fits in a minute.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ async def start_cluster(cluster: Cluster, *specs: ModelSpec) -> GatewayProcess:
         cluster.start_agent(node)
     await cluster.wait_for_nodes_connected(NODES)
     for spec in specs:
-        assert await cluster.declare_model(spec)
+        assert await cluster.apply_model(spec)
     return await cluster.start_gateway()
 
 
