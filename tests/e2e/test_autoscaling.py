@@ -8,8 +8,8 @@
 - An engine slower to start than the cold-start timeout: the held request gets 503 with
   ``Retry-After``, and a client that comes back as told is served once the replica is up.
 
-Each model is declared whole (``Cluster.declare_model``) with its ``autoscale`` policy and
-windows of seconds, so that the story fits in a minute.
+Each model is applied whole through the admin API (``Cluster.apply_model``) with its
+``autoscale`` policy and windows of seconds, so that the story fits in a minute.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ async def start_cluster(cluster: Cluster, *specs: ModelSpec) -> GatewayProcess:
         cluster.start_agent(node)
     await cluster.wait_for_nodes_connected(NODES)
     for spec in specs:
-        assert await cluster.declare_model(spec)
+        assert await cluster.apply_model(spec)
     return await cluster.start_gateway()
 
 
@@ -141,17 +141,18 @@ class Ramp:
 
     async def hold(self, successes: int, *, within_s: float = 30.0) -> None:
         wanted = self.successes() + successes
-        await wait_until(
-            lambda: self.successes() >= wanted,
-            within_s=within_s,
-            every_s=0.05,
-            what=f"{successes} more answers with {self.clients} clients; {self.summary()}",
-        )
+        try:
+            await wait_until(
+                lambda: self.successes() >= wanted,
+                within_s=within_s,
+                every_s=0.05,
+                what=f"{successes} more answers with {self.clients} clients",
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; so far {self.summary()}") from exc
 
     async def stop(self) -> None:
-        await self.to_nothing()
-
-    async def to_nothing(self) -> None:
+        """Stop every group, each letting its clients finish the request they are in."""
         while self.groups:
             group = self.groups.pop()
             await group.stop()

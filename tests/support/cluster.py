@@ -29,13 +29,12 @@ from types import TracebackType
 
 import asyncpg
 import httpx
+import msgspec
 import pytest
 import pytest_asyncio
 
 from app.domain.model_spec import ModelSpec
-from app.services.operations import Caller, Operations
-from app.store.database import create_engine, driver_url
-from app.store.postgres import PostgresEventStore
+from app.store.database import driver_url
 from devcluster import pki as devpki
 from devcluster.orchestrator import GatewayProcess, Processes, ServerProcess
 from devcluster.pki import ClusterPki
@@ -418,17 +417,14 @@ class Cluster:
         body = {"command": SIMULATOR_COMMAND, "replicas": replicas, **spec}
         return await self._admin("PUT", f"/admin/v1/models/{name}", via, body=body)
 
-    async def declare_model(self, spec: ModelSpec, *, actor: str = ADMIN_TOKEN_NAME) -> bool:
-        """Declare ``spec`` whole, as ``PUT /admin/v1/models/{name}`` does behind its body:
-        ``Operations.apply_model`` on the caught-up log, appended through the event store as
-        the runtime role, in ``actor``'s name. For spec fields the admin API's body does not
-        take (an ``autoscale`` policy); whether anything was recorded."""
-        engine = create_engine(runtime_url(self.database_url), pool_size=1)
-        try:
-            store = PostgresEventStore(engine, policy=None)
-            return await Operations(store).apply_model(Caller(actor), spec)
-        finally:
-            await engine.dispose()
+    async def apply_model(self, spec: ModelSpec, *, via: ServerProcess | None = None) -> bool:
+        """``PUT /admin/v1/models/{name}`` with ``spec`` whole, every field written out, as
+        ``llmgw-cli models apply`` sends a spec file; whether anything was recorded."""
+        body = msgspec.to_builtins(spec)
+        answer = await self._admin("PUT", f"/admin/v1/models/{spec.name}", via, body=body)
+        changed = answer["changed"]
+        assert isinstance(changed, bool), answer
+        return changed
 
     async def drain_node(
         self, node_id: str, *, grace_s: float = 600.0, via: ServerProcess | None = None
@@ -514,8 +510,8 @@ class Cluster:
         via: ServerProcess | None = None,
     ) -> object:
         """Any admin API call with the operator's token, to ``via`` or the first server
-        that runs; the decoded answer. An error status fails the test with its problem
-        document."""
+        that runs; the decoded answer (None for an empty one: ``204 No Content``). An error
+        status fails the test with its problem document."""
         server = via or next((s for s in self.servers if not s.exited()), None)
         if server is None:
             raise AssertionError("no server runs to ask")
@@ -524,6 +520,8 @@ class Cluster:
         )
         if response.status_code >= 400:
             raise AssertionError(f"{method} {path}: {response.status_code} {response.text}")
+        if not response.content:
+            return None
         answer: object = response.json()
         return answer
 
