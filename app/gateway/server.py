@@ -94,6 +94,12 @@ DEFAULT_MAX_CONNECTIONS = 4096
 DEFAULT_METRICS_HOST = "127.0.0.1"
 DEFAULT_METRICS_PORT = 8082
 MAX_METRICS_CONNECTIONS = 64
+IDLE_KEEP_ALIVE_S = 75
+"""How long a client's kept-alive connection may sit idle between requests. Longer than
+the pools of common clients keep one (httpx and so the ``openai`` SDK: 5 s; aiohttp: 15 s),
+so that the client gives up an idle connection before the gateway does: a gateway that
+closes first races the client's next request on it, which then fails without having been
+sent anywhere. nginx's default, 75 s."""
 
 
 class GatewayFailed(RuntimeError):
@@ -149,6 +155,7 @@ async def _serve_on(
         proxy_headers=False,
         server_header=False,
         timeout_graceful_shutdown=graceful_shutdown_s,
+        timeout_keep_alive=IDLE_KEEP_ALIVE_S,
     )
     server = _Server(config)
     task = asyncio.get_running_loop().create_task(
