@@ -96,6 +96,7 @@ class PostgresGateway:
         self.source.report_in_flight(self.gateway.in_flight)
         self.source.report_queued(self.gateway.queued)
         self.source.report_traffic(self.gateway.traffic_report)
+        self.source.report_ejected(self.gateway.ejected)
         # A request held for a model starting from zero is demand the leader should see now.
         self.gateway.router.on_hold(self.source.report_soon)
 
