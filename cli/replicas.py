@@ -45,8 +45,9 @@ def list_replicas(
     output: Output = "table",
     connection: ConnectionFlags | None = None,
 ) -> int:
-    """Replicas with their phase, nodes, how many live gateways eject them for failing
-    requests (ejected: by 2 of 3 gateways), and the drain moving them if one is.
+    """Replicas with their phase, nodes, whether they are routed to (and how many live
+    gateways eject them for failing requests: yes (ejected by 2 of 3 gateways)), and the
+    drain moving them if one is.
 
     ```
     llmgw-cli replicas --model llama-3-8b
@@ -72,8 +73,7 @@ REPLICA_COLUMNS = (
     Column("revision"),
     Column("nodes", key=True),
     Column("serving since (UTC)", drop=1),
-    Column("routable", drop=2),
-    Column("ejected"),
+    Column("routable", wrap=True, drop=2),
     Column("moves", wrap=True),
 )
 
@@ -86,10 +86,19 @@ def replica_row(replica: ReplicaSummary) -> tuple[str, ...]:
         revision_text(replica),
         ",".join(replica.nodes),
         utc_seconds(replica.serving_since) if replica.serving_since else "",
-        "yes" if replica.routable else "no",
-        (ejected_text(replica) or "") if replica.ejection and replica.ejection.ejected_by else "",
+        routable_text(replica),
         moves(replica),
     )
+
+
+def routable_text(replica: ReplicaSummary) -> str:
+    """Whether the control plane routes to it, and how many live gateways eject it if any
+    does: ``yes (ejected by 2 of 3 gateways)``."""
+    routable = "yes" if replica.routable else "no"
+    ejection = replica.ejection
+    if ejection is None or ejection.ejected_by == 0:
+        return routable
+    return f"{routable} (ejected {ejected_text(replica)})"
 
 
 def ejected_text(replica: ReplicaSummary) -> str | None:
