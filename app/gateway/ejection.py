@@ -47,7 +47,8 @@ log = structlog.get_logger("llmgw.gateway")
 
 DEFAULT_CONSECUTIVE_FAILURES = 3
 DEFAULT_BASE_COOL_OFF_S = 5.0
-DEFAULT_MAX_COOL_OFF_S = 300.0
+DEFAULT_MAX_COOL_OFF_S = 60.0
+"""An idle GPU replica is costly: one that has recovered waits at most this long for its probe."""
 DEFAULT_MAX_EJECTED_PERCENT = 50
 
 
