@@ -81,6 +81,7 @@ def gateway_process(
                 *("--gateway-id", gateway_id, "--scrape-interval", "0.05"),
                 *("--metrics-port", str(metrics_port)),
                 *("--eject-after-failures", "3", "--ejection-cool-off", COOL_OFF_S),
+                *("--max-ejection-cool-off", COOL_OFF_S),
             ],
             stdin=subprocess.DEVNULL,
             stdout=output,
