@@ -243,7 +243,7 @@ class Ejector:
             return
         self._eject(replica_id, health, reason)
 
-    def abandoned(self, ticket: Ticket, replica_id: str) -> None:
+    def abandoned(self, replica_id: str, ticket: Ticket) -> None:
         """The lease ended without a verdict (its client left): if it was the probe, the
         next request may be."""
         if ticket.settled:

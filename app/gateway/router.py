@@ -160,7 +160,7 @@ class Lease:
         if not self._open:
             return
         self._open = False
-        self._router.ejector.abandoned(self._ticket, self.route.replica_id)
+        self._router.ejector.abandoned(self.route.replica_id, self._ticket)
         self._replica.unreserve(self)
         self._replica.in_flight -= 1
         self._router._capacity_freed(self._replica)

@@ -146,7 +146,7 @@ def test_a_probe_whose_client_left_lets_the_next_request_probe() -> None:
     clock.now += 5.0
     probe = ejector.granted("a")
     assert ejector.shunned(MODEL) == {"a"}
-    ejector.abandoned(probe, "a")
+    ejector.abandoned("a", probe)
     assert ejector.shunned(MODEL) == frozenset()
     assert ejector.granted("a").probe
 
@@ -162,7 +162,7 @@ def test_a_verdict_counts_once_and_only_for_leases_of_the_current_run() -> None:
     probe = ejector.granted("a")
     ejector.succeeded("a", probe)
     ejector.failed("a", probe, "late")  # a second verdict of one lease is ignored
-    ejector.abandoned(probe, "a")
+    ejector.abandoned("a", probe)
     assert out(ejector) == []
     stale = ejector.granted("a")
     ejector.succeeded("a", stale)
