@@ -163,6 +163,11 @@ class ModelChange(View, frozen=True, kw_only=True):
 # -- replicas ----------------------------------------------------------------------------
 
 
+class ReplicaEjectionView(View, frozen=True, kw_only=True):
+    ejected_by: int = 0
+    gateways: int = 0
+
+
 class ReplicaSummary(View, frozen=True, kw_only=True):
     id: str
     model: str = ""
@@ -175,6 +180,7 @@ class ReplicaSummary(View, frozen=True, kw_only=True):
     replacement_id: str | None = None
     revision: int = 1
     current_revision: int | None = None
+    ejection: ReplicaEjectionView | None = None
 
 
 class ShardView(View, frozen=True, kw_only=True):

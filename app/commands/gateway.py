@@ -24,6 +24,13 @@ from app.commands.common import (
     fail,
 )
 from app.domain.egress import InvalidEngineNetworks
+from app.gateway.ejection import (
+    DEFAULT_BASE_COOL_OFF_S,
+    DEFAULT_CONSECUTIVE_FAILURES,
+    DEFAULT_MAX_COOL_OFF_S,
+    DEFAULT_MAX_EJECTED_PERCENT,
+    EjectionPolicy,
+)
 from app.gateway.postgres import (
     DEFAULT_CLIENT_HOST,
     DEFAULT_CLIENT_PORT,
@@ -93,6 +100,37 @@ def gateway_command(
         ),
     ] = DEFAULT_REFRESH_INTERVAL_S,
     engine_networks: EngineNetworksFlag = "",
+    eject_after_failures: Annotated[
+        int,
+        Parameter(
+            env_var="LLMGW_EJECT_AFTER_FAILURES",
+            help="requests in a row a replica fails (no answer, or a 5xx before the first "
+            "byte) before this gateway takes it out of rotation for a cool-off; 0: never",
+        ),
+    ] = DEFAULT_CONSECUTIVE_FAILURES,
+    ejection_cool_off: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_EJECTION_COOL_OFF",
+            help="seconds an ejected replica stays out the first time; doubled with each "
+            "ejection in a row. Then one request probes it: a success returns it",
+        ),
+    ] = DEFAULT_BASE_COOL_OFF_S,
+    max_ejection_cool_off: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_MAX_EJECTION_COOL_OFF",
+            help="the longest cool-off, however many ejections in a row",
+        ),
+    ] = DEFAULT_MAX_COOL_OFF_S,
+    max_ejected_percent: Annotated[
+        int,
+        Parameter(
+            env_var="LLMGW_MAX_EJECTED_PERCENT",
+            help="at most this share of a model's replicas is ejected at once (at least "
+            "one of two or more; never the last one in rotation)",
+        ),
+    ] = DEFAULT_MAX_EJECTED_PERCENT,
     allow_privileged_role: AllowPrivilegedRole = False,
     metrics_host: Annotated[
         str,
@@ -149,6 +187,12 @@ def gateway_command(
         auth_failures=FailureLimits(burst=auth_failure_burst, per_minute=auth_failures_per_minute),
         metrics_host=metrics_host,
         metrics_port=metrics_port,
+        ejection=EjectionPolicy(
+            consecutive_failures=eject_after_failures,
+            base_cool_off_s=ejection_cool_off,
+            max_cool_off_s=max_ejection_cool_off,
+            max_ejected_percent=max_ejected_percent,
+        ),
         limits=ListenerLimits(
             header_timeout_s=header_timeout,
             body_timeout_s=body_timeout,

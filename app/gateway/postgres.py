@@ -3,9 +3,9 @@ runs on its client listener.
 
 It is stateless: everything it routes by comes from the database (``PostgresSnapshotSource``)
 and the only thing it writes there is its report (requests in flight, requests queued per
-model, and what it saw of each replica's requests), so any number of them can run behind a
-load balancer. Stopping it lets open requests finish, reporting them until the last one
-ends, then removes its report.
+model, what it saw of each replica's requests, and the replicas it keeps out of rotation),
+so any number of them can run behind a load balancer. Stopping it lets open requests
+finish, reporting them until the last one ends, then removes its report.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from app.domain.egress import EngineNetworks
+from app.gateway.ejection import EjectionPolicy
 from app.gateway.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_METRICS_HOST, Gateway
 from app.gateway.source import DEFAULT_REFRESH_INTERVAL_S, PostgresSnapshotSource
 from app.listeners.limits import ListenerLimits
@@ -51,10 +52,13 @@ class GatewayOptions:
     metrics_port: int | None = None
     """Serve ``/metrics`` on a listener of its own there; None: on none (``serve`` has the
     admin API serve it)."""
+    ejection: EjectionPolicy = field(default_factory=EjectionPolicy)
+    """When a replica that keeps failing is taken out of this gateway's rotation."""
 
     def problems(self, connections_flag: str = "--max-connections") -> list[str]:
         """What is wrong with these options, as messages naming the command's flags."""
         found = self.limits.problems(connections_flag) + self.auth_failures.problems()
+        found += self.ejection.problems()
         for flag, port in (("--port", self.port), ("--metrics-port", self.metrics_port)):
             if port is not None and not 0 <= port <= 65535:
                 found.append(f"{flag} must be between 0 and 65535, not {port}")
@@ -87,10 +91,12 @@ class PostgresGateway:
             metrics_host=options.metrics_host,
             metrics_port=options.metrics_port,
             auth_failures=options.auth_failures,
+            ejection=options.ejection,
         )
         self.source.report_in_flight(self.gateway.in_flight)
         self.source.report_queued(self.gateway.queued)
         self.source.report_traffic(self.gateway.traffic_report)
+        self.source.report_ejected(self.gateway.ejected)
         # A request held for a model starting from zero is demand the leader should see now.
         self.gateway.router.on_hold(self.source.report_soon)
 

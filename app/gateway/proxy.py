@@ -15,6 +15,11 @@ Cancellation is the caller's: cancelling the task that awaits any of these and t
 closing the answer (``Opened.close``) closes the upstream connection, which is how an
 engine learns that its client went away.
 
+Each attempt tells its lease how the replica did before the first byte (an answer head
+below 500, or a failure: no answer or a 5xx head), which is what ejects a replica that
+keeps failing from this gateway's rotation (``app.gateway.ejection``); a cancel tells
+nothing.
+
 Each attempt that ends here (no answer, a retried 503, a cancel before the answer's head)
 is counted against its replica in the gateway's ``TrafficWindow``; an answer handed to
 the caller is the caller's to count, with ``Opened.sent_at`` as its start.
@@ -44,6 +49,8 @@ Send = Callable[[Message], Awaitable[None]]
 Header = tuple[bytes, bytes]
 
 RETRYABLE_STATUS = 503
+FAILED_STATUS = 500
+"""An answer head from this status up counts against the replica's health."""
 
 _clock = time.perf_counter
 
@@ -127,6 +134,7 @@ class Upstream:
             try:
                 answer = await self._client.post(lease.route.url, path, body, request_id)
             except EngineUnreachable as exc:
+                lease.failed("unreachable")
                 lease.release()
                 self._traffic.record(lease.route.replica_id, Outcome.FAILED)
                 failure = upstream_unreachable(model, str(exc))
@@ -139,6 +147,10 @@ class Upstream:
                 lease.release()
                 raise
             else:
+                if answer.status >= FAILED_STATUS:
+                    lease.failed(f"HTTP {answer.status}")
+                else:
+                    lease.succeeded()
                 if answer.status != RETRYABLE_STATUS or attempt == 2:
                     timing.upstream_s += _clock() - sent
                     return Opened(lease, answer, sent)

@@ -5,7 +5,8 @@ uvicorn.
     await gateway.start()        # listening once this returns
     ...                          # gateway.in_flight() for the database's drain accounting,
                                  # gateway.queued() for the autoscaler's demand,
-                                 # gateway.traffic_report() for the replicas' figures
+                                 # gateway.traffic_report() for the replicas' figures,
+                                 # gateway.ejected() for the replicas it keeps out
     await gateway.stop()         # in-flight requests finish (up to ``graceful_shutdown_s``)
 
 ``serve()`` is ``start()`` and then waiting until ``stop()`` is called or uvicorn stops by
@@ -35,6 +36,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from app.domain.egress import EngineNetworks
 from app.gateway.app import GatewayApp, MetricsApp
 from app.gateway.egress import EngineEgress
+from app.gateway.ejection import EjectionPolicy
 from app.gateway.errors import listener_refusal
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.ratelimit import RateLimiter
@@ -190,12 +192,14 @@ class Gateway:
         metrics_host: str = DEFAULT_METRICS_HOST,
         metrics_port: int | None = None,
         auth_failures: FailureLimits | None = None,
+        ejection: EjectionPolicy | None = None,
     ) -> None:
         """``port`` 0 takes a free port (``self.port`` says which once started).
         ``engine_networks`` is where engines may be contacted; None: each node only at the
         address its agent connected from (``app.gateway.egress``). ``metrics_port`` (0: a
         free one) serves ``/metrics`` on a listener of its own; None serves it nowhere
-        (``self.metrics.render()`` is the page)."""
+        (``self.metrics.render()`` is the page). ``ejection``: when a replica that keeps failing
+        is taken out of this gateway's rotation (``app.gateway.ejection``)."""
         self.source = source
         self.host = host
         self.port = port
@@ -206,8 +210,10 @@ class Gateway:
             queue_timeout_s=queue_timeout_s,
             queue_limit=queue_limit,
             scrape_interval_s=scrape_interval_s,
+            ejection=ejection,
         )
         self.metrics = GatewayMetrics(registry)
+        self.metrics.watch_ejections(self.router.ejector)
         self.metrics.watch_replicas(
             self.router.replica_views, self.router.queued, self.router.cold_start_holds
         )
@@ -246,6 +252,10 @@ class Gateway:
     def queued(self) -> dict[str, int]:
         """Requests waiting for a replica per model, those held for a cold start too."""
         return self.router.queued()
+
+    def ejected(self) -> dict[str, int]:
+        """The replicas this gateway keeps out of rotation, with their ejections in a row."""
+        return {e.replica_id: e.ejections for e in self.router.ejector.ejected()}
 
     def traffic_report(self) -> TrafficReport:
         """What this gateway saw of each replica's requests over its window."""
