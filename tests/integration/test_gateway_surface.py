@@ -324,7 +324,9 @@ def test_a_client_that_leaves_mid_upload_cancels_it_in_the_engine(
         yield form_head(EVERYTHING)
         for _ in range(4):
             yield b"a" * MIB
-        wait_until_blocking(lambda: uploaded(sim)[0] > before and uploaded(sim)[1] == 1, within_s=20)
+        wait_until_blocking(
+            lambda: uploaded(sim)[0] > before and uploaded(sim)[1] == 1, within_s=20
+        )
         raise Left
 
     with pytest.raises(Left):
@@ -334,7 +336,9 @@ def test_a_client_that_leaves_mid_upload_cancels_it_in_the_engine(
             headers={**MULTIPART, "authorization": f"Bearer {keys.everything}"},
         )
 
-    wait_until_blocking(lambda: uploaded(sim)[1] == 0, within_s=10, what="the engine letting go of the upload")
+    wait_until_blocking(
+        lambda: uploaded(sim)[1] == 0, within_s=10, what="the engine letting go of the upload"
+    )
     wait_until_blocking(lambda: not any(gateway.in_flight().values()), within_s=10)
 
 

@@ -285,9 +285,7 @@ def test_a_spec_may_name_any_known_apis() -> None:
         (("chat", "chat", "score"), "names chat more than once"),
     ],
 )
-def test_a_bad_list_of_apis_is_refused_naming_the_field(
-    apis: tuple[str, ...], reason: str
-) -> None:
+def test_a_bad_list_of_apis_is_refused_naming_the_field(apis: tuple[str, ...], reason: str) -> None:
     [error] = validate_spec(replace(GOOD, apis=apis))
     assert error.field == "apis"
     assert error.reason.startswith(reason)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -85,13 +87,15 @@ def test_a_form_fed_byte_by_byte_reads_the_same() -> None:
 @given(st.lists(st.integers(min_value=0, max_value=len(BODY)), max_size=12))
 def test_a_form_cut_anywhere_reads_the_same(cuts: list[int]) -> None:
     points = [0, *sorted(cuts), len(BODY)]
-    pieces = [BODY[a:b] for a, b in zip(points, points[1:], strict=False)]
+    pieces = [BODY[a:b] for a, b in itertools.pairwise(points)]
     assert parts_of(read(pieces)) == EXPECTED
 
 
 def test_the_reader_keeps_no_more_than_a_boundary_of_a_file() -> None:
     reader = MultipartReader(BOUNDARY)
-    reader.feed(b"--" + BOUNDARY + b'\r\nContent-Disposition: form-data; name="file"; filename="x"\r\n\r\n')
+    reader.feed(
+        b"--" + BOUNDARY + b'\r\nContent-Disposition: form-data; name="file"; filename="x"\r\n\r\n'
+    )
     passed = 0
     for _ in range(100):
         passed += sum(len(e.data) for e in reader.feed(b"x" * 65536) if isinstance(e, PartData))
@@ -111,7 +115,10 @@ def test_a_body_that_stops_before_its_closing_boundary_is_malformed() -> None:
     [
         (b"--" + BOUNDARY + b"\r\nX-Other: 1\r\n\r\nx\r\n", "no Content-Disposition"),
         (b"--" + BOUNDARY + b"\r\nno colon here\r\n\r\nx\r\n", "no colon"),
-        (b"--" + BOUNDARY + b"\r\nContent-Disposition: attachment; name=a\r\n\r\n", "not form-data"),
+        (
+            b"--" + BOUNDARY + b"\r\nContent-Disposition: attachment; name=a\r\n\r\n",
+            "not form-data",
+        ),
         (b"--" + BOUNDARY + b"garbage\r\n", "other text"),
         (b"--" + BOUNDARY + b"\r\nX: " + b"y" * MAX_PART_HEADER_BYTES, "headers exceed"),
     ],
