@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import ssl
 import time
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncGenerator, AsyncIterator, Collection
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -418,7 +419,7 @@ class EngineClient:
         path: str,
         content_type: bytes,
         content_length: int | None,
-        body: AsyncIterator[bytes],
+        body: AsyncGenerator[bytes, None],
         request_id: str,
     ) -> EngineAnswer:
         """POST a body that arrives as it is read from ``body`` (an upload), at the engine's
@@ -451,17 +452,20 @@ class EngineClient:
         answer = EngineAnswer(connection)
         connection.send(head, answer)
         try:
-            async for chunk in body:
-                if connection.answer_started or connection.closed:
-                    break
-                if not chunk:
-                    continue
-                if content_length is None:
-                    chunk = b"%x\r\n%s\r\n" % (len(chunk), chunk)
-                await connection.write(chunk)
-            else:
-                if content_length is None:
-                    await connection.write(b"0\r\n\r\n")
+            # Closed when left early (the engine answered first), so the client's reader
+            # stops where it is.
+            async with contextlib.aclosing(body) as pieces:
+                async for chunk in pieces:
+                    if connection.answer_started or connection.closed:
+                        break
+                    if not chunk:
+                        continue
+                    if content_length is None:
+                        chunk = b"%x\r\n%s\r\n" % (len(chunk), chunk)
+                    await connection.write(chunk)
+                else:
+                    if content_length is None:
+                        await connection.write(b"0\r\n\r\n")
             await answer._head
         except BaseException:
             answer.close()

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
 from app.domain.traffic import Outcome
@@ -223,7 +223,7 @@ class Upload(Protocol):
         """Whether ``body()`` has handed over anything yet."""
         ...
 
-    def body(self) -> AsyncIterator[bytes]:
+    def body(self) -> AsyncGenerator[bytes, None]:
         """The body's bytes, in order, from the first."""
         ...
 

@@ -19,7 +19,7 @@ whole.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 from app.domain.traffic import Outcome, outcome_of_status
 from app.gateway.asgi import Receive, Scope, Send, authenticate, clock, refuse
@@ -161,7 +161,7 @@ class _Upload:
         self.content_length = content_length
         self.started = False
 
-    async def body(self) -> AsyncIterator[bytes]:
+    async def body(self) -> AsyncGenerator[bytes, None]:
         self.started = True
         size = 0
         for chunk in self._head.raw:
