@@ -82,7 +82,7 @@ def similarity(a: str, b: str) -> float:
 
 def embeddings_body(request: EmbeddingsRequest, model: str) -> bytes:
     texts = _texts(request.input)
-    dimensions = request.dimensions or DEFAULT_DIMENSIONS
+    dimensions = DEFAULT_DIMENSIONS if request.dimensions is None else request.dimensions
     if not 1 <= dimensions <= MAX_DIMENSIONS:
         raise invalid_request(
             f"`dimensions` must be between 1 and {MAX_DIMENSIONS}.", param="dimensions"
