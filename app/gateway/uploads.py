@@ -58,6 +58,8 @@ MAX_FIELD_BYTES = 1024
 """One field's value the gateway keeps (``model``)."""
 DEFAULT_MAX_UPLOAD_BYTES = 100 * 1024 * 1024
 """An upload's whole body by default: OpenAI takes audio files up to 25 MB."""
+MAX_UPLOAD_BYTES = 16 * 1024 * 1024 * 1024
+"""The most ``max_upload_bytes`` may be set to (16 GiB)."""
 
 
 class FormHead:
