@@ -71,7 +71,8 @@ class FormHead:
         self.raw: list[bytes] = []
         self.model: str | None = None
         self.complete = False
-        """The whole body was read (a form without a file, or a small one)."""
+        """The whole body was read (a small form, or one without a file): nothing more is
+        to be received."""
 
 
 async def read_form_head(receive: Receive, content_type: str) -> FormHead:
@@ -97,6 +98,9 @@ async def read_form_head(receive: Receive, content_type: str) -> FormHead:
             events = reader.feed(chunk)
         except MalformedMultipart as exc:
             raise invalid_request(f"Invalid upload: {exc}.") from None
+        # The whole body may be in hand already (a small form, in one piece): then there is
+        # nothing more to receive, and asking would wait for the client to hang up.
+        head.complete = not more
         for event in events:
             if isinstance(event, PartStarted):
                 if event.filename is not None:
@@ -113,7 +117,6 @@ async def read_form_head(receive: Receive, content_type: str) -> FormHead:
                 head.model = value.decode("utf-8", errors="replace").strip()
                 field = None
             elif isinstance(event, BodyEnded):
-                head.complete = True
                 return _with_model(head)
         if not more:
             raise invalid_request("Invalid upload: the body ends before its closing boundary.")

@@ -435,3 +435,10 @@ def test_an_engines_refusal_reaches_the_client_in_openais_shape(http: httpx.Clie
     answer = http.post("/detokenize", json={"model": EVERYTHING, "tokens": [10**9]})
     assert answer.status_code == 400
     assert answer.json()["error"]["message"] == f"Unknown token id {10**9}."
+
+
+def test_the_new_paths_take_only_post(http: httpx.Client) -> None:
+    for path in ("/embeddings", "/responses", "/audio/transcriptions", "/tokenize"):
+        answer = http.get(path)
+        assert answer.status_code == 405
+        assert answer.json()["error"]["code"] == "method_not_allowed"
