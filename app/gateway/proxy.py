@@ -175,10 +175,15 @@ class Upstream:
         body has gone, it cannot be sent again. Raises as ``open`` does, and whatever
         reading the upload raises."""
         exclude: frozenset[str] = frozenset()
+        failure: ApiError | None = None
         for attempt in (1, 2):
             queued = _clock()
             try:
                 lease = await self._router.acquire(model, key_id, exclude)
+            except NoServingReplica:
+                if failure is None:
+                    raise
+                raise failure from None  # the only replicas left are the ones that failed
             finally:
                 timing.queue_s += _clock() - queued
             sent = _clock()
@@ -195,8 +200,9 @@ class Upstream:
                 lease.release()
                 self._traffic.record(lease.route.replica_id, Outcome.FAILED)
                 timing.upstream_s += _clock() - sent
+                failure = upstream_unreachable(model, str(exc))
                 if attempt == 2 or upload.started:
-                    raise upstream_unreachable(model, str(exc)) from None
+                    raise failure from None
                 self._on_retry("unreachable")
                 exclude = exclude | {lease.route.replica_id}
                 continue

@@ -442,3 +442,36 @@ def test_the_new_paths_take_only_post(http: httpx.Client) -> None:
         answer = http.get(path)
         assert answer.status_code == 405
         assert answer.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_an_upload_goes_to_another_replica_when_one_cannot_be_reached(
+    sims: dict[str, SimulatorProcess], keys: Keys
+) -> None:
+    """Nothing of an upload has gone when connecting fails, so it may be sent elsewhere;
+    with no other replica the client learns why."""
+    dead = Route(
+        replica_id=f"{EVERYTHING}-dead", model=EVERYTHING, url=f"http://127.0.0.1:{free_port()}"
+    )
+    alive = Route(replica_id=f"{EVERYTHING}-1", model=EVERYTHING, url=sims[EVERYTHING].base_url)
+    key, record = new_key()
+    both = msgspec.structs.replace(
+        snapshot_of([dead, alive], [record]), apis={EVERYTHING: frozenset(API_NAMES)}
+    )
+    only_dead = msgspec.structs.replace(both, routes={EVERYTHING: (dead,)})
+    audio = b"a" * 5000
+
+    with (
+        GatewayThread(StaticSource(both)) as gateway,
+        openai.OpenAI(base_url=gateway.url, api_key=key, max_retries=0) as client,
+    ):
+        texts = {
+            client.audio.transcriptions.create(model=EVERYTHING, file=("a.wav", audio)).text
+            for _ in range(8)
+        }
+        gateway.publish(only_dead)
+        with pytest.raises(openai.InternalServerError) as raised:
+            client.audio.transcriptions.create(model=EVERYTHING, file=("a.wav", audio))
+
+    assert texts == {f"5000 bytes, sha256 {hashlib.sha256(audio).hexdigest()[:16]}"}
+    assert raised.value.status_code == 502
+    assert raised.value.code == "upstream_unreachable"
