@@ -475,3 +475,43 @@ def test_an_upload_goes_to_another_replica_when_one_cannot_be_reached(
     assert texts == {f"5000 bytes, sha256 {hashlib.sha256(audio).hexdigest()[:16]}"}
     assert raised.value.status_code == 502
     assert raised.value.code == "upstream_unreachable"
+
+
+def metric(sim: SimulatorProcess, name: str) -> float:
+    """The sum of a simulator's samples of ``name``."""
+    total = 0.0
+    for line in httpx.get(f"{sim.base_url}/metrics").text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_a_client_leaving_a_responses_stream_aborts_it_in_the_engine() -> None:
+    slow_model = f"slow-{RUN}"
+    with start_simulator(
+        "--model", slow_model, "--decode-base-ms", "40", "--decode-per-seq-ms", "0",
+        port=free_port(),
+    ) as sim:  # fmt: skip
+        sim.wait_healthy()
+        key, record = new_key()
+        route = Route(replica_id=f"{slow_model}-1", model=slow_model, url=sim.base_url)
+        table = msgspec.structs.replace(
+            snapshot_of([route], [record]), apis={slow_model: frozenset({"responses"})}
+        )
+        aborted = metric(sim, "llmgw_sim:requests_aborted_total")
+        with (
+            GatewayThread(StaticSource(table)) as gateway,
+            openai.OpenAI(base_url=gateway.url, api_key=key, max_retries=0) as client,
+        ):
+            stream = client.responses.create(
+                model=slow_model, input="hi", max_output_tokens=500, stream=True
+            )
+            first = next(iter(stream))
+            stream.close()  # about 20 s of tokens still to come
+
+            wait_until_blocking(
+                lambda: metric(sim, "llmgw_sim:requests_aborted_total") == aborted + 1,
+                what="the engine aborting the response",
+            )
+            wait_until_blocking(lambda: not any(gateway.in_flight().values()))
+    assert first.type == "response.created"
