@@ -280,6 +280,7 @@ def print_model(model: ModelView, wide: bool = False) -> None:
         ("shape", f"{spec.shards_per_replica} shard(s) x {spec.gpus_per_shard} GPU(s), {memory}"),
         ("selector", ",".join(f"{k}={v}" for k, v in sorted(spec.node_selector.items()))),
         ("startup", f"times out after {spec.startup_timeout_s:g}s"),
+        ("apis", ", ".join(spec.apis)),
     ]
     if model.failures:
         facts.append(("failures", str(model.failures)))

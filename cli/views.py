@@ -111,6 +111,8 @@ class ModelSpecView(View, frozen=True, kw_only=True):
     startup_timeout_s: float = 0.0
     autoscale: AutoscaleView | None = None
     """None: the replica count is what operators set."""
+    apis: list[str] = []
+    """The APIs the gateway serves the model on."""
 
 
 class ScaleInputsView(View, frozen=True, kw_only=True):

@@ -102,6 +102,8 @@ class ModelSpecBody(
     rollout: RolloutPolicyBody | None = None
     autoscale: AutoscalePolicyBody | None = None
     """Null (or left out): the replica count is ``replicas``, as operators set it."""
+    apis: list[str] | None = None
+    """The APIs the gateway serves the model on; null (or left out): chat and completions."""
 
 
 class RoutingView(msgspec.Struct, frozen=True, kw_only=True):
@@ -146,6 +148,8 @@ class ModelSpecView(msgspec.Struct, frozen=True, kw_only=True):
     rollout: RolloutPolicyView
     autoscale: AutoscalePolicyView | None = None
     """Null: the replica count is what operators set."""
+    apis: list[str] = msgspec.field(default_factory=lambda: ["chat", "completions"])
+    """The APIs the gateway serves the model on."""
 
 
 class ModelRolloutView(msgspec.Struct, frozen=True, kw_only=True):

@@ -46,6 +46,7 @@ from app.gateway.server import (
     GatewayFailed,
 )
 from app.gateway.source import DEFAULT_REFRESH_INTERVAL_S
+from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
 from app.listeners.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, ListenerLimits
 from app.listeners.throttle import DEFAULT_BURST, DEFAULT_PER_MINUTE, FailureLimits
 from app.logs import configure_logging
@@ -154,6 +155,14 @@ def gateway_command(
             help="client connections held at once; one more is answered 503 and closed",
         ),
     ] = DEFAULT_MAX_CONNECTIONS,
+    max_upload_mib: Annotated[
+        int,
+        Parameter(
+            env_var="LLMGW_GATEWAY_MAX_UPLOAD_MIB",
+            help="an upload's body at most (/v1/audio/transcriptions), in MiB; a larger one "
+            "is 413. A large upload must also arrive within --body-timeout",
+        ),
+    ] = DEFAULT_MAX_UPLOAD_BYTES >> 20,
     log_level: Annotated[str, Parameter(env_var="LLMGW_LOG_LEVEL")] = "info",
 ) -> None:
     """Run the OpenAI-compatible gateway alone, stateless, against the database, until
@@ -198,6 +207,7 @@ def gateway_command(
             body_timeout_s=body_timeout,
             max_connections=max_connections,
         ),
+        max_upload_bytes=max_upload_mib << 20,
     )
     if options.problems():
         fail("; ".join(options.problems()))

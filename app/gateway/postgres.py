@@ -18,6 +18,7 @@ from app.domain.egress import EngineNetworks
 from app.gateway.ejection import EjectionPolicy
 from app.gateway.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_METRICS_HOST, Gateway
 from app.gateway.source import DEFAULT_REFRESH_INTERVAL_S, PostgresSnapshotSource
+from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES, MAX_UPLOAD_BYTES
 from app.listeners.limits import ListenerLimits
 from app.listeners.throttle import FailureLimits
 
@@ -54,6 +55,8 @@ class GatewayOptions:
     admin API serve it)."""
     ejection: EjectionPolicy = field(default_factory=EjectionPolicy)
     """When a replica that keeps failing is taken out of this gateway's rotation."""
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    """An upload's body at most (``app.gateway.uploads``)."""
 
     def problems(self, connections_flag: str = "--max-connections") -> list[str]:
         """What is wrong with these options, as messages naming the command's flags."""
@@ -70,6 +73,11 @@ class GatewayOptions:
         ):
             if value <= 0:
                 found.append(f"{flag} must be positive, not {value}")
+        if not 1 <= self.max_upload_bytes <= MAX_UPLOAD_BYTES:
+            found.append(
+                f"--max-upload-mib must be between 1 and {MAX_UPLOAD_BYTES >> 20}, "
+                f"not {self.max_upload_bytes / (1 << 20):g}"
+            )
         return found
 
 
@@ -92,6 +100,7 @@ class PostgresGateway:
             metrics_port=options.metrics_port,
             auth_failures=options.auth_failures,
             ejection=options.ejection,
+            max_upload_bytes=options.max_upload_bytes,
         )
         self.source.report_in_flight(self.gateway.in_flight)
         self.source.report_queued(self.gateway.queued)

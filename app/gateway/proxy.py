@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
+from typing import Any, Protocol
 
 from app.domain.traffic import Outcome
 from app.gateway.engine_client import AnswerBroken, EngineAnswer, EngineClient, EngineUnreachable
@@ -172,6 +172,78 @@ class Upstream:
             exclude = exclude | {lease.route.replica_id}
         assert failure is not None
         raise failure
+
+    async def open_upload(
+        self,
+        model: str,
+        key_id: str,
+        path: str,
+        upload: Upload,
+        request_id: str,
+        timing: Timing,
+    ) -> Opened:
+        """Send an upload to a replica of ``model`` as the client sends it. It is retried
+        on another replica only if the first could not be connected to: once some of the
+        body has gone, it cannot be sent again. Raises as ``open`` does, and whatever
+        reading the upload raises."""
+        exclude: frozenset[str] = frozenset()
+        failure: ApiError | None = None
+        for attempt in (1, 2):
+            queued = _clock()
+            try:
+                lease = await self._router.acquire(model, key_id, exclude)
+            except NoServingReplica:
+                if failure is None:
+                    raise
+                raise failure from None  # the only replicas left are the ones that failed
+            finally:
+                timing.queue_s += _clock() - queued
+            sent = _clock()
+            try:
+                answer = await self._client.upload(
+                    lease.route.url,
+                    path,
+                    upload.content_type,
+                    upload.content_length,
+                    upload.body(),
+                    request_id,
+                )
+            except EngineUnreachable as exc:
+                lease.release()
+                self._traffic.record(lease.route.replica_id, Outcome.FAILED)
+                timing.upstream_s += _clock() - sent
+                failure = upstream_unreachable(model, str(exc))
+                if attempt == 2 or upload.started:
+                    raise failure from None
+                self._on_retry("unreachable")
+                exclude = exclude | {lease.route.replica_id}
+                continue
+            except asyncio.CancelledError:
+                lease.release()
+                self._traffic.record(lease.route.replica_id, Outcome.CANCELLED)
+                raise
+            except BaseException:
+                lease.release()
+                raise
+            timing.upstream_s += _clock() - sent
+            return Opened(lease, answer, sent)
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+
+class Upload(Protocol):
+    """A request body read from the client while it is sent on (``app.gateway.uploads``)."""
+
+    content_type: bytes
+    content_length: int | None
+
+    @property
+    def started(self) -> bool:
+        """Whether ``body()`` has handed over anything yet."""
+        ...
+
+    def body(self) -> AsyncGenerator[bytes, None]:
+        """The body's bytes, in order, from the first."""
+        ...
 
 
 async def read_whole(opened: Opened, timing: Timing) -> tuple[int, bytes, bytes]:

@@ -43,6 +43,7 @@ from app.gateway.ratelimit import RateLimiter
 from app.gateway.router import Router
 from app.gateway.table import GatewaySnapshot, SnapshotListener
 from app.gateway.traffic import TrafficWindow
+from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
 from app.listeners.limits import ListenerLimits, limited
 from app.listeners.throttle import FailureBudget, FailureLimits
 from app.store.gateway_reports import TrafficReport
@@ -193,13 +194,15 @@ class Gateway:
         metrics_port: int | None = None,
         auth_failures: FailureLimits | None = None,
         ejection: EjectionPolicy | None = None,
+        max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
     ) -> None:
         """``port`` 0 takes a free port (``self.port`` says which once started).
         ``engine_networks`` is where engines may be contacted; None: each node only at the
         address its agent connected from (``app.gateway.egress``). ``metrics_port`` (0: a
         free one) serves ``/metrics`` on a listener of its own; None serves it nowhere
         (``self.metrics.render()`` is the page). ``ejection``: when a replica that keeps failing
-        is taken out of this gateway's rotation (``app.gateway.ejection``)."""
+        is taken out of this gateway's rotation (``app.gateway.ejection``). ``max_upload_bytes``
+        bounds an upload's body (``app.gateway.uploads``)."""
         self.source = source
         self.host = host
         self.port = port
@@ -228,6 +231,7 @@ class Gateway:
             connect_timeout_s=connect_timeout_s,
             log_requests=log_requests,
             failures=FailureBudget(auth_failures),
+            max_upload_bytes=max_upload_bytes,
         )
         self._graceful_shutdown_s = graceful_shutdown_s
         self._clients: _Listening | None = None

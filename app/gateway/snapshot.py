@@ -8,9 +8,10 @@ from time import monotonic
 
 import asyncpg
 
-from app.domain.model_spec import MAX_COLD_START_S
+from app.domain.model_spec import API_NAMES, MAX_COLD_START_S
 from app.gateway.table import Canary, GatewaySnapshot, KeyRecord, Route
 from app.store.routing_rows import (
+    ApisRow,
     CanaryRow,
     ColdStartRow,
     KeyRow,
@@ -29,6 +30,7 @@ async def read_snapshot(db: asyncpg.Connection, *, within_s: float) -> GatewaySn
         monotonic(),
         canaries=rows.canaries,
         cold_starts=rows.cold_starts,
+        apis=rows.apis,
     )
 
 
@@ -47,6 +49,7 @@ def build_snapshot(
     *,
     canaries: Sequence[CanaryRow] = (),
     cold_starts: Sequence[ColdStartRow] = (),
+    apis: Sequence[ApisRow] = (),
 ) -> GatewaySnapshot:
     by_model: dict[str, list[Route]] = {}
     for row in sorted(routes, key=lambda r: r.replica_id):
@@ -77,6 +80,7 @@ def build_snapshot(
             for c in cold_starts
             if c.model in names and is_cold_start_timeout(c.timeout_s)
         },
+        apis={a.model: served_apis(a.apis) for a in apis if a.model in names},
         keys={
             k.prefix: KeyRecord(
                 key_id=k.id,
@@ -104,3 +108,9 @@ def is_cold_start_timeout(timeout_s: float) -> bool:
     """A cold-start timeout is above 0 and at most ``MAX_COLD_START_S`` (the spec allows no
     other); a row with any other is taken for none, so the model's requests are not held."""
     return math.isfinite(timeout_s) and 0.0 < timeout_s <= MAX_COLD_START_S
+
+
+def served_apis(names: Sequence[object]) -> frozenset[str]:
+    """The APIs a spec names that the gateway knows (the spec allows no other); a row
+    naming none of them serves none, rather than more than its spec says."""
+    return frozenset(name for name in names if isinstance(name, str) and name in API_NAMES)
