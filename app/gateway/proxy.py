@@ -209,6 +209,7 @@ class Upstream:
                     request_id,
                 )
             except EngineUnreachable as exc:
+                lease.failed("unreachable")
                 lease.release()
                 self._traffic.record(lease.route.replica_id, Outcome.FAILED)
                 timing.upstream_s += _clock() - sent
@@ -225,6 +226,10 @@ class Upstream:
             except BaseException:
                 lease.release()
                 raise
+            if answer.status >= FAILED_STATUS:
+                lease.failed(f"HTTP {answer.status}")
+            else:
+                lease.succeeded()
             timing.upstream_s += _clock() - sent
             return Opened(lease, answer, sent)
         raise AssertionError("unreachable: the second attempt returns or raises")
