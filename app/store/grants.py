@@ -14,7 +14,8 @@ EXECUTE on ``llmgw_append``                   every append; it runs as the owner
                                               only through it
 EXECUTE on ``llmgw_next_epoch``               a new leader's epoch bump, which only adds one
 INSERT, UPDATE, DELETE on ``gateway_reports``  each gateway's report (in flight, traffic):
-                                              live telemetry, not part of the log
+and ``rate_budgets``                          live telemetry, not part of the log; and the
+                                              slices of keys' limits gateways lease
 INSERT, DELETE on ``fold_snapshots`` and      the leader's snapshots of the fold (written
 ``fold_snapshot_chunks``                      whole, pruned, never updated): derived from the
                                               log, checked against its chain when read
@@ -44,7 +45,7 @@ from app.store.scram import scram_sha256_verifier
 DEFAULT_RUNTIME_ROLE = "llmgw_runtime"
 APPEND_FUNCTION = "llmgw_append"
 RUNTIME_FUNCTIONS = (APPEND_FUNCTION, "llmgw_next_epoch")
-TELEMETRY_TABLES = ("gateway_reports",)
+TELEMETRY_TABLES = ("gateway_reports", "rate_budgets")
 SNAPSHOT_TABLES = ("fold_snapshots", "fold_snapshot_chunks")
 MAX_ROLE_NAME_BYTES = 63
 DUPLICATE_OBJECT = "42710"

@@ -196,6 +196,17 @@ gateway_reports = Table(
     Column("ejected", JSONB),
 )
 
+rate_budgets = Table(
+    "rate_budgets",
+    metadata,
+    # Not projected from the log: what gateways leased of each key's per-minute limits,
+    # per second of the database's clock (app/store/rate_budgets.py).
+    Column("key_id", Text, primary_key=True),
+    Column("resource", Text, primary_key=True),
+    Column("second", BigInteger, primary_key=True, autoincrement=False),
+    Column("granted", BigInteger, nullable=False),
+)
+
 fold_snapshots = Table(
     "fold_snapshots",
     metadata,
