@@ -19,6 +19,7 @@ Pure: ``now`` (seconds, any monotonic origin) is always a parameter.
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import msgspec
 
@@ -44,6 +45,11 @@ class RateDecision(msgspec.Struct, frozen=True, kw_only=True):
     """``None`` when the key has no rpm limit."""
     tokens: Quota | None
     """``None`` when the key has no tpm limit."""
+    reserved_tokens: int = 0
+    """Tokens taken at admission (an estimate), to settle with ``record_tokens``."""
+    pending: bool = False
+    """Not allowed yet, but a grant that may cover it is on its way: ``await
+    limiter.answered()`` and ask again (``app.gateway.sharedlimits``)."""
 
 
 ALLOWED_UNLIMITED = RateDecision(allowed=True, retry_after_s=0.0, requests=None, tokens=None)
@@ -169,14 +175,32 @@ class _KeyUsage:
         self.tokens = SlidingCount(window_s)
 
 
+class Limiter(Protocol):
+    """What the gateway asks of a limiter: ``RateLimiter`` counts on this gateway alone,
+    ``app.gateway.sharedlimits.SharedLimiter`` across every gateway."""
+
+    def admit(
+        self, key_id: str, *, rpm: int | None, tpm: int | None, now: float, tokens: int = 1
+    ) -> RateDecision: ...
+
+    def record_tokens(self, key_id: str, tokens: int, *, now: float, reserved: int = 0) -> None: ...
+
+    async def answered(self, within_s: float) -> None:
+        """Until the next answer to a grant asked for, or ``within_s``."""
+        ...
+
+
 class RateLimiter:
     def __init__(self, window_s: float = WINDOW_S) -> None:
         self._window_s = window_s
         self._usage: dict[str, _KeyUsage] = {}
         self._until_sweep = _SWEEP_EVERY
 
-    def admit(self, key_id: str, *, rpm: int | None, tpm: int | None, now: float) -> RateDecision:
-        """Admit one request of ``key_id`` and count it, or say how long to wait."""
+    def admit(
+        self, key_id: str, *, rpm: int | None, tpm: int | None, now: float, tokens: int = 1
+    ) -> RateDecision:
+        """Admit one request of ``key_id`` and count it, or say how long to wait. Its
+        ``tokens`` estimate is not reserved here: tokens are charged once known."""
         if rpm is None and tpm is None:
             return ALLOWED_UNLIMITED
         self._maybe_sweep(now)
@@ -197,10 +221,14 @@ class RateLimiter:
             tokens=None if tpm is None else _quota(usage.tokens, tpm, now),
         )
 
-    def record_tokens(self, key_id: str, tokens: int, *, now: float) -> None:
-        """Charge the tokens an answer used (prompt and completion) to ``key_id``."""
+    def record_tokens(self, key_id: str, tokens: int, *, now: float, reserved: int = 0) -> None:
+        """Charge the tokens an answer used (prompt and completion) to ``key_id``; nothing
+        was reserved here, so ``reserved`` is ignored."""
         if tokens > 0:
             self._usage_of(key_id).tokens.add(float(tokens), now)
+
+    async def answered(self, within_s: float) -> None:
+        """Nothing is ever pending here."""
 
     def tracked_keys(self) -> int:
         return len(self._usage)

@@ -1,0 +1,182 @@
+"""Leasing a key's budget: the pure side (``app.gateway.sharedlimits``), on a fixed clock.
+
+The database is played by ``Ledger``: the same rule as ``app.store.rate_budgets`` (what the
+last 61 seconds granted, against the limit), kept in a dict. The PostgreSQL side of it is
+tested in tests/integration/test_rate_budgets.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+from app.gateway.sharedlimits import LEASE_HOLD_S, REQUESTS, TOKENS, Ask, SharedLimiter
+
+KEY = "key-1"
+
+
+class Ledger:
+    """What ``rate_budgets`` does, per second, for one key."""
+
+    def __init__(self) -> None:
+        self.granted: dict[tuple[str, int], int] = {}
+
+    def used(self, resource: str, now: float) -> int:
+        second = math.floor(now)
+        return sum(
+            amount
+            for (kind, at), amount in self.granted.items()
+            if kind == resource and at >= second - 60
+        )
+
+    def answer(self, limiter: SharedLimiter, ask: Ask, now: float) -> None:
+        second = math.floor(now)
+        amount = max(0, min(ask.want, ask.limit - self.used(ask.resource, now)))
+        if amount:
+            self.granted[(ask.resource, second)] = (
+                self.granted.get((ask.resource, second), 0) + amount
+            )
+        limiter.granted(ask, amount, second, self.used(ask.resource, now), 1.0, now)
+
+    def serve(self, limiter: SharedLimiter, now: float) -> None:
+        for ask in limiter.asks(now):
+            self.answer(limiter, ask, now)
+        for back in limiter.expired(now):
+            self.granted[(back.resource, back.second)] -= back.amount
+
+
+def admit(
+    limiter: SharedLimiter, now: float, rpm: int | None = 600, tpm: int | None = None
+) -> bool:
+    return limiter.admit(KEY, rpm=rpm, tpm=tpm, now=now).allowed
+
+
+def test_the_first_request_goes_through_on_credit_and_the_grant_pays_for_it() -> None:
+    limiter, ledger = SharedLimiter(), Ledger()
+    asked: list[int] = []
+    limiter.on_ask(lambda: asked.append(1))
+    assert admit(limiter, 100.0)
+    assert asked, "an empty budget asks for a slice at once"
+    ledger.serve(limiter, 100.001)
+    assert ledger.used(REQUESTS, 100.001) >= 1, "the credit was paid from a grant"
+
+
+def test_slices_grow_with_the_keys_rate_and_stay_within_a_share_of_the_limit() -> None:
+    limiter, ledger = SharedLimiter(), Ledger()
+    wants: list[int] = []
+    now = 100.0
+    for _ in range(2000):  # 100 requests a second for 20 s
+        admit(limiter, now, rpm=60_000)
+        for ask in limiter.asks(now):
+            wants.append(ask.want)
+            ledger.answer(limiter, ask, now)
+        now += 0.01
+    assert wants[0] <= 2, "the credit taken and one request ahead"
+    assert max(wants) <= 600, "at most 1 % of the limit"
+    assert max(wants) >= 40, "about half a second of the key's rate at a time"
+
+
+def test_four_gateways_admit_no_more_than_the_limit_over_a_minute() -> None:
+    """Each gateway's clients ask four times a second: 960 a minute against 600."""
+    ledger = Ledger()
+    gateways = [SharedLimiter() for _ in range(4)]
+    admitted = 0
+    now = 1000.0
+    for step in range(60 * 4):
+        for number, gateway in enumerate(gateways):
+            at = now + step * 0.25 + number * 0.01
+            admitted += admit(gateway, at)
+            ledger.serve(gateway, at + 0.001)
+    assert 570 <= admitted <= 600 + 4, admitted
+
+
+def test_a_refused_grant_stops_credit_until_it_may_ask_again() -> None:
+    limiter, ledger = SharedLimiter(), Ledger()
+    ledger.granted[(REQUESTS, 100)] = 10  # another gateway took the whole minute
+    assert admit(limiter, 100.0, rpm=10), "credit: nothing was refused yet"
+    ledger.serve(limiter, 100.0)
+    refused = limiter.admit(KEY, rpm=10, tpm=None, now=100.1)
+    assert not refused.allowed
+    assert refused.retry_after_s > 0
+    assert refused.requests is not None
+    assert refused.requests.remaining == 0
+    assert not admit(limiter, 100.2, rpm=10), "still in debt for the first one"
+
+
+def test_unused_leases_go_back_after_their_hold() -> None:
+    limiter, ledger = SharedLimiter(), Ledger()
+    now = 100.0
+    for _ in range(40):  # 20 a second for 2 s: slices of several requests
+        admit(limiter, now)
+        ledger.serve(limiter, now)
+        now += 0.05
+    held = ledger.used(REQUESTS, now)
+    assert held > 40, "it holds more than it used"
+    ledger.serve(limiter, now + LEASE_HOLD_S + 0.01)
+    assert ledger.used(REQUESTS, now + LEASE_HOLD_S + 0.01) == 40
+
+
+def test_shutdown_gives_back_everything_held() -> None:
+    limiter, ledger = SharedLimiter(), Ledger()
+    for step in range(20):
+        admit(limiter, 100.0 + step * 0.05)
+        ledger.serve(limiter, 100.0 + step * 0.05)
+    for back in limiter.everything_held():
+        ledger.granted[(back.resource, back.second)] -= back.amount
+    assert ledger.used(REQUESTS, 101.0) == 20
+
+
+def test_tokens_are_reserved_at_admission_and_settled_after() -> None:
+    limiter, ledger = SharedLimiter(), Ledger()
+    decision = limiter.admit(KEY, rpm=None, tpm=10_000, now=100.0, tokens=500)
+    assert decision.allowed
+    assert decision.reserved_tokens == 500
+    ledger.serve(limiter, 100.0)
+    assert ledger.used(TOKENS, 100.0) >= 500
+    # The answer used 120 tokens: charged, then the reservation goes back.
+    limiter.record_tokens(KEY, 120, now=100.5)
+    limiter.record_tokens(KEY, 0, now=100.5, reserved=500)
+    ledger.serve(limiter, 100.5)
+    ledger.serve(limiter, 100.5 + LEASE_HOLD_S + 0.01)
+    assert ledger.used(TOKENS, 103.0) == 120
+
+
+def test_a_request_that_does_not_fit_the_tokens_left_is_refused() -> None:
+    limiter, ledger = SharedLimiter(), Ledger()
+    assert limiter.admit(KEY, rpm=None, tpm=1000, now=100.0, tokens=900).allowed
+    ledger.serve(limiter, 100.0)
+    assert not limiter.admit(KEY, rpm=None, tpm=1000, now=100.1, tokens=900).allowed
+
+
+def test_while_degraded_it_uses_what_it_holds_then_its_local_share() -> None:
+    limiter, ledger = SharedLimiter(), Ledger()
+    limiter.gateways = 4
+    now = 100.0
+    for _ in range(20):
+        admit(limiter, now, rpm=600)
+        ledger.serve(limiter, now)
+        now += 0.05
+    held = sum(amount for amount in ledger.granted.values()) - 20
+    limiter.degraded = True
+    admitted = sum(admit(limiter, now + i * 0.001, rpm=600) for i in range(400))
+    assert admitted == held + 600 // 4
+    assert limiter.fallbacks > 0
+
+
+def test_a_burst_beyond_the_credit_waits_for_the_grant_on_its_way_rather_than_a_429() -> None:
+    limiter, ledger = SharedLimiter(), Ledger()
+    assert admit(limiter, 100.0, rpm=120)
+    second = limiter.admit(KEY, rpm=120, tpm=None, now=100.001)
+    assert not second.allowed
+    assert second.pending, "a grant is wanted: the request may wait for it"
+    ledger.serve(limiter, 100.002)
+    assert admit(limiter, 100.003, rpm=120)
+
+
+def test_nothing_is_pending_once_the_minute_is_spent() -> None:
+    limiter, ledger = SharedLimiter(), Ledger()
+    ledger.granted[(REQUESTS, 100)] = 120
+    assert admit(limiter, 100.0, rpm=120)
+    ledger.serve(limiter, 100.0)
+    refused = limiter.admit(KEY, rpm=120, tpm=None, now=100.01)
+    assert not refused.allowed
+    assert not refused.pending
