@@ -14,7 +14,9 @@ Routes::
     POST /v1/audio/transcriptions   a multipart upload, streamed to a replica
                                 (``app.gateway.uploads``)
     GET  /healthz               200 while the process serves
-    GET  /readyz                200, or 503 with the reason when the routing table is stale
+    GET  /readyz                200, or 503 with the reason when the routing table is stale;
+                                either says ``limits`` when rate limits are enforced
+                                locally because the database does not answer
 
 ``/metrics`` is not among them: it names every model and replica, so it is served only
 where operators reach it, by ``MetricsApp`` on a listener of its own (a standalone
@@ -50,7 +52,7 @@ from app.gateway.engine_client import EngineClient
 from app.gateway.errors import ApiError, method_not_allowed, not_found
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.proxy import Upstream
-from app.gateway.ratelimit import RateLimiter
+from app.gateway.ratelimit import Limiter
 from app.gateway.router import Router
 from app.gateway.table import GatewaySnapshot
 from app.gateway.traffic import TrafficWindow
@@ -85,15 +87,17 @@ class GatewayApp:
         *,
         router: Router,
         metrics: GatewayMetrics,
-        limiter: RateLimiter,
+        limiter: Limiter,
         stale_reason: Callable[[], str | None],
         connect_timeout_s: float = 5.0,
         log_requests: bool = True,
         failures: FailureBudget | None = None,
         traffic: TrafficWindow | None = None,
         max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+        limits_reason: Callable[[], str | None] = lambda: None,
     ) -> None:
         self._router = router
+        self._limits_reason = limits_reason
         self._metrics = metrics
         self._traffic = traffic or TrafficWindow()
         self._failures = failures or FailureBudget()
@@ -194,11 +198,19 @@ class GatewayApp:
 
     async def _readyz(self, scope: Scope, receive: Receive, send: Send) -> None:
         reason = self._stale_reason()
-        if reason is None:
+        limits = self._limits_reason()
+        if reason is None and limits is None:
             await respond(send, 200, b'{"status":"ready"}', [JSON])
             return
-        body = msgspec.json.encode({"status": "stale", "reason": reason})
-        await respond(send, 503, body, [JSON])
+        if reason is None:
+            # Still serving, and ready: only the limits are approximate meanwhile.
+            body = msgspec.json.encode({"status": "degraded", "limits": limits})
+            await respond(send, 200, body, [JSON])
+            return
+        view: dict[str, str] = {"status": "stale", "reason": reason}
+        if limits is not None:
+            view["limits"] = limits
+        await respond(send, 503, msgspec.json.encode(view), [JSON])
 
 
 class MetricsApp:

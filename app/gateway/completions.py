@@ -48,7 +48,7 @@ from app.gateway.errors import (
 )
 from app.gateway.metrics import CLIENT_GONE, GatewayMetrics
 from app.gateway.proxy import Opened, Timing, Upstream, read_whole, relay_stream
-from app.gateway.ratelimit import ALLOWED_UNLIMITED, RateLimiter
+from app.gateway.ratelimit import ALLOWED_UNLIMITED, Limiter
 from app.gateway.router import ColdStartTimedOut, NoServingReplica, Saturated
 from app.gateway.table import GatewaySnapshot, KeyRecord
 from app.gateway.traffic import TrafficWindow
@@ -57,6 +57,9 @@ from app.listeners.throttle import FailureBudget
 from app.logs import request_level
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
+GRANT_WAIT_S = 0.25
+"""How long a request that finds its key's slices spent waits for the grant on its way
+before it is refused (``app.gateway.sharedlimits``)."""
 
 log = structlog.get_logger("llmgw.gateway")
 
@@ -66,6 +69,11 @@ class RoutingFields(msgspec.Struct):
 
     model: str
     stream: bool | None = None
+    max_tokens: object = None
+    max_completion_tokens: object = None
+    max_output_tokens: object = None
+    """Read only for a tpm limit's reservation (``_token_estimate``); the engine checks
+    them."""
 
 
 _decode_fields = msgspec.json.Decoder(RoutingFields).decode
@@ -108,9 +116,11 @@ class _Exchange:
         "quota_headers",
         "replica",
         "request_id",
+        "reserved_tokens",
         "status",
         "stream",
         "timing",
+        "token_estimate",
     )
 
     def __init__(self, started: float) -> None:
@@ -124,6 +134,9 @@ class _Exchange:
         self.status = 500
         self.note: str | None = None
         self.quota_headers: tuple[Header, ...] = ()
+        self.token_estimate = 1
+        """What a tpm limit reserves at admission: prompt and the most it may generate."""
+        self.reserved_tokens = 0
         self.first_byte_at: float | None = None
         self.ended_at: float | None = None
         """When the engine's answer was all read (a stream's last chunk relayed)."""
@@ -152,7 +165,7 @@ class Completions:
         *,
         snapshot: Callable[[], GatewaySnapshot],
         metrics: GatewayMetrics,
-        limiter: RateLimiter,
+        limiter: Limiter,
         failures: FailureBudget,
         log_requests: bool = True,
         traffic: TrafficWindow | None = None,
@@ -183,7 +196,9 @@ class Completions:
             self._check_model(snapshot, key, model, endpoint.api, path)
             exchange.model = model
             exchange.stream = bool(fields.stream)
-            self._admit(exchange, key)
+            if key.tpm is not None:
+                exchange.token_estimate = _token_estimate(fields, len(exchange.body))
+            await self._admit(exchange, key)
             await self._forward(exchange, key, endpoint.engine_path, receive, send)
         except ApiError as error:
             exchange.status = error.status
@@ -209,14 +224,24 @@ class Completions:
         if not snapshot.serves(model, api):
             raise api_not_served(model, api, path)
 
-    def _admit(self, exchange: _Exchange, key: KeyRecord) -> None:
+    async def _admit(self, exchange: _Exchange, key: KeyRecord) -> None:
         """The key's rate limits: 429 when it is over one."""
-        decision = self._limiter.admit(key.key_id, rpm=key.rpm, tpm=key.tpm, now=time.monotonic())
+        deadline = time.monotonic() + GRANT_WAIT_S
+        while True:
+            now = time.monotonic()
+            decision = self._limiter.admit(
+                key.key_id, rpm=key.rpm, tpm=key.tpm, now=now, tokens=exchange.token_estimate
+            )
+            if not decision.pending or now >= deadline:
+                break
+            # A burst faster than the slices grow: the grant asked for is on its way.
+            await self._limiter.answered(deadline - now)
         if not decision.allowed:
             self._metrics.rejected(quota_reason(decision))
             raise quota_exceeded(decision)
         if decision is not ALLOWED_UNLIMITED:
             exchange.quota_headers = rate_limit_headers(decision)
+        exchange.reserved_tokens = decision.reserved_tokens
 
     async def _forward(
         self, exchange: _Exchange, key: KeyRecord, path: str, receive: Receive, send: Send
@@ -335,6 +360,11 @@ class Completions:
         self._limiter.record_tokens(key.key_id, tokens, now=time.monotonic())
 
     def _finish(self, exchange: _Exchange) -> None:
+        if exchange.reserved_tokens and exchange.key is not None:
+            # What the answer used was charged by ``_spend``: the reservation goes back.
+            self._limiter.record_tokens(
+                exchange.key.key_id, 0, now=time.monotonic(), reserved=exchange.reserved_tokens
+            )
         now = clock()
         timing = exchange.timing
         added_s = timing.added_s(now) if exchange.added_s is None else exchange.added_s
@@ -362,6 +392,22 @@ class Completions:
                 ms=round((now - timing.started) * 1000, 3),
                 note=exchange.note,
             )
+
+
+BYTES_PER_TOKEN = 4
+"""For the estimate of a prompt's tokens from its body: about four bytes of English each."""
+DEFAULT_OUTPUT_TOKENS = 256
+"""Reserved for the answer of a request that says no maximum."""
+
+
+def _token_estimate(fields: RoutingFields, body_bytes: int) -> int:
+    """The tokens a tpm limit reserves for a request until its usage is known."""
+    output = DEFAULT_OUTPUT_TOKENS
+    for value in (fields.max_completion_tokens, fields.max_tokens, fields.max_output_tokens):
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            output = value
+            break
+    return body_bytes // BYTES_PER_TOKEN + output
 
 
 def _parse(body: bytes) -> RoutingFields:

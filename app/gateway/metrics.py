@@ -197,6 +197,12 @@ class GatewayMetrics:
             "Routes of the current routing table left out by the egress check.",
             registry=self.registry,
         )
+        self._rate_limits_degraded = Gauge(
+            "llmgw_gateway_rate_limits_degraded",
+            "1 while keys' rate limits are enforced on this gateway's local share because "
+            "the database does not answer; 0 while they are shared.",
+            registry=self.registry,
+        )
         self._counters: dict[tuple[str, int], Counter] = {}
         self._histograms: dict[str, _ModelHistograms] = {}
 
@@ -249,6 +255,9 @@ class GatewayMetrics:
 
     def egress_refused(self, reason: str) -> None:
         self._egress_refusals.labels(reason).inc()
+
+    def rate_limits_degraded(self, degraded: bool) -> None:
+        self._rate_limits_degraded.set(1 if degraded else 0)
 
     def egress_refused_routes(self, count: int) -> None:
         self._egress_refused_routes.set(count)

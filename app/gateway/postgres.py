@@ -4,8 +4,11 @@ runs on its client listener.
 It is stateless: everything it routes by comes from the database (``PostgresSnapshotSource``)
 and the only thing it writes there is its report (requests in flight, requests queued per
 model, what it saw of each replica's requests, and the replicas it keeps out of rotation),
-so any number of them can run behind a load balancer. Stopping it lets open requests
-finish, reporting them until the last one ends, then removes its report.
+so any number of them can run behind a load balancer. Keys' rpm and tpm are counted across
+all of them by leasing slices of each key's budget from the database
+(``app.gateway.sharedlimits``, kept supplied by ``app.gateway.budget_keeper``). Stopping it
+lets open requests finish, reporting them until the last one ends, gives back the slices it
+did not use, then removes its report.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from dataclasses import dataclass, field
 import structlog
 
 from app.domain.egress import EngineNetworks
+from app.gateway.budget_keeper import BudgetKeeper
 from app.gateway.ejection import EjectionPolicy
 from app.gateway.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_METRICS_HOST, Gateway
+from app.gateway.sharedlimits import SharedLimiter
 from app.gateway.source import DEFAULT_REFRESH_INTERVAL_S, PostgresSnapshotSource
 from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES, MAX_UPLOAD_BYTES
 from app.listeners.limits import ListenerLimits
@@ -88,6 +93,7 @@ class PostgresGateway:
             gateway_id=options.gateway_id,
             refresh_interval_s=options.refresh_interval_s,
         )
+        self.limiter = SharedLimiter()
         self.gateway = Gateway(
             self.source,
             host=options.host,
@@ -101,7 +107,16 @@ class PostgresGateway:
             auth_failures=options.auth_failures,
             ejection=options.ejection,
             max_upload_bytes=options.max_upload_bytes,
+            limiter=self.limiter,
+            limits_reason=lambda: self.budgets.degraded_reason(),
         )
+        self.budgets = BudgetKeeper(
+            database_url,
+            self.limiter,
+            gateway_id=self.source.gateway_id,
+            on_degraded=self.gateway.metrics.rate_limits_degraded,
+        )
+        self.limiter.on_ask(self.budgets.wake)
         self.source.report_in_flight(self.gateway.in_flight)
         self.source.report_queued(self.gateway.queued)
         self.source.report_traffic(self.gateway.traffic_report)
@@ -113,11 +128,13 @@ class PostgresGateway:
         """Read the first snapshot (or give up waiting for it after a few seconds: the
         gateway then answers 503 until the database answers) and listen."""
         await self.source.start()
+        await self.budgets.start()
         if not self.source.fresh():
             log.warning("gateway_started_without_routes", reason=self.source.stale_reason())
         try:
             await self.gateway.start()
         except BaseException:
+            await self.budgets.close()
             await self.source.close()
             raise
         networks = self.gateway.egress.networks
@@ -138,4 +155,7 @@ class PostgresGateway:
         try:
             await self.gateway.stop()
         finally:
-            await self.source.close()
+            try:
+                await self.budgets.close()  # what it holds goes back
+            finally:
+                await self.source.close()

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import replace
 from typing import Literal, Protocol
 
@@ -39,7 +39,7 @@ from app.gateway.egress import EngineEgress
 from app.gateway.ejection import EjectionPolicy
 from app.gateway.errors import listener_refusal
 from app.gateway.metrics import GatewayMetrics
-from app.gateway.ratelimit import RateLimiter
+from app.gateway.ratelimit import Limiter, RateLimiter
 from app.gateway.router import Router
 from app.gateway.table import GatewaySnapshot, SnapshotListener
 from app.gateway.traffic import TrafficWindow
@@ -195,6 +195,8 @@ class Gateway:
         auth_failures: FailureLimits | None = None,
         ejection: EjectionPolicy | None = None,
         max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+        limiter: Limiter | None = None,
+        limits_reason: Callable[[], str | None] = lambda: None,
     ) -> None:
         """``port`` 0 takes a free port (``self.port`` says which once started).
         ``engine_networks`` is where engines may be contacted; None: each node only at the
@@ -202,7 +204,9 @@ class Gateway:
         free one) serves ``/metrics`` on a listener of its own; None serves it nowhere
         (``self.metrics.render()`` is the page). ``ejection``: when a replica that keeps failing
         is taken out of this gateway's rotation (``app.gateway.ejection``). ``max_upload_bytes``
-        bounds an upload's body (``app.gateway.uploads``)."""
+        bounds an upload's body (``app.gateway.uploads``). ``limiter`` counts keys' rpm and
+        tpm (this gateway's own ``RateLimiter`` when None); ``limits_reason`` says, for
+        ``/readyz``, why limits are only approximate now (None: they are not)."""
         self.source = source
         self.host = host
         self.port = port
@@ -226,7 +230,8 @@ class Gateway:
             router=self.router,
             metrics=self.metrics,
             traffic=self.traffic,
-            limiter=RateLimiter(),
+            limiter=limiter if limiter is not None else RateLimiter(),
+            limits_reason=limits_reason,
             stale_reason=self._stale_reason,
             connect_timeout_s=connect_timeout_s,
             log_requests=log_requests,

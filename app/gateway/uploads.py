@@ -36,7 +36,7 @@ from app.gateway.errors import (
 )
 from app.gateway.metrics import CLIENT_GONE, GatewayMetrics
 from app.gateway.proxy import Opened, read_whole, relay_stream
-from app.gateway.ratelimit import RateLimiter
+from app.gateway.ratelimit import Limiter
 from app.gateway.router import ColdStartTimedOut, NoServingReplica, Saturated
 from app.gateway.table import GatewaySnapshot
 from app.gateway.traffic import TrafficWindow
@@ -198,7 +198,7 @@ class Uploads(Completions):
         *,
         snapshot: Callable[[], GatewaySnapshot],
         metrics: GatewayMetrics,
-        limiter: RateLimiter,
+        limiter: Limiter,
         failures: FailureBudget,
         log_requests: bool = True,
         traffic: TrafficWindow | None = None,
@@ -227,7 +227,7 @@ class Uploads(Completions):
             endpoint = UPLOAD_ENDPOINTS[path]
             self._check_model(snapshot, key, head.model, endpoint.api, path)
             exchange.model = head.model
-            self._admit(exchange, key)
+            await self._admit(exchange, key)
             await self._relay(
                 exchange, endpoint.engine_path, head, content_type, content_length, receive, send
             )
