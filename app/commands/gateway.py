@@ -168,6 +168,8 @@ def gateway_command(
     """Run the OpenAI-compatible gateway alone, stateless, against the database, until
     SIGINT or SIGTERM. Any number may run behind a load balancer; each keeps serving from
     its last routing table and keys while the database is away (/readyz then says 503).
+    Keys' rpm and tpm hold across all of them (slices of each key's budget are leased from
+    the database); while it is away each gateway enforces its local share.
 
     Engines are contacted only where --engine-networks allows; a route elsewhere is left
     out of routing, with a warning. Like `serve`, it refuses a database role that could

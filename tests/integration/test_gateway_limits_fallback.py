@@ -22,12 +22,14 @@ import httpx
 import pytest
 
 from agent.simulator.launcher import SimulatorProcess, start_simulator
+from app.gateway.server import StaticSource
 from app.services.operations import Caller, Operations
 from app.store.database import create_engine
 from app.store.postgres import PostgresEventStore
 from devcluster.errors import DevDatabaseError
 from devcluster.postgres import LocalPostgres, find_bindir
 from tests.support.databases import migrate_for_tests, runtime_url
+from tests.support.gateway import GatewayThread, new_key, snapshot_of
 from tests.support.ports import free_port
 from tests.support.postgres import LocalServer
 from tests.support.routing import connect_node, declare_model, serve_replica
@@ -162,3 +164,19 @@ async def test_without_the_database_a_gateway_enforces_its_local_share_and_says_
             events.append(json.loads(line).get("event", ""))
     assert events.count("rate_limits_degraded") == 1, events
     assert events.count("rate_limits_shared") == 1, events
+
+
+def test_readyz_says_limits_are_local_while_the_routing_table_is_fresh_and_stays_200() -> None:
+    """The database can answer the snapshot's reads and still fail the budget's grants
+    (a lock timeout, a privilege missing): the gateway is still ready, only degraded."""
+    reason: list[str | None] = [None]
+    _, record = new_key(rpm=60)
+    with GatewayThread(
+        StaticSource(snapshot_of([], [record])), limits_reason=lambda: reason[0]
+    ) as gateway:
+        ready = httpx.get(f"{gateway.base_url}/readyz")
+        assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
+        reason[0] = "rate limits are enforced locally: the database does not answer"
+        degraded = httpx.get(f"{gateway.base_url}/readyz")
+        assert degraded.status_code == 200
+        assert degraded.json() == {"status": "degraded", "limits": reason[0]}
