@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import structlog
@@ -69,14 +69,15 @@ class RoutingFields(msgspec.Struct):
 
     model: str
     stream: bool | None = None
-    max_tokens: object = None
-    max_completion_tokens: object = None
-    max_output_tokens: object = None
-    """Read only for a tpm limit's reservation (``_token_estimate``); the engine checks
-    them."""
+    max_tokens: msgspec.Raw = msgspec.Raw(b"null")
+    max_completion_tokens: msgspec.Raw = msgspec.Raw(b"null")
+    max_output_tokens: msgspec.Raw = msgspec.Raw(b"null")
+    """Kept undecoded, read only for a tpm limit's reservation (``_token_estimate``): the
+    engine checks them."""
 
 
 _decode_fields = msgspec.json.Decoder(RoutingFields).decode
+_decode_count = msgspec.json.Decoder(Annotated[int, msgspec.Meta(ge=0)]).decode
 
 
 class _ClientGone(Exception):
@@ -403,10 +404,12 @@ DEFAULT_OUTPUT_TOKENS = 256
 def _token_estimate(fields: RoutingFields, body_bytes: int) -> int:
     """The tokens a tpm limit reserves for a request until its usage is known."""
     output = DEFAULT_OUTPUT_TOKENS
-    for value in (fields.max_completion_tokens, fields.max_tokens, fields.max_output_tokens):
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            output = value
+    for raw in (fields.max_completion_tokens, fields.max_tokens, fields.max_output_tokens):
+        try:
+            output = _decode_count(raw)
             break
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            continue  # absent, null or not a count: the engine says what is wrong with it
     return body_bytes // BYTES_PER_TOKEN + output
 
 

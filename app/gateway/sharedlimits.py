@@ -250,7 +250,9 @@ class SharedLimiter:
         ``record_tokens``), or say how long to wait."""
         if rpm is None and tpm is None:
             return ALLOWED_UNLIMITED
-        tokens = max(1, tokens)
+        # A reservation is at most the whole limit: a request that asks for more than a
+        # minute's tokens may still run, once the minute is all its own.
+        tokens = max(1, tokens if tpm is None else min(tokens, tpm))
         wanted = [
             (self._budget(key_id, resource, limit), cost)
             for resource, limit, cost in ((REQUESTS, rpm, 1), (TOKENS, tpm, tokens))

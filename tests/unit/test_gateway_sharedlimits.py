@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from app.gateway.completions import DEFAULT_OUTPUT_TOKENS, _parse, _token_estimate
 from app.gateway.sharedlimits import LEASE_HOLD_S, REQUESTS, TOKENS, Ask, SharedLimiter
 
 KEY = "key-1"
@@ -180,3 +181,26 @@ def test_nothing_is_pending_once_the_minute_is_spent() -> None:
     refused = limiter.admit(KEY, rpm=120, tpm=None, now=100.01)
     assert not refused.allowed
     assert not refused.pending
+
+
+def test_a_reservation_is_at_most_the_whole_limit() -> None:
+    limiter = SharedLimiter()
+    decision = limiter.admit(KEY, rpm=None, tpm=1000, now=100.0, tokens=10**30)
+    assert decision.allowed
+    assert decision.reserved_tokens == 1000
+
+
+def test_the_estimate_is_the_prompts_bytes_over_four_and_the_most_the_request_may_generate() -> (
+    None
+):
+    def estimate(body: bytes) -> int:
+        return _token_estimate(_parse(body), len(body))
+
+    prompt = b'{"model":"m","messages":[{"role":"user","content":"' + b"x" * 400 + b'"}]'
+    assert estimate(prompt + b',"max_tokens":12}') == len(prompt + b',"max_tokens":12}') // 4 + 12
+    both = prompt + b',"max_completion_tokens":7,"max_tokens":12}'
+    assert estimate(both) == len(both) // 4 + 7
+    assert estimate(prompt + b"}") == (len(prompt) + 1) // 4 + DEFAULT_OUTPUT_TOKENS
+    for hostile in (b'"x"', b"-5", b"1e400", b'{"a":[1]}', b"null", b"true"):
+        body = prompt + b',"max_tokens":' + hostile + b"}"
+        assert estimate(body) == len(body) // 4 + DEFAULT_OUTPUT_TOKENS, hostile
