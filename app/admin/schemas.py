@@ -15,6 +15,9 @@ from app.admin.autoscale_schemas import (
 
 ViewT = TypeVar("ViewT")
 
+RoutingPolicy = Literal["least_loaded", "prefix", "session"]
+SessionKeySource = Literal["header", "prompt_cache_key", "user"]
+
 
 class EventView(msgspec.Struct, frozen=True, kw_only=True):
     position: int
@@ -53,6 +56,12 @@ class RoutingBody(
     weight: float | None = None
     target_waiting: int | None = None
     kv_ceiling: float | None = None
+    policy: RoutingPolicy | None = None
+    """``least_loaded``, ``prefix`` or ``session`` (docs/gateway-routing.md)."""
+    load_factor: float | None = None
+    prefix_bytes: int | None = None
+    session_keys: list[SessionKeySource] | None = None
+    """Any of ``header`` (x-session-id), ``prompt_cache_key``, ``user``; first found wins."""
 
 
 class CanaryStepBody(
@@ -108,6 +117,10 @@ class RoutingView(msgspec.Struct, frozen=True, kw_only=True):
     weight: float
     target_waiting: int
     kv_ceiling: float
+    policy: str
+    load_factor: float
+    prefix_bytes: int
+    session_keys: list[str]
 
 
 class CanaryStepView(msgspec.Struct, frozen=True, kw_only=True):

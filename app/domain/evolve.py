@@ -901,5 +901,12 @@ def _tune(state: ClusterState, event: ModelTuned, at: datetime) -> None:
         return
     model = state.models.get(event.model)
     if model is not None:
+        # Bench measures the three above; the model's policy and its knobs stay as declared.
+        routing = replace(
+            model.spec.routing,
+            weight=routing.weight,
+            target_waiting=routing.target_waiting,
+            kv_ceiling=routing.kv_ceiling,
+        )
         spec = replace(model.spec, routing=routing)
         state.models[event.model] = replace(model, spec=spec, tuned_summary=dict(event.summary))

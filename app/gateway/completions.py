@@ -28,6 +28,7 @@ import msgspec
 import structlog
 
 from app.domain.traffic import Outcome, outcome_of_status
+from app.gateway.affinity import SESSION_HEADER, RouteKey, route_key
 from app.gateway.asgi import Header, Receive, Scope, Send, authenticate, clock, refuse, request_id
 from app.gateway.errors import (
     ApiError,
@@ -45,7 +46,7 @@ from app.gateway.errors import (
 from app.gateway.metrics import CLIENT_GONE, GatewayMetrics
 from app.gateway.proxy import Opened, Timing, Upstream, read_whole, relay_stream
 from app.gateway.ratelimit import ALLOWED_UNLIMITED, RateLimiter
-from app.gateway.router import ColdStartTimedOut, NoServingReplica, Saturated
+from app.gateway.router import ColdStartTimedOut, Lease, NoServingReplica, Saturated
 from app.gateway.table import GatewaySnapshot, KeyRecord
 from app.gateway.traffic import TrafficWindow
 from app.gateway.usage import StreamTokens, usage_of_body
@@ -53,6 +54,8 @@ from app.listeners.throttle import FailureBudget
 from app.logs import request_level
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
+ROUTE_HEADER = b"x-llmgw-route"
+"""Asked for with any value but ``0``, answered with the routing decision (``route_header``)."""
 
 log = structlog.get_logger("llmgw.gateway")
 
@@ -104,6 +107,8 @@ class _Exchange:
         "quota_headers",
         "replica",
         "request_id",
+        "route_header",
+        "route_key",
         "status",
         "stream",
         "timing",
@@ -117,6 +122,10 @@ class _Exchange:
         self.model = ""
         self.stream = False
         self.replica = ""
+        self.route_key: RouteKey | None = None
+        self.route_header: bytes | None = None
+        """``x-llmgw-route`` of the answer, once a replica took it; ``None`` unless the
+        client asked for it."""
         self.status = 500
         self.note: str | None = None
         self.quota_headers: tuple[Header, ...] = ()
@@ -137,6 +146,7 @@ class _Exchange:
             (b"x-request-id", self.request_id),
             (b"x-llmgw-gateway-ms", b"%.3f" % (self.added_s * 1000)),
             *self.quota_headers,
+            *(() if self.route_header is None else ((ROUTE_HEADER, self.route_header),)),
         ]
 
 
@@ -178,6 +188,10 @@ class Completions:
                 raise model_not_found(model)
             exchange.model = model
             exchange.stream = bool(fields.stream)
+            session, show_route = _routing_headers(scope)
+            exchange.route_key = route_key(snapshot.policy_of(model), exchange.body, session)
+            if show_route:
+                exchange.route_header = b""
             decision = self._limiter.admit(
                 key.key_id, rpm=key.rpm, tpm=key.tpm, now=time.monotonic()
             )
@@ -215,6 +229,8 @@ class Completions:
         try:
             opened = await self._open(exchange, key, path)
             exchange.replica = opened.lease.route.replica_id
+            if exchange.route_header is not None:
+                exchange.route_header = route_header(opened.lease, exchange.route_key)
             if exchange.stream and opened.answer.status == 200:
                 tokens = StreamTokens()
                 exchange.status = 200
@@ -304,6 +320,7 @@ class Completions:
                 exchange.body,
                 exchange.request_id.decode(),
                 exchange.timing,
+                exchange.route_key,
             )
         except NoServingReplica:
             self._metrics.rejected("no_serving_replica")
@@ -346,6 +363,27 @@ class Completions:
                 ms=round((now - timing.started) * 1000, 3),
                 note=exchange.note,
             )
+
+
+def _routing_headers(scope: Scope) -> tuple[bytes | None, bool]:
+    """The request's session id (``x-session-id``), and whether it asks for the route
+    (``x-llmgw-route`` set to anything but ``0``)."""
+    session: bytes | None = None
+    show = False
+    for name, value in scope["headers"]:
+        if name == SESSION_HEADER:
+            session = value or None
+        elif name == ROUTE_HEADER:
+            show = value.strip() not in (b"", b"0")
+    return session, show
+
+
+def route_header(lease: Lease, key: RouteKey | None) -> bytes:
+    """``replica=<id>; policy=<policy>; reason=<reason>; key=<prefix|session|none>``."""
+    return (
+        f"replica={lease.route.replica_id}; policy={lease.policy}; reason={lease.reason}; "
+        f"key={'none' if key is None else key.kind}"
+    ).encode()
 
 
 def _parse(body: bytes) -> RoutingFields:

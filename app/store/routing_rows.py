@@ -2,7 +2,8 @@
 
 Declared models (removed ones are not: they answer 404 like any unknown model) with the
 canary split of those in a rollout's canary step and the cold-start timeout of those with
-an autoscaling policy (``spec->'autoscale'``), the ``routing_table`` view with each
+an autoscaling policy (``spec->'autoscale'``) and the routing settings of each
+(``spec->'routing'``, for its routing policy), the ``routing_table`` view with each
 route's revision and the address its node connected from (the gateway's egress check
 allows that address by default), live (not revoked) API keys and the projection's
 position. One statement sees one snapshot of the database, as a REPEATABLE READ
@@ -36,6 +37,10 @@ SELECT
        FROM models WHERE NOT removed) a
      WHERE timeout_s > 0 AND timeout_s <= $2) c)
     AS cold_starts,
+  (SELECT coalesce(json_agg(p), '[]') FROM (
+     SELECT name AS model, spec->'routing' AS routing
+     FROM models WHERE NOT removed AND jsonb_typeof(spec->'routing') = 'object') p)
+    AS policies,
   (SELECT coalesce(json_agg(r), '[]') FROM (
      SELECT t.replica_id, t.model, t.address, t.port, t.weight, t.target_waiting,
             t.kv_ceiling, t.draining, t.revision,
@@ -78,6 +83,14 @@ class ColdStartRow(msgspec.Struct, frozen=True):
     timeout_s: float
 
 
+class PolicyRow(msgspec.Struct, frozen=True):
+    """A declared model's routing settings as its spec holds them (``spec->'routing'``),
+    read raw: the gateway takes the policy from them (``app.gateway.snapshot``)."""
+
+    model: str
+    routing: msgspec.Raw
+
+
 class KeyRow(msgspec.Struct, frozen=True):
     id: str
     name: str
@@ -94,6 +107,7 @@ class RoutingRows(msgspec.Struct, frozen=True):
     declared: list[str]
     canaries: list[CanaryRow]
     cold_starts: list[ColdStartRow]
+    policies: list[PolicyRow]
     routes: list[RouteRow]
     keys: list[KeyRow]
 
@@ -101,6 +115,7 @@ class RoutingRows(msgspec.Struct, frozen=True):
 _declared_decoder = msgspec.json.Decoder(list[str])
 _canaries_decoder = msgspec.json.Decoder(list[CanaryRow])
 _cold_starts_decoder = msgspec.json.Decoder(list[ColdStartRow])
+_policies_decoder = msgspec.json.Decoder(list[PolicyRow])
 _routes_decoder = msgspec.json.Decoder(list[RouteRow])
 _keys_decoder = msgspec.json.Decoder(list[KeyRow])
 
@@ -113,6 +128,7 @@ async def read_routing_rows(db: asyncpg.Connection, *, within_s: float) -> Routi
         declared=_declared_decoder.decode(row["declared"]),
         canaries=_canaries_decoder.decode(row["canaries"]),
         cold_starts=_cold_starts_decoder.decode(row["cold_starts"]),
+        policies=_policies_decoder.decode(row["policies"]),
         routes=_routes_decoder.decode(row["routes"]),
         keys=_keys_decoder.decode(row["keys"]),
     )
