@@ -14,7 +14,9 @@ replica on its key's walk whose load stays within ``(1 + load_factor)`` times it
 once it takes the request: ``load + 1 <= ceil((1 + load_factor) * (total + 1) * weight /
 total_weight)``. The fair shares add up to at least ``total + 1``, so some replica always
 has room under its bound; no replica ends above it, however skewed the keys are. A replica
-the caller refuses (saturated, or excluded) is passed over the same way.
+the caller refuses (saturated, or excluded) is passed over the same way. A caller may set
+a floor under every bound (``min_bound``): at loads of a request or two the formula's
+bound is 1, and a replica serving one request would pass a key on to an idle one.
 
 Pure: hashing is BLAKE2b from the standard library (the same in every process, unlike
 ``hash()``); no clock, no I/O.
@@ -98,9 +100,11 @@ class HashRing:
         load_of: Callable[[str], float],
         load_factor: float,
         refuse: Callable[[str], bool] = lambda member: False,
+        min_bound: int = 1,
     ) -> Pick:
         """The first member on the key's walk the caller does not ``refuse`` and whose load
-        (``load_of``: requests it carries) stays within its bound with this request."""
+        (``load_of``: requests it carries) stays within its bound with this request; no
+        member's bound is below ``min_bound``."""
         total = 0.0
         for member in self.members:
             total += load_of(member)
@@ -111,7 +115,7 @@ class HashRing:
         for member in self.walk(key):
             if refuse(member):
                 first_reason = first_reason or "refused"
-            elif load_of(member) + 1.0 > math.ceil(share * self.weights[member]):
+            elif load_of(member) + 1.0 > max(math.ceil(share * self.weights[member]), min_bound):
                 first_reason = first_reason or "over_bound"
             else:
                 return Pick(member, first_reason or "home", passed)
@@ -119,7 +123,9 @@ class HashRing:
         return Pick(None, first_reason or "refused", passed)
 
 
-def bound(total: float, weight: float, total_weight: float, load_factor: float) -> int:
+def bound(
+    total: float, weight: float, total_weight: float, load_factor: float, min_bound: int = 1
+) -> int:
     """The most requests a member of ``weight`` may carry while ``total`` are carried in all
     (``pick`` lets one more in while the member stays within this)."""
-    return math.ceil((1.0 + load_factor) * total * weight / total_weight)
+    return max(math.ceil((1.0 + load_factor) * total * weight / total_weight), min_bound)

@@ -30,8 +30,11 @@ Which eligible replica takes a request is the model's routing policy
 (``GatewaySnapshot.policies``, ``docs/gateway-routing.md``): ``least_loaded`` is the rule
 of ``app.gateway.admission``; ``prefix`` and ``session`` hash the request's key
 (``app.gateway.affinity``) onto a ring of the model's replicas (``app.domain.hash_ring``)
-with bounded loads, the load being the gateway's requests in flight; a replica the
-admission rule refuses, or one above its bound, is passed over for the next on the ring.
+with bounded loads, the load being the requests a replica carries as admission counts
+them (``admission.carried``: the engine's running and waiting ones and this gateway's
+reservations, much the same for every gateway; its own in-flight while signals are
+stale); a replica the admission rule refuses, or one above its bound, is passed over for
+the next on the ring.
 Draining replicas are on no ring while others serve: their keys move on, and they are
 chosen only when no other replica can take the request. The rings are built when a
 snapshot is taken, and only when the model's replicas or weights changed; a request costs
@@ -69,6 +72,7 @@ from app.gateway.admission import (
     ReplicaView,
     Signals,
     assess,
+    carried,
     choose,
     is_fresh,
 )
@@ -90,6 +94,10 @@ __all__ = [
 
 RETIRED_LINGER_S = 30.0
 """How long a replica taken out of routing stays in ``in_flight()`` once it is idle."""
+MIN_BOUND = 4
+"""No replica's bound (``prefix``, ``session``) is below this many requests: an engine
+batches a handful at no cost to any of them, and passing a key on to an idle replica at
+such loads would cost its cache and gain nothing."""
 COLD_START_RETRY_AFTER_S = (1.0, 30.0)
 """What ``ColdStartTimedOut`` tells clients: a tenth of the cold-start timeout, within
 these bounds. The replica may be about to serve, or may take as long again."""
@@ -466,9 +474,12 @@ class Router:
 
             pick = ring.pick(
                 route_key.value,
-                load_of=lambda replica_id: by_id[replica_id].in_flight,
+                load_of=lambda replica_id: carried(
+                    by_id[replica_id], now=now, stale_after_s=stale_after_s
+                ),
                 load_factor=policy.load_factor,
                 refuse=refuse,
+                min_bound=MIN_BOUND,
             )
             if pick.member is not None:
                 return by_id[pick.member], _RING_REASONS[pick.reason]

@@ -9,7 +9,7 @@ import random
 import msgspec
 
 from app.gateway.affinity import RouteKey, route_key
-from app.gateway.router import Lease, Router
+from app.gateway.router import MIN_BOUND, Lease, Router
 from app.gateway.table import GatewaySnapshot, Route, RoutePolicy
 
 MODEL = "m"
@@ -121,30 +121,50 @@ async def test_a_saturated_home_is_passed_over_and_the_request_still_served() ->
     router.update(table(*small))
     key = key_of(chat("s", "q"))
     first = await router.acquire(MODEL, "k", route_key=key)
-    home = first.route.replica_id
     second = await router.acquire(MODEL, "k", route_key=key)
-    assert second.route.replica_id != home  # the bound: 1 + 1 > ceil(1.25 * 2 / 3)
-    held = [first, second]
-    while True:  # fill the home up to its admission limit
-        lease = await router.acquire(MODEL, "k", route_key=key)
-        held.append(lease)
-        if router.in_flight()[home] == 2:
-            break
-    lease = await router.acquire(MODEL, "k", route_key=key)
-    assert lease.route.replica_id != home
-    assert lease.reason in {"unavailable", "over_bound"}
+    home = first.route.replica_id
+    # Under the bound's floor (MIN_BOUND) the home keeps its key...
+    assert (second.route.replica_id, second.reason) == (home, "home")
+    # ...until admission refuses it: saturated, it is passed over.
+    third = await router.acquire(MODEL, "k", route_key=key)
+    assert third.route.replica_id != home
+    assert third.reason == "unavailable"
 
 
-async def test_a_request_without_a_key_and_the_default_policy_go_by_load() -> None:
+async def test_a_home_above_its_bound_passes_its_key_on() -> None:
+    router = Router()
+    router.update(table(*FOUR))
+    key = key_of(chat("s", "q"))
+    held = [await router.acquire(MODEL, "k", route_key=key) for _ in range(MIN_BOUND)]
+    home = held[0].route.replica_id
+    assert {lease.route.replica_id for lease in held} == {home}
+    # 4 carried, 5 with this one: over max(ceil(1.25 * 5 / 4), MIN_BOUND) = 4.
+    spilled = await router.acquire(MODEL, "k", route_key=key)
+    assert (spilled.reason, spilled.route.replica_id != home) == ("over_bound", True)
+    held[0].release()
+    back = await router.acquire(MODEL, "k", route_key=key)
+    assert (back.route.replica_id, back.reason) == (home, "home")
+
+
+async def test_a_request_without_a_key_and_the_least_loaded_policy_go_by_load() -> None:
     router = Router()
     router.update(table(*FOUR))
     lease = await router.acquire(MODEL, "k", route_key=None)
     assert (lease.policy, lease.reason) == ("prefix", "no_key")
     plain = Router()
-    plain.update(GatewaySnapshot(declared=frozenset({MODEL}), routes={MODEL: FOUR}))
-    lease = await plain.acquire(MODEL, "k")
+    plain.update(table(*FOUR, policy=RoutePolicy(policy="least_loaded")))
+    lease = await plain.acquire(MODEL, "k", route_key=key_of(chat("s", "q")))
     assert (lease.policy, lease.reason) == ("least_loaded", "least_loaded")
     assert plain.route_decisions() == {(MODEL, "least_loaded", "least_loaded"): 1}
+
+
+async def test_a_model_without_a_declared_policy_routes_by_load() -> None:
+    # The default (docs/gateway-routing.md says why): a table without the model's policy.
+    router = Router()
+    router.update(GatewaySnapshot(declared=frozenset({MODEL}), routes={MODEL: FOUR}))
+    assert route_key(RoutePolicy(), chat("s", "q"), b"conversation-1") is None
+    lease = await router.acquire(MODEL, "k")
+    assert (lease.policy, lease.reason) == ("least_loaded", "least_loaded")
 
 
 async def test_the_ring_is_kept_while_the_replicas_and_weights_stay_the_same() -> None:
@@ -172,7 +192,8 @@ def test_route_keys_cover_the_leading_messages_only() -> None:
 
 
 def test_requests_with_nothing_to_key_on_have_no_key() -> None:
-    assert route_key(RoutePolicy(), chat("s", "q"), b"session") is None  # least_loaded
+    least_loaded = RoutePolicy(policy="least_loaded")
+    assert route_key(least_loaded, chat("s", "q"), b"session") is None
     assert route_key(PREFIX, b'{"model": "m", "messages": "not a list"}', None) is None
     assert route_key(PREFIX, b'{"model": "m"}', None) is None
     assert route_key(PREFIX, b"not json", None) is None

@@ -126,6 +126,17 @@ def test_a_refused_replica_is_passed_over_and_all_refused_picks_none() -> None:
     assert (nobody.member, nobody.passed_over) == (None, 3)
 
 
+def test_a_floor_under_the_bound_keeps_a_key_home_at_light_load() -> None:
+    ring = HashRing(replicas(4))
+    key = KEYS[2]
+    home = ring.home(key)
+    loads = Counter({home: 1})  # 1 in all: the formula's bound is ceil(1.25 * 2 / 4) = 1
+    assert ring.pick(key, load_of=loads.__getitem__, load_factor=0.25).reason == "over_bound"
+    floored = ring.pick(key, load_of=loads.__getitem__, load_factor=0.25, min_bound=4)
+    assert (floored.member, floored.reason) == (home, "home")
+    assert bound(1, 1.0, 4.0, 0.25, min_bound=4) == 4
+
+
 def test_an_empty_ring_has_no_home() -> None:
     ring = HashRing([])
     assert ring.home(KEYS[0]) is None
