@@ -42,18 +42,12 @@ class TuningView(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def routing_in_force(state: ClusterState, model: str, replica_id: str | None) -> RoutingView:
-    declared = routing = find_model(state, model).spec.routing
+    routing = find_model(state, model).spec.routing
     replica = state.replicas.get(replica_id) if replica_id is not None else None
     if replica is not None and replica.routing is not None:
         routing = replica.routing
     return RoutingView(
-        weight=routing.weight,
-        target_waiting=routing.target_waiting,
-        kv_ceiling=routing.kv_ceiling,
-        policy=declared.policy,
-        load_factor=declared.load_factor,
-        prefix_bytes=declared.prefix_bytes,
-        session_keys=list(declared.session_keys),
+        weight=routing.weight, target_waiting=routing.target_waiting, kv_ceiling=routing.kv_ceiling
     )
 
 

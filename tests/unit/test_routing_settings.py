@@ -5,6 +5,7 @@ default policy, and the decisions' reasons published in the gateway's ``/metrics
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from msgspec.structs import replace
 
@@ -16,6 +17,8 @@ from app.domain.tuning import tune
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.snapshot import route_policy
 from app.gateway.table import RoutePolicy
+from cli.models import routing_text
+from cli.views import ModelSpecView, RoutingView
 from tests.unit.test_domain_tuning import after, given
 
 GOOD = ModelSpec(name="llama", command="vllm serve {model} --port {port}")
@@ -113,3 +116,16 @@ def test_route_decisions_are_published_by_model_policy_and_reason() -> None:
         in text
     )
     assert 'reason="over_bound"} 2.0' in text
+
+
+def test_llmgw_cli_models_show_says_the_policy() -> None:
+    assert routing_text(RoutingView()) == "least_loaded"
+    session = RoutingView(
+        policy="session", load_factor=0.5, prefix_bytes=512, session_keys=["user"]
+    )
+    assert routing_text(session) == (
+        "session (load factor 0.5, key 512 bytes, session key from user)"
+    )
+    # The admin API leaves out a policy at its defaults; the CLI reads it back as them.
+    view = msgspec.json.decode(b'{"routing": {"weight": 1.0}}', type=ModelSpecView)
+    assert view.routing == RoutingView()
