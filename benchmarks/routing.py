@@ -26,8 +26,9 @@ Each of these runs on the same engines, their prefix caches emptied before it:
   cache_aware``, three router processes each, installed into a venv of their own
   (``--anchors-venv``, made with pip when missing; skipped with a message when they cannot
   be installed or started);
-* a workload with no shared prefixes (every request a new system prompt and question) for
-  the three policies, where affinity has nothing to gain and must cost nothing.
+* a workload with no shared prefixes (as many requests, every one a new system prompt and
+  question) for the three policies, where affinity has nothing to gain and must cost
+  nothing.
 
 Per run: the engines' prefix-cache hit rate (``vllm:prefix_cache_hits_total`` over
 ``vllm:prefix_cache_queries_total``, prompt tokens), TTFT p50/p99 (to the first streamed
@@ -114,11 +115,13 @@ class Conversation:
 
 def conversations(arguments: argparse.Namespace, *, shared: bool) -> list[Conversation]:
     """The seeded workload: with ``shared``, a few system prompts and multi-turn
-    conversations; without, every conversation one turn with a system prompt of its own."""
+    conversations; without, as many requests, each one turn with a system prompt of its
+    own."""
     rng = random.Random(arguments.seed + (0 if shared else 1))
     systems = [words(rng, arguments.system_words) for _ in range(arguments.system_prompts)]
     made = []
-    for n in range(arguments.conversations):
+    count = arguments.conversations * (1 if shared else arguments.turns)
+    for n in range(count):
         system = rng.choice(systems) if shared else words(rng, arguments.system_words)
         turns = arguments.turns if shared else 1
         questions = [words(rng, arguments.first_words)]
@@ -683,8 +686,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--prefill-ms-per-token", type=float, default=0.4)
     parser.add_argument("--decode-base-ms", type=float, default=8.0)
-    parser.add_argument("--num-blocks", type=int, default=768)
-    parser.add_argument("--max-num-seqs", type=int, default=8)
+    parser.add_argument("--num-blocks", type=int, default=256)
+    parser.add_argument("--max-num-seqs", type=int, default=6)
     parser.add_argument("--seed", type=int, default=17)
     parser.add_argument("--no-anchors", action="store_true")
     parser.add_argument(
