@@ -1,14 +1,14 @@
 """Autoscaling against a demand trace: the latency SLO and the replica-seconds it costs,
 side by side with fixed replica counts, in one run.
 
-    python benchmarks/autoscale.py [--duration 150] [--seed 7] [--peak-rps 16]
-        [--trough-rps 1] [--bursts 3] [--slo-ttft-ms 500] [--target 3]
-        [--runs peak mean autoscaled] [--workdir DIR]
+    python benchmarks/autoscale.py [--duration 300] [--seed 7] [--peak-rps 16]
+        [--trough-rps 1] [--bursts 3] [--slo-ttft-ms 500] [--target 1.5]
+        [--up-window 2] [--down-window 10] [--runs peak mean autoscaled] [--workdir DIR]
 
 A seeded demand trace, a day compressed into ``--duration`` seconds (a night trough, a
 morning rise, an afternoon peak, an evening fall, and ``--bursts`` short bursts of a
 quarter to half the peak rate on top), is replayed against one cluster, as the soak
-builds it (``tests/support/cluster.py``: a control plane, two agents with four fake GPUs
+builds it (``tests/support/cluster.py``: a control plane, three agents with four fake GPUs
 each, a standalone gateway), once per run, each on a model of its own served by the engine
 simulator with a capacity model (``MAX_NUM_SEQS`` sequences at once, ``DECODE_MS`` a
 token, ``MAX_TOKENS`` tokens an answer):
@@ -16,13 +16,14 @@ token, ``MAX_TOKENS`` tokens an answer):
 * **peak**: a fixed replica count sized for the trace's highest rate;
 * **mean**: a fixed count sized for its mean rate;
 * **autoscaled**: ``autoscale: {min: 1, max: <the peak count>, target: --target,
-  up_window_s: 2, down_window_s: 10, max_step: 4}``, starting from one replica.
+  up_window_s: --up-window, down_window_s: --down-window, max_step: 4}`` (2 s and 10 s),
+  starting from one replica.
 
 A count is sized so that a replica carries ``--target`` requests at once, the figure the
 autoscaler's policy gets: ``ceil(rate x service time / target)``, the service time being
 one answer's alone on a replica (``MAX_TOKENS`` decode steps and half a step's wait for
-the batch's next one). With the defaults a replica runs 4 sequences at once and should
-carry 3: the share of its capacity a ``capacity: 0.75`` policy would give it. The
+the batch's next one). With the defaults a replica runs 2 sequences at once and should
+carry 1.5: the share of its capacity a ``capacity: 0.75`` policy would give it. The
 **ideal** figure is what a count that followed the trace's rate exactly, with no window
 and no start time, would use: the floor for any autoscaler at this granularity.
 
@@ -82,9 +83,9 @@ from tests.support.databases import TEST_RUNTIME_ROLE
 from tests.support.traffic import serves
 from tests.support.waiting import wait_until
 
-NODES = ("trace-a", "trace-b")
+NODES = ("trace-a", "trace-b", "trace-c")
 GPUS_PER_NODE = 4
-MAX_NUM_SEQS = 4
+MAX_NUM_SEQS = 2
 DECODE_MS = 100.0
 MAX_TOKENS = 8
 SERVICE_S = (MAX_TOKENS + 0.5) * DECODE_MS / 1000
@@ -104,6 +105,8 @@ ENDED = frozenset(
 )
 AUTOSCALER = "autoscaler"
 OUTSIDE_SLO_LISTED = 20
+BURST_S = (4.0, 10.0)
+"""How long a burst lasts, drawn between these."""
 
 
 # -- the trace ---------------------------------------------------------------------------
@@ -129,12 +132,13 @@ class Trace:
     def seeded(
         cls, rng: random.Random, duration_s: float, trough: float, peak: float, bursts: int
     ) -> Trace:
-        """Bursts of 2 to 5 % of the day, a quarter to half the peak rate on top, between
-        the morning and the late evening."""
+        """Bursts of ``BURST_S`` seconds whatever the day's length (a burst is a burst, not a
+        share of the day), a quarter to half the peak rate on top, between the morning and
+        the late evening."""
         drawn = sorted(
             Burst(
                 start_s=round(rng.uniform(0.25, 0.85) * duration_s, 1),
-                length_s=round(rng.uniform(0.02, 0.05) * duration_s, 1),
+                length_s=round(rng.uniform(*BURST_S), 1),
                 extra_rps=round(rng.uniform(0.25, 0.5) * peak, 1),
             )
             for _ in range(bursts)
@@ -445,14 +449,17 @@ class Results(msgspec.Struct, frozen=True, kw_only=True):
     elapsed_s: float
 
 
-def plans(trace: Trace, target: float, wanted: Sequence[str]) -> list[Plan]:
+def plans(
+    trace: Trace, target: float, wanted: Sequence[str], windows: tuple[float, float]
+) -> list[Plan]:
     peak = replicas_for(trace.highest(), target)
+    up_window_s, down_window_s = windows
     policy = AutoscalePolicy(
         min_replicas=1,
         max_replicas=peak,
         target=target,
-        up_window_s=2.0,
-        down_window_s=10.0,
+        up_window_s=up_window_s,
+        down_window_s=down_window_s,
         max_step=4,
         cold_start_timeout_s=60.0,
     )
@@ -474,7 +481,9 @@ async def benchmark(arguments: argparse.Namespace, workdir: Path) -> Results:
         arguments.bursts,
     )
     due = trace.arrivals(random.Random(arguments.seed + 1))
-    chosen = plans(trace, arguments.target, arguments.runs)
+    chosen = plans(
+        trace, arguments.target, arguments.runs, (arguments.up_window, arguments.down_window)
+    )
     fleet = len(NODES) * GPUS_PER_NODE
     if max(p.replicas for p in chosen) > fleet:
         raise SystemExit(f"the peak needs more replicas than the {fleet} fake GPUs here")
@@ -615,14 +624,20 @@ def print_report(results: Results) -> None:
 
 def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--duration", type=float, default=150.0, help="seconds a day lasts")
+    parser.add_argument("--duration", type=float, default=300.0, help="seconds a day lasts")
     parser.add_argument("--seed", type=int, default=7, help="of the bursts and arrivals")
     parser.add_argument("--peak-rps", type=float, default=16.0, help="the afternoon's rate")
     parser.add_argument("--trough-rps", type=float, default=1.0, help="the night's rate")
     parser.add_argument("--bursts", type=int, default=3)
     parser.add_argument("--slo-ttft-ms", type=float, default=500.0)
     parser.add_argument(
-        "--target", type=float, default=3.0, help="requests a replica carries at once"
+        "--target", type=float, default=1.5, help="requests a replica carries at once"
+    )
+    parser.add_argument(
+        "--up-window", type=float, default=2.0, help="the autoscaled run's up_window_s"
+    )
+    parser.add_argument(
+        "--down-window", type=float, default=10.0, help="the autoscaled run's down_window_s"
     )
     parser.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
     parser.add_argument("--workdir", type=Path, help="keep the processes' logs here")

@@ -281,6 +281,7 @@ def print_model(model: ModelView, wide: bool = False) -> None:
         ("selector", ",".join(f"{k}={v}" for k, v in sorted(spec.node_selector.items()))),
         ("startup", f"times out after {spec.startup_timeout_s:g}s"),
         ("routing", routing_text(spec.routing)),
+        ("apis", ", ".join(spec.apis)),
     ]
     if model.failures:
         facts.append(("failures", str(model.failures)))

@@ -45,7 +45,9 @@ def list_replicas(
     output: Output = "table",
     connection: ConnectionFlags | None = None,
 ) -> int:
-    """Replicas with their phase, nodes, and the drain moving them if one is.
+    """Replicas with their phase, nodes, whether they are routed to (and how many live
+    gateways eject them for failing requests: yes (ejected by 2 of 3 gateways)), and the
+    drain moving them if one is.
 
     ```
     llmgw-cli replicas --model llama-3-8b
@@ -71,7 +73,7 @@ REPLICA_COLUMNS = (
     Column("revision"),
     Column("nodes", key=True),
     Column("serving since (UTC)", drop=1),
-    Column("routable", drop=2),
+    Column("routable", wrap=True, drop=2),
     Column("moves", wrap=True),
 )
 
@@ -84,9 +86,30 @@ def replica_row(replica: ReplicaSummary) -> tuple[str, ...]:
         revision_text(replica),
         ",".join(replica.nodes),
         utc_seconds(replica.serving_since) if replica.serving_since else "",
-        "yes" if replica.routable else "no",
+        routable_text(replica),
         moves(replica),
     )
+
+
+def routable_text(replica: ReplicaSummary) -> str:
+    """Whether the control plane routes to it, and how many live gateways eject it if any
+    does: ``yes (ejected by 2 of 3 gateways)``."""
+    routable = "yes" if replica.routable else "no"
+    ejection = replica.ejection
+    if ejection is None or ejection.ejected_by == 0:
+        return routable
+    return f"{routable} (ejected {ejected_text(replica)})"
+
+
+def ejected_text(replica: ReplicaSummary) -> str | None:
+    """``by 2 of 3 gateways``: how many live gateways keep it out of their rotation for
+    failing; None when no live gateway reports ejections."""
+    ejection = replica.ejection
+    if ejection is None:
+        return None
+    plural = "" if ejection.gateways == 1 else "s"
+    by = "none" if ejection.ejected_by == 0 else str(ejection.ejected_by)
+    return f"by {by} of {ejection.gateways} gateway{plural}"
 
 
 def revision_text(replica: ReplicaSummary) -> str:
@@ -137,6 +160,8 @@ def print_replica(replica: ReplicaView, wide: bool = False) -> None:
         ("revision", _revision_fact(replica)),
         ("routable", "yes" if replica.routable else "no"),
     ]
+    if (ejected := ejected_text(replica)) is not None:
+        facts.append(("ejected", ejected))
     if replica.serving_since is not None:
         facts.append(("serving", f"since {utc_seconds(replica.serving_since)} UTC"))
     if replica.ended_at is not None:

@@ -121,6 +121,8 @@ class ModelSpecView(View, frozen=True, kw_only=True):
     routing: RoutingView = RoutingView()
     autoscale: AutoscaleView | None = None
     """None: the replica count is what operators set."""
+    apis: list[str] = []
+    """The APIs the gateway serves the model on."""
 
 
 class ScaleInputsView(View, frozen=True, kw_only=True):
@@ -173,6 +175,11 @@ class ModelChange(View, frozen=True, kw_only=True):
 # -- replicas ----------------------------------------------------------------------------
 
 
+class ReplicaEjectionView(View, frozen=True, kw_only=True):
+    ejected_by: int = 0
+    gateways: int = 0
+
+
 class ReplicaSummary(View, frozen=True, kw_only=True):
     id: str
     model: str = ""
@@ -185,6 +192,7 @@ class ReplicaSummary(View, frozen=True, kw_only=True):
     replacement_id: str | None = None
     revision: int = 1
     current_revision: int | None = None
+    ejection: ReplicaEjectionView | None = None
 
 
 class ShardView(View, frozen=True, kw_only=True):

@@ -87,8 +87,24 @@ def llamacpp_spec(server: Path, model: Path, *, replicas: int, cpus: int) -> dic
     return _spec(replicas) | {"engine": "llamacpp", "command": command}
 
 
+SIMULATOR_APIS = (
+    "chat",
+    "completions",
+    "embeddings",
+    "responses",
+    "rerank",
+    "score",
+    "transcriptions",
+    "tokenize",
+)
+"""The simulator answers every API a spec can name (docs/simulator.md)."""
+
+
 def simulator_spec(*, replicas: int) -> dict[str, object]:
-    return _spec(replicas) | {"command": simulator_command(*SIMULATOR_FLAGS)}
+    return _spec(replicas) | {
+        "command": simulator_command(*SIMULATOR_FLAGS),
+        "apis": list(SIMULATOR_APIS),
+    }
 
 
 def demo_spec(engine: DevEngine, *, replicas: int) -> dict[str, object]:

@@ -12,13 +12,15 @@ from agent.simulator.wire import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
+    InputMessage,
+    ResponsesRequest,
     StreamOptions,
 )
 
 DEFAULT_MAX_TOKENS = 16
 
-Kind = Literal["chat", "completion"]
-_Request = TypeVar("_Request", ChatCompletionRequest, CompletionRequest)
+Kind = Literal["chat", "completion", "responses"]
+_Request = TypeVar("_Request", ChatCompletionRequest, CompletionRequest, ResponsesRequest)
 
 
 class Generation(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,6 +43,7 @@ class Generation(msgspec.Struct, frozen=True, kw_only=True):
 
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
+_responses_decoder = msgspec.json.Decoder(ResponsesRequest)
 
 
 def parse_chat(body: bytes, served_model: str) -> Generation:
@@ -86,6 +89,30 @@ def parse_completion(body: bytes, served_model: str) -> Generation:
     )
 
 
+def parse_responses(body: bytes, served_model: str) -> Generation:
+    """A Responses API request: its instructions and input messages are the prompt."""
+    request = _decode(_responses_decoder, body)
+    _check_model(request.model, served_model)
+    if isinstance(request.input, str):
+        text = request.input
+    else:
+        text = " ".join(_input_text(item) for item in request.input)
+    if request.instructions:
+        text = f"{request.instructions} {text}"
+    return _generation(
+        "responses", tokenize(text), request.max_output_tokens, 1, request.stream, None, False
+    )
+
+
+def _input_text(item: InputMessage) -> str:
+    content = item.content
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return " ".join(part.text for part in content if part.text)
+
+
 def _decode(decoder: msgspec.json.Decoder[_Request], body: bytes) -> _Request:
     try:
         return decoder.decode(body)
@@ -123,7 +150,8 @@ def _generation(
     if max_tokens is None:
         max_tokens = DEFAULT_MAX_TOKENS
     if max_tokens < 1:
-        raise invalid_request("`max_tokens` must be at least 1.", param="max_tokens")
+        param = "max_output_tokens" if kind == "responses" else "max_tokens"
+        raise invalid_request(f"`{param}` must be at least 1.", param=param)
     return Generation(
         kind=kind,
         prompt=prompt,

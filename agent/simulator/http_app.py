@@ -18,14 +18,25 @@ from typing import Any
 
 import msgspec
 
+from agent.simulator import pooling
 from agent.simulator.capacity import RequestTooLarge
 from agent.simulator.config import ServerConfig
 from agent.simulator.engine import RequestHandle, SimEngine
 from agent.simulator.errors import ApiError, error_body, invalid_request, not_ready
-from agent.simulator.generation import Generation, parse_chat, parse_completion
+from agent.simulator.generation import Generation, parse_chat, parse_completion, parse_responses
 from agent.simulator.metrics import EngineMetrics, render
+from agent.simulator.pooling import Vocabulary
 from agent.simulator.responses import Renderer, renderer_for
-from agent.simulator.wire import ModelCard, ModelList
+from agent.simulator.transcriptions import TranscriptionReader, UploadStats
+from agent.simulator.wire import (
+    DetokenizeRequest,
+    EmbeddingsRequest,
+    ModelCard,
+    ModelList,
+    RerankRequest,
+    ScoreRequest,
+    TokenizeRequest,
+)
 
 # ASGI messages are dictionaries whose value types depend on their "type" key.
 Scope = MutableMapping[str, Any]
@@ -35,6 +46,7 @@ Send = Callable[[Message], Awaitable[None]]
 Handler = Callable[[Receive, Send], Awaitable[None]]
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
+TRANSCRIPTIONS = "/v1/audio/transcriptions"
 
 _JSON = (b"content-type", b"application/json")
 _TEXT = (b"content-type", b"text/plain; version=0.0.4; charset=utf-8")
@@ -67,7 +79,18 @@ class SimulatorApp:
             "/v1/chat/completions": ("POST", self._chat),
             "/v1/completions": ("POST", self._completion),
             "/reset_prefix_cache": ("POST", self._reset_prefix_cache),
+            "/v1/responses": ("POST", self._responses),
+            "/v1/embeddings": ("POST", self._embeddings),
+            "/v1/rerank": ("POST", self._rerank),
+            "/rerank": ("POST", self._rerank),
+            "/v1/score": ("POST", self._score),
+            "/score": ("POST", self._score),
+            "/tokenize": ("POST", self._tokenize),
+            "/detokenize": ("POST", self._detokenize),
+            "/sim/uploads": ("GET", self._upload_stats),
         }
+        self._vocabulary = Vocabulary()
+        self.uploads = UploadStats()
 
     @property
     def engine(self) -> SimEngine:
@@ -115,6 +138,9 @@ class SimulatorApp:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = self._routes.get(scope["path"])
         try:
+            if scope["path"] == TRANSCRIPTIONS and scope["method"] == "POST":
+                await self._transcribe(scope, receive, send)
+                return
             if route is None:
                 raise ApiError(404, f"No route for {scope['path']}.", code="not_found")
             method, handler = route
@@ -156,6 +182,62 @@ class SimulatorApp:
         self._require_ready()
         generation = parse_completion(await _read_body(receive), self._config.model)
         await self._generate(generation, receive, send)
+
+    async def _responses(self, receive: Receive, send: Send) -> None:
+        self._require_ready()
+        generation = parse_responses(await _read_body(receive), self._config.model)
+        await self._generate(generation, receive, send)
+
+    async def _embeddings(self, receive: Receive, send: Send) -> None:
+        self._require_ready()
+        request = pooling.decode(await _read_body(receive), EmbeddingsRequest, self._config.model)
+        await _respond(send, 200, pooling.embeddings_body(request, self._config.model), _JSON)
+
+    async def _rerank(self, receive: Receive, send: Send) -> None:
+        self._require_ready()
+        request = pooling.decode(await _read_body(receive), RerankRequest, self._config.model)
+        await _respond(send, 200, pooling.rerank_body(request, self._config.model), _JSON)
+
+    async def _score(self, receive: Receive, send: Send) -> None:
+        self._require_ready()
+        request = pooling.decode(await _read_body(receive), ScoreRequest, self._config.model)
+        await _respond(send, 200, pooling.score_body(request, self._config.model), _JSON)
+
+    async def _tokenize(self, receive: Receive, send: Send) -> None:
+        self._require_ready()
+        request = pooling.decode(await _read_body(receive), TokenizeRequest, self._config.model)
+        await _respond(send, 200, self._vocabulary.tokenize_body(request), _JSON)
+
+    async def _detokenize(self, receive: Receive, send: Send) -> None:
+        self._require_ready()
+        request = pooling.decode(await _read_body(receive), DetokenizeRequest, self._config.model)
+        await _respond(send, 200, self._vocabulary.detokenize_body(request), _JSON)
+
+    async def _upload_stats(self, receive: Receive, send: Send) -> None:
+        await _respond(send, 200, msgspec.json.encode(self.uploads), _JSON)
+
+    async def _transcribe(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Read the upload as it arrives, never whole (``agent.simulator.transcriptions``)."""
+        self._require_ready()
+        content_type = ""
+        for name, value in scope["headers"]:
+            if name == b"content-type":
+                content_type = value.decode("latin-1")
+        reader = TranscriptionReader(content_type, self.uploads)
+        self.uploads.in_progress += 1
+        try:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise _ClientGone
+                reader.feed(message.get("body", b""))
+                if not message.get("more_body", False):
+                    break
+        finally:
+            self.uploads.in_progress -= 1
+        content_type_header, body = reader.result(self._config.model).body()
+        await _respond(send, 200, body, (b"content-type", content_type_header))
+        self._count_served()
 
     def _require_ready(self) -> None:
         if not self.ready:

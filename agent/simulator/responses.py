@@ -46,6 +46,11 @@ class Renderer(Protocol):
 def renderer_for(generation: Generation, model: str) -> Renderer:
     if generation.kind == "chat":
         return ChatRenderer(generation, model)
+    if generation.kind == "responses":
+        # Imported here: that module builds on this one's neighbours, not on this one.
+        from agent.simulator.responses_api import ResponsesRenderer
+
+        return ResponsesRenderer(generation, model)
     return CompletionRenderer(generation, model)
 
 

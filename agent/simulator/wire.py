@@ -117,3 +117,60 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True):
 class ModelList(msgspec.Struct, frozen=True, kw_only=True):
     object: str = "list"
     data: list[ModelCard]
+
+
+# -- the Responses API ---------------------------------------------------------------------
+
+
+class InputPart(msgspec.Struct, frozen=True):
+    type: str
+    text: str | None = None
+
+
+class InputMessage(msgspec.Struct, frozen=True):
+    role: str = "user"
+    content: str | list[InputPart] | None = None
+    type: str = "message"
+
+
+class ResponsesRequest(msgspec.Struct, frozen=True, kw_only=True):
+    model: str
+    input: str | list[InputMessage]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    stream: bool = False
+
+
+# -- embeddings, rerank, score, tokenize ---------------------------------------------------
+
+
+class EmbeddingsRequest(msgspec.Struct, frozen=True, kw_only=True):
+    model: str
+    input: str | list[str | int | list[int]]
+    """A text, texts, token ids, or lists of token ids."""
+    dimensions: int | None = None
+    encoding_format: str = "float"
+
+
+class RerankRequest(msgspec.Struct, frozen=True, kw_only=True):
+    model: str
+    query: str
+    documents: list[str]
+    top_n: int | None = None
+
+
+class ScoreRequest(msgspec.Struct, frozen=True, kw_only=True):
+    model: str
+    text_1: str | list[str]
+    text_2: str | list[str]
+
+
+class TokenizeRequest(msgspec.Struct, frozen=True, kw_only=True):
+    model: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+
+
+class DetokenizeRequest(msgspec.Struct, frozen=True, kw_only=True):
+    model: str
+    tokens: list[int]

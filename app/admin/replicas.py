@@ -1,6 +1,6 @@
-"""``/admin/v1/replicas``: replicas with their shards, failures and engine log tails, and
-one replica's traffic as the gateways measured it (a replica's drain is in
-``app.admin.drains``)."""
+"""``/admin/v1/replicas``: replicas with their shards, failures and engine log tails, how
+many live gateways eject each, and one replica's traffic as the gateways measured it (a
+replica's drain is in ``app.admin.drains``)."""
 
 from __future__ import annotations
 
@@ -13,29 +13,46 @@ from litestar.params import FromPath, FromQuery, QueryParameter
 
 from app.admin.auth import require_actor
 from app.admin.bodies import check_body
-from app.admin.schemas import ReplicaSummary, ReplicaView, as_view
+from app.admin.schemas import ReplicaEjectionView, ReplicaSummary, ReplicaView, as_view
 from app.admin.traffic import TrafficSource, with_traffic
 from app.domain.state import Replica, ReplicaPhase
 from app.services.operations import Operations
+from app.store.gateway_reports import Ejections
 
 
-def replica_summary(replica: Replica, revisions: Mapping[str, int]) -> ReplicaSummary:
+def replica_summary(
+    replica: Replica, revisions: Mapping[str, int], ejections: Ejections | None = None
+) -> ReplicaSummary:
     """``revisions``: the current revision of models by name, to say whether the replica
-    runs an older one."""
+    runs an older one; ``ejections``: what the live gateways say of ejections, if asked."""
     return as_view(
         replica,
         ReplicaSummary,
         nodes=list(replica.node_ids),
         current_revision=revisions.get(replica.model),
+        ejection=ejection_view(replica.id, ejections),
     )
 
 
-def replica_view(replica: Replica, revisions: Mapping[str, int]) -> ReplicaView:
+def replica_view(
+    replica: Replica, revisions: Mapping[str, int], ejections: Ejections | None = None
+) -> ReplicaView:
     return as_view(
         replica,
         ReplicaView,
         nodes=list(replica.node_ids),
         current_revision=revisions.get(replica.model),
+        ejection=ejection_view(replica.id, ejections),
+    )
+
+
+def ejection_view(replica_id: str, ejections: Ejections | None) -> ReplicaEjectionView | None:
+    """None when no live gateway reports ejections."""
+    if ejections is None or ejections.gateways == 0:
+        return None
+    return ReplicaEjectionView(
+        ejected_by=min(ejections.ejected_by.get(replica_id, 0), ejections.gateways),
+        gateways=ejections.gateways,
     )
 
 
@@ -44,17 +61,23 @@ class ReplicaController(Controller):
     guards = [require_actor, check_body]
     tags = ["replicas"]
 
-    @get("/", summary="Replicas, by model, node and phase when given")
+    @get(
+        "/",
+        summary="Replicas, by model, node and phase when given, and how many live gateways "
+        "eject each",
+    )
     async def list_replicas(
         self,
         operations: NamedDependency[Operations],
+        traffic: NamedDependency[TrafficSource],
         model: FromQuery[str | None] = None,
         node: Annotated[str | None, QueryParameter(description="with a shard on this node")] = None,
         phase: FromQuery[ReplicaPhase | None] = None,
     ) -> list[ReplicaSummary]:
         replicas = await operations.replicas(model, node, phase)
         revisions = await operations.revisions(replicas)
-        return [replica_summary(r, revisions) for r in replicas]
+        ejections = await traffic.ejections()
+        return [replica_summary(r, revisions, ejections) for r in replicas]
 
     @get(
         "/{replica_id:str}",
@@ -67,5 +90,6 @@ class ReplicaController(Controller):
         replica_id: FromPath[str],
     ) -> ReplicaView:
         replica = await operations.replica(replica_id)
-        view = replica_view(replica, await operations.revisions([replica]))
+        revisions = await operations.revisions([replica])
+        view = replica_view(replica, revisions, await traffic.ejections())
         return with_traffic(view, await traffic.replica_traffic(replica_id))

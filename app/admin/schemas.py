@@ -117,6 +117,8 @@ class ModelSpecBody(
     rollout: RolloutPolicyBody | None = None
     autoscale: AutoscalePolicyBody | None = None
     """Null (or left out): the replica count is ``replicas``, as operators set it."""
+    apis: list[str] | None = None
+    """The APIs the gateway serves the model on; null (or left out): chat and completions."""
 
 
 class RoutingView(msgspec.Struct, frozen=True, kw_only=True):
@@ -186,6 +188,8 @@ class ModelSpecView(msgspec.Struct, frozen=True, kw_only=True):
     rollout: RolloutPolicyView
     autoscale: AutoscalePolicyView | None = None
     """Null: the replica count is what operators set."""
+    apis: list[str] = msgspec.field(default_factory=lambda: ["chat", "completions"])
+    """The APIs the gateway serves the model on."""
 
 
 class ModelRolloutView(msgspec.Struct, frozen=True, kw_only=True):
@@ -370,6 +374,16 @@ class DrainRequest(msgspec.Struct, frozen=True, kw_only=True):
 # -- replicas and drains -----------------------------------------------------------------
 
 
+class ReplicaEjectionView(msgspec.Struct, frozen=True, kw_only=True):
+    """How many live gateways keep a replica out of their rotation for failing requests
+    in a row (docs/gateway.md#passive-health-ejection)."""
+
+    ejected_by: int
+    """Live gateways that eject it now (cooling off, or waiting for a probe to succeed)."""
+    gateways: int
+    """Live gateways that report ejections (those with a report of the last 5 s)."""
+
+
 class ReplicaSummary(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     model: str
@@ -387,6 +401,9 @@ class ReplicaSummary(msgspec.Struct, frozen=True, kw_only=True):
     current_revision: int | None
     """Its model's revision now: greater than ``revision`` when the replica runs an older
     spec; null when its model is not known."""
+    ejection: ReplicaEjectionView | None = None
+    """How many live gateways eject it; null when no live gateway reports ejections (or
+    the view does not say, as in a drain's)."""
 
 
 class ShardView(msgspec.Struct, frozen=True, kw_only=True):

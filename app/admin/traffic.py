@@ -11,6 +11,7 @@ import msgspec
 from app.admin.schemas import ReplicaTrafficView, ReplicaView
 from app.domain.state import ACTIVE_PHASES, Replica
 from app.domain.traffic import TrafficFigures
+from app.store.gateway_reports import Ejections
 
 
 @runtime_checkable  # Litestar checks a dependency's value against its annotation
@@ -22,6 +23,8 @@ class TrafficSource(Protocol):
     async def traffic_of_groups(
         self, groups: Mapping[str, Collection[str]]
     ) -> dict[str, TrafficFigures]: ...
+
+    async def ejections(self) -> Ejections: ...
 
 
 def traffic_view(figures: TrafficFigures) -> ReplicaTrafficView:

@@ -24,6 +24,13 @@ from app.commands.common import (
     fail,
 )
 from app.domain.egress import InvalidEngineNetworks
+from app.gateway.ejection import (
+    DEFAULT_BASE_COOL_OFF_S,
+    DEFAULT_CONSECUTIVE_FAILURES,
+    DEFAULT_MAX_COOL_OFF_S,
+    DEFAULT_MAX_EJECTED_PERCENT,
+    EjectionPolicy,
+)
 from app.gateway.postgres import (
     DEFAULT_CLIENT_HOST,
     DEFAULT_CLIENT_PORT,
@@ -39,6 +46,7 @@ from app.gateway.server import (
     GatewayFailed,
 )
 from app.gateway.source import DEFAULT_REFRESH_INTERVAL_S
+from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
 from app.listeners.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, ListenerLimits
 from app.listeners.throttle import DEFAULT_BURST, DEFAULT_PER_MINUTE, FailureLimits
 from app.logs import configure_logging
@@ -93,6 +101,37 @@ def gateway_command(
         ),
     ] = DEFAULT_REFRESH_INTERVAL_S,
     engine_networks: EngineNetworksFlag = "",
+    eject_after_failures: Annotated[
+        int,
+        Parameter(
+            env_var="LLMGW_EJECT_AFTER_FAILURES",
+            help="requests in a row a replica fails (no answer, or a 5xx before the first "
+            "byte) before this gateway takes it out of rotation for a cool-off; 0: never",
+        ),
+    ] = DEFAULT_CONSECUTIVE_FAILURES,
+    ejection_cool_off: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_EJECTION_COOL_OFF",
+            help="seconds an ejected replica stays out the first time; doubled with each "
+            "ejection in a row. Then one request probes it: a success returns it",
+        ),
+    ] = DEFAULT_BASE_COOL_OFF_S,
+    max_ejection_cool_off: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_MAX_EJECTION_COOL_OFF",
+            help="the longest cool-off, however many ejections in a row",
+        ),
+    ] = DEFAULT_MAX_COOL_OFF_S,
+    max_ejected_percent: Annotated[
+        int,
+        Parameter(
+            env_var="LLMGW_MAX_EJECTED_PERCENT",
+            help="at most this share of a model's replicas is ejected at once (at least "
+            "one of two or more; never the last one in rotation)",
+        ),
+    ] = DEFAULT_MAX_EJECTED_PERCENT,
     allow_privileged_role: AllowPrivilegedRole = False,
     metrics_host: Annotated[
         str,
@@ -116,6 +155,14 @@ def gateway_command(
             help="client connections held at once; one more is answered 503 and closed",
         ),
     ] = DEFAULT_MAX_CONNECTIONS,
+    max_upload_mib: Annotated[
+        int,
+        Parameter(
+            env_var="LLMGW_GATEWAY_MAX_UPLOAD_MIB",
+            help="an upload's body at most (/v1/audio/transcriptions), in MiB; a larger one "
+            "is 413. A large upload must also arrive within --body-timeout",
+        ),
+    ] = DEFAULT_MAX_UPLOAD_BYTES >> 20,
     log_level: Annotated[str, Parameter(env_var="LLMGW_LOG_LEVEL")] = "info",
 ) -> None:
     """Run the OpenAI-compatible gateway alone, stateless, against the database, until
@@ -149,11 +196,18 @@ def gateway_command(
         auth_failures=FailureLimits(burst=auth_failure_burst, per_minute=auth_failures_per_minute),
         metrics_host=metrics_host,
         metrics_port=metrics_port,
+        ejection=EjectionPolicy(
+            consecutive_failures=eject_after_failures,
+            base_cool_off_s=ejection_cool_off,
+            max_cool_off_s=max_ejection_cool_off,
+            max_ejected_percent=max_ejected_percent,
+        ),
         limits=ListenerLimits(
             header_timeout_s=header_timeout,
             body_timeout_s=body_timeout,
             max_connections=max_connections,
         ),
+        max_upload_bytes=max_upload_mib << 20,
     )
     if options.problems():
         fail("; ".join(options.problems()))

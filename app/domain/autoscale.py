@@ -12,8 +12,10 @@ it scales up at once when demand says so but down only once it has watched a who
 
 - **up** as soon as the demand averaged over ``up_window_s`` needs more replicas than the
   model has (a burst shorter than that window moves the average only by its share);
-- **down** only when the *highest* demand over ``down_window_s`` needs fewer: a signal that
-  swings across a threshold keeps the count where its peaks need it, so it does not flap;
+- **down** only when the *highest* of those ``up_window_s`` averages over the last
+  ``down_window_s`` needs fewer: a signal that swings across a threshold keeps the count
+  where its peaks need it, so it does not flap, and one sample's spike (a handful of
+  requests arriving together) does not hold replicas that the average never needed;
 - by at most ``max_step`` replicas a decision, never outside ``[min, max]``;
 - **to zero** (``min`` 0) only after ``idle_to_zero_s`` without any demand, and back to one
   as soon as a request is held for it.
@@ -118,7 +120,7 @@ def decide(model: Model, samples: Sequence[DemandSample], now: datetime) -> Scal
     up = _within(samples, now, policy.up_window_s)
     down = _within(samples, now, policy.down_window_s)
     mean_up = sum(s.demand for s in up) / len(up)
-    max_down = max(s.demand for s in down)
+    max_down = _highest_average(samples, len(samples) - len(down), policy.up_window_s)
     inputs = ScaleInputs(
         demand=latest,
         per_replica=per_replica,
@@ -142,7 +144,7 @@ def decide(model: Model, samples: Sequence[DemandSample], now: datetime) -> Scal
     elif wanted_down < current and _watched(samples, now, policy.down_window_s):
         desired = max(wanted_down, current - policy.max_step)
         reason = (
-            f"demand at most {max_down:.1f} over {policy.down_window_s:g}s needs "
+            f"demand averaged at most {max_down:.1f} over {policy.down_window_s:g}s needs "
             f"{wanted_down} replica(s) at {per_replica:g} each"
         )
         if desired == 0 and not _idle(samples, now, policy.idle_to_zero_s):
@@ -164,6 +166,21 @@ def _within(samples: Sequence[DemandSample], now: datetime, window_s: float) -> 
     since = now - timedelta(seconds=window_s)
     inside = [s for s in samples if s.at >= since]
     return inside or [samples[-1]]
+
+
+def _highest_average(samples: Sequence[DemandSample], first: int, window_s: float) -> float:
+    """The highest mean over ``window_s`` ending at any of ``samples[first:]``: one pass,
+    the window's sum kept as it slides."""
+    window = timedelta(seconds=window_s)
+    start, total, highest = 0, 0.0, 0.0
+    for end, sample in enumerate(samples):
+        total += sample.demand
+        while samples[start].at < sample.at - window:
+            total -= samples[start].demand
+            start += 1
+        if end >= first:
+            highest = max(highest, total / (end - start + 1))
+    return highest
 
 
 def _watched(samples: Sequence[DemandSample], now: datetime, window_s: float) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import shlex
 import string
+from collections import Counter
 from typing import Literal
 
 import msgspec
@@ -173,6 +174,22 @@ class AutoscalePolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     cold_start_timeout_s: float = 300.0
 
 
+API_NAMES = (
+    "chat",
+    "completions",
+    "embeddings",
+    "responses",
+    "rerank",
+    "score",
+    "transcriptions",
+    "tokenize",
+)
+"""The OpenAI-compatible APIs a model may serve through the gateway (docs/gateway.md names
+the paths of each; ``tokenize`` is ``/v1/tokenize`` and ``/v1/detokenize``)."""
+DEFAULT_APIS = ("chat", "completions")
+"""What a spec that names no APIs serves: what every model served before specs named any."""
+
+
 class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
     """A declared model. `command` is a template; see COMMAND_PLACEHOLDERS for its fields."""
 
@@ -192,6 +209,8 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
     rollout: RolloutPolicy = RolloutPolicy()
     autoscale: AutoscalePolicy | None = None
     """None: the replica count is what an operator sets."""
+    apis: tuple[str, ...] = DEFAULT_APIS
+    """The APIs the gateway serves the model on (``API_NAMES``); any other is 404 for it."""
 
 
 class SpecError(msgspec.Struct, frozen=True):
@@ -262,9 +281,26 @@ def validate_spec(spec: ModelSpec) -> list[SpecError]:
             SpecError(f"autoscale.{e.field}", e.reason)
             for e in autoscale_policy_errors(spec.autoscale)
         )
+    errors.extend(SpecError("apis", reason) for reason in api_errors(spec.apis))
     if not errors:
         errors.extend(_start_command_errors(spec))
     return errors
+
+
+def api_errors(apis: tuple[str, ...]) -> list[str]:
+    """What is wrong with a spec's list of APIs, as reasons for the field ``apis``."""
+    reasons = []
+    if not apis:
+        reasons.append(f"must name at least one API of {', '.join(API_NAMES)}")
+    unknown = [api for api in apis if api not in API_NAMES]
+    if unknown:
+        shown = ", ".join(repr(api[:40]) for api in unknown[:5])
+        reasons.append(f"names unknown API(s) {shown}; known: {', '.join(API_NAMES)}")
+    counts = Counter(apis)
+    repeated = [api for api in API_NAMES if counts[api] > 1]
+    if repeated:
+        reasons.append(f"names {', '.join(repeated)} more than once")
+    return reasons
 
 
 def routing_setting_errors(routing: RoutingSettings) -> list[SpecError]:

@@ -5,9 +5,14 @@ gateway is only worth having if it costs next to nothing (see docs/performance.m
 
 Routes::
 
-    GET  /v1/models             the models the key may use
+    GET  /v1/models             the models the key may use, with the APIs each serves
     POST /v1/chat/completions   forwarded to a replica of the body's ``model``
     POST /v1/completions        likewise (both in ``app.gateway.completions``)
+    POST /v1/embeddings, /v1/responses, /v1/rerank, /v1/score, /v1/tokenize,
+         /v1/detokenize         likewise, for models whose spec names the API
+                                (``app.gateway.endpoints``)
+    POST /v1/audio/transcriptions   a multipart upload, streamed to a replica
+                                (``app.gateway.uploads``)
     GET  /healthz               200 while the process serves
     GET  /readyz                200, or 503 with the reason when the routing table is stale
 
@@ -40,6 +45,7 @@ from app.gateway.asgi import (
     respond,
 )
 from app.gateway.completions import Completions
+from app.gateway.endpoints import JSON_ENDPOINTS, UPLOAD_ENDPOINTS
 from app.gateway.engine_client import EngineClient
 from app.gateway.errors import ApiError, method_not_allowed, not_found
 from app.gateway.metrics import GatewayMetrics
@@ -48,6 +54,7 @@ from app.gateway.ratelimit import RateLimiter
 from app.gateway.router import Router
 from app.gateway.table import GatewaySnapshot
 from app.gateway.traffic import TrafficWindow
+from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES, Uploads
 from app.listeners.throttle import FailureBudget
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -61,6 +68,8 @@ class _ModelCard(msgspec.Struct):
     object: str = "model"
     created: int = 0
     owned_by: str = "llmgw"
+    apis: list[str] = []
+    """The APIs the model is served on (``ModelSpec.apis``), beyond OpenAI's card."""
 
 
 class _ModelList(msgspec.Struct):
@@ -82,6 +91,7 @@ class GatewayApp:
         log_requests: bool = True,
         failures: FailureBudget | None = None,
         traffic: TrafficWindow | None = None,
+        max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
     ) -> None:
         self._router = router
         self._metrics = metrics
@@ -100,9 +110,18 @@ class GatewayApp:
             log_requests=log_requests,
             traffic=self._traffic,
         )
+        self._uploads = Uploads(
+            snapshot=lambda: self.snapshot,
+            metrics=metrics,
+            limiter=limiter,
+            failures=self._failures,
+            log_requests=log_requests,
+            traffic=self._traffic,
+            max_upload_bytes=max_upload_bytes,
+        )
         self._routes: dict[str, tuple[str, Handler]] = {
-            "/v1/chat/completions": ("POST", self._completions),
-            "/v1/completions": ("POST", self._completions),
+            **{path: ("POST", self._completions) for path in JSON_ENDPOINTS},
+            **{path: ("POST", self._uploads) for path in UPLOAD_ENDPOINTS},
             "/v1/models": ("GET", self._models),
             "/healthz": ("GET", self._healthz),
             "/readyz": ("GET", self._readyz),
@@ -139,7 +158,7 @@ class GatewayApp:
                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s)
                 )
                 self._engines = EngineClient(connect_timeout_s=self._connect_timeout_s)
-                self._completions.upstream = Upstream(
+                self._completions.upstream = self._uploads.upstream = Upstream(
                     self._router, self._engines, self._metrics.retried, self._traffic
                 )
                 await self._router.start(self._session)
@@ -162,7 +181,11 @@ class GatewayApp:
         except ApiError as error:
             await refuse(send, error, gateway_headers(started))
             return
-        cards = [_ModelCard(id=model) for model in self.snapshot.models_for(key)]
+        snapshot = self.snapshot
+        cards = [
+            _ModelCard(id=model, apis=sorted(snapshot.apis_of(model)))
+            for model in snapshot.models_for(key)
+        ]
         body = msgspec.json.encode(_ModelList(data=cards))
         await respond(send, 200, body, [JSON, *gateway_headers(started)])
 

@@ -1,4 +1,6 @@
-"""``POST /v1/chat/completions`` and ``POST /v1/completions``: the gateway's hot path.
+"""``POST /v1/chat/completions`` and ``POST /v1/completions``: the gateway's hot path; and
+the other requests whose JSON body names the model (embeddings, responses, rerank, score,
+tokenize, detokenize: ``app.gateway.endpoints``), served the same way.
 
 A request costs one header scan and one SHA-256 for the key, one msgspec decode that reads
 only ``model`` and ``stream`` (the body itself goes to the engine byte for byte), the rate
@@ -30,8 +32,10 @@ import structlog
 from app.domain.traffic import Outcome, outcome_of_status
 from app.gateway.affinity import SESSION_HEADER, RouteKey, route_key
 from app.gateway.asgi import Header, Receive, Scope, Send, authenticate, clock, refuse, request_id
+from app.gateway.endpoints import JSON_ENDPOINTS
 from app.gateway.errors import (
     ApiError,
+    api_not_served,
     body_too_large,
     cold_start_timed_out,
     internal_error,
@@ -184,23 +188,17 @@ class Completions:
             exchange.body = await _read_body(receive)
             fields = _parse(exchange.body)
             model = fields.model
-            if model not in snapshot.declared or not key.allows(model):
-                raise model_not_found(model)
+            path: str = scope["path"]
+            endpoint = JSON_ENDPOINTS[path]
+            self._check_model(snapshot, key, model, endpoint.api, path)
             exchange.model = model
             exchange.stream = bool(fields.stream)
             session, show_route = _routing_headers(scope)
             exchange.route_key = route_key(snapshot.policy_of(model), exchange.body, session)
             if show_route:
                 exchange.route_header = b""
-            decision = self._limiter.admit(
-                key.key_id, rpm=key.rpm, tpm=key.tpm, now=time.monotonic()
-            )
-            if not decision.allowed:
-                self._metrics.rejected(quota_reason(decision))
-                raise quota_exceeded(decision)
-            if decision is not ALLOWED_UNLIMITED:
-                exchange.quota_headers = rate_limit_headers(decision)
-            await self._forward(exchange, key, scope["path"], receive, send)
+            self._admit(exchange, key)
+            await self._forward(exchange, key, endpoint.engine_path, receive, send)
         except ApiError as error:
             exchange.status = error.status
             await refuse(send, error, exchange.answer_headers())
@@ -215,6 +213,24 @@ class Completions:
                 await refuse(send, internal_error(), exchange.answer_headers())
         finally:
             self._finish(exchange)
+
+    def _check_model(
+        self, snapshot: GatewaySnapshot, key: KeyRecord, model: str, api: str, path: str
+    ) -> None:
+        """404 unless ``model`` is declared, the key may use it and it serves ``api``."""
+        if model not in snapshot.declared or not key.allows(model):
+            raise model_not_found(model)
+        if not snapshot.serves(model, api):
+            raise api_not_served(model, api, path)
+
+    def _admit(self, exchange: _Exchange, key: KeyRecord) -> None:
+        """The key's rate limits: 429 when it is over one."""
+        decision = self._limiter.admit(key.key_id, rpm=key.rpm, tpm=key.tpm, now=time.monotonic())
+        if not decision.allowed:
+            self._metrics.rejected(quota_reason(decision))
+            raise quota_exceeded(decision)
+        if decision is not ALLOWED_UNLIMITED:
+            exchange.quota_headers = rate_limit_headers(decision)
 
     async def _forward(
         self, exchange: _Exchange, key: KeyRecord, path: str, receive: Receive, send: Send

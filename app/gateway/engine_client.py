@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import ssl
 import time
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncGenerator, AsyncIterator, Collection
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -159,6 +160,9 @@ class _Connection(asyncio.Protocol):
         self._received = False
         self._paused = False
         self._length_known = False
+        self._writable: asyncio.Future[None] | None = None
+        self.reusable = True
+        """False for an upload's: it may end with its request half sent."""
         self.closed = False
         self.idle_since = 0.0
 
@@ -178,6 +182,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.resume_writing()
         self._origin.forget(self)
         answer = self._answer
         if answer is None:
@@ -189,6 +194,15 @@ class _Connection(asyncio.Protocol):
             return
         reason = str(exc) if exc is not None else "the engine closed the connection"
         self._fail(AnswerBroken(reason))
+
+    def pause_writing(self) -> None:
+        if self._writable is None:
+            self._writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        writable, self._writable = self._writable, None
+        if writable is not None and not writable.done():
+            writable.set_result(None)
 
     # -- httptools callbacks --------------------------------------------------------------
 
@@ -220,7 +234,7 @@ class _Connection(asyncio.Protocol):
         answer._finished()
         if self._paused:
             self.resume()
-        if self._parser.should_keep_alive():
+        if self._parser.should_keep_alive() and self.reusable:
             self._origin.put(self)
         else:
             self._close()
@@ -232,6 +246,20 @@ class _Connection(asyncio.Protocol):
         self._answer = answer
         self._received = False
         self._transport.write(request)
+
+    async def write(self, data: bytes) -> None:
+        """Write more of a request; returns once the transport can take more (the engine
+        reads at its pace: an upload waits for it instead of piling up in memory)."""
+        if self.closed or self._transport is None:
+            return
+        self._transport.write(data)
+        if self._writable is not None:
+            await self._writable
+
+    @property
+    def answer_started(self) -> bool:
+        """The answer's head is in (an engine may answer before it has read the request)."""
+        return self._answer is None or self._answer.status != 0
 
     @property
     def received_anything(self) -> bool:
@@ -305,6 +333,26 @@ class _Origin:
             ) from exc
         return connection, False
 
+    async def new_connection(self) -> _Connection:
+        """A connection of its own, never an idle one: an upload that has started cannot be
+        sent again on another if a reused connection turns out to be closed."""
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                _, connection = await loop.create_connection(
+                    lambda: _Connection(self), self.host, self.port, ssl=self.ssl
+                )
+        except TimeoutError:
+            raise EngineUnreachable(
+                f"timed out connecting to {self.host}:{self.port} "
+                f"after {self._connect_timeout_s:g} s"
+            ) from None
+        except OSError as exc:
+            raise EngineUnreachable(
+                f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}"
+            ) from exc
+        return connection
+
     def put(self, connection: _Connection) -> None:
         if self._retired:
             connection.abandon()
@@ -364,6 +412,71 @@ class EngineClient:
                 answer.close()
                 raise
             return answer
+
+    async def upload(
+        self,
+        base_url: str,
+        path: str,
+        content_type: bytes,
+        content_length: int | None,
+        body: AsyncGenerator[bytes, None],
+        request_id: str,
+    ) -> EngineAnswer:
+        """POST a body that arrives as it is read from ``body`` (an upload), at the engine's
+        pace; returns once the answer's head is in. ``content_length`` None sends the body
+        chunked. An engine that answers before the body is all sent (a refusal) stops the
+        sending; the answer is what it said.
+
+        ``EngineUnreachable`` before anything of ``body`` was read means nothing was sent;
+        whatever ``body`` raises (the client left, the upload is too large) is raised here,
+        and the connection is closed."""
+        origin = self._origin(base_url)
+        connection = await origin.new_connection()
+        connection.reusable = False
+        framing = (
+            b"transfer-encoding: chunked"
+            if content_length is None
+            else b"content-length: %d" % content_length
+        )
+        head = (
+            b"POST %s%s HTTP/1.1\r\nhost: %s\r\ncontent-type: %s\r\n%s\r\nx-request-id: %s\r\n\r\n"
+            % (
+                origin.prefix,
+                path.encode(),
+                origin.host_header,
+                content_type,
+                framing,
+                request_id.encode(),
+            )
+        )
+        answer = EngineAnswer(connection)
+        connection.send(head, answer)
+        try:
+            # Closed when left early (the engine answered first), so the client's reader
+            # stops where it is.
+            async with contextlib.aclosing(body) as pieces:
+                async for chunk in pieces:
+                    if connection.answer_started or connection.closed:
+                        break
+                    if not chunk:
+                        continue
+                    if content_length is None:
+                        chunk = b"%x\r\n%s\r\n" % (len(chunk), chunk)
+                    await connection.write(chunk)
+                else:
+                    if content_length is None:
+                        await connection.write(b"0\r\n\r\n")
+            await answer._head
+        except BaseException:
+            answer.close()
+            raise
+        return answer
+
+    def _origin(self, base_url: str) -> _Origin:
+        origin = self._origins.get(base_url)
+        if origin is None:
+            origin = self._origins[base_url] = _Origin(base_url, self._connect_timeout_s)
+        return origin
 
     @property
     def pooled(self) -> frozenset[str]:

@@ -112,6 +112,19 @@ def model_not_found(model: str) -> ApiError:
     )
 
 
+def api_not_served(model: str, api: str, path: str) -> ApiError:
+    """``model`` exists for the key, but its spec does not name ``api``: 404 with the code
+    of an unknown model, so clients treat both alike, and a message that says which."""
+    return ApiError(
+        404,
+        f"The model `{model}` is not served on {path} (its spec does not name the `{api}` "
+        "API); GET /v1/models says what each model serves.",
+        type="invalid_request_error",
+        code="model_not_found",
+        param="model",
+    )
+
+
 def invalid_request(message: str, *, param: str | None = None) -> ApiError:
     return ApiError(400, message, type="invalid_request_error", param=param)
 

@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from app.gateway.admission import ReplicaView
+from app.gateway.ejection import Ejector
 
 DURATION_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -115,6 +116,31 @@ class _ReplicaCollector(Collector):
         yield from (in_flight, reserved, waiting, running, kv_usage, age, stale, queued, holds)
 
 
+class _EjectionCollector(Collector):
+    def __init__(self, ejector: Ejector) -> None:
+        self._ejector = ejector
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["replica", "model"]
+        ejected = _gauge(
+            "replica_ejected",
+            "1 while this gateway keeps the replica out of rotation for failing (cooling "
+            "off, or waiting for a probe to succeed), else 0.",
+            labels,
+        )
+        ejections = CounterMetricFamily(
+            "llmgw_gateway_replica_ejections",
+            "Times this gateway ejected the replica for failing requests in a row.",
+            labels=labels,
+        )
+        out = {e.replica_id for e in self._ejector.ejected()}
+        for replica_id, model in sorted(self._ejector.routed().items()):
+            ejected.add_metric([replica_id, model], 1 if replica_id in out else 0)
+        for (replica_id, model), count in sorted(self._ejector.ejections_total().items()):
+            ejections.add_metric([replica_id, model], count)
+        yield from (ejected, ejections)
+
+
 def _gauge(name: str, documentation: str, labels: list[str]) -> GaugeMetricFamily:
     return GaugeMetricFamily(f"llmgw_gateway_{name}", documentation, labels=labels)
 
@@ -205,6 +231,10 @@ class GatewayMetrics:
         """Publish the router's routing decisions by model, policy and reason, read at each
         scrape."""
         self.registry.register(_RouteCollector(read))
+
+    def watch_ejections(self, ejector: Ejector) -> None:
+        """Publish which replicas the router's ejector keeps out, and its ejections."""
+        self.registry.register(_EjectionCollector(ejector))
 
     def answered(
         self,

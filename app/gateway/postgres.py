@@ -3,9 +3,9 @@ runs on its client listener.
 
 It is stateless: everything it routes by comes from the database (``PostgresSnapshotSource``)
 and the only thing it writes there is its report (requests in flight, requests queued per
-model, and what it saw of each replica's requests), so any number of them can run behind a
-load balancer. Stopping it lets open requests finish, reporting them until the last one
-ends, then removes its report.
+model, what it saw of each replica's requests, and the replicas it keeps out of rotation),
+so any number of them can run behind a load balancer. Stopping it lets open requests
+finish, reporting them until the last one ends, then removes its report.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 import structlog
 
 from app.domain.egress import EngineNetworks
+from app.gateway.ejection import EjectionPolicy
 from app.gateway.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_METRICS_HOST, Gateway
 from app.gateway.source import DEFAULT_REFRESH_INTERVAL_S, PostgresSnapshotSource
+from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES, MAX_UPLOAD_BYTES
 from app.listeners.limits import ListenerLimits
 from app.listeners.throttle import FailureLimits
 
@@ -51,10 +53,15 @@ class GatewayOptions:
     metrics_port: int | None = None
     """Serve ``/metrics`` on a listener of its own there; None: on none (``serve`` has the
     admin API serve it)."""
+    ejection: EjectionPolicy = field(default_factory=EjectionPolicy)
+    """When a replica that keeps failing is taken out of this gateway's rotation."""
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    """An upload's body at most (``app.gateway.uploads``)."""
 
     def problems(self, connections_flag: str = "--max-connections") -> list[str]:
         """What is wrong with these options, as messages naming the command's flags."""
         found = self.limits.problems(connections_flag) + self.auth_failures.problems()
+        found += self.ejection.problems()
         for flag, port in (("--port", self.port), ("--metrics-port", self.metrics_port)):
             if port is not None and not 0 <= port <= 65535:
                 found.append(f"{flag} must be between 0 and 65535, not {port}")
@@ -66,6 +73,11 @@ class GatewayOptions:
         ):
             if value <= 0:
                 found.append(f"{flag} must be positive, not {value}")
+        if not 1 <= self.max_upload_bytes <= MAX_UPLOAD_BYTES:
+            found.append(
+                f"--max-upload-mib must be between 1 and {MAX_UPLOAD_BYTES >> 20}, "
+                f"not {self.max_upload_bytes / (1 << 20):g}"
+            )
         return found
 
 
@@ -87,10 +99,13 @@ class PostgresGateway:
             metrics_host=options.metrics_host,
             metrics_port=options.metrics_port,
             auth_failures=options.auth_failures,
+            ejection=options.ejection,
+            max_upload_bytes=options.max_upload_bytes,
         )
         self.source.report_in_flight(self.gateway.in_flight)
         self.source.report_queued(self.gateway.queued)
         self.source.report_traffic(self.gateway.traffic_report)
+        self.source.report_ejected(self.gateway.ejected)
         # A request held for a model starting from zero is demand the leader should see now.
         self.gateway.router.on_hold(self.source.report_soon)
 

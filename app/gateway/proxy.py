@@ -15,6 +15,11 @@ Cancellation is the caller's: cancelling the task that awaits any of these and t
 closing the answer (``Opened.close``) closes the upstream connection, which is how an
 engine learns that its client went away.
 
+Each attempt tells its lease how the replica did before the first byte (an answer head
+below 500, or a failure: no answer or a 5xx head), which is what ejects a replica that
+keeps failing from this gateway's rotation (``app.gateway.ejection``); a cancel tells
+nothing.
+
 Each attempt that ends here (no answer, a retried 503, a cancel before the answer's head)
 is counted against its replica in the gateway's ``TrafficWindow``; an answer handed to
 the caller is the caller's to count, with ``Opened.sent_at`` as its start.
@@ -24,8 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
+from typing import Any, Protocol
 
 from app.domain.traffic import Outcome
 from app.gateway.affinity import RouteKey
@@ -45,6 +50,8 @@ Send = Callable[[Message], Awaitable[None]]
 Header = tuple[bytes, bytes]
 
 RETRYABLE_STATUS = 503
+FAILED_STATUS = 500
+"""An answer head from this status up counts against the replica's health."""
 
 _clock = time.perf_counter
 
@@ -136,6 +143,7 @@ class Upstream:
             try:
                 answer = await self._client.post(lease.route.url, path, body, request_id)
             except EngineUnreachable as exc:
+                lease.failed("unreachable")
                 lease.release()
                 self._traffic.record(lease.route.replica_id, Outcome.FAILED)
                 failure = upstream_unreachable(model, str(exc))
@@ -148,6 +156,10 @@ class Upstream:
                 lease.release()
                 raise
             else:
+                if answer.status >= FAILED_STATUS:
+                    lease.failed(f"HTTP {answer.status}")
+                else:
+                    lease.succeeded()
                 if answer.status != RETRYABLE_STATUS or attempt == 2:
                     timing.upstream_s += _clock() - sent
                     return Opened(lease, answer, sent)
@@ -169,6 +181,83 @@ class Upstream:
             exclude = exclude | {lease.route.replica_id}
         assert failure is not None
         raise failure
+
+    async def open_upload(
+        self,
+        model: str,
+        key_id: str,
+        path: str,
+        upload: Upload,
+        request_id: str,
+        timing: Timing,
+    ) -> Opened:
+        """Send an upload to a replica of ``model`` as the client sends it. It is retried
+        on another replica only if the first could not be connected to: once some of the
+        body has gone, it cannot be sent again. Raises as ``open`` does, and whatever
+        reading the upload raises."""
+        exclude: frozenset[str] = frozenset()
+        failure: ApiError | None = None
+        for attempt in (1, 2):
+            queued = _clock()
+            try:
+                lease = await self._router.acquire(model, key_id, exclude)
+            except NoServingReplica:
+                if failure is None:
+                    raise
+                raise failure from None  # the only replicas left are the ones that failed
+            finally:
+                timing.queue_s += _clock() - queued
+            sent = _clock()
+            try:
+                answer = await self._client.upload(
+                    lease.route.url,
+                    path,
+                    upload.content_type,
+                    upload.content_length,
+                    upload.body(),
+                    request_id,
+                )
+            except EngineUnreachable as exc:
+                lease.failed("unreachable")
+                lease.release()
+                self._traffic.record(lease.route.replica_id, Outcome.FAILED)
+                timing.upstream_s += _clock() - sent
+                failure = upstream_unreachable(model, str(exc))
+                if attempt == 2 or upload.started:
+                    raise failure from None
+                self._on_retry("unreachable")
+                exclude = exclude | {lease.route.replica_id}
+                continue
+            except asyncio.CancelledError:
+                lease.release()
+                self._traffic.record(lease.route.replica_id, Outcome.CANCELLED)
+                raise
+            except BaseException:
+                lease.release()
+                raise
+            if answer.status >= FAILED_STATUS:
+                lease.failed(f"HTTP {answer.status}")
+            else:
+                lease.succeeded()
+            timing.upstream_s += _clock() - sent
+            return Opened(lease, answer, sent)
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+
+class Upload(Protocol):
+    """A request body read from the client while it is sent on (``app.gateway.uploads``)."""
+
+    content_type: bytes
+    content_length: int | None
+
+    @property
+    def started(self) -> bool:
+        """Whether ``body()`` has handed over anything yet."""
+        ...
+
+    def body(self) -> AsyncGenerator[bytes, None]:
+        """The body's bytes, in order, from the first."""
+        ...
 
 
 async def read_whole(opened: Opened, timing: Timing) -> tuple[int, bytes, bytes]:

@@ -46,6 +46,10 @@ at least one full scrape after the request was sent has answered: by then the en
 counts the request itself (as waiting or running), and counting it twice would keep a
 replica with long non-streaming requests saturated.
 
+Replicas that keep failing are passed over by this gateway for a while
+(``app.gateway.ejection``): the proxy tells each lease how its attempt went, and
+``_choose`` leaves the ejected replicas out, as it leaves out those a retry excludes.
+
 Exceptions: ``NoServingReplica`` (no route for the model: 503), ``Saturated`` (every
 replica at its limit, or the queue full: 429 with ``Retry-After``) and
 ``ColdStartTimedOut`` (held for a model starting from zero, and no replica came within its
@@ -77,6 +81,7 @@ from app.gateway.admission import (
     is_fresh,
 )
 from app.gateway.affinity import RouteKey
+from app.gateway.ejection import EjectionPolicy, Ejector, Ticket
 from app.gateway.fairqueue import FairQueue
 from app.gateway.signals import EngineReading, ScraperTasks
 from app.gateway.table import DEFAULT_ROUTE_POLICY, GatewaySnapshot, Route, RoutePolicy
@@ -149,7 +154,16 @@ def cold_start_retry_after_s(timeout_s: float) -> float:
 class Lease:
     """One request on one replica, from ``acquire()`` until ``release()``."""
 
-    __slots__ = ("_open", "_replica", "_router", "policy", "queued_s", "reason", "route")
+    __slots__ = (
+        "_open",
+        "_replica",
+        "_router",
+        "_ticket",
+        "policy",
+        "queued_s",
+        "reason",
+        "route",
+    )
 
     def __init__(
         self,
@@ -161,15 +175,32 @@ class Lease:
     ) -> None:
         self.route: Route = replica.route
         self.queued_s = queued_s
+        """Seconds the request waited in the queue for this lease (0 if none)."""
         self.policy = policy
+        """The routing policy of the replica's model when it was chosen."""
         self.reason: RouteReason = reason
         """Why the router chose this replica."""
-        """Seconds the request waited in the queue for this lease (0 if none)."""
         self._router = router
         self._replica = replica
         self._open = True
+        self._ticket: Ticket = router.ejector.granted(replica.route.replica_id)
         replica.in_flight += 1
         replica.reserve(self)
+
+    @property
+    def probe(self) -> bool:
+        """Whether this request is the probe of a replica on probation
+        (``app.gateway.ejection``)."""
+        return self._ticket.probe
+
+    def succeeded(self) -> None:
+        """The replica answered (a head below 500): it is healthy, as far as passive health
+        goes. Only the first verdict of a lease counts."""
+        self._router.ejector.succeeded(self.route.replica_id, self._ticket)
+
+    def failed(self, reason: str) -> None:
+        """The replica failed before its first byte (no answer, or a 5xx head)."""
+        self._router.ejector.failed(self.route.replica_id, self._ticket, reason)
 
     def first_byte(self) -> None:
         """The replica answered: the reservation ends (idempotent)."""
@@ -181,6 +212,7 @@ class Lease:
         if not self._open:
             return
         self._open = False
+        self._router.ejector.abandoned(self.route.replica_id, self._ticket)
         self._replica.unreserve(self)
         self._replica.in_flight -= 1
         self._router._capacity_freed(self._replica)
@@ -270,9 +302,11 @@ class Router:
         scrape_timeout_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         draw: Callable[[], float] = random.random,
+        ejection: EjectionPolicy | None = None,
     ) -> None:
         """``draw`` gives a number in [0, 1) for each request of a model in a canary step
-        (a seeded ``random.Random(n).random`` in tests)."""
+        (a seeded ``random.Random(n).random`` in tests). ``ejection``: when replicas that
+        keep failing are taken out of rotation (``app.gateway.ejection``)."""
         self._queue_timeout_s = queue_timeout_s
         self._queue_limit = queue_limit
         self._scrapers = ScraperTasks(interval_s=scrape_interval_s, timeout_s=scrape_timeout_s)
@@ -295,6 +329,7 @@ class Router:
         self._holds: Counter[tuple[str, HoldOutcome]] = Counter()
         self._on_hold: Callable[[], None] | None = None
         self._session: aiohttp.ClientSession | None = None
+        self.ejector = Ejector(ejection, clock)
 
     def on_hold(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` (on the router's loop) whenever a request for a model starting
@@ -331,6 +366,12 @@ class Router:
             if self._session is not None and state.route.replica_id not in self._scrapers:
                 self._start_scraper(state, self._session)
         self._splits = _splits(snapshot, self._by_model)
+        self.ejector.track(
+            {
+                model: [s.route.replica_id for s in states]
+                for model, states in self._by_model.items()
+            }
+        )
         self._pools = {model: _Pool(replicas) for model, replicas in self._by_model.items()}
         self._policies = dict(snapshot.policies)
         self._build_rings()
@@ -441,6 +482,9 @@ class Router:
         if pool is None:
             return None
         now = self._clock()
+        # Passive health: replicas this gateway ejected are passed over (app.gateway.ejection).
+        if shunned := self.ejector.shunned(model, exclude):
+            exclude = exclude | shunned
         policy = self.policy_of(model)
         split = self._splits.get(model)
         if split is None:

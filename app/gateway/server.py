@@ -5,7 +5,8 @@ uvicorn.
     await gateway.start()        # listening once this returns
     ...                          # gateway.in_flight() for the database's drain accounting,
                                  # gateway.queued() for the autoscaler's demand,
-                                 # gateway.traffic_report() for the replicas' figures
+                                 # gateway.traffic_report() for the replicas' figures,
+                                 # gateway.ejected() for the replicas it keeps out
     await gateway.stop()         # in-flight requests finish (up to ``graceful_shutdown_s``)
 
 ``serve()`` is ``start()`` and then waiting until ``stop()`` is called or uvicorn stops by
@@ -35,12 +36,14 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from app.domain.egress import EngineNetworks
 from app.gateway.app import GatewayApp, MetricsApp
 from app.gateway.egress import EngineEgress
+from app.gateway.ejection import EjectionPolicy
 from app.gateway.errors import listener_refusal
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.ratelimit import RateLimiter
 from app.gateway.router import Router
 from app.gateway.table import GatewaySnapshot, SnapshotListener
 from app.gateway.traffic import TrafficWindow
+from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
 from app.listeners.limits import ListenerLimits, limited
 from app.listeners.throttle import FailureBudget, FailureLimits
 from app.store.gateway_reports import TrafficReport
@@ -94,6 +97,12 @@ DEFAULT_MAX_CONNECTIONS = 4096
 DEFAULT_METRICS_HOST = "127.0.0.1"
 DEFAULT_METRICS_PORT = 8082
 MAX_METRICS_CONNECTIONS = 64
+IDLE_KEEP_ALIVE_S = 75
+"""How long a client's kept-alive connection may sit idle between requests. Longer than
+the pools of common clients keep one (httpx and so the ``openai`` SDK: 5 s; aiohttp: 15 s),
+so that the client gives up an idle connection before the gateway does: a gateway that
+closes first races the client's next request on it, which then fails without having been
+sent anywhere. nginx's default, 75 s."""
 
 
 class GatewayFailed(RuntimeError):
@@ -149,6 +158,7 @@ async def _serve_on(
         proxy_headers=False,
         server_header=False,
         timeout_graceful_shutdown=graceful_shutdown_s,
+        timeout_keep_alive=IDLE_KEEP_ALIVE_S,
     )
     server = _Server(config)
     task = asyncio.get_running_loop().create_task(
@@ -183,12 +193,16 @@ class Gateway:
         metrics_host: str = DEFAULT_METRICS_HOST,
         metrics_port: int | None = None,
         auth_failures: FailureLimits | None = None,
+        ejection: EjectionPolicy | None = None,
+        max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
     ) -> None:
         """``port`` 0 takes a free port (``self.port`` says which once started).
         ``engine_networks`` is where engines may be contacted; None: each node only at the
         address its agent connected from (``app.gateway.egress``). ``metrics_port`` (0: a
         free one) serves ``/metrics`` on a listener of its own; None serves it nowhere
-        (``self.metrics.render()`` is the page)."""
+        (``self.metrics.render()`` is the page). ``ejection``: when a replica that keeps failing
+        is taken out of this gateway's rotation (``app.gateway.ejection``). ``max_upload_bytes``
+        bounds an upload's body (``app.gateway.uploads``)."""
         self.source = source
         self.host = host
         self.port = port
@@ -199,8 +213,10 @@ class Gateway:
             queue_timeout_s=queue_timeout_s,
             queue_limit=queue_limit,
             scrape_interval_s=scrape_interval_s,
+            ejection=ejection,
         )
         self.metrics = GatewayMetrics(registry)
+        self.metrics.watch_ejections(self.router.ejector)
         self.metrics.watch_replicas(
             self.router.replica_views, self.router.queued, self.router.cold_start_holds
         )
@@ -216,6 +232,7 @@ class Gateway:
             connect_timeout_s=connect_timeout_s,
             log_requests=log_requests,
             failures=FailureBudget(auth_failures),
+            max_upload_bytes=max_upload_bytes,
         )
         self._graceful_shutdown_s = graceful_shutdown_s
         self._clients: _Listening | None = None
@@ -240,6 +257,10 @@ class Gateway:
     def queued(self) -> dict[str, int]:
         """Requests waiting for a replica per model, those held for a cold start too."""
         return self.router.queued()
+
+    def ejected(self) -> dict[str, int]:
+        """The replicas this gateway keeps out of rotation, with their ejections in a row."""
+        return {e.replica_id: e.ejections for e in self.router.ejector.ejected()}
 
     def traffic_report(self) -> TrafficReport:
         """What this gateway saw of each replica's requests over its window."""

@@ -9,9 +9,15 @@ from time import monotonic
 import asyncpg
 import msgspec
 
-from app.domain.model_spec import MAX_COLD_START_S, RoutingSettings, routing_setting_errors
+from app.domain.model_spec import (
+    API_NAMES,
+    MAX_COLD_START_S,
+    RoutingSettings,
+    routing_setting_errors,
+)
 from app.gateway.table import Canary, GatewaySnapshot, KeyRecord, Route, RoutePolicy
 from app.store.routing_rows import (
+    ApisRow,
     CanaryRow,
     ColdStartRow,
     KeyRow,
@@ -32,6 +38,7 @@ async def read_snapshot(db: asyncpg.Connection, *, within_s: float) -> GatewaySn
         canaries=rows.canaries,
         cold_starts=rows.cold_starts,
         policies=rows.policies,
+        apis=rows.apis,
     )
 
 
@@ -51,6 +58,7 @@ def build_snapshot(
     canaries: Sequence[CanaryRow] = (),
     cold_starts: Sequence[ColdStartRow] = (),
     policies: Sequence[PolicyRow] = (),
+    apis: Sequence[ApisRow] = (),
 ) -> GatewaySnapshot:
     by_model: dict[str, list[Route]] = {}
     for row in sorted(routes, key=lambda r: r.replica_id):
@@ -81,6 +89,7 @@ def build_snapshot(
             for c in cold_starts
             if c.model in names and is_cold_start_timeout(c.timeout_s)
         },
+        apis={a.model: served_apis(a.apis) for a in apis if a.model in names},
         policies={
             p.model: policy
             for p in policies
@@ -133,3 +142,9 @@ def route_policy(routing: bytes) -> RoutePolicy | None:
         prefix_bytes=settings.prefix_bytes,
         session_keys=settings.session_keys,
     )
+
+
+def served_apis(names: Sequence[object]) -> frozenset[str]:
+    """The APIs a spec names that the gateway knows (the spec allows no other); a row
+    naming none of them serves none, rather than more than its spec says."""
+    return frozenset(name for name in names if isinstance(name, str) and name in API_NAMES)

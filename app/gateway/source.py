@@ -11,8 +11,9 @@
 - writes the router's in-flight counts to ``gateway_reports`` every
   ``report_interval_s``, for the reconciler (``app.store.gateway_reports``), and in the
   same statement the requests it holds queued per model (with the in-flight counts, the
-  demand the autoscaler reads) and what the gateway saw of each replica's requests over
-  its window, for the admin API (``app.gateway.traffic``);
+  demand the autoscaler reads), what the gateway saw of each replica's requests over
+  its window, for the admin API (``app.gateway.traffic``), and the replicas it keeps out
+  of its rotation for failing (``app.gateway.ejection``);
 - writes that report at once, instead of at its next turn, when ``report_soon()`` is
   called (the router does when it starts holding requests for a model that starts from
   zero), but never more often than every ``MIN_REPORT_GAP_S``.
@@ -65,6 +66,7 @@ _CONNECTION_LOST = (
 InFlightCounter = Callable[[], dict[str, int]]
 QueuedCounter = Callable[[], dict[str, int]]
 TrafficReader = Callable[[], TrafficReport]
+EjectedReader = Callable[[], dict[str, int]]
 
 
 def default_gateway_id() -> str:
@@ -110,6 +112,7 @@ class PostgresSnapshotSource:
         self._in_flight: InFlightCounter | None = None
         self._traffic: TrafficReader | None = None
         self._queued: QueuedCounter | None = None
+        self._ejected: EjectedReader | None = None
         self._report_soon = False
         self._up = False
         self._up_since_connect = False
@@ -164,6 +167,11 @@ class PostgresSnapshotSource:
     def report_queued(self, counter: QueuedCounter) -> None:
         """Write ``counter()`` (requests queued per model) with each in-flight report."""
         self._queued = counter
+
+    def report_ejected(self, reader: EjectedReader) -> None:
+        """Write ``reader()`` (the replicas this gateway keeps out of rotation, with their
+        ejections in a row) with each in-flight report."""
+        self._ejected = reader
 
     def report_soon(self) -> None:
         """Write the next report now rather than at its turn (at most every
@@ -266,6 +274,7 @@ class PostgresSnapshotSource:
                     within_s=self._timeout_s,
                     traffic=None if self._traffic is None else self._traffic(),
                     queued=None if self._queued is None else self._queued(),
+                    ejected=None if self._ejected is None else self._ejected(),
                 )
                 last_report = monotonic()
                 next_report = last_report + self._report_interval_s

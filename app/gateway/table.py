@@ -13,6 +13,7 @@ from collections.abc import Callable
 import msgspec
 
 from app.domain.model_spec import (
+    DEFAULT_APIS,
     DEFAULT_LOAD_FACTOR,
     DEFAULT_PREFIX_BYTES,
     DEFAULT_ROUTING_POLICY,
@@ -24,6 +25,7 @@ from app.domain.revisions import FIRST_REVISION
 
 DEFAULT_TARGET_WAITING = 5
 DEFAULT_KV_CEILING = 0.8
+_DEFAULT_APIS = frozenset(DEFAULT_APIS)
 
 
 class Route(msgspec.Struct, frozen=True, kw_only=True):
@@ -97,6 +99,9 @@ class GatewaySnapshot(msgspec.Struct, frozen=True, kw_only=True):
     once (``app.gateway.router``)."""
     policies: dict[str, RoutePolicy] = {}
     """The routing policy of each declared model, by name (absent: the default)."""
+    apis: dict[str, frozenset[str]] = {}
+    """The APIs each declared model serves (``ModelSpec.apis``), by name; a model absent
+    here serves ``DEFAULT_APIS``."""
     keys: dict[str, KeyRecord] = {}
     """Live (not revoked) keys by public prefix."""
     position: int = 0
@@ -110,6 +115,14 @@ class GatewaySnapshot(msgspec.Struct, frozen=True, kw_only=True):
     def models_for(self, key: KeyRecord) -> list[str]:
         """The models ``key`` may use, for ``GET /v1/models``."""
         return sorted(m for m in self.declared if key.allows(m))
+
+    def apis_of(self, model: str) -> frozenset[str]:
+        """The APIs ``model`` serves."""
+        return self.apis.get(model, _DEFAULT_APIS)
+
+    def serves(self, model: str, api: str) -> bool:
+        """Whether ``model`` is served on ``api`` (one of ``API_NAMES``)."""
+        return api in self.apis.get(model, _DEFAULT_APIS)
 
 
 SnapshotListener = Callable[[GatewaySnapshot], None]

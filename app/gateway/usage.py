@@ -4,7 +4,8 @@ a stream generated, for the replica's time per output token.
 A whole answer carries ``usage``; only that field is decoded. A stream is passed through
 untouched, so it is not parsed event by event: the counter watches the bytes go by, counts
 the JSON events, and keeps the stream's last few KiB, where the engine puts the usage chunk
-when the client asked for it (``stream_options.include_usage``). Without one, each event
+when the client asked for it (``stream_options.include_usage``), or, in a Responses API
+stream, the ``response.completed`` event with its usage. Without one, each event
 counts as one token, which is what a streamed chunk usually carries.
 """
 
@@ -18,8 +19,11 @@ import msgspec
 STREAM_TAIL_BYTES = 4096
 """The usage chunk is the stream's last event before ``[DONE]``; it fits in this many."""
 
-_TOTAL_TOKENS = re.compile(rb'"usage"\s*:\s*\{[^{}]*?"total_tokens"\s*:\s*(\d+)')
-_COMPLETION_TOKENS = re.compile(rb'"usage"\s*:\s*\{[^{}]*?"completion_tokens"\s*:\s*(\d+)')
+# A usage object may hold objects of its own before the figure (the Responses API's
+# ``input_tokens_details``): one level of them is skipped.
+_USAGE = rb'"usage"\s*:\s*\{(?:[^{}]|\{[^{}]*\})*?'
+_TOTAL_TOKENS = re.compile(_USAGE + rb'"total_tokens"\s*:\s*(\d+)')
+_COMPLETION_TOKENS = re.compile(_USAGE + rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
 _EVENT = b"data: {"
 
 

@@ -17,7 +17,8 @@ shorter timeout), so a late client is cut off up to that much after its time.
 
 A client over a limit gets a short answer (408, 431 or 503, in the listener's own error
 shape) and its connection is closed; nobody else notices. The time between requests on a
-kept-alive connection is uvicorn's own keep-alive timeout (5 s).
+kept-alive connection is uvicorn's own keep-alive timeout: its 5 s, or what the listener
+sets (the gateway's client listener: ``app.gateway.server.IDLE_KEEP_ALIVE_S``).
 """
 
 from __future__ import annotations

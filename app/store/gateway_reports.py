@@ -3,14 +3,17 @@ telemetry, not events.
 
 Each gateway overwrites its own ``gateway_reports`` row every half second: ``in_flight``
 (requests open per replica), ``queued`` (requests it holds waiting for a replica, per
-model) and ``traffic`` (per replica over the gateway's window: requests, errors, cancels
-and latency histograms; ``app.domain.traffic``). Readers use the rows younger than
+model), ``traffic`` (per replica over the gateway's window: requests, errors, cancels
+and latency histograms; ``app.domain.traffic``) and ``ejected`` (the replicas it keeps
+out of its rotation for failing, each with its ejections in a row;
+``app.gateway.ejection``). Readers use the rows younger than
 ``REPORT_MAX_AGE_S``, aged by the database's clock so that no skew between machines
 matters; a gateway that stopped, or lost the database, stops counting after that.
 
 A row is the writer's word, so a reader takes it as hostile: ``traffic`` is decoded per
 replica and ``queued`` per model into bounded types, and a piece that is too big or
-malformed is skipped (and logged), never a failure of the reader.
+malformed is skipped (and logged), never a failure of the reader; ``ejected`` likewise
+per replica.
 """
 
 from __future__ import annotations
@@ -43,8 +46,13 @@ MAX_QUEUED_PER_MODEL = 1_000_000
 MAX_QUEUED_REPORT_BYTES = 256 * 1024
 """2,000 models of the longest names with their counts fit in less."""
 
+MAX_EJECTED_IN_A_ROW = 1_000_000
+MAX_EJECTED_REPORT_BYTES = 640 * 1024
+"""2,000 replicas of the longest ids with their counts fit in less."""
+
 ReplicaId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REPLICA_ID_CHARS)]
 QueuedCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_QUEUED_PER_MODEL)]
+EjectionsInARow = Annotated[int, msgspec.Meta(ge=1, le=MAX_EJECTED_IN_A_ROW)]
 
 
 class TrafficReport(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -56,12 +64,21 @@ class TrafficReport(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     ]
 
 
+class Ejections(msgspec.Struct, frozen=True, kw_only=True):
+    """What the live gateways say of ejections: how many of them report ejections at
+    all, and how many of those keep each replica out of rotation."""
+
+    gateways: int
+    ejected_by: dict[str, int]
+    """Replica id -> live gateways that eject it; only replicas some gateway ejects."""
+
+
 _UPSERT = """
-INSERT INTO gateway_reports (gateway_id, in_flight, traffic, queued, reported_at)
-VALUES ($1, $2::jsonb, $3::jsonb, $4::jsonb, now())
+INSERT INTO gateway_reports (gateway_id, in_flight, traffic, queued, ejected, reported_at)
+VALUES ($1, $2::jsonb, $3::jsonb, $4::jsonb, $5::jsonb, now())
 ON CONFLICT (gateway_id) DO UPDATE
 SET in_flight = excluded.in_flight, traffic = excluded.traffic, queued = excluded.queued,
-    reported_at = now()
+    ejected = excluded.ejected, reported_at = now()
 """
 
 _SUM_RECENT = """
@@ -78,6 +95,13 @@ FROM gateway_reports
 WHERE reported_at > now() - make_interval(secs => $1) AND queued IS NOT NULL
 """
 
+_EJECTED_RECENT = """
+SELECT gateway_id, octet_length(ejected::text) AS size,
+       CASE WHEN octet_length(ejected::text) <= $2 THEN ejected::text END AS ejected
+FROM gateway_reports
+WHERE reported_at > now() - make_interval(secs => $1) AND ejected IS NOT NULL
+"""
+
 _SOME_REPLICAS_TRAFFIC = """
 SELECT gateway_id, (traffic->'window_s')::text AS window_s,
        (SELECT jsonb_object_agg(id, traffic->'replicas'->id)::text
@@ -92,6 +116,7 @@ _decode_window = msgspec.json.Decoder(WindowSeconds).decode
 _decode_replica = msgspec.json.Decoder(ReplicaTraffic).decode
 _decode_raw_pieces = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
 _decode_count = msgspec.json.Decoder(QueuedCount).decode
+_decode_in_a_row = msgspec.json.Decoder(EjectionsInARow).decode
 
 
 def bounded(report: TrafficReport) -> TrafficReport:
@@ -113,6 +138,11 @@ def longest_queues(queued: Mapping[str, int]) -> dict[str, int]:
     return dict(sorted(waiting.items(), key=lambda item: item[1])[-MAX_REPORTED_MODELS:])
 
 
+def some_ejected(ejected: Mapping[str, int]) -> dict[str, int]:
+    """At most ``MAX_REPORTED_REPLICAS`` of the ejected replicas (the first by id)."""
+    return dict(sorted(ejected.items())[:MAX_REPORTED_REPLICAS])
+
+
 async def write_report(
     db: asyncpg.Connection,
     gateway_id: str,
@@ -121,10 +151,13 @@ async def write_report(
     within_s: float,
     traffic: TrafficReport | None = None,
     queued: Mapping[str, int] | None = None,
+    ejected: Mapping[str, int] | None = None,
 ) -> None:
     """Replace ``gateway_id``'s report; only replicas with requests open are listed in
-    ``in_flight``, only replicas with something in the window in ``traffic``, and only
-    models with requests waiting in ``queued`` (None: this gateway does not say)."""
+    ``in_flight``, only replicas with something in the window in ``traffic``, only
+    models with requests waiting in ``queued``, and in ``ejected`` the replicas the
+    gateway keeps out of rotation with their ejections in a row (None: this gateway does
+    not say)."""
     busy = {replica: count for replica, count in in_flight.items() if count > 0}
     figures = None if traffic is None else _encoder.encode(bounded(traffic)).decode()
     waiting = None if queued is None else _encoder.encode(longest_queues(queued)).decode()
@@ -134,6 +167,7 @@ async def write_report(
         _encoder.encode(busy).decode(),
         figures,
         waiting,
+        None if ejected is None else _encoder.encode(some_ejected(ejected)).decode(),
         timeout=within_s,
     )
 
@@ -179,6 +213,24 @@ class TrafficReports:
             if merged is not None:
                 figures[group] = merged
         return figures
+
+    async def ejections(self) -> Ejections:
+        """How many live gateways report ejections, and how many of them eject each
+        replica. A row too big, or not an object, is skipped whole (that gateway is not
+        counted); an entry that is not a replica id with a count in bounds is skipped alone
+        (both logged)."""
+        async with connection(self._engine) as db:
+            rows = await db.fetch(_EJECTED_RECENT, self._max_age_s, MAX_EJECTED_REPORT_BYTES)
+        gateways = 0
+        ejected_by: dict[str, int] = {}
+        for row in rows:
+            ejected = _decode_ejected(row["gateway_id"], row["size"], row["ejected"])
+            if ejected is None:
+                continue
+            gateways += 1
+            for replica_id in ejected:
+                ejected_by[replica_id] = ejected_by.get(replica_id, 0) + 1
+        return Ejections(gateways=gateways, ejected_by=ejected_by)
 
 
 class InFlightReports(TrafficReports):
@@ -256,3 +308,37 @@ def _decode_queued(gateway_id: str, size: int, document: str | None) -> dict[str
             skipped=len(raw) - len(counts),
         )
     return counts
+
+
+def _decode_ejected(gateway_id: str, size: int, document: str | None) -> list[str] | None:
+    """The replicas a gateway ejects: what of it is well formed (the rest logged, never
+    raised); None when the row is not taken at all."""
+    try:
+        if document is None:
+            raise ValueError(f"{size} bytes of ejected replicas, over {MAX_EJECTED_REPORT_BYTES}")
+        raw = _decode_raw_pieces(document)
+    except (msgspec.DecodeError, ValueError) as exc:
+        log.warning("gateway_report_refused", gateway_id=gateway_id[:200], error=str(exc)[:500])
+        return None
+    replicas: list[str] = []
+    refused: list[str] = []
+    for replica_id, piece in raw.items():
+        if len(replicas) == MAX_REPORTED_REPLICAS:
+            refused.append(f"replicas past the first {MAX_REPORTED_REPLICAS}")
+            break
+        try:
+            if not 1 <= len(replica_id) <= MAX_REPLICA_ID_CHARS:
+                raise ValueError("not a replica's id")
+            _decode_in_a_row(piece)
+        except (msgspec.DecodeError, ValueError) as exc:
+            refused.append(f"{replica_id[:100]!r}: {exc}")
+        else:
+            replicas.append(replica_id)
+    if refused:
+        log.warning(
+            "gateway_report_refused",
+            gateway_id=gateway_id[:200],
+            error=f"ejected replicas skipped: {'; '.join(refused[:5])}"[:500],
+            skipped=len(raw) - len(replicas),
+        )
+    return replicas

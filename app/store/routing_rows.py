@@ -1,17 +1,20 @@
 """What a gateway routes by, read from the projection in one statement.
 
 Declared models (removed ones are not: they answer 404 like any unknown model) with the
-canary split of those in a rollout's canary step and the cold-start timeout of those with
-an autoscaling policy (``spec->'autoscale'``) and the routing settings of each
-(``spec->'routing'``, for its routing policy), the ``routing_table`` view with each
-route's revision and the address its node connected from (the gateway's egress check
-allows that address by default), live (not revoked) API keys and the projection's
-position. One statement sees one snapshot of the database, as a REPEATABLE READ
-transaction of several would, in one round trip instead of six. The gateway turns these
+canary split of those in a rollout's canary step, the cold-start timeout of those with
+an autoscaling policy (``spec->'autoscale'``), the APIs of those whose spec names them
+(``spec->'apis'``) and the routing settings of each (``spec->'routing'``, for its routing
+policy), the ``routing_table`` view with each route's revision and the address its node
+connected from (the gateway's egress check allows that address by default), live (not
+revoked) API keys and the projection's position. One statement sees one snapshot of the
+database, as a REPEATABLE READ transaction of several would, in one round trip instead of
+eight. The gateway turns these
 rows into its routing table (``app.gateway.snapshot``).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import asyncpg
 import msgspec
@@ -41,6 +44,9 @@ SELECT
      SELECT name AS model, spec->'routing' AS routing
      FROM models WHERE NOT removed AND jsonb_typeof(spec->'routing') = 'object') p)
     AS policies,
+  (SELECT coalesce(json_agg(a), '[]') FROM (
+     SELECT name AS model, spec->'apis' AS apis
+     FROM models WHERE NOT removed AND jsonb_typeof(spec->'apis') = 'array') a) AS apis,
   (SELECT coalesce(json_agg(r), '[]') FROM (
      SELECT t.replica_id, t.model, t.address, t.port, t.weight, t.target_waiting,
             t.kv_ceiling, t.draining, t.revision,
@@ -91,6 +97,15 @@ class PolicyRow(msgspec.Struct, frozen=True):
     routing: msgspec.Raw
 
 
+class ApisRow(msgspec.Struct, frozen=True):
+    """The APIs a declared model's spec says it serves (``spec->'apis'``); a model whose
+    spec names none (declared before specs could) has no row and serves the default."""
+
+    model: str
+    apis: list[Any]
+    """As the spec holds them: the gateway keeps the names it knows (``app.gateway.snapshot``)."""
+
+
 class KeyRow(msgspec.Struct, frozen=True):
     id: str
     name: str
@@ -109,6 +124,7 @@ class RoutingRows(msgspec.Struct, frozen=True):
     cold_starts: list[ColdStartRow]
     policies: list[PolicyRow]
     routes: list[RouteRow]
+    apis: list[ApisRow]
     keys: list[KeyRow]
 
 
@@ -118,6 +134,7 @@ _cold_starts_decoder = msgspec.json.Decoder(list[ColdStartRow])
 _policies_decoder = msgspec.json.Decoder(list[PolicyRow])
 _routes_decoder = msgspec.json.Decoder(list[RouteRow])
 _keys_decoder = msgspec.json.Decoder(list[KeyRow])
+_apis_decoder = msgspec.json.Decoder(list[ApisRow])
 
 
 async def read_routing_rows(db: asyncpg.Connection, *, within_s: float) -> RoutingRows:
@@ -131,4 +148,5 @@ async def read_routing_rows(db: asyncpg.Connection, *, within_s: float) -> Routi
         policies=_policies_decoder.decode(row["policies"]),
         routes=_routes_decoder.decode(row["routes"]),
         keys=_keys_decoder.decode(row["keys"]),
+        apis=_apis_decoder.decode(row["apis"]),
     )

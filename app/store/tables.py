@@ -193,6 +193,7 @@ gateway_reports = Table(
     Column("reported_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
     Column("traffic", JSONB),
     Column("queued", JSONB),
+    Column("ejected", JSONB),
 )
 
 fold_snapshots = Table(

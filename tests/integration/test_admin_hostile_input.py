@@ -396,3 +396,45 @@ async def test_an_address_sending_wrong_tokens_is_refused_429_before_any_check(
     assert right_from_elsewhere.status_code == 200
     assert wrong_from_elsewhere.status_code == 401
     assert health.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("apis", "reason"),
+    [
+        (["chat", "images"], "names unknown API(s) 'images'; known: chat, completions, "),
+        ([], "must name at least one API of chat, completions, "),
+        ("chat", "expected `array`, got `str`"),
+    ],
+    ids=["unknown", "empty", "not a list"],
+)
+async def test_a_spec_with_bad_apis_is_refused_naming_the_field(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore, apis: Any, reason: str
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.put("/admin/v1/models/llama", json={"command": COMMAND, "apis": apis})
+
+    [error] = problem_of(answer, 422)["errors"]
+    assert error["field"] == "apis"
+    assert error["reason"].startswith(reason)
+    assert await last_position(pg_store) == before
+
+
+async def test_the_apis_a_spec_names_are_recorded_and_shown(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    await seeded(admin, pg_store)
+    assert (await admin.get("/admin/v1/models/llama")).json()["spec"]["apis"] == [
+        "chat",
+        "completions",
+    ]
+
+    answer = await admin.put(
+        "/admin/v1/models/llama", json={"command": COMMAND, "apis": ["embeddings", "score"]}
+    )
+
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["changed"] is True
+    shown = await admin.get("/admin/v1/models/llama")
+    assert shown.json()["spec"]["apis"] == ["embeddings", "score"]
+    assert shown.json()["revision"] == 1  # the gateway's concern: no new revision

@@ -174,3 +174,28 @@ async def test_an_engine_without_a_profile_is_refused_with_the_known_ones(
 
     assert refused.code != 0
     assert "must be one of vllm, sglang, llamacpp, openai" in refused.stderr
+
+
+async def test_a_spec_file_names_the_apis_and_model_shows_them(operator: Operator) -> None:
+    name = a_model()
+    spec = operator.home / "embedder.yaml"
+    spec.write_text(
+        f"name: {name}\n"
+        "command: vllm serve BAAI/bge-m3 --port {port}\n"
+        "apis: [embeddings, rerank, score]\n"
+    )
+    wrong = operator.home / "wrong.yaml"
+    wrong.write_text(f"name: {a_model()}\ncommand: vllm serve x --port {{port}}\napis: [images]\n")
+
+    applied = await operator.run("models", "apply", str(spec))
+    shown = await operator.run("model", name)
+    refused = await operator.run("models", "apply", str(wrong))
+
+    assert applied.code == 0, applied.stderr
+    assert any(
+        line.split() == ["apis:", "embeddings,", "rerank,", "score"]
+        for line in shown.stdout.splitlines()
+    ), shown.stdout
+    assert refused.code != 0
+    assert "apis" in refused.stderr
+    assert "names unknown API(s) 'images'" in refused.stderr

@@ -7,6 +7,9 @@ keeps serving everyone else.
 
 from __future__ import annotations
 
+import select
+import socket
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -146,3 +149,51 @@ def test_an_address_sending_wrong_keys_gets_429_and_nobody_else_is_slowed() -> N
     # Another address has a budget of its own.
     assert wrong_from_elsewhere.status_code == 401
     assert valid_from_elsewhere.status_code == 200
+
+
+# -- an idle kept-alive connection outlives the clients' own pools -------------------------
+
+
+def test_a_kept_alive_connection_idle_longer_than_an_sdk_pool_keeps_one_still_serves(
+    key_and_gateway: tuple[str, GatewayThread],
+) -> None:
+    """The ``openai`` SDK (httpx) drops an idle pooled connection after 5 s. Were the
+    gateway to close it at the same moment, a request sent just then would fail unsent;
+    the gateway keeps it longer, so the client is the one to let go."""
+    _, gateway = key_and_gateway
+    address = httpx.URL(gateway.base_url)
+    request = f"GET /readyz HTTP/1.1\r\nHost: {address.host}\r\n\r\n".encode()
+    with socket.create_connection((address.host, address.port), timeout=5) as connection:
+        connection.sendall(request)
+        assert read_answer(connection).startswith(b"HTTP/1.1 200")
+
+        idle_until = time.monotonic() + SDK_POOL_IDLE_S + 1.0
+        while time.monotonic() < idle_until:
+            readable, _, _ = select.select([connection], [], [], idle_until - time.monotonic())
+            assert not readable, "the gateway closed an idle kept-alive connection"
+
+        connection.sendall(request)
+        assert read_answer(connection).startswith(b"HTTP/1.1 200")
+
+
+SDK_POOL_IDLE_S = 5.0
+
+
+def read_answer(connection: socket.socket) -> bytes:
+    """One small answer: its head and the body its Content-Length announces."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        chunk = connection.recv(4096)
+        assert chunk, f"closed after {received!r}"
+        received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        chunk = connection.recv(4096)
+        assert chunk, f"closed after {received!r}"
+        body += chunk
+    return head

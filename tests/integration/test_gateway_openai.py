@@ -344,7 +344,7 @@ def test_a_malformed_body_is_400(
 
 
 def test_unknown_paths_and_methods(gateway: GatewayThread) -> None:
-    assert httpx.get(f"{gateway.url}/embeddings").status_code == 404
+    assert httpx.get(f"{gateway.url}/images/generations").status_code == 404
     assert httpx.get(f"{gateway.url}/chat/completions").status_code == 405
     assert httpx.get(f"{gateway.base_url}/healthz").status_code == 200
     ready = httpx.get(f"{gateway.base_url}/readyz")

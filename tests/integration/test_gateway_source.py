@@ -165,6 +165,20 @@ async def test_a_model_with_an_autoscaling_policy_carries_its_cold_start_timeout
     assert scaled not in source.current().routes
 
 
+async def test_a_model_carries_the_apis_its_spec_names(
+    pg_store: PostgresEventStore, source: PostgresSnapshotSource
+) -> None:
+    embedder, plain = name(), name()
+    await declare_model(pg_store, embedder, apis=("embeddings", "rerank"))
+    await declare_model(pg_store, plain)
+
+    await wait_until(lambda: {embedder, plain} <= source.current().declared, within_s=1.0)
+    snapshot = source.current()
+    assert snapshot.apis_of(embedder) == frozenset({"embeddings", "rerank"})
+    assert not snapshot.serves(embedder, "chat")
+    assert snapshot.apis_of(plain) == frozenset({"chat", "completions"})
+
+
 async def test_what_a_gateway_holds_queued_reaches_the_reader_at_once_when_asked(
     engine: AsyncEngine, database_url: str
 ) -> None:

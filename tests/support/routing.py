@@ -25,7 +25,7 @@ from app.domain.events import (
     node_stream,
     replica_stream,
 )
-from app.domain.model_spec import AutoscalePolicy, ModelSpec
+from app.domain.model_spec import DEFAULT_APIS, AutoscalePolicy, ModelSpec
 from app.domain.revisions import FIRST_REVISION
 from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
@@ -44,12 +44,14 @@ async def declare_model(
     replicas: int = 1,
     *,
     autoscale: AutoscalePolicy | None = None,
+    apis: tuple[str, ...] = DEFAULT_APIS,
 ) -> None:
     spec = ModelSpec(
         name=model,
         command="sim --port {port} --model {model}",
         replicas=replicas,
         autoscale=autoscale,
+        apis=apis,
     )
     await _append(store, model_stream(model), OPERATOR, ModelDeclared(model=model, spec=spec))
 

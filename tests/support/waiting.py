@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 
@@ -24,3 +25,18 @@ async def wait_until(
         if loop.time() > deadline:
             raise AssertionError(f"{what} not met within {within_s}s")
         await asyncio.sleep(every_s)
+
+
+def wait_until_blocking(
+    condition: Callable[[], bool],
+    *,
+    within_s: float = 10.0,
+    every_s: float = 0.02,
+    what: str = "condition",
+) -> None:
+    """``wait_until`` for a test without an event loop (one that drives a blocking client)."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met within {within_s}s")
+        time.sleep(every_s)

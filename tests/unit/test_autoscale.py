@@ -95,29 +95,35 @@ def test_the_count_comes_down_only_after_a_whole_window_of_lower_demand() -> Non
     demand.seconds(15, 28.0)
     assert demand.replicas == 7
 
-    assert demand.seconds(55, 4.0) is None  # the window still holds the peak
+    assert demand.seconds(61, 4.0) is None  # the window still holds the peak's averages
     assert demand.replicas == 7
-    decision = demand.seconds(10, 4.0)
+    first = demand.seconds(1, 4.0)
 
-    assert decision is not None
-    assert decision.replicas == 3
-    assert decision.reason == "demand at most 4.0 over 60s needs 1 replica(s) at 4 each"
-    assert decision.inputs.down_window_max == 4.0
-    demand.seconds(10, 4.0)
-    assert demand.replicas == 1
+    # Then the ten-second averages that mixed the peak with what followed leave the window
+    # one by one, and the count follows them down until only averages of 4 are left.
+    assert first is not None
+    assert first.replicas == 6
+    assert first.reason == "demand averaged at most 23.6 over 60s needs 6 replica(s) at 4 each"
+    assert first.inputs.down_window_max == pytest.approx(260 / 11)
+    last = first
+    while demand.replicas > 1:
+        last = demand.seconds(1, 4.0) or last
+    assert last.reason == "demand averaged at most 4.0 over 60s needs 1 replica(s) at 4 each"
+    assert demand.now - T0 == timedelta(seconds=15 + 71)  # ten seconds and a minute after
 
 
 def test_a_signal_swinging_across_a_threshold_does_not_flap() -> None:
     demand = Demand(model(1))
     counts = []
     for _ in range(40):
-        demand.seconds(3, 13.0)  # the ten-second average swings between 5.8 and 8.2,
-        demand.seconds(3, 1.0)  # across the 8 that a third replica takes
+        demand.seconds(3, 13.0)  # the samples swing between 13 and 1 (3 or 1 replicas);
+        demand.seconds(3, 1.0)  # their ten-second averages between 6.5 and 7.5 (2)
         counts.append(demand.replicas)
 
-    # The first seconds alone averaged 13 (4 replicas); the peaks keep the count there,
-    # where an average alone would take it to 2 or 3 and back every few seconds.
-    assert counts == [4] * 40
+    # The first seconds alone averaged 13 (4 replicas). Once they have left the minute's
+    # window the count comes down to the 2 that the averages' peaks need, and stays there,
+    # where the latest sample alone would take it to 4 and back to 1 every few seconds.
+    assert counts == [4] * 10 + [3] + [2] * 29
 
 
 def test_the_count_stays_inside_its_bounds_and_is_brought_back_into_them() -> None:

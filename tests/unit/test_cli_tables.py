@@ -31,7 +31,7 @@ REPLICAS = [
         "1 (current 2)",
         "gpu-07",
         "2026-12-01 09:00:00",
-        "yes",
+        "yes (ejected by 2 of 3 gateways)",
         "replaced by llama-70b-13 (drain drain-4e1c), serving since 09:01",
     )
 ]

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 import devcluster.main
-from app.domain.model_spec import ModelSpec, validate_spec
+from app.domain.model_spec import API_NAMES, ModelSpec, validate_spec
 from devcluster.demo_model import (
     engine_conflict,
     engine_threads,
@@ -48,6 +48,11 @@ def test_the_llamacpp_spec_serves_the_real_model_under_the_demo_name_with_metric
 def test_both_demo_specs_are_specs_the_control_plane_accepts() -> None:
     for spec in (llamacpp_spec(SERVER, MODEL_FILE, replicas=2, cpus=8), simulator_spec(replicas=2)):
         assert validate_spec(msgspec.convert(spec, ModelSpec)) == [], spec
+
+
+def test_the_simulated_demo_is_served_on_every_api_a_spec_can_name() -> None:
+    spec = msgspec.convert(simulator_spec(replicas=1), ModelSpec)
+    assert sorted(spec.apis) == sorted(API_NAMES)
 
 
 @pytest.mark.parametrize(

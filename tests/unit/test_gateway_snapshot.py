@@ -6,7 +6,7 @@ import pytest
 
 from app.gateway.snapshot import build_snapshot, engine_url
 from app.gateway.table import Canary
-from app.store.routing_rows import CanaryRow, ColdStartRow, KeyRow, RouteRow
+from app.store.routing_rows import ApisRow, CanaryRow, ColdStartRow, KeyRow, RouteRow
 
 
 def route(
@@ -130,3 +130,25 @@ def test_a_cold_start_timeout_the_spec_does_not_allow_holds_nothing(timeout_s: f
     )
 
     assert snapshot.cold_start_s == {}
+
+
+def test_the_apis_a_spec_names_are_carried_and_others_serve_the_default() -> None:
+    snapshot = build_snapshot(
+        1,
+        ["embedder", "chat", "odd"],
+        [],
+        [],
+        at=0.0,
+        apis=[
+            ApisRow(model="embedder", apis=["embeddings", "rerank"]),
+            ApisRow(model="odd", apis=["chat", 7, "images"]),
+            ApisRow(model="removed", apis=["embeddings"]),
+        ],
+    )
+
+    assert snapshot.serves("embedder", "embeddings")
+    assert not snapshot.serves("embedder", "chat")
+    assert snapshot.apis_of("chat") == frozenset({"chat", "completions"})
+    # A row the spec could not have written keeps only the names the gateway knows.
+    assert snapshot.apis_of("odd") == frozenset({"chat"})
+    assert "removed" not in snapshot.apis

@@ -32,6 +32,20 @@ def test_a_stream_with_a_usage_chunk_counts_what_it_says() -> None:
     assert tokens.output_tokens() == 3
 
 
+def test_a_responses_stream_counts_the_usage_of_its_completed_event() -> None:
+    tokens = StreamTokens()
+    for word in ["a", "b"]:
+        tokens.feed(b'event: response.output_text.delta\ndata: {"delta": "%s"}\n\n' % word.encode())
+    tokens.feed(
+        b'event: response.completed\ndata: {"type": "response.completed", "response": {'
+        b'"status": "completed", "usage": {"input_tokens": 5, "input_tokens_details": '
+        b'{"cached_tokens": 0}, "output_tokens": 2, "output_tokens_details": '
+        b'{"reasoning_tokens": 0}, "total_tokens": 7}}}\n\n'
+    )
+    assert tokens.total() == 7
+    assert tokens.output_tokens() == 2
+
+
 def test_a_stream_without_usage_counts_one_token_per_event() -> None:
     tokens = StreamTokens()
     for word in ["a", "b", "c", "d"]:

@@ -263,3 +263,34 @@ def test_a_placeholders_value_is_one_argument_whatever_it_holds() -> None:
     argv = start_command(ClusterState(), spec, replica, shard).argv
 
     assert argv == ("engine", "--host", '127.0.0.7 --evil "flag', "--model", "llama-70b x")
+
+
+# -- the APIs a model serves -------------------------------------------------------------
+
+
+def test_a_spec_that_names_no_apis_serves_chat_and_completions() -> None:
+    assert GOOD.apis == ("chat", "completions")
+
+
+def test_a_spec_may_name_any_known_apis() -> None:
+    spec = replace(GOOD, apis=("embeddings", "rerank", "score", "tokenize"))
+    assert validate_spec(spec) == []
+
+
+@pytest.mark.parametrize(
+    ("apis", "reason"),
+    [
+        ((), "must name at least one API of chat, completions, embeddings"),
+        (("chat", "images"), "names unknown API(s) 'images'; known: chat, completions"),
+        (("chat", "chat", "score"), "names chat more than once"),
+    ],
+)
+def test_a_bad_list_of_apis_is_refused_naming_the_field(apis: tuple[str, ...], reason: str) -> None:
+    [error] = validate_spec(replace(GOOD, apis=apis))
+    assert error.field == "apis"
+    assert error.reason.startswith(reason)
+
+
+def test_a_long_list_of_apis_is_refused_quickly() -> None:
+    errors = validate_spec(replace(GOOD, apis=("chat",) * 5000 + ("x" * 500,) * 50))
+    assert [e.field for e in errors] == ["apis", "apis"]

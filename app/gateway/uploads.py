@@ -1,0 +1,365 @@
+"""``POST /v1/audio/transcriptions``: a multipart upload, passed to the engine as it arrives.
+
+The gateway never holds an upload whole. It reads the form's fields up to the start of its
+first file (at most ``MAX_FORM_HEAD_BYTES``), which is where it finds the ``model`` it
+routes by, so **``model`` must come before the file** in the form: the ``openai`` SDK and
+``curl -F model=... -F file=@...`` both send it so. It then checks the key, the model and
+the rate limits, takes a replica as for any request, and sends the engine what it read
+followed by the rest of the body as the client sends it, at the engine's pace (a paused
+read holds the client back through uvicorn's own flow control). An upload over
+``max_upload_bytes`` is 413: at once when its ``Content-Length`` says so, else when the
+limit is passed, and its engine connection is closed.
+
+A client that leaves mid-upload, or while the engine transcribes, cancels the request:
+the upload's reader sees the disconnect while it reads, the watcher afterwards. The answer
+is relayed as it comes: a stream (``text/event-stream``) chunk by chunk, any other answer
+whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Callable
+
+from app.domain.traffic import Outcome, outcome_of_status
+from app.gateway.asgi import Receive, Scope, Send, authenticate, clock, refuse
+from app.gateway.completions import Completions, _ClientGone, _Exchange, _Watch, log
+from app.gateway.endpoints import UPLOAD_ENDPOINTS
+from app.gateway.errors import (
+    ApiError,
+    body_too_large,
+    cold_start_timed_out,
+    internal_error,
+    invalid_request,
+    no_serving_replica,
+    saturated,
+)
+from app.gateway.metrics import CLIENT_GONE, GatewayMetrics
+from app.gateway.proxy import Opened, read_whole, relay_stream
+from app.gateway.ratelimit import RateLimiter
+from app.gateway.router import ColdStartTimedOut, NoServingReplica, Saturated
+from app.gateway.table import GatewaySnapshot
+from app.gateway.traffic import TrafficWindow
+from app.gateway.usage import StreamTokens, usage_of_body
+from app.listeners.throttle import FailureBudget
+from wire.multipart import (
+    BodyEnded,
+    MalformedMultipart,
+    MultipartReader,
+    PartData,
+    PartEnded,
+    PartStarted,
+    boundary_of,
+)
+
+MAX_FORM_HEAD_BYTES = 64 * 1024
+"""The form's fields before its file: a model name and a few options fit in far less."""
+MAX_FIELD_BYTES = 1024
+"""One field's value the gateway keeps (``model``)."""
+DEFAULT_MAX_UPLOAD_BYTES = 100 * 1024 * 1024
+"""An upload's whole body by default: OpenAI takes audio files up to 25 MB."""
+MAX_UPLOAD_BYTES = 16 * 1024 * 1024 * 1024
+"""The most ``max_upload_bytes`` may be set to (16 GiB)."""
+
+
+class FormHead:
+    """What the gateway read of a form before its file: the bytes, and the ``model``."""
+
+    __slots__ = ("complete", "model", "raw")
+
+    def __init__(self) -> None:
+        self.raw: list[bytes] = []
+        self.model: str | None = None
+        self.complete = False
+        """The whole body was read (a small form, or one without a file): nothing more is
+        to be received."""
+
+
+async def read_form_head(receive: Receive, content_type: str) -> FormHead:
+    """Read the body up to the start of its first file part; ``model`` must come before it.
+    400 for a body that is not multipart/form-data or names no model first."""
+    try:
+        reader = MultipartReader(boundary_of(content_type))
+    except MalformedMultipart as exc:
+        raise invalid_request(f"Invalid upload: {exc}.") from None
+    head = FormHead()
+    size = 0
+    field: str | None = None
+    value = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        chunk: bytes = message.get("body", b"")
+        more = bool(message.get("more_body", False))
+        head.raw.append(chunk)
+        size += len(chunk)
+        try:
+            events = reader.feed(chunk)
+        except MalformedMultipart as exc:
+            raise invalid_request(f"Invalid upload: {exc}.") from None
+        # The whole body may be in hand already (a small form, in one piece): then there is
+        # nothing more to receive, and asking would wait for the client to hang up.
+        head.complete = not more
+        for event in events:
+            if isinstance(event, PartStarted):
+                if event.filename is not None:
+                    return _with_model(head)
+                field = event.name
+                value.clear()
+            elif isinstance(event, PartData) and field == "model":
+                value += event.data
+                if len(value) > MAX_FIELD_BYTES:
+                    raise invalid_request(
+                        f"The `model` field is longer than {MAX_FIELD_BYTES} bytes.", param="model"
+                    )
+            elif isinstance(event, PartEnded) and field == "model":
+                head.model = value.decode("utf-8", errors="replace").strip()
+                field = None
+            elif isinstance(event, BodyEnded):
+                return _with_model(head)
+        if not more:
+            raise invalid_request("Invalid upload: the body ends before its closing boundary.")
+        if size > MAX_FORM_HEAD_BYTES:
+            raise invalid_request(
+                f"The form's fields before its file exceed {MAX_FORM_HEAD_BYTES} bytes."
+            )
+
+
+def _with_model(head: FormHead) -> FormHead:
+    if not head.model:
+        raise invalid_request(
+            "The form must have a `model` field before its file: the gateway routes by it "
+            "without reading the upload whole.",
+            param="model",
+        )
+    return head
+
+
+class _Upload:
+    """The client's body as it goes to the engine: what was read already, then the rest."""
+
+    __slots__ = (
+        "_head",
+        "_limit",
+        "_on_uploaded",
+        "_receive",
+        "content_length",
+        "content_type",
+        "started",
+    )
+
+    def __init__(
+        self,
+        head: FormHead,
+        receive: Receive,
+        content_type: bytes,
+        content_length: int | None,
+        limit: int,
+        on_uploaded: Callable[[], None],
+    ) -> None:
+        self._head = head
+        self._receive = receive
+        self._limit = limit
+        self._on_uploaded = on_uploaded
+        self.content_type = content_type
+        self.content_length = content_length
+        self.started = False
+
+    async def body(self) -> AsyncGenerator[bytes, None]:
+        self.started = True
+        size = 0
+        for chunk in self._head.raw:
+            size += len(chunk)
+            yield chunk
+        if self._head.complete:
+            self._on_uploaded()
+            return
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self._limit:
+                raise body_too_large(self._limit)
+            yield chunk
+            if not message.get("more_body", False):
+                self._on_uploaded()
+                return
+
+
+class Uploads(Completions):
+    """Serves uploads; shares the key, model and rate-limit checks, the accounting and the
+    log line of completion requests."""
+
+    def __init__(
+        self,
+        *,
+        snapshot: Callable[[], GatewaySnapshot],
+        metrics: GatewayMetrics,
+        limiter: RateLimiter,
+        failures: FailureBudget,
+        log_requests: bool = True,
+        traffic: TrafficWindow | None = None,
+        max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+    ) -> None:
+        super().__init__(
+            snapshot=snapshot,
+            metrics=metrics,
+            limiter=limiter,
+            failures=failures,
+            log_requests=log_requests,
+            traffic=traffic,
+        )
+        self.max_upload_bytes = max_upload_bytes
+
+    async def _serve(self, exchange: _Exchange, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            snapshot = self._snapshot()
+            key = exchange.key = authenticate(snapshot, scope, self._failures)
+            content_type, content_length = _framing(scope)
+            if content_length is not None and content_length > self.max_upload_bytes:
+                raise body_too_large(self.max_upload_bytes)
+            head = await read_form_head(receive, content_type)
+            assert head.model is not None
+            path: str = scope["path"]
+            endpoint = UPLOAD_ENDPOINTS[path]
+            self._check_model(snapshot, key, head.model, endpoint.api, path)
+            exchange.model = head.model
+            self._admit(exchange, key)
+            await self._relay(
+                exchange, endpoint.engine_path, head, content_type, content_length, receive, send
+            )
+        except ApiError as error:
+            exchange.status = error.status
+            if not exchange.answer_started:
+                await refuse(send, error, exchange.answer_headers())
+        except _ClientGone:
+            exchange.status = CLIENT_GONE
+        except Exception:
+            log.exception("gateway_request_failed")
+            exchange.status = 500
+            if not exchange.answer_started:
+                await refuse(send, internal_error(), exchange.answer_headers())
+        finally:
+            self._finish(exchange)
+
+    async def _relay(
+        self,
+        exchange: _Exchange,
+        path: str,
+        head: FormHead,
+        content_type: str,
+        content_length: int | None,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        assert exchange.key is not None
+        key = exchange.key
+        watch = _Watch(task)
+        watchers: list[asyncio.Task[None]] = []
+
+        def uploaded() -> None:
+            # The body is all read: from now on only a disconnect can come.
+            watchers.append(asyncio.get_running_loop().create_task(watch.run(receive)))
+
+        upload = _Upload(
+            head,
+            receive,
+            content_type.encode("latin-1"),
+            content_length,
+            self.max_upload_bytes,
+            uploaded,
+        )
+        opened: Opened | None = None
+        tokens: StreamTokens | None = None
+        outcome: Outcome | None = None
+        try:
+            opened = await self._open_upload(exchange, key.key_id, path, upload)
+            exchange.replica = opened.lease.route.replica_id
+            answer = opened.answer
+            if answer.status == 200 and answer.content_type.startswith(b"text/event-stream"):
+                exchange.stream = True
+                exchange.status = 200
+                tokens = StreamTokens()
+
+                def first_chunk() -> None:
+                    exchange.first_byte_at = clock()
+
+                finished = await relay_stream(
+                    opened, send, exchange.answer_headers(), tokens, first_chunk
+                )
+                exchange.ended_at = clock()
+                outcome = Outcome.ANSWERED if finished else Outcome.FAILED
+                watch.done = True
+                if key.tpm is not None:
+                    self._spend(key, tokens.total())
+                return
+            try:
+                status, answer_type, body = await read_whole(opened, exchange.timing)
+            except ApiError:
+                outcome = Outcome.FAILED
+                raise
+            exchange.first_byte_at = exchange.ended_at = clock()
+            outcome = outcome_of_status(status)
+            exchange.status = status
+            watch.done = True
+            if key.tpm is not None and status < 400:
+                self._spend(key, usage_of_body(body) or 0)
+            headers = exchange.answer_headers()
+            headers.append((b"content-type", answer_type))
+            headers.append((b"content-length", b"%d" % len(body)))
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+        except asyncio.CancelledError:
+            if outcome is None:
+                outcome = Outcome.CANCELLED
+            if watch.fired and task.uncancel() == 0:
+                exchange.status = CLIENT_GONE
+                return
+            raise
+        finally:
+            watch.done = True
+            for watcher in watchers:
+                watcher.cancel()
+            if opened is not None:
+                opened.close()
+                self._count(exchange, opened, outcome, tokens)
+
+    async def _open_upload(
+        self, exchange: _Exchange, key_id: str, path: str, upload: _Upload
+    ) -> Opened:
+        if self.upstream is None:
+            raise RuntimeError("requests are served only between lifespan startup and shutdown")
+        model = exchange.model
+        try:
+            return await self.upstream.open_upload(
+                model, key_id, path, upload, exchange.request_id.decode(), exchange.timing
+            )
+        except NoServingReplica:
+            self._metrics.rejected("no_serving_replica")
+            raise no_serving_replica(model) from None
+        except Saturated as exc:
+            self._metrics.rejected("saturated")
+            raise saturated(model, exc.retry_after_s, starting=exc.starting) from None
+        except ColdStartTimedOut as exc:
+            self._metrics.rejected("cold_start_timeout")
+            raise cold_start_timed_out(model, exc.timeout_s, exc.retry_after_s) from None
+
+
+def _framing(scope: Scope) -> tuple[str, int | None]:
+    """The request's content type and length (None: chunked); 400 for a length that is not
+    a number."""
+    content_type = ""
+    content_length: int | None = None
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            content_type = value.decode("latin-1")
+        elif name == b"content-length":
+            if not value.isdigit():
+                raise invalid_request("The Content-Length header is not a number.")
+            content_length = int(value)
+    return content_type, content_length

@@ -1,0 +1,19 @@
+"""The standalone gateway's options name the flag that is wrong."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.gateway.postgres import GatewayOptions
+from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
+
+
+def test_the_default_upload_limit_is_accepted() -> None:
+    assert GatewayOptions().max_upload_bytes == DEFAULT_MAX_UPLOAD_BYTES
+    assert GatewayOptions().problems() == []
+
+
+@pytest.mark.parametrize("mib", [0, -1, 1 << 20])
+def test_an_upload_limit_out_of_bounds_names_its_flag(mib: int) -> None:
+    [problem] = GatewayOptions(max_upload_bytes=mib << 20).problems()
+    assert problem.startswith("--max-upload-mib must be between 1 and 16384, not ")

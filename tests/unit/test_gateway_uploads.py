@@ -1,0 +1,131 @@
+"""How the gateway finds an upload's model: in the form's fields before its file, read
+without reading the file."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from app.gateway.asgi import Message
+from app.gateway.errors import ApiError
+from app.gateway.uploads import MAX_FORM_HEAD_BYTES, read_form_head
+
+BOUNDARY = "llmgw-boundary"
+CONTENT_TYPE = f"multipart/form-data; boundary={BOUNDARY}"
+
+
+def field(name: str, value: bytes) -> bytes:
+    head = f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n'
+    return head.encode() + value + b"\r\n"
+
+
+def file_part(size: int) -> bytes:
+    head = (
+        f"--{BOUNDARY}\r\nContent-Disposition: form-data; "
+        'name="file"; filename="a.wav"\r\nContent-Type: audio/wav\r\n\r\n'
+    )
+    return head.encode() + b"a" * size + b"\r\n"
+
+
+END = f"--{BOUNDARY}--\r\n".encode()
+
+
+class Client:
+    """The ASGI ``receive`` of a client sending ``body`` in pieces of ``piece`` bytes."""
+
+    def __init__(self, body: bytes, piece: int = 1000) -> None:
+        self._pieces: Iterator[bytes] = iter(
+            [body[i : i + piece] for i in range(0, len(body), piece)] or [b""]
+        )
+        self._left = -(-len(body) // piece)
+        self.received = 0
+
+    async def __call__(self) -> Message:
+        chunk = next(self._pieces, None)
+        if chunk is None:
+            raise AssertionError("the gateway read past the end of the body")
+        self.received += len(chunk)
+        self._left -= 1
+        return {"type": "http.request", "body": chunk, "more_body": self._left > 0}
+
+
+async def test_the_model_before_the_file_is_found_without_reading_the_file() -> None:
+    body = field("model", b"whisper-1") + field("language", b"en") + file_part(10**6) + END
+    client = Client(body)
+
+    head = await read_form_head(client, CONTENT_TYPE)
+
+    assert head.model == "whisper-1"
+    assert not head.complete
+    assert client.received < 2000
+    assert b"".join(head.raw) == body[: client.received]
+
+
+async def test_a_form_without_a_file_is_read_to_its_closing_boundary() -> None:
+    body = field("model", b" whisper-1 ") + END
+    head = await read_form_head(Client(body, piece=7), CONTENT_TYPE)
+    assert head.model == "whisper-1"
+    assert b"".join(head.raw).startswith(body[:-2])
+
+
+async def refused(body: bytes, content_type: str = CONTENT_TYPE) -> ApiError:
+    with pytest.raises(ApiError) as raised:
+        await read_form_head(Client(body), content_type)
+    assert raised.value.status == 400
+    return raised.value
+
+
+async def test_a_model_after_the_file_is_refused_saying_where_it_must_be() -> None:
+    error = await refused(file_part(5000) + field("model", b"whisper-1") + END)
+    assert error.param == "model"
+    assert "`model` field before its file" in error.message
+
+
+async def test_a_form_without_a_model_is_refused() -> None:
+    error = await refused(field("language", b"en") + END)
+    assert error.param == "model"
+
+
+async def test_a_body_that_is_not_multipart_is_refused() -> None:
+    error = await refused(b'{"model": "whisper-1"}', "application/json")
+    assert "must be multipart/form-data, not application/json" in error.message
+
+
+async def test_a_broken_form_is_refused_saying_why() -> None:
+    error = await refused(f"--{BOUNDARY}\r\nno colon\r\n\r\n".encode() + END)
+    assert "no colon" in error.message
+
+
+async def test_a_form_that_ends_early_is_refused() -> None:
+    error = await refused(field("model", b"whisper-1")[:-5])
+    assert "ends before its closing boundary" in error.message
+
+
+async def test_fields_before_the_file_are_bounded() -> None:
+    body = field("prompt", b"x" * 2 * MAX_FORM_HEAD_BYTES) + field("model", b"m") + END
+    error = await refused(body)
+    assert f"exceed {MAX_FORM_HEAD_BYTES} bytes" in error.message
+
+
+async def test_an_overlong_model_is_refused() -> None:
+    error = await refused(field("model", b"m" * 5000) + END)
+    assert error.param == "model"
+
+
+async def test_a_small_form_that_came_in_one_piece_is_read_whole() -> None:
+    body = field("model", b"whisper-1") + file_part(100) + END
+    client = Client(body, piece=len(body))
+
+    head = await read_form_head(client, CONTENT_TYPE)
+
+    # Nothing more will come: the upload must not wait for more from the client.
+    assert head.complete
+    assert b"".join(head.raw) == body
+
+
+async def test_a_form_whose_closing_boundary_came_before_the_end_of_the_body_reads_on() -> None:
+    form = field("model", b"whisper-1") + END
+    body = form + b"an epilogue, to be forwarded too"
+    head = await read_form_head(Client(body, piece=len(form)), CONTENT_TYPE)
+    assert not head.complete
