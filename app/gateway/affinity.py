@@ -8,7 +8,8 @@ prompt. Every turn of a conversation starts with the same system prompt and firs
 turn, so every turn has the same key; two conversations that share a system prompt but not
 a first question have different keys, and spread over the replicas (each of which soon
 caches the shared system prompt). The work is bounded: a fixed number of messages, a fixed
-number of bytes each, one BLAKE2b; no tokenizer. The bytes are the JSON text, escapes
+number of bytes each, one BLAKE2b, and one more lenient msgspec scan of the body; no
+tokenizer. The bytes are the JSON text, escapes
 included: a client that spells the same text differently from turn to turn loses the
 affinity, never the answer.
 
