@@ -9,6 +9,7 @@ import random
 import msgspec
 
 from app.gateway.affinity import RouteKey, route_key
+from app.gateway.ejection import EjectionPolicy
 from app.gateway.router import MIN_BOUND, Lease, Router
 from app.gateway.table import GatewaySnapshot, Route, RoutePolicy
 
@@ -212,3 +213,22 @@ def test_session_keys_are_read_from_the_sources_the_policy_names_in_order() -> N
     assert key_of(body, by_user, b"s-1") == key_of(b'{"user": "alice"}', by_user)
     no_sources = RoutePolicy(policy="session", session_keys=())
     assert key_of(body, no_sources, b"s-1").kind == "prefix"
+
+
+async def test_an_ejected_home_hands_its_keys_to_the_next_replica_on_the_ring() -> None:
+    policy = EjectionPolicy(consecutive_failures=2, base_cool_off_s=5.0, max_cool_off_s=40.0)
+    router = Router(ejection=policy)
+    router.update(table(*FOUR, policy=SESSION))
+    session = key_of(chat("s", "q"), SESSION, b"conversation-7")
+    home = (await router.acquire(MODEL, "k", route_key=session)).route.replica_id
+    for _ in range(2):
+        lease = await router.acquire(MODEL, "k", route_key=session)
+        assert lease.route.replica_id == home
+        lease.failed("unreachable")
+        lease.release()
+    moved = await router.acquire(MODEL, "k", route_key=session)
+    assert moved.route.replica_id != home
+    assert moved.reason == "unavailable"
+    ring = router._pools[MODEL].ring
+    assert ring is not None
+    assert moved.route.replica_id == list(ring.walk(session.value))[1]
