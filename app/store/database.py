@@ -60,12 +60,16 @@ _BROKEN_CONNECTION = (
 @asynccontextmanager
 async def connection(engine: AsyncEngine) -> AsyncIterator[asyncpg.Connection]:
     """A pooled asyncpg connection, with errors translated. A connection that broke (the
-    database restarted, say) is invalidated so the pool never hands it out again."""
+    database restarted, say, or failed over to its standby) is invalidated so the pool
+    never hands it out again, and so are the others the pool holds: they were opened to
+    the same server and are broken too, and each would otherwise cost one failed
+    operation before the pool opened a new one (to the new primary)."""
     async with translated_errors(), engine.connect() as conn:
         try:
             yield await driver_connection(conn)
         except _BROKEN_CONNECTION:
             await conn.invalidate()
+            await engine.dispose(close=False)
             raise
 
 
