@@ -26,6 +26,8 @@ SCHEMES = ("postgresql", "postgres", "postgresql+asyncpg")
 DEFAULT_PORT = 5432
 SESSION_ATTRS = ("any", "primary", "standby", "prefer-standby", "read-write", "read-only")
 """What libpq and asyncpg accept for ``target_session_attrs``."""
+QUERY_SAFE = "/:"
+"""Left as they are in query values: socket directories and ``host:port`` read better."""
 
 
 class InvalidDatabaseUrl(ValueError):
@@ -57,7 +59,7 @@ class DatabaseUrl:
     def libpq(self) -> str:
         """``postgresql://user:pass@h1:p1,h2:p2/db?...``: libpq's and asyncpg's form."""
         hosts = ",".join(_host_port(host, port) for host, port in self.hosts)
-        query = f"?{urlencode(self.query)}" if self.query else ""
+        query = f"?{urlencode(self.query, safe=QUERY_SAFE)}" if self.query else ""
         return f"postgresql://{self._userinfo()}{hosts}/{quote(self.database, safe='')}{query}"
 
     def sqlalchemy(self) -> str:
@@ -65,11 +67,11 @@ class DatabaseUrl:
         or, for several, each as a ``host=h:p`` parameter (every one with its port)."""
         database = quote(self.database, safe="")
         if not self.multi_host:
-            query = f"?{urlencode(self.query)}" if self.query else ""
+            query = f"?{urlencode(self.query, safe=QUERY_SAFE)}" if self.query else ""
             authority = "".join(_host_port(host, port) for host, port in self.hosts)
             return f"postgresql+asyncpg://{self._userinfo()}{authority}/{database}{query}"
         hosts = [("host", f"{host}:{port or DEFAULT_PORT}") for host, port in self.hosts]
-        query = urlencode([*hosts, *self.query])
+        query = urlencode([*hosts, *self.query], safe=QUERY_SAFE)
         return f"postgresql+asyncpg://{self._userinfo()}/{database}?{query}"
 
     def _userinfo(self) -> str:
