@@ -56,7 +56,7 @@ async def replicated(synchronous: bool) -> AsyncIterator[ReplicatedPostgres]:
     async with ReplicatedPostgres(synchronous=synchronous) as pair:
         connection_url = pair.primary_url()
         await _create_database(connection_url, "llmgw")
-        await asyncio.to_thread(migrate_for_tests, pair.primary_url("llmgw"))
+        await asyncio.to_thread(migrate_for_tests, pair.url("llmgw"))  # both hosts
         yield pair
 
 
