@@ -23,6 +23,7 @@ from app.commands.common import (
     DatabaseUrl,
     EngineNetworksFlag,
     HeaderTimeout,
+    database_url_problem,
 )
 from app.domain.reconcile import (
     DEFAULT_ADOPTION_GRACE_S,
@@ -214,6 +215,9 @@ class ServeSettings:
             )
             if value < 0
         ]
+        url_problem = database_url_problem(self.database_url)
+        if url_problem is not None:
+            problems.append(url_problem)
         if self.gateway and not 0 <= self.client_port <= 65535:
             problems.append(f"--client-port must be between 0 and 65535, not {self.client_port}")
         return problems

@@ -33,7 +33,7 @@ from cli.render import EXIT_FAILED, EXIT_OK, Column, counted, print_error, print
 from cli.rollout_views import UNDER_WAY
 from cli.spec_file import SpecFileError, read_specs
 from cli.traffic import print_traffic_by_revision
-from cli.views import ModelChange, ModelView
+from cli.views import ModelChange, ModelView, RoutingView
 from wire.engines import PROFILES
 
 ModelName = Annotated[str, Parameter(help="The model name, such as llama-3-8b.")]
@@ -280,6 +280,7 @@ def print_model(model: ModelView, wide: bool = False) -> None:
         ("shape", f"{spec.shards_per_replica} shard(s) x {spec.gpus_per_shard} GPU(s), {memory}"),
         ("selector", ",".join(f"{k}={v}" for k, v in sorted(spec.node_selector.items()))),
         ("startup", f"times out after {spec.startup_timeout_s:g}s"),
+        ("routing", routing_text(spec.routing)),
         ("apis", ", ".join(spec.apis)),
     ]
     if model.failures:
@@ -320,6 +321,16 @@ def print_model(model: ModelView, wide: bool = False) -> None:
         console.print(f"below its count: {reason}", markup=False)
     if model.traffic_by_revision is not None:
         print_traffic_by_revision(model.traffic_by_revision, console)
+
+
+def routing_text(routing: RoutingView) -> str:
+    """``prefix (load factor 0.25, key 1024 bytes)``; ``least_loaded`` alone."""
+    if routing.policy == "least_loaded":
+        return routing.policy
+    knobs = [f"load factor {routing.load_factor:g}", f"key {routing.prefix_bytes} bytes"]
+    if routing.policy == "session":
+        knobs.append(f"session key from {', '.join(routing.session_keys) or 'nothing'}")
+    return f"{routing.policy} ({', '.join(knobs)})"
 
 
 def _autoscale_facts(model: ModelView) -> list[tuple[str, str | None]]:

@@ -101,6 +101,15 @@ class AutoscaleView(View, frozen=True, kw_only=True):
     cold_start_timeout_s: float = 300.0
 
 
+class RoutingView(View, frozen=True, kw_only=True):
+    """How the gateways pick among a model's replicas (``routing`` of its spec)."""
+
+    policy: str = "least_loaded"
+    load_factor: float = 0.25
+    prefix_bytes: int = 1024
+    session_keys: list[str] = []
+
+
 class ModelSpecView(View, frozen=True, kw_only=True):
     command: str = ""
     engine: str = ""
@@ -109,6 +118,7 @@ class ModelSpecView(View, frozen=True, kw_only=True):
     shards_per_replica: int = 0
     node_selector: dict[str, str] = {}
     startup_timeout_s: float = 0.0
+    routing: RoutingView = RoutingView()
     autoscale: AutoscaleView | None = None
     """None: the replica count is what operators set."""
     apis: list[str] = []

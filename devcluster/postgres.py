@@ -22,6 +22,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -86,6 +87,8 @@ class LocalPostgres:
 
     ``durable=False`` turns off fsync, synchronous commit and full-page writes: fast, and
     safe only for data nobody needs after a crash (tests). ``port`` pins the port.
+    ``settings`` are more server settings, given on its command line (they win over
+    ``durable``'s and over the configuration files).
     """
 
     def __init__(
@@ -95,6 +98,7 @@ class LocalPostgres:
         durable: bool = True,
         port: int | None = None,
         bindir: Path | None = None,
+        settings: Mapping[str, str] | None = None,
     ) -> None:
         self._throwaway = state_dir is None
         self._state_dir = state_dir.resolve() if state_dir is not None else None
@@ -103,6 +107,7 @@ class LocalPostgres:
         self._port: int | None = None
         self._bindir = bindir
         self._as_system_user = os.geteuid() == 0
+        self._settings = dict(settings or {})
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -271,6 +276,7 @@ class LocalPostgres:
         }
         if not self._durable:
             settings |= NON_DURABLE_SETTINGS
+        settings |= self._settings
         # pg_ctl hands -o to /bin/sh, so every value is quoted for the shell.
         options = " ".join(f"-c {shlex.quote(f'{key}={value}')}" for key, value in settings.items())
         return [

@@ -12,8 +12,17 @@ from app.admin.autoscale_schemas import (
     AutoscalePolicyBody,
     AutoscalePolicyView,
 )
+from app.domain.model_spec import (
+    DEFAULT_LOAD_FACTOR,
+    DEFAULT_PREFIX_BYTES,
+    DEFAULT_ROUTING_POLICY,
+    SESSION_KEY_SOURCES,
+)
 
 ViewT = TypeVar("ViewT")
+
+RoutingPolicy = Literal["least_loaded", "prefix", "session"]
+SessionKeySource = Literal["header", "prompt_cache_key", "user"]
 
 
 class EventView(msgspec.Struct, frozen=True, kw_only=True):
@@ -53,6 +62,12 @@ class RoutingBody(
     weight: float | None = None
     target_waiting: int | None = None
     kv_ceiling: float | None = None
+    policy: RoutingPolicy | None = None
+    """``least_loaded``, ``prefix`` or ``session`` (docs/gateway-routing.md)."""
+    load_factor: float | None = None
+    prefix_bytes: int | None = None
+    session_keys: list[SessionKeySource] | None = None
+    """Any of ``header`` (x-session-id), ``prompt_cache_key``, ``user``; first found wins."""
 
 
 class CanaryStepBody(
@@ -112,6 +127,31 @@ class RoutingView(msgspec.Struct, frozen=True, kw_only=True):
     kv_ceiling: float
 
 
+class ModelRoutingView(RoutingView, frozen=True, kw_only=True, omit_defaults=True):
+    """A model's routing settings: those bench measures, and its routing policy (each of
+    its fields left out while at its default, as a spec that never set one reads)."""
+
+    policy: str = DEFAULT_ROUTING_POLICY
+    load_factor: float = DEFAULT_LOAD_FACTOR
+    prefix_bytes: int = DEFAULT_PREFIX_BYTES
+    session_keys: tuple[str, ...] = SESSION_KEY_SOURCES
+
+    def __post_init__(self) -> None:
+        # omit_defaults leaves a field out when its value *is* the default object: a value
+        # equal to it (read back from the log) is made that object, so it is left out too.
+        for name, default in _ROUTING_POLICY_DEFAULTS:
+            if getattr(self, name) == default:
+                msgspec.structs.force_setattr(self, name, default)
+
+
+_ROUTING_POLICY_DEFAULTS = (
+    ("policy", DEFAULT_ROUTING_POLICY),
+    ("load_factor", DEFAULT_LOAD_FACTOR),
+    ("prefix_bytes", DEFAULT_PREFIX_BYTES),
+    ("session_keys", SESSION_KEY_SOURCES),
+)
+
+
 class CanaryStepView(msgspec.Struct, frozen=True, kw_only=True):
     replicas: int | Literal["all"]
     traffic: float | None
@@ -144,7 +184,7 @@ class ModelSpecView(msgspec.Struct, frozen=True, kw_only=True):
     startup_timeout_s: float
     stop_grace_s: float
     max_moves: int
-    routing: RoutingView
+    routing: ModelRoutingView
     rollout: RolloutPolicyView
     autoscale: AutoscalePolicyView | None = None
     """Null: the replica count is what operators set."""

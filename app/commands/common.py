@@ -12,6 +12,7 @@ import structlog
 from cyclopts import Parameter
 
 from app.domain.egress import EngineNetworks
+from app.store.database_url import InvalidDatabaseUrl, parse_database_url
 from app.store.errors import StoreUnavailable
 from app.store.grants import DEFAULT_RUNTIME_ROLE
 from app.store.privileges import privileged_role
@@ -22,9 +23,22 @@ DatabaseUrl = Annotated[
     str,
     Parameter(
         env_var="LLMGW_DATABASE_URL",
-        help="PostgreSQL URL, e.g. postgresql://llmgw@db:5432/llmgw.",
+        help="PostgreSQL URL, e.g. postgresql://llmgw@db:5432/llmgw; several hosts find "
+        "the primary after a failover: postgresql://llmgw@db-a:5432,db-b:5432/llmgw"
+        "?target_session_attrs=read-write.",
     ),
 ]
+
+
+def database_url_problem(url: str) -> str | None:
+    """What is wrong with ``--database-url``, in one line; None when it parses."""
+    try:
+        parse_database_url(url)
+    except InvalidDatabaseUrl as exc:
+        return f"--database-url: {exc}"
+    return None
+
+
 AllowPrivilegedRole = Annotated[
     bool,
     Parameter(

@@ -20,6 +20,7 @@ from app.commands.common import (
     EngineNetworksFlag,
     HeaderTimeout,
     database_role_allowed,
+    database_url_problem,
     engine_networks_of,
     fail,
 )
@@ -182,6 +183,10 @@ def gateway_command(
     --metrics-host 10.0.0.5
     """
     configure_logging(log_level)
+    url_problem = database_url_problem(database_url)
+    if url_problem is not None:
+        fail(url_problem)
+        return
     try:
         networks = engine_networks_of(engine_networks)
     except InvalidEngineNetworks as exc:

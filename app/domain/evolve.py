@@ -455,12 +455,18 @@ def _gpu_marked_unhealthy(
     )
 
 
+STRAY_NUMBERS_BELIEVED = 1000
+"""How far past a model's replica count a stray's number is taken as used (see
+``_count_stray_number``)."""
+
+
 def _gpu_recovered(state: ClusterState, event: GpuRecovered, recorded: Recorded) -> None:
     _update_gpu(state, event.node_id, event.gpu_index, {"healthy": True, "unhealthy_reason": None})
 
 
 def _stray_stopped(state: ClusterState, event: StrayStopped, recorded: Recorded) -> None:
     _remember_stray(state, event)
+    _count_stray_number(state, event)
 
 
 def _identity_rejected(state: ClusterState, event: IdentityRejected, recorded: Recorded) -> None:
@@ -832,6 +838,23 @@ def _remember_stray(state: ClusterState, event: StrayStopped) -> None:
         state.nodes[event.node_id] = replace(node, stray_stops=strays)
 
 
+def _count_stray_number(state: ClusterState, event: StrayStopped) -> None:
+    """An engine named ``<model>-<n>`` ran, so ``n`` is taken even if the log never placed
+    it: its placement was lost in a failover to a standby that had not received it. No new
+    replica may take that id. A number far past the model's count is not believed: a node
+    can name any, and must not be able to push the count anywhere it likes."""
+    model = state.models.get(event.model)
+    prefix = f"{event.model}-"
+    if model is None or not event.replica_id.startswith(prefix):
+        return
+    digits = event.replica_id[len(prefix) :]
+    if not (digits.isascii() and digits.isdigit()):
+        return
+    number = int(digits)
+    if model.replicas_created < number <= model.replicas_created + STRAY_NUMBERS_BELIEVED:
+        state.models[event.model] = replace(model, replicas_created=number)
+
+
 def _model_of(state: ClusterState, replica_id: str, changes: ModelChanges) -> None:
     replica = state.replicas.get(replica_id)
     if replica is not None:
@@ -901,5 +924,12 @@ def _tune(state: ClusterState, event: ModelTuned, at: datetime) -> None:
         return
     model = state.models.get(event.model)
     if model is not None:
+        # Bench measures the three above; the model's policy and its knobs stay as declared.
+        routing = replace(
+            model.spec.routing,
+            weight=routing.weight,
+            target_waiting=routing.target_waiting,
+            kv_ceiling=routing.kv_ceiling,
+        )
         spec = replace(model.spec, routing=routing)
         state.models[event.model] = replace(model, spec=spec, tuned_summary=dict(event.summary))

@@ -97,6 +97,16 @@ def assess(candidate: Load, *, now: float, stale_after_s: float) -> Rank | None:
     return (route.draining, load / weight, candidate.in_flight / weight)
 
 
+def carried(candidate: Load, *, now: float, stale_after_s: float) -> float:
+    """The requests the replica carries as admission counts them: with fresh signals, the
+    engine's running and waiting ones plus the gateway's reservations (every gateway sees
+    the same engine, so their counts agree); with stale ones, the gateway's in-flight."""
+    signals = candidate.signals
+    if signals is None or now - signals.scraped_at > stale_after_s:
+        return float(candidate.in_flight)
+    return signals.running + signals.waiting + candidate.reserved
+
+
 def is_eligible(candidate: Load, *, now: float, stale_after_s: float) -> bool:
     return assess(candidate, now=now, stale_after_s=stale_after_s) is not None
 

@@ -30,6 +30,7 @@ import msgspec
 import structlog
 
 from app.domain.traffic import Outcome, outcome_of_status
+from app.gateway.affinity import SESSION_HEADER, RouteKey, route_key
 from app.gateway.asgi import Header, Receive, Scope, Send, authenticate, clock, refuse, request_id
 from app.gateway.endpoints import JSON_ENDPOINTS
 from app.gateway.errors import (
@@ -49,7 +50,7 @@ from app.gateway.errors import (
 from app.gateway.metrics import CLIENT_GONE, GatewayMetrics
 from app.gateway.proxy import Opened, Timing, Upstream, read_whole, relay_stream
 from app.gateway.ratelimit import ALLOWED_UNLIMITED, Limiter
-from app.gateway.router import ColdStartTimedOut, NoServingReplica, Saturated
+from app.gateway.router import ColdStartTimedOut, Lease, NoServingReplica, Saturated
 from app.gateway.table import GatewaySnapshot, KeyRecord
 from app.gateway.traffic import TrafficWindow
 from app.gateway.usage import StreamTokens, usage_of_body
@@ -60,6 +61,8 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 GRANT_WAIT_S = 0.25
 """How long a request that finds its key's slices spent waits for the grant on its way
 before it is refused (``app.gateway.sharedlimits``)."""
+ROUTE_HEADER = b"x-llmgw-route"
+"""Asked for with any value but ``0``, answered with the routing decision (``route_header``)."""
 
 log = structlog.get_logger("llmgw.gateway")
 
@@ -118,6 +121,8 @@ class _Exchange:
         "replica",
         "request_id",
         "reserved_tokens",
+        "route_header",
+        "route_key",
         "status",
         "stream",
         "timing",
@@ -132,6 +137,10 @@ class _Exchange:
         self.model = ""
         self.stream = False
         self.replica = ""
+        self.route_key: RouteKey | None = None
+        self.route_header: bytes | None = None
+        """``x-llmgw-route`` of the answer, once a replica took it; ``None`` unless the
+        client asked for it."""
         self.status = 500
         self.note: str | None = None
         self.quota_headers: tuple[Header, ...] = ()
@@ -155,6 +164,7 @@ class _Exchange:
             (b"x-request-id", self.request_id),
             (b"x-llmgw-gateway-ms", b"%.3f" % (self.added_s * 1000)),
             *self.quota_headers,
+            *(() if self.route_header is None else ((ROUTE_HEADER, self.route_header),)),
         ]
 
 
@@ -199,6 +209,10 @@ class Completions:
             exchange.stream = bool(fields.stream)
             if key.tpm is not None:
                 exchange.token_estimate = _token_estimate(fields, len(exchange.body))
+            session, show_route = _routing_headers(scope)
+            exchange.route_key = route_key(snapshot.policy_of(model), exchange.body, session)
+            if show_route:
+                exchange.route_header = b""
             await self._admit(exchange, key)
             await self._forward(exchange, key, endpoint.engine_path, receive, send)
         except ApiError as error:
@@ -257,6 +271,8 @@ class Completions:
         try:
             opened = await self._open(exchange, key, path)
             exchange.replica = opened.lease.route.replica_id
+            if exchange.route_header is not None:
+                exchange.route_header = route_header(opened.lease, exchange.route_key)
             if exchange.stream and opened.answer.status == 200:
                 tokens = StreamTokens()
                 exchange.status = 200
@@ -346,6 +362,7 @@ class Completions:
                 exchange.body,
                 exchange.request_id.decode(),
                 exchange.timing,
+                exchange.route_key,
             )
         except NoServingReplica:
             self._metrics.rejected("no_serving_replica")
@@ -411,6 +428,27 @@ def _token_estimate(fields: RoutingFields, body_bytes: int) -> int:
         except (msgspec.ValidationError, msgspec.DecodeError):
             continue  # absent, null or not a count: the engine says what is wrong with it
     return body_bytes // BYTES_PER_TOKEN + output
+
+
+def _routing_headers(scope: Scope) -> tuple[bytes | None, bool]:
+    """The request's session id (``x-session-id``), and whether it asks for the route
+    (``x-llmgw-route`` set to anything but ``0``)."""
+    session: bytes | None = None
+    show = False
+    for name, value in scope["headers"]:
+        if name == SESSION_HEADER:
+            session = value or None
+        elif name == ROUTE_HEADER:
+            show = value.strip() not in (b"", b"0")
+    return session, show
+
+
+def route_header(lease: Lease, key: RouteKey | None) -> bytes:
+    """``replica=<id>; policy=<policy>; reason=<reason>; key=<prefix|session|none>``."""
+    return (
+        f"replica={lease.route.replica_id}; policy={lease.policy}; reason={lease.reason}; "
+        f"key={'none' if key is None else key.kind}"
+    ).encode()
 
 
 def _parse(body: bytes) -> RoutingFields:

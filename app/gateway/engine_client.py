@@ -316,22 +316,7 @@ class _Origin:
             if not connection.closed and now - connection.idle_since < KEEPALIVE_S:
                 return connection, True
             connection.abandon()
-        loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout(self._connect_timeout_s):
-                _, connection = await loop.create_connection(
-                    lambda: _Connection(self), self.host, self.port, ssl=self.ssl
-                )
-        except TimeoutError:
-            raise EngineUnreachable(
-                f"timed out connecting to {self.host}:{self.port} "
-                f"after {self._connect_timeout_s:g} s"
-            ) from None
-        except OSError as exc:
-            raise EngineUnreachable(
-                f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}"
-            ) from exc
-        return connection, False
+        return await self.new_connection(), False
 
     async def new_connection(self) -> _Connection:
         """A connection of its own, never an idle one: an upload that has started cannot be

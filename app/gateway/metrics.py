@@ -42,6 +42,26 @@ HoldReader = Callable[[], dict[tuple[str, str], int]]
 """Requests held for a cold start that ended, by (model, outcome)."""
 
 
+RouteReader = Callable[[], dict[tuple[str, str, str], int]]
+"""Requests given a replica, by (model, policy, reason)."""
+
+
+class _RouteCollector(Collector):
+    def __init__(self, read: RouteReader) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        decisions = CounterMetricFamily(
+            "llmgw_gateway_route_decisions",
+            "Requests given a replica, by model, routing policy and reason "
+            "(docs/gateway-routing.md).",
+            labels=["model", "policy", "reason"],
+        )
+        for (model, policy, reason), count in sorted(self._read().items()):
+            decisions.add_metric([model, policy, reason], count)
+        yield decisions
+
+
 class _ReplicaCollector(Collector):
     def __init__(self, read: ReplicaReader, queued: QueueReader, holds: HoldReader) -> None:
         self._read = read
@@ -212,6 +232,11 @@ class GatewayMetrics:
         """Publish the router's per-replica figures, its queues and its cold-start holds,
         read at each scrape."""
         self.registry.register(_ReplicaCollector(read, queued, holds))
+
+    def watch_routes(self, read: RouteReader) -> None:
+        """Publish the router's routing decisions by model, policy and reason, read at each
+        scrape."""
+        self.registry.register(_RouteCollector(read))
 
     def watch_ejections(self, ejector: Ejector) -> None:
         """Publish which replicas the router's ejector keeps out, and its ejections."""

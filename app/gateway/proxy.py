@@ -33,6 +33,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
 from app.domain.traffic import Outcome
+from app.gateway.affinity import RouteKey
 from app.gateway.engine_client import AnswerBroken, EngineAnswer, EngineClient, EngineUnreachable
 from app.gateway.errors import (
     ApiError,
@@ -112,17 +113,25 @@ class Upstream:
         self._traffic = traffic or TrafficWindow()
 
     async def open(
-        self, model: str, key_id: str, path: str, body: bytes, request_id: str, timing: Timing
+        self,
+        model: str,
+        key_id: str,
+        path: str,
+        body: bytes,
+        request_id: str,
+        timing: Timing,
+        route_key: RouteKey | None = None,
     ) -> Opened:
         """Send ``body`` to a replica of ``model``; retried once before the first byte.
-        Raises ``NoServingReplica``, ``Saturated``, ``ColdStartTimedOut`` (from the router) or
+        ``route_key``: the request's key under the model's routing policy. Raises
+        ``NoServingReplica``, ``Saturated``, ``ColdStartTimedOut`` (from the router) or
         ``ApiError``."""
         exclude: frozenset[str] = frozenset()
         failure: ApiError | None = None
         for attempt in (1, 2):
             queued = _clock()
             try:
-                lease = await self._router.acquire(model, key_id, exclude)
+                lease = await self._router.acquire(model, key_id, exclude, route_key)
             except NoServingReplica:
                 if failure is None:
                     raise

@@ -26,6 +26,21 @@ route are held likewise, for a cold-start timeout from then. The router calls it
 gateway reports the demand at once (``app.gateway.source``); ``queued()`` counts held
 requests with the others.
 
+Which eligible replica takes a request is the model's routing policy
+(``GatewaySnapshot.policies``, ``docs/gateway-routing.md``): ``least_loaded`` is the rule
+of ``app.gateway.admission``; ``prefix`` and ``session`` hash the request's key
+(``app.gateway.affinity``) onto a ring of the model's replicas (``app.domain.hash_ring``)
+with bounded loads, the load being the requests a replica carries as admission counts
+them (``admission.carried``: the engine's running and waiting ones and this gateway's
+reservations, much the same for every gateway; its own in-flight while signals are
+stale); a replica the admission rule refuses, or one above its bound, is passed over for
+the next on the ring.
+Draining replicas are on no ring while others serve: their keys move on, and they are
+chosen only when no other replica can take the request. The rings are built when a
+snapshot is taken, and only when the model's replicas or weights changed; a request costs
+one walk. Each choice's reason (``RouteReason``) is counted per model and policy, and
+carried by its lease.
+
 A reservation ends at the first byte of the answer, or earlier once a scrape that started
 at least one full scrape after the request was sent has answered: by then the engine
 counts the request itself (as waiting or running), and counting it twice would keep a
@@ -54,18 +69,22 @@ from typing import Literal
 
 import aiohttp
 
+from app.domain.hash_ring import HashRing
 from app.gateway.admission import (
     STALE_AFTER_INTERVALS,
     ReplicaState,
     ReplicaView,
     Signals,
+    assess,
+    carried,
     choose,
     is_fresh,
 )
+from app.gateway.affinity import RouteKey
 from app.gateway.ejection import EjectionPolicy, Ejector, Ticket
 from app.gateway.fairqueue import FairQueue
 from app.gateway.signals import EngineReading, ScraperTasks
-from app.gateway.table import GatewaySnapshot, Route
+from app.gateway.table import DEFAULT_ROUTE_POLICY, GatewaySnapshot, Route, RoutePolicy
 
 __all__ = [
     "ColdStartTimedOut",
@@ -73,15 +92,28 @@ __all__ = [
     "Lease",
     "NoServingReplica",
     "ReplicaView",
+    "RouteReason",
     "Router",
     "Saturated",
 ]
 
 RETIRED_LINGER_S = 30.0
 """How long a replica taken out of routing stays in ``in_flight()`` once it is idle."""
+MIN_BOUND = 4
+"""No replica's bound (``prefix``, ``session``) is below this many requests: an engine
+batches a handful at no cost to any of them, and passing a key on to an idle replica at
+such loads would cost its cache and gain nothing."""
 COLD_START_RETRY_AFTER_S = (1.0, 30.0)
 """What ``ColdStartTimedOut`` tells clients: a tenth of the cold-start timeout, within
 these bounds. The replica may be about to serve, or may take as long again."""
+
+RouteReason = Literal["least_loaded", "no_key", "home", "over_bound", "unavailable", "fallback"]
+"""Why a request went where it did: ``least_loaded`` (the policy's rule); for ``prefix`` and
+``session``: ``home`` (its key's own replica), ``over_bound`` (replicas before it on the
+ring were above their bound), ``unavailable`` (the first one passed over was saturated, or
+had just failed this request), ``fallback`` (no replica on the ring could take it: the
+least-loaded one did, a draining one perhaps) or ``no_key`` (the request had no key: the
+least-loaded one took it)."""
 
 HoldOutcome = Literal["served", "timed_out", "cancelled", "failed"]
 """How a request held for a cold start ended: ``served``, ``timed_out``, ``cancelled``
@@ -122,12 +154,32 @@ def cold_start_retry_after_s(timeout_s: float) -> float:
 class Lease:
     """One request on one replica, from ``acquire()`` until ``release()``."""
 
-    __slots__ = ("_open", "_replica", "_router", "_ticket", "queued_s", "route")
+    __slots__ = (
+        "_open",
+        "_replica",
+        "_router",
+        "_ticket",
+        "policy",
+        "queued_s",
+        "reason",
+        "route",
+    )
 
-    def __init__(self, router: Router, replica: ReplicaState, queued_s: float) -> None:
+    def __init__(
+        self,
+        router: Router,
+        replica: ReplicaState,
+        queued_s: float,
+        policy: str = "least_loaded",
+        reason: RouteReason = "least_loaded",
+    ) -> None:
         self.route: Route = replica.route
         self.queued_s = queued_s
         """Seconds the request waited in the queue for this lease (0 if none)."""
+        self.policy = policy
+        """The routing policy of the replica's model when it was chosen."""
+        self.reason: RouteReason = reason
+        """Why the router chose this replica."""
         self._router = router
         self._replica = replica
         self._open = True
@@ -167,14 +219,29 @@ class Lease:
 
 
 class _Waiter:
-    __slots__ = ("deadline", "enqueued_at", "exclude", "future", "hold_s", "key_id", "model")
+    __slots__ = (
+        "deadline",
+        "enqueued_at",
+        "exclude",
+        "future",
+        "hold_s",
+        "key_id",
+        "model",
+        "route_key",
+    )
 
     def __init__(
-        self, model: str, key_id: str, exclude: frozenset[str], future: asyncio.Future[Lease]
+        self,
+        model: str,
+        key_id: str,
+        exclude: frozenset[str],
+        future: asyncio.Future[Lease],
+        route_key: RouteKey | None = None,
     ) -> None:
         self.model = model
         self.key_id = key_id
         self.exclude = exclude
+        self.route_key = route_key
         self.future = future
         self.enqueued_at = 0.0
         self.hold_s: float | None = None
@@ -189,15 +256,37 @@ class _Waiter:
             deadline.reschedule(self.future.get_loop().time() + hold_s)
 
 
+class _Pool:
+    """Replicas a request may go to (a model's, or one side of its canary split), and the
+    ring of those that are not draining (all of them if all are) when its policy hashes."""
+
+    __slots__ = ("by_id", "replicas", "ring")
+
+    def __init__(self, replicas: list[ReplicaState]) -> None:
+        self.replicas = replicas
+        self.by_id = {s.route.replica_id: s for s in replicas}
+        self.ring: HashRing | None = None
+
+    def ring_members(self) -> tuple[tuple[str, float], ...]:
+        routed = [s for s in self.replicas if not s.route.draining] or self.replicas
+        return tuple(sorted((s.route.replica_id, s.route.weight) for s in routed))
+
+
+_Choice = tuple[ReplicaState, RouteReason] | None
+_RING_REASONS: dict[str, RouteReason] = {
+    "home": "home",
+    "over_bound": "over_bound",
+    "refused": "unavailable",
+}
+
+
 class _Split:
     """A model's replicas in a canary step: ``canary`` (those of the canary revision) take
     ``share`` of its requests, ``stable`` (the others) the rest."""
 
     __slots__ = ("canary", "share", "stable")
 
-    def __init__(
-        self, share: float, canary: list[ReplicaState], stable: list[ReplicaState]
-    ) -> None:
+    def __init__(self, share: float, canary: _Pool, stable: _Pool) -> None:
         self.share = share
         self.canary = canary
         self.stable = stable
@@ -228,7 +317,11 @@ class Router:
         """What ``Saturated`` tells clients: a few scrapes' time, at least a second."""
         self._replicas: dict[str, ReplicaState] = {}
         self._by_model: dict[str, list[ReplicaState]] = {}
+        self._pools: dict[str, _Pool] = {}
         self._splits: dict[str, _Split] = {}
+        self._policies: dict[str, RoutePolicy] = {}
+        self._rings: dict[tuple[tuple[str, float], ...], HashRing] = {}
+        self._decisions: Counter[tuple[str, str, RouteReason]] = Counter()
         self._retired: dict[str, ReplicaState] = {}
         self._queues: dict[str, FairQueue[_Waiter]] = {}
         self._queued = 0
@@ -279,29 +372,57 @@ class Router:
                 for model, states in self._by_model.items()
             }
         )
+        self._pools = {model: _Pool(replicas) for model, replicas in self._by_model.items()}
+        self._policies = dict(snapshot.policies)
+        self._build_rings()
         self._cold_start_s = dict(snapshot.cold_start_s)
         for model in list(self._queues):
             self._fail_unroutable(model)
             self._dispatch(model)
 
+    def _build_rings(self) -> None:
+        """Give each pool of a model whose policy hashes its ring: the one it had when its
+        members and weights are unchanged, else a new one."""
+        rings: dict[tuple[tuple[str, float], ...], HashRing] = {}
+        for model, pool in self._pools.items():
+            if self.policy_of(model).policy == "least_loaded":
+                continue
+            split = self._splits.get(model)
+            for each in (pool,) if split is None else (pool, split.canary, split.stable):
+                members = each.ring_members()
+                ring = rings.get(members) or self._rings.get(members) or HashRing(members)
+                rings[members] = each.ring = ring
+        self._rings = rings
+
+    def policy_of(self, model: str) -> RoutePolicy:
+        return self._policies.get(model, DEFAULT_ROUTE_POLICY)
+
     # -- admission -------------------------------------------------------------------------
 
     async def acquire(
-        self, model: str, key_id: str, exclude: frozenset[str] = frozenset()
+        self,
+        model: str,
+        key_id: str,
+        exclude: frozenset[str] = frozenset(),
+        route_key: RouteKey | None = None,
     ) -> Lease:
+        """A lease on a replica of ``model`` (none of ``exclude``); ``route_key``: the
+        request's key under its model's policy (``app.gateway.affinity``), if it has one."""
         hold_s = self._hold_s(model)
         if hold_s is None and not self._has_candidates(model, exclude):
             raise NoServingReplica(model)
         queue = self._queues.get(model)
         if hold_s is None and not queue:
-            chosen = self._choose(model, exclude)
+            chosen = self._choose(model, exclude, route_key)
             if chosen is not None:
-                return Lease(self, chosen, 0.0)
+                return self._lease(model, chosen, 0.0)
         if self._queued >= self._queue_limit:
             raise Saturated(self.retry_after_s, starting=hold_s is not None)
         if hold_s is None and self._queue_timeout_s <= 0:
             raise Saturated(self.retry_after_s)
-        waiter = _Waiter(model, key_id, exclude, asyncio.get_running_loop().create_future())
+        waiter = _Waiter(
+            model, key_id, exclude, asyncio.get_running_loop().create_future(), route_key
+        )
         waiter.enqueued_at = self._clock()
         waiter.hold_s = hold_s
         self._queues.setdefault(model, FairQueue()).push(key_id, waiter)
@@ -346,51 +467,104 @@ class Router:
     def _has_candidates(self, model: str, exclude: frozenset[str]) -> bool:
         return any(s.route.replica_id not in exclude for s in self._by_model.get(model, ()))
 
-    def _choose(self, model: str, exclude: frozenset[str]) -> ReplicaState | None:
+    def _lease(
+        self, model: str, chosen: tuple[ReplicaState, RouteReason], queued_s: float
+    ) -> Lease:
+        state, reason = chosen
+        policy = self.policy_of(model).policy
+        self._decisions[model, policy, reason] += 1
+        return Lease(self, state, queued_s, policy, reason)
+
+    def _choose(
+        self, model: str, exclude: frozenset[str], route_key: RouteKey | None = None
+    ) -> _Choice:
+        pool = self._pools.get(model)
+        if pool is None:
+            return None
         now = self._clock()
         # Passive health: replicas this gateway ejected are passed over (app.gateway.ejection).
         if shunned := self.ejector.shunned(model, exclude):
             exclude = exclude | shunned
+        policy = self.policy_of(model)
         split = self._splits.get(model)
         if split is None:
-            return self._choose_among(self._by_model.get(model, ()), exclude, now)
+            return self._choose_among(pool, exclude, now, policy, route_key)
         if self._draw() < split.share:
             drawn, other = split.canary, split.stable
         else:
             drawn, other = split.stable, split.canary
-        chosen = self._choose_among(drawn, exclude, now)
-        return chosen if chosen is not None else self._choose_among(other, exclude, now)
+        chosen = self._choose_among(drawn, exclude, now, policy, route_key)
+        if chosen is not None:
+            return chosen
+        return self._choose_among(other, exclude, now, policy, route_key)
 
     def _choose_among(
-        self, replicas: Sequence[ReplicaState], exclude: frozenset[str], now: float
-    ) -> ReplicaState | None:
+        self,
+        pool: _Pool,
+        exclude: frozenset[str],
+        now: float,
+        policy: RoutePolicy,
+        route_key: RouteKey | None,
+    ) -> _Choice:
+        ring = pool.ring
+        if route_key is not None and ring is not None:
+            by_id, stale_after_s = pool.by_id, self._stale_after_s
+
+            def refuse(replica_id: str) -> bool:
+                return (
+                    replica_id in exclude
+                    or assess(by_id[replica_id], now=now, stale_after_s=stale_after_s) is None
+                )
+
+            pick = ring.pick(
+                route_key.value,
+                load_of=lambda replica_id: carried(
+                    by_id[replica_id], now=now, stale_after_s=stale_after_s
+                ),
+                load_factor=policy.load_factor,
+                refuse=refuse,
+                min_bound=MIN_BOUND,
+            )
+            if pick.member is not None:
+                return by_id[pick.member], _RING_REASONS[pick.reason]
+        replicas: Sequence[ReplicaState] = pool.replicas
         if exclude:
             replicas = [s for s in replicas if s.route.replica_id not in exclude]
-        return choose(replicas, now=now, stale_after_s=self._stale_after_s)
+        chosen = choose(replicas, now=now, stale_after_s=self._stale_after_s)
+        if chosen is None:
+            return None
+        if policy.policy == "least_loaded":
+            return chosen, "least_loaded"
+        return chosen, "no_key" if route_key is None else "fallback"
 
     def _dispatch(self, model: str) -> None:
         """Grant leases to waiters of ``model``, in fair order, while replicas have room."""
         queue = self._queues.get(model)
         while queue:
-            memo: dict[frozenset[str], ReplicaState | None] = {}
+            memo: dict[tuple[frozenset[str], RouteKey | None], _Choice] = {}
             granted = queue.pop_first(functools.partial(self._choose_for_waiter, model, memo))
             if granted is None:
                 break
-            waiter, state = granted
+            waiter, chosen = granted
             self._queued -= 1
             if waiter.future.done():
                 continue  # cancelled; its task has not run yet to take it out
-            waiter.future.set_result(Lease(self, state, self._clock() - waiter.enqueued_at))
+            waiter.future.set_result(self._lease(model, chosen, self._clock() - waiter.enqueued_at))
         if queue is not None and not queue:
             del self._queues[model]
 
     def _choose_for_waiter(
-        self, model: str, memo: dict[frozenset[str], ReplicaState | None], waiter: _Waiter
-    ) -> ReplicaState | None:
-        # Most waiters share the same (empty) exclusion: choose once for all of them.
-        if waiter.exclude not in memo:
-            memo[waiter.exclude] = self._choose(model, waiter.exclude)
-        return memo[waiter.exclude]
+        self,
+        model: str,
+        memo: dict[tuple[frozenset[str], RouteKey | None], _Choice],
+        waiter: _Waiter,
+    ) -> _Choice:
+        # Most waiters share the same (empty) exclusion: choose once for all of them (and
+        # once per key, where the policy hashes one).
+        asked = (waiter.exclude, waiter.route_key)
+        if asked not in memo:
+            memo[asked] = self._choose(model, waiter.exclude, waiter.route_key)
+        return memo[asked]
 
     def _abandon(self, waiter: _Waiter) -> None:
         """The waiter gave up (its task was cancelled, which also cancels its future): take
@@ -509,6 +683,10 @@ class Router:
         """Requests waiting for a replica, per model (those held for a cold start too)."""
         return {model: len(queue) for model, queue in self._queues.items()}
 
+    def route_decisions(self) -> dict[tuple[str, str, str], int]:
+        """Requests given a replica, by model, routing policy and reason (``RouteReason``)."""
+        return {decision: count for decision, count in self._decisions.items()}
+
     def cold_start_holds(self) -> dict[tuple[str, str], int]:
         """Requests held for a cold start that ended, by model and how they ended
         (``HoldOutcome``)."""
@@ -526,5 +704,5 @@ def _splits(
         on_canary = [s for s in replicas if s.route.revision == canary.revision]
         others = [s for s in replicas if s.route.revision != canary.revision]
         if on_canary and others:
-            splits[model] = _Split(canary.share, on_canary, others)
+            splits[model] = _Split(canary.share, _Pool(on_canary), _Pool(others))
     return splits

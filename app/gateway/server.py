@@ -224,6 +224,7 @@ class Gateway:
         self.metrics.watch_replicas(
             self.router.replica_views, self.router.queued, self.router.cold_start_holds
         )
+        self.metrics.watch_routes(self.router.route_decisions)
         self.egress = EngineEgress(engine_networks, self.metrics)
         self.traffic = TrafficWindow()
         self.app = GatewayApp(

@@ -7,14 +7,21 @@ from collections.abc import Sequence
 from time import monotonic
 
 import asyncpg
+import msgspec
 
-from app.domain.model_spec import API_NAMES, MAX_COLD_START_S
-from app.gateway.table import Canary, GatewaySnapshot, KeyRecord, Route
+from app.domain.model_spec import (
+    API_NAMES,
+    MAX_COLD_START_S,
+    RoutingSettings,
+    routing_setting_errors,
+)
+from app.gateway.table import Canary, GatewaySnapshot, KeyRecord, Route, RoutePolicy
 from app.store.routing_rows import (
     ApisRow,
     CanaryRow,
     ColdStartRow,
     KeyRow,
+    PolicyRow,
     RouteRow,
     read_routing_rows,
 )
@@ -30,6 +37,7 @@ async def read_snapshot(db: asyncpg.Connection, *, within_s: float) -> GatewaySn
         monotonic(),
         canaries=rows.canaries,
         cold_starts=rows.cold_starts,
+        policies=rows.policies,
         apis=rows.apis,
     )
 
@@ -49,6 +57,7 @@ def build_snapshot(
     *,
     canaries: Sequence[CanaryRow] = (),
     cold_starts: Sequence[ColdStartRow] = (),
+    policies: Sequence[PolicyRow] = (),
     apis: Sequence[ApisRow] = (),
 ) -> GatewaySnapshot:
     by_model: dict[str, list[Route]] = {}
@@ -81,6 +90,11 @@ def build_snapshot(
             if c.model in names and is_cold_start_timeout(c.timeout_s)
         },
         apis={a.model: served_apis(a.apis) for a in apis if a.model in names},
+        policies={
+            p.model: policy
+            for p in policies
+            if p.model in names and (policy := route_policy(p.routing)) is not None
+        },
         keys={
             k.prefix: KeyRecord(
                 key_id=k.id,
@@ -108,6 +122,26 @@ def is_cold_start_timeout(timeout_s: float) -> bool:
     """A cold-start timeout is above 0 and at most ``MAX_COLD_START_S`` (the spec allows no
     other); a row with any other is taken for none, so the model's requests are not held."""
     return math.isfinite(timeout_s) and 0.0 < timeout_s <= MAX_COLD_START_S
+
+
+_routing_decoder = msgspec.json.Decoder(RoutingSettings)
+
+
+def route_policy(routing: bytes) -> RoutePolicy | None:
+    """The routing policy of a model's routing settings as its spec holds them; ``None``
+    (the default policy) when they do not read as settings the spec allows."""
+    try:
+        settings = _routing_decoder.decode(routing)
+    except msgspec.MsgspecError:
+        return None
+    if routing_setting_errors(settings):
+        return None
+    return RoutePolicy(
+        policy=settings.policy,
+        load_factor=settings.load_factor,
+        prefix_bytes=settings.prefix_bytes,
+        session_keys=settings.session_keys,
+    )
 
 
 def served_apis(names: Sequence[object]) -> frozenset[str]:

@@ -12,7 +12,15 @@ from collections.abc import Callable
 
 import msgspec
 
-from app.domain.model_spec import DEFAULT_APIS
+from app.domain.model_spec import (
+    DEFAULT_APIS,
+    DEFAULT_LOAD_FACTOR,
+    DEFAULT_PREFIX_BYTES,
+    DEFAULT_ROUTING_POLICY,
+    SESSION_KEY_SOURCES,
+    RoutingPolicy,
+    SessionKeySource,
+)
 from app.domain.revisions import FIRST_REVISION
 
 DEFAULT_TARGET_WAITING = 5
@@ -48,6 +56,19 @@ class Canary(msgspec.Struct, frozen=True, kw_only=True):
     share: float
 
 
+class RoutePolicy(msgspec.Struct, frozen=True, kw_only=True):
+    """How the gateway picks among a model's replicas (``RoutingSettings`` of its spec;
+    ``docs/gateway-routing.md``)."""
+
+    policy: RoutingPolicy = DEFAULT_ROUTING_POLICY
+    load_factor: float = DEFAULT_LOAD_FACTOR
+    prefix_bytes: int = DEFAULT_PREFIX_BYTES
+    session_keys: tuple[SessionKeySource, ...] = SESSION_KEY_SOURCES
+
+
+DEFAULT_ROUTE_POLICY = RoutePolicy()
+
+
 class KeyRecord(msgspec.Struct, frozen=True, kw_only=True):
     """An API key as the gateway checks it: never the secret, only its hash."""
 
@@ -76,6 +97,8 @@ class GatewaySnapshot(msgspec.Struct, frozen=True, kw_only=True):
     """The cold-start timeout of each declared model with an autoscaling policy, by name: a
     request for one that has no route waits up to this long for one, instead of 503 at
     once (``app.gateway.router``)."""
+    policies: dict[str, RoutePolicy] = {}
+    """The routing policy of each declared model, by name (absent: the default)."""
     apis: dict[str, frozenset[str]] = {}
     """The APIs each declared model serves (``ModelSpec.apis``), by name; a model absent
     here serves ``DEFAULT_APIS``."""
@@ -85,6 +108,9 @@ class GatewaySnapshot(msgspec.Struct, frozen=True, kw_only=True):
     """The log position the projection was at when this snapshot was read."""
     loaded_at: float = 0.0
     """``time.monotonic()`` when it was read."""
+
+    def policy_of(self, model: str) -> RoutePolicy:
+        return self.policies.get(model, DEFAULT_ROUTE_POLICY)
 
     def models_for(self, key: KeyRecord) -> list[str]:
         """The models ``key`` may use, for ``GET /v1/models``."""

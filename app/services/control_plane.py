@@ -51,13 +51,15 @@ from app.services.reconciler import (
     InFlightSource,
     Reconciler,
 )
-from app.store.errors import FencedError, StoreError
+from app.store.errors import FencedError, StoreError, StoreUnavailable
 from app.store.interface import EventStore
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 CANCEL_RETRY_S = 0.5
 REVOCATION_RETRY_S = 1.0
+START_RETRY_S = 5.0
+START_RETRY_INTERVAL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -142,7 +144,7 @@ class Leader:
     async def start(self) -> int:
         """Catch up with the log, listen for agents and start reconciling; returns the
         agent port."""
-        await self._store.catch_up()
+        await self._caught_up()
         settings = Settings(
             epoch=self.epoch,
             started_at=self._clock(),
@@ -167,6 +169,22 @@ class Leader:
             asyncio.create_task(self._wake_on_appends(reconciler), name="reconciler-wake"),
         ]
         return port
+
+    async def _caught_up(self) -> None:
+        """Catch up, trying again for a moment if the database cannot be reached: a server
+        elected just after a failover may find its pooled connections broken (the pool
+        opens new ones, to the new primary, once a broken one was seen)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + START_RETRY_S
+        while True:
+            try:
+                await self._store.catch_up()
+                return
+            except StoreUnavailable as exc:
+                if loop.time() >= deadline:
+                    raise
+                log.warning("leader_catch_up_failed", error=str(exc), detail="trying again")
+                await asyncio.sleep(START_RETRY_INTERVAL_S)
 
     async def deposed(self) -> str:
         """Wait until an append of this term was fenced; returns why."""

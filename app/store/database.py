@@ -11,20 +11,20 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from app.store.database_url import parse_database_url
 from app.store.errors import StoreError, StoreUnavailable
 
 
 def sqlalchemy_url(url: str) -> str:
-    """Accept ``postgresql://`` (what operators paste) as well as the driver-qualified form."""
-    for prefix in ("postgresql://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql+asyncpg://" + url[len(prefix) :]
-    return url
+    """Accept ``postgresql://`` (what operators paste, with one host or libpq's list of
+    several) as well as the driver-qualified form; raises ``InvalidDatabaseUrl``."""
+    return parse_database_url(url).sqlalchemy()
 
 
 def driver_url(url: str) -> str:
-    """The plain ``postgresql://`` URL asyncpg itself takes (LISTEN connections)."""
-    return url.replace("postgresql+asyncpg://", "postgresql://", 1)
+    """The plain ``postgresql://`` URL asyncpg itself takes (the leader lock, LISTEN
+    connections), several hosts in libpq's form; raises ``InvalidDatabaseUrl``."""
+    return parse_database_url(url).libpq()
 
 
 def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
@@ -60,12 +60,16 @@ _BROKEN_CONNECTION = (
 @asynccontextmanager
 async def connection(engine: AsyncEngine) -> AsyncIterator[asyncpg.Connection]:
     """A pooled asyncpg connection, with errors translated. A connection that broke (the
-    database restarted, say) is invalidated so the pool never hands it out again."""
+    database restarted, say, or failed over to its standby) is invalidated so the pool
+    never hands it out again, and so are the others the pool holds: they were opened to
+    the same server and are broken too, and each would otherwise cost one failed
+    operation before the pool opened a new one (to the new primary)."""
     async with translated_errors(), engine.connect() as conn:
         try:
             yield await driver_connection(conn)
         except _BROKEN_CONNECTION:
             await conn.invalidate()
+            await engine.dispose(close=False)
             raise
 
 

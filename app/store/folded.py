@@ -14,6 +14,15 @@ loaded from the newest snapshot and only the events after it are folded (``catch
 The leader writes snapshots in the background, after its own appends (those that carry a
 leader epoch) have moved the fold ``every_events`` positions past the last one, or
 ``every_s`` seconds after it; a start-up that had to fold as many events writes one too.
+
+A catch-up first checks that the log still holds the event the fold ended with (same
+position, same id). It does not when the database failed over to a standby that had not
+received the last events (asynchronous replication): the log then ends before the fold, or
+goes on from there with other events at the same positions. The fold is thrown away and
+built again from the database (its newest snapshot, then the log), as at start-up; what
+the fold believed and the log lost is settled by the agents' reports, as after any
+restart (adoption). The check costs nothing extra: the page read from one position before
+the fold's end starts with that event.
 """
 
 from __future__ import annotations
@@ -71,6 +80,8 @@ class FoldedEventStore:
         self._recorder = recorder
         self._clock = clock
         self._view = FoldView()
+        self._head: UUID | None = None
+        """The id of the event at ``state.position``, once this process has seen it."""
         # One fold at a time in this process: an append and a catch-up must not both
         # evolve the same events into the shared state.
         self._lock = asyncio.Lock()
@@ -164,7 +175,9 @@ class FoldedEventStore:
             # append finds the log ahead of the fold and catches up).
             self._view.undo(undo)
             raise
-        return self._view.confirm(plan, positions)
+        recorded = self._view.confirm(plan, positions)
+        self._head = max(recorded, key=lambda r: r.position).event_id
+        return recorded
 
     async def _append_rest(
         self, session: RecorderSession, requests: Sequence[AppendRequest], meta: Meta
@@ -209,12 +222,23 @@ class FoldedEventStore:
         from the newest usable snapshot. Returns how many events were folded."""
         starting = self.started is None
         started_at = monotonic()
+        batch: list[Recorded] = []
+        if not starting:
+            tail = await self._tail_after_fold(session)
+            if tail is None:
+                self.started = None
+                starting = True
+            else:
+                batch = tail
         if starting:
             await self._start()
+            batch = await session.events_after(self._view.state.position, CATCH_UP_PAGE)
         count = 0
-        while batch := await session.events_after(self._view.state.position, CATCH_UP_PAGE):
+        while batch:
             self._view.absorb(batch)
+            self._head = batch[-1].event_id
             count += len(batch)
+            batch = await session.events_after(self._view.state.position, CATCH_UP_PAGE)
         if not starting:
             return count
         self.started = FoldStart(
@@ -228,7 +252,30 @@ class FoldedEventStore:
             self._snapshot_soon()
         return count
 
+    async def _tail_after_fold(self, session: RecorderSession) -> list[Recorded] | None:
+        """The first page of events after the fold's end, or None when the log no longer
+        holds the event the fold ended with (it was lost in a failover): the fold must be
+        built again."""
+        position = self._view.state.position
+        if position == 0:
+            return await session.events_after(0, CATCH_UP_PAGE)
+        page = await session.events_after(position - 1, CATCH_UP_PAGE + 1)
+        found = page[0] if page and page[0].position == position else None
+        if found is not None and self._head in (None, found.event_id):
+            self._head = found.event_id
+            return page[1:]
+        log.warning(
+            "fold_ahead_of_log",
+            fold_position=position,
+            log_event_there=None if found is None else str(found.event_id),
+            fold_event_there=None if self._head is None else str(self._head),
+            detail="the log lost events this process had folded (a failover to a standby "
+            "that had not received them?): building the fold again from the database",
+        )
+        return None
+
     async def _start(self) -> None:
+        self._head = None
         loaded = await self._snapshots.load() if self._snapshots is not None else None
         if loaded is None:
             self._view.reset(ClusterState(), {})

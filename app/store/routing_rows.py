@@ -2,12 +2,13 @@
 
 Declared models (removed ones are not: they answer 404 like any unknown model) with the
 canary split of those in a rollout's canary step, the cold-start timeout of those with
-an autoscaling policy (``spec->'autoscale'``) and the APIs of those whose spec names them
-(``spec->'apis'``), the ``routing_table`` view with each route's revision and the address
-its node connected from (the gateway's egress check allows that address by default), live
-(not revoked) API keys and the projection's position. One statement sees one snapshot of
-the database, as a REPEATABLE READ transaction of several would, in one round trip instead
-of seven. The gateway turns these
+an autoscaling policy (``spec->'autoscale'``), the APIs of those whose spec names them
+(``spec->'apis'``) and the routing settings of each (``spec->'routing'``, for its routing
+policy), the ``routing_table`` view with each route's revision and the address its node
+connected from (the gateway's egress check allows that address by default), live (not
+revoked) API keys and the projection's position. One statement sees one snapshot of the
+database, as a REPEATABLE READ transaction of several would, in one round trip instead of
+eight. The gateway turns these
 rows into its routing table (``app.gateway.snapshot``).
 """
 
@@ -39,6 +40,10 @@ SELECT
        FROM models WHERE NOT removed) a
      WHERE timeout_s > 0 AND timeout_s <= $2) c)
     AS cold_starts,
+  (SELECT coalesce(json_agg(p), '[]') FROM (
+     SELECT name AS model, spec->'routing' AS routing
+     FROM models WHERE NOT removed AND jsonb_typeof(spec->'routing') = 'object') p)
+    AS policies,
   (SELECT coalesce(json_agg(a), '[]') FROM (
      SELECT name AS model, spec->'apis' AS apis
      FROM models WHERE NOT removed AND jsonb_typeof(spec->'apis') = 'array') a) AS apis,
@@ -84,6 +89,14 @@ class ColdStartRow(msgspec.Struct, frozen=True):
     timeout_s: float
 
 
+class PolicyRow(msgspec.Struct, frozen=True):
+    """A declared model's routing settings as its spec holds them (``spec->'routing'``),
+    read raw: the gateway takes the policy from them (``app.gateway.snapshot``)."""
+
+    model: str
+    routing: msgspec.Raw
+
+
 class ApisRow(msgspec.Struct, frozen=True):
     """The APIs a declared model's spec says it serves (``spec->'apis'``); a model whose
     spec names none (declared before specs could) has no row and serves the default."""
@@ -109,6 +122,7 @@ class RoutingRows(msgspec.Struct, frozen=True):
     declared: list[str]
     canaries: list[CanaryRow]
     cold_starts: list[ColdStartRow]
+    policies: list[PolicyRow]
     routes: list[RouteRow]
     apis: list[ApisRow]
     keys: list[KeyRow]
@@ -117,6 +131,7 @@ class RoutingRows(msgspec.Struct, frozen=True):
 _declared_decoder = msgspec.json.Decoder(list[str])
 _canaries_decoder = msgspec.json.Decoder(list[CanaryRow])
 _cold_starts_decoder = msgspec.json.Decoder(list[ColdStartRow])
+_policies_decoder = msgspec.json.Decoder(list[PolicyRow])
 _routes_decoder = msgspec.json.Decoder(list[RouteRow])
 _keys_decoder = msgspec.json.Decoder(list[KeyRow])
 _apis_decoder = msgspec.json.Decoder(list[ApisRow])
@@ -130,6 +145,7 @@ async def read_routing_rows(db: asyncpg.Connection, *, within_s: float) -> Routi
         declared=_declared_decoder.decode(row["declared"]),
         canaries=_canaries_decoder.decode(row["canaries"]),
         cold_starts=_cold_starts_decoder.decode(row["cold_starts"]),
+        policies=_policies_decoder.decode(row["policies"]),
         routes=_routes_decoder.decode(row["routes"]),
         keys=_keys_decoder.decode(row["keys"]),
         apis=_apis_decoder.decode(row["apis"]),

@@ -17,11 +17,11 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 import pytest_asyncio
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store import migrate
 from app.store.database import create_engine
+from app.store.database_url import parse_database_url
 from app.store.grants import RuntimeRole
 from app.store.postgres import PostgresEventStore
 from tests.support.postgres import PostgresServer, unique_database_name
@@ -32,11 +32,10 @@ RUNTIME_ROLE_LOCK_KEY = 0x6C6C6D6777  # "llmgw"
 
 
 def runtime_url(database_url: str) -> str:
-    """``database_url`` (the owner's) as the test runtime role connects to it."""
-    url = make_url(database_url).set(
-        username=TEST_RUNTIME_ROLE.name, password=TEST_RUNTIME_ROLE.password
-    )
-    return url.render_as_string(hide_password=False)
+    """``database_url`` (the owner's, one host or several) as the test runtime role
+    connects to it."""
+    url = parse_database_url(database_url)
+    return url.with_credentials(TEST_RUNTIME_ROLE.name, TEST_RUNTIME_ROLE.password).libpq()
 
 
 def migrate_for_tests(url: str) -> None:

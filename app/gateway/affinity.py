@@ -1,0 +1,115 @@
+"""A request's routing key: what the ``prefix`` and ``session`` policies hash onto the ring.
+
+Prefix key (``prefix``, and ``session`` for a request without a session key): for a chat,
+the leading messages up to and including the first user turn (at most
+``MAX_KEY_MESSAGES``), each its role and the first ``prefix_bytes`` bytes of its content as
+the request's JSON spells it; for a completion, the first ``prefix_bytes`` bytes of the
+prompt. Every turn of a conversation starts with the same system prompt and first user
+turn, so every turn has the same key; two conversations that share a system prompt but not
+a first question have different keys, and spread over the replicas (each of which soon
+caches the shared system prompt). The work is bounded: a fixed number of messages, a fixed
+number of bytes each, one BLAKE2b, and one more lenient msgspec scan of the body; no
+tokenizer. The bytes are the JSON text, escapes
+included: a client that spells the same text differently from turn to turn loses the
+affinity, never the answer.
+
+Session key (``session``): the first of the model's ``session_keys`` the request carries:
+``header`` (``x-session-id``), or the body's ``prompt_cache_key`` or ``user`` (OpenAI's
+fields; the engine reads them too).
+
+A body the lenient reader here cannot read (``messages`` not a list of objects, say) has
+no key and is routed as by ``least_loaded``; the engine judges the body, as before.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import msgspec
+
+from app.domain.hash_ring import key_hash
+from app.gateway.table import RoutePolicy
+
+SESSION_HEADER = b"x-session-id"
+MAX_KEY_MESSAGES = 4
+"""Messages read for a prefix key at most: a system prompt or two, and the first turns."""
+MAX_SESSION_KEY_BYTES = 1024
+"""A longer session key is cut here before it is hashed."""
+
+_ABSENT = msgspec.Raw(b"")
+_NULL = b"null"
+_USER = b'"user"'
+
+KeyKind = Literal["prefix", "session"]
+
+
+class RouteKey(NamedTuple):
+    kind: KeyKind
+    value: int
+    """The key's 64-bit hash, a point on the ring."""
+
+
+class _Message(msgspec.Struct):
+    role: msgspec.Raw = _ABSENT
+    content: msgspec.Raw = _ABSENT
+
+
+class _KeyFields(msgspec.Struct):
+    messages: list[_Message] = []
+    prompt: msgspec.Raw = _ABSENT
+    user: msgspec.Raw = _ABSENT
+    prompt_cache_key: msgspec.Raw = _ABSENT
+
+
+_decode = msgspec.json.Decoder(_KeyFields).decode
+
+
+def route_key(policy: RoutePolicy, body: bytes, session_header: bytes | None) -> RouteKey | None:
+    """The key ``policy`` routes ``body`` by; ``None`` for ``least_loaded``, or when the
+    request gives nothing to key on."""
+    if policy.policy == "least_loaded":
+        return None
+    fields: _KeyFields | None = None
+    if policy.policy == "session":
+        for source in policy.session_keys:
+            value: bytes | None
+            if source == "header":
+                value = session_header
+            else:
+                fields = fields or _read(body)
+                raw = bytes(
+                    fields.prompt_cache_key if source == "prompt_cache_key" else fields.user
+                )
+                value = raw if raw and raw != _NULL else None
+            if value:
+                return RouteKey("session", key_hash(b"s\0" + value[:MAX_SESSION_KEY_BYTES]))
+    prefix = prefix_bytes(fields or _read(body), policy.prefix_bytes)
+    return RouteKey("prefix", key_hash(b"p\0" + prefix)) if prefix else None
+
+
+def prefix_bytes(fields: _KeyFields, limit: int) -> bytes:
+    """The bytes a prefix key hashes (empty: none)."""
+    if fields.messages:
+        parts: list[bytes] = []
+        for message in fields.messages[:MAX_KEY_MESSAGES]:
+            role = bytes(message.role)
+            parts.append(role)
+            parts.append(_head(message.content, limit))
+            if role == _USER:
+                break
+        return b"\0".join(parts)
+    prompt = _head(fields.prompt, limit)
+    return prompt if prompt != _NULL else b""
+
+
+def _head(raw: msgspec.Raw, limit: int) -> bytes:
+    """The first ``limit`` bytes of ``raw``, copying no more than those."""
+    with memoryview(raw) as view:
+        return view[:limit].tobytes()
+
+
+def _read(body: bytes) -> _KeyFields:
+    try:
+        return _decode(body)
+    except (msgspec.MsgspecError, RecursionError):
+        return _KeyFields()

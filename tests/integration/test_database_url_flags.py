@@ -1,0 +1,30 @@
+"""``serve`` and ``gateway`` refuse a database URL that cannot be one in one line, before
+they connect to anything, and never echo its password."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from devcluster.processes import program
+
+SERVER = program("llmgw-server")
+MALFORMED = "postgresql://llmgw:hunter2@db-a:5432,,db-b:5432/llmgw?target_session_attrs=read-write"
+
+
+@pytest.mark.parametrize("command", ["serve", "gateway"])
+def test_a_malformed_database_url_is_refused_in_one_line(command: str) -> None:
+    result = subprocess.run(
+        [SERVER, command, "--database-url", MALFORMED],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: --database-url: "), result.stderr
+    assert "an empty host" in lines[-1]
+    assert "hunter2" not in result.stderr + result.stdout

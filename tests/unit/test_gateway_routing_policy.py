@@ -1,0 +1,234 @@
+"""The router under the ``prefix`` and ``session`` policies, without engines: no scrapers
+run here, so every replica is judged by the gateway's own in-flight count (the staleness
+rule, ``in_flight < 2 * target_waiting``)."""
+
+from __future__ import annotations
+
+import random
+
+import msgspec
+
+from app.gateway.affinity import RouteKey, route_key
+from app.gateway.ejection import EjectionPolicy
+from app.gateway.router import MIN_BOUND, Lease, Router
+from app.gateway.table import GatewaySnapshot, Route, RoutePolicy
+
+MODEL = "m"
+PREFIX = RoutePolicy(policy="prefix")
+SESSION = RoutePolicy(policy="session")
+
+
+def route(replica_id: str, **settings: object) -> Route:
+    return Route(replica_id=replica_id, model=MODEL, url=f"http://{replica_id}", **settings)  # type: ignore[arg-type]
+
+
+def table(*routes: Route, policy: RoutePolicy = PREFIX) -> GatewaySnapshot:
+    return GatewaySnapshot(
+        declared=frozenset({MODEL}), routes={MODEL: routes}, policies={MODEL: policy}
+    )
+
+
+FOUR = tuple(route(f"m-{n}", target_waiting=1000) for n in range(1, 5))
+
+
+def chat(system: str, *turns: str) -> bytes:
+    messages = [{"role": "system", "content": system}]
+    for n, turn in enumerate(turns):
+        if n:
+            messages.append({"role": "assistant", "content": f"answer {n}"})
+        messages.append({"role": "user", "content": turn})
+    return msgspec.json.encode({"model": MODEL, "messages": messages})
+
+
+def key_of(body: bytes, policy: RoutePolicy = PREFIX, session: bytes | None = None) -> RouteKey:
+    key = route_key(policy, body, session)
+    assert key is not None
+    return key
+
+
+async def test_every_turn_of_a_conversation_goes_to_the_same_replica() -> None:
+    router = Router()
+    router.update(table(*FOUR))
+    first = chat("You are terse.", "What is a ring?")
+    later = chat("You are terse.", "What is a ring?", "And a hash?", "Why bounded?")
+    assert key_of(first) == key_of(later)
+    chosen = set()
+    for body in (first, later, first):
+        lease = await router.acquire(MODEL, "k", route_key=key_of(body))
+        chosen.add(lease.route.replica_id)
+        assert (lease.policy, lease.reason) == ("prefix", "home")
+        lease.release()
+    assert len(chosen) == 1
+
+
+async def test_two_routers_fed_the_same_table_and_loads_choose_the_same_replicas() -> None:
+    # Two gateways: separate instances, their tables read separately (equal values), and the
+    # same requests arriving and ending in the same order.
+    one, other = Router(), Router()
+    one.update(table(*FOUR, policy=RoutePolicy(policy="prefix", load_factor=0.1)))
+    other.update(table(*FOUR[::-1], policy=RoutePolicy(policy="prefix", load_factor=0.1)))
+    rng = random.Random(5)
+    systems = [f"system prompt {n} " * 20 for n in range(3)]
+    open_one: list[Lease] = []
+    open_other: list[Lease] = []
+    for n in range(400):
+        body = chat(rng.choice(systems), f"question {rng.randrange(40)}")
+        a = await one.acquire(MODEL, "k", route_key=key_of(body))
+        b = await other.acquire(MODEL, "k", route_key=key_of(body))
+        assert (a.route.replica_id, a.reason) == (b.route.replica_id, b.reason), n
+        open_one.append(a)
+        open_other.append(b)
+        if rng.random() < 0.6:
+            index = rng.randrange(len(open_one))
+            open_one.pop(index).release()
+            open_other.pop(index).release()
+    assert one.in_flight() == other.in_flight()
+    # The bound did its work: some requests were passed on from their home.
+    reasons = {reason for (_, _, reason) in one.route_decisions()}
+    assert {"home", "over_bound"} <= reasons
+
+
+async def test_a_session_stays_on_its_replica_and_moves_when_that_replica_drains() -> None:
+    router = Router()
+    router.update(table(*FOUR, policy=SESSION))
+    body = chat("You are terse.", "hello")
+    session = key_of(body, SESSION, b"conversation-42")
+    assert session.kind == "session"
+    # A session key outweighs the content: another first turn, same session.
+    assert key_of(chat("x", "y"), SESSION, b"conversation-42") == session
+    homes = set()
+    for _ in range(5):
+        lease = await router.acquire(MODEL, "k", route_key=session)
+        homes.add(lease.route.replica_id)
+        lease.release()
+    (home,) = homes
+    drained = tuple(
+        route(r.replica_id, target_waiting=1000, draining=r.replica_id == home) for r in FOUR
+    )
+    router.update(table(*drained, policy=SESSION))
+    moved = await router.acquire(MODEL, "k", route_key=session)
+    assert moved.route.replica_id != home
+    assert moved.reason == "home"  # a draining replica is on no ring while others serve
+    moved.release()
+    # It left routing: the session stays where it moved to.
+    router.update(table(*(r for r in FOUR if r.replica_id != home), policy=SESSION))
+    again = await router.acquire(MODEL, "k", route_key=session)
+    assert again.route.replica_id == moved.route.replica_id
+
+
+async def test_a_saturated_home_is_passed_over_and_the_request_still_served() -> None:
+    router = Router()
+    small = tuple(route(f"m-{n}", target_waiting=1) for n in range(1, 4))  # 2 each in flight
+    router.update(table(*small))
+    key = key_of(chat("s", "q"))
+    first = await router.acquire(MODEL, "k", route_key=key)
+    second = await router.acquire(MODEL, "k", route_key=key)
+    home = first.route.replica_id
+    # Under the bound's floor (MIN_BOUND) the home keeps its key...
+    assert (second.route.replica_id, second.reason) == (home, "home")
+    # ...until admission refuses it: saturated, it is passed over.
+    third = await router.acquire(MODEL, "k", route_key=key)
+    assert third.route.replica_id != home
+    assert third.reason == "unavailable"
+
+
+async def test_a_home_above_its_bound_passes_its_key_on() -> None:
+    router = Router()
+    router.update(table(*FOUR))
+    key = key_of(chat("s", "q"))
+    held = [await router.acquire(MODEL, "k", route_key=key) for _ in range(MIN_BOUND)]
+    home = held[0].route.replica_id
+    assert {lease.route.replica_id for lease in held} == {home}
+    # 4 carried, 5 with this one: over max(ceil(1.25 * 5 / 4), MIN_BOUND) = 4.
+    spilled = await router.acquire(MODEL, "k", route_key=key)
+    assert (spilled.reason, spilled.route.replica_id != home) == ("over_bound", True)
+    held[0].release()
+    back = await router.acquire(MODEL, "k", route_key=key)
+    assert (back.route.replica_id, back.reason) == (home, "home")
+
+
+async def test_a_request_without_a_key_and_the_least_loaded_policy_go_by_load() -> None:
+    router = Router()
+    router.update(table(*FOUR))
+    lease = await router.acquire(MODEL, "k", route_key=None)
+    assert (lease.policy, lease.reason) == ("prefix", "no_key")
+    plain = Router()
+    plain.update(table(*FOUR, policy=RoutePolicy(policy="least_loaded")))
+    lease = await plain.acquire(MODEL, "k", route_key=key_of(chat("s", "q")))
+    assert (lease.policy, lease.reason) == ("least_loaded", "least_loaded")
+    assert plain.route_decisions() == {(MODEL, "least_loaded", "least_loaded"): 1}
+
+
+async def test_a_model_without_a_declared_policy_routes_by_load() -> None:
+    # The default (docs/gateway-routing.md says why): a table without the model's policy.
+    router = Router()
+    router.update(GatewaySnapshot(declared=frozenset({MODEL}), routes={MODEL: FOUR}))
+    assert route_key(RoutePolicy(), chat("s", "q"), b"conversation-1") is None
+    lease = await router.acquire(MODEL, "k")
+    assert (lease.policy, lease.reason) == ("least_loaded", "least_loaded")
+
+
+async def test_the_ring_is_kept_while_the_replicas_and_weights_stay_the_same() -> None:
+    router = Router()
+    router.update(table(*FOUR))
+    ring = router._pools[MODEL].ring
+    router.update(table(*FOUR))
+    assert router._pools[MODEL].ring is ring
+    router.update(table(*FOUR[:3]))
+    assert router._pools[MODEL].ring is not ring
+
+
+def test_route_keys_cover_the_leading_messages_only() -> None:
+    base = key_of(chat("sys", "first question"))
+    assert key_of(chat("sys", "first question", "second")) == base
+    assert key_of(chat("sys", "another first question")) != base
+    assert key_of(chat("other sys", "first question")) != base
+    # Only the first prefix_bytes of each message count.
+    short = RoutePolicy(policy="prefix", prefix_bytes=16)
+    assert key_of(chat("s", "0123456789abcdef-tail-one"), short) == key_of(
+        chat("s", "0123456789abcdef-tail-two"), short
+    )
+    completion = msgspec.json.encode({"model": MODEL, "prompt": "Once upon a time"})
+    assert key_of(completion).kind == "prefix"
+
+
+def test_requests_with_nothing_to_key_on_have_no_key() -> None:
+    least_loaded = RoutePolicy(policy="least_loaded")
+    assert route_key(least_loaded, chat("s", "q"), b"session") is None
+    assert route_key(PREFIX, b'{"model": "m", "messages": "not a list"}', None) is None
+    assert route_key(PREFIX, b'{"model": "m"}', None) is None
+    assert route_key(PREFIX, b"not json", None) is None
+
+
+def test_session_keys_are_read_from_the_sources_the_policy_names_in_order() -> None:
+    body = msgspec.json.encode(
+        {"model": MODEL, "prompt": "p", "user": "alice", "prompt_cache_key": "cache-1"}
+    )
+    header_first = key_of(body, SESSION, b"s-1")
+    assert header_first == key_of(b'{"prompt": "q"}', SESSION, b"s-1")
+    assert key_of(body, SESSION) == key_of(
+        b'{"prompt_cache_key": "cache-1"}', SESSION
+    )  # prompt_cache_key before user
+    by_user = RoutePolicy(policy="session", session_keys=("user",))
+    assert key_of(body, by_user, b"s-1") == key_of(b'{"user": "alice"}', by_user)
+    no_sources = RoutePolicy(policy="session", session_keys=())
+    assert key_of(body, no_sources, b"s-1").kind == "prefix"
+
+
+async def test_an_ejected_home_hands_its_keys_to_the_next_replica_on_the_ring() -> None:
+    policy = EjectionPolicy(consecutive_failures=2, base_cool_off_s=5.0, max_cool_off_s=40.0)
+    router = Router(ejection=policy)
+    router.update(table(*FOUR, policy=SESSION))
+    session = key_of(chat("s", "q"), SESSION, b"conversation-7")
+    home = (await router.acquire(MODEL, "k", route_key=session)).route.replica_id
+    for _ in range(2):
+        lease = await router.acquire(MODEL, "k", route_key=session)
+        assert lease.route.replica_id == home
+        lease.failed("unreachable")
+        lease.release()
+    moved = await router.acquire(MODEL, "k", route_key=session)
+    assert moved.route.replica_id != home
+    assert moved.reason == "unavailable"
+    ring = router._pools[MODEL].ring
+    assert ring is not None
+    assert moved.route.replica_id == list(ring.walk(session.value))[1]
