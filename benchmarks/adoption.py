@@ -28,7 +28,8 @@ appended). Target: every shard adopted within 15 s of the spawn.
 This is the mass restart: every agent reconnecting at once with its report. The rate at
 which the new leader appends meanwhile is counted from the log itself (``recorded_at`` of
 every event after the old history, by second): events a second from its first event to
-its last, and the busiest second.
+its last, and the busiest second. The store stamps an append's events with one time, so
+the busiest second holds a whole batch, however long its commit took.
 
 Certificates are issued once per ``--workdir`` (see ``benchmarks/agents.py``). Results are
 printed and written to ``benchmarks/results/adoption-<timestamp>.json``;
