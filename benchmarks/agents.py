@@ -217,6 +217,8 @@ class ControlPlane:
     pid: int
     agent_port: int
     log: Path
+    exit_code: Callable[[], int | None] = lambda: None
+    """The process's exit status once it has exited (a deposed leader exits with 3)."""
 
 
 def free_port() -> int:
@@ -257,7 +259,7 @@ async def control_plane(
         )
     try:
         await _wait_ready(process, admin_port, agent_port, log)
-        yield ControlPlane(process.pid, agent_port, log)
+        yield ControlPlane(process.pid, agent_port, log, lambda: process.returncode)
     finally:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)
@@ -999,6 +1001,12 @@ async def _register(
     deadline = dialled_at + timeout_s
     polls: list[tuple[float, int]] = []
     while (connected := await _connected_nodes(db)) < agents and time.monotonic() < deadline:
+        if (code := plane.exit_code()) is not None:
+            raise RuntimeError(
+                f"the control plane exited ({code}) with {connected} of {agents} agents "
+                f"registered, {time.monotonic() - dialled_at:.0f} s after the first dial:\n"
+                f"{_tail(plane.log)}"
+            )
         polls.append((time.monotonic(), connected))
         await asyncio.sleep(POLL_S)
     registered_at = time.monotonic()
