@@ -1,12 +1,13 @@
 """Agent hub benchmark: how many agents one control plane holds.
 
     python benchmarks/agents.py [--agents 100 1000] [--hold 20] [--runs 1]
-        [--heartbeat-interval 1] [--dial-spread 0] [--workdir DIR] [--profile]
-        [--compression deflate|none] [--server-command CMD]
+        [--heartbeat-interval 1] [--dial-spread 0] [--open-timeout 10] [--workdir DIR]
+        [--profile] [--compression deflate|none] [--server-command CMD]
     python benchmarks/agents.py --agents 3000 5000 --hold 10 --heartbeat-interval 5
     python benchmarks/agents.py --agents 5000 --hold 10 --heartbeat-interval 5 --dial-spread 30
 
-(The second: the fleets ``docs/scaling.md`` speaks of, at the default heartbeat interval.)
+(The second and the third: the fleets ``docs/scaling.md`` speaks of, at the default heartbeat
+interval.)
 
 For each size N and run: a fresh migrated database on one server (see
 ``benchmarks/common.py``), ``llmgw-server serve`` as a child process (the control plane
@@ -17,6 +18,8 @@ sending a ``hello`` with 8 GPUs and no shards and then a ``heartbeat`` every int
 answering nothing else. They all dial at once, as a fleet does when its control plane
 comes back; with ``--dial-spread S`` each agent's first dial waits a random time of up to
 S seconds instead, as a fleet's does once its agents' jittered backoff has spread them.
+An agent gives TCP, TLS and the opening handshake ``--open-timeout`` seconds (10, the real
+agent's) before it gives up and dials again.
 
 1. Registration: from the load process's first dial until ``SELECT count(*) FROM nodes
    WHERE connected`` reaches N (polled every 50 ms; given up after 120 s, or
@@ -125,6 +128,8 @@ LOAD_MESSAGE_MAX_BYTES = 64 * 2**20
 """A window's report carries every round trip it measured: 20,000 a second at 1,000 agents."""
 REGISTRATION_TIMEOUT_S = 120.0
 OPEN_TIMEOUT_S = 10.0
+"""The real agent's (``agent.connection.OPEN_TIMEOUT_S``): TCP, TLS and the opening
+handshake together."""
 WELCOME_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 2.0
 SILENT_SERVER_INTERVALS = 3
@@ -489,8 +494,10 @@ class SimulatedAgent:
         uri: str,
         stats: AgentStats,
         compression: str | None,
+        open_timeout_s: float = OPEN_TIMEOUT_S,
     ) -> None:
         self.node_id = node_id(number)
+        self._open_timeout_s = open_timeout_s
         self._compression = compression
         self._websocket: ClientConnection | None = None
         self._stopping = False
@@ -514,7 +521,7 @@ class SimulatedAgent:
                     self._uri,
                     ssl=self._context,
                     max_size=MAX_MESSAGE_BYTES,
-                    open_timeout=OPEN_TIMEOUT_S,
+                    open_timeout=self._open_timeout_s,
                     close_timeout=CLOSE_TIMEOUT_S,
                     compression=self._compression,
                     proxy=None,
@@ -653,6 +660,7 @@ async def run_load(
     numbers: range,
     compression: str | None,
     dial_spread_s: float = 0.0,
+    open_timeout_s: float = OPEN_TIMEOUT_S,
 ) -> None:
     """A load process: builds one TLS context per agent, then obeys ``go``, ``status``,
     ``measure`` and ``stop`` on stdin, reporting on stdout."""
@@ -662,7 +670,7 @@ async def run_load(
     stats = AgentStats()
     uri = f"wss://127.0.0.1:{port}"
     agents = [
-        SimulatedAgent(number, context, uri, stats, compression)
+        SimulatedAgent(number, context, uri, stats, compression, open_timeout_s)
         for number, context in zip(numbers, contexts, strict=True)
     ]
     if await _command() != "go":
@@ -731,6 +739,7 @@ class LoadProcess:
         numbers: range,
         compression: str | None,
         dial_spread_s: float = 0.0,
+        open_timeout_s: float = OPEN_TIMEOUT_S,
     ) -> LoadProcess:
         process = await asyncio.create_subprocess_exec(
             sys.executable, str(SCRIPT), "--load-port", str(port),
@@ -738,6 +747,7 @@ class LoadProcess:
             "--load-numbers", str(numbers.start), str(numbers.stop),
             "--compression", compression or NO_COMPRESSION,
             "--dial-spread", str(dial_spread_s),
+            "--open-timeout", str(open_timeout_s),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             limit=LOAD_MESSAGE_MAX_BYTES,
         )  # fmt: skip
@@ -784,6 +794,7 @@ class LoadFleet:
         processes: int,
         compression: str | None,
         dial_spread_s: float = 0.0,
+        open_timeout_s: float = OPEN_TIMEOUT_S,
     ) -> AsyncIterator[LoadFleet]:
         bounds = [certificates.agents * index // processes for index in range(processes + 1)]
         fleet = cls([])
@@ -791,7 +802,9 @@ class LoadFleet:
             for start, stop in itertools.pairwise(bounds):
                 numbers = range(start, stop)
                 fleet._processes.append(
-                    await LoadProcess.start(port, certificates, numbers, compression, dial_spread_s)
+                    await LoadProcess.start(
+                        port, certificates, numbers, compression, dial_spread_s, open_timeout_s
+                    )
                 )
             yield fleet
         finally:
@@ -931,6 +944,7 @@ class Options:
     heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
     registration_timeout_s: float = REGISTRATION_TIMEOUT_S
     dial_spread_s: float = 0.0
+    open_timeout_s: float = OPEN_TIMEOUT_S
 
     def output(self, agents: int, number: int, what: str) -> Path:
         return self.workdir / f"{what}-{agents}-{number}.txt"
@@ -958,6 +972,7 @@ async def measure(
                     options.load_processes,
                     options.compression,
                     options.dial_spread_s,
+                    options.open_timeout_s,
                 ) as load:
                     ready = await load.expect(Ready)
                     async with profiled(
@@ -1349,6 +1364,13 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         help="seconds over which the agents' first dials are spread at random (0: all at once)",
     )
     parser.add_argument(
+        "--open-timeout",
+        type=float,
+        default=OPEN_TIMEOUT_S,
+        help=f"seconds an agent gives TCP, TLS and the opening handshake before it dials "
+        f"again ({OPEN_TIMEOUT_S:g}, the real agent's)",
+    )
+    parser.add_argument(
         "--registration-timeout",
         type=float,
         default=REGISTRATION_TIMEOUT_S,
@@ -1415,6 +1437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             numbers,
             _compression(arguments),
             arguments.dial_spread,
+            arguments.open_timeout,
         )
         asyncio.run(load)
         return 0
@@ -1438,6 +1461,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             arguments.heartbeat_interval,
             arguments.registration_timeout,
             arguments.dial_spread,
+            arguments.open_timeout,
         )
         machine, runs = asyncio.run(run_all(server, certificates, sizes, arguments.runs, options))
     results = Results(
@@ -1454,6 +1478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "load_processes": arguments.load_processes,
             "heartbeat_interval": arguments.heartbeat_interval,
             "dial_spread": arguments.dial_spread,
+            "open_timeout": arguments.open_timeout,
         },
         server=server.description,
         machine=machine,
