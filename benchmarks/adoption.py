@@ -1,7 +1,8 @@
 """Restart and adoption: a control plane restarts under a running fleet and adopts it.
 
     python benchmarks/adoption.py [--agents 1000] [--replicas 4000] [--runs 1]
-        [--workdir DIR] [--settle 5] [--profile]
+        [--workdir DIR] [--settle 5] [--profile] [--heartbeat-interval 1] [--timeout 120]
+    python benchmarks/adoption.py --agents 3000 --replicas 12000 --heartbeat-interval 5
 
 For each run: a fresh migrated database (see ``benchmarks/common.py``) holding the log a
 previous leader left behind: a ``leadership`` row at epoch 1 and, appended with
@@ -23,6 +24,12 @@ in cores) and RSS are sampled every second, and the agents' process's CPU is rep
 beside it. From the control plane's log: when the hub had every hello, when hellos were
 recorded, and every ``reconcile_pass`` (when it ended, how long it took, what it
 appended). Target: every shard adopted within 15 s of the spawn.
+
+This is the mass restart: every agent reconnecting at once with its report. The rate at
+which the new leader appends meanwhile is counted from the log itself (``recorded_at`` of
+every event after the old history, by second): events a second from its first event to
+its last, and the busiest second. The store stamps an append's events with one time, so
+the busiest second holds a whole batch, however long its commit took.
 
 Certificates are issued once per ``--workdir`` (see ``benchmarks/agents.py``). Results are
 printed and written to ``benchmarks/results/adoption-<timestamp>.json``;
@@ -374,7 +381,11 @@ async def agents_process(
 
 @contextlib.asynccontextmanager
 async def server(
-    url: str, certificates: Certificates, agent_port: int, log: Path
+    url: str,
+    certificates: Certificates,
+    agent_port: int,
+    log: Path,
+    heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     """``llmgw-server serve`` as a child, right after its spawn; SIGTERM on exit. (As
     ``benchmarks/agents.py``'s ``control_plane``, which picks its own agent port and
@@ -384,7 +395,7 @@ async def server(
         "serve", "--agent-host", "127.0.0.1", "--agent-port", str(agent_port),
         "--admin-host", "127.0.0.1", "--admin-port", str(free_port()),
         "--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(certificates.ca),
-        "--heartbeat-interval", str(HEARTBEAT_INTERVAL_S),
+        "--heartbeat-interval", str(heartbeat_interval_s),
         "--adoption-grace", str(ADOPTION_GRACE_S), "--no-gateway",
         "--engine-networks", "127.0.0.0/8",
     ]  # fmt: skip
@@ -435,6 +446,36 @@ class ServerLog(msgspec.Struct, frozen=True, kw_only=True):
     passes: list[Pass]
 
 
+class EventRate(msgspec.Struct, frozen=True, kw_only=True):
+    events: int
+    seconds: int
+    """From the first event's second to the last event's, both counted."""
+    per_s: float
+    peak_per_s: int
+
+
+def event_rate(per_second: Sequence[tuple[int, int]]) -> EventRate | None:
+    """The rate of events appended, from ``(second, events)`` for the seconds that had any
+    (None without any)."""
+    if not per_second:
+        return None
+    seconds = [second for second, _ in per_second]
+    events = sum(count for _, count in per_second)
+    span = max(seconds) - min(seconds) + 1
+    return EventRate(
+        events=events,
+        seconds=span,
+        per_s=round(events / span, 1),
+        peak_per_s=max(count for _, count in per_second),
+    )
+
+
+EVENTS_BY_SECOND = """
+    SELECT floor(extract(epoch FROM recorded_at))::bigint, count(*)
+    FROM events WHERE position > $1 GROUP BY 1 ORDER BY 1
+"""
+
+
 class Run(msgspec.Struct, frozen=True, kw_only=True):
     load_average: tuple[float, float, float]
     elected_s: float | None
@@ -451,6 +492,8 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     cpu_samples: list[Sample]
     rss_peak_mib: float
     server_log: ServerLog
+    event_rate: EventRate | None = None
+    """What the new leader appended, by second, until the end of the settle time."""
 
     def after_election(self, seconds: float | None) -> float | None:
         if seconds is None or self.elected_s is None:
@@ -477,19 +520,22 @@ async def measure(
             started_load = load_average()
             agents_cpu_before = cpu_seconds(load.pid)
             spawned, spawned_at = time.monotonic(), datetime.now(UTC)
-            async with server(url, certificates, port, log) as plane:
+            async with server(url, certificates, port, log, arguments.heartbeat_interval) as plane:
                 load.stdin.write(b"go\n")
                 await load.stdin.drain()
                 async with profiled(
                     plane.pid, log.with_suffix(".pyspy") if arguments.profile else None
                 ):
-                    seen = await _watch(db, plane, history_end, spawned, agents, replicas)
+                    seen = await _watch(
+                        db, plane, history_end, spawned, agents, replicas, arguments.timeout
+                    )
                     elapsed = time.monotonic() - spawned
                     cpu_mean = cpu_seconds(plane.pid) / elapsed
                     agents_cpu = (cpu_seconds(load.pid) - agents_cpu_before) / elapsed
                     at_adopted = await _new_events(db, history_end)
                     await asyncio.sleep(arguments.settle)
                     after_settle = await _new_events(db, history_end)
+                    by_second = await db.fetch(EVENTS_BY_SECOND, history_end)
                 samples = seen.samples
                 log_size = (await asyncio.to_thread(log.stat)).st_size
     finally:
@@ -508,6 +554,7 @@ async def measure(
         cpu_samples=samples,
         rss_peak_mib=max((s.rss_mib for s in samples), default=0.0),
         server_log=read_server_log(log, log_size, spawned_at, agents),
+        event_rate=event_rate([(row[0], row[1]) for row in by_second]),
     )
 
 
@@ -530,11 +577,12 @@ async def _watch(
     spawned: float,
     agents: int,
     replicas: int,
+    timeout_s: float = RUN_TIMEOUT_S,
 ) -> _Seen:
-    """Polls the log until every replica is adopted or ``RUN_TIMEOUT_S`` passed."""
+    """Polls the log until every replica is adopted or ``timeout_s`` passed."""
     seen = _Seen()
     next_sample, cpu_before = spawned + SAMPLE_S, 0.0
-    while (now := time.monotonic()) - spawned < RUN_TIMEOUT_S:
+    while (now := time.monotonic()) - spawned < timeout_s:
         if plane.returncode is not None:
             raise RuntimeError(f"llmgw-server exited ({plane.returncode})")
         at = round(now - spawned, 2)
@@ -683,6 +731,10 @@ def report(results: Results) -> str:
         row("server RSS, peak (MiB)", [r.rss_peak_mib for r in runs]),
         row("every hello at the hub (s from spawn)", [r.server_log.hellos_s for r in runs]),
         row("hellos recorded per second", [_recorded_per_s(r, results.agents) for r in runs]),
+        row("events a second at the leader, mean",
+            [r.event_rate.per_s if r.event_rate else None for r in runs]),
+        row("events a second at the leader, busiest second",
+            [r.event_rate.peak_per_s if r.event_rate else None for r in runs]),
         row("longest reconcile pass (s)",
             [max((p.duration_s for p in r.server_log.passes), default=0.0) for r in runs]),
         row("load average (1 min) at spawn", [r.load_average[0] for r in runs]),
@@ -746,6 +798,18 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--settle", type=float, default=5.0, help="seconds watched after")
     parser.add_argument("--workdir", type=Path, help="kept: certificates, server logs")
     parser.add_argument("--profile", action="store_true", help="py-spy of the control plane")
+    parser.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=HEARTBEAT_INTERVAL_S,
+        help=f"the server's heartbeat interval ({HEARTBEAT_INTERVAL_S:g}; its default is 5)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=RUN_TIMEOUT_S,
+        help=f"seconds from the spawn given to adopt every replica ({RUN_TIMEOUT_S:g})",
+    )
     parser.add_argument("--load-port", type=int, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 

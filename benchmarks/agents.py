@@ -1,22 +1,35 @@
 """Agent hub benchmark: how many agents one control plane holds.
 
     python benchmarks/agents.py [--agents 100 1000] [--hold 20] [--runs 1]
-        [--workdir DIR] [--profile] [--compression deflate|none] [--server-command CMD]
+        [--heartbeat-interval 1] [--dial-spread 0] [--open-timeout 10] [--workdir DIR]
+        [--profile] [--compression deflate|none] [--server-command CMD]
+    python benchmarks/agents.py --agents 3000 5000 --hold 10 --heartbeat-interval 5
+    python benchmarks/agents.py --agents 5000 --hold 10 --heartbeat-interval 5 --dial-spread 30
+
+(The second and the third: the fleets ``docs/scaling.md`` speaks of, at the default heartbeat
+interval.)
 
 For each size N and run: a fresh migrated database on one server (see
 ``benchmarks/common.py``), ``llmgw-server serve`` as a child process (the control plane
-under test: heartbeat interval 1 s, agents over mTLS on 127.0.0.1), and a second child
-process, the load process, which runs N simulated agents on one asyncio loop: real
-websockets clients, each with a node certificate of its own, sending a ``hello`` with 8
-GPUs and no shards and then a ``heartbeat`` every second, answering nothing else. They all
-dial at once, as a fleet does when its control plane comes back.
+under test: heartbeat interval ``--heartbeat-interval``, 1 s unless told, agents over mTLS
+on 127.0.0.1), and a second child process, the load process, which runs N simulated agents
+on one asyncio loop: real websockets clients, each with a node certificate of its own,
+sending a ``hello`` with 8 GPUs and no shards and then a ``heartbeat`` every interval,
+answering nothing else. They all dial at once, as a fleet does when its control plane
+comes back; with ``--dial-spread S`` each agent's first dial waits a random time of up to
+S seconds instead, as a fleet's does once its agents' jittered backoff has spread them.
+An agent gives TCP, TLS and the opening handshake ``--open-timeout`` seconds (10, the real
+agent's) before it gives up and dials again.
 
 1. Registration: from the load process's first dial until ``SELECT count(*) FROM nodes
-   WHERE connected`` reaches N (polled every 50 ms; given up after 120 s).
+   WHERE connected`` reaches N (polled every 50 ms; given up after 120 s, or
+   ``--registration-timeout``).
 2. Holding: for ``--hold`` seconds while every agent heartbeats, the control plane's CPU
    (utime + stime from ``/proc/<pid>/stat``, in cores) and RSS (``VmRSS``), sampled every
    second, and the heartbeat acknowledgements the load process receives per second, with
-   their round trips.
+   their round trips. From them: the control plane's CPU per 1,000 agents (CPU seconds a
+   second at this interval) and per heartbeat (milliseconds of CPU for one heartbeat and
+   its ack, whatever the interval).
 
 Throughout, the load process counts the times an agent heard nothing from the server for
 longer than the real agent tolerates (3 heartbeat intervals; the simulated agents do not
@@ -115,6 +128,8 @@ LOAD_MESSAGE_MAX_BYTES = 64 * 2**20
 """A window's report carries every round trip it measured: 20,000 a second at 1,000 agents."""
 REGISTRATION_TIMEOUT_S = 120.0
 OPEN_TIMEOUT_S = 10.0
+"""The real agent's (``agent.connection.OPEN_TIMEOUT_S``): TCP, TLS and the opening
+handshake together."""
 WELCOME_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 2.0
 SILENT_SERVER_INTERVALS = 3
@@ -207,6 +222,8 @@ class ControlPlane:
     pid: int
     agent_port: int
     log: Path
+    exit_code: Callable[[], int | None] = lambda: None
+    """The process's exit status once it has exited (a deposed leader exits with 3)."""
 
 
 def free_port() -> int:
@@ -218,7 +235,11 @@ def free_port() -> int:
 
 @contextlib.asynccontextmanager
 async def control_plane(
-    command: Sequence[str], database_url: str, certificates: Certificates, log: Path
+    command: Sequence[str],
+    database_url: str,
+    certificates: Certificates,
+    log: Path,
+    heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
 ) -> AsyncIterator[ControlPlane]:
     """``llmgw-server serve`` (``command``, then ``serve`` and its options) in a child
     process, once its agent hub listens; stopped with SIGTERM on exit."""
@@ -228,7 +249,7 @@ async def control_plane(
         "serve", "--agent-host", "127.0.0.1", "--agent-port", str(agent_port),
         "--admin-host", "127.0.0.1", "--admin-port", str(admin_port),
         "--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(certificates.ca),
-        "--heartbeat-interval", str(HEARTBEAT_INTERVAL_S), "--no-gateway",
+        "--heartbeat-interval", str(heartbeat_interval_s), "--no-gateway",
         "--engine-networks", "127.0.0.0/8",
     ]  # fmt: skip
     with log.open("wb") as output:
@@ -243,7 +264,7 @@ async def control_plane(
         )
     try:
         await _wait_ready(process, admin_port, agent_port, log)
-        yield ControlPlane(process.pid, agent_port, log)
+        yield ControlPlane(process.pid, agent_port, log, lambda: process.returncode)
     finally:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)
@@ -473,8 +494,10 @@ class SimulatedAgent:
         uri: str,
         stats: AgentStats,
         compression: str | None,
+        open_timeout_s: float = OPEN_TIMEOUT_S,
     ) -> None:
         self.node_id = node_id(number)
+        self._open_timeout_s = open_timeout_s
         self._compression = compression
         self._websocket: ClientConnection | None = None
         self._stopping = False
@@ -489,7 +512,8 @@ class SimulatedAgent:
         self._heard_at = 0.0
         self._silence_limit = float("inf")
 
-    async def run(self) -> None:
+    async def run(self, first_dial_after_s: float = 0.0) -> None:
+        await asyncio.sleep(first_dial_after_s)
         delay = RETRY_FIRST_S
         while not self._stopping:
             try:
@@ -497,7 +521,7 @@ class SimulatedAgent:
                     self._uri,
                     ssl=self._context,
                     max_size=MAX_MESSAGE_BYTES,
-                    open_timeout=OPEN_TIMEOUT_S,
+                    open_timeout=self._open_timeout_s,
                     close_timeout=CLOSE_TIMEOUT_S,
                     compression=self._compression,
                     proxy=None,
@@ -631,7 +655,12 @@ def _own_cpu_seconds() -> float:
 
 
 async def run_load(
-    port: int, certificates: Certificates, numbers: range, compression: str | None
+    port: int,
+    certificates: Certificates,
+    numbers: range,
+    compression: str | None,
+    dial_spread_s: float = 0.0,
+    open_timeout_s: float = OPEN_TIMEOUT_S,
 ) -> None:
     """A load process: builds one TLS context per agent, then obeys ``go``, ``status``,
     ``measure`` and ``stop`` on stdin, reporting on stdout."""
@@ -641,14 +670,14 @@ async def run_load(
     stats = AgentStats()
     uri = f"wss://127.0.0.1:{port}"
     agents = [
-        SimulatedAgent(number, context, uri, stats, compression)
+        SimulatedAgent(number, context, uri, stats, compression, open_timeout_s)
         for number, context in zip(numbers, contexts, strict=True)
     ]
     if await _command() != "go":
         return
     cpu_at_go = _own_cpu_seconds()
     _say(Dialling(at=time.monotonic()))
-    tasks = [asyncio.create_task(agent.run()) for agent in agents]
+    tasks = [asyncio.create_task(agent.run(random.uniform(0, dial_spread_s))) for agent in agents]
     tasks.append(asyncio.create_task(_probe_loop_lag(stats)))
     if await _command() != "status":
         return
@@ -704,13 +733,21 @@ class LoadProcess:
 
     @classmethod
     async def start(
-        cls, port: int, certificates: Certificates, numbers: range, compression: str | None
+        cls,
+        port: int,
+        certificates: Certificates,
+        numbers: range,
+        compression: str | None,
+        dial_spread_s: float = 0.0,
+        open_timeout_s: float = OPEN_TIMEOUT_S,
     ) -> LoadProcess:
         process = await asyncio.create_subprocess_exec(
             sys.executable, str(SCRIPT), "--load-port", str(port),
             "--load-certificates", str(certificates.directory),
             "--load-numbers", str(numbers.start), str(numbers.stop),
             "--compression", compression or NO_COMPRESSION,
+            "--dial-spread", str(dial_spread_s),
+            "--open-timeout", str(open_timeout_s),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             limit=LOAD_MESSAGE_MAX_BYTES,
         )  # fmt: skip
@@ -751,7 +788,13 @@ class LoadFleet:
     @classmethod
     @contextlib.asynccontextmanager
     async def started(
-        cls, port: int, certificates: Certificates, processes: int, compression: str | None
+        cls,
+        port: int,
+        certificates: Certificates,
+        processes: int,
+        compression: str | None,
+        dial_spread_s: float = 0.0,
+        open_timeout_s: float = OPEN_TIMEOUT_S,
     ) -> AsyncIterator[LoadFleet]:
         bounds = [certificates.agents * index // processes for index in range(processes + 1)]
         fleet = cls([])
@@ -759,7 +802,9 @@ class LoadFleet:
             for start, stop in itertools.pairwise(bounds):
                 numbers = range(start, stop)
                 fleet._processes.append(
-                    await LoadProcess.start(port, certificates, numbers, compression)
+                    await LoadProcess.start(
+                        port, certificates, numbers, compression, dial_spread_s, open_timeout_s
+                    )
                 )
             yield fleet
         finally:
@@ -896,6 +941,10 @@ class Options:
     compression: str | None
     server_command: tuple[str, ...]
     load_processes: int
+    heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
+    registration_timeout_s: float = REGISTRATION_TIMEOUT_S
+    dial_spread_s: float = 0.0
+    open_timeout_s: float = OPEN_TIMEOUT_S
 
     def output(self, agents: int, number: int, what: str) -> Path:
         return self.workdir / f"{what}-{agents}-{number}.txt"
@@ -913,18 +962,27 @@ async def measure(
     async with fresh_database(server) as url:
         db = await asyncpg.connect(url)
         try:
-            async with control_plane(options.server_command, url, certificates, log) as plane:
+            async with control_plane(
+                options.server_command, url, certificates, log, options.heartbeat_interval_s
+            ) as plane:
                 idle_rss = rss_mib(plane.pid)
                 async with LoadFleet.started(
-                    plane.agent_port, certificates, options.load_processes, options.compression
+                    plane.agent_port,
+                    certificates,
+                    options.load_processes,
+                    options.compression,
+                    options.dial_spread_s,
+                    options.open_timeout_s,
                 ) as load:
                     ready = await load.expect(Ready)
                     async with profiled(
                         plane.pid, options.profile_output(agents, number, "registration")
                     ):
-                        registration = await _register(db, plane, load, agents)
+                        registration = await _register(
+                            db, plane, load, agents, options.registration_timeout_s
+                        )
                     loads["registered"] = load_average()
-                    await asyncio.sleep(SETTLE_INTERVALS * HEARTBEAT_INTERVAL_S)
+                    await asyncio.sleep(SETTLE_INTERVALS * options.heartbeat_interval_s)
                     async with profiled(plane.pid, options.profile_output(agents, number, "hold")):
                         hold = await _hold(db, plane, load, options.hold_s)
                     loads["held"] = load_average()
@@ -946,14 +1004,24 @@ async def measure(
 
 
 async def _register(
-    db: asyncpg.Connection, plane: ControlPlane, load: LoadFleet, agents: int
+    db: asyncpg.Connection,
+    plane: ControlPlane,
+    load: LoadFleet,
+    agents: int,
+    timeout_s: float = REGISTRATION_TIMEOUT_S,
 ) -> Registration:
     cpu_before, overflows_before = cpu_seconds(plane.pid), listen_overflows()
     await load.tell("go")
     dialled_at = min(dialling.at for dialling in await load.expect(Dialling))
-    deadline = dialled_at + REGISTRATION_TIMEOUT_S
+    deadline = dialled_at + timeout_s
     polls: list[tuple[float, int]] = []
     while (connected := await _connected_nodes(db)) < agents and time.monotonic() < deadline:
+        if (code := plane.exit_code()) is not None:
+            raise RuntimeError(
+                f"the control plane exited ({code}) with {connected} of {agents} agents "
+                f"registered, {time.monotonic() - dialled_at:.0f} s after the first dial:\n"
+                f"{_tail(plane.log)}"
+            )
         polls.append((time.monotonic(), connected))
         await asyncio.sleep(POLL_S)
     registered_at = time.monotonic()
@@ -1084,9 +1152,29 @@ class SizeSummary(msgspec.Struct, frozen=True, kw_only=True):
     registration_met: bool | None
     """None below ``TARGET_REGISTRATION_AGENTS``, which the target speaks of."""
     cpu_met: bool
+    heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
+    cpu_cores_per_1000_agents: float = 0.0
+    """The median holding CPU scaled to 1,000 agents: CPU seconds a second at this
+    heartbeat interval."""
+    cpu_ms_per_heartbeat: float = 0.0
+    """The median holding CPU over the acknowledgements a second: one heartbeat and its
+    ack, whatever the interval."""
 
 
-def summarize(runs: Sequence[Run]) -> SizeSummary:
+def cpu_per_thousand(cpu_cores: float, agents: int) -> float:
+    """CPU cores for 1,000 agents, from ``cpu_cores`` measured for ``agents``."""
+    return round(cpu_cores * 1_000 / agents, 3) if agents else 0.0
+
+
+def cpu_ms_per_heartbeat(cpu_cores: float, acks_per_s: float) -> float:
+    """Milliseconds of CPU per heartbeat and its ack, from ``cpu_cores`` spent while
+    ``acks_per_s`` were acknowledged."""
+    return round(cpu_cores * 1_000 / acks_per_s, 3) if acks_per_s > 0 else 0.0
+
+
+def summarize(
+    runs: Sequence[Run], heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
+) -> SizeSummary:
     def mid(values: Sequence[float]) -> float:
         return round(median(values), 3)
 
@@ -1127,6 +1215,9 @@ def summarize(runs: Sequence[Run]) -> SizeSummary:
             registration <= TARGET_REGISTRATION_S if agents >= TARGET_REGISTRATION_AGENTS else None
         ),
         cpu_met=cpu < TARGET_CPU_CORES,
+        heartbeat_interval_s=heartbeat_interval_s,
+        cpu_cores_per_1000_agents=cpu_per_thousand(cpu, agents),
+        cpu_ms_per_heartbeat=cpu_ms_per_heartbeat(cpu, mid([load.acks_per_s for load in loads])),
     )
 
 
@@ -1187,6 +1278,10 @@ def report(results: Results) -> str:
         row("  control plane CPU cores med / max",
             lambda s: f"{s.cpu_cores_median:.3f} / {s.cpu_cores_max:.3f}",
             f"< {TARGET_CPU_CORES}"),
+        row("  control plane CPU cores per 1,000 agents",
+            lambda s: f"{s.cpu_cores_per_1000_agents:.3f}"),
+        row("  control plane CPU ms per heartbeat",
+            lambda s: f"{s.cpu_ms_per_heartbeat:.3f}"),
         row("  control plane RSS MiB med / max (idle)",
             lambda s: f"{s.rss_mib_median:.0f} / {s.rss_mib_max:.0f} ({s.idle_rss_mib:.0f})"),
         row("  events appended", lambda s: f"{s.hold_events_appended:.0f}", "0"),
@@ -1257,6 +1352,31 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--hold", type=int, default=20, help="seconds of heartbeats measured")
     parser.add_argument("--runs", type=int, default=1, help="runs of every size (1)")
     parser.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=HEARTBEAT_INTERVAL_S,
+        help=f"seconds between heartbeats ({HEARTBEAT_INTERVAL_S:g}; the server's default is 5)",
+    )
+    parser.add_argument(
+        "--dial-spread",
+        type=float,
+        default=0.0,
+        help="seconds over which the agents' first dials are spread at random (0: all at once)",
+    )
+    parser.add_argument(
+        "--open-timeout",
+        type=float,
+        default=OPEN_TIMEOUT_S,
+        help=f"seconds an agent gives TCP, TLS and the opening handshake before it dials "
+        f"again ({OPEN_TIMEOUT_S:g}, the real agent's)",
+    )
+    parser.add_argument(
+        "--registration-timeout",
+        type=float,
+        default=REGISTRATION_TIMEOUT_S,
+        help=f"seconds given to register every agent ({REGISTRATION_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
         "--workdir",
         type=Path,
         help="keep certificates (reused by later runs), control plane logs and profiles here",
@@ -1311,7 +1431,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments.load_port is not None:
         numbers = range(*arguments.load_numbers)
         certificates = Certificates(arguments.load_certificates, numbers.stop, 0.0)
-        asyncio.run(run_load(arguments.load_port, certificates, numbers, _compression(arguments)))
+        load = run_load(
+            arguments.load_port,
+            certificates,
+            numbers,
+            _compression(arguments),
+            arguments.dial_spread,
+            arguments.open_timeout,
+        )
+        asyncio.run(load)
         return 0
     sizes: list[int] = arguments.agents
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
@@ -1330,6 +1458,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             _compression(arguments),
             tuple(shlex.split(arguments.server_command)),
             arguments.load_processes,
+            arguments.heartbeat_interval,
+            arguments.registration_timeout,
+            arguments.dial_spread,
+            arguments.open_timeout,
         )
         machine, runs = asyncio.run(run_all(server, certificates, sizes, arguments.runs, options))
     results = Results(
@@ -1344,6 +1476,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "profile": arguments.profile,
             "compression": arguments.compression,
             "load_processes": arguments.load_processes,
+            "heartbeat_interval": arguments.heartbeat_interval,
+            "dial_spread": arguments.dial_spread,
+            "open_timeout": arguments.open_timeout,
         },
         server=server.description,
         machine=machine,
@@ -1353,7 +1488,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "registration_agents": TARGET_REGISTRATION_AGENTS,
             "cpu_cores": TARGET_CPU_CORES,
         },
-        summary=[summarize([run for run in runs if run.agents == size]) for size in sizes],
+        summary=[
+            summarize([run for run in runs if run.agents == size], arguments.heartbeat_interval)
+            for size in sizes
+        ],
         runs=runs,
     )
     print(report(results))

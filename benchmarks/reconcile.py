@@ -2,14 +2,21 @@
 
     python benchmarks/reconcile.py [--nodes 1000] [--replicas 4000] [--repeat 15]
                                    [--rollout-replicas 1000] [--surges 1:300,10,100]
+    python benchmarks/reconcile.py --nodes 5000 --replicas 20000 --rollout-replicas 0
+
+(The second: the largest fleet ``docs/scaling.md`` speaks of, 20,000 replicas on 5,000
+nodes; ``--replicas`` may be at most 8 per node, and the 100 placements need room.)
 
 Measured, pure (no database, no sockets; the decisions are what the control plane runs on
 every pass):
 - one ``explain_placement`` of a model that fits (target: <= 20 ms);
 - one full reconcile pass with nothing to do (target: <= 50 ms);
 - one full reconcile pass with 100 replicas to place (target: <= 50 ms).
-Medians of ``--repeat`` runs; a baseline of the same size, one pass over the replicas
-doing nothing but reading them, is reported beside it so the machine's speed is visible.
+Medians (and p90, p95) of ``--repeat`` runs; a baseline of the same size, one pass over
+the replicas doing nothing but reading them, is reported beside it so the machine's speed is
+visible. Building the fleet folds its history event by event, as a control plane catching
+up at its start does: how many events a second the fold takes, and the benchmark's peak
+memory with the fleet folded, are reported too.
 
 Then a rollout (``benchmarks/rollout_scenario.py``): one more model of
 ``--rollout-replicas`` replicas, one per node, gets a new revision, and the passes that
@@ -54,7 +61,7 @@ from app.domain.placement import explain_placement
 from app.domain.reconcile import Settings, decide
 from app.domain.reports import FleetView, NodeReport, ReportedShard
 from app.domain.state import ClusterState
-from benchmarks.common import format_table, load_average, write_results
+from benchmarks.common import format_table, load_average, peak_rss_mib, write_results
 from benchmarks.rollout_scenario import RolloutRun, run_rollout, with_model
 
 T0 = datetime(2026, 11, 2, tzinfo=UTC)
@@ -67,6 +74,7 @@ class Figure(msgspec.Struct, frozen=True):
     median_ms: float
     p90_ms: float
     target_ms: float | None
+    p95_ms: float | None = None
 
 
 class RolloutFigure(msgspec.Struct, frozen=True, kw_only=True):
@@ -87,6 +95,16 @@ class RolloutFigure(msgspec.Struct, frozen=True, kw_only=True):
     events: int
 
 
+class Fold(msgspec.Struct, frozen=True):
+    """Folding the fleet's history into a ``ClusterState``, one event at a time."""
+
+    events: int
+    seconds: float
+    events_per_s: float
+    peak_rss_mib: float
+    """The benchmark process's peak resident memory once the fleet is folded."""
+
+
 class Results(msgspec.Struct, frozen=True):
     nodes: int
     replicas: int
@@ -95,11 +113,14 @@ class Results(msgspec.Struct, frozen=True):
     figures: list[Figure]
     rollout_replicas: int = 0
     rollouts: list[RolloutFigure] = []
+    fold: Fold | None = None
 
 
 def fleet(nodes: int, replicas: int) -> tuple[ClusterState, FleetView]:
     """``nodes`` nodes of 8 H100s and ``replicas`` serving single-GPU replicas spread over
     ``MODELS`` models, every shard reported running by its agent."""
+    if replicas > 8 * nodes:
+        raise ValueError(f"{replicas} single-GPU replicas do not fit on {nodes} nodes of 8 GPUs")
     state = ClusterState()
     position = 0
 
@@ -164,8 +185,9 @@ def figure(name: str, samples: list[float], target: float | None) -> Figure:
     return Figure(
         name=name,
         median_ms=round(statistics.median(ordered), 2),
-        p90_ms=round(ordered[int(0.9 * (len(ordered) - 1))], 2),
+        p90_ms=round(percentile(ordered, 0.9), 2),
         target_ms=target,
+        p95_ms=round(percentile(ordered, 0.95), 2),
     )
 
 
@@ -259,11 +281,21 @@ def main() -> None:
     parser.add_argument("--surges", type=surges, default=surges("1:300,10,100"))
     args = parser.parse_args()
 
+    if args.replicas > 8 * args.nodes:
+        parser.error(f"--replicas {args.replicas} do not fit on --nodes {args.nodes} (8 GPUs each)")
     built = time.perf_counter()
     state, view = fleet(args.nodes, args.replicas)
+    seconds = time.perf_counter() - built
+    fold = Fold(
+        events=state.position,
+        seconds=round(seconds, 2),
+        events_per_s=round(state.position / seconds),
+        peak_rss_mib=peak_rss_mib(),
+    )
     print(
-        f"built a fleet of {args.nodes} nodes and {args.replicas} replicas "
-        f"in {time.perf_counter() - built:.1f}s"
+        f"built a fleet of {args.nodes} nodes and {args.replicas} replicas in {seconds:.1f}s: "
+        f"{fold.events:,} events folded, {fold.events_per_s:,.0f} a second "
+        f"(with building the reports); peak RSS {fold.peak_rss_mib:.0f} MiB"
     )
     settings = Settings(epoch=EPOCH, started_at=T0 - timedelta(hours=1))
     now = T0 + timedelta(hours=1)
@@ -320,12 +352,13 @@ def main() -> None:
             f.name,
             f"{f.median_ms:.2f}",
             f"{f.p90_ms:.2f}",
+            f"{f.p95_ms:.2f}",
             "-" if f.target_ms is None else f"<= {f.target_ms:g}",
             "-" if f.target_ms is None else ("met" if f.median_ms <= f.target_ms else "MISSED"),
         ]
         for f in figures
     ]
-    print(format_table(["measure", "median ms", "p90 ms", "target", ""], rows))
+    print(format_table(["measure", "median ms", "p90 ms", "p95 ms", "target", ""], rows))
     rollouts: list[RolloutFigure] = []
     if args.rollout_replicas > 0:
         rollouts = measure_rollouts(state, view, now, settings, args)
@@ -346,6 +379,7 @@ def main() -> None:
             figures=figures,
             rollout_replicas=args.rollout_replicas,
             rollouts=rollouts,
+            fold=fold,
         ),
     )
     print(f"results: {path}")
