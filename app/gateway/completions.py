@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import msgspec
@@ -265,15 +265,41 @@ class Completions:
         assert task is not None
         watch = _Watch(task)
         watcher = asyncio.get_running_loop().create_task(watch.run(receive))
+        await self._relay_answer(
+            exchange,
+            key,
+            send,
+            watch,
+            [watcher],
+            lambda: self._open(exchange, key, path),
+            lambda opened: exchange.stream and opened.answer.status == 200,
+        )
+
+    async def _relay_answer(
+        self,
+        exchange: _Exchange,
+        key: KeyRecord,
+        send: Send,
+        watch: _Watch,
+        watchers: list[asyncio.Task[None]],
+        open_upstream: Callable[[], Awaitable[Opened]],
+        streamed: Callable[[Opened], bool],
+    ) -> None:
+        """Open the engine's answer and relay it to the client: as it comes when
+        ``streamed`` says so, else whole; tokens spent, the attempt counted, and the request
+        ended quietly if the client went away (``watch``) while it was on its way."""
+        task = asyncio.current_task()
+        assert task is not None
         opened: Opened | None = None
         tokens: StreamTokens | None = None
         outcome: Outcome | None = None
         try:
-            opened = await self._open(exchange, key, path)
+            opened = await open_upstream()
             exchange.replica = opened.lease.route.replica_id
             if exchange.route_header is not None:
                 exchange.route_header = route_header(opened.lease, exchange.route_key)
-            if exchange.stream and opened.answer.status == 200:
+            if streamed(opened):
+                exchange.stream = True
                 tokens = StreamTokens()
                 exchange.status = 200
 
@@ -316,7 +342,8 @@ class Completions:
             raise
         finally:
             watch.done = True
-            watcher.cancel()
+            for watcher in watchers:
+                watcher.cancel()
             if opened is not None:
                 opened.close()
                 self._count(exchange, opened, outcome, tokens)

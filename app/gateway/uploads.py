@@ -21,8 +21,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Callable
 
-from app.domain.traffic import Outcome, outcome_of_status
-from app.gateway.asgi import Receive, Scope, Send, authenticate, clock, refuse
+from app.gateway.asgi import Receive, Scope, Send, authenticate, refuse
 from app.gateway.completions import Completions, _ClientGone, _Exchange, _Watch, log
 from app.gateway.endpoints import UPLOAD_ENDPOINTS
 from app.gateway.errors import (
@@ -35,12 +34,11 @@ from app.gateway.errors import (
     saturated,
 )
 from app.gateway.metrics import CLIENT_GONE, GatewayMetrics
-from app.gateway.proxy import Opened, read_whole, relay_stream
+from app.gateway.proxy import Opened
 from app.gateway.ratelimit import Limiter
 from app.gateway.router import ColdStartTimedOut, NoServingReplica, Saturated
 from app.gateway.table import GatewaySnapshot
 from app.gateway.traffic import TrafficWindow
-from app.gateway.usage import StreamTokens, usage_of_body
 from app.listeners.throttle import FailureBudget
 from wire.multipart import (
     BodyEnded,
@@ -274,60 +272,18 @@ class Uploads(Completions):
             self.max_upload_bytes,
             uploaded,
         )
-        opened: Opened | None = None
-        tokens: StreamTokens | None = None
-        outcome: Outcome | None = None
-        try:
-            opened = await self._open_upload(exchange, key.key_id, path, upload)
-            exchange.replica = opened.lease.route.replica_id
-            answer = opened.answer
-            if answer.status == 200 and answer.content_type.startswith(b"text/event-stream"):
-                exchange.stream = True
-                exchange.status = 200
-                tokens = StreamTokens()
-
-                def first_chunk() -> None:
-                    exchange.first_byte_at = clock()
-
-                finished = await relay_stream(
-                    opened, send, exchange.answer_headers(), tokens, first_chunk
-                )
-                exchange.ended_at = clock()
-                outcome = Outcome.ANSWERED if finished else Outcome.FAILED
-                watch.done = True
-                if key.tpm is not None:
-                    self._spend(key, tokens.total())
-                return
-            try:
-                status, answer_type, body = await read_whole(opened, exchange.timing)
-            except ApiError:
-                outcome = Outcome.FAILED
-                raise
-            exchange.first_byte_at = exchange.ended_at = clock()
-            outcome = outcome_of_status(status)
-            exchange.status = status
-            watch.done = True
-            if key.tpm is not None and status < 400:
-                self._spend(key, usage_of_body(body) or 0)
-            headers = exchange.answer_headers()
-            headers.append((b"content-type", answer_type))
-            headers.append((b"content-length", b"%d" % len(body)))
-            await send({"type": "http.response.start", "status": status, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
-        except asyncio.CancelledError:
-            if outcome is None:
-                outcome = Outcome.CANCELLED
-            if watch.fired and task.uncancel() == 0:
-                exchange.status = CLIENT_GONE
-                return
-            raise
-        finally:
-            watch.done = True
-            for watcher in watchers:
-                watcher.cancel()
-            if opened is not None:
-                opened.close()
-                self._count(exchange, opened, outcome, tokens)
+        await self._relay_answer(
+            exchange,
+            key,
+            send,
+            watch,
+            watchers,
+            lambda: self._open_upload(exchange, key.key_id, path, upload),
+            lambda opened: (
+                opened.answer.status == 200
+                and opened.answer.content_type.startswith(b"text/event-stream")
+            ),
+        )
 
     async def _open_upload(
         self, exchange: _Exchange, key_id: str, path: str, upload: _Upload
