@@ -15,6 +15,10 @@ every replica. So the grace follows the fleet. It ends:
    ``quiet_s``: no connection is opening at the agent hub (accepted, its TLS or WebSocket
    handshake not finished) and no hello came within ``quiet_s``.
 
+Once ended, the grace stays ended for the rest of the term (``ended``): a node that
+reconnects later, or one that leaves after every node was back, does not hold the rules
+back again.
+
 Connections still opening count as arrivals because in a reconnect storm they are all
 there is for a long time: thousands of handshakes at once on the leader's loop can hold
 the first hello back for longer than the minimum (100 s after an election was measured).
@@ -54,6 +58,7 @@ class GraceState(StrEnum):
     ALL_BACK = "every node the log knows said hello"
     QUIET = "no agent arrived for the quiet period"
     BOUND = "the upper bound passed"
+    ENDED = "it ended before"
 
 
 def grace_state(
@@ -64,8 +69,12 @@ def grace_state(
     expected: Collection[str],
     said_hello: Collection[str],
     arrivals: Arrivals,
+    ended: bool = False,
 ) -> GraceState:
-    """Whether the adoption grace is still open at ``now``, and if not, why it ended."""
+    """Whether the adoption grace is still open at ``now``, and if not, why it ended;
+    ``ended``: it ended at an earlier pass of this term."""
+    if ended:
+        return GraceState.ENDED
     if all(node in said_hello for node in expected):
         return GraceState.ALL_BACK
     elapsed = now - started_at

@@ -93,6 +93,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Past the least, the grace lasts until no agent arrived for this long."""
     adoption_grace_max_s: float = DEFAULT_ADOPTION_GRACE_MAX_S
     """The most the grace lasts, whatever the fleet does."""
+    adoption_grace_ended: bool = False
+    """The grace ended at an earlier pass: it never opens again in this term."""
     lost_timeout_s: float = DEFAULT_LOST_TIMEOUT_S
     stability_window_s: float = DEFAULT_STABILITY_WINDOW_S
     replica_drain_grace_s: float = 600.0
@@ -121,6 +123,7 @@ def adoption_grace_state(
         expected=[n.id for n in state.nodes.values() if not n.lost],
         said_hello=fleet.reports.keys(),
         arrivals=fleet.arrivals,
+        ended=s.adoption_grace_ended,
     )
 
 

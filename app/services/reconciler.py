@@ -128,7 +128,6 @@ class Reconciler:
         self._clock = clock
         self._in_flight = in_flight
         self._connections_opening = connections_opening
-        self._grace = GraceState.OPEN
         self._wake = asyncio.Event()
         self._sent: dict[str, _SentSinceHello] = {}
         self._demand: dict[str, tuple[autoscale.DemandSample, ...]] = {}
@@ -250,13 +249,15 @@ class Reconciler:
         return report
 
     def _note_grace(self, grace: GraceState) -> None:
-        if self._grace is GraceState.OPEN and grace is not GraceState.OPEN:
-            log.info(
-                "adoption_grace_ended",
-                reason=str(grace),
-                after_s=round((self._clock() - self.settings.started_at).total_seconds(), 1),
-            )
-        self._grace = grace
+        """Once the adoption grace has ended it stays ended: say so, once."""
+        if self.settings.adoption_grace_ended or grace is GraceState.OPEN:
+            return
+        self.settings = msgspec.structs.replace(self.settings, adoption_grace_ended=True)
+        log.info(
+            "adoption_grace_ended",
+            reason=str(grace),
+            after_s=round((self._clock() - self.settings.started_at).total_seconds(), 1),
+        )
 
     async def _append(self, events: Sequence[PlannedEvent]) -> None:
         for (correlation_id, actor), run in _runs_by_meta(events):

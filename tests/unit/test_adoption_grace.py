@@ -81,3 +81,23 @@ def test_a_fleet_the_log_does_not_know_has_no_grace() -> None:
         GRACE, started_at=STARTED, now=STARTED, expected=[], said_hello=[], arrivals=Arrivals()
     )
     assert ended is GraceState.ALL_BACK
+
+
+def test_once_ended_the_grace_never_opens_again_in_the_term() -> None:
+    fresh = Arrivals(last_hello_at=at(45), connections_opening=3)
+    assert (
+        grace_state(
+            GRACE, started_at=STARTED, now=at(46), expected=FLEET, said_hello=[], arrivals=fresh
+        )
+        is GraceState.OPEN
+    )
+    ended = grace_state(
+        GRACE,
+        started_at=STARTED,
+        now=at(46),
+        expected=FLEET,
+        said_hello=[],
+        arrivals=fresh,
+        ended=True,
+    )
+    assert ended is GraceState.ENDED
