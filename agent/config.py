@@ -30,6 +30,11 @@ ENV_PREFIX = "LLMGW_AGENT_"
 CONFIG_ENV = f"{ENV_PREFIX}CONFIG"
 DEFAULT_PORT_RANGE = (20000, 20999)
 DEFAULT_RECONNECT_MAX_DELAY_S = 30.0
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+"""The TCP connect to a control plane: short, so a server that is down is skipped fast."""
+DEFAULT_OPEN_TIMEOUT_S = 30.0
+"""The TLS handshake and WebSocket upgrade after it: long, because a control plane just
+elected is handshaking with every agent at once."""
 FAKE_GPU_HEALTH_FILE = "fake-gpu-health.json"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 EnginesOnExit = Literal["keep", "stop"]
@@ -67,6 +72,8 @@ class AgentSettings:
     port_range: str | None = None
     log_level: str | None = None
     reconnect_max_delay: float | None = None
+    connect_timeout: float | None = None
+    open_timeout: float | None = None
     engines_on_exit: str | None = None
 
 
@@ -87,6 +94,10 @@ class AgentConfig:
     log_level: str
     reconnect_max_delay_s: float = DEFAULT_RECONNECT_MAX_DELAY_S
     """The longest wait between two connection attempts."""
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    """How long a TCP connect to a control plane may take."""
+    open_timeout_s: float = DEFAULT_OPEN_TIMEOUT_S
+    """How long the TLS handshake and WebSocket upgrade after it may take."""
     engines_on_exit: EnginesOnExit = "keep"
     """What the agent does with its engines when it is stopped (SIGTERM, SIGINT): ``keep``
     them running, as an agent upgrade wants, or ``stop`` them and report each stop first."""
@@ -112,6 +123,8 @@ class _FileSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     port_range: str | tuple[int, int] | Unset = UNSET
     log_level: str | Unset = UNSET
     reconnect_max_delay: float | Unset = UNSET
+    connect_timeout: float | Unset = UNSET
+    open_timeout: float | Unset = UNSET
     engines_on_exit: str | Unset = UNSET
 
 
@@ -138,6 +151,8 @@ def settings_from_env(environ: Mapping[str, str]) -> AgentSettings:
     servers = get("SERVERS")
     labels = get("LABELS")
     reconnect_max_delay = get("RECONNECT_MAX_DELAY")
+    connect_timeout = get("CONNECT_TIMEOUT")
+    open_timeout = get("OPEN_TIMEOUT")
     return AgentSettings(
         servers=None if servers is None else tuple(re.split(r"[\s,]+", servers)),
         node_id=get("NODE_ID"),
@@ -153,6 +168,12 @@ def settings_from_env(environ: Mapping[str, str]) -> AgentSettings:
         reconnect_max_delay=None
         if reconnect_max_delay is None
         else _seconds(reconnect_max_delay, f"{ENV_PREFIX}RECONNECT_MAX_DELAY"),
+        connect_timeout=None
+        if connect_timeout is None
+        else _seconds(connect_timeout, f"{ENV_PREFIX}CONNECT_TIMEOUT"),
+        open_timeout=None
+        if open_timeout is None
+        else _seconds(open_timeout, f"{ENV_PREFIX}OPEN_TIMEOUT"),
         engines_on_exit=get("ENGINES_ON_EXIT"),
     )
 
@@ -183,6 +204,8 @@ def settings_from_file(path: Path) -> AgentSettings:
         port_range=_port_range_text(read.port_range),
         log_level=_given(read.log_level),
         reconnect_max_delay=_given(read.reconnect_max_delay),
+        connect_timeout=_given(read.connect_timeout),
+        open_timeout=_given(read.open_timeout),
         engines_on_exit=_given(read.engines_on_exit),
     )
 
@@ -217,11 +240,13 @@ def resolve(settings: AgentSettings, environ: Mapping[str, str]) -> AgentConfig:
     log_level = (settings.log_level or "info").lower()
     if log_level not in LOG_LEVELS:
         raise ConfigError(f"--log-level {log_level!r}: expected one of {', '.join(LOG_LEVELS)}")
-    reconnect_max_delay = settings.reconnect_max_delay
-    if reconnect_max_delay is not None and not reconnect_max_delay > 0:
-        raise ConfigError(
-            f"--reconnect-max-delay {reconnect_max_delay}: expected a positive number of seconds"
-        )
+    for flag, seconds in (
+        ("--reconnect-max-delay", settings.reconnect_max_delay),
+        ("--connect-timeout", settings.connect_timeout),
+        ("--open-timeout", settings.open_timeout),
+    ):
+        if seconds is not None and not seconds > 0:
+            raise ConfigError(f"{flag} {seconds}: expected a positive number of seconds")
     return AgentConfig(
         servers=tuple(parse_server(server) for server in settings.servers),
         node_id=node_id,
@@ -238,7 +263,9 @@ def resolve(settings: AgentSettings, environ: Mapping[str, str]) -> AgentConfig:
             else parse_port_range(settings.port_range)
         ),
         log_level=log_level,
-        reconnect_max_delay_s=reconnect_max_delay or DEFAULT_RECONNECT_MAX_DELAY_S,
+        reconnect_max_delay_s=settings.reconnect_max_delay or DEFAULT_RECONNECT_MAX_DELAY_S,
+        connect_timeout_s=settings.connect_timeout or DEFAULT_CONNECT_TIMEOUT_S,
+        open_timeout_s=settings.open_timeout or DEFAULT_OPEN_TIMEOUT_S,
         engines_on_exit=parse_engines_on_exit(settings.engines_on_exit or "keep"),
     )
 

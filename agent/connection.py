@@ -1,7 +1,13 @@
 """Staying connected to the control plane: dial, serve, and after a failure wait and dial
 again, until a failure shows that trying again cannot help.
 
-Each attempt dials the next configured server in turn. Between attempts the agent waits a
+Each attempt dials the next configured server in turn, in two steps with their own
+timeouts (``DialTimeouts``): the TCP connect, short, so that a server that is down or
+black-holed costs little before the next is tried; then the TLS handshake and the
+WebSocket upgrade, long, because a control plane just elected is dialled by every agent at
+once and its handshakes queue on one loop: an agent that gives up on a slow handshake and
+dials again only adds to the queue (at 3,000 agents a 10 s limit made every agent redial
+four times; 60 s had them all welcomed in 15 s). Between attempts the agent waits a
 jittered, exponentially growing delay (``Backoff``: 0.5 s doubling up to 30 s, each delay
 drawn from its upper half); the growth starts over once a connection has stayed up for
 ``STABLE_AFTER_S``. websockets' own ``async for ws in connect(uri)`` is not used because it
@@ -36,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -47,7 +54,7 @@ import structlog
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidMessage, InvalidStatus, WebSocketException
 
-from agent.config import ServerAddress
+from agent.config import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_OPEN_TIMEOUT_S, ServerAddress
 from app.pki import explain_tls_failure, fetch_presented_certificate, ssl_error_in
 from wire.messages import MAX_MESSAGE_BYTES, CloseCode
 
@@ -55,7 +62,6 @@ log = structlog.get_logger("llmgw.agent")
 
 STABLE_AFTER_S = 10.0
 REFUSAL_STRIKES = 3
-OPEN_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 2.0
 
 # TLS alerts by which a server refuses the client certificate (OpenSSL reason names).
@@ -148,6 +154,15 @@ Serve = Callable[[ClientConnection], Awaitable[bool]]
 
 
 @dataclass(frozen=True)
+class DialTimeouts:
+    """``connect_s``: the TCP connect (name resolution included); ``open_s``: the TLS
+    handshake and the WebSocket upgrade after it."""
+
+    connect_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    open_s: float = DEFAULT_OPEN_TIMEOUT_S
+
+
+@dataclass(frozen=True)
 class _Ending:
     failure: Failure
     detail: str
@@ -161,12 +176,14 @@ async def stay_connected(
     serve: Serve,
     *,
     backoff: Backoff | None = None,
+    timeouts: DialTimeouts | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> NoReturn:
     """Dial the servers in turn and hand each connection to ``serve`` (which returns True if
     the control plane welcomed the agent), for ever; raise ``ConnectionFatal`` when trying
     again cannot help."""
     backoff = backoff or Backoff()
+    timeouts = timeouts or DialTimeouts()
     hang_ups = 0
     delay = 0.0
     for server in itertools.cycle(servers):
@@ -174,7 +191,7 @@ async def stay_connected(
             await asyncio.sleep(delay)
         # Every line logged while this server is dialled or connected names it.
         with structlog.contextvars.bound_contextvars(server=server.uri):
-            ending = await _connect_once(server, ssl_context, serve, clock)
+            ending = await _connect_once(server, ssl_context, serve, timeouts, clock)
         hang_ups = hang_ups + 1 if ending.failure is Failure.HUNG_UP_AFTER_TLS else 0
         if hang_ups >= REFUSAL_STRIKES:
             raise ClientCertificateRejected(
@@ -198,14 +215,21 @@ async def stay_connected(
 
 
 async def _connect_once(
-    server: ServerAddress, ssl_context: ssl.SSLContext, serve: Serve, clock: Callable[[], float]
+    server: ServerAddress,
+    ssl_context: ssl.SSLContext,
+    serve: Serve,
+    timeouts: DialTimeouts,
+    clock: Callable[[], float],
 ) -> _Ending:
     try:
+        sock = await tcp_connect(server.host, server.port, timeouts.connect_s)
         async with connect(
             server.uri,
+            sock=sock,
             ssl=ssl_context,
             max_size=MAX_MESSAGE_BYTES,
-            open_timeout=OPEN_TIMEOUT_S,
+            open_timeout=timeouts.open_s,
+            ssl_handshake_timeout=timeouts.open_s,
             close_timeout=CLOSE_TIMEOUT_S,
             proxy=None,
         ) as websocket:
@@ -226,6 +250,32 @@ async def _connect_once(
         if failure is Failure.CLIENT_REFUSED:
             raise ClientCertificateRejected(_refusal(exc, server)) from exc
         return _Ending(failure, explain_tls_failure(exc, server.host))
+
+
+async def tcp_connect(host: str, port: int, timeout_s: float) -> socket.socket:
+    """A TCP connection to ``host``:``port``, trying each address it resolves to, within
+    ``timeout_s`` in all; raises ``TimeoutError`` (saying so) or the last ``OSError``."""
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(timeout_s):
+            addresses = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            failure: OSError = OSError(f"{host} resolves to no address")
+            for family, kind, proto, _, address in addresses:
+                sock = socket.socket(family, kind, proto)
+                try:
+                    sock.setblocking(False)
+                    await loop.sock_connect(sock, address)
+                except OSError as exc:
+                    sock.close()
+                    failure = exc
+                    continue
+                except BaseException:  # cancelled, or the timeout: the socket is ours to close
+                    sock.close()
+                    raise
+                return sock
+            raise failure
+    except TimeoutError as exc:
+        raise TimeoutError(f"TCP connect to {host}:{port} timed out after {timeout_s:g}s") from exc
 
 
 def _ending_of(server: ServerAddress, websocket: ClientConnection, stable: bool) -> _Ending:

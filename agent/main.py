@@ -34,7 +34,7 @@ from agent.config import (
     load_config,
     parse_labels,
 )
-from agent.connection import Backoff, ConnectionFatal, stay_connected
+from agent.connection import Backoff, ConnectionFatal, DialTimeouts, stay_connected
 from agent.engines.recorded_stop import stop_recorded_engines
 from agent.gpus import mark_fake_gpu, open_gpu_source
 from agent.runtime import AgentRuntime
@@ -123,6 +123,21 @@ def run(
         float | None,
         Parameter(help="The longest wait in seconds between connection attempts. [default: 30]"),
     ] = None,
+    connect_timeout: Annotated[
+        float | None,
+        Parameter(
+            help="Seconds a TCP connect to a control plane may take before the next server "
+            "is tried. [default: 5]"
+        ),
+    ] = None,
+    open_timeout: Annotated[
+        float | None,
+        Parameter(
+            help="Seconds the TLS handshake and WebSocket upgrade may take once TCP is "
+            "connected; long, since a restarted control plane is dialled by every agent at "
+            "once. [default: 30]"
+        ),
+    ] = None,
     engines_on_exit: Annotated[
         EnginesOnExit | None,
         Parameter(
@@ -156,6 +171,8 @@ def run(
             port_range=port_range,
             log_level=log_level,
             reconnect_max_delay=reconnect_max_delay,
+            connect_timeout=connect_timeout,
+            open_timeout=open_timeout,
             engines_on_exit=engines_on_exit,
         )
         settings = load_config(flags, os.environ, config)
@@ -286,7 +303,13 @@ async def _serve_until_stopped(
         loop.add_signal_handler(signum, stopping.set)
     backoff = Backoff(cap_s=config.reconnect_max_delay_s)
     connection = asyncio.create_task(
-        stay_connected(config.servers, ssl_context, runtime.serve, backoff=backoff)
+        stay_connected(
+            config.servers,
+            ssl_context,
+            runtime.serve,
+            backoff=backoff,
+            timeouts=DialTimeouts(connect_s=config.connect_timeout_s, open_s=config.open_timeout_s),
+        )
     )
     gpu_watch = asyncio.create_task(runtime.watch_gpus())
     stop = asyncio.create_task(stopping.wait())

@@ -216,6 +216,8 @@ class Server:
                 agent_host=settings.agent_host,
                 agent_port=settings.agent_port,
                 adoption_grace_s=settings.adoption_grace,
+                adoption_quiet_s=settings.adoption_quiet,
+                adoption_grace_max_s=settings.adoption_grace_max,
                 lost_timeout_s=settings.lost_timeout,
                 stability_window_s=settings.stability_window,
                 reconcile_interval_s=settings.reconcile_interval,

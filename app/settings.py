@@ -25,8 +25,12 @@ from app.commands.common import (
     HeaderTimeout,
     database_url_problem,
 )
-from app.domain.reconcile import (
+from app.domain.adoption_grace import (
+    DEFAULT_ADOPTION_GRACE_MAX_S,
     DEFAULT_ADOPTION_GRACE_S,
+    DEFAULT_ADOPTION_QUIET_S,
+)
+from app.domain.reconcile import (
     DEFAULT_DRAIN_IDLE_TIMEOUT_S,
     DEFAULT_LOST_TIMEOUT_S,
     DEFAULT_STABILITY_WINDOW_S,
@@ -106,10 +110,27 @@ class ServeSettings:
         float,
         Parameter(
             env_var="LLMGW_ADOPTION_GRACE",
-            help="seconds after election during which nothing is placed, lost or timed out, "
-            "unless every known node has reconnected sooner",
+            help="the least seconds after election during which nothing is placed, lost or "
+            "timed out, unless every known node has reconnected sooner; past it the grace "
+            "lasts while agents are still arriving (--adoption-quiet)",
         ),
     ] = DEFAULT_ADOPTION_GRACE_S
+    adoption_quiet: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_ADOPTION_QUIET",
+            help="past --adoption-grace, the grace ends once no agent has arrived (said hello "
+            "or had a connection opening) for this many seconds",
+        ),
+    ] = DEFAULT_ADOPTION_QUIET_S
+    adoption_grace_max: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_ADOPTION_GRACE_MAX",
+            help="the most seconds the adoption grace lasts, however long agents keep "
+            "arriving (never less than --adoption-grace)",
+        ),
+    ] = DEFAULT_ADOPTION_GRACE_MAX_S
     lost_timeout: Annotated[
         float,
         Parameter(
@@ -209,6 +230,8 @@ class ServeSettings:
             f"{flag} must not be negative, not {value}"
             for flag, value in (
                 ("--adoption-grace", self.adoption_grace),
+                ("--adoption-quiet", self.adoption_quiet),
+                ("--adoption-grace-max", self.adoption_grace_max),
                 ("--lost-timeout", self.lost_timeout),
                 ("--stability-window", self.stability_window),
                 ("--drain-idle-timeout", self.drain_idle_timeout),

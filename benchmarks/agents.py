@@ -128,8 +128,9 @@ LOAD_MESSAGE_MAX_BYTES = 64 * 2**20
 """A window's report carries every round trip it measured: 20,000 a second at 1,000 agents."""
 REGISTRATION_TIMEOUT_S = 120.0
 OPEN_TIMEOUT_S = 10.0
-"""The real agent's (``agent.connection.OPEN_TIMEOUT_S``): TCP, TLS and the opening
-handshake together."""
+"""The real agent's before it split its timeouts: TCP, TLS and the opening handshake together
+(the agent now gives TCP ``--connect-timeout``, 5 s, and what follows ``--open-timeout``,
+30 s)."""
 WELCOME_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 2.0
 SILENT_SERVER_INTERVALS = 3

@@ -20,7 +20,7 @@ one pass never contradicts itself. The rules, in order:
    on it, or after a timeout).
 
 Rules 2-4 and the placements of rule 8 wait for the adoption grace after a start, so a
-control plane never races its own agents.
+control plane never races its own agents; the grace follows the fleet (``adoption_grace``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,14 @@ import msgspec
 
 from app.domain import autoscale
 from app.domain.adoption import adopt_reported
+from app.domain.adoption_grace import (
+    DEFAULT_ADOPTION_GRACE_MAX_S,
+    DEFAULT_ADOPTION_GRACE_S,
+    DEFAULT_ADOPTION_QUIET_S,
+    AdoptionGrace,
+    GraceState,
+    grace_state,
+)
 from app.domain.allocation import Allocations
 from app.domain.commands import StartShard, StopShard, start_command, stop_command
 from app.domain.decision import AUTOSCALER, Decision, Draft
@@ -70,7 +78,6 @@ STOPPED_BY_PLAN = frozenset({ReplicaPhase.STOPPED, ReplicaPhase.FAILED, ReplicaP
 """Ended replicas whose engines are stopped as planned (a lost one's are strays)."""
 
 
-DEFAULT_ADOPTION_GRACE_S = 30.0
 DEFAULT_LOST_TIMEOUT_S = 60.0
 DEFAULT_STABILITY_WINDOW_S = 10.0
 DEFAULT_DRAIN_IDLE_TIMEOUT_S = 60.0
@@ -81,6 +88,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     epoch: int
     started_at: datetime
     adoption_grace_s: float = DEFAULT_ADOPTION_GRACE_S
+    """The least the adoption grace lasts, unless every node is back sooner."""
+    adoption_quiet_s: float = DEFAULT_ADOPTION_QUIET_S
+    """Past the least, the grace lasts until no agent arrived for this long."""
+    adoption_grace_max_s: float = DEFAULT_ADOPTION_GRACE_MAX_S
+    """The most the grace lasts, whatever the fleet does."""
+    adoption_grace_ended: bool = False
+    """The grace ended at an earlier pass: it never opens again in this term."""
     lost_timeout_s: float = DEFAULT_LOST_TIMEOUT_S
     stability_window_s: float = DEFAULT_STABILITY_WINDOW_S
     replica_drain_grace_s: float = 600.0
@@ -94,12 +108,29 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     grace), so a stuck request or a gateway that reports forever cannot keep it alive."""
 
 
+def adoption_grace_state(
+    state: ClusterState, fleet: FleetView, now: datetime, s: Settings
+) -> GraceState:
+    """Whether the adoption grace is open, and if not, why it ended (``adoption_grace``)."""
+    return grace_state(
+        AdoptionGrace(
+            minimum_s=s.adoption_grace_s,
+            quiet_s=s.adoption_quiet_s,
+            maximum_s=s.adoption_grace_max_s,
+        ),
+        started_at=s.started_at,
+        now=now,
+        expected=[n.id for n in state.nodes.values() if not n.lost],
+        said_hello=fleet.reports.keys(),
+        arrivals=fleet.arrivals,
+        ended=s.adoption_grace_ended,
+    )
+
+
 def in_adoption_grace(state: ClusterState, fleet: FleetView, now: datetime, s: Settings) -> bool:
-    """True until the grace has passed or every node the log knows has said hello."""
-    if now >= s.started_at + timedelta(seconds=s.adoption_grace_s):
-        return False
-    expected = {n.id for n in state.nodes.values() if not n.lost}
-    return not expected <= fleet.reports.keys()
+    """True until every node the log knows has said hello, or agents stopped arriving (past
+    the least grace), or the most grace passed."""
+    return adoption_grace_state(state, fleet, now, s) is GraceState.OPEN
 
 
 def decide(state: ClusterState, fleet: FleetView, now: datetime, settings: Settings) -> Decision:

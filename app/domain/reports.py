@@ -27,6 +27,7 @@ from typing import Literal
 
 import msgspec
 
+from app.domain.adoption_grace import Arrivals
 from app.domain.autoscale import DemandSample
 from app.domain.events import GpuInfo
 from app.domain.state import ShardPhase
@@ -206,6 +207,9 @@ class FleetView(msgspec.Struct, frozen=True, kw_only=True):
     traffic: dict[str, TrafficFigures] = {}
     """What the gateways measured of the replica groups this pass's rollout verdicts need
     (``app.domain.rollout.traffic_wanted``), merged over the gateways that reported."""
+    arrivals: Arrivals = Arrivals()
+    """Agents arriving at the hub (hellos, connections opening): they keep the adoption
+    grace open (``app.domain.adoption_grace``); put in by the reconciler."""
 
     def greeting(self, node_id: str) -> int | None:
         report = self.reports.get(node_id)

@@ -24,7 +24,7 @@ import contextlib
 import ssl
 from collections.abc import Callable
 from time import monotonic
-from typing import Protocol, assert_never
+from typing import Any, Protocol, assert_never
 
 import msgspec
 import structlog
@@ -39,6 +39,7 @@ from app.domain.commands import CommandNotSent, NodeNotConnected, StartShard, St
 from app.domain.egress import EngineNetworks
 from app.domain.reports import AgentReport
 from app.domain.revocations import PresentedCertificate
+from app.hub.arrivals import OpeningConnections
 from app.hub.budget import MessageBudget
 from app.hub.edge import command_to_wire, report_of
 from app.hub.refusals import CoolDown, RefusalThrottle
@@ -69,6 +70,9 @@ MAX_TICK_S = 1.0
 CLOSE_TIMEOUT_S = 2.0
 
 LISTEN_BACKLOG = 4096
+TLS_HANDSHAKE_TIMEOUT_S = 60.0
+"""How long the hub gives a peer's TLS handshake (asyncio's default, written down because
+a connection still opening is counted for as long: ``app.hub.arrivals``)."""
 log = structlog.get_logger(__name__)
 
 
@@ -149,6 +153,7 @@ class AgentHub:
         self._cool_down = cool_down or CoolDown()
         self._engine_networks = engine_networks
         self._registry: ConnectionRegistry[_AgentConnection] = ConnectionRegistry()
+        self._opening = OpeningConnections(TLS_HANDSHAKE_TIMEOUT_S)
         self._server: Server | None = None
 
     async def start(self, host: str, port: int) -> int:
@@ -166,6 +171,8 @@ class AgentHub:
             # A refused or cut-off peer that does not answer the close is not waited for
             # long: honest agents answer at once.
             close_timeout=CLOSE_TIMEOUT_S,
+            ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S,
+            create_connection=_counted_while_opening(self._opening),
         )
         bound = self.port
         log.info("agent_hub_listening", host=host, port=bound)
@@ -189,6 +196,11 @@ class AgentHub:
 
     def connected_nodes(self) -> list[str]:
         return self._registry.connected_nodes()
+
+    def connections_opening(self) -> int:
+        """Connections accepted whose TLS and WebSocket handshakes have not finished: agents
+        still arriving (they keep the adoption grace open)."""
+        return self._opening.count(monotonic())
 
     async def send_command(self, node_id: str, command: StartShard | StopShard) -> None:
         """Send ``command`` on the node's current connection; raises ``NodeNotConnected``
@@ -233,6 +245,7 @@ class AgentHub:
     # -- one connection ------------------------------------------------------------------
 
     async def _serve_connection(self, websocket: ServerConnection) -> None:
+        self._opening.finished(id(websocket))
         remote = _format_address(websocket.remote_address)
         # Every line about this connection names its peer; the node, once it says hello.
         with structlog.contextvars.bound_contextvars(remote_address=remote):
@@ -401,6 +414,22 @@ class AgentHub:
             await self._record_refusal(rejection)
         except Exception:
             log.exception("agent_refusal_not_recorded")
+
+
+def _counted_while_opening(opening: OpeningConnections) -> type[ServerConnection]:
+    """The hub's connection class: each counts in ``opening`` from its accept (websockets
+    makes it then, before the TLS handshake) until its handler starts or it closes."""
+
+    class _OpeningConnection(ServerConnection):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            opening.opened(id(self), monotonic())
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            opening.finished(id(self))
+            super().connection_lost(exc)
+
+    return _OpeningConnection
 
 
 HEALTH_PATHS = frozenset({"/healthz", "/readyz"})

@@ -31,11 +31,13 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import datetime
 from typing import Protocol
 
 import msgspec
 import structlog
 
+from app.clock import utc_now
 from app.domain import agent_reports
 from app.domain.envelope import Meta
 from app.domain.events import event_type
@@ -77,9 +79,18 @@ class ReportHandler(Protocol):
 
 
 class LiveView:
-    def __init__(self, recorder: ReportHandler, *, model_of: ModelOf = lambda _: None) -> None:
+    def __init__(
+        self,
+        recorder: ReportHandler,
+        *,
+        model_of: ModelOf = lambda _: None,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
         self._recorder = recorder
         self._model_of = model_of
+        self._clock = clock
+        self.last_hello_at: datetime | None = None
+        """When the last hello came (it keeps the adoption grace open)."""
         self._view = FleetView()
         self._listeners: list[Callable[[], None]] = []
         self._gate = _Gate()
@@ -101,6 +112,8 @@ class LiveView:
         return self._gate.exclusive()
 
     async def handle(self, report: AgentReport) -> None:
+        if isinstance(report, AgentConnected):
+            self.last_hello_at = self._clock()
         async with self._gate.shared():
             before = self._view
             self._view = observe(before, report, self._model_of)

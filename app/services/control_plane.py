@@ -34,10 +34,14 @@ from typing import Protocol, TypeVar
 import structlog
 
 from app.clock import utc_now
+from app.domain.adoption_grace import (
+    DEFAULT_ADOPTION_GRACE_MAX_S,
+    DEFAULT_ADOPTION_GRACE_S,
+    DEFAULT_ADOPTION_QUIET_S,
+)
 from app.domain.envelope import Recorded
 from app.domain.events import CertificateRevoked
 from app.domain.reconcile import (
-    DEFAULT_ADOPTION_GRACE_S,
     DEFAULT_DRAIN_IDLE_TIMEOUT_S,
     DEFAULT_LOST_TIMEOUT_S,
     DEFAULT_STABILITY_WINDOW_S,
@@ -70,6 +74,8 @@ class ControlPlaneConfig:
     agent_host: str
     agent_port: int
     adoption_grace_s: float = DEFAULT_ADOPTION_GRACE_S
+    adoption_quiet_s: float = DEFAULT_ADOPTION_QUIET_S
+    adoption_grace_max_s: float = DEFAULT_ADOPTION_GRACE_MAX_S
     lost_timeout_s: float = DEFAULT_LOST_TIMEOUT_S
     stability_window_s: float = DEFAULT_STABILITY_WINDOW_S
     reconcile_interval_s: float = DEFAULT_INTERVAL_S
@@ -99,6 +105,8 @@ class AgentChannel(CommandChannel, Protocol):
     async def enforce_revocations(self) -> int: ...
 
     def connected_nodes(self) -> list[str]: ...
+
+    def connections_opening(self) -> int: ...
 
 
 RevocationCheck = Callable[[PresentedCertificate], str | None]
@@ -137,7 +145,7 @@ class Leader:
         self._deposed_reason = ""
         self._tasks: list[asyncio.Task[None]] = []
         recorder = ReportRecorder(store, epoch=epoch, on_fenced=self._depose)
-        self.tracker = LiveView(recorder, model_of=self._model_of)
+        self.tracker = LiveView(recorder, model_of=self._model_of, clock=clock)
         self.hub = wiring.hub(self.tracker, epoch, self._revoked)
         self.reconciler: Reconciler | None = None
 
@@ -149,6 +157,8 @@ class Leader:
             epoch=self.epoch,
             started_at=self._clock(),
             adoption_grace_s=self._config.adoption_grace_s,
+            adoption_quiet_s=self._config.adoption_quiet_s,
+            adoption_grace_max_s=self._config.adoption_grace_max_s,
             lost_timeout_s=self._config.lost_timeout_s,
             stability_window_s=self._config.stability_window_s,
             drain_idle_timeout_s=self._config.drain_idle_timeout_s,
@@ -161,6 +171,7 @@ class Leader:
             interval_s=self._config.reconcile_interval_s,
             clock=self._clock,
             in_flight=self._wiring.in_flight,
+            connections_opening=self.hub.connections_opening,
         )
         self.reconciler = reconciler
         port = await self.hub.start(self._config.agent_host, self._config.agent_port)

@@ -40,11 +40,12 @@ import structlog
 from app.clock import utc_now
 from app.domain import autoscale
 from app.domain import commands as domain
+from app.domain.adoption_grace import Arrivals, GraceState
 from app.domain.commands import CommandNotSent, NodeNotConnected
 from app.domain.decision import Command, Decision, PlannedEvent
 from app.domain.envelope import Meta
 from app.domain.events import event_type
-from app.domain.reconcile import Settings, decide
+from app.domain.reconcile import Settings, adoption_grace_state, decide
 from app.domain.rollout import traffic_wanted
 from app.domain.state import ClusterState
 from app.domain.traffic import TrafficFigures
@@ -113,7 +114,10 @@ class Reconciler:
         interval_s: float = DEFAULT_INTERVAL_S,
         clock: Callable[[], datetime] = utc_now,
         in_flight: InFlightSource | None = None,
+        connections_opening: Callable[[], int] = lambda: 0,
     ) -> None:
+        """``connections_opening``: how many agent connections the hub has accepted whose
+        handshakes have not finished (they keep the adoption grace open)."""
         if interval_s <= 0:
             raise ValueError(f"the reconcile interval must be positive, not {interval_s}")
         self._store = store
@@ -123,6 +127,7 @@ class Reconciler:
         self._interval_s = interval_s
         self._clock = clock
         self._in_flight = in_flight
+        self._connections_opening = connections_opening
         self._wake = asyncio.Event()
         self._sent: dict[str, _SentSinceHello] = {}
         self._demand: dict[str, tuple[autoscale.DemandSample, ...]] = {}
@@ -201,7 +206,12 @@ class Reconciler:
                     in_flight=in_flight,
                     traffic=traffic,
                     demand=self._demand,
+                    arrivals=Arrivals(
+                        last_hello_at=self._tracker.last_hello_at,
+                        connections_opening=self._connections_opening(),
+                    ),
                 )
+                self._note_grace(adoption_grace_state(state, fleet, at, self.settings))
                 decision = decide(state, fleet, at, self.settings)
             await self._append(decision.events)
         except ConcurrencyError as exc:
@@ -237,6 +247,17 @@ class Reconciler:
                 duration_ms=round(report.duration_s * 1000, 1),
             )
         return report
+
+    def _note_grace(self, grace: GraceState) -> None:
+        """Once the adoption grace has ended it stays ended: say so, once."""
+        if self.settings.adoption_grace_ended or grace is GraceState.OPEN:
+            return
+        self.settings = msgspec.structs.replace(self.settings, adoption_grace_ended=True)
+        log.info(
+            "adoption_grace_ended",
+            reason=str(grace),
+            after_s=round((self._clock() - self.settings.started_at).total_seconds(), 1),
+        )
 
     async def _append(self, events: Sequence[PlannedEvent]) -> None:
         for (correlation_id, actor), run in _runs_by_meta(events):

@@ -7,6 +7,7 @@ log records because of it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ssl
 import uuid
@@ -496,3 +497,24 @@ async def test_the_hubs_listener_answers_health_checks_and_records_nothing(
     assert answer.json() == {"status": "ok", "role": "leader"}
     assert await pg_store.read_all() == []
     assert hub.connected_nodes() == []
+
+
+async def test_a_connection_counts_as_opening_until_its_handshakes_finish(
+    hub: AgentHub, pki: Pki
+) -> None:
+    """Agents still arriving keep the adoption grace open: a peer whose TLS handshake has
+    not finished counts; an agent past its handshakes, or a health check answered, not."""
+    assert hub.connections_opening() == 0
+    _reader, writer = await asyncio.open_connection(LOOPBACK, hub.port)  # TCP, no TLS yet
+    try:
+        await wait_until(lambda: hub.connections_opening() == 1, what="the connection counted")
+        node_id = new_node_id()
+        async with dial(hub, pki.node(node_id)) as agent:
+            await greet(agent, node_id)
+            assert hub.connections_opening() == 1, "only the one still in its handshake"
+        async with httpx.AsyncClient(verify=pki.node(new_node_id()), timeout=DEADLINE_S) as c:
+            assert (await c.get(f"https://{LOOPBACK}:{hub.port}/healthz")).status_code == 200
+        await wait_until(lambda: hub.connections_opening() == 1, what="the health check gone")
+    finally:
+        writer.close()
+        await writer.wait_closed()

@@ -111,6 +111,19 @@ def test_servers_and_labels_come_from_the_environment_as_lists(node_files: Path)
     assert config.reconnect_max_delay_s == DEFAULT_RECONNECT_MAX_DELAY_S
 
 
+def test_the_dial_timeouts_default_short_for_tcp_and_long_for_the_handshakes(
+    node_files: Path,
+) -> None:
+    config = load_config(flags(node_files), {})
+    assert (config.connect_timeout_s, config.open_timeout_s) == (5.0, 30.0)
+
+    config = load_config(
+        flags(node_files, open_timeout=60.0),
+        {"LLMGW_AGENT_CONNECT_TIMEOUT": "2", "LLMGW_AGENT_OPEN_TIMEOUT": "45"},
+    )
+    assert (config.connect_timeout_s, config.open_timeout_s) == (2.0, 60.0)
+
+
 def test_the_reconnect_delay_cap_comes_from_the_environment_in_seconds(node_files: Path) -> None:
     config = load_config(flags(node_files), {"LLMGW_AGENT_RECONNECT_MAX_DELAY": "1.5"})
 
@@ -152,6 +165,8 @@ def test_the_state_directory_defaults_by_who_runs_the_agent(
         ({"log_level": "loud"}, "--log-level 'loud': expected one of debug, info"),
         ({"address": "my host"}, "--address 'my host'"),
         ({"reconnect_max_delay": 0.0}, "--reconnect-max-delay 0.0: expected a positive number"),
+        ({"connect_timeout": -1.0}, "--connect-timeout -1.0: expected a positive number"),
+        ({"open_timeout": 0.0}, "--open-timeout 0.0: expected a positive number"),
     ],
 )
 def test_a_bad_setting_is_refused_with_a_message_naming_it(

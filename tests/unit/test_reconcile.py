@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 
+from app.domain.adoption_grace import Arrivals
 from app.domain.autoscale import DemandSample
 from app.domain.decision import Decision
 from app.domain.envelope import Meta, Recorded
@@ -70,6 +71,8 @@ class Cluster:
         """What gateways measured, by the groups rollout verdicts ask for."""
         self.demand: dict[str, tuple[DemandSample, ...]] = {}
         """Autoscaled models' demand samples."""
+        self.arrivals = Arrivals()
+        """What the hub saw of agents arriving."""
 
     def given(
         self, *events: AnyEvent, epoch: int | None = EPOCH, at: datetime | None = None
@@ -151,6 +154,7 @@ class Cluster:
             in_flight=dict(self.in_flight),
             traffic=dict(self.traffic),
             demand=dict(self.demand),
+            arrivals=self.arrivals,
         )
         decision = decide(self.state, fleet, self.now, self.settings(**overrides))
         for planned in decision.events:
@@ -904,6 +908,27 @@ def test_replicas_stopped_by_their_agents_start_again_under_their_own_names() ->
     cluster.serve("llama-2")
     assert cluster.phase("llama-1") is cluster.phase("llama-2") is ReplicaPhase.SERVING
     assert of_type(cluster.reconcile(), ReplicaAdopted) == [], "this leader started them"
+
+
+def test_agents_still_arriving_past_the_least_grace_keep_a_node_from_being_given_up() -> None:
+    cluster = stopped_by_their_agents_and_restarted()
+    cluster.given(NodeConnected(node_id="gpu-1", address="127.0.0.1", gpus=gpus(8)))
+    cluster.reports["gpu-1"] = NodeReport(node_id="gpu-1")
+
+    for _ in range(10):  # a storm: hellos and handshakes keep arriving past the 30 s
+        cluster.after(9)
+        cluster.arrivals = Arrivals(last_hello_at=cluster.now, connections_opening=40)
+        decision = cluster.reconcile()
+        assert of_type(decision, ReplicaLost) == []
+        assert of_type(decision, NodeDisconnected) == []
+        assert placed_ids(decision) == []
+
+    cluster.arrivals = Arrivals(last_hello_at=cluster.now)
+    cluster.after(10)  # then nothing more for the quiet period: gpu-2 is given up
+    decision = cluster.reconcile()
+
+    assert [e.replica_id for e in of_type(decision, ReplicaLost)] == ["llama-2"]
+    assert placed_ids(decision) == ["llama-3"]
 
 
 def test_a_replica_stopped_by_its_agent_is_lost_with_its_node_and_replaced() -> None:
