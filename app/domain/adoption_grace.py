@@ -15,9 +15,12 @@ every replica. So the grace follows the fleet. It ends:
    ``quiet_s``: no connection is opening at the agent hub (accepted, its TLS or WebSocket
    handshake not finished) and no hello came within ``quiet_s``.
 
-Once ended, the grace stays ended for the rest of the term (``ended``): a node that
-reconnects later, or one that leaves after every node was back, does not hold the rules
-back again.
+Once ended, and once its least length has passed, the grace stays ended for the rest of
+the term (``ended``): a node that reconnects later, or one that leaves after every node
+was back, does not hold the rules back again for up to ``maximum_s``. Within the least
+length it is judged afresh at every pass, as a fixed grace was: a node the log learns of
+that has not said hello to this control plane yet (it registered with the one before, a
+moment ago) is waited for, not taken for one that did not come back.
 
 Connections still opening count as arrivals because in a reconnect storm they are all
 there is for a long time: thousands of handshakes at once on the leader's loop can hold
@@ -72,15 +75,17 @@ def grace_state(
     ended: bool = False,
 ) -> GraceState:
     """Whether the adoption grace is still open at ``now``, and if not, why it ended;
-    ``ended``: it ended at an earlier pass of this term."""
-    if ended:
+    ``ended``: it ended at an earlier pass of this term (heeded once the least length has
+    passed)."""
+    elapsed = now - started_at
+    least = timedelta(seconds=grace.minimum_s)
+    if ended and elapsed >= least:
         return GraceState.ENDED
     if all(node in said_hello for node in expected):
         return GraceState.ALL_BACK
-    elapsed = now - started_at
     if elapsed >= timedelta(seconds=max(grace.maximum_s, grace.minimum_s)):
         return GraceState.BOUND
-    if elapsed < timedelta(seconds=grace.minimum_s):
+    if elapsed < least:
         return GraceState.OPEN
     if arrivals.connections_opening > 0:
         return GraceState.OPEN

@@ -101,3 +101,34 @@ def test_once_ended_the_grace_never_opens_again_in_the_term() -> None:
         ended=True,
     )
     assert ended is GraceState.ENDED
+
+
+def test_within_its_least_length_the_grace_is_judged_afresh_at_every_pass() -> None:
+    """Every node back ended it at 1 s; at 5 s the log knows one more that has not said
+    hello here (it registered a moment ago): it is waited for until the least length is
+    over, as a fixed grace did, and only then does the ended grace stay ended."""
+    arrivals = Arrivals(last_hello_at=at(1))
+    assert (
+        grace_state(
+            GRACE,
+            started_at=STARTED,
+            now=at(5),
+            expected=[*FLEET, "gpu-new"],
+            said_hello=FLEET,
+            arrivals=arrivals,
+            ended=True,
+        )
+        is GraceState.OPEN
+    )
+    assert (
+        grace_state(
+            GRACE,
+            started_at=STARTED,
+            now=at(GRACE.minimum_s),
+            expected=[*FLEET, "gpu-new"],
+            said_hello=FLEET,
+            arrivals=arrivals,
+            ended=True,
+        )
+        is GraceState.ENDED
+    )
