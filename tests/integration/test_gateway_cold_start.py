@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -28,7 +26,7 @@ from app.domain.model_spec import AutoscalePolicy
 from app.services.operations import Caller, Operations
 from app.store.gateway_reports import InFlightReports
 from app.store.postgres import PostgresEventStore
-from tests.support.databases import runtime_url
+from tests.support.gateway_process import gateway_process
 from tests.support.ports import free_port
 from tests.support.routing import connect_node, declare_model, serve_replica
 from tests.support.waiting import wait_until
@@ -49,36 +47,6 @@ def scale_to_zero(cold_start_timeout_s: float) -> AutoscalePolicy:
 
 def chat(model: str) -> dict[str, object]:
     return {"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 4}
-
-
-@contextlib.contextmanager
-def gateway_process(
-    database_url: str, port: int, metrics_port: int, log: Path
-) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as output:
-        process = subprocess.Popen(
-            [
-                SERVER,
-                "gateway",
-                *("--database-url", runtime_url(database_url), "--port", str(port)),
-                *("--gateway-id", "gw-cold", "--metrics-port", str(metrics_port)),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        print(f"----- {log} -----\n{log.read_text(errors='replace')}")  # shown if it fails
 
 
 class Gateway:
@@ -115,7 +83,13 @@ class Gateway:
 @contextlib.asynccontextmanager
 async def running_gateway(database_url: str, key: str, tmp_path: Path) -> AsyncIterator[Gateway]:
     port, metrics_port = free_port(), free_port()
-    with gateway_process(database_url, port, metrics_port, tmp_path / "gateway.log"):
+    with gateway_process(
+        database_url,
+        gateway_id="gw-cold",
+        port=port,
+        log=tmp_path / "gateway.log",
+        metrics_port=metrics_port,
+    ):
         gateway = Gateway(port, metrics_port, key)
         try:
             await gateway.until_ready()

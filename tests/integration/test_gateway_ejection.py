@@ -20,12 +20,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import signal
-import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +34,7 @@ import pytest_asyncio
 from agent.simulator.launcher import SimulatorProcess, start_simulator
 from app.services.operations import Caller, Operations
 from app.store.postgres import PostgresEventStore
-from tests.support.databases import runtime_url
+from tests.support.gateway_process import gateway_process
 from tests.support.operator_cli import Operator, live_admin_api
 from tests.support.ports import free_port
 from tests.support.routing import connect_node, declare_model, serve_replica
@@ -55,6 +53,11 @@ WHOLE_PER_GATEWAY = 1
 PACE = ("--prefill-ms-per-token", "0", "--decode-base-ms", "15", "--decode-per-seq-ms", "0")
 """15 ms a token: a stream of 30 tokens takes about half a second."""
 COOL_OFF_S = "120"
+EJECTION_OPTIONS = (
+    *("--scrape-interval", "0.05"),
+    *("--eject-after-failures", "3", "--ejection-cool-off", COOL_OFF_S),
+    *("--max-ejection-cool-off", COOL_OFF_S),
+)
 """Longer than the test: no probe goes to the dead replica while it runs."""
 
 
@@ -66,39 +69,6 @@ class Attempt:
     ended: float
     ok: bool
     detail: str
-
-
-@contextlib.contextmanager
-def gateway_process(
-    database_url: str, gateway_id: str, port: int, metrics_port: int, log: Path
-) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as output:
-        process = subprocess.Popen(
-            [
-                SERVER,
-                "gateway",
-                *("--database-url", runtime_url(database_url), "--port", str(port)),
-                *("--gateway-id", gateway_id, "--scrape-interval", "0.05"),
-                *("--metrics-port", str(metrics_port)),
-                *("--eject-after-failures", "3", "--ejection-cool-off", COOL_OFF_S),
-                *("--max-ejection-cool-off", COOL_OFF_S),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        print(f"----- {log} -----\n{log.read_text(errors='replace')[-20000:]}")
 
 
 @dataclass
@@ -189,7 +159,12 @@ async def test_a_killed_replica_is_ejected_by_every_gateway_and_traffic_moves_of
         for gateway, (port, metrics_port) in ports.items():
             processes.enter_context(
                 gateway_process(
-                    database_url, gateway, port, metrics_port, tmp_path / f"{gateway}.log"
+                    database_url,
+                    gateway_id=gateway,
+                    port=port,
+                    log=tmp_path / f"{gateway}.log",
+                    metrics_port=metrics_port,
+                    options=EJECTION_OPTIONS,
                 )
             )
         clients = {

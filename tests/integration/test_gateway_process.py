@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import signal
 import socket
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from app.store.postgres import PostgresEventStore
 from devcluster.errors import DevDatabaseError
 from devcluster.postgres import LocalPostgres, find_bindir
 from tests.support.databases import migrate_for_tests, runtime_url
+from tests.support.gateway_process import gateway_process
 from tests.support.ports import free_port
 from tests.support.postgres import LocalServer
 from tests.support.routing import connect_node, declare_model, serve_replica
@@ -93,35 +93,6 @@ async def database(own_server: LocalServer) -> AsyncIterator[Database]:
     await database.engine.dispose()
 
 
-@contextlib.contextmanager
-def gateway_process(database_url: str, port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as output:
-        process = subprocess.Popen(
-            [
-                SERVER,
-                "gateway",
-                *("--database-url", runtime_url(database_url), "--port", str(port)),
-                *("--metrics-port", "0"),
-                *("--gateway-id", "gw-test", "--refresh-interval", str(REFRESH_INTERVAL_S)),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        print(f"----- {log} -----\n{log.read_text(errors='replace')}")  # shown if it fails
-
-
 def log_events(log: Path) -> list[str]:
     events = []
     for line in log.read_text(errors="replace").splitlines():
@@ -140,7 +111,13 @@ async def test_a_standalone_gateway_drops_revoked_keys_at_once_and_outlives_the_
     doomed = await database.operations.create_key(ALICE, "doomed", [MODEL])
     port, log = free_port(), tmp_path / "gateway.log"
 
-    with gateway_process(database.url, port, log) as gateway:
+    with gateway_process(
+        database.url,
+        gateway_id="gw-test",
+        port=port,
+        log=log,
+        options=("--refresh-interval", str(REFRESH_INTERVAL_S)),
+    ) as gateway:
         base = f"http://127.0.0.1:{port}"
         async with httpx.AsyncClient(base_url=base, timeout=10.0) as http:
 

@@ -14,11 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +28,7 @@ from agent.simulator.launcher import start_simulator
 from app.services.operations import Caller, Operations
 from app.store.database import driver_url
 from app.store.postgres import PostgresEventStore
-from tests.support.databases import runtime_url
+from tests.support.gateway_process import gateway_process
 from tests.support.ports import free_port
 from tests.support.routing import connect_node, declare_model, serve_replica
 from tests.support.waiting import wait_until
@@ -52,36 +50,6 @@ class Answer:
     gateway: str
     sent_at: float
     status: int
-
-
-@contextlib.contextmanager
-def gateway_process(
-    database_url: str, gateway_id: str, port: int, log: Path
-) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as output:
-        process = subprocess.Popen(
-            [
-                SERVER,
-                "gateway",
-                *("--database-url", runtime_url(database_url), "--port", str(port)),
-                *("--gateway-id", gateway_id, "--metrics-port", str(free_port())),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        print(f"----- {log} -----\n{log.read_text(errors='replace')[-5000:]}")
 
 
 async def paced_client(
@@ -119,7 +87,13 @@ async def test_a_keys_rpm_holds_across_four_gateways_and_a_killed_one_does_not_r
         with contextlib.ExitStack() as stack:
             processes = {
                 gateway: stack.enter_context(
-                    gateway_process(database_url, gateway, port, tmp_path / f"{gateway}.log")
+                    gateway_process(
+                        database_url,
+                        gateway_id=gateway,
+                        port=port,
+                        log=tmp_path / f"{gateway}.log",
+                        metrics_port=free_port(),
+                    )
                 )
                 for gateway, port in ports.items()
             }

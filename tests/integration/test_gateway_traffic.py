@@ -12,9 +12,6 @@ which fails, the cancel is no error, and the two gateways' counts add up.
 from __future__ import annotations
 
 import contextlib
-import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -30,7 +27,7 @@ from app.services.operations import Caller, Operations
 from app.store.database import connection
 from app.store.gateway_reports import TrafficReports
 from app.store.postgres import PostgresEventStore
-from tests.support.databases import runtime_url
+from tests.support.gateway_process import gateway_process
 from tests.support.operator_cli import Operator, live_admin_api
 from tests.support.ports import free_port
 from tests.support.routing import connect_node, declare_model, serve_replica
@@ -38,7 +35,8 @@ from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
-SERVER = str(Path(sys.executable).parent / "llmgw-server")
+FAST_SCRAPE = ("--scrape-interval", "0.05")
+"""Engines scraped every 50 ms, so that a gateway sees its load move quickly."""
 ALICE = Caller(actor="alice")
 STARTED_WITHIN_S = 20.0
 PROMPT_WORDS = 40
@@ -58,37 +56,6 @@ def simulators() -> Iterator[dict[str, SimulatorProcess]]:
         for healthy in (fast, slow, flaky):
             healthy.wait_healthy()
         yield {"fast": fast, "slow": slow, "broken": broken, "flaky": flaky}
-
-
-@contextlib.contextmanager
-def gateway_process(
-    database_url: str, gateway_id: str, port: int, log: Path
-) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as output:
-        process = subprocess.Popen(
-            [
-                SERVER,
-                "gateway",
-                *("--database-url", runtime_url(database_url), "--port", str(port)),
-                *("--gateway-id", gateway_id, "--scrape-interval", "0.05"),
-                *("--metrics-port", "0"),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        print(f"----- {log} -----\n{log.read_text(errors='replace')}")  # shown if it fails
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -144,8 +111,20 @@ async def test_gateways_measure_latency_and_errors_per_replica_and_their_reports
     ports = {"gw-a": free_port(), "gw-b": free_port()}
     headers = {"authorization": f"Bearer {key}"}
     with (
-        gateway_process(database_url, "gw-a", ports["gw-a"], tmp_path / "a.log"),
-        gateway_process(database_url, "gw-b", ports["gw-b"], tmp_path / "b.log"),
+        gateway_process(
+            database_url,
+            gateway_id="gw-a",
+            port=ports["gw-a"],
+            log=tmp_path / "a.log",
+            options=FAST_SCRAPE,
+        ),
+        gateway_process(
+            database_url,
+            gateway_id="gw-b",
+            port=ports["gw-b"],
+            log=tmp_path / "b.log",
+            options=FAST_SCRAPE,
+        ),
     ):
         clients = {
             gateway: httpx.AsyncClient(
