@@ -30,9 +30,9 @@ from app.store.database import connection
 from app.store.gateway_reports import TrafficReports
 from app.store.postgres import PostgresEventStore
 from app.store.rebuild import rebuild
-from tests.integration.test_gateway_traffic import gateway_process
 from tests.support.admin_server import record
 from tests.support.databases import runtime_url
+from tests.support.gateway_process import FAST_SCRAPE, gateway_process
 from tests.support.ports import free_port
 from tests.support.routing import connect_node, serve_replica
 from tests.support.waiting import wait_until
@@ -200,7 +200,13 @@ async def test_a_gateway_process_sends_a_canary_of_share_1_every_request(
         new = await serve_replica(pg_store, name, 2, "gpu-1", new_engine.port, revision=2)
         key = (await Operations(pg_store).create_key(Caller(actor="alice"), "c", [name])).key
         port = free_port()
-        with gateway_process(database_url, "gw-canary", port, tmp_path / "gateway.log"):
+        with gateway_process(
+            database_url,
+            gateway_id="gw-canary",
+            port=port,
+            log=tmp_path / "gateway.log",
+            options=FAST_SCRAPE,
+        ):
             async with httpx.AsyncClient(
                 base_url=f"http://127.0.0.1:{port}",
                 headers={"authorization": f"Bearer {key}"},

@@ -27,7 +27,7 @@ from app.services.operations import Caller, Operations
 from app.store.database import connection
 from app.store.gateway_reports import TrafficReports
 from app.store.postgres import PostgresEventStore
-from tests.support.gateway_process import gateway_process
+from tests.support.gateway_process import FAST_SCRAPE, gateway_process
 from tests.support.operator_cli import Operator, live_admin_api
 from tests.support.ports import free_port
 from tests.support.routing import connect_node, declare_model, serve_replica
@@ -35,8 +35,6 @@ from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
-FAST_SCRAPE = ("--scrape-interval", "0.05")
-"""Engines scraped every 50 ms, so that a gateway sees its load move quickly."""
 ALICE = Caller(actor="alice")
 STARTED_WITHIN_S = 20.0
 PROMPT_WORDS = 40

@@ -23,8 +23,8 @@ from app.domain.events import ModelDeclared
 from app.domain.model_spec import ModelSpec, RoutingSettings
 from app.services.operations import Caller, Operations
 from app.store.postgres import PostgresEventStore
-from tests.integration.test_gateway_traffic import gateway_process
 from tests.support.admin_server import record
+from tests.support.gateway_process import FAST_SCRAPE, gateway_process
 from tests.support.ports import free_port
 from tests.support.routing import connect_node, serve_replica
 from tests.support.waiting import wait_until
@@ -67,7 +67,11 @@ async def cluster(
         ports = [free_port() for _ in range(GATEWAYS)]
         for n, port in enumerate(ports):
             log = tmp_path / f"gateway-{n}.log"
-            stack.enter_context(gateway_process(database_url, f"gw-{n}", port, log))
+            stack.enter_context(
+                gateway_process(
+                    database_url, gateway_id=f"gw-{n}", port=port, log=log, options=FAST_SCRAPE
+                )
+            )
         async with contextlib.AsyncExitStack() as clients:
             http = [
                 await clients.enter_async_context(

@@ -16,6 +16,8 @@ from tests.support.databases import runtime_url
 
 LOG_TAIL_CHARS = 20_000
 STOP_WITHIN_S = 10
+FAST_SCRAPE = ("--scrape-interval", "0.05")
+"""Engines scraped every 50 ms, so that a gateway sees its load move quickly."""
 
 
 @contextlib.contextmanager
