@@ -242,6 +242,8 @@ class Server:
                 engine_networks=networks,
                 limits=client_limits,
                 auth_failures=auth_failures,
+                ejection=settings.ejection_policy(),
+                max_upload_bytes=settings.max_upload_bytes,
             )
             if settings.gateway
             else None,

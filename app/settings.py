@@ -21,8 +21,13 @@ from app.commands.common import (
     AuthFailuresPerMinute,
     BodyTimeout,
     DatabaseUrl,
+    EjectAfterFailures,
+    EjectionCoolOff,
     EngineNetworksFlag,
     HeaderTimeout,
+    MaxEjectedPercent,
+    MaxEjectionCoolOff,
+    MaxUploadMib,
     database_url_problem,
 )
 from app.domain.adoption_grace import (
@@ -35,8 +40,16 @@ from app.domain.reconcile import (
     DEFAULT_LOST_TIMEOUT_S,
     DEFAULT_STABILITY_WINDOW_S,
 )
-from app.gateway.postgres import DEFAULT_CLIENT_HOST, DEFAULT_CLIENT_PORT
+from app.gateway.ejection import (
+    DEFAULT_BASE_COOL_OFF_S,
+    DEFAULT_CONSECUTIVE_FAILURES,
+    DEFAULT_MAX_COOL_OFF_S,
+    DEFAULT_MAX_EJECTED_PERCENT,
+    EjectionPolicy,
+)
+from app.gateway.postgres import DEFAULT_CLIENT_HOST, DEFAULT_CLIENT_PORT, max_upload_problem
 from app.gateway.server import DEFAULT_MAX_CONNECTIONS
+from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
 from app.hub.budget import MessageBudget
 from app.hub.hub import DEFAULT_HEARTBEAT_INTERVAL_S
 from app.listeners.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S
@@ -212,6 +225,11 @@ class ServeSettings:
             "answered 503",
         ),
     ] = DEFAULT_MAX_CONNECTIONS
+    eject_after_failures: EjectAfterFailures = DEFAULT_CONSECUTIVE_FAILURES
+    ejection_cool_off: EjectionCoolOff = DEFAULT_BASE_COOL_OFF_S
+    max_ejection_cool_off: MaxEjectionCoolOff = DEFAULT_MAX_COOL_OFF_S
+    max_ejected_percent: MaxEjectedPercent = DEFAULT_MAX_EJECTED_PERCENT
+    max_upload_mib: MaxUploadMib = DEFAULT_MAX_UPLOAD_BYTES >> 20
     log_level: Annotated[str, Parameter(env_var="LLMGW_LOG_LEVEL")] = "info"
 
     def problems(self) -> list[str]:
@@ -243,4 +261,22 @@ class ServeSettings:
             problems.append(url_problem)
         if self.gateway and not 0 <= self.client_port <= 65535:
             problems.append(f"--client-port must be between 0 and 65535, not {self.client_port}")
+        if self.gateway:
+            problems += self.ejection_policy().problems()
+            upload_problem = max_upload_problem(self.max_upload_bytes)
+            if upload_problem is not None:
+                problems.append(upload_problem)
         return problems
+
+    @property
+    def max_upload_bytes(self) -> int:
+        return self.max_upload_mib << 20
+
+    def ejection_policy(self) -> EjectionPolicy:
+        """When the embedded gateway takes a replica that keeps failing out of rotation."""
+        return EjectionPolicy(
+            consecutive_failures=self.eject_after_failures,
+            base_cool_off_s=self.ejection_cool_off,
+            max_cool_off_s=self.max_ejection_cool_off,
+            max_ejected_percent=self.max_ejected_percent,
+        )

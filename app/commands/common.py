@@ -105,6 +105,47 @@ AuthFailuresPerMinute = Annotated[
 ]
 
 
+EjectAfterFailures = Annotated[
+    int,
+    Parameter(
+        env_var="LLMGW_EJECT_AFTER_FAILURES",
+        help="requests in a row a replica fails (no answer, or a 5xx before the first "
+        "byte) before the gateway takes it out of rotation for a cool-off; 0: never",
+    ),
+]
+EjectionCoolOff = Annotated[
+    float,
+    Parameter(
+        env_var="LLMGW_EJECTION_COOL_OFF",
+        help="seconds an ejected replica stays out the first time; doubled with each "
+        "ejection in a row. Then one request probes it: a success returns it",
+    ),
+]
+MaxEjectionCoolOff = Annotated[
+    float,
+    Parameter(
+        env_var="LLMGW_MAX_EJECTION_COOL_OFF",
+        help="the longest cool-off, however many ejections in a row",
+    ),
+]
+MaxEjectedPercent = Annotated[
+    int,
+    Parameter(
+        env_var="LLMGW_MAX_EJECTED_PERCENT",
+        help="at most this share of a model's replicas is ejected at once (at least "
+        "one of two or more; never the last one in rotation)",
+    ),
+]
+MaxUploadMib = Annotated[
+    int,
+    Parameter(
+        env_var="LLMGW_GATEWAY_MAX_UPLOAD_MIB",
+        help="an upload's body at most (/v1/audio/transcriptions), in MiB; a larger one "
+        "is 413. A large upload must also arrive within --body-timeout",
+    ),
+]
+
+
 def fail(message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
     sys.exit(1)

@@ -17,8 +17,13 @@ from app.commands.common import (
     AuthFailuresPerMinute,
     BodyTimeout,
     DatabaseUrl,
+    EjectAfterFailures,
+    EjectionCoolOff,
     EngineNetworksFlag,
     HeaderTimeout,
+    MaxEjectedPercent,
+    MaxEjectionCoolOff,
+    MaxUploadMib,
     database_role_allowed,
     database_url_problem,
     engine_networks_of,
@@ -102,37 +107,10 @@ def gateway_command(
         ),
     ] = DEFAULT_REFRESH_INTERVAL_S,
     engine_networks: EngineNetworksFlag = "",
-    eject_after_failures: Annotated[
-        int,
-        Parameter(
-            env_var="LLMGW_EJECT_AFTER_FAILURES",
-            help="requests in a row a replica fails (no answer, or a 5xx before the first "
-            "byte) before this gateway takes it out of rotation for a cool-off; 0: never",
-        ),
-    ] = DEFAULT_CONSECUTIVE_FAILURES,
-    ejection_cool_off: Annotated[
-        float,
-        Parameter(
-            env_var="LLMGW_EJECTION_COOL_OFF",
-            help="seconds an ejected replica stays out the first time; doubled with each "
-            "ejection in a row. Then one request probes it: a success returns it",
-        ),
-    ] = DEFAULT_BASE_COOL_OFF_S,
-    max_ejection_cool_off: Annotated[
-        float,
-        Parameter(
-            env_var="LLMGW_MAX_EJECTION_COOL_OFF",
-            help="the longest cool-off, however many ejections in a row",
-        ),
-    ] = DEFAULT_MAX_COOL_OFF_S,
-    max_ejected_percent: Annotated[
-        int,
-        Parameter(
-            env_var="LLMGW_MAX_EJECTED_PERCENT",
-            help="at most this share of a model's replicas is ejected at once (at least "
-            "one of two or more; never the last one in rotation)",
-        ),
-    ] = DEFAULT_MAX_EJECTED_PERCENT,
+    eject_after_failures: EjectAfterFailures = DEFAULT_CONSECUTIVE_FAILURES,
+    ejection_cool_off: EjectionCoolOff = DEFAULT_BASE_COOL_OFF_S,
+    max_ejection_cool_off: MaxEjectionCoolOff = DEFAULT_MAX_COOL_OFF_S,
+    max_ejected_percent: MaxEjectedPercent = DEFAULT_MAX_EJECTED_PERCENT,
     allow_privileged_role: AllowPrivilegedRole = False,
     metrics_host: Annotated[
         str,
@@ -156,14 +134,7 @@ def gateway_command(
             help="client connections held at once; one more is answered 503 and closed",
         ),
     ] = DEFAULT_MAX_CONNECTIONS,
-    max_upload_mib: Annotated[
-        int,
-        Parameter(
-            env_var="LLMGW_GATEWAY_MAX_UPLOAD_MIB",
-            help="an upload's body at most (/v1/audio/transcriptions), in MiB; a larger one "
-            "is 413. A large upload must also arrive within --body-timeout",
-        ),
-    ] = DEFAULT_MAX_UPLOAD_BYTES >> 20,
+    max_upload_mib: MaxUploadMib = DEFAULT_MAX_UPLOAD_BYTES >> 20,
     log_level: Annotated[str, Parameter(env_var="LLMGW_LOG_LEVEL")] = "info",
 ) -> None:
     """Run the OpenAI-compatible gateway alone, stateless, against the database, until

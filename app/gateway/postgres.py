@@ -78,12 +78,20 @@ class GatewayOptions:
         ):
             if value <= 0:
                 found.append(f"{flag} must be positive, not {value}")
-        if not 1 <= self.max_upload_bytes <= MAX_UPLOAD_BYTES:
-            found.append(
-                f"--max-upload-mib must be between 1 and {MAX_UPLOAD_BYTES >> 20}, "
-                f"not {self.max_upload_bytes / (1 << 20):g}"
-            )
+        upload_problem = max_upload_problem(self.max_upload_bytes)
+        if upload_problem is not None:
+            found.append(upload_problem)
         return found
+
+
+def max_upload_problem(max_upload_bytes: int) -> str | None:
+    """What is wrong with ``--max-upload-mib`` (given in bytes); None when it is in bounds."""
+    if 1 <= max_upload_bytes <= MAX_UPLOAD_BYTES:
+        return None
+    return (
+        f"--max-upload-mib must be between 1 and {MAX_UPLOAD_BYTES >> 20}, "
+        f"not {max_upload_bytes / (1 << 20):g}"
+    )
 
 
 class PostgresGateway:

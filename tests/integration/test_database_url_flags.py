@@ -1,5 +1,6 @@
 """``serve`` and ``gateway`` refuse a database URL that cannot be one in one line, before
-they connect to anything, and never echo its password."""
+they connect to anything, and never echo its password; so too a gateway flag out of its
+bounds, which both commands take."""
 
 from __future__ import annotations
 
@@ -28,3 +29,26 @@ def test_a_malformed_database_url_is_refused_in_one_line(command: str) -> None:
     assert lines[-1].startswith("error: --database-url: "), result.stderr
     assert "an empty host" in lines[-1]
     assert "hunter2" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("command", ["serve", "gateway"])
+@pytest.mark.parametrize(
+    ("flag", "value", "problem"),
+    [
+        ("--max-ejected-percent", "101", "--max-ejected-percent must be between 0 and 100"),
+        ("--max-upload-mib", "0", "--max-upload-mib must be between 1 and 16384"),
+    ],
+)
+def test_a_gateway_flag_out_of_bounds_is_refused_in_one_line(
+    command: str, flag: str, value: str, problem: str
+) -> None:
+    result = subprocess.run(
+        [SERVER, command, "--database-url", "postgresql://llmgw@db-a/llmgw", flag, value],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {problem}"), result.stderr

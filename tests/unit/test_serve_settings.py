@@ -1,4 +1,5 @@
-"""``llmgw-server serve``'s timing flags: a negative adoption setting is refused by name."""
+"""``llmgw-server serve``'s flags: a negative adoption setting is refused by name, and the
+embedded gateway's ejection and upload flags are checked as ``llmgw-server gateway``'s are."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from dataclasses import replace
 
 import pytest
 
+from app.gateway.ejection import EjectionPolicy
+from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
 from app.settings import ServeSettings
 
 DATABASE_URL = "postgresql://llmgw@db.example/llmgw"
@@ -34,3 +37,36 @@ def test_the_adoption_defaults_are_usable() -> None:
         10.0,
         600.0,
     )
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        ({"eject_after_failures": -1}, "--eject-after-failures must not be negative, not -1"),
+        ({"ejection_cool_off": 0.0}, "--ejection-cool-off must be positive, not 0.0"),
+        (
+            {"max_ejection_cool_off": 1.0},
+            "--max-ejection-cool-off (1.0) must be at least --ejection-cool-off (5.0)",
+        ),
+        ({"max_ejected_percent": 101}, "--max-ejected-percent must be between 0 and 100, not 101"),
+        ({"max_upload_mib": 0}, "--max-upload-mib must be between 1 and 16384, not 0"),
+    ],
+)
+def test_the_embedded_gateway_s_ejection_and_upload_flags_are_checked_like_the_gateway_s(
+    changes: dict[str, float], problem: str
+) -> None:
+    settings = replace(ServeSettings(database_url=DATABASE_URL), **changes)
+
+    assert settings.problems() == [problem]
+    assert replace(settings, gateway=False).problems() == [], "no gateway, nothing to check"
+
+
+def test_the_embedded_gateway_ejects_and_bounds_uploads_as_a_standalone_one_by_default() -> None:
+    settings = replace(
+        ServeSettings(database_url=DATABASE_URL), eject_after_failures=5, max_upload_mib=8
+    )
+
+    assert settings.ejection_policy() == replace(EjectionPolicy(), consecutive_failures=5)
+    assert settings.max_upload_bytes == 8 << 20
+    assert ServeSettings(database_url=DATABASE_URL).ejection_policy() == EjectionPolicy()
+    assert ServeSettings(database_url=DATABASE_URL).max_upload_bytes == DEFAULT_MAX_UPLOAD_BYTES
