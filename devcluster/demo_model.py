@@ -95,6 +95,7 @@ SIMULATOR_APIS = (
     "rerank",
     "score",
     "transcriptions",
+    "translations",
     "tokenize",
 )
 """The simulator answers every API a spec can name (docs/simulator.md)."""

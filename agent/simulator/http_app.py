@@ -46,7 +46,8 @@ Send = Callable[[Message], Awaitable[None]]
 Handler = Callable[[Receive, Send], Awaitable[None]]
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
-TRANSCRIPTIONS = "/v1/audio/transcriptions"
+UPLOAD_TASKS = {"/v1/audio/transcriptions": "transcribe", "/v1/audio/translations": "translate"}
+"""The upload paths, and the task each names in a ``verbose_json`` answer."""
 
 _JSON = (b"content-type", b"application/json")
 _TEXT = (b"content-type", b"text/plain; version=0.0.4; charset=utf-8")
@@ -138,8 +139,9 @@ class SimulatorApp:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = self._routes.get(scope["path"])
         try:
-            if scope["path"] == TRANSCRIPTIONS and scope["method"] == "POST":
-                await self._transcribe(scope, receive, send)
+            task = UPLOAD_TASKS.get(scope["path"])
+            if task is not None and scope["method"] == "POST":
+                await self._transcribe(scope, receive, send, task)
                 return
             if route is None:
                 raise ApiError(404, f"No route for {scope['path']}.", code="not_found")
@@ -216,8 +218,9 @@ class SimulatorApp:
     async def _upload_stats(self, receive: Receive, send: Send) -> None:
         await _respond(send, 200, msgspec.json.encode(self.uploads), _JSON)
 
-    async def _transcribe(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Read the upload as it arrives, never whole (``agent.simulator.transcriptions``)."""
+    async def _transcribe(self, scope: Scope, receive: Receive, send: Send, task: str) -> None:
+        """Read the upload as it arrives, never whole (``agent.simulator.transcriptions``);
+        ``task`` is ``transcribe`` or ``translate``."""
         self._require_ready()
         content_type = ""
         for name, value in scope["headers"]:
@@ -235,7 +238,7 @@ class SimulatorApp:
                     break
         finally:
             self.uploads.in_progress -= 1
-        content_type_header, body = reader.result(self._config.model).body()
+        content_type_header, body = reader.result(self._config.model, task).body()
         await _respond(send, 200, body, (b"content-type", content_type_header))
         self._count_served()
 

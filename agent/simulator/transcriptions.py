@@ -1,4 +1,5 @@
-"""``POST /v1/audio/transcriptions``: a multipart upload, read as it arrives.
+"""``POST /v1/audio/transcriptions`` and ``/v1/audio/translations``: a multipart upload,
+read as it arrives.
 
 The simulator does not hear audio: the "transcription" says how many bytes the file had and
 the start of their SHA-256, so a test can tell that every byte arrived in order. The body
@@ -44,6 +45,9 @@ class Transcription(msgspec.Struct, frozen=True):
     file_bytes: int
     sha256: str
     response_format: str
+    task: str = "transcribe"
+    """``transcribe`` or ``translate`` (``/v1/audio/translations``): the simulator does the
+    same for both, and names the task in a ``verbose_json`` answer."""
 
     def text(self) -> str:
         return f"{self.file_bytes} bytes, sha256 {self.sha256[:16]}"
@@ -54,7 +58,7 @@ class Transcription(msgspec.Struct, frozen=True):
             return b"text/plain; charset=utf-8", self.text().encode()
         payload: dict[str, object] = {"text": self.text()}
         if self.response_format == "verbose_json":
-            payload |= {"task": "transcribe", "language": "en", "duration": 0.0, "segments": []}
+            payload |= {"task": self.task, "language": "en", "duration": 0.0, "segments": []}
         payload["usage"] = {"type": "duration", "seconds": 0}
         return b"application/json", msgspec.json.encode(payload)
 
@@ -108,7 +112,7 @@ class TranscriptionReader:
             elif isinstance(event, BodyEnded):
                 pass
 
-    def result(self, served_model: str) -> Transcription:
+    def result(self, served_model: str, task: str = "transcribe") -> Transcription:
         try:
             self._reader.finish()
         except MalformedMultipart as exc:
@@ -124,4 +128,4 @@ class TranscriptionReader:
                 f"`response_format` must be one of {', '.join(FORMATS)}.",
                 param="response_format",
             )
-        return Transcription(model, self._size, self._hash.hexdigest(), response_format)
+        return Transcription(model, self._size, self._hash.hexdigest(), response_format, task)

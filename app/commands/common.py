@@ -140,8 +140,8 @@ MaxUploadMib = Annotated[
     int,
     Parameter(
         env_var="LLMGW_GATEWAY_MAX_UPLOAD_MIB",
-        help="an upload's body at most (/v1/audio/transcriptions), in MiB; a larger one "
-        "is 413. A large upload must also arrive within --body-timeout",
+        help="an upload's body at most (/v1/audio/transcriptions and translations), in "
+        "MiB; a larger one is 413. A large upload must also arrive within --body-timeout",
     ),
 ]
 

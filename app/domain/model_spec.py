@@ -182,6 +182,7 @@ API_NAMES = (
     "rerank",
     "score",
     "transcriptions",
+    "translations",
     "tokenize",
 )
 """The OpenAI-compatible APIs a model may serve through the gateway (docs/gateway.md names

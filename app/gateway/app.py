@@ -12,6 +12,7 @@ Routes::
          /v1/detokenize         likewise, for models whose spec names the API
                                 (``app.gateway.endpoints``)
     POST /v1/audio/transcriptions   a multipart upload, streamed to a replica
+    POST /v1/audio/translations     the same, for a translation
                                 (``app.gateway.uploads``)
     GET  /healthz               200 while the process serves
     GET  /readyz                200, or 503 with the reason when the routing table is stale;

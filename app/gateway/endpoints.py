@@ -33,5 +33,6 @@ JSON_ENDPOINTS: dict[str, Endpoint] = {
 
 UPLOAD_ENDPOINTS: dict[str, Endpoint] = {
     "/v1/audio/transcriptions": Endpoint("transcriptions", "/v1/audio/transcriptions"),
+    "/v1/audio/translations": Endpoint("translations", "/v1/audio/translations"),
 }
 """Requests whose multipart form names the model before its file (``app.gateway.uploads``)."""

@@ -1,6 +1,6 @@
 """The rest of OpenAI's surface through a real gateway in front of real simulator processes:
 embeddings and responses with the official ``openai`` SDK, rerank, score, tokenize and
-transcriptions with httpx, under the same keys, scopes and limits as chat.
+transcriptions and translations with httpx, under the same keys, scopes and limits as chat.
 
 Given one simulator whose model's spec names every API and one whose spec names only chat
 and completions (the default), a client gets each API's answer, a stream of Responses
@@ -215,6 +215,17 @@ def test_a_transcription_with_the_sdk(client: openai.OpenAI) -> None:
     )
     digest = hashlib.sha256(audio).hexdigest()[:16]
     assert transcription.text == f"{len(audio)} bytes, sha256 {digest}"
+
+
+def test_a_translation_goes_to_the_engines_translations_path(http: httpx.Client) -> None:
+    answer = http.post(
+        "/audio/translations",
+        data={"model": EVERYTHING, "response_format": "verbose_json"},
+        files={"file": ("speech.wav", b"RIFF0000", "audio/wav")},
+    )
+
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["task"] == "translate", "sent to the engine's transcriptions path"
 
 
 def uploaded(sim: SimulatorProcess) -> tuple[int, int]:
@@ -438,7 +449,13 @@ def test_an_engines_refusal_reaches_the_client_in_openais_shape(http: httpx.Clie
 
 
 def test_the_new_paths_take_only_post(http: httpx.Client) -> None:
-    for path in ("/embeddings", "/responses", "/audio/transcriptions", "/tokenize"):
+    for path in (
+        "/embeddings",
+        "/responses",
+        "/audio/transcriptions",
+        "/audio/translations",
+        "/tokenize",
+    ):
         answer = http.get(path)
         assert answer.status_code == 405
         assert answer.json()["error"]["code"] == "method_not_allowed"

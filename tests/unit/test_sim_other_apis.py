@@ -15,7 +15,7 @@ from agent.simulator import pooling
 from agent.simulator.errors import ApiError
 from agent.simulator.generation import parse_responses
 from agent.simulator.responses_api import ResponsesRenderer
-from agent.simulator.transcriptions import TranscriptionReader, UploadStats
+from agent.simulator.transcriptions import Transcription, TranscriptionReader, UploadStats
 from agent.simulator.wire import (
     DetokenizeRequest,
     EmbeddingsRequest,
@@ -125,3 +125,12 @@ def test_an_upload_for_another_model_or_without_a_file_is_refused() -> None:
     with pytest.raises(ApiError) as raised:
         reader.result(MODEL)
     assert raised.value.status == 404
+
+
+def test_a_translation_names_its_task_in_a_verbose_answer() -> None:
+    content_type, body = Transcription(MODEL, 3, "ab" * 32, "verbose_json", task="translate").body()
+
+    assert content_type == b"application/json"
+    assert msgspec.json.decode(body)["task"] == "translate"
+    plain = Transcription(MODEL, 3, "ab" * 32, "verbose_json").body()[1]
+    assert msgspec.json.decode(plain)["task"] == "transcribe"
