@@ -581,6 +581,8 @@ class Setup:
     wrk: str | None
     """wrk's path when it sends the closed-loop load, else None (aiohttp does)."""
     workdir: Path
+    profile_native: bool = False
+    """py-spy's ``--native``: C frames too (uvloop, httptools, the system calls)."""
     profiled: bool = False
 
     def cpu(self) -> dict[str, float]:
@@ -606,7 +608,10 @@ class Setup:
         self.profile.mkdir(parents=True, exist_ok=True)
         output = self.profile / f"llmgw-{label}.collapsed"
         command = [py_spy, "record", "--pid", str(process.pid), "--format", "raw"]
-        command += ["--output", str(output), "--rate", "250", "--nonblocking"]
+        command += ["--output", str(output), "--rate", "250"]
+        # py-spy reads native stacks only from a paused process: such a profile slows the
+        # gateway more (its proportions are what it is for).
+        command.append("--native" if self.profile_native else "--nonblocking")
         print(
             f"  profiling llmgw: {shlex.join(command)}; load average {load_average()}", flush=True
         )
@@ -848,7 +853,8 @@ async def run_all(arguments: argparse.Namespace, workdir: Path) -> Results:
             for router in routers
         ]
         profile = Path(arguments.profile) if arguments.profile else None
-        setup = Setup(engine, direct, [direct, through, *router_targets], profile, wrk, workdir)
+        contenders = [direct, through, *router_targets]
+        setup = Setup(engine, direct, contenders, profile, wrk, workdir, arguments.profile_native)
         infos: list[ContenderInfo] = []
         try:
             # Idle connections are dropped before uvicorn's 5 s keep-alive can close them
@@ -1180,6 +1186,7 @@ def parser() -> argparse.ArgumentParser:
         help="py-spy llmgw during the first round of the "
         "highest concurrency, whole answers (DIR/llmgw-N-clients.collapsed)",
     )
+    add("--profile-native", action="store_true", help="py-spy --native: C frames too")
     add("--workdir", metavar="DIR", help="keep the logs here")
     add("--serve-gateway", metavar="SNAPSHOT", help=argparse.SUPPRESS)
     add("--port", type=int, help=argparse.SUPPRESS)
