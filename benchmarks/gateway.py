@@ -1062,6 +1062,68 @@ def comparison(results: Results) -> str:
     return format_table(headers, rows) + note
 
 
+def _ratio_text(ratios: dict[str, list[float]]) -> str:
+    return ", ".join(f"{median(values):.2f}x {peer}" for peer, values in ratios.items()) or "-"
+
+
+def medians_table(runs: Sequence[Results]) -> str:
+    """Several runs' comparisons, as a Markdown table of their medians in the shape of
+    issue 18's (``--medians FILE...``)."""
+    rows = []
+    found = [
+        (_find(r, False, "sequential"), _find(r, True, "sequential"), _find(r, False, "clients"))
+        for r in runs
+    ]
+    complete = [(w, s, c) for w, s, c in found if w and s and c]
+    if not complete:
+        return "no run with sequential and closed-loop phases"
+    opened = [_find(r, False, "rate") for r in runs]
+    names = list(complete[0][2].contenders)
+    size = complete[0][2].load.size
+    for name in names:
+        loaded = [c.contenders[name] for _, _, c in complete if name in c.contenders]
+        whole = [w.contenders[name] for w, _, _ in complete if name in w.contenders]
+        stream = [s.contenders[name] for _, s, _ in complete if name in s.contenders]
+        rps = f"{median([f.rps for f in loaded]):,.0f}/s"
+        client = f"{median([f.client_cpu_ms_per_1000 for f in loaded]):,.0f} ms"
+        if name == DIRECT:
+            rows.append(f"| {name} | - | {rps} | - | - | {client} | - | - |")
+            continue
+        ttfbs = [f.added_first_byte_p50_ms for f in stream if f.added_first_byte_p50_ms is not None]
+        ttfb = f"{median(ttfbs):+.2f} ms" if ttfbs else "-"
+        latency = f"{median([f.added_p50_ms for f in whole]):+.2f} ms / {ttfb}"
+        rps += f" ({median([f.rps_ratio for f in loaded]):.2f}x direct)"
+        cpu = [f.cpu_ms_per_1000 for f in loaded if f.cpu_ms_per_1000 is not None]
+        rps_vs: dict[str, list[float]] = {}
+        cpu_vs: dict[str, list[float]] = {}
+        for f in loaded:
+            for peer, ratio in f.rps_vs.items():
+                rps_vs.setdefault(peer, []).append(ratio)
+            for peer, ratio in f.cpu_vs.items():
+                cpu_vs.setdefault(peer, []).append(ratio)
+        rate = [p.contenders[name] for p in opened if p is not None and name in p.contenders]
+        open_loop = (
+            f"{median([f.added_p50_ms for f in rate]):+.2f} / "
+            f"{median([f.added_p99_ms for f in rate]):+.2f} ms"
+            if rate
+            else "-"
+        )
+        rows.append(
+            f"| {name} | {latency} | {rps} | {median([f.added_p99_ms for f in loaded]):+.1f} ms "
+            f"| {median(cpu):,.0f} ms | {client} "
+            f"| {_ratio_text(rps_vs)}; CPU {_ratio_text(cpu_vs)} "
+            f"| {open_loop} |"
+        )
+    rate_label = next((f"{p.load.size:,}/s" for p in opened if p is not None), "open loop")
+    header = [
+        f"| contender | sequential added p50 (whole / stream TTFB) | throughput at {size} "
+        f"connections | added p99 at {size} | CPU per 1,000 requests | load client's CPU per "
+        f"1,000 | throughput and CPU against each peer | added p50 / p99 at {rate_label} |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: |",
+    ]
+    return "\n".join(header + rows)
+
+
 def verdict(results: Results) -> list[str]:
     if results.engine == "llamacpp":
         return ratios(results)
@@ -1188,6 +1250,13 @@ def parser() -> argparse.ArgumentParser:
     )
     add("--profile-native", action="store_true", help="py-spy --native: C frames too")
     add("--workdir", metavar="DIR", help="keep the logs here")
+    add(
+        "--medians",
+        metavar="RESULTS",
+        nargs="+",
+        help="run nothing: print the medians of "
+        "these results files (benchmarks/results/gateway-*.json) as one Markdown table",
+    )
     add("--serve-gateway", metavar="SNAPSHOT", help=argparse.SUPPRESS)
     add("--port", type=int, help=argparse.SUPPRESS)
     return described
@@ -1197,6 +1266,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser().parse_args(argv)
     if arguments.serve_gateway:
         serve_gateway(Path(arguments.serve_gateway), arguments.port, not arguments.no_request_log)
+        return 0
+    if arguments.medians:
+        runs = [
+            msgspec.json.decode(Path(path).read_bytes(), type=Results) for path in arguments.medians
+        ]
+        print(medians_table(runs))
         return 0
     for name, value in DEFAULTS[arguments.engine].items():
         if getattr(arguments, name) is None:
