@@ -1,8 +1,12 @@
-"""Gateway benchmark: what one gateway process adds to a request, and how many it passes.
+"""Gateway benchmark: what one gateway process adds to a request and how many it passes,
+llmgw beside the Rust routers, in front of the same engine.
 
-    python benchmarks/gateway.py [--engine simulator|llamacpp] [--sequential 2000]
-        [--concurrency 50 200] [--rate 1000] [--seconds 5] [--rounds 3] [--max-tokens 16]
-        [--no-request-log] [--profile DIR]
+    python benchmarks/gateway.py [--engine simulator|llamacpp] [--sequential 1000]
+        [--concurrency 50] [--rate 1000] [--seconds 5] [--rounds 3] [--max-tokens 16]
+        [--routers [vllm-router sglang-router]] [--router-threads 1]
+        [--load-generator wrk|aiohttp] [--no-request-log] [--profile DIR [--profile-native]]
+    python benchmarks/gateway.py --seconds 2 --rounds 1 --sequential 200   # to try it
+    python benchmarks/gateway.py --medians benchmarks/results/gateway-*.json
 
 One run, all against the same engine process:
 
@@ -13,42 +17,56 @@ One run, all against the same engine process:
   on the CPU, from the ``llamacpp`` extra, with the command the real-engine tests give it
   (``tests.support.real_engine``: one thread, 2 slots, ``--ignore-eos`` so that every
   answer is ``max_tokens`` long). Its defaults are small (``--sequential 20
-  --concurrency 2 --seconds 10 --rounds 5 --max-tokens 8``, no open loop): the engine's
-  own latency, hundreds of milliseconds, dominates, and the figures that matter are the
-  gateway's as ratios to direct in the same run. The direct requests open a connection
-  each (``Connection: close``): llama-server drops some keep-alive connections after a
-  streamed answer, which the gateway's engine client survives and aiohttp does not.
+  --concurrency 2 --seconds 10 --rounds 5 --max-tokens 8``, no open loop, no routers,
+  aiohttp as the load): the engine's own latency, hundreds of milliseconds, dominates, and
+  the figures that matter are the gateway's as ratios to direct in the same run. The
+  direct requests open a connection each (``Connection: close``): llama-server drops some
+  keep-alive connections after a streamed answer, which the gateway's engine client
+  survives and aiohttp does not.
 
-For both:
+The contenders, each sent the same requests:
 
-* **direct**: the load client posts to the engine;
-* **gateway**: the same requests through one gateway process (a child process on uvloop,
-  ``StaticSource`` snapshot with one route and one key, request log on, to a file), whose
-  route has admission limits far above what the run reaches, so what is measured is the
-  proxy, not admission control.
+* **direct**: to the engine itself;
+* **llmgw**: one gateway process (a child process on uvloop, ``StaticSource`` snapshot
+  with one route and one key) with every feature of the request path on: the key checked,
+  its rpm and tpm limits set (far above what the run reaches) so the limiter counts every
+  request, admission (limits far out of reach: the proxy is measured, not admission
+  control), metrics, the request log at ``info`` (``--no-request-log``: off);
+* **vllm-router** and **sglang-router** (``--routers``; ``benchmarks/routers.py``): the
+  Rust routers from their PyPI packages, installed on first use into a venv under
+  ``~/.cache/llmgw-bench`` (skipped, with the reason, when they cannot be), with the
+  engine as their one worker, ``round_robin``, and ``--router-threads`` tokio worker
+  threads (1 by default, as llmgw has one event loop; 0: theirs, one per core).
 
 For non-streaming and streaming requests alike, three kinds of load:
 
-* ``--sequential`` requests one after another (latency p50/p99; for streams, time to the
-  first body chunk too);
-* for each ``--concurrency`` level, that many clients sending back to back for
-  ``--seconds`` (requests/s, latency p50/p99). Such closed-loop clients keep the machine
-  saturated, so their latency is mostly queueing: ``clients / throughput``;
-* for each ``--rate``, requests sent at that fixed rate for ``--seconds`` whether or not
-  earlier ones have been answered (open loop), latency counted from when each was due:
-  the latency a gateway adds at that load, if it keeps up.
+* ``--sequential`` requests one after another from aiohttp (latency p50/p99; for streams,
+  time to the first body chunk too). One request at a time is not CPU-bound: the client's
+  cost is the same for every contender and cancels out of the added figures;
+* for each ``--concurrency`` level, that many connections sending back to back for
+  ``--seconds`` (requests/s, latency p50/p99), from ``wrk`` with ``wrk_post.lua``
+  (``benchmarks/wrk.py``; installed from the distribution when missing), which costs a
+  fraction of the gateways' CPU per request (``client CPU ms/1000`` says how much), so the
+  gateway is what saturates; ``--load-generator aiohttp`` uses the aiohttp client.
+  Such closed-loop clients keep the machine saturated, so their latency is mostly
+  queueing: ``clients / throughput``;
+* for each ``--rate``, requests sent at that fixed rate for ``--seconds`` by aiohttp
+  whether or not earlier ones have been answered (open loop), latency counted from when
+  each was due: the latency a gateway adds at that load, if it keeps up.
 
-Each phase is run ``--rounds`` times, direct and gateway alternating (which goes first
-alternates too); the figures are the medians of the rounds. "Added" is the gateway's
-percentile minus the direct one; the ratios are the gateway's p50, p99 and requests/s
-over the direct ones, each round's, then their median. The gateway's own
-``x-llmgw-gateway-ms`` header, each process's CPU time, and the load average are recorded
-too: the load client is aiohttp on uvloop in this process, and on a small machine it, the
-gateway, the engine and whatever else runs there share the CPU. ``--profile DIR`` samples
-the gateway with py-spy during the first round of the highest concurrency, non-streaming
-(that round is slower).
+Each phase is run ``--rounds`` times, every contender once a round, in an order that
+rotates from round to round; the figures are the medians of the rounds. "Added" is a
+contender's percentile minus direct's in the same round; the ratios (to direct and to
+each peer) are per round too, then their median. CPU per 1,000 requests is each
+contender's process tree (``/proc/<pid>/stat`` of it and its descendants, every thread)
+over its own side; the load client's (this process, and wrk) is recorded beside it, and
+the load average. llmgw's own ``x-llmgw-gateway-ms`` header is recorded too.
+``--profile DIR`` samples llmgw with py-spy during the first round of the highest
+concurrency, whole answers (that round is slower; ``benchmarks/profile_summary.py``
+groups the samples).
 
-Results are printed and written to ``benchmarks/results/gateway-<timestamp>.json``;
+Results are printed (per phase, then a comparison in the shape of issue 18's table and
+the goals) and written to ``benchmarks/results/gateway-<timestamp>.json``;
 ``docs/performance.md`` discusses them.
 """
 
@@ -1203,20 +1221,42 @@ def ratios(results: Results) -> list[str]:
     return lines
 
 
+def _shown(value: Any) -> str:
+    if isinstance(value, list):
+        return " ".join(str(item) for item in value) or "(none)"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def parser() -> argparse.ArgumentParser:
     described = argparse.ArgumentParser(
         description="Gateway benchmark: llmgw, the Rust routers and direct, in front of one "
         "engine (the module docstring says it all).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="engine defaults: "
+        + "; ".join(
+            f"{engine}: "
+            + ", ".join(
+                f"--{name.replace('_', '-')} {_shown(value)}" for name, value in given.items()
+            )
+            for engine, given in DEFAULTS.items()
+        ),
     )
     add = described.add_argument
-    add("--engine", choices=ENGINES, default="simulator")
+    add("--engine", choices=ENGINES, default="simulator", help="default: simulator")
     add("--sequential", type=int, help="requests one after another per phase (engine default)")
     add("--concurrency", type=int, nargs="+", help="closed-loop connections (engine default)")
-    add("--rate", type=int, nargs="*", help="open-loop offered rates per second")
-    add("--seconds", type=float, help="length of each closed- and open-loop side")
-    add("--rounds", type=int, help="rounds per phase; the contenders' order rotates")
-    add("--max-tokens", type=int)
+    add(
+        "--rate",
+        type=int,
+        nargs="*",
+        help="open-loop offered rates per second (engine default; none: --rate)",
+    )
+    add("--seconds", type=float, help="length of each closed- and open-loop side (engine default)")
+    add(
+        "--rounds",
+        type=int,
+        help="rounds per phase; the contenders' order rotates (engine default)",
+    )
+    add("--max-tokens", type=int, help="of every request (engine default)")
     add(
         "--routers",
         nargs="*",
@@ -1228,7 +1268,8 @@ def parser() -> argparse.ArgumentParser:
         "--router-threads",
         type=int,
         default=1,
-        help="TOKIO_WORKER_THREADS of each router; 0 leaves their default (one per core)",
+        help="TOKIO_WORKER_THREADS of each router; 0 leaves their default (one per core); "
+        "default: 1",
     )
     add(
         "--routers-venv",
@@ -1240,7 +1281,7 @@ def parser() -> argparse.ArgumentParser:
         choices=("wrk", "aiohttp"),
         help="what sends the closed-loop load (default: wrk with the simulator, else aiohttp)",
     )
-    add("--wrk-threads", type=int, default=1)
+    add("--wrk-threads", type=int, default=1, help="wrk's -t (default: 1)")
     add("--no-request-log", action="store_true", help="llmgw without its request log")
     add(
         "--profile",
