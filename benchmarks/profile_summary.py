@@ -8,7 +8,13 @@ writes it, and prints, for the groups below and for the functions themselves:
 
 * **self**: the samples whose innermost Python frame is in it (time in C code a Python
   function called, a C extension's parser or encoder, a system call, is its caller's);
-* **cumulative**: the samples with a frame of it anywhere on the stack.
+* **cumulative**: the samples with a Python frame of it anywhere on the stack, or whose
+  leaf is of it (the frames under every stack, the process's main and ``uvloop.run``,
+  excepted; of C frames, only the leaf counts: py-spy's native stacks repeat the
+  interpreter's and the loop's under everything).
+
+With ``--native`` profiles the leaf may be C: a system call, the garbage collector, the
+interpreter, uvloop's loop; those are groups of their own.
 
 A frame belongs to the first group whose pattern its file or function matches.
 """
@@ -23,19 +29,35 @@ from collections.abc import Sequence
 from pathlib import Path
 
 GROUPS: tuple[tuple[str, str], ...] = (
+    # Native frames (py-spy --native): the leaf of a stack that left Python.
+    (
+        "system calls",
+        r"^(write|read|writev|readv|send|recv|sendmsg|recvmsg|sendto|recvfrom"
+        r"|epoll_wait|epoll_pwait|getpid|__libc_\w+|syscall) \(libc",
+    ),
+    (
+        "garbage collector",
+        r"^(gc_collect\w*|collect_generations|deduce_unreachable"
+        r"|move_unreachable|visit_\w+|subtract_refs|update_refs) ",
+    ),
+    # Python frames, and the C code of the extensions the request path uses.
     ("logging", r"structlog|/logging/|app/logs"),
     ("metrics", r"prometheus_client|app/gateway/metrics\.py|app/gateway/traffic\.py"),
     ("JSON", r"msgspec|/json/"),
-    ("HTTP parsing, uvicorn protocol", r"uvicorn/protocols|httptools|/h11/"),
+    ("HTTP parsing, uvicorn protocol", r"uvicorn/protocols|httptools|/h11/|parser\.c"),
     ("ASGI layers", r"uvicorn/|starlette|app/gateway/app\.py|app/listeners/"),
     ("engine client", r"app/gateway/engine_client\.py"),
     ("router's choice", r"app/gateway/(router|affinity|ejection)\.py"),
     ("admission, fair queue", r"app/gateway/(admission|fairqueue)\.py"),
     ("keys, rate limits, usage", r"app/domain/keys|hashlib|app/gateway/(ratelimit|usage)\.py"),
     ("the app's request handling", r"app/"),
-    ("event loop", r"uvloop|asyncio/|selectors|<module>|\brun\b"),
+    ("event loop", r"uvloop|asyncio/|selectors|_asynciomodule|loop\.c|uv_|uv__|libuv"),
+    ("interpreter", r"libpython|object\.h|ceval|\bPy|_Py"),
 )
 """Order matters: the first match wins (the metrics module before the rest of app/)."""
+BASE = r"benchmarks/|asyncio/runners\.py|uvloop/__init__\.py|<module>"
+"""Frames under every stack (the process's main, ``uvloop.run``): not counted as any
+group's cumulative time, which would make it 100 %."""
 OTHER = "other"
 _FRAME = re.compile(r"^(?P<function>.*?) \((?P<where>[^()]*)\)$")
 
@@ -77,7 +99,10 @@ def summarize(stacks: list[tuple[list[str], int]], top: int) -> str:
     function_cumulative: Counter[str] = Counter()
     for frames, count in stacks:
         group_self[group_of(frames[-1])] += count
-        for name in {group_of(frame) for frame in frames}:
+        on_stack = {
+            group_of(frame) for frame in frames if ".py:" in frame and not re.search(BASE, frame)
+        }
+        for name in on_stack | {group_of(frames[-1])}:
             group_cumulative[name] += count
         function_self[_short(frames[-1])] += count
         for name in {_short(frame) for frame in frames}:
