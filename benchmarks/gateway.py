@@ -619,9 +619,9 @@ class Setup:
         self.profiled = True
         process = self.llmgw().process
         assert process is not None
-        py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-        if not Path(py_spy).exists():
-            print("--profile: py-spy not found (pip install py-spy into this venv)", flush=True)
+        py_spy = ensure_py_spy()
+        if py_spy is None:
+            print(f"--profile: no py-spy, and {shlex.join(PY_SPY_INSTALL)} failed", flush=True)
             return None
         self.profile.mkdir(parents=True, exist_ok=True)
         output = self.profile / f"llmgw-{label}.collapsed"
@@ -634,6 +634,21 @@ class Setup:
             f"  profiling llmgw: {shlex.join(command)}; load average {load_average()}", flush=True
         )
         return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+PY_SPY_INSTALL = [sys.executable, "-m", "pip", "install", "--quiet", "py-spy"]
+
+
+def ensure_py_spy() -> str | None:
+    """py-spy's path, installed into this venv when missing: a tool of the benchmark's,
+    not a dependency of llmgw."""
+    beside = Path(sys.executable).parent / "py-spy"
+    found = shutil.which("py-spy") or (str(beside) if beside.exists() else None)
+    if found is None:
+        print(f"installing py-spy: {shlex.join(PY_SPY_INSTALL)}", flush=True)
+        subprocess.run(PY_SPY_INSTALL, capture_output=True, timeout=600)
+        found = str(beside) if beside.exists() else None
+    return found
 
 
 async def wait_for_ready(
