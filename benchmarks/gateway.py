@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import platform
 import resource
@@ -506,6 +507,11 @@ def _difference(first: float | None, second: float | None) -> float | None:
     return None if first is None or second is None else first - second
 
 
+def _ratio(numerator: float, denominator: float) -> float:
+    """``numerator / denominator``; NaN where a side answered nothing."""
+    return numerator / denominator if denominator else math.nan
+
+
 def _client_cpu_s(one: Side) -> float:
     return one.cpu_s["client"] + one.cpu_s.get("wrk", 0.0)
 
@@ -524,15 +530,18 @@ def figures(name: str, rounds: list[Round], engine: str) -> Figures:
 
     peers = [peer for peer in rounds[0].sides if peer not in (DIRECT, name)]
     rps_vs = {
-        peer: median([r.sides[name].rps / r.sides[peer].rps for r in rounds]) for peer in peers
+        peer: median([_ratio(r.sides[name].rps, r.sides[peer].rps) for r in rounds])
+        for peer in peers
     }
     cpu_vs: dict[str, float] = {}
     if name != DIRECT:
         for peer in peers:
             cpu_vs[peer] = median(
                 [
-                    _cpu_per_request_s(r.sides[name], name)
-                    / _cpu_per_request_s(r.sides[peer], peer)
+                    _ratio(
+                        _cpu_per_request_s(r.sides[name], name),
+                        _cpu_per_request_s(r.sides[peer], peer),
+                    )
                     for r in rounds
                 ]
             )
@@ -551,9 +560,9 @@ def figures(name: str, rounds: list[Round], engine: str) -> Figures:
         added_first_byte_p99_ms=maybe(
             lambda s, d: _difference(s.first_byte_p99_ms, d.first_byte_p99_ms)
         ),
-        p50_ratio=of(lambda s, d: s.p50_ms / d.p50_ms),
-        p99_ratio=of(lambda s, d: s.p99_ms / d.p99_ms),
-        rps_ratio=of(lambda s, d: s.rps / d.rps),
+        p50_ratio=of(lambda s, d: _ratio(s.p50_ms, d.p50_ms)),
+        p99_ratio=of(lambda s, d: _ratio(s.p99_ms, d.p99_ms)),
+        rps_ratio=of(lambda s, d: _ratio(s.rps, d.rps)),
         gateway_header_p50_ms=maybe(lambda s, _: s.gateway_header_p50_ms),
         gateway_header_p99_ms=maybe(lambda s, _: s.gateway_header_p99_ms),
         cpu_ms_per_1000=own_cpu,

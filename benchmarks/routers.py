@@ -6,8 +6,9 @@ their own, started in front of an engine, their CPU time counted.
   --worker-urls URL --port P``.
 
 Both get the one engine as their only worker and the cheapest policy, ``round_robin``
-(their default, ``cache_aware``, keeps a prefix tree per request), logs at warning, and
-their Prometheus listener on a free port of its own. Both are tokio programs: their
+(their default, ``cache_aware``, keeps a prefix tree per request), logs at warning, their
+Prometheus listener on a free port of its own, and no circuit breaker (their retries stay
+on). Both are tokio programs: their
 worker threads are one per core unless ``TOKIO_WORKER_THREADS`` says otherwise, which
 ``threads`` sets (None: their default).
 
@@ -83,6 +84,11 @@ def command(name: str, venv: Path, worker_url: str, port: int, metrics_port: int
     common = ["--worker-urls", worker_url, "--host", "127.0.0.1", "--port", str(port)]
     common += ["--policy", "round_robin", "--prometheus-host", "127.0.0.1"]
     common += ["--prometheus-port", str(metrics_port)]
+    # Their circuit breaker would shut the one worker out for the rest of the run after a
+    # burst of failed sends (sglang-router did, once, during a 50-connection stream
+    # phase), so every later request of the run failed: off. llmgw's ejection has nowhere
+    # else to send either.
+    common.append("--disable-circuit-breaker")
     if name == "vllm-router":
         return [str(venv / "bin" / "vllm-router"), *common, "--log-level", "warning"]
     if name == "sglang-router":
