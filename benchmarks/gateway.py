@@ -1333,9 +1333,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         serve_gateway(Path(arguments.serve_gateway), arguments.port, not arguments.no_request_log)
         return 0
     if arguments.medians:
-        runs = [
-            msgspec.json.decode(Path(path).read_bytes(), type=Results) for path in arguments.medians
-        ]
+        runs = []
+        for path in arguments.medians:
+            try:
+                runs.append(msgspec.json.decode(Path(path).read_bytes(), type=Results))
+            except (OSError, msgspec.DecodeError) as exc:
+                # A run with a side that answered nothing has NaN ratios, written as null.
+                print(f"--medians: {path}: {exc}", file=sys.stderr)
+                return 2
         print(medians_table(runs))
         return 0
     for name, value in DEFAULTS[arguments.engine].items():
