@@ -64,3 +64,12 @@ def test_the_policy_names_its_load_per_replica_and_scale_to_zero_only_when_it_ma
         "result), up on the 10s average, down after 300s below, at most 1 a step, to zero "
         "after 900s idle (a cold start holds requests up to 300s)"
     )
+
+
+def test_the_policy_says_when_a_deeper_drop_waits_less_than_the_down_window() -> None:
+    quicker = AutoscaleView(min_replicas=1, max_replicas=10, down_window_min_share=0.5)
+
+    assert policy_text(quicker) == (
+        "1..10 replicas, 4 requests per replica, up on the 10s average, down after 300s "
+        "below, at most 4 a step (a deeper drop after 50% of it at least)"
+    )
