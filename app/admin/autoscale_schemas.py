@@ -46,7 +46,10 @@ class AutoscalePolicyView(msgspec.Struct, frozen=True, kw_only=True):
     cold_start_timeout_s: float
 
 
-class ScaleInputsView(msgspec.Struct, frozen=True, kw_only=True):
+class ScaleInputsView(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What the autoscaler saw; ``down_wait_s`` and ``down_wait_max`` only for a scale-down
+    (and in decisions recorded since they exist)."""
+
     demand: float
     """Requests in flight on the model's replicas plus those queued for it, over every
     gateway with a fresh report, when the autoscaler decided."""
