@@ -4,7 +4,7 @@ model of the cluster instead of processes, to see where a decision rule or a pol
 on the trade-off between the SLO and replica-seconds before measuring it.
 
     python benchmarks/autoscale_model.py [--up-window 2] [--down-window 10]
-        [--down-window-min-share 0.5] [--target 1.5] [--noise-seeds 3]
+        [--down-window-min-share 0.5] [--target 1.5] [--noise-seeds 3] [--interval-mean]
         [--oracle-ahead S --oracle-slack X]
 
 The model, in steps of 10 ms: a replica serves ``MAX_NUM_SEQS`` requests at once in
@@ -106,8 +106,17 @@ class Outcome(msgspec.Struct, frozen=True):
 
 
 def simulate(
-    policy: AutoscalePolicy, decide: Decide, trace: Trace, due: Sequence[float], noise_seed: int
+    policy: AutoscalePolicy,
+    decide: Decide,
+    trace: Trace,
+    due: Sequence[float],
+    noise_seed: int,
+    *,
+    interval_mean: bool = False,
 ) -> Outcome:
+    """One run; with ``interval_mean`` each report is the in-flight-plus-held count averaged
+    over the half second since the last one, instead of that count at the moment of the
+    report."""
     rng = random.Random(noise_seed)
     spec = ModelSpec(name="trace", command="sim --port {port}", replicas=1, autoscale=policy)
     declared = Recorded(
@@ -125,6 +134,7 @@ def simulate(
     ttfts: list[float] = []
     history: dict[str, tuple[DemandSample, ...]] = {}
     reported, reported_at, events, arrived = 0.0, -1.0, 0, 0
+    accumulated = 0.0
     for tick in range(int((trace.duration_s + 30) / TICK_S)):
         now_s = tick * TICK_S
         routable = [
@@ -147,10 +157,13 @@ def simulate(
                     replica.running.append(now_s + MAX_TOKENS * STEP_S)
         for replica in replicas:
             replica.stop_when_done(now_s)
+        demand = sum(r.in_flight() for r in replicas if r.ended_s is None) + len(held)
+        accumulated += demand * TICK_S
         if now_s - reported_at >= REPORT_S - 1e-9:
-            live = [r for r in replicas if r.ended_s is None]
-            reported = float(sum(r.in_flight() for r in live) + len(held))
-            reported_at = now_s
+            span_s = now_s - max(reported_at, 0.0)
+            averaged = interval_mean and span_s > 0
+            reported = accumulated / span_s if averaged else float(demand)
+            accumulated, reported_at = 0.0, now_s
         if tick % round(PASS_S / TICK_S) or now_s >= trace.duration_s:
             continue
         at = ORIGIN + timedelta(seconds=now_s)
@@ -211,6 +224,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--down-window", type=float, default=10.0)
     parser.add_argument("--down-window-min-share", type=float, default=0.5)
     parser.add_argument("--noise-seeds", type=int, default=3, help="runs of the model's noise")
+    parser.add_argument(
+        "--interval-mean",
+        action="store_true",
+        help="reports averaged over their half second instead of sampled at its end",
+    )
     parser.add_argument("--oracle-ahead", type=float, help="seconds the oracle sees ahead")
     parser.add_argument("--oracle-slack", type=float, default=1.0)
     arguments = parser.parse_args(argv)
@@ -232,7 +250,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         decide = oracle(
             trace, arguments.target, arguments.oracle_ahead, arguments.oracle_slack, peak
         )
-    outcomes = [simulate(policy, decide, trace, due, seed) for seed in range(arguments.noise_seeds)]
+    outcomes = [
+        simulate(policy, decide, trace, due, seed, interval_mean=arguments.interval_mean)
+        for seed in range(arguments.noise_seeds)
+    ]
     fixed = peak * trace.duration_s
     for outcome in outcomes:
         print(
