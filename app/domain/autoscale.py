@@ -151,7 +151,7 @@ def decide(model: Model, samples: Sequence[DemandSample], now: datetime) -> Scal
         desired, waited_s, peak = drop
         inputs = msgspec.structs.replace(inputs, down_wait_s=waited_s, down_wait_max=peak)
         reason = (
-            f"demand averaged at most {peak:.1f} over {waited_s:g}s needs "
+            f"demand averaged at most {peak:.1f} over {round(waited_s, 1):g}s needs "
             f"{math.ceil(peak / per_replica)} replica(s) at {per_replica:g} each"
         )
         if waited_s < policy.down_window_s:
