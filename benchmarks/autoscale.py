@@ -3,7 +3,8 @@ side by side with fixed replica counts, in one run.
 
     python benchmarks/autoscale.py [--duration 300] [--seed 7] [--peak-rps 16]
         [--trough-rps 1] [--bursts 3] [--slo-ttft-ms 500] [--target 1.5]
-        [--up-window 2] [--down-window 10] [--runs peak mean autoscaled] [--workdir DIR]
+        [--up-window 2] [--down-window 10] [--down-window-min-share 0.5]
+        [--runs peak mean autoscaled] [--workdir DIR]
 
 A seeded demand trace, a day compressed into ``--duration`` seconds (a night trough, a
 morning rise, an afternoon peak, an evening fall, and ``--bursts`` short bursts of a
@@ -16,8 +17,8 @@ token, ``MAX_TOKENS`` tokens an answer):
 * **peak**: a fixed replica count sized for the trace's highest rate;
 * **mean**: a fixed count sized for its mean rate;
 * **autoscaled**: ``autoscale: {min: 1, max: <the peak count>, target: --target,
-  up_window_s: --up-window, down_window_s: --down-window, max_step: 4}`` (2 s and 10 s),
-  starting from one replica.
+  up_window_s: --up-window, down_window_s: --down-window, down_window_min_share:
+  --down-window-min-share, max_step: 4}`` (2 s, 10 s and 0.5), starting from one replica.
 
 A count is sized so that a replica carries ``--target`` requests at once, the figure the
 autoscaler's policy gets: ``ceil(rate x service time / target)``, the service time being
@@ -104,7 +105,7 @@ ENDED = frozenset(
     {"replica_stopped", "replica_failed", "replica_lost", "replica_startup_timed_out"}
 )
 AUTOSCALER = "autoscaler"
-OUTSIDE_SLO_LISTED = 20
+OUTSIDE_SLO_LISTED = 50
 BURST_S = (4.0, 10.0)
 """How long a burst lasts, drawn between these."""
 
@@ -450,16 +451,17 @@ class Results(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def plans(
-    trace: Trace, target: float, wanted: Sequence[str], windows: tuple[float, float]
+    trace: Trace, target: float, wanted: Sequence[str], windows: tuple[float, float, float]
 ) -> list[Plan]:
     peak = replicas_for(trace.highest(), target)
-    up_window_s, down_window_s = windows
+    up_window_s, down_window_s, down_window_min_share = windows
     policy = AutoscalePolicy(
         min_replicas=1,
         max_replicas=peak,
         target=target,
         up_window_s=up_window_s,
         down_window_s=down_window_s,
+        down_window_min_share=down_window_min_share,
         max_step=4,
         cold_start_timeout_s=60.0,
     )
@@ -482,7 +484,10 @@ async def benchmark(arguments: argparse.Namespace, workdir: Path) -> Results:
     )
     due = trace.arrivals(random.Random(arguments.seed + 1))
     chosen = plans(
-        trace, arguments.target, arguments.runs, (arguments.up_window, arguments.down_window)
+        trace,
+        arguments.target,
+        arguments.runs,
+        (arguments.up_window, arguments.down_window, arguments.down_window_min_share),
     )
     fleet = len(NODES) * GPUS_PER_NODE
     if max(p.replicas for p in chosen) > fleet:
@@ -639,11 +644,19 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--down-window", type=float, default=10.0, help="the autoscaled run's down_window_s"
     )
+    parser.add_argument(
+        "--down-window-min-share",
+        type=float,
+        default=0.5,
+        help="the autoscaled run's down_window_min_share",
+    )
     parser.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
     parser.add_argument("--workdir", type=Path, help="keep the processes' logs here")
     arguments = parser.parse_args(argv)
     if arguments.duration < 30 or arguments.trough_rps <= 0:
         parser.error("--duration must be at least 30 s, --trough-rps positive")
+    if not 0 < arguments.down_window_min_share <= 1:
+        parser.error("--down-window-min-share must be in (0, 1]")
     if arguments.peak_rps < arguments.trough_rps or arguments.target <= 0:
         parser.error("--peak-rps must be at least --trough-rps, --target positive")
     return arguments

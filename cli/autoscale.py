@@ -44,6 +44,7 @@ OPTIONS = (
     ("capacity", "--capacity"),
     ("up_window_s", "--up-window"),
     ("down_window_s", "--down-window"),
+    ("down_window_min_share", "--down-window-min-share"),
     ("idle_to_zero_s", "--idle-to-zero"),
     ("max_step", "--max-step"),
     ("cold_start_timeout_s", "--cold-start-timeout"),
@@ -102,6 +103,15 @@ def autoscale(
             help="Seconds the demand must stay low to scale down: down only when the "
             "highest demand over them needs fewer replicas, so a noisy signal does not flap.",
             validator=_at_least(0),
+        ),
+    ] = None,
+    down_window_min_share: Annotated[
+        float | None,
+        Parameter(
+            help="The least share of --down-window a scale-down waits: a drop from n "
+            "replicas to c waits max(this, c/n) of it, so halving the count waits half the "
+            "window. 1 (the default): every drop waits the whole window.",
+            validator=(validators.Number(gt=0, lte=1), _finite),
         ),
     ] = None,
     idle_to_zero: Annotated[
@@ -164,6 +174,7 @@ def autoscale(
         capacity,
         up_window,
         down_window,
+        down_window_min_share,
         idle_to_zero,
         max_step,
         cold_start_timeout,
@@ -234,6 +245,8 @@ def policy_text(policy: AutoscaleView) -> str:
         f"{policy.up_window_s:g}s average, down after {policy.down_window_s:g}s below, "
         f"at most {policy.max_step} a step"
     )
+    if policy.down_window_min_share < 1:
+        text += f" (a deeper drop after {policy.down_window_min_share:.0%} of it at least)"
     if policy.min_replicas == 0:
         text += (
             f", to zero after {policy.idle_to_zero_s:g}s idle (a cold start holds requests "
@@ -261,5 +274,7 @@ def inputs_text(decision: AutoscaleDecisionView) -> str | None:
         parts.append(f"up-window mean {seen.up_window_mean:.1f}")
     if seen.down_window_max is not None:
         parts.append(f"down-window peak {seen.down_window_max:.1f}")
+    if seen.down_wait_s is not None and seen.down_wait_max is not None:
+        parts.append(f"peak {seen.down_wait_max:.1f} over the {seen.down_wait_s:g}s waited")
     parts.append(counted(seen.samples, "sample"))
     return ", ".join(parts)

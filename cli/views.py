@@ -96,6 +96,7 @@ class AutoscaleView(View, frozen=True, kw_only=True):
     capacity: float | None = None
     up_window_s: float = 10.0
     down_window_s: float = 300.0
+    down_window_min_share: float = 1.0
     idle_to_zero_s: float = 900.0
     max_step: int = 4
     cold_start_timeout_s: float = 300.0
@@ -132,6 +133,8 @@ class ScaleInputsView(View, frozen=True, kw_only=True):
     up_window_mean: float | None = None
     down_window_max: float | None = None
     samples: int = 0
+    down_wait_s: float | None = None
+    down_wait_max: float | None = None
 
 
 class AutoscaleDecisionView(View, frozen=True, kw_only=True):

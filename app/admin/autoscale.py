@@ -35,9 +35,9 @@ class AutoscaleController(Controller):
         summary="Autoscale a model: its count follows demand within the policy's bounds",
         description="The body is the whole policy: a field left out takes its default "
         "(min 1, max 1, target 4, capacity null, up_window_s 10, down_window_s 300, "
-        "idle_to_zero_s 900, max_step 4, cold_start_timeout_s 300). Records a "
-        "model_declared of the model's revision, or nothing when the policy is the same "
-        "(`changed` false). A policy out of bounds is a 422 naming each field "
+        "down_window_min_share 1, idle_to_zero_s 900, max_step 4, cold_start_timeout_s "
+        "300). Records a model_declared of the model's revision, or nothing when the policy "
+        "is the same (`changed` false). A policy out of bounds is a 422 naming each field "
         "(`autoscale.min`, ...); a removed model a 409.",
     )
     async def set_policy(

@@ -13,7 +13,8 @@ class AutoscalePolicyBody(
 ):
     """Replicas that follow demand; a field left out (or null) takes its default: ``min`` 1,
     ``max`` 1, ``target`` 4, ``capacity`` none, ``up_window_s`` 10, ``down_window_s`` 300,
-    ``idle_to_zero_s`` 900, ``max_step`` 4, ``cold_start_timeout_s`` 300."""
+    ``down_window_min_share`` 1, ``idle_to_zero_s`` 900, ``max_step`` 4,
+    ``cold_start_timeout_s`` 300."""
 
     min_replicas: int | None = msgspec.field(name="min", default=None)
     max_replicas: int | None = msgspec.field(name="max", default=None)
@@ -21,6 +22,7 @@ class AutoscalePolicyBody(
     capacity: float | None = None
     up_window_s: float | None = None
     down_window_s: float | None = None
+    down_window_min_share: float | None = None
     idle_to_zero_s: float | None = None
     max_step: int | None = None
     cold_start_timeout_s: float | None = None
@@ -36,12 +38,18 @@ class AutoscalePolicyView(msgspec.Struct, frozen=True, kw_only=True):
     replica should carry instead of ``target``."""
     up_window_s: float
     down_window_s: float
+    down_window_min_share: float
+    """The least share of ``down_window_s`` a scale-down waits (a drop from ``n`` replicas
+    to ``c`` waits ``max(this, c / n)`` of it)."""
     idle_to_zero_s: float
     max_step: int
     cold_start_timeout_s: float
 
 
-class ScaleInputsView(msgspec.Struct, frozen=True, kw_only=True):
+class ScaleInputsView(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What the autoscaler saw; ``down_wait_s`` and ``down_wait_max`` only for a scale-down
+    (and in decisions recorded since they exist)."""
+
     demand: float
     """Requests in flight on the model's replicas plus those queued for it, over every
     gateway with a fresh report, when the autoscaler decided."""
@@ -54,6 +62,10 @@ class ScaleInputsView(msgspec.Struct, frozen=True, kw_only=True):
     down_window_max: float | None
     samples: int
     """Demand samples the decision had."""
+    down_wait_s: float | None = None
+    """A scale-down's wait: ``down_window_s``, or the share of it a deeper drop waits."""
+    down_wait_max: float | None = None
+    """The highest up-window mean over that wait."""
 
 
 class AutoscaleDecisionView(msgspec.Struct, frozen=True, kw_only=True):

@@ -15,7 +15,11 @@ it scales up at once when demand says so but down only once it has watched a who
 - **down** only when the *highest* of those ``up_window_s`` averages over the last
   ``down_window_s`` needs fewer: a signal that swings across a threshold keeps the count
   where its peaks need it, so it does not flap, and one sample's spike (a handful of
-  requests arriving together) does not hold replicas that the average never needed;
+  requests arriving together) does not hold replicas that the average never needed. With
+  ``down_window_min_share`` below 1 a deeper drop waits less: to ``c`` of ``n`` replicas
+  after ``max(down_window_min_share, c / n)`` of the window, the highest average over that
+  span needing at most ``c`` (a fall to half the demand is as clear after half the window
+  as a fall by one replica after the whole of it);
 - by at most ``max_step`` replicas a decision, never outside ``[min, max]``;
 - **to zero** (``min`` 0) only after ``idle_to_zero_s`` without any demand, and back to one
   as soon as a request is held for it.
@@ -27,6 +31,8 @@ idle (``app.domain.reconcile``).
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
@@ -118,9 +124,9 @@ def decide(model: Model, samples: Sequence[DemandSample], now: datetime) -> Scal
     per_replica, source = per_replica_load(model, policy)
     latest = samples[-1].demand
     up = _within(samples, now, policy.up_window_s)
-    down = _within(samples, now, policy.down_window_s)
     mean_up = sum(s.demand for s in up) / len(up)
-    max_down = _highest_average(samples, len(samples) - len(down), policy.up_window_s)
+    highest = _HighestAverages(samples, policy.up_window_s)
+    max_down = highest.since(now - timedelta(seconds=policy.down_window_s))
     inputs = ScaleInputs(
         demand=latest,
         per_replica=per_replica,
@@ -130,7 +136,7 @@ def decide(model: Model, samples: Sequence[DemandSample], now: datetime) -> Scal
         samples=len(samples),
     )
     wanted_up = math.ceil(mean_up / per_replica)
-    wanted_down = math.ceil(max_down / per_replica)
+    drop = _drop(samples, highest, now, policy, current, per_replica)
     desired, reason = current, ""
     if current == 0 and latest > 0:
         desired = max(1, min(wanted_up, policy.max_step))
@@ -141,12 +147,18 @@ def decide(model: Model, samples: Sequence[DemandSample], now: datetime) -> Scal
             f"demand averaged {mean_up:.1f} over {policy.up_window_s:g}s needs {wanted_up} "
             f"replica(s) at {per_replica:g} each"
         )
-    elif wanted_down < current and _watched(samples, now, policy.down_window_s):
-        desired = max(wanted_down, current - policy.max_step)
+    elif drop is not None:
+        desired, waited_s, peak = drop
+        inputs = msgspec.structs.replace(inputs, down_wait_s=waited_s, down_wait_max=peak)
         reason = (
-            f"demand averaged at most {max_down:.1f} over {policy.down_window_s:g}s needs "
-            f"{wanted_down} replica(s) at {per_replica:g} each"
+            f"demand averaged at most {peak:.1f} over {round(waited_s, 1):g}s needs "
+            f"{math.ceil(peak / per_replica)} replica(s) at {per_replica:g} each"
         )
+        if waited_s < policy.down_window_s:
+            share = waited_s / policy.down_window_s
+            reason += (
+                f" ({share:.0%} of the {policy.down_window_s:g}s window: {current} to {desired})"
+            )
         if desired == 0 and not _idle(samples, now, policy.idle_to_zero_s):
             desired = 1
             reason += f"; one stays until {policy.idle_to_zero_s:g}s without any request"
@@ -168,19 +180,51 @@ def _within(samples: Sequence[DemandSample], now: datetime, window_s: float) -> 
     return inside or [samples[-1]]
 
 
-def _highest_average(samples: Sequence[DemandSample], first: int, window_s: float) -> float:
-    """The highest mean over ``window_s`` ending at any of ``samples[first:]``: one pass,
-    the window's sum kept as it slides."""
-    window = timedelta(seconds=window_s)
-    start, total, highest = 0, 0.0, 0.0
-    for end, sample in enumerate(samples):
-        total += sample.demand
-        while samples[start].at < sample.at - window:
-            total -= samples[start].demand
-            start += 1
-        if end >= first:
-            highest = max(highest, total / (end - start + 1))
-    return highest
+def _drop(
+    samples: Sequence[DemandSample],
+    highest: _HighestAverages,
+    now: datetime,
+    policy: AutoscalePolicy,
+    current: int,
+    per_replica: float,
+) -> tuple[int, float, float] | None:
+    """The fewest replicas (at most ``max_step`` fewer) that the demand has needed no more
+    than for as long as a drop to them waits, with that wait and the highest up-window mean
+    over it; None when no drop has waited long enough. A deeper drop waits less (with
+    ``down_window_min_share`` below 1) but needs the lower demand, so it may be ready while
+    a smaller one, whose longer wait still holds higher demand, is not."""
+    found = None
+    for count in range(current - 1, max(current - policy.max_step, 0) - 1, -1):
+        wait_s = policy.down_window_s * max(policy.down_window_min_share, count / current)
+        if not _watched(samples, now, wait_s):
+            continue
+        peak = highest.since(now - timedelta(seconds=wait_s))
+        if math.ceil(peak / per_replica) <= count:
+            found = (count, wait_s, peak)
+    return found
+
+
+class _HighestAverages:
+    """The mean over ``window_s`` ending at each sample (one pass, the window's sum kept as
+    it slides), and the highest of those ending at or after any moment."""
+
+    def __init__(self, samples: Sequence[DemandSample], window_s: float) -> None:
+        window = timedelta(seconds=window_s)
+        means: list[float] = []
+        start, total = 0, 0.0
+        for end, sample in enumerate(samples):
+            total += sample.demand
+            while samples[start].at < sample.at - window:
+                total -= samples[start].demand
+                start += 1
+            means.append(total / (end - start + 1))
+        self._times = [s.at for s in samples]
+        self._highest_from = list(itertools.accumulate(reversed(means), max))[::-1]
+
+    def since(self, moment: datetime) -> float:
+        """The highest mean ending at or after ``moment`` (the latest one when none does)."""
+        first = min(bisect.bisect_left(self._times, moment), len(self._times) - 1)
+        return self._highest_from[first]
 
 
 def _watched(samples: Sequence[DemandSample], now: datetime, window_s: float) -> bool:

@@ -80,6 +80,11 @@ class ScaleInputs(msgspec.Struct, frozen=True, kw_only=True):
     up_window_mean: float | None = None
     down_window_max: float | None = None
     samples: int = 0
+    down_wait_s: float | None = None
+    """For a scale-down: the seconds of lower demand it waited (``down_window_s``, or the
+    share of it that ``down_window_min_share`` lets a deeper drop wait)."""
+    down_wait_max: float | None = None
+    """The highest up-window mean over those ``down_wait_s``: what the new count carries."""
 
 
 class ModelScaled(Event, frozen=True, kw_only=True):

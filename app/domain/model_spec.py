@@ -158,10 +158,10 @@ class AutoscalePolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     is set and ``llmgw-cli bench`` measured the model, that share of the concurrency bench
     found it serves within its SLO. The count goes up as soon as the demand averaged over
     ``up_window_s`` needs more, down only after ``down_window_s`` in which the highest demand
-    needed fewer, by at most ``max_step`` replicas a decision, never outside
-    ``[min, max]``. With ``min`` 0, a model without demand for ``idle_to_zero_s`` has none;
-    a request for it is held by the gateway for up to ``cold_start_timeout_s`` while one
-    starts."""
+    needed fewer (a drop to ``c`` of ``n`` replicas after ``max(down_window_min_share, c / n)``
+    of it), by at most ``max_step`` replicas a decision, never outside ``[min, max]``. With
+    ``min`` 0, a model without demand for ``idle_to_zero_s`` has none; a request for it is
+    held by the gateway for up to ``cold_start_timeout_s`` while one starts."""
 
     min_replicas: int = msgspec.field(name="min", default=1)
     max_replicas: int = msgspec.field(name="max", default=1)
@@ -169,6 +169,10 @@ class AutoscalePolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     capacity: float | None = None
     up_window_s: float = 10.0
     down_window_s: float = 300.0
+    down_window_min_share: float = 1.0
+    """The least share of ``down_window_s`` a scale-down waits: a drop from ``n`` replicas
+    to ``c`` waits ``max(down_window_min_share, c / n)`` of the window, so that halving the
+    count waits half of it. 1: every drop waits the whole window."""
     idle_to_zero_s: float = 900.0
     max_step: int = 4
     cold_start_timeout_s: float = 300.0
@@ -456,6 +460,11 @@ def autoscale_policy_errors(policy: AutoscalePolicy) -> list[SpecError]:
             field,
             f"must be between 0 and {MAX_AUTOSCALE_WINDOW_S:g} (a day)",
         )
+    need(
+        0 < policy.down_window_min_share <= 1,
+        "down_window_min_share",
+        "must be in (0, 1] (the least share of down_window_s a scale-down waits)",
+    )
     need(1 <= policy.max_step <= MAX_REPLICAS, "max_step", f"must be between 1 and {MAX_REPLICAS}")
     need(
         0 < policy.cold_start_timeout_s <= MAX_COLD_START_S,

@@ -41,6 +41,7 @@ DEFAULTS = {
     "capacity": None,
     "up_window_s": 10.0,
     "down_window_s": 300.0,
+    "down_window_min_share": 1.0,
     "idle_to_zero_s": 900.0,
     "max_step": 4,
     "cold_start_timeout_s": 300.0,

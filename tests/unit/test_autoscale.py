@@ -249,3 +249,69 @@ def test_a_policy_out_of_bounds_is_refused_field_by_field() -> None:
         "autoscale.capacity",
         "autoscale.max_step",
     ]
+
+
+SHARE = replace(POLICY, down_window_min_share=0.5)
+
+
+def test_a_deeper_drop_waits_only_its_share_of_the_down_window() -> None:
+    whole, share = Demand(model(1)), Demand(model(1, SHARE))
+    for demand in (whole, share):
+        demand.seconds(15, 28.0)  # 7 replicas
+        demand.seconds(37, 4.0)  # a fall to what one replica carries
+    assert (whole.replicas, share.replicas) == (7, 7)
+
+    first = share.seconds(1, 4.0)
+
+    # 7 to 3 (max_step 4) waits 3/7 of the minute, raised to half of it: 30 s in which no
+    # ten-second mean needed more than 3, the first of them 8 s after the fall. The whole
+    # window would hold the count at 7 for another 23 s.
+    assert first is not None
+    assert first.replicas == 3
+    assert first.reason == (
+        "demand averaged at most 10.5 over 30s needs 3 replica(s) at 4 each "
+        "(50% of the 60s window: 7 to 3)"
+    )
+    assert first.inputs.down_wait_s == 30.0
+    assert first.inputs.down_wait_max == pytest.approx(116 / 11)
+    assert first.inputs.down_window_max == pytest.approx(28.0)  # the whole minute's
+    assert whole.seconds(1, 4.0) is None
+    share.seconds(3, 4.0)
+    assert share.replicas == 1  # 41 s after the fall, where the whole window takes 71
+
+
+def test_a_drop_by_one_replica_still_waits_most_of_the_window() -> None:
+    demand = Demand(model(1, SHARE))
+    demand.seconds(70, 15.0)
+    assert demand.replicas == 4
+
+    # 11 needs 3: a drop from 4 to 3 waits 3/4 of the minute, not the half a deeper one may.
+    assert demand.seconds(45, 11.0) is None
+    assert demand.seconds(15, 11.0) is not None
+    assert demand.replicas == 3
+
+
+def test_a_signal_swinging_across_a_threshold_does_not_flap_with_a_shorter_wait() -> None:
+    demand = Demand(model(1, SHARE))
+    counts = []
+    for _ in range(40):
+        demand.seconds(3, 13.0)
+        demand.seconds(3, 1.0)
+        counts.append(demand.replicas)
+
+    # The swings' ten-second averages need 2 (of 4): half a minute of them is enough to go
+    # to 2, and the count stays there.
+    assert counts == [4] * 6 + [2] * 34
+
+
+def test_a_down_window_share_outside_zero_to_one_is_refused() -> None:
+    for share in (0.0, -0.5, 1.5):
+        spec = ModelSpec(
+            name="llama",
+            command="sim --port {port}",
+            autoscale=replace(POLICY, down_window_min_share=share),
+        )
+        [error] = validate_spec(spec)
+        assert error.field == "autoscale.down_window_min_share"
+    accepted = ModelSpec(name="llama", command="sim --port {port}", autoscale=SHARE)
+    assert validate_spec(accepted) == []

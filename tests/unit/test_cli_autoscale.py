@@ -5,9 +5,15 @@ from __future__ import annotations
 
 from msgspec.structs import replace
 
-from cli.autoscale import policy_text
+from cli.autoscale import inputs_text, policy_text
 from cli.models import count_text, shortfall_text
-from cli.views import AutoscaleView, ModelSpecView, ModelView
+from cli.views import (
+    AutoscaleDecisionView,
+    AutoscaleView,
+    ModelSpecView,
+    ModelView,
+    ScaleInputsView,
+)
 
 UNPLACEABLE = "needs 1 node(s) with 2 healthy free GPU(s), 0 eligible of 3: 3 not enough GPUs"
 SHORT = ModelView(
@@ -63,4 +69,31 @@ def test_the_policy_names_its_load_per_replica_and_scale_to_zero_only_when_it_ma
         "0..4 replicas, 75% of the benched capacity per replica (4 requests without a bench "
         "result), up on the 10s average, down after 300s below, at most 1 a step, to zero "
         "after 900s idle (a cold start holds requests up to 300s)"
+    )
+
+
+def test_the_policy_says_when_a_deeper_drop_waits_less_than_the_down_window() -> None:
+    quicker = AutoscaleView(min_replicas=1, max_replicas=10, down_window_min_share=0.5)
+
+    assert policy_text(quicker) == (
+        "1..10 replicas, 4 requests per replica, up on the 10s average, down after 300s "
+        "below, at most 4 a step (a deeper drop after 50% of it at least)"
+    )
+
+
+def test_a_scale_down_s_inputs_say_how_long_it_waited_and_the_peak_over_that_wait() -> None:
+    seen = ScaleInputsView(
+        demand=4,
+        per_replica=4,
+        per_replica_from="target 4",
+        up_window_mean=4,
+        down_window_max=28,
+        samples=61,
+        down_wait_s=30,
+        down_wait_max=10.545,
+    )
+
+    assert inputs_text(AutoscaleDecisionView(replicas=3, previous=7, inputs=seen)) == (
+        "demand 4, 4 per replica (target 4), up-window mean 4.0, down-window peak 28.0, "
+        "peak 10.5 over the 30s waited, 61 samples"
     )
