@@ -4,7 +4,7 @@ side by side with fixed replica counts, in one run.
     python benchmarks/autoscale.py [--duration 300] [--seed 7] [--peak-rps 16]
         [--trough-rps 1] [--bursts 3] [--slo-ttft-ms 500] [--target 1.5]
         [--up-window 2] [--down-window 10] [--down-window-min-share 0.5]
-        [--runs peak mean autoscaled] [--workdir DIR]
+        [--max-in-flight N] [--runs peak mean autoscaled] [--workdir DIR]
 
 A seeded demand trace, a day compressed into ``--duration`` seconds (a night trough, a
 morning rise, an afternoon peak, an evening fall, and ``--bursts`` short bursts of a
@@ -70,7 +70,7 @@ import openai
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent.simulator.launcher import simulator_command
-from app.domain.model_spec import AutoscalePolicy, ModelSpec
+from app.domain.model_spec import AutoscalePolicy, ModelSpec, RoutingSettings
 from benchmarks.common import (
     bench_server,
     format_table,
@@ -227,7 +227,13 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
 
 
 async def run_plan(
-    cluster: Cluster, gateway_url: str, plan: Plan, trace: Trace, due: Sequence[float], slo_s: float
+    cluster: Cluster,
+    gateway_url: str,
+    plan: Plan,
+    trace: Trace,
+    due: Sequence[float],
+    slo_s: float,
+    routing: RoutingSettings,
 ) -> Run:
     model = f"trace-{plan.name}"
     spec = ModelSpec(
@@ -236,6 +242,7 @@ async def run_plan(
         replicas=plan.replicas,
         startup_timeout_s=60,
         autoscale=plan.autoscale,
+        routing=routing,
     )
     await cluster.apply_model(spec)
     await cluster.wait_for_serving(model, plan.replicas, within_s=SETTLE_S)
@@ -510,10 +517,17 @@ async def benchmark(arguments: argparse.Namespace, workdir: Path) -> Results:
                     cluster.start_agent(node, fake_gpus=f"{GPUS_PER_NODE}x80GB")
                 await cluster.wait_for_nodes_connected(NODES)
                 gateway = await cluster.start_gateway()
+                routing = RoutingSettings(max_in_flight=arguments.max_in_flight)
                 for plan in chosen:
                     runs.append(
                         await run_plan(
-                            cluster, gateway.url, plan, trace, due, arguments.slo_ttft_ms / 1000
+                            cluster,
+                            gateway.url,
+                            plan,
+                            trace,
+                            due,
+                            arguments.slo_ttft_ms / 1000,
+                            routing,
                         )
                     )
     by_name = {run.name: run for run in runs}
@@ -650,11 +664,19 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         default=0.5,
         help="the autoscaled run's down_window_min_share",
     )
+    parser.add_argument(
+        "--max-in-flight",
+        type=int,
+        help="every run's routing.max_in_flight (the engine's MAX_NUM_SEQS holds requests "
+        "in the gateway instead of an engine's queue); none when left out",
+    )
     parser.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
     parser.add_argument("--workdir", type=Path, help="keep the processes' logs here")
     arguments = parser.parse_args(argv)
     if arguments.duration < 30 or arguments.trough_rps <= 0:
         parser.error("--duration must be at least 30 s, --trough-rps positive")
+    if arguments.max_in_flight is not None and arguments.max_in_flight < 1:
+        parser.error("--max-in-flight must be at least 1")
     if not 0 < arguments.down_window_min_share <= 1:
         parser.error("--down-window-min-share must be in (0, 1]")
     if arguments.peak_rps < arguments.trough_rps or arguments.target <= 0:

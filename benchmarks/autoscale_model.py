@@ -5,7 +5,7 @@ on the trade-off between the SLO and replica-seconds before measuring it.
 
     python benchmarks/autoscale_model.py [--up-window 2] [--down-window 10]
         [--down-window-min-share 0.5] [--target 1.5] [--noise-seeds 3] [--interval-mean]
-        [--oracle-ahead S --oracle-slack X]
+        [--oracle-ahead S --oracle-slack X] [--max-in-flight N]
 
 The model, in steps of 10 ms: a replica serves ``MAX_NUM_SEQS`` requests at once in
 decode steps of ``DECODE_MS`` (a request joins at the next step and has its first token
@@ -22,6 +22,10 @@ leaves out: the machine (CPU contention, the engines' and the gateway's jitter).
 trace's rate: at each pass the most replicas the rate needs (times the slack) from now to
 that many seconds ahead, never below one: what an autoscaler that could see the demand
 coming would do, a bound for a reactive one.
+
+``--max-in-flight`` is the model's ``routing.max_in_flight``: the gateway sends a replica a
+request only while it has fewer than that many in flight, and holds the rest until one
+has room (a replica that starts serving takes them), as ``app.gateway.admission`` does.
 """
 
 from __future__ import annotations
@@ -113,6 +117,7 @@ def simulate(
     noise_seed: int,
     *,
     interval_mean: bool = False,
+    max_in_flight: int | None = None,
 ) -> Outcome:
     """One run; with ``interval_mean`` each report is the in-flight-plus-held count averaged
     over the half second since the last one, instead of that count at the moment of the
@@ -146,7 +151,10 @@ def simulate(
             held.append(due[arrived])
             arrived += 1
         while held and routable:
-            min(routable, key=lambda r: (r.in_flight(), -r.number)).waiting.append(held.popleft())
+            chosen = min(routable, key=lambda r: (r.in_flight(), -r.number))
+            if max_in_flight is not None and chosen.in_flight() >= max_in_flight:
+                break
+            chosen.waiting.append(held.popleft())
         for replica in replicas:
             if replica.ended_s is not None or now_s < replica.serving_s:
                 continue
@@ -231,6 +239,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--oracle-ahead", type=float, help="seconds the oracle sees ahead")
     parser.add_argument("--oracle-slack", type=float, default=1.0)
+    parser.add_argument(
+        "--max-in-flight", type=int, help="routing.max_in_flight: hold the rest in the gateway"
+    )
     arguments = parser.parse_args(argv)
     trace = Trace.seeded(random.Random(arguments.seed), 300.0, 1.0, 16.0, 3)
     due = trace.arrivals(random.Random(arguments.seed + 1))
@@ -251,7 +262,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             trace, arguments.target, arguments.oracle_ahead, arguments.oracle_slack, peak
         )
     outcomes = [
-        simulate(policy, decide, trace, due, seed, interval_mean=arguments.interval_mean)
+        simulate(
+            policy,
+            decide,
+            trace,
+            due,
+            seed,
+            interval_mean=arguments.interval_mean,
+            max_in_flight=arguments.max_in_flight,
+        )
         for seed in range(arguments.noise_seeds)
     ]
     fixed = peak * trace.duration_s

@@ -324,13 +324,19 @@ def print_model(model: ModelView, wide: bool = False) -> None:
 
 
 def routing_text(routing: RoutingView) -> str:
-    """``prefix (load factor 0.25, key 1024 bytes)``; ``least_loaded`` alone."""
+    """``prefix (load factor 0.25, key 1024 bytes)``; ``least_loaded`` alone; either with
+    ``, at most N in flight per replica from each gateway`` when the model bounds it."""
+    bound = (
+        ""
+        if routing.max_in_flight is None
+        else f", at most {routing.max_in_flight} in flight per replica from each gateway"
+    )
     if routing.policy == "least_loaded":
-        return routing.policy
+        return routing.policy + bound
     knobs = [f"load factor {routing.load_factor:g}", f"key {routing.prefix_bytes} bytes"]
     if routing.policy == "session":
         knobs.append(f"session key from {', '.join(routing.session_keys) or 'nothing'}")
-    return f"{routing.policy} ({', '.join(knobs)})"
+    return f"{routing.policy} ({', '.join(knobs)}){bound}"
 
 
 def _autoscale_facts(model: ModelView) -> list[tuple[str, str | None]]:

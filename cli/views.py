@@ -109,6 +109,7 @@ class RoutingView(View, frozen=True, kw_only=True):
     load_factor: float = 0.25
     prefix_bytes: int = 1024
     session_keys: list[str] = []
+    max_in_flight: int | None = None
 
 
 class ModelSpecView(View, frozen=True, kw_only=True):

@@ -68,6 +68,9 @@ class RoutingBody(
     prefix_bytes: int | None = None
     session_keys: list[SessionKeySource] | None = None
     """Any of ``header`` (x-session-id), ``prompt_cache_key``, ``user``; first found wins."""
+    max_in_flight: int | None = None
+    """The most requests one gateway sends one replica at once (1 to 100000); the rest wait
+    in the gateway's queue for the first replica with room. Null: no such bound."""
 
 
 class CanaryStepBody(
@@ -135,6 +138,7 @@ class ModelRoutingView(RoutingView, frozen=True, kw_only=True, omit_defaults=Tru
     load_factor: float = DEFAULT_LOAD_FACTOR
     prefix_bytes: int = DEFAULT_PREFIX_BYTES
     session_keys: tuple[str, ...] = SESSION_KEY_SOURCES
+    max_in_flight: int | None = None
 
     def __post_init__(self) -> None:
         # omit_defaults leaves a field out when its value *is* the default object: a value

@@ -33,6 +33,7 @@ MIN_WEIGHT = 0.001
 """What ``llmgw-cli bench`` recommends at the least."""
 MAX_WEIGHT = 1_000_000
 MAX_TARGET_WAITING = 100_000
+MAX_IN_FLIGHT = 100_000
 """Far above any engine's queue; the bound keeps the value inside the tables' integer."""
 COMMAND_PLACEHOLDERS = frozenset(
     {"model", "port", "host", "gpus", "gpu_count", "rank", "world_size", "peers", "leader"}
@@ -71,7 +72,7 @@ MAX_PREFIX_BYTES = 65_536
 
 class RoutingSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How the gateway treats a replica: share of traffic and when it counts as saturated;
-    and how it picks among a model's replicas (the last four: per model only)."""
+    and how it picks among a model's replicas (the last five: per model only)."""
 
     weight: float = 1.0
     target_waiting: int = 5
@@ -85,6 +86,10 @@ class RoutingSettings(msgspec.Struct, frozen=True, kw_only=True):
     make the prefix key."""
     session_keys: tuple[SessionKeySource, ...] = SESSION_KEY_SOURCES
     """Where the session key is read, first found first (``session``)."""
+    max_in_flight: int | None = None
+    """The most requests one gateway sends one replica at once; more wait in the gateway's
+    queue (fair across keys) and go to the first replica with room, a replica that starts
+    serving among them. ``None``: no bound beyond admission's (``target_waiting``)."""
 
 
 ALL: Literal["all"] = "all"
@@ -331,6 +336,14 @@ def routing_setting_errors(routing: RoutingSettings) -> list[SpecError]:
     if not MIN_PREFIX_BYTES <= routing.prefix_bytes <= MAX_PREFIX_BYTES:
         errors.append(
             SpecError("prefix_bytes", f"must be between {MIN_PREFIX_BYTES} and {MAX_PREFIX_BYTES}")
+        )
+    if routing.max_in_flight is not None and not 1 <= routing.max_in_flight <= MAX_IN_FLIGHT:
+        errors.append(
+            SpecError(
+                "max_in_flight",
+                f"must be between 1 and {MAX_IN_FLIGHT} (the sequences one replica runs at "
+                "once), or null for no bound",
+            )
         )
     unknown = [s for s in routing.session_keys if s not in SESSION_KEY_SOURCES]
     if unknown:

@@ -16,6 +16,13 @@ with load ``in_flight / (2 * target_waiting)``. That count falls every time one 
 the gateway's own requests ends, so a stale replica is never saturated for ever.
 
 Draining replicas are chosen only when no other replica is eligible.
+
+A model whose routing sets ``max_in_flight`` bounds each replica by this gateway's own
+in-flight count as well, whatever its signals say: a request that finds every replica at
+the bound waits in the gateway's queue instead of in one engine's, and goes to the first
+replica with room, a replica that has just started serving among them (late binding: an
+engine's queue is bound to one replica, the gateway's to none). The count is exact for
+this gateway and knows nothing of the others, so the bound is per gateway.
 """
 
 from __future__ import annotations
@@ -77,9 +84,13 @@ def is_fresh(signals: Signals | None, *, now: float, stale_after_s: float) -> bo
     return signals is not None and now - signals.scraped_at <= stale_after_s
 
 
-def assess(candidate: Load, *, now: float, stale_after_s: float) -> Rank | None:
+def assess(
+    candidate: Load, *, now: float, stale_after_s: float, max_in_flight: int | None = None
+) -> Rank | None:
     """The candidate's rank, or ``None`` when it may not take a request now."""
     route, signals = candidate.route, candidate.signals
+    if max_in_flight is not None and candidate.in_flight >= max_in_flight:
+        return None
     # A target below 1 would make the replica refuse everything for ever.
     target = route.target_waiting if route.target_waiting >= 1 else 1
     if signals is None or now - signals.scraped_at > stale_after_s:
@@ -107,16 +118,29 @@ def carried(candidate: Load, *, now: float, stale_after_s: float) -> float:
     return signals.running + signals.waiting + candidate.reserved
 
 
-def is_eligible(candidate: Load, *, now: float, stale_after_s: float) -> bool:
-    return assess(candidate, now=now, stale_after_s=stale_after_s) is not None
+def is_eligible(
+    candidate: Load, *, now: float, stale_after_s: float, max_in_flight: int | None = None
+) -> bool:
+    return (
+        assess(candidate, now=now, stale_after_s=stale_after_s, max_in_flight=max_in_flight)
+        is not None
+    )
 
 
-def choose(candidates: Iterable[L], *, now: float, stale_after_s: float) -> L | None:
+def choose(
+    candidates: Iterable[L],
+    *,
+    now: float,
+    stale_after_s: float,
+    max_in_flight: int | None = None,
+) -> L | None:
     """The eligible candidate to send the next request to, or ``None`` if none is."""
     best: L | None = None
     best_rank: Rank | None = None
     for candidate in candidates:
-        candidate_rank = assess(candidate, now=now, stale_after_s=stale_after_s)
+        candidate_rank = assess(
+            candidate, now=now, stale_after_s=stale_after_s, max_in_flight=max_in_flight
+        )
         if candidate_rank is not None and (best_rank is None or candidate_rank < best_rank):
             best, best_rank = candidate, candidate_rank
     return best

@@ -513,7 +513,13 @@ class Router:
             def refuse(replica_id: str) -> bool:
                 return (
                     replica_id in exclude
-                    or assess(by_id[replica_id], now=now, stale_after_s=stale_after_s) is None
+                    or assess(
+                        by_id[replica_id],
+                        now=now,
+                        stale_after_s=stale_after_s,
+                        max_in_flight=policy.max_in_flight,
+                    )
+                    is None
                 )
 
             pick = ring.pick(
@@ -530,7 +536,12 @@ class Router:
         replicas: Sequence[ReplicaState] = pool.replicas
         if exclude:
             replicas = [s for s in replicas if s.route.replica_id not in exclude]
-        chosen = choose(replicas, now=now, stale_after_s=self._stale_after_s)
+        chosen = choose(
+            replicas,
+            now=now,
+            stale_after_s=self._stale_after_s,
+            max_in_flight=policy.max_in_flight,
+        )
         if chosen is None:
             return None
         if policy.policy == "least_loaded":

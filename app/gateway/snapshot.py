@@ -141,6 +141,7 @@ def route_policy(routing: bytes) -> RoutePolicy | None:
         load_factor=settings.load_factor,
         prefix_bytes=settings.prefix_bytes,
         session_keys=settings.session_keys,
+        max_in_flight=settings.max_in_flight,
     )
 
 

@@ -64,6 +64,9 @@ class RoutePolicy(msgspec.Struct, frozen=True, kw_only=True):
     load_factor: float = DEFAULT_LOAD_FACTOR
     prefix_bytes: int = DEFAULT_PREFIX_BYTES
     session_keys: tuple[SessionKeySource, ...] = SESSION_KEY_SOURCES
+    max_in_flight: int | None = None
+    """The most requests this gateway sends one of the model's replicas at once (None: no
+    bound beyond admission's): the rest wait in its queue for the first replica with room."""
 
 
 DEFAULT_ROUTE_POLICY = RoutePolicy()

@@ -189,3 +189,25 @@ def test_an_eligible_replica_is_below_its_limits(candidates: list[Candidate]) ->
         if rank is not None:
             _, load_per_weight, _ = rank
             assert load_per_weight * c.route.weight < 1.0 + 1e-9
+
+
+def test_max_in_flight_bounds_a_replica_by_the_gateways_own_count_whatever_its_signals() -> None:
+    # Fresh signals with room, and the replica still takes nothing at the bound.
+    at_bound = candidate("a", fresh(waiting=0), in_flight=2)
+    below = candidate("a", fresh(waiting=0), in_flight=1)
+    assert assess(at_bound, now=NOW, stale_after_s=STALE_AFTER, max_in_flight=2) is None
+    assert assess(below, now=NOW, stale_after_s=STALE_AFTER, max_in_flight=2) is not None
+    assert assess(at_bound, now=NOW, stale_after_s=STALE_AFTER) is not None
+    # Stale signals: the bound is the lower of the two limits.
+    stale = candidate("a", None, in_flight=3, target_waiting=5)
+    assert is_eligible(stale, now=NOW, stale_after_s=STALE_AFTER)
+    assert not is_eligible(stale, now=NOW, stale_after_s=STALE_AFTER, max_in_flight=3)
+
+
+def test_max_in_flight_sends_the_request_to_a_replica_with_room() -> None:
+    full = candidate("a", fresh(waiting=0), in_flight=2, weight=10.0)
+    room = candidate("b", fresh(waiting=3), in_flight=1)
+    assert pick(full, room) == "a"
+    chosen = choose([full, room], now=NOW, stale_after_s=STALE_AFTER, max_in_flight=2)
+    assert chosen is room
+    assert choose([full], now=NOW, stale_after_s=STALE_AFTER, max_in_flight=2) is None

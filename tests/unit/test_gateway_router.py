@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from app.gateway.router import Lease, NoServingReplica, Router, Saturated
-from app.gateway.table import GatewaySnapshot, Route
+from app.gateway.table import GatewaySnapshot, Route, RoutePolicy
 from tests.support.waiting import wait_until
 
 MODEL = "m"
@@ -277,3 +277,37 @@ async def test_a_waiter_cancelled_just_before_a_slot_frees_is_skipped() -> None:
         await gone
     assert router.queued() == {}
     assert router.in_flight() == {"a": 2}
+
+
+def bounded(*routes: Route, max_in_flight: int) -> GatewaySnapshot:
+    plain = snapshot(*routes)
+    return GatewaySnapshot(
+        declared=plain.declared,
+        routes=plain.routes,
+        policies={MODEL: RoutePolicy(max_in_flight=max_in_flight)},
+    )
+
+
+async def test_max_in_flight_holds_requests_in_the_gateway_for_the_first_replica_with_room() -> (
+    None
+):
+    # Without the bound, a third request would wait in replica a's engine (target_waiting
+    # leaves it room); with it, the request waits in the gateway and goes where room
+    # appears first: a replica that starts serving, or a slot that frees.
+    router = Router(queue_timeout_s=30)
+    router.update(bounded(route("a"), max_in_flight=2))
+    leases = await fill(router, 2)
+    third = asyncio.create_task(router.acquire(MODEL, key()))
+    fourth = asyncio.create_task(router.acquire(MODEL, key()))
+    await wait_until(lambda: router.queued() == {MODEL: 2}, what="two requests held")
+    assert router.in_flight() == {"a": 2}
+    router.update(bounded(route("a"), route("b"), max_in_flight=2))
+    assert (await third).route.replica_id == "b"
+    assert (await fourth).route.replica_id == "b"
+    fifth = asyncio.create_task(router.acquire(MODEL, key()))
+    await wait_until(lambda: router.queued() == {MODEL: 1}, what="the fifth held")
+    leases[0].release()
+    lease = await fifth
+    assert lease.route.replica_id == "a"
+    assert lease.queued_s >= 0
+    assert router.in_flight() == {"a": 2, "b": 2}

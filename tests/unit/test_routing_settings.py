@@ -33,6 +33,7 @@ def test_policy_settings_within_their_bounds_are_accepted() -> None:
     assert routing_errors(policy="prefix", load_factor=0.01, prefix_bytes=16) == {}
     assert routing_errors(policy="session", load_factor=10, prefix_bytes=65_536) == {}
     assert routing_errors(session_keys=()) == {}
+    assert routing_errors(max_in_flight=1) == routing_errors(max_in_flight=100_000) == {}
 
 
 @pytest.mark.parametrize(
@@ -46,6 +47,8 @@ def test_policy_settings_within_their_bounds_are_accepted() -> None:
         ({"policy": "random"}, "routing.policy", "least_loaded, prefix, session"),
         ({"session_keys": ("cookie",)}, "routing.session_keys", "header, prompt_cache_key, user"),
         ({"session_keys": ("user", "user")}, "routing.session_keys", "names a source twice"),
+        ({"max_in_flight": 0}, "routing.max_in_flight", "between 1 and 100000"),
+        ({"max_in_flight": 100_001}, "routing.max_in_flight", "between 1 and 100000"),
     ],
 )
 def test_a_policy_setting_out_of_bounds_is_named_with_its_bound(
@@ -63,6 +66,7 @@ def test_a_policy_setting_out_of_bounds_is_named_with_its_bound(
         (b'{"session_keys": ["cookie"]}', "routing.session_keys"),
         (b'{"load_factor": "lots"}', "routing.load_factor"),
         (b'{"prefix_blocks": 4}', "routing.prefix_blocks"),
+        (b'{"max_in_flight": 2.5}', "routing.max_in_flight"),
     ],
 )
 def test_the_api_refuses_a_bad_policy_naming_its_field(routing: bytes, field: str) -> None:
@@ -100,6 +104,8 @@ def test_the_gateway_reads_a_models_policy_and_takes_an_unreadable_one_for_the_d
         policy="prefix", load_factor=0.5
     )
     assert route_policy(b'{"weight": 2}') == RoutePolicy()
+    assert route_policy(b'{"max_in_flight": 2}') == RoutePolicy(max_in_flight=2)
+    assert route_policy(b'{"max_in_flight": 0}') is None
     assert route_policy(b'{"policy": "fastest"}') is None
     assert route_policy(b'{"load_factor": -1, "policy": "prefix"}') is None
     assert route_policy(b"[]") is None
@@ -125,6 +131,9 @@ def test_llmgw_cli_models_show_says_the_policy() -> None:
     )
     assert routing_text(session) == (
         "session (load factor 0.5, key 512 bytes, session key from user)"
+    )
+    assert routing_text(RoutingView(max_in_flight=2)) == (
+        "least_loaded, at most 2 in flight per replica from each gateway"
     )
     # The admin API leaves out a policy at its defaults; the CLI reads it back as them.
     view = msgspec.json.decode(b'{"routing": {"weight": 1.0}}', type=ModelSpecView)
