@@ -4,7 +4,8 @@ llmgw beside the Rust routers, in front of the same engine.
     python benchmarks/gateway.py [--engine simulator|llamacpp] [--sequential 1000]
         [--concurrency 50] [--rate 1000] [--seconds 5] [--rounds 3] [--max-tokens 16]
         [--routers [vllm-router sglang-router]] [--router-threads 1]
-        [--load-generator wrk|aiohttp] [--no-request-log] [--profile DIR [--profile-native]]
+        [--load-generator wrk|aiohttp] [--no-request-log] [--gateway-processes 1]
+        [--profile DIR [--profile-native]]
     python benchmarks/gateway.py --seconds 2 --rounds 1 --sequential 200   # to try it
     python benchmarks/gateway.py --medians benchmarks/results/gateway-*.json
 
@@ -32,6 +33,8 @@ The contenders, each sent the same requests:
   its rpm and tpm limits set (far above what the run reaches) so the limiter counts every
   request, admission (limits far out of reach: the proxy is measured, not admission
   control), metrics, the request log at ``info`` (``--no-request-log``: off);
+  ``--gateway-processes N``: N such processes sharing one port (``--reuse-port``), the
+  kernel spreading the connections, their CPU counted together;
 * **vllm-router** and **sglang-router** (``--routers``; ``benchmarks/routers.py``): the
   Rust routers from their PyPI packages, installed on first use into a venv under
   ``~/.cache/llmgw-bench`` (skipped, with the reason, when they cannot be), with the
@@ -179,12 +182,26 @@ LLMGW_SETTINGS = (
 # -- the gateway child process -------------------------------------------------------------
 
 
-def serve_gateway(snapshot_path: Path, port: int, log_requests: bool) -> None:
+def serve_gateway(snapshot_path: Path, port: int, log_requests: bool, processes: int) -> None:
+    """One gateway; with ``processes`` above 1, that many on one port (``reuse_port``): the
+    others are this process's children (so that its tree's CPU is all of theirs), started
+    and listening before it listens itself."""
     from app.gateway.server import Gateway, StaticSource
     from app.logs import configure_logging
 
     configure_logging("info", json=True)
     snapshot = msgspec.json.decode(snapshot_path.read_bytes(), type=GatewaySnapshot)
+    siblings = []
+    for _ in range(processes - 1):
+        command = [sys.executable, __file__, "--serve-gateway", str(snapshot_path)]
+        command += ["--port", str(port), "--gateway-processes", "1", "--reuse-port"]
+        if not log_requests:
+            command.append("--no-request-log")
+        siblings.append(subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE))
+    for sibling in siblings:
+        assert sibling.stdout is not None
+        if sibling.stdout.readline().strip() != b"listening":
+            raise SystemExit("a sibling gateway process did not start")
 
     async def run() -> None:
         source = StaticSource(snapshot)
@@ -194,15 +211,25 @@ def serve_gateway(snapshot_path: Path, port: int, log_requests: bool) -> None:
             port=port,
             log_requests=log_requests,
             engine_networks=EngineNetworks.parse("127.0.0.0/8"),
+            reuse_port=processes > 1 or REUSE_PORT in sys.argv,
         )
         await gateway.start()
+        print("listening", flush=True)
         await gateway.serve()
 
-    uvloop.run(run())
+    try:
+        uvloop.run(run())
+    finally:
+        for sibling in siblings:
+            sibling.terminate()
+            sibling.wait(timeout=30)
+
+
+REUSE_PORT = "--reuse-port"
 
 
 def start_gateway(
-    engine_url: str, workdir: Path, log_requests: bool
+    engine_url: str, workdir: Path, log_requests: bool, processes: int
 ) -> tuple[subprocess.Popen[bytes], Target]:
     prefix = uuid.uuid4().hex[:8]
     key = format_key(prefix, uuid.uuid4().hex + uuid.uuid4().hex)
@@ -229,7 +256,7 @@ def start_gateway(
     snapshot_path.write_bytes(msgspec.json.encode(snapshot))
     port = free_port()
     command = [sys.executable, __file__, "--serve-gateway", str(snapshot_path)]
-    command += ["--port", str(port)]
+    command += ["--port", str(port), "--gateway-processes", str(processes)]
     if not log_requests:
         command.append("--no-request-log")
     with (workdir / "gateway.log").open("wb") as log:
@@ -874,7 +901,9 @@ async def run_all(arguments: argparse.Namespace, workdir: Path) -> Results:
             print(f"closed-loop load from aiohttp instead: {reason}", flush=True)
             skipped["wrk"] = reason
     with llamacpp_engine(workdir) if real else simulator_engine(workdir) as engine:
-        gateway, through = start_gateway(engine.base_url, workdir, not arguments.no_request_log)
+        gateway, through = start_gateway(
+            engine.base_url, workdir, not arguments.no_request_log, arguments.gateway_processes
+        )
         routers = start_routers(arguments, engine, workdir, skipped)
         direct_url = f"{engine.base_url}/v1/chat/completions"
         direct_headers = {"Content-Type": "application/json"}
@@ -921,7 +950,12 @@ async def run_all(arguments: argparse.Namespace, workdir: Path) -> Results:
                         else [str(gateway.args)],
                         threads=tree_threads(gateway.pid),
                         settings=LLMGW_SETTINGS
-                        + ("" if not arguments.no_request_log else "; request log off"),
+                        + ("" if not arguments.no_request_log else "; request log off")
+                        + (
+                            f"; {arguments.gateway_processes} processes on one port"
+                            if arguments.gateway_processes > 1
+                            else ""
+                        ),
                     )
                 )
                 infos += [
@@ -1308,6 +1342,13 @@ def parser() -> argparse.ArgumentParser:
     add("--wrk-threads", type=int, default=1, help="wrk's -t (default: 1)")
     add("--no-request-log", action="store_true", help="llmgw without its request log")
     add(
+        "--gateway-processes",
+        type=int,
+        default=1,
+        help="llmgw as that many gateway processes sharing one port (--reuse-port); "
+        "its CPU is theirs together; default: 1",
+    )
+    add(
         "--profile",
         metavar="DIR",
         help="py-spy llmgw during the first round of the "
@@ -1324,13 +1365,21 @@ def parser() -> argparse.ArgumentParser:
     )
     add("--serve-gateway", metavar="SNAPSHOT", help=argparse.SUPPRESS)
     add("--port", type=int, help=argparse.SUPPRESS)
+    add(REUSE_PORT, action="store_true", help=argparse.SUPPRESS)
     return described
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser().parse_args(argv)
+    if arguments.gateway_processes < 1:
+        parser().error("--gateway-processes must be at least 1")
     if arguments.serve_gateway:
-        serve_gateway(Path(arguments.serve_gateway), arguments.port, not arguments.no_request_log)
+        serve_gateway(
+            Path(arguments.serve_gateway),
+            arguments.port,
+            not arguments.no_request_log,
+            arguments.gateway_processes,
+        )
         return 0
     if arguments.medians:
         runs = []

@@ -76,6 +76,15 @@ def gateway_command(
         ),
     ] = DEFAULT_CLIENT_HOST,
     port: Annotated[int, Parameter(env_var="LLMGW_GATEWAY_PORT")] = DEFAULT_CLIENT_PORT,
+    reuse_port: Annotated[
+        bool,
+        Parameter(
+            env_var="LLMGW_GATEWAY_REUSE_PORT",
+            help="share --port with other gateway processes on this machine (SO_REUSEPORT: "
+            "the kernel spreads new connections among them), one per core to use; give each "
+            "its own --metrics-port",
+        ),
+    ] = False,
     gateway_id: Annotated[
         str,
         Parameter(
@@ -150,6 +159,10 @@ def gateway_command(
     database is away, it checks once the database answers. Its /metrics is on a listener of
     its own (--metrics-host, --metrics-port), never on the client listener.
 
+    A gateway is one process on one core; to use more cores of a machine, start one
+    process per core with --reuse-port on the same --port, each with its own --metrics-port:
+    every process is a gateway of its own (its own reports, its own share of keys' limits).
+
     Example: llmgw-server gateway --host 0.0.0.0 --port 8080 --engine-networks 10.20.0.0/16
     --metrics-host 10.0.0.5
     """
@@ -166,6 +179,7 @@ def gateway_command(
     options = GatewayOptions(
         host=host,
         port=port,
+        reuse_port=reuse_port,
         gateway_id=gateway_id or None,
         queue_timeout_s=queue_timeout,
         scrape_interval_s=scrape_interval,

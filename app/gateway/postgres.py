@@ -62,6 +62,8 @@ class GatewayOptions:
     """When a replica that keeps failing is taken out of this gateway's rotation."""
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     """An upload's body at most (``app.gateway.uploads``)."""
+    reuse_port: bool = False
+    """Share ``port`` with other gateway processes (``SO_REUSEPORT``)."""
 
     def problems(self, connections_flag: str = "--max-connections") -> list[str]:
         """What is wrong with these options, as messages naming the command's flags."""
@@ -78,6 +80,8 @@ class GatewayOptions:
         ):
             if value <= 0:
                 found.append(f"{flag} must be positive, not {value}")
+        if self.reuse_port and self.port == 0:
+            found.append("--reuse-port needs a fixed --port for the processes to share")
         upload_problem = max_upload_problem(self.max_upload_bytes)
         if upload_problem is not None:
             found.append(upload_problem)
@@ -117,6 +121,7 @@ class PostgresGateway:
             max_upload_bytes=options.max_upload_bytes,
             limiter=self.limiter,
             limits_reason=lambda: self.budgets.degraded_reason(),
+            reuse_port=options.reuse_port,
         )
         self.budgets = BudgetKeeper(
             database_url,

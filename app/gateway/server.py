@@ -140,10 +140,11 @@ async def _serve_on(
     lifespan: Literal["on", "off"],
     graceful_shutdown_s: int,
     what: str,
+    reuse_port: bool = False,
 ) -> _Listening:
     """Start uvicorn with ``app`` on ``host``:``port``; listening once this returns."""
     try:
-        listener = _listen(host, port)
+        listener = _listen(host, port, reuse_port=reuse_port)
     except OSError as exc:
         # Say which listener: a gateway has two, and "address in use" alone does not tell.
         raise GatewayFailed(f"the {what} cannot listen on {host}:{port}: {exc}") from exc
@@ -197,6 +198,7 @@ class Gateway:
         max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
         limiter: Limiter | None = None,
         limits_reason: Callable[[], str | None] = lambda: None,
+        reuse_port: bool = False,
     ) -> None:
         """``port`` 0 takes a free port (``self.port`` says which once started).
         ``engine_networks`` is where engines may be contacted; None: each node only at the
@@ -206,7 +208,10 @@ class Gateway:
         is taken out of this gateway's rotation (``app.gateway.ejection``). ``max_upload_bytes``
         bounds an upload's body (``app.gateway.uploads``). ``limiter`` counts keys' rpm and
         tpm (this gateway's own ``RateLimiter`` when None); ``limits_reason`` says, for
-        ``/readyz``, why limits are only approximate now (None: they are not)."""
+        ``/readyz``, why limits are only approximate now (None: they are not).
+        ``reuse_port``: listen with ``SO_REUSEPORT``, so that several gateway processes share
+        the client port and the kernel spreads new connections among them (one process is
+        one core); the metrics listener is each process's own."""
         self.source = source
         self.host = host
         self.port = port
@@ -240,6 +245,7 @@ class Gateway:
             max_upload_bytes=max_upload_bytes,
         )
         self._graceful_shutdown_s = graceful_shutdown_s
+        self._reuse_port = reuse_port
         self._clients: _Listening | None = None
         self._internal: _Listening | None = None
 
@@ -284,6 +290,7 @@ class Gateway:
             lifespan="on",
             graceful_shutdown_s=self._graceful_shutdown_s,
             what="gateway",
+            reuse_port=self._reuse_port,
         )
         self.port = self._clients.port
         if self.metrics_port is None:
@@ -332,10 +339,17 @@ def _base_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def _listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     listener = socket.socket(family, kind, proto)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        if not hasattr(socket, "SO_REUSEPORT"):
+            listener.close()
+            raise OSError("this platform has no SO_REUSEPORT: run one gateway per port")
+        # Every process that sets it before binding shares the port; the kernel hashes each
+        # new connection to one of them.
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     # Accepted connections inherit it: without it, uvicorn's two writes per answer (head,
     # then body) wait on the client's delayed ACK, adding milliseconds to every request.
     listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
