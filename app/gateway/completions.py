@@ -67,14 +67,18 @@ ROUTE_HEADER = b"x-llmgw-route"
 log = structlog.get_logger("llmgw.gateway")
 
 
+_ABSENT = msgspec.Raw(b"null")
+"""A count field the body leaves out: this very object (``is``), never decoded."""
+
+
 class RoutingFields(msgspec.Struct):
     """What the gateway reads of a request body; the engine reads the rest."""
 
     model: str
     stream: bool | None = None
-    max_tokens: msgspec.Raw = msgspec.Raw(b"null")
-    max_completion_tokens: msgspec.Raw = msgspec.Raw(b"null")
-    max_output_tokens: msgspec.Raw = msgspec.Raw(b"null")
+    max_tokens: msgspec.Raw = _ABSENT
+    max_completion_tokens: msgspec.Raw = _ABSENT
+    max_output_tokens: msgspec.Raw = _ABSENT
     """Kept undecoded, read only for a tpm limit's reservation (``_token_estimate``): the
     engine checks them."""
 
@@ -449,6 +453,8 @@ def _token_estimate(fields: RoutingFields, body_bytes: int) -> int:
     """The tokens a tpm limit reserves for a request until its usage is known."""
     output = DEFAULT_OUTPUT_TOKENS
     for raw in (fields.max_completion_tokens, fields.max_tokens, fields.max_output_tokens):
+        if raw is _ABSENT:
+            continue  # left out: an exception per absent field would cost more than the rest
         try:
             output = _decode_count(raw)
             break
