@@ -66,7 +66,10 @@ START_S = 1.4
 """Placement to serving: the simulator's start (about 1.1 s) and the agent's and the
 gateway's news of it, as the benchmark's logs show."""
 STOP_S = 0.3
-QUIESCE_S = 2.0
+QUIESCE_S = 0.8
+"""A replica out of routing stops once the gateway has reported a table without it (its
+next report after the next pass: half a second and a pass, on average) and is idle; the
+fixed quiesce time (2 s) only when a gateway does not say."""
 REPORT_S = 0.5
 PASS_S = 0.2
 OVERHEAD_S = 0.02

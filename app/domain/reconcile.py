@@ -25,6 +25,7 @@ control plane never races its own agents; the grace follows the fleet (``adoptio
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 import msgspec
@@ -101,7 +102,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     stray_grace_s: float = 10.0
     quiesce_s: float = 2.0
     """How long a replica out of routing keeps running before its engines are told to stop,
-    so gateways see it leave the routing table before it goes."""
+    so gateways see it leave the routing table before it goes; less when every live gateway
+    has said it routes by a table without it (``FleetView.routing_seen``)."""
     drain_idle_timeout_s: float = DEFAULT_DRAIN_IDLE_TIMEOUT_S
     """How long a replica out of routing waits for the requests gateways report in flight
     on it to finish; past this it is stopped anyway (its engines then get their stop
@@ -418,15 +420,34 @@ def _replicas_on(state: ClusterState, node_id: str) -> list[Replica]:
     ]
 
 
+def note_left_routing(left: Mapping[str, int], state: ClusterState) -> dict[str, int]:
+    """The stopping replicas, each with the fold's position when first seen out of routing:
+    ``left``'s for those it has, ``state``'s own for the others (its leaving is at or before
+    the position of the state it is seen in); replicas no longer stopping are dropped."""
+    return {
+        r.id: left.get(r.id, state.position)
+        for r in state.replicas.values()
+        if r.phase is ReplicaPhase.STOPPING
+    }
+
+
 def _still_quiescing(replica: Replica, fleet: FleetView, now: datetime, s: Settings) -> bool:
-    """A stopping replica keeps running for ``quiesce_s``, then while a gateway reports a
-    request in flight on it, up to ``drain_idle_timeout_s``."""
+    """A stopping replica keeps running for ``quiesce_s`` (unless every live gateway has
+    already applied a routing table without it), then while a gateway reports a request in
+    flight on it, up to ``drain_idle_timeout_s``."""
     if replica.stopping_since is None:
         return False
     waited = (now - replica.stopping_since).total_seconds()
-    if waited < s.quiesce_s:
+    if waited < s.quiesce_s and not _out_of_every_gateways_routing(replica, fleet):
         return True
     return fleet.in_flight.get(replica.id, 0) > 0 and waited < s.drain_idle_timeout_s
+
+
+def _out_of_every_gateways_routing(replica: Replica, fleet: FleetView) -> bool:
+    """Whether every live gateway said, in the report its in-flight counts come from, that
+    it routed by a table from after the replica left routing: none sends it anything new."""
+    left = fleet.left_routing.get(replica.id)
+    return left is not None and fleet.routing_seen is not None and fleet.routing_seen >= left
 
 
 def _commands(draft: Draft, fleet: FleetView, settings: Settings) -> None:

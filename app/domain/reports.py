@@ -194,11 +194,31 @@ class NodeReport(msgspec.Struct, frozen=True, kw_only=True):
     """Changes with every hello of the node."""
 
 
+class GatewaysInFlight(msgspec.Struct, frozen=True, kw_only=True):
+    """What the live gateways say of their requests in flight, read at one instant."""
+
+    in_flight: dict[str, int]
+    """Requests open per replica, summed; only replicas with some."""
+    routing_seen: int | None
+    """The lowest log position of the routing tables they had applied when they counted:
+    a change at or before it is in every live gateway's routing. None when no gateway is
+    live or one does not say (a gateway older than the column)."""
+
+
+NO_GATEWAYS = GatewaysInFlight(in_flight={}, routing_seen=None)
+
+
 class FleetView(msgspec.Struct, frozen=True, kw_only=True):
     reports: dict[str, NodeReport] = {}
     in_flight: dict[str, int] = {}
     """Requests open on each replica, summed over the gateways that reported recently;
     a replica no gateway reports has none."""
+    routing_seen: int | None = None
+    """The lowest log position of the routing tables those gateways counted by: a change
+    at or before it is in every live gateway's routing (None: unknown)."""
+    left_routing: dict[str, int] = {}
+    """Each stopping replica, with the fold's position when this leader first saw it out of
+    routing (``app.domain.reconcile.note_left_routing``): its leaving is at or before it."""
     hellos: int = 0
     """Hellos observed so far: the source of greeting numbers."""
     demand: dict[str, tuple[DemandSample, ...]] = {}

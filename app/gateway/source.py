@@ -275,6 +275,8 @@ class PostgresSnapshotSource:
                     traffic=None if self._traffic is None else self._traffic(),
                     queued=None if self._queued is None else self._queued(),
                     ejected=None if self._ejected is None else self._ejected(),
+                    # The table the counts were made by: the listeners applied it in _read.
+                    routing_position=self._snapshot.position if self.loads else None,
                 )
                 last_report = monotonic()
                 next_report = last_report + self._report_interval_s

@@ -45,7 +45,8 @@ from app.domain.commands import CommandNotSent, NodeNotConnected
 from app.domain.decision import Command, Decision, PlannedEvent
 from app.domain.envelope import Meta
 from app.domain.events import event_type
-from app.domain.reconcile import Settings, adoption_grace_state, decide
+from app.domain.reconcile import Settings, adoption_grace_state, decide, note_left_routing
+from app.domain.reports import NO_GATEWAYS, GatewaysInFlight
 from app.domain.rollout import traffic_wanted
 from app.domain.state import ClusterState
 from app.domain.traffic import TrafficFigures
@@ -76,7 +77,7 @@ class InFlightSource(Protocol):
     autoscaled; and, when a rollout's verdict needs them, what they measured of groups of
     replicas."""
 
-    async def read_in_flight(self) -> dict[str, int]: ...
+    async def read_gateways(self) -> GatewaysInFlight: ...
 
     async def read_queued(self) -> dict[str, int]: ...
 
@@ -131,6 +132,7 @@ class Reconciler:
         self._wake = asyncio.Event()
         self._sent: dict[str, _SentSinceHello] = {}
         self._demand: dict[str, tuple[autoscale.DemandSample, ...]] = {}
+        self._left_routing: dict[str, int] = {}
         """Autoscaled models' demand, sampled every pass: this leader's own memory (a
         leader that starts watches a whole window before it scales anything down)."""
         self.passes: deque[PassReport] = deque(maxlen=PASSES_KEPT)
@@ -193,7 +195,8 @@ class Reconciler:
         decision = Decision()
         outcome, sent = "done", 0
         try:
-            in_flight = await self._in_flight.read_in_flight() if self._in_flight else {}
+            gateways = await self._in_flight.read_gateways() if self._in_flight else NO_GATEWAYS
+            in_flight = gateways.in_flight
             queued = await self._queued(self._store.state)
             traffic = await self._traffic(self._store.state)
             async with self._tracker.quiet():
@@ -201,9 +204,12 @@ class Reconciler:
                 at = self._clock()
                 demand = autoscale.demand_by_model(state, in_flight, queued)
                 self._demand = autoscale.observe(self._demand, demand, state.models, at)
+                self._left_routing = note_left_routing(self._left_routing, state)
                 fleet = msgspec.structs.replace(
                     self._tracker.snapshot(),
                     in_flight=in_flight,
+                    routing_seen=gateways.routing_seen,
+                    left_routing=self._left_routing,
                     traffic=traffic,
                     demand=self._demand,
                     arrivals=Arrivals(

@@ -6,7 +6,8 @@ Each gateway overwrites its own ``gateway_reports`` row every half second: ``in_
 model), ``traffic`` (per replica over the gateway's window: requests, errors, cancels
 and latency histograms; ``app.domain.traffic``) and ``ejected`` (the replicas it keeps
 out of its rotation for failing, each with its ejections in a row;
-``app.gateway.ejection``). Readers use the rows younger than
+``app.gateway.ejection``), and ``routing_position``: the log position of the routing table
+it had applied when it counted them. Readers use the rows younger than
 ``REPORT_MAX_AGE_S``, aged by the database's clock so that no skew between machines
 matters; a gateway that stopped, or lost the database, stops counting after that.
 
@@ -27,6 +28,7 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.model_spec import NAME_PATTERN
+from app.domain.reports import GatewaysInFlight
 from app.domain.traffic import ReplicaTraffic, TrafficFigures, WindowSeconds, combined, merge
 from app.store.database import connection
 
@@ -74,18 +76,30 @@ class Ejections(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _UPSERT = """
-INSERT INTO gateway_reports (gateway_id, in_flight, traffic, queued, ejected, reported_at)
-VALUES ($1, $2::jsonb, $3::jsonb, $4::jsonb, $5::jsonb, now())
+INSERT INTO gateway_reports
+    (gateway_id, in_flight, traffic, queued, ejected, routing_position, reported_at)
+VALUES ($1, $2::jsonb, $3::jsonb, $4::jsonb, $5::jsonb, $6, now())
 ON CONFLICT (gateway_id) DO UPDATE
 SET in_flight = excluded.in_flight, traffic = excluded.traffic, queued = excluded.queued,
-    ejected = excluded.ejected, reported_at = now()
+    ejected = excluded.ejected, routing_position = excluded.routing_position,
+    reported_at = now()
 """
 
-_SUM_RECENT = """
-SELECT counts.key AS replica_id, sum(counts.value::int)::int AS in_flight
-FROM gateway_reports, jsonb_each_text(gateway_reports.in_flight) AS counts
-WHERE gateway_reports.reported_at > now() - make_interval(secs => $1)
-GROUP BY counts.key
+# One statement, so that the counts and the routing tables are of the same rows: a row
+# read for its table after another was read for its counts could hide a request sent
+# between the two.
+_IN_FLIGHT_RECENT = """
+WITH live AS (
+    SELECT in_flight, routing_position FROM gateway_reports
+    WHERE reported_at > now() - make_interval(secs => $1)
+)
+SELECT (SELECT count(*) FROM live) AS gateways,
+       (SELECT count(routing_position) FROM live) AS positioned,
+       (SELECT min(routing_position) FROM live) AS lowest,
+       (SELECT coalesce(jsonb_object_agg(replica_id, total), '{}'::jsonb)::text
+        FROM (SELECT counts.key AS replica_id, sum(counts.value::int)::int AS total
+              FROM live, jsonb_each_text(live.in_flight) AS counts
+              GROUP BY counts.key) AS sums) AS in_flight
 """
 
 _QUEUED_RECENT = """
@@ -152,12 +166,14 @@ async def write_report(
     traffic: TrafficReport | None = None,
     queued: Mapping[str, int] | None = None,
     ejected: Mapping[str, int] | None = None,
+    routing_position: int | None = None,
 ) -> None:
     """Replace ``gateway_id``'s report; only replicas with requests open are listed in
     ``in_flight``, only replicas with something in the window in ``traffic``, only
     models with requests waiting in ``queued``, and in ``ejected`` the replicas the
     gateway keeps out of rotation with their ejections in a row (None: this gateway does
-    not say)."""
+    not say); ``routing_position``: the position of the routing table the gateway routed
+    by when it counted ``in_flight`` (None: it does not say)."""
     busy = {replica: count for replica, count in in_flight.items() if count > 0}
     figures = None if traffic is None else _encoder.encode(bounded(traffic)).decode()
     waiting = None if queued is None else _encoder.encode(longest_queues(queued)).decode()
@@ -168,6 +184,7 @@ async def write_report(
         figures,
         waiting,
         None if ejected is None else _encoder.encode(some_ejected(ejected)).decode(),
+        routing_position,
         timeout=within_s,
     )
 
@@ -239,9 +256,19 @@ class InFlightReports(TrafficReports):
     replicas."""
 
     async def read_in_flight(self) -> dict[str, int]:
+        return (await self.read_gateways()).in_flight
+
+    async def read_gateways(self) -> GatewaysInFlight:
+        """Requests in flight per replica, and the routing the gateways counted them by."""
         async with connection(self._engine) as db:
-            rows = await db.fetch(_SUM_RECENT, self._max_age_s)
-        return {row["replica_id"]: row["in_flight"] for row in rows if row["in_flight"] > 0}
+            row = await db.fetchrow(_IN_FLIGHT_RECENT, self._max_age_s)
+        assert row is not None  # aggregates without GROUP BY: always one row
+        totals = msgspec.json.decode(row["in_flight"], type=dict[str, int])
+        every_one_says = row["gateways"] > 0 and row["positioned"] == row["gateways"]
+        return GatewaysInFlight(
+            in_flight={replica: count for replica, count in totals.items() if count > 0},
+            routing_seen=row["lowest"] if every_one_says else None,
+        )
 
     async def read_queued(self) -> dict[str, int]:
         """Requests the live gateways hold waiting for a replica, summed per model; only

@@ -194,6 +194,7 @@ gateway_reports = Table(
     Column("traffic", JSONB),
     Column("queued", JSONB),
     Column("ejected", JSONB),
+    Column("routing_position", BigInteger),
 )
 
 rate_budgets = Table(

@@ -13,11 +13,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.keys import key_matches
 from app.domain.model_spec import AutoscalePolicy
+from app.domain.reports import GatewaysInFlight
 from app.gateway.source import PostgresSnapshotSource
 from app.gateway.table import GatewaySnapshot
 from app.services.operations import Caller, Operations
 from app.store.database import driver_url
-from app.store.gateway_reports import InFlightReports
+from app.store.gateway_reports import InFlightReports, write_report
 from app.store.postgres import PostgresEventStore
 from tests.support.routing import connect_node, declare_model, scale_to_zero, serve_replica
 from tests.support.waiting import wait_until
@@ -239,3 +240,45 @@ async def test_queued_counts_are_read_from_fresh_reports_and_lies_are_skipped(
         await db.close()
 
     assert await InFlightReports(engine).read_queued() == {"llama": 2, "qwen": 2}
+
+
+async def test_the_reconciler_reads_the_routing_every_live_gateway_counted_by(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    db = await asyncpg.connect(driver_url(database_url))
+    try:
+        await db.execute("DELETE FROM gateway_reports")
+        reports = InFlightReports(engine)
+        assert await reports.read_gateways() == GatewaysInFlight(in_flight={}, routing_seen=None)
+
+        await write_report(db, "gw-a", {"r-1": 2}, within_s=5, routing_position=9)
+        await write_report(db, "gw-b", {"r-1": 1, "r-2": 0}, within_s=5, routing_position=7)
+        assert await reports.read_gateways() == GatewaysInFlight(
+            in_flight={"r-1": 3}, routing_seen=7
+        )
+        # A live gateway that does not say which table it routes by: nothing is known.
+        await write_report(db, "gw-old", {}, within_s=5)
+        assert (await reports.read_gateways()).routing_seen is None
+        # Once its report is too old it is not live, and the others' word holds again.
+        await db.execute(
+            "UPDATE gateway_reports SET reported_at = now() - interval '6 seconds' "
+            "WHERE gateway_id = 'gw-old'"
+        )
+        assert (await reports.read_gateways()).routing_seen == 7
+        await db.execute("DELETE FROM gateway_reports")
+
+        # A gateway reports the position of the table it has applied.
+        source = PostgresSnapshotSource(database_url, gateway_id="gw-real", report_interval_s=0.05)
+        source.report_in_flight(dict)
+        await source.start()
+        try:
+
+            async def reported() -> bool:
+                seen = (await reports.read_gateways()).routing_seen
+                return seen is not None and seen == source.current().position
+
+            await wait_until(reported, within_s=2.0, what="the table's position reported")
+        finally:
+            await source.close()
+    finally:
+        await db.close()

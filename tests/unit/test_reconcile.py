@@ -41,7 +41,7 @@ from app.domain.events import (
 )
 from app.domain.evolve import evolve
 from app.domain.model_spec import ModelSpec
-from app.domain.reconcile import Settings, decide
+from app.domain.reconcile import Settings, decide, note_left_routing
 from app.domain.reports import FleetView, NodeReport, ReportedShard
 from app.domain.state import ClusterState, ReplicaPhase
 from app.domain.traffic import TrafficFigures
@@ -66,6 +66,9 @@ class Cluster:
         self.started_at = T0
         self.reports: dict[str, NodeReport] = {}
         self.in_flight: dict[str, int] = {}
+        self.routing_seen: int | None = None
+        """The lowest routing position the live gateways report (None: unknown)."""
+        self.left_routing: dict[str, int] = {}
         """What gateways report in flight, by replica."""
         self.traffic: dict[str, TrafficFigures] = {}
         """What gateways measured, by the groups rollout verdicts ask for."""
@@ -149,9 +152,12 @@ class Cluster:
         self.now += timedelta(seconds=seconds)
 
     def reconcile(self, **overrides: float) -> Decision:
+        self.left_routing = note_left_routing(self.left_routing, self.state)
         fleet = FleetView(
             reports=dict(self.reports),
             in_flight=dict(self.in_flight),
+            routing_seen=self.routing_seen,
+            left_routing=dict(self.left_routing),
             traffic=dict(self.traffic),
             demand=dict(self.demand),
             arrivals=self.arrivals,
@@ -832,6 +838,60 @@ def test_an_idle_replica_out_of_routing_is_stopped_once_the_quiesce_time_has_pas
     assert commands(cluster.reconcile(quiesce_s=2.0)) == []
     cluster.after(0.5)
     assert commands(cluster.reconcile(quiesce_s=2.0)) == ["stop-llama-1-0"]
+
+
+def test_an_idle_replica_stops_before_the_quiesce_time_once_every_gateway_routes_without_it() -> (
+    None
+):
+    cluster = scaled_down_while_serving(quiesce_s=2.0)
+    cluster.after(0.2)
+    assert commands(cluster.reconcile(quiesce_s=2.0)) == []  # the next pass sees it stopping
+    left = cluster.left_routing["llama-1"]
+    assert left == cluster.state.position  # where this leader first saw it stopping
+
+    cluster.after(0.3)
+    cluster.routing_seen = left - 1  # one gateway still routes by a table with it
+    assert commands(cluster.reconcile(quiesce_s=2.0)) == []
+    cluster.routing_seen = left
+    cluster.in_flight = {"llama-1": 1}  # every gateway routes without it; one is still busy
+    assert commands(cluster.reconcile(quiesce_s=2.0)) == []
+    cluster.in_flight = {}
+    assert commands(cluster.reconcile(quiesce_s=2.0)) == ["stop-llama-1-0"]
+
+
+def test_without_word_of_the_gateways_routing_the_quiesce_time_is_waited_out() -> None:
+    cluster = scaled_down_while_serving(quiesce_s=2.0)
+    cluster.routing_seen = None  # no live gateway, or one that does not say
+
+    cluster.after(1.9)
+    assert commands(cluster.reconcile(quiesce_s=2.0)) == []
+    cluster.after(0.1)
+    assert commands(cluster.reconcile(quiesce_s=2.0)) == ["stop-llama-1-0"]
+
+
+def test_a_leader_that_starts_takes_a_stopping_replica_as_leaving_where_it_first_sees_it() -> None:
+    cluster = scaled_down_while_serving(quiesce_s=2.0)
+    earlier = cluster.state.position  # the replica left routing at or before it
+    cluster.left_routing = {}  # a new leader: nothing in its memory
+    cluster.given(ModelScaled(model="llama", replicas=0, previous=0))  # the log moves on
+    cluster.routing_seen = earlier  # gateways caught up with the leaving, not with the rest
+
+    cluster.after(0.5)
+    assert commands(cluster.reconcile(quiesce_s=2.0)) == []  # not known to be enough
+    assert cluster.left_routing["llama-1"] > earlier
+    cluster.routing_seen = cluster.left_routing["llama-1"]
+    assert commands(cluster.reconcile(quiesce_s=2.0)) == ["stop-llama-1-0"]
+
+
+def test_a_replica_that_stopped_is_forgotten_by_the_leaving_memory() -> None:
+    cluster = scaled_down_while_serving()
+    cluster.in_flight = {"llama-1": 1}
+    cluster.reconcile()
+    assert set(cluster.left_routing) == {"llama-1"}
+    cluster.stop_reported("llama-1")
+    cluster.reconcile()
+    assert cluster.phase("llama-1") is not ReplicaPhase.STOPPING
+    assert note_left_routing(cluster.left_routing, cluster.state) == {}
 
 
 def test_requests_reported_forever_stop_holding_a_replica_after_the_idle_timeout() -> None:
