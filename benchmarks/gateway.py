@@ -215,7 +215,15 @@ def serve_gateway(snapshot_path: Path, port: int, log_requests: bool, processes:
         )
         await gateway.start()
         print("listening", flush=True)
-        await gateway.serve()
+        if not siblings:
+            await gateway.serve()  # SIGTERM, the benchmark's stop, ends the process
+            return
+        # With siblings, SIGTERM ends serve() so that they are stopped too: without a
+        # handler the process would die at once and leave them running.
+        stopped = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopped.set)
+        await stopped.wait()
+        await gateway.stop()
 
     try:
         uvloop.run(run())
