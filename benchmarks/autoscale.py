@@ -4,7 +4,7 @@ side by side with fixed replica counts, in one run.
     python benchmarks/autoscale.py [--duration 300] [--seed 7] [--peak-rps 16]
         [--trough-rps 1] [--bursts 3] [--slo-ttft-ms 500] [--target 1.5]
         [--up-window 2] [--down-window 10] [--down-window-min-share 0.5]
-        [--max-in-flight N] [--runs peak mean autoscaled] [--workdir DIR]
+        [--max-in-flight 2] [--runs peak mean autoscaled] [--workdir DIR]
 
 A seeded demand trace, a day compressed into ``--duration`` seconds (a night trough, a
 morning rise, an afternoon peak, an evening fall, and ``--bursts`` short bursts of a
@@ -19,6 +19,10 @@ token, ``MAX_TOKENS`` tokens an answer):
 * **autoscaled**: ``autoscale: {min: 1, max: <the peak count>, target: --target,
   up_window_s: --up-window, down_window_s: --down-window, down_window_min_share:
   --down-window-min-share, max_step: 4}`` (2 s, 10 s and 0.5), starting from one replica.
+
+Every run's model has ``routing.max_in_flight: --max-in-flight`` (the engine's 2
+sequences by default): a request that finds every replica full waits in the gateway, and
+goes to the first replica with room, one that has just started serving among them.
 
 A count is sized so that a replica carries ``--target`` requests at once, the figure the
 autoscaler's policy gets: ``ceil(rate x service time / target)``, the service time being
@@ -517,7 +521,7 @@ async def benchmark(arguments: argparse.Namespace, workdir: Path) -> Results:
                     cluster.start_agent(node, fake_gpus=f"{GPUS_PER_NODE}x80GB")
                 await cluster.wait_for_nodes_connected(NODES)
                 gateway = await cluster.start_gateway()
-                routing = RoutingSettings(max_in_flight=arguments.max_in_flight)
+                routing = RoutingSettings(max_in_flight=arguments.max_in_flight or None)
                 for plan in chosen:
                     runs.append(
                         await run_plan(
@@ -667,16 +671,18 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--max-in-flight",
         type=int,
-        help="every run's routing.max_in_flight (the engine's MAX_NUM_SEQS holds requests "
-        "in the gateway instead of an engine's queue); none when left out",
+        default=MAX_NUM_SEQS,
+        help="every run's routing.max_in_flight: requests beyond the engine's sequences wait "
+        f"in the gateway, not in an engine's queue (default {MAX_NUM_SEQS}, the engine's "
+        "sequences; 0: no bound)",
     )
     parser.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
     parser.add_argument("--workdir", type=Path, help="keep the processes' logs here")
     arguments = parser.parse_args(argv)
     if arguments.duration < 30 or arguments.trough_rps <= 0:
         parser.error("--duration must be at least 30 s, --trough-rps positive")
-    if arguments.max_in_flight is not None and arguments.max_in_flight < 1:
-        parser.error("--max-in-flight must be at least 1")
+    if arguments.max_in_flight < 0:
+        parser.error("--max-in-flight must be 0 (no bound) or more")
     if not 0 < arguments.down_window_min_share <= 1:
         parser.error("--down-window-min-share must be in (0, 1]")
     if arguments.peak_rps < arguments.trough_rps or arguments.target <= 0:

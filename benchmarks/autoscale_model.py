@@ -243,7 +243,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--oracle-ahead", type=float, help="seconds the oracle sees ahead")
     parser.add_argument("--oracle-slack", type=float, default=1.0)
     parser.add_argument(
-        "--max-in-flight", type=int, help="routing.max_in_flight: hold the rest in the gateway"
+        "--max-in-flight",
+        type=int,
+        default=MAX_NUM_SEQS,
+        help="routing.max_in_flight: hold the rest in the gateway (0: no bound)",
     )
     arguments = parser.parse_args(argv)
     trace = Trace.seeded(random.Random(arguments.seed), 300.0, 1.0, 16.0, 3)
@@ -272,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             due,
             seed,
             interval_mean=arguments.interval_mean,
-            max_in_flight=arguments.max_in_flight,
+            max_in_flight=arguments.max_in_flight or None,
         )
         for seed in range(arguments.noise_seeds)
     ]
