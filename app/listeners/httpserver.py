@@ -40,7 +40,7 @@ import contextlib
 import math
 import socket
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
 import httptools
 
@@ -131,8 +131,8 @@ class HttpConnection(asyncio.Protocol):
     # -- asyncio.Protocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not asyncio.Transport's subclasses, only its likeness.
+        self.transport = transport = cast(asyncio.Transport, transport)
         self._client = _address(transport.get_extra_info("peername"))
         self._server = _address(transport.get_extra_info("sockname"))
         listener = self.listener
