@@ -165,6 +165,8 @@ GOAL_TTFB_P50_MS = 0.3
 """Issue 18's goals for llmgw, besides CPU and throughput against the Rust routers."""
 DIRECT = "direct"
 LLMGW = "llmgw"
+BASELINE = "llmgw-baseline"
+"""llmgw from another checkout (``--baseline DIR``), beside this one's in the same run."""
 KEY_LIMIT = 1_000_000_000
 """The bench key's rpm and tpm: set, so that the rate limiter counts every request, and far
 above what a run reaches."""
@@ -202,8 +204,15 @@ def serve_gateway(snapshot_path: Path, port: int, log_requests: bool) -> None:
 
 
 def start_gateway(
-    engine_url: str, workdir: Path, log_requests: bool
+    engine_url: str,
+    workdir: Path,
+    log_requests: bool,
+    *,
+    checkout: Path | None = None,
+    name: str = LLMGW,
 ) -> tuple[subprocess.Popen[bytes], Target]:
+    """llmgw's gateway as a child process: this checkout's, or ``checkout``'s (with its own
+    ``.venv``), as the contender ``name``."""
     prefix = uuid.uuid4().hex[:8]
     key = format_key(prefix, uuid.uuid4().hex + uuid.uuid4().hex)
     record = KeyRecord(
@@ -225,17 +234,22 @@ def start_gateway(
     snapshot = GatewaySnapshot(
         declared=frozenset({MODEL}), routes={MODEL: (route,)}, keys={prefix: record}
     )
-    snapshot_path = workdir / "snapshot.json"
+    snapshot_path = workdir / f"snapshot-{name}.json"
     snapshot_path.write_bytes(msgspec.json.encode(snapshot))
     port = free_port()
-    command = [sys.executable, __file__, "--serve-gateway", str(snapshot_path)]
-    command += ["--port", str(port)]
+    if checkout is None:
+        command = [sys.executable, __file__]
+    else:
+        command = [str(checkout / ".venv/bin/python"), str(checkout / "benchmarks/gateway.py")]
+    command += ["--serve-gateway", str(snapshot_path), "--port", str(port)]
     if not log_requests:
         command.append("--no-request-log")
-    with (workdir / "gateway.log").open("wb") as log:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    with (workdir / f"{name}.log").open("wb") as log:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=checkout
+        )
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
-    target = Target(LLMGW, f"http://127.0.0.1:{port}/v1/chat/completions", headers, process)
+    target = Target(name, f"http://127.0.0.1:{port}/v1/chat/completions", headers, process)
     return process, target
 
 
@@ -875,6 +889,17 @@ async def run_all(arguments: argparse.Namespace, workdir: Path) -> Results:
             skipped["wrk"] = reason
     with llamacpp_engine(workdir) if real else simulator_engine(workdir) as engine:
         gateway, through = start_gateway(engine.base_url, workdir, not arguments.no_request_log)
+        baselines = []
+        if arguments.baseline:
+            baselines.append(
+                start_gateway(
+                    engine.base_url,
+                    workdir,
+                    not arguments.no_request_log,
+                    checkout=Path(arguments.baseline).resolve(),
+                    name=BASELINE,
+                )
+            )
         routers = start_routers(arguments, engine, workdir, skipped)
         direct_url = f"{engine.base_url}/v1/chat/completions"
         direct_headers = {"Content-Type": "application/json"}
@@ -895,7 +920,7 @@ async def run_all(arguments: argparse.Namespace, workdir: Path) -> Results:
             for router in routers
         ]
         profile = Path(arguments.profile) if arguments.profile else None
-        contenders = [direct, through, *router_targets]
+        contenders = [direct, through, *(target for _, target in baselines), *router_targets]
         setup = Setup(engine, direct, contenders, profile, wrk, workdir, arguments.profile_native)
         infos: list[ContenderInfo] = []
         try:
@@ -909,6 +934,9 @@ async def run_all(arguments: argparse.Namespace, workdir: Path) -> Results:
                     await wait_for_ready(session, health, engine.process, "llama-server", timeout)
                 ready = through.url.replace("/v1/chat/completions", "/readyz")
                 await wait_for_ready(session, ready, gateway)
+                for process, target in baselines:
+                    ready = target.url.replace("/v1/chat/completions", "/readyz")
+                    await wait_for_ready(session, ready, process, target.name)
                 for router in routers:
                     health = f"{_router_base(router)}/health"
                     await wait_for_ready(session, health, router.process, router.name)
@@ -924,6 +952,17 @@ async def run_all(arguments: argparse.Namespace, workdir: Path) -> Results:
                         + ("" if not arguments.no_request_log else "; request log off"),
                     )
                 )
+                infos += [
+                    ContenderInfo(
+                        name=target.name,
+                        command=[str(arg) for arg in process.args]
+                        if isinstance(process.args, list)
+                        else [str(process.args)],
+                        threads=tree_threads(process.pid),
+                        settings=f"{LLMGW_SETTINGS}, from {arguments.baseline}",
+                    )
+                    for process, target in baselines
+                ]
                 infos += [
                     ContenderInfo(
                         name=router.name,
@@ -943,8 +982,9 @@ async def run_all(arguments: argparse.Namespace, workdir: Path) -> Results:
         finally:
             for router in routers:
                 stop_router(router.process)
-            gateway.terminate()
-            gateway.wait(timeout=30)
+            for process in (gateway, *(process for process, _ in baselines)):
+                process.terminate()
+                process.wait(timeout=30)
     return Results(
         started_at=started_at,
         machine=MachineInfo(
@@ -1306,6 +1346,12 @@ def parser() -> argparse.ArgumentParser:
         help="what sends the closed-loop load (default: wrk with the simulator, else aiohttp)",
     )
     add("--wrk-threads", type=int, default=1, help="wrk's -t (default: 1)")
+    add(
+        "--baseline",
+        metavar="CHECKOUT",
+        help="also run the gateway of another checkout (its .venv's python) as the "
+        f"contender {BASELINE}, to compare code before and after a change in one run",
+    )
     add("--no-request-log", action="store_true", help="llmgw without its request log")
     add(
         "--profile",
