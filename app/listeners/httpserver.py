@@ -179,6 +179,11 @@ class HttpConnection(asyncio.Protocol):
     def pause_writing(self) -> None:
         self.write_paused = True
 
+    @property
+    def reading_paused(self) -> bool:
+        """Whether the socket is not read now (flow control, or a pipelined request)."""
+        return self._read_paused
+
     def resume_writing(self) -> None:
         self.write_paused = False
         self._wake_drain()
@@ -374,6 +379,11 @@ class HttpServer:
         self._server = await loop.create_server(
             lambda: HttpConnection(listener), sock=sock, backlog=2048
         )
+
+    @property
+    def connections(self) -> frozenset[HttpConnection]:
+        """The connections open now."""
+        return frozenset(self._listener.connections if self._listener else ())
 
     def stop(self) -> None:
         """Ask ``serve()`` to shut down."""
