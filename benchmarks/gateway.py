@@ -896,7 +896,7 @@ async def run_all(arguments: argparse.Namespace, workdir: Path) -> Results:
                     engine.base_url,
                     workdir,
                     not arguments.no_request_log,
-                    checkout=Path(arguments.baseline).resolve(),
+                    checkout=Path(arguments.baseline),
                     name=BASELINE,
                 )
             )
@@ -1392,6 +1392,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, value in DEFAULTS[arguments.engine].items():
         if getattr(arguments, name) is None:
             setattr(arguments, name, value)
+    if arguments.baseline:
+        arguments.baseline = str(Path(arguments.baseline).resolve())
     if arguments.workdir:
         workdir = Path(arguments.workdir)
         workdir.mkdir(parents=True, exist_ok=True)

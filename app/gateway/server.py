@@ -9,7 +9,8 @@ the listeners' own HTTP server (``app.listeners.httpserver``).
                                  # gateway.ejected() for the replicas it keeps out
     await gateway.stop()         # in-flight requests finish (up to ``graceful_shutdown_s``)
 
-``serve()`` is ``start()`` and then waiting until ``stop()`` is called. Signals are the caller's: the server installs no handlers of its own.
+``serve()`` is ``start()`` and then waiting until ``stop()`` is called. Signals are the
+caller's: the server installs no handlers of its own.
 
 Where the routing table and keys come from is a ``SnapshotSource``: PostgreSQL in
 production (``app.gateway.source``), a ``StaticSource`` holding one snapshot in tests and

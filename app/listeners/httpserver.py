@@ -52,7 +52,6 @@ from app.listeners.limits import LINGER_S, ListenerLimits, Refusal, plain_text
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _Stage = tuple[float, str]
 _IDLE = "idle"
-_SHUTDOWN_POLL_S = 0.05
 
 
 class _Listener:
@@ -78,11 +77,21 @@ class _Listener:
         self.tasks: set[asyncio.Task[None]] = set()
         self.sweeping = False
         self.draining = False
+        self.drained = asyncio.Event()
+        """Set once draining, when no connection is open and no request runs."""
 
     def start(self, exchange: Exchange) -> None:
         task = self.loop.create_task(exchange.run(self.app))
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        self.check_drained()
+
+    def check_drained(self) -> None:
+        if self.draining and not self.connections and not self.tasks:
+            self.drained.set()
 
     def watch(self) -> None:
         if not self.sweeping:
@@ -145,6 +154,7 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.listener.connections.discard(self)
+        self.listener.check_drained()
         self.due = math.inf
         for exchange in (self._current, self._reading, *self._waiting):
             if exchange is not None:
@@ -401,9 +411,9 @@ class HttpServer:
         listener.draining = True
         for connection in list(listener.connections):
             connection.shut_down()
-        deadline = listener.loop.time() + self._graceful_shutdown_s
-        while (listener.connections or listener.tasks) and listener.loop.time() < deadline:
-            await asyncio.sleep(_SHUTDOWN_POLL_S)
+        listener.check_drained()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(listener.drained.wait(), self._graceful_shutdown_s)
         for task in list(listener.tasks):
             task.cancel()
         for connection in list(listener.connections):

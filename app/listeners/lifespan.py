@@ -29,10 +29,11 @@ class Lifespan:
         self._task: asyncio.Task[None] | None = None
 
     async def startup(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(
-            self._app(dict(_SCOPE), self._inbox.get, self._replies.put), name="lifespan"
-        )
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="lifespan")
         await self._ask("startup")
+
+    async def _run(self) -> None:
+        await self._app(dict(_SCOPE), self._inbox.get, self._replies.put)
 
     async def shutdown(self) -> None:
         if self._task is None or self._task.done():
