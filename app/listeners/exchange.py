@@ -105,6 +105,8 @@ class Exchange:
 
     def feed(self, data: bytes) -> None:
         """A piece of the request's body arrived."""
+        if self.complete or self.disconnected:
+            return  # answered without reading it all: the rest is dropped as it comes
         self.body += data
         if len(self.body) > HIGH_WATER_BYTES:
             self.wire.pause_reading()

@@ -170,9 +170,10 @@ class HttpConnection(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             # No protocol but HTTP/1.1 is spoken here: the request is served as a plain
-            # one, and the connection closes after it (the parser reads no further).
+            # one, and the connection closes after it: the parser reads no further
+            # (on_headers_complete made it the connection's last request).
+            self.due = math.inf
             if self._reading is not None:
-                self._reading.keep_alive = False
                 self._reading.end()
                 self._reading = None
             return
@@ -245,7 +246,7 @@ class HttpConnection(asyncio.Protocol):
             keep_alive=version == "1.1" and parser.should_keep_alive(),
             expect_continue=self._expect_continue,
         )
-        if self.listener.draining:
+        if self.listener.draining or parser.should_upgrade():
             exchange.keep_alive = False
         self._reading = exchange
         if self._current is None:

@@ -247,6 +247,29 @@ def _receive_of(server: HttpServer) -> Receive:
     return exchange.receive
 
 
+async def test_a_body_answered_before_it_was_read_is_dropped_and_the_next_request_served() -> None:
+    app = Echo(read_body=False)
+    async with serving(app) as (_, port):
+        client = await Client.to(port)
+        size = 4 * HIGH_WATER_BYTES
+        await client.send(b"POST /early HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % size)
+        assert (await client.answer())[2] == b"POST /early? "
+        await client.send(b"y" * size + get("/next"))
+        assert (await client.answer())[2] == b"GET /next? "
+        await client.close()
+
+
+async def test_a_request_to_upgrade_is_served_as_http_1_1_and_the_connection_closed() -> None:
+    async with serving(Echo()) as (_, port):
+        client = await Client.to(port)
+        await client.send(get("/up", "Connection: Upgrade", "Upgrade: h2c"))
+        status, headers, body = await client.answer()
+        assert (status, body) == (b"HTTP/1.1 200 OK", b"GET /up? ")
+        assert headers[b"connection"] == b"close"
+        assert await client.closed()
+        await client.close()
+
+
 async def test_a_streamed_answer_shows_its_head_before_its_first_event() -> None:
     app = Echo()
     async with serving(app) as (_, port):
