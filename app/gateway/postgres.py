@@ -156,7 +156,7 @@ class PostgresGateway:
         )
 
     async def serve(self) -> None:
-        """Until ``stop()`` (or uvicorn stops by itself)."""
+        """Until ``stop()``."""
         await self.gateway.serve()
 
     async def stop(self) -> None:
