@@ -168,6 +168,8 @@ GOAL_TTFB_P50_MS = 0.3
 """Issue 18's goals for llmgw, besides CPU and throughput against the Rust routers."""
 DIRECT = "direct"
 LLMGW = "llmgw"
+BASELINE = "llmgw-baseline"
+"""llmgw from another checkout (``--baseline DIR``), beside this one's in the same run."""
 KEY_LIMIT = 1_000_000_000
 """The bench key's rpm and tpm: set, so that the rate limiter counts every request, and far
 above what a run reaches."""
@@ -237,8 +239,16 @@ REUSE_PORT = "--reuse-port"
 
 
 def start_gateway(
-    engine_url: str, workdir: Path, log_requests: bool, processes: int
+    engine_url: str,
+    workdir: Path,
+    log_requests: bool,
+    *,
+    checkout: Path | None = None,
+    name: str = LLMGW,
+    processes: int = 1,
 ) -> tuple[subprocess.Popen[bytes], Target]:
+    """llmgw's gateway as a child process: this checkout's, or ``checkout``'s (with its own
+    ``.venv``), as the contender ``name``; ``processes`` of them on one port."""
     prefix = uuid.uuid4().hex[:8]
     key = format_key(prefix, uuid.uuid4().hex + uuid.uuid4().hex)
     record = KeyRecord(
@@ -260,17 +270,24 @@ def start_gateway(
     snapshot = GatewaySnapshot(
         declared=frozenset({MODEL}), routes={MODEL: (route,)}, keys={prefix: record}
     )
-    snapshot_path = workdir / "snapshot.json"
+    snapshot_path = workdir / f"snapshot-{name}.json"
     snapshot_path.write_bytes(msgspec.json.encode(snapshot))
     port = free_port()
-    command = [sys.executable, __file__, "--serve-gateway", str(snapshot_path)]
-    command += ["--port", str(port), "--gateway-processes", str(processes)]
+    if checkout is None:
+        command = [sys.executable, __file__]
+    else:
+        command = [str(checkout / ".venv/bin/python"), str(checkout / "benchmarks/gateway.py")]
+    command += ["--serve-gateway", str(snapshot_path), "--port", str(port)]
+    if processes > 1:  # an older checkout's benchmark, a baseline's, may not know the flag
+        command += ["--gateway-processes", str(processes)]
     if not log_requests:
         command.append("--no-request-log")
-    with (workdir / "gateway.log").open("wb") as log:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    with (workdir / f"{name}.log").open("wb") as log:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=checkout
+        )
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
-    target = Target(LLMGW, f"http://127.0.0.1:{port}/v1/chat/completions", headers, process)
+    target = Target(name, f"http://127.0.0.1:{port}/v1/chat/completions", headers, process)
     return process, target
 
 
@@ -910,8 +927,22 @@ async def run_all(arguments: argparse.Namespace, workdir: Path) -> Results:
             skipped["wrk"] = reason
     with llamacpp_engine(workdir) if real else simulator_engine(workdir) as engine:
         gateway, through = start_gateway(
-            engine.base_url, workdir, not arguments.no_request_log, arguments.gateway_processes
+            engine.base_url,
+            workdir,
+            not arguments.no_request_log,
+            processes=arguments.gateway_processes,
         )
+        baselines = []
+        if arguments.baseline:
+            baselines.append(
+                start_gateway(
+                    engine.base_url,
+                    workdir,
+                    not arguments.no_request_log,
+                    checkout=Path(arguments.baseline),
+                    name=BASELINE,
+                )
+            )
         routers = start_routers(arguments, engine, workdir, skipped)
         direct_url = f"{engine.base_url}/v1/chat/completions"
         direct_headers = {"Content-Type": "application/json"}
@@ -932,7 +963,7 @@ async def run_all(arguments: argparse.Namespace, workdir: Path) -> Results:
             for router in routers
         ]
         profile = Path(arguments.profile) if arguments.profile else None
-        contenders = [direct, through, *router_targets]
+        contenders = [direct, through, *(target for _, target in baselines), *router_targets]
         setup = Setup(engine, direct, contenders, profile, wrk, workdir, arguments.profile_native)
         infos: list[ContenderInfo] = []
         try:
@@ -946,6 +977,9 @@ async def run_all(arguments: argparse.Namespace, workdir: Path) -> Results:
                     await wait_for_ready(session, health, engine.process, "llama-server", timeout)
                 ready = through.url.replace("/v1/chat/completions", "/readyz")
                 await wait_for_ready(session, ready, gateway)
+                for process, target in baselines:
+                    ready = target.url.replace("/v1/chat/completions", "/readyz")
+                    await wait_for_ready(session, ready, process, target.name)
                 for router in routers:
                     health = f"{_router_base(router)}/health"
                     await wait_for_ready(session, health, router.process, router.name)
@@ -968,6 +1002,17 @@ async def run_all(arguments: argparse.Namespace, workdir: Path) -> Results:
                 )
                 infos += [
                     ContenderInfo(
+                        name=target.name,
+                        command=[str(arg) for arg in process.args]
+                        if isinstance(process.args, list)
+                        else [str(process.args)],
+                        threads=tree_threads(process.pid),
+                        settings=f"{LLMGW_SETTINGS}, from {arguments.baseline}",
+                    )
+                    for process, target in baselines
+                ]
+                infos += [
+                    ContenderInfo(
                         name=router.name,
                         command=router.command,
                         threads=tree_threads(router.process.pid),
@@ -985,8 +1030,9 @@ async def run_all(arguments: argparse.Namespace, workdir: Path) -> Results:
         finally:
             for router in routers:
                 stop_router(router.process)
-            gateway.terminate()
-            gateway.wait(timeout=30)
+            for process in (gateway, *(process for process, _ in baselines)):
+                process.terminate()
+                process.wait(timeout=30)
     return Results(
         started_at=started_at,
         machine=MachineInfo(
@@ -1348,6 +1394,12 @@ def parser() -> argparse.ArgumentParser:
         help="what sends the closed-loop load (default: wrk with the simulator, else aiohttp)",
     )
     add("--wrk-threads", type=int, default=1, help="wrk's -t (default: 1)")
+    add(
+        "--baseline",
+        metavar="CHECKOUT",
+        help="also run the gateway of another checkout (its .venv's python) as the "
+        f"contender {BASELINE}, to compare code before and after a change in one run",
+    )
     add("--no-request-log", action="store_true", help="llmgw without its request log")
     add(
         "--gateway-processes",
@@ -1403,6 +1455,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, value in DEFAULTS[arguments.engine].items():
         if getattr(arguments, name) is None:
             setattr(arguments, name, value)
+    if arguments.baseline:
+        arguments.baseline = str(Path(arguments.baseline).resolve())
     if arguments.workdir:
         workdir = Path(arguments.workdir)
         workdir.mkdir(parents=True, exist_ok=True)

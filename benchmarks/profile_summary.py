@@ -44,7 +44,11 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("logging", r"structlog|/logging/|app/logs"),
     ("metrics", r"prometheus_client|app/gateway/metrics\.py|app/gateway/traffic\.py"),
     ("JSON", r"msgspec|/json/"),
-    ("HTTP parsing, uvicorn protocol", r"uvicorn/protocols|httptools|/h11/|parser\.c"),
+    (
+        "HTTP server (parsing, protocol, ASGI cycle)",
+        r"uvicorn/protocols|httptools|/h11/|parser\.c"
+        r"|app/listeners/(httpserver|exchange|http11)\.py",
+    ),
     ("ASGI layers", r"uvicorn/|starlette|app/gateway/app\.py|app/listeners/"),
     ("engine client", r"app/gateway/engine_client\.py"),
     ("router's choice", r"app/gateway/(router|affinity|ejection)\.py"),

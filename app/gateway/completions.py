@@ -196,8 +196,13 @@ class Completions:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange = _Exchange(clock())
         # Every line logged while serving the request carries its id, as its answer does.
-        with structlog.contextvars.bound_contextvars(request_id=exchange.request_id.decode()):
+        # Bound and reset by token: ``bound_contextvars`` would also read the whole context
+        # first, to restore an outer value that a request's own task never has.
+        tokens = structlog.contextvars.bind_contextvars(request_id=exchange.request_id.decode())
+        try:
             await self._serve(exchange, scope, receive, send)
+        finally:
+            structlog.contextvars.reset_contextvars(**tokens)
 
     async def _serve(self, exchange: _Exchange, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -268,7 +273,8 @@ class Completions:
         task = asyncio.current_task()
         assert task is not None
         watch = _Watch(task)
-        watcher = asyncio.get_running_loop().create_task(watch.run(receive))
+        # The task's own loop: asyncio's get_running_loop() costs a system call (getpid).
+        watcher = task.get_loop().create_task(watch.run(receive))
         await self._relay_answer(
             exchange,
             key,
@@ -292,8 +298,7 @@ class Completions:
         """Open the engine's answer and relay it to the client: as it comes when
         ``streamed`` says so, else whole; tokens spent, the attempt counted, and the request
         ended quietly if the client went away (``watch``) while it was on its way."""
-        task = asyncio.current_task()
-        assert task is not None
+        task = watch.task
         opened: Opened | None = None
         tokens: StreamTokens | None = None
         outcome: Outcome | None = None

@@ -72,7 +72,7 @@ class EngineAnswer:
         self._buffered = 0
         self._done = False
         self._error: BaseException | None = None
-        self._head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._head: asyncio.Future[None] = connection.loop.create_future()
         self._waiter: asyncio.Future[None] | None = None
 
     async def read(self) -> bytes:
@@ -103,7 +103,7 @@ class EngineAnswer:
                 return None
             if self._error is not None:
                 raise self._error
-            self._waiter = asyncio.get_running_loop().create_future()
+            self._waiter = self._head.get_loop().create_future()
             try:
                 await self._waiter
             finally:
@@ -154,6 +154,9 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, origin: _Origin) -> None:
         self._origin = origin
+        # Kept, for the futures of each answer on this connection: asyncio's
+        # get_running_loop() asks the kernel for the process id on every call.
+        self.loop = asyncio.get_running_loop()
         self._parser = httptools.HttpResponseParser(self)
         self._transport: asyncio.Transport | None = None
         self._answer: EngineAnswer | None = None
@@ -197,7 +200,7 @@ class _Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         if self._writable is None:
-            self._writable = asyncio.get_running_loop().create_future()
+            self._writable = self.loop.create_future()
 
     def resume_writing(self) -> None:
         writable, self._writable = self._writable, None

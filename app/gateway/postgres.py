@@ -161,7 +161,7 @@ class PostgresGateway:
         )
 
     async def serve(self) -> None:
-        """Until ``stop()`` (or uvicorn stops by itself)."""
+        """Until ``stop()``."""
         await self.gateway.serve()
 
     async def stop(self) -> None:

@@ -1,5 +1,5 @@
 """A gateway assembled: a snapshot source, the egress check, the router, the ASGI app, and
-uvicorn.
+the listeners' own HTTP server (``app.listeners.httpserver``).
 
     gateway = Gateway(source, host="0.0.0.0", port=8080)
     await gateway.start()        # listening once this returns
@@ -9,8 +9,8 @@ uvicorn.
                                  # gateway.ejected() for the replicas it keeps out
     await gateway.stop()         # in-flight requests finish (up to ``graceful_shutdown_s``)
 
-``serve()`` is ``start()`` and then waiting until ``stop()`` is called or uvicorn stops by
-itself. Signals are the caller's: the server installs no handlers of its own.
+``serve()`` is ``start()`` and then waiting until ``stop()`` is called. Signals are the
+caller's: the server installs no handlers of its own.
 
 Where the routing table and keys come from is a ``SnapshotSource``: PostgreSQL in
 production (``app.gateway.source``), a ``StaticSource`` holding one snapshot in tests and
@@ -25,13 +25,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Literal, Protocol
+from typing import Protocol
 
-import uvicorn
 from prometheus_client import CollectorRegistry
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.domain.egress import EngineNetworks
 from app.gateway.app import GatewayApp, MetricsApp
@@ -44,7 +42,10 @@ from app.gateway.router import Router
 from app.gateway.table import GatewaySnapshot, SnapshotListener
 from app.gateway.traffic import TrafficWindow
 from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
-from app.listeners.limits import ListenerLimits, limited
+from app.listeners.heap import settle_heap
+from app.listeners.httpserver import HttpServer
+from app.listeners.lifespan import LifespanFailed
+from app.listeners.limits import ListenerLimits
 from app.listeners.throttle import FailureBudget, FailureLimits
 from app.store.gateway_reports import TrafficReport
 
@@ -109,24 +110,16 @@ class GatewayFailed(RuntimeError):
     """The gateway could not start listening, or stopped by itself."""
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: the gateway's owner decides when to stop."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
-
-
 class _Listening:
-    """One uvicorn server on one socket, and the task serving it."""
+    """One HTTP server on one socket, and the task serving it."""
 
-    def __init__(self, server: _Server, task: asyncio.Task[None], port: int) -> None:
+    def __init__(self, server: HttpServer, task: asyncio.Task[None], port: int) -> None:
         self.server = server
         self.task = task
         self.port = port
 
     async def stop(self) -> None:
-        self.server.should_exit = True
+        self.server.stop()
         with contextlib.suppress(asyncio.CancelledError):
             await self.task
 
@@ -136,42 +129,33 @@ async def _serve_on(
     host: str,
     port: int,
     *,
-    protocol: type[HttpToolsProtocol],
-    lifespan: Literal["on", "off"],
+    limits: ListenerLimits,
+    lifespan: bool,
     graceful_shutdown_s: int,
     what: str,
     reuse_port: bool = False,
 ) -> _Listening:
-    """Start uvicorn with ``app`` on ``host``:``port``; listening once this returns."""
+    """Serve ``app`` on ``host``:``port``; listening once this returns."""
     try:
         listener = _listen(host, port, reuse_port=reuse_port)
     except OSError as exc:
         # Say which listener: a gateway has two, and "address in use" alone does not tell.
         raise GatewayFailed(f"the {what} cannot listen on {host}:{port}: {exc}") from exc
     port = listener.getsockname()[1]
-    config = uvicorn.Config(
+    server = HttpServer(
         app,
-        http=protocol,
-        ws="none",
+        limits=limits,
+        refusal=listener_refusal,
+        idle_s=IDLE_KEEP_ALIVE_S,
+        graceful_shutdown_s=graceful_shutdown_s,
         lifespan=lifespan,
-        access_log=False,
-        log_config=None,
-        proxy_headers=False,
-        server_header=False,
-        timeout_graceful_shutdown=graceful_shutdown_s,
-        timeout_keep_alive=IDLE_KEEP_ALIVE_S,
     )
-    server = _Server(config)
-    task = asyncio.get_running_loop().create_task(
-        server.serve(sockets=[listener]), name=f"{what} :{port}"
-    )
-    while not server.started:
-        if task.done():
-            listener.close()
-            raise GatewayFailed(f"the {what} on {host}:{port} did not start") from (
-                task.exception()
-            )
-        await asyncio.sleep(0.01)
+    try:
+        await server.start(listener)
+    except (LifespanFailed, OSError) as exc:
+        listener.close()
+        raise GatewayFailed(f"the {what} on {host}:{port} did not start: {exc}") from exc
+    task = asyncio.get_running_loop().create_task(server.serve(), name=f"{what} :{port}")
     return _Listening(server, task, port)
 
 
@@ -199,6 +183,7 @@ class Gateway:
         limiter: Limiter | None = None,
         limits_reason: Callable[[], str | None] = lambda: None,
         reuse_port: bool = False,
+        settle: bool = True,
     ) -> None:
         """``port`` 0 takes a free port (``self.port`` says which once started).
         ``engine_networks`` is where engines may be contacted; None: each node only at the
@@ -211,7 +196,9 @@ class Gateway:
         ``/readyz``, why limits are only approximate now (None: they are not).
         ``reuse_port``: listen with ``SO_REUSEPORT``, so that several gateway processes share
         the client port and the kernel spreads new connections among them (one process is
-        one core); the metrics listener is each process's own."""
+        one core); the metrics listener is each process's own. ``settle``: settle the
+        process's heap once started (``app.listeners.heap``; a process that runs more than
+        this gateway, a test's, may not want its objects frozen)."""
         self.source = source
         self.host = host
         self.port = port
@@ -246,6 +233,7 @@ class Gateway:
         )
         self._graceful_shutdown_s = graceful_shutdown_s
         self._reuse_port = reuse_port
+        self._settle = settle
         self._clients: _Listening | None = None
         self._internal: _Listening | None = None
 
@@ -286,30 +274,31 @@ class Gateway:
             self.app,
             self.host,
             self.port,
-            protocol=limited(HttpToolsProtocol, self.limits, listener_refusal),
-            lifespan="on",
+            limits=self.limits,
+            lifespan=True,
             graceful_shutdown_s=self._graceful_shutdown_s,
             what="gateway",
             reuse_port=self._reuse_port,
         )
         self.port = self._clients.port
-        if self.metrics_port is None:
-            return
-        internal = replace(self.limits, max_connections=MAX_METRICS_CONNECTIONS)
-        try:
-            self._internal = await _serve_on(
-                MetricsApp(self.metrics),
-                self.metrics_host,
-                self.metrics_port,
-                protocol=limited(HttpToolsProtocol, internal, listener_refusal),
-                lifespan="off",
-                graceful_shutdown_s=1,
-                what="gateway's metrics listener",
-            )
-        except BaseException:
-            await self.stop()
-            raise
-        self.metrics_port = self._internal.port
+        if self.metrics_port is not None:
+            internal = replace(self.limits, max_connections=MAX_METRICS_CONNECTIONS)
+            try:
+                self._internal = await _serve_on(
+                    MetricsApp(self.metrics),
+                    self.metrics_host,
+                    self.metrics_port,
+                    limits=internal,
+                    lifespan=False,
+                    graceful_shutdown_s=1,
+                    what="gateway's metrics listener",
+                )
+            except BaseException:
+                await self.stop()
+                raise
+            self.metrics_port = self._internal.port
+        if self._settle:
+            settle_heap()
 
     async def serve(self) -> None:
         """Serve until ``stop()``."""
@@ -350,8 +339,8 @@ def _listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
         # Every process that sets it before binding shares the port; the kernel hashes each
         # new connection to one of them.
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    # Accepted connections inherit it: without it, uvicorn's two writes per answer (head,
-    # then body) wait on the client's delayed ACK, adding milliseconds to every request.
+    # Accepted connections inherit it: without it, a stream's small writes (its head, then
+    # each event) wait on the client's delayed ACK, adding milliseconds to each.
     listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         listener.bind(address)

@@ -6,7 +6,7 @@ routes by, so **``model`` must come before the file** in the form: the ``openai`
 ``curl -F model=... -F file=@...`` both send it so. It then checks the key, the model and
 the rate limits, takes a replica as for any request, and sends the engine what it read
 followed by the rest of the body as the client sends it, at the engine's pace (a paused
-read holds the client back through uvicorn's own flow control). An upload over
+read holds the client back through the HTTP server's own flow control). An upload over
 ``max_upload_bytes`` is 413: at once when its ``Content-Length`` says so, else when the
 limit is passed, and its engine connection is closed.
 

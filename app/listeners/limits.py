@@ -1,4 +1,6 @@
-"""Slow and greedy clients, cut off at the connection, before any app sees them.
+"""Slow and greedy clients, cut off at the connection, before any app sees them: the limits,
+and how they are put on uvicorn (the admin API's server). The gateway's listeners have the
+same limits built into their own server (``app.listeners.httpserver``).
 
 uvicorn reads a request's head and body for as long as the client takes to send them: a
 client that sends its headers a byte at a time (slowloris) holds its connection, and the

@@ -1,5 +1,6 @@
 """Slow and greedy clients at both HTTP listeners, over real sockets: the gateway's client
-listener (uvicorn in its own thread) and the admin API's (uvicorn on this test's loop).
+listener (llmgw's own HTTP server, in its own thread) and the admin API's (uvicorn on this
+test's loop).
 
 A slowloris client sends its headers, or its body, one byte at a time; it is answered 408
 and cut off when its time is up, while ordinary clients are served the whole time. A

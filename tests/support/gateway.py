@@ -1,4 +1,4 @@
-"""A real gateway (uvicorn, real sockets) on its own event loop in a thread.
+"""A real gateway (its own HTTP server, real sockets) on its own event loop in a thread.
 
 Tests drive it with blocking clients (the ``openai`` SDK's sync client) as well as async
 ones, so it cannot share the test's loop:
@@ -71,6 +71,7 @@ class GatewayThread:
             "graceful_shutdown_s": 1,
             "log_requests": False,
             "engine_networks": LOOPBACK_ENGINES,
+            "settle": False,
             **options,
         }
         self._loop: asyncio.AbstractEventLoop | None = None

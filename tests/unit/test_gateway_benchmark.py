@@ -113,9 +113,10 @@ def test_a_profile_is_grouped_by_its_innermost_frame_and_by_the_whole_stack(
 
     text = summarize(read(profile), top=3)
 
-    assert group_of(send) == "HTTP parsing, uvicorn protocol"
+    assert group_of(send) == "HTTP server (parsing, protocol, ASGI cycle)"
+    assert group_of("send (app/listeners/exchange.py:200)") == group_of(send)
     assert group_of("write (libc.so.6)") == "system calls"
-    assert "| HTTP parsing, uvicorn protocol |  60.0 % |  60.0 % |" in text
+    assert "| HTTP server (parsing, protocol, ASGI cycle) |  60.0 % |  60.0 % |" in text
     assert "| metrics |  20.0 % |  20.0 % |" in text
     assert "| system calls |  20.0 % |  20.0 % |" in text
     # The app's frame is under every sample but is the leaf of none.

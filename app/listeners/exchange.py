@@ -1,0 +1,257 @@
+"""One request and its answer between a connection and an ASGI app: the app's ``receive``
+and ``send``, and running the app.
+
+The connection (``httpserver``) feeds the request's body in (``feed``, ``end``) and says
+when the client is gone (``disconnect``); the app reads it with ``receive`` and answers
+with ``send``. What the app sends is written as it comes, but for one thing: the answer's
+head waits for the first piece of body, so that a whole answer (head and body sent one
+after the other) leaves in one ``write``, one system call. An answer without a length
+(a stream) does not wait past the current turn of the loop for its first piece: its head
+goes out as soon as the app waits for anything else.
+
+``receive`` says ``http.disconnect`` once the client is gone, and, as uvicorn's does,
+once the answer is complete: an app that watches for the client leaving (the gateway
+does, to cancel its engine request) wakes up and stops watching either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Protocol
+
+from app.listeners.http11 import CONTINUE, AnswerHead, InvalidAnswer, answer_head, chunk
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+HIGH_WATER_BYTES = 64 * 1024
+"""A request body buffered beyond this, unread by the app, stops reading the socket."""
+_SERVER_ERROR = b"Internal Server Error"
+_DISCONNECT: Message = {"type": "http.disconnect"}
+
+logger = logging.getLogger(__name__)
+
+
+class Wire(Protocol):
+    """What an exchange needs of its connection."""
+
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+    write_paused: bool
+
+    def resume_reading(self) -> None:
+        """Read the socket again (the app reads the body)."""
+        ...
+
+    def pause_reading(self) -> None:
+        """Stop reading the socket (the app does not read the body)."""
+        ...
+
+    async def drain(self) -> None:
+        """Until the transport takes writes again."""
+        ...
+
+    def answered(self, exchange: Exchange) -> None:
+        """``exchange``'s answer is complete."""
+        ...
+
+
+class Exchange:
+    """A request's ASGI cycle. ``keep_alive`` starts as the request's own wish."""
+
+    __slots__ = (
+        "_chunked",
+        "_content_left",
+        "_delivered_end",
+        "_head",
+        "_waiter",
+        "bodiless",
+        "body",
+        "complete",
+        "disconnected",
+        "keep_alive",
+        "more_body",
+        "scope",
+        "started",
+        "waiting_for_continue",
+        "wire",
+    )
+
+    def __init__(
+        self, wire: Wire, scope: Scope, *, keep_alive: bool, expect_continue: bool
+    ) -> None:
+        self.wire = wire
+        self.scope = scope
+        self.keep_alive = keep_alive
+        self.waiting_for_continue = expect_continue
+        self.bodiless = scope["method"] == "HEAD"
+        self.body = b""
+        self.more_body = True
+        self.disconnected = False
+        self.started = False
+        self.complete = False
+        self._delivered_end = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._head: bytes | None = None
+        self._chunked = False
+        self._content_left = 0
+
+    # -- the connection's side ------------------------------------------------------------
+
+    def feed(self, data: bytes) -> None:
+        """A piece of the request's body arrived."""
+        if self.complete or self.disconnected:
+            return  # answered without reading it all: the rest is dropped as it comes
+        self.body += data
+        if len(self.body) > HIGH_WATER_BYTES:
+            self.wire.pause_reading()
+        self._wake()
+
+    def end(self) -> None:
+        """The request's body is all here."""
+        self.more_body = False
+        self._wake()
+
+    def disconnect(self) -> None:
+        """The client is gone: what the app still sends is dropped."""
+        if not self.complete:
+            self.disconnected = True
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def run(self, app: App) -> None:
+        """Run ``app`` on this request; a failure before the answer started is a 500."""
+        try:
+            await app(self.scope, self.receive, self.send)
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                logger.error("Exception in ASGI application", exc_info=exc)
+            if self.disconnected or self.complete:
+                pass
+            elif not self.started or self._head is not None:  # nothing of it written yet
+                self._server_error()
+            else:
+                self.wire.transport.close()
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            if not self.started and not self.disconnected:
+                logger.error("The ASGI application returned without starting its answer.")
+                self._server_error()
+            elif not self.complete and not self.disconnected:
+                logger.error("The ASGI application returned without completing its answer.")
+                self.wire.transport.close()
+
+    def _server_error(self) -> None:
+        self.keep_alive = False
+        self._head = None
+        self.started = self.complete = True
+        head = answer_head(
+            500,
+            [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", b"%d" % len(_SERVER_ERROR)),
+            ],
+            keep_alive=False,
+            bodiless=False,
+        )
+        self.wire.transport.write(head.data + _SERVER_ERROR)
+        self._wake()
+        self.wire.answered(self)
+
+    # -- the app's side -------------------------------------------------------------------
+
+    async def receive(self) -> Message:
+        if self.waiting_for_continue:
+            self.waiting_for_continue = False
+            if not self.wire.transport.is_closing():
+                self.wire.transport.write(CONTINUE)
+        while not self.disconnected and not self.complete:
+            if self.body or (not self.more_body and not self._delivered_end):
+                body, self.body = self.body, b""
+                self._delivered_end = not self.more_body
+                self.wire.resume_reading()
+                return {"type": "http.request", "body": body, "more_body": self.more_body}
+            self.wire.resume_reading()
+            waiter = self._waiter
+            if waiter is None:
+                waiter = self._waiter = self.wire.loop.create_future()
+            await waiter
+        return _DISCONNECT
+
+    async def send(self, message: Message) -> None:
+        wire = self.wire
+        if wire.write_paused and not self.disconnected:
+            await wire.drain()
+        if self.disconnected:
+            return
+        kind = message["type"]
+        if not self.started:
+            if kind != "http.response.start":
+                raise InvalidAnswer(f"expected 'http.response.start', not {kind!r}")
+            self._start(message)
+        elif not self.complete:
+            if kind != "http.response.body":
+                raise InvalidAnswer(f"expected 'http.response.body', not {kind!r}")
+            self._write_body(message.get("body", b""), message.get("more_body", False))
+        else:
+            raise InvalidAnswer(f"{kind!r} sent after the answer was complete")
+
+    def _start(self, message: Message) -> None:
+        head: AnswerHead = answer_head(
+            message["status"],
+            message.get("headers", ()),
+            keep_alive=self.keep_alive,
+            bodiless=self.bodiless,
+            chunkable=self.scope["http_version"] == "1.1",
+        )
+        self.started = True
+        self.waiting_for_continue = False
+        self.keep_alive = head.keep_alive
+        self._chunked = head.chunked
+        self._content_left = head.content_length
+        self._head = head.data
+        if self._chunked:
+            # A stream's head must not wait for an engine's first token.
+            self.wire.loop.call_soon(self._flush_head)
+
+    def _flush_head(self) -> None:
+        head, self._head = self._head, None
+        if head is not None and not self.disconnected:
+            self.wire.transport.write(head)
+
+    def _write_body(self, body: bytes, more_body: bool) -> None:
+        if self.bodiless:
+            data = b""
+        elif self._chunked:
+            data = chunk(body, last=not more_body)
+        elif self._content_left < 0:  # HTTP/1.0 without a length: ends with the connection
+            data = body
+        else:
+            self._content_left -= len(body)
+            if self._content_left < 0:
+                raise InvalidAnswer("the answer's body is longer than its content-length")
+            data = body
+        if not more_body and self._content_left > 0:
+            raise InvalidAnswer("the answer's body is shorter than its content-length")
+        head = self._head
+        if head is not None:
+            self._head = None
+            data = head + data
+        if data:
+            self.wire.transport.write(data)
+        if not more_body:
+            self.complete = True
+            self._wake()
+            self.wire.answered(self)

@@ -1,0 +1,432 @@
+"""The listeners' own HTTP/1.1 server: an asyncio protocol over httptools' parser that
+serves an ASGI app, with the listener limits built in.
+
+    server = HttpServer(app, limits=ListenerLimits(), idle_s=75, graceful_shutdown_s=30)
+    await server.start(sock)     # the app's lifespan started, listening once this returns
+    await server.serve()         # until stop(): in-flight requests finish, idle ones close
+    server.stop()
+
+Why not uvicorn: the gateway is a proxy whose every request passes here, and uvicorn's
+protocol was the largest cost of the gateway's CPU (docs/performance.md, "Where llmgw's
+CPU goes"): two writes per answer, a timer armed and cancelled per request, a check of
+every header against two regular expressions. This server writes a whole answer in one
+``write``, times every connection by one sweep per listener and checks a head in two
+counts; what it serves is the same ASGI app.
+
+Each connection reads requests one after another, in order: a request that arrives while
+the one before is still being answered (pipelining) waits, its body buffered, and the
+socket is not read meanwhile. A body the app does not read is buffered up to
+``exchange.HIGH_WATER_BYTES`` before the socket stops being read (flow control).
+
+The limits (``ListenerLimits``), as ``app.listeners.limits`` puts them on uvicorn:
+
+- the head within ``header_timeout_s`` of the connection opening, or of the first byte
+  of the next request on a kept-alive one; the body within ``body_timeout_s`` of the
+  head; otherwise 408;
+- a head of at most ``max_header_bytes``, otherwise 431;
+- at most ``max_connections`` connections: one more is answered 503 at once;
+- a kept-alive connection idle for ``idle_s`` is closed, without an answer;
+- a request HTTP cannot parse is answered 400.
+
+Each of those answers is the listener's ``refusal`` and closes the connection, after
+reading (and dropping) what the client still sends for ``LINGER_S``: a socket closed with
+unread bytes resets the connection, and the client may lose the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import socket
+from collections import deque
+from typing import Any, cast
+
+import httptools
+
+from app.listeners.exchange import App, Exchange
+from app.listeners.http11 import closing_answer, split_target
+from app.listeners.lifespan import Lifespan
+from app.listeners.limits import LINGER_S, ListenerLimits, Refusal, plain_text
+
+_ASGI = {"version": "3.0", "spec_version": "2.3"}
+_Stage = tuple[float, str]
+_IDLE = "idle"
+
+
+class _Listener:
+    """What the connections of one listening socket share."""
+
+    def __init__(
+        self,
+        app: App,
+        limits: ListenerLimits,
+        refusal: Refusal,
+        idle_s: float,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.app = app
+        self.limits = limits
+        self.refusal = refusal
+        self.loop = loop
+        self.head: _Stage = (limits.header_timeout_s, "the request's headers")
+        self.body: _Stage = (limits.body_timeout_s, "the request's body")
+        self.idle: _Stage = (idle_s, _IDLE)
+        self.sweep_every_s = min(1.0, limits.header_timeout_s / 4, limits.body_timeout_s / 4)
+        self.connections: set[HttpConnection] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.sweeping = False
+        self.draining = False
+        self.drained = asyncio.Event()
+        """Set once draining, when no connection is open and no request runs."""
+
+    def start(self, exchange: Exchange) -> None:
+        task = self.loop.create_task(exchange.run(self.app))
+        self.tasks.add(task)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        self.check_drained()
+
+    def check_drained(self) -> None:
+        if self.draining and not self.connections and not self.tasks:
+            self.drained.set()
+
+    def watch(self) -> None:
+        if not self.sweeping:
+            self.sweeping = True
+            self.loop.call_later(self.sweep_every_s, self._sweep)
+
+    def _sweep(self) -> None:
+        # One sweep per listener instead of a timer per request and stage: a timer would
+        # cost every request four calls into the loop (arm and cancel, twice).
+        now = self.loop.time()
+        for connection in [c for c in self.connections if c.due <= now]:
+            connection.overdue()
+        self.sweeping = bool(self.connections)
+        if self.sweeping:
+            self.loop.call_later(self.sweep_every_s, self._sweep)
+
+
+class HttpConnection(asyncio.Protocol):
+    """One client connection: parses its requests and runs an ``Exchange`` for each."""
+
+    def __init__(self, listener: _Listener) -> None:
+        self.listener = listener
+        self.loop = listener.loop
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.parser = httptools.HttpRequestParser(self)
+        self.write_paused = False
+        self.due = math.inf
+        self._stage = listener.head
+        self._reading_head = True
+        self._head_bytes = 0
+        self._lingering = False
+        self._read_paused = False
+        self._drained: asyncio.Future[None] | None = None
+        self._client: tuple[str, int] | None = None
+        self._server: tuple[str, int] | None = None
+        self._target = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._expect_continue = False
+        self._current: Exchange | None = None
+        """The request whose answer the app is writing."""
+        self._reading: Exchange | None = None
+        """The request whose body is arriving."""
+        self._waiting: deque[Exchange] = deque()
+        """Requests read (pipelined) while the one before is answered."""
+
+    # -- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport's subclasses, only its likeness.
+        self.transport = transport = cast(asyncio.Transport, transport)
+        self._client = _address(transport.get_extra_info("peername"))
+        self._server = _address(transport.get_extra_info("sockname"))
+        listener = self.listener
+        listener.connections.add(self)
+        if len(listener.connections) > listener.limits.max_connections:
+            self._refuse(503, "This server has as many connections as it takes; retry.")
+            return
+        self._await(listener.head)
+        listener.watch()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.listener.connections.discard(self)
+        self.listener.check_drained()
+        self.due = math.inf
+        for exchange in (self._current, self._reading, *self._waiting):
+            if exchange is not None:
+                exchange.disconnect()
+        self._waiting.clear()
+        self.write_paused = False
+        self._wake_drain()
+
+    def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # No protocol but HTTP/1.1 is spoken here: the request is served as a plain
+            # one, and the connection closes after it: the parser reads no further
+            # (on_headers_complete made it the connection's last request).
+            self.due = math.inf
+            if self._reading is not None:
+                self._reading.end()
+                self._reading = None
+            return
+        except httptools.HttpParserError:
+            self._refuse(400, "Invalid HTTP request received.")
+            return
+        # Counted after parsing: a chunk that completes the head may carry body too.
+        if self._reading_head and not self._lingering:
+            self._head_bytes += len(data)
+            limit = self.listener.limits.max_header_bytes
+            if self._head_bytes > limit:
+                self._refuse(431, f"Request headers over {limit} bytes.")
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    @property
+    def reading_paused(self) -> bool:
+        """Whether the socket is not read now (flow control, or a pipelined request)."""
+        return self._read_paused
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._wake_drain()
+
+    # -- httptools' callbacks -------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._target = b""
+        self._headers = []
+        self._expect_continue = False
+        if not self._reading_head:
+            # The next request of a kept-alive connection: its head is timed anew.
+            self._reading_head, self._head_bytes = True, 0
+        self._await(self.listener.head)
+
+    def on_url(self, url: bytes) -> None:
+        self._target += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self._expect_continue = True
+        self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self._reading_head = False
+        self._await(self.listener.body)
+        parser = self.parser
+        version = parser.get_http_version()
+        path, raw_path, query = split_target(self._target)
+        scope: dict[str, Any] = {
+            "type": "http",
+            "asgi": _ASGI,
+            "http_version": version,
+            "method": parser.get_method().decode("ascii"),
+            "scheme": "http",
+            "path": path,
+            "raw_path": raw_path,
+            "query_string": query,
+            "root_path": "",
+            "headers": self._headers,
+            "client": self._client,
+            "server": self._server,
+        }
+        exchange = Exchange(
+            self,
+            scope,
+            # HTTP/1.0 clients get their answer and the connection closes, as with uvicorn.
+            keep_alive=version == "1.1" and parser.should_keep_alive(),
+            expect_continue=self._expect_continue,
+        )
+        if self.listener.draining or parser.should_upgrade():
+            exchange.keep_alive = False
+        self._reading = exchange
+        if self._current is None:
+            self._current = exchange
+            self.listener.start(exchange)
+        else:
+            self._waiting.append(exchange)
+            self.pause_reading()
+
+    def on_body(self, body: bytes) -> None:
+        if self._reading is not None:
+            self._reading.feed(body)
+
+    def on_message_complete(self) -> None:
+        self.due = math.inf
+        if self._reading is not None:
+            self._reading.end()
+            self._reading = None
+
+    # -- what an Exchange needs (exchange.Wire) -------------------------------------------
+
+    def pause_reading(self) -> None:
+        if not self._read_paused:
+            self._read_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._read_paused and not self._waiting:
+            self._read_paused = False
+            self.transport.resume_reading()
+
+    async def drain(self) -> None:
+        if self.write_paused:
+            if self._drained is None:
+                self._drained = self.loop.create_future()
+            await self._drained
+
+    def answered(self, exchange: Exchange) -> None:
+        if exchange is not self._current:
+            return
+        if not exchange.keep_alive or self.listener.draining:
+            self._current = None
+            self.transport.close()
+            return
+        if self._waiting:
+            self._current = self._waiting.popleft()
+            self.listener.start(self._current)
+            self.resume_reading()
+            return
+        self._current = None
+        self.resume_reading()
+        if self._reading is None and not self._reading_head:
+            self._await(self.listener.idle)
+
+    # -- limits and shutdown --------------------------------------------------------------
+
+    def overdue(self) -> None:
+        """The sweep found this connection past its due time."""
+        seconds, what = self._stage
+        if what == _IDLE:
+            self.due = math.inf
+            self.transport.close()
+            return
+        self._refuse(408, f"{what[0].upper()}{what[1:]} did not arrive within {seconds:g} s.")
+
+    def shut_down(self) -> None:
+        """The server stops: an idle connection closes now, a busy one after its answer."""
+        if self._current is None and self._reading is None:
+            self.transport.close()
+        elif self._current is not None:
+            self._current.keep_alive = False
+
+    def _await(self, stage: _Stage) -> None:
+        self._stage = stage
+        self.due = self.loop.time() + stage[0]
+
+    def _wake_drain(self) -> None:
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    def _refuse(self, status: int, message: str) -> None:
+        self.due = math.inf
+        if self.transport.is_closing() or self._lingering:
+            return
+        current = self._current
+        if current is None or not current.started:
+            content_type, body = self.listener.refusal(status, message)
+            self.transport.write(closing_answer(status, content_type, body))
+        for exchange in (current, self._reading, *self._waiting):
+            if exchange is not None:
+                # The app, if it is reading this request, sees its client gone; whatever
+                # it would still send is dropped.
+                exchange.disconnect()
+        self._waiting.clear()
+        self._lingering = True
+        self._read_paused = True  # and never resumed: resume_reading checks _waiting only
+        self.transport.resume_reading()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
+
+
+class HttpServer:
+    """One listening socket serving ``app``; ``lifespan``: whether the app gets ASGI's
+    lifespan startup and shutdown."""
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        limits: ListenerLimits,
+        idle_s: float,
+        graceful_shutdown_s: float,
+        refusal: Refusal = plain_text,
+        lifespan: bool = True,
+    ) -> None:
+        self._app = app
+        self._limits = limits
+        self._refusal = refusal
+        self._idle_s = idle_s
+        self._graceful_shutdown_s = graceful_shutdown_s
+        self._lifespan = Lifespan(app) if lifespan else None
+        self._listener: _Listener | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._stop = asyncio.Event()
+
+    async def start(self, sock: socket.socket) -> None:
+        """Start the app's lifespan, then listen on ``sock`` (bound, not yet listening).
+        Raises ``LifespanFailed``; ``sock`` is closed then."""
+        loop = asyncio.get_running_loop()
+        if self._lifespan is not None:
+            try:
+                await self._lifespan.startup()
+            except BaseException:
+                sock.close()
+                raise
+        listener = self._listener = _Listener(
+            self._app, self._limits, self._refusal, self._idle_s, loop
+        )
+        self._server = await loop.create_server(
+            lambda: HttpConnection(listener), sock=sock, backlog=2048
+        )
+
+    @property
+    def connections(self) -> frozenset[HttpConnection]:
+        """The connections open now."""
+        return frozenset(self._listener.connections if self._listener else ())
+
+    def stop(self) -> None:
+        """Ask ``serve()`` to shut down."""
+        self._stop.set()
+
+    async def serve(self) -> None:
+        """Until ``stop()``; then stop listening, let in-flight requests finish for up to
+        ``graceful_shutdown_s`` (cancelled after), close idle connections and end the
+        app's lifespan."""
+        await self._stop.wait()
+        listener, server = self._listener, self._server
+        if listener is None or server is None:
+            return
+        server.close()
+        listener.draining = True
+        for connection in list(listener.connections):
+            connection.shut_down()
+        listener.check_drained()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(listener.drained.wait(), self._graceful_shutdown_s)
+        for task in list(listener.tasks):
+            task.cancel()
+        for connection in list(listener.connections):
+            connection.transport.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*listener.tasks, return_exceptions=True)
+        if self._lifespan is not None:
+            await self._lifespan.shutdown()
+
+
+def _address(address: Any) -> tuple[str, int] | None:
+    """A socket's address as ASGI's ``client``/``server`` (host, port)."""
+    if isinstance(address, tuple) and len(address) >= 2:
+        return str(address[0]), int(address[1])
+    return None

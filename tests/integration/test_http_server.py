@@ -1,0 +1,509 @@
+"""The listeners' own HTTP/1.1 server over real loopback sockets, on the test's loop.
+
+A small ASGI app echoes what it is sent, or holds its answer until the test lets it go;
+raw clients speak HTTP byte for byte: kept-alive and pipelined requests, bodies by length
+and in chunks, streamed answers, HTTP/1.0, ``Expect: 100-continue``, broken and oversized
+requests, clients that leave, idle connections, a full listener, a graceful shutdown and
+the app's lifespan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from app.listeners.exchange import HIGH_WATER_BYTES, Message, Receive, Scope, Send
+from app.listeners.httpserver import HttpConnection, HttpServer
+from app.listeners.lifespan import LifespanFailed
+from app.listeners.limits import ListenerLimits
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+LIMITS = ListenerLimits(header_timeout_s=5, body_timeout_s=5, max_connections=8)
+
+
+@dataclass
+class Echo:
+    """Answers each request with its method, path, query and body; ``/hold`` waits for
+    ``release``, ``/stream`` sends three events as a chunked stream, ``/fail`` raises."""
+
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    seen: list[Scope] = field(default_factory=list)
+    after_body: list[Message] = field(default_factory=list)
+    cancelled: int = 0
+    lifespan: list[str] = field(default_factory=list)
+    read_body: bool = True
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                self.lifespan.append(message["type"])
+                await send({"type": f"{message['type']}.complete"})
+                if message["type"] == "lifespan.shutdown":
+                    return
+        self.seen.append(scope)
+        path = scope["path"]
+        if path == "/later":
+            await self.release.wait()
+        body = await read_all(receive) if self.read_body else b""
+        if path == "/fail":
+            raise RuntimeError("the app broke")
+        if path == "/hold":
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+        if path == "/watch":
+            self.after_body.append(await receive())
+            return
+        if path == "/stream":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await self.release.wait()
+            for n in range(3):
+                await send(
+                    {"type": "http.response.body", "body": b"data: %d\n\n" % n, "more_body": True}
+                )
+            await send({"type": "http.response.body", "body": b""})
+            return
+        answer = b"%s %s?%s %s" % (
+            scope["method"].encode(),
+            scope["raw_path"],
+            scope["query_string"],
+            body,
+        )
+        headers = [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(answer))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": answer})
+
+
+async def read_all(receive: Receive) -> bytes:
+    body = b""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return body
+        body += message.get("body", b"")
+        if not message.get("more_body", False):
+            return body
+
+
+@asynccontextmanager
+async def serving(
+    app: Callable[[Scope, Receive, Send], Awaitable[None]],
+    *,
+    limits: ListenerLimits = LIMITS,
+    idle_s: float = 30,
+    graceful_shutdown_s: float = 5,
+    lifespan: bool = True,
+) -> AsyncIterator[tuple[HttpServer, int]]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = HttpServer(
+        app,
+        limits=limits,
+        idle_s=idle_s,
+        graceful_shutdown_s=graceful_shutdown_s,
+        lifespan=lifespan,
+    )
+    await server.start(sock)
+    serve = asyncio.create_task(server.serve())
+    try:
+        yield server, port
+    finally:
+        server.stop()
+        await asyncio.wait_for(serve, 30)
+
+
+class Client:
+    """A raw HTTP client on one connection."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def to(cls, port: int) -> Client:
+        return cls(*await asyncio.open_connection("127.0.0.1", port))
+
+    async def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def answer(self) -> tuple[bytes, dict[bytes, bytes], bytes]:
+        """The next answer: its status line, headers and (de-chunked) body."""
+        head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), 10)
+        status, *lines = head[:-4].split(b"\r\n")
+        headers = dict(line.split(b": ", 1) for line in lines)
+        if b"content-length" in headers:
+            body = await self.reader.readexactly(int(headers[b"content-length"]))
+        elif headers.get(b"transfer-encoding") == b"chunked":
+            body = b""
+            while size := int(await self.reader.readuntil(b"\r\n"), 16):
+                body += await self.reader.readexactly(size)
+                await self.reader.readexactly(2)
+            await self.reader.readexactly(2)
+        else:
+            body = await asyncio.wait_for(self.reader.read(), 10)
+        return status, headers, body
+
+    async def closed(self) -> bool:
+        """Whether the server closes the connection (rather than send more)."""
+        return await asyncio.wait_for(self.reader.read(), 10) == b""
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(ConnectionError):
+            await self.writer.wait_closed()
+
+
+def get(path: str, *extra: str, version: str = "1.1") -> bytes:
+    lines = [f"GET {path} HTTP/{version}", "Host: test", *extra]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+# -- requests on one connection -----------------------------------------------------------
+
+
+async def test_a_kept_alive_connection_serves_one_request_after_another() -> None:
+    app = Echo()
+    async with serving(app) as (_, port):
+        client = await Client.to(port)
+        for n in range(3):
+            await client.send(get(f"/n{n}?q={n}"))
+            status, headers, body = await client.answer()
+            assert status == b"HTTP/1.1 200 OK"
+            assert body == f"GET /n{n}?q={n} ".encode()
+            assert b"connection" not in headers
+        await client.close()
+    assert len({scope["client"] for scope in app.seen}) == 1
+
+
+async def test_pipelined_requests_are_answered_in_their_order() -> None:
+    app = Echo()
+    async with serving(app) as (_, port):
+        client = await Client.to(port)
+        # The first waits for the test; the two after it arrive meanwhile, bodies and all.
+        await client.send(
+            get("/later")
+            + b"POST /second HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhello"
+            + get("/third")
+        )
+        await wait_until(lambda: len(app.seen) == 1)
+        app.release.set()
+        answers = [(await client.answer())[2] for _ in range(3)]
+        await client.close()
+    assert answers == [b"GET /later? ", b"POST /second? hello", b"GET /third? "]
+
+
+async def test_bodies_by_length_and_in_chunks_reach_the_app_whole() -> None:
+    async with serving(Echo()) as (_, port):
+        client = await Client.to(port)
+        await client.send(b"POST /a HTTP/1.1\r\nHost: t\r\nContent-Length: 11\r\n\r\nhello")
+        await client.send(b" world")
+        assert (await client.answer())[2] == b"POST /a? hello world"
+        await client.send(
+            b"POST /b HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n"
+        )
+        await client.send(b"4\r\ndefg\r\n0\r\n\r\n")
+        assert (await client.answer())[2] == b"POST /b? abcdefg"
+        await client.close()
+
+
+async def test_a_body_the_app_does_not_read_stops_the_socket_being_read() -> None:
+    app = Echo(read_body=False)
+    size = 32 * 1024 * 1024
+    async with serving(app) as (server, port):
+        client = await Client.to(port)
+        client.writer.write(b"POST /hold HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % size)
+        client.writer.write(b"x" * size)
+        await wait_until(lambda: any(c.reading_paused for c in server.connections))
+        # Past the high-water mark the server stops reading: the rest waits in the kernel
+        # and in the client, not in the server's memory.
+        receive = _receive_of(server)
+        first = await receive()
+        assert HIGH_WATER_BYTES < len(first["body"]) < HIGH_WATER_BYTES + 1024 * 1024
+        rest = await read_all(receive)
+        assert len(first["body"]) + len(rest) == size
+        app.release.set()
+        assert (await client.answer())[0] == b"HTTP/1.1 200 OK"
+        await client.close()
+
+
+def _receive_of(server: HttpServer) -> Receive:
+    (connection,) = server.connections
+    exchange = connection._current
+    assert exchange is not None
+    return exchange.receive
+
+
+async def test_a_body_answered_before_it_was_read_is_dropped_and_the_next_request_served() -> None:
+    app = Echo(read_body=False)
+    async with serving(app) as (_, port):
+        client = await Client.to(port)
+        size = 4 * HIGH_WATER_BYTES
+        await client.send(b"POST /early HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % size)
+        assert (await client.answer())[2] == b"POST /early? "
+        await client.send(b"y" * size + get("/next"))
+        assert (await client.answer())[2] == b"GET /next? "
+        await client.close()
+
+
+async def test_a_request_to_upgrade_is_served_as_http_1_1_and_the_connection_closed() -> None:
+    async with serving(Echo()) as (_, port):
+        client = await Client.to(port)
+        await client.send(get("/up", "Connection: Upgrade", "Upgrade: h2c"))
+        status, headers, body = await client.answer()
+        assert (status, body) == (b"HTTP/1.1 200 OK", b"GET /up? ")
+        assert headers[b"connection"] == b"close"
+        assert await client.closed()
+        await client.close()
+
+
+async def test_a_streamed_answer_shows_its_head_before_its_first_event() -> None:
+    app = Echo()
+    async with serving(app) as (_, port):
+        client = await Client.to(port)
+        await client.send(get("/stream"))
+        head = await asyncio.wait_for(client.reader.readuntil(b"\r\n\r\n"), 10)
+        assert b"transfer-encoding: chunked" in head
+        app.release.set()
+        events = await asyncio.wait_for(client.reader.readuntil(b"0\r\n\r\n"), 10)
+        assert events == b"9\r\ndata: 0\n\n\r\n9\r\ndata: 1\n\n\r\n9\r\ndata: 2\n\n\r\n0\r\n\r\n"
+        await client.send(get("/after"))
+        assert (await client.answer())[2] == b"GET /after? "
+        await client.close()
+
+
+async def test_a_whole_answer_leaves_in_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    writes: list[bytes] = []
+    made = HttpConnection.connection_made
+
+    def counting(self: HttpConnection, transport: Any) -> None:
+        made(self, transport)
+        write = self.transport.write
+
+        class Counted:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(transport, name)
+
+            def write(self, data: bytes) -> None:
+                writes.append(bytes(data))
+                write(data)
+
+        self.transport = Counted()  # type: ignore[assignment]
+
+    monkeypatch.setattr(HttpConnection, "connection_made", counting)
+    async with serving(Echo()) as (_, port):
+        client = await Client.to(port)
+        await client.send(get("/one"))
+        await client.answer()
+        await client.close()
+    assert len(writes) == 1
+    assert writes[0].startswith(b"HTTP/1.1 200 OK\r\n")
+    assert writes[0].endswith(b"GET /one? ")
+
+
+# -- the connection's end -----------------------------------------------------------------
+
+
+async def test_connection_close_and_http_1_0_end_the_connection_after_the_answer() -> None:
+    async with serving(Echo()) as (_, port):
+        for request in (get("/bye", "Connection: close"), get("/old", version="1.0")):
+            client = await Client.to(port)
+            await client.send(request)
+            status, headers, _ = await client.answer()
+            assert status == b"HTTP/1.1 200 OK"
+            assert headers[b"connection"] == b"close"
+            assert await client.closed()
+            await client.close()
+
+
+async def test_an_http_1_0_client_gets_a_stream_unchunked_ended_by_the_close() -> None:
+    app = Echo()
+    app.release.set()
+    async with serving(app) as (_, port):
+        client = await Client.to(port)
+        await client.send(get("/stream", version="1.0"))
+        _, headers, body = await client.answer()
+        await client.close()
+    assert b"transfer-encoding" not in headers
+    assert body == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+
+
+async def test_expect_100_continue_is_answered_when_the_app_reads() -> None:
+    async with serving(Echo()) as (_, port):
+        client = await Client.to(port)
+        await client.send(
+            b"POST /up HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n"
+        )
+        interim = await asyncio.wait_for(client.reader.readuntil(b"\r\n\r\n"), 10)
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        await client.send(b"data")
+        assert (await client.answer())[2] == b"POST /up? data"
+        await client.close()
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [b"NOT HTTP AT ALL\r\n\r\n", b"GET / HTTP/1.1\r\nHost: t\r\nContent-Length: x\r\n\r\n"],
+)
+async def test_a_request_that_does_not_parse_is_answered_400_and_closed(
+    request_bytes: bytes,
+) -> None:
+    app = Echo()
+    async with serving(app) as (_, port):
+        client = await Client.to(port)
+        await client.send(request_bytes)
+        status, headers, _ = await client.answer()
+        assert status == b"HTTP/1.1 400 Bad Request"
+        assert headers[b"connection"] == b"close"
+        assert await client.closed()
+        await client.close()
+    assert app.seen == []
+
+
+async def test_a_head_over_the_limit_is_answered_431() -> None:
+    limits = ListenerLimits(max_header_bytes=1024, max_connections=8)
+    async with serving(Echo(), limits=limits) as (_, port):
+        client = await Client.to(port)
+        await client.send(b"GET / HTTP/1.1\r\nX-Padding: " + b"a" * 4096)
+        status, _, _ = await client.answer()
+        assert status == b"HTTP/1.1 431 Request Header Fields Too Large"
+        await client.close()
+
+
+async def test_a_client_that_leaves_is_a_disconnect_to_the_app() -> None:
+    app = Echo()
+    async with serving(app) as (_, port):
+        client = await Client.to(port)
+        await client.send(get("/watch"))
+        await wait_until(lambda: len(app.seen) == 1)
+        await client.close()
+        await wait_until(lambda: app.after_body == [{"type": "http.disconnect"}])
+
+
+async def test_a_request_in_flight_when_the_client_leaves_is_not_answered() -> None:
+    # The app's own watcher cancels it (the gateway's does); here the request is held and
+    # the server must not break on writing to a closed connection.
+    app = Echo()
+    async with serving(app) as (server, port):
+        client = await Client.to(port)
+        await client.send(get("/hold"))
+        await wait_until(lambda: len(app.seen) == 1)
+        await client.close()
+        await wait_until(lambda: not server.connections)
+        app.release.set()
+        other = await Client.to(port)
+        await other.send(get("/still"))
+        assert (await other.answer())[2] == b"GET /still? "
+        await other.close()
+
+
+async def test_an_idle_kept_alive_connection_is_closed_after_the_idle_time() -> None:
+    limits = ListenerLimits(header_timeout_s=0.4, body_timeout_s=0.4, max_connections=8)
+    async with serving(Echo(), limits=limits, idle_s=0.5) as (_, port):
+        client = await Client.to(port)
+        await client.send(get("/first"))
+        await client.answer()
+        # No answer, no 408: the connection just ends.
+        assert await client.closed()
+        await client.close()
+
+
+async def test_a_full_listener_answers_the_next_connection_503() -> None:
+    limits = ListenerLimits(max_connections=2)
+    async with serving(Echo(), limits=limits) as (_, port):
+        held = [await Client.to(port) for _ in range(2)]
+        for client in held:  # both served: the server holds them
+            await client.send(get("/x"))
+            await client.answer()
+        refused = await Client.to(port)
+        status, _, _ = await refused.answer()
+        assert status == b"HTTP/1.1 503 Service Unavailable"
+        await held[0].close()
+        await refused.close()
+        await wait_until(lambda: _serves(port))
+        await held[1].close()
+
+
+async def _serves(port: int) -> bool:
+    client = await Client.to(port)
+    try:
+        await client.send(get("/again"))
+        return (await client.answer())[0] == b"HTTP/1.1 200 OK"
+    except (ConnectionError, asyncio.IncompleteReadError):
+        return False
+    finally:
+        await client.close()
+
+
+async def test_a_raising_app_is_a_500() -> None:
+    async with serving(Echo()) as (_, port):
+        client = await Client.to(port)
+        await client.send(get("/fail"))
+        status, _headers, body = await client.answer()
+        assert status == b"HTTP/1.1 500 Internal Server Error"
+        assert body == b"Internal Server Error"
+        await client.close()
+
+
+# -- start and stop -----------------------------------------------------------------------
+
+
+async def test_a_graceful_shutdown_finishes_requests_in_flight_and_closes_idle_ones() -> None:
+    app = Echo()
+    async with serving(app) as (server, port):
+        idle = await Client.to(port)
+        await idle.send(get("/before"))
+        await idle.answer()
+        busy = await Client.to(port)
+        await busy.send(get("/hold"))
+        await wait_until(lambda: len(app.seen) == 2)
+        server.stop()
+        assert await idle.closed()
+        with pytest.raises(ConnectionError):
+            await Client.to(port)
+        app.release.set()
+        status, headers, _ = await busy.answer()
+        assert status == b"HTTP/1.1 200 OK"
+        assert headers[b"connection"] == b"close"
+        await idle.close()
+        await busy.close()
+    assert app.lifespan == ["lifespan.startup", "lifespan.shutdown"]
+    assert app.cancelled == 0
+
+
+async def test_requests_still_in_flight_after_the_grace_are_cancelled() -> None:
+    app = Echo()
+    async with serving(app, graceful_shutdown_s=0.2) as (server, port):
+        client = await Client.to(port)
+        await client.send(get("/hold"))
+        await wait_until(lambda: len(app.seen) == 1)
+        server.stop()
+        assert await client.closed()
+        await client.close()
+    assert app.cancelled == 1
+
+
+async def test_an_app_that_fails_its_startup_is_never_served() -> None:
+    async def failing(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        await send({"type": "lifespan.startup.failed", "message": "no database"})
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = HttpServer(failing, limits=LIMITS, idle_s=1, graceful_shutdown_s=1)
+    with pytest.raises(LifespanFailed, match="no database"):
+        await server.start(sock)
+    assert sock.fileno() == -1
