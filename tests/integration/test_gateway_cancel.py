@@ -11,6 +11,7 @@ queue timeout is refused with a retryable 429.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -21,7 +22,7 @@ import pytest
 
 from agent.simulator.launcher import SimulatorProcess, start_simulator
 from app.gateway.server import StaticSource
-from app.gateway.table import Route
+from app.gateway.table import Route, RoutePolicy
 from tests.support.gateway import GatewayThread, new_key, snapshot_of
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
@@ -197,7 +198,27 @@ async def test_a_client_leaving_a_whole_answer_aborts_the_engine_request(
     await aborted_once(sim, idle)
 
 
+@contextlib.contextmanager
+def one_at_a_time(gateway: GatewayThread) -> Iterator[None]:
+    """The replica takes one request at a time from this gateway whatever its signals say
+    (``routing.max_in_flight: 1``): admission alone would let a second request through to
+    the engine whenever a scrape comes late, as on a busy machine."""
+    before = gateway.source.current()
+    gateway.publish(msgspec.structs.replace(before, policies={MODEL: RoutePolicy(max_in_flight=1)}))
+    try:
+        yield
+    finally:
+        gateway.publish(before)
+
+
 async def test_a_client_leaving_the_queue_never_reaches_the_engine(
+    sim: SimulatorProcess, gateway: GatewayThread, key: str, idle: Counts
+) -> None:
+    with one_at_a_time(gateway):
+        await leave_the_queue(sim, gateway, key, idle)
+
+
+async def leave_the_queue(
     sim: SimulatorProcess, gateway: GatewayThread, key: str, idle: Counts
 ) -> None:
     holder = await RawRequest.send(gateway, key, chat_body(SHORT_PROMPT, stream=False))
