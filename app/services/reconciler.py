@@ -132,9 +132,11 @@ class Reconciler:
         self._wake = asyncio.Event()
         self._sent: dict[str, _SentSinceHello] = {}
         self._demand: dict[str, tuple[autoscale.DemandSample, ...]] = {}
-        self._left_routing: dict[str, int] = {}
         """Autoscaled models' demand, sampled every pass: this leader's own memory (a
         leader that starts watches a whole window before it scales anything down)."""
+        self._left_routing: dict[str, int] = {}
+        """Stopping replicas, with the fold's position where this leader first saw each
+        out of routing (``app.domain.reconcile.note_left_routing``)."""
         self.passes: deque[PassReport] = deque(maxlen=PASSES_KEPT)
         """The last passes, newest last."""
         self.pass_count = 0

@@ -93,13 +93,13 @@ WITH live AS (
     SELECT in_flight, routing_position FROM gateway_reports
     WHERE reported_at > now() - make_interval(secs => $1)
 )
-SELECT (SELECT count(*) FROM live) AS gateways,
-       (SELECT count(routing_position) FROM live) AS positioned,
-       (SELECT min(routing_position) FROM live) AS lowest,
+SELECT count(*) AS gateways, count(routing_position) AS positioned,
+       min(routing_position) AS lowest,
        (SELECT coalesce(jsonb_object_agg(replica_id, total), '{}'::jsonb)::text
         FROM (SELECT counts.key AS replica_id, sum(counts.value::int)::int AS total
               FROM live, jsonb_each_text(live.in_flight) AS counts
               GROUP BY counts.key) AS sums) AS in_flight
+FROM live
 """
 
 _QUEUED_RECENT = """
