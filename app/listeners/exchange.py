@@ -21,7 +21,14 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
-from app.listeners.http11 import CONTINUE, AnswerHead, InvalidAnswer, answer_head, chunk
+from app.listeners.http11 import (
+    CONTINUE,
+    AnswerHead,
+    InvalidAnswer,
+    answer_head,
+    chunk,
+    closing_answer,
+)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -157,16 +164,7 @@ class Exchange:
         self.keep_alive = False
         self._head = None
         self.started = self.complete = True
-        head = answer_head(
-            500,
-            [
-                (b"content-type", b"text/plain; charset=utf-8"),
-                (b"content-length", b"%d" % len(_SERVER_ERROR)),
-            ],
-            keep_alive=False,
-            bodiless=False,
-        )
-        self.wire.transport.write(head.data + _SERVER_ERROR)
+        self.wire.transport.write(closing_answer(500, b"text/plain; charset=utf-8", _SERVER_ERROR))
         self._wake()
         self.wire.answered(self)
 
