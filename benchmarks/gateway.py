@@ -184,7 +184,9 @@ LLMGW_SETTINGS = (
 # -- the gateway child process -------------------------------------------------------------
 
 
-def serve_gateway(snapshot_path: Path, port: int, log_requests: bool, processes: int) -> None:
+def serve_gateway(
+    snapshot_path: Path, port: int, log_requests: bool, processes: int, reuse_port: bool
+) -> None:
     """One gateway; with ``processes`` above 1, that many on one port (``reuse_port``): the
     others are this process's children (so that its tree's CPU is all of theirs), started
     and listening before it listens itself."""
@@ -196,7 +198,7 @@ def serve_gateway(snapshot_path: Path, port: int, log_requests: bool, processes:
     siblings = []
     for _ in range(processes - 1):
         command = [sys.executable, __file__, "--serve-gateway", str(snapshot_path)]
-        command += ["--port", str(port), "--gateway-processes", "1", "--reuse-port"]
+        command += ["--port", str(port), REUSE_PORT]
         if not log_requests:
             command.append("--no-request-log")
         siblings.append(subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE))
@@ -213,7 +215,7 @@ def serve_gateway(snapshot_path: Path, port: int, log_requests: bool, processes:
             port=port,
             log_requests=log_requests,
             engine_networks=EngineNetworks.parse("127.0.0.0/8"),
-            reuse_port=processes > 1 or REUSE_PORT in sys.argv,
+            reuse_port=reuse_port or processes > 1,
         )
         await gateway.start()
         print("listening", flush=True)
@@ -1439,6 +1441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             arguments.port,
             not arguments.no_request_log,
             arguments.gateway_processes,
+            arguments.reuse_port,
         )
         return 0
     if arguments.medians:
