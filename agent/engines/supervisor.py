@@ -36,7 +36,7 @@ from agent.engines.errors import EngineError, EngineLaunchError, PortHeldElsewhe
 from agent.engines.logtail import read_log_tail
 from agent.engines.port_owner import HeldElsewhere, check_port_owner
 from agent.engines.processes import AdoptedProcess, ChildProcess, EngineProcess, spawn_engine
-from agent.engines.readiness import wait_until_serving
+from agent.engines.readiness import READINESS_INTERVAL_S, wait_until_serving
 from agent.engines.records import (
     RecordStore,
     ShardKey,
@@ -76,11 +76,13 @@ class EngineSupervisor:
         on_change: Callable[[ShardChange], None],
         *,
         poll_interval_s: float = 0.5,
+        readiness_interval_s: float = READINESS_INTERVAL_S,
     ) -> None:
         self._records = RecordStore(state_dir)
         self._logs_dir = state_dir / "logs"
         self._on_change = on_change
         self._poll_interval_s = poll_interval_s
+        self._readiness_interval_s = readiness_interval_s
         self._running: dict[ShardKey, _Watched] = {}
         self._failed: dict[ShardKey, ShardRecord] = {}
         self._locks: dict[ShardKey, asyncio.Lock] = {}
@@ -239,7 +241,7 @@ class EngineSupervisor:
                 record.port,
                 record.pid,
                 paths=profile_of(record.engine).readiness_paths,
-                interval_s=self._poll_interval_s,
+                interval_s=self._readiness_interval_s,
             )
         )
         try:
