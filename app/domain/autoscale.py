@@ -22,7 +22,12 @@ it scales up at once when demand says so but down only once it has watched a who
   as a fall by one replica after the whole of it);
 - by at most ``max_step`` replicas a decision, never outside ``[min, max]``;
 - **to zero** (``min`` 0) only after ``idle_to_zero_s`` without any demand, and back to one
-  as soon as a request is held for it.
+  as soon as a request is held for it;
+- **not at all** while no gateway reports: a pass that hears from none takes no sample
+  (``observe`` with ``None``), and once the latest sample is older than ``HEARD_WITHIN_S``
+  the count holds. Silence is not zero demand: a gateway that cannot reach the database,
+  or a stalled one, still serves its clients, and reading its silence as an idle fleet
+  would scale a busy model down to its minimum.
 
 Each change is a ``ModelScaled`` with the figures that decided it; the replicas it removes
 go as a scale-down always goes: out of routing, then stopped once the gateways report them
@@ -43,6 +48,9 @@ from app.domain.events import ScaleInputs
 from app.domain.model_spec import AutoscalePolicy
 from app.domain.state import ClusterState, Model
 
+HEARD_WITHIN_S = 1.0
+"""The latest sample may be this old for ``decide`` to act: a pass samples just before it
+decides, so an older one means the passes since heard from no gateway."""
 COVERED_SLACK_S = 2.0
 """A window counts as watched when its first sample is at most this late (a pass or two),
 or a tenth of the window when that is less, so that a window of seconds is watched whole."""
@@ -66,12 +74,13 @@ def longest_window_s(policy: AutoscalePolicy) -> float:
 
 def observe(
     history: Mapping[str, tuple[DemandSample, ...]],
-    demand: Mapping[str, float],
+    demand: Mapping[str, float] | None,
     models: Mapping[str, Model],
     now: datetime,
 ) -> dict[str, tuple[DemandSample, ...]]:
-    """The samples after this pass: each autoscaled model's demand now (0 when no gateway
-    reports any), older samples kept for its longest window."""
+    """The samples after this pass: each autoscaled model's demand now (0 when the
+    gateways report none for it), older samples kept for its longest window. ``None``:
+    no gateway reported, so the demand is unknown and no sample is taken."""
     kept: dict[str, tuple[DemandSample, ...]] = {}
     for name, model in models.items():
         policy = model.spec.autoscale
@@ -79,7 +88,10 @@ def observe(
             continue
         since = now - timedelta(seconds=longest_window_s(policy) + COVERED_SLACK_S)
         earlier = tuple(s for s in history.get(name, ()) if s.at >= since)
-        kept[name] = (*earlier, DemandSample(now, float(demand.get(name, 0.0))))
+        if demand is None:
+            kept[name] = earlier
+        else:
+            kept[name] = (*earlier, DemandSample(now, float(demand.get(name, 0.0))))
     return kept
 
 
@@ -120,6 +132,8 @@ def decide(model: Model, samples: Sequence[DemandSample], now: datetime) -> Scal
     policy = model.spec.autoscale
     if policy is None or model.removed or not samples:
         return None
+    if now - samples[-1].at > timedelta(seconds=HEARD_WITHIN_S):
+        return None  # no gateway has reported since: the demand is unknown, not zero
     current = model.spec.replicas
     per_replica, source = per_replica_load(model, policy)
     latest = samples[-1].demand

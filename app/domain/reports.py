@@ -203,6 +203,9 @@ class GatewaysInFlight(msgspec.Struct, frozen=True, kw_only=True):
     """The lowest log position of the routing tables they had applied when they counted:
     a change at or before it is in every live gateway's routing. None when no gateway is
     live or one does not say (a gateway older than the column)."""
+    live: int = 0
+    """How many gateways reported recently. With none, no count is known: an empty
+    ``in_flight`` then says nothing of the traffic, not that there is none."""
 
 
 NO_GATEWAYS = GatewaysInFlight(in_flight={}, routing_seen=None)

@@ -134,6 +134,8 @@ class Reconciler:
         self._demand: dict[str, tuple[autoscale.DemandSample, ...]] = {}
         """Autoscaled models' demand, sampled every pass: this leader's own memory (a
         leader that starts watches a whole window before it scales anything down)."""
+        self._unheard = False
+        """Whether the last pass heard from no gateway while a model is autoscaled."""
         self._left_routing: dict[str, int] = {}
         """Stopping replicas, with the fold's position where this leader first saw each
         out of routing (``app.domain.reconcile.note_left_routing``)."""
@@ -204,7 +206,10 @@ class Reconciler:
             async with self._tracker.quiet():
                 state = await self._store.catch_up()
                 at = self._clock()
-                demand = autoscale.demand_by_model(state, in_flight, queued)
+                demand = (
+                    autoscale.demand_by_model(state, in_flight, queued) if gateways.live else None
+                )
+                self._note_hearing(state, heard=demand is not None)
                 self._demand = autoscale.observe(self._demand, demand, state.models, at)
                 self._left_routing = note_left_routing(self._left_routing, state)
                 fleet = msgspec.structs.replace(
@@ -255,6 +260,21 @@ class Reconciler:
                 duration_ms=round(report.duration_s * 1000, 1),
             )
         return report
+
+    def _note_hearing(self, state: ClusterState, *, heard: bool) -> None:
+        """Say once when autoscaled models lose their demand signal (no gateway report is
+        fresh: their counts hold), and once when it is back."""
+        unheard = not heard and any(
+            m.spec.autoscale is not None and not m.removed for m in state.models.values()
+        )
+        if unheard and not self._unheard:
+            log.warning(
+                "autoscale_demand_unknown",
+                reason="no gateway has reported recently; autoscaled models keep their count",
+            )
+        elif self._unheard and not unheard:
+            log.info("autoscale_demand_heard")
+        self._unheard = unheard
 
     def _note_grace(self, grace: GraceState) -> None:
         """Once the adoption grace has ended it stays ended: say so, once."""

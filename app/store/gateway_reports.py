@@ -268,6 +268,7 @@ class InFlightReports(TrafficReports):
         return GatewaysInFlight(
             in_flight={replica: count for replica, count in totals.items() if count > 0},
             routing_seen=row["lowest"] if every_one_says else None,
+            live=row["gateways"],
         )
 
     async def read_queued(self) -> dict[str, int]:

@@ -404,3 +404,50 @@ async def test_the_demand_a_pass_sampled_reaches_metrics_through_the_leaders_fig
             assert await demand_scraped() == 0
     finally:
         await gateway.close()
+
+
+async def test_an_autoscaled_model_keeps_its_count_while_no_gateway_reports(
+    leader: Leader,
+    pki: AgentPki,
+    pg_store: PostgresEventStore,
+    operator: PostgresEventStore,
+    database_url: str,
+) -> None:
+    model, node_id = f"m-{uuid.uuid4().hex[:6]}", new_node_id()
+    reconciler = leader.reconciler
+    assert reconciler is not None
+    open_requests: dict[str, int] = {}
+    gateway = PostgresSnapshotSource(
+        database_url, gateway_id=f"gw-{node_id}", report_interval_s=0.05
+    )
+    gateway.report_in_flight(lambda: dict(open_requests))
+    await gateway.start()
+    policy = AutoscalePolicy(
+        min_replicas=1, max_replicas=2, target=1.0, up_window_s=0.0, down_window_s=0.5
+    )
+    try:
+        async with fake_agent(leader.hub.port, pki, node_id, gpus=2):
+            await declare(operator, model, replicas=1, autoscale=policy)
+            await wait_until(
+                lambda: [r.phase for r in replicas_of(pg_store, model)] == [ReplicaPhase.SERVING],
+                what="the replica serving",
+            )
+            [replica] = replicas_of(pg_store, model)
+            open_requests[replica.id] = 2
+            await wait_until(
+                lambda: pg_store.state.models[model].spec.replicas == 2, what="scaled up to 2"
+            )
+
+            # The only gateway goes away (its report is deleted as it closes), busy as it
+            # was: what it last said is all there is, and silence is not "no requests".
+            with capture_logs() as logs:
+                await gateway.close()
+                silent_from = reconciler.pass_count
+                await wait_until(
+                    lambda: reconciler.pass_count > silent_from + 20,
+                    what="passes over several down windows",
+                )
+            assert pg_store.state.models[model].spec.replicas == 2
+            assert "autoscale_demand_unknown" in [line["event"] for line in logs]
+    finally:
+        await gateway.close()

@@ -63,6 +63,18 @@ class Demand:
                 changed = changed or decision
         return changed
 
+    def silent(self, n: int) -> ScaleDecision | None:
+        """``n`` passes a second apart that hear from no gateway; the first decision, if
+        any (none is applied)."""
+        changed = None
+        for _ in range(n):
+            self.now += timedelta(seconds=1)
+            models = {"llama": self.model}
+            self.history = autoscale.observe(self.history, None, models, self.now)
+            samples = self.history["llama"]
+            changed = changed or (samples and autoscale.decide(self.model, samples, self.now))
+        return changed or None
+
     @property
     def replicas(self) -> int:
         return self.model.spec.replicas
@@ -151,6 +163,34 @@ def test_a_model_without_demand_goes_to_zero_after_its_idle_spell_and_back_at_on
 
     assert back is not None
     assert (back.replicas, back.reason) == (1, "demand 1 for a model with no replica")
+
+
+def test_gateways_gone_silent_are_not_read_as_demand_gone() -> None:
+    demand = Demand(model(1, replace(POLICY, min_replicas=0)))
+    demand.seconds(15, 28.0)
+    assert demand.replicas == 7
+
+    # No gateway reports for five minutes (a database they cannot reach, a stalled one):
+    # past the down window and the idle spell, the count holds where a zero would have
+    # taken it to nothing.
+    assert demand.silent(300) is None
+    assert demand.history["llama"] == ()  # the old samples aged out, none was added
+    # Heard again, the count still waits a whole window before it comes down.
+    assert demand.seconds(50, 4.0) is None
+    assert demand.replicas == 7
+    assert demand.seconds(10, 4.0) is not None
+    assert demand.replicas < 7
+
+
+def test_a_silence_is_not_read_as_the_last_demand_heard_going_on() -> None:
+    demand = Demand(model(1))
+    demand.seconds(15, 28.0)
+    demand.seconds(40, 4.0)  # lower, but not yet for the whole window
+    assert demand.replicas == 7
+
+    # Silent for half a minute: the last samples heard would say 1 replica once the peak's
+    # leave the window; what the demand did meanwhile is unknown, so the count holds.
+    assert demand.silent(30) is None
 
 
 def test_a_control_plane_that_just_started_scales_up_but_not_down() -> None:
