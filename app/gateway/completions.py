@@ -6,10 +6,11 @@ A request costs one header scan and one SHA-256 for the key, one msgspec decode 
 only ``model`` and ``stream`` (the body itself goes to the engine byte for byte), the rate
 limiter, the router's choice, one write to the engine, and one log line.
 
-A client that disconnects cancels its request: a watcher task, started once the body is
-read, sees ``http.disconnect`` and cancels the request's task wherever it is (queued for a
-replica, waiting for the engine's first byte, or mid-stream); closing the upstream
-connection is what tells the engine to abort.
+A client that disconnects cancels its request: once the body is read, the request's task
+is cancelled wherever it is (queued for a replica, waiting for the engine's first byte, or
+mid-stream) when the client goes; closing the upstream connection is what tells the engine
+to abort. The listeners' server says so by a callback (``ON_DISCONNECT``), which costs no
+task; under another ASGI server a watcher task waits for ``http.disconnect`` instead.
 
 How each answer ended is counted against its replica in the gateway's ``TrafficWindow``
 (``_count``): answered, failed (a 5xx or 429, or an answer that broke off) or cancelled by
@@ -54,6 +55,7 @@ from app.gateway.router import ColdStartTimedOut, Lease, NoServingReplica, Satur
 from app.gateway.table import GatewaySnapshot, KeyRecord
 from app.gateway.traffic import TrafficWindow
 from app.gateway.usage import StreamTokens, usage_of_body
+from app.listeners.exchange import ON_DISCONNECT
 from app.listeners.throttle import FailureBudget
 from app.logs import request_level
 
@@ -101,13 +103,28 @@ class _Watch:
         self.done = False
         self.fired = False
 
-    async def run(self, receive: Receive) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
+    def start(self, scope: Scope, receive: Receive) -> asyncio.Task[None] | None:
+        """Watch from now on: by the server's callback where it has one (no task), else by
+        a task that waits for ``http.disconnect``, returned to be cancelled once done."""
+        extensions = scope.get("extensions")
+        on_disconnect = extensions.get(ON_DISCONNECT) if extensions else None
+        if on_disconnect is not None:
+            on_disconnect(self.fire)
+            return None
+        # The task's own loop: asyncio's get_running_loop() costs a system call (getpid).
+        return self.task.get_loop().create_task(self.run(receive))
+
+    def fire(self) -> None:
+        """The client is gone: cancel the request, unless its answer is done."""
         # After the answer's last byte, ``receive`` says http.disconnect too: not a cancel.
         if not self.done:
             self.fired = True
             self.task.cancel()
+
+    async def run(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.fire()
 
 
 class _Exchange:
@@ -223,7 +240,7 @@ class Completions:
             if show_route:
                 exchange.route_header = b""
             await self._admit(exchange, key)
-            await self._forward(exchange, key, endpoint.engine_path, receive, send)
+            await self._forward(exchange, key, endpoint.engine_path, scope, receive, send)
         except ApiError as error:
             exchange.status = error.status
             await refuse(send, error, exchange.answer_headers())
@@ -268,19 +285,24 @@ class Completions:
         exchange.reserved_tokens = decision.reserved_tokens
 
     async def _forward(
-        self, exchange: _Exchange, key: KeyRecord, path: str, receive: Receive, send: Send
+        self,
+        exchange: _Exchange,
+        key: KeyRecord,
+        path: str,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
     ) -> None:
         task = asyncio.current_task()
         assert task is not None
         watch = _Watch(task)
-        # The task's own loop: asyncio's get_running_loop() costs a system call (getpid).
-        watcher = task.get_loop().create_task(watch.run(receive))
+        watcher = watch.start(scope, receive)
         await self._relay_answer(
             exchange,
             key,
             send,
             watch,
-            [watcher],
+            [] if watcher is None else [watcher],
             lambda: self._open(exchange, key, path),
             lambda opened: exchange.stream and opened.answer.status == 200,
         )

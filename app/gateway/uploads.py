@@ -11,7 +11,7 @@ read holds the client back through the HTTP server's own flow control). An uploa
 limit is passed, and its engine connection is closed.
 
 A client that leaves mid-upload, or while the engine transcribes, cancels the request:
-the upload's reader sees the disconnect while it reads, the watcher afterwards. The answer
+the upload's reader sees the disconnect while it reads, the disconnect watch afterwards. The answer
 is relayed as it comes: a stream (``text/event-stream``) chunk by chunk, any other answer
 whole.
 """
@@ -227,7 +227,14 @@ class Uploads(Completions):
             exchange.model = head.model
             await self._admit(exchange, key)
             await self._relay(
-                exchange, endpoint.engine_path, head, content_type, content_length, receive, send
+                exchange,
+                endpoint.engine_path,
+                head,
+                content_type,
+                content_length,
+                scope,
+                receive,
+                send,
             )
         except ApiError as error:
             exchange.status = error.status
@@ -250,6 +257,7 @@ class Uploads(Completions):
         head: FormHead,
         content_type: str,
         content_length: int | None,
+        scope: Scope,
         receive: Receive,
         send: Send,
     ) -> None:
@@ -262,7 +270,9 @@ class Uploads(Completions):
 
         def uploaded() -> None:
             # The body is all read: from now on only a disconnect can come.
-            watchers.append(asyncio.get_running_loop().create_task(watch.run(receive)))
+            watcher = watch.start(scope, receive)
+            if watcher is not None:
+                watchers.append(watcher)
 
         upload = _Upload(
             head,

@@ -10,8 +10,15 @@ after the other) leaves in one ``write``, one system call. An answer without a l
 goes out as soon as the app waits for anything else.
 
 ``receive`` says ``http.disconnect`` once the client is gone, and, as uvicorn's does,
-once the answer is complete: an app that watches for the client leaving (the gateway
-does, to cancel its engine request) wakes up and stops watching either way.
+once the answer is complete: an app that watches for the client leaving wakes up and stops
+watching either way.
+
+An app that only needs to know when the client leaves (the gateway does, to cancel its
+engine request) need not keep a task waiting on ``receive`` for it: the scope's extension
+``ON_DISCONNECT`` (``scope["extensions"][ON_DISCONNECT](callback)``) has the connection
+call ``callback`` once, if the client goes before the answer is complete; at once if it
+already has. The connection knows when it is lost, so the signal costs no task, no
+future and no wake-up per request.
 """
 
 from __future__ import annotations
@@ -40,6 +47,9 @@ HIGH_WATER_BYTES = 64 * 1024
 """A request body buffered beyond this, unread by the app, stops reading the socket."""
 _SERVER_ERROR = b"Internal Server Error"
 _DISCONNECT: Message = {"type": "http.disconnect"}
+ON_DISCONNECT = "llmgw.on_disconnect"
+"""The scope's extension (``scope["extensions"]``) that calls back when the client leaves
+mid-request: ``Exchange.on_disconnect``."""
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +86,7 @@ class Exchange:
         "_content_left",
         "_delivered_end",
         "_head",
+        "_on_disconnect",
         "_waiter",
         "bodiless",
         "body",
@@ -104,6 +115,8 @@ class Exchange:
         self.complete = False
         self._delivered_end = False
         self._waiter: asyncio.Future[None] | None = None
+        self._on_disconnect: Callable[[], None] | None = None
+        scope["extensions"] = {ON_DISCONNECT: self.on_disconnect}
         self._head: bytes | None = None
         self._chunked = False
         self._content_left = 0
@@ -128,6 +141,9 @@ class Exchange:
         """The client is gone: what the app still sends is dropped."""
         if not self.complete:
             self.disconnected = True
+            callback, self._on_disconnect = self._on_disconnect, None
+            if callback is not None:
+                callback()
         self._wake()
 
     def _wake(self) -> None:
@@ -169,6 +185,14 @@ class Exchange:
         self.wire.answered(self)
 
     # -- the app's side -------------------------------------------------------------------
+
+    def on_disconnect(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once if the client leaves before the answer is complete; now,
+        if it has left already. One callback per request: a second replaces the first."""
+        if self.disconnected:
+            callback()
+        elif not self.complete:
+            self._on_disconnect = callback
 
     async def receive(self) -> Message:
         if self.waiting_for_continue:
@@ -251,5 +275,6 @@ class Exchange:
             self.wire.transport.write(data)
         if not more_body:
             self.complete = True
+            self._on_disconnect = None
             self._wake()
             self.wire.answered(self)
