@@ -32,7 +32,7 @@ import structlog
 
 from app.domain.traffic import Outcome, outcome_of_status
 from app.gateway.affinity import SESSION_HEADER, RouteKey, route_key
-from app.gateway.asgi import Header, Receive, Scope, Send, authenticate, clock, refuse, request_id
+from app.gateway.asgi import Header, KeyCheck, Receive, Scope, Send, clock, refuse, request_id
 from app.gateway.endpoints import JSON_ENDPOINTS
 from app.gateway.errors import (
     ApiError,
@@ -56,7 +56,6 @@ from app.gateway.table import GatewaySnapshot, KeyRecord
 from app.gateway.traffic import TrafficWindow
 from app.gateway.usage import StreamTokens, usage_of_body
 from app.listeners.exchange import ON_DISCONNECT
-from app.listeners.throttle import FailureBudget
 from app.logs import request_level
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -198,14 +197,14 @@ class Completions:
         snapshot: Callable[[], GatewaySnapshot],
         metrics: GatewayMetrics,
         limiter: Limiter,
-        failures: FailureBudget,
+        keys: KeyCheck,
         log_requests: bool = True,
         traffic: TrafficWindow | None = None,
     ) -> None:
         self._snapshot = snapshot
         self._metrics = metrics
         self._limiter = limiter
-        self._failures = failures
+        self._keys = keys
         self._log_requests = log_requests
         self._traffic = traffic or TrafficWindow()
         self.upstream: Upstream | None = None
@@ -224,7 +223,7 @@ class Completions:
     async def _serve(self, exchange: _Exchange, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             snapshot = self._snapshot()
-            key = exchange.key = authenticate(snapshot, scope, self._failures)
+            key = exchange.key = self._keys.authenticate(snapshot, scope)
             exchange.body = await _read_body(receive)
             fields = _parse(exchange.body)
             model = fields.model

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Callable
 
-from app.gateway.asgi import Receive, Scope, Send, authenticate, refuse
+from app.gateway.asgi import KeyCheck, Receive, Scope, Send, refuse
 from app.gateway.completions import Completions, _ClientGone, _Exchange, _Watch, log
 from app.gateway.endpoints import UPLOAD_ENDPOINTS
 from app.gateway.errors import (
@@ -39,7 +39,6 @@ from app.gateway.ratelimit import Limiter
 from app.gateway.router import ColdStartTimedOut, NoServingReplica, Saturated
 from app.gateway.table import GatewaySnapshot
 from app.gateway.traffic import TrafficWindow
-from app.listeners.throttle import FailureBudget
 from wire.multipart import (
     BodyEnded,
     MalformedMultipart,
@@ -197,7 +196,7 @@ class Uploads(Completions):
         snapshot: Callable[[], GatewaySnapshot],
         metrics: GatewayMetrics,
         limiter: Limiter,
-        failures: FailureBudget,
+        keys: KeyCheck,
         log_requests: bool = True,
         traffic: TrafficWindow | None = None,
         max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
@@ -206,7 +205,7 @@ class Uploads(Completions):
             snapshot=snapshot,
             metrics=metrics,
             limiter=limiter,
-            failures=failures,
+            keys=keys,
             log_requests=log_requests,
             traffic=traffic,
         )
@@ -215,7 +214,7 @@ class Uploads(Completions):
     async def _serve(self, exchange: _Exchange, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             snapshot = self._snapshot()
-            key = exchange.key = authenticate(snapshot, scope, self._failures)
+            key = exchange.key = self._keys.authenticate(snapshot, scope)
             content_type, content_length = _framing(scope)
             if content_length is not None and content_length > self.max_upload_bytes:
                 raise body_too_large(self.max_upload_bytes)
