@@ -22,7 +22,7 @@ def key_and_record() -> tuple[str, KeyRecord]:
 
 
 def request(key: str) -> Scope:
-    return {"headers": [(b"authorization", b"Bearer " + key.encode())], "client": ("10.0.0.1", 9)}
+    return {"headers": [(b"authorization", b"Bearer " + key.encode())], "client": ("127.0.0.9", 9)}
 
 
 @pytest.fixture
