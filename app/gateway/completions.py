@@ -452,11 +452,15 @@ class Completions:
             first_byte_s=None if first_byte_at is None else first_byte_at - timing.started,
             queue_s=timing.queue_s if exchange.replica else None,
         )
-        if self._log_requests:
-            # Debug unless it failed, or the gateway's own share (the queue) was slow: the
-            # engine's generation time is the engine's.
+        if not self._log_requests:
+            return
+        # Debug unless it failed, or the gateway's own share (the queue) was slow: the
+        # engine's generation time is the engine's.
+        level = request_level(exchange.status, added_s)
+        # Asked first: a line below the configured level is not built at all.
+        if log.is_enabled_for(level):
             log.log(
-                request_level(exchange.status, added_s),
+                level,
                 "gateway_request",
                 key=exchange.key.prefix if exchange.key is not None else None,
                 model=exchange.model,
