@@ -31,6 +31,7 @@ is measured when the answer starts.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 import aiohttp
@@ -166,6 +167,7 @@ class GatewayApp:
                 self._completions.upstream = self._uploads.upstream = Upstream(
                     self._router, self._engines, self._metrics.retried, self._traffic
                 )
+                self._completions.loop = self._uploads.loop = asyncio.get_running_loop()
                 await self._router.start(self._session)
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":

@@ -208,6 +208,9 @@ class Completions:
         self._log_requests = log_requests
         self._traffic = traffic or TrafficWindow()
         self.upstream: Upstream | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The loop requests are served on, set with ``upstream``: asking it for the
+        current task costs no system call (asyncio's own look-up asks for the process id)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange = _Exchange(clock())
@@ -292,7 +295,7 @@ class Completions:
         receive: Receive,
         send: Send,
     ) -> None:
-        task = asyncio.current_task()
+        task = asyncio.current_task(self.loop)
         assert task is not None
         watch = _Watch(task)
         watcher = watch.start(scope, receive)
