@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -22,6 +23,8 @@ import pytest
 from app.listeners.exchange import (
     HIGH_WATER_BYTES,
     ON_DISCONNECT,
+    ClientGone,
+    Exchange,
     Message,
     Receive,
     Scope,
@@ -428,6 +431,42 @@ async def test_a_client_that_leaves_after_its_answer_is_not_a_disconnect_callbac
         await client.close()
         await wait_until(lambda: not server.connections)
         assert app.gone == []
+
+
+async def test_a_served_request_leaves_no_reference_cycle_for_the_garbage_collector() -> None:
+    # A cycle per request (the scope's extension holding the exchange that holds the scope)
+    # costs the collector's pauses at every load; refcounting alone must free a request.
+    returned: list[str] = []
+
+    async def counted(scope: Scope, receive: Receive, send: Send) -> None:
+        # Keeps nothing of the request: whatever is left of it after is the server's doing.
+        try:
+            scope["extensions"][ON_DISCONNECT](lambda: None)
+            await read_all(receive)
+            headers = [(b"content-length", b"2")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": b"ok"})
+        finally:
+            returned.append(scope["path"])
+
+    async with serving(counted, lifespan=False) as (_, port):
+        client = await Client.to(port)
+        gc.collect()
+        gc.disable()
+        try:
+            for path in ("/notify", "/plain"):
+                await client.send(get(path))
+                await client.answer()
+            await wait_until(lambda: returned == ["/notify", "/plain"])
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            left = [o for o in gc.garbage if isinstance(o, Exchange | ClientGone)]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+        assert left == []
+        await client.close()
 
 
 async def test_a_request_in_flight_when_the_client_leaves_is_not_answered() -> None:
