@@ -31,6 +31,7 @@ is measured when the answer starts.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 import aiohttp
@@ -38,10 +39,10 @@ import msgspec
 
 from app.gateway.asgi import (
     JSON,
+    KeyCheck,
     Receive,
     Scope,
     Send,
-    authenticate,
     clock,
     gateway_headers,
     refuse,
@@ -101,7 +102,7 @@ class GatewayApp:
         self._limits_reason = limits_reason
         self._metrics = metrics
         self._traffic = traffic or TrafficWindow()
-        self._failures = failures or FailureBudget()
+        self._keys = KeyCheck(failures)
         self._stale_reason = stale_reason
         self._connect_timeout_s = connect_timeout_s
         self._session: aiohttp.ClientSession | None = None
@@ -111,7 +112,7 @@ class GatewayApp:
             snapshot=lambda: self.snapshot,
             metrics=metrics,
             limiter=limiter,
-            failures=self._failures,
+            keys=self._keys,
             log_requests=log_requests,
             traffic=self._traffic,
         )
@@ -119,7 +120,7 @@ class GatewayApp:
             snapshot=lambda: self.snapshot,
             metrics=metrics,
             limiter=limiter,
-            failures=self._failures,
+            keys=self._keys,
             log_requests=log_requests,
             traffic=self._traffic,
             max_upload_bytes=max_upload_bytes,
@@ -166,6 +167,7 @@ class GatewayApp:
                 self._completions.upstream = self._uploads.upstream = Upstream(
                     self._router, self._engines, self._metrics.retried, self._traffic
                 )
+                self._completions.loop = self._uploads.loop = asyncio.get_running_loop()
                 await self._router.start(self._session)
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
@@ -182,7 +184,7 @@ class GatewayApp:
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = clock()
         try:
-            key = authenticate(self.snapshot, scope, self._failures)
+            key = self._keys.authenticate(self.snapshot, scope)
         except ApiError as error:
             await refuse(send, error, gateway_headers(started))
             return

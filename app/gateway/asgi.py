@@ -36,28 +36,63 @@ def request_id() -> bytes:
     return b"%s%012x" % (_REQUEST_PREFIX, next(_request_numbers))
 
 
-def authenticate(snapshot: GatewaySnapshot, scope: Scope, failures: FailureBudget) -> KeyRecord:
-    """The live key the request presents as ``Authorization: Bearer``; else 401, or 429
-    once the client's address has spent its ``failures``. A valid key is served whatever
-    its address has failed: its secret cannot be guessed, and behind a load balancer that
-    address is every client's."""
-    presented = None
-    for name, value in scope["headers"]:
-        if name == b"authorization":
-            if value[:7].lower() == _BEARER:
-                presented = value[7:].strip().decode("latin-1")
-            break
-    if not presented:
-        raise invalid_api_key("Missing API key: send it as `Authorization: Bearer <key>`.")
-    prefix = prefix_of(presented)
-    key = snapshot.keys.get(prefix) if prefix is not None else None
-    if key is None or not key_matches(presented, key.secret_hash):
-        client = scope.get("client")
-        wait_s = failures.spend(client[0] if client else None)
-        if wait_s:
-            raise too_many_failed_authentications(wait_s)
-        raise invalid_api_key("Incorrect API key provided.")
-    return key
+MAX_VERIFIED_KEYS = 10_000
+"""Verified ``Authorization`` values kept per snapshot; past it, the memory starts over."""
+
+
+class KeyCheck:
+    """Checks the key each request presents (``authenticate``), and remembers the
+    ``Authorization`` values that verified against the current snapshot, so that a key's
+    SHA-256 is computed once per snapshot, not once per request: a revoked key or a
+    changed scope arrives in a new snapshot, which starts the memory over. Only values that
+    verified are kept (a client without a key cannot grow it), and looking one up costs
+    nothing that depends on a secret: the dictionary compares bytes only when their
+    (per-process keyed) hashes match."""
+
+    def __init__(self, failures: FailureBudget | None = None) -> None:
+        self.failures = failures if failures is not None else FailureBudget()
+        self._snapshot: GatewaySnapshot | None = None
+        self._verified: dict[bytes, KeyRecord] = {}
+
+    def authenticate(self, snapshot: GatewaySnapshot, scope: Scope) -> KeyRecord:
+        """The live key the request presents as ``Authorization: Bearer``; else 401, or
+        429 once the client's address has spent its failures. A valid key is served
+        whatever its address has failed: its secret cannot be guessed, and behind a load
+        balancer that address is every client's."""
+        header: bytes | None = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                header = value
+                break
+        if snapshot is not self._snapshot:
+            self._snapshot = snapshot
+            self._verified = {}
+        elif header is not None:
+            known = self._verified.get(header)
+            if known is not None:
+                return known
+        key = self._verify(snapshot, header, scope)
+        if header is not None:
+            if len(self._verified) >= MAX_VERIFIED_KEYS:
+                self._verified = {}
+            self._verified[header] = key
+        return key
+
+    def _verify(self, snapshot: GatewaySnapshot, header: bytes | None, scope: Scope) -> KeyRecord:
+        presented = None
+        if header is not None and header[:7].lower() == _BEARER:
+            presented = header[7:].strip().decode("latin-1")
+        if not presented:
+            raise invalid_api_key("Missing API key: send it as `Authorization: Bearer <key>`.")
+        prefix = prefix_of(presented)
+        key = snapshot.keys.get(prefix) if prefix is not None else None
+        if key is None or not key_matches(presented, key.secret_hash):
+            client = scope.get("client")
+            wait_s = self.failures.spend(client[0] if client else None)
+            if wait_s:
+                raise too_many_failed_authentications(wait_s)
+            raise invalid_api_key("Incorrect API key provided.")
+        return key
 
 
 def gateway_headers(started: float) -> list[Header]:

@@ -6,10 +6,11 @@ A request costs one header scan and one SHA-256 for the key, one msgspec decode 
 only ``model`` and ``stream`` (the body itself goes to the engine byte for byte), the rate
 limiter, the router's choice, one write to the engine, and one log line.
 
-A client that disconnects cancels its request: a watcher task, started once the body is
-read, sees ``http.disconnect`` and cancels the request's task wherever it is (queued for a
-replica, waiting for the engine's first byte, or mid-stream); closing the upstream
-connection is what tells the engine to abort.
+A client that disconnects cancels its request: once the body is read, the request's task
+is cancelled wherever it is (queued for a replica, waiting for the engine's first byte, or
+mid-stream) when the client goes; closing the upstream connection is what tells the engine
+to abort. The listeners' server says so by a callback (``ON_DISCONNECT``), which costs no
+task; under another ASGI server a watcher task waits for ``http.disconnect`` instead.
 
 How each answer ended is counted against its replica in the gateway's ``TrafficWindow``
 (``_count``): answered, failed (a 5xx or 429, or an answer that broke off) or cancelled by
@@ -31,7 +32,7 @@ import structlog
 
 from app.domain.traffic import Outcome, outcome_of_status
 from app.gateway.affinity import SESSION_HEADER, RouteKey, route_key
-from app.gateway.asgi import Header, Receive, Scope, Send, authenticate, clock, refuse, request_id
+from app.gateway.asgi import Header, KeyCheck, Receive, Scope, Send, clock, refuse, request_id
 from app.gateway.endpoints import JSON_ENDPOINTS
 from app.gateway.errors import (
     ApiError,
@@ -54,7 +55,7 @@ from app.gateway.router import ColdStartTimedOut, Lease, NoServingReplica, Satur
 from app.gateway.table import GatewaySnapshot, KeyRecord
 from app.gateway.traffic import TrafficWindow
 from app.gateway.usage import StreamTokens, usage_of_body
-from app.listeners.throttle import FailureBudget
+from app.listeners.exchange import ON_DISCONNECT
 from app.logs import request_level
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -101,13 +102,28 @@ class _Watch:
         self.done = False
         self.fired = False
 
-    async def run(self, receive: Receive) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
+    def start(self, scope: Scope, receive: Receive) -> asyncio.Task[None] | None:
+        """Watch from now on: by the server's callback where it has one (no task), else by
+        a task that waits for ``http.disconnect``, returned to be cancelled once done."""
+        extensions = scope.get("extensions")
+        on_disconnect = extensions.get(ON_DISCONNECT) if extensions else None
+        if on_disconnect is not None:
+            on_disconnect(self.fire)
+            return None
+        # The task's own loop: asyncio's get_running_loop() costs a system call (getpid).
+        return self.task.get_loop().create_task(self.run(receive))
+
+    def fire(self) -> None:
+        """The client is gone: cancel the request, unless its answer is done."""
         # After the answer's last byte, ``receive`` says http.disconnect too: not a cancel.
         if not self.done:
             self.fired = True
             self.task.cancel()
+
+    async def run(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.fire()
 
 
 class _Exchange:
@@ -181,17 +197,20 @@ class Completions:
         snapshot: Callable[[], GatewaySnapshot],
         metrics: GatewayMetrics,
         limiter: Limiter,
-        failures: FailureBudget,
+        keys: KeyCheck,
         log_requests: bool = True,
         traffic: TrafficWindow | None = None,
     ) -> None:
         self._snapshot = snapshot
         self._metrics = metrics
         self._limiter = limiter
-        self._failures = failures
+        self._keys = keys
         self._log_requests = log_requests
         self._traffic = traffic or TrafficWindow()
         self.upstream: Upstream | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The loop requests are served on, set with ``upstream``: asking it for the
+        current task costs no system call (asyncio's own look-up asks for the process id)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange = _Exchange(clock())
@@ -207,7 +226,7 @@ class Completions:
     async def _serve(self, exchange: _Exchange, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             snapshot = self._snapshot()
-            key = exchange.key = authenticate(snapshot, scope, self._failures)
+            key = exchange.key = self._keys.authenticate(snapshot, scope)
             exchange.body = await _read_body(receive)
             fields = _parse(exchange.body)
             model = fields.model
@@ -223,7 +242,7 @@ class Completions:
             if show_route:
                 exchange.route_header = b""
             await self._admit(exchange, key)
-            await self._forward(exchange, key, endpoint.engine_path, receive, send)
+            await self._forward(exchange, key, endpoint.engine_path, scope, receive, send)
         except ApiError as error:
             exchange.status = error.status
             await refuse(send, error, exchange.answer_headers())
@@ -268,19 +287,24 @@ class Completions:
         exchange.reserved_tokens = decision.reserved_tokens
 
     async def _forward(
-        self, exchange: _Exchange, key: KeyRecord, path: str, receive: Receive, send: Send
+        self,
+        exchange: _Exchange,
+        key: KeyRecord,
+        path: str,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
     ) -> None:
-        task = asyncio.current_task()
+        task = asyncio.current_task(self.loop)
         assert task is not None
         watch = _Watch(task)
-        # The task's own loop: asyncio's get_running_loop() costs a system call (getpid).
-        watcher = task.get_loop().create_task(watch.run(receive))
+        watcher = watch.start(scope, receive)
         await self._relay_answer(
             exchange,
             key,
             send,
             watch,
-            [watcher],
+            [] if watcher is None else [watcher],
             lambda: self._open(exchange, key, path),
             lambda opened: exchange.stream and opened.answer.status == 200,
         )
@@ -431,11 +455,15 @@ class Completions:
             first_byte_s=None if first_byte_at is None else first_byte_at - timing.started,
             queue_s=timing.queue_s if exchange.replica else None,
         )
-        if self._log_requests:
-            # Debug unless it failed, or the gateway's own share (the queue) was slow: the
-            # engine's generation time is the engine's.
+        if not self._log_requests:
+            return
+        # Debug unless it failed, or the gateway's own share (the queue) was slow: the
+        # engine's generation time is the engine's.
+        level = request_level(exchange.status, added_s)
+        # Asked first: a line below the configured level is not built at all.
+        if log.is_enabled_for(level):
             log.log(
-                request_level(exchange.status, added_s),
+                level,
                 "gateway_request",
                 key=exchange.key.prefix if exchange.key is not None else None,
                 model=exchange.model,

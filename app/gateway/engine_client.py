@@ -90,6 +90,11 @@ class EngineAnswer:
                 return
             yield chunk
 
+    @property
+    def ended(self) -> bool:
+        """Whether the body is all read and handed over: the next piece is none."""
+        return self._done and not self._chunks
+
     async def _next(self) -> bytes | None:
         while True:
             if self._chunks:

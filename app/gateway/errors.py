@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from app.gateway.ratelimit import RateDecision
+from app.gateway.ratelimit import Quota, RateDecision
 
 Header = tuple[bytes, bytes]
 
@@ -173,15 +173,34 @@ def quota_reason(decision: RateDecision) -> str:
 
 def rate_limit_headers(decision: RateDecision) -> tuple[Header, ...]:
     """``x-ratelimit-*`` as OpenAI writes them, for the limits the key has."""
-    headers: list[Header] = []
-    for kind, quota in (("requests", decision.requests), ("tokens", decision.tokens)):
-        if quota is not None:
-            headers += [
-                (b"x-ratelimit-limit-" + kind.encode(), b"%d" % quota.limit),
-                (b"x-ratelimit-remaining-" + kind.encode(), b"%d" % quota.remaining),
-                (b"x-ratelimit-reset-" + kind.encode(), duration_header(quota.reset_s)),
-            ]
-    return tuple(headers)
+    # Every answer of a limited key carries these: the names are built once, not per answer.
+    requests, tokens = decision.requests, decision.tokens
+    if requests is None:
+        return () if tokens is None else _quota_headers(_TOKENS, tokens)
+    if tokens is None:
+        return _quota_headers(_REQUESTS, requests)
+    return _quota_headers(_REQUESTS, requests) + _quota_headers(_TOKENS, tokens)
+
+
+def _names(kind: bytes) -> tuple[bytes, bytes, bytes]:
+    return (
+        b"x-ratelimit-limit-" + kind,
+        b"x-ratelimit-remaining-" + kind,
+        b"x-ratelimit-reset-" + kind,
+    )
+
+
+_REQUESTS = _names(b"requests")
+_TOKENS = _names(b"tokens")
+
+
+def _quota_headers(names: tuple[bytes, bytes, bytes], quota: Quota) -> tuple[Header, ...]:
+    limit, remaining, reset = names
+    return (
+        (limit, b"%d" % quota.limit),
+        (remaining, b"%d" % quota.remaining),
+        (reset, duration_header(quota.reset_s)),
+    )
 
 
 def duration_header(seconds: float) -> bytes:

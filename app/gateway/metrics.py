@@ -1,9 +1,10 @@
 """The gateway's own Prometheus metrics, in a registry each gateway owns.
 
-Request figures are counted as requests end (one counter, four histograms, children cached
-by label so a request costs a few dictionary lookups). Per-replica figures (signals,
-in-flight, staleness), the queues per model and the requests held for a cold start are read
-from the router when ``/metrics`` is scraped, not kept up to date on the request path.
+Request figures are counted as requests end (one counter, four histograms), in plain
+numbers published at each scrape (``app.gateway.request_metrics``): no lock per update.
+Per-replica figures (signals, in-flight, staleness), the queues per model and the requests
+held for a cold start are read from the router when ``/metrics`` is scraped, not kept up
+to date on the request path.
 
 The ``model`` label only ever holds declared models (or ``""``): a client's typo must not
 become a new time series.
@@ -11,15 +12,15 @@ become a new time series.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from app.gateway.admission import ReplicaView
 from app.gateway.ejection import Ejector
+from app.gateway.request_metrics import RequestCollector, RequestCounts, RequestSeries, Series
 
 DURATION_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -145,57 +146,43 @@ def _gauge(name: str, documentation: str, labels: list[str]) -> GaugeMetricFamil
     return GaugeMetricFamily(f"llmgw_gateway_{name}", documentation, labels=labels)
 
 
-def _per_model(
-    registry: CollectorRegistry, name: str, documentation: str, buckets: Sequence[float]
-) -> Histogram:
-    return Histogram(name, documentation, ["model"], buckets=buckets, registry=registry)
-
-
 def _by_reason(registry: CollectorRegistry, name: str, documentation: str) -> Counter:
     return Counter(name, documentation, ["reason"], registry=registry)
-
-
-class _ModelHistograms(NamedTuple):
-    duration: Histogram
-    added: Histogram
-    first_byte: Histogram
-    queue: Histogram
 
 
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        self._requests = Counter(
-            "llmgw_gateway_requests",
-            "Completion requests answered, by model and HTTP status.",
-            ["model", "status"],
-            registry=self.registry,
-        )
         registry = self.registry
-        self._duration = _per_model(
-            registry,
-            "llmgw_gateway_request_duration_seconds",
-            "From the request's arrival to the end of its answer.",
-            DURATION_BUCKETS,
+        self._requests = RequestCounts(
+            RequestSeries(
+                (
+                    "llmgw_gateway_requests",
+                    "Completion requests answered, by model and HTTP status.",
+                ),
+                duration=Series(
+                    "llmgw_gateway_request_duration_seconds",
+                    "From the request's arrival to the end of its answer.",
+                    DURATION_BUCKETS,
+                ),
+                first_byte=Series(
+                    "llmgw_gateway_time_to_first_byte_seconds",
+                    "From the request's arrival to the first byte of the engine's answer.",
+                    FIRST_BYTE_BUCKETS,
+                ),
+                queue=Series(
+                    "llmgw_gateway_queue_seconds",
+                    "Time waiting for an eligible replica (admission).",
+                    QUEUE_BUCKETS,
+                ),
+                added=Series(
+                    "llmgw_gateway_added_seconds",
+                    "Time the gateway itself added to a request (all but the engine's time).",
+                    ADDED_BUCKETS,
+                ),
+            )
         )
-        self._first_byte = _per_model(
-            registry,
-            "llmgw_gateway_time_to_first_byte_seconds",
-            "From the request's arrival to the first byte of the engine's answer.",
-            FIRST_BYTE_BUCKETS,
-        )
-        self._queue = _per_model(
-            registry,
-            "llmgw_gateway_queue_seconds",
-            "Time waiting for an eligible replica (admission).",
-            QUEUE_BUCKETS,
-        )
-        self._added = _per_model(
-            registry,
-            "llmgw_gateway_added_seconds",
-            "Time the gateway itself added to a request (all but the engine's time).",
-            ADDED_BUCKETS,
-        )
+        registry.register(RequestCollector(self._requests))
         self._rejections = _by_reason(
             registry,
             "llmgw_gateway_admission_rejections",
@@ -223,8 +210,6 @@ class GatewayMetrics:
             "the database does not answer; 0 while they are shared.",
             registry=self.registry,
         )
-        self._counters: dict[tuple[str, int], Counter] = {}
-        self._histograms: dict[str, _ModelHistograms] = {}
 
     def watch_replicas(
         self, read: ReplicaReader, queued: QueueReader, holds: HoldReader = dict
@@ -252,19 +237,9 @@ class GatewayMetrics:
         first_byte_s: float | None,
         queue_s: float | None,
     ) -> None:
-        key = (model, status)
-        counter = self._counters.get(key)
-        if counter is None:
-            counter = self._counters[key] = self._requests.labels(model, str(status))
-        counter.inc()
-        histograms = self._histograms.get(model)
-        if histograms is None:
-            histograms = self._histograms[model] = _ModelHistograms(
-                self._duration.labels(model),
-                self._added.labels(model),
-                self._first_byte.labels(model),
-                self._queue.labels(model),
-            )
+        requests = self._requests
+        requests.count(model, status)
+        histograms = requests.of_model(model)
         histograms.duration.observe(duration_s)
         histograms.added.observe(added_s)
         if first_byte_s is not None:

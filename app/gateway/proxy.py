@@ -291,18 +291,26 @@ async def relay_stream(
     headers.append((b"cache-control", b"no-cache"))
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     first = True
+    more = True
     try:
         async for chunk in answer.chunks():
+            # A chunk with the engine's answer all read ends the client's answer too: its
+            # last chunk leaves with it, in one write.
+            more = not answer.ended
             if first:
                 first = False
-                opened.lease.first_byte()
                 on_first_chunk()
+                # Relayed before the bookkeeping, which the client need not wait for.
+                await send({"type": "http.response.body", "body": chunk, "more_body": more})
+                opened.lease.first_byte()
+            else:
+                await send({"type": "http.response.body", "body": chunk, "more_body": more})
             if tokens is not None:
                 tokens.feed(chunk)
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
     except AnswerBroken as exc:
         message = f"The engine stopped answering mid-stream: {exc}"
         await send({"type": "http.response.body", "body": stream_error_events(message)})
         return False
-    await send({"type": "http.response.body", "body": b""})
+    if more:
+        await send({"type": "http.response.body", "body": b""})
     return True

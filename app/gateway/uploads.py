@@ -11,7 +11,7 @@ read holds the client back through the HTTP server's own flow control). An uploa
 limit is passed, and its engine connection is closed.
 
 A client that leaves mid-upload, or while the engine transcribes, cancels the request:
-the upload's reader sees the disconnect while it reads, the watcher afterwards. The answer
+the upload's reader sees the disconnect while it reads, the disconnect watch afterwards. The answer
 is relayed as it comes: a stream (``text/event-stream``) chunk by chunk, any other answer
 whole.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Callable
 
-from app.gateway.asgi import Receive, Scope, Send, authenticate, refuse
+from app.gateway.asgi import KeyCheck, Receive, Scope, Send, refuse
 from app.gateway.completions import Completions, _ClientGone, _Exchange, _Watch, log
 from app.gateway.endpoints import UPLOAD_ENDPOINTS
 from app.gateway.errors import (
@@ -39,7 +39,6 @@ from app.gateway.ratelimit import Limiter
 from app.gateway.router import ColdStartTimedOut, NoServingReplica, Saturated
 from app.gateway.table import GatewaySnapshot
 from app.gateway.traffic import TrafficWindow
-from app.listeners.throttle import FailureBudget
 from wire.multipart import (
     BodyEnded,
     MalformedMultipart,
@@ -197,7 +196,7 @@ class Uploads(Completions):
         snapshot: Callable[[], GatewaySnapshot],
         metrics: GatewayMetrics,
         limiter: Limiter,
-        failures: FailureBudget,
+        keys: KeyCheck,
         log_requests: bool = True,
         traffic: TrafficWindow | None = None,
         max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
@@ -206,7 +205,7 @@ class Uploads(Completions):
             snapshot=snapshot,
             metrics=metrics,
             limiter=limiter,
-            failures=failures,
+            keys=keys,
             log_requests=log_requests,
             traffic=traffic,
         )
@@ -215,7 +214,7 @@ class Uploads(Completions):
     async def _serve(self, exchange: _Exchange, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             snapshot = self._snapshot()
-            key = exchange.key = authenticate(snapshot, scope, self._failures)
+            key = exchange.key = self._keys.authenticate(snapshot, scope)
             content_type, content_length = _framing(scope)
             if content_length is not None and content_length > self.max_upload_bytes:
                 raise body_too_large(self.max_upload_bytes)
@@ -227,7 +226,14 @@ class Uploads(Completions):
             exchange.model = head.model
             await self._admit(exchange, key)
             await self._relay(
-                exchange, endpoint.engine_path, head, content_type, content_length, receive, send
+                exchange,
+                endpoint.engine_path,
+                head,
+                content_type,
+                content_length,
+                scope,
+                receive,
+                send,
             )
         except ApiError as error:
             exchange.status = error.status
@@ -250,6 +256,7 @@ class Uploads(Completions):
         head: FormHead,
         content_type: str,
         content_length: int | None,
+        scope: Scope,
         receive: Receive,
         send: Send,
     ) -> None:
@@ -262,7 +269,9 @@ class Uploads(Completions):
 
         def uploaded() -> None:
             # The body is all read: from now on only a disconnect can come.
-            watchers.append(asyncio.get_running_loop().create_task(watch.run(receive)))
+            watcher = watch.start(scope, receive)
+            if watcher is not None:
+                watchers.append(watcher)
 
         upload = _Upload(
             head,

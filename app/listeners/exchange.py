@@ -10,8 +10,15 @@ after the other) leaves in one ``write``, one system call. An answer without a l
 goes out as soon as the app waits for anything else.
 
 ``receive`` says ``http.disconnect`` once the client is gone, and, as uvicorn's does,
-once the answer is complete: an app that watches for the client leaving (the gateway
-does, to cancel its engine request) wakes up and stops watching either way.
+once the answer is complete: an app that watches for the client leaving wakes up and stops
+watching either way.
+
+An app that only needs to know when the client leaves (the gateway does, to cancel its
+engine request) need not keep a task waiting on ``receive`` for it: the scope's extension
+``ON_DISCONNECT`` (``scope["extensions"][ON_DISCONNECT](callback)``) has the connection
+call ``callback`` once, if the client goes before the answer is complete; at once if it
+already has. The connection knows when it is lost, so the signal costs no task, no
+future and no wake-up per request.
 """
 
 from __future__ import annotations
@@ -40,6 +47,9 @@ HIGH_WATER_BYTES = 64 * 1024
 """A request body buffered beyond this, unread by the app, stops reading the socket."""
 _SERVER_ERROR = b"Internal Server Error"
 _DISCONNECT: Message = {"type": "http.disconnect"}
+ON_DISCONNECT = "llmgw.on_disconnect"
+"""The scope's extension (``scope["extensions"]``) that calls back when the client leaves
+mid-request: ``ClientGone.on_disconnect``."""
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +78,42 @@ class Wire(Protocol):
         ...
 
 
+class ClientGone:
+    """One request's ``ON_DISCONNECT`` extension: the callback the app left, called if the
+    client leaves before the answer is complete.
+
+    Its own object, not a method of the ``Exchange``: the scope holds it, and a scope that
+    held the exchange, which holds the scope, would be a reference cycle per request, left
+    for the garbage collector to find (its pauses showed in the tail latency)."""
+
+    __slots__ = ("_callback", "_over", "gone")
+
+    def __init__(self) -> None:
+        self._callback: Callable[[], None] | None = None
+        self._over = False
+        self.gone = False
+
+    def on_disconnect(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once if the client leaves before the answer is complete; now,
+        if it has left already. One callback per request: a second replaces the first."""
+        if self.gone:
+            callback()
+        elif not self._over:
+            self._callback = callback
+
+    def left(self) -> None:
+        """The client is gone, its answer unfinished."""
+        self.gone = True
+        callback, self._callback = self._callback, None
+        if callback is not None:
+            callback()
+
+    def over(self) -> None:
+        """The answer is complete, or the app is done: the callback is dropped, unused."""
+        self._over = True
+        self._callback = None
+
+
 class Exchange:
     """A request's ASGI cycle. ``keep_alive`` starts as the request's own wish."""
 
@@ -75,6 +121,7 @@ class Exchange:
         "_chunked",
         "_content_left",
         "_delivered_end",
+        "_gone",
         "_head",
         "_waiter",
         "bodiless",
@@ -104,6 +151,8 @@ class Exchange:
         self.complete = False
         self._delivered_end = False
         self._waiter: asyncio.Future[None] | None = None
+        self._gone = ClientGone()
+        scope["extensions"] = {ON_DISCONNECT: self._gone.on_disconnect}
         self._head: bytes | None = None
         self._chunked = False
         self._content_left = 0
@@ -128,6 +177,7 @@ class Exchange:
         """The client is gone: what the app still sends is dropped."""
         if not self.complete:
             self.disconnected = True
+            self._gone.left()
         self._wake()
 
     def _wake(self) -> None:
@@ -142,6 +192,7 @@ class Exchange:
         try:
             await app(self.scope, self.receive, self.send)
         except BaseException as exc:
+            self._gone.over()
             if not isinstance(exc, asyncio.CancelledError):
                 logger.error("Exception in ASGI application", exc_info=exc)
             if self.disconnected or self.complete:
@@ -153,6 +204,7 @@ class Exchange:
             if not isinstance(exc, Exception):
                 raise
         else:
+            self._gone.over()
             if not self.started and not self.disconnected:
                 logger.error("The ASGI application returned without starting its answer.")
                 self._server_error()
@@ -251,5 +303,6 @@ class Exchange:
             self.wire.transport.write(data)
         if not more_body:
             self.complete = True
+            self._gone.over()
             self._wake()
             self.wire.answered(self)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -19,7 +20,16 @@ from typing import Any
 
 import pytest
 
-from app.listeners.exchange import HIGH_WATER_BYTES, Message, Receive, Scope, Send
+from app.listeners.exchange import (
+    HIGH_WATER_BYTES,
+    ON_DISCONNECT,
+    ClientGone,
+    Exchange,
+    Message,
+    Receive,
+    Scope,
+    Send,
+)
 from app.listeners.httpserver import HttpConnection, HttpServer
 from app.listeners.lifespan import LifespanFailed
 from app.listeners.limits import ListenerLimits
@@ -33,11 +43,14 @@ LIMITS = ListenerLimits(header_timeout_s=5, body_timeout_s=5, max_connections=8)
 @dataclass
 class Echo:
     """Answers each request with its method, path, query and body; ``/hold`` waits for
-    ``release``, ``/stream`` sends three events as a chunked stream, ``/fail`` raises."""
+    ``release``, ``/stream`` sends three events as a chunked stream, ``/fail`` raises,
+    ``/notify`` asks to be told when its client leaves (``gone``) and waits for
+    ``release``."""
 
     release: asyncio.Event = field(default_factory=asyncio.Event)
     seen: list[Scope] = field(default_factory=list)
     after_body: list[Message] = field(default_factory=list)
+    gone: list[str] = field(default_factory=list)
     cancelled: int = 0
     lifespan: list[str] = field(default_factory=list)
     read_body: bool = True
@@ -63,6 +76,9 @@ class Echo:
             except asyncio.CancelledError:
                 self.cancelled += 1
                 raise
+        if path == "/notify":
+            scope["extensions"][ON_DISCONNECT](lambda: self.gone.append(path))
+            await self.release.wait()
         if path == "/watch":
             self.after_body.append(await receive())
             return
@@ -391,6 +407,66 @@ async def test_a_client_that_leaves_is_a_disconnect_to_the_app() -> None:
         await wait_until(lambda: len(app.seen) == 1)
         await client.close()
         await wait_until(lambda: app.after_body == [{"type": "http.disconnect"}])
+
+
+async def test_a_client_that_leaves_mid_request_is_told_to_the_app_by_its_callback() -> None:
+    # What the gateway cancels its engine request by, without a task watching ``receive``.
+    app = Echo()
+    async with serving(app) as (_, port):
+        client = await Client.to(port)
+        await client.send(get("/notify"))
+        await wait_until(lambda: len(app.seen) == 1)
+        assert app.gone == []
+        await client.close()
+        await wait_until(lambda: app.gone == ["/notify"])
+
+
+async def test_a_client_that_leaves_after_its_answer_is_not_a_disconnect_callback() -> None:
+    app = Echo()
+    app.release.set()
+    async with serving(app) as (server, port):
+        client = await Client.to(port)
+        await client.send(get("/notify"))
+        assert (await client.answer())[2] == b"GET /notify? "
+        await client.close()
+        await wait_until(lambda: not server.connections)
+        assert app.gone == []
+
+
+async def test_a_served_request_leaves_no_reference_cycle_for_the_garbage_collector() -> None:
+    # A cycle per request (the scope's extension holding the exchange that holds the scope)
+    # costs the collector's pauses at every load; refcounting alone must free a request.
+    returned: list[str] = []
+
+    async def counted(scope: Scope, receive: Receive, send: Send) -> None:
+        # Keeps nothing of the request: whatever is left of it after is the server's doing.
+        try:
+            scope["extensions"][ON_DISCONNECT](lambda: None)
+            await read_all(receive)
+            headers = [(b"content-length", b"2")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": b"ok"})
+        finally:
+            returned.append(scope["path"])
+
+    async with serving(counted, lifespan=False) as (_, port):
+        client = await Client.to(port)
+        gc.collect()
+        gc.disable()
+        try:
+            for path in ("/notify", "/plain"):
+                await client.send(get(path))
+                await client.answer()
+            await wait_until(lambda: returned == ["/notify", "/plain"])
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            left = [o for o in gc.garbage if isinstance(o, Exchange | ClientGone)]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+        assert left == []
+        await client.close()
 
 
 async def test_a_request_in_flight_when_the_client_leaves_is_not_answered() -> None:

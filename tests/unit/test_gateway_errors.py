@@ -13,6 +13,7 @@ from app.gateway.errors import (
     normalize_engine_error,
     quota_exceeded,
     quota_reason,
+    rate_limit_headers,
     retry_after_header,
     saturated,
     stream_error_events,
@@ -148,6 +149,32 @@ def test_a_token_quota_refusal() -> None:
     )
     assert quota_reason(decision) == "tpm"
     assert "100 tokens per minute" in quota_exceeded(decision).message
+
+
+@pytest.mark.parametrize("limits", ["rpm", "tpm", "rpm and tpm", "none"])
+def test_an_answer_carries_the_rate_limit_headers_of_the_limits_its_key_has(limits: str) -> None:
+    requests = Quota(limit=60, remaining=59, reset_s=0.5)
+    tokens = Quota(limit=1000, remaining=744, reset_s=75.0)
+    decision = RateDecision(
+        allowed=True,
+        retry_after_s=0.0,
+        requests=requests if "rpm" in limits else None,
+        tokens=tokens if "tpm" in limits else None,
+    )
+    expected = []
+    if "rpm" in limits:
+        expected += [
+            (b"x-ratelimit-limit-requests", b"60"),
+            (b"x-ratelimit-remaining-requests", b"59"),
+            (b"x-ratelimit-reset-requests", b"500ms"),
+        ]
+    if "tpm" in limits:
+        expected += [
+            (b"x-ratelimit-limit-tokens", b"1000"),
+            (b"x-ratelimit-remaining-tokens", b"744"),
+            (b"x-ratelimit-reset-tokens", b"1m15s"),
+        ]
+    assert rate_limit_headers(decision) == tuple(expected)
 
 
 T0 = 6000.0

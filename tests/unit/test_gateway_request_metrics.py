@@ -1,0 +1,86 @@
+"""The gateway's request figures, counted without prometheus_client's locks, read at a scrape
+as prometheus_client's own Counter and Histogram would show them."""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from app.gateway.metrics import ADDED_BUCKETS, GatewayMetrics
+
+
+def scraped(metrics: GatewayMetrics) -> dict[str, float]:
+    """Every sample of the page by its series, ``_created`` left out (a clock's reading)."""
+    values: dict[str, float] = {}
+    for line in metrics.render().decode().splitlines():
+        if line and not line.startswith("#") and "_created" not in line:
+            series, value = line.rsplit(" ", 1)
+            values[series] = float(value)
+    return values
+
+
+def test_a_scrape_after_n_requests_counts_n() -> None:
+    metrics = GatewayMetrics()
+    for _ in range(37):
+        metrics.answered(
+            "llama", 200, duration_s=0.02, added_s=0.0003, first_byte_s=0.01, queue_s=0.0
+        )
+    metrics.answered("llama", 429, duration_s=0.001, added_s=0.001, first_byte_s=None, queue_s=None)
+    page = scraped(metrics)
+    assert page['llmgw_gateway_requests_total{model="llama",status="200"}'] == 37
+    assert page['llmgw_gateway_requests_total{model="llama",status="429"}'] == 1
+    assert page['llmgw_gateway_request_duration_seconds_count{model="llama"}'] == 38
+    assert page['llmgw_gateway_request_duration_seconds_bucket{le="0.025",model="llama"}'] == 38
+    assert page['llmgw_gateway_request_duration_seconds_bucket{le="0.01",model="llama"}'] == 1
+    assert page['llmgw_gateway_time_to_first_byte_seconds_count{model="llama"}'] == 37
+    assert page['llmgw_gateway_queue_seconds_count{model="llama"}'] == 37
+    assert page['llmgw_gateway_added_seconds_sum{model="llama"}'] == 37 * 0.0003 + 0.001
+
+
+def test_each_series_has_its_created_time_as_prometheus_client_writes_it() -> None:
+    metrics = GatewayMetrics()
+    metrics.answered("m", 200, duration_s=1, added_s=0, first_byte_s=None, queue_s=None)
+    page = metrics.render().decode()
+    for series in (
+        'llmgw_gateway_requests_created{model="m",status="200"}',
+        'llmgw_gateway_request_duration_seconds_created{model="m"}',
+        'llmgw_gateway_queue_seconds_created{model="m"}',
+    ):
+        assert re.search(re.escape(series) + r" \d\.\d+e\+09\n", page), series
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", ""]),
+            st.sampled_from([200, 429, 499, 500]),
+            st.sampled_from([*ADDED_BUCKETS, 0.0, 2.0]) | st.floats(0, 5),
+        ),
+        max_size=40,
+    )
+)
+def test_the_page_is_what_prometheus_clients_own_counter_and_histogram_would_write(
+    requests: list[tuple[str, int, float]],
+) -> None:
+    metrics = GatewayMetrics()
+    registry = CollectorRegistry()
+    counter = Counter("llmgw_gateway_requests", "x", ["model", "status"], registry=registry)
+    added = Histogram(
+        "llmgw_gateway_added_seconds", "x", ["model"], buckets=ADDED_BUCKETS, registry=registry
+    )
+    for model, status, seconds in requests:
+        metrics.answered(
+            model, status, duration_s=seconds, added_s=seconds, first_byte_s=None, queue_s=None
+        )
+        counter.labels(model, str(status)).inc()
+        added.labels(model).observe(seconds)
+    expected = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in generate_latest(registry).decode().splitlines()
+        if line and not line.startswith("#") and "_created" not in line
+    }
+    page = scraped(metrics)
+    assert {series: page[series] for series in expected} == expected
