@@ -38,7 +38,7 @@ from app.domain.events import (
 )
 from app.domain.model_spec import AutoscalePolicy, ModelSpec
 from app.domain.state import Replica, ReplicaPhase
-from app.gateway.source import PostgresSnapshotSource
+from app.gateway.source import DEFAULT_REPORT_INTERVAL_S, PostgresSnapshotSource
 from app.services.control_plane import ControlPlaneConfig, Leader
 from app.services.leader import NEXT_EPOCH, LeaderElection
 from app.store.database import driver_url
@@ -317,17 +317,11 @@ async def test_a_replica_out_of_routing_is_stopped_once_no_gateway_reports_reque
     reconciler = leader.reconciler
     assert reconciler is not None
     open_requests: dict[str, int] = {}
-    gateway = PostgresSnapshotSource(database_url, gateway_id=f"gw-{node_id}")
-    gateway.report_in_flight(lambda: dict(open_requests))
-    await gateway.start()
+    gateway = await reporting_gateway(database_url, f"gw-{node_id}", open_requests)
     try:
         async with fake_agent(leader.hub.port, pki, node_id, gpus=1) as agent:
             await declare(operator, model, replicas=1)
-            await wait_until(
-                lambda: [r.phase for r in replicas_of(pg_store, model)] == [ReplicaPhase.SERVING],
-                what="the replica serving",
-            )
-            [replica] = replicas_of(pg_store, model)
+            replica = await the_one_serving(pg_store, model)
             open_requests[replica.id] = 2  # a long request the gateway is still relaying
 
             await record(
@@ -362,9 +356,7 @@ async def test_the_demand_a_pass_sampled_reaches_metrics_through_the_leaders_fig
 ) -> None:
     model, node_id = f"m-{uuid.uuid4().hex[:6]}", new_node_id()
     open_requests: dict[str, int] = {}
-    gateway = PostgresSnapshotSource(database_url, gateway_id=f"gw-{node_id}")
-    gateway.report_in_flight(lambda: dict(open_requests))
-    await gateway.start()
+    gateway = await reporting_gateway(database_url, f"gw-{node_id}", open_requests)
     try:
         async with (
             fake_agent(leader.hub.port, pki, node_id, gpus=1),
@@ -373,11 +365,7 @@ async def test_the_demand_a_pass_sampled_reaches_metrics_through_the_leaders_fig
         ):
             policy = AutoscalePolicy(min_replicas=1, max_replicas=1)
             await declare(operator, model, replicas=1, autoscale=policy)
-            await wait_until(
-                lambda: [r.phase for r in replicas_of(pg_store, model)] == [ReplicaPhase.SERVING],
-                what="the replica serving",
-            )
-            [replica] = replicas_of(pg_store, model)
+            replica = await the_one_serving(pg_store, model)
             open_requests[replica.id] = 3
 
             async def demand_scraped() -> float | None:
@@ -417,22 +405,16 @@ async def test_an_autoscaled_model_keeps_its_count_while_no_gateway_reports(
     reconciler = leader.reconciler
     assert reconciler is not None
     open_requests: dict[str, int] = {}
-    gateway = PostgresSnapshotSource(
-        database_url, gateway_id=f"gw-{node_id}", report_interval_s=0.05
+    gateway = await reporting_gateway(
+        database_url, f"gw-{node_id}", open_requests, report_interval_s=0.05
     )
-    gateway.report_in_flight(lambda: dict(open_requests))
-    await gateway.start()
     policy = AutoscalePolicy(
         min_replicas=1, max_replicas=2, target=1.0, up_window_s=0.0, down_window_s=0.5
     )
     try:
         async with fake_agent(leader.hub.port, pki, node_id, gpus=2):
             await declare(operator, model, replicas=1, autoscale=policy)
-            await wait_until(
-                lambda: [r.phase for r in replicas_of(pg_store, model)] == [ReplicaPhase.SERVING],
-                what="the replica serving",
-            )
-            [replica] = replicas_of(pg_store, model)
+            replica = await the_one_serving(pg_store, model)
             open_requests[replica.id] = 2
             await wait_until(
                 lambda: pg_store.state.models[model].spec.replicas == 2, what="scaled up to 2"
@@ -451,3 +433,30 @@ async def test_an_autoscaled_model_keeps_its_count_while_no_gateway_reports(
             assert "autoscale_demand_unknown" in [line["event"] for line in logs]
     finally:
         await gateway.close()
+
+
+async def reporting_gateway(
+    database_url: str,
+    gateway_id: str,
+    open_requests: dict[str, int],
+    *,
+    report_interval_s: float = DEFAULT_REPORT_INTERVAL_S,
+) -> PostgresSnapshotSource:
+    """A gateway's snapshot source, started, reporting ``open_requests`` as its requests in
+    flight (the caller closes it)."""
+    gateway = PostgresSnapshotSource(
+        database_url, gateway_id=gateway_id, report_interval_s=report_interval_s
+    )
+    gateway.report_in_flight(lambda: dict(open_requests))
+    await gateway.start()
+    return gateway
+
+
+async def the_one_serving(pg_store: PostgresEventStore, model: str) -> Replica:
+    """The model's only replica, once it serves."""
+    await wait_until(
+        lambda: [r.phase for r in replicas_of(pg_store, model)] == [ReplicaPhase.SERVING],
+        what="the replica serving",
+    )
+    [replica] = replicas_of(pg_store, model)
+    return replica
