@@ -146,7 +146,10 @@ class Reconciler:
         tracker.add_listener(self.wake)
 
     def last_demand(self) -> dict[str, float]:
-        """Each autoscaled model's demand as the last pass sampled it (for ``/metrics``)."""
+        """Each autoscaled model's demand as the last pass sampled it (for ``/metrics``);
+        none while no gateway reports, when the demand is unknown."""
+        if self._unheard:
+            return {}
         return {name: samples[-1].demand for name, samples in self._demand.items() if samples}
 
     def wake(self) -> None:

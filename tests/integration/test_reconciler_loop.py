@@ -431,6 +431,7 @@ async def test_an_autoscaled_model_keeps_its_count_while_no_gateway_reports(
                 )
             assert pg_store.state.models[model].spec.replicas == 2
             assert "autoscale_demand_unknown" in [line["event"] for line in logs]
+            assert model not in leader_figures(leader).demand  # unknown, not the last heard
     finally:
         await gateway.close()
 
