@@ -254,17 +254,19 @@ async def test_the_reconciler_reads_the_routing_every_live_gateway_counted_by(
         await write_report(db, "gw-a", {"r-1": 2}, within_s=5, routing_position=9)
         await write_report(db, "gw-b", {"r-1": 1, "r-2": 0}, within_s=5, routing_position=7)
         assert await reports.read_gateways() == GatewaysInFlight(
-            in_flight={"r-1": 3}, routing_seen=7
+            in_flight={"r-1": 3}, routing_seen=7, live=2
         )
         # A live gateway that does not say which table it routes by: nothing is known.
         await write_report(db, "gw-old", {}, within_s=5)
         assert (await reports.read_gateways()).routing_seen is None
+        assert (await reports.read_gateways()).live == 3
         # Once its report is too old it is not live, and the others' word holds again.
         await db.execute(
             "UPDATE gateway_reports SET reported_at = now() - interval '6 seconds' "
             "WHERE gateway_id = 'gw-old'"
         )
         assert (await reports.read_gateways()).routing_seen == 7
+        assert (await reports.read_gateways()).live == 2
         await db.execute("DELETE FROM gateway_reports")
 
         # A gateway reports the position of the table it has applied.
