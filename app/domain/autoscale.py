@@ -27,7 +27,11 @@ it scales up at once when demand says so but down only once it has watched a who
   (``observe`` with ``None``), and once the latest sample is older than ``HEARD_WITHIN_S``
   the count holds. Silence is not zero demand: a gateway that cannot reach the database,
   or a stalled one, still serves its clients, and reading its silence as an idle fleet
-  would scale a busy model down to its minimum.
+  would scale a busy model down to its minimum;
+- **not down** while some gateway is silent (it reported within
+  ``app.domain.reports.SILENT_HOLD_S`` but not recently, and did not stop cleanly): the
+  samples then leave its requests out (``partial``), so they can prove more demand but
+  never less, and a drop or an idle span waits until it holds no partial sample.
 
 Each change is a ``ModelScaled`` with the figures that decided it; the replicas it removes
 go as a scale-down always goes: out of routing, then stopped once the gateways report them
@@ -59,6 +63,9 @@ or a tenth of the window when that is less, so that a window of seconds is watch
 class DemandSample(msgspec.Struct, frozen=True, array_like=True):
     at: datetime
     demand: float
+    partial: bool = False
+    """Some gateway was silent: ``demand`` is a floor, the silent gateway's requests left
+    out."""
 
 
 class ScaleDecision(msgspec.Struct, frozen=True, kw_only=True):
@@ -77,10 +84,13 @@ def observe(
     demand: Mapping[str, float] | None,
     models: Mapping[str, Model],
     now: datetime,
+    *,
+    partial: bool = False,
 ) -> dict[str, tuple[DemandSample, ...]]:
     """The samples after this pass: each autoscaled model's demand now (0 when the
     gateways report none for it), older samples kept for its longest window. ``None``:
-    no gateway reported, so the demand is unknown and no sample is taken."""
+    no gateway reported, so the demand is unknown and no sample is taken. ``partial``:
+    some gateway is silent, so the demand is at least this."""
     kept: dict[str, tuple[DemandSample, ...]] = {}
     for name, model in models.items():
         policy = model.spec.autoscale
@@ -91,7 +101,10 @@ def observe(
         if demand is None:
             kept[name] = earlier
         else:
-            kept[name] = (*earlier, DemandSample(now, float(demand.get(name, 0.0))))
+            kept[name] = (
+                *earlier,
+                DemandSample(now, float(demand.get(name, 0.0)), partial=partial),
+            )
     return kept
 
 
@@ -210,7 +223,7 @@ def _drop(
     found = None
     for count in range(current - 1, max(current - policy.max_step, 0) - 1, -1):
         wait_s = policy.down_window_s * max(policy.down_window_min_share, count / current)
-        if not _watched(samples, now, wait_s):
+        if not _watched(samples, now, wait_s) or _partial_within(samples, now, wait_s):
             continue
         peak = highest.since(now - timedelta(seconds=wait_s))
         if math.ceil(peak / per_replica) <= count:
@@ -248,7 +261,18 @@ def _watched(samples: Sequence[DemandSample], now: datetime, window_s: float) ->
     return samples[0].at <= start
 
 
+def _partial_within(samples: Sequence[DemandSample], now: datetime, window_s: float) -> bool:
+    """Whether a sample of the last ``window_s`` left a silent gateway's requests out."""
+    since = now - timedelta(seconds=window_s)
+    for sample in reversed(samples):
+        if sample.at < since:
+            return False
+        if sample.partial:
+            return True
+    return False
+
+
 def _idle(samples: Sequence[DemandSample], now: datetime, window_s: float) -> bool:
     return _watched(samples, now, window_s) and all(
-        s.demand == 0 for s in _within(samples, now, window_s)
+        s.demand == 0 and not s.partial for s in _within(samples, now, window_s)
     )

@@ -434,20 +434,28 @@ def note_left_routing(left: Mapping[str, int], state: ClusterState) -> dict[str,
 def _still_quiescing(replica: Replica, fleet: FleetView, now: datetime, s: Settings) -> bool:
     """A stopping replica keeps running for ``quiesce_s`` (unless every live gateway has
     already applied a routing table without it), then while a gateway reports a request in
-    flight on it, up to ``drain_idle_timeout_s``."""
+    flight on it or a gateway is silent (what it has open is unknown), up to
+    ``drain_idle_timeout_s``."""
     if replica.stopping_since is None:
         return False
     waited = (now - replica.stopping_since).total_seconds()
     if waited < s.quiesce_s and not _out_of_every_gateways_routing(replica, fleet):
         return True
-    return fleet.in_flight.get(replica.id, 0) > 0 and waited < s.drain_idle_timeout_s
+    busy = fleet.in_flight.get(replica.id, 0) > 0 or fleet.silent_gateways > 0
+    return busy and waited < s.drain_idle_timeout_s
 
 
 def _out_of_every_gateways_routing(replica: Replica, fleet: FleetView) -> bool:
-    """Whether every live gateway said, in the report its in-flight counts come from, that
-    it routed by a table from after the replica left routing: none sends it anything new."""
+    """Whether every gateway said, in the report its in-flight counts come from, that it
+    routed by a table from after the replica left routing: none sends it anything new. Not
+    while a gateway is silent: which table it routes by is unknown."""
     left = fleet.left_routing.get(replica.id)
-    return left is not None and fleet.routing_seen is not None and fleet.routing_seen >= left
+    return (
+        left is not None
+        and fleet.routing_seen is not None
+        and fleet.routing_seen >= left
+        and fleet.silent_gateways == 0
+    )
 
 
 def _commands(draft: Draft, fleet: FleetView, settings: Settings) -> None:

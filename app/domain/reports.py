@@ -206,7 +206,16 @@ class GatewaysInFlight(msgspec.Struct, frozen=True, kw_only=True):
     live: int = 0
     """How many gateways reported recently. With none, no count is known: an empty
     ``in_flight`` then says nothing of the traffic, not that there is none."""
+    silent: int = 0
+    """How many gateways reported before but not recently (within ``SILENT_HOLD_S``): their
+    requests are in no count here, so the sums are a floor of the traffic, not all of it.
+    A gateway that stops cleanly removes its report and is not among them."""
 
+
+SILENT_HOLD_S = 30.0
+"""How long a gateway that stopped reporting without removing its report (it crashed, it
+stalls, it cannot reach the database) counts as silent rather than gone: long enough for
+its clients to reach another gateway, whose reports then carry their requests."""
 
 NO_GATEWAYS = GatewaysInFlight(in_flight={}, routing_seen=None)
 
@@ -219,6 +228,9 @@ class FleetView(msgspec.Struct, frozen=True, kw_only=True):
     routing_seen: int | None = None
     """The lowest log position of the routing tables those gateways counted by: a change
     at or before it is in every live gateway's routing (None: unknown)."""
+    silent_gateways: int = 0
+    """Gateways silent but not yet gone (``GatewaysInFlight.silent``): what they have open,
+    and which table they route by, is unknown."""
     left_routing: dict[str, int] = {}
     """Each stopping replica, with the fold's position when this leader first saw it out of
     routing (``app.domain.reconcile.note_left_routing``): its leaving is at or before it."""

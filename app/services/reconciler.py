@@ -32,7 +32,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from time import monotonic
-from typing import Protocol
+from typing import Literal, Protocol
 
 import msgspec
 import structlog
@@ -60,6 +60,8 @@ IMMEDIATE_RETRIES = 3
 """Lost races in a row that are retried at once; after that, at the usual interval."""
 
 log = structlog.get_logger(__name__)
+
+Hearing = Literal["heard", "partial", "unknown"]
 
 
 class CommandChannel(Protocol):
@@ -134,8 +136,9 @@ class Reconciler:
         self._demand: dict[str, tuple[autoscale.DemandSample, ...]] = {}
         """Autoscaled models' demand, sampled every pass: this leader's own memory (a
         leader that starts watches a whole window before it scales anything down)."""
-        self._unheard = False
-        """Whether the last pass heard from no gateway while a model is autoscaled."""
+        self._hearing: Hearing = "heard"
+        """What the last pass heard of autoscaled models' demand: from every gateway, from
+        some while others are silent, or from none."""
         self._left_routing: dict[str, int] = {}
         """Stopping replicas, with the fold's position where this leader first saw each
         out of routing (``app.domain.reconcile.note_left_routing``)."""
@@ -148,7 +151,7 @@ class Reconciler:
     def last_demand(self) -> dict[str, float]:
         """Each autoscaled model's demand as the last pass sampled it (for ``/metrics``);
         none while no gateway reports, when the demand is unknown."""
-        if self._unheard:
+        if self._hearing == "unknown":
             return {}
         return {name: samples[-1].demand for name, samples in self._demand.items() if samples}
 
@@ -212,13 +215,16 @@ class Reconciler:
                 demand = (
                     autoscale.demand_by_model(state, in_flight, queued) if gateways.live else None
                 )
-                self._note_hearing(state, heard=demand is not None)
-                self._demand = autoscale.observe(self._demand, demand, state.models, at)
+                self._note_hearing(state, gateways)
+                self._demand = autoscale.observe(
+                    self._demand, demand, state.models, at, partial=gateways.silent > 0
+                )
                 self._left_routing = note_left_routing(self._left_routing, state)
                 fleet = msgspec.structs.replace(
                     self._tracker.snapshot(),
                     in_flight=in_flight,
                     routing_seen=gateways.routing_seen,
+                    silent_gateways=gateways.silent,
                     left_routing=self._left_routing,
                     traffic=traffic,
                     demand=self._demand,
@@ -264,20 +270,33 @@ class Reconciler:
             )
         return report
 
-    def _note_hearing(self, state: ClusterState, *, heard: bool) -> None:
+    def _note_hearing(self, state: ClusterState, gateways: GatewaysInFlight) -> None:
         """Say once when autoscaled models lose their demand signal (no gateway report is
-        fresh: their counts hold), and once when it is back."""
-        unheard = not heard and any(
+        fresh: their counts hold) or part of it (a gateway is silent: they do not scale
+        down), and once when it is whole again."""
+        hearing: Hearing = "heard"
+        if (not gateways.live or gateways.silent) and any(
             m.spec.autoscale is not None and not m.removed for m in state.models.values()
-        )
-        if unheard and not self._unheard:
+        ):
+            hearing = "partial" if gateways.live else "unknown"
+        if hearing == self._hearing:
+            return
+        if hearing == "unknown":
             log.warning(
                 "autoscale_demand_unknown",
                 reason="no gateway has reported recently; autoscaled models keep their count",
             )
-        elif self._unheard and not unheard:
+        elif hearing == "partial":
+            log.warning(
+                "autoscale_demand_partial",
+                silent_gateways=gateways.silent,
+                live_gateways=gateways.live,
+                reason="a gateway stopped reporting without stopping cleanly; autoscaled "
+                "models scale up on the others' reports but do not scale down",
+            )
+        else:
             log.info("autoscale_demand_heard")
-        self._unheard = unheard
+        self._hearing = hearing
 
     def _note_grace(self, grace: GraceState) -> None:
         """Once the adoption grace has ended it stays ended: say so, once."""

@@ -9,7 +9,10 @@ out of its rotation for failing, each with its ejections in a row;
 ``app.gateway.ejection``), and ``routing_position``: the log position of the routing table
 it had applied when it counted them. Readers use the rows younger than
 ``REPORT_MAX_AGE_S``, aged by the database's clock so that no skew between machines
-matters; a gateway that stopped, or lost the database, stops counting after that.
+matters; a gateway that stopped, or lost the database, stops counting after that. A gateway
+that stops cleanly deletes its row; one whose row is older but not older than
+``SILENT_HOLD_S`` is counted as silent (``GatewaysInFlight.silent``), so the reconciler knows
+its sums leave some requests out.
 
 A row is the writer's word, so a reader takes it as hostile: ``traffic`` is decoded per
 replica and ``queued`` per model into bounded types, and a piece that is too big or
@@ -28,7 +31,7 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.model_spec import NAME_PATTERN
-from app.domain.reports import GatewaysInFlight
+from app.domain.reports import SILENT_HOLD_S, GatewaysInFlight
 from app.domain.traffic import ReplicaTraffic, TrafficFigures, WindowSeconds, combined, merge
 from app.store.database import connection
 
@@ -95,6 +98,9 @@ WITH live AS (
 )
 SELECT count(*) AS gateways, count(routing_position) AS positioned,
        min(routing_position) AS lowest,
+       (SELECT count(*) FROM gateway_reports
+        WHERE reported_at <= now() - make_interval(secs => $1)
+          AND reported_at > now() - make_interval(secs => $2)) AS silent,
        (SELECT coalesce(jsonb_object_agg(replica_id, total), '{}'::jsonb)::text
         FROM (SELECT counts.key AS replica_id, sum(counts.value::int)::int AS total
               FROM live, jsonb_each_text(live.in_flight) AS counts
@@ -261,7 +267,7 @@ class InFlightReports(TrafficReports):
     async def read_gateways(self) -> GatewaysInFlight:
         """Requests in flight per replica, and the routing the gateways counted them by."""
         async with connection(self._engine) as db:
-            row = await db.fetchrow(_IN_FLIGHT_RECENT, self._max_age_s)
+            row = await db.fetchrow(_IN_FLIGHT_RECENT, self._max_age_s, SILENT_HOLD_S)
         assert row is not None  # aggregates without GROUP BY: always one row
         totals = msgspec.json.decode(row["in_flight"], type=dict[str, int])
         every_one_says = row["gateways"] > 0 and row["positioned"] == row["gateways"]
@@ -269,6 +275,7 @@ class InFlightReports(TrafficReports):
             in_flight={replica: count for replica, count in totals.items() if count > 0},
             routing_seen=row["lowest"] if every_one_says else None,
             live=row["gateways"],
+            silent=row["silent"],
         )
 
     async def read_queued(self) -> dict[str, int]:

@@ -267,6 +267,14 @@ async def test_the_reconciler_reads_the_routing_every_live_gateway_counted_by(
         )
         assert (await reports.read_gateways()).routing_seen == 7
         assert (await reports.read_gateways()).live == 2
+        # It left its report behind (it did not stop cleanly): silent, its requests unknown.
+        assert (await reports.read_gateways()).silent == 1
+        # Long silent, it is taken as gone.
+        await db.execute(
+            "UPDATE gateway_reports SET reported_at = now() - interval '31 seconds' "
+            "WHERE gateway_id = 'gw-old'"
+        )
+        assert (await reports.read_gateways()).silent == 0
         await db.execute("DELETE FROM gateway_reports")
 
         # A gateway reports the position of the table it has applied.
@@ -282,5 +290,7 @@ async def test_the_reconciler_reads_the_routing_every_live_gateway_counted_by(
             await wait_until(reported, within_s=2.0, what="the table's position reported")
         finally:
             await source.close()
+        # Stopped cleanly, it took its report with it: neither live nor silent.
+        assert await reports.read_gateways() == GatewaysInFlight(in_flight={}, routing_seen=None)
     finally:
         await db.close()

@@ -42,6 +42,7 @@ from app.gateway.source import DEFAULT_REPORT_INTERVAL_S, PostgresSnapshotSource
 from app.services.control_plane import ControlPlaneConfig, Leader
 from app.services.leader import NEXT_EPOCH, LeaderElection
 from app.store.database import driver_url
+from app.store.gateway_reports import delete_report, write_report
 from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import serving_admin
@@ -433,6 +434,63 @@ async def test_an_autoscaled_model_keeps_its_count_while_no_gateway_reports(
             assert "autoscale_demand_unknown" in [line["event"] for line in logs]
             assert model not in leader_figures(leader).demand  # unknown, not the last heard
     finally:
+        await gateway.close()
+
+
+async def test_an_autoscaled_model_does_not_scale_down_while_a_gateway_is_silent(
+    leader: Leader,
+    pki: AgentPki,
+    pg_store: PostgresEventStore,
+    operator: PostgresEventStore,
+    database_url: str,
+) -> None:
+    model, node_id = f"m-{uuid.uuid4().hex[:6]}", new_node_id()
+    reconciler = leader.reconciler
+    assert reconciler is not None
+    stalled = f"gw-stalled-{node_id}"
+    gateway = await reporting_gateway(
+        database_url, f"gw-{node_id}", {}, report_interval_s=0.05
+    )  # a gateway with nothing open for the model, reporting all along
+    db = await asyncpg.connect(driver_url(database_url))
+    policy = AutoscalePolicy(
+        min_replicas=1, max_replicas=2, target=1.0, up_window_s=0.0, down_window_s=0.5
+    )
+    try:
+        async with fake_agent(leader.hub.port, pki, node_id, gpus=2):
+            await declare(operator, model, replicas=1, autoscale=policy)
+            replica = await the_one_serving(pg_store, model)
+            # Another gateway carries two requests on it, then stalls: its last report
+            # stays, older and older, and says nothing of what it holds now.
+            await write_report(db, stalled, {replica.id: 2}, within_s=5)
+            await wait_until(
+                lambda: pg_store.state.models[model].spec.replicas == 2, what="scaled up to 2"
+            )
+            with capture_logs() as logs:
+                await db.execute(
+                    "UPDATE gateway_reports SET reported_at = now() - interval '6 seconds' "
+                    "WHERE gateway_id = $1",
+                    stalled,
+                )
+                silent_from = reconciler.pass_count
+                await wait_until(
+                    lambda: reconciler.pass_count > silent_from + 20,
+                    what="passes over several down windows",
+                )
+            assert pg_store.state.models[model].spec.replicas == 2
+            partial = [line for line in logs if line["event"] == "autoscale_demand_partial"]
+            assert [(line["silent_gateways"], line["live_gateways"]) for line in partial] == [
+                (1, 1)
+            ]
+
+            # Gone for good (its report removed, as a gateway stopping cleanly does): the
+            # reporting gateway's word is the whole demand, and the count comes down.
+            await delete_report(db, stalled, within_s=5)
+            await wait_until(
+                lambda: pg_store.state.models[model].spec.replicas == 1, what="scaled down to 1"
+            )
+    finally:
+        await delete_report(db, stalled, within_s=5)
+        await db.close()
         await gateway.close()
 
 

@@ -48,14 +48,17 @@ class Demand:
         self.now = T0
         self.history: dict[str, tuple[DemandSample, ...]] = {}
 
-    def seconds(self, n: int, demand: float) -> ScaleDecision | None:
-        """``n`` passes a second apart at ``demand``; the first decision that changed the
-        count, or None (each is applied to the model as the log would)."""
+    def seconds(self, n: int, demand: float, *, partial: bool = False) -> ScaleDecision | None:
+        """``n`` passes a second apart at ``demand`` (``partial``: while some gateway is
+        silent); the first decision that changed the count, or None (each is applied to the
+        model as the log would)."""
         changed = None
         for _ in range(n):
             self.now += timedelta(seconds=1)
             models = {"llama": self.model}
-            self.history = autoscale.observe(self.history, {"llama": demand}, models, self.now)
+            self.history = autoscale.observe(
+                self.history, {"llama": demand}, models, self.now, partial=partial
+            )
             decision = autoscale.decide(self.model, self.history["llama"], self.now)
             if decision is not None:
                 spec = replace(self.model.spec, replicas=decision.replicas)
@@ -191,6 +194,38 @@ def test_a_silence_is_not_read_as_the_last_demand_heard_going_on() -> None:
     # Silent for half a minute: the last samples heard would say 1 replica once the peak's
     # leave the window; what the demand did meanwhile is unknown, so the count holds.
     assert demand.silent(30) is None
+
+
+def test_a_silent_gateway_holds_the_count_from_coming_down_but_not_from_going_up() -> None:
+    demand = Demand(model(1))
+    demand.seconds(15, 28.0)
+    assert demand.replicas == 7
+
+    # One gateway of several stops reporting (stalled, cut off from the database): the
+    # others' requests are a floor of the demand. Low for two windows, it proves nothing.
+    assert demand.seconds(120, 4.0, partial=True) is None
+    assert demand.replicas == 7
+    # High, it is at least that high: up at once.
+    up = demand.seconds(10, 40.0, partial=True)
+    assert up is not None
+    assert demand.replicas == 8
+    # Every gateway heard again: down once a whole window holds no partial sample.
+    assert demand.seconds(55, 4.0) is None
+    assert demand.replicas == 8
+    assert demand.seconds(10, 4.0) is not None
+    assert demand.replicas < 8
+
+
+def test_a_silent_gateway_keeps_an_idle_model_from_going_to_zero() -> None:
+    demand = Demand(model(1, replace(POLICY, min_replicas=0)))
+    demand.seconds(300, 0.0, partial=True)
+    assert demand.replicas == 1
+
+    # Heard whole again: the idle spell counts from there, not from the partial samples.
+    demand.seconds(100, 0.0)
+    assert demand.replicas == 1
+    demand.seconds(30, 0.0)
+    assert demand.replicas == 0
 
 
 def test_a_control_plane_that_just_started_scales_up_but_not_down() -> None:

@@ -67,6 +67,7 @@ class Cluster:
         self.reports: dict[str, NodeReport] = {}
         self.in_flight: dict[str, int] = {}
         self.routing_seen: int | None = None
+        self.silent_gateways = 0
         """The lowest routing position the live gateways report (None: unknown)."""
         self.left_routing: dict[str, int] = {}
         """What gateways report in flight, by replica."""
@@ -157,6 +158,7 @@ class Cluster:
             reports=dict(self.reports),
             in_flight=dict(self.in_flight),
             routing_seen=self.routing_seen,
+            silent_gateways=self.silent_gateways,
             left_routing=dict(self.left_routing),
             traffic=dict(self.traffic),
             demand=dict(self.demand),
@@ -857,6 +859,33 @@ def test_an_idle_replica_stops_before_the_quiesce_time_once_every_gateway_routes
     assert commands(cluster.reconcile(quiesce_s=2.0)) == []
     cluster.in_flight = {}
     assert commands(cluster.reconcile(quiesce_s=2.0)) == ["stop-llama-1-0"]
+
+
+def test_a_silent_gateway_keeps_a_replica_out_of_routing_running_until_the_idle_timeout() -> None:
+    cluster = scaled_down_while_serving(quiesce_s=2.0, drain_idle_timeout_s=60.0)
+    cluster.after(0.2)
+    cluster.reconcile(quiesce_s=2.0, drain_idle_timeout_s=60.0)
+    # The live gateways all route without it and have nothing open on it, but one gateway
+    # has gone silent: it may still be streaming an answer from it.
+    cluster.routing_seen = cluster.left_routing["llama-1"]
+    cluster.silent_gateways = 1
+
+    cluster.after(10)
+    assert commands(cluster.reconcile(quiesce_s=2.0, drain_idle_timeout_s=60.0)) == []
+    cluster.silent_gateways = 0  # it reported again (or was silent long enough to be gone)
+    decision = cluster.reconcile(quiesce_s=2.0, drain_idle_timeout_s=60.0)
+    assert commands(decision) == ["stop-llama-1-0"]
+
+
+def test_a_silent_gateway_holds_a_replica_no_longer_than_the_idle_timeout() -> None:
+    cluster = scaled_down_while_serving(quiesce_s=2.0, drain_idle_timeout_s=60.0)
+    cluster.silent_gateways = 1
+
+    cluster.after(59.9)
+    assert commands(cluster.reconcile(quiesce_s=2.0, drain_idle_timeout_s=60.0)) == []
+    cluster.after(0.1)
+    decision = cluster.reconcile(quiesce_s=2.0, drain_idle_timeout_s=60.0)
+    assert commands(decision) == ["stop-llama-1-0"]
 
 
 def test_without_word_of_the_gateways_routing_the_quiesce_time_is_waited_out() -> None:
