@@ -48,6 +48,8 @@ DEFAULT_REFRESH_INTERVAL_S = 5.0
 DEFAULT_REPORT_INTERVAL_S = 0.5
 DEFAULT_DEBOUNCE_S = 0.05
 MIN_REPORT_GAP_S = 0.05
+REPORT_LATE_S = 2.0
+"""A report this much later than due is logged (``gateway_report_late``)."""
 """``report_soon()`` writes a report at most this soon after the last one, however often
 it is called."""
 QUERY_TIMEOUT_S = 5.0
@@ -117,6 +119,7 @@ class PostgresSnapshotSource:
         self._up = False
         self._up_since_connect = False
         self._loss_logged = False
+        self._late_logged = False
         self._wake = asyncio.Event()
         self._notified = False
         self._stop = asyncio.Event()
@@ -267,6 +270,7 @@ class PostgresSnapshotSource:
                 await self._read(db)
                 next_read = monotonic() + self._refresh_interval_s
             if self._in_flight is not None and monotonic() >= next_report:
+                self._note_lateness(monotonic() - next_report)
                 await write_report(
                     db,
                     self.gateway_id,
@@ -282,6 +286,20 @@ class PostgresSnapshotSource:
                 next_report = last_report + self._report_interval_s
         with contextlib.suppress(*_CONNECTION_LOST):
             await delete_report(db, self.gateway_id, within_s=min(self._timeout_s, 1.0))
+
+    def _note_lateness(self, late_s: float) -> None:
+        """Say when a report goes out much later than due (once until they are on time
+        again): readers stop counting this gateway's requests ``REPORT_MAX_AGE_S`` after its
+        last report, and the autoscaler then holds its models from scaling down."""
+        if late_s > REPORT_LATE_S and not self._late_logged:
+            log.warning(
+                "gateway_report_late",
+                gateway_id=self.gateway_id,
+                late_s=round(late_s, 2),
+                reason="the snapshot read or the report before it took this long, or the "
+                "gateway's event loop was busy",
+            )
+        self._late_logged = late_s > REPORT_LATE_S
 
     async def _read(self, db: asyncpg.Connection) -> None:
         snapshot = await read_snapshot(db, within_s=self._timeout_s)

@@ -4,12 +4,14 @@ queued reaches the reconciler's reader."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest_asyncio
 from sqlalchemy.ext.asyncio import AsyncEngine
+from structlog.testing import capture_logs
 
 from app.domain.keys import key_matches
 from app.domain.model_spec import AutoscalePolicy
@@ -293,4 +295,30 @@ async def test_the_reconciler_reads_the_routing_every_live_gateway_counted_by(
         # Stopped cleanly, it took its report with it: neither live nor silent.
         assert await reports.read_gateways() == GatewaysInFlight(in_flight={}, routing_seen=None)
     finally:
+        await db.close()
+
+
+async def test_a_report_held_up_behind_a_blocked_read_is_logged_as_late(database_url: str) -> None:
+    db = await asyncpg.connect(driver_url(database_url))
+    source = PostgresSnapshotSource(
+        database_url, gateway_id="gw-blocked", refresh_interval_s=0.05, report_interval_s=0.05
+    )
+    source.report_in_flight(dict)
+    await source.start()
+    try:
+        with capture_logs() as logs:
+            # A lock no reader can pass (what a migration's ALTER TABLE takes): the
+            # gateway's next snapshot read waits on it, and its report with it.
+            async with db.transaction():
+                await db.execute("LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE")
+                await asyncio.sleep(2.5)  # the lock held: the stall under test
+            await wait_until(
+                lambda: any(line["event"] == "gateway_report_late" for line in logs),
+                what="the late report logged",
+            )
+        late = next(line for line in logs if line["event"] == "gateway_report_late")
+        assert late["gateway_id"] == "gw-blocked"
+        assert late["late_s"] > 2.0
+    finally:
+        await source.close()
         await db.close()
