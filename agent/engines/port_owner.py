@@ -62,8 +62,10 @@ def check_port_owner(port: int, engine_pid: int, proc: Path = PROC) -> PortOwner
         return HeldElsewhere(f"cannot tell who listens on port {port}: {exc}")
     if not listening:
         return NotListening()
-    family = engine_family(engine_pid, _families(proc))
     wanted = {s.inode for s in listening}
+    if wanted <= set(_socket_inodes(proc, engine_pid)):
+        return Owned()  # the engine's leader holds them all: no other process to read
+    family = engine_family(engine_pid, _families(proc))
     ours = {inode for pid in family for inode in _socket_inodes(proc, pid) if inode in wanted}
     foreign = wanted - ours
     if not foreign:
