@@ -106,6 +106,7 @@ from benchmarks.common import (
     load_average,
     median,
     runtime_url,
+    stop_on_sigterm,
     write_results,
 )
 from wire.messages import (
@@ -815,6 +816,7 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    stop_on_sigterm()
     arguments = parse_arguments(argv)
     if arguments.load_port is not None:
         certificates = certificates_for(arguments.workdir, arguments.agents)

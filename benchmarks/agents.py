@@ -97,6 +97,7 @@ from benchmarks.common import (
     median,
     percentile,
     runtime_url,
+    stop_on_sigterm,
     write_results,
 )
 from wire.errors import FleetError
@@ -1428,6 +1429,7 @@ def _compression(arguments: argparse.Namespace) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    stop_on_sigterm()
     arguments = parse_arguments(argv)
     if arguments.load_port is not None:
         numbers = range(*arguments.load_numbers)

@@ -81,6 +81,7 @@ from benchmarks.common import (
     fresh_database,
     load_average,
     percentile,
+    stop_on_sigterm,
     write_results,
 )
 from tests.support.cluster import Cluster, LoggedEvent, issue_pki
@@ -691,6 +692,7 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    stop_on_sigterm()
     arguments = parse_arguments(argv)
     if arguments.workdir is not None:
         arguments.workdir.mkdir(parents=True, exist_ok=True)

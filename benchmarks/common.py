@@ -14,6 +14,7 @@ import contextlib
 import os
 import platform
 import resource
+import signal
 import statistics
 import time
 import uuid
@@ -42,6 +43,13 @@ POSTGRES_SETTINGS = (
     "shared_buffers",
     "max_wal_size",
 )
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM stop a benchmark as Ctrl-C does: the running coroutines are cancelled, so
+    the processes it started and its throwaway PostgreSQL are taken down. Python's own
+    response to SIGTERM ends the interpreter at once and leaves them running."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 class BenchServer(msgspec.Struct, frozen=True):

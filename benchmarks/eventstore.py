@@ -82,6 +82,7 @@ from benchmarks.common import (
     per_second,
     percentile,
     settle,
+    stop_on_sigterm,
     write_results,
 )
 from benchmarks.history import ClusterHistory, Step
@@ -741,6 +742,7 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    stop_on_sigterm()
     arguments = parse_arguments(argv)
     if arguments.child:
         result = asyncio.run(

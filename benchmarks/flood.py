@@ -53,6 +53,7 @@ from benchmarks.common import (
     load_average,
     median,
     percentile,
+    stop_on_sigterm,
     write_results,
 )
 from tests.support.cluster import Cluster, LoggedEvent, ServerProcess, ServerSettings, issue_pki
@@ -369,6 +370,7 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    stop_on_sigterm()
     given = list(sys.argv[1:] if argv is None else argv)
     if given[:1] == ["--flooder"]:
         uri, ca, certificate, key, seconds, again = given[1:7]

@@ -107,7 +107,14 @@ from agent.simulator.launcher import free_port, simulator_command, start_simulat
 from app.domain.egress import EngineNetworks
 from app.domain.keys import format_key, hash_key
 from app.gateway.table import GatewaySnapshot, KeyRecord, Route
-from benchmarks.common import format_table, load_average, median, percentile, write_results
+from benchmarks.common import (
+    format_table,
+    load_average,
+    median,
+    percentile,
+    stop_on_sigterm,
+    write_results,
+)
 from benchmarks.routers import (
     ROUTERS,
     RouterProcess,
@@ -1432,6 +1439,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    stop_on_sigterm()
     arguments = parser().parse_args(argv)
     if arguments.gateway_processes < 1:
         parser().error("--gateway-processes must be at least 1")

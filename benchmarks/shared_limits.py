@@ -50,6 +50,7 @@ from benchmarks.common import (
     median,
     percentile,
     runtime_url,
+    stop_on_sigterm,
     write_results,
 )
 
@@ -268,6 +269,7 @@ def report(results: Results) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    stop_on_sigterm()
     parser = argparse.ArgumentParser(description="Shared rate limits: added latency.")
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5)

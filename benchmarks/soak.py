@@ -55,6 +55,7 @@ from benchmarks.common import (
     fresh_database,
     load_average,
     percentile,
+    stop_on_sigterm,
     write_results,
 )
 from tests.support.cluster import Cluster, JsonObject, ServerSettings, about, issue_pki
@@ -400,6 +401,7 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    stop_on_sigterm()
     arguments = parse_arguments(argv)
     if arguments.workdir is not None:
         arguments.workdir.mkdir(parents=True, exist_ok=True)
