@@ -14,8 +14,9 @@ Figures come from three places, none of them counters sprinkled through the code
 - the ``events`` table: events appended by type, counted incrementally by position (appends
   are serialized, so no event can appear later below a position already counted);
 - the leader's live parts (``LiveFigures``): agents connected to this server's hub, the
-  reconciler's recent passes and the demand its autoscaler last sampled for each
-  autoscaled model. A standby reports no leader, no agents and no demand;
+  reconciler's recent passes, the demand its autoscaler last sampled for each
+  autoscaled model, and the gateways its last pass read as reporting or silent. A standby
+  reports no leader, no agents, no demand and no gateways;
 - the gateway this process runs, if any (``llmgw_gateway_*``, see docs/gateway.md): its
   page names every model and replica, so ``serve`` publishes it here, to operators, and
   its client listener answers 404 for ``/metrics``.
@@ -56,6 +57,11 @@ class LiveFigures:
     reconcile_passes: int
     recent_pass_durations_s: Sequence[float]
     demand: Mapping[str, float] = field(default_factory=dict)
+    gateways_reporting: int = 0
+    """Gateways whose reports the last pass read as fresh."""
+    gateways_silent: int = 0
+    """Gateways the last pass found silent: reported before, not recently, and not gone
+    cleanly (``app.domain.reports.GatewaysInFlight.silent``)."""
 
 
 LiveSource = Callable[[], LiveFigures | None]
@@ -80,6 +86,8 @@ def leader_figures(leader: Leader) -> LiveFigures:
         reconcile_passes=reconciler.pass_count if reconciler else 0,
         recent_pass_durations_s=[p.duration_s for p in reconciler.passes] if reconciler else [],
         demand=reconciler.last_demand() if reconciler else {},
+        gateways_reporting=reconciler.gateways.live if reconciler else 0,
+        gateways_silent=reconciler.gateways.silent if reconciler else 0,
     )
 
 
@@ -179,6 +187,17 @@ def live_families(figures: LiveFigures | None) -> Iterator[Metric]:
     for model, value in sorted(figures.demand.items()) if figures else ():
         demand.add_metric([model], value)
     yield demand
+    gateways = GaugeMetricFamily(
+        "llmgw_gateways",
+        "Gateways as the leader's last reconcile pass read their reports: reporting (a "
+        "report younger than 5 s) or silent (older, up to 30 s, and not removed as a clean "
+        "stop removes it; while one is, nothing scales down and stopping replicas wait)",
+        labels=["state"],
+    )
+    if figures is not None:
+        gateways.add_metric(["reporting"], figures.gateways_reporting)
+        gateways.add_metric(["silent"], figures.gateways_silent)
+    yield gateways
 
 
 def event_family(counts: EventCounts) -> Metric:

@@ -136,6 +136,8 @@ class Reconciler:
         self._demand: dict[str, tuple[autoscale.DemandSample, ...]] = {}
         """Autoscaled models' demand, sampled every pass: this leader's own memory (a
         leader that starts watches a whole window before it scales anything down)."""
+        self.gateways = NO_GATEWAYS
+        """What the last pass read of the gateways' reports."""
         self._hearing: Hearing = "heard"
         """What the last pass heard of autoscaled models' demand: from every gateway, from
         some while others are silent, or from none."""
@@ -206,6 +208,7 @@ class Reconciler:
         outcome, sent = "done", 0
         try:
             gateways = await self._in_flight.read_gateways() if self._in_flight else NO_GATEWAYS
+            self.gateways = gateways
             in_flight = gateways.in_flight
             queued = await self._queued(self._store.state)
             traffic = await self._traffic(self._store.state)

@@ -167,6 +167,7 @@ async def test_a_standby_reports_no_leader_no_agents_and_no_demand(
     assert samples[("llmgw_reconcile_passes_total", ())] == 0
     assert samples[("llmgw_model_desired_replicas", (("model", "auto"),))] == 1
     assert [key for key in samples if key[0] == "llmgw_model_demand"] == []
+    assert [key for key in samples if key[0] == "llmgw_gateways"] == []
 
 
 async def test_each_model_has_its_desired_and_serving_counts_and_the_leader_its_demand(
@@ -182,6 +183,8 @@ async def test_each_model_has_its_desired_and_serving_counts_and_the_leader_its_
         reconcile_passes=3,
         recent_pass_durations_s=[0.002],
         demand={auto: 13.5},
+        gateways_reporting=2,
+        gateways_silent=1,
     )
     async with (
         serving_admin(pg_store, tokens={TOKEN: "alice"}, live=lambda: leader) as url,
@@ -218,3 +221,5 @@ async def test_each_model_has_its_desired_and_serving_counts_and_the_leader_its_
     assert by_model("llmgw_model_desired_replicas") == {auto: 4, manual: 2}
     assert by_model("llmgw_model_serving_replicas") == {auto: 1, manual: 0}
     assert by_model("llmgw_model_demand") == {auto: 13.5}
+    assert samples[("llmgw_gateways", (("state", "reporting"),))] == 2
+    assert samples[("llmgw_gateways", (("state", "silent"),))] == 1

@@ -477,6 +477,8 @@ async def test_an_autoscaled_model_does_not_scale_down_while_a_gateway_is_silent
                     what="passes over several down windows",
                 )
             assert pg_store.state.models[model].spec.replicas == 2
+            figures = leader_figures(leader)
+            assert (figures.gateways_reporting, figures.gateways_silent) == (1, 1)
             partial = [line for line in logs if line["event"] == "autoscale_demand_partial"]
             assert [(line["silent_gateways"], line["live_gateways"]) for line in partial] == [
                 (1, 1)
