@@ -48,10 +48,10 @@ DEFAULT_REFRESH_INTERVAL_S = 5.0
 DEFAULT_REPORT_INTERVAL_S = 0.5
 DEFAULT_DEBOUNCE_S = 0.05
 MIN_REPORT_GAP_S = 0.05
-REPORT_LATE_S = 2.0
-"""A report this much later than due is logged (``gateway_report_late``)."""
 """``report_soon()`` writes a report at most this soon after the last one, however often
 it is called."""
+REPORT_LATE_S = 2.0
+"""A report this much later than due is logged (``gateway_report_late``)."""
 QUERY_TIMEOUT_S = 5.0
 """A statement that takes longer is taken for a dead connection (a network that drops
 packets sends no reset)."""

@@ -153,7 +153,7 @@ class Reconciler:
     def last_demand(self) -> dict[str, float]:
         """Each autoscaled model's demand as the last pass sampled it (for ``/metrics``);
         none while no gateway reports, when the demand is unknown."""
-        if self._hearing == "unknown":
+        if not self.gateways.live:
             return {}
         return {name: samples[-1].demand for name, samples in self._demand.items() if samples}
 
