@@ -1,6 +1,6 @@
 """Keeps a gateway's ``SharedLimiter`` supplied: the I/O around ``app.gateway.sharedlimits``.
 
-On a connection of its own (the snapshot source's is busy with reads and reports), it
+On a connection of its own (``app.gateway.reconnecting``), it
 
 - asks PostgreSQL for the grants the budgets want, as soon as a request notes that one
   wants more (``wake``), so the next slice arrives before the last one runs out;
@@ -25,6 +25,7 @@ from time import monotonic
 import asyncpg
 import structlog
 
+from app.gateway.reconnecting import CONNECTION_LOST, keep_connected, stop_task
 from app.gateway.sharedlimits import Return, SharedLimiter
 from app.store.database import driver_url
 from app.store.gateway_reports import REPORT_MAX_AGE_S
@@ -35,10 +36,7 @@ log = structlog.get_logger(__name__)
 TICK_S = 0.1
 COUNT_GATEWAYS_EVERY_S = 2.0
 QUERY_TIMEOUT_S = 2.0
-BACKOFF_S = (0.1, 2.0)
 CLOSE_WITHIN_S = 2.0
-
-_UNREACHABLE = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
 
 class BudgetKeeper:
@@ -59,7 +57,6 @@ class BudgetKeeper:
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._db: asyncpg.Connection | None = None
         self.last_error: str | None = None
         self.grants = 0
         """Grants answered so far (tests wait on it)."""
@@ -89,41 +86,23 @@ class BudgetKeeper:
             return
         self._stop.set()
         self._wake.set()
-        await asyncio.wait({task}, timeout=CLOSE_WITHIN_S)
-        while not task.done():
-            task.cancel()
-            await asyncio.wait({task}, timeout=CLOSE_WITHIN_S)
+        await stop_task(task, CLOSE_WITHIN_S)
 
     async def _run(self) -> None:
-        low, high = BACKOFF_S
-        backoff = low
-        while not self._stop.is_set():
-            try:
-                db = await asyncpg.connect(
-                    self._url,
-                    timeout=self._timeout_s,
-                    server_settings={"application_name": f"llmgw-budgets-{self._gateway_id}"},
-                )
-            except _UNREACHABLE as exc:
-                self._unreachable(exc)
-            else:
-                try:
-                    await self._keep(db)
-                    with contextlib.suppress(*_UNREACHABLE):
-                        await self._give_back(db, self.limiter.everything_held())
-                    return
-                except _UNREACHABLE as exc:
-                    self._unreachable(exc)
-                    backoff = low
-                except Exception as exc:  # a bug must not end the loop: retry as if lost
-                    log.exception("rate_budget_failed")
-                    self._unreachable(exc)
-                finally:
-                    db.terminate()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(backoff):
-                    await self._stop.wait()
-            backoff = min(backoff * 2, high)
+        await keep_connected(
+            self._url,
+            application_name=f"llmgw-budgets-{self._gateway_id}",
+            timeout_s=self._timeout_s,
+            stop=self._stop,
+            use=self._keep_then_give_back,
+            lost=self._unreachable,
+            failed=lambda: log.exception("rate_budget_failed"),
+        )
+
+    async def _keep_then_give_back(self, db: asyncpg.Connection) -> None:
+        await self._keep(db)
+        with contextlib.suppress(*CONNECTION_LOST):
+            await self._give_back(db, self.limiter.everything_held())
 
     async def _keep(self, db: asyncpg.Connection) -> None:
         next_count = 0.0

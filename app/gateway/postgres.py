@@ -2,7 +2,8 @@
 runs on its client listener.
 
 It is stateless: everything it routes by comes from the database (``PostgresSnapshotSource``)
-and the only thing it writes there is its report (requests in flight, requests queued per
+and the only thing it writes there is its report (``app.gateway.reporter``: requests in
+flight, requests queued per
 model, what it saw of each replica's requests, and the replicas it keeps out of rotation),
 so any number of them can run behind a load balancer. Keys' rpm and tpm are counted across
 all of them by leasing slices of each key's budget from the database
@@ -20,6 +21,7 @@ import structlog
 from app.domain.egress import EngineNetworks
 from app.gateway.budget_keeper import BudgetKeeper
 from app.gateway.ejection import EjectionPolicy
+from app.gateway.reporter import GatewayReporter
 from app.gateway.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_METRICS_HOST, Gateway
 from app.gateway.sharedlimits import SharedLimiter
 from app.gateway.source import DEFAULT_REFRESH_INTERVAL_S, PostgresSnapshotSource
@@ -130,23 +132,30 @@ class PostgresGateway:
             on_degraded=self.gateway.metrics.rate_limits_degraded,
         )
         self.limiter.on_ask(self.budgets.wake)
-        self.source.report_in_flight(self.gateway.in_flight)
-        self.source.report_queued(self.gateway.queued)
-        self.source.report_traffic(self.gateway.traffic_report)
-        self.source.report_ejected(self.gateway.ejected)
+        self.reporter = GatewayReporter(
+            database_url,
+            gateway_id=self.source.gateway_id,
+            in_flight=self.gateway.in_flight,
+            routing_position=self.source.routing_position,
+            queued=self.gateway.queued,
+            traffic=self.gateway.traffic_report,
+            ejected=self.gateway.ejected,
+        )
         # A request held for a model starting from zero is demand the leader should see now.
-        self.gateway.router.on_hold(self.source.report_soon)
+        self.gateway.router.on_hold(self.reporter.report_soon)
 
     async def start(self) -> None:
         """Read the first snapshot (or give up waiting for it after a few seconds: the
         gateway then answers 503 until the database answers) and listen."""
         await self.source.start()
         await self.budgets.start()
+        await self.reporter.start()
         if not self.source.fresh():
             log.warning("gateway_started_without_routes", reason=self.source.stale_reason())
         try:
             await self.gateway.start()
         except BaseException:
+            await self.reporter.close()
             await self.budgets.close()
             await self.source.close()
             raise
@@ -169,6 +178,9 @@ class PostgresGateway:
             await self.gateway.stop()
         finally:
             try:
-                await self.budgets.close()  # what it holds goes back
+                await self.reporter.close()  # its report goes: stopped, not silent
             finally:
-                await self.source.close()
+                try:
+                    await self.budgets.close()  # what it holds goes back
+                finally:
+                    await self.source.close()

@@ -22,6 +22,7 @@ from app.services.operations import Caller, Operations
 from app.store.database import driver_url
 from app.store.gateway_reports import InFlightReports, write_report
 from app.store.postgres import PostgresEventStore
+from tests.support.reporting_gateway import reporting_gateway
 from tests.support.routing import connect_node, declare_model, scale_to_zero, serve_replica
 from tests.support.waiting import wait_until
 
@@ -118,13 +119,13 @@ async def test_what_a_gateway_has_in_flight_reaches_the_reconciler_until_it_clos
     engine: AsyncEngine, database_url: str
 ) -> None:
     counts = {"a-1": 2, "b-1": 0}
-    one = PostgresSnapshotSource(database_url, gateway_id="gw-one", report_interval_s=0.05)
-    two = PostgresSnapshotSource(database_url, gateway_id="gw-two", report_interval_s=0.05)
-    one.report_in_flight(lambda: dict(counts))
-    two.report_in_flight(lambda: {"a-1": 1})
     reports = InFlightReports(engine)
-    await one.start()
-    await two.start()
+    one = await reporting_gateway(
+        database_url, "gw-one", lambda: dict(counts), report_interval_s=0.05
+    )
+    two = await reporting_gateway(
+        database_url, "gw-two", lambda: {"a-1": 1}, report_interval_s=0.05
+    )
     try:
 
         async def reported(expected: dict[str, int]) -> bool:
@@ -187,15 +188,17 @@ async def test_what_a_gateway_holds_queued_reaches_the_reader_at_once_when_asked
 ) -> None:
     """Reports every 5 s: only ``report_soon`` can bring a hold within the second."""
     queued: dict[str, int] = {}
-    one = PostgresSnapshotSource(database_url, gateway_id="gw-one", report_interval_s=5.0)
-    two = PostgresSnapshotSource(database_url, gateway_id="gw-two", report_interval_s=0.05)
-    one.report_in_flight(dict)
-    one.report_queued(lambda: dict(queued))
-    two.report_in_flight(dict)
-    two.report_queued(lambda: {"llama": 2, "idle": 0})
     reports = InFlightReports(engine)
-    await one.start()
-    await two.start()
+    one = await reporting_gateway(
+        database_url, "gw-one", dict, queued=lambda: dict(queued), report_interval_s=5.0
+    )
+    two = await reporting_gateway(
+        database_url,
+        "gw-two",
+        dict,
+        queued=lambda: {"llama": 2, "idle": 0},
+        report_interval_s=0.05,
+    )
     try:
 
         async def reported(expected: dict[str, int]) -> bool:
@@ -203,7 +206,7 @@ async def test_what_a_gateway_holds_queued_reaches_the_reader_at_once_when_asked
 
         await wait_until(lambda: reported({"llama": 2}), within_s=2.0, what="gw-two's queue")
         queued["qwen"] = 3
-        one.report_soon()
+        one.reporter.report_soon()
         await wait_until(lambda: reported({"llama": 2, "qwen": 3}), within_s=1.0, what="a hold")
     finally:
         await two.close()
@@ -280,45 +283,76 @@ async def test_the_reconciler_reads_the_routing_every_live_gateway_counted_by(
         await db.execute("DELETE FROM gateway_reports")
 
         # A gateway reports the position of the table it has applied.
-        source = PostgresSnapshotSource(database_url, gateway_id="gw-real", report_interval_s=0.05)
-        source.report_in_flight(dict)
-        await source.start()
+        gateway = await reporting_gateway(database_url, "gw-real", dict, report_interval_s=0.05)
         try:
 
             async def reported() -> bool:
                 seen = (await reports.read_gateways()).routing_seen
-                return seen is not None and seen == source.current().position
+                return seen is not None and seen == gateway.source.current().position
 
             await wait_until(reported, within_s=2.0, what="the table's position reported")
         finally:
-            await source.close()
+            await gateway.close()
         # Stopped cleanly, it took its report with it: neither live nor silent.
         assert await reports.read_gateways() == GatewaysInFlight(in_flight={}, routing_seen=None)
     finally:
         await db.close()
 
 
-async def test_a_report_held_up_behind_a_blocked_read_is_logged_as_late(database_url: str) -> None:
+async def test_a_blocked_snapshot_read_does_not_hold_up_the_reports(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    """The report has a connection of its own: a read waiting on a lock (what a migration's
+    ALTER TABLE takes) leaves the gateway's routing as it was, not its report late, so the
+    leader does not take a busy gateway for a silent one."""
     db = await asyncpg.connect(driver_url(database_url))
-    source = PostgresSnapshotSource(
-        database_url, gateway_id="gw-blocked", refresh_interval_s=0.05, report_interval_s=0.05
+    gateway = await reporting_gateway(
+        database_url,
+        "gw-blocked-read",
+        lambda: {"a-1": 1},
+        report_interval_s=0.05,
+        refresh_interval_s=0.05,
     )
-    source.report_in_flight(dict)
-    await source.start()
+    reports = InFlightReports(engine)
     try:
+        await wait_until(lambda: gateway.reporter.reports > 0, what="the first report")
         with capture_logs() as logs:
-            # A lock no reader can pass (what a migration's ALTER TABLE takes): the
-            # gateway's next snapshot read waits on it, and its report with it.
             async with db.transaction():
                 await db.execute("LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE")
+                loads, written = gateway.source.loads, gateway.reporter.reports
+                await wait_until(
+                    lambda: gateway.reporter.reports >= written + 20,
+                    what="reports going out while the read waits",
+                )
+                assert gateway.source.loads == loads  # the read is still waiting
+                seen = await reports.read_gateways()
+                assert (seen.in_flight, seen.live, seen.silent) == ({"a-1": 1}, 1, 0)
+        assert "gateway_report_late" not in [line["event"] for line in logs]
+        await wait_until(lambda: gateway.source.loads > loads, what="the read done")
+    finally:
+        await gateway.close()
+        await db.close()
+
+
+async def test_a_report_held_up_on_its_own_write_is_logged_as_late(database_url: str) -> None:
+    db = await asyncpg.connect(driver_url(database_url))
+    gateway = await reporting_gateway(
+        database_url, "gw-blocked-write", dict, report_interval_s=0.05
+    )
+    try:
+        await wait_until(lambda: gateway.reporter.reports > 0, what="the first report")
+        with capture_logs() as logs:
+            # The report's own table locked: its write waits, and the next is late.
+            async with db.transaction():
+                await db.execute("LOCK TABLE gateway_reports IN ACCESS EXCLUSIVE MODE")
                 await asyncio.sleep(2.5)  # the lock held: the stall under test
             await wait_until(
                 lambda: any(line["event"] == "gateway_report_late" for line in logs),
                 what="the late report logged",
             )
         late = next(line for line in logs if line["event"] == "gateway_report_late")
-        assert late["gateway_id"] == "gw-blocked"
+        assert late["gateway_id"] == "gw-blocked-write"
         assert late["late_s"] > 2.0
     finally:
-        await source.close()
+        await gateway.close()
         await db.close()

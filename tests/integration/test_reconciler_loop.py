@@ -38,7 +38,6 @@ from app.domain.events import (
 )
 from app.domain.model_spec import AutoscalePolicy, ModelSpec
 from app.domain.state import Replica, ReplicaPhase
-from app.gateway.source import DEFAULT_REPORT_INTERVAL_S, PostgresSnapshotSource
 from app.services.control_plane import ControlPlaneConfig, Leader
 from app.services.leader import NEXT_EPOCH, LeaderElection
 from app.store.database import driver_url
@@ -47,6 +46,7 @@ from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import serving_admin
 from tests.support.fake_agents import LOOPBACK, AgentPki, fake_agent, make_pki, running_shard
+from tests.support.reporting_gateway import reporting_gateway
 from tests.support.waiting import wait_until
 from wire.messages import StopShard
 
@@ -318,7 +318,7 @@ async def test_a_replica_out_of_routing_is_stopped_once_no_gateway_reports_reque
     reconciler = leader.reconciler
     assert reconciler is not None
     open_requests: dict[str, int] = {}
-    gateway = await reporting_gateway(database_url, f"gw-{node_id}", open_requests)
+    gateway = await reporting_gateway(database_url, f"gw-{node_id}", lambda: dict(open_requests))
     try:
         async with fake_agent(leader.hub.port, pki, node_id, gpus=1) as agent:
             await declare(operator, model, replicas=1)
@@ -357,7 +357,7 @@ async def test_the_demand_a_pass_sampled_reaches_metrics_through_the_leaders_fig
 ) -> None:
     model, node_id = f"m-{uuid.uuid4().hex[:6]}", new_node_id()
     open_requests: dict[str, int] = {}
-    gateway = await reporting_gateway(database_url, f"gw-{node_id}", open_requests)
+    gateway = await reporting_gateway(database_url, f"gw-{node_id}", lambda: dict(open_requests))
     try:
         async with (
             fake_agent(leader.hub.port, pki, node_id, gpus=1),
@@ -407,7 +407,7 @@ async def test_an_autoscaled_model_keeps_its_count_while_no_gateway_reports(
     assert reconciler is not None
     open_requests: dict[str, int] = {}
     gateway = await reporting_gateway(
-        database_url, f"gw-{node_id}", open_requests, report_interval_s=0.05
+        database_url, f"gw-{node_id}", lambda: dict(open_requests), report_interval_s=0.05
     )
     policy = AutoscalePolicy(
         min_replicas=1, max_replicas=2, target=1.0, up_window_s=0.0, down_window_s=0.5
@@ -449,7 +449,7 @@ async def test_an_autoscaled_model_does_not_scale_down_while_a_gateway_is_silent
     assert reconciler is not None
     stalled = f"gw-stalled-{node_id}"
     gateway = await reporting_gateway(
-        database_url, f"gw-{node_id}", {}, report_interval_s=0.05
+        database_url, f"gw-{node_id}", dict, report_interval_s=0.05
     )  # a gateway with nothing open for the model, reporting all along
     db = await asyncpg.connect(driver_url(database_url))
     policy = AutoscalePolicy(
@@ -494,23 +494,6 @@ async def test_an_autoscaled_model_does_not_scale_down_while_a_gateway_is_silent
         await delete_report(db, stalled, within_s=5)
         await db.close()
         await gateway.close()
-
-
-async def reporting_gateway(
-    database_url: str,
-    gateway_id: str,
-    open_requests: dict[str, int],
-    *,
-    report_interval_s: float = DEFAULT_REPORT_INTERVAL_S,
-) -> PostgresSnapshotSource:
-    """A gateway's snapshot source, started, reporting ``open_requests`` as its requests in
-    flight (the caller closes it)."""
-    gateway = PostgresSnapshotSource(
-        database_url, gateway_id=gateway_id, report_interval_s=report_interval_s
-    )
-    gateway.report_in_flight(lambda: dict(open_requests))
-    await gateway.start()
-    return gateway
 
 
 async def the_one_serving(pg_store: PostgresEventStore, model: str) -> Replica:

@@ -1,0 +1,194 @@
+"""The gateway's report to the control plane, on a connection of its own.
+
+Every ``report_interval_s`` a ``GatewayReporter`` writes one row of ``gateway_reports``
+(``app.store.gateway_reports``): the requests the router has in flight per replica and
+holds queued per model (the demand the autoscaler reads), what it saw of each replica's
+requests over its window (the admin API's traffic), the replicas it keeps out of its
+rotation, and the position of the routing table it counted them by. It writes at once,
+rather than at its turn, when ``report_soon()`` is called (the router does when it starts
+holding requests for a model that starts from zero), but never more often than every
+``MIN_REPORT_GAP_S``. On ``close`` it removes the row: a gateway that stops cleanly is
+gone, not silent.
+
+The connection is its own so that nothing else the gateway asks of the database (a
+snapshot read waiting on a lock, a grant) can make a report late: a report more than
+``REPORT_LATE_S`` late makes the leader take the gateway for silent, and hold every
+autoscaled model from scaling down until it reports again. A late report is still logged
+(``gateway_report_late``): the write itself, or a busy event loop, can make one late.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from time import monotonic
+
+import asyncpg
+import structlog
+
+from app.gateway.reconnecting import CONNECTION_LOST, keep_connected, stop_task
+from app.store.database import driver_url
+from app.store.gateway_reports import TrafficReport, delete_report, write_report
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_REPORT_INTERVAL_S = 0.5
+MIN_REPORT_GAP_S = 0.05
+"""``report_soon()`` writes a report at most this soon after the last one, however often
+it is called."""
+REPORT_LATE_S = 2.0
+"""A report this much later than due is logged (``gateway_report_late``)."""
+QUERY_TIMEOUT_S = 5.0
+CLOSE_WITHIN_S = 2.0
+
+InFlightCounter = Callable[[], dict[str, int]]
+QueuedCounter = Callable[[], dict[str, int]]
+TrafficReader = Callable[[], TrafficReport]
+EjectedReader = Callable[[], dict[str, int]]
+PositionReader = Callable[[], int | None]
+
+
+class GatewayReporter:
+    def __init__(
+        self,
+        database_url: str,
+        *,
+        gateway_id: str,
+        in_flight: InFlightCounter,
+        routing_position: PositionReader,
+        queued: QueuedCounter | None = None,
+        traffic: TrafficReader | None = None,
+        ejected: EjectedReader | None = None,
+        report_interval_s: float = DEFAULT_REPORT_INTERVAL_S,
+        query_timeout_s: float = QUERY_TIMEOUT_S,
+    ) -> None:
+        """``routing_position``: the position of the routing table the counts were made by
+        (None before the gateway has one)."""
+        for label, value in (
+            ("report interval", report_interval_s),
+            ("query timeout", query_timeout_s),
+        ):
+            if value <= 0:
+                raise ValueError(f"the {label} must be positive, not {value}")
+        self.gateway_id = gateway_id
+        self._url = driver_url(database_url)
+        self._in_flight = in_flight
+        self._routing_position = routing_position
+        self._queued = queued
+        self._traffic = traffic
+        self._ejected = ejected
+        self._interval_s = report_interval_s
+        self._timeout_s = query_timeout_s
+        self._soon = False
+        self._late_logged = False
+        self._failing = False
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.reports = 0
+        """Reports written so far (tests wait on it)."""
+        self.last_error: str | None = None
+
+    def report_soon(self) -> None:
+        """Write the next report now rather than at its turn (at most every
+        ``MIN_REPORT_GAP_S``): something the readers should see has just begun. Call it on
+        the reporter's loop."""
+        self._soon = True
+        self._wake.set()
+
+    async def start(self) -> None:
+        """Start reporting; the first report goes out as soon as the database answers."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"report-{self.gateway_id}")
+
+    async def close(self) -> None:
+        """Stop reporting; this gateway's report is removed if the database answers."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        self._stop.set()
+        self._wake.set()
+        await stop_task(task, CLOSE_WITHIN_S)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("gateway_report_stopped", error=str(task.exception()))
+
+    async def _run(self) -> None:
+        await keep_connected(
+            self._url,
+            application_name=f"llmgw-report-{self.gateway_id}",
+            timeout_s=self._timeout_s,
+            stop=self._stop,
+            use=self._report,
+            lost=self._lost,
+            failed=lambda: log.exception("gateway_report_failed"),
+        )
+
+    async def _report(self, db: asyncpg.Connection) -> None:
+        db.add_termination_listener(lambda _connection: self._wake.set())
+        next_report = monotonic()
+        last_report = float("-inf")
+        while not self._stop.is_set():
+            if db.is_closed():
+                raise ConnectionResetError("the database closed the connection")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(next_report - monotonic(), 0.0)):
+                    await self._wake.wait()
+            self._wake.clear()
+            if self._stop.is_set() or db.is_closed():
+                continue
+            if self._soon:
+                self._soon = False
+                next_report = min(next_report, last_report + MIN_REPORT_GAP_S)
+            if monotonic() < next_report:
+                continue
+            started = monotonic()
+            self._note_lateness(started - next_report)
+            await write_report(
+                db,
+                self.gateway_id,
+                self._in_flight(),
+                within_s=self._timeout_s,
+                traffic=None if self._traffic is None else self._traffic(),
+                queued=None if self._queued is None else self._queued(),
+                ejected=None if self._ejected is None else self._ejected(),
+                routing_position=self._routing_position(),
+            )
+            self.reports += 1
+            self._back()
+            # From when this one began: a write that took long makes the next one late.
+            last_report = started
+            next_report = started + self._interval_s
+        with contextlib.suppress(*CONNECTION_LOST):
+            await delete_report(db, self.gateway_id, within_s=min(self._timeout_s, 1.0))
+
+    def _note_lateness(self, late_s: float) -> None:
+        """Say when a report goes out much later than due (once until they are on time
+        again): readers stop counting this gateway's requests ``REPORT_MAX_AGE_S`` after its
+        last report, and the autoscaler then holds its models from scaling down."""
+        if late_s > REPORT_LATE_S and not self._late_logged:
+            log.warning(
+                "gateway_report_late",
+                gateway_id=self.gateway_id,
+                late_s=round(late_s, 2),
+                reason="the report before it took this long to write, or the gateway's "
+                "event loop was busy",
+            )
+        self._late_logged = late_s > REPORT_LATE_S
+
+    def _lost(self, exc: BaseException) -> None:
+        self.last_error = str(exc) or type(exc).__name__
+        if not self._failing:
+            self._failing = True
+            log.warning(
+                "gateway_report_unwritten",
+                gateway_id=self.gateway_id,
+                error=self.last_error,
+                effect="the control plane takes this gateway for silent, then gone",
+            )
+
+    def _back(self) -> None:
+        if self._failing:
+            self._failing = False
+            self.last_error = None
+            log.info("gateway_report_written", gateway_id=self.gateway_id)
