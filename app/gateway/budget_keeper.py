@@ -25,7 +25,7 @@ from time import monotonic
 import asyncpg
 import structlog
 
-from app.gateway.reconnecting import CONNECTION_LOST, keep_connected, stop_task
+from app.gateway.reconnecting import CONNECTION_LOST, ConnectedTask
 from app.gateway.sharedlimits import Return, SharedLimiter
 from app.store.database import driver_url
 from app.store.gateway_reports import REPORT_MAX_AGE_S
@@ -36,7 +36,6 @@ log = structlog.get_logger(__name__)
 TICK_S = 0.1
 COUNT_GATEWAYS_EVERY_S = 2.0
 QUERY_TIMEOUT_S = 2.0
-CLOSE_WITHIN_S = 2.0
 
 
 class BudgetKeeper:
@@ -49,14 +48,17 @@ class BudgetKeeper:
         on_degraded: Callable[[bool], None] = lambda _: None,
         query_timeout_s: float = QUERY_TIMEOUT_S,
     ) -> None:
-        self._url = driver_url(database_url)
+        self._connection = ConnectedTask(
+            driver_url(database_url),
+            application_name=f"llmgw-budgets-{gateway_id}",
+            timeout_s=query_timeout_s,
+        )
         self.limiter = limiter
         self._gateway_id = gateway_id
         self._on_degraded = on_degraded
         self._timeout_s = query_timeout_s
-        self._wake = asyncio.Event()
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._wake = self._connection.wake
+        self._stop = self._connection.stop
         self.last_error: str | None = None
         self.grants = 0
         """Grants answered so far (tests wait on it)."""
@@ -76,28 +78,15 @@ class BudgetKeeper:
         )
 
     async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"budgets-{self._gateway_id}")
-
-    async def close(self) -> None:
-        """Stop, giving back every lease still held if the database answers."""
-        task, self._task = self._task, None
-        if task is None:
-            return
-        self._stop.set()
-        self._wake.set()
-        await stop_task(task, CLOSE_WITHIN_S)
-
-    async def _run(self) -> None:
-        await keep_connected(
-            self._url,
-            application_name=f"llmgw-budgets-{self._gateway_id}",
-            timeout_s=self._timeout_s,
-            stop=self._stop,
-            use=self._keep_then_give_back,
+        self._connection.start(
+            self._keep_then_give_back,
             lost=self._unreachable,
             failed=lambda: log.exception("rate_budget_failed"),
         )
+
+    async def close(self) -> None:
+        """Stop, giving back every lease still held if the database answers."""
+        await self._connection.close()
 
     async def _keep_then_give_back(self, db: asyncpg.Connection) -> None:
         await self._keep(db)

@@ -5,6 +5,7 @@ reads, ``app.gateway.reporter``'s reports, ``app.gateway.budget_keeper``'s grant
 that a statement held up on one never holds up the others. Each job runs through
 ``keep_connected``: connect, hand the connection to the job until it returns (the task is
 stopping) or raises, and on a loss tell the job, wait with backoff, connect again.
+``ConnectedTask`` holds such a job's task, with the events that stop and wake it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 
 BACKOFF_S = (0.1, 2.0)
+CLOSE_WITHIN_S = 2.0
+"""How long ``ConnectedTask.close`` lets its job end on its own before cancelling it."""
 CONNECTION_LOST = (
     OSError,
     TimeoutError,
@@ -72,12 +75,52 @@ async def keep_connected(
         backoff = min(backoff * 2, high)
 
 
-async def stop_task(task: asyncio.Task[None] | None, within_s: float) -> None:
-    """Wait up to ``within_s`` for ``task`` to end on its own (its stop event set), then
-    cancel it until it does."""
-    if task is None:
-        return
-    await asyncio.wait({task}, timeout=within_s)
-    while not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=within_s)
+class ConnectedTask:
+    """One job's task and its connection: ``start`` runs the job through
+    ``keep_connected``, ``close`` sets ``stop`` (and ``wake``, so a job waiting on it
+    notices) and waits for the job to end, cancelling it after ``CLOSE_WITHIN_S``."""
+
+    def __init__(self, url: str, *, application_name: str, timeout_s: float) -> None:
+        self._url = url
+        self._application_name = application_name
+        self._timeout_s = timeout_s
+        self.stop = asyncio.Event()
+        self.wake = asyncio.Event()
+        """Set to make the job look again before its next turn."""
+        self._task: asyncio.Task[None] | None = None
+
+    def start(
+        self,
+        use: Callable[[asyncpg.Connection], Awaitable[None]],
+        *,
+        lost: Callable[[BaseException], None],
+        failed: Callable[[], None],
+        settled: Callable[[], bool] = lambda: True,
+    ) -> None:
+        """Run the job (``keep_connected``'s arguments) unless it runs already."""
+        if self._task is not None:
+            return
+        job = keep_connected(
+            self._url,
+            application_name=self._application_name,
+            timeout_s=self._timeout_s,
+            stop=self.stop,
+            use=use,
+            lost=lost,
+            failed=failed,
+            settled=settled,
+        )
+        self._task = asyncio.create_task(job, name=self._application_name)
+
+    async def close(self) -> BaseException | None:
+        """Stop the job; what it raised, if it ended on an exception."""
+        task, self._task = self._task, None
+        if task is None:
+            return None
+        self.stop.set()
+        self.wake.set()
+        await asyncio.wait({task}, timeout=CLOSE_WITHIN_S)
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=CLOSE_WITHIN_S)
+        return None if task.cancelled() else task.exception()

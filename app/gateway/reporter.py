@@ -27,7 +27,7 @@ from time import monotonic
 import asyncpg
 import structlog
 
-from app.gateway.reconnecting import CONNECTION_LOST, keep_connected, stop_task
+from app.gateway.reconnecting import CONNECTION_LOST, ConnectedTask
 from app.store.database import driver_url
 from app.store.gateway_reports import TrafficReport, delete_report, write_report
 
@@ -40,7 +40,6 @@ it is called."""
 REPORT_LATE_S = 2.0
 """A report this much later than due is logged (``gateway_report_late``)."""
 QUERY_TIMEOUT_S = 5.0
-CLOSE_WITHIN_S = 2.0
 
 InFlightCounter = Callable[[], dict[str, int]]
 QueuedCounter = Callable[[], dict[str, int]]
@@ -72,7 +71,11 @@ class GatewayReporter:
             if value <= 0:
                 raise ValueError(f"the {label} must be positive, not {value}")
         self.gateway_id = gateway_id
-        self._url = driver_url(database_url)
+        self._connection = ConnectedTask(
+            driver_url(database_url),
+            application_name=f"llmgw-report-{gateway_id}",
+            timeout_s=query_timeout_s,
+        )
         self._in_flight = in_flight
         self._routing_position = routing_position
         self._queued = queued
@@ -83,9 +86,8 @@ class GatewayReporter:
         self._soon = False
         self._late_logged = False
         self._failing = False
-        self._wake = asyncio.Event()
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._wake = self._connection.wake
+        self._stop = self._connection.stop
         self.reports = 0
         """Reports written so far (tests wait on it)."""
         self.last_error: str | None = None
@@ -99,30 +101,17 @@ class GatewayReporter:
 
     async def start(self) -> None:
         """Start reporting; the first report goes out as soon as the database answers."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"report-{self.gateway_id}")
-
-    async def close(self) -> None:
-        """Stop reporting; this gateway's report is removed if the database answers."""
-        task, self._task = self._task, None
-        if task is None:
-            return
-        self._stop.set()
-        self._wake.set()
-        await stop_task(task, CLOSE_WITHIN_S)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("gateway_report_stopped", error=str(task.exception()))
-
-    async def _run(self) -> None:
-        await keep_connected(
-            self._url,
-            application_name=f"llmgw-report-{self.gateway_id}",
-            timeout_s=self._timeout_s,
-            stop=self._stop,
-            use=self._report,
+        self._connection.start(
+            self._report,
             lost=self._lost,
             failed=lambda: log.exception("gateway_report_failed"),
         )
+
+    async def close(self) -> None:
+        """Stop reporting; this gateway's report is removed if the database answers."""
+        error = await self._connection.close()
+        if error is not None:
+            log.error("gateway_report_stopped", error=str(error))
 
     async def _report(self, db: asyncpg.Connection) -> None:
         db.add_termination_listener(lambda _connection: self._wake.set())

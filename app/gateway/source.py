@@ -29,7 +29,7 @@ from typing import Any
 import asyncpg
 import structlog
 
-from app.gateway.reconnecting import keep_connected, stop_task
+from app.gateway.reconnecting import ConnectedTask
 from app.gateway.snapshot import read_snapshot
 from app.gateway.table import GatewaySnapshot, SnapshotListener
 from app.store.database import driver_url
@@ -42,7 +42,6 @@ DEFAULT_DEBOUNCE_S = 0.05
 QUERY_TIMEOUT_S = 5.0
 """A statement that takes longer is taken for a dead connection (a network that drops
 packets sends no reset)."""
-CLOSE_WITHIN_S = 2.0
 
 
 def default_gateway_id() -> str:
@@ -76,7 +75,11 @@ class PostgresSnapshotSource:
             if value <= 0:
                 raise ValueError(f"the {name} must be positive, not {value}")
         self.gateway_id = gateway_id or default_gateway_id()
-        self._url = driver_url(database_url)
+        self._connection = ConnectedTask(
+            driver_url(database_url),
+            application_name=f"llmgw-gateway-{self.gateway_id}",
+            timeout_s=query_timeout_s,
+        )
         self._refresh_interval_s = refresh_interval_s
         self._debounce_s = max(debounce_s, 0.0)
         self._timeout_s = query_timeout_s
@@ -85,10 +88,9 @@ class PostgresSnapshotSource:
         self._up = False
         self._up_since_connect = False
         self._loss_logged = False
-        self._wake = asyncio.Event()
+        self._wake = self._connection.wake
         self._notified = False
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._stop = self._connection.stop
         self.first_attempt = asyncio.Event()
         """Set once the first connection and read succeeded or failed."""
         self.loads = 0
@@ -131,38 +133,25 @@ class PostgresSnapshotSource:
     async def start(self, *, wait_s: float = QUERY_TIMEOUT_S) -> None:
         """Connect and start following the database; returns once the first snapshot is
         read, or after ``wait_s`` without one (it keeps trying; ``fresh()`` tells)."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"snapshot-{self.gateway_id}")
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(wait_s):
-                await self.first_attempt.wait()
-
-    async def close(self) -> None:
-        """Stop following."""
-        task, self._task = self._task, None
-        if task is None:
-            return
-        self._stop.set()
-        self._wake.set()
-        await stop_task(task, CLOSE_WITHIN_S)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("routing_source_failed", error=str(task.exception()))
-
-    # -- the loop ---------------------------------------------------------------------------
-
-    async def _run(self) -> None:
-        await keep_connected(
-            self._url,
-            application_name=f"llmgw-gateway-{self.gateway_id}",
-            timeout_s=self._timeout_s,
-            stop=self._stop,
-            use=self._follow,
+        self._connection.start(
+            self._follow,
             lost=self._lost,
             failed=lambda: log.exception("routing_table_read_failed"),
             # A database that keeps refusing the first read (a schema not migrated yet)
             # is asked again with backoff; one that went away after serving, at once.
             settled=lambda: self._up_since_connect,
         )
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait_s):
+                await self.first_attempt.wait()
+
+    async def close(self) -> None:
+        """Stop following."""
+        error = await self._connection.close()
+        if error is not None:
+            log.error("routing_source_failed", error=str(error))
+
+    # -- the loop ---------------------------------------------------------------------------
 
     async def _follow(self, db: asyncpg.Connection) -> None:
         self._up_since_connect = False
