@@ -356,3 +356,35 @@ async def test_a_report_held_up_on_its_own_write_is_logged_as_late(database_url:
     finally:
         await gateway.close()
         await db.close()
+
+
+async def test_a_report_connection_cut_is_told_once_and_reports_resume_on_a_new_one(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    """What an operator's ``pg_terminate_backend`` or a dropped TCP connection does to the
+    reporter: one warning, a new connection, the reports going on, one line when they do."""
+    db = await asyncpg.connect(driver_url(database_url))
+    gateway = await reporting_gateway(
+        database_url, "gw-cut", lambda: {"a-1": 2}, report_interval_s=0.05
+    )
+    reports = InFlightReports(engine)
+    try:
+        await wait_until(lambda: gateway.reporter.reports > 0, what="the first report")
+        with capture_logs() as logs:
+            cut = await db.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = 'llmgw-report-gw-cut'"
+            )
+            assert cut == 1
+            written = gateway.reporter.reports
+            await wait_until(
+                lambda: gateway.reporter.reports > written + 5, what="reports after the cut"
+            )
+        events = [line["event"] for line in logs if line["event"].startswith("gateway_report")]
+        assert events == ["gateway_report_unwritten", "gateway_report_written"]
+        assert (await reports.read_gateways()).in_flight == {"a-1": 2}
+        # The snapshot's connection was not the one cut: it never lost the database.
+        assert gateway.source.fresh()
+    finally:
+        await gateway.close()
+        await db.close()
