@@ -465,8 +465,12 @@ async def test_an_agent_killed_and_started_again_reattaches_its_engine_and_leave
     engine_pid = (await control_plane.status("m-1", "ready")).pid
     assert engine_pid is not None
 
+    killed = control_plane.mark()
     os.killpg(first.process.pid, signal.SIGKILL)
     await wait_until(first.exited, what="the first agent is dead")
+    # Its connection's end (no closing handshake: 1006) reaches the control plane in its
+    # own time; once it has, the departure looked for below can only be the second agent's.
+    await control_plane.observed(AgentGone, since=killed, what="the first connection lost")
     since = control_plane.mark()
     second = processes.agent(control_plane, state_dir)
 
