@@ -2,18 +2,18 @@
 runs on its client listener.
 
 It is stateless: everything it routes by comes from the database (``PostgresSnapshotSource``)
-and the only thing it writes there is its report (``app.gateway.reporter``: requests in
-flight, requests queued per
-model, what it saw of each replica's requests, and the replicas it keeps out of rotation),
-so any number of them can run behind a load balancer. Keys' rpm and tpm are counted across
-all of them by leasing slices of each key's budget from the database
+and the only thing it writes there is its report (``GatewayReporter``: requests in flight,
+requests queued per model, what it saw of each replica's requests, and the replicas it keeps
+out of rotation), so any number of them can run behind a load balancer. Keys' rpm and tpm
+are counted across all of them by leasing slices of each key's budget from the database
 (``app.gateway.sharedlimits``, kept supplied by ``app.gateway.budget_keeper``). Stopping it
-lets open requests finish, reporting them until the last one ends, gives back the slices it
-did not use, then removes its report.
+lets open requests finish, reporting them until the last one ends, removes its report, then
+gives back the slices it did not use.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import structlog
@@ -155,9 +155,7 @@ class PostgresGateway:
         try:
             await self.gateway.start()
         except BaseException:
-            await self.reporter.close()
-            await self.budgets.close()
-            await self.source.close()
+            await self._close_database_side()
             raise
         networks = self.gateway.egress.networks
         log.info(
@@ -177,10 +175,12 @@ class PostgresGateway:
         try:
             await self.gateway.stop()
         finally:
-            try:
-                await self.reporter.close()  # its report goes: stopped, not silent
-            finally:
-                try:
-                    await self.budgets.close()  # what it holds goes back
-                finally:
-                    await self.source.close()
+            await self._close_database_side()
+
+    async def _close_database_side(self) -> None:
+        """The reporter first (its report goes: stopped, not silent), then the budgets
+        (what they hold goes back), then the source; each even if one before it failed."""
+        async with contextlib.AsyncExitStack() as closing:
+            closing.push_async_callback(self.source.close)
+            closing.push_async_callback(self.budgets.close)
+            closing.push_async_callback(self.reporter.close)

@@ -2,10 +2,9 @@
 
 A gateway holds a few connections, each for one job (``app.gateway.source``'s snapshot
 reads, ``app.gateway.reporter``'s reports, ``app.gateway.budget_keeper``'s grants), so
-that a statement held up on one never holds up the others. Each job runs through
-``keep_connected``: connect, hand the connection to the job until it returns (the task is
+that a statement held up on one never holds up the others. Each job runs in a
+``ConnectedTask``: connect, hand the connection to the job until it returns (the task is
 stopping) or raises, and on a loss tell the job, wait with backoff, connect again.
-``ConnectedTask`` holds such a job's task, with the events that stop and wake it.
 """
 
 from __future__ import annotations
@@ -28,57 +27,14 @@ CONNECTION_LOST = (
 """What a job raises when its connection, or the database behind it, has gone."""
 
 
-async def keep_connected(
-    url: str,
-    *,
-    application_name: str,
-    timeout_s: float,
-    stop: asyncio.Event,
-    use: Callable[[asyncpg.Connection], Awaitable[None]],
-    lost: Callable[[BaseException], None],
-    failed: Callable[[], None],
-    settled: Callable[[], bool] = lambda: True,
-) -> None:
-    """Run ``use`` on a fresh connection until it returns or ``stop`` is set.
-
-    ``lost`` is told of every failure to connect and every loss. An exception that is not
-    a lost connection is a bug: ``failed`` is called while it is handled (to log it with
-    its traceback), and it is taken as a loss, so that it never ends the task. After a loss
-    the next attempt comes ``BACKOFF_S[0]`` later when ``settled()`` says the connection
-    had done its job (a database that went away once), else after a backoff doubled up to
-    ``BACKOFF_S[1]`` (one that keeps refusing)."""
-    low, high = BACKOFF_S
-    backoff = low
-    while not stop.is_set():
-        try:
-            connection = await asyncpg.connect(
-                url, timeout=timeout_s, server_settings={"application_name": application_name}
-            )
-        except CONNECTION_LOST as exc:
-            lost(exc)
-        else:
-            try:
-                await use(connection)
-                return  # stopping
-            except CONNECTION_LOST as exc:
-                lost(exc)
-            except Exception as exc:  # a bug must not end the loop: retry as if lost
-                failed()
-                lost(exc)
-            finally:
-                connection.terminate()
-            if settled():
-                backoff = low
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(backoff):
-                await stop.wait()
-        backoff = min(backoff * 2, high)
+Job = Callable[[asyncpg.Connection], Awaitable[None]]
 
 
 class ConnectedTask:
-    """One job's task and its connection: ``start`` runs the job through
-    ``keep_connected``, ``close`` sets ``stop`` (and ``wake``, so a job waiting on it
-    notices) and waits for the job to end, cancelling it after ``CLOSE_WITHIN_S``."""
+    """One job's task and its connection: ``start`` runs the job on a fresh connection and
+    again on a new one after each loss, ``close`` sets ``stop`` (and ``wake``, so a job
+    waiting on it notices) and waits for the job to end, cancelling it after
+    ``CLOSE_WITHIN_S``."""
 
     def __init__(self, url: str, *, application_name: str, timeout_s: float) -> None:
         self._url = url
@@ -91,26 +47,24 @@ class ConnectedTask:
 
     def start(
         self,
-        use: Callable[[asyncpg.Connection], Awaitable[None]],
+        use: Job,
         *,
         lost: Callable[[BaseException], None],
         failed: Callable[[], None],
         settled: Callable[[], bool] = lambda: True,
     ) -> None:
-        """Run the job (``keep_connected``'s arguments) unless it runs already."""
-        if self._task is not None:
-            return
-        job = keep_connected(
-            self._url,
-            application_name=self._application_name,
-            timeout_s=self._timeout_s,
-            stop=self.stop,
-            use=use,
-            lost=lost,
-            failed=failed,
-            settled=settled,
-        )
-        self._task = asyncio.create_task(job, name=self._application_name)
+        """Run ``use`` until it returns (``stop`` is set) unless it runs already.
+
+        ``lost`` is told of every failure to connect and every loss. An exception that is
+        not a lost connection is a bug: ``failed`` is called while it is handled (to log it
+        with its traceback), and it is taken as a loss, so that it never ends the task.
+        After a loss the next attempt comes ``BACKOFF_S[0]`` later when ``settled()`` says
+        the connection had done its job (a database that went away once), else after a
+        backoff doubled up to ``BACKOFF_S[1]`` (one that keeps refusing)."""
+        if self._task is None:
+            self._task = asyncio.create_task(
+                self._keep_connected(use, lost, failed, settled), name=self._application_name
+            )
 
     async def close(self) -> BaseException | None:
         """Stop the job; what it raised, if it ended on an exception."""
@@ -124,3 +78,39 @@ class ConnectedTask:
             task.cancel()
             await asyncio.wait({task}, timeout=CLOSE_WITHIN_S)
         return None if task.cancelled() else task.exception()
+
+    async def _keep_connected(
+        self,
+        use: Job,
+        lost: Callable[[BaseException], None],
+        failed: Callable[[], None],
+        settled: Callable[[], bool],
+    ) -> None:
+        low, high = BACKOFF_S
+        backoff = low
+        while not self.stop.is_set():
+            try:
+                connection = await asyncpg.connect(
+                    self._url,
+                    timeout=self._timeout_s,
+                    server_settings={"application_name": self._application_name},
+                )
+            except CONNECTION_LOST as exc:
+                lost(exc)
+            else:
+                try:
+                    await use(connection)
+                    return  # stopping
+                except CONNECTION_LOST as exc:
+                    lost(exc)
+                except Exception as exc:  # a bug must not end the loop: retry as if lost
+                    failed()
+                    lost(exc)
+                finally:
+                    connection.terminate()
+                if settled():
+                    backoff = low
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(backoff):
+                    await self.stop.wait()
+            backoff = min(backoff * 2, high)

@@ -85,12 +85,12 @@ class GatewayReporter:
         self._timeout_s = query_timeout_s
         self._soon = False
         self._late_logged = False
-        self._failing = False
         self._wake = self._connection.wake
         self._stop = self._connection.stop
         self.reports = 0
         """Reports written so far (tests wait on it)."""
         self.last_error: str | None = None
+        """Why reports cannot be written, while they cannot."""
 
     def report_soon(self) -> None:
         """Write the next report now rather than at its turn (at most every
@@ -166,9 +166,9 @@ class GatewayReporter:
         self._late_logged = late_s > REPORT_LATE_S
 
     def _lost(self, exc: BaseException) -> None:
+        first = self.last_error is None
         self.last_error = str(exc) or type(exc).__name__
-        if not self._failing:
-            self._failing = True
+        if first:
             log.warning(
                 "gateway_report_unwritten",
                 gateway_id=self.gateway_id,
@@ -177,7 +177,6 @@ class GatewayReporter:
             )
 
     def _back(self) -> None:
-        if self._failing:
-            self._failing = False
+        if self.last_error is not None:
             self.last_error = None
             log.info("gateway_report_written", gateway_id=self.gateway_id)
