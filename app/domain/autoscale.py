@@ -9,7 +9,6 @@ samples of the longest window a policy needs; a control plane that starts has no
 it scales up at once when demand says so but down only once it has watched a whole window.
 
 ``decide`` compares the demand with what one replica should carry (``AutoscalePolicy``):
-
 - **up** as soon as the demand averaged over ``up_window_s`` needs more replicas than the
   model has (a burst shorter than that window moves the average only by its share);
 - **down** only when the *highest* of those ``up_window_s`` averages over the last
@@ -32,6 +31,11 @@ it scales up at once when demand says so but down only once it has watched a who
   ``app.domain.reports.SILENT_HOLD_S`` but not recently, and did not stop cleanly): the
   samples then leave its requests out (``partial``), so they can prove more demand but
   never less, and a drop or an idle span waits until it holds no partial sample.
+
+Every average above is over time: a sample stands for the time since the one before it.
+Passes do not come evenly (a scale event wakes three or four within a fifth of a second,
+each taking the gateways' latest reports again), and a mean per sample would count such a
+cluster several times over.
 
 Each change is a ``ModelScaled`` with the figures that decided it; the replicas it removes
 go as a scale-down always goes: out of routing, then stopped once the gateways report them
@@ -150,9 +154,9 @@ def decide(model: Model, samples: Sequence[DemandSample], now: datetime) -> Scal
     current = model.spec.replicas
     per_replica, source = per_replica_load(model, policy)
     latest = samples[-1].demand
-    up = _within(samples, now, policy.up_window_s)
-    mean_up = sum(s.demand for s in up) / len(up)
-    highest = _HighestAverages(samples, policy.up_window_s)
+    timeline = _Timeline(samples)
+    mean_up = timeline.mean(now, policy.up_window_s)
+    highest = _HighestAverages(timeline, policy.up_window_s)
     max_down = highest.since(now - timedelta(seconds=policy.down_window_s))
     inputs = ScaleInputs(
         demand=latest,
@@ -231,21 +235,51 @@ def _drop(
     return found
 
 
-class _HighestAverages:
-    """The mean over ``window_s`` ending at each sample (one pass, the window's sum kept as
-    it slides), and the highest of those ending at or after any moment."""
+class _Timeline:
+    """The samples as demand over time: each sample's figure held since the sample before
+    it (the first one's has no span), and the means over windows of that."""
 
-    def __init__(self, samples: Sequence[DemandSample], window_s: float) -> None:
-        window = timedelta(seconds=window_s)
-        means: list[float] = []
-        start, total = 0, 0.0
-        for end, sample in enumerate(samples):
-            total += sample.demand
-            while samples[start].at < sample.at - window:
-                total -= samples[start].demand
-                start += 1
-            means.append(total / (end - start + 1))
-        self._times = [s.at for s in samples]
+    def __init__(self, samples: Sequence[DemandSample]) -> None:
+        self.moments = [s.at for s in samples]
+        self._origin = samples[0].at
+        self._times = [(at - self._origin).total_seconds() for at in self.moments]
+        self._values = [s.demand for s in samples]
+        # _covered[i]: the integral of the demand from the first sample to the i-th.
+        self._covered = [0.0]
+        for i in range(1, len(samples)):
+            span = self._times[i] - self._times[i - 1]
+            self._covered.append(self._covered[-1] + self._values[i] * span)
+
+    def mean(self, end: datetime, window_s: float) -> float:
+        """The demand averaged over the ``window_s`` before ``end``, over as much of it as
+        the samples up to ``end`` cover (the latest sample's figure when they cover none)."""
+        at = (end - self._origin).total_seconds()
+        last = max(bisect.bisect_right(self._times, at) - 1, 0)
+        return self._mean_to(last, at - window_s)
+
+    def _mean_to(self, last: int, start: float) -> float:
+        """The mean from ``start`` to the ``last``-th sample."""
+        first = bisect.bisect_right(self._times, start, hi=last)  # the first after ``start``
+        if first == 0:  # the first sample is inside: what it stands for is not known
+            since, area = self._times[0], self._covered[last]
+        else:  # the one before is not, so the first inside stands for the window's start on
+            since = max(self._times[first - 1], start)
+            area = self._values[first] * (self._times[first] - since)
+            area += self._covered[last] - self._covered[first]
+        span = self._times[last] - since
+        return area / span if span > 0 else self._values[last]
+
+    def means_ending_at_each(self, window_s: float) -> list[float]:
+        return [self._mean_to(i, at - window_s) for i, at in enumerate(self._times)]
+
+
+class _HighestAverages:
+    """The mean over ``window_s`` ending at each sample, and the highest of those ending at
+    or after any moment."""
+
+    def __init__(self, timeline: _Timeline, window_s: float) -> None:
+        means = timeline.means_ending_at_each(window_s)
+        self._times = timeline.moments
         self._highest_from = list(itertools.accumulate(reversed(means), max))[::-1]
 
     def since(self, moment: datetime) -> float:

@@ -52,9 +52,15 @@ class Demand:
         """``n`` passes a second apart at ``demand`` (``partial``: while some gateway is
         silent); the first decision that changed the count, or None (each is applied to the
         model as the log would)."""
+        return self.passes(n, demand, apart_s=1.0, partial=partial)
+
+    def passes(
+        self, n: int, demand: float, *, apart_s: float, partial: bool = False
+    ) -> ScaleDecision | None:
+        """As ``seconds``, ``apart_s`` apart."""
         changed = None
         for _ in range(n):
-            self.now += timedelta(seconds=1)
+            self.now += timedelta(seconds=apart_s)
             models = {"llama": self.model}
             self.history = autoscale.observe(
                 self.history, {"llama": demand}, models, self.now, partial=partial
@@ -105,6 +111,22 @@ def test_a_burst_shorter_than_the_window_moves_the_average_only_by_its_share() -
     assert demand.replicas == 2
 
 
+def test_passes_close_together_count_for_the_time_they_cover_not_once_each() -> None:
+    demand = Demand(model(2))
+    demand.seconds(70, 6.0)
+
+    # A scale event wakes ten passes within a tenth of a second, each taking the gateways'
+    # latest reports again: 20 for that moment. Over the ten seconds they weigh 0.1 s, so
+    # the average is 6.14 and 2 replicas still carry it. Counted once each, they would have
+    # lifted it to 8.3 at the first of them (3 replicas) and to 13 by the tenth (4).
+    assert demand.passes(10, 20.0, apart_s=0.01) is None
+    assert demand.replicas == 2
+
+    # The same demand held for the whole window is taken at its full weight: 20 needs 5.
+    assert demand.seconds(10, 20.0) is not None
+    assert demand.replicas == 5
+
+
 def test_the_count_comes_down_only_after_a_whole_window_of_lower_demand() -> None:
     demand = Demand(model(1))
     demand.seconds(15, 28.0)
@@ -118,13 +140,13 @@ def test_the_count_comes_down_only_after_a_whole_window_of_lower_demand() -> Non
     # one by one, and the count follows them down until only averages of 4 are left.
     assert first is not None
     assert first.replicas == 6
-    assert first.reason == "demand averaged at most 23.6 over 60s needs 6 replica(s) at 4 each"
-    assert first.inputs.down_window_max == pytest.approx(260 / 11)
+    assert first.reason == "demand averaged at most 23.2 over 60s needs 6 replica(s) at 4 each"
+    assert first.inputs.down_window_max == pytest.approx((8 * 28 + 2 * 4) / 10)
     last = first
     while demand.replicas > 1:
         last = demand.seconds(1, 4.0) or last
     assert last.reason == "demand averaged at most 4.0 over 60s needs 1 replica(s) at 4 each"
-    assert demand.now - T0 == timedelta(seconds=15 + 71)  # ten seconds and a minute after
+    assert demand.now - T0 == timedelta(seconds=15 + 70)  # ten seconds and a minute after
 
 
 def test_a_signal_swinging_across_a_threshold_does_not_flap() -> None:
@@ -132,13 +154,13 @@ def test_a_signal_swinging_across_a_threshold_does_not_flap() -> None:
     counts = []
     for _ in range(40):
         demand.seconds(3, 13.0)  # the samples swing between 13 and 1 (3 or 1 replicas);
-        demand.seconds(3, 1.0)  # their ten-second averages between 6.5 and 7.5 (2)
+        demand.seconds(3, 1.0)  # their ten-second averages between 5.8 and 8.2 (2 or 3)
         counts.append(demand.replicas)
 
     # The first seconds alone averaged 13 (4 replicas). Once they have left the minute's
-    # window the count comes down to the 2 that the averages' peaks need, and stays there,
+    # window the count comes down to the 3 that the averages' peaks need, and stays there,
     # where the latest sample alone would take it to 4 and back to 1 every few seconds.
-    assert counts == [4] * 10 + [3] + [2] * 29
+    assert counts == [4] * 10 + [3] * 30
 
 
 def test_the_count_stays_inside_its_bounds_and_is_brought_back_into_them() -> None:
@@ -333,26 +355,26 @@ def test_a_deeper_drop_waits_only_its_share_of_the_down_window() -> None:
     whole, share = Demand(model(1)), Demand(model(1, SHARE))
     for demand in (whole, share):
         demand.seconds(15, 28.0)  # 7 replicas
-        demand.seconds(37, 4.0)  # a fall to what one replica carries
+        demand.seconds(36, 4.0)  # a fall to what one replica carries
     assert (whole.replicas, share.replicas) == (7, 7)
 
     first = share.seconds(1, 4.0)
 
     # 7 to 3 (max_step 4) waits 3/7 of the minute, raised to half of it: 30 s in which no
-    # ten-second mean needed more than 3, the first of them 8 s after the fall. The whole
-    # window would hold the count at 7 for another 23 s.
+    # ten-second mean needed more than 3, the first of them 7 s after the fall. The whole
+    # window would hold the count at 7 for another 24 s.
     assert first is not None
     assert first.replicas == 3
     assert first.reason == (
-        "demand averaged at most 10.5 over 30s needs 3 replica(s) at 4 each "
+        "demand averaged at most 11.2 over 30s needs 3 replica(s) at 4 each "
         "(50% of the 60s window: 7 to 3)"
     )
     assert first.inputs.down_wait_s == 30.0
-    assert first.inputs.down_wait_max == pytest.approx(116 / 11)
+    assert first.inputs.down_wait_max == pytest.approx((3 * 28 + 7 * 4) / 10)
     assert first.inputs.down_window_max == pytest.approx(28.0)  # the whole minute's
     assert whole.seconds(1, 4.0) is None
     share.seconds(3, 4.0)
-    assert share.replicas == 1  # 41 s after the fall, where the whole window takes 71
+    assert share.replicas == 1  # 40 s after the fall, where the whole window takes 70
 
 
 def test_a_drop_by_one_replica_still_waits_most_of_the_window() -> None:
@@ -374,9 +396,9 @@ def test_a_signal_swinging_across_a_threshold_does_not_flap_with_a_shorter_wait(
         demand.seconds(3, 1.0)
         counts.append(demand.replicas)
 
-    # The swings' ten-second averages need 2 (of 4): half a minute of them is enough to go
-    # to 2, and the count stays there.
-    assert counts == [4] * 6 + [2] * 34
+    # The swings' ten-second averages need 3 (of 4) at their peaks: a drop by one waits
+    # three quarters of the minute, and the count stays there.
+    assert counts == [4] * 8 + [3] * 32
 
 
 def test_a_down_window_share_outside_zero_to_one_is_refused() -> None:
