@@ -3,10 +3,10 @@ it rounds."""
 
 from __future__ import annotations
 
-from benchmarks.autoscale import Run, meets_goal, share_down
+from benchmarks.autoscale import Run, against_peak, meets_goal, share_down
 
 
-def autoscaled(within: int, requests: int, failed: int = 0) -> Run:
+def autoscaled(within: int, requests: int, failed: int = 0, replica_seconds: float = 1778.0) -> Run:
     return Run(
         name="autoscaled",
         replicas="1-10",
@@ -18,7 +18,7 @@ def autoscaled(within: int, requests: int, failed: int = 0) -> Run:
         ttft_p50_ms=None,
         ttft_p95_ms=None,
         ttft_p99_ms=None,
-        replica_seconds=1778.0,
+        replica_seconds=replica_seconds,
         scale_events=52,
         outside_slo=[],
         outside_slo_held=0,
@@ -40,4 +40,12 @@ def test_the_goal_counts_requests_rather_than_the_rounded_share() -> None:
     assert meets_goal(autoscaled(2277, 2299), 59.3)  # 22 out: 99.04 %
     assert meets_goal(autoscaled(99, 100), 60.0)  # exactly 99 % at exactly 60 %
     assert not meets_goal(autoscaled(2299, 2299, failed=1), 59.3)
-    assert not meets_goal(autoscaled(2299, 2299), 60.1)
+    assert not meets_goal(autoscaled(2299, 2299), 60.04)
+
+
+def test_the_goal_counts_replica_seconds_rather_than_the_rounded_share() -> None:
+    peak = autoscaled(2299, 2299, replica_seconds=3000.0)
+
+    assert against_peak(autoscaled(2299, 2299, replica_seconds=1801.2), peak) == (60.0, False)
+    assert against_peak(autoscaled(2299, 2299, replica_seconds=1800.0), peak) == (60.0, True)
+    assert against_peak(autoscaled(2276, 2299, replica_seconds=1778.0), peak) == (59.3, False)
