@@ -17,7 +17,6 @@ reconnects with backoff; the first grant that succeeds ends it (``rate_limits_sh
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Callable
 from time import monotonic
@@ -57,15 +56,13 @@ class BudgetKeeper:
         self._gateway_id = gateway_id
         self._on_degraded = on_degraded
         self._timeout_s = query_timeout_s
-        self._wake = self._connection.wake
-        self._stop = self._connection.stop
         self.last_error: str | None = None
         self.grants = 0
         """Grants answered so far (tests wait on it)."""
 
     def wake(self) -> None:
         """A budget wants a grant: ask now rather than at the next tick."""
-        self._wake.set()
+        self._connection.wake.set()
 
     def degraded_reason(self) -> str | None:
         """Why limits are not shared now, for ``/readyz``; None while they are."""
@@ -95,7 +92,7 @@ class BudgetKeeper:
 
     async def _keep(self, db: asyncpg.Connection) -> None:
         next_count = 0.0
-        while not self._stop.is_set():
+        while not self._connection.stop.is_set():
             now = monotonic()
             if now >= next_count:
                 self.limiter.gateways = max(
@@ -117,10 +114,7 @@ class BudgetKeeper:
                 self._reachable()
             await self._give_back(db, self.limiter.expired(monotonic()))
             self._reachable()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(TICK_S):
-                    await self._wake.wait()
-            self._wake.clear()
+            await self._connection.wait_turn(monotonic() + TICK_S)
 
     async def _give_back(self, db: asyncpg.Connection, returns: list[Return]) -> None:
         for back in returns:

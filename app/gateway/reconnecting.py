@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from time import monotonic
 
 import asyncpg
 
@@ -65,6 +66,14 @@ class ConnectedTask:
             self._task = asyncio.create_task(
                 self._keep_connected(use, lost, failed, settled), name=self._application_name
             )
+
+    async def wait_turn(self, until: float) -> None:
+        """Wait until ``until`` (``time.monotonic``), or less when woken (``wake``, which it
+        clears, or ``stop``)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(until - monotonic(), 0.0)):
+                await self.wake.wait()
+        self.wake.clear()
 
     async def close(self) -> BaseException | None:
         """Stop the job; what it raised, if it ended on an exception."""

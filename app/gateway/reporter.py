@@ -19,7 +19,6 @@ autoscaled model from scaling down until it reports again. A late report is stil
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Callable
 from time import monotonic
@@ -85,8 +84,6 @@ class GatewayReporter:
         self._timeout_s = query_timeout_s
         self._soon = False
         self._late_logged = False
-        self._wake = self._connection.wake
-        self._stop = self._connection.stop
         self.reports = 0
         """Reports written so far (tests wait on it)."""
         self.last_error: str | None = None
@@ -97,7 +94,7 @@ class GatewayReporter:
         ``MIN_REPORT_GAP_S``): something the readers should see has just begun. Call it on
         the reporter's loop."""
         self._soon = True
-        self._wake.set()
+        self._connection.wake.set()
 
     async def start(self) -> None:
         """Start reporting; the first report goes out as soon as the database answers."""
@@ -114,17 +111,14 @@ class GatewayReporter:
             log.error("gateway_report_stopped", error=str(error))
 
     async def _report(self, db: asyncpg.Connection) -> None:
-        db.add_termination_listener(lambda _connection: self._wake.set())
+        db.add_termination_listener(lambda _connection: self._connection.wake.set())
         next_report = monotonic()
         last_report = float("-inf")
-        while not self._stop.is_set():
+        while not self._connection.stop.is_set():
             if db.is_closed():
                 raise ConnectionResetError("the database closed the connection")
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(max(next_report - monotonic(), 0.0)):
-                    await self._wake.wait()
-            self._wake.clear()
-            if self._stop.is_set() or db.is_closed():
+            await self._connection.wait_turn(next_report)
+            if self._connection.stop.is_set() or db.is_closed():
                 continue
             if self._soon:
                 self._soon = False

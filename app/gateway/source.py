@@ -88,9 +88,7 @@ class PostgresSnapshotSource:
         self._up = False
         self._up_since_connect = False
         self._loss_logged = False
-        self._wake = self._connection.wake
         self._notified = False
-        self._stop = self._connection.stop
         self.first_attempt = asyncio.Event()
         """Set once the first connection and read succeeded or failed."""
         self.loads = 0
@@ -161,14 +159,11 @@ class PostgresSnapshotSource:
         self._back()
         self._up_since_connect = True
         next_read = monotonic() + self._refresh_interval_s
-        while not self._stop.is_set():
+        while not self._connection.stop.is_set():
             if db.is_closed():
                 raise ConnectionResetError("the database closed the connection")
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(max(next_read - monotonic(), 0.0)):
-                    await self._wake.wait()
-            self._wake.clear()
-            if self._stop.is_set() or db.is_closed():
+            await self._connection.wait_turn(next_read)
+            if self._connection.stop.is_set() or db.is_closed():
                 continue
             if self._notified:
                 await asyncio.sleep(self._debounce_s)  # one read for a burst of appends
@@ -198,10 +193,10 @@ class PostgresSnapshotSource:
             if int(payload) <= self._snapshot.position:
                 return  # already read (our own periodic read got there first)
         self._notified = True
-        self._wake.set()
+        self._connection.wake.set()
 
     def _on_termination(self, _connection: Any) -> None:
-        self._wake.set()
+        self._connection.wake.set()
 
     def _lost(self, exc: BaseException) -> None:
         self.last_error = str(exc) or type(exc).__name__
