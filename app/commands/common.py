@@ -82,8 +82,9 @@ BodyTimeout = Annotated[
     float,
     Parameter(
         env_var="LLMGW_BODY_TIMEOUT",
-        help="seconds a client has to send a request's body once its headers are in; then "
-        "it gets 408 and is disconnected",
+        help="seconds a client has to send a request's body once its headers are in, not "
+        "counting the time the server does not read it (the request waits for a replica); "
+        "then it gets 408 and is disconnected",
     ),
 ]
 

@@ -16,13 +16,17 @@ counts; what it serves is the same ASGI app.
 Each connection reads requests one after another, in order: a request that arrives while
 the one before is still being answered (pipelining) waits, its body buffered, and the
 socket is not read meanwhile. A body the app does not read is buffered up to
-``exchange.HIGH_WATER_BYTES`` before the socket stops being read (flow control).
+``exchange.HIGH_WATER_BYTES`` before the socket stops being read (flow control). While a
+socket is not read, the sweep asks it whether the client closed its side, which no read
+would find: a client that leaves is seen to, unless the end of its stream waits behind
+more than the sockets' buffers hold.
 
 The limits (``ListenerLimits``), as ``app.listeners.limits`` puts them on uvicorn:
 
 - the head within ``header_timeout_s`` of the connection opening, or of the first byte
   of the next request on a kept-alive one; the body within ``body_timeout_s`` of the
-  head; otherwise 408;
+  head, not counting the time the socket is not read (flow control, a pipelined request
+  waiting); otherwise 408;
 - a head of at most ``max_header_bytes``, otherwise 431;
 - at most ``max_connections`` connections: one more is answered 503 at once;
 - a kept-alive connection idle for ``idle_s`` is closed, without an answer;
@@ -38,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import select
 import socket
 from collections import deque
 from typing import Any, cast
@@ -104,9 +109,15 @@ class _Listener:
         now = self.loop.time()
         for connection in [c for c in self.connections if c.due <= now]:
             connection.overdue()
+        for connection in [c for c in self.connections if c.reading_paused]:
+            connection.check_peer()
         self.sweeping = bool(self.connections)
         if self.sweeping:
             self.loop.call_later(self.sweep_every_s, self._sweep)
+
+
+_PEER_CLOSED = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
+"""What ``poll`` reports of a socket whose peer closed (its side, or all of it: a reset)."""
 
 
 class HttpConnection(asyncio.Protocol):
@@ -124,6 +135,10 @@ class HttpConnection(asyncio.Protocol):
         self._head_bytes = 0
         self._lingering = False
         self._read_paused = False
+        self._body_left_s: float | None = None
+        """The body's time left, kept while reading is paused: the server is not reading
+        then (the app has not taken what came, or answers the request before), so that time
+        is not the client's."""
         self._drained: asyncio.Future[None] | None = None
         self._client: tuple[str, int] | None = None
         self._server: tuple[str, int] | None = None
@@ -262,6 +277,7 @@ class HttpConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self.due = math.inf
+        self._body_left_s = None
         if self._reading is not None:
             self._reading.end()
             self._reading = None
@@ -272,11 +288,17 @@ class HttpConnection(asyncio.Protocol):
         if not self._read_paused:
             self._read_paused = True
             self.transport.pause_reading()
+            if self._reading is not None and self._stage is self.listener.body:
+                self._body_left_s = max(0.0, self.due - self.loop.time())
+                self.due = math.inf
 
     def resume_reading(self) -> None:
         if self._read_paused and not self._waiting:
             self._read_paused = False
             self.transport.resume_reading()
+            body_left_s, self._body_left_s = self._body_left_s, None
+            if body_left_s is not None and self._reading is not None:
+                self.due = self.loop.time() + body_left_s
 
     async def drain(self) -> None:
         if self.write_paused:
@@ -311,6 +333,18 @@ class HttpConnection(asyncio.Protocol):
             self.transport.close()
             return
         self._refuse(408, f"{what[0].upper()}{what[1:]} did not arrive within {seconds:g} s.")
+
+    def check_peer(self) -> None:
+        """Reading is paused, so a client that leaves is not seen by reading: ask the socket
+        whether the peer closed its side (as reading would have found: the end of the
+        stream), and end the connection if so."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is None or self.transport.is_closing():
+            return
+        poller = select.poll()
+        poller.register(sock.fileno(), _PEER_CLOSED)
+        if poller.poll(0):
+            self.transport.close()
 
     def shut_down(self) -> None:
         """The server stops: an idle connection closes now, a busy one after its answer."""

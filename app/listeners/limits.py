@@ -9,7 +9,8 @@ memory behind it, forever, and enough of them hold every connection the process 
 
 - the head (request line and headers) must arrive within ``header_timeout_s`` of the
   connection opening, or of the first byte of the next request on a kept-alive one;
-- the body within ``body_timeout_s`` of the head;
+- the body within ``body_timeout_s`` of the head (the listeners' own server leaves out the
+  time it does not read the body: ``app.listeners.httpserver``);
 - the head may hold at most ``max_header_bytes``;
 - the listener holds at most ``max_connections`` connections: one more is answered 503
   at once and closed.

@@ -256,6 +256,64 @@ async def test_a_body_the_app_does_not_read_stops_the_socket_being_read() -> Non
         await client.close()
 
 
+async def test_the_body_timeout_does_not_run_while_the_server_is_not_reading() -> None:
+    """A request that waits before its app reads its body (held for a replica, say) is not
+    cut off for the time the server stopped reading it; the time it reads counts."""
+    app = Echo()
+    limits = ListenerLimits(header_timeout_s=5, body_timeout_s=0.5, max_connections=8)
+    size = 4 * HIGH_WATER_BYTES
+    async with serving(app, limits=limits) as (server, port):
+        client = await Client.to(port)
+        await client.send(b"POST /later HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % size)
+        await client.send(b"z" * size)
+        await wait_until(lambda: any(c.reading_paused for c in server.connections))
+
+        answering = asyncio.create_task(client.answer())
+        done, _ = await asyncio.wait({answering}, timeout=1.5)  # three body timeouts
+        assert not done, f"cut off while the app was not reading: {answering.result()}"
+
+        app.release.set()
+        status, _, body = await answering
+        assert (status, len(body)) == (b"HTTP/1.1 200 OK", len(b"POST /later? ") + size)
+        await client.close()
+
+
+async def test_a_body_the_server_reads_is_still_timed_after_a_pause() -> None:
+    """The pause keeps what was left of the body's time: a client that stops sending once
+    the server reads again is cut off then."""
+    app = Echo()
+    limits = ListenerLimits(header_timeout_s=5, body_timeout_s=0.5, max_connections=8)
+    sent = 4 * HIGH_WATER_BYTES
+    async with serving(app, limits=limits) as (server, port):
+        client = await Client.to(port)
+        head = b"POST /later HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % (2 * sent)
+        await client.send(head + b"z" * sent)  # half the body, then nothing
+        await wait_until(lambda: any(c.reading_paused for c in server.connections))
+        app.release.set()
+
+        status, _, body = await client.answer()
+        assert status == b"HTTP/1.1 408 Request Timeout"
+        assert b"did not arrive within 0.5 s" in body
+        await client.close()
+
+
+async def test_a_client_that_leaves_while_its_body_waits_unread_is_seen_to_leave() -> None:
+    """Reading is paused, so no read finds the end of the stream: the sweep asks the socket
+    instead, and the app hears of it (a request held for a replica gives its place up)."""
+    app = Echo(read_body=False)
+    size = 3 * HIGH_WATER_BYTES  # more than the server buffers, less than the sockets do
+    async with serving(app) as (server, port):
+        client = await Client.to(port)
+        await client.send(b"POST /notify HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % size)
+        await client.send(b"n" * size)
+        await wait_until(lambda: any(c.reading_paused for c in server.connections))
+
+        await client.close()
+
+        await wait_until(lambda: app.gone == ["/notify"], what="the app told the client left")
+        await wait_until(lambda: not server.connections, what="the connection closed")
+
+
 def _receive_of(server: HttpServer) -> Receive:
     (connection,) = server.connections
     exchange = connection._current
