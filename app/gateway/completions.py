@@ -39,6 +39,7 @@ from app.gateway.errors import (
     api_not_served,
     body_too_large,
     cold_start_timed_out,
+    gateway_stopping,
     internal_error,
     invalid_request,
     model_not_found,
@@ -51,7 +52,14 @@ from app.gateway.errors import (
 from app.gateway.metrics import CLIENT_GONE, GatewayMetrics
 from app.gateway.proxy import Opened, Timing, Upstream, read_whole, relay_stream
 from app.gateway.ratelimit import ALLOWED_UNLIMITED, Limiter
-from app.gateway.router import ColdStartTimedOut, Lease, NoServingReplica, Saturated
+from app.gateway.router import (
+    ColdStartTimedOut,
+    GatewayStopping,
+    Lease,
+    NoServingReplica,
+    RouteRefused,
+    Saturated,
+)
 from app.gateway.table import GatewaySnapshot, KeyRecord
 from app.gateway.traffic import TrafficWindow
 from app.gateway.usage import StreamTokens, usage_of_body
@@ -424,15 +432,25 @@ class Completions:
                 exchange.timing,
                 exchange.route_key,
             )
-        except NoServingReplica:
-            self._metrics.rejected("no_serving_replica")
-            raise no_serving_replica(model) from None
-        except Saturated as exc:
-            self._metrics.rejected("saturated")
-            raise saturated(model, exc.retry_after_s, starting=exc.starting) from None
-        except ColdStartTimedOut as exc:
-            self._metrics.rejected("cold_start_timeout")
-            raise cold_start_timed_out(model, exc.timeout_s, exc.retry_after_s) from None
+        except RouteRefused as exc:
+            raise self._refused(model, exc) from None
+
+    def _refused(self, model: str, refusal: RouteRefused) -> ApiError:
+        """The answer to a request the router found no replica for, counted by reason."""
+        match refusal:
+            case NoServingReplica():
+                reason, error = "no_serving_replica", no_serving_replica(model)
+            case Saturated(retry_after_s=retry_after_s, starting=starting):
+                reason, error = "saturated", saturated(model, retry_after_s, starting=starting)
+            case ColdStartTimedOut(timeout_s=timeout_s, retry_after_s=retry_after_s):
+                reason = "cold_start_timeout"
+                error = cold_start_timed_out(model, timeout_s, retry_after_s)
+            case GatewayStopping():
+                reason, error = "gateway_stopping", gateway_stopping(model)
+            case _:
+                raise TypeError(f"unknown refusal {refusal!r}")
+        self._metrics.rejected(reason)
+        return error
 
     def _spend(self, key: KeyRecord, tokens: int) -> None:
         self._limiter.record_tokens(key.key_id, tokens, now=time.monotonic())

@@ -253,6 +253,19 @@ def cold_start_timed_out(model: str, timeout_s: float, retry_after_s: float) -> 
     )
 
 
+def gateway_stopping(model: str) -> ApiError:
+    """A request held while ``model`` started from zero, turned away as this gateway stops:
+    another gateway (behind the same address) holds it again at once."""
+    return ApiError(
+        503,
+        f"The model `{model}` is starting from zero and this gateway is shutting down; "
+        "retry after 1 s.",
+        type="server_error",
+        code="gateway_shutting_down",
+        headers=((b"retry-after", retry_after_header(1.0)),),
+    )
+
+
 def upstream_unreachable(model: str, reason: str) -> ApiError:
     return ApiError(
         502,

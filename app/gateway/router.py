@@ -121,13 +121,17 @@ HoldOutcome = Literal["served", "timed_out", "cancelled", "failed"]
 the gateway stopped)."""
 
 
-class NoServingReplica(Exception):
+class RouteRefused(Exception):
+    """The request gets no replica: the caller answers it with the subclass's error."""
+
+
+class NoServingReplica(RouteRefused):
     def __init__(self, model: str) -> None:
         super().__init__(f"no serving replica for model {model!r}")
         self.model = model
 
 
-class Saturated(Exception):
+class Saturated(RouteRefused):
     def __init__(self, retry_after_s: float, *, starting: bool = False) -> None:
         """``starting``: the model has no replica yet, and the queue is full."""
         super().__init__(f"every replica is saturated; retry after {retry_after_s:g} s")
@@ -135,7 +139,15 @@ class Saturated(Exception):
         self.starting = starting
 
 
-class ColdStartTimedOut(Exception):
+class GatewayStopping(RouteRefused):
+    def __init__(self, model: str) -> None:
+        """A request held for ``model``'s cold start, turned away as the gateway stops: no
+        replica can serve it here any more, another gateway may."""
+        super().__init__(f"the gateway is stopping; model {model!r} is still starting")
+        self.model = model
+
+
+class ColdStartTimedOut(RouteRefused):
     def __init__(self, model: str, timeout_s: float, retry_after_s: float) -> None:
         super().__init__(
             f"model {model!r} is starting from zero and no replica served within "
@@ -328,12 +340,17 @@ class Router:
         self._cold_start_s: dict[str, float] = {}
         self._holds: Counter[tuple[str, HoldOutcome]] = Counter()
         self._on_hold: Callable[[], None] | None = None
+        self._held_models: set[str] = set()
+        """Models whose waiters are held for a cold start: each went to zero (or had
+        requests held from zero) since it last had a route."""
+        self._stopping = False
         self._session: aiohttp.ClientSession | None = None
         self.ejector = Ejector(ejection, clock)
 
     def on_hold(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` (on the router's loop) whenever a request for a model starting
-        from zero is held and none was held for it before."""
+        from zero is held and none was held for it before, and whenever a model with
+        requests waiting loses its last route."""
         self._on_hold = listener
 
     # -- routing table ---------------------------------------------------------------------
@@ -376,6 +393,9 @@ class Router:
         self._policies = dict(snapshot.policies)
         self._build_rings()
         self._cold_start_s = dict(snapshot.cold_start_s)
+        self._held_models = {
+            m for m in self._held_models if m not in self._by_model and m in self._cold_start_s
+        }
         for model in list(self._queues):
             self._fail_unroutable(model)
             self._dispatch(model)
@@ -411,6 +431,8 @@ class Router:
         hold_s = self._hold_s(model)
         if hold_s is None and not self._has_candidates(model, exclude):
             raise NoServingReplica(model)
+        if hold_s is not None and self._stopping:
+            raise GatewayStopping(model)
         queue = self._queues.get(model)
         if hold_s is None and not queue:
             chosen = self._choose(model, exclude, route_key)
@@ -429,8 +451,8 @@ class Router:
         self._queued += 1
         if hold_s is None:
             self._dispatch(model)
-        elif not queue and self._on_hold is not None:
-            self._on_hold()
+        else:
+            self._held_from_now(model, (), wake=not queue)
         try:
             timeout_s = self._queue_timeout_s if hold_s is None else hold_s
             async with asyncio.timeout(timeout_s) as deadline:
@@ -599,11 +621,8 @@ class Router:
             return
         hold_s = self._hold_s(model)
         if hold_s is not None:
-            waiting = [w for w in queue if w.hold_s is None]
-            for waiter in waiting:
-                waiter.hold(hold_s)
-            if waiting and self._on_hold is not None:
-                self._on_hold()
+            if model not in self._held_models:  # it lost its last route since
+                self._held_from_now(model, list(queue))
             return
         for waiter in [w for w in queue if not self._has_candidates(model, w.exclude)]:
             queue.remove(waiter.key_id, waiter)
@@ -612,6 +631,36 @@ class Router:
                 waiter.future.set_exception(NoServingReplica(model))
         if not queue:
             del self._queues[model]
+
+    def _held_from_now(self, model: str, waiters: Sequence[_Waiter], *, wake: bool = False) -> None:
+        """``model`` has no route: hold ``waiters`` for a cold start from now on, and wake
+        the report writer (so the leader hears of the demand at once) when asked, and the
+        first time since the model last had a route."""
+        hold_s = self._cold_start_s[model]
+        for waiter in waiters:
+            waiter.hold(hold_s)
+        if model not in self._held_models:
+            self._held_models.add(model)
+            wake = True
+        if wake and self._on_hold is not None:
+            self._on_hold()
+
+    def turn_away_held(self) -> int:
+        """The gateway stops: answer every request held for a cold start now (its client may
+        try another gateway), and hold no more. Requests waiting for room stay: a replica
+        frees one within the queue timeout. Returns how many were turned away."""
+        self._stopping = True
+        turned_away = 0
+        for model, queue in list(self._queues.items()):
+            for waiter in [w for w in queue if w.hold_s is not None]:
+                queue.remove(waiter.key_id, waiter)
+                self._queued -= 1
+                turned_away += 1
+                if not waiter.future.done():
+                    waiter.future.set_exception(GatewayStopping(model))
+            if not queue:
+                del self._queues[model]
+        return turned_away
 
     def _capacity_freed(self, state: ReplicaState) -> None:
         if self._retired.get(state.route.replica_id) is state:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
+import structlog
 from prometheus_client import CollectorRegistry
 
 from app.domain.egress import EngineNetworks
@@ -48,6 +49,8 @@ from app.listeners.lifespan import LifespanFailed
 from app.listeners.limits import ListenerLimits
 from app.listeners.throttle import FailureBudget, FailureLimits
 from app.store.gateway_reports import TrafficReport
+
+log = structlog.get_logger("llmgw.gateway")
 
 
 class SnapshotSource(Protocol):
@@ -308,6 +311,9 @@ class Gateway:
         await asyncio.shield(self._clients.task)
 
     async def stop(self) -> None:
+        turned_away = self.router.turn_away_held()
+        if turned_away:
+            log.info("gateway_held_requests_turned_away", requests=turned_away)
         for listening in (self._internal, self._clients):
             if listening is not None:
                 await listening.stop()

@@ -27,18 +27,16 @@ from app.gateway.endpoints import UPLOAD_ENDPOINTS
 from app.gateway.errors import (
     ApiError,
     body_too_large,
-    cold_start_timed_out,
     internal_error,
     invalid_request,
-    no_serving_replica,
-    saturated,
 )
 from app.gateway.metrics import CLIENT_GONE, GatewayMetrics
 from app.gateway.proxy import Opened
 from app.gateway.ratelimit import Limiter
-from app.gateway.router import ColdStartTimedOut, NoServingReplica, Saturated
+from app.gateway.router import RouteRefused
 from app.gateway.table import GatewaySnapshot
 from app.gateway.traffic import TrafficWindow
+from app.listeners.exchange import ON_DISCONNECT
 from wire.multipart import (
     BodyEnded,
     MalformedMultipart,
@@ -267,11 +265,23 @@ class Uploads(Completions):
         watch = _Watch(task)
         watchers: list[asyncio.Task[None]] = []
 
-        def uploaded() -> None:
-            # The body is all read: from now on only a disconnect can come.
+        def watch_from_now() -> None:
             watcher = watch.start(scope, receive)
             if watcher is not None:
                 watchers.append(watcher)
+
+        # Watched from now on where the server calls back (or no body is left to read), so
+        # that a client leaving while the request waits for a replica (held for a cold
+        # start, or for room) gives its place up; else once the body is read, as
+        # ``receive`` carries both the body and the disconnect.
+        watched_early = head.complete or _tells_of_disconnects(scope)
+        if watched_early:
+            watch_from_now()
+
+        def uploaded() -> None:
+            # The body is all read: from now on only a disconnect can come.
+            if not watched_early:
+                watch_from_now()
 
         upload = _Upload(
             head,
@@ -304,15 +314,14 @@ class Uploads(Completions):
             return await self.upstream.open_upload(
                 model, key_id, path, upload, exchange.request_id.decode(), exchange.timing
             )
-        except NoServingReplica:
-            self._metrics.rejected("no_serving_replica")
-            raise no_serving_replica(model) from None
-        except Saturated as exc:
-            self._metrics.rejected("saturated")
-            raise saturated(model, exc.retry_after_s, starting=exc.starting) from None
-        except ColdStartTimedOut as exc:
-            self._metrics.rejected("cold_start_timeout")
-            raise cold_start_timed_out(model, exc.timeout_s, exc.retry_after_s) from None
+        except RouteRefused as exc:
+            raise self._refused(model, exc) from None
+
+
+def _tells_of_disconnects(scope: Scope) -> bool:
+    """Whether the server calls back when the client leaves (``ON_DISCONNECT``)."""
+    extensions = scope.get("extensions")
+    return extensions is not None and ON_DISCONNECT in extensions
 
 
 def _framing(scope: Scope) -> tuple[str, int | None]:

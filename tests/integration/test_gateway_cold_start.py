@@ -5,13 +5,16 @@ request for it is held by the gateway, which reports it queued in ``gateway_repo
 within a second (what the leader's autoscaler reads); when a serving replica is recorded
 (as the control plane records one, ``tests.support.routing``) the held request is answered
 200. Past the model's cold-start timeout without a replica it is answered 503 with
-``Retry-After``; a client that gives up while held leaves the queue.
+``Retry-After``; a client that gives up while held leaves the queue; a gateway told to stop
+answers what it holds at once, so its clients can go to another gateway.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -52,7 +55,10 @@ def chat(model: str) -> dict[str, object]:
 class Gateway:
     """A running gateway process: its client API with one key, and its ``/metrics``."""
 
-    def __init__(self, port: int, metrics_port: int, key: str) -> None:
+    def __init__(
+        self, port: int, metrics_port: int, key: str, process: subprocess.Popen[bytes]
+    ) -> None:
+        self.process = process
         self.http = httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{port}",
             headers={"authorization": f"Bearer {key}"},
@@ -89,8 +95,8 @@ async def running_gateway(database_url: str, key: str, tmp_path: Path) -> AsyncI
         port=port,
         log=tmp_path / "gateway.log",
         metrics_port=metrics_port,
-    ):
-        gateway = Gateway(port, metrics_port, key)
+    ) as process:
+        gateway = Gateway(port, metrics_port, key, process)
         try:
             await gateway.until_ready()
             yield gateway
@@ -186,3 +192,79 @@ async def test_a_model_that_stays_at_zero_answers_503_with_retry_after_once_its_
         assert await gateway.metric(f'{holds}{{model="{patient}",outcome="cancelled"}}') == 1.0
         rejected = 'llmgw_gateway_admission_rejections_total{reason="cold_start_timeout"}'
         assert await gateway.metric(rejected) == 1.0
+
+
+async def test_a_gateway_told_to_stop_answers_held_requests_at_once_with_503(
+    pg_store: PostgresEventStore, database_url: str, engine: AsyncEngine, tmp_path: Path
+) -> None:
+    """Without this, the held request would wait out the graceful shutdown (30 s) and end
+    with the connection closed and no answer."""
+    model = "stays-cold"
+    await declare_model(pg_store, model, replicas=0, autoscale=scale_to_zero(60.0))
+    created = await Operations(pg_store).create_key(ALICE, "cold", [model])
+    reports = InFlightReports(engine)
+
+    async with running_gateway(database_url, created.key, tmp_path) as gateway:
+        held = asyncio.create_task(gateway.chat(model))
+        await queued_within(reports, {model: 1}, REPORTED_WITHIN_S)
+
+        gateway.process.send_signal(signal.SIGTERM)
+        answer = await held
+
+        assert answer.status_code == 503, answer.text
+        assert answer.headers["retry-after"] == "1"
+        error = answer.json()["error"]
+        assert (error["type"], error["code"]) == ("server_error", "gateway_shutting_down")
+        assert "this gateway is shutting down" in error["message"]
+        assert await asyncio.to_thread(gateway.process.wait, 30) == 0
+
+
+BOUNDARY = "cold-start-boundary"
+
+
+def upload(model: str, key: str, port: int, file_bytes: int) -> bytes:
+    """A whole ``/v1/audio/transcriptions`` request, its file ``file_bytes`` long."""
+    form = (
+        (
+            f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="model"\r\n\r\n{model}\r\n'
+            f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+            "Content-Type: audio/wav\r\n\r\n"
+        ).encode()
+        + b"w" * file_bytes
+        + f"\r\n--{BOUNDARY}--\r\n".encode()
+    )
+    head = (
+        f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Authorization: Bearer {key}\r\n"
+        f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\n"
+        f"Content-Length: {len(form)}\r\n\r\n"
+    ).encode()
+    return head + form
+
+
+async def test_a_held_upload_whose_client_leaves_gives_its_place_up(
+    pg_store: PostgresEventStore, database_url: str, engine: AsyncEngine, tmp_path: Path
+) -> None:
+    """An upload is held before its file is read (it is streamed to the engine once a
+    replica takes it): a client that leaves meanwhile is no demand any more."""
+    model = "cold-audio"
+    await declare_model(
+        pg_store, model, replicas=0, autoscale=scale_to_zero(60.0), apis=("transcriptions",)
+    )
+    created = await Operations(pg_store).create_key(ALICE, "cold", [model])
+    reports = InFlightReports(engine)
+
+    async with running_gateway(database_url, created.key, tmp_path) as gateway:
+        port = gateway.http.base_url.port
+        assert port is not None
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(upload(model, created.key, port, 1024))
+        await writer.drain()
+        await queued_within(reports, {model: 1}, REPORTED_WITHIN_S)
+
+        writer.close()
+        await writer.wait_closed()
+
+        await queued_within(reports, {}, 2.0)
+        holds = "llmgw_gateway_cold_start_holds_total"
+        assert await gateway.metric(f'{holds}{{model="{model}",outcome="cancelled"}}') == 1.0

@@ -17,6 +17,7 @@ import pytest
 
 from app.gateway.router import (
     ColdStartTimedOut,
+    GatewayStopping,
     Lease,
     NoServingReplica,
     Router,
@@ -282,4 +283,70 @@ async def test_closing_turns_held_requests_away() -> None:
     await holds.router.close()
     with pytest.raises(Saturated):
         await held
+    assert holds.router.cold_start_holds() == {(MODEL, "failed"): 1}
+
+
+async def test_a_request_held_again_when_its_model_goes_back_to_zero_waits_from_that_moment() -> (
+    None
+):
+    """Held from zero, then a replica without room for it came and went: the request is held
+    for a whole cold-start timeout from when the model lost the replica, and the leader
+    hears of the demand at once, as for a request that was only waiting for room."""
+    clock = FakeClock()
+    holds = Holds(clock=clock)
+    holds.router.update(snapshot(cold_start_s={MODEL: 0.6}))
+    held = [holds.hold() for _ in range(3)]
+    await holds.until_held(3)
+    assert holds.wakes == 1
+    holds.router.update(snapshot(route("m-1", target_waiting=1), cold_start_s={MODEL: 0.6}))
+    await holds.until_held(1)  # two served, one waits for room
+    await asyncio.sleep(0.4)  # most of the first hold's timeout is gone
+
+    holds.router.update(snapshot(cold_start_s={MODEL: 0.6}))  # back to zero
+    assert holds.wakes == 2
+    done, _ = await asyncio.wait({held[2]}, timeout=0.4)
+    assert not done, "the request was timed out on its first hold's clock"
+    holds.router.update(snapshot(route("m-2"), cold_start_s={MODEL: 0.6}))
+    assert (await held[2]).route.replica_id == "m-2"
+    for task in held:
+        task.result().release()
+    assert holds.router.cold_start_holds() == {(MODEL, "served"): 3}
+
+
+async def test_a_table_that_changes_while_at_zero_does_not_restart_the_hold() -> None:
+    holds = Holds()
+    holds.router.update(snapshot(cold_start_s={MODEL: 0.3}))
+    held = holds.hold()
+    await holds.until_held(1)
+    await asyncio.sleep(0.2)
+    holds.router.update(snapshot(route("x-1", model=OTHER), cold_start_s={MODEL: 0.3}))
+
+    with pytest.raises(ColdStartTimedOut):
+        await asyncio.wait_for(held, timeout=0.25)
+    assert holds.wakes == 1
+
+
+async def test_a_stopping_gateway_turns_held_requests_away_and_keeps_those_waiting_for_room() -> (
+    None
+):
+    """Held requests are answered at once (another gateway can hold them); one waiting for a
+    replica's room is not: the replica frees one within the queue timeout."""
+    holds = Holds()
+    held = holds.hold()
+    await holds.until_held(1)
+    holds.router.update(snapshot(route("x-1", model=OTHER, target_waiting=1)))
+    full = [await holds.router.acquire(OTHER, key()) for _ in range(2)]
+    waiting = asyncio.create_task(holds.router.acquire(OTHER, key()))
+    _started.append(waiting)
+    await wait_until(lambda: holds.router.queued() == {MODEL: 1, OTHER: 1}, what="both queued")
+
+    assert holds.router.turn_away_held() == 1
+
+    with pytest.raises(GatewayStopping):
+        await held
+    assert holds.router.queued() == {OTHER: 1}
+    with pytest.raises(GatewayStopping):
+        await holds.router.acquire(MODEL, key())
+    full[0].release()
+    assert (await waiting).route.replica_id == "x-1"
     assert holds.router.cold_start_holds() == {(MODEL, "failed"): 1}
