@@ -76,17 +76,17 @@ def autoscale(
         float | None,
         Parameter(
             help="Requests one replica should carry: in flight on it plus queued for the "
-            "model, as the gateways report them (at most 100000).",
-            validator=_above(0),
+            "model, as the gateways report them (0.01 to 100000).",
+            validator=_at_least(0.01),
         ),
     ] = None,
     capacity: Annotated[
         float | None,
         Parameter(
-            help="Instead of --target, the share (0 to 1) of the concurrency `llmgw-cli "
+            help="Instead of --target, the share (0.01 to 1) of the concurrency `llmgw-cli "
             "bench` measured a replica serving within its SLO: 0.8 keeps each replica at "
             "80 % of it. Without a bench result, --target is used.",
-            validator=(validators.Number(gt=0, lte=1), _finite),
+            validator=(validators.Number(gte=0.01, lte=1), _finite),
         ),
     ] = None,
     up_window: Annotated[

@@ -40,6 +40,12 @@ cluster several times over.
 Each change is a ``ModelScaled`` with the figures that decided it; the replicas it removes
 go as a scale-down always goes: out of routing, then stopped once the gateways report them
 idle (``app.domain.reconcile``).
+
+``decide`` is total over what a log may hold: a log written before the spec's bounds on
+``target`` and ``capacity`` (and the admin API's on a bench summary's ``capacity``) may carry
+a per-replica load of next to nothing, or one that is not a number at all, and dividing the
+demand by it would give no count. The decision then holds the count it has and says why, so
+one such model never stops a reconcile pass for the others.
 """
 
 from __future__ import annotations
@@ -47,13 +53,14 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 import msgspec
 
 from app.domain.events import ScaleInputs
-from app.domain.model_spec import AutoscalePolicy
+from app.domain.model_spec import MIN_AUTOSCALE_TARGET, AutoscalePolicy
 from app.domain.state import ClusterState, Model
 
 HEARD_WITHIN_S = 1.0
@@ -62,6 +69,9 @@ decides, so an older one means the passes since heard from no gateway."""
 COVERED_SLACK_S = 2.0
 """A window counts as watched when its first sample is at most this late (a pass or two),
 or a tenth of the window when that is less, so that a window of seconds is watched whole."""
+MIN_PER_REPLICA = MIN_AUTOSCALE_TARGET
+"""The least load per replica ``decide`` scales by: the least the spec accepts (a ``target``,
+or a ``capacity`` share of a bench capacity, at least 0.01 of at least 1)."""
 
 
 class DemandSample(msgspec.Struct, frozen=True, array_like=True):
@@ -73,6 +83,10 @@ class DemandSample(msgspec.Struct, frozen=True, array_like=True):
 
 
 class ScaleDecision(msgspec.Struct, frozen=True, kw_only=True):
+    """The count a model should have, why, and the figures that decided it. ``replicas`` is
+    the count the model has when the figures were unusable and the count holds: nothing is
+    recorded for it."""
+
     replicas: int
     reason: str
     inputs: ScaleInputs
@@ -140,12 +154,15 @@ def _benched_capacity(model: Model) -> float | None:
     summary = model.tuned_summary or {}
     capacity = summary.get("capacity")
     if isinstance(capacity, int | float) and not isinstance(capacity, bool) and capacity > 0:
-        return float(capacity)
+        # An integer too large for a float (an older log may hold one) reads as infinity,
+        # on which ``decide`` holds, rather than raising here.
+        return math.inf if capacity > sys.float_info.max else float(capacity)
     return None
 
 
 def decide(model: Model, samples: Sequence[DemandSample], now: datetime) -> ScaleDecision | None:
-    """The count ``model`` should have now, or None to keep the one it has."""
+    """The count ``model`` should have now, or None to keep the one it has; the count it has,
+    with the reason, when its figures give no count to scale to."""
     policy = model.spec.autoscale
     if policy is None or model.removed or not samples:
         return None
@@ -166,6 +183,9 @@ def decide(model: Model, samples: Sequence[DemandSample], now: datetime) -> Scal
         down_window_max=max_down,
         samples=len(samples),
     )
+    unusable = _unusable(per_replica, source)
+    if unusable:
+        return ScaleDecision(replicas=current, reason=unusable, inputs=inputs)
     wanted_up = math.ceil(mean_up / per_replica)
     drop = _drop(samples, highest, now, policy, current, per_replica)
     desired, reason = current, ""
@@ -203,6 +223,17 @@ def decide(model: Model, samples: Sequence[DemandSample], now: datetime) -> Scal
     if desired == current:
         return None
     return ScaleDecision(replicas=desired, reason=reason, inputs=inputs)
+
+
+def _unusable(per_replica: float, source: str) -> str:
+    """Why a replica's load gives no count to scale to ("" when it does): the demand divided
+    by less than ``MIN_PER_REPLICA`` may be more replicas than a float holds."""
+    if math.isfinite(per_replica) and per_replica >= MIN_PER_REPLICA:
+        return ""
+    return (
+        f"the count holds: {per_replica:g} per replica ({source}) is not a load to scale by "
+        f"(at least {MIN_PER_REPLICA:g})"
+    )
 
 
 def _within(samples: Sequence[DemandSample], now: datetime, window_s: float) -> list[DemandSample]:

@@ -150,7 +150,12 @@ class RolloutPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         return (*self.steps, CanaryStep(replicas=ALL))
 
 
+MIN_AUTOSCALE_TARGET = 0.01
+"""The least a replica may be asked to carry: a hundredth of a request. Below it the count
+the demand needs (demand / target) grows past any float and no longer rounds to a number."""
 MAX_AUTOSCALE_TARGET = 100_000.0
+MIN_AUTOSCALE_CAPACITY = 0.01
+"""The least share of the benched capacity: a hundredth, for the same reason."""
 MAX_AUTOSCALE_WINDOW_S = 86_400.0
 MAX_COLD_START_S = 3_600.0
 
@@ -454,14 +459,16 @@ def autoscale_policy_errors(policy: AutoscalePolicy) -> list[SpecError]:
     need(1 <= high <= MAX_REPLICAS, "max", f"must be between 1 and {MAX_REPLICAS}")
     need(low <= high, "max", f"must be at least min ({low})")
     need(
-        0 < policy.target <= MAX_AUTOSCALE_TARGET,
+        MIN_AUTOSCALE_TARGET <= policy.target <= MAX_AUTOSCALE_TARGET,
         "target",
-        f"must be more than 0 and at most {MAX_AUTOSCALE_TARGET:g} (requests a replica carries)",
+        f"must be between {MIN_AUTOSCALE_TARGET:g} and {MAX_AUTOSCALE_TARGET:g} "
+        "(requests a replica carries)",
     )
     need(
-        policy.capacity is None or 0 < policy.capacity <= 1,
+        policy.capacity is None or MIN_AUTOSCALE_CAPACITY <= policy.capacity <= 1,
         "capacity",
-        "must be in (0, 1] (a share of the capacity bench measured), or absent",
+        f"must be between {MIN_AUTOSCALE_CAPACITY:g} and 1 (a share of the capacity bench "
+        "measured), or absent",
     )
     for field, value in (
         ("up_window_s", policy.up_window_s),

@@ -160,8 +160,8 @@ def _autoscale(draft: Draft, fleet: FleetView) -> None:
         if model is None:
             continue
         decision = autoscale.decide(model, fleet.demand[name], draft.now)
-        if decision is None:
-            continue
+        if decision is None or decision.replicas == model.spec.replicas:
+            continue  # a count that holds records nothing
         draft.emit(
             model_stream(name),
             ModelScaled(

@@ -3,10 +3,16 @@
 A model's settings apply to every replica of it that has none of its own; a replica's
 override the model's for that replica alone (the ``routing_table`` view and the gateway
 read them in that order). Settings already in force record nothing.
+
+The summary is what bench measured, kept in the log with the settings. The autoscaler reads
+one figure of it, ``capacity`` (the concurrency a replica served within its SLO), so that
+figure is bounded; every other number in it must at least be finite, since the log's JSON
+has no infinity or NaN and would turn one into null.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,6 +31,11 @@ from app.domain.state import ACTIVE_PHASES, ClusterState
 
 MAX_SUMMARY_BYTES = 64 * 1024
 """A bench summary is a few hundred bytes; the cap keeps the log from being a dumping ground."""
+MIN_BENCH_CAPACITY = 1
+"""The least concurrency a summary may say a replica served: bench applies nothing when even
+one request at a time broke the SLO."""
+MAX_BENCH_CAPACITY = 100_000
+"""Far above any engine's concurrency (``MAX_AUTOSCALE_TARGET``)."""
 
 
 class InvalidTuning(InvalidSpec):
@@ -38,7 +49,42 @@ def routing_errors(routing: RoutingSettings, summary: Mapping[str, Any]) -> list
     errors = routing_setting_errors(routing)
     if len(msgspec.json.encode(summary)) > MAX_SUMMARY_BYTES:
         errors.append(SpecError("summary", f"must encode to at most {MAX_SUMMARY_BYTES} bytes"))
+        return errors
+    return errors + summary_errors(summary)
+
+
+def summary_errors(summary: Mapping[str, Any]) -> list[SpecError]:
+    """What is wrong with a bench summary: its ``capacity`` out of bounds, any number in it
+    not finite."""
+    errors: list[SpecError] = []
+    capacity = summary.get("capacity", MIN_BENCH_CAPACITY)
+    number = isinstance(capacity, int | float) and not isinstance(capacity, bool)
+    if not (number and MIN_BENCH_CAPACITY <= capacity <= MAX_BENCH_CAPACITY):
+        errors.append(
+            SpecError(
+                "summary.capacity",
+                f"must be between {MIN_BENCH_CAPACITY} and {MAX_BENCH_CAPACITY} (the "
+                "concurrency bench measured a replica serving within its SLO), or absent",
+            )
+        )
+    errors += [
+        SpecError(field, "must be a finite number")
+        for field in _not_finite(summary, "summary")
+        if field != "summary.capacity"  # said above, with its bounds
+    ]
     return errors
+
+
+def _not_finite(value: object, path: str) -> list[str]:
+    """The paths of the numbers in ``value`` that are not finite. A summary arrives decoded
+    from a body the admin API bounds in size and depth, so the recursion is bounded too."""
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [path]
+    if isinstance(value, Mapping):
+        return [p for key, item in value.items() for p in _not_finite(item, f"{path}.{key}")]
+    if isinstance(value, list | tuple):
+        return [p for i, item in enumerate(value) for p in _not_finite(item, f"{path}[{i}]")]
+    return []
 
 
 def tune(

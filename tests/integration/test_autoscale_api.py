@@ -160,16 +160,20 @@ HOSTILE_POLICIES = [
         [
             (
                 "autoscale.target",
-                "must be more than 0 and at most 100000 (requests a replica carries)",
+                "must be between 0.01 and 100000 (requests a replica carries)",
             )
         ],
+    ),
+    (
+        {"target": 5e-324},
+        [("autoscale.target", "must be between 0.01 and 100000 (requests a replica carries)")],
     ),
     (
         {"capacity": 1.5},
         [
             (
                 "autoscale.capacity",
-                "must be in (0, 1] (a share of the capacity bench measured), or absent",
+                "must be between 0.01 and 1 (a share of the capacity bench measured), or absent",
             )
         ],
     ),
@@ -394,6 +398,7 @@ async def test_autoscale_refuses_a_bad_command_line_before_and_a_bad_policy_from
     both = await api.run("autoscale", model, "--off", "--min", "2", "--target", "3")
     nothing = await api.run("autoscale", model)
     infinite = await api.run("autoscale", model, "--target", "inf")
+    tiny = await api.run("autoscale", model, "--max", "4", "--target", "1e-320")
     negative = await api.run("autoscale", model, "--min", "-1")
     inverted = await api.run("autoscale", model, "--min", "5", "--max", "2")
     unknown = await api.run("autoscale", "no-such-model", "--max", "2")
@@ -404,7 +409,7 @@ async def test_autoscale_refuses_a_bad_command_line_before_and_a_bad_policy_from
     )
     assert nothing.code == 2
     assert "say what to change" in nothing.stderr
-    assert (infinite.code, negative.code) == (2, 2)
+    assert (infinite.code, tiny.code, negative.code) == (2, 2, 2)
     assert "Must be a finite number" in infinite.stderr
     assert inverted.code == 1
     assert inverted.stderr.splitlines() == [

@@ -182,3 +182,37 @@ def test_an_unknown_or_removed_model_cannot_be_tuned() -> None:
     removed = after(cluster(), Change(stream="", events=(ModelRemoved(model="qwen"),)))
     with pytest.raises(InvalidOperation, match="was removed"):
         tune(removed, "qwen", None, MEASURED, {})
+
+
+@pytest.mark.parametrize("capacity", [1e-200, 0, 0.5, 100_001, 10**400, "16", True, None])
+def test_a_bench_capacity_the_autoscaler_could_not_scale_by_is_refused(capacity: object) -> None:
+    with pytest.raises(InvalidTuning) as refused:
+        tune(cluster(), "llama", None, MEASURED, {**SUMMARY, "capacity": capacity})
+
+    assert [(e.field, e.reason) for e in refused.value.errors] == [
+        (
+            "summary.capacity",
+            "must be between 1 and 100000 (the concurrency bench measured a replica serving "
+            "within its SLO), or absent",
+        )
+    ]
+
+
+def test_every_number_a_summary_holds_must_be_finite() -> None:
+    summary = {"capacity": 24, "at_capacity": {"ttft_p95_s": float("nan")}, "p95": [1.0, -1e999]}
+
+    with pytest.raises(InvalidTuning) as refused:
+        tune(cluster(), "llama", None, MEASURED, summary)
+
+    assert [(e.field, e.reason) for e in refused.value.errors] == [
+        ("summary.at_capacity.ttft_p95_s", "must be a finite number"),
+        ("summary.p95[1]", "must be a finite number"),
+    ]
+
+
+def test_a_summary_as_bench_writes_it_is_recorded() -> None:
+    summary = {**SUMMARY, "capacity": 24, "at_capacity": {"success_rate": 1.0}, "levels": 6}
+
+    change = tune(cluster(), "llama", None, MEASURED, summary)
+
+    assert after(cluster(), change).models["llama"].tuned_summary == summary
