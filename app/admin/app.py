@@ -22,6 +22,7 @@ from app.admin.keys import KeyController
 from app.admin.metrics import ClusterMetrics, GatewayPage, LiveSource, metrics
 from app.admin.models import ModelController
 from app.admin.nodes import NodeController
+from app.admin.paths import refuse_split_paths
 from app.admin.placement import PlacementController
 from app.admin.replicas import ReplicaController
 from app.admin.request_log import REQUEST_ID_KEY, log_requests, request_id_of
@@ -102,7 +103,8 @@ def create_admin_app(
         state=State({"authenticator": authenticator}),
         exception_handlers=EXCEPTION_HANDLERS,
         openapi_config=OpenAPIConfig(title="llmgw admin API", version="1", path="/admin/v1/schema"),
-        middleware=[log_requests],
+        # Outermost first: a refused path is logged, with its request id, as any other.
+        middleware=[log_requests, refuse_split_paths],
         # The process's logging is app.logs's: Litestar's own would replace the root
         # handler with a plain-text one of its own at startup.
         logging_config=None,

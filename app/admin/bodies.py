@@ -8,7 +8,9 @@ guard that runs after the caller's identity is known, then refuses:
   have to recurse as deep;
 - a body that does not decode *strictly* into the type its handler declares (400 naming
   the field). Litestar converts bodies leniently, so ``{"grace_s": "10"}`` would become 10
-  seconds; a string where a number belongs is a mistake to report, not to guess at.
+  seconds; a string where a number belongs is a mistake to report, not to guess at;
+- a body of nothing or of whitespace where the handler needs one, and a body of whitespace
+  where it may have none (400 saying a JSON object is wanted).
 
 Model specs are read by their handlers (``app.admin.models``), strictly too; they get the
 depth check here all the same.
@@ -54,6 +56,13 @@ def nested_deeper_than(body: bytes, limit: int) -> bool:
     return False
 
 
+def blank_body(body: bytes, *, optional: bool) -> str:
+    """What is wrong with a body of nothing or of whitespace only."""
+    wanted = "a JSON object, or nothing" if optional else "a JSON object"
+    held = "only whitespace" if body else "nothing"
+    return f"the request body must be {wanted}; it holds {held}"
+
+
 async def check_body(
     connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
 ) -> None:
@@ -67,8 +76,11 @@ async def check_body(
             f"the request body nests arrays and objects more than {MAX_BODY_DEPTH} levels deep"
         )
     data = handler.parsed_fn_signature.parameters.get("data")
-    if data is None or not body.strip():
+    if data is None or (body == b"" and data.has_default):
         return
+    if not body.strip():
+        # Litestar's own words for these are "'data'" and "Input data was truncated".
+        raise ValidationException(blank_body(body, optional=data.has_default))
     try:
         msgspec.json.decode(body, type=data.annotation, strict=True)
     except msgspec.ValidationError as exc:

@@ -12,7 +12,7 @@ from litestar.params import FromPath, FromQuery, JSONBody
 
 from app.admin.auth import require_actor
 from app.admin.autoscale_schemas import AutoscaleDecisionView
-from app.admin.bodies import check_body
+from app.admin.bodies import blank_body, check_body
 from app.admin.schemas import (
     ModelChange,
     ModelRolloutView,
@@ -44,6 +44,9 @@ _STEP_REPLICAS = re.compile(r"^rollout\.steps\[\d+\]\.replicas$")
 def spec_from_body(body: bytes, path_name: str | None) -> ModelSpec:
     """The spec a request sent; ``InvalidSpec`` naming the field when it does not decode, or
     when its name differs from the one in the path."""
+    if not body.strip():
+        reason = blank_body(body, optional=False).removeprefix("the request body ")
+        raise InvalidSpec(path_name or "?", [SpecError("(body)", reason)])
     try:
         sent = msgspec.json.decode(body, type=ModelSpecBody)
     except msgspec.ValidationError as exc:

@@ -438,3 +438,139 @@ async def test_the_apis_a_spec_names_are_recorded_and_shown(
     shown = await admin.get("/admin/v1/models/llama")
     assert shown.json()["spec"]["apis"] == ["embeddings", "score"]
     assert shown.json()["revision"] == 1  # the gateway's concern: no new revision
+
+
+# -- paths whose segments are not the ones sent -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        # An empty model name: collapsed, the path names the model "autoscale" itself.
+        ("DELETE", "/admin/v1/models//autoscale"),
+        ("PUT", "/admin/v1/models//autoscale"),
+        ("GET", "/admin/v1//models/autoscale"),
+        # A name holding a '/': decoded, it is two segments.
+        ("DELETE", "/admin/v1/models/%2Fautoscale"),
+        ("DELETE", "/admin/v1/models/x%2fautoscale"),
+        ("GET", "/admin/v1/nodes/gpu-1%2F"),
+    ],
+)
+async def test_a_path_with_an_empty_or_split_segment_is_a_404_and_changes_nothing(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore, method: str, path: str
+) -> None:
+    await seeded(admin, pg_store)
+    named = await admin.put("/admin/v1/models/autoscale", json={"command": COMMAND})
+    assert named.status_code == 200, named.text
+    before = await last_position(pg_store)
+
+    answer = await admin.request(method, path, json={"max": 2})
+
+    problem = problem_of(answer, 404)
+    assert problem["title"] == "not-found"
+    assert re.search(r"empty segment|encoded '/'", problem["detail"]), problem
+    assert await last_position(pg_store) == before
+    assert (await admin.get("/admin/v1/models/autoscale")).status_code == 200
+
+
+async def test_a_path_with_an_empty_segment_is_a_404_even_without_a_token(
+    admin: httpx.AsyncClient,
+) -> None:
+    answer = await admin.delete(
+        "/admin/v1/models//autoscale", headers={"authorization": "Bearer wrong"}
+    )
+
+    assert "empty segment" in problem_of(answer, 404)["detail"]
+
+
+# -- bodies of nothing, or of whitespace ---------------------------------------------------
+
+
+@pytest.mark.parametrize("body", [b"", b"  \n"], ids=["empty", "whitespace"])
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("PUT", "/admin/v1/models/llama/autoscale"),
+        ("POST", "/admin/v1/models/llama/scale"),
+        ("POST", "/admin/v1/keys"),
+        ("POST", "/admin/v1/models/llama/tuning"),
+        ("POST", "/admin/v1/certificates/revocations"),
+    ],
+    ids=["autoscale", "scale", "key", "tuning", "revocation"],
+)
+async def test_a_body_of_nothing_where_one_is_needed_asks_for_a_json_object(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore, method: str, path: str, body: bytes
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.request(
+        method, path, content=body, headers={"content-type": "application/json"}
+    )
+
+    held = "only whitespace" if body else "nothing"
+    assert problem_of(answer, 400)["detail"] == (
+        f"the request body must be a JSON object; it holds {held}"
+    )
+    assert await last_position(pg_store) == before
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/admin/v1/nodes/gpu-1/drain", "/admin/v1/nodes/gpu-1/cordon"],
+    ids=["drain", "cordon"],
+)
+async def test_a_body_of_whitespace_where_none_is_needed_is_still_refused(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore, path: str
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.post(path, content=b" \r\n")
+
+    assert problem_of(answer, 400)["detail"] == (
+        "the request body must be a JSON object, or nothing; it holds only whitespace"
+    )
+    assert await last_position(pg_store) == before
+
+
+@pytest.mark.parametrize("body", [b"", b" \n"], ids=["empty", "whitespace"])
+async def test_a_spec_of_nothing_is_refused_as_not_a_json_object(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore, body: bytes
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.put("/admin/v1/models/llama", content=body)
+
+    [error] = problem_of(answer, 422)["errors"]
+    held = "only whitespace" if body else "nothing"
+    assert error == {"field": "(body)", "reason": f"must be a JSON object; it holds {held}"}
+    assert await last_position(pg_store) == before
+
+
+# -- numbers JSON has no word for ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity"])
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("PUT", "/admin/v1/models/llama/autoscale", '{"max": 4, "target": %s}'),
+        ("PUT", "/admin/v1/models/llama", '{"command": "x", "autoscale": {"target": %s}}'),
+        ("POST", "/admin/v1/nodes/gpu-1/drain", '{"grace_s": %s}'),
+    ],
+    ids=["autoscale", "spec", "drain"],
+)
+async def test_nan_and_infinity_are_not_json_and_change_nothing(
+    admin: httpx.AsyncClient,
+    pg_store: PostgresEventStore,
+    method: str,
+    path: str,
+    body: str,
+    number: str,
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.request(method, path, content=body % number)
+
+    assert answer.status_code in (400, 422), answer.text
+    assert "not JSON" in answer.text or "not valid JSON" in answer.text, answer.text
+    assert await last_position(pg_store) == before
