@@ -13,9 +13,10 @@ from typing import Annotated
 import msgspec
 from cyclopts import Parameter, validators
 
+from cli.arguments import UsageError, segment, whole_number
 from cli.client import AdminClient
 from cli.config import ConnectionFlags
-from cli.operator import ADMIN, Output, UsageError, call, print_json, run_command, segment
+from cli.operator import ADMIN, Output, call, print_json, run_command
 from cli.render import EXIT_OK, counted, utc_seconds
 from cli.views import AutoscaleDecisionView, AutoscaleView, ModelChange, ModelView
 
@@ -60,6 +61,7 @@ def autoscale(
         int | None,
         Parameter(
             name="--min",
+            converter=whole_number,
             help="The fewest replicas, 0 to 10000. 0 lets an idle model scale to zero.",
             validator=validators.Number(gte=0),
         ),
@@ -68,6 +70,7 @@ def autoscale(
         int | None,
         Parameter(
             name="--max",
+            converter=whole_number,
             help="The most replicas, 1 to 10000, at least --min.",
             validator=validators.Number(gte=1),
         ),
@@ -125,6 +128,7 @@ def autoscale(
         int | None,
         Parameter(
             help="The most replicas one decision adds or removes.",
+            converter=whole_number,
             validator=validators.Number(gte=1),
         ),
     ] = None,
@@ -182,9 +186,10 @@ def autoscale(
     given = {
         field: value for (field, _), value in zip(OPTIONS, values, strict=True) if value is not None
     }
-    path = f"{ADMIN}/models/{segment(name)}/autoscale"
 
     def change(client: AdminClient) -> int:
+        model_path = f"{ADMIN}/models/{segment(name, 'the model name')}"
+        path = f"{model_path}/autoscale"
         if off and given:
             options = ", ".join(option for field, option in OPTIONS if field in given)
             raise UsageError(f"--off takes no other option (given: {options})")
@@ -196,7 +201,7 @@ def autoscale(
         if off:
             reply = call(client, ModelChange, "DELETE", path)
         else:
-            model = call(client, ModelView, "GET", f"{ADMIN}/models/{segment(name)}").value
+            model = call(client, ModelView, "GET", model_path).value
             current = model.spec.autoscale
             kept = msgspec.to_builtins(current) if current is not None else {}
             reply = call(client, ModelChange, "PUT", path, body=kept | given)

@@ -34,6 +34,7 @@ from app.pki.issued import record_issued
 from app.pki.keys import PrivateKey
 from app.pki.model import MAX_DAYS
 from app.pki.names import check_host, check_subject_name, parse_ip
+from cli.arguments import whole_number
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -65,7 +66,11 @@ OutDir = Annotated[
     Parameter(name="--out", help="Where to write the certificate and key. [default: --dir]"),
 ]
 IssuedDays = Annotated[
-    int, Parameter(help="Days the certificate is valid; never past the CA's own expiry.")
+    int,
+    Parameter(
+        help="Days the certificate is valid; never past the CA's own expiry.",
+        converter=whole_number,
+    ),
 ]
 Force = Annotated[bool, Parameter(name="--force", negative=(), help="Replace existing files.")]
 Output = Annotated[
@@ -96,7 +101,9 @@ def init_ca(
     *,
     ca_dir: CaDir = None,
     name: Annotated[str, Parameter(help="Common name of the CA.")] = "llmgw CA",
-    days: Annotated[int, Parameter(help="Days the CA is valid (at most 10000).")] = 3650,
+    days: Annotated[
+        int, Parameter(help="Days the CA is valid (at most 10000).", converter=whole_number)
+    ] = 3650,
     force: Force = False,
     output: Output = "text",
 ) -> int:

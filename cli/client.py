@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
 from typing import Generic, Self, TypeVar
-from urllib.parse import quote
 
 import httpx
 import msgspec
@@ -31,11 +30,18 @@ from app.pki import (
     explain_tls_failure,
     fetch_presented_certificate,
 )
+from cli.arguments import segment
 from cli.config import SETTING_ENV, ConnectionSettings
 
 USER_AGENT = "llmgw-cli/0.1"
 HISTORY_PAGE_SIZE = 500
 HISTORY_SUBJECTS = ("replica", "node", "model", "key")
+_HISTORY_KEYS = {
+    "replica": "the replica id",
+    "node": "the node id",
+    "model": "the model name",
+    "key": "the key prefix or name",
+}
 READYZ_PATH = "/readyz"
 
 _T = TypeVar("_T")
@@ -228,7 +234,7 @@ class AdminClient:
         alone; ``summary`` is kept with them in the log."""
         body = self.request(
             "POST",
-            f"/admin/v1/models/{quote(model, safe='')}/tuning",
+            f"/admin/v1/models/{segment(model, 'the model name')}/tuning",
             body={
                 "replica_id": replica_id,
                 "weight": weight,
@@ -264,7 +270,8 @@ class AdminClient:
         return KeyReply(_decode(_key_list_decoder, raw, "key list"), raw)
 
     def revoke_key(self, prefix_or_name: str) -> KeyReply[KeyChange]:
-        raw = self.request("DELETE", f"/admin/v1/keys/{quote(prefix_or_name, safe='')}")
+        path = f"/admin/v1/keys/{segment(prefix_or_name, 'the key prefix or name')}"
+        raw = self.request("DELETE", path)
         return KeyReply(_decode(_key_change_decoder, raw, "revoked key"), raw)
 
     def history(
@@ -283,7 +290,7 @@ class AdminClient:
         while remaining is None or remaining > 0:
             size = HISTORY_PAGE_SIZE if remaining is None else min(remaining, HISTORY_PAGE_SIZE)
             body = self._get(
-                f"/admin/v1/history/{subject}/{quote(key, safe='')}",
+                f"/admin/v1/history/{subject}/{segment(key, _HISTORY_KEYS[subject])}",
                 {"after": after, "limit": size},
             )
             page = _decode(_page_decoder, body, "history page")

@@ -16,6 +16,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from cli.arguments import segment
 from cli.client import AdminClient, ClientError, EventView
 from cli.config import ConnectionFlags
 from cli.operator import (
@@ -25,7 +26,6 @@ from cli.operator import (
     call,
     print_json,
     run_command,
-    segment,
 )
 from cli.render import EXIT_FAILED, EXIT_OK, EXIT_USAGE, print_error, utc_seconds
 from cli.replicas import moves
@@ -81,10 +81,10 @@ def drain(
 
     def start(client: AdminClient) -> int:
         if node_id is not None:
-            path = f"{ADMIN}/nodes/{segment(node_id)}/drain"
+            path = f"{ADMIN}/nodes/{segment(node_id, 'the node id')}/drain"
             body = {} if grace is None else {"grace_s": grace}
         else:
-            path = f"{ADMIN}/replicas/{segment(replica or '')}/drain"
+            path = f"{ADMIN}/replicas/{segment(replica or '', 'the replica id')}/drain"
             body = None
         accepted = call(client, DrainAccepted, "POST", path, body=body)
         if wait:
@@ -170,7 +170,9 @@ def _poll_until_finished(
 
 
 def _progress(client: AdminClient, drain_id: str) -> Reply[DrainProgressView]:
-    return call(client, DrainProgressView, "GET", f"{ADMIN}/drains/{segment(drain_id)}")
+    return call(
+        client, DrainProgressView, "GET", f"{ADMIN}/drains/{segment(drain_id, 'the drain id')}"
+    )
 
 
 def succeeded(progress: DrainProgressView) -> bool:

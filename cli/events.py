@@ -13,6 +13,7 @@ from typing import Annotated
 import msgspec
 from cyclopts import Parameter, validators
 
+from cli.arguments import UsageError, whole_number
 from cli.client import (
     AdminClient,
     AdminUnreachable,
@@ -22,7 +23,7 @@ from cli.client import (
 )
 from cli.config import ConnectionFlags
 from cli.history import COLUMNS, event_row
-from cli.operator import ADMIN, Output, OutputFormat, UsageError, call, run_command
+from cli.operator import ADMIN, Output, OutputFormat, call, run_command
 from cli.render import EXIT_OK, counted, print_json_array, print_table, utc_seconds
 from cli.sse import SseParser
 from cli.views import EventsPage
@@ -49,6 +50,7 @@ def events(
         int | None,
         Parameter(
             help="Every event after this log position (the position column).",
+            converter=whole_number,
             validator=validators.Number(gte=0),
         ),
     ] = None,
@@ -56,6 +58,7 @@ def events(
         int | None,
         Parameter(
             help=f"Start with the latest N events. [default: {DEFAULT_LAST}, unless --since]",
+            converter=whole_number,
             validator=validators.Number(gte=0),
         ),
     ] = None,

@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 
 from cyclopts import App, Parameter, validators
 
+from cli.arguments import UsageError, whole_number
 from cli.client import AdminClient, ClientError, EventView, HistoryEvent
 from cli.config import ConfigError, ConnectionFlags, resolve_settings
 from cli.render import (
@@ -47,11 +48,16 @@ Output = Annotated[
 ]
 Limit = Annotated[
     int | None,
-    Parameter(validator=validators.Number(gte=1), help="Show at most N events. [default: all]"),
+    Parameter(
+        converter=whole_number,
+        validator=validators.Number(gte=1),
+        help="Show at most N events. [default: all]",
+    ),
 ]
 After = Annotated[
     int,
     Parameter(
+        converter=whole_number,
         validator=validators.Number(gte=0),
         help="Show only events after this log position (the position column of a listing).",
     ),
@@ -185,6 +191,9 @@ def show_history(
     try:
         with AdminClient(settings) as client:
             events = client.history(subject, key, after=after, limit=limit)
+    except UsageError as exc:
+        print_error(command, str(exc))
+        return EXIT_USAGE
     except ClientError as exc:
         print_error(command, str(exc))
         return EXIT_FAILED

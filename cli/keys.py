@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 import msgspec
 from cyclopts import App, Parameter, validators
 
+from cli.arguments import UsageError, whole_number
 from cli.client import AdminClient, ClientError, KeyView
 from cli.config import ConfigError, ConnectionFlags, resolve_settings
 from cli.render import (
@@ -56,7 +57,7 @@ Output = Annotated[
 ]
 Limit = Annotated[
     int | None,
-    Parameter(validator=validators.Number(gte=1, lte=2**31 - 1)),
+    Parameter(converter=whole_number, validator=validators.Number(gte=1, lte=2**31 - 1)),
 ]
 
 COLUMNS = (
@@ -201,6 +202,9 @@ def _run(command: str, flags: ConnectionFlags | None, action: Callable[[AdminCli
     try:
         with AdminClient(settings) as client:
             return action(client)
+    except UsageError as exc:
+        print_error(command, str(exc))
+        return EXIT_USAGE
     except ClientError as exc:
         print_error(command, str(exc))
         return EXIT_FAILED

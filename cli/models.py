@@ -13,6 +13,7 @@ import msgspec
 from cyclopts import App, Parameter, validators
 from rich.console import Console
 
+from cli.arguments import UsageError, segment, whole_number
 from cli.autoscale import bounds_text, decision_text, inputs_text, policy_text
 from cli.client import AdminClient, ApiProblem
 from cli.config import ConnectionFlags
@@ -26,7 +27,6 @@ from cli.operator import (
     print_json,
     put_model,
     run_command,
-    segment,
     show_one,
 )
 from cli.render import EXIT_FAILED, EXIT_OK, Column, counted, print_error, print_table, utc_seconds
@@ -139,11 +139,17 @@ def apply_models(
     except SpecFileError as exc:
         print_error("models apply", str(exc))
         return EXIT_FAILED
-    unnamed = [n for n, spec in enumerate(specs, 1) if not isinstance(spec.get("name"), str)]
-    if unnamed:
-        which = f"spec {unnamed[0]} in {file}" if len(specs) > 1 else str(file)
-        print_error("models apply", f"{which}: name: is required (the model's name)")
-        return EXIT_FAILED
+    for number, spec in enumerate(specs, 1):
+        which = f"spec {number} in {file}" if len(specs) > 1 else str(file)
+        name = spec.get("name")
+        if not isinstance(name, str):
+            print_error("models apply", f"{which}: name: is required (the model's name)")
+            return EXIT_FAILED
+        try:
+            segment(name, "name")
+        except UsageError as exc:
+            print_error("models apply", f"{which}: {exc}")
+            return EXIT_FAILED
 
     def apply(client: AdminClient) -> int:
         replies: list[Reply[ModelChange]] = []
@@ -213,14 +219,20 @@ def show_model(
     llmgw-cli model llama-3-8b
     ```
     """
-    path = f"{ADMIN}/models/{segment(name)}"
+
+    def path() -> str:
+        return f"{ADMIN}/models/{segment(name, 'the model name')}"
+
     return show_one("model", path, ModelView, print_model, output, connection)
 
 
 def scale(
     name: ModelName,
     replicas: Annotated[
-        int, Parameter(help="How many replicas.", validator=validators.Number(gte=0))
+        int,
+        Parameter(
+            help="How many replicas.", converter=whole_number, validator=validators.Number(gte=0)
+        ),
     ],
     /,
     *,
@@ -236,7 +248,7 @@ def scale(
 
     return post_change(
         "scale",
-        f"{ADMIN}/models/{segment(name)}/scale",
+        lambda: f"{ADMIN}/models/{segment(name, 'the model name')}/scale",
         ModelChange,
         {"replicas": replicas},
         output,
@@ -257,7 +269,7 @@ def remove(
     """
 
     def change(client: AdminClient) -> int:
-        client.request("DELETE", f"{ADMIN}/models/{segment(name)}")
+        client.request("DELETE", f"{ADMIN}/models/{segment(name, 'the model name')}")
         if output == "json":
             print_json(b'{"model":' + msgspec.json.encode(name) + b',"removed":true}')
         else:

@@ -7,6 +7,7 @@ from typing import Annotated
 from cyclopts import Parameter
 from rich.console import Console
 
+from cli.arguments import segment
 from cli.client import AdminClient
 from cli.config import ConnectionFlags
 from cli.operator import (
@@ -18,7 +19,6 @@ from cli.operator import (
     print_facts,
     print_json,
     run_command,
-    segment,
     show_one,
     yes_no,
 )
@@ -86,7 +86,10 @@ def show_node(
     llmgw-cli node gpu-08
     ```
     """
-    path = f"{ADMIN}/nodes/{segment(node_id)}"
+
+    def path() -> str:
+        return f"{ADMIN}/nodes/{segment(node_id, 'the node id')}"
+
     return show_one("node", path, NodeView, print_node, output, connection)
 
 
@@ -104,8 +107,7 @@ def cordon(
     llmgw-cli cordon gpu-08 --reason "ECC errors on GPU 3"
     ```
     """
-    path = f"{ADMIN}/nodes/{segment(node_id)}/cordon"
-    return _change("cordon", node_id, path, {"reason": reason}, output, connection)
+    return _change("cordon", node_id, {"reason": reason}, output, connection)
 
 
 def uncordon(
@@ -117,21 +119,19 @@ def uncordon(
     llmgw-cli uncordon gpu-08
     ```
     """
-    path = f"{ADMIN}/nodes/{segment(node_id)}/uncordon"
-    return _change("uncordon", node_id, path, None, output, connection)
+    return _change("uncordon", node_id, None, output, connection)
 
 
 def _change(
     command: str,
     node_id: str,
-    path: str,
     body: object,
     output: Output,
     connection: ConnectionFlags | None,
 ) -> int:
     return post_change(
         command,
-        path,
+        lambda: f"{ADMIN}/nodes/{segment(node_id, 'the node id')}/{command}",
         NodeChange,
         body,
         output,

@@ -12,13 +12,13 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Generic, Literal, Protocol, TypeVar
-from urllib.parse import quote
 
 import msgspec
 from cyclopts import Parameter
 from rich.console import Console
 from rich.text import Text
 
+from cli.arguments import UsageError, segment
 from cli.client import AdminClient, ApiProblem, ClientError
 from cli.config import ConfigError, ConnectionFlags, resolve_settings
 from cli.render import EXIT_FAILED, EXIT_OK, EXIT_USAGE, print_error
@@ -47,10 +47,6 @@ class Change(Protocol):
 
 
 ChangeT = TypeVar("ChangeT", bound=Change)
-
-
-class UsageError(Exception):
-    """The command was called in a way it cannot work (exit code 2)."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +106,7 @@ def get_nodes(client: AdminClient) -> Reply[list[NodeSummary]]:
 def get_model(client: AdminClient, name: str) -> Reply[ModelView] | None:
     """The model ``name``; None when the log has never declared it."""
     try:
-        return call(client, ModelView, "GET", f"{ADMIN}/models/{segment(name)}")
+        return call(client, ModelView, "GET", f"{ADMIN}/models/{segment(name, 'the model name')}")
     except ApiProblem as exc:
         if exc.status == 404:
             return None
@@ -119,7 +115,7 @@ def get_model(client: AdminClient, name: str) -> Reply[ModelView] | None:
 
 def put_model(client: AdminClient, spec: Mapping[str, object]) -> Reply[ModelChange]:
     """Declare the model ``spec["name"]`` with ``spec`` (recorded only if it changes)."""
-    path = f"{ADMIN}/models/{segment(str(spec['name']))}"
+    path = f"{ADMIN}/models/{segment(str(spec['name']), 'the model name')}"
     return call(client, ModelChange, "PUT", path, body=dict(spec))
 
 
@@ -138,16 +134,18 @@ def get_replicas(
 
 def show_one(
     command: str,
-    path: str,
+    path: Callable[[], str],
     view: type[ViewT],
     print_view: Callable[[ViewT, bool], None],
     output: OutputFormat,
     flags: ConnectionFlags | None,
 ) -> int:
-    """``GET path`` and print the one thing it answers (``llmgw-cli node``, ``model``...)."""
+    """``GET path()`` and print the one thing it answers (``llmgw-cli node``, ``model``...).
+    The path is built within ``run_command``: a name that cannot be a path segment is a
+    usage error like any other."""
 
     def show(client: AdminClient) -> int:
-        print_reply(call(client, view, "GET", path), output, print_view)
+        print_reply(call(client, view, "GET", path()), output, print_view)
         return EXIT_OK
 
     return run_command(command, flags, show)
@@ -155,7 +153,7 @@ def show_one(
 
 def post_change(
     command: str,
-    path: str,
+    path: Callable[[], str],
     view: type[ChangeT],
     body: object,
     output: OutputFormat,
@@ -164,11 +162,12 @@ def post_change(
     done: str,
     unchanged: str,
 ) -> int:
-    """``POST path`` for a change (``llmgw-cli scale``, ``cordon``...) and print the API's
-    answer for ``--output json``, else ``done``, or ``unchanged`` when nothing was recorded."""
+    """``POST path()`` for a change (``llmgw-cli scale``, ``cordon``...) and print the API's
+    answer for ``--output json``, else ``done``, or ``unchanged`` when nothing was recorded.
+    The path is built within ``run_command``, as ``show_one``'s."""
 
     def change(client: AdminClient) -> int:
-        reply = call(client, view, "POST", path, body=body)
+        reply = call(client, view, "POST", path(), body=body)
         if output == "json":
             print_json(reply.raw)
         else:
@@ -187,11 +186,6 @@ def print_reply(
         print_json(reply.raw)
     else:
         print_view(reply.value, output == "wide")
-
-
-def segment(value: str) -> str:
-    """``value`` as one path segment (ids are the operator's input: quote them)."""
-    return quote(value, safe="")
 
 
 def print_json(raw: bytes) -> None:

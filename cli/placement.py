@@ -9,6 +9,7 @@ from cyclopts import Parameter, validators
 from rich.console import Console
 from rich.text import Text
 
+from cli.arguments import segment
 from cli.client import AdminClient
 from cli.config import ConnectionFlags
 from cli.operator import (
@@ -18,7 +19,6 @@ from cli.operator import (
     call,
     print_reply,
     run_command,
-    segment,
 )
 from cli.render import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Column, print_error, print_table
 from cli.spec_file import SpecFileError, read_specs
@@ -72,7 +72,12 @@ def explain_placement(
 
 def _ask(client: AdminClient, model: str | None, spec: object) -> Reply[PlacementView]:
     if model is not None:
-        return call(client, PlacementView, "GET", f"{ADMIN}/models/{segment(model)}/placement")
+        return call(
+            client,
+            PlacementView,
+            "GET",
+            f"{ADMIN}/models/{segment(model, 'the model name')}/placement",
+        )
     return call(client, PlacementView, "POST", f"{ADMIN}/placement", body=spec)
 
 

@@ -8,6 +8,7 @@ from cyclopts import Parameter
 from rich.console import Console
 from rich.text import Text
 
+from cli.arguments import segment
 from cli.client import AdminClient
 from cli.config import ConnectionFlags
 from cli.operator import (
@@ -17,7 +18,6 @@ from cli.operator import (
     print_facts,
     print_json,
     run_command,
-    segment,
     show_one,
 )
 from cli.render import EXIT_OK, Column, print_table, utc_seconds
@@ -147,7 +147,10 @@ def show_replica(
     llmgw-cli replica llama-3-8b-2
     ```
     """
-    path = f"{ADMIN}/replicas/{segment(replica_id)}"
+
+    def path() -> str:
+        return f"{ADMIN}/replicas/{segment(replica_id, 'the replica id')}"
+
     return show_one("replica", path, ReplicaView, print_replica, output, connection)
 
 

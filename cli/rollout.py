@@ -17,9 +17,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from cli.arguments import segment, whole_number
 from cli.client import AdminClient, ApiProblem, ClientError
 from cli.config import ConnectionFlags
-from cli.operator import ADMIN, Output, Reply, call, print_json, run_command, segment
+from cli.operator import ADMIN, Output, Reply, call, print_json, run_command
 from cli.render import EXIT_FAILED, EXIT_OK, print_error, utc_seconds
 from cli.rollout_render import render, render_record, step_text, summary_line
 from cli.rollout_views import RolloutChange, RolloutHistoryView, RolloutView
@@ -186,7 +187,11 @@ def history(
     *,
     limit: Annotated[
         int,
-        Parameter(help="Show the N latest rollouts.", validator=validators.Number(gte=1, lte=100)),
+        Parameter(
+            help="Show the N latest rollouts.",
+            converter=whole_number,
+            validator=validators.Number(gte=1, lte=100),
+        ),
     ] = 20,
     output: Output = "table",
     connection: ConnectionFlags | None = None,
@@ -202,7 +207,7 @@ def history(
     """
 
     def show(client: AdminClient) -> int:
-        path = f"{ADMIN}/models/{segment(model)}/rollouts"
+        path = f"{ADMIN}/models/{segment(model, 'the model name')}/rollouts"
         reply = call(client, RolloutHistoryView, "GET", path, params={"limit": limit})
         if output == "json":
             print_json(reply.raw)
@@ -227,7 +232,7 @@ def _steer(
     flags: ConnectionFlags | None,
 ) -> int:
     def change(client: AdminClient) -> int:
-        path = f"{ADMIN}/models/{segment(model)}/rollout/{action}"
+        path = f"{ADMIN}/models/{segment(model, 'the model name')}/rollout/{action}"
         reply = call(client, RolloutChange, "POST", path, body=body)
         if output == "json":
             print_json(reply.raw)
@@ -241,7 +246,9 @@ def _steer(
 
 
 def _status(client: AdminClient, model: str) -> Reply[RolloutView]:
-    return call(client, RolloutView, "GET", f"{ADMIN}/models/{segment(model)}/rollout")
+    return call(
+        client, RolloutView, "GET", f"{ADMIN}/models/{segment(model, 'the model name')}/rollout"
+    )
 
 
 def _follow(client: AdminClient, model: str, output: Output, timeout_s: float | None) -> int:

@@ -14,9 +14,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from cyclopts import App, CycloptsError
-from cyclopts.exceptions import MissingArgumentError, UnknownCommandError, UnknownOptionError
+from cyclopts.exceptions import (
+    CoercionError,
+    MissingArgumentError,
+    UnknownCommandError,
+    UnknownOptionError,
+)
 from rich.console import Console
 from rich.text import Text
+
+from cli.arguments import ArgumentRefused
 
 PROGRAM = "llmgw-cli"
 
@@ -54,6 +61,9 @@ def _what_is_wrong(error: CycloptsError, where: str) -> str:
         token = error.token.keyword or error.token.value
         options = [name for argument in error.argument_collection for name in argument.names]
         return _unknown_option(token, options, where)
+    if isinstance(error, CoercionError) and isinstance(error.__cause__, ArgumentRefused):
+        name = error.token.keyword if error.token and error.token.keyword else None
+        return f"{name or (error.argument.name if error.argument else 'a value')} {error.msg}"
     if type(error) is MissingArgumentError and error.argument is not None:
         options = _options(error.app)
         unknown = [

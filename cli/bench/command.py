@@ -16,6 +16,7 @@ from typing import Annotated, Literal, TypeVar
 
 from cyclopts import App, Group, Parameter, validators
 
+from cli.arguments import UsageError, segment, whole_number
 from cli.bench.errors import BenchError
 from cli.bench.plan import BenchPlan
 from cli.bench.slo import SloError, SloTarget, parse_duration, parse_fraction, parse_targets
@@ -47,10 +48,6 @@ class ClimbDefaults:
 STANDARD = ClimbDefaults(warmup="5s", duration="30s", max_concurrency=256)
 QUICK = ClimbDefaults(warmup="1s", duration="3s", max_concurrency=16)
 """At most 8 levels of 4s, 32s, which the simulator keeps within 40s."""
-
-
-class UsageError(ValueError):
-    pass
 
 
 @bench_app.default
@@ -89,6 +86,7 @@ def bench(
         int,
         Parameter(
             group=WORKLOAD,
+            converter=whole_number,
             validator=Positive,
             help="Prompt length: words of about one token each (the simulator's exactly).",
         ),
@@ -97,6 +95,7 @@ def bench(
         int,
         Parameter(
             group=WORKLOAD,
+            converter=whole_number,
             validator=Positive,
             help="Enforced with max_tokens, and ignore_eos where the engine takes it.",
         ),
@@ -138,15 +137,27 @@ def bench(
     ] = None,
     requests: Annotated[
         int | None,
-        Parameter(group=CLIMB, validator=Positive, help="Measure this many requests instead."),
+        Parameter(
+            group=CLIMB,
+            converter=whole_number,
+            validator=Positive,
+            help="Measure this many requests instead.",
+        ),
     ] = None,
     start_concurrency: Annotated[
-        int, Parameter(group=CLIMB, validator=Positive, help="The first level to measure.")
+        int,
+        Parameter(
+            group=CLIMB,
+            converter=whole_number,
+            validator=Positive,
+            help="The first level to measure.",
+        ),
     ] = 1,
     max_concurrency: Annotated[
         int | None,
         Parameter(
             group=CLIMB,
+            converter=whole_number,
             validator=Positive,
             help="The highest level to measure. "
             f"[default: {STANDARD.max_concurrency}; {QUICK.max_concurrency} with --quick]",
@@ -170,7 +181,10 @@ def bench(
         ),
     ] = "300s",
     seed: Annotated[
-        int | None, Parameter(group=WORKLOAD, help="Make the random prompts reproducible.")
+        int | None,
+        Parameter(
+            group=WORKLOAD, converter=whole_number, help="Make the random prompts reproducible."
+        ),
     ] = None,
     report_dir: Annotated[
         Path | None,
@@ -290,6 +304,8 @@ def _check_target_flags(
         raise UsageError("give the engine to bench: --url URL or --replica ID (one of them)")
     if apply and apply_to == "replica" and replica is None:
         raise UsageError("--apply-to replica needs --replica")
+    if replica is not None:
+        segment(replica, "--replica")
 
 
 def _targets(texts: tuple[str, ...]) -> tuple[SloTarget, ...]:

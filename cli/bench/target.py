@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal, TypeVar
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
+from cli.arguments import segment
 from cli.bench.errors import TargetRefused
 from cli.client import AdminClient, ApiProblem
 
@@ -97,7 +98,7 @@ def engine_root(url: str) -> str:
 def resolve_replica(client: AdminClient, replica_id: str) -> Target:
     """Where the replica's engine listens: its first shard's node address and port, as
     the gateway routes to it. Raises ``cli.client.ClientError`` and ``TargetRefused``."""
-    replica = _get(client, f"/admin/v1/replicas/{quote(replica_id, safe='')}", _Replica)
+    replica = _get(client, f"/admin/v1/replicas/{segment(replica_id, 'the replica id')}", _Replica)
     if replica.phase not in SERVING_PHASES:
         raise TargetRefused(
             f"replica {replica_id} is {replica.phase}, not serving: bench measures a replica "
@@ -106,7 +107,7 @@ def resolve_replica(client: AdminClient, replica_id: str) -> Target:
     first = min(replica.shards, key=lambda shard: shard.index, default=None)
     if first is None:
         raise TargetRefused(f"replica {replica_id} has no shards to measure")
-    node = _get(client, f"/admin/v1/nodes/{quote(first.node_id, safe='')}", _Node)
+    node = _get(client, f"/admin/v1/nodes/{segment(first.node_id, 'the node id')}", _Node)
     address = node.connection.address
     host = f"[{address}]" if ":" in address and not address.startswith("[") else address
     return Target(

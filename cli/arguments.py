@@ -1,0 +1,50 @@
+"""What the operator typed, checked before it is used: a count is a whole number, a name or
+id in a request path is one whole path segment. Each refusal is a usage error (exit 2)
+whose message names the argument.
+
+    UsageError           the command cannot work as called (exit 2), from a command
+    ArgumentRefused      a value cyclopts could convert but this CLI refuses; cyclopts
+                         reports it as ``--max must be a whole number, got 2.5``
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from urllib.parse import quote
+
+from cyclopts import Token
+
+
+class UsageError(Exception):
+    """The command was called in a way it cannot work (exit code 2)."""
+
+
+class ArgumentRefused(ValueError):
+    """A value refused by a converter; the message follows the argument's name."""
+
+
+_WHOLE = re.compile(r"^[+-]?[0-9]+(?:\.0*)?$")
+
+
+def whole_number(_type: object, tokens: Sequence[Token]) -> int:
+    """cyclopts' converter for every ``int`` argument and option: ``4`` (or ``4.0``), never
+    a fraction. cyclopts' own rounds ``2.5`` to 2 and ``0.6`` to 1, a count the operator
+    did not ask for."""
+    text = tokens[0].value.strip()
+    if not _WHOLE.match(text):
+        raise ArgumentRefused(f"must be a whole number, got {tokens[0].value}")
+    return int(text.split(".", 1)[0])
+
+
+def segment(value: str, what: str) -> str:
+    """``value`` as one path segment, quoted (ids are the operator's input); a
+    ``UsageError`` naming ``what`` (``the model name``) when it cannot be one. Empty, it
+    would leave ``//`` in the path, which names another resource once collapsed; with a
+    ``/``, it would be two segments once the server decodes it. No name or id of llmgw
+    holds either."""
+    if not value.strip():
+        raise UsageError(f"{what} cannot be empty")
+    if "/" in value:
+        raise UsageError(f"{what} cannot hold a '/': {value!r}")
+    return quote(value, safe="")

@@ -1,0 +1,170 @@
+"""What an operator types is checked before llmgw-cli sends anything: a name or id that
+cannot be one path segment, a fraction where a count belongs, a spec file with a number
+JSON cannot carry. Each is refused with one line naming what is wrong, and no request is
+made: the admin URL here has nobody listening, so a request would fail differently."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from cyclopts import App, Token
+
+from cli.arguments import ArgumentRefused, whole_number
+from cli.main import app
+from devcluster.processes import program
+from tests.support.ports import free_port
+
+CLI = program("llmgw-cli")
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    environment = os.environ | {
+        "COLUMNS": "200",
+        "TERM": "dumb",
+        "LLMGW_ADMIN_URL": f"http://127.0.0.1:{free_port()}",
+    }
+    done = subprocess.run(
+        [CLI, *argv], capture_output=True, text=True, env=environment, timeout=60, check=False
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+# -- a name or id in a request path ------------------------------------------------------
+
+NAMED = [
+    (("autoscale", "{}", "--off"), "autoscale", "the model name"),
+    (("autoscale", "{}", "--max", "2"), "autoscale", "the model name"),
+    (("model", "{}"), "model", "the model name"),
+    (("scale", "{}", "2"), "scale", "the model name"),
+    (("remove", "{}"), "remove", "the model name"),
+    (("explain-placement", "{}"), "explain-placement", "the model name"),
+    (("rollout", "status", "{}"), "rollout status", "the model name"),
+    (("rollout", "pause", "{}"), "rollout pause", "the model name"),
+    (("rollout", "history", "{}"), "rollout history", "the model name"),
+    (("node", "{}"), "node", "the node id"),
+    (("cordon", "{}"), "cordon", "the node id"),
+    (("uncordon", "{}"), "uncordon", "the node id"),
+    (("drain", "{}"), "drain", "the node id"),
+    (("drain", "--replica", "{}"), "drain", "the replica id"),
+    (("drain-progress", "{}"), "drain-progress", "the drain id"),
+    (("replica", "{}"), "replica", "the replica id"),
+    (("history", "model", "{}"), "history model", "the model name"),
+    (("history", "key", "{}"), "history key", "the key prefix or name"),
+    (("bench", "--replica", "{}", "--slo", "ttft_p95=1s"), "bench", "--replica"),
+]
+
+
+CASES = [(*named, "") for named in NAMED] + [(*named, " \t") for named in NAMED[:3]]
+
+
+@pytest.mark.parametrize(
+    ("argv", "command", "what", "value"),
+    CASES,
+    ids=[" ".join(case[0]).replace("{}", repr(case[3])) for case in CASES],
+)
+def test_an_empty_name_is_bad_usage_and_nothing_is_sent(
+    argv: tuple[str, ...], command: str, what: str, value: str
+) -> None:
+    # Sent, `autoscale "" --off` was DELETE /admin/v1/models//autoscale: the model named
+    # "autoscale" was removed.
+    filled = [value if word == "{}" else word for word in argv]
+
+    assert run_cli(*filled) == (2, "", f"llmgw-cli {command}: {what} cannot be empty\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "command"),
+    [(("remove", "x/autoscale"), "remove"), (("autoscale", "x/y", "--off"), "autoscale")],
+)
+def test_a_name_holding_a_slash_is_bad_usage(argv: tuple[str, ...], command: str) -> None:
+    name = argv[1]
+
+    assert run_cli(*argv) == (
+        2,
+        "",
+        f"llmgw-cli {command}: the model name cannot hold a '/': {name!r}\n",
+    )
+
+
+def test_a_spec_file_with_an_empty_name_is_refused_before_anything_is_sent(
+    tmp_path: Path,
+) -> None:
+    spec = tmp_path / "llama.yaml"
+    spec.write_text('name: ""\ncommand: vllm serve x --port {port}\n')
+
+    assert run_cli("models", "apply", str(spec)) == (
+        1,
+        "",
+        f"llmgw-cli models apply: {spec}: name cannot be empty\n",
+    )
+
+
+# -- a count is a whole number -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (
+            ("autoscale", "m", "--max-step", "0.6"),
+            "autoscale: --max-step must be a whole number, got 0.6",
+        ),
+        (("autoscale", "m", "--max", "2.5"), "autoscale: --max must be a whole number, got 2.5"),
+        (("autoscale", "m", "--min=1.5"), "autoscale: --min must be a whole number, got 1.5"),
+        (("scale", "m", "2.5"), "scale: REPLICAS must be a whole number, got 2.5"),
+        (("events", "--last", "1e3"), "events: --last must be a whole number, got 1e3"),
+        (
+            ("history", "node", "n", "--limit", "nan"),
+            "history node: --limit must be a whole number, got nan",
+        ),
+        (
+            ("keys", "create", "--name", "k", "--models", "m", "--rpm", "0.5"),
+            "keys create: --rpm must be a whole number, got 0.5",
+        ),
+        (
+            ("cert", "init-ca", "--days", "1.5"),
+            "cert init-ca: --days must be a whole number, got 1.5",
+        ),
+    ],
+)
+def test_a_fraction_where_a_count_belongs_is_bad_usage(argv: tuple[str, ...], line: str) -> None:
+    # cyclopts rounded them: --max-step 0.6 was sent as 1, --max 2.5 as 2.
+    assert run_cli(*argv) == (2, "", f"llmgw-cli {line}\n")
+
+
+@pytest.mark.parametrize(("text", "number"), [("4", 4), ("-3", -3), ("+2", 2), ("30.0", 30)])
+def test_a_whole_number_may_be_written_with_a_sign_or_a_point_zero(text: str, number: int) -> None:
+    assert whole_number(int, [Token(value=text)]) == number
+
+
+@pytest.mark.parametrize("text", ["2.5", "0.6", "1e3", "inf", "nan", "0x10", "", "two"])
+def test_anything_else_is_not_a_whole_number(text: str) -> None:
+    with pytest.raises(ArgumentRefused, match=f"must be a whole number, got {text}$"):
+        whole_number(int, [Token(value=text)])
+
+
+def int_arguments(command: App, chain: tuple[str, ...] = ()) -> list[tuple[str, object]]:
+    """Every argument of ``command`` and its subcommands whose type holds an int."""
+    found: list[tuple[str, object]] = []
+    for name in command:
+        sub = command[name]
+        if not name.startswith("-") and sub is not command:
+            found += int_arguments(sub, (*chain, name))
+    try:
+        arguments = command.assemble_argument_collection()
+    except ValueError:  # a group without a default command has no arguments of its own
+        return found
+    for argument in arguments:
+        if argument.parse and "int" in str(argument.hint).replace("<class 'int'>", "int"):
+            found.append((f"{' '.join(chain)} {argument.name}", argument.parameter.converter))
+    return found
+
+
+def test_every_count_of_every_command_goes_through_the_whole_number_converter() -> None:
+    counts = dict(int_arguments(app))
+
+    assert len(counts) >= 20, counts  # scale, autoscale, events, history, keys, cert, bench
+    assert {name for name, converter in counts.items() if converter is not whole_number} == set()
