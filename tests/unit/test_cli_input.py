@@ -14,6 +14,7 @@ from cyclopts import App, Token
 
 from cli.arguments import ArgumentRefused, whole_number
 from cli.main import app
+from cli.spec_file import SpecFileError, read_specs
 from devcluster.processes import program
 from tests.support.ports import free_port
 
@@ -168,3 +169,58 @@ def test_every_count_of_every_command_goes_through_the_whole_number_converter() 
 
     assert len(counts) >= 20, counts  # scale, autoscale, events, history, keys, cert, bench
     assert {name for name, converter in counts.items() if converter is not whole_number} == set()
+
+
+# -- a spec file's numbers are finite ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("file", "text", "field", "value"),
+    [
+        (
+            "llama.yaml",
+            "name: llama\ncommand: x\nautoscale: {max: 4, target: .inf, idle_to_zero_s: .nan}\n",
+            "autoscale.target",
+            "inf",
+        ),
+        (
+            "llama.yaml",
+            "name: llama\ncommand: x\nautoscale: {max: 4, idle_to_zero_s: .NaN}\n",
+            "autoscale.idle_to_zero_s",
+            "nan",
+        ),
+        (
+            "llama.json",
+            '{"name": "llama", "command": "x", "gpu_memory_gib": -Infinity}',
+            "gpu_memory_gib",
+            "-inf",
+        ),
+        (
+            "llama.json",
+            '[{"name": "qwen", "command": "x"}, '
+            '{"name": "llama", "command": "x", "rollout": {"steps": [{"hold_s": NaN}]}}]',
+            "rollout.steps[0].hold_s",
+            "nan",
+        ),
+    ],
+)
+def test_a_spec_with_infinity_or_nan_is_refused_naming_file_model_and_field(
+    tmp_path: Path, file: str, text: str, field: str, value: str
+) -> None:
+    # Sent, msgspec wrote them as null, which the API reads as "the default": target 4.
+    spec = tmp_path / file
+    spec.write_text(text)
+
+    expected = f"{spec} (model llama): {field} must be a finite number, not {value}"
+    with pytest.raises(SpecFileError) as refused:
+        read_specs(spec)
+    assert str(refused.value) == expected
+    assert run_cli("models", "apply", str(spec)) == (1, "", f"llmgw-cli models apply: {expected}\n")
+
+
+def test_a_yaml_list_holding_itself_is_read_once(tmp_path: Path) -> None:
+    spec = tmp_path / "loop.yaml"
+    spec.write_text("name: llama\ncommand: x\nenv: &loop [1.5, *loop]\nargs: [.inf]\n")
+
+    with pytest.raises(SpecFileError, match=r"\(model llama\): args\[0\] must be a finite"):
+        read_specs(spec)
