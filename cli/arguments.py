@@ -4,11 +4,13 @@ whose message names the argument.
 
     UsageError           the command cannot work as called (exit 2), from a command
     ArgumentRefused      a value cyclopts could convert but this CLI refuses; cyclopts
-                         reports it as ``--max must be a whole number, got 2.5``
+                         reports it as ``--max must be a whole number, got 2.5`` or
+                         ``--grace must be a finite number, got inf``
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from urllib.parse import quote
@@ -35,6 +37,19 @@ def whole_number(_type: object, tokens: Sequence[Token]) -> int:
     if not _WHOLE.match(text):
         raise ArgumentRefused(f"must be a whole number, got {tokens[0].value}")
     return int(text.split(".", 1)[0])
+
+
+def finite_number(_type: object, tokens: Sequence[Token]) -> float:
+    """cyclopts' converter for every ``float`` argument and option: a number, never
+    ``inf`` or ``nan``. JSON has neither: sent, one would arrive as null, which the API reads
+    as the field's default."""
+    try:
+        number = float(tokens[0].value)
+    except ValueError:
+        raise ArgumentRefused(f"must be a number, got {tokens[0].value}") from None
+    if not math.isfinite(number):
+        raise ArgumentRefused(f"must be a finite number, got {tokens[0].value}")
+    return number
 
 
 def segment(value: str, what: str) -> str:

@@ -7,13 +7,12 @@ only the fields it is given, keeping the others as the model has them.
 
 from __future__ import annotations
 
-import math
 from typing import Annotated
 
 import msgspec
 from cyclopts import Parameter, validators
 
-from cli.arguments import UsageError, segment, whole_number
+from cli.arguments import UsageError, finite_number, segment, whole_number
 from cli.client import AdminClient
 from cli.config import ConnectionFlags
 from cli.operator import ADMIN, Output, call, print_json, run_command
@@ -21,18 +20,12 @@ from cli.render import EXIT_OK, counted, utc_seconds
 from cli.views import AutoscaleDecisionView, AutoscaleView, ModelChange, ModelView
 
 
-def _finite(_type: object, value: object) -> None:
-    # JSON has no infinity: sent, it would arrive as null, that is the field's default.
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError("Must be a finite number.")
+def _at_least(low: float) -> validators.Number:
+    return validators.Number(gte=low)
 
 
-def _at_least(low: float) -> tuple[validators.Number, object]:
-    return validators.Number(gte=low), _finite
-
-
-def _above(low: float) -> tuple[validators.Number, object]:
-    return validators.Number(gt=low), _finite
+def _above(low: float) -> validators.Number:
+    return validators.Number(gt=low)
 
 
 ModelName = Annotated[str, Parameter(help="The model to autoscale, such as llama-3-8b.")]
@@ -78,6 +71,7 @@ def autoscale(
     target: Annotated[
         float | None,
         Parameter(
+            converter=finite_number,
             help="Requests one replica should carry: in flight on it plus queued for the "
             "model, as the gateways report them (0.01 to 100000).",
             validator=_at_least(0.01),
@@ -86,15 +80,17 @@ def autoscale(
     capacity: Annotated[
         float | None,
         Parameter(
+            converter=finite_number,
             help="Instead of --target, the share (0.01 to 1) of the concurrency `llmgw-cli "
             "bench` measured a replica serving within its SLO: 0.8 keeps each replica at "
             "80 % of it. Without a bench result, --target is used.",
-            validator=(validators.Number(gte=0.01, lte=1), _finite),
+            validator=validators.Number(gte=0.01, lte=1),
         ),
     ] = None,
     up_window: Annotated[
         Seconds,
         Parameter(
+            converter=finite_number,
             help="Seconds of demand averaged to scale up: up as soon as that average needs "
             "more replicas; a burst shorter than this moves it only by its share.",
             validator=_at_least(0),
@@ -103,6 +99,7 @@ def autoscale(
     down_window: Annotated[
         Seconds,
         Parameter(
+            converter=finite_number,
             help="Seconds the demand must stay low to scale down: down only when the "
             "highest demand over them needs fewer replicas, so a noisy signal does not flap.",
             validator=_at_least(0),
@@ -111,15 +108,17 @@ def autoscale(
     down_window_min_share: Annotated[
         float | None,
         Parameter(
+            converter=finite_number,
             help="The least share of --down-window a scale-down waits: a drop from n "
             "replicas to c waits max(this, c/n) of it, so halving the count waits half the "
             "window. 1 (the default): every drop waits the whole window.",
-            validator=(validators.Number(gt=0, lte=1), _finite),
+            validator=validators.Number(gt=0, lte=1),
         ),
     ] = None,
     idle_to_zero: Annotated[
         Seconds,
         Parameter(
+            converter=finite_number,
             help="With --min 0, seconds without any request before the last replica goes.",
             validator=_at_least(0),
         ),
@@ -135,6 +134,7 @@ def autoscale(
     cold_start_timeout: Annotated[
         Seconds,
         Parameter(
+            converter=finite_number,
             help="With --min 0, seconds a gateway holds a request for a model scaled to "
             "zero while a replica starts; then 503 with Retry-After (at most 3600).",
             validator=_above(0),

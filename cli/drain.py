@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from cli.arguments import segment
+from cli.arguments import finite_number, segment
 from cli.client import AdminClient, ClientError, EventView
 from cli.config import ConnectionFlags
 from cli.operator import (
@@ -53,6 +53,7 @@ def drain(
     grace: Annotated[
         float | None,
         Parameter(
+            converter=finite_number,
             help="Seconds a node drain may take; what is left then is stopped. [default: 600]",
             validator=validators.Number(gt=0),
         ),

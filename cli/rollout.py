@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from cli.arguments import segment, whole_number
+from cli.arguments import finite_number, segment, whole_number
 from cli.client import AdminClient, ApiProblem, ClientError
 from cli.config import ConnectionFlags
 from cli.operator import ADMIN, Output, Reply, call, print_json, run_command
@@ -63,6 +63,7 @@ def rollout_status(
     timeout: Annotated[
         float | None,
         Parameter(
+            converter=finite_number,
             help="With --wait, give up following after this many seconds (exit 1; the "
             "rollout goes on). [default: no limit]",
             validator=validators.Number(gt=0),

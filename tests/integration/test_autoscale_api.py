@@ -410,7 +410,7 @@ async def test_autoscale_refuses_a_bad_command_line_before_and_a_bad_policy_from
     assert nothing.code == 2
     assert "say what to change" in nothing.stderr
     assert (infinite.code, tiny.code, negative.code) == (2, 2, 2)
-    assert "Must be a finite number" in infinite.stderr
+    assert "--target must be a finite number, got inf" in infinite.stderr
     assert inverted.code == 1
     assert inverted.stderr.splitlines() == [
         f"llmgw-cli autoscale: spec of model '{model}' is invalid (autoscale.max: must be at "

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from cyclopts import App, Token
 
-from cli.arguments import ArgumentRefused, whole_number
+from cli.arguments import ArgumentRefused, finite_number, whole_number
 from cli.main import app
 from cli.spec_file import SpecFileError, read_specs
 from devcluster.processes import program
@@ -147,28 +147,81 @@ def test_anything_else_is_not_a_whole_number(text: str) -> None:
         whole_number(int, [Token(value=text)])
 
 
-def int_arguments(command: App, chain: tuple[str, ...] = ()) -> list[tuple[str, object]]:
-    """Every argument of ``command`` and its subcommands whose type holds an int."""
+def typed_arguments(
+    command: App, kind: str, chain: tuple[str, ...] = ()
+) -> list[tuple[str, object]]:
+    """Every argument of ``command`` and its subcommands whose type holds ``kind`` (``int``,
+    ``float``), with its converter."""
     found: list[tuple[str, object]] = []
     for name in command:
         sub = command[name]
         if not name.startswith("-") and sub is not command:
-            found += int_arguments(sub, (*chain, name))
+            found += typed_arguments(sub, kind, (*chain, name))
     try:
         arguments = command.assemble_argument_collection()
     except ValueError:  # a group without a default command has no arguments of its own
         return found
     for argument in arguments:
-        if argument.parse and "int" in str(argument.hint).replace("<class 'int'>", "int"):
+        if argument.parse and kind in str(argument.hint).replace(f"<class '{kind}'>", kind):
             found.append((f"{' '.join(chain)} {argument.name}", argument.parameter.converter))
     return found
 
 
 def test_every_count_of_every_command_goes_through_the_whole_number_converter() -> None:
-    counts = dict(int_arguments(app))
+    counts = dict(typed_arguments(app, "int"))
 
     assert len(counts) >= 20, counts  # scale, autoscale, events, history, keys, cert, bench
     assert {name for name, converter in counts.items() if converter is not whole_number} == set()
+
+
+# -- a number is finite -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (("drain", "gpu-1", "--grace", "inf"), "drain: --grace must be a finite number, got inf"),
+        (
+            ("autoscale", "m", "--up-window", "nan"),
+            "autoscale: --up-window must be a finite number, got nan",
+        ),
+        (
+            ("rollout", "status", "m", "--wait", "--timeout", "Infinity"),
+            "rollout status: --timeout must be a finite number, got Infinity",
+        ),
+    ],
+)
+def test_infinity_or_nan_where_a_number_belongs_is_bad_usage(
+    argv: tuple[str, ...], line: str
+) -> None:
+    # Sent, `drain --grace inf` was {"grace_s": null}: the default grace, not an endless one.
+    assert run_cli(*argv) == (2, "", f"llmgw-cli {line}\n")
+
+
+@pytest.mark.parametrize(("text", "number"), [("4", 4.0), ("-0.5", -0.5), ("1e3", 1000.0)])
+def test_a_finite_number_is_taken_as_written(text: str, number: float) -> None:
+    assert finite_number(float, [Token(value=text)]) == number
+
+
+@pytest.mark.parametrize(
+    ("text", "refusal"),
+    [
+        ("inf", "must be a finite number, got inf"),
+        ("-Infinity", "must be a finite number, got -Infinity"),
+        ("nan", "must be a finite number, got nan"),
+        ("ten", "must be a number, got ten"),
+    ],
+)
+def test_anything_else_is_not_a_finite_number(text: str, refusal: str) -> None:
+    with pytest.raises(ArgumentRefused, match=f"^{refusal}$"):
+        finite_number(float, [Token(value=text)])
+
+
+def test_every_number_of_every_command_goes_through_the_finite_number_converter() -> None:
+    numbers = dict(typed_arguments(app, "float"))
+
+    assert len(numbers) >= 9, numbers  # autoscale's seven, drain --grace, rollout --timeout
+    assert {name for name, converter in numbers.items() if converter is not finite_number} == set()
 
 
 # -- a spec file's numbers are finite ----------------------------------------------------
