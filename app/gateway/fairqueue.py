@@ -52,6 +52,11 @@ class FairQueue(Generic[T]):
                 return self._take_head(key), selected
         return None
 
+    def newest(self, key: str) -> T | None:
+        """The last of ``key``'s waiters to come, if it has any."""
+        line = self._lines.get(key)
+        return line[-1] if line else None
+
     def remove(self, key: str, item: T) -> bool:
         """Take ``item`` out wherever it waits (a waiter that gave up); ``False`` if absent."""
         line = self._lines.get(key)

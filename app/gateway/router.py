@@ -337,6 +337,7 @@ class Router:
         self._retired: dict[str, ReplicaState] = {}
         self._queues: dict[str, FairQueue[_Waiter]] = {}
         self._queued = 0
+        self._queued_by_key: Counter[str] = Counter()
         self._cold_start_s: dict[str, float] = {}
         self._holds: Counter[tuple[str, HoldOutcome]] = Counter()
         self._on_hold: Callable[[], None] | None = None
@@ -438,7 +439,7 @@ class Router:
             chosen = self._choose(model, exclude, route_key)
             if chosen is not None:
                 return self._lease(model, chosen, 0.0)
-        if self._queued >= self._queue_limit:
+        if self._queued >= self._queue_limit and not self._make_room_for(key_id):
             raise Saturated(self.retry_after_s, starting=hold_s is not None)
         if hold_s is None and self._queue_timeout_s <= 0:
             raise Saturated(self.retry_after_s)
@@ -449,6 +450,7 @@ class Router:
         waiter.hold_s = hold_s
         self._queues.setdefault(model, FairQueue()).push(key_id, waiter)
         self._queued += 1
+        self._queued_by_key[key_id] += 1
         if hold_s is None:
             self._dispatch(model)
         else:
@@ -579,12 +581,48 @@ class Router:
             if granted is None:
                 break
             waiter, chosen = granted
-            self._queued -= 1
+            self._dequeued(waiter)
             if waiter.future.done():
                 continue  # cancelled; its task has not run yet to take it out
             waiter.future.set_result(self._lease(model, chosen, self._clock() - waiter.enqueued_at))
         if queue is not None and not queue:
             del self._queues[model]
+
+    def _make_room_for(self, key_id: str) -> bool:
+        """The queue is full: the key with the most requests waiting gives up its newest
+        (answered 429, as a full queue answers) to ``key_id`` when that leaves it with no
+        fewer than ``key_id`` then has. A full queue so ends up shared evenly among the keys
+        that want it, and one key's flood cannot lock the others out of it. Whether room
+        was made."""
+        heaviest, most = max(self._queued_by_key.items(), key=lambda item: item[1])
+        if most < self._queued_by_key[key_id] + 2:
+            return False
+        newest = [
+            (waiter.enqueued_at, model)
+            for model, queue in self._queues.items()
+            if (waiter := queue.newest(heaviest)) is not None
+        ]
+        _, model = max(newest)
+        queue = self._queues[model]
+        victim = queue.newest(heaviest)
+        assert victim is not None
+        queue.remove(heaviest, victim)
+        self._dequeued(victim)
+        if not queue:
+            del self._queues[model]
+        if not victim.future.done():
+            victim.future.set_exception(
+                Saturated(self.retry_after_s, starting=victim.hold_s is not None)
+            )
+        return True
+
+    def _dequeued(self, waiter: _Waiter) -> None:
+        self._queued -= 1
+        left = self._queued_by_key[waiter.key_id] - 1
+        if left > 0:
+            self._queued_by_key[waiter.key_id] = left
+        else:
+            del self._queued_by_key[waiter.key_id]
 
     def _choose_for_waiter(
         self,
@@ -604,7 +642,7 @@ class Router:
         it out of the queue, or hand back a lease granted just before."""
         queue = self._queues.get(waiter.model)
         if queue is not None and queue.remove(waiter.key_id, waiter):
-            self._queued -= 1
+            self._dequeued(waiter)
             if not queue:
                 del self._queues[waiter.model]
         future = waiter.future
@@ -626,7 +664,7 @@ class Router:
             return
         for waiter in [w for w in queue if not self._has_candidates(model, w.exclude)]:
             queue.remove(waiter.key_id, waiter)
-            self._queued -= 1
+            self._dequeued(waiter)
             if not waiter.future.done():
                 waiter.future.set_exception(NoServingReplica(model))
         if not queue:
@@ -654,7 +692,7 @@ class Router:
         for model, queue in list(self._queues.items()):
             for waiter in [w for w in queue if w.hold_s is not None]:
                 queue.remove(waiter.key_id, waiter)
-                self._queued -= 1
+                self._dequeued(waiter)
                 turned_away += 1
                 if not waiter.future.done():
                     waiter.future.set_exception(GatewayStopping(model))
@@ -700,6 +738,7 @@ class Router:
                     future.set_exception(Saturated(self.retry_after_s))
             del self._queues[model]
         self._queued = 0
+        self._queued_by_key.clear()
 
     def _start_scraper(self, state: ReplicaState, session: aiohttp.ClientSession) -> None:
         def report(sequence: int, reading: EngineReading | None) -> None:

@@ -213,6 +213,22 @@ async def test_held_requests_count_against_the_queue_limit() -> None:
     await asyncio.gather(*held, return_exceptions=True)
 
 
+async def test_a_key_flooding_a_model_at_zero_gives_up_its_newest_hold_to_another_key() -> None:
+    holds = Holds(queue_limit=2)
+    flood = [holds.hold("flooding"), holds.hold("flooding")]
+    await holds.until_held(2)
+
+    other = holds.hold("other")
+
+    with pytest.raises(Saturated) as raised:
+        await flood[1]
+    assert raised.value.starting  # answered as a full queue of a model at zero answers
+    await holds.until_held(2)
+    assert not other.done()
+    assert not flood[0].done()
+    assert holds.router.cold_start_holds() == {(MODEL, "failed"): 1}
+
+
 async def test_a_client_that_leaves_while_held_leaves_the_queue() -> None:
     holds = Holds()
     gone, staying = holds.hold(), holds.hold()

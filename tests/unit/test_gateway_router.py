@@ -139,6 +139,38 @@ async def test_a_full_queue_refuses_at_once() -> None:
     assert router.queued() == {}
 
 
+async def test_a_full_queue_is_shared_evenly_the_flooding_key_giving_up_its_newest() -> None:
+    """One key fills the queue: another key's request still gets in, in the place of the
+    flooding key's newest one (answered 429 as a full queue answers), until both have
+    half; past that, a full queue refuses as before."""
+    router = router_with(route("a", target_waiting=1), queue_limit=4, queue_timeout_s=30)
+    full = await fill(router, 2)
+    flood = []
+    for _ in range(4):
+        flood.append(asyncio.create_task(router.acquire(MODEL, "flooding")))
+        await until_queued(router, len(flood))
+    with pytest.raises(Saturated):
+        await asyncio.wait_for(router.acquire(MODEL, "flooding"), timeout=1.0)
+
+    modest = [asyncio.create_task(router.acquire(MODEL, "modest")) for _ in range(2)]
+
+    with pytest.raises(Saturated):
+        await flood[3]  # the newest first
+    with pytest.raises(Saturated):
+        await flood[2]
+    await until_queued(router, 4)
+    with pytest.raises(Saturated):  # two each: the full queue is shared evenly
+        await asyncio.wait_for(router.acquire(MODEL, "modest"), timeout=1.0)
+    assert all(not task.done() for task in (*flood[:2], *modest))
+
+    for task in (*flood[:2], *modest):
+        task.cancel()
+    await asyncio.gather(*flood[:2], *modest, return_exceptions=True)
+    for lease in full:
+        lease.release()
+    assert router.queued() == {}
+
+
 async def until_queued(router: Router, count: int) -> None:
     await wait_until(lambda: sum(router.queued().values()) == count, what=f"{count} queued")
 
