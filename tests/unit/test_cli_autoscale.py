@@ -3,9 +3,17 @@ bounds, and why it is short in one phrase."""
 
 from __future__ import annotations
 
+from cyclopts import validators
+from cyclopts.argument import Argument
 from msgspec.structs import replace
 
+from app.domain.model_spec import (
+    MAX_AUTOSCALE_TARGET,
+    MIN_AUTOSCALE_CAPACITY,
+    MIN_AUTOSCALE_TARGET,
+)
 from cli.autoscale import inputs_text, policy_text
+from cli.main import app
 from cli.models import count_text, shortfall_text
 from cli.views import (
     AutoscaleDecisionView,
@@ -97,3 +105,28 @@ def test_a_scale_down_s_inputs_say_how_long_it_waited_and_the_peak_over_that_wai
         "demand 4, 4 per replica (target 4), up-window mean 4.0, down-window peak 28.0, "
         "peak 10.5 over the 30s waited, 61 samples"
     )
+
+
+def _option(name: str) -> Argument:
+    (argument,) = [a for a in app["autoscale"].assemble_argument_collection() if a.name == name]
+    return argument
+
+
+def _number_bounds(argument: Argument) -> validators.Number:
+    validator = argument.parameter.validator
+    (number,) = validator if isinstance(validator, tuple) else (validator,)
+    assert isinstance(number, validators.Number)
+    return number
+
+
+def test_the_cli_checks_target_and_capacity_against_the_specs_own_bounds() -> None:
+    """The CLI cannot import the domain: its bounds are written again, and must agree."""
+    target, capacity = _option("--target"), _option("--capacity")
+
+    assert _number_bounds(target).gte == MIN_AUTOSCALE_TARGET
+    assert f"{MIN_AUTOSCALE_TARGET:g} to {MAX_AUTOSCALE_TARGET:g}" in str(target.parameter.help)
+    assert (_number_bounds(capacity).gte, _number_bounds(capacity).lte) == (
+        MIN_AUTOSCALE_CAPACITY,
+        1,
+    )
+    assert f"share ({MIN_AUTOSCALE_CAPACITY:g} to 1)" in str(capacity.parameter.help)
