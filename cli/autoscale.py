@@ -73,7 +73,9 @@ def autoscale(
         Parameter(
             converter=finite_number,
             help="Requests one replica should carry: in flight on it plus queued for the "
-            "model, as the gateways report them (0.01 to 100000).",
+            "model, as the gateways report them (0.01 to 100000). Given alone, it replaces "
+            "a --capacity in force; give both to keep that, with this for while the model "
+            "has no bench result.",
             validator=_at_least(0.01),
         ),
     ] = None,
@@ -204,6 +206,8 @@ def autoscale(
             model = call(client, ModelView, "GET", model_path).value
             current = model.spec.autoscale
             kept = msgspec.to_builtins(current) if current is not None else {}
+            if "target" in given and "capacity" not in given:
+                kept.pop("capacity", None)  # else the new target would not apply
             reply = call(client, ModelChange, "PUT", path, body=kept | given)
         if output == "json":
             print_json(reply.raw)

@@ -388,6 +388,32 @@ async def test_autoscale_changes_only_the_options_given_and_off_hands_the_count_
     assert types == ["model_declared"] * 4 + ["model_scaled"]
 
 
+async def test_a_target_given_alone_replaces_the_capacity_in_force_and_both_keep_it(
+    admin: httpx.AsyncClient, api: Operator
+) -> None:
+    """With a capacity in force a new target would apply only while the model has no bench
+    result: given alone, it is taken to mean the operator now sizes by target."""
+    model = a_model()
+    await declare(admin, model)
+    await api.run("autoscale", model, "--max", "8", "--capacity", "0.8")
+
+    both = await api.run("autoscale", model, "--target", "3", "--capacity", "0.7")
+    after_both = (await api.run("model", model, "--output", "json")).json()
+    alone = await api.run("autoscale", model, "--target", "5")
+    after_alone = (await api.run("model", model, "--output", "json")).json()
+
+    assert (both.code, alone.code) == (0, 0), (both.stderr, alone.stderr)
+    assert (
+        after_both["spec"]["autoscale"]["target"],
+        after_both["spec"]["autoscale"]["capacity"],
+    ) == (3.0, 0.7)
+    assert (
+        after_alone["spec"]["autoscale"]["target"],
+        after_alone["spec"]["autoscale"]["capacity"],
+    ) == (5.0, None)
+    assert "5 requests per replica" in alone.stdout
+
+
 async def test_autoscale_refuses_a_bad_command_line_before_and_a_bad_policy_from_the_api(
     admin: httpx.AsyncClient, api: Operator, pg_store: PostgresEventStore
 ) -> None:
