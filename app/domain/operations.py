@@ -41,6 +41,7 @@ from app.domain.events import (
     NodeDrainRequested,
     NodeUncordoned,
     ReplicaDrainStarted,
+    RolloutFinished,
     RolloutStarted,
     model_stream,
     node_stream,
@@ -148,7 +149,8 @@ def apply_model(state: ClusterState, spec: ModelSpec) -> Change:
     The first declaration is revision 1; a spec that changes what runs (``REVISION_FIELDS``)
     is the next revision, with what changed; any other change keeps the revision and takes
     effect at once. A model removed and declared again continues its count of revisions,
-    compared with the spec it had when it was removed."""
+    compared with the spec it had when it was removed; a rollout it still had under way
+    ends first, as a pass would have ended it."""
     errors = validate_spec(spec)
     if errors:
         raise InvalidSpec(spec.name, errors)
@@ -168,7 +170,9 @@ def apply_model(state: ClusterState, spec: ModelSpec) -> Change:
     if not changes:
         revision = known.revision
     declared = ModelDeclared(model=spec.name, spec=spec, revision=revision, changes=changes)
-    if known.removed or revision == known.revision:
+    if known.removed:
+        return Change(stream=model_stream(spec.name), events=(*_ended(known), declared))
+    if revision == known.revision:
         return Change(stream=model_stream(spec.name), events=(declared,))
     started = RolloutStarted(
         model=spec.name,
@@ -181,6 +185,22 @@ def apply_model(state: ClusterState, spec: ModelSpec) -> Change:
         events=(declared, started),
         correlation_id=started.rollout_id,
     )
+
+
+def _ended(removed: Model) -> tuple[RolloutFinished, ...]:
+    """The end of the rollout a removed model still has under way, as the reconciler's next
+    pass would record it: declared again first, the model would carry that rollout on into
+    its new revision."""
+    rollout = removed.rollout
+    if rollout is None or not rollout.under_way:
+        return ()
+    finished = RolloutFinished(
+        model=removed.name,
+        rollout_id=rollout.id,
+        succeeded=False,
+        outcome="the model was removed",  # the words of ``rollout.rollout_moves``
+    )
+    return (finished,)
 
 
 def scale(state: ClusterState, name: str, replicas: int) -> Change:

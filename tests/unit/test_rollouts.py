@@ -452,6 +452,32 @@ def test_a_model_removed_during_its_rollout_ends_the_rollout() -> None:
     assert cluster.state.models["llama"].rollout.state is RolloutState.ENDED  # type: ignore[union-attr]
 
 
+def test_a_model_removed_and_declared_again_before_a_pass_does_not_carry_on_its_rollout() -> None:
+    cluster = holding_a_canary()
+    first = cluster.state.models["llama"].rollout.from_spec  # type: ignore[union-attr]
+    cluster.given(*ops.remove(cluster.state, "llama").events)
+
+    again = ops.apply_model(cluster.state, first)  # revision 1's spec, before any pass
+
+    finished, declared = again.events
+    assert isinstance(finished, RolloutFinished)
+    assert (finished.rollout_id, finished.succeeded) == ("rollout-llama-r2", False)
+    assert finished.outcome == "the model was removed"
+    assert isinstance(declared, ModelDeclared)
+    cluster.given(*again.events)
+    model = cluster.state.models["llama"]
+    assert model.revision == 3
+    assert model.rollout.state is RolloutState.ENDED  # type: ignore[union-attr]
+    assert model.canary is None
+    cluster.traffic = {canary_group("llama"): figures(3), stable_group("llama"): figures(450)}
+    cluster.after(60)
+    events = [p.event for _ in range(3) for p in cluster.reconcile().events]
+    assert of_type_in(events, RolloutHolding) == []
+    assert of_type_in(events, RolloutVerdict) == []
+    assert of_type_in(events, RolloutPaused) == []
+    assert of_type_in(events, RolloutFinished) == []
+
+
 # -- the policy ------------------------------------------------------------------------------
 
 
