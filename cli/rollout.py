@@ -167,18 +167,29 @@ def undo(
     ```
     """
 
-    def said(view: RolloutView, changed: bool) -> str:
-        if view.state == "rolling_back":
-            return (
-                f"{view.rollout_id}: rolling back to revision {view.from_revision}; its "
-                f"replicas of revision {view.revision} are replaced"
-            )
-        return (
-            f"{view.rollout_id}: revision {view.from_revision}'s spec rolls out again as "
-            f"revision {view.revision}"
-        )
+    return _steer("undo", model, None, lambda view, _: undone_text(view), output, connection)
 
-    return _steer("undo", model, None, said, output, connection)
+
+def undone_text(view: RolloutView) -> str:
+    """What ``undo`` did, from the rollout in its answer: the one rolled back, or the new
+    rollout of the spec the succeeded one replaced. That spec's own revision is not in the
+    answer (the new rollout's ``from_revision`` is the revision it replaces), so it is
+    named by the revision that came after it."""
+    if view.state == "rolling_back":
+        return (
+            f"{view.rollout_id}: rolling back to revision {view.from_revision}; its "
+            f"replicas of revision {view.revision} are replaced"
+        )
+    if view.state == "rolled_back":
+        return (
+            f"{view.rollout_id}: rolled back to revision {view.from_revision}; no replica "
+            f"of revision {view.revision} is left"
+        )
+    verb = "rolled out again" if view.state == "succeeded" else "rolls out again"
+    return (
+        f"{view.rollout_id}: the spec before revision {view.from_revision} {verb} as "
+        f"revision {view.revision}"
+    )
 
 
 @rollout_app.command(name="history")

@@ -146,6 +146,15 @@ async def test_a_new_command_rolls_out_and_status_wait_follows_it_line_by_line_u
     moved = {r["id"] for r in moves["replicas"] if r["drain_id"] == started["rollout_id"]}
     assert moved == originals
 
+    undone = await operator.run("rollout", "undo", model)
+
+    assert undone.code == 0, undone.stderr
+    # Revision 1's spec again, as revision 3; the answer names it by the revision it replaces.
+    assert undone.stdout.startswith(f"rollout-{model}-r3: the spec before revision 2 roll"), (
+        undone.stdout
+    )
+    assert "as revision 3" in undone.stdout.splitlines()[0]
+
 
 async def test_a_canary_without_traffic_pauses_for_the_operator_whose_resume_promotes_it(
     cluster: Cluster, tmp_path: Path

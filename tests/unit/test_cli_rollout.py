@@ -1,6 +1,6 @@
 """How ``llmgw-cli rollout status`` shows a rollout: one line per change for logs (a hold's
 countdown is no change), and the whole status for people, with the way to see where the
-next replacement would go while one is coming."""
+next replacement would go while one is coming; and what ``rollout undo`` says it did."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from msgspec.structs import replace
 from rich.console import Console
 
+from cli.rollout import undone_text
 from cli.rollout_render import render, summary_line
 from cli.rollout_views import RolloutMoveView, RolloutStepView, RolloutView
 
@@ -83,3 +84,28 @@ def test_the_status_says_where_the_next_replacement_would_go_only_while_one_may_
     ]
     assert "next replacement: llmgw-cli explain-placement llama shows where it" in running
     assert "explain-placement" not in finished
+
+
+def test_undo_after_a_rollout_that_succeeded_names_the_revision_it_replaced() -> None:
+    # Rollout 1 -> 2 succeeded; undo declared revision 1's spec again as revision 3.
+    again = replace(HOLDING, step_started_at=None, hold_left_s=None)
+
+    said = undone_text(again)
+
+    assert said == "rollout-llama-r3: the spec before revision 2 rolls out again as revision 3"
+    assert "revision 2's spec" not in said
+    assert undone_text(replace(again, state="succeeded", finished=True)) == (
+        "rollout-llama-r3: the spec before revision 2 rolled out again as revision 3"
+    )
+
+
+def test_undo_says_a_rollout_rolled_back_before_the_answer_was_read_is_back_already() -> None:
+    rolling = replace(HOLDING, rollout_id="rollout-llama-r2", revision=2, from_revision=1)
+    done = replace(rolling, state="rolled_back", finished=True, model_revision=1)
+
+    assert undone_text(replace(rolling, state="rolling_back", model_revision=1)) == (
+        "rollout-llama-r2: rolling back to revision 1; its replicas of revision 2 are replaced"
+    )
+    assert undone_text(done) == (
+        "rollout-llama-r2: rolled back to revision 1; no replica of revision 2 is left"
+    )
