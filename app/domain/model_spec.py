@@ -291,6 +291,7 @@ def validate_spec(spec: ModelSpec) -> list[SpecError]:
     errors.extend(
         SpecError(f"rollout.{e.field}", e.reason) for e in rollout_policy_errors(spec.rollout)
     )
+    errors.extend(_held_step_count_errors(spec))
     if spec.autoscale is not None:
         errors.extend(
             SpecError(f"autoscale.{e.field}", e.reason)
@@ -443,7 +444,33 @@ def rollout_policy_errors(policy: RolloutPolicy) -> list[SpecError]:
             f"{field}.hold_s",
             f"must be between 0 and {MAX_HOLD_S} (a week)",
         )
+        need(
+            not (step.hold_s > 0 and step.traffic == 1),
+            f"{field}.traffic",
+            "cannot be 1 on a step with a hold: the other revision would see no request to "
+            "judge the step against",
+        )
     return errors
+
+
+def _held_step_count_errors(spec: ModelSpec) -> list[SpecError]:
+    """A held step is judged against the model's replicas of the other revision: one that
+    brings up as many replicas as the model can have leaves none, and every hold of it
+    would end paused, its verdict never reached. Autoscaled, the count moves: only a step
+    of at least ``max`` replicas can be known to leave none. A model of no replica has no
+    rollout to judge."""
+    policy = spec.autoscale
+    most = spec.replicas if policy is None else policy.max_replicas
+    whose = f"the model's {most} replica(s)" if policy is None else f"autoscale max ({most})"
+    return [
+        SpecError(
+            f"rollout.steps[{i}].replicas",
+            f"must be fewer than {whose} on a step with a hold: no replica of the other "
+            "revision would be left to judge the step against",
+        )
+        for i, step in enumerate(spec.rollout.steps[:MAX_CANARY_STEPS])
+        if isinstance(step.replicas, int) and step.hold_s > 0 and 1 <= most <= step.replicas
+    ]
 
 
 def autoscale_policy_errors(policy: AutoscalePolicy) -> list[SpecError]:

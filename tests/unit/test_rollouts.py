@@ -23,7 +23,13 @@ from app.domain.events import (
     ShardFailed,
     ShardStarting,
 )
-from app.domain.model_spec import CanaryStep, ModelSpec, RolloutPolicy, validate_spec
+from app.domain.model_spec import (
+    AutoscalePolicy,
+    CanaryStep,
+    ModelSpec,
+    RolloutPolicy,
+    validate_spec,
+)
 from app.domain.rollout import (
     INCONCLUSIVE,
     PROMOTE,
@@ -481,8 +487,13 @@ def test_a_model_removed_and_declared_again_before_a_pass_does_not_carry_on_its_
 # -- the policy ------------------------------------------------------------------------------
 
 
-def policy_errors(**policy: object) -> list[tuple[str, str]]:
-    spec = ModelSpec(name="llama", command="sim --port {port}", rollout=RolloutPolicy(**policy))  # type: ignore[arg-type]
+def policy_errors(replicas: int = 4, **policy: object) -> list[tuple[str, str]]:
+    spec = ModelSpec(
+        name="llama",
+        command="sim --port {port}",
+        replicas=replicas,
+        rollout=RolloutPolicy(**policy),  # type: ignore[arg-type]
+    )
     return [(e.field, e.reason) for e in validate_spec(spec) if e.field.startswith("rollout.")]
 
 
@@ -516,6 +527,51 @@ def test_a_policy_that_cannot_work_is_refused_field_by_field() -> None:
     assert [f for f, _ in policy_errors(max_latency_ratio=float("nan"), min_requests=0)] == [
         "rollout.max_latency_ratio",
         "rollout.min_requests",
+    ]
+
+
+def test_a_held_step_that_leaves_the_other_revision_nothing_to_judge_against_is_refused() -> None:
+    whole_traffic = (
+        CanaryStep(replicas=1, traffic=0.1, hold_s=60),
+        CanaryStep(replicas=2, traffic=1, hold_s=60),
+    )
+    every_replica = (CanaryStep(replicas=1, hold_s=60), CanaryStep(replicas=4, hold_s=60))
+
+    assert policy_errors(steps=whole_traffic) == [
+        (
+            "rollout.steps[1].traffic",
+            "cannot be 1 on a step with a hold: the other revision would see no request to "
+            "judge the step against",
+        )
+    ]
+    assert policy_errors(steps=every_replica) == [
+        (
+            "rollout.steps[1].replicas",
+            "must be fewer than the model's 4 replica(s) on a step with a hold: no replica of "
+            "the other revision would be left to judge the step against",
+        )
+    ]
+    assert [f for f, _ in policy_errors(replicas=1, steps=CANARY)] == ["rollout.steps[0].replicas"]
+    # Without a hold there is no verdict to reach: all of the traffic, or every replica, may go.
+    assert policy_errors(steps=(CanaryStep(replicas=1, traffic=1), CanaryStep(replicas=4))) == []
+    assert policy_errors(replicas=0, steps=CANARY) == []  # nothing runs, nothing to roll out
+
+
+def test_an_autoscaled_model_s_held_step_is_refused_only_at_its_most_replicas() -> None:
+    def errors(step: CanaryStep, replicas: int) -> list[str]:
+        spec = ModelSpec(
+            name="llama",
+            command="sim --port {port}",
+            replicas=replicas,  # the autoscaler's count of the moment
+            autoscale=AutoscalePolicy(min_replicas=1, max_replicas=8),
+            rollout=RolloutPolicy(steps=(step,)),
+        )
+        return [e.reason for e in validate_spec(spec) if e.field == "rollout.steps[0].replicas"]
+
+    assert errors(CanaryStep(replicas=2, hold_s=60), replicas=2) == []
+    assert errors(CanaryStep(replicas=8, hold_s=60), replicas=2) == [
+        "must be fewer than autoscale max (8) on a step with a hold: no replica of the other "
+        "revision would be left to judge the step against"
     ]
 
 
