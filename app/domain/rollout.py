@@ -122,21 +122,25 @@ def rollout_moves(draft: Draft, traffic: Mapping[str, TrafficFigures]) -> None:
             _finish(draft, model, rollout, succeeded=False, outcome="the model was removed")
         elif rollout.state is RolloutState.ROLLING_BACK:
             _bring_back(draft, model, rollout)
+        elif rollout.failures >= model.spec.rollout.max_failures:
+            # Paused too: a pause stops new moves, not the replacements of the new revision
+            # the model keeps placing, and their failures count all the same.
+            _roll_back(draft, model, rollout, _failed_to_start(model, rollout))
         elif rollout.state is RolloutState.RUNNING:
             _advance(draft, model, rollout, traffic)
+
+
+def _failed_to_start(model: Model, rollout: Rollout) -> str:
+    return (
+        f"{rollout.failures} replica(s) of revision {rollout.revision} failed to start "
+        f"(max_failures {model.spec.rollout.max_failures}); last: {rollout.last_failure}"
+    )
 
 
 def _advance(
     draft: Draft, model: Model, rollout: Rollout, traffic: Mapping[str, TrafficFigures]
 ) -> None:
     policy = model.spec.rollout
-    if rollout.failures >= policy.max_failures:
-        reason = (
-            f"{rollout.failures} replica(s) of revision {rollout.revision} failed to start "
-            f"(max_failures {policy.max_failures}); last: {rollout.last_failure}"
-        )
-        _roll_back(draft, model, rollout, reason)
-        return
     steps = policy.all_steps
     index = min(rollout.step, len(steps) - 1)
     step = steps[index]

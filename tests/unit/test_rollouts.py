@@ -337,6 +337,40 @@ def test_a_rollback_that_is_home_in_the_pass_that_decided_it_finishes_with_its_r
     assert rolled_back.reason.startswith("1 replica(s) of revision 2 failed to start")
 
 
+def test_failures_while_paused_count_and_roll_the_rollout_back_at_max_failures() -> None:
+    cluster = serving(max_failures=2, max_surge=2)
+    revise(cluster, "sim --port {port} --model {model} --exit-at-start")
+    cluster.reconcile()  # the step starts
+    cluster.reconcile()  # two moves: two replicas of revision 2 are placed
+    cluster.given(*rollouts.pause(cluster.state, "llama", "looking at the dashboards").events)
+    events: list[object] = []
+    for _ in range(4):
+        for new in [
+            r
+            for r in cluster.state.replicas.values()
+            if r.revision == 2 and r.phase is ReplicaPhase.PLACED
+        ]:
+            node_id = new.shards[0].node_id
+            cluster.given(
+                ShardStarting(replica_id=new.id, shard_index=0, node_id=node_id),
+                ShardFailed(replica_id=new.id, shard_index=0, node_id=node_id, error="exit 1"),
+            )
+        events.extend(step(cluster))
+        cluster.after(30)  # past the model's backoff
+
+    [rolled_back] = of_type_in(events, RolloutRolledBack)
+    assert rolled_back.reason.startswith("2 replica(s) of revision 2 failed to start")
+    after = events[events.index(rolled_back) :]
+    assert [p for p in of_type_in(after, ReplicaPlaced) if p.revision == 2] == []
+    [finished] = of_type_in(events, RolloutFinished)
+    assert not finished.succeeded
+    rollout = cluster.state.models["llama"].rollout
+    assert rollout is not None
+    assert (rollout.state, rollout.failures) == (RolloutState.ROLLED_BACK, 2)
+    assert cluster.state.models["llama"].revision == 1
+    assert active_revisions(cluster) == [1, 1, 1, 1]
+
+
 # -- an operator's hand --------------------------------------------------------------------
 
 
