@@ -98,6 +98,7 @@ class RolloutChanges(TypedDict, total=False):
     step_started_at: datetime | None
     holding_since: datetime | None
     promoted: bool
+    paused_by_verdict: bool
     pause_reason: str | None
     verdict: str | None
     finished_at: datetime | None

@@ -565,6 +565,7 @@ def _rollout_step_started(
             "step_started_at": recorded.recorded_at,
             "holding_since": None,
             "promoted": False,
+            "paused_by_verdict": False,
         },
     )
 
@@ -583,7 +584,11 @@ def _rollout_verdict(state: ClusterState, event: RolloutVerdict, recorded: Recor
         state,
         event.model,
         event.rollout_id,
-        {"promoted": event.verdict == "promote", "verdict": f"{event.verdict}: {event.reason}"},
+        {
+            "promoted": event.verdict == "promote",
+            "paused_by_verdict": event.verdict == "inconclusive",
+            "verdict": f"{event.verdict}: {event.reason}",
+        },
     )
 
 
@@ -599,19 +604,20 @@ def _rollout_paused(state: ClusterState, event: RolloutPaused, recorded: Recorde
 def _rollout_resumed(state: ClusterState, event: RolloutResumed, recorded: Recorded) -> None:
     model = state.models.get(event.model)
     rollout = model.rollout if model else None
-    if model is None or rollout is None or rollout.id != event.rollout_id:
+    if rollout is None or rollout.id != event.rollout_id:
         return
-    # Resumed once the hold is over (a verdict that could not be reached paused it): the
-    # operator's word promotes the step.
-    holding = rollout.holding_since
-    steps = model.spec.rollout.all_steps
-    hold_s = steps[rollout.step].hold_s if rollout.step < len(steps) else 0.0
-    over = holding is not None and recorded.recorded_at >= holding + timedelta(seconds=hold_s)
+    # Only a step whose verdict could not be reached is promoted by the operator's word. A
+    # step the operator paused is judged on the next pass as usual: at once, on the
+    # gateways' figures, if its hold ran out during the pause.
     _update_rollout(
         state,
         event.model,
         event.rollout_id,
-        {"state": RolloutState.RUNNING, "pause_reason": None, "promoted": rollout.promoted or over},
+        {
+            "state": RolloutState.RUNNING,
+            "pause_reason": None,
+            "promoted": rollout.promoted or rollout.paused_by_verdict,
+        },
     )
 
 

@@ -193,6 +193,10 @@ class Rollout(msgspec.Struct, frozen=True, kw_only=True):
     """When the step's replicas all served and its hold began; None before."""
     promoted: bool = False
     """The current step's hold is over and it was promoted: the next step may start."""
+    paused_by_verdict: bool = False
+    """The current step's verdict was inconclusive and paused the rollout: a resume promotes
+    the step. A step the operator paused is judged as usual once resumed, however long the
+    pause outlasted its hold."""
     pause_reason: str | None = None
     verdict: str | None = None
     """The last verdict and why."""

@@ -278,6 +278,44 @@ def test_too_few_requests_pause_the_rollout_and_a_resume_promotes_the_step() -> 
     assert active_revisions(cluster) == [2, 2, 2, 2]
 
 
+def test_a_canary_paused_by_an_operator_past_its_hold_is_judged_when_resumed() -> None:
+    cluster = holding_a_canary()
+    cluster.traffic = {
+        canary_group("llama"): figures(50, errors=25, ttft_ms=900.0),
+        stable_group("llama"): figures(450, ttft_ms=100.0),
+    }
+    cluster.after(10)
+    cluster.given(*rollouts.pause(cluster.state, "llama", "looking at the dashboards").events)
+    cluster.after(120)  # the hold runs out during the pause
+    assert of_type(cluster.reconcile(), RolloutVerdict) == []  # no verdict while paused
+    cluster.given(*rollouts.resume(cluster.state, "llama").events)
+
+    decision = cluster.reconcile()
+
+    [verdict] = of_type(decision, RolloutVerdict)
+    assert verdict.verdict == ROLL_BACK
+    assert verdict.reason.startswith("error rate 50.0% against 0.0%")
+    assert of_type(decision, RolloutStepStarted) == []
+    assert len(of_type(decision, RolloutRolledBack)) == 1
+    run(cluster)
+    assert active_revisions(cluster) == [1, 1, 1, 1]
+
+
+def test_an_operator_pause_after_an_inconclusive_verdict_leaves_resume_to_promote() -> None:
+    cluster = holding_a_canary()
+    cluster.traffic = {canary_group("llama"): figures(3), stable_group("llama"): figures(450)}
+    cluster.after(60)
+    assert [v.verdict for v in of_type(cluster.reconcile(), RolloutVerdict)] == [INCONCLUSIVE]
+    cluster.given(*rollouts.resume(cluster.state, "llama").events)
+    cluster.given(*rollouts.pause(cluster.state, "llama", "one more look").events)
+    cluster.given(*rollouts.resume(cluster.state, "llama").events)
+
+    decision = cluster.reconcile()
+
+    assert of_type(decision, RolloutVerdict) == []
+    assert [s.step for s in of_type(decision, RolloutStepStarted)] == [1]
+
+
 # -- failures ------------------------------------------------------------------------------
 
 
