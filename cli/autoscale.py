@@ -19,15 +19,6 @@ from cli.operator import ADMIN, Output, call, print_json, run_command
 from cli.render import EXIT_OK, counted, utc_seconds
 from cli.views import AutoscaleDecisionView, AutoscaleView, ModelChange, ModelView
 
-
-def _at_least(low: float) -> validators.Number:
-    return validators.Number(gte=low)
-
-
-def _above(low: float) -> validators.Number:
-    return validators.Number(gt=low)
-
-
 ModelName = Annotated[str, Parameter(help="The model to autoscale, such as llama-3-8b.")]
 Seconds = float | None
 
@@ -76,7 +67,7 @@ def autoscale(
             "model, as the gateways report them (0.01 to 100000). Given alone, it replaces "
             "a --capacity in force; give both to keep that, with this for while the model "
             "has no bench result.",
-            validator=_at_least(0.01),
+            validator=validators.Number(gte=0.01),
         ),
     ] = None,
     capacity: Annotated[
@@ -95,7 +86,7 @@ def autoscale(
             converter=finite_number,
             help="Seconds of demand averaged to scale up: up as soon as that average needs "
             "more replicas; a burst shorter than this moves it only by its share.",
-            validator=_at_least(0),
+            validator=validators.Number(gte=0),
         ),
     ] = None,
     down_window: Annotated[
@@ -104,7 +95,7 @@ def autoscale(
             converter=finite_number,
             help="Seconds the demand must stay low to scale down: down only when the "
             "highest demand over them needs fewer replicas, so a noisy signal does not flap.",
-            validator=_at_least(0),
+            validator=validators.Number(gte=0),
         ),
     ] = None,
     down_window_min_share: Annotated[
@@ -122,7 +113,7 @@ def autoscale(
         Parameter(
             converter=finite_number,
             help="With --min 0, seconds without any request before the last replica goes.",
-            validator=_at_least(0),
+            validator=validators.Number(gte=0),
         ),
     ] = None,
     max_step: Annotated[
@@ -139,7 +130,7 @@ def autoscale(
             converter=finite_number,
             help="With --min 0, seconds a gateway holds a request for a model scaled to "
             "zero while a replica starts; then 503 with Retry-After (at most 3600).",
-            validator=_above(0),
+            validator=validators.Number(gt=0),
         ),
     ] = None,
     off: Annotated[

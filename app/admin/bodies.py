@@ -57,10 +57,10 @@ def nested_deeper_than(body: bytes, limit: int) -> bool:
 
 
 def blank_body(body: bytes, *, optional: bool) -> str:
-    """What is wrong with a body of nothing or of whitespace only."""
+    """What is wrong with a body of nothing or of whitespace only (``must be ...``)."""
     wanted = "a JSON object, or nothing" if optional else "a JSON object"
     held = "only whitespace" if body else "nothing"
-    return f"the request body must be {wanted}; it holds {held}"
+    return f"must be {wanted}; it holds {held}"
 
 
 async def check_body(
@@ -80,7 +80,7 @@ async def check_body(
         return
     if not body.strip():
         # Litestar's own words for these are "'data'" and "Input data was truncated".
-        raise ValidationException(blank_body(body, optional=data.has_default))
+        raise ValidationException(f"the request body {blank_body(body, optional=data.has_default)}")
     try:
         msgspec.json.decode(body, type=data.annotation, strict=True)
     except msgspec.ValidationError as exc:

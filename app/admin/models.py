@@ -45,8 +45,7 @@ def spec_from_body(body: bytes, path_name: str | None) -> ModelSpec:
     """The spec a request sent; ``InvalidSpec`` naming the field when it does not decode, or
     when its name differs from the one in the path."""
     if not body.strip():
-        reason = blank_body(body, optional=False).removeprefix("the request body ")
-        raise InvalidSpec(path_name or "?", [SpecError("(body)", reason)])
+        raise InvalidSpec(path_name or "?", [SpecError("(body)", blank_body(body, optional=False))])
     try:
         sent = msgspec.json.decode(body, type=ModelSpecBody)
     except msgspec.ValidationError as exc:

@@ -100,6 +100,13 @@ class _ClientGone(Exception):
     """The client disconnected before its request body arrived."""
 
 
+def disconnect_listener(scope: Scope) -> Callable[[Callable[[], None]], None] | None:
+    """The server's ``ON_DISCONNECT`` extension, where it has one: it calls back when the
+    client leaves, without taking the request's body messages."""
+    extensions = scope.get("extensions")
+    return extensions.get(ON_DISCONNECT) if extensions else None
+
+
 class _Watch:
     """Cancels the request's task when its client disconnects, until ``done``."""
 
@@ -113,8 +120,7 @@ class _Watch:
     def start(self, scope: Scope, receive: Receive) -> asyncio.Task[None] | None:
         """Watch from now on: by the server's callback where it has one (no task), else by
         a task that waits for ``http.disconnect``, returned to be cancelled once done."""
-        extensions = scope.get("extensions")
-        on_disconnect = extensions.get(ON_DISCONNECT) if extensions else None
+        on_disconnect = disconnect_listener(scope)
         if on_disconnect is not None:
             on_disconnect(self.fire)
             return None

@@ -598,18 +598,16 @@ class Router:
         if most < self._queued_by_key[key_id] + 2:
             return False
         newest = [
-            (waiter.enqueued_at, model)
-            for model, queue in self._queues.items()
+            waiter
+            for queue in self._queues.values()
             if (waiter := queue.newest(heaviest)) is not None
         ]
-        _, model = max(newest)
-        queue = self._queues[model]
-        victim = queue.newest(heaviest)
-        assert victim is not None
+        victim = max(newest, key=lambda waiter: waiter.enqueued_at)
+        queue = self._queues[victim.model]
         queue.remove(heaviest, victim)
         self._dequeued(victim)
         if not queue:
-            del self._queues[model]
+            del self._queues[victim.model]
         if not victim.future.done():
             victim.future.set_exception(
                 Saturated(self.retry_after_s, starting=victim.hold_s is not None)

@@ -22,7 +22,14 @@ import asyncio
 from collections.abc import AsyncGenerator, Callable
 
 from app.gateway.asgi import KeyCheck, Receive, Scope, Send, refuse
-from app.gateway.completions import Completions, _ClientGone, _Exchange, _Watch, log
+from app.gateway.completions import (
+    Completions,
+    _ClientGone,
+    _Exchange,
+    _Watch,
+    disconnect_listener,
+    log,
+)
 from app.gateway.endpoints import UPLOAD_ENDPOINTS
 from app.gateway.errors import (
     ApiError,
@@ -36,7 +43,6 @@ from app.gateway.ratelimit import Limiter
 from app.gateway.router import RouteRefused
 from app.gateway.table import GatewaySnapshot
 from app.gateway.traffic import TrafficWindow
-from app.listeners.exchange import ON_DISCONNECT
 from wire.multipart import (
     BodyEnded,
     MalformedMultipart,
@@ -274,7 +280,7 @@ class Uploads(Completions):
         # that a client leaving while the request waits for a replica (held for a cold
         # start, or for room) gives its place up; else once the body is read, as
         # ``receive`` carries both the body and the disconnect.
-        watched_early = head.complete or _tells_of_disconnects(scope)
+        watched_early = head.complete or disconnect_listener(scope) is not None
         if watched_early:
             watch_from_now()
 
@@ -316,12 +322,6 @@ class Uploads(Completions):
             )
         except RouteRefused as exc:
             raise self._refused(model, exc) from None
-
-
-def _tells_of_disconnects(scope: Scope) -> bool:
-    """Whether the server calls back when the client leaves (``ON_DISCONNECT``)."""
-    extensions = scope.get("extensions")
-    return extensions is not None and ON_DISCONNECT in extensions
 
 
 def _framing(scope: Scope) -> tuple[str, int | None]:
