@@ -501,9 +501,13 @@ def _model_declared(state: ClusterState, event: ModelDeclared, recorded: Recorde
 
 def _earlier_specs(state: ClusterState, known: Model, revision: int) -> dict[int, ModelSpec]:
     """The specs of revisions before ``revision`` that active replicas of ``known`` run,
-    the one it replaces included. One scan of the replicas per declaration (rare), never
-    one per replica event."""
-    if revision == known.revision and not known.earlier_specs:
+    the one it replaces included, and the one a rollout under way comes from. One scan of
+    the replicas per declaration (rare), never one per replica event."""
+    rollout = known.rollout
+    placing_from = (
+        rollout is not None and rollout.state in _PLACING_FROM and revision == known.revision
+    )
+    if revision == known.revision and not known.earlier_specs and not placing_from:
         return {}
     specs = {**known.earlier_specs, known.revision: known.spec}
     in_use = {
@@ -514,7 +518,15 @@ def _earlier_specs(state: ClusterState, known: Model, revision: int) -> dict[int
     if revision != known.revision:
         # The spec it replaces, for the rollout that follows (``RolloutStarted`` takes it).
         in_use.add(known.revision)
+    elif rollout is not None and placing_from:
+        # It places replicas beyond its step at the revision it comes from
+        # (``app.domain.rollout.new_revision_room``), even when none of them runs now.
+        specs.setdefault(rollout.from_revision, rollout.from_spec)
+        in_use.add(rollout.from_revision)
     return {n: spec for n, spec in specs.items() if n in in_use and n != revision}
+
+
+_PLACING_FROM = frozenset({RolloutState.RUNNING, RolloutState.PAUSED})
 
 
 def _model_scaled(state: ClusterState, event: ModelScaled, recorded: Recorded) -> None:

@@ -63,7 +63,7 @@ from app.domain.events import (
 )
 from app.domain.placement import Placer
 from app.domain.reports import FleetView
-from app.domain.rollout import rollout_moves
+from app.domain.rollout import new_revision_room, rollout_moves
 from app.domain.state import (
     ACTIVE_PHASES,
     ClusterState,
@@ -333,7 +333,7 @@ def _scale(draft: Draft, *, placing: bool) -> None:
         counting = [r for r in replicas if r.phase in COUNTING_PHASES]
         deficit = model.desired - len(counting)
         if deficit < 0:
-            for replica in _newest_first(counting)[:-deficit]:
+            for replica in _scale_down_order(state, model, counting)[:-deficit]:
                 _stop(draft, replica, f"scaled down to {model.desired}")
         elif deficit > 0 and placing:
             if model.backoff_until is not None and draft.now < model.backoff_until:
@@ -346,6 +346,10 @@ def _scale(draft: Draft, *, placing: bool) -> None:
 def _place(
     draft: Draft, model: Model, deficit: int, replicas: list[Replica], allocations: Allocations
 ) -> None:
+    """Place ``deficit`` replicas, the replacements of moved replicas first. Each runs the
+    model's revision unless a rollout's step has no room for one more of it
+    (``new_revision_room``): it then runs the revision the rollout comes from. The
+    replacement in a move of the rollout itself is the step's own, and runs the new one."""
     state = draft.state
     waiting_for_replacement = sorted(
         (
@@ -357,25 +361,59 @@ def _place(
         ),
         key=lambda r: r.number,
     )
-    placer = Placer(state, model.spec, allocations)
+    room = new_revision_room(state, model)
+    planned: dict[int, list[Replica | None]] = {}
     for _ in range(deficit):
+        original = waiting_for_replacement.pop(0) if waiting_for_replacement else None
+        revision = model.revision
+        if room is not None and model.rollout is not None:
+            if room > 0 or (original is not None and original.drain_id == model.rollout.id):
+                room -= 1
+            else:
+                revision = model.rollout.from_revision
+        planned.setdefault(revision, []).append(original)
+    have = model.desired - deficit
+    for revision, originals in planned.items():
+        if not _place_at(draft, model, revision, originals, allocations, have):
+            return
+        have += len(originals)
+
+
+def _place_at(
+    draft: Draft,
+    model: Model,
+    revision: int,
+    originals: list[Replica | None],
+    allocations: Allocations,
+    have: int,
+) -> bool:
+    """Place a replica of ``revision`` for each of ``originals`` (the replica it replaces,
+    or None), the model having ``have`` replicas that count; False when one found no node
+    (recorded once, as the model's reason, with every replica still missing)."""
+    state = draft.state
+    spec = model.spec_of(revision)
+    placer = Placer(state, spec, allocations)
+    for placed, original in enumerate(originals):
         number = state.models[model.name].replicas_created + 1
         replica_id = replica_id_for(model.name, number)
         placement = placer.place(replica_id)
         if placement is None:
             reason = placer.summary()
             if state.models[model.name].unplaceable_reason != reason:
+                missing = model.desired - have - placed
                 draft.emit(
                     model_stream(model.name),
-                    ModelUnplaceable(model=model.name, reason=reason, missing_replicas=deficit),
+                    ModelUnplaceable(model=model.name, reason=reason, missing_replicas=missing),
                 )
-            return
-        original = waiting_for_replacement.pop(0) if waiting_for_replacement else None
+            return False
         reason = (
             f"replacement for {original.id} (drain {original.drain_id})"
             if original
-            else f"below desired count ({model.desired - deficit} of {model.desired})"
+            else f"below desired count ({have + placed} of {model.desired})"
         )
+        if revision != model.revision:
+            reason += f", at revision {revision}: the rollout's step runs revision "
+            reason += f"{model.revision} on no more replicas"
         draft.emit(
             replica_stream(replica_id),
             ReplicaPlaced(
@@ -385,12 +423,12 @@ def _place(
                 shards=placement,
                 reason=reason,
                 replaces=original.id if original else None,
-                revision=model.revision,
+                revision=revision,
             ),
             expected_version=0,
             correlation_id=original.drain_id if original else None,
         )
-        deficit -= 1
+    return True
 
 
 def _replaced(state: ClusterState, replacement_id: str | None) -> bool:
@@ -407,9 +445,20 @@ def _stop(draft: Draft, replica: Replica, reason: str) -> None:
     )
 
 
-def _newest_first(replicas: list[Replica]) -> list[Replica]:
-    """Scale-down order: the newest that is not serving yet, then the newest serving."""
-    return sorted(replicas, key=lambda r: (r.phase is ReplicaPhase.SERVING, -r.number))
+def _scale_down_order(state: ClusterState, model: Model, replicas: list[Replica]) -> list[Replica]:
+    """The newest that is not serving yet, then the newest serving. During a rollout's
+    step, the step's replicas of the new revision go after the others: scaled down, the
+    model keeps its canary (the step's count shrinks with the model only below it)."""
+    if new_revision_room(state, model) is None:
+        return sorted(replicas, key=lambda r: (r.phase is ReplicaPhase.SERVING, -r.number))
+    return sorted(
+        replicas,
+        key=lambda r: (
+            r.phase is ReplicaPhase.SERVING,
+            r.revision == model.revision,
+            -r.number,
+        ),
+    )
 
 
 def _replicas_on(state: ClusterState, node_id: str) -> list[Replica]:

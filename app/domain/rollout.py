@@ -111,6 +111,35 @@ def traffic_wanted(state: ClusterState) -> dict[str, list[str]]:
     return wanted
 
 
+def new_revision_room(state: ClusterState, model: Model) -> int | None:
+    """How many more replicas of ``model``'s current revision its rollout's step lets the
+    model place now; None when no rollout under way limits them (none, one rolling back,
+    or one at its last step, which brings every replica to the new revision).
+
+    A replica the model places beyond that (it was scaled up, by an operator or the
+    autoscaler, or a drain moves one of its replicas) runs the revision the rollout comes
+    from, so a step never runs the new revision on more replicas than it allows, and a
+    model scaled up from zero while its rollout is paused still meets the canary first."""
+    rollout = model.rollout
+    if (
+        rollout is None
+        or rollout.state not in (RolloutState.RUNNING, RolloutState.PAUSED)
+        or rollout.revision != model.revision
+        or rollout.from_revision not in model.earlier_specs
+    ):
+        return None
+    steps = model.spec.rollout.all_steps
+    allowed = steps[min(rollout.step, len(steps) - 1)].count(model.desired)
+    if allowed >= model.desired:
+        return None
+    running = sum(
+        1
+        for replica in _active(state, model.name)
+        if replica.revision == model.revision and replica.phase in _COUNTING
+    )
+    return max(allowed - running, 0)
+
+
 def rollout_moves(draft: Draft, traffic: Mapping[str, TrafficFigures]) -> None:
     """Advance every rollout under way by what the state and the gateways' figures say."""
     for name in sorted(draft.state.models):

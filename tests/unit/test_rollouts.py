@@ -9,6 +9,7 @@ from msgspec.structs import replace
 
 from app.domain import operations as ops
 from app.domain import rollout_operations as rollouts
+from app.domain.commands import StartShard
 from app.domain.events import (
     ModelDeclared,
     ReplicaDrainStarted,
@@ -314,6 +315,80 @@ def test_an_operator_pause_after_an_inconclusive_verdict_leaves_resume_to_promot
 
     assert of_type(decision, RolloutVerdict) == []
     assert [s.step for s in of_type(decision, RolloutStepStarted)] == [1]
+
+
+# -- scaling during a rollout ------------------------------------------------------------
+
+
+def started_revisions(decision: object) -> dict[str, bool]:
+    """For each replica a pass starts: whether its engine runs the new revision's command."""
+    return {
+        c.command.replica_id: "--upgraded" in c.command.argv
+        for c in decision.commands  # type: ignore[attr-defined]
+        if isinstance(c.command, StartShard)
+    }
+
+
+def test_replicas_added_during_a_canary_step_run_the_revision_it_comes_from() -> None:
+    cluster = holding_a_canary()
+    cluster.given(*ops.scale(cluster.state, "llama", 6).events)
+
+    decision = cluster.reconcile()
+
+    placed = of_type(decision, ReplicaPlaced)
+    assert [p.revision for p in placed] == [1, 1]
+    assert "at revision 1: the rollout's step runs revision 2 on no more replicas" in (
+        placed[0].reason
+    )
+    assert started_revisions(decision) == {p.replica_id: False for p in placed}
+    for replica in placed:
+        cluster.serve(replica.replica_id)
+    assert active_revisions(cluster) == [1, 1, 1, 1, 1, 2]
+    cluster.traffic = {canary_group("llama"): figures(50), stable_group("llama"): figures(450)}
+    cluster.after(60)
+    run(cluster)
+    assert active_revisions(cluster) == [2] * 6
+
+
+def test_a_model_scaled_down_during_a_canary_step_keeps_its_canary() -> None:
+    cluster = holding_a_canary()
+    cluster.given(*ops.scale(cluster.state, "llama", 2).events)
+
+    decision = cluster.reconcile()
+
+    stopped = {s.replica_id for s in of_type(decision, ReplicaStopping)}
+    assert {cluster.state.replicas[r].revision for r in stopped} == {1}
+    assert len(stopped) == 2
+    assert of_type(decision, ReplicaDrainStarted) == []
+
+
+def test_a_model_scaled_up_from_zero_while_its_rollout_is_paused_meets_the_canary_first() -> None:
+    cluster = serving(steps=CANARY)
+    revise(cluster)
+    cluster.given(*rollouts.pause(cluster.state, "llama", "not now").events)
+    cluster.given(*ops.scale(cluster.state, "llama", 0).events)
+    for _ in range(3):
+        step(cluster)
+    assert active_revisions(cluster) == []
+    # Declared again with a count, the same revision: the spec of revision 1 stays known
+    # though none of its replicas runs.
+    spec = replace(cluster.state.models["llama"].spec, replicas=3)
+    cluster.given(*ops.apply_model(cluster.state, spec).events)
+
+    decision = cluster.reconcile()
+
+    assert sorted(p.revision for p in of_type(decision, ReplicaPlaced)) == [1, 1, 2]
+    assert sorted(started_revisions(decision).values()) == [False, False, True]
+
+
+def test_a_drain_during_a_canary_step_replaces_an_old_replica_with_an_old_one() -> None:
+    cluster = holding_a_canary()
+    [old] = [r.id for r in cluster.state.replicas.values() if r.revision == 1 and r.number == 2]
+    cluster.given(*ops.drain_replica(cluster.state, old, "drain-1").events)
+
+    placed = of_type(cluster.reconcile(), ReplicaPlaced)
+
+    assert [(p.replaces, p.revision) for p in placed] == [(old, 1)]
 
 
 # -- failures ------------------------------------------------------------------------------
