@@ -638,7 +638,9 @@ def _rollout_rolled_back(state: ClusterState, event: RolloutRolledBack, recorded
     rollout = model.rollout if model else None
     if model is None or rollout is None or rollout.id != event.rollout_id:
         return
-    rolled_back = replace(rollout, state=RolloutState.ROLLING_BACK, outcome=event.reason)
+    rolled_back = replace(
+        rollout, state=RolloutState.ROLLING_BACK, outcome=event.reason, pause_reason=None
+    )
     state.models[event.model] = replace(
         model,
         spec=event.spec,

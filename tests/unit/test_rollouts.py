@@ -529,6 +529,20 @@ def test_undo_in_the_middle_rolls_back_and_undo_after_success_declares_the_old_s
     assert active_revisions(cluster) == [4, 4, 4, 4]
 
 
+def test_a_paused_rollout_rolled_back_no_longer_says_why_it_paused() -> None:
+    cluster = serving()
+    revise(cluster)
+    step(cluster)
+    cluster.given(*rollouts.pause(cluster.state, "llama", "looking at the dashboards").events)
+    cluster.given(*rollouts.undo(cluster.state, "llama").events)
+
+    rollout = cluster.state.models["llama"].rollout
+    assert rollout is not None
+    assert (rollout.state, rollout.pause_reason) == (RolloutState.ROLLING_BACK, None)
+    run(cluster)
+    assert cluster.state.models["llama"].rollout.pause_reason is None  # type: ignore[union-attr]
+
+
 def test_a_rollout_and_a_node_drain_at_the_same_time_both_finish() -> None:
     cluster = serving()
     revise(cluster)
