@@ -134,8 +134,13 @@ def not_found(path: str) -> ApiError:
 
 
 def method_not_allowed(method: str, path: str) -> ApiError:
+    """405 with ``Allow``, which RFC 9110 requires of one: ``method`` is the path's only."""
     return ApiError(
-        405, f"Use {method} for {path}.", type="invalid_request_error", code="method_not_allowed"
+        405,
+        f"Use {method} for {path}.",
+        type="invalid_request_error",
+        code="method_not_allowed",
+        headers=((b"allow", method.encode()),),
     )
 
 

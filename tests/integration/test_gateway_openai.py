@@ -345,7 +345,11 @@ def test_a_malformed_body_is_400(
 
 def test_unknown_paths_and_methods(gateway: GatewayThread) -> None:
     assert httpx.get(f"{gateway.url}/images/generations").status_code == 404
-    assert httpx.get(f"{gateway.url}/chat/completions").status_code == 405
+    wrong_method = httpx.get(f"{gateway.url}/chat/completions")
+    assert wrong_method.status_code == 405
+    # RFC 9110: a 405 names the methods the path takes.
+    assert wrong_method.headers["allow"] == "POST"
+    assert httpx.delete(f"{gateway.url}/models").headers["allow"] == "GET"
     assert httpx.get(f"{gateway.base_url}/healthz").status_code == 200
     ready = httpx.get(f"{gateway.base_url}/readyz")
     assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
