@@ -3,10 +3,11 @@
 The gateway never holds an upload whole. It reads the form's fields up to the start of its
 first file (at most ``MAX_FORM_HEAD_BYTES``), which is where it finds the ``model`` it
 routes by, so **``model`` must come before the file** in the form: the ``openai`` SDK and
-``curl -F model=... -F file=@...`` both send it so. It then checks the key, the model and
-the rate limits, takes a replica as for any request, and sends the engine what it read
-followed by the rest of the body as the client sends it, at the engine's pace (a paused
-read holds the client back through the HTTP server's own flow control). An upload over
+``curl -F model=... -F file=@...`` both send it so. A form without a file (a part with a
+filename) is refused there: no engine could transcribe it. It then checks the key, the
+model and the rate limits, takes a replica as for any request, and sends the engine what
+it read followed by the rest of the body as the client sends it, at the engine's pace (a
+paused read holds the client back through the HTTP server's own flow control). An upload over
 ``max_upload_bytes`` is 413: at once when its ``Content-Length`` says so, else when the
 limit is passed, and its engine connection is closed.
 
@@ -72,13 +73,12 @@ class FormHead:
         self.raw: list[bytes] = []
         self.model: str | None = None
         self.complete = False
-        """The whole body was read (a small form, or one without a file): nothing more is
-        to be received."""
+        """The whole body was read (a small form): nothing more is to be received."""
 
 
 async def read_form_head(receive: Receive, content_type: str) -> FormHead:
     """Read the body up to the start of its first file part; ``model`` must come before it.
-    400 for a body that is not multipart/form-data or names no model first."""
+    400 for a body that is not multipart/form-data, names no model first, or has no file."""
     try:
         reader = MultipartReader(boundary_of(content_type))
     except MalformedMultipart as exc:
@@ -118,7 +118,12 @@ async def read_form_head(receive: Receive, content_type: str) -> FormHead:
                 head.model = value.decode("utf-8", errors="replace").strip()
                 field = None
             elif isinstance(event, BodyEnded):
-                return _with_model(head)
+                # Complete, and no file in it: nothing an engine could transcribe.
+                _with_model(head)
+                raise invalid_request(
+                    "The form has no file: send it as the `file` part, with a filename.",
+                    param="file",
+                )
         if not more:
             raise invalid_request("Invalid upload: the body ends before its closing boundary.")
         if size > MAX_FORM_HEAD_BYTES:

@@ -368,6 +368,29 @@ def test_an_upload_must_name_its_model_before_its_file(http: httpx.Client) -> No
     assert "`model` field before its file" in error["message"]
 
 
+@pytest.mark.parametrize(
+    "part",
+    [
+        "",
+        # A file without a filename is a plain field to an engine (vLLM's form parser).
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"\r\n\r\nabc\r\n',
+    ],
+)
+def test_an_upload_without_a_file_is_a_400_from_the_gateway(http: httpx.Client, part: str) -> None:
+    content = (
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="model"\r\n\r\n'
+        f"{EVERYTHING}\r\n{part}--{BOUNDARY}--\r\n"
+    ).encode()
+
+    answer = http.post("/audio/transcriptions", content=content, headers=MULTIPART)
+
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["param"] == "file"
+    # In the gateway's words: the form never went to an engine.
+    assert error["message"] == "The form has no file: send it as the `file` part, with a filename."
+
+
 def test_an_upload_that_is_not_a_form_is_a_400(http: httpx.Client) -> None:
     answer = http.post("/audio/transcriptions", json={"model": EVERYTHING})
     assert answer.status_code == 400

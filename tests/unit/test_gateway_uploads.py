@@ -62,13 +62,6 @@ async def test_the_model_before_the_file_is_found_without_reading_the_file() -> 
     assert b"".join(head.raw) == body[: client.received]
 
 
-async def test_a_form_without_a_file_is_read_to_its_closing_boundary() -> None:
-    body = field("model", b" whisper-1 ") + END
-    head = await read_form_head(Client(body, piece=7), CONTENT_TYPE)
-    assert head.model == "whisper-1"
-    assert b"".join(head.raw).startswith(body[:-2])
-
-
 async def refused(body: bytes, content_type: str = CONTENT_TYPE) -> ApiError:
     with pytest.raises(ApiError) as raised:
         await read_form_head(Client(body), content_type)
@@ -124,8 +117,14 @@ async def test_a_small_form_that_came_in_one_piece_is_read_whole() -> None:
     assert b"".join(head.raw) == body
 
 
-async def test_a_form_whose_closing_boundary_came_before_the_end_of_the_body_reads_on() -> None:
-    form = field("model", b"whisper-1") + END
-    body = form + b"an epilogue, to be forwarded too"
-    head = await read_form_head(Client(body, piece=len(form)), CONTENT_TYPE)
-    assert not head.complete
+@pytest.mark.parametrize("piece", [7, 1000])
+async def test_a_form_without_a_file_is_refused_once_its_closing_boundary_is_read(
+    piece: int,
+) -> None:
+    # No engine could transcribe it: it is refused here, not sent on. A part named
+    # ``file`` without a filename is a plain field, to the gateway as to an engine.
+    body = field("model", b" whisper-1 ") + field("file", b"abc") + END + b"an epilogue"
+    with pytest.raises(ApiError) as raised:
+        await read_form_head(Client(body, piece=piece), CONTENT_TYPE)
+    assert (raised.value.status, raised.value.param) == (400, "file")
+    assert raised.value.message.startswith("The form has no file")
