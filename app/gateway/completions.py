@@ -383,6 +383,11 @@ class Completions:
         except asyncio.CancelledError:
             if outcome is None:
                 outcome = Outcome.CANCELLED
+                if tokens is not None and key.tpm is not None:
+                    # Cut short mid-stream: what was sent was generated for the client, and
+                    # is charged (one token per event; the usage chunk never came), or a
+                    # client could read all of every answer but its end for nothing.
+                    self._spend(key, tokens.total())
             if watch.fired and task.uncancel() == 0:
                 exchange.status = CLIENT_GONE
                 return

@@ -41,6 +41,9 @@ SLOW = (
 LONG_PROMPT = " ".join(["word"] * 100)
 """About 4 s before the first token."""
 SHORT_PROMPT = "hi"
+TPM = 1_000_000
+LIMITED_KEY, LIMITED_RECORD = new_key(tpm=TPM)
+"""A key with a tokens-per-minute limit, which the gateway charges what each answer used."""
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +59,7 @@ def key_and_gateway(sim: SimulatorProcess) -> Iterator[tuple[str, GatewayThread]
     # target_waiting 1: while the one slot is busy the replica takes nothing more, so a
     # second request waits in the gateway's queue.
     route = Route(replica_id=REPLICA, model=MODEL, url=sim.base_url, target_waiting=1)
-    source = StaticSource(snapshot_of([route], [record]))
+    source = StaticSource(snapshot_of([route], [record, LIMITED_RECORD]))
     with GatewayThread(source, scrape_interval_s=0.05, queue_timeout_s=30) as gateway:
         yield key, gateway
 
@@ -175,6 +178,38 @@ async def test_a_client_leaving_mid_stream_aborts_the_engine_request(
                 break
         await stream.close()
     await aborted_once(sim, idle)
+
+
+async def test_the_tokens_a_stream_sent_before_its_client_left_are_charged_to_the_key(
+    sim: SimulatorProcess, gateway: GatewayThread, idle: Counts
+) -> None:
+    async with openai.AsyncOpenAI(
+        base_url=gateway.url, api_key=LIMITED_KEY, max_retries=0
+    ) as client:
+        stream = await client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": SHORT_PROMPT}],
+            max_tokens=200,
+            stream=True,
+        )
+        seen = 0
+        async for chunk in stream:
+            seen += bool(chunk.choices and chunk.choices[0].delta.content)
+            if seen == 20:
+                break
+        await stream.close()
+        await aborted_once(sim, idle)
+        await wait_until(lambda: gateway.in_flight()[REPLICA] == 0, what="the stream ended")
+
+        # Leaving before the end must not make the tokens free: a client could read every
+        # answer but its last event and never be charged.
+        answer = await client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": SHORT_PROMPT}], max_tokens=1
+        )
+    remaining = int(answer.headers["x-ratelimit-remaining-tokens"])
+    # One token per event sent (the stream had no usage chunk yet); the minute slides, so
+    # a little of the charge may have aged out since.
+    assert remaining <= TPM - seen * 3 // 4
 
 
 async def test_a_client_leaving_before_the_first_chunk_aborts_the_engine_request(
