@@ -552,6 +552,11 @@ def _parse(body: bytes) -> RoutingFields:
     except msgspec.ValidationError as exc:
         raise invalid_request(f"Invalid request body: {exc}") from None
     except msgspec.DecodeError as exc:
+        if not body.strip():
+            # msgspec would say "truncated", as if the client had cut its body short.
+            raise invalid_request(
+                "The request body is empty: send a JSON object with `model`."
+            ) from None
         raise invalid_request(f"The request body is not valid JSON: {exc}") from None
     except RecursionError:
         # Catching the decoder's own limit costs nothing on the requests that stay under it;

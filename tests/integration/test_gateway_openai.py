@@ -324,6 +324,8 @@ def metric(gateway: GatewayThread, series: str) -> float:
     ("body", "says"),
     [
         (b"{not json", "not valid JSON"),
+        (b"", "The request body is empty: send a JSON object with `model`."),
+        (b" \r\n", "The request body is empty: send a JSON object with `model`."),
         (b"[1, 2]", "Expected `object`, got `array`"),
         (b'{"messages": []}', "missing required field `model`"),
         (b'{"model": 7}', "Expected `str`, got `int` - at `$.model`"),
