@@ -184,6 +184,7 @@ class Server:
         admin_limits = ListenerLimits(
             header_timeout_s=settings.header_timeout,
             body_timeout_s=settings.body_timeout,
+            send_timeout_s=settings.send_timeout,
             max_connections=settings.admin_max_connections,
         )
         client_limits = replace(admin_limits, max_connections=settings.client_max_connections)

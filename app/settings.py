@@ -28,6 +28,7 @@ from app.commands.common import (
     MaxEjectedPercent,
     MaxEjectionCoolOff,
     MaxUploadMib,
+    SendTimeout,
     database_url_problem,
 )
 from app.domain.adoption_grace import (
@@ -52,7 +53,11 @@ from app.gateway.server import DEFAULT_MAX_CONNECTIONS
 from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
 from app.hub.budget import MessageBudget
 from app.hub.hub import DEFAULT_HEARTBEAT_INTERVAL_S
-from app.listeners.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S
+from app.listeners.limits import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_SEND_TIMEOUT_S,
+)
 from app.listeners.throttle import DEFAULT_BURST, DEFAULT_PER_MINUTE
 from app.services.reconciler import DEFAULT_INTERVAL_S
 
@@ -210,6 +215,7 @@ class ServeSettings:
     auth_failures_per_minute: AuthFailuresPerMinute = DEFAULT_PER_MINUTE
     header_timeout: HeaderTimeout = DEFAULT_HEADER_TIMEOUT_S
     body_timeout: BodyTimeout = DEFAULT_BODY_TIMEOUT_S
+    send_timeout: SendTimeout = DEFAULT_SEND_TIMEOUT_S
     admin_max_connections: Annotated[
         int,
         Parameter(

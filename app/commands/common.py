@@ -88,6 +88,16 @@ BodyTimeout = Annotated[
     ),
 ]
 
+SendTimeout = Annotated[
+    float,
+    Parameter(
+        env_var="LLMGW_SEND_TIMEOUT",
+        help="seconds a client may take in nothing of an answer the server has for it (a "
+        "stream it stopped reading); then it is disconnected and its request ends, freeing "
+        "what it held",
+    ),
+]
+
 
 AuthFailureBurst = Annotated[
     int,

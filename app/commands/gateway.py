@@ -24,6 +24,7 @@ from app.commands.common import (
     MaxEjectedPercent,
     MaxEjectionCoolOff,
     MaxUploadMib,
+    SendTimeout,
     database_role_allowed,
     database_url_problem,
     engine_networks_of,
@@ -53,7 +54,12 @@ from app.gateway.server import (
 )
 from app.gateway.source import DEFAULT_REFRESH_INTERVAL_S
 from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
-from app.listeners.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, ListenerLimits
+from app.listeners.limits import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_SEND_TIMEOUT_S,
+    ListenerLimits,
+)
 from app.listeners.throttle import DEFAULT_BURST, DEFAULT_PER_MINUTE, FailureLimits
 from app.logs import configure_logging
 from app.store.errors import StoreUnavailable
@@ -136,6 +142,7 @@ def gateway_command(
     auth_failures_per_minute: AuthFailuresPerMinute = DEFAULT_PER_MINUTE,
     header_timeout: HeaderTimeout = DEFAULT_HEADER_TIMEOUT_S,
     body_timeout: BodyTimeout = DEFAULT_BODY_TIMEOUT_S,
+    send_timeout: SendTimeout = DEFAULT_SEND_TIMEOUT_S,
     max_connections: Annotated[
         int,
         Parameter(
@@ -197,6 +204,7 @@ def gateway_command(
         limits=ListenerLimits(
             header_timeout_s=header_timeout,
             body_timeout_s=body_timeout,
+            send_timeout_s=send_timeout,
             max_connections=max_connections,
         ),
         max_upload_bytes=max_upload_mib << 20,

@@ -27,6 +27,9 @@ The limits (``ListenerLimits``), as ``app.listeners.limits`` puts them on uvicor
   of the next request on a kept-alive one; the body within ``body_timeout_s`` of the
   head, not counting the time the socket is not read (flow control, a pipelined request
   waiting); otherwise 408;
+- a client that takes in nothing of its answer for ``send_timeout_s`` (the transport's
+  buffer stays full) is disconnected, unsent bytes dropped: the app sees it gone, so its
+  request ends and frees what it holds (a replica's slot at the gateway);
 - a head of at most ``max_header_bytes``, otherwise 431;
 - at most ``max_connections`` connections: one more is answered 503 at once;
 - a kept-alive connection idle for ``idle_s`` is closed, without an answer;
@@ -52,7 +55,7 @@ import httptools
 from app.listeners.exchange import App, Exchange
 from app.listeners.http11 import closing_answer, split_target
 from app.listeners.lifespan import Lifespan
-from app.listeners.limits import LINGER_S, ListenerLimits, Refusal, plain_text
+from app.listeners.limits import LINGER_S, ListenerLimits, Refusal, SendWatch, plain_text
 
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _Stage = tuple[float, str]
@@ -77,7 +80,9 @@ class _Listener:
         self.head: _Stage = (limits.header_timeout_s, "the request's headers")
         self.body: _Stage = (limits.body_timeout_s, "the request's body")
         self.idle: _Stage = (idle_s, _IDLE)
-        self.sweep_every_s = min(1.0, limits.header_timeout_s / 4, limits.body_timeout_s / 4)
+        self.sweep_every_s = min(
+            1.0, limits.header_timeout_s / 4, limits.body_timeout_s / 4, limits.send_timeout_s / 4
+        )
         self.connections: set[HttpConnection] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.sweeping = False
@@ -111,6 +116,10 @@ class _Listener:
             connection.overdue()
         for connection in [c for c in self.connections if c.reading_paused]:
             connection.check_peer()
+        timeout_s = self.limits.send_timeout_s
+        for connection in [c for c in self.connections if c.write_paused]:
+            if connection.send_watch.stalled(connection.transport, now, timeout_s):
+                connection.stalled()
         self.sweeping = bool(self.connections)
         if self.sweeping:
             self.loop.call_later(self.sweep_every_s, self._sweep)
@@ -129,6 +138,7 @@ class HttpConnection(asyncio.Protocol):
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.parser = httptools.HttpRequestParser(self)
         self.write_paused = False
+        self.send_watch = SendWatch()
         self.due = math.inf
         self._stage = listener.head
         self._reading_head = True
@@ -176,6 +186,7 @@ class HttpConnection(asyncio.Protocol):
                 exchange.disconnect()
         self._waiting.clear()
         self.write_paused = False
+        self.send_watch.resumed()
         self._wake_drain()
 
     def data_received(self, data: bytes) -> None:
@@ -204,6 +215,7 @@ class HttpConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        self.send_watch.paused(self.loop.time())
 
     @property
     def reading_paused(self) -> bool:
@@ -212,6 +224,7 @@ class HttpConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        self.send_watch.resumed()
         self._wake_drain()
 
     # -- httptools' callbacks -------------------------------------------------------------
@@ -333,6 +346,13 @@ class HttpConnection(asyncio.Protocol):
             self.transport.close()
             return
         self._refuse(408, f"{what[0].upper()}{what[1:]} did not arrive within {seconds:g} s.")
+
+    def stalled(self) -> None:
+        """The client took in nothing of its answer for ``send_timeout_s``: the connection is
+        dropped (its unsent bytes too: no answer could reach it), and the app sees its
+        client gone, so the request ends and what it holds (a replica's slot) is freed."""
+        self.send_watch.resumed()
+        self.transport.abort()
 
     def check_peer(self) -> None:
         """Reading is paused, so a client that leaves is not seen by reading: ask the socket

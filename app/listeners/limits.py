@@ -11,6 +11,9 @@ memory behind it, forever, and enough of them hold every connection the process 
   connection opening, or of the first byte of the next request on a kept-alive one;
 - the body within ``body_timeout_s`` of the head (the listeners' own server leaves out the
   time it does not read the body: ``app.listeners.httpserver``);
+- a client that takes in nothing of an answer (the server's send buffer stays full) for
+  ``send_timeout_s`` is disconnected, as nginx's ``send_timeout`` does: no answer can reach
+  it, and the request it holds ends;
 - the head may hold at most ``max_header_bytes``;
 - the listener holds at most ``max_connections`` connections: one more is answered 503
   at once and closed.
@@ -27,8 +30,11 @@ sets (the gateway's client listener: ``app.gateway.server.IDLE_KEEP_ALIVE_S``).
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import http
 import math
+import sys
+import termios
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
@@ -40,9 +46,56 @@ Refusal = Callable[[int, str], tuple[bytes, bytes]]
 
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_BODY_TIMEOUT_S = 60.0
+DEFAULT_SEND_TIMEOUT_S = 60.0
+"""As nginx's ``send_timeout``: a client may take no more than this to take in some of an
+answer the server cannot send it faster."""
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024
 LINGER_S = 2.0
 """How long a refused connection is read (and its bytes dropped) before it is closed."""
+
+
+def unsent_bytes(transport: asyncio.BaseTransport) -> int | None:
+    """What the kernel still holds of what was written to ``transport``'s socket, not yet
+    taken in by the peer (Linux's ``SIOCOUTQ``); None where that cannot be asked."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return None
+    try:
+        answer = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+    except OSError:
+        return None
+    return int.from_bytes(answer, sys.byteorder, signed=True)
+
+
+class SendWatch:
+    """Whether a client whose answer cannot be sent faster still takes some of it in: the
+    send timeout runs from the last time it did. Writing pauses when the server's buffer
+    is full, and resumes only once the kernel has room for much more (a third of its send
+    buffer of several MiB), so a client that reads steadily but slowly can keep writing
+    paused for long; what the kernel still holds shows that it reads."""
+
+    __slots__ = ("_unsent", "since")
+
+    def __init__(self) -> None:
+        self.since = math.inf
+        """When the client was last seen taking nothing in; infinity while writing goes on."""
+        self._unsent: int | None = None
+
+    def paused(self, now: float) -> None:
+        self.since, self._unsent = now, None
+
+    def resumed(self) -> None:
+        self.since, self._unsent = math.inf, None
+
+    def stalled(self, transport: asyncio.BaseTransport, now: float, timeout_s: float) -> bool:
+        """Whether the client took in nothing for ``timeout_s``: asked once a sweep, only of
+        a connection whose writing is paused."""
+        unsent = unsent_bytes(transport)
+        if unsent is not None and (self._unsent is None or unsent < self._unsent):
+            if self._unsent is not None:
+                self.since = now  # it took some in since the last sweep
+            self._unsent = unsent
+        return now - self.since >= timeout_s
 
 
 def plain_text(status: int, message: str) -> tuple[bytes, bytes]:
@@ -54,6 +107,7 @@ class ListenerLimits:
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     max_connections: int = 1024
+    send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
 
     def problems(self, connections_flag: str = "--max-connections") -> list[str]:
@@ -62,6 +116,7 @@ class ListenerLimits:
         for flag, value in (
             ("--header-timeout", self.header_timeout_s),
             ("--body-timeout", self.body_timeout_s),
+            ("--send-timeout", self.send_timeout_s),
         ):
             if not value > 0:
                 found.append(f"{flag} must be positive, not {value}")
@@ -77,7 +132,9 @@ def limited(
     result as ``uvicorn.Config(http=...)``, one per listener."""
     head = (limits.header_timeout_s, "the request's headers")
     body = (limits.body_timeout_s, "the request's body")
-    sweep_every_s = min(1.0, limits.header_timeout_s / 4, limits.body_timeout_s / 4)
+    sweep_every_s = min(
+        1.0, limits.header_timeout_s / 4, limits.body_timeout_s / 4, limits.send_timeout_s / 4
+    )
 
     # mypy cannot check a class whose base is a parameter; HttpToolsProtocol's methods
     # are what is overridden.
@@ -92,6 +149,7 @@ def limited(
         _reading_head = True
         _head_bytes = 0
         _lingering = False
+        _send_watch: SendWatch | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
@@ -117,6 +175,17 @@ def limited(
                 self._head_bytes += len(data)
                 if self._head_bytes > limits.max_header_bytes:
                     self._refuse(431, f"Request headers over {limits.max_header_bytes} bytes.")
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self._send_watch is None:
+                self._send_watch = SendWatch()
+            self._send_watch.paused(self.loop.time())
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            if self._send_watch is not None:
+                self._send_watch.resumed()
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -146,6 +215,18 @@ def limited(
                 connection._refuse(
                     408, f"{what[0].upper()}{what[1:]} did not arrive within {seconds:g} s."
                 )
+            for connection in list(Limited._open):
+                watch = connection._send_watch
+                if (
+                    watch is not None
+                    and watch.since < now
+                    and watch.stalled(connection.transport, now, limits.send_timeout_s)
+                ):
+                    # The client took in nothing of its answer for the send timeout: dropped,
+                    # unsent bytes and all (no answer could reach it); the app sees it gone.
+                    Limited._open.discard(connection)
+                    watch.resumed()
+                    connection.transport.abort()
             Limited._sweeping = bool(Limited._open)
             if Limited._sweeping:
                 loop.call_later(sweep_every_s, Limited._sweep, loop)

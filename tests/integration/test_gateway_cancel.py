@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -23,6 +24,7 @@ import pytest
 from agent.simulator.launcher import SimulatorProcess, start_simulator
 from app.gateway.server import StaticSource
 from app.gateway.table import Route, RoutePolicy
+from app.listeners.limits import ListenerLimits
 from tests.support.gateway import GatewayThread, new_key, snapshot_of
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
@@ -321,3 +323,46 @@ async def test_a_request_that_waits_too_long_for_a_replica_gets_429(
         return (await counts(sim)).aborted == idle.aborted + 2
 
     await wait_until(both_aborted, what="the simulator aborting both held requests")
+
+
+async def test_a_client_that_reads_nothing_of_its_stream_is_dropped_and_frees_its_replica(
+    sim: SimulatorProcess,
+) -> None:
+    """A client that stops taking in its stream would otherwise hold its replica's slot
+    for as long as it keeps the connection open: after the send timeout it is dropped, its
+    request aborted in the engine, and the gateway's in-flight count falls back to zero."""
+    key, record = new_key()
+    fast = f"fast-{uuid.uuid4().hex[:8]}"
+    fastest = ("--decode-base-ms", "0", "--decode-per-seq-ms", "0")
+    with start_simulator("--model", fast, *fastest, port=free_port()) as engine:
+        engine.wait_healthy()
+        route = Route(replica_id=f"{fast}-1", model=fast, url=engine.base_url)
+        limits = ListenerLimits(send_timeout_s=0.5)
+        with GatewayThread(StaticSource(snapshot_of([route], [record])), limits=limits) as gw:
+            body = msgspec.json.encode(
+                {
+                    "model": fast,
+                    "messages": [{"role": "user", "content": SHORT_PROMPT}],
+                    "max_tokens": 30_000,  # megabytes of events, within its cache
+                    "stream": True,
+                }
+            )
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.setblocking(False)
+            loop = asyncio.get_running_loop()
+            await loop.sock_connect(sock, ("127.0.0.1", gw.gateway.port))
+            await loop.sock_sendall(
+                sock,
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+                b"authorization: Bearer %s\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\n\r\n%s" % (key.encode(), len(body), body),
+            )
+            await wait_until(lambda: gw.in_flight().get(f"{fast}-1") == 1, what="in flight")
+
+            await wait_until(
+                lambda: gw.in_flight().get(f"{fast}-1") == 0,
+                within_s=20,
+                what="the stalled client's request ended",
+            )
+            sock.close()

@@ -641,3 +641,89 @@ async def test_an_app_that_fails_its_startup_is_never_served() -> None:
     with pytest.raises(LifespanFailed, match="no database"):
         await server.start(sock)
     assert sock.fileno() == -1
+
+
+# -- clients that do not read -------------------------------------------------------------
+
+
+@dataclass
+class Flood:
+    """Streams ``size`` bytes in 64 KiB chunks, each sent once the server can take it;
+    notes when its client is gone (``gone``)."""
+
+    size: int
+    gone: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await receive()
+            await send({"type": "lifespan.startup.complete"})
+            await receive()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        on_disconnect = scope.get("extensions", {}).get(ON_DISCONNECT)
+        if on_disconnect is not None:
+            on_disconnect(self.gone.set)
+        else:  # uvicorn: told by receive()
+            watching = asyncio.create_task(self._watch(receive))
+        chunk = b"x" * 65536
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for _ in range(self.size // len(chunk)):
+            if self.gone.is_set():
+                return
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        if on_disconnect is None:
+            watching.cancel()
+
+    async def _watch(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.gone.set()
+
+
+async def requesting(port: int, *, receive_buffer: int | None = None) -> socket.socket:
+    """A client socket that has sent its request and read nothing yet."""
+    sock = socket.socket()
+    if receive_buffer is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    await loop.sock_sendall(sock, get("/flood"))
+    return sock
+
+
+async def test_a_client_that_takes_in_nothing_for_the_send_timeout_is_disconnected() -> None:
+    """Its request ends (the app is told its client left), so what it holds is freed."""
+    app = Flood(size=1 << 30)
+    limits = ListenerLimits(header_timeout_s=5, body_timeout_s=5, send_timeout_s=0.5)
+    async with serving(app, limits=limits) as (server, port):
+        stalled = await requesting(port, receive_buffer=4096)
+        await wait_until(lambda: any(c.write_paused for c in server.connections))
+
+        await asyncio.wait_for(app.gone.wait(), 10)
+
+        await wait_until(lambda: not server.connections)
+        stalled.close()
+
+
+async def test_a_client_that_reads_slowly_but_steadily_gets_all_of_its_answer() -> None:
+    """The timeout runs only while the client takes in nothing: one that takes some of it
+    more often than that is never cut off, however long the whole answer takes."""
+    size = 16 << 20
+    app = Flood(size=size)
+    limits = ListenerLimits(header_timeout_s=5, body_timeout_s=5, send_timeout_s=1.0)
+    async with serving(app, limits=limits) as (server, port):
+        sock = await requesting(port)
+        loop = asyncio.get_running_loop()
+        await wait_until(lambda: any(c.write_paused for c in server.connections))
+        received, tail = 0, b""
+        while not tail.endswith(b"\r\n0\r\n\r\n"):
+            data = await asyncio.wait_for(loop.sock_recv(sock, 64 << 10), 10)
+            assert data, f"cut off after {received} bytes"
+            received, tail = received + len(data), (tail + data)[-16:]
+            await asyncio.sleep(0.02)  # the client's own pace: slow, never stalled
+        assert received > size
+        assert not app.gone.is_set()
+        sock.close()

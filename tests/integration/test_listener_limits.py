@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -20,10 +21,13 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.gateway.server import StaticSource
-from app.listeners.limits import ListenerLimits
+from app.listeners.limits import ListenerLimits, limited
 from app.store.postgres import PostgresEventStore
+from tests.integration.test_http_server import Flood, requesting
 from tests.support.admin_server import serving_admin
 from tests.support.gateway import GatewayThread, new_key, snapshot_of
 from tests.support.waiting import wait_until
@@ -225,3 +229,30 @@ async def test_the_admin_api_answers_a_connection_over_its_cap_503_at_once(
 ) -> None:
     async with admin_listener(pg_store, CAPPED) as port:
         await connections_are_capped(port, f"http://127.0.0.1:{port}")
+
+
+# -- clients that take in nothing -------------------------------------------------------
+
+
+async def test_uvicorn_with_the_limits_disconnects_a_client_that_takes_in_nothing() -> None:
+    """The admin API's server: a client that reads nothing of a large answer for the send
+    timeout is dropped, and the app is told it left."""
+    app = Flood(size=1 << 30)
+    limits = ListenerLimits(header_timeout_s=5, body_timeout_s=5, send_timeout_s=0.5)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan="off", http=limited(HttpToolsProtocol, limits)
+    )
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
+    try:
+        await wait_until(lambda: server.started, within_s=10, what="listening")
+        stalled = await requesting(listener.getsockname()[1], receive_buffer=4096)
+
+        await asyncio.wait_for(app.gone.wait(), 10)
+
+        stalled.close()
+    finally:
+        server.should_exit = True
+        await serving
