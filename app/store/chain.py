@@ -188,6 +188,17 @@ class ChainWalk:
                 )
         return None
 
+    def disown(self, inserted: int, genuine: Head) -> None:
+        """After an ``INSERTED`` break: the last ``inserted`` events stepped through were
+        added later, linked and hashed as if they belonged, so none of them checked out, and
+        the last event that did is ``genuine``, the one they were inserted after. The walk
+        keeps no history (memory stays constant), so the caller looks both up: the events
+        after ``inserted_after`` up to the break, and the stored hash at ``inserted_after``,
+        which the walk checked on its way (the genesis when that is position 0)."""
+        self.events -= inserted
+        self.head = genuine
+        self.anchors_passed = [a for a in self.anchors_passed if a.position <= genuine.position]
+
     def _check_link(self, row: ChainRow) -> Break | None:
         before, last = row.previous_position, self.head.position
         if before is None or row.chain_hash is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import asyncpg
 import msgspec
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -61,11 +62,22 @@ async def verify_log(
             if progress is not None:
                 progress(walk.events, walk.head.position, last)
         if broken is not None and broken.problem is Problem.INSERTED:
-            first = await db.fetchval(
-                "SELECT min(position) FROM events WHERE position > $1", broken.inserted_after
-            )
-            broken = msgspec.structs.replace(broken, position=int(first))
+            broken = await _disown_inserted(db, walk, broken)
     return Verification(walk.events, walk.head, walk.anchors_passed, broken)
+
+
+async def _disown_inserted(db: asyncpg.Connection, walk: ChainWalk, broken: Break) -> Break:
+    """The break moved to the first inserted event, and the walk back to the event they
+    were inserted after (``ChainWalk.disown``); read in the walk's snapshot."""
+    after = broken.inserted_after or 0
+    first, inserted = await db.fetchrow(
+        "SELECT min(position), count(*) FROM events WHERE position > $1 AND position <= $2",
+        after,
+        broken.position,
+    )
+    stored = await db.fetchval("SELECT chain_hash FROM events WHERE position = $1", after)
+    walk.disown(int(inserted), Head(after, GENESIS if after == 0 else bytes(stored)))
+    return msgspec.structs.replace(broken, position=int(first))
 
 
 async def read_head(engine: AsyncEngine) -> Head:

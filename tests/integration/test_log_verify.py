@@ -72,6 +72,18 @@ class Log:
         assert result.code == 0, result
         return result.stdout.strip()
 
+    async def leave_a_gap(self) -> int:
+        """Take a position that no event gets, as an append that failed does."""
+        connection = await asyncpg.connect(driver_url(self.database_url))
+        try:
+            return int(
+                await connection.fetchval(
+                    "SELECT nextval(pg_get_serial_sequence('events', 'position'))"
+                )
+            )
+        finally:
+            await connection.close()
+
     async def tamper(self, *statements: str) -> None:
         """Run ``statements`` as the superuser, with the log's triggers off."""
         connection = await asyncpg.connect(driver_url(self.database_url))
@@ -198,6 +210,47 @@ async def test_a_swapped_pair_is_found_reordered_at_the_first_of_them(log: Log) 
         f"the chain breaks at position {first} (reordered): the event at position {first} was "
         f"appended after position {first}, which is not before it: events were moved"
     )
+
+
+async def test_events_inserted_into_a_gap_are_found_and_none_of_them_checks_out(
+    log: Log, pg_store: PostgresEventStore
+) -> None:
+    genuine_head = await log.head()
+    gap = await log.leave_a_gap()
+    await pg_store.append(
+        node_stream(f"gpu-{uuid.uuid4().hex[:6]}"),
+        None,
+        [NewEvent(NodeRegistered(node_id="later", address="h"))],
+        Meta(actor="a"),
+    )
+    before = gap - 1
+    await log.tamper(
+        # A forged event in the gap, linked and hashed as llmgw_append would have done it.
+        f"""INSERT INTO events (position, previous_position, chain_hash, stream, version, type,
+                                schema_version, data, meta, event_id, recorded_at, actor)
+        OVERRIDING SYSTEM VALUE
+        SELECT {gap}, {before}, sha256(chain_hash || llmgw_event_bytes({gap}, {before},
+                   'key-forged', 1, 'api_key_created', 1::smallint,
+                   '00000000-0000-4000-8000-0000000000ff', recorded_at, '{{}}', '{{}}',
+                   NULL, NULL, NULL, 'alice', NULL)),
+               'key-forged', 1, 'api_key_created', 1, '{{}}', '{{}}',
+               '00000000-0000-4000-8000-0000000000ff', recorded_at, 'alice'
+        FROM events WHERE position = {before}"""
+    )
+
+    text = await log.run("verify")
+    as_json = json.loads((await log.run("verify", "--output", "json")).stdout)
+
+    assert text.code == 1, text
+    assert text.stdout.splitlines()[:3] == [
+        f"the chain breaks at position {gap} (inserted): events were inserted after position "
+        f"{before}: position {gap + 1} was appended right after it, but now position {gap} "
+        "(and any between) stands between them",
+        f"{EVENTS} events before it checked out",
+        f"last good head {genuine_head}",
+    ]
+    assert (as_json["events"], as_json["break"]["position"]) == (EVENTS, gap)
+    assert f"{as_json['head']['position']}:{as_json['head']['chain_hash']}" == genuine_head
 
 
 async def test_an_anchor_the_chain_does_not_pass_through_is_reported(log: Log) -> None:

@@ -153,6 +153,18 @@ def test_an_event_inserted_with_a_valid_link_of_its_own_is_found() -> None:
     assert (found.position, found.problem, found.inserted_after) == (2, Problem.INSERTED, 1)
 
 
+def test_inserted_events_are_disowned_back_to_the_event_they_were_inserted_after() -> None:
+    first, *later = chained(3, gaps=frozenset({2}))
+    forged = first._replace(position=2, previous_position=1, event_id=uuid.uuid4())
+    forged = forged._replace(chain_hash=chain_link(first.chain_hash or b"", forged))
+    genuine = Head(1, first.chain_hash or b"")
+    chain, _ = walk([first, forged, *later], [genuine, Head(2, forged.chain_hash or b"")])
+
+    chain.disown(1, genuine)
+
+    assert (chain.events, chain.head, chain.anchors_passed) == (1, genuine, [genuine])
+
+
 def where(rows: list[ChainRow], anchors: list[Head]) -> tuple[int, Problem] | None:
     found = walk(rows, anchors)[1]
     return None if found is None else (found.position, found.problem)
