@@ -11,7 +11,7 @@ import msgspec
 from cyclopts import Parameter
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.commands.common import DatabaseUrl, fail
+from app.commands.common import DatabaseUrl, database_url_problem, fail
 from app.logs import configure_logging
 from app.store.chain import Head, parse_anchor
 from app.store.database import create_engine
@@ -48,8 +48,7 @@ def verify_command(
     Example: llmgw-server log verify --anchor "$(tail -n 1 /srv/audit/llmgw-heads)"
     """
     configure_logging()
-    if output not in ("text", "json"):
-        fail(f"--output is text or json, not {output!r}")
+    _check_flags(database_url, output)
     try:
         anchors = [parse_anchor(value) for value in anchor or ()]
     except InvalidAnchor as exc:
@@ -77,13 +76,20 @@ def head_command(*, database_url: DatabaseUrl, output: Output = "text") -> None:
     Example: llmgw-server log head >> /srv/audit/llmgw-heads
     """
     configure_logging()
-    if output not in ("text", "json"):
-        fail(f"--output is text or json, not {output!r}")
+    _check_flags(database_url, output)
     head = _run(database_url, read_head, "read the head of")
     if output == "json":
         print(msgspec.json.encode(_json_head(head)).decode())
     else:
         print(head)
+
+
+def _check_flags(database_url: str, output: str) -> None:
+    url_problem = database_url_problem(database_url)
+    if url_problem is not None:
+        fail(url_problem)
+    if output not in ("text", "json"):
+        fail(f"--output is text or json, not {output!r}")
 
 
 def _run(url: str, work: Callable[[AsyncEngine], Awaitable[T]], action: str) -> T:

@@ -9,7 +9,8 @@ included.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 
 import asyncpg
 import msgspec
@@ -18,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.chain import CHAIN_COLUMNS, GENESIS, Break, ChainRow, ChainWalk, Head, Problem
 from app.store.database import driver_connection, translated_errors
+from app.store.errors import StoreError
 
 PAGE = 5_000
 """Events fetched from the cursor at a time."""
@@ -44,7 +46,7 @@ async def verify_log(
     engine: AsyncEngine, anchors: Sequence[Head] = (), progress: Progress | None = None
 ) -> Verification:
     walk = ChainWalk(anchors)
-    async with translated_errors(), engine.connect() as conn:
+    async with _reading(), engine.connect() as conn:
         await conn.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"))
         db = await driver_connection(conn)
         last = int(await db.fetchval("SELECT coalesce(max(position), 0) FROM events"))
@@ -83,7 +85,7 @@ async def _disown_inserted(db: asyncpg.Connection, walk: ChainWalk, broken: Brea
 async def read_head(engine: AsyncEngine) -> Head:
     """The last event's position and chain hash; position 0 and the genesis hash when the
     log is empty."""
-    async with translated_errors(), engine.connect() as conn:
+    async with _reading(), engine.connect() as conn:
         db = await driver_connection(conn)
         row = await db.fetchrow(
             "SELECT position, chain_hash FROM events ORDER BY position DESC LIMIT 1"
@@ -91,3 +93,15 @@ async def read_head(engine: AsyncEngine) -> Head:
     if row is None:
         return Head(0, GENESIS)
     return Head(row["position"], bytes(row["chain_hash"]))
+
+
+@asynccontextmanager
+async def _reading() -> AsyncIterator[None]:
+    """Errors become ``StoreError``s: those of the connection as everywhere, and those
+    PostgreSQL answers the queries above with (no ``events`` table in a database never
+    migrated, no privilege to read it), which reach this module straight from the driver."""
+    try:
+        async with translated_errors():
+            yield
+    except asyncpg.PostgresError as exc:
+        raise StoreError(str(exc)) from exc

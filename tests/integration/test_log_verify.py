@@ -37,6 +37,7 @@ from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore
 from tests.support.cluster import SERVER
 from tests.support.databases import runtime_url
+from tests.support.postgres import PostgresServer, unique_database_name
 
 EVENTS = 12
 PROCESS_TIMEOUT_S = 60
@@ -330,6 +331,47 @@ async def test_a_malformed_anchor_is_refused_in_one_line(log: Log, anchor: str) 
     assert result.stdout == ""
     assert result.stderr.startswith("error: --anchor: an anchor is POSITION:HASH"), result
     assert len(result.stderr.splitlines()) == 1
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def unmigrated_url(postgres_server: PostgresServer) -> AsyncIterator[str]:
+    name = unique_database_name("llmgw_unmigrated")
+    await postgres_server.create_database(name)
+    yield postgres_server.url(name)
+    await postgres_server.drop_database(name)
+
+
+@pytest.mark.parametrize("command", ["verify", "head"])
+async def test_a_database_without_the_log_is_refused_in_one_line(
+    unmigrated_url: str, command: str
+) -> None:
+    result = await Log(unmigrated_url, 1).run(command)
+
+    assert result.code == 1, result
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"error: cannot {'verify' if command == 'verify' else 'read the head of'} the log: "
+        'relation "events" does not exist (is the database at the newest revision? '
+        "llmgw-server migrate)"
+    ], result.stderr
+
+
+@pytest.mark.parametrize("command", ["verify", "head"])
+async def test_a_malformed_database_url_is_refused_in_one_line(command: str) -> None:
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [SERVER, "log", command, "--database-url", "postgresql://llmgw:hunter2@db-a:5432,,db-b/x"],
+        capture_output=True,
+        text=True,
+        timeout=PROCESS_TIMEOUT_S,
+        check=False,
+    )
+
+    assert done.returncode == 1, done
+    assert done.stderr.splitlines() == [
+        "error: --database-url: the database URL 'postgresql://llmgw:***@db-a:5432,,db-b/x' "
+        "has an empty host in its list of hosts"
+    ], done.stderr
 
 
 async def test_on_a_terminal_it_shows_how_far_it_got(log: Log) -> None:
