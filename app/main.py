@@ -26,7 +26,7 @@ projections.command(rebuild_command, name="rebuild")
 log = App(
     name="log",
     help="Check the event log against its chain hash.\n\n"
-    "Example: llmgw-server log verify; llmgw-server log head --anchor",
+    "Example: llmgw-server log head; llmgw-server log verify --anchor POSITION:HASH",
 )
 app.command(log)
 log.command(verify_command, name="verify")
