@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -35,13 +35,17 @@ FORMAT_VERSION = 1
 
 CHAIN_COLUMNS = (
     "position, previous_position, chain_hash, stream, version, type, schema_version, "
-    "event_id, recorded_at, data::text, meta::text, replica_id, node_id, model, actor, "
-    "correlation_id"
+    "event_id, pg_catalog.timestamptz_send(recorded_at), data::text, meta::text, replica_id, "
+    "node_id, model, actor, correlation_id"
 )
-"""What to select for ``ChainRow``, in its order."""
+"""What to select for ``stored_row``, in ``ChainRow``'s order. The time comes as PostgreSQL's
+binary form of it (microseconds since 2000-01-01 UTC, a signed 8-byte integer), so that any
+stored value is read exactly, even one no ``datetime`` can hold (``infinity``, year 10000)."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
+_Y2K_SINCE_1970_US = 946_684_800_000_000
+_INT8_MIN, _INT8_MAX = -(2**63), 2**63 - 1
 _NULL = struct.pack(">i", -1)
 _HEADER = struct.Struct(">Bqq")
 _INT8 = struct.Struct(">q")
@@ -50,17 +54,20 @@ _ANCHOR = re.compile(r"(\d{1,19}):([0-9a-fA-F]{64})")
 
 
 class ChainRow(NamedTuple):
-    """One event's stored columns, as ``CHAIN_COLUMNS`` selects them."""
+    """One event's stored columns, as ``stored_row`` reads them. The columns that every
+    appended event has may still be NULL here: someone can drop the constraint and empty
+    them, and the walk reports that rather than failing on it."""
 
     position: int
     previous_position: int | None
     chain_hash: bytes | None
     stream: str
-    version: int
+    version: int | None
     type: str
-    schema_version: int
-    event_id: uuid.UUID
-    recorded_at: datetime
+    schema_version: int | None
+    event_id: uuid.UUID | None
+    recorded_at_us: int | None
+    """Microseconds since 1970-01-01 UTC (``microseconds``)."""
     data: str
     meta: str
     replica_id: str | None
@@ -70,17 +77,60 @@ class ChainRow(NamedTuple):
     correlation_id: str | None
 
 
+def microseconds(at: datetime) -> int:
+    """``at`` as the canonical bytes count time: whole microseconds since 1970 in UTC."""
+    return (at - _EPOCH) // _MICROSECOND
+
+
+def stored_row(values: Sequence[Any]) -> ChainRow:
+    """A row as ``CHAIN_COLUMNS`` selects it."""
+    sent = values[8]
+    time = None if sent is None else int.from_bytes(sent, signed=True) + _Y2K_SINCE_1970_US
+    return ChainRow._make((*values[:8], time, *values[9:]))
+
+
+def unchainable(row: ChainRow) -> str | None:
+    """Why ``row`` cannot be an appended event whatever its hash, or None: a column every
+    event has is empty, or its time is one ``llmgw_append`` could not have hashed."""
+    if row.chain_hash is None:
+        return "has no chain_hash"
+    return _unhashable(row)
+
+
+def _unhashable(row: ChainRow) -> str | None:
+    # Plain tests first: this runs for every event of the log, twice.
+    if (
+        row.previous_position is None
+        or row.version is None
+        or row.schema_version is None
+        or row.event_id is None
+        or row.recorded_at_us is None
+    ):
+        empty = [name for name in _HASHED_REQUIRED if getattr(row, name) is None]
+        return f"has no {', '.join(empty)}"
+    if not _INT8_MIN <= row.recorded_at_us <= _INT8_MAX:
+        return "has a time no event can have"
+    return None
+
+
+_HASHED_REQUIRED = ("previous_position", "version", "schema_version", "event_id", "recorded_at_us")
+
+
 def event_bytes(row: ChainRow) -> bytes:
-    """The canonical bytes of one event (``llmgw_event_bytes`` in SQL)."""
+    """The canonical bytes of one event (``llmgw_event_bytes`` in SQL); raises
+    ``ValueError`` when a column they hold is empty or out of range (``unchainable``)."""
+    problem = _unhashable(row)
+    if problem is not None or row.event_id is None:
+        raise ValueError(f"the event at position {row.position} {problem}")
     return b"".join(
         (
-            _HEADER.pack(FORMAT_VERSION, row.position, row.previous_position or 0),
+            _HEADER.pack(FORMAT_VERSION, row.position, row.previous_position),
             _text(row.stream),
             _INT8.pack(row.version),
             _text(row.type),
             _INT8.pack(row.schema_version),
             row.event_id.bytes,
-            _INT8.pack((row.recorded_at - _EPOCH) // _MICROSECOND),
+            _INT8.pack(row.recorded_at_us),
             _text(row.data),
             _text(row.meta),
             _text(row.replica_id),
@@ -161,7 +211,8 @@ class ChainWalk:
 
     def step(self, row: ChainRow) -> Break | None:
         found = (
-            self._check_link(row)
+            self._check_complete(row)
+            or self._check_link(row)
             or self._check_anchors_before(row.position)
             or self._check_hash(row)
         )
@@ -199,15 +250,19 @@ class ChainWalk:
         self.head = genuine
         self.anchors_passed = [a for a in self.anchors_passed if a.position <= genuine.position]
 
+    def _check_complete(self, row: ChainRow) -> Break | None:
+        problem = unchainable(row)
+        if problem is None:
+            return None
+        return Break(
+            row.position,
+            Problem.CHANGED,
+            f"the event at position {row.position} {problem}: its columns were changed after "
+            "it was appended",
+        )
+
     def _check_link(self, row: ChainRow) -> Break | None:
-        before, last = row.previous_position, self.head.position
-        if before is None or row.chain_hash is None:
-            return Break(
-                row.position,
-                Problem.CHANGED,
-                f"the event at position {row.position} has no previous position or no chain "
-                "hash: its columns were changed after it was appended",
-            )
+        before, last = row.previous_position or 0, self.head.position
         if before == last:
             return None
         if before >= row.position:

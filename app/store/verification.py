@@ -17,7 +17,7 @@ import msgspec
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.store.chain import CHAIN_COLUMNS, GENESIS, Break, ChainRow, ChainWalk, Head, Problem
+from app.store.chain import CHAIN_COLUMNS, GENESIS, Break, ChainWalk, Head, Problem, stored_row
 from app.store.database import driver_connection, translated_errors
 from app.store.errors import StoreError
 
@@ -58,7 +58,7 @@ async def verify_log(
                 broken = walk.finish()
                 break
             for row in rows:
-                broken = walk.step(ChainRow(*row))
+                broken = walk.step(stored_row(row))
                 if broken is not None:
                     break
             if progress is not None:

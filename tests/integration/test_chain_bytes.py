@@ -15,13 +15,13 @@ import pytest_asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.store.chain import ChainRow, event_bytes
+from app.store.chain import ChainRow, event_bytes, microseconds, stored_row
 from app.store.database import driver_url
 from tests.unit.test_chain import EXAMPLE, EXAMPLE_BYTES
 
 SQL_BYTES = (
     "SELECT llmgw_event_bytes($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10::jsonb, $11, $12, "
-    "$13, $14, $15), $9::jsonb::text, $10::jsonb::text"
+    "$13, $14, $15), $9::jsonb::text, $10::jsonb::text, pg_catalog.timestamptz_send($8)"
 )
 texts = st.text(
     st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40
@@ -32,7 +32,7 @@ json_values = st.recursive(
     max_leaves=12,
 )
 times = st.datetimes(
-    min_value=datetime(1970, 1, 2), max_value=datetime(2200, 1, 1), timezones=st.just(UTC)
+    min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.just(UTC)
 )
 
 
@@ -46,22 +46,25 @@ async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
     await connection.close()
 
 
-async def sql_row(db: asyncpg.Connection, row: ChainRow) -> tuple[bytes, ChainRow]:
-    found = await db.fetchrow(SQL_BYTES, *_arguments(row))
+async def sql_row(
+    db: asyncpg.Connection, row: ChainRow, recorded_at: datetime
+) -> tuple[bytes, ChainRow]:
+    found = await db.fetchrow(SQL_BYTES, *_arguments(row, recorded_at))
     assert found is not None
-    return bytes(found[0]), row._replace(data=found[1], meta=found[2])
+    stored = stored_row((*row[:8], found[3], *row[9:]))
+    return bytes(found[0]), stored._replace(data=found[1], meta=found[2])
 
 
-def _arguments(row: ChainRow) -> tuple[object, ...]:
+def _arguments(row: ChainRow, recorded_at: datetime) -> tuple[object, ...]:
     return (
         row.position, row.previous_position, row.stream, row.version, row.type,
-        row.schema_version, row.event_id, row.recorded_at, row.data, row.meta, row.replica_id,
+        row.schema_version, row.event_id, recorded_at, row.data, row.meta, row.replica_id,
         row.node_id, row.model, row.actor, row.correlation_id,
     )  # fmt: skip
 
 
 async def test_postgresql_builds_the_documented_example(db: asyncpg.Connection) -> None:
-    built, _ = await sql_row(db, EXAMPLE)
+    built, _ = await sql_row(db, EXAMPLE, datetime(2026, 3, 2, 9, 0, 0, 123456, tzinfo=UTC))
 
     assert built.hex() == EXAMPLE_BYTES
 
@@ -99,7 +102,7 @@ async def test_both_sides_build_the_same_bytes_for_any_event(
         type=words[1],
         schema_version=numbers[1],
         event_id=event_id,
-        recorded_at=recorded_at,
+        recorded_at_us=microseconds(recorded_at),
         data=json.dumps(data, ensure_ascii=False),
         meta=json.dumps(meta, ensure_ascii=False),
         replica_id=optional[0],
@@ -109,6 +112,7 @@ async def test_both_sides_build_the_same_bytes_for_any_event(
         correlation_id=optional[3],
     )
 
-    built, as_stored = await sql_row(db, row)
+    built, as_stored = await sql_row(db, row, recorded_at)
 
     assert built == event_bytes(as_stored)
+    assert as_stored.recorded_at_us == microseconds(recorded_at)

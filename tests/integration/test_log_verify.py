@@ -183,6 +183,35 @@ async def test_an_edited_actor_column_is_found_too(log: Log) -> None:
     assert f"position {log.first + 7} (changed)" in breaks(await log.run("verify"))
 
 
+@pytest.mark.parametrize(
+    "edits",
+    [
+        ["UPDATE events SET recorded_at = '12026-03-02 09:00:00+00' WHERE position = {at}"],
+        ["UPDATE events SET recorded_at = 'infinity' WHERE position = {at}"],
+        [
+            "ALTER TABLE events ALTER COLUMN event_id DROP NOT NULL",
+            "UPDATE events SET event_id = NULL WHERE position = {at}",
+        ],
+        [
+            "ALTER TABLE events ALTER COLUMN version DROP NOT NULL",
+            "UPDATE events SET version = NULL WHERE position = {at}",
+        ],
+    ],
+    ids=["time-beyond-year-9999", "time-infinity", "null-event-id", "null-version"],
+)
+async def test_a_value_no_event_can_hold_is_found_changed_at_its_position(
+    log: Log, edits: list[str]
+) -> None:
+    edited = log.first + 5
+    await log.tamper(*(edit.format(at=edited) for edit in edits))
+
+    result = await log.run("verify")
+
+    assert f"the chain breaks at position {edited} (changed)" in breaks(result)
+    assert result.stdout.splitlines()[1] == "5 events before it checked out"
+    assert result.stderr == ""
+
+
 async def test_a_deleted_event_is_found_missing_at_its_position(log: Log) -> None:
     deleted = log.first + 6
     await log.tamper(f"DELETE FROM events WHERE position = {deleted}")

@@ -18,7 +18,9 @@ from app.store.chain import (
     Problem,
     chain_link,
     event_bytes,
+    microseconds,
     parse_anchor,
+    stored_row,
 )
 from app.store.errors import InvalidAnchor
 
@@ -31,7 +33,7 @@ EXAMPLE = ChainRow(
     type="node_cordoned",
     schema_version=1,
     event_id=uuid.UUID("00000000-0000-4000-8000-000000000001"),
-    recorded_at=datetime(2026, 3, 2, 9, 0, 0, 123456, tzinfo=UTC),
+    recorded_at_us=microseconds(datetime(2026, 3, 2, 9, 0, 0, 123456, tzinfo=UTC)),
     data='{"type": "node_cordoned", "reason": "fan", "node_id": "gpu-1"}',
     meta='{"actor": "alice"}',
     replica_id=None,
@@ -61,14 +63,22 @@ def test_the_canonical_bytes_of_the_documented_example() -> None:
 
 
 def test_the_time_is_whole_microseconds_since_1970_in_utc_whatever_the_zone() -> None:
-    elsewhere = EXAMPLE.recorded_at.astimezone(timezone(timedelta(hours=-7)))
+    in_utc = datetime(2026, 3, 2, 9, 0, 0, 123456, tzinfo=UTC)
+    elsewhere = in_utc.astimezone(timezone(timedelta(hours=-7)))
 
-    assert event_bytes(EXAMPLE._replace(recorded_at=elsewhere)) == event_bytes(EXAMPLE)
+    assert microseconds(elsewhere) == microseconds(in_utc) == EXAMPLE.recorded_at_us
     assert bytes.fromhex("00064c06cfcd6640") == (1772442000123456).to_bytes(8, "big")
 
 
 def test_an_empty_text_and_a_missing_one_differ() -> None:
     assert event_bytes(EXAMPLE._replace(model="")) != event_bytes(EXAMPLE)
+
+
+def test_a_stored_time_is_read_exactly_from_postgresqls_binary_form() -> None:
+    since_2000 = EXAMPLE.recorded_at_us - 946_684_800_000_000  # timestamptz_send's integer
+    sent = [*EXAMPLE[:8], since_2000.to_bytes(8, "big", signed=True), *EXAMPLE[9:]]
+
+    assert stored_row(sent) == EXAMPLE
 
 
 def chained(count: int, gaps: frozenset[int] = frozenset()) -> list[ChainRow]:
@@ -163,6 +173,29 @@ def test_inserted_events_are_disowned_back_to_the_event_they_were_inserted_after
     chain.disown(1, genuine)
 
     assert (chain.events, chain.head, chain.anchors_passed) == (1, genuine, [genuine])
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"event_id": None},
+        {"version": None},
+        {"recorded_at_us": None},
+        {"previous_position": None},
+        {"recorded_at_us": 2**63 - 1 + 946_684_800_000_000},  # infinity, read as stored_row does
+    ],
+)
+def test_a_value_no_appended_event_can_hold_is_a_change_at_its_position(
+    damage: dict[str, object],
+) -> None:
+    rows = chained(4)
+    rows[2] = rows[2]._replace(**damage)
+
+    chain, found = walk(rows)
+
+    assert found is not None
+    assert (found.position, found.problem) == (3, Problem.CHANGED)
+    assert chain.events == 2
 
 
 def where(rows: list[ChainRow], anchors: list[Head]) -> tuple[int, Problem] | None:
