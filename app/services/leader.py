@@ -22,6 +22,16 @@ epoch and is refused with ``FencedError``. Nothing of epoch N can land after the
 event of epoch N+1. The lock only decides who *should* lead; the epoch makes sure the
 log never listens to anyone else.
 
+A session lasts as long as PostgreSQL sees its client, and a frozen leader (SIGSTOP, a
+stalled virtual machine) or one cut off from the database by a partition is never seen to
+go: the kernel still answers for a frozen process's sockets, and a partitioned peer is
+noticed only by TCP keepalives, two hours by default. So the lock's session is a **lease**
+too: it runs with ``idle_session_timeout`` set to ``lease_s`` (``DEFAULT_LEASE_S``), and the
+leader proves it is alive by checking the session every ``check_interval_s``. A leader
+that stops doing so for ``lease_s`` has its session ended by PostgreSQL itself, which
+frees the lock for a standby; the old leader, if it ever runs again, finds its connection
+closed (and its appends fenced).
+
 Losing the lock connection means losing leadership, even when the database is fine: this
 side cannot tell a killed session from a slow network, and the session may already have
 been ended and the lock granted elsewhere. ``lost()`` reports it; the caller stops leading
@@ -45,6 +55,9 @@ NEXT_EPOCH = "SELECT llmgw_next_epoch($1)"
 """One more than the last epoch, recorded with the holder (migration 0005): a function, so
 that the runtime role, which may not write ``leadership`` itself, can only ever add one."""
 CONNECT_TIMEOUT_S = 5.0
+DEFAULT_LEASE_S = 10.0
+"""How long the lock's session may sit idle before PostgreSQL ends it: a leader checks it
+every second, so only one frozen or cut off for this long loses it."""
 
 log = structlog.get_logger(__name__)
 
@@ -71,13 +84,20 @@ class LeaderElection:
         retry_interval_s: float = 1.0,
         check_interval_s: float = 1.0,
         check_timeout_s: float = 5.0,
+        lease_s: float = DEFAULT_LEASE_S,
         lock_key: int = LEADER_LOCK_KEY,
     ) -> None:
+        if lease_s <= max(check_interval_s, retry_interval_s):
+            raise ValueError(
+                f"the leader lease ({lease_s:g}s) must be longer than the check interval "
+                f"({check_interval_s:g}s) and the retry interval ({retry_interval_s:g}s)"
+            )
         self._url = driver_url(database_url)
         self.holder_id = holder_id
         self._retry_interval_s = retry_interval_s
         self._check_interval_s = check_interval_s
         self._check_timeout_s = check_timeout_s
+        self._lease_s = lease_s
         self._lock_key = lock_key
         self._connection: asyncpg.Connection | None = None
         self._connection_closed = asyncio.Event()
@@ -152,7 +172,13 @@ class LeaderElection:
         connection = await asyncpg.connect(
             self._url,
             timeout=CONNECT_TIMEOUT_S,
-            server_settings={"application_name": f"llmgw-leader-{self.holder_id}"[:63]},
+            server_settings={
+                "application_name": f"llmgw-leader-{self.holder_id}"[:63],
+                # The lease: PostgreSQL ends the session (and frees the lock) once this
+                # side has not checked it for this long. A standby's session asks every
+                # retry interval, so it is never idle for as long.
+                "idle_session_timeout": str(round(self._lease_s * 1000)),
+            },
         )
         connection.add_termination_listener(lambda _: closed.set())
         self._connection = connection
