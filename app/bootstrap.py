@@ -28,6 +28,7 @@ from pathlib import Path
 import msgspec
 import structlog
 import uvicorn
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.admin.app import create_admin_app
 from app.admin.auth import TokenAuthenticator, parse_tokens
@@ -54,7 +55,7 @@ from app.services.control_plane import (
     Outcome,
     RevocationCheck,
 )
-from app.services.leader import LeaderElection
+from app.services.leader import DEFAULT_LEASE_S, LeaderElection
 from app.settings import DEFAULT_BUDGET, ServeSettings
 from app.store.database import create_engine
 from app.store.errors import StoreError
@@ -126,6 +127,19 @@ def leader_wiring(
         return subscription.__aiter__()
 
     return LeaderWiring(hub=agent_hub, appends=appends, in_flight=InFlightReports(store.engine))
+
+
+def control_plane_engine(database_url: str) -> AsyncEngine:
+    """The pool of ``serve``: its appends, reads and the admin API's writes.
+
+    An append that must catch up first holds the append lock in a transaction of a few
+    statements; a server frozen between two of them (SIGSTOP, a stalled machine) would
+    hold it, and stop every other server's appends, for as long as it stays frozen. So a
+    transaction left waiting for its client for the leader lease is ended by PostgreSQL:
+    by then a standby may lead, and the lock is its to take. Only ``serve``'s pool has
+    this: ``projections rebuild`` and migrations compute between statements for longer.
+    """
+    return create_engine(database_url, idle_in_transaction_timeout_s=DEFAULT_LEASE_S)
 
 
 def control_plane(
@@ -253,7 +267,7 @@ class Server:
 
     async def run(self) -> int:
         """Serve until signalled or deposed; the process's exit code."""
-        engine = create_engine(self.database_url)
+        engine = control_plane_engine(self.database_url)
         try:
             allowed = await database_role_allowed(
                 self.database_url, allow_privileged=self.allow_privileged_role

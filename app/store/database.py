@@ -27,7 +27,18 @@ def driver_url(url: str) -> str:
     return parse_database_url(url).libpq()
 
 
-def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
+def create_engine(
+    url: str, *, pool_size: int = 10, idle_in_transaction_timeout_s: float | None = None
+) -> AsyncEngine:
+    """A pool of connections to ``url``. With ``idle_in_transaction_timeout_s``, PostgreSQL
+    ends a session whose transaction waits that long for its client's next statement."""
+    server_settings = (
+        {}
+        if idle_in_transaction_timeout_s is None
+        else {
+            "idle_in_transaction_session_timeout": str(round(idle_in_transaction_timeout_s * 1000))
+        }
+    )
     return create_async_engine(
         sqlalchemy_url(url),
         pool_size=pool_size,
@@ -36,6 +47,7 @@ def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
         # A connection that broke is invalidated where the error surfaces (connection()).
         pool_pre_ping=False,
         pool_recycle=1800,
+        connect_args={"server_settings": server_settings},
     )
 
 

@@ -18,15 +18,15 @@ from app.bootstrap import AgentHubConfig
 from app.domain.envelope import Meta
 from app.domain.events import NodeCordoned, node_stream
 from app.services.control_plane import ControlPlane, ControlPlaneConfig, Outcome, Role
-from app.services.leader import LeaderElection
+from app.services.leader import DEFAULT_LEASE_S, LeaderElection
 from app.store.database import driver_url
-from app.store.errors import FencedError
+from app.store.errors import FencedError, StoreUnavailable
 from app.store.interface import NewEvent
-from app.store.postgres import PostgresEventStore
+from app.store.postgres import PostgresEventStore, PostgresRecorder
 from tests.support.fake_agents import LOOPBACK, make_pki
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(40)
+pytestmark = pytest.mark.timeout(60)
 
 TAKEOVER_S = 5.0
 FENCE_STREAM = node_stream("gpu-fence")
@@ -190,3 +190,46 @@ async def test_a_control_plane_stands_by_leads_when_the_leader_stops_and_exits_w
         await asyncio.gather(
             first_run, *([second_run] if second_run else []), return_exceptions=True
         )
+
+
+async def test_a_leader_frozen_inside_its_append_transaction_does_not_stop_the_next_appending(
+    candidates: tuple[LeaderElection, LeaderElection], database_url: str
+) -> None:
+    """A leader that must catch up before it appends does so in a transaction that holds the
+    append lock; frozen there (SIGSTOP between two statements), its session sits idle in
+    that transaction. The new leader's appends take the same lock: they wait only until the
+    frozen session's transaction has been idle for the lease, not for as long as it stays
+    frozen."""
+    old, new = candidates
+    old_epoch = await old.acquire()
+    old_engine = bootstrap.control_plane_engine(database_url)
+    new_store = PostgresEventStore(bootstrap.control_plane_engine(database_url))
+    holding = asyncio.Event()
+    thawed = asyncio.Event()
+
+    async def old_leader_freezes_holding_the_append_lock() -> None:
+        async with PostgresRecorder(old_engine).session() as session, session.exclusive():
+            holding.set()
+            await thawed.wait()
+
+    frozen = asyncio.create_task(old_leader_freezes_holding_the_append_lock())
+    try:
+        await wait_until(holding.is_set, what="the old leader holding the append lock")
+        await terminate_backend(database_url, old.backend_pid)  # its lease ran out
+        new_epoch = await asyncio.wait_for(new.acquire(), TAKEOVER_S)
+        assert new_epoch == old_epoch + 1
+
+        meta = Meta(actor="reconciler", epoch=new_epoch)
+        appending = new_store.append(FENCE_STREAM, None, cordon(0, new_epoch), meta)
+        recorded = await asyncio.wait_for(appending, DEFAULT_LEASE_S + TAKEOVER_S)
+        assert [r.meta.epoch for r in recorded] == [new_epoch]
+
+        thawed.set()
+        with pytest.raises(StoreUnavailable):
+            await asyncio.wait_for(frozen, TAKEOVER_S)
+    finally:
+        thawed.set()
+        frozen.cancel()
+        await asyncio.gather(frozen, return_exceptions=True)
+        await old_engine.dispose()
+        await new_store.engine.dispose()
