@@ -30,7 +30,9 @@ too: it runs with ``idle_session_timeout`` set to ``lease_s`` (``DEFAULT_LEASE_S
 leader proves it is alive by checking the session every ``check_interval_s``. A leader
 that stops doing so for ``lease_s`` has its session ended by PostgreSQL itself, which
 frees the lock for a standby; the old leader, if it ever runs again, finds its connection
-closed (and its appends fenced).
+closed (and its appends fenced). A leader that runs but cannot reach the database gives up
+after ``check_interval_s`` + ``check_timeout_s`` (6 s), shorter than the lease, so it has
+stopped its hub before a standby can be elected.
 
 Losing the lock connection means losing leadership, even when the database is fine: this
 side cannot tell a killed session from a slow network, and the session may already have
@@ -87,10 +89,13 @@ class LeaderElection:
         lease_s: float = DEFAULT_LEASE_S,
         lock_key: int = LEADER_LOCK_KEY,
     ) -> None:
-        if lease_s <= max(check_interval_s, retry_interval_s):
+        if lease_s <= max(check_interval_s + check_timeout_s, retry_interval_s):
+            # A leader that cannot reach its session gives up within one check interval and
+            # one check timeout: before PostgreSQL ends the session and a standby takes over.
             raise ValueError(
-                f"the leader lease ({lease_s:g}s) must be longer than the check interval "
-                f"({check_interval_s:g}s) and the retry interval ({retry_interval_s:g}s)"
+                f"the leader lease ({lease_s:g}s) must be longer than the check interval and "
+                f"timeout together ({check_interval_s + check_timeout_s:g}s) and the retry "
+                f"interval ({retry_interval_s:g}s)"
             )
         self._url = driver_url(database_url)
         self.holder_id = holder_id
