@@ -64,9 +64,13 @@ async def driver_connection(conn: AsyncConnection) -> asyncpg.Connection:
 _BROKEN_CONNECTION = (
     OSError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
     asyncpg.exceptions.PostgresConnectionError,
     asyncpg.exceptions.OperatorInterventionError,
 )
+"""What leaves a connection unusable. ``InternalClientError``: the driver's protocol is in a
+state it cannot go on from, as when the server ended the session (a transaction left idle
+past ``idle_in_transaction_session_timeout``) and its notice raced the next statement."""
 
 
 @asynccontextmanager
@@ -94,6 +98,8 @@ async def translated_errors() -> AsyncIterator[None]:
         raise
     except (OSError, asyncpg.exceptions.PostgresConnectionError, asyncpg.InterfaceError) as exc:
         raise StoreUnavailable(f"database unreachable: {exc}") from exc
+    except asyncpg.InternalClientError as exc:
+        raise StoreUnavailable(f"database connection unusable: {exc}") from exc
     except (OperationalError, InterfaceError) as exc:
         raise StoreUnavailable(f"database unreachable: {exc.orig or exc}") from exc
     except asyncpg.exceptions.CannotConnectNowError as exc:
