@@ -176,7 +176,7 @@ class EngineSupervisor:
             if is_same_process(record):
                 # Starting again until it answers its health checks: it was not watched.
                 unconfirmed = msgspec.structs.replace(record, state=ShardState.STARTING)
-                self._records.save(unconfirmed)
+                self._save_state(unconfirmed)
                 process = AdoptedProcess(unconfirmed, poll_interval_s=self._poll_interval_s)
                 adopted.append(self._watch(unconfirmed, process).record)
                 continue
@@ -327,8 +327,23 @@ class EngineSupervisor:
             return
         watched.record = msgspec.structs.replace(watched.record, state=target)
         if target is ShardState.READY:
-            self._records.save(watched.record)
+            self._save_state(watched.record)
         self._report(change_of(watched.record, error=error, exit_code=exit_code, log_tail=log_tail))
+
+    def _save_state(self, record: ShardRecord) -> None:
+        """Save the new state of an engine already recorded. A write that fails (a full
+        disk) is logged and no more: the record on disk still names the same process, only
+        its state is old, and ``reattach`` sets that again anyway. It must not stop the
+        engine from being watched and reported."""
+        try:
+            self._records.save(record)
+        except OSError as exc:
+            log.warning(
+                "shard_record_not_saved",
+                pid=record.pid,
+                state=record.state.value,
+                error=str(exc),
+            )
 
     def _launch_failed(self, spec: ShardSpec, error: str) -> EngineLaunchError:
         self._report(

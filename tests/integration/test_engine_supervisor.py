@@ -5,7 +5,8 @@ interpreter: it serves ``/health`` and ``/v1/models`` on ``$PORT`` after an opti
 (or answers ``/health`` with another status, as llama.cpp's 503 while loading), or exits
 with an error and chosen last words, or ignores SIGTERM, and exits with code 7 on
 ``POST /crash``. It may serve from a worker it forks (which may start a session of its
-own), as engines with worker processes do. The same script, started by the test rather
+own, ignore SIGTERM, or keep running once its leader is gone), as engines with worker
+processes do. The same script, started by the test rather
 than the supervisor, plays another program that already listens on an engine's port.
 """
 
@@ -56,6 +57,8 @@ parser.add_argument("--health-status", type=int, default=200)
 parser.add_argument("--ignore-sigterm", action="store_true")
 parser.add_argument("--serve-in-worker", action="store_true")
 parser.add_argument("--worker-session", action="store_true")
+parser.add_argument("--worker-outlives", action="store_true")
+parser.add_argument("--worker-ignores-sigterm", action="store_true")
 args = parser.parse_args()
 port = int(os.environ["PORT"])
 print(f"engine started pid={os.getpid()} PORT={port}", flush=True)
@@ -88,12 +91,15 @@ if args.serve_in_worker:
         sys.exit(0)
     if args.worker_session:
         os.setsid()
+    if args.worker_ignores_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     leader = os.getppid()
     def exit_when_orphaned():
         while os.getppid() == leader:
             time.sleep(0.1)
         os._exit(0)
-    threading.Thread(target=exit_when_orphaned, daemon=True).start()
+    if not args.worker_outlives:
+        threading.Thread(target=exit_when_orphaned, daemon=True).start()
     print(f"worker pid={os.getpid()} serves", flush=True)
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -188,6 +194,7 @@ class Node:
     engine_script: Path
     agents: list[Agent] = field(default_factory=list)
     engines: dict[int, int] = field(default_factory=dict)  # pid -> start time
+    workers: dict[int, int] = field(default_factory=dict)  # pid -> start time
 
     def agent(self) -> Agent:
         log = ChangeLog()
@@ -232,6 +239,11 @@ class Node:
                     os.killpg(pid, signal.SIGKILL)
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, 0)
+        for pid, start_time in self.workers.items():
+            stat = read_proc_stat(pid)
+            if stat is not None and stat.start_time == start_time:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture
@@ -678,3 +690,70 @@ def test_an_exited_but_unreaped_engine_is_not_the_recorded_process() -> None:
         assert not is_same_process(a_record(pid=child.pid, process_start_time=start_time))
     finally:
         child.wait()
+
+
+# -- a hostile or unlucky world ----------------------------------------------------------
+
+
+def fill_the_disk_for(node: Node, key: ShardKey) -> None:
+    """From now on, writing the shard's record fails as on a full disk: the temporary file
+    it is written to first is ``/dev/full``."""
+    shards = RecordStore(node.state_dir).directory
+    shards.mkdir(parents=True, exist_ok=True)
+    (shards / f".{key.replica_id}-{key.shard_index}.json.tmp").symlink_to("/dev/full")
+
+
+def worker_of(node: Node, record: ShardRecord) -> tuple[int, int]:
+    """The pid and start time of the worker the engine forked to serve."""
+    line = next(line for line in node.engine_log(record).splitlines() if "serves" in line)
+    pid = int(line.split("pid=")[1].split()[0])
+    start_time = process_identity(pid)
+    assert start_time is not None
+    node.workers[pid] = start_time
+    return pid, start_time
+
+
+def is_running(pid: int, start_time: int) -> bool:
+    stat = read_proc_stat(pid)
+    return stat is not None and stat.start_time == start_time and stat.state not in ("Z", "X")
+
+
+def nothing_listens_on(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), 0.5).close()
+    except OSError:
+        return True
+    return False
+
+
+async def test_a_full_disk_when_the_engine_becomes_ready_neither_hides_ready_nor_its_crash(
+    node: Node,
+) -> None:
+    agent = node.agent()
+    spec = node.spec("--delay", "0.3")
+    await agent.supervisor.start(spec)
+    fill_the_disk_for(node, spec.key)
+
+    await agent.log.wait_for(spec.key, ShardState.READY)
+    async with httpx.AsyncClient(base_url=spec.readiness_url) as client:
+        await client.post("/crash")
+    failed = await agent.log.wait_for(spec.key, ShardState.FAILED)
+
+    assert failed.exit_code == 7
+    assert [r.state for r in agent.supervisor.inventory()] == [ShardState.FAILED]
+
+
+async def test_a_full_disk_does_not_keep_a_restarted_agent_from_reattaching(node: Node) -> None:
+    first_agent = node.agent()
+    spec = node.spec()
+    record = await first_agent.supervisor.start(spec)
+    await first_agent.log.wait_for(spec.key, ShardState.READY)
+    await first_agent.supervisor.shutdown()
+    fill_the_disk_for(node, spec.key)
+
+    second_agent = node.agent()
+    adopted = await second_agent.supervisor.reattach()
+
+    assert [r.pid for r in adopted] == [record.pid]
+    await second_agent.log.wait_for(spec.key, ShardState.READY)
+    assert [r.pid for r in RecordStore(node.state_dir).load_all()] == [record.pid]
