@@ -103,7 +103,9 @@ class EngineSupervisor:
             log_path = self.log_path(spec.key)
             try:
                 pid = spawn_engine(spec.argv, engine_env(os.environ, spec), log_path)
-            except OSError as exc:
+            except (OSError, ValueError) as exc:
+                # ValueError: an argv or env no process can be given (a NUL byte, a name
+                # with "=" or none at all), refused by the spawn itself.
                 raise self._launch_failed(spec, f"cannot start {spec.argv[0]!r}: {exc}") from exc
             except EngineLaunchError as exc:
                 raise self._launch_failed(spec, str(exc)) from exc

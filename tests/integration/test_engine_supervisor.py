@@ -757,3 +757,37 @@ async def test_a_full_disk_does_not_keep_a_restarted_agent_from_reattaching(node
     assert [r.pid for r in adopted] == [record.pid]
     await second_agent.log.wait_for(spec.key, ShardState.READY)
     assert [r.pid for r in RecordStore(node.state_dir).load_all()] == [record.pid]
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [
+        (("{python}", "{engine}", "--delay\0", "1"), {}),
+        (("{python}", "{engine}"), {"LD_PRELOAD=/tmp/x.so; A": "1"}),
+        (("{python}", "{engine}"), {"": "1"}),
+        (("{python}", "{engine}"), {"A": "nul\0byte"}),
+    ],
+    ids=["nul in argv", "= in an env name", "empty env name", "nul in an env value"],
+)
+async def test_a_command_no_process_can_be_given_is_reported_failed(
+    node: Node, argv: tuple[str, ...], env: dict[str, str]
+) -> None:
+    agent = node.agent()
+    spec = ShardSpec(
+        replica_id="tiny-8",
+        shard_index=0,
+        model="tiny",
+        argv=tuple(
+            a.format(python=sys.executable, engine=node.engine_script) if "{" in a else a
+            for a in argv
+        ),
+        env=env,
+        port=free_port(),
+    )
+
+    with pytest.raises(EngineLaunchError, match="cannot start"):
+        await agent.supervisor.start(spec)
+
+    assert agent.log.states(spec.key) == [ShardState.FAILED]
+    assert agent.supervisor.inventory() == []
+    assert RecordStore(node.state_dir).load_all() == []
