@@ -35,7 +35,13 @@ from agent.engines.changes import (
 from agent.engines.errors import EngineError, EngineLaunchError, PortHeldElsewhere
 from agent.engines.logtail import read_log_tail
 from agent.engines.port_owner import HeldElsewhere, check_port_owner
-from agent.engines.processes import AdoptedProcess, ChildProcess, EngineProcess, spawn_engine
+from agent.engines.processes import (
+    AdoptedProcess,
+    ChildProcess,
+    EngineProcess,
+    end_group_remains,
+    spawn_engine,
+)
 from agent.engines.readiness import READINESS_INTERVAL_S, wait_until_serving
 from agent.engines.records import (
     RecordStore,
@@ -169,7 +175,8 @@ class EngineSupervisor:
 
     async def reattach(self) -> list[ShardRecord]:
         """Watch again every recorded engine that is still alive (never restarting it);
-        report the others ``failed`` and drop their records. Call before any ``start``."""
+        report the others ``failed``, kill what is left of their process groups and drop
+        their records. Call before any ``start``."""
         self._check_open()
         adopted: list[ShardRecord] = []
         for record in self._records.load_all():
@@ -182,6 +189,7 @@ class EngineSupervisor:
                 process = AdoptedProcess(unconfirmed, poll_interval_s=self._poll_interval_s)
                 adopted.append(self._watch(unconfirmed, process).record)
                 continue
+            end_group_remains(record)
             self._records.remove(record.key)
             failed = msgspec.structs.replace(record, state=ShardState.FAILED)
             self._failed[record.key] = failed

@@ -37,6 +37,7 @@ from agent.engines import (
     ShardSpec,
     ShardState,
 )
+from agent.engines.recorded_stop import stop_recorded_engines
 from agent.engines.records import (
     RecordStore,
     is_same_process,
@@ -791,3 +792,41 @@ async def test_a_command_no_process_can_be_given_is_reported_failed(
     assert agent.log.states(spec.key) == [ShardState.FAILED]
     assert agent.supervisor.inventory() == []
     assert RecordStore(node.state_dir).load_all() == []
+
+
+async def test_workers_an_engine_left_while_the_agent_was_away_are_killed(node: Node) -> None:
+    """The leader died while no agent watched it, and a worker that does not notice kept its
+    group (and the port, and in production its GPUs)."""
+    first_agent = node.agent()
+    spec = node.spec("--serve-in-worker", "--worker-outlives")
+    record = await first_agent.supervisor.start(spec)
+    await first_agent.log.wait_for(spec.key, ShardState.READY)
+    await first_agent.supervisor.shutdown()
+    worker = worker_of(node, record)
+    os.kill(record.pid, signal.SIGKILL)  # the leader alone
+    await eventually(lambda: not is_same_process(record), "the leader to die")
+    assert is_running(*worker)
+
+    second_agent = node.agent()
+    assert await second_agent.supervisor.reattach() == []
+
+    await second_agent.log.wait_for(spec.key, ShardState.FAILED)
+    await eventually(lambda: not is_running(*worker), "the worker to be killed", timeout_s=5.0)
+    await eventually(lambda: nothing_listens_on(spec.port), "the port to be free")
+
+
+async def test_stop_engines_kills_the_workers_a_leader_stopped_by_sigterm_leaves(
+    node: Node,
+) -> None:
+    agent = node.agent()
+    spec = node.spec("--serve-in-worker", "--worker-outlives", "--worker-ignores-sigterm")
+    record = await agent.supervisor.start(spec)
+    await agent.log.wait_for(spec.key, ShardState.READY)
+    await agent.supervisor.shutdown()
+    worker = worker_of(node, record)
+
+    [stop] = await asyncio.to_thread(stop_recorded_engines, node.state_dir, 5.0)
+
+    assert stop.outcome == "stopped"
+    await eventually(lambda: not is_running(*worker), "the worker to be killed", timeout_s=5.0)
+    await eventually(lambda: nothing_listens_on(spec.port), "the port to be free")
