@@ -33,6 +33,7 @@ from agent.engines.changes import (
     describe_exit,
 )
 from agent.engines.errors import EngineError, EngineLaunchError, PortHeldElsewhere
+from agent.engines.family import outside_group, signal_each, wait_until_gone
 from agent.engines.logtail import read_log_tail
 from agent.engines.port_owner import HeldElsewhere, check_port_owner
 from agent.engines.processes import (
@@ -307,15 +308,35 @@ class EngineSupervisor:
         return explained
 
     async def _terminate(self, watched: _Watched, grace_s: float) -> int | None:
+        """End the engine: its process group, and its workers in sessions of their own
+        (found while the leader still runs: once it is gone nothing links them to it).
+        Returns once none of its processes runs, or ``KILL_WAIT_S`` after SIGKILL."""
         watched.stopping = True
         if watched.monitor is not None:
             watched.monitor.cancel()
-        if watched.process.signal_group(profile_of(watched.record.engine).stop_signal):
+        pid = watched.record.pid
+        outside = (
+            await asyncio.to_thread(outside_group, pid) if is_same_process(watched.record) else {}
+        )
+        exit_code = await self._signal_until_exit(watched, grace_s, outside)
+        signal_each(outside, signal.SIGKILL)
+        left = await wait_until_gone(pid, outside, KILL_WAIT_S)
+        if left:
+            log.error("engine_processes_survived_sigkill", pid=pid, left=left)
+        return exit_code
+
+    async def _signal_until_exit(
+        self, watched: _Watched, grace_s: float, outside: dict[int, int]
+    ) -> int | None:
+        stop_signal = profile_of(watched.record.engine).stop_signal
+        if watched.process.signal_group(stop_signal):
+            signal_each(outside, stop_signal)
             try:
                 return await asyncio.wait_for(asyncio.shield(watched.exit), grace_s)
             except TimeoutError:
                 log.warning("engine_ignored_sigterm", pid=watched.record.pid, grace_s=grace_s)
                 watched.process.signal_group(signal.SIGKILL)
+                signal_each(outside, signal.SIGKILL)
         try:
             return await asyncio.wait_for(asyncio.shield(watched.exit), KILL_WAIT_S)
         except TimeoutError:

@@ -815,6 +815,24 @@ async def test_workers_an_engine_left_while_the_agent_was_away_are_killed(node: 
     await eventually(lambda: nothing_listens_on(spec.port), "the port to be free")
 
 
+async def test_a_stop_ends_a_worker_in_a_session_of_its_own_before_it_reports_stopped(
+    node: Node,
+) -> None:
+    agent = node.agent()
+    spec = node.spec(
+        "--serve-in-worker", "--worker-session", "--worker-outlives", "--worker-ignores-sigterm"
+    )
+    record = await agent.supervisor.start(spec)
+    await agent.log.wait_for(spec.key, ShardState.READY)
+    worker = worker_of(node, record)
+
+    await agent.supervisor.stop(spec.replica_id, spec.shard_index, grace_s=0.5)
+
+    assert agent.log.states(spec.key)[-1] is ShardState.STOPPED
+    assert not is_running(*worker)
+    assert nothing_listens_on(spec.port)
+
+
 async def test_stop_engines_kills_the_workers_a_leader_stopped_by_sigterm_leaves(
     node: Node,
 ) -> None:

@@ -1,0 +1,92 @@
+"""The processes of one engine beyond its process group, and waiting until none is left.
+
+An engine leads its own session and process group, and a signal to the group reaches every
+worker that stayed in it. A worker that started a session of its own is still the engine's
+(``agent.engines.proc_net.engine_family``: it may hold the engine's port and GPUs), but no
+group signal reaches it, and once the leader is gone it is re-parented and nothing links it
+to the engine any more. So a stop finds such workers while the leader still runs, signals
+them as it signals the group, and reports the engine stopped only once none of its
+processes runs.
+
+A process is named by its pid and its start time (``agent.engines.records``): a pid alone
+could be reused by another program between the moment it is found and the signal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from agent.engines.proc_net import ProcessFamily, engine_family, parse_family
+from agent.engines.records import ProcStat, parse_proc_stat, read_proc_stat
+
+PROC = Path("/proc")
+GONE_POLL_S = 0.05
+
+
+def outside_group(leader: int, proc: Path = PROC) -> dict[int, int]:
+    """The running processes of the engine led by ``leader`` that are neither in its process
+    group nor in its session (workers in sessions of their own), by pid, with their start
+    time."""
+    running = dict(_running(proc))
+    family = engine_family(leader, (family for family, _ in running.values()))
+    return {
+        pid: running[pid][1].start_time
+        for pid in family
+        if pid in running and leader not in (running[pid][0].pgrp, running[pid][0].session)
+    }
+
+
+def signal_each(processes: Mapping[int, int], signum: int) -> None:
+    """Send ``signum`` to each process (pid -> start time) that is still that process."""
+    for pid, start_time in processes.items():
+        if _is_running(pid, start_time):
+            try:
+                os.kill(pid, signum)
+            except (ProcessLookupError, PermissionError):
+                continue
+
+
+def still_running(leader: int, outside: Mapping[int, int], proc: Path = PROC) -> list[int]:
+    """The pids of the engine's processes that still run: any in the group or session
+    ``leader`` led (its id cannot be reused while one of them is left), and any of
+    ``outside`` that is still the same process."""
+    left = [pid for pid, (family, _) in _running(proc) if leader in (family.pgrp, family.session)]
+    left.extend(pid for pid, start_time in outside.items() if _is_running(pid, start_time))
+    return sorted(set(left))
+
+
+async def wait_until_gone(leader: int, outside: Mapping[int, int], within_s: float) -> list[int]:
+    """Poll until no process of the engine runs or ``within_s`` passed; the pids left."""
+    deadline = time.monotonic() + within_s
+    while True:
+        left = await asyncio.to_thread(still_running, leader, outside)
+        if not left or time.monotonic() >= deadline:
+            return left
+        await asyncio.sleep(GONE_POLL_S)  # not our children: nothing to wait on but /proc
+
+
+def _is_running(pid: int, start_time: int) -> bool:
+    stat = read_proc_stat(pid)
+    return stat is not None and stat.start_time == start_time and stat.state not in ("Z", "X")
+
+
+def _running(proc: Path) -> Iterator[tuple[int, tuple[ProcessFamily, ProcStat]]]:
+    """Every process that has not exited (zombies left out), with where it stands."""
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            text = (proc / name / "stat").read_text()
+            family, stat = parse_family(text), parse_proc_stat(text)
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile, or not readable
+        if stat.state not in ("Z", "X"):
+            yield family.pid, (family, stat)
