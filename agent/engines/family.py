@@ -8,6 +8,10 @@ to the engine any more. So a stop finds such workers while the leader still runs
 them as it signals the group, and reports the engine stopped only once none of its
 processes runs.
 
+An agent killed after it spawned an engine and before it recorded it leaves no record that
+names it: only a launch record (``agent.engines.records.LaunchRecord``) whose token the
+engine has in its environment. The next agent finds and ends it by that token.
+
 A process is named by its pid and its start time (``agent.engines.records``): a pid alone
 could be reused by another program between the moment it is found and the signal.
 """
@@ -15,16 +19,52 @@ could be reused by another program between the moment it is found and the signal
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from agent.engines.proc_net import ProcessFamily, engine_family, parse_family
+from agent.engines.processes import signal_group
 from agent.engines.records import ProcStat, parse_proc_stat, read_proc_stat
 
 PROC = Path("/proc")
 GONE_POLL_S = 0.05
+LAUNCH_TOKEN_VARIABLE = "LLMGW_ENGINE_LAUNCH"
+"""Set in every engine's environment to its ``LaunchRecord``'s token."""
+
+
+class Launched(NamedTuple):
+    pid: int
+    start_time: int
+
+
+def end_launched(token: str, proc: Path = PROC) -> Launched | None:
+    """SIGKILL every running process whose environment sets ``LAUNCH_TOKEN_VARIABLE`` to
+    ``token`` (an engine spawned with it and the workers that inherited it), and the
+    process group of each that leads one. The engine's leader, if it was found."""
+    wanted = f"{LAUNCH_TOKEN_VARIABLE}={token}".encode()
+    found: dict[int, tuple[ProcessFamily, ProcStat]] = {}
+    for pid, entry in _running(proc):
+        try:
+            environ = (proc / str(pid) / "environ").read_bytes()
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        if wanted in environ.split(b"\0"):
+            found[pid] = entry
+    leader: Launched | None = None
+    for pid, (family, stat) in found.items():
+        if family.pgrp == pid:
+            signal_group(pid, signal.SIGKILL)
+        else:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if family.session == pid and family.ppid not in found:
+            leader = Launched(pid, stat.start_time)
+    return leader
 
 
 def outside_group(leader: int, proc: Path = PROC) -> dict[int, int]:

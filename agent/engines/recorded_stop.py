@@ -5,7 +5,8 @@ Each recorded engine that is still the same process (pid and start time) gets SI
 its process group, then SIGKILL once ``grace_s`` has passed; its record is removed once it
 is gone. Records of engines that exited already are removed too. Whatever is left of each
 engine's process group once its leader is gone (workers that ignored SIGTERM, or outlived a
-leader that died on its own) is killed. Engines are not children
+leader that died on its own) is killed, and so is an engine an agent killed mid-start
+spawned but never recorded (``agent.engines.family.end_launched``). Engines are not children
 of this process, so their end is seen in ``/proc`` rather than waited for.
 """
 
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+from agent.engines.family import end_launched
 from agent.engines.processes import end_group_remains
 from agent.engines.records import RecordStore, ShardRecord, is_same_process
 
@@ -36,6 +38,11 @@ def stop_recorded_engines(state_dir: Path, grace_s: float) -> list[RecordedStop]
     """Stop every engine recorded in ``state_dir`` (see the module docstring)."""
     store = RecordStore(state_dir)
     records = store.load_all()
+    recorded = {record.key for record in records}
+    for launch in store.load_launches():
+        if launch.key not in recorded:
+            end_launched(launch.token)  # spawned by an agent killed before it recorded it
+        store.remove_launch(launch.key)
     alive = [record for record in records if is_same_process(record)]
     outcomes = {record.key: "gone" for record in records}
     if grace_s > 0:

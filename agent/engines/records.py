@@ -1,6 +1,7 @@
 """What the agent remembers about each engine it runs, on disk, across its own restarts.
 
-One JSON file per shard in ``<state_dir>/shards/``. A record names the engine process by
+One JSON file per shard in ``<state_dir>/shards/``, and for an engine being spawned a
+``.launch`` file until that is written (``LaunchRecord``). A record names the engine process by
 its pid *and* its start time (``/proc/<pid>/stat`` field 22, clock ticks since boot): pids
 are reused, so a pid alone could point a restarted agent at somebody else's process.
 """
@@ -55,6 +56,28 @@ class ShardRecord(msgspec.Struct, frozen=True, kw_only=True):
         return ShardKey(self.replica_id, self.shard_index)
 
 
+class LaunchRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """An engine about to be spawned: saved before the spawn and removed once the engine's
+    ``ShardRecord`` is saved. An agent killed in between leaves this alone behind, and
+    the next one finds the engine by ``token``, which the engine has in its environment
+    (``agent.engines.family.LAUNCH_TOKEN_VARIABLE``)."""
+
+    replica_id: str
+    shard_index: int
+    model: str
+    port: int
+    gpus: tuple[int, ...]
+    command: tuple[str, ...]
+    log_path: str
+    started_at: datetime
+    engine: str = DEFAULT_ENGINE
+    token: str
+
+    @property
+    def key(self) -> ShardKey:
+        return ShardKey(self.replica_id, self.shard_index)
+
+
 def shard_file_stem(key: ShardKey) -> str:
     """``<replica_id>-<shard_index>``, with anything unsafe in a file name percent-escaped."""
     return f"{quote(key.replica_id, safe='')}-{key.shard_index}"
@@ -67,19 +90,40 @@ class RecordStore:
         self.directory = state_dir / "shards"
 
     def save(self, record: ShardRecord) -> None:
+        self._write(self._path(record.key), msgspec.json.encode(record))
+
+    def remove(self, key: ShardKey) -> None:
+        self._unlink(self._path(key))
+
+    def save_launch(self, launch: LaunchRecord) -> None:
+        self._write(self._launch_path(launch.key), msgspec.json.encode(launch))
+
+    def remove_launch(self, key: ShardKey) -> None:
+        self._unlink(self._launch_path(key))
+
+    def load_launches(self) -> list[LaunchRecord]:
+        """Every readable launch record; one that does not decode is logged and left alone."""
+        launches: list[LaunchRecord] = []
+        for path in sorted(self.directory.glob("*.launch")):
+            try:
+                launches.append(msgspec.json.decode(path.read_bytes(), type=LaunchRecord))
+            except (OSError, msgspec.DecodeError) as exc:
+                log.warning("launch_record_unreadable", path=str(path), error=str(exc))
+        return launches
+
+    def _write(self, path: Path, data: bytes) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        path = self._path(record.key)
         temporary = path.with_name(f".{path.name}.tmp")
         with temporary.open("wb") as file:
-            file.write(msgspec.json.encode(record))
+            file.write(data)
             file.flush()
             os.fsync(file.fileno())
         temporary.replace(path)
         self._sync_directory()
 
-    def remove(self, key: ShardKey) -> None:
+    def _unlink(self, path: Path) -> None:
         try:
-            self._path(key).unlink()
+            path.unlink()
         except FileNotFoundError:
             return
         self._sync_directory()
@@ -96,6 +140,9 @@ class RecordStore:
 
     def _path(self, key: ShardKey) -> Path:
         return self.directory / f"{shard_file_stem(key)}.json"
+
+    def _launch_path(self, key: ShardKey) -> Path:
+        return self.directory / f"{shard_file_stem(key)}.launch"
 
     def _sync_directory(self) -> None:
         fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)

@@ -14,8 +14,10 @@ hear it still reaches it with the next ``hello``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,7 +35,13 @@ from agent.engines.changes import (
     describe_exit,
 )
 from agent.engines.errors import EngineError, EngineLaunchError, PortHeldElsewhere
-from agent.engines.family import outside_group, signal_each, wait_until_gone
+from agent.engines.family import (
+    LAUNCH_TOKEN_VARIABLE,
+    end_launched,
+    outside_group,
+    signal_each,
+    wait_until_gone,
+)
 from agent.engines.logtail import read_log_tail
 from agent.engines.port_owner import HeldElsewhere, check_port_owner
 from agent.engines.processes import (
@@ -45,6 +53,7 @@ from agent.engines.processes import (
 )
 from agent.engines.readiness import READINESS_INTERVAL_S, wait_until_serving
 from agent.engines.records import (
+    LaunchRecord,
     RecordStore,
     ShardKey,
     ShardRecord,
@@ -60,6 +69,9 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 AWAY_ERROR = "engine exited while the agent was away"
+UNRECORDED_ERROR = (
+    "the agent was killed while it started the engine, before it recorded it: the engine was killed"
+)
 KILL_WAIT_S = 10.0
 REFUSED_GRACE_S = 5.0
 """How long an engine whose port is another process's gets to exit after SIGTERM."""
@@ -107,42 +119,72 @@ class EngineSupervisor:
             if watched is not None:
                 return watched.record
             self._failed.pop(spec.key, None)
-            log_path = self.log_path(spec.key)
-            try:
-                pid = spawn_engine(spec.argv, engine_env(os.environ, spec), log_path)
-            except (OSError, ValueError) as exc:
-                # ValueError: an argv or env no process can be given (a NUL byte, a name
-                # with "=" or none at all), refused by the spawn itself.
-                raise self._launch_failed(spec, f"cannot start {spec.argv[0]!r}: {exc}") from exc
-            except EngineLaunchError as exc:
-                raise self._launch_failed(spec, str(exc)) from exc
-            process = ChildProcess(pid, poll_interval_s=self._poll_interval_s)
-            # An unreaped child keeps its /proc entry even if it has already exited.
-            start_time = process_identity(pid)
-            if start_time is None:
-                await _kill(process)
-                raise self._launch_failed(spec, f"cannot read /proc/{pid}/stat")
-            record = ShardRecord(
+            launch = LaunchRecord(
                 replica_id=spec.replica_id,
                 shard_index=spec.shard_index,
                 model=spec.model,
                 port=spec.port,
                 gpus=spec.gpus,
                 command=spec.argv,
-                pid=pid,
-                process_start_time=start_time,
-                log_path=str(log_path),
+                log_path=str(self.log_path(spec.key)),
                 started_at=datetime.now(UTC),
-                state=ShardState.STARTING,
                 engine=spec.engine,
+                token=uuid.uuid4().hex,
             )
             try:
-                self._records.save(record)
+                self._records.save_launch(launch)
             except OSError as exc:
-                await _kill(process)
                 raise self._launch_failed(spec, f"cannot record the engine: {exc}") from exc
+            try:
+                record, process = await self._launch(spec, launch)
+            finally:
+                # Left behind, it is harmless: it names an engine that is recorded, killed
+                # or was never spawned.
+                with contextlib.suppress(OSError):
+                    self._records.remove_launch(spec.key)
             self._watch(record, process)
             return record
+
+    async def _launch(
+        self, spec: ShardSpec, launch: LaunchRecord
+    ) -> tuple[ShardRecord, ChildProcess]:
+        """Spawn the engine and record it, or kill it and raise ``EngineLaunchError``."""
+        env = {**engine_env(os.environ, spec), LAUNCH_TOKEN_VARIABLE: launch.token}
+        log_path = Path(launch.log_path)
+        try:
+            pid = spawn_engine(spec.argv, env, log_path)
+        except (OSError, ValueError) as exc:
+            # ValueError: an argv or env no process can be given (a NUL byte, a name
+            # with "=" or none at all), refused by the spawn itself.
+            raise self._launch_failed(spec, f"cannot start {spec.argv[0]!r}: {exc}") from exc
+        except EngineLaunchError as exc:
+            raise self._launch_failed(spec, str(exc)) from exc
+        process = ChildProcess(pid, poll_interval_s=self._poll_interval_s)
+        # An unreaped child keeps its /proc entry even if it has already exited.
+        start_time = process_identity(pid)
+        if start_time is None:
+            await _kill(process)
+            raise self._launch_failed(spec, f"cannot read /proc/{pid}/stat")
+        record = ShardRecord(
+            replica_id=spec.replica_id,
+            shard_index=spec.shard_index,
+            model=spec.model,
+            port=spec.port,
+            gpus=spec.gpus,
+            command=spec.argv,
+            pid=pid,
+            process_start_time=start_time,
+            log_path=str(log_path),
+            started_at=datetime.now(UTC),
+            state=ShardState.STARTING,
+            engine=spec.engine,
+        )
+        try:
+            self._records.save(record)
+        except OSError as exc:
+            await _kill(process)
+            raise self._launch_failed(spec, f"cannot record the engine: {exc}") from exc
+        return record, process
 
     async def stop(
         self,
@@ -180,7 +222,13 @@ class EngineSupervisor:
         their records. Call before any ``start``."""
         self._check_open()
         adopted: list[ShardRecord] = []
-        for record in self._records.load_all():
+        records = self._records.load_all()
+        recorded = {record.key for record in records}
+        for launch in self._records.load_launches():
+            if launch.key not in recorded:
+                await self._end_unrecorded(launch)
+            self._records.remove_launch(launch.key)
+        for record in records:
             if record.key in self._running:
                 continue
             if is_same_process(record):
@@ -196,6 +244,30 @@ class EngineSupervisor:
             self._failed[record.key] = failed
             self._report(change_of(failed, error=AWAY_ERROR, log_tail=self._tail(record.key)))
         return adopted
+
+    async def _end_unrecorded(self, launch: LaunchRecord) -> None:
+        """Kill the engine an agent killed mid-start spawned but never recorded (nobody
+        was told it runs, and nothing would ever stop it); report it ``failed`` if it ran."""
+        leader = await asyncio.to_thread(end_launched, launch.token)
+        if leader is None:
+            return
+        log.warning("unrecorded_engine_killed", replica_id=launch.replica_id, pid=leader.pid)
+        failed = ShardRecord(
+            replica_id=launch.replica_id,
+            shard_index=launch.shard_index,
+            model=launch.model,
+            port=launch.port,
+            gpus=launch.gpus,
+            command=launch.command,
+            pid=leader.pid,
+            process_start_time=leader.start_time,
+            log_path=launch.log_path,
+            started_at=launch.started_at,
+            state=ShardState.FAILED,
+            engine=launch.engine,
+        )
+        self._failed[launch.key] = failed
+        self._report(change_of(failed, error=UNRECORDED_ERROR, log_tail=self._tail(launch.key)))
 
     def inventory(self) -> list[ShardRecord]:
         """Every shard this agent knows of, in its current state."""

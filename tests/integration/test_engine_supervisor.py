@@ -848,3 +848,81 @@ async def test_stop_engines_kills_the_workers_a_leader_stopped_by_sigterm_leaves
     assert stop.outcome == "stopped"
     await eventually(lambda: not is_running(*worker), "the worker to be killed", timeout_s=5.0)
     await eventually(lambda: nothing_listens_on(spec.port), "the port to be free")
+
+
+AGENT_KILLED_MID_START = r"""
+import asyncio, sys
+from pathlib import Path
+from agent.engines import EngineSupervisor, ShardSpec
+
+state_dir, engine, port = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+
+async def main():
+    supervisor = EngineSupervisor(state_dir, lambda change: None)
+    argv = (sys.executable, engine)
+    spec = ShardSpec(replica_id="tiny-1", shard_index=0, model="tiny", argv=argv, port=port)
+    await supervisor.start(spec)
+
+asyncio.run(main())
+"""
+
+
+async def an_agent_killed_mid_start(node: Node) -> tuple[ShardSpec, tuple[int, int]]:
+    """An agent spawned an engine and was killed while its record was being written (a slow
+    disk: here the write blocks on a FIFO), so no record names the engine: the spec, and the
+    engine's pid and start time."""
+    spec = node.spec()
+    shards = RecordStore(node.state_dir).directory
+    shards.mkdir(parents=True)
+    os.mkfifo(shards / ".tiny-1-0.json.tmp")
+    killed_agent = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        AGENT_KILLED_MID_START,
+        str(node.state_dir),
+        spec.argv[1],
+        str(spec.port),
+    )
+    engine_log = node.state_dir / "logs" / "tiny-1-0.log"
+    await eventually(
+        lambda: engine_log.exists() and "engine started" in engine_log.read_text(),
+        "the engine to start",
+    )
+    engine_pid = int(engine_log.read_text().split("engine started pid=")[1].split()[0])
+    start_time = process_identity(engine_pid)
+    assert start_time is not None
+    node.workers[engine_pid] = start_time
+    killed_agent.kill()
+    await killed_agent.wait()
+    (shards / ".tiny-1-0.json.tmp").unlink()
+    assert is_running(engine_pid, start_time)
+    return spec, (engine_pid, start_time)
+
+
+async def test_an_engine_whose_agent_was_killed_before_recording_it_is_not_left_running(
+    node: Node,
+) -> None:
+    spec, engine = await an_agent_killed_mid_start(node)
+
+    agent = node.agent()
+    assert await agent.supervisor.reattach() == []
+
+    await eventually(lambda: not is_running(*engine), "the engine to be killed", timeout_s=5.0)
+    [failed] = agent.log.changes
+    assert (failed.state, failed.pid, failed.port) == (ShardState.FAILED, engine[0], spec.port)
+    assert "before it recorded it" in str(failed.error)
+    assert [r.state for r in agent.supervisor.inventory()] == [ShardState.FAILED]
+    assert RecordStore(node.state_dir).load_all() == []
+    assert RecordStore(node.state_dir).load_launches() == []
+
+
+async def test_stop_engines_kills_an_engine_an_agent_killed_mid_start_never_recorded(
+    node: Node,
+) -> None:
+    spec, engine = await an_agent_killed_mid_start(node)
+
+    assert await asyncio.to_thread(stop_recorded_engines, node.state_dir, 5.0) == []
+
+    await eventually(lambda: not is_running(*engine), "the engine to be killed", timeout_s=5.0)
+    await eventually(lambda: nothing_listens_on(spec.port), "the port to be free")
+    assert RecordStore(node.state_dir).load_launches() == []
