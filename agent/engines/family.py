@@ -3,14 +3,15 @@
 An engine leads its own session and process group, and a signal to the group reaches every
 worker that stayed in it. A worker that started a session of its own is still the engine's
 (``agent.engines.proc_net.engine_family``: it may hold the engine's port and GPUs), but no
-group signal reaches it, and once the leader is gone it is re-parented and nothing links it
-to the engine any more. So a stop finds such workers while the leader still runs, signals
-them as it signals the group, and reports the engine stopped only once none of its
-processes runs.
+group signal reaches it, and once the leader is gone it is re-parented. So a stop finds
+such workers while the leader still runs, signals them as it signals the group, and
+reports the engine stopped only once none of its processes runs.
 
-An agent killed after it spawned an engine and before it recorded it leaves no record that
-names it: only a launch record (``agent.engines.records.LaunchRecord``) whose token the
-engine has in its environment. The next agent finds and ends it by that token.
+Every engine is spawned with a launch token in its environment (``LAUNCH_TOKEN_VARIABLE``,
+kept in its ``LaunchRecord`` and ``ShardRecord``), which its workers inherit. It is what
+finds an engine's processes when nothing else can: workers left by a leader that died while
+no agent watched (its pid and group id may be another program's by then), and an engine
+spawned by an agent killed before it recorded it.
 
 A process is named by its pid and its start time (``agent.engines.records``): a pid alone
 could be reused by another program between the moment it is found and the signal.
@@ -29,7 +30,7 @@ from typing import NamedTuple
 
 from agent.engines.proc_net import ProcessFamily, engine_family, parse_family
 from agent.engines.processes import signal_group
-from agent.engines.records import ProcStat, parse_proc_stat, read_proc_stat
+from agent.engines.records import ProcStat, ShardRecord, parse_proc_stat, read_proc_stat
 
 PROC = Path("/proc")
 GONE_POLL_S = 0.05
@@ -107,6 +108,15 @@ async def wait_until_gone(leader: int, outside: Mapping[int, int], within_s: flo
         if not left or time.monotonic() >= deadline:
             return left
         await asyncio.sleep(GONE_POLL_S)  # not our children: nothing to wait on but /proc
+
+
+def end_remains(record: ShardRecord) -> None:
+    """SIGKILL what is left of a recorded engine whose leader is gone (workers that did not
+    notice, and hold its port and GPUs), found by the launch token in their environment:
+    the leader's pid, and so its group id, may belong to another program by now. A record
+    written before launch tokens existed names none, and nothing is done."""
+    if record.launch_token:
+        end_launched(record.launch_token)
 
 
 def _is_running(pid: int, start_time: int) -> bool:

@@ -20,7 +20,7 @@ from typing import Protocol
 import structlog
 
 from agent.engines.errors import EngineLaunchError
-from agent.engines.records import ShardRecord, is_same_process, read_proc_stat
+from agent.engines.records import ShardRecord, is_same_process
 
 log = structlog.get_logger(__name__)
 
@@ -76,20 +76,6 @@ def signal_group(pgid: int, signum: int) -> bool:
         log.error("engine_group_not_ours", pgid=pgid, signal=signum)
         return False
     return True
-
-
-def end_group_remains(record: ShardRecord) -> None:
-    """SIGKILL what is left of the process group of a recorded engine whose leader is gone:
-    workers that did not notice it die, and hold its port and GPUs.
-
-    The group's id is the leader's pid, and Linux gives no new process a pid that is still
-    a group's id. So if no process has that pid, or only the leader's own zombie, any group
-    with that id is what is left of the engine; if another process has it, the engine's
-    group was gone before that process started, and there is nothing to end.
-    """
-    stat = read_proc_stat(record.pid)
-    if stat is None or stat.start_time == record.process_start_time:
-        signal_group(record.pid, signal.SIGKILL)
 
 
 class ChildProcess:

@@ -4,10 +4,10 @@
 Each recorded engine that is still the same process (pid and start time) gets SIGTERM to
 its process group, then SIGKILL once ``grace_s`` has passed; its record is removed once it
 is gone. Records of engines that exited already are removed too. Whatever is left of each
-engine's process group once its leader is gone (workers that ignored SIGTERM, or outlived a
-leader that died on its own) is killed, and so is an engine an agent killed mid-start
-spawned but never recorded (``agent.engines.family.end_launched``). Engines are not children
-of this process, so their end is seen in ``/proc`` rather than waited for.
+engine once its leader is gone (workers that ignored SIGTERM, or outlived a leader that died
+on its own: ``agent.engines.family.end_remains``) is killed, and so is an engine an agent
+killed mid-start spawned but never recorded (``agent.engines.family.end_launched``). Engines
+are not children of this process, so their end is seen in ``/proc`` rather than waited for.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from agent.engines.family import end_launched
-from agent.engines.processes import end_group_remains
+from agent.engines.family import end_launched, end_remains
 from agent.engines.records import RecordStore, ShardRecord, is_same_process
 
 KILL_WAIT_S = 10.0
@@ -58,7 +57,7 @@ def stop_recorded_engines(state_dir: Path, grace_s: float) -> list[RecordedStop]
         outcomes[record.key] = "survived"
     for record in records:
         if outcomes[record.key] != "survived":
-            end_group_remains(record)
+            end_remains(record)
             store.remove(record.key)
     return [RecordedStop(record, outcomes[record.key]) for record in records]
 

@@ -50,6 +50,10 @@ class ShardRecord(msgspec.Struct, frozen=True, kw_only=True):
     engine: str = DEFAULT_ENGINE
     """The engine's profile name (``wire.engines``); records written before profiles
     existed read as the default engine, whose probes they were started with."""
+    launch_token: str = ""
+    """The token the engine has in its environment (``LaunchRecord``): what finds its
+    processes once its leader is gone and its pid and group id may be another's. Empty in
+    records written before launch tokens existed."""
 
     @property
     def key(self) -> ShardKey:

@@ -38,6 +38,7 @@ from agent.engines.errors import EngineError, EngineLaunchError, PortHeldElsewhe
 from agent.engines.family import (
     LAUNCH_TOKEN_VARIABLE,
     end_launched,
+    end_remains,
     outside_group,
     signal_each,
     wait_until_gone,
@@ -48,7 +49,6 @@ from agent.engines.processes import (
     AdoptedProcess,
     ChildProcess,
     EngineProcess,
-    end_group_remains,
     spawn_engine,
 )
 from agent.engines.readiness import READINESS_INTERVAL_S, wait_until_serving
@@ -178,6 +178,7 @@ class EngineSupervisor:
             started_at=datetime.now(UTC),
             state=ShardState.STARTING,
             engine=spec.engine,
+            launch_token=launch.token,
         )
         try:
             self._records.save(record)
@@ -238,7 +239,7 @@ class EngineSupervisor:
                 process = AdoptedProcess(unconfirmed, poll_interval_s=self._poll_interval_s)
                 adopted.append(self._watch(unconfirmed, process).record)
                 continue
-            end_group_remains(record)
+            end_remains(record)
             self._records.remove(record.key)
             failed = msgspec.structs.replace(record, state=ShardState.FAILED)
             self._failed[record.key] = failed
@@ -265,6 +266,7 @@ class EngineSupervisor:
             started_at=launch.started_at,
             state=ShardState.FAILED,
             engine=launch.engine,
+            launch_token=launch.token,
         )
         self._failed[launch.key] = failed
         self._report(change_of(failed, error=UNRECORDED_ERROR, log_tail=self._tail(launch.key)))
