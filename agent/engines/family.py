@@ -1,11 +1,11 @@
 """The processes of one engine beyond its process group, and waiting until none is left.
 
 An engine leads its own session and process group, and a signal to the group reaches every
-worker that stayed in it. A worker that started a session of its own is still the engine's
-(``agent.engines.proc_net.engine_family``: it may hold the engine's port and GPUs), but no
-group signal reaches it, and once the leader is gone it is re-parented. So a stop finds
-such workers while the leader still runs, signals them as it signals the group, and
-reports the engine stopped only once none of its processes runs.
+worker that stayed in it. A worker that started a session (or a group) of its own is still
+the engine's (``agent.engines.proc_net.engine_family``: it may hold the engine's port and
+GPUs), but no group signal reaches it, and once the leader is gone it is re-parented. So a
+stop finds such workers while the leader still runs, signals them as it signals the group,
+and reports the engine stopped only once none of its processes runs.
 
 Every engine is spawned with a launch token in its environment (``LAUNCH_TOKEN_VARIABLE``,
 kept in its ``LaunchRecord`` and ``ShardRecord``), which its workers inherit. It is what
@@ -69,15 +69,14 @@ def end_launched(token: str, proc: Path = PROC) -> Launched | None:
 
 
 def outside_group(leader: int, proc: Path = PROC) -> dict[int, int]:
-    """The running processes of the engine led by ``leader`` that are neither in its process
-    group nor in its session (workers in sessions of their own), by pid, with their start
-    time."""
+    """The running processes of the engine led by ``leader`` that are not in its process
+    group (workers in sessions or groups of their own), by pid, with their start time."""
     running = dict(_running(proc))
     family = engine_family(leader, (family for family, _ in running.values()))
     return {
         pid: running[pid][1].start_time
         for pid in family
-        if pid in running and leader not in (running[pid][0].pgrp, running[pid][0].session)
+        if pid in running and running[pid][0].pgrp != leader
     }
 
 

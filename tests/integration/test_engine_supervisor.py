@@ -5,7 +5,8 @@ interpreter: it serves ``/health`` and ``/v1/models`` on ``$PORT`` after an opti
 (or answers ``/health`` with another status, as llama.cpp's 503 while loading), or exits
 with an error and chosen last words, or ignores SIGTERM, and exits with code 7 on
 ``POST /crash``. It may serve from a worker it forks (which may start a session of its
-own, ignore SIGTERM, or keep running once its leader is gone), as engines with worker
+own or a process group of its own, ignore SIGTERM, or keep running once its leader is
+gone), as engines with worker
 processes do. The same script, started by the test rather
 than the supervisor, plays another program that already listens on an engine's port.
 """
@@ -58,6 +59,7 @@ parser.add_argument("--health-status", type=int, default=200)
 parser.add_argument("--ignore-sigterm", action="store_true")
 parser.add_argument("--serve-in-worker", action="store_true")
 parser.add_argument("--worker-session", action="store_true")
+parser.add_argument("--worker-group", action="store_true")
 parser.add_argument("--worker-outlives", action="store_true")
 parser.add_argument("--worker-ignores-sigterm", action="store_true")
 args = parser.parse_args()
@@ -92,6 +94,8 @@ if args.serve_in_worker:
         sys.exit(0)
     if args.worker_session:
         os.setsid()
+    if args.worker_group:
+        os.setpgid(0, 0)
     if args.worker_ignores_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     leader = os.getppid()
@@ -815,13 +819,12 @@ async def test_workers_an_engine_left_while_the_agent_was_away_are_killed(node: 
     await eventually(lambda: nothing_listens_on(spec.port), "the port to be free")
 
 
-async def test_a_stop_ends_a_worker_in_a_session_of_its_own_before_it_reports_stopped(
-    node: Node,
+@pytest.mark.parametrize("own", ["--worker-session", "--worker-group"], ids=["session", "group"])
+async def test_a_stop_ends_a_worker_in_a_session_or_group_of_its_own_before_it_reports_stopped(
+    node: Node, own: str
 ) -> None:
     agent = node.agent()
-    spec = node.spec(
-        "--serve-in-worker", "--worker-session", "--worker-outlives", "--worker-ignores-sigterm"
-    )
+    spec = node.spec("--serve-in-worker", own, "--worker-outlives", "--worker-ignores-sigterm")
     record = await agent.supervisor.start(spec)
     await agent.log.wait_for(spec.key, ShardState.READY)
     worker = worker_of(node, record)
