@@ -346,6 +346,8 @@ class EngineSupervisor:
         exit_code = await asyncio.shield(watched.exit)
         if watched.stopping:
             return
+        # Its group is killed already; its workers in sessions of their own are not.
+        await asyncio.to_thread(end_remains, watched.record)
         tail = self._tail(watched.record.key)
         error = watched.refusal or await self._exit_error(watched.record, exit_code, tail)
         self._transition(

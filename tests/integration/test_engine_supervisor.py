@@ -929,3 +929,19 @@ async def test_stop_engines_kills_an_engine_an_agent_killed_mid_start_never_reco
     await eventually(lambda: not is_running(*engine), "the engine to be killed", timeout_s=5.0)
     await eventually(lambda: nothing_listens_on(spec.port), "the port to be free")
     assert RecordStore(node.state_dir).load_launches() == []
+
+
+async def test_a_worker_in_a_session_of_its_own_is_killed_when_its_engine_dies(
+    node: Node,
+) -> None:
+    agent = node.agent()
+    spec = node.spec("--serve-in-worker", "--worker-session", "--worker-outlives")
+    record = await agent.supervisor.start(spec)
+    await agent.log.wait_for(spec.key, ShardState.READY)
+    worker = worker_of(node, record)
+
+    os.kill(record.pid, signal.SIGKILL)  # the leader alone
+    await agent.log.wait_for(spec.key, ShardState.FAILED)
+
+    await eventually(lambda: not is_running(*worker), "the worker to be killed", timeout_s=5.0)
+    await eventually(lambda: nothing_listens_on(spec.port), "the port to be free")
