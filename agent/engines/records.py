@@ -1,9 +1,9 @@
 """What the agent remembers about each engine it runs, on disk, across its own restarts.
 
 One JSON file per shard in ``<state_dir>/shards/``, and for an engine being spawned a
-``.launch`` file until that is written (``LaunchRecord``). A record names the engine process by
-its pid *and* its start time (``/proc/<pid>/stat`` field 22, clock ticks since boot): pids
-are reused, so a pid alone could point a restarted agent at somebody else's process.
+``.launch`` file until that is written (``LaunchRecord``). A record names the engine process
+by its pid *and* its start time (``/proc/<pid>/stat`` field 22, clock ticks since boot):
+pids are reused, so a pid alone could point a restarted agent at somebody else's process.
 """
 
 from __future__ import annotations

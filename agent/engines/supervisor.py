@@ -45,12 +45,7 @@ from agent.engines.family import (
 )
 from agent.engines.logtail import read_log_tail
 from agent.engines.port_owner import HeldElsewhere, check_port_owner
-from agent.engines.processes import (
-    AdoptedProcess,
-    ChildProcess,
-    EngineProcess,
-    spawn_engine,
-)
+from agent.engines.processes import AdoptedProcess, ChildProcess, EngineProcess, spawn_engine
 from agent.engines.readiness import READINESS_INTERVAL_S, wait_until_serving
 from agent.engines.records import (
     LaunchRecord,
@@ -195,12 +190,13 @@ class EngineSupervisor:
         *,
         reason: str | None = None,
     ) -> None:
-        """Send the engine's process group its profile's stop signal (SIGTERM for every engine
-        llmgw knows), SIGKILL it after ``grace_s``, report
-        ``stopped`` and forget the shard. Stopping a shard that is not running only
-        reports ``stopped``. An engine stopped before it was ever ready (timed out, most
-        likely) reports its log tail with it: the operator's only clue to why. ``reason``
-        says why the agent stops it of its own accord (None: the control plane asked)."""
+        """Send the engine's process group, and its workers outside it, its profile's stop
+        signal (SIGTERM for every engine llmgw knows), SIGKILL them after ``grace_s``,
+        report ``stopped`` once none of them runs and forget the shard. Stopping a shard
+        that is not running only reports ``stopped``. An engine stopped before it was ever
+        ready (timed out, most likely) reports its log tail with it: the operator's only
+        clue to why. ``reason`` says why the agent stops it of its own accord (None: the
+        control plane asked)."""
         key = ShardKey(replica_id, shard_index)
         async with self._lock(key):
             watched = self._running.get(key)
@@ -219,8 +215,8 @@ class EngineSupervisor:
 
     async def reattach(self) -> list[ShardRecord]:
         """Watch again every recorded engine that is still alive (never restarting it);
-        report the others ``failed``, kill what is left of their process groups and drop
-        their records. Call before any ``start``."""
+        report the others ``failed``, kill what is left of them and drop their records; kill
+        an engine an agent killed mid-start never recorded. Call before any ``start``."""
         self._check_open()
         adopted: list[ShardRecord] = []
         records = self._records.load_all()
@@ -346,7 +342,7 @@ class EngineSupervisor:
         exit_code = await asyncio.shield(watched.exit)
         if watched.stopping:
             return
-        # Its group is killed already; its workers in sessions of their own are not.
+        # Its group is killed already; its workers outside the group are not.
         await asyncio.to_thread(end_remains, watched.record)
         tail = self._tail(watched.record.key)
         error = watched.refusal or await self._exit_error(watched.record, exit_code, tail)
@@ -384,8 +380,8 @@ class EngineSupervisor:
         return explained
 
     async def _terminate(self, watched: _Watched, grace_s: float) -> int | None:
-        """End the engine: its process group, and its workers in sessions of their own
-        (found while the leader still runs: once it is gone nothing links them to it).
+        """End the engine: its process group, and its workers in sessions or groups of their
+        own (found while the leader still runs: once it is gone they are re-parented).
         Returns once none of its processes runs, or ``KILL_WAIT_S`` after SIGKILL."""
         watched.stopping = True
         if watched.monitor is not None:
