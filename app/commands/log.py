@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Annotated, TypeVar
+from typing import Annotated, NoReturn, TypeVar
 
 import msgspec
 from cyclopts import Parameter
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.commands.common import DatabaseUrl, database_url_problem, fail
+from app.commands.common import DatabaseUrl, database_url_problem
 from app.logs import configure_logging
 from app.store.chain import Head, parse_anchor
 from app.store.database import create_engine
@@ -19,6 +19,14 @@ from app.store.errors import InvalidAnchor, StoreError
 from app.store.verification import Progress, Verification, read_head, verify_log
 
 T = TypeVar("T")
+
+BROKEN = 1
+"""``log verify``'s exit status when the log does not check out: what to raise an alarm on."""
+USAGE_ERROR = 2
+"""A flag is wrong (as for any command the command line itself refuses)."""
+UNREADABLE = 3
+"""The log could not be read (the database is unreachable, not migrated, or the role may
+not read it): nothing is known of the log, and nothing should be concluded about it."""
 Output = Annotated[str, Parameter(help="text or json")]
 
 
@@ -38,7 +46,9 @@ def verify_command(
     """Check every event of the log against its chain hash, from the first to the last, and
     print how many there are and the head (position and chain hash). Exits 1 at the first
     break, naming its position and what is wrong there: an event changed, missing, inserted
-    or moved, or an anchor the chain does not pass through.
+    or moved, or an anchor the chain does not pass through. Exits 3 when the log cannot be
+    read (the database unreachable, not migrated, or not readable by the role): nothing is
+    known of it then. Exits 2 for a wrong flag.
 
     The chain alone shows changes made by someone who did not recompute the hashes after
     them. Someone able to rewrite the whole table can recompute them too; only heads
@@ -52,8 +62,7 @@ def verify_command(
     try:
         anchors = [parse_anchor(value) for value in anchor or ()]
     except InvalidAnchor as exc:
-        fail(f"--anchor: {exc}")
-        return
+        _refuse(f"--anchor: {exc}", USAGE_ERROR)
     progress = _terminal_progress() if output == "text" and sys.stderr.isatty() else None
     result = _run(database_url, lambda engine: verify_log(engine, anchors, progress), "verify")
     if progress is not None:
@@ -63,7 +72,7 @@ def verify_command(
     else:
         _print_report(result)
     if not result.ok:
-        sys.exit(1)
+        sys.exit(BROKEN)
 
 
 def head_command(*, database_url: DatabaseUrl, output: Output = "text") -> None:
@@ -87,9 +96,9 @@ def head_command(*, database_url: DatabaseUrl, output: Output = "text") -> None:
 def _check_flags(database_url: str, output: str) -> None:
     url_problem = database_url_problem(database_url)
     if url_problem is not None:
-        fail(url_problem)
+        _refuse(url_problem, USAGE_ERROR)
     if output not in ("text", "json"):
-        fail(f"--output is text or json, not {output!r}")
+        _refuse(f"--output is text or json, not {output!r}", USAGE_ERROR)
 
 
 def _run(url: str, work: Callable[[AsyncEngine], Awaitable[T]], action: str) -> T:
@@ -108,8 +117,7 @@ def _run(url: str, work: Callable[[AsyncEngine], Awaitable[T]], action: str) -> 
             if "does not exist" in str(exc)
             else ""
         )
-        fail(f"cannot {action} the log: {exc}{hint}")
-        raise
+        _refuse(f"cannot {action} the log: {exc}{hint}", UNREADABLE)
 
 
 def _terminal_progress() -> Progress:
@@ -149,3 +157,8 @@ def _json_report(result: Verification) -> dict[str, object]:
         if broken is None
         else {"position": broken.position, "problem": str(broken.problem), "detail": broken.detail},
     }
+
+
+def _refuse(message: str, status: int) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(status)

@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import pty
+import socket
 import subprocess
 import uuid
 from collections.abc import AsyncIterator
@@ -356,7 +357,7 @@ async def test_events_removed_from_the_end_are_found_against_an_older_head(log: 
 async def test_a_malformed_anchor_is_refused_in_one_line(log: Log, anchor: str) -> None:
     result = await log.run("verify", "--anchor", anchor)
 
-    assert result.code == 1
+    assert result.code == 2
     assert result.stdout == ""
     assert result.stderr.startswith("error: --anchor: an anchor is POSITION:HASH"), result
     assert len(result.stderr.splitlines()) == 1
@@ -376,7 +377,7 @@ async def test_a_database_without_the_log_is_refused_in_one_line(
 ) -> None:
     result = await Log(unmigrated_url, 1).run(command)
 
-    assert result.code == 1, result
+    assert result.code == 3, result  # unknown: not "the log does not check out" (1)
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
         f"error: cannot {'verify' if command == 'verify' else 'read the head of'} the log: "
@@ -396,11 +397,31 @@ async def test_a_malformed_database_url_is_refused_in_one_line(command: str) -> 
         check=False,
     )
 
-    assert done.returncode == 1, done
+    assert done.returncode == 2, done
     assert done.stderr.splitlines() == [
         "error: --database-url: the database URL 'postgresql://llmgw:***@db-a:5432,,db-b/x' "
         "has an empty host in its list of hosts"
     ], done.stderr
+
+
+async def test_an_unreachable_database_is_not_reported_as_a_broken_log() -> None:
+    """A check from cron tells "the log was tampered with" (1) from "the log could not be
+    read" (3)."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]  # bound, never listening: connections are refused
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [SERVER, "log", "verify", "--database-url", f"postgresql://llmgw@127.0.0.1:{port}/x"],
+            capture_output=True,
+            text=True,
+            timeout=PROCESS_TIMEOUT_S,
+            check=False,
+        )
+
+    assert done.returncode == 3, done
+    assert done.stdout == ""
+    assert done.stderr.startswith("error: cannot verify the log: database unreachable"), done
 
 
 async def test_on_a_terminal_it_shows_how_far_it_got(log: Log) -> None:
