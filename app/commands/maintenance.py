@@ -12,7 +12,7 @@ import msgspec
 import structlog
 from cyclopts import Parameter
 
-from app.commands.common import DatabaseUrl, fail
+from app.commands.common import DatabaseUrl, database_url_problem, fail
 from app.logs import configure_logging
 from app.store import migrate as migrations
 from app.store.database import create_engine
@@ -112,6 +112,13 @@ def rebuild_command(
     Example: llmgw-server projections rebuild --verify
     """
     configure_logging()
+    url_problem = database_url_problem(database_url)
+    if url_problem is not None:
+        fail(url_problem)
+        return
+    if output not in ("text", "json"):
+        fail(f"--output is text or json, not {output!r}")
+        return
     report = asyncio.run(_rebuild(database_url, verify))
     if output == "json":
         print(msgspec.json.encode(report).decode())

@@ -1,0 +1,36 @@
+"""``llmgw-server projections rebuild`` refuses what it cannot use in one line, before it
+connects: a database URL that is not one, an output it does not write."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.support.cluster import SERVER
+
+COMMAND = [SERVER, "projections", "rebuild"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--database-url", "postgresql://llmgw:hunter2@db-a:5432,,db-b/x"],
+            "error: --database-url: the database URL 'postgresql://llmgw:***@db-a:5432,,db-b/x' "
+            "has an empty host in its list of hosts",
+        ),
+        (
+            ["--database-url", "postgresql://llmgw@127.0.0.1:1/x", "--output", "xml"],
+            "error: --output is text or json, not 'xml'",
+        ),
+    ],
+)
+def test_what_it_cannot_use_is_refused_in_one_line(flags: list[str], message: str) -> None:
+    done = subprocess.run(
+        [*COMMAND, *flags], capture_output=True, text=True, check=False, timeout=60
+    )
+
+    assert done.returncode == 1, done
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [message], done.stderr
