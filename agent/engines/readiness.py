@@ -48,7 +48,7 @@ async def wait_until_serving(
         base_url=readiness_url(port), timeout=request_timeout_s, trust_env=False
     ) as client:
         while True:
-            if await _all_answer_ok(client, paths):
+            if await _all_answer_ok(client, paths, request_timeout_s):
                 ownership = await asyncio.to_thread(check_port_owner, port, engine_pid)
                 if isinstance(ownership, Owned):
                     return
@@ -58,12 +58,18 @@ async def wait_until_serving(
             await asyncio.sleep(interval_s)
 
 
-async def _all_answer_ok(client: httpx.AsyncClient, paths: tuple[str, ...]) -> bool:
+async def _all_answer_ok(
+    client: httpx.AsyncClient, paths: tuple[str, ...], timeout_s: float
+) -> bool:
+    """Whether every path answers 200. Only the status is read, within ``timeout_s`` in
+    all: an engine's answer is not the agent's to hold, and one that sends its body slowly
+    or without end (a byte a second, say) would otherwise hold the check, and the agent's
+    memory grow, for as long as it went on."""
     for path in paths:
         try:
-            response = await client.get(path)
-        except httpx.HTTPError:
-            return False
-        if response.status_code != 200:
+            async with asyncio.timeout(timeout_s), client.stream("GET", path) as response:
+                if response.status_code != 200:
+                    return False
+        except (httpx.HTTPError, TimeoutError):
             return False
     return True
