@@ -16,7 +16,9 @@ total_weight)``. The fair shares add up to at least ``total + 1``, so some repli
 has room under its bound; no replica ends above it, however skewed the keys are. A replica
 the caller refuses (saturated, or excluded) is passed over the same way. A caller may set
 a floor under every bound (``min_bound``): at loads of a request or two the formula's
-bound is 1, and a replica serving one request would pass a key on to an idle one.
+bound is 1, and a replica serving one request would pass a key on to an idle one. Members
+the caller excludes outright (``absent``) are passed over and take no part in the bounds:
+the others share the load as if those had left the ring.
 
 Pure: hashing is BLAKE2b from the standard library (the same in every process, unlike
 ``hash()``); no clock, no I/O.
@@ -27,7 +29,8 @@ from __future__ import annotations
 import bisect
 import hashlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Literal, NamedTuple
 
 VNODES = 160
@@ -100,20 +103,29 @@ class HashRing:
         load_of: Callable[[str], float],
         load_factor: float,
         refuse: Callable[[str], bool] = lambda member: False,
+        absent: AbstractSet[str] = frozenset(),
         min_bound: int = 1,
     ) -> Pick:
         """The first member on the key's walk the caller does not ``refuse`` and whose load
         (``load_of``: requests it carries) stays within its bound with this request; no
-        member's bound is below ``min_bound``."""
+        member's bound is below ``min_bound``. Members in ``absent`` (excluded: ejected, or
+        left out by a retry) are refused, and the bounds are shared among the others, as
+        if they had left the ring: counted in, their weight would shrink the others'
+        shares below what those carry together, and no member could take the request."""
+        present: Iterable[str] = self.members
+        weights: Iterable[float] = self.weights.values()
+        if absent:
+            present = [m for m in self.members if m not in absent]
+            weights = [self.weights[m] for m in present]
         total = 0.0
-        for member in self.members:
+        for member in present:
             total += load_of(member)
-        total_weight = sum(self.weights.values()) or 1.0
+        total_weight = sum(weights) or 1.0
         share = (1.0 + load_factor) * (total + 1.0) / total_weight
         first_reason: Reason | None = None
         passed = 0
         for member in self.walk(key):
-            if refuse(member):
+            if member in absent or refuse(member):
                 first_reason = first_reason or "refused"
             elif load_of(member) + 1.0 > max(math.ceil(share * self.weights[member]), min_bound):
                 first_reason = first_reason or "over_bound"

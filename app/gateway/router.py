@@ -34,7 +34,8 @@ with bounded loads, the load being the requests a replica carries as admission c
 them (``admission.carried``: the engine's running and waiting ones and this gateway's
 reservations, much the same for every gateway; its own in-flight while signals are
 stale); a replica the admission rule refuses, or one above its bound, is passed over for
-the next on the ring.
+the next on the ring. Replicas left out (ejected, or excluded by a retry) are passed over
+too, and the bound is shared among the others (``HashRing.pick``'s ``absent``).
 Draining replicas are on no ring while others serve: their keys move on, and they are
 chosen only when no other replica can take the request. The rings are built when a
 snapshot is taken, and only when the model's replicas or weights changed; a request costs
@@ -536,8 +537,7 @@ class Router:
 
             def refuse(replica_id: str) -> bool:
                 return (
-                    replica_id in exclude
-                    or assess(
+                    assess(
                         by_id[replica_id],
                         now=now,
                         stale_after_s=stale_after_s,
@@ -553,6 +553,7 @@ class Router:
                 ),
                 load_factor=policy.load_factor,
                 refuse=refuse,
+                absent=exclude,
                 min_bound=MIN_BOUND,
             )
             if pick.member is not None:

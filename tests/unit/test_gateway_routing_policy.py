@@ -251,3 +251,31 @@ async def test_an_ejected_home_hands_its_keys_to_the_next_replica_on_the_ring() 
     ring = router._pools[MODEL].ring
     assert ring is not None
     assert moved.route.replica_id == list(ring.walk(session.value))[1]
+
+
+async def test_an_ejected_replica_takes_no_share_of_the_bound_from_those_left() -> None:
+    # Three replicas, one ejected: the bound shares the load among the two that serve, as
+    # if the ejected one had left. Counted in, its weight shrank their shares below what
+    # they carry together, and every keyed request fell back to least-loaded.
+    policy = EjectionPolicy(consecutive_failures=2, base_cool_off_s=5.0, max_cool_off_s=40.0)
+    router = Router(ejection=policy)
+    three = FOUR[:3]
+    router.update(table(*three, policy=SESSION))
+    session = key_of(chat("s", "q"), SESSION, b"conversation-9")
+    ring = router._pools[MODEL].ring
+    assert ring is not None
+    home, second, ejected = ring.walk(session.value)
+    for _ in range(2):
+        lease = await router.acquire(MODEL, "k", exclude=frozenset({home, second}))
+        assert lease.route.replica_id == ejected
+        lease.failed("unreachable")
+        lease.release()
+    held = [await router.acquire(MODEL, "k", exclude=frozenset({second})) for _ in range(5)]
+    held += [await router.acquire(MODEL, "k", exclude=frozenset({home})) for _ in range(4)]
+    assert {lease.route.replica_id for lease in held} == {home, second}
+    # 9 carried by the two: a bound of ceil(1.25 * 10 / 2) = 7 each, and the home has 5.
+    lease = await router.acquire(MODEL, "k", route_key=session)
+    assert (lease.route.replica_id, lease.reason) == (home, "home")
+    # A retry that leaves the home out goes to the next on the ring, within its bound too.
+    retry = await router.acquire(MODEL, "k", exclude=frozenset({home}), route_key=session)
+    assert (retry.route.replica_id, retry.reason) == (second, "unavailable")

@@ -141,3 +141,19 @@ def test_an_empty_ring_has_no_home() -> None:
     ring = HashRing([])
     assert ring.home(KEYS[0]) is None
     assert ring.pick(KEYS[0], load_of=lambda m: 0, load_factor=0.25).member is None
+
+
+def test_absent_members_are_passed_over_and_leave_the_bounds_to_the_others() -> None:
+    ring = HashRing(replicas(3))
+    key = KEYS[3]
+    home, second, gone = ring.walk(key)
+    loads = Counter({home: 5, second: 5, gone: 0})
+    # The two left carry 10: ceil(1.25 * 11 / 2) = 7 each, as on a ring of the two alone.
+    pick = ring.pick(key, load_of=loads.__getitem__, load_factor=0.25, absent={gone})
+    assert pick == (home, "home", 0)
+    alone = HashRing([(home, 1.0), (second, 1.0)])
+    assert alone.pick(key, load_of=loads.__getitem__, load_factor=0.25).member == home
+    moved = ring.pick(key, load_of=loads.__getitem__, load_factor=0.25, absent={home, gone})
+    assert moved == (second, "refused", 1)
+    nobody = ring.pick(key, load_of=loads.__getitem__, load_factor=0.25, absent=set(ring.members))
+    assert (nobody.member, nobody.passed_over) == (None, 3)
