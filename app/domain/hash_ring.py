@@ -48,6 +48,18 @@ def key_hash(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
 
 
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def key_fraction(key: int) -> float:
+    """A number in [0, 1) drawn from the 64-bit ``key``, the same in every process and
+    unrelated to where the key lands on a ring (the top bits of the key times the golden
+    ratio, Fibonacci hashing: every bit of the key moves them): a keyed request's side of a
+    canary split. A key below a share stays below any larger one."""
+    return (((key * _GOLDEN) & _MASK64) >> 11) / 9007199254740992.0  # 53 bits: below 1
+
+
 class Pick(NamedTuple):
     member: str | None
     """The replica chosen; ``None`` when every member was refused."""

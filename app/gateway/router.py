@@ -11,7 +11,9 @@ While a model is in a rollout's canary step (``GatewaySnapshot.canaries``), its 
 two sides: those of the canary revision and the others. Each request draws once from the
 random source: below the canary's share it goes to the canary side, otherwise to the
 others, and the replica within that side is chosen by the same rule as without a canary.
-When the drawn side has no replica that can take the request now (none is routable, or
+A request with a key (``prefix``, ``session``) draws from its key instead
+(``hash_ring.key_fraction``): its turns stay on one side, the same in every gateway. When
+the drawn side has no replica that can take the request now (none is routable, or
 every one is saturated), the other side takes it; only when neither can does it wait. The
 sides are split when a snapshot is taken: a request costs one look-up more, and one draw
 in a canary step. Every gateway splits by the same rule on its own.
@@ -70,7 +72,7 @@ from typing import Literal
 
 import aiohttp
 
-from app.domain.hash_ring import HashRing
+from app.domain.hash_ring import HashRing, key_fraction
 from app.gateway.admission import (
     STALE_AFTER_INTERVALS,
     ReplicaState,
@@ -514,7 +516,12 @@ class Router:
         split = self._splits.get(model)
         if split is None:
             return self._choose_among(pool, exclude, now, policy, route_key)
-        if self._draw() < split.share:
+        # A keyed request draws from its key: its turns stay on one side, in every gateway.
+        if route_key is not None and policy.policy != "least_loaded":
+            draw = key_fraction(route_key.value)
+        else:
+            draw = self._draw()
+        if draw < split.share:
             drawn, other = split.canary, split.stable
         else:
             drawn, other = split.stable, split.canary

@@ -12,10 +12,13 @@ import uuid
 from collections import Counter, deque
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 
+from app.domain.hash_ring import key_hash
+from app.gateway.affinity import RouteKey
 from app.gateway.router import Lease, Router
-from app.gateway.table import Canary, GatewaySnapshot, Route
+from app.gateway.table import Canary, GatewaySnapshot, Route, RoutePolicy
 from tests.support.waiting import wait_until
 
 MODEL = "llama"
@@ -212,3 +215,39 @@ async def test_a_new_table_takes_the_split_away_or_changes_it() -> None:
     router.update(table(route("llama-1"), CANARY, share=0.5))
     chosen = await picks(router, 2_000, open_at_most=0)
     assert 900 <= chosen["llama-3"] <= 1_100, chosen
+
+
+async def test_a_keyed_request_draws_its_side_from_its_key_the_same_in_every_gateway() -> None:
+    """Under ``prefix`` and ``session`` a key's turns stay on one side of the split, on one
+    replica, in every gateway: a per-request draw would move a conversation between the
+    revisions from turn to turn, and two gateways would disagree on where it goes. The
+    keys still split by the share, and a key on the canary stays there as the share grows."""
+    routes = (*STABLE, CANARY, route("llama-4", NEW))
+    session = RoutePolicy(policy="session")
+
+    def keyed(share: float) -> GatewaySnapshot:
+        snapshot = table(*routes, share=share)
+        return msgspec.structs.replace(snapshot, policies={MODEL: session})
+
+    gateways = [seeded(1), seeded(2)]
+    for gateway in gateways:
+        gateway.update(keyed(0.3))
+    keys = [RouteKey("session", key_hash(f"conversation-{n}".encode())) for n in range(600)]
+    where: dict[int, str] = {}
+    for route_key in keys:
+        for _turn in range(3):
+            for gateway in gateways:
+                lease = await gateway.acquire(MODEL, "k", route_key=route_key)
+                assert where.setdefault(route_key.value, lease.route.replica_id) == (
+                    lease.route.replica_id
+                )
+                lease.release()
+    on_canary = {k for k, replica in where.items() if replica in ("llama-3", "llama-4")}
+    assert 0.24 < len(on_canary) / len(keys) < 0.36
+    for gateway in gateways:
+        gateway.update(keyed(0.6))
+    for route_key in keys:
+        if route_key.value in on_canary:
+            lease = await gateways[0].acquire(MODEL, "k", route_key=route_key)
+            assert lease.route.revision == NEW
+            lease.release()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from app.domain.hash_ring import HashRing, bound, key_hash
+from app.domain.hash_ring import HashRing, bound, key_fraction, key_hash
 
 KEYS = [key_hash(f"conversation-{n}".encode()) for n in range(20_000)]
 
@@ -157,3 +157,13 @@ def test_absent_members_are_passed_over_and_leave_the_bounds_to_the_others() -> 
     assert moved == (second, "refused", 1)
     nobody = ring.pick(key, load_of=loads.__getitem__, load_factor=0.25, absent=set(ring.members))
     assert (nobody.member, nobody.passed_over) == (None, 3)
+
+
+def test_a_keys_fraction_is_below_1_spread_evenly_and_unrelated_to_its_ring_position() -> None:
+    fractions = [key_fraction(key) for key in KEYS]
+    assert all(0.0 <= f < 1.0 for f in fractions)
+    assert key_fraction(2**64 - 1) < 1.0
+    assert 0.48 < sum(f < 0.5 for f in fractions) / len(KEYS) < 0.52
+    # The keys of the ring's first half draw below 0.5 as often as the others do.
+    first_half = [f for key, f in zip(KEYS, fractions, strict=True) if key < 2**63]
+    assert 0.47 < sum(f < 0.5 for f in first_half) / len(first_half) < 0.53
