@@ -2,8 +2,8 @@
 
 Prefix key (``prefix``, and ``session`` for a request without a session key): for a chat,
 the leading messages up to and including the first user turn (at most
-``MAX_KEY_MESSAGES``), each its role and the first ``prefix_bytes`` bytes of its content as
-the request's JSON spells it; for a completion, the first ``prefix_bytes`` bytes of the
+``MAX_KEY_MESSAGES``), each the first ``prefix_bytes`` bytes of its role and of its content
+as the request's JSON spells them; for a completion, the first ``prefix_bytes`` bytes of the
 prompt. Every turn of a conversation starts with the same system prompt and first user
 turn, so every turn has the same key; two conversations that share a system prompt but not
 a first question have different keys, and spread over the replicas (each of which soon
@@ -15,7 +15,8 @@ the affinity, never the answer.
 
 Session key (``session``): the first of the model's ``session_keys`` the request carries:
 ``header`` (``x-session-id``), or the body's ``prompt_cache_key`` or ``user`` (OpenAI's
-fields; the engine reads them too).
+fields; the engine reads them too). An empty or null field names no session, as an empty
+header does: read as a key, it would make one session of every request that sends it.
 
 A body the lenient reader here cannot read (``messages`` not an array, or one of its
 leading messages not an object, say) has no key and is routed as by ``least_loaded``; the
@@ -41,6 +42,8 @@ MAX_SESSION_KEY_BYTES = 1024
 _ABSENT = msgspec.Raw(b"")
 _NULL = b"null"
 _USER = b'"user"'
+_NO_SESSION = (b"", _NULL, b'""')
+"""A body field that names no session: absent, null or an empty string."""
 
 KeyKind = Literal["prefix", "session"]
 
@@ -98,10 +101,11 @@ def route_key(policy: RoutePolicy, body: bytes, session_header: bytes | None) ->
                 value = session_header
             else:
                 fields = fields or _read(body)
-                raw = bytes(
-                    fields.prompt_cache_key if source == "prompt_cache_key" else fields.user
+                raw = _head(
+                    fields.prompt_cache_key if source == "prompt_cache_key" else fields.user,
+                    MAX_SESSION_KEY_BYTES,
                 )
-                value = raw if raw and raw != _NULL else None
+                value = raw if raw not in _NO_SESSION else None
             if value:
                 return RouteKey("session", key_hash(b"s\0" + value[:MAX_SESSION_KEY_BYTES]))
     prefix = prefix_bytes(fields or _read(body), policy.prefix_bytes)
@@ -116,7 +120,7 @@ def prefix_bytes(fields: _KeyFields, limit: int) -> bytes:
         for message in (messages.first, messages.second, messages.third, messages.fourth):
             if message is _NO_MESSAGE:
                 break
-            role = bytes(message.role)
+            role = _head(message.role, limit)
             parts.append(role)
             parts.append(_head(message.content, limit))
             if role == _USER:
@@ -128,6 +132,8 @@ def prefix_bytes(fields: _KeyFields, limit: int) -> bytes:
 
 def _head(raw: msgspec.Raw, limit: int) -> bytes:
     """The first ``limit`` bytes of ``raw``, copying no more than those."""
+    if len(raw) <= limit:  # nearly always (a role, a session key): the quicker copy
+        return bytes(raw)
     with memoryview(raw) as view:
         return view[:limit].tobytes()
 

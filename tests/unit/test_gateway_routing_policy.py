@@ -279,3 +279,34 @@ async def test_an_ejected_replica_takes_no_share_of_the_bound_from_those_left() 
     # A retry that leaves the home out goes to the next on the ring, within its bound too.
     retry = await router.acquire(MODEL, "k", exclude=frozenset({home}), route_key=session)
     assert (retry.route.replica_id, retry.reason) == (second, "unavailable")
+
+
+def test_an_empty_session_key_is_no_session_key() -> None:
+    # "user": "" (or an empty prompt_cache_key) names no session, as an empty header does:
+    # read as a key, it made one session of every such request, whatever its prompt.
+    one = msgspec.json.encode({"model": MODEL, "user": "", "prompt": "Once upon a time"})
+    two = msgspec.json.encode({"model": MODEL, "prompt_cache_key": "", "prompt": "Call me"})
+    assert key_of(one, SESSION, b"") == key_of(one, PREFIX)
+    assert key_of(two, SESSION) == key_of(two, PREFIX)
+    assert key_of(one, SESSION) != key_of(two, SESSION)
+
+
+def test_a_huge_role_or_session_key_is_read_only_as_far_as_the_key_goes() -> None:
+    # A role (or a session key) of megabytes is cut like a message's content, not copied
+    # and hashed whole: 30 MiB of role held the gateway's loop 14 times as long as 30 MiB
+    # of content.
+    huge = "x" * 8_000_000
+    bodies = [
+        msgspec.json.encode({"messages": [{"role": huge, "content": "q"}]}),
+        msgspec.json.encode({"user": huge, "prompt": "p"}),
+        msgspec.json.encode({"prompt_cache_key": huge, "prompt": "p"}),
+    ]
+    for body in bodies:
+        tracemalloc.start()
+        try:
+            key = key_of(body, SESSION)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < len(body) // 4
+        assert key == key_of(body.replace(huge.encode(), b"x" * 2000), SESSION)
