@@ -12,7 +12,7 @@ import os
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 from urllib.parse import quote
 
 import msgspec
@@ -21,6 +21,7 @@ import structlog
 from wire.engines import DEFAULT_ENGINE
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 
 class ShardState(StrEnum):
@@ -81,6 +82,24 @@ class LaunchRecord(msgspec.Struct, frozen=True, kw_only=True):
     def key(self) -> ShardKey:
         return ShardKey(self.replica_id, self.shard_index)
 
+    def spawned(self, pid: int, start_time: int, state: ShardState) -> ShardRecord:
+        """The shard's record once its engine runs as ``pid`` (started at ``start_time``)."""
+        return ShardRecord(
+            replica_id=self.replica_id,
+            shard_index=self.shard_index,
+            model=self.model,
+            port=self.port,
+            gpus=self.gpus,
+            command=self.command,
+            pid=pid,
+            process_start_time=start_time,
+            log_path=self.log_path,
+            started_at=self.started_at,
+            state=state,
+            engine=self.engine,
+            launch_token=self.token,
+        )
+
 
 def shard_file_stem(key: ShardKey) -> str:
     """``<replica_id>-<shard_index>``, with anything unsafe in a file name percent-escaped."""
@@ -107,13 +126,7 @@ class RecordStore:
 
     def load_launches(self) -> list[LaunchRecord]:
         """Every readable launch record; one that does not decode is logged and left alone."""
-        launches: list[LaunchRecord] = []
-        for path in sorted(self.directory.glob("*.launch")):
-            try:
-                launches.append(msgspec.json.decode(path.read_bytes(), type=LaunchRecord))
-            except (OSError, msgspec.DecodeError) as exc:
-                log.warning("launch_record_unreadable", path=str(path), error=str(exc))
-        return launches
+        return self._load("*.launch", LaunchRecord, "launch_record_unreadable")
 
     def _write(self, path: Path, data: bytes) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -134,13 +147,16 @@ class RecordStore:
 
     def load_all(self) -> list[ShardRecord]:
         """Every readable record; a file that does not decode is logged and left alone."""
-        records: list[ShardRecord] = []
-        for path in sorted(self.directory.glob("*.json")):
+        return self._load("*.json", ShardRecord, "shard_record_unreadable")
+
+    def _load(self, pattern: str, kind: type[T], unreadable: str) -> list[T]:
+        found: list[T] = []
+        for path in sorted(self.directory.glob(pattern)):
             try:
-                records.append(msgspec.json.decode(path.read_bytes(), type=ShardRecord))
+                found.append(msgspec.json.decode(path.read_bytes(), type=kind))
             except (OSError, msgspec.DecodeError) as exc:
-                log.warning("shard_record_unreadable", path=str(path), error=str(exc))
-        return records
+                log.warning(unreadable, path=str(path), error=str(exc))
+        return found
 
     def _path(self, key: ShardKey) -> Path:
         return self.directory / f"{shard_file_stem(key)}.json"

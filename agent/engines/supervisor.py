@@ -160,21 +160,7 @@ class EngineSupervisor:
         if start_time is None:
             await _kill(process)
             raise self._launch_failed(spec, f"cannot read /proc/{pid}/stat")
-        record = ShardRecord(
-            replica_id=spec.replica_id,
-            shard_index=spec.shard_index,
-            model=spec.model,
-            port=spec.port,
-            gpus=spec.gpus,
-            command=spec.argv,
-            pid=pid,
-            process_start_time=start_time,
-            log_path=str(log_path),
-            started_at=datetime.now(UTC),
-            state=ShardState.STARTING,
-            engine=spec.engine,
-            launch_token=launch.token,
-        )
+        record = launch.spawned(pid, start_time, ShardState.STARTING)
         try:
             self._records.save(record)
         except OSError as exc:
@@ -249,21 +235,7 @@ class EngineSupervisor:
         if leader is None:
             return
         log.warning("unrecorded_engine_killed", replica_id=launch.replica_id, pid=leader.pid)
-        failed = ShardRecord(
-            replica_id=launch.replica_id,
-            shard_index=launch.shard_index,
-            model=launch.model,
-            port=launch.port,
-            gpus=launch.gpus,
-            command=launch.command,
-            pid=leader.pid,
-            process_start_time=leader.start_time,
-            log_path=launch.log_path,
-            started_at=launch.started_at,
-            state=ShardState.FAILED,
-            engine=launch.engine,
-            launch_token=launch.token,
-        )
+        failed = launch.spawned(leader.pid, leader.start_time, ShardState.FAILED)
         self._failed[launch.key] = failed
         self._report(change_of(failed, error=UNRECORDED_ERROR, log_tail=self._tail(launch.key)))
 
