@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from cyclopts import Parameter
 
@@ -123,6 +124,7 @@ def resolve_settings(
             f"the admin API URL must start with http:// or https://, not {admin_url!r} "
             f"(from --admin-url, ${SETTING_ENV['admin_url']} or {config_file})"
         )
+    _check_host_and_port(admin_url, config_file)
     return ConnectionSettings(
         admin_url=admin_url,
         token=pick("token"),
@@ -131,6 +133,21 @@ def resolve_settings(
         ca_cert=pick_path("ca_cert"),
         config_file=config_file,
     )
+
+
+def _check_host_and_port(admin_url: str, config_file: Path) -> None:
+    """A ``ConfigError`` when ``admin_url`` names no host, or a port that is not a number
+    from 0 to 65535: a typo that no connection could follow."""
+    try:
+        parts = urlsplit(admin_url)
+        parts.port  # noqa: B018 (reading it checks it)
+    except ValueError:
+        parts = None
+    if parts is None or not parts.hostname:
+        raise ConfigError(
+            f"the admin API URL needs a host and port like https://llmgw.internal:8081, not "
+            f"{admin_url!r} (from --admin-url, ${SETTING_ENV['admin_url']} or {config_file})"
+        )
 
 
 def config_path(environ: Mapping[str, str] = os.environ) -> Path:

@@ -1,11 +1,14 @@
 """Where llmgw-cli finds the operator certificate: flags, then environment (the current
-names, then the former ones), then the config file."""
+names, then the former ones), then the config file; an admin URL no connection could
+follow is a usage error."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from cli.config import ConnectionFlags, resolve_settings
+import pytest
+
+from cli.config import ConfigError, ConnectionFlags, resolve_settings
 
 
 def environment(tmp_path: Path, **settings: str) -> dict[str, str]:
@@ -62,3 +65,14 @@ def test_a_flag_beats_the_environment_which_beats_the_file(tmp_path: Path) -> No
     assert settings.client_cert == Path("/flag/alice.crt")
     assert settings.client_key == Path("/env/a.key")
     assert settings.ca_cert == tmp_path / "ca.crt"
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:notaport", "http://llmgw.internal:99999", "https://:8081"]
+)
+def test_an_admin_url_without_a_usable_host_and_port_is_a_usage_error(
+    tmp_path: Path, url: str
+) -> None:
+    (tmp_path / "cli.toml").write_text("")
+    with pytest.raises(ConfigError, match="host and port"):
+        resolve_settings(ConnectionFlags(admin_url=url), environment(tmp_path))
