@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 from cyclopts import App
 
 from cli.autoscale import autoscale
@@ -56,5 +59,21 @@ app.command(bench_app)
 register_completion(app)
 
 
+EXIT_INTERRUPTED = 130
+"""Ctrl-C: 128 + SIGINT, as a shell reports a program the signal stopped."""
+EXIT_OUTPUT_CLOSED = 141
+"""Whoever read the output stopped reading (``| head``): 128 + SIGPIPE, as a shell
+reports a program the signal stopped."""
+
+
 def main() -> None:
-    app()
+    """The command line's command, quietly stopped by Ctrl-C or by its reader going away."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        # What is still buffered for stdout cannot be written either: flushing it at exit
+        # would fail again, with a message.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(EXIT_OUTPUT_CLOSED)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,14 @@ from app.store.database import driver_url
 from app.store.postgres import PostgresEventStore
 from cli.sse import SseMessage, SseParser
 from tests.support.admin_server import record, seed_node
-from tests.support.operator_cli import OPERATOR, TOKEN, Operator, live_admin_api
+from tests.support.operator_cli import (
+    OPERATOR,
+    TOKEN,
+    Operator,
+    cli_environment,
+    installed,
+    live_admin_api,
+)
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -335,3 +344,42 @@ async def test_follow_prints_one_line_per_event_for_people(
         OPERATOR,
         f"node {node} cordoned: ECC errors",
     )
+
+
+async def test_follow_stops_quietly_when_its_reader_goes_away_or_on_ctrl_c(
+    operator: Operator, pg_store: PostgresEventStore, database_url: str
+) -> None:
+    """``events --follow | head -1``, and Ctrl-C: the documented exit code, no traceback."""
+    node = a_node()
+    await seed_node(pg_store, node)
+    await cordon(pg_store, node, "shown first")
+    environment = cli_environment(operator.home, operator.settings())
+    command = [installed("llmgw-cli"), "events", "--follow", "--last", "1", "--output", "json"]
+    read_end, write_end = os.pipe()
+    piped = await asyncio.create_subprocess_exec(
+        *command, env=environment, stdout=write_end, stderr=asyncio.subprocess.PIPE
+    )
+    os.close(write_end)
+    interrupted = await asyncio.create_subprocess_exec(
+        *command, env=environment, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        with os.fdopen(read_end, "rb") as reader:
+            assert json.loads(await asyncio.to_thread(reader.readline))["data"]["reason"]
+
+        async def listening() -> bool:
+            return await followers(database_url) == 2
+
+        await wait_until(listening, within_s=30, what="both followers listening")
+        interrupted.send_signal(signal.SIGINT)
+        await cordon(pg_store, node, "printed to nobody")
+        _, piped_stderr = await asyncio.wait_for(piped.communicate(), 30)
+        _, interrupted_stderr = await asyncio.wait_for(interrupted.communicate(), 30)
+    finally:
+        for process in (piped, interrupted):
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+
+    assert (piped.returncode, piped_stderr.decode()) == (141, "")
+    assert (interrupted.returncode, interrupted_stderr.decode()) == (130, "")
