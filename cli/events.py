@@ -110,7 +110,7 @@ def _read_after(client: AdminClient, since: int) -> list[msgspec.Raw]:
 def _read_latest(client: AdminClient, count: int) -> tuple[int, list[msgspec.Raw]]:
     """The latest ``count`` events, and the log position they end at."""
     page = _page(client, {"limit": max(count, 1)})
-    return page.next_since, page.events[len(page.events) - count :] if count else []
+    return page.next_since, page.events[max(len(page.events) - count, 0) :] if count else []
 
 
 def _page(client: AdminClient, params: dict[str, int | str]) -> EventsPage:

@@ -262,6 +262,20 @@ async def test_events_shows_the_latest_events_or_those_after_a_position(
     assert [e["data"]["reason"] for e in after.json()] == ["reason 1", "reason 2"]
 
 
+async def test_last_more_than_the_log_holds_shows_the_whole_log(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    node = a_node()
+    await seed_node(pg_store, node)
+    await cordon(pg_store, node, "the latest")
+    length = await pg_store.last_position()
+
+    shown = await operator.run("events", "--last", str(length + 1), "--output", "json")
+
+    assert shown.code == 0, shown.stderr
+    assert [e["position"] for e in shown.json()] == list(range(1, length + 1))
+
+
 async def test_follow_prints_an_event_appended_after_it_started_and_resumes_with_since(
     operator: Operator, pg_store: PostgresEventStore, database_url: str
 ) -> None:
