@@ -17,6 +17,7 @@ from cli.arguments import UsageError, whole_number
 from cli.client import (
     AdminClient,
     AdminUnreachable,
+    ApiProblem,
     ClientError,
     EventView,
     TlsFailure,
@@ -89,7 +90,7 @@ def events(
         for raw in shown:
             _print_line(raw, output)
         if shown:
-            position = _event_decoder.decode(shown[-1]).position
+            position = _event(shown[-1]).position
         _follow(client, position, output)
         return EXIT_OK
 
@@ -121,7 +122,7 @@ def _print_page(events: list[msgspec.Raw], output: OutputFormat) -> None:
     if output == "json":
         print_json_array(events)
         return
-    rows = [event_row(_event_decoder.decode(raw)) for raw in events]
+    rows = [event_row(_event(raw)) for raw in events]
     count = counted(len(rows), "event")
     print_table(COLUMNS, rows, title=f"the log: {count}", wide=output == "wide")
 
@@ -156,11 +157,22 @@ def _follow(client: AdminClient, position: int, output: OutputFormat) -> None:
         time.sleep(1.0 if lost_since is not None else 0.1)
 
 
+def _event(raw: msgspec.Raw | bytes) -> EventView:
+    """One event of the page or stream; an ``ApiProblem`` when it is not one (a server
+    that is not the admin API, or of another version)."""
+    try:
+        return _event_decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise ApiProblem(
+            200, f"the admin API sent an event this client cannot read: {exc}"
+        ) from exc
+
+
 def _print_line(raw: msgspec.Raw, output: OutputFormat) -> None:
     if output == "json":
         print(bytes(raw).decode(), flush=True)
         return
-    view = _event_decoder.decode(raw)
+    view = _event(raw)
     correlation = f"  [{view.correlation_id}]" if view.correlation_id else ""
     print(
         f"{view.position:>8}  {utc_seconds(view.recorded_at)}  {view.type:<24} "

@@ -1,0 +1,66 @@
+"""``llmgw-cli events`` facing a server that answers, but not as the admin API does: one
+line on stderr and exit 1, never a traceback."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from cli.config import ConnectionFlags
+from cli.events import events
+
+WRONG_EVENT = b'{"weird": 1}'
+
+
+class NotTheAdminApi(BaseHTTPRequestHandler):
+    """A page, and a stream, of events that are not events; a stream id that is no
+    position."""
+
+    def do_GET(self) -> None:
+        if "follow=false" in self.path:
+            body = b'{"events": [' + WRONG_EVENT + b'], "next_since": 1, "more": false}'
+            content_type = "application/json"
+        else:
+            body = b"id: 1\ndata: " + WRONG_EVENT + b"\n\n"
+            content_type = "text/event-stream"
+        self.send_response(200)
+        self.send_header("content-type", content_type)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def admin_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    monkeypatch.setenv("LLMGW_CONFIG", "/dev/null")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotTheAdminApi)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        {"since": 0},
+        {"last": 0, "output": "table", "follow": True},
+        {"last": 1, "output": "table"},
+    ],
+)
+def test_an_event_that_is_not_one_is_refused_in_one_line(
+    admin_url: str, how: dict[str, object], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = events(connection=ConnectionFlags(admin_url=admin_url), **how)  # type: ignore[arg-type]
+
+    stderr = capsys.readouterr().err
+    assert code == 1
+    assert stderr.startswith("llmgw-cli events: the admin API sent an event this client")
+    assert len(stderr.splitlines()) == 1
