@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -43,6 +44,9 @@ _HISTORY_KEYS = {
     "key": "the key prefix or name",
 }
 READYZ_PATH = "/readyz"
+ANSWER_WITHIN_S = 60.0
+"""The longest a whole answer may take: a read timeout alone lets a server (or a proxy)
+that sends a byte now and then hold a command for ever."""
 
 _T = TypeVar("_T")
 _E = TypeVar("_E", bound=BaseException)
@@ -192,8 +196,15 @@ _readiness_decoder = msgspec.json.Decoder(Readiness)
 class AdminClient:
     """Synchronous; one connection pool per instance. Use it as a context manager."""
 
-    def __init__(self, settings: ConnectionSettings, *, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        settings: ConnectionSettings,
+        *,
+        timeout_s: float = 10.0,
+        answer_within_s: float = ANSWER_WITHIN_S,
+    ) -> None:
         self._settings = settings
+        self._answer_within_s = answer_within_s
         self._url = httpx.URL(settings.admin_url)
         headers = {"user-agent": USER_AGENT}
         if settings.token:
@@ -316,15 +327,28 @@ class AdminClient:
         """One call of the admin API (``body``, if any, sent as JSON); the answer's body."""
         content = None if body is None else msgspec.json.encode(body)
         headers = {"content-type": "application/json"} if content is not None else None
+        deadline = time.monotonic() + self._answer_within_s
         try:
-            response = self._http.request(
+            with self._http.stream(
                 method, path, params=dict(params or {}), content=content, headers=headers
-            )
+            ) as streamed:
+                answer = bytearray()
+                for chunk in streamed.iter_bytes():
+                    answer += chunk
+                    if time.monotonic() > deadline:
+                        raise self._too_slow()
         except httpx.TransportError as exc:
             raise self._transport_failure(exc) from exc
-        if response.is_success:
-            return response.content
-        raise self._error_answer(response)
+        if streamed.is_success:
+            return bytes(answer)
+        raise self._error_answer(httpx.Response(streamed.status_code, content=bytes(answer)))
+
+    def _too_slow(self) -> ClientError:
+        return AdminUnreachable(
+            f"the admin API at {self._settings.admin_url} sent no whole answer within "
+            f"{self._answer_within_s:g} s: it, or a proxy in front of it, is stalling; "
+            "try again, and if it persists check the server's log"
+        )
 
     def stream_lines(
         self,

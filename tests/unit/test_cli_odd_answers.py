@@ -1,15 +1,18 @@
-"""``llmgw-cli events`` facing a server that answers, but not as the admin API does: one
-line on stderr and exit 1, never a traceback."""
+"""llmgw-cli facing a server that answers, but not as the admin API does (an event that is
+no event, an answer that never ends): one line on stderr and exit 1, never a traceback,
+never a wait without a bound."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from cli.config import ConnectionFlags
+from cli.client import AdminClient, AdminUnreachable
+from cli.config import ConnectionFlags, ConnectionSettings
 from cli.events import events
 
 WRONG_EVENT = b'{"weird": 1}'
@@ -64,3 +67,41 @@ def test_an_event_that_is_not_one_is_refused_in_one_line(
     assert code == 1
     assert stderr.startswith("llmgw-cli events: the admin API sent an event this client")
     assert len(stderr.splitlines()) == 1
+
+
+class Trickle(BaseHTTPRequestHandler):
+    """An answer that never ends, a byte at a time, each well within a read timeout."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", "100000")
+        self.end_headers()
+        try:
+            while True:
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(0.1)
+        except OSError:
+            return
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.mark.timeout(30)
+def test_an_answer_that_never_ends_is_given_up_within_a_bound() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    settings = ConnectionSettings(admin_url=f"http://127.0.0.1:{server.server_address[1]}")
+    try:
+        with (
+            AdminClient(settings, timeout_s=1.0, answer_within_s=1.0) as client,
+            pytest.raises(AdminUnreachable, match="no whole answer within 1 s"),
+        ):
+            client.request("GET", "/admin/v1/nodes")
+    finally:
+        server.shutdown()
+        server.server_close()
