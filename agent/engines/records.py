@@ -126,7 +126,10 @@ class RecordStore:
 
     def load_launches(self) -> list[LaunchRecord]:
         """Every readable launch record; one that does not decode is logged and left alone."""
-        return self._load("*.launch", LaunchRecord, "launch_record_unreadable")
+        launches, unreadable = self._load("*.launch", LaunchRecord)
+        for path, error in unreadable:
+            log.warning("launch_record_unreadable", path=path, error=error)
+        return launches
 
     def _write(self, path: Path, data: bytes) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -147,16 +150,21 @@ class RecordStore:
 
     def load_all(self) -> list[ShardRecord]:
         """Every readable record; a file that does not decode is logged and left alone."""
-        return self._load("*.json", ShardRecord, "shard_record_unreadable")
+        records, unreadable = self._load("*.json", ShardRecord)
+        for path, error in unreadable:
+            log.warning("shard_record_unreadable", path=path, error=error)
+        return records
 
-    def _load(self, pattern: str, kind: type[T], unreadable: str) -> list[T]:
+    def _load(self, pattern: str, kind: type[T]) -> tuple[list[T], list[tuple[str, str]]]:
+        """The files matching ``pattern`` decoded, and those that did not (path, why)."""
         found: list[T] = []
+        unreadable: list[tuple[str, str]] = []
         for path in sorted(self.directory.glob(pattern)):
             try:
                 found.append(msgspec.json.decode(path.read_bytes(), type=kind))
             except (OSError, msgspec.DecodeError) as exc:
-                log.warning(unreadable, path=str(path), error=str(exc))
-        return found
+                unreadable.append((str(path), str(exc)))
+        return found, unreadable
 
     def _path(self, key: ShardKey) -> Path:
         return self.directory / f"{shard_file_stem(key)}.json"
