@@ -129,14 +129,23 @@ async def engine_has_it(sim: SimulatorProcess) -> None:
     await wait_until(busy, what="the request reaching the engine")
 
 
-def chat_body(prompt: str, *, stream: bool, max_tokens: int = 200) -> bytes:
+def chat_body(prompt: str, *, stream: bool, max_tokens: int = 200, model: str = MODEL) -> bytes:
     return msgspec.json.encode(
         {
-            "model": MODEL,
+            "model": model,
             "messages": [{"role": "user", "content": prompt}],
             "max_tokens": max_tokens,
             "stream": stream,
         }
+    )
+
+
+def chat_request(key: str, body: bytes) -> bytes:
+    """A whole chat completions request with ``body``, as a client writes it."""
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+        b"authorization: Bearer %s\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (key.encode(), len(body), body)
     )
 
 
@@ -150,11 +159,7 @@ class RawRequest:
     @classmethod
     async def send(cls, gateway: GatewayThread, key: str, body: bytes) -> RawRequest:
         reader, writer = await asyncio.open_connection("127.0.0.1", gateway.gateway.port)
-        writer.write(
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
-            b"authorization: Bearer %s\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n\r\n%s" % (key.encode(), len(body), body)
-        )
+        writer.write(chat_request(key, body))
         await writer.drain()
         return cls(reader, writer)
 
@@ -339,25 +344,14 @@ async def test_a_client_that_reads_nothing_of_its_stream_is_dropped_and_frees_it
         route = Route(replica_id=f"{fast}-1", model=fast, url=engine.base_url)
         limits = ListenerLimits(send_timeout_s=0.5)
         with GatewayThread(StaticSource(snapshot_of([route], [record])), limits=limits) as gw:
-            body = msgspec.json.encode(
-                {
-                    "model": fast,
-                    "messages": [{"role": "user", "content": SHORT_PROMPT}],
-                    "max_tokens": 30_000,  # megabytes of events, within its cache
-                    "stream": True,
-                }
-            )
+            # Megabytes of events, within the engine's cache.
+            body = chat_body(SHORT_PROMPT, stream=True, max_tokens=30_000, model=fast)
             sock = socket.socket()
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sock.setblocking(False)
             loop = asyncio.get_running_loop()
             await loop.sock_connect(sock, ("127.0.0.1", gw.gateway.port))
-            await loop.sock_sendall(
-                sock,
-                b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
-                b"authorization: Bearer %s\r\ncontent-type: application/json\r\n"
-                b"content-length: %d\r\n\r\n%s" % (key.encode(), len(body), body),
-            )
+            await loop.sock_sendall(sock, chat_request(key, body))
             await wait_until(lambda: gw.in_flight().get(f"{fast}-1") == 1, what="in flight")
 
             await wait_until(
