@@ -5,7 +5,8 @@ on the trade-off between the SLO and replica-seconds before measuring it.
 
     python benchmarks/autoscale_model.py [--up-window 2] [--down-window 10]
         [--down-window-min-share 0.5] [--target 1.5] [--noise-seeds 3] [--interval-mean]
-        [--oracle-ahead S --oracle-slack X] [--max-in-flight N]
+        [--oracle-ahead S --oracle-slack X] [--arrivals-window S --arrivals-slack X]
+        [--max-in-flight N]
 
 The model, in steps of 10 ms: a replica serves ``MAX_NUM_SEQS`` requests at once in
 decode steps of ``DECODE_MS`` (a request joins at the next step and has its first token
@@ -23,6 +24,13 @@ trace's rate: at each pass the most replicas the rate needs (times the slack) fr
 that many seconds ahead, never below one: what an autoscaler that could see the demand
 coming would do, a bound for a reactive one.
 
+``--arrivals-window``/``--arrivals-slack`` replace the demand the decision reads (requests in
+flight and held) by the rate of arrivals the gateway counted over that many seconds up to
+its last report, times the slack, in replicas: up at once when it needs more, down as the
+policy's down window and share say. Arrivals respond to a burst before requests in flight
+do (those lag by an answer's length); a shorter window is noisier, Poisson arrivals being
+what they are.
+
 ``--max-in-flight`` is the model's ``routing.max_in_flight``: the gateway sends a replica a
 request only while it has fewer than that many in flight, and holds the rest until one
 has room (a replica that starts serving takes them), as ``app.gateway.admission`` does.
@@ -31,6 +39,7 @@ has room (a replica that starts serving takes them), as ``app.gateway.admission`
 from __future__ import annotations
 
 import argparse
+import bisect
 import random
 import sys
 import uuid
@@ -228,6 +237,38 @@ def oracle(trace: Trace, target: float, ahead_s: float, slack: float, most: int)
     return decide
 
 
+def arrivals_rate(
+    due: Sequence[float], policy: AutoscalePolicy, window_s: float, slack: float
+) -> Decide:
+    """A count from the arrivals the gateway counted in the ``window_s`` before its last
+    report: up at once; down to ``c`` of ``n`` only when, for ``max(share, c / n)`` of the
+    down window, no pass needed more than ``c``."""
+    needed: list[tuple[float, int]] = []
+
+    def decide(
+        model: Model, _samples: Sequence[DemandSample], now: datetime
+    ) -> ScaleDecision | None:
+        now_s = (now - ORIGIN).total_seconds()
+        reported_s = int(now_s / REPORT_S) * REPORT_S
+        counted = bisect.bisect_left(due, reported_s) - bisect.bisect_left(
+            due, reported_s - window_s
+        )
+        rate = counted / window_s * slack
+        wanted = min(policy.max_replicas, replicas_for(rate, policy.target))
+        needed.append((now_s, wanted))
+        current = model.spec.replicas
+        inputs = ScaleInputs(demand=rate, per_replica=policy.target, per_replica_from="arrivals")
+        if wanted > current:
+            return ScaleDecision(replicas=wanted, reason="arrivals", inputs=inputs)
+        for count in range(max(policy.min_replicas, 1), current):
+            span_s = policy.down_window_s * max(policy.down_window_min_share, count / current)
+            if now_s >= span_s and max(n for at, n in needed if at >= now_s - span_s) <= count:
+                return ScaleDecision(replicas=count, reason="arrivals", inputs=inputs)
+        return None
+
+    return decide
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=7, help="the trace's, as the benchmark's")
@@ -243,6 +284,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--oracle-ahead", type=float, help="seconds the oracle sees ahead")
     parser.add_argument("--oracle-slack", type=float, default=1.0)
+    parser.add_argument(
+        "--arrivals-window",
+        type=float,
+        help="seconds of arrivals the count is read from, instead of the demand",
+    )
+    parser.add_argument("--arrivals-slack", type=float, default=1.0)
     parser.add_argument(
         "--max-in-flight",
         type=int,
@@ -263,15 +310,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_step=4,
         cold_start_timeout_s=60.0,
     )
-    decide: Decide = autoscale.decide
-    if arguments.oracle_ahead is not None:
-        decide = oracle(
-            trace, arguments.target, arguments.oracle_ahead, arguments.oracle_slack, peak
-        )
+
+    def fresh() -> Decide:
+        """The decision for one run: the arrivals' keeps what each pass needed."""
+        if arguments.oracle_ahead is not None:
+            return oracle(
+                trace, arguments.target, arguments.oracle_ahead, arguments.oracle_slack, peak
+            )
+        if arguments.arrivals_window is not None:
+            return arrivals_rate(due, policy, arguments.arrivals_window, arguments.arrivals_slack)
+        return autoscale.decide
+
     outcomes = [
         simulate(
             policy,
-            decide,
+            fresh(),
             trace,
             due,
             seed,
