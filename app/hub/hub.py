@@ -61,6 +61,7 @@ from app.hub.session import (
 )
 from app.pki import CertificateKind, CertificateRejected, PeerIdentity, peer_identity
 from app.pki.describe import common_name, serial_hex
+from app.store.errors import FencedError
 from wire.errors import ProtocolError, SessionStateError
 from wire.messages import MAX_MESSAGE_BYTES, CloseCode, encode, fit_close_reason
 
@@ -68,6 +69,9 @@ DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
 DEFAULT_HEARTBEAT_TIMEOUT_S = 15.0
 MAX_TICK_S = 1.0
 CLOSE_TIMEOUT_S = 2.0
+DEPOSED_REASON = "this server no longer leads; connect to another"
+"""Why a deposed leader closes an agent's connection (with 1013, try again later): agents
+dial their other servers, the new leader among them."""
 
 LISTEN_BACKLOG = 4096
 TLS_HANDSHAKE_TIMEOUT_S = 60.0
@@ -304,6 +308,10 @@ class AgentHub:
             await self._converse(connection)
         except ConnectionClosed:
             pass  # the agent went away: _end below reports it gone
+        except FencedError as exc:
+            # Another leader took over: this server steps down, its agents go to that one.
+            log.warning("agent_connection_closed_deposed", reason=str(exc))
+            connection.close(WebSocketCloseCode.TRY_AGAIN_LATER, DEPOSED_REASON)
         except Exception:
             log.exception("agent_connection_failed")
             connection.close(WebSocketCloseCode.INTERNAL_ERROR, "internal error")

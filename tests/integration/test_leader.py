@@ -12,6 +12,10 @@ import asyncpg
 import pytest
 import pytest_asyncio
 from sqlalchemy.ext.asyncio import AsyncEngine
+from structlog.testing import capture_logs
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+from websockets.frames import CloseCode
 
 from app import bootstrap
 from app.bootstrap import AgentHubConfig
@@ -23,8 +27,9 @@ from app.store.database import driver_url
 from app.store.errors import FencedError, StoreUnavailable
 from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore, PostgresRecorder
-from tests.support.fake_agents import LOOPBACK, make_pki
+from tests.support.fake_agents import LOOPBACK, gpu, make_pki
 from tests.support.waiting import wait_until
+from wire.messages import PROTOCOL_VERSION, Hello, encode
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -61,6 +66,11 @@ async def leadership_row(database_url: str) -> tuple[int, str]:
         await conn.close()
     assert row is not None
     return row["epoch"], row["holder"]
+
+
+async def read_until_closed(websocket: ClientConnection) -> None:
+    while True:
+        await websocket.recv()
 
 
 def cordon(n: int, epoch: int) -> list[NewEvent]:
@@ -233,3 +243,61 @@ async def test_a_leader_frozen_inside_its_append_transaction_does_not_stop_the_n
         await asyncio.gather(frozen, return_exceptions=True)
         await old_engine.dispose()
         await new_store.engine.dispose()
+
+
+async def test_a_deposed_leader_sends_its_agents_elsewhere_and_logs_one_line(
+    candidates: tuple[LeaderElection, LeaderElection],
+    database_url: str,
+    engine: AsyncEngine,
+    tmp_path: Path,
+) -> None:
+    """A leader whose term another took over (here: the epoch moved on in the database, as
+    a new leader's election does) learns it from its next append, an agent's hello. That
+    agent is told to try another server (1013, try again later), and the log says so in one
+    line, not with a traceback of the fencing and an "internal error" to the agent."""
+    pki = make_pki(tmp_path)
+    election = candidates[0]
+    config = ControlPlaneConfig(
+        server_id=election.holder_id, agent_host=LOOPBACK, agent_port=0, reconcile_interval_s=0.2
+    )
+    hub = AgentHubConfig(tls=pki.server_context())
+    plane = bootstrap.control_plane(
+        PostgresEventStore(engine), database_url, config, hub, election=election
+    )
+    stop = asyncio.Event()
+    running = asyncio.create_task(plane.run(stop))
+    hello = Hello(
+        protocol_version=PROTOCOL_VERSION,
+        node_id="gpu-late",
+        agent_version="test",
+        address=LOOPBACK,
+        port_range=(20000, 20099),
+        gpus=(gpu(0),),
+        shards=(),
+    )
+    try:
+        await wait_until(lambda: plane.role is Role.LEADER, what="the control plane leading")
+        assert plane.leader is not None
+        port = plane.leader.hub.port
+        owner = await asyncpg.connect(driver_url(database_url))
+        try:
+            await owner.execute("UPDATE leadership SET epoch = epoch + 1 WHERE id = 1")
+        finally:
+            await owner.close()
+        with capture_logs() as logs:
+            async with connect(
+                f"wss://{LOOPBACK}:{port}", ssl=pki.node("gpu-late"), open_timeout=TAKEOVER_S
+            ) as websocket:
+                await websocket.send(encode(hello), text=True)
+                with pytest.raises(ConnectionClosed) as closed:
+                    await asyncio.wait_for(read_until_closed(websocket), TAKEOVER_S)
+            assert await asyncio.wait_for(running, TAKEOVER_S) is Outcome.DEPOSED
+        assert closed.value.rcvd is not None
+        assert closed.value.rcvd.code == CloseCode.TRY_AGAIN_LATER
+        assert "no longer leads" in closed.value.rcvd.reason
+        events = [entry["event"] for entry in logs]
+        assert "agent_connection_failed" not in events
+        assert events.count("agent_connection_closed_deposed") == 1
+    finally:
+        stop.set()
+        await asyncio.gather(running, return_exceptions=True)
