@@ -129,7 +129,7 @@ def leader_wiring(
     return LeaderWiring(hub=agent_hub, appends=appends, in_flight=InFlightReports(store.engine))
 
 
-def control_plane_engine(database_url: str) -> AsyncEngine:
+def control_plane_engine(database_url: str, lease_s: float = DEFAULT_LEASE_S) -> AsyncEngine:
     """The pool of ``serve``: its appends, reads and the admin API's writes.
 
     An append that must catch up first holds the append lock in a transaction of a few
@@ -139,7 +139,7 @@ def control_plane_engine(database_url: str) -> AsyncEngine:
     by then a standby may lead, and the lock is its to take. Only ``serve``'s pool has
     this: ``projections rebuild`` and migrations compute between statements for longer.
     """
-    return create_engine(database_url, idle_in_transaction_timeout_s=DEFAULT_LEASE_S)
+    return create_engine(database_url, idle_in_transaction_timeout_s=lease_s)
 
 
 def control_plane(
@@ -179,6 +179,7 @@ class Server:
     gateway: GatewayOptions | None = None
     """The client listener; None: no gateway in this process."""
     allow_privileged_role: bool = False
+    leader_lease_s: float = DEFAULT_LEASE_S
 
     @classmethod
     def from_settings(cls, settings: ServeSettings) -> Server:
@@ -263,11 +264,22 @@ class Server:
             if settings.gateway
             else None,
             allow_privileged_role=settings.allow_privileged_role,
+            leader_lease_s=settings.leader_lease,
+        )
+
+    def database_engine(self) -> AsyncEngine:
+        """The pool ``run`` serves from: idle transactions end after the leader lease."""
+        return control_plane_engine(self.database_url, self.leader_lease_s)
+
+    def election(self) -> LeaderElection:
+        """The election ``run`` leads through, for the leader lease."""
+        return LeaderElection(
+            self.database_url, self.control_plane.server_id, lease_s=self.leader_lease_s
         )
 
     async def run(self) -> int:
         """Serve until signalled or deposed; the process's exit code."""
-        engine = control_plane_engine(self.database_url)
+        engine = self.database_engine()
         try:
             allowed = await database_role_allowed(
                 self.database_url, allow_privileged=self.allow_privileged_role
@@ -276,7 +288,13 @@ class Server:
                 return 1
             store = PostgresEventStore(engine)
             await store.catch_up()
-            plane = control_plane(store, self.database_url, self.control_plane, self.agent_hub)
+            plane = control_plane(
+                store,
+                self.database_url,
+                self.control_plane,
+                self.agent_hub,
+                election=self.election(),
+            )
             gateway = PostgresGateway(self.database_url, self.gateway) if self.gateway else None
             admin = _AdminServer(
                 uvicorn.Config(

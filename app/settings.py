@@ -59,6 +59,7 @@ from app.listeners.limits import (
     DEFAULT_SEND_TIMEOUT_S,
 )
 from app.listeners.throttle import DEFAULT_BURST, DEFAULT_PER_MINUTE
+from app.services.leader import DEFAULT_LEASE_S, lease_problem
 from app.services.reconciler import DEFAULT_INTERVAL_S
 
 DEFAULT_BUDGET = MessageBudget()
@@ -163,6 +164,15 @@ class ServeSettings:
             help="seconds a drain replacement must serve before the original is stopped",
         ),
     ] = DEFAULT_STABILITY_WINDOW_S
+    leader_lease: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_LEADER_LEASE",
+            help="seconds a leader may go unheard by PostgreSQL (frozen, cut off) before its "
+            "lock is freed and a standby leads; also how long a transaction may wait for a "
+            "frozen server. Longer than 6 (a leader's own check gives up first), at most 3600",
+        ),
+    ] = DEFAULT_LEASE_S
     reconcile_interval: Annotated[
         float,
         Parameter(
@@ -262,6 +272,9 @@ class ServeSettings:
             )
             if value < 0
         ]
+        lease = lease_problem(self.leader_lease)
+        if lease is not None:
+            problems.append(f"--leader-lease: {lease}")
         url_problem = database_url_problem(self.database_url)
         if url_problem is not None:
             problems.append(url_problem)

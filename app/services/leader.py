@@ -58,6 +58,34 @@ NEXT_EPOCH = "SELECT llmgw_next_epoch($1)"
 that the runtime role, which may not write ``leadership`` itself, can only ever add one."""
 CONNECT_TIMEOUT_S = 5.0
 DEFAULT_LEASE_S = 10.0
+LONGEST_LEASE_S = 3600.0
+"""A frozen leader holds the agents and every append for as long as its lease: an hour is
+already more than any failover should take."""
+DEFAULT_RETRY_INTERVAL_S = 1.0
+DEFAULT_CHECK_INTERVAL_S = 1.0
+DEFAULT_CHECK_TIMEOUT_S = 5.0
+
+
+def lease_problem(
+    lease_s: float,
+    *,
+    retry_interval_s: float = DEFAULT_RETRY_INTERVAL_S,
+    check_interval_s: float = DEFAULT_CHECK_INTERVAL_S,
+    check_timeout_s: float = DEFAULT_CHECK_TIMEOUT_S,
+) -> str | None:
+    """Why ``lease_s`` cannot be the leader lease, or None when it can. A leader that cannot
+    reach its session gives up within one check interval and one check timeout: that must
+    come before PostgreSQL ends the session and a standby takes over."""
+    shortest = max(check_interval_s + check_timeout_s, retry_interval_s)
+    if not shortest < lease_s <= LONGEST_LEASE_S:  # NaN too
+        return (
+            f"the leader lease ({lease_s:g}s) must be longer than the check interval and "
+            f"timeout together ({check_interval_s + check_timeout_s:g}s) and the retry "
+            f"interval ({retry_interval_s:g}s), and at most {LONGEST_LEASE_S:g}s"
+        )
+    return None
+
+
 """How long the lock's session may sit idle before PostgreSQL ends it: a leader checks it
 every second, so only one frozen or cut off for this long loses it."""
 
@@ -83,26 +111,26 @@ class LeaderElection:
         database_url: str,
         holder_id: str,
         *,
-        retry_interval_s: float = 1.0,
-        check_interval_s: float = 1.0,
-        check_timeout_s: float = 5.0,
+        retry_interval_s: float = DEFAULT_RETRY_INTERVAL_S,
+        check_interval_s: float = DEFAULT_CHECK_INTERVAL_S,
+        check_timeout_s: float = DEFAULT_CHECK_TIMEOUT_S,
         lease_s: float = DEFAULT_LEASE_S,
         lock_key: int = LEADER_LOCK_KEY,
     ) -> None:
-        if lease_s <= max(check_interval_s + check_timeout_s, retry_interval_s):
-            # A leader that cannot reach its session gives up within one check interval and
-            # one check timeout: before PostgreSQL ends the session and a standby takes over.
-            raise ValueError(
-                f"the leader lease ({lease_s:g}s) must be longer than the check interval and "
-                f"timeout together ({check_interval_s + check_timeout_s:g}s) and the retry "
-                f"interval ({retry_interval_s:g}s)"
-            )
+        problem = lease_problem(
+            lease_s,
+            retry_interval_s=retry_interval_s,
+            check_interval_s=check_interval_s,
+            check_timeout_s=check_timeout_s,
+        )
+        if problem is not None:
+            raise ValueError(problem)
         self._url = driver_url(database_url)
         self.holder_id = holder_id
         self._retry_interval_s = retry_interval_s
         self._check_interval_s = check_interval_s
         self._check_timeout_s = check_timeout_s
-        self._lease_s = lease_s
+        self.lease_s = lease_s
         self._lock_key = lock_key
         self._connection: asyncpg.Connection | None = None
         self._connection_closed = asyncio.Event()
@@ -182,7 +210,7 @@ class LeaderElection:
                 # The lease: PostgreSQL ends the session (and frees the lock) once this
                 # side has not checked it for this long. A standby's session asks every
                 # retry interval, so it is never idle for as long.
-                "idle_session_timeout": str(round(self._lease_s * 1000)),
+                "idle_session_timeout": str(round(self.lease_s * 1000)),
             },
         )
         connection.add_termination_listener(lambda _: closed.set())

@@ -23,6 +23,7 @@ from app.domain.envelope import Meta
 from app.domain.events import NodeCordoned, node_stream
 from app.services.control_plane import ControlPlane, ControlPlaneConfig, Outcome, Role
 from app.services.leader import DEFAULT_LEASE_S, LeaderElection
+from app.settings import ServeSettings
 from app.store.database import driver_url
 from app.store.errors import FencedError, StoreUnavailable
 from app.store.interface import NewEvent
@@ -200,6 +201,34 @@ async def test_a_control_plane_stands_by_leads_when_the_leader_stops_and_exits_w
         await asyncio.gather(
             first_run, *([second_run] if second_run else []), return_exceptions=True
         )
+
+
+async def test_serve_s_leader_lease_bounds_its_lock_session_and_its_pool_s_transactions(
+    database_url: str, tmp_path: Path
+) -> None:
+    """``--leader-lease`` reaches both places a frozen server would hold others up: the
+    election (its lock's session ends after the lease idle) and the idle transactions of
+    serve's pool."""
+    make_pki(tmp_path)
+    settings = ServeSettings(
+        database_url=database_url,
+        tls_cert=tmp_path / "server.crt",
+        tls_key=tmp_path / "server.key",
+        tls_ca=tmp_path / "ca.crt",
+        gateway=False,
+        leader_lease=7.5,
+    )
+    server = bootstrap.Server.from_settings(settings)
+    election = server.election()
+    engine = server.database_engine()
+    try:
+        async with engine.connect() as connection:
+            pooled = await connection.exec_driver_sql("SHOW idle_in_transaction_session_timeout")
+            pool_setting = pooled.scalar_one()
+    finally:
+        await engine.dispose()
+    assert election.lease_s == 7.5
+    assert pool_setting == "7500ms"
 
 
 async def test_a_leader_frozen_inside_its_append_transaction_does_not_stop_the_next_appending(

@@ -25,3 +25,11 @@ def test_a_lease_a_cut_off_leader_could_outlive_is_refused() -> None:
 def test_a_lease_a_standby_would_sit_idle_through_is_refused() -> None:
     with pytest.raises(ValueError, match="retry interval"):
         LeaderElection(URL, "cp-1", retry_interval_s=12.0, lease_s=10.0)
+
+
+@pytest.mark.parametrize("lease", [float("nan"), float("inf"), 3601.0])
+def test_a_lease_that_is_not_a_number_or_would_hold_a_frozen_leader_for_hours_is_refused(
+    lease: float,
+) -> None:
+    with pytest.raises(ValueError, match="at most 3600s"):
+        LeaderElection(URL, "cp-1", lease_s=lease)

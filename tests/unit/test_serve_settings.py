@@ -70,3 +70,19 @@ def test_the_embedded_gateway_ejects_and_bounds_uploads_as_a_standalone_one_by_d
     assert settings.max_upload_bytes == 8 << 20
     assert ServeSettings(database_url=DATABASE_URL).ejection_policy() == EjectionPolicy()
     assert ServeSettings(database_url=DATABASE_URL).max_upload_bytes == DEFAULT_MAX_UPLOAD_BYTES
+
+
+@pytest.mark.parametrize("lease", [6.0, 0.0, -1.0, float("nan"), float("inf"), 3601.0])
+def test_a_leader_lease_a_cut_off_leader_could_outlive_or_that_never_ends_is_refused(
+    lease: float,
+) -> None:
+    settings = replace(ServeSettings(database_url=DATABASE_URL), leader_lease=lease)
+
+    [problem] = settings.problems()
+    assert problem.startswith(f"--leader-lease: the leader lease ({lease:g}s) must be longer")
+    assert "at most 3600s" in problem
+
+
+def test_the_leader_lease_is_ten_seconds_unless_set() -> None:
+    assert ServeSettings(database_url=DATABASE_URL).leader_lease == 10.0
+    assert replace(ServeSettings(database_url=DATABASE_URL), leader_lease=7.5).problems() == []
