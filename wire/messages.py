@@ -33,6 +33,11 @@ MAX_MESSAGE_BYTES = 1024 * 1024
 """Largest message either side accepts or sends, as UTF-8 bytes of the JSON text."""
 MAX_LOG_TAIL_LINES = 100
 MAX_CLOSE_REASON_BYTES = 123
+MAX_STOP_GRACE_S = 3_600
+"""Longest grace a ``stop_shard`` may give an engine: an hour, the bound a model spec's
+``stop_grace_s`` has too (``app.domain.model_spec``). A stop that asks for more (or for
+less than nothing) is malformed: the agent closes the connection rather than hold a shard
+stopping for days, or for ever."""
 """A WebSocket close frame holds at most 125 bytes: the 2-byte code and the reason."""
 
 
@@ -208,7 +213,7 @@ class StopShard(_Message, frozen=True, kw_only=True, tag="stop_shard"):
     command_id: NonEmpty
     replica_id: NonEmpty
     shard_index: Index
-    grace_s: Annotated[float, msgspec.Meta(ge=0)]
+    grace_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_STOP_GRACE_S)]
 
 
 AgentMessage = Hello | Heartbeat | ShardStatus | CommandResult

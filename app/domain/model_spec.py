@@ -28,6 +28,7 @@ MAX_GPU_MEMORY_GIB = 1024
 MAX_STARTUP_TIMEOUT_S = 86_400
 """A day: the largest models load in well under an hour."""
 MAX_STOP_GRACE_S = 3_600
+"""An hour; an agent refuses a ``stop_shard`` with more (``wire.messages.MAX_STOP_GRACE_S``)."""
 MAX_MOVES = MAX_REPLICAS
 MIN_WEIGHT = 0.001
 """What ``llmgw-cli bench`` recommends at the least."""

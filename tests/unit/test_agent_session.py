@@ -16,10 +16,12 @@ from agent.session import (
     ServerSession,
     SessionState,
 )
+from app.domain import model_spec
 from wire.errors import SessionStateError
 from wire.messages import (
     MAX_LOG_TAIL_LINES,
     MAX_MESSAGE_BYTES,
+    MAX_STOP_GRACE_S,
     PROTOCOL_VERSION,
     CloseCode,
     CommandResult,
@@ -189,6 +191,47 @@ def test_bad_input_from_the_server_closes_with_a_reason(
     assert session.state is SessionState.CLOSED
     assert session.receive(encode(start()), now=2.0) == []
     assert session.tick(now=100.0) == []
+
+
+@pytest.mark.parametrize(
+    ("grace", "why"),
+    [
+        ("-1", "Expected `float` >= 0.0"),
+        ("3600.5", "Expected `float` <= 3600.0"),
+        ("1e12", "Expected `float` <= 3600.0"),
+        ("1e999", "Number out of range"),  # what infinity is in JSON
+        ("null", "Expected `float`, got `null`"),  # how msgspec and JSON spell NaN
+        ("NaN", "not valid JSON"),
+        ('"inf"', "Expected `float`, got `str`"),
+    ],
+)
+def test_a_stop_with_a_grace_outside_zero_to_an_hour_closes_and_stops_nothing(
+    grace: str, why: str
+) -> None:
+    session = active()
+    stop = (
+        '{"type": "stop_shard", "command_id": "c-9", "replica_id": "llama-1", '
+        f'"shard_index": 0, "grace_s": {grace}}}'
+    )
+
+    outputs = session.receive(stop.encode(), now=1.0)
+
+    assert [type(output) for output in outputs] == [Close], "nothing is executed"
+    close = outputs[0]
+    assert isinstance(close, Close)
+    assert close.code == CloseCode.PROTOCOL_ERROR
+    assert why in close.reason
+    assert session.state is SessionState.CLOSED
+
+
+def test_the_longest_grace_a_stop_may_give_is_the_one_a_model_spec_may_ask_for() -> None:
+    session = active()
+    longest = StopShard(
+        command_id="c-9", replica_id="llama-1", shard_index=0, grace_s=MAX_STOP_GRACE_S
+    )
+
+    assert session.receive(encode(longest), now=1.0) == [Execute(longest)]
+    assert MAX_STOP_GRACE_S == model_spec.MAX_STOP_GRACE_S
 
 
 # -- commands -----------------------------------------------------------------------------
