@@ -22,6 +22,7 @@ from wire.errors import (
 from wire.messages import (
     MAX_CLOSE_REASON_BYTES,
     MAX_MESSAGE_BYTES,
+    MAX_STOP_GRACE_S,
     PROTOCOL_VERSION,
     AgentMessage,
     CommandResult,
@@ -147,8 +148,9 @@ start_shards = st.builds(
         tuple
     ),
 )
+graces = st.floats(min_value=0, max_value=MAX_STOP_GRACE_S)
 stop_shards = st.builds(
-    StopShard, command_id=name, replica_id=name, shard_index=index, grace_s=st.just(0.0) | seconds
+    StopShard, command_id=name, replica_id=name, shard_index=index, grace_s=graces
 )
 agent_messages = st.one_of(hellos, heartbeats, shard_statuses, command_results)
 server_messages = st.one_of(welcomes, acks, start_shards, stop_shards)
