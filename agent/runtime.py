@@ -241,6 +241,7 @@ class AgentRuntime:
         self._supervisor = EngineSupervisor(config.state_dir, self._shard_changed)
         self._ledger = CommandLedger()
         self._causes: dict[ShardKey, str] = {}
+        self._turns: dict[ShardKey, asyncio.Lock] = {}
         self._link: _Link | None = None
         self._local_address = ""
         self._commands: set[asyncio.Task[None]] = set()
@@ -424,16 +425,24 @@ class AgentRuntime:
         if refusal is not None:
             raise CommandRefused(refusal)
         key = ShardKey(command.replica_id, command.shard_index)
-        self._causes[key] = command.command_id
-        record = await self._supervisor.start(shard_spec(command))
-        if record.state is not ShardState.STARTING:
-            # It was already running: nothing that happens to it next is this command's doing.
-            self._causes.pop(key, None)
+        async with self._turn(key):
+            self._causes[key] = command.command_id
+            record = await self._supervisor.start(shard_spec(command))
+            if record.state is not ShardState.STARTING:
+                # It was already running: nothing that happens to it next is this command's.
+                self._causes.pop(key, None)
 
     async def _stop_shard(self, command: StopShard) -> None:
         key = ShardKey(command.replica_id, command.shard_index)
-        self._causes[key] = command.command_id
-        await self._supervisor.stop(command.replica_id, command.shard_index, command.grace_s)
+        async with self._turn(key):
+            self._causes[key] = command.command_id
+            await self._supervisor.stop(command.replica_id, command.shard_index, command.grace_s)
+
+    def _turn(self, key: ShardKey) -> asyncio.Lock:
+        """One command of a shard at a time, from naming itself the cause of what the shard
+        does next until the supervisor is done with it: a start that arrives while a stop
+        waits out its grace must not take over the cause the stop's ``stopped`` reports."""
+        return self._turns.setdefault(key, asyncio.Lock())
 
     def _finished(self, command_id: str, error: str | None) -> None:
         link = self._link

@@ -429,6 +429,56 @@ async def test_an_agent_says_hello_runs_a_shard_and_stops_it(
     await wait_until(lambda: not is_running(engine_pid), what="the engine process is gone")
 
 
+STUBBORN_ENGINE = """
+import pathlib, signal, sys, time
+told = pathlib.Path(sys.argv[1])
+signal.signal(signal.SIGTERM, lambda *_: told.write_text("told to stop"))
+while True:
+    time.sleep(1)
+"""
+"""An engine that notes its SIGTERM in the file its argument names and runs on: a stop
+waits out its whole grace, then SIGKILLs it."""
+
+
+def stubborn_start(command_id: str, port: int, told: Path) -> StartShard:
+    return StartShard(
+        command_id=command_id,
+        replica_id="m-1",
+        shard_index=0,
+        model="m",
+        argv=(sys.executable, "-c", STUBBORN_ENGINE, str(told)),
+        gpus=(0,),
+        port=port,
+    )
+
+
+async def test_a_start_sent_while_a_stop_waits_out_its_grace_is_reported_under_its_own_id(
+    control_plane: ControlPlane, processes: Processes, tmp_path: Path
+) -> None:
+    processes.agent(control_plane, tmp_path / "state")
+    await control_plane.hello()
+    port, told = free_port(), tmp_path / "told"
+    await control_plane.send(stubborn_start("start-1", port, told))
+    first = await control_plane.status("m-1", "starting")
+    assert first.command_id == "start-1"
+
+    since = control_plane.mark()
+    await control_plane.send(
+        StopShard(command_id="stop-1", replica_id="m-1", shard_index=0, grace_s=2)
+    )
+    await wait_until(told.exists, what="the engine told to stop, its grace running")
+    await control_plane.send(stubborn_start("start-2", port, told))
+
+    assert (await control_plane.result("stop-1")).result.ok
+    assert (await control_plane.result("start-2")).result.ok
+    statuses = [
+        (observation.status.state, observation.status.command_id)
+        for observation in control_plane.seen[since:]
+        if isinstance(observation, ShardStatusReported)
+    ]
+    assert statuses == [("stopped", "stop-1"), ("starting", "start-2")]
+
+
 async def test_an_engine_that_exits_with_an_error_is_reported_failed_with_its_log_and_reason(
     control_plane: ControlPlane, processes: Processes, tmp_path: Path
 ) -> None:
