@@ -41,8 +41,9 @@ class EngineProcess(Protocol):
 def spawn_engine(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> int:
     """Start ``argv`` as the leader of a new session and return its pid.
 
-    stdin is /dev/null; stdout and stderr are appended to ``log_path``. The engine holds
-    the log file itself, so the log keeps filling while the agent is away.
+    stdin is /dev/null; stdout and stderr are appended to ``log_path`` (which the
+    supervisor has moved aside first, ``agent.engines.logfiles``). The engine holds the log
+    file itself, so the log keeps filling while the agent is away.
     """
     if not argv:
         raise EngineLaunchError("empty engine command")

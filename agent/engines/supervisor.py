@@ -43,6 +43,7 @@ from agent.engines.family import (
     signal_each,
     wait_until_gone,
 )
+from agent.engines.logfiles import rotate_log
 from agent.engines.logtail import read_log_tail
 from agent.engines.port_owner import HeldElsewhere, check_port_owner
 from agent.engines.processes import AdoptedProcess, ChildProcess, EngineProcess, spawn_engine
@@ -146,6 +147,11 @@ class EngineSupervisor:
         """Spawn the engine and record it, or kill it and raise ``EngineLaunchError``."""
         env = {**engine_env(os.environ, spec), LAUNCH_TOKEN_VARIABLE: launch.token}
         log_path = Path(launch.log_path)
+        try:
+            rotate_log(log_path)
+        except OSError as exc:
+            # Appending to the old log is better than not starting the engine at all.
+            log.warning("engine_log_not_rotated", path=str(log_path), error=str(exc))
         try:
             pid = spawn_engine(spec.argv, env, log_path)
         except (OSError, ValueError) as exc:

@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 
 from agent.engines import (
@@ -294,6 +295,34 @@ async def test_a_started_engine_reports_starting_then_ready_and_serves(node: Nod
     assert f"PORT={spec.port}" in node.engine_log(record)
     assert [r.state for r in agent.supervisor.inventory()] == [ShardState.READY]
     assert [r.state for r in RecordStore(node.state_dir).load_all()] == [ShardState.READY]
+
+
+def last_line(path: Path) -> str:
+    return path.read_text().splitlines()[-1]
+
+
+async def test_a_crash_loop_leaves_the_last_launchs_log_and_the_three_before_it(
+    node: Node,
+) -> None:
+    agent = node.agent()
+    spec = node.spec()
+    for launch in range(1, 7):
+        crashing = msgspec.structs.replace(
+            spec, argv=(*spec.argv, "--fail-with", "3", "--last-words", f"launch {launch} died")
+        )
+        await agent.supervisor.start(crashing)
+        await eventually(
+            lambda launch=launch: agent.log.states(spec.key).count(ShardState.FAILED) == launch,
+            f"launch {launch} failed",
+        )
+        assert agent.log.changes[-1].log_tail[-1] == f"launch {launch} died"
+
+    logs = agent.supervisor.log_path(spec.key)
+    assert sorted(p.name for p in logs.parent.iterdir()) == [
+        f"{logs.name}{suffix}" for suffix in ("", ".1", ".2", ".3")
+    ]
+    last_words = [last_line(Path(f"{logs}{suffix}")) for suffix in ("", ".1", ".2", ".3")]
+    assert last_words == [f"launch {launch} died" for launch in (6, 5, 4, 3)]
 
 
 async def test_starting_a_running_shard_again_returns_the_same_engine(node: Node) -> None:
