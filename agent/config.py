@@ -35,6 +35,10 @@ DEFAULT_CONNECT_TIMEOUT_S = 5.0
 DEFAULT_OPEN_TIMEOUT_S = 30.0
 """The TLS handshake and WebSocket upgrade after it: long, because a control plane just
 elected is handshaking with every agent at once."""
+DEFAULT_NEXT_SERVER_AFTER_S = 5.0
+"""How long a dial waits for its connection to open before the next server is dialled as
+well (the slow dial goes on): a frozen control plane, whose kernel still accepts TCP, costs
+an agent this rather than the open timeout."""
 FAKE_GPU_HEALTH_FILE = "fake-gpu-health.json"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 EnginesOnExit = Literal["keep", "stop"]
@@ -74,6 +78,7 @@ class AgentSettings:
     reconnect_max_delay: float | None = None
     connect_timeout: float | None = None
     open_timeout: float | None = None
+    next_server_after: float | None = None
     engines_on_exit: str | None = None
 
 
@@ -98,6 +103,8 @@ class AgentConfig:
     """How long a TCP connect to a control plane may take."""
     open_timeout_s: float = DEFAULT_OPEN_TIMEOUT_S
     """How long the TLS handshake and WebSocket upgrade after it may take."""
+    next_server_after_s: float = DEFAULT_NEXT_SERVER_AFTER_S
+    """How long a dial may go without opening before the next server is dialled too."""
     engines_on_exit: EnginesOnExit = "keep"
     """What the agent does with its engines when it is stopped (SIGTERM, SIGINT): ``keep``
     them running, as an agent upgrade wants, or ``stop`` them and report each stop first."""
@@ -125,6 +132,7 @@ class _FileSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     reconnect_max_delay: float | Unset = UNSET
     connect_timeout: float | Unset = UNSET
     open_timeout: float | Unset = UNSET
+    next_server_after: float | Unset = UNSET
     engines_on_exit: str | Unset = UNSET
 
 
@@ -153,6 +161,7 @@ def settings_from_env(environ: Mapping[str, str]) -> AgentSettings:
     reconnect_max_delay = get("RECONNECT_MAX_DELAY")
     connect_timeout = get("CONNECT_TIMEOUT")
     open_timeout = get("OPEN_TIMEOUT")
+    next_server_after = get("NEXT_SERVER_AFTER")
     return AgentSettings(
         servers=None if servers is None else tuple(re.split(r"[\s,]+", servers)),
         node_id=get("NODE_ID"),
@@ -174,6 +183,9 @@ def settings_from_env(environ: Mapping[str, str]) -> AgentSettings:
         open_timeout=None
         if open_timeout is None
         else _seconds(open_timeout, f"{ENV_PREFIX}OPEN_TIMEOUT"),
+        next_server_after=None
+        if next_server_after is None
+        else _seconds(next_server_after, f"{ENV_PREFIX}NEXT_SERVER_AFTER"),
         engines_on_exit=get("ENGINES_ON_EXIT"),
     )
 
@@ -206,6 +218,7 @@ def settings_from_file(path: Path) -> AgentSettings:
         reconnect_max_delay=_given(read.reconnect_max_delay),
         connect_timeout=_given(read.connect_timeout),
         open_timeout=_given(read.open_timeout),
+        next_server_after=_given(read.next_server_after),
         engines_on_exit=_given(read.engines_on_exit),
     )
 
@@ -244,6 +257,7 @@ def resolve(settings: AgentSettings, environ: Mapping[str, str]) -> AgentConfig:
         ("--reconnect-max-delay", settings.reconnect_max_delay),
         ("--connect-timeout", settings.connect_timeout),
         ("--open-timeout", settings.open_timeout),
+        ("--next-server-after", settings.next_server_after),
     ):
         if seconds is not None and not seconds > 0:
             raise ConfigError(f"{flag} {seconds}: expected a positive number of seconds")
@@ -266,6 +280,7 @@ def resolve(settings: AgentSettings, environ: Mapping[str, str]) -> AgentConfig:
         reconnect_max_delay_s=settings.reconnect_max_delay or DEFAULT_RECONNECT_MAX_DELAY_S,
         connect_timeout_s=settings.connect_timeout or DEFAULT_CONNECT_TIMEOUT_S,
         open_timeout_s=settings.open_timeout or DEFAULT_OPEN_TIMEOUT_S,
+        next_server_after_s=settings.next_server_after or DEFAULT_NEXT_SERVER_AFTER_S,
         engines_on_exit=parse_engines_on_exit(settings.engines_on_exit or "keep"),
     )
 

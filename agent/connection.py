@@ -7,7 +7,16 @@ black-holed costs little before the next is tried; then the TLS handshake and th
 WebSocket upgrade, long, because a control plane just elected is dialled by every agent at
 once and its handshakes queue on one loop: an agent that gives up on a slow handshake and
 dials again only adds to the queue (at 3,000 agents a 10 s limit made every agent redial
-four times; 60 s had them all welcomed in 15 s). Between attempts the agent waits a
+four times; 60 s had them all welcomed in 15 s).
+
+A frozen control plane looks the same from outside: its kernel accepts TCP and its
+handshakes never finish. So rather than shorten the open timeout, which would bring the
+redials back, an attempt that has opened nothing after ``next_server_after_s`` dials the
+next server as well, keeping the slow dial going (as happy eyeballs does for addresses,
+RFC 8305): the first connection to open is served and the others are abandoned. A slow
+leader keeps every dial it was sent, the next server is typically a standby that refuses
+at once, and an agent whose leader froze reaches the new one in seconds. Between attempts
+the agent waits a
 jittered, exponentially growing delay (``Backoff``: 0.5 s doubling up to 30 s, each delay
 drawn from its upper half); the growth starts over once a connection has stayed up for
 ``STABLE_AFTER_S``. websockets' own ``async for ws in connect(uri)`` is not used because it
@@ -40,7 +49,6 @@ up; that is why hang-ups are counted rather than trusted at once. Exceptions::
 from __future__ import annotations
 
 import asyncio
-import itertools
 import random
 import socket
 import ssl
@@ -54,7 +62,12 @@ import structlog
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidMessage, InvalidStatus, WebSocketException
 
-from agent.config import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_OPEN_TIMEOUT_S, ServerAddress
+from agent.config import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_NEXT_SERVER_AFTER_S,
+    DEFAULT_OPEN_TIMEOUT_S,
+    ServerAddress,
+)
 from app.pki import explain_tls_failure, fetch_presented_certificate, ssl_error_in
 from wire.messages import MAX_MESSAGE_BYTES, CloseCode
 
@@ -156,10 +169,12 @@ Serve = Callable[[ClientConnection], Awaitable[bool]]
 @dataclass(frozen=True)
 class DialTimeouts:
     """``connect_s``: the TCP connect (name resolution included); ``open_s``: the TLS
-    handshake and the WebSocket upgrade after it."""
+    handshake and the WebSocket upgrade after it; ``next_server_after_s``: how long an
+    attempt waits for a connection to open before it dials the next server as well."""
 
     connect_s: float = DEFAULT_CONNECT_TIMEOUT_S
     open_s: float = DEFAULT_OPEN_TIMEOUT_S
+    next_server_after_s: float = DEFAULT_NEXT_SERVER_AFTER_S
 
 
 @dataclass(frozen=True)
@@ -182,16 +197,22 @@ async def stay_connected(
     """Dial the servers in turn and hand each connection to ``serve`` (which returns True if
     the control plane welcomed the agent), for ever; raise ``ConnectionFatal`` when trying
     again cannot help."""
+    if not servers:
+        raise ConnectionFatal("no server to connect to")
     backoff = backoff or Backoff()
     timeouts = timeouts or DialTimeouts()
     hang_ups = 0
     delay = 0.0
-    for server in itertools.cycle(servers):
+    first = 0
+    while True:
         if delay:
             await asyncio.sleep(delay)
-        # Every line logged while this server is dialled or connected names it.
-        with structlog.contextvars.bound_contextvars(server=server.uri):
-            ending = await _connect_once(server, ssl_context, serve, timeouts, clock)
+        turn = [(first + step) % len(servers) for step in range(len(servers))]
+        position, ending = await _connect_once(
+            [(p, servers[p]) for p in turn], ssl_context, serve, timeouts, clock
+        )
+        server = servers[position]
+        first = (position + 1) % len(servers)
         hang_ups = hang_ups + 1 if ending.failure is Failure.HUNG_UP_AFTER_TLS else 0
         if hang_ups >= REFUSAL_STRIKES:
             raise ClientCertificateRejected(
@@ -211,19 +232,143 @@ async def stay_connected(
             log.warning(
                 "connect_failed", server=server.uri, reason=ending.detail, retry_in_s=retry_in_s
             )
-    raise ConnectionFatal("no server to connect to")
+
+
+Candidate = tuple[int, ServerAddress]
+"""A server and its place among the configured ones."""
 
 
 async def _connect_once(
-    server: ServerAddress,
+    candidates: Sequence[Candidate],
     ssl_context: ssl.SSLContext,
     serve: Serve,
     timeouts: DialTimeouts,
     clock: Callable[[], float],
-) -> _Ending:
+) -> tuple[int, _Ending]:
+    """One attempt: open a connection to the first of ``candidates`` that answers, serve
+    it until it ends, and say how it ended and on which server (where the next attempt
+    carries on from)."""
+    dialled = await _open_first(candidates, ssl_context, timeouts)
+    if isinstance(dialled, _Failed):
+        return dialled.position, await _ending_of_failure(dialled.server, dialled.error)
+    position, server = dialled.position, dialled.server
+    # Every line logged while this server is connected names it.
+    with structlog.contextvars.bound_contextvars(server=server.uri):
+        try:
+            async with dialled.websocket as websocket:
+                log.info("connected")
+                opened_at = clock()
+                welcomed = await serve(websocket)
+                stable = welcomed and clock() - opened_at >= STABLE_AFTER_S
+                return position, _ending_of(server, websocket, stable)
+        except (OSError, TimeoutError, WebSocketException) as exc:
+            return position, await _ending_of_failure(server, exc)
+
+
+@dataclass(frozen=True)
+class _Opened:
+    position: int
+    server: ServerAddress
+    websocket: ClientConnection
+
+
+@dataclass(frozen=True)
+class _Failed:
+    position: int
+    server: ServerAddress
+    error: Exception
+
+
+async def _open_first(
+    candidates: Sequence[Candidate], ssl_context: ssl.SSLContext, timeouts: DialTimeouts
+) -> _Opened | _Failed:
+    """Dial the first candidate; each time ``timeouts.next_server_after_s`` passes without
+    a connection opened, dial the next candidate that is not being dialled already (round
+    the list again if need be), every dial keeping its own timeouts. The first connection
+    to open wins and every other dial is abandoned (closed). Otherwise the failure that
+    ended the attempt: a fatal one at once, else the last one once no dial is left.
+
+    So a frozen first server is passed over in ``next_server_after_s``, and a next server
+    that refuses at first (a standby that leads only seconds later) is dialled again every
+    ``next_server_after_s`` while the slow dial goes on; a dial that fails with none other
+    going ends the attempt, and the caller waits its backoff as after any failure."""
+    loop = asyncio.get_running_loop()
+    patience = timeouts.next_server_after_s
+    dials: dict[asyncio.Task[ClientConnection], Candidate] = {}
+    turn = 0
+
+    def dial_next() -> ServerAddress:
+        nonlocal turn
+        dialling = {position for position, _ in dials.values()}
+        while candidates[turn % len(candidates)][0] in dialling:
+            turn += 1
+        position, server = candidates[turn % len(candidates)]
+        turn += 1
+        # The dial's own task: every line it logs names its server.
+        with structlog.contextvars.bound_contextvars(server=server.uri):
+            task = asyncio.create_task(_open(server, ssl_context, timeouts))
+        dials[task] = (position, server)
+        return server
+
+    dial_next()
+    next_dial_at = loop.time() + patience
+    failed: _Failed | None = None
     try:
-        sock = await tcp_connect(server.host, server.port, timeouts.connect_s)
-        async with connect(
+        while dials:
+            idle = len(dials) < len(candidates)
+            wait_s = max(0.0, next_dial_at - loop.time()) if idle else None
+            done, _ = await asyncio.wait(dials, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                slow = [server.uri for _, server in dials.values()]
+                log.info("dialling_next_server", server=dial_next().uri, still_dialling=slow)
+                next_dial_at = loop.time() + patience
+                continue
+            ended = [(dials.pop(task), task) for task in done]
+            opened = [
+                _Opened(position, server, task.result())
+                for (position, server), task in ended
+                if task.exception() is None
+            ]
+            if opened:
+                for later in opened[1:]:
+                    await _abandon(later.websocket)
+                return opened[0]
+            for (position, server), task in ended:
+                error = task.exception()
+                if not isinstance(error, Exception):
+                    raise AssertionError(f"a dial ended with {error!r}")
+                failed = _Failed(position, server, error)
+                if classify_failure(error) in _FATAL:
+                    return failed
+                if dials:
+                    log.warning(
+                        "connect_failed",
+                        server=server.uri,
+                        reason=explain_tls_failure(error, server.host),
+                        still_dialling=[s.uri for _, s in dials.values()],
+                    )
+            # A server that just failed is not dialled again at once.
+            next_dial_at = max(next_dial_at, loop.time() + patience)
+    finally:
+        for task in dials:
+            task.cancel()
+        for result in await asyncio.gather(*dials, return_exceptions=True):
+            if isinstance(result, ClientConnection):
+                await _abandon(result)
+    assert failed is not None, "a dial was made, and every one of them failed"
+    return failed
+
+
+_FATAL = frozenset({Failure.SERVER_CERTIFICATE, Failure.CLIENT_REFUSED})
+
+
+async def _open(
+    server: ServerAddress, ssl_context: ssl.SSLContext, timeouts: DialTimeouts
+) -> ClientConnection:
+    """A WebSocket connection to ``server``, opened: TCP, then TLS and the upgrade."""
+    sock = await tcp_connect(server.host, server.port, timeouts.connect_s)
+    try:
+        return await connect(
             server.uri,
             sock=sock,
             ssl=ssl_context,
@@ -232,24 +377,30 @@ async def _connect_once(
             ssl_handshake_timeout=timeouts.open_s,
             close_timeout=CLOSE_TIMEOUT_S,
             proxy=None,
-        ) as websocket:
-            log.info("connected")
-            opened_at = clock()
-            welcomed = await serve(websocket)
-            stable = welcomed and clock() - opened_at >= STABLE_AFTER_S
-            return _ending_of(server, websocket, stable)
-    except (OSError, TimeoutError, WebSocketException) as exc:
-        failure = classify_failure(exc)
-        if failure is Failure.SERVER_CERTIFICATE:
-            presented = await asyncio.to_thread(
-                fetch_presented_certificate, server.host, server.port
-            )
-            raise ServerCertificateRejected(
-                explain_tls_failure(exc, server.host, presented)
-            ) from exc
-        if failure is Failure.CLIENT_REFUSED:
-            raise ClientCertificateRejected(_refusal(exc, server)) from exc
-        return _Ending(failure, explain_tls_failure(exc, server.host))
+        )
+    except BaseException:
+        sock.close()
+        raise
+
+
+async def _abandon(websocket: ClientConnection) -> None:
+    """Close a connection that opened after another had won."""
+    try:
+        async with asyncio.timeout(CLOSE_TIMEOUT_S):
+            await websocket.close(CloseCode.GOING_AWAY, "connected to another server")
+    except (OSError, TimeoutError, WebSocketException):
+        pass
+
+
+async def _ending_of_failure(server: ServerAddress, exc: BaseException) -> _Ending:
+    """A retryable failure's ending; raises the ``ConnectionFatal`` a fatal one means."""
+    failure = classify_failure(exc)
+    if failure is Failure.SERVER_CERTIFICATE:
+        presented = await asyncio.to_thread(fetch_presented_certificate, server.host, server.port)
+        raise ServerCertificateRejected(explain_tls_failure(exc, server.host, presented)) from exc
+    if failure is Failure.CLIENT_REFUSED:
+        raise ClientCertificateRejected(_refusal(exc, server)) from exc
+    return _Ending(failure, explain_tls_failure(exc, server.host))
 
 
 async def tcp_connect(host: str, port: int, timeout_s: float) -> socket.socket:

@@ -138,6 +138,15 @@ def run(
             "once. [default: 30]"
         ),
     ] = None,
+    next_server_after: Annotated[
+        float | None,
+        Parameter(
+            help="With several --server: seconds a dial may go without its connection "
+            "opening before the next server is dialled too. The slow dial goes on (the first "
+            "to open wins), so a frozen control plane, whose kernel still accepts TCP, costs "
+            "this rather than --open-timeout. [default: 5]"
+        ),
+    ] = None,
     engines_on_exit: Annotated[
         EnginesOnExit | None,
         Parameter(
@@ -173,6 +182,7 @@ def run(
             reconnect_max_delay=reconnect_max_delay,
             connect_timeout=connect_timeout,
             open_timeout=open_timeout,
+            next_server_after=next_server_after,
             engines_on_exit=engines_on_exit,
         )
         settings = load_config(flags, os.environ, config)
@@ -308,7 +318,11 @@ async def _serve_until_stopped(
             ssl_context,
             runtime.serve,
             backoff=backoff,
-            timeouts=DialTimeouts(connect_s=config.connect_timeout_s, open_s=config.open_timeout_s),
+            timeouts=DialTimeouts(
+                connect_s=config.connect_timeout_s,
+                open_s=config.open_timeout_s,
+                next_server_after_s=config.next_server_after_s,
+            ),
         )
     )
     gpu_watch = asyncio.create_task(runtime.watch_gpus())

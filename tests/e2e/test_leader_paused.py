@@ -26,8 +26,9 @@ TAKEN_OVER_WITHIN_S = DEFAULT_LEASE_S + 15.0
 loaded machine."""
 EXIT_DEPOSED = 3
 AGENT_BACK_WITHIN_S = 40.0
-"""An agent that dialled the frozen leader waits out its opening handshake (30 s) first:
-the frozen process's kernel still accepts connections."""
+"""An agent that dialled the frozen leader (whose kernel still accepts connections) dials
+the standby beside it every 5 s (``--next-server-after``), so it is back within seconds of
+the takeover; the bound leaves room for an agent that does not (a single ``--server``)."""
 
 
 async def test_a_standby_takes_over_from_a_frozen_leader_which_then_steps_down(

@@ -1,7 +1,9 @@
-"""The agent's two dial timeouts, on real sockets: a server whose TCP connect never
-completes is left after the short connect timeout, and a server that accepts TCP but never
-finishes its TLS handshake (a control plane deep in a reconnect storm) is given the long
-open timeout before the agent dials again."""
+"""The agent's dial timeouts, on real sockets: a server whose TCP connect never completes is
+left after the short connect timeout; a server that accepts TCP but never finishes its TLS
+handshake (a control plane deep in a reconnect storm) is given the long open timeout before
+the agent dials it again; and when there is another server, the agent dials that one too
+once the handshake has been slow for ``--next-server-after``, so a frozen control plane
+costs it seconds rather than the whole open timeout."""
 
 from __future__ import annotations
 
@@ -16,9 +18,16 @@ import pytest
 from structlog.testing import capture_logs
 from websockets.asyncio.client import ClientConnection
 
-from agent.config import parse_server
+from agent.config import DEFAULT_OPEN_TIMEOUT_S, parse_server
 from agent.connection import Backoff, DialTimeouts, stay_connected, tcp_connect
+from app.domain.reports import AgentConnected, AgentReport
+from app.hub.hub import AgentHub
+from tests.support.hub import LOOPBACK, Pki, greet, new_node_id, pki
+from tests.support.ports import free_port
 from tests.support.waiting import wait_until
+from wire.messages import Welcome
+
+__all__ = ["pki"]  # the fixture, from tests.support.hub
 
 CONNECT_S = 0.3
 OPEN_S = 1.5
@@ -108,3 +117,149 @@ async def test_the_agent_skips_a_dead_server_fast_and_waits_long_for_a_slow_hand
     dead = [f for f in failures if f["server"] == servers[0].uri]
     assert dead, failures
     assert all(f"timed out after {CONNECT_S:g}s" in f["reason"] for f in dead)
+
+
+async def test_dialling_the_next_server_too_never_cuts_a_slow_handshake_short() -> None:
+    async with (
+        silent_after_tcp() as (first_port, first),
+        silent_after_tcp() as (
+            second_port,
+            second,
+        ),
+    ):
+        servers = [
+            parse_server(f"wss://127.0.0.1:{first_port}"),
+            parse_server(f"wss://127.0.0.1:{second_port}"),
+        ]
+        dialling = asyncio.create_task(
+            stay_connected(
+                servers,
+                ssl.create_default_context(),
+                never_served,
+                backoff=Backoff(initial_s=0.01, cap_s=0.01),
+                timeouts=DialTimeouts(connect_s=CONNECT_S, open_s=OPEN_S, next_server_after_s=0.3),
+            )
+        )
+        try:
+            await wait_until(
+                lambda: len(first) >= 2 and len(second) >= 2, within_s=8 * (OPEN_S + CONNECT_S)
+            )
+            stays = first[:2] + second[:2]  # not the dials the test's end cuts short
+        finally:
+            dialling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await dialling
+
+    # Each server, dialled first or beside the other, kept every dial for the open timeout.
+    assert all(OPEN_S - 0.1 <= stay < OPEN_S + 1.0 for stay in stays), (first, second)
+
+
+class Reports:
+    """What a hub hands on: every report, in order."""
+
+    def __init__(self) -> None:
+        self.seen: list[AgentReport] = []
+
+    async def handle(self, report: AgentReport) -> None:
+        self.seen.append(report)
+
+
+@contextlib.asynccontextmanager
+async def a_hub(pki: Pki, port: int = 0) -> AsyncIterator[tuple[AgentHub, Reports]]:
+    reports = Reports()
+    hub = AgentHub(reports, pki.server_context(), heartbeat_interval_s=1.0, server_id="second")
+    await hub.start(LOOPBACK, port)
+    try:
+        yield hub, reports
+    finally:
+        await hub.stop()
+
+
+async def test_a_frozen_server_is_passed_over_for_the_next_one_in_seconds(pki: Pki) -> None:
+    node_id = new_node_id()
+    welcomed: list[tuple[Welcome, float]] = []
+
+    async def say_hello(websocket: ClientConnection) -> bool:
+        welcomed.append((await greet(websocket, node_id), time.monotonic()))
+        await websocket.wait_closed()
+        return True
+
+    async with a_hub(pki) as (hub, reports), silent_after_tcp() as (frozen_port, held):
+        servers = [
+            parse_server(f"wss://{LOOPBACK}:{frozen_port}"),
+            parse_server(f"wss://{LOOPBACK}:{hub.port}"),
+        ]
+        with capture_logs() as logs:
+            started = time.monotonic()
+            dialling = asyncio.create_task(
+                stay_connected(servers, pki.node(node_id), say_hello, timeouts=DialTimeouts())
+            )
+            try:
+                await wait_until(
+                    lambda: bool(welcomed),
+                    within_s=DEFAULT_OPEN_TIMEOUT_S / 2,
+                    what="the agent welcomed by the second server",
+                )
+                await wait_until(lambda: len(held) == 1, what="the frozen server's dial given up")
+            finally:
+                dialling.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await dialling
+
+    welcome, at = welcomed[0]
+    assert welcome.server_id == "second"
+    assert [r.node_id for r in reports.seen if isinstance(r, AgentConnected)] == [node_id]
+    assert DialTimeouts().next_server_after_s - 0.1 <= at - started, "the first was dialled first"
+    assert [(e["event"], e["server"]) for e in logs if e["event"] == "dialling_next_server"] == [
+        ("dialling_next_server", servers[1].uri)
+    ]
+
+
+async def test_a_standby_that_refuses_at_first_is_dialled_again_while_the_frozen_dial_goes_on(
+    pki: Pki,
+) -> None:
+    node_id = new_node_id()
+    standby_port = free_port()  # claimed, so nothing listens there until the hub does
+    welcomed: list[Welcome] = []
+
+    async def say_hello(websocket: ClientConnection) -> bool:
+        welcomed.append(await greet(websocket, node_id))
+        await websocket.wait_closed()
+        return True
+
+    async with silent_after_tcp() as (frozen_port, held):
+        servers = [
+            parse_server(f"wss://{LOOPBACK}:{frozen_port}"),
+            parse_server(f"wss://{LOOPBACK}:{standby_port}"),
+        ]
+        with capture_logs() as logs:
+            dialling = asyncio.create_task(
+                stay_connected(
+                    servers,
+                    pki.node(node_id),
+                    say_hello,
+                    timeouts=DialTimeouts(next_server_after_s=1.0),
+                )
+            )
+            try:
+                await wait_until(
+                    lambda: any(
+                        e["event"] == "connect_failed" and e["server"] == servers[1].uri
+                        for e in logs
+                    ),
+                    what="the standby refusing the dial made beside the frozen one",
+                )
+                async with a_hub(pki, standby_port):  # the standby leads now
+                    await wait_until(
+                        lambda: bool(welcomed),
+                        within_s=DEFAULT_OPEN_TIMEOUT_S / 2,
+                        what="the agent welcomed by the new leader",
+                    )
+                    await wait_until(lambda: len(held) == 1, what="the frozen dial given up")
+            finally:
+                dialling.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await dialling
+
+    refused = next(e for e in logs if e["event"] == "connect_failed")
+    assert refused["still_dialling"] == [servers[0].uri]

@@ -124,6 +124,14 @@ def test_the_dial_timeouts_default_short_for_tcp_and_long_for_the_handshakes(
     assert (config.connect_timeout_s, config.open_timeout_s) == (2.0, 60.0)
 
 
+def test_the_next_server_is_dialled_too_after_five_seconds_unless_told(node_files: Path) -> None:
+    assert load_config(flags(node_files), {}).next_server_after_s == 5.0
+    environ = {"LLMGW_AGENT_NEXT_SERVER_AFTER": "2.5"}
+    assert load_config(flags(node_files), environ).next_server_after_s == 2.5
+    told = flags(node_files, next_server_after=1.0)
+    assert load_config(told, environ).next_server_after_s == 1.0
+
+
 def test_the_reconnect_delay_cap_comes_from_the_environment_in_seconds(node_files: Path) -> None:
     config = load_config(flags(node_files), {"LLMGW_AGENT_RECONNECT_MAX_DELAY": "1.5"})
 
@@ -167,6 +175,7 @@ def test_the_state_directory_defaults_by_who_runs_the_agent(
         ({"reconnect_max_delay": 0.0}, "--reconnect-max-delay 0.0: expected a positive number"),
         ({"connect_timeout": -1.0}, "--connect-timeout -1.0: expected a positive number"),
         ({"open_timeout": 0.0}, "--open-timeout 0.0: expected a positive number"),
+        ({"next_server_after": -5.0}, "--next-server-after -5.0: expected a positive number"),
     ],
 )
 def test_a_bad_setting_is_refused_with_a_message_naming_it(
