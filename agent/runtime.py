@@ -44,6 +44,7 @@ from agent.session import (
     Send,
     ServerSession,
 )
+from agent.turns import Turns
 from wire.errors import MessageTooLarge
 from wire.messages import (
     PROTOCOL_VERSION,
@@ -241,7 +242,7 @@ class AgentRuntime:
         self._supervisor = EngineSupervisor(config.state_dir, self._shard_changed)
         self._ledger = CommandLedger()
         self._causes: dict[ShardKey, str] = {}
-        self._turns: dict[ShardKey, asyncio.Lock] = {}
+        self._turns: Turns[ShardKey] = Turns()
         self._link: _Link | None = None
         self._local_address = ""
         self._commands: set[asyncio.Task[None]] = set()
@@ -425,7 +426,7 @@ class AgentRuntime:
         if refusal is not None:
             raise CommandRefused(refusal)
         key = ShardKey(command.replica_id, command.shard_index)
-        async with self._turn(key):
+        async with self._turns.of(key):
             self._causes[key] = command.command_id
             record = await self._supervisor.start(shard_spec(command))
             if record.state is not ShardState.STARTING:
@@ -434,15 +435,9 @@ class AgentRuntime:
 
     async def _stop_shard(self, command: StopShard) -> None:
         key = ShardKey(command.replica_id, command.shard_index)
-        async with self._turn(key):
+        async with self._turns.of(key):
             self._causes[key] = command.command_id
             await self._supervisor.stop(command.replica_id, command.shard_index, command.grace_s)
-
-    def _turn(self, key: ShardKey) -> asyncio.Lock:
-        """One command of a shard at a time, from naming itself the cause of what the shard
-        does next until the supervisor is done with it: a start that arrives while a stop
-        waits out its grace must not take over the cause the stop's ``stopped`` reports."""
-        return self._turns.setdefault(key, asyncio.Lock())
 
     def _finished(self, command_id: str, error: str | None) -> None:
         link = self._link
