@@ -4,13 +4,21 @@ keys change replica when the replicas or their weights change.
     python benchmarks/keyed_routing.py [--replicas 2 10 64] [--requests 2000]
         [--concurrency 12] [--passes 9] [--keys 100000] [--rounds 3] [--baseline CHECKOUT]
 
-**Cost.** One ``Router`` per replica count, its model under the ``session`` policy and
-its replicas idle but for the requests the benchmark holds open (no scrapers: each replica
-is judged by the gateway's own in-flight count, as with stale signals). Per request, the
-time of ``Router.acquire`` with a session key (the key's hash is made beforehand: it does
-not depend on the replicas), ``--concurrency`` leases open, released oldest first. The
-figure per replica count is the median over ``--passes`` passes of each pass's median (and
-p99), in microseconds.
+**Cost.** One ``Router`` per replica count and case, its model under the ``session``
+policy and its replicas idle but for the requests the benchmark holds open (no scrapers:
+each replica is judged by the gateway's own in-flight count, as with stale signals). Per
+request, the time of ``Router.acquire`` with a session key (the key's hash is made
+beforehand: it does not depend on the replicas), ``--concurrency`` leases open, released
+oldest first. The cases:
+
+* ``equal``: every replica of weight 1 (a model's replicas are, unless bench tuned one of
+  them), keys spread over ``--requests / 4`` sessions;
+* ``distinct``: each replica a weight of its own (1 to 2), keys spread likewise;
+* ``one key``: distinct weights and every request of one session, so its home fills up to
+  its bound and the rest are passed on down the key's walk.
+
+The figure per replica count and case is the median over ``--passes`` passes of each
+pass's median (and p99), in microseconds.
 
 **Movement.** ``--keys`` session keys routed with every replica idle (so each goes to its
 home), before and after a change, through a router fed the table before and the table
@@ -39,13 +47,19 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
+
+from app.gateway.affinity import RouteKey
+from app.gateway.router import Lease, Router
+from app.gateway.table import GatewaySnapshot, Route, RoutePolicy
 
 HERE = Path(__file__).resolve().parent
 MODEL = "bench-model"
 CHANGES = ("add weight-2", "bench 1 -> 2")
+CASES = ("equal", "distinct", "one key")
+Figures = dict[str, dict[str, dict[str, float]]]
+"""One round's: ``cost`` per "<replicas>, <case>" and ``movement`` per change."""
 
 
 def _key(n: int) -> int:
@@ -53,9 +67,7 @@ def _key(n: int) -> int:
     return int.from_bytes(digest, "big")
 
 
-def _snapshot(weights: dict[str, float]) -> object:
-    from app.gateway.table import GatewaySnapshot, Route, RoutePolicy
-
+def _snapshot(weights: dict[str, float]) -> GatewaySnapshot:
     routes = tuple(
         Route(replica_id=replica, model=MODEL, url=f"http://{replica}", weight=weight)
         for replica, weight in weights.items()
@@ -67,14 +79,16 @@ def _snapshot(weights: dict[str, float]) -> object:
     )
 
 
-async def cost(replicas: int, requests: int, concurrency: int, passes: int) -> dict[str, float]:
+async def cost(
+    replicas: int, case: str, requests: int, concurrency: int, passes: int
+) -> dict[str, float]:
     """Median over passes of the median and p99 of ``Router.acquire``, microseconds."""
-    from app.gateway.affinity import RouteKey
-    from app.gateway.router import Lease, Router
-
+    spread = 0.0 if case == "equal" else 1.0
     router = Router()
-    router.update(_snapshot({f"r-{n}": 1.0 for n in range(replicas)}))  # type: ignore[arg-type]
-    keys = [RouteKey("session", _key(n % (requests // 4 + 1))) for n in range(requests)]
+    weights = {f"r-{n}": 1.0 + spread * n / replicas for n in range(replicas)}
+    router.update(_snapshot(weights))
+    sessions = 1 if case == "one key" else requests // 4
+    keys = [RouteKey("session", _key(n % sessions)) for n in range(requests)]
     open_leases: list[Lease] = []
     clock = time.perf_counter_ns
     medians: list[float] = []
@@ -99,11 +113,8 @@ async def cost(replicas: int, requests: int, concurrency: int, passes: int) -> d
 
 async def homes(weights: dict[str, float], keys: list[int]) -> list[str]:
     """Where each key goes with every replica idle."""
-    from app.gateway.affinity import RouteKey
-    from app.gateway.router import Router
-
     router = Router()
-    router.update(_snapshot(weights))  # type: ignore[arg-type]
+    router.update(_snapshot(weights))
     chosen = []
     for key in keys:
         lease = await router.acquire(MODEL, "bench", route_key=RouteKey("session", key))
@@ -134,17 +145,20 @@ async def movement(change: str, count: int) -> dict[str, float]:
     }
 
 
-async def measure(arguments: argparse.Namespace) -> dict[str, object]:
+async def measure(arguments: argparse.Namespace) -> Figures:
     return {
         "cost": {
-            str(n): await cost(n, arguments.requests, arguments.concurrency, arguments.passes)
+            f"{n}, {case}": await cost(
+                n, case, arguments.requests, arguments.concurrency, arguments.passes
+            )
             for n in arguments.replicas
+            for case in CASES
         },
         "movement": {change: await movement(change, arguments.keys) for change in CHANGES},
     }
 
 
-def run_in(checkout: Path, arguments: argparse.Namespace) -> dict[str, object]:
+def run_in(checkout: Path, arguments: argparse.Namespace) -> Figures:
     """One round in ``checkout``, by its own interpreter and its own code."""
     command = [
         str(checkout / ".venv" / "bin" / "python"),
@@ -169,7 +183,7 @@ def run_in(checkout: Path, arguments: argparse.Namespace) -> dict[str, object]:
         capture_output=True,
         text=True,
     )
-    figures: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    figures: Figures = json.loads(done.stdout.strip().splitlines()[-1])
     return figures
 
 
@@ -180,29 +194,27 @@ def _commit(checkout: Path) -> str:
     return done.stdout.strip() or "?"
 
 
-def report(rounds: dict[Path, list[dict[str, object]]], replicas: list[int]) -> None:
+def report(rounds: dict[Path, list[Figures]], replicas: list[int]) -> None:
     names = {checkout: f"{checkout.name}@{_commit(checkout)}" for checkout in rounds}
 
     def med(checkout: Path, section: str, row: str, column: str) -> float:
-        return statistics.median(
-            float(r[section][row][column])  # type: ignore[index]
-            for r in rounds[checkout]
-        )
+        return statistics.median(r[section][row][column] for r in rounds[checkout])
 
     checkouts = list(rounds)
     print("\nRouter.acquire per keyed request, microseconds (medians over rounds)")
-    for n in replicas:
+    for row in (f"{n}, {case}" for n in replicas for case in CASES):
         cells = []
         for checkout in checkouts:
-            p50 = med(checkout, "cost", str(n), "p50_us")
-            p99 = med(checkout, "cost", str(n), "p99_us")
+            p50 = med(checkout, "cost", row, "p50_us")
+            p99 = med(checkout, "cost", row, "p99_us")
             cells.append(f"{names[checkout]} p50 {p50:6.1f} p99 {p99:6.1f}")
         if len(checkouts) == 2:
-            ratio = med(checkouts[1], "cost", str(n), "p50_us") / med(
-                checkouts[0], "cost", str(n), "p50_us"
+            ratio = med(checkouts[1], "cost", row, "p50_us") / med(
+                checkouts[0], "cost", row, "p50_us"
             )
             cells.append(f"p50 ratio {ratio:.2f}")
-        print(f"  {n:3d} replicas: " + " | ".join(cells))
+        count, case = row.split(", ")
+        print(f"  {count:>3s} replicas, {case:8s}: " + " | ".join(cells))
     print("\nKeys that changed replica, percent of all keys")
     for change in CHANGES:
         for checkout in checkouts:
@@ -229,14 +241,13 @@ def main() -> None:
     if min(arguments.replicas) < 1 or arguments.requests < 4 or arguments.keys < 1:
         parser.error("--replicas at least 1, --requests at least 4, --keys at least 1")
     if arguments.round_only:
-        sys.path.insert(0, os.getcwd())
         print(json.dumps(asyncio.run(measure(arguments))))
         return
     checkouts = [HERE.parent]
     if arguments.baseline is not None:
         checkouts.insert(0, arguments.baseline.resolve())
     print(f"load average at the start: {os.getloadavg()}", flush=True)
-    rounds: dict[Path, list[dict[str, object]]] = {c: [] for c in checkouts}
+    rounds: dict[Path, list[Figures]] = {c: [] for c in checkouts}
     for number in range(1, arguments.rounds + 1):
         for checkout in checkouts:
             rounds[checkout].append(run_in(checkout, arguments))
