@@ -1,4 +1,4 @@
-"""A request's routing key: what the ``prefix`` and ``session`` policies hash onto the ring.
+"""A request's routing key: what the ``prefix`` and ``session`` policies hash to a replica.
 
 Prefix key (``prefix``, and ``session`` for a request without a session key): for a chat,
 the leading messages up to and including the first user turn (at most
@@ -29,7 +29,7 @@ from typing import Literal, NamedTuple
 
 import msgspec
 
-from app.domain.hash_ring import key_hash
+from app.domain.rendezvous import key_hash
 from app.gateway.table import RoutePolicy
 
 SESSION_HEADER = b"x-session-id"
@@ -51,7 +51,7 @@ KeyKind = Literal["prefix", "session"]
 class RouteKey(NamedTuple):
     kind: KeyKind
     value: int
-    """The key's 64-bit hash, a point on the ring."""
+    """The key's 64-bit hash, which the replicas' draws for it are made from."""
 
 
 class _Message(msgspec.Struct, frozen=True):

@@ -12,7 +12,7 @@ two sides: those of the canary revision and the others. Each request draws once 
 random source: below the canary's share it goes to the canary side, otherwise to the
 others, and the replica within that side is chosen by the same rule as without a canary.
 A request with a key (``prefix``, ``session``) draws from its key instead
-(``hash_ring.key_fraction``): its turns stay on one side, the same in every gateway. When
+(``rendezvous.key_fraction``): its turns stay on one side, the same in every gateway. When
 the drawn side has no replica that can take the request now (none is routable, or
 every one is saturated), the other side takes it; only when neither can does it wait. The
 sides are split when a snapshot is taken: a request costs one look-up more, and one draw
@@ -31,18 +31,19 @@ requests with the others.
 Which eligible replica takes a request is the model's routing policy
 (``GatewaySnapshot.policies``, ``docs/gateway-routing.md``): ``least_loaded`` is the rule
 of ``app.gateway.admission``; ``prefix`` and ``session`` hash the request's key
-(``app.gateway.affinity``) onto a ring of the model's replicas (``app.domain.hash_ring``)
-with bounded loads, the load being the requests a replica carries as admission counts
-them (``admission.carried``: the engine's running and waiting ones and this gateway's
-reservations, much the same for every gateway; its own in-flight while signals are
-stale); a replica the admission rule refuses, or one above its bound, is passed over for
-the next on the ring. Replicas left out (ejected, or excluded by a retry) are passed over
-too, and the bound is shared among the others (``HashRing.pick``'s ``absent``).
-Draining replicas are on no ring while others serve: their keys move on, and they are
-chosen only when no other replica can take the request. The rings are built when a
-snapshot is taken, and only when the model's replicas or weights changed; a request costs
-one walk. Each choice's reason (``RouteReason``) is counted per model and policy, and
-carried by its lease.
+(``app.gateway.affinity``) onto the model's replicas by weighted rendezvous hashing
+(``app.domain.rendezvous``) with bounded loads, the load being the requests a replica
+carries as admission counts them (``admission.carried``: the engine's running and waiting
+ones and this gateway's reservations, much the same for every gateway; its own in-flight
+while signals are stale); a replica the admission rule refuses, or one above its bound, is
+passed over for the next on the key's walk. Replicas left out (ejected, or excluded by a
+retry) are passed over too, and the bound is shared among the others
+(``Rendezvous.pick``'s ``absent``). Draining replicas are on no walk while others serve:
+their keys move on, and they are chosen only when no other replica can take the request.
+Each pool's ``Rendezvous`` is built when a snapshot is taken, and only when the model's
+replicas or weights changed; a request costs a draw per replica (one multiplication makes
+them all) and, when its home cannot take it, one sort. Each choice's reason
+(``RouteReason``) is counted per model and policy, and carried by its lease.
 
 A reservation ends at the first byte of the answer, or earlier once a scrape that started
 at least one full scrape after the request was sent has answered: by then the engine
@@ -72,7 +73,7 @@ from typing import Literal
 
 import aiohttp
 
-from app.domain.hash_ring import HashRing, key_fraction
+from app.domain.rendezvous import Rendezvous, key_fraction
 from app.gateway.admission import (
     STALE_AFTER_INTERVALS,
     ReplicaState,
@@ -113,8 +114,9 @@ these bounds. The replica may be about to serve, or may take as long again."""
 RouteReason = Literal["least_loaded", "no_key", "home", "over_bound", "unavailable", "fallback"]
 """Why a request went where it did: ``least_loaded`` (the policy's rule); for ``prefix`` and
 ``session``: ``home`` (its key's own replica), ``over_bound`` (replicas before it on the
-ring were above their bound), ``unavailable`` (the first one passed over was saturated, or
-had just failed this request), ``fallback`` (no replica on the ring could take it: the
+key's walk were above their bound), ``unavailable`` (the first one passed over was
+saturated, or had just failed this request), ``fallback`` (no replica on the walk could
+take it: the
 least-loaded one did, a draining one perhaps) or ``no_key`` (the request had no key: the
 least-loaded one took it)."""
 
@@ -273,22 +275,23 @@ class _Waiter:
 
 class _Pool:
     """Replicas a request may go to (a model's, or one side of its canary split), and the
-    ring of those that are not draining (all of them if all are) when its policy hashes."""
+    rendezvous of those that are not draining (all of them if all are) when its policy
+    hashes."""
 
-    __slots__ = ("by_id", "replicas", "ring")
+    __slots__ = ("by_id", "rendezvous", "replicas")
 
     def __init__(self, replicas: list[ReplicaState]) -> None:
         self.replicas = replicas
         self.by_id = {s.route.replica_id: s for s in replicas}
-        self.ring: HashRing | None = None
+        self.rendezvous: Rendezvous | None = None
 
-    def ring_members(self) -> tuple[tuple[str, float], ...]:
+    def keyed_members(self) -> tuple[tuple[str, float], ...]:
         routed = [s for s in self.replicas if not s.route.draining] or self.replicas
         return tuple(sorted((s.route.replica_id, s.route.weight) for s in routed))
 
 
 _Choice = tuple[ReplicaState, RouteReason] | None
-_RING_REASONS: dict[str, RouteReason] = {
+_KEYED_REASONS: dict[str, RouteReason] = {
     "home": "home",
     "over_bound": "over_bound",
     "refused": "unavailable",
@@ -335,7 +338,7 @@ class Router:
         self._pools: dict[str, _Pool] = {}
         self._splits: dict[str, _Split] = {}
         self._policies: dict[str, RoutePolicy] = {}
-        self._rings: dict[tuple[tuple[str, float], ...], HashRing] = {}
+        self._rendezvous: dict[tuple[tuple[str, float], ...], Rendezvous] = {}
         self._decisions: Counter[tuple[str, str, RouteReason]] = Counter()
         self._retired: dict[str, ReplicaState] = {}
         self._queues: dict[str, FairQueue[_Waiter]] = {}
@@ -395,7 +398,7 @@ class Router:
         )
         self._pools = {model: _Pool(replicas) for model, replicas in self._by_model.items()}
         self._policies = dict(snapshot.policies)
-        self._build_rings()
+        self._build_rendezvous()
         self._cold_start_s = dict(snapshot.cold_start_s)
         self._held_models = {
             m for m in self._held_models if m not in self._by_model and m in self._cold_start_s
@@ -404,19 +407,21 @@ class Router:
             self._fail_unroutable(model)
             self._dispatch(model)
 
-    def _build_rings(self) -> None:
-        """Give each pool of a model whose policy hashes its ring: the one it had when its
-        members and weights are unchanged, else a new one."""
-        rings: dict[tuple[tuple[str, float], ...], HashRing] = {}
+    def _build_rendezvous(self) -> None:
+        """Give each pool of a model whose policy hashes its rendezvous: the one it had when
+        its members and weights are unchanged, else a new one."""
+        built: dict[tuple[tuple[str, float], ...], Rendezvous] = {}
         for model, pool in self._pools.items():
             if self.policy_of(model).policy == "least_loaded":
                 continue
             split = self._splits.get(model)
             for each in (pool,) if split is None else (pool, split.canary, split.stable):
-                members = each.ring_members()
-                ring = rings.get(members) or self._rings.get(members) or HashRing(members)
-                rings[members] = each.ring = ring
-        self._rings = rings
+                members = each.keyed_members()
+                rendezvous = (
+                    built.get(members) or self._rendezvous.get(members) or Rendezvous(members)
+                )
+                built[members] = each.rendezvous = rendezvous
+        self._rendezvous = built
 
     def policy_of(self, model: str) -> RoutePolicy:
         return self._policies.get(model, DEFAULT_ROUTE_POLICY)
@@ -538,8 +543,8 @@ class Router:
         policy: RoutePolicy,
         route_key: RouteKey | None,
     ) -> _Choice:
-        ring = pool.ring
-        if route_key is not None and ring is not None:
+        rendezvous = pool.rendezvous
+        if route_key is not None and rendezvous is not None:
             by_id, stale_after_s = pool.by_id, self._stale_after_s
 
             def refuse(replica_id: str) -> bool:
@@ -553,7 +558,7 @@ class Router:
                     is None
                 )
 
-            pick = ring.pick(
+            pick = rendezvous.pick(
                 route_key.value,
                 load_of=lambda replica_id: carried(
                     by_id[replica_id], now=now, stale_after_s=stale_after_s
@@ -564,7 +569,7 @@ class Router:
                 min_bound=MIN_BOUND,
             )
             if pick.member is not None:
-                return by_id[pick.member], _RING_REASONS[pick.reason]
+                return by_id[pick.member], _KEYED_REASONS[pick.reason]
         replicas: Sequence[ReplicaState] = pool.replicas
         if exclude:
             replicas = [s for s in replicas if s.route.replica_id not in exclude]

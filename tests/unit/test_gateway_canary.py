@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 
-from app.domain.hash_ring import key_hash
+from app.domain.rendezvous import key_hash
 from app.gateway.affinity import RouteKey
 from app.gateway.router import Lease, Router
 from app.gateway.table import Canary, GatewaySnapshot, Route, RoutePolicy

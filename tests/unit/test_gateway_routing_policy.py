@@ -109,7 +109,7 @@ async def test_a_session_stays_on_its_replica_and_moves_when_that_replica_drains
     router.update(table(*drained, policy=SESSION))
     moved = await router.acquire(MODEL, "k", route_key=session)
     assert moved.route.replica_id != home
-    assert moved.reason == "home"  # a draining replica is on no ring while others serve
+    assert moved.reason == "home"  # a draining replica is on no walk while others serve
     moved.release()
     # It left routing: the session stays where it moved to.
     router.update(table(*(r for r in FOUR if r.replica_id != home), policy=SESSION))
@@ -169,14 +169,14 @@ async def test_a_model_without_a_declared_policy_routes_by_load() -> None:
     assert (lease.policy, lease.reason) == ("least_loaded", "least_loaded")
 
 
-async def test_the_ring_is_kept_while_the_replicas_and_weights_stay_the_same() -> None:
+async def test_the_rendezvous_is_kept_while_the_replicas_and_weights_stay_the_same() -> None:
     router = Router()
     router.update(table(*FOUR))
-    ring = router._pools[MODEL].ring
+    rendezvous = router._pools[MODEL].rendezvous
     router.update(table(*FOUR))
-    assert router._pools[MODEL].ring is ring
+    assert router._pools[MODEL].rendezvous is rendezvous
     router.update(table(*FOUR[:3]))
-    assert router._pools[MODEL].ring is not ring
+    assert router._pools[MODEL].rendezvous is not rendezvous
 
 
 def test_route_keys_cover_the_leading_messages_only() -> None:
@@ -234,7 +234,7 @@ def test_session_keys_are_read_from_the_sources_the_policy_names_in_order() -> N
     assert key_of(body, no_sources, b"s-1").kind == "prefix"
 
 
-async def test_an_ejected_home_hands_its_keys_to_the_next_replica_on_the_ring() -> None:
+async def test_an_ejected_home_hands_its_keys_to_the_next_replica_on_its_walk() -> None:
     policy = EjectionPolicy(consecutive_failures=2, base_cool_off_s=5.0, max_cool_off_s=40.0)
     router = Router(ejection=policy)
     router.update(table(*FOUR, policy=SESSION))
@@ -248,9 +248,9 @@ async def test_an_ejected_home_hands_its_keys_to_the_next_replica_on_the_ring() 
     moved = await router.acquire(MODEL, "k", route_key=session)
     assert moved.route.replica_id != home
     assert moved.reason == "unavailable"
-    ring = router._pools[MODEL].ring
-    assert ring is not None
-    assert moved.route.replica_id == list(ring.walk(session.value))[1]
+    rendezvous = router._pools[MODEL].rendezvous
+    assert rendezvous is not None
+    assert moved.route.replica_id == list(rendezvous.walk(session.value))[1]
 
 
 async def test_an_ejected_replica_takes_no_share_of_the_bound_from_those_left() -> None:
@@ -262,9 +262,9 @@ async def test_an_ejected_replica_takes_no_share_of_the_bound_from_those_left() 
     three = FOUR[:3]
     router.update(table(*three, policy=SESSION))
     session = key_of(chat("s", "q"), SESSION, b"conversation-9")
-    ring = router._pools[MODEL].ring
-    assert ring is not None
-    home, second, ejected = ring.walk(session.value)
+    rendezvous = router._pools[MODEL].rendezvous
+    assert rendezvous is not None
+    home, second, ejected = rendezvous.walk(session.value)
     for _ in range(2):
         lease = await router.acquire(MODEL, "k", exclude=frozenset({home, second}))
         assert lease.route.replica_id == ejected
@@ -276,7 +276,7 @@ async def test_an_ejected_replica_takes_no_share_of_the_bound_from_those_left() 
     # 9 carried by the two: a bound of ceil(1.25 * 10 / 2) = 7 each, and the home has 5.
     lease = await router.acquire(MODEL, "k", route_key=session)
     assert (lease.route.replica_id, lease.reason) == (home, "home")
-    # A retry that leaves the home out goes to the next on the ring, within its bound too.
+    # A retry that leaves the home out goes to the next on the walk, within its bound too.
     retry = await router.acquire(MODEL, "k", exclude=frozenset({home}), route_key=session)
     assert (retry.route.replica_id, retry.reason) == (second, "unavailable")
 
