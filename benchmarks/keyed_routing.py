@@ -15,7 +15,10 @@ oldest first. The cases:
   them), keys spread over ``--requests / 4`` sessions;
 * ``distinct``: each replica a weight of its own (1 to 2), keys spread likewise;
 * ``one key``: distinct weights and every request of one session, so its home fills up to
-  its bound and the rest are passed on down the key's walk.
+  its bound and the rest are passed on down the key's walk;
+* ``one free``: distinct weights, every request a key never seen before, and every replica
+  but one saturated (``target_waiting`` 1 and two requests held open on it), so each
+  request is walked past a share of the replicas to the free one, and released at once.
 
 The figure per replica count and case is the median over ``--passes`` passes of each
 pass's median (and p99), in microseconds.
@@ -57,7 +60,7 @@ from app.gateway.table import GatewaySnapshot, Route, RoutePolicy
 HERE = Path(__file__).resolve().parent
 MODEL = "bench-model"
 CHANGES = ("add weight-2", "bench 1 -> 2")
-CASES = ("equal", "distinct", "one key")
+CASES = ("equal", "distinct", "one key", "one free")
 Figures = dict[str, dict[str, dict[str, float]]]
 """One round's: ``cost`` per "<replicas>, <case>" and ``movement`` per change."""
 
@@ -67,9 +70,15 @@ def _key(n: int) -> int:
     return int.from_bytes(digest, "big")
 
 
-def _snapshot(weights: dict[str, float]) -> GatewaySnapshot:
+def _snapshot(weights: dict[str, float], target_waiting: int = 5) -> GatewaySnapshot:
     routes = tuple(
-        Route(replica_id=replica, model=MODEL, url=f"http://{replica}", weight=weight)
+        Route(
+            replica_id=replica,
+            model=MODEL,
+            url=f"http://{replica}",
+            weight=weight,
+            target_waiting=target_waiting,
+        )
         for replica, weight in weights.items()
     )
     return GatewaySnapshot(
@@ -86,14 +95,26 @@ async def cost(
     spread = 0.0 if case == "equal" else 1.0
     router = Router()
     weights = {f"r-{n}": 1.0 + spread * n / replicas for n in range(replicas)}
-    router.update(_snapshot(weights))
-    sessions = 1 if case == "one key" else requests // 4
-    keys = [RouteKey("session", _key(n % sessions)) for n in range(requests)]
     open_leases: list[Lease] = []
+    saturated: list[Lease] = []
+    if case == "one free":
+        router.update(_snapshot(weights, target_waiting=1))
+        for replica in list(weights)[1:]:  # two open on each but r-0: saturated when stale
+            others = frozenset(weights) - {replica}
+            saturated += [await router.acquire(MODEL, "bench", exclude=others) for _ in "ab"]
+        concurrency = 0
+    else:
+        router.update(_snapshot(weights))
+    sessions = 1 if case == "one key" else requests // 4
     clock = time.perf_counter_ns
     medians: list[float] = []
     p99s: list[float] = []
     for number in range(1 + passes):  # the first pass warms caches and the allocator
+        if case == "one free":  # keys never seen before
+            fresh = range(requests * (number + 1), requests * (number + 2))
+            keys = [RouteKey("session", _key(n)) for n in fresh]
+        else:
+            keys = [RouteKey("session", _key(n % sessions)) for n in range(requests)]
         samples: list[float] = []
         for key in keys:
             started = clock()
@@ -106,7 +127,7 @@ async def cost(
             samples.sort()
             medians.append(statistics.median(samples))
             p99s.append(samples[int(len(samples) * 0.99)])
-    for lease in open_leases:
+    for lease in open_leases + saturated:
         lease.release()
     return {"p50_us": statistics.median(medians), "p99_us": statistics.median(p99s)}
 
