@@ -54,9 +54,9 @@ _ENVELOPE_BYTES = 512
 
 RoutingPolicy = Literal["least_loaded", "prefix", "session"]
 """How a gateway picks among a model's eligible replicas (``docs/gateway-routing.md``):
-``least_loaded`` by load and weight alone; ``prefix`` by consistent hashing of the request's
-leading content with bounded loads; ``session`` likewise by its session key, or by its
-leading content when it carries none."""
+``least_loaded`` by load and weight alone; ``prefix`` by weighted rendezvous hashing of the
+request's leading content with bounded loads; ``session`` likewise by its session key, or
+by its leading content when it carries none."""
 ROUTING_POLICIES: tuple[RoutingPolicy, ...] = ("least_loaded", "prefix", "session")
 SessionKeySource = Literal["header", "prompt_cache_key", "user"]
 """Where a session key is read: the ``x-session-id`` header, or the OpenAI body fields
