@@ -16,12 +16,19 @@ from app.logs import configure_logging
 from app.store.chain import Head, parse_anchor
 from app.store.database import create_engine
 from app.store.errors import InvalidAnchor, StoreError
-from app.store.verification import Progress, Verification, read_head, verify_log
+from app.store.verification import (
+    Progress,
+    UnhashedHead,
+    Verification,
+    read_head,
+    verify_log,
+)
 
 T = TypeVar("T")
 
 BROKEN = 1
-"""``log verify``'s exit status when the log does not check out: what to raise an alarm on."""
+"""The exit status when the log does not check out (``log verify``), or has no head to record
+because its last event has no chain hash (``log head``): what to raise an alarm on."""
 USAGE_ERROR = 2
 """A flag is wrong (as for any command the command line itself refuses)."""
 UNREADABLE = 3
@@ -82,11 +89,22 @@ def head_command(*, database_url: DatabaseUrl, output: Output = "text") -> None:
     ticket, a signed mail) from time to time; `log verify --anchor POSITION:HASH` later shows
     whether the log up to there is still the one that was recorded.
 
+    Exits 1, printing nothing, when the last event has no chain hash (the chain is broken
+    there: `log verify` finds where it breaks first); 3 when the log cannot be read, 2 for a
+    wrong flag.
+
     Example: llmgw-server log head >> /srv/audit/llmgw-heads
     """
     configure_logging()
     _check_flags(database_url, output)
     head = _run(database_url, read_head, "read the head of")
+    if isinstance(head, UnhashedHead):
+        _refuse(
+            f"the last event, at position {head.position}, has no chain hash: the chain is "
+            "broken there, so there is no head to record (`llmgw-server log verify` finds "
+            "where it breaks first)",
+            BROKEN,
+        )
     if output == "json":
         print(msgspec.json.encode(_json_head(head)).decode())
     else:

@@ -82,7 +82,14 @@ async def _disown_inserted(db: asyncpg.Connection, walk: ChainWalk, broken: Brea
     return msgspec.structs.replace(broken, position=int(first))
 
 
-async def read_head(engine: AsyncEngine) -> Head:
+class UnhashedHead(msgspec.Struct, frozen=True):
+    """The last event has no chain hash (someone emptied the column): the log has no head
+    to record, and the chain is broken at ``position`` at the latest."""
+
+    position: int
+
+
+async def read_head(engine: AsyncEngine) -> Head | UnhashedHead:
     """The last event's position and chain hash; position 0 and the genesis hash when the
     log is empty."""
     async with _reading(), engine.connect() as conn:
@@ -92,6 +99,8 @@ async def read_head(engine: AsyncEngine) -> Head:
         )
     if row is None:
         return Head(0, GENESIS)
+    if row["chain_hash"] is None:
+        return UnhashedHead(row["position"])
     return Head(row["position"], bytes(row["chain_hash"]))
 
 

@@ -351,6 +351,29 @@ async def test_events_removed_from_the_end_are_found_against_an_older_head(log: 
     )
 
 
+@pytest.mark.parametrize("output", ["text", "json"])
+async def test_a_last_event_without_a_chain_hash_has_no_head_to_record(
+    log: Log, output: str
+) -> None:
+    last = log.first + EVENTS - 1
+    await log.tamper(
+        "ALTER TABLE events ALTER COLUMN chain_hash DROP NOT NULL",
+        f"UPDATE events SET chain_hash = NULL WHERE position = {last}",
+    )
+
+    head = await log.run("head", "--output", output)
+    verified = await log.run("verify")
+
+    assert head.code == 1, head  # broken, as `log verify` says it: not unreadable (3)
+    assert head.stdout == ""  # nothing a script could append to its heads
+    assert head.stderr.splitlines() == [
+        f"error: the last event, at position {last}, has no chain hash: the chain is broken "
+        "there, so there is no head to record (`llmgw-server log verify` finds where it "
+        "breaks first)"
+    ], head.stderr
+    assert breaks(verified).startswith(f"the chain breaks at position {last} (changed)")
+
+
 @pytest.mark.parametrize(
     "anchor", ["12", "12:abc", f"x:{'0' * 64}", f"-1:{'0' * 64}", f"12:{'g' * 64}"]
 )
