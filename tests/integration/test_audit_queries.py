@@ -295,3 +295,34 @@ async def test_the_query_answers_what_the_story_implies(
     else:
         rows = [tuple(record.values()) for record in records]
     assert rows == [tuple(row) for row in expected.rows]
+
+
+@pytest.mark.parametrize(
+    "time",
+    ["infinity", "-infinity", "294276-12-31 23:59:59+00", "12026-03-02 09:00:00+00"],
+    ids=["infinity", "minus-infinity", "last-representable", "beyond-year-9999"],
+)
+async def test_the_chain_check_flags_a_row_whose_time_was_rewritten(
+    postgres_server: PostgresServer, migrated_template: str, time: str
+) -> None:
+    """Even to a time no append could have hashed: the query flags that row, not fails."""
+    async with seeded_database(postgres_server, migrated_template) as database:
+        positions = sorted(p for stream in database.story.positions.values() for p in stream)
+        edited = positions[len(positions) // 2]
+        connection = await asyncpg.connect(database.url)
+        try:
+            async with connection.transaction():
+                await connection.execute("SET LOCAL session_replication_role = replica")
+                await connection.execute(
+                    "UPDATE events SET recorded_at = $1::text::timestamptz WHERE position = $2",
+                    time,
+                    edited,
+                )
+            sql = bind(GUIDE_AT_IMPORT.queries["chain-check"], database.story.psql_variables)
+            records = await connection.fetch(sql)
+        finally:
+            await connection.close()
+
+    assert [record["position"] for record in records] == positions
+    flagged = [tuple(record.values()) for record in records if record["holds"] is not True]
+    assert flagged == [(edited, False, True)]
