@@ -6,6 +6,7 @@ resumes after the last position it printed, so nothing is skipped or printed twi
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from typing import Annotated
@@ -39,6 +40,8 @@ RESUME_WITHIN_S = 60.0
 """How long ``--follow`` keeps trying to resume before it gives up (exit 1)."""
 
 _event_decoder = msgspec.json.Decoder(EventView)
+_POSITION = re.compile(r"[0-9]{1,19}")
+_MAX_POSITION = 2**63 - 1
 
 
 def events(
@@ -109,7 +112,12 @@ def _read_after(client: AdminClient, since: int) -> list[msgspec.Raw]:
 
 
 def _read_latest(client: AdminClient, count: int) -> tuple[int, list[msgspec.Raw]]:
-    """The latest ``count`` events, and the log position they end at."""
+    """The latest ``count`` events, and the log position they end at. More than a page
+    are read as the events after the position ``count`` before the last (as the API reads
+    "the last ``limit`` positions"), page after page."""
+    if count > PAGE_SIZE:
+        start = max(0, _page(client, {"limit": 1}).next_since - count)
+        return start, _read_after(client, start)
     page = _page(client, {"limit": max(count, 1)})
     return page.next_since, page.events[max(len(page.events) - count, 0) :] if count else []
 
@@ -143,9 +151,9 @@ def _follow(client: AdminClient, position: int, output: OutputFormat) -> None:
                 message = parser.feed(line)
                 if message is None:
                     continue
+                streamed = position if message.id is None else _stream_position(message.id)
                 _print_line(msgspec.Raw(message.data.encode()), output)
-                if message.id is not None:
-                    position = int(message.id)
+                position = streamed
             reason = "the server closed the stream"
         except (AdminUnreachable, TlsFailure) as exc:
             reason = str(exc)
@@ -155,6 +163,18 @@ def _follow(client: AdminClient, position: int, output: OutputFormat) -> None:
                 raise ClientError(f"gave up resuming after position {position}: {exc}") from exc
         print(f"llmgw-cli events: {reason}; resuming after position {position}", file=sys.stderr)
         time.sleep(1.0 if lost_since is not None else 0.1)
+
+
+def _stream_position(event_id: str) -> int:
+    """A streamed event's id: its log position, where a lost connection resumes after it;
+    an ``ApiProblem`` when it is not one."""
+    if _POSITION.fullmatch(event_id) is None or int(event_id) > _MAX_POSITION:
+        raise ApiProblem(
+            200,
+            f"the admin API sent a stream id this client cannot resume from: {event_id[:64]!r} "
+            "is not a log position",
+        )
+    return int(event_id)
 
 
 def _event(raw: msgspec.Raw | bytes) -> EventView:

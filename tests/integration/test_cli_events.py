@@ -17,9 +17,12 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from app.domain.events import NodeCordoned, NodeUncordoned
+from app.domain.envelope import Meta
+from app.domain.events import NodeCordoned, NodeUncordoned, node_stream
 from app.store.database import driver_url
+from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore
+from cli.events import PAGE_SIZE
 from cli.sse import SseMessage, SseParser
 from tests.support.admin_server import record, seed_node
 from tests.support.operator_cli import (
@@ -274,6 +277,27 @@ async def test_last_more_than_the_log_holds_shows_the_whole_log(
 
     assert shown.code == 0, shown.stderr
     assert [e["position"] for e in shown.json()] == list(range(1, length + 1))
+
+
+async def test_last_more_than_a_page_reads_page_after_page(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    """Beyond what one page of the API holds (``limit`` is at most 5000), too."""
+    node = a_node()
+    await seed_node(pg_store, node)
+    cordons = [NewEvent(NodeCordoned(node_id=node, reason=f"n{n}")) for n in range(PAGE_SIZE)]
+    await pg_store.append(node_stream(node), None, cordons, Meta(actor=OPERATOR))
+    length = await pg_store.last_position()
+
+    some, all_of_it = await asyncio.gather(
+        operator.run("events", "--last", str(PAGE_SIZE + 1), "--output", "json"),
+        operator.run("events", "--last", "6000", "--output", "json"),
+    )
+
+    assert some.code == 0, some.stderr
+    assert [e["position"] for e in some.json()] == list(range(length - PAGE_SIZE, length + 1))
+    assert all_of_it.code == 0, all_of_it.stderr
+    assert [e["position"] for e in all_of_it.json()] == list(range(1, length + 1))
 
 
 async def test_follow_prints_an_event_appended_after_it_started_and_resumes_with_since(

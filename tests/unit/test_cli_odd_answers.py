@@ -14,6 +14,7 @@ import pytest
 from cli.client import AdminClient, AdminUnreachable
 from cli.config import ConnectionFlags, ConnectionSettings
 from cli.events import events
+from cli.operator import OutputFormat
 
 WRONG_EVENT = b'{"weird": 1}'
 
@@ -67,6 +68,64 @@ def test_an_event_that_is_not_one_is_refused_in_one_line(
     assert code == 1
     assert stderr.startswith("llmgw-cli events: the admin API sent an event this client")
     assert len(stderr.splitlines()) == 1
+
+
+AN_EVENT = (
+    b'{"position": 7, "recorded_at": "2026-03-02T09:00:00Z", "stream": "node-gpu-1", '
+    b'"type": "node_cordoned", "actor": "alice"}'
+)
+
+
+class StreamIdNoPosition(BaseHTTPRequestHandler):
+    """A page of no events, then a stream whose event is one, but whose id is no log
+    position: nothing to resume after."""
+
+    stream_id = b"drain-1"
+
+    def do_GET(self) -> None:
+        if "follow=false" in self.path:
+            body = b'{"events": [], "next_since": 6, "more": false}'
+            content_type = "application/json"
+        else:
+            body = b"id: " + self.stream_id + b"\ndata: " + AN_EVENT + b"\n\n"
+            content_type = "text/event-stream"
+        self.send_response(200)
+        self.send_header("content-type", content_type)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("stream_id", [b"drain-1", b"-3", b"9" * 20, b"\xd9\xa1\xd9\xa2"])
+@pytest.mark.parametrize("output", ["json", "table"])
+def test_a_stream_id_that_is_no_position_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    output: OutputFormat,
+    stream_id: bytes,
+) -> None:
+    monkeypatch.setenv("LLMGW_CONFIG", "/dev/null")
+    monkeypatch.setattr(StreamIdNoPosition, "stream_id", stream_id)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), StreamIdNoPosition)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        code = events(connection=ConnectionFlags(admin_url=url), follow=True, output=output)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    captured = capsys.readouterr()
+    assert code == 1
+    assert captured.out == ""  # an event it could not resume after is not printed either
+    assert captured.err.splitlines() == [
+        "llmgw-cli events: the admin API sent a stream id this client cannot resume from: "
+        f"{stream_id.decode()!r} is not a log position"
+    ]
 
 
 class Trickle(BaseHTTPRequestHandler):
