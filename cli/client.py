@@ -8,6 +8,7 @@ message says what to do::
     ├── AdminUnreachable        no answer: refused, unknown host, timed out, cut off
     ├── TlsFailure              the TLS handshake failed, or the TLS settings are unusable
     ├── AuthenticationRequired  401: no token, or one the server does not know
+    ├── AnswerTooLarge          an answer (or one record of a stream) past MAX_ANSWER_BYTES
     └── ApiProblem              any other error answer; its problem ``detail`` is the message
 """
 
@@ -32,6 +33,7 @@ from app.pki import (
     fetch_presented_certificate,
 )
 from cli.arguments import segment
+from cli.bounded_lines import BoundedLines, RecordTooLarge
 from cli.config import SETTING_ENV, ConnectionSettings
 
 USER_AGENT = "llmgw-cli/0.1"
@@ -47,6 +49,11 @@ READYZ_PATH = "/readyz"
 ANSWER_WITHIN_S = 60.0
 """The longest a whole answer may take: a read timeout alone lets a server (or a proxy)
 that sends a byte now and then hold a command for ever."""
+MAX_ANSWER_BYTES = 64 * 2**20
+"""The largest answer the client reads, and for a stream the largest record (one event of
+``events --follow``): far above any the admin API sends, so that a server that is not it,
+or a broken one, cannot make the CLI hold an answer without end. A compressed answer counts
+as it is once decompressed (each piece the connection brings at most some tens of MiB)."""
 
 _T = TypeVar("_T")
 _E = TypeVar("_E", bound=BaseException)
@@ -65,6 +72,10 @@ class TlsFailure(ClientError):
 
 
 class AuthenticationRequired(ClientError):
+    pass
+
+
+class AnswerTooLarge(ClientError):
     pass
 
 
@@ -202,9 +213,11 @@ class AdminClient:
         *,
         timeout_s: float = 10.0,
         answer_within_s: float = ANSWER_WITHIN_S,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         self._settings = settings
         self._answer_within_s = answer_within_s
+        self._max_answer_bytes = max_answer_bytes
         self._url = httpx.URL(settings.admin_url)
         headers = {"user-agent": USER_AGENT}
         if settings.token:
@@ -259,13 +272,10 @@ class AdminClient:
     def readiness(self) -> Readiness:
         """``/readyz``: whether the server can serve and whether it leads. A server that
         is not ready answers 503 with the same document, which is returned, not raised."""
-        try:
-            response = self._http.get(READYZ_PATH)
-        except httpx.TransportError as exc:
-            raise self._transport_failure(exc) from exc
-        if response.status_code not in (200, 503):
-            raise self._error_answer(response)
-        return _decode(_readiness_decoder, response.content, "readiness answer")
+        status, body = self._exchange("GET", READYZ_PATH)
+        if status not in (200, 503):
+            raise self._error_answer(httpx.Response(status, content=body))
+        return _decode(_readiness_decoder, body, "readiness answer")
 
     def create_key(
         self, name: str, models: list[str], *, rpm: int | None = None, tpm: int | None = None
@@ -327,21 +337,51 @@ class AdminClient:
         """One call of the admin API (``body``, if any, sent as JSON); the answer's body."""
         content = None if body is None else msgspec.json.encode(body)
         headers = {"content-type": "application/json"} if content is not None else None
+        status, answer = self._exchange(method, path, params, content, headers)
+        if 200 <= status < 300:
+            return answer
+        raise self._error_answer(httpx.Response(status, content=answer))
+
+    def _exchange(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, int | str] | None = None,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> tuple[int, bytes]:
+        """One request; the answer's status and whole body, within the time and size
+        bounds."""
         deadline = time.monotonic() + self._answer_within_s
         try:
             with self._http.stream(
                 method, path, params=dict(params or {}), content=content, headers=headers
             ) as streamed:
-                answer = bytearray()
-                for chunk in streamed.iter_bytes():
-                    answer += chunk
-                    if time.monotonic() > deadline:
-                        raise self._too_slow()
+                return streamed.status_code, self._whole_body(streamed, deadline)
         except httpx.TransportError as exc:
             raise self._transport_failure(exc) from exc
-        if streamed.is_success:
-            return bytes(answer)
-        raise self._error_answer(httpx.Response(streamed.status_code, content=bytes(answer)))
+
+    def _whole_body(self, streamed: httpx.Response, deadline: float) -> bytes:
+        declared = streamed.headers.get("content-length", "")
+        if declared.isascii() and declared.isdigit() and int(declared) > self._max_answer_bytes:
+            raise self._too_large(streamed, "an answer")
+        answer = bytearray()
+        for chunk in streamed.iter_bytes():
+            answer += chunk
+            if len(answer) > self._max_answer_bytes:
+                raise self._too_large(streamed, "an answer")
+            if time.monotonic() > deadline:
+                raise self._too_slow()
+        return bytes(answer)
+
+    def _too_large(self, streamed: httpx.Response, what: str) -> ClientError:
+        request = streamed.request
+        return AnswerTooLarge(
+            f"the admin API at {self._settings.admin_url} sent {what} over "
+            f"{_size(self._max_answer_bytes)}, the most llmgw-cli reads "
+            f"({request.method} {request.url}): it is not the llmgw admin API, or it (or a "
+            f"proxy in front of it) is broken; check {SETTING_ENV['admin_url']}"
+        )
 
     def _too_slow(self) -> ClientError:
         return AdminUnreachable(
@@ -359,16 +399,25 @@ class AdminClient:
         idle_timeout_s: float = 60.0,
     ) -> Iterator[str]:
         """The lines of a streamed answer as they arrive, until the server ends it; a
-        ``ClientError`` when no line came for ``idle_timeout_s`` or the connection broke."""
+        ``ClientError`` when no line came for ``idle_timeout_s``, the connection broke, or
+        one record (the lines up to a blank one) passed ``MAX_ANSWER_BYTES``."""
         timeout = httpx.Timeout(self._http.timeout.connect, read=idle_timeout_s)
         try:
             with self._http.stream(
                 "GET", path, params=dict(params), headers=headers, timeout=timeout
             ) as response:
                 if not response.is_success:
-                    response.read()
-                    raise self._error_answer(response)
-                yield from response.iter_lines()
+                    deadline = time.monotonic() + self._answer_within_s
+                    body = self._whole_body(response, deadline)
+                    raise self._error_answer(httpx.Response(response.status_code, content=body))
+                lines = BoundedLines(self._max_answer_bytes)
+                for chunk in response.iter_bytes():
+                    try:
+                        complete = lines.feed(chunk)
+                    except RecordTooLarge:
+                        raise self._too_large(response, "a streamed record") from None
+                    yield from complete
+                yield from lines.finish()
         except httpx.TransportError as exc:
             raise self._transport_failure(exc) from exc
 
@@ -482,6 +531,11 @@ def _decode(decoder: msgspec.json.Decoder[_T], body: bytes, what: str) -> _T:
         raise ApiProblem(
             200, f"the admin API sent a {what} this client cannot read: {exc}"
         ) from exc
+
+
+def _size(count: int) -> str:
+    """``64 MiB``, or ``1,000 bytes`` for a bound below a MiB."""
+    return f"{count / 2**20:g} MiB" if count >= 2**20 else f"{count:,} bytes"
 
 
 def _in_chain(exc: BaseException, kind: type[_E]) -> _E | None:

@@ -1,19 +1,21 @@
 """llmgw-cli facing a server that answers, but not as the admin API does (an event that is
-no event, an answer that never ends): one line on stderr and exit 1, never a traceback,
-never a wait without a bound."""
+no event, an answer that never ends, or one without end in size): one line on stderr and
+exit 1, never a traceback, never a wait or a buffer without a bound."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from cli.client import AdminClient, AdminUnreachable
+from cli.client import MAX_ANSWER_BYTES, AdminClient, AdminUnreachable, AnswerTooLarge
 from cli.config import ConnectionFlags, ConnectionSettings
 from cli.events import events
+from cli.nodes import list_nodes
 from cli.operator import OutputFormat
 
 WRONG_EVENT = b'{"weird": 1}'
@@ -164,3 +166,121 @@ def test_an_answer_that_never_ends_is_given_up_within_a_bound() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+MIB = 2**20
+
+
+class Oversized(BaseHTTPRequestHandler):
+    """Answers without end in size, sent as fast as they are read: a body whose length is
+    declared past the bound, or one that just goes on (``/declared``, ``/endless``; the
+    admin API's paths for the nodes and for a page of events); an event stream whose line,
+    or whose record of short lines, never ends."""
+
+    status = 200
+    declared = False
+    stream_piece = b"x" * MIB
+
+    def do_GET(self) -> None:
+        if "follow=false" in self.path:
+            self._answer(b'{"events": [], "next_since": 0, "more": false}')
+        elif "/events" in self.path:
+            self._endless(b"text/event-stream", b"data: ", self.stream_piece)
+        else:
+            self._endless(b"application/json", b"[", b" " * MIB)
+
+    def _answer(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _endless(self, content_type: bytes, start: bytes, piece: bytes) -> None:
+        self.send_response(self.status)
+        self.send_header("content-type", content_type.decode())
+        if self.declared:
+            self.send_header("content-length", str(MAX_ANSWER_BYTES + 1))
+        self.end_headers()  # HTTP/1.0 without a length: the body ends when the server closes
+        try:
+            self.wfile.write(start)
+            while True:
+                self.wfile.write(piece)
+        except OSError:
+            return
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def serving(monkeypatch: pytest.MonkeyPatch, **behaviour: object) -> Iterator[str]:
+    monkeypatch.setenv("LLMGW_CONFIG", "/dev/null")
+    for name, value in behaviour.items():
+        monkeypatch.setattr(Oversized, name, value)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Oversized)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("declared", [True, False], ids=["declared", "endless"])
+def test_an_answer_past_the_bound_is_refused_in_one_line_naming_it_and_the_url(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], declared: bool
+) -> None:
+    with serving(monkeypatch, declared=declared) as url:
+        code = list_nodes(output="json", connection=ConnectionFlags(admin_url=url))
+
+    captured = capsys.readouterr()
+    assert code == 1
+    assert captured.out == ""
+    assert captured.err.splitlines() == [
+        f"llmgw-cli nodes: the admin API at {url} sent an answer over 64 MiB, the most "
+        f"llmgw-cli reads (GET {url}/admin/v1/nodes): it is not the llmgw admin API, or it "
+        "(or a proxy in front of it) is broken; check LLMGW_ADMIN_URL"
+    ]
+
+
+@pytest.mark.timeout(60)
+def test_follow_refuses_a_streamed_event_past_the_bound_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with serving(monkeypatch) as url:
+        code = events(connection=ConnectionFlags(admin_url=url), follow=True, output="json")
+
+    captured = capsys.readouterr()
+    assert code == 1
+    assert captured.out == ""
+    assert captured.err.splitlines() == [
+        f"llmgw-cli events: the admin API at {url} sent a streamed record over 64 MiB, the "
+        f"most llmgw-cli reads (GET {url}/admin/v1/events?since=0): it is not the llmgw "
+        "admin API, or it (or a proxy in front of it) is broken; check LLMGW_ADMIN_URL"
+    ]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda client: client.request("GET", "/admin/v1/nodes"),
+        lambda client: client.readiness(),
+        lambda client: list(client.stream_lines("/admin/v1/events", {"since": 0})),
+    ],
+    ids=["an-answer", "readiness", "an-event-of-endless-short-lines"],
+)
+@pytest.mark.parametrize("status", [200, 500])
+def test_every_read_of_the_client_is_bounded_error_answers_too(
+    monkeypatch: pytest.MonkeyPatch, read: Callable[[AdminClient], object], status: int
+) -> None:
+    short_lines = b"data: 1\n" * 1000
+    with serving(monkeypatch, status=status, stream_piece=short_lines) as url:
+        settings = ConnectionSettings(admin_url=url)
+        with (
+            AdminClient(settings, max_answer_bytes=100_000) as client,
+            pytest.raises(AnswerTooLarge, match="over 100,000 bytes, the most llmgw-cli reads"),
+        ):
+            read(client)
