@@ -1,9 +1,10 @@
 """A streamed answer cut into lines, a record at a time bounded in size: no socket here,
 bytes in and lines out.
 
-A record is the lines up to a blank one (an event of a ``text/event-stream``; a line of
-JSON lines). However long the stream, no more than one record is held: a server that
-sends one without end is refused once it passes the bound, not buffered.
+A record is the lines up to a blank one, as a ``text/event-stream`` sends each event.
+However long the stream, no more than one record is held: a server that sends one without
+end (a line that never breaks, or lines that are never followed by a blank one) is refused
+once it passes the bound, not buffered.
 """
 
 from __future__ import annotations

@@ -400,7 +400,8 @@ class AdminClient:
     ) -> Iterator[str]:
         """The lines of a streamed answer as they arrive, until the server ends it; a
         ``ClientError`` when no line came for ``idle_timeout_s``, the connection broke, or
-        one record (the lines up to a blank one) passed ``MAX_ANSWER_BYTES``."""
+        one record (the lines up to a blank one: an event-stream message) passed the
+        bound of an answer."""
         timeout = httpx.Timeout(self._http.timeout.connect, read=idle_timeout_s)
         try:
             with self._http.stream(
