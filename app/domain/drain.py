@@ -29,6 +29,10 @@ from app.domain.state import ACTIVE_PHASES, Node, Replica, ReplicaPhase
 NODE_DRAIN_COMPLETE = "every replica moved"
 """The outcome of a node drain that moved (or had no need to move) every replica."""
 NODE_DRAIN_GRACE_RAN_OUT = "grace ran out; what was left was stopped"
+UNMOVED_NAMED = 5
+"""The replicas a drain's outcome names that ended without a replacement; the rest are
+counted."""
+REASON_CHARS = 160
 
 
 def drain_moves(draft: Draft, stability_window_s: float, replica_grace_s: float) -> None:
@@ -143,12 +147,31 @@ def _drain_node(draft: Draft, node: Node) -> None:
         r.phase in ACTIVE_PHASES and node.id in r.node_ids for r in state.replicas.values()
     )
     if not still_there:
-        outcome = NODE_DRAIN_GRACE_RAN_OUT if grace_over else NODE_DRAIN_COMPLETE
+        outcome = NODE_DRAIN_GRACE_RAN_OUT if grace_over else _moved_outcome(draft, drain_id)
         draft.emit(
             node_stream(node.id),
             NodeDrainFinished(node_id=node.id, drain_id=drain_id or "", outcome=outcome),
             correlation_id=drain_id,
         )
+
+
+def _moved_outcome(draft: Draft, drain_id: str | None) -> str:
+    """``every replica moved``, unless a replica the drain was moving ended without a
+    replacement (its agent shut down, its engine failed, its model was scaled down or
+    removed): then how many moved and which did not, with why they ended."""
+    drained = [r for r in draft.state.replicas.values() if r.drain_id == drain_id]
+    unmoved = sorted((r for r in drained if r.replacement_id is None), key=lambda r: r.id)
+    if not unmoved:
+        return NODE_DRAIN_COMPLETE
+    named = ", ".join(
+        f"{r.id} ({(r.end_reason or r.phase.value)[:REASON_CHARS]})"
+        for r in unmoved[:UNMOVED_NAMED]
+    )
+    more = len(unmoved) - UNMOVED_NAMED
+    return (
+        f"{len(drained) - len(unmoved)} moved; {len(unmoved)} ended without a replacement: "
+        f"{named}{f' and {more} more' if more > 0 else ''}"
+    )
 
 
 def _stopping(draft: Draft, replica: Replica, reason: str, drain_id: str | None) -> None:

@@ -1049,6 +1049,20 @@ def test_a_draining_replica_whose_agent_stops_its_shard_is_stopped_not_restarted
     assert of_type(decision, ReplicaFailed) == []
 
 
+def test_a_drain_whose_replica_ended_without_a_replacement_does_not_say_it_moved_it() -> None:
+    cluster = serving_on_two_of_three_nodes()
+    node = cluster.state.replicas["llama-1"].shards[0].node_id
+    cluster.given(NodeDrainRequested(node_id=node, drain_id="drain-1", grace_s=600))
+    cluster.reconcile()
+    cluster.given(ShardStopped(replica_id="llama-1", shard_index=0, node_id=node, reason=SHUTDOWN))
+    cluster.running(node, "llama-1", 20000, state="stopped")
+
+    (finished,) = of_type(cluster.reconcile(), NodeDrainFinished)
+
+    assert finished.outcome.startswith("0 moved; 1 ended without a replacement: llama-1 (")
+    assert SHUTDOWN in finished.outcome
+
+
 def test_a_restarted_replica_that_never_comes_up_still_times_out() -> None:
     cluster = stopped_by_their_agents_and_restarted()
     for node in ("gpu-1", "gpu-2"):
