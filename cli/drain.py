@@ -144,9 +144,9 @@ def watch(client: AdminClient, drain_id: str, output: Output) -> int:
                     client, drain_id, lambda p: live.update(render(p), refresh=True)
                 )
         else:
-            shown: set[int] = set()
+            shown: set[int | str] = set()
             progress = _poll_until_finished(
-                client, drain_id, lambda p: _print_new_steps(console, p, shown)
+                client, drain_id, lambda p: print_new_steps(console, p, shown)
             )
             console.print(render(progress.value, steps=False))  # each step is printed already
     except ClientError as exc:
@@ -186,11 +186,39 @@ def _exit_code(progress: DrainProgressView) -> int:
     return EXIT_OK if not progress.finished or succeeded(progress) else EXIT_FAILED
 
 
-def _print_new_steps(console: Console, progress: DrainProgressView, shown: set[int]) -> None:
+def print_new_steps(console: Console, progress: DrainProgressView, shown: set[int | str]) -> None:
+    """Each step not printed yet, then each wait for a replacement not printed yet (once
+    per reason: a drain stuck for want of room says so once, not every poll)."""
     for event in progress.events:
         if event.position not in shown:
             shown.add(event.position)
             console.print(Text(_step(event)), soft_wrap=True)
+    for line in waiting_lines(progress):
+        if line not in shown:
+            shown.add(line)
+            console.print(Text(line), soft_wrap=True)
+
+
+def waiting_lines(progress: DrainProgressView) -> list[str]:
+    """One line per move of a running drain whose replacement is not placed yet, with why,
+    and what happens when the grace runs out."""
+    if progress.finished:
+        return []
+    models = {r.id: r.model for r in progress.replicas}
+    lines = []
+    for move in progress.moves:
+        if move.replacement_id is not None:
+            continue
+        why = move.waiting_for or "placement has not run yet"
+        model = models.get(move.replica_id)
+        hint = f" (llmgw-cli explain-placement {model})" if move.waiting_for and model else ""
+        lines.append(f"{move.replica_id} waits for a replacement: {why}{hint}")
+    if lines and progress.grace_ends_at is not None:
+        lines.append(
+            f"at {utc_seconds(progress.grace_ends_at)} UTC the grace runs out: what is still "
+            "on the node then is stopped, not moved"
+        )
+    return lines
 
 
 def _step(event: EventView) -> str:
@@ -219,6 +247,7 @@ def render(progress: DrainProgressView, *, steps: bool = True) -> RenderableType
     ]
     if progress.still_on_node:
         parts.append(Text(f"still on the node: {', '.join(progress.still_on_node)}"))
+    parts.extend(Text(line, style="yellow") for line in waiting_lines(progress))
     replicas = Table(title="replicas", title_justify="left", header_style="bold")
     for header in ("replica", "model", "phase", "nodes", "moves"):
         replicas.add_column(header)

@@ -63,6 +63,7 @@ def moves_text(view: RolloutView) -> str:
         + " ".join(filter(None, (m.replacement_id, m.replacement_phase)))
         if m.replacement_id
         else f"{m.replica_id} (rev {m.revision}) -> not placed yet"
+        + (f" ({m.waiting_for})" if m.waiting_for else "")
         for m in view.moves
     )
 

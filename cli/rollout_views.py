@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from cli.client import EventView
-from cli.views import ReplicaTrafficView, View
+from cli.views import MoveView, ReplicaTrafficView, View
 
 UNDER_WAY = ("running", "paused", "rolling_back")
 
@@ -20,13 +20,6 @@ class RolloutStepView(View, frozen=True, kw_only=True):
     target: int = 0
     traffic: float | None = None
     hold_s: float = 0.0
-
-
-class RolloutMoveView(View, frozen=True, kw_only=True):
-    replica_id: str
-    revision: int = 0
-    replacement_id: str | None = None
-    replacement_phase: str | None = None
 
 
 class CanaryTrafficView(View, frozen=True, kw_only=True):
@@ -51,7 +44,7 @@ class RolloutView(View, frozen=True, kw_only=True):
     pause_reason: str | None = None
     desired: int = 0
     replicas_by_revision: dict[str, dict[str, int]] = {}
-    moves: list[RolloutMoveView] = []
+    moves: list[MoveView] = []
     max_surge: int = 0
     max_unavailable: int = 0
     failures: int = 0

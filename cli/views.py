@@ -263,12 +263,24 @@ class DrainAccepted(View, frozen=True, kw_only=True):
     drain_id: str
 
 
+class MoveView(View, frozen=True, kw_only=True):
+    """One move of a drain or a rollout: the original and its replacement once placed."""
+
+    replica_id: str
+    revision: int = 0
+    replacement_id: str | None = None
+    replacement_phase: str | None = None
+    waiting_for: str | None = None
+    """Why no replacement is placed yet, as placement last said."""
+
+
 class DrainProgressView(View, frozen=True, kw_only=True):
     drain_id: str
     node_id: str | None = None
     requested_by: str = ""
     requested_at: datetime | None = None
     grace_s: float | None = None
+    grace_ends_at: datetime | None = None
     state: str = "running"
     """``running``, ``succeeded`` or ``failed``."""
     finished: bool = False
@@ -276,6 +288,7 @@ class DrainProgressView(View, frozen=True, kw_only=True):
     replicas: list[ReplicaSummary] = []
     still_on_node: list[str] = []
     events: list[EventView] = []
+    moves: list[MoveView] = []
 
 
 class EventsPage(View, frozen=True, kw_only=True):

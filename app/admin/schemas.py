@@ -479,9 +479,13 @@ class DrainProgressView(msgspec.Struct, frozen=True, kw_only=True):
     requested_by: str
     requested_at: datetime
     grace_s: float | None
+    grace_ends_at: datetime | None = None
+    """When what is still on the node is stopped rather than moved; null for a replica
+    drain."""
     state: Literal["running", "succeeded", "failed"]
     """``succeeded``: a node drain moved every replica, a replica drain's replicas were each
-    replaced; ``failed``: the grace ran out and what was left was stopped."""
+    replaced; ``failed``: the grace ran out and what was left was stopped, or a replica
+    being moved ended without a replacement (the outcome names it and why)."""
     finished: bool
     """Whether ``state`` is no longer ``running``."""
     outcome: str | None
@@ -499,6 +503,8 @@ class MoveView(msgspec.Struct, frozen=True, kw_only=True):
     """The revision the original runs."""
     replacement_id: str | None
     replacement_phase: str | None
+    waiting_for: str | None = None
+    """Why no replacement is placed yet, as placement last said; null once one is placed."""
 
 
 # -- health ------------------------------------------------------------------------------

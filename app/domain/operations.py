@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TypeVar
 
@@ -461,6 +461,9 @@ class MoveView(msgspec.Struct, frozen=True, kw_only=True):
     revision: int
     replacement_id: str | None
     replacement_phase: str | None
+    waiting_for: str | None = None
+    """Why no replacement is placed yet: the model's latest unplaceable reason (None once
+    one is placed, or while placement has not said)."""
 
 
 def moves_of(state: ClusterState, move_id: str, model: Model | None = None) -> tuple[MoveView, ...]:
@@ -481,6 +484,7 @@ def moves_of(state: ClusterState, move_id: str, model: Model | None = None) -> t
                 revision=original.revision,
                 replacement_id=replacement.id if replacement else None,
                 replacement_phase=replacement.phase.value if replacement else None,
+                waiting_for=None if replacement else each.unplaceable_reason,
             )
             views.append(((each.name, original.number), view))
     return tuple(view for _, view in sorted(views, key=lambda item: item[0]))
@@ -495,7 +499,8 @@ class DrainState(StrEnum):
     """A node drain that moved every replica; a replica drain whose replicas were each
     replaced."""
     FAILED = "failed"
-    """The grace ran out and what was left was stopped, not moved."""
+    """The grace ran out and what was left was stopped, not moved; or a replica it was
+    moving ended without a replacement (its agent shut down, its engine failed)."""
 
 
 class DrainProgress(msgspec.Struct, frozen=True, kw_only=True):
@@ -505,6 +510,9 @@ class DrainProgress(msgspec.Struct, frozen=True, kw_only=True):
     requested_by: str
     requested_at: datetime
     grace_s: float | None
+    grace_ends_at: datetime | None
+    """When what is still on the node is stopped rather than moved (a node drain with a
+    grace); None for a replica drain, whose grace is the server's."""
     state: DrainState
     finished: bool
     outcome: str | None
@@ -558,6 +566,9 @@ def drain_progress(state: ClusterState, drain_id: str, events: Sequence[Recorded
         requested_by=first.meta.actor,
         requested_at=first.recorded_at,
         grace_s=grace_s,
+        grace_ends_at=(
+            first.recorded_at + timedelta(seconds=grace_s) if grace_s is not None else None
+        ),
         state=drain_state,
         finished=outcome is not None,
         outcome=outcome,

@@ -15,6 +15,7 @@ import pytest_asyncio
 
 from app.domain.events import (
     GpuMarkedUnhealthy,
+    ModelUnplaceable,
     NodeDrainFinished,
     ReplacementServing,
     ReplicaDrainStarted,
@@ -33,6 +34,7 @@ from app.domain.events import (
 from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import record, seed_node, seed_serving_replica
 from tests.support.operator_cli import OPERATOR, OnTerminal, Operator, live_admin_api
+from tests.support.routing import declare_model
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -299,3 +301,43 @@ async def test_drain_wait_on_a_terminal_shows_the_move_live_until_the_drain_comp
     assert f"{drain_id} drains node {node}, requested by {OPERATOR}" in shown
     assert "done: every replica moved" in shown
     assert f"replaced by {replacement}" in shown
+
+
+async def test_a_drain_with_nowhere_to_move_says_why_and_when_its_grace_runs_out(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    node = an_id("gpu")
+    await seed_node(pg_store, node)
+    model = an_id("llama")
+    await declare_model(pg_store, model)
+    original = f"{model}-1"
+    await seed_serving_replica(pg_store, original, node)
+    started = await operator.run("drain", node, "--grace", "900", "--output", "json")
+    drain_id = started.json()["drain_id"]
+    full = "needs 1 node(s) with 1 healthy free GPU(s), 0 eligible of 1: 1 draining"
+    await record(
+        pg_store,
+        "reconciler",
+        ReplicaDrainStarted(replica_id=original, drain_id=drain_id, reason="node drains"),
+        correlation_id=drain_id,
+    )
+    await record(pg_store, "reconciler", ModelUnplaceable(model=model, reason=full))
+
+    shown, answer = await asyncio.gather(
+        operator.run("drain-progress", drain_id, "--output", "wide"),
+        operator.run("drain-progress", drain_id, "--output", "json"),
+    )
+
+    [move] = answer.json()["moves"]
+    assert (move["replica_id"], move["replacement_id"], move["waiting_for"]) == (
+        original,
+        None,
+        full,
+    )
+    requested = answer.json()["requested_at"]
+    assert answer.json()["grace_ends_at"] > requested
+    text = " ".join(shown.stdout.split())
+    assert f"{original} waits for a replacement: {full} (llmgw-cli explain-placement {model})" in (
+        text
+    )
+    assert "the grace runs out: what is still on the node then is stopped, not moved" in text

@@ -12,7 +12,8 @@ from rich.console import Console
 
 from cli.rollout import undone_text
 from cli.rollout_render import render, summary_line
-from cli.rollout_views import RolloutMoveView, RolloutStepView, RolloutView
+from cli.rollout_views import RolloutStepView, RolloutView
+from cli.views import MoveView
 
 HOLDING = RolloutView(
     model="llama",
@@ -60,15 +61,17 @@ def test_a_move_under_way_and_the_pause_reason_are_in_the_line() -> None:
         pause_reason="night freeze",
         hold_left_s=None,
         moves=[
-            RolloutMoveView(replica_id="llama-2", revision=2, replacement_id="llama-6"),
-            RolloutMoveView(replica_id="llama-3", revision=2),
+            MoveView(replica_id="llama-2", revision=2, replacement_id="llama-6"),
+            MoveView(replica_id="llama-3", revision=2),
+            MoveView(replica_id="llama-4", revision=2, waiting_for="0 eligible of 2"),
         ],
     )
 
     line = summary_line(moving)
 
     assert "moves: llama-2 (rev 2) -> llama-6 None; llama-3 (rev 2) -> not placed yet" not in line
-    assert "moves: llama-2 (rev 2) -> llama-6; llama-3 (rev 2) -> not placed yet" in line
+    assert "moves: llama-2 (rev 2) -> llama-6; llama-3 (rev 2) -> not placed yet; " in line
+    assert "llama-4 (rev 2) -> not placed yet (0 eligible of 2) |" in line
     assert line.endswith("| paused: night freeze")
 
 
