@@ -42,6 +42,12 @@ def declare_model(admin: AdminClient, spec: Mapping[str, object]) -> int:
     return put_model(admin, spec).value.model.desired
 
 
+def why_short(admin: AdminClient, model: str) -> list[str]:
+    """Why the model is below its count, in the server's words; empty when it is not."""
+    existing = get_model(admin, model)
+    return [] if existing is None else list(existing.value.below_desired_because)
+
+
 def serving(admin: AdminClient, model: str) -> list[str]:
     """The ids of the model's serving replicas, sorted."""
     replicas = get_replicas(admin, model=model, phase="serving").value

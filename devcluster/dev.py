@@ -50,7 +50,7 @@ from devcluster.demo_model import (
     served_by,
 )
 from devcluster.docker import DockerPostgres
-from devcluster.errors import ChildExited, DevDatabaseError, DevError
+from devcluster.errors import ChildExited, DevDatabaseError, DevError, NotReady
 from devcluster.next_steps import CHAT_BODY, Where, next_steps
 from devcluster.orchestrator import Processes
 from devcluster.pki import ClusterPki, issue_pki
@@ -155,10 +155,13 @@ class DevCluster:
                 "both agents to connect",
             )
             desired = admin.declare_model(client, spec)
-            self._wait_for(
-                lambda: len(admin.serving(client, MODEL)) >= desired,
-                f"{desired} serving replica(s)",
-            )
+            try:
+                self._wait_for(
+                    lambda: len(admin.serving(client, MODEL)) >= desired,
+                    f"{desired} serving replica(s)",
+                )
+            except NotReady as exc:
+                raise NotReady(_with_why_short(str(exc), client)) from None
             key_path = options.state_dir / "api-key"
             api_key = admin.api_key(client, key_path, name=API_KEY_NAME, models=[MODEL])
         if desired > 0:
@@ -286,6 +289,18 @@ def _answers(probe: Callable[[AdminClient], bool], client: AdminClient) -> bool:
         return probe(client)
     except ClientError:
         return False
+
+
+def _with_why_short(message: str, client: AdminClient) -> str:
+    """``message`` and why the model is below its count, as the server says (a state
+    directory whose model was scaled past what the fake GPUs hold, a node left draining)."""
+    try:
+        reasons = admin.why_short(client, MODEL)
+    except ClientError:
+        return message
+    if not reasons:
+        return message
+    return f"{message}; {MODEL} is short: {'; '.join(reasons)} (llmgw-cli model {MODEL})"
 
 
 def _answers_through_gateway(client: httpx.Client, options: DevOptions, api_key: str) -> bool:
