@@ -14,6 +14,7 @@ from app.admin.auth import require_actor
 from app.admin.autoscale_schemas import AutoscaleDecisionView
 from app.admin.bodies import blank_body, check_body
 from app.admin.schemas import (
+    ApplyPreviewView,
     ModelChange,
     ModelRolloutView,
     ModelSpecBody,
@@ -169,6 +170,23 @@ class ModelController(Controller):
         spec = spec_from_body(await request.body(), name)
         changed = await operations.apply_model(caller, spec)
         return ModelChange(changed=changed, model=model_view(await operations.model(name)))
+
+    @post(
+        "/{name:str}/preview",
+        status_code=200,
+        summary="What declaring a spec would do (a dry run); nothing is recorded",
+        description="The same validation as PUT (422 with every field and reason), then "
+        "whether the spec is new, unchanged, a change that takes effect at once, or a new "
+        "revision that a rollout brings in, with every field that changes.",
+    )
+    async def preview(
+        self,
+        request: Request[Any, Any, Any],
+        operations: NamedDependency[Operations],
+        name: FromPath[str],
+    ) -> ApplyPreviewView:
+        spec = spec_from_body(await request.body(), name)
+        return as_view(await operations.preview_model(spec), ApplyPreviewView)
 
     @post("/{name:str}/scale", status_code=200, summary="Change a model's replica count")
     async def scale(

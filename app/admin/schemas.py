@@ -253,6 +253,37 @@ class ModelChange(msgspec.Struct, frozen=True, kw_only=True):
     model: ModelView
 
 
+class SpecFieldChange(msgspec.Struct, frozen=True, kw_only=True):
+    field: str
+    """A field of the spec; nested settings dotted (``routing.weight``), environment
+    variables ``env.NAME``."""
+    old: str | None
+    """Null: not set before. Values of ``env.*`` are never shown: ``(set)``."""
+    new: str | None
+    """Null: no longer set."""
+
+
+class ApplyPreviewView(msgspec.Struct, frozen=True, kw_only=True):
+    """What declaring a spec would do, as the declaration would decide it; nothing is
+    recorded."""
+
+    model: str
+    outcome: Literal["new", "unchanged", "at_once", "new_revision", "declared_again"]
+    """``new``: declared at revision 1; ``unchanged``: nothing recorded; ``at_once``: fields
+    that take effect at once, same revision; ``new_revision``: what runs changes, and a
+    rollout replaces the replicas; ``declared_again``: a removed model comes back."""
+    revision: int
+    """The model's revision once declared."""
+    from_revision: int | None
+    """Its revision now; null for a model not declared yet."""
+    revision_changes: list[SpecFieldChange]
+    """What makes it a new revision."""
+    at_once: list[SpecFieldChange]
+    """Other fields that change, taking effect at once for every replica."""
+    rollout_id: str | None
+    """The rollout the declaration would start."""
+
+
 class ScaleRequest(msgspec.Struct, frozen=True, kw_only=True):
     replicas: int
 

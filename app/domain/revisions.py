@@ -65,6 +65,36 @@ def spec_changes(old: ModelSpec, new: ModelSpec) -> tuple[SpecChange, ...]:
     return tuple(changes)
 
 
+def at_once_changes(old: ModelSpec, new: ModelSpec) -> tuple[SpecChange, ...]:
+    """What differs between ``old`` and ``new`` outside ``REVISION_FIELDS``: the changes
+    that take effect at once, each nested setting a field of its own (``routing.weight``,
+    ``autoscale.max``); an unset setting has no value (``old`` or ``new`` None)."""
+    before, after = _settings(old), _settings(new)
+    return tuple(
+        SpecChange(field=key, old=before.get(key), new=after.get(key))
+        for key in sorted(before.keys() | after.keys())
+        if before.get(key) != after.get(key)
+    )
+
+
+def _settings(spec: ModelSpec) -> dict[str, str]:
+    flat: dict[str, str] = {}
+    for field in msgspec.structs.fields(ModelSpec):
+        if field.name != "name" and field.name not in REVISION_FIELDS:
+            _flatten(field.name, msgspec.to_builtins(getattr(spec, field.name)), flat)
+    return flat
+
+
+def _flatten(key: str, value: object, into: dict[str, str]) -> None:
+    if isinstance(value, dict):
+        for name, inner in value.items():
+            _flatten(f"{key}.{name}", inner, into)
+    elif isinstance(value, list):
+        into[key] = msgspec.json.encode(value).decode()
+    elif value is not None:
+        into[key] = _text(value)
+
+
 def next_revision(latest: int, changes: tuple[SpecChange, ...]) -> int:
     """The revision a declaration with ``changes`` makes, after the ``latest`` the model
     ever had (a rolled back one included, so that no number means two specs)."""

@@ -22,6 +22,7 @@ from app.domain import keys as key_decisions
 from app.domain import operations as decide
 from app.domain import revocations, tuning
 from app.domain import rollout_operations as rollouts
+from app.domain.apply_preview import ApplyPreview, preview_apply
 from app.domain.envelope import Meta
 from app.domain.events import (
     key_stream,
@@ -242,6 +243,10 @@ class Operations:
 
     async def placement(self, name: str) -> Explanation:
         return decide.placement_of(await self.current(), name)
+
+    async def preview_model(self, spec: ModelSpec) -> ApplyPreview:
+        """What ``apply_model`` would record now, decided the same way; nothing recorded."""
+        return preview_apply(await self._store.catch_up(), spec)
 
     async def placement_dry_run(self, spec: ModelSpec) -> Explanation:
         return decide.placement_dry_run(await self.current(), spec)

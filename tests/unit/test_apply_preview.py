@@ -1,0 +1,92 @@
+"""What `models apply --dry-run` says a spec would do: decided as the apply decides, so the
+preview and the apply agree, and nothing is recorded."""
+
+from __future__ import annotations
+
+import pytest
+from msgspec.structs import replace
+
+from app.domain import operations as ops
+from app.domain.apply_preview import ApplyOutcome, preview_apply
+from app.domain.events import ModelDeclared, ModelTuned
+from app.domain.model_spec import AutoscalePolicy, ModelSpec, RoutingSettings
+from app.domain.revisions import WITHHELD, SpecChange
+from app.domain.state import ClusterState
+from tests.unit.test_domain_operations import after, given
+
+LLAMA = ModelSpec(name="llama", command="vllm serve {model} --port {port}", replicas=2)
+
+
+def declared() -> ClusterState:
+    return given(ModelDeclared(model="llama", spec=LLAMA))
+
+
+def test_a_model_not_declared_yet_would_be_new_at_revision_1() -> None:
+    preview = preview_apply(given(), LLAMA)
+
+    assert (preview.outcome, preview.revision, preview.from_revision) == (ApplyOutcome.NEW, 1, None)
+
+
+def test_the_same_spec_would_change_nothing() -> None:
+    preview = preview_apply(declared(), LLAMA)
+
+    assert (preview.outcome, preview.revision, preview.at_once) == (ApplyOutcome.UNCHANGED, 1, ())
+
+
+def test_a_count_and_a_routing_setting_change_at_once_each_named() -> None:
+    spec = replace(LLAMA, replicas=3, routing=RoutingSettings(weight=2.0))
+
+    preview = preview_apply(declared(), spec)
+
+    assert preview.outcome is ApplyOutcome.AT_ONCE
+    assert (preview.revision, preview.rollout_id) == (1, None)
+    assert preview.at_once == (
+        SpecChange(field="replicas", old="2", new="3"),
+        SpecChange(field="routing.weight", old="1", new="2"),
+    )
+
+
+def test_an_autoscale_policy_added_shows_each_of_its_settings_as_new() -> None:
+    spec = replace(LLAMA, autoscale=AutoscalePolicy(min_replicas=1, max_replicas=4))
+
+    preview = preview_apply(declared(), spec)
+
+    assert SpecChange(field="autoscale.max", old=None, new="4") in preview.at_once
+
+
+def test_a_new_command_would_be_a_new_revision_with_its_rollout_and_env_values_withheld() -> None:
+    spec = replace(LLAMA, command="vllm serve {model} --port {port} -tp 2", env={"TOKEN": "s3"})
+
+    preview = preview_apply(declared(), spec)
+
+    assert preview.outcome is ApplyOutcome.NEW_REVISION
+    assert (preview.revision, preview.from_revision) == (2, 1)
+    assert preview.rollout_id == "rollout-llama-r2"
+    assert [c.field for c in preview.revision_changes] == ["command", "env.TOKEN"]
+    assert preview.revision_changes[1] == SpecChange(field="env.TOKEN", old=None, new=WITHHELD)
+    assert "s3" not in repr(preview)
+
+
+def test_a_removed_model_would_be_declared_again() -> None:
+    state = declared()
+    removed = after(state, ops.remove(state, "llama"))
+
+    preview = preview_apply(removed, LLAMA)
+
+    assert preview.outcome is ApplyOutcome.DECLARED_AGAIN
+
+
+def test_re_applying_without_routing_keeps_what_bench_measured_and_says_unchanged() -> None:
+    tuned = given(
+        ModelDeclared(model="llama", spec=LLAMA),
+        ModelTuned(model="llama", weight=3.0, target_waiting=8, kv_ceiling=0.9),
+    )
+
+    assert preview_apply(tuned, LLAMA).outcome is ApplyOutcome.UNCHANGED
+
+
+def test_an_invalid_spec_is_refused_as_the_apply_refuses_it() -> None:
+    with pytest.raises(ops.InvalidSpec) as refused:
+        preview_apply(declared(), replace(LLAMA, replicas=-1))
+
+    assert [e.field for e in refused.value.errors] == ["replicas"]
