@@ -23,6 +23,7 @@ from cli.operator import (
     Reply,
     call,
     post_change,
+    preview_model,
     print_facts,
     print_json,
     put_model,
@@ -33,7 +34,7 @@ from cli.render import EXIT_FAILED, EXIT_OK, Column, counted, print_error, print
 from cli.rollout_views import UNDER_WAY
 from cli.spec_file import SpecFileError, read_specs
 from cli.traffic import print_traffic_by_revision
-from cli.views import ModelChange, ModelView, RoutingView
+from cli.views import ApplyPreview, ModelChange, ModelView, RoutingView, SpecFieldChange
 from wire.engines import PROFILES
 
 ModelName = Annotated[str, Parameter(help="The model name, such as llama-3-8b.")]
@@ -114,13 +115,24 @@ def apply_models(
     ],
     /,
     *,
+    dry_run: Annotated[
+        bool,
+        Parameter(
+            help="Say what applying would do and record nothing: for each spec, whether it "
+            "is new, unchanged, a change that takes effect at once, or a new revision that a "
+            "rollout brings in, with every field that changes.",
+            negative=(),
+        ),
+    ] = False,
     output: Output = "table",
     connection: ConnectionFlags | None = None,
 ) -> int:
-    """Declare models from a spec file. Applying the same spec again records nothing; an
-    invalid spec is refused with every field and why, and nothing of it is recorded.
+    """Declare models from a spec file. Applying the same spec again records nothing. Every
+    spec of the file is checked by the server first: if any is invalid, each field and why
+    is shown and none of the file is recorded.
 
     ```
+    llmgw-cli models apply llama.yaml --dry-run   # what would change; nothing recorded
     llmgw-cli models apply llama.yaml
     ```
 
@@ -152,6 +164,12 @@ def apply_models(
             return EXIT_FAILED
 
     def apply(client: AdminClient) -> int:
+        previews = [
+            _preview(client, spec, number, specs, file) for number, spec in enumerate(specs, 1)
+        ]
+        if dry_run:
+            _report_previews(previews, output)
+            return EXIT_OK
         replies: list[Reply[ModelChange]] = []
         for spec in specs:
             try:
@@ -163,6 +181,58 @@ def apply_models(
         return EXIT_OK
 
     return run_command("models apply", connection, apply)
+
+
+def _preview(
+    client: AdminClient,
+    spec: dict[str, object],
+    number: int,
+    specs: list[dict[str, object]],
+    file: Path,
+) -> Reply[ApplyPreview]:
+    """The server's preview of one spec of the file; an invalid one names its place in the
+    file and says that no spec of it was recorded."""
+    try:
+        return preview_model(client, spec)
+    except ApiProblem as exc:
+        if len(specs) == 1:
+            raise
+        raise ApiProblem(
+            exc.status,
+            f"spec {number} in {file}: {exc} (nor any other spec of the file)",
+            exc.errors,
+        ) from exc
+
+
+PREVIEW_SAID = {
+    "new": "new, would be declared at revision {revision}",
+    "unchanged": "unchanged, nothing would be recorded",
+    "at_once": "would change at once, revision {revision} stays",
+    "new_revision": "would be revision {revision} (now {from_revision}): a rollout "
+    "({rollout_id}) replaces its replicas with it",
+    "declared_again": "removed, would be declared again at revision {revision}",
+}
+
+
+def _report_previews(previews: list[Reply[ApplyPreview]], output: Output) -> None:
+    if output == "json":
+        print_json(b"[" + b",".join(reply.raw for reply in previews) + b"]")
+        return
+    for reply in previews:
+        preview = reply.value
+        said = PREVIEW_SAID.get(preview.outcome, preview.outcome)
+        print(f"model {preview.model}: {said.format_map(msgspec.structs.asdict(preview))}")
+        for change in preview.revision_changes:
+            print(f"  {change_text(change)}")
+        if preview.at_once:
+            print(f"  at once: {'; '.join(change_text(c) for c in preview.at_once)}")
+    print("dry run: nothing was recorded")
+    sys.stdout.flush()
+
+
+def change_text(change: SpecFieldChange) -> str:
+    """``replicas: 2 -> 3``; an unset value is ``(none)``."""
+    return f"{change.field}: {change.old or '(none)'} -> {change.new or '(none)'}"
 
 
 def _report_applied(replies: list[Reply[ModelChange]], output: Output) -> None:

@@ -22,7 +22,7 @@ from cli.arguments import UsageError, segment
 from cli.client import AdminClient, ApiProblem, ClientError
 from cli.config import ConfigError, ConnectionFlags, resolve_settings
 from cli.render import EXIT_FAILED, EXIT_OK, EXIT_USAGE, print_error
-from cli.views import ModelChange, ModelView, NodeSummary, ReplicaSummary
+from cli.views import ApplyPreview, ModelChange, ModelView, NodeSummary, ReplicaSummary
 
 ADMIN = "/admin/v1"
 
@@ -117,6 +117,12 @@ def put_model(client: AdminClient, spec: Mapping[str, object]) -> Reply[ModelCha
     """Declare the model ``spec["name"]`` with ``spec`` (recorded only if it changes)."""
     path = f"{ADMIN}/models/{segment(str(spec['name']), 'the model name')}"
     return call(client, ModelChange, "PUT", path, body=dict(spec))
+
+
+def preview_model(client: AdminClient, spec: Mapping[str, object]) -> Reply[ApplyPreview]:
+    """What declaring ``spec`` would do, validated as a declaration is; nothing recorded."""
+    path = f"{ADMIN}/models/{segment(str(spec['name']), 'the model name')}/preview"
+    return call(client, ApplyPreview, "POST", path, body=dict(spec))
 
 
 def get_replicas(

@@ -176,6 +176,25 @@ class ModelChange(View, frozen=True, kw_only=True):
     model: ModelView
 
 
+class SpecFieldChange(View, frozen=True, kw_only=True):
+    field: str
+    old: str | None = None
+    new: str | None = None
+
+
+class ApplyPreview(View, frozen=True, kw_only=True):
+    """What declaring a spec would do (``POST /admin/v1/models/{name}/preview``)."""
+
+    model: str
+    outcome: str
+    """``new``, ``unchanged``, ``at_once``, ``new_revision`` or ``declared_again``."""
+    revision: int = 1
+    from_revision: int | None = None
+    revision_changes: list[SpecFieldChange] = []
+    at_once: list[SpecFieldChange] = []
+    rollout_id: str | None = None
+
+
 # -- replicas ----------------------------------------------------------------------------
 
 

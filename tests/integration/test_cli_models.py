@@ -199,3 +199,52 @@ async def test_a_spec_file_names_the_apis_and_model_shows_them(operator: Operato
     assert refused.code != 0
     assert "apis" in refused.stderr
     assert "names unknown API(s) 'images'" in refused.stderr
+
+
+async def test_a_dry_run_says_what_would_change_and_records_nothing(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    name = a_model()
+    spec = operator.home / "llama.yaml"
+    spec.write_text(spec_yaml(name))
+    assert (await operator.run("models", "apply", str(spec))).code == 0
+    spec.write_text(
+        spec_yaml(name, replicas=3).replace("--port {port}", "--port {port} -tp 2")
+        + "---\n"
+        + spec_yaml(f"{name}-new", replicas=1)
+    )
+    before = await pg_store.last_position()
+
+    shown, answer = await asyncio.gather(
+        operator.run("models", "apply", str(spec), "--dry-run"),
+        operator.run("models", "apply", str(spec), "--dry-run", "--output", "json"),
+    )
+
+    assert shown.code == 0, shown.stderr
+    assert f"model {name}: would be revision 2 (now 1): a rollout (rollout-{name}-r2)" in (
+        shown.stdout
+    )
+    assert "  at once: replicas: 2 -> 3\n" in shown.stdout
+    assert f"model {name}-new: new, would be declared at revision 1\n" in shown.stdout
+    assert shown.stdout.endswith("dry run: nothing was recorded\n")
+    changes = answer.json()[0]["revision_changes"]
+    assert [c["field"] for c in changes] == ["command"]
+    assert changes[0]["new"].endswith("-tp 2")
+    assert await pg_store.last_position() == before
+
+
+async def test_a_file_whose_second_spec_is_invalid_records_none_of_its_specs(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    good, bad = a_model(), a_model()
+    path = operator.home / "fleet.yaml"
+    path.write_text(spec_yaml(good) + "---\n" + spec_yaml(bad, replicas=-1))
+    before = await pg_store.last_position()
+
+    refused = await operator.run("models", "apply", str(path))
+
+    assert refused.code == 1
+    assert f"spec 2 in {path}: spec of model '{bad}' is invalid" in refused.stderr
+    assert "(nor any other spec of the file)" in refused.stderr
+    assert "  replicas: must be between 0 and 10000\n" in refused.stderr
+    assert await pg_store.last_position() == before
