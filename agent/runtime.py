@@ -35,7 +35,6 @@ from agent.engines import (
 )
 from agent.gpus import GpuSnapshot, GpuSource, GpuStatus
 from agent.session import (
-    MAX_ERROR_CHARS,
     Close,
     CommandLedger,
     Execute,
@@ -47,6 +46,8 @@ from agent.session import (
 from agent.turns import Turns
 from wire.errors import MessageTooLarge
 from wire.messages import (
+    MAX_ERROR_CHARS,
+    MAX_XID,
     PROTOCOL_VERSION,
     AgentCommand,
     CloseCode,
@@ -108,7 +109,7 @@ def gpu_health_changes(
             uuid=gpu.uuid,
             healthy=gpu.healthy,
             reason=gpu.unhealthy_reason,
-            xid=gpu.xid,
+            xid=gpu.xid if gpu.xid is not None and 0 <= gpu.xid <= MAX_XID else None,
         )
         for gpu in current
         if before.get(gpu.index, (True, None)) != (gpu.healthy, gpu.unhealthy_reason)

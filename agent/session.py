@@ -28,6 +28,8 @@ import msgspec
 
 from wire.errors import ProtocolError, SessionStateError
 from wire.messages import (
+    MAX_ERROR_CHARS,
+    MAX_LOG_LINE_CHARS,
     MAX_LOG_TAIL_LINES,
     AgentCommand,
     AgentMessage,
@@ -52,9 +54,6 @@ from wire.outputs import Send as Send
 from wire.outputs import close_code_for
 
 REMEMBERED_COMMANDS = 1024
-# Caps that keep a shard status far below MAX_MESSAGE_BYTES whatever an engine prints.
-MAX_LOG_LINE_CHARS = 1000
-MAX_ERROR_CHARS = 2000
 
 
 class SessionState(Enum):

@@ -32,13 +32,26 @@ PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 1024 * 1024
 """Largest message either side accepts or sends, as UTF-8 bytes of the JSON text."""
 MAX_LOG_TAIL_LINES = 100
+MAX_LOG_LINE_CHARS = 1000
+MAX_ERROR_CHARS = 2000
+"""What the agent cuts a log line and an error to (``agent.session``), so a status stays far
+below the size limit whatever an engine prints; longer ones are malformed."""
 MAX_CLOSE_REASON_BYTES = 123
+"""A WebSocket close frame holds at most 125 bytes: the 2-byte code and the reason."""
 MAX_STOP_GRACE_S = 3_600
 """Longest grace a ``stop_shard`` may give an engine: an hour, the bound a model spec's
 ``stop_grace_s`` has too (``app.domain.model_spec``). A stop that asks for more (or for
 less than nothing) is malformed: the agent closes the connection rather than hold a shard
 stopping for days, or for ever."""
-"""A WebSocket close frame holds at most 125 bytes: the 2-byte code and the reason."""
+MAX_PID = 2**31 - 1
+"""Linux pids stop at 2**22 (``pid_max``); 2**31 - 1 is what the ``shards`` table's pid
+column holds. A larger one reached the log and failed the append of every reconcile pass
+that adopted it, stalling the whole cluster."""
+MAX_EXIT_CODE = 255
+"""An exit status is 0-255; minus a signal's number (down to -255) is a death by signal, as
+Python's ``returncode`` says it."""
+MAX_XID = 65_535
+"""NVIDIA's Xid codes are in the low hundreds; this leaves them room to grow."""
 
 
 class CloseCode(IntEnum):
@@ -56,8 +69,14 @@ NonEmpty = Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
 Index = Annotated[int, msgspec.Meta(ge=0)]
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 Mebibytes = Annotated[int, msgspec.Meta(ge=0)]
+"""Sizes are checked against what a GPU can have at hello (``app.hub.claims``)."""
+Pid = Annotated[int, msgspec.Meta(ge=1, le=MAX_PID)]
+ExitCode = Annotated[int, msgspec.Meta(ge=-MAX_EXIT_CODE, le=MAX_EXIT_CODE)]
+Xid = Annotated[int, msgspec.Meta(ge=0, le=MAX_XID)]
 AwareDatetime = Annotated[datetime, msgspec.Meta(tz=True)]
-LogTail = Annotated[tuple[str, ...], msgspec.Meta(max_length=MAX_LOG_TAIL_LINES)]
+LogLine = Annotated[str, msgspec.Meta(max_length=MAX_LOG_LINE_CHARS)]
+LogTail = Annotated[tuple[LogLine, ...], msgspec.Meta(max_length=MAX_LOG_TAIL_LINES)]
+Error = Annotated[str, msgspec.Meta(max_length=MAX_ERROR_CHARS)]
 Text = Annotated[str, msgspec.Meta(max_length=1024)]
 """Names, versions and reasons: generous, but bounded, so one field cannot be a megabyte."""
 Host = Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
@@ -67,6 +86,10 @@ Labels = Annotated[dict[LabelKey, LabelValue], msgspec.Meta(max_length=64)]
 MAX_LISTED = 4096
 """Most GPUs, shards or GPU indexes one message may list; the meaning of a hello is checked
 against tighter limits (``app.hub.claims``)."""
+GpuIndex = Annotated[int, msgspec.Meta(ge=0, lt=MAX_LISTED)]
+"""A GPU an agent reports: a node has at most 64 (``app.hub.claims``), numbered from 0."""
+ShardIndex = Annotated[int, msgspec.Meta(ge=0, lt=MAX_LISTED)]
+"""A shard an agent reports: a replica has at most 64 (``app.domain.model_spec``)."""
 
 
 class _Wire(msgspec.Struct, frozen=True, kw_only=True):
@@ -82,7 +105,7 @@ class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
 
 
 class GpuReport(_Wire, frozen=True, kw_only=True):
-    index: Index
+    index: GpuIndex
     uuid: Text
     name: Text
     memory_total_mib: Mebibytes
@@ -95,26 +118,26 @@ class ShardReport(_Wire, frozen=True, kw_only=True):
     """One shard the agent runs, as listed in its hello."""
 
     replica_id: NonEmpty
-    shard_index: Index
+    shard_index: ShardIndex
     model: Text
     port: Port
-    gpus: Annotated[tuple[Index, ...], msgspec.Meta(max_length=MAX_LISTED)]
-    pid: int | None
+    gpus: Annotated[tuple[GpuIndex, ...], msgspec.Meta(max_length=MAX_LISTED)]
+    pid: Pid | None
     state: ShardState
     started_at: AwareDatetime
 
 
 class GpuHealthChange(_Wire, frozen=True, kw_only=True):
-    index: Index
+    index: GpuIndex
     uuid: Text
     healthy: bool
     reason: Text | None = None
-    xid: int | None = None
+    xid: Xid | None = None
 
 
 class HeartbeatShard(_Wire, frozen=True, kw_only=True):
     replica_id: NonEmpty
-    shard_index: Index
+    shard_index: ShardIndex
     state: ShardState
 
 
@@ -158,14 +181,14 @@ class ShardStatus(_Message, frozen=True, kw_only=True, tag="shard_status"):
     """A shard changed state. ``command_id`` names the command that caused it, if any."""
 
     replica_id: NonEmpty
-    shard_index: Index
+    shard_index: ShardIndex
     state: ShardState
-    pid: int | None = None
+    pid: Pid | None = None
     port: Port
-    error: str | None = None
-    exit_code: int | None = None
+    error: Error | None = None
+    exit_code: ExitCode | None = None
     log_tail: LogTail = ()
-    command_id: str | None = None
+    command_id: NonEmpty | None = None
     reason: Text | None = None
     """Why the agent stopped the shard of its own accord (``agent shutting down``): set only
     on ``stopped``, never on a stop the control plane asked for."""
@@ -174,7 +197,7 @@ class ShardStatus(_Message, frozen=True, kw_only=True, tag="shard_status"):
 class CommandResult(_Message, frozen=True, kw_only=True, tag="command_result"):
     command_id: NonEmpty
     ok: bool
-    error: str | None = None
+    error: Error | None = None
 
 
 # -- control plane -> agent --------------------------------------------------------------

@@ -1,24 +1,38 @@
 """What a node with a valid certificate may still not do, tried over real mTLS WebSockets
 against a real PostgreSQL: advertise an address it cannot vouch for, report an inventory no
-machine has, flood the hub, keep using a revoked certificate."""
+machine has or numbers no table holds, flood the hub, keep using a revoked certificate."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
+import uuid
+from typing import Any
 
 import msgspec
 import pytest
+from structlog.testing import capture_logs
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from app.domain.egress import EngineNetworks
-from app.domain.events import NodeRefused, node_stream
+from app.domain.envelope import Meta
+from app.domain.events import (
+    ModelDeclared,
+    NodeRefused,
+    ReplicaPlaced,
+    ShardPlacement,
+    model_stream,
+    node_stream,
+    replica_stream,
+)
+from app.domain.model_spec import ModelSpec
 from app.domain.revocations import PresentedCertificate
 from app.hub.budget import MessageBudget
 from app.hub.hub import AgentHub
 from app.pki import issue_node
+from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
 from tests.support.hub import (
     LOOPBACK,
@@ -29,6 +43,7 @@ from tests.support.hub import (
     event_types,
     gpu,
     greet,
+    hear,
     hello,
     hub,
     new_node_id,
@@ -38,7 +53,7 @@ from tests.support.hub import (
     stream_is,
 )
 from tests.support.waiting import wait_until
-from wire.messages import Heartbeat
+from wire.messages import Heartbeat, HeartbeatAck, ShardStatus
 
 __all__ = ["hub", "pki", "run_hub"]  # fixtures
 
@@ -167,6 +182,63 @@ async def test_an_inventory_no_machine_has_is_refused_and_not_folded_into_nodes(
     [refusal] = await refusals(pg_store, node_id)
     assert refusal.reason.startswith(("the hello lists", "GPU 0 reports"))
     assert node_id not in pg_store.state.nodes
+
+
+async def place_on(store: PostgresEventStore, node_id: str) -> str:
+    """A replica of a new model placed on ``node_id``, as the reconciler records it; its id."""
+    model = f"m-{uuid.uuid4().hex[:8]}"
+    replica_id = f"{model}-1"
+    spec = ModelSpec(name=model, command="llmgw-sim-engine --port {port}", replicas=1)
+    placement = ShardPlacement(index=0, node_id=node_id, gpus=(0,), port=20001)
+    placed = ReplicaPlaced(replica_id=replica_id, model=model, number=1, shards=(placement,))
+    await store.append_many(
+        [
+            AppendRequest(
+                model_stream(model), None, [NewEvent(ModelDeclared(model=model, spec=spec))]
+            ),
+            AppendRequest(replica_stream(replica_id), None, [NewEvent(placed)]),
+        ],
+        Meta(actor="reconciler"),
+    )
+    return replica_id
+
+
+NO_TABLE_HOLDS: dict[str, tuple[dict[str, Any], str]] = {
+    "pid 2**63": ({"state": "starting", "pid": 2**63}, "$.pid"),
+    "pid -5": ({"state": "starting", "pid": -5}, "$.pid"),
+    "pid 0": ({"state": "starting", "pid": 0}, "$.pid"),
+    "exit code 10**12": ({"state": "failed", "exit_code": 10**12}, "$.exit_code"),
+}
+
+
+@pytest.mark.parametrize("lie", sorted(NO_TABLE_HOLDS))
+async def test_a_number_out_of_range_closes_that_connection_and_records_nothing(
+    hub: AgentHub, pki: Pki, pg_store: PostgresEventStore, lie: str
+) -> None:
+    """Before, a pid of 2**63 for a shard placed on the node failed the append (the shards
+    table's pid is 32-bit): the hub logged a traceback and closed with 1011 "internal
+    error", and a pid of -5 or 0 was recorded as it came. Now the status is malformed: 1002
+    naming the field, one log line, nothing recorded, the neighbour untouched."""
+    change, path = NO_TABLE_HOLDS[lie]
+    liar_id, honest_id = new_node_id(), new_node_id()
+    with capture_logs() as logs:
+        async with dial(hub, pki.node(honest_id)) as honest, dial(hub, pki.node(liar_id)) as liar:
+            await greet(honest, honest_id)
+            await greet(liar, liar_id)
+            await wait_until(
+                stream_is(pg_store, node_stream(liar_id), ["node_registered", "node_connected"])
+            )
+            replica_id = await place_on(pg_store, liar_id)
+            await say(liar, ShardStatus(replica_id=replica_id, shard_index=0, port=20001, **change))
+
+            assert await close_code(liar) == 1002
+            assert path in (liar.close_reason or "")
+            await say(honest, Heartbeat(seq=1))
+            assert await hear(honest) == HeartbeatAck(seq=1)
+            assert hub.connected_nodes() == [honest_id]
+    assert await event_types(pg_store, replica_stream(replica_id)) == ["replica_placed"]
+    closing = [e for e in logs if e.get("node_id") == liar_id and e["log_level"] != "info"]
+    assert [(e["event"], e.get("code")) for e in closing] == [("agent_connection_closing", 1002)]
 
 
 async def test_a_flood_of_heartbeats_closes_that_connection_with_one_recorded_event(

@@ -9,6 +9,8 @@ log, and in what the agents were sent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
@@ -22,6 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.ext.asyncio import AsyncEngine
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
 
 from app.admin.metrics import leader_figures
 from app.bootstrap import AgentHubConfig, leader_wiring
@@ -30,10 +34,13 @@ from app.domain.events import (
     AnyEvent,
     ModelDeclared,
     ModelScaled,
+    ReplicaPlaced,
+    ShardPlacement,
     StrayStopped,
     event_type,
     model_stream,
     node_stream,
+    replica_id_for,
     replica_stream,
 )
 from app.domain.model_spec import AutoscalePolicy, ModelSpec
@@ -42,13 +49,30 @@ from app.services.control_plane import ControlPlaneConfig, Leader
 from app.services.leader import NEXT_EPOCH, LeaderElection
 from app.store.database import driver_url
 from app.store.gateway_reports import delete_report, write_report
-from app.store.interface import NewEvent
+from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import serving_admin
-from tests.support.fake_agents import LOOPBACK, AgentPki, fake_agent, make_pki, running_shard
+from tests.support.fake_agents import (
+    DEADLINE_S,
+    LOOPBACK,
+    AgentPki,
+    fake_agent,
+    gpu,
+    make_pki,
+    running_shard,
+)
 from tests.support.reporting_gateway import reporting_gateway
 from tests.support.waiting import wait_until
-from wire.messages import StopShard
+from wire.messages import (
+    PROTOCOL_VERSION,
+    Heartbeat,
+    Hello,
+    ShardStatus,
+    StopShard,
+    Welcome,
+    decode_from_server,
+    encode,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -278,6 +302,87 @@ async def test_a_command_goes_once_per_connection_and_again_after_a_reconnect(
         assert [s.command_id for s in reconnected.stops()] == ["stray-ghost-9-0-777"]
 
     assert (await types_in(pg_store, node_stream(node_id))).count("stray_stopped") == 1
+
+
+async def place_as_before(operator: PostgresEventStore, node_id: str, gpus: int = 1) -> str:
+    """A model of one replica placed on ``node_id`` (port 20001), as a previous leader left
+    it in the log; the replica's id."""
+    model = f"m-{uuid.uuid4().hex[:6]}"
+    replica_id = replica_id_for(model, 1)
+    spec = ModelSpec(name=model, command="llmgw-sim-engine --port {port}", replicas=1)
+    placement = ShardPlacement(index=0, node_id=node_id, gpus=tuple(range(gpus)), port=20001)
+    placed = ReplicaPlaced(replica_id=replica_id, model=model, number=1, shards=(placement,))
+    await operator.append_many(
+        [
+            AppendRequest(
+                model_stream(model), None, [NewEvent(ModelDeclared(model=model, spec=spec))]
+            ),
+            AppendRequest(replica_stream(replica_id), None, [NewEvent(placed)]),
+        ],
+        OPERATOR,
+    )
+    return replica_id
+
+
+async def test_a_pid_no_shards_row_can_hold_costs_only_the_node_that_reported_it(
+    leader: Leader, pki: AgentPki, pg_store: PostgresEventStore, operator: PostgresEventStore
+) -> None:
+    """A node reports the replica a previous leader placed on it ready, with pid 2**40.
+    Before, the leader adopted it with that pid, the append failed (the shards table's pid
+    is 32-bit), and so did every pass after it: no node was sent a command again. Now the
+    status is malformed at the wire: the liar's connection is closed, the others carry on."""
+    liar_id, honest_id = new_node_id(), new_node_id()
+    hello = Hello(
+        protocol_version=PROTOCOL_VERSION,
+        node_id=liar_id,
+        agent_version="liar",
+        address=LOOPBACK,
+        port_range=(20000, 20099),
+        gpus=(gpu(0),),
+    )
+    async with (
+        fake_agent(leader.hub.port, pki, honest_id) as honest,
+        connect(
+            f"wss://{LOOPBACK}:{leader.hub.port}", ssl=pki.node(liar_id), open_timeout=DEADLINE_S
+        ) as liar,
+    ):
+        await liar.send(encode(hello), text=True)
+        assert isinstance(decode_from_server(await liar.recv()), Welcome)
+        alive = asyncio.create_task(keep_alive(liar))
+        await wait_until(all_connected(pg_store, [liar_id, honest_id]), what="both connected")
+        lied_about = await place_as_before(operator, liar_id)
+        lie = ShardStatus(
+            replica_id=lied_about, shard_index=0, state="ready", pid=2**40, port=20001
+        )
+        await liar.send(encode(lie), text=True)
+
+        def heard_out() -> bool:  # the status in the fleet view, or its connection closed
+            report = leader.tracker.snapshot().reports.get(liar_id)
+            return liar.close_code is not None or (
+                report is not None and (lied_about, 0) in report.shards
+            )
+
+        await wait_until(heard_out, what="the liar's status taken in or refused")
+        honest_replica = await place_as_before(operator, honest_id)
+        await wait_until(lambda: honest.starts() != [], what="the honest node's start")
+        assert [s.replica_id for s in honest.starts()] == [honest_replica]
+        async with asyncio.timeout(DEADLINE_S):
+            await liar.wait_closed()
+        assert liar.close_code == 1002
+        assert "$.pid" in (liar.close_reason or "")
+        await alive
+    assert "replica_adopted" not in await types_in(pg_store, replica_stream(lied_about))
+
+
+async def keep_alive(agent: ClientConnection) -> None:
+    """Heartbeats until the connection closes, reading (and dropping) what the hub sends."""
+    with contextlib.suppress(ConnectionClosed):
+        for seq in itertools.count():
+            await agent.send(encode(Heartbeat(seq=seq)), text=True)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.5):
+                    while True:
+                        await agent.recv()
 
 
 async def test_a_leader_whose_epoch_was_taken_stops_leading_and_places_nothing(

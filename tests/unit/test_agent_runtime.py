@@ -40,7 +40,15 @@ from app.pki import (
 )
 from app.pki.files import write_ca, write_issued
 from app.pki.keys import PrivateKey
-from wire.messages import GpuHealthChange, GpuReport, ShardReport, StartShard
+from wire.messages import (
+    GpuHealthChange,
+    GpuReport,
+    Heartbeat,
+    ShardReport,
+    StartShard,
+    decode_from_agent,
+    encode,
+)
 
 STARTED_AT = datetime(2025, 3, 1, 12, 30, tzinfo=UTC)
 
@@ -189,6 +197,19 @@ def test_gpu_health_changes_name_only_the_gpus_that_changed() -> None:
         GpuHealthChange(index=1, uuid="GPU-1", healthy=True)
     ]
     assert gpu_health_changes([], healthy) == [], "a GPU seen for the first time was healthy"
+
+
+def test_an_xid_the_wire_cannot_carry_is_left_out_not_sent() -> None:
+    """The control plane refuses a heartbeat with an Xid over 65535 as malformed; a driver
+    (or a fake GPU's reason) that names one costs the Xid, not the connection."""
+    healthy = [a_gpu(0)]
+    broken = [a_gpu(0, reason="XID 99999999999: what", xid=99_999_999_999)]
+
+    [change] = gpu_health_changes(healthy, broken)
+
+    assert (change.healthy, change.reason, change.xid) == (False, "XID 99999999999: what", None)
+    beat = Heartbeat(seq=0, gpu_changes=(change,))
+    assert decode_from_agent(encode(beat)) == beat
 
 
 def test_a_start_command_becomes_the_spec_the_supervisor_runs() -> None:

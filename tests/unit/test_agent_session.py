@@ -6,8 +6,6 @@ import pytest
 from msgspec.structs import replace
 
 from agent.session import (
-    MAX_ERROR_CHARS,
-    MAX_LOG_LINE_CHARS,
     Close,
     CommandLedger,
     Execute,
@@ -19,6 +17,8 @@ from agent.session import (
 from app.domain import model_spec
 from wire.errors import SessionStateError
 from wire.messages import (
+    MAX_ERROR_CHARS,
+    MAX_LOG_LINE_CHARS,
     MAX_LOG_TAIL_LINES,
     MAX_MESSAGE_BYTES,
     MAX_STOP_GRACE_S,

@@ -21,8 +21,14 @@ from wire.errors import (
 )
 from wire.messages import (
     MAX_CLOSE_REASON_BYTES,
+    MAX_ERROR_CHARS,
+    MAX_EXIT_CODE,
+    MAX_LISTED,
+    MAX_LOG_LINE_CHARS,
     MAX_MESSAGE_BYTES,
+    MAX_PID,
     MAX_STOP_GRACE_S,
+    MAX_XID,
     PROTOCOL_VERSION,
     AgentMessage,
     CommandResult,
@@ -51,8 +57,11 @@ from wire.messages import (
 text = st.text(max_size=12)
 name = st.text(min_size=1, max_size=12)
 index = st.integers(min_value=0, max_value=2**31)
+listed_index = st.integers(min_value=0, max_value=MAX_LISTED - 1)
 port = st.integers(min_value=1, max_value=65535)
-maybe_int = st.none() | st.integers(min_value=-(2**63), max_value=2**63 - 1)
+maybe_pid = st.none() | st.integers(min_value=1, max_value=MAX_PID)
+maybe_exit_code = st.none() | st.integers(min_value=-MAX_EXIT_CODE, max_value=MAX_EXIT_CODE)
+maybe_xid = st.none() | st.integers(min_value=0, max_value=MAX_XID)
 maybe_text = st.none() | text
 shard_state = st.sampled_from(["starting", "ready", "failed", "stopped"])
 labels = st.dictionaries(name, text, max_size=3)
@@ -64,7 +73,7 @@ seconds = st.floats(min_value=0, max_value=1e6, allow_nan=False, exclude_min=Tru
 
 gpu_reports = st.builds(
     GpuReport,
-    index=index,
+    index=listed_index,
     uuid=text,
     name=text,
     memory_total_mib=index,
@@ -75,11 +84,11 @@ gpu_reports = st.builds(
 shard_reports = st.builds(
     ShardReport,
     replica_id=name,
-    shard_index=index,
+    shard_index=listed_index,
     model=text,
     port=port,
-    gpus=st.tuples(index) | st.tuples(index, index),
-    pid=maybe_int,
+    gpus=st.tuples(listed_index) | st.tuples(listed_index, listed_index),
+    pid=maybe_pid,
     state=shard_state,
     started_at=aware_datetimes,
 )
@@ -100,28 +109,28 @@ heartbeats = st.builds(
     gpu_changes=st.lists(
         st.builds(
             GpuHealthChange,
-            index=index,
+            index=listed_index,
             uuid=text,
             healthy=st.booleans(),
             reason=maybe_text,
-            xid=maybe_int,
+            xid=maybe_xid,
         ),
         max_size=3,
     ).map(tuple),
     shards=st.lists(
-        st.builds(HeartbeatShard, replica_id=name, shard_index=index, state=shard_state),
+        st.builds(HeartbeatShard, replica_id=name, shard_index=listed_index, state=shard_state),
         max_size=3,
     ).map(tuple),
 )
 shard_statuses = st.builds(
     ShardStatus,
     replica_id=name,
-    shard_index=index,
+    shard_index=listed_index,
     state=shard_state,
-    pid=maybe_int,
+    pid=maybe_pid,
     port=port,
     error=maybe_text,
-    exit_code=maybe_int,
+    exit_code=maybe_exit_code,
     log_tail=st.lists(text, max_size=100).map(tuple),
     command_id=st.none() | name,
 )
@@ -331,13 +340,21 @@ def test_text_is_measured_in_utf8_bytes_not_characters() -> None:
 
 
 def test_a_message_exactly_at_the_limit_is_accepted() -> None:
-    skeleton = encode(CommandResult(command_id="c-1", ok=False, error=""))
-    padding = "x" * (MAX_MESSAGE_BYTES - len(skeleton))
-    data = encode(CommandResult(command_id="c-1", ok=False, error=padding))
+    def start(argument: str) -> StartShard:
+        return StartShard(
+            command_id="c-1",
+            replica_id="m-1",
+            shard_index=0,
+            model="m",
+            argv=("engine", argument),
+            gpus=(0,),
+            port=20001,
+        )
+
+    padding = "x" * (MAX_MESSAGE_BYTES - len(encode(start(""))))
+    data = encode(start(padding))
     assert len(data) == MAX_MESSAGE_BYTES
-    assert decode_from_agent(data.decode()) == CommandResult(
-        command_id="c-1", ok=False, error=padding
-    )
+    assert decode_from_server(data.decode()) == start(padding)
 
 
 def test_encode_refuses_what_the_other_side_would_refuse() -> None:
@@ -410,6 +427,72 @@ def test_hello_values_out_of_range_are_malformed(change: dict[str, object], path
     assert path in str(caught.value)
 
 
+_STATUS = ShardStatus(replica_id="m-1", shard_index=0, state="failed", port=20001)
+
+
+def _status(**change: object) -> Callable[[], AgentMessage]:
+    return lambda: msgspec.structs.replace(_STATUS, **change)
+
+
+def _gpu_change(index: int = 0, xid: int | None = None) -> Callable[[], AgentMessage]:
+    change = GpuHealthChange(index=index, uuid="GPU-0", healthy=False, xid=xid)
+    return lambda: Heartbeat(seq=0, gpu_changes=(change,))
+
+
+OUT_OF_RANGE: dict[str, tuple[Callable[[], AgentMessage], str]] = {
+    "pid 2**63": (_status(pid=2**63), "$.pid"),
+    "pid 2**31": (_status(pid=MAX_PID + 1), "$.pid"),
+    "pid 0": (_status(pid=0), "$.pid"),
+    "pid -5": (_status(pid=-5), "$.pid"),
+    "exit code 10**12": (_status(exit_code=10**12), "$.exit_code"),
+    "exit code -256": (_status(exit_code=-256), "$.exit_code"),
+    "shard index 2**40": (_status(shard_index=2**40), "$.shard_index"),
+    "an error of a megabyte": (_status(error="x" * (MAX_ERROR_CHARS + 1)), "$.error"),
+    "a log line too long": (
+        _status(log_tail=("ok", "x" * (MAX_LOG_LINE_CHARS + 1))),
+        "$.log_tail[1]",
+    ),
+    "an empty command id": (_status(command_id=""), "$.command_id"),
+    "a command error too long": (
+        lambda: CommandResult(command_id="c", ok=False, error="x" * (MAX_ERROR_CHARS + 1)),
+        "$.error",
+    ),
+    "xid 2**40": (_gpu_change(xid=2**40), "$.gpu_changes[0].xid"),
+    "GPU index 10**9": (_gpu_change(index=10**9), "$.gpu_changes[0].index"),
+    "a shard's pid in a hello": (
+        lambda: _hello(shards=(msgspec.structs.replace(_shard_report(), pid=2**63),)),
+        "$.shards[0].pid",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OUT_OF_RANGE))
+def test_numbers_and_texts_out_of_range_are_malformed_and_name_the_field(case: str) -> None:
+    """Before, msgspec took any integer of any size and any string up to the frame limit: a
+    pid of 2**40 reached the log, where no shards row could hold it."""
+    message, path = OUT_OF_RANGE[case]
+    with pytest.raises(MalformedMessage) as caught:
+        decode_from_agent(encode(message()))
+    assert path in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        msgspec.structs.replace(_STATUS, pid=1, exit_code=-MAX_EXIT_CODE),
+        msgspec.structs.replace(_STATUS, pid=MAX_PID, exit_code=MAX_EXIT_CODE),
+        msgspec.structs.replace(
+            _STATUS,
+            error="x" * MAX_ERROR_CHARS,
+            log_tail=("x" * MAX_LOG_LINE_CHARS,) * 100,
+            command_id="start-m-1-0",
+        ),
+    ],
+)
+def test_values_at_the_bounds_are_accepted(status: ShardStatus) -> None:
+    assert decode_from_agent(encode(status)) == status
+
+
 def test_a_log_tail_over_100_lines_is_malformed() -> None:
     status = ShardStatus(
         replica_id="m-1", shard_index=0, state="failed", port=20001, log_tail=("line",) * 101
@@ -443,7 +526,7 @@ def test_decoded_messages_are_frozen() -> None:
     assert msgspec.structs.replace(message, seq=2) == HeartbeatAck(seq=2)
 
 
-def _shard_report(*, started_at: datetime) -> ShardReport:
+def _shard_report(*, started_at: datetime = datetime(2025, 1, 1, tzinfo=UTC)) -> ShardReport:
     return ShardReport(
         replica_id="llama-1",
         shard_index=0,
