@@ -19,9 +19,11 @@ at once, and an agent whose leader froze reaches the new one in seconds. Between
 the agent waits a
 jittered, exponentially growing delay (``Backoff``: 0.5 s doubling up to 30 s, each delay
 drawn from its upper half); the growth starts over once a connection has stayed up for
-``STABLE_AFTER_S``. websockets' own ``async for ws in connect(uri)`` is not used because it
-dials one URI only and forgets its backoff at every opening handshake, so two agents
-claiming one node id would replace each other (4001) in a tight loop.
+``STABLE_AFTER_S``. A server that refuses the node for connecting too often (4004) is
+dialled again only after the longest delay, whatever the step. websockets' own
+``async for ws in connect(uri)`` is not used because it dials one URI only and forgets its
+backoff at every opening handshake, so two agents claiming one node id would replace each
+other (4001) in a tight loop.
 
 Every failure is sorted in one place, ``classify_failure`` (dialling) and ``classify_close``
 (the server closing an open connection)::
@@ -33,9 +35,10 @@ Every failure is sorted in one place, ``classify_failure`` (dialling) and ``clas
     TLS errors unrelated to certificates         dialled host or IP): ServerCertificateRejected
     HTTP statuses other than 401/403           our certificate refused: a TLS alert naming
     close 1001, 1002, 1011, 4001, 4002, ...      it, HTTP 401/403, close 1008, or the server
-    the server hanging up right after the        hanging up right after the TLS handshake
-      TLS handshake, fewer than 3 times          REFUSAL_STRIKES times in a row:
-                                                 ClientCertificateRejected
+    close 4004 (this node connects too           hanging up right after the TLS handshake
+      often), after the longest delay          REFUSAL_STRIKES times in a row:
+    the server hanging up right after the        ClientCertificateRejected
+      TLS handshake, fewer than 3 times
 
 An asyncio TLS server that refuses a client certificate closes the connection without
 sending the TLS alert, so for the client the handshake succeeds and the server then hangs
@@ -113,6 +116,7 @@ class ClientCertificateRejected(ConnectionFatal):
 
 class Failure(Enum):
     RETRYABLE = auto()
+    TOO_OFTEN = auto()  # retryable, after the longest delay: the server rations our connects
     HUNG_UP_AFTER_TLS = auto()  # retryable, but REFUSAL_STRIKES in a row are fatal
     SERVER_CERTIFICATE = auto()  # fatal
     CLIENT_REFUSED = auto()  # fatal
@@ -134,7 +138,11 @@ def classify_failure(exc: BaseException) -> Failure:
 
 def classify_close(code: int) -> Failure:
     """What it means that the server closed an open connection with ``code``."""
-    return Failure.CLIENT_REFUSED if code == CloseCode.POLICY_VIOLATION else Failure.RETRYABLE
+    if code == CloseCode.POLICY_VIOLATION:
+        return Failure.CLIENT_REFUSED
+    if code == CloseCode.TOO_OFTEN:
+        return Failure.TOO_OFTEN
+    return Failure.RETRYABLE
 
 
 class Backoff:
@@ -158,6 +166,10 @@ class Backoff:
         ceiling = min(self._cap_s, self._initial_s * self._factor**self._step)
         self._step += 1
         return ceiling * (0.5 + 0.5 * self._uniform())
+
+    def longest_delay(self) -> float:
+        """A delay drawn from the upper half of the cap, whatever the step."""
+        return self._cap_s * (0.5 + 0.5 * self._uniform())
 
     def reset(self) -> None:
         self._step = 0
@@ -223,6 +235,10 @@ async def stay_connected(
         if ending.stable:
             backoff.reset()
         delay = backoff.next_delay()
+        if ending.failure is Failure.TOO_OFTEN:
+            # The server refused this node for connecting too often: dialling again at the
+            # next step would only be refused again.
+            delay = max(delay, backoff.longest_delay())
         retry_in_s = round(delay, 2)
         if ending.connected:
             log.warning(
@@ -436,14 +452,13 @@ def _ending_of(server: ServerAddress, websocket: ClientConnection, stable: bool)
         sent = protocol.close_sent
         what = "connection lost" if sent is None else f"closed by this agent: {sent}"
         return _Ending(Failure.RETRYABLE, what, connected=True, stable=stable)
-    if classify_close(received.code) is Failure.CLIENT_REFUSED:
+    failure = classify_close(received.code)
+    if failure is Failure.CLIENT_REFUSED:
         raise ClientCertificateRejected(
             f"{server.host} refused this node (close code {received.code}): {received.reason}"
             f"{_refusal_advice(received.reason)}"
         )
-    return _Ending(
-        Failure.RETRYABLE, f"closed by the server: {received}", connected=True, stable=stable
-    )
+    return _Ending(failure, f"closed by the server: {received}", connected=True, stable=stable)
 
 
 def _refusal_advice(reason: str) -> str:

@@ -44,6 +44,7 @@ from app.gateway.postgres import GatewayOptions, PostgresGateway
 from app.gateway.server import GatewayFailed
 from app.hub.budget import MessageBudget
 from app.hub.hub import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S, AgentHub
+from app.hub.reconnects import ConnectLimits
 from app.listeners.limits import ListenerLimits
 from app.listeners.throttle import FailureBudget, FailureLimits
 from app.pki import TlsConfigurationError, server_ssl_context
@@ -95,6 +96,9 @@ class AgentHubConfig:
     heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
     heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
     budget: MessageBudget = field(default_factory=MessageBudget)
+    connects: ConnectLimits = field(default_factory=ConnectLimits)
+    """How often one node may connect: ``--agent-connect-burst`` at once, then
+    ``--agent-connects-per-minute``."""
     engine_networks: EngineNetworks | None = None
     """Where nodes' engines may live (``--engine-networks``); None: each node only at the
     address its agent connects from."""
@@ -118,6 +122,7 @@ def leader_wiring(
             budget=hub.budget,
             revocations=revocations,
             engine_networks=hub.engine_networks,
+            connects=hub.connects,
         )
 
     def appends(after_position: int) -> AsyncIterator[Recorded]:
@@ -248,6 +253,10 @@ class Server:
                     DEFAULT_BUDGET,
                     messages_per_s=settings.agent_message_rate,
                     message_burst=settings.agent_message_burst,
+                ),
+                connects=ConnectLimits(
+                    burst=settings.agent_connect_burst,
+                    per_minute=settings.agent_connects_per_minute,
                 ),
                 engine_networks=networks,
             ),

@@ -53,6 +53,11 @@ from app.gateway.server import DEFAULT_MAX_CONNECTIONS
 from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
 from app.hub.budget import MessageBudget
 from app.hub.hub import DEFAULT_HEARTBEAT_INTERVAL_S
+from app.hub.reconnects import (
+    DEFAULT_CONNECT_BURST,
+    DEFAULT_CONNECTS_PER_MINUTE,
+    limit_problems,
+)
 from app.listeners.limits import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_HEADER_TIMEOUT_S,
@@ -219,6 +224,22 @@ class ServeSettings:
             help="messages one agent connection may send at once above that rate",
         ),
     ] = DEFAULT_BUDGET.message_burst
+    agent_connect_burst: Annotated[
+        int,
+        Parameter(
+            env_var="LLMGW_AGENT_CONNECT_BURST",
+            help="connections one node (its certificate's common name) may open at once; "
+            "one over its budget is closed (4004) before its hello, and its agent retries "
+            "at its slowest pace",
+        ),
+    ] = DEFAULT_CONNECT_BURST
+    agent_connects_per_minute: Annotated[
+        float,
+        Parameter(
+            env_var="LLMGW_AGENT_CONNECTS_PER_MINUTE",
+            help="connections one node earns back each minute after that burst",
+        ),
+    ] = DEFAULT_CONNECTS_PER_MINUTE
     engine_networks: EngineNetworksFlag = ""
     allow_privileged_role: AllowPrivilegedRole = False
     auth_failure_burst: AuthFailureBurst = DEFAULT_BURST
@@ -272,6 +293,7 @@ class ServeSettings:
             )
             if value < 0
         ]
+        problems += limit_problems(self.agent_connect_burst, self.agent_connects_per_minute)
         lease = lease_problem(self.leader_lease)
         if lease is not None:
             problems.append(f"--leader-lease: {lease}")

@@ -62,6 +62,7 @@ class CloseCode(IntEnum):
     REPLACED = 4001  # a newer connection for the same node took over
     TIMED_OUT = 4002  # no hello, welcome or heartbeat in time
     OVER_BUDGET = 4003  # more messages than the channel allows one connection
+    TOO_OFTEN = 4004  # the node connected too often: retry later, at the slowest pace
 
 
 ShardState = Literal["starting", "ready", "failed", "stopped"]

@@ -9,8 +9,10 @@ connection speaks for a node is kept in a ``ConnectionRegistry``.
 A connection that misbehaves (garbage, binary frames, an oversized frame, an unknown
 message, more than its budget) is closed and logged; the other connections and the server
 carry on. Refusals are recorded as events at most once a minute per certificate
-(``RefusalThrottle``), so a certificate dialling in a loop cannot grow the log. When a
-certificate is revoked, ``enforce_revocations`` closes the live connections that use it.
+(``RefusalThrottle``), so a certificate dialling in a loop cannot grow the log. A node that
+connects more often than its ``ConnectBudget`` allows is refused before its hello (4004:
+retry later), logged once a minute and not recorded at all. When a certificate is revoked,
+``enforce_revocations`` closes the live connections that use it.
 
 ``send_command`` takes the domain's commands (converted at the edge, ``app.hub.edge``) and
 raises the domain's ``NodeNotConnected`` when the node has no live connection; what the
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import ssl
 from collections.abc import Callable
 from time import monotonic
@@ -42,6 +45,7 @@ from app.domain.revocations import PresentedCertificate
 from app.hub.arrivals import OpeningConnections
 from app.hub.budget import MessageBudget
 from app.hub.edge import command_to_wire, report_of
+from app.hub.reconnects import ConnectBudget, ConnectLimits
 from app.hub.refusals import CoolDown, RefusalThrottle
 from app.hub.registry import ConnectionRegistry
 from app.hub.session import (
@@ -141,6 +145,7 @@ class AgentHub:
         refusals: RefusalThrottle | None = None,
         cool_down: CoolDown | None = None,
         engine_networks: EngineNetworks | None = None,
+        connects: ConnectLimits | None = None,
     ) -> None:
         check_heartbeat_timing(heartbeat_interval_s, heartbeat_timeout_s)
         self._handler = handler
@@ -156,6 +161,9 @@ class AgentHub:
         self._refusals = refusals or RefusalThrottle()
         self._cool_down = cool_down or CoolDown()
         self._engine_networks = engine_networks
+        self._connects = ConnectBudget(connects)
+        self._too_often_lines = RefusalThrottle()
+        """When a refusal for connecting too often was last logged, per node."""
         self._registry: ConnectionRegistry[_AgentConnection] = ConnectionRegistry()
         self._opening = OpeningConnections(TLS_HANDSHAKE_TIMEOUT_S)
         self._server: Server | None = None
@@ -283,6 +291,10 @@ class AgentHub:
             )
             await self._record_refusal(refusal)
             return
+        wait_s = self._connects.spend(identity.common_name, monotonic())
+        if wait_s:
+            await self._refuse_too_often(websocket, identity.common_name, wait_s)
+            return
         session = AgentSession(
             peer=PeerCertificate(
                 common_name=identity.common_name,
@@ -397,6 +409,24 @@ class AgentHub:
         await self._handler.handle(
             report_of(msgspec.structs.replace(refusal, suppressed=suppressed))
         )
+
+    async def _refuse_too_often(
+        self, websocket: ServerConnection, node_id: str, wait_s: float
+    ) -> None:
+        """Close a connection of a node over its connect budget, before its hello: with
+        4004, which its agent retries at its slowest pace. Not an event: a node in a loop
+        would grow the log by one a refusal. One log line a minute, with the count left out."""
+        limits = self._connects.limits.describe()
+        reason = f"connecting too often: {limits}; retry in {math.ceil(wait_s)}s"
+        await websocket.close(CloseCode.TOO_OFTEN, reason)
+        unlogged = self._too_often_lines.admit(node_id, monotonic())
+        if unlogged is not None:
+            log.warning(
+                "agent_connection_too_often",
+                node_id=node_id,
+                reason=reason,
+                refused_unlogged=unlogged,
+            )
 
     async def _refuse(
         self, websocket: ServerConnection, ssl_object: object, remote: str, reason: str

@@ -3,7 +3,8 @@ left after the short connect timeout; a server that accepts TCP but never finish
 handshake (a control plane deep in a reconnect storm) is given the long open timeout before
 the agent dials it again; and when there is another server, the agent dials that one too
 once the handshake has been slow for ``--next-server-after``, so a frozen control plane
-costs it seconds rather than the whole open timeout."""
+costs it seconds rather than the whole open timeout; and an agent the hub refuses for
+connecting too often (4004) waits its longest delay before it dials again."""
 
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from structlog.testing import capture_logs
 from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
 
 from agent.config import DEFAULT_OPEN_TIMEOUT_S, parse_server
 from agent.connection import Backoff, DialTimeouts, stay_connected, tcp_connect
 from app.domain.reports import AgentConnected, AgentReport
 from app.hub.hub import AgentHub
+from app.hub.reconnects import ConnectLimits
 from tests.support.hub import LOOPBACK, Pki, greet, new_node_id, pki
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
@@ -165,9 +168,17 @@ class Reports:
 
 
 @contextlib.asynccontextmanager
-async def a_hub(pki: Pki, port: int = 0) -> AsyncIterator[tuple[AgentHub, Reports]]:
+async def a_hub(
+    pki: Pki, port: int = 0, connects: ConnectLimits | None = None
+) -> AsyncIterator[tuple[AgentHub, Reports]]:
     reports = Reports()
-    hub = AgentHub(reports, pki.server_context(), heartbeat_interval_s=1.0, server_id="second")
+    hub = AgentHub(
+        reports,
+        pki.server_context(),
+        heartbeat_interval_s=1.0,
+        server_id="second",
+        connects=connects,
+    )
     await hub.start(LOOPBACK, port)
     try:
         yield hub, reports
@@ -263,3 +274,47 @@ async def test_a_standby_that_refuses_at_first_is_dialled_again_while_the_frozen
 
     refused = next(e for e in logs if e["event"] == "connect_failed")
     assert refused["still_dialling"] == [servers[0].uri]
+
+
+async def test_an_agent_told_it_connects_too_often_waits_its_longest_delay_and_comes_back(
+    pki: Pki,
+) -> None:
+    """An agent whose connections end at once (here: right after its welcome) reconnects
+    at its backoff's first steps; the hub, allowing two connections at once, refuses the
+    third with 4004. Before, 4004 was one more retryable close: the agent dialled again at
+    the next step, a fraction of a second later, to be refused again."""
+    node_id = new_node_id()
+    welcomed: list[Welcome] = []
+
+    async def hello_then_leave(websocket: ClientConnection) -> bool:
+        try:
+            welcomed.append(await greet(websocket, node_id))
+        except ConnectionClosed:
+            return False
+        await websocket.close()
+        return True
+
+    limits = ConnectLimits(burst=2, per_minute=60)
+    async with a_hub(pki, connects=limits) as (hub, _):
+        with capture_logs() as logs:
+            dialling = asyncio.create_task(
+                stay_connected(
+                    [parse_server(f"wss://{LOOPBACK}:{hub.port}")],
+                    pki.node(node_id),
+                    hello_then_leave,
+                    backoff=Backoff(initial_s=0.01, cap_s=2.0),
+                )
+            )
+            try:
+                await wait_until(lambda: len(welcomed) >= 3, what="welcomed again after 4004")
+            finally:
+                dialling.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await dialling
+
+    endings = [(e["reason"], e["retry_in_s"]) for e in logs if e["event"] == "disconnected"]
+    refused = [delay for reason, delay in endings if "4004" in reason]
+    assert refused, endings
+    assert all(delay >= 1.0 for delay in refused), endings  # half the cap, at the least
+    assert all(delay < 0.1 for reason, delay in endings[:2]), endings  # the first steps
+    assert "too often" in next(reason for reason, _ in endings if "4004" in reason)

@@ -279,6 +279,46 @@ async def test_a_flood_of_heartbeats_closes_that_connection_with_one_recorded_ev
     assert recorded.count("node_connected") == 1  # the refused reconnection said no hello
 
 
+async def test_a_node_reconnecting_in_a_tight_loop_is_told_to_come_back_later(
+    hub: AgentHub, pki: Pki, pg_store: PostgresEventStore
+) -> None:
+    """Before, every connection of a node cost a hello, an adoption comparison and two
+    events, however often it came. Now a node may connect 10 times at once and 10 times a
+    minute after that: one more is closed with 4004 before its hello, records nothing, and
+    its refusals are logged once a minute, not once each."""
+    node_id, other_id = new_node_id(), new_node_id()
+    context = pki.node(node_id)
+    admitted, refused = 0, 0
+    with capture_logs() as logs:
+        started = time.monotonic()
+        while refused < 3 and admitted < 30:
+            async with dial(hub, context) as agent:
+                try:
+                    await greet(agent, node_id)
+                except ConnectionClosed:
+                    assert await close_code(agent) == 4004
+                    assert "too often" in (agent.close_reason or "")
+                    refused += 1
+                else:
+                    assert refused == 0, "a refusal, then an admission within seconds"
+                    admitted += 1
+        elapsed = time.monotonic() - started
+        async with dial(hub, pki.node(other_id)) as other:  # another node is not held back
+            await greet(other, other_id)
+    assert 10 <= admitted <= 10 + elapsed / 6  # the burst, and a token every 6 s after it
+    assert refused == 3
+
+    async def every_admission_recorded() -> bool:
+        return (await event_types(pg_store, node_stream(node_id))).count(
+            "node_connected"
+        ) == admitted
+
+    await wait_until(every_admission_recorded, what="the admitted connections recorded")
+    assert "node_refused" not in await event_types(pg_store, node_stream(node_id))
+    too_often = [e for e in logs if e["event"] == "agent_connection_too_often"]
+    assert [e["node_id"] for e in too_often] == [node_id]
+
+
 async def test_repeated_refusals_of_one_certificate_are_recorded_once_a_minute(
     hub: AgentHub, pki: Pki, pg_store: PostgresEventStore
 ) -> None:

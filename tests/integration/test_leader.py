@@ -21,6 +21,7 @@ from app import bootstrap
 from app.bootstrap import AgentHubConfig
 from app.domain.envelope import Meta
 from app.domain.events import NodeCordoned, node_stream
+from app.hub.reconnects import ConnectLimits
 from app.services.control_plane import ControlPlane, ControlPlaneConfig, Outcome, Role
 from app.services.leader import DEFAULT_LEASE_S, LeaderElection
 from app.settings import ServeSettings
@@ -229,6 +230,24 @@ async def test_serve_s_leader_lease_bounds_its_lock_session_and_its_pool_s_trans
         await engine.dispose()
     assert election.lease_s == 7.5
     assert pool_setting == "7500ms"
+
+
+def test_serve_s_connect_budget_flags_reach_its_agent_hub(
+    database_url: str, tmp_path: Path
+) -> None:
+    make_pki(tmp_path)
+    settings = ServeSettings(
+        database_url=database_url,
+        tls_cert=tmp_path / "server.crt",
+        tls_key=tmp_path / "server.key",
+        tls_ca=tmp_path / "ca.crt",
+        gateway=False,
+        agent_connect_burst=3,
+        agent_connects_per_minute=0.5,
+    )
+    server = bootstrap.Server.from_settings(settings)
+
+    assert server.agent_hub.connects == ConnectLimits(burst=3, per_minute=0.5)
 
 
 async def test_a_leader_frozen_inside_its_append_transaction_does_not_stop_the_next_appending(

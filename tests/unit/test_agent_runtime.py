@@ -355,10 +355,19 @@ def test_network_failures_are_retried(exc: Exception) -> None:
         (1011, Failure.RETRYABLE),
         (4001, Failure.RETRYABLE),
         (4002, Failure.RETRYABLE),
+        (4004, Failure.TOO_OFTEN),
     ],
 )
 def test_only_a_policy_close_by_the_server_is_fatal(code: int, failure: Failure) -> None:
     assert classify_close(code) is failure
+
+
+def test_the_longest_delay_is_drawn_from_the_upper_half_of_the_cap_at_any_step() -> None:
+    highest = Backoff(initial_s=0.5, cap_s=30.0, uniform=lambda: 1.0)
+    lowest = Backoff(initial_s=0.5, cap_s=30.0, uniform=lambda: 0.0)
+
+    assert (highest.longest_delay(), lowest.longest_delay()) == (30.0, 15.0)
+    assert highest.next_delay() == 0.5, "the longest delay takes no step"
 
 
 def test_backoff_doubles_with_jitter_up_to_its_cap_and_starts_over_when_reset() -> None:

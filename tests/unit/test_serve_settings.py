@@ -86,3 +86,27 @@ def test_a_leader_lease_a_cut_off_leader_could_outlive_or_that_never_ends_is_ref
 def test_the_leader_lease_is_ten_seconds_unless_set() -> None:
     assert ServeSettings(database_url=DATABASE_URL).leader_lease == 10.0
     assert replace(ServeSettings(database_url=DATABASE_URL), leader_lease=7.5).problems() == []
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        ({"agent_connect_burst": 0}, "--agent-connect-burst must be at least 1, not 0"),
+        (
+            {"agent_connects_per_minute": -1.0},
+            "--agent-connects-per-minute must be positive, not -1",
+        ),
+    ],
+)
+def test_a_connect_budget_that_lets_no_node_connect_is_refused_by_its_flag(
+    changes: dict[str, float], problem: str
+) -> None:
+    settings = replace(ServeSettings(database_url=DATABASE_URL), **changes)
+
+    assert settings.problems() == [problem]
+
+
+def test_a_node_connects_ten_times_at_once_and_ten_a_minute_unless_set() -> None:
+    settings = ServeSettings(database_url=DATABASE_URL)
+
+    assert (settings.agent_connect_burst, settings.agent_connects_per_minute) == (10, 10.0)
