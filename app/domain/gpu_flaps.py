@@ -13,12 +13,16 @@ and taken off again. So, per GPU:
   health goes to the log (a recovery, or unhealthy with its own reason).
 
 ``now`` is monotonic seconds from the caller, like every clock in a decision. Memory is
-bounded by the GPUs a node lists, and by ``max_changes`` times per GPU.
+bounded by the GPUs a node lists (``retain`` forgets the others at each hello, and the hub
+passes on no change of a GPU its hello did not list), and by ``max_changes`` times per GPU.
+Once no GPU has changed for ``memory_s``, nothing the guard remembers would change what it
+decides (a hold would be released at the next heartbeat): the guard of a node gone that
+long can be dropped (``settled``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable
 
 import msgspec
 
@@ -29,6 +33,11 @@ class FlapPolicy(msgspec.Struct, frozen=True, kw_only=True):
     window_s: float = 60.0
     max_changes: int = 4
     stable_s: float = 120.0
+
+    @property
+    def memory_s(self) -> float:
+        """How long a change matters: to the window it counts in, and to a hold's release."""
+        return max(self.window_s, self.stable_s)
 
 
 class _Gpu:
@@ -75,10 +84,21 @@ class FlapGuard:
                 released.append(gpu.last)
         return released
 
-    def forget(self, indexes: Sequence[int]) -> None:
-        """GPUs the node no longer lists."""
-        for index in indexes:
-            self._gpus.pop(index, None)
+    def retain(self, indexes: Collection[int]) -> None:
+        """Forget every GPU but ``indexes``: the ones the node lists now."""
+        for index in [i for i in self._gpus if i not in indexes]:
+            del self._gpus[index]
+
+    def settled(self, now: float) -> bool:
+        """True when no GPU changed within ``memory_s``: a new guard would decide alike."""
+        memory_s = self._policy.memory_s
+        return all(
+            gpu.last_change is None or now - gpu.last_change >= memory_s
+            for gpu in self._gpus.values()
+        )
+
+    def __len__(self) -> int:
+        return len(self._gpus)
 
     def _observe_one(self, report: GpuHealth, now: float) -> GpuHealth | None:
         gpu = self._gpus.get(report.index)

@@ -14,16 +14,19 @@ vouch for. Its hello is refused, with the reason, when
   with one index or one UUID, more memory used than there is, sizes no GPU has, or two
   reports of one shard.
 
+A heartbeat's GPU health changes count only for the GPUs the connection's hello listed,
+by index and UUID alike (``listed_gpu_changes``): the others are dropped, not recorded.
+
 The wire types bound every size too (``wire.messages``), so that nothing absurd is
 even decoded; these checks are about meaning.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from app.domain.egress import EngineNetworks, host_name, ip_address_of
-from wire.messages import GpuReport, Hello, ShardReport
+from wire.messages import GpuHealthChange, GpuReport, Hello, ShardReport
 
 MAX_GPUS_PER_NODE = 64
 MAX_GPU_MEMORY_MIB = 1024 * 1024
@@ -61,6 +64,21 @@ def address_refusal(
 def inventory_refusal(hello: Hello) -> str | None:
     """Why the inventory in ``hello`` cannot be true, or None when it can."""
     return _gpu_refusal(hello.gpus) or _shard_refusal(hello.shards)
+
+
+def listed_gpu_changes(
+    listed: Mapping[int, str], changes: Sequence[GpuHealthChange]
+) -> tuple[tuple[GpuHealthChange, ...], tuple[GpuHealthChange, ...]]:
+    """``changes`` split into those of GPUs ``listed`` (index to UUID, as the hello said)
+    and the others: an index the hello did not list, or a listed index with another UUID.
+
+    An honest agent reports changes only for GPUs it listed, unless a GPU appears or
+    changes places while it is connected; its next hello lists the GPU as it is then. So
+    the others are dropped rather than taken as a broken connection."""
+    kept = tuple(c for c in changes if listed.get(c.index) == c.uuid)
+    if len(kept) == len(changes):
+        return kept, ()
+    return kept, tuple(c for c in changes if listed.get(c.index) != c.uuid)
 
 
 def _vouched(

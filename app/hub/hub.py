@@ -50,6 +50,7 @@ from app.hub.refusals import CoolDown, RefusalThrottle
 from app.hub.registry import ConnectionRegistry
 from app.hub.session import (
     AgentGone,
+    AgentHeartbeat,
     AgentHello,
     AgentSession,
     Close,
@@ -384,6 +385,13 @@ class AgentHub:
                 if not self._registry.unregister(node_id, connection):
                     return  # a newer connection speaks for the node now
                 log.info("agent_disconnected", reason=reason)
+                await self._handler.handle(report_of(observation))
+            case AgentHeartbeat(ignored_gpus=ignored) if ignored:
+                log.warning(
+                    "agent_gpu_changes_ignored",
+                    gpus=list(ignored),
+                    reason="health changes of GPUs its hello did not list (index and UUID)",
+                )
                 await self._handler.handle(report_of(observation))
             case ConnectionRefused(over_budget=True, node_id=node_id):
                 self._cool_down.start(node_id, monotonic())

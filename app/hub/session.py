@@ -14,9 +14,11 @@ The session never touches a socket or reads a clock; ``now`` is monotonic second
 
 A hello is accepted only from the node the certificate names, advertising an address the
 node can vouch for, with an inventory a machine can have (``app.hub.claims``); every
-message counts against the connection's budget (``app.hub.budget``). A closed session
-ignores every further input. An agent that said hello is reported gone exactly once,
-however its connection ends, unless a newer connection replaced it.
+message counts against the connection's budget (``app.hub.budget``). A heartbeat's GPU
+health changes are passed on only for GPUs the hello listed; the first heartbeat that names
+others says which (``AgentHeartbeat.ignored_gpus``), so they are logged once a connection.
+A closed session ignores every further input. An agent that said hello is reported gone
+exactly once, however its connection ends, unless a newer connection replaced it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import msgspec
 
 from app.domain.egress import EngineNetworks
 from app.hub.budget import BudgetMeter, MessageBudget
-from app.hub.claims import address_refusal, inventory_refusal
+from app.hub.claims import address_refusal, inventory_refusal, listed_gpu_changes
 from wire.errors import ProtocolError, SessionStateError
 from wire.messages import (
     PROTOCOL_VERSION,
@@ -83,6 +85,10 @@ class AgentHello(msgspec.Struct, frozen=True, kw_only=True):
 class AgentHeartbeat(msgspec.Struct, frozen=True, kw_only=True):
     node_id: str
     heartbeat: Heartbeat
+    """With only the GPU health changes of GPUs the hello listed."""
+    ignored_gpus: tuple[str, ...] = ()
+    """GPUs the hello did not list whose changes were dropped (``7 (GPU-7)``): said on the
+    first heartbeat of the connection that names any, empty on every other."""
 
 
 class ShardStatusReported(msgspec.Struct, frozen=True, kw_only=True):
@@ -183,6 +189,9 @@ class AgentSession:
         self._state = SessionState.AWAITING_HELLO
         self._node_id: str | None = None
         self._last_heard = now
+        self._listed_gpus: dict[int, str] = {}
+        """The GPUs the hello listed, index to UUID."""
+        self._said_ignored = False
 
     @property
     def state(self) -> SessionState:
@@ -292,6 +301,7 @@ class AgentSession:
             return self._refuse(CloseCode.POLICY_VIOLATION, unvouched, message.node_id)
         self._state = SessionState.ACTIVE
         self._node_id = message.node_id
+        self._listed_gpus = {gpu.index: gpu.uuid for gpu in message.gpus}
         welcome = Welcome(
             protocol_version=PROTOCOL_VERSION,
             heartbeat_interval_s=self._heartbeat_interval_s,
@@ -312,7 +322,7 @@ class AgentSession:
         match message:
             case Heartbeat():
                 return [
-                    Observe(AgentHeartbeat(node_id=node_id, heartbeat=message)),
+                    Observe(self._heartbeat(node_id, message)),
                     Send(HeartbeatAck(seq=message.seq)),
                 ]
             case ShardStatus():
@@ -323,6 +333,20 @@ class AgentSession:
                 return self._close(CloseCode.PROTOCOL_ERROR, "hello twice")
             case _:
                 assert_never(message)
+
+    def _heartbeat(self, node_id: str, heartbeat: Heartbeat) -> AgentHeartbeat:
+        kept, others = listed_gpu_changes(self._listed_gpus, heartbeat.gpu_changes)
+        if not others:
+            return AgentHeartbeat(node_id=node_id, heartbeat=heartbeat)
+        ignored: tuple[str, ...] = ()
+        if not self._said_ignored:
+            self._said_ignored = True
+            ignored = tuple(sorted({f"{c.index} ({c.uuid})" for c in others}))
+        return AgentHeartbeat(
+            node_id=node_id,
+            heartbeat=msgspec.structs.replace(heartbeat, gpu_changes=kept),
+            ignored_gpus=ignored,
+        )
 
     def _identity_mismatch(self, node_id: str) -> str | None:
         if not self._require_identity:

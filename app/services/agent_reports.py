@@ -22,7 +22,9 @@ before it is raised, so the leader stops at once.
 
 GPU health goes through each node's ``FlapGuard`` first: a GPU that flaps is held
 unhealthy (one event) instead of reaching the log with every flip, and released on a later
-heartbeat once it has been stable.
+heartbeat once it has been stable. A hello forgets the GPUs it no longer lists; the guard of
+a node that left is dropped once nothing it remembers matters (``FlapGuard.settled``), so
+the guards hold the GPUs of the nodes connected and of those gone recently, no more.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from app.domain.events import event_type
 from app.domain.gpu_flaps import FlapGuard, FlapPolicy
 from app.domain.reports import (
     AgentConnected,
+    AgentDisconnected,
     AgentInventory,
     AgentReport,
     CommandAnswered,
@@ -60,6 +63,8 @@ from app.domain.reports import (
 from app.store.errors import ConcurrencyError, FencedError
 from app.store.interface import AppendRequest, EventStore, NewEvent
 
+SWEEP_EVERY_S = 10.0
+"""How often the guards of nodes gone are looked at, to drop those that settled."""
 HUB_ACTOR = "agent-hub"
 """The actor of events about refused connections: what a refused connection says is not
 taken as its node's word."""
@@ -183,6 +188,9 @@ class ReportRecorder:
         self._on_fenced = on_fenced
         self._node_locks: dict[str, asyncio.Lock] = {}
         self._flaps: dict[str, FlapGuard] = {}
+        self._away: set[str] = set()
+        """Nodes gone whose guards are kept until they settle."""
+        self._next_sweep_at = clock()
 
     async def handle(self, report: AgentReport) -> None:
         """Record what ``report`` changes.
@@ -235,12 +243,22 @@ class ReportRecorder:
         cause = report.command_id if isinstance(report, ShardStatusReport) else None
         return Meta(actor=actor, epoch=self._epoch, causation_id=cause)
 
+    def remembered_gpus(self) -> int:
+        """The GPUs the flap guards remember, over every node."""
+        return sum(len(guard) for guard in self._flaps.values())
+
     def _debounced(self, report: AgentReport) -> AgentReport | None:
         """``report`` with GPU health as the log should hear it; None when nothing is left
         to record (a heartbeat that changes nothing, a command's result)."""
+        self._forget_settled(self._clock())
         match report:
             case AgentConnected(inventory=inventory):
+                self._away.discard(inventory.node_id)
                 return msgspec.structs.replace(report, inventory=self._held(inventory))
+            case AgentDisconnected(node_id=node_id):
+                if node_id in self._flaps:
+                    self._away.add(node_id)
+                return report
             case HeartbeatReport(node_id=node_id, gpu_changes=reported):
                 guard, now = self._guard(node_id), self._clock()
                 changes = guard.observe(reported, now) + guard.release(now)
@@ -261,10 +279,22 @@ class ReportRecorder:
     def _guard(self, node_id: str) -> FlapGuard:
         return self._flaps.setdefault(node_id, FlapGuard(self._flap_policy))
 
+    def _forget_settled(self, now: float) -> None:
+        """Drop the guards of nodes gone whose GPUs have settled (at most every
+        ``SWEEP_EVERY_S``): a node that comes back is judged afresh, as a hold would be
+        released at its first heartbeat."""
+        if now < self._next_sweep_at:
+            return
+        self._next_sweep_at = now + SWEEP_EVERY_S
+        for node_id in [n for n in self._away if self._flaps[n].settled(now)]:
+            self._away.discard(node_id)
+            del self._flaps[node_id]
+
     def _held(self, inventory: AgentInventory) -> AgentInventory:
         """The hello's GPUs as the log should see them: a flapping GPU stays held unhealthy,
         however often its agent reconnects."""
         guard = self._guard(inventory.node_id)
+        guard.retain({gpu.index for gpu in inventory.gpus})
         reported = [
             GpuHealth(index=g.index, uuid=g.uuid, healthy=g.healthy, reason=g.unhealthy_reason)
             for g in inventory.gpus

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
@@ -19,6 +20,7 @@ from websockets.exceptions import ConnectionClosed
 from app.domain.egress import EngineNetworks
 from app.domain.envelope import Meta
 from app.domain.events import (
+    GpuMarkedUnhealthy,
     ModelDeclared,
     NodeRefused,
     ReplicaPlaced,
@@ -53,7 +55,7 @@ from tests.support.hub import (
     stream_is,
 )
 from tests.support.waiting import wait_until
-from wire.messages import Heartbeat, HeartbeatAck, ShardStatus
+from wire.messages import GpuHealthChange, Heartbeat, HeartbeatAck, ShardStatus
 
 __all__ = ["hub", "pki", "run_hub"]  # fixtures
 
@@ -239,6 +241,42 @@ async def test_a_number_out_of_range_closes_that_connection_and_records_nothing(
     assert await event_types(pg_store, replica_stream(replica_id)) == ["replica_placed"]
     closing = [e for e in logs if e.get("node_id") == liar_id and e["log_level"] != "info"]
     assert [(e["event"], e.get("code")) for e in closing] == [("agent_connection_closing", 1002)]
+
+
+async def test_health_changes_of_gpus_the_hello_did_not_list_are_ignored_with_one_line(
+    hub: AgentHub, pki: Pki, pg_store: PostgresEventStore
+) -> None:
+    """Before, a heartbeat could name any GPU: a change at an index the hello listed but
+    with another UUID was recorded under that UUID, and every index named took a place in
+    the flap guard's memory for good. Now a change counts only for a GPU the hello listed,
+    index and UUID alike; the others are dropped, with one log line per connection."""
+    node_id = new_node_id()
+    stream = node_stream(node_id)
+    invented = GpuHealthChange(index=7, uuid="GPU-7", healthy=False, reason="Xid 79", xid=79)
+    foreign = GpuHealthChange(index=0, uuid="GPU-stolen", healthy=False, reason="Xid 48")
+    true = GpuHealthChange(index=0, uuid="GPU-0", healthy=False, reason="Xid 79", xid=79)
+    with capture_logs(processors=[merge_contextvars]) as logs:
+        async with dial(hub, pki.node(node_id)) as agent:
+            await greet(agent, node_id)
+            await wait_until(stream_is(pg_store, stream, ["node_registered", "node_connected"]))
+            for seq, change in enumerate((invented, foreign, invented, true)):
+                await say(agent, Heartbeat(seq=seq, gpu_changes=(change,)))
+                assert await hear(agent) == HeartbeatAck(seq=seq)
+            # One node's reports are recorded in order: the true change comes after the others.
+            await wait_until(
+                stream_is(
+                    pg_store, stream, ["node_registered", "node_connected", "gpu_marked_unhealthy"]
+                ),
+                what="the listed GPU's change recorded, and nothing of the others",
+            )
+            assert hub.connected_nodes() == [node_id]
+
+    marked = (await pg_store.read_stream(stream))[2].event
+    assert marked == GpuMarkedUnhealthy(
+        node_id=node_id, gpu_index=0, gpu_uuid="GPU-0", reason="Xid 79", xid=79
+    )
+    ignored = [e for e in logs if e["event"] == "agent_gpu_changes_ignored"]
+    assert [(e["node_id"], e["gpus"]) for e in ignored] == [(node_id, ["7 (GPU-7)"])]
 
 
 async def test_a_flood_of_heartbeats_closes_that_connection_with_one_recorded_event(

@@ -33,6 +33,7 @@ from wire.messages import (
     PROTOCOL_VERSION,
     CloseCode,
     CommandResult,
+    GpuHealthChange,
     GpuReport,
     Heartbeat,
     HeartbeatAck,
@@ -49,6 +50,16 @@ INTERVAL_S = 5.0
 TIMEOUT_S = 15.0
 REMOTE = "127.0.0.7:51234"
 NODE_CERT = PeerCertificate(common_name="gpu-1", subject="CN=gpu-1,O=llmgw", kind="node")
+
+
+GPU_0 = {
+    "index": 0,
+    "uuid": "GPU-0",
+    "name": "H100",
+    "memory_total_mib": 81559,
+    "memory_used_mib": 0,
+    "healthy": True,
+}
 
 
 def new_session(
@@ -302,6 +313,34 @@ def test_heartbeats_are_observed_and_acknowledged() -> None:
         Observe(AgentHeartbeat(node_id="gpu-1", heartbeat=beat)),
         Send(HeartbeatAck(seq=7)),
     ]
+
+
+def test_only_health_changes_of_gpus_the_hello_listed_go_on_and_others_are_said_once() -> None:
+    session = new_session()
+    listed = replace(
+        hello(), gpus=(GpuReport(**GPU_0), GpuReport(**{**GPU_0, "index": 1, "uuid": "GPU-1"}))
+    )
+    session.receive(encode(listed), 0.0)
+    true = GpuHealthChange(index=0, uuid="GPU-0", healthy=False, reason="Xid 79")
+    invented = GpuHealthChange(index=5, uuid="GPU-5", healthy=False)
+    foreign = GpuHealthChange(index=1, uuid="GPU-9", healthy=False)
+
+    first = session.receive(encode(Heartbeat(seq=0, gpu_changes=(invented, true, foreign))), 1.0)
+    again = session.receive(encode(Heartbeat(seq=1, gpu_changes=(invented,))), 2.0)
+
+    assert first[0] == Observe(
+        AgentHeartbeat(
+            node_id="gpu-1",
+            heartbeat=Heartbeat(seq=0, gpu_changes=(true,)),
+            ignored_gpus=("1 (GPU-9)", "5 (GPU-5)"),
+        )
+    )
+    assert again[0] == Observe(AgentHeartbeat(node_id="gpu-1", heartbeat=Heartbeat(seq=1)))
+    assert [o for o in first + again if isinstance(o, Send)] == [
+        Send(HeartbeatAck(seq=0)),
+        Send(HeartbeatAck(seq=1)),
+    ]
+    assert session.state is SessionState.ACTIVE
 
 
 def test_shard_status_and_command_results_are_observed() -> None:

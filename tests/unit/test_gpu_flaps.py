@@ -74,3 +74,27 @@ def test_gpus_are_judged_one_by_one() -> None:
     assert guard.observe([GpuHealth(index=1, uuid="GPU-1", healthy=False, reason="x")], 3.0) == [
         GpuHealth(index=1, uuid="GPU-1", healthy=False, reason="x")
     ]
+
+
+def test_a_gpu_no_longer_listed_is_forgotten_hold_and_all() -> None:
+    guard = FlapGuard(POLICY)
+    other = GpuHealth(index=1, uuid="GPU-1", healthy=True)
+    guard.observe([health(True), other], 0.0)
+    flip(guard, 10)
+
+    guard.retain({1})
+
+    assert len(guard) == 1
+    assert guard.health(health(True)).healthy is True  # judged afresh if it comes back
+    assert guard.release(100.0) == []
+
+
+def test_a_guard_has_settled_once_no_gpu_changed_for_the_window_and_the_stable_period() -> None:
+    guard = FlapGuard(POLICY)
+    guard.observe([health(True)], 0.0)
+    assert guard.settled(0.0), "a GPU seen once, never changed"
+
+    flip(guard, 10)  # the last change at about t=1.9, held
+    assert not guard.settled(1.9 + POLICY.stable_s - 1)
+    assert guard.settled(1.9 + POLICY.memory_s)
+    assert POLICY.memory_s == max(POLICY.window_s, POLICY.stable_s)
