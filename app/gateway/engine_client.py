@@ -14,9 +14,14 @@ uvicorn serves with), bodies handed over as they arrive, with back-pressure.
         answer.close()        # a finished answer's connection is back in the pool already;
                               # an unfinished one is closed, which aborts it in the engine
 
+What an engine sends is read as hostile input, since it may be buggy, compromised, or
+some other program on its port (docs/gateway.md, "What an engine may send"): an answer's
+head (status line and headers) is at most ``MAX_HEAD_BYTES``, or the connection is closed.
+
 Exceptions::
 
     EngineUnreachable   no answer head: connecting failed, or the connection dropped first
+    └── HeadRefused     a head the gateway does not relay: over ``MAX_HEAD_BYTES``
     AnswerBroken        the connection dropped, or sent garbage, in the middle of an answer
 """
 
@@ -39,10 +44,18 @@ SGLang) close theirs after 5 s, and a request must not race that close."""
 HIGH_WATER_BYTES = 1 << 20
 """Stop reading from the engine while this much of its answer waits for the client."""
 LOW_WATER_BYTES = 1 << 18
+MAX_HEAD_BYTES = 64 << 10
+"""An answer's head: as much as the gateway's listener takes of a client's request head.
+Engines send a few hundred bytes."""
 
 
 class EngineUnreachable(Exception):
     """No answer head: connecting failed, or the connection dropped first."""
+
+
+class HeadRefused(EngineUnreachable):
+    """The engine's answer head is one the gateway does not relay (its connection is
+    closed): over ``MAX_HEAD_BYTES``."""
 
 
 class AnswerBroken(Exception):
@@ -142,7 +155,10 @@ class EngineAnswer:
     def _failed(self, error: BaseException) -> None:
         self._connection = None
         if not self._head.done():
-            self._head.set_exception(EngineUnreachable(str(error)))
+            unreachable = (
+                error if isinstance(error, EngineUnreachable) else EngineUnreachable(str(error))
+            )
+            self._head.set_exception(unreachable)
             # Nobody may await the head any more (a cancelled request): no warning for it.
             self._head.exception()
         self._error = error
@@ -168,6 +184,9 @@ class _Connection(asyncio.Protocol):
         self._received = False
         self._paused = False
         self._length_known = False
+        self._in_head = False
+        """The answer's head is being read: ``_head_room`` bytes more may come."""
+        self._head_room = 0
         self._writable: asyncio.Future[None] | None = None
         self.reusable = True
         """False for an upload's: it may end with its request half sent."""
@@ -182,6 +201,29 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._received = True
+        if self._in_head:
+            self._head_received(data)
+        else:
+            self._feed(data)
+
+    def _head_received(self, data: bytes) -> None:
+        """Feed what fits in the head's room; what comes after it only once the head ended
+        within it."""
+        room = self._head_room
+        self._head_room = room - len(data)
+        if len(data) <= room:
+            self._feed(data)
+            return
+        self._feed(data[:room])
+        if self._in_head:
+            self._refuse(
+                f"the engine's answer head (status line and headers) is over "
+                f"{MAX_HEAD_BYTES >> 10} KiB"
+            )
+        elif not self.closed:
+            self._feed(data[room:])
+
+    def _feed(self, data: bytes) -> None:
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -228,8 +270,11 @@ class _Connection(asyncio.Protocol):
             self._length_known = True
 
     def on_headers_complete(self) -> None:
-        if self._answer is not None:
-            self._answer._started(self._parser.get_status_code())
+        answer = self._answer
+        if answer is None:
+            return
+        self._in_head = False
+        answer._started(self._parser.get_status_code())
 
     def on_body(self, body: bytes) -> None:
         if self._answer is not None:
@@ -253,6 +298,8 @@ class _Connection(asyncio.Protocol):
         assert self._transport is not None
         self._answer = answer
         self._received = False
+        self._in_head = True
+        self._head_room = MAX_HEAD_BYTES
         self._transport.write(request)
 
     async def write(self, data: bytes) -> None:
@@ -289,9 +336,15 @@ class _Connection(asyncio.Protocol):
             self._transport.resume_reading()
 
     def _fail(self, error: BaseException) -> None:
+        self._in_head = False
         answer, self._answer = self._answer, None
         if answer is not None:
             answer._failed(error)
+
+    def _refuse(self, reason: str) -> None:
+        """The answer's head is not one to relay: it fails, and the connection closes."""
+        self._fail(HeadRefused(reason))
+        self._close()
 
     def _close(self) -> None:
         self.closed = True

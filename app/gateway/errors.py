@@ -280,6 +280,17 @@ def upstream_unreachable(model: str, reason: str) -> ApiError:
     )
 
 
+def upstream_invalid_answer(model: str, reason: str) -> ApiError:
+    """A replica answered with something the gateway does not relay (docs/gateway.md, "What
+    an engine may send"): its connection was dropped."""
+    return ApiError(
+        502,
+        f"A replica of `{model}` sent an answer the gateway does not relay: {reason}",
+        type="server_error",
+        code="upstream_invalid_answer",
+    )
+
+
 def internal_error() -> ApiError:
     return ApiError(
         500, "The gateway failed to handle the request; it has been logged.", code="internal_error"

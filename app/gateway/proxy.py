@@ -34,11 +34,18 @@ from typing import Any, Protocol
 
 from app.domain.traffic import Outcome
 from app.gateway.affinity import RouteKey
-from app.gateway.engine_client import AnswerBroken, EngineAnswer, EngineClient, EngineUnreachable
+from app.gateway.engine_client import (
+    AnswerBroken,
+    EngineAnswer,
+    EngineClient,
+    EngineUnreachable,
+    HeadRefused,
+)
 from app.gateway.errors import (
     ApiError,
     normalize_engine_error,
     stream_error_events,
+    upstream_invalid_answer,
     upstream_unreachable,
 )
 from app.gateway.router import Lease, NoServingReplica, Router
@@ -143,11 +150,10 @@ class Upstream:
             try:
                 answer = await self._client.post(lease.route.url, path, body, request_id)
             except EngineUnreachable as exc:
-                lease.failed("unreachable")
+                reason, failure = _unreachable(model, exc)
+                lease.failed(reason)
                 lease.release()
                 self._traffic.record(lease.route.replica_id, Outcome.FAILED)
-                failure = upstream_unreachable(model, str(exc))
-                reason = "unreachable"
             except asyncio.CancelledError:
                 lease.release()
                 self._traffic.record(lease.route.replica_id, Outcome.CANCELLED)
@@ -218,14 +224,14 @@ class Upstream:
                     request_id,
                 )
             except EngineUnreachable as exc:
-                lease.failed("unreachable")
+                reason, failure = _unreachable(model, exc)
+                lease.failed(reason)
                 lease.release()
                 self._traffic.record(lease.route.replica_id, Outcome.FAILED)
                 timing.upstream_s += _clock() - sent
-                failure = upstream_unreachable(model, str(exc))
                 if attempt == 2 or upload.started:
                     raise failure from None
-                self._on_retry("unreachable")
+                self._on_retry(reason)
                 exclude = exclude | {lease.route.replica_id}
                 continue
             except asyncio.CancelledError:
@@ -242,6 +248,14 @@ class Upstream:
             timing.upstream_s += _clock() - sent
             return Opened(lease, answer, sent)
         raise AssertionError("unreachable: the second attempt returns or raises")
+
+
+def _unreachable(model: str, exc: EngineUnreachable) -> tuple[str, ApiError]:
+    """Why an attempt got no answer to relay (a retry's reason), and what the client is
+    told of it."""
+    if isinstance(exc, HeadRefused):
+        return "invalid_answer", upstream_invalid_answer(model, str(exc))
+    return "unreachable", upstream_unreachable(model, str(exc))
 
 
 class Upload(Protocol):

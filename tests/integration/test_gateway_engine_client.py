@@ -324,3 +324,52 @@ async def test_engines_no_longer_routed_lose_their_pools_once_their_answers_are_
         again = await client.post(kept.url, "/x", b"{}", "r")
         assert await again.read() == b"ok"
         assert (kept.connections, closed["kept"].is_set()) == (1, False)
+
+
+# -- an engine's answer is hostile input too ------------------------------------------------
+
+
+def send_then_wait(
+    *pieces: bytes, closed: asyncio.Event | None = None
+) -> Callable[[Server], Handler]:
+    """Answer the first request with ``pieces``, written one by one, then hold the connection
+    until the client closes it (``closed`` is set then)."""
+
+    def handler_for(server: Server) -> Handler:
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await server.read_request(reader)
+            try:
+                for piece in pieces:
+                    writer.write(piece)
+                    await writer.drain()
+                await reader.read()
+            except ConnectionError:
+                pass
+            if closed is not None:
+                closed.set()
+
+        return handler
+
+    return handler_for
+
+
+@pytest.mark.parametrize(
+    "filler",
+    [
+        pytest.param(b"x-endless: " + b"a" * (1 << 20), id="one-endless-header"),
+        pytest.param(b"x-many: header\r\n" * (1 << 16), id="header-after-header"),
+    ],
+)
+async def test_an_answer_head_without_end_is_refused_at_64_kib(
+    client: EngineClient, filler: bytes
+) -> None:
+    # A megabyte of head and more, and the connection held open: before the bound, the
+    # client read on (and httptools joined an endless header's pieces over and over, a
+    # CPU-bound loop) until the engine stopped, waiting for a head that never ends.
+    closed = asyncio.Event()
+    first = b"" if filler.startswith(b"HTTP/") else b"HTTP/1.1 200 OK\r\n"
+    async with Server(send_then_wait(first, filler, filler, closed=closed)) as server:
+        async with asyncio.timeout(10):
+            with pytest.raises(EngineUnreachable, match="over 64 KiB"):
+                await client.post(server.url, "/x", b"{}", "r")
+            await closed.wait()  # the connection is dropped, not kept for another request

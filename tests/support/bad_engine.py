@@ -1,0 +1,143 @@
+"""An engine that answers with whatever bytes a test scripts: a TCP server on 127.0.0.1, one
+thread per connection, speaking just enough HTTP/1.1 to read requests.
+
+    def story(request: bytes) -> Iterable[bytes]:
+        yield b"HTTP/1.1 200 OK\\r\\n"
+        yield b"x-endless: " + b"a" * (1 << 20)        # and never ends its head
+
+    with BadEngine(story) as engine:
+        route = Route(replica_id="bad-1", model=MODEL, url=engine.url)
+
+What ``story`` yields is written piece by piece; then the connection waits for the next
+request, as a kept-alive one does. ``GET /metrics`` is answered by ``metrics`` (404 by
+default, as an engine without an exporter does). ``closed_after_post`` counts connections
+that carried a POST and that the gateway closed: how a test sees the gateway drop an
+engine's connection.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterable
+from types import TracebackType
+
+Story = Callable[[bytes], Iterable[bytes]]
+
+NOT_FOUND = b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"
+
+
+def json_answer(body: bytes, status: bytes = b"200 OK") -> bytes:
+    return b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
+        status,
+        len(body),
+        body,
+    )
+
+
+def sse_answer(*events: bytes) -> bytes:
+    """A chunked stream of ``data:`` events, ending with ``data: [DONE]``."""
+    chunks = b"".join(
+        b"%x\r\n%s\r\n" % (len(event), event)
+        for event in (*(b"data: %s\n\n" % e for e in events), b"data: [DONE]\n\n")
+    )
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked"
+    return head + b"\r\n\r\n" + chunks + b"0\r\n\r\n"
+
+
+class BadEngine:
+    def __init__(self, story: Story, metrics: Story = lambda request: [NOT_FOUND]) -> None:
+        self._story = story
+        self._metrics = metrics
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._lock = threading.Lock()
+        self._closed = threading.Condition(self._lock)
+        self.posts: list[bytes] = []
+        self.closed_after_post = 0
+        self._threads: list[threading.Thread] = []
+        self._stopping = False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+
+    def wait_closed_after_post(self, count: int = 1, within_s: float = 10.0) -> None:
+        """Until the gateway has closed ``count`` connections that carried a POST."""
+        with self._closed:
+            if not self._closed.wait_for(lambda: self.closed_after_post >= count, within_s):
+                raise AssertionError(
+                    f"the gateway closed {self.closed_after_post} POST connections, "
+                    f"not {count}, within {within_s} s"
+                )
+
+    def __enter__(self) -> BadEngine:
+        acceptor = threading.Thread(target=self._accept, name="bad-engine", daemon=True)
+        acceptor.start()
+        self._threads.append(acceptor)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._stopping = True
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while not self._stopping:
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:
+                return
+            thread = threading.Thread(
+                target=self._serve, args=(connection,), name="bad-engine-conn", daemon=True
+            )
+            thread.start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        posted = False
+        buffered = b""
+        with connection:
+            try:
+                while True:
+                    request, buffered = _read_request(connection, buffered)
+                    if request is None:
+                        break
+                    if request.startswith(b"GET /metrics "):
+                        pieces = self._metrics(request)
+                    else:
+                        posted = True
+                        with self._lock:
+                            self.posts.append(request)
+                        pieces = self._story(request)
+                    for piece in pieces:
+                        connection.sendall(piece)
+            except OSError:
+                pass  # reset by the gateway: closed all the same
+        if posted:
+            with self._closed:
+                self.closed_after_post += 1
+                self._closed.notify_all()
+
+
+def _read_request(connection: socket.socket, buffered: bytes) -> tuple[bytes | None, bytes]:
+    """One request (head and body) and what came after it; ``None`` once the peer closed."""
+    while b"\r\n\r\n" not in buffered:
+        data = connection.recv(65536)
+        if not data:
+            return None, b""
+        buffered += data
+    head, _, rest = buffered.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(rest) < length:
+        data = connection.recv(65536)
+        if not data:
+            return None, b""
+        rest += data
+    return head + b"\r\n\r\n" + rest[:length], rest[length:]
