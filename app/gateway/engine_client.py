@@ -16,12 +16,14 @@ uvicorn serves with), bodies handed over as they arrive, with back-pressure.
 
 What an engine sends is read as hostile input, since it may be buggy, compromised, or
 some other program on its port (docs/gateway.md, "What an engine may send"): an answer's
-head (status line and headers) is at most ``MAX_HEAD_BYTES``, or the connection is closed.
+head (status line and headers, interim answers included) is at most ``MAX_HEAD_BYTES``;
+interim answers (100 Continue, 103 Early Hints) are skipped; 101 and a status outside
+100..599 are refused. Each refusal closes the connection.
 
 Exceptions::
 
     EngineUnreachable   no answer head: connecting failed, or the connection dropped first
-    └── HeadRefused     a head the gateway does not relay: over ``MAX_HEAD_BYTES``
+    └── HeadRefused     a head the gateway does not relay: too large, 101, an odd status
     AnswerBroken        the connection dropped, or sent garbage, in the middle of an answer
 """
 
@@ -45,8 +47,8 @@ HIGH_WATER_BYTES = 1 << 20
 """Stop reading from the engine while this much of its answer waits for the client."""
 LOW_WATER_BYTES = 1 << 18
 MAX_HEAD_BYTES = 64 << 10
-"""An answer's head: as much as the gateway's listener takes of a client's request head.
-Engines send a few hundred bytes."""
+"""An answer's head, interim answers before it included: as much as the gateway's listener
+takes of a client's request head. Engines send a few hundred bytes."""
 
 
 class EngineUnreachable(Exception):
@@ -55,7 +57,8 @@ class EngineUnreachable(Exception):
 
 class HeadRefused(EngineUnreachable):
     """The engine's answer head is one the gateway does not relay (its connection is
-    closed): over ``MAX_HEAD_BYTES``."""
+    closed): over ``MAX_HEAD_BYTES``, 101 Switching Protocols, or a status outside
+    100..599."""
 
 
 class AnswerBroken(Exception):
@@ -187,6 +190,8 @@ class _Connection(asyncio.Protocol):
         self._in_head = False
         """The answer's head is being read: ``_head_room`` bytes more may come."""
         self._head_room = 0
+        self._interim = False
+        """The message being read is an interim answer (1xx), to be skipped."""
         self._writable: asyncio.Future[None] | None = None
         self.reusable = True
         """False for an upload's: it may end with its request half sent."""
@@ -226,7 +231,8 @@ class _Connection(asyncio.Protocol):
     def _feed(self, data: bytes) -> None:
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            # An upgrade (101) was refused already; anything else is garbage.
             self._fail(AnswerBroken(f"unreadable answer from the engine: {exc}"))
             self._close()
 
@@ -273,14 +279,29 @@ class _Connection(asyncio.Protocol):
         answer = self._answer
         if answer is None:
             return
+        status = self._parser.get_status_code()
+        if status < 200 or status > 599:
+            if status < 100 or status > 599 or status == 101:
+                self._refuse(
+                    f"the engine answered status {status:03d}, which the gateway does not relay"
+                )
+                return
+            # 100 Continue, 103 Early Hints: the answer is still to come. What the interim
+            # head said is not the answer's.
+            self._interim = True
+            answer.content_type = b""
+            return
         self._in_head = False
-        answer._started(self._parser.get_status_code())
+        answer._started(status)
 
     def on_body(self, body: bytes) -> None:
         if self._answer is not None:
             self._answer._body(body)
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
         answer, self._answer = self._answer, None
         if answer is None:
             return

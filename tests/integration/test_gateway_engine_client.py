@@ -358,6 +358,7 @@ def send_then_wait(
     [
         pytest.param(b"x-endless: " + b"a" * (1 << 20), id="one-endless-header"),
         pytest.param(b"x-many: header\r\n" * (1 << 16), id="header-after-header"),
+        pytest.param(b"\r\n".join([b"HTTP/1.1 100 Continue\r\n"] * (1 << 16)), id="interim-heads"),
     ],
 )
 async def test_an_answer_head_without_end_is_refused_at_64_kib(
@@ -373,3 +374,58 @@ async def test_an_answer_head_without_end_is_refused_at_64_kib(
             with pytest.raises(EngineUnreachable, match="over 64 KiB"):
                 await client.post(server.url, "/x", b"{}", "r")
             await closed.wait()  # the connection is dropped, not kept for another request
+
+
+@pytest.mark.parametrize("apart", [False, True], ids=["in-one-write", "apart"])
+async def test_interim_answers_are_skipped(client: EngineClient, apart: bool) -> None:
+    interim = (
+        b"HTTP/1.1 100 Continue\r\n\r\n",
+        b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\n"
+        b"content-type: text/html\r\n\r\n",
+    )
+    final = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+    pieces = (*interim, final) if apart else (b"".join((*interim, final)),)
+
+    def make(server: Server) -> Handler:
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while await server.read_request(reader) is not None:
+                for piece in pieces:
+                    writer.write(piece)
+                    await writer.drain()
+                    await asyncio.sleep(0.01)
+
+        return handler
+
+    async with Server(make) as server:
+        for _ in range(2):
+            reply = await client.post(server.url, "/x", b"{}", "r")
+            assert (reply.status, reply.content_type, await reply.read()) == (
+                200,
+                b"application/json",
+                b"{}",
+            )
+            reply.close()
+        assert server.connections == 1  # the connection was fit for the next request
+
+
+@pytest.mark.parametrize(
+    "status_line",
+    [
+        b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade",
+        b"HTTP/1.1 000 Nothing",
+        b"HTTP/1.1 099 Below",
+        b"HTTP/1.1 600 Above",
+        b"HTTP/1.1 999 Odd",
+    ],
+    ids=["101", "000", "099", "600", "999"],
+)
+async def test_a_status_the_gateway_does_not_relay_is_refused(
+    client: EngineClient, status_line: bytes
+) -> None:
+    closed = asyncio.Event()
+    answer = status_line + b"\r\ncontent-length: 2\r\n\r\nok"
+    async with Server(send_then_wait(answer, closed=closed)) as server:
+        status = status_line.split()[1].decode()
+        with pytest.raises(EngineUnreachable, match=f"status {status}"):
+            await client.post(server.url, "/x", b"{}", "r")
+        await asyncio.wait_for(closed.wait(), timeout=5)

@@ -2,7 +2,8 @@
 
 The engine is a socket server that writes exactly the bytes each story needs
 (``tests.support.bad_engine``); the gateway is real (its own loop and server), and so is
-its engine client. A head without end is a 502 in OpenAI's shape and a dropped engine
+its engine client. A head without end, an answer that claims to be no answer (101, a
+status outside 100..599): each is a 502 in OpenAI's shape and a dropped engine
 connection, and the gateway serves the next request.
 """
 
@@ -97,3 +98,43 @@ def test_an_answer_head_without_end_is_a_502_and_the_engine_connection_is_droppe
         engine.wait_closed_after_post()
         after = client.post("/chat/completions", content=request_body("next"))
         assert after.status_code == 200, after.text
+
+
+def test_interim_answers_are_skipped_and_the_real_one_relayed() -> None:
+    interim = (
+        b"HTTP/1.1 100 Continue\r\n\r\n"
+        b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\n"
+        b"content-type: text/html\r\n\r\n"
+    )
+    with (
+        BadEngine(lambda request: [interim, json_answer(CHAT)]) as engine,
+        gateway_before(engine) as (client, _),
+    ):
+        for note in ("first", "again"):  # the connection is fit for the next request
+            answer = client.post("/chat/completions", content=request_body(note))
+
+            assert answer.status_code == 200, answer.text
+            assert answer.headers["content-type"] == "application/json"
+            assert answer.content == CHAT
+
+
+@pytest.mark.parametrize(
+    "status_line",
+    [
+        b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n",
+        b"HTTP/1.1 600 Beyond\r\n",
+        b"HTTP/1.1 099 Below\r\n",
+    ],
+    ids=["101", "600", "099"],
+)
+def test_a_status_the_gateway_does_not_relay_is_a_502(status_line: bytes) -> None:
+    answer_bytes = status_line + b"content-length: 2\r\n\r\n{}"
+    with (
+        BadEngine(first_post_then_ok([answer_bytes])) as engine,
+        gateway_before(engine) as (client, _),
+    ):
+        answer = client.post("/chat/completions", content=request_body("first"))
+
+        refused_as_invalid(answer, f"the engine answered status {status_line.split()[1].decode()}")
+        engine.wait_closed_after_post()
+        assert client.post("/chat/completions", content=request_body("next")).status_code == 200
