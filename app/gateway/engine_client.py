@@ -18,13 +18,15 @@ What an engine sends is read as hostile input, since it may be buggy, compromise
 some other program on its port (docs/gateway.md, "What an engine may send"): an answer's
 head (status line and headers, interim answers included) is at most ``MAX_HEAD_BYTES``;
 interim answers (100 Continue, 103 Early Hints) are skipped; 101 and a status outside
-100..599 are refused. Each refusal closes the connection.
+100..599 are refused; an answer read whole (``read``) is at most ``MAX_ANSWER_BYTES``. Each
+refusal closes the connection.
 
 Exceptions::
 
     EngineUnreachable   no answer head: connecting failed, or the connection dropped first
     └── HeadRefused     a head the gateway does not relay: too large, 101, an odd status
     AnswerBroken        the connection dropped, or sent garbage, in the middle of an answer
+    └── AnswerTooLarge  an answer read whole is over ``MAX_ANSWER_BYTES``
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import contextlib
 import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Collection
-from typing import cast
+from typing import NoReturn, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -49,6 +51,11 @@ LOW_WATER_BYTES = 1 << 18
 MAX_HEAD_BYTES = 64 << 10
 """An answer's head, interim answers before it included: as much as the gateway's listener
 takes of a client's request head. Engines send a few hundred bytes."""
+MAX_ANSWER_BYTES = 256 << 20
+"""An answer read whole (not streamed), which the gateway holds in memory before sending it
+on. Eight times the largest request body it takes (32 MiB), and far over what engines
+answer: a batch of 2,048 embeddings of 3,072 dimensions in JSON is about 130 MB. A stream
+is not bounded: it passes through at the client's pace, never held whole."""
 
 
 class EngineUnreachable(Exception):
@@ -65,6 +72,10 @@ class AnswerBroken(Exception):
     """The connection dropped, or sent garbage, in the middle of an answer."""
 
 
+class AnswerTooLarge(AnswerBroken):
+    """An answer read whole is over ``MAX_ANSWER_BYTES`` (its connection is closed)."""
+
+
 class EngineAnswer:
     """An engine's answer whose head has arrived; its body is read as it comes."""
 
@@ -75,6 +86,7 @@ class EngineAnswer:
         "_done",
         "_error",
         "_head",
+        "_length",
         "_waiter",
         "content_type",
         "status",
@@ -89,14 +101,30 @@ class EngineAnswer:
         self._done = False
         self._error: BaseException | None = None
         self._head: asyncio.Future[None] = connection.loop.create_future()
+        self._length = -1
+        """The body's declared length (``content-length``); -1: none."""
         self._waiter: asyncio.Future[None] | None = None
 
     async def read(self) -> bytes:
-        """The whole body."""
+        """The whole body; ``AnswerTooLarge`` (and the connection closed) past
+        ``MAX_ANSWER_BYTES``, at once when its declared length says so."""
+        if self._length > MAX_ANSWER_BYTES:
+            self._too_large(f"declares {self._length} bytes")
         parts = []
+        size = 0
         while (chunk := await self._next()) is not None:
+            size += len(chunk)
+            if size > MAX_ANSWER_BYTES:
+                self._too_large("goes on past it")
             parts.append(chunk)
         return b"".join(parts)
+
+    def _too_large(self, how: str) -> NoReturn:
+        self.close()
+        raise AnswerTooLarge(
+            f"the engine's answer is over {MAX_ANSWER_BYTES >> 20} MiB, the most the gateway "
+            f"reads whole (it {how})"
+        )
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body's pieces, as the engine sends them."""
@@ -272,7 +300,11 @@ class _Connection(asyncio.Protocol):
         name = name.lower()
         if name == b"content-type" and self._answer is not None:
             self._answer.content_type = value
-        elif name in (b"content-length", b"transfer-encoding"):
+        elif name == b"content-length":
+            self._length_known = True
+            if self._answer is not None and value.isdigit():
+                self._answer._length = int(value)
+        elif name == b"transfer-encoding":
             self._length_known = True
 
     def on_headers_complete(self) -> None:
@@ -290,6 +322,7 @@ class _Connection(asyncio.Protocol):
             # head said is not the answer's.
             self._interim = True
             answer.content_type = b""
+            answer._length = -1
             return
         self._in_head = False
         answer._started(status)

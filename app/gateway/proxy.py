@@ -36,6 +36,7 @@ from app.domain.traffic import Outcome
 from app.gateway.affinity import RouteKey
 from app.gateway.engine_client import (
     AnswerBroken,
+    AnswerTooLarge,
     EngineAnswer,
     EngineClient,
     EngineUnreachable,
@@ -281,6 +282,8 @@ async def read_whole(opened: Opened, timing: Timing) -> tuple[int, bytes, bytes]
     started = _clock()
     try:
         body = await answer.read()
+    except AnswerTooLarge as exc:
+        raise upstream_invalid_answer(opened.lease.route.model, str(exc)) from exc
     except AnswerBroken as exc:
         raise upstream_unreachable(opened.lease.route.model, str(exc)) from exc
     finally:

@@ -13,7 +13,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from app.gateway.engine_client import (
+    MAX_ANSWER_BYTES,
     AnswerBroken,
+    AnswerTooLarge,
     EngineClient,
     EngineUnreachable,
 )
@@ -429,3 +431,54 @@ async def test_a_status_the_gateway_does_not_relay_is_refused(
         with pytest.raises(EngineUnreachable, match=f"status {status}"):
             await client.post(server.url, "/x", b"{}", "r")
         await asyncio.wait_for(closed.wait(), timeout=5)
+
+
+async def test_a_declared_length_over_the_bound_is_refused_before_reading(
+    client: EngineClient,
+) -> None:
+    head = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % (MAX_ANSWER_BYTES + 1)
+    closed = asyncio.Event()
+    async with Server(send_then_wait(head, b"x" * 1024, closed=closed)) as server:
+        reply = await client.post(server.url, "/x", b"{}", "r")
+        async with asyncio.timeout(5):
+            with pytest.raises(AnswerTooLarge, match="over 256 MiB"):
+                await reply.read()
+            reply.close()
+            await closed.wait()
+
+
+async def test_a_chunked_answer_past_the_bound_is_refused(client: EngineClient) -> None:
+    piece = b"x" * (1 << 20)
+    chunk = b"%x\r\n%s\r\n" % (len(piece), piece)
+    closed = asyncio.Event()
+    sent = 0
+
+    def make(server: Server) -> Handler:
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal sent
+            await server.read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+            try:
+                # The bound and a megabyte more, then a proper end: without the bound the
+                # client reads it all into memory, and would read on for as long as the
+                # engine went on.
+                while sent <= MAX_ANSWER_BYTES:
+                    writer.write(chunk)
+                    await writer.drain()
+                    sent += len(piece)
+                writer.write(b"0\r\n\r\n")
+                await writer.drain()
+                await reader.read()
+            except ConnectionError:
+                pass
+            closed.set()
+
+        return handler
+
+    async with Server(make) as server:
+        reply = await client.post(server.url, "/x", b"{}", "r")
+        with pytest.raises(AnswerTooLarge, match="over 256 MiB"):
+            await reply.read()
+        reply.close()
+        await asyncio.wait_for(closed.wait(), timeout=10)
+        assert sent <= MAX_ANSWER_BYTES + 8 * len(piece)  # it stopped reading near the bound

@@ -3,8 +3,8 @@
 The engine is a socket server that writes exactly the bytes each story needs
 (``tests.support.bad_engine``); the gateway is real (its own loop and server), and so is
 its engine client. A head without end, an answer that claims to be no answer (101, a
-status outside 100..599): each is a 502 in OpenAI's shape and a dropped engine
-connection, and the gateway serves the next request.
+status outside 100..599), a body past the bound: each is a 502 in OpenAI's shape and a
+dropped engine connection, and the gateway serves the next request.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
+from app.gateway.engine_client import MAX_ANSWER_BYTES
 from app.gateway.server import StaticSource
 from app.gateway.table import Route
 from tests.support.bad_engine import BadEngine, Story, json_answer
@@ -136,5 +137,16 @@ def test_a_status_the_gateway_does_not_relay_is_a_502(status_line: bytes) -> Non
         answer = client.post("/chat/completions", content=request_body("first"))
 
         refused_as_invalid(answer, f"the engine answered status {status_line.split()[1].decode()}")
+        engine.wait_closed_after_post()
+        assert client.post("/chat/completions", content=request_body("next")).status_code == 200
+
+
+def test_a_whole_answer_over_the_bound_is_a_502_without_reading_it() -> None:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+    story = first_post_then_ok([head % (MAX_ANSWER_BYTES + 1), b"{" * 65536])
+    with BadEngine(story) as engine, gateway_before(engine) as (client, _):
+        answer = client.post("/chat/completions", content=request_body("first"))
+
+        refused_as_invalid(answer, "over 256 MiB")
         engine.wait_closed_after_post()
         assert client.post("/chat/completions", content=request_body("next")).status_code == 200
