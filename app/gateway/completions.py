@@ -374,7 +374,7 @@ class Completions:
             exchange.status = status
             watch.done = True
             if key.tpm is not None and status < 400:
-                self._spend(key, usage_of_body(body) or 0)
+                self._spend(key, self._tokens_of(exchange, key.tpm, body))
             headers = exchange.answer_headers()
             headers.append((b"content-type", content_type))
             headers.append((b"content-length", b"%d" % len(body)))
@@ -399,6 +399,8 @@ class Completions:
             if opened is not None:
                 opened.close()
                 self._count(exchange, opened, outcome, tokens)
+                if tokens is not None and tokens.unusable:
+                    self._usage_unusable(exchange)
 
     def _count(
         self,
@@ -465,6 +467,21 @@ class Completions:
 
     def _spend(self, key: KeyRecord, tokens: int) -> None:
         self._limiter.record_tokens(key.key_id, tokens, now=time.monotonic())
+
+    def _tokens_of(self, exchange: _Exchange, tpm: int, body: bytes) -> int:
+        """What a whole answer is charged: its usage's total, or, when the engine's figures
+        are unusable, what the request reserved at admission, its estimate up to the key's
+        ``tpm`` (``app.gateway.usage``)."""
+        used = usage_of_body(body)
+        if used is None:
+            self._usage_unusable(exchange)
+            return min(exchange.token_estimate, tpm)
+        return used
+
+    def _usage_unusable(self, exchange: _Exchange) -> None:
+        if exchange.note is None:
+            exchange.note = "the engine's usage figures were unusable"
+        self._metrics.usage_unusable(exchange.model)
 
     def _finish(self, exchange: _Exchange) -> None:
         if exchange.reserved_tokens and exchange.key is not None:

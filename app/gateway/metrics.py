@@ -204,6 +204,13 @@ class GatewayMetrics:
             "Routes of the current routing table left out by the egress check.",
             registry=self.registry,
         )
+        self._usage_unusable = Counter(
+            "llmgw_gateway_engine_usage_unusable",
+            "Answers whose usage had a token figure that is not a whole number from 0 to "
+            "1e9, ignored (docs/gateway.md, What an engine may send), by model.",
+            ["model"],
+            registry=registry,
+        )
         self._rate_limits_degraded = Gauge(
             "llmgw_gateway_rate_limits_degraded",
             "1 while keys' rate limits are enforced on this gateway's local share because "
@@ -252,6 +259,9 @@ class GatewayMetrics:
 
     def retried(self, reason: str) -> None:
         self._retries.labels(reason).inc()
+
+    def usage_unusable(self, model: str) -> None:
+        self._usage_unusable.labels(model).inc()
 
     def egress_refused(self, reason: str) -> None:
         self._egress_refusals.labels(reason).inc()

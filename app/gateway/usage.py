@@ -7,44 +7,87 @@ the JSON events, and keeps the stream's last few KiB, where the engine puts the 
 when the client asked for it (``stream_options.include_usage``), or, in a Responses API
 stream, the ``response.completed`` event with its usage. Without one, each event
 counts as one token, which is what a streamed chunk usually carries.
+
+The figures are the engine's word, and an engine may be buggy or hostile: each figure read
+must be a whole number from 0 to ``MAX_FIGURE``. Usage with any other figure (negative,
+fractional, in exponent notation, huge, not a number) is unusable, and the answer's tokens
+unknown: a whole answer is then charged what its request reserved at admission
+(``Completions``), a stream one token per event, as if it had no usage chunk. A negative
+figure would otherwise give a key tokens back (and, across gateways, to every gateway), and
+a huge one lock the key out or overflow the count.
 """
 
 from __future__ import annotations
 
 import collections
 import re
+from typing import Annotated
 
 import msgspec
 
 STREAM_TAIL_BYTES = 4096
 """The usage chunk is the stream's last event before ``[DONE]``; it fits in this many."""
+MAX_FIGURE = 1_000_000_000
+"""The largest token count believed of one answer: a thousand times the longest contexts
+served today, and far inside what every count it is added to can hold."""
+_MAX_FIGURE_DIGITS = len(str(MAX_FIGURE))
 
 # A usage object may hold objects of its own before the figure (the Responses API's
 # ``input_tokens_details``): one level of them is skipped.
 _USAGE = rb'"usage"\s*:\s*\{(?:[^{}]|\{[^{}]*\})*?'
-_TOTAL_TOKENS = re.compile(_USAGE + rb'"total_tokens"\s*:\s*(\d+)')
-_COMPLETION_TOKENS = re.compile(_USAGE + rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
+# A figure is taken whole, sign, fraction and exponent included, to be judged by ``_figure``.
+_NUMBER = rb"\s*:\s*(-?[0-9][0-9.eE+-]*)"
+_TOTAL_TOKENS = re.compile(_USAGE + rb'"total_tokens"' + _NUMBER)
+_COMPLETION_TOKENS = re.compile(_USAGE + rb'"(?:completion|output)_tokens"' + _NUMBER)
 _EVENT = b"data: {"
+
+Figure = Annotated[int, msgspec.Meta(ge=0, le=MAX_FIGURE)]
 
 
 class _Usage(msgspec.Struct):
-    total_tokens: int = 0
+    """The figures of a usage object (chat and completions name the first three, the
+    Responses API the last three); each one present must be a ``Figure``."""
+
+    prompt_tokens: Figure | None = None
+    completion_tokens: Figure | None = None
+    total_tokens: Figure | None = None
+    input_tokens: Figure | None = None
+    output_tokens: Figure | None = None
 
 
 class _WithUsage(msgspec.Struct):
-    usage: _Usage | None = None
+    usage: msgspec.Raw = msgspec.Raw(b"null")
+    """Kept undecoded until the answer is known to be JSON: an unusable usage is not an
+    answer without one."""
 
 
-_usage_decoder = msgspec.json.Decoder(_WithUsage)
+_answer_decoder = msgspec.json.Decoder(_WithUsage)
+_usage_decoder = msgspec.json.Decoder(_Usage | None)
 
 
 def usage_of_body(body: bytes) -> int | None:
-    """``usage.total_tokens`` of a whole answer, or ``None`` when it has none."""
+    """The tokens a whole answer used, by its ``usage.total_tokens``: 0 when it reports none
+    (it has no usage or no total, or is no JSON: tokenize's answers, an upload's text);
+    ``None`` when its usage is unusable (a figure that is not a ``Figure``)."""
     try:
-        usage = _usage_decoder.decode(body).usage
+        raw = _answer_decoder.decode(body).usage
+    except (msgspec.DecodeError, RecursionError):
+        return 0
+    try:
+        usage = _usage_decoder.decode(raw)
     except (msgspec.DecodeError, RecursionError):
         return None
-    return None if usage is None else usage.total_tokens
+    if usage is None or usage.total_tokens is None:
+        return 0
+    return usage.total_tokens
+
+
+def _figure(text: bytes) -> int | None:
+    """A figure as a stream wrote it, if it is a ``Figure``."""
+    if not text.isdigit() or len(text) > _MAX_FIGURE_DIGITS:
+        return None
+    value = int(text)
+    return value if value <= MAX_FIGURE else None
 
 
 class StreamTokens:
@@ -54,10 +97,12 @@ class StreamTokens:
     ``app.gateway.traffic``), so ``feed`` costs little: the tail is the last chunks, kept
     as they came, and joined only when read."""
 
-    __slots__ = ("_events", "_tail", "_tail_bytes")
+    __slots__ = ("_events", "_tail", "_tail_bytes", "unusable")
 
     def __init__(self) -> None:
         self._events = 0
+        self.unusable = False
+        """Whether the usage chunk had a figure that is no ``Figure`` (and was ignored)."""
         self._tail: collections.deque[bytes] = collections.deque()
         self._tail_bytes = 0
         """At least the last ``STREAM_TAIL_BYTES`` of the stream, in ``_tail``."""
@@ -71,15 +116,24 @@ class StreamTokens:
             self._tail_bytes -= len(tail.popleft())
 
     def total(self) -> int:
-        """The usage chunk's ``total_tokens`` when the stream had one, else one per event."""
-        found = _TOTAL_TOKENS.findall(self._last_bytes())
-        return int(found[-1]) if found else self._events
+        """The usage chunk's ``total_tokens`` when the stream had a usable one, else one per
+        event."""
+        return self._found(_TOTAL_TOKENS)
 
     def output_tokens(self) -> int:
-        """The usage chunk's ``completion_tokens`` when the stream had one, else one per
-        event (which counts an engine's role-only first event and last event too)."""
-        found = _COMPLETION_TOKENS.findall(self._last_bytes())
-        return int(found[-1]) if found else self._events
+        """The usage chunk's ``completion_tokens`` when the stream had a usable one, else
+        one per event (which counts an engine's role-only first event and last event too)."""
+        return self._found(_COMPLETION_TOKENS)
+
+    def _found(self, figure: re.Pattern[bytes]) -> int:
+        found = figure.findall(self._last_bytes())
+        if not found:
+            return self._events
+        value = _figure(found[-1])
+        if value is None:
+            self.unusable = True
+            return self._events
+        return value
 
     def _last_bytes(self) -> bytes:
         return b"".join(self._tail)[-STREAM_TAIL_BYTES:]

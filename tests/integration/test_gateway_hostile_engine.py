@@ -4,7 +4,8 @@ The engine is a socket server that writes exactly the bytes each story needs
 (``tests.support.bad_engine``); the gateway is real (its own loop and server), and so is
 its engine client. A head without end, an answer that claims to be no answer (101, a
 status outside 100..599), a body past the bound: each is a 502 in OpenAI's shape and a
-dropped engine connection, and the gateway serves the next request.
+dropped engine connection, and the gateway serves the next request. Usage figures that are
+no token counts charge what the request reserved, not nothing (or everything).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 from app.gateway.engine_client import MAX_ANSWER_BYTES
 from app.gateway.server import StaticSource
 from app.gateway.table import Route
-from tests.support.bad_engine import BadEngine, Story, json_answer
+from tests.support.bad_engine import BadEngine, Story, json_answer, sse_answer
 from tests.support.gateway import GatewayThread, new_key, snapshot_of
 
 pytestmark = pytest.mark.timeout(60)
@@ -150,3 +151,87 @@ def test_a_whole_answer_over_the_bound_is_a_502_without_reading_it() -> None:
         refused_as_invalid(answer, "over 256 MiB")
         engine.wait_closed_after_post()
         assert client.post("/chat/completions", content=request_body("next")).status_code == 200
+
+
+# -- usage figures --------------------------------------------------------------------------
+
+
+def remaining_tokens(client: httpx.Client) -> int:
+    """The key's tokens left, as a next request's answer says (its own usage is 0)."""
+    answer = client.post("/chat/completions", content=request_body("next"))
+    assert answer.status_code == 200, answer.text
+    return int(answer.headers["x-ratelimit-remaining-tokens"])
+
+
+def unusable_count(gateway: GatewayThread) -> float:
+    page = httpx.get(gateway.metrics_url).text
+    series = f'llmgw_gateway_engine_usage_unusable_total{{model="{MODEL}"}} '
+    lines = [line for line in page.splitlines() if line.startswith(series)]
+    return float(lines[0].removeprefix(series)) if lines else 0.0
+
+
+@pytest.mark.parametrize(
+    "figure",
+    [
+        pytest.param(b"-1000000", id="negative"),  # was charged nothing: free
+        pytest.param(b"1.5", id="fraction"),  # was charged nothing
+        pytest.param(b"1e30", id="exponent"),  # was charged nothing
+        pytest.param(b"1000000000000", id="over-1e9"),  # locked the key out for a minute
+        pytest.param(b"1" + b"0" * 400, id="past-a-float"),  # was a 500: the count overflowed
+    ],
+)
+def test_a_whole_answers_unusable_usage_charges_its_reservation(figure: bytes) -> None:
+    usage = b'{"id": "c", "choices": [], "usage": {"prompt_tokens": 5, "total_tokens": %s}}'
+    first = json_answer(usage % figure)
+    body = request_body("first")
+    with (
+        BadEngine(first_post_then_ok([first])) as engine,
+        gateway_before(engine) as (client, gateway),
+    ):
+        answer = client.post("/chat/completions", content=body)
+
+        assert answer.status_code == 200, answer.text
+        assert answer.content == usage % figure  # relayed as the engine wrote it
+        assert remaining_tokens(client) == TPM - reserved(body)
+        assert unusable_count(gateway) == 1
+
+
+def test_a_whole_answers_usable_usage_is_charged() -> None:
+    first = json_answer(b'{"choices": [], "usage": {"prompt_tokens": 5, "total_tokens": 42}}')
+    with (
+        BadEngine(first_post_then_ok([first])) as engine,
+        gateway_before(engine) as (client, gateway),
+    ):
+        assert client.post("/chat/completions", content=request_body("first")).status_code == 200
+
+        assert remaining_tokens(client) == TPM - 42
+        assert unusable_count(gateway) == 0
+
+
+@pytest.mark.parametrize(
+    ("figure", "charged"),
+    [
+        pytest.param(b"8", 8, id="usable"),
+        pytest.param(b"7.9", 3, id="fraction"),  # was charged 7
+        pytest.param(b"1e30", 3, id="exponent"),  # was charged 1
+        pytest.param(b"1000000000000", 3, id="over-1e9"),  # locked the key out
+        pytest.param(b"-5", 3, id="negative"),
+    ],
+)
+def test_a_streams_unusable_usage_charges_one_token_per_event(figure: bytes, charged: int) -> None:
+    stream = sse_answer(
+        b'{"choices": [{"delta": {"content": "a"}}]}',
+        b'{"choices": [{"delta": {"content": "b"}}]}',
+        b'{"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2, '
+        b'"total_tokens": %s}}' % figure,
+    )
+    with (
+        BadEngine(first_post_then_ok([stream])) as engine,
+        gateway_before(engine) as (client, gateway),
+    ):
+        answer = client.post("/chat/completions", content=request_body("first", stream=True))
+
+        assert answer.status_code == 200, answer.text
+        assert answer.text.endswith("data: [DONE]\n\n")
+        assert remaining_tokens(client) == TPM - charged
+        assert unusable_count(gateway) == (0 if charged == 8 else 1)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from app.gateway.usage import STREAM_TAIL_BYTES, StreamTokens, usage_of_body
+import pytest
+
+from app.gateway.usage import MAX_FIGURE, STREAM_TAIL_BYTES, StreamTokens, usage_of_body
 
 
 def test_a_whole_answer_reports_its_usage() -> None:
@@ -10,10 +12,38 @@ def test_a_whole_answer_reports_its_usage() -> None:
     assert usage_of_body(body) == 9
 
 
-def test_an_answer_without_usage_or_json_has_none() -> None:
-    assert usage_of_body(b'{"id": "x"}') is None
-    assert usage_of_body(b'{"usage": null}') is None
-    assert usage_of_body(b"not json") is None
+def test_an_answer_without_usage_or_json_reports_nothing() -> None:
+    assert usage_of_body(b'{"id": "x"}') == 0
+    assert usage_of_body(b'{"usage": null}') == 0
+    assert usage_of_body(b'{"usage": {"type": "duration", "seconds": 3}}') == 0
+    assert usage_of_body(b"not json") == 0
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        b'{"total_tokens": -1}',
+        b'{"total_tokens": 1.5}',
+        b'{"total_tokens": 9.0}',
+        b'{"total_tokens": 1e3}',
+        b'{"total_tokens": 1000000001}',
+        b'{"total_tokens": 100000000000000000000000000000000}',
+        b'{"total_tokens": "9"}',
+        b'{"total_tokens": true}',
+        b'{"prompt_tokens": -4, "total_tokens": 9}',
+        b'{"completion_tokens": 0.5, "total_tokens": 9}',
+        b'{"input_tokens": 4, "output_tokens": -5, "total_tokens": 9}',
+        b"7",
+        b"[]",
+    ],
+)
+def test_usage_with_a_figure_that_is_no_count_is_unusable(usage: bytes) -> None:
+    assert usage_of_body(b'{"id": "x", "usage": %s}' % usage) is None
+
+
+def test_the_largest_figure_believed_is_a_billion() -> None:
+    assert usage_of_body(b'{"usage": {"total_tokens": %d}}' % MAX_FIGURE) == MAX_FIGURE
+    assert usage_of_body(b'{"usage": {"total_tokens": 0}}') == 0
 
 
 def chunk(content: str) -> bytes:
@@ -64,3 +94,17 @@ def test_a_long_stream_keeps_only_its_tail() -> None:
     big = StreamTokens()
     big.feed(chunk("x" * STREAM_TAIL_BYTES * 2))
     assert big.total() == 1
+
+
+@pytest.mark.parametrize(
+    "figure", [b"-8", b"8.5", b"8e0", b"1000000001", b"9" * 400, b"00000000008000"]
+)
+def test_a_streams_unusable_figure_counts_one_token_per_event(figure: bytes) -> None:
+    tokens = StreamTokens()
+    for word in ["a", "b"]:
+        tokens.feed(chunk(word))
+    tokens.feed(
+        b'data: {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": %s, '
+        b'"total_tokens": %s}}\n\ndata: [DONE]\n\n' % (figure, figure)
+    )
+    assert (tokens.total(), tokens.output_tokens(), tokens.unusable) == (3, 3, True)
