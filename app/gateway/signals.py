@@ -18,6 +18,10 @@ An engine that exposes no waiting and no KV name gives no reading: the router tr
 stale, i.e. routes to it by its own in-flight count. One that lacks only some signals is
 admitted by those it has (a missing one reads 0: llama.cpp is admitted by its waiting
 queue alone), and its scraper says once which are absent.
+
+A page is the engine's word, read as hostile input: a scrape ends within its timeout (head,
+page and all), and a page over ``MAX_PAGE_BYTES`` is a failed scrape, refused as soon as its
+declared length or what came of it says so, never read whole.
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ import structlog
 from wire.engines import signal_names
 
 log = structlog.get_logger("llmgw.gateway")
+
+MAX_PAGE_BYTES = 16 << 20
+"""The most of a ``/metrics`` page a scrape reads. vLLM's, with its histograms for a few
+models and LoRA adapters, is a few hundred KiB; the page is read four times a second."""
 
 WAITING_NAMES = signal_names("waiting")
 RUNNING_NAMES = signal_names("running")
@@ -184,10 +192,11 @@ class MetricsScraper:
             async with self._session.get(f"{self.url}/metrics", timeout=self._timeout) as resp:
                 if resp.status != 200:
                     raise ScrapeFailed(f"GET /metrics answered {resp.status}")
-                text = await resp.text(errors="replace")
-        except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError) as exc:
+                page = await _read_page(resp)
+        except (aiohttp.ClientError, TimeoutError) as exc:
             raise ScrapeFailed(f"{type(exc).__name__}: {exc}") from exc
-        reading = read_engine_signals(text)
+        # Prometheus' text format is UTF-8.
+        reading = read_engine_signals(page.decode(errors="replace"))
         if reading is None:
             raise ScrapeFailed("no known waiting-queue or KV-cache metric")
         return reading
@@ -210,6 +219,26 @@ class MetricsScraper:
                     admission_by=ADMITTED_BY[frozenset(reading.absent)],
                 )
             self._names_logged = True
+
+
+async def _read_page(resp: aiohttp.ClientResponse) -> bytes:
+    """The page, up to ``MAX_PAGE_BYTES``; ``ScrapeFailed`` (the connection closed) past it."""
+    declared = resp.content_length
+    if declared is not None and declared > MAX_PAGE_BYTES:
+        resp.close()
+        raise ScrapeFailed(f"GET /metrics declares {declared} bytes, over {_MAX_PAGE}")
+    parts: list[bytes] = []
+    size = 0
+    async for part in resp.content.iter_any():
+        size += len(part)
+        if size > MAX_PAGE_BYTES:
+            resp.close()
+            raise ScrapeFailed(f"GET /metrics goes on past {_MAX_PAGE}")
+        parts.append(part)
+    return b"".join(parts)
+
+
+_MAX_PAGE = f"{MAX_PAGE_BYTES >> 20} MiB"
 
 
 class ScraperTasks:

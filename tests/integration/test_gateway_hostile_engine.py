@@ -5,20 +5,24 @@ The engine is a socket server that writes exactly the bytes each story needs
 its engine client. A head without end, an answer that claims to be no answer (101, a
 status outside 100..599), a body past the bound: each is a 502 in OpenAI's shape and a
 dropped engine connection, and the gateway serves the next request. Usage figures that are
-no token counts charge what the request reserved, not nothing (or everything).
+no token counts charge what the request reserved, not nothing (or everything). A
+``/metrics`` page without end, or too large, is a failed scrape, never read whole.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
+import aiohttp
 import httpx
 import pytest
 
 from app.gateway.engine_client import MAX_ANSWER_BYTES
 from app.gateway.server import StaticSource
+from app.gateway.signals import MAX_PAGE_BYTES, EngineReading, MetricsScraper, ScrapeFailed
 from app.gateway.table import Route
 from tests.support.bad_engine import BadEngine, Story, json_answer, sse_answer
 from tests.support.gateway import GatewayThread, new_key, snapshot_of
@@ -235,3 +239,118 @@ def test_a_streams_unusable_usage_charges_one_token_per_event(figure: bytes, cha
         assert answer.text.endswith("data: [DONE]\n\n")
         assert remaining_tokens(client) == TPM - charged
         assert unusable_count(gateway) == (0 if charged == 8 else 1)
+
+
+# -- the /metrics page the gateway scrapes --------------------------------------------------
+
+SCRAPE_TIMEOUT_S = 3.0
+PAGE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\n"
+GAUGE = b"vllm:num_requests_waiting 0.0\n"
+
+
+class Sent:
+    """What a story wrote so far."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+    def counted(self, pieces: Iterable[bytes]) -> Iterator[bytes]:
+        for piece in pieces:
+            yield piece
+            self.bytes += len(piece)
+
+
+def scraper_of(engine: BadEngine, session: aiohttp.ClientSession) -> MetricsScraper:
+    return MetricsScraper(
+        replica_id="bad-1",
+        url=engine.url,
+        session=session,
+        interval_s=0.25,
+        timeout_s=SCRAPE_TIMEOUT_S,
+        begin=lambda: 0,
+        report=lambda sequence, reading: None,
+    )
+
+
+async def scrape(engine: BadEngine) -> tuple[EngineReading | ScrapeFailed, float]:
+    """One scrape of ``engine``: its reading or failure, and how long it took."""
+    async with aiohttp.ClientSession() as session:
+        started = time.monotonic()
+        try:
+            outcome: EngineReading | ScrapeFailed = await scraper_of(engine, session).scrape_once()
+        except ScrapeFailed as exc:
+            outcome = exc
+        return outcome, time.monotonic() - started
+
+
+def endless_page(sent: Sent, *, up_to: int = 64 << 20) -> Story:
+    """A page of chunks, a MiB each, sent as fast as they are read: ``up_to`` bytes, then
+    nothing more and no end (enough to tell a bound from none, without filling memory)."""
+    chunk = b"# filler\n" * ((1 << 20) // 9)
+    framed = b"%x\r\n%s\r\n" % (len(chunk), chunk)
+
+    def story(request: bytes) -> Iterable[bytes]:
+        def pieces() -> Iterator[bytes]:
+            yield (
+                PAGE_HEAD
+                + b"transfer-encoding: chunked\r\n\r\n"
+                + b"%x\r\n%s\r\n"
+                % (
+                    len(GAUGE),
+                    GAUGE,
+                )
+            )
+            for _ in range(up_to // len(chunk)):
+                yield framed
+
+        return sent.counted(pieces())
+
+    return story
+
+
+async def test_a_metrics_page_without_end_is_refused_past_16_mib() -> None:
+    # Before the bound the scraper read all that came until its timeout: 64 MiB here, as
+    # much as the engine could send in a second on loopback, four times a second.
+    sent = Sent()
+    with BadEngine(first_post_then_ok([]), metrics=endless_page(sent)) as engine:
+        outcome, took_s = await scrape(engine)
+
+    assert isinstance(outcome, ScrapeFailed), outcome
+    assert "goes on past 16 MiB" in str(outcome)
+    assert took_s < SCRAPE_TIMEOUT_S
+    assert sent.bytes < MAX_PAGE_BYTES + (16 << 20)  # what the sockets' buffers hold
+
+
+async def test_a_metrics_page_declaring_more_than_16_mib_is_not_read() -> None:
+    head = PAGE_HEAD + b"content-length: %d\r\n\r\n" % (MAX_PAGE_BYTES + 1)
+    with BadEngine(first_post_then_ok([]), metrics=lambda request: [head, GAUGE]) as engine:
+        outcome, took_s = await scrape(engine)
+
+    assert isinstance(outcome, ScrapeFailed), outcome
+    assert f"declares {MAX_PAGE_BYTES + 1} bytes, over 16 MiB" in str(outcome)
+    assert took_s < SCRAPE_TIMEOUT_S
+
+
+async def test_a_metrics_page_sent_a_line_at_a_time_ends_with_the_scrape_timeout() -> None:
+    def trickle(request: bytes) -> Iterator[bytes]:
+        yield PAGE_HEAD + b"transfer-encoding: chunked\r\n\r\n"
+        for _ in range(int(10 * SCRAPE_TIMEOUT_S)):
+            time.sleep(0.2)
+            yield b"%x\r\n%s\r\n" % (len(GAUGE), GAUGE)
+
+    with BadEngine(first_post_then_ok([]), metrics=trickle) as engine:
+        outcome, took_s = await scrape(engine)
+
+    assert isinstance(outcome, ScrapeFailed), outcome
+    assert "TimeoutError" in str(outcome)
+    assert took_s < SCRAPE_TIMEOUT_S + 1
+
+
+async def test_a_metrics_page_under_the_bound_is_read() -> None:
+    page = GAUGE + b"# filler\n" * ((MAX_PAGE_BYTES - 4096) // 9)
+    answer = PAGE_HEAD + b"content-length: %d\r\n\r\n" % len(page)
+    with BadEngine(first_post_then_ok([]), metrics=lambda request: [answer, page]) as engine:
+        outcome, _ = await scrape(engine)
+
+    assert isinstance(outcome, EngineReading), outcome
+    assert outcome.waiting == 0.0
