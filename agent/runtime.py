@@ -47,6 +47,7 @@ from agent.turns import Turns
 from wire.errors import MessageTooLarge
 from wire.messages import (
     MAX_ERROR_CHARS,
+    MAX_TEXT_CHARS,
     MAX_XID,
     PROTOCOL_VERSION,
     AgentCommand,
@@ -93,8 +94,14 @@ def gpu_report(gpu: GpuStatus) -> GpuReport:
         memory_total_mib=gpu.memory_total_mib,
         memory_used_mib=gpu.memory_used_mib,
         healthy=gpu.healthy,
-        unhealthy_reason=gpu.unhealthy_reason,
+        unhealthy_reason=_wire_text(gpu.unhealthy_reason),
     )
+
+
+def _wire_text(text: str | None) -> str | None:
+    """``text`` cut to what the wire carries: a reason joined from many problems (or a fake
+    GPU's, set by hand) costs its tail, not every heartbeat of the connection."""
+    return None if text is None else text[:MAX_TEXT_CHARS]
 
 
 def gpu_health_changes(
@@ -108,7 +115,7 @@ def gpu_health_changes(
             index=gpu.index,
             uuid=gpu.uuid,
             healthy=gpu.healthy,
-            reason=gpu.unhealthy_reason,
+            reason=_wire_text(gpu.unhealthy_reason),
             xid=gpu.xid if gpu.xid is not None and 0 <= gpu.xid <= MAX_XID else None,
         )
         for gpu in current

@@ -78,7 +78,8 @@ AwareDatetime = Annotated[datetime, msgspec.Meta(tz=True)]
 LogLine = Annotated[str, msgspec.Meta(max_length=MAX_LOG_LINE_CHARS)]
 LogTail = Annotated[tuple[LogLine, ...], msgspec.Meta(max_length=MAX_LOG_TAIL_LINES)]
 Error = Annotated[str, msgspec.Meta(max_length=MAX_ERROR_CHARS)]
-Text = Annotated[str, msgspec.Meta(max_length=1024)]
+MAX_TEXT_CHARS = 1024
+Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
 """Names, versions and reasons: generous, but bounded, so one field cannot be a megabyte."""
 Host = Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
 LabelKey = Annotated[str, msgspec.Meta(min_length=1, max_length=63)]

@@ -26,6 +26,7 @@ from agent.gpus import GpuStatus
 from agent.runtime import (
     build_hello,
     gpu_health_changes,
+    gpu_report,
     shard_spec,
     shard_status,
     start_refusal,
@@ -210,6 +211,21 @@ def test_an_xid_the_wire_cannot_carry_is_left_out_not_sent() -> None:
     assert (change.healthy, change.reason, change.xid) == (False, "XID 99999999999: what", None)
     beat = Heartbeat(seq=0, gpu_changes=(change,))
     assert decode_from_agent(encode(beat)) == beat
+
+
+def test_a_reason_longer_than_the_wire_carries_is_cut_not_sent_to_close_the_connection() -> None:
+    """The control plane refuses a text over 1,024 characters as malformed: a GPU whose
+    problems add up to more (or a fake GPU marked with a long reason) costs the tail."""
+    healthy = [a_gpu(0)]
+    long_reason = "; ".join(f"problem {n}: " + "x" * 60 for n in range(40))
+    broken = [a_gpu(0, reason=long_reason)]
+
+    [change] = gpu_health_changes(healthy, broken)
+    beat = Heartbeat(seq=0, gpu_changes=(change,))
+
+    assert change.reason == long_reason[:1024]
+    assert decode_from_agent(encode(beat)) == beat
+    assert gpu_report(broken[0]).unhealthy_reason == long_reason[:1024]
 
 
 def test_a_start_command_becomes_the_spec_the_supervisor_runs() -> None:
