@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 from collections.abc import Callable
 
 import aiohttp
@@ -72,7 +71,8 @@ class EngineReading(msgspec.Struct, frozen=True, kw_only=True):
 def sum_samples(text: str, names: frozenset[str]) -> dict[str, float]:
     """Samples of the metrics in ``names`` from Prometheus text, summed over their series.
 
-    Lines that cannot be read are skipped: one odd line must not hide the others.
+    Lines that cannot be read, and values no gauge of these can hold (NaN, negative), are
+    skipped: one odd line must not hide the others.
     """
     totals: dict[str, float] = {}
     # A vLLM page has thousands of histogram lines: look for the wanted lines only, with
@@ -84,10 +84,18 @@ def sum_samples(text: str, names: frozenset[str]) -> dict[str, float]:
         while start != -1:
             end = page.find("\n", start + 1)
             parsed = _parse_sample(page[start + 1 : end if end != -1 else None].rstrip("\r"))
-            if parsed is not None and parsed[0] == name and not math.isnan(parsed[1]):
+            if parsed is not None and parsed[0] == name and _a_gauge_reading(parsed[1]):
                 totals[name] = totals.get(name, 0.0) + parsed[1]
             start = -1 if end == -1 else page.find(needle, end)
     return totals
+
+
+def _a_gauge_reading(value: float) -> bool:
+    """Whether ``value`` can be a queue length or a usage: a number not below 0. An engine
+    whose page says -1e9 waiting (or -inf KV usage) would look idler than idle and draw
+    its model's traffic; such a sample is skipped like a line that cannot be read. +Inf
+    stays: it reads as full, which draws nothing."""
+    return value >= 0.0  # False for NaN too
 
 
 def _parse_sample(line: str) -> tuple[str, float] | None:

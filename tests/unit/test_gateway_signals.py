@@ -158,6 +158,22 @@ def test_odd_labels_timestamps_and_bad_lines_do_not_confuse_the_reader() -> None
     assert totals == {"vllm:num_requests_waiting": 5.0, "vllm:kv_cache_usage_perc": math.inf}
 
 
+def test_a_negative_figure_is_skipped_not_believed() -> None:
+    """An engine claiming less than nothing waiting would draw all of its model's traffic."""
+    page = (
+        'vllm:num_requests_waiting{engine="0"} -1e9\n'
+        'vllm:num_requests_waiting{engine="1"} 3\n'
+        "vllm:num_requests_running 2\n"
+        "vllm:kv_cache_usage_perc -inf\n"
+    )
+
+    reading = read_engine_signals(page)
+
+    assert reading is not None
+    assert (reading.waiting, reading.running, reading.kv_usage) == (3.0, 2.0, 0.0)
+    assert reading.absent == ("kv_usage",)
+
+
 def test_an_engine_without_any_known_name_gives_no_reading() -> None:
     assert read_engine_signals("") is None
     assert read_engine_signals("process_cpu_seconds_total 12.5\n") is None
