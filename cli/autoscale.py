@@ -15,8 +15,8 @@ from cyclopts import Parameter, validators
 from cli.arguments import UsageError, finite_number, segment, whole_number
 from cli.client import AdminClient
 from cli.config import ConnectionFlags
-from cli.operator import ADMIN, Output, call, print_json, run_command
-from cli.render import EXIT_OK, counted, utc_seconds
+from cli.operator import ADMIN, Output, call, run_command
+from cli.render import EXIT_OK, counted, print_json, say, utc_seconds
 from cli.views import AutoscaleDecisionView, AutoscaleView, ModelChange, ModelView
 
 ModelName = Annotated[str, Parameter(help="The model to autoscale, such as llama-3-8b.")]
@@ -203,7 +203,7 @@ def autoscale(
         if output == "json":
             print_json(reply.raw)
         else:
-            print(_said(reply.value, off))
+            say(_said(reply.value, off))
         return EXIT_OK
 
     return run_command("autoscale", connection, change)

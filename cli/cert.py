@@ -6,7 +6,6 @@ Exit codes: 0 done, 1 failed (no CA, a file in the way, an unreadable file), 2 b
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,6 +34,7 @@ from app.pki.keys import PrivateKey
 from app.pki.model import MAX_DAYS
 from app.pki.names import check_host, check_subject_name, parse_ip
 from cli.arguments import whole_number
+from cli.render import print_json, say, warn
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -127,9 +127,9 @@ def init_ca(
         if output == "json":
             _print_written(files.certificate, files.key, description)
             return EXIT_OK
-        print(f"Created the CA in {ca_dir}")
-        print(f"  certificate  {files.certificate}  (give it to servers and agents)")
-        print(f"  key          {files.key}  (mode 0600; keep it here, never copy it)")
+        say(f"Created the CA in {ca_dir}")
+        say(f"  certificate  {files.certificate}  (give it to servers and agents)")
+        say(f"  key          {files.key}  (mode 0600; keep it here, never copy it)")
         _print_description(description)
         return EXIT_OK
 
@@ -275,9 +275,9 @@ def show_certificate(
     def render() -> int:
         description = describe(load_certificate(file), _now())
         if output == "json":
-            print(msgspec.json.format(msgspec.json.encode(description), indent=2).decode())
+            print_json(msgspec.json.encode(description))
         else:
-            print(f"{file}: {description.kind} certificate")
+            say(f"{file}: {description.kind} certificate")
             _print_description(description)
         return EXIT_OK
 
@@ -342,13 +342,13 @@ def _print_written(certificate: Path, key: Path, description: CertificateDescrip
     written = WrittenCertificate(
         certificate=str(certificate.resolve()), key=str(key.resolve()), description=description
     )
-    print(msgspec.json.format(msgspec.json.encode(written), indent=2).decode())
+    print_json(msgspec.json.encode(written))
 
 
 def _print_issued(what: str, files: IssuedFiles, description: CertificateDescription) -> None:
-    print(f"Issued the {what} certificate")
-    print(f"  certificate  {files.certificate}")
-    print(f"  key          {files.key}  (mode 0600; copy it only to where it is used)")
+    say(f"Issued the {what} certificate")
+    say(f"  certificate  {files.certificate}")
+    say(f"  key          {files.key}  (mode 0600; copy it only to where it is used)")
     _print_description(description)
 
 
@@ -368,7 +368,7 @@ def _print_description(description: CertificateDescription) -> None:
         ("SHA-256", description.sha256_fingerprint),
     ]
     for label, value in rows:
-        print(f"  {label:<13}{value}")
+        say(f"  {label:<13}{value}")
 
 
 def _validity_note(description: CertificateDescription) -> str:
@@ -393,4 +393,4 @@ def _now() -> datetime:
 
 
 def _error(message: str) -> None:
-    print(f"llmgw-cli cert: {message}", file=sys.stderr)
+    warn(f"llmgw-cli cert: {message}")

@@ -8,7 +8,6 @@ where it is available.
 
 from __future__ import annotations
 
-import sys
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -22,7 +21,17 @@ from cli.cert import CaDir, default_ca_dir
 from cli.client import AdminClient, ClientError
 from cli.config import ConfigError, ConnectionFlags, resolve_settings
 from cli.operator import ADMIN, Output, call, run_command
-from cli.render import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Column, counted, print_error, print_table
+from cli.render import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    Column,
+    counted,
+    print_error,
+    print_json,
+    print_table,
+    say,
+)
 
 
 class RevocationView(msgspec.Struct, frozen=True, kw_only=True):
@@ -109,14 +118,14 @@ def revoke_certificate(
             client, RevocationChange, "POST", f"{ADMIN}/certificates/revocations", body=body
         )
         if output == "json":
-            sys.stdout.write(msgspec.json.format(reply.raw, indent=2).decode() + "\n")
+            print_json(reply.raw)
             return EXIT_OK
         revocation = reply.value.revocation
         what = _revoked_what(revocation)
         if reply.value.changed:
-            print(f"Revoked {what}. The agent hub refuses it from now on.")
+            say(f"Revoked {what}. The agent hub refuses it from now on.")
         else:
-            print(
+            say(
                 f"{what.capitalize()} was already revoked by {revocation.revoked_by} at "
                 f"{_when(revocation.revoked_at)}; nothing changed."
             )
@@ -152,18 +161,15 @@ def list_certificates(
     if not offline:
         known, problem = _ask_server(connection)
         if problem is not None:
-            print(
-                f"llmgw-cli cert list: {problem}; showing the CA directory alone", file=sys.stderr
-            )
+            print_error("cert list", f"{problem}; showing the CA directory alone")
     rows = listed(record.certificates, known, datetime.now(UTC))
     if record.unreadable_lines:
-        print(
-            f"llmgw-cli cert list: {record.unreadable_lines} unreadable line(s) in "
-            f"{directory / 'issued.jsonl'} skipped",
-            file=sys.stderr,
+        print_error(
+            "cert list",
+            f"{record.unreadable_lines} unreadable line(s) in {directory / 'issued.jsonl'} skipped",
         )
     if output == "json":
-        sys.stdout.write(msgspec.json.format(msgspec.json.encode(rows), indent=2).decode() + "\n")
+        print_json(msgspec.json.encode(rows))
         return EXIT_OK
     title = f"{counted(len(rows), 'certificate')} ({directory})"
     print_table(COLUMNS, (_row(row) for row in rows), title=title, wide=output == "wide")

@@ -3,12 +3,11 @@ SHELL` prints it."""
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated, Literal
 
 from cyclopts import App, Parameter
 
-from cli.render import EXIT_OK
+from cli.render import EXIT_OK, print_block
 
 PROGRAM = "llmgw-cli"
 
@@ -30,5 +29,5 @@ def register_completion(app: App) -> None:
         llmgw-cli completion zsh > ~/.zsh/completions/_llmgw-cli
         ```
         """
-        sys.stdout.write(app.generate_completion(prog_name=PROGRAM, shell=shell))
+        print_block(app.generate_completion(prog_name=PROGRAM, shell=shell))
         return EXIT_OK

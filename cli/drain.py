@@ -14,7 +14,6 @@ from cyclopts import Parameter, validators
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
-from rich.text import Text
 
 from cli.arguments import finite_number, segment
 from cli.client import AdminClient, ClientError, EventView
@@ -24,10 +23,20 @@ from cli.operator import (
     Output,
     Reply,
     call,
-    print_json,
     run_command,
 )
-from cli.render import EXIT_FAILED, EXIT_OK, EXIT_USAGE, print_error, utc_seconds
+from cli.render import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    make_console,
+    print_error,
+    print_json,
+    say,
+    styled,
+    text,
+    utc_seconds,
+)
 from cli.replicas import moves
 from cli.views import DrainAccepted, DrainProgressView
 
@@ -95,8 +104,8 @@ def drain(
         else:
             drain_id = accepted.value.drain_id
             what = f"node {node_id}" if node_id is not None else f"replica {replica}"
-            print(f"{drain_id}: draining {what}")
-            print(f"follow it: llmgw-cli drain-progress {drain_id} --wait")
+            say(f"{drain_id}: draining {what}")
+            say(f"follow it: llmgw-cli drain-progress {drain_id} --wait")
         return EXIT_OK
 
     return run_command("drain", connection, start)
@@ -125,7 +134,7 @@ def drain_progress(
         if output == "json":
             print_json(progress.raw)
         else:
-            Console(highlight=False).print(render(progress.value))
+            make_console().print(render(progress.value))
         return _exit_code(progress.value)
 
     return run_command("drain-progress", connection, show)
@@ -133,7 +142,7 @@ def drain_progress(
 
 def watch(client: AdminClient, drain_id: str, output: Output) -> int:
     """Poll the drain's progress until it is finished; show it as it goes."""
-    console = Console(highlight=False)
+    console = make_console()
     try:
         if output == "json":
             progress = _poll_until_finished(client, drain_id, lambda _: None)
@@ -192,11 +201,11 @@ def print_new_steps(console: Console, progress: DrainProgressView, shown: set[in
     for event in progress.events:
         if event.position not in shown:
             shown.add(event.position)
-            console.print(Text(_step(event)), soft_wrap=True)
+            console.print(text(_step(event)), soft_wrap=True)
     for line in waiting_lines(progress):
         if line not in shown:
             shown.add(line)
-            console.print(Text(line), soft_wrap=True)
+            console.print(text(line), soft_wrap=True)
 
 
 def waiting_lines(progress: DrainProgressView) -> list[str]:
@@ -241,18 +250,16 @@ def render(progress: DrainProgressView, *, steps: bool = True) -> RenderableType
     else:
         state = (f"failed: {progress.outcome}", "red")
     parts: list[RenderableType] = [
-        Text.assemble(
-            (f"{progress.drain_id}", "bold"), f" drains {what}{requested}{grace}: ", state
-        )
+        styled((f"{progress.drain_id}", "bold"), f" drains {what}{requested}{grace}: ", state)
     ]
     if progress.still_on_node:
-        parts.append(Text(f"still on the node: {', '.join(progress.still_on_node)}"))
-    parts.extend(Text(line, style="yellow") for line in waiting_lines(progress))
+        parts.append(text(f"still on the node: {', '.join(progress.still_on_node)}"))
+    parts.extend(text(line, style="yellow") for line in waiting_lines(progress))
     replicas = Table(title="replicas", title_justify="left", header_style="bold")
     for header in ("replica", "model", "phase", "nodes", "moves"):
         replicas.add_column(header)
     for r in progress.replicas:
-        replicas.add_row(*(Text(c) for c in (r.id, r.model, r.phase, ",".join(r.nodes), moves(r))))
+        replicas.add_row(*(text(c) for c in (r.id, r.model, r.phase, ",".join(r.nodes), moves(r))))
     parts.append(replicas)
     if steps:
         latest = Table(title="latest steps", title_justify="left", header_style="bold")
@@ -260,7 +267,7 @@ def render(progress: DrainProgressView, *, steps: bool = True) -> RenderableType
             latest.add_column(header)
         for event in progress.events[-EVENTS_SHOWN:]:
             latest.add_row(
-                Text(utc_seconds(event.recorded_at)), Text(event.type), Text(event.summary)
+                text(utc_seconds(event.recorded_at)), text(event.type), text(event.summary)
             )
         parts.append(latest)
     return Group(*parts)

@@ -7,7 +7,6 @@ resumes after the last position it printed, so nothing is skipped or printed twi
 from __future__ import annotations
 
 import re
-import sys
 import time
 from typing import Annotated
 
@@ -26,7 +25,16 @@ from cli.client import (
 from cli.config import ConnectionFlags
 from cli.history import COLUMNS, event_row
 from cli.operator import ADMIN, Output, OutputFormat, call, run_command
-from cli.render import EXIT_OK, counted, print_json_array, print_table, utc_seconds
+from cli.render import (
+    EXIT_OK,
+    counted,
+    print_json_array,
+    print_json_line,
+    print_table,
+    say,
+    utc_seconds,
+    warn,
+)
 from cli.sse import SseParser
 from cli.views import EventsPage
 
@@ -161,7 +169,7 @@ def _follow(client: AdminClient, position: int, output: OutputFormat) -> None:
                 lost_since = time.monotonic()
             elif time.monotonic() - lost_since > RESUME_WITHIN_S:
                 raise ClientError(f"gave up resuming after position {position}: {exc}") from exc
-        print(f"llmgw-cli events: {reason}; resuming after position {position}", file=sys.stderr)
+        warn(f"llmgw-cli events: {reason}; resuming after position {position}")
         time.sleep(1.0 if lost_since is not None else 0.1)
 
 
@@ -190,12 +198,16 @@ def _event(raw: msgspec.Raw | bytes) -> EventView:
 
 def _print_line(raw: msgspec.Raw, output: OutputFormat) -> None:
     if output == "json":
-        print(bytes(raw).decode(), flush=True)
+        try:
+            print_json_line(raw)
+        except msgspec.DecodeError as exc:
+            raise ApiProblem(
+                200, f"the admin API sent an event this client cannot read: {exc}"
+            ) from exc
         return
     view = _event(raw)
     correlation = f"  [{view.correlation_id}]" if view.correlation_id else ""
-    print(
+    say(
         f"{view.position:>8}  {utc_seconds(view.recorded_at)}  {view.type:<24} "
-        f"{view.actor:<16} {view.summary}{correlation}",
-        flush=True,
+        f"{view.actor:<16} {view.summary}{correlation}"
     )

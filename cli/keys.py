@@ -6,7 +6,6 @@ reached), 2 bad usage (a bad flag, an unusable config file).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Annotated, Literal
 
@@ -23,9 +22,12 @@ from cli.render import (
     Column,
     counted,
     print_error,
+    print_json,
     print_json_array,
     print_table,
+    say,
     utc_seconds,
+    warn,
 )
 
 keys_app = App(
@@ -107,10 +109,12 @@ def create_key(
             print_json(reply.raw)
         else:
             created = reply.value
-            print(f"Created API key {created.name} ({_scope_text(created)}; {_limits(created)})")
-            print(f"prefix {created.prefix}, id {created.id}\n")
-            print(f"    {created.key}\n")
-        print(SHOWN_ONCE, file=sys.stderr)
+            say(f"Created API key {created.name} ({_scope_text(created)}; {_limits(created)})")
+            say(f"prefix {created.prefix}, id {created.id}")
+            say()
+            say(f"    {created.key}")
+            say()
+        warn(SHOWN_ONCE)
         return EXIT_OK
 
     return _run("keys create", connection, create)
@@ -181,10 +185,10 @@ def revoke_key(
             return EXIT_OK
         key = reply.value.key
         if reply.value.changed:
-            print(f"Revoked API key {key.name} (prefix {key.prefix}).")
+            say(f"Revoked API key {key.name} (prefix {key.prefix}).")
         else:
             when = utc_seconds(key.revoked_at) + " UTC" if key.revoked_at else "before"
-            print(
+            say(
                 f"API key {key.name} (prefix {key.prefix}) was already revoked by "
                 f"{key.revoked_by or 'someone'} at {when}; nothing changed."
             )
@@ -208,10 +212,6 @@ def _run(command: str, flags: ConnectionFlags | None, action: Callable[[AdminCli
     except ClientError as exc:
         print_error(command, str(exc))
         return EXIT_FAILED
-
-
-def print_json(raw: bytes) -> None:
-    sys.stdout.write(msgspec.json.format(raw, indent=2).decode() + "\n")
 
 
 def _scope_text(key: KeyView) -> str:

@@ -4,14 +4,12 @@
 from __future__ import annotations
 
 import shlex
-import sys
 from itertools import dropwhile
 from pathlib import Path, PurePosixPath
 from typing import Annotated
 
 import msgspec
 from cyclopts import App, Parameter, validators
-from rich.console import Console
 
 from cli.arguments import UsageError, segment, whole_number
 from cli.autoscale import bounds_text, decision_text, inputs_text, policy_text
@@ -25,12 +23,23 @@ from cli.operator import (
     post_change,
     preview_model,
     print_facts,
-    print_json,
     put_model,
     run_command,
     show_one,
 )
-from cli.render import EXIT_FAILED, EXIT_OK, Column, counted, print_error, print_table, utc_seconds
+from cli.render import (
+    EXIT_FAILED,
+    EXIT_OK,
+    Column,
+    counted,
+    make_console,
+    print_error,
+    print_json,
+    print_table,
+    say,
+    text,
+    utc_seconds,
+)
 from cli.rollout_views import UNDER_WAY
 from cli.spec_file import SpecFileError, read_specs
 from cli.traffic import print_traffic_by_revision
@@ -221,13 +230,12 @@ def _report_previews(previews: list[Reply[ApplyPreview]], output: Output) -> Non
     for reply in previews:
         preview = reply.value
         said = PREVIEW_SAID.get(preview.outcome, preview.outcome)
-        print(f"model {preview.model}: {said.format_map(msgspec.structs.asdict(preview))}")
+        say(f"model {preview.model}: {said.format_map(msgspec.structs.asdict(preview))}")
         for change in preview.revision_changes:
-            print(f"  {change_text(change)}")
+            say(f"  {change_text(change)}")
         if preview.at_once:
-            print(f"  at once: {'; '.join(change_text(c) for c in preview.at_once)}")
-    print("dry run: nothing was recorded")
-    sys.stdout.flush()
+            say(f"  at once: {'; '.join(change_text(c) for c in preview.at_once)}")
+    say("dry run: nothing was recorded")
 
 
 def change_text(change: SpecFieldChange) -> str:
@@ -245,13 +253,12 @@ def _report_applied(replies: list[Reply[ModelChange]], output: Output) -> None:
         said = "declared" if reply.value.changed else "unchanged, nothing recorded"
         # The first revision goes without saying; a later one is news to whoever applies.
         revision = f", revision {model.revision}" if model.revision > 1 else ""
-        print(f"model {model.name}: {said}{revision}")
+        say(f"model {model.name}: {said}{revision}")
         if model.outdated:
-            print(
+            say(
                 f"  {counted(len(model.outdated), 'replica')} placed with another revision "
                 f"keep running it until replaced: {', '.join(model.outdated)}"
             )
-    sys.stdout.flush()
 
 
 def count_text(model: ModelView) -> str:
@@ -343,7 +350,7 @@ def remove(
         if output == "json":
             print_json(b'{"model":' + msgspec.json.encode(name) + b',"removed":true}')
         else:
-            print(f"model {name}: removed; its replicas are being stopped")
+            say(f"model {name}: removed; its replicas are being stopped")
         return EXIT_OK
 
     return run_command("remove", connection, change)
@@ -397,10 +404,10 @@ def print_model(model: ModelView, wide: bool = False) -> None:
                 "(llmgw-cli history model shows what changed)",
             )
         )
-    console = Console(highlight=False)
+    console = make_console()
     print_facts(facts, console)
     for reason in model.below_desired_because:
-        console.print(f"below its count: {reason}", markup=False)
+        console.print(text(f"below its count: {reason}"))
     if model.traffic_by_revision is not None:
         print_traffic_by_revision(model.traffic_by_revision, console)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 from cyclopts import Parameter
-from rich.console import Console
 
 from cli.arguments import segment
 from cli.client import AdminClient
@@ -17,12 +16,19 @@ from cli.operator import (
     labels_text,
     post_change,
     print_facts,
-    print_json,
     run_command,
     show_one,
     yes_no,
 )
-from cli.render import EXIT_OK, Column, counted, print_table, utc_seconds
+from cli.render import (
+    EXIT_OK,
+    Column,
+    counted,
+    make_console,
+    print_json,
+    print_table,
+    utc_seconds,
+)
 from cli.views import NodeChange, NodeView
 
 NodeId = Annotated[str, Parameter(help="The node id its agent claims, such as gpu-08.")]
@@ -166,7 +172,7 @@ def print_node(node: NodeView, wide: bool = False) -> None:
         requested = node.drain.requested_at
         at = f" requested {utc_seconds(requested)} UTC" if requested else ""
         facts.append(("draining", f"{node.drain.drain_id}{at}"))
-    console = Console(highlight=False)
+    console = make_console()
     print_facts(facts, console)
     print_table(
         (

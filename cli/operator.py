@@ -8,7 +8,6 @@ unusable config file).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Generic, Literal, Protocol, TypeVar
@@ -16,12 +15,20 @@ from typing import Annotated, Generic, Literal, Protocol, TypeVar
 import msgspec
 from cyclopts import Parameter
 from rich.console import Console
-from rich.text import Text
 
 from cli.arguments import UsageError, segment
 from cli.client import AdminClient, ApiProblem, ClientError
 from cli.config import ConfigError, ConnectionFlags, resolve_settings
-from cli.render import EXIT_FAILED, EXIT_OK, EXIT_USAGE, print_error
+from cli.render import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    print_error,
+    print_json,
+    say,
+    styled,
+    warn,
+)
 from cli.views import ApplyPreview, ModelChange, ModelView, NodeSummary, ReplicaSummary
 
 ADMIN = "/admin/v1"
@@ -73,7 +80,7 @@ def run_command(
         print_error(command, str(exc))
         if isinstance(exc, ApiProblem):
             for error in exc.errors:
-                print(f"  {error.field}: {error.reason}", file=sys.stderr)
+                warn(f"  {error.field}: {error.reason}")
         return EXIT_FAILED
 
 
@@ -177,7 +184,7 @@ def post_change(
         if output == "json":
             print_json(reply.raw)
         else:
-            print(done if reply.value.changed else unchanged)
+            say(done if reply.value.changed else unchanged)
         return EXIT_OK
 
     return run_command(command, flags, change)
@@ -194,11 +201,6 @@ def print_reply(
         print_view(reply.value, output == "wide")
 
 
-def print_json(raw: bytes) -> None:
-    """One JSON value, re-indented."""
-    sys.stdout.write(msgspec.json.format(raw, indent=2).decode() + "\n")
-
-
 def yes_no(value: bool) -> str:
     return "yes" if value else "no"
 
@@ -208,7 +210,7 @@ def labels_text(labels: Mapping[str, str]) -> str:
 
 
 def print_facts(facts: Sequence[tuple[str, str | None]], console: Console) -> None:
-    """``name: value`` lines, values aligned; values are plain text, never markup."""
+    """``name: value`` lines, values aligned; values are plain text, escaped, never markup."""
     width = max((len(name) for name, _ in facts), default=0) + 2
     for name, value in facts:
-        console.print(Text.assemble((f"{name}:".ljust(width), "bold"), value or "-"))
+        console.print(styled((f"{name}:".ljust(width), "bold"), value or "-"))

@@ -6,8 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 from cyclopts import Parameter, validators
-from rich.console import Console
-from rich.text import Text
 
 from cli.arguments import segment
 from cli.client import AdminClient
@@ -20,7 +18,17 @@ from cli.operator import (
     print_reply,
     run_command,
 )
-from cli.render import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Column, print_error, print_table
+from cli.render import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    Column,
+    make_console,
+    print_error,
+    print_table,
+    styled,
+    text,
+)
 from cli.spec_file import SpecFileError, read_specs
 from cli.views import PlacementView
 
@@ -92,10 +100,10 @@ CANDIDATE_COLUMNS = (
 
 
 def print_placement(placement: PlacementView, wide: bool = False) -> None:
-    console = Console(highlight=False)
+    console = make_console()
     verdict = ("placeable", "green") if placement.placeable else ("not placeable", "red")
-    console.print(Text.assemble((f"{placement.model}: ", "bold"), verdict))
-    console.print(Text(placement.summary), soft_wrap=True)
+    console.print(styled((f"{placement.model}: ", "bold"), verdict))
+    console.print(text(placement.summary), soft_wrap=True)
     print_table(
         CANDIDATE_COLUMNS,
         (

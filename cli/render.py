@@ -1,21 +1,175 @@
-"""Output: tables for people (rich), JSON for scripts, one-line errors on stderr."""
+"""Everything llmgw-cli writes goes out through here: tables and lines for people (rich),
+JSON for scripts, one-line errors on stderr.
+
+Much of what it shows was written by others: GPU names, labels and reasons that nodes
+report, engines' logs and errors, actors, the server's error messages. A terminal acts on
+control characters in it: ``ESC ] 0 ;`` sets its title, ``ESC [ 2 J`` clears the screen,
+``CR`` goes back over a line, U+202E reverses what follows. So every character a terminal
+would act on or not show is written as a visible escape (``escape_controls``) before it is
+laid out (``say``, ``text``, ``styled``, ``print_table``...), and the consoles made here
+(``make_console``) escape whatever still holds one when it is written. JSON is written with
+such characters as ``\\u`` escapes: the same values to any reader of JSON.
+``tests/unit/test_cli_terminal.py`` fails on a ``print(``, a use of ``sys.stdout`` or
+``sys.stderr``, or a ``Console(`` or ``Text(`` made anywhere else in ``cli/``.
+"""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Literal, TextIO
 
 import msgspec
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+
+
+# -- what reaches the terminal ---------------------------------------------------------
+
+
+def escape_controls(text: str, *, keep: str = "") -> str:
+    """``text`` with every character a terminal would act on or not show written as a
+    visible escape, as Python writes it in a string literal: C0 controls and DEL
+    (``\\x1b``, ``\\r``, ``\\x08``, ``\\n``, ``\\t``), C1 controls (``\\x9b``),
+    bidirectional overrides and isolates (``\\u202e``), zero-width and other format
+    characters, line and paragraph separators, surrogates, unassigned code points. Only the
+    characters in ``keep`` (``"\\n"`` where a block of lines is meant) are left as they
+    are. A backslash is left as it is, so ``\\x1b`` may also be those four characters."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else _escaped(c) for c in text)
+
+
+_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(character: str) -> str:
+    short = _SHORT_ESCAPES.get(character)
+    if short is not None:
+        return short
+    code = ord(character)
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+def json_for_terminal(text: str) -> str:
+    """JSON text with every character a terminal would act on or not show written as a
+    JSON escape (``\\u009b``, ``\\u202e``; a pair of surrogates past U+FFFF): the same
+    values to any reader of JSON. JSON itself escapes only U+0000 to U+001F; newlines,
+    the only whitespace a formatted document holds outside its strings, are kept."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == "\n" else _json_escaped(c) for c in text)
+
+
+def _json_escaped(character: str) -> str:
+    code = ord(character)
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+class _EscapingConsole(Console):
+    """A rich console that writes no control character but its own. What is laid out is
+    escaped beforehand (``text``, ``styled``, ``print_table``); anything that still holds
+    one when it is rendered (a ``Text`` made elsewhere) is escaped then, after its layout,
+    which may misalign a column but never reaches the terminal. Cursor moves and colours
+    are segments of rich's own (``control``, ``style``), left alone."""
+
+    def render(
+        self, renderable: RenderableType, options: ConsoleOptions | None = None
+    ) -> Iterator[Segment]:
+        for segment in super().render(renderable, options):
+            text = segment.text
+            if segment.control or text.isprintable() or text == "\n":
+                yield segment
+            else:
+                yield Segment(escape_controls(text, keep="\n"), segment.style, segment.control)
+
+
+def make_console(
+    *,
+    stderr: bool = False,
+    width: int | None = None,
+    soft_wrap: bool = False,
+    file: TextIO | None = None,
+    force_terminal: bool | None = None,
+) -> Console:
+    """A console for people's output (stdout, ``stderr``, or ``file``) that escapes what it
+    is given and reads nothing in it as markup or emoji codes: ``[red]`` and ``:smile:`` in
+    a label are printed as they are."""
+    return _EscapingConsole(
+        stderr=stderr,
+        file=file,
+        force_terminal=force_terminal,
+        width=width,
+        soft_wrap=soft_wrap,
+        highlight=False,
+        markup=False,
+        emoji=False,
+    )
+
+
+def text(value: str, style: str = "") -> Text:
+    """``value`` escaped, as rich text in ``style``."""
+    return Text(escape_controls(value), style=style)
+
+
+def styled(*parts: str | tuple[str, str]) -> Text:
+    """Rich text of ``parts``, each escaped: a string, or a string and its style
+    (``styled(("node:", "bold"), " ", node_id)``)."""
+    return Text.assemble(
+        *(
+            escape_controls(part) if isinstance(part, str) else (escape_controls(part[0]), part[1])
+            for part in parts
+        )
+    )
+
+
+def say(line: str = "") -> None:
+    """One line on stdout, escaped, written at once."""
+    _write(sys.stdout, escape_controls(line) + "\n")
+
+
+def warn(line: str) -> None:
+    """One line on stderr, escaped, written at once."""
+    _write(sys.stderr, escape_controls(line) + "\n")
+
+
+def print_block(block: str) -> None:
+    """Lines as they are (a shell completion script) on stdout, every character escaped but
+    newlines and tabs."""
+    _write(sys.stdout, escape_controls(block, keep="\n\t"))
+
+
+def print_json(raw: bytes) -> None:
+    """One JSON value, re-indented, with ``json_for_terminal``'s escapes."""
+    formatted = msgspec.json.format(raw, indent=2).decode()
+    _write(sys.stdout, json_for_terminal(formatted) + "\n")
+
+
+def print_json_line(raw: bytes) -> None:
+    """One JSON value on one line (a JSON-lines stream), with ``json_for_terminal``'s
+    escapes; ``msgspec.DecodeError`` when ``raw`` is not JSON."""
+    formatted = msgspec.json.format(raw, indent=0).decode()
+    _write(sys.stdout, json_for_terminal(formatted) + "\n")
+
+
+def _write(stream: TextIO, written: str) -> None:
+    stream.write(written)
+    stream.flush()
 
 
 WRAPPED_MIN_WIDTH = 16
@@ -49,16 +203,13 @@ def print_table(
     columns in their stated order, then columns narrow and their values wrap, widest
     first, key columns last and never below a third of the terminal; nothing is ever cut
     short (when nothing more can give, the table is a little wider than the terminal
-    instead). ``wide``: every column, each as wide as it needs. Cells are plain text:
-    brackets in values are printed, never read as markup."""
-    console = console or Console(highlight=False)
-    cells = [[value or "" for value in row] for row in rows]
+    instead). ``wide``: every column, each as wide as it needs. Cells are plain text,
+    escaped (``escape_controls``): brackets in values are printed, never read as markup."""
+    console = console or make_console()
+    cells = [[escape_controls(value or "") for value in row] for row in rows]
     shown = list(range(len(columns)))
     if wide:
-        width = max(console.width, _natural(columns, cells, shown))
-        console = Console(
-            file=console.file, width=width, highlight=False, no_color=console.no_color
-        )
+        console = _widened(console, max(console.width, _natural(columns, cells, shown)))
     else:
         # A column empty in every row goes before any that says something.
         empty = [
@@ -78,10 +229,13 @@ def print_table(
     if total > console.width:
         # Nothing left to drop or fold: a table a little wider than the terminal, never a
         # column cropped off its right edge.
-        console = Console(
-            file=console.file, width=total, highlight=False, no_color=console.no_color
-        )
-    table = Table(title=title, title_justify="left", header_style="bold", expand=False)
+        console = _widened(console, total)
+    table = Table(
+        title=None if title is None else text(title),
+        title_justify="left",
+        header_style="bold",
+        expand=False,
+    )
     for index in shown:
         column = columns[index]
         table.add_column(
@@ -91,13 +245,25 @@ def print_table(
             width=widths[index],
         )
     for row in cells:
-        table.add_row(*(Text(row[index]) for index in shown))
+        table.add_row(*(Text(row[index]) for index in shown))  # escaped above
     console.print(table)
     left_out = [columns[i].header for i in range(len(columns)) if i not in shown]
     if left_out:
         console.print(
             f"(left out to fit: {', '.join(left_out)}; --output wide shows them)", soft_wrap=True
         )
+
+
+def _widened(console: Console, width: int) -> Console:
+    """A console like ``console`` (same file, same colours) ``width`` columns wide."""
+    return _EscapingConsole(
+        file=console.file,
+        width=width,
+        no_color=console.no_color,
+        highlight=False,
+        markup=False,
+        emoji=False,
+    )
 
 
 def _allocate(
@@ -152,8 +318,7 @@ def _natural(
 
 def print_json_array(items: Iterable[msgspec.Raw]) -> None:
     """``items`` (JSON values, passed through unchanged but re-indented) as one JSON array."""
-    array = b"[" + b",".join(bytes(item) for item in items) + b"]"
-    sys.stdout.write(msgspec.json.format(array, indent=2).decode() + "\n")
+    print_json(b"[" + b",".join(bytes(item) for item in items) + b"]")
 
 
 def counted(count: int, noun: str) -> str:
@@ -167,4 +332,5 @@ def utc_seconds(moment: datetime) -> str:
 
 
 def print_error(command: str, message: str) -> None:
-    print(f"llmgw-cli {command}: {message}", file=sys.stderr)
+    """``llmgw-cli COMMAND: MESSAGE``, one line on stderr, escaped."""
+    warn(f"llmgw-cli {command}: {message}")

@@ -5,8 +5,6 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from cyclopts import Parameter
-from rich.console import Console
-from rich.text import Text
 
 from cli.arguments import segment
 from cli.client import AdminClient
@@ -16,11 +14,18 @@ from cli.operator import (
     Output,
     get_replicas,
     print_facts,
-    print_json,
     run_command,
     show_one,
 )
-from cli.render import EXIT_OK, Column, print_table, utc_seconds
+from cli.render import (
+    EXIT_OK,
+    Column,
+    make_console,
+    print_json,
+    print_table,
+    text,
+    utc_seconds,
+)
 from cli.traffic import print_traffic
 from cli.views import ReplicaSummary, ReplicaView
 
@@ -155,7 +160,7 @@ def show_replica(
 
 
 def print_replica(replica: ReplicaView, wide: bool = False) -> None:
-    console = Console(highlight=False)
+    console = make_console()
     facts: list[tuple[str, str | None]] = [
         ("replica", replica.id),
         ("model", replica.model),
@@ -200,9 +205,9 @@ def print_replica(replica: ReplicaView, wide: bool = False) -> None:
     )
     for shard in replica.shards:
         if shard.log_tail:
-            console.print(Text(f"engine log of shard {shard.index} (last lines):", "bold"))
+            console.print(text(f"engine log of shard {shard.index} (last lines):", "bold"))
             for line in shard.log_tail:
-                console.print(Text(f"  {line}"), soft_wrap=True)
+                console.print(text(f"  {line}"), soft_wrap=True)
     print_traffic(replica.traffic, console)
 
 

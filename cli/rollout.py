@@ -13,15 +13,22 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 from cyclopts import App, Parameter, validators
-from rich.console import Console
 from rich.live import Live
-from rich.text import Text
 
 from cli.arguments import finite_number, segment, whole_number
 from cli.client import AdminClient, ApiProblem, ClientError
 from cli.config import ConnectionFlags
-from cli.operator import ADMIN, Output, Reply, call, print_json, run_command
-from cli.render import EXIT_FAILED, EXIT_OK, print_error, utc_seconds
+from cli.operator import ADMIN, Output, Reply, call, run_command
+from cli.render import (
+    EXIT_FAILED,
+    EXIT_OK,
+    make_console,
+    print_error,
+    print_json,
+    say,
+    text,
+    utc_seconds,
+)
 from cli.rollout_render import render, render_record, step_text, summary_line
 from cli.rollout_views import RolloutChange, RolloutHistoryView, RolloutView
 
@@ -93,7 +100,7 @@ def rollout_status(
         if output == "json":
             print_json(reply.raw)
         else:
-            Console(highlight=False).print(render(reply.value))
+            make_console().print(render(reply.value))
         view = reply.value
         return EXIT_FAILED if view.finished and view.state != "succeeded" else EXIT_OK
 
@@ -227,7 +234,7 @@ def history(
         if not reply.value.rollouts:
             print_error("rollout history", f"model {model} has had no rollout")
             return EXIT_FAILED
-        console = Console(highlight=False)
+        console = make_console()
         for record in reply.value.rollouts:
             console.print(render_record(record), soft_wrap=True)
         return EXIT_OK
@@ -249,9 +256,9 @@ def _steer(
         if output == "json":
             print_json(reply.raw)
             return EXIT_OK
-        print(said(reply.value.rollout, reply.value.changed))
+        say(said(reply.value.rollout, reply.value.changed))
         if reply.value.changed:
-            print(f"follow it: llmgw-cli rollout status {model} --wait")
+            say(f"follow it: llmgw-cli rollout status {model} --wait")
         return EXIT_OK
 
     return run_command(f"rollout {action}", flags, change)
@@ -266,7 +273,7 @@ def _status(client: AdminClient, model: str) -> Reply[RolloutView]:
 def _follow(client: AdminClient, model: str, output: Output, timeout_s: float | None) -> int:
     """Poll the rollout until it finishes (or is superseded, or ``timeout_s`` runs out);
     show it as it goes."""
-    console = Console(highlight=False)
+    console = make_console()
     first = _status(client, model)
     followed = first.value.rollout_id
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -276,7 +283,7 @@ def _follow(client: AdminClient, model: str, output: Output, timeout_s: float | 
         line = summary_line(view)
         if not shown or shown[-1] != line:
             shown.append(line)
-            console.print(Text(f"{utc_seconds_now()}  {line}"), soft_wrap=True)
+            console.print(text(f"{utc_seconds_now()}  {line}"), soft_wrap=True)
 
     def until_done(show: Callable[[RolloutView], None]) -> Reply[RolloutView]:
         reply = first

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from cli.render import utc_seconds
+from cli.render import styled, text, utc_seconds
 from cli.rollout_views import UNDER_WAY, RolloutRecordView, RolloutView
 from cli.traffic import revision_line, traffic_title
 
@@ -98,7 +98,7 @@ def render(view: RolloutView) -> RenderableType:
     """The whole status: what it brings in, its step, replicas by revision, moves,
     failures, the last verdict, the gateways' figures per revision, and where the next
     replacement would go."""
-    header = Text.assemble(
+    header = styled(
         (view.rollout_id, "bold"),
         ": ",
         (state_text(view.state), STATE_STYLES.get(view.state, "")),
@@ -130,7 +130,7 @@ def render(view: RolloutView) -> RenderableType:
     lines.extend(_traffic(view))
     if view.state in UNDER_WAY:
         lines.append(
-            Text(
+            text(
                 f"next replacement: llmgw-cli explain-placement {view.model} shows where it "
                 "would go and why other nodes would not",
                 style="dim",
@@ -142,24 +142,24 @@ def render(view: RolloutView) -> RenderableType:
 def _traffic(view: RolloutView) -> list[Text]:
     by_revision = view.traffic_by_revision
     if not by_revision:
-        return [Text.assemble(("traffic:", "bold"), " no gateway reports in the last 5 s")]
+        return [styled(("traffic:", "bold"), " no gateway reports in the last 5 s")]
     title = traffic_title(next(iter(by_revision.values())))
-    lines = [Text(title.replace("traffic (", "traffic by revision (", 1) + ":", "bold")]
+    lines = [text(title.replace("traffic (", "traffic by revision (", 1) + ":", "bold")]
     for revision, figures in sorted(by_revision.items(), key=lambda i: -int(i[0])):
-        lines.append(Text(f"  {revision_line(revision, figures)}"))
+        lines.append(text(f"  {revision_line(revision, figures)}"))
     return lines
 
 
 def fact_lines(facts: Sequence[tuple[str, str]]) -> list[Text]:
-    """``name: value`` lines, values aligned; values are plain text, never markup."""
+    """``name: value`` lines, values aligned; values are plain text, escaped, never markup."""
     width = max((len(name) for name, _ in facts), default=0) + 2
-    return [Text.assemble((f"{name}:".ljust(width), "bold"), value or "-") for name, value in facts]
+    return [styled((f"{name}:".ljust(width), "bold"), value or "-") for name, value in facts]
 
 
 def render_record(record: RolloutRecordView) -> RenderableType:
     """One past rollout: what it brought in, who started it, its steps and verdicts."""
     started = utc_seconds(record.started_at) + " UTC" if record.started_at else "?"
-    header = Text.assemble(
+    header = styled(
         (record.rollout_id, "bold"),
         f": revision {record.from_revision} -> {record.revision}, ",
         (state_text(record.state), STATE_STYLES.get(record.state, "")),
@@ -167,12 +167,12 @@ def render_record(record: RolloutRecordView) -> RenderableType:
     )
     lines: list[RenderableType] = [header]
     if record.changes_summary:
-        lines.append(Text(f"  changed: {record.changes_summary}"))
+        lines.append(text(f"  changed: {record.changes_summary}"))
     # Each summary begins by what it is about, which the header has said already.
     about = f"rollout {record.rollout_id} "
     for event in record.events:
         what = event.summary.partition(about)[2] or event.summary
-        lines.append(Text(f"  {utc_seconds(event.recorded_at)}  {event.actor:<10} {what}"))
+        lines.append(text(f"  {utc_seconds(event.recorded_at)}  {event.actor:<10} {what}"))
     if record.state == "superseded":  # no event of its own says so
-        lines.append(Text(f"  {record.outcome}"))
+        lines.append(text(f"  {record.outcome}"))
     return Group(*lines)

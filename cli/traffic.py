@@ -5,9 +5,9 @@ revision (docs/gateway.md#what-the-gateway-measures)."""
 from __future__ import annotations
 
 from rich.console import Console
-from rich.text import Text
 
 from cli.operator import print_facts
+from cli.render import styled, text
 from cli.views import ReplicaTrafficView
 
 
@@ -33,25 +33,22 @@ def traffic_facts(traffic: ReplicaTrafficView) -> list[tuple[str, str | None]]:
 
 def print_traffic(traffic: ReplicaTrafficView | None, console: Console) -> None:
     if traffic is None:
-        console.print(Text.assemble(("traffic:", "bold"), " no gateway reports in the last 5 s"))
+        console.print(styled(("traffic:", "bold"), " no gateway reports in the last 5 s"))
         return
-    console.print(Text(f"{traffic_title(traffic)}:", "bold"))
+    console.print(text(f"{traffic_title(traffic)}:", "bold"))
     print_facts([(f"  {name}", value) for name, value in traffic_facts(traffic)], console)
 
 
 def print_traffic_by_revision(by_revision: dict[str, ReplicaTrafficView], console: Console) -> None:
     if not by_revision:
-        console.print(
-            Text.assemble(
-                ("traffic:", "bold"), " none (no gateway reports in the last 5 s, or no replica)"
-            )
-        )
+        none = " none (no gateway reports in the last 5 s, or no replica)"
+        console.print(styled(("traffic:", "bold"), none))
         return
     first = next(iter(by_revision.values()))
     title = traffic_title(first).replace("traffic (", "traffic by revision (", 1)
-    console.print(Text(f"{title}:", "bold"))
+    console.print(text(f"{title}:", "bold"))
     for revision, traffic in sorted(by_revision.items(), key=lambda item: -int(item[0])):
-        console.print(Text(f"  {revision_line(revision, traffic)}"))
+        console.print(text(f"  {revision_line(revision, traffic)}"))
 
 
 def revision_line(revision: str, traffic: ReplicaTrafficView) -> str:

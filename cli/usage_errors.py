@@ -24,19 +24,20 @@ from rich.console import Console
 from rich.text import Text
 
 from cli.arguments import ArgumentRefused
+from cli.render import make_console, text
 
 PROGRAM = "llmgw-cli"
 
 
 def usage_error_console() -> Console:
     """stderr, never wrapped: the error stays one line however narrow the terminal."""
-    return Console(stderr=True, soft_wrap=True, highlight=False, markup=False)
+    return make_console(stderr=True, soft_wrap=True)
 
 
 def usage_error_line(error: CycloptsError) -> Text:
     """``llmgw-cli keys create: unknown option --model; did you mean --models?``"""
     where = " ".join((PROGRAM, *(error.command_chain or ())))
-    return Text(f"{where}: {_what_is_wrong(error, where)}")
+    return text(f"{where}: {_what_is_wrong(error, where)}")
 
 
 def closest(word: str, names: Iterable[str]) -> str | None:

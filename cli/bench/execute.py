@@ -6,7 +6,6 @@ import asyncio
 import os
 import re
 import signal
-import sys
 from collections.abc import Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,7 +31,15 @@ from cli.bench.table import print_report
 from cli.bench.target import Api, Target
 from cli.client import AdminClient, ClientError
 from cli.config import ConnectionSettings
-from cli.render import EXIT_FAILED, EXIT_OK, print_error
+from cli.render import (
+    EXIT_FAILED,
+    EXIT_OK,
+    make_console,
+    print_error,
+    print_json,
+    text,
+    warn,
+)
 
 REPORT_FILE = "bench.json"
 CHART_FILE = "bench.png"
@@ -55,7 +62,7 @@ def run_and_report(
     """Run the climb, write and print the report (whenever a level ran), apply the
     recommendation when ``apply_with`` is given; the exit code."""
     run = BenchRun.planned(plan)
-    console = Console(stderr=True, highlight=False)
+    console = make_console(stderr=True)
     started_at = datetime.now(UTC)
     failure: str | None = None
     try:
@@ -83,9 +90,9 @@ def run_and_report(
     if report.levels:
         _write_files(report, directory, console)
         if output == "json":
-            sys.stdout.write((directory / REPORT_FILE).read_text())
+            print_json((directory / REPORT_FILE).read_bytes())
         else:
-            print_report(report, Console(highlight=False), wide=output == "wide")
+            print_report(report, make_console(), wide=output == "wide")
     if problem is not None:
         print_error("bench", problem)
     return code
@@ -145,11 +152,10 @@ def _apply(
     except ClientError as exc:
         return report, f"--apply: {exc}"
     subject = f"replica {replica_id}" if replica_id else f"model {model}"
-    print(
+    warn(
         f"applied to {subject}: weight {result.routing.weight:g}, target_waiting "
         f"{result.routing.target_waiting}, kv_ceiling {result.routing.kv_ceiling:g}"
-        + ("" if result.changed else " (already in force: nothing recorded)"),
-        file=sys.stderr,
+        + ("" if result.changed else " (already in force: nothing recorded)")
     )
     applied = AppliedView(model=model, replica_id=replica_id, changed=result.changed)
     return report.with_applied(applied), None
@@ -165,14 +171,11 @@ def _write_files(report: BenchReport, directory: Path, console: Console) -> None
         if exc.name is None or exc.name.partition(".")[0] != "matplotlib":
             raise
         # One line, however narrow the terminal; its brackets are not markup.
-        console.print(
-            f"report: {directory / REPORT_FILE}; {NO_CHART}", markup=False, soft_wrap=True
-        )
+        console.print(text(f"report: {directory / REPORT_FILE}; {NO_CHART}"), soft_wrap=True)
         return
     write_chart(report, directory / CHART_FILE)
     console.print(
-        f"report: {directory / REPORT_FILE}, chart: {directory / CHART_FILE}",
-        markup=False,
+        text(f"report: {directory / REPORT_FILE}, chart: {directory / CHART_FILE}"),
         soft_wrap=True,
     )
 

@@ -20,7 +20,7 @@ from cli.bench.plan import BenchPlan
 from cli.bench.runner import BenchRun
 from cli.bench.slo import format_seconds
 from cli.bench.stats import LevelFigures
-from cli.render import counted
+from cli.render import counted, text
 
 LEVELS_LISTED = 6
 """A climb of more doublings than this is shown by its first three and last two."""
@@ -128,8 +128,8 @@ class _PlanFirst:
     ) -> None:
         self._end()
 
-    def _print(self, text: str) -> None:
-        self._console.print(text, markup=False, soft_wrap=True)
+    def _print(self, line: str) -> None:
+        self._console.print(text(line), soft_wrap=True)
 
     def _begin(self) -> None:
         """After the plan, before the first level."""
@@ -208,8 +208,8 @@ class LevelLines(_PlanFirst):
         self._pace.level_finished()
         self._print(f"{self._pace.finished()}: {_verdict(figures)}  {_figures(figures)}")
 
-    def _print(self, text: str) -> None:
-        super()._print(text)
+    def _print(self, line: str) -> None:
+        super()._print(line)
         self._console.file.flush()
 
     def _end(self) -> None:

@@ -9,10 +9,10 @@ from rich import box
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
-from rich.text import Text
 
 from cli.bench.report import FAILED, INTERRUPTED, BenchReport
 from cli.bench.stats import LevelFigures, Percentiles
+from cli.render import text
 
 
 @dataclass(frozen=True)
@@ -76,14 +76,14 @@ def print_report(report: BenchReport, console: Console, *, wide: bool = False) -
         console.width = width
     if left_out:
         headers = ", ".join(column.header.replace("\n", " ") for column in left_out)
-        console.print(Text(f"(left out to fit: {headers}; --output wide shows them)"))
+        console.print(text(f"(left out to fit: {headers}; --output wide shows them)"))
     for line in _verdict(report):
-        console.print(Text(line))
+        console.print(text(line))
 
 
 def _table(report: BenchReport, columns: list[_Column]) -> Table:
     table = Table(
-        title=_title(report),
+        title=text(_title(report)),
         title_justify="left",
         header_style="bold",
         box=box.SIMPLE_HEAD,

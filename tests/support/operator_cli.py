@@ -151,7 +151,11 @@ class OnTerminal:
 
     def text(self) -> str:
         """Everything written so far, without terminal control sequences."""
-        return ANSI_CONTROL.sub("", self._output.decode(errors="replace"))
+        return ANSI_CONTROL.sub("", self.raw())
+
+    def raw(self) -> str:
+        """Everything written so far, as the terminal received it."""
+        return self._output.decode(errors="replace")
 
     async def exit_code(self) -> int:
         code = await asyncio.to_thread(self._process.wait, CLI_TIMEOUT_S)
