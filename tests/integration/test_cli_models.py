@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -247,4 +248,40 @@ async def test_a_file_whose_second_spec_is_invalid_records_none_of_its_specs(
     assert f"spec 2 in {path}: spec of model '{bad}' is invalid" in refused.stderr
     assert "(nor any other spec of the file)" in refused.stderr
     assert "  replicas: must be between 0 and 10000\n" in refused.stderr
+    assert await pg_store.last_position() == before
+
+
+async def test_a_hostile_spec_file_is_refused_in_one_line_and_nothing_is_recorded(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    name = a_model()
+    fifo = operator.home / "fifo.yaml"
+    os.mkfifo(fifo)
+    twice = operator.home / "twice.yaml"
+    twice.write_text(spec_yaml(name, replicas=1) + "replicas: 500\n")
+    deep = operator.home / "deep.yaml"
+    deep.write_text(spec_yaml(name) + "env: " + "[" * 32 + "]" * 32 + "\n")
+    huge = operator.home / "huge.json"
+    too_much = {"name": name, "command": "x" * 2**20}
+    huge.write_text(json.dumps(too_much))
+    sent = len(json.dumps(too_much, separators=(",", ":")))
+    before = await pg_store.last_position()
+
+    refused = await asyncio.gather(
+        *(operator.run("models", "apply", str(path)) for path in (fifo, twice, deep, huge))
+    )
+
+    for result, said in zip(
+        refused,
+        [
+            f"{fifo} is not a regular file but a named pipe (FIFO)",
+            f"{twice}: key 'replicas' is given twice in one mapping, at line 4 and line 5",
+            f"{deep} (model {name}): nests deeper than 32 levels",
+            f"{huge} (model {name}): is {sent:,} bytes as JSON, over the 1 MiB",
+        ],
+        strict=True,
+    ):
+        assert (result.code, result.stdout) == (1, ""), result.stderr
+        assert result.stderr.startswith(f"llmgw-cli models apply: {said}"), result.stderr
+        assert result.stderr.count("\n") == 1
     assert await pg_store.last_position() == before

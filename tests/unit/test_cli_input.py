@@ -269,11 +269,3 @@ def test_a_spec_with_infinity_or_nan_is_refused_naming_file_model_and_field(
         read_specs(spec)
     assert str(refused.value) == expected
     assert run_cli("models", "apply", str(spec)) == (1, "", f"llmgw-cli models apply: {expected}\n")
-
-
-def test_a_yaml_list_holding_itself_is_read_once(tmp_path: Path) -> None:
-    spec = tmp_path / "loop.yaml"
-    spec.write_text("name: llama\ncommand: x\nenv: &loop [1.5, *loop]\nargs: [.inf]\n")
-
-    with pytest.raises(SpecFileError, match=r"\(model llama\): args\[0\] must be a finite"):
-        read_specs(spec)
