@@ -30,6 +30,11 @@ MAX_STARTUP_TIMEOUT_S = 86_400
 MAX_STOP_GRACE_S = 3_600
 """An hour; an agent refuses a ``stop_shard`` with more (``wire.messages.MAX_STOP_GRACE_S``)."""
 MAX_MOVES = MAX_REPLICAS
+MAX_SELECTOR_LABELS = 64
+MAX_LABEL_KEY_CHARS = 63
+MAX_LABEL_VALUE_CHARS = 256
+"""A node's labels, as its agent may report them (``wire.messages.Labels``, kept equal by a
+test): a selector beyond them could never match a node."""
 MIN_WEIGHT = 0.001
 """What ``llmgw-cli bench`` recommends at the least."""
 MAX_WEIGHT = 1_000_000
@@ -249,12 +254,17 @@ def validate_spec(spec: ModelSpec) -> list[SpecError]:
         need(low <= value <= high, field, f"must be between {low} and {high}{note}")
 
     need(
-        bool(NAME_PATTERN.match(spec.name)),
+        bool(NAME_PATTERN.fullmatch(spec.name)),
         "name",
         "must be 1-63 lower-case letters, digits, '.', '_' or '-', "
         "starting and ending with a letter or digit",
     )
     need(bool(spec.command.strip()), "command", "must not be empty")
+    need(
+        "\0" not in spec.command,
+        "command",
+        f"holds a NUL byte (character {spec.command.find(chr(0)) + 1}): {_NO_PROCESS}",
+    )
     unknown = _unknown_placeholders(spec.command)
     need(
         not unknown,
@@ -275,6 +285,8 @@ def validate_spec(spec: ModelSpec) -> list[SpecError]:
         f"is {spec_size} bytes as JSON, over the limit of {MAX_SPEC_BYTES}",
     )
     need(spec.engine in ENGINES, "engine", f"must be one of {', '.join(ENGINES)}")
+    errors.extend(environment_errors(spec.env))
+    errors.extend(node_selector_errors(spec.node_selector))
     need_between(spec.gpus_per_shard, "gpus_per_shard", 1, MAX_GPUS_PER_SHARD)
     need_between(spec.gpu_memory_gib, "gpu_memory_gib", 0, MAX_GPU_MEMORY_GIB)
     need_between(spec.shards_per_replica, "shards_per_replica", 1, MAX_SHARDS_PER_REPLICA)
@@ -301,6 +313,62 @@ def validate_spec(spec: ModelSpec) -> list[SpecError]:
     errors.extend(SpecError("apis", reason) for reason in api_errors(spec.apis))
     if not errors:
         errors.extend(_start_command_errors(spec))
+    return errors
+
+
+_NO_PROCESS = "no process can be given one"
+MAX_ENV_ERRORS = 10
+
+
+def environment_errors(env: dict[str, str]) -> list[SpecError]:
+    """What no engine process can be given: a variable's name that is empty or holds '='
+    or NUL, a value that holds NUL. Refused here rather than at every start of the
+    replica on the agent (a NUL would even be recorded as U+FFFD: jsonb cannot hold one).
+    The first ``MAX_ENV_ERRORS`` are named, then how many more there are."""
+    errors = []
+    for name, value in env.items():
+        named = f"holds a variable named {name[:64]!r}: a name cannot"
+        if not name:
+            errors.append(SpecError("env", f"{named} be empty"))
+        elif "\0" in name:
+            errors.append(SpecError("env", f"{named} hold a NUL byte ({_NO_PROCESS})"))
+        elif "=" in name:
+            before, _, after = name.partition("=")
+            seen = f"{after}={value}"[:64]
+            reason = f"{named} hold '=' (the engine would see {before[:64]} set to {seen!r})"
+            errors.append(SpecError("env", reason))
+        if "\0" in value:
+            errors.append(SpecError(f"env.{name[:64]}", f"holds a NUL byte: {_NO_PROCESS}"))
+    if len(errors) > MAX_ENV_ERRORS:
+        more = len(errors) - MAX_ENV_ERRORS
+        errors[MAX_ENV_ERRORS:] = [SpecError("env", f"and {more} more such problem(s)")]
+    return errors
+
+
+def node_selector_errors(selector: dict[str, str]) -> list[SpecError]:
+    """A selector some node could match: within the labels an agent may report."""
+    could_not = "so no node could match"
+    if len(selector) > MAX_SELECTOR_LABELS:
+        reason = f"has {len(selector)} labels: a node has at most {MAX_SELECTOR_LABELS}"
+        return [SpecError("node_selector", f"{reason}, {could_not}")]
+    errors = []
+    for key, value in selector.items():
+        if not 1 <= len(key) <= MAX_LABEL_KEY_CHARS:
+            errors.append(
+                SpecError(
+                    "node_selector",
+                    f"holds the key {key[:80]!r}: a node's label keys are "
+                    f"1-{MAX_LABEL_KEY_CHARS} characters, {could_not}",
+                )
+            )
+        elif len(value) > MAX_LABEL_VALUE_CHARS:
+            errors.append(
+                SpecError(
+                    f"node_selector.{key}",
+                    f"is {len(value)} characters: a node's label values are at most "
+                    f"{MAX_LABEL_VALUE_CHARS}, {could_not}",
+                )
+            )
     return errors
 
 

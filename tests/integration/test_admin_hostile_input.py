@@ -356,6 +356,58 @@ async def test_a_spec_over_its_size_limit_is_a_422_with_the_size(
     assert await last_position(pg_store) == before
 
 
+# -- what no engine process can be given, names and selectors -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "reason"),
+    [
+        ({"command": COMMAND + " --x a\x00b"}, "command", "holds a NUL byte (character 39)"),
+        ({"command": COMMAND, "env": {"HF_HOME": "/m\x00"}}, "env.HF_HOME", "holds a NUL byte"),
+        ({"command": COMMAND, "env": {"A=B": "x"}}, "env", "holds a variable named 'A=B'"),
+        ({"command": COMMAND, "env": {"": "x"}}, "env", "holds a variable named ''"),
+        (
+            {"command": COMMAND, "node_selector": {"gpu": "h" * 300}},
+            "node_selector.gpu",
+            "is 300 characters: a node's label values are at most 256",
+        ),
+    ],
+    ids=["NUL in command", "NUL in env", "= in env name", "empty env name", "long label"],
+)
+async def test_what_an_engine_could_never_be_started_with_is_a_422_naming_the_field(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore, spec: Any, field: str, reason: str
+) -> None:
+    # Accepted, a NUL was recorded as U+FFFD (jsonb cannot hold one): the engine would have
+    # been given another argument than the one asked. An environment name with '=' or none
+    # reached the agent, which failed every start of the replica at exec; a selector no
+    # node's labels can match left the model unplaceable for ever.
+    before = await seeded(admin, pg_store)
+
+    answers = [
+        await admin.put("/admin/v1/models/llama", json=spec),
+        await admin.post("/admin/v1/placement", json=spec),
+    ]
+
+    for answer in answers:
+        [error] = problem_of(answer, 422)["errors"]
+        assert (error["field"], error["reason"][: len(reason)]) == (field, reason)
+    assert await last_position(pg_store) == before
+
+
+async def test_a_model_name_ending_in_a_newline_is_a_422(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    # `$` matched before a trailing newline: "llama\n" was declared, and its URLs and
+    # metrics labels held the newline.
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.put("/admin/v1/models/llama%0A", json={"command": COMMAND})
+
+    [error] = problem_of(answer, 422)["errors"]
+    assert error["field"] == "name"
+    assert await last_position(pg_store) == before
+
+
 # -- wrong tokens, one after another -------------------------------------------------------
 
 

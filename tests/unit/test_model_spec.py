@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
+from typing import Any, get_args
 
 import pytest
 from msgspec.structs import replace
@@ -12,7 +13,10 @@ from app.domain.model_spec import (
     MAX_AGENT_MESSAGE_BYTES,
     MAX_COMMAND_BYTES,
     MAX_GPU_MEMORY_GIB,
+    MAX_LABEL_KEY_CHARS,
+    MAX_LABEL_VALUE_CHARS,
     MAX_REPLICAS,
+    MAX_SELECTOR_LABELS,
     MAX_SPEC_BYTES,
     MAX_STARTUP_TIMEOUT_S,
     MAX_STOP_GRACE_S,
@@ -27,7 +31,7 @@ from app.domain.state import ClusterState, Replica, ReplicaPhase, Shard
 from app.hub.edge import command_to_wire
 from wire.engines import ENGINE_NAMES
 from wire.errors import MessageTooLarge
-from wire.messages import MAX_MESSAGE_BYTES, encode
+from wire.messages import MAX_MESSAGE_BYTES, Labels, encode
 
 GOOD = ModelSpec(
     name="llama-70b",
@@ -294,3 +298,107 @@ def test_a_bad_list_of_apis_is_refused_naming_the_field(apis: tuple[str, ...], r
 def test_a_long_list_of_apis_is_refused_quickly() -> None:
     errors = validate_spec(replace(GOOD, apis=("chat",) * 5000 + ("x" * 500,) * 50))
     assert [e.field for e in errors] == ["apis", "apis"]
+
+
+# -- what an engine process can be given -------------------------------------------------
+
+NO_PROCESS = "no process can be given one"
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "reason"),
+    [
+        (
+            {"command": "vllm serve x --port {port} --chat-template a\x00b"},
+            "command",
+            f"holds a NUL byte (character 45): {NO_PROCESS}",
+        ),
+        ({"env": {"HF_HOME": "/models\x00/x"}}, "env.HF_HOME", f"holds a NUL byte: {NO_PROCESS}"),
+        ({"env": {"": "x"}}, "env", "holds a variable named '': a name cannot be empty"),
+        (
+            {"env": {"A=B": "x"}},
+            "env",
+            "holds a variable named 'A=B': a name cannot hold '=' (the engine would see A "
+            "set to 'B=x')",
+        ),
+        (
+            {"env": {"A\x00B": "x"}},
+            "env",
+            f"holds a variable named 'A\\x00B': a name cannot hold a NUL byte ({NO_PROCESS})",
+        ),
+    ],
+    ids=["command", "env value", "empty env name", "env name with =", "env name with NUL"],
+)
+def test_what_no_engine_process_can_be_given_is_refused_naming_the_field(
+    change: dict[str, Any], field: str, reason: str
+) -> None:
+    # Accepted, these reached the agent, which failed every start of the replica.
+    assert validate_spec(replace(GOOD, **change)) == [SpecError(field, reason)]
+
+
+def test_an_environment_an_engine_can_be_given_is_accepted() -> None:
+    env = {"HF_HOME": "/models", "VLLM_LOGGING_LEVEL": "", "lower_case": "é ünïcode \t ok"}
+    assert validate_spec(replace(GOOD, env=env)) == []
+
+
+@pytest.mark.parametrize("name", ["llama\n", "llama\r\n", "\nllama", "lla\nma", "llama\x1b"])
+def test_a_name_with_a_line_break_or_control_character_is_refused(name: str) -> None:
+    # `$` matches before a trailing newline: "llama\n" was a valid name, in URLs and labels.
+    [error] = validate_spec(replace(GOOD, name=name))
+    assert error.field == "name"
+
+
+# -- a node selector a node could match ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("selector", "field", "reason"),
+    [
+        (
+            {"": "h100"},
+            "node_selector",
+            "holds the key '': a node's label keys are 1-63 characters, so no node could match",
+        ),
+        (
+            {"k" * 64: "h100"},
+            "node_selector",
+            f"holds the key {'k' * 64!r}: a node's label keys are 1-63 characters, so no node "
+            "could match",
+        ),
+        (
+            {"gpu": "h" * 257},
+            "node_selector.gpu",
+            "is 257 characters: a node's label values are at most 256, so no node could match",
+        ),
+        (
+            {f"k{i}": "v" for i in range(65)},
+            "node_selector",
+            "has 65 labels: a node has at most 64, so no node could match",
+        ),
+    ],
+    ids=["empty key", "long key", "long value", "many labels"],
+)
+def test_a_node_selector_no_node_could_match_is_refused(
+    selector: dict[str, str], field: str, reason: str
+) -> None:
+    assert validate_spec(replace(GOOD, node_selector=selector)) == [SpecError(field, reason)]
+
+
+def test_the_selector_bounds_are_those_of_a_nodes_labels() -> None:
+    key, value = get_args(get_args(Labels)[0])
+    bounds = [get_args(t)[1] for t in (key, value)] + [get_args(Labels)[1]]
+
+    assert [(b.min_length, b.max_length) for b in bounds] == [
+        (1, MAX_LABEL_KEY_CHARS),
+        (None, MAX_LABEL_VALUE_CHARS),
+        (None, MAX_SELECTOR_LABELS),
+    ]
+
+
+def test_a_thousand_bad_variables_are_refused_in_a_few_lines() -> None:
+    env = {f"A{i}=": "x" for i in range(1000)}
+
+    errors = validate_spec(replace(GOOD, env=env))
+
+    assert len(errors) == 11
+    assert errors[-1] == SpecError("env", "and 990 more such problem(s)")
