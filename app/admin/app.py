@@ -11,7 +11,7 @@ from litestar.openapi import OpenAPIConfig
 
 from app.admin.auth import ACTOR_KEY, TokenAuthenticator
 from app.admin.autoscale import AutoscaleController
-from app.admin.bodies import MAX_BODY_BYTES
+from app.admin.bodies import MAX_BODY_BYTES, skip_byte_order_mark
 from app.admin.certificates import CertificateController
 from app.admin.drains import DrainController
 from app.admin.errors import EXCEPTION_HANDLERS
@@ -104,7 +104,7 @@ def create_admin_app(
         exception_handlers=EXCEPTION_HANDLERS,
         openapi_config=OpenAPIConfig(title="llmgw admin API", version="1", path="/admin/v1/schema"),
         # Outermost first: a refused path is logged, with its request id, as any other.
-        middleware=[log_requests, refuse_split_paths],
+        middleware=[log_requests, refuse_split_paths, skip_byte_order_mark],
         # The process's logging is app.logs's: Litestar's own would replace the root
         # handler with a plain-text one of its own at startup.
         logging_config=None,

@@ -63,6 +63,7 @@ from app.gateway.router import (
 from app.gateway.table import GatewaySnapshot, KeyRecord
 from app.gateway.traffic import TrafficWindow
 from app.gateway.usage import StreamTokens, usage_of_body
+from app.listeners.bom import LeadingMark, without_mark
 from app.listeners.exchange import ON_DISCONNECT
 from app.logs import request_level
 
@@ -585,23 +586,26 @@ def _parse(body: bytes) -> RoutingFields:
 
 
 async def _read_body(receive: Receive) -> bytes:
+    """The request's body, without the byte order mark it may start with
+    (``app.listeners.bom``): the engine gets the JSON alone."""
     message = await receive()
     if message["type"] == "http.disconnect":
         raise _ClientGone
     body: bytes = message.get("body", b"")
-    if message.get("more_body", False):
-        chunks = [body]
-        size = len(body)
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _ClientGone
-            chunk: bytes = message.get("body", b"")
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                raise body_too_large(MAX_BODY_BYTES)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-    return body
+    if not message.get("more_body", False):
+        return without_mark(body)
+    mark = LeadingMark()
+    chunks = [mark.feed(body, more=True)]
+    size = len(body)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise body_too_large(MAX_BODY_BYTES)
+        more = message.get("more_body", False)
+        chunks.append(mark.feed(chunk, more=more))
+        if not more:
+            return b"".join(chunks)

@@ -598,6 +598,68 @@ async def test_a_spec_of_nothing_is_refused_as_not_a_json_object(
     assert await last_position(pg_store) == before
 
 
+# -- a byte order mark before the JSON -----------------------------------------------------
+
+UTF8_BOM = b"\xef\xbb\xbf"
+"""What some Windows clients write before their JSON (RFC 8259 section 8.1 lets a reader
+ignore it)."""
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("PUT", "/admin/v1/models/llama", b'{"command": "sglang {model} --port {port}"}'),
+        ("POST", "/admin/v1/models/llama/scale", b'{"replicas": 3}'),
+        ("POST", "/admin/v1/nodes/gpu-1/cordon", b'{"reason": "bom"}'),
+        ("POST", "/admin/v1/keys", b'{"name": "k", "models": ["*"]}'),
+    ],
+    ids=["spec", "scale", "cordon", "key"],
+)
+async def test_a_body_led_by_a_byte_order_mark_is_read_as_its_json(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore, method: str, path: str, body: bytes
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.request(
+        method, path, content=UTF8_BOM + body, headers={"content-type": "application/json"}
+    )
+
+    assert answer.status_code in (200, 201), answer.text
+    assert await last_position(pg_store) > before
+
+
+async def test_a_byte_order_mark_sent_apart_from_the_json_is_skipped_too(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    async def pieces() -> AsyncIterator[bytes]:  # chunked: each piece may come on its own
+        yield UTF8_BOM[:2]
+        yield UTF8_BOM[2:]
+        yield b'{"replicas": 3}'
+
+    answer = await admin.post("/admin/v1/models/llama/scale", content=pieces())
+
+    assert answer.status_code == 200, answer.text
+    assert await last_position(pg_store) > before
+
+
+@pytest.mark.parametrize(
+    "body",
+    [UTF8_BOM + UTF8_BOM + b'{"replicas": 3}', b" " + UTF8_BOM + b'{"replicas": 3}'],
+    ids=["twice", "after-whitespace"],
+)
+async def test_a_byte_order_mark_is_skipped_only_once_and_only_first(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore, body: bytes
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.post("/admin/v1/models/llama/scale", content=body)
+
+    assert "not valid JSON" in problem_of(answer, 400)["detail"]
+    assert await last_position(pg_store) == before
+
+
 # -- numbers JSON has no word for ---------------------------------------------------------
 
 

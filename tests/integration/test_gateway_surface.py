@@ -36,6 +36,7 @@ EVERYTHING = f"all-apis-{RUN}"
 CHAT_ONLY = f"chat-only-{RUN}"
 SMALL_LIMIT = 256 * 1024
 MIB = 1024 * 1024
+JSON_CONTENT = {"content-type": "application/json"}
 
 
 @pytest.fixture(scope="module")
@@ -463,6 +464,60 @@ def test_a_malformed_request_is_a_400_saying_what_is_wrong(
     answer = http.post(path, content=body, headers={"content-type": "application/json"})
     assert answer.status_code == 400
     assert says in answer.json()["error"]["message"]
+
+
+UTF8_BOM = b"\xef\xbb\xbf"
+"""What some Windows clients write before their JSON (RFC 8259 section 8.1 lets a reader
+ignore it)."""
+
+
+@pytest.mark.parametrize(
+    ("path", "fields"),
+    [
+        ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/completions", {"prompt": "hi"}),
+        ("/embeddings", {"input": "hi"}),
+        ("/responses", {"input": "hi"}),
+        ("/tokenize", {"prompt": "hi"}),
+    ],
+)
+def test_a_body_led_by_a_byte_order_mark_is_served_and_the_engine_gets_plain_json(
+    http: httpx.Client, path: str, fields: dict[str, object]
+) -> None:
+    body = UTF8_BOM + msgspec.json.encode({"model": EVERYTHING, **fields})
+
+    answer = http.post(path, content=body, headers=JSON_CONTENT)
+
+    # The simulator, like any strict JSON reader, refuses a mark: 200 means it got none.
+    assert answer.status_code == 200, answer.text
+
+
+def test_a_byte_order_mark_sent_apart_from_the_json_is_skipped_too(http: httpx.Client) -> None:
+    def pieces() -> Iterator[bytes]:  # chunked: each piece may reach the gateway on its own
+        yield UTF8_BOM[:1]
+        yield UTF8_BOM[1:]
+        yield msgspec.json.encode({"model": EVERYTHING, "prompt": "hi"})
+
+    answer = http.post("/completions", content=pieces(), headers=JSON_CONTENT)
+
+    assert answer.status_code == 200, answer.text
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        UTF8_BOM + UTF8_BOM + b'{"model": "%s", "prompt": "hi"}' % EVERYTHING.encode(),
+        b' %s{"model": "%s", "prompt": "hi"}' % (UTF8_BOM, EVERYTHING.encode()),
+    ],
+    ids=["twice", "after-whitespace"],
+)
+def test_a_byte_order_mark_is_skipped_only_once_and_only_first(
+    http: httpx.Client, body: bytes
+) -> None:
+    answer = http.post("/completions", content=body, headers=JSON_CONTENT)
+
+    assert answer.status_code == 400
+    assert "not valid JSON" in answer.json()["error"]["message"]
 
 
 def test_an_engines_refusal_reaches_the_client_in_openais_shape(http: httpx.Client) -> None:
