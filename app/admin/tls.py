@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from dataclasses import replace
 from pathlib import Path
 
 from cryptography import x509
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from app.admin.bodies import MAX_BODY_BYTES
 from app.admin.errors import problem_body
 from app.listeners.limits import ListenerLimits, limited
 from app.pki import server_ssl_context
@@ -82,5 +84,6 @@ DEFAULT_ADMIN_MAX_CONNECTIONS = 256
 
 def admin_protocol(limits: ListenerLimits) -> type[HttpToolsProtocol]:
     """The admin listener's protocol: the TLS extension in each scope, slow clients cut
-    off (``app.listeners.limits``) with a problem document."""
-    return limited(TlsScopeProtocol, limits, problem_body)
+    off (``app.listeners.limits``) with a problem document, and a body announced over the
+    admin API's limit refused before the app (or a ``100 Continue``) is reached."""
+    return limited(TlsScopeProtocol, replace(limits, max_body_bytes=MAX_BODY_BYTES), problem_body)

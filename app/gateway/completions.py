@@ -65,6 +65,7 @@ from app.gateway.traffic import TrafficWindow
 from app.gateway.usage import StreamTokens, usage_of_body
 from app.listeners.bom import LeadingMark, without_mark
 from app.listeners.exchange import ON_DISCONNECT
+from app.listeners.limits import announces_more_than
 from app.logs import request_level
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -242,6 +243,11 @@ class Completions:
         try:
             snapshot = self._snapshot()
             key = exchange.key = self._keys.authenticate(snapshot, scope)
+            session, show_route, length = _request_headers(scope)
+            if length is not None and announces_more_than(length, MAX_BODY_BYTES):
+                # Before the body is asked for: a client that waits for 100 Continue to
+                # send it gets none, and the body is never read.
+                raise body_too_large(MAX_BODY_BYTES)
             exchange.body = await _read_body(receive)
             fields = _parse(exchange.body)
             model = fields.model
@@ -252,7 +258,6 @@ class Completions:
             exchange.stream = bool(fields.stream)
             if key.tpm is not None:
                 exchange.token_estimate = _token_estimate(fields, len(exchange.body))
-            session, show_route = _routing_headers(scope)
             exchange.route_key = route_key(snapshot.policy_of(model), exchange.body, session)
             if show_route:
                 exchange.route_header = b""
@@ -543,17 +548,20 @@ def _token_estimate(fields: RoutingFields, body_bytes: int) -> int:
     return body_bytes // BYTES_PER_TOKEN + output
 
 
-def _routing_headers(scope: Scope) -> tuple[bytes | None, bool]:
-    """The request's session id (``x-session-id``), and whether it asks for the route
-    (``x-llmgw-route`` set to anything but ``0``)."""
+def _request_headers(scope: Scope) -> tuple[bytes | None, bool, bytes | None]:
+    """The request's session id (``x-session-id``), whether it asks for the route
+    (``x-llmgw-route`` set to anything but ``0``), and its ``Content-Length``."""
     session: bytes | None = None
     show = False
+    length: bytes | None = None
     for name, value in scope["headers"]:
         if name == SESSION_HEADER:
             session = value or None
         elif name == ROUTE_HEADER:
             show = value.strip() not in (b"", b"0")
-    return session, show
+        elif name == b"content-length":
+            length = value
+    return session, show, length
 
 
 def route_header(lease: Lease, key: RouteKey | None) -> bytes:

@@ -34,6 +34,7 @@ from prometheus_client import CollectorRegistry
 
 from app.domain.egress import EngineNetworks
 from app.gateway.app import GatewayApp, MetricsApp
+from app.gateway.completions import MAX_BODY_BYTES
 from app.gateway.egress import EngineEgress
 from app.gateway.ejection import EjectionPolicy
 from app.gateway.errors import listener_refusal
@@ -207,7 +208,12 @@ class Gateway:
         self.port = port
         self.metrics_host = metrics_host
         self.metrics_port = metrics_port
-        self.limits = limits or ListenerLimits(max_connections=DEFAULT_MAX_CONNECTIONS)
+        # The listener refuses a body announced over the largest any route takes before
+        # the app sees it; each route holds its own to its limit (``MAX_BODY_BYTES``).
+        self.limits = replace(
+            limits or ListenerLimits(max_connections=DEFAULT_MAX_CONNECTIONS),
+            max_body_bytes=max(MAX_BODY_BYTES, max_upload_bytes),
+        )
         self.router = Router(
             queue_timeout_s=queue_timeout_s,
             queue_limit=queue_limit,

@@ -13,6 +13,10 @@ goes out as soon as the app waits for anything else.
 once the answer is complete: an app that watches for the client leaving wakes up and stops
 watching either way.
 
+A request sent with ``Expect: 100-continue`` is sent ``100 Continue`` when the app first
+calls ``receive``. An app that answers without calling it (a refusal: 401, 413) leaves the
+client holding its body back for good, so the connection closes after that answer.
+
 An app that only needs to know when the client leaves (the gateway does, to cancel its
 engine request) need not keep a task waiting on ``receive`` for it: the scope's extension
 ``ON_DISCONNECT`` (``scope["extensions"][ON_DISCONNECT](callback)``) has the connection
@@ -259,6 +263,11 @@ class Exchange:
             raise InvalidAnswer(f"{kind!r} sent after the answer was complete")
 
     def _start(self, message: Message) -> None:
+        if self.waiting_for_continue and self.more_body:
+            # Answered without asking for the body, which the client holds back until it
+            # hears 100 Continue: that will not come now, and whether the body still will
+            # cannot be known, so nothing more can be read on this connection.
+            self.keep_alive = False
         head: AnswerHead = answer_head(
             message["status"],
             message.get("headers", ()),

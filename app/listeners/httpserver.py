@@ -31,6 +31,9 @@ The limits (``ListenerLimits``), as ``app.listeners.limits`` puts them on uvicor
   buffer stays full) is disconnected, unsent bytes dropped: the app sees it gone, so its
   request ends and frees what it holds (a replica's slot at the gateway);
 - a head of at most ``max_header_bytes``, otherwise 431;
+- a body its head announces (``Content-Length``) of at most ``max_body_bytes``, otherwise
+  413 as soon as the head is read: the app never sees the request, and a client waiting
+  for ``100 Continue`` is not sent one;
 - at most ``max_connections`` connections: one more is answered 503 at once;
 - a kept-alive connection idle for ``idle_s`` is closed, without an answer;
 - a request HTTP cannot parse is answered 400.
@@ -55,7 +58,15 @@ import httptools
 from app.listeners.exchange import App, Exchange
 from app.listeners.http11 import closing_answer, split_target
 from app.listeners.lifespan import Lifespan
-from app.listeners.limits import LINGER_S, ListenerLimits, Refusal, SendWatch, plain_text
+from app.listeners.limits import (
+    LINGER_S,
+    ListenerLimits,
+    Refusal,
+    SendWatch,
+    announces_more_than,
+    body_over,
+    plain_text,
+)
 
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _Stage = tuple[float, str]
@@ -155,6 +166,7 @@ class HttpConnection(asyncio.Protocol):
         self._target = b""
         self._headers: list[tuple[bytes, bytes]] = []
         self._expect_continue = False
+        self._content_length: bytes | None = None
         self._current: Exchange | None = None
         """The request whose answer the app is writing."""
         self._reading: Exchange | None = None
@@ -233,6 +245,7 @@ class HttpConnection(asyncio.Protocol):
         self._target = b""
         self._headers = []
         self._expect_continue = False
+        self._content_length = None
         if not self._reading_head:
             # The next request of a kept-alive connection: its head is timed anew.
             self._reading_head, self._head_bytes = True, 0
@@ -243,12 +256,21 @@ class HttpConnection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
-        if name == b"expect" and value.lower() == b"100-continue":
+        if name == b"content-length":
+            self._content_length = value
+        elif name == b"expect" and value.lower() == b"100-continue":
             self._expect_continue = True
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        if self._lingering:
+            return  # a request parsed after a refusal, from the same read: never served
         self._reading_head = False
+        limit = self.listener.limits.max_body_bytes
+        length = self._content_length
+        if limit is not None and length is not None and announces_more_than(length, limit):
+            self._refuse_announced(limit)
+            return
         self._await(self.listener.body)
         parser = self.parser
         version = parser.get_http_version()
@@ -381,6 +403,23 @@ class HttpConnection(asyncio.Protocol):
         drained, self._drained = self._drained, None
         if drained is not None and not drained.done():
             drained.set_result(None)
+
+    def _refuse_announced(self, limit: int) -> None:
+        """Refuse the request whose head was just read: it announces a body over ``limit``.
+        No exchange is made for it, so the app never sees it."""
+        current = self._current
+        if current is None:
+            self._refuse(413, body_over(limit))
+            return
+        # An earlier request, pipelined before this one, is still being answered: no refusal
+        # may cut into its answer. The connection closes after it; this request, and any
+        # waiting between them, go unanswered (a client retries an unanswered request).
+        current.keep_alive = False
+        for exchange in self._waiting:
+            exchange.disconnect()
+        self._waiting.clear()
+        self.due = math.inf
+        self._lingering = True
 
     def _refuse(self, status: int, message: str) -> None:
         self.due = math.inf

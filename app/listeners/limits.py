@@ -15,13 +15,17 @@ memory behind it, forever, and enough of them hold every connection the process 
   ``send_timeout_s`` is disconnected, as nginx's ``send_timeout`` does: no answer can reach
   it, and the request it holds ends;
 - the head may hold at most ``max_header_bytes``;
+- a body its head announces (``Content-Length``) may be at most ``max_body_bytes`` (None:
+  no limit here, the app's own): one over it is answered 413 as soon as the head is read,
+  before the app sees the request, so a client that sent ``Expect: 100-continue`` gets no
+  ``100 Continue`` and is not waited for; the body it may still send is read and dropped;
 - the listener holds at most ``max_connections`` connections: one more is answered 503
   at once and closed.
 
 The timeouts are checked by one sweep per listener every second (or every quarter of the
 shorter timeout), so a late client is cut off up to that much after its time.
 
-A client over a limit gets a short answer (408, 431 or 503, in the listener's own error
+A client over a limit gets a short answer (408, 413, 431 or 503, in the listener's own error
 shape) and its connection is closed; nobody else notices. The time between requests on a
 kept-alive connection is uvicorn's own keep-alive timeout: its 5 s, or what the listener
 sets (the gateway's client listener: ``app.gateway.server.IDLE_KEEP_ALIVE_S``).
@@ -98,6 +102,21 @@ class SendWatch:
         return now - self.since >= timeout_s
 
 
+def announces_more_than(content_length: bytes, limit: int) -> bool:
+    """Whether a head's ``Content-Length`` value announces a body over ``limit`` bytes.
+    The parser has refused a value that is not digits (signs, underscores) already."""
+    try:
+        return int(content_length) > limit
+    except ValueError:
+        # Digits alone that int() refuses are thousands of them: far over any limit.
+        return content_length.strip().isdigit()
+
+
+def body_over(limit: int) -> str:
+    """The refusal's message for a body announced over ``limit`` bytes."""
+    return f"The request body exceeds {limit} bytes."
+
+
 def plain_text(status: int, message: str) -> tuple[bytes, bytes]:
     return b"text/plain; charset=utf-8", message.encode() + b"\n"
 
@@ -109,6 +128,8 @@ class ListenerLimits:
     max_connections: int = 1024
     send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    max_body_bytes: int | None = None
+    """The largest body a head may announce; None: as large as the app takes."""
 
     def problems(self, connections_flag: str = "--max-connections") -> list[str]:
         """What is wrong with these limits, as messages naming the commands' flags."""
@@ -122,6 +143,8 @@ class ListenerLimits:
                 found.append(f"{flag} must be positive, not {value}")
         if self.max_connections < 1:
             found.append(f"{connections_flag} must be at least 1, not {self.max_connections}")
+        if self.max_body_bytes is not None and self.max_body_bytes < 0:
+            found.append(f"the body limit must not be negative, not {self.max_body_bytes}")
         return found
 
 
@@ -195,13 +218,42 @@ def limited(
                 self._await(head)
 
         def on_headers_complete(self) -> None:
+            if self._lingering:
+                return  # a request parsed after a refusal, from the same read: never served
             self._reading_head = False
+            if limits.max_body_bytes is not None and self._announces_too_much(
+                limits.max_body_bytes
+            ):
+                return
             self._await(body)
             super().on_headers_complete()
 
+        def on_body(self, body: bytes) -> None:
+            if not self._lingering:
+                super().on_body(body)
+
         def on_message_complete(self) -> None:
             self._due = math.inf
-            super().on_message_complete()
+            if not self._lingering:
+                super().on_message_complete()
+
+        def _announces_too_much(self, limit: int) -> bool:
+            """Refuse the request whose head was just read if it announces a body over
+            ``limit``; whether it did. The app never sees it."""
+            lengths = [value for name, value in self.headers if name == b"content-length"]
+            if not any(announces_more_than(value, limit) for value in lengths):
+                return False
+            previous = self.cycle
+            if previous is not None and not previous.response_complete:
+                # An earlier request, pipelined before this one, is still being answered:
+                # no refusal may cut into its answer. The connection closes after it, and
+                # this request goes unanswered (a client retries an unanswered request).
+                previous.keep_alive = False
+                self._due = math.inf
+                self._lingering = True
+                return True
+            self._refuse(413, body_over(limit), started=False)
+            return True
 
         def _await(self, stage: tuple[float, str]) -> None:
             self._stage = stage
@@ -231,12 +283,14 @@ def limited(
             if Limited._sweeping:
                 loop.call_later(sweep_every_s, Limited._sweep, loop)
 
-        def _refuse(self, status: int, message: str) -> None:
+        def _refuse(self, status: int, message: str, *, started: bool = True) -> None:
+            """``started``: whether the request refused has a cycle (``self.cycle``); one
+            refused at its head has none, and ``self.cycle`` is the previous request's."""
             self._due = math.inf
             Limited._open.discard(self)
             if self.transport.is_closing() or self._lingering:
                 return
-            cycle = self.cycle
+            cycle = self.cycle if started else None
             if cycle is None or not cycle.response_started:
                 content_type, body = refusal(status, message)
                 phrase = http.HTTPStatus(status).phrase.encode()

@@ -428,6 +428,78 @@ async def test_expect_100_continue_is_answered_when_the_app_reads() -> None:
         await client.close()
 
 
+SMALL_BODIES = ListenerLimits(header_timeout_s=5, body_timeout_s=5, max_body_bytes=1024)
+
+
+def announcing(path: str, length: int) -> bytes:
+    """A request's head announcing a body of ``length`` bytes it holds back for a 100."""
+    return b"POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n" % (
+        path.encode(),
+        length,
+    )
+
+
+async def test_a_body_announced_over_the_limit_is_413_before_the_app_or_a_100() -> None:
+    app = Echo()
+    async with serving(app, limits=SMALL_BODIES) as (_, port):
+        client = await Client.to(port)
+        await client.send(get("/first"))
+        assert (await client.answer())[0] == b"HTTP/1.1 200 OK"
+
+        await client.send(announcing("/up", 1025))
+
+        status, headers, body = await client.answer()  # the first thing sent: no 100
+        assert status == b"HTTP/1.1 413 Request Entity Too Large"
+        assert body == b"The request body exceeds 1024 bytes.\n"
+        assert headers[b"connection"] == b"close"
+        assert await client.closed()
+        await client.close()
+    assert [scope["path"] for scope in app.seen] == ["/first"]
+
+
+async def test_a_body_announced_at_the_limit_is_asked_for_and_read() -> None:
+    async with serving(Echo(), limits=SMALL_BODIES) as (_, port):
+        client = await Client.to(port)
+        await client.send(announcing("/up", 1024))
+        interim = await asyncio.wait_for(client.reader.readuntil(b"\r\n\r\n"), 10)
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        await client.send(b"b" * 1024)
+        assert (await client.answer())[2] == b"POST /up? " + b"b" * 1024
+        await client.close()
+
+
+async def test_an_answer_that_never_asked_for_a_held_back_body_closes_the_connection() -> None:
+    async with serving(Echo(read_body=False)) as (_, port):
+        client = await Client.to(port)
+        await client.send(announcing("/refused", 4))
+
+        status, headers, _ = await client.answer()  # the first thing sent: no 100
+
+        assert status == b"HTTP/1.1 200 OK"
+        assert headers[b"connection"] == b"close"
+        assert await client.closed()
+        await client.close()
+
+
+async def test_a_body_announced_over_the_limit_behind_an_answer_waits_for_that_answer() -> None:
+    """Pipelined behind a request still being answered, a refusal would cut into that
+    answer: the answer is given whole, then the connection closes."""
+    app = Echo()
+    async with serving(app, limits=SMALL_BODIES) as (_, port):
+        client = await Client.to(port)
+        await client.send(get("/later") + announcing("/up", 1025) + get("/after"))
+        await wait_until(lambda: len(app.seen) == 1, what="the first request started")
+
+        app.release.set()
+
+        status, headers, body = await client.answer()
+        assert (status, body) == (b"HTTP/1.1 200 OK", b"GET /later? ")
+        assert headers[b"connection"] == b"close"
+        assert await client.closed()
+        await client.close()
+    assert [scope["path"] for scope in app.seen] == ["/later"]
+
+
 @pytest.mark.parametrize(
     "request_bytes",
     [b"NOT HTTP AT ALL\r\n\r\n", b"GET / HTTP/1.1\r\nHost: t\r\nContent-Length: x\r\n\r\n"],

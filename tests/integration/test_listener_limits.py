@@ -24,10 +24,12 @@ import pytest
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from app.admin.bodies import MAX_BODY_BYTES as ADMIN_MAX_BODY_BYTES
+from app.gateway.completions import MAX_BODY_BYTES
 from app.gateway.server import StaticSource
 from app.listeners.limits import ListenerLimits, limited
 from app.store.postgres import PostgresEventStore
-from tests.integration.test_http_server import Flood, requesting
+from tests.integration.test_http_server import Client, Echo, Flood, get, requesting
 from tests.support.admin_server import serving_admin
 from tests.support.gateway import GatewayThread, new_key, snapshot_of
 from tests.support.waiting import wait_until
@@ -231,14 +233,128 @@ async def test_the_admin_api_answers_a_connection_over_its_cap_503_at_once(
         await connections_are_capped(port, f"http://127.0.0.1:{port}")
 
 
-# -- clients that take in nothing -------------------------------------------------------
+# -- a body announced over the limit, with Expect: 100-continue ---------------------------
+
+PATIENT = ListenerLimits(header_timeout_s=30.0, body_timeout_s=30.0, max_connections=64)
+"""Timeouts far past ``AT_ONCE_S``: an answer within it is not a timeout's."""
+AT_ONCE_S = 5.0
+SMALL_UPLOAD = 64 * 1024
 
 
-async def test_uvicorn_with_the_limits_disconnects_a_client_that_takes_in_nothing() -> None:
-    """The admin API's server: a client that reads nothing of a large answer for the send
-    timeout is dropped, and the app is told it left."""
-    app = Flood(size=1 << 30)
-    limits = ListenerLimits(header_timeout_s=5, body_timeout_s=5, send_timeout_s=0.5)
+@dataclass
+class Announced:
+    answer: bytes
+    """What the server sent within ``AT_ONCE_S``."""
+    closed: bool
+    """Whether it closed the connection within ``AT_ONCE_S``."""
+
+
+async def announce(port: int, head: bytes) -> Announced:
+    """Send a request's ``head``, which announces a body and ``Expect: 100-continue``, and
+    never the body; what the server sends, and whether it closes the connection, within
+    ``AT_ONCE_S``."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    answer = b""
+    closed = False
+    try:
+        writer.write(head)
+        await writer.drain()
+        async with asyncio.timeout(AT_ONCE_S):
+            while not closed:
+                data = await reader.read(65536)
+                answer += data
+                closed = not data
+    except TimeoutError:
+        pass
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+    return Announced(answer, closed)
+
+
+def announcing(target: str, length: int, *headers: str) -> bytes:
+    lines = [
+        f"POST {target} HTTP/1.1",
+        "Host: llmgw",
+        *headers,
+        f"Content-Length: {length}",
+        "Expect: 100-continue",
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def refused_at_once(announced: Announced) -> bytes:
+    """The 413's body, once checked that nothing else came (no 100 Continue first) and
+    that the connection was closed after it."""
+    assert announced.answer.startswith(b"HTTP/1.1 413 "), announced
+    assert announced.closed, announced
+    return announced.answer.partition(b"\r\n\r\n")[2]
+
+
+@pytest.fixture
+def patient_gateway() -> Iterator[tuple[str, GatewayThread]]:
+    key, record = new_key()
+    source = StaticSource(snapshot_of([], [record], frozenset({"m"})))
+    with GatewayThread(source, limits=PATIENT, max_upload_bytes=SMALL_UPLOAD) as gateway:
+        yield key, gateway
+
+
+@pytest.mark.parametrize(
+    ("target", "length", "content_type"),
+    [
+        ("/v1/chat/completions", MAX_BODY_BYTES + 1, "application/json"),
+        ("/v1/embeddings", MAX_BODY_BYTES + 1, "application/json"),
+        ("/v1/audio/transcriptions", SMALL_UPLOAD + 1, "multipart/form-data; boundary=b"),
+    ],
+    ids=["chat", "embeddings", "upload"],
+)
+async def test_the_gateway_refuses_a_body_announced_over_its_limit_413_without_reading_it(
+    patient_gateway: tuple[str, GatewayThread], target: str, length: int, content_type: str
+) -> None:
+    key, gateway = patient_gateway
+    head = announcing(
+        target, length, f"Authorization: Bearer {key}", f"Content-Type: {content_type}"
+    )
+
+    announced = await announce(gateway.gateway.port, head)
+
+    body = refused_at_once(announced)
+    assert b'"type":"invalid_request_error"' in body
+    assert b"exceeds" in body
+
+
+async def test_the_gateway_refuses_a_body_over_anything_it_takes_before_asking_for_a_key(
+    patient_gateway: tuple[str, GatewayThread],
+) -> None:
+    _, gateway = patient_gateway
+    head = announcing("/v1/chat/completions", 10 * 1024**3, "Content-Type: application/json")
+
+    body = refused_at_once(await announce(gateway.gateway.port, head))
+
+    assert b'"type":"invalid_request_error"' in body
+
+
+async def test_the_admin_api_refuses_a_body_announced_over_its_limit_413_without_reading_it(
+    pg_store: PostgresEventStore,
+) -> None:
+    async with admin_listener(pg_store, PATIENT) as port:
+        for headers in ([f"Authorization: Bearer {ADMIN_TOKEN}"], []):
+            head = announcing(
+                "/admin/v1/nodes/gpu-1/cordon",
+                ADMIN_MAX_BODY_BYTES + 1,
+                *headers,
+                "Content-Type: application/json",
+            )
+
+            body = refused_at_once(await announce(port, head))
+
+            assert b'"status":413' in body
+
+
+@asynccontextmanager
+async def uvicorn_serving(app: Echo | Flood, limits: ListenerLimits) -> AsyncIterator[int]:
+    """uvicorn with ``limits`` (``app.listeners.limits``) serving ``app``; yields its port."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     config = uvicorn.Config(
@@ -248,11 +364,60 @@ async def test_uvicorn_with_the_limits_disconnects_a_client_that_takes_in_nothin
     serving = asyncio.create_task(server.serve(sockets=[listener]))
     try:
         await wait_until(lambda: server.started, within_s=10, what="listening")
-        stalled = await requesting(listener.getsockname()[1], receive_buffer=4096)
+        yield listener.getsockname()[1]
+    finally:
+        server.should_exit = True
+        await serving
+
+
+SMALL_BODIES = ListenerLimits(header_timeout_s=30, body_timeout_s=30, max_body_bytes=1024)
+
+
+async def test_uvicorn_refuses_the_next_request_on_a_connection_announcing_too_much() -> None:
+    app = Echo()
+    async with uvicorn_serving(app, SMALL_BODIES) as port:
+        client = await Client.to(port)
+        await client.send(get("/first"))
+        assert (await client.answer())[0] == b"HTTP/1.1 200 OK"
+
+        await client.send(announcing("/up", 1025))
+
+        status, headers, body = await client.answer()  # the first thing sent: no 100
+        assert status == b"HTTP/1.1 413 Request Entity Too Large"
+        assert body == b"The request body exceeds 1024 bytes.\n"
+        assert headers[b"connection"] == b"close"
+        assert await client.closed()
+        await client.close()
+    assert [scope["path"] for scope in app.seen] == ["/first"]
+
+
+async def test_uvicorn_finishes_an_answer_before_closing_for_a_pipelined_refusal() -> None:
+    app = Echo()
+    async with uvicorn_serving(app, SMALL_BODIES) as port:
+        client = await Client.to(port)
+        await client.send(get("/later") + announcing("/up", 1025) + get("/after"))
+        await wait_until(lambda: len(app.seen) == 1, what="the first request started")
+
+        app.release.set()
+
+        status, _, body = await client.answer()
+        assert (status, body) == (b"HTTP/1.1 200 OK", b"GET /later? ")
+        assert await client.closed()
+        await client.close()
+    assert [scope["path"] for scope in app.seen] == ["/later"]
+
+
+# -- clients that take in nothing -------------------------------------------------------
+
+
+async def test_uvicorn_with_the_limits_disconnects_a_client_that_takes_in_nothing() -> None:
+    """The admin API's server: a client that reads nothing of a large answer for the send
+    timeout is dropped, and the app is told it left."""
+    app = Flood(size=1 << 30)
+    limits = ListenerLimits(header_timeout_s=5, body_timeout_s=5, send_timeout_s=0.5)
+    async with uvicorn_serving(app, limits) as port:
+        stalled = await requesting(port, receive_buffer=4096)
 
         await asyncio.wait_for(app.gone.wait(), 10)
 
         stalled.close()
-    finally:
-        server.should_exit = True
-        await serving
