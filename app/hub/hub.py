@@ -27,7 +27,7 @@ import math
 import ssl
 from collections.abc import Callable
 from time import monotonic
-from typing import Any, Protocol, assert_never
+from typing import Protocol, assert_never
 
 import msgspec
 import structlog
@@ -42,9 +42,12 @@ from app.domain.commands import CommandNotSent, NodeNotConnected, StartShard, St
 from app.domain.egress import EngineNetworks
 from app.domain.reports import AgentReport
 from app.domain.revocations import PresentedCertificate
+from app.hub.accepting import Accepting
 from app.hub.arrivals import OpeningConnections
 from app.hub.budget import MessageBudget
 from app.hub.edge import command_to_wire, report_of
+from app.hub.gate import DEFAULT_PER_ADDRESS as DEFAULT_HANDSHAKES_PER_ADDRESS
+from app.hub.gate import HandshakeGate
 from app.hub.reconnects import ConnectBudget, ConnectLimits
 from app.hub.refusals import CoolDown, RefusalThrottle
 from app.hub.registry import ConnectionRegistry
@@ -147,6 +150,7 @@ class AgentHub:
         cool_down: CoolDown | None = None,
         engine_networks: EngineNetworks | None = None,
         connects: ConnectLimits | None = None,
+        handshakes_per_address: int = DEFAULT_HANDSHAKES_PER_ADDRESS,
     ) -> None:
         check_heartbeat_timing(heartbeat_interval_s, heartbeat_timeout_s)
         self._handler = handler
@@ -167,6 +171,13 @@ class AgentHub:
         """When a refusal for connecting too often was last logged, per node."""
         self._registry: ConnectionRegistry[_AgentConnection] = ConnectionRegistry()
         self._opening = OpeningConnections(TLS_HANDSHAKE_TIMEOUT_S)
+        self._accepting = Accepting(
+            ssl_context,
+            HandshakeGate(handshakes_per_address),
+            self._opening,
+            handshake_timeout_s=TLS_HANDSHAKE_TIMEOUT_S,
+            shutdown_timeout_s=CLOSE_TIMEOUT_S,
+        )
         self._server: Server | None = None
 
     async def start(self, host: str, port: int) -> int:
@@ -175,7 +186,9 @@ class AgentHub:
             self._serve_connection,
             host,
             port,
-            ssl=self._ssl_context,
+            # Plain TCP: each connection starts its own TLS once past the per-address cap on
+            # handshakes in progress (``app.hub.accepting``).
+            create_connection=self._accepting.connection_class(),
             process_request=_answer_health_checks,
             max_size=MAX_MESSAGE_BYTES,
             # A restarted control plane is dialled by every agent at once; the default
@@ -184,8 +197,6 @@ class AgentHub:
             # A refused or cut-off peer that does not answer the close is not waited for
             # long: honest agents answer at once.
             close_timeout=CLOSE_TIMEOUT_S,
-            ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S,
-            create_connection=_counted_while_opening(self._opening),
         )
         bound = self.port
         log.info("agent_hub_listening", host=host, port=bound)
@@ -203,6 +214,7 @@ class AgentHub:
         if self._server is None:
             return
         self._server.close()
+        self._accepting.stop()
         await self._server.wait_closed()
         self._server = None
         log.info("agent_hub_stopped")
@@ -214,6 +226,11 @@ class AgentHub:
         """Connections accepted whose TLS and WebSocket handshakes have not finished: agents
         still arriving (they keep the adoption grace open)."""
         return self._opening.count(monotonic())
+
+    def handshakes_refused(self) -> int:
+        """Connections closed before their TLS handshake since the hub was made: their
+        address had as many handshakes in progress as it may (``app.hub.gate``)."""
+        return self._accepting.gate.refused
 
     async def send_command(self, node_id: str, command: StartShard | StopShard) -> None:
         """Send ``command`` on the node's current connection; raises ``NodeNotConnected``
@@ -460,22 +477,6 @@ class AgentHub:
             await self._record_refusal(rejection)
         except Exception:
             log.exception("agent_refusal_not_recorded")
-
-
-def _counted_while_opening(opening: OpeningConnections) -> type[ServerConnection]:
-    """The hub's connection class: each counts in ``opening`` from its accept (websockets
-    makes it then, before the TLS handshake) until its handler starts or it closes."""
-
-    class _OpeningConnection(ServerConnection):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            opening.opened(id(self), monotonic())
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            opening.finished(id(self))
-            super().connection_lost(exc)
-
-    return _OpeningConnection
 
 
 HEALTH_PATHS = frozenset({"/healthz", "/readyz"})

@@ -137,8 +137,15 @@ async def hub(run_hub: RunHub) -> AsyncIterator[AgentHub]:
         yield running
 
 
-def dial(hub: AgentHub, context: ssl.SSLContext) -> connect:
-    return connect(f"wss://{LOOPBACK}:{hub.port}", ssl=context, open_timeout=DEADLINE_S)
+def dial(hub: AgentHub, context: ssl.SSLContext, *, source: str | None = None) -> connect:
+    """A WebSocket connection to ``hub``; from the loopback address ``source`` if given
+    (any of 127.0.0.0/8 is this host), else from 127.0.0.1."""
+    return connect(
+        f"wss://{LOOPBACK}:{hub.port}",
+        ssl=context,
+        open_timeout=DEADLINE_S,
+        local_addr=(source, 0) if source is not None else None,
+    )
 
 
 def new_node_id() -> str:

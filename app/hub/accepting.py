@@ -1,0 +1,164 @@
+"""The hub's connections from their accept to their WebSocket handshake: TLS started by the
+hub itself, behind a cap on handshakes in progress per address (``app.hub.gate``).
+
+Given a TLS context, asyncio starts each connection's handshake the moment it accepts it
+and tells the protocol nothing until the handshake is over: the hub could not see who is
+connecting before paying for the handshake. So the hub listens on plain TCP, and each
+connection (``Accepting.connection_class()``, the class websockets makes for every accepted
+socket) checks its peer's address against the gate as soon as it is accepted:
+
+- over the cap: closed at once (reset: nothing read, nothing sent, no TLS), counted, and
+  logged as ``agent_handshake_over_cap`` at most once per address per minute (the line
+  says how many went unlogged since the last);
+- otherwise: its TLS handshake is started by ``loop.start_tls`` and holds a place at the
+  gate until it finishes, fails or times out; a connection whose handshake finished is
+  handed to websockets, as asyncio would have handed it, and becomes an agent's.
+
+Until the handshake is over, the TLS layer speaks to a stand-in (``_Handshake``) that keeps
+what arrives with its end (a client may send its first request with its last handshake
+message), and the connection is given it once websockets has it.
+
+Every connection counts as opening (``app.hub.arrivals``) from its accept until it is
+refused, its handshake fails, or the hub's handler takes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from time import monotonic
+from typing import Any, cast
+
+import structlog
+from websockets.asyncio.server import ServerConnection
+
+from app.hub.arrivals import OpeningConnections
+from app.hub.gate import HandshakeGate
+from app.hub.refusals import RefusalThrottle
+
+OVER_CAP_LOG_INTERVAL_S = 60.0
+log = structlog.get_logger(__name__)
+
+
+class _Handshake(asyncio.Protocol):
+    """What the TLS layer speaks to while its handshake runs: what comes with its end is
+    kept for the connection it is handed to."""
+
+    def __init__(self) -> None:
+        self.received: list[bytes] = []
+        self.ended = False
+        self.lost = False
+
+    def data_received(self, data: bytes) -> None:
+        self.received.append(data)
+
+    def eof_received(self) -> None:
+        self.ended = True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+
+    def hand_over(self, connection: asyncio.Protocol) -> None:
+        for data in self.received:
+            connection.data_received(data)
+        self.received.clear()
+        if self.ended:
+            connection.eof_received()
+
+
+class Accepting:
+    """The hub listener's accepted connections: its gate, its TLS and what is opening."""
+
+    def __init__(
+        self,
+        tls: ssl.SSLContext,
+        gate: HandshakeGate,
+        opening: OpeningConnections,
+        *,
+        handshake_timeout_s: float,
+        shutdown_timeout_s: float,
+    ) -> None:
+        self.gate = gate
+        self._tls = tls
+        self._opening = opening
+        self._handshake_timeout_s = handshake_timeout_s
+        self._shutdown_timeout_s = shutdown_timeout_s
+        self._over_cap = RefusalThrottle(interval_s=OVER_CAP_LOG_INTERVAL_S)
+        self._handshakes: set[asyncio.Task[None]] = set()
+
+    def stop(self) -> None:
+        """Abandon the handshakes in progress (their connections close): the hub stops."""
+        for task in list(self._handshakes):
+            task.cancel()
+
+    def connection_class(self) -> type[ServerConnection]:
+        """The connection class websockets makes for each accepted socket (before TLS)."""
+        accepting = self
+
+        class _AcceptedConnection(ServerConnection):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                accepting._opening.opened(id(self), monotonic())
+
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                # Plain TCP, just accepted: nothing is read or sent yet.
+                transport = cast(asyncio.Transport, transport)
+                address = _host(transport.get_extra_info("peername"))
+                if not accepting.gate.enter(address):
+                    accepting._opening.finished(id(self))
+                    accepting._refused(address)
+                    transport.abort()
+                    return
+                transport.pause_reading()  # what the peer sends waits for the TLS layer
+                task = self.loop.create_task(self._secure(transport, address))
+                accepting._handshakes.add(task)
+                task.add_done_callback(accepting._handshakes.discard)
+
+            async def _secure(self, transport: asyncio.Transport, address: str) -> None:
+                handshake = _Handshake()
+                secured: asyncio.Transport | None = None
+                try:
+                    secured = await self.loop.start_tls(
+                        transport,
+                        handshake,
+                        accepting._tls,
+                        server_side=True,
+                        ssl_handshake_timeout=accepting._handshake_timeout_s,
+                        ssl_shutdown_timeout=accepting._shutdown_timeout_s,
+                    )
+                except OSError:
+                    pass  # refused, timed out or cut off (ssl.SSLError is an OSError)
+                except Exception:
+                    log.exception("agent_tls_not_started")
+                finally:
+                    accepting.gate.leave(address)
+                    if secured is None or handshake.lost:
+                        accepting._opening.finished(id(self))
+                if secured is None or handshake.lost:
+                    return  # start_tls closed what it could not secure
+                secured.set_protocol(self)
+                super().connection_made(secured)
+                handshake.hand_over(self)
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                accepting._opening.finished(id(self))
+                super().connection_lost(exc)
+
+        return _AcceptedConnection
+
+    def _refused(self, address: str) -> None:
+        unlogged = self._over_cap.admit(address, monotonic())
+        if unlogged is not None:
+            log.warning(
+                "agent_handshake_over_cap",
+                address=address,
+                cap=self.gate.per_address,
+                refused_unlogged=unlogged,
+            )
+
+
+def _host(peername: object) -> str:
+    """The address of a peer (its host, without the port)."""
+    if isinstance(peername, tuple) and peername:
+        return str(peername[0])
+    return str(peername)
