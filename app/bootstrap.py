@@ -43,6 +43,7 @@ from app.domain.envelope import Recorded
 from app.gateway.postgres import GatewayOptions, PostgresGateway
 from app.gateway.server import GatewayFailed
 from app.hub.budget import MessageBudget
+from app.hub.gate import DEFAULT_PER_ADDRESS as DEFAULT_HANDSHAKES_PER_ADDRESS
 from app.hub.hub import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S, AgentHub
 from app.hub.reconnects import ConnectLimits
 from app.listeners.limits import ListenerLimits
@@ -89,7 +90,8 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class AgentHubConfig:
-    """The agent hub's own settings: its TLS, identity rule, liveness, budget, networks."""
+    """The agent hub's own settings: its TLS, identity rule, liveness, budget, networks,
+    and its cap on handshakes per address."""
 
     tls: ssl.SSLContext
     require_identity: bool = True
@@ -102,6 +104,8 @@ class AgentHubConfig:
     engine_networks: EngineNetworks | None = None
     """Where nodes' engines may live (``--engine-networks``); None: each node only at the
     address its agent connects from."""
+    handshakes_per_address: int = DEFAULT_HANDSHAKES_PER_ADDRESS
+    """TLS handshakes one address may have in progress (``app.hub.gate``)."""
 
 
 def leader_wiring(
@@ -123,6 +127,7 @@ def leader_wiring(
             revocations=revocations,
             engine_networks=hub.engine_networks,
             connects=hub.connects,
+            handshakes_per_address=hub.handshakes_per_address,
         )
 
     def appends(after_position: int) -> AsyncIterator[Recorded]:
@@ -259,6 +264,7 @@ class Server:
                     per_minute=settings.agent_connects_per_minute,
                 ),
                 engine_networks=networks,
+                handshakes_per_address=settings.agent_handshakes_per_address,
             ),
             gateway=GatewayOptions(
                 host=settings.client_host,

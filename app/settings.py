@@ -52,6 +52,9 @@ from app.gateway.postgres import DEFAULT_CLIENT_HOST, DEFAULT_CLIENT_PORT, max_u
 from app.gateway.server import DEFAULT_MAX_CONNECTIONS
 from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
 from app.hub.budget import MessageBudget
+from app.hub.gate import DEFAULT_PER_ADDRESS as DEFAULT_HANDSHAKES_PER_ADDRESS
+from app.hub.gate import MAX_PER_ADDRESS as MAX_HANDSHAKES_PER_ADDRESS
+from app.hub.gate import per_address_problem
 from app.hub.hub import DEFAULT_HEARTBEAT_INTERVAL_S
 from app.hub.reconnects import (
     DEFAULT_CONNECT_BURST,
@@ -240,6 +243,16 @@ class ServeSettings:
             help="connections one node earns back each minute after that burst",
         ),
     ] = DEFAULT_CONNECTS_PER_MINUTE
+    agent_handshakes_per_address: Annotated[
+        int,
+        Parameter(
+            env_var="LLMGW_AGENT_HANDSHAKES_PER_ADDRESS",
+            help="agent TLS handshakes one address may have in progress at once "
+            f"(1-{MAX_HANDSHAKES_PER_ADDRESS}); a connection over it is closed before its "
+            "handshake starts, counted and logged. Raise it where many agents share an "
+            "address (NAT)",
+        ),
+    ] = DEFAULT_HANDSHAKES_PER_ADDRESS
     engine_networks: EngineNetworksFlag = ""
     allow_privileged_role: AllowPrivilegedRole = False
     auth_failure_burst: AuthFailureBurst = DEFAULT_BURST
@@ -294,6 +307,9 @@ class ServeSettings:
             if value < 0
         ]
         problems += limit_problems(self.agent_connect_burst, self.agent_connects_per_minute)
+        handshakes = per_address_problem(self.agent_handshakes_per_address)
+        if handshakes is not None:
+            problems.append(f"--agent-handshakes-per-address {handshakes}")
         lease = lease_problem(self.leader_lease)
         if lease is not None:
             problems.append(f"--leader-lease: {lease}")

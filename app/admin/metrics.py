@@ -13,10 +13,11 @@ Figures come from three places, none of them counters sprinkled through the code
   nodes rejected for each reason;
 - the ``events`` table: events appended by type, counted incrementally by position (appends
   are serialized, so no event can appear later below a position already counted);
-- the leader's live parts (``LiveFigures``): agents connected to this server's hub, the
-  reconciler's recent passes, the demand its autoscaler last sampled for each
-  autoscaled model, and the gateways its last pass read as reporting or silent. A standby
-  reports no leader, no agents, no demand and no gateways;
+- the leader's live parts (``LiveFigures``): agents connected to this server's hub and
+  connections it refused before their TLS handshake, the reconciler's recent passes, the
+  demand its autoscaler last sampled for each autoscaled model, and the gateways its last
+  pass read as reporting or silent. A standby reports no leader, no agents, no demand and
+  no gateways;
 - the gateway this process runs, if any (``llmgw_gateway_*``, see docs/gateway.md): its
   page names every model and replica, so ``serve`` publishes it here, to operators, and
   its client listener answers 404 for ``/metrics``.
@@ -62,6 +63,9 @@ class LiveFigures:
     gateways_silent: int = 0
     """Gateways the last pass found silent: reported before, not recently, and not gone
     cleanly (``app.domain.reports.GatewaysInFlight.silent``)."""
+    agent_handshakes_refused: int = 0
+    """Agent connections the hub closed before their TLS handshake: their address had as
+    many handshakes in progress as it may (``app.hub.gate``)."""
 
 
 LiveSource = Callable[[], LiveFigures | None]
@@ -88,6 +92,7 @@ def leader_figures(leader: Leader) -> LiveFigures:
         demand=reconciler.last_demand() if reconciler else {},
         gateways_reporting=reconciler.gateways.live if reconciler else 0,
         gateways_silent=reconciler.gateways.silent if reconciler else 0,
+        agent_handshakes_refused=leader.hub.handshakes_refused(),
     )
 
 
@@ -163,6 +168,13 @@ def live_families(figures: LiveFigures | None) -> Iterator[Metric]:
     )
     agents.add_metric([], figures.agents_connected if figures else 0)
     yield agents
+    refused = CounterMetricFamily(
+        "llmgw_agent_handshakes_refused",
+        "Agent connections this server's hub closed before their TLS handshake, since it "
+        "began leading: their address had --agent-handshakes-per-address in progress",
+    )
+    refused.add_metric([], figures.agent_handshakes_refused if figures else 0)
+    yield refused
     passes = CounterMetricFamily(
         "llmgw_reconcile_passes", "Reconcile passes since this server began leading"
     )

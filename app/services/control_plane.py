@@ -108,6 +108,8 @@ class AgentChannel(CommandChannel, Protocol):
 
     def connections_opening(self) -> int: ...
 
+    def handshakes_refused(self) -> int: ...
+
 
 RevocationCheck = Callable[[PresentedCertificate], str | None]
 

@@ -37,15 +37,17 @@ async def serving_process(
     as_owner: bool = False,
     flags: Sequence[str] = (),
     gateway_port: int | None = None,
+    agent_port: int | None = None,
 ) -> AsyncIterator[str]:
     """``llmgw-server serve`` over ``database_url`` until the block ends, however it ends;
     yields its admin API's URL once ``/healthz`` answers there (HTTPS with ``admin_tls``).
     It connects as the runtime role, or with ``as_owner`` as ``database_url`` says. With
-    ``gateway_port``, its gateway serves clients there."""
+    ``gateway_port``, its gateway serves clients there; its agent hub listens on
+    ``agent_port`` (a free port unless given) once it leads."""
     command = ServeCommand(
         pki=ClusterPki(pki.directory),
         admin_port=free_port(),
-        agent_port=free_port(),
+        agent_port=agent_port if agent_port is not None else free_port(),
         client_port=gateway_port,
         database_url=database_url if as_owner else runtime_url(database_url),
         admin_tokens=((token_name, token),),

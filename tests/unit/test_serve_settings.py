@@ -1,5 +1,7 @@
-"""``llmgw-server serve``'s flags: a negative adoption setting is refused by name, and the
-embedded gateway's ejection and upload flags are checked as ``llmgw-server gateway``'s are."""
+"""``llmgw-server serve``'s flags: a negative adoption setting is refused by name, the
+embedded gateway's ejection and upload flags are checked as ``llmgw-server gateway``'s are,
+and the agent hub's cap on handshakes per address comes from its flag or its environment
+variable, within its bounds."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import pytest
 
 from app.gateway.ejection import EjectionPolicy
 from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
+from app.main import app
 from app.settings import ServeSettings
 
 DATABASE_URL = "postgresql://llmgw@db.example/llmgw"
@@ -110,3 +113,34 @@ def test_a_node_connects_ten_times_at_once_and_ten_a_minute_unless_set() -> None
     settings = ServeSettings(database_url=DATABASE_URL)
 
     assert (settings.agent_connect_burst, settings.agent_connects_per_minute) == (10, 10.0)
+
+
+def serve_settings(*flags: str) -> ServeSettings:
+    """``llmgw-server serve``'s settings as the program parses ``flags``."""
+    _, bound, _ = app.parse_args(
+        ["serve", "--database-url", DATABASE_URL, *flags], exit_on_error=False, print_error=False
+    )
+    settings = bound.arguments["settings"]
+    assert isinstance(settings, ServeSettings)
+    return settings
+
+
+def test_the_agent_handshakes_per_address_come_from_the_flag_or_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("LLMGW_AGENT_HANDSHAKES_PER_ADDRESS", raising=False)
+    assert serve_settings().agent_handshakes_per_address == 8
+    assert serve_settings("--agent-handshakes-per-address", "64").agent_handshakes_per_address == 64
+
+    monkeypatch.setenv("LLMGW_AGENT_HANDSHAKES_PER_ADDRESS", "4096")
+
+    assert serve_settings().agent_handshakes_per_address == 4096
+
+
+@pytest.mark.parametrize("cap", [0, -3, 65536])
+def test_agent_handshakes_per_address_outside_their_bounds_are_refused(cap: int) -> None:
+    settings = replace(ServeSettings(database_url=DATABASE_URL), agent_handshakes_per_address=cap)
+
+    assert settings.problems() == [
+        f"--agent-handshakes-per-address must be between 1 and 65535, not {cap}"
+    ]
