@@ -6,6 +6,9 @@ returns, in order: ``Send`` goes out as a text frame, ``Close`` closes the conne
 ``Observe`` goes to the fleet service. The hub decides nothing about the cluster; which
 connection speaks for a node is kept in a ``ConnectionRegistry``.
 
+Before any of that, a connection from an address that has as many TLS handshakes in
+progress as it may is closed before its own starts (``app.hub.accepting``, ``app.hub.gate``).
+
 A connection that misbehaves (garbage, binary frames, an oversized frame, an unknown
 message, more than its budget) is closed and logged; the other connections and the server
 carry on. Refusals are recorded as events at most once a minute per certificate
@@ -154,7 +157,6 @@ class AgentHub:
     ) -> None:
         check_heartbeat_timing(heartbeat_interval_s, heartbeat_timeout_s)
         self._handler = handler
-        self._ssl_context = ssl_context
         self._require_identity = require_identity
         self._heartbeat_interval_s = heartbeat_interval_s
         self._heartbeat_timeout_s = heartbeat_timeout_s
