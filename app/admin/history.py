@@ -14,7 +14,7 @@ from app.admin.schemas import EventView, HistoryPage
 from app.domain.describe import describe
 from app.domain.envelope import Recorded
 from app.domain.events import SECRET_FIELDS
-from app.domain.keys import find_key
+from app.services.operations import Operations
 from app.store.history import Subject, read_history
 from app.store.postgres import PostgresEventStore
 
@@ -54,6 +54,7 @@ class HistoryController(Controller):
     async def history(
         self,
         store: NamedDependency[PostgresEventStore],
+        operations: NamedDependency[Operations],
         subject: FromPath[Subject],
         key: FromPath[str],
         after: Annotated[
@@ -63,7 +64,7 @@ class HistoryController(Controller):
         limit: Annotated[int, QueryParameter(ge=1, le=5000)] = 500,
     ) -> HistoryPage:
         if subject is Subject.KEY:  # by id, prefix or name, as `keys revoke` takes it
-            key = find_key(await store.catch_up(), key).id
+            key = (await operations.find_key(key)).id
         events = await read_history(store.engine, subject, key, after, limit)
         return HistoryPage(
             kind=subject.value,

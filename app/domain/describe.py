@@ -51,6 +51,7 @@ from app.domain.events import (
     ShardStopped,
     StrayStopped,
 )
+from app.domain.keys import utc_text
 from app.domain.revisions import FIRST_REVISION, describe_changes
 
 
@@ -235,7 +236,8 @@ def _what(event: AnyEvent) -> str:
             return f"move {event.drain_id} called off: {event.reason}"
         case ApiKeyCreated():
             scope = ", ".join(event.models) if event.models else "all models"
-            return f"created for {scope}"
+            expires = f", expires {utc_text(event.expires_at)}" if event.expires_at else ""
+            return f"created for {scope}{expires}"
         case ApiKeyRevoked():
             return "revoked"
         case _:

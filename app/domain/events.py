@@ -13,6 +13,7 @@ the bottom name them, so nobody formats a stream name by hand.
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Any, ClassVar, assert_never
 
 import msgspec
@@ -458,6 +459,9 @@ that could check guesses of a key is never handed to anyone who can read the his
 
 
 class ApiKeyCreated(Event, frozen=True, kw_only=True):
+    """``expires_at``: when the key stops working (in UTC), by the clock alone: no event
+    marks it. Absent from older payloads, which read as keys that never expire."""
+
     key_id: str
     name: str
     prefix: str
@@ -465,6 +469,7 @@ class ApiKeyCreated(Event, frozen=True, kw_only=True):
     models: tuple[str, ...] = ()
     rpm: int | None = None
     tpm: int | None = None
+    expires_at: datetime | None = None
 
 
 class ApiKeyRevoked(Event, frozen=True, kw_only=True):

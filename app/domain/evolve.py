@@ -683,6 +683,7 @@ def _api_key_created(state: ClusterState, event: ApiKeyCreated, recorded: Record
         tpm=event.tpm,
         created_at=at,
         created_by=recorded.meta.actor,
+        expires_at=event.expires_at,
     )
 
 

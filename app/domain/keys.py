@@ -5,11 +5,16 @@ public: it identifies the key in lists, logs and the log. Only a SHA-256 of the 
 stored; the secret is 32 random bytes, so a fast hash is enough (there is nothing to guess
 by brute force) and checking a key costs one hash and one constant-time compare.
 
+A key may expire: ``expires_at`` is recorded when it is created, and from then on the
+clock alone ends it (no event does). Every decision that asks whether a key is live is
+given ``now``; an expired key is as good as revoked, except that revoking it still records
+the revocation.
+
 The decisions refuse with these (``OperationError`` subclasses, so the admin API maps them
 like the others)::
 
     InvalidKey          the request breaks a rule (``errors`` has each field and why)
-    DuplicateKeyName    a live key already has that name
+    DuplicateKeyName    a live key (neither revoked nor expired) already has that name
     PrefixTaken         the prefix the caller drew is used already: draw another
     AmbiguousKey        a name shared by several live keys: revoke by prefix
     UnknownKey          no key has that id, prefix or name
@@ -21,6 +26,7 @@ import hashlib
 import hmac
 import re
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 
 from app.domain.events import ApiKeyCreated, ApiKeyRevoked, key_stream
 from app.domain.model_spec import SpecError
@@ -61,6 +67,8 @@ ALL_MODELS = "*"
 """In a request's model list: every model, now and later (recorded as an empty scope)."""
 MAX_LIMIT = 2**31 - 1
 """The largest rpm or tpm: the ``api_keys`` columns are 32-bit integers."""
+MAX_LIFETIME = timedelta(days=3653)
+"""The furthest ahead a key may expire: ten years, leap days included."""
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _PREFIX = re.compile(r"^[0-9a-f]{8}$")
@@ -97,16 +105,19 @@ def create(
     key_id: str,
     prefix: str,
     secret_hash: str,
+    now: datetime,
+    expires_at: datetime | None = None,
 ) -> Change:
-    """Record a new key scoped to ``models`` (``["*"]``: every model). ``key_id``,
-    ``prefix`` and ``secret_hash`` are drawn by the caller; a prefix already used, even by
-    a revoked key, is refused with ``PrefixTaken`` so the caller draws again."""
+    """Record a new key scoped to ``models`` (``["*"]``: every model) that works until
+    ``expires_at`` (None: until it is revoked). ``key_id``, ``prefix`` and ``secret_hash``
+    are drawn by the caller; a prefix already used, even by a revoked key, is refused with
+    ``PrefixTaken`` so the caller draws again."""
     if not _PREFIX.match(prefix):
         raise ValueError(f"a key prefix is 8 lowercase hex characters, not {prefix!r}")
-    errors = validate_key(state, name, models, rpm, tpm)
+    errors = validate_key(state, name, models, rpm, tpm, expires_at=expires_at, now=now)
     if errors:
         raise InvalidKey(name, errors)
-    same_name = [k.prefix for k in live_keys(state) if k.name == name]
+    same_name = [k.prefix for k in live_keys(state, now) if k.name == name]
     if same_name:
         raise DuplicateKeyName(
             f"a live API key is already named {name!r} (prefix {same_name[0]}); revoke it "
@@ -122,12 +133,20 @@ def create(
         models=scope_of(models),
         rpm=rpm,
         tpm=tpm,
+        expires_at=expires_at.astimezone(UTC) if expires_at is not None else None,
     )
     return Change(stream=key_stream(key_id), events=(created,))
 
 
 def validate_key(
-    state: ClusterState, name: str, models: Sequence[str], rpm: int | None, tpm: int | None
+    state: ClusterState,
+    name: str,
+    models: Sequence[str],
+    rpm: int | None,
+    tpm: int | None,
+    *,
+    expires_at: datetime | None = None,
+    now: datetime,
 ) -> list[SpecError]:
     """Every problem with a key request (an empty list means it may be created)."""
     errors = []
@@ -144,7 +163,36 @@ def validate_key(
     for field, limit in (("rpm", rpm), ("tpm", tpm)):
         if limit is not None and not 1 <= limit <= MAX_LIMIT:
             errors.append(SpecError(field, f"must be between 1 and {MAX_LIMIT} (or left out)"))
+    if expires_at is not None:
+        errors.extend(_expiry_errors(expires_at, now))
     return errors
+
+
+def _expiry_errors(expires_at: datetime, now: datetime) -> list[SpecError]:
+    if expires_at.tzinfo is None or expires_at.utcoffset() is None:
+        return [
+            SpecError(
+                "expires_at",
+                "must say its timezone: an RFC 3339 time with an offset, such as "
+                "2027-01-31T00:00:00Z",
+            )
+        ]
+    if expires_at <= now:
+        return [SpecError("expires_at", f"must be in the future (it is {utc_text(now)} now)")]
+    if expires_at - now > MAX_LIFETIME:
+        return [
+            SpecError(
+                "expires_at",
+                f"must be at most 10 years ahead ({utc_text(now + MAX_LIFETIME)}), or left "
+                "out for a key that never expires",
+            )
+        ]
+    return []
+
+
+def utc_text(at: datetime) -> str:
+    """``2027-01-31 00:00:00 UTC``: a time as refusals and event lines write it."""
+    return f"{at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
 
 
 def _scope_errors(state: ClusterState, models: Sequence[str]) -> list[SpecError]:
@@ -173,17 +221,17 @@ def scope_of(models: Sequence[str]) -> tuple[str, ...]:
     return () if ALL_MODELS in models else tuple(sorted(set(models)))
 
 
-def find_key(state: ClusterState, prefix_or_name: str) -> ApiKey:
-    """The key with that id (``k-<prefix>``) or prefix; else the live key with that name;
-    else, when every key of that name is revoked, the one revoked last (so revoking twice
-    is no error)."""
+def find_key(state: ClusterState, prefix_or_name: str, now: datetime) -> ApiKey:
+    """The key with that id (``k-<prefix>``) or prefix; else the live key with that name
+    (neither revoked nor expired at ``now``); else, when every key of that name is revoked
+    or expired, the one that ended last (so revoking twice is no error)."""
     if (by_id := state.keys.get(prefix_or_name)) is not None:
         return by_id
     for key in state.keys.values():
         if key.prefix == prefix_or_name:
             return key
     named = [k for k in state.keys.values() if k.name == prefix_or_name]
-    live = [k for k in named if k.revoked_at is None]
+    live = [k for k in named if k.live(now)]
     if len(live) > 1:
         prefixes = ", ".join(sorted(k.prefix for k in live))
         raise AmbiguousKey(
@@ -193,8 +241,14 @@ def find_key(state: ClusterState, prefix_or_name: str) -> ApiKey:
     if live:
         return live[0]
     if named:
-        return max(named, key=lambda k: (k.revoked_at or k.created_at, k.created_at))
+        return max(named, key=lambda k: (_ended_at(k), k.created_at))
     raise UnknownKey(prefix_or_name)
+
+
+def _ended_at(key: ApiKey) -> datetime:
+    """When a key that is no longer live stopped working: revoked, or expired first."""
+    ends = [at for at in (key.revoked_at, key.expires_at) if at is not None]
+    return min(ends) if ends else key.created_at
 
 
 def revoke(state: ClusterState, key_id: str) -> Change:
@@ -207,8 +261,9 @@ def revoke(state: ClusterState, key_id: str) -> Change:
     return Change(stream=key_stream(key_id), events=(ApiKeyRevoked(key_id=key_id),))
 
 
-def live_keys(state: ClusterState) -> list[ApiKey]:
-    return [k for k in state.keys.values() if k.revoked_at is None]
+def live_keys(state: ClusterState, now: datetime) -> list[ApiKey]:
+    """The keys neither revoked nor expired at ``now``."""
+    return [k for k in state.keys.values() if k.live(now)]
 
 
 def listed(state: ClusterState) -> list[ApiKey]:

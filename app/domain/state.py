@@ -302,6 +302,16 @@ class ApiKey(msgspec.Struct, frozen=True, kw_only=True):
     created_by: str
     revoked_at: datetime | None = None
     revoked_by: str | None = None
+    expires_at: datetime | None = None
+    """When the key stops working; None: never. Expiry is no event: ``expired`` asks the
+    clock."""
+
+    def expired(self, now: datetime) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
+
+    def live(self, now: datetime) -> bool:
+        """Neither revoked nor expired at ``now``."""
+        return self.revoked_at is None and not self.expired(now)
 
 
 class CertificateRevocation(msgspec.Struct, frozen=True, kw_only=True):

@@ -176,6 +176,7 @@ class Operations:
         models: Sequence[str],
         rpm: int | None = None,
         tpm: int | None = None,
+        expires_at: datetime | None = None,
     ) -> NewKey:
         secret = secrets.token_urlsafe(32)
         async with self._key_creation:
@@ -191,6 +192,8 @@ class Operations:
                     key_id=key_id,
                     prefix=prefix,
                     secret_hash=key_decisions.hash_key(key),
+                    now=self._clock(),
+                    expires_at=expires_at,
                 )
                 try:
                     await self._record(caller, key_stream(key_id), creation)
@@ -201,7 +204,7 @@ class Operations:
 
     async def revoke_key(self, caller: Caller, prefix_or_name: str) -> tuple[bool, ApiKey]:
         """Whether anything was recorded (not when the key was revoked already), and the key."""
-        key = key_decisions.find_key(await self._store.catch_up(), prefix_or_name)
+        key = await self.find_key(prefix_or_name)
         changed = await self._record(
             caller, key_stream(key.id), lambda s: key_decisions.revoke(s, key.id)
         )
@@ -225,6 +228,14 @@ class Operations:
 
     async def list_keys(self) -> list[ApiKey]:
         return key_decisions.listed(await self.current())
+
+    async def find_key(self, prefix_or_name: str) -> ApiKey:
+        """The key with that id, prefix or name, as ``revoke_key`` finds it."""
+        return key_decisions.find_key(await self._store.catch_up(), prefix_or_name, self._clock())
+
+    def now(self) -> datetime:
+        """The time by this service's clock: whether a key it lists has expired."""
+        return self._clock()
 
     async def current(self) -> ClusterState:
         """The cluster as of the end of the log; later appends do not change this copy."""

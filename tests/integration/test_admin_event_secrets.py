@@ -102,4 +102,5 @@ async def test_no_route_that_renders_events_or_keys_shows_a_secret_hash(
         "models": [],
         "rpm": None,
         "tpm": None,
+        "expires_at": None,
     }

@@ -7,6 +7,7 @@ replicas and exercise real transitions rather than events about strangers.
 from __future__ import annotations
 
 import sys
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import msgspec
@@ -76,6 +77,15 @@ EXTREME_FLOATS = (
 """The edges of what the API accepts, and far past them, as a log written before specs
 were bounded may hold: each must rebuild to the very rows it was projected to."""
 EXTREME_INTS = (0, 1, MAX_REPLICAS, MAX_TARGET_WAITING, MAX_LIMIT)
+_moments = st.datetimes(
+    min_value=datetime(1971, 1, 1),
+    max_value=datetime(2999, 12, 31),
+    timezones=st.sampled_from(
+        [UTC, timezone(timedelta(hours=5, minutes=30)), timezone(timedelta(hours=-8))]
+    ),
+)
+"""Times with their offset (as the admin API takes them), each a time PostgreSQL keeps to
+the microsecond and gives back as the same instant in UTC."""
 _json_scalars = st.one_of(
     st.none(), st.booleans(), st.integers(-1000, 1000), st.floats(-1e6, 1e6), _text
 )
@@ -94,6 +104,8 @@ def _for_type(info: mi.Type, field: str) -> st.SearchStrategy[Any]:
             return st.sampled_from(EXTREME_FLOATS) | finite
         case mi.BoolType():
             return st.booleans()
+        case mi.DateTimeType():
+            return _moments
         case mi.LiteralType(values=values):
             return st.sampled_from(values)
         case mi.NoneType():

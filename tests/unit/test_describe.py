@@ -3,7 +3,10 @@ a node's history stands on its own."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from hypothesis import given
+from msgspec.structs import replace
 
 from app.domain.describe import describe
 from app.domain.events import (
@@ -36,6 +39,18 @@ def test_the_lines_operators_saw_without_a_subject_now_have_one() -> None:
     assert describe(ApiKeyRevoked(key_id="k-1")) == "key k-1 revoked"
     starting = ShardStarting(replica_id="demo-1", shard_index=0, node_id="dev-node-1", pid=8951)
     assert describe(starting) == "replica demo-1 shard 0 starting on dev-node-1 pid 8951"
+
+
+def test_a_key_s_creation_says_when_it_expires_if_it_does() -> None:
+    forever = ApiKeyCreated(
+        key_id="k-7f3a09c2", name="ci", prefix="7f3a09c2", secret_hash="h", models=("llama",)
+    )
+    month = replace(forever, expires_at=datetime(2027, 1, 31, 9, 30, tzinfo=UTC))
+
+    assert describe(forever) == "key ci (7f3a09c2) created for llama"
+    assert describe(month) == (
+        "key ci (7f3a09c2) created for llama, expires 2027-01-31 09:30:00 UTC"
+    )
 
 
 def test_a_stop_says_who_stopped_the_shard_and_why_when_its_agent_did() -> None:

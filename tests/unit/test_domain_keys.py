@@ -11,7 +11,7 @@ from __future__ import annotations
 import secrets
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from hypothesis import given as for_all
@@ -33,6 +33,8 @@ from app.domain.operations import Change
 from app.domain.state import ClusterState
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+NOW = T0 + timedelta(hours=1)
+"""When the decisions are asked: after every event of a test's log."""
 COMMAND = "vllm serve {model} --port {port}"
 
 
@@ -59,9 +61,16 @@ def declared(*names: str) -> list[AnyEvent]:
     return [ModelDeclared(model=n, spec=ModelSpec(name=n, command=COMMAND)) for n in names]
 
 
-def key_created(name: str, prefix: str, models: tuple[str, ...] = ()) -> ApiKeyCreated:
+def key_created(
+    name: str, prefix: str, models: tuple[str, ...] = (), expires_at: datetime | None = None
+) -> ApiKeyCreated:
     return ApiKeyCreated(
-        key_id=f"k-{prefix}", name=name, prefix=prefix, secret_hash="h", models=models
+        key_id=f"k-{prefix}",
+        name=name,
+        prefix=prefix,
+        secret_hash="h",
+        models=models,
+        expires_at=expires_at,
     )
 
 
@@ -72,6 +81,8 @@ def create(
     rpm: int | None = None,
     tpm: int | None = None,
     prefix: str = "0badc0de",
+    expires_at: datetime | None = None,
+    now: datetime = NOW,
 ) -> Change:
     return keys.create(
         state,
@@ -82,6 +93,8 @@ def create(
         key_id=f"k-{prefix}",
         prefix=prefix,
         secret_hash=keys.hash_key(keys.format_key(prefix, "s" * 43)),
+        now=now,
+        expires_at=expires_at,
     )
 
 
@@ -220,14 +233,124 @@ def test_a_malformed_prefix_is_a_bug_of_the_caller() -> None:
         create(given(*declared("llama")), prefix="llmgw_7f3a")
 
 
+# -- expiring ----------------------------------------------------------------------------
+
+
+def test_a_key_that_expires_records_when_in_utc_and_the_fold_keeps_it() -> None:
+    state = given(*declared("llama"))
+    at_nine_in_tokyo = datetime(2027, 1, 31, 9, 0, tzinfo=timezone(timedelta(hours=9)))
+
+    [event] = create(state, expires_at=at_nine_in_tokyo).events
+    key = given(*declared("llama"), event).keys["k-0badc0de"]
+
+    assert isinstance(event, ApiKeyCreated)
+    assert event.expires_at == datetime(2027, 1, 31, 0, 0, tzinfo=UTC)
+    assert event.expires_at.tzinfo is UTC
+    assert key.expires_at == datetime(2027, 1, 31, 0, 0, tzinfo=UTC)
+
+
+def test_a_key_without_an_expiry_never_expires() -> None:
+    [event] = create(given(*declared("llama"))).events
+    key = given(*declared("llama"), event).keys["k-0badc0de"]
+
+    assert isinstance(event, ApiKeyCreated)
+    assert event.expires_at is None
+    assert key.expires_at is None
+    assert not key.expired(datetime.max.replace(tzinfo=UTC))
+    assert key.live(datetime.max.replace(tzinfo=UTC))
+
+
+def test_a_key_expires_at_its_time_by_the_clock_alone_with_no_event() -> None:
+    ends = NOW + timedelta(minutes=90)
+    state = given(key_created("contractor", "11111111", expires_at=ends))
+    key = state.keys["k-11111111"]
+
+    before = ends - timedelta(microseconds=1)
+    assert (key.expired(before), key.live(before)) == (False, True)
+    assert (key.expired(ends), key.live(ends)) == (True, False)
+    assert key.revoked_at is None
+    assert keys.live_keys(state, ends) == []
+
+
+@pytest.mark.parametrize(
+    ("expires_at", "reason"),
+    [
+        (
+            datetime(2027, 1, 31),
+            "must say its timezone: an RFC 3339 time with an offset, such as 2027-01-31T00:00:00Z",
+        ),
+        (NOW, "must be in the future (it is 2026-11-02 10:00:00 UTC now)"),
+        (NOW - timedelta(days=1), "must be in the future (it is 2026-11-02 10:00:00 UTC now)"),
+        (
+            NOW + keys.MAX_LIFETIME + timedelta(microseconds=1),
+            "must be at most 10 years ahead (2036-11-02 10:00:00 UTC), or left out for a key "
+            "that never expires",
+        ),
+        (
+            datetime(2099, 1, 1, tzinfo=UTC),
+            "must be at most 10 years ahead (2036-11-02 10:00:00 UTC), or left out for a key "
+            "that never expires",
+        ),
+    ],
+)
+def test_an_expiry_not_in_the_next_ten_years_or_without_a_timezone_is_refused(
+    expires_at: datetime, reason: str
+) -> None:
+    with pytest.raises(keys.InvalidKey) as refused:
+        create(given(*declared("llama")), expires_at=expires_at)
+
+    assert [(e.field, e.reason) for e in refused.value.errors] == [("expires_at", reason)]
+
+
+@pytest.mark.parametrize(
+    "expires_at",
+    [NOW + timedelta(microseconds=1), NOW + timedelta(days=30), NOW + keys.MAX_LIFETIME],
+)
+def test_an_expiry_up_to_ten_years_ahead_is_taken(expires_at: datetime) -> None:
+    [event] = create(given(*declared("llama")), expires_at=expires_at).events
+
+    assert isinstance(event, ApiKeyCreated)
+    assert event.expires_at == expires_at
+
+
+def test_an_expired_keys_name_may_be_given_to_a_new_key() -> None:
+    state = given(*declared("llama"), key_created("ci", "11111111", expires_at=NOW))
+
+    [event] = create(state, "ci", prefix="22222222").events
+
+    assert isinstance(event, ApiKeyCreated)
+    assert event.name == "ci"
+    with pytest.raises(keys.DuplicateKeyName):
+        create(state, "ci", prefix="22222222", now=NOW - timedelta(seconds=1))
+
+
+def test_by_name_the_live_key_wins_over_an_expired_one_and_else_the_one_that_ended_last() -> None:
+    state = given(
+        key_created("ci", "11111111", expires_at=NOW - timedelta(hours=2)),
+        key_created("ci", "22222222", expires_at=NOW - timedelta(hours=1)),
+        key_created("ci", "33333333", expires_at=NOW + timedelta(hours=1)),
+    )
+
+    assert keys.find_key(state, "ci", NOW).prefix == "33333333"
+    assert keys.find_key(state, "ci", NOW + timedelta(hours=2)).prefix == "33333333"
+    with pytest.raises(keys.AmbiguousKey, match=r"prefixes 22222222, 33333333\)"):
+        keys.find_key(state, "ci", NOW - timedelta(minutes=90))
+
+
+def test_an_expired_key_may_still_be_revoked() -> None:
+    state = given(key_created("ci", "11111111", expires_at=NOW - timedelta(hours=1)))
+
+    assert keys.revoke(state, "k-11111111").events == (ApiKeyRevoked(key_id="k-11111111"),)
+
+
 # -- revoking ----------------------------------------------------------------------------
 
 
 def test_a_key_is_found_by_its_prefix_or_its_name() -> None:
     state = given(key_created("ci", "11111111"), key_created("bot", "22222222"))
 
-    assert keys.find_key(state, "22222222").name == "bot"
-    assert keys.find_key(state, "ci").prefix == "11111111"
+    assert keys.find_key(state, "22222222", NOW).name == "bot"
+    assert keys.find_key(state, "ci", NOW).prefix == "11111111"
 
 
 def test_revoking_records_the_revocation_once() -> None:
@@ -250,7 +373,7 @@ def test_a_name_whose_keys_are_all_revoked_finds_the_last_revoked_so_revoking_is
         ApiKeyRevoked(key_id="k-22222222"),
     )
 
-    found = keys.find_key(state, "ci")
+    found = keys.find_key(state, "ci", NOW)
 
     assert found.prefix == "22222222"
     assert keys.revoke(state, found.id).events == ()
@@ -263,7 +386,7 @@ def test_the_live_key_of_a_name_wins_over_revoked_ones() -> None:
         key_created("ci", "22222222"),
     )
 
-    assert keys.find_key(state, "ci").prefix == "22222222"
+    assert keys.find_key(state, "ci", NOW).prefix == "22222222"
 
 
 def test_a_name_shared_by_two_live_keys_must_be_revoked_by_prefix() -> None:
@@ -271,12 +394,12 @@ def test_a_name_shared_by_two_live_keys_must_be_revoked_by_prefix() -> None:
     state = given(key_created("ci", "11111111"), key_created("ci", "22222222"))
 
     with pytest.raises(keys.AmbiguousKey, match=r"prefixes 11111111, 22222222\); revoke one"):
-        keys.find_key(state, "ci")
+        keys.find_key(state, "ci", NOW)
 
 
 def test_an_unknown_prefix_or_name_is_named() -> None:
     with pytest.raises(keys.UnknownKey, match=r"no API key \(by prefix or name\) 'nope'"):
-        keys.find_key(given(key_created("ci", "11111111")), "nope")
+        keys.find_key(given(key_created("ci", "11111111")), "nope", NOW)
     with pytest.raises(keys.UnknownKey):
         keys.revoke(ClusterState(), "k-11111111")
 
@@ -292,4 +415,4 @@ def test_the_list_holds_revoked_keys_too_oldest_first() -> None:
     )
 
     assert [k.name for k in keys.listed(state)] == ["b", "a"]
-    assert [k.name for k in keys.live_keys(state)] == ["a"]
+    assert [k.name for k in keys.live_keys(state, NOW)] == ["a"]

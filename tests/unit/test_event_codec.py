@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import msgspec
 import pytest
 from hypothesis import given, settings
 
 from app.domain.describe import describe
-from app.domain.events import EVENT_TYPES, AnyEvent, ReplicaStartupTimedOut, ShardFailed
+from app.domain.events import (
+    EVENT_TYPES,
+    AnyEvent,
+    ApiKeyCreated,
+    ReplicaStartupTimedOut,
+    ShardFailed,
+)
 from app.store.codec import decode_event, encode_event, storable, upcast
 from app.store.errors import UnreadableEvent
 from tests.support.generators import events
@@ -61,6 +69,32 @@ def test_a_stored_v1_shard_failure_reads_as_v2() -> None:
     assert isinstance(event, ShardFailed)
     assert event.log_tail == ("INFO loading", "ERROR CUDA out of memory")
     assert ShardFailed.schema_version == 2
+
+
+def test_a_key_recorded_before_keys_could_expire_reads_as_one_that_never_expires() -> None:
+    stored = msgspec.json.encode(
+        {
+            "type": "api_key_created",
+            "key_id": "k-7f3a09c2",
+            "name": "ci",
+            "prefix": "7f3a09c2",
+            "secret_hash": "5f1d0c2e",
+            "models": ["llama"],
+            "rpm": 60,
+            "tpm": None,
+        }
+    )
+    expiring = msgspec.json.encode(
+        {**msgspec.json.decode(stored), "expires_at": "2027-01-31T09:00:00+09:00"}
+    )
+
+    old = decode_event(3, "api_key_created", ApiKeyCreated.schema_version, stored)
+    new = decode_event(4, "api_key_created", ApiKeyCreated.schema_version, expiring)
+
+    assert isinstance(old, ApiKeyCreated)
+    assert old.expires_at is None
+    assert isinstance(new, ApiKeyCreated)
+    assert new.expires_at == datetime(2027, 1, 31, tzinfo=UTC)
 
 
 def test_a_payload_without_an_upcaster_is_reported_not_guessed() -> None:
