@@ -163,6 +163,7 @@ def key_row(key: ApiKey) -> Row:
         "created_by": key.created_by,
         "revoked_at": key.revoked_at,
         "revoked_by": key.revoked_by,
+        "expires_at": key.expires_at,
     }
 
 

@@ -181,6 +181,7 @@ api_keys = Table(
     Column("created_by", Text, nullable=False),
     Column("revoked_at", DateTime(timezone=True)),
     Column("revoked_by", Text),
+    Column("expires_at", DateTime(timezone=True)),
 )
 
 gateway_reports = Table(

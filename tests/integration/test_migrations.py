@@ -154,3 +154,49 @@ async def test_revisions_come_to_rows_projected_before_them_as_revision_1_and_go
         assert "revision" in await _columns(url, "replicas")
     finally:
         await postgres_server.drop_database(name)
+
+
+async def test_key_expiry_comes_to_keys_projected_before_it_as_never_and_goes_again(
+    postgres_server: PostgresServer,
+) -> None:
+    """Migration 0014: a key projected before keys could expire never expires, as its
+    event says (no ``expires_at``); going down removes the column and keeps the key."""
+    name = unique_database_name("llmgw_migrations")
+    await postgres_server.create_database(name)
+    url = postgres_server.url(name)
+    try:
+        await asyncio.to_thread(migrate.upgrade, url, "0013")
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute(
+                "INSERT INTO api_keys (id, name, prefix, secret_hash, models, created_at, "
+                "created_by) VALUES ('k-7f3a09c2', 'ci', '7f3a09c2', 'h', '[]', now(), 'alice')"
+            )
+        finally:
+            await conn.close()
+
+        await asyncio.to_thread(migrate.upgrade, url)
+        conn = await asyncpg.connect(url)
+        try:
+            expires_at = await conn.fetchval("SELECT expires_at FROM api_keys WHERE name = 'ci'")
+            nullable = await conn.fetchval(
+                "SELECT is_nullable FROM information_schema.columns "
+                "WHERE table_name = 'api_keys' AND column_name = 'expires_at'"
+            )
+        finally:
+            await conn.close()
+        assert (expires_at, nullable) == (None, "YES")
+
+        await asyncio.to_thread(migrate.downgrade, url, "0013")
+        conn = await asyncpg.connect(url)
+        try:
+            kept = await conn.fetchval("SELECT count(*) FROM api_keys WHERE name = 'ci'")
+        finally:
+            await conn.close()
+        assert "expires_at" not in await _columns(url, "api_keys")
+        assert kept == 1
+
+        await asyncio.to_thread(migrate.upgrade, url)
+        assert "expires_at" in await _columns(url, "api_keys")
+    finally:
+        await postgres_server.drop_database(name)
