@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from litestar import Controller, delete, get, post
 from litestar.datastructures import CacheControlHeader
 from litestar.di import NamedDependency
@@ -16,14 +18,18 @@ from app.domain.state import ApiKey
 from app.services.operations import Caller, Operations
 
 
-def key_view(key: ApiKey) -> KeyView:
-    return as_view(key, KeyView, **_shown(key))
+def key_view(key: ApiKey, now: datetime) -> KeyView:
+    return as_view(key, KeyView, **_shown(key, now))
 
 
-def _shown(key: ApiKey) -> dict[str, object]:
+def _shown(key: ApiKey, now: datetime) -> dict[str, object]:
     """The fields whose wire form differs from the record (the hash is dropped by
     ``KeyView`` not declaring it)."""
-    return {"models": list(key.models) or [ALL_MODELS], "revoked": key.revoked_at is not None}
+    return {
+        "models": list(key.models) or [ALL_MODELS],
+        "revoked": key.revoked_at is not None,
+        "expired": key.expired(now),
+    }
 
 
 class KeyController(Controller):
@@ -37,8 +43,9 @@ class KeyController(Controller):
         cache_control=CacheControlHeader(no_store=True),
         summary="Create an API key; the answer holds the whole key, this once",
         description="Only a hash of the key is stored: it cannot be shown again. A name "
-        "already used by a live key is refused (409); unknown models or limits below 1 "
-        "are refused (422) with every field and reason.",
+        "already used by a live key (neither revoked nor expired) is refused (409); unknown "
+        "models, limits below 1, or an `expires_at` in the past, more than 10 years ahead or "
+        "without a timezone are refused (422) with every field and reason.",
     )
     async def create(
         self,
@@ -46,12 +53,17 @@ class KeyController(Controller):
         operations: NamedDependency[Operations],
         caller: NamedDependency[Caller],
     ) -> KeyCreated:
-        new = await operations.create_key(caller, data.name, data.models, data.rpm, data.tpm)
-        return as_view(new.record, KeyCreated, **_shown(new.record), key=new.key)
+        new = await operations.create_key(
+            caller, data.name, data.models, data.rpm, data.tpm, expires_at=data.expires_at
+        )
+        shown = _shown(new.record, operations.now())
+        return as_view(new.record, KeyCreated, **shown, key=new.key)
 
-    @get("/", summary="Every API key, revoked ones too, oldest first (never a secret)")
+    @get("/", summary="Every API key, revoked and expired ones too, oldest first (never a secret)")
     async def list_keys(self, operations: NamedDependency[Operations]) -> list[KeyView]:
-        return [key_view(key) for key in await operations.list_keys()]
+        keys = await operations.list_keys()
+        now = operations.now()
+        return [key_view(key, now) for key in keys]
 
     @delete(
         "/{prefix_or_name:str}",
@@ -65,4 +77,4 @@ class KeyController(Controller):
         prefix_or_name: FromPath[str],
     ) -> KeyChange:
         changed, key = await operations.revoke_key(caller, prefix_or_name)
-        return KeyChange(changed=changed, key=key_view(key))
+        return KeyChange(changed=changed, key=key_view(key, operations.now()))

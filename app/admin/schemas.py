@@ -568,6 +568,9 @@ class KeyRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """Requests per minute; null for no limit."""
     tpm: int | None = None
     """Tokens per minute; null for no limit."""
+    expires_at: datetime | None = None
+    """When the key stops working: RFC 3339 with an offset, in the future, at most 10 years
+    ahead; null for a key that never expires."""
 
 
 class KeyView(msgspec.Struct, frozen=True, kw_only=True):
@@ -586,6 +589,10 @@ class KeyView(msgspec.Struct, frozen=True, kw_only=True):
     revoked: bool
     revoked_at: datetime | None
     revoked_by: str | None
+    expires_at: datetime | None
+    """When the key stops working (UTC); null: never."""
+    expired: bool
+    """Whether ``expires_at`` has passed by the server's clock when it answered."""
 
 
 class KeyCreated(KeyView, frozen=True, kw_only=True):

@@ -9,6 +9,7 @@ import asyncio
 import re
 import secrets
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import httpx
@@ -20,6 +21,7 @@ from app.services.operations import Caller, Operations
 from app.store.database import connection
 from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import bearer_client, serving_admin
+from tests.support.waiting import wait_until
 
 ALICE_TOKEN = secrets.token_hex(16)
 BOB_TOKEN = secrets.token_hex(16)
@@ -110,6 +112,8 @@ async def test_a_created_key_is_shown_once_and_only_its_hash_is_recorded(
         "revoked": False,
         "revoked_at": None,
         "revoked_by": None,
+        "expires_at": None,
+        "expired": False,
     }
     [recorded] = await pg_store.read_stream(key_stream(created["id"]))
     assert isinstance(recorded.event, ApiKeyCreated)
@@ -260,6 +264,96 @@ async def test_bad_requests_are_refused_with_every_reason_and_record_nothing(
     assert "rpm" in not_a_number.text
     assert "models" in no_models.text
     assert "owner" in unknown_field.text
+    assert (await pg_store.catch_up()).position == position
+
+
+async def test_a_key_that_expires_is_recorded_in_utc_and_listed_as_expired_once_it_has(
+    alice: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    await declare(alice, "llama")
+    soon = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=3)
+    in_tokyo = soon.astimezone(timezone(timedelta(hours=9)))
+
+    created = await create_key(
+        alice, name="demo", models=["llama"], expires_at=in_tokyo.isoformat()
+    )
+    forever = await create_key(alice, name="ci", models=["llama"])
+
+    assert created["expires_at"] == soon.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert created["expired"] is False
+    assert (forever["expires_at"], forever["expired"]) == (None, False)
+    [recorded] = await pg_store.read_stream(key_stream(created["id"]))
+    assert isinstance(recorded.event, ApiKeyCreated)
+    assert recorded.event.expires_at == soon
+    assert (await stored_key_row(pg_store, created["id"]))["expires_at"] == soon
+    assert (await stored_key_row(pg_store, forever["id"]))["expires_at"] is None
+    history = (await alice.get(f"/admin/v1/history/key/{created['id']}")).json()
+    assert history["events"][0]["summary"] == (
+        f"key demo ({created['prefix']}) created for llama, expires {soon:%Y-%m-%d %H:%M:%S} UTC"
+    )
+    assert history["events"][0]["data"]["expires_at"] == soon.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    async def expired() -> bool:
+        listed = {k["name"]: k for k in (await alice.get(KEYS)).json()}
+        return bool(listed["demo"]["expired"])
+
+    await wait_until(expired, within_s=15, every_s=0.2, what="the key listed as expired")
+    listed = {k["name"]: k for k in (await alice.get(KEYS)).json()}
+    assert (listed["demo"]["revoked"], listed["ci"]["expired"]) == (False, False)
+    assert datetime.now(UTC) >= soon
+
+
+async def test_an_expired_keys_name_may_be_taken_and_by_name_the_live_key_is_found(
+    alice: httpx.AsyncClient,
+) -> None:
+    await declare(alice, "llama")
+    soon = datetime.now(UTC) + timedelta(seconds=2)
+    old = await create_key(alice, name="demo", models=["llama"], expires_at=soon.isoformat())
+    taken = await alice.post(KEYS, json={"name": "demo", "models": ["llama"]})
+    assert taken.status_code == 409, taken.text
+
+    async def name_free() -> bool:
+        answer = await alice.post(KEYS, json={"name": "demo", "models": ["llama"]})
+        assert answer.status_code in (201, 409), answer.text
+        return answer.status_code == 201
+
+    await wait_until(name_free, within_s=15, every_s=0.2, what="the expired key's name free")
+    history = (await alice.get("/admin/v1/history/key/demo")).json()
+    revoked = await alice.delete(f"{KEYS}/demo")
+
+    assert history["id"] != old["id"]
+    assert revoked.json()["key"]["id"] == history["id"]
+    assert revoked.json()["key"]["expired"] is False
+
+
+async def test_an_expiry_past_too_far_or_without_a_timezone_is_refused_naming_the_field(
+    alice: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    await declare(alice, "llama")
+    position = (await pg_store.catch_up()).position
+    now = datetime.now(UTC)
+
+    answers = {
+        reason: await alice.post(
+            KEYS, json={"name": "demo", "models": ["llama"], "expires_at": value}
+        )
+        for reason, value in (
+            ("must be in the future", (now - timedelta(minutes=1)).isoformat()),
+            ("must be at most 10 years ahead", (now + timedelta(days=3660)).isoformat()),
+            ("must say its timezone", "2027-01-31T00:00:00"),
+        )
+    }
+    not_a_time = await alice.post(
+        KEYS, json={"name": "demo", "models": ["llama"], "expires_at": "next tuesday"}
+    )
+
+    for reason, answer in answers.items():
+        body = problem_of(answer, 422, "invalid-key")
+        [error] = body["errors"]
+        assert error["field"] == "expires_at"
+        assert error["reason"].startswith(reason), error
+    assert not_a_time.status_code == 400, not_a_time.text
+    assert "expires_at" in not_a_time.text
     assert (await pg_store.catch_up()).position == position
 
 
