@@ -10,7 +10,12 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from app.domain.keys import key_matches, prefix_of
-from app.gateway.errors import ApiError, invalid_api_key, too_many_failed_authentications
+from app.gateway.errors import (
+    ApiError,
+    expired_api_key,
+    invalid_api_key,
+    too_many_failed_authentications,
+)
 from app.gateway.table import GatewaySnapshot, KeyRecord
 from app.listeners.throttle import FailureBudget
 
@@ -47,10 +52,17 @@ class KeyCheck:
     changed scope arrives in a new snapshot, which starts the memory over. Only values that
     verified are kept (a client without a key cannot grow it), and looking one up costs
     nothing that depends on a secret: the dictionary compares bytes only when their
-    (per-process keyed) hashes match."""
+    (per-process keyed) hashes match.
 
-    def __init__(self, failures: FailureBudget | None = None) -> None:
+    Expiry arrives in no snapshot (no event marks it), so it is checked on every request,
+    remembered keys included, against ``wall_clock``: a key that never expires costs one
+    comparison with None, one that does a read of the clock as well."""
+
+    def __init__(
+        self, failures: FailureBudget | None = None, wall_clock: Callable[[], float] = time.time
+    ) -> None:
         self.failures = failures if failures is not None else FailureBudget()
+        self._wall_clock = wall_clock
         self._snapshot: GatewaySnapshot | None = None
         self._verified: dict[bytes, KeyRecord] = {}
 
@@ -58,7 +70,8 @@ class KeyCheck:
         """The live key the request presents as ``Authorization: Bearer``; else 401, or
         429 once the client's address has spent its failures. A valid key is served
         whatever its address has failed: its secret cannot be guessed, and behind a load
-        balancer that address is every client's."""
+        balancer that address is every client's. An expired key is 401 saying so, and
+        spends nothing of the address's failures: whoever sent it knew the secret."""
         header: bytes | None = None
         for name, value in scope["headers"]:
             if name == b"authorization":
@@ -70,12 +83,17 @@ class KeyCheck:
         elif header is not None:
             known = self._verified.get(header)
             if known is not None:
-                return known
+                return self._unexpired(known)
         key = self._verify(snapshot, header, scope)
         if header is not None:
             if len(self._verified) >= MAX_VERIFIED_KEYS:
                 self._verified = {}
             self._verified[header] = key
+        return self._unexpired(key)
+
+    def _unexpired(self, key: KeyRecord) -> KeyRecord:
+        if key.expires_at is not None and self._wall_clock() >= key.expires_at:
+            raise expired_api_key(key.expires_at)
         return key
 
     def _verify(self, snapshot: GatewaySnapshot, header: bytes | None, scope: Scope) -> KeyRecord:

@@ -15,6 +15,7 @@ Exception tree::
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -88,6 +89,13 @@ def type_for_status(status: int) -> str:
 
 def invalid_api_key(message: str) -> ApiError:
     return ApiError(401, message, type="invalid_request_error", code="invalid_api_key")
+
+
+def expired_api_key(expires_at: float) -> ApiError:
+    """The key is right but its time is up. The code stays ``invalid_api_key``, which
+    clients already handle; the message says when (only its holder could present it)."""
+    at = datetime.fromtimestamp(expires_at, UTC)
+    return invalid_api_key(f"This API key expired at {at:%Y-%m-%dT%H:%M:%SZ}.")
 
 
 def too_many_failed_authentications(retry_after_s: float) -> ApiError:

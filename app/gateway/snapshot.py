@@ -104,6 +104,7 @@ def build_snapshot(
                 models=frozenset(k.models),
                 rpm=k.rpm,
                 tpm=k.tpm,
+                expires_at=k.expires_at.timestamp() if k.expires_at is not None else None,
             )
             for k in keys
         },

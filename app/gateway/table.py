@@ -83,6 +83,9 @@ class KeyRecord(msgspec.Struct, frozen=True, kw_only=True):
     """Models the key may use; empty means every model."""
     rpm: int | None = None
     tpm: int | None = None
+    expires_at: float | None = None
+    """When the key stops working, in seconds since the epoch (``time.time()``); None:
+    never. Checked on each request (``app.gateway.asgi.KeyCheck``): no event marks it."""
 
     def allows(self, model: str) -> bool:
         return not self.models or model in self.models
@@ -106,7 +109,8 @@ class GatewaySnapshot(msgspec.Struct, frozen=True, kw_only=True):
     """The APIs each declared model serves (``ModelSpec.apis``), by name; a model absent
     here serves ``DEFAULT_APIS``."""
     keys: dict[str, KeyRecord] = {}
-    """Live (not revoked) keys by public prefix."""
+    """Keys not revoked by public prefix, those expired lately included (their holders are
+    told so)."""
     position: int = 0
     """The log position the projection was at when this snapshot was read."""
     loaded_at: float = 0.0

@@ -5,8 +5,9 @@ canary split of those in a rollout's canary step, the cold-start timeout of thos
 an autoscaling policy (``spec->'autoscale'``), the APIs of those whose spec names them
 (``spec->'apis'``) and the routing settings of each (``spec->'routing'``, for its routing
 policy), the ``routing_table`` view with each route's revision and the address its node
-connected from (the gateway's egress check allows that address by default), live (not
-revoked) API keys and the projection's position. One statement sees one snapshot of the
+connected from (the gateway's egress check allows that address by default), the API keys
+not revoked (expired ones too, for ``EXPIRED_KEYS_KEPT``) and the projection's position.
+One statement sees one snapshot of the
 database, as a REPEATABLE READ transaction of several would, in one round trip instead of
 eight. The gateway turns these
 rows into its routing table (``app.gateway.snapshot``).
@@ -14,6 +15,7 @@ rows into its routing table (``app.gateway.snapshot``).
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -53,9 +55,17 @@ SELECT
             coalesce(n.remote_address, '') AS agent_address
      FROM routing_table t LEFT JOIN nodes n ON n.id = t.node_id) r) AS routes,
   (SELECT coalesce(json_agg(k), '[]') FROM (
-     SELECT id, name, prefix, secret_hash, models, rpm, tpm
-     FROM api_keys WHERE revoked_at IS NULL) k) AS keys
+     SELECT id, name, prefix, secret_hash, models, rpm, tpm, expires_at
+     FROM api_keys
+     WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now() - $3::interval)) k)
+    AS keys
 """
+
+EXPIRED_KEYS_KEPT = timedelta(days=30)
+"""How long after it expired a key is still read: the gateway checks expiry itself, on each
+request, and answers a key it holds that it expired (and when). Keys given to CI runs
+expire by the thousand and are seldom revoked: past this, a gateway no longer holds them
+and an old one is an unknown key."""
 
 
 class RouteRow(msgspec.Struct, frozen=True):
@@ -114,6 +124,8 @@ class KeyRow(msgspec.Struct, frozen=True):
     models: list[str]
     rpm: int | None
     tpm: int | None
+    expires_at: datetime | None = None
+    """Expired keys are read too: the gateway tells their holders that they expired."""
 
 
 class RoutingRows(msgspec.Struct, frozen=True):
@@ -138,7 +150,9 @@ _apis_decoder = msgspec.json.Decoder(list[ApisRow])
 
 
 async def read_routing_rows(db: asyncpg.Connection, *, within_s: float) -> RoutingRows:
-    row = await db.fetchrow(_READ_ROWS, CHECKPOINT, MAX_COLD_START_S, timeout=within_s)
+    row = await db.fetchrow(
+        _READ_ROWS, CHECKPOINT, MAX_COLD_START_S, EXPIRED_KEYS_KEPT, timeout=within_s
+    )
     assert row is not None  # a SELECT without FROM returns one row
     return RoutingRows(
         position=int(row["position"] or 0),

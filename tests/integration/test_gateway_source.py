@@ -7,12 +7,15 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest_asyncio
 from sqlalchemy.ext.asyncio import AsyncEngine
 from structlog.testing import capture_logs
 
+from app.domain.envelope import Meta
+from app.domain.events import ApiKeyCreated, key_stream
 from app.domain.keys import key_matches
 from app.domain.model_spec import AutoscalePolicy
 from app.domain.reports import GatewaysInFlight
@@ -21,7 +24,9 @@ from app.gateway.table import GatewaySnapshot
 from app.services.operations import Caller, Operations
 from app.store.database import driver_url
 from app.store.gateway_reports import InFlightReports, write_report
+from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
+from app.store.routing_rows import EXPIRED_KEYS_KEPT
 from tests.support.reporting_gateway import reporting_gateway
 from tests.support.routing import connect_node, declare_model, scale_to_zero, serve_replica
 from tests.support.waiting import wait_until
@@ -66,6 +71,37 @@ async def test_a_key_created_through_the_store_appears_and_revoked_disappears_wi
         within_s=REVOKED_WITHIN_S,
         what="the revoked key gone from the snapshot",
     )
+
+
+async def test_a_key_comes_with_its_expiry_and_stays_a_while_after_it_for_its_holder_to_be_told(
+    pg_store: PostgresEventStore, source: PostgresSnapshotSource
+) -> None:
+    model = name()
+    await declare_model(pg_store, model)
+    now = datetime.now(UTC)
+    expiring = await Operations(pg_store).create_key(
+        ALICE, f"demo-{model}", [model], expires_at=now + timedelta(days=30)
+    )
+    # Keys created long ago, the log's way: one expired lately, one before EXPIRED_KEYS_KEPT.
+    lately, long_ago = secrets.token_hex(4), secrets.token_hex(4)
+    for prefix, expired_at in (
+        (lately, now - EXPIRED_KEYS_KEPT + timedelta(hours=1)),
+        (long_ago, now - EXPIRED_KEYS_KEPT - timedelta(hours=1)),
+    ):
+        created = ApiKeyCreated(
+            key_id=f"k-{prefix}", name=f"old-{prefix}", prefix=prefix, secret_hash="h",
+            expires_at=expired_at,
+        )  # fmt: skip
+        await pg_store.append_many(
+            [AppendRequest(key_stream(created.key_id), None, [NewEvent(created)])],
+            Meta(actor="alice"),
+        )
+
+    await wait_until(lambda: lately in source.current().keys, within_s=REVOKED_WITHIN_S)
+    keys = source.current().keys
+    assert keys[expiring.record.prefix].expires_at == (now + timedelta(days=30)).timestamp()
+    assert keys[lately].expires_at == (now - EXPIRED_KEYS_KEPT + timedelta(hours=1)).timestamp()
+    assert long_ago not in keys
 
 
 async def test_serving_replicas_are_routed_and_a_model_scaled_to_zero_leaves_the_table(

@@ -1,9 +1,11 @@
 """The gateway's key check: a key that verified is not hashed again while the snapshot
-lasts, and a new snapshot (a key revoked) is checked afresh."""
+lasts, and a new snapshot (a key revoked) is checked afresh. A key's expiry comes in no
+snapshot: it is checked against the clock on every request."""
 
 from __future__ import annotations
 
 import secrets
+from datetime import UTC, datetime
 
 import pytest
 
@@ -12,13 +14,30 @@ from app.gateway import asgi
 from app.gateway.asgi import KeyCheck, Scope
 from app.gateway.errors import ApiError
 from app.gateway.table import GatewaySnapshot, KeyRecord
+from app.listeners.throttle import FailureBudget, FailureLimits
+
+EXPIRES_AT = datetime(2027, 1, 31, 9, 30, tzinfo=UTC).timestamp()
 
 
-def key_and_record() -> tuple[str, KeyRecord]:
+def key_and_record(expires_at: float | None = None) -> tuple[str, KeyRecord]:
     prefix = secrets.token_hex(4)
     key = format_key(prefix, secrets.token_urlsafe(32))
-    record = KeyRecord(key_id=prefix, name=prefix, prefix=prefix, secret_hash=hash_key(key))
+    record = KeyRecord(
+        key_id=prefix, name=prefix, prefix=prefix, secret_hash=hash_key(key), expires_at=expires_at
+    )
     return key, record
+
+
+class Clock:
+    """A wall clock the test moves."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.read = 0
+
+    def __call__(self) -> float:
+        self.read += 1
+        return self.now
 
 
 def request(key: str) -> Scope:
@@ -72,3 +91,49 @@ def test_a_wrong_key_is_checked_and_refused_every_time(hashes: list[str]) -> Non
             check.authenticate(snapshot, request(wrong))
     assert hashes == [wrong] * 3
     assert check.authenticate(snapshot, request(key)) is record
+
+
+def test_a_key_is_served_until_its_expiry_then_refused_saying_when_though_it_verified_before(
+    hashes: list[str],
+) -> None:
+    key, record = key_and_record(expires_at=EXPIRES_AT)
+    snapshot = GatewaySnapshot(keys={record.prefix: record})
+    clock = Clock(EXPIRES_AT - 0.001)
+    check = KeyCheck(wall_clock=clock)
+
+    assert check.authenticate(snapshot, request(key)) is record
+    clock.now = EXPIRES_AT
+    with pytest.raises(ApiError) as refused:
+        check.authenticate(snapshot, request(key))
+
+    assert hashes == [key]  # the same snapshot: refused without hashing the key again
+    assert refused.value.status == 401
+    assert refused.value.code == "invalid_api_key"
+    assert refused.value.message == "This API key expired at 2027-01-31T09:30:00Z."
+    assert b'"message":"This API key expired at 2027-01-31T09:30:00Z."' in refused.value.body()
+
+
+def test_a_key_that_never_expires_costs_no_reading_of_the_clock() -> None:
+    key, record = key_and_record()
+    snapshot = GatewaySnapshot(keys={record.prefix: record})
+    clock = Clock(EXPIRES_AT * 100)
+    check = KeyCheck(wall_clock=clock)
+
+    for _ in range(3):
+        assert check.authenticate(snapshot, request(key)) is record
+
+    assert clock.read == 0
+
+
+def test_an_expired_key_spends_nothing_of_its_address_s_failures() -> None:
+    key, record = key_and_record(expires_at=EXPIRES_AT)
+    budget = FailureBudget(FailureLimits(burst=2, per_minute=1))
+    check = KeyCheck(budget, wall_clock=Clock(EXPIRES_AT + 1))
+    snapshot = GatewaySnapshot(keys={record.prefix: record})
+
+    for _ in range(5):
+        with pytest.raises(ApiError) as refused:
+            check.authenticate(snapshot, request(key))
+        assert refused.value.status == 401
+
+    assert budget.wait_s("127.0.0.9") == 0

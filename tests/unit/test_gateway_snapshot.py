@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
 from app.gateway.snapshot import build_snapshot, engine_url
@@ -62,6 +64,21 @@ def test_routes_are_grouped_by_model_in_replica_order_and_keys_by_prefix() -> No
     assert not snapshot.keys["0a1b2c3d"].allows("qwen")
     assert snapshot.keys["99887766"].allows("qwen")  # an empty scope is every model
     assert (snapshot.position, snapshot.loaded_at) == (42, 7.5)
+
+
+def test_a_key_that_expires_carries_its_expiry_as_seconds_since_the_epoch() -> None:
+    expires_at = datetime(2027, 1, 31, 9, 30, tzinfo=UTC)
+    keys = [
+        KeyRow(id="k-1", name="demo", prefix="0a1b2c3d", secret_hash="h", models=[], rpm=None,
+               tpm=None, expires_at=expires_at),
+        KeyRow(id="k-2", name="ci", prefix="99887766", secret_hash="g", models=[], rpm=None,
+               tpm=None),
+    ]  # fmt: skip
+
+    snapshot = build_snapshot(1, [], [], keys, at=1.0)
+
+    assert snapshot.keys["0a1b2c3d"].expires_at == expires_at.timestamp() == 1801387800.0
+    assert snapshot.keys["99887766"].expires_at is None
 
 
 def test_each_route_carries_its_revision_and_each_declared_model_its_canary() -> None:
