@@ -1,6 +1,6 @@
 """What the operator typed, checked before it is used: a count is a whole number, a name or
-id in a request path is one whole path segment. Each refusal is a usage error (exit 2)
-whose message names the argument.
+id in a request path is one whole path segment, a span of time has a unit, a moment says
+its timezone. Each refusal is a usage error (exit 2) whose message names the argument.
 
     UsageError           the command cannot work as called (exit 2), from a command
     ArgumentRefused      a value cyclopts could convert but this CLI refuses; cyclopts
@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 from urllib.parse import quote
 
 from cyclopts import Token
@@ -50,6 +51,42 @@ def finite_number(_type: object, tokens: Sequence[Token]) -> float:
     if not math.isfinite(number):
         raise ArgumentRefused(f"must be a finite number, got {tokens[0].value}")
     return number
+
+
+_DURATION = re.compile(r"^([0-9]+)([smhdw])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def duration(_type: object, tokens: Sequence[Token]) -> timedelta:
+    """cyclopts' converter for a span of time: a whole number and a unit, ``s``, ``m``,
+    ``h``, ``d`` or ``w`` (``90m``, ``12h``, ``30d``, ``2w``)."""
+    match = _DURATION.match(tokens[0].value.strip())
+    if not match:
+        raise ArgumentRefused(
+            "must be a whole number and a unit (s, m, h, d or w), such as 90m, 12h, 30d or "
+            f"2w, got {tokens[0].value}"
+        )
+    try:
+        return timedelta(seconds=int(match[1]) * _UNIT_S[match[2]])
+    except OverflowError:
+        raise ArgumentRefused(f"is too long, got {tokens[0].value}") from None
+
+
+def moment(_type: object, tokens: Sequence[Token]) -> datetime:
+    """cyclopts' converter for a point in time: ISO 8601 with its timezone
+    (``2027-01-31T00:00:00Z``, ``2027-01-31T09:00:00+09:00``). Without one, the time would
+    be read in whichever zone the machine sending it is set to."""
+    try:
+        at = datetime.fromisoformat(tokens[0].value.strip())
+    except ValueError:
+        raise ArgumentRefused(
+            f"must be an ISO 8601 time such as 2027-01-31T00:00:00Z, got {tokens[0].value}"
+        ) from None
+    if at.utcoffset() is None:
+        raise ArgumentRefused(
+            f"must say its timezone (such as Z or +02:00 at the end), got {tokens[0].value}"
+        )
+    return at
 
 
 def segment(value: str, what: str) -> str:

@@ -163,6 +163,10 @@ class KeyView(msgspec.Struct, frozen=True, kw_only=True):
     revoked: bool = False
     revoked_at: datetime | None = None
     revoked_by: str | None = None
+    expires_at: datetime | None = None
+    """None: the key never expires (or the server is older than expiring keys)."""
+    expired: bool = False
+    """Whether the key had expired by the server's clock when it answered."""
 
 
 class KeyCreated(KeyView, frozen=True, kw_only=True):
@@ -278,11 +282,20 @@ class AdminClient:
         return _decode(_readiness_decoder, body, "readiness answer")
 
     def create_key(
-        self, name: str, models: list[str], *, rpm: int | None = None, tpm: int | None = None
+        self,
+        name: str,
+        models: list[str],
+        *,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        expires_at: datetime | None = None,
     ) -> KeyReply[KeyCreated]:
-        """A new API key scoped to ``models`` (``["*"]``: every model); the answer holds the
-        whole key, which the server never shows again."""
-        body = {"name": name, "models": models, "rpm": rpm, "tpm": tpm}
+        """A new API key scoped to ``models`` (``["*"]``: every model) that works until
+        ``expires_at`` (None: until revoked); the answer holds the whole key, which the
+        server never shows again."""
+        body: dict[str, object] = {"name": name, "models": models, "rpm": rpm, "tpm": tpm}
+        if expires_at is not None:  # left out otherwise: a server older than it refuses it
+            body["expires_at"] = expires_at
         raw = self.request("POST", "/admin/v1/keys", body=body)
         return KeyReply(_decode(_key_created_decoder, raw, "new key"), raw)
 

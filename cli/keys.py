@@ -7,12 +7,13 @@ reached), 2 bad usage (a bad flag, an unusable config file).
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal
 
 import msgspec
 from cyclopts import App, Parameter, validators
 
-from cli.arguments import UsageError, whole_number
+from cli.arguments import UsageError, duration, moment, whole_number
 from cli.client import AdminClient, ClientError, KeyView
 from cli.config import ConfigError, ConnectionFlags, resolve_settings
 from cli.render import (
@@ -33,10 +34,12 @@ from cli.render import (
 keys_app = App(
     name="keys",
     help="""Create, list and revoke the API keys clients use at the gateway. A key is shown
-once, when it is created: only its hash is stored.
+once, when it is created: only its hash is stored. A key may expire: from then on every
+gateway refuses it (401, saying when it expired), with nothing to revoke.
 
 ```
 llmgw-cli keys create --name ci --models demo --rpm 60
+llmgw-cli keys create --name contractor --models demo --expires-in 30d
 llmgw-cli keys list --live
 llmgw-cli keys revoke ci
 ```
@@ -62,12 +65,18 @@ Limit = Annotated[
     Parameter(converter=whole_number, validator=validators.Number(gte=1, lte=2**31 - 1)),
 ]
 
+MAX_LIFETIME = timedelta(days=3653)
+"""The furthest ahead a key may expire, as the admin API has it: ten years, leap days
+included."""
+
 COLUMNS = (
     Column("prefix", key=True),
     Column("name", key=True),
+    Column("state"),
     Column("models", wrap=True),
     Column("rpm", justify="right"),
     Column("tpm", justify="right"),
+    Column("expires (UTC)"),
     Column("created (UTC)", drop=3),
     Column("by", drop=4),
     Column("revoked (UTC)", drop=2),
@@ -88,29 +97,57 @@ def create_key(
     ],
     rpm: Annotated[Limit, Parameter(help="Requests per minute. [default: no limit]")] = None,
     tpm: Annotated[Limit, Parameter(help="Tokens per minute. [default: no limit]")] = None,
+    expires_in: Annotated[
+        timedelta | None,
+        Parameter(
+            converter=duration,
+            metavar="SPAN",
+            help="The key stops working this long from now: a whole number and s, m, h, d or "
+            "w (90m, 12h, 30d, 2w), at most 10 years. [default: never]",
+        ),
+    ] = None,
+    expires_at: Annotated[
+        datetime | None,
+        Parameter(
+            converter=moment,
+            metavar="TIME",
+            help="The key stops working at this time: ISO 8601 with a timezone "
+            "(2027-01-31T00:00:00Z), in the future, at most 10 years ahead. Not with "
+            "--expires-in. [default: never]",
+        ),
+    ] = None,
     output: Output = "table",
     connection: ConnectionFlags | None = None,
 ) -> int:
-    """Create an API key and print it, this once.
+    """Create an API key and print it, this once. With --expires-in or --expires-at it
+    stops working at that time: every gateway refuses it from then on (401, saying when
+    it expired), no revocation needed.
 
     ```
     llmgw-cli keys create --name ci --models llama-3-8b,qwen-2-7b --rpm 60 --tpm 100000
     llmgw-cli keys create --name notebook --models '*' --output json | jq -r .key
+    llmgw-cli keys create --name contractor --models llama-3-8b --expires-in 30d
+    llmgw-cli keys create --name demo --models '*' --expires-at 2027-01-31T00:00:00Z
     ```
     """
     scope = [model.strip() for model in models.split(",") if model.strip()]
     if not scope:
         print_error("keys create", f"--models names no model; give names, or {ALL_MODELS!r}")
         return EXIT_USAGE
+    try:
+        until = expiry(expires_in, expires_at, datetime.now(UTC))
+    except UsageError as exc:
+        print_error("keys create", str(exc))
+        return EXIT_USAGE
 
     def create(client: AdminClient) -> int:
-        reply = client.create_key(name, scope, rpm=rpm, tpm=tpm)
+        reply = client.create_key(name, scope, rpm=rpm, tpm=tpm, expires_at=until)
         if output == "json":
             print_json(reply.raw)
         else:
             created = reply.value
             say(f"Created API key {created.name} ({_scope_text(created)}; {_limits(created)})")
-            say(f"prefix {created.prefix}, id {created.id}")
+            say(f"prefix {created.prefix}, id {created.id}, {_expiry_text(created)}")
             say()
             say(f"    {created.key}")
             say()
@@ -123,16 +160,18 @@ def create_key(
 @keys_app.command(name="list")
 def list_keys(
     *,
-    live: Annotated[bool, Parameter(help="Leave revoked keys out.")] = False,
+    live: Annotated[bool, Parameter(help="Leave revoked and expired keys out.")] = False,
     output: Output = "table",
     connection: ConnectionFlags | None = None,
 ) -> int:
-    """Every API key, oldest first: prefix, name, models, limits, who created it and when,
-    and who revoked it and when. Never a secret.
+    """Every API key, oldest first: prefix, name, state (live, expired or revoked),
+    models, limits, when it expires, who created it and when, and who revoked it and
+    when. Never a secret. Whether a key has expired is the server's clock's say.
 
     ```
     llmgw-cli keys list
     llmgw-cli keys list --live --output json | jq -r '.[].prefix'
+    llmgw-cli keys list --output json | jq -r '.[] | select(.expired) | .name'
     ```
     """
 
@@ -142,13 +181,13 @@ def list_keys(
         kept = [
             (key, raw)
             for key, raw in zip(reply.value, as_sent, strict=True)
-            if not (live and key.revoked)
+            if not (live and _state(key) != "live")
         ]
         if output == "json":
             print_json_array(raw for _, raw in kept)
             return EXIT_OK
         shown = [key for key, _ in kept]
-        live_count = sum(1 for key in reply.value if not key.revoked)
+        live_count = sum(1 for key in reply.value if _state(key) == "live")
         title = f"{counted(len(shown), 'API key')} ({live_count} live)"
         print_table(COLUMNS, (_row(key) for key in shown), title=title, wide=output == "wide")
         return EXIT_OK
@@ -214,6 +253,34 @@ def _run(command: str, flags: ConnectionFlags | None, action: Callable[[AdminCli
         return EXIT_FAILED
 
 
+def expiry(
+    expires_in: timedelta | None, expires_at: datetime | None, now: datetime
+) -> datetime | None:
+    """When a key created ``now`` expires, by the flags given (None: never); a
+    ``UsageError`` for both flags, or for a time past or more than 10 years ahead. The
+    admin API checks again by its own clock."""
+    if expires_in is not None and expires_at is not None:
+        raise UsageError("give --expires-in or --expires-at, not both")
+    if expires_in is not None:
+        if expires_in <= timedelta(0):
+            raise UsageError("--expires-in must be longer than 0")
+        if expires_in > MAX_LIFETIME:
+            raise UsageError("--expires-in must be at most 10 years (3653d)")
+        return now + expires_in
+    if expires_at is not None:
+        if expires_at <= now:
+            raise UsageError(
+                f"--expires-at {expires_at.isoformat()} is not in the future (it is "
+                f"{utc_seconds(now)} UTC now)"
+            )
+        if expires_at - now > MAX_LIFETIME:
+            raise UsageError(
+                f"--expires-at {expires_at.isoformat()} is more than 10 years ahead (at most "
+                f"{utc_seconds(now + MAX_LIFETIME)} UTC)"
+            )
+    return expires_at
+
+
 def _scope_text(key: KeyView) -> str:
     if key.models == [ALL_MODELS]:
         return "every model"
@@ -226,13 +293,28 @@ def _limits(key: KeyView) -> str:
     return f"{rpm}, {tpm}"
 
 
+def _expiry_text(key: KeyView) -> str:
+    if key.expires_at is None:
+        return "never expires"
+    return f"expires {utc_seconds(key.expires_at)} UTC"
+
+
+def _state(key: KeyView) -> str:
+    """``revoked``, ``expired`` or ``live``: a key revoked after it expired is revoked."""
+    if key.revoked:
+        return "revoked"
+    return "expired" if key.expired else "live"
+
+
 def _row(key: KeyView) -> tuple[str, ...]:
     return (
         key.prefix,
         key.name,
+        _state(key),
         ", ".join(key.models),
         "-" if key.rpm is None else str(key.rpm),
         "-" if key.tpm is None else str(key.tpm),
+        utc_seconds(key.expires_at) if key.expires_at else "",
         utc_seconds(key.created_at),
         key.created_by,
         utc_seconds(key.revoked_at) if key.revoked_at else "",

@@ -21,6 +21,7 @@ from app.store.database import connection
 from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import bearer_client, serving_admin
 from tests.support.operator_cli import Result, run_cli
+from tests.support.waiting import wait_until
 
 TOKENS = {"alice": secrets.token_hex(16), "bob": secrets.token_hex(16)}
 KEY = re.compile(r"^\s+(llmgw-[0-9a-f]{8}-[A-Za-z0-9_-]{43})$", re.MULTILINE)
@@ -122,9 +123,10 @@ async def test_a_created_key_is_printed_once_with_a_warning_and_works_against_it
     assert listed.code == 0, listed.stderr
     assert key not in listed.stdout
     [row] = table_rows(listed.stdout)
-    assert row[:5] == [prefix, "ci", "llama-3-8b, qwen-2-7b", "60", "100000"]
-    assert row[6:] == ["alice", "", "", f"k-{prefix}"]
+    assert row[:7] == [prefix, "ci", "live", "llama-3-8b, qwen-2-7b", "60", "100000", ""]
+    assert row[8:] == ["alice", "", "", f"k-{prefix}"]
     assert "1 API key (1 live)" in listed.stdout
+    assert f"prefix {prefix}, id k-{prefix}, never expires" in created.stdout
 
 
 async def test_json_output_is_the_apis_answer_and_reads_back(alice: Operator) -> None:
@@ -138,6 +140,7 @@ async def test_json_output_is_the_apis_answer_and_reads_back(alice: Operator) ->
     assert re.fullmatch(r"llmgw-[0-9a-f]{8}-[A-Za-z0-9_-]{43}", created["key"])
     assert created["models"] == ["*"]
     assert (created["rpm"], created["tpm"], created["created_by"]) == (None, None, "alice")
+    assert (created["expires_at"], created["expired"]) == (None, False)
     assert revoked["changed"] is True
     assert revoked["key"]["prefix"] == other["prefix"]
     assert [k["prefix"] for k in everything] == [created["prefix"], other["prefix"]]
@@ -207,11 +210,55 @@ async def test_bad_usage_exits_with_2(alice: Operator) -> None:
     zero_rpm = await alice.cli("keys", "create", "--name", "ci", "--models", "*", "--rpm", "0")
     no_models = await alice.cli("keys", "create", "--name", "ci", "--models", " , ")
     missing_name = await alice.cli("keys", "create", "--models", "*")
+    both = await alice.cli(
+        *("keys", "create", "--name", "ci", "--models", "*", "--expires-in", "30d"),
+        *("--expires-at", "2030-01-31T00:00:00Z"),
+    )
+    past = await alice.cli(
+        "keys", "create", "--name", "ci", "--models", "*", "--expires-at", "2020-01-31T00:00Z"
+    )
     listed = await alice.cli("keys", "list", "--output", "json")
 
     assert (zero_rpm.code, no_models.code, missing_name.code) == (2, 2, 2)
     assert "--models names no model" in no_models.stderr
+    assert (both.code, past.code) == (2, 2)
+    assert "give --expires-in or --expires-at, not both" in both.stderr
+    assert "--expires-at 2020-01-31T00:00:00+00:00 is not in the future" in past.stderr
     assert listed.json() == []
+
+
+async def test_a_key_that_expires_says_when_and_is_listed_expired_once_it_has(
+    alice: Operator,
+) -> None:
+    created = await alice.cli(*CI_KEY, "--expires-in", "2s")
+    month = await create_as_json(alice, "contractor", "qwen-2-7b")
+    assert created.code == 0, created.stderr
+    [key] = KEY.findall(created.stdout)
+    prefix = key.split("-")[1]
+    [shown] = re.findall(r", expires (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC\n", created.stdout)
+
+    async def listed_expired() -> bool:
+        keys = (await alice.cli("keys", "list", "--output", "json")).json()
+        return any(k["prefix"] == prefix and k["expired"] for k in keys)
+
+    await wait_until(listed_expired, within_s=20, every_s=0.5, what="the key listed as expired")
+    listed = await alice.cli("keys", "list")
+    live = await alice.cli("keys", "list", "--live")
+    live_json = (await alice.cli("keys", "list", "--live", "--output", "json")).json()
+    history = await alice.cli("history", "key", "ci")
+
+    rows = {row[0]: row for row in table_rows(listed.stdout)}
+    assert rows[prefix][1:3] == ["ci", "expired"]
+    assert rows[prefix][6] == shown
+    assert rows[month["prefix"]][1:3] == ["contractor", "live"]
+    assert "expires (UTC)" in listed.stdout
+    assert "2 API keys (1 live)" in listed.stdout
+    assert [row[0] for row in table_rows(live.stdout)] == [month["prefix"]]
+    assert [k["prefix"] for k in live_json] == [month["prefix"]]
+    assert history.code == 0, history.stderr
+    assert f"key ci ({prefix}) created for llama-3-8b, qwen-2-7b, expires {shown} UTC" in (
+        " ".join(history.stdout.split())
+    )
 
 
 async def test_every_keys_command_has_help_with_an_example(alice: Operator) -> None:
