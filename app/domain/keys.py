@@ -52,7 +52,7 @@ def hash_key(key: str) -> str:
 
 def prefix_of(key: str) -> str | None:
     """The public prefix of a presented key, or None when it is not an llmgw key at all."""
-    match = _KEY.match(key)
+    match = _KEY.fullmatch(key)
     return match.group(1) if match else None
 
 
@@ -112,7 +112,7 @@ def create(
     ``expires_at`` (None: until it is revoked). ``key_id``, ``prefix`` and ``secret_hash``
     are drawn by the caller; a prefix already used, even by a revoked key, is refused with
     ``PrefixTaken`` so the caller draws again."""
-    if not _PREFIX.match(prefix):
+    if not _PREFIX.fullmatch(prefix):
         raise ValueError(f"a key prefix is 8 lowercase hex characters, not {prefix!r}")
     errors = validate_key(state, name, models, rpm, tpm, expires_at=expires_at, now=now)
     if errors:
@@ -150,14 +150,14 @@ def validate_key(
 ) -> list[SpecError]:
     """Every problem with a key request (an empty list means it may be created)."""
     errors = []
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         errors.append(
             SpecError(
                 "name",
                 "must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit",
             )
         )
-    elif _PREFIX.match(name):
+    elif _PREFIX.fullmatch(name):
         errors.append(SpecError("name", "must not look like a key prefix (8 hex characters)"))
     errors.extend(_scope_errors(state, models))
     for field, limit in (("rpm", rpm), ("tpm", tpm)):

@@ -113,7 +113,14 @@ def test_a_printed_key_gives_back_its_prefix_and_matches_only_its_own_hash() -> 
 
 @pytest.mark.parametrize(
     "presented",
-    ["", "sk-abc", "llmgw-0badc0de", "llmgw-0BADC0DE-" + "s" * 43, "llmgw-0badc0d-" + "s" * 43],
+    [
+        "",
+        "sk-abc",
+        "llmgw-0badc0de",
+        "llmgw-0BADC0DE-" + "s" * 43,
+        "llmgw-0badc0d-" + "s" * 43,
+        "llmgw-0badc0de-" + "s" * 43 + "\n",
+    ],
 )
 def test_what_is_not_an_llmgw_key_has_no_prefix(presented: str) -> None:
     assert keys.prefix_of(presented) is None
@@ -184,6 +191,7 @@ def test_with_no_model_declared_the_refusal_says_so() -> None:
         ({"name": ""}, "name", "must be 1 to 64 letters"),
         ({"name": "ci pipeline"}, "name", "must be 1 to 64 letters"),
         ({"name": "x" * 65}, "name", "must be 1 to 64 letters"),
+        ({"name": "ci\n"}, "name", "must be 1 to 64 letters"),
         ({"name": "deadbeef"}, "name", "must not look like a key prefix (8 hex characters)"),
     ],
 )
