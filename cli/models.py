@@ -177,7 +177,7 @@ def apply_models(
             _preview(client, spec, number, specs, file) for number, spec in enumerate(specs, 1)
         ]
         if dry_run:
-            _report_previews(previews, output)
+            report_previews(previews, output)
             return EXIT_OK
         replies: list[Reply[ModelChange]] = []
         for spec in specs:
@@ -223,14 +223,21 @@ PREVIEW_SAID = {
 }
 
 
-def _report_previews(previews: list[Reply[ApplyPreview]], output: Output) -> None:
+def report_previews(previews: list[Reply[ApplyPreview]], output: Output) -> None:
     if output == "json":
         print_json(b"[" + b",".join(reply.raw for reply in previews) + b"]")
         return
     for reply in previews:
         preview = reply.value
-        said = PREVIEW_SAID.get(preview.outcome, preview.outcome)
-        say(f"model {preview.model}: {said.format_map(msgspec.structs.asdict(preview))}")
+        template = PREVIEW_SAID.get(preview.outcome)
+        # An outcome this client does not know is the server's word, shown as it is: never
+        # a template (braces in it would be read as fields).
+        said = (
+            template.format_map(msgspec.structs.asdict(preview))
+            if template is not None
+            else preview.outcome
+        )
+        say(f"model {preview.model}: {said}")
         for change in preview.revision_changes:
             say(f"  {change_text(change)}")
         if preview.at_once:
