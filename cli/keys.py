@@ -77,10 +77,11 @@ COLUMNS = (
     Column("rpm", justify="right"),
     Column("tpm", justify="right"),
     Column("expires (UTC)"),
-    Column("created (UTC)", drop=3),
-    Column("by", drop=4),
-    Column("revoked (UTC)", drop=2),
-    Column("by", drop=5),
+    # A "by" goes before its time, so a "by" left on screen always follows its time.
+    Column("created (UTC)", drop=5),
+    Column("by", drop=3),
+    Column("revoked (UTC)", drop=4),
+    Column("by", drop=2),
     Column("id", drop=1),
 )
 
@@ -314,7 +315,7 @@ def _row(key: KeyView) -> tuple[str, ...]:
         ", ".join(key.models),
         "-" if key.rpm is None else str(key.rpm),
         "-" if key.tpm is None else str(key.tpm),
-        utc_seconds(key.expires_at) if key.expires_at else "",
+        utc_seconds(key.expires_at) if key.expires_at else "never",
         utc_seconds(key.created_at),
         key.created_by,
         utc_seconds(key.revoked_at) if key.revoked_at else "",

@@ -123,7 +123,7 @@ async def test_a_created_key_is_printed_once_with_a_warning_and_works_against_it
     assert listed.code == 0, listed.stderr
     assert key not in listed.stdout
     [row] = table_rows(listed.stdout)
-    assert row[:7] == [prefix, "ci", "live", "llama-3-8b, qwen-2-7b", "60", "100000", ""]
+    assert row[:7] == [prefix, "ci", "live", "llama-3-8b, qwen-2-7b", "60", "100000", "never"]
     assert row[8:] == ["alice", "", "", f"k-{prefix}"]
     assert "1 API key (1 live)" in listed.stdout
     assert f"prefix {prefix}, id k-{prefix}, never expires" in created.stdout
