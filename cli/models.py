@@ -237,6 +237,8 @@ def report_previews(previews: list[Reply[ApplyPreview]], output: Output) -> None
             if template is not None
             else preview.outcome
         )
+        if preview.supersedes:
+            said += f"; it supersedes {preview.supersedes}, under way now"
         say(f"model {preview.model}: {said}")
         for change in preview.revision_changes:
             say(f"  {change_text(change)}")

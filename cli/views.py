@@ -193,6 +193,7 @@ class ApplyPreview(View, frozen=True, kw_only=True):
     revision_changes: list[SpecFieldChange] = []
     at_once: list[SpecFieldChange] = []
     rollout_id: str | None = None
+    supersedes: str | None = None
 
 
 # -- replicas ----------------------------------------------------------------------------

@@ -282,6 +282,9 @@ class ApplyPreviewView(msgspec.Struct, frozen=True, kw_only=True):
     """Other fields that change, taking effect at once for every replica."""
     rollout_id: str | None
     """The rollout the declaration would start."""
+    supersedes: str | None = None
+    """The rollout under way that it would supersede (it records nothing more; the new
+    one starts from the revision it was rolling out)."""
 
 
 class ScaleRequest(msgspec.Struct, frozen=True, kw_only=True):

@@ -18,7 +18,7 @@ from app.domain.events import ModelDeclared, RolloutStarted
 from app.domain.model_spec import ModelSpec
 from app.domain.operations import apply_model
 from app.domain.revisions import SpecChange, at_once_changes
-from app.domain.state import ClusterState
+from app.domain.state import ClusterState, Model
 
 
 class ApplyOutcome(StrEnum):
@@ -47,6 +47,9 @@ class ApplyPreview(msgspec.Struct, frozen=True, kw_only=True):
     """The other fields that change, taking effect at once for every replica."""
     rollout_id: str | None = None
     """The rollout the apply would start; None when none."""
+    supersedes: str | None = None
+    """The rollout under way that the new one would supersede: it records nothing more, and
+    the new one starts from the revision it was rolling out."""
 
 
 def preview_apply(state: ClusterState, spec: ModelSpec) -> ApplyPreview:
@@ -82,4 +85,12 @@ def preview_apply(state: ClusterState, spec: ModelSpec) -> ApplyPreview:
         revision_changes=declared.changes,
         at_once=at_once_changes(known.spec, declared.spec),
         rollout_id=started.rollout_id if started is not None else None,
+        supersedes=_superseded(known, started),
     )
+
+
+def _superseded(known: Model, started: RolloutStarted | None) -> str | None:
+    rollout = known.rollout
+    if started is None or known.removed or rollout is None or not rollout.under_way:
+        return None
+    return rollout.id

@@ -67,6 +67,24 @@ def test_a_new_command_would_be_a_new_revision_with_its_rollout_and_env_values_w
     assert "s3" not in repr(preview)
 
 
+def test_a_new_revision_during_a_rollout_names_the_rollout_it_would_supersede() -> None:
+    state = declared()
+    rolling = after(state, ops.apply_model(state, replace(LLAMA, command="v2 --port {port}")))
+
+    preview = preview_apply(rolling, replace(LLAMA, command="v3 --port {port}"))
+    at_once = preview_apply(rolling, replace(LLAMA, command="v2 --port {port}", replicas=3))
+
+    assert (preview.revision, preview.from_revision) == (3, 2)
+    assert (preview.rollout_id, preview.supersedes) == ("rollout-llama-r3", "rollout-llama-r2")
+    assert (at_once.outcome, at_once.supersedes) == (ApplyOutcome.AT_ONCE, None)
+
+
+def test_a_new_revision_with_no_rollout_under_way_supersedes_nothing() -> None:
+    preview = preview_apply(declared(), replace(LLAMA, command="v2 --port {port}"))
+
+    assert preview.supersedes is None
+
+
 def test_a_removed_model_would_be_declared_again() -> None:
     state = declared()
     removed = after(state, ops.remove(state, "llama"))

@@ -43,3 +43,25 @@ def test_an_outcome_this_client_does_not_know_is_shown_as_the_server_said_it(
     preview = ApplyPreview(model="llama", outcome="{revision.__class__} {x}")
 
     assert shown(preview, capsys).splitlines()[0] == "model llama: {revision.__class__} {x}"
+
+
+def test_a_rollout_under_way_that_the_new_one_would_supersede_is_named(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    preview = ApplyPreview(
+        model="llama",
+        outcome="new_revision",
+        revision=3,
+        from_revision=2,
+        rollout_id="rollout-llama-r3",
+        supersedes="rollout-llama-r2",
+    )
+
+    assert (
+        shown(preview, capsys)
+        .splitlines()[0]
+        .endswith(
+            "(rollout-llama-r3) replaces its replicas with it; it supersedes rollout-llama-r2, "
+            "under way now"
+        )
+    )
