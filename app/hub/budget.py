@@ -30,7 +30,10 @@ class MessageBudget(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("a message budget's bursts must be at least 1")
 
 
-class _Bucket:
+class TokenBucket:
+    """``capacity`` tokens at first, ``rate`` more a second up to it; ``now`` is monotonic
+    seconds."""
+
     __slots__ = ("_capacity", "_last", "_rate", "_tokens")
 
     def __init__(self, rate: float, capacity: float, now: float) -> None:
@@ -48,14 +51,18 @@ class _Bucket:
         self._tokens -= amount
         return True
 
+    def seconds_until(self, amount: float) -> float:
+        """How long, from the last ``take``, until ``amount`` tokens are there."""
+        return max(0.0, amount - self._tokens) / self._rate
+
 
 class BudgetMeter:
     """One connection's spending; ``spend`` says why it is over budget, or None."""
 
     def __init__(self, budget: MessageBudget, now: float) -> None:
         self._budget = budget
-        self._messages = _Bucket(budget.messages_per_s, budget.message_burst, now)
-        self._bytes = _Bucket(budget.bytes_per_s, budget.byte_burst, now)
+        self._messages = TokenBucket(budget.messages_per_s, budget.message_burst, now)
+        self._bytes = TokenBucket(budget.bytes_per_s, budget.byte_burst, now)
 
     def spend(self, size: int, now: float) -> str | None:
         budget = self._budget

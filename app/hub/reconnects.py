@@ -23,6 +23,8 @@ from collections import OrderedDict
 
 import msgspec
 
+from app.hub.budget import TokenBucket
+
 DEFAULT_CONNECT_BURST = 10
 DEFAULT_CONNECTS_PER_MINUTE = 10.0
 DEFAULT_MAX_NODES = 10_000
@@ -59,32 +61,20 @@ def limit_problems(burst: int, per_minute: float) -> list[str]:
 class ConnectBudget:
     def __init__(self, limits: ConnectLimits | None = None) -> None:
         self.limits = limits or ConnectLimits()
-        self._per_second = self.limits.per_minute / 60
-        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
-        """Node -> (connections left, when that was counted)."""
+        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
 
     def spend(self, node_id: str, now: float) -> float:
         """Count a connection of ``node_id``: 0 when it may go on (it had one left), else
         the seconds until it has one again (this one is refused, and costs nothing)."""
-        left = self._left(node_id, now)
-        if left < 1:
-            self._keep(node_id, left, now)
-            return (1 - left) / self._per_second
-        self._keep(node_id, left - 1, now)
-        return 0.0
-
-    def _left(self, node_id: str, now: float) -> float:
-        counted = self._buckets.get(node_id)
-        if counted is None:
-            return float(self.limits.burst)
-        left, at = counted
-        return min(float(self.limits.burst), left + max(0.0, now - at) * self._per_second)
-
-    def _keep(self, node_id: str, left: float, now: float) -> None:
-        self._buckets[node_id] = (left, now)
+        limits = self.limits
+        bucket = self._buckets.get(node_id)
+        if bucket is None:
+            bucket = TokenBucket(limits.per_minute / 60, limits.burst, now)
+            self._buckets[node_id] = bucket
         self._buckets.move_to_end(node_id)
-        while len(self._buckets) > self.limits.max_nodes:
+        while len(self._buckets) > limits.max_nodes:
             self._buckets.popitem(last=False)
+        return 0.0 if bucket.take(1, now) else bucket.seconds_until(1)
 
     def __len__(self) -> int:
         return len(self._buckets)
