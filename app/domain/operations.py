@@ -16,6 +16,7 @@ OperationError
 ├── InvalidSpec         the spec breaks the rules of ``validate_spec``; ``errors`` has them all
 ├── InvalidDrain        a drain's grace out of bounds (``errors`` says so)
 └── InvalidOperation    the request does not fit the cluster as it is now
+    └── NoRoomToDrain   a drain that requires room for every replica, and one has none
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import msgspec
 from msgspec.structs import replace
 
 from app.domain.drain import NODE_DRAIN_COMPLETE
+from app.domain.drain_room import ReplicaRoom, room_for_drain
 from app.domain.envelope import Recorded
 from app.domain.events import (
     AnyEvent,
@@ -70,6 +72,8 @@ from app.domain.state import (
 )
 
 MAX_DRAIN_GRACE_S = 7 * 24 * 3600
+NO_ROOM_NAMED = 8
+"""The replicas without room a refused drain's message names; the answer lists them all."""
 NOT_SERVING_YET = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING})
 
 _T = TypeVar("_T")
@@ -126,6 +130,21 @@ class InvalidOperation(OperationError):
     pass
 
 
+class NoRoomToDrain(InvalidOperation):
+    """A drain asked to be refused rather than stop a replica it cannot move."""
+
+    def __init__(self, node_id: str, room: Sequence[ReplicaRoom]) -> None:
+        nowhere = [r for r in room if not r.has_room]
+        listed = "; ".join(f"{r.replica_id}: {r.reason}" for r in nowhere[:NO_ROOM_NAMED])
+        more = len(nowhere) - NO_ROOM_NAMED
+        super().__init__(
+            f"node {node_id} was not drained: {len(nowhere)} of {len(room)} replica(s) on it "
+            f"have nowhere to go now ({listed}{f'; and {more} more' if more > 0 else ''}); "
+            "nothing was recorded"
+        )
+        self.room = tuple(room)
+
+
 class Change(msgspec.Struct, frozen=True, kw_only=True):
     """Events to append to ``stream``, at the version of it the decision was made on."""
 
@@ -134,6 +153,14 @@ class Change(msgspec.Struct, frozen=True, kw_only=True):
     correlation_id: str | None = None
     """What the events are part of when the decision knows (a rollout they start or
     steer); None: the request that asked for them."""
+
+
+class NodeDrain(Change, frozen=True, kw_only=True):
+    """A node drain to record, and whether each replica on the node has somewhere to go."""
+
+    drain_id: str
+    room: tuple[ReplicaRoom, ...] = ()
+    """Each replica the drain moves or stops, by model and number (``drain_room``)."""
 
 
 # -- models ------------------------------------------------------------------------------
@@ -282,8 +309,12 @@ def uncordon(state: ClusterState, node_id: str) -> Change:
     return Change(stream=node_stream(node_id), events=(NodeUncordoned(node_id=node_id),))
 
 
-def drain_node(state: ClusterState, node_id: str, drain_id: str, grace_s: float) -> Change:
-    """Move every replica off the node (the reconciler carries it out, see ``drain``)."""
+def drain_node(
+    state: ClusterState, node_id: str, drain_id: str, grace_s: float, *, require_room: bool = False
+) -> NodeDrain:
+    """Move every replica off the node (the reconciler carries it out, see ``drain``), and
+    say which replicas have nowhere to go now (``drain_room``); with ``require_room``, such
+    a replica refuses the drain (``NoRoomToDrain``) and nothing is recorded."""
     node = find_node(state, node_id)
     if not 0 < grace_s <= MAX_DRAIN_GRACE_S:
         reason = f"must be more than 0 and at most {MAX_DRAIN_GRACE_S} (a week)"
@@ -297,7 +328,10 @@ def drain_node(state: ClusterState, node_id: str, drain_id: str, grace_s: float)
             f"at /admin/v1/drains/{node.drain_id}"
         )
     requested = NodeDrainRequested(node_id=node_id, drain_id=drain_id, grace_s=grace_s)
-    return Change(stream=node_stream(node_id), events=(requested,))
+    room = room_for_drain(state, requested)
+    if require_room and any(not r.has_room for r in room):
+        raise NoRoomToDrain(node_id, room)
+    return NodeDrain(stream=node_stream(node_id), events=(requested,), drain_id=drain_id, room=room)
 
 
 def drain_replica(state: ClusterState, replica_id: str, drain_id: str) -> Change:

@@ -25,7 +25,7 @@ control plane never races its own agents; the grace follows the fleet (``adoptio
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 import msgspec
@@ -346,12 +346,28 @@ def _scale(draft: Draft, *, placing: bool) -> None:
 def _place(
     draft: Draft, model: Model, deficit: int, replicas: list[Replica], allocations: Allocations
 ) -> None:
-    """Place ``deficit`` replicas, the replacements of moved replicas first. Each runs the
-    model's revision unless a rollout's step has no room for one more of it
-    (``new_revision_room``): it then runs the revision the rollout comes from. The
-    replacement in a move of the rollout itself is the step's own, and runs the new one."""
+    """Place ``deficit`` replicas, the replacements of moved replicas first (in the order
+    ``waiting_for_replacement`` gives), each running the revision ``replacement_revisions``
+    gives. (``drain_room`` places a node drain's replacements in this same order.)"""
     state = draft.state
-    waiting_for_replacement = sorted(
+    waiting = waiting_for_replacement(state, model)
+    originals = [waiting.pop(0) if waiting else None for _ in range(deficit)]
+    planned: dict[int, list[Replica | None]] = {}
+    for original, revision in zip(
+        originals, replacement_revisions(state, model, originals), strict=True
+    ):
+        planned.setdefault(revision, []).append(original)
+    have = model.desired - deficit
+    for revision, group in planned.items():
+        if not _place_at(draft, model, revision, group, allocations, have):
+            return
+        have += len(group)
+
+
+def waiting_for_replacement(state: ClusterState, model: Model) -> list[Replica]:
+    """The originals of ``model``'s moves whose replacement is neither on its way nor
+    serving, in the order their replacements are placed: by replica number."""
+    return sorted(
         (
             original
             for move in model.moves.values()
@@ -361,22 +377,26 @@ def _place(
         ),
         key=lambda r: r.number,
     )
+
+
+def replacement_revisions(
+    state: ClusterState, model: Model, originals: Sequence[Replica | None]
+) -> list[int]:
+    """The revision each replica placed for ``originals`` (in that order; the replica it
+    replaces, or None) runs: the model's, unless a rollout's step has no room for one more
+    of it (``new_revision_room``): then the revision the rollout comes from. The
+    replacement in a move of the rollout itself is the step's own, and runs the new one."""
     room = new_revision_room(state, model)
-    planned: dict[int, list[Replica | None]] = {}
-    for _ in range(deficit):
-        original = waiting_for_replacement.pop(0) if waiting_for_replacement else None
+    revisions = []
+    for original in originals:
         revision = model.revision
         if room is not None and model.rollout is not None:
             if room > 0 or (original is not None and original.drain_id == model.rollout.id):
                 room -= 1
             else:
                 revision = model.rollout.from_revision
-        planned.setdefault(revision, []).append(original)
-    have = model.desired - deficit
-    for revision, originals in planned.items():
-        if not _place_at(draft, model, revision, originals, allocations, have):
-            return
-        have += len(originals)
+        revisions.append(revision)
+    return revisions
 
 
 def _place_at(
