@@ -1,7 +1,9 @@
 """Drains: move every replica off a node (``POST /admin/v1/nodes/{id}/drain``) or one
 replica (``POST /admin/v1/replicas/{id}/drain``), then follow how it goes
 (``GET /admin/v1/drains/{id}``). Both answer at once with the drain's id; the reconciler
-does the moving."""
+does the moving. A node drain's answer also says whether each replica on the node has
+somewhere to go now; with ``require_room`` a replica without is a 409 and nothing is
+recorded."""
 
 from __future__ import annotations
 
@@ -15,8 +17,14 @@ from app.admin.auth import require_actor
 from app.admin.bodies import check_body
 from app.admin.history import event_view
 from app.admin.replicas import replica_summary
-from app.admin.schemas import DrainAccepted, DrainProgressView, DrainRequest, as_view
-from app.domain.operations import DrainProgress
+from app.admin.schemas import (
+    DrainAccepted,
+    DrainProgressView,
+    DrainRequest,
+    ReplicaRoomView,
+    as_view,
+)
+from app.domain.operations import DrainProgress, NodeDrain
 from app.services.operations import Caller, Operations
 
 DRAINS_PATH = "/admin/v1/drains"
@@ -24,6 +32,14 @@ DRAINS_PATH = "/admin/v1/drains"
 
 def drain_accepted(drain_id: str) -> DrainAccepted:
     return DrainAccepted(drain_id=drain_id, progress=f"{DRAINS_PATH}/{drain_id}")
+
+
+def node_drain_accepted(drain: NodeDrain, grace_s: float) -> DrainAccepted:
+    return replace(
+        drain_accepted(drain.drain_id),
+        grace_s=grace_s,
+        room=[as_view(r, ReplicaRoomView) for r in drain.room],
+    )
 
 
 def drain_progress_view(progress: DrainProgress) -> DrainProgressView:
@@ -43,7 +59,10 @@ class DrainController(Controller):
         "/nodes/{node_id:str}/drain",
         status_code=HTTP_202_ACCEPTED,
         tags=["nodes"],
-        summary="Move every replica off the node; answers at once with the drain's id",
+        summary=(
+            "Move every replica off the node; answers at once with the drain's id and "
+            "whether each replica has somewhere to go"
+        ),
     )
     async def drain_node(
         self,
@@ -52,8 +71,11 @@ class DrainController(Controller):
         node_id: FromPath[str],
         data: JSONBody[DrainRequest | None] = None,
     ) -> DrainAccepted:
-        grace_s = (data or DrainRequest()).grace_s
-        return drain_accepted(await operations.drain_node(caller, node_id, grace_s))
+        request = data or DrainRequest()
+        drain = await operations.drain_node(
+            caller, node_id, request.grace_s, require_room=request.require_room
+        )
+        return node_drain_accepted(drain, request.grace_s)
 
     @post(
         "/replicas/{replica_id:str}/drain",

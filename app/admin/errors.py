@@ -24,6 +24,7 @@ from app.domain.operations import (
     InvalidFields,
     InvalidOperation,
     InvalidSpec,
+    NoRoomToDrain,
     UnknownDrain,
     UnknownModel,
     UnknownNode,
@@ -45,6 +46,7 @@ PROBLEM_TABLE: tuple[tuple[type[Exception], int, str], ...] = (
     (InvalidRevocation, HTTP_422_UNPROCESSABLE_ENTITY, "invalid-revocation"),
     (InvalidSpec, HTTP_422_UNPROCESSABLE_ENTITY, "invalid-spec"),
     (InvalidDrain, HTTP_422_UNPROCESSABLE_ENTITY, "invalid-drain"),
+    (NoRoomToDrain, HTTP_409_CONFLICT, "no-room-to-drain"),
     (InvalidOperation, HTTP_409_CONFLICT, "invalid-operation"),
     (ConcurrencyError, HTTP_409_CONFLICT, "conflict"),
     (FencedError, HTTP_503_SERVICE_UNAVAILABLE, "not-leader"),
@@ -106,12 +108,14 @@ def handle_domain(_: Request[Any, Any, Any], exc: Exception) -> Response[dict[st
 
 def _details(exc: Exception) -> dict[str, Any]:
     """What a client needs besides the message: every field of an invalid spec, the id of
-    an unknown thing."""
+    an unknown thing, each replica of a drain refused for want of room."""
     match exc:
         case InvalidFields():
             return {"errors": [{"field": e.field, "reason": e.reason} for e in exc.errors]}
         case UnknownThing():
             return {"id": exc.key}
+        case NoRoomToDrain():
+            return {"room": [msgspec.to_builtins(r) for r in exc.room]}
     return {}
 
 

@@ -407,6 +407,9 @@ class DrainRequest(msgspec.Struct, frozen=True, kw_only=True):
     grace_s: float = 600.0
     """Seconds the whole move may take (at most a week); what is left on the node then is
     stopped."""
+    require_room: bool = False
+    """Refuse the drain (409, nothing recorded) when a replica on the node has nowhere to
+    go now; by default such a drain is recorded, and the answer says which replicas."""
 
 
 # -- replicas and drains -----------------------------------------------------------------
@@ -501,10 +504,29 @@ class ReplicaView(ReplicaSummary, frozen=True, kw_only=True):
     """What the gateways measured of its requests; null when no gateway reports."""
 
 
+class ReplicaRoomView(msgspec.Struct, frozen=True, kw_only=True):
+    """Whether a replica a node drain moves (or stops, not serving yet) has somewhere to go."""
+
+    replica_id: str
+    model: str
+    has_room: bool
+    """Whether placement finds a place for its replacement now, each replacement holding
+    its GPUs for the next (or it has one already). Without room, it is stopped, not moved,
+    when the grace runs out, unless room appears first."""
+    reason: str | None = None
+    """Why not, as placement says it (``llmgw-cli explain-placement MODEL``); null when it
+    has room."""
+
+
 class DrainAccepted(msgspec.Struct, frozen=True, kw_only=True):
     drain_id: str
     progress: str
     """Where to follow the drain."""
+    grace_s: float | None = None
+    """A node drain's grace; null for a replica drain."""
+    room: list[ReplicaRoomView] = []
+    """A node drain's replicas, by model and number, each with whether it has somewhere to
+    go now, decided on the state the drain was recorded on; empty for a replica drain."""
 
 
 class DrainProgressView(msgspec.Struct, frozen=True, kw_only=True):

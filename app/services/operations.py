@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from app.clock import utc_now
 from app.domain import keys as key_decisions
@@ -44,6 +44,8 @@ from app.domain.state import (
     revocation_key,
 )
 from app.store.interface import EventStore, NewEvent
+
+ChangeT = TypeVar("ChangeT", bound=decide.Change)
 
 DRAIN_EVENTS_SHOWN = 1000
 PREFIX_DRAWS = 8
@@ -119,15 +121,18 @@ class Operations:
         stream = node_stream(node_id)
         return await self._record(caller, stream, lambda s: decide.uncordon(s, node_id))
 
-    async def drain_node(self, caller: Caller, node_id: str, grace_s: float) -> str:
+    async def drain_node(
+        self, caller: Caller, node_id: str, grace_s: float, *, require_room: bool = False
+    ) -> decide.NodeDrain:
+        """The drain recorded (its id is the events' correlation id), with whether each
+        replica on the node has somewhere to go, as decided on the state it was recorded on."""
         drain_id = new_drain_id()
-        await self._record(
+        return await self._append(
             caller,
             node_stream(node_id),
-            lambda s: decide.drain_node(s, node_id, drain_id, grace_s),
+            lambda s: decide.drain_node(s, node_id, drain_id, grace_s, require_room=require_room),
             correlation_id=drain_id,
         )
-        return drain_id
 
     async def drain_replica(self, caller: Caller, replica_id: str) -> str:
         drain_id = new_drain_id()
@@ -330,8 +335,21 @@ class Operations:
         correlation_id: str | None = None,
         about_replica: str | None = None,
     ) -> bool:
-        """The events are correlated with what the decision says they are part of (a
-        rollout), else with ``correlation_id``, else with the request."""
+        """Whether anything was recorded (see ``_append``)."""
+        change = await self._append(caller, stream, decision, correlation_id, about_replica)
+        return bool(change.events)
+
+    async def _append(
+        self,
+        caller: Caller,
+        stream: str,
+        decision: Callable[[ClusterState], ChangeT],
+        correlation_id: str | None = None,
+        about_replica: str | None = None,
+    ) -> ChangeT:
+        """The change decided and appended (nothing when it has no events). The events are
+        correlated with what the decision says they are part of (a rollout), else with
+        ``correlation_id``, else with the request."""
         # Decided on the caught-up fold and appended with that fold's version of the
         # stream: the append succeeds only if no event came since.
         state = await self._store.catch_up()
@@ -345,11 +363,11 @@ class Operations:
         if change.stream != stream:
             raise RuntimeError(f"decision for {stream} wrote {change.stream}")
         if not change.events:
-            return False
+            return change
         meta = Meta(
             actor=caller.actor,
             correlation_id=change.correlation_id or correlation_id or caller.request_id,
             causation_id=caller.request_id,
         )
         await self._store.append(stream, version, [NewEvent(e) for e in change.events], meta)
-        return True
+        return change

@@ -300,6 +300,36 @@ async def test_cordon_then_drain_is_recorded_as_the_operator_and_its_progress_is
     assert (await admin.get("/admin/v1/drains/drain-00000000")).status_code == 404
 
 
+async def test_a_node_drain_answers_which_replicas_have_room_and_require_room_refuses_without(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    await seed_node(pg_store, "gpu-1")
+    spec = {"command": "vllm serve {model} --port {port}", "replicas": 1}
+    assert (await admin.put("/admin/v1/models/llama", json=spec)).status_code == 200
+    await seed_serving_replica(pg_store, "llama-1", "gpu-1")
+    no_room = "needs 1 node(s) with 1 healthy free GPU(s), 0 eligible of 1: 1 draining"
+    room = [{"replica_id": "llama-1", "model": "llama", "has_room": False, "reason": no_room}]
+    before = await pg_store.last_position()
+
+    refused = await admin.post(
+        "/admin/v1/nodes/gpu-1/drain", json={"grace_s": 300, "require_room": True}
+    )
+
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["title"] == "no-room-to-drain"
+    assert refused.json()["room"] == room
+    assert f"(llama-1: {no_room}); nothing was recorded" in refused.json()["detail"]
+    assert await pg_store.last_position() == before
+
+    drain = await admin.post("/admin/v1/nodes/gpu-1/drain", json={"grace_s": 300})
+
+    assert drain.status_code == 202, drain.text
+    assert (drain.json()["grace_s"], drain.json()["room"]) == (300, room)
+    assert [type(e.event) for e in await events_of(pg_store, node_stream("gpu-1"))][-1] is (
+        NodeDrainRequested
+    )
+
+
 async def test_a_serving_replica_is_drained_and_replicas_show_their_failures(
     admin: httpx.AsyncClient, pg_store: PostgresEventStore
 ) -> None:

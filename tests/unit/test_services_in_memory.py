@@ -60,7 +60,7 @@ async def test_an_operator_declares_scales_and_drains_and_every_step_is_recorded
 
     assert await operations.apply_model(ALICE, ModelSpec(name="llama", command="sim --port {port}"))
     assert await operations.scale(ALICE, "llama", 3)
-    drain_id = await operations.drain_node(ALICE, "gpu-1", 600)
+    drain_id = (await operations.drain_node(ALICE, "gpu-1", 600)).drain_id
 
     [status] = await operations.models()
     assert status.model.desired == 3
