@@ -1,6 +1,7 @@
-"""`llmgw-cli drain <node> | --replica <id> [--wait]` and `drain-progress <drain-id>`.
+"""`llmgw-cli drain <node> [--require-room] | --replica <id>` and `drain-progress <drain-id>`.
 
-A drain answers at once with its id; ``--wait`` then follows it until it is done: a live
+A drain answers at once with its id (a node drain also with the replicas that have nowhere
+to go now, printed as warnings); ``--wait`` then follows it until it is done: a live
 view on a terminal (rich Live), one line per step of the drain elsewhere (logs, CI).
 """
 
@@ -36,6 +37,7 @@ from cli.render import (
     styled,
     text,
     utc_seconds,
+    warn,
 )
 from cli.replicas import moves
 from cli.views import DrainAccepted, DrainProgressView
@@ -67,6 +69,18 @@ def drain(
             validator=validators.Number(gt=0),
         ),
     ] = None,
+    require_room: Annotated[
+        bool,
+        Parameter(
+            negative=(),
+            help=(
+                "Refuse a node drain, recording nothing, when a replica on the node has "
+                "nowhere to go now (exit 1, each such replica named with placement's "
+                "reason). Without it such a drain is recorded with a warning per replica: "
+                "when the grace runs out, what is still on the node is stopped, not moved."
+            ),
+        ),
+    ] = False,
     wait: Wait = False,
     output: Output = "table",
     connection: ConnectionFlags | None = None,
@@ -77,8 +91,14 @@ def drain(
     view of every move until the drain is done (one line per step when not on a terminal;
     the final progress as JSON with --output json).
 
+    A node drain first says, on stderr, which replicas have nowhere to go now (placement
+    finds no room for their replacement, each counted against the others): unless room
+    appears, those are stopped, not moved, when the grace runs out. --require-room
+    refuses such a drain instead.
+
     ```
     llmgw-cli drain gpu-08 --wait
+    llmgw-cli drain gpu-08 --require-room
     llmgw-cli drain --replica llama-3-8b-2
     ```
     """
@@ -88,15 +108,22 @@ def drain(
     if replica is not None and grace is not None:
         print_error("drain", "--grace applies to a node drain; a replica drain has its own")
         return EXIT_USAGE
+    if replica is not None and require_room:
+        print_error("drain", "--require-room applies to a node drain")
+        return EXIT_USAGE
 
     def start(client: AdminClient) -> int:
         if node_id is not None:
             path = f"{ADMIN}/nodes/{segment(node_id, 'the node id')}/drain"
-            body = {} if grace is None else {"grace_s": grace}
+            body: dict[str, object] | None = {} if grace is None else {"grace_s": grace}
+            if require_room:
+                body = {**(body or {}), "require_room": True}
         else:
             path = f"{ADMIN}/replicas/{segment(replica or '', 'the replica id')}/drain"
             body = None
         accepted = call(client, DrainAccepted, "POST", path, body=body)
+        for line in no_room_warnings(accepted.value):
+            warn(line)
         if wait:
             return watch(client, accepted.value.drain_id, output)
         if output == "json":
@@ -109,6 +136,23 @@ def drain(
         return EXIT_OK
 
     return run_command("drain", connection, start)
+
+
+def no_room_warnings(accepted: DrainAccepted) -> list[str]:
+    """One line per replica of a node drain that has nowhere to go now, with placement's
+    reason and what its grace then does to it."""
+    grace = (
+        f"when the {accepted.grace_s:g}s grace runs out"
+        if accepted.grace_s is not None
+        else "when the grace runs out"
+    )
+    return [
+        f"warning: {room.replica_id} has nowhere to go now: {room.reason or 'no reason given'}"
+        f"{f' (llmgw-cli explain-placement {room.model})' if room.model else ''}; "
+        f"{grace} it is stopped, not moved"
+        for room in accepted.room
+        if not room.has_room
+    ]
 
 
 def drain_progress(

@@ -279,8 +279,20 @@ class PlacementView(View, frozen=True, kw_only=True):
 # -- drains and the log ------------------------------------------------------------------
 
 
+class ReplicaRoomView(View, frozen=True, kw_only=True):
+    """Whether a replica a node drain moves has somewhere to go now."""
+
+    replica_id: str
+    model: str = ""
+    has_room: bool = True
+    reason: str | None = None
+    """Why not, as placement says it; null when it has room."""
+
+
 class DrainAccepted(View, frozen=True, kw_only=True):
     drain_id: str
+    grace_s: float | None = None
+    room: list[ReplicaRoomView] = []
 
 
 class MoveView(View, frozen=True, kw_only=True):

@@ -32,7 +32,7 @@ from app.domain.events import (
     node_stream,
 )
 from app.store.postgres import PostgresEventStore
-from tests.support.admin_server import record, seed_node, seed_serving_replica
+from tests.support.admin_server import last_position, record, seed_node, seed_serving_replica
 from tests.support.operator_cli import OPERATOR, OnTerminal, Operator, live_admin_api
 from tests.support.routing import declare_model
 from tests.support.waiting import wait_until
@@ -301,6 +301,65 @@ async def test_drain_wait_on_a_terminal_shows_the_move_live_until_the_drain_comp
     assert f"{drain_id} drains node {node}, requested by {OPERATOR}" in shown
     assert "done: every replica moved" in shown
     assert f"replaced by {replacement}" in shown
+
+
+async def test_a_drain_says_up_front_which_replica_has_nowhere_to_go_and_require_room_refuses_it(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    node, other = an_id("gpu"), an_id("gpu")
+    await seed_node(pg_store, node)
+    await seed_node(pg_store, other, gpus=1)  # room for one replacement
+    model = an_id("llama")
+    await declare_model(pg_store, model, replicas=2)
+    first, second = f"{model}-1", f"{model}-2"
+    await record(
+        pg_store,
+        "reconciler",
+        *(
+            event
+            for number in (1, 2)
+            for event in (
+                ReplicaPlaced(
+                    replica_id=f"{model}-{number}",
+                    model=model,
+                    number=number,
+                    shards=(
+                        ShardPlacement(
+                            index=0, node_id=node, gpus=(number - 1,), port=20000 + number
+                        ),
+                    ),
+                ),
+                ReplicaServing(replica_id=f"{model}-{number}"),
+            )
+        ),
+    )
+    no_room = (
+        "needs 1 node(s) with 1 healthy free GPU(s), 0 eligible of 2: 1 draining, "
+        "2 not enough healthy free GPUs"
+    )
+    before = await last_position(pg_store)
+
+    refused = await operator.run("drain", node, "--require-room")
+
+    assert refused.code == 1, refused.stderr
+    assert await last_position(pg_store) == before  # nothing recorded
+    assert refused.stdout == ""
+    assert f"have nowhere to go now ({second}: {no_room}); nothing was recorded" in (
+        " ".join(refused.stderr.split())
+    )
+
+    started = await operator.run("drain", node, "--grace", "900")
+
+    assert started.code == 0, started.stderr
+    assert started.stderr.splitlines() == [
+        f"warning: {second} has nowhere to go now: {no_room} (llmgw-cli explain-placement "
+        f"{model}); when the 900s grace runs out it is stopped, not moved"
+    ]
+    assert first not in started.stderr  # its replacement takes the room there is
+    assert "draining node" in started.stdout
+    drain_id = started.stdout.split(":")[0]
+    progress = (await operator.run("drain-progress", drain_id, "--output", "json")).json()
+    assert progress["node_id"] == node
 
 
 async def test_a_drain_with_nowhere_to_move_says_why_and_when_its_grace_runs_out(

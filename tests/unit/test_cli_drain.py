@@ -1,4 +1,5 @@
-"""What `drain --wait` prints off a terminal while a drain has nowhere to move a replica."""
+"""What `drain` prints: a warning per replica with nowhere to go, and off a terminal with
+--wait, each wait for room while a drain has nowhere to move a replica."""
 
 from __future__ import annotations
 
@@ -7,8 +8,14 @@ from datetime import UTC, datetime
 
 from rich.console import Console
 
-from cli.drain import print_new_steps
-from cli.views import DrainProgressView, MoveView, ReplicaSummary
+from cli.drain import no_room_warnings, print_new_steps
+from cli.views import (
+    DrainAccepted,
+    DrainProgressView,
+    MoveView,
+    ReplicaRoomView,
+    ReplicaSummary,
+)
 
 NO_ROOM = "needs 1 node(s) with 1 healthy free GPU(s), 0 eligible of 2: 1 draining"
 
@@ -58,3 +65,20 @@ def test_a_finished_drain_prints_no_wait() -> None:
     )
 
     assert printed(done) == []
+
+
+def test_a_drain_warns_once_per_replica_without_room_and_says_what_its_grace_does() -> None:
+    accepted = DrainAccepted(
+        drain_id="drain-0a1b2c3d",
+        grace_s=600.0,
+        room=[
+            ReplicaRoomView(replica_id="llama-2", model="llama", has_room=True),
+            ReplicaRoomView(replica_id="llama-3", model="llama", has_room=False, reason=NO_ROOM),
+        ],
+    )
+
+    assert no_room_warnings(accepted) == [
+        f"warning: llama-3 has nowhere to go now: {NO_ROOM} (llmgw-cli explain-placement "
+        "llama); when the 600s grace runs out it is stopped, not moved"
+    ]
+    assert no_room_warnings(DrainAccepted(drain_id="drain-0a1b2c3d")) == []  # a replica drain
