@@ -285,7 +285,14 @@ class SharedLimiter:
                 await self._answer.wait()
 
     def record_tokens(self, key_id: str, tokens: int, *, now: float, reserved: int = 0) -> None:
-        """Settle a request's tokens: ``tokens`` used, ``reserved`` taken at admission."""
+        """Settle a request's tokens: ``tokens`` used, ``reserved`` taken at admission.
+
+        A count below zero is read as zero, as ``RateLimiter`` reads it and ``admit`` reads a
+        reservation below one: settling gives back at most what was reserved, so no caller
+        can credit a key with tokens (which would go back to the database and so to every
+        gateway). Clamped rather than refused: this runs once the answer is sent, with
+        no one left to tell."""
+        tokens, reserved = max(0, tokens), max(0, reserved)
         budget = self._budgets.get((key_id, TOKENS))
         if budget is None:
             return

@@ -141,6 +141,20 @@ def test_tokens_are_reserved_at_admission_and_settled_after() -> None:
     assert ledger.used(TOKENS, 103.0) == 120
 
 
+def test_a_count_below_zero_gives_back_no_more_than_was_reserved() -> None:
+    """A caller that settles a negative count (or reservation) hands no tokens to the
+    key: what goes back to the database is never more than it granted less what was used."""
+    limiter, ledger = SharedLimiter(), Ledger()
+    assert limiter.admit(KEY, rpm=None, tpm=10_000, now=100.0, tokens=500).allowed
+    ledger.serve(limiter, 100.0)
+    limiter.record_tokens(KEY, -1_000_000, now=100.5)
+    limiter.record_tokens(KEY, -1_000_000, now=100.5, reserved=500)
+    limiter.record_tokens(KEY, 120, now=100.5, reserved=-1_000_000)
+    for back in limiter.everything_held():
+        ledger.granted[(back.resource, back.second)] -= back.amount
+    assert ledger.used(TOKENS, 101.0) == 120, "the reservation back, the 120 used charged"
+
+
 def test_a_request_that_does_not_fit_the_tokens_left_is_refused() -> None:
     limiter, ledger = SharedLimiter(), Ledger()
     assert limiter.admit(KEY, rpm=None, tpm=1000, now=100.0, tokens=900).allowed
