@@ -35,12 +35,13 @@ import msgspec
 import structlog
 
 from wire.engines import signal_names
+from wire.metrics_page import MAX_METRICS_PAGE_BYTES, PageTooLarge, read_metrics_page
 
 log = structlog.get_logger("llmgw.gateway")
 
-MAX_PAGE_BYTES = 16 << 20
-"""The most of a ``/metrics`` page a scrape reads. vLLM's, with its histograms for a few
-models and LoRA adapters, is a few hundred KiB; the page is read four times a second."""
+MAX_PAGE_BYTES = MAX_METRICS_PAGE_BYTES
+"""The most of a ``/metrics`` page a scrape reads (``wire.metrics_page``, shared with
+``llmgw-cli bench``); the page is read four times a second."""
 
 WAITING_NAMES = signal_names("waiting")
 RUNNING_NAMES = signal_names("running")
@@ -231,22 +232,11 @@ class MetricsScraper:
 
 async def _read_page(resp: aiohttp.ClientResponse) -> bytes:
     """The page, up to ``MAX_PAGE_BYTES``; ``ScrapeFailed`` (the connection closed) past it."""
-    declared = resp.content_length
-    if declared is not None and declared > MAX_PAGE_BYTES:
+    try:
+        return await read_metrics_page(resp.content_length, resp.content.iter_any())
+    except PageTooLarge as exc:
         resp.close()
-        raise ScrapeFailed(f"GET /metrics declares {declared} bytes, over {_MAX_PAGE}")
-    parts: list[bytes] = []
-    size = 0
-    async for part in resp.content.iter_any():
-        size += len(part)
-        if size > MAX_PAGE_BYTES:
-            resp.close()
-            raise ScrapeFailed(f"GET /metrics goes on past {_MAX_PAGE}")
-        parts.append(part)
-    return b"".join(parts)
-
-
-_MAX_PAGE = f"{MAX_PAGE_BYTES >> 20} MiB"
+        raise ScrapeFailed(f"GET /metrics {exc}") from exc
 
 
 class ScraperTasks:

@@ -24,7 +24,16 @@ from app.gateway.engine_client import MAX_ANSWER_BYTES
 from app.gateway.server import StaticSource
 from app.gateway.signals import MAX_PAGE_BYTES, EngineReading, MetricsScraper, ScrapeFailed
 from app.gateway.table import Route
-from tests.support.bad_engine import BadEngine, Story, json_answer, sse_answer
+from tests.support.bad_engine import (
+    GAUGE,
+    PAGE_HEAD,
+    BadEngine,
+    Sent,
+    Story,
+    endless_page,
+    json_answer,
+    sse_answer,
+)
 from tests.support.gateway import GatewayThread, new_key, snapshot_of
 
 pytestmark = pytest.mark.timeout(60)
@@ -244,20 +253,6 @@ def test_a_streams_unusable_usage_charges_one_token_per_event(figure: bytes, cha
 # -- the /metrics page the gateway scrapes --------------------------------------------------
 
 SCRAPE_TIMEOUT_S = 3.0
-PAGE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\n"
-GAUGE = b"vllm:num_requests_waiting 0.0\n"
-
-
-class Sent:
-    """What a story wrote so far."""
-
-    def __init__(self) -> None:
-        self.bytes = 0
-
-    def counted(self, pieces: Iterable[bytes]) -> Iterator[bytes]:
-        for piece in pieces:
-            yield piece
-            self.bytes += len(piece)
 
 
 def scraper_of(engine: BadEngine, session: aiohttp.ClientSession) -> MetricsScraper:
@@ -281,31 +276,6 @@ async def scrape(engine: BadEngine) -> tuple[EngineReading | ScrapeFailed, float
         except ScrapeFailed as exc:
             outcome = exc
         return outcome, time.monotonic() - started
-
-
-def endless_page(sent: Sent, *, up_to: int = 64 << 20) -> Story:
-    """A page of chunks, a MiB each, sent as fast as they are read: ``up_to`` bytes, then
-    nothing more and no end (enough to tell a bound from none, without filling memory)."""
-    chunk = b"# filler\n" * ((1 << 20) // 9)
-    framed = b"%x\r\n%s\r\n" % (len(chunk), chunk)
-
-    def story(request: bytes) -> Iterable[bytes]:
-        def pieces() -> Iterator[bytes]:
-            yield (
-                PAGE_HEAD
-                + b"transfer-encoding: chunked\r\n\r\n"
-                + b"%x\r\n%s\r\n"
-                % (
-                    len(GAUGE),
-                    GAUGE,
-                )
-            )
-            for _ in range(up_to // len(chunk)):
-                yield framed
-
-        return sent.counted(pieces())
-
-    return story
 
 
 async def test_a_metrics_page_without_end_is_refused_past_16_mib() -> None:

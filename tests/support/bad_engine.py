@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 
 Story = Callable[[bytes], Iterable[bytes]]
@@ -43,6 +43,48 @@ def sse_answer(*events: bytes) -> bytes:
     )
     head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked"
     return head + b"\r\n\r\n" + chunks + b"0\r\n\r\n"
+
+
+PAGE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\n"
+"""A ``/metrics`` answer's head, but for how its length is told and the blank line."""
+GAUGE = b"vllm:num_requests_waiting 0.0\n"
+
+
+class Sent:
+    """What a story wrote so far."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+    def counted(self, pieces: Iterable[bytes]) -> Iterator[bytes]:
+        for piece in pieces:
+            yield piece
+            self.bytes += len(piece)
+
+
+def endless_page(sent: Sent, *, up_to: int = 64 << 20) -> Story:
+    """A page of chunks, a MiB each, sent as fast as they are read: ``up_to`` bytes, then
+    nothing more and no end (enough to tell a bound from none, without filling memory)."""
+    chunk = b"# filler\n" * ((1 << 20) // 9)
+    framed = b"%x\r\n%s\r\n" % (len(chunk), chunk)
+
+    def story(request: bytes) -> Iterable[bytes]:
+        def pieces() -> Iterator[bytes]:
+            yield (
+                PAGE_HEAD
+                + b"transfer-encoding: chunked\r\n\r\n"
+                + b"%x\r\n%s\r\n"
+                % (
+                    len(GAUGE),
+                    GAUGE,
+                )
+            )
+            for _ in range(up_to // len(chunk)):
+                yield framed
+
+        return sent.counted(pieces())
+
+    return story
 
 
 class BadEngine:
