@@ -4,7 +4,8 @@ BenchError
 ├── TargetUnreachable    no connection to the engine, or it stopped answering
 ├── TargetRefused        the engine answered, but not as an OpenAI-compatible engine
 │                        serving the model would (unknown model, an error status)
-└── MetricsUnavailable   no /metrics, or none of the queue and KV-cache gauges bench reads
+└── MetricsUnavailable   no /metrics, none of the queue and KV-cache gauges bench reads, or
+                         a page past 16 MiB
 """
 
 from __future__ import annotations

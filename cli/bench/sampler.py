@@ -14,8 +14,10 @@ from cli.bench.metrics import EngineReading, missing_gauges, read_metrics
 from cli.bench.request import connect_failure
 from cli.bench.target import Engine
 from wire.engines import PROFILES
+from wire.metrics_page import PageTooLarge, read_metrics_page
 
 SCRAPE_TIMEOUT_S = 10.0
+"""A scrape's time, head and page; its size is ``wire.metrics_page``'s bound."""
 METRICS_FLAGS = ", ".join(
     f"{profile.name}: {profile.metrics_flag or 'on by default'}"
     for profile in PROFILES.values()
@@ -36,8 +38,8 @@ class MetricsReader:
             async with self._session.get(
                 url, timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)
             ) as response:
-                text = await response.text(errors="replace")
                 status = response.status
+                page = await read_metrics_page(response.content_length, response.content.iter_any())
         except aiohttp.ClientConnectorError as exc:
             raise TargetUnreachable(
                 f"cannot connect to the engine at {self._engine.root_url} to read {url}: "
@@ -50,13 +52,15 @@ class MetricsReader:
             ) from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise MetricsUnavailable(f"GET {url} failed: {exc or type(exc).__name__}") from exc
+        except PageTooLarge as exc:
+            raise MetricsUnavailable(f"GET {url} {exc}: bench reads no more of it") from exc
         if status != 200:
             raise MetricsUnavailable(
                 f"GET {url} answered HTTP {status}: bench reads the engine's waiting queue and "
                 "KV-cache usage there to recommend target_waiting and kv_ceiling; start the "
                 f"engine with its Prometheus metrics on ({METRICS_FLAGS})"
             )
-        return read_metrics(text, self._engine.model)
+        return read_metrics(page.decode(errors="replace"), self._engine.model)
 
     async def check(self) -> EngineReading:
         """A first reading, refused when it lacks the gauges bench needs."""

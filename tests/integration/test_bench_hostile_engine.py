@@ -1,0 +1,61 @@
+"""`llmgw-cli bench`'s reader of an engine's ``/metrics`` against a socket playing a bad
+engine (``tests.support.bad_engine``): a page without end, or one declaring more than
+16 MiB, ends the run with one clear error instead of being read into memory until the
+scrape's timeout."""
+
+from __future__ import annotations
+
+import pytest
+
+from cli.bench.errors import MetricsUnavailable
+from cli.bench.metrics import EngineReading
+from cli.bench.request import engine_session
+from cli.bench.sampler import MetricsReader
+from cli.bench.target import Engine
+from tests.support.bad_engine import GAUGE, PAGE_HEAD, BadEngine, Sent, Story, endless_page
+from wire.metrics_page import MAX_METRICS_PAGE_BYTES
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def no_post(request: bytes) -> list[bytes]:
+    raise AssertionError(f"bench sent a request while reading /metrics: {request[:80]!r}")
+
+
+async def read(metrics: Story) -> EngineReading | MetricsUnavailable:
+    """One reading of the bad engine's page: what was read, or the error."""
+    with BadEngine(no_post, metrics=metrics) as engine:
+        async with engine_session() as session:
+            reader = MetricsReader(session, Engine(root_url=engine.url, model="m"))
+            try:
+                return await reader.read()
+            except MetricsUnavailable as exc:
+                return exc
+
+
+async def test_a_metrics_page_without_end_is_refused_past_16_mib() -> None:
+    # Before the bound bench read all that came until its 10 s timeout: the 64 MiB this
+    # engine sends, or, from one that does not stop, as much as arrived in 10 s.
+    sent = Sent()
+    outcome = await read(endless_page(sent))
+
+    assert isinstance(outcome, MetricsUnavailable), outcome
+    assert str(outcome).endswith("/metrics goes on past 16 MiB: bench reads no more of it")
+    assert sent.bytes < MAX_METRICS_PAGE_BYTES + (16 << 20)  # what the sockets' buffers hold
+
+
+async def test_a_metrics_page_declaring_more_than_16_mib_is_not_read() -> None:
+    head = PAGE_HEAD + b"content-length: %d\r\n\r\n" % (MAX_METRICS_PAGE_BYTES + 1)
+    outcome = await read(lambda request: [head, GAUGE])
+
+    assert isinstance(outcome, MetricsUnavailable), outcome
+    assert f"declares {MAX_METRICS_PAGE_BYTES + 1} bytes, over 16 MiB" in str(outcome)
+
+
+async def test_a_metrics_page_under_the_bound_is_read() -> None:
+    page = GAUGE + b"# filler\n" * ((MAX_METRICS_PAGE_BYTES - 4096) // 9)
+    answer = PAGE_HEAD + b"content-length: %d\r\n\r\n" % len(page)
+    outcome = await read(lambda request: [answer, page])
+
+    assert isinstance(outcome, EngineReading), outcome
+    assert outcome.waiting == 0.0
