@@ -207,7 +207,8 @@ def revoke_key(
     connection: ConnectionFlags | None = None,
 ) -> int:
     """Revoke an API key: every gateway refuses it within a second. Revoking a revoked key
-    changes nothing and is no error.
+    changes nothing and is no error. A name finds its live key, else its expired key not
+    yet revoked; when several keys of the name could be meant, give the prefix.
 
     ```
     llmgw-cli keys revoke ci-pipeline

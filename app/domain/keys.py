@@ -222,9 +222,11 @@ def scope_of(models: Sequence[str]) -> tuple[str, ...]:
 
 
 def find_key(state: ClusterState, prefix_or_name: str, now: datetime) -> ApiKey:
-    """The key with that id (``k-<prefix>``) or prefix; else the live key with that name
-    (neither revoked nor expired at ``now``); else, when every key of that name is revoked
-    or expired, the one that ended last (so revoking twice is no error)."""
+    """The key with that id (``k-<prefix>``) or prefix; else the key of that name that an
+    operator can mean: the live one (neither revoked nor expired at ``now``); with none
+    live, the one not yet revoked (an expired key may still be revoked); with every key of
+    that name revoked, the one revoked last (so revoking twice is no error). Several live
+    keys of the name, or with none live several not revoked, are ``AmbiguousKey``."""
     if (by_id := state.keys.get(prefix_or_name)) is not None:
         return by_id
     for key in state.keys.values():
@@ -232,23 +234,20 @@ def find_key(state: ClusterState, prefix_or_name: str, now: datetime) -> ApiKey:
             return key
     named = [k for k in state.keys.values() if k.name == prefix_or_name]
     live = [k for k in named if k.live(now)]
-    if len(live) > 1:
-        prefixes = ", ".join(sorted(k.prefix for k in live))
-        raise AmbiguousKey(
-            f"{len(live)} live API keys are named {prefix_or_name!r} (prefixes {prefixes}); "
-            "revoke one by its prefix"
+    meant = live or [k for k in named if k.revoked_at is None]
+    if len(meant) > 1:
+        prefixes = ", ".join(sorted(k.prefix for k in meant))
+        which = (
+            f"{len(meant)} live API keys are named {prefix_or_name!r}"
+            if live
+            else f"{len(meant)} API keys named {prefix_or_name!r} have expired and are not revoked"
         )
-    if live:
-        return live[0]
+        raise AmbiguousKey(f"{which} (prefixes {prefixes}); revoke one by its prefix")
+    if meant:
+        return meant[0]
     if named:
-        return max(named, key=lambda k: (_ended_at(k), k.created_at))
+        return max(named, key=lambda k: (k.revoked_at or k.created_at, k.created_at))
     raise UnknownKey(prefix_or_name)
-
-
-def _ended_at(key: ApiKey) -> datetime:
-    """When a key that is no longer live stopped working: revoked, or expired first."""
-    ends = [at for at in (key.revoked_at, key.expires_at) if at is not None]
-    return min(ends) if ends else key.created_at
 
 
 def revoke(state: ClusterState, key_id: str) -> Change:

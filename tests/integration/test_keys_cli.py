@@ -178,6 +178,43 @@ async def test_revoking_by_name_then_by_prefix_and_the_history_names_both_operat
     assert f"key ci ({prefix}) created for llama-3-8b" in history.stdout
 
 
+async def test_by_name_the_one_key_not_yet_revoked_is_revoked_and_two_are_refused(
+    alice: Operator,
+) -> None:
+    async def expired_key() -> str:
+        """A key named ci, created to expire in a second, once the server says it has."""
+        created = (await alice.cli(*CI_KEY, "--expires-in", "1s", "--output", "json")).json()
+
+        async def expired() -> bool:
+            async with bearer_client(alice.url, TOKENS["alice"]) as client:
+                listed = (await client.get("/admin/v1/keys")).json()
+            return any(k["prefix"] == created["prefix"] and k["expired"] for k in listed)
+
+        await wait_until(expired, within_s=20, every_s=0.2, what="the ci key expired")
+        prefix: str = created["prefix"]
+        return prefix
+
+    old, newer = await expired_key(), await expired_key()
+
+    both = await alice.cli("keys", "revoke", "ci")
+    by_prefix = await alice.cli("keys", "revoke", newer)
+    by_name = await alice.cli("keys", "revoke", "ci")
+    again = await alice.cli("keys", "revoke", "ci")
+
+    assert both.code == 1, both.stdout
+    first, second = sorted((old, newer))
+    assert (
+        f"2 API keys named 'ci' have expired and are not revoked (prefixes {first}, {second}); "
+        "revoke one by its prefix"
+    ) in both.stderr
+    assert by_prefix.stdout.strip() == f"Revoked API key ci (prefix {newer})."
+    # Before, the revoked key (it ended last) was found: "already revoked; nothing changed".
+    assert by_name.code == 0, by_name.stderr
+    assert by_name.stdout.strip() == f"Revoked API key ci (prefix {old})."
+    assert again.code == 0, again.stderr
+    assert again.stdout.startswith(f"API key ci (prefix {old}) was already revoked by alice")
+
+
 async def test_refusals_say_why_and_exit_1(alice: Operator) -> None:
     unknown_model = await alice.cli("keys", "create", "--name", "ci", "--models", "lama")
     created = await alice.cli("keys", "create", "--name", "ci", "--models", "llama-3-8b")

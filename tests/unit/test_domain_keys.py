@@ -332,7 +332,7 @@ def test_an_expired_keys_name_may_be_given_to_a_new_key() -> None:
         create(state, "ci", prefix="22222222", now=NOW - timedelta(seconds=1))
 
 
-def test_by_name_the_live_key_wins_over_an_expired_one_and_else_the_one_that_ended_last() -> None:
+def test_by_name_the_live_key_wins_over_expired_ones_and_with_none_live_it_is_ambiguous() -> None:
     state = given(
         key_created("ci", "11111111", expires_at=NOW - timedelta(hours=2)),
         key_created("ci", "22222222", expires_at=NOW - timedelta(hours=1)),
@@ -340,9 +340,37 @@ def test_by_name_the_live_key_wins_over_an_expired_one_and_else_the_one_that_end
     )
 
     assert keys.find_key(state, "ci", NOW).prefix == "33333333"
-    assert keys.find_key(state, "ci", NOW + timedelta(hours=2)).prefix == "33333333"
     with pytest.raises(keys.AmbiguousKey, match=r"prefixes 22222222, 33333333\)"):
         keys.find_key(state, "ci", NOW - timedelta(minutes=90))
+    # None live: any of the three may be the one meant, and each may still be revoked.
+    with pytest.raises(
+        keys.AmbiguousKey,
+        match=r"^3 API keys named 'ci' have expired and are not revoked \(prefixes 11111111, "
+        r"22222222, 33333333\); revoke one by its prefix$",
+    ):
+        keys.find_key(state, "ci", NOW + timedelta(hours=2))
+
+
+def test_by_name_an_expired_key_not_yet_revoked_wins_over_revoked_ones() -> None:
+    # The expired key ended first, the revoked one was revoked after: revoking by name
+    # must not answer "already revoked" while a key of that name may still be revoked.
+    state = given(
+        key_created("ci", "11111111", expires_at=T0),
+        key_created("ci", "22222222"),
+        ApiKeyRevoked(key_id="k-22222222"),
+    )
+
+    found = keys.find_key(state, "ci", NOW)
+
+    assert found.prefix == "11111111"
+    assert keys.revoke(state, found.id).events == (ApiKeyRevoked(key_id="k-11111111"),)
+    again = given(
+        key_created("ci", "11111111", expires_at=T0),
+        key_created("ci", "22222222"),
+        ApiKeyRevoked(key_id="k-22222222"),
+        ApiKeyRevoked(key_id="k-11111111"),
+    )
+    assert keys.find_key(again, "ci", NOW).prefix == "11111111", "the one revoked last"
 
 
 def test_an_expired_key_may_still_be_revoked() -> None:
