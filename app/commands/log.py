@@ -89,9 +89,9 @@ def head_command(*, database_url: DatabaseUrl, output: Output = "text") -> None:
     ticket, a signed mail) from time to time; `log verify --anchor POSITION:HASH` later shows
     whether the log up to there is still the one that was recorded.
 
-    Exits 1, printing nothing, when the last event has no chain hash (the chain is broken
-    there: `log verify` finds where it breaks first); 3 when the log cannot be read, 2 for a
-    wrong flag.
+    Exits 1, printing nothing, when the last event has no chain hash, or one of another
+    length than a sha256's (the chain is broken there: `log verify` finds where it breaks
+    first); 3 when the log cannot be read, 2 for a wrong flag.
 
     Example: llmgw-server log head >> /srv/audit/llmgw-heads
     """
@@ -100,9 +100,9 @@ def head_command(*, database_url: DatabaseUrl, output: Output = "text") -> None:
     head = _run(database_url, read_head, "read the head of")
     if isinstance(head, UnhashedHead):
         _refuse(
-            f"the last event, at position {head.position}, has no chain hash: the chain is "
-            "broken there, so there is no head to record (`llmgw-server log verify` finds "
-            "where it breaks first)",
+            f"the last event, at position {head.position}, {head.why}: the chain is broken "
+            "there, so there is no head to record (`llmgw-server log verify` finds where it "
+            "breaks first)",
             BROKEN,
         )
     if output == "json":

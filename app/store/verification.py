@@ -83,10 +83,12 @@ async def _disown_inserted(db: asyncpg.Connection, walk: ChainWalk, broken: Brea
 
 
 class UnhashedHead(msgspec.Struct, frozen=True):
-    """The last event has no chain hash (someone emptied the column): the log has no head
-    to record, and the chain is broken at ``position`` at the latest."""
+    """The last event has no chain hash (someone emptied the column), or one that is no
+    sha256: the log has no head to record (none that ``--anchor`` would take back), and the
+    chain is broken at ``position`` at the latest."""
 
     position: int
+    why: str = "has no chain hash"
 
 
 async def read_head(engine: AsyncEngine) -> Head | UnhashedHead:
@@ -101,7 +103,11 @@ async def read_head(engine: AsyncEngine) -> Head | UnhashedHead:
         return Head(0, GENESIS)
     if row["chain_hash"] is None:
         return UnhashedHead(row["position"])
-    return Head(row["position"], bytes(row["chain_hash"]))
+    chain_hash = bytes(row["chain_hash"])
+    if len(chain_hash) != len(GENESIS):
+        size = f"{len(chain_hash)} byte{'' if len(chain_hash) == 1 else 's'}"
+        return UnhashedHead(row["position"], f"has a chain hash of {size}, not {len(GENESIS)}")
+    return Head(row["position"], chain_hash)
 
 
 @asynccontextmanager

@@ -374,6 +374,27 @@ async def test_a_last_event_without_a_chain_hash_has_no_head_to_record(
     assert breaks(verified).startswith(f"the chain breaks at position {last} (changed)")
 
 
+async def test_a_last_event_whose_chain_hash_is_no_sha256_has_no_head_to_record(log: Log) -> None:
+    # Its head was printed ("12:00", exit 0), and no `log verify --anchor` could take it back.
+    last = log.first + EVENTS - 1
+    await log.tamper(
+        "ALTER TABLE events DROP CONSTRAINT events_chain_hash_check",
+        f"UPDATE events SET chain_hash = '\\x00'::bytea WHERE position = {last}",
+    )
+
+    head = await log.run("head")
+    verified = await log.run("verify")
+
+    assert head.code == 1, head
+    assert head.stdout == ""
+    assert head.stderr.splitlines() == [
+        f"error: the last event, at position {last}, has a chain hash of 1 byte, not 32: the "
+        "chain is broken there, so there is no head to record (`llmgw-server log verify` "
+        "finds where it breaks first)"
+    ], head.stderr
+    assert breaks(verified).startswith(f"the chain breaks at position {last} (changed)")
+
+
 @pytest.mark.parametrize(
     "anchor", ["12", "12:abc", f"x:{'0' * 64}", f"-1:{'0' * 64}", f"12:{'g' * 64}"]
 )
