@@ -48,10 +48,14 @@ class MetricsReader:
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             raise TargetUnreachable(
                 f"the engine at {self._engine.root_url} broke off the connection while {url} "
-                f"was read: {exc or type(exc).__name__}"
+                f"was read: {str(exc) or type(exc).__name__}"
             ) from exc
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise MetricsUnavailable(f"GET {url} failed: {exc or type(exc).__name__}") from exc
+        except TimeoutError as exc:
+            raise MetricsUnavailable(
+                f"GET {url} did not finish within {SCRAPE_TIMEOUT_S:g} s"
+            ) from exc
+        except aiohttp.ClientError as exc:
+            raise MetricsUnavailable(f"GET {url} failed: {str(exc) or type(exc).__name__}") from exc
         except PageTooLarge as exc:
             raise MetricsUnavailable(f"GET {url} {exc}: bench reads no more of it") from exc
         if status != 200:

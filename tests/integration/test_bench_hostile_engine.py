@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from cli.bench import sampler
 from cli.bench.errors import MetricsUnavailable
 from cli.bench.metrics import EngineReading
 from cli.bench.request import engine_session
@@ -59,3 +60,15 @@ async def test_a_metrics_page_under_the_bound_is_read() -> None:
 
     assert isinstance(outcome, EngineReading), outcome
     assert outcome.waiting == 0.0
+
+
+async def test_a_metrics_page_that_stops_coming_says_it_took_too_long(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Before, a scrape's timeout said nothing: "GET URL failed: " and the line ended.
+    monkeypatch.setattr(sampler, "SCRAPE_TIMEOUT_S", 0.2)
+    stalled = PAGE_HEAD + b"transfer-encoding: chunked\r\n\r\n"
+    outcome = await read(lambda request: [stalled])
+
+    assert isinstance(outcome, MetricsUnavailable), outcome
+    assert str(outcome).endswith("/metrics did not finish within 0.2 s"), str(outcome)
