@@ -19,14 +19,27 @@ some other program on its port (docs/gateway.md, "What an engine may send"): an 
 head (status line and headers, interim answers included) is at most ``MAX_HEAD_BYTES``;
 interim answers (100 Continue, 103 Early Hints) are skipped; 101 and a status outside
 100..599 are refused; an answer read whole (``read``) is at most ``MAX_ANSWER_BYTES``. Each
-refusal closes the connection.
+refusal closes the connection. An error answer (a status of 400 and up) is at most
+``MAX_ERROR_BYTES``.
+
+Time is bounded too (``EngineTimeouts``), as nginx's ``proxy_read_timeout`` and Envoy's
+idle timeouts do: the answer's head, and the first piece of its body, must come within
+``head_s`` of the request (of its body's end, for an upload); then the engine may be silent
+for at most ``idle_s`` between pieces. The gateway not reading (its client is slow) does not
+count as the engine's silence. Past a bound the connection is closed, which aborts the
+request in the engine. One timer per connection does it: each piece that arrives only notes
+the time, and the timer, when it fires, sees whether the engine was silent for the whole
+bound or sets itself again for the end of the new silence. A kept-alive connection keeps
+its timer from one answer to the next, so requests in a row set one about once per bound.
 
 Exceptions::
 
     EngineUnreachable   no answer head: connecting failed, or the connection dropped first
     └── HeadRefused     a head the gateway does not relay: too large, 101, an odd status
+    HeadTimedOut        no answer head within ``head_s``: the engine has the request
     AnswerBroken        the connection dropped, or sent garbage, in the middle of an answer
-    └── AnswerTooLarge  an answer read whole is over ``MAX_ANSWER_BYTES``
+    ├── AnswerTooLarge  an answer read whole is over ``MAX_ANSWER_BYTES``
+    └── AnswerStalled   the engine sent nothing more of its answer within its bound
 """
 
 from __future__ import annotations
@@ -36,7 +49,8 @@ import collections
 import contextlib
 import ssl
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Collection
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection
+from dataclasses import dataclass
 from typing import NoReturn, cast
 from urllib.parse import urlsplit
 
@@ -56,6 +70,43 @@ MAX_ANSWER_BYTES = 256 << 20
 on. Eight times the largest request body it takes (32 MiB), and far over what engines
 answer: a batch of 2,048 embeddings of 3,072 dimensions in JSON is about 130 MB. A stream
 is not bounded: it passes through at the client's pace, never held whole."""
+MAX_ERROR_BYTES = 1 << 20
+"""An error answer (a status of 400 and up), read whole to be put in OpenAI's shape: engines
+send a few hundred bytes, and only the first 2,000 characters of its message are kept."""
+
+DEFAULT_HEAD_TIMEOUT_S = 600.0
+"""An answer's head (and a stream's first piece) within this of the request: a request
+that is not streamed is answered only once it is generated whole, after however long it
+waited in the engine's queue. The ``openai`` SDK waits as long by default before it gives
+up, so an answer it would still take is never cut off."""
+DEFAULT_IDLE_TIMEOUT_S = 120.0
+"""Silence between pieces of an answer once they have begun: an engine generating sends a
+piece every few tens of milliseconds; one that preempts a request to make room for others
+(vLLM, when its KV cache runs short) may pause it for seconds to a minute."""
+MAX_TIMEOUT_S = 86400.0
+
+
+@dataclass(frozen=True)
+class EngineTimeouts:
+    """How long an engine may take to answer, and be silent once it has begun."""
+
+    head_s: float = DEFAULT_HEAD_TIMEOUT_S
+    idle_s: float = DEFAULT_IDLE_TIMEOUT_S
+
+    def problems(self) -> list[str]:
+        """What is wrong with these bounds, as messages naming the commands' flags."""
+        return [
+            f"{flag} must be more than 0 and at most {MAX_TIMEOUT_S:g} seconds, not {value:g}"
+            for flag, value in (
+                ("--engine-head-timeout", self.head_s),
+                ("--engine-idle-timeout", self.idle_s),
+            )
+            if not 0 < value <= MAX_TIMEOUT_S
+        ]
+
+
+OnTimeout = Callable[[str], None]
+"""Told of each bound an engine overran: ``"head"`` or ``"idle"``."""
 
 
 class EngineUnreachable(Exception):
@@ -68,12 +119,34 @@ class HeadRefused(EngineUnreachable):
     100..599."""
 
 
+class HeadTimedOut(Exception):
+    """No answer head within the head bound (the connection is closed). Not an
+    ``EngineUnreachable``: the engine has the request, and may have worked on it, so it is
+    not sent again."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"the engine did not answer within {timeout_s:g} s")
+        self.timeout_s = timeout_s
+
+
 class AnswerBroken(Exception):
     """The connection dropped, or sent garbage, in the middle of an answer."""
 
 
 class AnswerTooLarge(AnswerBroken):
-    """An answer read whole is over ``MAX_ANSWER_BYTES`` (its connection is closed)."""
+    """An answer read whole is over ``MAX_ANSWER_BYTES``, or an error answer over
+    ``MAX_ERROR_BYTES`` (its connection is closed)."""
+
+
+class AnswerStalled(AnswerBroken):
+    """The engine sent nothing more of an answer within its bound (the connection is
+    closed): its first piece within the head bound, a later one within the idle bound."""
+
+    def __init__(self, message: str, bound: str, timeout_s: float) -> None:
+        super().__init__(message)
+        self.bound = bound
+        """``"head"`` (its first piece) or ``"idle"`` (a later one)."""
+        self.timeout_s = timeout_s
 
 
 class EngineAnswer:
@@ -107,22 +180,25 @@ class EngineAnswer:
 
     async def read(self) -> bytes:
         """The whole body; ``AnswerTooLarge`` (and the connection closed) past
-        ``MAX_ANSWER_BYTES``, at once when its declared length says so."""
-        if self._length > MAX_ANSWER_BYTES:
-            self._too_large(f"declares {self._length} bytes")
+        ``MAX_ANSWER_BYTES`` (``MAX_ERROR_BYTES`` for an error answer), at once when its
+        declared length says so."""
+        limit = MAX_ANSWER_BYTES if self.status < 400 else MAX_ERROR_BYTES
+        if self._length > limit:
+            self._too_large(limit, f"declares {self._length} bytes")
         parts = []
         size = 0
         while (chunk := await self._next()) is not None:
             size += len(chunk)
-            if size > MAX_ANSWER_BYTES:
-                self._too_large("goes on past it")
+            if size > limit:
+                self._too_large(limit, "goes on past it")
             parts.append(chunk)
         return b"".join(parts)
 
-    def _too_large(self, how: str) -> NoReturn:
+    def _too_large(self, limit: int, how: str) -> NoReturn:
         self.close()
+        what = "answer" if limit == MAX_ANSWER_BYTES else f"error answer (HTTP {self.status})"
         raise AnswerTooLarge(
-            f"the engine's answer is over {MAX_ANSWER_BYTES >> 20} MiB, the most the gateway "
+            f"the engine's {what} is over {limit >> 20} MiB, the most the gateway "
             f"reads whole (it {how})"
         )
 
@@ -187,7 +263,9 @@ class EngineAnswer:
         self._connection = None
         if not self._head.done():
             unreachable = (
-                error if isinstance(error, EngineUnreachable) else EngineUnreachable(str(error))
+                error
+                if isinstance(error, (EngineUnreachable, HeadTimedOut))
+                else EngineUnreachable(str(error))
             )
             self._head.set_exception(unreachable)
             # Nobody may await the head any more (a cancelled request): no warning for it.
@@ -221,6 +299,15 @@ class _Connection(asyncio.Protocol):
         self._interim = False
         """The message being read is an interim answer (1xx), to be skipped."""
         self._writable: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        """Set while an answer is awaited, and (kept alive) until it fires after one."""
+        self._due = 0.0
+        """When ``_timer`` fires (``loop.time()``)."""
+        self._asked_at = 0.0
+        """When the answer's clock started (``loop.time()``): the request, or its body, sent."""
+        self._heard_at = 0.0
+        """When the engine last sent something, or the gateway resumed reading it."""
+        self._body_begun = False
         self.reusable = True
         """False for an upload's: it may end with its request half sent."""
         self.closed = False
@@ -234,6 +321,7 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._received = True
+        self._heard_at = self.loop.time()
         if self._in_head:
             room = self._head_room
             self._head_room = room - len(data)
@@ -271,6 +359,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._stop_clock()
         self.resume_writing()
         self._origin.forget(self)
         answer = self._answer
@@ -333,6 +422,7 @@ class _Connection(asyncio.Protocol):
         answer._started(status)
 
     def on_body(self, body: bytes) -> None:
+        self._body_begun = True
         if self._answer is not None:
             self._answer._body(body)
 
@@ -353,13 +443,82 @@ class _Connection(asyncio.Protocol):
 
     # -- used by the client and the answer ------------------------------------------------
 
-    def send(self, request: bytes, answer: EngineAnswer) -> None:
+    def send(self, request: bytes, answer: EngineAnswer, *, whole: bool = True) -> None:
+        """Send ``request`` for ``answer``; ``whole``: all of it, so the answer's clock
+        starts (else ``start_clock`` once the rest is written)."""
         assert self._transport is not None
         self._answer = answer
         self._received = False
+        self._body_begun = False
         self._in_head = True
         self._head_room = MAX_HEAD_BYTES
         self._transport.write(request)
+        if whole:
+            self.start_clock()
+
+    def start_clock(self) -> None:
+        """The request is all sent: its answer's head is due within the head bound.
+
+        A kept-alive connection's timer, still set from an answer before, is kept when it
+        fires no later than this answer's bound: firing early, it only sets itself again.
+        So a connection carrying request after request sets a timer about once per bound,
+        not once per request."""
+        self._asked_at = now = self.loop.time()
+        timeouts = self._origin.timeouts
+        # No further off than an idle bound: the body may begin before the head bound ends.
+        due = now + min(timeouts.head_s, timeouts.idle_s)
+        if self._timer is not None:
+            if self._due <= due:
+                return
+            self._timer.cancel()
+        self._due = due
+        self._timer = self.loop.call_at(due, self._check_silence)
+
+    def _stop_clock(self) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+
+    def _check_silence(self) -> None:
+        """The timer fired: fail the answer if the engine was silent past its bound, else
+        set the timer for the end of the silence since it last spoke."""
+        self._timer = None
+        answer = self._answer
+        if answer is None or self.closed:
+            return
+        timeouts = self._origin.timeouts
+        now = self.loop.time()
+        if not self._body_begun:
+            due = self._asked_at + timeouts.head_s
+            if now < due:
+                # Looked at again within an idle bound, so that once the body begins its
+                # silences are seen in time.
+                due = min(due, now + timeouts.idle_s)
+        elif self._paused:
+            due = now + timeouts.idle_s  # the gateway is not reading: the engine is not silent
+        else:
+            due = self._heard_at + timeouts.idle_s
+        if now < due:
+            self._due = due
+            self._timer = self.loop.call_at(due, self._check_silence)
+            return
+        error: Exception
+        if answer.status == 0:
+            error = HeadTimedOut(timeouts.head_s)
+        elif not self._body_begun:
+            error = AnswerStalled(
+                f"the engine sent nothing of its answer's body within {timeouts.head_s:g} s "
+                "of the request",
+                "head",
+                timeouts.head_s,
+            )
+        else:
+            error = AnswerStalled(
+                f"the engine sent nothing for {timeouts.idle_s:g} s", "idle", timeouts.idle_s
+            )
+        self._origin.on_timeout("idle" if self._body_begun else "head")
+        self._fail(error)
+        self._close()
 
     async def write(self, data: bytes) -> None:
         """Write more of a request; returns once the transport can take more (the engine
@@ -392,6 +551,7 @@ class _Connection(asyncio.Protocol):
     def resume(self) -> None:
         if self._paused and self._transport is not None:
             self._paused = False
+            self._heard_at = self.loop.time()  # the engine's silence counts from now
             self._transport.resume_reading()
 
     def _fail(self, error: BaseException) -> None:
@@ -407,6 +567,7 @@ class _Connection(asyncio.Protocol):
 
     def _close(self) -> None:
         self.closed = True
+        self._stop_clock()
         if self._transport is not None:
             self._transport.close()
 
@@ -414,7 +575,13 @@ class _Connection(asyncio.Protocol):
 class _Origin:
     """The pool of connections to one engine."""
 
-    def __init__(self, base_url: str, connect_timeout_s: float) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        connect_timeout_s: float,
+        timeouts: EngineTimeouts,
+        on_timeout: OnTimeout,
+    ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
@@ -425,6 +592,8 @@ class _Origin:
         self.prefix = parts.path.rstrip("/").encode()
         self.host_header = parts.netloc.encode("idna")
         self._connect_timeout_s = connect_timeout_s
+        self.timeouts = timeouts
+        self.on_timeout = on_timeout
         self._idle: list[_Connection] = []
         self._retired = False
 
@@ -478,19 +647,28 @@ class _Origin:
 
 
 class EngineClient:
-    def __init__(self, *, connect_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float = 5.0,
+        timeouts: EngineTimeouts | None = None,
+        on_timeout: OnTimeout = lambda bound: None,
+    ) -> None:
         self._connect_timeout_s = connect_timeout_s
+        self._timeouts = timeouts or EngineTimeouts()
+        self._on_timeout = on_timeout
         self._origins: dict[str, _Origin] = {}
 
     async def post(self, base_url: str, path: str, body: bytes, request_id: str) -> EngineAnswer:
         """POST ``body`` (JSON) to ``base_url + path``; returns once the answer's head is in.
 
         A reused connection that the engine closed before answering is replaced by a new
-        one, once: the engine never saw the request.
+        one, once: the engine never saw the request. ``HeadTimedOut`` when no head came
+        within the head bound.
         """
         origin = self._origins.get(base_url)
         if origin is None:
-            origin = self._origins[base_url] = _Origin(base_url, self._connect_timeout_s)
+            origin = self._origin(base_url)
         request = (
             b"POST %s%s HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n"
             b"content-length: %d\r\nx-request-id: %s\r\n\r\n%s"
@@ -555,7 +733,7 @@ class EngineClient:
             )
         )
         answer = EngineAnswer(connection)
-        connection.send(head, answer)
+        connection.send(head, answer, whole=False)
         try:
             # Closed when left early (the engine answered first), so the client's reader
             # stops where it is.
@@ -571,6 +749,8 @@ class EngineClient:
                 else:
                     if content_length is None:
                         await connection.write(b"0\r\n\r\n")
+            if not connection.closed:
+                connection.start_clock()
             await answer._head
         except BaseException:
             answer.close()
@@ -580,7 +760,9 @@ class EngineClient:
     def _origin(self, base_url: str) -> _Origin:
         origin = self._origins.get(base_url)
         if origin is None:
-            origin = self._origins[base_url] = _Origin(base_url, self._connect_timeout_s)
+            origin = self._origins[base_url] = _Origin(
+                base_url, self._connect_timeout_s, self._timeouts, self._on_timeout
+            )
         return origin
 
     @property
