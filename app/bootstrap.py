@@ -275,6 +275,7 @@ class Server:
                 auth_failures=auth_failures,
                 ejection=settings.ejection_policy(),
                 max_upload_bytes=settings.max_upload_bytes,
+                engine_timeouts=settings.engine_timeouts(),
             )
             if settings.gateway
             else None,

@@ -23,6 +23,8 @@ from app.commands.common import (
     DatabaseUrl,
     EjectAfterFailures,
     EjectionCoolOff,
+    EngineHeadTimeout,
+    EngineIdleTimeout,
     EngineNetworksFlag,
     HeaderTimeout,
     MaxEjectedPercent,
@@ -47,6 +49,11 @@ from app.gateway.ejection import (
     DEFAULT_MAX_COOL_OFF_S,
     DEFAULT_MAX_EJECTED_PERCENT,
     EjectionPolicy,
+)
+from app.gateway.engine_client import (
+    DEFAULT_HEAD_TIMEOUT_S,
+    DEFAULT_IDLE_TIMEOUT_S,
+    EngineTimeouts,
 )
 from app.gateway.postgres import DEFAULT_CLIENT_HOST, DEFAULT_CLIENT_PORT, max_upload_problem
 from app.gateway.server import DEFAULT_MAX_CONNECTIONS
@@ -280,6 +287,8 @@ class ServeSettings:
     max_ejection_cool_off: MaxEjectionCoolOff = DEFAULT_MAX_COOL_OFF_S
     max_ejected_percent: MaxEjectedPercent = DEFAULT_MAX_EJECTED_PERCENT
     max_upload_mib: MaxUploadMib = DEFAULT_MAX_UPLOAD_BYTES >> 20
+    engine_head_timeout: EngineHeadTimeout = DEFAULT_HEAD_TIMEOUT_S
+    engine_idle_timeout: EngineIdleTimeout = DEFAULT_IDLE_TIMEOUT_S
     log_level: Annotated[str, Parameter(env_var="LLMGW_LOG_LEVEL")] = "info"
 
     def problems(self) -> list[str]:
@@ -319,7 +328,7 @@ class ServeSettings:
         if self.gateway and not 0 <= self.client_port <= 65535:
             problems.append(f"--client-port must be between 0 and 65535, not {self.client_port}")
         if self.gateway:
-            problems += self.ejection_policy().problems()
+            problems += self.ejection_policy().problems() + self.engine_timeouts().problems()
             upload_problem = max_upload_problem(self.max_upload_bytes)
             if upload_problem is not None:
                 problems.append(upload_problem)
@@ -328,6 +337,10 @@ class ServeSettings:
     @property
     def max_upload_bytes(self) -> int:
         return self.max_upload_mib << 20
+
+    def engine_timeouts(self) -> EngineTimeouts:
+        """How long an engine may take to answer the embedded gateway, and be silent."""
+        return EngineTimeouts(head_s=self.engine_head_timeout, idle_s=self.engine_idle_timeout)
 
     def ejection_policy(self) -> EjectionPolicy:
         """When the embedded gateway takes a replica that keeps failing out of rotation."""

@@ -98,6 +98,27 @@ SendTimeout = Annotated[
     ),
 ]
 
+EngineHeadTimeout = Annotated[
+    float,
+    Parameter(
+        env_var="LLMGW_ENGINE_HEAD_TIMEOUT",
+        help="seconds an engine may take to send its answer's head, and a stream's first "
+        "piece, after the request (an answer that is not streamed comes only once it is "
+        "generated whole, after its time in the engine's queue); then the client gets 504, "
+        "the engine's connection is closed and the attempt counts as the replica's failure",
+    ),
+]
+EngineIdleTimeout = Annotated[
+    float,
+    Parameter(
+        env_var="LLMGW_ENGINE_IDLE_TIMEOUT",
+        help="seconds an engine may send nothing once its answer has begun (the gateway "
+        "not reading it, its client being slow, does not count); then the answer ends as "
+        "one whose engine broke off (a stream gets an error event and [DONE]) and the "
+        "engine's connection is closed",
+    ),
+]
+
 
 AuthFailureBurst = Annotated[
     int,

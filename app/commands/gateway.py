@@ -19,6 +19,8 @@ from app.commands.common import (
     DatabaseUrl,
     EjectAfterFailures,
     EjectionCoolOff,
+    EngineHeadTimeout,
+    EngineIdleTimeout,
     EngineNetworksFlag,
     HeaderTimeout,
     MaxEjectedPercent,
@@ -37,6 +39,11 @@ from app.gateway.ejection import (
     DEFAULT_MAX_COOL_OFF_S,
     DEFAULT_MAX_EJECTED_PERCENT,
     EjectionPolicy,
+)
+from app.gateway.engine_client import (
+    DEFAULT_HEAD_TIMEOUT_S,
+    DEFAULT_IDLE_TIMEOUT_S,
+    EngineTimeouts,
 )
 from app.gateway.postgres import (
     DEFAULT_CLIENT_HOST,
@@ -143,6 +150,8 @@ def gateway_command(
     header_timeout: HeaderTimeout = DEFAULT_HEADER_TIMEOUT_S,
     body_timeout: BodyTimeout = DEFAULT_BODY_TIMEOUT_S,
     send_timeout: SendTimeout = DEFAULT_SEND_TIMEOUT_S,
+    engine_head_timeout: EngineHeadTimeout = DEFAULT_HEAD_TIMEOUT_S,
+    engine_idle_timeout: EngineIdleTimeout = DEFAULT_IDLE_TIMEOUT_S,
     max_connections: Annotated[
         int,
         Parameter(
@@ -208,6 +217,7 @@ def gateway_command(
             max_connections=max_connections,
         ),
         max_upload_bytes=max_upload_mib << 20,
+        engine_timeouts=EngineTimeouts(head_s=engine_head_timeout, idle_s=engine_idle_timeout),
     )
     if options.problems():
         fail("; ".join(options.problems()))

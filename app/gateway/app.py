@@ -50,7 +50,7 @@ from app.gateway.asgi import (
 )
 from app.gateway.completions import Completions
 from app.gateway.endpoints import JSON_ENDPOINTS, UPLOAD_ENDPOINTS
-from app.gateway.engine_client import EngineClient
+from app.gateway.engine_client import EngineClient, EngineTimeouts
 from app.gateway.errors import ApiError, method_not_allowed, not_found
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.proxy import Upstream
@@ -92,6 +92,7 @@ class GatewayApp:
         limiter: Limiter,
         stale_reason: Callable[[], str | None],
         connect_timeout_s: float = 5.0,
+        engine_timeouts: EngineTimeouts | None = None,
         log_requests: bool = True,
         failures: FailureBudget | None = None,
         traffic: TrafficWindow | None = None,
@@ -105,6 +106,7 @@ class GatewayApp:
         self._keys = KeyCheck(failures)
         self._stale_reason = stale_reason
         self._connect_timeout_s = connect_timeout_s
+        self._engine_timeouts = engine_timeouts or EngineTimeouts()
         self._session: aiohttp.ClientSession | None = None
         self._engines: EngineClient | None = None
         self.snapshot = GatewaySnapshot()
@@ -163,7 +165,11 @@ class GatewayApp:
                 self._session = aiohttp.ClientSession(
                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s)
                 )
-                self._engines = EngineClient(connect_timeout_s=self._connect_timeout_s)
+                self._engines = EngineClient(
+                    connect_timeout_s=self._connect_timeout_s,
+                    timeouts=self._engine_timeouts,
+                    on_timeout=self._metrics.engine_timed_out,
+                )
                 self._completions.upstream = self._uploads.upstream = Upstream(
                     self._router, self._engines, self._metrics.retried, self._traffic
                 )

@@ -299,6 +299,17 @@ def upstream_invalid_answer(model: str, reason: str) -> ApiError:
     )
 
 
+def upstream_timeout(model: str, reason: str) -> ApiError:
+    """A replica did not answer within the gateway's bound (``--engine-head-timeout``), or
+    went silent before its answer was sent on: its connection was dropped."""
+    return ApiError(
+        504,
+        f"A replica of `{model}` did not answer in time: {reason}",
+        type="server_error",
+        code="upstream_timeout",
+    )
+
+
 def internal_error() -> ApiError:
     return ApiError(
         500, "The gateway failed to handle the request; it has been logged.", code="internal_error"

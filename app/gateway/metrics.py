@@ -211,6 +211,14 @@ class GatewayMetrics:
             ["model"],
             registry=registry,
         )
+        self._engine_timeouts = Counter(
+            "llmgw_gateway_engine_timeouts",
+            "Engine answers cut off because the engine sent nothing within a bound, by "
+            "bound: head (no answer head, or no first piece of its body, within "
+            "--engine-head-timeout), idle (silent mid-answer past --engine-idle-timeout).",
+            ["bound"],
+            registry=registry,
+        )
         self._rate_limits_degraded = Gauge(
             "llmgw_gateway_rate_limits_degraded",
             "1 while keys' rate limits are enforced on this gateway's local share because "
@@ -262,6 +270,9 @@ class GatewayMetrics:
 
     def usage_unusable(self, model: str) -> None:
         self._usage_unusable.labels(model).inc()
+
+    def engine_timed_out(self, bound: str) -> None:
+        self._engine_timeouts.labels(bound).inc()
 
     def egress_refused(self, reason: str) -> None:
         self._egress_refusals.labels(reason).inc()

@@ -21,6 +21,7 @@ import structlog
 from app.domain.egress import EngineNetworks
 from app.gateway.budget_keeper import BudgetKeeper
 from app.gateway.ejection import EjectionPolicy
+from app.gateway.engine_client import EngineTimeouts
 from app.gateway.reporter import GatewayReporter
 from app.gateway.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_METRICS_HOST, Gateway
 from app.gateway.sharedlimits import SharedLimiter
@@ -64,13 +65,15 @@ class GatewayOptions:
     """When a replica that keeps failing is taken out of this gateway's rotation."""
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     """An upload's body at most (``app.gateway.uploads``)."""
+    engine_timeouts: EngineTimeouts = field(default_factory=EngineTimeouts)
+    """How long an engine may take to answer, and be silent once it has begun."""
     reuse_port: bool = False
     """Share ``port`` with other gateway processes (``SO_REUSEPORT``)."""
 
     def problems(self, connections_flag: str = "--max-connections") -> list[str]:
         """What is wrong with these options, as messages naming the command's flags."""
         found = self.limits.problems(connections_flag) + self.auth_failures.problems()
-        found += self.ejection.problems()
+        found += self.ejection.problems() + self.engine_timeouts.problems()
         for flag, port in (("--port", self.port), ("--metrics-port", self.metrics_port)):
             if port is not None and not 0 <= port <= 65535:
                 found.append(f"{flag} must be between 0 and 65535, not {port}")
@@ -124,6 +127,7 @@ class PostgresGateway:
             limiter=self.limiter,
             limits_reason=lambda: self.budgets.degraded_reason(),
             reuse_port=options.reuse_port,
+            engine_timeouts=options.engine_timeouts,
         )
         self.budgets = BudgetKeeper(
             database_url,

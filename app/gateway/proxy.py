@@ -15,6 +15,13 @@ Cancellation is the caller's: cancelling the task that awaits any of these and t
 closing the answer (``Opened.close``) closes the upstream connection, which is how an
 engine learns that its client went away.
 
+An engine that does not answer within the head bound (``EngineTimeouts``) gets 504; its
+attempt counts as the replica's failure but is not retried: the engine has the request,
+and the client has waited the whole bound already. One that goes silent past its bound
+after its answer's head ends the answer as a broken one does (504 for an answer read
+whole, which the client has not been sent anything of). Each is logged once, with the
+replica and the bound.
+
 Each attempt tells its lease how the replica did before the first byte (an answer head
 below 500, or a failure: no answer or a 5xx head), which is what ejects a replica that
 keeps failing from this gateway's rotation (``app.gateway.ejection``); a cancel tells
@@ -32,21 +39,26 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
+import structlog
+
 from app.domain.traffic import Outcome
 from app.gateway.affinity import RouteKey
 from app.gateway.engine_client import (
     AnswerBroken,
+    AnswerStalled,
     AnswerTooLarge,
     EngineAnswer,
     EngineClient,
     EngineUnreachable,
     HeadRefused,
+    HeadTimedOut,
 )
 from app.gateway.errors import (
     ApiError,
     normalize_engine_error,
     stream_error_events,
     upstream_invalid_answer,
+    upstream_timeout,
     upstream_unreachable,
 )
 from app.gateway.router import Lease, NoServingReplica, Router
@@ -62,6 +74,8 @@ FAILED_STATUS = 500
 """An answer head from this status up counts against the replica's health."""
 
 _clock = time.perf_counter
+
+log = structlog.get_logger("llmgw.gateway")
 
 
 class Timing:
@@ -155,6 +169,9 @@ class Upstream:
                 lease.failed(reason)
                 lease.release()
                 self._traffic.record(lease.route.replica_id, Outcome.FAILED)
+            except HeadTimedOut as exc:
+                timing.upstream_s += _clock() - sent
+                raise self._timed_out(lease, exc) from None
             except asyncio.CancelledError:
                 lease.release()
                 self._traffic.record(lease.route.replica_id, Outcome.CANCELLED)
@@ -235,6 +252,9 @@ class Upstream:
                 self._on_retry(reason)
                 exclude = exclude | {lease.route.replica_id}
                 continue
+            except HeadTimedOut as exc:
+                timing.upstream_s += _clock() - sent
+                raise self._timed_out(lease, exc) from None
             except asyncio.CancelledError:
                 lease.release()
                 self._traffic.record(lease.route.replica_id, Outcome.CANCELLED)
@@ -249,6 +269,25 @@ class Upstream:
             timing.upstream_s += _clock() - sent
             return Opened(lease, answer, sent)
         raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _timed_out(self, lease: Lease, exc: HeadTimedOut) -> ApiError:
+        """An attempt whose head never came: a failure of the replica, not retried."""
+        lease.failed("timeout")
+        lease.release()
+        self._traffic.record(lease.route.replica_id, Outcome.FAILED)
+        _log_timeout(lease, "head", exc.timeout_s)
+        return upstream_timeout(lease.route.model, str(exc))
+
+
+def _log_timeout(lease: Lease, bound: str, timeout_s: float) -> None:
+    log.warning(
+        "engine_timed_out",
+        detail="the engine sent nothing within its bound; its connection was closed",
+        replica_id=lease.route.replica_id,
+        model=lease.route.model,
+        bound=bound,
+        timeout_s=timeout_s,
+    )
 
 
 def _unreachable(model: str, exc: EngineUnreachable) -> tuple[str, ApiError]:
@@ -282,6 +321,9 @@ async def read_whole(opened: Opened, timing: Timing) -> tuple[int, bytes, bytes]
     started = _clock()
     try:
         body = await answer.read()
+    except AnswerStalled as exc:
+        _log_timeout(opened.lease, exc.bound, exc.timeout_s)
+        raise upstream_timeout(opened.lease.route.model, str(exc)) from exc
     except AnswerTooLarge as exc:
         raise upstream_invalid_answer(opened.lease.route.model, str(exc)) from exc
     except AnswerBroken as exc:
@@ -325,6 +367,8 @@ async def relay_stream(
             if tokens is not None:
                 tokens.feed(chunk)
     except AnswerBroken as exc:
+        if isinstance(exc, AnswerStalled):
+            _log_timeout(opened.lease, exc.bound, exc.timeout_s)
         message = f"The engine stopped answering mid-stream: {exc}"
         await send({"type": "http.response.body", "body": stream_error_events(message)})
         return False

@@ -37,6 +37,7 @@ from app.gateway.app import GatewayApp, MetricsApp
 from app.gateway.completions import MAX_BODY_BYTES
 from app.gateway.egress import EngineEgress
 from app.gateway.ejection import EjectionPolicy
+from app.gateway.engine_client import EngineTimeouts
 from app.gateway.errors import listener_refusal
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.ratelimit import Limiter, RateLimiter
@@ -174,6 +175,7 @@ class Gateway:
         queue_limit: int = 1000,
         scrape_interval_s: float = 0.25,
         connect_timeout_s: float = 5.0,
+        engine_timeouts: EngineTimeouts | None = None,
         graceful_shutdown_s: int = 30,
         registry: CollectorRegistry | None = None,
         log_requests: bool = True,
@@ -198,9 +200,11 @@ class Gateway:
         bounds an upload's body (``app.gateway.uploads``). ``limiter`` counts keys' rpm and
         tpm (this gateway's own ``RateLimiter`` when None); ``limits_reason`` says, for
         ``/readyz``, why limits are only approximate now (None: they are not).
-        ``reuse_port``: listen with ``SO_REUSEPORT``, so that several gateway processes share
-        the client port and the kernel spreads new connections among them (one process is
-        one core); the metrics listener is each process's own. ``settle``: settle the
+        ``engine_timeouts``: how long an engine may take to answer, and be silent once it
+        has begun (``app.gateway.engine_client``). ``reuse_port``: listen with
+        ``SO_REUSEPORT``, so that several gateway processes share the client port and the
+        kernel spreads new connections among them (one process is one core); the metrics
+        listener is each process's own. ``settle``: settle the
         process's heap once started (``app.listeners.heap``; a process that runs more than
         this gateway, a test's, may not want its objects frozen)."""
         self.source = source
@@ -236,6 +240,7 @@ class Gateway:
             limits_reason=limits_reason,
             stale_reason=self._stale_reason,
             connect_timeout_s=connect_timeout_s,
+            engine_timeouts=engine_timeouts,
             log_requests=log_requests,
             failures=FailureBudget(auth_failures),
             max_upload_bytes=max_upload_bytes,

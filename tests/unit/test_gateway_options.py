@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from app.gateway.engine_client import EngineTimeouts
 from app.gateway.postgres import GatewayOptions
 from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
 
@@ -17,3 +18,13 @@ def test_the_default_upload_limit_is_accepted() -> None:
 def test_an_upload_limit_out_of_bounds_names_its_flag(mib: int) -> None:
     [problem] = GatewayOptions(max_upload_bytes=mib << 20).problems()
     assert problem.startswith("--max-upload-mib must be between 1 and 16384, not ")
+
+
+def test_engine_timeouts_are_checked_by_their_flags() -> None:
+    options = GatewayOptions(engine_timeouts=EngineTimeouts(head_s=-1, idle_s=86401))
+
+    assert options.problems() == [
+        "--engine-head-timeout must be more than 0 and at most 86400 seconds, not -1",
+        "--engine-idle-timeout must be more than 0 and at most 86400 seconds, not 86401",
+    ]
+    assert GatewayOptions().engine_timeouts == EngineTimeouts(head_s=600, idle_s=120)

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from app.gateway.ejection import EjectionPolicy
+from app.gateway.engine_client import EngineTimeouts
 from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
 from app.main import app
 from app.settings import ServeSettings
@@ -144,3 +145,43 @@ def test_agent_handshakes_per_address_outside_their_bounds_are_refused(cap: int)
     assert settings.problems() == [
         f"--agent-handshakes-per-address must be between 1 and 65535, not {cap}"
     ]
+
+
+def test_the_embedded_gateway_s_engine_timeouts_come_from_the_flags_or_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("LLMGW_ENGINE_HEAD_TIMEOUT", raising=False)
+    monkeypatch.delenv("LLMGW_ENGINE_IDLE_TIMEOUT", raising=False)
+    assert serve_settings().engine_timeouts() == EngineTimeouts(head_s=600.0, idle_s=120.0)
+    flags = ("--engine-head-timeout", "30", "--engine-idle-timeout", "5")
+    assert serve_settings(*flags).engine_timeouts() == EngineTimeouts(head_s=30.0, idle_s=5.0)
+
+    monkeypatch.setenv("LLMGW_ENGINE_IDLE_TIMEOUT", "9.5")
+
+    assert serve_settings().engine_timeouts().idle_s == 9.5
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        (
+            {"engine_head_timeout": 0.0},
+            "--engine-head-timeout must be more than 0 and at most 86400 seconds, not 0",
+        ),
+        (
+            {"engine_idle_timeout": float("inf")},
+            "--engine-idle-timeout must be more than 0 and at most 86400 seconds, not inf",
+        ),
+        (
+            {"engine_idle_timeout": float("nan")},
+            "--engine-idle-timeout must be more than 0 and at most 86400 seconds, not nan",
+        ),
+    ],
+)
+def test_engine_timeouts_out_of_bounds_are_refused_by_their_flag(
+    changes: dict[str, float], problem: str
+) -> None:
+    settings = replace(ServeSettings(database_url=DATABASE_URL), **changes)
+
+    assert settings.problems() == [problem]
+    assert replace(settings, gateway=False).problems() == [], "no gateway, nothing to check"
