@@ -7,6 +7,7 @@ import pytest
 from app.gateway.engine_client import EngineTimeouts
 from app.gateway.postgres import GatewayOptions
 from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
+from app.main import app
 
 
 def test_the_default_upload_limit_is_accepted() -> None:
@@ -28,3 +29,19 @@ def test_engine_timeouts_are_checked_by_their_flags() -> None:
         "--engine-idle-timeout must be more than 0 and at most 86400 seconds, not 86401",
     ]
     assert GatewayOptions().engine_timeouts == EngineTimeouts(head_s=600, idle_s=120)
+
+
+def test_the_gateway_command_takes_the_engine_timeouts_from_flags_or_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def parsed(*flags: str) -> dict[str, object]:
+        argv = ["gateway", "--database-url", "postgresql://llmgw@db/llmgw", *flags]
+        _, bound, _ = app.parse_args(argv, exit_on_error=False, print_error=False)
+        return dict(bound.arguments)
+
+    monkeypatch.delenv("LLMGW_ENGINE_HEAD_TIMEOUT", raising=False)
+    monkeypatch.setenv("LLMGW_ENGINE_IDLE_TIMEOUT", "7.5")
+
+    arguments = parsed("--engine-head-timeout", "30")
+
+    assert (arguments["engine_head_timeout"], arguments["engine_idle_timeout"]) == (30.0, 7.5)
