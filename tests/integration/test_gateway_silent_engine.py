@@ -5,7 +5,8 @@ The engines write exactly the bytes each story needs (``tests.support.bad_engine
 gateway is real (its own loop, server and engine client), with bounds of half a second.
 The client gets 504 in OpenAI's shape for an answer that never came, or the error event
 that ends a broken stream; the engine's connection is closed, the replica's slot is free
-again, and the bound is counted on ``/metrics`` and logged with the replica.
+again, and the bound is counted on ``/metrics`` and logged with the replica; an answer
+that never came is the replica's failure, toward its ejection.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
+from app.gateway.ejection import EjectionPolicy
 from app.gateway.engine_client import EngineTimeouts
 from app.gateway.server import StaticSource
 from app.gateway.table import Route
@@ -66,7 +68,12 @@ def test_an_engine_that_never_answers_is_a_504_not_retried_and_its_slot_is_freed
         ]
         source = StaticSource(snapshot_of(routes, [record]))
         with (
-            GatewayThread(source, metrics_port=0, engine_timeouts=TIMEOUTS) as gateway,
+            GatewayThread(
+                source,
+                metrics_port=0,
+                engine_timeouts=TIMEOUTS,
+                ejection=EjectionPolicy(consecutive_failures=1),
+            ) as gateway,
             capture_logs() as logs,
         ):
             answer = httpx.post(
@@ -88,6 +95,11 @@ def test_an_engine_that_never_answers_is_a_504_not_retried_and_its_slot_is_freed
                 lambda: not any(gateway.in_flight().values()), what="the replica's slot freed"
             )
             assert timeouts_counted(gateway, "head") == 1
+            # A failure of the replica, as a refused connection is: ejected at the first here.
+            ejected = gateway.call(gateway.gateway.router.ejector.ejected)
+            assert [replica.replica_id for replica in ejected] == [
+                "silent-1" if engine is first else "silent-2"
+            ]
         timed_out = [line for line in logs if line["event"] == "engine_timed_out"]
         assert [(line["replica_id"], line["bound"]) for line in timed_out] == [
             ("silent-1" if engine is first else "silent-2", "head")
