@@ -15,6 +15,7 @@ OperationError
 │   └── UnknownDrain
 ├── InvalidSpec         the spec breaks the rules of ``validate_spec``; ``errors`` has them all
 ├── InvalidDrain        a drain's grace out of bounds (``errors`` says so)
+├── InvalidText         a reason holding what the log cannot keep (``app.domain.free_text``)
 └── InvalidOperation    the request does not fit the cluster as it is now
     └── NoRoomToDrain   a drain that requires room for every replica, and one has none
 """
@@ -51,6 +52,7 @@ from app.domain.events import (
     subjects,
 )
 from app.domain.evolve import replay
+from app.domain.free_text import control_character_errors
 from app.domain.model_spec import (
     AutoscalePolicy,
     ModelSpec,
@@ -124,6 +126,11 @@ class InvalidSpec(InvalidFields):
 class InvalidDrain(InvalidFields):
     def __init__(self, node_id: str, errors: Sequence[SpecError]) -> None:
         super().__init__(f"drain of node {node_id!r} cannot be requested", errors)
+
+
+class InvalidText(InvalidFields):
+    def __init__(self, what: str, errors: Sequence[SpecError]) -> None:
+        super().__init__(f"{what} cannot be recorded", errors)
 
 
 class InvalidOperation(OperationError):
@@ -290,6 +297,9 @@ def placement_dry_run(state: ClusterState, spec: ModelSpec) -> Explanation:
 def cordon(state: ClusterState, node_id: str, reason: str) -> Change:
     """No new replica is placed on a cordoned node; those on it keep running."""
     node = find_node(state, node_id)
+    errors = control_character_errors("reason", reason)
+    if errors:
+        raise InvalidText(f"the cordon of node {node_id!r}", errors)
     if node.cordoned:
         return Change(stream=node_stream(node_id))
     return Change(

@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from app.domain.events import ModelTuned, model_stream
+from app.domain.free_text import LINES, control_character_errors
 from app.domain.model_spec import RoutingSettings, SpecError, routing_setting_errors
 from app.domain.operations import (
     Change,
@@ -55,7 +56,7 @@ def routing_errors(routing: RoutingSettings, summary: Mapping[str, Any]) -> list
 
 def summary_errors(summary: Mapping[str, Any]) -> list[SpecError]:
     """What is wrong with a bench summary: its ``capacity`` out of bounds, any number in it
-    not finite."""
+    not finite, any string in it holding a control character other than a tab or line feed."""
     errors: list[SpecError] = []
     capacity = summary.get("capacity", MIN_BENCH_CAPACITY)
     number = isinstance(capacity, int | float) and not isinstance(capacity, bool)
@@ -72,7 +73,24 @@ def summary_errors(summary: Mapping[str, Any]) -> list[SpecError]:
         for field in _not_finite(summary, "summary")
         if field != "summary.capacity"  # said above, with its bounds
     ]
-    return errors
+    return errors + _text_errors(summary, "summary")
+
+
+def _text_errors(value: object, path: str) -> list[SpecError]:
+    """What is wrong with the strings in ``value``: a key's under its parent's path. A
+    summary is data, not one line of prose: tabs and line feeds may be in it."""
+    if isinstance(value, str):
+        return control_character_errors(path, value, allowed=LINES)
+    if isinstance(value, Mapping):
+        return [
+            error
+            for key, item in value.items()
+            for error in control_character_errors(path, str(key), allowed=LINES)
+            + _text_errors(item, f"{path}.{key}")
+        ]
+    if isinstance(value, list | tuple):
+        return [e for i, item in enumerate(value) for e in _text_errors(item, f"{path}[{i}]")]
+    return []
 
 
 def _not_finite(value: object, path: str) -> list[str]:

@@ -408,6 +408,82 @@ async def test_a_model_name_ending_in_a_newline_is_a_422(
     assert await last_position(pg_store) == before
 
 
+# -- control characters in text the log keeps -------------------------------------------
+
+TUNING = {"weight": 1, "target_waiting": 2, "kv_ceiling": 0.5}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field", "character"),
+    [
+        ("/admin/v1/nodes/gpu-1/cordon", {"reason": "disk\x00swap"}, "reason", "U+0000"),
+        ("/admin/v1/nodes/gpu-1/cordon", {"reason": "disk\nswap"}, "reason", "U+000A"),
+        (
+            "/admin/v1/certificates/revocations",
+            {"node_id": "gpu-1", "reason": "stolen\x00"},
+            "reason",
+            "U+0000",
+        ),
+        (
+            "/admin/v1/certificates/revocations",
+            {"node_id": "gpu-1", "reason": "stolen \x1b[2J"},
+            "reason",
+            "U+001B",
+        ),
+        (
+            "/admin/v1/models/llama/tuning",
+            {**TUNING, "summary": {"engine": {"name": "vllm\x00"}}},
+            "summary.engine.name",
+            "U+0000",
+        ),
+        (
+            "/admin/v1/models/llama/tuning",
+            {**TUNING, "summary": {"slo\x00": "p95"}},
+            "summary",
+            "U+0000",
+        ),
+    ],
+    ids=[
+        "cordon NUL",
+        "cordon newline",
+        "revocation NUL",
+        "revocation escape",
+        "tuning summary NUL",
+        "tuning summary key NUL",
+    ],
+)
+async def test_a_control_character_in_recorded_text_is_a_422_naming_the_field(
+    admin: httpx.AsyncClient,
+    pg_store: PostgresEventStore,
+    path: str,
+    body: dict[str, Any],
+    field: str,
+    character: str,
+) -> None:
+    # A NUL was recorded as U+FFFD (PostgreSQL cannot hold one); an escape sequence or a
+    # line break would be replayed into every terminal and log line that shows the text.
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.post(path, json=body)
+
+    [error] = problem_of(answer, 422)["errors"]
+    assert error["field"] == field
+    assert character in error["reason"]
+    assert await last_position(pg_store) == before
+
+
+async def test_a_tab_and_a_line_break_in_a_bench_summary_are_recorded(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    await seeded(admin, pg_store)
+    summary = {"capacity": 4, "notes": "p95\tunder SLO\nat 4 in flight"}
+
+    answer = await admin.post("/admin/v1/models/llama/tuning", json={**TUNING, "summary": summary})
+
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["changed"] is True
+
+
 # -- wrong tokens, one after another -------------------------------------------------------
 
 

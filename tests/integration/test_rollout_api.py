@@ -223,6 +223,25 @@ async def test_a_bad_pause_body_is_a_400_naming_it_and_records_nothing(
     assert await pg_store.last_position() == before
 
 
+@pytest.mark.parametrize(
+    ("reason", "character"), [("freeze\x00", "U+0000"), ("freeze\r\n", "U+000D")]
+)
+async def test_a_pause_reason_with_a_control_character_is_a_422_and_records_nothing(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore, reason: str, character: str
+) -> None:
+    model = a_model()
+    await revise(admin, model, f"{COMMAND} --enforce-eager")
+    before = await pg_store.last_position()
+
+    answer = await admin.post(f"/admin/v1/models/{model}/rollout/pause", json={"reason": reason})
+
+    assert answer.status_code == 422, answer.text
+    [error] = answer.json()["errors"]
+    assert error["field"] == "reason"
+    assert character in error["reason"]
+    assert await pg_store.last_position() == before
+
+
 async def test_history_pages_newest_first_and_tells_superseded_rollouts_from_the_current_one(
     admin: httpx.AsyncClient, api: Operator, pg_store: PostgresEventStore
 ) -> None:

@@ -1,0 +1,32 @@
+"""Free text an operator sends for the log to keep (a cordon's, a pause's or a revocation's
+reason, the strings of a bench summary): what it may hold. Pure.
+
+A NUL cannot be recorded at all: PostgreSQL's text and jsonb hold none, so the log would
+keep U+FFFD in its place and read back something else than was sent. The other C0 control
+characters (and DEL) are refused too: the text is shown in tables, log lines and the agent
+hub's refusals, where an escape sequence would rewrite the terminal and a line break would
+forge a line. A field where several lines make sense says which it allows.
+"""
+
+from __future__ import annotations
+
+from app.domain.model_spec import SpecError
+
+LINES = "\t\n"
+"""What a field of several lines allows: tabs and line feeds (a CR is still refused)."""
+
+
+def control_character_errors(field: str, text: str, *, allowed: str = "") -> list[SpecError]:
+    """``field``'s error when ``text`` holds a C0 control character or DEL that ``allowed``
+    does not list; none when it holds none."""
+    for index, character in enumerate(text):
+        if (character < " " or character == "\x7f") and character not in allowed:
+            if character == "\0":
+                why = "the log cannot hold a NUL"
+            elif allowed:
+                why = "of the control characters only tabs and line feeds may be sent"
+            else:
+                why = "it must be one line of text"
+            where = f"U+{ord(character):04X} (character {index + 1})"
+            return [SpecError(field, f"holds the control character {where}: {why}")]
+    return []
