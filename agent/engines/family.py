@@ -7,8 +7,9 @@ GPUs), but no group signal reaches it, and once the leader is gone it is re-pare
 stop finds such workers while the leader still runs, signals them as it signals the group,
 and reports the engine stopped only once none of its processes runs.
 
-Every engine is spawned with a launch token in its environment (``LAUNCH_TOKEN_VARIABLE``,
-kept in its ``LaunchRecord`` and ``ShardRecord``), which its workers inherit. It is what
+Every engine is spawned with a launch token in its environment
+(``wire.engine_env.LAUNCH_TOKEN_VARIABLE``, kept in its ``LaunchRecord`` and
+``ShardRecord``), which its workers inherit. It is what
 finds an engine's processes when nothing else can: workers left by a leader that died while
 no agent watched (its pid and group id may be another program's by then), and an engine
 spawned by an agent killed before it recorded it.
@@ -31,11 +32,10 @@ from typing import NamedTuple
 from agent.engines.proc_net import ProcessFamily, engine_family, parse_family
 from agent.engines.processes import signal_group
 from agent.engines.records import ProcStat, ShardRecord, parse_proc_stat, read_proc_stat
+from wire.engine_env import LAUNCH_TOKEN_VARIABLE
 
 PROC = Path("/proc")
 GONE_POLL_S = 0.05
-LAUNCH_TOKEN_VARIABLE = "LLMGW_ENGINE_LAUNCH"
-"""Set in every engine's environment to its ``LaunchRecord``'s token."""
 
 
 class Launched(NamedTuple):

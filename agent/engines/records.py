@@ -65,7 +65,7 @@ class LaunchRecord(msgspec.Struct, frozen=True, kw_only=True):
     """An engine about to be spawned: saved before the spawn and removed once the engine's
     ``ShardRecord`` is saved. An agent killed in between leaves this alone behind, and
     the next one finds the engine by ``token``, which the engine has in its environment
-    (``agent.engines.family.LAUNCH_TOKEN_VARIABLE``)."""
+    (``wire.engine_env.LAUNCH_TOKEN_VARIABLE``)."""
 
     replica_id: str
     shard_index: int

@@ -8,6 +8,7 @@ import msgspec
 
 from agent.engines.readiness import readiness_url
 from agent.engines.records import ShardKey
+from wire.engine_env import GPUS_VARIABLE, PORT_VARIABLE
 from wire.engines import DEFAULT_ENGINE
 
 
@@ -35,10 +36,11 @@ class ShardSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 def engine_env(base: Mapping[str, str], spec: ShardSpec) -> dict[str, str]:
     """``base`` (the agent's environment) overlaid with the spec's variables, then with the
-    GPUs and port the agent assigned, which nothing may override."""
+    GPUs and port the agent assigned, which nothing may override (a spec that sets them is
+    refused by the control plane: ``wire.engine_env``)."""
     return {
         **base,
         **spec.env,
-        "CUDA_VISIBLE_DEVICES": ",".join(str(gpu) for gpu in spec.gpus),
-        "PORT": str(spec.port),
+        GPUS_VARIABLE: ",".join(str(gpu) for gpu in spec.gpus),
+        PORT_VARIABLE: str(spec.port),
     }

@@ -36,7 +36,6 @@ from agent.engines.changes import (
 )
 from agent.engines.errors import EngineError, EngineLaunchError, PortHeldElsewhere
 from agent.engines.family import (
-    LAUNCH_TOKEN_VARIABLE,
     end_launched,
     end_remains,
     outside_group,
@@ -59,6 +58,7 @@ from agent.engines.records import (
     shard_file_stem,
 )
 from agent.engines.spec import ShardSpec, engine_env
+from wire.engine_env import LAUNCH_TOKEN_VARIABLE
 from wire.engines import failure_reason, profile_of
 
 log = structlog.get_logger(__name__)

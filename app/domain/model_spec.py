@@ -10,6 +10,8 @@ import re
 import shlex
 import string
 from collections import Counter
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Literal
 
 import msgspec
@@ -317,6 +319,16 @@ def validate_spec(spec: ModelSpec) -> list[SpecError]:
 
 
 _NO_PROCESS = "no process can be given one"
+AGENT_SET_VARIABLES: Mapping[str, str] = MappingProxyType(
+    {
+        "CUDA_VISIBLE_DEVICES": "set by the agent from the GPUs it assigns",
+        "PORT": "set by the agent to the port it assigns",
+        "LLMGW_ENGINE_LAUNCH": "set by the agent to find its engine again after a restart",
+    }
+)
+"""The variables the agent sets in every engine's environment over the spec's, and why: a
+copy of ``wire.engine_env.AGENT_SET_VARIABLES`` (the domain imports no ``wire``), kept
+equal to it by a test."""
 MAX_ENV_ERRORS = 10
 
 
@@ -324,6 +336,8 @@ def environment_errors(env: dict[str, str]) -> list[SpecError]:
     """What no engine process can be given: a variable's name that is empty or holds '='
     or NUL, a value that holds NUL. Refused here rather than at every start of the
     replica on the agent (a NUL would even be recorded as U+FFFD: jsonb cannot hold one).
+    A variable the agent sets itself (``AGENT_SET_VARIABLES``) is refused too: the agent
+    would override it without a word.
     The first ``MAX_ENV_ERRORS`` are named, then how many more there are."""
     errors = []
     for name, value in env.items():
@@ -337,6 +351,10 @@ def environment_errors(env: dict[str, str]) -> list[SpecError]:
             seen = f"{after}={value}"[:64]
             reason = f"{named} hold '=' (the engine would see {before[:64]} set to {seen!r})"
             errors.append(SpecError("env", reason))
+        elif name in AGENT_SET_VARIABLES:
+            errors.append(
+                SpecError(f"env.{name}", f"is {AGENT_SET_VARIABLES[name]}; a spec cannot set it")
+            )
         if "\0" in value:
             errors.append(SpecError(f"env.{name[:64]}", f"holds a NUL byte: {_NO_PROCESS}"))
     if len(errors) > MAX_ENV_ERRORS:

@@ -367,12 +367,24 @@ async def test_a_spec_over_its_size_limit_is_a_422_with_the_size(
         ({"command": COMMAND, "env": {"A=B": "x"}}, "env", "holds a variable named 'A=B'"),
         ({"command": COMMAND, "env": {"": "x"}}, "env", "holds a variable named ''"),
         (
+            {"command": COMMAND, "env": {"PORT": "8000"}},
+            "env.PORT",
+            "is set by the agent to the port it assigns; a spec cannot set it",
+        ),
+        (
             {"command": COMMAND, "node_selector": {"gpu": "h" * 300}},
             "node_selector.gpu",
             "is 300 characters: a node's label values are at most 256",
         ),
     ],
-    ids=["NUL in command", "NUL in env", "= in env name", "empty env name", "long label"],
+    ids=[
+        "NUL in command",
+        "NUL in env",
+        "= in env name",
+        "empty env name",
+        "variable the agent sets",
+        "long label",
+    ],
 )
 async def test_what_an_engine_could_never_be_started_with_is_a_422_naming_the_field(
     admin: httpx.AsyncClient, pg_store: PostgresEventStore, spec: Any, field: str, reason: str
@@ -386,6 +398,7 @@ async def test_what_an_engine_could_never_be_started_with_is_a_422_naming_the_fi
     answers = [
         await admin.put("/admin/v1/models/llama", json=spec),
         await admin.post("/admin/v1/placement", json=spec),
+        await admin.post("/admin/v1/models/llama/preview", json=spec),
     ]
 
     for answer in answers:

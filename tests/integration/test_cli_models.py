@@ -234,6 +234,26 @@ async def test_a_dry_run_says_what_would_change_and_records_nothing(
     assert await pg_store.last_position() == before
 
 
+async def test_a_dry_run_refuses_a_variable_the_agent_sets_itself_naming_it_and_why(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    # The agent overrode it without a word: the engine ran on the GPUs it was given, not
+    # on those the spec named.
+    name = a_model()
+    spec = operator.home / "llama.yaml"
+    spec.write_text(spec_yaml(name) + "env:\n  CUDA_VISIBLE_DEVICES: '0,1'\n")
+    before = await pg_store.last_position()
+
+    refused = await operator.run("models", "apply", str(spec), "--dry-run")
+
+    assert refused.code == 1
+    assert (
+        "  env.CUDA_VISIBLE_DEVICES: is set by the agent from the GPUs it assigns; a spec "
+        "cannot set it\n"
+    ) in refused.stderr
+    assert await pg_store.last_position() == before
+
+
 async def test_a_file_whose_second_spec_is_invalid_records_none_of_its_specs(
     operator: Operator, pg_store: PostgresEventStore
 ) -> None:

@@ -7,8 +7,10 @@ from typing import Any, get_args
 import pytest
 from msgspec.structs import replace
 
+from agent.engines.spec import ShardSpec, engine_env
 from app.domain.commands import start_command
 from app.domain.model_spec import (
+    AGENT_SET_VARIABLES,
     ENGINES,
     MAX_AGENT_MESSAGE_BYTES,
     MAX_COMMAND_BYTES,
@@ -29,6 +31,8 @@ from app.domain.model_spec import (
 )
 from app.domain.state import ClusterState, Replica, ReplicaPhase, Shard
 from app.hub.edge import command_to_wire
+from wire.engine_env import AGENT_SET_VARIABLES as AGENT_SETS
+from wire.engine_env import LAUNCH_TOKEN_VARIABLE
 from wire.engines import ENGINE_NAMES
 from wire.errors import MessageTooLarge
 from wire.messages import MAX_MESSAGE_BYTES, Labels, encode
@@ -334,6 +338,29 @@ def test_what_no_engine_process_can_be_given_is_refused_naming_the_field(
 ) -> None:
     # Accepted, these reached the agent, which failed every start of the replica.
     assert validate_spec(replace(GOOD, **change)) == [SpecError(field, reason)]
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("CUDA_VISIBLE_DEVICES", "set by the agent from the GPUs it assigns"),
+        ("PORT", "set by the agent to the port it assigns"),
+        ("LLMGW_ENGINE_LAUNCH", "set by the agent to find its engine again after a restart"),
+    ],
+)
+def test_a_variable_the_agent_sets_itself_is_refused_naming_it_and_why(name: str, why: str) -> None:
+    # The agent overrode it silently: the engine ran with other GPUs than the spec said.
+    errors = validate_spec(replace(GOOD, env={"HF_HOME": "/models", name: "0"}))
+
+    assert errors == [SpecError(f"env.{name}", f"is {why}; a spec cannot set it")]
+
+
+def test_the_variables_the_agent_sets_are_those_the_spec_refuses() -> None:
+    """The domain cannot import ``wire``: its list is kept equal to the agent's here."""
+    assert dict(AGENT_SET_VARIABLES) == dict(AGENT_SETS)
+    spec = ShardSpec(replica_id="r", shard_index=0, model="m", argv=("x",), gpus=(1,), port=9)
+    token = {LAUNCH_TOKEN_VARIABLE: "t"}  # set by the supervisor with the launch record
+    assert set(AGENT_SET_VARIABLES) == set(engine_env({}, spec)) | set(token)
 
 
 def test_an_environment_an_engine_can_be_given_is_accepted() -> None:
