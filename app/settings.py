@@ -254,10 +254,10 @@ class ServeSettings:
         int,
         Parameter(
             env_var="LLMGW_AGENT_HANDSHAKES_PER_ADDRESS",
-            help="agent TLS handshakes one address may have in progress at once "
-            f"(1-{MAX_HANDSHAKES_PER_ADDRESS}); a connection over it is closed before its "
-            "handshake starts, counted and logged. Raise it where many agents share an "
-            "address (NAT)",
+            help="agent TLS handshakes one address (an IPv6 address: its /64) may have in "
+            f"progress at once (1-{MAX_HANDSHAKES_PER_ADDRESS}); a connection over it is "
+            "closed before its handshake starts, counted and logged. Raise it where many "
+            "agents share an address (NAT)",
         ),
     ] = DEFAULT_HANDSHAKES_PER_ADDRESS
     engine_networks: EngineNetworksFlag = ""

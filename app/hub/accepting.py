@@ -35,6 +35,7 @@ from websockets.asyncio.server import ServerConnection
 from app.hub.arrivals import OpeningConnections
 from app.hub.gate import HandshakeGate
 from app.hub.refusals import RefusalThrottle
+from app.listeners.throttle import address_group
 
 OVER_CAP_LOG_INTERVAL_S = 60.0
 log = structlog.get_logger(__name__)
@@ -147,11 +148,13 @@ class Accepting:
         return _AcceptedConnection
 
     def _refused(self, address: str) -> None:
-        unlogged = self._over_cap.admit(address, monotonic())
+        group = address_group(address)  # what the cap counts: one line a minute for a /64
+        unlogged = self._over_cap.admit(group, monotonic())
         if unlogged is not None:
             log.warning(
                 "agent_handshake_over_cap",
                 address=address,
+                counted_as=group,
                 cap=self.gate.per_address,
                 refused_unlogged=unlogged,
             )

@@ -8,15 +8,18 @@ closed before its handshake starts (``app.hub.accepting``) and counted in ``refu
 honest agent has one connection at a time, so the cap binds only where many agents share an
 address (behind NAT, or a benchmark's thousand on 127.0.0.1): raise it there.
 
-Addresses are counted as given. An IPv6 host is usually given a whole /64, so one host can
-take a fresh cap from each of its addresses; grouping them by /64, as the listeners'
-failure budget does (``app.listeners.throttle``), is left for when agents dial over IPv6.
+IPv6 addresses count by their /64, as the listeners' failure budget counts them
+(``app.listeners.throttle.address_group``): an IPv6 host is usually given a whole /64, and
+counted one by one its 2^64 addresses would each take a fresh cap. An IPv4 address counts
+alone, and an IPv4-mapped IPv6 address as the IPv4 address it holds.
 
-Memory is bounded by the connections in progress: an address is forgotten once its last
+Memory is bounded by the connections in progress: a group is forgotten once its last
 handshake ends.
 """
 
 from __future__ import annotations
+
+from app.listeners.throttle import address_group
 
 DEFAULT_PER_ADDRESS = 8
 MAX_PER_ADDRESS = 65535
@@ -42,25 +45,28 @@ class HandshakeGate:
 
     def enter(self, address: str) -> bool:
         """Count a handshake starting from ``address``; False, and nothing counted but the
-        refusal, when the address already has ``per_address`` in progress."""
-        started = self._in_progress.get(address, 0)
+        refusal, when its group (``address_group``) already has ``per_address`` in progress."""
+        group = address_group(address)
+        started = self._in_progress.get(group, 0)
         if started >= self.per_address:
             self.refused += 1
             return False
-        self._in_progress[address] = started + 1
+        self._in_progress[group] = started + 1
         return True
 
     def leave(self, address: str) -> None:
         """A handshake ``enter`` counted has ended, whether it finished or failed."""
-        left = self._in_progress.get(address, 0) - 1
+        group = address_group(address)
+        left = self._in_progress.get(group, 0) - 1
         if left > 0:
-            self._in_progress[address] = left
+            self._in_progress[group] = left
         else:
-            self._in_progress.pop(address, None)
+            self._in_progress.pop(group, None)
 
     def in_progress(self, address: str) -> int:
-        return self._in_progress.get(address, 0)
+        """Handshakes in progress from ``address``'s group."""
+        return self._in_progress.get(address_group(address), 0)
 
     def addresses(self) -> int:
-        """Addresses with a handshake in progress."""
+        """Groups of addresses (an IPv4 address, an IPv6 /64) with a handshake in progress."""
         return len(self._in_progress)

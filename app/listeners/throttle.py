@@ -61,12 +61,12 @@ class FailureBudget:
 
     def wait_s(self, address: str | None) -> float:
         """Seconds until ``address`` may fail again; 0 while it has failures left."""
-        return self._wait(self._left(_group(address), self._clock()))
+        return self._wait(self._left(address_group(address), self._clock()))
 
     def spend(self, address: str | None) -> float:
         """Count a failure from ``address``: 0 if it had one left, else the seconds until it
         has one again (the failure was over budget)."""
-        group, now = _group(address), self._clock()
+        group, now = address_group(address), self._clock()
         left = self._left(group, now)
         over = left < 1
         if not over:
@@ -88,8 +88,10 @@ class FailureBudget:
         return 0.0 if left >= 1 else (1 - left) / self._per_second
 
 
-def _group(address: str | None) -> str:
-    """The key an address counts under: itself, or its /64 for IPv6."""
+def address_group(address: str | None) -> str:
+    """The key an address counts under: itself for IPv4, its /64 for IPv6 (the block one
+    host is usually given), the IPv4 address an IPv4-mapped one holds. The agent hub's cap
+    on handshakes counts by it too (``app.hub.gate``)."""
     if not address:
         return ""
     try:

@@ -46,6 +46,29 @@ def test_an_address_without_handshakes_is_forgotten() -> None:
     assert gate.in_progress(FLOODER) == 0
 
 
+def test_the_addresses_of_one_ipv6_slash_64_share_one_cap() -> None:
+    # Counted one by one, a host with a /64 (2^64 addresses) was not capped at all.
+    gate = HandshakeGate(per_address=2)
+    flooder = [f"2001:db8:0:7::{n:x}" for n in range(1, 5)]
+
+    admitted = [gate.enter(address) for address in flooder]
+
+    assert admitted == [True, True, False, False]
+    assert gate.enter("2001:db8:0:8::1")  # the next /64 is another host
+    assert (gate.in_progress("2001:db8:0:7:ffff::9"), gate.addresses()) == (2, 2)
+    gate.leave(flooder[0])
+    assert gate.enter(flooder[3])
+
+
+def test_an_ipv4_mapped_address_counts_as_its_ipv4_address_and_ipv4_alone() -> None:
+    gate = HandshakeGate(per_address=1)
+
+    assert gate.enter("192.0.2.7")
+    assert not gate.enter("::ffff:192.0.2.7")
+    assert gate.enter("192.0.2.8")  # its neighbour is not grouped with it
+    assert gate.refused == 1
+
+
 @pytest.mark.parametrize("per_address", [0, -1, MAX_PER_ADDRESS + 1])
 def test_a_cap_outside_its_bounds_is_refused(per_address: int) -> None:
     with pytest.raises(ValueError, match=f"between 1 and {MAX_PER_ADDRESS}, not {per_address}"):
