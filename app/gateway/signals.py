@@ -34,8 +34,9 @@ import aiohttp
 import msgspec
 import structlog
 
+from wire.bounded_body import BodyTooLarge
 from wire.engines import signal_names
-from wire.metrics_page import MAX_METRICS_PAGE_BYTES, PageTooLarge, read_metrics_page
+from wire.metrics_page import MAX_METRICS_PAGE_BYTES, read_metrics_page
 
 log = structlog.get_logger("llmgw.gateway")
 
@@ -234,7 +235,7 @@ async def _read_page(resp: aiohttp.ClientResponse) -> bytes:
     """The page, up to ``MAX_PAGE_BYTES``; ``ScrapeFailed`` (the connection closed) past it."""
     try:
         return await read_metrics_page(resp.content_length, resp.content.iter_any())
-    except PageTooLarge as exc:
+    except BodyTooLarge as exc:
         resp.close()
         raise ScrapeFailed(f"GET /metrics {exc}") from exc
 

@@ -12,11 +12,16 @@ import msgspec
 from cli.bench.errors import TargetRefused, TargetUnreachable
 from cli.bench.request import RequestFailed, connect_failure, stream_request
 from cli.bench.target import Api, Engine
+from wire.bounded_body import BodyTooLarge, read_bounded
 
 PROBE_PROMPT = "Say hello."
 PROBE_TIMEOUT_S = 60.0
 CACHE_RESET_PATHS = ("/reset_prefix_cache", "/flush_cache")
 """vLLM's, then SGLang's."""
+MODELS_TIMEOUT_S = 30.0
+MAX_MODEL_LIST_BYTES = 1 << 20
+"""The most of a ``GET /v1/models`` answer read (an error answer too): an engine lists a
+few models, a few hundred bytes each, so a MiB is thousands of them."""
 
 
 class _ModelCard(msgspec.Struct, frozen=True):
@@ -59,10 +64,21 @@ async def served_models(session: aiohttp.ClientSession, root_url: str) -> list[s
     """The models ``GET /v1/models`` lists; ``None`` when the engine has no such route."""
     url = f"{root_url}/v1/models"
     try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=30)) as response:
+        async with session.get(
+            url, timeout=aiohttp.ClientTimeout(total=MODELS_TIMEOUT_S)
+        ) as response:
             if response.status == 404:
                 return None
-            body = await response.read()
+            try:
+                body = await read_bounded(
+                    response.content_length, response.content.iter_any(), MAX_MODEL_LIST_BYTES
+                )
+            except BodyTooLarge as exc:
+                response.close()
+                raise TargetRefused(
+                    f"GET {url} {exc}, the most bench reads of a model list: this is not an "
+                    "OpenAI-compatible engine (or not its root URL), or it is broken"
+                ) from exc
             if response.status != 200:
                 raise TargetRefused(
                     f"GET {url} answered HTTP {response.status}: "

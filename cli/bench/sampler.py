@@ -13,8 +13,9 @@ from cli.bench.load import ClosedLoop, Phase
 from cli.bench.metrics import EngineReading, missing_gauges, read_metrics
 from cli.bench.request import connect_failure
 from cli.bench.target import Engine
+from wire.bounded_body import BodyTooLarge
 from wire.engines import PROFILES
-from wire.metrics_page import PageTooLarge, read_metrics_page
+from wire.metrics_page import read_metrics_page
 
 SCRAPE_TIMEOUT_S = 10.0
 """A scrape's time, head and page; its size is ``wire.metrics_page``'s bound."""
@@ -56,7 +57,7 @@ class MetricsReader:
             ) from exc
         except aiohttp.ClientError as exc:
             raise MetricsUnavailable(f"GET {url} failed: {str(exc) or type(exc).__name__}") from exc
-        except PageTooLarge as exc:
+        except BodyTooLarge as exc:
             raise MetricsUnavailable(f"GET {url} {exc}: bench reads no more of it") from exc
         if status != 200:
             raise MetricsUnavailable(

@@ -1,22 +1,35 @@
-"""`llmgw-cli bench`'s reader of an engine's ``/metrics`` against a socket playing a bad
-engine (``tests.support.bad_engine``): a page without end, or one declaring more than
-16 MiB, ends the run with one clear error instead of being read into memory until the
-scrape's timeout."""
+"""`llmgw-cli bench`'s readers of an engine's ``/metrics`` and ``GET /v1/models`` against a
+socket playing a bad engine (``tests.support.bad_engine``): a page without end, or one
+declaring more than 16 MiB (a model list: 1 MiB), ends the run with one clear error
+instead of being read into memory until the timeout."""
 
 from __future__ import annotations
 
 import pytest
 
 from cli.bench import sampler
-from cli.bench.errors import MetricsUnavailable
+from cli.bench.errors import BenchError, MetricsUnavailable, TargetRefused
 from cli.bench.metrics import EngineReading
+from cli.bench.probe import served_models
 from cli.bench.request import engine_session
 from cli.bench.sampler import MetricsReader
 from cli.bench.target import Engine
-from tests.support.bad_engine import GAUGE, PAGE_HEAD, BadEngine, Sent, Story, endless_page
+from tests.support.bad_engine import (
+    GAUGE,
+    MODELS_HEAD,
+    PAGE_HEAD,
+    BadEngine,
+    Sent,
+    Story,
+    endless_model_list,
+    endless_page,
+)
 from wire.metrics_page import MAX_METRICS_PAGE_BYTES
 
 pytestmark = pytest.mark.timeout(60)
+
+MODEL_LIST_BOUND = 1 << 20
+"""``cli.bench.probe.MAX_MODEL_LIST_BYTES``, as its messages say it."""
 
 
 def no_post(request: bytes) -> list[bytes]:
@@ -72,3 +85,35 @@ async def test_a_metrics_page_that_stops_coming_says_it_took_too_long(
 
     assert isinstance(outcome, MetricsUnavailable), outcome
     assert str(outcome).endswith("/metrics did not finish within 0.2 s"), str(outcome)
+
+
+async def models(story: Story) -> tuple[str, list[str] | BenchError | None]:
+    """The bad engine's URL and what bench made of its ``GET /v1/models``: the models it
+    lists, or the error."""
+    with BadEngine(story) as engine:
+        async with engine_session() as session:
+            try:
+                return engine.url, await served_models(session, engine.url)
+            except BenchError as exc:
+                return engine.url, exc
+
+
+async def test_a_model_list_without_end_is_refused_past_1_mib() -> None:
+    # Before the bound bench read all that came until its 30 s timeout: the 64 MiB this
+    # engine sends, or, from one that does not stop, as much as arrived in 30 s.
+    sent = Sent()
+    url, outcome = await models(endless_model_list(sent, up_to=64 << 20))
+
+    assert isinstance(outcome, TargetRefused), outcome
+    assert str(outcome).startswith(f"GET {url}/v1/models goes on past 1 MiB"), str(outcome)
+    assert sent.bytes < MODEL_LIST_BOUND + (16 << 20)  # what the sockets' buffers hold
+
+
+async def test_a_model_list_declaring_more_than_1_mib_is_not_read() -> None:
+    head = MODELS_HEAD + b"content-length: %d\r\n\r\n" % (MODEL_LIST_BOUND + 1)
+    url, outcome = await models(lambda request: [head, b'{"data":['])
+
+    assert isinstance(outcome, TargetRefused), outcome
+    assert str(outcome).startswith(
+        f"GET {url}/v1/models declares {MODEL_LIST_BOUND + 1} bytes, over 1 MiB"
+    ), str(outcome)

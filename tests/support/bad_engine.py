@@ -65,18 +65,32 @@ class Sent:
 def endless_page(sent: Sent, *, up_to: int = 64 << 20) -> Story:
     """A page of chunks, a MiB each, sent as fast as they are read: ``up_to`` bytes, then
     nothing more and no end (enough to tell a bound from none, without filling memory)."""
-    chunk = b"# filler\n" * ((1 << 20) // 9)
+    return _endless(sent, PAGE_HEAD, GAUGE, b"# filler\n", up_to)
+
+
+MODELS_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+"""A ``GET /v1/models`` answer's head, but for how its length is told and the blank line."""
+
+
+def endless_model_list(sent: Sent, *, up_to: int = 16 << 20) -> Story:
+    """An OpenAI model list that never closes: ``{"object":"list","data":[`` and model
+    cards, a MiB a chunk, ``up_to`` bytes, then nothing more and no end."""
+    return _endless(sent, MODELS_HEAD, b'{"object":"list","data":[', b'{"id":"m"},', up_to)
+
+
+def _endless(sent: Sent, head: bytes, first: bytes, filler: bytes, up_to: int) -> Story:
+    chunk = filler * ((1 << 20) // len(filler))
     framed = b"%x\r\n%s\r\n" % (len(chunk), chunk)
 
     def story(request: bytes) -> Iterable[bytes]:
         def pieces() -> Iterator[bytes]:
             yield (
-                PAGE_HEAD
+                head
                 + b"transfer-encoding: chunked\r\n\r\n"
                 + b"%x\r\n%s\r\n"
                 % (
-                    len(GAUGE),
-                    GAUGE,
+                    len(first),
+                    first,
                 )
             )
             for _ in range(up_to // len(chunk)):
