@@ -218,7 +218,10 @@ class AdminClient:
         timeout_s: float = 10.0,
         answer_within_s: float = ANSWER_WITHIN_S,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
+        """``transport`` sends the requests instead of httpx's own connections (a test's
+        ``httpx.MockTransport``); the TLS settings then do not apply."""
         self._settings = settings
         self._answer_within_s = answer_within_s
         self._max_answer_bytes = max_answer_bytes
@@ -232,6 +235,7 @@ class AdminClient:
             timeout=timeout_s,
             verify=_tls_context(settings) if self._url.scheme == "https" else True,
             trust_env=False,
+            transport=transport,
         )
 
     def __enter__(self) -> Self:
@@ -454,8 +458,8 @@ class AdminClient:
                     f"without answering; {self._refused_certificate_advice()}"
                 )
             return AdminUnreachable(
-                f"the admin API at {url} broke off the exchange ({exc or type(exc).__name__}): "
-                f"{self._cut_off_advice()}"
+                f"the admin API at {url} broke off the exchange "
+                f"({str(exc) or type(exc).__name__}): {self._cut_off_advice()}"
             )
         else:
             reason = str(exc) or type(exc).__name__

@@ -89,9 +89,15 @@ async def served_models(session: aiohttp.ClientSession, root_url: str) -> list[s
             f"cannot reach the engine at {root_url}: {connect_failure(exc)} "
             "(is it running, and are the host and port right?)"
         ) from exc
-    except (aiohttp.ClientError, TimeoutError) as exc:
+    except TimeoutError as exc:
         raise TargetUnreachable(
-            f"the engine at {root_url} did not answer GET /v1/models: {exc or type(exc).__name__}"
+            f"the engine at {root_url} sent no whole answer to GET /v1/models within "
+            f"{MODELS_TIMEOUT_S:g} s"
+        ) from exc
+    except aiohttp.ClientError as exc:
+        raise TargetUnreachable(
+            f"the engine at {root_url} did not answer GET /v1/models: "
+            f"{str(exc) or type(exc).__name__}"
         ) from exc
     try:
         return [card.id for card in msgspec.json.decode(body, type=_ModelList).data]

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from cli.bench import sampler
-from cli.bench.errors import BenchError, MetricsUnavailable, TargetRefused
+from cli.bench import probe, sampler
+from cli.bench.errors import BenchError, MetricsUnavailable, TargetRefused, TargetUnreachable
 from cli.bench.metrics import EngineReading
 from cli.bench.probe import served_models
 from cli.bench.request import engine_session
@@ -116,4 +116,18 @@ async def test_a_model_list_declaring_more_than_1_mib_is_not_read() -> None:
     assert isinstance(outcome, TargetRefused), outcome
     assert str(outcome).startswith(
         f"GET {url}/v1/models declares {MODEL_LIST_BOUND + 1} bytes, over 1 MiB"
+    ), str(outcome)
+
+
+async def test_a_model_list_that_stops_coming_says_it_took_too_long(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Before, the timeout said nothing: "did not answer GET /v1/models: " and the line ended.
+    monkeypatch.setattr(probe, "MODELS_TIMEOUT_S", 0.2)
+    stalled = MODELS_HEAD + b"transfer-encoding: chunked\r\n\r\n"
+    url, outcome = await models(lambda request: [stalled])
+
+    assert isinstance(outcome, TargetUnreachable), outcome
+    assert str(outcome) == (
+        f"the engine at {url} sent no whole answer to GET /v1/models within 0.2 s"
     ), str(outcome)

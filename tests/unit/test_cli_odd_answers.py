@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import httpx
 import pytest
 
 from cli.client import MAX_ANSWER_BYTES, AdminClient, AdminUnreachable, AnswerTooLarge
@@ -284,3 +285,25 @@ def test_every_read_of_the_client_is_bounded_error_answers_too(
             pytest.raises(AnswerTooLarge, match="over 100,000 bytes, the most llmgw-cli reads"),
         ):
             read(client)
+
+
+@pytest.mark.parametrize(
+    "cut", [httpx.ReadError(""), httpx.RemoteProtocolError("")], ids=lambda e: type(e).__name__
+)
+def test_an_exchange_cut_off_without_a_word_is_named_by_its_kind(cut: httpx.TransportError) -> None:
+    # Before, the reason was "{exc or ...}": an exception is always true, so the
+    # parentheses stood empty: "broke off the exchange (): ...".
+    def cut_off(request: httpx.Request) -> httpx.Response:
+        raise cut
+
+    settings = ConnectionSettings(admin_url="http://admin.invalid:8081")
+    with (
+        AdminClient(settings, transport=httpx.MockTransport(cut_off)) as client,
+        pytest.raises(AdminUnreachable) as raised,
+    ):
+        client.request("GET", "/admin/v1/nodes")
+
+    assert str(raised.value).startswith(
+        "the admin API at http://admin.invalid:8081 broke off the exchange "
+        f"({type(cut).__name__}): does the URL's scheme"
+    ), str(raised.value)
