@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import Generic, Self, TypeVar
 
 import httpx
@@ -80,11 +80,25 @@ class AnswerTooLarge(ClientError):
 
 
 class ApiProblem(ClientError):
-    def __init__(self, status: int, detail: str, errors: tuple[FieldError, ...] = ()) -> None:
+    def __init__(
+        self,
+        status: int,
+        detail: str,
+        errors: tuple[FieldError, ...] = (),
+        *,
+        title: str = "",
+        extra: Mapping[str, object] | None = None,
+    ) -> None:
         super().__init__(detail)
         self.status = status
         self.errors = errors
         """Each field the API refused and why (an invalid model spec)."""
+        self.title = title
+        """The kind of problem as the API names it (``no-room-to-drain``); empty if none."""
+        self.extra: Mapping[str, object] = MappingProxyType(dict(extra or {}))
+        """The problem document's members this class has no attribute for (a refused
+        drain's ``room``), as JSON decodes them: as large as the answer may be
+        (``MAX_ANSWER_BYTES``) and of any shape, so a command that reads one checks it."""
 
 
 # -- wire types --------------------------------------------------------------------------
@@ -197,6 +211,7 @@ class HistoryEvent:
 _event_decoder = msgspec.json.Decoder(EventView)
 _page_decoder = msgspec.json.Decoder(HistoryPage)
 _problem_decoder = msgspec.json.Decoder(Problem)
+_members_decoder = msgspec.json.Decoder(dict[str, object])
 _key_created_decoder = msgspec.json.Decoder(KeyCreated)
 _key_list_decoder = msgspec.json.Decoder(list[KeyView])
 _key_change_decoder = msgspec.json.Decoder(KeyChange)
@@ -510,7 +525,13 @@ class AdminClient:
             errors = tuple(error for error in sent if error.field)
         except msgspec.DecodeError:
             errors = ()
-        return ApiProblem(response.status_code, detail, errors)
+        return ApiProblem(
+            response.status_code,
+            detail,
+            errors,
+            title=problem.title,
+            extra=_extra_members(response.content),
+        )
 
     def _authentication_advice(self) -> str:
         config = self._settings.config_file or "the config file"
@@ -549,6 +570,21 @@ def _decode(decoder: msgspec.json.Decoder[_T], body: bytes, what: str) -> _T:
         raise ApiProblem(
             200, f"the admin API sent a {what} this client cannot read: {exc}"
         ) from exc
+
+
+PROBLEM_MEMBERS = frozenset({"type", "title", "status", "detail", "instance", "errors"})
+"""RFC 9457's members of a problem document, and the admin API's ``errors``
+(``ApiProblem``'s attributes)."""
+
+
+def _extra_members(content: bytes) -> dict[str, object]:
+    """The members of a problem document besides ``PROBLEM_MEMBERS``; none when it is no
+    JSON object."""
+    try:
+        document = _members_decoder.decode(content)
+    except (msgspec.DecodeError, RecursionError):
+        return {}
+    return {name: value for name, value in document.items() if name not in PROBLEM_MEMBERS}
 
 
 def _size(count: int) -> str:

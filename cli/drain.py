@@ -8,16 +8,17 @@ view on a terminal (rich Live), one line per step of the drain elsewhere (logs, 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated
 
+import msgspec
 from cyclopts import Parameter, validators
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 
 from cli.arguments import finite_number, segment
-from cli.client import AdminClient, ClientError, EventView
+from cli.client import AdminClient, ApiProblem, ClientError, EventView
 from cli.config import ConnectionFlags
 from cli.operator import (
     ADMIN,
@@ -40,10 +41,14 @@ from cli.render import (
     warn,
 )
 from cli.replicas import moves
-from cli.views import DrainAccepted, DrainProgressView
+from cli.views import DrainAccepted, DrainProgressView, ReplicaRoomView
 
 POLL_INTERVAL_S = 0.5
 EVENTS_SHOWN = 8
+NO_ROOM_SHOWN = 32
+"""The most replicas with nowhere to go a drain names, one line each."""
+NO_ROOM_REFUSED = "no-room-to-drain"
+"""The admin API's problem for a node drain ``require_room`` refused."""
 
 Wait = Annotated[
     bool,
@@ -121,7 +126,16 @@ def drain(
         else:
             path = f"{ADMIN}/replicas/{segment(replica or '', 'the replica id')}/drain"
             body = None
-        accepted = call(client, DrainAccepted, "POST", path, body=body)
+        try:
+            accepted = call(client, DrainAccepted, "POST", path, body=body)
+        except ApiProblem as refused:
+            lines = no_room_refusal(node_id, refused) if node_id is not None else None
+            if lines is None:
+                raise
+            print_error("drain", lines[0])
+            for line in lines[1:]:
+                warn(line)
+            return EXIT_FAILED
         for line in no_room_warnings(accepted.value):
             warn(line)
         if wait:
@@ -140,19 +154,58 @@ def drain(
 
 def no_room_warnings(accepted: DrainAccepted) -> list[str]:
     """One line per replica of a node drain that has nowhere to go now, with placement's
-    reason and what its grace then does to it."""
+    reason and what its grace then does to it (at most ``NO_ROOM_SHOWN``, then how many
+    more)."""
     grace = (
         f"when the {accepted.grace_s:g}s grace runs out"
         if accepted.grace_s is not None
         else "when the grace runs out"
     )
-    return [
-        f"warning: {room.replica_id} has nowhere to go now: {room.reason or 'no reason given'}"
-        f"{f' (llmgw-cli explain-placement {room.model})' if room.model else ''}; "
-        f"{grace} it is stopped, not moved"
-        for room in accepted.room
-        if not room.has_room
+    shown, more = _without_room(accepted.room)
+    lines = [f"warning: {nowhere_to_go(room)}; {grace} it is stopped, not moved" for room in shown]
+    if more:
+        lines.append(
+            f"warning: and {more} more replica(s) with nowhere to go; {grace} they "
+            "are stopped, not moved"
+        )
+    return lines
+
+
+def no_room_refusal(node_id: str, refused: ApiProblem) -> list[str] | None:
+    """What to print for a node drain that ``--require-room`` refused: a line that says
+    so, then one per replica with nowhere to go, as the warnings of a drain that goes ahead
+    name them (at most ``NO_ROOM_SHOWN``, then how many more). None for another problem,
+    or a refusal whose ``room`` is not the API's list: its detail then says it all."""
+    if refused.title != NO_ROOM_REFUSED:
+        return None
+    try:
+        room = msgspec.convert(refused.extra.get("room"), list[ReplicaRoomView])
+    except msgspec.ValidationError:
+        return None
+    shown, more = _without_room(room)
+    if not shown:
+        return None
+    lines = [
+        f"node {node_id} was not drained: {len(shown) + more} of {len(room)} replica(s) on "
+        "it have nowhere to go now; nothing was recorded",
+        *(f"  {nowhere_to_go(r)}" for r in shown),
     ]
+    if more:
+        lines.append(f"  and {more} more replica(s) with nowhere to go")
+    return lines
+
+
+def nowhere_to_go(room: ReplicaRoomView) -> str:
+    """``llama-2 has nowhere to go now: REASON (llmgw-cli explain-placement llama)``."""
+    hint = f" (llmgw-cli explain-placement {room.model})" if room.model else ""
+    return f"{room.replica_id} has nowhere to go now: {room.reason or 'no reason given'}{hint}"
+
+
+def _without_room(room: Sequence[ReplicaRoomView]) -> tuple[list[ReplicaRoomView], int]:
+    """The first ``NO_ROOM_SHOWN`` replicas with nowhere to go, and how many more there are:
+    the list is the server's, and a node holds a few replicas, not thousands."""
+    nowhere = [r for r in room if not r.has_room]
+    return nowhere[:NO_ROOM_SHOWN], max(0, len(nowhere) - NO_ROOM_SHOWN)
 
 
 def drain_progress(

@@ -310,7 +310,9 @@ def _follow(client: AdminClient, model: str, output: Output, timeout_s: float | 
     except ClientError as exc:
         goes_on = f"(the rollout goes on: llmgw-cli rollout status {model} --wait)"
         if isinstance(exc, ApiProblem):
-            raise ApiProblem(exc.status, f"{exc} {goes_on}", exc.errors) from exc
+            raise ApiProblem(
+                exc.status, f"{exc} {goes_on}", exc.errors, title=exc.title, extra=exc.extra
+            ) from exc
         raise ClientError(f"{exc} {goes_on}") from exc
     return _ending(model, followed, last.value)
 

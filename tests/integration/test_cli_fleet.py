@@ -344,9 +344,11 @@ async def test_a_drain_says_up_front_which_replica_has_nowhere_to_go_and_require
     assert refused.code == 1, refused.stderr
     assert await last_position(pg_store) == before  # nothing recorded
     assert refused.stdout == ""
-    assert f"have nowhere to go now ({second}: {no_room}); nothing was recorded" in (
-        " ".join(refused.stderr.split())
-    )
+    assert refused.stderr.splitlines() == [
+        f"llmgw-cli drain: node {node} was not drained: 1 of 2 replica(s) on it have nowhere "
+        "to go now; nothing was recorded",
+        f"  {second} has nowhere to go now: {no_room} (llmgw-cli explain-placement {model})",
+    ]
 
     started = await operator.run("drain", node, "--grace", "900")
 

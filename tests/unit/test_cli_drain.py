@@ -1,14 +1,21 @@
-"""What `drain` prints: a warning per replica with nowhere to go, and off a terminal with
---wait, each wait for room while a drain has nowhere to move a replica."""
+"""What `drain` prints: a warning per replica with nowhere to go, a line per such replica
+when --require-room refuses the drain, and off a terminal with --wait, each wait for room
+while a drain has nowhere to move a replica."""
 
 from __future__ import annotations
 
 import io
+import json
+import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pytest
 from rich.console import Console
 
-from cli.drain import no_room_warnings, print_new_steps
+from cli.config import ConnectionFlags
+from cli.drain import NO_ROOM_SHOWN, drain, no_room_warnings, print_new_steps
 from cli.views import (
     DrainAccepted,
     DrainProgressView,
@@ -82,3 +89,130 @@ def test_a_drain_warns_once_per_replica_without_room_and_says_what_its_grace_doe
         "llama); when the 600s grace runs out it is stopped, not moved"
     ]
     assert no_room_warnings(DrainAccepted(drain_id="drain-0a1b2c3d")) == []  # a replica drain
+
+
+def test_a_drain_warns_of_at_most_so_many_replicas_and_counts_the_rest() -> None:
+    room = [
+        ReplicaRoomView(replica_id=f"llama-{n}", model="llama", has_room=False, reason=NO_ROOM)
+        for n in range(NO_ROOM_SHOWN + 5)
+    ]
+
+    warnings = no_room_warnings(DrainAccepted(drain_id="drain-0a1b2c3d", room=room))
+
+    assert len(warnings) == NO_ROOM_SHOWN + 1
+    assert warnings[-1] == (
+        "warning: and 5 more replica(s) with nowhere to go; when the grace runs out they are "
+        "stopped, not moved"
+    )
+
+
+class Refusing(BaseHTTPRequestHandler):
+    """An admin API that refuses every drain with ``document``, as a 409."""
+
+    document: object = {}
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        body = json.dumps(self.document).encode()
+        self.send_response(409)
+        self.send_header("content-type", "application/problem+json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def admin_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    monkeypatch.setenv("LLMGW_CONFIG", "/dev/null")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def refused_drain(
+    admin_url: str,
+    document: object,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> tuple[int, list[str]]:
+    """``drain gpu-1 --require-room`` refused with ``document``: its exit code and the
+    lines it wrote on stderr (none on stdout)."""
+    monkeypatch.setattr(Refusing, "document", document)
+    code = drain("gpu-1", require_room=True, connection=ConnectionFlags(admin_url=admin_url))
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    return code, captured.err.splitlines()
+
+
+def no_room_to_drain(room: list[dict[str, object]]) -> dict[str, object]:
+    return {
+        "type": "https://llmgw.dev/problems/no-room-to-drain",
+        "title": "no-room-to-drain",
+        "status": 409,
+        "detail": "node gpu-1 was not drained: the API's own words",
+        "room": room,
+    }
+
+
+def test_a_refused_drain_names_every_replica_without_room_a_line_each_escaped(
+    admin_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before, the refusal was the problem's detail alone, one line naming at most 8.
+    room: list[dict[str, object]] = [
+        {"replica_id": f"llama-{n}", "model": "llama", "has_room": False, "reason": NO_ROOM}
+        for n in range(1, 11)
+    ]
+    room[3]["replica_id"] = "llama-\x1b]0;owned\x07\n4"
+    room.append({"replica_id": "qwen-1", "model": "qwen", "has_room": True, "reason": None})
+
+    code, lines = refused_drain(admin_url, no_room_to_drain(room), monkeypatch, capsys)
+
+    assert code == 1
+    assert lines[0] == (
+        "llmgw-cli drain: node gpu-1 was not drained: 10 of 11 replica(s) on it have nowhere "
+        "to go now; nothing was recorded"
+    )
+    shown = [f"llama-{n}" for n in range(1, 11)]
+    shown[3] = "llama-\\x1b]0;owned\\x07\\n4"  # as escape_controls writes it
+    assert lines[1:] == [
+        f"  {replica} has nowhere to go now: {NO_ROOM} (llmgw-cli explain-placement llama)"
+        for replica in shown
+    ]
+
+
+def test_a_refused_drain_names_at_most_so_many_replicas_and_counts_the_rest(
+    admin_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    room: list[dict[str, object]] = [
+        {"replica_id": f"llama-{n}", "has_room": False} for n in range(NO_ROOM_SHOWN + 1000)
+    ]
+
+    code, lines = refused_drain(admin_url, no_room_to_drain(room), monkeypatch, capsys)
+
+    assert code == 1
+    assert len(lines) == 1 + NO_ROOM_SHOWN + 1
+    assert lines[1] == "  llama-0 has nowhere to go now: no reason given"
+    assert lines[-1] == "  and 1000 more replica(s) with nowhere to go"
+
+
+@pytest.mark.parametrize(
+    "room", [None, "full", [{"has_room": False}], [{"replica_id": ["x"]}]], ids=repr
+)
+def test_a_refusal_whose_room_is_not_the_apis_list_is_said_by_its_detail(
+    admin_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    room: object,
+) -> None:
+    document = no_room_to_drain([])
+    document["room"] = room
+
+    code, lines = refused_drain(admin_url, document, monkeypatch, capsys)
+
+    assert code == 1
+    assert lines == ["llmgw-cli drain: node gpu-1 was not drained: the API's own words"]
