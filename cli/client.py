@@ -210,6 +210,10 @@ class HistoryEvent:
 
 _event_decoder = msgspec.json.Decoder(EventView)
 _page_decoder = msgspec.json.Decoder(HistoryPage)
+UNREADABLE = (msgspec.DecodeError, RecursionError)
+"""What decoding an answer raises when it is no document the client can read: not JSON, not
+the shape expected, or nested deeper than the decoder recurses (even in a member it skips)."""
+
 _problem_decoder = msgspec.json.Decoder(Problem)
 _members_decoder = msgspec.json.Decoder(dict[str, object])
 _key_created_decoder = msgspec.json.Decoder(KeyCreated)
@@ -511,7 +515,7 @@ class AdminClient:
             return AuthenticationRequired(self._authentication_advice())
         try:
             problem = _problem_decoder.decode(response.content)
-        except msgspec.DecodeError:
+        except UNREADABLE:
             problem = Problem()
         detail = problem.detail or problem.title
         if not detail:
@@ -523,7 +527,7 @@ class AdminClient:
         try:
             sent = _field_errors_decoder.decode(response.content).errors
             errors = tuple(error for error in sent if error.field)
-        except msgspec.DecodeError:
+        except UNREADABLE:
             errors = ()
         return ApiProblem(
             response.status_code,
@@ -566,7 +570,7 @@ def _tls_context(settings: ConnectionSettings) -> ssl.SSLContext:
 def _decode(decoder: msgspec.json.Decoder[_T], body: bytes, what: str) -> _T:
     try:
         return decoder.decode(body)
-    except msgspec.DecodeError as exc:
+    except UNREADABLE as exc:
         raise ApiProblem(
             200, f"the admin API sent a {what} this client cannot read: {exc}"
         ) from exc
@@ -582,7 +586,7 @@ def _extra_members(content: bytes) -> dict[str, object]:
     JSON object."""
     try:
         document = _members_decoder.decode(content)
-    except (msgspec.DecodeError, RecursionError):
+    except UNREADABLE:
         return {}
     return {name: value for name, value in document.items() if name not in PROBLEM_MEMBERS}
 

@@ -15,6 +15,7 @@ from cyclopts import Parameter, validators
 
 from cli.arguments import UsageError, whole_number
 from cli.client import (
+    UNREADABLE,
     AdminClient,
     AdminUnreachable,
     ApiProblem,
@@ -190,7 +191,7 @@ def _event(raw: msgspec.Raw | bytes) -> EventView:
     that is not the admin API, or of another version)."""
     try:
         return _event_decoder.decode(raw)
-    except msgspec.DecodeError as exc:
+    except UNREADABLE as exc:
         raise ApiProblem(
             200, f"the admin API sent an event this client cannot read: {exc}"
         ) from exc
@@ -200,7 +201,7 @@ def _print_line(raw: msgspec.Raw, output: OutputFormat) -> None:
     if output == "json":
         try:
             print_json_line(raw)
-        except msgspec.DecodeError as exc:
+        except UNREADABLE as exc:
             raise ApiProblem(
                 200, f"the admin API sent an event this client cannot read: {exc}"
             ) from exc

@@ -12,6 +12,7 @@ import msgspec
 from cli.bench.errors import TargetRefused, TargetUnreachable
 from cli.bench.request import RequestFailed, connect_failure, stream_request
 from cli.bench.target import Api, Engine
+from cli.client import UNREADABLE
 from wire.bounded_body import BodyTooLarge, read_bounded
 
 PROBE_PROMPT = "Say hello."
@@ -101,7 +102,7 @@ async def served_models(session: aiohttp.ClientSession, root_url: str) -> list[s
         ) from exc
     try:
         return [card.id for card in msgspec.json.decode(body, type=_ModelList).data]
-    except msgspec.DecodeError as exc:
+    except UNREADABLE as exc:
         raise TargetRefused(
             f"GET {url} did not answer an OpenAI model list, so this is not an OpenAI-compatible "
             f"engine (or not its root URL): {exc}"

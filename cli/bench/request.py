@@ -21,6 +21,7 @@ import msgspec
 from cli.bench.errors import TargetUnreachable
 from cli.bench.stats import RequestOutcome
 from cli.bench.target import Engine
+from cli.client import UNREADABLE
 
 ERROR_BODY_BYTES = 2000
 
@@ -194,7 +195,7 @@ async def stream_request(
         raise RequestFailed(f"the engine broke off the answer ({exc})") from exc
     except aiohttp.ClientError as exc:
         raise RequestFailed(f"{type(exc).__name__}: {exc}") from exc
-    except msgspec.DecodeError as exc:
+    except UNREADABLE as exc:
         raise RequestFailed(f"the engine streamed an event that is not JSON: {exc}") from exc
     except ValueError as exc:  # aiohttp's answer to a line longer than its buffer
         raise RequestFailed(f"the engine streamed an unreadable line: {exc}") from exc
@@ -220,7 +221,7 @@ async def _error_text(response: aiohttp.ClientResponse) -> str:
     raw = await response.content.read(ERROR_BODY_BYTES)
     try:
         body = _error_decoder.decode(raw)
-    except msgspec.DecodeError:
+    except UNREADABLE:
         return raw.decode(errors="replace").strip() or response.reason or ""
     if isinstance(body.error, _ErrorDetail) and body.error.message:
         return body.error.message

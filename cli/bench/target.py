@@ -15,7 +15,7 @@ import msgspec
 
 from cli.arguments import segment
 from cli.bench.errors import TargetRefused
-from cli.client import AdminClient, ApiProblem
+from cli.client import UNREADABLE, AdminClient, ApiProblem
 
 Api = Literal["completions", "chat"]
 SERVING_PHASES = ("serving", "draining")
@@ -119,7 +119,7 @@ def _get(client: AdminClient, path: str, kind: type[_T]) -> _T:
     body = client.request("GET", path)
     try:
         return msgspec.json.decode(body, type=kind)
-    except msgspec.DecodeError as exc:
+    except UNREADABLE as exc:
         raise ApiProblem(
             200, f"the admin API sent an answer to {path} bench cannot read: {exc}"
         ) from exc

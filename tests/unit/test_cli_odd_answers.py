@@ -13,7 +13,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from cli.client import MAX_ANSWER_BYTES, AdminClient, AdminUnreachable, AnswerTooLarge
+from cli.client import (
+    MAX_ANSWER_BYTES,
+    AdminClient,
+    AdminUnreachable,
+    AnswerTooLarge,
+    ApiProblem,
+)
 from cli.config import ConnectionFlags, ConnectionSettings
 from cli.events import events
 from cli.nodes import list_nodes
@@ -307,3 +313,56 @@ def test_an_exchange_cut_off_without_a_word_is_named_by_its_kind(cut: httpx.Tran
         "the admin API at http://admin.invalid:8081 broke off the exchange "
         f"({type(cut).__name__}): does the URL's scheme"
     ), str(raised.value)
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
+class Nested(BaseHTTPRequestHandler):
+    """An answer nested deeper than any decoder recurses, in a member the client does not
+    know (skipped, but skipping recurses too): a list of nodes (``/nodes``), and an error
+    answer's problem document (anything else)."""
+
+    def do_GET(self) -> None:
+        nodes = self.path.endswith("/nodes")
+        body = (b'[{"unknown": ' if nodes else b'{"detail": "no", "unknown": ') + DEEP
+        body += b"}]" if nodes else b"}"
+        self.send_response(200 if nodes else 409)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("path", ["/admin/v1/nodes", "/admin/v1/models"])
+def test_an_answer_nested_past_the_decoders_depth_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], path: str
+) -> None:
+    monkeypatch.setenv("LLMGW_CONFIG", "/dev/null")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Nested)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        if path.endswith("/nodes"):
+            code = list_nodes(connection=ConnectionFlags(admin_url=url))
+        else:
+            with (
+                AdminClient(ConnectionSettings(admin_url=url)) as client,
+                pytest.raises(ApiProblem) as refused,
+            ):
+                client.request("GET", path)
+            assert refused.value.status == 409
+            assert "without a problem document" in str(refused.value)
+            assert refused.value.extra == {}
+            return
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    stderr = capsys.readouterr().err
+    assert code == 1
+    assert "the admin API sent an answer this client cannot read" in stderr
+    assert len(stderr.splitlines()) == 1
