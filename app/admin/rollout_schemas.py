@@ -9,9 +9,10 @@ from typing import Annotated, Literal
 import msgspec
 
 from app.admin.schemas import EventView, MoveView, ReplicaTrafficView
+from app.domain.free_text import MAX_REASON_LENGTH
 
-MAX_PAUSE_REASON = 500
-"""Characters of a pause's reason: it is kept in the log for ever."""
+MAX_PAUSE_REASON = MAX_REASON_LENGTH
+"""Characters of a pause's reason, as of any reason: it is kept in the log for ever."""
 
 
 class PauseRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

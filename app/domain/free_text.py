@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from app.domain.model_spec import SpecError
 
+MAX_REASON_LENGTH = 500
+"""The most characters of a reason (a cordon's, a pause's, a revocation's): a line or two
+that tables and log lines show whole."""
 LINES = "\t\n"
 """What a field of several lines allows: tabs and line feeds (a CR is still refused)."""
 
@@ -30,3 +33,11 @@ def control_character_errors(field: str, text: str, *, allowed: str = "") -> lis
             where = f"U+{ord(character):04X} (character {index + 1})"
             return [SpecError(field, f"holds the control character {where}: {why}")]
     return []
+
+
+def reason_errors(field: str, text: str) -> list[SpecError]:
+    """``field``'s error when ``text`` is no one-line reason of at most
+    ``MAX_REASON_LENGTH`` characters; none when it is one."""
+    if len(text) > MAX_REASON_LENGTH:
+        return [SpecError(field, f"at most {MAX_REASON_LENGTH} characters, not {len(text)}")]
+    return control_character_errors(field, text)

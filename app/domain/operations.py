@@ -52,7 +52,7 @@ from app.domain.events import (
     subjects,
 )
 from app.domain.evolve import replay
-from app.domain.free_text import control_character_errors
+from app.domain.free_text import reason_errors
 from app.domain.model_spec import (
     AutoscalePolicy,
     ModelSpec,
@@ -297,7 +297,7 @@ def placement_dry_run(state: ClusterState, spec: ModelSpec) -> Explanation:
 def cordon(state: ClusterState, node_id: str, reason: str) -> Change:
     """No new replica is placed on a cordoned node; those on it keep running."""
     node = find_node(state, node_id)
-    errors = control_character_errors("reason", reason)
+    errors = reason_errors("reason", reason)
     if errors:
         raise InvalidText(f"the cordon of node {node_id!r}", errors)
     if node.cordoned:

@@ -18,12 +18,11 @@ from datetime import datetime
 import msgspec
 
 from app.domain.events import CertificateRevoked, certificate_stream, node_stream
-from app.domain.free_text import control_character_errors
+from app.domain.free_text import reason_errors
 from app.domain.model_spec import SpecError
 from app.domain.operations import Change, InvalidFields
 from app.domain.state import CertificateRevocation, ClusterState, revocation_key
 
-MAX_REASON_LENGTH = 500
 MAX_NODE_ID_LENGTH = 64
 
 
@@ -80,10 +79,8 @@ def checked(request: RevocationRequest) -> RevocationRequest:
     reason = request.reason.strip()
     if not reason:
         errors.append(SpecError("reason", "say why the certificate is revoked"))
-    elif len(reason) > MAX_REASON_LENGTH:
-        errors.append(SpecError("reason", f"at most {MAX_REASON_LENGTH} characters"))
     else:
-        errors.extend(control_character_errors("reason", reason))
+        errors.extend(reason_errors("reason", reason))
     if errors:
         raise InvalidRevocation(errors)
     return RevocationRequest(serial=serial, node_id=request.node_id or None, reason=reason)

@@ -257,6 +257,19 @@ def test_cordon_and_uncordon_are_recorded_once_each() -> None:
     assert ops.uncordon(after(state, uncordoned), "gpu-1").events == ()
 
 
+def test_a_cordon_reason_over_500_characters_is_refused_naming_it_even_on_a_cordoned_node() -> None:
+    state = given(*node("gpu-1", gpu(0)))
+    cordoned = after(state, ops.cordon(state, "gpu-1", "x" * 500))
+
+    for before in (state, cordoned):
+        with pytest.raises(ops.InvalidText) as refused:
+            ops.cordon(before, "gpu-1", "x" * 501)
+
+        assert [(e.field, e.reason) for e in refused.value.errors] == [
+            ("reason", "at most 500 characters, not 501")
+        ]
+
+
 def test_an_unknown_node_is_named() -> None:
     with pytest.raises(ops.UnknownNode, match="no node 'gpu-9' is known"):
         ops.cordon(given(), "gpu-9", "")
