@@ -35,6 +35,7 @@ from app.pki import (
 from cli.arguments import segment
 from cli.bounded_lines import BoundedLines, RecordTooLarge
 from cli.config import SETTING_ENV, ConnectionSettings
+from wire.bounded_body import size_words
 
 USER_AGENT = "llmgw-cli/0.1"
 HISTORY_PAGE_SIZE = 500
@@ -414,7 +415,7 @@ class AdminClient:
         request = streamed.request
         return AnswerTooLarge(
             f"the admin API at {self._settings.admin_url} sent {what} over "
-            f"{_size(self._max_answer_bytes)}, the most llmgw-cli reads "
+            f"{size_words(self._max_answer_bytes)}, the most llmgw-cli reads "
             f"({request.method} {request.url}): it is not the llmgw admin API, or it (or a "
             f"proxy in front of it) is broken; check {SETTING_ENV['admin_url']}"
         )
@@ -589,11 +590,6 @@ def _extra_members(content: bytes) -> dict[str, object]:
     except UNREADABLE:
         return {}
     return {name: value for name, value in document.items() if name not in PROBLEM_MEMBERS}
-
-
-def _size(count: int) -> str:
-    """``64 MiB``, or ``1,000 bytes`` for a bound below a MiB."""
-    return f"{count / 2**20:g} MiB" if count >= 2**20 else f"{count:,} bytes"
 
 
 def _in_chain(exc: BaseException, kind: type[_E]) -> _E | None:
