@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple, get_args
+from typing import Any, NamedTuple, get_args
 
 import structlog
 import uvicorn
@@ -24,8 +24,10 @@ from agent.simulator.metrics import SimulatedProfile
 
 FAILURE_EXIT_CODE = 3
 ENV_PREFIX = "LLMGW_SIM_"
-TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
-FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+TRUE_WORDS = frozenset({"1", "true", "t", "yes", "y", "on"})
+FALSE_WORDS = frozenset({"0", "false", "f", "no", "n", "off"})
+NONE_WORD = "none"
+"""Given to a flag without a default (``--exit-after none``): not set, as if not given."""
 
 log = structlog.get_logger("llmgw.sim")
 
@@ -120,8 +122,11 @@ class Flag(NamedTuple):
         return self.names[0].removeprefix("--").replace("-", "_")
 
     @property
-    def variable(self) -> str:
-        return ENV_PREFIX + self.dest.upper()
+    def variables(self) -> tuple[str, ...]:
+        """``LLMGW_SIM_<FLAG>`` for each of its names (``--served-model-name`` too)."""
+        return tuple(
+            ENV_PREFIX + name.removeprefix("--").replace("-", "_").upper() for name in self.names
+        )
 
 
 FLAGS = (
@@ -197,6 +202,7 @@ FLAGS = (
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llmgw-sim-engine",
+        allow_abbrev=False,
         description="An OpenAI-compatible engine simulator with a capacity model and the "
         "metrics of vLLM, SGLang or llama.cpp's server. Every flag can also be set as "
         f"{ENV_PREFIX}<FLAG> in the environment ({ENV_PREFIX}MAX_NUM_SEQS=4, "
@@ -206,12 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
         shown = f"{flag.help} (default: %(default)s)" if flag.default is not None else flag.help
         if flag.read is None:
             parser.add_argument(
-                *flag.names, action=argparse.BooleanOptionalAction, default=flag.default,
-                help=flag.help,
+                *flag.names, *(f"--no-{name.removeprefix('--')}" for name in flag.names),
+                dest=flag.dest, action=_Switch, default=flag.default, help=flag.help,
             )  # fmt: skip
         else:
             parser.add_argument(
-                *flag.names, dest=flag.dest, type=flag.read, default=flag.default,
+                *flag.names, dest=flag.dest, type=_reader(flag), default=flag.default,
                 choices=flag.choices, help=shown,
             )  # fmt: skip
     return parser
@@ -223,26 +229,69 @@ def defaults_from_environment(environ: Mapping[str, str]) -> dict[str, object]:
     Raises ValueError naming the variable when a value does not parse."""
     found: dict[str, object] = {}
     for flag in FLAGS:
-        text = environ.get(flag.variable)
-        if text is None:
+        given = [name for name in flag.variables if name in environ]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)} are both set; set one")
+        if not given:
             continue
+        variable, text = given[0], environ[given[0]]
         try:
             found[flag.dest] = _read(flag, text)
         except ValueError as exc:
-            raise ValueError(f"{flag.variable}={text!r}: {exc}") from None
+            raise ValueError(f"{variable}={text!r}: {exc}") from None
     return found
 
 
 def _read(flag: Flag, text: str) -> object:
     if flag.read is None:
-        word = text.strip().lower()
-        if word in TRUE_WORDS | FALSE_WORDS:
-            return word in TRUE_WORDS
-        raise ValueError("expected true or false")
-    value = flag.read(text)
+        return _switch_word(text)
+    value = _reader(flag)(text)
     if flag.choices is not None and value not in flag.choices:
         raise ValueError(f"expected one of {', '.join(flag.choices)}")
     return value
+
+
+def _switch_word(text: str) -> bool:
+    word = text.strip().lower()
+    if word in TRUE_WORDS | FALSE_WORDS:
+        return word in TRUE_WORDS
+    raise ValueError("expected true or false")
+
+
+def _reader(flag: Flag) -> Callable[[str], object]:
+    """How a flag's value is read: a flag without a default also reads ``none``."""
+    read = flag.read
+    assert read is not None
+    if flag.default is not None:
+        return read
+
+    def read_or_none(text: str) -> object:
+        return None if text.strip().lower() == NONE_WORD else read(text)
+
+    read_or_none.__name__ = read.__name__  # argparse names the type in its error
+    return read_or_none
+
+
+class _Switch(argparse.Action):
+    """``--x`` and ``--no-x``, and ``--x=WORD`` / ``--no-x=WORD`` with a true or false word
+    (``--instant=false`` is ``--no-instant``)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs="?", metavar="true|false", **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        try:
+            on = True if values is None else _switch_word(str(values))
+        except ValueError as exc:
+            raise argparse.ArgumentError(self, f"{values!r}: {exc}") from None
+        negated = option_string is not None and option_string.startswith("--no-")
+        setattr(namespace, self.dest, on != negated)
 
 
 def _exit_with_failure(message: str) -> None:

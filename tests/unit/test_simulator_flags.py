@@ -67,3 +67,56 @@ def test_the_simulator_starts_without_rich_or_cyclopts() -> None:
     assert shown.returncode == 0, shown.stderr
     assert "LLMGW_SIM_<FLAG>" in shown.stdout
     assert shown.stdout.rstrip().endswith("[]")
+
+
+def test_the_served_model_name_variable_names_the_model_as_the_flag_does() -> None:
+    assert parse([], {"LLMGW_SIM_SERVED_MODEL_NAME": "env-model"})["model"] == "env-model"
+
+
+def test_a_flag_set_by_both_its_variables_is_refused_naming_them() -> None:
+    both = {"LLMGW_SIM_MODEL": "a", "LLMGW_SIM_SERVED_MODEL_NAME": "b"}
+
+    with pytest.raises(ValueError, match="LLMGW_SIM_MODEL and LLMGW_SIM_SERVED_MODEL_NAME"):
+        defaults_from_environment(both)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--instant=true"], True),
+        (["--instant=no"], False),
+        (["--instant=1"], True),
+        (["--no-instant=true"], False),
+        (["--no-instant=false"], True),
+    ],
+)
+def test_a_switch_takes_a_value_after_an_equals_sign(argv: list[str], expected: bool) -> None:
+    assert parse(argv, {})["instant"] is expected
+
+
+def test_a_switch_given_a_word_that_is_not_true_or_false_ends_with_code_2() -> None:
+    with pytest.raises(SystemExit) as ended:
+        parse(["--instant=maybe"], {})
+
+    assert ended.value.code == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("y", True), ("T", True), ("n", False), ("f", False)]
+)
+def test_a_switch_reads_one_letter_words_from_its_variable(text: str, expected: bool) -> None:
+    assert parse([], {"LLMGW_SIM_INSTANT": text})["instant"] is expected
+
+
+def test_none_clears_an_optional_flag_its_variable_set() -> None:
+    environ = {"LLMGW_SIM_EXIT_AFTER": "3", "LLMGW_SIM_EOS_AFTER": "None"}
+
+    assert parse([], environ)["eos_after"] is None
+    assert parse(["--exit-after", "none"], environ)["exit_after"] is None
+
+
+def test_a_flag_is_never_guessed_from_its_first_letters() -> None:
+    with pytest.raises(SystemExit) as ended:
+        parse(["--inst"], {})
+
+    assert ended.value.code == 2
