@@ -3,13 +3,18 @@ requested, so an operator learns it before the grace runs out and what is still 
 node is stopped, not moved.
 
 It places each replica's replacement as the reconciler would (``reconcile._place``), on
-the state the drain is decided on with the drain folded in (so the node is cordoned, and
-counted as draining in the reasons): model by model in the fold's order; within a model,
-the replacements of its moves by replica number (a move already under way elsewhere goes
-before a later one of the node's), then a replica the drain stops because it is not
-serving yet, which the model then places again. Each placement holds its GPUs and port for
-the ones after it, so two replicas and room for one elsewhere means one has no room. A
-replica with no room gets placement's reason, the line ``explain-placement`` gives.
+the state the drain is decided on with the drain folded in, and what the drain then does
+to the node's replicas at once (``drain._drain_node``): the node is cordoned (counted as
+draining in the reasons), each serving replica on it is draining, each not serving yet is
+stopping. So a replica of a rollout's new revision no longer counts in its step, and its
+replacement runs the revision the reconciler will give it. Model by model in the fold's
+order; within a model, the replacements of its moves by replica number (a move already
+under way elsewhere goes before a later one of the node's), then a replica the drain stops
+because it is not serving yet, which the model then places again: a move's replacement as
+its original's, the others as many as the model is then short of. Each placement holds its
+GPUs and port for the ones after it, so two replicas and room for one elsewhere means one
+has no room. A replica with no room gets placement's reason, the line
+``explain-placement`` gives.
 
 What it cannot know: GPUs that free up or fail, nodes that join or leave, and a model
 scaled meanwhile, before the reconciler places the replacements.
@@ -25,16 +30,27 @@ import msgspec
 
 from app.domain.allocation import Allocations
 from app.domain.envelope import Meta, Recorded
-from app.domain.events import NodeDrainRequested, node_stream
+from app.domain.events import (
+    AnyEvent,
+    NodeDrainRequested,
+    ReplicaDrainStarted,
+    ReplicaStopping,
+    node_stream,
+    replica_stream,
+)
 from app.domain.evolve import evolve
 from app.domain.placement import Placer
-from app.domain.reconcile import replacement_revisions, waiting_for_replacement
+from app.domain.reconcile import (
+    COUNTING_PHASES,
+    replacement_revisions,
+    waiting_for_replacement,
+)
 from app.domain.state import ClusterState, Model, Replica, ReplicaPhase
 
 PLACED_AGAIN = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING})
 """Replicas a node drain stops at once (nothing to move); their model places another."""
 NOT_READ = datetime(1970, 1, 1, tzinfo=UTC)
-"""When the drain is folded in as requested: placement never reads it."""
+"""When the drain and its first steps are folded in: placement never reads it."""
 
 
 class ReplicaRoom(msgspec.Struct, frozen=True, kw_only=True):
@@ -53,9 +69,9 @@ def room_for_drain(state: ClusterState, requested: NodeDrainRequested) -> tuple[
     allocations = Allocations.from_state(draining)
     rooms: list[ReplicaRoom] = []
     for model in list(draining.models.values()):
-        on_node = [
+        on_node = [  # as they are before the drain
             r
-            for r in draining.replicas.values()
+            for r in state.replicas.values()
             if r.model == model.name and requested.node_id in r.node_ids
         ]
         if model.removed or not on_node:
@@ -67,53 +83,78 @@ def room_for_drain(state: ClusterState, requested: NodeDrainRequested) -> tuple[
 def _model_room(
     state: ClusterState, model: Model, on_node: Sequence[Replica], allocations: Allocations
 ) -> list[ReplicaRoom]:
-    ours = {r.id for r in on_node}
-    waiting = waiting_for_replacement(state, model)  # the model's moves under way, too
-    waiting_ids = {r.id for r in waiting}
-    moved = sorted(
-        [
-            *waiting,
-            *(r for r in on_node if r.phase is ReplicaPhase.SERVING and r.id not in waiting_ids),
-        ],
-        key=lambda r: r.number,
+    """``state`` has the drain folded in; ``on_node`` are the model's replicas on the node
+    as they were before it."""
+    # The node's serving replicas, and the model's moves under way elsewhere too.
+    moved = waiting_for_replacement(state, model)
+    waiting_ids = {r.id for r in moved}
+    counting = sum(
+        1 for r in state.replicas.values() if r.model == model.name and r.phase in COUNTING_PHASES
     )
-    placed_again = sorted((r for r in on_node if r.phase in PLACED_AGAIN), key=lambda r: r.number)
+    stopped = sorted((r for r in on_node if r.phase in PLACED_AGAIN), key=lambda r: r.number)
+    # A stopped replacement is placed again as its original's; the others as the model's
+    # missing replicas, as many as it misses (``reconcile._scale``'s deficit).
+    for_original = {r.id: r.replaces for r in stopped if r.replaces in waiting_ids}
+    missing = max(0, model.desired - counting - len(moved))
+    placed_again = [r for r in stopped if r.id not in for_original][:missing]
     revisions = replacement_revisions(state, model, [*moved, *(None for _ in placed_again)])
     groups: dict[int, list[Replica]] = {}
     for replica, revision in zip([*moved, *placed_again], revisions, strict=True):
         groups.setdefault(revision, []).append(replica)
-    rooms = {
-        r.id: ReplicaRoom(replica_id=r.id, model=model.name, has_room=True)
-        for r in on_node
-        if r.phase is ReplicaPhase.DRAINING and r.id not in waiting_ids  # replaced already
-    }
+    found: dict[str, str | None] = {}
+    """Each replica placed for: None when its placement found a node, else the reason."""
     for revision, group in groups.items():  # as ``reconcile._place``: a placer per revision
         placer = Placer(state, model.spec_of(revision), allocations)
         for replica in group:
             placement = placer.place(f"replacement for {replica.id}")
-            if replica.id in ours:
-                rooms[replica.id] = ReplicaRoom(
-                    replica_id=replica.id,
-                    model=model.name,
-                    has_room=placement is not None,
-                    reason=None if placement is not None else placer.summary(),
-                )
-    return [rooms[r.id] for r in sorted(on_node, key=lambda r: r.number) if r.id in rooms]
+            found[replica.id] = None if placement is not None else placer.summary()
+    rooms = []
+    for replica in sorted(on_node, key=lambda r: r.number):
+        placed_for = for_original.get(replica.id) or replica.id
+        if placed_for in found:
+            reason = found[placed_for]
+            room = ReplicaRoom(
+                replica_id=replica.id, model=model.name, has_room=reason is None, reason=reason
+            )
+        elif replica.phase in (ReplicaPhase.DRAINING, *PLACED_AGAIN):
+            # Replaced already, or stopped with the model at its count: nothing to place.
+            room = ReplicaRoom(replica_id=replica.id, model=model.name, has_room=True)
+        else:
+            continue
+        rooms.append(room)
+    return rooms
 
 
 def _with_drain(state: ClusterState, requested: NodeDrainRequested) -> ClusterState:
-    """A copy of ``state`` with the drain folded in as the log will hold it."""
+    """A copy of ``state`` with the drain folded in as the log will hold it, and what the
+    reconciler then does to the node's replicas (every move started at once: a model's
+    ``max_moves`` paces them, but each waits for room the same)."""
     draining = state.copy()
-    evolve(
-        draining,
-        Recorded(
-            position=state.position,
-            stream=node_stream(requested.node_id),
-            version=0,
-            event_id=UUID(int=0),
-            recorded_at=NOT_READ,
-            meta=Meta(actor="drain-room", correlation_id=requested.drain_id),
-            event=requested,
-        ),
-    )
+    events: list[tuple[str, AnyEvent]] = [(node_stream(requested.node_id), requested)]
+    for replica in state.replicas.values():
+        if requested.node_id not in replica.node_ids:
+            continue
+        if replica.phase is ReplicaPhase.SERVING:
+            started = ReplicaDrainStarted(
+                replica_id=replica.id,
+                drain_id=requested.drain_id,
+                reason=f"node {requested.node_id} drains",
+            )
+            events.append((replica_stream(replica.id), started))
+        elif replica.phase in PLACED_AGAIN:
+            stopping = ReplicaStopping(replica_id=replica.id, reason="not serving yet")
+            events.append((replica_stream(replica.id), stopping))
+    for stream, event in events:
+        evolve(
+            draining,
+            Recorded(
+                position=state.position,
+                stream=stream,
+                version=0,
+                event_id=UUID(int=0),
+                recorded_at=NOT_READ,
+                meta=Meta(actor="drain-room", correlation_id=requested.drain_id),
+                event=event,
+            ),
+        )
     return draining

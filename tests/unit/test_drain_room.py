@@ -5,6 +5,7 @@ replacement or placement's reason why not; and the reconciler then does just tha
 from __future__ import annotations
 
 import pytest
+from msgspec.structs import replace
 
 from app.domain import operations as ops
 from app.domain.drain_room import ReplicaRoom
@@ -15,6 +16,8 @@ from app.domain.events import (
     ReplicaPlaced,
     ShardPlacement,
 )
+from app.domain.model_spec import CanaryStep, RolloutPolicy
+from app.domain.state import ReplicaPhase
 from tests.unit.test_reconcile import Cluster, of_type
 
 NO_ROOM = (
@@ -132,3 +135,100 @@ def test_replicas_of_two_models_share_the_room_in_the_order_the_reconciler_place
     ]
     cluster.given(*drain.events)
     assert [e.replaces for e in of_type(cluster.reconcile(), ReplicaPlaced)] == ["qwen-1"]
+
+
+def a_canary_of_two_gpus_on_gpu_1_and_one_free_gpu_elsewhere() -> Cluster:
+    """llama's rollout holds at its canary step: llama-3, of revision 2 (two GPUs a replica),
+    serves on gpu-1; llama-2, of revision 1 (one GPU), on gpu-3; gpu-2's one GPU is free."""
+    cluster = Cluster()
+    cluster.node("gpu-1", n_gpus=2)
+    cluster.node("gpu-2", n_gpus=1)
+    cluster.node("gpu-3", n_gpus=1)
+    policy = RolloutPolicy(steps=(CanaryStep(replicas=1, hold_s=3600),))
+    cluster.model(replicas=2, rollout=policy)
+    cluster.after(31)
+    cluster.given(
+        *(
+            ReplicaPlaced(
+                replica_id=f"llama-{n}",
+                model="llama",
+                number=n,
+                shards=(ShardPlacement(index=0, node_id=node, gpus=(0,), port=20000 + n),),
+            )
+            for n, node in ((1, "gpu-2"), (2, "gpu-3"))
+        )
+    )
+    cluster.serve("llama-1")
+    cluster.serve("llama-2")
+    spec = replace(cluster.state.models["llama"].spec, gpus_per_shard=2)
+    cluster.given(*ops.apply_model(cluster.state, spec).events)
+    for _ in range(6):
+        cluster.reconcile()
+        for replica in list(cluster.state.replicas.values()):
+            if replica.phase is ReplicaPhase.PLACED:
+                cluster.serve(replica.id)
+            elif replica.phase is ReplicaPhase.STOPPING:
+                cluster.stop_reported(replica.id)
+        cluster.after(11)
+    serving = {
+        r.id: (r.revision, r.shards[0].node_id)
+        for r in cluster.state.replicas.values()
+        if r.phase is ReplicaPhase.SERVING
+    }
+    assert serving == {"llama-2": (1, "gpu-3"), "llama-3": (2, "gpu-1")}
+    return cluster
+
+
+def test_a_canary_drained_mid_rollout_is_placed_at_its_own_revision_and_has_no_room() -> None:
+    """Drained, the canary no longer counts in its step: its replacement runs revision 2,
+    which gpu-2's one GPU cannot hold, not revision 1, which it could."""
+    cluster = a_canary_of_two_gpus_on_gpu_1_and_one_free_gpu_elsewhere()
+
+    drain = ops.drain_node(cluster.state, "gpu-1", "drain-1", 600.0)
+
+    assert [(r.replica_id, r.has_room) for r in drain.room] == [("llama-3", False)]
+    cluster.given(*drain.events)
+    assert of_type(cluster.reconcile(), ReplicaPlaced) == []
+
+
+def test_a_replacement_not_serving_yet_on_the_node_is_placed_again_once_for_its_original() -> None:
+    """llama-1 is being moved by a replica drain; its replacement, llama-3, starts on gpu-1.
+    Drained, gpu-1 stops llama-3 and llama-1's move needs a replacement again: one
+    placement, which gpu-4's one GPU holds, not one for each."""
+    cluster = Cluster()
+    cluster.node("gpu-1", n_gpus=1)
+    cluster.node("gpu-2", n_gpus=1)
+    cluster.node("gpu-3", n_gpus=1)
+    cluster.model(replicas=2)
+    cluster.after(31)
+    cluster.given(
+        *(
+            ReplicaPlaced(
+                replica_id=f"llama-{n}",
+                model="llama",
+                number=n,
+                shards=(ShardPlacement(index=0, node_id=node, gpus=(0,), port=20000 + n),),
+            )
+            for n, node in ((1, "gpu-2"), (2, "gpu-3"))
+        )
+    )
+    cluster.serve("llama-1")
+    cluster.serve("llama-2")
+    cluster.given(ReplicaDrainStarted(replica_id="llama-1", drain_id="drain-r", reason="asked"))
+    cluster.given(
+        ReplicaPlaced(
+            replica_id="llama-3",
+            model="llama",
+            number=3,
+            shards=(ShardPlacement(index=0, node_id="gpu-1", gpus=(0,), port=20003),),
+            replaces="llama-1",
+        )
+    )
+    cluster.node("gpu-4", n_gpus=1)
+
+    drain = ops.drain_node(cluster.state, "gpu-1", "drain-1", 600.0)
+
+    assert [(r.replica_id, r.has_room) for r in drain.room] == [("llama-3", True)]
+    cluster.given(*drain.events)
+    placed = of_type(cluster.reconcile(), ReplicaPlaced)
+    assert [(e.replaces, e.shards[0].node_id) for e in placed] == [("llama-1", "gpu-4")]
