@@ -24,8 +24,9 @@ refusal closes the connection. An error answer (a status of 400 and up) is at mo
 
 Time is bounded too (``EngineTimeouts``), as nginx's ``proxy_read_timeout`` and Envoy's
 idle timeouts do: the answer's head, and the first piece of its body, must come within
-``head_s`` of the request (of its body's end, for an upload); then the engine may be silent
-for at most ``idle_s`` between pieces. The gateway not reading (its client is slow) does not
+``head_s`` of the request (of its body's end, for an upload, whose body the engine may
+leave unread for at most ``idle_s``); then the engine may be silent for at most ``idle_s``
+between pieces. The gateway not reading (its client is slow) does not
 count as the engine's silence. Past a bound the connection is closed, which aborts the
 request in the engine. One timer per connection does it: each piece that arrives only notes
 the time, and the timer, when it fires, sees whether the engine was silent for the whole
@@ -36,7 +37,7 @@ Exceptions::
 
     EngineUnreachable   no answer head: connecting failed, or the connection dropped first
     └── HeadRefused     a head the gateway does not relay: too large, 101, an odd status
-    HeadTimedOut        no answer head within ``head_s``: the engine has the request
+    HeadTimedOut        no answer head within ``head_s`` (or an upload unread for ``idle_s``)
     AnswerBroken        the connection dropped, or sent garbage, in the middle of an answer
     ├── AnswerTooLarge  an answer read whole is over ``MAX_ANSWER_BYTES``
     └── AnswerStalled   the engine sent nothing more of its answer within its bound
@@ -124,9 +125,11 @@ class HeadTimedOut(Exception):
     ``EngineUnreachable``: the engine has the request, and may have worked on it, so it is
     not sent again."""
 
-    def __init__(self, timeout_s: float) -> None:
-        super().__init__(f"the engine did not answer within {timeout_s:g} s")
+    def __init__(self, timeout_s: float, message: str | None = None, bound: str = "head") -> None:
+        super().__init__(message or f"the engine did not answer within {timeout_s:g} s")
         self.timeout_s = timeout_s
+        self.bound = bound
+        """``"head"``, or ``"idle"``: the engine stopped reading an upload's body."""
 
 
 class AnswerBroken(Exception):
@@ -527,7 +530,18 @@ class _Connection(asyncio.Protocol):
             return
         self._transport.write(data)
         if self._writable is not None:
-            await self._writable
+            idle_s = self._origin.timeouts.idle_s
+            try:
+                async with asyncio.timeout(idle_s):
+                    await asyncio.shield(self._writable)
+            except TimeoutError:
+                if self.answer_started or self.closed:
+                    return  # the engine answered (before reading it all), or went away
+                # Not reading the request is the engine's silence as much as not answering.
+                self._origin.on_timeout("idle")
+                message = f"the engine did not read the request for {idle_s:g} s"
+                self._fail(HeadTimedOut(idle_s, message, bound="idle"))
+                self._close()
 
     @property
     def answer_started(self) -> bool:

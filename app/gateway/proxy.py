@@ -275,7 +275,7 @@ class Upstream:
         lease.failed("timeout")
         lease.release()
         self._traffic.record(lease.route.replica_id, Outcome.FAILED)
-        _log_timeout(lease, "head", exc.timeout_s)
+        _log_timeout(lease, exc.bound, exc.timeout_s)
         return upstream_timeout(lease.route.model, str(exc))
 
 

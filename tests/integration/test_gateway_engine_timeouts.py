@@ -297,3 +297,40 @@ async def test_an_upload_is_given_the_head_bound_once_its_body_is_sent(
             await client.upload(engine.url, "/x", b"a/b", 40, body(), "r")
         await asyncio.wait_for(engine.closed.wait(), timeout=5)
     assert told == ["head"]
+
+
+async def test_an_engine_that_stops_reading_an_upload_times_out_within_the_idle_bound(
+    told: list[str],
+) -> None:
+    # The engine takes the connection and reads nothing: once the kernel's buffers are
+    # full the upload waits on the engine, which is the engine's silence, not the sender's.
+    stalled = asyncio.Event()
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def never_read(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        await stalled.wait()
+
+    async def endless() -> AsyncIterator[bytes]:
+        while True:
+            yield b"x" * (1 << 20)
+
+    server = await asyncio.start_server(never_read, "127.0.0.1", 0)
+    engines = EngineClient(
+        connect_timeout_s=2,
+        timeouts=EngineTimeouts(head_s=60, idle_s=IDLE_S),
+        on_timeout=told.append,
+    )
+    try:
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        with pytest.raises(HeadTimedOut, match="did not read the request"):
+            await client_upload(engines, url, endless())
+    finally:
+        stalled.set()
+        engines.close()
+        server.close()
+    assert told == ["idle"]
+
+
+async def client_upload(engines: EngineClient, url: str, body: AsyncIterator[bytes]) -> None:
+    await engines.upload(url, "/x", b"a/b", None, body, "r")  # type: ignore[arg-type]
