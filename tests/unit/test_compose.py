@@ -9,6 +9,7 @@ like a shell would, without running one.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import importlib
@@ -31,6 +32,7 @@ import agent.main as llmgw_agent
 import app.main as llmgw_server
 from agent.config import parse_port_range, parse_server
 from agent.gpus.fake import parse_fake_gpus
+from agent.simulator.serve import build_parser, defaults_from_environment
 from app.domain.model_spec import COMMAND_PLACEHOLDERS, ModelSpec, validate_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -352,10 +354,24 @@ def test_the_demo_model_is_a_valid_spec_whose_engine_command_is_real() -> None:
     )
     assert validate_spec(spec) == []
     placeholders = dict.fromkeys(COMMAND_PLACEHOLDERS, "1") | {"port": "20000", "model": spec.name}
-    _, engine = resolve(shlex.split(spec.command.format(**placeholders)))
-    assert engine.arguments["host"] == "0.0.0.0", "the gateway reaches engines from outside"
-    assert engine.arguments["port"] == 20000
-    assert engine.arguments["model"] == spec.name, "the gateway forwards the model name as is"
+    engine = simulator_arguments(shlex.split(spec.command.format(**placeholders)))
+    assert engine.host == "0.0.0.0", "the gateway reaches engines from outside"
+    assert engine.port == 20000
+    assert engine.model == spec.name, "the gateway forwards the model name as is"
+
+
+def simulator_arguments(argv: Sequence[str]) -> argparse.Namespace:
+    """What ``llmgw-sim-engine`` reads from ``argv`` (its command line is argparse's, not
+    cyclopts', so ``resolve`` does not apply); InvalidInvocation for what it would refuse."""
+    if Path(argv[0]).name != "llmgw-sim-engine" or "llmgw-sim-engine" not in console_scripts():
+        raise InvalidInvocation(f"{shlex.join(argv)} is not the engine simulator")
+    parser = build_parser()
+    with only_environment({}):
+        parser.set_defaults(**defaults_from_environment(os.environ))
+    try:
+        return parser.parse_args(list(argv[1:]))
+    except SystemExit as exc:
+        raise InvalidInvocation(f"{shlex.join(argv)}: refused (exit {exc.code})") from exc
 
 
 def test_the_ca_key_is_seen_by_the_certs_service_only() -> None:
