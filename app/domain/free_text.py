@@ -10,6 +10,9 @@ forge a line. A field where several lines make sense says which it allows.
 
 from __future__ import annotations
 
+import functools
+import re
+
 from app.domain.model_spec import SpecError
 
 MAX_REASON_LENGTH = 500
@@ -22,17 +25,26 @@ LINES = "\t\n"
 def control_character_errors(field: str, text: str, *, allowed: str = "") -> list[SpecError]:
     """``field``'s error when ``text`` holds a C0 control character or DEL that ``allowed``
     does not list; none when it holds none."""
-    for index, character in enumerate(text):
-        if (character < " " or character == "\x7f") and character not in allowed:
-            if character == "\0":
-                why = "the log cannot hold a NUL"
-            elif allowed:
-                why = "of the control characters only tabs and line feeds may be sent"
-            else:
-                why = "it must be one line of text"
-            where = f"U+{ord(character):04X} (character {index + 1})"
-            return [SpecError(field, f"holds the control character {where}: {why}")]
-    return []
+    found = _control_characters(allowed).search(text)
+    if found is None:
+        return []
+    character, index = found.group(), found.start()
+    if character == "\0":
+        why = "the log cannot hold a NUL"
+    elif allowed:
+        why = "of the control characters only tabs and line feeds may be sent"
+    else:
+        why = "it must be one line of text"
+    where = f"U+{ord(character):04X} (character {index + 1})"
+    return [SpecError(field, f"holds the control character {where}: {why}")]
+
+
+@functools.cache
+def _control_characters(allowed: str) -> re.Pattern[str]:
+    """C0 control characters and DEL, less ``allowed``: one search in C, not a loop in
+    Python over every character of a text that may be a megabyte long."""
+    refused = "".join(chr(c) for c in (*range(0x20), 0x7F) if chr(c) not in allowed)
+    return re.compile(f"[{re.escape(refused)}]")
 
 
 def reason_errors(field: str, text: str) -> list[SpecError]:
