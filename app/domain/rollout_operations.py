@@ -20,7 +20,7 @@ from app.domain.events import (
     RolloutStarted,
     model_stream,
 )
-from app.domain.free_text import control_character_errors
+from app.domain.free_text import reason_errors
 from app.domain.model_spec import CanaryStep
 from app.domain.operations import (
     Change,
@@ -55,7 +55,7 @@ def pause(state: ClusterState, name: str, reason: str) -> Change:
     """Stop the rollout where it is: moves under way finish, no new one starts."""
     model = declared_model(state, name)
     rollout = _rollout(model)
-    errors = control_character_errors("reason", reason)
+    errors = reason_errors("reason", reason)
     if errors:
         raise InvalidText(f"the pause of rollout {rollout.id}", errors)
     if rollout.state is RolloutState.PAUSED:
