@@ -1,10 +1,13 @@
 """Passive health: replicas that keep failing are taken out of this gateway's rotation.
 
-Every attempt at a replica that ends before the first byte of its answer tells something:
-an answer head below 500 is a success (the engine is up, whatever the client asked); no
-answer at all (connection refused or reset, timed out) or a 5xx head is a failure. A
-client's cancel says nothing, and neither does an answer that breaks off later (that is
-counted in the traffic window, not here).
+Every attempt at a replica tells something by the first byte of its answer's body (a
+stream's first piece; the end of an answer read whole): an answer that got there is a
+success (the engine is up, whatever the client asked); no answer at all (connection
+refused or reset, timed out), a 5xx head, or a head whose body broke off or stalled before
+then is a failure. An engine sends a stream's head before it has generated anything, so
+the head alone is no verdict: a wedged engine answers every stream's head and then nothing.
+A client's cancel says nothing, and neither does a stream that breaks off after its first
+piece (that is counted in the traffic window, not here).
 
 A replica with ``consecutive_failures`` failures in a row (a success resets the count) is
 ejected: routed around for a cool-off of ``base_cool_off_s``, doubled with each ejection

@@ -22,10 +22,13 @@ after its answer's head ends the answer as a broken one does (504 for an answer 
 whole, which the client has not been sent anything of). Each is logged once, with the
 replica and the bound.
 
-Each attempt tells its lease how the replica did before the first byte (an answer head
-below 500, or a failure: no answer or a 5xx head), which is what ejects a replica that
-keeps failing from this gateway's rotation (``app.gateway.ejection``); a cancel tells
-nothing.
+Each attempt tells its lease how the replica did up to the first byte of its answer's body,
+which is what ejects a replica that keeps failing from this gateway's rotation
+(``app.gateway.ejection``): a failure is no answer, a 5xx head, or a head below 500 whose
+body then broke off or stalled before its first byte (a stream's first piece; an answer read
+whole, its end). An engine sends a stream's head before it has generated anything, so a
+wedged one answers ``200`` to every stream and then nothing: that is its failure, not a
+success. A cancel tells nothing.
 
 Each attempt that ends here (no answer, a retried 503, a cancel before the answer's head)
 is counted against its replica in the gateway's ``TrafficWindow``; an answer handed to
@@ -182,8 +185,6 @@ class Upstream:
             else:
                 if answer.status >= FAILED_STATUS:
                     lease.failed(f"HTTP {answer.status}")
-                else:
-                    lease.succeeded()
                 if answer.status != RETRYABLE_STATUS or attempt == 2:
                     timing.upstream_s += _clock() - sent
                     return Opened(lease, answer, sent)
@@ -264,8 +265,6 @@ class Upstream:
                 raise
             if answer.status >= FAILED_STATUS:
                 lease.failed(f"HTTP {answer.status}")
-            else:
-                lease.succeeded()
             timing.upstream_s += _clock() - sent
             return Opened(lease, answer, sent)
         raise AssertionError("unreachable: the second attempt returns or raises")
@@ -321,15 +320,17 @@ async def read_whole(opened: Opened, timing: Timing) -> tuple[int, bytes, bytes]
     started = _clock()
     try:
         body = await answer.read()
-    except AnswerStalled as exc:
-        _log_timeout(opened.lease, exc.bound, exc.timeout_s)
-        raise upstream_timeout(opened.lease.route.model, str(exc)) from exc
-    except AnswerTooLarge as exc:
-        raise upstream_invalid_answer(opened.lease.route.model, str(exc)) from exc
     except AnswerBroken as exc:
+        opened.lease.failed(_broken_reason(exc))
+        if isinstance(exc, AnswerStalled):
+            _log_timeout(opened.lease, exc.bound, exc.timeout_s)
+            raise upstream_timeout(opened.lease.route.model, str(exc)) from exc
+        if isinstance(exc, AnswerTooLarge):
+            raise upstream_invalid_answer(opened.lease.route.model, str(exc)) from exc
         raise upstream_unreachable(opened.lease.route.model, str(exc)) from exc
     finally:
         timing.upstream_s += _clock() - started
+    opened.lease.succeeded()
     status = answer.status
     if status >= 400:
         return status, b"application/json", normalize_engine_error(status, body)
@@ -362,16 +363,29 @@ async def relay_stream(
                 # Relayed before the bookkeeping, which the client need not wait for.
                 await send({"type": "http.response.body", "body": chunk, "more_body": more})
                 opened.lease.first_byte()
+                opened.lease.succeeded()
             else:
                 await send({"type": "http.response.body", "body": chunk, "more_body": more})
             if tokens is not None:
                 tokens.feed(chunk)
     except AnswerBroken as exc:
+        if first:
+            opened.lease.failed(_broken_reason(exc))  # nothing of the stream came
         if isinstance(exc, AnswerStalled):
             _log_timeout(opened.lease, exc.bound, exc.timeout_s)
         message = f"The engine stopped answering mid-stream: {exc}"
         await send({"type": "http.response.body", "body": stream_error_events(message)})
         return False
+    opened.lease.succeeded()  # a stream that ended without a piece ended all the same
     if more:
         await send({"type": "http.response.body", "body": b""})
     return True
+
+
+def _broken_reason(exc: AnswerBroken) -> str:
+    """Why an answer that broke off before its first byte counts against its replica."""
+    if isinstance(exc, AnswerStalled):
+        return "timeout"
+    if isinstance(exc, AnswerTooLarge):
+        return "invalid_answer"
+    return "broken"

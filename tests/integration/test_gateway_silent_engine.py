@@ -42,6 +42,13 @@ def silent(request: bytes) -> Iterable[bytes]:
     return []
 
 
+def stream_head_then_silent(request: bytes) -> Iterable[bytes]:
+    """A wedged engine: it answers a stream's head at once, as engines do before they
+    generate anything, and then nothing."""
+    yield b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+    yield b"transfer-encoding: chunked\r\n\r\n"
+
+
 def one_event_then_silent(request: bytes) -> Iterable[bytes]:
     event = b"data: {}\n\n"
     yield b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
@@ -138,3 +145,41 @@ def test_a_stream_that_goes_silent_ends_with_an_error_event_and_frees_its_slot()
         assert [(line["replica_id"], line["bound"], line["timeout_s"]) for line in timed_out] == [
             ("quiet-1", "idle", BOUND_S)
         ]
+
+
+def test_a_stream_whose_head_came_but_nothing_after_is_the_replicas_failure() -> None:
+    # Before, the head alone counted as the replica's success: a wedged engine that answers
+    # every stream's head and then nothing was never ejected, and kept drawing its share of
+    # streams, each cut off only at the bound.
+    key, record = new_key()
+    with BadEngine(stream_head_then_silent) as first, BadEngine(stream_head_then_silent) as second:
+        routes = [
+            Route(replica_id="wedged-1", model=MODEL, url=first.url),
+            Route(replica_id="wedged-2", model=MODEL, url=second.url),
+        ]
+        source = StaticSource(snapshot_of(routes, [record]))
+        with GatewayThread(
+            source,
+            metrics_port=0,
+            engine_timeouts=TIMEOUTS,
+            ejection=EjectionPolicy(consecutive_failures=1),
+        ) as gateway:
+            answer = httpx.post(
+                f"{gateway.url}/chat/completions",
+                content=chat(stream=True),
+                headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+                timeout=15,
+            )
+
+            assert answer.status_code == 200
+            events = [line for line in answer.text.split("\n\n") if line]
+            assert events[-1] == "data: [DONE]"
+            assert json.loads(events[-2].removeprefix("data: "))["error"]["code"] == (
+                "upstream_disconnected"
+            )
+            assert len(first.posts) + len(second.posts) == 1
+            engine = first if first.posts else second
+            ejected = gateway.call(gateway.gateway.router.ejector.ejected)
+            assert [replica.replica_id for replica in ejected] == [
+                "wedged-1" if engine is first else "wedged-2"
+            ]
