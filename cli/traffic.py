@@ -55,7 +55,7 @@ def revision_line(revision: str, traffic: ReplicaTrafficView) -> str:
     """``rev 2: 1,204 requests, 1.0 % failed, TTFT p95 182 ms, TPOT p95 21 ms``: the
     figures a canary is judged by, newest revision first; the latency of whole answers
     stands in for TTFT where nothing was streamed."""
-    parts = [f"{traffic.requests:,} requests"]
+    parts = [f"{traffic.requests:,} request" + ("" if traffic.requests == 1 else "s")]
     if traffic.error_rate is not None:
         parts.append(f"{percent(traffic.error_rate)} failed")
     if traffic.ttft_p95_ms is not None:

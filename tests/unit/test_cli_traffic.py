@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from cli.traffic import milliseconds, print_traffic, print_traffic_by_revision
+from cli.traffic import milliseconds, print_traffic, print_traffic_by_revision, revision_line
 from cli.views import ReplicaTrafficView
 
 
@@ -98,3 +98,9 @@ def test_a_models_traffic_reads_one_line_per_revision_newest_first_within_80_col
         "traffic: none (no gateway reports in the last 5 s, or no replica)",
     ]
     assert max(len(line) for line in output.getvalue().splitlines()) <= 80
+
+
+def test_one_request_is_said_in_the_singular() -> None:
+    one = ReplicaTrafficView(window_s=60.0, gateways=1, requests=1, error_rate=0.0)
+
+    assert revision_line("1", one) == "rev 1: 1 request, 0 % failed"
