@@ -335,7 +335,11 @@ def _scale(draft: Draft, *, placing: bool) -> None:
         if deficit < 0:
             for replica in _scale_down_order(state, model, counting)[:-deficit]:
                 _stop(draft, replica, f"scaled down to {model.desired}")
-        elif deficit > 0 and placing:
+        # A moved replica whose replacement the count now leaves no room for goes with the
+        # scale-down: its move would otherwise wait for a replacement never placed.
+        for original in waiting_for_replacement(state, state.models[model.name])[max(deficit, 0) :]:
+            _stop(draft, original, f"scaled down to {model.desired}")
+        if deficit > 0 and placing:
             if model.backoff_until is not None and draft.now < model.backoff_until:
                 continue
             if allocations is None:

@@ -1063,6 +1063,28 @@ def test_a_drain_whose_replica_ended_without_a_replacement_does_not_say_it_moved
     assert SHUTDOWN in finished.outcome
 
 
+def test_a_model_scaled_to_zero_while_a_replica_is_moved_stops_that_one_with_the_rest() -> None:
+    cluster = serving_on_two_of_three_nodes()
+    node = cluster.state.replicas["llama-1"].shards[0].node_id
+    cluster.given(NodeDrainRequested(node_id=node, drain_id="drain-1", grace_s=3600))
+    cluster.reconcile()  # llama-1 draining, llama-3 placed to replace it
+    cluster.given(ModelScaled(model="llama", replicas=0, previous=2))
+
+    stopping = of_type(cluster.reconcile(), ReplicaStopping)
+
+    assert sorted((s.replica_id, s.reason) for s in stopping) == [
+        ("llama-1", "scaled down to 0"),
+        ("llama-2", "scaled down to 0"),
+        ("llama-3", "scaled down to 0"),
+    ]
+    for replica_id in ("llama-1", "llama-2", "llama-3"):
+        cluster.stop_reported(replica_id)
+    (finished,) = of_type(cluster.reconcile(), NodeDrainFinished)
+    assert finished.outcome == (
+        "0 moved; 1 ended without a replacement: llama-1 (scaled down to 0)"
+    )
+
+
 def test_a_restarted_replica_that_never_comes_up_still_times_out() -> None:
     cluster = stopped_by_their_agents_and_restarted()
     for node in ("gpu-1", "gpu-2"):

@@ -12,6 +12,7 @@ from app.domain import rollout_operations as rollouts
 from app.domain.commands import StartShard
 from app.domain.events import (
     ModelDeclared,
+    ModelScaled,
     ReplicaDrainStarted,
     ReplicaPlaced,
     ReplicaStopping,
@@ -590,6 +591,22 @@ def test_a_drain_and_a_rollout_are_both_moves_read_from_the_model_by_their_id() 
 
     assert cluster.state.models["llama"].moves == {}
     assert ops.moves_of(cluster.state, "drain-1") == ()
+
+
+def test_a_model_scaled_to_zero_in_the_middle_of_a_move_stops_the_moved_replica_too() -> None:
+    cluster = serving()
+    revise(cluster)
+    cluster.reconcile()  # the step starts
+    cluster.reconcile()  # the first move: llama-1 draining, llama-5 placed at revision 2
+    cluster.given(ModelScaled(model="llama", replicas=0, previous=4))  # idle, by the autoscaler
+
+    for _ in range(3):
+        step(cluster)
+
+    assert {r.id: r.phase for r in cluster.state.replicas.values()} == {
+        f"llama-{n}": ReplicaPhase.STOPPED for n in range(1, 6)
+    }
+    assert cluster.state.models["llama"].moves == {}
 
 
 def test_a_newer_revision_supersedes_a_rollout_under_way_and_every_replica_ends_at_it() -> None:
