@@ -24,7 +24,7 @@ from app.domain.events import (
     node_stream,
     replica_stream,
 )
-from app.domain.state import ACTIVE_PHASES, Node, Replica, ReplicaPhase
+from app.domain.state import ACTIVE_PHASES, Model, Node, Replica, ReplicaPhase
 
 NODE_DRAIN_COMPLETE = "every replica moved"
 """The outcome of a node drain that moved (or had no need to move) every replica."""
@@ -91,19 +91,30 @@ def _finish_moves(draft: Draft, stability_window_s: float, replica_grace_s: floa
 def _stability_window_s(draft: Draft, original: Replica, default_s: float) -> float:
     """A rollout's move waits its policy's stability window when the policy sets one."""
     model = draft.state.models.get(original.model)
-    rollout = model.rollout if model else None
-    if model is None or rollout is None or rollout.id != original.drain_id:
+    if model is None or not _moved_by_rollout(model, original):
         return default_s
     window_s = model.spec.rollout.stability_window_s
     return default_s if window_s is None else window_s
 
 
+def _moved_by_rollout(model: Model, original: Replica) -> bool:
+    return model.rollout is not None and model.rollout.id == original.drain_id
+
+
 def _replica_grace_over(draft: Draft, replica: Replica, replica_grace_s: float) -> bool:
-    """A replica drained on its own has its own grace; one drained with its node, the node's."""
+    """A replica drained on its own has its own grace; one drained with its node, the node's.
+
+    A rollout's move has no grace: it waits for its replacement however long that takes to
+    start (the replacement's startup timeout and the rollout's ``max_failures`` bound it),
+    since whether an original may stop first is ``max_unavailable``'s to say. (A node drain
+    whose grace runs out stops it with the rest of the node.)"""
     for node_id in replica.node_ids:
         node = draft.state.nodes.get(node_id)
         if node is not None and node.drain_id == replica.drain_id:
             return _node_grace_over(draft, node)
+    model = draft.state.models.get(replica.model)
+    if model is not None and _moved_by_rollout(model, replica):
+        return False
     started = replica.drain_started_at
     return started is not None and draft.now - started > timedelta(seconds=replica_grace_s)
 
@@ -126,13 +137,15 @@ def _drain_node(draft: Draft, node: Node) -> None:
         if replica.phase in (ReplicaPhase.PLACED, ReplicaPhase.STARTING):
             reason = f"drain {drain_id}: not serving yet, nothing to move"
             _stopping(draft, replica, reason, drain_id)
+        elif grace_over and replica.phase in (ReplicaPhase.SERVING, ReplicaPhase.DRAINING):
+            # A draining one here is another drain's or a rollout's move: the node's grace
+            # bounds it all the same.
+            reason = f"drain {drain_id}: grace ran out before it could move"
+            _stopping(draft, replica, reason, drain_id)
         elif replica.phase is ReplicaPhase.SERVING:
             model = state.models.get(replica.model)
             max_moves = model.spec.max_moves if model else 1
-            if grace_over:
-                reason = f"drain {drain_id}: grace ran out before it could move"
-                _stopping(draft, replica, reason, drain_id)
-            elif moving[replica.model] < max_moves:
+            if moving[replica.model] < max_moves:
                 draft.emit(
                     replica_stream(replica.id),
                     ReplicaDrainStarted(

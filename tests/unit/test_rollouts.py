@@ -13,6 +13,7 @@ from app.domain.commands import StartShard
 from app.domain.events import (
     ModelDeclared,
     ModelScaled,
+    ModelUnplaceable,
     ReplicaDrainStarted,
     ReplicaPlaced,
     ReplicaStopping,
@@ -591,6 +592,58 @@ def test_a_drain_and_a_rollout_are_both_moves_read_from_the_model_by_their_id() 
 
     assert cluster.state.models["llama"].moves == {}
     assert ops.moves_of(cluster.state, "drain-1") == ()
+
+
+def test_a_replacement_loading_past_a_drain_s_grace_serves_before_its_original_stops() -> None:
+    cluster = with_two_nodes_and_a_model(
+        replicas=2, startup_timeout_s=1800.0, rollout=RolloutPolicy()
+    )
+    cluster.reconcile()
+    for replica_id in sorted(cluster.state.replicas):
+        cluster.serve(replica_id)
+    revise(cluster)
+    cluster.reconcile()  # the step starts
+    cluster.reconcile()  # the first move: llama-1 draining, llama-3 placed at revision 2
+    shard = cluster.state.replicas["llama-3"].shards[0]
+    cluster.given(ShardStarting(replica_id="llama-3", shard_index=0, node_id=shard.node_id, pid=7))
+    cluster.running(shard.node_id, "llama-3", shard.port, state="starting", pid=7)
+
+    for _ in range(40):  # twenty minutes of loading, past a drained replica's 600 s grace
+        cluster.after(30)
+        assert of_type(cluster.reconcile(), ReplicaStopping) == []
+        assert cluster.phase("llama-1") is ReplicaPhase.DRAINING
+
+    cluster.serve("llama-3")
+    run(cluster)
+    assert active_revisions(cluster) == [2, 2]
+
+
+def test_a_move_with_no_room_waits_saying_why_until_a_node_drain_s_grace_stops_it() -> None:
+    cluster = Cluster()
+    cluster.node("gpu-1", n_gpus=1)
+    cluster.node("gpu-2", n_gpus=1)
+    cluster.model(replicas=2, rollout=RolloutPolicy())
+    cluster.after(31)
+    cluster.reconcile()
+    for replica_id in sorted(cluster.state.replicas):
+        cluster.serve(replica_id)
+    revise(cluster)
+    cluster.reconcile()  # the step starts
+    [unplaceable] = of_type(cluster.reconcile(), ModelUnplaceable)  # the first move
+    assert "not enough healthy free GPUs" in unplaceable.reason
+    cluster.after(700)
+    assert of_type(cluster.reconcile(), ReplicaStopping) == []
+    [moved] = [r for r in cluster.state.replicas.values() if r.phase is ReplicaPhase.DRAINING]
+
+    cluster.given(*ops.drain_node(cluster.state, moved.node_ids[0], "drain-1", 300).events)
+    cluster.after(299)
+    assert of_type(cluster.reconcile(), ReplicaStopping) == []
+    cluster.after(2)
+    stopping = of_type(cluster.reconcile(), ReplicaStopping)
+
+    assert [(s.replica_id, s.reason) for s in stopping] == [
+        (moved.id, "drain drain-1: grace ran out before it could move")
+    ]
 
 
 def test_a_model_scaled_to_zero_in_the_middle_of_a_move_stops_the_moved_replica_too() -> None:
