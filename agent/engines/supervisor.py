@@ -7,8 +7,9 @@ engines running unless asked otherwise.
 
 Every state change (``starting``, ``ready``, ``failed``, ``stopped``) goes to the
 ``on_change`` callback. A shard that failed stays in the inventory as ``failed`` until it
-is stopped or started again, so a failure that happened while the control plane could not
-hear it still reaches it with the next ``hello``.
+is stopped or started again (or ``FAILED_KEPT`` newer failures push it out), so a failure
+that happened while the control plane could not hear it still reaches it with the next
+``hello``.
 """
 
 from __future__ import annotations
@@ -69,6 +70,13 @@ UNRECORDED_ERROR = (
     "the agent was killed while it started the engine, before it recorded it: the engine was killed"
 )
 KILL_WAIT_S = 10.0
+FAILED_KEPT = 256
+"""How many failed shards the agent keeps reporting, the newest. The control plane stops
+only shards that run, so a failed one is otherwise kept until the agent exits: a model that
+crashes again and again (a new replica each time) would grow every heartbeat and hello
+without end, and past the 4,096 shards a message may list, the control plane would refuse
+them all and the node could never connect again. A node runs far fewer shards at once, so
+a failure it could not report while disconnected still reaches the next hello."""
 REFUSED_GRACE_S = 5.0
 """How long an engine whose port is another process's gets to exit after SIGTERM."""
 
@@ -92,6 +100,7 @@ class EngineSupervisor:
         *,
         poll_interval_s: float = 0.5,
         readiness_interval_s: float = READINESS_INTERVAL_S,
+        failed_kept: int = FAILED_KEPT,
     ) -> None:
         self._records = RecordStore(state_dir)
         self._logs_dir = state_dir / "logs"
@@ -100,6 +109,8 @@ class EngineSupervisor:
         self._readiness_interval_s = readiness_interval_s
         self._running: dict[ShardKey, _Watched] = {}
         self._failed: dict[ShardKey, ShardRecord] = {}
+        """Failed shards, oldest first, at most ``failed_kept`` (``FAILED_KEPT``)."""
+        self._failed_kept = failed_kept
         self._locks: dict[ShardKey, asyncio.Lock] = {}
         self._closed = False
 
@@ -230,7 +241,7 @@ class EngineSupervisor:
             end_remains(record)
             self._records.remove(record.key)
             failed = msgspec.structs.replace(record, state=ShardState.FAILED)
-            self._failed[record.key] = failed
+            self._remember_failed(failed)
             self._report(change_of(failed, error=AWAY_ERROR, log_tail=self._tail(record.key)))
         return adopted
 
@@ -242,8 +253,16 @@ class EngineSupervisor:
             return
         log.warning("unrecorded_engine_killed", replica_id=launch.replica_id, pid=leader.pid)
         failed = launch.spawned(leader.pid, leader.start_time, ShardState.FAILED)
-        self._failed[launch.key] = failed
+        self._remember_failed(failed)
         self._report(change_of(failed, error=UNRECORDED_ERROR, log_tail=self._tail(launch.key)))
+
+    def _remember_failed(self, record: ShardRecord) -> None:
+        """Keep ``record`` in the inventory until its shard is stopped or started again, or
+        ``failed_kept`` newer failures push it out."""
+        self._failed.pop(record.key, None)
+        self._failed[record.key] = record
+        while len(self._failed) > self._failed_kept:
+            del self._failed[next(iter(self._failed))]
 
     def inventory(self) -> list[ShardRecord]:
         """Every shard this agent knows of, in its current state."""
@@ -329,7 +348,7 @@ class EngineSupervisor:
         )
         self._running.pop(watched.record.key, None)
         self._records.remove(watched.record.key)
-        self._failed[watched.record.key] = watched.record
+        self._remember_failed(watched.record)
 
     async def _end(self, watched: _Watched) -> None:
         """Send the engine's group its stop signal, SIGKILL it after ``REFUSED_GRACE_S``."""

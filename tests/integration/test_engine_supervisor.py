@@ -202,7 +202,8 @@ class Node:
     engines: dict[int, int] = field(default_factory=dict)  # pid -> start time
     workers: dict[int, int] = field(default_factory=dict)  # pid -> start time
 
-    def agent(self) -> Agent:
+    def agent(self, **settings: int) -> Agent:
+        """``settings``: the supervisor's keyword arguments, for a test that lowers a bound."""
         log = ChangeLog()
 
         def on_change(change: ShardChange) -> None:
@@ -212,7 +213,7 @@ class Node:
                 if start_time is not None:
                     self.engines[change.pid] = start_time
 
-        agent = Agent(EngineSupervisor(self.state_dir, on_change), log)
+        agent = Agent(EngineSupervisor(self.state_dir, on_change, **settings), log)
         self.agents.append(agent)
         return agent
 
@@ -974,3 +975,29 @@ async def test_a_worker_in_a_session_of_its_own_is_killed_when_its_engine_dies(
 
     await eventually(lambda: not is_running(*worker), "the worker to be killed", timeout_s=5.0)
     await eventually(lambda: nothing_listens_on(spec.port), "the port to be free")
+
+
+async def test_a_model_that_fails_again_and_again_keeps_only_its_newest_failures_listed(
+    node: Node,
+) -> None:
+    """The control plane stops only shards that run: without a bound, every replica of a
+    crash-looping model would stay listed, until hello and heartbeat were refused."""
+    agent = node.agent(failed_kept=2)
+    specs = [
+        ShardSpec(
+            replica_id=f"crashing-{n}",
+            shard_index=0,
+            model="crashing",
+            argv=("sh", "-c", "exit 3"),
+            port=free_port(),
+        )
+        for n in range(1, 4)
+    ]
+
+    for spec in specs:
+        await agent.supervisor.start(spec)
+        await agent.log.wait_for(spec.key, ShardState.FAILED)
+
+    assert [record.key for record in agent.supervisor.inventory()] == [
+        spec.key for spec in specs[1:]
+    ]
