@@ -435,11 +435,11 @@ class AgentRuntime:
             raise CommandRefused(refusal)
         key = ShardKey(command.replica_id, command.shard_index)
         async with self._turns.of(key):
-            self._causes[key] = command.command_id
-            record = await self._supervisor.start(shard_spec(command))
-            if record.state is not ShardState.STARTING:
-                # It was already running: nothing that happens to it next is this command's.
-                self._causes.pop(key, None)
+            if self._supervisor.running(key) is None:
+                # A start for a shard already running starts nothing (or is refused):
+                # what the shard does next is the earlier start's, not this command's.
+                self._causes[key] = command.command_id
+            await self._supervisor.start(shard_spec(command))
 
     async def _stop_shard(self, command: StopShard) -> None:
         key = ShardKey(command.replica_id, command.shard_index)

@@ -9,11 +9,17 @@ Exceptions::
 
     EngineError
      ├── EngineLaunchError    no engine process could be started
-     └── PortHeldElsewhere    another process listens on the engine's port
+     ├── PortHeldElsewhere    another process listens on the engine's port
+     └── ShardRunsOtherwise   a start for a shard that runs on another port or GPUs
 """
 
 from agent.engines.changes import ShardChange
-from agent.engines.errors import EngineError, EngineLaunchError, PortHeldElsewhere
+from agent.engines.errors import (
+    EngineError,
+    EngineLaunchError,
+    PortHeldElsewhere,
+    ShardRunsOtherwise,
+)
 from agent.engines.records import ShardKey, ShardRecord, ShardState
 from agent.engines.spec import ShardSpec
 from agent.engines.supervisor import EngineSupervisor
@@ -26,6 +32,7 @@ __all__ = [
     "ShardChange",
     "ShardKey",
     "ShardRecord",
+    "ShardRunsOtherwise",
     "ShardSpec",
     "ShardState",
 ]

@@ -13,3 +13,7 @@ class EngineLaunchError(EngineError):
 
 class PortHeldElsewhere(EngineError):
     """Another process listens on the engine's port: its answers are not the engine's."""
+
+
+class ShardRunsOtherwise(EngineError):
+    """A start for a shard whose engine already runs, on another port or other GPUs."""

@@ -35,7 +35,12 @@ from agent.engines.changes import (
     change_of,
     describe_exit,
 )
-from agent.engines.errors import EngineError, EngineLaunchError, PortHeldElsewhere
+from agent.engines.errors import (
+    EngineError,
+    EngineLaunchError,
+    PortHeldElsewhere,
+    ShardRunsOtherwise,
+)
 from agent.engines.family import (
     end_launched,
     end_remains,
@@ -115,15 +120,18 @@ class EngineSupervisor:
         self._closed = False
 
     async def start(self, spec: ShardSpec) -> ShardRecord:
-        """Start the shard, or return its record if it is already running.
+        """Start the shard, or return its record if it is already running on the same port
+        and GPUs.
 
-        Raises ``EngineLaunchError`` (after reporting ``failed``) if no process could be
-        started.
+        Raises ``ShardRunsOtherwise`` (reporting nothing: nothing changed) if it runs on
+        another port or other GPUs, and ``EngineLaunchError`` (after reporting ``failed``)
+        if no process could be started.
         """
         self._check_open()
         async with self._lock(spec.key):
             watched = self._running.get(spec.key)
             if watched is not None:
+                _check_runs_as_asked(watched.record, spec)
                 return watched.record
             self._failed.pop(spec.key, None)
             launch = LaunchRecord(
@@ -263,6 +271,11 @@ class EngineSupervisor:
         self._failed[record.key] = record
         while len(self._failed) > self._failed_kept:
             del self._failed[next(iter(self._failed))]
+
+    def running(self, key: ShardKey) -> ShardRecord | None:
+        """The record of the shard's engine while it runs (starting or ready)."""
+        watched = self._running.get(key)
+        return None if watched is None else watched.record
 
     def inventory(self) -> list[ShardRecord]:
         """Every shard this agent knows of, in its current state."""
@@ -474,6 +487,19 @@ class EngineSupervisor:
     def _check_open(self) -> None:
         if self._closed:
             raise EngineError("the engine supervisor has been shut down")
+
+
+def _check_runs_as_asked(record: ShardRecord, spec: ShardSpec) -> None:
+    """Raise ``ShardRunsOtherwise`` unless the running engine listens on the port and holds
+    the GPUs ``spec`` asks for: a start acknowledged for an engine elsewhere would have the
+    control plane route to a port nothing of this shard serves on."""
+    if (record.port, record.gpus) == (spec.port, spec.gpus):
+        return
+    raise ShardRunsOtherwise(
+        f"replica {spec.replica_id} shard {spec.shard_index} already runs on port "
+        f"{record.port} with GPUs {list(record.gpus)} (pid {record.pid}); stop it before "
+        f"starting it on port {spec.port} with GPUs {list(spec.gpus)}"
+    )
 
 
 async def _kill(process: EngineProcess) -> None:

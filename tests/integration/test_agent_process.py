@@ -479,6 +479,26 @@ async def test_a_start_sent_while_a_stop_waits_out_its_grace_is_reported_under_i
     assert statuses == [("stopped", "stop-1"), ("starting", "start-2")]
 
 
+async def test_a_start_for_a_running_shard_on_another_port_fails_and_is_not_its_cause(
+    control_plane: ControlPlane, processes: Processes, tmp_path: Path
+) -> None:
+    processes.agent(control_plane, tmp_path / "state")
+    await control_plane.hello()
+    port, told = free_port(), tmp_path / "told"
+    await control_plane.send(stubborn_start("start-1", port, told))
+    engine_pid = (await control_plane.status("m-1", "starting")).pid
+    assert engine_pid is not None
+
+    await control_plane.send(stubborn_start("start-2", free_port(), told))
+    refused = (await control_plane.result("start-2")).result
+    os.killpg(engine_pid, signal.SIGKILL)
+    failed = await control_plane.status("m-1", "failed")
+
+    assert not refused.ok
+    assert f"already runs on port {port}" in str(refused.error)
+    assert failed.command_id == "start-1"
+
+
 async def test_an_engine_that_exits_with_an_error_is_reported_failed_with_its_log_and_reason(
     control_plane: ControlPlane, processes: Processes, tmp_path: Path
 ) -> None:

@@ -31,6 +31,7 @@ import msgspec
 import pytest
 
 from agent.engines import (
+    EngineError,
     EngineLaunchError,
     EngineSupervisor,
     ShardChange,
@@ -337,6 +338,36 @@ async def test_starting_a_running_shard_again_returns_the_same_engine(node: Node
 
     assert while_starting.pid == once_ready.pid == first.pid
     assert once_ready.state is ShardState.READY
+    assert agent.log.states(spec.key) == [ShardState.STARTING, ShardState.READY]
+    assert node.engine_log(first).count("engine started") == 1
+
+
+@pytest.mark.parametrize(
+    ("another_port", "gpus"), [(True, (0,)), (False, (1,))], ids=["port", "gpus"]
+)
+async def test_a_start_for_a_running_shard_on_another_port_or_gpus_is_refused_changing_nothing(
+    node: Node, another_port: bool, gpus: tuple[int, ...]
+) -> None:
+    """Acknowledged, the control plane would route to a port this shard never serves on."""
+    agent = node.agent()
+    spec = node.spec()
+    first = await agent.supervisor.start(spec)
+    await agent.log.wait_for(spec.key, ShardState.READY)
+    asked = msgspec.structs.replace(
+        spec, port=free_port() if another_port else spec.port, gpus=gpus
+    )
+
+    with pytest.raises(EngineError) as refused:
+        await agent.supervisor.start(asked)
+
+    assert str(refused.value) == (
+        f"replica tiny-1 shard 0 already runs on port {spec.port} with GPUs [0] "
+        f"(pid {first.pid}); stop it before starting it on port {asked.port} "
+        f"with GPUs {list(asked.gpus)}"
+    )
+    assert [(r.pid, r.port, r.state) for r in agent.supervisor.inventory()] == [
+        (first.pid, spec.port, ShardState.READY)
+    ]
     assert agent.log.states(spec.key) == [ShardState.STARTING, ShardState.READY]
     assert node.engine_log(first).count("engine started") == 1
 
