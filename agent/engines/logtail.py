@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import structlog
+
+log = structlog.get_logger(__name__)
+
 BLOCK_BYTES = 8192
 MAX_TAIL_BYTES = 256 * 1024
 
@@ -21,7 +25,9 @@ def last_lines(data: bytes, lines: int) -> list[str]:
 
 
 def read_log_tail(path: Path, lines: int = 100, max_bytes: int = MAX_TAIL_BYTES) -> list[str]:
-    """The last ``lines`` lines of the file at ``path`` (none if it does not exist).
+    """The last ``lines`` lines of the file at ``path`` (none if it does not exist, or
+    cannot be read: a failing disk, a stale mount. The tail goes with a shard's failure
+    or stop, which must be reported all the same).
 
     Reads backwards block by block and never more than ``max_bytes``, so a huge log or a
     line without end costs the same as a small one; the oldest line may then be cut.
@@ -29,10 +35,17 @@ def read_log_tail(path: Path, lines: int = 100, max_bytes: int = MAX_TAIL_BYTES)
     if lines <= 0:
         return []
     try:
-        file = path.open("rb")
+        return last_lines(_read_end(path, lines, max_bytes), lines)
     except FileNotFoundError:
         return []
-    with file:
+    except OSError as exc:
+        log.warning("engine_log_unreadable", path=str(path), error=str(exc))
+        return []
+
+
+def _read_end(path: Path, lines: int, max_bytes: int) -> bytes:
+    """The end of the file: enough blocks for ``lines`` lines, at most ``max_bytes``."""
+    with path.open("rb") as file:
         end = file.seek(0, os.SEEK_END)
         start = end
         blocks: list[bytes] = []
@@ -44,4 +57,4 @@ def read_log_tail(path: Path, lines: int = 100, max_bytes: int = MAX_TAIL_BYTES)
             block = file.read(size)
             blocks.append(block)
             newlines += block.count(b"\n")
-    return last_lines(b"".join(reversed(blocks)), lines)
+    return b"".join(reversed(blocks))

@@ -1032,3 +1032,24 @@ async def test_a_model_that_fails_again_and_again_keeps_only_its_newest_failures
     assert [record.key for record in agent.supervisor.inventory()] == [
         spec.key for spec in specs[1:]
     ]
+
+
+async def test_an_engine_whose_log_cannot_be_read_is_still_reported_failed(node: Node) -> None:
+    """A log on a failing disk (EIO) or a stale mount cannot be read back: its tail is lost,
+    not the failure. The engine here puts a folder where its log was, which no one can
+    read as a file."""
+    agent = node.agent()
+    log = agent.supervisor.log_path(ShardKey("unreadable-1", 0))
+    spec = ShardSpec(
+        replica_id="unreadable-1",
+        shard_index=0,
+        model="unreadable",
+        argv=("sh", "-c", 'rm "$0" && mkdir "$0" && exit 3', str(log)),
+        port=free_port(),
+    )
+
+    await agent.supervisor.start(spec)
+    failed = await agent.log.wait_for(spec.key, ShardState.FAILED)
+
+    assert (failed.error, failed.log_tail) == ("engine exited with code 3", ())
+    assert [record.state for record in agent.supervisor.inventory()] == [ShardState.FAILED]
