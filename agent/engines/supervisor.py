@@ -64,6 +64,7 @@ from agent.engines.records import (
     shard_file_stem,
 )
 from agent.engines.spec import ShardSpec, engine_env
+from agent.turns import Turns
 from wire.engine_env import LAUNCH_TOKEN_VARIABLE
 from wire.engines import failure_reason, profile_of
 
@@ -116,7 +117,8 @@ class EngineSupervisor:
         self._failed: dict[ShardKey, ShardRecord] = {}
         """Failed shards, oldest first, at most ``failed_kept`` (``FAILED_KEPT``)."""
         self._failed_kept = failed_kept
-        self._locks: dict[ShardKey, asyncio.Lock] = {}
+        self._turns: Turns[ShardKey] = Turns()
+        """One start or stop of a shard at a time; a shard's lock goes once no one waits."""
         self._closed = False
 
     async def start(self, spec: ShardSpec) -> ShardRecord:
@@ -128,7 +130,7 @@ class EngineSupervisor:
         if no process could be started.
         """
         self._check_open()
-        async with self._lock(spec.key):
+        async with self._turns.of(spec.key):
             watched = self._running.get(spec.key)
             if watched is not None:
                 _check_runs_as_asked(watched.record, spec)
@@ -209,7 +211,7 @@ class EngineSupervisor:
         clue to why. ``reason`` says why the agent stops it of its own accord (None: the
         control plane asked)."""
         key = ShardKey(replica_id, shard_index)
-        async with self._lock(key):
+        async with self._turns.of(key):
             watched = self._running.get(key)
             exit_code = None if watched is None else await self._terminate(watched, grace_s)
             known = watched.record if watched is not None else self._failed.get(key)
@@ -480,9 +482,6 @@ class EngineSupervisor:
 
     def _tail(self, key: ShardKey) -> tuple[str, ...]:
         return tuple(read_log_tail(self.log_path(key), LOG_TAIL_LINES))
-
-    def _lock(self, key: ShardKey) -> asyncio.Lock:
-        return self._locks.setdefault(key, asyncio.Lock())
 
     def _check_open(self) -> None:
         if self._closed:
