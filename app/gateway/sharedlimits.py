@@ -105,6 +105,11 @@ class Budget:
         self.answered_at = -math.inf
         self.last_second: int | None = None
         """The database's second of the latest grant."""
+        self.last_granted_at = -math.inf
+        """When the latest grant came (``now``'s clock)."""
+        self.unsettled = 0
+        """Reservations taken here whose answers have not ended yet: their tokens are
+        charged here when they do, however long that takes."""
 
     def held(self) -> int:
         return sum(lease.left for lease in self.leases) - self.debt
@@ -144,9 +149,11 @@ class Budget:
             return
         if self.leases:
             self.leases[-1].left += amount
-        elif self.last_second is not None:
-            # The reservation was paid by a grant of the last few seconds: what it did not
-            # use can be used again, or goes back to the latest grant's second.
+        elif self.last_second is not None and now - self.last_granted_at < WINDOW_S:
+            # The reservation was paid by a grant of the last minute: what it did not use
+            # can be used again, or goes back to the latest grant's second. Past a minute
+            # (an answer that outlasted one) no grant of it counts any more: nothing is
+            # left to give back.
             self.leases.append(Lease(self.last_second, amount, now + LEASE_HOLD_S))
 
     def want(self, now: float) -> int:
@@ -168,6 +175,7 @@ class Budget:
             # The minute is spent: no credit until room may have opened.
             self.refused(room_in_s, used, now)
         self.last_second = second
+        self.last_granted_at = now
         paid = min(amount, self.debt)
         self.debt -= paid
         if amount - paid > 0:
@@ -192,6 +200,7 @@ class Budget:
             not self.leases
             and self.debt == 0
             and not self.asking
+            and self.unsettled == 0
             and now - self.last_used > WINDOW_S
         )
 
@@ -261,7 +270,10 @@ class SharedLimiter:
         if all(budget.can_take(cost, now, self.degraded) for budget, cost in wanted):
             for budget, cost in wanted:
                 budget.take(cost, now)
-            reserved = tokens if tpm is not None else 0
+            reserved = 0
+            if tpm is not None:
+                reserved = tokens
+                self._budgets[(key_id, TOKENS)].unsettled += 1
             decision = self._decision(True, 0.0, key_id, rpm, tpm, now, reserved)
         elif self.degraded:
             decision = self._local_share(key_id, rpm, tpm, now)
@@ -285,7 +297,9 @@ class SharedLimiter:
                 await self._answer.wait()
 
     def record_tokens(self, key_id: str, tokens: int, *, now: float, reserved: int = 0) -> None:
-        """Settle a request's tokens: ``tokens`` used, ``reserved`` taken at admission.
+        """Settle a request's tokens: ``tokens`` used, ``reserved`` taken at admission (a
+        call with ``reserved`` settles the request: until then its key's budget is kept,
+        for an answer that streams for longer than a minute of a key idle otherwise).
 
         A count below zero is read as zero, as ``RateLimiter`` reads it and ``admit`` reads a
         reservation below one: settling gives back at most what was reserved, so no caller
@@ -296,6 +310,8 @@ class SharedLimiter:
         budget = self._budgets.get((key_id, TOKENS))
         if budget is None:
             return
+        if reserved > 0 and budget.unsettled > 0:
+            budget.unsettled -= 1
         if self.degraded and tokens > 0:
             self._local.record_tokens(key_id, tokens, now=now)
         if tokens > reserved:

@@ -141,6 +141,43 @@ def test_tokens_are_reserved_at_admission_and_settled_after() -> None:
     assert ledger.used(TOKENS, 103.0) == 120
 
 
+def test_an_answer_that_outlasts_a_minute_is_charged_when_it_ends() -> None:
+    """A stream of 90 s from a key that sends nothing else meanwhile: its budget holds
+    nothing and was last used a minute ago, yet its request is still open, and what it
+    generated is charged when it ends, not lost with a budget forgotten as idle."""
+    limiter, ledger = SharedLimiter(), Ledger()
+    assert limiter.admit(KEY, rpm=None, tpm=10_000, now=100.0, tokens=300).allowed
+    now = 100.0
+    while now < 190.0:  # the keeper's rounds while the answer streams
+        ledger.serve(limiter, now)
+        now += 0.5
+    limiter.record_tokens(KEY, 5000, now=190.0)
+    limiter.record_tokens(KEY, 0, now=190.0, reserved=300)
+    ledger.serve(limiter, 190.0)
+    assert not limiter.admit(KEY, rpm=None, tpm=10_000, now=190.1, tokens=9000).allowed
+    ledger.serve(limiter, 190.1 + LEASE_HOLD_S + 0.01)
+    # The 300 reserved counted from admission on; the rest of the 5000 from its end.
+    assert ledger.used(TOKENS, 193.0) == 5000 - 300
+
+
+def test_what_an_answer_longer_than_a_minute_left_of_its_reservation_is_not_given_back() -> None:
+    """Its reservation counted for the minute after its admission and no longer: what it
+    did not use is gone with that minute, not tokens the next request may use uncounted."""
+    limiter, ledger = SharedLimiter(), Ledger()
+    assert limiter.admit(KEY, rpm=None, tpm=10_000, now=100.0, tokens=4000).allowed
+    now = 100.0
+    while now < 190.0:
+        ledger.serve(limiter, now)
+        now += 0.5
+    limiter.record_tokens(KEY, 3000, now=190.0)
+    limiter.record_tokens(KEY, 0, now=190.0, reserved=4000)
+    ledger.serve(limiter, 190.0)
+    assert limiter.admit(KEY, rpm=None, tpm=10_000, now=190.1, tokens=1000).allowed
+    ledger.serve(limiter, 190.1)
+    ledger.serve(limiter, 190.1 + LEASE_HOLD_S + 0.01)
+    assert ledger.used(TOKENS, 193.0) == 1000, "the next request is counted whole"
+
+
 def test_a_count_below_zero_gives_back_no_more_than_was_reserved() -> None:
     """A caller that settles a negative count (or reservation) hands no tokens to the
     key: what goes back to the database is never more than it granted less what was used."""
