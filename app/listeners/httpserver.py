@@ -316,6 +316,10 @@ class HttpConnection(asyncio.Protocol):
         if self._reading is not None:
             self._reading.end()
             self._reading = None
+        if self._current is None and not self._lingering:
+            # Answered before its body was all here (a refusal that needed none): the
+            # connection is idle from now on, as after any other answer.
+            self._await(self.listener.idle)
 
     # -- what an Exchange needs (exchange.Wire) -------------------------------------------
 

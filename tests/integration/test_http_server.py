@@ -627,6 +627,21 @@ async def test_an_idle_kept_alive_connection_is_closed_after_the_idle_time() -> 
         await client.close()
 
 
+async def test_a_connection_whose_body_came_after_its_answer_is_closed_when_idle() -> None:
+    """A refusal that needs no body (no key, an unknown path) goes before the body has
+    come; the body then comes, and the connection is idle: the idle time holds for it as
+    for any other, or a client could keep connections open for ever at no cost."""
+    limits = ListenerLimits(header_timeout_s=0.4, body_timeout_s=0.4, max_connections=8)
+    async with serving(Echo(read_body=False), limits=limits, idle_s=0.5) as (_, port):
+        client = await Client.to(port)
+        await client.send(b"POST /early HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\n")
+        assert (await client.answer())[2] == b"POST /early? "
+        await client.send(b"hello")
+        # No answer, no 408: the connection just ends, as an idle one does.
+        assert await client.closed()
+        await client.close()
+
+
 async def test_a_full_listener_answers_the_next_connection_503() -> None:
     limits = ListenerLimits(max_connections=2)
     async with serving(Echo(), limits=limits) as (_, port):
