@@ -257,7 +257,9 @@ class Completions:
             exchange.model = model
             exchange.stream = bool(fields.stream)
             if key.tpm is not None:
-                exchange.token_estimate = _token_estimate(fields, len(exchange.body))
+                exchange.token_estimate = _token_estimate(
+                    fields, len(exchange.body), generates=endpoint.generates
+                )
             exchange.route_key = route_key(snapshot.policy_of(model), exchange.body, session)
             if show_route:
                 exchange.route_header = b""
@@ -534,8 +536,11 @@ DEFAULT_OUTPUT_TOKENS = 256
 """Reserved for the answer of a request that says no maximum."""
 
 
-def _token_estimate(fields: RoutingFields, body_bytes: int) -> int:
-    """The tokens a tpm limit reserves for a request until its usage is known."""
+def _token_estimate(fields: RoutingFields, body_bytes: int, *, generates: bool) -> int:
+    """The tokens a tpm limit reserves for a request until its usage is known: its input,
+    and, for an API that ``generates``, the most it may generate."""
+    if not generates:
+        return body_bytes // BYTES_PER_TOKEN  # an embedding, a score: input tokens alone
     output = DEFAULT_OUTPUT_TOKENS
     for raw in (fields.max_completion_tokens, fields.max_tokens, fields.max_output_tokens):
         if raw is _ABSENT:

@@ -17,13 +17,16 @@ class Endpoint(msgspec.Struct, frozen=True):
     """The API of ``ModelSpec.apis`` the path belongs to."""
     engine_path: str
     """Where the request goes on the engine."""
+    generates: bool = False
+    """Whether the engine generates an answer's tokens: a tpm limit reserves the most the
+    request may generate besides its input (``completions._token_estimate``)."""
 
 
 JSON_ENDPOINTS: dict[str, Endpoint] = {
-    "/v1/chat/completions": Endpoint("chat", "/v1/chat/completions"),
-    "/v1/completions": Endpoint("completions", "/v1/completions"),
+    "/v1/chat/completions": Endpoint("chat", "/v1/chat/completions", generates=True),
+    "/v1/completions": Endpoint("completions", "/v1/completions", generates=True),
     "/v1/embeddings": Endpoint("embeddings", "/v1/embeddings"),
-    "/v1/responses": Endpoint("responses", "/v1/responses"),
+    "/v1/responses": Endpoint("responses", "/v1/responses", generates=True),
     "/v1/rerank": Endpoint("rerank", "/v1/rerank"),
     "/v1/score": Endpoint("score", "/v1/score"),
     "/v1/tokenize": Endpoint("tokenize", "/tokenize"),

@@ -245,7 +245,7 @@ def test_the_estimate_is_the_prompts_bytes_over_four_and_the_most_the_request_ma
     None
 ):
     def estimate(body: bytes) -> int:
-        return _token_estimate(_parse(body), len(body))
+        return _token_estimate(_parse(body), len(body), generates=True)
 
     prompt = b'{"model":"m","messages":[{"role":"user","content":"' + b"x" * 400 + b'"}]'
     assert estimate(prompt + b',"max_tokens":12}') == len(prompt + b',"max_tokens":12}') // 4 + 12
