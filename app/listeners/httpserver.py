@@ -430,7 +430,11 @@ class HttpConnection(asyncio.Protocol):
         if self.transport.is_closing() or self._lingering:
             return
         current = self._current
-        if current is None or not current.started:
+        # The request the refusal would answer: the one being answered, or else the one
+        # whose body is still coming in, answered already when it needed none of it (a
+        # second answer to it would be read as the answer to the next request).
+        answering = current if current is not None else self._reading
+        if answering is None or not answering.started:
             content_type, body = self.listener.refusal(status, message)
             self.transport.write(closing_answer(status, content_type, body))
         for exchange in (current, self._reading, *self._waiting):

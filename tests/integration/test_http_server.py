@@ -642,6 +642,20 @@ async def test_a_connection_whose_body_came_after_its_answer_is_closed_when_idle
         await client.close()
 
 
+async def test_a_body_that_never_ends_after_its_answer_gets_no_second_answer() -> None:
+    """A refusal that needs no body goes before the body; a client that then never sends
+    the rest has its connection closed at the body's bound, and is sent nothing more: a
+    408 then would be a second answer to a request already answered."""
+    limits = ListenerLimits(header_timeout_s=0.4, body_timeout_s=0.4, max_connections=8)
+    async with serving(Echo(read_body=False), limits=limits, idle_s=5.0) as (_, port):
+        client = await Client.to(port)
+        await client.send(b"POST /early HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\n")
+        assert (await client.answer())[2] == b"POST /early? "
+        await client.send(b"hel")
+        assert await client.closed()
+        await client.close()
+
+
 async def test_a_full_listener_answers_the_next_connection_503() -> None:
     limits = ListenerLimits(max_connections=2)
     async with serving(Echo(), limits=limits) as (_, port):
