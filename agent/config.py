@@ -9,6 +9,7 @@ combined), and ``resolve`` checks the result and fills in the defaults. Every pr
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -22,6 +23,7 @@ import msgspec
 from msgspec import UNSET
 from msgspec import UnsetType as Unset
 
+from agent.engines.readiness import DEFAULT_LIVENESS, Liveness
 from agent.gpus import parse_fake_gpus
 from app.pki.errors import InvalidRequest
 from app.pki.names import check_subject_name
@@ -80,6 +82,8 @@ class AgentSettings:
     open_timeout: float | None = None
     next_server_after: float | None = None
     engines_on_exit: str | None = None
+    liveness_interval: float | None = None
+    liveness_failures: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,6 +112,8 @@ class AgentConfig:
     engines_on_exit: EnginesOnExit = "keep"
     """What the agent does with its engines when it is stopped (SIGTERM, SIGINT): ``keep``
     them running, as an agent upgrade wants, or ``stop`` them and report each stop first."""
+    liveness: Liveness = DEFAULT_LIVENESS
+    """How a serving engine's health is checked (``agent.engines.readiness``)."""
 
     @property
     def fake_gpu_health_file(self) -> Path:
@@ -134,6 +140,8 @@ class _FileSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     open_timeout: float | Unset = UNSET
     next_server_after: float | Unset = UNSET
     engines_on_exit: str | Unset = UNSET
+    liveness_interval: float | Unset = UNSET
+    liveness_failures: int | Unset = UNSET
 
 
 def fake_gpu_health_file(state_dir: Path) -> Path:
@@ -162,6 +170,8 @@ def settings_from_env(environ: Mapping[str, str]) -> AgentSettings:
     connect_timeout = get("CONNECT_TIMEOUT")
     open_timeout = get("OPEN_TIMEOUT")
     next_server_after = get("NEXT_SERVER_AFTER")
+    liveness_interval = get("LIVENESS_INTERVAL")
+    liveness_failures = get("LIVENESS_FAILURES")
     return AgentSettings(
         servers=None if servers is None else tuple(re.split(r"[\s,]+", servers)),
         node_id=get("NODE_ID"),
@@ -187,6 +197,12 @@ def settings_from_env(environ: Mapping[str, str]) -> AgentSettings:
         if next_server_after is None
         else _seconds(next_server_after, f"{ENV_PREFIX}NEXT_SERVER_AFTER"),
         engines_on_exit=get("ENGINES_ON_EXIT"),
+        liveness_interval=None
+        if liveness_interval is None
+        else _seconds(liveness_interval, f"{ENV_PREFIX}LIVENESS_INTERVAL"),
+        liveness_failures=None
+        if liveness_failures is None
+        else _count(liveness_failures, f"{ENV_PREFIX}LIVENESS_FAILURES"),
     )
 
 
@@ -220,6 +236,8 @@ def settings_from_file(path: Path) -> AgentSettings:
         open_timeout=_given(read.open_timeout),
         next_server_after=_given(read.next_server_after),
         engines_on_exit=_given(read.engines_on_exit),
+        liveness_interval=_given(read.liveness_interval),
+        liveness_failures=_given(read.liveness_failures),
     )
 
 
@@ -261,6 +279,14 @@ def resolve(settings: AgentSettings, environ: Mapping[str, str]) -> AgentConfig:
     ):
         if seconds is not None and not seconds > 0:
             raise ConfigError(f"{flag} {seconds}: expected a positive number of seconds")
+    interval_s = settings.liveness_interval
+    if interval_s is not None and not (0 <= interval_s < math.inf):
+        raise ConfigError(
+            f"--liveness-interval {interval_s}: expected a number of seconds, 0 for no checks"
+        )
+    failures = settings.liveness_failures
+    if failures is not None and failures < 1:
+        raise ConfigError(f"--liveness-failures {failures}: expected at least 1")
     return AgentConfig(
         servers=tuple(parse_server(server) for server in settings.servers),
         node_id=node_id,
@@ -282,6 +308,10 @@ def resolve(settings: AgentSettings, environ: Mapping[str, str]) -> AgentConfig:
         open_timeout_s=settings.open_timeout or DEFAULT_OPEN_TIMEOUT_S,
         next_server_after_s=settings.next_server_after or DEFAULT_NEXT_SERVER_AFTER_S,
         engines_on_exit=parse_engines_on_exit(settings.engines_on_exit or "keep"),
+        liveness=Liveness(
+            interval_s=DEFAULT_LIVENESS.interval_s if interval_s is None else interval_s,
+            failures=failures or DEFAULT_LIVENESS.failures,
+        ),
     )
 
 
@@ -396,6 +426,13 @@ def _seconds(text: str, source: str) -> float:
         return float(text)
     except ValueError as exc:
         raise ConfigError(f"{source} {text!r}: expected a number of seconds") from exc
+
+
+def _count(text: str, source: str) -> int:
+    try:
+        return int(text)
+    except ValueError as exc:
+        raise ConfigError(f"{source} {text!r}: expected a whole number") from exc
 
 
 def _given(value: T | Unset) -> T | None:

@@ -155,6 +155,20 @@ def run(
             "disconnect). [default: keep]"
         ),
     ] = None,
+    liveness_interval: Annotated[
+        float | None,
+        Parameter(
+            help="Seconds between two health checks of a serving engine (GET /health for "
+            "vLLM, SGLang and llama.cpp), and the most one may take; 0 checks nothing. An "
+            "engine dead behind its HTTP server (vLLM's, once its engine core died, answers "
+            "503) is ended and reported failed, so the control plane replaces it. "
+            "[default: 10]"
+        ),
+    ] = None,
+    liveness_failures: Annotated[
+        int | None,
+        Parameter(help="Health checks missed in a row that end a serving engine. [default: 3]"),
+    ] = None,
     config: Annotated[
         Path | None, Parameter(help="A TOML file of settings. [default: $LLMGW_AGENT_CONFIG]")
     ] = None,
@@ -184,6 +198,8 @@ def run(
             open_timeout=open_timeout,
             next_server_after=next_server_after,
             engines_on_exit=engines_on_exit,
+            liveness_interval=liveness_interval,
+            liveness_failures=liveness_failures,
         )
         settings = load_config(flags, os.environ, config)
     except ConfigError as exc:

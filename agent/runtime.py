@@ -247,7 +247,9 @@ class AgentRuntime:
         self._gpu_lock = asyncio.Lock()
         self._snapshot = GpuSnapshot(gpus=())
         self._unreported_gpu_changes: list[GpuHealthChange] = []
-        self._supervisor = EngineSupervisor(config.state_dir, self._shard_changed)
+        self._supervisor = EngineSupervisor(
+            config.state_dir, self._shard_changed, liveness=config.liveness
+        )
         self._ledger = CommandLedger()
         self._causes: dict[ShardKey, str] = {}
         self._turns: Turns[ShardKey] = Turns()

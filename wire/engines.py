@@ -113,6 +113,12 @@ class EngineProfile(msgspec.Struct, frozen=True, kw_only=True):
     """How one request is cancelled."""
     failure_patterns: tuple[FailurePattern, ...] = _COMMON_FAILURES
     """Most specific first: the first pattern that any line matches gives the reason."""
+    liveness_path: str | None = None
+    """Asked every ``--liveness-interval`` once the engine serves: an engine whose HTTP server
+    runs on while the engine behind it died (vLLM's ``/health`` answers 503 once its engine
+    core is dead) is ended after ``--liveness-failures`` misses in a row and reported
+    failed, so the control plane replaces it. None: the engine's health is not known, and
+    it is never ended for it."""
     programs: tuple[str, ...] = ()
     """What a command running this engine itself starts (a path's last part, or the package
     of ``python -m``): anything else only speaks its API, and says so where it is shown."""
@@ -121,6 +127,7 @@ class EngineProfile(msgspec.Struct, frozen=True, kw_only=True):
 VLLM = EngineProfile(
     name="vllm",
     readiness_paths=("/health", "/v1/models"),
+    liveness_path="/health",
     loading="nothing listens on the port until the weights are loaded; /health then answers 200",
     metrics=MetricNames(
         waiting=("vllm:num_requests_waiting",),
@@ -134,6 +141,7 @@ VLLM = EngineProfile(
 SGLANG = EngineProfile(
     name="sglang",
     readiness_paths=("/health", "/v1/models"),
+    liveness_path="/health",
     loading="nothing listens until the weights are loaded; /health may answer 503 until its "
     "warm-up request has run",
     metrics=MetricNames(
@@ -148,6 +156,7 @@ SGLANG = EngineProfile(
 LLAMACPP = EngineProfile(
     name="llamacpp",
     readiness_paths=("/health", "/v1/models"),
+    liveness_path="/health",
     loading='listens at once; /health answers 503 ("Loading model") until the model is loaded',
     metrics=MetricNames(
         waiting=("llamacpp:requests_deferred",),

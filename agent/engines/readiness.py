@@ -2,11 +2,17 @@
 ``/health`` and ``/v1/models`` for vLLM, SGLang and llama.cpp) answers 200, and every socket
 listening on its port is the engine's own (``agent.engines.port_owner``). Anything else,
 a refused connection or llama.cpp's 503 while it loads, means "not yet".
+
+Then, while it serves, its liveness path (``/health``) is asked every ``Liveness.interval_s``:
+``Liveness.failures`` misses in a row (an answer other than 200, or none within the
+interval) mean the engine is dead behind its HTTP server, as a vLLM whose engine core died
+is, answering 503 to its health checks and 500 to every request for as long as it is left.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import httpx
 
@@ -22,6 +28,23 @@ a drain's replacement while the original holds its GPU): half a second cost a st
 quarter of a second on average. A check of an engine still loading is a refused connection
 on loopback (0.8 ms of the agent's CPU) or one small answer (llama.cpp's 503): asking ten
 times a second costs under 1 % of a core per engine starting."""
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """How a serving engine's health is checked; an ``interval_s`` of 0 checks nothing."""
+
+    interval_s: float = 10.0
+    """Between two checks, and the most one may take."""
+    failures: int = 3
+    """Misses in a row that end the engine: at the default, 30 s without a healthy answer."""
+
+    @property
+    def checked(self) -> bool:
+        return self.interval_s > 0
+
+
+DEFAULT_LIVENESS = Liveness()
 
 
 def readiness_url(port: int) -> str:
@@ -73,3 +96,38 @@ async def _all_answer_ok(
         except (httpx.HTTPError, TimeoutError):
             return False
     return True
+
+
+async def wait_until_unhealthy(port: int, path: str, liveness: Liveness) -> str:
+    """Check ``path`` on ``port`` every ``liveness.interval_s`` until ``liveness.failures``
+    checks in a row miss; return why, for the engine's failure (or run until cancelled)."""
+    interval_s = liveness.interval_s
+    async with httpx.AsyncClient(
+        base_url=readiness_url(port), timeout=interval_s, trust_env=False
+    ) as client:
+        missed = 0
+        while True:
+            await asyncio.sleep(interval_s)
+            miss = await _health_miss(client, path, interval_s)
+            missed = 0 if miss is None else missed + 1
+            if missed >= liveness.failures:
+                return (
+                    f"the engine stopped answering its health checks: GET {path} {miss} "
+                    f"({missed} checks in a row, {interval_s:g} s apart)"
+                )
+
+
+async def _health_miss(client: httpx.AsyncClient, path: str, timeout_s: float) -> str | None:
+    """None when ``path`` answers 200 within ``timeout_s``; else what it did instead. Only
+    the status is read, as in the readiness checks."""
+    try:
+        async with asyncio.timeout(timeout_s), client.stream("GET", path) as response:
+            if response.status_code == 200:
+                return None
+            return f"answered {response.status_code}"
+    except (TimeoutError, httpx.TimeoutException):
+        return f"did not answer within {timeout_s:g} s"
+    except httpx.ConnectError:
+        return "was refused (nothing listens on the port)"
+    except httpx.HTTPError as exc:
+        return f"failed: {type(exc).__name__}"

@@ -52,7 +52,13 @@ from agent.engines.logfiles import rotate_log
 from agent.engines.logtail import read_log_tail
 from agent.engines.port_owner import HeldElsewhere, check_port_owner
 from agent.engines.processes import AdoptedProcess, ChildProcess, EngineProcess, spawn_engine
-from agent.engines.readiness import READINESS_INTERVAL_S, wait_until_serving
+from agent.engines.readiness import (
+    DEFAULT_LIVENESS,
+    READINESS_INTERVAL_S,
+    Liveness,
+    wait_until_serving,
+    wait_until_unhealthy,
+)
 from agent.engines.records import (
     LaunchRecord,
     RecordStore,
@@ -95,7 +101,8 @@ class _Watched:
     monitor: asyncio.Task[None] | None = None
     stopping: bool = False
     refusal: str | None = None
-    """Why the supervisor ended the engine itself (its port is another process's)."""
+    """Why the supervisor ended the engine itself (its port is another process's, or it
+    stopped answering its health checks)."""
 
 
 class EngineSupervisor:
@@ -107,12 +114,14 @@ class EngineSupervisor:
         poll_interval_s: float = 0.5,
         readiness_interval_s: float = READINESS_INTERVAL_S,
         failed_kept: int = FAILED_KEPT,
+        liveness: Liveness = DEFAULT_LIVENESS,
     ) -> None:
         self._records = RecordStore(state_dir)
         self._logs_dir = state_dir / "logs"
         self._on_change = on_change
         self._poll_interval_s = poll_interval_s
         self._readiness_interval_s = readiness_interval_s
+        self._liveness = liveness
         self._running: dict[ShardKey, _Watched] = {}
         self._failed: dict[ShardKey, ShardRecord] = {}
         """Failed shards, oldest first, at most ``failed_kept`` (``FAILED_KEPT``)."""
@@ -322,7 +331,8 @@ class EngineSupervisor:
 
     async def _monitor(self, watched: _Watched) -> None:
         """Report ``ready`` once the engine serves on a port of its own, and ``failed`` as
-        soon as it exits, or once it is ended because another process holds its port."""
+        soon as it exits, or once it is ended because another process holds its port or,
+        serving, it stopped answering its health checks."""
         record = watched.record
         # The monitor's own task: every line it logs names its shard.
         structlog.contextvars.bind_contextvars(
@@ -345,6 +355,7 @@ class EngineSupervisor:
             failure = ready.exception()
             if failure is None:
                 self._transition(watched, ShardState.READY)
+                await self._check_liveness(watched)
             elif isinstance(failure, PortHeldElsewhere):
                 log.warning("engine_port_held_elsewhere", pid=record.pid, reason=str(failure))
                 watched.refusal = str(failure)
@@ -364,6 +375,30 @@ class EngineSupervisor:
         self._running.pop(watched.record.key, None)
         self._records.remove(watched.record.key)
         self._remember_failed(watched.record)
+
+    async def _check_liveness(self, watched: _Watched) -> None:
+        """While the engine runs, check its health (``agent.engines.readiness``); end it
+        once it misses too many checks in a row."""
+        record = watched.record
+        path = profile_of(record.engine).liveness_path
+        if path is None or not self._liveness.checked:
+            return
+        unhealthy = asyncio.create_task(wait_until_unhealthy(record.port, path, self._liveness))
+        try:
+            done, _ = await asyncio.wait(
+                {unhealthy, watched.exit}, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            unhealthy.cancel()
+        if unhealthy not in done or watched.exit.done():
+            return
+        failure = unhealthy.exception()
+        if failure is not None:
+            log.error("engine_liveness_check_failed", pid=record.pid, exc_info=failure)
+            return
+        watched.refusal = unhealthy.result()
+        log.warning("engine_unhealthy", pid=record.pid, reason=watched.refusal)
+        await self._end(watched)
 
     async def _end(self, watched: _Watched) -> None:
         """Send the engine's group its stop signal, SIGKILL it after ``REFUSED_GRACE_S``."""

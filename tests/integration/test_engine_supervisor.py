@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import msgspec
@@ -40,6 +41,7 @@ from agent.engines import (
     ShardSpec,
     ShardState,
 )
+from agent.engines.readiness import Liveness
 from agent.engines.recorded_stop import stop_recorded_engines
 from agent.engines.records import (
     RecordStore,
@@ -128,6 +130,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.answer(200, b"bye")
             print("crashing on request", flush=True)
             os._exit(7)
+        if self.path == "/sicken":  # as a vLLM whose engine core died: the server runs on
+            args.health_status = 503
+            self.answer(200, b"sick")
+            return
         self.answer(404, b"")
 
     def answer(self, status, body):
@@ -203,7 +209,7 @@ class Node:
     engines: dict[int, int] = field(default_factory=dict)  # pid -> start time
     workers: dict[int, int] = field(default_factory=dict)  # pid -> start time
 
-    def agent(self, **settings: int) -> Agent:
+    def agent(self, **settings: Any) -> Agent:
         """``settings``: the supervisor's keyword arguments, for a test that lowers a bound."""
         log = ChangeLog()
 
@@ -917,6 +923,7 @@ async def test_stop_engines_kills_the_workers_a_leader_stopped_by_sigterm_leaves
 AGENT_KILLED_MID_START = r"""
 import asyncio, sys
 from pathlib import Path
+from typing import Any
 from agent.engines import EngineSupervisor, ShardSpec
 
 state_dir, engine, port = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
@@ -1053,3 +1060,26 @@ async def test_an_engine_whose_log_cannot_be_read_is_still_reported_failed(node:
 
     assert (failed.error, failed.log_tail) == ("engine exited with code 3", ())
     assert [record.state for record in agent.supervisor.inventory()] == [ShardState.FAILED]
+
+
+async def test_a_serving_engine_that_stops_answering_its_health_checks_is_ended_and_failed(
+    node: Node,
+) -> None:
+    """vLLM's HTTP server runs on when its engine core dies, answering /health 503 and every
+    request 500: without a check past readiness, it stayed ``ready`` for ever, and the
+    control plane never replaced it."""
+    agent = node.agent(liveness=Liveness(interval_s=0.1, failures=3))
+    spec = node.spec()
+    record = await agent.supervisor.start(spec)
+    await agent.log.wait_for(spec.key, ShardState.READY)
+
+    async with httpx.AsyncClient() as client:
+        await client.post(f"http://127.0.0.1:{spec.port}/sicken", timeout=5)
+    failed = await agent.log.wait_for(spec.key, ShardState.FAILED)
+
+    assert failed.error == (
+        "the engine stopped answering its health checks: GET /health answered 503 "
+        "(3 checks in a row, 0.1 s apart)"
+    )
+    assert not is_same_process(record)
+    assert [r.state for r in agent.supervisor.inventory()] == [ShardState.FAILED]

@@ -18,6 +18,7 @@ from agent.config import (
     default_state_dir,
     load_config,
 )
+from agent.engines.readiness import Liveness
 from agent.gpus.fake import read_health_file
 from agent.main import EXIT_OK, EXIT_USAGE, app
 
@@ -140,6 +141,21 @@ def test_the_reconnect_delay_cap_comes_from_the_environment_in_seconds(node_file
         load_config(flags(node_files), {"LLMGW_AGENT_RECONNECT_MAX_DELAY": "soon"})
 
 
+def test_serving_engines_are_checked_every_ten_seconds_ended_after_three_misses(
+    node_files: Path,
+) -> None:
+    assert load_config(flags(node_files), {}).liveness == Liveness(interval_s=10.0, failures=3)
+    environ = {"LLMGW_AGENT_LIVENESS_INTERVAL": "0", "LLMGW_AGENT_LIVENESS_FAILURES": "5"}
+    assert load_config(flags(node_files), environ).liveness == Liveness(0.0, 5)
+    assert not Liveness(0.0, 5).checked
+    told = flags(node_files, liveness_interval=2.5, liveness_failures=2)
+    assert load_config(told, environ).liveness == Liveness(2.5, 2)
+    config_file = write_config(node_files, "liveness_interval = 30\nliveness_failures = 4\n")
+    assert load_config(flags(node_files), {}, config_file).liveness == Liveness(30.0, 4)
+    with pytest.raises(ConfigError, match="LLMGW_AGENT_LIVENESS_FAILURES 'many': expected"):
+        load_config(flags(node_files), {"LLMGW_AGENT_LIVENESS_FAILURES": "many"})
+
+
 @pytest.mark.parametrize(
     ("is_root", "environ", "expected"),
     [
@@ -176,6 +192,9 @@ def test_the_state_directory_defaults_by_who_runs_the_agent(
         ({"connect_timeout": -1.0}, "--connect-timeout -1.0: expected a positive number"),
         ({"open_timeout": 0.0}, "--open-timeout 0.0: expected a positive number"),
         ({"next_server_after": -5.0}, "--next-server-after -5.0: expected a positive number"),
+        ({"liveness_interval": -1.0}, "--liveness-interval -1.0: expected a number of seconds"),
+        ({"liveness_interval": float("nan")}, "--liveness-interval nan: expected"),
+        ({"liveness_failures": 0}, "--liveness-failures 0: expected at least 1"),
     ],
 )
 def test_a_bad_setting_is_refused_with_a_message_naming_it(
