@@ -53,8 +53,8 @@ def decide(state: ClusterState, report: AgentReport) -> Decision:
             return agent_connected(state, inventory, replaced_previous=replaced)
         case HeartbeatReport(node_id=node_id, gpu_changes=changes):
             return gpu_health_reported(state, node_id, changes)
-        case ShardStatusReport(node_id=node_id, phase=phase):
-            return shard_reported(state, node_id, phase)
+        case ShardStatusReport(node_id=node_id, phase=phase, port=port):
+            return shard_reported(state, node_id, phase, port=port)
         case AgentDisconnected(node_id=node_id, reason=reason):
             return agent_gone(state, node_id, reason)
         case IdentityClaim():
@@ -125,17 +125,27 @@ def gpu_health_reported(
     return _health_changes(node_id, node.gpus, changes, unknown_is_healthy=False)
 
 
-def shard_reported(state: ClusterState, node_id: str, report: ShardPhaseReport) -> Decision:
+def shard_reported(
+    state: ClusterState, node_id: str, report: ShardPhaseReport, *, port: int
+) -> Decision:
     """The shard's new phase, if the log places that shard on this node and its phase
     changes. A report about a shard the log does not place here is left for the
-    reconciler, which decides what to do with strays."""
+    reconciler, which decides what to do with strays; so is an engine running at another
+    ``port`` than the log's: it is not the copy the log placed, and adoption decides
+    whether it takes that copy's place. An engine of the shard that ends is recorded at
+    any port: an agent runs one engine per shard, so none runs at the log's port either."""
     replica = state.replicas.get(report.replica_id)
     if replica is None or not 0 <= report.shard_index < len(replica.shards):
         return []
     shard = replica.shards[report.shard_index]
     if shard.node_id != node_id or shard.phase is report.phase:
         return []
+    if report.phase in _RUNNING and port != shard.port:
+        return []
     return [(replica_stream(report.replica_id), _shard_event(node_id, report))]
+
+
+_RUNNING = frozenset({ShardPhase.STARTING, ShardPhase.READY})
 
 
 def _shard_event(node_id: str, report: ShardPhaseReport) -> AnyEvent:

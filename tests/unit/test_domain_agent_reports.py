@@ -14,6 +14,7 @@ import pytest
 from app.domain.agent_reports import (
     agent_connected,
     agent_gone,
+    decide,
     gpu_health_reported,
     identity_rejected,
     shard_reported,
@@ -42,6 +43,7 @@ from app.domain.reports import (
     IdentityClaim,
     ReportedPhase,
     ShardPhaseReport,
+    ShardStatusReport,
 )
 from app.domain.state import ClusterState, ShardPhase
 
@@ -112,11 +114,13 @@ def registered(*gpus: GpuInfo) -> NodeRegistered:
 
 
 STREAM = f"node-{NODE}"
+PORT = 20001
+"""Where ``PLACED`` puts its shard."""
 PLACED = ReplicaPlaced(
     replica_id="llama-1",
     model="llama",
     number=1,
-    shards=(ShardPlacement(index=0, node_id=NODE, gpus=(0,), port=20001),),
+    shards=(ShardPlacement(index=0, node_id=NODE, gpus=(0,), port=PORT),),
 )
 
 
@@ -286,7 +290,7 @@ def test_a_placed_shard_moves_to_the_phase_its_agent_reports(
 ) -> None:
     state = given(registered(gpu(0)), PLACED)
 
-    decision = shard_reported(state, NODE, report(phase, pid=4242, exit_code=0))
+    decision = shard_reported(state, NODE, report(phase, pid=4242, exit_code=0), port=PORT)
 
     assert decision == [("replica-llama-1", expected)]
 
@@ -302,7 +306,7 @@ def test_a_failed_shard_keeps_the_error_and_the_log_tail() -> None:
         log_tail=("loading", "OutOfMemoryError"),
     )
 
-    decision = shard_reported(state, NODE, failed)
+    decision = shard_reported(state, NODE, failed, port=PORT)
 
     assert decision == [
         (
@@ -325,7 +329,7 @@ def test_a_shard_stopped_before_it_was_ready_keeps_the_log_tail() -> None:
     )
     stopped = report(ShardPhase.STOPPED, exit_code=0, log_tail=("loading weights",))
 
-    [(_, event)] = shard_reported(state, NODE, stopped)
+    [(_, event)] = shard_reported(state, NODE, stopped, port=PORT)
 
     assert isinstance(event, ShardStopped)
     assert event.log_tail == ("loading weights",)
@@ -339,7 +343,7 @@ def test_a_stop_its_agent_made_on_purpose_is_recorded_with_the_agent_s_reason() 
         replica_id="llama-1", shard_index=0, phase=ShardPhase.STOPPED, reason="agent shutting down"
     )
 
-    [(_, event)] = shard_reported(state, NODE, stopped)
+    [(_, event)] = shard_reported(state, NODE, stopped, port=PORT)
 
     assert isinstance(event, ShardStopped)
     assert event.reason == "agent shutting down"
@@ -348,7 +352,7 @@ def test_a_stop_its_agent_made_on_purpose_is_recorded_with_the_agent_s_reason() 
 def test_a_failure_without_an_error_is_explained_by_its_exit_code() -> None:
     state = given(PLACED)
 
-    [(_, event)] = shard_reported(state, NODE, report(ShardPhase.FAILED, exit_code=137))
+    [(_, event)] = shard_reported(state, NODE, report(ShardPhase.FAILED, exit_code=137), port=PORT)
 
     assert isinstance(event, ShardFailed)
     assert event.error == "exited with code 137"
@@ -357,7 +361,7 @@ def test_a_failure_without_an_error_is_explained_by_its_exit_code() -> None:
 def test_a_repeated_phase_is_not_recorded_again() -> None:
     state = given(PLACED, ShardReady(replica_id="llama-1", shard_index=0, node_id=NODE))
 
-    assert shard_reported(state, NODE, report(ShardPhase.READY)) == []
+    assert shard_reported(state, NODE, report(ShardPhase.READY), port=PORT) == []
 
 
 @pytest.mark.parametrize(
@@ -370,7 +374,35 @@ def test_a_shard_the_log_does_not_place_on_that_node_is_left_to_the_reconciler(
 ) -> None:
     stray = ShardPhaseReport(replica_id=replica_id, shard_index=shard_index, phase=ShardPhase.READY)
 
-    assert shard_reported(given(PLACED), node_id, stray) == []
+    assert shard_reported(given(PLACED), node_id, stray, port=PORT) == []
+
+
+@pytest.mark.parametrize("phase", [ShardPhase.STARTING, ShardPhase.READY])
+def test_a_shard_running_at_another_port_than_placed_is_left_to_the_reconciler(
+    phase: ReportedPhase,
+) -> None:
+    """Before, a ``ready`` at port 20002 for the shard placed at 20001 was recorded: the log
+    had the placed copy up, the gateway routed to 20001, where nothing answers, and the
+    next adoption stopped the engine that really runs, at 20002, as a second copy. Now the
+    log's copy changes only on news of itself; adoption judges the other engine."""
+    state = given(registered(gpu(0)), PLACED)
+    elsewhere = ShardStatusReport(node_id=NODE, phase=report(phase, pid=4242), port=PORT + 1)
+
+    assert decide(state, elsewhere) == []
+
+
+@pytest.mark.parametrize("phase", [ShardPhase.FAILED, ShardPhase.STOPPED])
+def test_a_shard_that_ends_at_another_port_than_placed_is_recorded(phase: ReportedPhase) -> None:
+    """An agent runs one engine per shard, so an engine of this shard that ends elsewhere
+    says that none runs at the placed port either."""
+    ready = ShardReady(replica_id="llama-1", shard_index=0, node_id=NODE)
+    state = given(registered(gpu(0)), PLACED, ready)
+    elsewhere = ShardStatusReport(node_id=NODE, phase=report(phase, exit_code=1), port=PORT + 1)
+
+    [(stream, event)] = decide(state, elsewhere)
+
+    assert stream == "replica-llama-1"
+    assert isinstance(event, ShardFailed | ShardStopped)
 
 
 # -- identity and disconnects ------------------------------------------------------------
