@@ -21,7 +21,9 @@ agent reports running:
   replaced): a stray. The engine of a replica that ended otherwise (stopped, failed, timed
   out) is simply stopped: that is the plan, not a surprise.
 
-Each case is an event naming the rule that applied.
+Each case is an event naming the rule that applied. A node has at most
+``STRAYS_REMEMBERED`` stray stops under way (``_stray``), so one that stops none of its
+strays cannot have them recorded again at every pass.
 """
 
 from __future__ import annotations
@@ -36,7 +38,14 @@ from app.domain.events import (
     replica_stream,
 )
 from app.domain.reports import FleetView, ReportedShard
-from app.domain.state import ACTIVE_PHASES, Node, Replica, ReplicaPhase, ShardPhase
+from app.domain.state import (
+    ACTIVE_PHASES,
+    STRAYS_REMEMBERED,
+    Node,
+    Replica,
+    ReplicaPhase,
+    ShardPhase,
+)
 
 MATCHES = "matches the log"
 NEVER_CAME_UP = "the log's copy never came up; the running engine takes its place"
@@ -44,42 +53,31 @@ NEVER_CAME_UP = "the log's copy never came up; the running engine takes its plac
 
 def adopt_reported(draft: Draft, fleet: FleetView, stray_grace_s: float) -> None:
     for node_id in sorted(fleet.reports):
-        for reported in fleet.reports[node_id].shards.values():
-            if reported.running:
-                _adopt_one(draft, node_id, reported, stray_grace_s)
+        running = [s for s in fleet.reports[node_id].shards.values() if s.running]
+        running_keys = {_stray_key(s) for s in running}
+        for reported in running:
+            rule = _adopt_one(draft, node_id, reported)
+            if rule is not None:
+                _stray(draft, node_id, reported, rule, stray_grace_s, running_keys)
 
 
-def _adopt_one(draft: Draft, node_id: str, reported: ReportedShard, stray_grace_s: float) -> None:
+def _adopt_one(draft: Draft, node_id: str, reported: ReportedShard) -> str | None:
+    """Adopt ``reported`` if it is the log's; the rule that makes it a stray otherwise, or
+    None when it needs nothing."""
     state = draft.state
     replica = state.replicas.get(reported.replica_id)
     if replica is None:
-        _stray(draft, node_id, reported, "the log knows no such replica", stray_grace_s)
-        return
+        return "the log knows no such replica"
     if replica.phase not in ACTIVE_PHASES:
         if replica.phase is not ReplicaPhase.LOST and _is_logged_copy(replica, node_id, reported):
-            return  # our own engine of a replica that ended: its stop command is on the way
-        _stray(
-            draft,
-            node_id,
-            reported,
-            f"replica {replica.id} is {replica.phase.value}",
-            stray_grace_s,
-        )
-        return
+            return None  # our own engine of a replica that ended: its stop command is on the way
+        return f"replica {replica.id} is {replica.phase.value}"
     if reported.shard_index >= len(replica.shards):
-        _stray(
-            draft,
-            node_id,
-            reported,
-            f"replica {replica.id} has no shard {reported.shard_index}",
-            stray_grace_s,
-        )
-        return
+        return f"replica {replica.id} has no shard {reported.shard_index}"
     shard = replica.shards[reported.shard_index]
     refusal = _not_vouched(state.nodes.get(node_id), shard.node_id, reported)
     if refusal is not None:
-        _stray(draft, node_id, reported, refusal, stray_grace_s)
-        return
+        return refusal
     if shard.port == reported.port:
         if shard.epoch != draft.epoch:
             _adopt(draft, node_id, reported, MATCHES)
@@ -88,15 +86,14 @@ def _adopt_one(draft: Draft, node_id: str, reported: ReportedShard, stray_grace_
                 replica_id=reported.replica_id, shard_index=reported.shard_index, node_id=node_id
             )
             draft.emit(replica_stream(reported.replica_id), shard_ready)
-        return
+        return None
     if not shard.came_up:
         _adopt(draft, node_id, reported, NEVER_CAME_UP)
-        return
-    rule = (
+        return None
+    return (
         f"the log's copy came up on {shard.node_id} port {shard.port}; "
         "two engines run and this one was not asked for"
     )
-    _stray(draft, node_id, reported, rule, stray_grace_s)
 
 
 def _not_vouched(node: Node | None, placed_on: str, reported: ReportedShard) -> str | None:
@@ -134,10 +131,24 @@ def _adopt(draft: Draft, node_id: str, reported: ReportedShard, rule: str) -> No
     )
 
 
-def _stray(draft: Draft, node_id: str, reported: ReportedShard, rule: str, grace_s: float) -> None:
+def _stray(
+    draft: Draft,
+    node_id: str,
+    reported: ReportedShard,
+    rule: str,
+    grace_s: float,
+    running_keys: set[str],
+) -> None:
+    """Record the stray once and send its stop. The node remembers the last
+    ``STRAYS_REMEMBERED`` strays recorded on it; while that many of them still run (their
+    stops on their way, or never obeyed), a new one waits, unrecorded and not yet stopped:
+    recording it would forget one that runs, recorded anew at the next pass, and so on, at
+    every pass, for as long as the node reports them."""
     node = draft.state.nodes.get(node_id)
-    key = f"{reported.replica_id}/{reported.shard_index}/{reported.pid}"
+    key = _stray_key(reported)
     if node is not None and key not in node.stray_stops:
+        if sum(k in running_keys for k in node.stray_stops) >= STRAYS_REMEMBERED:
+            return
         draft.emit(
             node_stream(node_id),
             StrayStopped(
@@ -154,3 +165,8 @@ def _stray(draft: Draft, node_id: str, reported: ReportedShard, rule: str, grace
         node_id,
         stray_stop_command(reported.replica_id, reported.shard_index, reported.pid, grace_s),
     )
+
+
+def _stray_key(reported: ReportedShard) -> str:
+    """What a node's ``stray_stops`` remember of a stray: its engine (``app.domain.evolve``)."""
+    return f"{reported.replica_id}/{reported.shard_index}/{reported.pid}"
