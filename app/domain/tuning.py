@@ -6,8 +6,9 @@ read them in that order). Settings already in force record nothing.
 
 The summary is what bench measured, kept in the log with the settings. The autoscaler reads
 one figure of it, ``capacity`` (the concurrency a replica served within its SLO), so that
-figure is bounded; every other number in it must at least be finite, since the log's JSON
-has no infinity or NaN and would turn one into null.
+figure is bounded; every other number in it must at least be one the log gives back as it
+was: finite, since the log's JSON has no infinity or NaN and would turn one into null, and
+within ``MAX_SUMMARY_MAGNITUDE``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ MIN_BENCH_CAPACITY = 1
 one request at a time broke the SLO."""
 MAX_BENCH_CAPACITY = 100_000
 """Far above any engine's concurrency (``MAX_AUTOSCALE_TARGET``)."""
+MAX_SUMMARY_MAGNITUDE = 2**53
+"""The largest number a summary may hold, of either sign: up to it, every whole number is
+exact in any JSON reader and a float reads back from the log as itself. PostgreSQL writes a
+float from 1e16 on as a whole number (1e23 as 1 and 23 zeros, which is not the float), so the
+fold after a restart would differ from the one before, and a fold snapshot cannot hold a
+whole number beyond 64 bits."""
 
 
 class InvalidTuning(InvalidSpec):
@@ -56,7 +63,8 @@ def routing_errors(routing: RoutingSettings, summary: Mapping[str, Any]) -> list
 
 def summary_errors(summary: Mapping[str, Any]) -> list[SpecError]:
     """What is wrong with a bench summary: its ``capacity`` out of bounds, any number in it
-    not finite, any string in it holding a control character other than a tab or line feed."""
+    not finite or beyond ``MAX_SUMMARY_MAGNITUDE``, any string in it holding a control
+    character other than a tab or line feed."""
     errors: list[SpecError] = []
     capacity = summary.get("capacity", MIN_BENCH_CAPACITY)
     number = isinstance(capacity, int | float) and not isinstance(capacity, bool)
@@ -68,11 +76,19 @@ def summary_errors(summary: Mapping[str, Any]) -> list[SpecError]:
                 "concurrency bench measured a replica serving within its SLO), or absent",
             )
         )
-    errors += [
-        SpecError(field, "must be a finite number")
-        for field in _not_finite(summary, "summary")
-        if field != "summary.capacity"  # said above, with its bounds
-    ]
+    for field, value in _numbers(summary, "summary"):
+        if field == "summary.capacity":
+            continue  # said above, with its bounds
+        if not math.isfinite(value):
+            errors.append(SpecError(field, "must be a finite number"))
+        elif abs(value) > MAX_SUMMARY_MAGNITUDE:
+            errors.append(
+                SpecError(
+                    field,
+                    f"must be between -{MAX_SUMMARY_MAGNITUDE} and {MAX_SUMMARY_MAGNITUDE} "
+                    "(2**53), the numbers the log keeps exactly",
+                )
+            )
     return errors + _text_errors(summary, "summary")
 
 
@@ -93,15 +109,15 @@ def _text_errors(value: object, path: str) -> list[SpecError]:
     return []
 
 
-def _not_finite(value: object, path: str) -> list[str]:
-    """The paths of the numbers in ``value`` that are not finite. A summary arrives decoded
+def _numbers(value: object, path: str) -> list[tuple[str, float]]:
+    """The numbers in ``value`` (not booleans), each with its path. A summary arrives decoded
     from a body the admin API bounds in size and depth, so the recursion is bounded too."""
-    if isinstance(value, float):
-        return [] if math.isfinite(value) else [path]
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return [(path, value)]
     if isinstance(value, Mapping):
-        return [p for key, item in value.items() for p in _not_finite(item, f"{path}.{key}")]
+        return [n for key, item in value.items() for n in _numbers(item, f"{path}.{key}")]
     if isinstance(value, list | tuple):
-        return [p for i, item in enumerate(value) for p in _not_finite(item, f"{path}[{i}]")]
+        return [n for i, item in enumerate(value) for n in _numbers(item, f"{path}[{i}]")]
     return []
 
 

@@ -18,8 +18,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from structlog.testing import capture_logs
 
 from app.domain.envelope import Meta
-from app.domain.events import AnyEvent, NodeCordoned, NodeRegistered, node_stream
+from app.domain.events import (
+    AnyEvent,
+    ModelDeclared,
+    NodeCordoned,
+    NodeRegistered,
+    model_stream,
+    node_stream,
+)
+from app.domain.model_spec import ModelSpec, RoutingSettings
 from app.domain.state import ClusterState
+from app.domain.tuning import InvalidTuning, tune
 from app.store.database import create_engine, driver_url
 from app.store.folded import FoldedEventStore, SnapshotPolicy
 from app.store.interface import AppendRequest, NewEvent
@@ -212,6 +221,49 @@ async def test_projections_rebuild_verify_finds_a_snapshot_that_is_not_the_log(
     assert ("fold_snapshots", f"4/versions/node-{node.id}", "missing") in problems
     (cordoned,) = [d for d in report.differences if d.key == f"4/nodes/{node.id}"]
     assert cordoned.columns == {"cordoned": (False, True)}
+
+
+@pytest.mark.parametrize(
+    "number",
+    [
+        2**53,
+        -(2**53),
+        9.007199254740992e15,
+        0.1,
+        5e-324,
+        2**64,
+        -(2**63) - 1,
+        1e16,
+        1e23,
+        1.2345678901234567e18,
+    ],
+)
+async def test_a_bench_summary_that_tuning_takes_is_given_back_by_a_restart_and_a_snapshot(
+    engine: AsyncEngine, number: float
+) -> None:
+    """The log's JSON reads a float of 1e16 or more back as a whole number (not always the
+    same one), and a snapshot holds no integer beyond 64 bits: such a number must be refused
+    before it reaches the log, or snapshots fail, and the fold differs, after a restart."""
+    writer = PostgresEventStore(engine, policy=None)
+    model = f"m-{uuid.uuid4().hex[:8]}"
+    spec = ModelSpec(name=model, command="vllm serve {model} --port {port}")
+    await writer.append(
+        model_stream(model), 0, [NewEvent(ModelDeclared(model=model, spec=spec))], OPERATOR
+    )
+    settings = RoutingSettings(weight=1.0, target_waiting=4, kv_ceiling=0.9)
+    try:
+        change = tune(writer.state, model, None, settings, {"at_capacity": {"tokens": number}})
+    except InvalidTuning:
+        return  # refused: nothing reaches the log
+    await writer.append(change.stream, None, [NewEvent(e) for e in change.events], OPERATOR)
+
+    restarted, _ = await start(engine)
+    position = await restarted.save_snapshot()
+    from_snapshot, loaded = await start(engine)
+
+    assert restarted.state.models[model] == writer.state.models[model]
+    assert (loaded["snapshot"], loaded["warnings"]) == (position, [])
+    assert from_snapshot.state.models[model] == writer.state.models[model]
 
 
 def test_a_fold_from_a_snapshot_and_the_tail_equals_a_full_replay(database_url: str) -> None:

@@ -210,6 +210,22 @@ def test_every_number_a_summary_holds_must_be_finite() -> None:
     ]
 
 
+@pytest.mark.parametrize("number", [2**53 + 1, -(2**64), 1e16, -1.2345678901234567e18, 1e23])
+def test_a_summary_number_the_log_would_not_give_back_exactly_is_refused(number: float) -> None:
+    summary = {"capacity": 24, "peak": {"tokens": number}, "edges": [2**53, -(2.0**53)]}
+
+    with pytest.raises(InvalidTuning) as refused:
+        tune(cluster(), "llama", None, MEASURED, summary)
+
+    assert [(e.field, e.reason) for e in refused.value.errors] == [
+        (
+            "summary.peak.tokens",
+            "must be between -9007199254740992 and 9007199254740992 (2**53), the numbers the "
+            "log keeps exactly",
+        )
+    ]
+
+
 def test_a_summary_as_bench_writes_it_is_recorded() -> None:
     summary = {**SUMMARY, "capacity": 24, "at_capacity": {"success_rate": 1.0}, "levels": 6}
 
