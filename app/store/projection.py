@@ -14,9 +14,17 @@ from typing import Any
 import msgspec
 
 from app.domain.envelope import Recorded
-from app.domain.events import subjects
+from app.domain.events import CertificateRevoked, subjects
 from app.domain.evolve import evolve
-from app.domain.state import ApiKey, ClusterState, Model, Node, Replica
+from app.domain.state import (
+    ApiKey,
+    CertificateRevocation,
+    ClusterState,
+    Model,
+    Node,
+    Replica,
+    revocation_key,
+)
 
 Row = dict[str, Any]
 
@@ -28,6 +36,8 @@ class Touched(msgspec.Struct):
     nodes: set[str] = msgspec.field(default_factory=set)
     replicas: set[str] = msgspec.field(default_factory=set)
     keys: set[str] = msgspec.field(default_factory=set)
+    revocations: set[str] = msgspec.field(default_factory=set)
+    """Revocations have no table, but an undone fold must put them back too."""
 
     def add(self, recorded: Recorded, state: ClusterState) -> None:
         # Touching an entity the event did not change costs nothing: only entities that
@@ -44,6 +54,8 @@ class Touched(msgspec.Struct):
                 self.models.add(replica.model)
         if about.key is not None:
             self.keys.add(about.key)
+        if isinstance(recorded.event, CertificateRevoked):
+            self.revocations.add(revocation_key(recorded.event.serial, recorded.event.node_id))
 
 
 class RowChanges(msgspec.Struct):
@@ -237,6 +249,7 @@ class Undo(msgspec.Struct):
     nodes: dict[str, Node | None]
     replicas: dict[str, Replica | None]
     keys: dict[str, ApiKey | None]
+    revocations: dict[str, CertificateRevocation | None]
 
     @classmethod
     def take(cls, state: ClusterState, touched: Touched) -> Undo:
@@ -250,6 +263,7 @@ class Undo(msgspec.Struct):
             nodes={k: state.nodes.get(k) for k in touched.nodes},
             replicas={k: state.replicas.get(k) for k in touched.replicas | kept},
             keys={k: state.keys.get(k) for k in touched.keys},
+            revocations={k: state.revocations.get(k) for k in touched.revocations},
         )
 
     def restore(self, state: ClusterState) -> None:
@@ -258,6 +272,7 @@ class Undo(msgspec.Struct):
         _restore(state.nodes, self.nodes)
         _restore(state.replicas, self.replicas)
         _restore(state.keys, self.keys)
+        _restore(state.revocations, self.revocations)
 
 
 def _restore(entities: dict[str, Any], saved: dict[str, Any]) -> None:

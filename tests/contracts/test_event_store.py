@@ -13,7 +13,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.envelope import Meta
 from app.domain.events import (
+    CertificateRevoked,
     ModelDeclared,
+    NodeCordoned,
     NodeRegistered,
     ReplicaPlaced,
     ReplicaServing,
@@ -22,7 +24,8 @@ from app.domain.events import (
     ShardStarting,
 )
 from app.domain.model_spec import ModelSpec
-from app.domain.state import ReplicaPhase, ShardPhase
+from app.domain.state import ReplicaPhase, ShardPhase, revocation_key
+from app.store.codec import encode_event
 from app.store.errors import ConcurrencyError
 from app.store.interface import NO_STREAM, AppendRequest, EventStore, NewEvent
 from app.store.memory import InMemoryEventStore, StoredEvent
@@ -210,6 +213,26 @@ async def test_a_v1_payload_is_upcast_on_read(
         error="exit 1",
         log_tail=("loading weights", "CUDA out of memory"),
     )
+
+
+async def test_an_append_the_log_refuses_leaves_no_trace_in_the_fold(
+    store: EventStore, write_legacy: LegacyWriter
+) -> None:
+    """The fold takes the events in before the log has them (the projection rows come from
+    it), and puts back what they changed when the log refuses them: revocations too."""
+    node = unique("gpu-")
+    registered = NewEvent(NodeRegistered(node_id=node, address="127.0.0.1"))
+    await store.append(f"node-{node}", NO_STREAM, [registered], ALICE)
+    # Another server cordons the node meanwhile: this store's fold has not seen it yet.
+    await write_legacy(f"node-{node}", 2, *encode_event(NodeCordoned(node_id=node, reason="")))
+    revoked = NewEvent(CertificateRevoked(node_id=node, reason="its key leaked"))
+
+    with pytest.raises(ConcurrencyError):
+        await store.append(f"node-{node}", 1, [revoked], ALICE)
+
+    state = await store.catch_up()
+    assert state.nodes[node].cordoned
+    assert revocation_key(None, node) not in state.revocations
 
 
 async def test_concurrent_appenders_to_one_stream_one_wins(store: EventStore) -> None:

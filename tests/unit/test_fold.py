@@ -8,7 +8,7 @@ from typing import get_type_hints
 
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from app.domain.changes import GpuChanges, ModelChanges, NodeChanges, ReplicaChanges, ShardChanges
@@ -17,6 +17,7 @@ from app.domain.events import (
     AnyEvent,
     ApiKeyCreated,
     ApiKeyRevoked,
+    CertificateRevoked,
     GpuInfo,
     GpuMarkedUnhealthy,
     GpuRecovered,
@@ -331,6 +332,39 @@ def test_an_incremental_projection_equals_a_replay(batches: list[list[AnyEvent]]
     assert {t: sorted(map(repr, rows.values())) for t, rows in tables.items()} == {
         t: sorted(map(repr, rows)) for t, rows in rebuilt.items()
     }
+
+
+def _parts(state: ClusterState) -> tuple[object, ...]:
+    return (
+        state.position,
+        dict(state.nodes),
+        dict(state.models),
+        dict(state.replicas),
+        dict(state.keys),
+        dict(state.revocations),
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    histories(st.lists(st.lists(events(), min_size=1, max_size=5), max_size=8)),
+    st.lists(events(), min_size=1, max_size=5),
+)
+@example([], [CertificateRevoked(node_id="gpu-1", reason="its key leaked")])
+@example([], [CertificateRevoked(serial="0a1b", reason="")])
+def test_a_fold_undone_leaves_the_state_as_it_was(
+    batches: list[list[AnyEvent]], batch: list[AnyEvent]
+) -> None:
+    """What an append that does not commit leaves: the state before it, every part of it."""
+    history = log_of(*(event for events in batches for event in events))
+    state = replay(history)
+    before = _parts(state)
+
+    later = [msgspec.structs.replace(r, position=len(history) + r.position) for r in log_of(*batch)]
+    _, undo = fold(state, later)
+    undo.restore(state)
+
+    assert _parts(state) == before
 
 
 def _key(table: str, row: Row) -> str:
