@@ -111,6 +111,22 @@ def _without_negative_zero(value: Any) -> Any:
     return value
 
 
+def storable_meta(meta: Meta) -> Meta:
+    """The envelope exactly as it will read back from the log: NUL characters replaced, as
+    in a payload (the actor and the correlation id are text columns too)."""
+    texts = {
+        "actor": meta.actor,
+        "correlation_id": meta.correlation_id,
+        "causation_id": meta.causation_id,
+    }
+    replaced = {
+        name: text.replace("\x00", "\ufffd")
+        for name, text in texts.items()
+        if text is not None and "\x00" in text
+    }
+    return msgspec.structs.replace(meta, **replaced) if replaced else meta
+
+
 def encode_meta(meta: Meta) -> bytes:
     return _encoder.encode(meta)
 

@@ -39,6 +39,7 @@ import structlog
 from app.clock import utc_now
 from app.domain.envelope import Meta, Recorded
 from app.domain.state import ClusterState, Replica, ReplicaFilter
+from app.store.codec import storable_meta
 from app.store.errors import AlreadyRecorded, ConcurrencyError, LogMovedOn, StoreError
 from app.store.fold_view import FoldView
 from app.store.interface import AppendRequest, NewEvent
@@ -131,6 +132,7 @@ class FoldedEventStore:
         return await self.append_many([AppendRequest(stream, expected_version, events)], meta)
 
     async def append_many(self, requests: Sequence[AppendRequest], meta: Meta) -> list[Recorded]:
+        meta = storable_meta(meta)
         async with self._lock, self._recorder.session() as session:
             if self.started is None:
                 await self._catch_up(session)

@@ -215,6 +215,23 @@ async def test_a_v1_payload_is_upcast_on_read(
     )
 
 
+async def test_a_nul_in_the_envelope_is_recorded_as_a_replacement_character(
+    store: EventStore,
+) -> None:
+    """PostgreSQL's text and jsonb hold no U+0000: like one in a payload, one in the actor,
+    the correlation or the cause (an agent's command id) is stored as U+FFFD, and the fold
+    holds the envelope as the log gives it back."""
+    model = unique("m")
+    meta = Meta(actor="agent:gpu\x00", correlation_id="op\x00-1", causation_id="start-\x00")
+
+    (recorded,) = await store.append(f"model-{model}", NO_STREAM, [declared(model)], meta)
+
+    stored = Meta(actor="agent:gpu\ufffd", correlation_id="op\ufffd-1", causation_id="start-\ufffd")
+    assert recorded.meta == stored
+    assert [r.meta for r in await store.read_stream(f"model-{model}")] == [stored]
+    assert [r.meta for r in await store.read_correlated("op\ufffd-1")] == [stored]
+
+
 async def test_an_append_the_log_refuses_leaves_no_trace_in_the_fold(
     store: EventStore, write_legacy: LegacyWriter
 ) -> None:
