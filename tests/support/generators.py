@@ -59,6 +59,8 @@ _IDS: dict[str, st.SearchStrategy[str]] = {
     "replacement_id": st.sampled_from(REPLICAS),
     "replaces": st.sampled_from(REPLICAS),
     "key_id": st.sampled_from(KEYS),
+    # A certificate's serial names its stream: hex, as the CA issues and the API checks.
+    "serial": st.text("0123456789abcdef", min_size=1, max_size=40),
 }
 _text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
 EXTREME_FLOATS = (
