@@ -225,9 +225,10 @@ def drain_progress(
     """
 
     def show(client: AdminClient) -> int:
-        if wait:
-            return watch(client, drain_id, output)
+        # Read before the wait: a drain that is not known is said to be so, not to go on.
         progress = _progress(client, drain_id)
+        if wait:
+            return watch(client, drain_id, output, first=progress)
         if output == "json":
             print_json(progress.raw)
         else:
@@ -237,22 +238,30 @@ def drain_progress(
     return run_command("drain-progress", connection, show)
 
 
-def watch(client: AdminClient, drain_id: str, output: Output) -> int:
-    """Poll the drain's progress until it is finished; show it as it goes."""
+def watch(
+    client: AdminClient,
+    drain_id: str,
+    output: Output,
+    *,
+    first: Reply[DrainProgressView] | None = None,
+) -> int:
+    """Poll the drain's progress until it is finished; show it as it goes. The drain is
+    known to exist (it was just accepted, or ``first`` is its progress, read already): a
+    failure while polling leaves it going on, and the message says so."""
     console = make_console()
     try:
         if output == "json":
-            progress = _poll_until_finished(client, drain_id, lambda _: None)
+            progress = _poll_until_finished(client, drain_id, lambda _: None, first)
             print_json(progress.raw)
         elif console.is_terminal:
             with Live(console=console, auto_refresh=False) as live:
                 progress = _poll_until_finished(
-                    client, drain_id, lambda p: live.update(render(p), refresh=True)
+                    client, drain_id, lambda p: live.update(render(p), refresh=True), first
                 )
         else:
             shown: set[int | str] = set()
             progress = _poll_until_finished(
-                client, drain_id, lambda p: print_new_steps(console, p, shown)
+                client, drain_id, lambda p: print_new_steps(console, p, shown), first
             )
             console.print(render(progress.value, steps=False))  # each step is printed already
     except ClientError as exc:
@@ -266,14 +275,18 @@ def watch(client: AdminClient, drain_id: str, output: Output) -> int:
 
 
 def _poll_until_finished(
-    client: AdminClient, drain_id: str, show: Callable[[DrainProgressView], None]
+    client: AdminClient,
+    drain_id: str,
+    show: Callable[[DrainProgressView], None],
+    first: Reply[DrainProgressView] | None,
 ) -> Reply[DrainProgressView]:
+    progress = first or _progress(client, drain_id)
     while True:
-        progress = _progress(client, drain_id)
         show(progress.value)
         if progress.value.finished:
             return progress
         time.sleep(POLL_INTERVAL_S)
+        progress = _progress(client, drain_id)
 
 
 def _progress(client: AdminClient, drain_id: str) -> Reply[DrainProgressView]:

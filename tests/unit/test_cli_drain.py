@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 
 from cli.config import ConnectionFlags
-from cli.drain import NO_ROOM_SHOWN, drain, no_room_warnings, print_new_steps
+from cli.drain import NO_ROOM_SHOWN, drain, drain_progress, no_room_warnings, print_new_steps
 from cli.views import (
     DrainAccepted,
     DrainProgressView,
@@ -107,14 +107,18 @@ def test_a_drain_warns_of_at_most_so_many_replicas_and_counts_the_rest() -> None
 
 
 class Refusing(BaseHTTPRequestHandler):
-    """An admin API that refuses every drain with ``document``, as a 409."""
+    """An admin API that refuses every request with ``document``, as ``status``."""
 
     document: object = {}
+    status = 409
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.do_GET()
+
+    def do_GET(self) -> None:
         body = json.dumps(self.document).encode()
-        self.send_response(409)
+        self.send_response(self.status)
         self.send_header("content-type", "application/problem+json")
         self.send_header("content-length", str(len(body)))
         self.end_headers()
@@ -216,3 +220,27 @@ def test_a_refusal_whose_room_is_not_the_apis_list_is_said_by_its_detail(
 
     assert code == 1
     assert lines == ["llmgw-cli drain: node gpu-1 was not drained: the API's own words"]
+
+
+def test_waiting_for_a_drain_that_is_not_known_says_so_and_not_that_it_goes_on(
+    admin_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before, the answer was "no drain 'drain-0a1b2c3d' is known (the drain goes on:
+    # llmgw-cli drain-progress drain-0a1b2c3d --wait)": advice to wait for it again.
+    monkeypatch.setattr(Refusing, "status", 404)
+    monkeypatch.setattr(
+        Refusing,
+        "document",
+        {"title": "unknown-drain", "status": 404, "detail": "no drain 'drain-0a1b2c3d' is known"},
+    )
+
+    code = drain_progress(
+        "drain-0a1b2c3d", wait=True, connection=ConnectionFlags(admin_url=admin_url)
+    )
+
+    captured = capsys.readouterr()
+    assert code == 1
+    assert captured.out == ""
+    assert captured.err.splitlines() == [
+        "llmgw-cli drain-progress: no drain 'drain-0a1b2c3d' is known"
+    ]
