@@ -4,8 +4,9 @@ its timezone. Each refusal is a usage error (exit 2) whose message names the arg
 
     UsageError           the command cannot work as called (exit 2), from a command
     ArgumentRefused      a value cyclopts could convert but this CLI refuses; cyclopts
-                         reports it as ``--max must be a whole number, got 2.5`` or
-                         ``--grace must be a finite number, got inf``
+                         reports it as ``--max must be a whole number, got 2.5``,
+                         ``--grace must be a finite number, got inf`` or ``--model
+                         cannot be empty``
 """
 
 from __future__ import annotations
@@ -87,6 +88,16 @@ def moment(_type: object, tokens: Sequence[Token]) -> datetime:
             f"must say its timezone (such as Z or +02:00 at the end), got {tokens[0].value}"
         )
     return at
+
+
+def filled(_type: object, tokens: Sequence[Token]) -> str:
+    """cyclopts' converter for a name or id given to an option (``--model``, ``--name``):
+    never empty or blank, as no name or id of llmgw is. ``--model "$MODEL"`` with the
+    variable unset would otherwise list the replicas of a model that cannot exist: none,
+    with exit 0."""
+    if not tokens[0].value.strip():
+        raise ArgumentRefused("cannot be empty")
+    return tokens[0].value
 
 
 def segment(value: str, what: str) -> str:

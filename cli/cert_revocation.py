@@ -17,6 +17,7 @@ from cyclopts import Parameter
 from app.pki.errors import PkiError
 from app.pki.issued import IssuedCertificate, read_issued
 from app.pki.model import CLOCK_SKEW
+from cli.arguments import filled
 from cli.cert import CaDir, default_ca_dir
 from cli.client import AdminClient, ClientError
 from cli.config import ConfigError, ConnectionFlags, resolve_settings
@@ -84,13 +85,17 @@ class ListedCertificate(msgspec.Struct, frozen=True, kw_only=True):
 def revoke_certificate(
     *,
     serial: Annotated[
-        str | None, Parameter(help="The certificate's serial (`llmgw-cli cert show` prints it).")
+        str | None,
+        Parameter(
+            converter=filled, help="The certificate's serial (`llmgw-cli cert show` prints it)."
+        ),
     ] = None,
     node: Annotated[
         str | None,
         Parameter(
+            converter=filled,
             help="Instead of --serial: every certificate issued to this node until now; one "
-            "issued afterwards connects."
+            "issued afterwards connects.",
         ),
     ] = None,
     reason: Annotated[str, Parameter(help="Why, for the log (who revoked it is recorded too).")],

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 import msgspec
 from cyclopts import App, Parameter, validators
 
-from cli.arguments import UsageError, duration, moment, whole_number
+from cli.arguments import UsageError, duration, filled, moment, whole_number
 from cli.client import AdminClient, ClientError, KeyView
 from cli.config import ConfigError, ConnectionFlags, resolve_settings
 from cli.render import (
@@ -90,7 +90,11 @@ COLUMNS = (
 def create_key(
     *,
     name: Annotated[
-        str, Parameter(help="What the key is for, unique among live keys (e.g. ci-pipeline).")
+        str,
+        Parameter(
+            converter=filled,
+            help="What the key is for, unique among live keys (e.g. ci-pipeline).",
+        ),
     ],
     models: Annotated[
         str,

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from cyclopts import Parameter
 
-from cli.arguments import segment
+from cli.arguments import filled, segment
 from cli.client import AdminClient
 from cli.config import ConnectionFlags
 from cli.operator import (
@@ -44,8 +44,12 @@ Phase = Literal[
 
 def list_replicas(
     *,
-    model: Annotated[str | None, Parameter(help="Only this model's replicas.")] = None,
-    node: Annotated[str | None, Parameter(help="Only replicas with a shard on this node.")] = None,
+    model: Annotated[
+        str | None, Parameter(converter=filled, help="Only this model's replicas.")
+    ] = None,
+    node: Annotated[
+        str | None, Parameter(converter=filled, help="Only replicas with a shard on this node.")
+    ] = None,
     phase: Annotated[Phase | None, Parameter(help="Only replicas in this phase.")] = None,
     output: Output = "table",
     connection: ConnectionFlags | None = None,

@@ -55,6 +55,13 @@ NAMED = [
     (("history", "model", "{}"), "history model", "the model name"),
     (("history", "key", "{}"), "history key", "the key prefix or name"),
     (("bench", "--replica", "{}", "--slo", "ttft_p95=1s"), "bench", "--replica"),
+    # Sent, `replicas --model ""` listed the replicas of a model that cannot exist: none,
+    # with exit 0; the others were refused by the API, with exit 1.
+    (("replicas", "--model", "{}"), "replicas", "--model"),
+    (("replicas", "--node", "{}"), "replicas", "--node"),
+    (("keys", "create", "--name", "{}", "--models", "*"), "keys create", "--name"),
+    (("cert", "revoke", "--node", "{}", "--reason", "retired"), "cert revoke", "--node"),
+    (("cert", "revoke", "--serial", "{}", "--reason", "lost"), "cert revoke", "--serial"),
 ]
 
 
