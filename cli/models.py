@@ -355,11 +355,14 @@ def remove(
     """
 
     def change(client: AdminClient) -> int:
-        client.request("DELETE", f"{ADMIN}/models/{segment(name, 'the model name')}")
+        path = f"{ADMIN}/models/{segment(name, 'the model name')}"
+        reply = call(client, ModelChange, "DELETE", path)
         if output == "json":
-            print_json(b'{"model":' + msgspec.json.encode(name) + b',"removed":true}')
-        else:
+            print_json(reply.raw)
+        elif reply.value.changed:
             say(f"model {name}: removed; its replicas are being stopped")
+        else:
+            say(f"model {name}: already removed, nothing recorded")
         return EXIT_OK
 
     return run_command("remove", connection, change)

@@ -199,11 +199,17 @@ class ModelController(Controller):
         changed = await operations.scale(caller, name, data.replicas)
         return ModelChange(changed=changed, model=model_view(await operations.model(name)))
 
-    @delete("/{name:str}", summary="Remove a model: every replica of it is stopped")
+    @delete(
+        "/{name:str}",
+        status_code=200,
+        summary="Remove a model: every replica of it is stopped",
+        description="Records model_removed, or nothing for a removed model (`changed` false).",
+    )
     async def remove(
         self,
         operations: NamedDependency[Operations],
         caller: NamedDependency[Caller],
         name: FromPath[str],
-    ) -> None:
-        await operations.remove(caller, name)
+    ) -> ModelChange:
+        changed = await operations.remove(caller, name)
+        return ModelChange(changed=changed, model=model_view(await operations.model(name)))
