@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterator
 from typing import Annotated
 
 import msgspec
@@ -93,42 +94,46 @@ def events(
         if since is not None and last is not None:
             raise UsageError("give --since or --last, not both")
         if since is not None:
-            position, shown = since, _read_after(client, since)
+            pages = _pages_after(client, since)
         else:
-            position, shown = _read_latest(client, DEFAULT_LAST if last is None else last)
+            pages = _latest(client, DEFAULT_LAST if last is None else last)
         if not follow:
-            _print_page(shown, output)
+            _print_page([raw for page in pages for raw in page.events], output)
             return EXIT_OK
-        for raw in shown:
-            _print_line(raw, output)
-        if shown:
-            position = _event(shown[-1]).position
+        position = 0
+        for page in pages:  # each page printed as it comes: a long backlog is not held
+            for raw in page.events:
+                _print_line(raw, output)
+            position = page.next_since
         _follow(client, position, output)
         return EXIT_OK
 
     return run_command("events", connection, show)
 
 
-def _read_after(client: AdminClient, since: int) -> list[msgspec.Raw]:
-    found: list[msgspec.Raw] = []
+def _pages_after(client: AdminClient, since: int) -> Iterator[EventsPage]:
+    """The pages of every event after ``since``, read one by one as they are iterated;
+    each one's ``next_since`` is where the events printed so far end."""
     position = since
     while True:
         page = _page(client, {"since": position, "limit": PAGE_SIZE})
-        found.extend(page.events)
+        yield page
         position = page.next_since
         if not page.more:
-            return found
+            return
 
 
-def _read_latest(client: AdminClient, count: int) -> tuple[int, list[msgspec.Raw]]:
-    """The latest ``count`` events, and the log position they end at. More than a page
-    are read as the events after the position ``count`` before the last (as the API reads
-    "the last ``limit`` positions"), page after page."""
+def _latest(client: AdminClient, count: int) -> Iterator[EventsPage]:
+    """The pages of the latest ``count`` events. More than a page are read as the events
+    after the position ``count`` before the last (as the API reads "the last ``limit``
+    positions"), page after page."""
     if count > PAGE_SIZE:
         start = max(0, _page(client, {"limit": 1}).next_since - count)
-        return start, _read_after(client, start)
+        yield from _pages_after(client, start)
+        return
     page = _page(client, {"limit": max(count, 1)})
-    return page.next_since, page.events[max(len(page.events) - count, 0) :] if count else []
+    shown = page.events[max(len(page.events) - count, 0) :] if count else []
+    yield EventsPage(events=shown, next_since=page.next_since, more=False)
 
 
 def _page(client: AdminClient, params: dict[str, int | str]) -> EventsPage:

@@ -1,0 +1,81 @@
+"""`llmgw-cli events --follow` over a long log: what it must print before it follows is
+printed page by page as it is read, not held until the last page has come."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from cli.config import ConnectionFlags
+from cli.events import events
+
+
+def an_event(position: int) -> dict[str, object]:
+    return {
+        "position": position,
+        "recorded_at": "2026-12-04T17:00:00Z",
+        "stream": "node-gpu-1",
+        "version": position,
+        "type": "node_cordoned",
+        "actor": "alice",
+        "summary": f"node gpu-1 cordoned ({position})",
+        "data": {},
+    }
+
+
+class FirstPageOnly(BaseHTTPRequestHandler):
+    """A log whose first page after position 0 reads, with more after it; every later
+    page fails (a server stopping under the reader)."""
+
+    def do_GET(self) -> None:
+        since = parse_qs(urlsplit(self.path).query).get("since", ["0"])[0]
+        if since == "0":
+            status = 200
+            document: object = {
+                "events": [an_event(1), an_event(2)],
+                "next_since": 2,
+                "more": True,
+            }
+        else:
+            status = 503
+            document = {"title": "unavailable", "status": 503, "detail": "the server stops"}
+        body = json.dumps(document).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def admin_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    monkeypatch.setenv("LLMGW_CONFIG", "/dev/null")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FirstPageOnly)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_following_from_a_position_prints_each_page_of_the_backlog_as_it_is_read(
+    admin_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before, every page after --since was read and held before the first line was
+    # printed: on a log of millions of events, minutes of silence and as many events in
+    # memory; a failure on the way printed nothing of what had been read.
+    code = events(
+        follow=True, since=0, output="json", connection=ConnectionFlags(admin_url=admin_url)
+    )
+
+    captured = capsys.readouterr()
+    assert code == 1
+    assert [json.loads(line)["position"] for line in captured.out.splitlines()] == [1, 2]
+    assert captured.err == "llmgw-cli events: the server stops\n"
