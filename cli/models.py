@@ -138,7 +138,7 @@ def apply_models(
 ) -> int:
     """Declare models from a spec file. Applying the same spec again records nothing. Every
     spec of the file is checked by the server first: if any is invalid, each field and why
-    is shown and none of the file is recorded.
+    is shown and none of the file is recorded. A file declares each model once.
 
     ```
     llmgw-cli models apply llama.yaml --dry-run   # what would change; nothing recorded
@@ -160,6 +160,7 @@ def apply_models(
     except SpecFileError as exc:
         print_error("models apply", str(exc))
         return EXIT_FAILED
+    declared_by: dict[str, int] = {}
     for number, spec in enumerate(specs, 1):
         which = f"spec {number} in {file}" if len(specs) > 1 else str(file)
         name = spec.get("name")
@@ -171,6 +172,16 @@ def apply_models(
         except UsageError as exc:
             print_error("models apply", f"{which}: {exc}")
             return EXIT_FAILED
+        # Applied in turn, a second spec of a model would be a second revision of it, and
+        # a rollout between the two, that no preview of the file could show.
+        if name in declared_by:
+            print_error(
+                "models apply",
+                f"{which}: model {name} is declared by spec {declared_by[name]} already; a "
+                "file declares each model once",
+            )
+            return EXIT_FAILED
+        declared_by[name] = number
 
     def apply(client: AdminClient) -> int:
         previews = [

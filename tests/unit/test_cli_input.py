@@ -110,6 +110,26 @@ def test_a_spec_file_with_an_empty_name_is_refused_before_anything_is_sent(
     )
 
 
+def test_a_spec_file_that_declares_a_model_twice_is_refused_before_anything_is_sent(
+    tmp_path: Path,
+) -> None:
+    # Sent, each spec was applied in turn: two revisions and a rollout between them, where
+    # --dry-run had said of both "new, would be declared at revision 1".
+    spec = tmp_path / "models.yaml"
+    spec.write_text(
+        "name: llama\ncommand: vllm serve a --port {port}\n---\n"
+        "name: qwen\ncommand: vllm serve b --port {port}\n---\n"
+        "name: llama\ncommand: vllm serve c --port {port}\n"
+    )
+
+    assert run_cli("models", "apply", str(spec)) == (
+        1,
+        "",
+        f"llmgw-cli models apply: spec 3 in {spec}: model llama is declared by spec 1 "
+        "already; a file declares each model once\n",
+    )
+
+
 # -- a count is a whole number -----------------------------------------------------------
 
 
