@@ -13,7 +13,7 @@ import math
 import os
 import re
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal, NamedTuple, TypeVar, get_args
@@ -164,14 +164,12 @@ def settings_from_env(environ: Mapping[str, str]) -> AgentSettings:
         value = environ.get(f"{ENV_PREFIX}{name}", "").strip()
         return value or None
 
+    def parsed(name: str, parse: Callable[[str, str], T]) -> T | None:
+        value = get(name)
+        return None if value is None else parse(value, f"{ENV_PREFIX}{name}")
+
     servers = get("SERVERS")
     labels = get("LABELS")
-    reconnect_max_delay = get("RECONNECT_MAX_DELAY")
-    connect_timeout = get("CONNECT_TIMEOUT")
-    open_timeout = get("OPEN_TIMEOUT")
-    next_server_after = get("NEXT_SERVER_AFTER")
-    liveness_interval = get("LIVENESS_INTERVAL")
-    liveness_failures = get("LIVENESS_FAILURES")
     return AgentSettings(
         servers=None if servers is None else tuple(re.split(r"[\s,]+", servers)),
         node_id=get("NODE_ID"),
@@ -184,25 +182,13 @@ def settings_from_env(environ: Mapping[str, str]) -> AgentSettings:
         address=get("ADDRESS"),
         port_range=get("PORT_RANGE"),
         log_level=get("LOG_LEVEL"),
-        reconnect_max_delay=None
-        if reconnect_max_delay is None
-        else _seconds(reconnect_max_delay, f"{ENV_PREFIX}RECONNECT_MAX_DELAY"),
-        connect_timeout=None
-        if connect_timeout is None
-        else _seconds(connect_timeout, f"{ENV_PREFIX}CONNECT_TIMEOUT"),
-        open_timeout=None
-        if open_timeout is None
-        else _seconds(open_timeout, f"{ENV_PREFIX}OPEN_TIMEOUT"),
-        next_server_after=None
-        if next_server_after is None
-        else _seconds(next_server_after, f"{ENV_PREFIX}NEXT_SERVER_AFTER"),
+        reconnect_max_delay=parsed("RECONNECT_MAX_DELAY", _seconds),
+        connect_timeout=parsed("CONNECT_TIMEOUT", _seconds),
+        open_timeout=parsed("OPEN_TIMEOUT", _seconds),
+        next_server_after=parsed("NEXT_SERVER_AFTER", _seconds),
         engines_on_exit=get("ENGINES_ON_EXIT"),
-        liveness_interval=None
-        if liveness_interval is None
-        else _seconds(liveness_interval, f"{ENV_PREFIX}LIVENESS_INTERVAL"),
-        liveness_failures=None
-        if liveness_failures is None
-        else _count(liveness_failures, f"{ENV_PREFIX}LIVENESS_FAILURES"),
+        liveness_interval=parsed("LIVENESS_INTERVAL", _seconds),
+        liveness_failures=parsed("LIVENESS_FAILURES", _count),
     )
 
 
