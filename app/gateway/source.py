@@ -27,6 +27,7 @@ from time import monotonic
 from typing import Any
 
 import asyncpg
+import msgspec
 import structlog
 
 from app.gateway.reconnecting import ConnectedTask
@@ -49,13 +50,10 @@ def default_gateway_id() -> str:
 
 
 def _same_content(a: GatewaySnapshot, b: GatewaySnapshot) -> bool:
-    return (
-        a.declared == b.declared
-        and a.routes == b.routes
-        and a.canaries == b.canaries
-        and a.cold_start_s == b.cold_start_s
-        and a.keys == b.keys
-    )
+    """Whether two reads found the same table: every field but where and when each was
+    read, so that a field added to the snapshot is never left out of the comparison (a
+    routing policy or APIs changed alone must reach the router and the proxy)."""
+    return msgspec.structs.replace(a, position=b.position, loaded_at=b.loaded_at) == b
 
 
 class PostgresSnapshotSource:
@@ -106,8 +104,8 @@ class PostgresSnapshotSource:
         return self._up
 
     def subscribe(self, callback: SnapshotListener) -> None:
-        """Call ``callback`` with every snapshot whose routes, canaries, cold-start timeouts,
-        keys or models changed."""
+        """Call ``callback`` with every snapshot whose content changed (anything but its
+        position and the time it was read)."""
         self._listeners.append(callback)
 
     def routing_position(self) -> int | None:

@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 from app.domain.envelope import Meta
 from app.domain.events import ApiKeyCreated, key_stream
 from app.domain.keys import key_matches
-from app.domain.model_spec import AutoscalePolicy
+from app.domain.model_spec import AutoscalePolicy, RoutingSettings
 from app.domain.reports import GatewaysInFlight
 from app.gateway.source import PostgresSnapshotSource
 from app.gateway.table import GatewaySnapshot
@@ -217,6 +217,35 @@ async def test_a_model_carries_the_apis_its_spec_names(
     assert snapshot.apis_of(embedder) == frozenset({"embeddings", "rerank"})
     assert not snapshot.serves(embedder, "chat")
     assert snapshot.apis_of(plain) == frozenset({"chat", "completions"})
+
+
+async def test_a_changed_routing_policy_or_apis_alone_reaches_the_listeners(
+    pg_store: PostgresEventStore, source: PostgresSnapshotSource
+) -> None:
+    # Neither is a revision: the routes stay as they were, and only the spec changes.
+    model = name()
+    seen: list[GatewaySnapshot] = []
+    source.subscribe(seen.append)
+    await declare_model(pg_store, model)
+    await wait_until(lambda: bool(seen) and model in seen[-1].declared, within_s=1.0)
+
+    bounded = RoutingSettings(policy="session", max_in_flight=2)
+    await declare_model(pg_store, model, routing=bounded)
+
+    await wait_until(
+        lambda: seen[-1].policy_of(model).max_in_flight == 2,
+        within_s=1.0,
+        what="the new routing policy handed to the router",
+    )
+    assert seen[-1].policy_of(model).policy == "session"
+
+    await declare_model(pg_store, model, routing=bounded, apis=("embeddings",))
+
+    await wait_until(
+        lambda: seen[-1].apis_of(model) == frozenset({"embeddings"}),
+        within_s=1.0,
+        what="the new APIs handed to the gateway",
+    )
 
 
 async def test_what_a_gateway_holds_queued_reaches_the_reader_at_once_when_asked(

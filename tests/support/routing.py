@@ -25,7 +25,7 @@ from app.domain.events import (
     node_stream,
     replica_stream,
 )
-from app.domain.model_spec import DEFAULT_APIS, AutoscalePolicy, ModelSpec
+from app.domain.model_spec import DEFAULT_APIS, AutoscalePolicy, ModelSpec, RoutingSettings
 from app.domain.revisions import FIRST_REVISION
 from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
@@ -45,13 +45,16 @@ async def declare_model(
     *,
     autoscale: AutoscalePolicy | None = None,
     apis: tuple[str, ...] = DEFAULT_APIS,
+    routing: RoutingSettings | None = None,
 ) -> None:
+    """Record ``model`` declared (again, when it is already: its spec changed)."""
     spec = ModelSpec(
         name=model,
         command="sim --port {port} --model {model}",
         replicas=replicas,
         autoscale=autoscale,
         apis=apis,
+        routing=routing or RoutingSettings(),
     )
     await _append(store, model_stream(model), OPERATOR, ModelDeclared(model=model, spec=spec))
 
