@@ -35,7 +35,8 @@ import msgspec
 from app.gateway.table import Route
 
 STALE_AFTER_INTERVALS = 3
-"""Signals older than this many scrape intervals are stale."""
+"""Signals older than this many scrape intervals are stale, or than one interval and the
+scrape timeout where that is longer (``app.gateway.router``)."""
 STALE_IN_FLIGHT_FACTOR = 2
 """A stale replica takes up to ``factor * target_waiting`` requests from this gateway."""
 _MIN_WEIGHT = 1e-6

@@ -331,7 +331,12 @@ class Router:
         self._scrapers = ScraperTasks(interval_s=scrape_interval_s, timeout_s=scrape_timeout_s)
         self._clock = clock
         self._draw = draw
-        self._stale_after_s = STALE_AFTER_INTERVALS * scrape_interval_s
+        # A scrape still within its timeout has not failed: the next reading is due up to
+        # an interval and a timeout after the last one, and until then the last one stands
+        # (else a busy engine's slow /metrics flips its replica to the in-flight rule).
+        self._stale_after_s = max(
+            STALE_AFTER_INTERVALS * scrape_interval_s, scrape_interval_s + scrape_timeout_s
+        )
         self.retry_after_s = float(max(1, math.ceil(4 * scrape_interval_s)))
         """What ``Saturated`` tells clients: a few scrapes' time, at least a second."""
         self._replicas: dict[str, ReplicaState] = {}

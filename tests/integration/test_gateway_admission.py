@@ -246,6 +246,38 @@ async def test_a_replica_whose_metrics_stop_answering_is_routed_by_in_flight_alo
     assert router.queued() == {}
 
 
+class FrozenClock:
+    """The router's clock, moved only by the test: a scrape's reading is as old as the
+    test says, whenever it really came."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_scrape_answering_within_its_timeout_never_leaves_its_replica_stale(
+    engines: Engines,
+) -> None:
+    # A busy engine's /metrics can take most of the scrape timeout to answer: the next
+    # reading comes up to an interval and a timeout after the last one, and until then the
+    # last one stands, instead of the replica flipping to the in-flight rule every scrape.
+    clock = FrozenClock()
+    router = Router(scrape_interval_s=0.25, scrape_timeout_s=1.0, clock=clock)
+    router.update(
+        GatewaySnapshot(declared=frozenset({MODEL}), routes={MODEL: (engines.route(engines.a),)})
+    )
+    await router.start(engines.session)
+    engines.router = router
+    await wait_until(lambda: router.stale_replicas() == 0, what="first scrape")
+
+    clock.now += 0.25 + 0.9  # the next scrape, sent an interval later, still within its timeout
+    assert router.stale_replicas() == 0
+    clock.now += 0.2  # it timed out: no reading since the last one
+    assert router.stale_replicas() == 1
+
+
 def scraper_running(replica_id: str) -> bool:
     return any(task.get_name() == f"scrape {replica_id}" for task in asyncio.all_tasks())
 
