@@ -1,7 +1,8 @@
 """A waiting line that is fair across keys: round robin among the keys with waiters.
 
-Within one key waiters are served first come, first served; across keys each key with
-someone waiting gets one turn per round, so one client's burst cannot starve the others.
+Within one key waiters are served first come, first served (``pop_first`` may pass over
+one that waits for what the others behind it do not); across keys each key with someone
+waiting gets one turn per round, so one client's burst cannot starve the others.
 Pure: no loop, no clock.
 """
 
@@ -43,13 +44,22 @@ class FairQueue(Generic[T]):
         key = next(iter(self._lines))
         return self._take_head(key)
 
-    def pop_first(self, select: Callable[[T], R | None]) -> tuple[T, R] | None:
-        """Walk the keys in turn order and take the first head for which ``select`` gives
-        something; that key then goes to the back. ``None`` if no head is selected."""
+    def pop_first(
+        self,
+        select: Callable[[T], R | None],
+        passable: Callable[[T], bool] = lambda item: False,
+    ) -> tuple[T, R] | None:
+        """Walk the keys in turn order and take the first waiter for which ``select`` gives
+        something; that key then goes to the back. Within a key's line only the head is
+        tried, and those behind a waiter ``select`` passed over when it is ``passable``
+        (one that waits for something the others do not). ``None`` if none is selected."""
         for key, line in self._lines.items():
-            selected = select(line[0])
-            if selected is not None:
-                return self._take_head(key), selected
+            for item in line:
+                selected = select(item)
+                if selected is not None:
+                    return self._take(key, item), selected
+                if not passable(item):
+                    break
         return None
 
     def newest(self, key: str) -> T | None:
@@ -72,8 +82,15 @@ class FairQueue(Generic[T]):
         return True
 
     def _take_head(self, key: str) -> T:
+        return self._take(key, self._lines[key][0])
+
+    def _take(self, key: str, item: T) -> T:
+        """Take ``item`` out of ``key``'s line, and send the key to the back of the round."""
         line = self._lines.pop(key)
-        item = line.popleft()
+        if line[0] is item:
+            line.popleft()
+        else:
+            line.remove(item)
         self._size -= 1
         if line:
             self._lines[key] = line

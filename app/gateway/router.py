@@ -596,7 +596,9 @@ class Router:
         queue = self._queues.get(model)
         while queue:
             memo: dict[tuple[frozenset[str], RouteKey | None], _Choice] = {}
-            granted = queue.pop_first(functools.partial(self._choose_for_waiter, model, memo))
+            granted = queue.pop_first(
+                functools.partial(self._choose_for_waiter, model, memo), _waits_for_its_own
+            )
             if granted is None:
                 break
             waiter, chosen = granted
@@ -807,6 +809,16 @@ class Router:
         """Requests held for a cold start that ended, by model and how they ended
         (``HoldOutcome``)."""
         return {ended: count for ended, count in self._holds.items()}
+
+
+def _waits_for_its_own(waiter: _Waiter) -> bool:
+    """Whether a waiter that no replica can take may be passed by those behind it in its
+    key's line: one that excludes replicas (a retry) waits for the others, while one it
+    excludes may have room. One that excludes none is not passed: those behind it exclude
+    as many or more, so they find no room either (whatever their keys: a policy's key picks
+    among the replicas with room, it never makes room), and a walk that finds nothing costs
+    a look per key with waiters."""
+    return bool(waiter.exclude)
 
 
 def _splits(

@@ -56,6 +56,23 @@ def test_pop_first_skips_heads_that_cannot_be_served_and_keeps_their_turn() -> N
     assert queue.pop() == "b1"
 
 
+def test_pop_first_passes_over_a_passable_waiter_to_the_next_in_its_line() -> None:
+    queue: FairQueue[str] = FairQueue()
+    for item in ("a-picky", "a-blocked", "a-plain"):
+        queue.push("alice", item)
+    queue.push("bob", "b0")
+
+    def serves(item: str) -> str | None:
+        return "ok" if item == "a-plain" else None
+
+    # A waiter that is not passable keeps the ones behind it waiting.
+    assert queue.pop_first(serves, lambda item: item == "a-picky") is None
+    assert queue.pop_first(serves, lambda item: item != "a-plain") == ("a-plain", "ok")
+    assert list(queue) == ["b0", "a-picky", "a-blocked"]  # alice went to the back of the round
+    assert queue.pop() == "b0"
+    assert queue.pop() == "a-picky"
+
+
 @settings(max_examples=300)
 @given(st.lists(st.one_of(KEYS, st.none()), max_size=60))
 def test_no_key_is_served_twice_while_another_waits_its_turn(

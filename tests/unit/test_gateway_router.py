@@ -311,6 +311,26 @@ async def test_a_waiter_cancelled_just_before_a_slot_frees_is_skipped() -> None:
     assert router.in_flight() == {"a": 2}
 
 
+async def test_a_retry_waiting_for_the_replicas_it_has_not_tried_holds_up_no_one_behind_it() -> (
+    None
+):
+    router = router_with(
+        route("a", target_waiting=1), route("b", target_waiting=1), queue_timeout_s=1.0
+    )
+    held = [await router.acquire(MODEL, key(), frozenset({"a"})) for _ in range(2)]  # b full
+    client = key()
+    # The client's request failed on a: its retry waits for b, the only replica left to it.
+    retry = asyncio.create_task(router.acquire(MODEL, client, frozenset({"a"})))
+    await wait_until(lambda: router.queued() == {MODEL: 1}, what="the retry queued")
+
+    lease = await router.acquire(MODEL, client)
+
+    assert lease.route.replica_id == "a"
+    assert router.queued() == {MODEL: 1}
+    held[0].release()
+    assert (await retry).route.replica_id == "b"
+
+
 def bounded(*routes: Route, max_in_flight: int) -> GatewaySnapshot:
     plain = snapshot(*routes)
     return GatewaySnapshot(
