@@ -31,6 +31,7 @@ import msgspec
 from app.domain.egress import EngineNetworks
 from app.hub.budget import BudgetMeter, MessageBudget
 from app.hub.claims import address_refusal, inventory_refusal, listed_gpu_changes
+from app.hub.shard_lives import ShardLives
 from wire.errors import ProtocolError, SessionStateError
 from wire.messages import (
     PROTOCOL_VERSION,
@@ -43,6 +44,7 @@ from wire.messages import (
     Hello,
     ServerMessage,
     ShardStatus,
+    StartShard,
     Welcome,
     decode_from_agent,
     fit_close_reason,
@@ -192,6 +194,7 @@ class AgentSession:
         self._listed_gpus: dict[int, str] = {}
         """The GPUs the hello listed, index to UUID."""
         self._said_ignored = False
+        self._shard_lives = ShardLives()
 
     @property
     def state(self) -> SessionState:
@@ -243,6 +246,8 @@ class AgentSession:
                 f"cannot send {message_type(message)} {message.command_id}: "
                 f"the session is {self._state.name}, not ACTIVE"
             )
+        if isinstance(message, StartShard):
+            self._shard_lives.start_sent(message.replica_id, message.shard_index)
         return [Send(message)]
 
     def replaced(self) -> list[Output]:
@@ -302,6 +307,7 @@ class AgentSession:
         self._state = SessionState.ACTIVE
         self._node_id = message.node_id
         self._listed_gpus = {gpu.index: gpu.uuid for gpu in message.gpus}
+        self._shard_lives.listed(message.shards)
         welcome = Welcome(
             protocol_version=PROTOCOL_VERSION,
             heartbeat_interval_s=self._heartbeat_interval_s,
@@ -326,6 +332,9 @@ class AgentSession:
                     Send(HeartbeatAck(seq=message.seq)),
                 ]
             case ShardStatus():
+                out_of_turn = self._shard_lives.refusal(message)
+                if out_of_turn is not None:
+                    return self._close(CloseCode.PROTOCOL_ERROR, out_of_turn)
                 return [Observe(ShardStatusReported(node_id=node_id, status=message))]
             case CommandResult():
                 return [Observe(CommandCompleted(node_id=node_id, result=message))]

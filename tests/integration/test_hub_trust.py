@@ -55,7 +55,7 @@ from tests.support.hub import (
     stream_is,
 )
 from tests.support.waiting import wait_until
-from wire.messages import GpuHealthChange, Heartbeat, HeartbeatAck, ShardStatus
+from wire.messages import GpuHealthChange, Heartbeat, HeartbeatAck, ShardState, ShardStatus
 
 __all__ = ["hub", "pki", "run_hub"]  # fixtures
 
@@ -239,6 +239,55 @@ async def test_a_number_out_of_range_closes_that_connection_and_records_nothing(
             assert await hear(honest) == HeartbeatAck(seq=1)
             assert hub.connected_nodes() == [honest_id]
     assert await event_types(pg_store, replica_stream(replica_id)) == ["replica_placed"]
+    closing = [e for e in logs if e.get("node_id") == liar_id and e["log_level"] != "info"]
+    assert [(e["event"], e.get("code")) for e in closing] == [("agent_connection_closing", 1002)]
+
+
+async def test_a_shard_flipped_between_two_phases_closes_that_connection(
+    hub: AgentHub, pki: Pki, pg_store: PostgresEventStore
+) -> None:
+    """Before, a node could flip a shard placed on it between starting and ready for ever,
+    and every status wrote an event to the log: 100 statuses, 100 events. Now a status no
+    engine's life explains (ready back to starting, no start_shard sent) closes that
+    connection with 1002 naming the shard and both phases, one log line; what came before
+    it is all that was recorded, and the neighbour is untouched."""
+    liar_id, honest_id = new_node_id(), new_node_id()
+    with capture_logs() as logs:
+        async with dial(hub, pki.node(honest_id)) as honest, dial(hub, pki.node(liar_id)) as liar:
+            await greet(honest, honest_id)
+            await greet(liar, liar_id)
+            await wait_until(
+                stream_is(pg_store, node_stream(liar_id), ["node_registered", "node_connected"])
+            )
+            replica_id = await place_on(pg_store, liar_id)
+            with contextlib.suppress(ConnectionClosed):
+                for number in range(100):
+                    state: ShardState = "starting" if number % 2 == 0 else "ready"
+                    await say(
+                        liar,
+                        ShardStatus(replica_id=replica_id, shard_index=0, state=state, port=20001),
+                    )
+
+            assert await close_code(liar) == 1002
+            assert liar.close_reason == (
+                f"ready -> starting for shard {replica_id}/0: no start_shard explains it"
+            )
+            await say(honest, Heartbeat(seq=1))
+            assert await hear(honest) == HeartbeatAck(seq=1)
+            assert hub.connected_nodes() == [honest_id]
+            await wait_until(
+                stream_is(
+                    pg_store,
+                    node_stream(liar_id),
+                    ["node_registered", "node_connected", "node_disconnected"],
+                ),
+                what="the liar's connection closed and recorded",
+            )
+    assert await event_types(pg_store, replica_stream(replica_id)) == [
+        "replica_placed",
+        "shard_starting",
+        "shard_ready",
+    ]
     closing = [e for e in logs if e.get("node_id") == liar_id and e["log_level"] != "info"]
     assert [(e["event"], e.get("code")) for e in closing] == [("agent_connection_closing", 1002)]
 

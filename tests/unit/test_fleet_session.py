@@ -39,6 +39,7 @@ from wire.messages import (
     HeartbeatAck,
     HeartbeatShard,
     Hello,
+    ShardState,
     ShardStatus,
     StartShard,
     StopShard,
@@ -363,6 +364,51 @@ def test_shard_status_and_command_results_are_observed() -> None:
     assert session.receive(encode(result), now=2.0) == [
         Observe(CommandCompleted(node_id="gpu-1", result=result))
     ]
+
+
+def shard_at(state: ShardState) -> ShardStatus:
+    return ShardStatus(replica_id="llama-1", shard_index=0, state=state, port=20001)
+
+
+def test_a_shard_flipped_between_phases_closes_the_connection_naming_it() -> None:
+    """Before, every status went on, and each flip of a placed shard wrote an event. Now a
+    step back no start explains closes the connection (1002), and nothing of it goes on."""
+    session = connected()
+    flips: list[ShardState] = ["starting", "ready"]
+    for now, state in enumerate(flips):
+        outputs = session.receive(encode(shard_at(state)), now=float(now))
+        assert outputs == [Observe(ShardStatusReported(node_id="gpu-1", status=shard_at(state)))]
+
+    assert session.receive(encode(shard_at("starting")), now=3.0) == [
+        Close(
+            CloseCode.PROTOCOL_ERROR,
+            "ready -> starting for shard llama-1/0: no start_shard explains it",
+        ),
+        Observe(
+            AgentGone(
+                node_id="gpu-1",
+                reason="ready -> starting for shard llama-1/0: no start_shard explains it",
+            )
+        ),
+    ]
+    assert session.state is SessionState.CLOSED
+
+
+def test_a_start_sent_on_the_connection_explains_a_new_launch_of_its_shard() -> None:
+    session = connected()
+    first: list[ShardState] = ["starting", "ready", "stopped"]
+    for state in first:  # a launch whose start may have come before the connection
+        outputs = session.receive(encode(shard_at(state)), now=1.0)
+        assert outputs == [Observe(ShardStatusReported(node_id="gpu-1", status=shard_at(state)))]
+    session.send_command(START)
+    second: list[ShardState] = ["starting", "ready"]
+    for state in second:
+        outputs = session.receive(encode(shard_at(state)), now=2.0)
+        assert outputs == [Observe(ShardStatusReported(node_id="gpu-1", status=shard_at(state)))]
+    assert session.receive(encode(shard_at("starting")), now=3.0)[0] == Close(
+        CloseCode.PROTOCOL_ERROR,
+        "ready -> starting for shard llama-1/0: no start_shard explains it",
+    )
 
 
 def test_commands_go_out_only_once_the_agent_said_hello() -> None:

@@ -1,0 +1,107 @@
+"""What one connection may say about a shard's phase: a pure check of a node's word.
+
+An honest agent reports each engine's life forward, on every connection alike:
+``starting -> ready -> failed | stopped`` (``failed -> stopped`` too), never back, and
+never the same phase twice (``agent.engines.changes.can_transition`` guards every change
+it reports). Only a new launch begins again, with ``starting`` (or ``failed``, when the
+engine could not be spawned), and an agent launches an engine only for a ``start_shard``.
+
+So, per connection and per shard, a status is checked against the phase the connection
+last said for that shard, in its hello or in an earlier status:
+
+- a step forward (``FORWARD``) is taken;
+- any other status (a step back, the same phase again, or the first word about a shard the
+  hello did not list: that engine was launched after the hello) is a new launch, and is
+  taken only while the shard has launches left: one per ``start_shard`` for it sent on
+  this connection, and one more, for the start that may have reached the agent before
+  this connection did (on an earlier connection, or from an earlier leader), its engine
+  spawning after the hello.
+
+Anything else is refused (``ShardLives.refusal`` says why): a node flipping a shard
+between two phases would otherwise write an event per message. The one free launch is
+enough for an honest agent: the commands that start a shard share one id
+(``app.domain.commands.start_command``), which the agent executes once, so at most one
+start of it can still be in the agent's hands from before the connection. Statuses the
+agent leaves out (those between its hello and the welcome) only make it skip steps: a step
+forward over skipped ones is a step forward too, and a launch whose first statuses were
+left out is still one launch, explained by its start.
+
+The memory is bounded: the ``MAX_TRACKED_SHARDS`` shards heard of most recently (a node
+runs at most that many). A shard forgotten starts again with its one free launch; the
+launches its starts earned are lost only if the agent speaks of that many other shards
+between a start and its engine's launch, which no node running that many does. A liar
+gets a shard's free launch back only after speaking of that many other shards.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from app.hub.claims import MAX_SHARDS_PER_NODE
+from wire.messages import ShardReport, ShardState, ShardStatus
+
+FORWARD: dict[ShardState, frozenset[ShardState]] = {
+    "starting": frozenset({"ready", "failed", "stopped"}),
+    "ready": frozenset({"failed", "stopped"}),
+    "failed": frozenset({"stopped"}),
+    "stopped": frozenset(),
+}
+"""The steps one engine's life takes; the agent's ``can_transition`` allows these alone."""
+LAUNCHES_BEFORE_THE_CONNECTION = 1
+"""New launches of a shard taken without a ``start_shard`` on this connection."""
+MAX_TRACKED_SHARDS = MAX_SHARDS_PER_NODE
+
+
+@dataclass
+class _Life:
+    phase: ShardState | None
+    """What this connection last said about the shard; None before it said anything."""
+    launches: int
+    """New launches still to be taken."""
+
+
+class ShardLives:
+    """The shard phases one connection has reported, and the launches it may still report."""
+
+    def __init__(self) -> None:
+        self._lives: OrderedDict[tuple[str, int], _Life] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._lives)
+
+    def listed(self, shards: Iterable[ShardReport]) -> None:
+        """The hello's shards, in the phases it lists them."""
+        for shard in shards:
+            self._life(shard.replica_id, shard.shard_index).phase = shard.state
+
+    def start_sent(self, replica_id: str, shard_index: int) -> None:
+        """A ``start_shard`` for the shard went out on this connection: one launch more."""
+        self._life(replica_id, shard_index).launches += 1
+
+    def refusal(self, status: ShardStatus) -> str | None:
+        """Why ``status`` is not what an honest agent sends now, or None, and then it is
+        taken as the shard's phase on this connection."""
+        life = self._life(status.replica_id, status.shard_index)
+        said, now = life.phase, status.state
+        if said is None or now not in FORWARD[said]:
+            if life.launches == 0:
+                return (
+                    f"{said or 'nothing'} -> {now} for shard "
+                    f"{status.replica_id}/{status.shard_index}: no start_shard explains it"
+                )
+            life.launches -= 1
+        life.phase = now
+        return None
+
+    def _life(self, replica_id: str, shard_index: int) -> _Life:
+        key = (replica_id, shard_index)
+        life = self._lives.get(key)
+        if life is None:
+            life = self._lives[key] = _Life(phase=None, launches=LAUNCHES_BEFORE_THE_CONNECTION)
+            if len(self._lives) > MAX_TRACKED_SHARDS:
+                self._lives.popitem(last=False)
+        else:
+            self._lives.move_to_end(key)
+        return life

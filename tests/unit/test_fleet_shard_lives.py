@@ -1,0 +1,136 @@
+"""What one connection may say about a shard's phase: the engine's life, forward, and a new
+launch only for a start."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import get_args
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.engines.changes import can_transition
+from agent.engines.records import ShardState as AgentShardState
+from app.hub.shard_lives import FORWARD, MAX_TRACKED_SHARDS, ShardLives
+from wire.messages import ShardReport, ShardState, ShardStatus
+
+PHASES: tuple[ShardState, ...] = get_args(ShardState)
+
+
+def status(state: ShardState, replica_id: str = "llama-1", shard_index: int = 0) -> ShardStatus:
+    return ShardStatus(replica_id=replica_id, shard_index=shard_index, state=state, port=20001)
+
+
+def listed(state: ShardState) -> ShardReport:
+    return ShardReport(
+        replica_id="llama-1",
+        shard_index=0,
+        model="llama",
+        port=20001,
+        gpus=(0,),
+        pid=4242,
+        state=state,
+        started_at=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+
+
+def refusals(lives: ShardLives, states: list[ShardState]) -> list[str | None]:
+    return [lives.refusal(status(state)) for state in states]
+
+
+def test_the_steps_forward_are_those_the_agent_takes() -> None:
+    for before in PHASES:
+        for after in PHASES:
+            agent = can_transition(AgentShardState(before), AgentShardState(after))
+            assert (after in FORWARD[before]) == agent, (before, after)
+
+
+def test_one_engine_life_reported_forward_is_taken() -> None:
+    assert refusals(ShardLives(), ["starting", "ready", "failed", "stopped"]) == [None] * 4
+
+
+def test_a_shard_flipped_between_two_phases_is_refused_naming_the_shard_and_both() -> None:
+    lives = ShardLives()
+    # The first word is a launch whose start may have come before the connection; no more.
+    answers = refusals(lives, ["starting", "ready", "starting"])
+    assert answers[:2] == [None, None]
+    assert answers[2] == "ready -> starting for shard llama-1/0: no start_shard explains it"
+
+
+def test_the_same_phase_twice_counts_as_a_new_launch() -> None:
+    lives = ShardLives()
+    lives.listed([listed("ready")])
+    assert refusals(lives, ["ready", "ready"]) == [
+        None,
+        "ready -> ready for shard llama-1/0: no start_shard explains it",
+    ]
+
+
+def test_each_start_sent_on_the_connection_explains_one_new_launch() -> None:
+    lives = ShardLives()
+    lives.listed([listed("ready")])
+    lives.start_sent("llama-1", 0)
+    life = ["failed", "starting", "ready", "stopped", "starting", "ready", "stopped"]
+    assert refusals(lives, life) == [None] * len(life)  # two launches: the start, the free one
+    assert lives.refusal(status("starting")) is not None
+
+
+def test_the_hello_sets_the_phase_the_next_status_follows() -> None:
+    lives = ShardLives()
+    lives.listed([listed("starting")])  # an engine re-attached after an agent restart
+    assert refusals(lives, ["ready", "failed"]) == [None, None]
+    lives = ShardLives()
+    lives.listed([listed("ready")])
+    assert refusals(lives, ["starting", "ready", "starting"])[2] is not None
+
+
+def test_a_shard_the_hello_did_not_list_was_launched_after_it() -> None:
+    lives = ShardLives()
+    assert lives.refusal(status("ready")) is None  # the one launch a start before may explain
+    lives = ShardLives()
+    lives.listed([listed("failed")])
+    assert refusals(lives, ["failed", "failed"])[1] is not None
+    lives = ShardLives()
+    lives.start_sent("llama-1", 0)
+    assert refusals(lives, ["failed", "starting", "ready", "starting"])[3] is not None
+
+
+def test_shards_are_judged_apart() -> None:
+    lives = ShardLives()
+    for index in range(3):
+        assert lives.refusal(status("starting", shard_index=index)) is None
+        assert lives.refusal(status("ready", shard_index=index)) is None
+    assert lives.refusal(status("starting", shard_index=1)) is not None
+    assert lives.refusal(status("failed", shard_index=2)) is None
+
+
+def test_the_memory_keeps_the_shards_heard_of_last() -> None:
+    lives = ShardLives()
+    for index in range(MAX_TRACKED_SHARDS + 10):
+        assert lives.refusal(status("ready", replica_id=f"r-{index}")) is None
+    assert len(lives) == MAX_TRACKED_SHARDS
+
+
+launch = st.lists(st.sampled_from(PHASES), min_size=1, max_size=4).map(
+    lambda phases: sorted(set(phases), key=PHASES.index)
+)
+"""The statuses of one launch, as the agent sends them, some perhaps left out."""
+
+
+@given(
+    hello=st.sampled_from((None, *PHASES)),
+    launches=st.lists(launch, min_size=1, max_size=5),
+    started_before=st.booleans(),
+)
+def test_an_honest_agent_is_never_refused(
+    hello: ShardState | None, launches: list[list[ShardState]], started_before: bool
+) -> None:
+    """Whatever the hello listed, and whether the first launch's start came before the
+    connection or on it, every later launch following a start sent on the connection."""
+    lives = ShardLives()
+    if hello is not None:
+        lives.listed([listed(hello)])
+    for number, statuses in enumerate(launches):
+        if number > 0 or not started_before:
+            lives.start_sent("llama-1", 0)
+        assert refusals(lives, statuses) == [None] * len(statuses)
