@@ -10,8 +10,10 @@ So, per connection and per shard, a status is checked against the phase the conn
 last said for that shard, in its hello or in an earlier status:
 
 - a step forward (``FORWARD``) is taken;
-- any other status (a step back, the same phase again, or the first word about a shard the
-  hello did not list: that engine was launched after the hello) is a new launch, and is
+- the same phase again is taken as it is (the agent answers a stop of a shard it has
+  stopped with ``stopped`` again): it changes nothing, in the log either;
+- any other status (a step back, or the first word about a shard the hello did not list:
+  that engine was launched after the hello) is a new launch, and is
   taken only while the shard has launches left: one per ``start_shard`` for it sent on
   this connection, and one more, for the start that may have reached the agent before
   this connection did (on an earlier connection, or from an earlier leader), its engine
@@ -85,6 +87,8 @@ class ShardLives:
         taken as the shard's phase on this connection."""
         life = self._life(status.replica_id, status.shard_index)
         said, now = life.phase, status.state
+        if now == said:
+            return None  # said again (a stop of a shard already stopped): nothing changes
         if said is None or now not in FORWARD[said]:
             if life.launches == 0:
                 return (

@@ -57,13 +57,14 @@ def test_a_shard_flipped_between_two_phases_is_refused_naming_the_shard_and_both
     assert answers[2] == "ready -> starting for shard llama-1/0: no start_shard explains it"
 
 
-def test_the_same_phase_twice_counts_as_a_new_launch() -> None:
+def test_the_same_phase_again_is_taken_and_spends_no_launch() -> None:
+    """A stop of a shard already stopped is answered ``stopped`` again; a phase said again
+    changes nothing, so no launch is spent on it and nothing is refused."""
     lives = ShardLives()
     lives.listed([listed("ready")])
-    assert refusals(lives, ["ready", "ready"]) == [
-        None,
-        "ready -> ready for shard llama-1/0: no start_shard explains it",
-    ]
+    assert refusals(lives, ["ready", "ready", "stopped", "stopped", "stopped"]) == [None] * 5
+    assert refusals(lives, ["starting"]) == [None]  # the free launch is still there
+    assert refusals(lives, ["ready", "starting"])[1] is not None
 
 
 def test_each_start_sent_on_the_connection_explains_one_new_launch() -> None:
@@ -89,7 +90,12 @@ def test_a_shard_the_hello_did_not_list_was_launched_after_it() -> None:
     assert lives.refusal(status("ready")) is None  # the one launch a start before may explain
     lives = ShardLives()
     lives.listed([listed("failed")])
-    assert refusals(lives, ["failed", "failed"])[1] is not None
+    assert refusals(lives, ["failed", "starting", "ready", "starting"]) == [
+        None,  # said again: nothing changes
+        None,  # the one launch a start before may explain
+        None,
+        "ready -> starting for shard llama-1/0: no start_shard explains it",
+    ]
     lives = ShardLives()
     lives.start_sent("llama-1", 0)
     assert refusals(lives, ["failed", "starting", "ready", "starting"])[3] is not None
