@@ -23,10 +23,11 @@ it scales up at once when demand says so but down only once it has watched a who
 - **to zero** (``min`` 0) only after ``idle_to_zero_s`` without any demand, and back to one
   as soon as a request is held for it;
 - **not at all** while no gateway reports: a pass that hears from none takes no sample
-  (``observe`` with ``None``), and once the latest sample is older than ``HEARD_WITHIN_S``
-  the count holds. Silence is not zero demand: a gateway that cannot reach the database,
-  or a stalled one, still serves its clients, and reading its silence as an idle fleet
-  would scale a busy model down to its minimum;
+  and forgets those it had (``observe`` with ``None``), so the count holds, and once heard
+  again waits a whole window before it comes down, as after a failover. Silence is not
+  zero demand: a gateway that cannot reach the database, or a stalled one, still serves
+  its clients, and reading its silence as an idle fleet (or as the demand first heard
+  after it) would scale a busy model down to its minimum;
 - **not down** while some gateway is silent (it reported within
   ``app.domain.reports.SILENT_HOLD_S`` but not recently, and did not stop cleanly): the
   samples then leave its requests out (``partial``), so they can prove more demand but
@@ -107,22 +108,21 @@ def observe(
 ) -> dict[str, tuple[DemandSample, ...]]:
     """The samples after this pass: each autoscaled model's demand now (0 when the
     gateways report none for it), older samples kept for its longest window. ``None``:
-    no gateway reported, so the demand is unknown and no sample is taken. ``partial``:
+    no gateway reported, so the demand is unknown and every sample is forgotten: the next
+    one heard would otherwise stand for the whole silence, and the count would come down
+    on a single report after it, where it must watch a whole window again. ``partial``:
     some gateway is silent, so the demand is at least this."""
     kept: dict[str, tuple[DemandSample, ...]] = {}
     for name, model in models.items():
         policy = model.spec.autoscale
         if policy is None or model.removed:
             continue
+        if demand is None:
+            kept[name] = ()
+            continue
         since = now - timedelta(seconds=longest_window_s(policy) + COVERED_SLACK_S)
         earlier = tuple(s for s in history.get(name, ()) if s.at >= since)
-        if demand is None:
-            kept[name] = earlier
-        else:
-            kept[name] = (
-                *earlier,
-                DemandSample(now, float(demand.get(name, 0.0)), partial=partial),
-            )
+        kept[name] = (*earlier, DemandSample(now, float(demand.get(name, 0.0)), partial=partial))
     return kept
 
 

@@ -218,6 +218,21 @@ def test_a_silence_is_not_read_as_the_last_demand_heard_going_on() -> None:
     assert demand.silent(30) is None
 
 
+def test_the_first_report_after_a_silence_does_not_stand_for_the_time_nobody_reported() -> None:
+    demand = Demand(model(1, replace(POLICY, min_replicas=0)))
+    demand.seconds(15, 28.0)
+    assert demand.replicas == 7
+
+    # No gateway reports for 90 s: longer than the down window, shorter than the idle
+    # spell the samples are kept for. The first report after it says nothing of the 90 s,
+    # so it may not stand for them: the count waits a whole window of what is heard.
+    assert demand.silent(90) is None
+    assert demand.seconds(55, 4.0) is None
+    assert demand.replicas == 7
+    assert demand.seconds(10, 4.0) is not None
+    assert demand.replicas < 7
+
+
 def test_a_silent_gateway_holds_the_count_from_coming_down_but_not_from_going_up() -> None:
     demand = Demand(model(1))
     demand.seconds(15, 28.0)
