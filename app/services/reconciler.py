@@ -15,6 +15,8 @@ append's ``Meta``; a pass that decided ``a(x), b(x), c(y), d(x)`` makes three ap
 - ``ConcurrencyError``: another writer moved a stream first. Nothing more is appended or
   sent; the next pass (right away) decides again on the caught-up log.
 - ``FencedError``: another leader took over. ``run`` raises it; the caller stops leading.
+  A pass raises it too, before deciding, when the log it caught up with holds an event of
+  a newer epoch: a pass that appends nothing would otherwise send its commands unfenced.
 - ``StoreError`` otherwise (the database is unreachable): logged; the next pass retries.
 
 A command id already sent to a node is not sent again until that node says hello again
@@ -214,6 +216,7 @@ class Reconciler:
             traffic = await self._traffic(self._store.state)
             async with self._tracker.quiet():
                 state = await self._store.catch_up()
+                self._check_still_leading()
                 at = self._clock()
                 demand = (
                     autoscale.demand_by_model(state, in_flight, queued) if gateways.live else None
@@ -272,6 +275,14 @@ class Reconciler:
                 duration_ms=round(report.duration_s * 1000, 1),
             )
         return report
+
+    def _check_still_leading(self) -> None:
+        """A leader paused past its lease, resumed, catches up with what its successor
+        appended: nothing of that may become a command from this one (the commands of a
+        pass that appends no event meet no fence), so the pass is fenced here."""
+        newest = self._store.newest_epoch
+        if newest > self.settings.epoch:
+            raise FencedError(self.settings.epoch, newest)
 
     def _note_hearing(self, state: ClusterState, gateways: GatewaysInFlight) -> None:
         """Say once when autoscaled models lose their demand signal (no gateway report is

@@ -77,6 +77,10 @@ class FoldView:
         """Each stream's version as of ``state.position`` (see the module docstring)."""
         self._forgotten: list[Replica] = []
         """Replicas the fold of the append being recorded forgot."""
+        self.newest_epoch = 0
+        """The newest leader epoch among the events this process folded since it started
+        (its own appends and those it read): one newer than a leader's own says another
+        leader has appended since."""
 
     def reset(self, state: ClusterState, versions: dict[str, int]) -> None:
         self.state = state
@@ -148,6 +152,7 @@ class FoldView:
         self.state.position = max(positions.values())
         for one in recorded:
             self.versions[one.stream] = one.version
+        self._note_epochs(recorded)
         settle_versions(self.state, self.versions, recorded, self._forgotten)
         self._forgotten = []
         return recorded
@@ -156,3 +161,8 @@ class FoldView:
         """Fold events read from the log (in order, after ``state.position``)."""
         with paused_gc():
             absorb(self.state, self.versions, events)
+        self._note_epochs(events)
+
+    def _note_epochs(self, events: Iterable[Recorded]) -> None:
+        epochs = [r.meta.epoch for r in events if r.meta.epoch is not None]
+        self.newest_epoch = max([self.newest_epoch, *epochs])

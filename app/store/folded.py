@@ -98,6 +98,10 @@ class FoldedEventStore:
     def state(self) -> ClusterState:
         return self._view.state
 
+    @property
+    def newest_epoch(self) -> int:
+        return self._view.newest_epoch
+
     def known_version(self, stream: str) -> int:
         return self._view.known_version(stream)
 

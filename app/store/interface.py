@@ -70,6 +70,12 @@ class EventStore(LogQueries, Protocol):
     @property
     def state(self) -> ClusterState: ...
 
+    @property
+    def newest_epoch(self) -> int:
+        """The newest leader epoch among the events folded into ``state`` by this process
+        (0: none carried one)."""
+        ...
+
     async def append(
         self, stream: str, expected_version: int | None, events: Sequence[NewEvent], meta: Meta
     ) -> list[Recorded]: ...

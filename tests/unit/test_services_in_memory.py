@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from app.domain import commands
 from app.domain.events import GpuInfo
 from app.domain.model_spec import ModelSpec
@@ -13,6 +15,7 @@ from app.domain.reports import AgentConnected, AgentInventory
 from app.services.agent_reports import LiveView, ReportRecorder
 from app.services.operations import Caller, Operations
 from app.services.reconciler import Reconciler
+from app.store.errors import FencedError
 from app.store.memory import InMemoryEventStore
 
 ALICE = Caller(actor="alice", request_id="req-1")
@@ -105,3 +108,28 @@ async def test_a_command_for_a_node_that_went_away_waits_for_its_next_hello() ->
     agents.connected.add("gpu-1")
     await view.handle(hello("gpu-1"))  # it says hello again: the command is due again
     assert (await reconciler.run_pass()).sent == 1
+
+
+async def test_a_deposed_leader_sends_nothing_its_successor_appended() -> None:
+    # A leader paused past its lease resumes: its pass catches up with what the new leader
+    # appended (a replica placed on a node still connected to the old one) and would send
+    # the start with no append of its own to be fenced.
+    store = InMemoryEventStore()
+    await Operations(store).apply_model(ALICE, ModelSpec(name="llama", command="sim --port {port}"))
+    old_view, new_view = LiveView(ReportRecorder(store)), LiveView(ReportRecorder(store))
+    await old_view.handle(hello("gpu-1"))
+    await new_view.handle(hello("gpu-1"))
+    old_agents, new_agents = Agents(connected={"gpu-1"}), Agents(connected={"gpu-1"})
+    long_ago = T0 - timedelta(hours=1)
+    old = Reconciler(
+        store, old_agents, old_view, Settings(epoch=1, started_at=long_ago), clock=lambda: T0
+    )
+    new = Reconciler(
+        store, new_agents, new_view, Settings(epoch=2, started_at=long_ago), clock=lambda: T0
+    )
+    assert (await new.run_pass()).sent == 1
+
+    with pytest.raises(FencedError):
+        await old.run_pass()
+
+    assert old_agents.sent == []
