@@ -173,8 +173,9 @@ def decide(model: Model, samples: Sequence[DemandSample], now: datetime) -> Scal
     latest = samples[-1].demand
     timeline = _Timeline(samples)
     mean_up = timeline.mean(now, policy.up_window_s)
-    highest = _HighestAverages(timeline, policy.up_window_s)
-    max_down = highest.since(now - timedelta(seconds=policy.down_window_s))
+    down_from = now - timedelta(seconds=policy.down_window_s)
+    highest = _HighestAverages(timeline, policy.up_window_s, down_from)
+    max_down = highest.since(down_from)
     inputs = ScaleInputs(
         demand=latest,
         per_replica=per_replica,
@@ -300,23 +301,33 @@ class _Timeline:
         span = self._times[last] - since
         return area / span if span > 0 else self._values[last]
 
-    def means_ending_at_each(self, window_s: float) -> list[float]:
-        return [self._mean_to(i, at - window_s) for i, at in enumerate(self._times)]
+    def means_ending_at_each(self, window_s: float, first: int = 0) -> list[float]:
+        """The mean over ``window_s`` ending at each sample from the ``first``-th on."""
+        times = self._times
+        return [self._mean_to(i, times[i] - window_s) for i in range(first, len(times))]
 
 
 class _HighestAverages:
-    """The mean over ``window_s`` ending at each sample, and the highest of those ending at
-    or after any moment."""
+    """The mean over ``window_s`` ending at each sample from ``earliest`` on, and the
+    highest of those ending at or after any moment from ``earliest`` on. Only those are
+    asked for (a drop waits at most the down window), and a leader keeps samples for the
+    idle-to-zero time, three times as long by default: the means before ``earliest`` would
+    be two thirds of the work of a pass."""
 
-    def __init__(self, timeline: _Timeline, window_s: float) -> None:
-        means = timeline.means_ending_at_each(window_s)
+    def __init__(self, timeline: _Timeline, window_s: float, earliest: datetime) -> None:
         self._times = timeline.moments
+        self._earliest = earliest
+        # At least the latest sample's mean, for a moment that no sample ends at or after.
+        self._first = min(bisect.bisect_left(self._times, earliest), len(self._times) - 1)
+        means = timeline.means_ending_at_each(window_s, self._first)
         self._highest_from = list(itertools.accumulate(reversed(means), max))[::-1]
 
     def since(self, moment: datetime) -> float:
-        """The highest mean ending at or after ``moment`` (the latest one when none does)."""
+        """The highest mean ending at or after ``moment`` (the latest one when none does);
+        ``moment`` is not before ``earliest``."""
+        assert moment >= self._earliest, (moment, self._earliest)
         first = min(bisect.bisect_left(self._times, moment), len(self._times) - 1)
-        return self._highest_from[first]
+        return self._highest_from[first - self._first]
 
 
 def _watched(samples: Sequence[DemandSample], now: datetime, window_s: float) -> bool:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 from msgspec.structs import replace
 
 from app.domain import autoscale
@@ -427,3 +429,30 @@ def test_a_down_window_share_outside_zero_to_one_is_refused() -> None:
         assert error.field == "autoscale.down_window_min_share"
     accepted = ModelSpec(name="llama", command="sim --port {port}", autoscale=SHARE)
     assert validate_spec(accepted) == []
+
+
+@hypothesis.given(
+    demands=st.lists(st.floats(0, 1000, allow_nan=False), min_size=1, max_size=60),
+    gaps=st.lists(st.floats(0.01, 5), min_size=60, max_size=60),
+    window_s=st.floats(0.5, 30),
+    from_share=st.floats(0, 1),
+    ask_share=st.floats(0, 1),
+)
+def test_the_highest_means_from_a_moment_on_are_those_of_every_mean(
+    demands: list[float], gaps: list[float], window_s: float, from_share: float, ask_share: float
+) -> None:
+    """A pass computes the means only from the start of the down window on: what it
+    answers for any moment from there is what the means ending at every sample give."""
+    at, samples = T0, []
+    for demand, gap in zip(demands, gaps, strict=False):
+        at += timedelta(seconds=gap)
+        samples.append(DemandSample(at, demand))
+    timeline = autoscale._Timeline(samples)
+    earliest = samples[0].at + (at - samples[0].at) * from_share
+    moment = earliest + (at - earliest) * ask_share
+    every = timeline.means_ending_at_each(window_s)
+    later = [mean for s, mean in zip(samples, every, strict=True) if s.at >= moment]
+
+    highest = autoscale._HighestAverages(timeline, window_s, earliest)
+
+    assert highest.since(moment) == (max(later) if later else every[-1])
