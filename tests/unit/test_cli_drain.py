@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import io
 import json
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from rich.console import Console
@@ -23,6 +21,7 @@ from cli.views import (
     ReplicaRoomView,
     ReplicaSummary,
 )
+from tests.support.stub_admin import StubHandler, stub_admin_api
 
 NO_ROOM = "needs 1 node(s) with 1 healthy free GPU(s), 0 eligible of 2: 1 draining"
 
@@ -106,7 +105,7 @@ def test_a_drain_warns_of_at_most_so_many_replicas_and_counts_the_rest() -> None
     )
 
 
-class Refusing(BaseHTTPRequestHandler):
+class Refusing(StubHandler):
     """An admin API that refuses every request with ``document``, as ``status``."""
 
     document: object = {}
@@ -118,24 +117,13 @@ class Refusing(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         body = json.dumps(self.document).encode()
-        self.send_response(self.status)
-        self.send_header("content-type", "application/problem+json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+        self.answer(self.status, "application/problem+json", body)
 
 
 @pytest.fixture
 def admin_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    monkeypatch.setenv("LLMGW_CONFIG", "/dev/null")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with stub_admin_api(Refusing, monkeypatch) as url:
+        yield url
 
 
 def refused_drain(

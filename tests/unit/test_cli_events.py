@@ -4,15 +4,14 @@ printed page by page as it is read, not held until the last page has come."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from cli.config import ConnectionFlags
 from cli.events import events
+from tests.support.stub_admin import StubHandler, stub_admin_api
 
 
 def an_event(position: int) -> dict[str, object]:
@@ -28,7 +27,7 @@ def an_event(position: int) -> dict[str, object]:
     }
 
 
-class FirstPageOnly(BaseHTTPRequestHandler):
+class FirstPageOnly(StubHandler):
     """A log whose first page after position 0 reads, with more after it; every later
     page fails (a server stopping under the reader)."""
 
@@ -44,25 +43,13 @@ class FirstPageOnly(BaseHTTPRequestHandler):
         else:
             status = 503
             document = {"title": "unavailable", "status": 503, "detail": "the server stops"}
-        body = json.dumps(document).encode()
-        self.send_response(status)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+        self.answer(status, "application/json", json.dumps(document).encode())
 
 
 @pytest.fixture
 def admin_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    monkeypatch.setenv("LLMGW_CONFIG", "/dev/null")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FirstPageOnly)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with stub_admin_api(FirstPageOnly, monkeypatch) as url:
+        yield url
 
 
 def test_following_from_a_position_prints_each_page_of_the_backlog_as_it_is_read(

@@ -24,11 +24,12 @@ from cli.config import ConnectionFlags, ConnectionSettings
 from cli.events import events
 from cli.nodes import list_nodes
 from cli.operator import OutputFormat
+from tests.support.stub_admin import StubHandler, stub_admin_api
 
 WRONG_EVENT = b'{"weird": 1}'
 
 
-class NotTheAdminApi(BaseHTTPRequestHandler):
+class NotTheAdminApi(StubHandler):
     """A page, and a stream, of events that are not events; a stream id that is no
     position."""
 
@@ -39,25 +40,13 @@ class NotTheAdminApi(BaseHTTPRequestHandler):
         else:
             body = b"id: 1\ndata: " + WRONG_EVENT + b"\n\n"
             content_type = "text/event-stream"
-        self.send_response(200)
-        self.send_header("content-type", content_type)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+        self.answer(200, content_type, body)
 
 
 @pytest.fixture
 def admin_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    monkeypatch.setenv("LLMGW_CONFIG", "/dev/null")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), NotTheAdminApi)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with stub_admin_api(NotTheAdminApi, monkeypatch) as url:
+        yield url
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,49 @@
+"""A stand-in admin API for the CLI's unit tests: a real HTTP server on 127.0.0.1 whose
+answers a test writes (``StubHandler`` subclasses), so the CLI's own client, over a real
+socket, meets answers no real admin API gives.
+
+    class Refusing(StubHandler):
+        def do_GET(self) -> None:
+            self.answer(409, "application/problem+json", b'{"title": "conflict"}')
+
+    with stub_admin_api(Refusing, monkeypatch) as url:
+        drain("gpu-1", connection=ConnectionFlags(admin_url=url))
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+
+class StubHandler(BaseHTTPRequestHandler):
+    """Answers as a test's subclass says; logs nothing."""
+
+    def answer(self, status: int, content_type: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("content-type", content_type)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def stub_admin_api(
+    handler: type[BaseHTTPRequestHandler], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    """Serve ``handler`` until the block ends; its URL. No CLI config file is read."""
+    monkeypatch.setenv("LLMGW_CONFIG", "/dev/null")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
