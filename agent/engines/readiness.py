@@ -84,16 +84,9 @@ async def wait_until_serving(
 async def _all_answer_ok(
     client: httpx.AsyncClient, paths: tuple[str, ...], timeout_s: float
 ) -> bool:
-    """Whether every path answers 200. Only the status is read, within ``timeout_s`` in
-    all: an engine's answer is not the agent's to hold, and one that sends its body slowly
-    or without end (a byte a second, say) would otherwise hold the check, and the agent's
-    memory grow, for as long as it went on."""
+    """Whether every path answers 200 (``_health_miss``: its status alone, in time)."""
     for path in paths:
-        try:
-            async with asyncio.timeout(timeout_s), client.stream("GET", path) as response:
-                if response.status_code != 200:
-                    return False
-        except (httpx.HTTPError, TimeoutError):
+        if await _health_miss(client, path, timeout_s) is not None:
             return False
     return True
 
@@ -119,7 +112,9 @@ async def wait_until_unhealthy(port: int, path: str, liveness: Liveness) -> str:
 
 async def _health_miss(client: httpx.AsyncClient, path: str, timeout_s: float) -> str | None:
     """None when ``path`` answers 200 within ``timeout_s``; else what it did instead. Only
-    the status is read, as in the readiness checks."""
+    the status is read, within ``timeout_s`` in all: an engine's answer is not the agent's
+    to hold, and one that sends its body slowly or without end (a byte a second, say)
+    would otherwise hold the check, and the agent's memory grow, for as long as it went on."""
     try:
         async with asyncio.timeout(timeout_s), client.stream("GET", path) as response:
             if response.status_code == 200:
