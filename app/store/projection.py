@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from app.domain.envelope import Recorded
-from app.domain.events import CertificateRevoked, subjects
+from app.domain.events import subjects
 from app.domain.evolve import evolve
 from app.domain.state import (
     ApiKey,
@@ -37,7 +37,8 @@ class Touched(msgspec.Struct):
     replicas: set[str] = msgspec.field(default_factory=set)
     keys: set[str] = msgspec.field(default_factory=set)
     revocations: set[str] = msgspec.field(default_factory=set)
-    """Revocations have no table, but an undone fold must put them back too."""
+    """Revocations have no table, but an undone fold must put them back too: a node's
+    whole-node revocation and a certificate's, filed as ``revocation_key`` files them."""
 
     def add(self, recorded: Recorded, state: ClusterState) -> None:
         # Touching an entity the event did not change costs nothing: only entities that
@@ -47,6 +48,7 @@ class Touched(msgspec.Struct):
             self.models.add(about.model)
         if about.node is not None:
             self.nodes.add(about.node)
+            self.revocations.add(revocation_key(None, about.node))  # a whole node's
         if about.replica is not None:
             self.replicas.add(about.replica)
             replica = state.replicas.get(about.replica)
@@ -54,8 +56,8 @@ class Touched(msgspec.Struct):
                 self.models.add(replica.model)
         if about.key is not None:
             self.keys.add(about.key)
-        if isinstance(recorded.event, CertificateRevoked):
-            self.revocations.add(revocation_key(recorded.event.serial, recorded.event.node_id))
+        if about.certificate is not None:
+            self.revocations.add(revocation_key(about.certificate, None))
 
 
 class RowChanges(msgspec.Struct):
