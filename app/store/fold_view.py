@@ -164,5 +164,5 @@ class FoldView:
         self._note_epochs(events)
 
     def _note_epochs(self, events: Iterable[Recorded]) -> None:
-        epochs = [r.meta.epoch for r in events if r.meta.epoch is not None]
-        self.newest_epoch = max([self.newest_epoch, *epochs])
+        epochs = (r.meta.epoch for r in events if r.meta.epoch is not None)
+        self.newest_epoch = max(self.newest_epoch, max(epochs, default=0))
