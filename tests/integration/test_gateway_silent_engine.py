@@ -56,6 +56,21 @@ def one_event_then_silent(request: bytes) -> Iterable[bytes]:
     yield b"%x\r\n%s\r\n" % (len(event), event)
 
 
+def ask(gateway: GatewayThread, key: str, *, stream: bool = False) -> httpx.Response:
+    """One chat completion through the gateway, as a client with ``key``."""
+    return httpx.post(
+        f"{gateway.url}/chat/completions",
+        content=chat(stream=stream),
+        headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+        timeout=15,
+    )
+
+
+def ejected(gateway: GatewayThread) -> list[str]:
+    """The replicas the gateway keeps out of its rotation now."""
+    return [replica.replica_id for replica in gateway.call(gateway.gateway.router.ejector.ejected)]
+
+
 def timeouts_counted(gateway: GatewayThread, bound: str) -> float:
     page = httpx.get(gateway.metrics_url).text
     line = f'llmgw_gateway_engine_timeouts_total{{bound="{bound}"}} '
@@ -83,12 +98,7 @@ def test_an_engine_that_never_answers_is_a_504_not_retried_and_its_slot_is_freed
             ) as gateway,
             capture_logs() as logs,
         ):
-            answer = httpx.post(
-                f"{gateway.url}/chat/completions",
-                content=chat(),
-                headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
-                timeout=15,
-            )
+            answer = ask(gateway, key)
 
             assert answer.status_code == 504, answer.text
             error = answer.json()["error"]
@@ -103,10 +113,7 @@ def test_an_engine_that_never_answers_is_a_504_not_retried_and_its_slot_is_freed
             )
             assert timeouts_counted(gateway, "head") == 1
             # A failure of the replica, as a refused connection is: ejected at the first here.
-            ejected = gateway.call(gateway.gateway.router.ejector.ejected)
-            assert [replica.replica_id for replica in ejected] == [
-                "silent-1" if engine is first else "silent-2"
-            ]
+            assert ejected(gateway) == ["silent-1" if engine is first else "silent-2"]
         timed_out = [line for line in logs if line["event"] == "engine_timed_out"]
         assert [(line["replica_id"], line["bound"]) for line in timed_out] == [
             ("silent-1" if engine is first else "silent-2", "head")
@@ -122,12 +129,7 @@ def test_a_stream_that_goes_silent_ends_with_an_error_event_and_frees_its_slot()
             GatewayThread(source, metrics_port=0, engine_timeouts=TIMEOUTS) as gateway,
             capture_logs() as logs,
         ):
-            answer = httpx.post(
-                f"{gateway.url}/chat/completions",
-                content=chat(stream=True),
-                headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
-                timeout=15,
-            )
+            answer = ask(gateway, key, stream=True)
 
             assert answer.status_code == 200
             events = [line for line in answer.text.split("\n\n") if line]
@@ -164,12 +166,7 @@ def test_a_stream_whose_head_came_but_nothing_after_is_the_replicas_failure() ->
             engine_timeouts=TIMEOUTS,
             ejection=EjectionPolicy(consecutive_failures=1),
         ) as gateway:
-            answer = httpx.post(
-                f"{gateway.url}/chat/completions",
-                content=chat(stream=True),
-                headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
-                timeout=15,
-            )
+            answer = ask(gateway, key, stream=True)
 
             assert answer.status_code == 200
             events = [line for line in answer.text.split("\n\n") if line]
@@ -179,7 +176,4 @@ def test_a_stream_whose_head_came_but_nothing_after_is_the_replicas_failure() ->
             )
             assert len(first.posts) + len(second.posts) == 1
             engine = first if first.posts else second
-            ejected = gateway.call(gateway.gateway.router.ejector.ejected)
-            assert [replica.replica_id for replica in ejected] == [
-                "wedged-1" if engine is first else "wedged-2"
-            ]
+            assert ejected(gateway) == ["wedged-1" if engine is first else "wedged-2"]
