@@ -74,7 +74,7 @@ AN_EVENT = (
 )
 
 
-class StreamIdNoPosition(BaseHTTPRequestHandler):
+class StreamIdNoPosition(StubHandler):
     """A page of no events, then a stream whose event is one, but whose id is no log
     position: nothing to resume after."""
 
@@ -87,14 +87,7 @@ class StreamIdNoPosition(BaseHTTPRequestHandler):
         else:
             body = b"id: " + self.stream_id + b"\ndata: " + AN_EVENT + b"\n\n"
             content_type = "text/event-stream"
-        self.send_response(200)
-        self.send_header("content-type", content_type)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+        self.answer(200, content_type, body)
 
 
 @pytest.mark.timeout(30)
@@ -106,16 +99,9 @@ def test_a_stream_id_that_is_no_position_is_refused_in_one_line(
     output: OutputFormat,
     stream_id: bytes,
 ) -> None:
-    monkeypatch.setenv("LLMGW_CONFIG", "/dev/null")
     monkeypatch.setattr(StreamIdNoPosition, "stream_id", stream_id)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), StreamIdNoPosition)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with stub_admin_api(StreamIdNoPosition, monkeypatch) as url:
         code = events(connection=ConnectionFlags(admin_url=url), follow=True, output=output)
-    finally:
-        server.shutdown()
-        server.server_close()
 
     captured = capsys.readouterr()
     assert code == 1
