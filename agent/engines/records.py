@@ -9,6 +9,7 @@ pids are reused, so a pid alone could point a restarted agent at somebody else's
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
@@ -107,10 +108,15 @@ def shard_file_stem(key: ShardKey) -> str:
 
 
 class RecordStore:
-    """Shard records as files; every write is atomic (temp file, fsync, rename, fsync dir)."""
+    """Shard records as files; every write is atomic (temp file, fsync, rename, fsync dir).
 
-    def __init__(self, state_dir: Path) -> None:
+    ``unlink`` removes one file (``Path.unlink``): a test hands in one that fails as a
+    read-only or failing disk does, which no directory made read-only does for root.
+    """
+
+    def __init__(self, state_dir: Path, *, unlink: Callable[[Path], None] = Path.unlink) -> None:
         self.directory = state_dir / "shards"
+        self._unlink_file = unlink
 
     def save(self, record: ShardRecord) -> None:
         self._write(self._path(record.key), msgspec.json.encode(record))
@@ -143,7 +149,7 @@ class RecordStore:
 
     def _unlink(self, path: Path) -> None:
         try:
-            path.unlink()
+            self._unlink_file(path)
         except FileNotFoundError:
             return
         self._sync_directory()

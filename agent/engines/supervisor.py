@@ -115,8 +115,11 @@ class EngineSupervisor:
         readiness_interval_s: float = READINESS_INTERVAL_S,
         failed_kept: int = FAILED_KEPT,
         liveness: Liveness = DEFAULT_LIVENESS,
+        records: RecordStore | None = None,
     ) -> None:
-        self._records = RecordStore(state_dir)
+        """``records``: where the engines are recorded, ``state_dir``'s shard records unless
+        a test hands in a store over a failing disk."""
+        self._records = RecordStore(state_dir) if records is None else records
         self._logs_dir = state_dir / "logs"
         self._on_change = on_change
         self._poll_interval_s = poll_interval_s
