@@ -8,6 +8,7 @@ pids are reused, so a pid alone could point a restarted agent at somebody else's
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from datetime import datetime
@@ -117,18 +118,25 @@ class RecordStore:
     def __init__(self, state_dir: Path, *, unlink: Callable[[Path], None] = Path.unlink) -> None:
         self.directory = state_dir / "shards"
         self._unlink_file = unlink
+        self._left: set[Path] = set()
+        """Files a removal failed to remove (a disk remounted read-only, or failing): each
+        later change of the store tries again, until one goes or is written anew."""
 
     def save(self, record: ShardRecord) -> None:
         self._write(self._path(record.key), msgspec.json.encode(record))
 
     def remove(self, key: ShardKey) -> None:
-        self._unlink(self._path(key))
+        """Forget the shard's record. A disk that refuses (read-only, failing) is logged,
+        never raised: the shard's engine is stopped or gone either way, and what a record
+        left behind can do is bounded (``_remove``)."""
+        self._remove(self._path(key))
 
     def save_launch(self, launch: LaunchRecord) -> None:
         self._write(self._launch_path(launch.key), msgspec.json.encode(launch))
 
     def remove_launch(self, key: ShardKey) -> None:
-        self._unlink(self._launch_path(key))
+        """Forget the launch record, as ``remove`` does a shard record."""
+        self._remove(self._launch_path(key))
 
     def load_launches(self) -> list[LaunchRecord]:
         """Every readable launch record; one that does not decode is logged and left alone."""
@@ -138,6 +146,8 @@ class RecordStore:
         return launches
 
     def _write(self, path: Path, data: bytes) -> None:
+        self._remove_left()
+        self._left.discard(path)  # what it held is stale; what it will hold is not
         self.directory.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f".{path.name}.tmp")
         with temporary.open("wb") as file:
@@ -146,6 +156,38 @@ class RecordStore:
             os.fsync(file.fileno())
         temporary.replace(path)
         self._sync_directory()
+
+    def _remove(self, path: Path) -> None:
+        """Remove ``path``; if the disk refuses, log it once and try again at each later
+        change of the store. Left behind, a record cannot mislead the next agent: it
+        re-attaches only the same process (pid and start time, ``is_same_process``), never
+        one that reused the pid, and finds what is left of the engine by its launch token,
+        which no other program has. At worst that agent reports the shard ``failed`` once
+        more ("exited while the agent was away") and removes the record itself."""
+        self._remove_left()
+        if path in self._left:
+            return  # tried again just now, and logged when it first failed
+        try:
+            self._unlink(path)
+        except OSError as exc:
+            self._left.add(path)
+            log.warning(
+                "shard_record_not_removed",
+                path=str(path),
+                errno=errno.errorcode.get(exc.errno or 0, str(exc.errno)),
+                error=exc.strerror,
+            )
+
+    def _remove_left(self) -> None:
+        """Try again to remove the files the disk refused to remove; quiet while it still
+        refuses, as it was logged already."""
+        for path in sorted(self._left):
+            try:
+                self._unlink(path)
+            except OSError:
+                continue
+            self._left.discard(path)
+            log.info("shard_record_removed_late", path=str(path))
 
     def _unlink(self, path: Path) -> None:
         try:

@@ -15,7 +15,6 @@ that happened while the control plane could not hear it still reaches it with th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import uuid
@@ -167,10 +166,9 @@ class EngineSupervisor:
             try:
                 record, process = await self._launch(spec, launch)
             finally:
-                # Left behind, it is harmless: it names an engine that is recorded, killed
-                # or was never spawned.
-                with contextlib.suppress(OSError):
-                    self._records.remove_launch(spec.key)
+                # Left behind by a disk that refuses (logged), it is harmless: it names an
+                # engine that is recorded, killed or was never spawned.
+                self._records.remove_launch(spec.key)
             self._watch(record, process)
             return record
 

@@ -49,6 +49,8 @@ from agent.engines.records import (
     process_identity,
     read_proc_stat,
 )
+from agent.engines.supervisor import AWAY_ERROR
+from tests.support.failing_disk import FailingDisk
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
@@ -829,6 +831,81 @@ async def test_a_full_disk_does_not_keep_a_restarted_agent_from_reattaching(node
     assert [r.pid for r in adopted] == [record.pid]
     await second_agent.log.wait_for(spec.key, ShardState.READY)
     assert [r.pid for r in RecordStore(node.state_dir).load_all()] == [record.pid]
+
+
+def on_a_failing_disk(node: Node) -> tuple[Agent, FailingDisk]:
+    """An agent whose state directory refuses to remove files once the disk is told to."""
+    disk = FailingDisk()
+    return node.agent(records=RecordStore(node.state_dir, unlink=disk.unlink)), disk
+
+
+async def test_a_stop_on_a_read_only_disk_is_reported_and_the_record_left_removed_later(
+    node: Node,
+) -> None:
+    agent, disk = on_a_failing_disk(node)
+    spec = node.spec()
+    record = await agent.supervisor.start(spec)
+    await agent.log.wait_for(spec.key, ShardState.READY)
+    disk.remounted_read_only()
+
+    await agent.supervisor.stop(spec.replica_id, spec.shard_index, grace_s=5.0)
+
+    assert agent.log.states(spec.key)[-1] is ShardState.STOPPED
+    assert agent.supervisor.inventory() == []
+    assert not is_same_process(record)
+    assert RecordStore(node.state_dir).load_all() == [
+        msgspec.structs.replace(record, state=ShardState.READY)
+    ]
+    disk.repaired()
+    await agent.supervisor.stop("never-started-1", 0)
+    assert RecordStore(node.state_dir).load_all() == []
+
+
+async def test_an_engine_that_exits_on_a_failing_disk_is_still_listed_failed(node: Node) -> None:
+    agent, disk = on_a_failing_disk(node)
+    spec = node.spec()
+    await agent.supervisor.start(spec)
+    await agent.log.wait_for(spec.key, ShardState.READY)
+    disk.failing_with_eio()
+
+    async with httpx.AsyncClient(base_url=spec.readiness_url) as client:
+        await client.post("/crash")
+    await agent.log.wait_for(spec.key, ShardState.FAILED)
+
+    await eventually(
+        lambda: [r.state for r in agent.supervisor.inventory()] == [ShardState.FAILED],
+        "the failed shard to be listed",
+    )
+
+
+async def test_a_record_a_failing_disk_keeps_neither_stops_a_restart_nor_signals_its_pid(
+    node: Node, unrelated_process: subprocess.Popen[bytes]
+) -> None:
+    """The stale record's pid now belongs to another program (with another start time)."""
+    first_agent = node.agent()
+    spec = node.spec()
+    running = await first_agent.supervisor.start(spec)
+    await first_agent.log.wait_for(spec.key, ShardState.READY)
+    await first_agent.supervisor.shutdown()
+    start_time = process_identity(unrelated_process.pid)
+    assert start_time is not None
+    stale = a_record(
+        replica_id="stale-1", pid=unrelated_process.pid, process_start_time=start_time - 1
+    )
+    RecordStore(node.state_dir).save(stale)
+
+    second_agent, disk = on_a_failing_disk(node)
+    disk.failing_with_eio()
+    adopted = await second_agent.supervisor.reattach()
+
+    assert [r.pid for r in adopted] == [running.pid]
+    [failed] = second_agent.log.changes_of(stale.key)
+    assert (failed.state, failed.error) == (ShardState.FAILED, AWAY_ERROR)
+    assert unrelated_process.poll() is None
+    assert sorted((r.replica_id, r.state) for r in second_agent.supervisor.inventory()) == [
+        ("stale-1", ShardState.FAILED),
+        ("tiny-1", ShardState.STARTING),
+    ]
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import msgspec
+from structlog.testing import capture_logs
 
 from agent.engines.records import (
+    LaunchRecord,
     RecordStore,
     ShardKey,
     ShardRecord,
@@ -18,6 +20,7 @@ from agent.engines.records import (
     process_identity,
     shard_file_stem,
 )
+from tests.support.failing_disk import FailingDisk
 
 
 def a_record(**changes: object) -> ShardRecord:
@@ -35,6 +38,21 @@ def a_record(**changes: object) -> ShardRecord:
         state=ShardState.READY,
     )
     return msgspec.structs.replace(record, **changes)
+
+
+def a_launch() -> LaunchRecord:
+    record = a_record()
+    return LaunchRecord(
+        replica_id=record.replica_id,
+        shard_index=record.shard_index,
+        model=record.model,
+        port=record.port,
+        gpus=record.gpus,
+        command=record.command,
+        log_path=record.log_path,
+        started_at=record.started_at,
+        token="5f0c",
+    )
 
 
 def test_a_saved_record_reads_back_equal(tmp_path: Path) -> None:
@@ -64,6 +82,72 @@ def test_a_removed_record_is_gone_and_removing_twice_is_harmless(tmp_path: Path)
     store.remove(ShardKey("llama-8b-3", 1))
 
     assert store.load_all() == []
+
+
+def test_a_record_a_read_only_disk_keeps_is_logged_with_its_path_and_errno(
+    tmp_path: Path,
+) -> None:
+    disk = FailingDisk()
+    store = RecordStore(tmp_path, unlink=disk.unlink)
+    store.save(a_record())
+    disk.remounted_read_only()
+
+    with capture_logs() as logs:
+        store.remove(ShardKey("llama-8b-3", 1))
+
+    assert logs == [
+        {
+            "event": "shard_record_not_removed",
+            "log_level": "warning",
+            "path": str(tmp_path / "shards" / "llama-8b-3-1.json"),
+            "errno": "EROFS",
+            "error": "Read-only file system",
+        }
+    ]
+    assert store.load_all() == [a_record()]
+
+
+def test_a_record_left_by_a_failing_disk_is_removed_by_the_next_change_once_it_can_be(
+    tmp_path: Path,
+) -> None:
+    disk = FailingDisk()
+    store = RecordStore(tmp_path, unlink=disk.unlink)
+    store.save(a_record())
+    store.save_launch(a_launch())
+    disk.failing_with_eio()
+    store.remove(ShardKey("llama-8b-3", 1))
+    with capture_logs() as still_failing:
+        store.remove_launch(ShardKey("llama-8b-3", 1))
+        store.remove(ShardKey("llama-8b-3", 1))
+    disk.repaired()
+
+    with capture_logs() as logs:
+        store.save(a_record(replica_id="other-1"))
+
+    assert [entry["path"] for entry in still_failing] == [
+        str(tmp_path / "shards" / "llama-8b-3-1.launch")
+    ]
+    assert store.load_all() == [a_record(replica_id="other-1")]
+    assert store.load_launches() == []
+    assert sorted(entry["path"] for entry in logs) == [
+        str(tmp_path / "shards" / "llama-8b-3-1.json"),
+        str(tmp_path / "shards" / "llama-8b-3-1.launch"),
+    ]
+    assert {entry["event"] for entry in logs} == {"shard_record_removed_late"}
+
+
+def test_a_record_saved_again_after_its_removal_failed_is_kept(tmp_path: Path) -> None:
+    disk = FailingDisk()
+    store = RecordStore(tmp_path, unlink=disk.unlink)
+    store.save(a_record(state=ShardState.STARTING))
+    disk.remounted_read_only()
+    store.remove(ShardKey("llama-8b-3", 1))
+    disk.repaired()
+
+    store.save(a_record(state=ShardState.READY))  # the shard started again
+    store.remove(ShardKey("other-1", 0))
+
+    assert store.load_all() == [a_record(state=ShardState.READY)]
 
 
 def test_an_unreadable_record_is_skipped(tmp_path: Path) -> None:
