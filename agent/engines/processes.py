@@ -43,15 +43,14 @@ def spawn_engine(argv: Sequence[str], env: Mapping[str, str], log_path: Path) ->
 
     stdin is /dev/null; stdout and stderr are appended to ``log_path`` (which the
     supervisor has moved aside first, ``agent.engines.logfiles``). The engine holds the log
-    file itself, so the log keeps filling while the agent is away.
+    file itself, so the log keeps filling while the agent is away. Raises
+    ``EngineLaunchError`` if the log cannot be written, and ``OSError`` if the program
+    cannot be started.
     """
     if not argv:
         raise EngineLaunchError("empty engine command")
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    log_fd = _open_log(log_path, argv)
     try:
-        started = datetime.now(UTC).isoformat(timespec="seconds")
-        os.write(log_fd, f"--- llmgw-agent {started}: {shlex.join(argv)}\n".encode())
         return os.posix_spawnp(
             argv[0],
             list(argv),
@@ -65,6 +64,24 @@ def spawn_engine(argv: Sequence[str], env: Mapping[str, str], log_path: Path) ->
         )
     finally:
         os.close(log_fd)
+
+
+def _open_log(log_path: Path, argv: Sequence[str]) -> int:
+    """``log_path`` open for appending, with a line saying which launch follows. Raises
+    ``EngineLaunchError`` naming the log if it cannot be written (a full disk, say): the
+    failure is the log's, not the engine program's, and no engine is started."""
+    log_fd: int | None = None
+    try:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        started = datetime.now(UTC).isoformat(timespec="seconds")
+        os.write(log_fd, f"--- llmgw-agent {started}: {shlex.join(argv)}\n".encode())
+    except OSError as exc:
+        if log_fd is not None:
+            os.close(log_fd)
+        named = OSError(exc.errno, exc.strerror, exc.filename or str(log_path))
+        raise EngineLaunchError(f"cannot write the engine log: {named}") from exc
+    return log_fd
 
 
 def signal_group(pgid: int, signum: int) -> bool:

@@ -146,16 +146,20 @@ class RecordStore:
         return launches
 
     def _write(self, path: Path, data: bytes) -> None:
+        """Raises ``OSError`` naming ``path`` (a failed write or flush names no file)."""
         self._remove_left()
         self._left.discard(path)  # what it held is stale; what it will hold is not
-        self.directory.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.tmp")
-        with temporary.open("wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        temporary.replace(path)
-        self._sync_directory()
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            temporary = path.with_name(f".{path.name}.tmp")
+            with temporary.open("wb") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())
+            temporary.replace(path)
+            self._sync_directory()
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
 
     def _remove(self, path: Path) -> None:
         """Remove ``path``; if the disk refuses, log it once and try again at each later

@@ -189,7 +189,7 @@ class EngineSupervisor:
             # ValueError: an argv or env no process can be given (a NUL byte, a name
             # with "=" or none at all), refused by the spawn itself.
             raise self._launch_failed(spec, f"cannot start {spec.argv[0]!r}: {exc}") from exc
-        except EngineLaunchError as exc:
+        except EngineLaunchError as exc:  # an empty command, or a log it cannot write
             raise self._launch_failed(spec, str(exc)) from exc
         process = ChildProcess(pid, poll_interval_s=self._poll_interval_s)
         # An unreaped child keeps its /proc entry even if it has already exited.

@@ -41,6 +41,7 @@ from agent.engines import (
     ShardSpec,
     ShardState,
 )
+from agent.engines.logfiles import KEPT_ENGINE_LOGS, earlier_log
 from agent.engines.readiness import Liveness
 from agent.engines.recorded_stop import stop_recorded_engines
 from agent.engines.records import (
@@ -769,12 +770,12 @@ def test_an_exited_but_unreaped_engine_is_not_the_recorded_process() -> None:
 # -- a hostile or unlucky world ----------------------------------------------------------
 
 
-def fill_the_disk_for(node: Node, key: ShardKey) -> None:
-    """From now on, writing the shard's record fails as on a full disk: the temporary file
-    it is written to first is ``/dev/full``."""
+def fill_the_disk_for(node: Node, key: ShardKey, kind: str = "json") -> None:
+    """From now on, writing the shard's record (``kind`` "launch": its launch record) fails
+    as on a full disk: the temporary file it is written to first is ``/dev/full``."""
     shards = RecordStore(node.state_dir).directory
     shards.mkdir(parents=True, exist_ok=True)
-    (shards / f".{key.replica_id}-{key.shard_index}.json.tmp").symlink_to("/dev/full")
+    (shards / f".{key.replica_id}-{key.shard_index}.{kind}.tmp").symlink_to("/dev/full")
 
 
 def worker_of(node: Node, record: ShardRecord) -> tuple[int, int]:
@@ -831,6 +832,51 @@ async def test_a_full_disk_does_not_keep_a_restarted_agent_from_reattaching(node
     assert [r.pid for r in adopted] == [record.pid]
     await second_agent.log.wait_for(spec.key, ShardState.READY)
     assert [r.pid for r in RecordStore(node.state_dir).load_all()] == [record.pid]
+
+
+async def test_an_engine_log_on_a_full_disk_fails_the_start_naming_the_log_not_the_engine(
+    node: Node,
+) -> None:
+    """The log cannot be moved aside (a directory stands where its oldest copy goes), and the
+    disk it is on is full (it is ``/dev/full``)."""
+    agent = node.agent()
+    spec = node.spec()
+    log_path = agent.supervisor.log_path(spec.key)
+    log_path.parent.mkdir(parents=True)
+    earlier_log(log_path, KEPT_ENGINE_LOGS).mkdir()
+    log_path.symlink_to("/dev/full")
+
+    with pytest.raises(EngineLaunchError) as raised:
+        await agent.supervisor.start(spec)
+
+    reason = f"cannot write the engine log: [Errno 28] No space left on device: '{log_path}'"
+    assert str(raised.value) == reason
+    assert [(c.state, c.error) for c in agent.log.changes] == [(ShardState.FAILED, reason)]
+    assert agent.supervisor.inventory() == []
+    assert RecordStore(node.state_dir).load_all() == []
+    assert RecordStore(node.state_dir).load_launches() == []
+
+
+@pytest.mark.parametrize("kind", ["launch", "json"], ids=["before the spawn", "after it"])
+async def test_a_record_on_a_full_disk_fails_the_start_naming_the_record(
+    node: Node, kind: str
+) -> None:
+    agent = node.agent()
+    spec = node.spec()
+    fill_the_disk_for(node, spec.key, kind)
+
+    with pytest.raises(EngineLaunchError) as raised:
+        await agent.supervisor.start(spec)
+
+    record_path = RecordStore(node.state_dir).directory / f"tiny-1-0.{kind}"
+    reason = f"cannot record the engine: [Errno 28] No space left on device: '{record_path}'"
+    assert str(raised.value) == reason
+    assert [(c.state, c.error) for c in agent.log.changes_of(spec.key)][-1] == (
+        ShardState.FAILED,
+        reason,
+    )
+    assert agent.supervisor.inventory() == []
+    assert not any(is_running(pid, start) for pid, start in node.engines.items())
 
 
 def on_a_failing_disk(node: Node) -> tuple[Agent, FailingDisk]:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+import pytest
+
+from agent.engines.errors import EngineLaunchError
 from agent.engines.logfiles import KEPT_ENGINE_LOGS, earlier_log, rotate_log
+from agent.engines.processes import spawn_engine
 
 
 def launch(path: Path, number: int) -> None:
@@ -61,3 +66,17 @@ def test_keeping_none_only_drops_the_log(tmp_path: Path) -> None:
     rotate_log(path, keep=0)
 
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_log_on_a_full_disk_fails_the_launch_naming_the_log_not_the_program(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "m-1-0.log"
+    path.symlink_to("/dev/full")  # every write fails with ENOSPC, as on a full disk
+
+    with pytest.raises(EngineLaunchError) as raised:
+        spawn_engine([sys.executable, "-c", "pass"], {}, path)
+
+    assert str(raised.value) == (
+        f"cannot write the engine log: [Errno 28] No space left on device: '{path}'"
+    )
