@@ -28,16 +28,21 @@ agent leaves out (those between its hello and the welcome) only make it skip ste
 forward over skipped ones is a step forward too, and a launch whose first statuses were
 left out is still one launch, explained by its start.
 
-The memory is bounded: the ``MAX_TRACKED_SHARDS`` shards heard of most recently (a node
-runs at most that many). A shard forgotten starts again with its one free launch; the
-launches its starts earned are lost only if the agent speaks of that many other shards
-between a start and its engine's launch, which no node running that many does. A liar
-gets a shard's free launch back only after speaking of that many other shards.
+The memory is bounded by what an honest agent can speak of, and so is everything a status
+reaches (the live view holds the shards the connection spoke of, no others): the shards its
+hello listed (at most ``MAX_SHARDS_PER_NODE``, ``app.hub.claims``), those a ``start_shard``
+sent on it named, and at most ``MAX_SHARDS_STARTED_BEFORE`` others, first heard of in a
+status. Those others are shards whose start (or stop) reached the agent before the
+connection, their engines launched (or stopped) after the hello: commands for shards placed
+on the node, each holding at least one of its at most 64 GPUs, so a few dozen at the most.
+The status that would name one more is refused, whatever it says: before, every made-up
+shard id spent a free launch of its own, and a node naming new ones grew the live view by
+one shard a status, without end. A shard is never forgotten while the connection lasts, so
+none gets its free launch twice.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -53,7 +58,9 @@ FORWARD: dict[ShardState, frozenset[ShardState]] = {
 """The steps one engine's life takes; the agent's ``can_transition`` allows these alone."""
 LAUNCHES_BEFORE_THE_CONNECTION = 1
 """New launches of a shard taken without a ``start_shard`` on this connection."""
-MAX_TRACKED_SHARDS = MAX_SHARDS_PER_NODE
+MAX_SHARDS_STARTED_BEFORE = MAX_SHARDS_PER_NODE
+"""Shards a connection may speak of that neither its hello listed nor a ``start_shard`` sent
+on it named: those whose start reached the agent before the connection did."""
 
 
 @dataclass
@@ -68,7 +75,9 @@ class ShardLives:
     """The shard phases one connection has reported, and the launches it may still report."""
 
     def __init__(self) -> None:
-        self._lives: OrderedDict[tuple[str, int], _Life] = OrderedDict()
+        self._lives: dict[tuple[str, int], _Life] = {}
+        self._started_before = 0
+        """Shards first heard of in a status: neither listed nor started on the connection."""
 
     def __len__(self) -> int:
         return len(self._lives)
@@ -85,7 +94,16 @@ class ShardLives:
     def refusal(self, status: ShardStatus) -> str | None:
         """Why ``status`` is not what an honest agent sends now, or None, and then it is
         taken as the shard's phase on this connection."""
-        life = self._life(status.replica_id, status.shard_index)
+        key = (status.replica_id, status.shard_index)
+        life = self._lives.get(key)
+        if life is None:
+            if self._started_before == MAX_SHARDS_STARTED_BEFORE:
+                return (
+                    f"more than {MAX_SHARDS_STARTED_BEFORE} shards neither in the hello nor "
+                    f"started on this connection: {status.replica_id}/{status.shard_index}"
+                )
+            self._started_before += 1
+            life = self._life(*key)
         said, now = life.phase, status.state
         if now == said:
             return None  # said again (a stop of a shard already stopped): nothing changes
@@ -104,8 +122,4 @@ class ShardLives:
         life = self._lives.get(key)
         if life is None:
             life = self._lives[key] = _Life(phase=None, launches=LAUNCHES_BEFORE_THE_CONNECTION)
-            if len(self._lives) > MAX_TRACKED_SHARDS:
-                self._lives.popitem(last=False)
-        else:
-            self._lives.move_to_end(key)
         return life

@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 from msgspec.structs import replace
 
 from app.domain.egress import EngineNetworks
+from app.domain.reports import FleetView, observe
 from app.hub.budget import MessageBudget
+from app.hub.edge import report_of
 from app.hub.session import (
     AgentGone,
     AgentHeartbeat,
@@ -26,6 +28,7 @@ from app.hub.session import (
     SessionState,
     ShardStatusReported,
 )
+from app.hub.shard_lives import MAX_SHARDS_STARTED_BEFORE
 from wire.errors import SessionStateError
 from wire.messages import (
     MAX_CLOSE_REASON_BYTES,
@@ -409,6 +412,43 @@ def test_a_start_sent_on_the_connection_explains_a_new_launch_of_its_shard() -> 
         CloseCode.PROTOCOL_ERROR,
         "ready -> starting for shard llama-1/0: no start_shard explains it",
     )
+
+
+def test_a_node_naming_made_up_shards_is_closed_before_the_live_view_outgrows_it() -> None:
+    """Before, each new made-up shard id was a launch a start before the connection might
+    explain, so every one was taken and the live view grew by a shard a status for as long
+    as the connection lasted (about 1.4 ms a status once it held 100,000). Now the shards a
+    connection may speak of are its hello's, those started on it and an allowance: the one
+    past it closes the connection (1002, naming the limit) and reaches nothing."""
+    session = connected()
+    view = observe(
+        FleetView(),
+        report_of(AgentHello(node_id="gpu-1", hello=hello(), remote_address=REMOTE)),
+        lambda _: None,
+    )
+    largest, closes = 0, []
+    for index in range(MAX_SHARDS_STARTED_BEFORE + 100):
+        status = ShardStatus(
+            replica_id=f"made-up-{index}", shard_index=0, state="ready", port=20001
+        )
+        # 40 a second: within the connection's message budget.
+        for output in session.receive(encode(status), now=index / 40):
+            if isinstance(output, Observe):
+                view = observe(view, report_of(output.observation), lambda _: None)
+            elif isinstance(output, Close):
+                closes.append(output)
+        node = view.reports.get("gpu-1")
+        largest = max(largest, len(node.shards) if node else 0)
+
+    assert largest == MAX_SHARDS_STARTED_BEFORE
+    assert closes == [
+        Close(
+            CloseCode.PROTOCOL_ERROR,
+            f"more than {MAX_SHARDS_STARTED_BEFORE} shards neither in the hello nor started "
+            f"on this connection: made-up-{MAX_SHARDS_STARTED_BEFORE}/0",
+        )
+    ]
+    assert "gpu-1" not in view.reports  # the node is gone with its connection
 
 
 def test_commands_go_out_only_once_the_agent_said_hello() -> None:

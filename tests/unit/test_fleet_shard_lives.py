@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from agent.engines.changes import can_transition
 from agent.engines.records import ShardState as AgentShardState
-from app.hub.shard_lives import FORWARD, MAX_TRACKED_SHARDS, ShardLives
+from app.hub.shard_lives import FORWARD, MAX_SHARDS_STARTED_BEFORE, ShardLives
 from wire.messages import ShardReport, ShardState, ShardStatus
 
 PHASES: tuple[ShardState, ...] = get_args(ShardState)
@@ -110,11 +110,40 @@ def test_shards_are_judged_apart() -> None:
     assert lives.refusal(status("failed", shard_index=2)) is None
 
 
-def test_the_memory_keeps_the_shards_heard_of_last() -> None:
+def test_shards_neither_listed_nor_started_are_taken_up_to_the_allowance_then_refused() -> None:
+    """Before, each made-up shard spent a free launch of its own and was taken: the memory
+    forgot the oldest, and what a status reaches (the live view) grew by one a status. Now
+    the hello's shards, the starts sent and ``MAX_SHARDS_STARTED_BEFORE`` others are all a
+    connection may speak of."""
     lives = ShardLives()
-    for index in range(MAX_TRACKED_SHARDS + 10):
-        assert lives.refusal(status("ready", replica_id=f"r-{index}")) is None
-    assert len(lives) == MAX_TRACKED_SHARDS
+    lives.listed([listed("ready")])
+    lives.start_sent("started-on-it", 0)
+    for index in range(MAX_SHARDS_STARTED_BEFORE):
+        assert lives.refusal(status("starting", replica_id=f"made-up-{index}")) is None
+
+    assert lives.refusal(status("starting", replica_id="one-more")) == (
+        f"more than {MAX_SHARDS_STARTED_BEFORE} shards neither in the hello nor started on "
+        "this connection: one-more/0"
+    )
+    assert len(lives) == 2 + MAX_SHARDS_STARTED_BEFORE
+    # What the connection was told of, or listed, is still taken.
+    assert lives.refusal(status("starting", replica_id="started-on-it")) is None
+    assert lives.refusal(status("stopped")) is None
+    assert lives.refusal(status("ready", replica_id="made-up-0")) is None
+
+
+def test_a_long_connection_speaks_of_every_shard_it_was_told_to_start() -> None:
+    """Shards the control plane starts on the connection count against no allowance, however
+    many come and go over its life; a listed shard is still remembered at the end."""
+    lives = ShardLives()
+    lives.listed([listed("ready")])
+    for index in range(3 * MAX_SHARDS_STARTED_BEFORE):
+        lives.start_sent(f"r-{index}", 0)
+        for state in ("starting", "ready", "stopped"):
+            assert lives.refusal(status(state, replica_id=f"r-{index}")) is None
+    assert refusals(lives, ["failed", "stopped"]) == [None, None]
+    assert lives.refusal(status("starting")) is None  # its one free launch, still unspent
+    assert lives.refusal(status("starting", replica_id="from-before")) is None
 
 
 launch = st.lists(st.sampled_from(PHASES), min_size=1, max_size=4).map(
