@@ -48,6 +48,7 @@ from app.domain.revocations import PresentedCertificate
 from app.hub.accepting import Accepting
 from app.hub.arrivals import OpeningConnections
 from app.hub.budget import MessageBudget
+from app.hub.commands_sent import CommandsSent
 from app.hub.edge import command_to_wire, report_of
 from app.hub.gate import DEFAULT_PER_ADDRESS as DEFAULT_HANDSHAKES_PER_ADDRESS
 from app.hub.gate import HandshakeGate
@@ -68,6 +69,7 @@ from app.hub.session import (
     PeerCertificate,
     Send,
     SessionState,
+    ShardStatusReported,
     check_heartbeat_timing,
 )
 from app.pki import CertificateKind, CertificateRejected, PeerIdentity, peer_identity
@@ -172,6 +174,8 @@ class AgentHub:
         self._too_often_lines = RefusalThrottle()
         """When a refusal for connecting too often was last logged, per node."""
         self._registry: ConnectionRegistry[_AgentConnection] = ConnectionRegistry()
+        self._commands_sent = CommandsSent()
+        """What each node was sent, over its connections: the causes its statuses may name."""
         self._opening = OpeningConnections(TLS_HANDSHAKE_TIMEOUT_S)
         self._accepting = Accepting(
             ssl_context,
@@ -334,6 +338,7 @@ class AgentHub:
             now=monotonic(),
             budget=self._budget,
             engine_networks=self._engine_networks,
+            commands_sent=self._commands_sent,
         )
         connection = _AgentConnection(websocket, session, certificate)
         try:
@@ -410,6 +415,14 @@ class AgentHub:
                     "agent_gpu_changes_ignored",
                     gpus=list(ignored),
                     reason="health changes of GPUs its hello did not list (index and UUID)",
+                )
+                await self._handler.handle(report_of(observation))
+            case ShardStatusReported(unsent_command_id=unsent) if unsent:
+                log.info(
+                    "agent_causation_ignored",
+                    command_id=unsent,
+                    reason="the status named a command this control plane did not send the "
+                    "node (another leader's, or none); recorded without a cause",
                 )
                 await self._handler.handle(report_of(observation))
             case ConnectionRefused(over_budget=True, node_id=node_id):

@@ -17,6 +17,9 @@ node can vouch for, with an inventory a machine can have (``app.hub.claims``); e
 message counts against the connection's budget (``app.hub.budget``). A heartbeat's GPU
 health changes are passed on only for GPUs the hello listed; the first heartbeat that names
 others says which (``AgentHeartbeat.ignored_gpus``), so they are logged once a connection.
+A shard status keeps the command it names as its cause only if that command was sent to its
+node (``app.hub.commands_sent``); otherwise it goes on without one, and the first such status
+of a connection says which id it named (``ShardStatusReported.unsent_command_id``).
 A closed session ignores every further input. An agent that said hello is reported gone
 exactly once, however its connection ends, unless a newer connection replaced it.
 """
@@ -31,6 +34,7 @@ import msgspec
 from app.domain.egress import EngineNetworks
 from app.hub.budget import BudgetMeter, MessageBudget
 from app.hub.claims import address_refusal, inventory_refusal, listed_gpu_changes
+from app.hub.commands_sent import CommandsSent
 from app.hub.shard_lives import ShardLives
 from wire.errors import ProtocolError, SessionStateError
 from wire.messages import (
@@ -96,6 +100,11 @@ class AgentHeartbeat(msgspec.Struct, frozen=True, kw_only=True):
 class ShardStatusReported(msgspec.Struct, frozen=True, kw_only=True):
     node_id: str
     status: ShardStatus
+    """With a ``command_id`` only when that command was sent to the node."""
+    unsent_command_id: str | None = None
+    """The cause the status named though no command with that id was sent to the node,
+    dropped from ``status``: said on the first such status of the connection, None on every
+    other."""
 
 
 class CommandCompleted(msgspec.Struct, frozen=True, kw_only=True):
@@ -176,7 +185,10 @@ class AgentSession:
         remote_host: str | None = None,
         budget: MessageBudget | None = None,
         engine_networks: EngineNetworks | None = None,
+        commands_sent: CommandsSent | None = None,
     ) -> None:
+        """``commands_sent``: the commands sent to each node, shared by the connections of
+        one hub (a status may answer a command sent on the node's previous connection)."""
         check_heartbeat_timing(heartbeat_interval_s, heartbeat_timeout_s)
         self._peer = peer
         self._remote_address = remote_address
@@ -195,6 +207,8 @@ class AgentSession:
         """The GPUs the hello listed, index to UUID."""
         self._said_ignored = False
         self._shard_lives = ShardLives()
+        self._commands_sent = commands_sent or CommandsSent()
+        self._said_unsent = False
 
     @property
     def state(self) -> SessionState:
@@ -246,6 +260,8 @@ class AgentSession:
                 f"cannot send {message_type(message)} {message.command_id}: "
                 f"the session is {self._state.name}, not ACTIVE"
             )
+        assert self._node_id is not None, "an ACTIVE session knows its node"
+        self._commands_sent.sent(self._node_id, message.command_id)
         if isinstance(message, StartShard):
             self._shard_lives.start_sent(message.replica_id, message.shard_index)
         return [Send(message)]
@@ -335,7 +351,7 @@ class AgentSession:
                 out_of_turn = self._shard_lives.refusal(message)
                 if out_of_turn is not None:
                     return self._close(CloseCode.PROTOCOL_ERROR, out_of_turn)
-                return [Observe(ShardStatusReported(node_id=node_id, status=message))]
+                return [Observe(self._shard_status(node_id, message))]
             case CommandResult():
                 return [Observe(CommandCompleted(node_id=node_id, result=message))]
             case Hello():
@@ -355,6 +371,20 @@ class AgentSession:
             node_id=node_id,
             heartbeat=msgspec.structs.replace(heartbeat, gpu_changes=kept),
             ignored_gpus=ignored,
+        )
+
+    def _shard_status(self, node_id: str, status: ShardStatus) -> ShardStatusReported:
+        cause = status.command_id
+        if cause is None or self._commands_sent.knows(node_id, cause):
+            return ShardStatusReported(node_id=node_id, status=status)
+        unsent: str | None = None
+        if not self._said_unsent:
+            self._said_unsent = True
+            unsent = cause
+        return ShardStatusReported(
+            node_id=node_id,
+            status=msgspec.structs.replace(status, command_id=None),
+            unsent_command_id=unsent,
         )
 
     def _identity_mismatch(self, node_id: str) -> str | None:

@@ -349,6 +349,7 @@ def test_only_health_changes_of_gpus_the_hello_listed_go_on_and_others_are_said_
 
 def test_shard_status_and_command_results_are_observed() -> None:
     session = connected()
+    session.send_command(replace(START, replica_id="m-1"))  # c-1, the status's cause
     status = ShardStatus(
         replica_id="m-1",
         shard_index=0,
