@@ -188,7 +188,9 @@ def simulate(
         if tick % round(PASS_S / TICK_S) or now_s >= trace.duration_s:
             continue
         at = ORIGIN + timedelta(seconds=now_s)
-        history = autoscale.observe(history, {"trace": reported}, {"trace": model}, at)
+        history = autoscale.observe(
+            history, {"trace": reported}, {"trace": model}, at, pass_interval_s=PASS_S
+        )
         decision = decide(model, history["trace"], at)
         if decision is None:
             continue

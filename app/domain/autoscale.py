@@ -36,7 +36,12 @@ it scales up at once when demand says so but down only once it has watched a who
 Every average above is over time: a sample stands for the time since the one before it.
 Passes do not come evenly (a scale event wakes three or four within a fifth of a second,
 each taking the gateways' latest reports again), and a mean per sample would count such a
-cluster several times over.
+cluster several times over. A sample stands for no more than it can, though: after a gap
+in the leader's own passes longer than ``GAP_PASSES`` pass intervals (its database out of
+reach for a minute, a stall), the first sample stands for one interval and the rest of
+the gap is unknown: neither demand nor idleness. The means are over the time known, and a
+drop or an idle span waits until its span holds no more unknown time than a window's
+first sample may be late (``COVERED_SLACK_S``), as after a start.
 
 Each change is a ``ModelScaled`` with the figures that decided it; the replicas it removes
 go as a scale-down always goes: out of routing, then stopped once the gateways report them
@@ -69,7 +74,11 @@ HEARD_WITHIN_S = 1.0
 decides, so an older one means the passes since heard from no gateway."""
 COVERED_SLACK_S = 2.0
 """A window counts as watched when its first sample is at most this late (a pass or two),
-or a tenth of the window when that is less, so that a window of seconds is watched whole."""
+or a tenth of the window when that is less, so that a window of seconds is watched whole;
+so much unknown time (gaps in the passes, below) it may hold in all."""
+GAP_PASSES = 3
+"""A sample taken more than this many pass intervals after the one before it follows a gap
+in the passes: it stands for one interval, not for the whole gap."""
 MIN_PER_REPLICA = MIN_AUTOSCALE_TARGET
 """The least load per replica ``decide`` scales by: the least the spec accepts (a ``target``,
 or a ``capacity`` share of a bench capacity, at least 0.01 of at least 1)."""
@@ -81,6 +90,10 @@ class DemandSample(msgspec.Struct, frozen=True, array_like=True):
     partial: bool = False
     """Some gateway was silent: ``demand`` is a floor, the silent gateway's requests left
     out."""
+    stands_for_s: float | None = None
+    """How far back the sample stands for: None, since the sample before it; after a gap in
+    the passes, one pass interval, the time before that back to the sample before it being
+    unknown."""
 
 
 class ScaleDecision(msgspec.Struct, frozen=True, kw_only=True):
@@ -104,6 +117,7 @@ def observe(
     models: Mapping[str, Model],
     now: datetime,
     *,
+    pass_interval_s: float,
     partial: bool = False,
 ) -> dict[str, tuple[DemandSample, ...]]:
     """The samples after this pass: each autoscaled model's demand now (0 when the
@@ -111,8 +125,11 @@ def observe(
     no gateway reported, so the demand is unknown and every sample is forgotten: the next
     one heard would otherwise stand for the whole silence, and the count would come down
     on a single report after it, where it must watch a whole window again. ``partial``:
-    some gateway is silent, so the demand is at least this."""
+    some gateway is silent, so the demand is at least this. ``pass_interval_s``: how far
+    apart passes come when nothing wakes them; a sample more than ``GAP_PASSES`` of them
+    after the one before it stands for one of them, the rest of the gap unknown."""
     kept: dict[str, tuple[DemandSample, ...]] = {}
+    gap = timedelta(seconds=GAP_PASSES * pass_interval_s)
     for name, model in models.items():
         policy = model.spec.autoscale
         if policy is None or model.removed:
@@ -122,7 +139,14 @@ def observe(
             continue
         since = now - timedelta(seconds=longest_window_s(policy) + COVERED_SLACK_S)
         earlier = tuple(s for s in history.get(name, ()) if s.at >= since)
-        kept[name] = (*earlier, DemandSample(now, float(demand.get(name, 0.0)), partial=partial))
+        after_gap = bool(earlier) and now - earlier[-1].at > gap
+        sample = DemandSample(
+            now,
+            float(demand.get(name, 0.0)),
+            partial=partial,
+            stands_for_s=pass_interval_s if after_gap else None,
+        )
+        kept[name] = (*earlier, sample)
     return kept
 
 
@@ -188,7 +212,7 @@ def decide(model: Model, samples: Sequence[DemandSample], now: datetime) -> Scal
     if unusable:
         return ScaleDecision(replicas=current, reason=unusable, inputs=inputs)
     wanted_up = math.ceil(mean_up / per_replica)
-    drop = _drop(samples, highest, now, policy, current, per_replica)
+    drop = _drop(samples, timeline, highest, now, policy, current, per_replica)
     desired, reason = current, ""
     if current == 0 and latest > 0:
         desired = max(1, min(wanted_up, policy.max_step))
@@ -211,7 +235,7 @@ def decide(model: Model, samples: Sequence[DemandSample], now: datetime) -> Scal
             reason += (
                 f" ({share:.0%} of the {policy.down_window_s:g}s window: {current} to {desired})"
             )
-        if desired == 0 and not _idle(samples, now, policy.idle_to_zero_s):
+        if desired == 0 and not _idle(samples, timeline, now, policy.idle_to_zero_s):
             desired = 1
             reason += f"; one stays until {policy.idle_to_zero_s:g}s without any request"
         elif desired == 0:
@@ -245,6 +269,7 @@ def _within(samples: Sequence[DemandSample], now: datetime, window_s: float) -> 
 
 def _drop(
     samples: Sequence[DemandSample],
+    timeline: _Timeline,
     highest: _HighestAverages,
     now: datetime,
     policy: AutoscalePolicy,
@@ -259,7 +284,7 @@ def _drop(
     found = None
     for count in range(current - 1, max(current - policy.max_step, 0) - 1, -1):
         wait_s = policy.down_window_s * max(policy.down_window_min_share, count / current)
-        if not _watched(samples, now, wait_s) or _partial_within(samples, now, wait_s):
+        if not timeline.watched(now, wait_s) or _partial_within(samples, now, wait_s):
             continue
         peak = highest.since(now - timedelta(seconds=wait_s))
         if math.ceil(peak / per_replica) <= count:
@@ -269,42 +294,71 @@ def _drop(
 
 class _Timeline:
     """The samples as demand over time: each sample's figure held since the sample before
-    it (the first one's has no span), and the means over windows of that."""
+    it (the first one's has no span; one after a gap in the passes, ``stands_for_s`` of
+    it, the rest unknown), and the means over windows of what is known."""
 
     def __init__(self, samples: Sequence[DemandSample]) -> None:
         self.moments = [s.at for s in samples]
         self._origin = samples[0].at
         self._times = [(at - self._origin).total_seconds() for at in self.moments]
         self._values = [s.demand for s in samples]
-        # _covered[i]: the integral of the demand from the first sample to the i-th.
+        # _starts[i]: where what the i-th sample stands for begins; between the sample
+        # before it and there, nothing is known (the gaps).
+        self._starts = [0.0]
+        self.gaps: list[tuple[float, float]] = []
+        # _covered[i], _known[i]: the integral of the demand, and the time known, from the
+        # first sample to the i-th.
         self._covered = [0.0]
-        for i in range(1, len(samples)):
-            span = self._times[i] - self._times[i - 1]
+        self._known = [0.0]
+        for i, sample in enumerate(samples[1:], start=1):
+            start = self._times[i - 1]
+            if sample.stands_for_s is not None:
+                start = max(start, self._times[i] - sample.stands_for_s)
+                if start > self._times[i - 1]:
+                    self.gaps.append((self._times[i - 1], start))
+            self._starts.append(start)
+            span = self._times[i] - start
             self._covered.append(self._covered[-1] + self._values[i] * span)
+            self._known.append(self._known[-1] + span)
 
     def mean(self, end: datetime, window_s: float) -> float:
         """The demand averaged over the ``window_s`` before ``end``, over as much of it as
-        the samples up to ``end`` cover (the latest sample's figure when they cover none)."""
+        the samples up to ``end`` are known to cover (the latest sample's figure when they
+        cover none)."""
         at = (end - self._origin).total_seconds()
         last = max(bisect.bisect_right(self._times, at) - 1, 0)
         return self._mean_to(last, at - window_s)
 
     def _mean_to(self, last: int, start: float) -> float:
-        """The mean from ``start`` to the ``last``-th sample."""
+        """The mean from ``start`` to the ``last``-th sample, over the time known."""
         first = bisect.bisect_right(self._times, start, hi=last)  # the first after ``start``
         if first == 0:  # the first sample is inside: what it stands for is not known
-            since, area = self._times[0], self._covered[last]
+            area, known = self._covered[last], self._known[last]
         else:  # the one before is not, so the first inside stands for the window's start on
-            since = max(self._times[first - 1], start)
-            area = self._values[first] * (self._times[first] - since)
-            area += self._covered[last] - self._covered[first]
-        span = self._times[last] - since
-        return area / span if span > 0 else self._values[last]
+            own = max(self._times[first] - max(self._starts[first], start), 0.0)
+            area = self._values[first] * own + self._covered[last] - self._covered[first]
+            known = own + self._known[last] - self._known[first]
+        return area / known if known > 0 else self._values[last]
 
     def means_ending_at_each(self, window_s: float, first: int = 0) -> list[float]:
         """The mean over ``window_s`` ending at each sample from the ``first``-th on."""
         times = self._times
         return [self._mean_to(i, times[i] - window_s) for i in range(first, len(times))]
+
+    def watched(self, now: datetime, window_s: float) -> bool:
+        """Whether the samples cover the window ending ``now``: its first sample at most a
+        tenth of it late (at most ``COVERED_SLACK_S``; a control plane just started has not
+        watched it), and no more than that unknown in all, gaps in the passes included."""
+        late_s = min(COVERED_SLACK_S, window_s / 10)
+        start = now - timedelta(seconds=window_s)
+        if self.moments[0] > start + timedelta(seconds=late_s):
+            return False
+        if not self.gaps:
+            return True
+        since = (start - self._origin).total_seconds()
+        before_first = max(self._times[0] - since, 0.0)
+        unknown = sum(max(end - max(begin, since), 0.0) for begin, end in self.gaps)
+        return before_first + unknown <= late_s
 
 
 class _HighestAverages:
@@ -330,13 +384,6 @@ class _HighestAverages:
         return self._highest_from[first - self._first]
 
 
-def _watched(samples: Sequence[DemandSample], now: datetime, window_s: float) -> bool:
-    """Whether the samples cover the whole window (a control plane just started has not)."""
-    late_s = min(COVERED_SLACK_S, window_s / 10)
-    start = now - timedelta(seconds=window_s - late_s)
-    return samples[0].at <= start
-
-
 def _partial_within(samples: Sequence[DemandSample], now: datetime, window_s: float) -> bool:
     """Whether a sample of the last ``window_s`` left a silent gateway's requests out."""
     since = now - timedelta(seconds=window_s)
@@ -348,7 +395,9 @@ def _partial_within(samples: Sequence[DemandSample], now: datetime, window_s: fl
     return False
 
 
-def _idle(samples: Sequence[DemandSample], now: datetime, window_s: float) -> bool:
-    return _watched(samples, now, window_s) and all(
+def _idle(
+    samples: Sequence[DemandSample], timeline: _Timeline, now: datetime, window_s: float
+) -> bool:
+    return timeline.watched(now, window_s) and all(
         s.demand == 0 and not s.partial for s in _within(samples, now, window_s)
     )

@@ -223,7 +223,12 @@ class Reconciler:
                 )
                 self._note_hearing(state, gateways)
                 self._demand = autoscale.observe(
-                    self._demand, demand, state.models, at, partial=gateways.silent > 0
+                    self._demand,
+                    demand,
+                    state.models,
+                    at,
+                    pass_interval_s=self._interval_s,
+                    partial=gateways.silent > 0,
                 )
                 self._left_routing = note_left_routing(self._left_routing, state)
                 fleet = msgspec.structs.replace(

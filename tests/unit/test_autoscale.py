@@ -21,6 +21,7 @@ from tests.unit.test_domain_operations import given
 from tests.unit.test_reconcile import of_type, with_two_nodes_and_a_model
 
 T0 = datetime(2026, 12, 2, 14, 0, 0)
+PASS_INTERVAL_S = 1.0
 POLICY = AutoscalePolicy(
     min_replicas=1,
     max_replicas=8,
@@ -65,7 +66,12 @@ class Demand:
             self.now += timedelta(seconds=apart_s)
             models = {"llama": self.model}
             self.history = autoscale.observe(
-                self.history, {"llama": demand}, models, self.now, partial=partial
+                self.history,
+                {"llama": demand},
+                models,
+                self.now,
+                pass_interval_s=PASS_INTERVAL_S,
+                partial=partial,
             )
             decision = autoscale.decide(self.model, self.history["llama"], self.now)
             if decision is not None:
@@ -81,10 +87,17 @@ class Demand:
         for _ in range(n):
             self.now += timedelta(seconds=1)
             models = {"llama": self.model}
-            self.history = autoscale.observe(self.history, None, models, self.now)
+            self.history = autoscale.observe(
+                self.history, None, models, self.now, pass_interval_s=PASS_INTERVAL_S
+            )
             samples = self.history["llama"]
             changed = changed or (samples and autoscale.decide(self.model, samples, self.now))
         return changed or None
+
+    def no_pass(self, seconds: float) -> None:
+        """``seconds`` in which the leader runs no pass (its database out of reach, a
+        stall) while the gateways go on reporting."""
+        self.now += timedelta(seconds=seconds)
 
     @property
     def replicas(self) -> int:
@@ -235,6 +248,69 @@ def test_the_first_report_after_a_silence_does_not_stand_for_the_time_nobody_rep
     assert demand.replicas < 7
 
 
+def test_a_gap_in_the_leader_s_passes_is_not_read_as_the_demand_after_it_going_on() -> None:
+    demand = Demand(model(1))
+    demand.seconds(15, 28.0)
+    demand.seconds(40, 4.0)  # lower, but not yet for the whole window
+    assert demand.replicas == 7
+
+    # The leader runs no pass for half a minute. The first sample after it says what the
+    # demand is now, not what it was meanwhile: it stands for one pass interval, and the
+    # half minute is unknown, so no drop is decided on it.
+    demand.no_pass(30)
+    assert demand.seconds(1, 4.0) is None
+    assert demand.replicas == 7
+    # Down once the gap has left the window: a whole minute of samples after it.
+    assert demand.seconds(55, 4.0) is None
+    assert demand.seconds(5, 4.0) is not None
+    assert demand.replicas < 7
+
+
+def test_a_gap_in_the_leader_s_passes_is_not_read_as_an_idle_spell() -> None:
+    demand = Demand(model(1, replace(POLICY, min_replicas=0)))
+    demand.seconds(100, 1.0)
+    demand.seconds(10, 0.0)
+    assert demand.replicas == 1
+
+    # No pass for 110 s, then a sample of no demand: the idle spell of 120 s would hold
+    # nothing but zeros if that sample stood for the gap. It stands for a second of it.
+    demand.no_pass(110)
+    assert demand.seconds(1, 0.0) is None
+    assert demand.replicas == 1
+    # To zero once a whole idle spell after the gap has been watched.
+    assert demand.seconds(110, 0.0) is None
+    gone = demand.seconds(10, 0.0)
+    assert gone is not None
+    assert (gone.replicas, gone.reason) == (0, "no demand for 120s")
+
+
+def test_a_gap_in_the_leader_s_passes_is_not_read_as_demand() -> None:
+    demand = Demand(model(1, replace(POLICY, up_window_s=30.0)))
+    demand.seconds(70, 2.0)
+
+    # After 20 s without a pass, one sample at 12. Standing for the 20 s it would make the
+    # 30 s average (9 x 2 + 21 x 12) / 30 = 9 (3 replicas); it stands for one second of
+    # what is known, (9 x 2 + 12) / 10 = 3, as a burst of a second moves an average.
+    demand.no_pass(20)
+    assert demand.seconds(1, 12.0) is None
+    assert demand.replicas == 1
+    # The demand that goes on at 12 is known soon enough: up within seconds.
+    assert demand.seconds(10, 12.0) is not None
+    assert demand.replicas == 3
+
+
+def test_a_pass_a_few_intervals_late_still_stands_for_the_time_since_the_one_before() -> None:
+    demand = Demand(model(1))
+    demand.seconds(70, 0.0)
+
+    # Three seconds after the pass before it (three pass intervals): a late pass, not a
+    # gap. The ten-second average is 3 x 20 / 10 = 6: 2 replicas.
+    up = demand.passes(1, 20.0, apart_s=3.0)
+
+    assert up is not None
+    assert up.replicas == 2
+
+
 def test_a_silent_gateway_holds_the_count_from_coming_down_but_not_from_going_up() -> None:
     demand = Demand(model(1))
     demand.seconds(15, 28.0)
@@ -282,7 +358,7 @@ def test_a_window_of_a_few_seconds_is_watched_whole_before_the_count_goes_down()
     now, first_sample, gone_at = T0, T0 + timedelta(seconds=0.2), None
     while gone_at is None and now < T0 + timedelta(seconds=10):
         now += timedelta(seconds=0.2)  # passes five times a second, none with demand
-        history = autoscale.observe(history, {}, {"llama": llama}, now)
+        history = autoscale.observe(history, {}, {"llama": llama}, now, pass_interval_s=0.2)
         decision = autoscale.decide(llama, history["llama"], now)
         if decision is not None:
             assert decision.replicas == 0, decision
@@ -323,7 +399,9 @@ def test_demand_is_in_flight_on_the_model_s_replicas_plus_what_is_held_queued_fo
 
 def test_the_reconciler_records_the_autoscaler_s_change_with_its_inputs() -> None:
     cluster = with_two_nodes_and_a_model(replicas=1, autoscale=POLICY)
-    history = autoscale.observe({}, {"llama": 12.0}, cluster.state.models, cluster.now)
+    history = autoscale.observe(
+        {}, {"llama": 12.0}, cluster.state.models, cluster.now, pass_interval_s=1.0
+    )
     cluster.demand = history
 
     decision = cluster.reconcile()

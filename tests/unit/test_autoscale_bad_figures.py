@@ -82,7 +82,9 @@ def test_a_bench_capacity_from_an_older_log_that_gives_no_count_holds_it(
 def test_a_model_whose_load_gives_no_count_does_not_stop_the_pass_for_the_others() -> None:
     cluster = with_two_nodes_and_a_model(replicas=1, autoscale=replace(POLICY, target=5e-324))
     cluster.model("qwen", replicas=2)
-    cluster.demand = autoscale.observe({}, {"llama": 12.0}, cluster.state.models, cluster.now)
+    cluster.demand = autoscale.observe(
+        {}, {"llama": 12.0}, cluster.state.models, cluster.now, pass_interval_s=1.0
+    )
 
     decision = cluster.reconcile()
 
