@@ -137,7 +137,8 @@ class ServeSettings:
         str,
         Parameter(
             env_var="LLMGW_SERVER_ID",
-            help="this server's name in the leadership table and to agents (hostname:pid)",
+            help="this server's name in the leadership table, to agents and in its gateway's "
+            "reports; one per server (hostname:pid)",
         ),
     ] = ""
     adoption_grace: Annotated[

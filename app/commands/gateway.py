@@ -102,7 +102,9 @@ def gateway_command(
         str,
         Parameter(
             env_var="LLMGW_GATEWAY_ID",
-            help="this gateway's name in its in-flight reports [default: hostname-pid]",
+            help="this gateway's name in its in-flight reports, one per process: a second "
+            "process with the same id reports as ID@INSTANCE and logs gateway_id_shared "
+            "[default: hostname-pid]",
             show_default=False,
         ),
     ] = "",

@@ -219,12 +219,23 @@ class GatewayMetrics:
             ["bound"],
             registry=registry,
         )
+        self._id_shared_reports = Counter(
+            "llmgw_gateway_id_shared_reports",
+            "Reports written while another live gateway process reports under this one's "
+            "id (--gateway-id, serve's --server-id): both are counted, each under a key of "
+            "its own, but the id names two processes. Give each its own id.",
+            registry=registry,
+        )
         self._rate_limits_degraded = Gauge(
             "llmgw_gateway_rate_limits_degraded",
             "1 while keys' rate limits are enforced on this gateway's local share because "
             "the database does not answer; 0 while they are shared.",
             registry=self.registry,
         )
+
+    def id_shared(self) -> None:
+        """A report found another live gateway process reporting under this one's id."""
+        self._id_shared_reports.inc()
 
     def watch_replicas(
         self, read: ReplicaReader, queued: QueueReader, holds: HoldReader = dict

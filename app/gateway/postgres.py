@@ -144,6 +144,7 @@ class PostgresGateway:
             queued=self.gateway.queued,
             traffic=self.gateway.traffic_report,
             ejected=self.gateway.ejected,
+            on_shared_id=self.gateway.metrics.id_shared,
         )
         # A request held for a model starting from zero is demand the leader should see now.
         self.gateway.router.on_hold(self.reporter.report_soon)

@@ -10,6 +10,19 @@ holding requests for a model that starts from zero), but never more often than e
 ``MIN_REPORT_GAP_S``. On ``close`` it removes the row: a gateway that stops cleanly is
 gone, not silent.
 
+Each gateway process writes its report with a token of its own (``instance``: hostname,
+pid and a random part) and never overwrites another live process's. Two processes started
+with the same id (``--gateway-id``, or ``serve``'s ``--server-id``) would otherwise replace
+each other's requests in flight twice a second, and the leader would read about half the
+demand. The one that finds its id's row held by another live report (written by another
+process within ``REPORT_MAX_AGE_S``, or after its own last write) writes under
+``ID@INSTANCE`` from then on, so the leader sums both as two gateways; while the other
+goes on writing under the id, it logs ``gateway_id_shared`` (an error, at most once a
+minute) and counts each such report in ``llmgw_gateway_id_shared_reports``. A restarted
+gateway takes back its previous life's row once it is ``REPORT_MAX_AGE_S`` old: within that
+it writes under a key of its own as well (its previous life then counts as silent, as a
+gateway that crashed does), but logs nothing, since the previous life writes no more.
+
 The connection is its own so that nothing else the gateway asks of the database (a
 snapshot read waiting on a lock, a grant) can make a report late: a report more than
 ``REPORT_LATE_S`` late makes the leader take the gateway for silent, and hold every
@@ -20,7 +33,11 @@ autoscaled model from scaling down until it reports again. A late report is stil
 from __future__ import annotations
 
 import contextlib
+import os
+import secrets
+import socket
 from collections.abc import Callable
+from datetime import datetime
 from time import monotonic
 
 import asyncpg
@@ -28,7 +45,12 @@ import structlog
 
 from app.gateway.reconnecting import CONNECTION_LOST, ConnectedTask
 from app.store.database import driver_url
-from app.store.gateway_reports import TrafficReport, delete_report, write_report
+from app.store.gateway_reports import (
+    ReportWritten,
+    TrafficReport,
+    delete_report,
+    write_report,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -39,6 +61,8 @@ it is called."""
 REPORT_LATE_S = 2.0
 """A report this much later than due is logged (``gateway_report_late``)."""
 QUERY_TIMEOUT_S = 5.0
+SHARED_ID_LOG_EVERY_S = 60.0
+"""``gateway_id_shared`` is logged at most this often while the id is shared."""
 
 InFlightCounter = Callable[[], dict[str, int]]
 QueuedCounter = Callable[[], dict[str, int]]
@@ -60,9 +84,11 @@ class GatewayReporter:
         ejected: EjectedReader | None = None,
         report_interval_s: float = DEFAULT_REPORT_INTERVAL_S,
         query_timeout_s: float = QUERY_TIMEOUT_S,
+        on_shared_id: Callable[[], None] = lambda: None,
     ) -> None:
         """``routing_position``: the position of the routing table the counts were made by
-        (None before the gateway has one)."""
+        (None before the gateway has one). ``on_shared_id``: called for each report that
+        finds another live process reporting under ``gateway_id``."""
         for label, value in (
             ("report interval", report_interval_s),
             ("query timeout", query_timeout_s),
@@ -70,6 +96,18 @@ class GatewayReporter:
             if value <= 0:
                 raise ValueError(f"the {label} must be positive, not {value}")
         self.gateway_id = gateway_id
+        self.instance = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+        """This process's token in its report: no other process has it."""
+        self.reports_as = gateway_id
+        """The key this gateway's report is written under: ``gateway_id``, or
+        ``gateway_id@instance`` once another live process's report held that row."""
+        self._written_at: datetime | None = None
+        """The time (database's clock) the last write under ``reports_as`` set, while known:
+        a later time there is another process's write."""
+        self._writing_since: datetime | None = None
+        """When this process's first write under ``reports_as`` went in."""
+        self._on_shared_id = on_shared_id
+        self._shared_logged_at = float("-inf")
         self._connection = ConnectedTask(
             driver_url(database_url),
             application_name=f"llmgw-report-{gateway_id}",
@@ -127,23 +165,77 @@ class GatewayReporter:
                 continue
             started = monotonic()
             self._note_lateness(started - next_report)
-            await write_report(
-                db,
-                self.gateway_id,
-                self._in_flight(),
-                within_s=self._timeout_s,
-                traffic=None if self._traffic is None else self._traffic(),
-                queued=None if self._queued is None else self._queued(),
-                ejected=None if self._ejected is None else self._ejected(),
-                routing_position=self._routing_position(),
-            )
+            await self._write(db)
             self.reports += 1
             self._back()
             # From when this one began: a write that took long makes the next one late.
             last_report = started
             next_report = started + self._interval_s
         with contextlib.suppress(*CONNECTION_LOST):
-            await delete_report(db, self.gateway_id, within_s=min(self._timeout_s, 1.0))
+            await delete_report(
+                db, self.reports_as, instance=self.instance, within_s=min(self._timeout_s, 1.0)
+            )
+
+    async def _write(self, db: asyncpg.Connection) -> None:
+        """One report, under this gateway's key; under a key of its own from now on when
+        another live process's report holds that one."""
+        written = await self._write_once(db)
+        if written.at is None:
+            held = self.reports_as
+            self.reports_as = f"{self.gateway_id}@{self.instance}"
+            self._written_at = self._writing_since = None
+            log.info(
+                "gateway_reports_as",
+                gateway_id=self.gateway_id,
+                reports_as=self.reports_as,
+                reason=f"another live report holds {held!r}: this gateway's previous life, "
+                "or another process started with the same id",
+            )
+            written = await self._write_once(db)
+            if written.at is None:  # another process holds this one too: a token reused
+                raise RuntimeError(f"the report under {self.reports_as!r} is not this one's")
+        self._written_at = written.at
+        self._writing_since = self._writing_since or written.at
+        if written.shared:
+            self._shared_id()
+
+    async def _write_once(self, db: asyncpg.Connection) -> ReportWritten:
+        try:
+            return await write_report(
+                db,
+                self.reports_as,
+                self._in_flight(),
+                within_s=self._timeout_s,
+                instance=self.instance,
+                written_at=self._written_at,
+                named=self.gateway_id,
+                named_since=self._writing_since,
+                traffic=None if self._traffic is None else self._traffic(),
+                queued=None if self._queued is None else self._queued(),
+                ejected=None if self._ejected is None else self._ejected(),
+                routing_position=self._routing_position(),
+            )
+        except BaseException:
+            # Whether it went in is not known: the next write takes this process's row
+            # back by its token alone.
+            self._written_at = None
+            raise
+
+    def _shared_id(self) -> None:
+        """Another live process reports under this gateway's id: both reports are counted,
+        but the id names two processes (in logs, metrics, the database's sessions)."""
+        self._on_shared_id()
+        if monotonic() - self._shared_logged_at < SHARED_ID_LOG_EVERY_S:
+            return
+        self._shared_logged_at = monotonic()
+        log.error(
+            "gateway_id_shared",
+            gateway_id=self.gateway_id,
+            reports_as=self.reports_as,
+            reason="another gateway process is reporting under this id; each report is "
+            "kept apart and the control plane counts both, but give each process its own "
+            "--gateway-id (serve: --server-id), or leave it to the default",
+        )
 
     def _note_lateness(self, late_s: float) -> None:
         """Say when a report goes out much later than due (once until they are on time

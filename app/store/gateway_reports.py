@@ -14,6 +14,13 @@ that stops cleanly deletes its row; one whose row is older but not older than
 ``SILENT_HOLD_S`` is counted as silent (``GatewaysInFlight.silent``), so the reconciler knows
 its sums leave some requests out.
 
+Each row is one gateway process's: ``instance`` is the writing process's token, and a write
+overwrites only a row this process wrote (and, as far as it knows, no one wrote since) or
+one no gateway has written for ``REPORT_MAX_AGE_S``: a restarted gateway takes back its
+previous life's row, but two live processes started with the same id never replace each
+other's requests. The second one finds the row held and writes under a key of its own
+(``app.gateway.reporter``), so every reader sums both as two gateways.
+
 A row is the writer's word, so a reader takes it as hostile: ``traffic`` is decoded per
 replica and ``queued`` per model into bounded types, and a piece that is too big or
 malformed is skipped (and logged), never a failure of the reader; ``ejected`` likewise
@@ -23,6 +30,7 @@ per replica.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from datetime import datetime
 from typing import Annotated
 
 import asyncpg
@@ -69,6 +77,17 @@ class TrafficReport(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     ]
 
 
+class ReportWritten(msgspec.Struct, frozen=True, kw_only=True):
+    """What became of one write of a gateway's report."""
+
+    at: datetime | None
+    """The report's time by the database's clock, which the next write passes back; None
+    when it was not written: another live process's report holds the row."""
+    shared: bool
+    """Another process has lately written the report named as this gateway is, after this
+    one began writing under a key of its own: two live gateways share one id."""
+
+
 class Ejections(msgspec.Struct, frozen=True, kw_only=True):
     """What the live gateways say of ejections: how many of them report ejections at
     all, and how many of those keep each replica out of rotation."""
@@ -78,14 +97,33 @@ class Ejections(msgspec.Struct, frozen=True, kw_only=True):
     """Replica id -> live gateways that eject it; only replicas some gateway ejects."""
 
 
+# The row is overwritten only when it is this process's own report, unchanged since its last
+# write (a gateway of an older release, started with the same id, writes no token and would
+# otherwise go unnoticed), or one no gateway has written for the reports' age (a previous
+# life's, a gateway gone): never another live process's. The row lock ON CONFLICT takes
+# decides between two processes that write at once; the loser's update does not happen and
+# it is told so (no row written). ``shared``: another process wrote the row named ``$10``
+# after ``$11`` (when this process began writing under the key it has now), and lately.
 _UPSERT = """
-INSERT INTO gateway_reports
-    (gateway_id, in_flight, traffic, queued, ejected, routing_position, reported_at)
-VALUES ($1, $2::jsonb, $3::jsonb, $4::jsonb, $5::jsonb, $6, now())
-ON CONFLICT (gateway_id) DO UPDATE
-SET in_flight = excluded.in_flight, traffic = excluded.traffic, queued = excluded.queued,
-    ejected = excluded.ejected, routing_position = excluded.routing_position,
-    reported_at = now()
+WITH written AS (
+    INSERT INTO gateway_reports AS report
+        (gateway_id, in_flight, traffic, queued, ejected, routing_position, instance,
+         reported_at)
+    VALUES ($1, $2::jsonb, $3::jsonb, $4::jsonb, $5::jsonb, $6, $7, now())
+    ON CONFLICT (gateway_id) DO UPDATE
+    SET in_flight = excluded.in_flight, traffic = excluded.traffic, queued = excluded.queued,
+        ejected = excluded.ejected, routing_position = excluded.routing_position,
+        instance = excluded.instance, reported_at = now()
+    WHERE (report.instance = excluded.instance
+           AND ($8::timestamptz IS NULL OR report.reported_at = $8::timestamptz))
+       OR report.reported_at <= now() - make_interval(secs => $9)
+    RETURNING report.reported_at
+)
+SELECT (SELECT reported_at FROM written) AS written_at,
+       EXISTS (SELECT 1 FROM gateway_reports
+               WHERE gateway_id = $10 AND gateway_id <> $1
+                 AND reported_at > $11::timestamptz
+                 AND reported_at > now() - make_interval(secs => $9)) AS shared
 """
 
 # One statement, so that the counts and the routing tables are of the same rows: a row
@@ -169,21 +207,28 @@ async def write_report(
     in_flight: dict[str, int],
     *,
     within_s: float,
+    instance: str,
+    written_at: datetime | None = None,
+    named: str | None = None,
+    named_since: datetime | None = None,
     traffic: TrafficReport | None = None,
     queued: Mapping[str, int] | None = None,
     ejected: Mapping[str, int] | None = None,
     routing_position: int | None = None,
-) -> None:
-    """Replace ``gateway_id``'s report; only replicas with requests open are listed in
-    ``in_flight``, only replicas with something in the window in ``traffic``, only
-    models with requests waiting in ``queued``, and in ``ejected`` the replicas the
-    gateway keeps out of rotation with their ejections in a row (None: this gateway does
-    not say); ``routing_position``: the position of the routing table the gateway routed
-    by when it counted ``in_flight`` (None: it does not say)."""
+) -> ReportWritten:
+    """Replace the report under ``gateway_id`` if it is this process's (``instance``; and,
+    with ``written_at``, unchanged since the write that set it) or nobody's lately; only
+    replicas with requests open are listed in ``in_flight``, only replicas with something
+    in the window in ``traffic``, only models with requests waiting in ``queued``, and in
+    ``ejected`` the replicas the gateway keeps out of rotation with their ejections in a
+    row (None: this gateway does not say); ``routing_position``: the position of the
+    routing table the gateway routed by when it counted ``in_flight`` (None: it does not
+    say). ``named``, ``named_since``: the id the gateway was given and, while it writes
+    under another key, since when: whether another process writes under that id lately."""
     busy = {replica: count for replica, count in in_flight.items() if count > 0}
     figures = None if traffic is None else _encoder.encode(bounded(traffic)).decode()
     waiting = None if queued is None else _encoder.encode(longest_queues(queued)).decode()
-    await db.execute(
+    row = await db.fetchrow(
         _UPSERT,
         gateway_id,
         _encoder.encode(busy).decode(),
@@ -191,13 +236,27 @@ async def write_report(
         waiting,
         None if ejected is None else _encoder.encode(some_ejected(ejected)).decode(),
         routing_position,
+        instance,
+        written_at,
+        REPORT_MAX_AGE_S,
+        named if named is not None else gateway_id,
+        named_since,
         timeout=within_s,
     )
+    assert row is not None  # a SELECT without FROM: always one row
+    return ReportWritten(at=row["written_at"], shared=row["shared"] is True)
 
 
-async def delete_report(db: asyncpg.Connection, gateway_id: str, *, within_s: float) -> None:
+async def delete_report(
+    db: asyncpg.Connection, gateway_id: str, *, instance: str, within_s: float
+) -> None:
+    """Remove the report under ``gateway_id`` if this process (``instance``) wrote it last:
+    never another live process's."""
     await db.execute(
-        "DELETE FROM gateway_reports WHERE gateway_id = $1", gateway_id, timeout=within_s
+        "DELETE FROM gateway_reports WHERE gateway_id = $1 AND instance = $2",
+        gateway_id,
+        instance,
+        timeout=within_s,
     )
 
 

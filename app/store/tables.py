@@ -196,6 +196,7 @@ gateway_reports = Table(
     Column("queued", JSONB),
     Column("ejected", JSONB),
     Column("routing_position", BigInteger),
+    Column("instance", Text),
 )
 
 rate_budgets = Table(

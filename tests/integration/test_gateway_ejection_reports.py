@@ -22,11 +22,15 @@ async def test_the_gateways_that_eject_a_replica_are_counted_over_fresh_reports(
     engine: AsyncEngine,
 ) -> None:
     async with connection(engine) as db:
-        await write_report(db, "gw-a", {"r-1": 2}, within_s=5.0, ejected={"r-1": 1, "r-2": 3})
-        await write_report(db, "gw-b", {}, within_s=5.0, ejected={"r-1": 2})
-        await write_report(db, "gw-c", {}, within_s=5.0, ejected={})
-        await write_report(db, "legacy", {}, within_s=5.0)  # predates ejections: says nothing
-        await write_report(db, "gone", {}, within_s=5.0, ejected={"r-3": 1})
+        await write_report(
+            db, "gw-a", {"r-1": 2}, within_s=5.0, instance="test", ejected={"r-1": 1, "r-2": 3}
+        )
+        await write_report(db, "gw-b", {}, within_s=5.0, instance="test", ejected={"r-1": 2})
+        await write_report(db, "gw-c", {}, within_s=5.0, instance="test", ejected={})
+        await write_report(
+            db, "legacy", {}, within_s=5.0, instance="test"
+        )  # predates ejections: says nothing
+        await write_report(db, "gone", {}, within_s=5.0, instance="test", ejected={"r-3": 1})
         await db.execute(
             "UPDATE gateway_reports SET reported_at = now() - interval '1 minute' "
             "WHERE gateway_id = 'gone'"
@@ -36,14 +40,14 @@ async def test_the_gateways_that_eject_a_replica_are_counted_over_fresh_reports(
     assert await reader.ejections() == Ejections(gateways=3, ejected_by={"r-1": 2, "r-2": 1})
 
     async with connection(engine) as db:  # gw-a returned r-1 to rotation
-        await write_report(db, "gw-a", {}, within_s=5.0, ejected={"r-2": 3})
+        await write_report(db, "gw-a", {}, within_s=5.0, instance="test", ejected={"r-2": 3})
     assert await reader.ejections() == Ejections(gateways=3, ejected_by={"r-1": 1, "r-2": 1})
 
 
 async def test_a_report_ejects_at_most_the_bounded_number_of_replicas(engine: AsyncEngine) -> None:
     many = {f"r-{n:05d}": 1 for n in range(MAX_REPORTED_REPLICAS + 10)}
     async with connection(engine) as db:
-        await write_report(db, "gw-a", {}, within_s=5.0, ejected=many)
+        await write_report(db, "gw-a", {}, within_s=5.0, instance="test", ejected=many)
     found = await TrafficReports(engine).ejections()
     assert (found.gateways, len(found.ejected_by)) == (1, MAX_REPORTED_REPLICAS)
 

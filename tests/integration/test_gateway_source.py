@@ -321,13 +321,15 @@ async def test_the_reconciler_reads_the_routing_every_live_gateway_counted_by(
         reports = InFlightReports(engine)
         assert await reports.read_gateways() == GatewaysInFlight(in_flight={}, routing_seen=None)
 
-        await write_report(db, "gw-a", {"r-1": 2}, within_s=5, routing_position=9)
-        await write_report(db, "gw-b", {"r-1": 1, "r-2": 0}, within_s=5, routing_position=7)
+        await write_report(db, "gw-a", {"r-1": 2}, within_s=5, instance="test", routing_position=9)
+        await write_report(
+            db, "gw-b", {"r-1": 1, "r-2": 0}, within_s=5, instance="test", routing_position=7
+        )
         assert await reports.read_gateways() == GatewaysInFlight(
             in_flight={"r-1": 3}, routing_seen=7, live=2
         )
         # A live gateway that does not say which table it routes by: nothing is known.
-        await write_report(db, "gw-old", {}, within_s=5)
+        await write_report(db, "gw-old", {}, within_s=5, instance="test")
         assert (await reports.read_gateways()).routing_seen is None
         assert (await reports.read_gateways()).live == 3
         # Once its report is too old it is not live, and the others' word holds again.

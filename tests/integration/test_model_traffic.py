@@ -70,6 +70,7 @@ async def test_a_models_traffic_is_added_up_per_revision_and_per_gateway_once(
             "gateway-a",
             {},
             within_s=5.0,
+            instance="test",
             traffic=TrafficReport(
                 window_s=60.0,
                 replicas={"llama-1": seen(10, 100.0, errors=1), "llama-3": seen(4, 300.0)},
@@ -80,6 +81,7 @@ async def test_a_models_traffic_is_added_up_per_revision_and_per_gateway_once(
             "gateway-b",
             {},
             within_s=5.0,
+            instance="test",
             traffic=TrafficReport(
                 window_s=60.0,
                 replicas={"llama-2": seen(10, 100.0), "llama-4": seen(50, 5.0, errors=50)},

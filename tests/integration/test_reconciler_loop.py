@@ -566,7 +566,7 @@ async def test_an_autoscaled_model_does_not_scale_down_while_a_gateway_is_silent
             replica = await the_one_serving(pg_store, model)
             # Another gateway carries two requests on it, then stalls: its last report
             # stays, older and older, and says nothing of what it holds now.
-            await write_report(db, stalled, {replica.id: 2}, within_s=5)
+            await write_report(db, stalled, {replica.id: 2}, within_s=5, instance="test")
             await wait_until(
                 lambda: pg_store.state.models[model].spec.replicas == 2, what="scaled up to 2"
             )
@@ -591,12 +591,12 @@ async def test_an_autoscaled_model_does_not_scale_down_while_a_gateway_is_silent
 
             # Gone for good (its report removed, as a gateway stopping cleanly does): the
             # reporting gateway's word is the whole demand, and the count comes down.
-            await delete_report(db, stalled, within_s=5)
+            await delete_report(db, stalled, within_s=5, instance="test")
             await wait_until(
                 lambda: pg_store.state.models[model].spec.replicas == 1, what="scaled down to 1"
             )
     finally:
-        await delete_report(db, stalled, within_s=5)
+        await delete_report(db, stalled, within_s=5, instance="test")
         await db.close()
         await gateway.close()
 

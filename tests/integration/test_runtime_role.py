@@ -149,9 +149,9 @@ async def test_the_runtime_role_bumps_the_epoch_by_one_and_reports_its_requests(
     try:
         first = await as_runtime.fetchval(NEXT_EPOCH, "server-a")
         second = await as_runtime.fetchval(NEXT_EPOCH, "server-b")
-        await write_report(as_runtime, "gw-1", {"m-1": 2, "m-2": 0}, within_s=5)
+        await write_report(as_runtime, "gw-1", {"m-1": 2, "m-2": 0}, within_s=5, instance="test")
         in_flight = await InFlightReports(engine).read_in_flight()
-        await delete_report(as_runtime, "gw-1", within_s=5)
+        await delete_report(as_runtime, "gw-1", within_s=5, instance="test")
         after = await InFlightReports(engine).read_in_flight()
     finally:
         await engine.dispose()

@@ -1,0 +1,155 @@
+"""Two gateway processes started with the same id: each report is kept apart, the leader's
+reader sums both, and the one that finds the id taken says so. A gateway restarted with its
+id is not taken for another."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import asyncpg
+from sqlalchemy.ext.asyncio import AsyncEngine
+from structlog.testing import capture_logs
+
+from app.gateway.reporter import GatewayReporter
+from app.store.database import driver_url
+from app.store.gateway_reports import InFlightReports
+from tests.support.waiting import wait_until
+
+INTERVAL_S = 0.05
+
+
+@asynccontextmanager
+async def gateway(
+    database_url: str, gateway_id: str, in_flight: dict[str, int], shared: list[None]
+) -> AsyncIterator[GatewayReporter]:
+    """A gateway process's reporter, reporting ``in_flight``; ``shared`` gets an item for
+    each report that finds the id shared."""
+    reporter = GatewayReporter(
+        database_url,
+        gateway_id=gateway_id,
+        in_flight=lambda: dict(in_flight),
+        routing_position=lambda: None,
+        report_interval_s=INTERVAL_S,
+        on_shared_id=lambda: shared.append(None),
+    )
+    await reporter.start()
+    try:
+        yield reporter
+    finally:
+        await reporter.close()
+
+
+def in_flight_on(reports: InFlightReports, replica: str) -> Callable[[], object]:
+    async def read() -> int:
+        return (await reports.read_in_flight()).get(replica, 0)
+
+    return read
+
+
+async def test_two_gateways_with_one_id_are_both_counted_and_the_second_says_so(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    same_id, replica = f"gw-{secrets.token_hex(4)}", f"r-{secrets.token_hex(4)}"
+    reports = InFlightReports(engine)
+    read = in_flight_on(reports, replica)
+    first_shared: list[None] = []
+    second_shared: list[None] = []
+
+    with capture_logs() as logs:
+        async with gateway(database_url, same_id, {replica: 2}, first_shared) as first:
+            await wait_until(lambda: first.reports >= 1, what="the first gateway's report")
+            async with gateway(database_url, same_id, {replica: 3}, second_shared) as second:
+
+                async def summed() -> bool:
+                    return await read() == 5
+
+                # Each writes its own row: the leader reads both gateways' requests.
+                await wait_until(summed, within_s=3.0, what="both gateways' requests summed")
+                await wait_until(lambda: bool(second_shared), what="the shared id counted")
+                assert first.reports_as == same_id
+                assert second.reports_as == f"{same_id}@{second.instance}"
+                assert not first_shared
+
+            # The second stopped cleanly: its own row went, the first's stays.
+            assert await read() == 2
+            assert first.reports_as == same_id
+        assert await read() == 0
+
+    errors = [e for e in logs if e["event"] == "gateway_id_shared"]
+    assert len(errors) == 1, errors  # at most once a minute, however many reports
+    assert errors[0]["log_level"] == "error"
+    assert errors[0]["gateway_id"] == same_id
+
+
+async def test_a_gateway_restarted_with_its_id_is_not_taken_for_another(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    stale_id, fresh_id = f"gw-{secrets.token_hex(4)}", f"gw-{secrets.token_hex(4)}"
+    replica = f"r-{secrets.token_hex(4)}"
+    db = await asyncpg.connect(driver_url(database_url))
+    try:
+        # Two previous lives that crashed, leaving their reports: one 6 s ago, one just now.
+        await db.execute(
+            "INSERT INTO gateway_reports (gateway_id, in_flight, instance, reported_at) "
+            "VALUES ($1, '{}', 'previous-life', now() - interval '6 seconds'), "
+            "($2, '{}', 'previous-life', now())",
+            stale_id,
+            fresh_id,
+        )
+        shared: list[None] = []
+        with capture_logs() as logs:
+            async with (
+                gateway(database_url, stale_id, {replica: 1}, shared) as after_a_while,
+                gateway(database_url, fresh_id, {replica: 2}, shared) as at_once,
+            ):
+                await wait_until(
+                    lambda: after_a_while.reports >= 10 and at_once.reports >= 10,
+                    what="ten reports each",
+                )
+                # The old report is taken back; the one still fresh is left to age, the
+                # restarted gateway reporting beside it meanwhile, both counted.
+                assert after_a_while.reports_as == stale_id
+                assert at_once.reports_as == f"{fresh_id}@{at_once.instance}"
+                assert await in_flight_on(InFlightReports(engine), replica)() == 3
+        # A previous life writes no more: nothing says the id is shared.
+        assert not shared
+        assert not [e for e in logs if e["event"] == "gateway_id_shared"]
+    finally:
+        await db.execute(
+            "DELETE FROM gateway_reports WHERE gateway_id = ANY($1::text[])", [stale_id, fresh_id]
+        )
+        await db.close()
+
+
+async def test_a_gateway_of_an_older_release_sharing_the_id_is_noticed(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    same_id, replica = f"gw-{secrets.token_hex(4)}", f"r-{secrets.token_hex(4)}"
+    # How a gateway of the release before instance tokens writes: over the row, whoever
+    # wrote it, leaving the token as it was.
+    older_release_writes = (
+        "INSERT INTO gateway_reports (gateway_id, in_flight) VALUES ($1, $2::jsonb) "
+        "ON CONFLICT (gateway_id) DO UPDATE "
+        "SET in_flight = excluded.in_flight, reported_at = now()"
+    )
+    db = await asyncpg.connect(driver_url(database_url))
+    shared: list[None] = []
+    try:
+        async with gateway(database_url, same_id, {replica: 2}, shared) as new:
+            await wait_until(lambda: new.reports >= 1, what="the new gateway's report")
+            await db.execute(older_release_writes, same_id, f'{{"{replica}": 4}}')
+            await wait_until(
+                lambda: new.reports_as != same_id, what="the new gateway moving to its own key"
+            )
+
+            async def noticed() -> bool:
+                await db.execute(older_release_writes, same_id, f'{{"{replica}": 4}}')
+                return bool(shared)
+
+            await wait_until(noticed, what="the shared id noticed")
+            assert await in_flight_on(InFlightReports(engine), replica)() == 6
+    finally:
+        await db.execute("DELETE FROM gateway_reports WHERE gateway_id = $1", same_id)
+        await db.close()
