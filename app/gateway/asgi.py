@@ -6,13 +6,14 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from app.domain.keys import key_matches, prefix_of
 from app.gateway.errors import (
     ApiError,
     expired_api_key,
+    header_repeated,
     invalid_api_key,
     too_many_failed_authentications,
 )
@@ -30,6 +31,7 @@ JSON = (b"content-type", b"application/json")
 
 clock = time.perf_counter
 
+AUTHORIZATION = b"authorization"
 _BEARER = b"bearer "
 _REQUEST_PREFIX = b"req_" + os.urandom(8).hex().encode()
 _request_numbers = itertools.count(1)
@@ -39,6 +41,25 @@ def request_id() -> bytes:
     # Unique across gateways by the random per-process prefix; a counter is cheaper than
     # asking the kernel for random bytes on every request.
     return b"%s%012x" % (_REQUEST_PREFIX, next(_request_numbers))
+
+
+def repeated_authorization() -> ApiError:
+    """400 for a request with ``Authorization`` more than once (``authorization_of``)."""
+    return header_repeated("Authorization")
+
+
+def authorization_of(headers: Iterable[Header]) -> bytes | None:
+    """The request's ``Authorization`` value, None without one; 400 when it comes more
+    than once: a singleton field (RFC 9110 11.6.2), and which of two a proxy in front
+    checked cannot be known. A route that walks the headers anyway finds it in that walk
+    (``app.gateway.completions``) rather than here."""
+    found: bytes | None = None
+    for name, value in headers:
+        if name == AUTHORIZATION:
+            if found is not None:
+                raise repeated_authorization()
+            found = value
+    return found
 
 
 MAX_VERIFIED_KEYS = 10_000
@@ -71,12 +92,15 @@ class KeyCheck:
         429 once the client's address has spent its failures. A valid key is served
         whatever its address has failed: its secret cannot be guessed, and behind a load
         balancer that address is every client's. An expired key is 401 saying so, and
-        spends nothing of the address's failures: whoever sent it knew the secret."""
-        header: bytes | None = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                header = value
-                break
+        spends nothing of the address's failures: whoever sent it knew the secret.
+        ``Authorization`` more than once is 400, before any key is checked: nothing is
+        learnt of either value, so it spends nothing either (as a request without a
+        key)."""
+        return self.check(snapshot, authorization_of(scope["headers"]), scope)
+
+    def check(self, snapshot: GatewaySnapshot, header: bytes | None, scope: Scope) -> KeyRecord:
+        """``authenticate`` for the request's ``Authorization`` value, ``header``, found by
+        the caller's own walk of the headers (``authorization_of`` says how)."""
         if snapshot is not self._snapshot:
             self._snapshot = snapshot
             self._verified = {}

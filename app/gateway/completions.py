@@ -32,7 +32,18 @@ import structlog
 
 from app.domain.traffic import Outcome, outcome_of_status
 from app.gateway.affinity import SESSION_HEADER, RouteKey, route_key
-from app.gateway.asgi import Header, KeyCheck, Receive, Scope, Send, clock, refuse, request_id
+from app.gateway.asgi import (
+    AUTHORIZATION,
+    Header,
+    KeyCheck,
+    Receive,
+    Scope,
+    Send,
+    clock,
+    refuse,
+    repeated_authorization,
+    request_id,
+)
 from app.gateway.endpoints import JSON_ENDPOINTS
 from app.gateway.errors import (
     ApiError,
@@ -242,8 +253,8 @@ class Completions:
     async def _serve(self, exchange: _Exchange, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             snapshot = self._snapshot()
-            key = exchange.key = self._keys.authenticate(snapshot, scope)
-            session, show_route, length = _request_headers(scope)
+            authorization, session, show_route, length = _request_headers(scope)
+            key = exchange.key = self._keys.check(snapshot, authorization, scope)
             if length is not None and announces_more_than(length, MAX_BODY_BYTES):
                 # Before the body is asked for: a client that waits for 100 Continue to
                 # send it gets none, and the body is never read.
@@ -553,20 +564,27 @@ def _token_estimate(fields: RoutingFields, body_bytes: int, *, generates: bool) 
     return body_bytes // BYTES_PER_TOKEN + output
 
 
-def _request_headers(scope: Scope) -> tuple[bytes | None, bool, bytes | None]:
-    """The request's session id (``x-session-id``), whether it asks for the route
-    (``x-llmgw-route`` set to anything but ``0``), and its ``Content-Length``."""
+def _request_headers(scope: Scope) -> tuple[bytes | None, bytes | None, bool, bytes | None]:
+    """The request's ``Authorization`` (400 when it comes more than once:
+    ``app.gateway.asgi.authorization_of``), its session id (``x-session-id``), whether it
+    asks for the route (``x-llmgw-route`` set to anything but ``0``), and its
+    ``Content-Length``: one walk of the headers for all four."""
+    authorization: bytes | None = None
     session: bytes | None = None
     show = False
     length: bytes | None = None
     for name, value in scope["headers"]:
-        if name == SESSION_HEADER:
+        if name == AUTHORIZATION:
+            if authorization is not None:
+                raise repeated_authorization()
+            authorization = value
+        elif name == SESSION_HEADER:
             session = value or None
         elif name == ROUTE_HEADER:
             show = value.strip() not in (b"", b"0")
         elif name == b"content-length":
             length = value
-    return session, show, length
+    return authorization, session, show, length
 
 
 def route_header(lease: Lease, key: RouteKey | None) -> bytes:

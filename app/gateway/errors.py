@@ -137,6 +137,12 @@ def invalid_request(message: str, *, param: str | None = None) -> ApiError:
     return ApiError(400, message, type="invalid_request_error", param=param)
 
 
+def header_repeated(name: str) -> ApiError:
+    """A field that may appear once (RFC 9110 5.3: ``Authorization``) came more than once:
+    which one counts is ambiguous, and a proxy in front may have read the other."""
+    return invalid_request(f"The {name} header appears more than once: send it once.")
+
+
 def not_found(path: str) -> ApiError:
     return ApiError(404, f"No route for {path}.", type="invalid_request_error", code="not_found")
 

@@ -151,6 +151,48 @@ def test_an_address_sending_wrong_keys_gets_429_and_nobody_else_is_slowed() -> N
     assert valid_from_elsewhere.status_code == 200
 
 
+# -- Authorization more than once ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/models", None),
+        ("POST", "/chat/completions", f'{{"model": "{MODEL}", "messages": []}}'),
+        ("POST", "/audio/transcriptions", None),
+    ],
+)
+def test_a_request_with_two_authorization_headers_is_a_400_whichever_one_is_valid(
+    key_and_gateway: tuple[str, GatewayThread], method: str, path: str, body: str | None
+) -> None:
+    """Authorization is a singleton field: a proxy in front may have checked the other
+    one. The gateway serves neither, on every route that takes a key."""
+    key, gateway = key_and_gateway
+    wrong, _ = new_key()
+    with httpx.Client(base_url=gateway.url) as client:
+        answers = [
+            client.request(
+                method,
+                path,
+                content=body,
+                headers=[
+                    ("authorization", f"Bearer {first}"),
+                    ("authorization", f"Bearer {second}"),
+                ],
+            )
+            for first, second in ((key, wrong), (wrong, key))
+        ]
+        served = client.get("/models", headers={"authorization": f"Bearer {key}"})
+
+    for answer in answers:
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert error["type"] == "invalid_request_error"
+        assert "Authorization header appears more than once" in error["message"]
+        assert answer.headers["x-request-id"].startswith("req_")
+    assert served.status_code == 200
+
+
 # -- an idle kept-alive connection outlives the clients' own pools -------------------------
 
 

@@ -137,3 +137,53 @@ def test_an_expired_key_spends_nothing_of_its_address_s_failures() -> None:
         assert refused.value.status == 401
 
     assert budget.wait_s("127.0.0.9") == 0
+
+
+def twice(first: str, second: str) -> Scope:
+    return {
+        "headers": [
+            (b"authorization", b"Bearer " + first.encode()),
+            (b"content-type", b"application/json"),
+            (b"authorization", b"Bearer " + second.encode()),
+        ],
+        "client": ("127.0.0.9", 9),
+    }
+
+
+@pytest.mark.parametrize("valid_first", [True, False])
+def test_a_request_with_authorization_twice_is_a_400_that_checks_no_key_and_spends_nothing(
+    hashes: list[str], valid_first: bool
+) -> None:
+    """Authorization is a singleton field (RFC 9110): a proxy in front may have checked
+    either value, so the request is refused whichever one is valid. No key is checked, so
+    nothing is learnt of either, and the address's failures are untouched."""
+    key, record = key_and_record()
+    wrong = format_key(record.prefix, secrets.token_urlsafe(32))
+    budget = FailureBudget(FailureLimits(burst=1, per_minute=1))
+    check = KeyCheck(budget)
+    snapshot = GatewaySnapshot(keys={record.prefix: record})
+    scope = twice(key, wrong) if valid_first else twice(wrong, key)
+
+    for _ in range(3):
+        with pytest.raises(ApiError) as refused:
+            check.authenticate(snapshot, scope)
+        assert refused.value.status == 400
+        assert refused.value.type == "invalid_request_error"
+        assert "Authorization header appears more than once" in refused.value.message
+
+    assert hashes == []
+    assert budget.wait_s("127.0.0.9") == 0
+
+
+def test_a_key_once_verified_is_not_served_when_its_header_comes_twice(
+    hashes: list[str],
+) -> None:
+    key, record = key_and_record()
+    snapshot = GatewaySnapshot(keys={record.prefix: record})
+    check = KeyCheck()
+    assert check.authenticate(snapshot, request(key)) is record
+
+    with pytest.raises(ApiError) as refused:
+        check.authenticate(snapshot, twice(key, key))
+
+    assert refused.value.status == 400
