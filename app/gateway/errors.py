@@ -158,8 +158,20 @@ def method_not_allowed(method: str, path: str) -> ApiError:
     )
 
 
+_CLOSE = (b"connection", b"close")
+
+
 def body_too_large(limit: int) -> ApiError:
-    return ApiError(413, f"The request body exceeds {limit} bytes.", type="invalid_request_error")
+    """413, and the connection closes after it: the rest of the body, which may still be
+    coming (sent chunked, or by a client that did not wait for ``100 Continue``), is not
+    read for nothing (``app.listeners.httpserver`` drops what comes until the client has
+    seen the answer)."""
+    return ApiError(
+        413,
+        f"The request body exceeds {limit} bytes.",
+        type="invalid_request_error",
+        headers=(_CLOSE,),
+    )
 
 
 def quota_exceeded(decision: RateDecision) -> ApiError:

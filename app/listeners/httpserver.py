@@ -40,7 +40,10 @@ The limits (``ListenerLimits``), as ``app.listeners.limits`` puts them on uvicor
 
 Each of those answers is the listener's ``refusal`` and closes the connection, after
 reading (and dropping) what the client still sends for ``LINGER_S``: a socket closed with
-unread bytes resets the connection, and the client may lose the answer.
+unread bytes resets the connection, and the client may lose the answer. An app's answer
+that closes the connection (``connection: close``) while its request's body still comes
+in (the gateway's 413 for a chunked body past its limit) ends it the same way: the rest of
+the body is never parsed or fed to the app.
 """
 
 from __future__ import annotations
@@ -350,7 +353,15 @@ class HttpConnection(asyncio.Protocol):
             return
         if not exchange.keep_alive or self.listener.draining:
             self._current = None
-            self.transport.close()
+            if self._reading is None:
+                self.transport.close()
+                return
+            # Answered while a body still comes in (a 413 for a chunked body past the
+            # limit, with ``connection: close``): the rest is not read for the request;
+            # what the client sends until it sees the answer is dropped, so that it does
+            # see it rather than a reset.
+            self._drop_requests()
+            self._linger()
             return
         if self._waiting:
             self._current = self._waiting.popleft()
@@ -437,12 +448,28 @@ class HttpConnection(asyncio.Protocol):
         if answering is None or not answering.started:
             content_type, body = self.listener.refusal(status, message)
             self.transport.write(closing_answer(status, content_type, body))
-        for exchange in (current, self._reading, *self._waiting):
+        if current is not None:
+            current.disconnect()
+        self._drop_requests()
+        self._linger()
+
+    def _drop_requests(self) -> None:
+        """The requests still coming in, or waiting behind the one answered, end unserved:
+        the app, if it is reading one, sees its client gone; whatever it would still send
+        is dropped."""
+        for exchange in (self._reading, *self._waiting):
             if exchange is not None:
-                # The app, if it is reading this request, sees its client gone; whatever
-                # it would still send is dropped.
                 exchange.disconnect()
+        self._reading = None
         self._waiting.clear()
+
+    def _linger(self) -> None:
+        """Close after what was written, in stages: the connection's sending side now (the
+        client reads the end of the answer), its receiving side once the client hangs up,
+        or after ``LINGER_S``. What still comes meanwhile is dropped unparsed: a socket
+        closed with unread bytes resets the connection, and the client may lose the
+        answer."""
+        self.due = math.inf
         self._lingering = True
         self._read_paused = True  # and never resumed: resume_reading checks _waiting only
         self.transport.resume_reading()

@@ -7,6 +7,7 @@ keeps serving everyone else.
 
 from __future__ import annotations
 
+import json
 import select
 import socket
 import time
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from app.gateway.completions import MAX_BODY_BYTES
 from app.gateway.server import StaticSource
 from app.listeners.throttle import FailureLimits
 from tests.support.gateway import GatewayThread, new_key, snapshot_of
@@ -191,6 +193,57 @@ def test_a_request_with_two_authorization_headers_is_a_400_whichever_one_is_vali
         assert "Authorization header appears more than once" in error["message"]
         assert answer.headers["x-request-id"].startswith("req_")
     assert served.status_code == 200
+
+
+# -- a chunked body that grows past the limit ------------------------------------------------
+
+PAST_THE_LIMIT = 64 * 1024 * 1024
+"""How much more than the limit the client would send: far more than the sockets' buffers."""
+
+
+def test_a_chunked_body_past_the_limit_is_413_and_closed_while_the_client_still_sends(
+    key_and_gateway: tuple[str, GatewayThread],
+) -> None:
+    """A body sent chunked announces no length: the gateway reads it until it passes
+    32 MiB, then answers 413 and closes the connection, rather than read the rest."""
+    key, gateway = key_and_gateway
+    address = httpx.URL(gateway.base_url)
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {address.host}\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    piece = b" " * 65536
+    frame = b"%x\r\n%s\r\n" % (len(piece), piece)
+    received = b""
+    sent = 0
+    with socket.create_connection((address.host, address.port), timeout=10) as connection:
+        connection.setblocking(False)
+        unsent = head
+        while True:
+            assert sent < MAX_BODY_BYTES + PAST_THE_LIMIT, (
+                f"still read {sent - MAX_BODY_BYTES} bytes past the limit, after {received[:80]!r}"
+            )
+            readable, writable, _ = select.select([connection], [connection], [], 10)
+            assert readable or writable, "the gateway neither answers nor reads"
+            if readable:
+                data = connection.recv(65536)
+                if not data:
+                    break  # closed by the gateway, while the client had more to send
+                received += data
+                continue
+            unsent = unsent or frame
+            count = connection.send(unsent)
+            unsent = unsent[count:]
+            sent += count
+
+    answer_head, _, body = received.partition(b"\r\n\r\n")
+    assert answer_head.startswith(b"HTTP/1.1 413"), received[:200]
+    assert b"\r\nconnection: close" in answer_head.lower()
+    error = json.loads(body)["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"] == f"The request body exceeds {MAX_BODY_BYTES} bytes."
+    assert sent > MAX_BODY_BYTES
 
 
 # -- an idle kept-alive connection outlives the clients' own pools -------------------------

@@ -45,7 +45,8 @@ class Echo:
     """Answers each request with its method, path, query and body; ``/hold`` waits for
     ``release``, ``/stream`` sends three events as a chunked stream, ``/fail`` raises,
     ``/notify`` asks to be told when its client leaves (``gone``) and waits for
-    ``release``."""
+    ``release``, ``/close`` answers 413 and ``connection: close`` without reading the
+    body."""
 
     release: asyncio.Event = field(default_factory=asyncio.Event)
     seen: list[Scope] = field(default_factory=list)
@@ -67,6 +68,11 @@ class Echo:
         path = scope["path"]
         if path == "/later":
             await self.release.wait()
+        if path == "/close":
+            headers = [(b"connection", b"close"), (b"content-length", b"8")]
+            await send({"type": "http.response.start", "status": 413, "headers": headers})
+            await send({"type": "http.response.body", "body": b"too long"})
+            return
         body = await read_all(receive) if self.read_body else b""
         if path == "/fail":
             raise RuntimeError("the app broke")
@@ -331,6 +337,34 @@ async def test_a_body_answered_before_it_was_read_is_dropped_and_the_next_reques
         await client.send(b"y" * size + get("/next"))
         assert (await client.answer())[2] == b"GET /next? "
         await client.close()
+
+
+async def test_an_answer_that_closes_while_the_body_still_comes_is_read_then_the_end() -> None:
+    """An app that refuses a body mid-way (a chunked body past its limit) answers with
+    ``connection: close``: the rest of the body is not read for the request, and the
+    client, still sending, gets the whole answer and then the end of the connection, not
+    a reset that could take the answer with it."""
+    async with serving(Echo()) as (_, port):
+        client = await Client.to(port)
+        await client.send(b"POST /close HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n")
+        frame = b"%x\r\n%s\r\n" % (65536, b"y" * 65536)
+
+        async def keep_sending() -> None:
+            while True:
+                await client.send(frame)
+
+        sending = asyncio.create_task(keep_sending())
+        try:
+            status, headers, body = await client.answer()
+            assert await client.closed()
+        finally:
+            sending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                await sending
+            await client.close()
+    assert status == b"HTTP/1.1 413 Request Entity Too Large"
+    assert headers[b"connection"] == b"close"
+    assert body == b"too long"
 
 
 async def test_a_request_to_upgrade_is_served_as_http_1_1_and_the_connection_closed() -> None:
