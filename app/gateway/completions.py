@@ -7,10 +7,11 @@ only ``model`` and ``stream`` (the body itself goes to the engine byte for byte)
 limiter, the router's choice, one write to the engine, and one log line.
 
 A client that disconnects cancels its request: once the body is read, the request's task
-is cancelled wherever it is (queued for a replica, waiting for the engine's first byte, or
-mid-stream) when the client goes; closing the upstream connection is what tells the engine
-to abort. The listeners' server says so by a callback (``ON_DISCONNECT``), which costs no
-task; under another ASGI server a watcher task waits for ``http.disconnect`` instead.
+is cancelled wherever it is (waiting for a grant of its key's limits, queued for a replica,
+waiting for the engine's first byte, or mid-stream) when the client goes; closing the
+upstream connection is what tells the engine to abort. The listeners' server says so by a
+callback (``ON_DISCONNECT``), which costs no task; under another ASGI server a watcher task
+waits for ``http.disconnect`` instead.
 
 How each answer ended is counted against its replica in the gateway's ``TrafficWindow``
 (``_count``): answered, failed (a 5xx or 429, or an answer that broke off) or cancelled by
@@ -121,24 +122,41 @@ def disconnect_listener(scope: Scope) -> Callable[[Callable[[], None]], None] | 
 
 
 class _Watch:
-    """Cancels the request's task when its client disconnects, until ``done``."""
+    """Cancels the request's task when its client disconnects, from ``start`` until
+    ``done``: while it waits for a grant of its key's limits, for a replica (in the queue,
+    or held for a cold start), or for the engine's answer, and while it relays it."""
 
-    __slots__ = ("done", "fired", "task")
+    __slots__ = ("done", "fired", "task", "watcher")
 
     def __init__(self, task: asyncio.Task[Any]) -> None:
         self.task = task
         self.done = False
         self.fired = False
+        self.watcher: asyncio.Task[None] | None = None
+        """The task that waits for ``http.disconnect``, where the server has no callback."""
 
-    def start(self, scope: Scope, receive: Receive) -> asyncio.Task[None] | None:
+    def start(self, scope: Scope, receive: Receive) -> None:
         """Watch from now on: by the server's callback where it has one (no task), else by
-        a task that waits for ``http.disconnect``, returned to be cancelled once done."""
+        a task that waits for ``http.disconnect`` (so only once the body is all read)."""
         on_disconnect = disconnect_listener(scope)
         if on_disconnect is not None:
             on_disconnect(self.fire)
-            return None
+            return
         # The task's own loop: asyncio's get_running_loop() costs a system call (getpid).
-        return self.task.get_loop().create_task(self.run(receive))
+        self.watcher = self.task.get_loop().create_task(self.run(receive))
+
+    def stop(self) -> None:
+        """The request is answered, or being refused: its client leaving cancels nothing
+        from now on."""
+        self.done = True
+        if self.watcher is not None:
+            self.watcher.cancel()
+
+    def left(self) -> bool:
+        """Whether the request's task was cancelled because its client left, and for no
+        other reason (the gateway stopping); if so the cancellation is taken back, so that
+        the request ends quietly (499)."""
+        return self.fired and self.task.uncancel() == 0
 
     def fire(self) -> None:
         """The client is gone: cancel the request, unless its answer is done."""
@@ -251,6 +269,9 @@ class Completions:
             structlog.contextvars.reset_contextvars(**tokens)
 
     async def _serve(self, exchange: _Exchange, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task(self.loop)
+        assert task is not None
+        watch = _Watch(task)
         try:
             snapshot = self._snapshot()
             authorization, session, show_route, length = _request_headers(scope)
@@ -274,21 +295,31 @@ class Completions:
             exchange.route_key = route_key(snapshot.policy_of(model), exchange.body, session)
             if show_route:
                 exchange.route_header = b""
+            # Watched from before admission: a client that leaves while its request waits
+            # for a grant of its key's limits is neither charged nor forwarded.
+            watch.start(scope, receive)
             await self._admit(exchange, key)
-            await self._forward(exchange, key, endpoint.engine_path, scope, receive, send)
+            await self._forward(exchange, key, endpoint.engine_path, watch, send)
         except ApiError as error:
+            watch.stop()
             exchange.status = error.status
             await refuse(send, error, exchange.answer_headers())
         except _ClientGone:
             exchange.status = CLIENT_GONE
+        except asyncio.CancelledError:
+            if not watch.left():
+                raise
+            exchange.status = CLIENT_GONE
         except Exception:
             # A bug, not a client's or an engine's doing: logged with its traceback, and
             # answered in OpenAI's shape if the answer has not started yet.
+            watch.stop()
             log.exception("gateway_request_failed")
             exchange.status = 500
             if not exchange.answer_started:
                 await refuse(send, internal_error(), exchange.answer_headers())
         finally:
+            watch.stop()
             self._finish(exchange)
 
     def _check_model(
@@ -301,7 +332,9 @@ class Completions:
             raise api_not_served(model, api, path)
 
     async def _admit(self, exchange: _Exchange, key: KeyRecord) -> None:
-        """The key's rate limits: 429 when it is over one."""
+        """The key's rate limits: 429 when it is over one. A request that waits for a
+        grant on its way takes nothing until it is admitted: cancelled meanwhile (its
+        client left), it is charged nothing."""
         deadline = time.monotonic() + GRANT_WAIT_S
         while True:
             now = time.monotonic()
@@ -320,24 +353,13 @@ class Completions:
         exchange.reserved_tokens = decision.reserved_tokens
 
     async def _forward(
-        self,
-        exchange: _Exchange,
-        key: KeyRecord,
-        path: str,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
+        self, exchange: _Exchange, key: KeyRecord, path: str, watch: _Watch, send: Send
     ) -> None:
-        task = asyncio.current_task(self.loop)
-        assert task is not None
-        watch = _Watch(task)
-        watcher = watch.start(scope, receive)
         await self._relay_answer(
             exchange,
             key,
             send,
             watch,
-            [] if watcher is None else [watcher],
             lambda: self._open(exchange, key, path),
             lambda opened: exchange.stream and opened.answer.status == 200,
         )
@@ -348,14 +370,12 @@ class Completions:
         key: KeyRecord,
         send: Send,
         watch: _Watch,
-        watchers: list[asyncio.Task[None]],
         open_upstream: Callable[[], Awaitable[Opened]],
         streamed: Callable[[Opened], bool],
     ) -> None:
         """Open the engine's answer and relay it to the client: as it comes when
-        ``streamed`` says so, else whole; tokens spent, the attempt counted, and the request
-        ended quietly if the client went away (``watch``) while it was on its way."""
-        task = watch.task
+        ``streamed`` says so, else whole; tokens spent and the attempt counted, also when
+        the client went away (``watch`` cancels the task: the caller ends it quietly)."""
         opened: Opened | None = None
         tokens: StreamTokens | None = None
         outcome: Outcome | None = None
@@ -407,14 +427,8 @@ class Completions:
                     # is charged (one token per event; the usage chunk never came), or a
                     # client could read all of every answer but its end for nothing.
                     self._spend(key, tokens.total())
-            if watch.fired and task.uncancel() == 0:
-                exchange.status = CLIENT_GONE
-                return
             raise
         finally:
-            watch.done = True
-            for watcher in watchers:
-                watcher.cancel()
             if opened is not None:
                 opened.close()
                 self._count(exchange, opened, outcome, tokens)

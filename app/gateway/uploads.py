@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Callable
+from functools import partial
 
 from app.gateway.asgi import KeyCheck, Receive, Scope, Send, refuse
 from app.gateway.completions import (
@@ -221,6 +222,9 @@ class Uploads(Completions):
         self.max_upload_bytes = max_upload_bytes
 
     async def _serve(self, exchange: _Exchange, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task(self.loop)
+        assert task is not None
+        watch = _Watch(task)
         try:
             snapshot = self._snapshot()
             key = exchange.key = self._keys.authenticate(snapshot, scope)
@@ -233,6 +237,14 @@ class Uploads(Completions):
             endpoint = UPLOAD_ENDPOINTS[path]
             self._check_model(snapshot, key, head.model, endpoint.api, path)
             exchange.model = head.model
+            # Watched from now on where the server calls back (or no body is left to read),
+            # so that a client leaving while the request waits for a grant of its key's
+            # limits, or for a replica (held for a cold start, or for room), gives its place
+            # up; else once the body is read, as ``receive`` carries both the body and the
+            # disconnect.
+            watched_early = head.complete or disconnect_listener(scope) is not None
+            if watched_early:
+                watch.start(scope, receive)
             await self._admit(exchange, key)
             await self._relay(
                 exchange,
@@ -240,22 +252,31 @@ class Uploads(Completions):
                 head,
                 content_type,
                 content_length,
-                scope,
+                watch,
+                # Else the body is all read once uploaded: only a disconnect can come then.
+                _nothing if watched_early else partial(watch.start, scope, receive),
                 receive,
                 send,
             )
         except ApiError as error:
+            watch.stop()
             exchange.status = error.status
             if not exchange.answer_started:
                 await refuse(send, error, exchange.answer_headers())
         except _ClientGone:
             exchange.status = CLIENT_GONE
+        except asyncio.CancelledError:
+            if not watch.left():
+                raise
+            exchange.status = CLIENT_GONE
         except Exception:
+            watch.stop()
             log.exception("gateway_request_failed")
             exchange.status = 500
             if not exchange.answer_started:
                 await refuse(send, internal_error(), exchange.answer_headers())
         finally:
+            watch.stop()
             self._finish(exchange)
 
     async def _relay(
@@ -265,35 +286,15 @@ class Uploads(Completions):
         head: FormHead,
         content_type: str,
         content_length: int | None,
-        scope: Scope,
+        watch: _Watch,
+        uploaded: Callable[[], None],
         receive: Receive,
         send: Send,
     ) -> None:
-        task = asyncio.current_task()
-        assert task is not None
+        """Send the upload to a replica and relay its answer; ``uploaded`` is called once
+        the body is all read."""
         assert exchange.key is not None
         key = exchange.key
-        watch = _Watch(task)
-        watchers: list[asyncio.Task[None]] = []
-
-        def watch_from_now() -> None:
-            watcher = watch.start(scope, receive)
-            if watcher is not None:
-                watchers.append(watcher)
-
-        # Watched from now on where the server calls back (or no body is left to read), so
-        # that a client leaving while the request waits for a replica (held for a cold
-        # start, or for room) gives its place up; else once the body is read, as
-        # ``receive`` carries both the body and the disconnect.
-        watched_early = head.complete or disconnect_listener(scope) is not None
-        if watched_early:
-            watch_from_now()
-
-        def uploaded() -> None:
-            # The body is all read: from now on only a disconnect can come.
-            if not watched_early:
-                watch_from_now()
-
         upload = _Upload(
             head,
             receive,
@@ -307,7 +308,6 @@ class Uploads(Completions):
             key,
             send,
             watch,
-            watchers,
             lambda: self._open_upload(exchange, key.key_id, path, upload),
             lambda opened: (
                 opened.answer.status == 200
@@ -327,6 +327,10 @@ class Uploads(Completions):
             )
         except RouteRefused as exc:
             raise self._refused(model, exc) from None
+
+
+def _nothing() -> None:
+    pass
 
 
 def _framing(scope: Scope) -> tuple[str, int | None]:
