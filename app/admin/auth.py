@@ -9,7 +9,8 @@ Two kinds of identity are accepted:
   with a valid token beside it: a client that presents the wrong certificate is
   misconfigured, and saying so beats guessing.
 - a token for automation, configured as ``name:token`` pairs: compared in constant time,
-  its name is the actor. It is consulted only when no certificate was presented. Wrong
+  its name is the actor. It is consulted only when no certificate was presented, and
+  sent once: a request carrying ``Authorization`` twice is a 400, neither compared. Wrong
   tokens are counted per client address (``app.listeners.throttle``): an address that has
   spent its budget of failures is answered 429 with ``Retry-After`` before its token is
   even compared, its right token included, so that a short token cannot be guessed at
@@ -30,6 +31,7 @@ import structlog
 from cryptography import x509
 from litestar.connection import ASGIConnection
 from litestar.exceptions import (
+    ClientException,
     NotAuthorizedException,
     PermissionDeniedException,
     TooManyRequestsException,
@@ -57,6 +59,10 @@ def parse_tokens(spec: str) -> dict[str, str]:
             )
         tokens[token] = name
     return tokens
+
+
+class DuplicateAuthorizationException(ClientException):
+    """400 ``duplicate-authorization``: a request carried ``Authorization`` more than once."""
 
 
 class TooManyFailures(Exception):
@@ -123,8 +129,15 @@ def require_actor(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHa
     if actor is None:
         authenticator: TokenAuthenticator = connection.app.state.authenticator
         address = connection.client.host if connection.client else None
+        headers = connection.headers.getall("authorization", [])
+        if len(headers) > 1:
+            # Sent once (RFC 9110, section 11.6.2): with two, a proxy in front may have
+            # checked the other. Neither is compared, so no wrong token is counted.
+            raise DuplicateAuthorizationException(
+                "the Authorization header appears more than once: send it once"
+            )
         try:
-            actor = authenticator.actor_for(connection.headers.get("authorization"), address)
+            actor = authenticator.actor_for(headers[0] if headers else None, address)
         except TooManyFailures as exc:
             raise TooManyRequestsException(
                 str(exc), headers={"retry-after": str(max(1, math.ceil(exc.retry_after_s)))}

@@ -539,6 +539,40 @@ async def test_an_address_sending_wrong_tokens_is_refused_429_before_any_check(
     assert health.status_code == 200
 
 
+async def test_a_request_with_two_authorization_headers_is_a_400_whichever_one_is_right(
+    pg_store: PostgresEventStore,
+) -> None:
+    """Authorization is sent once (RFC 9110, section 11.6.2): with two, a proxy in front may
+    have checked the other one. Neither is compared, so no wrong token is counted either."""
+    wrong = secrets.token_hex(16)
+    limits = FailureLimits(burst=1, per_minute=1)
+    async with (
+        serving_admin(pg_store, tokens={TOKEN: "alice"}, auth_failures=limits) as url,
+        httpx.AsyncClient(base_url=url) as client,
+    ):
+        answers = [
+            await client.get(
+                "/admin/v1/nodes",
+                headers=[
+                    ("authorization", f"Bearer {first}"),
+                    ("authorization", f"Bearer {second}"),
+                ],
+            )
+            for first, second in [(TOKEN, wrong), (wrong, TOKEN), (wrong, wrong)]
+        ]
+        right_after = await client.get(
+            "/admin/v1/nodes", headers={"authorization": f"Bearer {TOKEN}"}
+        )
+
+    for answer in answers:
+        problem = problem_of(answer, 400)
+        assert problem["title"] == "duplicate-authorization"
+        assert problem["detail"] == (
+            "the Authorization header appears more than once: send it once"
+        )
+    assert right_after.status_code == 200  # no failure was spent on the three above
+
+
 @pytest.mark.parametrize(
     ("apis", "reason"),
     [
