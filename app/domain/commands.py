@@ -62,7 +62,7 @@ def start_command(
         if s.index != shard.index
     )
     return StartShard(
-        command_id=f"start-{replica.id}-{shard.index}",
+        command_id=start_command_id(replica.id, shard.index),
         replica_id=replica.id,
         shard_index=shard.index,
         model=spec.name,
@@ -73,6 +73,11 @@ def start_command(
         peers=peers,
         engine=spec.engine,
     )
+
+
+def start_command_id(replica_id: str, shard_index: int) -> str:
+    """The id of every start of the shard: an agent told it again knows it for the same."""
+    return f"start-{replica_id}-{shard_index}"
 
 
 def stop_command(replica_id: str, shard_index: int, grace_s: float) -> StopShard:

@@ -41,7 +41,13 @@ from app.domain.adoption_grace import (
     grace_state,
 )
 from app.domain.allocation import Allocations
-from app.domain.commands import StartShard, StopShard, start_command, stop_command
+from app.domain.commands import (
+    StartShard,
+    StopShard,
+    start_command,
+    start_command_id,
+    stop_command,
+)
 from app.domain.decision import AUTOSCALER, Decision, Draft
 from app.domain.drain import drain_moves
 from app.domain.events import (
@@ -70,6 +76,7 @@ from app.domain.state import (
     Model,
     Replica,
     ReplicaPhase,
+    Shard,
     ShardPhase,
 )
 
@@ -297,23 +304,32 @@ def _shard_outcomes(draft: Draft) -> None:
 
 def _stopping_done(draft: Draft, fleet: FleetView) -> None:
     for replica in list(draft.state.replicas.values()):
-        if replica.phase is not ReplicaPhase.STOPPING:
-            continue
-        # A node that has not said hello to this control plane proves nothing: it may be
-        # on its way back with the engine still running (a lost node is handled with it).
-        if all(
-            s.phase in (ShardPhase.STOPPED, ShardPhase.FAILED, ShardPhase.PLACED)
-            or (
-                s.node_id in fleet.reports
-                and (replica.id, s.index) not in fleet.reports[s.node_id].shards
-            )
-            for s in replica.shards
+        if replica.phase is ReplicaPhase.STOPPING and all(
+            _shard_gone(replica, s, fleet) for s in replica.shards
         ):
             draft.emit(
                 replica_stream(replica.id),
                 ReplicaStopped(replica_id=replica.id),
                 correlation_id=replica.drain_id,
             )
+
+
+def _shard_gone(replica: Replica, shard: Shard, fleet: FleetView) -> bool:
+    """Whether nothing of a stopping replica's shard runs: it stopped, failed or never
+    started, or its node, which said hello to this control plane, no longer reports it.
+
+    Not while its node has not answered the start this control plane sent it: an agent
+    reports what a start did before answering it, so the engine may be coming up still
+    unreported (a shard the log has only placed is not "never started" then, and a drain
+    of its node would finish while it starts there). A node that has not said hello
+    proves nothing: it may be on its way back with the engine still running (a lost node
+    is handled with it)."""
+    report = fleet.reports.get(shard.node_id)
+    if report is not None and start_command_id(replica.id, shard.index) in report.awaited:
+        return False
+    return shard.phase in (ShardPhase.STOPPED, ShardPhase.FAILED, ShardPhase.PLACED) or (
+        report is not None and (replica.id, shard.index) not in report.shards
+    )
 
 
 def _scale(draft: Draft, *, placing: bool) -> None:

@@ -14,7 +14,11 @@ folds an event into the log's state. Per node that said hello to this control pl
   port, so a shard the view does not know waits for its status or the next hello);
 - a shard status inserts or updates that shard; ``stopped`` and ``failed`` keep it with that
   state, which takes it out of the running set;
-- a disconnect drops the node.
+- a disconnect drops the node;
+- a command this control plane sent the node (``command_sent``) is awaited until the
+  agent answers it (``CommandAnswered``), its next hello, or its disconnect. An agent
+  reports what a start did before it answers the start, so while a start is awaited its
+  engine may be coming up unreported.
 
 Gateways report how many requests each replica has in flight (``in_flight``, put in by the
 reconciler), so a replica taken out of routing is stopped only once it is idle.
@@ -192,6 +196,8 @@ class NodeReport(msgspec.Struct, frozen=True, kw_only=True):
     shards: dict[ShardKey, ReportedShard] = {}
     greeting: int = 0
     """Changes with every hello of the node."""
+    awaited: frozenset[str] = frozenset()
+    """Ids of the commands sent to the node since its hello that it has not answered yet."""
 
 
 class GatewaysInFlight(msgspec.Struct, frozen=True, kw_only=True):
@@ -273,8 +279,28 @@ def observe(view: FleetView, report: AgentReport, model_of: ModelOf) -> FleetVie
                 return view
             reports = {n: r for n, r in view.reports.items() if n != node_id}
             return msgspec.structs.replace(view, reports=reports)
+        case CommandAnswered(node_id=node_id, command_id=command_id):
+            return command_settled(view, node_id, command_id)
         case _:
             return view
+
+
+def command_sent(view: FleetView, node_id: str, command_id: str) -> FleetView:
+    """The view once ``command_id`` is on its way to the node: awaited until answered. A
+    node that has not said hello is sent nothing: the view stays as it is."""
+    node = view.reports.get(node_id)
+    if node is None or command_id in node.awaited:
+        return view
+    return _with_node(view, msgspec.structs.replace(node, awaited=node.awaited | {command_id}))
+
+
+def command_settled(view: FleetView, node_id: str, command_id: str) -> FleetView:
+    """The view once ``command_id`` is no longer awaited: the node answered it, or it could
+    not be sent."""
+    node = view.reports.get(node_id)
+    if node is None or command_id not in node.awaited:
+        return view
+    return _with_node(view, msgspec.structs.replace(node, awaited=node.awaited - {command_id}))
 
 
 def _heartbeat(view: FleetView, report: HeartbeatReport) -> FleetView:
@@ -312,5 +338,8 @@ def _shard_status(view: FleetView, report: ShardStatusReport, model_of: ModelOf)
 def _with_shards(
     view: FleetView, node: NodeReport, shards: dict[ShardKey, ReportedShard]
 ) -> FleetView:
-    updated = msgspec.structs.replace(node, shards=shards)
-    return msgspec.structs.replace(view, reports={**view.reports, node.node_id: updated})
+    return _with_node(view, msgspec.structs.replace(node, shards=shards))
+
+
+def _with_node(view: FleetView, node: NodeReport) -> FleetView:
+    return msgspec.structs.replace(view, reports={**view.reports, node.node_id: node})

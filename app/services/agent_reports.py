@@ -57,6 +57,8 @@ from app.domain.reports import (
     ModelOf,
     Refusal,
     ShardStatusReport,
+    command_sent,
+    command_settled,
     observe,
     reporting_node,
 )
@@ -107,6 +109,15 @@ class LiveView:
     def greeting(self, node_id: str) -> int | None:
         """A number that changes with every hello of the node; None while it is away."""
         return self._view.greeting(node_id)
+
+    def sending(self, node_id: str, command_id: str) -> None:
+        """The command is about to be sent to the node: awaited until the agent answers it
+        (said before the send, so an answer cannot come first)."""
+        self._view = command_sent(self._view, node_id, command_id)
+
+    def not_sent(self, node_id: str, command_id: str) -> None:
+        """The command announced by ``sending`` did not go: no answer will come."""
+        self._view = command_settled(self._view, node_id, command_id)
 
     def add_listener(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` after every report that changed the view."""

@@ -351,11 +351,16 @@ class Reconciler:
             with structlog.contextvars.bound_contextvars(
                 node_id=node_id, replica_id=planned.command.replica_id, command_id=command_id
             ):
+                # Awaited from before the send until the agent answers: a stopping replica
+                # whose start is awaited may be coming up (``reconcile._shard_gone``).
+                self._tracker.sending(node_id, command_id)
                 try:
                     await self._hub.send_command(node_id, planned.command)
                 except NodeNotConnected:
+                    self._tracker.not_sent(node_id, command_id)
                     continue
                 except CommandNotSent as exc:
+                    self._tracker.not_sent(node_id, command_id)
                     log.warning("command_not_sent", error=str(exc))
                     continue
             ledger.command_ids.add(command_id)

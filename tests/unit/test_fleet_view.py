@@ -12,6 +12,8 @@ from app.domain.reports import (
     ReportedShard,
     ShardPhaseReport,
     ShardStatusReport,
+    command_sent,
+    command_settled,
     observe,
 )
 from app.domain.state import ShardPhase
@@ -94,7 +96,21 @@ def test_a_disconnect_drops_the_node_and_other_reports_change_nothing() -> None:
     view = observe(FleetView(), hello("gpu-1", shard("llama-1")), model_of)
 
     answered = CommandAnswered(node_id="gpu-1", command_id="c", ok=True)
-    assert observe(view, answered, model_of) is view
+    assert observe(view, answered, model_of) is view  # a command it was not sent
     gone = observe(view, AgentDisconnected(node_id="gpu-1", reason="lost"), model_of)
     assert gone.reports == {}
     assert observe(gone, AgentDisconnected(node_id="gpu-1", reason="lost"), model_of) is gone
+
+
+def test_a_command_sent_is_awaited_until_answered_or_the_node_says_hello_again() -> None:
+    view = observe(FleetView(), hello("gpu-1"), model_of)
+
+    sent = command_sent(command_sent(view, "gpu-1", "start-llama-1-0"), "gpu-1", "stop-x-0")
+    answered = CommandAnswered(node_id="gpu-1", command_id="stop-x-0", ok=False, error="no")
+    after = observe(sent, answered, model_of)
+
+    assert sent.reports["gpu-1"].awaited == {"start-llama-1-0", "stop-x-0"}
+    assert after.reports["gpu-1"].awaited == {"start-llama-1-0"}  # answered, even with an error
+    assert command_settled(after, "gpu-1", "start-llama-1-0").reports["gpu-1"].awaited == set()
+    assert observe(after, hello("gpu-1"), model_of).reports["gpu-1"].awaited == set()
+    assert command_sent(view, "gpu-2", "start-qwen-1-0") is view  # no hello: sent nothing
