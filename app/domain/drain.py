@@ -24,7 +24,7 @@ from app.domain.events import (
     node_stream,
     replica_stream,
 )
-from app.domain.state import ACTIVE_PHASES, Model, Node, Replica, ReplicaPhase
+from app.domain.state import ACTIVE_PHASES, ClusterState, Model, Node, Replica, ReplicaPhase
 
 NODE_DRAIN_COMPLETE = "every replica moved"
 """The outcome of a node drain that moved (or had no need to move) every replica."""
@@ -128,34 +128,9 @@ def _node_grace_over(draft: Draft, node: Node) -> bool:
 def _drain_node(draft: Draft, node: Node) -> None:
     state = draft.state
     drain_id = node.drain_id
-    on_node = [
-        r for r in state.replicas.values() if r.phase in ACTIVE_PHASES and node.id in r.node_ids
-    ]
-    moving = Counter({name: len(model.moves) for name, model in state.models.items()})
     grace_over = _node_grace_over(draft, node)
-    for replica in sorted(on_node, key=lambda r: r.id):
-        if replica.phase in (ReplicaPhase.PLACED, ReplicaPhase.STARTING):
-            reason = f"drain {drain_id}: not serving yet, nothing to move"
-            _stopping(draft, replica, reason, drain_id)
-        elif grace_over and replica.phase in (ReplicaPhase.SERVING, ReplicaPhase.DRAINING):
-            # A draining one here is another drain's or a rollout's move: the node's grace
-            # bounds it all the same.
-            reason = f"drain {drain_id}: grace ran out before it could move"
-            _stopping(draft, replica, reason, drain_id)
-        elif replica.phase is ReplicaPhase.SERVING:
-            model = state.models.get(replica.model)
-            max_moves = model.spec.max_moves if model else 1
-            if moving[replica.model] < max_moves:
-                draft.emit(
-                    replica_stream(replica.id),
-                    ReplicaDrainStarted(
-                        replica_id=replica.id,
-                        drain_id=drain_id or "",
-                        reason=f"node {node.id} drains",
-                    ),
-                    correlation_id=drain_id,
-                )
-                moving[replica.model] += 1
+    for replica_id, step in node_drain_steps(state, node, grace_over=grace_over):
+        draft.emit(replica_stream(replica_id), step, correlation_id=drain_id)
     still_there = any(
         r.phase in ACTIVE_PHASES and node.id in r.node_ids for r in state.replicas.values()
     )
@@ -166,6 +141,46 @@ def _drain_node(draft: Draft, node: Node) -> None:
             NodeDrainFinished(node_id=node.id, drain_id=drain_id or "", outcome=outcome),
             correlation_id=drain_id,
         )
+
+
+DrainStep = ReplicaDrainStarted | ReplicaStopping
+
+
+def node_drain_steps(
+    state: ClusterState, node: Node, *, grace_over: bool = False, paced: bool = True
+) -> list[tuple[str, DrainStep]]:
+    """What a pass of the node's drain (``node.drain_id``) does to each replica on it, by
+    replica id: one not serving yet stops (nothing to move); once the grace is over, one
+    serving or draining stops too; otherwise a serving one starts to move, at most its
+    model's ``max_moves`` moves under way at once, or every one when not ``paced``
+    (``drain_room`` asks where each would go)."""
+    drain_id = node.drain_id
+    on_node = [
+        r for r in state.replicas.values() if r.phase in ACTIVE_PHASES and node.id in r.node_ids
+    ]
+    moving = Counter({name: len(model.moves) for name, model in state.models.items()})
+    steps: list[tuple[str, DrainStep]] = []
+    for replica in sorted(on_node, key=lambda r: r.id):
+        if replica.phase in (ReplicaPhase.PLACED, ReplicaPhase.STARTING):
+            reason = f"drain {drain_id}: not serving yet, nothing to move"
+            steps.append((replica.id, ReplicaStopping(replica_id=replica.id, reason=reason)))
+        elif grace_over and replica.phase in (ReplicaPhase.SERVING, ReplicaPhase.DRAINING):
+            # A draining one here is another drain's or a rollout's move: the node's grace
+            # bounds it all the same.
+            reason = f"drain {drain_id}: grace ran out before it could move"
+            steps.append((replica.id, ReplicaStopping(replica_id=replica.id, reason=reason)))
+        elif replica.phase is ReplicaPhase.SERVING:
+            model = state.models.get(replica.model)
+            max_moves = model.spec.max_moves if model else 1
+            if not paced or moving[replica.model] < max_moves:
+                started = ReplicaDrainStarted(
+                    replica_id=replica.id,
+                    drain_id=drain_id or "",
+                    reason=f"node {node.id} drains",
+                )
+                steps.append((replica.id, started))
+                moving[replica.model] += 1
+    return steps
 
 
 def _moved_outcome(draft: Draft, drain_id: str | None) -> str:
@@ -184,12 +199,4 @@ def _moved_outcome(draft: Draft, drain_id: str | None) -> str:
     return (
         f"{len(drained) - len(unmoved)} moved; {len(unmoved)} ended without a replacement: "
         f"{named}{f' and {more} more' if more > 0 else ''}"
-    )
-
-
-def _stopping(draft: Draft, replica: Replica, reason: str, drain_id: str | None) -> None:
-    draft.emit(
-        replica_stream(replica.id),
-        ReplicaStopping(replica_id=replica.id, reason=reason),
-        correlation_id=drain_id,
     )

@@ -3,8 +3,9 @@ requested, so an operator learns it before the grace runs out and what is still 
 node is stopped, not moved.
 
 It places each replica's replacement as the reconciler would (``reconcile._place``), on
-the state the drain is decided on with the drain folded in, and what the drain then does
-to the node's replicas at once (``drain._drain_node``): the node is cordoned (counted as
+the state the drain is decided on with the drain folded in, and what the drain's first
+pass then does to the node's replicas, asked of the drain itself
+(``drain.node_drain_steps``, every move at once): the node is cordoned (counted as
 draining in the reasons), each serving replica on it is draining, each not serving yet is
 stopping. So a replica of a rollout's new revision no longer counts in its step, and its
 replacement runs the revision the reconciler will give it. Model by model in the fold's
@@ -29,15 +30,9 @@ from uuid import UUID
 import msgspec
 
 from app.domain.allocation import Allocations
+from app.domain.drain import node_drain_steps
 from app.domain.envelope import Meta, Recorded
-from app.domain.events import (
-    AnyEvent,
-    NodeDrainRequested,
-    ReplicaDrainStarted,
-    ReplicaStopping,
-    node_stream,
-    replica_stream,
-)
+from app.domain.events import AnyEvent, NodeDrainRequested, node_stream, replica_stream
 from app.domain.evolve import evolve
 from app.domain.placement import Placer
 from app.domain.reconcile import (
@@ -127,34 +122,29 @@ def _model_room(
 
 def _with_drain(state: ClusterState, requested: NodeDrainRequested) -> ClusterState:
     """A copy of ``state`` with the drain folded in as the log will hold it, and what the
-    reconciler then does to the node's replicas (every move started at once: a model's
-    ``max_moves`` paces them, but each waits for room the same)."""
+    reconciler's first pass of it then does to the node's replicas
+    (``drain.node_drain_steps``), every move started at once: a model's ``max_moves``
+    paces them, but each waits for room the same."""
     draining = state.copy()
-    events: list[tuple[str, AnyEvent]] = [(node_stream(requested.node_id), requested)]
-    for replica in state.replicas.values():
-        if requested.node_id not in replica.node_ids:
-            continue
-        if replica.phase is ReplicaPhase.SERVING:
-            started = ReplicaDrainStarted(
-                replica_id=replica.id,
-                drain_id=requested.drain_id,
-                reason=f"node {requested.node_id} drains",
-            )
-            events.append((replica_stream(replica.id), started))
-        elif replica.phase in PLACED_AGAIN:
-            stopping = ReplicaStopping(replica_id=replica.id, reason="not serving yet")
-            events.append((replica_stream(replica.id), stopping))
-    for stream, event in events:
-        evolve(
-            draining,
-            Recorded(
-                position=state.position,
-                stream=stream,
-                version=0,
-                event_id=UUID(int=0),
-                recorded_at=NOT_READ,
-                meta=Meta(actor="drain-room", correlation_id=requested.drain_id),
-                event=event,
-            ),
-        )
+    _fold(draining, node_stream(requested.node_id), requested, requested.drain_id)
+    node = draining.nodes.get(requested.node_id)
+    if node is None:
+        return draining
+    for replica_id, step in node_drain_steps(draining, node, paced=False):
+        _fold(draining, replica_stream(replica_id), step, requested.drain_id)
     return draining
+
+
+def _fold(state: ClusterState, stream: str, event: AnyEvent, drain_id: str) -> None:
+    evolve(
+        state,
+        Recorded(
+            position=state.position,
+            stream=stream,
+            version=0,
+            event_id=UUID(int=0),
+            recorded_at=NOT_READ,
+            meta=Meta(actor="drain-room", correlation_id=drain_id),
+            event=event,
+        ),
+    )
