@@ -106,14 +106,19 @@ class BulkLoad:
         self._steps = ClusterHistory().steps()
         self._versions: dict[str, int] = {}
         self.position = 0
+        self._last_event_id: uuid.UUID | None = None
 
     async def up_to(self, events: int) -> None:
         async with self._recorder.session() as session:
             while self.position < events:
                 steps = list(itertools.islice(self._steps, min(BULK_BATCH, events - self.position)))
                 batch = self._batch(steps)
-                positions = await session.record(batch, _NO_ROWS, META, self.position)
-                self.position = max(positions.values())
+                positions = await session.record(
+                    batch, _NO_ROWS, META, self.position, self._last_event_id
+                )
+                self._last_event_id, self.position = max(
+                    positions.items(), key=lambda item: item[1]
+                )
 
     def _batch(self, steps: Sequence[Step]) -> list[Recorded]:
         now = datetime.now(UTC)

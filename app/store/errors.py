@@ -57,7 +57,9 @@ class UnreadableSnapshot(StoreError):
 
 
 class LogMovedOn(StoreError):
-    """Another writer appended after the position the caller's batch was folded at."""
+    """The log does not end where the caller's batch was folded: another writer appended
+    after that position, or the log holds another event at it (it lost the caller's in a
+    failover and went on with others)."""
 
 
 class AlreadyRecorded(StoreError):

@@ -5,9 +5,11 @@ Both stores are this class around their own recorder (``app.store.memory``,
 contract suite in ``tests/contracts`` holds for both.
 
 An append is optimistic: the batch is planned and folded against the fold and handed to the
-recorder with the position it was folded at. If another process appended meanwhile, the
-recorder refuses it (nothing written), and the store takes the recorder's exclusive lock
-for the whole catch-up and second attempt, so a busy log cannot starve this writer.
+recorder with where the fold ends: its position and the id of the event at it (``_head``).
+If the log does not end there, because another process appended meanwhile or because the
+log lost the fold's last events in a failover and others took their positions, the
+recorder refuses the batch (nothing written), and the store takes the recorder's exclusive
+lock for the whole catch-up and second attempt, so a busy log cannot starve this writer.
 
 Start-up does not replay the whole log when a fold snapshot can be trusted: the state is
 loaded from the newest snapshot and only the events after it are folded (``catch_up``).
@@ -23,6 +25,15 @@ built again from the database (its newest snapshot, then the log), as at start-u
 the fold believed and the log lost is settled by the agents' reports, as after any
 restart (adoption). The check costs nothing extra: the page read from one position before
 the fold's end starts with that event.
+
+An append makes the same check, in the recorder, atomically with the write: a log that
+went on to exactly the fold's position with other events passes a check of the position
+alone, and would take a batch decided on events it no longer holds. The fold therefore
+always knows the id of the event it ends with: from the events it folded, or, when it
+started from a snapshot and no event came after it, from the snapshot (read with the chain
+hash the snapshot is checked against). Only an empty fold has none, and the recorder then
+requires an empty log. The check costs nothing extra either: the recorder reads the log's
+last event for the position check anyway.
 """
 
 from __future__ import annotations
@@ -82,7 +93,7 @@ class FoldedEventStore:
         self._clock = clock
         self._view = FoldView()
         self._head: UUID | None = None
-        """The id of the event at ``state.position``, once this process has seen it."""
+        """The id of the event at ``state.position``; None only at position 0."""
         # One fold at a time in this process: an append and a catch-up must not both
         # evolve the same events into the shared state.
         self._lock = asyncio.Lock()
@@ -175,7 +186,7 @@ class FoldedEventStore:
     ) -> list[Recorded]:
         changes, undo = self._view.fold(plan)
         try:
-            positions = await session.record(plan, changes, meta, undo.position)
+            positions = await session.record(plan, changes, meta, undo.position, self._head)
         except BaseException:
             # Refused, or lost on the way (the write may have committed: then the next
             # append finds the log ahead of the fold and catches up).
@@ -267,8 +278,7 @@ class FoldedEventStore:
             return await session.events_after(0, CATCH_UP_PAGE)
         page = await session.events_after(position - 1, CATCH_UP_PAGE + 1)
         found = page[0] if page and page[0].position == position else None
-        if found is not None and self._head in (None, found.event_id):
-            self._head = found.event_id
+        if found is not None and found.event_id == self._head:
             return page[1:]
         log.warning(
             "fold_ahead_of_log",
@@ -281,12 +291,13 @@ class FoldedEventStore:
         return None
 
     async def _start(self) -> None:
-        self._head = None
         loaded = await self._snapshots.load() if self._snapshots is not None else None
         if loaded is None:
             self._view.reset(ClusterState(), {})
+            self._head = None
         else:
-            self._view.reset(*loaded)
+            self._view.reset(loaded.state, loaded.versions)
+            self._head = loaded.head
         self._snapshot_position = self._view.state.position
         self._snapshot_at = monotonic()
 

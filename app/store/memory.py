@@ -1,9 +1,9 @@
 """An event store in memory, for unit tests and tools: same interface, same contract.
 
 ``InMemoryRecorder`` keeps the log in a list and makes the checks ``llmgw_append`` makes in
-PostgreSQL (the caller's position, event ids, stream versions); the store around it is the
-PostgreSQL store's (``app.store.folded``). Payloads go through the same codec as in
-PostgreSQL, so upcasting and encoding behave alike; the contract suite in
+PostgreSQL (the caller's position and the event at it, event ids, stream versions); the
+store around it is the PostgreSQL store's (``app.store.folded``). Payloads go through the
+same codec as in PostgreSQL, so upcasting and encoding behave alike; the contract suite in
 ``tests/contracts`` runs against both stores.
 """
 
@@ -52,6 +52,14 @@ class InMemoryRecorder:
         self._versions[stored.stream] = stored.version
         self._by_id[stored.event_id] = stored
 
+    def keep_first(self, received: int) -> None:
+        """Keep only the first ``received`` events: the log as a standby that had received
+        no more holds it after a failover (tests of failover)."""
+        kept = self.log[:received]
+        self.log, self._versions, self._by_id = [], {}, {}
+        for stored in kept:
+            self.insert(stored)
+
     @asynccontextmanager
     async def session(self) -> AsyncIterator[InMemoryRecorder]:
         yield self
@@ -71,9 +79,15 @@ class InMemoryRecorder:
         return [_decode(self._by_id[i]) for i in dict.fromkeys(event_ids) if i in self._by_id]
 
     async def record(
-        self, batch: Sequence[Recorded], rows: RowChanges, meta: Meta, after_position: int
+        self,
+        batch: Sequence[Recorded],
+        rows: RowChanges,
+        meta: Meta,
+        after_position: int,
+        after_event_id: UUID | None,
     ) -> dict[UUID, int]:
-        if after_position != len(self.log):
+        last = self.log[-1].event_id if self.log else None
+        if after_position != len(self.log) or after_event_id != last:
             raise LogMovedOn()
         if any(r.event_id in self._by_id for r in batch):
             raise AlreadyRecorded()
@@ -140,6 +154,12 @@ class InMemoryEventStore(FoldedEventStore):
     def insert_raw(self, stored: StoredEvent) -> None:
         """Put a payload in the log as written by an older version (tests of upcasting)."""
         self._log.insert(stored)
+
+    @property
+    def recorder(self) -> InMemoryRecorder:
+        """The log, for tests that write to it behind the store's back, as another process
+        or a failover would."""
+        return self._log
 
     async def append_many(self, requests: Sequence[AppendRequest], meta: Meta) -> list[Recorded]:
         before = len(self._log.log)

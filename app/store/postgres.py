@@ -1,13 +1,17 @@
 """The event store in PostgreSQL: a recorder around ``llmgw_append``, and the store built on it.
 
-An append is one call of the ``llmgw_append`` function (migrations 0002 and 0005): it takes
-the append lock, checks that the caller's fold is current, that no event id is already
-stored and that every stream is at the version the caller expects, inserts the events
-(chained), replaces the projection rows of every entity they touch, moves the checkpoint
-and notifies listeners, all in one statement and so one transaction. Why appends are
-serialized, and why this is one round trip, is explained there. ``PostgresRecorder`` is
-the only place where the function's refusals (SQLSTATEs ``LG001``-``LG004``) become the
-store's errors; connection errors are translated by ``app.store.database``.
+An append is one call of the ``llmgw_append`` function (migrations 0002, 0005 and 0016): it
+takes the append lock, checks that the caller's fold is current (the log ends at the
+fold's position and with the fold's last event: after a failover to a standby that had not
+received the last events, the log can reach that position again with other events), that
+no event id is already stored and that every stream is at the version the caller expects,
+inserts the events (chained), replaces the projection rows of every entity they touch,
+moves the checkpoint and notifies listeners, all in one statement and so one transaction.
+Why appends are serialized, and why this is one round trip, is explained there. The check
+of the fold's last event reads nothing more than the position's did: the last row's id
+comes with its position. ``PostgresRecorder`` is the only place where the function's
+refusals (SQLSTATEs ``LG001``-``LG004``) become the store's errors; connection errors are
+translated by ``app.store.database``.
 
 The version check runs first in the store, against the stream versions of the in-memory
 fold, so a writer that loses a race is refused before anything reaches the database and
@@ -53,10 +57,10 @@ CHECKPOINT = "main"
 _SELECT_EVENTS = f"SELECT {RECORDED_COLUMNS} FROM events"
 
 _APPEND_CALL = (
-    "SELECT out_position, out_event_id FROM llmgw_append($1, $2, $3::text[], $4::int[], "
-    "$5::text[], $6::smallint[], $7::jsonb[], $8::uuid[], $9::text[], $10::text[], "
-    "$11::text[], $12::jsonb, $13, $14, $15, $16::text[], $17::text[], $18::text[], "
-    "$19::text[], $20::jsonb, $21)"
+    "SELECT out_position, out_event_id FROM llmgw_append($1, $2::uuid, $3, $4::text[], "
+    "$5::int[], $6::text[], $7::smallint[], $8::jsonb[], $9::uuid[], $10::text[], "
+    "$11::text[], $12::text[], $13::jsonb, $14, $15, $16, $17::text[], $18::text[], "
+    "$19::text[], $20::text[], $21::jsonb, $22)"
 )
 _encoder = msgspec.json.Encoder()
 DEFAULT_POLICY = SnapshotPolicy()
@@ -165,12 +169,16 @@ class PostgresSession:
         return {row[0]: int(row[1]) for row in rows}
 
     async def record(
-        self, batch: Sequence[Recorded], rows: RowChanges, meta: Meta, after_position: int
+        self,
+        batch: Sequence[Recorded],
+        rows: RowChanges,
+        meta: Meta,
+        after_position: int,
+        after_event_id: UUID | None,
     ) -> dict[UUID, int]:
+        arguments = _arguments(batch, meta, rows, after_position, after_event_id, self._channel)
         try:
-            result = await self._db.fetch(
-                _APPEND_CALL, *_arguments(batch, meta, rows, after_position, self._channel)
-            )
+            result = await self._db.fetch(_APPEND_CALL, *arguments)
         except asyncpg.PostgresError as exc:
             raise _translate(exc, meta) from exc
         return {row["out_event_id"]: row["out_position"] for row in result}
@@ -199,7 +207,12 @@ def _translate(exc: asyncpg.PostgresError, meta: Meta) -> StoreError:
 
 
 def _arguments(
-    batch: Sequence[Recorded], meta: Meta, changes: RowChanges, last_position: int, channel: str
+    batch: Sequence[Recorded],
+    meta: Meta,
+    changes: RowChanges,
+    last_position: int,
+    last_event_id: UUID | None,
+    channel: str,
 ) -> tuple[Any, ...]:
     columns: list[list[Any]] = [[] for _ in range(9)]
     for recorded in batch:
@@ -221,6 +234,7 @@ def _arguments(
             column.append(value)
     return (
         last_position,
+        last_event_id,
         meta.epoch,
         *columns,
         encode_meta(meta).decode(),

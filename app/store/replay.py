@@ -94,7 +94,7 @@ async def replay_checking_snapshots(
             continue
         count += await replay_into(db, state, until=snapshot.position, versions=versions)
         try:
-            stored, stored_versions = await read_snapshot(db, snapshot)
+            stored, stored_versions, _ = await read_snapshot(db, snapshot)
         except UnreadableSnapshot as exc:
             differences.append(
                 SnapshotDifference(snapshot.position, "snapshot", "", "unreadable",

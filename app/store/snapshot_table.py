@@ -3,7 +3,9 @@
 
 A snapshot is bound to the log it was taken of: its row keeps the chain hash of the event
 at its position, and one whose position no longer holds that event (a log restored from an
-older backup, say) is passed over. Its row also keeps the sha256 of its chunks, so damage
+older backup, say) is passed over. The id of that event is read with its chain hash and
+comes with the state: the fold's appends name the event it ends with, which ``llmgw_append``
+checks (migration 0016). Its row also keeps the sha256 of its chunks, so damage
 is found before anything is decoded into the state. Whatever is wrong with the newest, the
 reader tries the next, and with none left the store replays the whole log: a warning each
 time, never a wrong state. ``projections rebuild --verify`` also compares every snapshot
@@ -30,6 +32,7 @@ from app.store import snapshot_format
 from app.store.collector import paused_gc
 from app.store.database import connection
 from app.store.errors import StoreError, UnreadableSnapshot
+from app.store.recorder import LoadedSnapshot
 
 log = structlog.get_logger(__name__)
 
@@ -58,7 +61,7 @@ class PostgresFoldSnapshots:
         self._engine = engine
         self._keep = keep
 
-    async def load(self) -> tuple[ClusterState, dict[str, int]] | None:
+    async def load(self) -> LoadedSnapshot | None:
         try:
             return await self._load()
         except asyncpg.UndefinedTableError:
@@ -70,7 +73,7 @@ class PostgresFoldSnapshots:
         except asyncpg.PostgresError as exc:
             raise StoreError(f"reading the fold snapshots failed: {exc}") from exc
 
-    async def _load(self) -> tuple[ClusterState, dict[str, int]] | None:
+    async def _load(self) -> LoadedSnapshot | None:
         async with connection(self._engine) as db, db.transaction(isolation="repeatable_read"):
             found = [SnapshotRow(*row) for row in await db.fetch(SELECT_SNAPSHOTS)]
             for snapshot in found:
@@ -137,17 +140,19 @@ class PostgresFoldSnapshots:
             return [SnapshotRow(*row) for row in await db.fetch(SELECT_SNAPSHOTS)]
 
 
-async def read_snapshot(
-    db: asyncpg.Connection, snapshot: SnapshotRow
-) -> tuple[ClusterState, dict[str, int]]:
-    """The state and versions of ``snapshot``, checked; raises ``UnreadableSnapshot``.
-    Must run inside a transaction (the cursor needs one)."""
+async def read_snapshot(db: asyncpg.Connection, snapshot: SnapshotRow) -> LoadedSnapshot:
+    """The state and versions of ``snapshot``, checked, and the id of the event at its
+    position; raises ``UnreadableSnapshot``. Must run inside a transaction (the cursor
+    needs one)."""
     position = snapshot.position
     if snapshot.fingerprint != snapshot_format.fingerprint():
         raise UnreadableSnapshot(position, "it was written by another version of the fold")
-    chain_hash = await db.fetchval("SELECT chain_hash FROM events WHERE position = $1", position)
-    if chain_hash is None:
+    event = await db.fetchrow(
+        "SELECT chain_hash, event_id FROM events WHERE position = $1", position
+    )
+    if event is None:
         raise UnreadableSnapshot(position, "the log has no event at its position")
+    chain_hash, head = event
     if bytes(chain_hash) != bytes(snapshot.chain_hash):
         raise UnreadableSnapshot(position, "the log's event at its position is another one")
     digest, count = hashlib.sha256(), 0
@@ -166,7 +171,8 @@ async def read_snapshot(
         raise UnreadableSnapshot(position, "its chunks are damaged or missing")
     if undecodable is not None:
         raise undecodable
-    return decoding.result()
+    state, versions = decoding.result()
+    return LoadedSnapshot(state, versions, head)
 
 
 async def _chunks(db: asyncpg.Connection, position: int) -> AsyncIterator[bytes]:

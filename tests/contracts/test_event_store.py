@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
+import asyncpg
 import msgspec
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -26,13 +27,16 @@ from app.domain.events import (
 from app.domain.model_spec import ModelSpec
 from app.domain.state import ReplicaPhase, ShardPhase, revocation_key
 from app.store.codec import encode_event
+from app.store.database import driver_url
 from app.store.errors import ConcurrencyError
+from app.store.folded import FoldedEventStore
 from app.store.interface import NO_STREAM, AppendRequest, EventStore, NewEvent
 from app.store.memory import InMemoryEventStore, StoredEvent
 from app.store.postgres import PostgresEventStore
 
 ALICE = Meta(actor="alice", correlation_id="op-1")
 LegacyWriter = Callable[[str, int, str, int, bytes], Awaitable[None]]
+FailOver = Callable[[int], Awaitable[EventStore]]
 
 
 def unique(prefix: str) -> str:
@@ -72,9 +76,10 @@ def write_legacy(store: EventStore, request: pytest.FixtureRequest) -> LegacyWri
             raw = await conn.get_raw_connection()
             # Through llmgw_append, as every llmgw since 0002 appends: it chains the event.
             await raw.driver_connection.execute(
-                "SELECT llmgw_append((SELECT coalesce(max(position), 0) FROM events), NULL, "
-                "ARRAY[$1], ARRAY[$2::int], ARRAY[$3], ARRAY[$4::smallint], "
-                "ARRAY[$5::jsonb], ARRAY[$6::uuid], ARRAY[NULL], ARRAY[NULL], ARRAY[NULL], "
+                "SELECT llmgw_append((SELECT coalesce(max(position), 0) FROM events), "
+                "(SELECT event_id FROM events ORDER BY position DESC LIMIT 1), NULL, "
+                "ARRAY[$1], ARRAY[$2::int], ARRAY[$3], ARRAY[$4::smallint], ARRAY[$5::jsonb], "
+                "ARRAY[$6::uuid], ARRAY[NULL], ARRAY[NULL], ARRAY[NULL], "
                 "'{\"actor\": \"llmgw 0.0\"}', now(), 'llmgw 0.0', NULL, '{}', '{}', '{}', "
                 "'{}', '{}', 'llmgw_events')",
                 stream,
@@ -86,6 +91,33 @@ def write_legacy(store: EventStore, request: pytest.FixtureRequest) -> LegacyWri
             )
 
     return write
+
+
+@pytest.fixture
+def fail_over(store: EventStore, request: pytest.FixtureRequest) -> FailOver:
+    """Make the log a standby's that had received only its first events (asynchronous
+    replication), behind the store's back: its positions after them are handed out again.
+    Returns the store of another process, on the standby's log."""
+
+    async def to_standby(received: int) -> EventStore:
+        if isinstance(store, InMemoryEventStore):
+            store.recorder.keep_first(received)
+            return FoldedEventStore(store.recorder)
+        database_url: str = request.getfixturevalue("database_url")
+        owner = await asyncpg.connect(driver_url(database_url))
+        try:
+            async with owner.transaction():
+                await owner.execute("ALTER TABLE events DISABLE TRIGGER events_no_update_delete")
+                await owner.execute("DELETE FROM events WHERE position > $1", received)
+                await owner.execute("ALTER TABLE events ENABLE TRIGGER events_no_update_delete")
+                await owner.execute(
+                    "SELECT setval('events_position_seq', $1, $2)", max(received, 1), received > 0
+                )
+        finally:
+            await owner.close()
+        return PostgresEventStore(request.getfixturevalue("engine"), policy=None)
+
+    return to_standby
 
 
 def declared(name: str) -> NewEvent:
@@ -288,3 +320,25 @@ async def test_the_steps_of_one_operation_are_read_by_its_correlation_id(store: 
     assert [r.event_id for r in steps] == [first.event_id, second.event_id]
     assert await store.read_correlated(drain, limit=1) == steps[:1]
     assert await store.read_correlated(unique("drain-")) == []
+
+
+async def test_an_append_decided_on_events_the_log_lost_is_refused_and_folded_again(
+    store: EventStore, fail_over: FailOver
+) -> None:
+    """After a failover the log went on to the fold's position with other events: the
+    position alone says the fold is current, the event at it says it is not."""
+    kept, lost, other = unique("m"), unique("m"), unique("m")
+    await store.append(f"model-{kept}", NO_STREAM, [declared(kept)], ALICE)
+    await store.append(f"model-{lost}", NO_STREAM, [declared(lost)], ALICE)
+    another_server = await fail_over(1)
+    await another_server.append(f"model-{other}", NO_STREAM, [declared(other)], ALICE)
+    assert await store.last_position() == store.state.position == 2
+
+    await store.append(f"replica-{kept}-1", NO_STREAM, [placed(kept, 1)], ALICE)
+
+    assert sorted(store.state.models) == sorted([kept, other])
+    assert [r.stream for r in await store.read_all()] == [
+        f"model-{kept}",
+        f"model-{other}",
+        f"replica-{kept}-1",
+    ]

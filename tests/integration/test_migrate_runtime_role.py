@@ -27,7 +27,9 @@ from sqlalchemy.engine import make_url
 from app.domain.envelope import Meta
 from app.domain.events import NodeCordoned, NodeRegistered, node_stream
 from app.store import migrate
+from app.store.codec import encode_event
 from app.store.database import create_engine
+from app.store.grants import RuntimeRole
 from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore
 from app.store.verification import verify_log
@@ -301,6 +303,20 @@ async def test_the_runtime_password_logs_in_where_the_server_checks_passwords(
     assert not first_still_works
 
 
+def node_history(label: str, count: int) -> list[NodeRegistered | NodeCordoned]:
+    cordons = [NodeCordoned(node_id=label, reason=f"{label} {n} ✓") for n in range(count - 1)]
+    return [NodeRegistered(node_id=label, address="h"), *cordons]
+
+
+# How a server before revision 0016 appended: the position its fold ends at, no event id.
+APPEND_BEFORE_0016 = (
+    "SELECT llmgw_append((SELECT coalesce(max(position), 0) FROM events), NULL, ARRAY[$1], "
+    "ARRAY[$2::int], ARRAY[$3], ARRAY[$4::smallint], ARRAY[$5::jsonb], ARRAY[$6::uuid], "
+    "ARRAY[NULL], ARRAY[$7], ARRAY[NULL], '{\"actor\": \"t\"}', now(), 't', NULL, '{}', "
+    "'{}', '{}', '{}', '{}', 'llmgw_events')"
+)
+
+
 async def test_events_from_before_the_chain_are_chained_and_survive_a_downgrade(
     scratch: Scratch,
 ) -> None:
@@ -308,17 +324,28 @@ async def test_events_from_before_the_chain_are_chained_and_survive_a_downgrade(
         engine = create_engine(scratch.url, pool_size=1)
         store = PostgresEventStore(engine)
         try:
-            await store.append(
-                node_stream(label),
-                None,
-                [NewEvent(NodeRegistered(node_id=label, address="h"))],
-                Meta(actor="t"),
-            )
-            for n in range(count - 1):
-                event = NodeCordoned(node_id=label, reason=f"{label} {n} ✓")
+            for event in node_history(label, count):
                 await store.append(node_stream(label), None, [NewEvent(event)], Meta(actor="t"))
         finally:
             await engine.dispose()
+
+    async def append_before_the_chain(count: int, label: str) -> None:
+        connection = await asyncpg.connect(scratch.url)
+        try:
+            for version, event in enumerate(node_history(label, count), start=1):
+                type_name, schema, data = encode_event(event)
+                await connection.execute(
+                    APPEND_BEFORE_0016,
+                    node_stream(label),
+                    version,
+                    type_name,
+                    schema,
+                    data.decode(),
+                    uuid.uuid4(),
+                    label,
+                )
+        finally:
+            await connection.close()
 
     async def verified() -> int:
         engine = create_engine(scratch.url, pool_size=1)
@@ -330,13 +357,66 @@ async def test_events_from_before_the_chain_are_chained_and_survive_a_downgrade(
         return result.events
 
     await asyncio.to_thread(migrate.upgrade, scratch.url, "0004")
-    await append(5, "before")
+    await append_before_the_chain(5, "before")
     await asyncio.to_thread(migrate.upgrade, scratch.url)
     chained = await verified()
     await append(3, "chained")
     await asyncio.to_thread(migrate.downgrade, scratch.url, "0004")
-    await append(2, "unchained")
+    await append_before_the_chain(2, "unchained")
     await asyncio.to_thread(migrate.upgrade, scratch.url)
 
     assert chained == 5
     assert await verified() == 10
+
+
+APPEND_0005 = (
+    "llmgw_append(bigint, bigint, text[], int[], text[], smallint[], jsonb[], uuid[], text[], "
+    "text[], text[], jsonb, timestamptz, text, text, text[], text[], text[], text[], jsonb, text)"
+)
+APPEND_0016 = APPEND_0005.replace("(bigint, bigint,", "(bigint, uuid, bigint,")
+
+
+async def test_the_roles_that_could_append_still_can_after_0016_replaced_the_function(
+    scratch: Scratch,
+) -> None:
+    """A new parameter makes a new function: 0016 drops 0005's and, with it, the grants on
+    it. The runtime roles that held them execute the new one, PUBLIC neither; going down
+    gives them 0005's back."""
+    role = scratch.new_role_name("runtime")
+
+    async def executes(signature: str, who: str) -> object:
+        return await scratch.admin(
+            "SELECT coalesce(has_function_privilege($2, to_regprocedure($1), 'EXECUTE'), false)",
+            signature,
+            who,
+        )
+
+    await asyncio.to_thread(migrate.upgrade, scratch.url, "0015", RuntimeRole(role))
+    assert (await executes(APPEND_0005, role), await executes(APPEND_0005, "public")) == (
+        True,
+        False,
+    )
+
+    await asyncio.to_thread(migrate.upgrade, scratch.url, "0016")  # the migration alone
+
+    assert await scratch.admin("SELECT to_regprocedure($1)", APPEND_0005) is None
+    assert await executes(APPEND_0016, role)
+    assert not await executes(APPEND_0016, "public")
+    engine = create_engine(scratch.url_as(role), pool_size=1)
+    try:
+        store = PostgresEventStore(engine, policy=None)
+        for event in node_history("gpu-1", 2):
+            await store.append(node_stream("gpu-1"), None, [NewEvent(event)], Meta(actor="t"))
+    finally:
+        await engine.dispose()
+
+    await asyncio.to_thread(migrate.downgrade, scratch.url, "0015")
+
+    assert await scratch.admin("SELECT to_regprocedure($1)", APPEND_0016) is None
+    assert await executes(APPEND_0005, role)
+    assert not await executes(APPEND_0005, "public")
+
+    await asyncio.to_thread(migrate.upgrade, scratch.url, "0016")
+
+    assert await executes(APPEND_0016, role)
+    assert await scratch.admin("SELECT count(*) FROM events") == 2

@@ -1,6 +1,7 @@
 """The database fails over to a standby that had not received the last events: the log the
 store reconnects to ends before its fold, or goes on with other events at the same
-positions. The store notices at its next catch-up and folds the standby's log afresh."""
+positions. The store notices at its next catch-up, or when the log refuses its next append,
+and folds the standby's log afresh."""
 
 from __future__ import annotations
 
@@ -116,3 +117,27 @@ async def test_a_fold_the_log_still_holds_is_not_folded_again() -> None:
 
     assert state is before, "caught up in place, not rebuilt"
     assert state.position == 5
+
+
+async def test_an_append_is_refused_where_the_log_reached_its_position_with_other_events() -> None:
+    """The position alone says the fold is current; the event at it says it is not. The
+    append is refused, the fold built again from the standby's log, and the append made on
+    it."""
+    store, address = await a_fold_of_three_replicas()
+    standby = standby_of(address.current, received=3)
+    address.current = standby
+    other_writer = FoldedEventStore(standby)
+    await other_writer.append("model-n", NO_STREAM, [declared("n")], META)
+    assert len(standby.log) == store.state.position  # at the fold's position, not with m-3
+
+    await place(store, "m", 4)
+
+    assert [stored.stream for stored in standby.log] == [
+        "model-m",
+        "replica-m-1",
+        "replica-m-2",
+        "model-n",
+        "replica-m-4",
+    ]
+    assert sorted(store.state.models) == ["m", "n"]
+    assert sorted(store.state.replicas) == ["m-1", "m-2", "m-4"]
