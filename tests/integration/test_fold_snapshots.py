@@ -93,6 +93,26 @@ async def test_a_restart_folds_only_the_events_after_the_newest_snapshot(
     assert same_fold(restarted.state, writer.state)
 
 
+async def test_a_fold_started_from_a_snapshot_with_nothing_after_it_appends_at_once(
+    engine: AsyncEngine,
+) -> None:
+    """The fold's appends name the event it ends with, and the log refuses them when it
+    holds another: started from a snapshot, the fold knows that event from the snapshot."""
+    writer = PostgresEventStore(engine, policy=None)
+    await register_nodes(writer, 3)
+    await writer.save_snapshot()
+    restarted, loaded = await start(engine)
+
+    with capture_logs() as logs:
+        await register_nodes(restarted, 1)
+
+    assert (loaded["snapshot"], loaded["events_folded"]) == (3, 0)
+    assert [entry["event"] for entry in logs] == [], "appended at once, not folded again"
+    assert restarted.started is not None
+    assert restarted.started.snapshot == 3
+    assert same_fold(restarted.state, await replay(engine))
+
+
 async def test_a_snapshot_of_another_fold_is_passed_over_for_a_full_replay(
     engine: AsyncEngine, owner: asyncpg.Connection
 ) -> None:
