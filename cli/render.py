@@ -22,9 +22,12 @@ from datetime import UTC, datetime
 from typing import Literal, TextIO
 
 import msgspec
+from rich import box
+from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderableType
+from rich.padding import Padding
 from rich.segment import Segment
-from rich.table import Table
+from rich.style import Style
 from rich.text import Text
 
 EXIT_OK = 0
@@ -176,6 +179,8 @@ WRAPPED_MIN_WIDTH = 16
 """The narrowest a wrapping column gets before columns are dropped instead."""
 BORDER_PER_COLUMN = 3
 """``│ x `` around each cell, and one more ``│`` at the end of a row."""
+CELL_PADDING = 1
+"""The space either side of a value in its cell."""
 
 
 @dataclass(frozen=True)
@@ -230,28 +235,126 @@ def print_table(
         # Nothing left to drop or fold: a table a little wider than the terminal, never a
         # column cropped off its right edge.
         console = _widened(console, total)
-    table = Table(
-        title=None if title is None else text(title),
-        title_justify="left",
-        header_style="bold",
-        expand=False,
-    )
-    for index in shown:
-        column = columns[index]
-        table.add_column(
-            column.header,
-            justify=column.justify,
-            overflow="fold",
-            width=widths[index],
+    console.print(
+        _Grid(
+            title=None if title is None else text(title),
+            columns=[columns[i] for i in shown],
+            widths=[widths[i] for i in shown],
+            rows=[[row[i] for i in shown] for row in cells],
         )
-    for row in cells:
-        table.add_row(*(Text(row[index]) for index in shown))  # escaped above
-    console.print(table)
+    )
     left_out = [columns[i].header for i in range(len(columns)) if i not in shown]
     if left_out:
         console.print(
             f"(left out to fit: {', '.join(left_out)}; --output wide shows them)", soft_wrap=True
         )
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """A table laid out as rich's ``Table`` lays one out (heavy head box, a space either
+    side of each cell, bold headers, values folded within their column) with the columns'
+    widths already settled by ``print_table``. A ``Table`` lays out every cell through
+    rich's general machinery (padding, wrapping, cropping: some 50 µs a cell, seconds for
+    a few thousand rows); here a value that fits its column on one line, nearly every one,
+    is written as it is, padded, and only the others go through that machinery, as the
+    headers do. ``tests/unit/test_cli_table_layout.py`` holds the two to the same output."""
+
+    title: Text | None
+    columns: Sequence[Column]
+    widths: Sequence[int]
+    """Each column's width inside its cells' padding."""
+    rows: Sequence[Sequence[str]]
+    """Escaped values, one per column."""
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Segment]:
+        widths = [width + 2 * CELL_PADDING for width in self.widths]
+        options = options.update(width=1 + sum(w + 1 for w in widths), height=None)
+        options = options.update(highlight=False)
+        if self.title is not None:
+            yield from console.render(self.title, options.update(justify="left"))
+        frame = box.HEAVY_HEAD.substitute(options, safe=console.safe_box)
+        line = Segment.line()
+        yield Segment(frame.get_top(widths))
+        yield line
+        bold = console.get_style("bold")
+        headers = [
+            self._laid_out(console, options, column.header, column, width, bold)
+            for column, width in zip(self.columns, widths, strict=True)
+        ]
+        sides = (frame.head_left, frame.head_vertical, frame.head_right)
+        yield from self._row(headers, widths, sides, bold, bottom=True)
+        yield Segment(frame.get_row(widths, "head", edge=True))
+        yield line
+        for index, row in enumerate(self.rows):
+            if index == len(self.rows) - 1:
+                sides = (frame.foot_left, frame.foot_vertical, frame.foot_right)
+            else:
+                sides = (frame.mid_left, frame.mid_vertical, frame.mid_right)
+            cells = [
+                self._cell(console, options, value, column, width)
+                for value, column, width in zip(row, self.columns, widths, strict=True)
+            ]
+            yield from self._row(cells, widths, sides, Style.null(), bottom=False)
+        yield Segment(frame.get_bottom(widths))
+        yield line
+
+    @staticmethod
+    def _cell(
+        console: Console, options: ConsoleOptions, value: str, column: Column, width: int
+    ) -> list[list[Segment]]:
+        room = width - 2 * CELL_PADDING - cell_len(value)
+        # What rich would lay out differently: a value it must fold, or one it strips
+        # trailing spaces off before justifying.
+        if room < 0 or value[-1:].isspace():
+            return _Grid._laid_out(console, options, Text(value), column, width, Style.null())
+        pad = " " * CELL_PADDING
+        if column.justify == "right":
+            return [[Segment(f"{pad}{' ' * room}{value}{pad}")]]
+        return [[Segment(f"{pad}{value}{' ' * room}{pad}")]]
+
+    @staticmethod
+    def _laid_out(
+        console: Console,
+        options: ConsoleOptions,
+        value: str | Text,
+        column: Column,
+        width: int,
+        style: Style,
+    ) -> list[list[Segment]]:
+        """``value`` laid out by rich as a ``Table`` lays out a cell of ``column``."""
+        cell_options = options.update(
+            width=width, justify=column.justify, no_wrap=False, overflow="fold", height=None
+        )
+        padded = Padding(value, (0, CELL_PADDING))
+        return console.render_lines(padded, cell_options, style=style)
+
+    @staticmethod
+    def _row(
+        cells: list[list[list[Segment]]],
+        widths: Sequence[int],
+        sides: tuple[str, str, str],
+        style: Style,
+        *,
+        bottom: bool,
+    ) -> Iterator[Segment]:
+        """One row of cells side by side, each as high as the highest (in ``style``): a
+        header's lines at the bottom of its cell, a value's at the top."""
+        height = max(len(cell) for cell in cells)
+        align = Segment.align_bottom if bottom else Segment.align_top
+        shaped = [
+            align(cell, width, height, style) if len(cell) < height else cell
+            for cell, width in zip(cells, widths, strict=True)
+        ]
+        left, divider, right = (Segment(side) for side in sides)
+        for line_no in range(height):
+            yield left
+            for index, cell in enumerate(shaped):
+                if index:
+                    yield divider
+                yield from cell[line_no]
+            yield right
+            yield Segment.line()
 
 
 def _widened(console: Console, width: int) -> Console:
