@@ -39,6 +39,7 @@ from wire.bounded_body import size_words
 
 USER_AGENT = "llmgw-cli/0.1"
 HISTORY_PAGE_SIZE = 500
+KEYS_PAGE_SIZE = 500
 HISTORY_SUBJECTS = ("replica", "node", "model", "key")
 _HISTORY_KEYS = {
     "replica": "the replica id",
@@ -219,6 +220,7 @@ _problem_decoder = msgspec.json.Decoder(Problem)
 _members_decoder = msgspec.json.Decoder(dict[str, object])
 _key_created_decoder = msgspec.json.Decoder(KeyCreated)
 _key_list_decoder = msgspec.json.Decoder(list[KeyView])
+_raw_list_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 _key_change_decoder = msgspec.json.Decoder(KeyChange)
 _tuning_decoder = msgspec.json.Decoder(TuningResult)
 _field_errors_decoder = msgspec.json.Decoder(FieldErrors)
@@ -324,8 +326,25 @@ class AdminClient:
         return KeyReply(_decode(_key_created_decoder, raw, "new key"), raw)
 
     def list_keys(self) -> KeyReply[list[KeyView]]:
-        raw = self.request("GET", "/admin/v1/keys")
-        return KeyReply(_decode(_key_list_decoder, raw, "key list"), raw)
+        """Every API key, oldest first, read page after page; ``raw`` is one JSON array of
+        them all, each as the API sent it."""
+        keys: list[KeyView] = []
+        sent: list[bytes] = []
+        seen: set[str] = set()
+        params: dict[str, int | str] = {"limit": KEYS_PAGE_SIZE}
+        while True:
+            raw = self.request("GET", "/admin/v1/keys", params=params)
+            page = _decode(_key_list_decoder, raw, "key list")
+            if any(key.id in seen for key in page):
+                # A server older than paging answers every key each time: it sent them all.
+                break
+            seen.update(key.id for key in page)
+            keys += page
+            sent += (bytes(key) for key in _decode(_raw_list_decoder, raw, "key list"))
+            if len(page) != KEYS_PAGE_SIZE:
+                break
+            params = {"limit": KEYS_PAGE_SIZE, "after": page[-1].id}
+        return KeyReply(keys, b"[" + b",".join(sent) + b"]")
 
     def revoke_key(self, prefix_or_name: str) -> KeyReply[KeyChange]:
         path = f"/admin/v1/keys/{segment(prefix_or_name, 'the key prefix or name')}"

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
 
 from litestar import Controller, delete, get, post
 from litestar.datastructures import CacheControlHeader
 from litestar.di import NamedDependency
-from litestar.params import FromPath, JSONBody
+from litestar.params import FromPath, JSONBody, QueryParameter
 from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED
 
 from app.admin.auth import require_actor
@@ -16,6 +17,11 @@ from app.admin.schemas import KeyChange, KeyCreated, KeyRequest, KeyView, as_vie
 from app.domain.keys import ALL_MODELS
 from app.domain.state import ApiKey
 from app.services.operations import Caller, Operations
+
+MAX_KEYS_PER_PAGE = 5000
+"""The largest ``limit`` of a page of keys, as of a page of history."""
+MAX_KEY_ID_LENGTH = 64
+"""Far longer than any key id (``k-`` and 8 hex characters): a longer ``after`` names none."""
 
 
 def key_view(key: ApiKey, now: datetime) -> KeyView:
@@ -59,9 +65,30 @@ class KeyController(Controller):
         shown = _shown(new.record, operations.now())
         return as_view(new.record, KeyCreated, **shown, key=new.key)
 
-    @get("/", summary="Every API key, revoked and expired ones too, oldest first (never a secret)")
-    async def list_keys(self, operations: NamedDependency[Operations]) -> list[KeyView]:
-        keys = await operations.list_keys()
+    @get(
+        "/",
+        summary="Every API key, revoked and expired ones too, oldest first (never a secret)",
+        description="Without `limit`, every key in one answer. With `limit`, at most that many "
+        "keys, after the key whose id is `after` when given: pass the last key's id as `after` "
+        "for the next page; a page with fewer than `limit` keys is the last (a full one may "
+        "be followed by an empty one). An `after` that names no key is refused (404).",
+    )
+    async def list_keys(
+        self,
+        operations: NamedDependency[Operations],
+        after: Annotated[
+            str | None,
+            QueryParameter(
+                min_length=1,
+                max_length=MAX_KEY_ID_LENGTH,
+                description="list the keys after the one with this id",
+            ),
+        ] = None,
+        limit: Annotated[
+            int | None, QueryParameter(ge=1, le=MAX_KEYS_PER_PAGE, description="page size")
+        ] = None,
+    ) -> list[KeyView]:
+        keys = await operations.list_keys(after=after, limit=limit)
         now = operations.now()
         return [key_view(key, now) for key in keys]
 

@@ -95,6 +95,12 @@ class UnknownKey(UnknownThing):
     kind = "API key (by prefix or name)"
 
 
+class UnknownPageStart(UnknownKey):
+    """A page of keys asked to start after a key id that names no key."""
+
+    kind = "API key (by id) to list the keys after"
+
+
 def create(
     state: ClusterState,
     *,
@@ -265,6 +271,20 @@ def live_keys(state: ClusterState, now: datetime) -> list[ApiKey]:
     return [k for k in state.keys.values() if k.live(now)]
 
 
-def listed(state: ClusterState) -> list[ApiKey]:
-    """Every key ever created, revoked ones too, oldest first."""
-    return sorted(state.keys.values(), key=lambda k: (k.created_at, k.id))
+def listed(
+    state: ClusterState, *, after: str | None = None, limit: int | None = None
+) -> list[ApiKey]:
+    """Every key ever created, revoked ones too, oldest first (by creation, then id); only
+    those after the key whose id is ``after``, and at most ``limit``, when given. A key is
+    never removed, so an ``after`` that names none is ``UnknownPageStart``."""
+    keys = sorted(state.keys.values(), key=_listing_order)
+    if after is not None:
+        start = state.keys.get(after)
+        if start is None:
+            raise UnknownPageStart(after)
+        keys = [key for key in keys if _listing_order(key) > _listing_order(start)]
+    return keys if limit is None else keys[:limit]
+
+
+def _listing_order(key: ApiKey) -> tuple[datetime, str]:
+    return (key.created_at, key.id)

@@ -231,8 +231,10 @@ class Operations:
     async def list_revocations(self) -> list[CertificateRevocation]:
         return revocations.listed(await self.current())
 
-    async def list_keys(self) -> list[ApiKey]:
-        return key_decisions.listed(await self.current())
+    async def list_keys(
+        self, *, after: str | None = None, limit: int | None = None
+    ) -> list[ApiKey]:
+        return key_decisions.listed(await self.current(), after=after, limit=limit)
 
     async def find_key(self, prefix_or_name: str) -> ApiKey:
         """The key with that id, prefix or name, as ``revoke_key`` finds it."""

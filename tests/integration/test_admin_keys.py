@@ -157,6 +157,39 @@ async def test_the_list_shows_every_key_and_who_revoked_it_but_never_a_secret_or
     assert not any("hash" in field for key in listed for field in key)
 
 
+async def test_the_list_is_read_page_by_page_after_the_last_key_of_the_page_before(
+    alice: httpx.AsyncClient,
+) -> None:
+    await declare(alice, "llama")
+    created = [(await create_key(alice, name=f"k{n}", models=["llama"]))["id"] for n in range(5)]
+
+    pages = [(await alice.get(KEYS, params={"limit": 2})).json()]
+    while len(pages[-1]) == 2:
+        answer = await alice.get(KEYS, params={"limit": 2, "after": pages[-1][-1]["id"]})
+        assert answer.status_code == 200, answer.text
+        pages.append(answer.json())
+
+    assert [[key["id"] for key in page] for page in pages] == [
+        created[0:2],
+        created[2:4],
+        created[4:5],
+    ]
+    assert [key["id"] for key in (await alice.get(KEYS)).json()] == created  # no limit: all
+
+
+async def test_a_page_after_a_key_that_never_was_or_of_no_size_is_refused(
+    alice: httpx.AsyncClient,
+) -> None:
+    after_nothing = await alice.get(KEYS, params={"limit": 2, "after": "k-99999999"})
+    zero = await alice.get(KEYS, params={"limit": 0})
+    huge = await alice.get(KEYS, params={"limit": 5001})
+    long_id = await alice.get(KEYS, params={"after": "k" * 65})
+
+    body = problem_of(after_nothing, 404, "unknown-key")
+    assert body["detail"] == "no API key (by id) to list the keys after 'k-99999999' is known"
+    assert [answer.status_code for answer in (zero, huge, long_id)] == [400, 400, 400]
+
+
 async def test_a_key_is_revoked_by_name_or_prefix_once_and_the_history_says_who(
     alice: httpx.AsyncClient, bob: httpx.AsyncClient, pg_store: PostgresEventStore
 ) -> None:

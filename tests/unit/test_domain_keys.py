@@ -452,3 +452,42 @@ def test_the_list_holds_revoked_keys_too_oldest_first() -> None:
 
     assert [k.name for k in keys.listed(state)] == ["b", "a"]
     assert [k.name for k in keys.live_keys(state, NOW)] == ["a"]
+
+
+def created_at(*seconds: int) -> ClusterState:
+    """A key created ``seconds[n]`` after T0 for each n (several may share a second),
+    recorded in that order, with prefixes that do not follow it."""
+    return replay(
+        [
+            Recorded(
+                position=n,
+                stream=key_stream(f"k-{(7 * n) % 16:08x}"),
+                version=1,
+                event_id=uuid.uuid4(),
+                recorded_at=T0 + timedelta(seconds=second),
+                meta=Meta(actor="alice"),
+                event=key_created(f"key-{n}", f"{(7 * n) % 16:08x}"),
+            )
+            for n, second in enumerate(seconds, start=1)
+        ]
+    )
+
+
+@for_all(st.lists(st.integers(0, 3), max_size=12), st.integers(1, 5))
+def test_pages_read_one_after_the_other_are_the_whole_list(seconds: list[int], size: int) -> None:
+    state = created_at(*seconds)
+
+    pages = [keys.listed(state, limit=size)]
+    while len(pages[-1]) == size:
+        pages.append(keys.listed(state, after=pages[-1][-1].id, limit=size))
+
+    assert [key for page in pages for key in page] == keys.listed(state)
+    assert all(len(page) <= size for page in pages)
+
+
+def test_a_page_after_a_key_that_never_was_is_refused_naming_it() -> None:
+    state = given(key_created("a", "11111111"))
+
+    with pytest.raises(keys.UnknownPageStart, match=r"'k-99999999'"):
+        keys.listed(state, after="k-99999999", limit=10)
+    assert keys.listed(state, after="k-11111111") == []
