@@ -17,6 +17,7 @@ from __future__ import annotations
 import socket
 import ssl
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -39,6 +40,8 @@ from wire.bounded_body import size_words
 
 USER_AGENT = "llmgw-cli/0.1"
 HISTORY_PAGE_SIZE = 500
+NEWEST = 2**63 - 1
+"""The largest log position: history read back ``before`` it starts at the newest event."""
 KEYS_PAGE_SIZE = 500
 HISTORY_SUBJECTS = ("replica", "node", "model", "key")
 _HISTORY_KEYS = {
@@ -122,6 +125,8 @@ class EventView(msgspec.Struct, frozen=True, kw_only=True):
 class HistoryPage(msgspec.Struct, frozen=True, kw_only=True):
     events: list[msgspec.Raw]
     next_after: int | None = None
+    next_before: int | msgspec.UnsetType | None = msgspec.UNSET
+    """Unset in the answer of a server older than reading back with ``before``."""
 
 
 class Problem(msgspec.Struct, frozen=True):
@@ -355,29 +360,42 @@ class AdminClient:
         self, subject: str, key: str, *, after: int = 0, limit: int | None = None
     ) -> list[HistoryEvent]:
         """Every event about one replica, node, model or key after position ``after``,
-        oldest first, reading page after page; at most ``limit`` events if given."""
-        return list(self._iter_history(subject, key, after, limit))
-
-    def _iter_history(
-        self, subject: str, key: str, after: int, limit: int | None
-    ) -> Iterator[HistoryEvent]:
+        oldest first, reading page after page; with ``limit``, only the newest ``limit`` of
+        them (read back from the newest, still returned oldest first)."""
         if subject not in HISTORY_SUBJECTS:
             raise ValueError(f"subject must be one of {', '.join(HISTORY_SUBJECTS)}")
-        remaining = limit
-        while remaining is None or remaining > 0:
-            size = HISTORY_PAGE_SIZE if remaining is None else min(remaining, HISTORY_PAGE_SIZE)
-            body = self._get(
-                f"/admin/v1/history/{subject}/{segment(key, _HISTORY_KEYS[subject])}",
-                {"after": after, "limit": size},
+        if limit is None:
+            return list(self._iter_history(subject, key, after))
+        pages: list[list[HistoryEvent]] = []
+        remaining, before = limit, NEWEST
+        while remaining > 0:
+            size = min(remaining, HISTORY_PAGE_SIZE)
+            page = self._history_page(
+                subject, key, {"after": after, "before": before, "limit": size}
             )
-            page = _decode(_page_decoder, body, "history page")
-            for raw in page.events:
-                yield HistoryEvent(view=_decode(_event_decoder, raw, "event"), raw=raw)
-            if remaining is not None:
-                remaining -= len(page.events)
+            if page.next_before is msgspec.UNSET:
+                # A server older than `before` read on from `after`: read it all, keep the end.
+                return list(deque(self._iter_history(subject, key, after), maxlen=limit))
+            pages.append(_events_of(page))
+            remaining -= len(page.events)
+            if page.next_before is None:
+                break
+            before = page.next_before
+        return [event for page in reversed(pages) for event in page][-limit:]
+
+    def _iter_history(self, subject: str, key: str, after: int) -> Iterator[HistoryEvent]:
+        while True:
+            page = self._history_page(subject, key, {"after": after, "limit": HISTORY_PAGE_SIZE})
+            yield from _events_of(page)
             if page.next_after is None:
                 return
             after = page.next_after
+
+    def _history_page(self, subject: str, key: str, params: Mapping[str, int]) -> HistoryPage:
+        body = self._get(
+            f"/admin/v1/history/{subject}/{segment(key, _HISTORY_KEYS[subject])}", params
+        )
+        return _decode(_page_decoder, body, "history page")
 
     def _get(self, path: str, params: Mapping[str, int | str]) -> bytes:
         return self.request("GET", path, params=params)
@@ -585,6 +603,12 @@ def _tls_context(settings: ConnectionSettings) -> ssl.SSLContext:
             f"cannot load the client certificate {settings.client_cert} with key "
             f"{settings.client_key}: {exc}"
         ) from exc
+
+
+def _events_of(page: HistoryPage) -> list[HistoryEvent]:
+    return [
+        HistoryEvent(view=_decode(_event_decoder, raw, "event"), raw=raw) for raw in page.events
+    ]
 
 
 def _decode(decoder: msgspec.json.Decoder[_T], body: bytes, what: str) -> _T:

@@ -30,6 +30,8 @@ history_app = App(
     help="""Show what the event log recorded about one replica, node, model or API key: who
 did what, when, and which operation (correlation id) it belonged to.
 
+Events are printed oldest first; --limit N shows the newest N.
+
 ```
 llmgw-cli history replica demo-1
 llmgw-cli history node dev-node-1 --limit 20
@@ -51,7 +53,8 @@ Limit = Annotated[
     Parameter(
         converter=whole_number,
         validator=validators.Number(gte=1),
-        help="Show at most N events. [default: all]",
+        help="Show only the newest N events (of those after --after), still oldest first, "
+        "as tail -n does. [default: all]",
     ),
 ]
 After = Annotated[
@@ -137,7 +140,7 @@ def model_history(
     connection: ConnectionFlags | None = None,
 ) -> int:
     """Every event about one model: declarations, scaling, tuning, why it could not be
-    placed, and its replicas' placements.
+    placed, and its replicas' placements. --limit 20: the latest 20 of them.
 
     ```
     llmgw-cli history model qwen-2-7b --limit 20

@@ -1,4 +1,5 @@
-"""``/admin/v1/history/{subject}/{key}``: one entity's events, oldest first."""
+"""``/admin/v1/history/{subject}/{key}``: one entity's events, oldest first: the first of
+them, or the last (``before``)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,14 @@ class HistoryController(Controller):
     guards = [require_actor]
     tags = ["history"]
 
-    @get("/{subject:str}/{key:str}", summary="Events about one replica, node, model or key")
+    @get(
+        "/{subject:str}/{key:str}",
+        summary="Events about one replica, node, model or key",
+        description="Oldest first: the first `limit` events after `after`, `next_after` paging "
+        "on to newer ones. With `before`, the last `limit` events before it (and after "
+        "`after`) instead, still oldest first, `next_before` paging back to older ones: "
+        f"`before={MAX_POSITION}` reads the newest events.",
+    )
     async def history(
         self,
         store: NamedDependency[PostgresEventStore],
@@ -61,14 +69,24 @@ class HistoryController(Controller):
             int,
             QueryParameter(ge=0, le=MAX_POSITION, description="read events after this position"),
         ] = 0,
+        before: Annotated[
+            int | None,
+            QueryParameter(
+                ge=1,
+                le=MAX_POSITION,
+                description="read the newest events before this position, back from it",
+            ),
+        ] = None,
         limit: Annotated[int, QueryParameter(ge=1, le=5000)] = 500,
     ) -> HistoryPage:
         if subject is Subject.KEY:  # by id, prefix or name, as `keys revoke` takes it
             key = (await operations.find_key(key)).id
-        events = await read_history(store.engine, subject, key, after, limit)
+        events = await read_history(store.engine, subject, key, after, limit, before=before)
+        full = len(events) == limit
         return HistoryPage(
             kind=subject.value,
             id=key,
             events=[event_view(e) for e in events],
-            next_after=events[-1].position if len(events) == limit else None,
+            next_after=events[-1].position if full and before is None else None,
+            next_before=events[0].position if full and before is not None else None,
         )

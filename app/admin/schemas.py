@@ -43,7 +43,11 @@ class HistoryPage(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     events: list[EventView]
     next_after: int | None
-    """Pass as ``after`` to read the next page; null when this page is the last."""
+    """Pass as ``after`` to read the next page; null when this page is the last, and when
+    the page was read with ``before``."""
+    next_before: int | None = None
+    """For a page read with ``before``: pass as ``before`` to read the page of older events;
+    null when this page is the oldest, and when the page was read without ``before``."""
 
 
 def as_view(value: object, view: type[ViewT], **extra: object) -> ViewT:

@@ -40,17 +40,35 @@ _NUL = "\x00"
 
 
 async def read_history(
-    engine: AsyncEngine, subject: Subject, key: str, after: int = 0, limit: int = 500
+    engine: AsyncEngine,
+    subject: Subject,
+    key: str,
+    after: int = 0,
+    limit: int = 500,
+    *,
+    before: int | None = None,
 ) -> list[Recorded]:
+    """The first ``limit`` events about ``key`` after position ``after``; with ``before``,
+    the last ``limit`` of those before position ``before`` instead. Oldest first either
+    way."""
     if _NUL in key:
         return []
-    query = (
-        f"SELECT {RECORDED_COLUMNS} FROM events WHERE {subject.condition} "
-        "AND position > $2 ORDER BY position LIMIT $3"
-    )
+    if before is None:
+        query = (
+            f"SELECT {RECORDED_COLUMNS} FROM events WHERE {subject.condition} "
+            "AND position > $2 ORDER BY position LIMIT $3"
+        )
+        arguments: tuple[object, ...] = (key, after, limit)
+    else:
+        query = (
+            f"SELECT {RECORDED_COLUMNS} FROM events WHERE {subject.condition} "
+            "AND position > $2 AND position < $3 ORDER BY position DESC LIMIT $4"
+        )
+        arguments = (key, after, before, limit)
     async with connection(engine) as db:
-        rows = await db.fetch(query, key, after, limit)
-    return [record_from_row(row) for row in rows]
+        rows = await db.fetch(query, *arguments)
+    recorded = [record_from_row(row) for row in rows]
+    return recorded if before is None else recorded[::-1]
 
 
 async def read_correlated(

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import httpx
 import pytest
 import pytest_asyncio
 
@@ -42,6 +43,8 @@ from tests.support.seed import (
 from tests.support.serve_process import serving_process
 
 TOKEN = secrets.token_hex(16)
+NEWEST = 2**63 - 1
+"""The largest log position: history read back before it starts at the newest event."""
 
 
 @dataclass(frozen=True)
@@ -215,22 +218,43 @@ async def test_a_long_history_is_read_page_by_page(admin_api: AdminApi, operator
     everything = await operator.history(
         "node", node, "--output", "json", environment=admin_api.environment
     )
-    a_slice = await operator.history(
+    newest = await operator.history(
+        "node", node, "--output", "json", "--limit", "700", environment=admin_api.environment
+    )
+    newest_after = await operator.history(
         "node",
         node,
         "--output",
         "json",
         "--after",
-        str(positions[499]),
+        str(positions[1197]),
         "--limit",
-        "3",
+        "5",
         environment=admin_api.environment,
     )
 
     assert everything.code == 0, everything.stderr
     assert [e["position"] for e in json.loads(everything.stdout)] == positions
-    assert a_slice.code == 0, a_slice.stderr
-    assert [e["position"] for e in json.loads(a_slice.stdout)] == positions[500:503]
+    assert newest.code == 0, newest.stderr  # read back over two pages, printed oldest first
+    assert [e["position"] for e in json.loads(newest.stdout)] == positions[-700:]
+    assert newest_after.code == 0, newest_after.stderr  # only 3 are after --after
+    assert [e["position"] for e in json.loads(newest_after.stdout)] == positions[1198:]
+
+    async with httpx.AsyncClient(
+        base_url=admin_api.url, headers={"authorization": f"Bearer {TOKEN}"}
+    ) as client:
+        pages: list[list[int]] = []
+        before: int | None = NEWEST
+        while before is not None:
+            answer = await client.get(
+                f"/admin/v1/history/node/{node}", params={"before": before, "limit": 500}
+            )
+            assert answer.status_code == 200, answer.text
+            page = answer.json()
+            assert page["next_after"] is None
+            pages.append([e["position"] for e in page["events"]])
+            before = page["next_before"]
+    assert pages == [positions[-500:], positions[-1000:-500], positions[:-1000]]
 
 
 async def test_an_id_without_events_says_so_and_fails(

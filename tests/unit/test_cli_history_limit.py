@@ -1,0 +1,65 @@
+"""`llmgw-cli history ... --limit N` shows the newest N events, oldest first, as `tail -n`
+does: read back from the newest with ``before``, or, from a server older than ``before``,
+read through and cut to the last N."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from urllib.parse import parse_qs, urlsplit
+
+import msgspec
+import pytest
+
+from cli.config import ConnectionFlags
+from cli.history import node_history
+from tests.support.stub_admin import StubHandler, stub_admin_api
+
+POSITIONS = list(range(10, 17))
+
+
+def event(position: int) -> dict[str, object]:
+    return {
+        "position": position,
+        "recorded_at": "2026-12-01T09:00:00Z",
+        "stream": "node-gpu-1",
+        "type": "node_cordoned",
+        "actor": "alice",
+    }
+
+
+class ForwardOnly(StubHandler):
+    """The history endpoint before ``before``: pages on from ``after``, ignoring what it
+    does not know, with no ``next_before`` in its answer."""
+
+    def do_GET(self) -> None:
+        query = parse_qs(urlsplit(self.path).query)
+        after, limit = int(query["after"][0]), int(query["limit"][0])
+        page = [p for p in POSITIONS if p > after][:limit]
+        body = {
+            "kind": "node",
+            "id": "gpu-1",
+            "events": [event(p) for p in page],
+            "next_after": page[-1] if len(page) == limit else None,
+        }
+        self.answer(200, "application/json", msgspec.json.encode(body))
+
+
+@pytest.fixture
+def older_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    with stub_admin_api(ForwardOnly, monkeypatch) as url:
+        yield url
+
+
+@pytest.mark.parametrize(
+    ("limit", "after", "shown"), [(3, 0, [14, 15, 16]), (30, 12, [13, 14, 15, 16])]
+)
+def test_a_server_older_than_before_still_gives_the_newest_n(
+    older_server: str, capsys: pytest.CaptureFixture[str], limit: int, after: int, shown: list[int]
+) -> None:
+    flags = ConnectionFlags(admin_url=older_server)
+
+    code = node_history("gpu-1", output="json", limit=limit, after=after, connection=flags)
+
+    assert code == 0
+    assert [e["position"] for e in json.loads(capsys.readouterr().out)] == shown
