@@ -2,7 +2,9 @@
 
 Each setting comes from the first place that has it: a flag, an environment variable,
 the config file (``$LLMGW_CONFIG``, else ``$XDG_CONFIG_HOME/llmgw/cli.toml``, else
-``~/.config/llmgw/cli.toml``), then the default. The file is TOML with top-level keys::
+``~/.config/llmgw/cli.toml``), then the default. An admin API URL given empty, in any of
+them, is refused (exit code 2) naming where, rather than taken for the default. The file is
+TOML with top-level keys::
 
     admin_url = "https://llmgw.internal:8081"
     token = "..."                              # prefer LLMGW_ADMIN_TOKEN
@@ -55,7 +57,8 @@ class ConnectionFlags:
         str | None,
         Parameter(
             name="--admin-url",
-            help=f"Admin API URL. [default: $LLMGW_ADMIN_URL, else {DEFAULT_ADMIN_URL}]",
+            help="Admin API URL; an empty one is refused, wherever it is given. [default: "
+            f"$LLMGW_ADMIN_URL, else admin_url in the config file, else {DEFAULT_ADMIN_URL}]",
         ),
     ] = None
     token: Annotated[
@@ -118,13 +121,14 @@ def resolve_settings(
         value = pick(name)
         return Path(value).expanduser() if value else None
 
-    admin_url = (pick("admin_url") or DEFAULT_ADMIN_URL).rstrip("/")
+    given, source = _given_admin_url(flags, environ, from_file, config_file)
+    admin_url = given.rstrip("/")
     if not admin_url.startswith(("http://", "https://")):
         raise ConfigError(
             f"the admin API URL must start with http:// or https://, not {admin_url!r} "
-            f"(from --admin-url, ${SETTING_ENV['admin_url']} or {config_file})"
+            f"(from {source})"
         )
-    _check_host_and_port(admin_url, config_file)
+    _check_host_and_port(admin_url, source)
     return ConnectionSettings(
         admin_url=admin_url,
         token=pick("token"),
@@ -135,7 +139,35 @@ def resolve_settings(
     )
 
 
-def _check_host_and_port(admin_url: str, config_file: Path) -> None:
+def _given_admin_url(
+    flags: ConnectionFlags,
+    environ: Mapping[str, str],
+    from_file: Mapping[str, str],
+    config_file: Path,
+) -> tuple[str, str]:
+    """The admin API URL from the first place that gives one, and that place: the flag,
+    the environment, the config file, else the default. One given empty (or blank) is a
+    ``ConfigError``: the operator meant some URL, and the default may not be it. An
+    environment variable that is not set gives none."""
+    env = SETTING_ENV["admin_url"]
+    places = (
+        (flags.admin_url, "--admin-url", "leave the flag out"),
+        (environ.get(env), f"${env}", "unset it"),
+        (from_file.get("admin_url"), f"admin_url in {config_file}", "leave it out of the file"),
+    )
+    for value, source, otherwise in places:
+        if value is None:
+            continue
+        if not value.strip():
+            raise ConfigError(
+                f"{source} is empty: give the admin API URL, like https://llmgw.internal:8081, "
+                f"or {otherwise}"
+            )
+        return value, source
+    return DEFAULT_ADMIN_URL, "the default"
+
+
+def _check_host_and_port(admin_url: str, source: str) -> None:
     """A ``ConfigError`` when ``admin_url`` names no host, or a port that is not a number
     from 0 to 65535: a typo that no connection could follow."""
     try:
@@ -146,7 +178,7 @@ def _check_host_and_port(admin_url: str, config_file: Path) -> None:
     if parts is None or not parts.hostname:
         raise ConfigError(
             f"the admin API URL needs a host and port like https://llmgw.internal:8081, not "
-            f"{admin_url!r} (from --admin-url, ${SETTING_ENV['admin_url']} or {config_file})"
+            f"{admin_url!r} (from {source})"
         )
 
 

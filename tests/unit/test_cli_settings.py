@@ -1,6 +1,6 @@
 """Where llmgw-cli finds the operator certificate: flags, then environment (the current
 names, then the former ones), then the config file; an admin URL no connection could
-follow is a usage error."""
+follow, or one given empty, is a usage error."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.config import ConfigError, ConnectionFlags, resolve_settings
+from cli.config import DEFAULT_ADMIN_URL, ConfigError, ConnectionFlags, resolve_settings
+from cli.keys import list_keys
 
 
 def environment(tmp_path: Path, **settings: str) -> dict[str, str]:
@@ -76,3 +77,57 @@ def test_an_admin_url_without_a_usable_host_and_port_is_a_usage_error(
     (tmp_path / "cli.toml").write_text("")
     with pytest.raises(ConfigError, match="host and port"):
         resolve_settings(ConnectionFlags(admin_url=url), environment(tmp_path))
+
+
+@pytest.mark.parametrize("empty", ["", "  "])
+@pytest.mark.parametrize(
+    ("flag", "env", "in_file", "said"),
+    [
+        (True, None, None, "--admin-url is empty: give the admin API URL, like "
+         "https://llmgw.internal:8081, or leave the flag out"),
+        (False, True, None, "$LLMGW_ADMIN_URL is empty: give the admin API URL, like "
+         "https://llmgw.internal:8081, or unset it"),
+        (False, None, True, "admin_url in {file} is empty: give the admin API URL, like "
+         "https://llmgw.internal:8081, or leave it out of the file"),
+    ],
+)  # fmt: skip
+def test_an_admin_url_given_empty_is_refused_naming_where_not_taken_for_the_default(
+    tmp_path: Path, empty: str, flag: bool, env: bool | None, in_file: bool | None, said: str
+) -> None:
+    config = tmp_path / "cli.toml"
+    config.write_text(f'admin_url = "{empty}"\n' if in_file else "")
+    settings = environment(tmp_path, **({"LLMGW_ADMIN_URL": empty} if env else {}))
+
+    with pytest.raises(ConfigError) as refused:
+        resolve_settings(ConnectionFlags(admin_url=empty if flag else None), settings)
+
+    assert str(refused.value) == said.format(file=config)
+
+
+def test_an_empty_admin_url_flag_exits_2_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LLMGW_CONFIG", "/dev/null")
+
+    code = list_keys(connection=ConnectionFlags(admin_url=""))
+
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "llmgw-cli keys list: --admin-url is empty: give the admin API URL, like "
+        "https://llmgw.internal:8081, or leave the flag out\n"
+    )
+
+
+def test_an_unset_admin_url_is_the_default_and_a_flag_beats_an_empty_variable(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "cli.toml").write_text("")
+
+    unset = resolve_settings(ConnectionFlags(), environment(tmp_path))
+    flag = resolve_settings(
+        ConnectionFlags(admin_url="https://llmgw.internal:8081"),
+        environment(tmp_path, LLMGW_ADMIN_URL=""),
+    )
+
+    assert unset.admin_url == DEFAULT_ADMIN_URL
+    assert flag.admin_url == "https://llmgw.internal:8081"
