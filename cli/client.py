@@ -221,14 +221,12 @@ UNREADABLE = (msgspec.DecodeError, RecursionError)
 """What decoding an answer raises when it is no document the client can read: not JSON, not
 the shape expected, or nested deeper than the decoder recurses (even in a member it skips)."""
 
-_problem_decoder = msgspec.json.Decoder(Problem)
 _members_decoder = msgspec.json.Decoder(dict[str, object])
 _key_created_decoder = msgspec.json.Decoder(KeyCreated)
 _key_list_decoder = msgspec.json.Decoder(list[KeyView])
 _raw_list_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 _key_change_decoder = msgspec.json.Decoder(KeyChange)
 _tuning_decoder = msgspec.json.Decoder(TuningResult)
-_field_errors_decoder = msgspec.json.Decoder(FieldErrors)
 _readiness_decoder = msgspec.json.Decoder(Readiness)
 
 
@@ -551,10 +549,8 @@ class AdminClient:
     def _error_answer(self, response: httpx.Response) -> ClientError:
         if response.status_code == 401:
             return AuthenticationRequired(self._authentication_advice())
-        try:
-            problem = _problem_decoder.decode(response.content)
-        except UNREADABLE:
-            problem = Problem()
+        document = _problem_document(response.content)
+        problem = _converted(document, Problem) or Problem()
         detail = problem.detail or problem.title
         if not detail:
             detail = (
@@ -562,17 +558,13 @@ class AdminClient:
                 f"{response.reason_phrase} without a problem document, so it is not the llmgw "
                 f"admin API (or a proxy in front of it failed): check {SETTING_ENV['admin_url']}"
             )
-        try:
-            sent = _field_errors_decoder.decode(response.content).errors
-            errors = tuple(error for error in sent if error.field)
-        except UNREADABLE:
-            errors = ()
+        sent = _converted(document, FieldErrors) or FieldErrors()
         return ApiProblem(
             response.status_code,
             detail,
-            errors,
+            tuple(error for error in sent.errors if error.field),
             title=problem.title,
-            extra=_extra_members(response.content),
+            extra={k: v for k, v in document.items() if k not in PROBLEM_MEMBERS},
         )
 
     def _authentication_advice(self) -> str:
@@ -625,14 +617,23 @@ PROBLEM_MEMBERS = frozenset({"type", "title", "status", "detail", "instance", "e
 (``ApiProblem``'s attributes)."""
 
 
-def _extra_members(content: bytes) -> dict[str, object]:
-    """The members of a problem document besides ``PROBLEM_MEMBERS``; none when it is no
-    JSON object."""
+def _problem_document(content: bytes) -> dict[str, object]:
+    """An error answer's body, decoded once, as the members of a JSON object (a problem
+    document); none when it is no JSON object the client can read."""
     try:
-        document = _members_decoder.decode(content)
+        return _members_decoder.decode(content)
     except UNREADABLE:
         return {}
-    return {name: value for name, value in document.items() if name not in PROBLEM_MEMBERS}
+
+
+def _converted(document: dict[str, object], shape: type[_T]) -> _T | None:
+    """The members of ``document`` that ``shape`` declares, as ``shape``; None when one of
+    them is not of its type (each shape is read on its own: a bad ``errors`` costs no
+    ``detail``)."""
+    try:
+        return msgspec.convert(document, shape)
+    except msgspec.ValidationError:
+        return None
 
 
 def _in_chain(exc: BaseException, kind: type[_E]) -> _E | None:
