@@ -44,6 +44,13 @@ MAX_PAGE_BYTES = MAX_METRICS_PAGE_BYTES
 """The most of a ``/metrics`` page a scrape reads (``wire.metrics_page``, shared with
 ``llmgw-cli bench``); the page is read four times a second."""
 
+MAX_READING = 1e9
+"""The largest figure a reading holds: a larger one (``+Inf``, or samples whose sum
+overflows) reads as this. It is still full, far above any ``target_waiting`` and any KV
+usage, and it stays finite: the bound of the ``prefix`` and ``session`` policies adds the
+replicas' counts up and rounds its shares to whole requests, which an infinite count made
+raise for every keyed request of the model (``app.domain.rendezvous``)."""
+
 WAITING_NAMES = signal_names("waiting")
 RUNNING_NAMES = signal_names("running")
 KV_NAMES = signal_names("kv_usage")
@@ -96,7 +103,7 @@ def _a_gauge_reading(value: float) -> bool:
     """Whether ``value`` can be a queue length or a usage: a number not below 0. An engine
     whose page says -1e9 waiting (or -inf KV usage) would look idler than idle and draw
     its model's traffic; such a sample is skipped like a line that cannot be read. +Inf
-    stays: it reads as full, which draws nothing."""
+    stays: it reads as full, which draws nothing (``read_engine_signals`` keeps it finite)."""
     return value >= 0.0  # False for NaN too
 
 
@@ -122,7 +129,12 @@ def _parse_sample(line: str) -> tuple[str, float] | None:
 
 
 def read_engine_signals(text: str) -> EngineReading | None:
-    totals = sum_samples(text, SIGNAL_NAMES)
+    """The engine's reading; each figure at most ``MAX_READING``, however large its page
+    says it is."""
+    totals = {
+        name: total if total <= MAX_READING else MAX_READING
+        for name, total in sum_samples(text, SIGNAL_NAMES).items()
+    }
     waiting_name = _first_present(WAITING_NAMES, totals)
     kv_name = _first_present(KV_NAMES, totals)
     if waiting_name is None and kv_name is None:

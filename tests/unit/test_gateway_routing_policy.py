@@ -9,9 +9,11 @@ import tracemalloc
 
 import msgspec
 
+from app.gateway.admission import Signals
 from app.gateway.affinity import RouteKey, route_key
 from app.gateway.ejection import EjectionPolicy
 from app.gateway.router import MIN_BOUND, Lease, Router
+from app.gateway.signals import read_engine_signals
 from app.gateway.table import GatewaySnapshot, Route, RoutePolicy
 
 MODEL = "m"
@@ -310,3 +312,35 @@ def test_a_huge_role_or_session_key_is_read_only_as_far_as_the_key_goes() -> Non
             tracemalloc.stop()
         assert peak < len(body) // 4
         assert key == key_of(body.replace(huge.encode(), b"x" * 2000), SESSION)
+
+
+async def test_an_engine_that_says_infinity_does_not_break_its_models_keyed_routing() -> None:
+    # +Inf (or two figures whose sum overflows) is a reading of "full" for admission; the
+    # bound adds the replicas' counts up, and an infinite total made its arithmetic raise
+    # for every keyed request of the model, whichever replica was the key's home.
+    clock = [100.0]
+    router = Router(clock=lambda: clock[0])
+    router.update(table(*FOUR))
+    pages = (
+        "vllm:num_requests_running +Inf\nvllm:num_requests_waiting 0\n",
+        "vllm:num_requests_waiting +Inf\n",
+        'vllm:num_requests_running{engine="0"} 1e308\n'
+        'vllm:num_requests_running{engine="1"} 1e308\n'
+        "vllm:num_requests_waiting 0\n",
+    )
+    for page in pages:
+        reading = read_engine_signals(page)
+        assert reading is not None
+        for state in router._replicas.values():
+            state.signals = Signals(waiting=0.0, running=0.0, kv_usage=0.0, scraped_at=clock[0])
+        shouting = router._replicas[FOUR[0].replica_id]
+        shouting.signals = Signals(
+            waiting=reading.waiting,
+            running=reading.running,
+            kv_usage=reading.kv_usage,
+            scraped_at=clock[0],
+        )
+        for n in range(20):
+            lease = await router.acquire(MODEL, "k", route_key=key_of(chat("s", f"q{n}")))
+            assert lease.route.replica_id != shouting.route.replica_id, page
+            lease.release()
