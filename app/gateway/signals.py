@@ -3,13 +3,18 @@
 Metric names differ by engine and come from the engine profiles (``wire.engines``); the
 gateway looks for every profile's names, in profile order, and the first name found wins,
 each summed over every series (an engine with several ``engine`` label values reports them
-all):
+all), but for the KV usage (below):
 
 - vLLM: waiting ``vllm:num_requests_waiting``, running ``vllm:num_requests_running``, KV
   ``vllm:kv_cache_usage_perc`` (``vllm:gpu_cache_usage_perc`` in older releases);
 - SGLang: ``sglang:num_queue_reqs``, ``sglang:num_running_reqs``, ``sglang:token_usage``;
 - llama.cpp: ``llamacpp:requests_deferred``, ``llamacpp:requests_processing``, and no KV
   gauge in current builds (``llamacpp:kv_cache_usage_ratio`` in older ones).
+
+The KV usage is a fraction of one engine's cache, so of several series the fullest one's
+is taken, not their sum: two data-parallel engines each 45 % full are not 90 % full, and
+``kv_ceiling`` (which ``llmgw-cli bench`` sets from the fullest engine's usage too,
+``cli.bench.metrics``) would refuse the replica at half its cache.
 
 Routes do not say which engine serves them, and an ``openai`` engine may be any of these:
 so the names, not the spec, say which engine answers.
@@ -29,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from operator import add
 
 import aiohttp
 import msgspec
@@ -77,8 +83,11 @@ class EngineReading(msgspec.Struct, frozen=True, kw_only=True):
     they read 0, and admission goes by the others."""
 
 
-def sum_samples(text: str, names: frozenset[str]) -> dict[str, float]:
-    """Samples of the metrics in ``names`` from Prometheus text, summed over their series.
+def sum_samples(
+    text: str, names: frozenset[str], highest: frozenset[str] = frozenset()
+) -> dict[str, float]:
+    """Samples of the metrics in ``names`` from Prometheus text, summed over their series;
+    of those also in ``highest``, the highest of their series instead.
 
     Lines that cannot be read, and values no gauge of these can hold (NaN, negative), are
     skipped: one odd line must not hide the others.
@@ -89,12 +98,13 @@ def sum_samples(text: str, names: frozenset[str]) -> dict[str, float]:
     page = "\n" + text
     for name in names:
         needle = "\n" + name
+        combine = max if name in highest else add
         start = page.find(needle)
         while start != -1:
             end = page.find("\n", start + 1)
             parsed = _parse_sample(page[start + 1 : end if end != -1 else None].rstrip("\r"))
             if parsed is not None and parsed[0] == name and _a_gauge_reading(parsed[1]):
-                totals[name] = totals.get(name, 0.0) + parsed[1]
+                totals[name] = combine(totals.get(name, 0.0), parsed[1])
             start = -1 if end == -1 else page.find(needle, end)
     return totals
 
@@ -133,7 +143,7 @@ def read_engine_signals(text: str) -> EngineReading | None:
     says it is."""
     totals = {
         name: total if total <= MAX_READING else MAX_READING
-        for name, total in sum_samples(text, SIGNAL_NAMES).items()
+        for name, total in sum_samples(text, SIGNAL_NAMES, frozenset(KV_NAMES)).items()
     }
     waiting_name = _first_present(WAITING_NAMES, totals)
     kv_name = _first_present(KV_NAMES, totals)

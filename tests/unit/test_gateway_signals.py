@@ -15,7 +15,9 @@ from agent.simulator.metrics import (
     SimulatedProfile,
     render,
 )
+from app.gateway.admission import Candidate, Signals, assess
 from app.gateway.signals import ADMITTED_BY, read_engine_signals, sum_samples
+from app.gateway.table import Route
 
 SGLANG = """\
 # HELP sglang:num_running_reqs The number of running requests.
@@ -129,7 +131,7 @@ def test_the_newer_kv_name_wins_when_both_are_there() -> None:
     assert reading.kv_usage == 0.7
 
 
-def test_series_are_summed_across_the_engine_label() -> None:
+def test_counts_are_summed_across_the_engine_label_and_kv_usage_is_the_fullest_engines() -> None:
     text = (
         'vllm:num_requests_waiting{engine="0",model_name="m"} 2\n'
         'vllm:num_requests_waiting{engine="1",model_name="m"} 3\n'
@@ -139,8 +141,30 @@ def test_series_are_summed_across_the_engine_label() -> None:
     reading = read_engine_signals(text)
     assert reading is not None
     assert reading.waiting == 5
-    assert math.isclose(reading.kv_usage, 0.3)
+    assert reading.kv_usage == 0.2
     assert reading.running == 0  # not exposed: nothing known to be running
+
+
+def test_a_data_parallel_replica_half_full_is_not_refused_for_a_full_cache() -> None:
+    # Two engines behind one server, each 45 % full: summed, their usage read 0.9, above
+    # the default ceiling of 0.8, and the replica was refused at half its cache.
+    page = (
+        'vllm:num_requests_waiting{engine="0"} 0\n'
+        'vllm:num_requests_waiting{engine="1"} 0\n'
+        'vllm:kv_cache_usage_perc{engine="0"} 0.45\n'
+        'vllm:kv_cache_usage_perc{engine="1"} 0.45\n'
+    )
+    reading = read_engine_signals(page)
+    assert reading is not None
+    replica = Candidate(
+        route=Route(replica_id="r", model="m", url="http://r"),
+        signals=Signals(
+            waiting=reading.waiting, running=0.0, kv_usage=reading.kv_usage, scraped_at=0.0
+        ),
+        in_flight=0,
+        reserved=0,
+    )
+    assert assess(replica, now=0.0, stale_after_s=1.0) is not None
 
 
 def test_odd_labels_timestamps_and_bad_lines_do_not_confuse_the_reader() -> None:
