@@ -6,8 +6,10 @@ the members in descending score, its home the first. ``-ln(u)`` is exponentially
 distributed, so ``-ln(u) / weight`` is too, at rate ``weight``, and the least of such
 independent draws is a given member's with probability its weight over the total weight:
 each member is home to its weight's share of the keys, whatever the weights' scale (1e-3
-beside 1e6 as well as 1 beside 2). Members of zero (or negative) weight come after all the
-others, in the order of their draws: home to no key while another member has weight.
+beside 1e6 as well as 1 beside 2). Members of zero (or negative, or NaN) weight come after
+all the others, in the order of their draws: home to no key while another member has
+weight. A weight beyond the spec's bounds (only a routing table written otherwise has one)
+is walked as the nearest bound (``usable_weight``).
 
 A member's score for a key depends on the key, its id and its weight, and on nothing else:
 
@@ -69,6 +71,8 @@ from itertools import repeat
 from operator import mul, sub
 from typing import Literal, NamedTuple
 
+from app.domain.model_spec import MAX_WEIGHT, MIN_WEIGHT
+
 Reason = Literal["home", "over_bound", "refused"]
 """Why a pick landed where it did: ``home`` (the key's own replica took it), ``over_bound``
 (the replicas before it on the walk were above their bound) or ``refused`` (the first
@@ -86,6 +90,16 @@ request with that key is walked past it, so its walk is remembered rather than s
 each; with 64 members, the last 64 such keys'."""
 _FLOOR_SCALE = 2.0**64 * (1 - 1e-9)
 """``2**64``, less a margin far wider than the rounding of the floor's sums."""
+
+
+def usable_weight(weight: float) -> float:
+    """The weight a member is walked with: 0 for none (at or below 0, or NaN), else within
+    the bounds a spec accepts (``MIN_WEIGHT`` to ``MAX_WEIGHT``), which the weights of a
+    valid routing table are already. Beyond them, an infinite weight made the bounds NaN,
+    and one whose inverse is infinite made the scores NaN: every pick raised."""
+    if not weight > 0.0:
+        return 0.0
+    return MIN_WEIGHT if weight < MIN_WEIGHT else float(min(weight, MAX_WEIGHT))
 
 
 def key_hash(data: bytes) -> int:
@@ -144,7 +158,7 @@ class Rendezvous:
 
     def __init__(self, members: Sequence[tuple[str, float]]) -> None:
         self.members: tuple[str, ...] = tuple(sorted({m for m, _ in members}))
-        self.weights: dict[str, float] = {m: w if w > 0.0 else 0.0 for m, w in members}
+        self.weights: dict[str, float] = {m: usable_weight(w) for m, w in members}
         # Lanes: the members with weight, heaviest first, then those without.
         weighted = sorted((m for m in self.members if self.weights[m] > 0.0), key=self._heavier)
         self._lanes = (*weighted, *(m for m in self.members if self.weights[m] == 0.0))

@@ -270,6 +270,24 @@ def test_members_without_weight_are_home_to_no_key_and_last_on_every_walk() -> N
     assert 0.47 <= shares["a"] / len(KEYS) <= 0.53
 
 
+def test_weights_the_spec_refuses_are_walked_as_its_nearest_and_never_break_a_pick() -> None:
+    # A routing table written otherwise than by the spec: an infinite weight made the bound
+    # NaN, and weights so small that their inverse is infinite made the draws' scores NaN;
+    # either failed every keyed request of the model.
+    tables = (
+        [("m-1", math.inf), ("m-2", 1.0)],
+        [("m-1", 5e-324), ("m-2", 5e-324)],
+        [("m-1", 1e-300), ("m-2", 1.0), ("m-3", math.nan)],
+    )
+    for members in tables:
+        rendezvous = Rendezvous(members)
+        for k in KEYS[:200]:
+            pick = rendezvous.pick(k, load_of=lambda member: 1.0, load_factor=0.25)
+            assert pick.member is not None
+    assert Rendezvous(tables[0]).weights == {"m-1": 1e6, "m-2": 1.0}  # MAX_WEIGHT
+    assert Rendezvous(tables[2]).weights == {"m-1": 1e-3, "m-2": 1.0, "m-3": 0.0}  # MIN_WEIGHT
+
+
 # -- the same walks in every process ---------------------------------------------------
 
 
