@@ -207,17 +207,25 @@ class MetricsScraper:
             try:
                 reading = await self.scrape_once()
             except ScrapeFailed as exc:
-                self._report(sequence, None)
                 self._note_failure(str(exc))
+                self._report_or_log(sequence, None)
             except Exception:
                 # A bug here must not end the scraper: its replica would stay stale for ever.
                 log.exception("engine_metrics_scrape_crashed")
-                self._report(sequence, None)
                 self._failing = True
+                self._report_or_log(sequence, None)
             else:
-                self._report(sequence, reading)
                 self._note_success(reading)
+                self._report_or_log(sequence, reading)
             await asyncio.sleep(self._interval_s)
+
+    def _report_or_log(self, sequence: int, reading: EngineReading | None) -> None:
+        """Hand the reading on. The router serves its waiters there, and a bug of its must
+        not end the scraper either: the replica would stay stale for ever."""
+        try:
+            self._report(sequence, reading)
+        except Exception:
+            log.exception("engine_metrics_report_crashed")
 
     async def scrape_once(self) -> EngineReading:
         try:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 
+import aiohttp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,8 +18,15 @@ from agent.simulator.metrics import (
     render,
 )
 from app.gateway.admission import Candidate, Signals, assess
-from app.gateway.signals import ADMITTED_BY, read_engine_signals, sum_samples
+from app.gateway.signals import (
+    ADMITTED_BY,
+    EngineReading,
+    MetricsScraper,
+    read_engine_signals,
+    sum_samples,
+)
 from app.gateway.table import Route
+from tests.support.waiting import wait_until
 
 SGLANG = """\
 # HELP sglang:num_running_reqs The number of running requests.
@@ -223,3 +232,39 @@ def test_any_label_values_sum_to_the_total(series: list[tuple[str, int]]) -> Non
     reading = read_engine_signals(text)
     assert reading is not None
     assert reading.waiting == sum(value for _, value in series)
+
+
+class _AnsweringScraper(MetricsScraper):
+    """A scraper whose engine always answers: no socket, the reading is given."""
+
+    async def scrape_once(self) -> EngineReading:
+        return EngineReading(waiting=0.0, running=0.0, kv_usage=0.0, names=())
+
+
+async def test_a_scraper_goes_on_when_the_router_fails_to_take_a_reading() -> None:
+    # A bug where the reading is taken (the router serves its waiters there) must not end
+    # the scraper as a bug in the scrape does not: its replica would stay stale for ever.
+    reports: list[int] = []
+
+    def report(sequence: int, reading: EngineReading | None) -> None:
+        reports.append(sequence)
+        if len(reports) == 1:
+            raise OverflowError("cannot convert float infinity to integer")
+
+    async with aiohttp.ClientSession() as session:
+        scraper = _AnsweringScraper(
+            replica_id="r-1",
+            url="http://unused",
+            session=session,
+            interval_s=0.01,
+            timeout_s=1.0,
+            begin=lambda: len(reports) + 1,
+            report=report,
+        )
+        task = asyncio.get_running_loop().create_task(scraper.run())
+        try:
+            await wait_until(lambda: len(reports) >= 2 or task.done(), what="a second report")
+            assert not task.done(), task.exception()
+        finally:
+            task.cancel()
+            await asyncio.wait([task])
