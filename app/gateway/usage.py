@@ -6,7 +6,9 @@ untouched, so it is not parsed event by event: the counter watches the bytes go 
 the JSON events, and keeps the stream's last few KiB, where the engine puts the usage chunk
 when the client asked for it (``stream_options.include_usage``), or, in a Responses API
 stream, the ``response.completed`` event with its usage. Without one, each event
-counts as one token, which is what a streamed chunk usually carries.
+counts as one token, which is what a streamed chunk usually carries. An event is a
+``data:`` line of a JSON object, with or without the space that SSE allows after the colon,
+wherever the engine's pieces of the stream happen to cut it.
 
 The figures are the engine's word, and an engine may be buggy or hostile: each figure read
 must be a whole number from 0 to ``MAX_FIGURE``. Usage with any other figure (negative,
@@ -39,7 +41,11 @@ _USAGE = rb'"usage"\s*:\s*\{(?:[^{}]|\{[^{}]*\})*?'
 _NUMBER = rb"\s*:\s*(-?[0-9][0-9.eE+-]*)"
 _TOTAL_TOKENS = re.compile(_USAGE + rb'"total_tokens"' + _NUMBER)
 _COMPLETION_TOKENS = re.compile(_USAGE + rb'"(?:completion|output)_tokens"' + _NUMBER)
-_EVENT = b"data: {"
+_SPACED = b"data: {"
+_UNSPACED = b"data:{"
+"""How a JSON event's line starts: SSE makes the space after the colon optional (an axum
+server writes none)."""
+_NEWLINE = ord("\n")
 
 Figure = Annotated[int, msgspec.Meta(ge=0, le=MAX_FIGURE)]
 
@@ -97,10 +103,13 @@ class StreamTokens:
     ``app.gateway.traffic``), so ``feed`` costs little: the tail is the last chunks, kept
     as they came, and joined only when read."""
 
-    __slots__ = ("_events", "_tail", "_tail_bytes", "unusable")
+    __slots__ = ("_event", "_events", "_tail", "_tail_bytes", "unusable")
 
     def __init__(self) -> None:
         self._events = 0
+        self._event = _SPACED
+        """How this stream's events start: one engine writes them all alike, so only the
+        one form is looked for, once the stream shows which."""
         self.unusable = False
         """Whether the usage chunk had a figure that is no ``Figure`` (and was ignored)."""
         self._tail: collections.deque[bytes] = collections.deque()
@@ -108,12 +117,39 @@ class StreamTokens:
         """At least the last ``STREAM_TAIL_BYTES`` of the stream, in ``_tail``."""
 
     def feed(self, chunk: bytes) -> None:
-        self._events += chunk.count(_EVENT)
+        if not chunk:
+            return
+        event = self._event
+        found = chunk.count(event)
+        if not found and event is _SPACED and _UNSPACED in chunk:
+            event = self._event = _UNSPACED
+            found = chunk.count(event)
         tail = self._tail
+        if tail and tail[-1][-1] != _NEWLINE:
+            # The last piece ended mid-line (rare: an engine writes whole events), maybe
+            # within an event's start.
+            found += self._across_seam(chunk)
+        self._events += found
         tail.append(chunk)
         self._tail_bytes += len(chunk)
         while self._tail_bytes - len(tail[0]) >= STREAM_TAIL_BYTES:
             self._tail_bytes -= len(tail.popleft())
+
+    def _across_seam(self, chunk: bytes) -> int:
+        """Events whose start the last piece and ``chunk`` share: each side is looked at
+        for one byte less than the start has, so none counts twice."""
+        before = b""
+        for piece in reversed(self._tail):
+            before = piece[-len(_SPACED) :] + before
+            if len(before) >= len(_SPACED):
+                break
+        found = 0
+        for event in (_SPACED, _UNSPACED):
+            side = len(event) - 1
+            if seam := (before[-side:] + chunk[:side]).count(event):
+                self._event = event
+                found += seam
+        return found
 
     def total(self) -> int:
         """The usage chunk's ``total_tokens`` when the stream had a usable one, else one per

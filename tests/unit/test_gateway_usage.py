@@ -108,3 +108,27 @@ def test_a_streams_unusable_figure_counts_one_token_per_event(figure: bytes) -> 
         b'"total_tokens": %s}}\n\ndata: [DONE]\n\n' % (figure, figure)
     )
     assert (tokens.total(), tokens.output_tokens(), tokens.unusable) == (3, 3, True)
+
+
+def pieces(stream: bytes, sizes: list[int]) -> list[bytes]:
+    """``stream`` cut as a network may deliver it: pieces of ``sizes`` bytes, in turn."""
+    cut: list[bytes] = []
+    at = 0
+    while at < len(stream):
+        size = sizes[len(cut) % len(sizes)]
+        cut.append(stream[at : at + size])
+        at += size
+    return cut
+
+
+@pytest.mark.parametrize(
+    "sizes", [[1], [3], [5, 2], [6], [7, 1], [50]], ids=lambda sizes: "-".join(map(str, sizes))
+)
+@pytest.mark.parametrize("space", [b" ", b""], ids=["data: {", "data:{"])
+def test_events_are_counted_however_the_stream_is_cut(sizes: list[int], space: bytes) -> None:
+    stream = b"".join(chunk(word) for word in ["a", "bb", "ccc", "dddd"]) + b"data: [DONE]\n\n"
+    tokens = StreamTokens()
+    for piece in pieces(stream.replace(b"data: ", b"data:" + space), sizes):
+        tokens.feed(piece)
+    assert tokens.total() == 4  # was 0 a byte at a time, and for every data:{ stream
+    assert tokens.output_tokens() == 4
