@@ -9,7 +9,8 @@ errors included.
 Relaying: a whole answer is read and sent on (an error body in OpenAI's shape); a stream's
 server-sent events go to the client as they arrive, unparsed, ending with the engine's own
 ``data: [DONE]``. If the engine dies mid-stream the client gets an error event and
-``data: [DONE]`` instead of a stream that just stops.
+``data: [DONE]`` instead of a stream that just stops; an event the engine had sent only
+part of is not relayed (``app.gateway.sse``), so the error event is one of its own.
 
 Cancellation is the caller's: cancelling the task that awaits any of these and then
 closing the answer (``Opened.close``) closes the upstream connection, which is how an
@@ -65,6 +66,7 @@ from app.gateway.errors import (
     upstream_unreachable,
 )
 from app.gateway.router import Lease, NoServingReplica, Router
+from app.gateway.sse import WholeEvents
 from app.gateway.traffic import TrafficWindow
 from app.gateway.usage import StreamTokens
 
@@ -350,6 +352,7 @@ async def relay_stream(
     headers.append((b"content-type", answer.content_type or b"text/event-stream"))
     headers.append((b"cache-control", b"no-cache"))
     await send({"type": "http.response.start", "status": 200, "headers": headers})
+    events = WholeEvents()
     first = True
     more = True
     try:
@@ -357,15 +360,18 @@ async def relay_stream(
             # A chunk with the engine's answer all read ends the client's answer too: its
             # last chunk leaves with it, in one write.
             more = not answer.ended
+            # Whole events only, so that an engine dying mid-event leaves none half sent.
+            body = events.cut(chunk) if more else events.rest(chunk)
             if first:
                 first = False
                 on_first_chunk()
                 # Relayed before the bookkeeping, which the client need not wait for.
-                await send({"type": "http.response.body", "body": chunk, "more_body": more})
+                if body or not more:
+                    await send({"type": "http.response.body", "body": body, "more_body": more})
                 opened.lease.first_byte()
                 opened.lease.succeeded()
-            else:
-                await send({"type": "http.response.body", "body": chunk, "more_body": more})
+            elif body or not more:
+                await send({"type": "http.response.body", "body": body, "more_body": more})
             if tokens is not None:
                 tokens.feed(chunk)
     except AnswerBroken as exc:
@@ -373,12 +379,13 @@ async def relay_stream(
             opened.lease.failed(_broken_reason(exc))  # nothing of the stream came
         if isinstance(exc, AnswerStalled):
             _log_timeout(opened.lease, exc.bound, exc.timeout_s)
+        events.drop()
         message = f"The engine stopped answering mid-stream: {exc}"
         await send({"type": "http.response.body", "body": stream_error_events(message)})
         return False
     opened.lease.succeeded()  # a stream that ended without a piece ended all the same
     if more:
-        await send({"type": "http.response.body", "body": b""})
+        await send({"type": "http.response.body", "body": events.rest()})
     return True
 
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 import aiohttp
 import httpx
+import openai
 import pytest
 
 from app.gateway.engine_client import MAX_ANSWER_BYTES
@@ -26,6 +27,7 @@ from app.gateway.signals import MAX_PAGE_BYTES, EngineReading, MetricsScraper, S
 from app.gateway.table import Route
 from tests.support.bad_engine import (
     GAUGE,
+    HANG_UP,
     PAGE_HEAD,
     BadEngine,
     Sent,
@@ -248,6 +250,62 @@ def test_a_streams_unusable_usage_charges_one_token_per_event(figure: bytes, cha
         assert answer.text.endswith("data: [DONE]\n\n")
         assert remaining_tokens(client) == TPM - charged
         assert unusable_count(gateway) == (0 if charged == 8 else 1)
+
+
+# -- streams cut short ---------------------------------------------------------------------
+
+STREAM_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+
+
+def chunked(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def delta(content: bytes) -> bytes:
+    return (
+        b'data: {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", '
+        b'"choices": [{"index": 0, "delta": {"content": "%s"}}]}' % content
+    )
+
+
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n"], ids=["lf", "crlf"])
+@pytest.mark.parametrize(
+    "cut",
+    [
+        pytest.param(lambda event, end: [event[:40]], id="in-an-event"),
+        pytest.param(lambda event, end: [event[:3], event[3:40]], id="in-pieces"),
+        pytest.param(lambda event, end: [event + end[:1]], id="before-its-blank-line"),
+        pytest.param(lambda event, end: [b"", event[:40]], id="after-an-empty-piece"),
+    ],
+)
+def test_an_engine_dying_mid_event_ends_the_stream_with_an_error_event_of_its_own(
+    newline: bytes, cut: Callable[[bytes, bytes], list[bytes]]
+) -> None:
+    end = newline * 2
+    sent = [delta(b"a") + end + delta(b"b") + end, *cut(delta(b"c"), end)]
+    story = [STREAM_HEAD, *(chunked(piece) for piece in sent if piece), HANG_UP]
+    with (
+        BadEngine(first_post_then_ok(story)) as engine,
+        gateway_before(engine) as (client, gateway),
+        openai.OpenAI(
+            base_url=gateway.url,
+            api_key=client.headers["authorization"].removeprefix("Bearer "),
+            max_retries=0,
+        ) as sdk,
+    ):
+        stream = sdk.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "first"}], stream=True
+        )
+        received: list[str | None] = []
+        with pytest.raises(openai.APIError) as raised:
+            received.extend(part.choices[0].delta.content for part in stream)
+
+    # Was a JSONDecodeError: half an event and the gateway's error event, read as one.
+    assert received == ["a", "b"]
+    assert isinstance(raised.value.body, dict)
+    assert raised.value.body["code"] == "upstream_disconnected"
 
 
 # -- the /metrics page the gateway scrapes --------------------------------------------------

@@ -10,8 +10,9 @@ thread per connection, speaking just enough HTTP/1.1 to read requests.
 
 What ``story`` yields is written piece by piece; then the connection waits for the next
 request, as a kept-alive one does. ``GET /metrics`` is answered by ``metrics`` (404 by
-default, as an engine without an exporter does). ``closed_after_post`` counts connections
-that carried a POST and that the gateway closed: how a test sees the gateway drop an
+default, as an engine without an exporter does); a story that yields ``HANG_UP`` has its
+connection closed there. ``closed_after_post`` counts connections that carried a POST and
+that the gateway (or a story's ``HANG_UP``) closed: how a test sees the gateway drop an
 engine's connection.
 """
 
@@ -25,6 +26,9 @@ from types import TracebackType
 Story = Callable[[bytes], Iterable[bytes]]
 
 NOT_FOUND = b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"
+HANG_UP = b"(hang up)"
+"""Yielded by a story (this very object): the engine closes the connection there, mid-answer
+as a crashed one does."""
 
 
 def json_answer(body: bytes, status: bytes = b"200 OK") -> bytes:
@@ -168,14 +172,23 @@ class BadEngine:
                         with self._lock:
                             self.posts.append(request)
                         pieces = self._story(request)
-                    for piece in pieces:
-                        connection.sendall(piece)
+                    if not _write(connection, pieces):
+                        break
             except OSError:
                 pass  # reset by the gateway: closed all the same
         if posted:
             with self._closed:
                 self.closed_after_post += 1
                 self._closed.notify_all()
+
+
+def _write(connection: socket.socket, pieces: Iterable[bytes]) -> bool:
+    """Write ``pieces``; whether the connection stays open (the story did not hang up)."""
+    for piece in pieces:
+        if piece is HANG_UP:
+            return False
+        connection.sendall(piece)
+    return True
 
 
 def _read_request(connection: socket.socket, buffered: bytes) -> tuple[bytes | None, bytes]:
