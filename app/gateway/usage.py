@@ -5,7 +5,10 @@ A whole answer carries ``usage``; only that field is decoded. A stream is passed
 untouched, so it is not parsed event by event: the counter watches the bytes go by, counts
 the JSON events, and keeps the stream's last few KiB, where the engine puts the usage chunk
 when the client asked for it (``stream_options.include_usage``), or, in a Responses API
-stream, the ``response.completed`` event with its usage. Without one, each event
+stream, the ``response.completed`` event with its usage. That event ends with what the
+request said after its usage (vLLM echoes the client's ``user``, and the messages in and
+out when asked to), which a client can make longer than the tail: so the counter also keeps
+the few KiB that follow the stream's last ``"usage"`` key, wherever it is. Without one, each event
 counts as one token, which is what a streamed chunk usually carries. An event is a
 ``data:`` line of a JSON object, with or without the space that SSE allows after the colon,
 wherever the engine's pieces of the stream happen to cut it.
@@ -46,6 +49,7 @@ _UNSPACED = b"data:{"
 """How a JSON event's line starts: SSE makes the space after the colon optional (an axum
 server writes none)."""
 _NEWLINE = ord("\n")
+_USAGE_KEY = b'"usage"'
 
 Figure = Annotated[int, msgspec.Meta(ge=0, le=MAX_FIGURE)]
 
@@ -96,6 +100,30 @@ def _figure(text: bytes) -> int | None:
     return value if value <= MAX_FIGURE else None
 
 
+_SEAM_BYTES = len(_USAGE_KEY) - 1
+"""The most of an event's start (``data: {``) or a usage key that one piece can end with."""
+
+
+def _events_across(before: bytes, chunk: bytes) -> int:
+    """Events whose start ``before`` (the stream's last bytes) and ``chunk`` share: each
+    side is looked at for one byte less than the start has, so none counts twice."""
+    found = 0
+    for event in (_SPACED, _UNSPACED):
+        side = len(event) - 1
+        found += (before[-side:] + chunk[:side]).count(event)
+    return found
+
+
+def _usage_across(before: bytes, chunk: bytes) -> bytes:
+    """The stream from a usage key that ``before`` and ``chunk`` share on, as far as
+    ``chunk`` goes and up to ``STREAM_TAIL_BYTES``; empty if they share none."""
+    seam = before + chunk[:_SEAM_BYTES]
+    key = seam.find(_USAGE_KEY)
+    if key < 0:
+        return b""
+    return (seam[key:] + chunk[_SEAM_BYTES:])[:STREAM_TAIL_BYTES]
+
+
 class StreamTokens:
     """Counts the tokens of a stream from its bytes, as they pass.
 
@@ -103,7 +131,7 @@ class StreamTokens:
     ``app.gateway.traffic``), so ``feed`` costs little: the tail is the last chunks, kept
     as they came, and joined only when read."""
 
-    __slots__ = ("_event", "_events", "_tail", "_tail_bytes", "unusable")
+    __slots__ = ("_event", "_events", "_tail", "_tail_bytes", "_usage", "unusable")
 
     def __init__(self) -> None:
         self._events = 0
@@ -115,6 +143,8 @@ class StreamTokens:
         self._tail: collections.deque[bytes] = collections.deque()
         self._tail_bytes = 0
         """At least the last ``STREAM_TAIL_BYTES`` of the stream, in ``_tail``."""
+        self._usage = b""
+        """The stream from its last ``"usage"`` key on, up to ``STREAM_TAIL_BYTES``."""
 
     def feed(self, chunk: bytes) -> None:
         if not chunk:
@@ -125,31 +155,33 @@ class StreamTokens:
             event = self._event = _UNSPACED
             found = chunk.count(event)
         tail = self._tail
+        before = b""
         if tail and tail[-1][-1] != _NEWLINE:
-            # The last piece ended mid-line (rare: an engine writes whole events), maybe
-            # within an event's start.
-            found += self._across_seam(chunk)
+            # The last piece ended mid-line (rare: an engine writes whole events, but a
+            # long one may come in pieces), maybe within an event's start or a usage key.
+            before = self._before(_SEAM_BYTES)
+            found += _events_across(before, chunk)
         self._events += found
+        at = chunk.rfind(_USAGE_KEY)
+        if at >= 0:
+            self._usage = chunk[at : at + STREAM_TAIL_BYTES]
+        elif before and (usage := _usage_across(before, chunk)):
+            self._usage = usage
+        elif self._usage and len(self._usage) < STREAM_TAIL_BYTES:
+            self._usage += chunk[: STREAM_TAIL_BYTES - len(self._usage)]
         tail.append(chunk)
         self._tail_bytes += len(chunk)
         while self._tail_bytes - len(tail[0]) >= STREAM_TAIL_BYTES:
             self._tail_bytes -= len(tail.popleft())
 
-    def _across_seam(self, chunk: bytes) -> int:
-        """Events whose start the last piece and ``chunk`` share: each side is looked at
-        for one byte less than the start has, so none counts twice."""
+    def _before(self, size: int) -> bytes:
+        """The stream's last ``size`` bytes so far (fewer if it is shorter)."""
         before = b""
         for piece in reversed(self._tail):
-            before = piece[-len(_SPACED) :] + before
-            if len(before) >= len(_SPACED):
+            before = piece[-size:] + before
+            if len(before) >= size:
                 break
-        found = 0
-        for event in (_SPACED, _UNSPACED):
-            side = len(event) - 1
-            if seam := (before[-side:] + chunk[:side]).count(event):
-                self._event = event
-                found += seam
-        return found
+        return before[-size:]
 
     def total(self) -> int:
         """The usage chunk's ``total_tokens`` when the stream had a usable one, else one per
@@ -162,7 +194,7 @@ class StreamTokens:
         return self._found(_COMPLETION_TOKENS)
 
     def _found(self, figure: re.Pattern[bytes]) -> int:
-        found = figure.findall(self._last_bytes())
+        found = figure.findall(self._last_bytes()) or figure.findall(self._usage)
         if not found:
             return self._events
         value = _figure(found[-1])

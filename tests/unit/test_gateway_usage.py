@@ -132,3 +132,29 @@ def test_events_are_counted_however_the_stream_is_cut(sizes: list[int], space: b
         tokens.feed(piece)
     assert tokens.total() == 4  # was 0 a byte at a time, and for every data:{ stream
     assert tokens.output_tokens() == 4
+
+
+@pytest.mark.parametrize("piece", [64, 1000, 1 << 20], ids=["small-pieces", "pieces", "whole"])
+def test_a_completed_events_usage_counts_however_much_of_the_request_it_echoes_after(
+    piece: int,
+) -> None:
+    # vLLM's response object ends with the client's ``user`` after its usage (and, when asked
+    # for, every message in and out): the usage may be far from the stream's end.
+    usage = (
+        b'"usage": {"input_tokens": 90000, "input_tokens_details": {"cached_tokens": 0}, '
+        b'"output_tokens": 2, "output_tokens_details": {"reasoning_tokens": 0}, '
+        b'"total_tokens": 90002}'
+    )
+    completed = (
+        b'event: response.completed\ndata: {"type": "response.completed", "response": {'
+        b'"status": "completed", %s, "user": "%s"}}\n\n' % (usage, b"u" * 5 * STREAM_TAIL_BYTES)
+    )
+    stream = b"".join(
+        b'event: response.output_text.delta\ndata: {"delta": "%s"}\n\n' % word
+        for word in (b"a", b"b")
+    )
+    tokens = StreamTokens()
+    for part in pieces(stream + completed, [piece]):
+        tokens.feed(part)
+    assert tokens.total() == 90002  # was 3: one per event
+    assert tokens.output_tokens() == 2
