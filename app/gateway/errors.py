@@ -26,6 +26,8 @@ Header = tuple[bytes, bytes]
 
 MAX_ENGINE_MESSAGE_CHARS = 2000
 """An engine's error text longer than this (an HTML error page, a traceback) is cut."""
+MAX_ECHOED_MODEL_CHARS = 256
+"""A request's unknown model name is told back up to this many characters."""
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
@@ -111,6 +113,10 @@ def too_many_failed_authentications(retry_after_s: float) -> ApiError:
 def model_not_found(model: str) -> ApiError:
     # The same answer whether the model is undeclared or outside the key's scope, so a
     # key cannot learn which models exist beyond its own.
+    if len(model) > MAX_ECHOED_MODEL_CHARS:
+        # No model is named so (63 characters at most): the name a client sent is not
+        # sent back whole, which for a body of 32 MiB would be as much again.
+        model = model[:MAX_ECHOED_MODEL_CHARS] + "..."
     return ApiError(
         404,
         f"The model `{model}` does not exist or you do not have access to it.",

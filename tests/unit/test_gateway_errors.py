@@ -109,6 +109,15 @@ def test_gateway_refusals_have_the_openai_codes() -> None:
     assert (not_found.status, not_found.param, not_found.code) == (404, "model", "model_not_found")
 
 
+def test_an_unknown_model_is_named_back_only_in_part() -> None:
+    body = model_not_found("m" * (32 << 20)).body()  # a whole request body of a name
+    message = error_of(body)["message"]
+    assert isinstance(message, str)
+    assert len(body) < 1000  # was the name whole: 32 MiB
+    assert "`" + "m" * 200 in message
+    assert message.endswith("...` does not exist or you do not have access to it.")
+
+
 def test_a_saturated_model_is_retryable() -> None:
     error = saturated("m", 1.2)
     assert error.status == 429
