@@ -174,6 +174,9 @@ class AgentHub:
         self._too_often_lines = RefusalThrottle()
         """When a refusal for connecting too often was last logged, per node."""
         self._registry: ConnectionRegistry[_AgentConnection] = ConnectionRegistry()
+        self._served: set[_AgentConnection] = set()
+        """Every connection past its certificate checks, with or without a hello: the ones a
+        revocation must reach (the registry knows only those that said hello)."""
         self._commands_sent = CommandsSent()
         """What each node was sent, over its connections: the causes its statuses may name."""
         self._opening = OpeningConnections(TLS_HANDSHAKE_TIMEOUT_S)
@@ -253,18 +256,22 @@ class AgentHub:
             raise CommandNotSent(f"{command.command_id} to {node_id}: {exc}") from exc
 
     async def enforce_revocations(self) -> int:
-        """Close every live connection whose certificate is now revoked; returns how many."""
+        """Close every live connection whose certificate is now revoked; returns how many.
+
+        Those still waiting for their hello too: one checked just before the revocation
+        would otherwise be welcomed after it, and kept for as long as its agent likes."""
         closed = 0
-        for node_id in self._registry.connected_nodes():
-            connection = self._registry.get(node_id)
-            if connection is None:
-                continue
+        for connection in list(self._served):
             reason = self._revocations(connection.certificate)
             if reason is None:
                 continue
+            outputs = connection.session.revoked(reason)
+            if not outputs:
+                continue  # closed already
             closed += 1
+            node_id = connection.session.node_id or connection.certificate.common_name
             log.warning("agent_certificate_revoked", node_id=node_id)
-            await self._carry_out(connection, connection.session.revoked(reason))
+            await self._carry_out(connection, outputs)
             await self._record_refusal(
                 IdentityMismatch(
                     claimed_node_id=node_id,
@@ -341,6 +348,9 @@ class AgentHub:
             commands_sent=self._commands_sent,
         )
         connection = _AgentConnection(websocket, session, certificate)
+        # Nothing awaited since the revocation check: a revocation enforced from here on
+        # finds this connection.
+        self._served.add(connection)
         try:
             await self._converse(connection)
         except ConnectionClosed:
@@ -353,6 +363,7 @@ class AgentHub:
             log.exception("agent_connection_failed")
             connection.close(WebSocketCloseCode.INTERNAL_ERROR, "internal error")
         finally:
+            self._served.discard(connection)
             await self._end(connection)
 
     async def _converse(self, connection: _AgentConnection) -> None:

@@ -467,3 +467,31 @@ async def test_a_revoked_certificate_is_refused_at_the_handshake_and_its_connect
         ),
         what="the revoked connection closed, and the refusals recorded once",
     )
+
+
+async def test_a_connection_revoked_before_its_hello_is_closed_and_never_welcomed(
+    run_hub: RunHub, pki: Pki, pg_store: PostgresEventStore
+) -> None:
+    """A connection that passed the revocation check but has not said hello yet is no
+    node's connection yet; it is still cut off when its certificate is revoked. Before, it
+    was left open, and the hello it sent next was welcomed: a stolen certificate kept one
+    connection waiting before its hello and outlived its revocation."""
+    node_id = new_node_id()
+    revoked: dict[str, str] = {}
+
+    def check(certificate: PresentedCertificate) -> str | None:
+        return revoked.get(certificate.serial) or revoked.get(certificate.common_name)
+
+    async with run_hub(revocations=check) as hub, dial(hub, pki.node(node_id)) as agent:
+        await wait_until(lambda: hub.connections_opening() == 0, what="the connection served")
+        revoked[node_id] = f"the certificates of node {node_id} were revoked: stolen"
+        assert await hub.enforce_revocations() == 1
+        with contextlib.suppress(ConnectionClosed):
+            await say(agent, hello(node_id))
+        assert await close_code(agent) == 1008
+        assert "revoked" in (agent.close_reason or "")
+        assert hub.connected_nodes() == []
+    await wait_until(
+        stream_is(pg_store, node_stream(node_id), ["identity_rejected"]),
+        what="the refusal recorded under the certificate's node",
+    )
