@@ -470,7 +470,7 @@ def _refusal_advice(reason: str) -> str:
             ". Set --address to the address this agent connects from, or reissue the node "
             "certificate naming the address: llmgw-cli cert node <node-id> --ip <address>"
         )
-    if "revoked" in reason:
+    if "revoked" in reason or "certificate expired" in reason:
         return f". Issue a new certificate for this node: {NODE_CERTIFICATE_HINT}"
     return ""
 

@@ -15,7 +15,8 @@ carry on. Refusals are recorded as events at most once a minute per certificate
 (``RefusalThrottle``), so a certificate dialling in a loop cannot grow the log. A node that
 connects more often than its ``ConnectBudget`` allows is refused before its hello (4004:
 retry later), logged once a minute and not recorded at all. When a certificate is revoked,
-``enforce_revocations`` closes the live connections that use it.
+``enforce_revocations`` closes the live connections that use it; one whose certificate
+expires is closed by its session.
 
 ``send_command`` takes the domain's commands (converted at the edge, ``app.hub.edge``) and
 raises the domain's ``NodeNotConnected`` when the node has no live connection; what the
@@ -29,6 +30,7 @@ import contextlib
 import math
 import ssl
 from collections.abc import Callable
+from datetime import UTC, datetime
 from time import monotonic
 from typing import Protocol, assert_never
 
@@ -346,6 +348,7 @@ class AgentHub:
             budget=self._budget,
             engine_networks=self._engine_networks,
             commands_sent=self._commands_sent,
+            certificate_expires_at=_on_monotonic_clock(identity.expires_at),
         )
         connection = _AgentConnection(websocket, session, certificate)
         # Nothing awaited since the revocation check: a revocation enforced from here on
@@ -524,6 +527,13 @@ def _node_identity(ssl_object: object) -> PeerIdentity:
     if not isinstance(ssl_object, ssl.SSLObject):
         raise CertificateRejected("the connection is not protected by TLS")
     return peer_identity(ssl_object, expect=CertificateKind.NODE)
+
+
+def _on_monotonic_clock(moment: datetime | None) -> float | None:
+    """``moment`` (a certificate's expiry) as the sessions' ``monotonic()`` will read it."""
+    if moment is None:
+        return None
+    return monotonic() + (moment - datetime.now(UTC)).total_seconds()
 
 
 def _presented_certificate(ssl_object: object) -> x509.Certificate | None:

@@ -8,9 +8,9 @@ The session never touches a socket or reads a clock; ``now`` is monotonic second
 ::
 
     AWAITING_HELLO --hello, identity ok--> ACTIVE --timeout, protocol error, lost--> CLOSED
-          |                                       over budget, revoked               ^
+          |                                    over budget, revoked, expired         ^
           +--anything else, bad identity, unvouched claims, timeout, protocol error,-+
-             over budget, lost
+             over budget, lost, expired
 
 A hello is accepted only from the node the certificate names, advertising an address the
 node can vouch for, with an inventory a machine can have (``app.hub.claims``); every
@@ -20,6 +20,8 @@ others says which (``AgentHeartbeat.ignored_gpus``), so they are logged once a c
 A shard status keeps the command it names as its cause only if that command was sent to its
 node (``app.hub.commands_sent``); otherwise it goes on without one, and the first such status
 of a connection says which id it named (``ShardStatusReported.unsent_command_id``).
+The connection is closed (1008) once its client certificate expires: the
+handshake checked the certificate's dates only when it connected.
 A closed session ignores every further input. An agent that said hello is reported gone
 exactly once, however its connection ends, unless a newer connection replaced it.
 """
@@ -59,6 +61,7 @@ from wire.outputs import Send as Send
 from wire.outputs import close_code_for
 
 NODE_CERTIFICATE_KIND = "node"
+CERTIFICATE_EXPIRED = "the client certificate expired; issue a new one for this node"
 
 
 class SessionState(Enum):
@@ -186,9 +189,12 @@ class AgentSession:
         budget: MessageBudget | None = None,
         engine_networks: EngineNetworks | None = None,
         commands_sent: CommandsSent | None = None,
+        certificate_expires_at: float | None = None,
     ) -> None:
         """``commands_sent``: the commands sent to each node, shared by the connections of
-        one hub (a status may answer a command sent on the node's previous connection)."""
+        one hub (a status may answer a command sent on the node's previous connection).
+        ``certificate_expires_at``: when the client certificate's validity ends, on the
+        clock of ``now``."""
         check_heartbeat_timing(heartbeat_interval_s, heartbeat_timeout_s)
         self._peer = peer
         self._remote_address = remote_address
@@ -209,6 +215,7 @@ class AgentSession:
         self._shard_lives = ShardLives()
         self._commands_sent = commands_sent or CommandsSent()
         self._said_unsent = False
+        self._certificate_expires_at = certificate_expires_at
 
     @property
     def state(self) -> SessionState:
@@ -230,6 +237,8 @@ class AgentSession:
     def receive(self, data: bytes | str, now: float) -> list[Output]:
         if self._state is SessionState.CLOSED:
             return []
+        if self._expired(now):
+            return self._close(CloseCode.POLICY_VIOLATION, CERTIFICATE_EXPIRED)
         self._last_heard = now
         over = self._budget.spend(len(data), now)
         if over is not None:
@@ -245,6 +254,8 @@ class AgentSession:
     def tick(self, now: float) -> list[Output]:
         if self._state is SessionState.CLOSED:
             return []
+        if self._expired(now):
+            return self._close(CloseCode.POLICY_VIOLATION, CERTIFICATE_EXPIRED)
         silent_s = now - self._last_heard
         if silent_s <= self._heartbeat_timeout_s:
             return []
@@ -418,6 +429,10 @@ class AgentSession:
             )
             outputs.append(Observe(refusal))
         return outputs
+
+    def _expired(self, now: float) -> bool:
+        expires_at = self._certificate_expires_at
+        return expires_at is not None and now >= expires_at
 
     def _close(self, code: CloseCode, reason: str) -> list[Output]:
         """Close for a reason of our own; an agent that had said hello is now gone."""

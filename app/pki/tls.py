@@ -47,6 +47,8 @@ class PeerIdentity:
     ip_addresses: tuple[str, ...] = ()
     issued_at: datetime | None = None
     """When the CA issued it: not_before plus the clock-skew allowance it was backdated by."""
+    expires_at: datetime | None = None
+    """Its not_after: the handshake checked it once, a long connection must check it again."""
 
 
 def server_ssl_context(
@@ -121,6 +123,7 @@ def peer_identity(peer: PeerCertificate, expect: CertificateKind | None = None) 
         dns_names=dns_names,
         ip_addresses=ip_addresses,
         issued_at=certificate.not_valid_before_utc + CLOCK_SKEW,
+        expires_at=certificate.not_valid_after_utc,
     )
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -37,6 +39,7 @@ from app.pki import issue_node
 from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
 from tests.support.hub import (
+    ENGINE_ADDRESS,
     LOOPBACK,
     Pki,
     RunHub,
@@ -495,3 +498,24 @@ async def test_a_connection_revoked_before_its_hello_is_closed_and_never_welcome
         stream_is(pg_store, node_stream(node_id), ["identity_rejected"]),
         what="the refusal recorded under the certificate's node",
     )
+
+
+async def test_a_connection_is_closed_when_its_certificate_expires(
+    run_hub: RunHub, pki: Pki
+) -> None:
+    """TLS checks a certificate's dates at the handshake only; a WebSocket that outlives
+    them is closed then (1008, saying so). Before, it stayed connected as long as it kept
+    talking, months after the certificate's end."""
+    node_id = new_node_id()
+    # Issued a day ago for a day: it ends a few seconds from now (whole seconds).
+    issued = datetime.now(UTC) - timedelta(days=1) + timedelta(seconds=4)
+    context = pki.client(
+        lambda key: issue_node(
+            pki.ca, key, node_id, issued, 1, ips=[ipaddress.ip_address(ENGINE_ADDRESS)]
+        )
+    )
+    async with run_hub() as hub, dial(hub, context) as agent:
+        await greet(agent, node_id)
+        assert await close_code(agent) == 1008
+        assert "certificate expired" in (agent.close_reason or "")
+        assert hub.connected_nodes() == []

@@ -169,6 +169,7 @@ async def test_a_node_with_its_certificate_is_accepted_and_identified(pki: Path)
             subject="O=llmgw,OU=node,CN=gpu-07",
             serial=format(presented.serial_number, "x"),
             issued_at=presented.not_valid_before_utc + CLOCK_SKEW,
+            expires_at=presented.not_valid_after_utc,
         )
 
 

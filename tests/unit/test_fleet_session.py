@@ -14,6 +14,7 @@ from app.domain.reports import FleetView, observe
 from app.hub.budget import MessageBudget
 from app.hub.edge import report_of
 from app.hub.session import (
+    CERTIFICATE_EXPIRED,
     AgentGone,
     AgentHeartbeat,
     AgentHello,
@@ -72,6 +73,7 @@ def new_session(
     require_identity: bool = True,
     now: float = 0.0,
     engine_networks: EngineNetworks | None = None,
+    certificate_expires_at: float | None = None,
 ) -> AgentSession:
     return AgentSession(
         peer=peer,
@@ -83,6 +85,7 @@ def new_session(
         epoch=3,
         now=now,
         engine_networks=engine_networks,
+        certificate_expires_at=certificate_expires_at,
     )
 
 
@@ -637,3 +640,28 @@ def test_a_revoked_connection_is_closed_and_its_node_reported_gone() -> None:
         gone("certificate 1f was revoked"),
     ]
     assert session.revoked("again") == []
+
+
+def test_a_connection_is_closed_once_its_certificate_expires_however_busy() -> None:
+    """The handshake checked the certificate's dates when the agent connected; a connection
+    outliving them is closed at the next message or tick, and its node is gone."""
+    session = new_session(certificate_expires_at=100.0)
+    session.receive(encode(hello()), 0.0)
+    for second in range(5, 100, 5):
+        session.receive(encode(Heartbeat(seq=second)), float(second))
+    assert session.tick(99.9) == []
+    assert session.state is SessionState.ACTIVE
+
+    outputs = session.receive(encode(Heartbeat(seq=100)), 100.0)
+
+    assert outputs == [
+        Close(CloseCode.POLICY_VIOLATION, CERTIFICATE_EXPIRED),
+        gone(CERTIFICATE_EXPIRED),
+    ]
+    assert session.tick(101.0) == []
+
+
+def test_a_quiet_connection_is_closed_at_its_certificate_expiry_too() -> None:
+    session = new_session(certificate_expires_at=3.0)
+    assert session.tick(2.9) == []
+    assert session.tick(3.0) == [Close(CloseCode.POLICY_VIOLATION, CERTIFICATE_EXPIRED)]
