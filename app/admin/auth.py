@@ -25,6 +25,7 @@ import functools
 import hmac
 import math
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -96,21 +97,28 @@ class TokenAuthenticator:
         return actor
 
 
-def operator_for(scope: Mapping[str, Any]) -> str | None:
+def operator_for(scope: Mapping[str, Any], now: datetime) -> str | None:
     """The operator named by the client certificate of the request's TLS connection; None
     when none was presented. Raises ``PermissionDeniedException`` for a certificate that
-    is not an operator's."""
+    is not an operator's, or that has expired by ``now``: the handshake checked its dates
+    when the connection opened, and a kept-alive connection carries request after request."""
     tls = scope.get("extensions", {}).get(TLS_EXTENSION)
     chain = tls.get("client_cert_chain") if isinstance(tls, Mapping) else None
     if not chain:
         return None
     try:
-        return _operator_identity(chain[0]).common_name
+        identity = _operator_identity(chain[0])
+        if identity.expires_at is not None and now > identity.expires_at:
+            raise CertificateRejected(
+                f"the operator certificate of {identity.common_name!r} expired on "
+                f"{identity.expires_at:%Y-%m-%d %H:%M:%S} UTC"
+            )
     except CertificateRejected as exc:
         log.warning("admin_certificate_refused", reason=str(exc))
         raise PermissionDeniedException(
             f"{exc}; issue one with `llmgw-cli cert operator <name>`"
         ) from exc
+    return identity.common_name
 
 
 @functools.lru_cache(maxsize=256)
@@ -125,7 +133,7 @@ def _operator_identity(pem: str) -> PeerIdentity:
 
 def require_actor(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
     """Guard: a request without a valid identity is refused before any handler runs."""
-    actor = operator_for(connection.scope)
+    actor = operator_for(connection.scope, datetime.now(UTC))
     if actor is None:
         authenticator: TokenAuthenticator = connection.app.state.authenticator
         address = connection.client.host if connection.client else None

@@ -8,12 +8,15 @@ import socket
 import ssl
 import threading
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
 import pytest_asyncio
 
 from app.admin.tls import tls_extension
+from app.pki import generate_key, issue_operator
+from app.pki.files import load_ca, write_issued
 from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import (
     Pki,
@@ -22,6 +25,7 @@ from tests.support.admin_server import (
     serving_admin,
     write_pki,
 )
+from tests.support.waiting import wait_until
 
 TOKEN = secrets.token_hex(16)
 AUTOMATION = "ci"
@@ -178,3 +182,30 @@ def test_the_tls_extension_carries_the_verified_client_certificate(pki: Pki) -> 
     assert chain[0].startswith("-----BEGIN CERTIFICATE-----")
     assert extension["client_cert_error"] is None
     assert extension["tls_version"] in (0x0303, 0x0304)
+
+
+async def test_a_kept_alive_connection_is_refused_once_its_certificate_expires(
+    https_url: str, pki: Pki
+) -> None:
+    """The handshake checks the operator certificate's dates once, and a kept-alive
+    connection carries request after request. Before, one opened just before the
+    certificate's end went on acting as its operator for as long as it was kept busy:
+    the only end an operator certificate has (it cannot be revoked) did not end it."""
+    ca = load_ca(pki.directory)
+    key = generate_key()
+    # Issued a day ago for a day: it ends a few seconds from now (whole seconds).
+    issued = datetime.now(UTC) - timedelta(days=1) + timedelta(seconds=3)
+    certificate = issue_operator(ca, key, pki.operator, issued, 1)
+    write_issued(pki.directory, "expiring", certificate, key, force=True)
+
+    async with client(https_url, pki, "expiring") as operator:
+        assert (await operator.get("/admin/v1/nodes")).status_code == 200
+
+        async def refused() -> bool:
+            # Only the open connection can answer: a new handshake with the expired
+            # certificate fails (a TransportError, not an answer).
+            return (await operator.get("/admin/v1/nodes")).status_code == 403
+
+        await wait_until(refused, within_s=15, what="a request after the certificate's end")
+        answer = await operator.get("/admin/v1/nodes")
+    assert "expired" in answer.json()["detail"]
