@@ -15,6 +15,7 @@ from app.pki.errors import (
     PkiError,
     RefusedOverwrite,
     TlsConfigurationError,
+    UnprotectedKey,
     UnreadableFile,
 )
 from app.pki.explain import explain_tls_failure, ssl_error_in
@@ -40,6 +41,7 @@ __all__ = [
     "PkiError",
     "RefusedOverwrite",
     "TlsConfigurationError",
+    "UnprotectedKey",
     "UnreadableFile",
     "Usage",
     "Validity",

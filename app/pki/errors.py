@@ -8,6 +8,7 @@
      |    +-- RefusedOverwrite    the file exists and force was not given
      |    +-- CaNotFound          no CA (ca.crt + ca.key) in the directory
      |    +-- UnreadableFile      not a PEM certificate or key, or a key that does not fit
+     |    +-- UnprotectedKey      a CA key that users other than its owner can read
      +-- TlsConfigurationError    files that could not be loaded into an ssl.SSLContext
      +-- CertificateRejected      a verified peer certificate that is still not acceptable
 """
@@ -48,6 +49,18 @@ class UnreadableFile(CertificateFileError):
         self.path = path
         self.reason = reason
         super().__init__(f"{path}: {reason}")
+
+
+class UnprotectedKey(CertificateFileError):
+    def __init__(self, path: Path, mode: int) -> None:
+        self.path = path
+        self.mode = mode
+        super().__init__(
+            f"{path} can be read by users other than its owner (mode {mode:04o}), and whoever "
+            f"copied it can issue certificates the whole cluster accepts: `chmod 600 {path}`, "
+            "and if anyone else may have read it, create a new CA and reissue every "
+            "certificate (docs/certificates.md, Rotation)"
+        )
 
 
 class TlsConfigurationError(PkiError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,13 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from app.pki.describe import is_ca
-from app.pki.errors import CaNotFound, CertificateFileError, RefusedOverwrite, UnreadableFile
+from app.pki.errors import (
+    CaNotFound,
+    CertificateFileError,
+    RefusedOverwrite,
+    UnprotectedKey,
+    UnreadableFile,
+)
 from app.pki.keys import PrivateKey, certificate_pem, private_key_pem
 from app.pki.model import CertificateAuthority
 
@@ -73,6 +80,7 @@ def load_ca(ca_dir: Path) -> CertificateAuthority:
     certificate = load_certificate(certificate_path)
     if not is_ca(certificate):
         raise UnreadableFile(certificate_path, "is not a CA certificate")
+    _check_private(key_path)
     key = load_private_key(key_path)
     if key.public_key() != certificate.public_key():
         raise UnreadableFile(key_path, f"is not the key of {certificate_path}")
@@ -115,6 +123,18 @@ def _write_pair(
         ],
         force=force,
     )
+
+
+def _check_private(key_path: Path) -> None:
+    """Refuse to sign with a CA key other users can read, as ssh refuses such a key: whoever
+    copied it can issue certificates the whole cluster accepts, and saying so is the only
+    way its owner learns it."""
+    try:
+        mode = stat.S_IMODE(key_path.stat().st_mode)
+    except OSError as exc:
+        raise UnreadableFile(key_path, exc.strerror or str(exc)) from exc
+    if mode & 0o077:
+        raise UnprotectedKey(key_path, mode)
 
 
 def _create(file: PemFile) -> None:

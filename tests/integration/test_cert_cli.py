@@ -181,6 +181,20 @@ def test_issuing_without_a_ca_says_to_create_one_first(operator: Operator) -> No
     assert "run `llmgw-cli cert init-ca --dir nowhere` first" in result.stderr
 
 
+def test_issuing_with_a_ca_key_others_can_read_fails_and_says_how_to_fix_it(
+    operator: Operator,
+) -> None:
+    assert operator.run("init-ca", "--dir", "ca").code == 0
+    (operator.home / "ca" / "ca.key").chmod(0o644)
+
+    result = operator.run("node", "gpu-07", "--dir", "ca")
+
+    assert result.code == 1
+    assert "ca/ca.key can be read by users other than its owner (mode 0644)" in result.stderr
+    assert "`chmod 600 ca/ca.key`" in result.stderr
+    assert not (operator.home / "ca" / "node-gpu-07.key").exists()
+
+
 def test_llmgw_ca_dir_chooses_the_default_directory(operator: Operator) -> None:
     environment_dir = operator.home / "from-env"
     completed = subprocess.run(

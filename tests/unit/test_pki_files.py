@@ -14,6 +14,7 @@ from app.pki import (
     CaNotFound,
     CertificateAuthority,
     RefusedOverwrite,
+    UnprotectedKey,
     UnreadableFile,
     build_ca,
     generate_key,
@@ -135,3 +136,20 @@ def test_reading_a_key_as_a_certificate_says_so(tmp_path: Path, ca: CertificateA
 
     with pytest.raises(UnreadableFile, match="it is a private key"):
         load_certificate(files.key)
+
+
+@pytest.mark.parametrize("loose", [0o644, 0o640, 0o604, 0o660])
+def test_a_ca_key_other_users_can_read_is_refused_and_left_as_it_is(
+    tmp_path: Path, ca: CertificateAuthority, loose: int
+) -> None:
+    """Before, the CA signed with a key anyone on the machine could have copied, and its
+    owner never learned that the whole cluster's trust was in the open."""
+    files = write_ca(tmp_path, ca, force=False)
+    files.key.chmod(loose)
+    before = files.key.read_bytes()
+
+    with pytest.raises(UnprotectedKey, match=rf"\(mode 0{loose:o}\).*`chmod 600 {files.key}`"):
+        load_ca(tmp_path)
+
+    assert mode(files.key) == loose
+    assert files.key.read_bytes() == before
