@@ -74,11 +74,17 @@ class Validity:
         # Certificates keep whole seconds: a leaf issued for as long as the CA from the same
         # moment ends with it.
         if validity.not_after.replace(microsecond=0) > ca_expires:
-            left = max(0, (ca_expires - now).days)
+            left = (ca_expires - now).days
+            # A day is the shortest certificate: with less left, there is no --days to advise.
+            possible = (
+                f"issue it for at most {left} days, or"
+                if left >= 1
+                else "it expires in less than a day, too soon for any certificate:"
+            )
             raise InvalidRequest(
                 f"a certificate valid for {days} days would outlive the CA, which expires on "
-                f"{ca_expires:%Y-%m-%d %H:%M} UTC: issue it for at most {left} days, or "
-                "create a new CA (`llmgw-cli cert init-ca --force`) and issue again"
+                f"{ca_expires:%Y-%m-%d %H:%M} UTC: {possible} create a new CA "
+                "(`llmgw-cli cert init-ca --force`) and issue again"
             )
         return validity
 

@@ -259,6 +259,19 @@ def test_a_certificate_may_not_outlive_the_ca_that_issues_it(
     assert last_day.not_valid_after_utc == short_lived.certificate.not_valid_after_utc
 
 
+def test_a_ca_in_its_last_day_says_it_can_issue_nothing_more() -> None:
+    """Before, it said to issue "for at most 0 days", which --days refuses: no advice at
+    all. A CA made with --days 1 is in its last day from the start."""
+    one_day = build_ca(generate_key(), "llmgw CA", NOW, 1)
+
+    with pytest.raises(InvalidRequest) as refused:
+        issue_node(one_day, generate_key(), "gpu-07", NOW + timedelta(seconds=1), 1)
+
+    assert "at most 0 days" not in str(refused.value)
+    assert "expires in less than a day, too soon for any certificate" in str(refused.value)
+    assert "llmgw-cli cert init-ca" in str(refused.value)
+
+
 @pytest.mark.parametrize("days", [10_001, 3_650_000, 10**12])
 def test_validity_beyond_the_longest_is_refused_not_an_overflow(days: int) -> None:
     with pytest.raises(InvalidRequest, match="at most 10000 days"):
