@@ -7,14 +7,19 @@ import re
 
 from app.pki.errors import InvalidRequest
 
-_SUBJECT_NAME = re.compile(r"[A-Za-z0-9._-]{1,63}")
+_SUBJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+"""Led by a letter or digit: ``.`` and ``..`` are dot segments that a URL path collapses
+(``/nodes/../drain`` is ``/drain``), and a leading ``-`` is read as an option."""
 _DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 
 
 def check_subject_name(what: str, name: str) -> str:
     """Return `name` if it is a usable node id or operator name, else raise InvalidRequest."""
     if not _SUBJECT_NAME.fullmatch(name):
-        raise InvalidRequest(f"invalid {what} {name!r}: use 1-63 letters, digits, '.', '_' or '-'")
+        raise InvalidRequest(
+            f"invalid {what} {name!r}: use 1-63 letters, digits, '.', '_' or '-', starting "
+            "with a letter or digit"
+        )
     return name
 
 

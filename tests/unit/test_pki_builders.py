@@ -199,7 +199,9 @@ def test_the_low_level_issue_leaves_out_usages_when_given_none(ca: CertificateAu
     assert certificate.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME) == []
 
 
-@pytest.mark.parametrize("node_id", ["", "a" * 64, "gpu 7", "gpu/7", "../etc", "gpü"], ids=repr)
+@pytest.mark.parametrize(
+    "node_id", ["", "a" * 64, "gpu 7", "gpu/7", "../etc", "gpü", ".", "..", "-x", ".gpu"], ids=repr
+)
 def test_node_ids_outside_the_allowed_characters_are_refused(
     ca: CertificateAuthority, node_id: str
 ) -> None:
