@@ -19,9 +19,11 @@ process within ``REPORT_MAX_AGE_S``, or after its own last write) writes under
 ``ID@INSTANCE`` from then on, so the leader sums both as two gateways; while the other
 goes on writing under the id, it logs ``gateway_id_shared`` (an error, at most once a
 minute) and counts each such report in ``llmgw_gateway_id_shared_reports``. A restarted
-gateway takes back its previous life's row once it is ``REPORT_MAX_AGE_S`` old: within that
-it writes under a key of its own as well (its previous life then counts as silent, as a
-gateway that crashed does), but logs nothing, since the previous life writes no more.
+gateway takes back its previous life's row at once when that life ran on the same host and
+its process is gone (``previous_life``: a gateway killed and started again by its
+supervisor); otherwise once the row is ``REPORT_MAX_AGE_S`` old, writing under a key of its
+own meanwhile (its previous life then counts as silent, as a gateway that crashed does),
+logging nothing, since the previous life writes no more.
 
 The connection is its own so that nothing else the gateway asks of the database (a
 snapshot read waiting on a lock, a grant) can make a report late: a report more than
@@ -49,6 +51,7 @@ from app.store.gateway_reports import (
     ReportWritten,
     TrafficReport,
     delete_report,
+    report_holder,
     write_report,
 )
 
@@ -96,7 +99,8 @@ class GatewayReporter:
             if value <= 0:
                 raise ValueError(f"the {label} must be positive, not {value}")
         self.gateway_id = gateway_id
-        self.instance = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+        self.instance = process_token(socket.gethostname(), os.getpid(), secrets.token_hex(4))
+        _TOKENS_IN_THIS_PROCESS.add(self.instance)
         """This process's token in its report: no other process has it."""
         self.reports_as = gateway_id
         """The key this gateway's report is written under: ``gateway_id``, or
@@ -180,6 +184,8 @@ class GatewayReporter:
         """One report, under this gateway's key; under a key of its own from now on when
         another live process's report holds that one."""
         written = await self._write_once(db)
+        if written.at is None and self.reports_as == self.gateway_id:
+            written = await self._take_back(db) or written
         if written.at is None:
             held = self.reports_as
             self.reports_as = f"{self.gateway_id}@{self.instance}"
@@ -199,7 +205,23 @@ class GatewayReporter:
         if written.shared:
             self._shared_id()
 
-    async def _write_once(self, db: asyncpg.Connection) -> ReportWritten:
+    async def _take_back(self, db: asyncpg.Connection) -> ReportWritten | None:
+        """Write over the row under this gateway's id if a previous life of it on this host
+        holds it (a gateway killed and started again at once): that process is gone, and
+        its row would otherwise count as a silent gateway for ``SILENT_HOLD_S``, holding
+        every stop of a drained or scaled-down replica meanwhile. None when the holder is
+        not known to be gone."""
+        holder = await report_holder(db, self.gateway_id, within_s=self._timeout_s)
+        if holder is None or not previous_life(holder, self.instance, pid_alive):
+            return None
+        written = await self._write_once(db, taking_over=holder)
+        if written.at is not None:
+            log.info("gateway_report_taken_back", gateway_id=self.gateway_id, previous=holder)
+        return written
+
+    async def _write_once(
+        self, db: asyncpg.Connection, *, taking_over: str | None = None
+    ) -> ReportWritten:
         try:
             return await write_report(
                 db,
@@ -214,6 +236,7 @@ class GatewayReporter:
                 queued=None if self._queued is None else self._queued(),
                 ejected=None if self._ejected is None else self._ejected(),
                 routing_position=self._routing_position(),
+                taking_over=taking_over,
             )
         except BaseException:
             # Whether it went in is not known: the next write takes this process's row
@@ -266,3 +289,47 @@ class GatewayReporter:
         if self.last_error is not None:
             self.last_error = None
             log.info("gateway_report_written", gateway_id=self.gateway_id)
+
+
+_TOKENS_IN_THIS_PROCESS: set[str] = set()
+"""The tokens of the reporters this process started (a test runs several)."""
+
+
+def process_token(hostname: str, pid: int, nonce: str) -> str:
+    """A gateway process's ``instance``: its host, its pid and a random part."""
+    return f"{hostname}-{pid}-{nonce}"
+
+
+def previous_life(holder: str, instance: str, alive: Callable[[int], bool]) -> bool:
+    """Whether the process whose token is ``holder`` is an earlier one on this process's
+    host (``instance``'s) that is gone: its pid runs nothing, or runs this process and the
+    token is none of this process's reporters' (a pid is not two live processes). A holder
+    on another host, or whose pid still runs something else, may be a live twin: it is not
+    taken over."""
+    ours, theirs = _host_and_pid(instance), _host_and_pid(holder)
+    if ours is None or theirs is None or holder in _TOKENS_IN_THIS_PROCESS or ours[0] != theirs[0]:
+        return False
+    return theirs[1] == ours[1] or not alive(theirs[1])
+
+
+def _host_and_pid(token: str) -> tuple[str, int] | None:
+    """The host and pid a token names (``process_token``); None for one that names none
+    (a pid of 0 would name a process group)."""
+    head, _, _nonce = token.rpartition("-")
+    host, _, pid = head.rpartition("-")
+    if not host or not (pid.isascii() and pid.isdigit()) or len(pid) > 10 or int(pid) == 0:
+        return None
+    return host, int(pid)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this host (one of another user's included)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except (OverflowError, ValueError):
+        return False
+    return True

@@ -102,7 +102,9 @@ class Ejections(msgspec.Struct, frozen=True, kw_only=True):
 # otherwise go unnoticed), or one no gateway has written for the reports' age (a previous
 # life's, a gateway gone): never another live process's. The row lock ON CONFLICT takes
 # decides between two processes that write at once; the loser's update does not happen and
-# it is told so (no row written). ``shared``: another process wrote the row named ``$10``
+# it is told so (no row written). ``$12``: a previous life's token, which this process
+# found holding the row and knows dead (``app.gateway.reporter``): its row is taken back at
+# once. ``shared``: another process wrote the row named ``$10``
 # after ``$11`` (when this process began writing under the key it has now), and lately.
 _UPSERT = """
 WITH written AS (
@@ -117,6 +119,7 @@ WITH written AS (
     WHERE (report.instance = excluded.instance
            AND ($8::timestamptz IS NULL OR report.reported_at = $8::timestamptz))
        OR report.reported_at <= now() - make_interval(secs => $9)
+       OR report.instance = $12
     RETURNING report.reported_at
 )
 SELECT (SELECT reported_at FROM written) AS written_at,
@@ -215,6 +218,7 @@ async def write_report(
     queued: Mapping[str, int] | None = None,
     ejected: Mapping[str, int] | None = None,
     routing_position: int | None = None,
+    taking_over: str | None = None,
 ) -> ReportWritten:
     """Replace the report under ``gateway_id`` if it is this process's (``instance``; and,
     with ``written_at``, unchanged since the write that set it) or nobody's lately; only
@@ -224,7 +228,8 @@ async def write_report(
     row (None: this gateway does not say); ``routing_position``: the position of the
     routing table the gateway routed by when it counted ``in_flight`` (None: it does not
     say). ``named``, ``named_since``: the id the gateway was given and, while it writes
-    under another key, since when: whether another process writes under that id lately."""
+    under another key, since when: whether another process writes under that id lately.
+    ``taking_over``: the token of a process known gone whose report may be replaced now."""
     busy = {replica: count for replica, count in in_flight.items() if count > 0}
     figures = None if traffic is None else _encoder.encode(bounded(traffic)).decode()
     waiting = None if queued is None else _encoder.encode(longest_queues(queued)).decode()
@@ -241,10 +246,20 @@ async def write_report(
         REPORT_MAX_AGE_S,
         named if named is not None else gateway_id,
         named_since,
+        taking_over,
         timeout=within_s,
     )
     assert row is not None  # a SELECT without FROM: always one row
     return ReportWritten(at=row["written_at"], shared=row["shared"] is True)
+
+
+async def report_holder(db: asyncpg.Connection, gateway_id: str, *, within_s: float) -> str | None:
+    """The token of the process that wrote the report under ``gateway_id`` last; None when
+    there is none, or a gateway of an older release wrote it."""
+    holder = await db.fetchval(
+        "SELECT instance FROM gateway_reports WHERE gateway_id = $1", gateway_id, timeout=within_s
+    )
+    return None if holder is None else str(holder)
 
 
 async def delete_report(

@@ -4,7 +4,11 @@ id is not taken for another."""
 
 from __future__ import annotations
 
+import os
 import secrets
+import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -12,7 +16,7 @@ import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 from structlog.testing import capture_logs
 
-from app.gateway.reporter import GatewayReporter
+from app.gateway.reporter import GatewayReporter, process_token
 from app.store.database import driver_url
 from app.store.gateway_reports import InFlightReports
 from tests.support.waiting import wait_until
@@ -119,6 +123,55 @@ async def test_a_gateway_restarted_with_its_id_is_not_taken_for_another(
     finally:
         await db.execute(
             "DELETE FROM gateway_reports WHERE gateway_id = ANY($1::text[])", [stale_id, fresh_id]
+        )
+        await db.close()
+
+
+async def test_a_gateway_killed_and_started_again_on_its_host_takes_its_row_back_at_once(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    """A report written just now by an earlier process on this host that is gone (killed,
+    then started again by its supervisor) is taken back at once: left to age, it would
+    count as a silent gateway for half a minute and hold every stop of a drained
+    replica. One whose process still runs on this host may be a twin: left alone."""
+    dead_id, live_id = f"gw-{secrets.token_hex(4)}", f"gw-{secrets.token_hex(4)}"
+    replica = f"r-{secrets.token_hex(4)}"
+    finished = subprocess.run(  # noqa: ASYNC221 - a process that is over before the test
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    dead_pid = int(finished.stdout)  # reaped: no process has it now
+    host = socket.gethostname()
+    db = await asyncpg.connect(driver_url(database_url))
+    try:
+        await db.execute(
+            "INSERT INTO gateway_reports (gateway_id, in_flight, instance, reported_at) "
+            "VALUES ($1, '{}', $2, now()), ($3, '{}', $4, now())",
+            dead_id,
+            process_token(host, dead_pid, "0badc0de"),
+            live_id,
+            process_token(host, os.getppid(), "0badc0de"),
+        )
+        shared: list[None] = []
+        async with (
+            gateway(database_url, dead_id, {replica: 1}, shared) as restarted,
+            gateway(database_url, live_id, {replica: 2}, shared) as twin,
+        ):
+            await wait_until(
+                lambda: restarted.reports >= 3 and twin.reports >= 3, what="three reports each"
+            )
+            assert restarted.reports_as == dead_id
+            assert twin.reports_as == f"{live_id}@{twin.instance}"
+            # Its row is this process's now: nothing left under the id to fall silent.
+            holder = await db.fetchval(
+                "SELECT instance FROM gateway_reports WHERE gateway_id = $1", dead_id
+            )
+            assert holder == restarted.instance
+    finally:
+        await db.execute(
+            "DELETE FROM gateway_reports WHERE gateway_id = ANY($1::text[])", [dead_id, live_id]
         )
         await db.close()
 
