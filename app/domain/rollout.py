@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import timedelta
+from fractions import Fraction
 
 from msgspec.structs import replace
 
@@ -275,7 +276,7 @@ def judge(
     worse: list[str] = []
     canary_rate = canary.error_rate or 0.0
     stable_rate = stable.error_rate or 0.0
-    if canary_rate > stable_rate + policy.max_error_rate_increase:
+    if _error_rate_increase(canary, stable) > _as_written(policy.max_error_rate_increase):
         worse.append(
             f"error rate {canary_rate:.1%} against {stable_rate:.1%} "
             f"(at most {policy.max_error_rate_increase * 100:g} point(s) more allowed)"
@@ -297,6 +298,18 @@ def judge(
     if worse:
         return ROLL_BACK, "; ".join(worse)
     return PROMOTE, "; ".join(said)
+
+
+def _error_rate_increase(canary: TrafficFigures, stable: TrafficFigures) -> Fraction:
+    """How much higher the canary's error rate is than the stable side's, exactly: in
+    binary floating point 7/100 - 6/100 is more than 0.01, and a canary exactly at the
+    allowed increase would be rolled back. Both sides have requests (``min_requests``)."""
+    return Fraction(canary.errors, canary.requests) - Fraction(stable.errors, stable.requests)
+
+
+def _as_written(share: float) -> Fraction:
+    """A share as the spec wrote it (0.01 is one hundredth), not as its nearest float."""
+    return Fraction(repr(share))
 
 
 def _judged(figures: TrafficFigures | None) -> JudgedFigures | None:

@@ -815,3 +815,18 @@ def test_a_verdict_compares_each_figure_with_its_threshold() -> None:
     assert judge(figures(100, ttft_ms=125.0), stable, policy)[0] == ROLL_BACK
     assert judge(figures(19), stable, policy)[0] == INCONCLUSIVE
     assert judge(None, stable, policy)[0] == INCONCLUSIVE
+
+
+def test_a_canary_exactly_at_the_allowed_error_rate_increase_is_promoted() -> None:
+    # "More than max_error_rate_increase above": exactly that much more is allowed, however
+    # the two rates and the allowance fall in binary floating point (0.07 - 0.06 is not 0.01).
+    one_point = RolloutPolicy(max_error_rate_increase=0.01)
+    ten_points = RolloutPolicy(max_error_rate_increase=0.1, min_requests=10)
+
+    assert judge(figures(100, errors=7), figures(100, errors=6), one_point)[0] == PROMOTE
+    assert judge(figures(100, errors=10), figures(100, errors=9), one_point)[0] == PROMOTE
+    assert judge(figures(1000, errors=29), figures(1000, errors=19), one_point)[0] == PROMOTE
+    assert judge(figures(10, errors=8), figures(10, errors=7), ten_points)[0] == PROMOTE
+    assert judge(figures(200, errors=14), figures(100, errors=6), one_point)[0] == PROMOTE
+    assert judge(figures(100, errors=8), figures(100, errors=6), one_point)[0] == ROLL_BACK
+    assert judge(figures(1001, errors=30), figures(1000, errors=19), one_point)[0] == ROLL_BACK
