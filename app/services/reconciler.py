@@ -196,10 +196,9 @@ class Reconciler:
             return {}
         return await self._in_flight.read_queued()
 
-    async def _traffic(self, state: ClusterState) -> dict[str, TrafficFigures]:
-        """The gateways' figures a rollout's verdict may need this pass; none to read (and
-        no query) when no rollout holds a step."""
-        wanted = traffic_wanted(state)
+    async def _traffic(self, wanted: dict[str, list[str]]) -> dict[str, TrafficFigures]:
+        """The gateways' figures of the groups a rollout's verdict may need this pass
+        (``traffic_wanted``); none to read (and no query) when no rollout holds a step."""
         if not wanted or self._in_flight is None:
             return {}
         return await self._in_flight.traffic_of_groups(wanted)
@@ -213,10 +212,16 @@ class Reconciler:
             self.gateways = gateways
             in_flight = gateways.in_flight
             queued = await self._queued(self._store.state)
-            traffic = await self._traffic(self._store.state)
+            wanted = traffic_wanted(self._store.state)
+            traffic = await self._traffic(wanted)
             async with self._tracker.quiet():
                 state = await self._store.catch_up()
                 self._check_still_leading()
+                if traffic_wanted(state) != wanted:
+                    # The log moved on since the figures were read (an operator resumed a
+                    # paused hold through another server, say): a verdict decided now must
+                    # not take groups never read for groups no gateway saw a request of.
+                    traffic = await self._traffic(traffic_wanted(state))
                 at = self._clock()
                 demand = (
                     autoscale.demand_by_model(state, in_flight, queued) if gateways.live else None

@@ -1,0 +1,137 @@
+"""A rollout's verdict in a reconciler pass, on the in-memory store with two control planes
+over one log: the leader reconciles, and an operator's word reaches the log through the
+other, so the leader learns of it only when its pass catches up."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from datetime import datetime, timedelta
+
+import pytest
+
+from app.domain import rollout_operations as rollouts
+from app.domain.envelope import Meta, Recorded
+from app.domain.events import AnyEvent, GpuInfo
+from app.domain.evolve import evolve
+from app.domain.model_spec import CanaryStep
+from app.domain.reconcile import Settings
+from app.domain.reports import AgentConnected, AgentInventory, GatewaysInFlight, NodeReport
+from app.domain.rollout import PROMOTE, canary_group, stable_group
+from app.domain.state import ClusterState, Rollout, RolloutState
+from app.domain.traffic import TrafficFigures
+from app.services.agent_reports import LiveView, ReportRecorder
+from app.services.operations import Caller, Operations
+from app.services.reconciler import Reconciler
+from app.store.folded import FoldedEventStore
+from app.store.interface import AppendRequest, NewEvent
+from app.store.memory import InMemoryEventStore
+from tests.unit.test_rollouts import figures, revise, serving, step
+from tests.unit.test_services_in_memory import Agents
+
+ALICE = Caller(actor="alice", request_id="req-1")
+HOLD_S = 60.0
+
+
+class Gateways:
+    """What the gateways report: nothing in flight, and good figures of any group asked
+    for; it remembers the groups each read asked for."""
+
+    def __init__(self) -> None:
+        self.asked: list[set[str]] = []
+
+    async def read_gateways(self) -> GatewaysInFlight:
+        return GatewaysInFlight(in_flight={}, routing_seen=None, live=1)
+
+    async def read_queued(self) -> dict[str, int]:
+        return {}
+
+    async def traffic_of_groups(
+        self, groups: Mapping[str, Collection[str]]
+    ) -> dict[str, TrafficFigures]:
+        self.asked.append(set(groups))
+        return {group: figures(500) for group in groups}
+
+
+def rollout_of(store: FoldedEventStore) -> Rollout:
+    rollout = store.state.models["llama"].rollout
+    assert rollout is not None
+    return rollout
+
+
+def hello(report: NodeReport) -> AgentConnected:
+    inventory = AgentInventory(
+        node_id=report.node_id,
+        address="127.0.0.1",
+        remote_address="127.0.0.1:40000",
+        labels={},
+        gpus=tuple(
+            GpuInfo(index=i, uuid=f"GPU-{i}", name="H100", memory_total_mib=81559) for i in range(8)
+        ),
+        port_range=(20000, 20999),
+        agent_version="t",
+    )
+    return AgentConnected(inventory=inventory, shards=tuple(report.shards.values()))
+
+
+async def test_a_resume_through_another_control_plane_is_judged_on_the_gateways_figures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a canary step whose hold ran out while an operator had the rollout paused ...
+    written: list[tuple[str, AnyEvent, datetime]] = []
+
+    def evolve_and_keep(state: ClusterState, recorded: Recorded) -> None:
+        written.append((recorded.stream, recorded.event, recorded.recorded_at))
+        evolve(state, recorded)
+
+    monkeypatch.setattr("tests.unit.test_reconcile.evolve", evolve_and_keep)
+    cluster = serving(steps=(CanaryStep(replicas=1, traffic=0.25, hold_s=HOLD_S),))
+    revise(cluster)
+    for _ in range(10):
+        rollout = cluster.state.models["llama"].rollout
+        if rollout is not None and rollout.holding_since is not None:
+            break
+        step(cluster)
+    assert rollout is not None
+    assert rollout.holding_since is not None
+    cluster.given(*rollouts.pause(cluster.state, "llama", "looking at the dashboards").events)
+    cluster.after(HOLD_S + 1)
+    now = cluster.now
+    monkeypatch.undo()
+    # ... on a log that two control planes read: the leader, and the one the operator uses.
+    at = [now]
+    leader_store = InMemoryEventStore(clock=lambda: at[0])
+    for stream, event, recorded_at in written:
+        at[0] = recorded_at
+        await leader_store.append_many(
+            [AppendRequest(stream, None, [NewEvent(event)])],
+            Meta(actor="test", epoch=1),
+        )
+    at[0] = now
+    other_store = FoldedEventStore(leader_store.recorder, clock=lambda: now)
+    view = LiveView(ReportRecorder(leader_store))
+    for report in cluster.reports.values():
+        await view.handle(hello(report))
+    gateways = Gateways()
+    settings = Settings(epoch=1, started_at=now - timedelta(hours=1), adoption_grace_ended=True)
+    leader = Reconciler(
+        leader_store,
+        Agents(connected={"gpu-1", "gpu-2"}),
+        view,
+        settings,
+        clock=lambda: now,
+        in_flight=gateways,
+    )
+    await leader.run_pass()
+    assert rollout_of(leader_store).state is RolloutState.PAUSED
+
+    # When the operator resumes through the other control plane, and the leader's pass
+    # (woken by that append) runs ...
+    assert await Operations(other_store, clock=lambda: now).resume_rollout(ALICE, "llama")
+    await leader.run_pass()
+
+    # ... then the step is judged on what the gateways measured of both sides, not taken
+    # for a step no gateway saw a request of.
+    rollout = rollout_of(leader_store)
+    assert (rollout.verdict or "").startswith(f"{PROMOTE}: "), rollout.verdict
+    assert {canary_group("llama"), stable_group("llama")} in gateways.asked
+    assert (rollout.state, rollout.step) == (RolloutState.RUNNING, 1)
