@@ -895,10 +895,15 @@ def _count_failure(state: ClusterState, replica_id: str, at: datetime) -> None:
         and rollout.state in (RolloutState.RUNNING, RolloutState.PAUSED)
         and replica.revision == rollout.revision
     ):
+        # A replica of the step failing during its hold starts the hold over once its
+        # replacement serves: the verdict reads the gateways' last window of the active
+        # replicas, so judged at once it would read the replacement just up and none of
+        # the errors of the replica that failed.
         rollout = replace(
             rollout,
             failures=rollout.failures + 1,
             last_failure=f"{replica.id}: {replica.end_reason or replica.phase.value}",
+            holding_since=None,
         )
     state.models[model.name] = replace(
         model, failures=failures, backoff_until=until, rollout=rollout

@@ -830,3 +830,43 @@ def test_a_canary_exactly_at_the_allowed_error_rate_increase_is_promoted() -> No
     assert judge(figures(200, errors=14), figures(100, errors=6), one_point)[0] == PROMOTE
     assert judge(figures(100, errors=8), figures(100, errors=6), one_point)[0] == ROLL_BACK
     assert judge(figures(1001, errors=30), figures(1000, errors=19), one_point)[0] == ROLL_BACK
+
+
+def test_a_canary_that_fails_during_its_hold_is_held_again_once_its_replacement_serves() -> None:
+    cluster = holding_a_canary()
+    [canary] = [r for r in cluster.state.replicas.values() if r.revision == 2]
+    cluster.traffic = {
+        canary_group("llama"): figures(50),
+        stable_group("llama"): figures(450),
+    }
+    cluster.after(50)  # ten seconds of the hold left
+    node_id = canary.shards[0].node_id
+    cluster.given(ShardFailed(replica_id=canary.id, shard_index=0, node_id=node_id, error="exit"))
+    report = cluster.reports[node_id]
+    cluster.reports[node_id] = replace(
+        report, shards={k: v for k, v in report.shards.items() if k[0] != canary.id}
+    )
+
+    events: list[object] = []
+    for _ in range(6):
+        events.extend(step(cluster))
+        cluster.after(20)  # past the model's backoff
+        if any(isinstance(e, RolloutHolding) for e in events):
+            break
+
+    # Its replacement serves long after the first hold ran out, and is held anew, a whole
+    # hold, before any verdict: not judged at once on the figures of a replica just up,
+    # beside the errors of the one that failed, which no group reads any more.
+    assert of_type_in(events, RolloutVerdict) == []
+    [held_again] = of_type_in(events, RolloutHolding)
+    assert held_again.step == 0
+    replacement = [
+        r
+        for r in cluster.state.replicas.values()
+        if r.revision == 2 and r.phase is ReplicaPhase.SERVING
+    ]
+    assert len(replacement) == 1
+    assert of_type(cluster.reconcile(), RolloutVerdict) == []
+    cluster.after(60)
+    verdict = of_type_in(step(cluster), RolloutVerdict)
+    assert [v.verdict for v in verdict] == [PROMOTE]
