@@ -138,8 +138,9 @@ class RolloutPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     is more than ``max_error_rate_increase`` above theirs, or its TTFT, TPOT or latency
     p95 more than ``max_latency_ratio`` times theirs; with fewer than ``min_requests``
     requests on either side the verdict cannot be reached and the rollout pauses for an
-    operator. ``max_failures`` replicas of the new revision failing to start halt the
-    rollout and roll it back."""
+    operator, unless the canary's errors alone put it above the allowed error rate at
+    ``min_requests`` (it is rolled back). ``max_failures`` replicas of the new revision
+    failing to start halt the rollout and roll it back."""
 
     max_surge: int = 1
     max_unavailable: int = 0

@@ -268,6 +268,10 @@ def judge(
     needed = policy.min_requests
     seen_canary = canary.requests if canary else 0
     seen_stable = stable.requests if stable else 0
+    if canary is not None and stable is not None and seen_canary < needed <= seen_stable:
+        failed_already = _failed_past_allowance(canary, stable, policy)
+        if failed_already is not None:
+            return ROLL_BACK, failed_already
     if canary is None or stable is None or seen_canary < needed or seen_stable < needed:
         return INCONCLUSIVE, (
             f"the gateways saw {seen_canary} request(s) to the new revision and "
@@ -298,6 +302,28 @@ def judge(
     if worse:
         return ROLL_BACK, "; ".join(worse)
     return PROMOTE, "; ".join(said)
+
+
+def _failed_past_allowance(
+    canary: TrafficFigures, stable: TrafficFigures, policy: RolloutPolicy
+) -> str | None:
+    """Why a canary short of ``min_requests`` is rolled back all the same: its errors alone
+    put it above the allowed error rate even if every request it lacks succeeded. A canary
+    failing each request is ejected by the gateways and sent one request a cool-off, so it
+    never reaches ``min_requests`` in a window; paused for an operator to promote, it
+    would be offered as a step too quiet to judge. None while a verdict could still go
+    either way."""
+    needed = policy.min_requests
+    stable_rate = Fraction(stable.errors, stable.requests)
+    allowed = stable_rate + _as_written(policy.max_error_rate_increase)
+    if Fraction(canary.errors, needed) <= allowed:
+        return None
+    return (
+        f"{canary.errors} of {canary.requests} request(s) to the new revision failed: above "
+        f"the allowed error rate ({float(stable_rate):.1%} and "
+        f"{policy.max_error_rate_increase * 100:g} point(s) more) even if its next "
+        f"{needed - canary.requests} succeeded"
+    )
 
 
 def _error_rate_increase(canary: TrafficFigures, stable: TrafficFigures) -> Fraction:

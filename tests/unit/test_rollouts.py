@@ -870,3 +870,29 @@ def test_a_canary_that_fails_during_its_hold_is_held_again_once_its_replacement_
     cluster.after(60)
     verdict = of_type_in(step(cluster), RolloutVerdict)
     assert [v.verdict for v in verdict] == [PROMOTE]
+
+
+def test_a_canary_whose_few_requests_failed_past_any_verdict_is_rolled_back() -> None:
+    # A canary that fails every request is ejected by the gateways and gets one request a
+    # cool-off: never min_requests in a window. Its errors already decide the verdict, since
+    # no success among the requests it lacks could bring it within the allowance.
+    policy = RolloutPolicy(min_requests=20, max_error_rate_increase=0.01)
+    stable = figures(400, errors=4)
+
+    verdict, reason = judge(figures(3, errors=3), stable, policy)
+
+    assert verdict == ROLL_BACK
+    assert reason == (
+        "3 of 3 request(s) to the new revision failed: above the allowed error rate "
+        "(1.0% and 1 point(s) more) even if its next 17 succeeded"
+    )
+    assert judge(figures(3, errors=1), stable, policy)[0] == ROLL_BACK
+    assert judge(figures(19, errors=0), stable, policy)[0] == INCONCLUSIVE
+    # 0.4 of 20 requests may fail: none of 3 failing, too few to tell yet.
+    assert judge(figures(3), stable, policy)[0] == INCONCLUSIVE
+    # Within the allowance at min_requests (2 of 20 against 2.0%, with 10 points more).
+    lenient = RolloutPolicy(min_requests=20, max_error_rate_increase=0.1)
+    assert judge(figures(3, errors=2), figures(400, errors=8), lenient)[0] == INCONCLUSIVE
+    # Without the other side's figures there is nothing to judge against.
+    assert judge(figures(3, errors=3), figures(5), policy)[0] == INCONCLUSIVE
+    assert judge(figures(3, errors=3), None, policy)[0] == INCONCLUSIVE
