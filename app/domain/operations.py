@@ -573,11 +573,16 @@ class DrainProgress(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def drain_progress(state: ClusterState, drain_id: str, events: Sequence[Recorded]) -> DrainProgress:
-    """How the drain is going, from its events (those carrying its id as correlation id)."""
+    """How the drain is going, from its events (those carrying its id as correlation id):
+    its first (the request) and, however long it ran, its newest, among which a node
+    drain's finish is (the drain's node no longer drains after it, so nothing more is
+    decided for the drain)."""
     if not events:
         raise UnknownDrain(drain_id)
     first = events[0]
     touched = {r.id for r in state.replicas.values() if r.drain_id == drain_id}
+    # Its replacements too, whether or not the events shown name them.
+    touched |= {r.id for r in state.replicas.values() if r.replaces in touched}
     touched |= {i for e in events if (i := subjects(e.event).replica) is not None}
     replicas = tuple(state.replicas[i] for i in sorted(touched) if i in state.replicas)
     requested = first.event

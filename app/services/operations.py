@@ -48,6 +48,8 @@ from app.store.interface import EventStore, NewEvent
 ChangeT = TypeVar("ChangeT", bound=decide.Change)
 
 DRAIN_EVENTS_SHOWN = 1000
+"""A drain's progress shows its first event (the request) and its newest ones, this many in
+all: a drain of any length answers at a bounded cost, and its end is among the newest."""
 PREFIX_DRAWS = 8
 """Prefixes drawn before giving up: with 2**32 of them, a second draw is already rare."""
 
@@ -285,7 +287,9 @@ class Operations:
         return rollout.id if rollout is not None else None
 
     async def drain(self, drain_id: str) -> decide.DrainProgress:
-        events = await self._store.read_correlated(drain_id, DRAIN_EVENTS_SHOWN)
+        first = await self._store.read_correlated(drain_id, 1)
+        newest = await self._store.read_correlated(drain_id, DRAIN_EVENTS_SHOWN - 1, newest=True)
+        events = [*first, *(e for e in newest if first and e.position > first[0].position)]
         state = await self.current()
         for replica_id in sorted({i for e in events if (i := subjects(e.event).replica)}):
             await self._put_back(state, replica_id)

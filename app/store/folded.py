@@ -122,8 +122,10 @@ class FoldedEventStore:
     async def read_all(self, after_position: int = 0, limit: int = 1000) -> list[Recorded]:
         return await self._recorder.read_all(after_position, limit)
 
-    async def read_correlated(self, correlation_id: str, limit: int = 1000) -> list[Recorded]:
-        return await self._recorder.read_correlated(correlation_id, limit)
+    async def read_correlated(
+        self, correlation_id: str, limit: int = 1000, *, newest: bool = False
+    ) -> list[Recorded]:
+        return await self._recorder.read_correlated(correlation_id, limit, newest=newest)
 
     async def read_about_replica(self, replica_id: str) -> list[Recorded]:
         return await self._recorder.read_about_replica(replica_id)

@@ -72,18 +72,21 @@ async def read_history(
 
 
 async def read_correlated(
-    engine: AsyncEngine, correlation_id: str, limit: int = 1000
+    engine: AsyncEngine, correlation_id: str, limit: int = 1000, *, newest: bool = False
 ) -> list[Recorded]:
-    """Every step of one operation (a drain, say), in order."""
+    """The steps of one operation (a drain, say), in order: its first ``limit``, or with
+    ``newest`` its last ``limit`` (``events_correlation_id_idx`` read backwards)."""
     if _NUL in correlation_id:
         return []
+    order = "DESC" if newest else "ASC"
     query = (
         f"SELECT {RECORDED_COLUMNS} FROM events WHERE correlation_id = $1 "
-        "ORDER BY position LIMIT $2"
+        f"ORDER BY position {order} LIMIT $2"
     )
     async with connection(engine) as db:
         rows = await db.fetch(query, correlation_id, limit)
-    return [record_from_row(row) for row in rows]
+    recorded = [record_from_row(row) for row in rows]
+    return recorded[::-1] if newest else recorded
 
 
 async def read_last_scaled(engine: AsyncEngine, stream: str, actor: str) -> Recorded | None:

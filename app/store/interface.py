@@ -40,8 +40,11 @@ class LogQueries(Protocol):
 
     async def read_all(self, after_position: int = 0, limit: int = 1000) -> list[Recorded]: ...
 
-    async def read_correlated(self, correlation_id: str, limit: int = 1000) -> list[Recorded]:
-        """Every event of one operation (a drain, say: its steps share its id), in order."""
+    async def read_correlated(
+        self, correlation_id: str, limit: int = 1000, *, newest: bool = False
+    ) -> list[Recorded]:
+        """The events of one operation (a drain, say: its steps share its id), in order:
+        its first ``limit``, or with ``newest`` its last ``limit``."""
         ...
 
     async def read_about_replica(self, replica_id: str) -> list[Recorded]:

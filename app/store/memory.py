@@ -10,7 +10,6 @@ same codec as in PostgreSQL, so upcasting and encoding behave alike; the contrac
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -115,9 +114,12 @@ class InMemoryRecorder:
     async def read_all(self, after_position: int = 0, limit: int = 1000) -> list[Recorded]:
         return await self.events_after(after_position, limit)
 
-    async def read_correlated(self, correlation_id: str, limit: int = 1000) -> list[Recorded]:
-        matching = (s for s in self.log if s.meta.correlation_id == correlation_id)
-        return [_decode(s) for s in itertools.islice(matching, limit)]
+    async def read_correlated(
+        self, correlation_id: str, limit: int = 1000, *, newest: bool = False
+    ) -> list[Recorded]:
+        matching = [s for s in self.log if s.meta.correlation_id == correlation_id]
+        chosen = matching[max(len(matching) - limit, 0) :] if newest else matching[:limit]
+        return [_decode(s) for s in chosen]
 
     async def read_about_replica(self, replica_id: str) -> list[Recorded]:
         decoded = (_decode(s) for s in self.log)

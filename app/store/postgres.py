@@ -115,8 +115,10 @@ class PostgresRecorder:
         async with connection(self._engine) as db:
             return await _events_after(db, after_position, limit)
 
-    async def read_correlated(self, correlation_id: str, limit: int = 1000) -> list[Recorded]:
-        return await history.read_correlated(self._engine, correlation_id, limit)
+    async def read_correlated(
+        self, correlation_id: str, limit: int = 1000, *, newest: bool = False
+    ) -> list[Recorded]:
+        return await history.read_correlated(self._engine, correlation_id, limit, newest=newest)
 
     async def read_about_replica(self, replica_id: str) -> list[Recorded]:
         return await replica_rows.read_about_replica(self._engine, replica_id)

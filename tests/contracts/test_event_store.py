@@ -319,6 +319,8 @@ async def test_the_steps_of_one_operation_are_read_by_its_correlation_id(store: 
 
     assert [r.event_id for r in steps] == [first.event_id, second.event_id]
     assert await store.read_correlated(drain, limit=1) == steps[:1]
+    assert await store.read_correlated(drain, limit=1, newest=True) == steps[1:]
+    assert await store.read_correlated(drain, limit=5, newest=True) == steps
     assert await store.read_correlated(unique("drain-")) == []
 
 
