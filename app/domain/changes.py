@@ -82,6 +82,7 @@ class NodeChanges(TypedDict, total=False):
     drain_id: str | None
     drain_grace_s: float | None
     drain_requested_at: datetime | None
+    drain_began_with: tuple[str, ...]
     stray_stops: tuple[str, ...]
     certificate_serial: str
 

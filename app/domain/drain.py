@@ -135,7 +135,7 @@ def _drain_node(draft: Draft, node: Node) -> None:
         r.phase in ACTIVE_PHASES and node.id in r.node_ids for r in state.replicas.values()
     )
     if not still_there:
-        outcome = NODE_DRAIN_GRACE_RAN_OUT if grace_over else _moved_outcome(draft, drain_id)
+        outcome = NODE_DRAIN_GRACE_RAN_OUT if grace_over else _moved_outcome(state, node)
         draft.emit(
             node_stream(node.id),
             NodeDrainFinished(node_id=node.id, drain_id=drain_id or "", outcome=outcome),
@@ -183,20 +183,33 @@ def node_drain_steps(
     return steps
 
 
-def _moved_outcome(draft: Draft, drain_id: str | None) -> str:
-    """``every replica moved``, unless a replica the drain was moving ended without a
-    replacement (its agent shut down, its engine failed, its model was scaled down or
-    removed): then how many moved and which did not, with why they ended."""
-    drained = [r for r in draft.state.replicas.values() if r.drain_id == drain_id]
-    unmoved = sorted((r for r in drained if r.replacement_id is None), key=lambda r: r.id)
+def _moved_outcome(state: ClusterState, node: Node) -> str:
+    """``every replica moved``, unless a replica that served on the node when its drain
+    began (``Node.drain_began_with``), or one the drain moved, ended before a replacement
+    served, whoever ended it: the drain (its agent shut down, its engine failed), a rollout
+    (``max_unavailable``, a superseded move), a scale-down. Then how many moved and which
+    did not, with why they ended."""
+    drain_id = node.drain_id
+    ids = {
+        *node.drain_began_with,
+        *(r.id for r in state.replicas.values() if r.drain_id == drain_id),
+    }
+    unmoved = [
+        (replica_id, _unmoved_reason(replica))
+        for replica_id in sorted(ids)
+        if (replica := state.replicas.get(replica_id)) is None or replica.replacement_id is None
+    ]
     if not unmoved:
         return NODE_DRAIN_COMPLETE
-    named = ", ".join(
-        f"{r.id} ({(r.end_reason or r.phase.value)[:REASON_CHARS]})"
-        for r in unmoved[:UNMOVED_NAMED]
-    )
+    named = ", ".join(f"{i} ({why[:REASON_CHARS]})" for i, why in unmoved[:UNMOVED_NAMED])
     more = len(unmoved) - UNMOVED_NAMED
     return (
-        f"{len(drained) - len(unmoved)} moved; {len(unmoved)} ended without a replacement: "
+        f"{len(ids) - len(unmoved)} moved; {len(unmoved)} ended without a replacement: "
         f"{named}{f' and {more} more' if more > 0 else ''}"
     )
+
+
+def _unmoved_reason(replica: Replica | None) -> str:
+    if replica is None:  # ended long ago: the fold forgot it (``ENDED_KEPT_PER_MODEL``)
+        return "ended; how is in the log (llmgw-cli history)"
+    return replica.end_reason or replica.phase.value

@@ -420,6 +420,7 @@ def _node_uncordoned(state: ClusterState, event: NodeUncordoned, recorded: Recor
             "drain_id": None,
             "drain_grace_s": None,
             "drain_requested_at": None,
+            "drain_began_with": (),
         },
     )
 
@@ -428,6 +429,10 @@ def _node_drain_requested(
     state: ClusterState, event: NodeDrainRequested, recorded: Recorded
 ) -> None:
     at = recorded.recorded_at
+    serving = (ReplicaPhase.SERVING, ReplicaPhase.DRAINING)
+    began_with = sorted(
+        r.id for r in state.replicas.values() if r.phase in serving and event.node_id in r.node_ids
+    )
     _update_node(
         state,
         event.node_id,
@@ -437,13 +442,21 @@ def _node_drain_requested(
             "drain_id": event.drain_id,
             "drain_grace_s": event.grace_s,
             "drain_requested_at": at,
+            "drain_began_with": tuple(began_with),
         },
     )
 
 
 def _node_drain_finished(state: ClusterState, event: NodeDrainFinished, recorded: Recorded) -> None:
     _update_node(
-        state, event.node_id, {"drain_id": None, "drain_grace_s": None, "drain_requested_at": None}
+        state,
+        event.node_id,
+        {
+            "drain_id": None,
+            "drain_grace_s": None,
+            "drain_requested_at": None,
+            "drain_began_with": (),
+        },
     )
 
 

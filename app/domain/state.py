@@ -284,6 +284,9 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
     drain_id: str | None = None
     drain_grace_s: float | None = None
     drain_requested_at: datetime | None = None
+    drain_began_with: tuple[str, ...] = ()
+    """The replicas serving on the node (or being moved off it) when its drain was
+    requested: the drain's outcome says what became of each, whoever ended it."""
     stray_stops: tuple[str, ...] = ()
     """``replica/shard/pid`` of the last strays stopped here, so each is recorded once."""
     certificate_serial: str = ""
