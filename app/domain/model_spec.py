@@ -27,6 +27,7 @@ MAX_GPUS_PER_SHARD = 64
 MAX_SHARDS_PER_REPLICA = 64
 MAX_REPLICAS = 10_000
 MAX_GPU_MEMORY_GIB = 1024
+DEFAULT_STARTUP_TIMEOUT_S = 600.0
 MAX_STARTUP_TIMEOUT_S = 86_400
 """A day: the largest models load in well under an hour."""
 MAX_STOP_GRACE_S = 3_600
@@ -226,7 +227,7 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
     shards_per_replica: int = 1
     node_selector: dict[str, str] = {}
     replicas: int = 1
-    startup_timeout_s: float = 600.0
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
     stop_grace_s: float = 30.0
     max_moves: int = 1
     routing: RoutingSettings = RoutingSettings()

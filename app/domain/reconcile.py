@@ -67,6 +67,7 @@ from app.domain.events import (
     replica_id_for,
     replica_stream,
 )
+from app.domain.model_spec import DEFAULT_STARTUP_TIMEOUT_S
 from app.domain.placement import Placer
 from app.domain.reports import FleetView
 from app.domain.rollout import new_revision_room, rollout_moves
@@ -239,8 +240,7 @@ def _startup_timeouts(draft: Draft) -> None:
         since = _startup_clock(state, replica)
         if since is None:
             continue
-        model = state.models.get(replica.model)
-        timeout = model.spec.startup_timeout_s if model else 600.0
+        timeout = _startup_timeout_s(state, replica)
         waited = (now - since).total_seconds()
         if waited > timeout:
             draft.emit(
@@ -302,11 +302,21 @@ def _shard_outcomes(draft: Draft) -> None:
             draft.emit(replica_stream(replica.id), ReplicaServing(replica_id=replica.id))
 
 
+def _startup_timeout_s(state: ClusterState, replica: Replica) -> float:
+    model = state.models.get(replica.model)
+    return model.spec.startup_timeout_s if model else DEFAULT_STARTUP_TIMEOUT_S
+
+
 def _stopping_done(draft: Draft, fleet: FleetView) -> None:
     for replica in list(draft.state.replicas.values()):
-        if replica.phase is ReplicaPhase.STOPPING and all(
-            _shard_gone(replica, s, fleet) for s in replica.shards
-        ):
+        if replica.phase is not ReplicaPhase.STOPPING:
+            continue
+        # An unanswered start counts as long as an engine may take to start: an agent
+        # answers a start once it has launched the engine (or refused it), so one that has
+        # not answered by then is wedged or hostile, and its silence must not keep the
+        # replica stopping (and its node's drain open) until it disconnects.
+        since = draft.now - timedelta(seconds=_startup_timeout_s(draft.state, replica))
+        if all(_shard_gone(replica, s, fleet, since) for s in replica.shards):
             draft.emit(
                 replica_stream(replica.id),
                 ReplicaStopped(replica_id=replica.id),
@@ -314,18 +324,21 @@ def _stopping_done(draft: Draft, fleet: FleetView) -> None:
             )
 
 
-def _shard_gone(replica: Replica, shard: Shard, fleet: FleetView) -> bool:
+def _shard_gone(replica: Replica, shard: Shard, fleet: FleetView, awaited_since: datetime) -> bool:
     """Whether nothing of a stopping replica's shard runs: it stopped, failed or never
     started, or its node, which said hello to this control plane, no longer reports it.
 
-    Not while its node has not answered the start this control plane sent it: an agent
-    reports what a start did before answering it, so the engine may be coming up still
-    unreported (a shard the log has only placed is not "never started" then, and a drain
-    of its node would finish while it starts there). A node that has not said hello
-    proves nothing: it may be on its way back with the engine still running (a lost node
-    is handled with it)."""
+    Not while its node has not answered the start this control plane sent it at or after
+    ``awaited_since``: an agent reports what a start did before answering it, so the engine
+    may be coming up still unreported (a shard the log has only placed is not "never
+    started" then, and a drain of its node would finish while it starts there). A start
+    sent before that and still unanswered no longer counts (an engine the agent starts
+    after all is a stray then, stopped as one). A node that has not said hello proves
+    nothing: it may be on its way back with the engine still running (a lost node is
+    handled with it)."""
     report = fleet.reports.get(shard.node_id)
-    if report is not None and start_command_id(replica.id, shard.index) in report.awaited:
+    sent_at = report.awaited.get(start_command_id(replica.id, shard.index)) if report else None
+    if sent_at is not None and sent_at >= awaited_since:
         return False
     return shard.phase in (ShardPhase.STOPPED, ShardPhase.FAILED, ShardPhase.PLACED) or (
         report is not None and (replica.id, shard.index) not in report.shards

@@ -15,10 +15,11 @@ folds an event into the log's state. Per node that said hello to this control pl
 - a shard status inserts or updates that shard; ``stopped`` and ``failed`` keep it with that
   state, which takes it out of the running set;
 - a disconnect drops the node;
-- a command this control plane sent the node (``command_sent``) is awaited until the
-  agent answers it (``CommandAnswered``), its next hello, or its disconnect. An agent
-  reports what a start did before it answers the start, so while a start is awaited its
-  engine may be coming up unreported.
+- a command this control plane sent the node (``command_sent``, with when: the
+  reconciler's clock) is awaited until the agent answers it (``CommandAnswered``), its
+  next hello, or its disconnect. An agent reports what a start did before it answers the
+  start, so while a start is awaited its engine may be coming up unreported (for as long
+  as the reconciler lets an unanswered start count: ``reconcile._shard_gone``).
 
 Gateways report how many requests each replica has in flight (``in_flight``, put in by the
 reconciler), so a replica taken out of routing is stopped only once it is idle.
@@ -27,6 +28,7 @@ reconciler), so a replica taken out of routing is stopped only once it is idle.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import Literal
 
 import msgspec
@@ -196,8 +198,9 @@ class NodeReport(msgspec.Struct, frozen=True, kw_only=True):
     shards: dict[ShardKey, ReportedShard] = {}
     greeting: int = 0
     """Changes with every hello of the node."""
-    awaited: frozenset[str] = frozenset()
-    """Ids of the commands sent to the node since its hello that it has not answered yet."""
+    awaited: dict[str, datetime] = {}
+    """The commands sent to the node since its hello that it has not answered yet: each id
+    with when it was sent (the reconciler's clock)."""
 
 
 class GatewaysInFlight(msgspec.Struct, frozen=True, kw_only=True):
@@ -285,13 +288,15 @@ def observe(view: FleetView, report: AgentReport, model_of: ModelOf) -> FleetVie
             return view
 
 
-def command_sent(view: FleetView, node_id: str, command_id: str) -> FleetView:
-    """The view once ``command_id`` is on its way to the node: awaited until answered. A
-    node that has not said hello is sent nothing: the view stays as it is."""
+def command_sent(view: FleetView, node_id: str, command_id: str, at: datetime) -> FleetView:
+    """The view once ``command_id`` is on its way to the node, sent ``at``: awaited until
+    answered. A node that has not said hello is sent nothing: the view stays as it is. A
+    command sent again while awaited keeps when it was first sent."""
     node = view.reports.get(node_id)
     if node is None or command_id in node.awaited:
         return view
-    return _with_node(view, msgspec.structs.replace(node, awaited=node.awaited | {command_id}))
+    awaited = {**node.awaited, command_id: at}
+    return _with_node(view, msgspec.structs.replace(node, awaited=awaited))
 
 
 def command_settled(view: FleetView, node_id: str, command_id: str) -> FleetView:
@@ -300,7 +305,8 @@ def command_settled(view: FleetView, node_id: str, command_id: str) -> FleetView
     node = view.reports.get(node_id)
     if node is None or command_id not in node.awaited:
         return view
-    return _with_node(view, msgspec.structs.replace(node, awaited=node.awaited - {command_id}))
+    awaited = {i: at for i, at in node.awaited.items() if i != command_id}
+    return _with_node(view, msgspec.structs.replace(node, awaited=awaited))
 
 
 def _heartbeat(view: FleetView, report: HeartbeatReport) -> FleetView:

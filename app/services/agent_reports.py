@@ -110,10 +110,11 @@ class LiveView:
         """A number that changes with every hello of the node; None while it is away."""
         return self._view.greeting(node_id)
 
-    def sending(self, node_id: str, command_id: str) -> None:
-        """The command is about to be sent to the node: awaited until the agent answers it
-        (said before the send, so an answer cannot come first)."""
-        self._view = command_sent(self._view, node_id, command_id)
+    def sending(self, node_id: str, command_id: str, at: datetime) -> None:
+        """The command is about to be sent to the node, ``at`` by the reconciler's clock:
+        awaited until the agent answers it (said before the send, so an answer cannot come
+        first)."""
+        self._view = command_sent(self._view, node_id, command_id, at)
 
     def not_sent(self, node_id: str, command_id: str) -> None:
         """The command announced by ``sending`` did not go: no answer will come."""

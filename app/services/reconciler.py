@@ -358,7 +358,7 @@ class Reconciler:
             ):
                 # Awaited from before the send until the agent answers: a stopping replica
                 # whose start is awaited may be coming up (``reconcile._shard_gone``).
-                self._tracker.sending(node_id, command_id)
+                self._tracker.sending(node_id, command_id, self._clock())
                 try:
                     await self._hub.send_command(node_id, planned.command)
                 except NodeNotConnected:

@@ -9,6 +9,7 @@ node: not a replica the log has there, and not an engine its agent is starting o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from msgspec.structs import replace
 
@@ -63,8 +64,11 @@ class Agents:
 
     def _awaited(self, node_id: str, command_id: str, *, awaited: bool) -> None:
         view = FleetView(reports=self.cluster.reports)
-        change = command_sent if awaited else command_settled
-        self.cluster.reports = dict(change(view, node_id, command_id).reports)
+        if awaited:
+            view = command_sent(view, node_id, command_id, self.cluster.now)
+        else:
+            view = command_settled(view, node_id, command_id)
+        self.cluster.reports = dict(view.reports)
 
     def _carry_out(self, node_id: str, command: StartShard | StopShard) -> None:
         engines = self.engines.setdefault(node_id, {})
@@ -177,6 +181,31 @@ def test_a_drain_does_not_finish_while_the_start_of_an_undo_s_replica_is_on_its_
     (finished,) = of_type(agents.reconcile(), NodeDrainFinished)
 
     assert finished.outcome == NODE_DRAIN_COMPLETE
+    assert cluster.phase("llama-4") is ReplicaPhase.STOPPED
+    assert on_node(cluster, "gpu-1") == []
+
+
+def test_a_start_the_node_never_answers_keeps_its_drain_open_only_for_the_startup_timeout() -> None:
+    cluster, agents = undone_after_one_move()
+    sent_at = cluster.now  # llama-4's start, on its way to gpu-1
+    cluster.given(*ops.drain_node(cluster.state, "gpu-1", "drain-1", 3600).events)
+    timeout = timedelta(seconds=cluster.state.models["llama"].spec.startup_timeout_s)
+
+    # gpu-1's agent stays connected but never answers (wedged, or hostile); the others
+    # carry out what they are sent. A pass a minute, for up to three startup timeouts.
+    finished: list[NodeDrainFinished] = []
+    while not finished and cluster.now - sent_at <= 3 * timeout:
+        finished = of_type(agents.reconcile(), NodeDrainFinished)
+        agents.carry_out("gpu-2", "gpu-3")
+        if not finished:
+            assert cluster.phase("llama-4") is ReplicaPhase.STOPPING
+            cluster.after(60)
+
+    assert finished, f"the drain of gpu-1 is still open after {cluster.now - sent_at}"
+    # Not before the start has gone unanswered for longer than an engine may take to start;
+    # not because the drain's grace (an hour) ran out.
+    assert timeout < cluster.now - sent_at < timeout + timedelta(seconds=120)
+    assert finished[0].outcome == NODE_DRAIN_COMPLETE
     assert cluster.phase("llama-4") is ReplicaPhase.STOPPED
     assert on_node(cluster, "gpu-1") == []
 

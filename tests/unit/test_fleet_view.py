@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 from app.domain.reports import (
     AgentConnected,
     AgentDisconnected,
@@ -17,6 +19,8 @@ from app.domain.reports import (
     observe,
 )
 from app.domain.state import ShardPhase
+
+T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 
 MODELS = {"llama-1": "llama", "qwen-1": "qwen"}
 
@@ -105,12 +109,17 @@ def test_a_disconnect_drops_the_node_and_other_reports_change_nothing() -> None:
 def test_a_command_sent_is_awaited_until_answered_or_the_node_says_hello_again() -> None:
     view = observe(FleetView(), hello("gpu-1"), model_of)
 
-    sent = command_sent(command_sent(view, "gpu-1", "start-llama-1-0"), "gpu-1", "stop-x-0")
+    later = T0 + timedelta(seconds=5)
+    sent = command_sent(
+        command_sent(view, "gpu-1", "start-llama-1-0", T0), "gpu-1", "stop-x-0", later
+    )
     answered = CommandAnswered(node_id="gpu-1", command_id="stop-x-0", ok=False, error="no")
     after = observe(sent, answered, model_of)
 
-    assert sent.reports["gpu-1"].awaited == {"start-llama-1-0", "stop-x-0"}
-    assert after.reports["gpu-1"].awaited == {"start-llama-1-0"}  # answered, even with an error
-    assert command_settled(after, "gpu-1", "start-llama-1-0").reports["gpu-1"].awaited == set()
-    assert observe(after, hello("gpu-1"), model_of).reports["gpu-1"].awaited == set()
-    assert command_sent(view, "gpu-2", "start-qwen-1-0") is view  # no hello: sent nothing
+    assert sent.reports["gpu-1"].awaited == {"start-llama-1-0": T0, "stop-x-0": later}
+    assert after.reports["gpu-1"].awaited == {"start-llama-1-0": T0}  # answered, even with an error
+    assert command_settled(after, "gpu-1", "start-llama-1-0").reports["gpu-1"].awaited == {}
+    assert observe(after, hello("gpu-1"), model_of).reports["gpu-1"].awaited == {}
+    assert command_sent(view, "gpu-2", "start-qwen-1-0", T0) is view  # no hello: sent nothing
+    # Sent again while awaited (after a failover, say), it keeps when it was first sent.
+    assert command_sent(sent, "gpu-1", "start-llama-1-0", later) is sent

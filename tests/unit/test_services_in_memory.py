@@ -90,11 +90,11 @@ async def test_a_reconcile_pass_places_a_declared_model_and_sends_the_start_to_i
     assert agents.sent == [("gpu-1", "start-llama-1-0")]
     assert store.state.replicas["llama-1"].shards[0].node_id == "gpu-1"
     # Awaited until the agent answers: till then its engine may be coming up unreported.
-    assert view.snapshot().reports["gpu-1"].awaited == {"start-llama-1-0"}
+    assert view.snapshot().reports["gpu-1"].awaited == {"start-llama-1-0": T0}
     again = await reconciler.run_pass()
     assert (again.events, again.sent) == (0, 0)  # nothing new, and no command twice
     await view.handle(CommandAnswered(node_id="gpu-1", command_id="start-llama-1-0", ok=True))
-    assert view.snapshot().reports["gpu-1"].awaited == frozenset()
+    assert view.snapshot().reports["gpu-1"].awaited == {}
 
 
 async def test_a_command_for_a_node_that_went_away_waits_for_its_next_hello() -> None:
@@ -109,7 +109,7 @@ async def test_a_command_for_a_node_that_went_away_waits_for_its_next_hello() ->
     report = await reconciler.run_pass()
 
     assert (report.events, report.commands, report.sent) == (1, 1, 0)
-    assert view.snapshot().reports["gpu-1"].awaited == frozenset()  # no answer will come
+    assert view.snapshot().reports["gpu-1"].awaited == {}  # no answer will come
     agents.connected.add("gpu-1")
     await view.handle(hello("gpu-1"))  # it says hello again: the command is due again
     assert (await reconciler.run_pass()).sent == 1
