@@ -178,9 +178,13 @@ def shard_spec(command: StartShard) -> ShardSpec:
 
 
 def start_refusal(
-    command: StartShard, port_range: tuple[int, int], gpus: Sequence[GpuStatus]
+    command: StartShard,
+    port_range: tuple[int, int],
+    gpus: Sequence[GpuStatus],
+    shards: Sequence[ShardRecord],
 ) -> str | None:
-    """Why this node cannot run the shard as asked, or None when it can."""
+    """Why this node cannot run the shard as asked, or None when it can. ``shards``: the
+    supervisor's inventory; the port of one that runs (another shard's) is taken."""
     low, high = port_range
     if not low <= command.port <= high:
         return f"port {command.port} is outside this node's port range {low}-{high}"
@@ -188,6 +192,13 @@ def start_refusal(
     unknown = sorted(set(command.gpus) - known)
     if unknown:
         return f"GPU(s) {unknown} do not exist on this node (it has {sorted(known)})"
+    key = ShardKey(command.replica_id, command.shard_index)
+    for record in shards:
+        if record.port == command.port and record.state in _RUNNING and record.key != key:
+            return (
+                f"port {command.port} is already used by replica {record.replica_id} "
+                f"shard {record.shard_index} (pid {record.pid})"
+            )
     return None
 
 
@@ -432,11 +443,16 @@ class AgentRuntime:
         self._finished(command.command_id, error)
 
     async def _start_shard(self, command: StartShard) -> None:
-        refusal = start_refusal(command, self._config.port_range, self._snapshot.gpus)
-        if refusal is not None:
-            raise CommandRefused(refusal)
         key = ShardKey(command.replica_id, command.shard_index)
         async with self._turns.of(key):
+            # Judged in the shard's turn: a stop of it that runs first frees its port. From
+            # here until the supervisor watches the new engine nothing awaits, so no other
+            # start can take the port in between.
+            refusal = start_refusal(
+                command, self._config.port_range, self._snapshot.gpus, self._supervisor.inventory()
+            )
+            if refusal is not None:
+                raise CommandRefused(refusal)
             if self._supervisor.running(key) is None:
                 # A start for a shard already running starts nothing (or is refused):
                 # what the shard does next is the earlier start's, not this command's.

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+import msgspec
 import pytest
 from cryptography import x509
 from websockets.datastructures import Headers
@@ -247,7 +248,26 @@ def test_a_start_command_becomes_the_spec_the_supervisor_runs() -> None:
 def test_a_start_outside_the_ports_or_gpus_of_this_node_is_refused(
     command: StartShard, refusal: str | None
 ) -> None:
-    assert start_refusal(command, (20000, 20999), [a_gpu(0), a_gpu(1)]) == refusal
+    assert start_refusal(command, (20000, 20999), [a_gpu(0), a_gpu(1)], []) == refusal
+
+
+def test_a_start_on_a_port_another_running_shard_holds_is_refused() -> None:
+    """Started anyway, the engine would load its model onto the GPUs and only then fail to
+    bind, or be ended for the port another engine holds: refused at once, nothing runs."""
+    other = msgspec.structs.replace(a_record(), replica_id="m-2", port=20001)
+    refusal = start_refusal(a_start(port=20001), (20000, 20999), [a_gpu(0)], [other])
+    assert refusal == "port 20001 is already used by replica m-2 shard 0 (pid 4242)"
+
+
+@pytest.mark.parametrize("state", [ShardState.FAILED, ShardState.STOPPED])
+def test_a_port_of_a_shard_that_no_longer_runs_is_free(state: ShardState) -> None:
+    ended = msgspec.structs.replace(a_record(state), replica_id="m-2", port=20001)
+    assert start_refusal(a_start(port=20001), (20000, 20999), [a_gpu(0)], [ended]) is None
+
+
+def test_a_start_of_the_shard_already_on_that_port_is_not_refused() -> None:
+    """The same shard started again is an idempotent start, answered by the supervisor."""
+    assert start_refusal(a_start(port=20001), (20000, 20999), [a_gpu(0)], [a_record()]) is None
 
 
 # -- which failures are fatal ------------------------------------------------------------
