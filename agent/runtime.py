@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 
@@ -47,6 +48,7 @@ from agent.turns import Turns
 from wire.errors import MessageTooLarge
 from wire.messages import (
     MAX_ERROR_CHARS,
+    MAX_LISTED,
     MAX_TEXT_CHARS,
     MAX_XID,
     PROTOCOL_VERSION,
@@ -185,6 +187,9 @@ def start_refusal(
 ) -> str | None:
     """Why this node cannot run the shard as asked, or None when it can. ``shards``: the
     supervisor's inventory; the port of one that runs (another shard's) is taken."""
+    unreportable = _unreportable(command)
+    if unreportable is not None:
+        return unreportable
     low, high = port_range
     if not low <= command.port <= high:
         return f"port {command.port} is outside this node's port range {low}-{high}"
@@ -192,6 +197,9 @@ def start_refusal(
     unknown = sorted(set(command.gpus) - known)
     if unknown:
         return f"GPU(s) {unknown} do not exist on this node (it has {sorted(known)})"
+    twice = sorted(index for index, times in Counter(command.gpus).items() if times > 1)
+    if twice:
+        return f"GPU(s) {twice} are listed twice"
     key = ShardKey(command.replica_id, command.shard_index)
     for record in shards:
         if record.port == command.port and record.state in _RUNNING and record.key != key:
@@ -199,6 +207,24 @@ def start_refusal(
                 f"port {command.port} is already used by replica {record.replica_id} "
                 f"shard {record.shard_index} (pid {record.pid})"
             )
+    return None
+
+
+def _unreportable(command: StartShard) -> str | None:
+    """Why the shard's reports could not be carried to the control plane (``ShardReport``
+    bounds what a ``start_shard`` does not), or None. Started anyway, every hello would
+    list a shard the control plane cannot decode: the node could never connect again, nor
+    be told to stop the engine."""
+    if command.shard_index >= MAX_LISTED:
+        return (
+            f"shard index {command.shard_index} is beyond what this agent can report "
+            f"(at most {MAX_LISTED - 1})"
+        )
+    if len(command.model) > MAX_TEXT_CHARS:
+        return (
+            f"a model name of {len(command.model)} characters is longer than this agent can "
+            f"report ({MAX_TEXT_CHARS})"
+        )
     return None
 
 

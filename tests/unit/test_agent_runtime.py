@@ -42,6 +42,7 @@ from app.pki import (
 )
 from app.pki.files import write_ca, write_issued
 from app.pki.keys import PrivateKey
+from wire.errors import ProtocolError
 from wire.messages import (
     GpuHealthChange,
     GpuReport,
@@ -243,12 +244,44 @@ def test_a_start_command_becomes_the_spec_the_supervisor_runs() -> None:
         (a_start(), None),
         (a_start(port=8080), "port 8080 is outside this node's port range 20000-20999"),
         (a_start(gpus=(1, 5)), "GPU(s) [5] do not exist on this node (it has [0, 1])"),
+        (a_start(gpus=(0, 1, 0)), "GPU(s) [0] are listed twice"),
     ],
 )
 def test_a_start_outside_the_ports_or_gpus_of_this_node_is_refused(
     command: StartShard, refusal: str | None
 ) -> None:
     assert start_refusal(command, (20000, 20999), [a_gpu(0), a_gpu(1)], []) == refusal
+
+
+def a_start_of(**fields: object) -> StartShard:
+    return msgspec.structs.replace(a_start(), **fields)
+
+
+@pytest.mark.parametrize(
+    ("command", "refusal"),
+    [
+        (
+            a_start_of(shard_index=4096),
+            "shard index 4096 is beyond what this agent can report (at most 4095)",
+        ),
+        (
+            a_start_of(model="m" * 1025),
+            "a model name of 1025 characters is longer than this agent can report (1024)",
+        ),
+    ],
+)
+def test_a_start_whose_shard_could_not_be_reported_is_refused(
+    command: StartShard, refusal: str
+) -> None:
+    """Its engine started, every hello would list a shard the control plane cannot decode:
+    the node could never connect again, nor be told to stop it."""
+    assert start_refusal(command, (20000, 20999), [a_gpu(0), a_gpu(1)], []) == refusal
+    record = msgspec.structs.replace(
+        a_record(), shard_index=command.shard_index, model=command.model, gpus=command.gpus
+    )
+    hello = build_hello(a_config(Path("/var/lib/llmgw-agent")), [a_gpu(0), a_gpu(1)], [record])
+    with pytest.raises(ProtocolError):
+        decode_from_agent(encode(hello))
 
 
 def test_a_start_on_a_port_another_running_shard_holds_is_refused() -> None:
