@@ -34,6 +34,7 @@ from agent.engines import (
     ShardSpec,
     ShardState,
 )
+from agent.engines.supervisor import FAILED_KEPT
 from agent.gpus import GpuSnapshot, GpuSource, GpuStatus
 from agent.session import (
     Close,
@@ -49,6 +50,7 @@ from wire.errors import MessageTooLarge
 from wire.messages import (
     MAX_ERROR_CHARS,
     MAX_LISTED,
+    MAX_SHARDS_PER_NODE,
     MAX_TEXT_CHARS,
     MAX_XID,
     PROTOCOL_VERSION,
@@ -75,6 +77,11 @@ TICK_INTERVAL_S = 0.25
 CLOSE_TIMEOUT_S = 2.0
 FLUSH_TIMEOUT_S = 5.0
 """How long stopping the agent waits for the stops it reports to go out."""
+
+MAX_RUNNING_SHARDS = MAX_SHARDS_PER_NODE - FAILED_KEPT
+"""Most shards the agent runs at once: with the failed ones it keeps, every one is in the
+next hello, and a hello that lists more than ``MAX_SHARDS_PER_NODE`` is refused, so the
+node could never connect again to be told to stop any of them."""
 
 _RUNNING = frozenset({ShardState.STARTING, ShardState.READY})
 _WIRE_STATES: dict[ShardState, WireShardState] = {
@@ -201,12 +208,15 @@ def start_refusal(
     if twice:
         return f"GPU(s) {twice} are listed twice"
     key = ShardKey(command.replica_id, command.shard_index)
-    for record in shards:
-        if record.port == command.port and record.state in _RUNNING and record.key != key:
+    others = [record for record in shards if record.state in _RUNNING and record.key != key]
+    for record in others:
+        if record.port == command.port:
             return (
                 f"port {command.port} is already used by replica {record.replica_id} "
                 f"shard {record.shard_index} (pid {record.pid})"
             )
+    if len(others) >= MAX_RUNNING_SHARDS:
+        return f"this node already runs {len(others)} shards, the most it can report"
     return None
 
 

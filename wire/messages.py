@@ -88,6 +88,9 @@ Labels = Annotated[dict[LabelKey, LabelValue], msgspec.Meta(max_length=64)]
 MAX_LISTED = 4096
 """Most GPUs, shards or GPU indexes one message may list; the meaning of a hello is checked
 against tighter limits (``app.hub.claims``)."""
+MAX_SHARDS_PER_NODE = 1024
+"""Most shards a hello may list (``app.hub.claims`` refuses one with more): an agent keeps
+its running and its failed shards within it, or could never connect again."""
 GpuIndex = Annotated[int, msgspec.Meta(ge=0, lt=MAX_LISTED)]
 """A GPU an agent reports: a node has at most 64 (``app.hub.claims``), numbered from 0."""
 ShardIndex = Annotated[int, msgspec.Meta(ge=0, lt=MAX_LISTED)]

@@ -23,6 +23,7 @@ from websockets.http11 import Response
 from agent.config import AgentConfig, ServerAddress
 from agent.connection import Backoff, Failure, classify_close, classify_failure
 from agent.engines import ShardChange, ShardRecord, ShardState
+from agent.engines.supervisor import FAILED_KEPT
 from agent.gpus import GpuStatus
 from agent.runtime import (
     build_hello,
@@ -32,6 +33,7 @@ from agent.runtime import (
     shard_status,
     start_refusal,
 )
+from app.hub.claims import MAX_SHARDS_PER_NODE, inventory_refusal
 from app.pki import (
     build_ca,
     client_ssl_context,
@@ -282,6 +284,36 @@ def test_a_start_whose_shard_could_not_be_reported_is_refused(
     hello = build_hello(a_config(Path("/var/lib/llmgw-agent")), [a_gpu(0), a_gpu(1)], [record])
     with pytest.raises(ProtocolError):
         decode_from_agent(encode(hello))
+
+
+MOST_RUNNING = MAX_SHARDS_PER_NODE - FAILED_KEPT
+"""Running shards, with the failed ones the agent keeps, fill a hello."""
+
+
+def running_shards(count: int) -> list[ShardRecord]:
+    return [
+        msgspec.structs.replace(a_record(), replica_id=f"other-{n}", port=21000 + n)
+        for n in range(count)
+    ]
+
+
+def test_a_start_past_the_shards_a_hello_may_list_is_refused() -> None:
+    """With its failed shards, every one would be in the next hello: one the control plane
+    refuses for listing too many shards, so the node could never connect again."""
+    most = MOST_RUNNING
+    assert start_refusal(a_start(), (20000, 20999), [a_gpu(0)], running_shards(most - 1)) is None
+    refusal = start_refusal(a_start(), (20000, 20999), [a_gpu(0)], running_shards(most))
+    assert refusal == f"this node already runs {most} shards, the most it can report"
+
+
+def test_a_node_running_its_most_shards_with_its_most_failed_ones_is_still_welcomed() -> None:
+    failed = [
+        msgspec.structs.replace(a_record(ShardState.FAILED), replica_id=f"failed-{n}")
+        for n in range(FAILED_KEPT)
+    ]
+    shards = running_shards(MOST_RUNNING) + failed
+    hello = build_hello(a_config(Path("/var/lib/llmgw-agent")), [a_gpu(0)], shards)
+    assert inventory_refusal(hello) is None
 
 
 def test_a_start_on_a_port_another_running_shard_holds_is_refused() -> None:
