@@ -164,7 +164,10 @@ class Backoff:
 
     def next_delay(self) -> float:
         ceiling = min(self._cap_s, self._initial_s * self._factor**self._step)
-        self._step += 1
+        if ceiling < self._cap_s:
+            # Past the cap the step stays put: a float power overflows (OverflowError) at
+            # the 1,025th failure in a row, some nine hours of a control plane away.
+            self._step += 1
         return ceiling * (0.5 + 0.5 * self._uniform())
 
     def longest_delay(self) -> float:

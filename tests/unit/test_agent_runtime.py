@@ -479,3 +479,15 @@ def test_backoff_doubles_with_jitter_up_to_its_cap_and_starts_over_when_reset() 
     assert [lowest.next_delay() for _ in range(3)] == [0.25, 0.5, 1]
     highest.reset()
     assert highest.next_delay() == 0.5
+
+
+def test_backoff_stays_at_its_cap_however_long_the_control_plane_is_away() -> None:
+    """At the default cap a delay is 15-30 s: 1,100 failures in a row are about nine hours
+    of a control plane that is down, which the agent must outlive."""
+    backoff = Backoff(initial_s=0.5, cap_s=30.0, uniform=lambda: 1.0)
+
+    delays = [backoff.next_delay() for _ in range(1_100)]
+
+    assert delays[-1] == 30.0
+    backoff.reset()
+    assert backoff.next_delay() == 0.5
