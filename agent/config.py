@@ -263,7 +263,9 @@ def resolve(settings: AgentSettings, environ: Mapping[str, str]) -> AgentConfig:
         ("--open-timeout", settings.open_timeout),
         ("--next-server-after", settings.next_server_after),
     ):
-        if seconds is not None and not seconds > 0:
+        # inf too: a delay that never ends, or a dial that never times out, would leave
+        # the agent waiting for ever on one dead server.
+        if seconds is not None and not 0 < seconds < math.inf:
             raise ConfigError(f"{flag} {seconds}: expected a positive number of seconds")
     interval_s = settings.liveness_interval
     if interval_s is not None and not (0 <= interval_s < math.inf):

@@ -192,6 +192,11 @@ def test_the_state_directory_defaults_by_who_runs_the_agent(
         ({"connect_timeout": -1.0}, "--connect-timeout -1.0: expected a positive number"),
         ({"open_timeout": 0.0}, "--open-timeout 0.0: expected a positive number"),
         ({"next_server_after": -5.0}, "--next-server-after -5.0: expected a positive number"),
+        (
+            {"reconnect_max_delay": float("inf")},
+            "--reconnect-max-delay inf: expected a positive number",
+        ),
+        ({"open_timeout": float("inf")}, "--open-timeout inf: expected a positive number"),
         ({"liveness_interval": -1.0}, "--liveness-interval -1.0: expected a number of seconds"),
         ({"liveness_interval": float("nan")}, "--liveness-interval nan: expected"),
         ({"liveness_failures": 0}, "--liveness-failures 0: expected at least 1"),
