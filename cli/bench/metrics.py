@@ -6,10 +6,13 @@ The first name of each list that the scrape contains is used. With several engin
 scrape (data parallel), waiting requests and counters are summed and the KV-cache usage is
 the fullest engine's, the one that saturates first. Samples labelled with another model
 than the one benched are left out when any sample carries the benched model's name.
+Values no gauge or counter of these can hold (NaN, infinities, negatives) are left out as
+the gateway leaves them out: a queue of NaN has no 95th percentile to admit by.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import msgspec
@@ -42,6 +45,8 @@ def read_metrics(text: str, model: str | None = None) -> EngineReading:
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
+                if not _a_reading(sample.value):
+                    continue
                 samples.setdefault(sample.name, []).append((sample.labels, sample.value))
     except (ValueError, TypeError, IndexError) as exc:
         raise MetricsUnavailable(f"/metrics is not in the Prometheus text format: {exc}") from exc
@@ -82,6 +87,11 @@ def prefix_cache_hit_rate(before: EngineReading, after: EngineReading) -> float 
     if queries_before is None or queries_after is None or queries_after <= queries_before:
         return None
     return (hits_after - hits_before) / (queries_after - queries_before)
+
+
+def _a_reading(value: float) -> bool:
+    """Whether ``value`` can be a queue length, a usage or a count: finite, not below 0."""
+    return math.isfinite(value) and value >= 0.0
 
 
 def _for_model(labelled: list[tuple[dict[str, str], float]], model: str | None) -> list[float]:

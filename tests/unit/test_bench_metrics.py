@@ -108,3 +108,27 @@ def test_the_hit_rate_is_hits_over_queries_between_two_scrapes() -> None:
     assert prefix_cache_hit_rate(before, after) == pytest.approx(0.75)
     assert prefix_cache_hit_rate(before, before) is None
     assert prefix_cache_hit_rate(EngineReading(), after) is None
+
+
+@pytest.mark.parametrize("odd", ["NaN", "+Inf", "-Inf", "-3"])
+def test_a_value_no_gauge_can_hold_is_skipped_and_the_other_engines_count(odd: str) -> None:
+    """A queue of NaN or infinity has no ceiling to take from it: left in, it turned the
+    recommendation into a crash (ceil of NaN) or a NaN KV ceiling. The gateway skips such
+    samples too."""
+    text = (
+        f'vllm:num_requests_waiting{{engine="0"}} {odd}\n'
+        'vllm:num_requests_waiting{engine="1"} 3\n'
+        f'vllm:kv_cache_usage_perc{{engine="0"}} {odd}\n'
+        'vllm:kv_cache_usage_perc{engine="1"} 0.4\n'
+    )
+
+    reading = read_metrics(text)
+
+    assert (reading.waiting, reading.kv_cache_usage) == (3, 0.4)
+
+
+def test_a_scrape_whose_only_queue_value_is_nan_has_no_queue() -> None:
+    reading = read_metrics("vllm:num_requests_waiting NaN\nvllm:kv_cache_usage_perc NaN\n")
+
+    assert (reading.waiting, reading.kv_cache_usage) == (None, None)
+    assert missing_gauges(reading) != []
