@@ -204,6 +204,8 @@ async def stream_request(
     if events == 0:
         raise RequestFailed("the answer had no output text")
     output_tokens = events
+    if usage is not None:
+        _check_usage(usage, max_tokens)
     if usage is not None and usage.completion_tokens:
         # Engines may put several tokens in one event; the usage is the true count.
         on_tokens(max(usage.completion_tokens - events, 0))
@@ -215,6 +217,20 @@ async def stream_request(
         output_tokens=output_tokens,
         prompt_tokens=None if usage is None else usage.prompt_tokens,
     )
+
+
+def _check_usage(usage: _Usage, max_tokens: int) -> None:
+    """Raises ``RequestFailed`` for counts no answer to ``max_tokens`` can have: believed, a
+    usage of a million tokens for a 16-token answer would count towards the level's output
+    tokens/s, and so towards the weight ``--apply`` gives the replica."""
+    completion, prompt = usage.completion_tokens, usage.prompt_tokens
+    if completion is not None and not 0 <= completion <= max_tokens:
+        raise RequestFailed(
+            f"the engine's usage counts {completion} output tokens for an answer of at most "
+            f"{max_tokens} (max_tokens)"
+        )
+    if prompt is not None and prompt < 0:
+        raise RequestFailed(f"the engine's usage counts {prompt} prompt tokens")
 
 
 async def _error_text(response: aiohttp.ClientResponse) -> str:

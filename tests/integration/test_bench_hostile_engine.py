@@ -11,7 +11,8 @@ from cli.bench import probe, sampler
 from cli.bench.errors import BenchError, MetricsUnavailable, TargetRefused, TargetUnreachable
 from cli.bench.metrics import EngineReading
 from cli.bench.probe import served_models
-from cli.bench.request import engine_session
+from cli.bench.request import RequestFailed, engine_session, stream_request
+from cli.bench.stats import RequestOutcome
 from cli.bench.sampler import MetricsReader
 from cli.bench.target import Engine
 from tests.support.bad_engine import (
@@ -23,6 +24,7 @@ from tests.support.bad_engine import (
     Story,
     endless_model_list,
     endless_page,
+    sse_answer,
 )
 from wire.metrics_page import MAX_METRICS_PAGE_BYTES
 
@@ -131,3 +133,47 @@ async def test_a_model_list_that_stops_coming_says_it_took_too_long(
     assert str(outcome) == (
         f"the engine at {url} sent no whole answer to GET /v1/models within 0.2 s"
     ), str(outcome)
+
+
+def answer_counted_as(completion_tokens: int) -> Story:
+    """Two text events, then a usage that counts ``completion_tokens`` output tokens."""
+    text = b'{"choices": [{"text": "a"}]}'
+    last = b'{"choices": [{"text": "b", "finish_reason": "length"}]}'
+    usage = b'{"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": %d}}'
+    return lambda request: [sse_answer(text, last, usage % completion_tokens)]
+
+
+async def stream(story: Story, max_tokens: int) -> tuple[RequestOutcome | RequestFailed, int]:
+    """One streamed request to the bad engine: its outcome or error, and the output tokens
+    it added to the level's throughput."""
+    counted: list[int] = []
+    with BadEngine(story) as engine:
+        async with engine_session() as session:
+            target = Engine(root_url=engine.url, model="m")
+            try:
+                outcome: RequestOutcome | RequestFailed = await stream_request(
+                    session, target, "hi", max_tokens, timeout_s=10, on_tokens=counted.append
+                )
+            except RequestFailed as exc:
+                outcome = exc
+    return outcome, sum(counted)
+
+
+@pytest.mark.parametrize("completion_tokens", [1_600_000, -5])
+async def test_a_usage_counting_tokens_no_answer_to_max_tokens_has_fails_the_request(
+    completion_tokens: int,
+) -> None:
+    # Before, bench believed it: one answer of 16 tokens counted 1.6 million towards the
+    # level's output tokens/s, and --apply gave the replica a weight 100,000 times its due.
+    outcome, counted = await stream(answer_counted_as(completion_tokens), max_tokens=16)
+
+    assert isinstance(outcome, RequestFailed), outcome
+    assert f"counts {completion_tokens} output tokens" in str(outcome)
+    assert counted <= 16
+
+
+async def test_a_usage_within_max_tokens_is_the_count() -> None:
+    outcome, counted = await stream(answer_counted_as(16), max_tokens=16)
+
+    assert isinstance(outcome, RequestOutcome), outcome
+    assert (outcome.output_tokens, counted) == (16, 16)
