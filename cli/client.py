@@ -286,9 +286,11 @@ class AdminClient:
         kv_ceiling: float,
         replica_id: str | None = None,
         summary: Mapping[str, object] | None = None,
+        revision: int | None = None,
     ) -> TuningResult:
         """Apply routing settings (measured by bench) to ``model``, or to ``replica_id``
-        alone; ``summary`` is kept with them in the log."""
+        alone; ``summary`` is kept with them in the log. With ``revision`` (the model's
+        revision bench measured) the API refuses settings for a model now at another."""
         body = self.request(
             "POST",
             f"/admin/v1/models/{segment(model, 'the model name')}/tuning",
@@ -298,6 +300,7 @@ class AdminClient:
                 "target_waiting": target_waiting,
                 "kv_ceiling": kv_ceiling,
                 "summary": dict(summary or {}),
+                "revision": revision,
             },
         )
         return _decode(_tuning_decoder, body, "tuning result")

@@ -30,6 +30,9 @@ class TuningRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """KV-cache usage at which the replica takes no new work; in (0, 1]."""
     summary: dict[str, Any] = {}
     """What the bench measured, kept with the settings in the log."""
+    revision: int | None = None
+    """The model's revision the bench measured (its replica's). Settings for the model are
+    refused (422) when the model is at another revision now; null checks nothing."""
 
 
 class TuningView(msgspec.Struct, frozen=True, kw_only=True):
@@ -73,7 +76,9 @@ class TuningController(Controller):
         routing = RoutingSettings(
             weight=data.weight, target_waiting=data.target_waiting, kv_ceiling=data.kv_ceiling
         )
-        changed = await operations.tune(caller, name, data.replica_id, routing, data.summary)
+        changed = await operations.tune(
+            caller, name, data.replica_id, routing, data.summary, data.revision
+        )
         return TuningView(
             changed=changed,
             model=name,

@@ -127,8 +127,14 @@ def tune(
     replica_id: str | None,
     routing: RoutingSettings,
     summary: Mapping[str, Any],
+    revision: int | None = None,
 ) -> Change:
-    """Record ``routing`` for the model, or for ``replica_id`` (an active replica of it)."""
+    """Record ``routing`` for the model, or for ``replica_id`` (an active replica of it).
+
+    ``revision`` is the model's revision that bench measured (its replica's). Settings for
+    the model are refused when it is at another revision now (a rollout, or a removal and a
+    new declaration, came in while bench ran): they would route replicas of a revision
+    nobody measured. A replica keeps its revision, so its own settings are always its."""
     model = find_model(state, model_name)
     if model.removed:
         raise InvalidOperation(
@@ -148,6 +154,14 @@ def tune(
             errors.append(SpecError("replica_id", f"has ended ({replica.phase.value})"))
         else:
             current = replica.routing
+    if replica_id is None and revision is not None and revision != model.revision:
+        errors.append(
+            SpecError(
+                "revision",
+                f"bench measured revision {revision} of the model; it is at revision "
+                f"{model.revision} now: bench a replica of revision {model.revision}",
+            )
+        )
     if errors:
         raise InvalidTuning(model_name, errors)
     stream = model_stream(model_name)

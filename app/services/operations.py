@@ -168,11 +168,12 @@ class Operations:
         replica_id: str | None,
         routing: RoutingSettings,
         summary: Mapping[str, Any],
+        revision: int | None = None,
     ) -> bool:
         return await self._record(
             caller,
             model_stream(name),
-            lambda s: tuning.tune(s, name, replica_id, routing, summary),
+            lambda s: tuning.tune(s, name, replica_id, routing, summary, revision),
             about_replica=replica_id,
         )
 

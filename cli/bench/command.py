@@ -209,7 +209,8 @@ def bench(
             group=RESULT,
             negative=(),
             help="Record the recommendation through the admin API (a tuned event with the "
-            "bench summary).",
+            "bench summary). With --replica, refused for the model if it moved to another "
+            "revision while bench ran.",
         ),
     ] = False,
     apply_to: Annotated[

@@ -73,7 +73,11 @@ def run_and_report(
     except (KeyboardInterrupt, _Terminated):
         failure = INTERRUPTED
     view = TargetView(
-        url=target.root_url, model=model or target.model, replica_id=target.replica_id, api=api
+        url=target.root_url,
+        model=model or target.model,
+        replica_id=target.replica_id,
+        revision=target.revision,
+        api=api,
     )
     report = build_report(
         run, view, started_at=started_at, finished_at=datetime.now(UTC), failure=failure
@@ -148,6 +152,7 @@ def _apply(
                 kv_ceiling=recommendation.kv_ceiling,
                 replica_id=replica_id,
                 summary=tuning_summary(report, report_file.resolve()),
+                revision=target.revision,
             )
     except ClientError as exc:
         return report, f"--apply: {exc}"

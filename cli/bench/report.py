@@ -26,6 +26,8 @@ class TargetView(msgspec.Struct, frozen=True, kw_only=True):
     url: str
     model: str | None
     replica_id: str | None = None
+    revision: int | None = None
+    """The model's revision the replica runs (a replica only)."""
     api: str
     ignore_eos: bool | None = None
 

@@ -59,6 +59,7 @@ class _Replica(msgspec.Struct, frozen=True):
     model: str
     phase: str
     shards: list[_Shard]
+    revision: int | None = None
 
 
 class _Connection(msgspec.Struct, frozen=True):
@@ -79,6 +80,9 @@ class Target:
     replica_id: str | None = None
     model: str | None = None
     """The llmgw model the replica belongs to (known for a replica only)."""
+    revision: int | None = None
+    """The model's revision the replica runs (known for a replica only): ``--apply`` sends
+    it, so the model's settings are not replaced if it moved to another meanwhile."""
 
 
 def engine_root(url: str) -> str:
@@ -111,7 +115,10 @@ def resolve_replica(client: AdminClient, replica_id: str) -> Target:
     address = node.connection.address
     host = f"[{address}]" if ":" in address and not address.startswith("[") else address
     return Target(
-        root_url=f"http://{host}:{first.port}", replica_id=replica.id, model=replica.model
+        root_url=f"http://{host}:{first.port}",
+        replica_id=replica.id,
+        model=replica.model,
+        revision=replica.revision,
     )
 
 

@@ -180,3 +180,28 @@ async def test_the_cli_client_reports_a_refusal_with_its_fields(admin_url: str) 
 
     assert refused.value.status == 422
     assert "weight: must be between 0.001 and 1000000" in str(refused.value)
+
+
+async def test_settings_bench_measured_on_a_revision_the_model_left_are_refused(
+    admin: httpx.AsyncClient, admin_url: str, pg_store: PostgresEventStore
+) -> None:
+    model = f"mistral-{secrets.token_hex(3)}"
+    assert (await admin.put(f"/admin/v1/models/{model}", json=SPEC)).status_code == 200
+    moved = {**SPEC, "command": "sglang serve {model} --port {port}"}
+    assert (await admin.put(f"/admin/v1/models/{model}", json=moved)).status_code == 200
+    settings = ConnectionSettings(admin_url=admin_url, token=TOKEN)
+    before = await last_position(pg_store)
+
+    def tune_at(revision: int) -> bool:
+        with AdminClient(settings) as client:
+            return client.tune(model, **MEASURED, summary=SUMMARY, revision=revision).changed
+
+    with pytest.raises(ApiProblem) as refused:
+        await asyncio.to_thread(tune_at, 1)
+
+    assert refused.value.status == 422
+    assert "revision: bench measured revision 1 of the model; it is at revision 2" in str(
+        refused.value
+    )
+    assert await last_position(pg_store) == before
+    assert await asyncio.to_thread(tune_at, 2) is True

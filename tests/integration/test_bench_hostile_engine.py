@@ -12,8 +12,8 @@ from cli.bench.errors import BenchError, MetricsUnavailable, TargetRefused, Targ
 from cli.bench.metrics import EngineReading
 from cli.bench.probe import served_models
 from cli.bench.request import RequestFailed, engine_session, stream_request
-from cli.bench.stats import RequestOutcome
 from cli.bench.sampler import MetricsReader
+from cli.bench.stats import RequestOutcome
 from cli.bench.target import Engine
 from tests.support.bad_engine import (
     GAUGE,

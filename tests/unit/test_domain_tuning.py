@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import msgspec
 import pytest
 
 from app.domain.envelope import Meta, Recorded
@@ -23,7 +24,7 @@ from app.domain.events import (
 )
 from app.domain.evolve import replay
 from app.domain.model_spec import ModelSpec, RoutingSettings
-from app.domain.operations import Change, InvalidOperation, UnknownModel
+from app.domain.operations import Change, InvalidOperation, UnknownModel, apply_model
 from app.domain.state import ClusterState
 from app.domain.tuning import MAX_SUMMARY_BYTES, InvalidTuning, tune
 
@@ -232,3 +233,46 @@ def test_a_summary_as_bench_writes_it_is_recorded() -> None:
     change = tune(cluster(), "llama", None, MEASURED, summary)
 
     assert after(cluster(), change).models["llama"].tuned_summary == summary
+
+
+SGLANG = msgspec.structs.replace(LLAMA, command="sglang serve {model} --port {port}")
+"""What runs changes: the next revision."""
+
+
+def test_settings_measured_on_an_earlier_revision_are_not_applied_to_the_model() -> None:
+    # Bench measured llama-1 (revision 1) while the model moved to revision 2: before, its
+    # figures became the routing of every replica of revision 2, which it never measured.
+    state = cluster()
+    moved = after(state, apply_model(state, SGLANG))
+    assert moved.models["llama"].revision == 2
+
+    with pytest.raises(InvalidTuning) as refused:
+        tune(moved, "llama", None, MEASURED, SUMMARY, revision=1)
+
+    assert [(e.field, e.reason) for e in refused.value.errors] == [
+        (
+            "revision",
+            "bench measured revision 1 of the model; it is at revision 2 now: bench a "
+            "replica of revision 2",
+        )
+    ]
+    assert tune(moved, "llama", None, MEASURED, SUMMARY, revision=2).events != ()
+
+
+def test_settings_measured_before_the_model_was_removed_and_declared_anew_are_refused() -> None:
+    removed = after(cluster(), Change(stream="", events=(ModelRemoved(model="llama"),)))
+    declared_anew = after(removed, apply_model(removed, SGLANG))
+
+    with pytest.raises(InvalidTuning) as refused:
+        tune(declared_anew, "llama", None, MEASURED, SUMMARY, revision=1)
+
+    assert [e.field for e in refused.value.errors] == ["revision"]
+
+
+def test_a_replica_keeps_the_settings_measured_on_it_whatever_the_models_revision() -> None:
+    state = cluster()
+    moved = after(state, apply_model(state, SGLANG))
+
+    tuned = after(moved, tune(moved, "llama", "llama-1", MEASURED, SUMMARY, revision=1))
+
+    assert tuned.replicas["llama-1"].routing == MEASURED
