@@ -33,6 +33,10 @@ WORKLOAD = Group("Workload", sort_key=2)
 CLIMB = Group("Climb", sort_key=3)
 RESULT = Group("Report and apply", sort_key=4)
 Positive = validators.Number(gte=1)
+MAX_CONCURRENCY = 100_000
+"""The admin API's bound on a bench capacity (what the autoscaler scales by): a level above
+it could not be applied, and each of its clients is a task and a connection of bench's own."""
+Concurrency = validators.Number(gte=1, lte=MAX_CONCURRENCY)
 _T = TypeVar("_T")
 
 
@@ -149,8 +153,8 @@ def bench(
         Parameter(
             group=CLIMB,
             converter=whole_number,
-            validator=Positive,
-            help="The first level to measure.",
+            validator=Concurrency,
+            help=f"The first level to measure (at most {MAX_CONCURRENCY}).",
         ),
     ] = 1,
     max_concurrency: Annotated[
@@ -158,8 +162,8 @@ def bench(
         Parameter(
             group=CLIMB,
             converter=whole_number,
-            validator=Positive,
-            help="The highest level to measure. "
+            validator=Concurrency,
+            help=f"The highest level to measure (at most {MAX_CONCURRENCY}). "
             f"[default: {STANDARD.max_concurrency}; {QUICK.max_concurrency} with --quick]",
         ),
     ] = None,

@@ -296,3 +296,28 @@ def test_a_spec_with_infinity_or_nan_is_refused_naming_file_model_and_field(
         read_specs(spec)
     assert str(refused.value) == expected
     assert run_cli("models", "apply", str(spec)) == (1, "", f"llmgw-cli models apply: {expected}\n")
+
+
+# -- bench's concurrency -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["--start-concurrency", "--max-concurrency"])
+def test_bench_refuses_a_concurrency_beyond_what_the_api_records(flag: str) -> None:
+    """Before, --start-concurrency 1000000000 (a slip of three zeros) started a billion
+    clients at once, each a task and a connection, until memory ran out; a capacity above
+    100000 could not be applied anyway."""
+    extra = ("--max-concurrency", "1000000000") if flag == "--start-concurrency" else ()
+    code, _, stderr = run_cli(
+        *("bench", "--url", "http://127.0.0.1:1", "--slo", "ttft_p95=1s"),
+        *(flag, "1000000000", *extra),
+    )
+
+    assert code == 2, stderr
+    assert f'Invalid value "1000000000" for {flag}. Must be <= 100000.' in stderr
+
+
+def test_bench_climbs_no_higher_than_the_capacity_the_api_records() -> None:
+    from app.domain.tuning import MAX_BENCH_CAPACITY
+    from cli.bench.command import MAX_CONCURRENCY
+
+    assert MAX_CONCURRENCY == MAX_BENCH_CAPACITY
