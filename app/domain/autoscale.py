@@ -103,7 +103,8 @@ class ScaleDecision(msgspec.Struct, frozen=True, kw_only=True):
 
     replicas: int
     reason: str
-    inputs: ScaleInputs
+    inputs: ScaleInputs | None
+    """None for a count brought into its bounds while no demand is heard."""
 
 
 def longest_window_s(policy: AutoscalePolicy) -> float:
@@ -188,11 +189,14 @@ def decide(model: Model, samples: Sequence[DemandSample], now: datetime) -> Scal
     """The count ``model`` should have now, or None to keep the one it has; the count it has,
     with the reason, when its figures give no count to scale to."""
     policy = model.spec.autoscale
-    if policy is None or model.removed or not samples:
+    if policy is None or model.removed:
         return None
-    if now - samples[-1].at > timedelta(seconds=HEARD_WITHIN_S):
-        return None  # no gateway has reported since: the demand is unknown, not zero
     current = model.spec.replicas
+    if not samples or now - samples[-1].at > timedelta(seconds=HEARD_WITHIN_S):
+        # No gateway has reported since: the demand is unknown, not zero, and the count
+        # holds; but never outside the bounds, which need no demand to hold (``max`` is
+        # the model's cap on the fleet, however long the gateways are silent).
+        return _into_bounds(current, policy)
     per_replica, source = per_replica_load(model, policy)
     latest = samples[-1].demand
     timeline = _Timeline(samples)
@@ -248,6 +252,17 @@ def decide(model: Model, samples: Sequence[DemandSample], now: datetime) -> Scal
     if desired == current:
         return None
     return ScaleDecision(replicas=desired, reason=reason, inputs=inputs)
+
+
+def _into_bounds(current: int, policy: AutoscalePolicy) -> ScaleDecision | None:
+    """The count brought into ``[min, max]`` with no demand to go by; None when it is."""
+    bounded = min(max(current, policy.min_replicas), policy.max_replicas)
+    if bounded == current:
+        return None
+    limit = "min" if bounded > current else "max"
+    return ScaleDecision(
+        replicas=bounded, reason=f"held to {limit} {bounded} (no demand heard)", inputs=None
+    )
 
 
 def _unusable(per_replica: float, source: str) -> str:

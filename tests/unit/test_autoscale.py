@@ -91,7 +91,7 @@ class Demand:
                 self.history, None, models, self.now, pass_interval_s=PASS_INTERVAL_S
             )
             samples = self.history["llama"]
-            changed = changed or (samples and autoscale.decide(self.model, samples, self.now))
+            changed = changed or autoscale.decide(self.model, samples, self.now)
         return changed or None
 
     def no_pass(self, seconds: float) -> None:
@@ -156,6 +156,7 @@ def test_the_count_comes_down_only_after_a_whole_window_of_lower_demand() -> Non
     assert first is not None
     assert first.replicas == 6
     assert first.reason == "demand averaged at most 23.2 over 60s needs 6 replica(s) at 4 each"
+    assert first.inputs is not None
     assert first.inputs.down_window_max == pytest.approx((8 * 28 + 2 * 4) / 10)
     last = first
     while demand.replicas > 1:
@@ -464,6 +465,7 @@ def test_a_deeper_drop_waits_only_its_share_of_the_down_window() -> None:
         "demand averaged at most 11.2 over 30s needs 3 replica(s) at 4 each "
         "(50% of the 60s window: 7 to 3)"
     )
+    assert first.inputs is not None
     assert first.inputs.down_wait_s == 30.0
     assert first.inputs.down_wait_max == pytest.approx((3 * 28 + 7 * 4) / 10)
     assert first.inputs.down_window_max == pytest.approx(28.0)  # the whole minute's
