@@ -79,6 +79,9 @@ so much unknown time (gaps in the passes, below) it may hold in all."""
 GAP_PASSES = 3
 """A sample taken more than this many pass intervals after the one before it follows a gap
 in the passes: it stands for one interval, not for the whole gap."""
+WHOLE_TOLERANCE = 1e-9
+"""How near a whole number of replicas a load's ratio to a replica's counts as that number
+(relative, above 1): far more than a sum's rounding, far less than any request."""
 MIN_PER_REPLICA = MIN_AUTOSCALE_TARGET
 """The least load per replica ``decide`` scales by: the least the spec accepts (a ``target``,
 or a ``capacity`` share of a bench capacity, at least 0.01 of at least 1)."""
@@ -215,7 +218,7 @@ def decide(model: Model, samples: Sequence[DemandSample], now: datetime) -> Scal
     unusable = _unusable(per_replica, source)
     if unusable:
         return ScaleDecision(replicas=current, reason=unusable, inputs=inputs)
-    wanted_up = math.ceil(mean_up / per_replica)
+    wanted_up = replicas_for(mean_up, per_replica)
     drop = _drop(samples, timeline, highest, now, policy, current, per_replica)
     desired, reason = current, ""
     if current == 0 and latest > 0:
@@ -232,7 +235,7 @@ def decide(model: Model, samples: Sequence[DemandSample], now: datetime) -> Scal
         inputs = msgspec.structs.replace(inputs, down_wait_s=waited_s, down_wait_max=peak)
         reason = (
             f"demand averaged at most {peak:.1f} over {round(waited_s, 1):g}s needs "
-            f"{math.ceil(peak / per_replica)} replica(s) at {per_replica:g} each"
+            f"{replicas_for(peak, per_replica)} replica(s) at {per_replica:g} each"
         )
         if waited_s < policy.down_window_s:
             share = waited_s / policy.down_window_s
@@ -263,6 +266,19 @@ def _into_bounds(current: int, policy: AutoscalePolicy) -> ScaleDecision | None:
     return ScaleDecision(
         replicas=bounded, reason=f"held to {limit} {bounded} (no demand heard)", inputs=None
     )
+
+
+def replicas_for(load: float, per_replica: float) -> int:
+    """The replicas ``load`` needs at ``per_replica`` each: ``ceil(load / per_replica)``, but
+    a ratio within ``WHOLE_TOLERANCE`` of a whole number is that number. A mean is a sum over
+    time in floating point: a steady 12 may average 12.000000000000227, and 12 at 4 each
+    needs 3 replicas, not 4 (which the down window's peak would then hold)."""
+    ratio = load / per_replica
+    if math.isfinite(ratio):
+        whole = round(ratio)
+        if abs(ratio - whole) <= WHOLE_TOLERANCE * max(1.0, abs(ratio)):
+            return int(whole)
+    return math.ceil(ratio)
 
 
 def _unusable(per_replica: float, source: str) -> str:
@@ -302,7 +318,7 @@ def _drop(
         if not timeline.watched(now, wait_s) or _partial_within(samples, now, wait_s):
             continue
         peak = highest.since(now - timedelta(seconds=wait_s))
-        if math.ceil(peak / per_replica) <= count:
+        if replicas_for(peak, per_replica) <= count:
             found = (count, wait_s, peak)
     return found
 
