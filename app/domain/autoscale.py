@@ -202,7 +202,7 @@ def decide(model: Model, samples: Sequence[DemandSample], now: datetime) -> Scal
         return _into_bounds(current, policy)
     per_replica, source = per_replica_load(model, policy)
     latest = samples[-1].demand
-    timeline = _Timeline(samples)
+    timeline = _Timeline(_looked_back_on(samples, now, policy))
     mean_up = timeline.mean(now, policy.up_window_s)
     down_from = now - timedelta(seconds=policy.down_window_s)
     highest = _HighestAverages(timeline, policy.up_window_s, down_from)
@@ -242,7 +242,7 @@ def decide(model: Model, samples: Sequence[DemandSample], now: datetime) -> Scal
             reason += (
                 f" ({share:.0%} of the {policy.down_window_s:g}s window: {current} to {desired})"
             )
-        if desired == 0 and not _idle(samples, timeline, now, policy.idle_to_zero_s):
+        if desired == 0 and not _idle(samples, now, policy.idle_to_zero_s):
             desired = 1
             reason += f"; one stays until {policy.idle_to_zero_s:g}s without any request"
         elif desired == 0:
@@ -292,10 +292,16 @@ def _unusable(per_replica: float, source: str) -> str:
     )
 
 
-def _within(samples: Sequence[DemandSample], now: datetime, window_s: float) -> list[DemandSample]:
-    since = now - timedelta(seconds=window_s)
-    inside = [s for s in samples if s.at >= since]
-    return inside or [samples[-1]]
+def _looked_back_on(
+    samples: Sequence[DemandSample], now: datetime, policy: AutoscalePolicy
+) -> Sequence[DemandSample]:
+    """The samples the means may use: from the last one at or before the earliest start of
+    an up window that ends within the down window. A leader keeps samples for the whole
+    idle spell (up to a day), which only ``_idle`` reads; a timeline of all of them would
+    make every pass as slow as the longest idle spell is long."""
+    earliest = now - timedelta(seconds=policy.down_window_s + policy.up_window_s)
+    first = bisect.bisect_right(samples, earliest, key=lambda s: s.at) - 1
+    return samples[max(first, 0) :]
 
 
 def _drop(
@@ -426,9 +432,24 @@ def _partial_within(samples: Sequence[DemandSample], now: datetime, window_s: fl
     return False
 
 
-def _idle(
-    samples: Sequence[DemandSample], timeline: _Timeline, now: datetime, window_s: float
-) -> bool:
-    return timeline.watched(now, window_s) and all(
-        s.demand == 0 and not s.partial for s in _within(samples, now, window_s)
-    )
+def _idle(samples: Sequence[DemandSample], now: datetime, window_s: float) -> bool:
+    """Whether no sample of the last ``window_s`` (the latest, when none is that recent)
+    holds demand or leaves a silent gateway's out, and the samples watched the whole of it
+    (as ``_Timeline.watched``). One walk back from the latest sample, which stops at the
+    first request: no timeline of a spell that may hold a day of samples."""
+    late_s = min(COVERED_SLACK_S, window_s / 10)
+    start = now - timedelta(seconds=window_s)
+    if samples[0].at > start + timedelta(seconds=late_s):
+        return False
+    unknown_s = max((samples[0].at - start).total_seconds(), 0.0)
+    for i in range(len(samples) - 1, -1, -1):
+        sample = samples[i]
+        if sample.at < start and i < len(samples) - 1:
+            break
+        if sample.demand != 0 or sample.partial:
+            return False
+        if i and sample.stands_for_s is not None:
+            before = samples[i - 1].at
+            gap_end = max(before, sample.at - timedelta(seconds=sample.stands_for_s))
+            unknown_s += max((gap_end - max(before, start)).total_seconds(), 0.0)
+    return unknown_s <= late_s
