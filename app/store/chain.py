@@ -172,6 +172,20 @@ class Break(msgspec.Struct, frozen=True):
     inserted_after: int | None = None
     """For ``INSERTED``: the position the next genuine event was appended after (the first
     inserted event is the one that now follows it)."""
+    appended_next: int | None = None
+    """For ``INSERTED``: that next genuine event's position."""
+
+
+def missing_predecessor(named: int, inserted: Break) -> Break:
+    """An ``INSERTED`` break whose named predecessor no event holds (the walk cannot know:
+    it keeps no positions): that event is missing, not the ones after it inserted."""
+    return Break(
+        named,
+        Problem.MISSING,
+        f"the event at position {named} is missing: position {inserted.appended_next} was "
+        f"appended right after it, but the log has no event at {named}; it was removed, or "
+        "the position it names was changed",
+    )
 
 
 class Head(msgspec.Struct, frozen=True):
@@ -288,6 +302,7 @@ class ChainWalk:
             f"appended right after it, but now position {last} (and any between) stands "
             "between them",
             inserted_after=before,
+            appended_next=row.position,
         )
 
     def _check_hash(self, row: ChainRow) -> Break | None:

@@ -17,7 +17,16 @@ import msgspec
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.store.chain import CHAIN_COLUMNS, GENESIS, Break, ChainWalk, Head, Problem, stored_row
+from app.store.chain import (
+    CHAIN_COLUMNS,
+    GENESIS,
+    Break,
+    ChainWalk,
+    Head,
+    Problem,
+    missing_predecessor,
+    stored_row,
+)
 from app.store.database import driver_connection, translated_errors
 from app.store.errors import StoreError
 
@@ -70,8 +79,14 @@ async def verify_log(
 
 async def _disown_inserted(db: asyncpg.Connection, walk: ChainWalk, broken: Break) -> Break:
     """The break moved to the first inserted event, and the walk back to the event they
-    were inserted after (``ChainWalk.disown``); read in the walk's snapshot."""
+    were inserted after (``ChainWalk.disown``); read in the walk's snapshot. When no event
+    holds the position named as the predecessor (a gap, or one no append ever took), that
+    event is what is missing, and the walk stands: everything it checked linked as appended."""
     after = broken.inserted_after or 0
+    if after != 0 and not await db.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM events WHERE position = $1)", after
+    ):
+        return missing_predecessor(after, broken)
     first, inserted = await db.fetchrow(
         "SELECT min(position), count(*) FROM events WHERE position > $1 AND position <= $2",
         after,

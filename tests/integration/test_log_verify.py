@@ -284,6 +284,32 @@ async def test_events_inserted_into_a_gap_are_found_and_none_of_them_checks_out(
     assert f"{as_json['head']['position']}:{as_json['head']['chain_hash']}" == genuine_head
 
 
+@pytest.mark.parametrize("named", ["-7", "{gap}"], ids=["negative", "a-gap"])
+async def test_a_predecessor_no_event_holds_is_found_missing_not_a_crash(
+    log: Log, pg_store: PostgresEventStore, named: str
+) -> None:
+    gap = await log.leave_a_gap()
+    for _ in range(2):
+        await pg_store.append(
+            node_stream(f"gpu-{uuid.uuid4().hex[:6]}"),
+            None,
+            [NewEvent(NodeRegistered(node_id="later", address="h"))],
+            Meta(actor="a"),
+        )
+    last = gap + 2
+    before = named.format(gap=gap)
+    await log.tamper(f"UPDATE events SET previous_position = {before} WHERE position = {last}")
+
+    result = await log.run("verify")
+
+    assert breaks(result).startswith(
+        f"the chain breaks at position {before} (missing): the event at position {before} is "
+        f"missing: position {last} was appended right after it"
+    ), result
+    assert result.stdout.splitlines()[1] == f"{EVENTS + 1} events before it checked out"
+    assert result.stderr == ""
+
+
 async def test_an_anchor_the_chain_does_not_pass_through_is_reported(log: Log) -> None:
     head = await log.head()
     position, chain_hash = head.split(":")
