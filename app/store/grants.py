@@ -157,12 +157,26 @@ def runtime_roles(connection: Connection) -> list[str]:
     return sorted(rows)
 
 
+def creates_in_schema(schema: str) -> str:
+    """Why a role that may CREATE in llmgw's schema could rewrite the log."""
+    return (
+        f"may create objects in schema {schema}, where llmgw's functions find what they call "
+        "as the owner"
+    )
+
+
 def refuse_privileged(connection: Connection, role: str) -> None:
     """Raise unless ``role`` is fit to be a runtime role: no superuser, no CREATEROLE or
-    BYPASSRLS, not the migrating role, no member of it, owning nothing in the schema."""
+    BYPASSRLS, not the migrating role, no member of it, owning nothing in the schema, and
+    no CREATE on it (``llmgw_append`` runs as the owner with the schema on its search_path:
+    a function this role put there, a closer match for a call it makes, would run as the
+    owner; PUBLIC has CREATE on ``public`` up to PostgreSQL 14)."""
     row = connection.execute(
         text(
             "SELECT r.rolsuper, r.rolcreaterole, r.rolbypassrls, "
+            "has_schema_privilege(r.oid, to_regnamespace(current_schema()), 'CREATE') "
+            "AS creates, current_schema() AS schema, quote_ident(current_schema()) AS quoted, "
+            "quote_ident(r.rolname) AS grantee, "
             "pg_has_role(r.oid, (SELECT oid FROM pg_roles WHERE rolname = current_user), "
             "'MEMBER') AS member_of_owner, "
             "(SELECT c.relname FROM pg_class c "
@@ -175,7 +189,13 @@ def refuse_privileged(connection: Connection, role: str) -> None:
     ).one_or_none()
     if row is None:
         raise RuntimeRoleError(f'role "{role}" does not exist')
-    superuser, createrole, bypassrls, member_of_owner, owns = row
+    superuser, createrole, bypassrls, creates, schema, quoted, grantee, member_of_owner, owns = row
+    if creates and not (superuser or member_of_owner or owns):
+        raise RuntimeRoleError(
+            f'role "{role}" {creates_in_schema(schema)}: a runtime role must not be able to '
+            f"rewrite the log; REVOKE CREATE ON SCHEMA {quoted} FROM {grantee} "
+            "(and FROM PUBLIC)"
+        )
     problem = (
         "is a superuser"
         if superuser

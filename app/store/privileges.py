@@ -5,7 +5,9 @@ when it is a superuser, owns a table or function of llmgw or is a member of the 
 does (``ALTER TABLE events DISABLE TRIGGER``, ``CREATE OR REPLACE FUNCTION llmgw_append``),
 can set ``session_replication_role`` (which silences triggers; tried, then rolled back, since
 managed PostgreSQL services grant it in ways of their own), may write the log's tables
-directly, has CREATEROLE (it could make itself a member of the owner) or BYPASSRLS.
+directly, may create objects in llmgw's schema (``llmgw_append`` runs as the owner and looks
+up what it calls there: a closer match for one of those calls, put there by this role, would
+run as the owner), has CREATEROLE (it could make itself a member of the owner) or BYPASSRLS.
 """
 
 from __future__ import annotations
@@ -13,7 +15,12 @@ from __future__ import annotations
 import asyncpg
 
 from app.store.database import driver_url
-from app.store.grants import RUNTIME_FUNCTIONS, SNAPSHOT_TABLES, TELEMETRY_TABLES
+from app.store.grants import (
+    RUNTIME_FUNCTIONS,
+    SNAPSHOT_TABLES,
+    TELEMETRY_TABLES,
+    creates_in_schema,
+)
 from app.store.tables import metadata
 
 CONNECT_TIMEOUT_S = 10.0
@@ -43,6 +50,9 @@ FROM (SELECT 'table' AS kind, c.relname::text AS name, c.relowner AS owner
 WHERE r.rolname = current_user AND pg_has_role(current_user, o.owner, 'MEMBER')
 ORDER BY o.name = 'events' DESC, kind DESC, name
 LIMIT 1
+"""
+_CREATES_IN_SCHEMA = """
+SELECT current_schema() WHERE has_schema_privilege(current_schema(), 'CREATE')
 """
 _WRITABLE = """
 SELECT t.name, p.privilege
@@ -81,6 +91,9 @@ async def _privileged_role(db: asyncpg.Connection) -> tuple[str, str | None]:
     writable = await db.fetchrow(_WRITABLE, list(LOG_TABLES), list(WRITE_PRIVILEGES))
     if writable is not None:
         return name, f"may {writable['privilege']} {writable['name']} directly"
+    schema = await db.fetchval(_CREATES_IN_SCHEMA)
+    if schema is not None:
+        return name, creates_in_schema(schema)
     if role["rolcreaterole"]:
         return name, "has CREATEROLE, so it could make itself a member of the owner"
     if role["rolbypassrls"]:

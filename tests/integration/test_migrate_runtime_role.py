@@ -232,6 +232,21 @@ async def test_a_role_that_could_rewrite_the_log_is_refused_as_the_runtime_role(
     )
 
 
+async def test_a_runtime_role_that_may_create_in_the_schema_is_refused(scratch: Scratch) -> None:
+    role = scratch.new_role_name("creator")
+    await scratch.admin(f"CREATE ROLE {role} LOGIN")
+    await scratch.admin(f"GRANT CREATE ON SCHEMA public TO {role}")
+
+    result = await scratch.migrate("--runtime-role", role)
+
+    assert result.code == 1, result
+    assert result.stderr == (
+        f'error: cannot migrate: role "{role}" may create objects in schema public, where '
+        "llmgw's functions find what they call as the owner: a runtime role must not be able "
+        f"to rewrite the log; REVOKE CREATE ON SCHEMA public FROM {role} (and FROM PUBLIC)\n"
+    )
+
+
 async def test_an_owner_without_createrole_is_told_to_have_the_role_created_for_it(
     scratch: Scratch,
 ) -> None:

@@ -227,3 +227,21 @@ async def test_a_gateway_started_while_the_database_is_away_refuses_once_it_answ
 
     assert code == 1
     assert f'error: the database role "postgres" is a superuser, {ADVICE}' in log.read_text()
+
+
+async def test_a_role_that_may_create_in_the_schema_is_refused(database_url: str) -> None:
+    """``llmgw_append`` runs as the owner and looks up what it calls in llmgw's schema: a
+    function the runtime role created there (a closer match for one of those calls) would
+    run as the owner, and could rewrite the log."""
+    admin = await asyncpg.connect(database_url)
+    try:
+        await admin.execute("GRANT CREATE ON SCHEMA public TO llmgw_runtime_test")
+        refused = await privileged_role(runtime_url(database_url))
+    finally:
+        await admin.close()
+
+    assert refused == (
+        "llmgw_runtime_test",
+        "may create objects in schema public, where llmgw's functions find what they call "
+        "as the owner",
+    )
