@@ -18,7 +18,7 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import structlog
 from websockets.asyncio.client import ClientConnection
@@ -132,6 +132,40 @@ def gpu_health_changes(
     ]
 
 
+VANISHED_GPU_REASON = (
+    "no longer listed by the GPU source (lost from the bus, or the driver reloaded)"
+)
+
+
+def with_vanished_gpus(previous: GpuSnapshot, current: GpuSnapshot) -> GpuSnapshot:
+    """``current``, with each GPU of ``previous`` it no longer lists kept as unhealthy.
+
+    A GPU that falls off the bus, or every GPU after a driver reload, can drop out of the
+    listing rather than be listed unhealthy. Left out, it would change nothing the
+    control plane hears (``gpu_health_changes`` compares the GPUs listed), and the control
+    plane would go on placing replicas on a GPU this agent refuses as unknown. Kept as
+    unhealthy, its loss goes out with the next heartbeat, and its return, under the same
+    index, as a change back to healthy."""
+    listed = {gpu.index for gpu in current.gpus}
+    vanished = tuple(
+        replace(
+            gpu,
+            healthy=False,
+            unhealthy_reason=VANISHED_GPU_REASON
+            + (f": {current.unavailable_reason}" if current.unavailable_reason else ""),
+            xid=None,
+        )
+        if gpu.healthy or gpu.unhealthy_reason is None
+        else gpu
+        for gpu in previous.gpus
+        if gpu.index not in listed
+    )
+    if not vanished:
+        return current
+    gpus = tuple(sorted((*current.gpus, *vanished), key=lambda gpu: gpu.index))
+    return replace(current, gpus=gpus)
+
+
 def shard_report(record: ShardRecord) -> ShardReport:
     return ShardReport(
         replica_id=record.replica_id,
@@ -204,6 +238,14 @@ def start_refusal(
     unknown = sorted(set(command.gpus) - known)
     if unknown:
         return f"GPU(s) {unknown} do not exist on this node (it has {sorted(known)})"
+    gone = sorted(
+        gpu.index
+        for gpu in gpus
+        if gpu.index in command.gpus
+        and (gpu.unhealthy_reason or "").startswith(VANISHED_GPU_REASON)
+    )
+    if gone:
+        return f"GPU(s) {gone} are {VANISHED_GPU_REASON}"
     twice = sorted(index for index, times in Counter(command.gpus).items() if times > 1)
     if twice:
         return f"GPU(s) {twice} are listed twice"
@@ -341,6 +383,7 @@ class AgentRuntime:
             log.warning(
                 "gpu_xid", gpu=event.gpu_index, xid=event.xid, description=event.description
             )
+        snapshot = with_vanished_gpus(self._snapshot, snapshot)
         changes = gpu_health_changes(self._snapshot.gpus, snapshot.gpus)
         for change in changes:
             log.info(

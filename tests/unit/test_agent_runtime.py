@@ -24,14 +24,16 @@ from agent.config import AgentConfig, ServerAddress
 from agent.connection import Backoff, Failure, classify_close, classify_failure
 from agent.engines import ShardChange, ShardRecord, ShardState
 from agent.engines.supervisor import FAILED_KEPT
-from agent.gpus import GpuStatus
+from agent.gpus import GpuSnapshot, GpuStatus
 from agent.runtime import (
+    VANISHED_GPU_REASON,
     build_hello,
     gpu_health_changes,
     gpu_report,
     shard_spec,
     shard_status,
     start_refusal,
+    with_vanished_gpus,
 )
 from app.hub.claims import MAX_SHARDS_PER_NODE, inventory_refusal
 from app.pki import (
@@ -202,6 +204,40 @@ def test_gpu_health_changes_name_only_the_gpus_that_changed() -> None:
         GpuHealthChange(index=1, uuid="GPU-1", healthy=True)
     ]
     assert gpu_health_changes([], healthy) == [], "a GPU seen for the first time was healthy"
+
+
+def test_a_gpu_that_drops_out_of_the_listing_is_reported_unhealthy_and_back_when_it_returns() -> (
+    None
+):
+    """A GPU lost from the bus, or every GPU after a driver reload, may drop out of the
+    listing rather than be listed unhealthy: its loss still reaches the control plane, and
+    so does its return."""
+    both = GpuSnapshot(gpus=(a_gpu(0), a_gpu(1)))
+    one = GpuSnapshot(gpus=(a_gpu(0),))
+    none = GpuSnapshot(gpus=(), unavailable_reason="NVML: driver not loaded")
+
+    assert gpu_health_changes(both.gpus, one.gpus) == [], "the listing alone says nothing"
+    lost = with_vanished_gpus(both, one)
+    assert gpu_health_changes(both.gpus, lost.gpus) == [
+        GpuHealthChange(index=1, uuid="GPU-1", healthy=False, reason=VANISHED_GPU_REASON)
+    ]
+    still_lost = with_vanished_gpus(lost, one)
+    assert gpu_health_changes(lost.gpus, still_lost.gpus) == []  # said once
+    back = with_vanished_gpus(still_lost, both)
+    assert gpu_health_changes(still_lost.gpus, back.gpus) == [
+        GpuHealthChange(index=1, uuid="GPU-1", healthy=True)
+    ]
+
+    all_gone = with_vanished_gpus(back, none)
+    assert [
+        (c.index, c.healthy, c.reason) for c in gpu_health_changes(back.gpus, all_gone.gpus)
+    ] == [
+        (0, False, f"{VANISHED_GPU_REASON}: NVML: driver not loaded"),
+        (1, False, f"{VANISHED_GPU_REASON}: NVML: driver not loaded"),
+    ]
+    assert start_refusal(a_start(gpus=(1,)), (20000, 20999), all_gone.gpus, []) == (
+        f"GPU(s) [1] are {VANISHED_GPU_REASON}"
+    )
 
 
 def test_an_xid_the_wire_cannot_carry_is_left_out_not_sent() -> None:
