@@ -51,7 +51,8 @@ idle (``app.domain.reconcile``).
 ``target`` and ``capacity`` (and the admin API's on a bench summary's ``capacity``) may carry
 a per-replica load of next to nothing, or one that is not a number at all, and dividing the
 demand by it would give no count. The decision then holds the count it has and says why, so
-one such model never stops a reconcile pass for the others.
+one such model never stops a reconcile pass for the others; a count outside ``[min, max]``
+still comes into them, as while no demand is heard.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ class ScaleDecision(msgspec.Struct, frozen=True, kw_only=True):
     replicas: int
     reason: str
     inputs: ScaleInputs | None
-    """None for a count brought into its bounds while no demand is heard."""
+    """None for a count brought into its bounds with no demand to go by: none is heard, or
+    the per-replica load is unusable (an infinite one would not survive the log's JSON)."""
 
 
 def longest_window_s(policy: AutoscalePolicy) -> float:
@@ -217,7 +219,10 @@ def decide(model: Model, samples: Sequence[DemandSample], now: datetime) -> Scal
     )
     unusable = _unusable(per_replica, source)
     if unusable:
-        return ScaleDecision(replicas=current, reason=unusable, inputs=inputs)
+        # No count to scale to, but the bounds need none (as while no demand is heard).
+        return _into_bounds(current, policy, why=unusable) or ScaleDecision(
+            replicas=current, reason=f"the count holds: {unusable}", inputs=inputs
+        )
     wanted_up = replicas_for(mean_up, per_replica)
     drop = _drop(samples, timeline, highest, now, policy, current, per_replica)
     desired, reason = current, ""
@@ -257,15 +262,16 @@ def decide(model: Model, samples: Sequence[DemandSample], now: datetime) -> Scal
     return ScaleDecision(replicas=desired, reason=reason, inputs=inputs)
 
 
-def _into_bounds(current: int, policy: AutoscalePolicy) -> ScaleDecision | None:
-    """The count brought into ``[min, max]`` with no demand to go by; None when it is."""
+def _into_bounds(
+    current: int, policy: AutoscalePolicy, *, why: str = "no demand heard"
+) -> ScaleDecision | None:
+    """The count brought into ``[min, max]`` with no demand to go by (``why``); None when it
+    is."""
     bounded = min(max(current, policy.min_replicas), policy.max_replicas)
     if bounded == current:
         return None
     limit = "min" if bounded > current else "max"
-    return ScaleDecision(
-        replicas=bounded, reason=f"held to {limit} {bounded} (no demand heard)", inputs=None
-    )
+    return ScaleDecision(replicas=bounded, reason=f"held to {limit} {bounded} ({why})", inputs=None)
 
 
 def replicas_for(load: float, per_replica: float) -> int:
@@ -287,7 +293,7 @@ def _unusable(per_replica: float, source: str) -> str:
     if math.isfinite(per_replica) and per_replica >= MIN_PER_REPLICA:
         return ""
     return (
-        f"the count holds: {per_replica:g} per replica ({source}) is not a load to scale by "
+        f"{per_replica:g} per replica ({source}) is not a load to scale by "
         f"(at least {MIN_PER_REPLICA:g})"
     )
 

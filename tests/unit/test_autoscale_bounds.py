@@ -9,7 +9,7 @@ from msgspec.structs import replace
 from app.domain import autoscale
 from app.domain.events import ModelScaled, ReplicaPlaced
 from app.domain.model_spec import ModelSpec, validate_spec
-from tests.unit.test_autoscale import POLICY, Demand, model
+from tests.unit.test_autoscale import POLICY, T0, Demand, model
 from tests.unit.test_reconcile import of_type, with_two_nodes_and_a_model
 
 
@@ -54,3 +54,31 @@ def test_a_declared_count_above_max_is_not_placed_before_any_gateway_reports() -
     [scaled] = of_type(decision, ModelScaled)
     assert (scaled.previous, scaled.replicas) == (6, 2)
     assert len(of_type(decision, ReplicaPlaced)) == 2
+
+
+def test_a_count_above_max_comes_down_to_it_when_the_per_replica_load_is_unusable() -> None:
+    # A target from a log written before the spec's bound on it: no count to scale to, but
+    # ``max`` needs none.
+    llama = model(8, replace(POLICY, target=5e-324, max_replicas=2))
+    samples = (autoscale.DemandSample(T0, 30.0),)
+
+    held = autoscale.decide(llama, samples, T0)
+
+    assert held is not None
+    assert held.replicas == 2
+    assert held.reason == (
+        "held to max 2 (4.94066e-324 per replica (target 4.94066e-324) is not a load to "
+        "scale by (at least 0.01))"
+    )
+    assert held.inputs is None
+
+
+def test_a_count_below_min_comes_up_to_it_when_the_per_replica_load_is_unusable() -> None:
+    llama = model(1, replace(POLICY, capacity=0.5, min_replicas=3), capacity=10**400)
+    idle = (autoscale.DemandSample(T0, 0.0),)
+
+    held = autoscale.decide(llama, idle, T0)
+
+    assert held is not None
+    assert held.replicas == 3
+    assert held.reason.startswith("held to min 3 (inf per replica")
