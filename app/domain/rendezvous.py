@@ -49,7 +49,10 @@ the caller refuses (saturated, or excluded) is passed over the same way. A calle
 a floor under every bound (``min_bound``): at loads of a request or two the formula's
 bound is 1, and a replica serving one request would pass a key on to an idle one. Members
 the caller excludes outright (``absent``) are passed over and take no part in the bounds:
-the others share the load as if those had left.
+the others share the load as if those had left. What each member adds to the total may be
+less than its load (``counted_of``): a member whose count is a lie (an engine saying it
+holds a billion requests) would otherwise raise every other's bound with it, and keys would
+stay on full homes.
 
 This replaced a consistent-hash ring whose points per member followed its weight relative
 to the heaviest member's: a change of the heaviest weight moved keys between members that
@@ -266,19 +269,23 @@ class Rendezvous:
         refuse: Callable[[str], bool] = lambda member: False,
         absent: AbstractSet[str] = frozenset(),
         min_bound: int = 1,
+        counted_of: Callable[[str], float] | None = None,
     ) -> Pick:
         """The first member on the key's walk the caller does not ``refuse`` and whose load
         (``load_of``: requests it carries) stays within its bound with this request; no
         member's bound is below ``min_bound``. Members in ``absent`` (excluded: ejected, or
         left out by a retry) are refused, and the bounds are shared among the others, as
         if they had left: counted in, their weight would shrink the others' shares below
-        what those carry together, and no member could take the request."""
+        what those carry together, and no member could take the request. ``counted_of``:
+        what a member adds to the total the bounds are shared from (``load_of`` when not
+        given); a caller that cannot trust a member's own count caps it there, so that one
+        member claiming a huge load cannot raise every other member's bound."""
         present: Iterable[str] = self.members
         weights: Iterable[float] = self.weights.values()
         if absent:
             present = [m for m in self.members if m not in absent]
             weights = [self.weights[m] for m in present]
-        total = sum(map(load_of, present), 0.0)
+        total = sum(map(counted_of or load_of, present), 0.0)
         total_weight = sum(weights) or 1.0
         share = (1.0 + load_factor) * (total + 1.0) / total_weight
         first_reason: Reason | None = None

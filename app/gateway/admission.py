@@ -119,6 +119,22 @@ def carried(candidate: Load, *, now: float, stale_after_s: float) -> float:
     return signals.running + signals.waiting + candidate.reserved
 
 
+def counted(candidate: Load, *, now: float, stale_after_s: float) -> float:
+    """What the replica adds to its model's total load for the bounded loads of keyed
+    routing (``app.domain.rendezvous``): ``carried``, its waiting ones (with the gateway's
+    reservations) no more than its ``target_waiting``, past which admission refuses it
+    anyway. An engine is no trusted source: one saying it holds a billion waiting requests
+    would otherwise raise every other replica's bound, and keys would stay on full homes."""
+    signals = candidate.signals
+    if signals is None or now - signals.scraped_at > stale_after_s:
+        return float(candidate.in_flight)
+    waiting = signals.waiting + candidate.reserved
+    target = candidate.route.target_waiting  # below 1 it is 1, as for admission
+    if waiting > target and waiting > 1.0:  # per member of every keyed request: no min()
+        waiting = float(target) if target >= 1 else 1.0
+    return signals.running + waiting
+
+
 def is_eligible(
     candidate: Load, *, now: float, stale_after_s: float, max_in_flight: int | None = None
 ) -> bool:

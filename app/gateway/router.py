@@ -35,11 +35,14 @@ of ``app.gateway.admission``; ``prefix`` and ``session`` hash the request's key
 (``app.domain.rendezvous``) with bounded loads, the load being the requests a replica
 carries as admission counts them (``admission.carried``: the engine's running and waiting
 ones and this gateway's reservations, much the same for every gateway; its own in-flight
-while signals are stale); a replica the admission rule refuses, or one above its bound, is
-passed over for the next on the key's walk. Replicas left out (ejected, or excluded by a
-retry) are passed over too, and the bound is shared among the others
-(``Rendezvous.pick``'s ``absent``). Draining replicas are on no walk while others serve:
-their keys move on, and they are chosen only when no other replica can take the request.
+while signals are stale); each replica adds to the total the bounds are shared from no more
+waiting ones than its ``target_waiting`` (``admission.counted``), so that an engine saying
+it holds a billion cannot raise every other replica's bound. A replica the admission rule
+refuses, or one above its bound, is passed over for the next on the key's walk. Replicas
+left out (ejected, or excluded by a retry) are passed over too, and the bound is shared
+among the others (``Rendezvous.pick``'s ``absent``). Draining replicas are on no walk
+while others serve: their keys move on, and they are chosen only when no other replica can
+take the request.
 Each pool's ``Rendezvous`` is built when a snapshot is taken, and only when the model's
 replicas or weights changed; a request costs a draw per replica (one multiplication makes
 them all) and, when its home cannot take it, one sort. Each choice's reason
@@ -82,6 +85,7 @@ from app.gateway.admission import (
     assess,
     carried,
     choose,
+    counted,
     is_fresh,
 )
 from app.gateway.affinity import RouteKey
@@ -573,6 +577,9 @@ class Router:
                 refuse=refuse,
                 absent=exclude,
                 min_bound=MIN_BOUND,
+                counted_of=lambda replica_id: counted(
+                    by_id[replica_id], now=now, stale_after_s=stale_after_s
+                ),
             )
             if pick.member is not None:
                 return by_id[pick.member], _KEYED_REASONS[pick.reason]

@@ -344,3 +344,29 @@ async def test_an_engine_that_says_infinity_does_not_break_its_models_keyed_rout
             lease = await router.acquire(MODEL, "k", route_key=key_of(chat("s", f"q{n}")))
             assert lease.route.replica_id != shouting.route.replica_id, page
             lease.release()
+
+
+async def test_an_engine_claiming_a_billion_waiting_does_not_keep_keys_on_full_homes() -> None:
+    # Admission refuses the liar, but its count went whole into the model's total: every
+    # other replica's bound rose with it, and a key stayed on its home however full.
+    clock = [100.0]
+    router = Router(clock=lambda: clock[0])
+    three = tuple(route(f"m-{n}", target_waiting=4) for n in range(1, 4))
+    router.update(table(*three))
+    key = key_of(chat("s", "q"))
+    rendezvous = router._pools[MODEL].rendezvous
+    assert rendezvous is not None
+    home, second, liar = rendezvous.walk(key.value)
+    reading = read_engine_signals("vllm:num_requests_waiting 1e300\n")
+    assert reading is not None
+    for replica_id, running, waiting in ((home, 10.0, 0.0), (second, 0.0, 0.0)):
+        router._replicas[replica_id].signals = Signals(
+            waiting=waiting, running=running, kv_usage=0.0, scraped_at=clock[0]
+        )
+    router._replicas[liar].signals = Signals(
+        waiting=reading.waiting, running=0.0, kv_usage=0.0, scraped_at=clock[0]
+    )
+    # The liar counts as its target_waiting (4): 14 in all, a bound of ceil(1.25 * 15 / 3)
+    # = 7, and the home's 10 is over it, as it would be with the liar idle.
+    lease = await router.acquire(MODEL, "k", route_key=key)
+    assert (lease.route.replica_id, lease.reason) == (second, "over_bound")

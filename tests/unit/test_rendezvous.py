@@ -359,3 +359,24 @@ def test_a_remembered_walk_is_the_walk() -> None:
     first = [list(rendezvous.walk(k)) for k in keys]
     again = [list(rendezvous.walk(k)) for k in reversed(keys)][::-1]
     assert first == again == [expected_walk(k, members) for k in keys]
+
+
+def test_what_a_member_adds_to_the_total_may_be_capped_below_its_load() -> None:
+    rendezvous = Rendezvous(replicas(3))
+    key = KEYS[4]
+    home, second, liar = rendezvous.walk(key)
+    loads = Counter({home: 10, second: 0, liar: 1e9})
+    refused = {liar}.__contains__
+    # Counted whole, the liar's billion lifts the home's bound past anything it carries.
+    trusting = rendezvous.pick(key, load_of=loads.__getitem__, load_factor=0.25, refuse=refused)
+    assert trusting == (home, "home", 0)
+    # Counted at 4 it lifts no bound: 14 in all, ceil(1.25 * 15 / 3) = 7, and the home's
+    # 10 is over it, as with the liar idle.
+    capped = rendezvous.pick(
+        key,
+        load_of=loads.__getitem__,
+        load_factor=0.25,
+        refuse=refused,
+        counted_of=lambda m: min(loads[m], 4.0),
+    )
+    assert capped == (second, "over_bound", 1)
