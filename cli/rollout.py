@@ -134,7 +134,7 @@ def pause(
             f"no new one starts (llmgw-cli rollout resume {model} goes on)"
         )
 
-    return _steer("pause", model, body, said, output, connection)
+    return _steer("pause", model, lambda _: body, said, output, connection)
 
 
 @rollout_app.command(name="resume")
@@ -156,12 +156,24 @@ def resume(
             return f"{view.rollout_id}: already running, nothing recorded"
         return f"{view.rollout_id}: resumed at step {step_text(view)}"
 
-    return _steer("resume", model, None, said, output, connection)
+    return _steer("resume", model, lambda _: None, said, output, connection)
 
 
 @rollout_app.command(name="undo")
 def undo(
-    model: ModelName, /, *, output: Output = "table", connection: ConnectionFlags | None = None
+    model: ModelName,
+    /,
+    *,
+    rollout: Annotated[
+        str | None,
+        Parameter(
+            help="The rollout to undo, as `rollout status` names it (rollout-llama-3-8b-r2): "
+            "refused when it is not the model's rollout any more, so running the same "
+            "command twice undoes once. [default: the model's rollout, read just before]"
+        ),
+    ] = None,
+    output: Output = "table",
+    connection: ConnectionFlags | None = None,
 ) -> int:
     """Back to the revision before. A rollout under way is rolled back: the model is at
     its old revision again, its old replicas were never touched, and its replicas of the
@@ -169,12 +181,21 @@ def undo(
     again as the next revision and rolled out like any other. A rollout rolling back or
     rolled back already cannot be undone (exit 1).
 
+    The request names the rollout it undoes (--rollout, or the one the status showed just
+    before), and one that is not the model's rollout any more is refused (exit 1): a
+    retried request never undoes the rollout the first undo started. Without --rollout,
+    a second `undo` reads that new rollout and undoes it; pass --rollout to undo once.
+
     ```
     llmgw-cli rollout undo llama-3-8b
+    llmgw-cli rollout undo llama-3-8b --rollout rollout-llama-3-8b-r2
     ```
     """
 
-    return _steer("undo", model, None, lambda view, _: undone_text(view), output, connection)
+    def body(client: AdminClient) -> dict[str, str]:
+        return {"rollout_id": rollout or _status(client, model).value.rollout_id}
+
+    return _steer("undo", model, body, lambda view, _: undone_text(view), output, connection)
 
 
 def undone_text(view: RolloutView) -> str:
@@ -245,14 +266,14 @@ def history(
 def _steer(
     action: str,
     model: str,
-    body: object,
+    body: Callable[[AdminClient], object],
     said: Callable[[RolloutView, bool], str],
     output: Output,
     flags: ConnectionFlags | None,
 ) -> int:
     def change(client: AdminClient) -> int:
         path = f"{ADMIN}/models/{segment(model, 'the model name')}/rollout/{action}"
-        reply = call(client, RolloutChange, "POST", path, body=body)
+        reply = call(client, RolloutChange, "POST", path, body=body(client))
         if output == "json":
             print_json(reply.raw)
             return EXIT_OK

@@ -20,6 +20,17 @@ class PauseRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """Why, for the log; left out: ``paused by an operator``."""
 
 
+ROLLOUT_ID_PATTERN = r"^rollout-[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?-r[1-9][0-9]{0,9}$"
+"""A rollout's id: ``rollout-<model>-r<revision>``."""
+
+
+class UndoRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    rollout_id: Annotated[str, msgspec.Meta(pattern=ROLLOUT_ID_PATTERN)] | None = None
+    """The rollout to undo; refused (409) when it is not the model's rollout any more, so
+    a repeated undo does not undo the rollout the first one started. Left out: whichever
+    rollout the model has."""
+
+
 class RolloutStepView(msgspec.Struct, frozen=True, kw_only=True):
     replicas: int | Literal["all"]
     """As declared: a number of replicas of the new revision, or ``"all"``."""

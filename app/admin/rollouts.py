@@ -25,6 +25,7 @@ from app.admin.rollout_schemas import (
     RolloutStepView,
     RolloutView,
     SpecChangeView,
+    UndoRequest,
 )
 from app.admin.schemas import MoveView, as_view
 from app.admin.traffic import TrafficSource, traffic_by_revision, traffic_view
@@ -145,7 +146,10 @@ class RolloutController(Controller):
         status_code=200,
         summary="Back to the revision before: roll back the rollout under way, or roll the "
         "old revision out again after one that succeeded",
-        description="A rollout rolling back or rolled back already is a 409.",
+        description="The body's `rollout_id` names the rollout to undo: one that is not the "
+        "model's rollout any more (undone or superseded already) is a 409, so a repeated "
+        "undo changes nothing. Without it, whichever rollout the model has is undone. A "
+        "rollout rolling back or rolled back already is a 409.",
     )
     async def undo(
         self,
@@ -153,8 +157,10 @@ class RolloutController(Controller):
         traffic: NamedDependency[TrafficSource],
         caller: NamedDependency[Caller],
         name: FromPath[str],
+        data: JSONBody[UndoRequest | None] = None,
     ) -> RolloutChange:
-        changed = await operations.undo_rollout(caller, name)
+        rollout_id = (data or UndoRequest()).rollout_id
+        changed = await operations.undo_rollout(caller, name, rollout_id)
         return RolloutChange(changed=changed, rollout=await _answer(operations, traffic, name))
 
     @get(

@@ -79,12 +79,25 @@ def resume(state: ClusterState, name: str) -> Change:
     return Change(stream=model_stream(name), events=(resumed,), correlation_id=rollout.id)
 
 
-def undo(state: ClusterState, name: str) -> Change:
+def undo(state: ClusterState, name: str, rollout_id: str | None = None) -> Change:
     """Back to the revision before: a rollout under way is rolled back (its old replicas
     were never touched); after one that succeeded, the revision it came from is declared
-    again as the next revision, and rolled out like any other."""
+    again as the next revision, and rolled out like any other.
+
+    ``rollout_id`` names the rollout the operator means to undo. An undo after success
+    starts a rollout of its own, so a repeat of it (a retried request, a second press)
+    would find that rollout and roll the undo back; naming the rollout makes the repeat
+    a refusal instead. None undoes whatever rollout the model has (older clients)."""
     model = declared_model(state, name)
     rollout = _rollout(model)
+    if rollout_id is not None and rollout_id != rollout.id:
+        now = rollout.state.value.replace("_", " ")
+        raise InvalidOperation(
+            f"rollout {rollout_id} cannot be undone: it is not the model's rollout any more "
+            f"(undone or superseded already); the model's rollout is {rollout.id}, revision "
+            f"{rollout.from_revision} -> {rollout.revision}, {now}, started "
+            f"at {rollout.started_at.isoformat()}; nothing was recorded"
+        )
     if rollout.state in (RolloutState.RUNNING, RolloutState.PAUSED):
         event = rollback_event(model, rollout, "undone by an operator")
         return Change(stream=model_stream(name), events=(event,), correlation_id=rollout.id)

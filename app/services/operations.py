@@ -153,8 +153,9 @@ class Operations:
     async def resume_rollout(self, caller: Caller, name: str) -> bool:
         return await self._steer_rollout(caller, name, lambda s: rollouts.resume(s, name))
 
-    async def undo_rollout(self, caller: Caller, name: str) -> bool:
-        return await self._steer_rollout(caller, name, lambda s: rollouts.undo(s, name))
+    async def undo_rollout(self, caller: Caller, name: str, rollout_id: str | None = None) -> bool:
+        """Undo ``rollout_id`` if it is still the model's rollout; None: whichever it is."""
+        return await self._steer_rollout(caller, name, lambda s: rollouts.undo(s, name, rollout_id))
 
     async def _steer_rollout(
         self, caller: Caller, name: str, decision: Callable[[ClusterState], decide.Change]

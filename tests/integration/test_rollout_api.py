@@ -339,3 +339,34 @@ async def test_pause_and_resume_say_what_they_recorded_and_when_they_recorded_no
     assert (resumed.json()["changed"], resumed.json()["rollout"]["state"]) == (True, "running")
     assert [event_type(e.event) for e in events][-2:] == ["rollout_paused", "rollout_resumed"]
     assert events[-2].event.reason == "night freeze"  # type: ignore[union-attr]
+
+
+async def test_an_undo_naming_a_rollout_that_is_not_the_models_any_more_is_refused(
+    admin: httpx.AsyncClient, api: Operator, pg_store: PostgresEventStore
+) -> None:
+    model = a_model()
+    await revise(admin, model, f"{COMMAND} --a", f"{COMMAND} --b")
+    before = await pg_store.last_position()
+
+    stale = await admin.post(
+        f"/admin/v1/models/{model}/rollout/undo", json={"rollout_id": f"rollout-{model}-r2"}
+    )
+    told = await api.run("rollout", "undo", model, "--rollout", f"rollout-{model}-r2")
+    malformed = await admin.post(
+        f"/admin/v1/models/{model}/rollout/undo", json={"rollout_id": "r2\n"}
+    )
+
+    assert stale.status_code == 409, stale.text
+    assert stale.json()["detail"].startswith(
+        f"rollout rollout-{model}-r2 cannot be undone: it is not the model's rollout any more "
+        f"(undone or superseded already); the model's rollout is rollout-{model}-r3, "
+        "revision 2 -> 3, running, started at "
+    )
+    assert told.code == 1
+    assert "is not the model's rollout any more" in told.stderr
+    assert malformed.status_code == 400, malformed.text
+    assert await pg_store.last_position() == before
+
+    undone = await api.run("rollout", "undo", model, "--rollout", f"rollout-{model}-r3")
+    assert undone.code == 0, undone.stderr
+    assert undone.stdout.startswith(f"rollout-{model}-r3: rolling back to revision 2")

@@ -5,6 +5,7 @@ and undoes."""
 
 from __future__ import annotations
 
+import pytest
 from msgspec.structs import replace
 
 from app.domain import operations as ops
@@ -33,6 +34,7 @@ from app.domain.model_spec import (
     RolloutPolicy,
     validate_spec,
 )
+from app.domain.operations import InvalidOperation
 from app.domain.rollout import (
     INCONCLUSIVE,
     PROMOTE,
@@ -529,6 +531,39 @@ def test_undo_in_the_middle_rolls_back_and_undo_after_success_declares_the_old_s
     cluster.given(*change.events)
     run(cluster)
     assert active_revisions(cluster) == [4, 4, 4, 4]
+
+
+def test_a_repeated_undo_after_success_is_refused_instead_of_undoing_the_undo() -> None:
+    cluster = serving()
+    revise(cluster)
+    run(cluster)
+    assert cluster.state.models["llama"].rollout.state is RolloutState.SUCCEEDED  # type: ignore[union-attr]
+    cluster.given(*rollouts.undo(cluster.state, "llama", "rollout-llama-r2").events)
+    assert cluster.state.models["llama"].revision == 3  # revision 1's spec, declared again
+
+    with pytest.raises(InvalidOperation) as refused:
+        rollouts.undo(cluster.state, "llama", "rollout-llama-r2")
+
+    assert str(refused.value).startswith(
+        "rollout rollout-llama-r2 cannot be undone: it is not the model's rollout any more "
+        "(undone or superseded already); the model's rollout is rollout-llama-r3, revision "
+        "2 -> 3, running, started at "
+    )
+    assert cluster.state.models["llama"].revision == 3
+    # Naming the undo's own rollout undoes it, as an unnamed undo does.
+    cluster.given(*rollouts.undo(cluster.state, "llama", "rollout-llama-r3").events)
+    assert cluster.state.models["llama"].revision == 2
+
+
+def test_an_undo_naming_the_rollout_under_way_rolls_it_back_once() -> None:
+    cluster = serving()
+    revise(cluster)
+    step(cluster)
+    cluster.given(*rollouts.undo(cluster.state, "llama", "rollout-llama-r2").events)
+
+    with pytest.raises(InvalidOperation, match="is already rolling back to revision 1"):
+        rollouts.undo(cluster.state, "llama", "rollout-llama-r2")
+    assert cluster.state.models["llama"].revision == 1
 
 
 def test_a_paused_rollout_rolled_back_no_longer_says_why_it_paused() -> None:
