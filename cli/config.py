@@ -2,9 +2,10 @@
 
 Each setting comes from the first place that has it: a flag, an environment variable,
 the config file (``$LLMGW_CONFIG``, else ``$XDG_CONFIG_HOME/llmgw/cli.toml``, else
-``~/.config/llmgw/cli.toml``), then the default. An admin API URL given empty, in any of
-them, is refused (exit code 2) naming where, rather than taken for the default. The file is
-TOML with top-level keys::
+``~/.config/llmgw/cli.toml``), then the default. A setting given empty (the admin API URL,
+the token, a certificate or key), in any of them, is refused (exit code 2) naming where,
+rather than taken for one not given; one not given at all is the default. The file is TOML
+with top-level keys::
 
     admin_url = "https://llmgw.internal:8081"
     token = "..."                              # prefer LLMGW_ADMIN_TOKEN
@@ -42,6 +43,19 @@ FORMER_SETTING_ENV = {
 }
 """Names these settings had before; still read, after the current ones."""
 _PATH_SETTINGS = ("client_cert", "client_key", "ca_cert")
+_SETTING_FLAGS = {
+    "token": "--token",
+    "client_cert": "--client-cert",
+    "client_key": "--client-key",
+    "ca_cert": "--ca-cert",
+}
+_SETTING_NAMES = {
+    "token": "the admin token",
+    "client_cert": "the operator certificate's path",
+    "client_key": "its private key's path",
+    "ca_cert": "the llmgw CA certificate's path",
+}
+"""What each credential setting is, as a refusal of an empty one names it."""
 
 
 class ConfigError(Exception):
@@ -66,11 +80,11 @@ class ConnectionFlags:
         Parameter(
             name="--token",
             help="Admin token (visible to other local users in the process list: prefer "
-            "$LLMGW_ADMIN_TOKEN).",
+            "$LLMGW_ADMIN_TOKEN); an empty one is refused, wherever it is given.",
         ),
     ] = None
     client_cert: Annotated[
-        Path | None,
+        str | None,
         Parameter(
             name="--client-cert",
             help="Operator certificate for https (`llmgw-cli cert operator <name>`). "
@@ -78,11 +92,11 @@ class ConnectionFlags:
         ),
     ] = None
     client_key: Annotated[
-        Path | None,
+        str | None,
         Parameter(name="--client-key", help="Its private key. [$LLMGW_ADMIN_KEY]"),
     ] = None
     ca_cert: Annotated[
-        Path | None,
+        str | None,
         Parameter(
             name="--ca-cert",
             help="The llmgw CA that issued the server's certificate. [$LLMGW_ADMIN_CA]",
@@ -110,16 +124,11 @@ def resolve_settings(
     from_file = read_config_file(config_file, required=CONFIG_ENV in environ)
 
     def pick(name: str) -> str | None:
-        flag = getattr(flags, name)
-        if flag is not None:
-            return str(flag)
-        former = FORMER_SETTING_ENV.get(name)
-        from_env = environ.get(SETTING_ENV[name]) or (environ.get(former) if former else None)
-        return from_env or from_file.get(name)
+        return _given_credential(name, flags, environ, from_file, config_file)
 
     def pick_path(name: str) -> Path | None:
         value = pick(name)
-        return Path(value).expanduser() if value else None
+        return None if value is None else Path(value).expanduser()
 
     given, source = _given_admin_url(flags, environ, from_file, config_file)
     admin_url = given.rstrip("/")
@@ -165,6 +174,34 @@ def _given_admin_url(
             )
         return value, source
     return DEFAULT_ADMIN_URL, "the default"
+
+
+def _given_credential(
+    name: str,
+    flags: ConnectionFlags,
+    environ: Mapping[str, str],
+    from_file: Mapping[str, str],
+    config_file: Path,
+) -> str | None:
+    """The token, certificate or key setting ``name`` from the first place that gives
+    one: the flag, the environment (the current name, then the former one), the config
+    file; else None. One given empty (or blank) is a ``ConfigError``, as for the admin API
+    URL: taken for not given, it would end in a refusal that names none of them."""
+    env = SETTING_ENV[name]
+    former = FORMER_SETTING_ENV.get(name)
+    places = (
+        (getattr(flags, name), _SETTING_FLAGS[name], "leave the flag out"),
+        (environ.get(env), f"${env}", "unset it"),
+        (environ.get(former) if former else None, f"${former}", "unset it"),
+        (from_file.get(name), f"{name} in {config_file}", "leave it out of the file"),
+    )
+    for value, source, otherwise in places:
+        if value is None:
+            continue
+        if not value.strip():
+            raise ConfigError(f"{source} is empty: give {_SETTING_NAMES[name]}, or {otherwise}")
+        return str(value)
+    return None
 
 
 def _check_host_and_port(admin_url: str, source: str) -> None:
@@ -213,7 +250,7 @@ def read_config_file(path: Path, *, required: bool) -> dict[str, str]:
     for name, value in document.items():
         if not isinstance(value, str):
             raise ConfigError(f"config file {path}: {name} must be a string")
-        if name in _PATH_SETTINGS:
+        if name in _PATH_SETTINGS and value.strip():  # an empty one is refused as given
             value = str(path.parent / Path(value).expanduser())
         settings[name] = value
     return settings

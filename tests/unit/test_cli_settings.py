@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from cli.config import DEFAULT_ADMIN_URL, ConfigError, ConnectionFlags, resolve_settings
+from cli.config import (
+    DEFAULT_ADMIN_URL,
+    FORMER_SETTING_ENV,
+    ConfigError,
+    ConnectionFlags,
+    resolve_settings,
+)
 from cli.keys import list_keys
 
 
@@ -59,7 +65,7 @@ def test_a_flag_beats_the_environment_which_beats_the_file(tmp_path: Path) -> No
         'client_cert = "file.crt"\nclient_key = "file.key"\nca_cert = "ca.crt"\n'
     )
     settings = resolve_settings(
-        ConnectionFlags(client_cert=Path("/flag/alice.crt")),
+        ConnectionFlags(client_cert="/flag/alice.crt"),
         environment(tmp_path, LLMGW_ADMIN_CERT="/env/alice.crt", LLMGW_ADMIN_KEY="/env/a.key"),
     )
 
@@ -131,3 +137,64 @@ def test_an_unset_admin_url_is_the_default_and_a_flag_beats_an_empty_variable(
 
     assert unset.admin_url == DEFAULT_ADMIN_URL
     assert flag.admin_url == "https://llmgw.internal:8081"
+
+
+CREDENTIALS = [
+    ("token", "--token", "LLMGW_ADMIN_TOKEN", "the admin token"),
+    ("client_cert", "--client-cert", "LLMGW_ADMIN_CERT", "the operator certificate's path"),
+    ("client_key", "--client-key", "LLMGW_ADMIN_KEY", "its private key's path"),
+    ("ca_cert", "--ca-cert", "LLMGW_ADMIN_CA", "the llmgw CA certificate's path"),
+]
+
+
+@pytest.mark.parametrize("empty", ["", "  "])
+@pytest.mark.parametrize("where", ["flag", "env", "former env", "file"])
+@pytest.mark.parametrize(("name", "flag", "env", "what"), CREDENTIALS)
+def test_a_credential_given_empty_is_refused_naming_where_not_taken_for_none(
+    tmp_path: Path, empty: str, where: str, name: str, flag: str, env: str, what: str
+) -> None:
+    former = FORMER_SETTING_ENV.get(name)
+    if where == "former env" and former is None:
+        pytest.skip(f"{name} never had another name")
+    config = tmp_path / "cli.toml"
+    config.write_text(f'{name} = "{empty}"\n' if where == "file" else "")
+    variables = {"env": {env: empty}, "former env": {str(former): empty}}.get(where, {})
+    flags = ConnectionFlags(**{name: empty}) if where == "flag" else ConnectionFlags()
+
+    with pytest.raises(ConfigError) as refused:
+        resolve_settings(flags, environment(tmp_path, **variables))
+
+    source, otherwise = {
+        "flag": (flag, "leave the flag out"),
+        "env": (f"${env}", "unset it"),
+        "former env": (f"${former}", "unset it"),
+        "file": (f"{name} in {config}", "leave it out of the file"),
+    }[where]
+    assert str(refused.value) == f"{source} is empty: give {what}, or {otherwise}"
+
+
+def test_an_empty_token_variable_exits_2_with_one_line_before_anything_is_sent(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LLMGW_CONFIG", "/dev/null")
+    monkeypatch.setenv("LLMGW_ADMIN_TOKEN", "")
+
+    code = list_keys(connection=ConnectionFlags(admin_url="http://127.0.0.1:9"))
+
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "llmgw-cli keys list: $LLMGW_ADMIN_TOKEN is empty: give the admin token, or unset it\n"
+    )
+
+
+def test_unset_credentials_are_none_and_a_flag_beats_an_empty_variable(tmp_path: Path) -> None:
+    (tmp_path / "cli.toml").write_text("")
+
+    unset = resolve_settings(ConnectionFlags(), environment(tmp_path))
+    flag = resolve_settings(
+        ConnectionFlags(token="t0ken", client_cert="/flag/alice.crt"),
+        environment(tmp_path, LLMGW_ADMIN_TOKEN="", LLMGW_ADMIN_CERT=""),
+    )
+
+    assert (unset.token, unset.client_cert, unset.client_key, unset.ca_cert) == (None,) * 4
+    assert (flag.token, flag.client_cert) == ("t0ken", Path("/flag/alice.crt"))
