@@ -9,11 +9,13 @@ message says what to do::
     ├── TlsFailure              the TLS handshake failed, or the TLS settings are unusable
     ├── AuthenticationRequired  401: no token, or one the server does not know
     ├── AnswerTooLarge          an answer (or one record of a stream) past MAX_ANSWER_BYTES
+    ├── EndlessListing          a listing past MAX_PAGES pages, or a cursor that stays put
     └── ApiProblem              any other error answer; its problem ``detail`` is the message
 """
 
 from __future__ import annotations
 
+import itertools
 import socket
 import ssl
 import time
@@ -43,6 +45,10 @@ HISTORY_PAGE_SIZE = 500
 NEWEST = 2**63 - 1
 """The largest log position: history read back ``before`` it starts at the newest event."""
 KEYS_PAGE_SIZE = 500
+MAX_PAGES = 2_000
+"""The most pages one listing (``keys list``, ``history``) reads: a million keys or events
+at 500 a page, far above any llmgw holds, so that a server that is not the admin API, or a
+broken one, that keeps answering full pages of new ones cannot make the CLI read for ever."""
 HISTORY_SUBJECTS = ("replica", "node", "model", "key")
 _HISTORY_KEYS = {
     "replica": "the replica id",
@@ -82,6 +88,11 @@ class AuthenticationRequired(ClientError):
 
 class AnswerTooLarge(ClientError):
     pass
+
+
+class EndlessListing(ClientError):
+    """The admin API kept answering pages past ``MAX_PAGES``, or one whose cursor does not
+    move on: read on, it would send pages for ever."""
 
 
 class ApiProblem(ClientError):
@@ -338,7 +349,8 @@ class AdminClient:
         sent: list[bytes] = []
         seen: set[str] = set()
         params: dict[str, int | str] = {"limit": KEYS_PAGE_SIZE}
-        while True:
+        for pages in itertools.count(1):
+            self._check_page_count(pages, "key list", KEYS_PAGE_SIZE, "keys")
             raw = self.request("GET", "/admin/v1/keys", params=params)
             page = _decode(_key_list_decoder, raw, "key list")
             if any(key.id in seen for key in page):
@@ -370,6 +382,7 @@ class AdminClient:
         pages: list[list[HistoryEvent]] = []
         remaining, before = limit, NEWEST
         while remaining > 0:
+            self._check_page_count(len(pages) + 1, "history", HISTORY_PAGE_SIZE, "events")
             size = min(remaining, HISTORY_PAGE_SIZE)
             page = self._history_page(
                 subject, key, {"after": after, "before": before, "limit": size}
@@ -381,16 +394,40 @@ class AdminClient:
             remaining -= len(page.events)
             if page.next_before is None:
                 break
+            if page.next_before >= before:
+                raise self._stuck_cursor("next_before", page.next_before, "before", before)
             before = page.next_before
         return [event for page in reversed(pages) for event in page][-limit:]
 
     def _iter_history(self, subject: str, key: str, after: int) -> Iterator[HistoryEvent]:
-        while True:
+        for pages in itertools.count(1):
+            self._check_page_count(pages, "history", HISTORY_PAGE_SIZE, "events")
             page = self._history_page(subject, key, {"after": after, "limit": HISTORY_PAGE_SIZE})
             yield from _events_of(page)
             if page.next_after is None:
                 return
+            if page.next_after <= after:
+                raise self._stuck_cursor("next_after", page.next_after, "after", after)
             after = page.next_after
+
+    def _check_page_count(self, page: int, what: str, size: int, items: str) -> None:
+        """An ``EndlessListing`` when ``page`` of a listing would be one past ``MAX_PAGES``."""
+        if page > MAX_PAGES:
+            raise EndlessListing(
+                f"the admin API at {self._settings.admin_url} was still sending {what} "
+                f"pages after {MAX_PAGES:,} of them ({MAX_PAGES * size:,} {items}): stopped "
+                f"reading; it is not the llmgw admin API, or it is broken; check "
+                f"{SETTING_ENV['admin_url']}"
+            )
+
+    def _stuck_cursor(self, given: str, value: int, asked: str, was: int) -> EndlessListing:
+        """A history page's cursor that does not move on from the position asked for: the
+        next page asked for would be this one again."""
+        return EndlessListing(
+            f"the admin API at {self._settings.admin_url} sent a history page whose {given} "
+            f"({value}) does not move on from the {asked} asked for ({was}): stopped reading, "
+            f"as it would send pages for ever; it is not the llmgw admin API, or it is broken"
+        )
 
     def _history_page(self, subject: str, key: str, params: Mapping[str, int]) -> HistoryPage:
         body = self._get(

@@ -1,7 +1,7 @@
 """`llmgw-cli history ...`: everything the log recorded about one replica, node, model or key.
 
-Exit codes: 0 events shown, 1 failed (no such events, the API unreachable or refusing),
-2 bad usage (a bad flag, an unusable config file).
+Exit codes: 0 events shown, 1 failed (no such events, the API unreachable or refusing, or
+paging without end), 2 bad usage (a bad flag, an unusable config file).
 """
 
 from __future__ import annotations
