@@ -87,7 +87,8 @@ class ConnectionFlags:
         str | None,
         Parameter(
             name="--client-cert",
-            help="Operator certificate for https (`llmgw-cli cert operator <name>`). "
+            help="Operator certificate for https (`llmgw-cli cert operator <name>`); an "
+            "empty path, here or for the key or CA, is refused wherever it is given. "
             "[$LLMGW_ADMIN_CERT]",
         ),
     ] = None
