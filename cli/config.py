@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -156,25 +156,18 @@ def _given_admin_url(
     config_file: Path,
 ) -> tuple[str, str]:
     """The admin API URL from the first place that gives one, and that place: the flag,
-    the environment, the config file, else the default. One given empty (or blank) is a
-    ``ConfigError``: the operator meant some URL, and the default may not be it. An
-    environment variable that is not set gives none."""
+    the environment, the config file, else the default. An environment variable that is
+    not set gives none."""
     env = SETTING_ENV["admin_url"]
-    places = (
-        (flags.admin_url, "--admin-url", "leave the flag out"),
-        (environ.get(env), f"${env}", "unset it"),
-        (from_file.get("admin_url"), f"admin_url in {config_file}", "leave it out of the file"),
+    given = _first_given(
+        (
+            (flags.admin_url, "--admin-url", "leave the flag out"),
+            (environ.get(env), f"${env}", "unset it"),
+            (from_file.get("admin_url"), f"admin_url in {config_file}", "leave it out of the file"),
+        ),
+        "the admin API URL, like https://llmgw.internal:8081",
     )
-    for value, source, otherwise in places:
-        if value is None:
-            continue
-        if not value.strip():
-            raise ConfigError(
-                f"{source} is empty: give the admin API URL, like https://llmgw.internal:8081, "
-                f"or {otherwise}"
-            )
-        return value, source
-    return DEFAULT_ADMIN_URL, "the default"
+    return given or (DEFAULT_ADMIN_URL, "the default")
 
 
 def _given_credential(
@@ -186,22 +179,34 @@ def _given_credential(
 ) -> str | None:
     """The token, certificate or key setting ``name`` from the first place that gives
     one: the flag, the environment (the current name, then the former one), the config
-    file; else None. One given empty (or blank) is a ``ConfigError``, as for the admin API
-    URL: taken for not given, it would end in a refusal that names none of them."""
+    file; else None."""
     env = SETTING_ENV[name]
     former = FORMER_SETTING_ENV.get(name)
-    places = (
-        (getattr(flags, name), _SETTING_FLAGS[name], "leave the flag out"),
-        (environ.get(env), f"${env}", "unset it"),
-        (environ.get(former) if former else None, f"${former}", "unset it"),
-        (from_file.get(name), f"{name} in {config_file}", "leave it out of the file"),
+    given = _first_given(
+        (
+            (getattr(flags, name), _SETTING_FLAGS[name], "leave the flag out"),
+            (environ.get(env), f"${env}", "unset it"),
+            (environ.get(former) if former else None, f"${former}", "unset it"),
+            (from_file.get(name), f"{name} in {config_file}", "leave it out of the file"),
+        ),
+        _SETTING_NAMES[name],
     )
+    return None if given is None else given[0]
+
+
+def _first_given(
+    places: Sequence[tuple[str | None, str, str]], wanted: str
+) -> tuple[str, str] | None:
+    """The first value given among ``places`` (value, where, how not to give it) with its
+    place; None when none gives one. One given empty (or blank) is a ``ConfigError``: the
+    operator meant some value, and taken for none it would end in the default, or in a
+    refusal that names no place."""
     for value, source, otherwise in places:
         if value is None:
             continue
         if not value.strip():
-            raise ConfigError(f"{source} is empty: give {_SETTING_NAMES[name]}, or {otherwise}")
-        return str(value)
+            raise ConfigError(f"{source} is empty: give {wanted}, or {otherwise}")
+        return str(value), source
     return None
 
 
