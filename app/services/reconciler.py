@@ -217,11 +217,12 @@ class Reconciler:
             async with self._tracker.quiet():
                 state = await self._store.catch_up()
                 self._check_still_leading()
-                if traffic_wanted(state) != wanted:
+                wanted_now = traffic_wanted(state)
+                if wanted_now != wanted:
                     # The log moved on since the figures were read (an operator resumed a
                     # paused hold through another server, say): a verdict decided now must
                     # not take groups never read for groups no gateway saw a request of.
-                    traffic = await self._traffic(traffic_wanted(state))
+                    traffic = await self._traffic(wanted_now)
                 at = self._clock()
                 demand = (
                     autoscale.demand_by_model(state, in_flight, queued) if gateways.live else None
