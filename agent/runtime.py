@@ -154,9 +154,10 @@ def with_vanished_gpus(previous: GpuSnapshot, current: GpuSnapshot) -> GpuSnapsh
             unhealthy_reason=VANISHED_GPU_REASON
             + (f": {current.unavailable_reason}" if current.unavailable_reason else ""),
             xid=None,
+            listed=False,
         )
         if gpu.healthy or gpu.unhealthy_reason is None
-        else gpu
+        else replace(gpu, listed=False)  # its own reason says more
         for gpu in previous.gpus
         if gpu.index not in listed
     )
@@ -238,12 +239,7 @@ def start_refusal(
     unknown = sorted(set(command.gpus) - known)
     if unknown:
         return f"GPU(s) {unknown} do not exist on this node (it has {sorted(known)})"
-    gone = sorted(
-        gpu.index
-        for gpu in gpus
-        if gpu.index in command.gpus
-        and (gpu.unhealthy_reason or "").startswith(VANISHED_GPU_REASON)
-    )
+    gone = sorted(gpu.index for gpu in gpus if gpu.index in command.gpus and not gpu.listed)
     if gone:
         return f"GPU(s) {gone} are {VANISHED_GPU_REASON}"
     twice = sorted(index for index, times in Counter(command.gpus).items() if times > 1)

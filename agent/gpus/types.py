@@ -24,6 +24,8 @@ class GpuStatus:
     healthy: bool = True
     unhealthy_reason: str | None = None
     xid: int | None = None
+    listed: bool = True
+    """False for a GPU the source no longer lists, kept as last seen (``agent.runtime``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
