@@ -47,3 +47,26 @@ def stub_admin_api(
     finally:
         server.shutdown()
         server.server_close()
+
+
+def listed_key(n: int, **fields: object) -> dict[str, object]:
+    """Key number ``n`` as the admin API lists it (``fields`` added or replaced)."""
+    return {
+        "id": f"k-{n:08x}",
+        "prefix": f"{n:08x}",
+        "name": f"key-{n}",
+        "models": ["*"],
+        "created_at": "2026-12-01T09:00:00Z",
+        **fields,
+    }
+
+
+def listed_event(position: int) -> dict[str, object]:
+    """An event at ``position`` as the admin API lists a node's history."""
+    return {
+        "position": position,
+        "recorded_at": "2026-12-01T09:00:00Z",
+        "stream": "node-gpu-1",
+        "type": "node_cordoned",
+        "actor": "alice",
+    }

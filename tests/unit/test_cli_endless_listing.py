@@ -17,7 +17,7 @@ import cli.client
 from cli.config import ConnectionFlags
 from cli.history import node_history
 from cli.keys import list_keys
-from tests.support.stub_admin import StubHandler, stub_admin_api
+from tests.support.stub_admin import StubHandler, listed_event, listed_key, stub_admin_api
 
 MAX_PAGES = 3
 GIVES_UP_AFTER = 20
@@ -44,33 +44,13 @@ class Counting(StubHandler):
         self.answer(200, "application/json", msgspec.json.encode(body))
 
 
-def key(n: int) -> dict[str, object]:
-    return {
-        "id": f"k-{n:08x}",
-        "prefix": f"{n:08x}",
-        "name": f"key-{n}",
-        "models": ["*"],
-        "created_at": "2026-12-01T09:00:00Z",
-    }
-
-
-def event(position: int) -> dict[str, object]:
-    return {
-        "position": position,
-        "recorded_at": "2026-12-01T09:00:00Z",
-        "stream": "node-gpu-1",
-        "type": "node_cordoned",
-        "actor": "alice",
-    }
-
-
 class EndlessKeys(Counting):
     """A full page of keys never sent before, whatever is asked."""
 
     def do_GET(self) -> None:
         limit = int(self.query()["limit"])
         first = self.asked * limit
-        self.json([key(n) for n in range(first, first + (0 if self.give_up() else limit))])
+        self.json([listed_key(n) for n in range(first, first + (0 if self.give_up() else limit))])
 
 
 class EndlessHistory(Counting):
@@ -82,12 +62,14 @@ class EndlessHistory(Counting):
         if "before" in query:
             before = int(query["before"])
             page = list(range(before - limit, before))
-            self.json({"events": [event(p) for p in page], "next_before": page[0]})
+            self.json({"events": [listed_event(p) for p in page], "next_before": page[0]})
             return
         after = int(query["after"])
         page = list(range(after + 1, after + 1 + limit))
         last = self.give_up()
-        self.json({"events": [event(p) for p in page], "next_after": None if last else page[-1]})
+        self.json(
+            {"events": [listed_event(p) for p in page], "next_after": None if last else page[-1]}
+        )
 
 
 class StuckHistory(Counting):
@@ -100,13 +82,13 @@ class StuckHistory(Counting):
             before = int(query["before"])
             self.json(
                 {
-                    "events": [] if self.give_up() else [event(before - 1)],
+                    "events": [] if self.give_up() else [listed_event(before - 1)],
                     "next_before": None if self.give_up() else before,
                 }
             )
             return
         after = int(query["after"])
-        events = [event(p) for p in range(after + 1, after + 1 + limit)]
+        events = [listed_event(p) for p in range(after + 1, after + 1 + limit)]
         self.json({"events": events, "next_after": None if self.give_up() else after})
 
 

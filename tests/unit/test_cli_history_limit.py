@@ -13,19 +13,9 @@ import pytest
 
 from cli.config import ConnectionFlags
 from cli.history import node_history
-from tests.support.stub_admin import StubHandler, stub_admin_api
+from tests.support.stub_admin import StubHandler, listed_event, stub_admin_api
 
 POSITIONS = list(range(10, 17))
-
-
-def event(position: int) -> dict[str, object]:
-    return {
-        "position": position,
-        "recorded_at": "2026-12-01T09:00:00Z",
-        "stream": "node-gpu-1",
-        "type": "node_cordoned",
-        "actor": "alice",
-    }
 
 
 class ForwardOnly(StubHandler):
@@ -39,7 +29,7 @@ class ForwardOnly(StubHandler):
         body = {
             "kind": "node",
             "id": "gpu-1",
-            "events": [event(p) for p in page],
+            "events": [listed_event(p) for p in page],
             "next_after": page[-1] if len(page) == limit else None,
         }
         self.answer(200, "application/json", msgspec.json.encode(body))

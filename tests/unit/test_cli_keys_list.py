@@ -13,28 +13,17 @@ import pytest
 
 from cli.config import ConnectionFlags
 from cli.keys import list_keys
-from tests.support.stub_admin import StubHandler, stub_admin_api
+from tests.support.stub_admin import StubHandler, listed_key, stub_admin_api
 
 KEY_COUNT = 5_003
 """More than the largest page the admin API sends (5,000): two pages at the least."""
-
-
-def key(n: int) -> dict[str, object]:
-    return {
-        "id": f"k-{n:08x}",
-        "prefix": f"{n:08x}",
-        "name": f"key-{n}",
-        "models": ["*"],
-        "created_at": "2026-12-01T09:00:00Z",
-        "revoked": n % 2 == 0,
-    }
 
 
 class Paging(StubHandler):
     """As the admin API: every key, or with ``limit`` at most that many (5,000 at most)
     after the key ``after``."""
 
-    keys = [key(n) for n in range(KEY_COUNT)]
+    keys = [listed_key(n, revoked=n % 2 == 0) for n in range(KEY_COUNT)]
     ids = [str(k["id"]) for k in keys]
     asked: list[tuple[dict[str, list[str]], list[str]]] = []
     """Each query, and the ids answered."""
@@ -54,7 +43,11 @@ class OlderThanPaging(StubHandler):
     def do_GET(self) -> None:
         query = parse_qs(urlsplit(self.path).query)
         count = int(query.get("limit", ["7"])[0])
-        self.answer(200, "application/json", msgspec.json.encode([key(n) for n in range(count)]))
+        self.answer(
+            200,
+            "application/json",
+            msgspec.json.encode([listed_key(n, revoked=n % 2 == 0) for n in range(count)]),
+        )
 
 
 @pytest.fixture
