@@ -16,9 +16,11 @@ with the same id (``--gateway-id``, or ``serve``'s ``--server-id``) would otherw
 each other's requests in flight twice a second, and the leader would read about half the
 demand. The one that finds its id's row held by another live report (written by another
 process within ``REPORT_MAX_AGE_S``, or after its own last write) writes under
-``ID@INSTANCE`` from then on, so the leader sums both as two gateways; while the other
-goes on writing under the id, it logs ``gateway_id_shared`` (an error, at most once a
-minute) and counts each such report in ``llmgw_gateway_id_shared_reports``. A restarted
+``ID@INSTANCE`` from then on, so the leader sums both as two gateways. While both write,
+each of them (the one under the id, which finds the other's ``ID@INSTANCE`` row, and the
+one under its own key, which finds the id's row) logs ``gateway_id_shared`` (an error, at
+most once a minute) and counts each such report in ``llmgw_gateway_id_shared_reports``, so
+that whichever of their logs an operator reads says so. A restarted
 gateway takes back its previous life's row at once when that life ran on the same host and
 its process is gone (``previous_life``: a gateway killed and started again by its
 supervisor); otherwise once the row is ``REPORT_MAX_AGE_S`` old, writing under a key of its

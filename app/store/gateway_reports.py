@@ -84,8 +84,9 @@ class ReportWritten(msgspec.Struct, frozen=True, kw_only=True):
     """The report's time by the database's clock, which the next write passes back; None
     when it was not written: another live process's report holds the row."""
     shared: bool
-    """Another process has lately written the report named as this gateway is, after this
-    one began writing under a key of its own: two live gateways share one id."""
+    """Another process has lately written a report of the gateway this one is named as
+    (under its id, or under a key of its own), after this one began writing under the key
+    it has now: two live gateways share one id. Each of the two is told."""
 
 
 class Ejections(msgspec.Struct, frozen=True, kw_only=True):
@@ -104,8 +105,10 @@ class Ejections(msgspec.Struct, frozen=True, kw_only=True):
 # decides between two processes that write at once; the loser's update does not happen and
 # it is told so (no row written). ``$12``: a previous life's token, which this process
 # found holding the row and knows dead (``app.gateway.reporter``): its row is taken back at
-# once. ``shared``: another process wrote the row named ``$10``
-# after ``$11`` (when this process began writing under the key it has now), and lately.
+# once. ``shared``: another process wrote a row of the gateway named ``$10`` (the row under
+# that id, or one a process given that id writes under a key of its own, ``$10@token``)
+# after ``$11`` (when this process began writing under the key it has now), and lately: each
+# of two processes sharing an id finds the other's row.
 _UPSERT = """
 WITH written AS (
     INSERT INTO gateway_reports AS report
@@ -124,7 +127,8 @@ WITH written AS (
 )
 SELECT (SELECT reported_at FROM written) AS written_at,
        EXISTS (SELECT 1 FROM gateway_reports
-               WHERE gateway_id = $10 AND gateway_id <> $1
+               WHERE (gateway_id = $10 OR left(gateway_id, length($10) + 1) = $10 || '@')
+                 AND gateway_id <> $1
                  AND reported_at > $11::timestamptz
                  AND reported_at > now() - make_interval(secs => $9)) AS shared
 """
@@ -227,8 +231,8 @@ async def write_report(
     ``ejected`` the replicas the gateway keeps out of rotation with their ejections in a
     row (None: this gateway does not say); ``routing_position``: the position of the
     routing table the gateway routed by when it counted ``in_flight`` (None: it does not
-    say). ``named``, ``named_since``: the id the gateway was given and, while it writes
-    under another key, since when: whether another process writes under that id lately.
+    say). ``named``, ``named_since``: the id the gateway was given and since when it writes
+    under ``gateway_id``: whether another process writes a report of that id lately.
     ``taking_over``: the token of a process known gone whose report may be replaced now."""
     busy = {replica: count for replica, count in in_flight.items() if count > 0}
     figures = None if traffic is None else _encoder.encode(bounded(traffic)).decode()
