@@ -1,7 +1,9 @@
 """`llmgw-cli events [--follow] [--since POS]`: the event log, all of it, as it grows.
 
 ``--follow`` reads the admin API's server-sent events; when the connection is lost it
-resumes after the last position it printed, so nothing is skipped or printed twice.
+resumes after the last position it printed, so nothing is skipped or printed twice. A
+stream the server ends for good (an ``event: refused``: the operator certificate ended)
+is not resumed: it stops with the server's reason.
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ IDLE_TIMEOUT_S = 60.0
 """The server sends a comment every 15 s on a quiet stream: this long without a line
 means the connection is dead."""
 RESUME_WITHIN_S = 60.0
+REFUSED_EVENT = "refused"
+"""The last message of a stream the server ends for good (the operator certificate it was
+opened with has ended): ``data`` says why, and ``--follow`` stops with it (exit 1)."""
+MAX_REFUSAL_CHARS = 1000
 """How long ``--follow`` keeps trying to resume before it gives up (exit 1)."""
 
 _event_decoder = msgspec.json.Decoder(EventView)
@@ -58,7 +64,11 @@ def events(
     *,
     follow: Annotated[
         bool,
-        Parameter(help="Keep printing events as they are appended, until Ctrl-C.", negative=()),
+        Parameter(
+            help="Keep printing events as they are appended, until Ctrl-C (or until the "
+            "operator certificate ends: exit 1, saying so).",
+            negative=(),
+        ),
     ] = False,
     since: Annotated[
         int | None,
@@ -165,6 +175,11 @@ def _follow(client: AdminClient, position: int, output: OutputFormat) -> None:
                 message = parser.feed(line)
                 if message is None:
                     continue
+                if message.event == REFUSED_EVENT:
+                    raise ClientError(
+                        f"the admin API ended the stream after position {position}: "
+                        f"{message.data[:MAX_REFUSAL_CHARS]}"
+                    )
                 streamed = position if message.id is None else _stream_position(message.id)
                 _print_line(msgspec.Raw(message.data.encode()), output)
                 position = streamed

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import structlog
 from cryptography import x509
 from litestar.connection import ASGIConnection
@@ -102,23 +103,60 @@ def operator_for(scope: Mapping[str, Any], now: datetime) -> str | None:
     when none was presented. Raises ``PermissionDeniedException`` for a certificate that
     is not an operator's, or that has expired by ``now``: the handshake checked its dates
     when the connection opened, and a kept-alive connection carries request after request."""
-    tls = scope.get("extensions", {}).get(TLS_EXTENSION)
-    chain = tls.get("client_cert_chain") if isinstance(tls, Mapping) else None
+    chain = _client_chain(scope)
     if not chain:
         return None
     try:
         identity = _operator_identity(chain[0])
         if identity.expires_at is not None and now > identity.expires_at:
-            raise CertificateRejected(
-                f"the operator certificate of {identity.common_name!r} expired on "
-                f"{identity.expires_at:%Y-%m-%d %H:%M:%S} UTC"
-            )
+            raise CertificateRejected(_expired(identity.common_name, identity.expires_at))
     except CertificateRejected as exc:
         log.warning("admin_certificate_refused", reason=str(exc))
-        raise PermissionDeniedException(
-            f"{exc}; issue one with `llmgw-cli cert operator <name>`"
-        ) from exc
+        raise PermissionDeniedException(_refusal(str(exc))) from exc
     return identity.common_name
+
+
+class CertificateEnd(msgspec.Struct, frozen=True, kw_only=True):
+    """When the operator certificate a request came with ends, and what a request would be
+    refused with past it."""
+
+    at: datetime
+    refusal: str
+
+    def passed(self, now: datetime) -> bool:
+        return now > self.at
+
+
+def operator_certificate_end(scope: Mapping[str, Any]) -> CertificateEnd | None:
+    """The end of the operator certificate of the request's TLS connection (which
+    ``require_actor`` accepted); None when the request came without one. Whatever the
+    request keeps open (an event stream) ends with it: past it, a request is refused."""
+    chain = _client_chain(scope)
+    if not chain:
+        return None
+    try:
+        identity = _operator_identity(chain[0])
+    except CertificateRejected:
+        return None  # refused by the guard already: no handler runs
+    if identity.expires_at is None:
+        return None
+    refusal = _refusal(_expired(identity.common_name, identity.expires_at))
+    return CertificateEnd(at=identity.expires_at, refusal=refusal)
+
+
+def _client_chain(scope: Mapping[str, Any]) -> Any:
+    tls = scope.get("extensions", {}).get(TLS_EXTENSION)
+    return tls.get("client_cert_chain") if isinstance(tls, Mapping) else None
+
+
+def _expired(common_name: str, expires_at: datetime) -> str:
+    return (
+        f"the operator certificate of {common_name!r} expired on {expires_at:%Y-%m-%d %H:%M:%S} UTC"
+    )
+
+
+def _refusal(reason: str) -> str:
+    return f"{reason}; issue one with `llmgw-cli cert operator <name>`"
 
 
 @functools.lru_cache(maxsize=256)

@@ -6,7 +6,13 @@ send the last id back as ``Last-Event-ID``; others pass ``?since=``. What is sen
 read from the ``events`` table by position (a NOTIFY only wakes the stream), so a resumed
 stream neither skips nor repeats an event.
 
-A stream never ends by itself: when the server stops, ``end_event_streams`` ends every
+A stream opened with an operator certificate ends when the certificate does: past its
+end a request is refused (``app.admin.auth``), and a stream is a request kept open. Its last
+message is then an ``event: refused`` whose ``data`` is what a request would be answered
+with (the certificate's name and end), and the body ends; a client should not resume it
+with the same certificate (the handshake refuses an expired one anyway).
+
+Otherwise a stream never ends by itself: when the server stops, ``end_event_streams`` ends every
 stream of its app cleanly (a last comment, then the end of the body), so that stopping does
 not wait for followers to hang up, and they resume on another server or this one restarted.
 """
@@ -15,7 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import msgspec
@@ -26,7 +33,7 @@ from litestar.openapi import ResponseSpec
 from litestar.params import QueryParameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
-from app.admin.auth import require_actor
+from app.admin.auth import CertificateEnd, operator_certificate_end, require_actor
 from app.admin.history import event_view
 from app.admin.schemas import EventView
 from app.domain.envelope import Recorded
@@ -41,6 +48,11 @@ RETRY_MS = 2000
 """How long an EventSource waits before it reconnects (and resumes)."""
 STREAM_BUFFER = 1000
 STREAMS_KEY = "llmgw_event_streams"
+REFUSED_EVENT = "refused"
+"""The last message of a stream whose operator certificate ended; ``data``: why."""
+CERTIFICATE_END_MARGIN_S = 0.05
+"""A stream waits this much past its certificate's end, so that a timer firing a little
+early finds the end passed rather than sending a keepalive first."""
 
 _encoder = msgspec.json.Encoder()
 
@@ -86,7 +98,9 @@ class EventsController(Controller):
             "With follow (the default) the answer is a text/event-stream: one message per "
             "event, `id:` its log position, `data:` the event as JSON, from the position "
             "after `since` (or after the `Last-Event-ID` header, which wins), else from now "
-            "on; a comment every 15 s while the log is quiet. With follow=false the answer "
+            "on; a comment every 15 s while the log is quiet. A stream opened with an operator "
+            "certificate ends at the certificate's end, its last message an `event: refused` "
+            "whose `data` says why. With follow=false the answer "
             "is a JSON page of at most `limit` events after `since`, or without `since` "
             "the last `limit` positions of the log."
         ),
@@ -121,7 +135,13 @@ class EventsController(Controller):
             return Response(await _page(store, after, limit, last))
         url = store.engine.url.render_as_string(hide_password=False)
         ending = event_streams(request.app).ending
-        stream = _messages(store, url, last if after is None else after, ending)
+        stream = _messages(
+            store,
+            url,
+            last if after is None else after,
+            ending,
+            operator_certificate_end(request.scope),
+        )
         return ServerSentEvent(stream)
 
 
@@ -153,7 +173,12 @@ async def _page(store: PostgresEventStore, after: int | None, limit: int, last: 
 
 
 async def _messages(
-    store: PostgresEventStore, database_url: str, after: int, ending: asyncio.Event
+    store: PostgresEventStore,
+    database_url: str,
+    after: int,
+    ending: asyncio.Event,
+    certificate_end: CertificateEnd | None,
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> AsyncIterator[ServerSentEventMessage]:
     yield ServerSentEventMessage(
         data=None, comment=f"following the log after position {after}", retry=RETRY_MS
@@ -173,11 +198,18 @@ async def _messages(
     try:
         while True:
             next_event = next_event or asyncio.ensure_future(appended.get())
+            keepalive_s = KEEPALIVE_S
+            if certificate_end is not None:
+                left_s = (certificate_end.at - clock()).total_seconds()
+                keepalive_s = min(keepalive_s, max(left_s, 0.0) + CERTIFICATE_END_MARGIN_S)
             await asyncio.wait(
                 (next_event, server_stops, reader),
-                timeout=KEEPALIVE_S,
+                timeout=keepalive_s,
                 return_when=asyncio.FIRST_COMPLETED,
             )
+            if certificate_end is not None and certificate_end.passed(clock()):
+                yield ServerSentEventMessage(event=REFUSED_EVENT, data=certificate_end.refusal)
+                return
             if next_event.done():
                 recorded, next_event = next_event.result(), None
                 yield ServerSentEventMessage(

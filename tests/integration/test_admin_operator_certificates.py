@@ -3,6 +3,7 @@ real TLS handshakes on a loopback socket, against a fresh PostgreSQL database pe
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import socket
 import ssl
@@ -209,3 +210,34 @@ async def test_a_kept_alive_connection_is_refused_once_its_certificate_expires(
         await wait_until(refused, within_s=15, what="a request after the certificate's end")
         answer = await operator.get("/admin/v1/nodes")
     assert "expired" in answer.json()["detail"]
+
+
+async def test_an_event_stream_ends_when_its_operator_certificate_does(
+    https_url: str, pki: Pki
+) -> None:
+    """A followed stream is one request kept open: before, one opened with an operator
+    certificate went on past the certificate's end, forever. It now ends then, its last
+    message saying why."""
+    ca = load_ca(pki.directory)
+    key = generate_key()
+    issued = datetime.now(UTC) - timedelta(days=1) + timedelta(seconds=2)
+    certificate = issue_operator(ca, key, pki.operator, issued, 1)
+    write_issued(pki.directory, "streaming", certificate, key, force=True)
+
+    lines: list[str] = []
+    async with (
+        client(https_url, pki, "streaming") as operator,
+        operator.stream("GET", "/admin/v1/events", headers={"accept": "text/event-stream"}) as sse,
+    ):
+        assert sse.status_code == 200
+        # Without an end, the stream would send a keepalive every 15 s, forever.
+        async with asyncio.timeout(15):
+            async for line in sse.aiter_lines():
+                lines.append(line)
+    messages = [line for line in lines if line and not line.startswith(":")]
+    assert messages[-2:] == [
+        "event: refused",
+        f"data: the operator certificate of {pki.operator!r} expired on "
+        f"{certificate.not_valid_after_utc:%Y-%m-%d %H:%M:%S} UTC; issue one with "
+        "`llmgw-cli cert operator <name>`",
+    ], lines

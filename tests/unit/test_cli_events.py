@@ -66,3 +66,41 @@ def test_following_from_a_position_prints_each_page_of_the_backlog_as_it_is_read
     assert code == 1
     assert [json.loads(line)["position"] for line in captured.out.splitlines()] == [1, 2]
     assert captured.err == "llmgw-cli events: the server stops\n"
+
+
+class StreamEndedByTheServer(StubHandler):
+    """An empty log whose stream sends one event, then ends for good: the operator
+    certificate it was opened with has ended."""
+
+    def do_GET(self) -> None:
+        query = parse_qs(urlsplit(self.path).query)
+        if query.get("follow") == ["false"]:
+            page = {"events": [], "next_since": 0, "more": False}
+            self.answer(200, "application/json", json.dumps(page).encode())
+            return
+        stream = (
+            ": following the log after position 0\n\n"
+            f"id: 1\ndata: {json.dumps(an_event(1))}\n\n"
+            "event: refused\n"
+            "data: the operator certificate of 'alice' expired on 2026-12-05 04:00:00 UTC; "
+            "issue one with `llmgw-cli cert operator <name>`\n\n"
+        )
+        self.answer(200, "text/event-stream", stream.encode())
+
+
+def test_following_stops_with_the_reason_when_the_server_ends_the_stream_for_good(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before, the refusal was taken for an event (and not one this client could read), or,
+    # had it been skipped, the stream resumed with a certificate the handshake refuses.
+    with stub_admin_api(StreamEndedByTheServer, monkeypatch) as url:
+        code = events(follow=True, output="json", connection=ConnectionFlags(admin_url=url))
+
+    captured = capsys.readouterr()
+    assert code == 1
+    assert [json.loads(line)["position"] for line in captured.out.splitlines()] == [1]
+    assert captured.err == (
+        "llmgw-cli events: the admin API ended the stream after position 1: the operator "
+        "certificate of 'alice' expired on 2026-12-05 04:00:00 UTC; issue one with "
+        "`llmgw-cli cert operator <name>`\n"
+    )
