@@ -11,9 +11,16 @@ folds an event into the log's state. Per node that said hello to this control pl
 - a hello replaces the node's shards by the ones it lists, and gives the node a new
   greeting number (a command sent before it is sent again after it);
 - a heartbeat updates the states of the shards it lists that the view knows (it carries no
-  port, so a shard the view does not know waits for its status or the next hello);
+  port, so a shard the view does not know waits for its status or the next hello), and
+  drops the ended ones (``stopped``, ``failed``) it no longer lists: a heartbeat lists
+  every shard the agent knows, so those are gone from the node, and the view of a node
+  holds what its agent does (its running shards and its last failures), not every shard
+  ever started on the connection. A shard its agent stopped of its own accord
+  (``ReportedShard.stopped_by_agent``) stays until the node's next hello or its
+  disconnect: the log starts it again only once the node is back, and a start sent while
+  the view says nothing of it would reach an agent on its way out;
 - a shard status inserts or updates that shard; ``stopped`` and ``failed`` keep it with that
-  state, which takes it out of the running set;
+  state, which takes it out of the running set, until a heartbeat no longer lists it;
 - a disconnect drops the node;
 - a command this control plane sent the node (``command_sent``, with when: the
   reconciler's clock) is awaited until the agent answers it (``CommandAnswered``), its
@@ -49,6 +56,9 @@ class ReportedShard(msgspec.Struct, frozen=True, kw_only=True):
     port: int
     pid: int | None
     state: str
+    stopped_by_agent: bool = False
+    """``stopped`` of the agent's own accord (with a reason, as an agent shutting down
+    stops its engines), not for a stop the control plane asked for."""
 
     @property
     def running(self) -> bool:
@@ -313,7 +323,12 @@ def _heartbeat(view: FleetView, report: HeartbeatReport) -> FleetView:
     node = view.reports.get(report.node_id)
     if node is None:
         return view
-    shards = dict(node.shards)
+    listed = {(replica_id, shard_index) for replica_id, shard_index, _ in report.shard_states}
+    shards = {
+        key: known
+        for key, known in node.shards.items()
+        if key in listed or known.running or known.stopped_by_agent
+    }
     for replica_id, shard_index, state in report.shard_states:
         known = shards.get((replica_id, shard_index))
         if known is not None and known.state != state:
@@ -335,6 +350,7 @@ def _shard_status(view: FleetView, report: ShardStatusReport, model_of: ModelOf)
         port=report.port,
         pid=phase.pid if phase.pid is not None else (known.pid if known else None),
         state=phase.phase.value,
+        stopped_by_agent=phase.phase is ShardPhase.STOPPED and phase.reason is not None,
     )
     if known == shard:
         return view

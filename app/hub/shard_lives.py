@@ -37,8 +37,16 @@ connection, their engines launched (or stopped) after the hello: commands for sh
 on the node, each holding at least one of its at most 64 GPUs, so a few dozen at the most.
 The status that would name one more is refused, whatever it says: before, every made-up
 shard id spent a free launch of its own, and a node naming new ones grew the live view by
-one shard a status, without end. A shard is never forgotten while the connection lasts, so
-none gets its free launch twice.
+one shard a status, without end.
+
+The shards started on the connection are bounded too: a shard whose launch ended
+(``stopped``, ``failed``) is remembered among the last ``MAX_ENDED_KEPT`` ended ones, and
+forgotten (its unspent launches with it) once more have ended since, so that a connection
+that lasts months does not hold every engine it ever started. A shard forgotten so and
+spoken of again is one first heard of in a status: it spends one of the
+``MAX_SHARDS_STARTED_BEFORE``, so no shard gets a free launch twice beyond that bound (an
+honest agent speaks of an ended shard again only after a ``start_shard`` for it, which
+gives it its launch).
 """
 
 from __future__ import annotations
@@ -59,6 +67,9 @@ FORWARD: dict[ShardState, frozenset[ShardState]] = {
 LAUNCHES_BEFORE_THE_CONNECTION = 1
 """New launches of a shard taken without a ``start_shard`` on this connection."""
 MAX_SHARDS_STARTED_BEFORE = MAX_SHARDS_PER_NODE
+MAX_ENDED_KEPT = MAX_SHARDS_PER_NODE
+"""Ended shards remembered per connection; older ones are forgotten."""
+ENDED: frozenset[ShardState] = frozenset({"failed", "stopped"})
 """Shards a connection may speak of that neither its hello listed nor a ``start_shard`` sent
 on it named: those whose start reached the agent before the connection did."""
 
@@ -78,6 +89,8 @@ class ShardLives:
         self._lives: dict[tuple[str, int], _Life] = {}
         self._started_before = 0
         """Shards first heard of in a status: neither listed nor started on the connection."""
+        self._ended: dict[tuple[str, int], None] = {}
+        """The shards whose launch ended, oldest first."""
 
     def __len__(self) -> int:
         return len(self._lives)
@@ -90,6 +103,7 @@ class ShardLives:
     def start_sent(self, replica_id: str, shard_index: int) -> None:
         """A ``start_shard`` for the shard went out on this connection: one launch more."""
         self._life(replica_id, shard_index).launches += 1
+        self._ended.pop((replica_id, shard_index), None)
 
     def refusal(self, status: ShardStatus) -> str | None:
         """Why ``status`` is not what an honest agent sends now, or None, and then it is
@@ -115,7 +129,20 @@ class ShardLives:
                 )
             life.launches -= 1
         life.phase = now
+        self._note_ended(key, life)
         return None
+
+    def _note_ended(self, key: tuple[str, int], life: _Life) -> None:
+        """Remember ``key`` among the ended shards if its launch ended, and forget the
+        oldest of them past ``MAX_ENDED_KEPT``."""
+        self._ended.pop(key, None)
+        if life.phase not in ENDED:
+            return
+        self._ended[key] = None
+        if len(self._ended) > MAX_ENDED_KEPT:
+            oldest = next(iter(self._ended))
+            del self._ended[oldest]
+            del self._lives[oldest]
 
     def _life(self, replica_id: str, shard_index: int) -> _Life:
         key = (replica_id, shard_index)

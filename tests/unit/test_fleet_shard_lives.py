@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from agent.engines.changes import can_transition
 from agent.engines.records import ShardState as AgentShardState
-from app.hub.shard_lives import FORWARD, MAX_SHARDS_STARTED_BEFORE, ShardLives
+from app.hub.shard_lives import FORWARD, MAX_ENDED_KEPT, MAX_SHARDS_STARTED_BEFORE, ShardLives
 from wire.messages import ShardReport, ShardState, ShardStatus
 
 PHASES: tuple[ShardState, ...] = get_args(ShardState)
@@ -144,6 +144,29 @@ def test_a_long_connection_speaks_of_every_shard_it_was_told_to_start() -> None:
     assert refusals(lives, ["failed", "stopped"]) == [None, None]
     assert lives.refusal(status("starting")) is None  # its one free launch, still unspent
     assert lives.refusal(status("starting", replica_id="from-before")) is None
+
+
+def test_a_long_connection_remembers_a_bounded_number_of_ended_shards() -> None:
+    """Before, every shard started on a connection was remembered until it closed: a node
+    connected for months held one entry per engine it ever ran. The oldest ended ones are
+    forgotten; what runs, and what the hello listed, is kept."""
+    lives = ShardLives()
+    lives.listed([listed("ready")])
+    lives.start_sent("running-1", 0)
+    assert lives.refusal(status("ready", replica_id="running-1")) is None
+    for index in range(3 * MAX_ENDED_KEPT):
+        lives.start_sent(f"r-{index}", 0)
+        for state in ("starting", "ready", "stopped"):
+            assert lives.refusal(status(state, replica_id=f"r-{index}")) is None
+
+    assert len(lives) == 2 + MAX_ENDED_KEPT
+    assert refusals(lives, ["failed", "stopped"]) == [None, None]  # the listed one, kept
+    assert lives.refusal(status("stopped", replica_id="running-1")) is None
+    # One forgotten and spoken of again is one first heard of in a status: it spends one
+    # of the allowance, never more.
+    assert lives.refusal(status("starting", replica_id="r-0")) is None
+    assert lives.refusal(status("starting", replica_id="r-0")) is None  # said again
+    assert lives.refusal(status("ready", replica_id="r-0")) is None
 
 
 launch = st.lists(st.sampled_from(PHASES), min_size=1, max_size=4).map(

@@ -123,3 +123,55 @@ def test_a_command_sent_is_awaited_until_answered_or_the_node_says_hello_again()
     assert command_sent(view, "gpu-2", "start-qwen-1-0", T0) is view  # no hello: sent nothing
     # Sent again while awaited (after a failover, say), it keeps when it was first sent.
     assert command_sent(sent, "gpu-1", "start-llama-1-0", later) is sent
+
+
+def test_shards_that_ended_leave_the_view_once_a_heartbeat_no_longer_lists_them() -> None:
+    # Before, every shard started on a connection stayed in the view, stopped or failed,
+    # until the node disconnected: a node up for months held every engine it ever ran.
+    view = observe(FleetView(), hello("gpu-1"), model_of)
+    for number in range(100):
+        replica_id = f"r-{number}"
+        view = observe(view, status("gpu-1", replica_id, ShardPhase.STARTING), model_of)
+        ended = ShardPhase.FAILED if number % 2 else ShardPhase.STOPPED
+        view = observe(view, status("gpu-1", replica_id, ended), model_of)
+    view = observe(view, status("gpu-1", "llama-1", ShardPhase.READY), model_of)
+
+    # The agent keeps its last failure (it lists it), forgets what it stopped.
+    beat = HeartbeatReport(
+        node_id="gpu-1", shard_states=(("llama-1", 0, "ready"), ("r-99", 0, "failed"))
+    )
+    after = observe(view, beat, model_of)
+
+    assert {k: s.state for k, s in after.reports["gpu-1"].shards.items()} == {
+        ("llama-1", 0): "ready",
+        ("r-99", 0): "failed",
+    }
+    forgotten = HeartbeatReport(node_id="gpu-1", shard_states=(("llama-1", 0, "ready"),))
+    assert list(observe(after, forgotten, model_of).reports["gpu-1"].shards) == [("llama-1", 0)]
+
+
+def test_a_running_shard_or_one_its_agent_stopped_on_purpose_stays_until_the_hello() -> None:
+    view = observe(
+        FleetView(), hello("gpu-1", shard("llama-1"), shard("qwen-1", port=20001)), model_of
+    )
+    shutting_down = ShardStatusReport(
+        node_id="gpu-1",
+        phase=ShardPhaseReport(
+            replica_id="qwen-1",
+            shard_index=0,
+            phase=ShardPhase.STOPPED,  # type: ignore[arg-type]
+            reason="agent shutting down",
+        ),
+        port=20001,
+    )
+    view = observe(view, shutting_down, model_of)
+
+    # A heartbeat that lists neither: the running one waits for its status (the log's
+    # business), the one stopped on purpose keeps its start back until the node returns.
+    after = observe(view, HeartbeatReport(node_id="gpu-1"), model_of)
+
+    assert {k: s.state for k, s in after.reports["gpu-1"].shards.items()} == {
+        ("llama-1", 0): "ready",
+        ("qwen-1", 0): "stopped",
+    }
+    assert after.reports["gpu-1"].shards[("qwen-1", 0)].stopped_by_agent
