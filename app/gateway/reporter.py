@@ -21,11 +21,18 @@ each of them (the one under the id, which finds the other's ``ID@INSTANCE`` row,
 one under its own key, which finds the id's row) logs ``gateway_id_shared`` (an error, at
 most once a minute) and counts each such report in ``llmgw_gateway_id_shared_reports``, so
 that whichever of their logs an operator reads says so. A restarted
-gateway takes back its previous life's row at once when that life ran on the same host and
-its process is gone (``previous_life``: a gateway killed and started again by its
-supervisor); otherwise once the row is ``REPORT_MAX_AGE_S`` old, writing under a key of its
-own meanwhile (its previous life then counts as silent, as a gateway that crashed does),
-logging nothing, since the previous life writes no more.
+gateway takes back its previous life's row at once when that life's connection to the
+database is gone: each reporter's connection holds a session lock of its token
+(``hold_writer_lock``), which PostgreSQL lets go when the process exits, is killed, or loses
+the connection, wherever it ran and whatever its pid runs now. A live twin holds its lock,
+so two live processes never take or retire each other's rows. While the previous life's
+session lingers (its host vanished without closing the connection), the restarted gateway
+takes the row back at once when that life ran on the same host and its process is gone
+(``previous_life``: a gateway killed and started again by its supervisor), and otherwise
+writes under a key of its own, logging nothing, since the previous life writes no more;
+the previous life's rows (under the id or a key of its own) are retired by the first report
+after its session ends (``gateway_reports_retired``), or else age as a crashed gateway's
+do.
 
 The connection is its own so that nothing else the gateway asks of the database (a
 snapshot read waiting on a lock, a grant) can make a report late: a report more than
@@ -53,6 +60,7 @@ from app.store.gateway_reports import (
     ReportWritten,
     TrafficReport,
     delete_report,
+    hold_writer_lock,
     report_holder,
     write_report,
 )
@@ -158,6 +166,7 @@ class GatewayReporter:
         db.add_termination_listener(lambda _connection: self._connection.wake.set())
         next_report = monotonic()
         last_report = float("-inf")
+        holding = False
         while not self._connection.stop.is_set():
             if db.is_closed():
                 raise ConnectionResetError("the database closed the connection")
@@ -171,6 +180,8 @@ class GatewayReporter:
                 continue
             started = monotonic()
             self._note_lateness(started - next_report)
+            if not holding:  # this connection's previous one may hold it for a moment still
+                holding = await hold_writer_lock(db, self.instance, within_s=self._timeout_s)
             await self._write(db)
             self.reports += 1
             self._back()
@@ -204,6 +215,13 @@ class GatewayReporter:
                 raise RuntimeError(f"the report under {self.reports_as!r} is not this one's")
         self._written_at = written.at
         self._writing_since = self._writing_since or written.at
+        if written.retired:
+            log.info(
+                "gateway_reports_retired",
+                gateway_id=self.gateway_id,
+                retired=list(written.retired),
+                reason="their writers' connections are gone: previous lives of this gateway",
+            )
         if written.shared:
             self._shared_id()
 

@@ -83,6 +83,9 @@ class ReportWritten(msgspec.Struct, frozen=True, kw_only=True):
     at: datetime | None
     """The report's time by the database's clock, which the next write passes back; None
     when it was not written: another live process's report holds the row."""
+    retired: tuple[str, ...] = ()
+    """The keys of the other reports of this gateway's id that were deleted: their
+    writers' sessions are gone (previous lives of this gateway)."""
     shared: bool
     """Another process has lately written a report of the gateway this one is named as
     (under its id, or under a key of its own), after this one began writing under the key
@@ -100,17 +103,35 @@ class Ejections(msgspec.Struct, frozen=True, kw_only=True):
 
 # The row is overwritten only when it is this process's own report, unchanged since its last
 # write (a gateway of an older release, started with the same id, writes no token and would
-# otherwise go unnoticed), or one no gateway has written for the reports' age (a previous
-# life's, a gateway gone): never another live process's. The row lock ON CONFLICT takes
-# decides between two processes that write at once; the loser's update does not happen and
-# it is told so (no row written). ``$12``: a previous life's token, which this process
-# found holding the row and knows dead (``app.gateway.reporter``): its row is taken back at
-# once. ``shared``: another process wrote a row of the gateway named ``$10`` (the row under
-# that id, or one a process given that id writes under a key of its own, ``$10@token``)
-# after ``$11`` (when this process began writing under the key it has now), and lately: each
-# of two processes sharing an id finds the other's row.
-_UPSERT = """
-WITH written AS (
+# otherwise go unnoticed), one no gateway has written for the reports' age, or one whose
+# writer's session is gone (``_WRITER_GONE``): never another live process's. The row lock ON
+# CONFLICT takes decides between two processes that write at once; the loser's update does
+# not happen and it is told so (no row written). ``$12``: a previous life's token, which this
+# process found holding the row and knows dead (``app.gateway.reporter``): its row is taken
+# back at once. ``retired``: the other reports of the gateway named ``$10`` (under that id, or
+# under ``$10@token``) whose writers' sessions are gone are deleted: a process of that id
+# started again, on another host or under a pid reused since, retires its previous life's
+# report at once rather than leave it to count as a silent gateway. A live twin holds its
+# session, so neither of two live processes with one id retires the other's. ``shared``:
+# another process wrote a row of the gateway named ``$10`` after ``$11`` (when this process
+# began writing under the key it has now), and lately, and is still connected: each of two
+# processes sharing an id finds the other's row.
+_WRITER_GONE = """
+    {row}.instance IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM pg_locks
+        WHERE locktype = 'advisory' AND granted AND objsubid = 2
+          AND classid = {lock_class}::oid AND objid = hashtext({row}.instance)::oid)
+"""
+_OF_THE_GATEWAY = "({row}.gateway_id = $10 OR left({row}.gateway_id, length($10) + 1) = $10 || '@')"
+
+_UPSERT = f"""
+WITH retired AS (
+    DELETE FROM gateway_reports AS gone
+    WHERE {_OF_THE_GATEWAY.format(row="gone")} AND gone.gateway_id <> $1
+      AND gone.instance <> $7
+      AND {_WRITER_GONE.format(row="gone", lock_class="$13::int")}
+    RETURNING gone.gateway_id
+), written AS (
     INSERT INTO gateway_reports AS report
         (gateway_id, in_flight, traffic, queued, ejected, routing_position, instance,
          reported_at)
@@ -123,15 +144,28 @@ WITH written AS (
            AND ($8::timestamptz IS NULL OR report.reported_at = $8::timestamptz))
        OR report.reported_at <= now() - make_interval(secs => $9)
        OR report.instance = $12
+       OR ({_WRITER_GONE.format(row="report", lock_class="$13::int")}
+           AND report.instance <> excluded.instance)
     RETURNING report.reported_at
 )
 SELECT (SELECT reported_at FROM written) AS written_at,
-       EXISTS (SELECT 1 FROM gateway_reports
-               WHERE (gateway_id = $10 OR left(gateway_id, length($10) + 1) = $10 || '@')
-                 AND gateway_id <> $1
-                 AND reported_at > $11::timestamptz
-                 AND reported_at > now() - make_interval(secs => $9)) AS shared
+       (SELECT array_agg(gateway_id ORDER BY gateway_id) FROM retired) AS retired,
+       EXISTS (SELECT 1 FROM gateway_reports AS other
+               WHERE {_OF_THE_GATEWAY.format(row="other")}
+                 AND other.gateway_id <> $1
+                 AND other.reported_at > $11::timestamptz
+                 AND other.reported_at > now() - make_interval(secs => $9)
+                 AND NOT ({_WRITER_GONE.format(row="other", lock_class="$13::int")})) AS shared
 """
+
+WRITER_LOCK_CLASS = 1_571_934_201
+"""The first key of the session-level advisory lock a gateway's report connection holds
+for as long as it is open, the second being ``hashtext(instance)``: a report whose writer
+holds none is a gone process's (``_WRITER_GONE``). Two keys, so that it never meets a
+single-key lock (the leader's, the log's)."""
+
+_HOLD_WRITER_LOCK = "SELECT pg_try_advisory_lock($1::int, hashtext($2))"
+
 
 # One statement, so that the counts and the routing tables are of the same rows: a row
 # read for its table after another was read for its counts could hide a request sent
@@ -251,10 +285,21 @@ async def write_report(
         named if named is not None else gateway_id,
         named_since,
         taking_over,
+        WRITER_LOCK_CLASS,
         timeout=within_s,
     )
     assert row is not None  # a SELECT without FROM: always one row
-    return ReportWritten(at=row["written_at"], shared=row["shared"] is True)
+    return ReportWritten(
+        at=row["written_at"], retired=tuple(row["retired"] or ()), shared=row["shared"] is True
+    )
+
+
+async def hold_writer_lock(db: asyncpg.Connection, instance: str, *, within_s: float) -> bool:
+    """Take, on ``db``'s session, the lock that says the process whose token is
+    ``instance`` writes its report (``WRITER_LOCK_CLASS``); whether it is held now. It is
+    let go when the session ends: the process exits, is killed, or loses the connection."""
+    held = await db.fetchval(_HOLD_WRITER_LOCK, WRITER_LOCK_CLASS, instance, timeout=within_s)
+    return held is True
 
 
 async def report_holder(db: asyncpg.Connection, gateway_id: str, *, within_s: float) -> str | None:

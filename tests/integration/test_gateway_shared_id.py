@@ -1,6 +1,7 @@
 """Two gateway processes started with the same id: each report is kept apart, the leader's
 reader sums both, and each of them says so. A gateway restarted with its
-id is not taken for another."""
+id is not taken for another: its previous lives' rows, their connections gone, are taken
+back or retired at once."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from structlog.testing import capture_logs
 
 from app.gateway.reporter import GatewayReporter, process_token
 from app.store.database import driver_url
-from app.store.gateway_reports import InFlightReports
+from app.store.gateway_reports import InFlightReports, hold_writer_lock
 from tests.support.waiting import wait_until
 
 INTERVAL_S = 0.05
@@ -91,22 +92,39 @@ async def test_two_gateways_with_one_id_are_both_counted_and_both_say_so(
     ), errors
     assert {e["log_level"] for e in errors} == {"error"}
     assert {e["gateway_id"] for e in errors} == {same_id}
+    # Both connected all along: neither retired the other's row.
+    assert not [e for e in logs if e["event"] == "gateway_reports_retired"]
 
 
-async def test_a_gateway_restarted_with_its_id_is_not_taken_for_another(
+async def connected_as(database_url: str, token: str) -> asyncpg.Connection:
+    """A connection as a gateway process's reporter holds it: what says the process whose
+    token is ``token`` is alive."""
+    db = await asyncpg.connect(driver_url(database_url))
+    assert await hold_writer_lock(db, token, within_s=5.0)
+    return db
+
+
+async def test_a_gateway_restarted_elsewhere_takes_its_previous_lives_rows_at_once(
     engine: AsyncEngine, database_url: str
 ) -> None:
+    """Before, a previous life on another host (or whose pid now runs something else) that
+    had reported just now was left to age: its requests counted for 5 s more, then it
+    counted as a silent gateway for 30 s, holding every stop of a drained replica. Its
+    connection is gone: its rows go at once, and nothing says the id is shared."""
     stale_id, fresh_id = f"gw-{secrets.token_hex(4)}", f"gw-{secrets.token_hex(4)}"
     replica = f"r-{secrets.token_hex(4)}"
     db = await asyncpg.connect(driver_url(database_url))
     try:
-        # Two previous lives that crashed, leaving their reports: one 6 s ago, one just now.
+        # Previous lives that were killed, leaving their reports: one 6 s ago, one just now,
+        # and one just now under a key of its own (itself a restarted life).
         await db.execute(
             "INSERT INTO gateway_reports (gateway_id, in_flight, instance, reported_at) "
-            "VALUES ($1, '{}', 'previous-life', now() - interval '6 seconds'), "
-            "($2, '{}', 'previous-life', now())",
+            "VALUES ($1, '{}', 'elsewhere-41-0badc0de', now() - interval '6 seconds'), "
+            "($2, $3::jsonb, 'elsewhere-42-0badc0de', now()), "
+            "($2 || '@elsewhere-43-0badc0de', $3::jsonb, 'elsewhere-43-0badc0de', now())",
             stale_id,
             fresh_id,
+            f'{{"{replica}": 5}}',
         )
         shared: list[None] = []
         with capture_logs() as logs:
@@ -115,20 +133,77 @@ async def test_a_gateway_restarted_with_its_id_is_not_taken_for_another(
                 gateway(database_url, fresh_id, {replica: 2}, shared) as at_once,
             ):
                 await wait_until(
-                    lambda: after_a_while.reports >= 10 and at_once.reports >= 10,
-                    what="ten reports each",
+                    lambda: after_a_while.reports >= 1 and at_once.reports >= 1,
+                    what="a report each",
                 )
-                # The old report is taken back; the one still fresh is left to age, the
-                # restarted gateway reporting beside it meanwhile, both counted.
                 assert after_a_while.reports_as == stale_id
-                assert at_once.reports_as == f"{fresh_id}@{at_once.instance}"
-                assert await in_flight_on(InFlightReports(engine), replica)() == 3
-        # A previous life writes no more: nothing says the id is shared.
+                assert at_once.reports_as == fresh_id
+                # The dead lives' requests are counted no more, nor are they silent.
+                gateways = await InFlightReports(engine).read_gateways()
+                assert gateways.in_flight.get(replica) == 3
+                keys = await db.fetch(
+                    "SELECT gateway_id, instance FROM gateway_reports "
+                    "WHERE gateway_id LIKE $1 || '%' OR gateway_id = $2",
+                    fresh_id,
+                    stale_id,
+                )
+                assert {(r["gateway_id"], r["instance"]) for r in keys} == {
+                    (stale_id, after_a_while.instance),
+                    (fresh_id, at_once.instance),
+                }
         assert not shared
         assert not [e for e in logs if e["event"] == "gateway_id_shared"]
+        retired = [e for e in logs if e["event"] == "gateway_reports_retired"]
+        assert [e["retired"] for e in retired] == [[f"{fresh_id}@elsewhere-43-0badc0de"]]
     finally:
         await db.execute(
             "DELETE FROM gateway_reports WHERE gateway_id = ANY($1::text[])", [stale_id, fresh_id]
+        )
+        await db.close()
+
+
+async def test_a_previous_life_still_connected_is_reported_beside_then_retired_when_it_goes(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    """A previous life whose connection is still open (its host vanished without closing
+    it, or it is a live twin) is not taken over: the restarted gateway reports beside it.
+    Once the connection ends, its row goes with the next report."""
+    same_id, replica = f"gw-{secrets.token_hex(4)}", f"r-{secrets.token_hex(4)}"
+    token = process_token("elsewhere", 44, "0badc0de")
+    previous = await connected_as(database_url, token)
+    db = await asyncpg.connect(driver_url(database_url))
+    try:
+        await db.execute(
+            "INSERT INTO gateway_reports (gateway_id, in_flight, instance, reported_at) "
+            "VALUES ($1, $2::jsonb, $3, now())",
+            same_id,
+            f'{{"{replica}": 5}}',
+            token,
+        )
+        async with gateway(database_url, same_id, {replica: 2}, []) as restarted:
+            await wait_until(lambda: restarted.reports >= 3, what="three reports")
+            assert restarted.reports_as == f"{same_id}@{restarted.instance}"
+            read = in_flight_on(InFlightReports(engine), replica)
+            assert await read() == 7
+
+            await previous.close()
+
+            async def only_its_own() -> bool:
+                return await read() == 2
+
+            await wait_until(only_its_own, what="the previous life's row retired")
+            assert (
+                await db.fetchval(
+                    "SELECT count(*) FROM gateway_reports WHERE gateway_id = $1", same_id
+                )
+                == 0
+            )
+    finally:
+        if not previous.is_closed():
+            await previous.close()
+        await db.execute(
+            "DELETE FROM gateway_reports WHERE gateway_id = $1 OR gateway_id LIKE $1 || '@%'",
+            same_id,
         )
         await db.close()
 
@@ -139,8 +214,9 @@ async def test_a_gateway_killed_and_started_again_on_its_host_takes_its_row_back
     """A report written just now by an earlier process on this host that is gone (killed,
     then started again by its supervisor) is taken back at once: left to age, it would
     count as a silent gateway for half a minute and hold every stop of a drained
-    replica. One whose process still runs on this host may be a twin: left alone."""
-    dead_id, live_id = f"gw-{secrets.token_hex(4)}", f"gw-{secrets.token_hex(4)}"
+    replica. So is one whose pid runs another process now, its connection gone. One
+    whose connection is open may be a twin: left alone."""
+    dead_id, reused_id, live_id = (f"gw-{secrets.token_hex(4)}" for _ in range(3))
     replica = f"r-{secrets.token_hex(4)}"
     finished = subprocess.run(  # noqa: ASYNC221 - a process that is over before the test
         [sys.executable, "-c", "import os; print(os.getpid())"],
@@ -150,34 +226,48 @@ async def test_a_gateway_killed_and_started_again_on_its_host_takes_its_row_back
     )
     dead_pid = int(finished.stdout)  # reaped: no process has it now
     host = socket.gethostname()
+    twin_token = process_token(host, os.getppid(), "1badc0de")
+    twin_connection = await connected_as(database_url, twin_token)
     db = await asyncpg.connect(driver_url(database_url))
     try:
         await db.execute(
             "INSERT INTO gateway_reports (gateway_id, in_flight, instance, reported_at) "
-            "VALUES ($1, '{}', $2, now()), ($3, '{}', $4, now())",
+            "VALUES ($1, '{}', $2, now()), ($3, '{}', $4, now()), ($5, '{}', $6, now())",
             dead_id,
             process_token(host, dead_pid, "0badc0de"),
-            live_id,
+            reused_id,
             process_token(host, os.getppid(), "0badc0de"),
+            live_id,
+            twin_token,
         )
         shared: list[None] = []
         async with (
             gateway(database_url, dead_id, {replica: 1}, shared) as restarted,
+            gateway(database_url, reused_id, {replica: 1}, shared) as after_reuse,
             gateway(database_url, live_id, {replica: 2}, shared) as twin,
         ):
             await wait_until(
-                lambda: restarted.reports >= 3 and twin.reports >= 3, what="three reports each"
+                lambda: min(restarted.reports, after_reuse.reports, twin.reports) >= 3,
+                what="three reports each",
             )
             assert restarted.reports_as == dead_id
+            assert after_reuse.reports_as == reused_id
             assert twin.reports_as == f"{live_id}@{twin.instance}"
-            # Its row is this process's now: nothing left under the id to fall silent.
-            holder = await db.fetchval(
-                "SELECT instance FROM gateway_reports WHERE gateway_id = $1", dead_id
+            # Their rows are these processes' now: nothing left under the ids to fall silent.
+            holders = await db.fetch(
+                "SELECT gateway_id, instance FROM gateway_reports "
+                "WHERE gateway_id = ANY($1::text[])",
+                [dead_id, reused_id],
             )
-            assert holder == restarted.instance
+            assert {(r["gateway_id"], r["instance"]) for r in holders} == {
+                (dead_id, restarted.instance),
+                (reused_id, after_reuse.instance),
+            }
     finally:
+        await twin_connection.close()
         await db.execute(
-            "DELETE FROM gateway_reports WHERE gateway_id = ANY($1::text[])", [dead_id, live_id]
+            "DELETE FROM gateway_reports WHERE gateway_id = ANY($1::text[])",
+            [dead_id, reused_id, live_id],
         )
         await db.close()
 
