@@ -101,6 +101,7 @@ class RolloutPolicyBody(
     max_error_rate_increase: float | None = None
     max_latency_ratio: float | None = None
     min_requests: int | None = None
+    min_latency_samples: int | None = None
 
 
 class ModelSpecBody(
@@ -177,6 +178,8 @@ class RolloutPolicyView(msgspec.Struct, frozen=True, kw_only=True):
     max_error_rate_increase: float
     max_latency_ratio: float
     min_requests: int
+    min_latency_samples: int
+    """Samples of a latency figure each side needs before its p95 is compared."""
 
 
 class ModelSpecView(msgspec.Struct, frozen=True, kw_only=True):

@@ -109,6 +109,10 @@ MAX_HOLD_S = 7 * 86_400
 MAX_STABILITY_WINDOW_S = 86_400
 MAX_ROLLOUT_FAILURES = 1_000
 MAX_MIN_REQUESTS = 1_000_000
+MAX_MIN_LATENCY_SAMPLES = 1_000_000
+DEFAULT_MIN_LATENCY_SAMPLES = 50
+"""A p95 of fewer than 20 samples is their slowest, so one slow request decides it; of 50,
+the third slowest: two stray requests on either side do not decide a verdict."""
 MAX_LATENCY_RATIO = 100.0
 
 
@@ -140,8 +144,10 @@ class RolloutPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     p95 more than ``max_latency_ratio`` times theirs; with fewer than ``min_requests``
     requests on either side the verdict cannot be reached and the rollout pauses for an
     operator, unless the canary's errors alone put it above the allowed error rate at
-    ``min_requests`` (it is rolled back). ``max_failures`` replicas of the new revision
-    failing to start halt the rollout and roll it back."""
+    ``min_requests`` (it is rolled back). A latency p95 is compared only once both sides
+    have ``min_latency_samples`` samples of it; until then the verdict waits for them, and
+    at the hold's end pauses as too few requests do. ``max_failures`` replicas of the new
+    revision failing to start halt the rollout and roll it back."""
 
     max_surge: int = 1
     max_unavailable: int = 0
@@ -151,6 +157,7 @@ class RolloutPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     max_error_rate_increase: float = 0.01
     max_latency_ratio: float = 1.2
     min_requests: int = 20
+    min_latency_samples: int = DEFAULT_MIN_LATENCY_SAMPLES
 
     @property
     def all_steps(self) -> tuple[CanaryStep, ...]:
@@ -494,6 +501,11 @@ def rollout_policy_errors(policy: RolloutPolicy) -> list[SpecError]:
         1 <= policy.min_requests <= MAX_MIN_REQUESTS,
         "min_requests",
         f"must be between 1 and {MAX_MIN_REQUESTS}",
+    )
+    need(
+        1 <= policy.min_latency_samples <= MAX_MIN_LATENCY_SAMPLES,
+        "min_latency_samples",
+        f"must be between 1 and {MAX_MIN_LATENCY_SAMPLES}",
     )
     need(
         len(policy.steps) <= MAX_CANARY_STEPS,

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import timedelta
-from fractions import Fraction
 
 from msgspec.structs import replace
 
@@ -49,8 +48,14 @@ from app.domain.events import (
     model_stream,
     replica_stream,
 )
-from app.domain.model_spec import CanaryStep, RolloutPolicy
+from app.domain.model_spec import CanaryStep
 from app.domain.revisions import REVISION_FIELDS
+from app.domain.rollout_verdict import (
+    INCONCLUSIVE,
+    PROMOTE,
+    ROLL_BACK,
+    judge,
+)
 from app.domain.state import (
     ACTIVE_PHASES,
     ClusterState,
@@ -62,9 +67,8 @@ from app.domain.state import (
 )
 from app.domain.traffic import TrafficFigures
 
-PROMOTE = "promote"
-ROLL_BACK = "roll_back"
-INCONCLUSIVE = "inconclusive"
+# The verdict lives in ``app.domain.rollout_verdict``; its words are read here too.
+__all__ = ["INCONCLUSIVE", "PROMOTE", "ROLL_BACK", "judge"]
 
 RolloutEvent = (
     RolloutStepStarted
@@ -259,83 +263,6 @@ def _judge(
     else:
         steps = model.spec.rollout.all_steps
         _start_step(draft, model, rollout, index + 1, steps[index + 1])
-
-
-def judge(
-    canary: TrafficFigures | None, stable: TrafficFigures | None, policy: RolloutPolicy
-) -> tuple[str, str]:
-    """``(verdict, why)`` for a canary's figures against the stable replicas'."""
-    needed = policy.min_requests
-    seen_canary = canary.requests if canary else 0
-    seen_stable = stable.requests if stable else 0
-    if canary is not None and stable is not None and seen_canary < needed <= seen_stable:
-        failed_already = _failed_past_allowance(canary, stable, policy)
-        if failed_already is not None:
-            return ROLL_BACK, failed_already
-    if canary is None or stable is None or seen_canary < needed or seen_stable < needed:
-        return INCONCLUSIVE, (
-            f"the gateways saw {seen_canary} request(s) to the new revision and "
-            f"{seen_stable} to the others, fewer than min_requests {needed}"
-        )
-    worse: list[str] = []
-    canary_rate = canary.error_rate or 0.0
-    stable_rate = stable.error_rate or 0.0
-    if _error_rate_increase(canary, stable) > _as_written(policy.max_error_rate_increase):
-        worse.append(
-            f"error rate {canary_rate:.1%} against {stable_rate:.1%} "
-            f"(at most {policy.max_error_rate_increase * 100:g} point(s) more allowed)"
-        )
-    said = [f"error rate {canary_rate:.1%} against {stable_rate:.1%}"]
-    for name, new, old in (
-        ("TTFT p95", canary.ttft_p95_ms, stable.ttft_p95_ms),
-        ("TPOT p95", canary.tpot_p95_ms, stable.tpot_p95_ms),
-        ("latency p95", canary.latency_p95_ms, stable.latency_p95_ms),
-    ):
-        if new is None or old is None:
-            continue
-        said.append(f"{name} {new:.1f} ms against {old:.1f} ms")
-        if new > old * policy.max_latency_ratio:
-            worse.append(
-                f"{name} {new:.1f} ms against {old:.1f} ms "
-                f"(at most {policy.max_latency_ratio:g}x allowed)"
-            )
-    if worse:
-        return ROLL_BACK, "; ".join(worse)
-    return PROMOTE, "; ".join(said)
-
-
-def _failed_past_allowance(
-    canary: TrafficFigures, stable: TrafficFigures, policy: RolloutPolicy
-) -> str | None:
-    """Why a canary short of ``min_requests`` is rolled back all the same: its errors alone
-    put it above the allowed error rate even if every request it lacks succeeded. A canary
-    failing each request is ejected by the gateways and sent one request a cool-off, so it
-    never reaches ``min_requests`` in a window; paused for an operator to promote, it
-    would be offered as a step too quiet to judge. None while a verdict could still go
-    either way."""
-    needed = policy.min_requests
-    stable_rate = Fraction(stable.errors, stable.requests)
-    allowed = stable_rate + _as_written(policy.max_error_rate_increase)
-    if Fraction(canary.errors, needed) <= allowed:
-        return None
-    return (
-        f"{canary.errors} of {canary.requests} request(s) to the new revision failed: above "
-        f"the allowed error rate ({float(stable_rate):.1%} and "
-        f"{policy.max_error_rate_increase * 100:g} point(s) more) even if its next "
-        f"{needed - canary.requests} succeeded"
-    )
-
-
-def _error_rate_increase(canary: TrafficFigures, stable: TrafficFigures) -> Fraction:
-    """How much higher the canary's error rate is than the stable side's, exactly: in
-    binary floating point 7/100 - 6/100 is more than 0.01, and a canary exactly at the
-    allowed increase would be rolled back. Both sides have requests (``min_requests``)."""
-    return Fraction(canary.errors, canary.requests) - Fraction(stable.errors, stable.requests)
-
-
-def _as_written(share: float) -> Fraction:
-    """A share as the spec wrote it (0.01 is one hundredth), not as its nearest float."""
-    return Fraction(repr(share))
 
 
 def _judged(figures: TrafficFigures | None) -> JudgedFigures | None:

@@ -63,6 +63,7 @@ async def test_a_spec_file_carries_a_rollout_policy_and_the_model_shows_it(
         "rollout:\n"
         "  max_surge: 2\n"
         "  min_requests: 50\n"
+        "  min_latency_samples: 200\n"
         "  steps:\n"
         "    - {replicas: 1, traffic: 0.1, hold_s: 300}\n"
         "    - {replicas: 2, hold_s: 600}\n"
@@ -82,6 +83,7 @@ async def test_a_spec_file_carries_a_rollout_policy_and_the_model_shows_it(
         {"replicas": "all", "traffic": None, "hold_s": 0.0},
     ]
     assert (policy["max_surge"], policy["min_requests"], policy["max_failures"]) == (2, 50, 2)
+    assert policy["min_latency_samples"] == 200
     assert policy["stability_window_s"] is None
     assert shown["rollout"] is None
     [declared] = await pg_store.read_stream(model_stream(model))
@@ -142,6 +144,18 @@ async def test_a_spec_file_carries_a_rollout_policy_and_the_model_shows_it(
                 ("rollout.max_latency_ratio", "must be between 1 and 100"),
                 ("rollout.steps[0].hold_s", "must be between 0 and 604800 (a week)"),
             ],
+        ),
+        (
+            {"min_latency_samples": 0},
+            [("rollout.min_latency_samples", "must be between 1 and 1000000")],
+        ),
+        (
+            {"min_latency_samples": 10**7},
+            [("rollout.min_latency_samples", "must be between 1 and 1000000")],
+        ),
+        (
+            {"min_latency_samples": 2.5},
+            [("rollout.min_latency_samples", "expected `int`, got `float`")],
         ),
         ({"steps": "all"}, [("rollout.steps", "expected `array`, got `str`")]),
         (["all"], [("rollout", "expected `object`, got `array`")]),

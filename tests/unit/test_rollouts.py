@@ -856,7 +856,7 @@ def test_a_canary_exactly_at_the_allowed_error_rate_increase_is_promoted() -> No
     # "More than max_error_rate_increase above": exactly that much more is allowed, however
     # the two rates and the allowance fall in binary floating point (0.07 - 0.06 is not 0.01).
     one_point = RolloutPolicy(max_error_rate_increase=0.01)
-    ten_points = RolloutPolicy(max_error_rate_increase=0.1, min_requests=10)
+    ten_points = RolloutPolicy(max_error_rate_increase=0.1, min_requests=10, min_latency_samples=10)
 
     assert judge(figures(100, errors=7), figures(100, errors=6), one_point)[0] == PROMOTE
     assert judge(figures(100, errors=10), figures(100, errors=9), one_point)[0] == PROMOTE

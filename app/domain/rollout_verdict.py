@@ -1,0 +1,148 @@
+"""A canary step's verdict: the gateways' figures of the new revision's replicas (the
+canary) against the model's other replicas (the stable side).
+
+The verdict is one of:
+
+- **roll back** when the canary is worse: its error rate more than
+  ``max_error_rate_increase`` above the stable side's, or a latency p95 more than
+  ``max_latency_ratio`` times the stable side's, each judged only on enough samples; and
+  when the canary saw fewer than ``min_requests`` requests but so many of them failed that
+  no success among the requests it lacks could bring it within the allowance;
+- **inconclusive** while too few were seen to tell: fewer than ``min_requests`` requests on
+  either side, a latency p95 of fewer than ``min_latency_samples`` samples on either side
+  (a p95 of fewer than 20 samples is their slowest: one slow request would fail a canary,
+  one fast one pass it);
+- **promote** otherwise.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from app.domain.model_spec import RolloutPolicy
+from app.domain.traffic import TrafficFigures
+
+PROMOTE = "promote"
+ROLL_BACK = "roll_back"
+INCONCLUSIVE = "inconclusive"
+
+
+def judge(
+    canary: TrafficFigures | None,
+    stable: TrafficFigures | None,
+    policy: RolloutPolicy,
+) -> tuple[str, str]:
+    """``(verdict, why)`` for a canary's figures against the stable replicas'."""
+    needed = policy.min_requests
+    seen_canary = canary.requests if canary else 0
+    seen_stable = stable.requests if stable else 0
+    if canary is not None and stable is not None and seen_canary < needed <= seen_stable:
+        failed_already = _failed_past_allowance(canary, stable, policy)
+        if failed_already is not None:
+            return ROLL_BACK, failed_already
+    if canary is None or stable is None or seen_canary < needed or seen_stable < needed:
+        return INCONCLUSIVE, _too_few_requests(seen_canary, seen_stable, needed)
+    worse: list[str] = []
+    canary_rate = canary.error_rate or 0.0
+    stable_rate = stable.error_rate or 0.0
+    if _error_rate_increase(canary, stable) > _as_written(policy.max_error_rate_increase):
+        worse.append(
+            f"error rate {canary_rate:.1%} against {stable_rate:.1%} "
+            f"(at most {policy.max_error_rate_increase * 100:g} point(s) more allowed)"
+        )
+    said = [f"error rate {canary_rate:.1%} against {stable_rate:.1%}"]
+    for name, new, old in _latencies(canary, stable, policy):
+        said.append(f"{name} {new:.1f} ms against {old:.1f} ms")
+        if new > old * policy.max_latency_ratio:
+            worse.append(
+                f"{name} {new:.1f} ms against {old:.1f} ms "
+                f"(at most {policy.max_latency_ratio:g}x allowed)"
+            )
+    if worse:
+        return ROLL_BACK, "; ".join(worse)
+    short = _latency_samples_short(canary, stable, policy)
+    if short is not None:
+        return INCONCLUSIVE, short
+    return PROMOTE, "; ".join(said)
+
+
+def _too_few_requests(seen_canary: int, seen_stable: int, needed: int) -> str:
+    return (
+        f"the gateways saw {seen_canary} request(s) to the new revision and "
+        f"{seen_stable} to the others, fewer than min_requests {needed}"
+    )
+
+
+_LATENCIES = (
+    ("TTFT p95", "ttft_p95_ms", "ttft_samples"),
+    ("TPOT p95", "tpot_p95_ms", "tpot_samples"),
+    ("latency p95", "latency_p95_ms", "latency_samples"),
+)
+
+
+def _latencies(
+    canary: TrafficFigures, stable: TrafficFigures, policy: RolloutPolicy
+) -> list[tuple[str, float, float]]:
+    """``(name, canary's p95, stable side's p95)`` of each latency figure measured on at
+    least ``min_latency_samples`` samples on both sides."""
+    enough = policy.min_latency_samples
+    judged: list[tuple[str, float, float]] = []
+    for name, figure, samples in _LATENCIES:
+        new: float | None = getattr(canary, figure)
+        old: float | None = getattr(stable, figure)
+        if new is None or old is None:
+            continue
+        if getattr(canary, samples) >= enough and getattr(stable, samples) >= enough:
+            judged.append((name, new, old))
+    return judged
+
+
+def _latency_samples_short(
+    canary: TrafficFigures, stable: TrafficFigures, policy: RolloutPolicy
+) -> str | None:
+    """Why the latency cannot be judged yet: a figure measured (on either side) on fewer
+    than ``min_latency_samples`` samples on a side. A figure neither side measured (no
+    streamed answer, say) has nothing to wait for."""
+    enough = policy.min_latency_samples
+    short: list[str] = []
+    for name, _, samples in _LATENCIES:
+        new, old = getattr(canary, samples), getattr(stable, samples)
+        if (new or old) and (new < enough or old < enough):
+            short.append(f"{name} from {new} sample(s) of the new revision and {old} of the others")
+    if not short:
+        return None
+    return f"{'; '.join(short)}, fewer than min_latency_samples {enough}"
+
+
+def _failed_past_allowance(
+    canary: TrafficFigures, stable: TrafficFigures, policy: RolloutPolicy
+) -> str | None:
+    """Why a canary short of ``min_requests`` is rolled back all the same: its errors alone
+    put it above the allowed error rate even if every request it lacks succeeded. A canary
+    failing each request is ejected by the gateways and sent one request a cool-off, so it
+    never reaches ``min_requests`` in a window; paused for an operator to promote, it
+    would be offered as a step too quiet to judge. None while a verdict could still go
+    either way."""
+    needed = policy.min_requests
+    stable_rate = Fraction(stable.errors, stable.requests)
+    allowed = stable_rate + _as_written(policy.max_error_rate_increase)
+    if Fraction(canary.errors, needed) <= allowed:
+        return None
+    return (
+        f"{canary.errors} of {canary.requests} request(s) to the new revision failed: above "
+        f"the allowed error rate ({float(stable_rate):.1%} and "
+        f"{policy.max_error_rate_increase * 100:g} point(s) more) even if its next "
+        f"{needed - canary.requests} succeeded"
+    )
+
+
+def _error_rate_increase(canary: TrafficFigures, stable: TrafficFigures) -> Fraction:
+    """How much higher the canary's error rate is than the stable side's, exactly: in
+    binary floating point 7/100 - 6/100 is more than 0.01, and a canary exactly at the
+    allowed increase would be rolled back. Both sides have requests (``min_requests``)."""
+    return Fraction(canary.errors, canary.requests) - Fraction(stable.errors, stable.requests)
+
+
+def _as_written(share: float) -> Fraction:
+    """A share as the spec wrote it (0.01 is one hundredth), not as its nearest float."""
+    return Fraction(repr(share))

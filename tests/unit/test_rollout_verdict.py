@@ -1,0 +1,107 @@
+"""A canary step's verdict: a latency p95 judged only on enough samples on both sides."""
+
+from __future__ import annotations
+
+from app.domain.events import RolloutPaused, RolloutRolledBack, RolloutVerdict
+from app.domain.model_spec import RolloutPolicy
+from app.domain.rollout import (
+    INCONCLUSIVE,
+    PROMOTE,
+    ROLL_BACK,
+    canary_group,
+    judge,
+    stable_group,
+)
+from app.domain.traffic import ReplicaTraffic, TrafficFigures, add_sample, merge
+from tests.unit.test_reconcile import of_type
+from tests.unit.test_rollouts import holding_a_canary
+
+POLICY = RolloutPolicy()
+
+
+def measured(requests: int, ttft_ms: list[float], *, errors: int = 0) -> TrafficFigures:
+    """One gateway's figures of ``requests``, of which the streamed ones took ``ttft_ms``
+    to their first chunk (and as long to their last byte)."""
+    histogram: dict[int, int] = {}
+    for ms in ttft_ms:
+        add_sample(histogram, ms)
+    traffic = ReplicaTraffic(
+        requests=requests, errors=errors, ttft=histogram, latency=dict(histogram)
+    )
+    figures = merge([(60.0, traffic)])
+    assert figures is not None
+    return figures
+
+
+STABLE = measured(500, [100.0] * 400)
+
+
+def test_one_slow_request_of_a_few_samples_does_not_fail_a_canary() -> None:
+    # 30 requests, 3 of them streamed: their p95 is the slowest of the three.
+    canary = measured(30, [100.0, 100.0, 900.0])
+
+    verdict, reason = judge(canary, STABLE, POLICY)
+
+    assert verdict == INCONCLUSIVE
+    assert reason == (
+        "TTFT p95 from 3 sample(s) of the new revision and 400 of the others; latency p95 "
+        "from 3 sample(s) of the new revision and 400 of the others, fewer than "
+        "min_latency_samples 50"
+    )
+
+
+def test_one_fast_request_of_a_few_samples_does_not_pass_a_canary() -> None:
+    slow_stable = measured(500, [100.0] * 400)
+    canary = measured(30, [90.0])
+
+    assert judge(canary, slow_stable, POLICY)[0] == INCONCLUSIVE
+
+
+def test_a_baseline_of_few_samples_is_waited_for_too() -> None:
+    assert judge(measured(500, [100.0] * 400), measured(30, [500.0] * 3), POLICY)[0] == (
+        INCONCLUSIVE
+    )
+
+
+def test_enough_samples_on_both_sides_are_judged() -> None:
+    slow = measured(60, [100.0] * 47 + [900.0] * 3)
+    two_slow = measured(60, [100.0] * 48 + [900.0] * 2)
+
+    assert judge(slow, STABLE, POLICY)[0] == ROLL_BACK
+    assert judge(two_slow, STABLE, POLICY)[0] == PROMOTE  # its p95 is the 48th of 50
+
+
+def test_min_latency_samples_is_the_policy_s_to_lower_or_raise() -> None:
+    canary = measured(30, [100.0, 100.0, 900.0])
+
+    assert judge(canary, STABLE, RolloutPolicy(min_latency_samples=3))[0] == ROLL_BACK
+    assert judge(STABLE, STABLE, RolloutPolicy(min_latency_samples=401))[0] == INCONCLUSIVE
+
+
+def test_a_latency_neither_side_measured_is_not_waited_for() -> None:
+    # No streamed answer on either side: no TTFT or latency to compare, nothing to wait for.
+    assert judge(measured(30, []), measured(500, []), POLICY)[0] == PROMOTE
+
+
+def test_errors_decide_without_waiting_for_latency_samples() -> None:
+    verdict, reason = judge(measured(30, [100.0], errors=10), STABLE, POLICY)
+
+    assert verdict == ROLL_BACK
+    assert reason.startswith("error rate 33.3% against 0.0%")
+
+
+def test_a_hold_that_ends_short_of_latency_samples_pauses_with_the_counts() -> None:
+    cluster = holding_a_canary()
+    cluster.traffic = {
+        canary_group("llama"): measured(30, [100.0, 100.0, 900.0]),
+        stable_group("llama"): STABLE,
+    }
+    cluster.after(60)
+
+    decision = cluster.reconcile()
+
+    assert [v.verdict for v in of_type(decision, RolloutVerdict)] == [INCONCLUSIVE]
+    [paused] = of_type(decision, RolloutPaused)
+    assert paused.reason.startswith("no verdict: TTFT p95 from 3 sample(s) of the new revision")
+    assert paused.reason.endswith("resume to promote, undo to roll back")
+    assert of_type(decision, RolloutRolledBack) == []
