@@ -155,7 +155,7 @@ def decide(state: ClusterState, fleet: FleetView, now: datetime, settings: Setti
     _stopping_done(draft, fleet)
     if not grace:
         _autoscale(draft, fleet)
-        rollout_moves(draft, fleet.traffic)
+        rollout_moves(draft, fleet.traffic, fleet.ejected)
     drain_moves(draft, settings.stability_window_s, settings.replica_drain_grace_s)
     _scale(draft, placing=not grace)
     _commands(draft, fleet, settings)

@@ -261,6 +261,9 @@ class FleetView(msgspec.Struct, frozen=True, kw_only=True):
     traffic: dict[str, TrafficFigures] = {}
     """What the gateways measured of the replica groups this pass's rollout verdicts need
     (``app.domain.rollout.traffic_wanted``), merged over the gateways that reported."""
+    ejected: dict[str, int] = {}
+    """Those groups' replicas that live gateways keep out of rotation for failing, each
+    with how many gateways do: a rollout's verdict counts them against their side."""
     arrivals: Arrivals = Arrivals()
     """Agents arriving at the hub (hellos, connections opening): they keep the adoption
     grace open (``app.domain.adoption_grace``); put in by the reconciler."""

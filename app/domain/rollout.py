@@ -28,7 +28,7 @@ plane that restarts anywhere in a rollout resumes it from the log exactly.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 
 from msgspec.structs import replace
@@ -54,6 +54,7 @@ from app.domain.rollout_verdict import (
     INCONCLUSIVE,
     PROMOTE,
     ROLL_BACK,
+    Ejected,
     judge,
 )
 from app.domain.state import (
@@ -145,8 +146,14 @@ def new_revision_room(state: ClusterState, model: Model) -> int | None:
     return max(allowed - running, 0)
 
 
-def rollout_moves(draft: Draft, traffic: Mapping[str, TrafficFigures]) -> None:
-    """Advance every rollout under way by what the state and the gateways' figures say."""
+def rollout_moves(
+    draft: Draft,
+    traffic: Mapping[str, TrafficFigures],
+    ejected: Mapping[str, int] | None = None,
+) -> None:
+    """Advance every rollout under way by what the state and the gateways' figures say;
+    ``ejected``: the replicas live gateways keep out of rotation for failing, each with how
+    many of them do (``FleetView.ejected``)."""
     for name in sorted(draft.state.models):
         model = draft.state.models[name]
         rollout = model.rollout
@@ -161,7 +168,7 @@ def rollout_moves(draft: Draft, traffic: Mapping[str, TrafficFigures]) -> None:
             # the model keeps placing, and their failures count all the same.
             _roll_back(draft, model, rollout, _failed_to_start(model, rollout))
         elif rollout.state is RolloutState.RUNNING:
-            _advance(draft, model, rollout, traffic)
+            _advance(draft, model, rollout, traffic, ejected or {})
 
 
 def _failed_to_start(model: Model, rollout: Rollout) -> str:
@@ -172,7 +179,11 @@ def _failed_to_start(model: Model, rollout: Rollout) -> str:
 
 
 def _advance(
-    draft: Draft, model: Model, rollout: Rollout, traffic: Mapping[str, TrafficFigures]
+    draft: Draft,
+    model: Model,
+    rollout: Rollout,
+    traffic: Mapping[str, TrafficFigures],
+    ejected: Mapping[str, int],
 ) -> None:
     policy = model.spec.rollout
     steps = policy.all_steps
@@ -201,7 +212,8 @@ def _advance(
         return
     if draft.now < rollout.holding_since + timedelta(seconds=step.hold_s):
         return
-    _judge(draft, model, rollout, index, traffic)
+    sides = _ejected(_active(draft.state, model.name), model, rollout, ejected)
+    _judge(draft, model, rollout, index, traffic, sides)
 
 
 def _record(draft: Draft, rollout: Rollout, event: RolloutEvent) -> None:
@@ -231,10 +243,11 @@ def _judge(
     rollout: Rollout,
     index: int,
     traffic: Mapping[str, TrafficFigures],
+    ejected: Ejected,
 ) -> None:
     canary = traffic.get(canary_group(model.name))
     stable = traffic.get(stable_group(model.name))
-    verdict, reason = judge(canary, stable, model.spec.rollout)
+    verdict, reason = judge(canary, stable, model.spec.rollout, ejected)
     _record(
         draft,
         rollout,
@@ -263,6 +276,22 @@ def _judge(
     else:
         steps = model.spec.rollout.all_steps
         _start_step(draft, model, rollout, index + 1, steps[index + 1])
+
+
+def _ejected(
+    replicas: Iterable[Replica], model: Model, rollout: Rollout, ejected: Mapping[str, int]
+) -> Ejected:
+    """The model's active replicas the gateways eject, by the side of the verdict."""
+    canary: dict[str, int] = {}
+    stable: dict[str, int] = {}
+    for replica in replicas:
+        if replica.model != model.name or replica.phase not in ACTIVE_PHASES:
+            continue
+        gateways = ejected.get(replica.id, 0)
+        if gateways > 0:
+            side = canary if replica.revision == rollout.revision else stable
+            side[replica.id] = gateways
+    return Ejected(canary=canary, stable=stable)
 
 
 def _judged(figures: TrafficFigures | None) -> JudgedFigures | None:

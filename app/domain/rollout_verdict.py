@@ -1,8 +1,13 @@
 """A canary step's verdict: the gateways' figures of the new revision's replicas (the
-canary) against the model's other replicas (the stable side).
+canary) against the model's other replicas (the stable side), and which replicas of
+each the gateways keep out of rotation for failing.
 
 The verdict is one of:
 
+- **roll back** when the gateways eject a replica of the new revision for failing requests
+  in a row and none of the others: the canary is routed around, so its figures say little
+  of it (a replica out of rotation gets one request a cool-off), and it fails where the old
+  revision does not;
 - **roll back** when the canary is worse: its error rate more than
   ``max_error_rate_increase`` above the stable side's, or a latency p95 more than
   ``max_latency_ratio`` times the stable side's, each judged only on enough samples; and
@@ -11,13 +16,16 @@ The verdict is one of:
 - **inconclusive** while too few were seen to tell: fewer than ``min_requests`` requests on
   either side, a latency p95 of fewer than ``min_latency_samples`` samples on either side
   (a p95 of fewer than 20 samples is their slowest: one slow request would fail a canary,
-  one fast one pass it);
+  one fast one pass it), or both sides ejected;
 - **promote** otherwise.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from fractions import Fraction
+
+import msgspec
 
 from app.domain.model_spec import RolloutPolicy
 from app.domain.traffic import TrafficFigures
@@ -27,12 +35,26 @@ ROLL_BACK = "roll_back"
 INCONCLUSIVE = "inconclusive"
 
 
+class Ejected(msgspec.Struct, frozen=True, kw_only=True):
+    """The replicas of each side that live gateways keep out of rotation for failing:
+    replica id -> how many gateways eject it."""
+
+    canary: dict[str, int] = {}
+    stable: dict[str, int] = {}
+
+
+NONE_EJECTED = Ejected()
+
+
 def judge(
     canary: TrafficFigures | None,
     stable: TrafficFigures | None,
     policy: RolloutPolicy,
+    ejected: Ejected = NONE_EJECTED,
 ) -> tuple[str, str]:
     """``(verdict, why)`` for a canary's figures against the stable replicas'."""
+    if ejected.canary:
+        return _judged_by_ejections(ejected)
     needed = policy.min_requests
     seen_canary = canary.requests if canary else 0
     seen_stable = stable.requests if stable else 0
@@ -64,6 +86,28 @@ def judge(
     if short is not None:
         return INCONCLUSIVE, short
     return PROMOTE, "; ".join(said)
+
+
+def _judged_by_ejections(ejected: Ejected) -> tuple[str, str]:
+    canary = _named(ejected.canary)
+    if ejected.stable:
+        return INCONCLUSIVE, (
+            f"the gateways eject replicas of both revisions for failing (the new revision's "
+            f"{canary}; the others' {_named(ejected.stable)}): the new revision is not the "
+            "only one failing"
+        )
+    return ROLL_BACK, (
+        f"the gateways eject the new revision's {canary} for failing requests in a row, "
+        "and none of the others"
+    )
+
+
+def _named(ejected: Mapping[str, int]) -> str:
+    """``replica r1 (by 2 gateways)``, the first few of several by id."""
+    shown = [f"{rid} (by {count} gateway(s))" for rid, count in sorted(ejected.items())[:3]]
+    more = len(ejected) - len(shown)
+    listed = ", ".join(shown) + (f" and {more} more" if more else "")
+    return f"replica(s) {listed}"
 
 
 def _too_few_requests(seen_canary: int, seen_stable: int, needed: int) -> str:

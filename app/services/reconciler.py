@@ -54,6 +54,7 @@ from app.domain.state import ClusterState
 from app.domain.traffic import TrafficFigures
 from app.services.agent_reports import LiveView
 from app.store.errors import ConcurrencyError, FencedError, StoreError
+from app.store.gateway_reports import Ejections
 from app.store.interface import AppendRequest, EventStore, NewEvent
 
 DEFAULT_INTERVAL_S = 1.0
@@ -79,7 +80,7 @@ class InFlightSource(Protocol):
     """What gateways report: ``app.store.gateway_reports.InFlightReports``. Requests in
     flight per replica, read every pass; requests held queued per model, when a model is
     autoscaled; and, when a rollout's verdict needs them, what they measured of groups of
-    replicas."""
+    replicas and which replicas they keep out of rotation for failing."""
 
     async def read_gateways(self) -> GatewaysInFlight: ...
 
@@ -88,6 +89,8 @@ class InFlightSource(Protocol):
     async def traffic_of_groups(
         self, groups: Mapping[str, Collection[str]]
     ) -> dict[str, TrafficFigures]: ...
+
+    async def ejections(self) -> Ejections: ...
 
 
 class PassReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -196,12 +199,19 @@ class Reconciler:
             return {}
         return await self._in_flight.read_queued()
 
-    async def _traffic(self, wanted: dict[str, list[str]]) -> dict[str, TrafficFigures]:
-        """The gateways' figures of the groups a rollout's verdict may need this pass
-        (``traffic_wanted``); none to read (and no query) when no rollout holds a step."""
+    async def _verdict_reads(
+        self, wanted: dict[str, list[str]]
+    ) -> tuple[dict[str, TrafficFigures], dict[str, int]]:
+        """What a rollout's verdict may need this pass (``traffic_wanted``): the gateways'
+        figures of its groups, and those groups' replicas the gateways eject, each with how
+        many gateways do. Nothing to read (and no query) when no rollout holds a step."""
         if not wanted or self._in_flight is None:
-            return {}
-        return await self._in_flight.traffic_of_groups(wanted)
+            return {}, {}
+        traffic = await self._in_flight.traffic_of_groups(wanted)
+        members = {replica for replicas in wanted.values() for replica in replicas}
+        ejections = await self._in_flight.ejections()
+        ejected = {r: n for r, n in ejections.ejected_by.items() if r in members and n > 0}
+        return traffic, ejected
 
     async def _run_pass(self) -> PassReport:
         at, started = self._clock(), monotonic()
@@ -213,7 +223,7 @@ class Reconciler:
             in_flight = gateways.in_flight
             queued = await self._queued(self._store.state)
             wanted = traffic_wanted(self._store.state)
-            traffic = await self._traffic(wanted)
+            traffic, ejected = await self._verdict_reads(wanted)
             async with self._tracker.quiet():
                 state = await self._store.catch_up()
                 self._check_still_leading()
@@ -222,7 +232,7 @@ class Reconciler:
                     # The log moved on since the figures were read (an operator resumed a
                     # paused hold through another server, say): a verdict decided now must
                     # not take groups never read for groups no gateway saw a request of.
-                    traffic = await self._traffic(wanted_now)
+                    traffic, ejected = await self._verdict_reads(wanted_now)
                 at = self._clock()
                 demand = (
                     autoscale.demand_by_model(state, in_flight, queued) if gateways.live else None
@@ -244,6 +254,7 @@ class Reconciler:
                     silent_gateways=gateways.silent,
                     left_routing=self._left_routing,
                     traffic=traffic,
+                    ejected=ejected,
                     demand=self._demand,
                     arrivals=Arrivals(
                         last_hello_at=self._tracker.last_hello_at,

@@ -73,6 +73,8 @@ class Cluster:
         """What gateways report in flight, by replica."""
         self.traffic: dict[str, TrafficFigures] = {}
         """What gateways measured, by the groups rollout verdicts ask for."""
+        self.ejected: dict[str, int] = {}
+        """Replicas the gateways eject, each with how many gateways do."""
         self.demand: dict[str, tuple[DemandSample, ...]] = {}
         """Autoscaled models' demand samples."""
         self.arrivals = Arrivals()
@@ -161,6 +163,7 @@ class Cluster:
             silent_gateways=self.silent_gateways,
             left_routing=dict(self.left_routing),
             traffic=dict(self.traffic),
+            ejected=dict(self.ejected),
             demand=dict(self.demand),
             arrivals=self.arrivals,
         )

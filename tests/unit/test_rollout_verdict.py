@@ -1,4 +1,5 @@
-"""A canary step's verdict: a latency p95 judged only on enough samples on both sides."""
+"""A canary step's verdict: a latency p95 judged only on enough samples on both sides, and
+a canary the gateways eject for failing counted against it."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from app.domain.rollout import (
     judge,
     stable_group,
 )
+from app.domain.state import ReplicaPhase
 from app.domain.traffic import ReplicaTraffic, TrafficFigures, add_sample, merge
-from tests.unit.test_reconcile import of_type
-from tests.unit.test_rollouts import holding_a_canary
+from tests.unit.test_reconcile import Cluster, of_type
+from tests.unit.test_rollouts import active_revisions, figures, holding_a_canary, of_type_in, run
 
 POLICY = RolloutPolicy()
 
@@ -105,3 +107,85 @@ def test_a_hold_that_ends_short_of_latency_samples_pauses_with_the_counts() -> N
     assert paused.reason.startswith("no verdict: TTFT p95 from 3 sample(s) of the new revision")
     assert paused.reason.endswith("resume to promote, undo to roll back")
     assert of_type(decision, RolloutRolledBack) == []
+
+
+# -- ejections ---------------------------------------------------------------------------
+
+
+def serving(cluster: Cluster, revision: int) -> list[str]:
+    replicas = cluster.state.replicas.values()
+    return sorted(
+        r.id for r in replicas if r.revision == revision and r.phase is ReplicaPhase.SERVING
+    )
+
+
+def canary_id(cluster: Cluster) -> str:
+    [replica] = serving(cluster, 2)
+    return replica
+
+
+def stable_ids(cluster: Cluster) -> list[str]:
+    return serving(cluster, 1)
+
+
+def good_figures(cluster: Cluster) -> None:
+    cluster.traffic = {
+        canary_group("llama"): figures(500),
+        stable_group("llama"): figures(4500),
+    }
+
+
+def test_a_canary_the_gateways_eject_is_rolled_back_with_the_reason() -> None:
+    # Its figures look fine: most of its requests succeeded before it began failing, and
+    # since it was ejected the gateways send it one request a cool-off.
+    cluster = holding_a_canary()
+    good_figures(cluster)
+    canary = canary_id(cluster)
+    cluster.ejected = {canary: 2}
+    cluster.after(60)
+
+    events = run(cluster)
+
+    [verdict] = of_type_in(events, RolloutVerdict)
+    why = (
+        f"the gateways eject the new revision's replica(s) {canary} "
+        "(by 2 gateway(s)) for failing requests in a row, and none of the others"
+    )
+    assert (verdict.verdict, verdict.reason) == (ROLL_BACK, why)
+    [rolled_back] = of_type_in(events, RolloutRolledBack)
+    assert rolled_back.reason == f"step 1: {why}"
+    assert active_revisions(cluster) == [1, 1, 1, 1]
+
+
+def test_a_canary_ejected_beside_the_old_revision_is_held_for_an_operator() -> None:
+    cluster = holding_a_canary()
+    good_figures(cluster)
+    cluster.ejected = {canary_id(cluster): 1, stable_ids(cluster)[0]: 1}
+    cluster.after(60)
+
+    decision = cluster.reconcile()
+
+    [verdict] = of_type(decision, RolloutVerdict)
+    assert verdict.verdict == INCONCLUSIVE
+    assert "the gateways eject replicas of both revisions for failing" in verdict.reason
+    [paused] = of_type(decision, RolloutPaused)
+    assert paused.reason.startswith("no verdict: the gateways eject replicas of both")
+
+
+def test_only_the_old_revision_ejected_does_not_hold_a_canary_back() -> None:
+    cluster = holding_a_canary()
+    good_figures(cluster)
+    cluster.ejected = {stable_ids(cluster)[0]: 3, "some-other-model-1": 1}
+    cluster.after(60)
+
+    [verdict] = of_type(cluster.reconcile(), RolloutVerdict)
+
+    assert verdict.verdict == PROMOTE
+
+
+def test_a_canary_ejected_before_its_hold_ends_is_not_judged_early() -> None:
+    cluster = holding_a_canary()
+    good_figures(cluster)
+    cluster.ejected = {canary_id(cluster): 1}
+
+    assert of_type(cluster.reconcile(), RolloutVerdict) == []

@@ -5,6 +5,7 @@ other, so the leader learns of it only when its pass catches up."""
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import pytest
@@ -23,6 +24,7 @@ from app.services.agent_reports import LiveView, ReportRecorder
 from app.services.operations import Caller, Operations
 from app.services.reconciler import Reconciler
 from app.store.folded import FoldedEventStore
+from app.store.gateway_reports import Ejections
 from app.store.interface import AppendRequest, NewEvent
 from app.store.memory import InMemoryEventStore
 from tests.unit.test_rollouts import figures, revise, serving, step
@@ -38,6 +40,7 @@ class Gateways:
 
     def __init__(self) -> None:
         self.asked: list[set[str]] = []
+        self.ejected: dict[str, int] = {}
 
     async def read_gateways(self) -> GatewaysInFlight:
         return GatewaysInFlight(in_flight={}, routing_seen=None, live=1)
@@ -50,6 +53,9 @@ class Gateways:
     ) -> dict[str, TrafficFigures]:
         self.asked.append(set(groups))
         return {group: figures(500) for group in groups}
+
+    async def ejections(self) -> Ejections:
+        return Ejections(gateways=2, ejected_by=dict(self.ejected))
 
 
 def rollout_of(store: FoldedEventStore) -> Rollout:
@@ -73,10 +79,20 @@ def hello(report: NodeReport) -> AgentConnected:
     return AgentConnected(inventory=inventory, shards=tuple(report.shards.values()))
 
 
-async def test_a_resume_through_another_control_plane_is_judged_on_the_gateways_figures(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # Given a canary step whose hold ran out while an operator had the rollout paused ...
+@dataclass(frozen=True)
+class Leader:
+    """A leader's reconciler over a log written by the story's passes, and its gateways."""
+
+    store: InMemoryEventStore
+    reconciler: Reconciler
+    gateways: Gateways
+
+
+async def a_leader_over(
+    monkeypatch: pytest.MonkeyPatch, *, paused: bool
+) -> tuple[Leader, FoldedEventStore, datetime]:
+    """A leader over the log of a canary step whose hold ran out (while an operator had the
+    rollout paused, when ``paused``), with the log's other reader and the time now."""
     written: list[tuple[str, AnyEvent, datetime]] = []
 
     def evolve_and_keep(state: ClusterState, recorded: Recorded) -> None:
@@ -93,11 +109,11 @@ async def test_a_resume_through_another_control_plane_is_judged_on_the_gateways_
         step(cluster)
     assert rollout is not None
     assert rollout.holding_since is not None
-    cluster.given(*rollouts.pause(cluster.state, "llama", "looking at the dashboards").events)
+    if paused:
+        cluster.given(*rollouts.pause(cluster.state, "llama", "looking at the dashboards").events)
     cluster.after(HOLD_S + 1)
     now = cluster.now
     monkeypatch.undo()
-    # ... on a log that two control planes read: the leader, and the one the operator uses.
     at = [now]
     leader_store = InMemoryEventStore(clock=lambda: at[0])
     for stream, event, recorded_at in written:
@@ -121,17 +137,48 @@ async def test_a_resume_through_another_control_plane_is_judged_on_the_gateways_
         clock=lambda: now,
         in_flight=gateways,
     )
-    await leader.run_pass()
-    assert rollout_of(leader_store).state is RolloutState.PAUSED
+    return Leader(leader_store, leader, gateways), other_store, now
+
+
+async def test_a_resume_through_another_control_plane_is_judged_on_the_gateways_figures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a canary step whose hold ran out while an operator had the rollout paused, on a
+    # log that two control planes read: the leader, and the one the operator uses ...
+    leader, other_store, now = await a_leader_over(monkeypatch, paused=True)
+    await leader.reconciler.run_pass()
+    assert rollout_of(leader.store).state is RolloutState.PAUSED
 
     # When the operator resumes through the other control plane, and the leader's pass
     # (woken by that append) runs ...
     assert await Operations(other_store, clock=lambda: now).resume_rollout(ALICE, "llama")
-    await leader.run_pass()
+    await leader.reconciler.run_pass()
 
     # ... then the step is judged on what the gateways measured of both sides, not taken
     # for a step no gateway saw a request of.
-    rollout = rollout_of(leader_store)
+    rollout = rollout_of(leader.store)
     assert (rollout.verdict or "").startswith(f"{PROMOTE}: "), rollout.verdict
-    assert {canary_group("llama"), stable_group("llama")} in gateways.asked
+    assert {canary_group("llama"), stable_group("llama")} in leader.gateways.asked
     assert (rollout.state, rollout.step) == (RolloutState.RUNNING, 1)
+
+
+async def test_a_canary_the_gateways_eject_is_rolled_back_by_the_leader_s_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a canary step whose hold ran out, with good figures on both sides, while the
+    # gateways eject the canary (and a replica of a model the verdict does not read) ...
+    leader, _, _ = await a_leader_over(monkeypatch, paused=False)
+    state = leader.store.state
+    [canary] = [r.id for r in state.replicas.values() if r.revision == 2]
+    leader.gateways.ejected = {canary: 2, "mistral-1": 1}
+
+    # When the leader's pass judges the step ...
+    await leader.reconciler.run_pass()
+
+    # ... then the ejections count against the canary: rolled back, saying why.
+    rollout = rollout_of(leader.store)
+    assert rollout.state is RolloutState.ROLLING_BACK
+    assert rollout.verdict == (
+        f"roll_back: the gateways eject the new revision's replica(s) {canary} "
+        "(by 2 gateway(s)) for failing requests in a row, and none of the others"
+    )
