@@ -118,6 +118,8 @@ def render(view: RolloutView) -> RenderableType:
     if view.canary is not None:
         share = f"{view.canary.share * 100:g} %"
         facts.append(("canary", f"revision {view.canary.revision} gets {share} of the traffic"))
+    if view.verdict_waits_for:
+        facts.append(("waiting", f"no verdict on these figures yet: {view.verdict_waits_for}"))
     if view.verdict:
         facts.append(("verdict", view.verdict))
     if view.state == "paused":

@@ -55,6 +55,7 @@ class RolloutView(View, frozen=True, kw_only=True):
     outcome: str | None = None
     finished_at: datetime | None = None
     traffic_by_revision: dict[str, ReplicaTrafficView] = {}
+    verdict_waits_for: str | None = None
 
     @property
     def current_step(self) -> RolloutStepView | None:

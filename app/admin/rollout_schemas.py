@@ -102,6 +102,11 @@ class RolloutView(msgspec.Struct, frozen=True, kw_only=True):
     traffic_by_revision: dict[str, ReplicaTrafficView]
     """What the gateways measured of the model's active replicas over their window, per
     revision (as in ``GET /admin/v1/models/{name}``); ``{}`` when no gateway reports."""
+    verdict_waits_for: str | None = None
+    """While a step holds: what its verdict, taken on the gateways' figures now, would still
+    wait for (``the gateways saw 3 request(s) to the new revision and 450 to the others,
+    fewer than min_requests 20``, or too few latency samples, with the counts); a hold
+    that ends so pauses the rollout. Null when the verdict would decide, or no step holds."""
     moves_progress: str
     """Where its moves are listed as a drain's: ``/admin/v1/drains/{rollout_id}`` (the
     ``state`` there is of the moves made so far, not of the rollout)."""

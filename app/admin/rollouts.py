@@ -31,6 +31,7 @@ from app.admin.schemas import MoveView, as_view
 from app.admin.traffic import TrafficSource, traffic_by_revision, traffic_view
 from app.domain.events import model_stream
 from app.domain.revisions import describe_changes
+from app.domain.rollout import verdict_groups, verdict_waits_for
 from app.domain.rollout_history import RolloutRecord, rollout_records
 from app.domain.traffic import TrafficFigures
 from app.services.operations import Caller, Operations, RolloutReport
@@ -42,7 +43,11 @@ ROLLOUTS_PER_PAGE = 20
 MAX_ROLLOUTS_PER_PAGE = 100
 
 
-def rollout_view(report: RolloutReport, traffic: Mapping[str, TrafficFigures]) -> RolloutView:
+def rollout_view(
+    report: RolloutReport,
+    traffic: Mapping[str, TrafficFigures],
+    verdict_waits_for: str | None = None,
+) -> RolloutView:
     status = report.status
     rollout = status.rollout
     canary = status.canary
@@ -72,6 +77,7 @@ def rollout_view(report: RolloutReport, traffic: Mapping[str, TrafficFigures]) -
         max_failures=report.model.spec.rollout.max_failures,
         canary=None if canary is None else CanaryTrafficView(revision=canary[0], share=canary[1]),
         traffic_by_revision={rev: traffic_view(f) for rev, f in sorted(traffic.items())},
+        verdict_waits_for=verdict_waits_for,
         moves_progress=f"{DRAINS_PATH}/{rollout.id}",
         placement=f"{MODELS_PATH}/{status.model}/placement",
     )
@@ -194,5 +200,9 @@ class RolloutController(Controller):
 async def _answer(operations: Operations, traffic: TrafficSource, name: str) -> RolloutView:
     report = await operations.rollout(name)
     groups = traffic_by_revision(report.replicas)
-    figures = await traffic.traffic_of_groups(groups) if groups else {}
-    return rollout_view(report, figures)
+    judged = verdict_groups(report.model, report.replicas)
+    figures = await traffic.traffic_of_groups({**groups, **judged}) if groups else {}
+    ejected = (await traffic.ejections()).ejected_by if judged else {}
+    waits_for = verdict_waits_for(report.model, report.replicas, figures, ejected)
+    by_revision = {group: f for group, f in figures.items() if group in groups}
+    return rollout_view(report, by_revision, waits_for)

@@ -56,6 +56,7 @@ from app.domain.rollout_verdict import (
     ROLL_BACK,
     Ejected,
     judge,
+    waiting_for,
 )
 from app.domain.state import (
     ACTIVE_PHASES,
@@ -115,6 +116,43 @@ def traffic_wanted(state: ClusterState) -> dict[str, list[str]]:
         group = canary_group if replica.revision == revision else stable_group
         wanted.setdefault(group(replica.model), []).append(replica.id)
     return wanted
+
+
+def verdict_groups(model: Model, replicas: Iterable[Replica]) -> dict[str, list[str]]:
+    """The groups a verdict of ``model``'s rollout would read now (as ``traffic_wanted``):
+    its new revision's active replicas and the model's others; empty when the rollout
+    holds no step."""
+    rollout = model.rollout
+    if rollout is None or rollout.state is not RolloutState.RUNNING or not rollout.holding_since:
+        return {}
+    groups: dict[str, list[str]] = {}
+    for replica in replicas:
+        if replica.model != model.name or replica.phase not in ACTIVE_PHASES:
+            continue
+        group = canary_group if replica.revision == rollout.revision else stable_group
+        groups.setdefault(group(model.name), []).append(replica.id)
+    return groups
+
+
+def verdict_waits_for(
+    model: Model,
+    replicas: Iterable[Replica],
+    traffic: Mapping[str, TrafficFigures],
+    ejected: Mapping[str, int],
+) -> str | None:
+    """What the verdict of ``model``'s holding step, taken on these figures now, would still
+    wait for (too few requests or latency samples on a side, with the counts); None when it
+    would decide, or no step holds. ``traffic`` by ``verdict_groups``; ``ejected``: the
+    replicas gateways eject, with how many of them do."""
+    rollout = model.rollout
+    if rollout is None or not verdict_groups(model, replicas):
+        return None
+    return waiting_for(
+        traffic.get(canary_group(model.name)),
+        traffic.get(stable_group(model.name)),
+        model.spec.rollout,
+        _ejected(replicas, model, rollout, ejected),
+    )
 
 
 def new_revision_room(state: ClusterState, model: Model) -> int | None:

@@ -18,6 +18,9 @@ The verdict is one of:
   (a p95 of fewer than 20 samples is their slowest: one slow request would fail a canary,
   one fast one pass it), or both sides ejected;
 - **promote** otherwise.
+
+``waiting_for`` says what a verdict taken now would still wait for, for the status while
+the step holds.
 """
 
 from __future__ import annotations
@@ -86,6 +89,18 @@ def judge(
     if short is not None:
         return INCONCLUSIVE, short
     return PROMOTE, "; ".join(said)
+
+
+def waiting_for(
+    canary: TrafficFigures | None,
+    stable: TrafficFigures | None,
+    policy: RolloutPolicy,
+    ejected: Ejected = NONE_EJECTED,
+) -> str | None:
+    """What a verdict reached on these figures now would still wait for (too few requests
+    or latency samples, with the counts); None when it would decide."""
+    verdict, why = judge(canary, stable, policy, ejected)
+    return why if verdict == INCONCLUSIVE else None
 
 
 def _judged_by_ejections(ejected: Ejected) -> tuple[str, str]:

@@ -234,6 +234,10 @@ async def test_pause_resume_and_undo_round_trip_and_what_cannot_be_done_is_a_409
     )
 
     assert 0 < holding["hold_left_s"] <= 600
+    assert holding["verdict_waits_for"] == (
+        "the gateways saw 0 request(s) to the new revision and 0 to the others, "
+        "fewer than min_requests 20"
+    )
     assert serving_by_revision(holding) == {"1": 1, "2": 1}
     assert (noop_resume[0], noop_resume[1]["changed"]) == (200, False)
     assert (paused[0], paused[1]["changed"]) == (200, True)

@@ -89,6 +89,22 @@ def test_the_status_says_where_the_next_replacement_would_go_only_while_one_may_
     assert "explain-placement" not in finished
 
 
+def test_the_status_says_what_the_verdict_of_a_holding_step_waits_for_with_the_counts() -> None:
+    waiting = replace(
+        HOLDING,
+        verdict_waits_for="TTFT p95 from 3 sample(s) of the new revision and 400 of the "
+        "others, fewer than min_latency_samples 50",
+    )
+
+    said = " ".join(shown(waiting, width=200).split())
+
+    assert (
+        "waiting: no verdict on these figures yet: TTFT p95 from 3 sample(s) of the new "
+        "revision and 400 of the others, fewer than min_latency_samples 50"
+    ) in said
+    assert "waiting:" not in shown(HOLDING)
+
+
 def test_undo_after_a_rollout_that_succeeded_names_the_revision_it_replaced() -> None:
     # Rollout 1 -> 2 succeeded; undo declared revision 1's spec again as revision 3.
     again = replace(HOLDING, step_started_at=None, hold_left_s=None)

@@ -3,6 +3,7 @@ a canary the gateways eject for failing counted against it."""
 
 from __future__ import annotations
 
+from app.domain import rollout_operations as rollouts
 from app.domain.events import RolloutPaused, RolloutRolledBack, RolloutVerdict
 from app.domain.model_spec import RolloutPolicy
 from app.domain.rollout import (
@@ -12,8 +13,10 @@ from app.domain.rollout import (
     canary_group,
     judge,
     stable_group,
+    verdict_groups,
+    verdict_waits_for,
 )
-from app.domain.state import ReplicaPhase
+from app.domain.state import Model, ReplicaPhase
 from app.domain.traffic import ReplicaTraffic, TrafficFigures, add_sample, merge
 from tests.unit.test_reconcile import Cluster, of_type
 from tests.unit.test_rollouts import active_revisions, figures, holding_a_canary, of_type_in, run
@@ -107,6 +110,37 @@ def test_a_hold_that_ends_short_of_latency_samples_pauses_with_the_counts() -> N
     assert paused.reason.startswith("no verdict: TTFT p95 from 3 sample(s) of the new revision")
     assert paused.reason.endswith("resume to promote, undo to roll back")
     assert of_type(decision, RolloutRolledBack) == []
+
+
+def test_the_status_of_a_holding_step_says_what_its_verdict_waits_for() -> None:
+    cluster = holding_a_canary()
+    model = cluster.state.models["llama"]
+    replicas = list(cluster.state.replicas.values())
+    short = {
+        canary_group("llama"): measured(30, [100.0, 100.0, 900.0]),
+        stable_group("llama"): STABLE,
+    }
+    enough = {canary_group("llama"): STABLE, stable_group("llama"): STABLE}
+
+    assert verdict_waits_for(model, replicas, short, {}) == (
+        "TTFT p95 from 3 sample(s) of the new revision and 400 of the others; latency p95 "
+        "from 3 sample(s) of the new revision and 400 of the others, fewer than "
+        "min_latency_samples 50"
+    )
+    assert verdict_waits_for(model, replicas, {}, {}) == (
+        "the gateways saw 0 request(s) to the new revision and 0 to the others, fewer than "
+        "min_requests 20"
+    )
+    assert verdict_waits_for(model, replicas, enough, {}) is None
+    assert set(verdict_groups(model, replicas)) == {canary_group("llama"), stable_group("llama")}
+    paused = paused_model()
+    assert verdict_waits_for(paused, replicas, short, {}) is None  # no step holds
+
+
+def paused_model() -> Model:
+    cluster = holding_a_canary()
+    cluster.given(*rollouts.pause(cluster.state, "llama", "a look first").events)
+    return cluster.state.models["llama"]
 
 
 # -- ejections ---------------------------------------------------------------------------
