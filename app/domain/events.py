@@ -168,11 +168,17 @@ class JudgedFigures(msgspec.Struct, frozen=True, kw_only=True):
     latency_p95_ms: float | None = None
     gateways: int = 0
     window_s: float = 0.0
+    ttft_samples: int = 0
+    tpot_samples: int = 0
+    latency_samples: int = 0
+    """The samples behind each p95 (0 in verdicts recorded before they were kept): a p95
+    is judged only on ``min_latency_samples`` of them on both sides."""
 
 
 class RolloutVerdict(Event, frozen=True, kw_only=True):
     """How a step's hold was judged: ``promote``, ``roll_back``, or ``inconclusive`` (too
-    few requests on one side: the rollout pauses for an operator). ``canary``: the new
+    few requests or latency samples on one side, or replicas of both revisions ejected:
+    the rollout pauses for an operator). ``canary``: the new
     revision's figures; ``stable``: those of the model's other replicas."""
 
     model: str

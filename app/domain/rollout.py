@@ -123,7 +123,11 @@ def verdict_groups(model: Model, replicas: Iterable[Replica]) -> dict[str, list[
     its new revision's active replicas and the model's others; empty when the rollout
     holds no step."""
     rollout = model.rollout
-    if rollout is None or rollout.state is not RolloutState.RUNNING or not rollout.holding_since:
+    if (
+        rollout is None
+        or rollout.state is not RolloutState.RUNNING
+        or rollout.holding_since is None
+    ):
         return {}
     groups: dict[str, list[str]] = {}
     for replica in replicas:
@@ -344,6 +348,9 @@ def _judged(figures: TrafficFigures | None) -> JudgedFigures | None:
         latency_p95_ms=figures.latency_p95_ms,
         gateways=figures.gateways,
         window_s=figures.window_s,
+        ttft_samples=figures.ttft_samples,
+        tpot_samples=figures.tpot_samples,
+        latency_samples=figures.latency_samples,
     )
 
 

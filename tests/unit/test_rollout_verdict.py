@@ -105,7 +105,13 @@ def test_a_hold_that_ends_short_of_latency_samples_pauses_with_the_counts() -> N
 
     decision = cluster.reconcile()
 
-    assert [v.verdict for v in of_type(decision, RolloutVerdict)] == [INCONCLUSIVE]
+    [verdict] = of_type(decision, RolloutVerdict)
+    assert verdict.verdict == INCONCLUSIVE
+    assert verdict.canary is not None
+    assert verdict.stable is not None
+    # The figures it judged carry the samples behind each p95, for the history.
+    assert (verdict.canary.ttft_samples, verdict.stable.ttft_samples) == (3, 400)
+    assert (verdict.canary.tpot_samples, verdict.canary.latency_samples) == (0, 3)
     [paused] = of_type(decision, RolloutPaused)
     assert paused.reason.startswith("no verdict: TTFT p95 from 3 sample(s) of the new revision")
     assert paused.reason.endswith("resume to promote, undo to roll back")
