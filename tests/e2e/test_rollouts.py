@@ -76,12 +76,14 @@ LATENCY_RATIO = 2.0
 CANARY_POLICY: JsonObject = {
     "steps": [{"replicas": 1, "traffic": 0.25, "hold_s": HOLD_S}],
     "min_requests": MIN_REQUESTS,
+    "min_latency_samples": MIN_REQUESTS,
     "max_latency_ratio": LATENCY_RATIO,
 }
 """One canary replica of four (a quarter of the requests either way), held 4 s: it has
-served some 5 s by its verdict, a few dozen requests. The verdict compares p95s of
-requests the gateway saw, over its 60 s window: a freshly started engine on a loaded
-machine of two cores wanders above its peers' p95s, never twice as high."""
+served some 5 s by its verdict, a few dozen requests, so the p95s are judged on as few
+samples as requests. The verdict compares p95s of requests the gateway saw, over its 60 s
+window: a freshly started engine on a loaded machine of two cores wanders above its
+peers' p95s, never twice as high."""
 LATENCIES = ("ttft_p95_ms", "tpot_p95_ms", "latency_p95_ms")
 
 
