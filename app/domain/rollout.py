@@ -14,9 +14,10 @@ it). Each pass, for every rollout under way, the reconciler:
   may instead stop before their replacement serves. In the last step (every replica), old
   replicas that are not serving yet have nothing to protect and stop at once;
 - once the step's replicas serve, holds it (``RolloutHolding``), then judges it from the
-  gateways' figures of the new revision against the model's other replicas
-  (``RolloutVerdict``): promote to the next step, roll back, or pause for an operator
-  when too few requests were seen to tell;
+  gateways' figures of the new revision against the model's other replicas, and the
+  replicas they eject (``RolloutVerdict``, ``app.domain.rollout_verdict``): promote to the
+  next step, roll back, or pause for an operator when too few requests or latency samples
+  were seen to tell;
 - when every replica runs the new revision, finishes it (``RolloutFinished``).
 
 A rollout rolled back (by a verdict, by failures, or by ``rollout undo``) is brought home
