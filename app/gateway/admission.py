@@ -32,6 +32,7 @@ from typing import Protocol, TypeVar
 
 import msgspec
 
+from app.domain.tuning import MAX_BENCH_CAPACITY
 from app.gateway.table import Route
 
 STALE_AFTER_INTERVALS = 3
@@ -40,6 +41,11 @@ scrape timeout where that is longer (``app.gateway.router``)."""
 STALE_IN_FLIGHT_FACTOR = 2
 """A stale replica takes up to ``factor * target_waiting`` requests from this gateway."""
 _MIN_WEIGHT = 1e-6
+MAX_RUNNING = MAX_BENCH_CAPACITY
+"""The most requests one replica can be running: the most a bench may say a replica serves
+(``app.domain.tuning``), far above any engine's batch (vLLM runs at most 256 at once by
+default, its ``--max-num-seqs``). An engine's larger running count is unusable for its
+model's total (``counted``)."""
 
 
 class Signals(msgspec.Struct, frozen=True, kw_only=True):
@@ -123,8 +129,11 @@ def counted(candidate: Load, *, now: float, stale_after_s: float) -> float:
     """What the replica adds to its model's total load for the bounded loads of keyed
     routing (``app.domain.rendezvous``): ``carried``, its waiting ones (with the gateway's
     reservations) no more than its ``target_waiting``, past which admission refuses it
-    anyway. An engine is no trusted source: one saying it holds a billion waiting requests
-    would otherwise raise every other replica's bound, and keys would stay on full homes."""
+    anyway, and its running ones not at all when they are more than ``MAX_RUNNING``, which
+    no replica can be running. An engine is no trusted source: one saying it holds a billion
+    waiting or running requests would otherwise raise every other replica's bound, and keys
+    would stay on full homes. Its own load (``carried``) still says it is full: the lie costs
+    the liar alone."""
     signals = candidate.signals
     if signals is None or now - signals.scraped_at > stale_after_s:
         return float(candidate.in_flight)
@@ -132,7 +141,10 @@ def counted(candidate: Load, *, now: float, stale_after_s: float) -> float:
     target = candidate.route.target_waiting  # below 1 it is 1, as for admission
     if waiting > target and waiting > 1.0:  # per member of every keyed request: no min()
         waiting = float(target) if target >= 1 else 1.0
-    return signals.running + waiting
+    running = signals.running
+    if running > MAX_RUNNING:
+        return waiting  # unusable, as a sample that cannot be read is skipped
+    return running + waiting
 
 
 def is_eligible(

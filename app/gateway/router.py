@@ -36,8 +36,9 @@ of ``app.gateway.admission``; ``prefix`` and ``session`` hash the request's key
 carries as admission counts them (``admission.carried``: the engine's running and waiting
 ones and this gateway's reservations, much the same for every gateway; its own in-flight
 while signals are stale); each replica adds to the total the bounds are shared from no more
-waiting ones than its ``target_waiting`` (``admission.counted``), so that an engine saying
-it holds a billion cannot raise every other replica's bound. A replica the admission rule
+waiting ones than its ``target_waiting``, and no running ones past ``MAX_RUNNING``
+(``admission.counted``), so that an engine saying it holds a billion cannot raise every
+other replica's bound. A replica the admission rule
 refuses, or one above its bound, is passed over for the next on the key's walk. Replicas
 left out (ejected, or excluded by a retry) are passed over too, and the bound is shared
 among the others (``Rendezvous.pick``'s ``absent``). Draining replicas are on no walk

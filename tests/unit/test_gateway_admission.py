@@ -8,11 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.gateway.admission import (
+    MAX_RUNNING,
     Candidate,
     ReplicaState,
     Signals,
     assess,
+    carried,
     choose,
+    counted,
     is_eligible,
 )
 from app.gateway.table import Route
@@ -211,3 +214,15 @@ def test_max_in_flight_sends_the_request_to_a_replica_with_room() -> None:
     chosen = choose([full, room], now=NOW, stale_after_s=STALE_AFTER, max_in_flight=2)
     assert chosen is room
     assert choose([full], now=NOW, stale_after_s=STALE_AFTER, max_in_flight=2) is None
+
+
+def test_a_running_count_no_replica_can_hold_adds_nothing_to_its_models_total() -> None:
+    # Believed, an engine's billion running requests raised the bound of every other
+    # replica of its model's keyed routing; its own load still says it is full.
+    times = {"now": NOW, "stale_after_s": STALE_AFTER}
+    for running in (1e9, MAX_RUNNING + 1.0):
+        liar = candidate("r-1", fresh(waiting=2, running=running), reserved=1)
+        assert counted(liar, **times) == 3.0
+        assert carried(liar, **times) == running + 3.0
+    busy = candidate("r-2", fresh(waiting=2, running=MAX_RUNNING))
+    assert counted(busy, **times) == MAX_RUNNING + 2.0

@@ -370,3 +370,26 @@ async def test_an_engine_claiming_a_billion_waiting_does_not_keep_keys_on_full_h
     # = 7, and the home's 10 is over it, as it would be with the liar idle.
     lease = await router.acquire(MODEL, "k", route_key=key)
     assert (lease.route.replica_id, lease.reason) == (second, "over_bound")
+
+
+async def test_an_engine_claiming_a_billion_running_does_not_keep_keys_on_full_homes() -> None:
+    # Its running count went whole into the model's total, which admission never refuses a
+    # replica for: every other replica's bound rose with it, and keys stayed on full homes.
+    clock = [100.0]
+    router = Router(clock=lambda: clock[0])
+    three = tuple(route(f"m-{n}", target_waiting=4) for n in range(1, 4))
+    router.update(table(*three))
+    key = key_of(chat("s", "q"))
+    rendezvous = router._pools[MODEL].rendezvous
+    assert rendezvous is not None
+    home, second, liar = rendezvous.walk(key.value)
+    reading = read_engine_signals("vllm:num_requests_waiting 0\nvllm:num_requests_running 1e9\n")
+    assert reading is not None
+    for replica_id, running in ((home, 10.0), (second, 0.0), (liar, reading.running)):
+        router._replicas[replica_id].signals = Signals(
+            waiting=0.0, running=running, kv_usage=0.0, scraped_at=clock[0]
+        )
+    # The liar's running count is unusable and reads 0: 10 in all, a bound of
+    # ceil(1.25 * 11 / 3) = 5, and the home's 10 is over it, as it would be with the liar idle.
+    lease = await router.acquire(MODEL, "k", route_key=key)
+    assert (lease.route.replica_id, lease.reason) == (second, "over_bound")
