@@ -23,7 +23,15 @@ import asyncio
 from collections.abc import AsyncGenerator, Callable
 from functools import partial
 
-from app.gateway.asgi import KeyCheck, Receive, Scope, Send, refuse
+from app.gateway.asgi import (
+    AUTHORIZATION,
+    KeyCheck,
+    Receive,
+    Scope,
+    Send,
+    refuse,
+    repeated_authorization,
+)
 from app.gateway.completions import (
     Completions,
     _ClientGone,
@@ -227,8 +235,9 @@ class Uploads(Completions):
         watch = _Watch(task)
         try:
             snapshot = self._snapshot()
-            key = exchange.key = self._keys.authenticate(snapshot, scope)
-            content_type, content_length = _framing(scope)
+            authorization, content_type, length = _request_headers(scope)
+            key = exchange.key = self._keys.check(snapshot, authorization, scope)
+            content_length = _content_length(length)
             if content_length is not None and content_length > self.max_upload_bytes:
                 raise body_too_large(self.max_upload_bytes)
             head = await read_form_head(receive, content_type)
@@ -333,16 +342,30 @@ def _nothing() -> None:
     pass
 
 
-def _framing(scope: Scope) -> tuple[str, int | None]:
-    """The request's content type and length (None: chunked); 400 for a length that is not
-    a number."""
+def _request_headers(scope: Scope) -> tuple[bytes | None, str, bytes | None]:
+    """The request's ``Authorization`` (400 when it comes more than once:
+    ``app.gateway.asgi.authorization_of``), its content type and its ``Content-Length``:
+    one walk of the headers for all three, which ASGI gives as any iterable, one that can
+    be walked only once included."""
+    authorization: bytes | None = None
     content_type = ""
-    content_length: int | None = None
+    length: bytes | None = None
     for name, value in scope["headers"]:
-        if name == b"content-type":
+        if name == AUTHORIZATION:
+            if authorization is not None:
+                raise repeated_authorization()
+            authorization = value
+        elif name == b"content-type":
             content_type = value.decode("latin-1")
-        elif name == b"content-length":
-            if not value.isdigit():
-                raise invalid_request("The Content-Length header is not a number.")
-            content_length = int(value)
-    return content_type, content_length
+        elif name == b"content-length" and (length is None or length.isdigit()):
+            length = value  # one that is not a number is kept, to be refused
+    return authorization, content_type, length
+
+
+def _content_length(value: bytes | None) -> int | None:
+    """The request's length (None: chunked); 400 for one that is not a number."""
+    if value is None:
+        return None
+    if not value.isdigit():
+        raise invalid_request("The Content-Length header is not a number.")
+    return int(value)

@@ -4,12 +4,18 @@ without reading the file."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from app.gateway.asgi import Message
+from app.gateway.asgi import KeyCheck, Message, Scope
 from app.gateway.errors import ApiError
-from app.gateway.uploads import MAX_FORM_HEAD_BYTES, read_form_head
+from app.gateway.metrics import GatewayMetrics
+from app.gateway.ratelimit import RateLimiter
+from app.gateway.router import NoServingReplica
+from app.gateway.table import GatewaySnapshot
+from app.gateway.uploads import MAX_FORM_HEAD_BYTES, Uploads, read_form_head
+from tests.support.gateway import new_key
 
 BOUNDARY = "llmgw-boundary"
 CONTENT_TYPE = f"multipart/form-data; boundary={BOUNDARY}"
@@ -128,3 +134,54 @@ async def test_a_form_without_a_file_is_refused_once_its_closing_boundary_is_rea
         await read_form_head(Client(body, piece=piece), CONTENT_TYPE)
     assert (raised.value.status, raised.value.param) == (400, "file")
     assert raised.value.message.startswith("The form has no file")
+
+
+class NoReplicas:
+    """The upstream: records each upload that would have gone to an engine (its model and
+    framing), then finds no replica for it."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, bytes, int | None]] = []
+
+    async def open_upload(self, model: str, key_id: str, path: str, upload: Any, *args: Any) -> Any:
+        self.asked.append((model, upload.content_type, upload.content_length))
+        raise NoServingReplica(model)
+
+
+async def test_headers_given_as_an_iterable_that_walks_once_are_read_whole() -> None:
+    # ASGI gives the headers as any iterable. They were walked twice, once for the key and
+    # once for the framing: from an iterator, the second walk found no content type, and
+    # the upload was refused as not multipart.
+    key, record = new_key()
+    snapshot = GatewaySnapshot(
+        declared=frozenset({"m"}),
+        apis={"m": frozenset({"transcriptions"})},
+        keys={record.prefix: record},
+    )
+    app = Uploads(
+        snapshot=lambda: snapshot, metrics=GatewayMetrics(), limiter=RateLimiter(), keys=KeyCheck()
+    )
+    upstream = NoReplicas()
+    app.upstream = upstream  # type: ignore[assignment]
+    body = field("model", b"m") + file_part(10) + END
+    headers = [
+        (b"authorization", f"Bearer {key}".encode()),
+        (b"content-type", CONTENT_TYPE.encode()),
+        (b"content-length", b"%d" % len(body)),
+    ]
+    scope: Scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/audio/transcriptions",
+        "headers": iter(headers),
+        "client": ("127.0.0.1", 50000),
+    }
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    await app(scope, Client(body), send)
+
+    assert upstream.asked == [("m", CONTENT_TYPE.encode(), len(body))]
+    assert sent[0]["status"] == 503
