@@ -1,13 +1,13 @@
 """Passive health: replicas that keep failing are taken out of this gateway's rotation.
 
-Every attempt at a replica tells something by the first byte of its answer's body (a
-stream's first piece; the end of an answer read whole): an answer that got there is a
+Every attempt at a replica tells something by the first byte of its answer's body (the
+end of an answer read whole), or a stream by its end: an answer that got there is a
 success (the engine is up, whatever the client asked); no answer at all (connection
-refused or reset, timed out), a 5xx head, or a head whose body broke off or stalled before
-then is a failure. An engine sends a stream's head before it has generated anything, so
-the head alone is no verdict: a wedged engine answers every stream's head and then nothing.
-A client's cancel says nothing, and neither does a stream that breaks off after its first
-piece (that is counted in the traffic window, not here).
+refused or reset, timed out), a 5xx head, or a body that broke off or stalled before then
+is a failure. An engine sends a stream's head before it has generated anything, so the
+head alone is no verdict: a wedged engine answers every stream's head and then nothing,
+and one that wedges mid-stream (a hung GPU) stalls every stream it holds. A client's
+cancel says nothing.
 
 A replica with ``consecutive_failures`` failures in a row (a success resets the count) is
 ejected: routed around for a cool-off of ``base_cool_off_s``, doubled with each ejection

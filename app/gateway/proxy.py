@@ -23,13 +23,13 @@ after its answer's head ends the answer as a broken one does (504 for an answer 
 whole, which the client has not been sent anything of). Each is logged once, with the
 replica and the bound.
 
-Each attempt tells its lease how the replica did up to the first byte of its answer's body,
-which is what ejects a replica that keeps failing from this gateway's rotation
-(``app.gateway.ejection``): a failure is no answer, a 5xx head, or a head below 500 whose
-body then broke off or stalled before its first byte (a stream's first piece; an answer read
-whole, its end). An engine sends a stream's head before it has generated anything, so a
-wedged one answers ``200`` to every stream and then nothing: that is its failure, not a
-success. A cancel tells nothing.
+Each attempt tells its lease how the replica did up to the first byte of its answer's body
+(an answer read whole, its end), or a stream up to its end, which is what ejects a replica
+that keeps failing from this gateway's rotation (``app.gateway.ejection``): a failure is no
+answer, a 5xx head, or a head below 500 whose body then broke off or stalled before then.
+An engine sends a stream's head before it has generated anything, so a wedged one answers
+``200`` to every stream and then nothing, and one that wedges mid-stream stalls every
+stream it holds: that is its failure, not a success. A cancel tells nothing.
 
 Each attempt that ends here (no answer, a retried 503, a cancel before the answer's head)
 is counted against its replica in the gateway's ``TrafficWindow``; an answer handed to
@@ -369,21 +369,23 @@ async def relay_stream(
                 if body or not more:
                     await send({"type": "http.response.body", "body": body, "more_body": more})
                 opened.lease.first_byte()
-                opened.lease.succeeded()
             elif body or not more:
                 await send({"type": "http.response.body", "body": body, "more_body": more})
             if tokens is not None:
                 tokens.feed(chunk)
     except AnswerBroken as exc:
-        if first:
-            opened.lease.failed(_broken_reason(exc))  # nothing of the stream came
+        # Before its first piece or after it: an engine that wedges mid-stream (its GPU
+        # hung, its scheduler deadlocked) stalls every stream it holds, and is ejected for
+        # it, rather than only once new ones wait out the head bound in their turn.
+        opened.lease.failed(_broken_reason(exc))
         if isinstance(exc, AnswerStalled):
             _log_timeout(opened.lease, exc.bound, exc.timeout_s)
         events.drop()
         message = f"The engine stopped answering mid-stream: {exc}"
         await send({"type": "http.response.body", "body": stream_error_events(message)})
         return False
-    opened.lease.succeeded()  # a stream that ended without a piece ended all the same
+    # A stream's verdict is how it ends: one that ended properly, with pieces or none.
+    opened.lease.succeeded()
     if more:
         await send({"type": "http.response.body", "body": events.rest()})
     return True

@@ -216,13 +216,15 @@ class Lease:
         return self._ticket.probe
 
     def succeeded(self) -> None:
-        """The replica answered (a head below 500 and the first byte of its body): it is
-        healthy, as far as passive health goes. Only the first verdict of a lease counts."""
+        """The replica answered (a head below 500 and the first byte of its body; a stream's
+        end): it is healthy, as far as passive health goes. Only the first verdict of a
+        lease counts."""
         self._router.ejector.succeeded(self.route.replica_id, self._ticket)
 
     def failed(self, reason: str) -> None:
         """The replica failed before its answer's first byte of body (no answer, a 5xx
-        head, or a body that broke off or stalled before it)."""
+        head, or a body that broke off or stalled before it), or a stream broke off or
+        stalled before its end."""
         self._router.ejector.failed(self.route.replica_id, self._ticket, reason)
 
     def first_byte(self) -> None:

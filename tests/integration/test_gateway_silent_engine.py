@@ -177,3 +177,32 @@ def test_a_stream_whose_head_came_but_nothing_after_is_the_replicas_failure() ->
             assert len(first.posts) + len(second.posts) == 1
             engine = first if first.posts else second
             assert ejected(gateway) == ["wedged-1" if engine is first else "wedged-2"]
+
+
+def test_a_stream_that_goes_silent_after_its_first_piece_is_the_replicas_failure() -> None:
+    # Before, its first piece counted as the replica's success and the silence after it as
+    # nothing: an engine that hangs mid-generation (a stuck GPU collective) stalled every
+    # stream it held and stayed in rotation, until new streams had each waited out the far
+    # longer head bound.
+    key, record = new_key()
+    with BadEngine(one_event_then_silent) as first, BadEngine(one_event_then_silent) as second:
+        routes = [
+            Route(replica_id="hung-1", model=MODEL, url=first.url),
+            Route(replica_id="hung-2", model=MODEL, url=second.url),
+        ]
+        source = StaticSource(snapshot_of(routes, [record]))
+        with GatewayThread(
+            source,
+            metrics_port=0,
+            engine_timeouts=TIMEOUTS,
+            ejection=EjectionPolicy(consecutive_failures=1),
+        ) as gateway:
+            answer = ask(gateway, key, stream=True)
+
+            events = [line for line in answer.text.split("\n\n") if line]
+            assert (events[0], events[-1]) == ("data: {}", "data: [DONE]")
+            assert json.loads(events[-2].removeprefix("data: "))["error"]["code"] == (
+                "upstream_disconnected"
+            )
+            engine = first if first.posts else second
+            assert ejected(gateway) == ["hung-1" if engine is first else "hung-2"]
