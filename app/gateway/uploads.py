@@ -53,6 +53,7 @@ from app.gateway.ratelimit import Limiter
 from app.gateway.router import RouteRefused
 from app.gateway.table import GatewaySnapshot
 from app.gateway.traffic import TrafficWindow
+from app.listeners.limits import announces_more_than
 from wire.multipart import (
     BodyEnded,
     MalformedMultipart,
@@ -237,9 +238,7 @@ class Uploads(Completions):
             snapshot = self._snapshot()
             authorization, content_type, length = _request_headers(scope)
             key = exchange.key = self._keys.check(snapshot, authorization, scope)
-            content_length = _content_length(length)
-            if content_length is not None and content_length > self.max_upload_bytes:
-                raise body_too_large(self.max_upload_bytes)
+            content_length = _content_length(length, self.max_upload_bytes)
             head = await read_form_head(receive, content_type)
             assert head.model is not None
             path: str = scope["path"]
@@ -362,10 +361,13 @@ def _request_headers(scope: Scope) -> tuple[bytes | None, str, bytes | None]:
     return authorization, content_type, length
 
 
-def _content_length(value: bytes | None) -> int | None:
-    """The request's length (None: chunked); 400 for one that is not a number."""
+def _content_length(value: bytes | None, limit: int) -> int | None:
+    """The request's length (None: chunked); 400 for one that is not a number, 413 for one
+    over ``limit``, thousands of digits that ``int()`` refuses included."""
     if value is None:
         return None
     if not value.isdigit():
         raise invalid_request("The Content-Length header is not a number.")
+    if announces_more_than(value, limit):
+        raise body_too_large(limit)
     return int(value)

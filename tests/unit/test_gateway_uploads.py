@@ -3,7 +3,8 @@ without reading the file."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import itertools
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -148,10 +149,12 @@ class NoReplicas:
         raise NoServingReplica(model)
 
 
-async def test_headers_given_as_an_iterable_that_walks_once_are_read_whole() -> None:
-    # ASGI gives the headers as any iterable. They were walked twice, once for the key and
-    # once for the framing: from an iterator, the second walk found no content type, and
-    # the upload was refused as not multipart.
+UPLOAD = field("model", b"m") + file_part(10) + END
+
+
+async def upload(headers: Iterable[tuple[bytes, bytes]]) -> tuple[NoReplicas, list[Message]]:
+    """``UPLOAD`` sent with ``headers`` and a valid key to an ``Uploads`` whose model has no
+    replica: what would have gone to an engine, and what the client got."""
     key, record = new_key()
     snapshot = GatewaySnapshot(
         declared=frozenset({"m"}),
@@ -163,17 +166,11 @@ async def test_headers_given_as_an_iterable_that_walks_once_are_read_whole() -> 
     )
     upstream = NoReplicas()
     app.upstream = upstream  # type: ignore[assignment]
-    body = field("model", b"m") + file_part(10) + END
-    headers = [
-        (b"authorization", f"Bearer {key}".encode()),
-        (b"content-type", CONTENT_TYPE.encode()),
-        (b"content-length", b"%d" % len(body)),
-    ]
     scope: Scope = {
         "type": "http",
         "method": "POST",
         "path": "/v1/audio/transcriptions",
-        "headers": iter(headers),
+        "headers": itertools.chain([(b"authorization", f"Bearer {key}".encode())], headers),
         "client": ("127.0.0.1", 50000),
     }
     sent: list[Message] = []
@@ -181,7 +178,29 @@ async def test_headers_given_as_an_iterable_that_walks_once_are_read_whole() -> 
     async def send(message: Message) -> None:
         sent.append(message)
 
-    await app(scope, Client(body), send)
+    await app(scope, Client(UPLOAD), send)
+    return upstream, sent
 
-    assert upstream.asked == [("m", CONTENT_TYPE.encode(), len(body))]
+
+async def test_headers_given_as_an_iterable_that_walks_once_are_read_whole() -> None:
+    # ASGI gives the headers as any iterable. They were walked twice, once for the key and
+    # once for the framing: from an iterator, the second walk found no content type, and
+    # the upload was refused as not multipart.
+    upstream, sent = await upload(
+        [(b"content-type", CONTENT_TYPE.encode()), (b"content-length", b"%d" % len(UPLOAD))]
+    )
+
+    assert upstream.asked == [("m", CONTENT_TYPE.encode(), len(UPLOAD))]
     assert sent[0]["status"] == 503
+
+
+async def test_a_length_of_thousands_of_digits_is_too_large_not_a_crash() -> None:
+    # int() refuses more than 4,300 digits: the ValueError was a 500, logged as the
+    # gateway's own failure.
+    upstream, sent = await upload(
+        [(b"content-type", CONTENT_TYPE.encode()), (b"content-length", b"9" * 5000)]
+    )
+
+    assert upstream.asked == []
+    assert sent[0]["status"] == 413
+    assert b"exceeds" in sent[1]["body"]
