@@ -48,7 +48,10 @@ def engine_host(url: str) -> str | None:
     if not url.startswith("http://"):
         return None
     host, colon, port = url[len("http://") :].rpartition(":")
-    if not colon or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+    # ASCII digits only: str.isdigit() takes others too, "²" which int() refuses among them.
+    if not colon or not host or not (port.isascii() and port.isdigit()):
+        return None
+    if not 0 < int(port) <= 65535:
         return None
     if host.startswith("["):
         return host if host.endswith("]") and "]" not in host[:-1] else None

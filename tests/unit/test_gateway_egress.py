@@ -128,12 +128,15 @@ def test_a_route_whose_url_is_not_plainly_http_host_port_is_refused() -> None:
             route("llama-3", "https://127.0.0.1:20001"),
             route("llama-4", "http://127.0.0.1"),
             route("llama-5", "http://127.0.0.1:20001"),
+            # Digits to str.isdigit() that int() refuses: the ValueError lost the whole
+            # snapshot, every other route's change with it.
+            route("llama-6", "http://127.0.0.1:²"),
         )
     )
 
     assert routed(admitted) == ["llama-5"]
     refusals = "llmgw_gateway_engine_egress_refusals_total"
-    assert sample(metrics, refusals, reason="not_an_engine_url") == 4
+    assert sample(metrics, refusals, reason="not_an_engine_url") == 5
 
 
 @pytest.mark.parametrize(
@@ -146,6 +149,8 @@ def test_a_route_whose_url_is_not_plainly_http_host_port_is_refused() -> None:
         ("http://u:p@127.0.0.1:20001", None),
         ("http://127.0.0.1:20001?x=1", None),
         ("http://127.0.0.1:99999", None),
+        ("http://127.0.0.1:²", None),
+        ("http://127.0.0.1:\u0662\u0660\u0660\u0660\u0661", None),  # 20001 in Arabic-Indic digits
         ("http://:20001", None),
         ("ftp://127.0.0.1:20001", None),
     ],
