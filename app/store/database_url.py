@@ -130,7 +130,7 @@ def _parse_host(text: str, url: str) -> tuple[str, int | None]:
         )
     if not port_text:
         return host, None
-    if not port_text.isdigit() or not 0 < int(port_text) <= 65535:
+    if not (port_text.isascii() and port_text.isdigit()) or not 0 < int(port_text) <= 65535:
         raise InvalidDatabaseUrl(
             f"port {port_text!r} of host {host} in the database URL {_shown(url)!r} "
             "is not a port number"

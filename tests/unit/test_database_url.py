@@ -74,6 +74,8 @@ def test_credentials_are_replaced_on_every_host() -> None:
         ("postgresql://db-a,,db-b/llmgw", "an empty host"),
         ("postgresql://db-a:5432,db-b:port/llmgw", "port 'port' of host db-b"),
         ("postgresql://db-a:70000/llmgw", "not a port number"),
+        ("postgresql://db-a:\u00b2/llmgw", "not a port number"),
+        ("postgresql://db-a:\u0665\u0664\u0663\u0662/llmgw", "not a port number"),
         ("postgresql://db-a/llmgw?target_session_attrs=primay", "target_session_attrs='primay'"),
     ],
 )
