@@ -41,12 +41,19 @@ class XidHolds:
         self._recovery = recovery
         self._holds: dict[int, XidEvent] = {}
 
-    def note(self, event: XidEvent, gpu_indices: Iterable[int]) -> None:
-        """Hold the event's GPU, or every GPU in ``gpu_indices`` when the driver did not
-        say which one it was: an unplaceable hardware fault must not be ignored."""
+    def note(self, event: XidEvent, unreadable: Iterable[int]) -> None:
+        """Hold the event's GPU; when no GPU could be named, hold the ``unreadable`` ones.
+
+        The source names the GPU by its index, its UUID or its handle, so an event nothing
+        names comes from a GPU NVML can no longer reach. Holding every GPU for it, as
+        NVIDIA's device plugin does, would take a whole node out of service for one lost
+        GPU, and keep it out for the recovery window after that GPU is replaced. The GPUs
+        that still answer every query are not the one that failed; the ones that do not
+        answer are its only candidates, and they are unhealthy already: the hold adds the
+        XID to their reason and keeps them out for the window once they answer again."""
         if not event.marks_unhealthy:
             return
-        targets = gpu_indices if event.gpu_index is None else (event.gpu_index,)
+        targets = unreadable if event.gpu_index is None else (event.gpu_index,)
         for index in targets:
             self._holds[index] = event
 

@@ -12,6 +12,11 @@ and runs the health checks (see ``health`` and docs/gpus.md for the rules):
 
 A machine without the driver gives an empty snapshot that says so; the source retries
 ``nvmlInit`` on the next snapshot, so a driver loaded later is picked up.
+
+NVML that loses its driver once started (reloaded, unloaded or upgraded: calls answer
+``Uninitialized`` or ``Driver Not Loaded``, or every GPU answers lost at once) is shut
+down, and started again on a later snapshot with a growing wait (``restarts``); meanwhile
+the GPUs it listed are reported unhealthy, saying so.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import ParamSpec, TypeVar
 
+from agent.gpus.handles import same_device
 from agent.gpus.health import DEFAULT_XID_RECOVERY, GpuReading, XidHolds, judge
 from agent.gpus.nvml_api import (
+    DRIVER_LOST_CODES,
     LOST_CODES,
     NO_DRIVER_CODES,
     UNSUPPORTED_CODES,
@@ -30,6 +37,7 @@ from agent.gpus.nvml_api import (
     error_code,
     error_message,
 )
+from agent.gpus.restarts import RestartBackoff
 from agent.gpus.types import GpuSnapshot, GpuStatus, XidEvent
 from agent.gpus.xid import classify_xid
 
@@ -43,6 +51,11 @@ MAX_EVENTS_PER_SNAPSHOT = 1024
 RETIRED_PAGES_PENDING = "retired pages pending: a GPU reset is needed to retire them"
 ROW_REMAP_PENDING = "row remapping pending: a GPU reset is needed to apply it"
 ROW_REMAP_FAILED = "row remapping failed: a faulty memory row could not be remapped"
+
+
+def driver_lost_reason(why: str) -> str:
+    """How a GPU explains itself while NVML is down after losing the driver."""
+    return f"NVML lost the driver ({why}): the GPU cannot be read until NVML starts again"
 
 
 def _utc_now() -> datetime:
@@ -77,6 +90,14 @@ class _CallFailed(_Unreadable):
         return self.code in UNSUPPORTED_CODES
 
 
+class _DriverLost(Exception):
+    """NVML answered a call as one that has lost its driver; ``why`` in NVML's words."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
 class NvmlGpuSource:
     """A ``GpuSource`` over ``pynvml`` or anything shaped like it (``RecordedNvml``)."""
 
@@ -86,6 +107,7 @@ class NvmlGpuSource:
         *,
         xid_recovery: timedelta = DEFAULT_XID_RECOVERY,
         now: Callable[[], datetime] = _utc_now,
+        restarts: RestartBackoff | None = None,
     ) -> None:
         self._nvml = nvml
         self._now = now
@@ -95,14 +117,39 @@ class NvmlGpuSource:
         self._event_set: object | None = None
         self._xid_registration_settled: set[int] = set()
         self._last_readings: dict[int, GpuReading] = {}
+        self._known_handles: dict[int, object] = {}
+        self._listed: tuple[int, ...] = ()
+        self._restarts = restarts or RestartBackoff()
+        self._driver_lost: str | None = None  # why NVML was shut down, while it is down
+        self._down_readings: tuple[GpuReading, ...] = ()  # what the GPUs show meanwhile
 
     def snapshot(self) -> GpuSnapshot:
         if self._closed:
             raise RuntimeError("the NVML GPU source is closed")
+        now = self._now()
+        if self._driver_lost is not None and not self._restarts.due(now):
+            return self._while_driver_lost(now)
         if not self._started:
-            problem = self._start()
-            if problem is not None:
-                return GpuSnapshot(gpus=(), unavailable_reason=problem)
+            try:
+                self._start()
+            except _DriverLost as failed:
+                if self._driver_lost is None:  # never started: no GPUs were ever listed
+                    return GpuSnapshot(gpus=(), unavailable_reason=failed.why)
+                self._driver_lost = failed.why
+                self._down_readings = self._unreadable_as(failed.why)
+                self._restarts.failed(now)
+                return self._while_driver_lost(now)
+        try:
+            snapshot = self._read_machine(now)
+        except _DriverLost as lost:
+            self._shut_down(lost.why, now, self._unreadable_as(lost.why))
+            return self._while_driver_lost(now)
+        if self._started:  # not shut down for every GPU being lost
+            self._driver_lost = None
+            self._restarts.succeeded()
+        return snapshot
+
+    def _read_machine(self, now: datetime) -> GpuSnapshot:
         try:
             count = self._ask(self._nvml.nvmlDeviceGetCount)
         except _CallFailed as failed:
@@ -111,11 +158,19 @@ class NvmlGpuSource:
             )
         handles = self._open_handles(count)
         self._register_for_xids(handles)
-        now = self._now()
         events = self._drain_xid_events(now)
+        readings = [self._read(index, handle) for index, handle in handles]
+        unreadable = [reading.index for reading, failure in readings if failure is not None]
         for event in events:
-            self._holds.note(event, range(count))
-        gpus = tuple(self._status(self._read(index, handle), now) for index, handle in handles)
+            self._holds.note(event, unreadable)
+        gpus = tuple(self._status(reading, now) for reading, _ in readings)
+        self._listed = tuple(gpu.index for gpu in gpus)
+        if readings and all(isinstance(failure, _GpuLost) for _, failure in readings):
+            # Every GPU lost at once is what a reloaded driver looks like to handles taken
+            # before it: start NVML afresh on a later snapshot. Until then the GPUs keep
+            # the reasons read now, so a GPU that stays lost does not flap between two.
+            lost_readings = tuple(reading for reading, _ in readings)
+            self._shut_down("every GPU answered that it is lost", now, lost_readings)
         return GpuSnapshot(
             gpus=gpus,
             xid_events=tuple(events),
@@ -126,38 +181,67 @@ class NvmlGpuSource:
         if self._closed:
             return
         self._closed = True
-        if not self._started:
-            return
+        if self._started:
+            self._release()
+
+    # -- starting ------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        try:
+            self._nvml.nvmlInit()
+        except self._nvml.NVMLError as exc:
+            if error_code(exc) in NO_DRIVER_CODES:
+                raise _DriverLost(f"no NVML: no GPUs discovered ({error_message(exc)})") from exc
+            raise _DriverLost(
+                f"NVML failed to start: no GPUs discovered ({error_message(exc)})"
+            ) from exc
+        self._started = True
+        try:
+            self._event_set = self._nvml.nvmlEventSetCreate()
+        except self._nvml.NVMLError:
+            self._event_set = None  # XIDs go unwatched; every other check still runs
+
+    def _release(self) -> None:
         with contextlib.suppress(self._nvml.NVMLError):
             if self._event_set is not None:
                 self._nvml.nvmlEventSetFree(self._event_set)
         with contextlib.suppress(self._nvml.NVMLError):
             self._nvml.nvmlShutdown()
 
-    # -- starting ------------------------------------------------------------------------
+    def _shut_down(self, why: str, now: datetime, readings: tuple[GpuReading, ...]) -> None:
+        """Let go of an NVML that lost its driver; the handles and the event set it gave
+        are dead, so a later start takes new ones and registers them for XIDs again."""
+        self._release()
+        self._started = False
+        self._event_set = None
+        self._xid_registration_settled.clear()
+        self._known_handles.clear()
+        self._driver_lost = why
+        self._down_readings = readings
+        self._restarts.failed(now)
 
-    def _start(self) -> str | None:
-        try:
-            self._nvml.nvmlInit()
-        except self._nvml.NVMLError as exc:
-            if error_code(exc) in NO_DRIVER_CODES:
-                return f"no NVML: no GPUs discovered ({error_message(exc)})"
-            return f"NVML failed to start: no GPUs discovered ({error_message(exc)})"
-        self._started = True
-        try:
-            self._event_set = self._nvml.nvmlEventSetCreate()
-        except self._nvml.NVMLError:
-            self._event_set = None  # XIDs go unwatched; every other check still runs
-        return None
+    def _unreadable_as(self, why: str) -> tuple[GpuReading, ...]:
+        """The GPUs last listed, as last read, each unhealthy because NVML is down."""
+        reason = driver_lost_reason(why)
+        return tuple(self._last_reading(index, reason) for index in self._listed)
+
+    def _while_driver_lost(self, now: datetime) -> GpuSnapshot:
+        assert self._driver_lost is not None
+        gpus = tuple(self._status(reading, now) for reading in self._down_readings)
+        reason = None if gpus else driver_lost_reason(self._driver_lost)
+        return GpuSnapshot(gpus=gpus, unavailable_reason=reason)
 
     def _open_handles(self, count: int) -> list[tuple[int, object]]:
         """Each GPU's handle, or the ``_Unreadable`` saying why it could not be opened."""
         handles: list[tuple[int, object]] = []
         for index in range(count):
             try:
-                handles.append((index, self._ask_gpu(self._nvml.nvmlDeviceGetHandleByIndex, index)))
+                handle = self._ask_gpu(self._nvml.nvmlDeviceGetHandleByIndex, index)
             except _Unreadable as exc:
                 handles.append((index, exc))
+                continue
+            handles.append((index, handle))
+            self._known_handles[index] = handle
         return handles
 
     # -- XID events ----------------------------------------------------------------------
@@ -206,25 +290,35 @@ class NvmlGpuSource:
         return events
 
     def _event_gpu_index(self, device: object) -> int | None:
+        """The index of the GPU an event came from: NVML's answer, or else the GPU whose
+        UUID or handle it carries (a GPU off the bus may not say its index any more)."""
         if not device:  # a NULL handle: the driver did not say which GPU
             return None
-        try:
+        with contextlib.suppress(_CallFailed):
             return self._ask(self._nvml.nvmlDeviceGetIndex, device)
-        except _CallFailed:
-            return None
+        with contextlib.suppress(_CallFailed):
+            uuid = _text(self._ask(self._nvml.nvmlDeviceGetUUID, device))
+            for index, reading in self._last_readings.items():
+                if reading.uuid and reading.uuid == uuid:
+                    return index
+        for index, handle in self._known_handles.items():
+            if same_device(handle, device):
+                return index
+        return None
 
     # -- one GPU -------------------------------------------------------------------------
 
-    def _read(self, index: int, handle: object) -> GpuReading:
+    def _read(self, index: int, handle: object) -> tuple[GpuReading, _Unreadable | None]:
+        """What the GPU answered, and why it could not be read if it could not."""
         if isinstance(handle, _Unreadable):
-            return self._last_reading(index, handle.reason)
+            return self._last_reading(index, handle.reason), handle
         try:
             uuid = _text(self._ask_gpu(self._nvml.nvmlDeviceGetUUID, handle))
             name = _text(self._ask_gpu(self._nvml.nvmlDeviceGetName, handle))
             memory = self._ask_gpu(self._nvml.nvmlDeviceGetMemoryInfo, handle)
             problems = self._health_problems(handle)
         except _Unreadable as exc:
-            return self._last_reading(index, exc.reason)
+            return self._last_reading(index, exc.reason), exc
         reading = GpuReading(
             index=index,
             uuid=uuid,
@@ -234,7 +328,7 @@ class NvmlGpuSource:
             problems=tuple(problems),
         )
         self._last_readings[index] = reading
-        return reading
+        return reading, None
 
     def _last_reading(self, index: int, problem: str) -> GpuReading:
         """What was last known of a GPU that cannot be read now, with why not."""
@@ -288,11 +382,16 @@ class NvmlGpuSource:
     # -- calling NVML --------------------------------------------------------------------
 
     def _ask(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """``call``'s answer; ``_CallFailed`` for an NVML error, ``_DriverLost`` for one
+        that says NVML itself no longer works."""
         try:
             return call(*args, **kwargs)
         except self._nvml.NVMLError as exc:
+            code = error_code(exc)
+            if code in DRIVER_LOST_CODES:
+                raise _DriverLost(error_message(exc)) from exc
             function = getattr(call, "__name__", "call")
-            raise _CallFailed(function, error_code(exc), error_message(exc)) from exc
+            raise _CallFailed(function, code, error_message(exc)) from exc
 
     def _ask_gpu(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Like ``_ask``, but a lost GPU stops the reading of that GPU at once."""

@@ -12,16 +12,30 @@ from __future__ import annotations
 
 from typing import Protocol
 
+NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
 NVML_ERROR_UNKNOWN = 999
 
 NO_DRIVER_CODES = frozenset({NVML_ERROR_LIBRARY_NOT_FOUND, NVML_ERROR_DRIVER_NOT_LOADED})
 """nvmlInit failed because this machine has no NVIDIA driver (or it is not loaded)."""
+
+DRIVER_LOST_CODES = frozenset(
+    {
+        NVML_ERROR_UNINITIALIZED,
+        NVML_ERROR_DRIVER_NOT_LOADED,
+        NVML_ERROR_LIBRARY_NOT_FOUND,
+        NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+    }
+)
+"""What NVML answers, from any call, once it has lost the driver it was started on (the
+driver was unloaded, reloaded or upgraded): nothing works until NVML is shut down and
+initialised again."""
 
 LOST_CODES = frozenset({NVML_ERROR_GPU_IS_LOST, NVML_ERROR_UNKNOWN})
 """What NVML answers for a GPU that has fallen off the bus."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
+from agent.gpus.handles import same_device
 from agent.gpus.nvml import NvmlGpuSource
 from agent.gpus.nvml_api import NvmlEventData, NvmlLibrary, NvmlMemory
 from agent.gpus.recording import Answer, JsonValue, RaisedError, Recording, write_recording
@@ -140,7 +140,7 @@ class RecordingNvml:
 
     def _gpu_of(self, handle: object) -> int | None:
         for known, index in self._handles:
-            if _same_device(known, handle):
+            if same_device(known, handle):
                 return index
         return None
 
@@ -151,19 +151,6 @@ class RecordingNvml:
             "eventType": int(data.eventType),
             "eventData": int(data.eventData),
         }
-
-
-def _same_device(known: object, handle: object) -> bool:
-    if known is handle:
-        return True
-    # pynvml hands out a new pointer object each time; NVML's device address is stable
-    if isinstance(known, ctypes._Pointer) and isinstance(handle, ctypes._Pointer):
-        known_address = ctypes.cast(known, ctypes.c_void_p).value
-        return known_address == ctypes.cast(handle, ctypes.c_void_p).value
-    try:
-        return bool(known == handle)
-    except Exception:
-        return False
 
 
 def _nothing(_: object) -> JsonValue:

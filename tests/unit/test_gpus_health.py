@@ -131,7 +131,23 @@ def test_the_hold_stays_while_other_checks_fail_and_ends_when_a_reset_clears_the
     assert reasons(reset) == {}
 
 
-def test_an_xid_from_an_unnamed_gpu_holds_every_gpu() -> None:
+def test_an_xid_from_an_unnamed_gpu_holds_only_the_gpus_nvml_cannot_read() -> None:
+    recording = machine(gpus=3)
+    recording.library["nvmlEventSetWait"] = [xid(79, gpu=None), fails(TIMEOUT)]
+    recording.gpus[1]["nvmlDeviceGetUUID"] = [fails(pynvml.NVML_ERROR_GPU_IS_LOST)]
+    source, _ = source_for(recording, Clock())
+
+    snapshot = source.snapshot()
+
+    (event,) = snapshot.xid_events
+    assert event.gpu_index is None
+    assert reasons(snapshot) == {
+        1: "XID 79: GPU has fallen off the bus; "
+        "GPU is lost: NVML nvmlDeviceGetUUID answered 'GPU is lost'"
+    }
+
+
+def test_an_xid_from_an_unnamed_gpu_holds_no_gpu_that_answers() -> None:
     recording = machine(gpus=3)
     recording.library["nvmlEventSetWait"] = [xid(74, gpu=None), fails(TIMEOUT)]
     source, _ = source_for(recording, Clock())
@@ -140,7 +156,41 @@ def test_an_xid_from_an_unnamed_gpu_holds_every_gpu() -> None:
 
     (event,) = snapshot.xid_events
     assert event.gpu_index is None
-    assert reasons(snapshot) == dict.fromkeys(range(3), "XID 74: NVLink error")
+    assert reasons(snapshot) == {}
+
+
+def test_an_xid_from_a_gpu_that_cannot_say_its_index_holds_that_gpu_by_its_handle() -> None:
+    clock = Clock()
+    recording = machine(gpus=3)
+    recording.library["nvmlEventSetWait"] = [fails(TIMEOUT), xid(79, gpu=2), fails(TIMEOUT)]
+    lost = fails(pynvml.NVML_ERROR_GPU_IS_LOST)
+    for function in ("nvmlDeviceGetIndex", "nvmlDeviceGetUUID"):
+        recording.gpus[2][function] = [lost]
+    recording.gpus[2]["nvmlDeviceGetHandleByIndex"] = [ok({"handle": 2}), lost]
+    source, _ = source_for(recording, clock)
+
+    source.snapshot()
+    fallen = source.snapshot()
+
+    (event,) = fallen.xid_events
+    assert event.gpu_index == 2
+    assert reasons(fallen) == {
+        2: "XID 79: GPU has fallen off the bus; "
+        "GPU is lost: NVML nvmlDeviceGetHandleByIndex answered 'GPU is lost'"
+    }
+
+
+def test_an_xid_from_a_gpu_that_cannot_say_its_index_is_placed_by_its_uuid() -> None:
+    recording = machine(gpus=3)
+    recording.library["nvmlEventSetWait"] = [fails(TIMEOUT), xid(95, gpu=1), fails(TIMEOUT)]
+    recording.gpus[1]["nvmlDeviceGetIndex"] = [fails(pynvml.NVML_ERROR_GPU_IS_LOST)]
+    source, _ = source_for(recording, Clock())
+
+    source.snapshot()
+    snapshot = source.snapshot()
+
+    assert snapshot.xid_events[0].gpu_index == 1
+    assert reasons(snapshot) == {1: "XID 95: uncontained ECC error"}
 
 
 def test_an_xid_missing_from_the_table_is_unknown_and_unhealthy() -> None:
