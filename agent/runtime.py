@@ -25,6 +25,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from agent.config import AgentConfig
+from agent.connection import ConnectionFatal
 from agent.engines import (
     EngineError,
     EngineSupervisor,
@@ -36,6 +37,13 @@ from agent.engines import (
 )
 from agent.engines.supervisor import FAILED_KEPT
 from agent.gpus import GpuSnapshot, GpuSource, GpuStatus
+from agent.reports import (
+    MAX_GPU_NAME_BYTES,
+    MAX_GPU_REASON_BYTES,
+    MAX_GPU_UUID_BYTES,
+    fit_text,
+    shard_report_refusal,
+)
 from agent.session import (
     Close,
     CommandLedger,
@@ -98,8 +106,8 @@ _WIRE_STATES: dict[ShardState, WireShardState] = {
 def gpu_report(gpu: GpuStatus) -> GpuReport:
     return GpuReport(
         index=gpu.index,
-        uuid=gpu.uuid,
-        name=gpu.name,
+        uuid=_wire_uuid(gpu.uuid),
+        name=fit_text(gpu.name, MAX_GPU_NAME_BYTES),
         memory_total_mib=gpu.memory_total_mib,
         memory_used_mib=gpu.memory_used_mib,
         healthy=gpu.healthy,
@@ -107,10 +115,15 @@ def gpu_report(gpu: GpuStatus) -> GpuReport:
     )
 
 
+def _wire_uuid(uuid: str) -> str:
+    """The UUID as the hello lists it, and so as every health change must name it."""
+    return fit_text(uuid, MAX_GPU_UUID_BYTES)
+
+
 def _wire_text(text: str | None) -> str | None:
     """``text`` cut to what the wire carries: a reason joined from many problems (or a fake
     GPU's, set by hand) costs its tail, not every heartbeat of the connection."""
-    return None if text is None else text[:MAX_TEXT_CHARS]
+    return None if text is None else fit_text(text, MAX_GPU_REASON_BYTES)
 
 
 def gpu_health_changes(
@@ -122,7 +135,7 @@ def gpu_health_changes(
     return [
         GpuHealthChange(
             index=gpu.index,
-            uuid=gpu.uuid,
+            uuid=_wire_uuid(gpu.uuid),
             healthy=gpu.healthy,
             reason=_wire_text(gpu.unhealthy_reason),
             xid=gpu.xid if gpu.xid is not None and 0 <= gpu.xid <= MAX_XID else None,
@@ -273,7 +286,7 @@ def _unreportable(command: StartShard) -> str | None:
             f"a model name of {len(command.model)} characters is longer than this agent can "
             f"report ({MAX_TEXT_CHARS})"
         )
-    return None
+    return shard_report_refusal(command)
 
 
 def build_hello(
@@ -301,6 +314,11 @@ def build_hello(
 
 class CommandRefused(Exception):
     """A command this node cannot carry out as asked."""
+
+
+class HelloTooLarge(ConnectionFatal):
+    """This node's hello is over the message limit: the control plane could not read it,
+    so connecting again cannot help until its shards are stopped by hand."""
 
 
 @dataclass(eq=False)
@@ -341,6 +359,7 @@ class AgentRuntime:
         self._link: _Link | None = None
         self._local_address = ""
         self._commands: set[asyncio.Task[None]] = set()
+        self._fatal: ConnectionFatal | None = None
 
     @property
     def supervisor(self) -> EngineSupervisor:
@@ -422,6 +441,8 @@ class AgentRuntime:
             for task in (writer, ticker):
                 task.cancel()
             await asyncio.gather(writer, ticker, return_exceptions=True)
+        if self._fatal is not None:
+            raise self._fatal
         return session.welcome is not None
 
     async def stop_engines(self, reason: str, grace_s: float) -> int:
@@ -573,7 +594,18 @@ class AgentRuntime:
                     data = encode(message)
                 except MessageTooLarge as exc:
                     log.error("message_too_large", type=type(message).__name__, error=str(exc))
-                    return True
+                    if not isinstance(message, Hello):
+                        return True
+                    # Without its hello the connection times out, and so would every next
+                    # one: end the agent, saying why, rather than reconnect for ever.
+                    self._fatal = HelloTooLarge(
+                        f"this node's hello of {exc.size} bytes is over the {exc.limit}-byte "
+                        f"message limit, so the control plane cannot read it: it lists "
+                        f"{len(message.shards)} shards and {len(message.gpus)} GPUs; stop "
+                        "some of this node's engines and start the agent again"
+                    )
+                    await websocket.close(CloseCode.MESSAGE_TOO_BIG, "hello too large")
+                    return False
                 try:
                     await websocket.send(data, text=True)
                 except ConnectionClosed:

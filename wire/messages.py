@@ -91,6 +91,17 @@ against tighter limits (``app.hub.claims``)."""
 MAX_SHARDS_PER_NODE = 1024
 """Most shards a hello may list (``app.hub.claims`` refuses one with more): an agent keeps
 its running and its failed shards within it, or could never connect again."""
+MAX_GPUS_PER_NODE = 64
+"""Most GPUs a hello may list (``app.hub.claims`` refuses one with more)."""
+MAX_SHARD_REPORT_BYTES = 768
+"""Most bytes one shard's ``ShardReport`` may take in a hello, as JSON. The agent refuses
+to start a shard whose report could be larger (a long replica id or model name), so that
+a hello of ``MAX_SHARDS_PER_NODE`` shards, ``MAX_GPUS_PER_NODE`` GPUs of at most
+``MAX_GPU_REPORT_BYTES`` and the longest node id and labels still fits in
+``MAX_MESSAGE_BYTES``: otherwise the node could never connect again (the sum is worked
+out in tests/unit/test_hello_size.py)."""
+MAX_GPU_REPORT_BYTES = 2048
+"""Most bytes one ``GpuReport`` takes in a hello: the agent cuts a GPU's texts to fit."""
 GpuIndex = Annotated[int, msgspec.Meta(ge=0, lt=MAX_LISTED)]
 """A GPU an agent reports: a node has at most 64 (``app.hub.claims``), numbered from 0."""
 ShardIndex = Annotated[int, msgspec.Meta(ge=0, lt=MAX_LISTED)]

@@ -26,10 +26,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from app.domain.egress import EngineNetworks, host_name, ip_address_of
+from wire.messages import MAX_GPUS_PER_NODE as MAX_GPUS_PER_NODE
 from wire.messages import MAX_SHARDS_PER_NODE as MAX_SHARDS_PER_NODE
 from wire.messages import GpuHealthChange, GpuReport, Hello, ShardReport
 
-MAX_GPUS_PER_NODE = 64
 MAX_GPU_MEMORY_MIB = 1024 * 1024
 """1 TiB: several times the largest GPU memory there is."""
 
