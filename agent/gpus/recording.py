@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeGuard
 
 from agent.gpus.files import write_atomically
 
@@ -105,7 +106,7 @@ def _object(value: JsonValue, where: str) -> dict[str, JsonValue]:
 
 
 def _gpu_index(key: str) -> int:
-    if not key.isdigit():
+    if not (key.isascii() and key.isdigit()):  # not "²", which isdigit() takes
         raise RecordingError(f"gpus keys are GPU indices, found {key!r}")
     return int(key)
 
@@ -128,9 +129,14 @@ def _answer(value: JsonValue, where: str) -> Answer:
         return Answer(returns=item["returns"])
     raised = _object(item["raises"], f"'raises' of {where}")
     error, code, message = raised.get("error"), raised.get("value"), raised.get("message", "")
-    if not isinstance(error, str) or not (code is None or isinstance(code, int)):
+    if not isinstance(error, str) or not _is_code(code):
         raise RecordingError(f"'raises' of {where} needs an error name and an integer value")
     return Answer(raises=RaisedError(error, code, str(message)))
+
+
+def _is_code(value: JsonValue) -> TypeGuard[int | None]:
+    """An NVML error code, or null; ``true`` is an int to Python but not a code."""
+    return value is None or (isinstance(value, int) and not isinstance(value, bool))
 
 
 # -- writing -----------------------------------------------------------------------------

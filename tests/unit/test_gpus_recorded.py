@@ -96,6 +96,17 @@ def test_every_fixture_survives_dump_and_parse() -> None:
     [
         ({"format": "something else"}, "format must be"),
         ({"format": "llmgw-nvml-recording/1", "gpus": {"zero": {}}}, "GPU indices"),
+        ({"format": "llmgw-nvml-recording/1", "gpus": {"\u00b2": {}}}, "GPU indices"),
+        ({"format": "llmgw-nvml-recording/1", "gpus": {"\u0663": {}}}, "GPU indices"),
+        (
+            {
+                "format": "llmgw-nvml-recording/1",
+                "library": {
+                    "nvmlInit": [{"raises": {"error": "NVMLError_Unknown", "value": True}}]
+                },
+            },
+            "integer value",
+        ),
         ({"format": "llmgw-nvml-recording/1", "library": {"nvmlInit": []}}, "non-empty list"),
         (
             {"format": "llmgw-nvml-recording/1", "library": {"nvmlInit": [{}]}},
