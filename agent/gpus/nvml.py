@@ -98,6 +98,18 @@ class _DriverLost(Exception):
         self.why = why
 
 
+class _StartFailed(Exception):
+    """``nvmlInit`` failed; ``reason`` says so for a snapshot without GPUs."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+        if code in NO_DRIVER_CODES:
+            self.reason = f"no NVML: no GPUs discovered ({message})"
+        else:
+            self.reason = f"NVML failed to start: no GPUs discovered ({message})"
+
+
 class NvmlGpuSource:
     """A ``GpuSource`` over ``pynvml`` or anything shaped like it (``RecordedNvml``)."""
 
@@ -132,11 +144,12 @@ class NvmlGpuSource:
         if not self._started:
             try:
                 self._start()
-            except _DriverLost as failed:
+            except _StartFailed as failed:
                 if self._driver_lost is None:  # never started: no GPUs were ever listed
-                    return GpuSnapshot(gpus=(), unavailable_reason=failed.why)
-                self._driver_lost = failed.why
-                self._down_readings = self._unreadable_as(failed.why)
+                    return GpuSnapshot(gpus=(), unavailable_reason=failed.reason)
+                why = f"starting it again failed: {failed.message}"
+                self._driver_lost = why
+                self._down_readings = self._unreadable_as(why)
                 self._restarts.failed(now)
                 return self._while_driver_lost(now)
         try:
@@ -190,11 +203,7 @@ class NvmlGpuSource:
         try:
             self._nvml.nvmlInit()
         except self._nvml.NVMLError as exc:
-            if error_code(exc) in NO_DRIVER_CODES:
-                raise _DriverLost(f"no NVML: no GPUs discovered ({error_message(exc)})") from exc
-            raise _DriverLost(
-                f"NVML failed to start: no GPUs discovered ({error_message(exc)})"
-            ) from exc
+            raise _StartFailed(error_code(exc), error_message(exc)) from exc
         self._started = True
         try:
             self._event_set = self._nvml.nvmlEventSetCreate()
