@@ -135,7 +135,7 @@ def pause(
             f"no new one starts (llmgw-cli rollout resume {model} goes on)"
         )
 
-    return _steer("pause", model, lambda _: body, said, output, connection)
+    return _steer("pause", model, body, said, output, connection)
 
 
 @rollout_app.command(name="resume")
@@ -157,7 +157,7 @@ def resume(
             return f"{view.rollout_id}: already running, nothing recorded"
         return f"{view.rollout_id}: resumed at step {step_text(view)}"
 
-    return _steer("resume", model, lambda _: None, said, output, connection)
+    return _steer("resume", model, None, said, output, connection)
 
 
 @rollout_app.command(name="undo")
@@ -170,7 +170,8 @@ def undo(
         Parameter(
             help="The rollout to undo, as `rollout status` names it (rollout-llama-3-8b-r2): "
             "refused when it is not the model's rollout any more, so running the same "
-            "command twice undoes once. [default: the model's rollout, read just before]"
+            "command twice undoes once. Needed to undo a rollout an undo started. "
+            "[default: the model's rollout, unless an undo started it]"
         ),
     ] = None,
     output: Output = "table",
@@ -182,10 +183,11 @@ def undo(
     again as the next revision and rolled out like any other. A rollout rolling back or
     rolled back already cannot be undone (exit 1).
 
-    The request names the rollout it undoes (--rollout, or the one the status showed just
-    before), and one that is not the model's rollout any more is refused (exit 1): a
-    retried request never undoes the rollout the first undo started. Without --rollout,
-    a second `undo` reads that new rollout and undoes it; pass --rollout to undo once.
+    A repeated undo changes nothing (exit 1): without --rollout, a rollout that an undo
+    started is not undone (the message names the rollout undone already), so running the
+    same command twice never puts the newer revision back; with --rollout, one that is
+    not the model's rollout any more is refused. To undo an undo, name its rollout with
+    --rollout; to go on to another spec, declare it (`llmgw-cli models apply`).
 
     ```
     llmgw-cli rollout undo llama-3-8b
@@ -193,9 +195,7 @@ def undo(
     ```
     """
 
-    def body(client: AdminClient) -> dict[str, str]:
-        return {"rollout_id": rollout or _status(client, model).value.rollout_id}
-
+    body = None if rollout is None else {"rollout_id": rollout}
     return _steer("undo", model, body, lambda view, _: undone_text(view), output, connection)
 
 
@@ -267,14 +267,14 @@ def history(
 def _steer(
     action: str,
     model: str,
-    body: Callable[[AdminClient], object],
+    body: object,
     said: Callable[[RolloutView, bool], str],
     output: Output,
     flags: ConnectionFlags | None,
 ) -> int:
     def change(client: AdminClient) -> int:
         path = f"{ADMIN}/models/{segment(model, 'the model name')}/rollout/{action}"
-        reply = call(client, RolloutChange, "POST", path, body=body(client))
+        reply = call(client, RolloutChange, "POST", path, body=body)
         if output == "json":
             print_json(reply.raw)
             return EXIT_OK

@@ -108,6 +108,8 @@ def render(view: RolloutView) -> RenderableType:
         else "",
     )
     facts: list[tuple[str, str]] = []
+    if view.undoes is not None:
+        facts.append(("undoes", f"{view.undoes} (an undo names this rollout to undo it)"))
     if view.started_at is not None:
         facts.append(("started", f"{utc_seconds(view.started_at)} UTC"))
     facts.append(("step", step_text(view)))

@@ -35,6 +35,7 @@ class RolloutView(View, frozen=True, kw_only=True):
     revision: int = 0
     from_revision: int = 0
     model_revision: int = 0
+    undoes: str | None = None
     started_at: datetime | None = None
     step: int = 0
     steps: list[RolloutStepView] = []
@@ -71,6 +72,7 @@ class RolloutRecordView(View, frozen=True, kw_only=True):
     rollout_id: str
     revision: int = 0
     from_revision: int = 0
+    undoes: str | None = None
     started_at: datetime | None = None
     started_by: str = ""
     changes_summary: str = ""

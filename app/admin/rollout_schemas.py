@@ -67,6 +67,9 @@ class RolloutView(msgspec.Struct, frozen=True, kw_only=True):
     model_revision: int
     """The model's revision now: ``revision`` while it runs, ``from_revision`` once rolled
     back."""
+    undoes: str | None = None
+    """The rollout an undo started this one to undo (after it had succeeded); null when a
+    declaration started it. An undo that names no rollout does not undo such a one."""
     started_at: datetime
     step: int
     """The current step, from 0: an index of ``steps`` (the ``step`` of its events)."""
@@ -134,6 +137,8 @@ class RolloutRecordView(msgspec.Struct, frozen=True, kw_only=True):
     rollout_id: str
     revision: int
     from_revision: int
+    undoes: str | None = None
+    """The rollout an undo started this one to undo; null when a declaration started it."""
     started_at: datetime
     started_by: str
     """The actor of the declaration that started it."""

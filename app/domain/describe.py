@@ -214,7 +214,8 @@ def _what(event: AnyEvent) -> str:
         case ReplicaLost():
             return f"lost: {event.reason}"
         case RolloutStarted():
-            return f"started: revision {event.from_revision} -> {event.revision}"
+            undoing = f", undoing {event.undoes}" if event.undoes is not None else ""
+            return f"started: revision {event.from_revision} -> {event.revision}{undoing}"
         case RolloutStepStarted():
             share = f", {event.traffic:.0%} of the traffic" if event.traffic is not None else ""
             hold = f", hold {event.hold_s:g}s" if event.hold_s else ""

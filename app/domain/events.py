@@ -133,6 +133,10 @@ class RolloutStarted(Event, frozen=True, kw_only=True):
     rollout_id: str
     revision: int
     from_revision: int
+    undoes: str | None = None
+    """The rollout an undo after success started this one to undo (its revision's spec is
+    the one before that rollout); None for one a declaration started, and in events recorded
+    before undos said so."""
 
 
 class RolloutStepStarted(Event, frozen=True, kw_only=True):

@@ -574,6 +574,7 @@ def _rollout_started(state: ClusterState, event: RolloutStarted, recorded: Recor
         from_revision=event.from_revision,
         from_spec=model.earlier_specs.get(event.from_revision, model.spec),
         started_at=recorded.recorded_at,
+        undoes=event.undoes,
     )
     state.models[event.model] = replace(model, rollout=rollout)
 

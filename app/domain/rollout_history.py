@@ -46,6 +46,8 @@ class RolloutRecord(msgspec.Struct, frozen=True, kw_only=True):
     outcome: str | None = None
     finished_at: datetime | None = None
     events: tuple[Recorded, ...] = ()
+    undoes: str | None = None
+    """The rollout an undo started this one to undo; None when a declaration started it."""
 
 
 def rollout_records(events: Sequence[Recorded], current_id: str | None) -> list[RolloutRecord]:
@@ -70,6 +72,7 @@ def rollout_records(events: Sequence[Recorded], current_id: str | None) -> list[
                 changes=declared.changes if declared is not None else (),
                 state=RolloutState.RUNNING.value,
                 events=(recorded,),
+                undoes=event.undoes,
             )
         else:
             rollout_id = getattr(event, "rollout_id", None)

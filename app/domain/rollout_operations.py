@@ -87,16 +87,25 @@ def undo(state: ClusterState, name: str, rollout_id: str | None = None) -> Chang
     ``rollout_id`` names the rollout the operator means to undo. An undo after success
     starts a rollout of its own, so a repeat of it (a retried request, a second press)
     would find that rollout and roll the undo back; naming the rollout makes the repeat
-    a refusal instead. None undoes whatever rollout the model has (older clients)."""
+    a refusal instead. None undoes the model's rollout, unless that one is itself an
+    undo's: a repeat of an unnamed undo is refused too, and an undo of an undo is made only
+    by naming it."""
     model = declared_model(state, name)
     rollout = _rollout(model)
     if rollout_id is not None and rollout_id != rollout.id:
-        now = rollout.state.value.replace("_", " ")
         raise InvalidOperation(
             f"rollout {rollout_id} cannot be undone: it is not the model's rollout any more "
-            f"(undone or superseded already); the model's rollout is {rollout.id}, revision "
-            f"{rollout.from_revision} -> {rollout.revision}, {now}, started "
-            f"at {rollout.started_at.isoformat()}; nothing was recorded"
+            f"(undone or superseded already); the model's rollout is {_described(rollout)}; "
+            "nothing was recorded"
+        )
+    if rollout_id is None and rollout.undoes is not None and rollout.state in _UNDOABLE:
+        raise InvalidOperation(
+            f"rollout {rollout.undoes} was undone already: the model's rollout is "
+            f"{_described(rollout)}, the undo of {rollout.undoes}, and an undo that does not "
+            "name its rollout does not undo an undo; nothing was recorded. To undo "
+            f"{rollout.id} itself, name it (rollout_id {rollout.id}: llmgw-cli rollout undo "
+            f"{name} --rollout {rollout.id}); to go on to another spec, declare it "
+            "(llmgw-cli models apply)"
         )
     if rollout.state in (RolloutState.RUNNING, RolloutState.PAUSED):
         event = rollback_event(model, rollout, "undone by an operator")
@@ -116,11 +125,23 @@ def undo(state: ClusterState, name: str, rollout_id: str | None = None) -> Chang
             rollout_id=rollout_id_for(name, revision),
             revision=revision,
             from_revision=model.revision,
+            undoes=rollout.id,
         )
         return Change(
             stream=model_stream(name), events=(declared, started), correlation_id=started.rollout_id
         )
     raise InvalidOperation(f"rollout {rollout.id} cannot be undone: {_why_not(rollout)}")
+
+
+_UNDOABLE = frozenset({RolloutState.RUNNING, RolloutState.PAUSED, RolloutState.SUCCEEDED})
+
+
+def _described(rollout: Rollout) -> str:
+    now = rollout.state.value.replace("_", " ")
+    return (
+        f"{rollout.id}, revision {rollout.from_revision} -> {rollout.revision}, {now}, "
+        f"started at {rollout.started_at.isoformat()}"
+    )
 
 
 def _why_not(rollout: Rollout) -> str:

@@ -184,6 +184,8 @@ class Rollout(msgspec.Struct, frozen=True, kw_only=True):
     from_spec: ModelSpec
     """The spec of ``from_revision``: what a rollback or an undo goes back to."""
     started_at: datetime
+    undoes: str | None = None
+    """The rollout an undo started this one to undo; None when a declaration started it."""
     state: RolloutState = RolloutState.RUNNING
     step: int = 0
     """Index into the policy's ``all_steps``."""

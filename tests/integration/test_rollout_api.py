@@ -14,7 +14,9 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from app.domain.events import event_type, model_stream
+from app.domain.envelope import Meta
+from app.domain.events import RolloutFinished, event_type, model_stream
+from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import bearer_client
 from tests.support.operator_cli import OPERATOR, TOKEN, Operator, live_admin_api
@@ -384,3 +386,34 @@ async def test_an_undo_naming_a_rollout_that_is_not_the_models_any_more_is_refus
     undone = await api.run("rollout", "undo", model, "--rollout", f"rollout-{model}-r3")
     assert undone.code == 0, undone.stderr
     assert undone.stdout.startswith(f"rollout-{model}-r3: rolling back to revision 2")
+
+
+async def test_undo_run_twice_after_a_rollout_that_succeeded_undoes_once(
+    admin: httpx.AsyncClient, api: Operator, pg_store: PostgresEventStore
+) -> None:
+    model = a_model()
+    await revise(admin, model, f"{COMMAND} --b")
+    finished = RolloutFinished(
+        model=model, rollout_id=f"rollout-{model}-r2", succeeded=True, outcome="done"
+    )
+    await pg_store.append(model_stream(model), None, [NewEvent(finished)], Meta(actor="reconciler"))
+
+    undone = await api.run("rollout", "undo", model)
+    before = await pg_store.last_position()
+    again = await api.run("rollout", "undo", model)
+    unnamed = await admin.post(f"/admin/v1/models/{model}/rollout/undo")
+    status = await api.run("rollout", "status", model)
+    history = await api.run("rollout", "history", model)
+    shown = (await admin.get(f"/admin/v1/models/{model}")).json()
+
+    assert undone.code == 0, undone.stderr
+    assert undone.stdout.startswith(f"rollout-{model}-r3: the spec before revision 2 rolls")
+    assert again.code == 1
+    assert f"rollout rollout-{model}-r2 was undone already" in " ".join(again.stderr.split())
+    assert f"--rollout rollout-{model}-r3" in again.stderr
+    assert unnamed.status_code == 409, unnamed.text
+    assert "does not undo an undo; nothing was recorded" in unnamed.json()["detail"]
+    assert await pg_store.last_position() == before
+    assert (shown["revision"], shown["spec"]["command"]) == (3, COMMAND)
+    assert f"undoes:   rollout-{model}-r2" in status.stdout
+    assert f"started: revision 2 -> 3, undoing rollout-{model}-r2" in history.stdout

@@ -14,6 +14,7 @@ from app.domain.events import (
     AnyEvent,
     ApiKeyCreated,
     ReplicaStartupTimedOut,
+    RolloutStarted,
     ShardFailed,
 )
 from app.store.codec import decode_event, encode_event, storable, upcast
@@ -95,6 +96,25 @@ def test_a_key_recorded_before_keys_could_expire_reads_as_one_that_never_expires
     assert old.expires_at is None
     assert isinstance(new, ApiKeyCreated)
     assert new.expires_at == datetime(2027, 1, 31, tzinfo=UTC)
+
+
+def test_a_rollout_started_before_undos_said_what_they_undo_reads_as_undoing_nothing() -> None:
+    stored = msgspec.json.encode(
+        {
+            "type": "rollout_started",
+            "model": "llama",
+            "rollout_id": "rollout-llama-r3",
+            "revision": 3,
+            "from_revision": 2,
+        }
+    )
+
+    old = decode_event(5, "rollout_started", RolloutStarted.schema_version, stored)
+
+    assert old == RolloutStarted(
+        model="llama", rollout_id="rollout-llama-r3", revision=3, from_revision=2
+    )
+    assert old.undoes is None
 
 
 def test_a_payload_without_an_upcaster_is_reported_not_guessed() -> None:

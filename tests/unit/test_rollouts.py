@@ -22,6 +22,7 @@ from app.domain.events import (
     RolloutHolding,
     RolloutPaused,
     RolloutRolledBack,
+    RolloutStarted,
     RolloutStepStarted,
     RolloutVerdict,
     ShardFailed,
@@ -550,9 +551,48 @@ def test_a_repeated_undo_after_success_is_refused_instead_of_undoing_the_undo() 
         "2 -> 3, running, started at "
     )
     assert cluster.state.models["llama"].revision == 3
-    # Naming the undo's own rollout undoes it, as an unnamed undo does.
+    # Naming the undo's own rollout undoes it.
     cluster.given(*rollouts.undo(cluster.state, "llama", "rollout-llama-r3").events)
     assert cluster.state.models["llama"].revision == 2
+
+
+def test_an_unnamed_undo_repeated_after_success_is_refused_instead_of_undoing_the_undo() -> None:
+    cluster = serving()
+    revise(cluster)
+    run(cluster)
+    first = rollouts.undo(cluster.state, "llama")
+    started = first.events[1]
+    assert isinstance(started, RolloutStarted)
+    assert (started.rollout_id, started.undoes) == ("rollout-llama-r3", "rollout-llama-r2")
+    cluster.given(*first.events)
+
+    for moment in ("while the undo rolls out", "once it has rolled out"):
+        with pytest.raises(InvalidOperation) as refused:
+            rollouts.undo(cluster.state, "llama")
+        assert str(refused.value).startswith(
+            "rollout rollout-llama-r2 was undone already: the model's rollout is "
+            "rollout-llama-r3, revision 2 -> 3, "
+        ), moment
+        assert str(refused.value).endswith(
+            ", the undo of rollout-llama-r2, and an undo that does not name its rollout does "
+            "not undo an undo; nothing was recorded. To undo rollout-llama-r3 itself, name it "
+            "(rollout_id rollout-llama-r3: llmgw-cli rollout undo llama --rollout "
+            "rollout-llama-r3); to go on to another spec, declare it (llmgw-cli models apply)"
+        ), moment
+        assert cluster.state.models["llama"].revision == 3, moment
+        run(cluster)
+
+    named = rollouts.undo(cluster.state, "llama", "rollout-llama-r3")
+    again = named.events[1]
+    assert isinstance(again, RolloutStarted)
+    assert (again.revision, again.undoes) == (4, "rollout-llama-r3")
+    cluster.given(*named.events)
+    run(cluster)
+    assert cluster.state.models["llama"].spec.command == UPGRADED
+    # A rollout a declaration starts is undone without naming it, as before.
+    revise(cluster, "sim --port {port} --model {model} --third")
+    cluster.given(*rollouts.undo(cluster.state, "llama").events)
+    assert cluster.state.models["llama"].spec.command == UPGRADED
 
 
 def test_an_undo_naming_the_rollout_under_way_rolls_it_back_once() -> None:
