@@ -547,8 +547,10 @@ class DrainProgressView(msgspec.Struct, frozen=True, kw_only=True):
     drain."""
     state: Literal["running", "succeeded", "failed"]
     """``succeeded``: a node drain moved every replica, a replica drain's replicas were each
-    replaced; ``failed``: the grace ran out and what was left was stopped, or a replica
-    being moved ended without a replacement (the outcome names it and why)."""
+    replaced, or one that was not was stopped because its model had its count without it
+    (a scale-down, a move an undo called off; the outcome names it); ``failed``: the grace
+    ran out and what was left was stopped, or a replica being moved ended without a
+    replacement otherwise (the outcome names it and why)."""
     finished: bool
     """Whether ``state`` is no longer ``running``."""
     outcome: str | None

@@ -45,6 +45,7 @@ class ReplicaChanges(TypedDict, total=False):
     stopping_since: datetime | None
     ended_at: datetime | None
     end_reason: str | None
+    surplus: bool
     routing: RoutingSettings | None
     agent_stopped_at: datetime | None
     revision: int

@@ -13,6 +13,7 @@ taken out of service. Every step carries the drain's id as correlation id.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from datetime import timedelta
 
 from app.domain.decision import Draft
@@ -28,6 +29,9 @@ from app.domain.state import ACTIVE_PHASES, ClusterState, Model, Node, Replica, 
 
 NODE_DRAIN_COMPLETE = "every replica moved"
 """The outcome of a node drain that moved (or had no need to move) every replica."""
+NODE_DRAIN_NOT_NEEDED = "every replica moved or was not needed"
+"""How the outcome of a node drain begins when a replica on the node was stopped because its
+model had its count without it, and every other one moved: the drain succeeded."""
 NODE_DRAIN_GRACE_RAN_OUT = "grace ran out; what was left was stopped"
 UNMOVED_NAMED = 5
 """The replicas a drain's outcome names that ended without a replacement; the rest are
@@ -135,12 +139,13 @@ def _drain_node(draft: Draft, node: Node) -> None:
         r.phase in ACTIVE_PHASES and node.id in r.node_ids for r in state.replicas.values()
     )
     if not still_there:
-        outcome = NODE_DRAIN_GRACE_RAN_OUT if grace_over else _moved_outcome(state, node)
-        draft.emit(
-            node_stream(node.id),
-            NodeDrainFinished(node_id=node.id, drain_id=drain_id or "", outcome=outcome),
-            correlation_id=drain_id,
+        outcome, succeeded = (
+            (NODE_DRAIN_GRACE_RAN_OUT, False) if grace_over else _moved_outcome(state, node)
         )
+        finished = NodeDrainFinished(
+            node_id=node.id, drain_id=drain_id or "", outcome=outcome, succeeded=succeeded
+        )
+        draft.emit(node_stream(node.id), finished, correlation_id=drain_id)
 
 
 DrainStep = ReplicaDrainStarted | ReplicaStopping
@@ -183,30 +188,46 @@ def node_drain_steps(
     return steps
 
 
-def _moved_outcome(state: ClusterState, node: Node) -> str:
-    """``every replica moved``, unless a replica that served on the node when its drain
-    began (``Node.drain_began_with``), or one the drain moved, ended before a replacement
-    served, whoever ended it: the drain (its agent shut down, its engine failed), a rollout
-    (``max_unavailable``, a superseded move), a scale-down. Then how many moved and which
-    did not, with why they ended."""
+def _moved_outcome(state: ClusterState, node: Node) -> tuple[str, bool]:
+    """The outcome and whether the drain succeeded: ``every replica moved``, unless a
+    replica that served on the node when its drain began (``Node.drain_began_with``), or
+    one the drain moved, ended before a replacement served. One the scale rule stopped
+    because its model had its count without it (a scale-down, a move an undo called off)
+    was not needed: the node was emptied and the model kept its count, and the drain
+    succeeded, saying so. One that anything else ended (the drain: its agent shut down, its
+    engine failed; a rollout: ``max_unavailable``, a superseded move) was not moved, and
+    the drain failed. Either way, how many moved and which did not, with why they ended."""
     drain_id = node.drain_id
     ids = {
         *node.drain_began_with,
         *(r.id for r in state.replicas.values() if r.drain_id == drain_id),
     }
-    unmoved = [
-        (replica_id, _unmoved_reason(replica))
+    ended = [
+        (replica_id, replica)
         for replica_id in sorted(ids)
         if (replica := state.replicas.get(replica_id)) is None or replica.replacement_id is None
     ]
-    if not unmoved:
-        return NODE_DRAIN_COMPLETE
-    named = ", ".join(f"{i} ({why[:REASON_CHARS]})" for i, why in unmoved[:UNMOVED_NAMED])
-    more = len(unmoved) - UNMOVED_NAMED
-    return (
-        f"{len(ids) - len(unmoved)} moved; {len(unmoved)} ended without a replacement: "
-        f"{named}{f' and {more} more' if more > 0 else ''}"
+    if not ended:
+        return NODE_DRAIN_COMPLETE, True
+    surplus = [(i, r) for i, r in ended if r is not None and r.surplus]
+    unmoved = [(i, r) for i, r in ended if r is None or not r.surplus]
+    told = [f"{len(ids) - len(ended)} moved"]
+    if surplus:
+        told.append(
+            f"{len(surplus)} stopped with its model at its count without it: {_named(surplus)}"
+        )
+    if unmoved:
+        told.append(f"{len(unmoved)} ended without a replacement: {_named(unmoved)}")
+        return "; ".join(told), False
+    return f"{NODE_DRAIN_NOT_NEEDED}: {'; '.join(told)}", True
+
+
+def _named(ended: Sequence[tuple[str, Replica | None]]) -> str:
+    named = ", ".join(
+        f"{i} ({_unmoved_reason(r)[:REASON_CHARS]})" for i, r in ended[:UNMOVED_NAMED]
     )
+    more = len(ended) - UNMOVED_NAMED
+    return f"{named}{f' and {more} more' if more > 0 else ''}"
 
 
 def _unmoved_reason(replica: Replica | None) -> str:

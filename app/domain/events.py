@@ -282,6 +282,10 @@ class NodeDrainFinished(Event, frozen=True, kw_only=True):
     node_id: str
     drain_id: str
     outcome: str
+    succeeded: bool | None = None
+    """Whether every replica that served on the node moved or was not needed (stopped with
+    its model at its count without it); None in events recorded before drains said so,
+    whose ``outcome`` is exactly ``every replica moved`` when they succeeded."""
 
 
 class GpuMarkedUnhealthy(Event, frozen=True, kw_only=True):
@@ -431,6 +435,10 @@ class ReplicaStopping(Event, frozen=True, kw_only=True):
 
     replica_id: str
     reason: str
+    surplus: bool = False
+    """Stopped by the scale rule: its model has its desired count without it (a scale-down,
+    or a moved replica whose replacement the count has no room for). False in events
+    recorded before stops said so."""
 
 
 class ReplicaStopped(Event, frozen=True, kw_only=True):

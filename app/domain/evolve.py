@@ -289,6 +289,7 @@ def _replica_stopping(state: ClusterState, event: ReplicaStopping, recorded: Rec
             "routable": False,
             "stopping_since": at,
             "end_reason": event.reason,
+            "surplus": event.surplus,
         },
     )
     replica = state.replicas.get(event.replica_id)

@@ -541,10 +541,12 @@ class DrainState(StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     """A node drain that moved every replica; a replica drain whose replicas were each
-    replaced."""
+    replaced. A replica stopped because its model had its count without it was not
+    needed: the node was emptied all the same."""
     FAILED = "failed"
     """The grace ran out and what was left was stopped, not moved; or a replica it was
-    moving ended without a replacement (its agent shut down, its engine failed)."""
+    moving ended without a replacement otherwise (its agent shut down, its engine
+    failed, a rollout's ``max_unavailable`` stopped it)."""
 
 
 class DrainProgress(msgspec.Struct, frozen=True, kw_only=True):
@@ -591,7 +593,9 @@ def drain_progress(state: ClusterState, drain_id: str, events: Sequence[Recorded
         grace_s: float | None = requested.grace_s
         done = next((e.event for e in events if isinstance(e.event, NodeDrainFinished)), None)
         outcome = done.outcome if done is not None else None
-        succeeded = outcome == NODE_DRAIN_COMPLETE
+        succeeded = done is not None and (
+            done.succeeded if done.succeeded is not None else outcome == NODE_DRAIN_COMPLETE
+        )
         still = tuple(
             r.id
             for r in replicas_matching(state, node_id=requested.node_id)
@@ -604,7 +608,7 @@ def drain_progress(state: ClusterState, drain_id: str, events: Sequence[Recorded
         outcome = (
             "; ".join(f"{r.id} {r.end_reason or r.phase.value}" for r in moved) if ended else None
         )
-        succeeded = all(r.replacement_id is not None for r in moved)
+        succeeded = all(r.replacement_id is not None or r.surplus for r in moved)
     if outcome is None:
         drain_state = DrainState.RUNNING
     else:

@@ -363,11 +363,11 @@ def _scale(draft: Draft, *, placing: bool) -> None:
         deficit = model.desired - len(counting)
         if deficit < 0:
             for replica in _scale_down_order(state, model, counting)[:-deficit]:
-                _stop(draft, replica, f"scaled down to {model.desired}")
+                _stop(draft, replica, f"scaled down to {model.desired}", surplus=True)
         # A moved replica whose replacement the count now leaves no room for goes with the
         # scale-down: its move would otherwise wait for a replacement never placed.
         for original in waiting_for_replacement(state, state.models[model.name])[max(deficit, 0) :]:
-            _stop(draft, original, f"scaled down to {model.desired}")
+            _stop(draft, original, f"scaled down to {model.desired}", surplus=True)
         if deficit > 0 and placing:
             if model.backoff_until is not None and draft.now < model.backoff_until:
                 continue
@@ -490,10 +490,10 @@ def _replaced(state: ClusterState, replacement_id: str | None) -> bool:
     return replacement is not None and replacement.phase in COUNTING_PHASES
 
 
-def _stop(draft: Draft, replica: Replica, reason: str) -> None:
+def _stop(draft: Draft, replica: Replica, reason: str, *, surplus: bool = False) -> None:
     draft.emit(
         replica_stream(replica.id),
-        ReplicaStopping(replica_id=replica.id, reason=reason),
+        ReplicaStopping(replica_id=replica.id, reason=reason, surplus=surplus),
         correlation_id=replica.drain_id,
     )
 

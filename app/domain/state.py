@@ -114,6 +114,8 @@ class Replica(msgspec.Struct, frozen=True, kw_only=True):
     stopping_since: datetime | None = None
     ended_at: datetime | None = None
     end_reason: str | None = None
+    surplus: bool = False
+    """Stopped because its model had its desired count without it (``ReplicaStopping``)."""
     routing: RoutingSettings | None = None
     agent_stopped_at: datetime | None = None
     """When an agent last stopped one of its shards of its own accord, until it serves

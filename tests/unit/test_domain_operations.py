@@ -539,19 +539,28 @@ def test_a_finished_node_drain_says_how_it_ended() -> None:
     assert progress.outcome == "every replica moved"
 
 
+NOT_NEEDED = "every replica moved or was not needed: 0 moved; 1 stopped with its model at ..."
+
+
 @pytest.mark.parametrize(
-    ("outcome", "expected"),
+    ("outcome", "succeeded", "expected"),
     [
-        (None, ops.DrainState.RUNNING),
-        (NODE_DRAIN_COMPLETE, ops.DrainState.SUCCEEDED),
-        (NODE_DRAIN_GRACE_RAN_OUT, ops.DrainState.FAILED),
+        (None, None, ops.DrainState.RUNNING),
+        (NODE_DRAIN_COMPLETE, True, ops.DrainState.SUCCEEDED),
+        (NOT_NEEDED, True, ops.DrainState.SUCCEEDED),
+        (NODE_DRAIN_GRACE_RAN_OUT, False, ops.DrainState.FAILED),
+        # Recorded before drains said whether they succeeded: judged by the outcome's words.
+        (NODE_DRAIN_COMPLETE, None, ops.DrainState.SUCCEEDED),
+        (NODE_DRAIN_GRACE_RAN_OUT, None, ops.DrainState.FAILED),
     ],
 )
 def test_a_node_drain_states_whether_it_runs_moved_everything_or_ran_out_of_grace(
-    outcome: str | None, expected: ops.DrainState
+    outcome: str | None, succeeded: bool | None, expected: ops.DrainState
 ) -> None:
     requested = NodeDrainRequested(node_id="gpu-1", drain_id=DRAIN, grace_s=600.0)
-    finished = NodeDrainFinished(node_id="gpu-1", drain_id=DRAIN, outcome=outcome or "")
+    finished = NodeDrainFinished(
+        node_id="gpu-1", drain_id=DRAIN, outcome=outcome or "", succeeded=succeeded
+    )
     events = log((requested, DRAIN), *([(finished, DRAIN)] if outcome is not None else []))
 
     progress = ops.drain_progress(given(*node("gpu-1", gpu(0))), DRAIN, events)
@@ -581,6 +590,25 @@ def test_a_replica_drain_fails_when_the_replica_stopped_before_it_was_replaced()
     assert moving.state is ops.DrainState.RUNNING
     assert done.state is ops.DrainState.FAILED
     assert done.outcome == f"llama-1 drain {DRAIN}: grace ran out before it could move"
+
+
+def test_a_replica_drain_succeeds_when_its_model_had_its_count_without_the_replica() -> None:
+    stopping = ReplicaStopping(replica_id="llama-1", reason="scaled down to 1", surplus=True)
+    events = log(
+        (ReplicaDrainStarted(replica_id="llama-1", drain_id=DRAIN), DRAIN),
+        (stopping, DRAIN),
+        (ReplicaStopped(replica_id="llama-1"), DRAIN),
+    )
+    history = (
+        ModelDeclared(model="llama", spec=LLAMA),
+        placed("llama", 1, "gpu-1"),
+        ReplicaServing(replica_id="llama-1"),
+    )
+
+    done = ops.drain_progress(given(*history, *(e.event for e in events)), DRAIN, events)
+
+    assert done.state is ops.DrainState.SUCCEEDED
+    assert done.outcome == "llama-1 scaled down to 1"
 
 
 def test_a_replica_drain_finishes_when_the_replica_has_stopped() -> None:

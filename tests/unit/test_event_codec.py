@@ -13,7 +13,9 @@ from app.domain.events import (
     EVENT_TYPES,
     AnyEvent,
     ApiKeyCreated,
+    NodeDrainFinished,
     ReplicaStartupTimedOut,
+    ReplicaStopping,
     RolloutStarted,
     ShardFailed,
 )
@@ -115,6 +117,29 @@ def test_a_rollout_started_before_undos_said_what_they_undo_reads_as_undoing_not
         model="llama", rollout_id="rollout-llama-r3", revision=3, from_revision=2
     )
     assert old.undoes is None
+
+
+def test_stops_and_drain_ends_recorded_before_they_said_more_read_as_they_did() -> None:
+    stopping = msgspec.json.encode(
+        {"type": "replica_stopping", "replica_id": "llama-1", "reason": "scaled down to 2"}
+    )
+    finished = msgspec.json.encode(
+        {
+            "type": "node_drain_finished",
+            "node_id": "gpu-1",
+            "drain_id": "drain-1",
+            "outcome": "every replica moved",
+        }
+    )
+
+    old_stop = decode_event(6, "replica_stopping", ReplicaStopping.schema_version, stopping)
+    old_end = decode_event(7, "node_drain_finished", NodeDrainFinished.schema_version, finished)
+
+    assert old_stop == ReplicaStopping(replica_id="llama-1", reason="scaled down to 2")
+    assert isinstance(old_stop, ReplicaStopping)
+    assert old_stop.surplus is False
+    assert isinstance(old_end, NodeDrainFinished)
+    assert (old_end.outcome, old_end.succeeded) == ("every replica moved", None)
 
 
 def test_a_payload_without_an_upcaster_is_reported_not_guessed() -> None:
