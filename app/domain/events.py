@@ -632,8 +632,11 @@ def event_type(event: Event) -> str:
 # -- stream names ------------------------------------------------------------------------
 
 
+MODEL_STREAM_PREFIX = "model-"
+
+
 def model_stream(name: str) -> str:
-    return f"model-{name}"
+    return f"{MODEL_STREAM_PREFIX}{name}"
 
 
 def node_stream(node_id: str) -> str:

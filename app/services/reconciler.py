@@ -46,7 +46,7 @@ from app.domain.adoption_grace import Arrivals, GraceState
 from app.domain.commands import CommandNotSent, NodeNotConnected
 from app.domain.decision import Command, Decision, PlannedEvent
 from app.domain.envelope import Meta
-from app.domain.events import event_type
+from app.domain.events import MODEL_STREAM_PREFIX, event_type
 from app.domain.reconcile import Settings, adoption_grace_state, decide, note_left_routing
 from app.domain.reports import NO_GATEWAYS, GatewaysInFlight
 from app.domain.rollout import traffic_wanted
@@ -263,7 +263,9 @@ class Reconciler:
                 )
                 self._note_grace(adoption_grace_state(state, fleet, at, self.settings))
                 decision = decide(state, fleet, at, self.settings)
-            await self._append(decision.events)
+                # No await since the catch-up: the fold's versions are the decision's.
+                planned = pinned_to_decision(decision.events, self._store.known_version)
+            await self._append(planned)
         except ConcurrencyError as exc:
             log.info("reconcile_pass_conflicted", stream=exc.stream)
             outcome = "conflict"
@@ -385,6 +387,30 @@ class Reconciler:
         for node_id in [n for n in self._sent if self._tracker.greeting(n) is None]:
             del self._sent[node_id]
         return sent
+
+
+def pinned_to_decision(
+    events: Sequence[PlannedEvent], known_version: Callable[[str], int]
+) -> list[PlannedEvent]:
+    """``events``, those on a model's stream to be appended only at the stream's version
+    the decision was made on (``known_version`` of the fold it read).
+
+    Operators write models' streams (a spec, a scale, a rollout's pause, resume or undo)
+    through any control plane, between a pass's catch-up and its append: a pass that
+    decided on the model before it (a rollout finished, a verdict, the next step) must not
+    be appended after it, or it undoes what the operator just recorded (a rollout said to
+    have succeeded after its undo, at the old revision with every replica on the new one).
+    A stream that moved on is a ``ConcurrencyError``; the next pass decides again."""
+    versions: dict[str, int] = {}
+    pinned: list[PlannedEvent] = []
+    for planned in events:
+        stream = planned.stream
+        if planned.expected_version is None and stream.startswith(MODEL_STREAM_PREFIX):
+            version = versions.get(stream, known_version(stream))
+            planned = msgspec.structs.replace(planned, expected_version=version)
+            versions[stream] = version + 1
+        pinned.append(planned)
+    return pinned
 
 
 def _runs_by_meta(

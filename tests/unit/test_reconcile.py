@@ -155,6 +155,12 @@ class Cluster:
         self.now += timedelta(seconds=seconds)
 
     def reconcile(self, **overrides: float) -> Decision:
+        decision = self.decided(**overrides)
+        self.appended(decision)
+        return decision
+
+    def decided(self, **overrides: float) -> Decision:
+        """A pass's decision on the log as it is, not appended yet."""
         self.left_routing = note_left_routing(self.left_routing, self.state)
         fleet = FleetView(
             reports=dict(self.reports),
@@ -167,7 +173,10 @@ class Cluster:
             demand=dict(self.demand),
             arrivals=self.arrivals,
         )
-        decision = decide(self.state, fleet, self.now, self.settings(**overrides))
+        return decide(self.state, fleet, self.now, self.settings(**overrides))
+
+    def appended(self, decision: Decision) -> None:
+        """The events of ``decision`` appended to the log, as the reconciler appends them."""
         for planned in decision.events:
             evolve(
                 self.state,
@@ -183,7 +192,6 @@ class Cluster:
                     event=planned.event,
                 ),
             )
-        return decision
 
     def serve(self, replica_id: str) -> None:
         """The agent starts the replica's shards and they come up."""
