@@ -27,8 +27,8 @@ ROLLOUT_ID_PATTERN = r"^rollout-[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?-r[1-9][0-9]
 class UndoRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     rollout_id: Annotated[str, msgspec.Meta(pattern=ROLLOUT_ID_PATTERN)] | None = None
     """The rollout to undo; refused (409) when it is not the model's rollout any more, so
-    a repeated undo does not undo the rollout the first one started. Left out: whichever
-    rollout the model has."""
+    a repeated undo does not undo the rollout the first one started. Left out: the model's
+    rollout, unless an undo started it (a 409 then: an undo of an undo names it)."""
 
 
 class RolloutStepView(msgspec.Struct, frozen=True, kw_only=True):

@@ -154,8 +154,9 @@ class RolloutController(Controller):
         "old revision out again after one that succeeded",
         description="The body's `rollout_id` names the rollout to undo: one that is not the "
         "model's rollout any more (undone or superseded already) is a 409, so a repeated "
-        "undo changes nothing. Without it, whichever rollout the model has is undone. A "
-        "rollout rolling back or rolled back already is a 409.",
+        "undo changes nothing. Without it, the model's rollout is undone, unless an undo "
+        "started it (a 409: an undo of an undo names it). A rollout rolling back or rolled "
+        "back already is a 409.",
     )
     async def undo(
         self,

@@ -154,7 +154,8 @@ class Operations:
         return await self._steer_rollout(caller, name, lambda s: rollouts.resume(s, name))
 
     async def undo_rollout(self, caller: Caller, name: str, rollout_id: str | None = None) -> bool:
-        """Undo ``rollout_id`` if it is still the model's rollout; None: whichever it is."""
+        """Undo ``rollout_id`` if it is still the model's rollout; None: the model's rollout,
+        unless an undo started it."""
         return await self._steer_rollout(caller, name, lambda s: rollouts.undo(s, name, rollout_id))
 
     async def _steer_rollout(
