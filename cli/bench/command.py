@@ -37,6 +37,11 @@ MAX_CONCURRENCY = 100_000
 """The admin API's bound on a bench capacity (what the autoscaler scales by): a level above
 it could not be applied, and each of its clients is a task and a connection of bench's own."""
 Concurrency = validators.Number(gte=1, lte=MAX_CONCURRENCY)
+MAX_TOKENS = 1_048_576
+"""The most --input-tokens and --output-tokens take: the largest context window an engine
+offers. Every prompt is built in memory and sent whole, so a slip of a few zeros would
+otherwise fill bench's memory before the first request."""
+Tokens = validators.Number(gte=1, lte=MAX_TOKENS)
 _T = TypeVar("_T")
 
 
@@ -91,8 +96,9 @@ def bench(
         Parameter(
             group=WORKLOAD,
             converter=whole_number,
-            validator=Positive,
-            help="Prompt length: words of about one token each (the simulator's exactly).",
+            validator=Tokens,
+            help="Prompt length: words of about one token each (the simulator's exactly), "
+            f"at most {MAX_TOKENS:,}.",
         ),
     ] = 512,
     output_tokens: Annotated[
@@ -100,8 +106,9 @@ def bench(
         Parameter(
             group=WORKLOAD,
             converter=whole_number,
-            validator=Positive,
-            help="Enforced with max_tokens, and ignore_eos where the engine takes it.",
+            validator=Tokens,
+            help="Enforced with max_tokens, and ignore_eos where the engine takes it; at "
+            f"most {MAX_TOKENS:,}.",
         ),
     ] = 128,
     shared_prefix: Annotated[

@@ -321,3 +321,21 @@ def test_bench_climbs_no_higher_than_the_capacity_the_api_records() -> None:
     from cli.bench.command import MAX_CONCURRENCY
 
     assert MAX_CONCURRENCY == MAX_BENCH_CAPACITY
+
+
+# -- bench's prompt and answer lengths -----------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["--input-tokens", "--output-tokens"])
+def test_bench_refuses_a_length_beyond_any_context_window(flag: str) -> None:
+    """Before, --input-tokens 1000000000 (a slip of a few zeros) was taken: each prompt of a
+    billion words was to be built in memory and sent whole."""
+    code, _, stderr = run_cli(
+        *("bench", "--url", "http://127.0.0.1:1", "--slo", "ttft_p95=1s"),
+        *(flag, "1000000000"),
+    )
+
+    assert code == 2, stderr
+    assert stderr == (
+        f'llmgw-cli bench: Invalid value "1000000000" for {flag}. Must be <= 1048576.\n'
+    )
