@@ -183,6 +183,7 @@ async def stream_request(
                         last = time.perf_counter()
                         first = first or last
                         events += 1
+                        _check_event_count(events, max_tokens)
                         on_tokens(1)
                     ended = ended or choice.finish_reason is not None
     except TimeoutError as exc:
@@ -217,6 +218,19 @@ async def stream_request(
         output_tokens=output_tokens,
         prompt_tokens=None if usage is None else usage.prompt_tokens,
     )
+
+
+def _check_event_count(events: int, max_tokens: int) -> None:
+    """Raises ``RequestFailed`` at the first event with text past ``max_tokens``: each
+    event holds a token at least, so no answer to ``max_tokens`` has more. Counted, an
+    engine streaming without end would add every event to the level's output tokens/s,
+    and so to the weight ``--apply`` gives the replica; read on, it would hold the request
+    until its timeout."""
+    if events > max_tokens:
+        raise RequestFailed(
+            f"the engine streamed more than {max_tokens} events with text for an answer of at "
+            f"most {max_tokens} tokens (max_tokens)"
+        )
 
 
 def _check_usage(usage: _Usage, max_tokens: int) -> None:

@@ -177,3 +177,33 @@ async def test_a_usage_within_max_tokens_is_the_count() -> None:
 
     assert isinstance(outcome, RequestOutcome), outcome
     assert (outcome.output_tokens, counted) == (16, 16)
+
+
+def answer_in_events(count: int, usage: bytes | None) -> Story:
+    """``count`` events of one word each, the last with a finish_reason, then ``usage``."""
+    text = b'{"choices": [{"text": "a"}]}'
+    last = b'{"choices": [{"text": "b", "finish_reason": "length"}]}'
+    tail = () if usage is None else (usage,)
+    return lambda request: [sse_answer(*[text] * (count - 1), last, *tail)]
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [None, b'{"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": 16}}'],
+    ids=["without-usage", "usage-within-max-tokens"],
+)
+async def test_more_events_with_text_than_max_tokens_fail_the_request(usage: bytes | None) -> None:
+    # Before, each event counted one token, however many came: 400 events of an answer
+    # to 16 tokens counted 400 towards the level's output tokens/s.
+    outcome, counted = await stream(answer_in_events(400, usage), max_tokens=16)
+
+    assert isinstance(outcome, RequestFailed), outcome
+    assert "streamed more than 16 events with text" in str(outcome)
+    assert counted <= 16
+
+
+async def test_as_many_events_as_max_tokens_are_the_answer() -> None:
+    outcome, counted = await stream(answer_in_events(16, None), max_tokens=16)
+
+    assert isinstance(outcome, RequestOutcome), outcome
+    assert (outcome.output_tokens, counted) == (16, 16)
