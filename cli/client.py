@@ -10,6 +10,7 @@ message says what to do::
     ├── AuthenticationRequired  401: no token, or one the server does not know
     ├── AnswerTooLarge          an answer (or one record of a stream) past MAX_ANSWER_BYTES
     ├── EndlessListing          a listing past MAX_PAGES pages, or a cursor that stays put
+    ├── RepeatingListing        a listing page that holds again what it listed before
     └── ApiProblem              any other error answer; its problem ``detail`` is the message
 """
 
@@ -93,6 +94,11 @@ class AnswerTooLarge(ClientError):
 class EndlessListing(ClientError):
     """The admin API kept answering pages past ``MAX_PAGES``, or one whose cursor does not
     move on: read on, it would send pages for ever."""
+
+
+class RepeatingListing(ClientError):
+    """A page of a listing holds an item an earlier page held, or holds one twice: the
+    server is not paging as asked, so the listing cannot be trusted to be whole."""
 
 
 class ApiProblem(ClientError):
@@ -353,10 +359,17 @@ class AdminClient:
             self._check_page_count(pages, "key list", KEYS_PAGE_SIZE, "keys")
             raw = self.request("GET", "/admin/v1/keys", params=params)
             page = _decode(_key_list_decoder, raw, "key list")
-            if any(key.id in seen for key in page):
-                # A server older than paging answers every key each time: it sent them all.
-                break
-            seen.update(key.id for key in page)
+            if pages == 2 and _ids(page[: len(keys)]) == _ids(keys):
+                # A server older than paging answers every key to every request, so its first
+                # answer of a whole page's length is followed by the same keys again (and any
+                # created since): this answer is every key.
+                return KeyReply(page, raw)
+            if (repeated := _first_repeated(page, seen)) is not None:
+                raise RepeatingListing(
+                    f"the admin API at {self._settings.admin_url} sent a key list page that "
+                    f"repeats key {repeated}, listed already: the listing cannot be trusted "
+                    "to be whole; it is not the llmgw admin API, or it is broken"
+                )
             keys += page
             sent += (bytes(key) for key in _decode(_raw_list_decoder, raw, "key list"))
             if len(page) != KEYS_PAGE_SIZE:
@@ -641,6 +654,20 @@ def _events_of(page: HistoryPage) -> list[HistoryEvent]:
     return [
         HistoryEvent(view=_decode(_event_decoder, raw, "event"), raw=raw) for raw in page.events
     ]
+
+
+def _ids(keys: list[KeyView]) -> list[str]:
+    return [key.id for key in keys]
+
+
+def _first_repeated(page: list[KeyView], seen: set[str]) -> str | None:
+    """The id of the first key of ``page`` that ``seen`` or ``page`` itself holds already,
+    None when there is none; ``seen`` takes the ids up to it."""
+    for key in page:
+        if key.id in seen:
+            return key.id
+        seen.add(key.id)
+    return None
 
 
 def _decode(decoder: msgspec.json.Decoder[_T], body: bytes, what: str) -> _T:

@@ -173,8 +173,8 @@ def list_keys(
     models, limits, when it expires, who created it and when, and who revoked it and
     when. Never a secret. Whether a key has expired is the server's clock's say. The keys
     are read from the admin API 500 at a time, page after page (2,000 pages at most: a
-    server still sending more fails the command), and printed as one list (--output json:
-    one JSON array).
+    server still sending more fails the command, as does a page repeating a key listed
+    already), and printed as one list (--output json: one JSON array).
 
     ```
     llmgw-cli keys list

@@ -1,6 +1,7 @@
 """`llmgw-cli keys list` reads the keys page after page, as many as there are, and prints
 them as one list; from a server older than paging (every key in each answer) it prints
-each key once."""
+each key once. Any other page that repeats a key fails the command: such a listing cannot
+be trusted to be whole."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from urllib.parse import parse_qs, urlsplit
 import msgspec
 import pytest
 
+import cli.client
 from cli.config import ConnectionFlags
 from cli.keys import list_keys
 from tests.support.stub_admin import StubHandler, listed_key, stub_admin_api
@@ -81,3 +83,75 @@ def test_a_server_older_than_paging_has_each_key_listed_once(
         ids = listed_ids(capsys, url)
 
     assert ids == [f"k-{n:08x}" for n in range(len(ids))]
+
+
+KEYS = [listed_key(n) for n in range(6)]
+
+
+class OlderThanPagingGrowing(StubHandler):
+    """Every key in each answer, and a key more in its second answer than in its first (one
+    created meanwhile)."""
+
+    answers = 0
+
+    def do_GET(self) -> None:
+        type(self).answers += 1
+        count = int(parse_qs(urlsplit(self.path).query)["limit"][0]) + self.answers - 1
+        self.answer(200, "application/json", msgspec.json.encode(KEYS[:count]))
+
+
+def test_a_key_created_while_a_server_older_than_paging_answers_is_listed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before, the second answer was dropped once it repeated a key: key-2 went unlisted.
+    monkeypatch.setattr(cli.client, "KEYS_PAGE_SIZE", 2)
+    OlderThanPagingGrowing.answers = 0
+    with stub_admin_api(OlderThanPagingGrowing, monkeypatch) as url:
+        ids = listed_ids(capsys, url)
+
+    assert ids == ["k-00000000", "k-00000001", "k-00000002"]
+
+
+class PagingFromTheLastKey(StubHandler):
+    """Pages of ``limit`` keys, each starting with the key ``after`` instead of after it."""
+
+    def do_GET(self) -> None:
+        query = parse_qs(urlsplit(self.path).query)
+        ids = [key["id"] for key in KEYS]
+        start = ids.index(query["after"][0]) if "after" in query else 0
+        page = KEYS[start : start + int(query["limit"][0])]
+        self.answer(200, "application/json", msgspec.json.encode(page))
+
+
+class KeyTwiceInAPage(StubHandler):
+    """One page holding a key twice."""
+
+    def do_GET(self) -> None:
+        self.answer(200, "application/json", msgspec.json.encode([KEYS[0], KEYS[1], KEYS[1]]))
+
+
+@pytest.mark.parametrize(
+    ("handler", "repeated"),
+    [(PagingFromTheLastKey, "k-00000001"), (KeyTwiceInAPage, "k-00000001")],
+    ids=["page-repeats-the-last", "key-twice-in-a-page"],
+)
+def test_a_page_repeating_a_key_listed_already_fails_the_listing(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    handler: type[StubHandler],
+    repeated: str,
+) -> None:
+    # Before, a page repeating a key ended the listing as if it were whole (exit 0): from a
+    # server that pages from the key asked for, every key after the second went unlisted.
+    monkeypatch.setattr(cli.client, "KEYS_PAGE_SIZE", 3 if handler is KeyTwiceInAPage else 2)
+    with stub_admin_api(handler, monkeypatch) as url:
+        code = list_keys(output="json", connection=ConnectionFlags(admin_url=url))
+
+    assert code == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"llmgw-cli keys list: the admin API at {url} sent a key list page that repeats key "
+        f"{repeated}, listed already: the listing cannot be trusted to be whole; it is not "
+        "the llmgw admin API, or it is broken\n"
+    )
