@@ -226,6 +226,13 @@ class KeyReply(Generic[_T]):
 
 
 @dataclass(frozen=True)
+class ListedKey:
+    view: KeyView
+    raw: msgspec.Raw
+    """The key exactly as the API sent it (``--output json`` prints these)."""
+
+
+@dataclass(frozen=True)
 class HistoryEvent:
     view: EventView
     raw: msgspec.Raw
@@ -240,7 +247,7 @@ the shape expected, or nested deeper than the decoder recurses (even in a member
 
 _members_decoder = msgspec.json.Decoder(dict[str, object])
 _key_created_decoder = msgspec.json.Decoder(KeyCreated)
-_key_list_decoder = msgspec.json.Decoder(list[KeyView])
+_key_decoder = msgspec.json.Decoder(KeyView)
 _raw_list_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 _key_change_decoder = msgspec.json.Decoder(KeyChange)
 _tuning_decoder = msgspec.json.Decoder(TuningResult)
@@ -348,22 +355,20 @@ class AdminClient:
         raw = self.request("POST", "/admin/v1/keys", body=body)
         return KeyReply(_decode(_key_created_decoder, raw, "new key"), raw)
 
-    def list_keys(self) -> KeyReply[list[KeyView]]:
-        """Every API key, oldest first, read page after page; ``raw`` is one JSON array of
-        them all, each as the API sent it."""
-        keys: list[KeyView] = []
-        sent: list[bytes] = []
+    def list_keys(self) -> list[ListedKey]:
+        """Every API key, oldest first, read page after page, each with its JSON as the API
+        sent it."""
+        keys: list[ListedKey] = []
         seen: set[str] = set()
         params: dict[str, int | str] = {"limit": KEYS_PAGE_SIZE}
         for pages in itertools.count(1):
             self._check_page_count(pages, "key list", KEYS_PAGE_SIZE, "keys")
-            raw = self.request("GET", "/admin/v1/keys", params=params)
-            page = _decode(_key_list_decoder, raw, "key list")
+            page = self._key_page(params)
             if pages == 2 and _ids(page[: len(keys)]) == _ids(keys):
                 # A server older than paging answers every key to every request, so its first
                 # answer of a whole page's length is followed by the same keys again (and any
                 # created since): this answer is every key.
-                return KeyReply(page, raw)
+                return page
             if (repeated := _first_repeated(page, seen)) is not None:
                 raise RepeatingListing(
                     f"the admin API at {self._settings.admin_url} sent a key list page that "
@@ -371,11 +376,19 @@ class AdminClient:
                     "to be whole; it is not the llmgw admin API, or it is broken"
                 )
             keys += page
-            sent += (bytes(key) for key in _decode(_raw_list_decoder, raw, "key list"))
             if len(page) != KEYS_PAGE_SIZE:
                 break
-            params = {"limit": KEYS_PAGE_SIZE, "after": page[-1].id}
-        return KeyReply(keys, b"[" + b",".join(sent) + b"]")
+            params = {"limit": KEYS_PAGE_SIZE, "after": page[-1].view.id}
+        return keys
+
+    def _key_page(self, params: Mapping[str, int | str]) -> list[ListedKey]:
+        """One page of the key list: its array is split into keys as sent, and each decoded
+        once."""
+        raw = self.request("GET", "/admin/v1/keys", params=params)
+        return [
+            ListedKey(_decode(_key_decoder, key, "key list"), key)
+            for key in _decode(_raw_list_decoder, raw, "key list")
+        ]
 
     def revoke_key(self, prefix_or_name: str) -> KeyReply[KeyChange]:
         path = f"/admin/v1/keys/{segment(prefix_or_name, 'the key prefix or name')}"
@@ -656,17 +669,17 @@ def _events_of(page: HistoryPage) -> list[HistoryEvent]:
     ]
 
 
-def _ids(keys: list[KeyView]) -> list[str]:
-    return [key.id for key in keys]
+def _ids(keys: list[ListedKey]) -> list[str]:
+    return [key.view.id for key in keys]
 
 
-def _first_repeated(page: list[KeyView], seen: set[str]) -> str | None:
+def _first_repeated(page: list[ListedKey], seen: set[str]) -> str | None:
     """The id of the first key of ``page`` that ``seen`` or ``page`` itself holds already,
     None when there is none; ``seen`` takes the ids up to it."""
     for key in page:
-        if key.id in seen:
-            return key.id
-        seen.add(key.id)
+        if key.view.id in seen:
+            return key.view.id
+        seen.add(key.view.id)
     return None
 
 

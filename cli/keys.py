@@ -10,7 +10,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal
 
-import msgspec
 from cyclopts import App, Parameter, validators
 
 from cli.arguments import UsageError, duration, filled, moment, whole_number
@@ -184,18 +183,13 @@ def list_keys(
     """
 
     def show(client: AdminClient) -> int:
-        reply = client.list_keys()
-        as_sent = msgspec.json.decode(reply.raw, type=list[msgspec.Raw])
-        kept = [
-            (key, raw)
-            for key, raw in zip(reply.value, as_sent, strict=True)
-            if not (live and _state(key) != "live")
-        ]
+        listed = client.list_keys()
+        kept = [key for key in listed if not (live and _state(key.view) != "live")]
         if output == "json":
-            print_json_array(raw for _, raw in kept)
+            print_json_array(key.raw for key in kept)
             return EXIT_OK
-        shown = [key for key, _ in kept]
-        live_count = sum(1 for key in reply.value if _state(key) == "live")
+        shown = [key.view for key in kept]
+        live_count = sum(1 for key in listed if _state(key.view) == "live")
         title = f"{counted(len(shown), 'API key')} ({live_count} live)"
         print_table(COLUMNS, (_row(key) for key in shown), title=title, wide=output == "wide")
         return EXIT_OK

@@ -58,7 +58,8 @@ def api_key(admin: AdminClient, path: Path, *, name: str, models: list[str]) -> 
     """The API key stored at ``path`` (mode 0600) while it is live; else a new one for
     ``models``, created through the admin API (a live key of the same name, whose secret
     was lost with the file, is revoked first)."""
-    live = {key.prefix: key for key in admin.list_keys().value if not key.revoked}
+    keys = [key.view for key in admin.list_keys()]
+    live = {key.prefix: key for key in keys if not key.revoked}
     if path.exists():
         stored = path.read_text().strip()
         if _prefix(stored) in live:
