@@ -20,7 +20,7 @@ from app.pki.model import CLOCK_SKEW
 from cli.arguments import filled
 from cli.cert import CaDir, default_ca_dir
 from cli.client import AdminClient, ClientError
-from cli.config import ConfigError, ConnectionFlags, resolve_settings
+from cli.config import ConfigError, ConnectionFlags, ConnectionSettings, resolve_settings
 from cli.operator import ADMIN, Output, call, run_command
 from cli.render import (
     EXIT_FAILED,
@@ -149,7 +149,10 @@ def list_certificates(
     connection: ConnectionFlags | None = None,
 ) -> int:
     """The certificates this CA issued, with what the control plane knows of each:
-    revoked (by whom, when, why), connected, or last used by its node.
+    revoked (by whom, when, why), connected, or last used by its node. Without a config
+    file the admin API is asked at its defaults; one that is there but unusable is bad
+    usage (exit 2), as for any command that calls the admin API: mend it, or give
+    --offline.
 
     ```
     llmgw-cli cert list
@@ -157,14 +160,23 @@ def list_certificates(
     ```
     """
     directory = ca_dir or default_ca_dir()
+    settings: ConnectionSettings | None = None
+    if not offline:
+        try:
+            settings = resolve_settings(connection or ConnectionFlags())
+        except ConfigError as exc:
+            # No config file at all is no error (the defaults apply); one that is there but
+            # unusable is a mistake to mend, not a server to go without.
+            print_error("cert list", f"{exc} (--offline lists the CA directory alone)")
+            return EXIT_USAGE
     try:
         record = read_issued(directory)
     except PkiError as exc:
         print_error("cert list", str(exc))
         return EXIT_FAILED
     known: CertificatesView | None = None
-    if not offline:
-        known, problem = _ask_server(connection)
+    if settings is not None:
+        known, problem = _ask_server(settings)
         if problem is not None:
             print_error("cert list", f"{problem}; showing the CA directory alone")
     rows = listed(record.certificates, known, datetime.now(UTC))
@@ -262,11 +274,7 @@ def _state_text(row: ListedCertificate) -> str:
     return f"revoked {_when(revocation.revoked_at)} by {revocation.revoked_by}: {revocation.reason}"
 
 
-def _ask_server(flags: ConnectionFlags | None) -> tuple[CertificatesView | None, str | None]:
-    try:
-        settings = resolve_settings(flags or ConnectionFlags())
-    except ConfigError as exc:
-        return None, f"the admin API is not configured ({exc})"
+def _ask_server(settings: ConnectionSettings) -> tuple[CertificatesView | None, str | None]:
     try:
         with AdminClient(settings) as client:
             return call(client, CertificatesView, "GET", f"{ADMIN}/certificates").value, None

@@ -1,0 +1,84 @@
+"""`llmgw-cli cert list` without a config file asks the admin API at its defaults, and
+lists the CA directory alone if nobody answers; a config file that is there but unusable
+is bad usage (exit 2) naming the file and what is wrong, and nothing is listed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cli.cert_revocation import list_certificates
+from cli.config import FORMER_SETTING_ENV, SETTING_ENV
+from tests.support.ports import free_port
+
+
+@pytest.fixture
+def config_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the config file is looked for; nothing there yet, and nobody listening at the
+    admin URL."""
+    for name in ("LLMGW_CONFIG", *SETTING_ENV.values(), *FORMER_SETTING_ENV.values()):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("LLMGW_ADMIN_URL", f"http://127.0.0.1:{free_port()}")
+    directory = tmp_path / "config" / "llmgw"
+    directory.mkdir(parents=True)
+    return directory
+
+
+def test_without_a_config_file_the_ca_directory_is_listed(
+    config_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = list_certificates(ca_dir=tmp_path / "ca", output="json")
+
+    assert code == 0
+    captured = capsys.readouterr()
+    assert captured.out == "[]\n"
+    assert "the admin API did not answer" in captured.err
+    assert captured.err.endswith("; showing the CA directory alone\n")
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"admin_url = [", "is not valid TOML"),
+        (b'admin_uri = "https://llmgw.internal:8081"\n', "unknown setting(s) admin_uri"),
+        (b"token = 7\n", "token must be a string"),
+        (None, "cannot read config file"),
+    ],
+    ids=["not-toml", "unknown-setting", "not-a-string", "a-directory"],
+)
+def test_a_config_file_that_cannot_be_used_is_bad_usage_and_nothing_is_listed(
+    config_home: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    content: bytes | None,
+    problem: str,
+) -> None:
+    # Before, any of these was "the admin API is not configured", and the certificates were
+    # listed as issued, revocations unknown, with exit 0.
+    config = config_home / "cli.toml"
+    if content is None:
+        config.mkdir()
+    else:
+        config.write_bytes(content)
+
+    code = list_certificates(ca_dir=tmp_path / "ca", output="json")
+
+    assert code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("llmgw-cli cert list: ")
+    assert str(config) in captured.err
+    assert problem in captured.err
+    assert captured.err.endswith(" (--offline lists the CA directory alone)\n")
+    assert captured.err.count("\n") == 1
+
+
+def test_offline_reads_no_config_file(
+    config_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (config_home / "cli.toml").write_bytes(b"admin_url = [")
+
+    assert list_certificates(ca_dir=tmp_path / "ca", offline=True, output="json") == 0
+    assert capsys.readouterr() == ("[]\n", "")
