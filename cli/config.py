@@ -87,6 +87,7 @@ class ConnectionFlags:
         str | None,
         Parameter(
             name="--client-cert",
+            metavar="PATH",
             help="Operator certificate for https (`llmgw-cli cert operator <name>`); an "
             "empty path, here or for the key or CA, is refused wherever it is given. "
             "[$LLMGW_ADMIN_CERT]",
@@ -94,12 +95,13 @@ class ConnectionFlags:
     ] = None
     client_key: Annotated[
         str | None,
-        Parameter(name="--client-key", help="Its private key. [$LLMGW_ADMIN_KEY]"),
+        Parameter(name="--client-key", metavar="PATH", help="Its private key. [$LLMGW_ADMIN_KEY]"),
     ] = None
     ca_cert: Annotated[
         str | None,
         Parameter(
             name="--ca-cert",
+            metavar="PATH",
             help="The llmgw CA that issued the server's certificate. [$LLMGW_ADMIN_CA]",
         ),
     ] = None

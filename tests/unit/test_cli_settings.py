@@ -4,9 +4,12 @@ follow, or one given empty, is a usage error."""
 
 from __future__ import annotations
 
+import io
+import re
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from cli.config import (
     DEFAULT_ADMIN_URL,
@@ -16,6 +19,7 @@ from cli.config import (
     resolve_settings,
 )
 from cli.keys import list_keys
+from cli.main import app
 
 
 def environment(tmp_path: Path, **settings: str) -> dict[str, str]:
@@ -198,3 +202,28 @@ def test_unset_credentials_are_none_and_a_flag_beats_an_empty_variable(tmp_path:
 
     assert (unset.token, unset.client_cert, unset.client_key, unset.ca_cert) == (None,) * 4
     assert (flag.token, flag.client_cert) == ("t0ken", Path("/flag/alice.crt"))
+
+
+@pytest.mark.parametrize("path", [("nodes",), ("keys", "list"), ("cert", "list"), ("bench",)])
+def test_help_names_the_certificate_key_and_ca_flags_paths(path: tuple[str, ...]) -> None:
+    # Before, each was shown as --client-cert STR, as if any text would do.
+    shown = io.StringIO()
+    app.help_print(list(path), console=Console(file=shown, width=200, force_terminal=False))
+
+    for flag in ("--client-cert", "--client-key", "--ca-cert"):
+        assert re.search(rf"{flag} +PATH ", shown.getvalue()), flag
+
+
+def test_an_empty_certificate_path_flag_is_still_refused_as_given(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LLMGW_CONFIG", "/dev/null")
+
+    with pytest.raises(SystemExit) as ended:
+        app(["keys", "list", "--admin-url", "http://127.0.0.1:9", "--client-cert", ""])
+
+    assert ended.value.code == 2
+    assert capsys.readouterr().err == (
+        "llmgw-cli keys list: --client-cert is empty: give the operator certificate's path, "
+        "or leave the flag out\n"
+    )
