@@ -259,7 +259,9 @@ def operator_certificate(
 
 @cert_app.command(name="show")
 def show_certificate(
-    file: Annotated[Path, Parameter(help="A certificate file (PEM or DER).")],
+    file: Annotated[
+        Path, Parameter(help="A certificate file (PEM or DER): a regular file, 512 KiB at most.")
+    ],
     /,
     *,
     output: Annotated[Literal["text", "json"], Parameter(help="text for people, json.")] = "text",

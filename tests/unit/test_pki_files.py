@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.serialization import Encoding
 
 from app.pki import (
     CaNotFound,
@@ -23,6 +24,8 @@ from app.pki import (
 from app.pki.files import load_ca, load_certificate, write_ca, write_issued
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+MAX_PEM_FILE_BYTES = 512 * 1024
+"""``app.pki.files.MAX_PEM_FILE_BYTES``, as its refusals say it."""
 
 
 def mode(path: Path) -> int:
@@ -153,3 +156,37 @@ def test_a_ca_key_other_users_can_read_is_refused_and_left_as_it_is(
 
     assert mode(files.key) == loose
     assert files.key.read_bytes() == before
+
+
+@pytest.mark.timeout(10)
+def test_a_certificate_path_that_is_no_regular_file_is_refused_unread(tmp_path: Path) -> None:
+    # Before, /dev/zero was read until memory ran out, and a FIFO waited for a writer for
+    # ever.
+    fifo = tmp_path / "node.crt"
+    os.mkfifo(fifo)
+
+    for path, kind in [
+        (Path("/dev/zero"), "a character device"),
+        (fifo, "a named pipe (FIFO)"),
+        (tmp_path, "a directory"),
+    ]:
+        with pytest.raises(UnreadableFile) as refused:
+            load_certificate(path)
+        assert str(refused.value) == f"{path}: not a regular file but {kind}"
+
+
+def test_a_certificate_file_over_512_kib_is_refused_unread(
+    tmp_path: Path, ca: CertificateAuthority
+) -> None:
+    pem = ca.certificate.public_bytes(Encoding.PEM)
+    bundle = tmp_path / "bundle.crt"
+    bundle.write_bytes(pem * (MAX_PEM_FILE_BYTES // len(pem) + 1))
+
+    with pytest.raises(UnreadableFile) as refused:
+        load_certificate(bundle)
+    assert str(refused.value) == (
+        f"{bundle}: {bundle.stat().st_size:,} bytes, over the 512 KiB a certificate or key "
+        "file may hold"
+    )
+    bundle.write_bytes(pem * (MAX_PEM_FILE_BYTES // len(pem)))
+    assert load_certificate(bundle) == ca.certificate
