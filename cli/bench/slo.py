@@ -26,6 +26,12 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|µs|ms|s|m)\s*$")
 _TARGET = re.compile(r"^\s*([a-z0-9]+)_p(\d+)\s*=\s*(.+)$")
 
 
+MAX_DURATION_S = 86_400.0
+"""The longest duration bench takes (a level's warm-up or measure, a request's timeout, a
+latency limit): a day. Digits enough read as an infinite number of seconds, which ended
+bench in a traceback when it planned the climb; a finite one years long is no less a slip."""
+
+
 class SloError(ValueError):
     """A target, duration or rate that cannot be read; the message says how to write it."""
 
@@ -44,11 +50,15 @@ class SloTarget(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def parse_duration(text: str, what: str = "duration") -> float:
-    """Seconds in ``text``, such as ``500ms``, ``1.5s``, ``2m``; the unit is required."""
+    """Seconds in ``text``, such as ``500ms``, ``1.5s``, ``2m``; the unit is required, and
+    ``MAX_DURATION_S`` the most."""
     match = _DURATION.match(text)
     if match is None:
         raise SloError(f"{what} {text!r}: write a number and a unit, such as 500ms, 1.5s or 2m")
-    return float(match.group(1)) * _UNITS[match.group(2)]
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if not seconds <= MAX_DURATION_S:
+        raise SloError(f"{what} {text!r}: at most a day (1440m)")
+    return seconds
 
 
 def parse_fraction(text: str, what: str) -> float:

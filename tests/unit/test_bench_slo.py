@@ -55,6 +55,19 @@ def test_a_duration_without_a_known_unit_says_how_to_write_one(text: str) -> Non
         parse_duration(text)
 
 
+@pytest.mark.parametrize("text", ["1" + "0" * 400 + "s", "1441m", "86400.001s"])
+def test_a_duration_over_a_day_is_refused(text: str) -> None:
+    # Before, 400 digits read as an infinite number of seconds: bench ended in a traceback
+    # (OverflowError) as it planned the climb.
+    with pytest.raises(SloError) as refused:
+        parse_duration(text, "--duration")
+    assert str(refused.value) == f"--duration {text!r}: at most a day (1440m)"
+
+
+def test_a_duration_of_a_day_is_taken() -> None:
+    assert (parse_duration("1440m"), parse_duration("86400s")) == (86_400.0, 86_400.0)
+
+
 def test_a_target_names_a_latency_a_percentile_and_a_limit() -> None:
     assert parse_target("ttft_p95=500ms") == SloTarget(latency="ttft", percentile=95, limit_s=0.5)
     assert parse_target("E2E_P99 = 10s") == SloTarget(latency="e2e", percentile=99, limit_s=10.0)
