@@ -16,7 +16,7 @@ from typing import Annotated, Literal, TypeVar
 
 from cyclopts import App, Group, Parameter, validators
 
-from cli.arguments import UsageError, segment, whole_number
+from cli.arguments import UsageError, filled, segment, whole_number
 from cli.bench.errors import BenchError
 from cli.bench.plan import BenchPlan
 from cli.bench.slo import SloError, SloTarget, parse_duration, parse_fraction, parse_targets
@@ -72,7 +72,11 @@ def bench(
     ] = None,
     model: Annotated[
         str | None,
-        Parameter(group=TARGET, help="The model id to request, when the engine serves several."),
+        Parameter(
+            group=TARGET,
+            converter=filled,
+            help="The model id to request, when the engine serves several.",
+        ),
     ] = None,
     api: Annotated[
         Literal["completions", "chat"],

@@ -55,6 +55,12 @@ NAMED = [
     (("history", "model", "{}"), "history model", "the model name"),
     (("history", "key", "{}"), "history key", "the key prefix or name"),
     (("bench", "--replica", "{}", "--slo", "ttft_p95=1s"), "bench", "--replica"),
+    # Sent, `bench --model ""` asked an engine that lists no models for the model "".
+    (
+        ("bench", "--url", "http://127.0.0.1:1", "--model", "{}", "--slo", "ttft_p95=1s"),
+        "bench",
+        "--model",
+    ),
     # Sent, `replicas --model ""` listed the replicas of a model that cannot exist: none,
     # with exit 0; the others were refused by the API, with exit 1.
     (("replicas", "--model", "{}"), "replicas", "--model"),
