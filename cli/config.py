@@ -5,7 +5,7 @@ the config file (``$LLMGW_CONFIG``, else ``$XDG_CONFIG_HOME/llmgw/cli.toml``, el
 ``~/.config/llmgw/cli.toml``), then the default. A setting given empty (the admin API URL,
 the token, a certificate or key), in any of them, is refused (exit code 2) naming where,
 rather than taken for one not given; one not given at all is the default. The file is TOML
-with top-level keys::
+(UTF-8, at most 64 KiB) with top-level keys::
 
     admin_url = "https://llmgw.internal:8081"
     token = "..."                              # prefer LLMGW_ADMIN_TOKEN
@@ -28,6 +28,10 @@ from cyclopts import Parameter
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8081"
 CONFIG_ENV = "LLMGW_CONFIG"
+MAX_CONFIG_BYTES = 64 * 1024
+"""The most of a config file read: it holds five settings. A device such as /dev/zero, or
+a file grown by mistake, would otherwise be read into memory whole; a pipe (``<(...)``)
+is still read as a file."""
 
 SETTING_ENV = {
     "admin_url": "LLMGW_ADMIN_URL",
@@ -236,16 +240,25 @@ def config_path(environ: Mapping[str, str] = os.environ) -> Path:
 
 def read_config_file(path: Path, *, required: bool) -> dict[str, str]:
     """The settings in ``path`` (paths made absolute); empty if it does not exist and was
-    not asked for by name."""
+    not asked for by name. At most ``MAX_CONFIG_BYTES`` of it are read."""
     try:
         with path.open("rb") as file:
-            document = tomllib.load(file)
+            content = file.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         if required:
             raise ConfigError(f"config file {path} (from ${CONFIG_ENV}) does not exist") from None
         return {}
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    if len(content) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"config file {path} is over {MAX_CONFIG_BYTES // 1024} KiB: a config file is a "
+            "few lines"
+        )
+    try:
+        document = tomllib.loads(content.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
     unknown = sorted(set(document) - set(SETTING_ENV))

@@ -227,3 +227,38 @@ def test_an_empty_certificate_path_flag_is_still_refused_as_given(
         "llmgw-cli keys list: --client-cert is empty: give the operator certificate's path, "
         "or leave the flag out\n"
     )
+
+
+@pytest.mark.timeout(10)
+def test_a_config_file_without_end_is_refused_after_64_kib() -> None:
+    # Before, $LLMGW_CONFIG=/dev/zero was read until memory ran out.
+    with pytest.raises(ConfigError) as refused:
+        resolve_settings(ConnectionFlags(), {"LLMGW_CONFIG": "/dev/zero"})
+
+    assert (
+        str(refused.value) == "config file /dev/zero is over 64 KiB: a config file is a few lines"
+    )
+
+
+def test_a_config_file_over_64_kib_is_refused_and_one_of_64_kib_read(tmp_path: Path) -> None:
+    config = tmp_path / "cli.toml"
+    setting = b'admin_url = "http://llmgw.internal:8081"\n'
+    config.write_bytes(setting + b"#" * (64 * 1024 - len(setting)))
+
+    assert resolve_settings(ConnectionFlags(), environment(tmp_path)).admin_url == (
+        "http://llmgw.internal:8081"
+    )
+    config.write_bytes(config.read_bytes() + b"#")
+    with pytest.raises(ConfigError, match="is over 64 KiB"):
+        resolve_settings(ConnectionFlags(), environment(tmp_path))
+
+
+def test_a_config_file_that_is_not_utf8_is_refused_naming_it(tmp_path: Path) -> None:
+    # Before, llmgw-cli ended in a UnicodeDecodeError traceback.
+    config = tmp_path / "cli.toml"
+    config.write_bytes(b'token = "\xff"\n')
+
+    with pytest.raises(ConfigError) as refused:
+        resolve_settings(ConnectionFlags(), environment(tmp_path))
+
+    assert str(refused.value).startswith(f"config file {config} is not UTF-8 text: ")
