@@ -15,6 +15,7 @@ import math
 import re
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from pathlib import Path
 from urllib.parse import quote
 
 from cyclopts import Token
@@ -98,6 +99,15 @@ def filled(_type: object, tokens: Sequence[Token]) -> str:
     if not tokens[0].value.strip():
         raise ArgumentRefused("cannot be empty")
     return tokens[0].value
+
+
+def filled_path(_type: object, tokens: Sequence[Token]) -> Path:
+    """cyclopts' converter for a file or directory given as an argument or option: never
+    empty or blank. ``Path("")`` is the current directory: ``--dir "$CA_DIR"`` with the
+    variable unset would otherwise create a CA wherever the command ran."""
+    if not tokens[0].value.strip():
+        raise ArgumentRefused("cannot be empty")
+    return Path(tokens[0].value)
 
 
 def segment(value: str, what: str) -> str:

@@ -33,7 +33,7 @@ from app.pki.issued import record_issued
 from app.pki.keys import PrivateKey
 from app.pki.model import MAX_DAYS
 from app.pki.names import check_host, check_subject_name, parse_ip
-from cli.arguments import whole_number
+from cli.arguments import filled_path, whole_number
 from cli.render import print_json, say, warn
 
 EXIT_OK = 0
@@ -57,13 +57,18 @@ CaDir = Annotated[
     Path | None,
     Parameter(
         name="--dir",
+        converter=filled_path,
         help="CA directory (ca.crt, ca.key). "
         "[default: $LLMGW_CA_DIR, else $XDG_DATA_HOME/llmgw/ca, else ~/.local/share/llmgw/ca]",
     ),
 ]
 OutDir = Annotated[
     Path | None,
-    Parameter(name="--out", help="Where to write the certificate and key. [default: --dir]"),
+    Parameter(
+        name="--out",
+        converter=filled_path,
+        help="Where to write the certificate and key. [default: --dir]",
+    ),
 ]
 IssuedDays = Annotated[
     int,
@@ -260,7 +265,11 @@ def operator_certificate(
 @cert_app.command(name="show")
 def show_certificate(
     file: Annotated[
-        Path, Parameter(help="A certificate file (PEM or DER): a regular file, 512 KiB at most.")
+        Path,
+        Parameter(
+            converter=filled_path,
+            help="A certificate file (PEM or DER): a regular file, 512 KiB at most.",
+        ),
     ],
     /,
     *,

@@ -16,7 +16,7 @@ from typing import Annotated, Literal, TypeVar
 
 from cyclopts import App, Group, Parameter, validators
 
-from cli.arguments import UsageError, filled, segment, whole_number
+from cli.arguments import UsageError, filled, filled_path, segment, whole_number
 from cli.bench.errors import BenchError
 from cli.bench.plan import BenchPlan
 from cli.bench.slo import SloError, SloTarget, parse_duration, parse_fraction, parse_targets
@@ -205,6 +205,7 @@ def bench(
         Path | None,
         Parameter(
             group=RESULT,
+            converter=filled_path,
             help="Where bench.json and bench.png go. "
             "[default: $XDG_STATE_HOME/llmgw/bench/NAME-TIME, else "
             "~/.local/state/llmgw/bench/NAME-TIME]",

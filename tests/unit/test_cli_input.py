@@ -68,6 +68,15 @@ NAMED = [
     (("keys", "create", "--name", "{}", "--models", "*"), "keys create", "--name"),
     (("cert", "revoke", "--node", "{}", "--reason", "retired"), "cert revoke", "--node"),
     (("cert", "revoke", "--serial", "{}", "--reason", "lost"), "cert revoke", "--serial"),
+    # Path("") is the current directory: each of these read or wrote there.
+    (("cert", "node", "gpu-1", "--out", "{}"), "cert node", "--out"),
+    (("cert", "show", "{}"), "cert show", "FILE"),
+    (("cert", "list", "--dir", "{}", "--offline"), "cert list", "--dir"),
+    (
+        ("bench", "--url", "http://127.0.0.1:1", "--slo", "ttft_p95=1s", "--report-dir", "{}"),
+        "bench",
+        "--report-dir",
+    ),
 ]
 
 
@@ -345,3 +354,18 @@ def test_bench_refuses_a_length_beyond_any_context_window(flag: str) -> None:
     assert stderr == (
         f'llmgw-cli bench: Invalid value "1000000000" for {flag}. Must be <= 1048576.\n'
     )
+
+
+def test_a_ca_directory_given_empty_is_bad_usage_and_nothing_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before, `cert init-ca --dir "$CA_DIR"` with the variable unset created the CA (its
+    # private key too) in the directory the command ran in.
+    monkeypatch.chdir(tmp_path)
+
+    with pytest.raises(SystemExit) as ended:
+        app(["cert", "init-ca", "--dir", ""])
+
+    assert ended.value.code == 2
+    assert capsys.readouterr().err == "llmgw-cli cert init-ca: --dir cannot be empty\n"
+    assert list(tmp_path.iterdir()) == []
