@@ -18,6 +18,7 @@ from cyclopts import Parameter, validators
 
 from cli.arguments import UsageError, whole_number
 from cli.client import (
+    NEWEST,
     UNREADABLE,
     AdminClient,
     AdminUnreachable,
@@ -75,7 +76,7 @@ def events(
         Parameter(
             help="Every event after this log position (the position column).",
             converter=whole_number,
-            validator=validators.Number(gte=0),
+            validator=validators.Number(gte=0, lte=NEWEST),
         ),
     ] = None,
     last: Annotated[
@@ -83,7 +84,7 @@ def events(
         Parameter(
             help=f"Start with the latest N events. [default: {DEFAULT_LAST}, unless --since]",
             converter=whole_number,
-            validator=validators.Number(gte=0),
+            validator=validators.Number(gte=0, lte=NEWEST),
         ),
     ] = None,
     output: Output = "table",

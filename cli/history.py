@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from cyclopts import App, Parameter, validators
 
 from cli.arguments import UsageError, whole_number
-from cli.client import AdminClient, ClientError, EventView, HistoryEvent
+from cli.client import NEWEST, AdminClient, ClientError, EventView, HistoryEvent
 from cli.config import ConfigError, ConnectionFlags, resolve_settings
 from cli.render import (
     EXIT_FAILED,
@@ -52,7 +52,7 @@ Limit = Annotated[
     int | None,
     Parameter(
         converter=whole_number,
-        validator=validators.Number(gte=1),
+        validator=validators.Number(gte=1, lte=NEWEST),
         help="Show only the newest N events (of those after --after), still oldest first, "
         "as tail -n does. [default: all]",
     ),
@@ -61,7 +61,7 @@ After = Annotated[
     int,
     Parameter(
         converter=whole_number,
-        validator=validators.Number(gte=0),
+        validator=validators.Number(gte=0, lte=NEWEST),
         help="Show only events after this log position (the position column of a listing).",
     ),
 ]

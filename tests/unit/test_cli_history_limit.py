@@ -13,6 +13,7 @@ import pytest
 
 from cli.config import ConnectionFlags
 from cli.history import node_history
+from cli.main import app
 from tests.support.stub_admin import StubHandler, listed_event, stub_admin_api
 
 POSITIONS = list(range(10, 17))
@@ -53,3 +54,29 @@ def test_a_server_older_than_before_still_gives_the_newest_n(
 
     assert code == 0
     assert [e["position"] for e in json.loads(capsys.readouterr().out)] == shown
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (("history", "node", "gpu-1", "--limit"), "--limit"),
+        (("history", "node", "gpu-1", "--after"), "--after"),
+        (("events", "--since"), "--since"),
+        (("events", "--last"), "--last"),
+    ],
+)
+def test_a_count_or_position_past_the_last_log_position_is_bad_usage(
+    older_server: str, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], flag: str
+) -> None:
+    # Before, history --limit 2**63 from a server older than `before` ended in an
+    # OverflowError traceback (no deque holds that many), and the others were sent.
+    number = str(2**63)
+
+    with pytest.raises(SystemExit) as ended:
+        app([*argv, number, "--admin-url", older_server])
+
+    assert ended.value.code == 2
+    command = " ".join(word for word in argv[:2] if not word.startswith("-"))
+    assert capsys.readouterr().err == (
+        f'llmgw-cli {command}: Invalid value "{number}" for {flag}. Must be <= {2**63 - 1}.\n'
+    )
