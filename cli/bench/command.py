@@ -10,6 +10,7 @@ Exit codes: 0 the climb ended (the capacity is known, or at least --max-concurre
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar
@@ -285,6 +286,7 @@ def bench(
             seed=seed,
         )
         _check_target_flags(url, replica, apply, apply_to)
+        _check_report_dir(report_dir)
         settings = resolve_settings(connection or ConnectionFlags()) if replica or apply else None
         root_url = engine_root(url) if url is not None else None
     except (SloError, UsageError, ConfigError, ValueError) as exc:
@@ -323,6 +325,21 @@ def _check_target_flags(
         raise UsageError("--apply-to replica needs --replica")
     if replica is not None:
         segment(replica, "--replica")
+
+
+def _check_report_dir(path: Path | None) -> None:
+    """A ``UsageError`` unless the report can go to ``path``: a directory there, or a place
+    one can be made. Checked before the climb, which takes minutes: the report was written
+    only after it, so a file in the way ended the run in a traceback, its levels unreported."""
+    if path is None:
+        return
+    existing = path
+    while not os.path.lexists(existing):
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"--report-dir {path}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--report-dir {path}: {existing} is a directory bench cannot write in")
 
 
 def _targets(texts: tuple[str, ...]) -> tuple[SloTarget, ...]:

@@ -369,3 +369,24 @@ def test_a_ca_directory_given_empty_is_bad_usage_and_nothing_is_written(
     assert ended.value.code == 2
     assert capsys.readouterr().err == "llmgw-cli cert init-ca: --dir cannot be empty\n"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("under", [False, True], ids=["a-file", "under-a-file"])
+def test_bench_refuses_a_report_dir_it_cannot_make_before_the_climb(
+    tmp_path: Path, under: bool
+) -> None:
+    # Before, the report was first written after the whole climb, minutes later, and a file
+    # in the way ended bench in a traceback (FileExistsError), its levels unreported.
+    in_the_way = tmp_path / "bench.json"
+    in_the_way.write_text("")
+    report_dir = in_the_way / "run-1" if under else in_the_way
+
+    code, _, stderr = run_cli(
+        *("bench", "--url", "http://127.0.0.1:1", "--slo", "ttft_p95=1s"),
+        *("--report-dir", str(report_dir)),
+    )
+
+    assert (code, stderr) == (
+        2,
+        f"llmgw-cli bench: --report-dir {report_dir}: {in_the_way} is not a directory\n",
+    )
