@@ -1,17 +1,20 @@
 """The event store in PostgreSQL: a recorder around ``llmgw_append``, and the store built on it.
 
-An append is one call of the ``llmgw_append`` function (migrations 0002, 0005 and 0016): it
-takes the append lock, checks that the caller's fold is current (the log ends at the
-fold's position and with the fold's last event: after a failover to a standby that had not
-received the last events, the log can reach that position again with other events), that
-no event id is already stored and that every stream is at the version the caller expects,
-inserts the events (chained), replaces the projection rows of every entity they touch,
-moves the checkpoint and notifies listeners, all in one statement and so one transaction.
-Why appends are serialized, and why this is one round trip, is explained there. The check
-of the fold's last event reads nothing more than the position's did: the last row's id
-comes with its position. ``PostgresRecorder`` is the only place where the function's
-refusals (SQLSTATEs ``LG001``-``LG004``) become the store's errors; connection errors are
-translated by ``app.store.database``.
+An append is one call of the ``llmgw_append`` function (migrations 0002, 0005, 0016 and
+0017): it takes the append lock, checks that the caller's fold is current (the log ends at
+the fold's position and with the fold's last event: after a failover to a standby that had
+not received the last events, the log can reach that position again with other events),
+that no event id is already stored, that every stream is at the version the caller
+expects, that every projection row is of an entity the events are about (``LG006``) and,
+for a caller that is not the owner, that the events' time is within a minute of the
+database's clock (``LG005``; both reach the caller as a ``StoreError`` with the function's
+message), inserts the events (chained), replaces the projection rows of every entity they
+touch, moves the checkpoint and notifies listeners, all in one statement and so one
+transaction. Why appends are serialized, and why this is one round trip, is explained
+there. The check of the fold's last event reads nothing more than the position's did: the
+last row's id comes with its position. ``PostgresRecorder`` is the only place where the
+function's refusals (SQLSTATEs ``LG001``-``LG006``) become the store's errors; connection
+errors are translated by ``app.store.database``.
 
 The version check runs first in the store, against the stream versions of the in-memory
 fold, so a writer that loses a race is refused before anything reaches the database and

@@ -17,6 +17,7 @@ import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import asyncpg
@@ -29,6 +30,7 @@ from app.domain.events import NodeCordoned, NodeRegistered, node_stream
 from app.store import migrate
 from app.store.codec import encode_event
 from app.store.database import create_engine
+from app.store.errors import StoreError
 from app.store.grants import RuntimeRole
 from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore
@@ -435,3 +437,50 @@ async def test_the_roles_that_could_append_still_can_after_0016_replaced_the_fun
 
     assert await executes(APPEND_0016, role)
     assert await scratch.admin("SELECT count(*) FROM events") == 2
+
+
+async def test_0017_bounds_the_runtime_roles_times_keeps_its_grants_and_the_old_chain(
+    scratch: Scratch,
+) -> None:
+    """Before 0017 a runtime role recorded events at any time it gave; after it, only near
+    the database's clock. The function is replaced in place: the role keeps its grant both
+    ways, and the events recorded before (backdated ones too) still verify."""
+    role = scratch.new_role_name("runtime")
+    now = datetime.now(UTC)
+
+    async def append_as_runtime(label: str, at: datetime) -> None:
+        engine = create_engine(scratch.url_as(role), pool_size=1)
+        try:
+            store = PostgresEventStore(engine, clock=lambda: at, policy=None)
+            for event in node_history(label, 2):
+                await store.append(node_stream(label), None, [NewEvent(event)], Meta(actor="t"))
+        finally:
+            await engine.dispose()
+
+    async def verified() -> int:
+        engine = create_engine(scratch.url, pool_size=1)
+        try:
+            result = await verify_log(engine)
+        finally:
+            await engine.dispose()
+        assert result.broken is None, result.broken
+        return result.events
+
+    await asyncio.to_thread(migrate.upgrade, scratch.url, "0016", RuntimeRole(role))
+    await append_as_runtime("backdated", now - timedelta(days=30))
+
+    await asyncio.to_thread(migrate.upgrade, scratch.url, "0017")
+
+    with pytest.raises(StoreError, match="from the database's clock"):
+        await append_as_runtime("backdated-again", now - timedelta(days=30))
+    await append_as_runtime("on-time", datetime.now(UTC))
+    assert await verified() == 4
+
+    await asyncio.to_thread(migrate.downgrade, scratch.url, "0016")
+    await append_as_runtime("backdated-below", now - timedelta(days=30))
+    await asyncio.to_thread(migrate.upgrade, scratch.url, "0017")
+
+    with pytest.raises(StoreError, match="from the database's clock"):
+        await append_as_runtime("backdated-again", now - timedelta(days=30))
+    await append_as_runtime("on-time-again", datetime.now(UTC))
+    assert await verified() == 8
