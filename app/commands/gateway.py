@@ -173,7 +173,8 @@ def gateway_command(
     Engines are contacted only where --engine-networks allows; a route elsewhere is left
     out of routing, with a warning. Like `serve`, it refuses a database role that could
     rewrite the event log (a superuser, the owner of its tables) unless
-    --allow-privileged-role is given: connect as the runtime role. Started while the
+    --allow-privileged-role is given: connect as the gateway role (`llmgw-server migrate
+    --gateway-role`), which cannot append, or the runtime role. Started while the
     database is away, it checks once the database answers. Its /metrics is on a listener of
     its own (--metrics-host, --metrics-port), never on the client listener.
 

@@ -24,6 +24,7 @@ log = structlog.get_logger(__name__)
 
 
 RUNTIME_PASSWORD_ENV = "LLMGW_RUNTIME_PASSWORD"
+GATEWAY_PASSWORD_ENV = "LLMGW_GATEWAY_PASSWORD"
 
 
 def migrate(
@@ -33,8 +34,8 @@ def migrate(
         str | None,
         Parameter(
             env_var="LLMGW_RUNTIME_ROLE",
-            help="the role serve and gateway connect as: created (LOGIN, nothing else) if "
-            "missing, then granted what it needs in this database and nothing more",
+            help="the role serve connects as: created (LOGIN, nothing else) if missing, then "
+            "granted what it needs in this database and nothing more",
         ),
     ] = None,
     runtime_password_file: Annotated[
@@ -45,36 +46,48 @@ def migrate(
             f"{RUNTIME_PASSWORD_ENV}); sent as a SCRAM-SHA-256 verifier, never in clear",
         ),
     ] = None,
+    gateway_role: Annotated[
+        str | None,
+        Parameter(
+            env_var="LLMGW_GATEWAY_ROLE",
+            help="the role standalone gateways connect as: created likewise, granted what a "
+            "gateway needs (reading, its reports) and no function: it cannot append",
+        ),
+    ] = None,
+    gateway_password_file: Annotated[
+        Path | None,
+        Parameter(
+            env_var="LLMGW_GATEWAY_PASSWORD_FILE",
+            help=f"set the gateway role's password to this file's first line (or to "
+            f"{GATEWAY_PASSWORD_ENV}), as --runtime-password-file does",
+        ),
+    ] = None,
 ) -> None:
     """Upgrade the database schema to the newest revision (safe to run repeatedly), as the
-    role that owns the schema, and set up the runtime role that serve and gateway connect
-    as: it reads what it needs, appends only through llmgw_append and owns nothing.
+    role that owns the schema, and set up the runtime role that serve connects as: it reads
+    what it needs, appends only through llmgw_append and owns nothing. With --gateway-role,
+    also the role standalone gateways connect as, which reads what it needs, writes the
+    gateways' reports and may not append at all (a gateway may also use the runtime role).
 
     Roles belong to the whole PostgreSQL server, privileges to one database: run migrate
-    with --runtime-role for every database. Every run grants the runtime privileges again,
-    to the role given and to every role that holds them already, so tables of newer
-    revisions are covered.
+    with --runtime-role (and --gateway-role) for every database. Every run grants the
+    privileges again, to the roles given and to every role that holds them already, so
+    tables of newer revisions are covered.
 
     Example: llmgw-server migrate --runtime-role llmgw_runtime --runtime-password-file pw
+    --gateway-role llmgw_gateway --gateway-password-file gw-pw
     """
     configure_logging()
     try:
-        password = _runtime_password(runtime_password_file)
-        if password is not None and runtime_role is None:
-            raise ValueError("a runtime password needs --runtime-role")
-        runtime = RuntimeRole(runtime_role, password) if runtime_role is not None else None
-        upgraded = migrations.upgrade(database_url, runtime=runtime)
+        runtime = _role("runtime", runtime_role, runtime_password_file, RUNTIME_PASSWORD_ENV)
+        gateway = _role("gateway", gateway_role, gateway_password_file, GATEWAY_PASSWORD_ENV)
+        upgraded = migrations.upgrade(database_url, runtime=runtime, gateway=gateway)
     except (OSError, ValueError, StoreError) as exc:
         fail(f"cannot migrate: {exc}")
         return
     print(f"database at revision {migrations.head_revision()}")
-    if runtime is not None:
-        done = ["created" if upgraded.created_role else "found"]
-        done += ["password set"] if runtime.password is not None else []
-        print(f'runtime role "{runtime.name}": {", ".join(done)}, privileges granted')
-    others = [role for role in upgraded.runtime_roles if runtime is None or role != runtime.name]
-    for role in others:
-        print(f'runtime role "{role}": privileges granted again')
+    _say_granted("runtime", runtime, upgraded.created_role, upgraded.runtime_roles)
+    _say_granted("gateway", gateway, upgraded.created_gateway_role, upgraded.gateway_roles)
     if not upgraded.runtime_roles:
         print(
             "no runtime role yet: serve and gateway refuse to run as the owner; set one up "
@@ -82,19 +95,36 @@ def migrate(
         )
 
 
-def _runtime_password(path: Path | None) -> str | None:
+def _role(kind: str, name: str | None, path: Path | None, env: str) -> RuntimeRole | None:
+    password = _password(kind, path, env)
+    if password is not None and name is None:
+        raise ValueError(f"a {kind} password needs --{kind}-role")
+    return RuntimeRole(name, password) if name is not None else None
+
+
+def _say_granted(kind: str, given: RuntimeRole | None, created: bool, holders: list[str]) -> None:
+    if given is not None:
+        done = ["created" if created else "found"]
+        done += ["password set"] if given.password is not None else []
+        print(f'{kind} role "{given.name}": {", ".join(done)}, privileges granted')
+    for role in holders:
+        if given is None or role != given.name:
+            print(f'{kind} role "{role}": privileges granted again')
+
+
+def _password(kind: str, path: Path | None, env: str) -> str | None:
     password: str | None
     if path is not None:
         lines = path.read_text().splitlines()
         password = lines[0] if lines else ""
         source = str(path)
     else:
-        password = os.environ.get(RUNTIME_PASSWORD_ENV)
-        source = RUNTIME_PASSWORD_ENV
+        password = os.environ.get(env)
+        source = env
     if password is None:
         return None
     if not password:
-        raise ValueError(f"the runtime password in {source} is empty")
+        raise ValueError(f"the {kind} password in {source} is empty")
     return password
 
 

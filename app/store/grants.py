@@ -1,4 +1,4 @@
-"""The runtime role: the database role ``llmgw-server serve`` and ``gateway`` connect as.
+"""The runtime role, the database role ``llmgw-server serve`` connects as; and the gateway role.
 
 The schema's owner runs the migrations; the runtime role owns nothing and gets exactly:
 
@@ -25,16 +25,27 @@ CONNECT on the database, USAGE on the schema  only where PUBLIC does not have th
 Advisory locks, LISTEN and NOTIFY need no privilege. Everything else it might hold on the
 schema's relations (granted by hand, say) is revoked first, so the result is exactly this.
 
+The **gateway role** (``llmgw-server migrate --gateway-role``), for standalone
+``llmgw-server gateway`` processes, gets the same minus everything that writes the log or
+what is derived from it: SELECT on every table and view, INSERT, UPDATE, DELETE on
+``gateway_reports`` and ``rate_budgets``, CONNECT and USAGE; no EXECUTE on any function
+(a gateway never appends, elects no leader and writes no snapshot), so it cannot write a
+projection row or an event even through ``llmgw_append``. A role is one or the other:
+one that may execute ``llmgw_append`` is a runtime role.
+
 ``grant_runtime_privileges`` is the one place that says it: migration 0005 calls it, and
 ``llmgw-server migrate`` calls it after every upgrade, for the role it is given and every
 role that already holds these privileges, so a table a later migration adds is granted
-without that migration doing anything. The functions take a synchronous SQLAlchemy
-connection: the migrations' own, or ``run_sync`` of an async one.
+without that migration doing anything; ``grant_gateway_privileges`` does the same for the
+gateway roles (those that may write ``gateway_reports`` and not append). The functions
+take a synchronous SQLAlchemy connection: the migrations' own, or ``run_sync`` of an async
+one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
@@ -97,19 +108,8 @@ def grant_runtime_privileges(connection: Connection, role: str | None = None) ->
         roles.add(role)
     if not roles:
         return []
-    relations = connection.execute(
-        text(
-            "SELECT c.oid::regclass::text, c.relkind::text, c.relname::text FROM pg_class c "
-            "WHERE c.relnamespace = to_regnamespace(current_schema()) "
-            "AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S') "
-            "AND c.relowner = (SELECT oid FROM pg_roles WHERE rolname = current_user) "
-            "ORDER BY c.relname"
-        )
-    ).all()
-    sequences = [name for name, kind, _ in relations if kind == "S"]
-    readable = [name for name, kind, _ in relations if kind != "S"]
-    telemetry = [name for name, kind, bare in relations if bare in TELEMETRY_TABLES]
-    snapshots = [name for name, kind, bare in relations if bare in SNAPSHOT_TABLES]
+    relations = _relations(connection)
+    snapshots = [name for name, bare in relations.readable if bare in SNAPSHOT_TABLES]
     functions = _function_signatures(connection)
     if set(RUNTIME_FUNCTIONS) - set(functions):
         raise RuntimeRoleError(
@@ -119,17 +119,7 @@ def grant_runtime_privileges(connection: Connection, role: str | None = None) ->
     for name in sorted(roles):
         refuse_privileged(connection, name)
         grantee = _quote(connection, name)
-        if readable:
-            connection.exec_driver_sql(f"REVOKE ALL ON TABLE {', '.join(readable)} FROM {grantee}")
-            connection.exec_driver_sql(f"GRANT SELECT ON TABLE {', '.join(readable)} TO {grantee}")
-        if sequences:
-            connection.exec_driver_sql(
-                f"REVOKE ALL ON SEQUENCE {', '.join(sequences)} FROM {grantee}"
-            )
-        if telemetry:
-            connection.exec_driver_sql(
-                f"GRANT INSERT, UPDATE, DELETE ON TABLE {', '.join(telemetry)} TO {grantee}"
-            )
+        _grant_reads_and_telemetry(connection, name, grantee, relations)
         if snapshots:
             connection.exec_driver_sql(
                 f"GRANT INSERT, DELETE ON TABLE {', '.join(snapshots)} TO {grantee}"
@@ -137,8 +127,51 @@ def grant_runtime_privileges(connection: Connection, role: str | None = None) ->
         connection.exec_driver_sql(
             f"GRANT EXECUTE ON FUNCTION {', '.join(functions.values())} TO {grantee}"
         )
-        _grant_unless_public(connection, name, grantee)
     return sorted(roles)
+
+
+def grant_gateway_privileges(connection: Connection, role: str | None = None) -> list[str]:
+    """Give ``role`` (when given) and every role that already holds them the gateway
+    privileges on this database: what a runtime role gets, without EXECUTE on any function
+    and without writing the fold snapshots. Returns those roles, sorted."""
+    roles = set(gateway_roles(connection))
+    if role is not None:
+        check_role_name(role)
+        if role in runtime_roles(connection):
+            raise RuntimeRoleError(
+                f'role "{role}" is a runtime role (it may execute {APPEND_FUNCTION}): a '
+                "gateway role must be another one"
+            )
+        roles.add(role)
+    if not roles:
+        return []
+    relations = _relations(connection)
+    functions = _function_signatures(connection)
+    for name in sorted(roles):
+        refuse_privileged(connection, name)
+        grantee = _quote(connection, name)
+        _grant_reads_and_telemetry(connection, name, grantee, relations)
+        if functions:
+            connection.exec_driver_sql(
+                f"REVOKE ALL ON FUNCTION {', '.join(functions.values())} FROM {grantee}"
+            )
+    return sorted(roles)
+
+
+def gateway_roles(connection: Connection) -> list[str]:
+    """Roles other than its owner that may write ``gateway_reports`` here but not execute
+    ``llmgw_append``: the gateway roles this database was set up for."""
+    rows = connection.execute(
+        text(
+            "SELECT DISTINCT pg_get_userbyid(acl.grantee) FROM pg_class c, "
+            "aclexplode(c.relacl) AS acl WHERE c.relname = :table "
+            "AND c.relnamespace = to_regnamespace(current_schema()) "
+            "AND acl.privilege_type = 'INSERT' AND acl.grantee <> 0 "
+            "AND acl.grantee <> c.relowner"
+        ),
+        {"table": TELEMETRY_TABLES[0]},
+    ).scalars()
+    return sorted(set(rows) - set(runtime_roles(connection)))
 
 
 def runtime_roles(connection: Connection) -> list[str]:
@@ -214,6 +247,49 @@ def refuse_privileged(connection: Connection, role: str) -> None:
             f'role "{role}" {problem}: a runtime role must not be able to rewrite the log; '
             "choose another name for it"
         )
+
+
+class _Relations(NamedTuple):
+    readable: list[tuple[str, str]]
+    """Every table and view of the schema the migrating role owns: (qualified, bare) name."""
+    sequences: list[str]
+
+
+def _relations(connection: Connection) -> _Relations:
+    rows = connection.execute(
+        text(
+            "SELECT c.oid::regclass::text, c.relkind::text, c.relname::text FROM pg_class c "
+            "WHERE c.relnamespace = to_regnamespace(current_schema()) "
+            "AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S') "
+            "AND c.relowner = (SELECT oid FROM pg_roles WHERE rolname = current_user) "
+            "ORDER BY c.relname"
+        )
+    ).all()
+    return _Relations(
+        readable=[(name, bare) for name, kind, bare in rows if kind != "S"],
+        sequences=[name for name, kind, _ in rows if kind == "S"],
+    )
+
+
+def _grant_reads_and_telemetry(
+    connection: Connection, name: str, grantee: str, relations: _Relations
+) -> None:
+    """What a runtime and a gateway role both get: everything they held on the schema's
+    relations revoked, then SELECT on them all, and writing the gateways' telemetry."""
+    readable = [qualified for qualified, _ in relations.readable]
+    telemetry = [qualified for qualified, bare in relations.readable if bare in TELEMETRY_TABLES]
+    if readable:
+        connection.exec_driver_sql(f"REVOKE ALL ON TABLE {', '.join(readable)} FROM {grantee}")
+        connection.exec_driver_sql(f"GRANT SELECT ON TABLE {', '.join(readable)} TO {grantee}")
+    if relations.sequences:
+        connection.exec_driver_sql(
+            f"REVOKE ALL ON SEQUENCE {', '.join(relations.sequences)} FROM {grantee}"
+        )
+    if telemetry:
+        connection.exec_driver_sql(
+            f"GRANT INSERT, UPDATE, DELETE ON TABLE {', '.join(telemetry)} TO {grantee}"
+        )
+    _grant_unless_public(connection, name, grantee)
 
 
 def _function_signatures(connection: Connection) -> dict[str, str]:

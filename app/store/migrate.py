@@ -2,7 +2,8 @@
 
 ``upgrade`` with a ``RuntimeRole`` also creates that role (or sets its password) before the
 migrations run, and after them grants the runtime privileges (``app.store.grants``) to it and
-to every role that holds them already.
+to every role that holds them already; likewise for a gateway role and the gateway
+privileges.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -22,8 +23,13 @@ from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.database import create_engine, sqlalchemy_url, translated_errors
-from app.store.errors import StoreError
-from app.store.grants import RuntimeRole, ensure_runtime_role, grant_runtime_privileges
+from app.store.errors import RuntimeRoleError, StoreError
+from app.store.grants import (
+    RuntimeRole,
+    ensure_runtime_role,
+    grant_gateway_privileges,
+    grant_runtime_privileges,
+)
 
 T = TypeVar("T")
 
@@ -62,24 +68,41 @@ class Upgraded:
     """The roles that hold the runtime privileges now (none below the newest revision)."""
     created_role: bool = False
     """Whether the runtime role asked for was created (rather than found)."""
+    gateway_roles: list[str] = field(default_factory=list)
+    """The roles that hold the gateway privileges now (none below the newest revision)."""
+    created_gateway_role: bool = False
 
 
-def upgrade(url: str, revision: str = "head", runtime: RuntimeRole | None = None) -> Upgraded:
+def upgrade(
+    url: str,
+    revision: str = "head",
+    runtime: RuntimeRole | None = None,
+    gateway: RuntimeRole | None = None,
+) -> Upgraded:
     """Upgrade the database at ``url``; at the newest revision, (re-)grant the runtime
-    privileges to ``runtime`` (created first if missing) and every role that holds them
-    already. Blocking: call it outside a running event loop (or through
-    ``asyncio.to_thread``)."""
+    privileges to ``runtime`` and the gateway privileges to ``gateway`` (each created first
+    if missing) and to every role that holds them already. Blocking: call it outside a
+    running event loop (or through ``asyncio.to_thread``)."""
+    if runtime is not None and gateway is not None and runtime.name == gateway.name:
+        raise RuntimeRoleError(
+            f'"{gateway.name}" cannot be both the runtime and the gateway role: the gateway '
+            "role must not append"
+        )
     config = alembic_config(url)
-    created = False
+    created = created_gateway = False
     if runtime is not None:
         created = _run(url, lambda connection: ensure_runtime_role(connection, runtime))
         config.attributes["runtime_role"] = runtime.name
+    if gateway is not None:
+        created_gateway = _run(url, lambda connection: ensure_runtime_role(connection, gateway))
     command.upgrade(config, revision)
     if revision != "head":
-        return Upgraded([], created)
+        return Upgraded([], created, [], created_gateway)
     name = runtime.name if runtime is not None else None
     roles = _run(url, lambda connection: grant_runtime_privileges(connection, name))
-    return Upgraded(roles, created)
+    gateway_name = gateway.name if gateway is not None else None
+    gateways = _run(url, lambda connection: grant_gateway_privileges(connection, gateway_name))
+    return Upgraded(roles, created, gateways, created_gateway)
 
 
 def downgrade(url: str, revision: str = "base") -> None:

@@ -31,9 +31,11 @@ from app.store import migrate
 from app.store.codec import encode_event
 from app.store.database import create_engine
 from app.store.errors import StoreError
+from app.store.gateway_reports import write_report
 from app.store.grants import RuntimeRole
 from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore
+from app.store.privileges import privileged_role
 from app.store.verification import verify_log
 from tests.support.cluster import SERVER
 from tests.support.postgres import LocalServer, PostgresServer, quote_identifier
@@ -484,3 +486,47 @@ async def test_0017_bounds_the_runtime_roles_times_keeps_its_grants_and_the_old_
         await append_as_runtime("backdated-again", now - timedelta(days=30))
     await append_as_runtime("on-time-again", datetime.now(UTC))
     assert await verified() == 8
+
+
+async def test_the_gateway_role_reads_and_reports_but_cannot_append_or_write_a_row(
+    scratch: Scratch,
+) -> None:
+    """A standalone gateway reads the routing snapshot and writes its reports; with the
+    gateway role it cannot reach ``llmgw_append``, so not the projection tables either."""
+    runtime, gateway = scratch.new_role_name("runtime"), scratch.new_role_name("gateway")
+
+    first = await scratch.migrate("--runtime-role", runtime, "--gateway-role", gateway)
+
+    assert first.code == 0, first.stderr
+    assert f'gateway role "{gateway}": created, privileges granted' in first.stdout
+    engine = create_engine(scratch.url_as(gateway), pool_size=1)
+    as_gateway = await asyncpg.connect(scratch.url_as(gateway))
+    try:
+        store = PostgresEventStore(engine, policy=None)
+        with pytest.raises(StoreError, match="permission denied for function llmgw_append"):
+            await store.append(
+                node_stream("gpu-1"), None, [NewEvent(node_history("gpu-1", 1)[0])], Meta(actor="t")
+            )
+        for statement in (
+            "SELECT llmgw_next_epoch('gateway')",
+            "INSERT INTO fold_snapshots SELECT * FROM fold_snapshots",
+            "DELETE FROM fold_snapshot_chunks",
+            "UPDATE nodes SET address = 'x'",
+        ):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await as_gateway.execute(statement)
+        await write_report(as_gateway, "gw-1", {"m-1": 2}, within_s=5, instance="test")
+        assert await as_gateway.fetchval("SELECT count(*) FROM gateway_reports") == 1
+        assert await as_gateway.fetchval("SELECT count(*) FROM routing_table") == 0
+    finally:
+        await as_gateway.close()
+        await engine.dispose()
+    assert await privileged_role(scratch.url_as(gateway)) == (gateway, None)
+
+    again = await scratch.migrate()
+    both = await scratch.migrate("--runtime-role", gateway, "--gateway-role", gateway)
+
+    assert f'gateway role "{gateway}": privileges granted again' in again.stdout
+    assert f'runtime role "{gateway}"' not in again.stdout
+    assert both.code == 1
+    assert "cannot be both the runtime and the gateway role" in both.stderr
