@@ -72,42 +72,50 @@ CHANGES = (
 
     -- Projection rows only of entities the appended events are about, as the caller's
     -- fold finds them (app/store/projection.py, Touched), so no row changes without an
-    -- event about its entity in the log. Only primary keys are looked up.
+    -- event about its entity in the log. Set differences and joins (hashed, not one array
+    -- scan per element: a batch may hold thousands of events); only primary keys are
+    -- looked up.
     v_models := ARRAY(
         SELECT m FROM unnest(p_model) AS m WHERE m IS NOT NULL
-        UNION SELECT r.model FROM replicas r WHERE r.id = ANY(p_replica_id)
+        UNION SELECT r.model FROM unnest(p_replica_id) AS i JOIN replicas r ON r.id = i
         UNION SELECT x->>'model' FROM jsonb_array_elements(p_rows->'replicas') AS x
-              WHERE x->>'id' = ANY(p_replica_id));
+              JOIN unnest(p_replica_id) AS i ON i = x->>'id');
     SELECT s.kind, s.name INTO v_stray FROM (
-        SELECT 'model' AS kind, t AS name FROM unnest(p_touched_models) AS t
-        WHERE NOT coalesce(t = ANY(v_models), false)
+        SELECT 'model' AS kind, t AS name
+        FROM (SELECT unnest(p_touched_models) EXCEPT SELECT unnest(v_models)) AS d(t)
         UNION ALL
-        SELECT 'node', t FROM unnest(p_touched_nodes) AS t
-        WHERE NOT coalesce(t = ANY(p_node_id), false)
+        SELECT 'node', t
+        FROM (SELECT unnest(p_touched_nodes) EXCEPT SELECT unnest(p_node_id)) AS d(t)
         UNION ALL
-        SELECT 'replica', t FROM unnest(p_touched_replicas) AS t
-        WHERE NOT coalesce(t = ANY(p_replica_id), false)
-          AND NOT EXISTS (SELECT 1 FROM replicas r WHERE r.id = t AND r.model = ANY(v_models))
+        SELECT 'replica', t
+        FROM (SELECT unnest(p_touched_replicas) EXCEPT SELECT unnest(p_replica_id)) AS d(t)
+        WHERE NOT EXISTS (SELECT 1 FROM replicas r WHERE r.id = t AND r.model = ANY(v_models))
           AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p_rows->'replicas') AS x
                           WHERE x->>'id' = t AND x->>'model' = ANY(v_models))
         UNION ALL
-        SELECT 'key', t FROM unnest(p_touched_keys) AS t
-        WHERE NOT coalesce(t = ANY(ARRAY(SELECT d->>'key_id' FROM unnest(p_data) AS d)), false)
+        SELECT 'key', t
+        FROM (SELECT unnest(p_touched_keys)
+              EXCEPT SELECT e->>'key_id' FROM unnest(p_data) AS e) AS d(t)
         UNION ALL
-        SELECT 'model row', x->>'name' FROM jsonb_array_elements(p_rows->'models') AS x
-        WHERE NOT coalesce(x->>'name' = ANY(p_touched_models), false)
+        SELECT 'model row', t
+        FROM (SELECT x->>'name' FROM jsonb_array_elements(p_rows->'models') AS x
+              EXCEPT SELECT unnest(p_touched_models)) AS d(t)
         UNION ALL
-        SELECT 'node row', x->>'id' FROM jsonb_array_elements(p_rows->'nodes') AS x
-        WHERE NOT coalesce(x->>'id' = ANY(p_touched_nodes), false)
+        SELECT 'node row', t
+        FROM (SELECT x->>'id' FROM jsonb_array_elements(p_rows->'nodes') AS x
+              EXCEPT SELECT unnest(p_touched_nodes)) AS d(t)
         UNION ALL
-        SELECT 'replica row', x->>'id' FROM jsonb_array_elements(p_rows->'replicas') AS x
-        WHERE NOT coalesce(x->>'id' = ANY(p_touched_replicas), false)
+        SELECT 'replica row', t
+        FROM (SELECT x->>'id' FROM jsonb_array_elements(p_rows->'replicas') AS x
+              EXCEPT SELECT unnest(p_touched_replicas)) AS d(t)
         UNION ALL
-        SELECT 'shard row', x->>'replica_id' FROM jsonb_array_elements(p_rows->'shards') AS x
-        WHERE NOT coalesce(x->>'replica_id' = ANY(p_touched_replicas), false)
+        SELECT 'shard row', t
+        FROM (SELECT x->>'replica_id' FROM jsonb_array_elements(p_rows->'shards') AS x
+              EXCEPT SELECT unnest(p_touched_replicas)) AS d(t)
         UNION ALL
-        SELECT 'key row', x->>'id' FROM jsonb_array_elements(p_rows->'api_keys') AS x
-        WHERE NOT coalesce(x->>'id' = ANY(p_touched_keys), false)
+        SELECT 'key row', t
+        FROM (SELECT x->>'id' FROM jsonb_array_elements(p_rows->'api_keys') AS x
+              EXCEPT SELECT unnest(p_touched_keys)) AS d(t)
     ) s LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'no appended event is about the % %: its projection row is not written',
