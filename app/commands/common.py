@@ -15,7 +15,7 @@ from app.domain.egress import EngineNetworks
 from app.store.database_url import InvalidDatabaseUrl, parse_database_url
 from app.store.errors import StoreUnavailable
 from app.store.grants import DEFAULT_RUNTIME_ROLE
-from app.store.privileges import privileged_role
+from app.store.privileges import may_append, privileged_role
 
 log = structlog.get_logger(__name__)
 
@@ -181,6 +181,23 @@ MaxUploadMib = Annotated[
 def fail(message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
     sys.exit(1)
+
+
+async def warn_if_gateway_appends(database_url: str) -> None:
+    """Log a warning when a standalone gateway's role may append (the runtime role): it
+    never appends, and with that role whoever takes its machine could. Silent when the
+    database cannot be asked: the gateway starts either way."""
+    try:
+        appends = await may_append(database_url)
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        return
+    if appends:
+        log.warning(
+            "gateway_role_may_append",
+            detail="this gateway's database role may append events and write projection "
+            "rows, which a gateway never does; connect as the gateway role instead "
+            "(`llmgw-server migrate --gateway-role llmgw_gateway`, docs/security.md)",
+        )
 
 
 async def database_role_allowed(database_url: str, *, allow_privileged: bool) -> bool:

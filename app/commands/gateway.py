@@ -31,6 +31,7 @@ from app.commands.common import (
     database_url_problem,
     engine_networks_of,
     fail,
+    warn_if_gateway_appends,
 )
 from app.domain.egress import InvalidEngineNetworks
 from app.gateway.ejection import (
@@ -174,9 +175,10 @@ def gateway_command(
     out of routing, with a warning. Like `serve`, it refuses a database role that could
     rewrite the event log (a superuser, the owner of its tables) unless
     --allow-privileged-role is given: connect as the gateway role (`llmgw-server migrate
-    --gateway-role`), which cannot append, or the runtime role. Started while the
-    database is away, it checks once the database answers. Its /metrics is on a listener of
-    its own (--metrics-host, --metrics-port), never on the client listener.
+    --gateway-role`), which cannot append, or the runtime role (it then warns that it
+    could append). Started while the database is away, it checks once the database
+    answers. Its /metrics is on a listener of its own (--metrics-host, --metrics-port),
+    never on the client listener.
 
     A gateway is one process on one core; to use more cores of a machine, start one
     process per core with --reuse-port on the same --port, each with its own --metrics-port:
@@ -239,6 +241,7 @@ async def _gateway(database_url: str, options: GatewayOptions, allow_privileged:
         if not await database_role_allowed(database_url, allow_privileged=allow_privileged):
             return 1
         role_checked = True
+        await warn_if_gateway_appends(database_url)
     except StoreUnavailable as exc:
         log.warning(
             "database_role_unchecked",

@@ -16,6 +16,7 @@ import asyncpg
 
 from app.store.database import driver_url
 from app.store.grants import (
+    APPEND_FUNCTION,
     RUNTIME_FUNCTIONS,
     SNAPSHOT_TABLES,
     TELEMETRY_TABLES,
@@ -51,6 +52,10 @@ WHERE r.rolname = current_user AND pg_has_role(current_user, o.owner, 'MEMBER')
 ORDER BY o.name = 'events' DESC, kind DESC, name
 LIMIT 1
 """
+_MAY_APPEND = """
+SELECT coalesce(bool_or(has_function_privilege(p.oid, 'EXECUTE')), false) FROM pg_proc p
+WHERE p.proname = $1 AND p.pronamespace = to_regnamespace(current_schema())
+"""
 _CREATES_IN_SCHEMA = """
 SELECT current_schema() WHERE has_schema_privilege(current_schema(), 'CREATE')
 """
@@ -71,6 +76,17 @@ async def privileged_role(database_url: str) -> tuple[str, str | None]:
     db = await asyncpg.connect(driver_url(database_url), timeout=CONNECT_TIMEOUT_S)
     try:
         return await _privileged_role(db)
+    finally:
+        await db.close()
+
+
+async def may_append(database_url: str) -> bool:
+    """Whether the role ``database_url`` connects as may execute ``llmgw_append``: a
+    runtime role may, a gateway role (which a gateway needs) may not. Connection failures
+    raise as asyncpg raises them."""
+    db = await asyncpg.connect(driver_url(database_url), timeout=CONNECT_TIMEOUT_S)
+    try:
+        return bool(await db.fetchval(_MAY_APPEND, APPEND_FUNCTION))
     finally:
         await db.close()
 

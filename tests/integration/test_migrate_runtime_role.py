@@ -35,7 +35,7 @@ from app.store.gateway_reports import write_report
 from app.store.grants import RuntimeRole
 from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore
-from app.store.privileges import privileged_role
+from app.store.privileges import may_append, privileged_role
 from app.store.verification import verify_log
 from tests.support.cluster import SERVER
 from tests.support.postgres import LocalServer, PostgresServer, quote_identifier
@@ -522,6 +522,8 @@ async def test_the_gateway_role_reads_and_reports_but_cannot_append_or_write_a_r
         await as_gateway.close()
         await engine.dispose()
     assert await privileged_role(scratch.url_as(gateway)) == (gateway, None)
+    assert not await may_append(scratch.url_as(gateway))
+    assert await may_append(scratch.url_as(runtime))
 
     again = await scratch.migrate()
     both = await scratch.migrate("--runtime-role", gateway, "--gateway-role", gateway)

@@ -245,3 +245,21 @@ async def test_a_role_that_may_create_in_the_schema_is_refused(database_url: str
         "may create objects in schema public, where llmgw's functions find what they call "
         "as the owner",
     )
+
+
+async def test_a_gateway_run_as_the_runtime_role_warns_that_it_could_append(
+    database_url: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "gateway.log"
+    gateway = start_gateway(runtime_url(database_url), log)
+    try:
+        await wait_until(
+            lambda: "gateway_role_may_append" in log.read_text(),
+            what="the gateway's warning about its role",
+        )
+        assert gateway.poll() is None
+    finally:
+        gateway.terminate()
+        gateway.wait()
+
+    assert "--gateway-role llmgw_gateway" in log.read_text()
