@@ -275,7 +275,9 @@ async def test_an_idle_model_scales_to_zero_and_its_next_request_is_held_until_a
 ) -> None:
     spec = autoscaled(IDLE, IDLE_POLICY, command=ENGINE, replicas=1)
     gateway = await start_cluster(cluster, spec)
-    (warm,) = await cluster.wait_for_serving(IDLE, 1)
+    # Idle from its declaration on, the replica may be at zero again before the gateway is
+    # up on a loaded machine: that it served is read from the log, not from the replicas.
+    warm_id = await first_served(cluster, IDLE)
     key = await cluster.create_key("idle", [IDLE])
     await wait_until(lambda: serves(gateway.url, key, IDLE), what="the gateway routes")
 
@@ -290,7 +292,7 @@ async def test_an_idle_model_scales_to_zero_and_its_next_request_is_held_until_a
     assert to_zero.actor == AUTOSCALER, to_zero
     assert to_zero.get("reason") == f"no demand for {IDLE_TO_ZERO_S:g}s", to_zero
     assert_inputs_recorded(to_zero)
-    first(log, "replica_stopped", replica_id=warm["id"])
+    first(log, "replica_stopped", replica_id=warm_id)
     after_zero = await cluster.last_position()
 
     async with openai.AsyncOpenAI(base_url=gateway.url, api_key=key, max_retries=0) as sdk:
@@ -317,6 +319,28 @@ async def test_an_idle_model_scales_to_zero_and_its_next_request_is_held_until_a
     placed = first(log, "replica_placed", model=IDLE)
     serving = first(log, "replica_serving", replica_id=placed.get("replica_id"))
     assert woken.position < placed.position < serving.position
+
+
+async def first_served(cluster: Cluster, model: str) -> str:
+    """The id of the first replica of ``model`` the log says served, once one has."""
+    served: list[str] = []
+
+    async def one_served() -> bool:
+        log = await cluster.events("replica_placed", "replica_serving")
+        of_model = {
+            e.get("replica_id")
+            for e in log
+            if e.type == "replica_placed" and e.get("model") == model
+        }
+        served[:] = [
+            str(e.get("replica_id"))
+            for e in log
+            if e.type == "replica_serving" and e.get("replica_id") in of_model
+        ]
+        return bool(served)
+
+    await wait_until(one_served, within_s=20.0, every_s=0.1, what=f"a {model} replica served")
+    return served[0]
 
 
 async def at_zero(cluster: Cluster, model: str) -> bool:
