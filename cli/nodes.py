@@ -147,8 +147,12 @@ def _change(
     )
 
 
+def connection_state(connected: bool, lost: bool) -> str:
+    return "lost" if lost else "connected" if connected else "disconnected"
+
+
 def node_state(connected: bool, lost: bool, cordoned: bool, drain_id: str | None) -> str:
-    state = "lost" if lost else "connected" if connected else "disconnected"
+    state = connection_state(connected, lost)
     if drain_id is not None:
         return f"{state}, draining ({drain_id})"
     return f"{state}, cordoned" if cordoned else state
@@ -156,11 +160,16 @@ def node_state(connected: bool, lost: bool, cordoned: bool, drain_id: str | None
 
 def print_node(node: NodeView, wide: bool = False) -> None:
     connection = node.connection
-    since = f" since {utc_seconds(connection.since)} UTC" if connection.since else ""
-    state = node_state(connection.connected, connection.lost, node.cordoned, None)
+    # The time is the connection's last change: it follows the connection's state, so
+    # that it never reads as the time of a cordon (the API gives none).
+    state = connection_state(connection.connected, connection.lost)
+    if connection.since:
+        state += f" since {utc_seconds(connection.since)} UTC"
+    if node.cordoned:
+        state += ", cordoned"
     facts: list[tuple[str, str | None]] = [
         ("node", node.id),
-        ("state", f"{state}{since}"),
+        ("state", state),
         ("address", connection.address),
         ("agent", connection.agent_version),
         ("labels", labels_text(node.labels)),
