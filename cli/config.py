@@ -138,15 +138,15 @@ def resolve_settings(
         return None if value is None else Path(value).expanduser()
 
     given, source = _given_admin_url(flags, environ, from_file, config_file)
-    admin_url = given.rstrip("/")
-    if not admin_url.startswith(("http://", "https://")):
+    # Checked as given: with its slashes stripped first, "http://" would be refused as
+    # not starting with http://.
+    if not given.startswith(("http://", "https://")):
         raise ConfigError(
-            f"the admin API URL must start with http:// or https://, not {admin_url!r} "
-            f"(from {source})"
+            f"the admin API URL must start with http:// or https://, not {given!r} (from {source})"
         )
-    _check_host_and_port(admin_url, source)
+    _check_host_and_port(given, source)
     return ConnectionSettings(
-        admin_url=admin_url,
+        admin_url=given.rstrip("/"),
         token=pick("token"),
         client_cert=pick_path("client_cert"),
         client_key=pick_path("client_key"),

@@ -89,6 +89,20 @@ def test_an_admin_url_without_a_usable_host_and_port_is_a_usage_error(
         resolve_settings(ConnectionFlags(admin_url=url), environment(tmp_path))
 
 
+@pytest.mark.parametrize("url", ["http://", "https://", "http:///", "https:////"])
+def test_an_admin_url_of_a_scheme_alone_is_refused_for_its_missing_host_quoted_as_given(
+    tmp_path: Path, url: str
+) -> None:
+    (tmp_path / "cli.toml").write_text("")
+    with pytest.raises(ConfigError) as refused:
+        resolve_settings(ConnectionFlags(admin_url=url), environment(tmp_path))
+
+    assert str(refused.value) == (
+        "the admin API URL needs a host and port like https://llmgw.internal:8081, not "
+        f"{url!r} (from --admin-url)"
+    )
+
+
 @pytest.mark.parametrize("empty", ["", "  "])
 @pytest.mark.parametrize(
     ("flag", "env", "in_file", "said"),
