@@ -54,8 +54,19 @@ log = structlog.get_logger("llmgw.agent")
 
 app = App(
     name="llmgw-agent",
-    help="The llmgw node agent: reports this machine's GPUs and runs the engine shards the "
-    "control plane asks for.",
+    help="""The llmgw node agent: reports this machine's GPUs and runs the engine shards the \
+control plane asks for, until SIGTERM or SIGINT.
+
+Each setting comes from its flag, else its LLMGW_AGENT_* variable (--node-id: \
+LLMGW_AGENT_NODE_ID; --server and --label: LLMGW_AGENT_SERVERS and LLMGW_AGENT_LABELS, \
+comma-separated), else the TOML file of --config, else its default (docs/agent.md).
+
+```
+llmgw-agent --server wss://10.0.0.5:8443 --node-id gpu-07 \\
+    --cert node-gpu-07.crt --key node-gpu-07.key --ca ca.crt
+llmgw-agent --config /etc/llmgw/agent.toml
+```
+""",
     version=llmgw_version,
 )
 fake_gpu_app = App(
@@ -173,13 +184,8 @@ def run(
         Path | None, Parameter(help="A TOML file of settings. [default: $LLMGW_AGENT_CONFIG]")
     ] = None,
 ) -> int:
-    """Connect to the control plane and run engines until SIGTERM or SIGINT.
-
-    ```
-    llmgw-agent --server wss://10.0.0.5:8443 --node-id gpu-07 \\
-        --cert gpu-07.crt --key gpu-07.key --ca ca.crt --fake-gpus 4x80GB
-    ```
-    """
+    """Connect to the control plane and run engines until SIGTERM or SIGINT (the app's
+    help, shown by ``llmgw-agent --help``, says how)."""
     try:
         flags = AgentSettings(
             servers=tuple(server) if server else None,

@@ -33,8 +33,10 @@ def help_text(app: App, path: tuple[str, ...]) -> str:
     return shown.getvalue()
 
 
+# llmgw-agent and llmgw-dev are commands themselves, not only groups of commands.
 EVERY_COMMAND = [(program, path) for program, app in PROGRAMS.items() for path in commands(app)] + [
-    ("llmgw-dev", ())
+    ("llmgw-agent", ()),
+    ("llmgw-dev", ()),
 ]
 
 
@@ -50,6 +52,14 @@ def test_help_has_an_example(program: str, path: tuple[str, ...]) -> None:
     command = re.escape(" ".join((program, *path)))
     example = rf"^(\s+|.*Example: )(eval \"\$\(|\S+=\S+ )*{command}(\s|$)"
     assert re.search(example, shown, re.MULTILINE), shown
+
+
+def test_the_agents_help_says_where_else_its_settings_come_from() -> None:
+    """Its flags are read from LLMGW_AGENT_* variables and a config file too, which its
+    options do not show one by one as serve's do."""
+    shown = " ".join(help_text(agent_app, ()).split())
+    for named in ("LLMGW_AGENT_NODE_ID", "LLMGW_AGENT_SERVERS", "--config", "docs/agent.md"):
+        assert named in shown, shown
 
 
 def test_the_walk_reaches_nested_commands() -> None:
