@@ -397,6 +397,15 @@ def _mark(state_dir: Path | None, gpu: int, reason: str | None) -> int:
     if reason is not None and not reason.strip():
         return _fail("--reason: say why the GPU is unhealthy", EXIT_USAGE)
     directory = state_dir or _state_dir_from_env()
+    if not directory.is_dir():
+        # The running agent made its state directory; one that is not there is mistyped,
+        # and a mark written into it (creating it) would reach no agent.
+        named = f"--state-dir {directory}" if state_dir else f"the state directory {directory}"
+        return _fail(
+            f"{named}: no such directory; give the state directory of the agent that runs "
+            "the fake GPUs",
+            EXIT_USAGE,
+        )
     try:
         mark_fake_gpu(fake_gpu_health_file(directory), gpu, reason)
     except ValueError as exc:

@@ -260,6 +260,23 @@ def test_a_usage_error_exits_2_with_the_reason_on_stderr(
     assert "llmgw-agent: --server 'ws://127.0.0.5:8443'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", [["mark", "--reason", "XID 79"], ["clear"]])
+def test_a_fake_gpu_is_not_marked_in_a_state_directory_that_does_not_exist(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """A mistyped --state-dir is one no agent reads: it is refused, and not created."""
+    typo = tmp_path / "agents" / "dev-node-9"
+    verb, *rest = command
+    argv = ["fake-gpu", verb, "--state-dir", str(typo), "--gpu", "1", *rest]
+
+    assert app(argv, result_action="return_value") == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        f"llmgw-agent: --state-dir {typo}: no such directory; give the state directory "
+        "of the agent that runs the fake GPUs\n"
+    )
+    assert not (tmp_path / "agents").exists()
+
+
 def test_fake_gpus_are_marked_unhealthy_and_cleared_in_the_state_directory(
     tmp_path: Path,
 ) -> None:
