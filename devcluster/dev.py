@@ -58,6 +58,7 @@ from devcluster.ports import LOOPBACK, EnginePortBlock, claim_engine_ports, port
 from devcluster.postgres import LocalPostgres
 from devcluster.programs import AgentCommand, ServeCommand
 from devcluster.readiness import wait_for
+from devcluster.state_lock import StateDirLock, lock_state_dir
 
 TOKEN_NAME = "dev"
 API_KEY_NAME = "dev"
@@ -111,6 +112,7 @@ class DevCluster:
     processes: Processes = field(init=False)
     postgres: LocalPostgres | DockerPostgres | None = None
     engine_ports: EnginePortBlock | None = None
+    state_lock: StateDirLock | None = None
     token: str = ""
 
     def __post_init__(self) -> None:
@@ -119,6 +121,7 @@ class DevCluster:
     def start(self) -> str:
         """Start everything and wait until the model serves; the next-steps text."""
         options = self.options
+        self.state_lock = lock_state_dir(options.state_dir)
         for port, flag in (
             (options.admin_port, "--admin-port"),
             (options.agent_port, "--agent-port"),
@@ -201,6 +204,12 @@ class DevCluster:
                 print(f"error: {exc}", file=sys.stderr)
         if self.engine_ports is not None:
             self.engine_ports.release()
+
+    def release_state_dir(self) -> None:
+        """After ``stop``, or when nothing was started: the next run may have it."""
+        if self.state_lock is not None:
+            self.state_lock.release()
+            self.state_lock = None
 
     # -- steps --------------------------------------------------------------------------
 
@@ -347,6 +356,7 @@ def run_dev(options: DevOptions) -> int:
         if cluster.started_anything():
             _announce("stopping the dev cluster ...")
             cluster.stop()
+        cluster.release_state_dir()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     if cluster.started_anything():

@@ -3,6 +3,7 @@
 ::
 
     DevError                   the cluster cannot start, or stopped by itself
+    ├── StateDirInUse          another running ``llmgw-dev`` holds the state directory
     ├── DevDatabaseError       PostgreSQL could not be found, prepared, started or stopped
     ├── EnginePortsUnavailable no block of engine ports is free on this machine
     ├── CertificatesFailed     ``llmgw-cli cert`` could not issue a certificate
@@ -17,6 +18,10 @@ from pathlib import Path
 
 class DevError(Exception):
     """The cluster cannot start or stopped by itself; the message says what to do."""
+
+
+class StateDirInUse(DevError):
+    """Another running ``llmgw-dev`` holds the state directory."""
 
 
 class DevDatabaseError(DevError):

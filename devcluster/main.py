@@ -29,7 +29,8 @@ LLMGW_DATABASE_URL is set), a CA and certificates, the control plane with its ga
 --client-port, two agents with fake GPUs, a demo model served by the engine simulator (or,
 with --engine llamacpp, by llama.cpp's llama-server with a real 270M-parameter model on the
 CPU, from the llamacpp extra), and an API key for it. Everything is kept in --state-dir and
-reused by the next run; a state directory keeps the engine it was first run with. Ctrl-C
+reused by the next run; a state directory keeps the engine it was first run with, and
+serves one run at a time. Ctrl-C
 stops every process it started, engines included (each agent reports its stops first),
 and the next run serves the same replicas again.
 

@@ -1,0 +1,53 @@
+"""One ``llmgw-dev`` per state directory.
+
+A second run on a directory that a running one uses would share its PostgreSQL, stand by
+behind its server, write its engine-port block over the first run's and, when it ends,
+stop that PostgreSQL under the first cluster. So each run holds ``dev.lock`` in the
+state directory (``flock``, with its pid in the file for the refusal to name) from before
+it checks its ports until it has stopped. The lock goes with the process however it
+ends, and no child inherits it (Python opens files non-inheritable): the engines and
+PostgreSQL that a killed run leaves behind do not keep the next run out.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from devcluster.errors import StateDirInUse
+
+LOCK_FILE = "dev.lock"
+
+
+@dataclass(eq=False)
+class StateDirLock:
+    file: TextIO
+
+    def release(self) -> None:
+        self.file.close()
+
+
+def lock_state_dir(state_dir: Path) -> StateDirLock:
+    """Hold ``state_dir`` for this run (creating it); ``StateDirInUse`` when another run
+    holds it."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    file = (state_dir / LOCK_FILE).open("a+", encoding="utf-8")
+    try:
+        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        file.seek(0)
+        holder = file.read().strip()
+        file.close()
+        pid = f" (pid {holder})" if holder.isdigit() else ""
+        raise StateDirInUse(
+            f"another llmgw-dev{pid} runs on {state_dir}: stop it first, or give this one a "
+            "--state-dir of its own"
+        ) from None
+    file.seek(0)
+    file.truncate()
+    file.write(f"{os.getpid()}\n")
+    file.flush()
+    return StateDirLock(file)

@@ -1,0 +1,58 @@
+"""One ``llmgw-dev`` per state directory: a second run on a directory another run holds is
+refused in one line before it starts anything. Run through, it would share the first
+run's PostgreSQL, stand by behind its server, write the engine-port block over the first
+run's, and stop that PostgreSQL when it ends: the first cluster would lose its database."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from devcluster.dev import DevOptions, run_dev
+from devcluster.ports import LOOPBACK
+from tests.support.ports import free_port
+
+UNREACHABLE_DATABASE = "postgresql://llmgw@127.0.0.1:1/llmgw"
+"""Were the run to go past the state directory, it would fail here, and quickly."""
+
+
+def test_a_second_dev_on_a_state_directory_in_use_is_refused_before_it_starts_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LLMGW_DATABASE_URL", UNREACHABLE_DATABASE)
+    options = DevOptions(tmp_path, free_port(), free_port(), replicas=2, client_port=free_port())
+    with (tmp_path / "dev.lock").open("w") as held:  # as the running llmgw-dev holds it
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write(f"{os.getpid()}\n")
+        held.flush()
+
+        code = run_dev(options)
+
+    assert code == 1
+    assert capsys.readouterr().err == (
+        f"error: another llmgw-dev (pid {os.getpid()}) runs on {tmp_path}: stop it first, "
+        "or give this one a --state-dir of its own\n"
+    )
+    assert [path.name for path in tmp_path.iterdir()] == ["dev.lock"], "nothing was started"
+
+
+def test_the_state_directory_is_free_again_once_a_run_ends(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as taken:
+        taken.bind((LOOPBACK, 0))
+        taken.listen()
+        in_use = taken.getsockname()[1]
+        options = DevOptions(tmp_path, in_use, free_port(), replicas=2, client_port=free_port())
+
+        assert run_dev(options) == 1  # past the state directory, refused at the port
+
+    assert capsys.readouterr().err == (
+        f"error: port {in_use} on 127.0.0.1 is in use; choose another with --admin-port\n"
+    )
+    with (tmp_path / "dev.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while another holds it
