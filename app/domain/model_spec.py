@@ -16,6 +16,8 @@ from typing import Literal
 
 import msgspec
 
+from app.domain.shard_report_budget import MAX_SHARD_REPORT_BYTES, shard_report_refusal
+
 NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 ENGINES = ("vllm", "sglang", "llamacpp", "openai")
 """The engines llmgw has a profile for (``wire.engines.PROFILES``, kept equal by a test)."""
@@ -325,7 +327,17 @@ def validate_spec(spec: ModelSpec) -> list[SpecError]:
     errors.extend(SpecError("apis", reason) for reason in api_errors(spec.apis))
     if not errors:
         errors.extend(_start_command_errors(spec))
+        errors.extend(_shard_report_errors(spec))
     return errors
+
+
+def _shard_report_errors(spec: ModelSpec) -> list[SpecError]:
+    """Every shard's report must fit its share of its node's hello, or the agent refuses
+    to start it (``shard_report_budget``); the name is what makes it long."""
+    refusal = shard_report_refusal(
+        spec.name, spec.gpus_per_shard, spec.shards_per_replica, MAX_SHARD_REPORT_BYTES
+    )
+    return [] if refusal is None else [SpecError("name", refusal)]
 
 
 _NO_PROCESS = "no process can be given one"
