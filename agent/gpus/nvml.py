@@ -1,7 +1,8 @@
 """GPU discovery and health through NVML.
 
 Each snapshot lists the GPUs, drains the XID events NVML queued since the previous one
-and runs the health checks (see ``health`` and docs/gpus.md for the rules):
+and runs the health checks (``nvml_checks``; see ``health`` and docs/gpus.md for the
+rules), each NVML error read as ``nvml_calls`` says:
 
 - retired pages pending, row remapping pending or failed, volatile uncorrectable ECC
   errors: unhealthy while NVML reports them;
@@ -24,33 +25,19 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import ParamSpec, TypeVar
 
 from agent.gpus.handles import same_device
 from agent.gpus.health import DEFAULT_XID_RECOVERY, GpuReading, XidHolds, judge
-from agent.gpus.nvml_api import (
-    DRIVER_LOST_CODES,
-    LOST_CODES,
-    NO_DRIVER_CODES,
-    UNSUPPORTED_CODES,
-    NvmlLibrary,
-    error_code,
-    error_message,
-)
+from agent.gpus.nvml_api import NO_DRIVER_CODES, NvmlLibrary, error_code, error_message
+from agent.gpus.nvml_calls import CallFailed, DriverLost, GpuLost, Unreadable, ask, ask_gpu
+from agent.gpus.nvml_checks import health_problems
 from agent.gpus.restarts import RestartBackoff
 from agent.gpus.types import GpuSnapshot, GpuStatus, XidEvent
 from agent.gpus.xid import classify_xid
 
-P = ParamSpec("P")
-T = TypeVar("T")
-
 MIB = 1024 * 1024
 # A driver that keeps queueing events must not keep one snapshot draining forever.
 MAX_EVENTS_PER_SNAPSHOT = 1024
-
-RETIRED_PAGES_PENDING = "retired pages pending: a GPU reset is needed to retire them"
-ROW_REMAP_PENDING = "row remapping pending: a GPU reset is needed to apply it"
-ROW_REMAP_FAILED = "row remapping failed: a faulty memory row could not be remapped"
 
 
 def driver_lost_reason(why: str) -> str:
@@ -64,38 +51,6 @@ def _utc_now() -> datetime:
 
 def _text(value: str | bytes) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-
-
-class _Unreadable(Exception):
-    """A query that leaves the GPU unhealthy; ``reason`` says why in words."""
-
-    @property
-    def reason(self) -> str:
-        return str(self)
-
-
-class _GpuLost(_Unreadable):
-    pass
-
-
-class _CallFailed(_Unreadable):
-    def __init__(self, function: str, code: int, message: str) -> None:
-        super().__init__(f"NVML {function} failed: {message}")
-        self.function = function
-        self.code = code
-        self.message = message
-
-    @property
-    def unsupported(self) -> bool:
-        return self.code in UNSUPPORTED_CODES
-
-
-class _DriverLost(Exception):
-    """NVML answered a call as one that has lost its driver; ``why`` in NVML's words."""
-
-    def __init__(self, why: str) -> None:
-        super().__init__(why)
-        self.why = why
 
 
 class _StartFailed(Exception):
@@ -154,7 +109,7 @@ class NvmlGpuSource:
                 return self._while_driver_lost(now)
         try:
             snapshot = self._read_machine(now)
-        except _DriverLost as lost:
+        except DriverLost as lost:
             self._shut_down(lost.why, now, self._unreadable_as(lost.why))
             return self._while_driver_lost(now)
         if self._started:  # not shut down for every GPU being lost
@@ -164,8 +119,8 @@ class NvmlGpuSource:
 
     def _read_machine(self, now: datetime) -> GpuSnapshot:
         try:
-            count = self._ask(self._nvml.nvmlDeviceGetCount)
-        except _CallFailed as failed:
+            count = ask(self._nvml, self._nvml.nvmlDeviceGetCount)
+        except CallFailed as failed:
             return GpuSnapshot(
                 gpus=(), unavailable_reason=f"NVML could not count the GPUs: {failed.message}"
             )
@@ -178,7 +133,7 @@ class NvmlGpuSource:
             self._holds.note(event, unreadable)
         gpus = tuple(self._status(reading, now) for reading, _ in readings)
         self._listed = tuple(gpu.index for gpu in gpus)
-        if readings and all(isinstance(failure, _GpuLost) for _, failure in readings):
+        if readings and all(isinstance(failure, GpuLost) for _, failure in readings):
             # Every GPU lost at once is what a reloaded driver looks like to handles taken
             # before it: start NVML afresh on a later snapshot. Until then the GPUs keep
             # the reasons read now, so a GPU that stays lost does not flap between two.
@@ -241,12 +196,12 @@ class NvmlGpuSource:
         return GpuSnapshot(gpus=gpus, unavailable_reason=reason)
 
     def _open_handles(self, count: int) -> list[tuple[int, object]]:
-        """Each GPU's handle, or the ``_Unreadable`` saying why it could not be opened."""
+        """Each GPU's handle, or the ``Unreadable`` saying why it could not be opened."""
         handles: list[tuple[int, object]] = []
         for index in range(count):
             try:
-                handle = self._ask_gpu(self._nvml.nvmlDeviceGetHandleByIndex, index)
-            except _Unreadable as exc:
+                handle = ask_gpu(self._nvml, self._nvml.nvmlDeviceGetHandleByIndex, index)
+            except Unreadable as exc:
                 handles.append((index, exc))
                 continue
             handles.append((index, handle))
@@ -259,16 +214,17 @@ class NvmlGpuSource:
         if self._event_set is None:
             return
         for index, handle in handles:
-            if index in self._xid_registration_settled or isinstance(handle, _Unreadable):
+            if index in self._xid_registration_settled or isinstance(handle, Unreadable):
                 continue
             try:
-                self._ask(
+                ask(
+                    self._nvml,
                     self._nvml.nvmlDeviceRegisterEvents,
                     handle,
                     self._nvml.nvmlEventTypeXidCriticalError,
                     self._event_set,
                 )
-            except _CallFailed as failed:
+            except CallFailed as failed:
                 if failed.unsupported:
                     self._xid_registration_settled.add(index)
                 continue  # a GPU lost now may come back: register it on a later snapshot
@@ -280,8 +236,8 @@ class NvmlGpuSource:
         events: list[XidEvent] = []
         for _ in range(MAX_EVENTS_PER_SNAPSHOT):
             try:
-                data = self._ask(self._nvml.nvmlEventSetWait, self._event_set, 0)
-            except _CallFailed:
+                data = ask(self._nvml, self._nvml.nvmlEventSetWait, self._event_set, 0)
+            except CallFailed:
                 break  # Timeout: nothing left; any other error: the next snapshot tries again
             if data.eventType != self._nvml.nvmlEventTypeXidCriticalError:
                 continue
@@ -303,10 +259,10 @@ class NvmlGpuSource:
         UUID or handle it carries (a GPU off the bus may not say its index any more)."""
         if not device:  # a NULL handle: the driver did not say which GPU
             return None
-        with contextlib.suppress(_CallFailed):
-            return self._ask(self._nvml.nvmlDeviceGetIndex, device)
-        with contextlib.suppress(_CallFailed):
-            uuid = _text(self._ask(self._nvml.nvmlDeviceGetUUID, device))
+        with contextlib.suppress(CallFailed):
+            return ask(self._nvml, self._nvml.nvmlDeviceGetIndex, device)
+        with contextlib.suppress(CallFailed):
+            uuid = _text(ask(self._nvml, self._nvml.nvmlDeviceGetUUID, device))
             for index, reading in self._last_readings.items():
                 if reading.uuid and reading.uuid == uuid:
                     return index
@@ -317,16 +273,16 @@ class NvmlGpuSource:
 
     # -- one GPU -------------------------------------------------------------------------
 
-    def _read(self, index: int, handle: object) -> tuple[GpuReading, _Unreadable | None]:
+    def _read(self, index: int, handle: object) -> tuple[GpuReading, Unreadable | None]:
         """What the GPU answered, and why it could not be read if it could not."""
-        if isinstance(handle, _Unreadable):
+        if isinstance(handle, Unreadable):
             return self._last_reading(index, handle.reason), handle
         try:
-            uuid = _text(self._ask_gpu(self._nvml.nvmlDeviceGetUUID, handle))
-            name = _text(self._ask_gpu(self._nvml.nvmlDeviceGetName, handle))
-            memory = self._ask_gpu(self._nvml.nvmlDeviceGetMemoryInfo, handle)
-            problems = self._health_problems(handle)
-        except _Unreadable as exc:
+            uuid = _text(ask_gpu(self._nvml, self._nvml.nvmlDeviceGetUUID, handle))
+            name = _text(ask_gpu(self._nvml, self._nvml.nvmlDeviceGetName, handle))
+            memory = ask_gpu(self._nvml, self._nvml.nvmlDeviceGetMemoryInfo, handle)
+            problems = health_problems(self._nvml, handle)
+        except Unreadable as exc:
             return self._last_reading(index, exc.reason), exc
         reading = GpuReading(
             index=index,
@@ -348,70 +304,9 @@ class NvmlGpuSource:
             index, last.uuid, last.name, last.memory_total_mib, last.memory_used_mib, (problem,)
         )
 
-    def _health_problems(self, handle: object) -> list[str]:
-        problems: list[str] = []
-        for check in (self._retired_pages, self._row_remapping, self._uncorrected_ecc):
-            try:
-                problems.extend(check(handle))
-            except _CallFailed as failed:
-                if not failed.unsupported:
-                    problems.append(failed.reason)
-        return problems
-
-    def _retired_pages(self, handle: object) -> list[str]:
-        pending = self._ask_gpu(self._nvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
-        return [RETIRED_PAGES_PENDING] if pending else []
-
-    def _row_remapping(self, handle: object) -> list[str]:
-        _corrected, _uncorrected, pending, failed = self._ask_gpu(
-            self._nvml.nvmlDeviceGetRemappedRows, handle
-        )
-        problems: list[str] = []
-        if pending:
-            problems.append(ROW_REMAP_PENDING)
-        if failed:
-            problems.append(ROW_REMAP_FAILED)
-        return problems
-
-    def _uncorrected_ecc(self, handle: object) -> list[str]:
-        count = self._ask_gpu(
-            self._nvml.nvmlDeviceGetTotalEccErrors,
-            handle,
-            self._nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-            self._nvml.NVML_VOLATILE_ECC,
-        )
-        if count <= 0:
-            return []
-        return [f"{count} uncorrectable ECC error(s) since the last GPU reset"]
-
     def _status(self, reading: GpuReading, now: datetime) -> GpuStatus:
         hold = self._holds.holding(reading.index, now, other_problems=bool(reading.problems))
         return judge(reading, hold)
-
-    # -- calling NVML --------------------------------------------------------------------
-
-    def _ask(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """``call``'s answer; ``_CallFailed`` for an NVML error, ``_DriverLost`` for one
-        that says NVML itself no longer works."""
-        try:
-            return call(*args, **kwargs)
-        except self._nvml.NVMLError as exc:
-            code = error_code(exc)
-            if code in DRIVER_LOST_CODES:
-                raise _DriverLost(error_message(exc)) from exc
-            function = getattr(call, "__name__", "call")
-            raise _CallFailed(function, code, error_message(exc)) from exc
-
-    def _ask_gpu(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Like ``_ask``, but a lost GPU stops the reading of that GPU at once."""
-        try:
-            return self._ask(call, *args, **kwargs)
-        except _CallFailed as failed:
-            if failed.code in LOST_CODES:
-                raise _GpuLost(
-                    f"GPU is lost: NVML {failed.function} answered '{failed.message}'"
-                ) from failed
-            raise
 
 
 class UnavailableNvml:
