@@ -16,6 +16,7 @@ from typing import Literal
 
 import msgspec
 
+from app.domain.exec_limits import argv_refusal
 from app.domain.shard_report_budget import MAX_SHARD_REPORT_BYTES, shard_report_refusal
 
 NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
@@ -636,9 +637,10 @@ def autoscale_policy_errors(policy: AutoscalePolicy) -> list[SpecError]:
 
 
 def _start_command_errors(spec: ModelSpec) -> list[SpecError]:
-    """The command line must split into words, and the ``start_shard`` command of a shard
-    must fit in one agent frame even with the longest values its placeholders can take:
-    otherwise every start of the replica would fail while it holds its GPUs."""
+    """The command line must split into words that the kernel can start (``exec_limits``),
+    and the ``start_shard`` command of a shard must fit in one agent frame, even with the
+    longest values its placeholders can take: otherwise every start of the replica would
+    fail while it holds its GPUs."""
     shards = spec.shards_per_replica
     endpoint = f"{_LONGEST_ADDRESS}:65535"
     values = {
@@ -665,9 +667,13 @@ def _start_command_errors(spec: ModelSpec) -> list[SpecError]:
     bound = "at least"
     if size <= MAX_AGENT_MESSAGE_BYTES:
         bound = "up to"
+        argv = [word.format(**values) for word in words]
+        refusal = argv_refusal(argv)
+        if refusal is not None:
+            return [SpecError("command", refusal)]
         peer = {"shard_index": 63, "address": _LONGEST_ADDRESS, "port": 65535}
         command = {
-            "argv": [word.format(**values) for word in words],
+            "argv": argv,
             "env": spec.env,
             "gpus": [99] * spec.gpus_per_shard,
             "peers": [peer] * (shards - 1),
