@@ -15,6 +15,7 @@ from app.domain.model_spec import (
     MAX_AGENT_MESSAGE_BYTES,
     MAX_COMMAND_BYTES,
     MAX_GPU_MEMORY_GIB,
+    MAX_GPUS_PER_SHARD,
     MAX_LABEL_KEY_CHARS,
     MAX_LABEL_VALUE_CHARS,
     MAX_REPLICAS,
@@ -30,12 +31,13 @@ from app.domain.model_spec import (
     validate_spec,
 )
 from app.domain.state import ClusterState, Replica, ReplicaPhase, Shard
+from app.hub.claims import MAX_GPU_MEMORY_MIB
 from app.hub.edge import command_to_wire
 from wire.engine_env import AGENT_SET_VARIABLES as AGENT_SETS
 from wire.engine_env import LAUNCH_TOKEN_VARIABLE
 from wire.engines import ENGINE_NAMES
 from wire.errors import MessageTooLarge
-from wire.messages import MAX_MESSAGE_BYTES, Labels, encode
+from wire.messages import MAX_GPUS_PER_NODE, MAX_MESSAGE_BYTES, Labels, encode
 
 GOOD = ModelSpec(
     name="llama-70b",
@@ -133,6 +135,12 @@ def test_the_bounds_themselves_are_accepted(spec: ModelSpec) -> None:
 
 def test_the_start_command_limit_is_the_agent_channels_frame_limit() -> None:
     assert MAX_AGENT_MESSAGE_BYTES == MAX_MESSAGE_BYTES
+
+
+def test_a_shard_asks_for_no_more_gpus_or_memory_than_a_node_may_report() -> None:
+    """Beyond them a shard could never be placed: the bounds are the hello's."""
+    assert MAX_GPUS_PER_SHARD == MAX_GPUS_PER_NODE
+    assert MAX_GPU_MEMORY_GIB * 1024 == MAX_GPU_MEMORY_MIB
 
 
 def test_the_spec_accepts_exactly_the_engines_that_have_a_profile() -> None:
