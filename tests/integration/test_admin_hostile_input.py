@@ -245,6 +245,34 @@ async def test_a_spec_number_out_of_bounds_is_a_422_naming_the_field_and_the_bou
 
 
 @pytest.mark.parametrize(
+    ("command", "reason"),
+    [
+        ("'' serve --port {port}", "names an empty program: nothing could be started"),
+        (
+            "engine --x=" + "y" * 36 + "{peers}" * 8,
+            "makes word 2 up to 131072 bytes long (placeholders filled in), over the 131071 "
+            "bytes Linux allows one argument: every start would fail with 'Argument list too "
+            "long'",
+        ),
+    ],
+    ids=["empty program", "argument over the kernel's limit"],
+)
+async def test_a_command_no_engine_could_be_started_with_is_a_422_and_records_nothing(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore, command: str, reason: str
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.put(
+        "/admin/v1/models/llama", json={"command": command, "shards_per_replica": 64}
+    )
+
+    problem = problem_of(answer, 422)
+    assert problem["title"] == "invalid-spec"
+    assert problem["errors"] == [{"field": "command", "reason": reason}]
+    assert await last_position(pg_store) == before
+
+
+@pytest.mark.parametrize(
     ("path", "body", "kind", "field", "reason"),
     [
         (
