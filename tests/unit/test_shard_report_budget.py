@@ -4,13 +4,13 @@ refused by the agent."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, datetime
 
 import msgspec
 import pytest
 from msgspec.structs import replace
 
-from agent.reports import json_bytes
+from agent.reports import _LONGEST_PID, _LONGEST_START, _LONGEST_STATE, json_bytes
 from agent.reports import shard_report_refusal as agent_refusal
 from app.domain import model_spec
 from app.domain.commands import start_command
@@ -33,13 +33,11 @@ from app.domain.shard_report_budget import (
 )
 from app.domain.state import ClusterState, Replica, ReplicaPhase, Shard
 from app.hub.edge import command_to_wire
-from wire.messages import MAX_LISTED, MAX_PID, ShardReport
+from wire.messages import MAX_LISTED, ShardReport, StartShard
 from wire.messages import MAX_SHARD_REPORT_BYTES as WIRE_MAX_SHARD_REPORT_BYTES
 
 LONGEST_NAME = "m" * 63
 """The longest name ``NAME_PATTERN`` accepts."""
-LONGEST_START = datetime(2000, 1, 1, 0, 0, 0, 1, tzinfo=timezone(timedelta(hours=-12)))
-"""A start time with microseconds and an offset: the longest a report carries."""
 
 
 def widest_spec(name: str = LONGEST_NAME) -> ModelSpec:
@@ -52,16 +50,17 @@ def widest_spec(name: str = LONGEST_NAME) -> ModelSpec:
 
 
 def agents_measure(spec: ModelSpec) -> int:
-    """The bytes the agent measures for the last shard of the model's longest replica id."""
+    """The bytes the agent measures (with its own longest pid, state and start time) for
+    the last shard of the model's longest replica id, on the highest GPU indexes."""
     report = ShardReport(
         replica_id=longest_replica_id(spec.name),
         shard_index=spec.shards_per_replica - 1,
         model=spec.name,
         port=65535,
         gpus=(MAX_LISTED - 1,) * spec.gpus_per_shard,
-        pid=MAX_PID,
-        state="starting",
-        started_at=LONGEST_START,
+        pid=_LONGEST_PID,
+        state=_LONGEST_STATE,
+        started_at=_LONGEST_START,
     )
     return json_bytes(report)
 
@@ -106,6 +105,7 @@ def test_the_widest_model_the_control_plane_accepts_is_one_the_agent_starts() ->
         placed_at=datetime.now(UTC),
     )
     command = command_to_wire(start_command(ClusterState(), spec, replica, shard))
+    assert isinstance(command, StartShard)
     assert agent_refusal(command) is None
 
 
