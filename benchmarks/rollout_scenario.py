@@ -51,7 +51,7 @@ from app.domain.model_spec import CanaryStep, ModelSpec, RolloutPolicy
 from app.domain.operations import apply_model
 from app.domain.reconcile import Settings, decide
 from app.domain.reports import FleetView, NodeReport, ReportedShard
-from app.domain.rollout import canary_group, stable_group, traffic_wanted
+from app.domain.rollout_reads import canary_group, stable_group, traffic_wanted
 from app.domain.state import ClusterState, ReplicaPhase
 from app.domain.traffic import TrafficFigures
 

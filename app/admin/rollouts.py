@@ -31,8 +31,8 @@ from app.admin.schemas import MoveView, as_view
 from app.admin.traffic import TrafficSource, traffic_by_revision, traffic_view
 from app.domain.events import model_stream
 from app.domain.revisions import describe_changes
-from app.domain.rollout import verdict_groups, verdict_waits_for
 from app.domain.rollout_history import RolloutRecord, rollout_records
+from app.domain.rollout_reads import verdict_groups, verdict_waits_for
 from app.domain.traffic import TrafficFigures
 from app.services.operations import Caller, Operations, RolloutReport
 from app.store.history import read_rollouts

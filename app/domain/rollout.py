@@ -29,7 +29,7 @@ plane that restarts anywhere in a rollout resumes it from the log exactly.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import timedelta
 
 from msgspec.structs import replace
@@ -38,8 +38,6 @@ from app.domain.decision import Draft
 from app.domain.events import (
     JudgedFigures,
     ReplicaDrainCancelled,
-    ReplicaDrainStarted,
-    ReplicaStopping,
     RolloutFinished,
     RolloutHolding,
     RolloutPaused,
@@ -51,19 +49,18 @@ from app.domain.events import (
 )
 from app.domain.model_spec import CanaryStep
 from app.domain.revisions import REVISION_FIELDS
+from app.domain.rollout_convergence import COUNTING, active_replicas, converge
+from app.domain.rollout_reads import canary_group, sides_ejected, stable_group
 from app.domain.rollout_verdict import (
     INCONCLUSIVE,
     PROMOTE,
     ROLL_BACK,
     Ejected,
     judge,
-    waiting_for,
 )
 from app.domain.state import (
-    ACTIVE_PHASES,
     ClusterState,
     Model,
-    Replica,
     ReplicaPhase,
     Rollout,
     RolloutState,
@@ -81,83 +78,6 @@ RolloutEvent = (
     | RolloutRolledBack
     | RolloutFinished
 )
-
-_COUNTING = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING, ReplicaPhase.SERVING})
-_NOT_SERVING_YET = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING})
-
-
-def canary_group(model: str) -> str:
-    """The key of a model's new-revision replicas in ``FleetView.traffic``."""
-    return f"{model} canary"
-
-
-def stable_group(model: str) -> str:
-    """The key of a model's other replicas in ``FleetView.traffic``."""
-    return f"{model} stable"
-
-
-def traffic_wanted(state: ClusterState) -> dict[str, list[str]]:
-    """The replicas whose gateway figures the verdicts of this pass need, by group: for each
-    rollout holding a step, its new revision's active replicas and the model's others.
-    Empty (nothing to read) when no rollout holds."""
-    wanted: dict[str, list[str]] = {}
-    holding = {
-        name: model.rollout.revision
-        for name, model in state.models.items()
-        if model.rollout is not None
-        and model.rollout.state is RolloutState.RUNNING
-        and model.rollout.holding_since is not None
-    }
-    if not holding:
-        return wanted
-    for replica in state.replicas.values():
-        revision = holding.get(replica.model)
-        if revision is None or replica.phase not in ACTIVE_PHASES:
-            continue
-        group = canary_group if replica.revision == revision else stable_group
-        wanted.setdefault(group(replica.model), []).append(replica.id)
-    return wanted
-
-
-def verdict_groups(model: Model, replicas: Iterable[Replica]) -> dict[str, list[str]]:
-    """The groups a verdict of ``model``'s rollout would read now (as ``traffic_wanted``):
-    its new revision's active replicas and the model's others; empty when the rollout
-    holds no step."""
-    rollout = model.rollout
-    if (
-        rollout is None
-        or rollout.state is not RolloutState.RUNNING
-        or rollout.holding_since is None
-    ):
-        return {}
-    groups: dict[str, list[str]] = {}
-    for replica in replicas:
-        if replica.model != model.name or replica.phase not in ACTIVE_PHASES:
-            continue
-        group = canary_group if replica.revision == rollout.revision else stable_group
-        groups.setdefault(group(model.name), []).append(replica.id)
-    return groups
-
-
-def verdict_waits_for(
-    model: Model,
-    replicas: Iterable[Replica],
-    traffic: Mapping[str, TrafficFigures],
-    ejected: Mapping[str, int],
-) -> str | None:
-    """What the verdict of ``model``'s holding step, taken on these figures now, would still
-    wait for (too few requests or latency samples on a side, with the counts); None when it
-    would decide, or no step holds. ``traffic`` by ``verdict_groups``; ``ejected``: the
-    replicas gateways eject, with how many of them do."""
-    rollout = model.rollout
-    if rollout is None or not verdict_groups(model, replicas):
-        return None
-    return waiting_for(
-        traffic.get(canary_group(model.name)),
-        traffic.get(stable_group(model.name)),
-        model.spec.rollout,
-        _ejected(replicas, model, rollout, ejected),
-    )
 
 
 def new_revision_room(state: ClusterState, model: Model) -> int | None:
@@ -183,8 +103,8 @@ def new_revision_room(state: ClusterState, model: Model) -> int | None:
         return None
     running = sum(
         1
-        for replica in _active(state, model.name)
-        if replica.revision == model.revision and replica.phase in _COUNTING
+        for replica in active_replicas(state, model.name)
+        if replica.revision == model.revision and replica.phase in COUNTING
     )
     return max(allowed - running, 0)
 
@@ -237,7 +157,7 @@ def _advance(
         return
     last = index == len(steps) - 1
     target = step.count(model.desired)
-    if not _converge(draft, model, rollout, target, every=last):
+    if not converge(draft, model, rollout, target, every=last):
         return
     if last:
         outcome = f"every replica runs revision {rollout.revision}"
@@ -255,7 +175,7 @@ def _advance(
         return
     if draft.now < rollout.holding_since + timedelta(seconds=step.hold_s):
         return
-    sides = _ejected(_active(draft.state, model.name), model, rollout, ejected)
+    sides = sides_ejected(active_replicas(draft.state, model.name), model, rollout, ejected)
     _judge(draft, model, rollout, index, traffic, sides)
 
 
@@ -321,22 +241,6 @@ def _judge(
         _start_step(draft, model, rollout, index + 1, steps[index + 1])
 
 
-def _ejected(
-    replicas: Iterable[Replica], model: Model, rollout: Rollout, ejected: Mapping[str, int]
-) -> Ejected:
-    """The model's active replicas the gateways eject, by the side of the verdict."""
-    canary: dict[str, int] = {}
-    stable: dict[str, int] = {}
-    for replica in replicas:
-        if replica.model != model.name or replica.phase not in ACTIVE_PHASES:
-            continue
-        gateways = ejected.get(replica.id, 0)
-        if gateways > 0:
-            side = canary if replica.revision == rollout.revision else stable
-            side[replica.id] = gateways
-    return Ejected(canary=canary, stable=stable)
-
-
 def _judged(figures: TrafficFigures | None) -> JudgedFigures | None:
     if figures is None:
         return None
@@ -375,7 +279,7 @@ def rollback_event(model: Model, rollout: Rollout, reason: str) -> RolloutRolled
 
 def _bring_back(draft: Draft, model: Model, rollout: Rollout) -> None:
     """Replace the rolled back revision's replicas by the model's (old) revision."""
-    for replica in _active(draft.state, model.name):
+    for replica in active_replicas(draft.state, model.name):
         if (
             replica.phase is ReplicaPhase.DRAINING
             and replica.drain_id == rollout.id
@@ -391,7 +295,7 @@ def _bring_back(draft: Draft, model: Model, rollout: Rollout) -> None:
                 correlation_id=rollout.id,
             )
     model = draft.state.models[model.name]
-    if _converge(draft, model, rollout, model.desired, every=True):
+    if converge(draft, model, rollout, model.desired, every=True):
         why = model.rollout.outcome if model.rollout is not None else None
         outcome = f"rolled back to revision {model.revision}: {why}"
         _finish(draft, model, rollout, succeeded=False, outcome=outcome)
@@ -404,78 +308,4 @@ def _finish(draft: Draft, model: Model, rollout: Rollout, *, succeeded: bool, ou
         RolloutFinished(
             model=model.name, rollout_id=rollout.id, succeeded=succeeded, outcome=outcome
         ),
-    )
-
-
-def _converge(draft: Draft, model: Model, rollout: Rollout, target: int, *, every: bool) -> bool:
-    """Bring the model's replicas of its current revision towards ``target`` serving (all
-    of them when ``every``), by moves of this rollout and the stops ``max_unavailable``
-    allows. True once there: as many serve, no move of this rollout is under way, and
-    (when ``every``) no replica of another revision is left but those stopping."""
-    policy = model.spec.rollout
-    revision = model.revision
-    replicas = _active(draft.state, model.name)
-    current = [r for r in replicas if r.revision == revision and r.phase in _COUNTING]
-    moving = [m for m in model.moves.values() if m.move_id == rollout.id]
-    outdated = [r for r in replicas if r.revision != revision]
-    serving_outdated = sorted(
-        (r for r in outdated if r.phase is ReplicaPhase.SERVING), key=lambda r: r.number
-    )
-    if every:
-        for replica in outdated:
-            if replica.phase in _NOT_SERVING_YET:
-                _stop(
-                    draft,
-                    replica,
-                    rollout,
-                    f"rollout {rollout.id}: not serving yet, placed again at revision {revision}",
-                )
-    coming = len(current) + sum(1 for m in moving if m.replacement_id is None)
-    need = target - coming
-    moves = min(max(need, 0), max(policy.max_surge - len(moving), 0), len(serving_outdated))
-    for replica in serving_outdated[:moves]:
-        draft.emit(
-            replica_stream(replica.id),
-            ReplicaDrainStarted(
-                replica_id=replica.id,
-                drain_id=rollout.id,
-                reason=f"rollout to revision {revision}",
-            ),
-            correlation_id=rollout.id,
-        )
-    need -= moves
-    if need > 0 and policy.max_unavailable > 0:
-        unavailable = model.desired - _available(replicas)
-        stops = min(need, max(policy.max_unavailable - unavailable, 0))
-        for replica in serving_outdated[moves : moves + stops]:
-            reason = (
-                f"rollout {rollout.id}: max_unavailable {policy.max_unavailable} lets it stop "
-                "before its replacement serves"
-            )
-            _stop(draft, replica, rollout, reason)
-    serving_current = sum(1 for r in current if r.phase is ReplicaPhase.SERVING)
-    left_behind = every and any(
-        r.phase is not ReplicaPhase.STOPPING
-        for r in _active(draft.state, model.name)
-        if r.revision != revision
-    )
-    return serving_current >= target and not moving and not left_behind
-
-
-def _available(replicas: list[Replica]) -> int:
-    """Replicas that serve, a move's original and its serving replacement counted once."""
-    serving = [r for r in replicas if r.phase in (ReplicaPhase.SERVING, ReplicaPhase.DRAINING)]
-    doubled = {r.replaces for r in serving if r.replaces is not None}
-    return sum(1 for r in serving if not (r.phase is ReplicaPhase.DRAINING and r.id in doubled))
-
-
-def _active(state: ClusterState, model: str) -> list[Replica]:
-    return [r for r in state.replicas.values() if r.model == model and r.phase in ACTIVE_PHASES]
-
-
-def _stop(draft: Draft, replica: Replica, rollout: Rollout, reason: str) -> None:
-    draft.emit(
-        replica_stream(replica.id),
-        ReplicaStopping(replica_id=replica.id, reason=reason),
-        correlation_id=rollout.id,
     )

@@ -49,7 +49,7 @@ from app.domain.envelope import Meta
 from app.domain.events import MODEL_STREAM_PREFIX, event_type
 from app.domain.reconcile import Settings, adoption_grace_state, decide, note_left_routing
 from app.domain.reports import NO_GATEWAYS, GatewaysInFlight
-from app.domain.rollout import traffic_wanted
+from app.domain.rollout_reads import traffic_wanted
 from app.domain.state import ClusterState
 from app.domain.traffic import TrafficFigures
 from app.services.agent_reports import LiveView

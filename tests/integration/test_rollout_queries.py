@@ -30,7 +30,7 @@ from app.domain.events import (
 )
 from app.domain.model_spec import CanaryStep, RolloutPolicy
 from app.domain.operations import apply_model
-from app.domain.rollout import canary_group, stable_group
+from app.domain.rollout_reads import canary_group, stable_group
 from app.domain.state import RolloutState
 from app.store.database import connection
 from app.store.interface import NewEvent

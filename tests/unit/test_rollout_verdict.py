@@ -6,16 +6,8 @@ from __future__ import annotations
 from app.domain import rollout_operations as rollouts
 from app.domain.events import RolloutPaused, RolloutRolledBack, RolloutVerdict
 from app.domain.model_spec import RolloutPolicy
-from app.domain.rollout import (
-    INCONCLUSIVE,
-    PROMOTE,
-    ROLL_BACK,
-    canary_group,
-    judge,
-    stable_group,
-    verdict_groups,
-    verdict_waits_for,
-)
+from app.domain.rollout import INCONCLUSIVE, PROMOTE, ROLL_BACK, judge
+from app.domain.rollout_reads import canary_group, stable_group, verdict_groups, verdict_waits_for
 from app.domain.state import Model, ReplicaPhase
 from app.domain.traffic import ReplicaTraffic, TrafficFigures, add_sample, merge
 from tests.unit.test_reconcile import Cluster, of_type

@@ -17,7 +17,8 @@ from app.domain.evolve import evolve
 from app.domain.model_spec import CanaryStep
 from app.domain.reconcile import Settings
 from app.domain.reports import AgentConnected, AgentInventory, GatewaysInFlight, NodeReport
-from app.domain.rollout import PROMOTE, canary_group, stable_group
+from app.domain.rollout import PROMOTE
+from app.domain.rollout_reads import canary_group, stable_group
 from app.domain.state import ClusterState, Rollout, RolloutState
 from app.domain.traffic import TrafficFigures
 from app.services.agent_reports import LiveView, ReportRecorder

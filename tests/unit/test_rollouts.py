@@ -36,14 +36,8 @@ from app.domain.model_spec import (
     validate_spec,
 )
 from app.domain.operations import InvalidOperation
-from app.domain.rollout import (
-    INCONCLUSIVE,
-    PROMOTE,
-    ROLL_BACK,
-    canary_group,
-    judge,
-    stable_group,
-)
+from app.domain.rollout import INCONCLUSIVE, PROMOTE, ROLL_BACK, judge
+from app.domain.rollout_reads import canary_group, stable_group
 from app.domain.state import ReplicaPhase, RolloutState
 from app.domain.traffic import TrafficFigures
 from tests.unit.test_reconcile import Cluster, of_type, with_two_nodes_and_a_model
