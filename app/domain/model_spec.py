@@ -151,11 +151,13 @@ class RolloutPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     p95 more than ``max_latency_ratio`` times theirs; with fewer than ``min_requests``
     requests on either side the verdict cannot be reached and the rollout pauses for an
     operator, unless the canary's errors alone put it above the allowed error rate at
-    ``min_requests`` (it is rolled back). A latency p95 is compared only once both sides
-    have ``min_latency_samples`` samples of it; until then the verdict waits for them, and
-    at the hold's end pauses as too few requests do. The gateways ejecting a replica of the
-    new revision for failing (and none of the others) rolls it back. ``max_failures``
-    replicas of the new revision failing to start halt the rollout and roll it back."""
+    ``min_requests`` (it is rolled back), or the stable side saw too few and more than
+    half of the canary's ``min_requests`` failed (it is rolled back too). A latency p95 is
+    compared only once both sides have ``min_latency_samples`` samples of it; until then
+    the verdict waits for them, and at the hold's end pauses as too few requests do. The
+    gateways ejecting a replica of the new revision for failing (and none of the others)
+    rolls it back. ``max_failures`` replicas of the new revision failing to start halt the
+    rollout and roll it back."""
 
     max_surge: int = 1
     max_unavailable: int = 0

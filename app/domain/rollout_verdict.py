@@ -12,7 +12,9 @@ The verdict is one of:
   ``max_error_rate_increase`` above the stable side's, or a latency p95 more than
   ``max_latency_ratio`` times the stable side's, each judged only on enough samples; and
   when the canary saw fewer than ``min_requests`` requests but so many of them failed that
-  no success among the requests it lacks could bring it within the allowance;
+  no success among the requests it lacks could bring it within the allowance; and, when the
+  stable side saw too few requests to compare with, when more than half of the canary's
+  (of ``min_requests`` at least) failed and not as many of the stable side's;
 - **inconclusive** while too few were seen to tell: fewer than ``min_requests`` requests on
   either side, a latency p95 of fewer than ``min_latency_samples`` samples on either side
   (a p95 of fewer than 20 samples is their slowest: one slow request would fail a canary,
@@ -65,6 +67,10 @@ def judge(
         failed_already = _failed_past_allowance(canary, stable, policy)
         if failed_already is not None:
             return ROLL_BACK, failed_already
+    if canary is not None and seen_stable < needed:
+        failing_anyway = _failing_whatever_the_baseline(canary, stable, policy)
+        if failing_anyway is not None:
+            return ROLL_BACK, failing_anyway
     if canary is None or stable is None or seen_canary < needed or seen_stable < needed:
         return INCONCLUSIVE, _too_few_requests(seen_canary, seen_stable, needed)
     worse: list[str] = []
@@ -192,6 +198,38 @@ def _failed_past_allowance(
         f"the allowed error rate ({float(stable_rate):.1%} and "
         f"{policy.max_error_rate_increase * 100:g} point(s) more) even if its next "
         f"{needed - canary.requests} succeeded"
+    )
+
+
+FAILING_ANYWAY = Fraction(1, 2)
+"""A canary error rate no baseline excuses: over it, on ``min_requests`` requests, the
+canary is rolled back even when the old revision saw too few requests to compare with."""
+
+
+def _failing_whatever_the_baseline(
+    canary: TrafficFigures, stable: TrafficFigures | None, policy: RolloutPolicy
+) -> str | None:
+    """Why a canary is rolled back without a baseline (the stable side saw fewer than
+    ``min_requests``): more than half of its requests failed, counting any it lacks of
+    ``min_requests`` as successes. An old revision that gets almost no traffic would
+    otherwise pause a canary failing everything (one the gateways do not eject, with
+    ``--eject-after-failures 0``) for an operator to promote. None when the stable side's
+    own requests failed as much: then the new revision is not the only one failing."""
+    needed = policy.min_requests
+    if Fraction(canary.errors, max(canary.requests, needed)) <= FAILING_ANYWAY:
+        return None
+    if (
+        stable is not None
+        and stable.requests
+        and (Fraction(stable.errors, stable.requests) > FAILING_ANYWAY)
+    ):
+        return None
+    seen_stable = stable.requests if stable else 0
+    return (
+        f"{canary.errors} of {canary.requests} request(s) to the new revision failed, more "
+        f"than {float(FAILING_ANYWAY):.0%} of min_requests {needed} or more: rolled back "
+        f"whatever the others' error rate ({seen_stable} request(s) to them, too few to "
+        "compare with)"
     )
 
 

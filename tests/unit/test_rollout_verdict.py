@@ -221,3 +221,26 @@ def test_a_canary_ejected_before_its_hold_ends_is_not_judged_early() -> None:
     cluster.ejected = {canary_id(cluster): 1}
 
     assert of_type(cluster.reconcile(), RolloutVerdict) == []
+
+
+def test_a_canary_failing_most_requests_is_rolled_back_without_a_baseline() -> None:
+    # The old revision got almost no traffic, and the gateways do not eject the canary
+    # (--eject-after-failures 0): it fails most of what it is sent, in plain sight.
+    policy = RolloutPolicy(min_requests=20)
+    quiet = figures(3)
+
+    verdict, reason = judge(figures(40, errors=40), quiet, policy)
+
+    assert verdict == ROLL_BACK
+    assert reason == (
+        "40 of 40 request(s) to the new revision failed, more than 50% of min_requests 20 "
+        "or more: rolled back whatever the others' error rate (3 request(s) to them, too "
+        "few to compare with)"
+    )
+    assert judge(figures(40, errors=21), None, policy)[0] == ROLL_BACK
+    # Short of min_requests, those it lacks count as successes: 11 of 20 is over half.
+    assert judge(figures(11, errors=11), quiet, policy)[0] == ROLL_BACK
+    assert judge(figures(10, errors=10), quiet, policy)[0] == INCONCLUSIVE
+    # Half is not more than half, and an old revision failing as much excuses nothing.
+    assert judge(figures(40, errors=20), quiet, policy)[0] == INCONCLUSIVE
+    assert judge(figures(40, errors=40), figures(3, errors=2), policy)[0] == INCONCLUSIVE
