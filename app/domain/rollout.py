@@ -115,8 +115,8 @@ def rollout_moves(
     ejected: Mapping[str, int] | None = None,
 ) -> None:
     """Advance every rollout under way by what the state and the gateways' figures say;
-    ``ejected``: the replicas live gateways keep out of rotation for failing, each with how
-    many of them do (``FleetView.ejected``)."""
+    ``ejected``: the replicas live gateways kept out of rotation for failing during the
+    hold, each with the most of them seen doing so at once (``FleetView.ejected``)."""
     for name in sorted(draft.state.models):
         model = draft.state.models[name]
         rollout = model.rollout

@@ -4,8 +4,9 @@ each the gateways keep out of rotation for failing.
 
 The verdict is one of:
 
-- **roll back** when the gateways eject a replica of the new revision for failing requests
-  in a row and none of the others: the canary is routed around, so its figures say little
+- **roll back** when the gateways ejected a replica of the new revision for failing
+  requests in a row during the hold (``app.domain.rollout_reads.ejected_during_holds``) and
+  none of the others: the canary is routed around, so its figures say little
   of it (a replica out of rotation gets one request a cool-off), and it fails where the old
   revision does not;
 - **roll back** when the canary is worse: its error rate more than
@@ -41,8 +42,8 @@ INCONCLUSIVE = "inconclusive"
 
 
 class Ejected(msgspec.Struct, frozen=True, kw_only=True):
-    """The replicas of each side that live gateways keep out of rotation for failing:
-    replica id -> how many gateways eject it."""
+    """The replicas of each side that live gateways kept out of rotation for failing during
+    the hold: replica id -> the most gateways seen ejecting it at once."""
 
     canary: dict[str, int] = {}
     stable: dict[str, int] = {}
@@ -113,13 +114,13 @@ def _judged_by_ejections(ejected: Ejected) -> tuple[str, str]:
     canary = _named(ejected.canary)
     if ejected.stable:
         return INCONCLUSIVE, (
-            f"the gateways eject replicas of both revisions for failing (the new revision's "
+            f"the gateways ejected replicas of both revisions for failing (the new revision's "
             f"{canary}; the others' {_named(ejected.stable)}): the new revision is not the "
             "only one failing"
         )
     return ROLL_BACK, (
-        f"the gateways eject the new revision's {canary} for failing requests in a row, "
-        "and none of the others"
+        f"the gateways ejected the new revision's {canary} during the hold for failing "
+        "requests in a row, and none of the others"
     )
 
 

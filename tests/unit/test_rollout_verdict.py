@@ -1,13 +1,25 @@
-"""A canary step's verdict: a latency p95 judged only on enough samples on both sides, and
-a canary the gateways eject for failing counted against it."""
+"""A canary step's verdict: a latency p95 judged only on enough samples on both sides, a
+canary the gateways ejected for failing during its hold counted against it, and one failing
+most of its requests rolled back without a baseline."""
 
 from __future__ import annotations
+
+from datetime import timedelta
+
+import msgspec
 
 from app.domain import rollout_operations as rollouts
 from app.domain.events import RolloutPaused, RolloutRolledBack, RolloutVerdict
 from app.domain.model_spec import RolloutPolicy
 from app.domain.rollout import INCONCLUSIVE, PROMOTE, ROLL_BACK, judge
-from app.domain.rollout_reads import canary_group, stable_group, verdict_groups, verdict_waits_for
+from app.domain.rollout_reads import (
+    canary_group,
+    ejected_during_holds,
+    ejected_in_holds,
+    stable_group,
+    verdict_groups,
+    verdict_waits_for,
+)
 from app.domain.state import Model, ReplicaPhase
 from app.domain.traffic import ReplicaTraffic, TrafficFigures, add_sample, merge
 from tests.unit.test_reconcile import Cluster, of_type
@@ -180,8 +192,8 @@ def test_a_canary_the_gateways_eject_is_rolled_back_with_the_reason() -> None:
 
     [verdict] = of_type_in(events, RolloutVerdict)
     why = (
-        f"the gateways eject the new revision's replica(s) {canary} "
-        "(by 2 gateway(s)) for failing requests in a row, and none of the others"
+        f"the gateways ejected the new revision's replica(s) {canary} "
+        "(by 2 gateway(s)) during the hold for failing requests in a row, and none of the others"
     )
     assert (verdict.verdict, verdict.reason) == (ROLL_BACK, why)
     [rolled_back] = of_type_in(events, RolloutRolledBack)
@@ -199,9 +211,9 @@ def test_a_canary_ejected_beside_the_old_revision_is_held_for_an_operator() -> N
 
     [verdict] = of_type(decision, RolloutVerdict)
     assert verdict.verdict == INCONCLUSIVE
-    assert "the gateways eject replicas of both revisions for failing" in verdict.reason
+    assert "the gateways ejected replicas of both revisions for failing" in verdict.reason
     [paused] = of_type(decision, RolloutPaused)
-    assert paused.reason.startswith("no verdict: the gateways eject replicas of both")
+    assert paused.reason.startswith("no verdict: the gateways ejected replicas of both")
 
 
 def test_only_the_old_revision_ejected_does_not_hold_a_canary_back() -> None:
@@ -244,3 +256,25 @@ def test_a_canary_failing_most_requests_is_rolled_back_without_a_baseline() -> N
     # Half is not more than half, and an old revision failing as much excuses nothing.
     assert judge(figures(40, errors=20), quiet, policy)[0] == INCONCLUSIVE
     assert judge(figures(40, errors=40), figures(3, errors=2), policy)[0] == INCONCLUSIVE
+
+
+def test_a_leader_remembers_each_hold_s_ejections_and_only_those() -> None:
+    # Given a canary step that holds, and gateways ejecting its canary on one pass ...
+    cluster = holding_a_canary()
+    canary, stable = canary_id(cluster), stable_ids(cluster)[0]
+    first = ejected_during_holds({}, cluster.state, {canary: 2, "mistral-1": 1})
+
+    # ... its canary is remembered, with the most gateways seen ejecting it, on the passes
+    # after it is back in rotation, beside what later passes see.
+    later = ejected_during_holds(first, cluster.state, {canary: 1})
+    later = ejected_during_holds(later, cluster.state, {stable: 1})
+    assert ejected_in_holds(first) == {canary: 2}  # no replica of a model that holds none
+    assert ejected_in_holds(later) == {canary: 2, stable: 1}
+
+    # A hold started over (or another step) begins with nothing ...
+    earlier = later["llama"].holding_since - timedelta(minutes=5)
+    stale = {"llama": msgspec.structs.replace(later["llama"], holding_since=earlier)}
+    assert ejected_in_holds(ejected_during_holds(stale, cluster.state, {})) == {}
+    # ... and a model whose rollout holds no step is forgotten.
+    cluster.given(*rollouts.undo(cluster.state, "llama").events)
+    assert ejected_during_holds(later, cluster.state, {canary: 1}) == {}

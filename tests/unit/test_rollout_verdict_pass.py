@@ -87,13 +87,16 @@ class Leader:
     store: InMemoryEventStore
     reconciler: Reconciler
     gateways: Gateways
+    clock: list[datetime]
+    """The time now, for the store and the reconciler: ``clock[0] += ...`` moves it on."""
 
 
 async def a_leader_over(
-    monkeypatch: pytest.MonkeyPatch, *, paused: bool
+    monkeypatch: pytest.MonkeyPatch, *, paused: bool, into_hold_s: float = HOLD_S + 1
 ) -> tuple[Leader, FoldedEventStore, datetime]:
     """A leader over the log of a canary step whose hold ran out (while an operator had the
-    rollout paused, when ``paused``), with the log's other reader and the time now."""
+    rollout paused, when ``paused``), or ``into_hold_s`` into it, with the log's other
+    reader and the time now."""
     written: list[tuple[str, AnyEvent, datetime]] = []
 
     def evolve_and_keep(state: ClusterState, recorded: Recorded) -> None:
@@ -112,7 +115,7 @@ async def a_leader_over(
     assert rollout.holding_since is not None
     if paused:
         cluster.given(*rollouts.pause(cluster.state, "llama", "looking at the dashboards").events)
-    cluster.after(HOLD_S + 1)
+    cluster.after(into_hold_s)
     now = cluster.now
     monkeypatch.undo()
     at = [now]
@@ -135,10 +138,10 @@ async def a_leader_over(
         Agents(connected={"gpu-1", "gpu-2"}),
         view,
         settings,
-        clock=lambda: now,
+        clock=lambda: at[0],
         in_flight=gateways,
     )
-    return Leader(leader_store, leader, gateways), other_store, now
+    return Leader(leader_store, leader, gateways, at), other_store, now
 
 
 async def test_a_resume_through_another_control_plane_is_judged_on_the_gateways_figures(
@@ -180,6 +183,31 @@ async def test_a_canary_the_gateways_eject_is_rolled_back_by_the_leader_s_pass(
     rollout = rollout_of(leader.store)
     assert rollout.state is RolloutState.ROLLING_BACK
     assert rollout.verdict == (
-        f"roll_back: the gateways eject the new revision's replica(s) {canary} "
-        "(by 2 gateway(s)) for failing requests in a row, and none of the others"
+        f"roll_back: the gateways ejected the new revision's replica(s) {canary} "
+        "(by 2 gateway(s)) during the hold for failing requests in a row, and none of the others"
+    )
+
+
+async def test_a_canary_ejected_during_its_hold_and_back_in_rotation_is_rolled_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a canary step half way through its hold, on a pass of which the gateways eject
+    # the canary for failing ...
+    leader, _, _ = await a_leader_over(monkeypatch, paused=False, into_hold_s=HOLD_S / 2)
+    [canary] = [r.id for r in leader.store.state.replicas.values() if r.revision == 2]
+    leader.gateways.ejected = {canary: 1}
+    await leader.reconciler.run_pass()
+    assert rollout_of(leader.store).verdict is None
+
+    # When it is back in rotation (good figures, no ejection) as the hold ends ...
+    leader.gateways.ejected = {}
+    leader.clock[0] += timedelta(seconds=HOLD_S)
+    await leader.reconciler.run_pass()
+
+    # ... then its ejection during the hold still counts against it.
+    rollout = rollout_of(leader.store)
+    assert rollout.state is RolloutState.ROLLING_BACK
+    assert rollout.verdict == (
+        f"roll_back: the gateways ejected the new revision's replica(s) {canary} "
+        "(by 1 gateway(s)) during the hold for failing requests in a row, and none of the others"
     )
