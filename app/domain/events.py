@@ -177,6 +177,9 @@ class JudgedFigures(msgspec.Struct, frozen=True, kw_only=True):
     latency_samples: int = 0
     """The samples behind each p95 (0 in verdicts recorded before they were kept): a p95
     is judged only on ``min_latency_samples`` of them on both sides."""
+    abandoned: int = 0
+    """Requests whose clients left before any of the answer came, counted in ``requests``
+    and ``errors`` as the verdict judged them (0 in verdicts recorded before)."""
 
 
 class RolloutVerdict(Event, frozen=True, kw_only=True):

@@ -56,6 +56,7 @@ from app.domain.rollout_verdict import (
     PROMOTE,
     ROLL_BACK,
     Ejected,
+    as_judged,
     judge,
 )
 from app.domain.state import (
@@ -241,8 +242,9 @@ def _judge(
         _start_step(draft, model, rollout, index + 1, steps[index + 1])
 
 
-def _judged(figures: TrafficFigures | None) -> JudgedFigures | None:
-    if figures is None:
+def _judged(measured: TrafficFigures | None) -> JudgedFigures | None:
+    figures = as_judged(measured)
+    if measured is None or figures is None:
         return None
     return JudgedFigures(
         requests=figures.requests,
@@ -256,6 +258,7 @@ def _judged(figures: TrafficFigures | None) -> JudgedFigures | None:
         ttft_samples=figures.ttft_samples,
         tpot_samples=figures.tpot_samples,
         latency_samples=figures.latency_samples,
+        abandoned=measured.abandoned,
     )
 
 

@@ -22,6 +22,9 @@ The verdict is one of:
   one fast one pass it), or both sides ejected;
 - **promote** otherwise.
 
+A request whose client left before any of the answer came counts, on either side, as a
+request that failed (``as_judged``): a hung canary's clients give up on it.
+
 ``waiting_for`` says what a verdict taken now would still wait for, for the status while
 the step holds.
 """
@@ -58,7 +61,9 @@ def judge(
     policy: RolloutPolicy,
     ejected: Ejected = NONE_EJECTED,
 ) -> tuple[str, str]:
-    """``(verdict, why)`` for a canary's figures against the stable replicas'."""
+    """``(verdict, why)`` for a canary's figures against the stable replicas' (each as
+    ``as_judged``)."""
+    canary, stable = as_judged(canary), as_judged(stable)
     if ejected.canary:
         return _judged_by_ejections(ejected)
     needed = policy.min_requests
@@ -96,6 +101,21 @@ def judge(
     if short is not None:
         return INCONCLUSIVE, short
     return PROMOTE, "; ".join(said)
+
+
+def as_judged(figures: TrafficFigures | None) -> TrafficFigures | None:
+    """``figures`` as the verdict judges them: requests whose clients left before any of the
+    answer came (``abandoned``) counted as requests that failed. A replica that hangs has
+    no answer to fail: its clients give up, and it would look quiet, pausing the rollout,
+    rather than failing. Both sides are counted so, so clients as impatient with both
+    revisions leave the comparison as it was."""
+    if figures is None or figures.abandoned == 0:
+        return figures
+    requests = figures.requests + figures.abandoned
+    errors = figures.errors + figures.abandoned
+    return msgspec.structs.replace(
+        figures, requests=requests, errors=errors, error_rate=errors / requests, abandoned=0
+    )
 
 
 def waiting_for(

@@ -59,6 +59,10 @@ class Outcome(Enum):
     or an answer that broke off."""
     CANCELLED = "cancelled"
     """The client went away first: neither a request answered nor an engine error."""
+    ABANDONED = "abandoned"
+    """Cancelled before any of the answer came: the client went away while the replica had
+    sent no head, no first chunk of a stream, or not the whole of an answer that is not
+    streamed. Counted as cancelled, and apart: a hung replica's clients give up so."""
 
 
 def outcome_of_status(status: int) -> Outcome:
@@ -115,6 +119,8 @@ class ReplicaTraffic(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     """Answered and failed, not cancelled."""
     errors: Count = 0
     cancelled: Count = 0
+    abandoned: Count = 0
+    """Of ``cancelled``, those cancelled before any of the answer came (``ABANDONED``)."""
     ttft: WireHistogram = {}
     """Time to the first chunk of a streamed 2xx answer, from sending the request."""
     tpot: WireHistogram = {}
@@ -125,6 +131,8 @@ class ReplicaTraffic(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     def __post_init__(self) -> None:
         if self.errors > self.requests:
             raise ValueError(f"{self.errors} errors of only {self.requests} requests")
+        if self.abandoned > self.cancelled:
+            raise ValueError(f"{self.abandoned} abandoned of only {self.cancelled} cancelled")
 
 
 class TrafficFigures(msgspec.Struct, frozen=True, kw_only=True):
@@ -146,6 +154,8 @@ class TrafficFigures(msgspec.Struct, frozen=True, kw_only=True):
     tpot_samples: int
     latency_p95_ms: float | None
     latency_samples: int
+    abandoned: int = 0
+    """Of ``cancelled``, those cancelled before any of the answer came."""
 
 
 class Counted(Protocol):
@@ -157,6 +167,8 @@ class Counted(Protocol):
     def errors(self) -> int: ...
     @property
     def cancelled(self) -> int: ...
+    @property
+    def abandoned(self) -> int: ...
     @property
     def ttft(self) -> Mapping[int, int]: ...
     @property
@@ -182,6 +194,7 @@ def combined(parts: Iterable[Counted]) -> ReplicaTraffic | None:
         requests=sum(p.requests for p in parts),
         errors=sum(p.errors for p in parts),
         cancelled=sum(p.cancelled for p in parts),
+        abandoned=sum(p.abandoned for p in parts),
         ttft=ttft,
         tpot=tpot,
         latency=latency,
@@ -208,6 +221,7 @@ def merge(reports: Iterable[tuple[float, ReplicaTraffic | None]]) -> TrafficFigu
         requests=total.requests,
         errors=total.errors,
         cancelled=total.cancelled,
+        abandoned=total.abandoned,
         error_rate=total.errors / total.requests if total.requests else None,
         ttft_p95_ms=percentile_ms(total.ttft, P95),
         ttft_samples=sum(total.ttft.values()),

@@ -15,9 +15,10 @@ waits for ``http.disconnect`` instead.
 
 How each answer ended is counted against its replica in the gateway's ``TrafficWindow``
 (``_count``): answered, failed (a 5xx or 429, or an answer that broke off) or cancelled by
-the client, with the times measured from sending the request to the engine. For a stream,
-TTFT is the first chunk of its body and TPOT the time from there to its end per output
-token after the first; the latency of a 2xx answer is to its last byte. What is measured
+the client (abandoned when none of the answer had come), with the times measured from
+sending the request to the engine. For a stream, TTFT is the first chunk of its body and
+TPOT the time from there to its end per output token after the first; the latency of a 2xx
+answer is to its last byte. What is measured
 and why is in docs/gateway.md.
 """
 
@@ -421,7 +422,10 @@ class Completions:
             await send({"type": "http.response.body", "body": body})
         except asyncio.CancelledError:
             if outcome is None:
-                outcome = Outcome.CANCELLED
+                # The client left before any of the answer came, as clients of a replica that
+                # hangs do: a rollout's verdict counts that against the replica.
+                started = exchange.first_byte_at is not None
+                outcome = Outcome.CANCELLED if started else Outcome.ABANDONED
                 if tokens is not None and key.tpm is not None:
                     # Cut short mid-stream: what was sent was generated for the client, and
                     # is charged (one token per event; the usage chunk never came), or a

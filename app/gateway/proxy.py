@@ -179,7 +179,7 @@ class Upstream:
                 raise self._timed_out(lease, exc) from None
             except asyncio.CancelledError:
                 lease.release()
-                self._traffic.record(lease.route.replica_id, Outcome.CANCELLED)
+                self._traffic.record(lease.route.replica_id, Outcome.ABANDONED)
                 raise
             except BaseException:
                 lease.release()
@@ -260,7 +260,7 @@ class Upstream:
                 raise self._timed_out(lease, exc) from None
             except asyncio.CancelledError:
                 lease.release()
-                self._traffic.record(lease.route.replica_id, Outcome.CANCELLED)
+                self._traffic.record(lease.route.replica_id, Outcome.ABANDONED)
                 raise
             except BaseException:
                 lease.release()

@@ -37,13 +37,23 @@ anyway; this bounds a gateway whose reports are never read)."""
 
 
 class _Slot:
-    __slots__ = ("cancelled", "errors", "latency", "number", "requests", "tpot", "ttft")
+    __slots__ = (
+        "abandoned",
+        "cancelled",
+        "errors",
+        "latency",
+        "number",
+        "requests",
+        "tpot",
+        "ttft",
+    )
 
     def __init__(self, number: int) -> None:
         self.number = number
         self.requests = 0
         self.errors = 0
         self.cancelled = 0
+        self.abandoned = 0
         self.ttft: Histogram = {}
         self.tpot: Histogram = {}
         self.latency: Histogram = {}
@@ -84,8 +94,10 @@ class TrafficWindow:
         slot = ring[position]
         if slot is None or slot.number != number:
             slot = ring[position] = _Slot(number)
-        if outcome is Outcome.CANCELLED:
+        if outcome in (Outcome.CANCELLED, Outcome.ABANDONED):
             slot.cancelled += 1
+            if outcome is Outcome.ABANDONED:
+                slot.abandoned += 1
         else:
             slot.requests += 1
             if outcome is Outcome.FAILED:

@@ -278,3 +278,47 @@ def test_a_leader_remembers_each_hold_s_ejections_and_only_those() -> None:
     # ... and a model whose rollout holds no step is forgotten.
     cluster.given(*rollouts.undo(cluster.state, "llama").events)
     assert ejected_during_holds(later, cluster.state, {canary: 1}) == {}
+
+
+def abandoning(figures: TrafficFigures, abandoned: int) -> TrafficFigures:
+    """``figures`` and ``abandoned`` requests whose clients left before any answer came."""
+    return msgspec.structs.replace(
+        figures, cancelled=figures.cancelled + abandoned, abandoned=abandoned
+    )
+
+
+def test_a_hung_canary_whose_clients_give_up_is_rolled_back() -> None:
+    # The canary answers almost nothing: its clients leave before any answer comes, and the
+    # old revision gets too little traffic to compare with.
+    policy = RolloutPolicy(min_requests=20)
+
+    verdict, reason = judge(abandoning(figures(2), 38), figures(3), policy)
+
+    assert verdict == ROLL_BACK
+    assert reason.startswith("38 of 40 request(s) to the new revision failed, more than 50%")
+    # Against a baseline, what its clients gave up on counts as failed too ...
+    assert judge(abandoning(figures(500), 100), STABLE, POLICY)[1].startswith(
+        "error rate 16.7% against 0.0%"
+    )
+    # ... on both sides: clients as impatient with both revisions change nothing.
+    same = judge(abandoning(figures(500), 5), abandoning(figures(4500), 45), POLICY)
+    assert same[0] == PROMOTE
+    # Cancels once the answer had begun (a client stopping a stream) are no failure.
+    cancelled = msgspec.structs.replace(figures(2), cancelled=38)
+    assert judge(cancelled, figures(3), policy)[0] == INCONCLUSIVE
+
+
+def test_a_verdict_records_the_abandoned_requests_it_counted_as_failed() -> None:
+    cluster = holding_a_canary()
+    cluster.traffic = {
+        canary_group("llama"): abandoning(figures(500), 100),
+        stable_group("llama"): figures(4500),
+    }
+    cluster.after(60)
+
+    [verdict] = of_type(cluster.reconcile(), RolloutVerdict)
+
+    assert verdict.verdict == ROLL_BACK
+    assert verdict.canary is not None
+    judged = verdict.canary
+    assert (judged.requests, judged.errors, judged.abandoned) == (600, 100, 100)
