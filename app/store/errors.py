@@ -23,10 +23,14 @@ class StoreError(Exception):
 
 class ConcurrencyError(StoreError):
     def __init__(self, stream: str, expected: int | None, actual: int) -> None:
-        super().__init__(
-            f"stream {stream!r} is at version {actual}, not the expected {expected}; "
-            "nothing was written: reload and decide again"
+        """``expected`` None: the stream was not appended at a version, but its change since
+        the batch was decided makes the batch wrong (``EventStore.append_many``)."""
+        moved = (
+            f"is at version {actual}, not the expected {expected}"
+            if expected is not None
+            else f"changed (version {actual}) since the events were decided"
         )
+        super().__init__(f"stream {stream!r} {moved}; nothing was written: reload and decide again")
         self.stream = stream
         self.expected = expected
         self.actual = actual

@@ -10,6 +10,8 @@ If the log does not end there, because another process appended meanwhile or bec
 log lost the fold's last events in a failover and others took their positions, the
 recorder refuses the batch (nothing written), and the store takes the recorder's exclusive
 lock for the whole catch-up and second attempt, so a busy log cannot starve this writer.
+A caller's ``still_holds`` is asked on the fold with the batch in it, at each attempt: the
+state the batch is appended on once the recorder takes it.
 
 Start-up does not replay the whole log when a fold snapshot can be trusted: the state is
 loaded from the newest snapshot and only the events after it are folded (``catch_up``).
@@ -53,7 +55,7 @@ from app.domain.state import ClusterState, Replica, ReplicaFilter
 from app.store.codec import storable_meta
 from app.store.errors import AlreadyRecorded, ConcurrencyError, LogMovedOn, StoreError
 from app.store.fold_view import FoldView
-from app.store.interface import AppendRequest, NewEvent
+from app.store.interface import AppendRequest, NewEvent, StillHolds
 from app.store.recorder import FoldSnapshots, Recorder, RecorderSession
 
 log = structlog.get_logger(__name__)
@@ -148,7 +150,13 @@ class FoldedEventStore:
     ) -> list[Recorded]:
         return await self.append_many([AppendRequest(stream, expected_version, events)], meta)
 
-    async def append_many(self, requests: Sequence[AppendRequest], meta: Meta) -> list[Recorded]:
+    async def append_many(
+        self,
+        requests: Sequence[AppendRequest],
+        meta: Meta,
+        *,
+        still_holds: StillHolds | None = None,
+    ) -> list[Recorded]:
         meta = storable_meta(meta)
         async with self._lock, self._recorder.session() as session:
             if self.started is None:
@@ -156,17 +164,21 @@ class FoldedEventStore:
             try:
                 # Optimistic: one round trip when the fold is current (the usual case for
                 # the control plane, the only steady writer).
-                recorded = await self._attempt(session, requests, meta)
+                recorded = await self._attempt(session, requests, meta, still_holds)
             except LogMovedOn:
                 async with session.exclusive():
                     await self._catch_up(session)
-                    recorded = await self._attempt(session, requests, meta)
+                    recorded = await self._attempt(session, requests, meta, still_holds)
         if meta.epoch is not None and recorded:
             self._snapshot_if_due()
         return recorded
 
     async def _attempt(
-        self, session: RecorderSession, requests: Sequence[AppendRequest], meta: Meta
+        self,
+        session: RecorderSession,
+        requests: Sequence[AppendRequest],
+        meta: Meta,
+        still_holds: StillHolds | None,
     ) -> list[Recorded]:
         try:
             plan = await self._plan(session, requests, meta)
@@ -174,24 +186,33 @@ class FoldedEventStore:
             if await self._catch_up(session) > 0:
                 raise LogMovedOn() from None  # another writer moved the stream: check again
             if await session.events_with_ids(_ids(requests)):
-                return await self._append_rest(session, requests, meta)
+                return await self._append_rest(session, requests, meta, still_holds)
             raise  # the fold is current and the events are new: a real conflict
         if not plan:
             return []
         try:
-            return await self._record(session, plan, meta)
+            return await self._record(session, plan, meta, still_holds)
         except AlreadyRecorded:
-            return await self._append_rest(session, requests, meta)
+            return await self._append_rest(session, requests, meta, still_holds)
 
     async def _record(
-        self, session: RecorderSession, plan: list[Recorded], meta: Meta
+        self,
+        session: RecorderSession,
+        plan: list[Recorded],
+        meta: Meta,
+        still_holds: StillHolds | None,
     ) -> list[Recorded]:
         changes, undo = self._view.fold(plan)
         try:
+            # Judged on the fold with the batch in it: the recorder takes the batch only if
+            # the log ends where the fold does, so this is the state it is appended on.
+            moved = still_holds(self._view.state) if still_holds is not None else None
+            if moved is not None:
+                raise ConcurrencyError(moved, None, self._view.known_version(moved))
             positions = await session.record(plan, changes, meta, undo.position, self._head)
         except BaseException:
-            # Refused, or lost on the way (the write may have committed: then the next
-            # append finds the log ahead of the fold and catches up).
+            # Overtaken, refused, or lost on the way (the write may have committed: then the
+            # next append finds the log ahead of the fold and catches up).
             self._view.undo(undo)
             raise
         recorded = self._view.confirm(plan, positions)
@@ -199,7 +220,11 @@ class FoldedEventStore:
         return recorded
 
     async def _append_rest(
-        self, session: RecorderSession, requests: Sequence[AppendRequest], meta: Meta
+        self,
+        session: RecorderSession,
+        requests: Sequence[AppendRequest],
+        meta: Meta,
+        still_holds: StillHolds | None,
     ) -> list[Recorded]:
         """Some events were stored before (a retried request): return those as stored and
         append the others, if any."""
@@ -216,7 +241,7 @@ class FoldedEventStore:
         if not any(r.events for r in rest):
             return stored
         plan = await self._plan(session, rest, meta)
-        return stored + await self._record(session, plan, meta)
+        return stored + await self._record(session, plan, meta, still_holds)
 
     async def _plan(
         self, session: RecorderSession, requests: Sequence[AppendRequest], meta: Meta

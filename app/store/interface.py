@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 from uuid import UUID, uuid4
 
@@ -22,6 +22,11 @@ class NewEvent(msgspec.Struct, frozen=True):
 
     event: AnyEvent
     event_id: UUID = msgspec.field(default_factory=uuid4)
+
+
+StillHolds = Callable[[ClusterState], str | None]
+"""A check of a batch on the state it would leave: None, or the stream whose change since the
+batch was decided makes it wrong (see ``EventStore.append_many``)."""
 
 
 class AppendRequest(msgspec.Struct, frozen=True):
@@ -84,8 +89,17 @@ class EventStore(LogQueries, Protocol):
     ) -> list[Recorded]: ...
 
     async def append_many(
-        self, requests: Sequence[AppendRequest], meta: Meta
-    ) -> list[Recorded]: ...
+        self,
+        requests: Sequence[AppendRequest],
+        meta: Meta,
+        *,
+        still_holds: StillHolds | None = None,
+    ) -> list[Recorded]:
+        """``still_holds``: asked of the state with the batch folded in, as it would be
+        appended; a stream it names makes the append a ``ConcurrencyError`` (nothing is
+        written), for a decision that a change of that stream since it was made no longer
+        lets stand, where the stream's version cannot say so (others write it too)."""
+        ...
 
     def known_version(self, stream: str) -> int:
         """The stream's version in ``state`` (no I/O): what a decision made on ``state``

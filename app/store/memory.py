@@ -26,7 +26,7 @@ from app.domain.state import ENDED_PHASES, ClusterState, Replica, ReplicaFilter
 from app.store.codec import decode_event, encode_event
 from app.store.errors import AlreadyRecorded, ConcurrencyError, LogMovedOn
 from app.store.folded import FoldedEventStore
-from app.store.interface import AppendRequest
+from app.store.interface import AppendRequest, StillHolds
 from app.store.projection import RowChanges
 
 
@@ -163,9 +163,15 @@ class InMemoryEventStore(FoldedEventStore):
         or a failover would."""
         return self._log
 
-    async def append_many(self, requests: Sequence[AppendRequest], meta: Meta) -> list[Recorded]:
+    async def append_many(
+        self,
+        requests: Sequence[AppendRequest],
+        meta: Meta,
+        *,
+        still_holds: StillHolds | None = None,
+    ) -> list[Recorded]:
         before = len(self._log.log)
-        recorded = await super().append_many(requests, meta)
+        recorded = await super().append_many(requests, meta, still_holds=still_holds)
         if len(self._log.log) > before:
             self.appended.set()
         return recorded

@@ -25,7 +25,7 @@ from app.domain.events import (
     ShardStarting,
 )
 from app.domain.model_spec import ModelSpec
-from app.domain.state import ReplicaPhase, ShardPhase, revocation_key
+from app.domain.state import ClusterState, ReplicaPhase, ShardPhase, revocation_key
 from app.store.codec import encode_event
 from app.store.database import driver_url
 from app.store.errors import ConcurrencyError
@@ -282,6 +282,39 @@ async def test_an_append_the_log_refuses_leaves_no_trace_in_the_fold(
     state = await store.catch_up()
     assert state.nodes[node].cordoned
     assert revocation_key(None, node) not in state.revocations
+
+
+async def test_an_append_another_servers_change_overtook_is_refused_and_leaves_no_trace(
+    store: EventStore, write_legacy: LegacyWriter
+) -> None:
+    """A placement decided before another server cordoned its node: the node's stream is
+    not appended at a version (agents write it), so the store asks ``still_holds`` on the
+    log as the batch would be appended to it, once caught up with the cordon."""
+    model, node = unique("m"), unique("gpu-")
+    await store.append(f"model-{model}", NO_STREAM, [declared(model)], ALICE)
+    registered = NewEvent(NodeRegistered(node_id=node, address="127.0.0.1"))
+    await store.append(f"node-{node}", NO_STREAM, [registered], ALICE)
+    asked: list[bool] = []
+
+    def node_still_open(state: ClusterState) -> str | None:
+        asked.append(state.nodes[node].cordoned)
+        return f"node-{node}" if state.nodes[node].cordoned else None
+
+    await write_legacy(f"node-{node}", 2, *encode_event(NodeCordoned(node_id=node, reason="")))
+
+    with pytest.raises(ConcurrencyError) as caught:
+        await store.append_many(
+            [AppendRequest(f"replica-{model}-1", NO_STREAM, [placed(model, 1, node)])],
+            ALICE,
+            still_holds=node_still_open,
+        )
+
+    assert caught.value.stream == f"node-{node}"
+    assert asked[-1] is True
+    assert await store.read_stream(f"replica-{model}-1") == []
+    state = await store.catch_up()
+    assert state.nodes[node].cordoned
+    assert f"{model}-1" not in state.replicas
 
 
 async def test_concurrent_appenders_to_one_stream_one_wins(store: EventStore) -> None:

@@ -49,7 +49,7 @@ from app.pki import (
     issue_operator,
 )
 from app.services.agent_reports import ReportRecorder
-from app.store.interface import NO_STREAM, AppendRequest, NewEvent
+from app.store.interface import NO_STREAM, AppendRequest, NewEvent, StillHolds
 from app.store.postgres import PostgresEventStore
 from tests.support.hub import (
     DEADLINE_S,
@@ -437,11 +437,17 @@ class RivalWritesFirst:
     ) -> list[Recorded]:
         return await self.append_many([AppendRequest(stream, expected_version, events)], meta)
 
-    async def append_many(self, requests: Sequence[AppendRequest], meta: Meta) -> list[Recorded]:
+    async def append_many(
+        self,
+        requests: Sequence[AppendRequest],
+        meta: Meta,
+        *,
+        still_holds: StillHolds | None = None,
+    ) -> list[Recorded]:
         rival, self._rival = self._rival, None
         if rival is not None:
             await rival()
-        return await self._store.append_many(requests, meta)
+        return await self._store.append_many(requests, meta, still_holds=still_holds)
 
     async def read_stream(self, stream: str, after_version: int = 0) -> list[Recorded]:
         return await self._store.read_stream(stream, after_version)
