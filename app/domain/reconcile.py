@@ -48,7 +48,7 @@ from app.domain.commands import (
     start_command_id,
     stop_command,
 )
-from app.domain.decision import AUTOSCALER, Decision, Draft
+from app.domain.decision import AUTOSCALER, Decision, Draft, PlannedEvent
 from app.domain.drain import drain_moves
 from app.domain.events import (
     ModelScaled,
@@ -160,6 +160,37 @@ def decide(state: ClusterState, fleet: FleetView, now: datetime, settings: Setti
     _scale(draft, placing=not grace)
     _commands(draft, fleet, settings)
     return draft.decision()
+
+
+def overtaken(state: ClusterState, events: Sequence[PlannedEvent]) -> str | None:
+    """The stream of an operator's change that ``events`` (a pass's decision, or a run of
+    it) now contradict, judged on ``state``: the log with them folded in; None when they
+    still hold.
+
+    A pass appends after it decided, and an operator's change recorded between the two
+    (through any control plane) was not in what it decided on. The model's own stream is
+    checked by version (nothing but operators and the leader write it); node streams are
+    not, since agents write them all the time. So the placements are checked against
+    what an operator decides on a node or model: a replica placed on a node cordoned or
+    draining (nothing decided places there), for a model removed, or beyond its model's
+    count (a pass places up to the count, never past it) says the placement was decided
+    before the change and would undo it."""
+    placed = [p.event for p in events if isinstance(p.event, ReplicaPlaced)]
+    for event in placed:
+        model = state.models.get(event.model)
+        if model is None or model.removed:
+            return model_stream(event.model)
+        for shard in event.shards:
+            node = state.nodes.get(shard.node_id)
+            if node is None or node.cordoned or node.drain_id is not None:
+                return node_stream(shard.node_id)
+    for name in sorted({event.model for event in placed}):
+        counting = sum(
+            1 for r in state.replicas.values() if r.model == name and r.phase in COUNTING_PHASES
+        )
+        if counting > state.models[name].desired:
+            return model_stream(name)
+    return None
 
 
 def _autoscale(draft: Draft, fleet: FleetView) -> None:

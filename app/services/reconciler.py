@@ -12,8 +12,10 @@ Events are appended in the order decided. Consecutive events with the same corre
 go in one ``append_many`` (one transaction), since the correlation id is part of the
 append's ``Meta``; a pass that decided ``a(x), b(x), c(y), d(x)`` makes three appends.
 
-- ``ConcurrencyError``: another writer moved a stream first. Nothing more is appended or
-  sent; the next pass (right away) decides again on the caught-up log.
+- ``ConcurrencyError``: another writer moved a stream first (a model's stream the pass
+  read, or one an operator's change makes the run wrong on: ``reconcile.overtaken``).
+  Nothing more is appended or sent; the next pass (right away) decides again on the
+  caught-up log.
 - ``FencedError``: another leader took over. ``run`` raises it; the caller stops leading.
   A pass raises it too, before deciding, when the log it caught up with holds an event of
   a newer epoch: a pass that appends nothing would otherwise send its commands unfenced.
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 from collections import Counter, deque
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -47,7 +50,13 @@ from app.domain.commands import CommandNotSent, NodeNotConnected
 from app.domain.decision import Command, Decision, PlannedEvent
 from app.domain.envelope import Meta
 from app.domain.events import MODEL_STREAM_PREFIX, event_type
-from app.domain.reconcile import Settings, adoption_grace_state, decide, note_left_routing
+from app.domain.reconcile import (
+    Settings,
+    adoption_grace_state,
+    decide,
+    note_left_routing,
+    overtaken,
+)
 from app.domain.reports import NO_GATEWAYS, GatewaysInFlight
 from app.domain.rollout_reads import (
     HoldEjections,
@@ -366,7 +375,12 @@ class Reconciler:
                 AppendRequest(p.stream, p.expected_version, [NewEvent(p.event)]) for p in run
             ]
             meta = Meta(actor=actor, correlation_id=correlation_id, epoch=self.settings.epoch)
-            await self._store.append_many(requests, meta)
+            # An operator's change the pass did not decide on may have reached the log since
+            # (a node cordoned, a model removed or scaled down): ``overtaken`` says whether
+            # the run still stands on the log it is appended to.
+            await self._store.append_many(
+                requests, meta, still_holds=functools.partial(overtaken, events=run)
+            )
 
     async def _send(self, commands: Sequence[Command]) -> int:
         sent = 0

@@ -11,6 +11,7 @@ from app.domain.autoscale import DemandSample
 from app.domain.decision import Decision
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import (
+    MODEL_STREAM_PREFIX,
     AnyEvent,
     GpuInfo,
     ModelDeclared,
@@ -41,7 +42,7 @@ from app.domain.events import (
 )
 from app.domain.evolve import evolve
 from app.domain.model_spec import ModelSpec
-from app.domain.reconcile import Settings, decide, note_left_routing
+from app.domain.reconcile import Settings, decide, note_left_routing, overtaken
 from app.domain.reports import FleetView, NodeReport, ReportedShard
 from app.domain.state import ClusterState, ReplicaPhase
 from app.domain.traffic import TrafficFigures
@@ -79,17 +80,23 @@ class Cluster:
         """Autoscaled models' demand samples."""
         self.arrivals = Arrivals()
         """What the hub saw of agents arriving."""
+        self.versions: dict[str, int] = {}
+        """Each stream's version in the log."""
+        self.read_versions: dict[str, int] = {}
+        """The versions the last pass decided on."""
 
     def given(
         self, *events: AnyEvent, epoch: int | None = EPOCH, at: datetime | None = None
     ) -> None:
         for event in events:
+            stream = stream_for(event)
+            self.versions[stream] = self.versions.get(stream, 0) + 1
             evolve(
                 self.state,
                 Recorded(
                     position=self.state.position + 1,
-                    stream=stream_for(event),
-                    version=0,
+                    stream=stream,
+                    version=self.versions[stream],
                     event_id=uuid.uuid4(),
                     recorded_at=at or self.now,
                     meta=Meta(actor="test", epoch=epoch),
@@ -173,17 +180,28 @@ class Cluster:
             demand=dict(self.demand),
             arrivals=self.arrivals,
         )
+        self.read_versions = dict(self.versions)
         return decide(self.state, fleet, self.now, self.settings(**overrides))
 
-    def appended(self, decision: Decision) -> None:
-        """The events of ``decision`` appended to the log, as the reconciler appends them."""
+    def appended(self, decision: Decision) -> str | None:
+        """The events of ``decision`` appended to the log, as the reconciler appends them:
+        none, if an operator's change recorded since the pass decided makes it a lost race
+        (a model's stream moved on, or ``overtaken``); then the stream it was lost on."""
         for planned in decision.events:
+            stream = planned.stream
+            if stream.startswith(MODEL_STREAM_PREFIX) and self.versions.get(
+                stream, 0
+            ) != self.read_versions.get(stream, 0):
+                return stream
+        before, versions = self.state.copy(), dict(self.versions)
+        for planned in decision.events:
+            self.versions[planned.stream] = self.versions.get(planned.stream, 0) + 1
             evolve(
                 self.state,
                 Recorded(
                     position=self.state.position + 1,
                     stream=planned.stream,
-                    version=0,
+                    version=self.versions[planned.stream],
                     event_id=uuid.uuid4(),
                     recorded_at=self.now,
                     meta=Meta(
@@ -192,6 +210,10 @@ class Cluster:
                     event=planned.event,
                 ),
             )
+        lost_on = overtaken(self.state, decision.events)
+        if lost_on is not None:
+            self.state, self.versions = before, versions
+        return lost_on
 
     def serve(self, replica_id: str) -> None:
         """The agent starts the replica's shards and they come up."""

@@ -1,0 +1,173 @@
+"""Stories of an operator's change recorded between a reconciler pass's decision and its
+append (through this control plane or another): the pass decided without it, and must not
+undo it. Each story decides a pass, lands the operator's change, then appends the pass as
+the reconciler would; the operator's intent must hold after the next pass."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from msgspec.structs import replace
+
+from app.domain import autoscale
+from app.domain import keys as key_decisions
+from app.domain import operations as decide
+from app.domain.events import (
+    ModelScaled,
+    ReplicaPlaced,
+    ReplicaStopping,
+    model_stream,
+    node_stream,
+)
+from app.domain.state import ACTIVE_PHASES, ReplicaPhase
+from tests.unit.test_autoscale import POLICY
+from tests.unit.test_reconcile import (
+    T0,
+    Cluster,
+    of_type,
+    placed_ids,
+    with_two_nodes_and_a_model,
+)
+
+
+def active_on(cluster: Cluster, node_id: str) -> list[str]:
+    return sorted(
+        r.id
+        for r in cluster.state.replicas.values()
+        if r.phase in ACTIVE_PHASES and any(s.node_id == node_id for s in r.shards)
+    )
+
+
+def placed_on(cluster: Cluster, replica_id: str) -> str:
+    return cluster.state.replicas[replica_id].shards[0].node_id
+
+
+def test_a_replica_decided_for_a_node_cordoned_meanwhile_is_placed_elsewhere() -> None:
+    # Given a pass that places a model's replica on gpu-1 ...
+    cluster = with_two_nodes_and_a_model(replicas=1)
+    stale = cluster.decided()
+    [placement] = of_type(stale, ReplicaPlaced)
+    node = placement.shards[0].node_id
+    # ... when an operator cordons that node before the pass appends ...
+    cluster.given(*decide.cordon(cluster.state, node, "disk replacement").events)
+
+    # ... then the pass loses the race, and the next one places the replica elsewhere.
+    assert cluster.appended(stale) == node_stream(node)
+    assert placed_ids(cluster.reconcile()) == ["llama-1"]
+    assert active_on(cluster, node) == []
+    assert placed_on(cluster, "llama-1") != node
+
+
+def test_a_replica_decided_for_a_node_drained_meanwhile_is_placed_elsewhere() -> None:
+    cluster = with_two_nodes_and_a_model(replicas=1)
+    stale = cluster.decided()
+    node = of_type(stale, ReplicaPlaced)[0].shards[0].node_id
+    drain = decide.drain_node(cluster.state, node, "drain-1", grace_s=60.0)
+    cluster.given(*drain.events)
+
+    assert cluster.appended(stale) == node_stream(node)
+    cluster.reconcile()
+    assert active_on(cluster, node) == []
+    assert cluster.state.nodes[node].drain_began_with == ()
+
+
+def test_a_scale_down_recorded_while_a_pass_places_for_the_higher_count_holds() -> None:
+    # Given one replica serving, and a pass placing a second for a count of two ...
+    cluster = with_two_nodes_and_a_model(replicas=1)
+    cluster.reconcile()
+    cluster.serve("llama-1")
+    cluster.given(*decide.scale(cluster.state, "llama", 2).events)
+    stale = cluster.decided()
+    assert placed_ids(stale) == ["llama-2"]
+    # ... when the operator scales back to one before it appends ...
+    cluster.given(*decide.scale(cluster.state, "llama", 1).events)
+
+    # ... then no second replica is ever placed, started and stopped again.
+    assert cluster.appended(stale) == model_stream("llama")
+    decision = cluster.reconcile()
+    assert decision.events == ()
+    assert "llama-2" not in cluster.state.replicas
+    assert cluster.phase("llama-1") is ReplicaPhase.SERVING
+
+
+def test_a_stale_scale_up_of_the_autoscaler_does_not_override_an_operators_lower_max() -> None:
+    # Given an autoscaled model whose demand calls for more replicas ...
+    policy = replace(POLICY, min_replicas=1, max_replicas=4)
+    cluster = with_two_nodes_and_a_model(replicas=1, autoscale=policy)
+    cluster.reconcile()
+    cluster.serve("llama-1")
+    busy = tuple(
+        autoscale.DemandSample(cluster.now - timedelta(seconds=s), 40.0) for s in range(60, -1, -1)
+    )
+    cluster.demand = {"llama": busy}
+    stale = cluster.decided()
+    [scaled] = of_type(stale, ModelScaled)
+    assert scaled.replicas > 1
+    # ... when the operator lowers its max to one before the pass appends ...
+    lowered = replace(policy, max_replicas=1)
+    cluster.given(*decide.set_autoscale(cluster.state, "llama", lowered).events)
+
+    # ... then the autoscaler's count decided on the old bound is not recorded.
+    assert cluster.appended(stale) == model_stream("llama")
+    assert cluster.state.models["llama"].spec.replicas == 1
+    cluster.reconcile()
+    assert cluster.state.models["llama"].spec.replicas == 1
+    assert sorted(r.id for r in cluster.state.replicas.values()) == ["llama-1"]
+
+
+def test_a_replica_decided_for_a_model_removed_meanwhile_is_never_placed() -> None:
+    cluster = with_two_nodes_and_a_model(replicas=2)
+    stale = cluster.decided()
+    assert stale.commands
+    cluster.given(*decide.remove(cluster.state, "llama").events)
+
+    assert cluster.appended(stale) == model_stream("llama")
+    decision = cluster.reconcile()
+    assert decision.events == ()
+    assert decision.commands == ()
+    assert cluster.state.replicas == {}
+
+
+def test_a_replica_drain_recorded_while_a_pass_stops_it_for_a_scale_down_leaves_the_count() -> None:
+    # The scale-down was the operator's word before the drain: the replica stops, and no
+    # replacement is placed past the count.
+    cluster = with_two_nodes_and_a_model(replicas=2)
+    cluster.reconcile()
+    cluster.serve("llama-1")
+    cluster.serve("llama-2")
+    cluster.given(*decide.scale(cluster.state, "llama", 1).events)
+    stale = cluster.decided()
+    [stopping] = of_type(stale, ReplicaStopping)
+    cluster.given(*decide.drain_replica(cluster.state, stopping.replica_id, "drain-1").events)
+
+    assert cluster.appended(stale) is None
+    cluster.reconcile()
+    assert cluster.phase(stopping.replica_id) is ReplicaPhase.STOPPING
+    counting = [r for r in cluster.state.replicas.values() if r.phase is ReplicaPhase.SERVING]
+    assert len(counting) == 1
+    assert of_type(cluster.reconcile(), ReplicaPlaced) == []
+
+
+def test_a_key_revoked_while_a_pass_decides_stays_revoked() -> None:
+    # A pass writes no key's stream and decides on no key: there is no race to lose.
+    cluster = with_two_nodes_and_a_model(replicas=1)
+    cluster.given(
+        *key_decisions.create(
+            cluster.state,
+            name="ci",
+            models=["llama"],
+            rpm=None,
+            tpm=None,
+            key_id="k-0badf00d",
+            prefix="0badf00d",
+            secret_hash=key_decisions.hash_key(key_decisions.format_key("0badf00d", "s" * 43)),
+            now=T0,
+            expires_at=None,
+        ).events
+    )
+    stale = cluster.decided()
+    cluster.given(*key_decisions.revoke(cluster.state, "k-0badf00d").events)
+
+    assert cluster.appended(stale) is None
+    assert placed_ids(stale) == ["llama-1"]
+    assert cluster.state.keys["k-0badf00d"].revoked_at is not None
