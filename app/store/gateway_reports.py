@@ -24,7 +24,9 @@ other's requests. The second one finds the row held and writes under a key of it
 A row is the writer's word, so a reader takes it as hostile: ``traffic`` is decoded per
 replica and ``queued`` per model into bounded types, and a piece that is too big or
 malformed is skipped (and logged), never a failure of the reader; ``ejected`` likewise
-per replica.
+per replica. ``in_flight`` is summed in the database: an entry that is not a whole count
+of at most ``MAX_IN_FLIGHT_PER_REPLICA`` is left out of the sums, a row that is not an
+object adds nothing.
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ MAX_REPORTED_MODELS = 2000
 first this many of a row that lists more."""
 MAX_QUEUED_PER_MODEL = 1_000_000
 """Far above any gateway's queue limit: a count above it is a lie, not a queue."""
+MAX_IN_FLIGHT_PER_REPLICA = 1_000_000
+"""Far above any engine's concurrency: one gateway's count above it for a replica is a lie,
+and is left out of the sums."""
 MAX_QUEUED_REPORT_BYTES = 256 * 1024
 """2,000 models of the longest names with their counts fit in less."""
 
@@ -170,6 +175,11 @@ _HOLD_WRITER_LOCK = "SELECT pg_try_advisory_lock($1::int, hashtext($2))"
 # One statement, so that the counts and the routing tables are of the same rows: a row
 # read for its table after another was read for its counts could hide a request sent
 # between the two.
+# A row is its writer's word (``queued`` below is decoded in Python for the same reason):
+# an entry that is not a whole count in bounds is left out here, and a row that is not an
+# object adds nothing, so that no gateway's row can make the sum fail (a count that is not
+# an integer, or sums past one) and stop every reconcile pass, or take away another
+# gateway's requests (a negative count).
 _IN_FLIGHT_RECENT = """
 WITH live AS (
     SELECT in_flight, routing_position FROM gateway_reports
@@ -181,9 +191,16 @@ SELECT count(*) AS gateways, count(routing_position) AS positioned,
         WHERE reported_at <= now() - make_interval(secs => $1)
           AND reported_at > now() - make_interval(secs => $2)) AS silent,
        (SELECT coalesce(jsonb_object_agg(replica_id, total), '{}'::jsonb)::text
-        FROM (SELECT counts.key AS replica_id, sum(counts.value::int)::int AS total
-              FROM live, jsonb_each_text(live.in_flight) AS counts
-              GROUP BY counts.key) AS sums) AS in_flight
+        FROM (SELECT replica_id, sum(count)::bigint AS total
+              FROM (SELECT counts.key AS replica_id,
+                           CASE WHEN jsonb_typeof(counts.value) = 'number'
+                                THEN counts.value::numeric END AS count
+                    FROM live,
+                         jsonb_each(CASE WHEN jsonb_typeof(live.in_flight) = 'object'
+                                         THEN live.in_flight ELSE '{}'::jsonb END) AS counts
+                   ) AS entries
+              WHERE count BETWEEN 0 AND $3 AND count = trunc(count)
+              GROUP BY replica_id) AS sums) AS in_flight
 FROM live
 """
 
@@ -390,7 +407,9 @@ class InFlightReports(TrafficReports):
     async def read_gateways(self) -> GatewaysInFlight:
         """Requests in flight per replica, and the routing the gateways counted them by."""
         async with connection(self._engine) as db:
-            row = await db.fetchrow(_IN_FLIGHT_RECENT, self._max_age_s, SILENT_HOLD_S)
+            row = await db.fetchrow(
+                _IN_FLIGHT_RECENT, self._max_age_s, SILENT_HOLD_S, MAX_IN_FLIGHT_PER_REPLICA
+            )
         assert row is not None  # aggregates without GROUP BY: always one row
         totals = msgspec.json.decode(row["in_flight"], type=dict[str, int])
         every_one_says = row["gateways"] > 0 and row["positioned"] == row["gateways"]

@@ -455,3 +455,40 @@ async def test_a_report_connection_cut_is_told_once_and_reports_resume_on_a_new_
     finally:
         await gateway.close()
         await db.close()
+
+
+async def test_in_flight_counts_are_read_from_fresh_reports_and_lies_are_skipped(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    """A gateway's in-flight row is its writer's word too: a count that is not a whole
+    number of requests in bounds costs only that entry, a row that is not an object only
+    that row, and neither stops the reconciler's read (nor takes another gateway's
+    requests away, as a negative count would)."""
+    rows = [
+        ("good", '{"r-1": 2, "r-2": 1}'),
+        (
+            "lies",
+            '{"r-1": -5, "r-2": 1, "r-3": "7", "r-4": 1.5, "r-5": 1e308, "r-6": null, '
+            '"r-7": {"n": 1}, "r-8": [1], "r-9": true, "r-10": 2000000000}',
+        ),
+        ("twin", '{"r-10": 2000000000}'),
+        ("array", "[1, 2, 3]"),
+        ("number", "12"),
+        ("text", '"r-1"'),
+    ]
+    db = await asyncpg.connect(driver_url(database_url))
+    try:
+        await db.execute("DELETE FROM gateway_reports")
+        for gateway_id, in_flight in rows:
+            await db.execute(
+                "INSERT INTO gateway_reports (gateway_id, in_flight) VALUES ($1, $2::jsonb)",
+                gateway_id,
+                in_flight,
+            )
+        gateways = await InFlightReports(engine).read_gateways()
+    finally:
+        await db.execute("DELETE FROM gateway_reports")
+        await db.close()
+
+    assert gateways.in_flight == {"r-1": 2, "r-2": 2}
+    assert gateways.live == len(rows)
