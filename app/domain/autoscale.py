@@ -325,9 +325,13 @@ def _drop(
     ``down_window_min_share`` below 1) but needs the lower demand, so it may be ready while
     a smaller one, whose longer wait still holds higher demand, is not."""
     found = None
+    # Every wait is at most the down window: one walk finds the partial sample they may hold.
+    partial_at = _latest_partial(samples, now - timedelta(seconds=policy.down_window_s))
     for count in range(current - 1, max(current - policy.max_step, 0) - 1, -1):
         wait_s = policy.down_window_s * max(policy.down_window_min_share, count / current)
-        if not timeline.watched(now, wait_s) or _partial_within(samples, now, wait_s):
+        if not timeline.watched(now, wait_s):
+            continue
+        if partial_at is not None and partial_at >= now - timedelta(seconds=wait_s):
             continue
         peak = highest.since(now - timedelta(seconds=wait_s))
         if replicas_for(peak, per_replica) <= count:
@@ -347,22 +351,23 @@ class _Timeline:
         self._values = [s.demand for s in samples]
         # _starts[i]: where what the i-th sample stands for begins; between the sample
         # before it and there, nothing is known (the gaps).
-        self._starts = [0.0]
+        self._starts = [0.0, *self._times[:-1]]
         self.gaps: list[tuple[float, float]] = []
+        after_gaps = [
+            (i, s.stands_for_s) for i, s in enumerate(samples) if s.stands_for_s is not None
+        ]
+        for i, stands_for_s in after_gaps:
+            start = max(self._starts[i], self._times[i] - stands_for_s)
+            if i and start > self._starts[i]:
+                self.gaps.append((self._starts[i], start))
+                self._starts[i] = start
         # _covered[i], _known[i]: the integral of the demand, and the time known, from the
-        # first sample to the i-th.
-        self._covered = [0.0]
-        self._known = [0.0]
-        for i, sample in enumerate(samples[1:], start=1):
-            start = self._times[i - 1]
-            if sample.stands_for_s is not None:
-                start = max(start, self._times[i] - sample.stands_for_s)
-                if start > self._times[i - 1]:
-                    self.gaps.append((self._times[i - 1], start))
-            self._starts.append(start)
-            span = self._times[i] - start
-            self._covered.append(self._covered[-1] + self._values[i] * span)
-            self._known.append(self._known[-1] + span)
+        # first sample to the i-th (summed in order, one list each: a pass builds a timeline
+        # of hundreds of samples for every autoscaled model).
+        spans = [t - start for t, start in zip(self._times[1:], self._starts[1:], strict=True)]
+        areas = [v * span for v, span in zip(self._values[1:], spans, strict=True)]
+        self._covered = list(itertools.accumulate(areas, initial=0.0))
+        self._known = list(itertools.accumulate(spans, initial=0.0))
 
     def mean(self, end: datetime, window_s: float) -> float:
         """The demand averaged over the ``window_s`` before ``end``, over as much of it as
@@ -384,9 +389,27 @@ class _Timeline:
         return area / known if known > 0 else self._values[last]
 
     def means_ending_at_each(self, window_s: float, first: int = 0) -> list[float]:
-        """The mean over ``window_s`` ending at each sample from the ``first``-th on."""
-        times = self._times
-        return [self._mean_to(i, times[i] - window_s) for i in range(first, len(times))]
+        """The mean over ``window_s`` ending at each sample from the ``first``-th on: each as
+        ``_mean_to`` gives it, the first sample inside each window found by one walk
+        forward (the windows' starts only move forward) rather than a search per window."""
+        times, values, starts = self._times, self._values, self._starts
+        covered, known_to = self._covered, self._known
+        means: list[float] = []
+        inside = bisect.bisect_right(times, times[first] - window_s, hi=first)
+        for last in range(first, len(times)):
+            start = times[last] - window_s
+            while inside < last and times[inside] <= start:
+                inside += 1
+            if inside == 0:
+                area, known = covered[last], known_to[last]
+            else:
+                begin = starts[inside] if starts[inside] >= start else start
+                own = times[inside] - begin
+                own = own if own >= 0.0 else 0.0
+                area = values[inside] * own + covered[last] - covered[inside]
+                known = own + known_to[last] - known_to[inside]
+            means.append(area / known if known > 0 else values[last])
+        return means
 
     def watched(self, now: datetime, window_s: float) -> bool:
         """Whether the samples cover the window ending ``now``: its first sample at most a
@@ -427,15 +450,15 @@ class _HighestAverages:
         return self._highest_from[first - self._first]
 
 
-def _partial_within(samples: Sequence[DemandSample], now: datetime, window_s: float) -> bool:
-    """Whether a sample of the last ``window_s`` left a silent gateway's requests out."""
-    since = now - timedelta(seconds=window_s)
+def _latest_partial(samples: Sequence[DemandSample], since: datetime) -> datetime | None:
+    """When the latest sample from ``since`` on that left a silent gateway's requests out was
+    taken; None when none did."""
     for sample in reversed(samples):
         if sample.at < since:
-            return False
+            return None
         if sample.partial:
-            return True
-    return False
+            return sample.at
+    return None
 
 
 def _idle(samples: Sequence[DemandSample], now: datetime, window_s: float) -> bool:

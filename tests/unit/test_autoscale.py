@@ -514,6 +514,34 @@ def test_a_down_window_share_outside_zero_to_one_is_refused() -> None:
 @hypothesis.given(
     demands=st.lists(st.floats(0, 1000, allow_nan=False), min_size=1, max_size=60),
     gaps=st.lists(st.floats(0.01, 5), min_size=60, max_size=60),
+    stands_for=st.lists(st.none() | st.floats(0, 3), min_size=60, max_size=60),
+    window_s=st.floats(0, 30),
+    first_share=st.floats(0, 1),
+)
+def test_the_means_ending_at_each_sample_are_each_window_s_mean(
+    demands: list[float],
+    gaps: list[float],
+    stands_for: list[float | None],
+    window_s: float,
+    first_share: float,
+) -> None:
+    """The means a pass computes in one walk over the samples are, to the bit, the mean over
+    the window ending at each sample, gaps in the passes and all."""
+    at, samples = T0, []
+    for demand, gap, stands_for_s in zip(demands, gaps, stands_for, strict=False):
+        at += timedelta(seconds=gap)
+        samples.append(DemandSample(at, demand, stands_for_s=stands_for_s))
+    timeline = autoscale._Timeline(samples)
+    first = int(first_share * (len(samples) - 1))
+
+    walked = timeline.means_ending_at_each(window_s, first)
+
+    assert walked == [timeline.mean(s.at, window_s) for s in samples[first:]]
+
+
+@hypothesis.given(
+    demands=st.lists(st.floats(0, 1000, allow_nan=False), min_size=1, max_size=60),
+    gaps=st.lists(st.floats(0.01, 5), min_size=60, max_size=60),
     window_s=st.floats(0.5, 30),
     from_share=st.floats(0, 1),
     ask_share=st.floats(0, 1),
