@@ -133,7 +133,9 @@ def observe(
     on a single report after it, where it must watch a whole window again. ``partial``:
     some gateway is silent, so the demand is at least this. ``pass_interval_s``: how far
     apart passes come when nothing wakes them; a sample more than ``GAP_PASSES`` of them
-    after the one before it stands for one of them, the rest of the gap unknown."""
+    after the one before it stands for one of them, the rest of the gap unknown. A ``now``
+    before the latest sample (the clock stepped back) forgets the samples, as a leader
+    that starts has none."""
     kept: dict[str, tuple[DemandSample, ...]] = {}
     gap = timedelta(seconds=GAP_PASSES * pass_interval_s)
     for name, model in models.items():
@@ -144,7 +146,12 @@ def observe(
             kept[name] = ()
             continue
         since = now - timedelta(seconds=longest_window_s(policy) + COVERED_SLACK_S)
-        earlier = tuple(s for s in history.get(name, ()) if s.at >= since)
+        earlier = history.get(name, ())
+        if earlier and earlier[-1].at > now:
+            # The clock stepped back: the samples say nothing of the time before now, and
+            # the means take them in order of time. Start again, as a leader that starts.
+            earlier = ()
+        earlier = earlier[bisect.bisect_left(earlier, since, key=_taken_at) :]
         after_gap = bool(earlier) and now - earlier[-1].at > gap
         sample = DemandSample(
             now,
@@ -154,6 +161,10 @@ def observe(
         )
         kept[name] = (*earlier, sample)
     return kept
+
+
+def _taken_at(sample: DemandSample) -> datetime:
+    return sample.at
 
 
 def demand_by_model(

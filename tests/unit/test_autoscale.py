@@ -267,6 +267,28 @@ def test_a_gap_in_the_leader_s_passes_is_not_read_as_the_demand_after_it_going_o
     assert demand.replicas < 7
 
 
+def test_a_leader_s_clock_stepped_back_is_read_as_a_start_not_as_time_gone_by() -> None:
+    """The leader's clock steps back an hour (a wrong time corrected): the samples it took
+    before are later than any it takes now, so they say nothing of the window before now.
+    The count goes up at once as after a start, and down only once a whole window of
+    samples after the step says so; nothing it took before decides, in either direction."""
+    demand = Demand(model(1))
+    demand.seconds(90, 28.0)
+    assert demand.replicas == 7
+
+    demand.no_pass(-3600)
+    assert demand.seconds(1, 4.0) is None
+    assert demand.history["llama"] == (DemandSample(demand.now, 4.0),)
+    assert demand.seconds(55, 4.0) is None
+    assert demand.replicas == 7
+    assert demand.seconds(10, 4.0) is not None
+    assert demand.replicas < 7
+
+    demand.no_pass(-3600)
+    assert demand.seconds(5, 80.0) is not None  # the ten-second average is 40
+    assert demand.replicas == 8
+
+
 def test_a_gap_in_the_leader_s_passes_is_not_read_as_an_idle_spell() -> None:
     demand = Demand(model(1, replace(POLICY, min_replicas=0)))
     demand.seconds(100, 1.0)
