@@ -23,10 +23,11 @@ all is starting from zero, or about to: a request for it is held in the model's 
 same fair, bounded queue) for up to the model's cold-start timeout instead of failing at
 once, and is granted a lease as soon as a routing table with a replica of the model
 arrives. Waiters that were queued for a saturated replica when their model lost its last
-route are held likewise, for a cold-start timeout from then. The router calls its
-``on_hold`` listener when it starts holding requests for a model that held none, so the
-gateway reports the demand at once (``app.gateway.source``); ``queued()`` counts held
-requests with the others.
+route are held likewise, for a cold-start timeout from then. A timeout lowered by a
+table shortens the holds under way to it (from when each began); a raised one does not
+lengthen them. The router calls its ``on_hold`` listener when it starts holding requests
+for a model that held none, so the gateway reports the demand at once
+(``app.gateway.source``); ``queued()`` counts held requests with the others.
 
 Which eligible replica takes a request is the model's routing policy
 (``GatewaySnapshot.policies``, ``docs/gateway-routing.md``): ``least_loaded`` is the rule
@@ -280,6 +281,18 @@ class _Waiter:
         if deadline is not None and not deadline.expired():  # else it ends as it was
             deadline.reschedule(self.future.get_loop().time() + hold_s)
 
+    def shorten_hold(self, hold_s: float) -> None:
+        """The model's cold-start timeout came down to ``hold_s``: a hold ends ``hold_s``
+        after it began (at once, when that is past). A longer one changes nothing: a hold
+        is not restarted by a table."""
+        if self.hold_s is None or hold_s >= self.hold_s:
+            return
+        deadline = self.deadline
+        when = None if deadline is None or deadline.expired() else deadline.when()
+        if deadline is not None and when is not None:
+            deadline.reschedule(when - (self.hold_s - hold_s))
+        self.hold_s = hold_s
+
 
 class _Pool:
     """Replicas a request may go to (a model's, or one side of its canary split), and the
@@ -416,6 +429,10 @@ class Router:
         self._held_models = {
             m for m in self._held_models if m not in self._by_model and m in self._cold_start_s
         }
+        for model, queue in self._queues.items():
+            if (hold_s := self._cold_start_s.get(model)) is not None:
+                for waiter in queue:
+                    waiter.shorten_hold(hold_s)
         for model in list(self._queues):
             self._fail_unroutable(model)
             self._dispatch(model)

@@ -342,6 +342,31 @@ async def test_a_table_that_changes_while_at_zero_does_not_restart_the_hold() ->
     assert holds.wakes == 1
 
 
+async def test_a_cold_start_timeout_brought_down_ends_the_holds_past_it_with_the_new_one() -> None:
+    """An operator lowers the timeout of a model that cannot start (no GPU it fits on):
+    requests held longer than the new timeout are answered at once, naming it, and the
+    others by it, not by the timeout they were held under."""
+    holds = Holds()
+    holds.router.update(snapshot(cold_start_s={MODEL: 3600.0}))
+    held = holds.hold()
+    await holds.until_held(1)
+
+    holds.router.update(snapshot(cold_start_s={MODEL: 0.05}))
+
+    with pytest.raises(ColdStartTimedOut) as ended:
+        await asyncio.wait_for(held, timeout=5)
+    assert ended.value.timeout_s == 0.05
+    holds.router.update(snapshot(cold_start_s={MODEL: 3600.0}))
+    later = holds.hold()
+    await holds.until_held(1)
+    holds.router.update(snapshot(cold_start_s={MODEL: 0.5}))
+    holds.router.update(snapshot(cold_start_s={MODEL: 3600.0}))  # raised again: no longer
+    with pytest.raises(ColdStartTimedOut) as ended:
+        await asyncio.wait_for(later, timeout=5)
+    assert ended.value.timeout_s == 0.5
+    assert holds.router.cold_start_holds() == {(MODEL, "timed_out"): 2}
+
+
 async def test_a_stopping_gateway_turns_held_requests_away_and_keeps_those_waiting_for_room() -> (
     None
 ):
