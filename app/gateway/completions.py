@@ -69,6 +69,7 @@ from app.gateway.router import (
     ColdStartTimedOut,
     GatewayStopping,
     Lease,
+    ModelRemoved,
     NoServingReplica,
     RouteRefused,
     Saturated,
@@ -488,6 +489,10 @@ class Completions:
     def _refused(self, model: str, refusal: RouteRefused) -> ApiError:
         """The answer to a request the router found no replica for, counted by reason."""
         match refusal:
+            case ModelRemoved():
+                # Held while the model was removed: the answer a retry would get, not a
+                # 503 that tells the client to retry.
+                reason, error = "model_removed", model_not_found(model)
             case NoServingReplica():
                 reason, error = "no_serving_replica", no_serving_replica(model)
             case Saturated(retry_after_s=retry_after_s, starting=starting):

@@ -59,7 +59,8 @@ Replicas that keep failing are passed over by this gateway for a while
 (``app.gateway.ejection``): the proxy tells each lease how its attempt went, and
 ``_choose`` leaves the ejected replicas out, as it leaves out those a retry excludes.
 
-Exceptions: ``NoServingReplica`` (no route for the model: 503), ``Saturated`` (every
+Exceptions: ``NoServingReplica`` (no route for the model: 503; ``ModelRemoved`` when a
+request waited for a model that is no longer declared: 404), ``Saturated`` (every
 replica at its limit, or the queue full: 429 with ``Retry-After``) and
 ``ColdStartTimedOut`` (held for a model starting from zero, and no replica came within its
 cold-start timeout: 503 with ``Retry-After``).
@@ -100,6 +101,7 @@ __all__ = [
     "ColdStartTimedOut",
     "HoldOutcome",
     "Lease",
+    "ModelRemoved",
     "NoServingReplica",
     "ReplicaView",
     "RouteReason",
@@ -140,6 +142,15 @@ class NoServingReplica(RouteRefused):
     def __init__(self, model: str) -> None:
         super().__init__(f"no serving replica for model {model!r}")
         self.model = model
+
+
+class ModelRemoved(NoServingReplica):
+    """The model of a request that was waiting (held for a cold start, or for room) is no
+    longer declared: it will not be served here, now or on a retry."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(model)
+        self.args = (f"model {model!r} is no longer declared",)
 
 
 class Saturated(RouteRefused):
@@ -371,6 +382,7 @@ class Router:
         self._queued = 0
         self._queued_by_key: Counter[str] = Counter()
         self._cold_start_s: dict[str, float] = {}
+        self._declared: frozenset[str] = frozenset()
         self._holds: Counter[tuple[str, HoldOutcome]] = Counter()
         self._on_hold: Callable[[], None] | None = None
         self._held_models: set[str] = set()
@@ -433,8 +445,10 @@ class Router:
             if (hold_s := self._cold_start_s.get(model)) is not None:
                 for waiter in queue:
                     waiter.shorten_hold(hold_s)
+        removed = self._declared - snapshot.declared
+        self._declared = snapshot.declared
         for model in list(self._queues):
-            self._fail_unroutable(model)
+            self._fail_unroutable(model, removed=model in removed)
             self._dispatch(model)
 
     def _build_rendezvous(self) -> None:
@@ -697,9 +711,10 @@ class Router:
         elif not future.cancelled() and future.exception() is None:
             future.result().release()
 
-    def _fail_unroutable(self, model: str) -> None:
+    def _fail_unroutable(self, model: str, *, removed: bool = False) -> None:
         """Fail the waiters of ``model`` that no replica can take; unless the model is
-        starting from zero: then its waiters are held for the cold start."""
+        starting from zero: then its waiters are held for the cold start. ``removed``: the
+        table that took the model's routes away no longer declares it."""
         queue = self._queues.get(model)
         if queue is None:
             return
@@ -712,7 +727,8 @@ class Router:
             queue.remove(waiter.key_id, waiter)
             self._dequeued(waiter)
             if not waiter.future.done():
-                waiter.future.set_exception(NoServingReplica(model))
+                refusal = ModelRemoved(model) if removed else NoServingReplica(model)
+                waiter.future.set_exception(refusal)
         if not queue:
             del self._queues[model]
 

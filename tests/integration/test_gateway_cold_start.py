@@ -194,6 +194,29 @@ async def test_a_model_that_stays_at_zero_answers_503_with_retry_after_once_its_
         assert await gateway.metric(rejected) == 1.0
 
 
+async def test_a_request_held_for_a_model_that_is_removed_is_answered_404_at_once(
+    pg_store: PostgresEventStore, database_url: str, engine: AsyncEngine, tmp_path: Path
+) -> None:
+    """Not 503 "try again shortly" after the model is gone: the answer a retry would get."""
+    model = "doomed"
+    await declare_model(pg_store, model, replicas=0, autoscale=scale_to_zero(60.0))
+    operations = Operations(pg_store)
+    created = await operations.create_key(ALICE, "cold", [model])
+    reports = InFlightReports(engine)
+
+    async with running_gateway(database_url, created.key, tmp_path) as gateway:
+        held = asyncio.create_task(gateway.chat(model))
+        await queued_within(reports, {model: 1}, REPORTED_WITHIN_S)
+
+        await operations.remove(ALICE, model)
+        answer = await asyncio.wait_for(held, timeout=30)
+
+        assert answer.status_code == 404, answer.text
+        assert answer.json()["error"]["code"] == "model_not_found"
+        removed = 'llmgw_gateway_admission_rejections_total{reason="model_removed"}'
+        assert await gateway.metric(removed) == 1.0
+
+
 async def test_a_gateway_told_to_stop_answers_held_requests_at_once_with_503(
     pg_store: PostgresEventStore, database_url: str, engine: AsyncEngine, tmp_path: Path
 ) -> None:

@@ -19,6 +19,7 @@ from app.gateway.router import (
     ColdStartTimedOut,
     GatewayStopping,
     Lease,
+    ModelRemoved,
     NoServingReplica,
     Router,
     Saturated,
@@ -256,6 +257,20 @@ async def test_a_held_request_whose_model_loses_its_policy_is_told_there_is_no_r
         await held
     assert holds.router.queued() == {}
     assert holds.router.cold_start_holds() == {(MODEL, "failed"): 1}
+
+
+async def test_a_held_request_whose_model_is_removed_is_told_the_model_is_gone() -> None:
+    """Not that it has no replica right now (a 503 to retry): the model will not be served,
+    as a new request for it is told (404)."""
+    holds = Holds()
+    held = holds.hold()
+    await holds.until_held(1)
+
+    holds.router.update(GatewaySnapshot(declared=frozenset({OTHER}), routes={}, cold_start_s={}))
+
+    with pytest.raises(ModelRemoved):
+        await held
+    assert holds.router.queued() == {}
 
 
 async def test_a_replica_that_comes_without_room_in_time_ends_the_hold_as_saturated() -> None:
