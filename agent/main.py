@@ -217,8 +217,14 @@ def run(
 @fake_gpu_app.command
 def mark(
     *,
-    gpu: Annotated[int, Parameter(help="Index of the fake GPU.")],
-    reason: Annotated[str, Parameter(help='Why it is unhealthy, e.g. "XID 79".')],
+    gpu: Annotated[
+        int,
+        Parameter(help="Index of the fake GPU; one the agent did not declare is refused."),
+    ],
+    reason: Annotated[
+        str,
+        Parameter(help='Why it is unhealthy, e.g. "XID 79"; printable, at most 500 characters.'),
+    ],
     state_dir: StateDir = None,
 ) -> int:
     """Mark a fake GPU unhealthy; the running agent reports it within a few seconds.
@@ -236,7 +242,7 @@ def clear(
     gpu: Annotated[int, Parameter(help="Index of the fake GPU.")],
     state_dir: StateDir = None,
 ) -> int:
-    """Mark a fake GPU healthy again.
+    """Mark a fake GPU healthy again; entries of the file that are not a mark are dropped.
 
     ```
     llmgw-agent fake-gpu clear --gpu 1 --state-dir .llmgw/dev/agents/dev-node-1
@@ -407,11 +413,13 @@ def _mark(state_dir: Path | None, gpu: int, reason: str | None) -> int:
             EXIT_USAGE,
         )
     try:
-        mark_fake_gpu(fake_gpu_health_file(directory), gpu, reason)
+        dropped = mark_fake_gpu(fake_gpu_health_file(directory), gpu, reason)
     except ValueError as exc:
         return _fail(str(exc), EXIT_USAGE)
     except OSError as exc:
         return _fail(f"cannot write {fake_gpu_health_file(directory)}: {exc}", EXIT_FAILED)
+    for problem in dropped:
+        print(f"llmgw-agent: dropped from the file: {problem}", file=sys.stderr)
     return EXIT_OK
 
 

@@ -6,10 +6,12 @@ health and the XID events seen since the previous snapshot. docs/gpus.md has the
 
 from __future__ import annotations
 
+import contextlib
 from datetime import timedelta
 from pathlib import Path
 
-from agent.gpus.fake import FakeGpuSource, mark_fake_gpu, parse_fake_gpus
+from agent.gpus.fake import FakeGpuSource, parse_fake_gpus
+from agent.gpus.fake_health import declare_fake_gpus, mark_fake_gpu
 from agent.gpus.health import DEFAULT_XID_RECOVERY
 from agent.gpus.nvml import NvmlGpuSource, UnavailableNvml
 from agent.gpus.types import GpuSnapshot, GpuSource, GpuStatus, XidEvent
@@ -39,9 +41,17 @@ def open_gpu_source(
     xid_recovery: timedelta = DEFAULT_XID_RECOVERY,
 ) -> GpuSource:
     """Fake GPUs when ``fake_spec`` is given (``"4x80GB"``), otherwise NVML. NVML on a
-    machine without the driver reports no GPUs and says why; it never raises for that."""
-    if fake_spec is not None:
-        return FakeGpuSource(parse_fake_gpus(fake_spec, seed=node_seed), health_file)
+    machine without the driver reports no GPUs and says why; it never raises for that.
+
+    With a ``health_file``, how many fake GPUs there are (none for NVML) is written beside
+    it, for ``llmgw-agent fake-gpu mark`` to refuse an index the node lacks."""
+    fake_gpus = None if fake_spec is None else parse_fake_gpus(fake_spec, seed=node_seed)
+    if health_file is not None:
+        # Without the declaration `mark` only knows less; the agent still runs.
+        with contextlib.suppress(OSError):
+            declare_fake_gpus(health_file, None if fake_gpus is None else len(fake_gpus))
+    if fake_gpus is not None:
+        return FakeGpuSource(fake_gpus, health_file)
     try:
         import pynvml
     except ImportError as exc:

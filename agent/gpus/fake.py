@@ -1,15 +1,15 @@
 """Fake GPUs for development and tests: declared on the command line, marked unhealthy
 through a JSON file while the agent runs.
 
-``parse_fake_gpus("4x80GB")`` gives four GPUs of 80 GiB each. The health file maps GPU
-indices to reasons, ``{"2": "XID 79: GPU has fallen off the bus"}``; it is read on every
-snapshot, so removing a key recovers that GPU. A reason that starts with ``XID <code>``
-is also reported once as an XID event, as NVML would.
+``parse_fake_gpus("4x80GB")`` gives four GPUs of 80 GiB each. The health file
+(``agent.gpus.fake_health``) maps GPU indices to reasons, ``{"2": "XID 79: GPU has fallen
+off the bus"}``; it is read on every snapshot, so removing a key recovers that GPU. A
+reason that starts with ``XID <code>`` is also reported once as an XID event, as NVML
+would. Whatever else the file holds is ignored with one warning: the node keeps its GPUs.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from collections.abc import Callable, Sequence
@@ -17,11 +17,13 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from agent.gpus.files import write_atomically
+import structlog
+
+from agent.gpus.fake_health import MAX_FAKE_GPUS, read_health_file, unknown_gpu_problems
 from agent.gpus.types import GpuSnapshot, GpuStatus, XidEvent
 from agent.gpus.xid import classify_xid
 
-MAX_FAKE_GPUS = 64
+log = structlog.get_logger(__name__)
 
 _SPEC = re.compile(r"(?P<count>\d+)\s*x\s*(?P<size>\d+)\s*(?P<unit>GB|GiB|MiB)", re.IGNORECASE)
 _UNITS = {"gb": ("GB", 1024), "gib": ("GiB", 1024), "mib": ("MiB", 1)}
@@ -57,42 +59,6 @@ def parse_fake_gpus(spec: str, seed: str = "") -> list[GpuStatus]:
     ]
 
 
-def read_health_file(path: Path) -> dict[int, str]:
-    """The overrides in ``path``: GPU index -> why it is unhealthy. Missing file: none."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return {}
-    try:
-        document = json.loads(text) if text.strip() else {}
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"fake GPU health file {path} is not JSON: {exc}") from exc
-    if not isinstance(document, dict):
-        raise ValueError(f"fake GPU health file {path} must hold an object of index: reason")
-    overrides: dict[int, str] = {}
-    for key, reason in document.items():
-        if not key.isdigit() or not isinstance(reason, str) or not reason:
-            raise ValueError(
-                f"fake GPU health file {path}: {key!r}: {reason!r} is not a GPU index "
-                "with a non-empty reason"
-            )
-        overrides[int(key)] = reason
-    return overrides
-
-
-def mark_fake_gpu(health_file: Path, index: int, reason: str | None) -> None:
-    """Mark fake GPU ``index`` unhealthy for ``reason``, or healthy again with None."""
-    if reason is not None and not reason:
-        raise ValueError("give a reason to mark a GPU unhealthy, or None to recover it")
-    overrides = read_health_file(health_file)
-    if reason is None:
-        overrides.pop(index, None)
-    else:
-        overrides[index] = reason
-    document = {str(key): value for key, value in sorted(overrides.items())}
-    write_atomically(health_file, json.dumps(document, indent=2) + "\n")
-
-
 class FakeGpuSource:
     """A ``GpuSource`` over declared GPUs, with health read from ``health_file``."""
 
@@ -107,6 +73,7 @@ class FakeGpuSource:
         self._health_file = health_file
         self._now = now
         self._reported: dict[int, str] = {}
+        self._warned: tuple[str, ...] = ()
 
     def snapshot(self) -> GpuSnapshot:
         overrides = self._overrides()
@@ -133,14 +100,17 @@ class FakeGpuSource:
     def _overrides(self) -> dict[int, str]:
         if self._health_file is None:
             return {}
-        overrides = read_health_file(self._health_file)
-        known = {gpu.index for gpu in self._gpus}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ValueError(
-                f"fake GPU health file {self._health_file} names GPU(s) {unknown}, "
-                f"but this node has {sorted(known)}"
-            )
+        health = read_health_file(self._health_file)
+        known = [gpu.index for gpu in self._gpus]
+        overrides = {i: reason for i, reason in health.overrides.items() if i in known}
+        problems = (
+            *health.problems,
+            *unknown_gpu_problems(self._health_file, health.overrides, known),
+        )
+        # The file is read every few seconds: say what is wrong with it once, not each time.
+        if problems and problems != self._warned:
+            log.warning("fake_gpu_health_file_ignored", problems=list(problems))
+        self._warned = problems
         return overrides
 
     def _xid_event(self, index: int, code: int) -> XidEvent:

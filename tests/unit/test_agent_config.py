@@ -19,7 +19,7 @@ from agent.config import (
     load_config,
 )
 from agent.engines.readiness import Liveness
-from agent.gpus.fake import read_health_file
+from agent.gpus.fake_health import read_health_file
 from agent.main import EXIT_OK, EXIT_USAGE, app
 
 
@@ -284,8 +284,8 @@ def test_fake_gpus_are_marked_unhealthy_and_cleared_in_the_state_directory(
     health_file = tmp_path / "fake-gpu-health.json"
 
     assert app([*mark, "--reason", "XID 79"], result_action="return_value") == EXIT_OK
-    assert read_health_file(health_file) == {2: "XID 79"}
+    assert read_health_file(health_file).overrides == {2: "XID 79"}
 
     clear = ["fake-gpu", "clear", "--state-dir", str(tmp_path), "--gpu", "2"]
     assert app(clear, result_action="return_value") == EXIT_OK
-    assert read_health_file(health_file) == {}
+    assert read_health_file(health_file).overrides == {}

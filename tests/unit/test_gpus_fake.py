@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.gpus.fake import FakeGpuSource, mark_fake_gpu, parse_fake_gpus
+from agent.gpus.fake import FakeGpuSource, parse_fake_gpus
+from agent.gpus.fake_health import mark_fake_gpu
 from agent.gpus.xid import XidClass
 
 UUID = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -128,7 +129,7 @@ def test_marks_accumulate_and_are_written_atomically(tmp_path: Path) -> None:
         "1": "XID 94: contained ECC error",
         "3": "XID 48: double-bit ECC error",
     }
-    assert [path.name for path in health.parent.iterdir()] == ["health.json"]
+    assert {path.name for path in health.parent.iterdir()} == {"health.json", ".health.json.lock"}
 
 
 def test_an_operator_can_write_the_file_by_hand(tmp_path: Path) -> None:
@@ -140,29 +141,6 @@ def test_an_operator_can_write_the_file_by_hand(tmp_path: Path) -> None:
     assert [gpu.healthy for gpu in source.snapshot().gpus] == [True, False]
 
 
-@pytest.mark.parametrize(
-    ("content", "complaint"),
-    [
-        ("{not json", "is not JSON"),
-        ('["1"]', "must hold an object"),
-        ('{"one": "broken"}', "is not a GPU index with a non-empty reason"),
-        ('{"1": ""}', "is not a GPU index with a non-empty reason"),
-        ('{"7": "XID 79: GPU has fallen off the bus"}', "names GPU(s) [7]"),
-    ],
-)
-def test_a_bad_health_file_is_refused_naming_the_file(
-    tmp_path: Path, content: str, complaint: str
-) -> None:
-    health = tmp_path / "health.json"
-    health.write_text(content, encoding="utf-8")
-    source = FakeGpuSource(parse_fake_gpus("2x24GB"), health)
-
-    with pytest.raises(ValueError, match=re.escape(complaint)) as refused:
-        source.snapshot()
-
-    assert str(health) in str(refused.value)
-
-
 def test_an_empty_reason_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="give a reason"):
+    with pytest.raises(ValueError, match="the reason is empty"):
         mark_fake_gpu(tmp_path / "health.json", 0, "")

@@ -8,7 +8,7 @@ import pynvml
 import pytest
 
 from agent.gpus import FakeGpuSource, NvmlGpuSource, open_gpu_source, parse_fake_gpus
-from agent.gpus.fake import mark_fake_gpu
+from agent.gpus.fake_health import mark_fake_gpu
 
 
 def machine_has_nvidia_driver() -> bool:

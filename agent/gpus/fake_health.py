@@ -1,0 +1,179 @@
+"""The fake GPUs' health file and the declaration beside it, both hostile input.
+
+The health file maps GPU indices to reasons, ``{"2": "XID 79: GPU has fallen off the
+bus"}``. It can be written by hand, so it is read as what it may be: any size, not JSON,
+a FIFO, entries naming GPUs the node lacks. ``read_health_file`` keeps the entries
+``mark_fake_gpu`` would write and lists the others as problems; it never raises for
+what the file holds, so a bad file costs only its own entries, never the node's GPUs.
+
+The running agent writes how many fake GPUs it has to ``fake-gpus.json`` beside the
+health file (``declare_fake_gpus``), so ``mark_fake_gpu`` can refuse an index the node
+lacks. Without that file it knows only ``MAX_FAKE_GPUS``; the agent then ignores an
+unknown index, with a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.gpus.files import NotARegularFile, TooLarge, read_bounded, write_atomically
+
+MAX_FAKE_GPUS = 64
+MAX_REASON_CHARS = 500
+MAX_HEALTH_FILE_BYTES = 64 * 1024
+"""Room for every GPU with the longest reason; anything bigger is not the file we write."""
+DECLARATION_FILE = "fake-gpus.json"
+_INDEX = re.compile(r"[0-9]{1,3}")
+
+
+@dataclass(frozen=True, slots=True)
+class HealthFile:
+    """The usable overrides (GPU index -> reason) and why anything else was ignored."""
+
+    overrides: dict[int, str]
+    problems: tuple[str, ...] = ()
+
+
+def reason_problem(reason: str) -> str | None:
+    """Why ``reason`` cannot mark a GPU unhealthy, or None when it can."""
+    if not reason.strip():
+        return "the reason is empty"
+    if len(reason) > MAX_REASON_CHARS:
+        return f"the reason has {len(reason)} characters, at most {MAX_REASON_CHARS}"
+    if not reason.isprintable():
+        return "the reason holds control characters"
+    return None
+
+
+def read_health_file(path: Path) -> HealthFile:
+    """The overrides in ``path``, keeping only well-formed entries. Missing file: none."""
+    try:
+        text = read_bounded(path, MAX_HEALTH_FILE_BYTES)
+    except FileNotFoundError:
+        return HealthFile({})
+    except TooLarge:
+        return HealthFile({}, (f"{path} is over {MAX_HEALTH_FILE_BYTES} bytes; ignored",))
+    except NotARegularFile:
+        return HealthFile({}, (f"{path} is not a regular file; ignored",))
+    except OSError as exc:
+        return HealthFile({}, (f"cannot read {path}: {exc.strerror or exc}; ignored",))
+    except UnicodeDecodeError:
+        return HealthFile({}, (f"{path} is not UTF-8 text; ignored",))
+    try:
+        document = json.loads(text) if text.strip() else {}
+    except (ValueError, RecursionError):
+        return HealthFile({}, (f"{path} is not JSON; ignored",))
+    if not isinstance(document, dict):
+        return HealthFile({}, (f"{path} must hold an object of index: reason; ignored",))
+    overrides: dict[int, str] = {}
+    problems: list[str] = []
+    for key, reason in document.items():
+        problem = _entry_problem(key, reason)
+        if problem is None:
+            overrides[int(key)] = reason
+        else:
+            problems.append(f"{path}: entry {_shown(key)} ignored: {problem}")
+    return HealthFile(overrides, tuple(problems))
+
+
+def mark_fake_gpu(health_file: Path, index: int, reason: str | None) -> tuple[str, ...]:
+    """Mark fake GPU ``index`` unhealthy for ``reason``, or healthy again with None.
+
+    Refuses (``ValueError``) to mark an index the node does not have, or for a reason
+    that ``reason_problem`` refuses. Rewrites the file with its well-formed entries only, so
+    it always recovers from a bad file; returns what it dropped. Marks made at once
+    (several commands) are serialised by a lock beside the file: none is lost."""
+    if reason is not None:
+        if (problem := reason_problem(reason)) is not None:
+            raise ValueError(f"--reason: {problem}")
+        # Clearing is never refused: it is how a file naming a GPU the node lacks recovers.
+        _check_index(health_file, index)
+    with _locked(health_file):
+        current = read_health_file(health_file)
+        overrides = dict(current.overrides)
+        if reason is None:
+            overrides.pop(index, None)
+        else:
+            overrides[index] = reason
+        document = {str(key): value for key, value in sorted(overrides.items())}
+        write_atomically(health_file, json.dumps(document, indent=2) + "\n")
+    return current.problems
+
+
+def declare_fake_gpus(health_file: Path, count: int | None) -> None:
+    """Say beside ``health_file`` how many fake GPUs the node has; None: it has none, and
+    an earlier declaration is removed."""
+    declaration = health_file.with_name(DECLARATION_FILE)
+    if count is None:
+        with contextlib.suppress(FileNotFoundError):
+            declaration.unlink()
+        return
+    write_atomically(declaration, json.dumps({"count": count}) + "\n")
+
+
+def declared_fake_gpus(health_file: Path) -> int | None:
+    """How many fake GPUs the agent declared beside ``health_file``; None when unknown
+    (no agent with fake GPUs ran there, or the declaration is not one we wrote)."""
+    try:
+        document = json.loads(read_bounded(health_file.with_name(DECLARATION_FILE), 1024))
+    except (OSError, TooLarge, NotARegularFile, ValueError, RecursionError):
+        return None
+    count = document.get("count") if isinstance(document, dict) else None
+    if isinstance(count, int) and not isinstance(count, bool) and 1 <= count <= MAX_FAKE_GPUS:
+        return count
+    return None
+
+
+def unknown_gpu_problems(path: Path, overrides: dict[int, str], known: Sequence[int]) -> list[str]:
+    """One line per override naming a GPU not in ``known``."""
+    return [
+        f"{path}: entry {_shown(str(index))} ignored: this node has GPUs {_span(known)}"
+        for index in sorted(set(overrides) - set(known))
+    ]
+
+
+def _check_index(health_file: Path, index: int) -> None:
+    count = declared_fake_gpus(health_file)
+    if count is not None and not 0 <= index < count:
+        raise ValueError(
+            f"--gpu {index}: the agent has {count} fake GPU(s), indices {_span(range(count))}"
+        )
+    if not 0 <= index < MAX_FAKE_GPUS:
+        raise ValueError(f"--gpu {index}: a fake GPU index is 0 to {MAX_FAKE_GPUS - 1}")
+
+
+def _entry_problem(key: str, reason: object) -> str | None:
+    if _INDEX.fullmatch(key) is None or int(key) >= MAX_FAKE_GPUS:
+        return f"the key is not a GPU index 0 to {MAX_FAKE_GPUS - 1}"
+    if not isinstance(reason, str):
+        return "the reason is not a string"
+    return reason_problem(reason)
+
+
+def _shown(key: str) -> str:
+    """``key`` quoted for a log line, cut so a hostile file cannot flood the log."""
+    return repr(key if len(key) <= 40 else f"{key[:40]}...")
+
+
+def _span(indices: Sequence[int]) -> str:
+    return f"{indices[0]} to {indices[-1]}" if indices else "none"
+
+
+@contextlib.contextmanager
+def _locked(health_file: Path) -> Iterator[None]:
+    """Hold an exclusive lock on a file beside ``health_file`` (created if missing)."""
+    health_file.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = health_file.with_name(f".{health_file.name}.lock")
+    descriptor = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)
