@@ -13,7 +13,8 @@ from wire.version import llmgw_version
 app = App(
     name="llmgw-server",
     version=llmgw_version,
-    help="The llmgw control plane: event store, agent hub, reconciler, admin API, gateway.",
+    help="The llmgw control plane: event store, agent hub, reconciler, admin API, gateway."
+    "\n\nExample: llmgw-server migrate --database-url postgresql://llmgw@db/llmgw",
 )
 projections = App(
     name="projections",

@@ -30,7 +30,8 @@ app = App(
     help="Operate an llmgw cluster: nodes, models, replicas, autoscaling, drains, rollouts, "
     "history, keys, certificates."
     "\n\nShell completion: `llmgw-cli --install-completion`, or "
-    '`eval "$(llmgw-cli completion bash)"`.',
+    '`eval "$(llmgw-cli completion bash)"`.'
+    "\n\nExample: llmgw-cli nodes --admin-url http://127.0.0.1:8081",
     error_formatter=usage_error_line,
     error_console=usage_error_console(),
 )

@@ -207,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
         "metrics of vLLM, SGLang or llama.cpp's server. Every flag can also be set as "
         f"{ENV_PREFIX}<FLAG> in the environment ({ENV_PREFIX}MAX_NUM_SEQS=4, "
         f"{ENV_PREFIX}INSTANT=true); the command line wins.",
+        epilog="Example: llmgw-sim-engine --port 8001 --model llama-sim --profile sglang",
     )
     for flag in FLAGS:
         shown = f"{flag.help} (default: %(default)s)" if flag.default is not None else flag.help

@@ -12,6 +12,7 @@ from cyclopts import App
 from rich.console import Console
 
 from agent.main import app as agent_app
+from agent.simulator.serve import build_parser
 from app.main import app as server_app
 from cli.main import app as cli_app
 from devcluster.main import app as dev_app
@@ -33,10 +34,13 @@ def help_text(app: App, path: tuple[str, ...]) -> str:
     return shown.getvalue()
 
 
-# llmgw-agent and llmgw-dev are commands themselves, not only groups of commands.
+# Every program's own --help shows an example too: llmgw-agent and llmgw-dev are commands
+# themselves, llmgw-cli and llmgw-server groups of commands.
 EVERY_COMMAND = [(program, path) for program, app in PROGRAMS.items() for path in commands(app)] + [
     ("llmgw-agent", ()),
     ("llmgw-dev", ()),
+    ("llmgw-cli", ()),
+    ("llmgw-server", ()),
 ]
 
 
@@ -52,6 +56,13 @@ def test_help_has_an_example(program: str, path: tuple[str, ...]) -> None:
     command = re.escape(" ".join((program, *path)))
     example = rf"^(\s+|.*Example: )(eval \"\$\(|\S+=\S+ )*{command}(\s|$)"
     assert re.search(example, shown, re.MULTILINE), shown
+
+
+def test_the_simulators_help_has_an_example() -> None:
+    """llmgw-sim-engine keeps argparse (docs/simulator.md): its help is argparse's."""
+    shown = build_parser().format_help()
+
+    assert re.search(r"^Example: llmgw-sim-engine\s", shown, re.MULTILINE), shown
 
 
 def test_the_agents_help_says_where_else_its_settings_come_from() -> None:
