@@ -3,12 +3,13 @@ then these events and commands."""
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from datetime import UTC, datetime, timedelta
 
 from app.domain.adoption_grace import Arrivals
 from app.domain.autoscale import DemandSample
-from app.domain.decision import Decision
+from app.domain.decision import Decision, PlannedEvent
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import (
     MODEL_STREAM_PREFIX,
@@ -163,7 +164,8 @@ class Cluster:
 
     def reconcile(self, **overrides: float) -> Decision:
         decision = self.decided(**overrides)
-        self.appended(decision)
+        # A pass decided on the log as it is holds on it: nothing has overtaken it.
+        assert self.appended(decision) is None
         return decision
 
     def decided(self, **overrides: float) -> Decision:
@@ -185,35 +187,47 @@ class Cluster:
 
     def appended(self, decision: Decision) -> str | None:
         """The events of ``decision`` appended to the log, as the reconciler appends them:
-        none, if an operator's change recorded since the pass decided makes it a lost race
-        (a model's stream moved on, or ``overtaken``); then the stream it was lost on."""
-        for planned in decision.events:
-            stream = planned.stream
-            if stream.startswith(MODEL_STREAM_PREFIX) and self.versions.get(
-                stream, 0
-            ) != self.read_versions.get(stream, 0):
-                return stream
-        before, versions = self.state.copy(), dict(self.versions)
-        for planned in decision.events:
-            self.versions[planned.stream] = self.versions.get(planned.stream, 0) + 1
-            evolve(
-                self.state,
-                Recorded(
-                    position=self.state.position + 1,
-                    stream=planned.stream,
-                    version=self.versions[planned.stream],
-                    event_id=uuid.uuid4(),
-                    recorded_at=self.now,
-                    meta=Meta(
-                        actor="reconciler", epoch=EPOCH, correlation_id=planned.correlation_id
-                    ),
-                    event=planned.event,
+        run by run (consecutive events with the same correlation id and actor), each one
+        refused if an operator's change recorded since the pass decided makes it a lost
+        race (a model's stream moved on, or ``overtaken``). The runs before it stay
+        appended; the stream it was lost on, or None when every run was appended."""
+        expected = dict(self.read_versions)
+        for _, grouped in itertools.groupby(
+            decision.events, key=lambda p: (p.correlation_id, p.actor)
+        ):
+            run = list(grouped)
+            models = sorted({p.stream for p in run if p.stream.startswith(MODEL_STREAM_PREFIX)})
+            for stream in models:
+                if self.versions.get(stream, 0) != expected.get(stream, 0):
+                    return stream
+            before, versions = self.state.copy(), dict(self.versions)
+            for planned in run:
+                self._append(planned)
+            lost_on = overtaken(self.state, run)
+            if lost_on is not None:
+                self.state, self.versions = before, versions
+                return lost_on
+            expected.update({stream: self.versions[stream] for stream in models})
+        return None
+
+    def _append(self, planned: PlannedEvent) -> None:
+        self.versions[planned.stream] = self.versions.get(planned.stream, 0) + 1
+        evolve(
+            self.state,
+            Recorded(
+                position=self.state.position + 1,
+                stream=planned.stream,
+                version=self.versions[planned.stream],
+                event_id=uuid.uuid4(),
+                recorded_at=self.now,
+                meta=Meta(
+                    actor=planned.actor,
+                    epoch=EPOCH,
+                    correlation_id=planned.correlation_id,
                 ),
-            )
-        lost_on = overtaken(self.state, decision.events)
-        if lost_on is not None:
-            self.state, self.versions = before, versions
-        return lost_on
+                event=planned.event,
+            ),
+        )
 
     def serve(self, replica_id: str) -> None:
         """The agent starts the replica's shards and they come up."""
