@@ -171,3 +171,67 @@ def test_a_key_revoked_while_a_pass_decides_stays_revoked() -> None:
     assert cluster.appended(stale) is None
     assert placed_ids(stale) == ["llama-1"]
     assert cluster.state.keys["k-0badf00d"].revoked_at is not None
+
+
+def test_a_scale_up_recorded_while_a_pass_stops_a_surplus_replica_keeps_it_serving() -> None:
+    # Given two replicas serving, and a pass stopping one for a scale-down to one ...
+    cluster = with_two_nodes_and_a_model(replicas=2)
+    cluster.reconcile()
+    cluster.serve("llama-1")
+    cluster.serve("llama-2")
+    cluster.given(*decide.scale(cluster.state, "llama", 1).events)
+    stale = cluster.decided()
+    [stopping] = of_type(stale, ReplicaStopping)
+    assert stopping.surplus
+    # ... when the operator scales back to two before it appends ...
+    cluster.given(*decide.scale(cluster.state, "llama", 2).events)
+
+    # ... then the pass loses the race: both replicas keep serving, none is replaced.
+    assert cluster.appended(stale) == model_stream("llama")
+    decision = cluster.reconcile()
+    assert decision.events == ()
+    assert cluster.phase("llama-1") is ReplicaPhase.SERVING
+    assert cluster.phase("llama-2") is ReplicaPhase.SERVING
+
+
+def test_a_scale_up_recorded_while_a_pass_stops_a_moved_replica_as_surplus_keeps_it() -> None:
+    # Given a replica being moved, and a pass stopping it with no replacement, its model
+    # scaled down to the one other replica ...
+    cluster = with_two_nodes_and_a_model(replicas=2)
+    cluster.reconcile()
+    cluster.serve("llama-1")
+    cluster.serve("llama-2")
+    cluster.given(*decide.drain_replica(cluster.state, "llama-1", "drain-1").events)
+    cluster.given(*decide.scale(cluster.state, "llama", 1).events)
+    stale = cluster.decided()
+    [stopping] = of_type(stale, ReplicaStopping)
+    assert (stopping.replica_id, stopping.surplus) == ("llama-1", True)
+    # ... when the operator scales back to two before it appends ...
+    cluster.given(*decide.scale(cluster.state, "llama", 2).events)
+
+    # ... then the moved replica serves on until a replacement serves in its place.
+    assert cluster.appended(stale) == model_stream("llama")
+    [replacement] = of_type(cluster.reconcile(), ReplicaPlaced)
+    assert replacement.replaces == "llama-1"
+    assert cluster.phase("llama-1") is ReplicaPhase.DRAINING
+    assert cluster.phase("llama-2") is ReplicaPhase.SERVING
+
+
+def test_a_moved_replica_the_count_leaves_no_room_for_stops_while_another_is_replaced() -> None:
+    # Two replicas being moved, the model scaled down so that it misses one: the pass
+    # replaces one and stops the other as surplus. Nothing raced it, and its run stands:
+    # the moved replica still waiting for its replacement makes the count.
+    cluster = with_two_nodes_and_a_model(replicas=3)
+    cluster.reconcile()
+    for replica_id in ("llama-1", "llama-2", "llama-3"):
+        cluster.serve(replica_id)
+    cluster.given(*decide.drain_replica(cluster.state, "llama-1", "drain-1").events)
+    cluster.given(*decide.drain_replica(cluster.state, "llama-2", "drain-2").events)
+    cluster.given(*decide.scale(cluster.state, "llama", 2).events)
+
+    decision = cluster.reconcile()
+    assert [(s.replica_id, s.surplus) for s in of_type(decision, ReplicaStopping)] == [
+        ("llama-2", True)
+    ]
+    [replacement] = of_type(decision, ReplicaPlaced)
+    assert replacement.replaces == "llama-1"
