@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from msgspec.structs import replace
 
 from app.domain import autoscale
@@ -14,11 +15,13 @@ from app.domain import keys as key_decisions
 from app.domain import operations as decide
 from app.domain.events import (
     ModelScaled,
+    NodeDrainFinished,
     ReplicaPlaced,
     ReplicaStopping,
     model_stream,
     node_stream,
 )
+from app.domain.operations import InvalidOperation
 from app.domain.state import ACTIVE_PHASES, ReplicaPhase
 from tests.unit.test_autoscale import POLICY
 from tests.unit.test_reconcile import (
@@ -235,3 +238,31 @@ def test_a_moved_replica_the_count_leaves_no_room_for_stops_while_another_is_rep
     ]
     [replacement] = of_type(decision, ReplicaPlaced)
     assert replacement.replaces == "llama-1"
+
+
+def test_an_operator_acting_on_a_node_whose_drain_a_pass_finishes_keeps_the_last_word() -> None:
+    # A drain's finish races no operator's change of its node: until it is recorded, the
+    # node still drains, and an uncordon or a new drain is refused with nothing recorded
+    # (a cordon changes nothing: a draining node is cordoned). Once it is, the node stays
+    # cordoned until the operator says otherwise.
+    cluster = with_two_nodes_and_a_model(replicas=1)
+    cluster.reconcile()
+    cluster.serve("llama-1")
+    empty = "gpu-2" if placed_on(cluster, "llama-1") == "gpu-1" else "gpu-1"
+    cluster.given(*decide.drain_node(cluster.state, empty, "drain-1", grace_s=60.0).events)
+    stale = cluster.decided()
+    [finished] = of_type(stale, NodeDrainFinished)
+    assert (finished.drain_id, finished.succeeded) == ("drain-1", True)
+
+    with pytest.raises(InvalidOperation, match="draining"):
+        decide.uncordon(cluster.state, empty)
+    with pytest.raises(InvalidOperation, match="already draining"):
+        decide.drain_node(cluster.state, empty, "drain-2", grace_s=60.0)
+    assert decide.cordon(cluster.state, empty, "disk replacement").events == ()
+
+    assert cluster.appended(stale) is None
+    assert cluster.state.nodes[empty].cordoned
+    assert cluster.state.nodes[empty].drain_id is None
+    cluster.given(*decide.uncordon(cluster.state, empty).events)
+    cluster.reconcile()
+    assert not cluster.state.nodes[empty].cordoned
