@@ -109,7 +109,10 @@ class RolloutView(msgspec.Struct, frozen=True, kw_only=True):
     """While a step holds: what its verdict, taken on the gateways' figures now, would still
     wait for (``the gateways saw 3 request(s) to the new revision and 450 to the others,
     fewer than min_requests 20``, or too few latency samples, with the counts); a hold
-    that ends so pauses the rollout. Null when the verdict would decide, or no step holds."""
+    that ends so pauses the rollout. Null when the verdict would decide, or no step holds.
+    Judged on the ejections the gateways report now: a canary ejected earlier in the hold
+    and back in rotation since, which the leader's verdict counts (it alone saw it), is not
+    in it."""
     moves_progress: str
     """Where its moves are listed as a drain's: ``/admin/v1/drains/{rollout_id}`` (the
     ``state`` there is of the moves made so far, not of the rollout)."""
