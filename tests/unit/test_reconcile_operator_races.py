@@ -15,6 +15,7 @@ from app.domain import keys as key_decisions
 from app.domain import operations as decide
 from app.domain.events import (
     ModelScaled,
+    ModelUnplaceable,
     NodeDrainFinished,
     ReplicaPlaced,
     ReplicaStopping,
@@ -266,3 +267,21 @@ def test_an_operator_acting_on_a_node_whose_drain_a_pass_finishes_keeps_the_last
     cluster.given(*decide.uncordon(cluster.state, empty).events)
     cluster.reconcile()
     assert not cluster.state.nodes[empty].cordoned
+
+
+def test_a_model_found_unplaceable_just_before_an_uncordon_is_placed_by_the_next_pass() -> None:
+    # The pass's "unplaceable" stands for a moment: the uncordon's append wakes the
+    # reconciler (it runs a pass on every append), and that pass places the replica.
+    cluster = with_two_nodes_and_a_model(replicas=1)
+    for node in ("gpu-1", "gpu-2"):
+        cluster.given(*decide.cordon(cluster.state, node, "disk replacement").events)
+    stale = cluster.decided()
+    [unplaceable] = of_type(stale, ModelUnplaceable)
+    assert "cordoned" in unplaceable.reason
+    cluster.given(*decide.uncordon(cluster.state, "gpu-1").events)
+
+    assert cluster.appended(stale) is None
+    assert cluster.state.models["llama"].unplaceable_reason == unplaceable.reason
+    assert placed_ids(cluster.reconcile()) == ["llama-1"]
+    assert placed_on(cluster, "llama-1") == "gpu-1"
+    assert cluster.state.models["llama"].unplaceable_reason is None
