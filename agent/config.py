@@ -27,6 +27,7 @@ from agent.engines.readiness import DEFAULT_LIVENESS, Liveness
 from agent.gpus import parse_fake_gpus
 from app.pki.errors import InvalidRequest
 from app.pki.names import check_subject_name
+from app.regular_file import FileMissing, FileRefused, read_regular_text
 
 ENV_PREFIX = "LLMGW_AGENT_"
 CONFIG_ENV = f"{ENV_PREFIX}CONFIG"
@@ -42,6 +43,9 @@ DEFAULT_NEXT_SERVER_AFTER_S = 5.0
 well (the slow dial goes on): a frozen control plane, whose kernel still accepts TCP, costs
 an agent this rather than the open timeout."""
 FAKE_GPU_HEALTH_FILE = "fake-gpu-health.json"
+MAX_CONFIG_BYTES = 64 * 1024
+"""The most of a config file read: it holds a score of settings. A device such as /dev/zero,
+or a file grown by mistake, would otherwise be read into memory whole."""
 LOG_LEVELS = ("debug", "info", "warning", "error")
 EnginesOnExit = Literal["keep", "stop"]
 ENGINES_ON_EXIT: tuple[EnginesOnExit, ...] = get_args(EnginesOnExit)
@@ -193,11 +197,14 @@ def settings_from_env(environ: Mapping[str, str]) -> AgentSettings:
 
 
 def settings_from_file(path: Path) -> AgentSettings:
-    """The settings in a TOML file; relative paths in it are read from the file's folder."""
+    """The settings in a TOML file (a regular file of UTF-8 text, at most
+    ``MAX_CONFIG_BYTES``); relative paths in it are read from the file's folder."""
     try:
-        document = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read the config file {path}: {exc.strerror or exc}") from exc
+        document = tomllib.loads(read_regular_text(path, MAX_CONFIG_BYTES))
+    except FileMissing as exc:
+        raise ConfigError(f"cannot read the config file {path}: {exc.reason}") from exc
+    except FileRefused as exc:
+        raise ConfigError(f"config file {path} is refused: {exc.reason}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
     try:

@@ -4,6 +4,9 @@ the messages that say what is wrong."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -226,6 +229,43 @@ def test_a_bad_config_file_is_refused_with_its_name_and_the_problem(
         load_config(flags(node_files), {}, config_file)
     assert str(config_file) in str(refused.value)
     assert message in str(refused.value)
+
+
+def test_a_config_file_that_is_not_utf8_is_refused_naming_the_byte(node_files: Path) -> None:
+    config_file = node_files / "agent.toml"
+    config_file.write_bytes(b'node_id = "gpu-\xff"\n')
+    with pytest.raises(ConfigError) as refused:
+        load_config(flags(node_files), {}, config_file)
+    assert str(refused.value) == (
+        f"config file {config_file} is refused: not UTF-8 text (byte 0xff at offset 15)"
+    )
+
+
+def test_a_config_file_over_64_kib_is_refused_by_its_size(node_files: Path) -> None:
+    config_file = write_config(node_files, "# padding\n" * 7000)
+    with pytest.raises(ConfigError, match=r"is refused: 70,000 bytes, over the 64 KiB it may"):
+        load_config(flags(node_files), {}, config_file)
+
+
+@pytest.mark.parametrize(
+    ("make", "kind"),
+    [
+        (lambda path: os.mkfifo(path), "a named pipe (FIFO)"),
+        (lambda path: path.mkdir(), "a directory"),
+    ],
+)
+def test_a_config_path_that_is_not_a_regular_file_is_refused_without_waiting(
+    node_files: Path, make: Callable[[Path], None], kind: str
+) -> None:
+    config_file = node_files / "agent.toml"
+    make(config_file)
+    with pytest.raises(ConfigError, match=f"is refused: not a regular file but {re.escape(kind)}"):
+        load_config(flags(node_files), {}, config_file)
+
+
+def test_a_device_as_config_file_is_refused_rather_than_read_for_ever(node_files: Path) -> None:
+    with pytest.raises(ConfigError, match="/dev/zero is refused: not a regular file but a char"):
+        load_config(flags(node_files), {}, Path("/dev/zero"))
 
 
 def test_a_missing_config_file_is_refused(node_files: Path) -> None:

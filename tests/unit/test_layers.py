@@ -1,7 +1,8 @@
 """The import layers DESIGN.md and STYLE.md describe, enforced by reading every import.
 
     cli ──> (app.pki, app.logs)            never app.domain: the CLI renders what the API says
-    agent ──> wire, app.pki, app.logs      the agent speaks the wire, not the server's mind
+    agent ──> wire, app.pki, app.logs,     the agent speaks the wire, not the server's mind
+              app.regular_file
     app.admin, app.gateway, app.hub, app.store, app.bootstrap   the shell and adapters
       └──> app.services ──> app.domain <── (only the standard library and msgspec)
     app.store ─x─> app.gateway             the store knows no reader of it
@@ -78,10 +79,10 @@ RULES = {
     "cli imports nothing of app.domain": lambda module, imported: (
         within(module, "cli") and within(imported, "app.domain")
     ),
-    "agent imports of app only app.pki and app.logs": lambda module, imported: (
+    "agent imports of app only app.pki, app.logs and app.regular_file": lambda module, imported: (
         within(module, "agent")
         and within(imported, "app")
-        and not within(imported, "app.pki", "app.logs")
+        and not within(imported, "app.pki", "app.logs", "app.regular_file")
     ),
     "wire imports nothing of app, agent or cli": lambda module, imported: (
         within(module, "wire") and within(imported, "app", "agent", "cli")

@@ -1,0 +1,92 @@
+"""Reading a file an operator names: only a regular file, only up to a bound, never waited on.
+
+A path read whole as given can be a FIFO (opening it waits for a writer for ever), a
+device such as /dev/zero (read until memory runs out), a directory, or a file grown far
+past what it should hold. ``read_regular_file`` refuses each of these with a reason that
+names the file, so every program can turn it into its own clear error.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+_FILE_KINDS = (
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+)
+
+
+class FileRefused(Exception):
+    """The file could not be read, or is not one that may be read: ``reason`` says why."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+class FileMissing(FileRefused):
+    """There is no file at the path."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, "no such file")
+
+
+def read_regular_file(path: Path, max_bytes: int) -> bytes:
+    """The bytes of the regular file at ``path``, refused (``FileRefused``) when it is not
+    a regular file or holds more than ``max_bytes``; at most one byte past the bound is read
+    should the file grow meanwhile."""
+    try:
+        # Checked before opening (opening a FIFO waits for a writer) and again on what was
+        # opened, without waiting, in case the path changed between.
+        _check_regular(path, os.stat(path), max_bytes)
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        with os.fdopen(descriptor, "rb") as file:
+            _check_regular(path, os.fstat(file.fileno()), max_bytes)
+            data = file.read(max_bytes + 1)
+    except FileNotFoundError as exc:
+        raise FileMissing(path) from exc
+    except OSError as exc:
+        raise FileRefused(path, exc.strerror or str(exc)) from exc
+    if len(data) > max_bytes:
+        raise _too_large(path, f"more than {max_bytes:,} bytes", max_bytes)
+    return data
+
+
+def read_regular_text(path: Path, max_bytes: int) -> str:
+    """``read_regular_file`` decoded as UTF-8, refused naming the first bad byte if it is
+    not."""
+    data = read_regular_file(path, max_bytes)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FileRefused(
+            path, f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
+        ) from exc
+
+
+def _check_regular(path: Path, info: os.stat_result, max_bytes: int) -> None:
+    for is_kind, kind in _FILE_KINDS:
+        if is_kind(info.st_mode):
+            raise FileRefused(path, f"not a regular file but {kind}")
+    if not stat.S_ISREG(info.st_mode):
+        raise FileRefused(path, "not a regular file")
+    if info.st_size > max_bytes:
+        raise _too_large(path, f"{info.st_size:,} bytes", max_bytes)
+
+
+def _too_large(path: Path, size: str, max_bytes: int) -> FileRefused:
+    return FileRefused(path, f"{size}, over the {_amount(max_bytes)} it may hold")
+
+
+def _amount(max_bytes: int) -> str:
+    if max_bytes >= 2**20 and max_bytes % 2**20 == 0:
+        return f"{max_bytes // 2**20} MiB"
+    if max_bytes >= 1024 and max_bytes % 1024 == 0:
+        return f"{max_bytes // 1024} KiB"
+    return f"{max_bytes:,} bytes"
