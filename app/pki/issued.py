@@ -3,8 +3,9 @@
 The CA directory is the only place that knows every certificate it signed (the control
 plane sees only the ones that connect), so ``llmgw-cli cert list`` reads this record and
 ``cert revoke --node`` can say which serials it voids. It holds no secret: serials, names,
-dates and where the files went. A line that cannot be read is skipped and counted, so one
-damaged line never hides the rest.
+dates and where the files went. A line that cannot be read (not JSON, not a whole entry, or
+a time without its zone) is skipped and counted, so one damaged line never hides the rest.
+The record is read only as a regular file of at most ``MAX_ISSUED_RECORD_BYTES``.
 """
 
 from __future__ import annotations
@@ -13,14 +14,23 @@ import os
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
 from cryptography import x509
 
 from app.pki.describe import alternative_names, common_name, kind_of, serial_hex
 from app.pki.errors import CertificateFileError
+from app.regular_file import FileMissing, FileRefused, read_regular_file
 
 ISSUED_RECORD = "issued.jsonl"
+MAX_ISSUED_RECORD_BYTES = 64 * 2**20
+"""The largest record read: an entry is a few hundred bytes, so this is some hundred
+thousand certificates; a device or a file grown by mistake is refused rather than read."""
+
+ZonedTime = Annotated[datetime, msgspec.Meta(tz=True)]
+"""A time with its zone, as every entry is written: one without could not be compared with
+the clock or a revocation, and is taken for a damaged line."""
 
 
 class IssuedCertificate(msgspec.Struct, frozen=True, kw_only=True):
@@ -29,8 +39,8 @@ class IssuedCertificate(msgspec.Struct, frozen=True, kw_only=True):
     common_name: str
     dns_names: tuple[str, ...] = ()
     ip_addresses: tuple[str, ...] = ()
-    not_before: datetime
-    not_after: datetime
+    not_before: ZonedTime
+    not_after: ZonedTime
     certificate_file: str
 
 
@@ -70,11 +80,11 @@ def read_issued(ca_dir: Path) -> IssuedRecord:
     """Every certificate the CA recorded, oldest first (none before it kept a record)."""
     path = ca_dir / ISSUED_RECORD
     try:
-        lines = path.read_bytes().splitlines()
-    except FileNotFoundError:
+        lines = read_regular_file(path, MAX_ISSUED_RECORD_BYTES).splitlines()
+    except FileMissing:
         return IssuedRecord(certificates=())
-    except OSError as exc:
-        raise CertificateFileError(f"cannot read {path}: {exc}") from exc
+    except FileRefused as exc:
+        raise CertificateFileError(f"cannot read {path}: {exc.reason}") from exc
     certificates: list[IssuedCertificate] = []
     unreadable = 0
     for entry in _entries(lines):

@@ -4,6 +4,8 @@ is bad usage (exit 2) naming the file and what is wrong, and nothing is listed."
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -82,3 +84,42 @@ def test_offline_reads_no_config_file(
 
     assert list_certificates(ca_dir=tmp_path / "ca", offline=True, output="json") == 0
     assert capsys.readouterr() == ("[]\n", "")
+
+
+ENTRY = (
+    '{"serial":"0a","kind":"node","common_name":"gpu-07","not_before":"2026-01-01T00:00:00Z",'
+    '"not_after":"2027-01-01T00:00:00Z","certificate_file":"/ca/node-gpu-07.crt"}'
+)
+
+
+def test_damaged_lines_of_the_record_are_skipped_and_counted_and_the_rest_listed(
+    config_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "ca").mkdir()
+    naive = ENTRY.replace("00:00Z", "00:00").replace('"0a"', '"0b"')
+    (tmp_path / "ca" / "issued.jsonl").write_bytes(
+        f"{ENTRY}\n{naive}\n{{not json\n".encode() + b"\xff\xfe\n[1]\n"
+    )
+
+    code = list_certificates(ca_dir=tmp_path / "ca", offline=True, output="json")
+
+    captured = capsys.readouterr()
+    assert code == 0
+    assert [row["serial"] for row in json.loads(captured.out)] == ["0a"]
+    assert "4 unreadable line(s)" in captured.err
+
+
+def test_a_record_that_is_not_a_regular_file_is_refused_unread(
+    config_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "ca").mkdir()
+    os.mkfifo(tmp_path / "ca" / "issued.jsonl")
+
+    code = list_certificates(ca_dir=tmp_path / "ca", offline=True, output="json")
+
+    assert code == 1
+    assert capsys.readouterr() == (
+        "",
+        f"llmgw-cli cert list: cannot read {tmp_path / 'ca' / 'issued.jsonl'}: not a regular "
+        "file but a named pipe (FIFO)\n",
+    )
