@@ -29,6 +29,11 @@ class ArgumentRefused(ValueError):
     """A value refused by a converter; the message follows the argument's name."""
 
 
+MAX_REPLICAS = 10_000
+"""The most replicas a model may be scaled to, or autoscale between: the admin API refuses
+more. The CLI cannot import the domain's bound, so it is written again (a test holds the two
+equal) and checked before anything is sent."""
+
 _WHOLE = re.compile(r"^[+-]?[0-9]+(?:\.0*)?$")
 
 

@@ -12,7 +12,7 @@ from typing import Annotated
 import msgspec
 from cyclopts import Parameter, validators
 
-from cli.arguments import UsageError, finite_number, segment, whole_number
+from cli.arguments import MAX_REPLICAS, UsageError, finite_number, segment, whole_number
 from cli.client import AdminClient
 from cli.config import ConnectionFlags
 from cli.operator import ADMIN, Output, call, run_command
@@ -46,8 +46,8 @@ def autoscale(
         Parameter(
             name="--min",
             converter=whole_number,
-            help="The fewest replicas, 0 to 10000. 0 lets an idle model scale to zero.",
-            validator=validators.Number(gte=0),
+            help=f"The fewest replicas, 0 to {MAX_REPLICAS}. 0 lets an idle model scale to zero.",
+            validator=validators.Number(gte=0, lte=MAX_REPLICAS),
         ),
     ] = None,
     max_replicas: Annotated[
@@ -55,8 +55,8 @@ def autoscale(
         Parameter(
             name="--max",
             converter=whole_number,
-            help="The most replicas, 1 to 10000, at least --min.",
-            validator=validators.Number(gte=1),
+            help=f"The most replicas, 1 to {MAX_REPLICAS}, at least --min.",
+            validator=validators.Number(gte=1, lte=MAX_REPLICAS),
         ),
     ] = None,
     target: Annotated[
@@ -67,7 +67,7 @@ def autoscale(
             "model, as the gateways report them (0.01 to 100000). Given alone, it replaces "
             "a --capacity in force; give both to keep that, with this for while the model "
             "has no bench result.",
-            validator=validators.Number(gte=0.01),
+            validator=validators.Number(gte=0.01, lte=100_000),
         ),
     ] = None,
     capacity: Annotated[
@@ -119,9 +119,9 @@ def autoscale(
     max_step: Annotated[
         int | None,
         Parameter(
-            help="The most replicas one decision adds or removes.",
+            help=f"The most replicas one decision adds or removes, 1 to {MAX_REPLICAS}.",
             converter=whole_number,
-            validator=validators.Number(gte=1),
+            validator=validators.Number(gte=1, lte=MAX_REPLICAS),
         ),
     ] = None,
     cold_start_timeout: Annotated[

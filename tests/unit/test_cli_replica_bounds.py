@@ -1,0 +1,70 @@
+"""`llmgw-cli scale N` and `autoscale --min/--max/--max-step/--target` refuse a figure past what the
+admin API accepts as bad usage (exit 2), and send nothing; the API keeps its own check."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from app.domain.model_spec import MAX_AUTOSCALE_TARGET, MAX_REPLICAS
+from cli.arguments import MAX_REPLICAS as CLI_MAX_REPLICAS
+from cli.main import app
+from tests.support.stub_admin import StubHandler, stub_admin_api
+
+SENT: list[str] = []
+
+
+class Recording(StubHandler):
+    """Notes every request and refuses it, so a test sees whether one was sent."""
+
+    def do_GET(self) -> None:
+        SENT.append(f"GET {self.path}")
+        self.answer(500, "text/plain", b"")
+
+    def do_POST(self) -> None:
+        SENT.append(f"POST {self.path}")
+        self.answer(500, "text/plain", b"")
+
+    do_PUT = do_POST
+
+
+@pytest.fixture
+def admin_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    SENT.clear()
+    with stub_admin_api(Recording, monkeypatch) as url:
+        yield url
+
+
+def test_the_cli_bound_is_the_domains() -> None:
+    assert CLI_MAX_REPLICAS == MAX_REPLICAS
+    assert MAX_AUTOSCALE_TARGET == 100_000
+
+
+@pytest.mark.parametrize(
+    ("argv", "refusal"),
+    [
+        (["scale", "llama", "10001"], 'Invalid value "10001" for REPLICAS. Must be <= 10000.'),
+        (["autoscale", "llama", "--min", "10001"], 'Invalid value "10001" for --min.'),
+        (["autoscale", "llama", "--max", "10001"], 'Invalid value "10001" for --max.'),
+        (["autoscale", "llama", "--max-step", "10001"], 'Invalid value "10001" for --max-step.'),
+        (["autoscale", "llama", "--target", "100001"], 'Invalid value "100001.0" for --target.'),
+    ],
+)
+def test_a_count_past_the_apis_bound_is_bad_usage_and_nothing_is_sent(
+    admin_url: str, capsys: pytest.CaptureFixture[str], argv: list[str], refusal: str
+) -> None:
+    with pytest.raises(SystemExit) as ended:
+        app([*argv, "--admin-url", admin_url])
+
+    assert ended.value.code == 2
+    assert refusal in capsys.readouterr().err
+    assert SENT == []
+
+
+def test_the_bound_itself_is_sent(admin_url: str) -> None:
+    with pytest.raises(SystemExit) as ended:
+        app(["scale", "llama", str(MAX_REPLICAS), "--admin-url", admin_url])
+
+    assert ended.value.code == 1  # the stub refuses it: what matters is that it was asked
+    assert SENT == ["POST /admin/v1/models/llama/scale"]
