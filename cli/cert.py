@@ -33,12 +33,13 @@ from app.pki.issued import record_issued
 from app.pki.keys import PrivateKey
 from app.pki.model import MAX_DAYS
 from app.pki.names import check_host, check_subject_name, parse_ip
-from cli.arguments import filled_path, whole_number
+from cli.arguments import UsageError, filled_path, whole_number
 from cli.render import print_json, say, warn
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+CA_DIR_ENV = "LLMGW_CA_DIR"
 
 cert_app = App(
     name="cert",
@@ -59,7 +60,8 @@ CaDir = Annotated[
         name="--dir",
         converter=filled_path,
         help="CA directory (ca.crt, ca.key). "
-        "[default: $LLMGW_CA_DIR, else $XDG_DATA_HOME/llmgw/ca, else ~/.local/share/llmgw/ca]",
+        "[default: $LLMGW_CA_DIR (refused if empty), else $XDG_DATA_HOME/llmgw/ca, else "
+        "~/.local/share/llmgw/ca]",
     ),
 ]
 OutDir = Annotated[
@@ -122,7 +124,11 @@ def init_ca(
     llmgw-cli cert init-ca --dir ./ca --output json | jq -r .description.sha256_fingerprint
     ```
     """
-    ca_dir = ca_dir or default_ca_dir()
+    try:
+        ca_dir = ca_dir or default_ca_dir()
+    except UsageError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
 
     def create() -> int:
         _check_days(days)
@@ -163,7 +169,11 @@ def server_certificate(
     llmgw-cli cert server --host llmgw.internal --ip 10.0.0.5 --ip 127.0.0.1
     ```
     """
-    ca_dir = ca_dir or default_ca_dir()
+    try:
+        ca_dir = ca_dir or default_ca_dir()
+    except UsageError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
 
     def create() -> int:
         hosts = [check_host(name) for name in host]
@@ -214,7 +224,11 @@ def node_certificate(
     llmgw-cli cert node gpu-08 --output json | jq -r .description.serial
     ```
     """
-    ca_dir = ca_dir or default_ca_dir()
+    try:
+        ca_dir = ca_dir or default_ca_dir()
+    except UsageError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
 
     def create() -> int:
         check_subject_name("node id", node_id)
@@ -248,7 +262,11 @@ def operator_certificate(
     llmgw-cli cert operator bob --output json | jq -r .certificate
     ```
     """
-    ca_dir = ca_dir or default_ca_dir()
+    try:
+        ca_dir = ca_dir or default_ca_dir()
+    except UsageError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
 
     def create() -> int:
         check_subject_name("operator name", name)
@@ -296,7 +314,14 @@ def show_certificate(
 
 
 def default_ca_dir() -> Path:
-    if explicit := os.environ.get("LLMGW_CA_DIR"):
+    """``$LLMGW_CA_DIR``, else ``$XDG_DATA_HOME/llmgw/ca``. ``$LLMGW_CA_DIR`` set empty is a
+    ``UsageError``, as any setting given empty is (cli.config): taken for unset, the CA
+    would be read or created somewhere the operator did not name. An empty
+    ``$XDG_DATA_HOME`` is unset, as the XDG Base Directory specification says."""
+    explicit = os.environ.get(CA_DIR_ENV)
+    if explicit is not None:
+        if not explicit.strip():
+            raise UsageError(f"${CA_DIR_ENV} is empty: give the CA directory, or unset it")
         return Path(explicit)
     data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(data_home) / "llmgw" / "ca"

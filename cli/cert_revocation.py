@@ -17,7 +17,7 @@ from cyclopts import Parameter
 from app.pki.errors import PkiError
 from app.pki.issued import IssuedCertificate, read_issued
 from app.pki.model import CLOCK_SKEW
-from cli.arguments import filled
+from cli.arguments import UsageError, filled
 from cli.cert import CaDir, default_ca_dir
 from cli.client import AdminClient, ClientError
 from cli.config import ConfigError, ConnectionFlags, ConnectionSettings, resolve_settings
@@ -159,7 +159,11 @@ def list_certificates(
     llmgw-cli cert list --offline --output json
     ```
     """
-    directory = ca_dir or default_ca_dir()
+    try:
+        directory = ca_dir or default_ca_dir()
+    except UsageError as exc:
+        print_error("cert list", str(exc))
+        return EXIT_USAGE
     settings: ConnectionSettings | None = None
     if not offline:
         try:
