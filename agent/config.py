@@ -20,6 +20,7 @@ from typing import Literal, NamedTuple, TypeVar, get_args
 from urllib.parse import urlsplit
 
 import msgspec
+from cyclopts import Token
 from msgspec import UNSET
 from msgspec import UnsetType as Unset
 
@@ -211,6 +212,11 @@ def settings_from_file(path: Path) -> AgentSettings:
         read = msgspec.convert(document, _FileSettings)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"config file {path}: {exc}") from exc
+    for key in ("cert", "key", "ca", "state_dir"):
+        value = getattr(read, key)
+        if isinstance(value, str) and not value.strip():
+            # Read from the file's folder, an empty path would be that folder.
+            raise ConfigError(f"config file {path}: {key} is empty: give a path, or leave it out")
     base = path.parent
     return AgentSettings(
         servers=_server_list(read.servers),
@@ -428,6 +434,23 @@ def _count(text: str, source: str) -> int:
         return int(text)
     except ValueError as exc:
         raise ConfigError(f"{source} {text!r}: expected a whole number") from exc
+
+
+def filled_path(_type: object, tokens: Sequence[Token]) -> Path:
+    """cyclopts' converter for a file or directory flag: never empty or blank. ``Path("")``
+    is the current directory: ``--state-dir "$DIR"`` with the variable unset would otherwise
+    keep the agent's records, and engine logs, wherever it was started."""
+    if not tokens[0].value.strip():
+        raise ValueError("cannot be empty")
+    return Path(tokens[0].value)
+
+
+def filled_paths(_type: object, tokens: Sequence[Token]) -> list[Path]:
+    """``filled_path`` for a flag given several times; the refusal names the flag."""
+    for token in tokens:
+        if not token.value.strip():
+            raise ValueError(f"{token.keyword or 'a path'} cannot be empty")
+    return [Path(token.value) for token in tokens]
 
 
 def _given(value: T | Unset) -> T | None:

@@ -31,6 +31,8 @@ from agent.config import (
     EnginesOnExit,
     default_state_dir,
     fake_gpu_health_file,
+    filled_path,
+    filled_paths,
     load_config,
     parse_labels,
 )
@@ -84,9 +86,10 @@ app.command(fake_gpu_app)
 StateDir = Annotated[
     Path | None,
     Parameter(
+        converter=filled_path,
         help="Shard records, engine logs, the fake GPU health file. [default: "
         "$LLMGW_AGENT_STATE_DIR, else /var/lib/llmgw-agent for root, else "
-        "$XDG_STATE_HOME/llmgw-agent]"
+        "$XDG_STATE_HOME/llmgw-agent]",
     ),
 ]
 
@@ -105,9 +108,15 @@ def run(
     node_id: Annotated[
         str | None, Parameter(help="This node's id: the common name of its certificate.")
     ] = None,
-    cert: Annotated[Path | None, Parameter(help="The node certificate (PEM).")] = None,
-    key: Annotated[Path | None, Parameter(help="The node certificate's private key.")] = None,
-    ca: Annotated[Path | None, Parameter(help="The llmgw CA certificate (ca.crt).")] = None,
+    cert: Annotated[
+        Path | None, Parameter(converter=filled_path, help="The node certificate (PEM).")
+    ] = None,
+    key: Annotated[
+        Path | None, Parameter(converter=filled_path, help="The node certificate's private key.")
+    ] = None,
+    ca: Annotated[
+        Path | None, Parameter(converter=filled_path, help="The llmgw CA certificate (ca.crt).")
+    ] = None,
     fake_gpus: Annotated[
         str | None, Parameter(help="Declare fake GPUs instead of using NVML, e.g. 4x80GB.")
     ] = None,
@@ -181,7 +190,10 @@ def run(
         Parameter(help="Health checks missed in a row that end a serving engine. [default: 3]"),
     ] = None,
     config: Annotated[
-        Path | None, Parameter(help="A TOML file of settings. [default: $LLMGW_AGENT_CONFIG]")
+        Path | None,
+        Parameter(
+            converter=filled_path, help="A TOML file of settings. [default: $LLMGW_AGENT_CONFIG]"
+        ),
     ] = None,
 ) -> int:
     """Connect to the control plane and run engines until SIGTERM or SIGINT (the app's
@@ -257,6 +269,7 @@ def stop_engines(
     state_dir: Annotated[
         list[Path] | None,
         Parameter(
+            converter=filled_paths,
             help="A state directory whose engines to stop; repeat for several. [default: "
             "$LLMGW_AGENT_STATE_DIR, else /var/lib/llmgw-agent for root, else "
             "$XDG_STATE_HOME/llmgw-agent]",

@@ -329,3 +329,43 @@ def test_fake_gpus_are_marked_unhealthy_and_cleared_in_the_state_directory(
     clear = ["fake-gpu", "clear", "--state-dir", str(tmp_path), "--gpu", "2"]
     assert app(clear, result_action="return_value") == EXIT_OK
     assert read_health_file(health_file).overrides == {}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["fake-gpu", "mark", "--state-dir", "", "--gpu", "0", "--reason", "XID 79"],
+        ["fake-gpu", "clear", "--state-dir", " ", "--gpu", "0"],
+        ["stop-engines", "--state-dir", ""],
+        ["--server", "wss://127.0.0.5:8443", "--node-id", "gpu-07", "--state-dir", ""],
+        ["--server", "wss://127.0.0.5:8443", "--node-id", "gpu-07", "--cert", ""],
+        ["--server", "wss://127.0.0.5:8443", "--node-id", "gpu-07", "--config", ""],
+    ],
+)
+def test_a_path_flag_given_empty_is_bad_usage_not_the_current_directory(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "200")
+
+    with pytest.raises(SystemExit) as ended:
+        app(argv)
+
+    assert ended.value.code == EXIT_USAGE
+    assert "cannot be empty" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("key", ["cert", "key", "ca", "state_dir"])
+def test_a_path_given_empty_in_the_config_file_is_refused_not_taken_for_its_folder(
+    node_files: Path, key: str
+) -> None:
+    config_file = write_config(node_files, f'{key} = ""\n')
+    with pytest.raises(ConfigError) as refused:
+        load_config(flags(node_files), {}, config_file)
+    assert str(refused.value) == (
+        f"config file {config_file}: {key} is empty: give a path, or leave it out"
+    )
