@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -25,6 +26,8 @@ log = structlog.get_logger(__name__)
 
 RUNTIME_PASSWORD_ENV = "LLMGW_RUNTIME_PASSWORD"
 GATEWAY_PASSWORD_ENV = "LLMGW_GATEWAY_PASSWORD"
+MAX_PASSWORD_FILE_BYTES = 4 * 1024
+"""The most of a password file read: it holds one line."""
 
 
 def migrate(
@@ -112,14 +115,44 @@ def _say_granted(kind: str, given: RuntimeRole | None, created: bool, holders: l
             print(f'{kind} role "{role}": privileges granted again')
 
 
-def _password(kind: str, path: Path | None, env: str) -> str | None:
+def runtime_password(path: Path | None, environ: Mapping[str, str]) -> str | None:
+    """The runtime role's password: the first line of ``path``, else
+    ``$LLMGW_RUNTIME_PASSWORD``, else None (``_password``)."""
+    return _password("runtime", path, RUNTIME_PASSWORD_ENV, environ)
+
+
+def _password(
+    kind: str, path: Path | None, env: str, environ: Mapping[str, str] = os.environ
+) -> str | None:
+    """The first line of ``path``, else ``$env``, else None. At most
+    ``MAX_PASSWORD_FILE_BYTES`` of the file are read, so a device such as /dev/zero is
+    refused by its size rather than read until memory runs out; a pipe (``<(...)``) is
+    still read. A ``ValueError`` names the file and the problem."""
     password: str | None
     if path is not None:
-        lines = path.read_text().splitlines()
+        try:
+            with path.open("rb") as file:
+                content = file.read(MAX_PASSWORD_FILE_BYTES + 1)
+        except OSError as exc:
+            raise ValueError(
+                f"cannot read the {kind} password file {path}: {exc.strerror or exc}"
+            ) from exc
+        if len(content) > MAX_PASSWORD_FILE_BYTES:
+            raise ValueError(
+                f"the {kind} password file {path} is over {MAX_PASSWORD_FILE_BYTES // 1024} "
+                "KiB: it holds one line"
+            )
+        try:
+            lines = content.decode("utf-8").splitlines()
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"the {kind} password file {path} is not UTF-8 text "
+                f"(byte 0x{content[exc.start]:02x} at offset {exc.start})"
+            ) from exc
         password = lines[0] if lines else ""
         source = str(path)
     else:
-        password = os.environ.get(env)
+        password = environ.get(env)
         source = env
     if password is None:
         return None

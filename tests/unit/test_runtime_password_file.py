@@ -1,0 +1,43 @@
+"""`llmgw-server migrate --runtime-password-file FILE` sets the runtime role's password to
+the file's first line; a file it cannot use is refused naming it, and nothing is set."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.commands.maintenance import runtime_password
+
+
+def test_the_first_line_is_the_password_and_the_file_beats_the_environment(
+    tmp_path: Path,
+) -> None:
+    password_file = tmp_path / "password"
+    password_file.write_text("s3cret ünï\nignored\n")
+
+    assert runtime_password(password_file, {"LLMGW_RUNTIME_PASSWORD": "env"}) == "s3cret ünï"
+    assert runtime_password(None, {"LLMGW_RUNTIME_PASSWORD": "env"}) == "env"
+    assert runtime_password(None, {}) is None
+
+
+def test_a_password_file_that_is_not_utf8_is_refused_naming_it(tmp_path: Path) -> None:
+    password_file = tmp_path / "password"
+    password_file.write_bytes(b"s3cret\xff\n")
+
+    with pytest.raises(ValueError, match="is not UTF-8") as refused:
+        runtime_password(password_file, {})
+
+    assert str(refused.value) == (
+        f"the runtime password file {password_file} is not UTF-8 text (byte 0xff at offset 6)"
+    )
+
+
+def test_a_device_is_refused_by_its_size_rather_than_read_whole() -> None:
+    with pytest.raises(ValueError, match="/dev/zero is over 4 KiB: it holds one line"):
+        runtime_password(Path("/dev/zero"), {})
+
+
+def test_a_directory_is_refused_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=f"cannot read the runtime password file {tmp_path}: "):
+        runtime_password(tmp_path, {})
