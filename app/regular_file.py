@@ -58,6 +58,18 @@ def read_regular_file(path: Path, max_bytes: int) -> bytes:
     return data
 
 
+def check_regular_file(path: Path, max_bytes: int) -> None:
+    """Refuse (``FileRefused``) what ``read_regular_file`` would, without reading: for a file
+    another library opens by name, such as ``ssl`` a certificate, which would wait on a FIFO
+    or read a device whole."""
+    try:
+        _check_regular(path, os.stat(path), max_bytes)
+    except FileNotFoundError as exc:
+        raise FileMissing(path) from exc
+    except OSError as exc:
+        raise FileRefused(path, exc.strerror or str(exc)) from exc
+
+
 def read_regular_text(path: Path, max_bytes: int) -> str:
     """``read_regular_file`` decoded as UTF-8, refused naming the first bad byte if it is
     not."""

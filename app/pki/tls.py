@@ -15,6 +15,7 @@ import socket
 import ssl
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
@@ -27,8 +28,10 @@ from app.pki.describe import (
     serial_hex,
 )
 from app.pki.errors import CertificateRejected, InvalidRequest, TlsConfigurationError
+from app.pki.files import MAX_PEM_FILE_BYTES
 from app.pki.model import CLOCK_SKEW, CertificateKind
 from app.pki.names import check_subject_name
+from app.regular_file import FileRefused, check_regular_file
 
 PathLike = str | os.PathLike[str]
 PeerCertificate = ssl.SSLObject | ssl.SSLSocket | bytes | x509.Certificate
@@ -168,6 +171,10 @@ def _peer_certificate(peer: PeerCertificate) -> x509.Certificate:
 
 def _load_trusted_ca(context: ssl.SSLContext, ca_path: PathLike) -> None:
     try:
+        check_regular_file(Path(ca_path), MAX_PEM_FILE_BYTES)
+    except FileRefused as exc:
+        raise TlsConfigurationError(f"cannot load the CA certificate {exc}") from exc
+    try:
         context.load_verify_locations(cafile=ca_path)
     except (OSError, ssl.SSLError) as exc:
         raise TlsConfigurationError(f"cannot load the CA certificate {ca_path}: {exc}") from exc
@@ -176,6 +183,12 @@ def _load_trusted_ca(context: ssl.SSLContext, ca_path: PathLike) -> None:
 def _load_own_certificate(
     context: ssl.SSLContext, cert_path: PathLike, key_path: PathLike | None
 ) -> None:
+    for path in (cert_path, key_path):
+        try:
+            if path is not None:
+                check_regular_file(Path(path), MAX_PEM_FILE_BYTES)
+        except FileRefused as exc:
+            raise TlsConfigurationError(f"cannot load the certificate or key {exc}") from exc
     try:
         context.load_cert_chain(certfile=cert_path, keyfile=key_path)
     except (OSError, ssl.SSLError) as exc:

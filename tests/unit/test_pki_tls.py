@@ -3,6 +3,7 @@ tests/integration/test_tls_handshake.py)."""
 
 from __future__ import annotations
 
+import os
 import ssl
 from datetime import UTC, datetime
 from pathlib import Path
@@ -143,3 +144,24 @@ def test_files_that_cannot_be_loaded_name_the_file(files: Path) -> None:
         server_ssl_context(files / "server.crt", files / "ca.key", files / "ca.crt")
     with pytest.raises(TlsConfigurationError, match="without its certificate"):
         client_ssl_context(files / "ca.crt", key_path=files / "server.key")
+
+
+@pytest.mark.parametrize("name", ["ca.crt", "server.crt", "server.key"])
+def test_a_tls_file_that_is_a_fifo_is_refused_without_waiting_for_a_writer(
+    files: Path, name: str
+) -> None:
+    (files / name).unlink()
+    os.mkfifo(files / name)
+
+    with pytest.raises(TlsConfigurationError) as refused:
+        server_ssl_context(files / "server.crt", files / "server.key", files / "ca.crt")
+    assert str(refused.value).endswith(
+        f"{files / name}: not a regular file but a named pipe (FIFO)"
+    )
+    with pytest.raises(TlsConfigurationError, match="not a regular file but a named pipe"):
+        client_ssl_context(files / "ca.crt", files / "server.crt", files / "server.key")
+
+
+def test_a_device_as_the_ca_is_refused_rather_than_read_whole(files: Path) -> None:
+    with pytest.raises(TlsConfigurationError, match="/dev/zero: not a regular file but a char"):
+        client_ssl_context(Path("/dev/zero"))
