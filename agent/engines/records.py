@@ -20,10 +20,15 @@ from urllib.parse import quote
 import msgspec
 import structlog
 
+from app.regular_file import FileRefused, read_regular_file
 from wire.engines import DEFAULT_ENGINE
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
+MAX_RECORD_BYTES = 4 * 2**20
+"""The most of a record file read: a record is a few KiB, its command at most what a
+command line may hold. Anything else in the records' folder (a FIFO, a device, a file
+grown by mistake) is skipped unread, rather than stopping the agent at start-up."""
 
 
 class ShardState(StrEnum):
@@ -213,8 +218,11 @@ class RecordStore:
         unreadable: list[tuple[str, str]] = []
         for path in sorted(self.directory.glob(pattern)):
             try:
-                found.append(msgspec.json.decode(path.read_bytes(), type=kind))
-            except (OSError, msgspec.DecodeError) as exc:
+                content = read_regular_file(path, MAX_RECORD_BYTES)
+                found.append(msgspec.json.decode(content, type=kind))
+            except FileRefused as exc:
+                unreadable.append((str(path), exc.reason))
+            except msgspec.DecodeError as exc:
                 unreadable.append((str(path), str(exc)))
         return found, unreadable
 

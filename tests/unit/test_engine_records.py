@@ -205,3 +205,20 @@ def test_a_record_written_before_engine_profiles_reads_as_the_default_engine(
 
     assert record.engine == "vllm"
     assert record == a_record()
+
+
+def test_a_record_that_is_not_a_regular_file_is_skipped_unread_and_logged(
+    tmp_path: Path,
+) -> None:
+    store = RecordStore(tmp_path)
+    store.save(a_record())
+    os.mkfifo(tmp_path / "shards" / "fifo-0.json")
+    (tmp_path / "shards" / "folder-0.json").mkdir()
+
+    with capture_logs() as logs:
+        assert store.load_all() == [a_record()]
+
+    assert [(entry["path"], entry["error"]) for entry in logs] == [
+        (str(tmp_path / "shards" / "fifo-0.json"), "not a regular file but a named pipe (FIFO)"),
+        (str(tmp_path / "shards" / "folder-0.json"), "not a regular file but a directory"),
+    ]
