@@ -37,8 +37,11 @@ from pathlib import Path
 from typing import TypeGuard
 
 from agent.gpus.files import write_atomically
+from app.regular_file import FileRefused, read_regular_text
 
 FORMAT = "llmgw-nvml-recording/1"
+MAX_RECORDING_BYTES = 16 * 2**20
+"""The largest recording read: one of eight GPUs polled a while is some hundred KiB."""
 
 JsonValue = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
 Answers = dict[str, list["Answer"]]
@@ -76,8 +79,12 @@ class Recording:
 
 
 def load_recording(path: Path) -> Recording:
+    """The recording in ``path``: a regular file of UTF-8 JSON, at most
+    ``MAX_RECORDING_BYTES``; anything else is a ``RecordingError`` naming it."""
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        document = json.loads(read_regular_text(path, MAX_RECORDING_BYTES))
+    except FileRefused as exc:
+        raise RecordingError(str(exc)) from exc
     except json.JSONDecodeError as exc:
         raise RecordingError(f"{path} is not JSON: {exc}") from exc
     try:

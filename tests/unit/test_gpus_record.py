@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -15,7 +16,7 @@ import pytest
 from agent.gpus.nvml import NvmlGpuSource
 from agent.gpus.record import RecordingNvml, main, record_nvml
 from agent.gpus.recorded import RecordedHandle, RecordedNvml
-from agent.gpus.recording import load_recording
+from agent.gpus.recording import RecordingError, load_recording
 from agent.gpus.types import GpuSnapshot
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvml"
@@ -137,3 +138,17 @@ def test_the_module_entry_point_records_this_machine(tmp_path: Path) -> None:
 def test_main_refuses_zero_snapshots(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="at least one snapshot"):
         main([str(tmp_path / "nvml.json"), "--snapshots", "0"])
+
+
+def test_a_recording_that_is_not_utf8_or_not_a_regular_file_is_refused_naming_it(
+    tmp_path: Path,
+) -> None:
+    garbled = tmp_path / "garbled.json"
+    garbled.write_bytes(b'{"format": "\xff"}')
+    with pytest.raises(RecordingError, match=r"garbled\.json: not UTF-8 text \(byte 0xff"):
+        load_recording(garbled)
+
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    with pytest.raises(RecordingError, match=r"fifo\.json: not a regular file but a named pipe"):
+        load_recording(fifo)
