@@ -159,7 +159,11 @@ def load_config(
 ) -> AgentConfig:
     """Flags over the environment over the config file (``config_file``, else
     ``$LLMGW_AGENT_CONFIG``) over defaults."""
-    path = config_file or _path_or_none(environ.get(CONFIG_ENV))
+    named = environ.get(CONFIG_ENV)
+    if config_file is None and named is not None and not named.strip():
+        # Path("") is the current directory: say what is wrong rather than refuse ".".
+        raise ConfigError(f"{CONFIG_ENV} is empty: give the config file, or unset it")
+    path = config_file or _path_or_none(named)
     from_file = settings_from_file(path) if path is not None else AgentSettings()
     return resolve(merge(flags, settings_from_env(environ), from_file), environ)
 

@@ -369,3 +369,9 @@ def test_a_path_given_empty_in_the_config_file_is_refused_not_taken_for_its_fold
     assert str(refused.value) == (
         f"config file {config_file}: {key} is empty: give a path, or leave it out"
     )
+
+
+def test_an_empty_config_variable_is_refused_saying_so(node_files: Path) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_config(flags(node_files), {"LLMGW_AGENT_CONFIG": ""})
+    assert str(refused.value) == "LLMGW_AGENT_CONFIG is empty: give the config file, or unset it"
