@@ -40,7 +40,7 @@ MAX_CLOSE_REASON_BYTES = 123
 """A WebSocket close frame holds at most 125 bytes: the 2-byte code and the reason."""
 MAX_STOP_GRACE_S = 3_600
 """Longest grace a ``stop_shard`` may give an engine: an hour, the bound a model spec's
-``stop_grace_s`` has too (``app.domain.model_spec``). A stop that asks for more (or for
+``stop_grace_s`` has too (``app.domain.spec_bounds``). A stop that asks for more (or for
 less than nothing) is malformed: the agent closes the connection rather than hold a shard
 stopping for days, or for ever."""
 MAX_PID = 2**31 - 1
@@ -105,7 +105,7 @@ MAX_GPU_REPORT_BYTES = 2048
 GpuIndex = Annotated[int, msgspec.Meta(ge=0, lt=MAX_LISTED)]
 """A GPU an agent reports: a node has at most 64 (``app.hub.claims``), numbered from 0."""
 ShardIndex = Annotated[int, msgspec.Meta(ge=0, lt=MAX_LISTED)]
-"""A shard an agent reports: a replica has at most 64 (``app.domain.model_spec``)."""
+"""A shard an agent reports: a replica has at most 64 (``app.domain.spec_bounds``)."""
 
 
 class _Wire(msgspec.Struct, frozen=True, kw_only=True):

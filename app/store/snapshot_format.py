@@ -9,11 +9,12 @@ while the next chunk arrives.
 
 ``FINGERPRINT`` names the fold that wrote a snapshot. It is a hash of the source of every
 module that decides what a replay produces: the events and their codec (upcasters
-included), the state, ``evolve`` and this format. A snapshot is used only by a fold with
-the same fingerprint, so one written before an upgrade that changed the state's shape, or
-changed what ``evolve`` does with an event without changing any shape, is never read as if
-the new fold had written it: the first start after such an upgrade replays the whole log
-once. (A number bumped by hand would do the same until someone forgot it.)
+included), the state, the model spec and the modules of its parts' shapes, ``evolve`` and
+this format. A snapshot is used only by a fold with the same fingerprint, so one written
+before an upgrade that changed the state's shape, or changed what ``evolve`` does with an
+event without changing any shape, is never read as if the new fold had written it: the
+first start after such an upgrade replays the whole log once. (A number bumped by hand
+would do the same until someone forgot it.)
 """
 
 from __future__ import annotations
@@ -27,11 +28,15 @@ from typing import Any
 
 import msgspec
 
+import app.domain.autoscale_policy
 import app.domain.envelope
 import app.domain.events
 import app.domain.evolve
 import app.domain.model_spec
 import app.domain.revisions
+import app.domain.rollout_policy
+import app.domain.routing_settings
+import app.domain.spec_bounds
 import app.domain.state
 import app.store.codec
 from app.domain.state import ApiKey, CertificateRevocation, ClusterState, Model, Node, Replica
@@ -74,11 +79,15 @@ class Versions(msgspec.Struct, frozen=True, tag="versions", array_like=True):
 Part = Head | Nodes | Models | Replicas | Keys | Revocations | Versions
 
 _FOLD_MODULES = (
+    app.domain.autoscale_policy,
     app.domain.envelope,
     app.domain.events,
     app.domain.evolve,
     app.domain.model_spec,
     app.domain.revisions,
+    app.domain.rollout_policy,
+    app.domain.routing_settings,
+    app.domain.spec_bounds,
     app.domain.state,
     app.store.codec,
     sys.modules[__name__],
