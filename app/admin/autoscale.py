@@ -13,9 +13,9 @@ from litestar.params import FromPath, JSONBody
 from app.admin.auth import require_actor
 from app.admin.autoscale_schemas import AutoscalePolicyBody
 from app.admin.bodies import check_body
+from app.admin.model_schemas import ModelChange
 from app.admin.models import model_view
 from app.admin.rollouts import MODELS_PATH
-from app.admin.schemas import ModelChange
 from app.domain.model_spec import AutoscalePolicy
 from app.services.operations import Caller, Operations
 

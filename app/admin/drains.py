@@ -16,14 +16,10 @@ from msgspec.structs import replace
 from app.admin.auth import require_actor
 from app.admin.bodies import check_body
 from app.admin.history import event_view
+from app.admin.node_schemas import DrainRequest
+from app.admin.replica_schemas import DrainAccepted, DrainProgressView, ReplicaRoomView
 from app.admin.replicas import replica_summary
-from app.admin.schemas import (
-    DrainAccepted,
-    DrainProgressView,
-    DrainRequest,
-    ReplicaRoomView,
-    as_view,
-)
+from app.admin.schemas import as_view
 from app.domain.operations import DrainProgress, NodeDrain
 from app.services.operations import Caller, Operations
 

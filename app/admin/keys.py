@@ -13,7 +13,8 @@ from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED
 
 from app.admin.auth import require_actor
 from app.admin.bodies import check_body
-from app.admin.schemas import KeyChange, KeyCreated, KeyRequest, KeyView, as_view
+from app.admin.key_schemas import KeyChange, KeyCreated, KeyRequest, KeyView
+from app.admin.schemas import as_view
 from app.domain.keys import ALL_MODELS
 from app.domain.state import ApiKey
 from app.services.operations import Caller, Operations

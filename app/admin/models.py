@@ -13,15 +13,15 @@ from litestar.params import FromPath, FromQuery, JSONBody
 from app.admin.auth import require_actor
 from app.admin.autoscale_schemas import AutoscaleDecisionView
 from app.admin.bodies import blank_body, check_body
-from app.admin.schemas import (
+from app.admin.model_schemas import (
     ApplyPreviewView,
     ModelChange,
     ModelRolloutView,
     ModelSpecBody,
     ModelView,
     ScaleRequest,
-    as_view,
 )
+from app.admin.schemas import as_view
 from app.admin.traffic import TrafficSource, traffic_by_revision, traffic_view
 from app.domain.decision import AUTOSCALER
 from app.domain.envelope import Recorded

@@ -9,7 +9,7 @@ from litestar.params import FromPath, JSONBody
 
 from app.admin.auth import require_actor
 from app.admin.bodies import check_body
-from app.admin.schemas import (
+from app.admin.node_schemas import (
     ConnectionView,
     CordonRequest,
     GpuView,
@@ -18,8 +18,8 @@ from app.admin.schemas import (
     NodeReplicaView,
     NodeSummary,
     NodeView,
-    as_view,
 )
+from app.admin.schemas import as_view
 from app.domain.allocation import Allocations
 from app.domain.events import GpuInfo
 from app.domain.operations import find_node, replicas_matching

@@ -12,7 +12,8 @@ from litestar.params import FromPath
 from app.admin.auth import require_actor
 from app.admin.bodies import check_body
 from app.admin.models import spec_from_body
-from app.admin.schemas import PlacementView, as_view
+from app.admin.node_schemas import PlacementView
+from app.admin.schemas import as_view
 from app.domain.placement import Explanation
 from app.services.operations import Operations
 

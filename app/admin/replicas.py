@@ -13,7 +13,8 @@ from litestar.params import FromPath, FromQuery, QueryParameter
 
 from app.admin.auth import require_actor
 from app.admin.bodies import check_body
-from app.admin.schemas import ReplicaEjectionView, ReplicaSummary, ReplicaView, as_view
+from app.admin.replica_schemas import ReplicaEjectionView, ReplicaSummary, ReplicaView
+from app.admin.schemas import as_view
 from app.admin.traffic import TrafficSource, with_traffic
 from app.domain.state import Replica, ReplicaPhase
 from app.services.operations import Operations

@@ -8,7 +8,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from app.admin.schemas import EventView, MoveView, ReplicaTrafficView
+from app.admin.replica_schemas import MoveView, ReplicaTrafficView
+from app.admin.schemas import EventView
 from app.domain.free_text import MAX_REASON_LENGTH
 
 MAX_PAUSE_REASON = MAX_REASON_LENGTH

@@ -16,6 +16,7 @@ from app.admin.auth import require_actor
 from app.admin.bodies import check_body
 from app.admin.drains import DRAINS_PATH
 from app.admin.history import MAX_POSITION, event_view
+from app.admin.replica_schemas import MoveView
 from app.admin.rollout_schemas import (
     CanaryTrafficView,
     PauseRequest,
@@ -27,7 +28,7 @@ from app.admin.rollout_schemas import (
     SpecChangeView,
     UndoRequest,
 )
-from app.admin.schemas import MoveView, as_view
+from app.admin.schemas import as_view
 from app.admin.traffic import TrafficSource, traffic_by_revision, traffic_view
 from app.domain.events import model_stream
 from app.domain.revisions import describe_changes

@@ -8,7 +8,7 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
-from app.admin.schemas import ReplicaTrafficView, ReplicaView
+from app.admin.replica_schemas import ReplicaTrafficView, ReplicaView
 from app.domain.state import ACTIVE_PHASES, Replica
 from app.domain.traffic import TrafficFigures
 from app.store.gateway_reports import Ejections

@@ -1,0 +1,123 @@
+"""The admin API's views of nodes, the requests that cordon and drain one, and where a
+model's replica could be placed (wire schemas)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import msgspec
+
+
+class CandidateView(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    eligible: bool
+    reasons: list[str]
+    """Every reason the node cannot take a shard; empty when it can."""
+    gpus: list[int]
+    port: int | None
+    same_model_replicas: int
+    usable_gpus: int
+
+
+class ShardPlacementView(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    node_id: str
+    gpus: list[int]
+    port: int
+
+
+class PlacementView(msgspec.Struct, frozen=True, kw_only=True):
+    model: str
+    shards: int
+    gpus_per_shard: int
+    gpu_memory_gib: float
+    placeable: bool
+    summary: str
+    """Where a replica would go and why those nodes, or why it cannot be placed."""
+    placement: list[ShardPlacementView] | None
+    candidates: list[CandidateView]
+
+
+class ConnectionView(msgspec.Struct, frozen=True, kw_only=True):
+    connected: bool
+    lost: bool
+    address: str
+    remote_address: str
+    agent_version: str
+    since: datetime | None
+
+
+class GpuView(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    uuid: str
+    name: str
+    memory_total_mib: int
+    memory_used_mib: int
+    memory_free_mib: int
+    healthy: bool
+    unhealthy_reason: str | None
+    used_by: str | None
+    """The replica holding this GPU."""
+    excluded_because: str | None
+    """Why placement will not use this GPU for any model; null when it may."""
+
+
+class NodeDrainView(msgspec.Struct, frozen=True, kw_only=True):
+    drain_id: str
+    grace_s: float | None
+    requested_at: datetime | None
+
+
+class NodeReplicaView(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    model: str
+    phase: str
+    shards: list[int]
+    """Indexes of the replica's shards on this node."""
+
+
+class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    address: str
+    connected: bool
+    lost: bool
+    cordoned: bool
+    drain_id: str | None
+    labels: dict[str, str]
+    gpus: int
+    healthy_gpus: int
+    free_gpus: int
+    """Healthy GPUs that no replica holds."""
+    replicas: int
+    """Active replicas with a shard here."""
+
+
+class NodeView(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    registered_at: datetime
+    connection: ConnectionView
+    labels: dict[str, str]
+    port_range: list[int]
+    gpus: list[GpuView]
+    cordoned: bool
+    cordon_reason: str | None
+    drain: NodeDrainView | None
+    replicas: list[NodeReplicaView]
+
+
+class CordonRequest(msgspec.Struct, frozen=True, kw_only=True):
+    reason: str = ""
+
+
+class NodeChange(msgspec.Struct, frozen=True, kw_only=True):
+    changed: bool
+    node: NodeView
+
+
+class DrainRequest(msgspec.Struct, frozen=True, kw_only=True):
+    grace_s: float = 600.0
+    """Seconds the whole move may take (at most a week); what is left on the node then is
+    stopped."""
+    require_room: bool = False
+    """Refuse the drain (409, nothing recorded) when a replica on the node has nowhere to
+    go now; by default such a drain is recorded, and the answer says which replicas."""

@@ -1,0 +1,161 @@
+"""The admin API's views of replicas, their shards and traffic, and of a drain's progress
+(wire schemas)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+import msgspec
+
+from app.admin.schemas import EventView
+
+
+class ReplicaEjectionView(msgspec.Struct, frozen=True, kw_only=True):
+    """How many live gateways keep a replica out of their rotation for failing requests
+    in a row (docs/gateway.md#passive-health-ejection)."""
+
+    ejected_by: int
+    """Live gateways that eject it now (cooling off, or waiting for a probe to succeed)."""
+    gateways: int
+    """Live gateways that report ejections (those with a report of the last 5 s)."""
+
+
+class ReplicaSummary(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    model: str
+    number: int
+    phase: str
+    nodes: list[str]
+    placed_at: datetime
+    serving_since: datetime | None
+    routable: bool
+    drain_id: str | None
+    replaces: str | None
+    replacement_id: str | None
+    revision: int
+    """The revision of its model it was placed with, and runs until it is replaced."""
+    current_revision: int | None
+    """Its model's revision now: greater than ``revision`` when the replica runs an older
+    spec; null when its model is not known."""
+    ejection: ReplicaEjectionView | None = None
+    """How many live gateways eject it; null when no live gateway reports ejections (or
+    the view does not say, as in a drain's)."""
+
+
+class ShardView(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    node_id: str
+    gpus: list[int]
+    port: int
+    phase: str
+    pid: int | None
+    came_up: bool
+    error: str | None
+    exit_code: int | None
+    log_tail: list[str]
+    """The engine's last log lines, when the shard failed or was stopped before it was
+    ever ready."""
+    stop_reason: str | None = None
+    """Why its agent stopped it of its own accord (``agent shutting down``), while it is
+    stopped so; it starts again where it was placed once its node is back."""
+
+
+class ReplicaTrafficView(msgspec.Struct, frozen=True, kw_only=True):
+    """What the gateways saw of a replica's requests over their window, all added up
+    (docs/gateway.md#what-the-gateway-measures)."""
+
+    window_s: float
+    """The gateways' sliding window: the last this many seconds (less at most a twelfth)."""
+    gateways: int
+    """Gateways with a fresh report, whether or not they sent the replica anything."""
+    requests: int
+    """Answered and failed requests; cancelled ones are not counted here."""
+    errors: int
+    """The engine's failures: a 5xx or 429, no answer, or an answer that broke off."""
+    cancelled: int
+    """Requests whose client went away first: not errors."""
+    error_rate: float | None
+    """``errors / requests``, 0 to 1; null without requests."""
+    ttft_p95_ms: float | None
+    """Time to the first chunk of streamed 2xx answers, 95th percentile (within 4.4 %)."""
+    ttft_samples: int
+    tpot_p95_ms: float | None
+    """Time per output token of finished streamed 2xx answers, 95th percentile."""
+    tpot_samples: int
+    latency_p95_ms: float | None
+    """Time to the last byte of 2xx answers, streamed or not, 95th percentile."""
+    latency_samples: int
+
+
+class ReplicaView(ReplicaSummary, frozen=True, kw_only=True):
+    reason: str
+    starting_since: datetime | None
+    drain_started_at: datetime | None
+    stopping_since: datetime | None
+    ended_at: datetime | None
+    end_reason: str | None
+    shards: list[ShardView]
+    traffic: ReplicaTrafficView | None = None
+    """What the gateways measured of its requests; null when no gateway reports."""
+
+
+class ReplicaRoomView(msgspec.Struct, frozen=True, kw_only=True):
+    """Whether a replica a node drain moves (or stops, not serving yet) has somewhere to go."""
+
+    replica_id: str
+    model: str
+    has_room: bool
+    """Whether placement finds a place for its replacement now, each replacement holding
+    its GPUs for the next (or it has one already). Without room, it is stopped, not moved,
+    when the grace runs out, unless room appears first."""
+    reason: str | None = None
+    """Why not, as placement says it (``llmgw-cli explain-placement MODEL``); null when it
+    has room."""
+
+
+class DrainAccepted(msgspec.Struct, frozen=True, kw_only=True):
+    drain_id: str
+    progress: str
+    """Where to follow the drain."""
+    grace_s: float | None = None
+    """A node drain's grace; null for a replica drain."""
+    room: list[ReplicaRoomView] = []
+    """A node drain's replicas, by model and number, each with whether it has somewhere to
+    go now, decided on the state the drain was recorded on; empty for a replica drain."""
+
+
+class DrainProgressView(msgspec.Struct, frozen=True, kw_only=True):
+    drain_id: str
+    node_id: str | None
+    requested_by: str
+    requested_at: datetime
+    grace_s: float | None
+    grace_ends_at: datetime | None = None
+    """When what is still on the node is stopped rather than moved; null for a replica
+    drain."""
+    state: Literal["running", "succeeded", "failed"]
+    """``succeeded``: a node drain moved every replica, a replica drain's replicas were each
+    replaced, or one that was not was stopped because its model had its count without it
+    (a scale-down, a move an undo called off; the outcome names it); ``failed``: the grace
+    ran out and what was left was stopped, or a replica being moved ended without a
+    replacement otherwise (the outcome names it and why)."""
+    finished: bool
+    """Whether ``state`` is no longer ``running``."""
+    outcome: str | None
+    """What the drain came to, in words, for people; null while it runs."""
+    replicas: list[ReplicaSummary]
+    still_on_node: list[str]
+    events: list[EventView]
+    moves: list[MoveView] = []
+    """Its moves under way: each original still serving and its replacement (once placed)."""
+
+
+class MoveView(msgspec.Struct, frozen=True, kw_only=True):
+    replica_id: str
+    revision: int
+    """The revision the original runs."""
+    replacement_id: str | None
+    replacement_phase: str | None
+    waiting_for: str | None = None
+    """Why no replacement is placed yet, as placement last said; null once one is placed."""
