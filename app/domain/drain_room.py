@@ -2,11 +2,11 @@
 requested, so an operator learns it before the grace runs out and what is still on the
 node is stopped, not moved.
 
-It places each replica's replacement as the reconciler would (``reconcile._place``), on
-the state the drain is decided on with the drain folded in, and what the drain's first
-pass then does to the node's replicas, asked of the drain itself
-(``drain.node_drain_steps``, every move at once): the node is cordoned (counted as
-draining in the reasons), each serving replica on it is draining, each not serving yet is
+It places each replica's replacement as the reconciler would
+(``desired_count._place``), on the state the drain is decided on with the drain folded
+in, and what the drain's first pass then does to the node's replicas, asked of the drain
+itself (``drain.node_drain_steps``, every move at once): the node is cordoned (counted
+as draining in the reasons), each serving replica on it is draining, each not serving yet is
 stopping. So a replica of a rollout's new revision no longer counts in its step, and its
 replacement runs the revision the reconciler will give it. Model by model in the fold's
 order; within a model, the replacements of its moves by replica number (a move already
@@ -30,16 +30,16 @@ from uuid import UUID
 import msgspec
 
 from app.domain.allocation import Allocations
+from app.domain.desired_count import (
+    COUNTING_PHASES,
+    replacement_revisions,
+    waiting_for_replacement,
+)
 from app.domain.drain import node_drain_steps
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import AnyEvent, NodeDrainRequested, node_stream, replica_stream
 from app.domain.evolve import evolve
 from app.domain.placement import Placer
-from app.domain.reconcile import (
-    COUNTING_PHASES,
-    replacement_revisions,
-    waiting_for_replacement,
-)
 from app.domain.state import ClusterState, Model, Replica, ReplicaPhase
 
 PLACED_AGAIN = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING})
@@ -88,7 +88,7 @@ def _model_room(
     )
     stopped = sorted((r for r in on_node if r.phase in PLACED_AGAIN), key=lambda r: r.number)
     # A stopped replacement is placed again as its original's; the others as the model's
-    # missing replicas, as many as it misses (``reconcile._scale``'s deficit).
+    # missing replicas, as many as it misses (``desired_count.scale_to_desired``'s deficit).
     for_original = {r.id: r.replaces for r in stopped if r.replaces in waiting_ids}
     missing = max(0, model.desired - counting - len(moved))
     placed_again = [r for r in stopped if r.id not in for_original][:missing]
@@ -98,7 +98,7 @@ def _model_room(
         groups.setdefault(revision, []).append(replica)
     found: dict[str, str | None] = {}
     """Each replica placed for: None when its placement found a node, else the reason."""
-    for revision, group in groups.items():  # as ``reconcile._place``: a placer per revision
+    for revision, group in groups.items():  # as ``desired_count._place``: a placer per revision
         placer = Placer(state, model.spec_of(revision), allocations)
         for replica in group:
             placement = placer.place(f"replacement for {replica.id}")

@@ -26,7 +26,7 @@ folds an event into the log's state. Per node that said hello to this control pl
   reconciler's clock) is awaited until the agent answers it (``CommandAnswered``), its
   next hello, or its disconnect. An agent reports what a start did before it answers the
   start, so while a start is awaited its engine may be coming up unreported (for as long
-  as the reconciler lets an unanswered start count: ``reconcile._shard_gone``).
+  as the reconciler lets an unanswered start count: ``replica_outcomes._shard_gone``).
 
 Gateways report how many requests each replica has in flight (``in_flight``, put in by the
 reconciler), so a replica taken out of routing is stopped only once it is idle.
@@ -252,7 +252,7 @@ class FleetView(msgspec.Struct, frozen=True, kw_only=True):
     and which table they route by, is unknown."""
     left_routing: dict[str, int] = {}
     """Each stopping replica, with the fold's position when this leader first saw it out of
-    routing (``app.domain.reconcile.note_left_routing``): its leaving is at or before it."""
+    routing (``app.domain.shard_commands.note_left_routing``): its leaving is at or before it."""
     hellos: int = 0
     """Hellos observed so far: the source of greeting numbers."""
     demand: dict[str, tuple[DemandSample, ...]] = {}

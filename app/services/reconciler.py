@@ -13,7 +13,7 @@ go in one ``append_many`` (one transaction), since the correlation id is part of
 append's ``Meta``; a pass that decided ``a(x), b(x), c(y), d(x)`` makes three appends.
 
 - ``ConcurrencyError``: another writer moved a stream first (a model's stream the pass
-  read, or one an operator's change makes the run wrong on: ``reconcile.overtaken``).
+  read, or one an operator's change makes the run wrong on: ``overtaken``).
   Nothing more is appended or sent; the next pass (right away) decides again on the
   caught-up log.
 - ``FencedError``: another leader took over. ``run`` raises it; the caller stops leading.
@@ -162,7 +162,7 @@ class Reconciler:
         some while others are silent, or from none."""
         self._left_routing: dict[str, int] = {}
         """Stopping replicas, with the fold's position where this leader first saw each
-        out of routing (``app.domain.reconcile.note_left_routing``)."""
+        out of routing (``app.domain.shard_commands.note_left_routing``)."""
         self._ejected_in_holds: dict[str, HoldEjections] = {}
         """The replicas gateways ejected during each rollout's hold, by model, as this leader
         saw them pass by pass (``app.domain.rollout_reads.ejected_during_holds``): one back
@@ -398,7 +398,7 @@ class Reconciler:
                 node_id=node_id, replica_id=planned.command.replica_id, command_id=command_id
             ):
                 # Awaited from before the send until the agent answers: a stopping replica
-                # whose start is awaited may be coming up (``reconcile._shard_gone``).
+                # whose start is awaited may be coming up (``replica_outcomes._shard_gone``).
                 self._tracker.sending(node_id, command_id, self._clock())
                 try:
                     await self._hub.send_command(node_id, planned.command)

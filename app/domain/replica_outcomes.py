@@ -1,0 +1,205 @@
+"""Rules 2-6 of ``reconcile.decide``: what became of nodes and replicas, from what agents
+report and how long they have waited. Nodes away past the lost timeout are lost with their
+replicas; shards no agent reports any more are lost; replicas starting past their model's
+startup timeout are timed out; a failed shard fails its replica and all shards ready make
+it serve; a stopping replica whose shards are gone is stopped."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from app.domain.commands import start_command_id
+from app.domain.decision import Draft
+from app.domain.desired_count import COUNTING_PHASES, stop_replica
+from app.domain.events import (
+    NodeDisconnected,
+    NodeLost,
+    ReplicaFailed,
+    ReplicaLost,
+    ReplicaServing,
+    ReplicaStartupTimedOut,
+    ReplicaStopped,
+    node_stream,
+    replica_stream,
+)
+from app.domain.model_spec import DEFAULT_STARTUP_TIMEOUT_S
+from app.domain.reconcile_settings import Settings
+from app.domain.reports import FleetView
+from app.domain.state import (
+    ACTIVE_PHASES,
+    ClusterState,
+    Replica,
+    ReplicaPhase,
+    Shard,
+    ShardPhase,
+)
+
+
+def nodes_gone(draft: Draft, fleet: FleetView, settings: Settings) -> None:
+    state, now = draft.state, draft.now
+    lost_after = timedelta(seconds=settings.lost_timeout_s)
+    for node in list(state.nodes.values()):
+        if node.lost:
+            continue
+        if node.connected and node.id not in fleet.reports:
+            # The log says connected, but this control plane has not heard from it since it
+            # started: the connection belonged to a predecessor.
+            draft.emit(
+                node_stream(node.id),
+                NodeDisconnected(
+                    node_id=node.id, reason="did not reconnect after the control plane started"
+                ),
+            )
+            node = state.nodes[node.id]
+        if node.connected:
+            continue
+        since = node.last_change_at or node.registered_at
+        if now - since <= lost_after:
+            continue
+        away = (now - since).total_seconds()
+        draft.emit(node_stream(node.id), NodeLost(node_id=node.id, disconnected_for_s=away))
+        for replica in _replicas_on(state, node.id):
+            if replica.phase is ReplicaPhase.STOPPING:
+                draft.emit(replica_stream(replica.id), ReplicaStopped(replica_id=replica.id))
+            else:
+                reason = f"node {node.id} lost after {away:.0f}s without its agent"
+                draft.emit(
+                    replica_stream(replica.id), ReplicaLost(replica_id=replica.id, reason=reason)
+                )
+
+
+def missing_shards(draft: Draft, fleet: FleetView) -> None:
+    for replica in list(draft.state.replicas.values()):
+        if replica.phase not in ACTIVE_PHASES or replica.phase is ReplicaPhase.STOPPING:
+            continue
+        for shard in replica.shards:
+            report = fleet.reports.get(shard.node_id)
+            if report is None or shard.phase not in (ShardPhase.STARTING, ShardPhase.READY):
+                continue
+            if (replica.id, shard.index) not in report.shards:
+                reason = f"shard {shard.index} no longer runs on {shard.node_id}"
+                draft.emit(
+                    replica_stream(replica.id), ReplicaLost(replica_id=replica.id, reason=reason)
+                )
+                break
+
+
+def startup_timeouts(draft: Draft) -> None:
+    state, now = draft.state, draft.now
+    for replica in list(state.replicas.values()):
+        if replica.phase not in (ReplicaPhase.PLACED, ReplicaPhase.STARTING):
+            continue
+        since = _startup_clock(state, replica)
+        if since is None:
+            continue
+        timeout = _startup_timeout_s(state, replica)
+        waited = (now - since).total_seconds()
+        if waited > timeout:
+            draft.emit(
+                replica_stream(replica.id),
+                ReplicaStartupTimedOut(replica_id=replica.id, timeout_s=timeout, waited_s=waited),
+            )
+
+
+def _startup_clock(state: ClusterState, replica: Replica) -> datetime | None:
+    """Since when a placed or starting replica has been starting, for its timeout; None
+    while it waits for a node whose agent stopped one of its shards on purpose (that node
+    being away is the lost timeout's business). Such a replica starts again once every
+    such node is back: its clock starts then, never earlier than the stop."""
+    if replica.phase is ReplicaPhase.STARTING and replica.starting_since is not None:
+        return replica.starting_since
+    waiting_on = {s.node_id for s in replica.shards if s.stopped_by_agent}
+    if not waiting_on:
+        return replica.starting_since or replica.placed_at
+    nodes = [state.nodes.get(node_id) for node_id in waiting_on]
+    if any(node is None or not node.connected for node in nodes):
+        return None
+    back = [node.last_change_at for node in nodes if node is not None and node.last_change_at]
+    return max([replica.agent_stopped_at or replica.placed_at, *back])
+
+
+def shard_outcomes(draft: Draft) -> None:
+    for replica in list(draft.state.replicas.values()):
+        if replica.phase not in COUNTING_PHASES | {ReplicaPhase.DRAINING}:
+            continue
+        if replica.phase is ReplicaPhase.DRAINING and (
+            stopped := next((s for s in replica.shards if s.stopped_by_agent), None)
+        ):
+            # It would only serve again to be moved: its replacement is on its way.
+            reason = f"shard {stopped.index} stopped by {stopped.node_id}: {stopped.stop_reason}"
+            stop_replica(draft, replica, reason)
+            continue
+        failed = next(
+            (
+                s
+                for s in replica.shards
+                if s.phase is ShardPhase.FAILED
+                or (s.phase is ShardPhase.STOPPED and not s.stopped_by_agent)
+            ),
+            None,
+        )
+        if failed is not None:
+            what = (
+                f"failed: {failed.error or 'exited'}"
+                if failed.phase is ShardPhase.FAILED
+                else "stopped without being asked to"
+            )
+            reason = f"shard {failed.index} on {failed.node_id} {what}"
+            draft.emit(
+                replica_stream(replica.id), ReplicaFailed(replica_id=replica.id, reason=reason)
+            )
+        elif replica.phase in (ReplicaPhase.PLACED, ReplicaPhase.STARTING) and all(
+            s.phase is ShardPhase.READY for s in replica.shards
+        ):
+            draft.emit(replica_stream(replica.id), ReplicaServing(replica_id=replica.id))
+
+
+def _startup_timeout_s(state: ClusterState, replica: Replica) -> float:
+    model = state.models.get(replica.model)
+    return model.spec.startup_timeout_s if model else DEFAULT_STARTUP_TIMEOUT_S
+
+
+def stopping_done(draft: Draft, fleet: FleetView) -> None:
+    for replica in list(draft.state.replicas.values()):
+        if replica.phase is not ReplicaPhase.STOPPING:
+            continue
+        # An unanswered start counts as long as an engine may take to start: an agent
+        # answers a start once it has launched the engine (or refused it), so one that has
+        # not answered by then is wedged or hostile, and its silence must not keep the
+        # replica stopping (and its node's drain open) until it disconnects.
+        since = draft.now - timedelta(seconds=_startup_timeout_s(draft.state, replica))
+        if all(_shard_gone(replica, s, fleet, since) for s in replica.shards):
+            draft.emit(
+                replica_stream(replica.id),
+                ReplicaStopped(replica_id=replica.id),
+                correlation_id=replica.drain_id,
+            )
+
+
+def _shard_gone(replica: Replica, shard: Shard, fleet: FleetView, awaited_since: datetime) -> bool:
+    """Whether nothing of a stopping replica's shard runs: it stopped, failed or never
+    started, or its node, which said hello to this control plane, no longer reports it.
+
+    Not while its node has not answered the start this control plane sent it at or after
+    ``awaited_since``: an agent reports what a start did before answering it, so the engine
+    may be coming up still unreported (a shard the log has only placed is not "never
+    started" then, and a drain of its node would finish while it starts there). A start
+    sent before that and still unanswered no longer counts (an engine the agent starts
+    after all is a stray then, stopped as one). A node that has not said hello proves
+    nothing: it may be on its way back with the engine still running (a lost node is
+    handled with it)."""
+    report = fleet.reports.get(shard.node_id)
+    sent_at = report.awaited.get(start_command_id(replica.id, shard.index)) if report else None
+    if sent_at is not None and sent_at >= awaited_since:
+        return False
+    return shard.phase in (ShardPhase.STOPPED, ShardPhase.FAILED, ShardPhase.PLACED) or (
+        report is not None and (replica.id, shard.index) not in report.shards
+    )
+
+
+def _replicas_on(state: ClusterState, node_id: str) -> list[Replica]:
+    return [
+        r
+        for r in state.replicas.values()
+        if r.phase in ACTIVE_PHASES and any(s.node_id == node_id for s in r.shards)
+    ]
