@@ -3,6 +3,8 @@ socket. The same stories run against PostgreSQL and real agents in tests/integra
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -17,6 +19,7 @@ from app.services.operations import Caller, Operations
 from app.services.reconciler import Reconciler
 from app.store.errors import FencedError
 from app.store.memory import InMemoryEventStore
+from tests.support.waiting import wait_until
 
 ALICE = Caller(actor="alice", request_id="req-1")
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
@@ -138,3 +141,30 @@ async def test_a_deposed_leader_sends_nothing_its_successor_appended() -> None:
         await old.run_pass()
 
     assert old_agents.sent == []
+
+
+async def test_a_wake_that_arrives_during_a_pass_starts_the_next_pass_as_soon_as_it_ends() -> None:
+    # An append made while a pass runs was not in what it read: the wake it sends must not
+    # be lost with the pass, or the change waits for the interval (an hour here).
+    store = InMemoryEventStore()
+    view = LiveView(ReportRecorder(store))
+    settings = Settings(epoch=1, started_at=T0 - timedelta(hours=1))
+
+    def clock() -> datetime:
+        # Read by every pass as it starts: the first one is woken while it runs.
+        if reconciler.pass_count == 0:
+            reconciler.wake()
+        return T0
+
+    reconciler = Reconciler(
+        store, Agents(connected=set()), view, settings, interval_s=3600, clock=clock
+    )
+    running = asyncio.get_running_loop().create_task(reconciler.run())
+    try:
+        await wait_until(
+            lambda: reconciler.pass_count >= 2, what="a second pass, started by the wake"
+        )
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
