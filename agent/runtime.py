@@ -36,6 +36,7 @@ from agent.engines import (
     ShardState,
 )
 from agent.engines.supervisor import FAILED_KEPT
+from agent.gpu_inventory import GpuInventory, gpu_inventory, inventory_change
 from agent.gpus import GpuSnapshot, GpuSource, GpuStatus
 from agent.reports import (
     MAX_GPU_NAME_BYTES,
@@ -73,6 +74,7 @@ from wire.messages import (
     StartShard,
     StopShard,
     encode,
+    fit_close_reason,
 )
 from wire.messages import ShardState as WireShardState
 from wire.messages import ShardStatus as WireShardStatus
@@ -328,6 +330,9 @@ class _Link:
     session: ServerSession
     outbox: asyncio.Queue[Output] = field(default_factory=asyncio.Queue)
     writer: asyncio.Task[None] | None = None
+    said: GpuInventory | None = None
+    """The GPUs this connection's hello listed; None until it is sent."""
+    closing: bool = False
 
     def push(self, outputs: Sequence[Output]) -> None:
         for output in outputs:
@@ -389,6 +394,23 @@ class AgentRuntime:
                 log.warning("gpu_snapshot_failed", error=str(exc))
                 return
             self._take(snapshot)
+            self._close_if_inventory_changed()
+
+    def _close_if_inventory_changed(self) -> None:
+        """Close the connection once its hello no longer lists this node's GPUs: the
+        reconnect loop dials again after its backoff and the next hello lists them (the
+        control plane takes the inventory from hellos only). The backoff bounds a flapping
+        inventory: a connection that ends within ``STABLE_AFTER_S`` doubles the wait, up
+        to 30 s, and the hub refuses a node that connects more than 10 times a minute."""
+        link = self._link
+        if link is None or link.said is None or link.closing:
+            return
+        why = inventory_change(link.said, gpu_inventory(self._snapshot.gpus))
+        if why is None:
+            return
+        link.closing = True
+        log.info("gpu_inventory_changed", reason=why)
+        link.push([Close(CloseCode.GOING_AWAY, fit_close_reason(why))])
 
     def _take(self, snapshot: GpuSnapshot) -> None:
         reason = snapshot.unavailable_reason
@@ -481,6 +503,8 @@ class AgentRuntime:
     def _hello(self) -> Hello:
         # The hello carries every GPU's health, so older changes need no heartbeat.
         self._unreported_gpu_changes.clear()
+        if self._link is not None:
+            self._link.said = gpu_inventory(self._snapshot.gpus)
         return build_hello(
             self._config, self._snapshot.gpus, self._supervisor.inventory(), self._local_address
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import ssl
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from agent.config import AgentConfig, ServerAddress
 from agent.connection import Backoff, Failure, classify_close, classify_failure
 from agent.engines import ShardChange, ShardRecord, ShardState
 from agent.engines.supervisor import FAILED_KEPT
+from agent.gpu_inventory import gpu_inventory, inventory_change
 from agent.gpus import GpuSnapshot, GpuStatus
 from agent.runtime import (
     VANISHED_GPU_REASON,
@@ -237,6 +239,25 @@ def test_a_gpu_that_drops_out_of_the_listing_is_reported_unhealthy_and_back_when
     ]
     assert start_refusal(a_start(gpus=(1,)), (20000, 20999), all_gone.gpus, []) == (
         f"GPU(s) [1] are {VANISHED_GPU_REASON}"
+    )
+
+
+def test_only_gpus_added_or_swapped_change_the_inventory_a_hello_listed() -> None:
+    """A hello no longer says which GPUs the node has once one appears or another takes its
+    index; a change of health, or a GPU dropping out of the listing (kept as unhealthy),
+    goes out with a heartbeat instead."""
+    both = GpuSnapshot(gpus=(a_gpu(0), a_gpu(1)))
+    said = gpu_inventory(both.gpus)
+
+    assert inventory_change(gpu_inventory(()), said) == (
+        "GPU inventory changed (0 listed by the hello, 2 now; added: [0, 1])"
+    )
+    assert inventory_change(said, gpu_inventory((a_gpu(0), a_gpu(1, reason="Xid 79")))) is None
+    dropped = with_vanished_gpus(both, GpuSnapshot(gpus=(a_gpu(0),)))
+    assert inventory_change(said, gpu_inventory(dropped.gpus)) is None
+    swapped = (a_gpu(0), replace(a_gpu(1), uuid="GPU-other"))
+    assert inventory_change(said, gpu_inventory(swapped)) == (
+        "GPU inventory changed (2 listed by the hello, 2 now; another UUID: [1])"
     )
 
 
