@@ -26,6 +26,11 @@ cluster that has run for a while. Results are printed and written to
 ``--startup`` measures only the store's start-up instead, from a fold snapshot and by
 replaying the whole log, at each of ``--startup-sizes`` (``benchmarks/startup.py``), into
 ``benchmarks/results/eventstore-startup-<timestamp>.json``.
+
+``--guards`` measures only what migration 0017's checks cost an append
+(``benchmarks/append_guards.py``): on a log of ``--events`` (100,000) events, appends of
+1, 5, 100, 1,000 and 5,000 events a call through ``llmgw_append`` with and without them,
+in ``--rounds`` alternating rounds, into ``benchmarks/results/eventstore-guards-<timestamp>.json``.
 """
 
 from __future__ import annotations
@@ -62,6 +67,13 @@ from app.store.rebuild import rebuild
 from app.store.replay import replay
 from app.store.verification import verify_log
 from benchmarks import children, startup
+from benchmarks.append_guards import (
+    BATCHES,
+    UNGUARDED_SCHEMA,
+    GuardCost,
+    install_unguarded_append,
+    unguarded_engine,
+)
 from benchmarks.chain import (
     UNCHAINED_SCHEMA,
     Backfill,
@@ -81,6 +93,7 @@ from benchmarks.common import (
     median,
     per_second,
     percentile,
+    runtime_url,
     settle,
     stop_on_sigterm,
     write_results,
@@ -91,6 +104,7 @@ META = Meta(actor="reconciler")
 LOAD_BATCH = 1_000
 APPEND_BATCH = 100
 WARM_UP = 50
+WARM_UP_MAX_EVENTS = 5_000
 TARGET_SINGLE_RATIO = 0.7
 TARGET_BATCHED_PER_S = 50_000.0
 TARGET_REPLAY_PER_S = 200_000.0
@@ -330,17 +344,19 @@ async def compare_batched(
     )
 
 
-async def compare_chain(
-    chained: PostgresEventStore,
-    unchained: PostgresEventStore,
+async def compare_functions(
+    installed: PostgresEventStore,
+    copy: PostgresEventStore,
     db: asyncpg.Connection,
     feed: Feed,
     total: int,
     rounds: int,
     batch: int,
+    copy_schema: str = UNCHAINED_SCHEMA,
 ) -> Comparison:
-    """Appends of ``batch`` events per call through the same store, with the chain hash
-    (the "store" side) and without it (the "baseline" side)."""
+    """Appends of ``batch`` events per call through the same store code, calling the
+    installed ``llmgw_append`` (the "store" side) and a copy of it in ``copy_schema`` (the
+    "baseline" side): without the chain hash, or without 0017's guards."""
 
     def round_of(store: PostgresEventStore) -> Round:
         async def measure(steps: list[Step]) -> Timed:
@@ -359,8 +375,8 @@ async def compare_chain(
 
     unit = "appends/s" if batch == 1 else "events/s"
     return await _compare(
-        unit, feed, round_of(chained), round_of(unchained), total, rounds, batch,
-        ServerClock(chained, db), ServerClock(unchained, db, UNCHAINED_SCHEMA),
+        unit, feed, round_of(installed), round_of(copy), total, rounds, batch,
+        ServerClock(installed, db), ServerClock(copy, db, copy_schema),
     )  # fmt: skip
 
 
@@ -399,8 +415,9 @@ async def _compare(
     """Alternate rounds of the two (which goes first alternates too, so that a drift in the
     machine's load favours neither). Preparing a round's calls is not timed."""
     per_round = max(total // rounds, events_per_call)
-    await store_round(feed.take(WARM_UP * events_per_call))
-    await baseline_round(feed.take(WARM_UP * events_per_call))
+    warm_up = min(WARM_UP * events_per_call, WARM_UP_MAX_EVENTS)
+    await store_round(feed.take(warm_up))
+    await baseline_round(feed.take(warm_up))
     server_before = await server.reading()
     baseline_before = await baseline_server.reading() if baseline_server else (0, 0.0)
     rates: dict[str, list[float]] = {"store": [], "baseline": []}
@@ -566,11 +583,11 @@ async def run(server: BenchServer, sizes: Sizes) -> Results:
             unchained = PostgresEventStore(bare)
             try:
                 phase(f"chain: single appends ({sizes.chain_single:,} a side)")
-                chain_single = await compare_chain(
+                chain_single = await compare_functions(
                     store, unchained, db, feed, sizes.chain_single, sizes.rounds, 1
                 )
                 phase(f"chain: batched appends ({sizes.chain_batched:,} events a side)")
-                chain_batched = await compare_chain(
+                chain_batched = await compare_functions(
                     store, unchained, db, feed, sizes.chain_batched, sizes.rounds, APPEND_BATCH
                 )
             finally:
@@ -737,6 +754,11 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         default=startup.ROUNDS,
         help=f"start-ups from the snapshot per size ({startup.ROUNDS})",
     )
+    parser.add_argument(
+        "--guards",
+        action="store_true",
+        help="measure only what migration 0017's checks cost an append (see above)",
+    )
     parser.add_argument("--child", choices=sorted(CHILD_OPERATIONS), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -753,6 +775,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     quick = arguments.quick
     if arguments.startup:
         return _startup(arguments)
+    if arguments.guards:
+        return _guards(arguments)
     sizes = Sizes(
         events=arguments.events or (20_000 if quick else 1_000_000),
         single=arguments.single or (500 if quick else 3_000),
@@ -765,6 +789,127 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = asyncio.run(run(server, sizes))
     print(report(results))
     print(f"results: {write_results('eventstore', results)}")
+    return 0
+
+
+# -- what 0017's guards cost (--guards) --------------------------------------------------------
+
+GUARD_CALLS_PER_ROUND = {1: 200, 5: 100, 100: 20, 1_000: 4, 5_000: 2}
+"""Calls per round and side at each batch size: a few seconds a round here."""
+
+
+class GuardResults(msgspec.Struct, frozen=True, kw_only=True):
+    benchmark: str
+    started_at: str
+    events: int
+    """Events in the log before the first measured append."""
+    rounds: int
+    server: str
+    machine: Machine
+    load: Load
+    load_average: dict[str, tuple[float, float, float]]
+    costs: list[GuardCost]
+
+
+async def run_guards(server: BenchServer, events: int, rounds: int, quick: bool) -> GuardResults:
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    loads: dict[str, tuple[float, float, float]] = {}
+
+    def phase(name: str) -> None:
+        loads[name] = load_average()
+        print(f"{name} (load average {' '.join(map(str, loads[name]))})", flush=True)
+
+    async with fresh_database(server) as url:
+        machine = await describe_machine(url)
+        db = await asyncpg.connect(url)
+        await track_function_time(db)
+        await install_unguarded_append(db)
+        owner = create_engine(url)
+        guarded = create_engine(runtime_url(url))
+        unguarded = unguarded_engine(runtime_url(url))
+        try:
+            feed = Feed(ClusterHistory())
+            phase(f"loading {events:,} events")
+            load = await load_history(PostgresEventStore(owner), db, feed, events)
+            await owner.dispose()
+            with_guards, without = PostgresEventStore(guarded), PostgresEventStore(unguarded)
+            costs = []
+            for batch in BATCHES:
+                calls = max(GUARD_CALLS_PER_ROUND[batch] // (4 if quick else 1), 1)
+                phase(f"{batch:,} events a call, {calls} calls a round")
+                compared = await compare_functions(
+                    with_guards, without, db, feed, batch * calls * rounds, rounds, batch,
+                    UNGUARDED_SCHEMA,
+                )  # fmt: skip
+                costs.append(_guard_cost(batch, calls, compared))
+            phase("end")
+        finally:
+            await db.close()
+            for engine in (owner, guarded, unguarded):
+                await engine.dispose()
+    return GuardResults(
+        benchmark="eventstore-guards",
+        started_at=started_at,
+        events=events,
+        rounds=rounds,
+        server=server.description,
+        machine=machine,
+        load=load,
+        load_average=loads,
+        costs=costs,
+    )
+
+
+def _guard_cost(batch: int, calls: int, compared: Comparison) -> GuardCost:
+    """Rates in events/s whatever the batch (a single append is one event)."""
+    return GuardCost(
+        events_per_call=batch,
+        calls_per_round=calls,
+        guarded_rounds=compared.store_rounds,
+        unguarded_rounds=compared.baseline_rounds,
+        guarded_median=compared.store_median,
+        unguarded_median=compared.baseline_median,
+        ratio=compared.ratio,
+        round_ratios=compared.round_ratios,
+        guarded_p50_ms=compared.store_latency.p50_ms,
+        unguarded_p50_ms=compared.baseline_latency.p50_ms,
+        guarded_p99_ms=compared.store_latency.p99_ms,
+        unguarded_p99_ms=compared.baseline_latency.p99_ms,
+        guarded_server_ms=compared.store_server_ms,
+        unguarded_server_ms=compared.baseline_server_ms,
+    )
+
+
+def guards_report(results: GuardResults) -> str:
+    machine = results.machine
+    rows = [
+        (f"{cost.events_per_call:,}",
+         f"{cost.guarded_median:,.0f} / {cost.unguarded_median:,.0f}",
+         f"{cost.ratio:.2f} ({', '.join(f'{r:.2f}' for r in cost.round_ratios)})",
+         f"{cost.guarded_p50_ms:.2f} / {cost.unguarded_p50_ms:.2f}",
+         f"{cost.guarded_p99_ms:.2f} / {cost.unguarded_p99_ms:.2f}",
+         f"{_ms(cost.guarded_server_ms)} / {_ms(cost.unguarded_server_ms)}")
+        for cost in results.costs
+    ]  # fmt: skip
+    headers = (
+        "events a call", "events/s, guarded / not", "ratio (rounds)", "p50 ms",
+        "p99 ms", "in llmgw_append, ms a call",
+    )  # fmt: skip
+    return "\n".join([
+        f"{machine.cpu_model}, {machine.cores} cores, {machine.memory_gib} GiB, "
+        f"Python {machine.python}, PostgreSQL {machine.postgresql} ({results.server})",
+        f"log of {results.events:,} events; medians of {results.rounds} alternating rounds; "
+        "with 0017's guards / without (0016's function)",
+        format_table(headers, rows),
+    ])  # fmt: skip
+
+
+def _guards(arguments: argparse.Namespace) -> int:
+    events = arguments.events or (20_000 if arguments.quick else 100_000)
+    with bench_server() as server:
+        results = asyncio.run(run_guards(server, events, arguments.rounds, arguments.quick))
+    print(guards_report(results))
+    print(f"results: {write_results('eventstore-guards', results)}")
     return 0
 
 
