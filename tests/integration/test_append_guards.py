@@ -142,7 +142,7 @@ async def test_a_projection_row_no_appended_event_is_about_is_refused(
         for node in (honest, victim):
             await store.append(node_stream(node), NO_STREAM, [registered(node)], ALICE)
     before = await as_runtime.fetch("SELECT * FROM events ORDER BY position")
-    rerouted = await node_row(as_runtime, victim, address="203.0.113.66")
+    rerouted = await node_row(as_runtime, victim, address="127.0.0.66")
     cordon = (node_stream(honest), NodeCordoned(node_id=honest, reason="x"))
 
     attempts = [
