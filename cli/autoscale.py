@@ -1,15 +1,15 @@
 """`llmgw-cli autoscale MODEL [--min N] [--max N] ...` and `autoscale MODEL --off`: a model's
 replica count follows its demand, or goes back to what operators set (docs/autoscaling.md).
 
-The API takes the whole policy (each field left out at its default); this command changes
-only the fields it is given, keeping the others as the model has them.
+It sends only the fields it is given (``PATCH .../autoscale``): the admin API merges them
+with the policy the model has when the change is recorded, so that two operators changing
+different fields at once both keep theirs.
 """
 
 from __future__ import annotations
 
 from typing import Annotated
 
-import msgspec
 from cyclopts import Parameter, validators
 
 from cli.arguments import MAX_REPLICAS, UsageError, finite_number, segment, whole_number
@@ -17,7 +17,7 @@ from cli.client import AdminClient
 from cli.config import ConnectionFlags
 from cli.operator import ADMIN, Output, call, run_command
 from cli.render import EXIT_OK, counted, print_json, say, utc_seconds
-from cli.views import AutoscaleDecisionView, AutoscaleView, ModelChange, ModelView
+from cli.views import AutoscaleDecisionView, AutoscaleView, ModelChange
 
 ModelName = Annotated[str, Parameter(help="The model to autoscale, such as llama-3-8b.")]
 Seconds = float | None
@@ -181,8 +181,7 @@ def autoscale(
     }
 
     def change(client: AdminClient) -> int:
-        model_path = f"{ADMIN}/models/{segment(name, 'the model name')}"
-        path = f"{model_path}/autoscale"
+        path = f"{ADMIN}/models/{segment(name, 'the model name')}/autoscale"
         if off and given:
             options = ", ".join(option for field, option in OPTIONS if field in given)
             raise UsageError(f"--off takes no other option (given: {options})")
@@ -194,12 +193,9 @@ def autoscale(
         if off:
             reply = call(client, ModelChange, "DELETE", path)
         else:
-            model = call(client, ModelView, "GET", model_path).value
-            current = model.spec.autoscale
-            kept = msgspec.to_builtins(current) if current is not None else {}
-            if "target" in given and "capacity" not in given:
-                kept.pop("capacity", None)  # else the new target would not apply
-            reply = call(client, ModelChange, "PUT", path, body=kept | given)
+            # Null sends the capacity in force back to none, else the new target would not apply.
+            dropped = {"capacity": None} if "target" in given and "capacity" not in given else {}
+            reply = call(client, ModelChange, "PATCH", path, body=dropped | given)
         if output == "json":
             print_json(reply.raw)
         else:

@@ -28,6 +28,23 @@ class AutoscalePolicyBody(
     cold_start_timeout_s: float | None = None
 
 
+class AutoscalePolicyPatch(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Only the fields to change, merged on the server with the model's policy (the
+    defaults of ``AutoscalePolicyBody`` when it has none): a field left out keeps its value,
+    one sent as null goes back to its default (``capacity`` null: no capacity)."""
+
+    min_replicas: int | msgspec.UnsetType | None = msgspec.field(name="min", default=msgspec.UNSET)
+    max_replicas: int | msgspec.UnsetType | None = msgspec.field(name="max", default=msgspec.UNSET)
+    target: float | msgspec.UnsetType | None = msgspec.UNSET
+    capacity: float | msgspec.UnsetType | None = msgspec.UNSET
+    up_window_s: float | msgspec.UnsetType | None = msgspec.UNSET
+    down_window_s: float | msgspec.UnsetType | None = msgspec.UNSET
+    down_window_min_share: float | msgspec.UnsetType | None = msgspec.UNSET
+    idle_to_zero_s: float | msgspec.UnsetType | None = msgspec.UNSET
+    max_step: int | msgspec.UnsetType | None = msgspec.UNSET
+    cold_start_timeout_s: float | msgspec.UnsetType | None = msgspec.UNSET
+
+
 class AutoscalePolicyView(msgspec.Struct, frozen=True, kw_only=True):
     min_replicas: int = msgspec.field(name="min")
     max_replicas: int = msgspec.field(name="max")

@@ -272,6 +272,24 @@ def set_autoscale(state: ClusterState, name: str, policy: AutoscalePolicy | None
     return Change(stream=model_stream(name), events=(declared,))
 
 
+def patch_autoscale(
+    state: ClusterState, name: str, fields: Mapping[str, float | int | None]
+) -> Change:
+    """Change only ``fields`` of the model's policy (named as the policy is on the wire,
+    ``min``, ``max``, ...), the others kept as the model has them, or at their defaults when
+    it is not autoscaled yet; a field given as None goes back to its default. Merged here,
+    on the state the change is appended on, so that two operators changing different fields
+    at once both keep their change."""
+    model = declared_model(state, name)
+    merged = msgspec.to_builtins(model.spec.autoscale or AutoscalePolicy())
+    for field, value in fields.items():
+        if value is None:
+            merged.pop(field, None)
+        else:
+            merged[field] = value
+    return set_autoscale(state, name, msgspec.convert(merged, AutoscalePolicy))
+
+
 def remove(state: ClusterState, name: str) -> Change:
     """Every replica of a removed model is stopped by the reconciler."""
     model = find_model(state, name)

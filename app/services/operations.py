@@ -112,6 +112,14 @@ class Operations:
         stream = model_stream(name)
         return await self._record(caller, stream, lambda s: decide.set_autoscale(s, name, policy))
 
+    async def patch_autoscale(
+        self, caller: Caller, name: str, fields: Mapping[str, float | int | None]
+    ) -> bool:
+        """Change only ``fields`` of the model's policy, merged with the policy the change
+        is appended on (``decide.patch_autoscale``)."""
+        stream = model_stream(name)
+        return await self._record(caller, stream, lambda s: decide.patch_autoscale(s, name, fields))
+
     async def remove(self, caller: Caller, name: str) -> bool:
         return await self._record(caller, model_stream(name), lambda s: decide.remove(s, name))
 

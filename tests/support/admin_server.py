@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 from cryptography import x509
+from litestar.types import ASGIApp
 
 from app.admin.app import create_admin_app
 from app.admin.auth import TokenAuthenticator
@@ -112,6 +113,7 @@ async def serving_admin(
     port: int | None = None,
     limits: ListenerLimits | None = None,
     auth_failures: FailureLimits | None = None,
+    wrap: Callable[[ASGIApp], ASGIApp] | None = None,
 ) -> AsyncIterator[str]:
     """The admin API over ``store`` until the block ends, on ``port`` or a free one; yields
     its base URL. ``tokens`` maps each token to the operator it names; ``limits`` are the
@@ -124,7 +126,7 @@ async def serving_admin(
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind((LOOPBACK, port or 0))
     config = uvicorn.Config(
-        app,
+        wrap(app) if wrap is not None else app,
         log_level="warning",
         lifespan="on",
         http=admin_protocol(

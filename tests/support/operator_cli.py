@@ -16,11 +16,13 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from litestar.types import ASGIApp
 
 from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import serving_admin
@@ -173,8 +175,12 @@ ANSI_CONTROL = re.compile(r"\x1b(\[[0-9;?]*[A-Za-z]|\][^\x07]*\x07|[()][A-Z0-9])
 
 
 @asynccontextmanager
-async def live_admin_api(store: PostgresEventStore, port: int | None = None) -> AsyncIterator[str]:
-    """The admin API over ``store``, taking ``TOKEN`` as ``OPERATOR``, until the block ends;
-    its URL."""
-    async with serving_admin(store, tokens={TOKEN: OPERATOR}, port=port) as url:
+async def live_admin_api(
+    store: PostgresEventStore,
+    port: int | None = None,
+    wrap: Callable[[ASGIApp], ASGIApp] | None = None,
+) -> AsyncIterator[str]:
+    """The admin API over ``store``, taking ``TOKEN`` as ``OPERATOR``, until the block ends
+    (behind ``wrap``, if given); its URL."""
+    async with serving_admin(store, tokens={TOKEN: OPERATOR}, port=port, wrap=wrap) as url:
         yield url
