@@ -37,24 +37,25 @@ class FileMissing(FileRefused):
         super().__init__(path, "no such file")
 
 
-def read_regular_file(path: Path, max_bytes: int) -> bytes:
+def read_regular_file(path: Path, max_bytes: int, *, holder: str = "it") -> bytes:
     """The bytes of the regular file at ``path``, refused (``FileRefused``) when it is not
     a regular file or holds more than ``max_bytes``; at most one byte past the bound is read
-    should the file grow meanwhile."""
+    should the file grow meanwhile. ``holder`` names what may hold that much in the
+    refusal ("over the 512 KiB a certificate file may hold")."""
     try:
         # Checked before opening (opening a FIFO waits for a writer) and again on what was
         # opened, without waiting, in case the path changed between.
-        _check_regular(path, os.stat(path), max_bytes)
+        _check_regular(path, os.stat(path), max_bytes, holder)
         descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
         with os.fdopen(descriptor, "rb") as file:
-            _check_regular(path, os.fstat(file.fileno()), max_bytes)
+            _check_regular(path, os.fstat(file.fileno()), max_bytes, holder)
             data = file.read(max_bytes + 1)
     except FileNotFoundError as exc:
         raise FileMissing(path) from exc
     except OSError as exc:
         raise FileRefused(path, exc.strerror or str(exc)) from exc
     if len(data) > max_bytes:
-        raise _too_large(path, f"more than {max_bytes:,} bytes", max_bytes)
+        raise _too_large(path, f"more than {max_bytes:,} bytes", max_bytes, holder)
     return data
 
 
@@ -82,18 +83,18 @@ def read_regular_text(path: Path, max_bytes: int) -> str:
         ) from exc
 
 
-def _check_regular(path: Path, info: os.stat_result, max_bytes: int) -> None:
+def _check_regular(path: Path, info: os.stat_result, max_bytes: int, holder: str = "it") -> None:
     for is_kind, kind in _FILE_KINDS:
         if is_kind(info.st_mode):
             raise FileRefused(path, f"not a regular file but {kind}")
     if not stat.S_ISREG(info.st_mode):
         raise FileRefused(path, "not a regular file")
     if info.st_size > max_bytes:
-        raise _too_large(path, f"{info.st_size:,} bytes", max_bytes)
+        raise _too_large(path, f"{info.st_size:,} bytes", max_bytes, holder)
 
 
-def _too_large(path: Path, size: str, max_bytes: int) -> FileRefused:
-    return FileRefused(path, f"{size}, over the {_amount(max_bytes)} it may hold")
+def _too_large(path: Path, size: str, max_bytes: int, holder: str) -> FileRefused:
+    return FileRefused(path, f"{size}, over the {_amount(max_bytes)} {holder} may hold")
 
 
 def _amount(max_bytes: int) -> str:

@@ -22,6 +22,7 @@ from app.pki.errors import (
 )
 from app.pki.keys import PrivateKey, certificate_pem, private_key_pem
 from app.pki.model import CertificateAuthority
+from app.regular_file import FileRefused, read_regular_file
 
 CA_CERTIFICATE = "ca.crt"
 CA_KEY = "ca.key"
@@ -30,13 +31,6 @@ CERTIFICATE_MODE = 0o644
 DIRECTORY_MODE = 0o700
 MAX_PEM_FILE_BYTES = 512 * 1024
 """The largest certificate or key file read: a chain of certificates is a few KiB each."""
-_FILE_KINDS = (
-    (stat.S_ISFIFO, "a named pipe (FIFO)"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISDIR, "a directory"),
-)
 
 
 @dataclass(frozen=True)
@@ -183,34 +177,6 @@ def _make_directory(directory: Path) -> None:
 def _read(path: Path) -> bytes:
     """The file's bytes: a regular file of at most ``MAX_PEM_FILE_BYTES``, never waited on."""
     try:
-        # Checked before opening (opening a FIFO waits for a writer) and again on what was
-        # opened, without waiting, in case the path changed between.
-        _check_regular(path, os.stat(path))
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-        with os.fdopen(descriptor, "rb") as file:
-            _check_regular(path, os.fstat(file.fileno()))
-            data = file.read(MAX_PEM_FILE_BYTES + 1)
-    except FileNotFoundError as exc:
-        raise UnreadableFile(path, "no such file") from exc
-    except OSError as exc:
-        raise UnreadableFile(path, exc.strerror or str(exc)) from exc
-    if len(data) > MAX_PEM_FILE_BYTES:
-        raise _too_large(path, f"more than {MAX_PEM_FILE_BYTES:,} bytes")
-    return data
-
-
-def _check_regular(path: Path, info: os.stat_result) -> None:
-    for is_kind, kind in _FILE_KINDS:
-        if is_kind(info.st_mode):
-            raise UnreadableFile(path, f"not a regular file but {kind}")
-    if not stat.S_ISREG(info.st_mode):
-        raise UnreadableFile(path, "not a regular file")
-    if info.st_size > MAX_PEM_FILE_BYTES:
-        raise _too_large(path, f"{info.st_size:,} bytes")
-
-
-def _too_large(path: Path, size: str) -> UnreadableFile:
-    return UnreadableFile(
-        path,
-        f"{size}, over the {MAX_PEM_FILE_BYTES // 1024} KiB a certificate or key file may hold",
-    )
+        return read_regular_file(path, MAX_PEM_FILE_BYTES, holder="a certificate or key file")
+    except FileRefused as exc:
+        raise UnreadableFile(path, exc.reason) from exc
