@@ -75,6 +75,9 @@ class ReplicaTrafficView(msgspec.Struct, frozen=True, kw_only=True):
     """The engine's failures: a 5xx or 429, no answer, or an answer that broke off."""
     cancelled: int
     """Requests whose client went away first: not errors."""
+    abandoned: int
+    """Of ``cancelled``, those whose client went away before any of the answer came: a
+    rollout's verdict counts them as failed (docs/rollouts.md#the-gateways-figures)."""
     error_rate: float | None
     """``errors / requests``, 0 to 1; null without requests."""
     ttft_p95_ms: float | None

@@ -199,6 +199,7 @@ async def test_gateways_measure_latency_and_errors_per_replica_and_their_reports
                 shown = (await operator.run("replica", "slow-1", "--output", "json")).json()
                 traffic = shown["traffic"]
                 assert (traffic["requests"], traffic["errors"], traffic["cancelled"]) == (6, 0, 1)
+                assert traffic["abandoned"] == 0, "its client left after the first chunk"
                 assert traffic["gateways"] == 2
                 assert traffic["ttft_p95_ms"] >= 400 * (1 - RESOLUTION)
                 table = await operator.run("replica", "flaky-1")

@@ -44,11 +44,15 @@ def placed(number: int, revision: int) -> ReplicaPlaced:
     )
 
 
-def seen(requests: int, ttft_ms: float, errors: int = 0) -> ReplicaTraffic:
+def seen(
+    requests: int, ttft_ms: float, errors: int = 0, cancelled: int = 0, abandoned: int = 0
+) -> ReplicaTraffic:
     ttft: Histogram = {}
     for _ in range(requests - errors):
         add_sample(ttft, ttft_ms)
-    return ReplicaTraffic(requests=requests, errors=errors, ttft=ttft)
+    return ReplicaTraffic(
+        requests=requests, errors=errors, cancelled=cancelled, abandoned=abandoned, ttft=ttft
+    )
 
 
 async def test_a_models_traffic_is_added_up_per_revision_and_per_gateway_once(
@@ -73,7 +77,10 @@ async def test_a_models_traffic_is_added_up_per_revision_and_per_gateway_once(
             instance="test",
             traffic=TrafficReport(
                 window_s=60.0,
-                replicas={"llama-1": seen(10, 100.0, errors=1), "llama-3": seen(4, 300.0)},
+                replicas={
+                    "llama-1": seen(10, 100.0, errors=1, cancelled=1),
+                    "llama-3": seen(4, 300.0, cancelled=3, abandoned=2),
+                },
             ),
         )
         await write_report(
@@ -96,6 +103,8 @@ async def test_a_models_traffic_is_added_up_per_revision_and_per_gateway_once(
     assert (old["requests"], old["errors"], old["gateways"]) == (20, 1, 2), "llama-4 ended"
     assert old["error_rate"] == 1 / 20
     assert (new["requests"], new["errors"], new["gateways"]) == (4, 0, 2)
+    assert (old["cancelled"], old["abandoned"]) == (1, 0)
+    assert (new["cancelled"], new["abandoned"]) == (3, 2), "clients gave up on the canary"
     assert abs(old["ttft_p95_ms"] - 100.0) <= 100.0 * RESOLUTION
     assert abs(new["ttft_p95_ms"] - 300.0) <= 300.0 * RESOLUTION
     listed = (await admin.get("/admin/v1/models")).json()
