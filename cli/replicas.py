@@ -150,7 +150,8 @@ def show_replica(
 ) -> int:
     """One replica: its phase and why, every shard with its node, GPUs, port, state and
     error, the engine's last log lines of a shard that failed, and what the gateways
-    measured of its requests over the last minute (requests, errors, TTFT, TPOT).
+    measured of its requests over the last minute (requests, errors, the ones its clients
+    cancelled and those they abandoned before any answer, TTFT, TPOT).
 
     ```
     llmgw-cli replica llama-3-8b-2

@@ -25,6 +25,7 @@ def traffic_facts(traffic: ReplicaTrafficView) -> list[tuple[str, str | None]]:
         ("requests", f"{traffic.requests:,}"),
         ("failed", failed),
         ("cancelled", f"{traffic.cancelled:,} by their clients (not counted above)"),
+        ("abandoned", f"{traffic.abandoned:,} of those before any of the answer came"),
         ("TTFT p95", latency(traffic.ttft_p95_ms, traffic.ttft_samples, "stream")),
         ("TPOT p95", latency(traffic.tpot_p95_ms, traffic.tpot_samples, "stream")),
         ("latency p95", latency(traffic.latency_p95_ms, traffic.latency_samples, "answer")),

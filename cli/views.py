@@ -238,6 +238,7 @@ class ReplicaTrafficView(View, frozen=True, kw_only=True):
     requests: int = 0
     errors: int = 0
     cancelled: int = 0
+    abandoned: int = 0
     error_rate: float | None = None
     ttft_p95_ms: float | None = None
     ttft_samples: int = 0
