@@ -2,8 +2,9 @@
 
 Each field is a flag (``--admin-port``) with its environment variable and help; its
 default is written here once, taken from the module that uses it where that module has
-one (the reconciler's timings, the agent budget, the listeners' limits). The composition
-root, ``app.bootstrap``, builds the server from it.
+one (the reconciler's timings, the agent budget, the listeners' limits). A file flag given
+empty, by its flag or its variable, is bad usage (``app.commands.path_flag``). The
+composition root, ``app.bootstrap``, builds the server from it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from app.commands.common import (
     SendTimeout,
     database_url_problem,
 )
+from app.commands.path_flag import path_flag
 from app.domain.adoption_grace import (
     DEFAULT_ADOPTION_GRACE_MAX_S,
     DEFAULT_ADOPTION_GRACE_S,
@@ -91,33 +93,36 @@ class ServeSettings:
     ] = ""
     admin_tls_cert: Annotated[
         Path | None,
-        Parameter(
-            env_var="LLMGW_ADMIN_TLS_CERT",
-            help="serve the admin API over HTTPS with this server certificate; operators may "
+        path_flag(
+            "--admin-tls-cert",
+            "LLMGW_ADMIN_TLS_CERT",
+            "serve the admin API over HTTPS with this server certificate; operators may "
             "then authenticate with an operator certificate",
         ),
     ] = None
     admin_tls_key: Annotated[
-        Path | None, Parameter(env_var="LLMGW_ADMIN_TLS_KEY", help="that certificate's key")
+        Path | None,
+        path_flag("--admin-tls-key", "LLMGW_ADMIN_TLS_KEY", "that certificate's key"),
     ] = None
     admin_ca: Annotated[
         Path | None,
-        Parameter(
-            env_var="LLMGW_ADMIN_CA",
-            help="the CA that issues operator certificates [default: --tls-ca]",
+        path_flag(
+            "--admin-ca",
+            "LLMGW_ADMIN_CA",
+            "the CA that issues operator certificates [default: --tls-ca]",
         ),
     ] = None
     agent_host: Annotated[str, Parameter(env_var="LLMGW_AGENT_HOST")] = "0.0.0.0"
     agent_port: Annotated[int, Parameter(env_var="LLMGW_AGENT_PORT")] = 8443
     tls_cert: Annotated[
-        Path | None, Parameter(env_var="LLMGW_TLS_CERT", help="the hub's server certificate")
+        Path | None, path_flag("--tls-cert", "LLMGW_TLS_CERT", "the hub's server certificate")
     ] = None
     tls_key: Annotated[
-        Path | None, Parameter(env_var="LLMGW_TLS_KEY", help="the server certificate's key")
+        Path | None, path_flag("--tls-key", "LLMGW_TLS_KEY", "the server certificate's key")
     ] = None
     tls_ca: Annotated[
         Path | None,
-        Parameter(env_var="LLMGW_TLS_CA", help="the llmgw CA that issues node certificates"),
+        path_flag("--tls-ca", "LLMGW_TLS_CA", "the llmgw CA that issues node certificates"),
     ] = None
     require_identity: Annotated[
         bool,

@@ -14,6 +14,7 @@ import structlog
 from cyclopts import Parameter
 
 from app.commands.common import DatabaseUrl, database_url_problem, fail
+from app.commands.path_flag import path_flag
 from app.logs import configure_logging
 from app.store import migrate as migrations
 from app.store.database import create_engine
@@ -43,9 +44,10 @@ def migrate(
     ] = None,
     runtime_password_file: Annotated[
         Path | None,
-        Parameter(
-            env_var="LLMGW_RUNTIME_PASSWORD_FILE",
-            help=f"set the runtime role's password to this file's first line (or to "
+        path_flag(
+            "--runtime-password-file",
+            "LLMGW_RUNTIME_PASSWORD_FILE",
+            f"set the runtime role's password to this file's first line (or to "
             f"{RUNTIME_PASSWORD_ENV}); sent as a SCRAM-SHA-256 verifier, never in clear",
         ),
     ] = None,
@@ -59,9 +61,10 @@ def migrate(
     ] = None,
     gateway_password_file: Annotated[
         Path | None,
-        Parameter(
-            env_var="LLMGW_GATEWAY_PASSWORD_FILE",
-            help=f"set the gateway role's password to this file's first line (or to "
+        path_flag(
+            "--gateway-password-file",
+            "LLMGW_GATEWAY_PASSWORD_FILE",
+            f"set the gateway role's password to this file's first line (or to "
             f"{GATEWAY_PASSWORD_ENV}), as --runtime-password-file does",
         ),
     ] = None,

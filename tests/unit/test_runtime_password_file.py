@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from app.commands.maintenance import runtime_password
+from app.main import app
 
 
 def test_the_first_line_is_the_password_and_the_file_beats_the_environment(
@@ -41,3 +42,28 @@ def test_a_device_is_refused_by_its_size_rather_than_read_whole() -> None:
 def test_a_directory_is_refused_naming_it(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=f"cannot read the runtime password file {tmp_path}: "):
         runtime_password(tmp_path, {})
+
+
+@pytest.mark.parametrize(
+    ("flag", "env_var"),
+    [
+        ("--runtime-password-file", "LLMGW_RUNTIME_PASSWORD_FILE"),
+        ("--gateway-password-file", "LLMGW_GATEWAY_PASSWORD_FILE"),
+    ],
+)
+def test_a_password_file_given_empty_is_bad_usage_naming_it_not_the_current_directory(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], flag: str, env_var: str
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setenv(env_var, "")
+    migrate = ["migrate", "--database-url", "postgresql://llmgw@db.example/llmgw"]
+
+    with pytest.raises(SystemExit) as from_the_environment:
+        app.parse_args(migrate)
+    with pytest.raises(SystemExit) as from_the_flag:
+        app.parse_args([*migrate, flag, " "])
+
+    assert (from_the_environment.value.code, from_the_flag.value.code) == (2, 2)
+    err = capsys.readouterr().err
+    assert f"{flag} ({env_var}) is empty: give a path, or unset it" in err
+    assert f"{flag} ({env_var}) is empty: give a path, or leave the flag out" in err

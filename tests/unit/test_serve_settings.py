@@ -6,6 +6,7 @@ variable, within its bounds."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -124,6 +125,61 @@ def serve_settings(*flags: str) -> ServeSettings:
     settings = bound.arguments["settings"]
     assert isinstance(settings, ServeSettings)
     return settings
+
+
+FILE_FLAGS = [
+    ("--tls-cert", "LLMGW_TLS_CERT"),
+    ("--tls-key", "LLMGW_TLS_KEY"),
+    ("--tls-ca", "LLMGW_TLS_CA"),
+    ("--admin-tls-cert", "LLMGW_ADMIN_TLS_CERT"),
+    ("--admin-tls-key", "LLMGW_ADMIN_TLS_KEY"),
+    ("--admin-ca", "LLMGW_ADMIN_CA"),
+]
+
+
+@pytest.mark.parametrize("empty", ["", "  "])
+@pytest.mark.parametrize(("flag", "env_var"), FILE_FLAGS)
+def test_a_file_variable_set_empty_is_bad_usage_naming_it_not_the_current_directory(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    flag: str,
+    env_var: str,
+    empty: str,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setenv(env_var, empty)
+
+    with pytest.raises(SystemExit) as ended:
+        app.parse_args(["serve", "--database-url", DATABASE_URL])
+
+    assert ended.value.code == 2
+    assert f"{flag} ({env_var}) is empty: give a path, or unset it" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flag", "env_var"), FILE_FLAGS)
+def test_a_file_flag_given_empty_is_bad_usage_naming_it_not_the_current_directory(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], flag: str, env_var: str
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.delenv(env_var, raising=False)
+
+    with pytest.raises(SystemExit) as ended:
+        app.parse_args(["serve", "--database-url", DATABASE_URL, flag, ""])
+
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{flag} ({env_var}) is empty: give a path, or leave the flag out" in err
+
+
+def test_a_file_flag_comes_from_the_flag_over_its_variable_and_a_given_one_is_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LLMGW_TLS_CA", "/etc/llmgw/ca.crt")
+    monkeypatch.setenv("LLMGW_TLS_CERT", "")
+
+    settings = serve_settings("--tls-cert", "server.crt")
+
+    assert (settings.tls_cert, settings.tls_ca) == (Path("server.crt"), Path("/etc/llmgw/ca.crt"))
 
 
 def test_the_agent_handshakes_per_address_come_from_the_flag_or_the_environment(
