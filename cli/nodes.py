@@ -108,6 +108,8 @@ def cordon(
     connection: ConnectionFlags | None = None,
 ) -> int:
     """Place nothing new on a node; what runs there keeps running (drain moves it).
+    A node being drained is already cordoned by its drain: its cordon is refused, and
+    the reason is not recorded.
 
     ```
     llmgw-cli cordon gpu-08 --reason "ECC errors on GPU 3"

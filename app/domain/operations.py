@@ -318,6 +318,15 @@ def cordon(state: ClusterState, node_id: str, reason: str) -> Change:
     errors = reason_errors("reason", reason)
     if errors:
         raise InvalidText(f"the cordon of node {node_id!r}", errors)
+    if node.drain_id is not None:
+        # The drain keeps the node cordoned, under its own reason: recording nothing would
+        # drop the operator's reason without a word, so the cordon is refused as uncordon is.
+        kept = f", and its reason {reason!r} was not kept" if reason else ""
+        raise InvalidOperation(
+            f"node {node_id} is already cordoned by its drain (drain {node.drain_id}"
+            f"{_drain_since(node)}): the cordon was not recorded{kept}; follow the drain at "
+            f"/admin/v1/drains/{node.drain_id}"
+        )
     if node.cordoned:
         return Change(stream=node_stream(node_id))
     return Change(
@@ -348,18 +357,19 @@ def drain_node(
         reason = f"must be more than 0 and at most {MAX_DRAIN_GRACE_S} (a week)"
         raise InvalidDrain(node_id, [SpecError("grace_s", reason)])
     if node.drain_id is not None:
-        since = (
-            f" since {node.drain_requested_at:%Y-%m-%d %H:%M:%S}" if node.drain_requested_at else ""
-        )
         raise InvalidOperation(
-            f"node {node_id} is already draining (drain {node.drain_id}{since}); follow it "
-            f"at /admin/v1/drains/{node.drain_id}"
+            f"node {node_id} is already draining (drain {node.drain_id}{_drain_since(node)}); "
+            f"follow it at /admin/v1/drains/{node.drain_id}"
         )
     requested = NodeDrainRequested(node_id=node_id, drain_id=drain_id, grace_s=grace_s)
     room = room_for_drain(state, requested)
     if require_room and any(not r.has_room for r in room):
         raise NoRoomToDrain(node_id, room)
     return NodeDrain(stream=node_stream(node_id), events=(requested,), drain_id=drain_id, room=room)
+
+
+def _drain_since(node: Node) -> str:
+    return f" since {node.drain_requested_at:%Y-%m-%d %H:%M:%S}" if node.drain_requested_at else ""
 
 
 def drain_replica(state: ClusterState, replica_id: str, drain_id: str) -> Change:

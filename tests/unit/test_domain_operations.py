@@ -295,6 +295,25 @@ def test_a_draining_node_cannot_be_drained_again_nor_uncordoned_and_says_which_d
         ops.uncordon(state, "gpu-1")
 
 
+def test_a_cordon_of_a_draining_node_is_refused_saying_its_reason_was_not_kept() -> None:
+    state = given(
+        *node("gpu-1", gpu(0)),
+        NodeDrainRequested(node_id="gpu-1", drain_id="drain-0a1b2c3d", grace_s=300.0),
+    )
+
+    with pytest.raises(ops.InvalidOperation) as refused:
+        ops.cordon(state, "gpu-1", "ECC errors on GPU 3")
+    with pytest.raises(ops.InvalidOperation, match="cordoned by its drain") as unexplained:
+        ops.cordon(state, "gpu-1", "")
+
+    assert str(refused.value) == (
+        "node gpu-1 is already cordoned by its drain (drain drain-0a1b2c3d since "
+        "2026-11-02 09:00:03): the cordon was not recorded, and its reason 'ECC errors on "
+        "GPU 3' was not kept; follow the drain at /admin/v1/drains/drain-0a1b2c3d"
+    )
+    assert "reason" not in str(unexplained.value)
+
+
 def test_a_node_whose_drain_finished_can_be_drained_again() -> None:
     state = given(
         *node("gpu-1", gpu(0)),
