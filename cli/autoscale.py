@@ -3,19 +3,22 @@ replica count follows its demand, or goes back to what operators set (docs/autos
 
 It sends only the fields it is given (``PATCH .../autoscale``): the admin API merges them
 with the policy the model has when the change is recorded, so that two operators changing
-different fields at once both keep theirs.
+different fields at once both keep theirs, and a change refused as a conflict with another
+recorded at that instant can be sent once more as it is.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from http import HTTPStatus
 from typing import Annotated
 
 from cyclopts import Parameter, validators
 
 from cli.arguments import MAX_REPLICAS, UsageError, finite_number, segment, whole_number
-from cli.client import AdminClient
+from cli.client import AdminClient, ApiProblem
 from cli.config import ConnectionFlags
-from cli.operator import ADMIN, Output, call, run_command
+from cli.operator import ADMIN, Output, Reply, call, run_command
 from cli.render import EXIT_OK, counted, print_json, say, utc_seconds
 from cli.views import AutoscaleDecisionView, AutoscaleView, ModelChange
 
@@ -157,6 +160,9 @@ def autoscale(
     once idle. Every change is a model_scaled by the autoscaler with what it saw
     (`llmgw-cli model NAME` shows the last one).
 
+    A change that meets another of the model recorded at the same instant (409 conflict)
+    is sent once more, merged again with the policy as it is then; a second is reported.
+
     ```
     llmgw-cli autoscale llama-3-8b --min 1 --max 8 --target 6
     llmgw-cli autoscale llama-3-8b --capacity 0.8 --down-window 600
@@ -191,11 +197,13 @@ def autoscale(
                 f"`llmgw-cli model {name}` shows the policy"
             )
         if off:
-            reply = call(client, ModelChange, "DELETE", path)
+            reply = resent_once_on_conflict(lambda: call(client, ModelChange, "DELETE", path))
         else:
             # Null sends the capacity in force back to none, else the new target would not apply.
             dropped = {"capacity": None} if "target" in given and "capacity" not in given else {}
-            reply = call(client, ModelChange, "PATCH", path, body=dropped | given)
+            reply = resent_once_on_conflict(
+                lambda: call(client, ModelChange, "PATCH", path, body=dropped | given)
+            )
         if output == "json":
             print_json(reply.raw)
         else:
@@ -203,6 +211,19 @@ def autoscale(
         return EXIT_OK
 
     return run_command("autoscale", connection, change)
+
+
+def resent_once_on_conflict(send: Callable[[], Reply[ModelChange]]) -> Reply[ModelChange]:
+    """``send()``, and once more if the API answers 409 ``conflict``: another change to the
+    model was recorded at the same instant and this one recorded nothing. Sending it again
+    is safe, as the API merges the options again with the policy the model has then; a
+    second conflict is reported as any refusal is."""
+    try:
+        return send()
+    except ApiProblem as exc:
+        if exc.status != HTTPStatus.CONFLICT or exc.title != "conflict":
+            raise
+    return send()
 
 
 def _said(change: ModelChange, off: bool) -> str:
