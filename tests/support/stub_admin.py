@@ -19,6 +19,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+POLL_S = 0.01
+"""How often a stub server looks for its shutdown: ``shutdown()`` waits up to this long, and
+at the standard library's 0.5 s each test using a stub spent most of its time there."""
+
 
 class StubHandler(BaseHTTPRequestHandler):
     """Answers as a test's subclass says; logs nothing."""
@@ -41,7 +45,7 @@ def stub_admin_api(
     """Serve ``handler`` until the block ends; its URL. No CLI config file is read."""
     monkeypatch.setenv("LLMGW_CONFIG", "/dev/null")
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(POLL_S,), daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:

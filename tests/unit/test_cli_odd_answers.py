@@ -24,7 +24,7 @@ from cli.config import ConnectionFlags, ConnectionSettings
 from cli.events import events
 from cli.nodes import list_nodes
 from cli.operator import OutputFormat
-from tests.support.stub_admin import StubHandler, stub_admin_api
+from tests.support.stub_admin import POLL_S, StubHandler, stub_admin_api
 
 WRONG_EVENT = b'{"weird": 1}'
 
@@ -137,7 +137,7 @@ class Trickle(BaseHTTPRequestHandler):
 @pytest.mark.timeout(30)
 def test_an_answer_that_never_ends_is_given_up_within_a_bound() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(POLL_S,), daemon=True).start()
     settings = ConnectionSettings(admin_url=f"http://127.0.0.1:{server.server_address[1]}")
     try:
         with (
@@ -201,7 +201,7 @@ def serving(monkeypatch: pytest.MonkeyPatch, **behaviour: object) -> Iterator[st
     for name, value in behaviour.items():
         monkeypatch.setattr(Oversized, name, value)
     server = ThreadingHTTPServer(("127.0.0.1", 0), Oversized)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(POLL_S,), daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
@@ -318,7 +318,7 @@ def test_an_answer_nested_past_the_decoders_depth_is_refused_in_one_line(
 ) -> None:
     monkeypatch.setenv("LLMGW_CONFIG", "/dev/null")
     server = ThreadingHTTPServer(("127.0.0.1", 0), Nested)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(POLL_S,), daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         if path.endswith("/nodes"):
