@@ -243,8 +243,8 @@ def test_a_moved_replica_the_count_leaves_no_room_for_stops_while_another_is_rep
 
 def test_an_operator_acting_on_a_node_whose_drain_a_pass_finishes_keeps_the_last_word() -> None:
     # A drain's finish races no operator's change of its node: until it is recorded, the
-    # node still drains, and an uncordon or a new drain is refused with nothing recorded
-    # (a cordon changes nothing: a draining node is cordoned). Once it is, the node stays
+    # node still drains, and an uncordon, a new drain or a cordon is refused with nothing
+    # recorded (a draining node is cordoned by its drain). Once it is, the node stays
     # cordoned until the operator says otherwise.
     cluster = with_two_nodes_and_a_model(replicas=1)
     cluster.reconcile()
@@ -259,7 +259,8 @@ def test_an_operator_acting_on_a_node_whose_drain_a_pass_finishes_keeps_the_last
         decide.uncordon(cluster.state, empty)
     with pytest.raises(InvalidOperation, match="already draining"):
         decide.drain_node(cluster.state, empty, "drain-2", grace_s=60.0)
-    assert decide.cordon(cluster.state, empty, "disk replacement").events == ()
+    with pytest.raises(InvalidOperation, match="already cordoned by its drain"):
+        decide.cordon(cluster.state, empty, "disk replacement")
 
     assert cluster.appended(stale) is None
     assert cluster.state.nodes[empty].cordoned
