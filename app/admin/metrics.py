@@ -37,6 +37,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from app.domain.allocation import Allocations
+from app.domain.desired_count import COUNTING_PHASES
 from app.domain.placement import Rejection, explain_placement
 from app.domain.state import ACTIVE_PHASES, ClusterState, ReplicaPhase
 from app.services.control_plane import ControlPlane, Leader, Role
@@ -46,7 +47,6 @@ from app.store.postgres import PostgresEventStore
 QUANTILES = (0.5, 0.9, 0.99, 1.0)
 MEDIA_TYPE = "text/plain; version=0.0.4"
 """The classic text format every Prometheus reads (Litestar adds the charset)."""
-COUNTING_PHASES = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING, ReplicaPhase.SERVING})
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ import msgspec
 
 from app.domain.allocation import Allocations
 from app.domain.desired_count import (
-    COUNTING_PHASES,
+    counting,
     replacement_revisions,
     waiting_for_replacement,
 )
@@ -83,14 +83,12 @@ def _model_room(
     # The node's serving replicas, and the model's moves under way elsewhere too.
     moved = waiting_for_replacement(state, model)
     waiting_ids = {r.id for r in moved}
-    counting = sum(
-        1 for r in state.replicas.values() if r.model == model.name and r.phase in COUNTING_PHASES
-    )
+    counted = counting(state, model.name)
     stopped = sorted((r for r in on_node if r.phase in PLACED_AGAIN), key=lambda r: r.number)
     # A stopped replacement is placed again as its original's; the others as the model's
     # missing replicas, as many as it misses (``desired_count.scale_to_desired``'s deficit).
     for_original = {r.id: r.replaces for r in stopped if r.replaces in waiting_ids}
-    missing = max(0, model.desired - counting - len(moved))
+    missing = max(0, model.desired - counted - len(moved))
     placed_again = [r for r in stopped if r.id not in for_original][:missing]
     revisions = replacement_revisions(state, model, [*moved, *(None for _ in placed_again)])
     groups: dict[int, list[Replica]] = {}
