@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import httpx
 
@@ -114,6 +115,7 @@ class DevCluster:
     engine_ports: EnginePortBlock | None = None
     state_lock: StateDirLock | None = None
     token: str = ""
+    started_at: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
         self.processes = Processes(self.options.logs, die_with_parent=True)
@@ -132,6 +134,7 @@ class DevCluster:
         spec = self._model_spec()
         options.logs.mkdir(parents=True, exist_ok=True)
         engine_ports = self.engine_ports = claim_engine_ports(options.state_dir)
+        self._progress("preparing the database (PostgreSQL, migrations)")
         database = prepare_database(options.state_dir, _configured_database_url())
         self.postgres = database.postgres
         pki = issue_pki(
@@ -144,6 +147,7 @@ class DevCluster:
         )
         self.token = secret(options.state_dir / "admin-token")
         serve = self._serve_command(pki, database.runtime_url)
+        self._progress("starting llmgw-server, waiting for it to lead")
         self.processes.start_server(
             "server", serve, log_path=options.logs / "server.log", append=True
         )
@@ -151,6 +155,7 @@ class DevCluster:
         with AdminClient(settings, timeout_s=5.0) as client:
             self._wait_for(lambda: _answers(admin.leads, client), "the server to lead")
             self._refuse_another_engine(client)
+            self._progress(f"starting agents {', '.join(NODES)}, waiting for them to connect")
             for index, node in enumerate(NODES):
                 self._start_agent(pki, serve, node, engine_ports.node_range(index))
             self._wait_for(
@@ -158,6 +163,7 @@ class DevCluster:
                 "both agents to connect",
             )
             desired = admin.declare_model(client, spec)
+            self._progress(f"{MODEL} declared, waiting for {desired} serving replica(s)")
             try:
                 self._wait_for(
                     lambda: len(admin.serving(client, MODEL)) >= desired,
@@ -168,6 +174,7 @@ class DevCluster:
             key_path = options.state_dir / "api-key"
             api_key = admin.api_key(client, key_path, name=API_KEY_NAME, models=[MODEL])
         if desired > 0:
+            self._progress(f"waiting for the gateway to route to {MODEL}")
             with httpx.Client(timeout=10.0, trust_env=False) as gateway:
                 self._wait_for(
                     lambda: _answers_through_gateway(gateway, options, api_key),
@@ -260,6 +267,12 @@ class DevCluster:
         )
         if conflict is not None:
             raise DevError(conflict)
+
+    def _progress(self, step: str) -> None:
+        """One line on stderr as each step of the start begins, with the seconds since the
+        start: a slow start says where it is (stdout keeps only the next steps)."""
+        elapsed = time.monotonic() - self.started_at
+        _announce(f"llmgw-dev [{elapsed:5.1f}s] {step} ...", sys.stderr)
 
     def _wait_for(self, condition: Callable[[], bool], what: str) -> None:
         wait_for(
@@ -364,14 +377,16 @@ def run_dev(options: DevOptions) -> int:
     return code
 
 
-def _announce(line: str) -> None:
-    """Print a line of the stop, which must happen even when nobody reads it any more:
-    ``llmgw-dev | tee dev.log`` and Ctrl-C end ``tee`` too, so stdout is a closed pipe."""
+def _announce(line: str, stream: TextIO | None = None) -> None:
+    """Print a line of progress or of the stop, which must happen even when nobody reads it
+    any more: ``llmgw-dev 2>&1 | tee dev.log`` and Ctrl-C end ``tee`` too, so stdout (or
+    stderr) is a closed pipe."""
+    stream = stream or sys.stdout
     try:
-        print(line, flush=True)
+        print(line, file=stream, flush=True)
     except BrokenPipeError:
         # What is still buffered and every later line go nowhere, rather than fail again
         # (at exit, too).
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, stream.fileno())
         os.close(devnull)

@@ -39,7 +39,9 @@ from tests.support.waiting import wait_until
 
 DEV = str(Path(sys.executable).parent / "llmgw-dev")
 LAST_LINE_OF_NEXT_STEPS = "Press Ctrl-C"
-START_WITHIN_S = 45.0
+START_WITHIN_S = 90.0
+"""Longer than any one of dev's own waits (60 s each): a step that never ends shows dev's
+error, which names it, and its progress lines say how long each step before it took."""
 START_ON_A_REAL_ENGINE_WITHIN_S = 90.0
 """Two real engines load the model on two cores shared with other test runs."""
 STOP_WITHIN_S = 30.0
@@ -148,7 +150,7 @@ async def _running_dev(
 async def test_dev_prints_next_steps_that_work_and_ctrl_c_leaves_no_process(
     dev: asyncio.subprocess.Process, state_dir: Path, client_port: int
 ) -> None:
-    printed = await asyncio.wait_for(_read_until_next_steps(dev), START_WITHIN_S)
+    printed = await _read_until_next_steps(dev, START_WITHIN_S)
     steps = NextSteps.parse(printed)
 
     assert steps.curl_url == f"http://127.0.0.1:{client_port}/v1/chat/completions"
@@ -206,9 +208,7 @@ async def test_dev_on_llamacpp_answers_the_printed_curl_with_a_real_completion(
     environment = {**os.environ, "LLMGW_DATABASE_URL": postgres_server.url(database)}
     try:
         async with _running_dev(state_dir, client_port, environment, "--engine", "llamacpp") as dev:
-            printed = await asyncio.wait_for(
-                _read_until_next_steps(dev), START_ON_A_REAL_ENGINE_WITHIN_S
-            )
+            printed = await _read_until_next_steps(dev, START_ON_A_REAL_ENGINE_WITHIN_S)
             assert "demo, served by llama.cpp's llama-server with a real 270M" in printed
             steps = NextSteps.parse(printed)
             async with httpx.AsyncClient(timeout=60.0) as client:
@@ -255,9 +255,7 @@ async def test_the_next_dev_run_serves_the_same_replicas_and_the_log_says_why_th
     serving: list[list[str]] = []
     for _ in range(2):
         async with _running_dev(state_dir, client_port, environment) as dev:
-            steps = NextSteps.parse(
-                await asyncio.wait_for(_read_until_next_steps(dev), START_WITHIN_S)
-            )
+            steps = NextSteps.parse(await _read_until_next_steps(dev, START_WITHIN_S))
             async with httpx.AsyncClient(timeout=10.0) as client:
                 admin = _Admin(client, steps.environment)
                 serving.append(await admin.replica_ids(phase="serving"))
@@ -383,9 +381,8 @@ async def test_two_dev_clusters_on_one_machine_each_serve_from_engines_of_their_
                     )
                     for directory, port, database in clusters
                 ]
-                printed = await asyncio.wait_for(
-                    asyncio.gather(*(_read_until_next_steps(dev) for dev in running)),
-                    2 * START_WITHIN_S,
+                printed = await asyncio.gather(
+                    *(_read_until_next_steps(dev, 2 * START_WITHIN_S) for dev in running)
                 )
                 engines = []
                 async with httpx.AsyncClient(timeout=10.0) as client:
@@ -411,14 +408,26 @@ async def test_two_dev_clusters_on_one_machine_each_serve_from_engines_of_their_
     assert not {pid for pid, _ in first} & {pid for pid, _ in second}, engines
 
 
-async def _read_until_next_steps(dev: asyncio.subprocess.Process) -> str:
+async def _read_until_next_steps(dev: asyncio.subprocess.Process, within_s: float) -> str:
+    """What ``dev`` printed up to its next steps; on a timeout or an early exit, an error
+    that shows what it had printed, so a slow or stuck start says where it was."""
     assert dev.stdout is not None
     printed: list[str] = []
-    while not printed or LAST_LINE_OF_NEXT_STEPS not in printed[-1]:
-        line = await dev.stdout.readline()
-        if not line:
-            raise AssertionError(f"dev exited before its next steps:\n{''.join(printed)}")
-        printed.append(line.decode())
+
+    async def read() -> None:
+        assert dev.stdout is not None
+        while not printed or LAST_LINE_OF_NEXT_STEPS not in printed[-1]:
+            line = await dev.stdout.readline()
+            if not line:
+                raise AssertionError(f"dev exited before its next steps:\n{''.join(printed)}")
+            printed.append(line.decode())
+
+    try:
+        await asyncio.wait_for(read(), within_s)
+    except TimeoutError:
+        raise AssertionError(
+            f"no next steps within {within_s:.0f}s; dev had printed:\n{''.join(printed)}"
+        ) from None
     return "".join(printed)
 
 
