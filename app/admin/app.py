@@ -11,7 +11,7 @@ from litestar.openapi import OpenAPIConfig
 
 from app.admin.auth import ACTOR_KEY, TokenAuthenticator
 from app.admin.autoscale import AutoscaleController
-from app.admin.bodies import MAX_BODY_BYTES, skip_byte_order_mark
+from app.admin.bodies import MAX_BODY_BYTES
 from app.admin.certificates import CertificateController
 from app.admin.drains import DrainController
 from app.admin.errors import EXCEPTION_HANDLERS
@@ -20,12 +20,11 @@ from app.admin.health import Readiness, healthz, readyz
 from app.admin.history import HistoryController
 from app.admin.keys import KeyController
 from app.admin.metrics import ClusterMetrics, GatewayPage, LiveSource, metrics
+from app.admin.middleware import MIDDLEWARE, REQUEST_ID_KEY, request_id_of
 from app.admin.models import ModelController
 from app.admin.nodes import NodeController
-from app.admin.paths import refuse_split_paths
 from app.admin.placement import PlacementController
 from app.admin.replicas import ReplicaController
-from app.admin.request_log import REQUEST_ID_KEY, log_requests, request_id_of
 from app.admin.rollouts import RolloutController
 from app.admin.traffic import TrafficSource
 from app.admin.tuning import TuningController
@@ -104,7 +103,7 @@ def create_admin_app(
         exception_handlers=EXCEPTION_HANDLERS,
         openapi_config=OpenAPIConfig(title="llmgw admin API", version="1", path="/admin/v1/schema"),
         # Outermost first: a refused path is logged, with its request id, as any other.
-        middleware=[log_requests, refuse_split_paths, skip_byte_order_mark],
+        middleware=list(MIDDLEWARE),
         # The process's logging is app.logs's: Litestar's own would replace the root
         # handler with a plain-text one of its own at startup.
         logging_config=None,

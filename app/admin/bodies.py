@@ -15,8 +15,8 @@ guard that runs after the caller's identity is known, then refuses:
 Model specs are read by their handlers (``app.admin.models``), strictly too; they get the
 depth check here all the same.
 
-Before any of that, ``skip_byte_order_mark`` (middleware) drops the UTF-8 byte order mark a
-body may start with (``app.listeners.bom``), so that every reader of it sees the JSON alone.
+Before any of that, ``app.admin.middleware`` drops the UTF-8 byte order mark a body may
+start with, so that every reader of it sees the JSON alone.
 """
 
 from __future__ import annotations
@@ -27,12 +27,8 @@ from typing import Any
 import msgspec
 from litestar import Request
 from litestar.connection import ASGIConnection
-from litestar.enums import ScopeType
 from litestar.exceptions import ValidationException
 from litestar.handlers.base import BaseRouteHandler
-from litestar.types import ASGIApp, HTTPRequestEvent, Receive, ReceiveMessage, Scope, Send
-
-from app.listeners.bom import LeadingMark
 
 MAX_BODY_BYTES = 1024 * 1024
 """The largest request body the admin API reads; a spec is bounded far lower."""
@@ -100,26 +96,3 @@ async def check_body(
         ) from exc
     except msgspec.DecodeError as exc:
         raise ValidationException(f"the request body is not valid JSON: {exc}") from exc
-
-
-def skip_byte_order_mark(app: ASGIApp) -> ASGIApp:
-    """Middleware: a request's body reaches the app without a leading byte order mark."""
-
-    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != ScopeType.HTTP:
-            await app(scope, receive, send)
-            return
-        mark = LeadingMark()
-
-        async def receive_without_mark() -> ReceiveMessage:
-            message = await receive()
-            if message["type"] != "http.request":
-                return message
-            more = message.get("more_body", False)
-            body = mark.feed(message.get("body", b""), more=more)
-            request: HTTPRequestEvent = {"type": "http.request", "body": body, "more_body": more}
-            return request
-
-        await app(scope, receive_without_mark, send)
-
-    return middleware

@@ -10,7 +10,7 @@ from litestar.types import Message, Receive, Scope, Send
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
-from app.admin.request_log import log_requests
+from app.admin.middleware import log_requests
 
 log = structlog.get_logger("tests.admin")
 

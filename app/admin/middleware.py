@@ -1,0 +1,161 @@
+"""What every admin API request passes before it is routed, in the order it passes it.
+
+1. **Its log line and request id** (``log_requests``). One log line per request, carrying
+   its request id and actor: at debug, so that polling and health checks write nothing at
+   info, unless the answer was 5xx (error) or the request slow (warning; an event stream is
+   long by design, never slow), as ``app.logs.request_level`` says. The request id is the
+   client's ``X-Request-Id`` when it sent a usable one, else a new one; it is bound to
+   structlog's context for the request (so every line logged while handling it carries
+   it), echoed in the answer's ``x-request-id``, and recorded as the correlation id of the
+   events the request causes.
+2. **Paths whose segments are not the ones the client wrote are refused (404)**
+   (``refuse_split_paths``). Litestar routes on the decoded path with its empty segments
+   dropped, so ``DELETE /admin/v1/models//autoscale`` (a client that put an empty name in
+   the path) would remove the model named ``autoscale``, and
+   ``DELETE /admin/v1/models/x%2Fautoscale`` (a name holding a ``/``) would turn off the
+   autoscaling of model ``x``. No name or id of llmgw is empty or holds a ``/``, so such a
+   path names nothing: it is answered 404, as any path that names nothing is, before a
+   guard or handler runs. The check reads the raw path, as the client sent it: Litestar has
+   already rewritten ``path`` by the time an app's middleware runs. (Where the collapsed
+   path names a route that does not take the method, Litestar answers 405 before this
+   runs: nothing is done either way.)
+3. **A body's leading UTF-8 byte order mark is dropped** (``skip_byte_order_mark``,
+   ``app.listeners.bom``), so that every reader of it, ``app.admin.bodies`` first, sees
+   the JSON alone.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import structlog
+from litestar.enums import ScopeType
+from litestar.exceptions import NotFoundException
+from litestar.types import (
+    ASGIApp,
+    HTTPRequestEvent,
+    Message,
+    Receive,
+    ReceiveMessage,
+    Scope,
+    Send,
+)
+
+from app.admin.auth import ACTOR_KEY
+from app.listeners.bom import LeadingMark
+from app.logs import request_level
+from app.services.operations import new_request_id
+
+REQUEST_ID_HEADER = "x-request-id"
+REQUEST_ID_KEY = "llmgw_request_id"
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+_QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+_ENCODED_SLASH = b"%2f"
+
+log = structlog.get_logger("llmgw.admin")
+
+
+def request_id_of(scope: Scope) -> str:
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id":
+            sent = value.decode("latin-1")
+            if _REQUEST_ID.match(sent):
+                return sent
+    return new_request_id()
+
+
+def log_requests(app: ASGIApp) -> ASGIApp:
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != ScopeType.HTTP:
+            await app(scope, receive, send)
+            return
+        request_id = request_id_of(scope)
+        state: dict[str, Any] = scope.setdefault("state", {})
+        state[REQUEST_ID_KEY] = request_id
+        started = time.perf_counter()
+        status = 500
+        streaming = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, streaming
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = list(message.get("headers", ()))
+                streaming = any(
+                    name.lower() == b"content-type" and value.startswith(b"text/event-stream")
+                    for name, value in headers
+                )
+                headers.append((b"x-request-id", request_id.encode()))
+                message["headers"] = headers
+            await send(message)
+
+        with structlog.contextvars.bound_contextvars(request_id=request_id):
+            try:
+                await app(scope, receive, send_with_id)
+            finally:
+                path = scope.get("path", "")
+                if path not in _QUIET_PATHS or status >= 500:
+                    duration_s = time.perf_counter() - started
+                    log.log(
+                        request_level(status, 0.0 if streaming else duration_s),
+                        "admin_request",
+                        method=scope.get("method"),
+                        path=path,
+                        status=status,
+                        actor=state.get(ACTOR_KEY),
+                        duration_ms=round(duration_s * 1000, 1),
+                    )
+
+    return middleware
+
+
+def split_segment(raw_path: bytes) -> str | None:
+    """Why ``raw_path`` cannot be routed as written, or None when it can."""
+    if b"//" in raw_path:
+        return "the path has an empty segment (//): no resource is named by nothing"
+    if _ENCODED_SLASH in raw_path.lower():
+        return "a path segment holds an encoded '/' (%2F): no name or id holds one"
+    return None
+
+
+def refuse_split_paths(app: ASGIApp) -> ASGIApp:
+    """Middleware: 404 for a path that ``split_segment`` refuses."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == ScopeType.HTTP:
+            reason = split_segment(scope.get("raw_path") or b"")
+            if reason is not None:
+                raise NotFoundException(reason)
+        await app(scope, receive, send)
+
+    return middleware
+
+
+def skip_byte_order_mark(app: ASGIApp) -> ASGIApp:
+    """Middleware: a request's body reaches the app without a leading byte order mark."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != ScopeType.HTTP:
+            await app(scope, receive, send)
+            return
+        mark = LeadingMark()
+
+        async def receive_without_mark() -> ReceiveMessage:
+            message = await receive()
+            if message["type"] != "http.request":
+                return message
+            more = message.get("more_body", False)
+            body = mark.feed(message.get("body", b""), more=more)
+            request: HTTPRequestEvent = {"type": "http.request", "body": body, "more_body": more}
+            return request
+
+        await app(scope, receive_without_mark, send)
+
+    return middleware
+
+
+MIDDLEWARE = (log_requests, refuse_split_paths, skip_byte_order_mark)
+"""In the order a request passes them."""
