@@ -99,6 +99,7 @@ class RolloutChanges(TypedDict, total=False):
     step: int
     step_started_at: datetime | None
     holding_since: datetime | None
+    hold_ejections: dict[str, int]
     promoted: bool
     paused_by_verdict: bool
     pause_reason: str | None

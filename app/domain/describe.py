@@ -38,6 +38,7 @@ from app.domain.events import (
     ReplicaStopped,
     ReplicaStopping,
     RolloutFinished,
+    RolloutHoldEjectionSeen,
     RolloutHolding,
     RolloutPaused,
     RolloutResumed,
@@ -69,6 +70,7 @@ def _subject(event: AnyEvent) -> str:
             RolloutStarted()
             | RolloutStepStarted()
             | RolloutHolding()
+            | RolloutHoldEjectionSeen()
             | RolloutVerdict()
             | RolloutPaused()
             | RolloutResumed()
@@ -223,6 +225,11 @@ def _what(event: AnyEvent) -> str:
             return f"step {event.step + 1}: {count}{share}{hold}"
         case RolloutHolding():
             return f"step {event.step + 1} holds for {event.hold_s:g}s"
+        case RolloutHoldEjectionSeen():
+            return (
+                f"step {event.step + 1}: replica {event.replica_id} ejected by "
+                f"{event.gateways} gateway(s) at once during the hold"
+            )
         case RolloutVerdict():
             return f"step {event.step + 1} verdict {event.verdict}: {event.reason}"
         case RolloutPaused():

@@ -182,6 +182,19 @@ class JudgedFigures(msgspec.Struct, frozen=True, kw_only=True):
     and ``errors`` as the verdict judged them (0 in verdicts recorded before)."""
 
 
+class RolloutHoldEjectionSeen(Event, frozen=True, kw_only=True):
+    """During the hold of step ``step``, ``gateways`` live gateways at once kept the model's
+    replica ``replica_id`` out of rotation for failing requests in a row: more than were
+    recorded ejecting it earlier in this hold. Recorded once per rise, never per pass; the
+    step's verdict counts it against its side even if it is back in rotation by then."""
+
+    model: str
+    rollout_id: str
+    step: int
+    replica_id: str
+    gateways: int
+
+
 class RolloutVerdict(Event, frozen=True, kw_only=True):
     """How a step's hold was judged: ``promote``, ``roll_back``, or ``inconclusive`` (too
     few requests or latency samples on one side, or replicas of both revisions ejected:
@@ -506,6 +519,7 @@ AnyEvent = (
     | RolloutStarted
     | RolloutStepStarted
     | RolloutHolding
+    | RolloutHoldEjectionSeen
     | RolloutVerdict
     | RolloutPaused
     | RolloutResumed
@@ -619,7 +633,7 @@ def subjects(event: AnyEvent) -> Subjects:
             | RolloutFinished()
         ):
             return Subjects(model=event.model)
-        case ModelTuned():
+        case ModelTuned() | RolloutHoldEjectionSeen():
             return Subjects(model=event.model, replica=event.replica_id)
         case ApiKeyCreated() | ApiKeyRevoked():
             return Subjects(key=event.key_id)

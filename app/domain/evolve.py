@@ -64,6 +64,7 @@ from app.domain.events import (
     ReplicaStopped,
     ReplicaStopping,
     RolloutFinished,
+    RolloutHoldEjectionSeen,
     RolloutHolding,
     RolloutPaused,
     RolloutResumed,
@@ -591,6 +592,7 @@ def _rollout_step_started(
             "step": event.step,
             "step_started_at": recorded.recorded_at,
             "holding_since": None,
+            "hold_ejections": {},
             "promoted": False,
             "paused_by_verdict": False,
         },
@@ -602,8 +604,30 @@ def _rollout_holding(state: ClusterState, event: RolloutHolding, recorded: Recor
         state,
         event.model,
         event.rollout_id,
-        {"holding_since": recorded.recorded_at},
+        {"holding_since": recorded.recorded_at, "hold_ejections": {}},
     )
+
+
+def _rollout_hold_ejection_seen(
+    state: ClusterState, event: RolloutHoldEjectionSeen, recorded: Recorded
+) -> None:
+    model = state.models.get(event.model)
+    rollout = model.rollout if model else None
+    replica = state.replicas.get(event.replica_id)
+    # Only for the hold it was seen in, and a replica of the model: the ejections kept are
+    # as many as the model's replicas, whatever the event says.
+    if (
+        rollout is None
+        or rollout.id != event.rollout_id
+        or rollout.step != event.step
+        or rollout.holding_since is None
+        or replica is None
+        or replica.model != event.model
+        or event.gateways <= rollout.hold_ejections.get(event.replica_id, 0)
+    ):
+        return
+    ejections = {**rollout.hold_ejections, event.replica_id: event.gateways}
+    _update_rollout(state, event.model, event.rollout_id, {"hold_ejections": ejections})
 
 
 def _rollout_verdict(state: ClusterState, event: RolloutVerdict, recorded: Recorded) -> None:
@@ -767,6 +791,7 @@ _HANDLERS: dict[type[Event], Callable[[ClusterState, Any, Recorded], None]] = {
     RolloutStarted: _rollout_started,
     RolloutStepStarted: _rollout_step_started,
     RolloutHolding: _rollout_holding,
+    RolloutHoldEjectionSeen: _rollout_hold_ejection_seen,
     RolloutVerdict: _rollout_verdict,
     RolloutPaused: _rollout_paused,
     RolloutResumed: _rollout_resumed,
@@ -919,6 +944,7 @@ def _count_failure(state: ClusterState, replica_id: str, at: datetime) -> None:
             failures=rollout.failures + 1,
             last_failure=f"{replica.id}: {replica.end_reason or replica.phase.value}",
             holding_since=None,
+            hold_ejections={},
         )
     state.models[model.name] = replace(
         model, failures=failures, backoff_until=until, rollout=rollout

@@ -20,6 +20,9 @@ one pass never contradicts itself. The rules, in order:
    should not run (a replica taken out of routing once gateways report nothing in flight
    on it, or after a timeout: ``shard_commands``).
 
+Between rules 6 and 7, the replicas gateways eject during a rollout's hold are recorded
+(``hold_ejections``), then autoscaled models are scaled and rollouts advance and are
+judged (``rollout``), both after the adoption grace.
 Rules 2-4 and the placements of rule 8 wait for the adoption grace after a start, so a
 control plane never races its own agents; the grace follows the fleet (``adoption_grace``).
 The timings are ``Settings`` (``reconcile_settings``). A pass's run is appended only while
@@ -38,6 +41,7 @@ from app.domain.decision import AUTOSCALER, Decision, Draft
 from app.domain.desired_count import scale_to_desired
 from app.domain.drain import drain_moves
 from app.domain.events import ModelScaled, model_stream
+from app.domain.hold_ejections import record_hold_ejections
 from app.domain.overtaken import overtaken
 from app.domain.reconcile_settings import (
     DEFAULT_DRAIN_IDLE_TIMEOUT_S,
@@ -105,9 +109,11 @@ def decide(state: ClusterState, fleet: FleetView, now: datetime, settings: Setti
         startup_timeouts(draft)
     shard_outcomes(draft)
     stopping_done(draft, fleet)
+    # What the gateways eject is theirs to say, grace or not; recorded before a verdict.
+    record_hold_ejections(draft, fleet.ejected)
     if not grace:
         _autoscale(draft, fleet)
-        rollout_moves(draft, fleet.traffic, fleet.ejected)
+        rollout_moves(draft, fleet.traffic)
     drain_moves(draft, settings.stability_window_s, settings.replica_drain_grace_s)
     scale_to_desired(draft, placing=not grace)
     shard_commands(draft, fleet, settings)

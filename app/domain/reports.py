@@ -262,10 +262,10 @@ class FleetView(msgspec.Struct, frozen=True, kw_only=True):
     """What the gateways measured of the replica groups this pass's rollout verdicts need
     (``app.domain.rollout.traffic_wanted``), merged over the gateways that reported."""
     ejected: dict[str, int] = {}
-    """Those groups' replicas that live gateways kept out of rotation for failing during
-    their rollout's hold, each with the most gateways seen doing so at once
-    (``app.domain.rollout_reads.ejected_during_holds``): a rollout's verdict counts them
-    against their side."""
+    """Those groups' replicas that live gateways keep out of rotation for failing now, each
+    with how many gateways do. A replica of a holding rollout ejected by more of them than
+    the log recorded in this hold is recorded (``app.domain.hold_ejections``), and the
+    verdict counts what the log holds."""
     arrivals: Arrivals = Arrivals()
     """Agents arriving at the hub (hellos, connections opening): they keep the adoption
     grace open (``app.domain.adoption_grace``); put in by the reconciler."""

@@ -15,9 +15,10 @@ it). Each pass, for every rollout under way, the reconciler:
   replicas that are not serving yet have nothing to protect and stop at once;
 - once the step's replicas serve, holds it (``RolloutHolding``), then judges it from the
   gateways' figures of the new revision against the model's other replicas, and the
-  replicas they eject (``RolloutVerdict``, ``app.domain.rollout_verdict``): promote to the
-  next step, roll back, or pause for an operator when too few requests or latency samples
-  were seen to tell;
+  replicas they ejected during the hold as the log keeps them (``RolloutHoldEjectionSeen``,
+  ``app.domain.hold_ejections``); the verdict (``RolloutVerdict``,
+  ``app.domain.rollout_verdict``): promote to the next step, roll back, or pause for an
+  operator when too few requests or latency samples were seen to tell;
 - when every replica runs the new revision, finishes it (``RolloutFinished``).
 
 A rollout rolled back (by a verdict, by failures, or by ``rollout undo``) is brought home
@@ -110,14 +111,10 @@ def new_revision_room(state: ClusterState, model: Model) -> int | None:
     return max(allowed - running, 0)
 
 
-def rollout_moves(
-    draft: Draft,
-    traffic: Mapping[str, TrafficFigures],
-    ejected: Mapping[str, int] | None = None,
-) -> None:
-    """Advance every rollout under way by what the state and the gateways' figures say;
-    ``ejected``: the replicas live gateways kept out of rotation for failing during the
-    hold, each with the most of them seen doing so at once (``FleetView.ejected``)."""
+def rollout_moves(draft: Draft, traffic: Mapping[str, TrafficFigures]) -> None:
+    """Advance every rollout under way by what the state and the gateways' figures say; a
+    verdict counts the replicas the log says the gateways ejected during the hold
+    (``Rollout.hold_ejections``, recorded by ``app.domain.hold_ejections``)."""
     for name in sorted(draft.state.models):
         model = draft.state.models[name]
         rollout = model.rollout
@@ -132,7 +129,7 @@ def rollout_moves(
             # the model keeps placing, and their failures count all the same.
             _roll_back(draft, model, rollout, _failed_to_start(model, rollout))
         elif rollout.state is RolloutState.RUNNING:
-            _advance(draft, model, rollout, traffic, ejected or {})
+            _advance(draft, model, rollout, traffic)
 
 
 def _failed_to_start(model: Model, rollout: Rollout) -> str:
@@ -147,7 +144,6 @@ def _advance(
     model: Model,
     rollout: Rollout,
     traffic: Mapping[str, TrafficFigures],
-    ejected: Mapping[str, int],
 ) -> None:
     policy = model.spec.rollout
     steps = policy.all_steps
@@ -176,7 +172,8 @@ def _advance(
         return
     if draft.now < rollout.holding_since + timedelta(seconds=step.hold_s):
         return
-    sides = sides_ejected(active_replicas(draft.state, model.name), model, rollout, ejected)
+    replicas = active_replicas(draft.state, model.name)
+    sides = sides_ejected(replicas, model, rollout, rollout.hold_ejections)
     _judge(draft, model, rollout, index, traffic, sides)
 
 

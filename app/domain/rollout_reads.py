@@ -4,18 +4,14 @@ replicas of each the gateways keep out of rotation for failing. The reconciler r
 for the verdicts of a pass, the rollout status for what a verdict would wait for.
 
 A replica ejected for a while during a hold may be back in rotation when the hold ends:
-``ejected_during_holds`` keeps, for each step that holds, every replica of the model some
-gateway ejected on a pass since the hold began (or since this leader took over: it is the
-leader's memory, not the log's), so the verdict counts it all the same."""
+the log keeps, for the step that holds, every replica of the model some gateway ejected
+on a pass since the hold began (``Rollout.hold_ejections``, ``app.domain.hold_ejections``),
+so the verdict counts it all the same, whichever control plane leads when it is taken."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import datetime
 
-import msgspec
-
-from app.domain.rollout_convergence import active_replicas
 from app.domain.rollout_verdict import Ejected, waiting_for
 from app.domain.state import (
     ACTIVE_PHASES,
@@ -90,7 +86,8 @@ def verdict_waits_for(
     """What the verdict of ``model``'s holding step, taken on these figures now, would still
     wait for (too few requests or latency samples on a side, with the counts); None when it
     would decide, or no step holds. ``traffic`` by ``verdict_groups``; ``ejected``: the
-    replicas gateways eject, with how many of them do."""
+    replicas gateways eject now, with how many of them do; those the log says they ejected
+    earlier in the hold count too (``ejected_in_hold``)."""
     rollout = model.rollout
     if rollout is None or not verdict_groups(model, replicas):
         return None
@@ -98,8 +95,19 @@ def verdict_waits_for(
         traffic.get(canary_group(model.name)),
         traffic.get(stable_group(model.name)),
         model.spec.rollout,
-        sides_ejected(replicas, model, rollout, ejected),
+        sides_ejected(replicas, model, rollout, ejected_in_hold(rollout, ejected)),
     )
+
+
+def ejected_in_hold(rollout: Rollout, ejected_now: Mapping[str, int]) -> dict[str, int]:
+    """The replicas ejected during ``rollout``'s hold as the log has them, with those
+    ejected now that it has not recorded yet: each with the most gateways ejecting it at
+    once."""
+    ejected = dict(rollout.hold_ejections)
+    for replica_id, gateways in ejected_now.items():
+        if gateways > ejected.get(replica_id, 0):
+            ejected[replica_id] = gateways
+    return ejected
 
 
 def sides_ejected(
@@ -116,58 +124,3 @@ def sides_ejected(
             side = canary if replica.revision == rollout.revision else stable
             side[replica.id] = gateways
     return Ejected(canary=canary, stable=stable)
-
-
-class HoldEjections(msgspec.Struct, frozen=True, kw_only=True):
-    """The replicas of a model the gateways ejected during one hold of its rollout's step:
-    replica id -> the most gateways that ejected it at once."""
-
-    rollout_id: str
-    step: int
-    holding_since: datetime
-    ejected: dict[str, int]
-
-
-def ejected_during_holds(
-    seen: Mapping[str, HoldEjections], state: ClusterState, ejected_now: Mapping[str, int]
-) -> dict[str, HoldEjections]:
-    """``seen`` (by model) with the ejections of this pass added, for each model whose
-    rollout holds a step (paused in it too, for its verdict when resumed): the model's
-    active replicas some gateway ejects now or ejected earlier in the hold, each with the
-    most gateways seen ejecting it at once. A hold that began since (a new step, a hold
-    started over) starts with nothing; a model that holds no step, and a replica no longer
-    active, are dropped: as bounded as the replicas the verdicts read."""
-    holds: dict[str, HoldEjections] = {}
-    for name, model in state.models.items():
-        rollout = model.rollout
-        if (
-            rollout is None
-            or rollout.state not in (RolloutState.RUNNING, RolloutState.PAUSED)
-            or rollout.holding_since is None
-        ):
-            continue
-        before = seen.get(name)
-        earlier: Mapping[str, int] = {}
-        if before is not None and (before.rollout_id, before.step, before.holding_since) == (
-            rollout.id,
-            rollout.step,
-            rollout.holding_since,
-        ):
-            earlier = before.ejected
-        ejected: dict[str, int] = {}
-        for replica in active_replicas(state, name):
-            most = max(earlier.get(replica.id, 0), ejected_now.get(replica.id, 0))
-            if most > 0:
-                ejected[replica.id] = most
-        holds[name] = HoldEjections(
-            rollout_id=rollout.id,
-            step=rollout.step,
-            holding_since=rollout.holding_since,
-            ejected=ejected,
-        )
-    return holds
-
-
-def ejected_in_holds(holds: Mapping[str, HoldEjections]) -> dict[str, int]:
-    """Every replica ejected during its model's hold, as ``FleetView.ejected`` has them."""
-    return {rid: n for hold in holds.values() for rid, n in hold.ejected.items()}

@@ -5,8 +5,8 @@ each the gateways keep out of rotation for failing.
 The verdict is one of:
 
 - **roll back** when the gateways ejected a replica of the new revision for failing
-  requests in a row during the hold (``app.domain.rollout_reads.ejected_during_holds``) and
-  none of the others: the canary is routed around, so its figures say little
+  requests in a row during the hold (as the log keeps them: ``Rollout.hold_ejections``)
+  and none of the others: the canary is routed around, so its figures say little
   of it (a replica out of rotation gets one request a cool-off), and it fails where the old
   revision does not;
 - **roll back** when the canary is worse: its error rate more than

@@ -195,6 +195,10 @@ class Rollout(msgspec.Struct, frozen=True, kw_only=True):
     """None until the reconciler has recorded the step's start."""
     holding_since: datetime | None = None
     """When the step's replicas all served and its hold began; None before."""
+    hold_ejections: dict[str, int] = {}
+    """The model's replicas the gateways ejected for failing during this hold
+    (``RolloutHoldEjectionSeen``): replica id -> the most gateways recorded ejecting it at
+    once. The verdict counts them; empty again when a step starts or its hold starts over."""
     promoted: bool = False
     """The current step's hold is over and it was promoted: the next step may start."""
     paused_by_verdict: bool = False

@@ -58,12 +58,7 @@ from app.domain.reconcile import (
     overtaken,
 )
 from app.domain.reports import NO_GATEWAYS, GatewaysInFlight
-from app.domain.rollout_reads import (
-    HoldEjections,
-    ejected_during_holds,
-    ejected_in_holds,
-    traffic_wanted,
-)
+from app.domain.rollout_reads import traffic_wanted
 from app.domain.state import ClusterState
 from app.domain.traffic import TrafficFigures
 from app.services.agent_reports import LiveView
@@ -163,11 +158,6 @@ class Reconciler:
         self._left_routing: dict[str, int] = {}
         """Stopping replicas, with the fold's position where this leader first saw each
         out of routing (``app.domain.shard_commands.note_left_routing``)."""
-        self._ejected_in_holds: dict[str, HoldEjections] = {}
-        """The replicas gateways ejected during each rollout's hold, by model, as this leader
-        saw them pass by pass (``app.domain.rollout_reads.ejected_during_holds``): one back
-        in rotation when the hold ends still counts against its side. A leader that takes
-        over knows only what it saw since."""
         self.passes: deque[PassReport] = deque(maxlen=PASSES_KEPT)
         """The last passes, newest last."""
         self.pass_count = 0
@@ -266,9 +256,6 @@ class Reconciler:
                     partial=gateways.silent > 0,
                 )
                 self._left_routing = note_left_routing(self._left_routing, state)
-                self._ejected_in_holds = ejected_during_holds(
-                    self._ejected_in_holds, state, ejected
-                )
                 fleet = msgspec.structs.replace(
                     self._tracker.snapshot(),
                     in_flight=in_flight,
@@ -276,7 +263,7 @@ class Reconciler:
                     silent_gateways=gateways.silent,
                     left_routing=self._left_routing,
                     traffic=traffic,
-                    ejected=ejected_in_holds(self._ejected_in_holds),
+                    ejected=ejected,
                     demand=self._demand,
                     arrivals=Arrivals(
                         last_hello_at=self._tracker.last_hello_at,

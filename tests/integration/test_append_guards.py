@@ -17,12 +17,22 @@ import pytest_asyncio
 
 from app.clock import utc_now
 from app.domain.envelope import Meta
-from app.domain.events import NodeCordoned, NodeRegistered, node_stream
+from app.domain.events import (
+    ModelDeclared,
+    NodeCordoned,
+    NodeRegistered,
+    RolloutHoldEjectionSeen,
+    model_stream,
+    node_stream,
+    replica_stream,
+)
+from app.domain.model_spec import ModelSpec
 from app.store.database import create_engine, driver_url
 from app.store.errors import StoreError
 from app.store.interface import NO_STREAM, NewEvent
 from app.store.postgres import _APPEND_CALL, NOTIFY_CHANNEL, PostgresEventStore
 from tests.support.databases import runtime_url
+from tests.support.seed import placed
 
 ALICE = Meta(actor="alice")
 
@@ -169,3 +179,40 @@ async def test_a_projection_row_no_appended_event_is_about_is_refused(
     await hostile_append(
         as_runtime, [cordon], {"nodes": [honest]}, {"nodes": [await node_row(as_runtime, honest)]}
     )
+
+
+async def test_the_runtime_role_records_a_replica_ejected_during_a_hold(
+    database_url: str,
+) -> None:
+    # An ejection seen during a rollout's hold is about the model and its replica: the
+    # entities it touches are the ones its row in the log names, so the guards let it in.
+    model, node = f"m-{uuid.uuid4().hex[:6]}", new_node()
+    replica = placed(model, 1, node, 0, 20000)
+    spec = ModelSpec(name=model, command="sim --port {port} --model {model}")
+    seen = RolloutHoldEjectionSeen(
+        model=model,
+        rollout_id=f"rollout-{model}-r2",
+        step=0,
+        replica_id=replica.replica_id,
+        gateways=2,
+    )
+    async for store in store_with_clock(runtime_url(database_url), utc_now()):
+        await store.append(node_stream(node), NO_STREAM, [registered(node)], ALICE)
+        declared = NewEvent(ModelDeclared(model=model, spec=spec))
+        await store.append(model_stream(model), NO_STREAM, [declared], ALICE)
+        await store.append(
+            replica_stream(replica.replica_id), NO_STREAM, [NewEvent(replica)], ALICE
+        )
+        await store.append(model_stream(model), None, [NewEvent(seen)], Meta(actor="reconciler"))
+
+    owner = await asyncpg.connect(driver_url(database_url))
+    try:
+        row = await owner.fetchrow(
+            "SELECT model, replica_id FROM events WHERE type = 'rollout_hold_ejection_seen' "
+            "AND model = $1",
+            model,
+        )
+    finally:
+        await owner.close()
+    assert row is not None
+    assert (row["model"], row["replica_id"]) == (model, replica.replica_id)

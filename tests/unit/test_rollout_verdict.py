@@ -4,18 +4,22 @@ most of its requests rolled back without a baseline."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import msgspec
 
 from app.domain import rollout_operations as rollouts
-from app.domain.events import RolloutPaused, RolloutRolledBack, RolloutVerdict
+from app.domain.decision import Decision
+from app.domain.events import (
+    RolloutHoldEjectionSeen,
+    RolloutHolding,
+    RolloutPaused,
+    RolloutRolledBack,
+    RolloutVerdict,
+    event_type,
+)
 from app.domain.model_spec import RolloutPolicy
 from app.domain.rollout import INCONCLUSIVE, PROMOTE, ROLL_BACK, judge
 from app.domain.rollout_reads import (
     canary_group,
-    ejected_during_holds,
-    ejected_in_holds,
     stable_group,
     verdict_groups,
     verdict_waits_for,
@@ -147,6 +151,25 @@ def test_the_status_of_a_holding_step_says_what_its_verdict_waits_for() -> None:
     assert verdict_waits_for(paused, replicas, short, {}) is None  # no step holds
 
 
+def test_the_status_of_a_holding_step_counts_the_ejections_the_log_holds() -> None:
+    # Given a canary step whose canary the gateways ejected earlier in the hold, and which
+    # is back in rotation now, with too few samples of it to judge its latency ...
+    cluster = holding_a_canary()
+    canary = canary_id(cluster)
+    cluster.ejected = {canary: 2}
+    cluster.reconcile()
+    cluster.ejected = {}
+    short = {
+        canary_group("llama"): measured(30, [100.0, 100.0, 900.0]),
+        stable_group("llama"): STABLE,
+    }
+
+    # ... then the status waits for nothing: the verdict counts that ejection and decides.
+    model = cluster.state.models["llama"]
+    replicas = list(cluster.state.replicas.values())
+    assert verdict_waits_for(model, replicas, short, {}) is None
+
+
 def paused_model() -> Model:
     cluster = holding_a_canary()
     cluster.given(*rollouts.pause(cluster.state, "llama", "a look first").events)
@@ -258,26 +281,51 @@ def test_a_canary_failing_most_requests_is_rolled_back_without_a_baseline() -> N
     assert judge(figures(40, errors=40), figures(3, errors=2), policy)[0] == INCONCLUSIVE
 
 
-def test_a_leader_remembers_each_hold_s_ejections_and_only_those() -> None:
+def hold_ejections(cluster: Cluster) -> dict[str, int]:
+    rollout = cluster.state.models["llama"].rollout
+    assert rollout is not None
+    return rollout.hold_ejections
+
+
+def ejections_seen(decision: Decision) -> list[tuple[str, int]]:
+    return [
+        (p.event.replica_id, p.event.gateways)  # type: ignore[union-attr]
+        for p in decision.events
+        if event_type(p.event) == "rollout_hold_ejection_seen"
+    ]
+
+
+def test_the_log_keeps_each_hold_s_ejections_and_only_those() -> None:
     # Given a canary step that holds, and gateways ejecting its canary on one pass ...
     cluster = holding_a_canary()
     canary, stable = canary_id(cluster), stable_ids(cluster)[0]
-    first = ejected_during_holds({}, cluster.state, {canary: 2, "mistral-1": 1})
+    cluster.ejected = {canary: 2, "mistral-1": 1}
+    assert ejections_seen(cluster.reconcile()) == [(canary, 2)]
+    assert hold_ejections(cluster) == {canary: 2}  # no replica of a model that holds none
 
-    # ... its canary is remembered, with the most gateways seen ejecting it, on the passes
-    # after it is back in rotation, beside what later passes see.
-    later = ejected_during_holds(first, cluster.state, {canary: 1})
-    later = ejected_during_holds(later, cluster.state, {stable: 1})
-    assert ejected_in_holds(first) == {canary: 2}  # no replica of a model that holds none
-    assert ejected_in_holds(later) == {canary: 2, stable: 1}
+    # ... its canary is kept, with the most gateways seen ejecting it, on the passes after
+    # it is back in rotation, beside what later passes see.
+    cluster.ejected = {canary: 1}
+    assert ejections_seen(cluster.reconcile()) == []
+    cluster.ejected = {stable: 1}
+    assert ejections_seen(cluster.reconcile()) == [(stable, 1)]
+    assert hold_ejections(cluster) == {canary: 2, stable: 1}
 
-    # A hold started over (or another step) begins with nothing ...
-    earlier = later["llama"].holding_since - timedelta(minutes=5)
-    stale = {"llama": msgspec.structs.replace(later["llama"], holding_since=earlier)}
-    assert ejected_in_holds(ejected_during_holds(stale, cluster.state, {})) == {}
-    # ... and a model whose rollout holds no step is forgotten.
+    # An ejection of another step changes nothing; a hold started over begins with none ...
+    rollout = cluster.state.models["llama"].rollout
+    assert rollout is not None
+    other_step = RolloutHoldEjectionSeen(
+        model="llama", rollout_id=rollout.id, step=rollout.step + 1, replica_id=canary, gateways=5
+    )
+    cluster.given(other_step)
+    assert hold_ejections(cluster) == {canary: 2, stable: 1}
+    cluster.given(RolloutHolding(model="llama", rollout_id=rollout.id, step=0, hold_s=60.0))
+    assert hold_ejections(cluster) == {}
+
+    # ... and a rollout that holds no step records none.
     cluster.given(*rollouts.undo(cluster.state, "llama").events)
-    assert ejected_during_holds(later, cluster.state, {canary: 1}) == {}
+    cluster.ejected = {canary: 1}
+    assert ejections_seen(cluster.reconcile()) == []
 
 
 def abandoning(figures: TrafficFigures, abandoned: int) -> TrafficFigures:

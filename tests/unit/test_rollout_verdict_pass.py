@@ -8,11 +8,12 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+import msgspec
 import pytest
 
 from app.domain import rollout_operations as rollouts
 from app.domain.envelope import Meta, Recorded
-from app.domain.events import AnyEvent, GpuInfo
+from app.domain.events import AnyEvent, GpuInfo, event_type
 from app.domain.evolve import evolve
 from app.domain.model_spec import CanaryStep
 from app.domain.reconcile import Settings
@@ -89,6 +90,8 @@ class Leader:
     gateways: Gateways
     clock: list[datetime]
     """The time now, for the store and the reconciler: ``clock[0] += ...`` moves it on."""
+    hellos: tuple[AgentConnected, ...]
+    """What the agents said on connecting: a control plane that takes over hears it too."""
 
 
 async def a_leader_over(
@@ -128,9 +131,10 @@ async def a_leader_over(
         )
     at[0] = now
     other_store = FoldedEventStore(leader_store.recorder, clock=lambda: now)
+    hellos = tuple(hello(report) for report in cluster.reports.values())
     view = LiveView(ReportRecorder(leader_store))
-    for report in cluster.reports.values():
-        await view.handle(hello(report))
+    for said in hellos:
+        await view.handle(said)
     gateways = Gateways()
     settings = Settings(epoch=1, started_at=now - timedelta(hours=1), adoption_grace_ended=True)
     leader = Reconciler(
@@ -141,7 +145,7 @@ async def a_leader_over(
         clock=lambda: at[0],
         in_flight=gateways,
     )
-    return Leader(leader_store, leader, gateways, at), other_store, now
+    return Leader(leader_store, leader, gateways, at, hellos), other_store, now
 
 
 async def test_a_resume_through_another_control_plane_is_judged_on_the_gateways_figures(
@@ -211,3 +215,77 @@ async def test_a_canary_ejected_during_its_hold_and_back_in_rotation_is_rolled_b
         f"roll_back: the gateways ejected the new revision's replica(s) {canary} "
         "(by 1 gateway(s)) during the hold for failing requests in a row, and none of the others"
     )
+
+
+async def test_a_leader_that_takes_over_during_a_hold_counts_the_ejections_before_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a canary step half way through its hold, on a pass of which the gateways eject
+    # the canary for failing ...
+    leader, _, _ = await a_leader_over(monkeypatch, paused=False, into_hold_s=HOLD_S / 2)
+    [canary] = [r.id for r in leader.store.state.replicas.values() if r.revision == 2]
+    leader.gateways.ejected = {canary: 1}
+    await leader.reconciler.run_pass()
+    assert rollout_of(leader.store).verdict is None
+
+    # When another control plane takes over as leader on the same log, and the canary is
+    # back in rotation (good figures, no ejection) as the hold ends ...
+    leader.clock[0] += timedelta(seconds=HOLD_S)
+    view = LiveView(ReportRecorder(leader.store))
+    for said in leader.hellos:
+        await view.handle(said)
+    settings = msgspec.structs.replace(leader.reconciler.settings, epoch=2)
+    successor = Reconciler(
+        leader.store,
+        Agents(connected={"gpu-1", "gpu-2"}),
+        view,
+        settings,
+        clock=lambda: leader.clock[0],
+        in_flight=Gateways(),
+    )
+    await successor.run_pass()
+
+    # ... then its verdict counts the ejection its predecessor saw: rolled back, not
+    # promoted as a canary never ejected.
+    rollout = rollout_of(leader.store)
+    assert rollout.state is RolloutState.ROLLING_BACK
+    assert rollout.verdict == (
+        f"roll_back: the gateways ejected the new revision's replica(s) {canary} "
+        "(by 1 gateway(s)) during the hold for failing requests in a row, and none of the others"
+    )
+
+
+async def test_a_canary_ejected_pass_after_pass_is_recorded_once_per_rise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a canary step in its hold, and two gateways ejecting the canary ...
+    leader, _, _ = await a_leader_over(monkeypatch, paused=False, into_hold_s=1)
+    [canary] = [r.id for r in leader.store.state.replicas.values() if r.revision == 2]
+    leader.gateways.ejected = {canary: 2}
+    start = await leader.store.recorder.last_position()
+
+    # When pass after pass of the hold sees it so ...
+    for _ in range(20):
+        await leader.reconciler.run_pass()
+        leader.clock[0] += timedelta(seconds=1)
+
+    # ... then the log says so once; again only when more gateways eject it at once.
+    assert await ejections_recorded(leader.store, start) == [(canary, 2)]
+    leader.gateways.ejected = {canary: 1}
+    await leader.reconciler.run_pass()
+    leader.gateways.ejected = {canary: 3}
+    await leader.reconciler.run_pass()
+    await leader.reconciler.run_pass()
+    assert await ejections_recorded(leader.store, start) == [(canary, 2), (canary, 3)]
+
+
+async def ejections_recorded(store: InMemoryEventStore, after: int) -> list[tuple[str, int]]:
+    """The replicas the log records ejected during a hold since ``after``, each with how
+    many gateways ejected it at once."""
+    recorded = await store.recorder.read_all(after, limit=10_000)
+    data = [
+        msgspec.to_builtins(r.event)
+        for r in recorded
+        if event_type(r.event) == "rollout_hold_ejection_seen"
+    ]
+    return [(d["replica_id"], d["gateways"]) for d in data]
