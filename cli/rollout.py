@@ -82,8 +82,10 @@ def rollout_status(
     """How the model's rollout is going (or how its last one ended): its step of how
     many, the step's replicas, traffic share and hold, the replicas of each revision by
     phase, the moves under way with their replacements, failures, the last verdict, what
-    the gateways measured of each revision, and, while a step holds, what its verdict
-    would still wait for (too few requests or latency samples, with the counts). Exits 0,
+    the gateways measured of each revision, and, while a step holds, the replicas the
+    gateways ejected for failing during its hold (the verdict counts them, even those back
+    in rotation) and what its verdict would still wait for (too few requests or latency
+    samples, with the counts). Exits 0,
     or 1 when the rollout finished without succeeding (rolled back, or ended with its
     model's removal). With --wait, a live view until it finishes (one line per change when
     not on a terminal; the final status as JSON with --output json).

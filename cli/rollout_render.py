@@ -94,6 +94,16 @@ def summary_line(view: RolloutView) -> str:
     return " | ".join(parts)
 
 
+def hold_ejections_text(view: RolloutView) -> str:
+    """The replicas the gateways ejected during the step's hold, each with the most gateways
+    that did at once: the step's verdict counts them, even those back in rotation."""
+    shown = ", ".join(
+        f"{replica} (by {gateways} gateway(s))"
+        for replica, gateways in sorted(view.hold_ejections.items())
+    )
+    return f"{shown} during the step's hold, for failing requests in a row"
+
+
 def render(view: RolloutView) -> RenderableType:
     """The whole status: what it brings in, its step, replicas by revision, moves,
     failures, the last verdict, the gateways' figures per revision, and where the next
@@ -117,6 +127,8 @@ def render(view: RolloutView) -> RenderableType:
     pace = f"max_surge {view.max_surge}, max_unavailable {view.max_unavailable}"
     facts.append(("moves", f"{moves_text(view) or 'none under way'} ({pace})"))
     facts.append(("failures", failures_text(view)))
+    if view.hold_ejections:
+        facts.append(("ejected", hold_ejections_text(view)))
     if view.canary is not None:
         share = f"{view.canary.share * 100:g} %"
         facts.append(("canary", f"revision {view.canary.revision} gets {share} of the traffic"))

@@ -42,6 +42,7 @@ class RolloutView(View, frozen=True, kw_only=True):
     step_started_at: datetime | None = None
     holding_since: datetime | None = None
     hold_left_s: float | None = None
+    hold_ejections: dict[str, int] = {}
     pause_reason: str | None = None
     desired: int = 0
     replicas_by_revision: dict[str, dict[str, int]] = {}

@@ -82,6 +82,11 @@ class RolloutView(msgspec.Struct, frozen=True, kw_only=True):
     """When the step's replicas all served and its hold began."""
     hold_left_s: float | None
     """Seconds left of the hold; null when the step is not holding."""
+    hold_ejections: dict[str, int] = {}
+    """The model's replicas the gateways ejected for failing during the step's hold, as the
+    log records them (``rollout_hold_ejection_seen``): replica id -> the most gateways seen
+    ejecting it at once. The verdict counts them, even those back in rotation since;
+    ``{}`` when none was, or no step holds."""
     pause_reason: str | None
     desired: int
     replicas_by_revision: dict[str, dict[str, int]]
@@ -111,9 +116,8 @@ class RolloutView(msgspec.Struct, frozen=True, kw_only=True):
     wait for (``the gateways saw 3 request(s) to the new revision and 450 to the others,
     fewer than min_requests 20``, or too few latency samples, with the counts); a hold
     that ends so pauses the rollout. Null when the verdict would decide, or no step holds.
-    Judged on the ejections the gateways report now: a canary ejected earlier in the hold
-    and back in rotation since, which the leader's verdict counts (it alone saw it), is not
-    in it."""
+    Judged on ``hold_ejections`` and the ejections the gateways report now, as the verdict
+    would be."""
     moves_progress: str
     """Where its moves are listed as a drain's: ``/admin/v1/drains/{rollout_id}`` (the
     ``state`` there is of the moves made so far, not of the rollout)."""

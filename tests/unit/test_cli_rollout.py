@@ -105,6 +105,18 @@ def test_the_status_says_what_the_verdict_of_a_holding_step_waits_for_with_the_c
     assert "waiting:" not in shown(HOLDING)
 
 
+def test_the_status_names_the_replicas_ejected_during_the_hold() -> None:
+    ejected = replace(HOLDING, hold_ejections={"llama-9": 1, "llama-5": 2})
+
+    said = " ".join(shown(ejected, width=200).split())
+
+    assert (
+        "ejected: llama-5 (by 2 gateway(s)), llama-9 (by 1 gateway(s)) during the step's "
+        "hold, for failing requests in a row"
+    ) in said
+    assert "ejected:" not in shown(HOLDING)
+
+
 def test_undo_after_a_rollout_that_succeeded_names_the_revision_it_replaced() -> None:
     # Rollout 1 -> 2 succeeded; undo declared revision 1's spec again as revision 3.
     again = replace(HOLDING, step_started_at=None, hold_left_s=None)

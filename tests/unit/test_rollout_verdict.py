@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
+from app.admin.rollouts import rollout_view
 from app.domain import rollout_operations as rollouts
 from app.domain.decision import Decision
 from app.domain.events import (
@@ -26,6 +27,7 @@ from app.domain.rollout_reads import (
 )
 from app.domain.state import Model, ReplicaPhase
 from app.domain.traffic import ReplicaTraffic, TrafficFigures, add_sample, merge
+from app.services.operations import RolloutReport
 from tests.unit.test_reconcile import Cluster, of_type
 from tests.unit.test_rollouts import active_revisions, figures, holding_a_canary, of_type_in, run
 
@@ -164,10 +166,14 @@ def test_the_status_of_a_holding_step_counts_the_ejections_the_log_holds() -> No
         stable_group("llama"): STABLE,
     }
 
-    # ... then the status waits for nothing: the verdict counts that ejection and decides.
+    # ... then the status shows it, and waits for nothing: the verdict counts that
+    # ejection and decides.
     model = cluster.state.models["llama"]
     replicas = list(cluster.state.replicas.values())
     assert verdict_waits_for(model, replicas, short, {}) is None
+    status = rollouts.rollout_status(cluster.state, "llama", cluster.now)
+    view = rollout_view(RolloutReport(status=status, model=model, replicas=replicas), {})
+    assert view.hold_ejections == {canary: 2}
 
 
 def paused_model() -> Model:
