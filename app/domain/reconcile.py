@@ -21,8 +21,8 @@ one pass never contradicts itself. The rules, in order:
    on it, or after a timeout: ``shard_commands``).
 
 Between rules 6 and 7, the replicas gateways eject during a rollout's hold are recorded
-(``hold_ejections``), then autoscaled models are scaled and rollouts advance and are
-judged (``rollout``), both after the adoption grace.
+(``hold_ejections``, during the adoption grace too); then, once the grace is over,
+autoscaled models are scaled and rollouts advance and are judged (``rollout``).
 Rules 2-4 and the placements of rule 8 wait for the adoption grace after a start, so a
 control plane never races its own agents; the grace follows the fleet (``adoption_grace``).
 The timings are ``Settings`` (``reconcile_settings``). A pass's run is appended only while
