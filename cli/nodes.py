@@ -108,14 +108,29 @@ def cordon(
     connection: ConnectionFlags | None = None,
 ) -> int:
     """Place nothing new on a node; what runs there keeps running (drain moves it).
-    A node being drained is already cordoned by its drain: its cordon is refused, and
-    the reason is not recorded.
+    A cordoned node cordoned again with another reason keeps the new one (its history
+    says who changed it); with the same reason, or none, nothing is recorded and the
+    reason it has is shown. A node being drained is already cordoned by its drain: its
+    cordon is refused, and the reason is not recorded.
 
     ```
     llmgw-cli cordon gpu-08 --reason "ECC errors on GPU 3"
     ```
     """
-    return _change("cordon", node_id, {"reason": reason}, output, connection)
+    return post_change(
+        "cordon",
+        lambda: f"{ADMIN}/nodes/{segment(node_id, 'the node id')}/cordon",
+        NodeChange,
+        {"reason": reason},
+        output,
+        connection,
+        done=lambda answer: f"node {node_id}: cordoned: {cordon_reason_text(answer.node)}",
+        unchanged=lambda answer: _already_cordoned(node_id, answer.node),
+    )
+
+
+def _already_cordoned(node_id: str, node: NodeView) -> str:
+    return f"node {node_id}: already cordoned: {cordon_reason_text(node)}; nothing recorded"
 
 
 def uncordon(
@@ -149,6 +164,10 @@ def _change(
     )
 
 
+def cordon_reason_text(node: NodeView) -> str:
+    return node.cordon_reason or "no reason given"
+
+
 def connection_state(connected: bool, lost: bool) -> str:
     return "lost" if lost else "connected" if connected else "disconnected"
 
@@ -178,7 +197,7 @@ def print_node(node: NodeView, wide: bool = False) -> None:
         ("ports", "-".join(str(p) for p in node.port_range)),
     ]
     if node.cordoned:
-        facts.append(("cordoned", node.cordon_reason or "no reason given"))
+        facts.append(("cordoned", cordon_reason_text(node)))
     if node.drain is not None:
         requested = node.drain.requested_at
         at = f" requested {utc_seconds(requested)} UTC" if requested else ""

@@ -172,19 +172,21 @@ def post_change(
     output: OutputFormat,
     flags: ConnectionFlags | None,
     *,
-    done: str,
-    unchanged: str,
+    done: str | Callable[[ChangeT], str],
+    unchanged: str | Callable[[ChangeT], str],
 ) -> int:
     """``POST path()`` for a change (``llmgw-cli scale``, ``cordon``...) and print the API's
-    answer for ``--output json``, else ``done``, or ``unchanged`` when nothing was recorded.
-    The path is built within ``run_command``, as ``show_one``'s."""
+    answer for ``--output json``, else ``done``, or ``unchanged`` when nothing was recorded
+    (either one made from the answer, when it says what the thing is now). The path is
+    built within ``run_command``, as ``show_one``'s."""
 
     def change(client: AdminClient) -> int:
         reply = call(client, view, "POST", path(), body=body)
         if output == "json":
             print_json(reply.raw)
         else:
-            say(done if reply.value.changed else unchanged)
+            said = done if reply.value.changed else unchanged
+            say(said if isinstance(said, str) else said(reply.value))
         return EXIT_OK
 
     return run_command(command, flags, change)

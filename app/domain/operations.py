@@ -313,7 +313,9 @@ def placement_dry_run(state: ClusterState, spec: ModelSpec) -> Explanation:
 
 
 def cordon(state: ClusterState, node_id: str, reason: str) -> Change:
-    """No new replica is placed on a cordoned node; those on it keep running."""
+    """No new replica is placed on a cordoned node; those on it keep running. A cordoned
+    node cordoned again with another reason (not an empty one) records the new reason, so
+    that its history says who changed it and why; the same reason again records nothing."""
     node = find_node(state, node_id)
     errors = reason_errors("reason", reason)
     if errors:
@@ -327,7 +329,7 @@ def cordon(state: ClusterState, node_id: str, reason: str) -> Change:
             f"{_drain_since(node)}): the cordon was not recorded{kept}; follow the drain at "
             f"/admin/v1/drains/{node.drain_id}"
         )
-    if node.cordoned:
+    if node.cordoned and (not reason or reason == node.cordon_reason):
         return Change(stream=node_stream(node_id))
     return Change(
         stream=node_stream(node_id), events=(NodeCordoned(node_id=node_id, reason=reason),)

@@ -111,23 +111,33 @@ async def test_cordon_and_uncordon_are_recorded_as_the_operator_and_say_when_not
     node = an_id("gpu")
     await seed_node(pg_store, node)
 
-    cordoned = await operator.run("cordon", node, "--reason", "ECC errors on GPU 3")
+    cordoned = await operator.run("cordon", node, "--reason", "fan noise")
+    recut = await operator.run("cordon", node, "--reason", "ECC errors on GPU 3")
     again = await operator.run("cordon", node, "--reason", "ECC errors on GPU 3")
+    bare = await operator.run("cordon", node)
     shown = await operator.run("node", node, "--output", "json")
     uncordoned = await operator.run("uncordon", node, "--output", "json")
     unknown = await operator.run("cordon", "gpu-nowhere")
 
-    assert cordoned.stdout == f"node {node}: cordoned\n"
-    assert again.stdout == f"node {node}: already cordoned, nothing recorded\n"
+    assert cordoned.stdout == f"node {node}: cordoned: fan noise\n"
+    assert recut.stdout == f"node {node}: cordoned: ECC errors on GPU 3\n"
+    unchanged = f"node {node}: already cordoned: ECC errors on GPU 3; nothing recorded\n"
+    assert (again.stdout, bare.stdout) == (unchanged, unchanged)
     assert (shown.json()["cordoned"], shown.json()["cordon_reason"]) == (
         True,
         "ECC errors on GPU 3",
     )
     assert (uncordoned.json()["changed"], uncordoned.json()["node"]["cordoned"]) == (True, False)
-    recorded = (await pg_store.read_stream(node_stream(node)))[-2:]
+    recorded = (await pg_store.read_stream(node_stream(node)))[-3:]
     assert [(type(r.event).__name__, r.meta.actor) for r in recorded] == [
         ("NodeCordoned", OPERATOR),
+        ("NodeCordoned", OPERATOR),
         ("NodeUncordoned", OPERATOR),
+    ]
+    assert [getattr(r.event, "reason", None) for r in recorded] == [
+        "fan noise",
+        "ECC errors on GPU 3",
+        None,
     ]
     assert unknown.code == 1
     assert "no node 'gpu-nowhere' is known" in unknown.stderr

@@ -252,9 +252,25 @@ def test_cordon_and_uncordon_are_recorded_once_each() -> None:
         stream=node_stream("gpu-1"),
         events=(NodeCordoned(node_id="gpu-1", reason="firmware update"),),
     )
-    assert ops.cordon(state, "gpu-1", "again").events == ()
+    assert ops.cordon(state, "gpu-1", "firmware update").events == ()
     assert uncordoned.events == (NodeUncordoned(node_id="gpu-1"),)
     assert ops.uncordon(after(state, uncordoned), "gpu-1").events == ()
+
+
+def test_a_cordoned_node_cordoned_with_another_reason_records_the_new_one() -> None:
+    state = given(*node("gpu-1", gpu(0)), NodeCordoned(node_id="gpu-1", reason="fan noise"))
+
+    recut = ops.cordon(state, "gpu-1", "ECC errors on GPU 3")
+
+    assert recut == ops.Change(
+        stream=node_stream("gpu-1"),
+        events=(NodeCordoned(node_id="gpu-1", reason="ECC errors on GPU 3"),),
+    )
+    state = after(state, recut)
+    held = state.nodes["gpu-1"]
+    assert (held.cordoned, held.cordon_reason) == (True, "ECC errors on GPU 3")
+    assert ops.cordon(state, "gpu-1", "ECC errors on GPU 3").events == ()
+    assert ops.cordon(state, "gpu-1", "").events == (), "no reason keeps the one recorded"
 
 
 def test_a_cordon_reason_over_500_characters_is_refused_naming_it_even_on_a_cordoned_node() -> None:
