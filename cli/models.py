@@ -415,12 +415,9 @@ def print_model(model: ModelView, wide: bool = False) -> None:
             )
         )
     elif rollout is not None:
-        facts.append(
-            (
-                "last rollout",
-                f"{rollout.rollout_id} {rollout.state.replace('_', ' ')}: {rollout.outcome}",
-            )
-        )
+        # A state this client does not know yet is shown as the API spells it.
+        ended = f"{rollout.rollout_id} {rollout.state.replace('_', ' ')}"
+        facts.append(("last rollout", f"{ended}: {rollout.outcome}" if rollout.outcome else ended))
     if model.outdated:
         facts.append(
             (
