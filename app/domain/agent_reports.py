@@ -71,7 +71,8 @@ def agent_connected(
     state: ClusterState, inventory: AgentInventory, *, replaced_previous: bool
 ) -> Decision:
     """Registered the first time the node is seen, then connected with its inventory, plus
-    a GPU event for every GPU whose health differs from what the log knew."""
+    a GPU event for every GPU whose health differs from what the log knew: a GPU the log
+    knew unhealthy when an earlier hello left it out included (``Node.unlisted_gpus``)."""
     stream = node_stream(inventory.node_id)
     known = state.nodes.get(inventory.node_id)
     decision: Decision = []
@@ -109,7 +110,9 @@ def agent_connected(
         GpuHealth(index=g.index, uuid=g.uuid, healthy=g.healthy, reason=g.unhealthy_reason)
         for g in inventory.gpus
     )
-    previous = known.gpus if known is not None else ()
+    # A GPU an earlier hello left out while unhealthy is judged against that fault, so that
+    # its return healthy is recorded as its recovery.
+    previous = (*known.unlisted_gpus, *known.gpus) if known is not None else ()
     decision += _health_changes(inventory.node_id, previous, reported, unknown_is_healthy=True)
     return decision
 

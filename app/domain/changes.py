@@ -86,6 +86,7 @@ class NodeChanges(TypedDict, total=False):
     drain_began_with: tuple[str, ...]
     stray_stops: tuple[str, ...]
     certificate_serial: str
+    unlisted_gpus: tuple[GpuInfo, ...]
 
 
 class GpuChanges(TypedDict, total=False):

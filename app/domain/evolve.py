@@ -35,6 +35,7 @@ from app.domain.events import (
     ApiKeyRevoked,
     CertificateRevoked,
     Event,
+    GpuInfo,
     GpuMarkedUnhealthy,
     GpuRecovered,
     IdentityRejected,
@@ -389,6 +390,7 @@ def _node_connected(state: ClusterState, event: NodeConnected, recorded: Recorde
         remote_address=event.remote_address,
         labels=event.labels,
         gpus=event.gpus,
+        unlisted_gpus=_unlisted_gpus(node, event.gpus),
         agent_version=event.agent_version,
         port_range=event.port_range,
         certificate_serial=event.certificate_serial,
@@ -396,6 +398,24 @@ def _node_connected(state: ClusterState, event: NodeConnected, recorded: Recorde
         lost=False,
         last_change_at=at,
     )
+
+
+UNLISTED_GPUS_KEPT = 64
+"""Most GPUs left out of hellos a node keeps (``Node.unlisted_gpus``), the latest left
+out: as many as a hello may list, so an agent listing other indexes at each hello cannot
+grow the state."""
+
+
+def _unlisted_gpus(node: Node, listed: tuple[GpuInfo, ...]) -> tuple[GpuInfo, ...]:
+    """The node's unhealthy GPUs that a hello listing ``listed`` leaves out, after those
+    that earlier hellos left out and this one does not list either (oldest first)."""
+    indexes = {gpu.index for gpu in listed}
+    unlisted = {gpu.index: gpu for gpu in node.unlisted_gpus if gpu.index not in indexes}
+    for gpu in node.gpus:
+        if not gpu.healthy and gpu.index not in indexes:
+            unlisted.pop(gpu.index, None)
+            unlisted[gpu.index] = gpu
+    return tuple(unlisted.values())[-UNLISTED_GPUS_KEPT:]
 
 
 def _node_disconnected(state: ClusterState, event: NodeDisconnected, recorded: Recorded) -> None:

@@ -190,6 +190,85 @@ def test_a_hello_whose_gpus_are_as_the_log_knows_them_adds_no_gpu_events() -> No
     assert decision == [(STREAM, connected(still_broken))]
 
 
+def test_a_gpu_a_hello_no_longer_lists_is_not_kept_unhealthy() -> None:
+    state = given(
+        registered(gpu(0), gpu(1)),
+        connected(gpu(0), gpu(1)),
+        GpuMarkedUnhealthy(node_id=NODE, gpu_index=1, reason="Xid 79: fallen off the bus"),
+    )
+
+    decision = agent_connected(state, inventory(gpu(0)), replaced_previous=False)
+    after = given(
+        registered(gpu(0), gpu(1)),
+        connected(gpu(0), gpu(1)),
+        GpuMarkedUnhealthy(node_id=NODE, gpu_index=1, reason="Xid 79: fallen off the bus"),
+        *(event for _, event in decision),
+    )
+
+    assert decision == [(STREAM, connected(gpu(0)))]
+    assert after.nodes[NODE].gpus == (gpu(0),)
+
+
+GONE_UNHEALTHY = (
+    registered(gpu(0), gpu(1)),
+    connected(gpu(0), gpu(1)),
+    GpuMarkedUnhealthy(node_id=NODE, gpu_index=1, reason="Xid 79: fallen off the bus"),
+    connected(gpu(0)),
+)
+"""A node whose GPU 1 was marked unhealthy, then left out of its agent's next hello."""
+
+
+def test_a_gpu_back_in_a_hello_healthy_after_one_left_it_out_unhealthy_is_recovered() -> None:
+    state = given(*GONE_UNHEALTHY)
+
+    decision = agent_connected(state, inventory(gpu(0), gpu(1)), replaced_previous=False)
+
+    assert decision == [
+        (STREAM, connected(gpu(0), gpu(1))),
+        (STREAM, GpuRecovered(node_id=NODE, gpu_index=1, gpu_uuid="GPU-1")),
+    ]
+    back = given(*GONE_UNHEALTHY, *(event for _, event in decision))
+    assert back.nodes[NODE].gpus == (gpu(0), gpu(1))
+    again = agent_connected(back, inventory(gpu(0), gpu(1)), replaced_previous=False)
+    assert again == [(STREAM, connected(gpu(0), gpu(1)))], "recovered once"
+
+
+def test_a_gpu_back_in_a_hello_with_the_fault_the_log_knows_is_not_marked_again() -> None:
+    state = given(*GONE_UNHEALTHY)
+    still = gpu(1, healthy=False, reason="Xid 79: fallen off the bus")
+    other = gpu(1, healthy=False, reason="Xid 48: double-bit ECC")
+
+    same = agent_connected(state, inventory(gpu(0), still), replaced_previous=False)
+    new = agent_connected(state, inventory(gpu(0), other), replaced_previous=False)
+
+    assert same == [(STREAM, connected(gpu(0), still))]
+    assert new[1:] == [
+        (
+            STREAM,
+            GpuMarkedUnhealthy(
+                node_id=NODE, gpu_index=1, gpu_uuid="GPU-1", reason="Xid 48: double-bit ECC"
+            ),
+        )
+    ]
+
+
+def test_a_heartbeat_about_a_gpu_the_last_hello_left_out_is_still_ignored() -> None:
+    state = given(*GONE_UNHEALTHY)
+
+    healthy = GpuHealth(index=1, uuid="GPU-1", healthy=True)
+
+    assert gpu_health_reported(state, NODE, [healthy]) == []
+
+
+def test_an_agent_leaving_out_other_unhealthy_gpus_at_each_hello_cannot_grow_the_node() -> None:
+    hellos = [connected(gpu(n, healthy=False, reason="lost")) for n in range(200)]
+
+    state = given(registered(), *hellos, connected())
+
+    kept = state.nodes[NODE].unlisted_gpus
+    assert [g.index for g in kept] == list(range(136, 200)), "the latest 64 left out"
+
+
 # -- heartbeats carry GPU health changes -------------------------------------------------
 
 
