@@ -159,9 +159,12 @@ def with_vanished_gpus(previous: GpuSnapshot, current: GpuSnapshot) -> GpuSnapsh
     listing rather than be listed unhealthy. Left out, it would change nothing the
     control plane hears (``gpu_health_changes`` compares the GPUs listed), and the control
     plane would go on placing replicas on a GPU this agent refuses as unknown. Kept as
-    unhealthy, its loss goes out with the next heartbeat, and its return, under the same
-    index, as a change back to healthy."""
-    listed = {gpu.index for gpu in current.gpus}
+    unhealthy, its loss goes out with the next heartbeat, and its return as a change back
+    to healthy (or, under another index, as a new hello).
+
+    A GPU is known by its UUID (``_unlisted_gpus``). One whose index a listed GPU now has
+    is left out (``displaced_gpus``): a hello that lists an index twice is refused."""
+    taken = {gpu.index for gpu in current.gpus}
     vanished = tuple(
         replace(
             gpu,
@@ -173,13 +176,37 @@ def with_vanished_gpus(previous: GpuSnapshot, current: GpuSnapshot) -> GpuSnapsh
         )
         if gpu.healthy or gpu.unhealthy_reason is None
         else replace(gpu, listed=False)  # its own reason says more
-        for gpu in previous.gpus
-        if gpu.index not in listed
+        for gpu in _unlisted_gpus(previous, current)
+        if gpu.index not in taken
     )
     if not vanished:
         return current
     gpus = tuple(sorted((*current.gpus, *vanished), key=lambda gpu: gpu.index))
     return replace(current, gpus=gpus)
+
+
+def displaced_gpus(
+    previous: GpuSnapshot, current: GpuSnapshot
+) -> list[tuple[GpuStatus, GpuStatus]]:
+    """Each GPU of ``previous`` that ``current`` no longer lists, with the GPU ``current``
+    lists under its index (the driver reloaded and numbered the GPUs anew). The listed GPU
+    is the one at that index now: the vanished one is left out of the snapshot, and so of
+    the hellos, since a hello that lists an index twice is refused."""
+    at = {gpu.index: gpu for gpu in current.gpus}
+    return [(gpu, at[gpu.index]) for gpu in _unlisted_gpus(previous, current) if gpu.index in at]
+
+
+def _unlisted_gpus(previous: GpuSnapshot, current: GpuSnapshot) -> list[GpuStatus]:
+    """The GPUs of ``previous`` that ``current`` does not list. A GPU is known by its UUID:
+    after a driver reload NVML may list the same GPU under another index. One without a
+    UUID (never read) is known by its index."""
+    uuids = {gpu.uuid for gpu in current.gpus if gpu.uuid}
+    indexes = {gpu.index for gpu in current.gpus}
+    return [
+        gpu
+        for gpu in previous.gpus
+        if (gpu.uuid not in uuids if gpu.uuid else gpu.index not in indexes)
+    ]
 
 
 def shard_report(record: ShardRecord) -> ShardReport:
@@ -419,6 +446,14 @@ class AgentRuntime:
         for event in snapshot.xid_events:
             log.warning(
                 "gpu_xid", gpu=event.gpu_index, xid=event.xid, description=event.description
+            )
+        for gone, holder in displaced_gpus(self._snapshot, snapshot):
+            log.warning(
+                "vanished_gpu_left_out",
+                gpu=gone.index,
+                uuid=gone.uuid,
+                index_now_of=holder.uuid,
+                reason=f"{VANISHED_GPU_REASON}, and another GPU is listed under its index",
             )
         snapshot = with_vanished_gpus(self._snapshot, snapshot)
         changes = gpu_health_changes(self._snapshot.gpus, snapshot.gpus)
