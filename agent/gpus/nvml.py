@@ -127,7 +127,9 @@ class NvmlGpuSource:
         handles = self._open_handles(count)
         self._register_for_xids(handles)
         events = self._drain_xid_events(now)
-        readings = [self._read(index, handle) for index, handle in handles]
+        readings = self._without_taken_uuids(
+            [self._read(index, handle) for index, handle in handles]
+        )
         unreadable = [reading.index for reading, failure in readings if failure is not None]
         for event in events:
             self._holds.note(event, unreadable)
@@ -294,6 +296,22 @@ class NvmlGpuSource:
         )
         self._last_readings[index] = reading
         return reading, None
+
+    def _without_taken_uuids(
+        self, readings: list[tuple[GpuReading, Unreadable | None]]
+    ) -> list[tuple[GpuReading, Unreadable | None]]:
+        """``readings``, with each GPU that could not be read, but whose last reading's
+        UUID another GPU answered now, known by nothing more than its index: after a driver
+        reload NVML may number the GPUs anew, and that UUID is the other GPU's now. A hello
+        that listed it twice would be refused."""
+        answered = {reading.uuid for reading, failure in readings if failure is None}
+        kept: list[tuple[GpuReading, Unreadable | None]] = []
+        for reading, failure in readings:
+            if failure is not None and reading.uuid and reading.uuid in answered:
+                self._last_readings.pop(reading.index, None)
+                reading = GpuReading(reading.index, "", "unknown", 0, 0, reading.problems)
+            kept.append((reading, failure))
+        return kept
 
     def _last_reading(self, index: int, problem: str) -> GpuReading:
         """What was last known of a GPU that cannot be read now, with why not."""

@@ -157,3 +157,26 @@ def test_nvml_lost_before_any_gpu_was_listed_says_so_without_gpus() -> None:
 
     assert snapshot.gpus == ()
     assert snapshot.unavailable_reason == UNINITIALIZED
+
+
+def test_a_gpu_lost_after_a_reload_that_renumbered_the_gpus_does_not_take_anothers_uuid() -> None:
+    """After the reload NVML lists GPU-b as GPU 0, and GPU 1 cannot be read. The last GPU
+    read as GPU 1 was GPU-b: reported under that UUID, GPU 1 would list GPU-b twice, and a
+    hello that does is refused. GPU 1 is reported without a UUID, as a GPU never read."""
+    clock = Clock()
+    recording = reloaded_machine()
+    recording.gpus[0]["nvmlDeviceGetUUID"] = [ok("GPU-a"), ok("GPU-b")]
+    recording.gpus[1]["nvmlDeviceGetUUID"] = [ok("GPU-b"), fails(pynvml.NVML_ERROR_GPU_IS_LOST)]
+    source, _ = source_for(recording, clock)
+
+    before = source.snapshot()
+    source.snapshot()
+    clock.advance(timedelta(seconds=5))
+    renumbered = source.snapshot()
+
+    assert [gpu.uuid for gpu in before.gpus] == ["GPU-a", "GPU-b"]
+    assert [(gpu.index, gpu.uuid, gpu.healthy) for gpu in renumbered.gpus] == [
+        (0, "GPU-b", True),
+        (1, "", False),
+    ]
+    assert reasons(renumbered) == {1: "GPU is lost: NVML nvmlDeviceGetUUID answered 'GPU is lost'"}
