@@ -54,7 +54,8 @@ import time
 from pathlib import Path
 
 from app.gateway.affinity import RouteKey
-from app.gateway.router import Lease, Router
+from app.gateway.lease import Lease
+from app.gateway.router import Router
 from app.gateway.table import GatewaySnapshot, Route, RoutePolicy
 
 HERE = Path(__file__).resolve().parent

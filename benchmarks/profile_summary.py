@@ -51,7 +51,10 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ),
     ("ASGI layers", r"uvicorn/|starlette|app/gateway/app\.py|app/listeners/"),
     ("engine client", r"app/gateway/engine_client\.py"),
-    ("router's choice", r"app/gateway/(router|affinity|ejection)\.py"),
+    (
+        "router's choice",
+        r"app/gateway/(router|lease|waiter|replica_pools|route_refusals|affinity|ejection)\.py",
+    ),
     ("admission, fair queue", r"app/gateway/(admission|fairqueue)\.py"),
     ("keys, rate limits, usage", r"app/domain/keys|hashlib|app/gateway/(ratelimit|usage)\.py"),
     ("the app's request handling", r"app/"),

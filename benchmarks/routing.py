@@ -70,7 +70,8 @@ import uvloop
 from agent.simulator.launcher import SimulatorProcess, start_simulator
 from app.domain.keys import format_key, hash_key
 from app.gateway.affinity import route_key
-from app.gateway.router import Lease, Router
+from app.gateway.lease import Lease
+from app.gateway.router import Router
 from app.gateway.table import GatewaySnapshot, KeyRecord, Route, RoutePolicy
 from benchmarks.common import format_table, load_average, median, percentile, write_results
 from benchmarks.gateway import serve_gateway

@@ -62,13 +62,13 @@ from app.gateway.errors import (
     rate_limit_headers,
     saturated,
 )
+from app.gateway.lease import Lease
 from app.gateway.metrics import CLIENT_GONE, GatewayMetrics
 from app.gateway.proxy import Opened, Timing, Upstream, read_whole, relay_stream
 from app.gateway.ratelimit import ALLOWED_UNLIMITED, Limiter
-from app.gateway.router import (
+from app.gateway.route_refusals import (
     ColdStartTimedOut,
     GatewayStopping,
-    Lease,
     ModelRemoved,
     NoServingReplica,
     RouteRefused,

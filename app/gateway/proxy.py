@@ -65,7 +65,9 @@ from app.gateway.errors import (
     upstream_timeout,
     upstream_unreachable,
 )
-from app.gateway.router import Lease, NoServingReplica, Router
+from app.gateway.lease import Lease
+from app.gateway.route_refusals import NoServingReplica
+from app.gateway.router import Router
 from app.gateway.sse import WholeEvents
 from app.gateway.traffic import TrafficWindow
 from app.gateway.usage import StreamTokens

@@ -59,11 +59,10 @@ Replicas that keep failing are passed over by this gateway for a while
 (``app.gateway.ejection``): the proxy tells each lease how its attempt went, and
 ``_choose`` leaves the ejected replicas out, as it leaves out those a retry excludes.
 
-Exceptions: ``NoServingReplica`` (no route for the model: 503; ``ModelRemoved`` when a
-request waited for a model that is no longer declared: 404), ``Saturated`` (every
-replica at its limit, or the queue full: 429 with ``Retry-After``) and
-``ColdStartTimedOut`` (held for a model starting from zero, and no replica came within its
-cold-start timeout: 503 with ``Retry-After``).
+The router refuses a request with one of ``app.gateway.route_refusals``. A request's lease
+(``app.gateway.lease``), a request waiting for a replica (``app.gateway.waiter``) and the
+pools and canary splits a replica is chosen from (``app.gateway.replica_pools``) have a
+module each.
 """
 
 from __future__ import annotations
@@ -75,7 +74,6 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Literal
 
 import aiohttp
 
@@ -92,22 +90,28 @@ from app.gateway.admission import (
     is_fresh,
 )
 from app.gateway.affinity import RouteKey
-from app.gateway.ejection import EjectionPolicy, Ejector, Ticket
+from app.gateway.ejection import EjectionPolicy, Ejector
 from app.gateway.fairqueue import FairQueue
+from app.gateway.lease import Lease
+from app.gateway.replica_pools import (
+    KEYED_REASONS,
+    CanarySplit,
+    Choice,
+    Pool,
+    RouteReason,
+    canary_splits,
+)
+from app.gateway.route_refusals import (
+    ColdStartTimedOut,
+    GatewayStopping,
+    ModelRemoved,
+    NoServingReplica,
+    Saturated,
+    cold_start_retry_after_s,
+)
 from app.gateway.signals import EngineReading, ScraperTasks
-from app.gateway.table import DEFAULT_ROUTE_POLICY, GatewaySnapshot, Route, RoutePolicy
-
-__all__ = [
-    "ColdStartTimedOut",
-    "HoldOutcome",
-    "Lease",
-    "ModelRemoved",
-    "NoServingReplica",
-    "ReplicaView",
-    "RouteReason",
-    "Router",
-    "Saturated",
-]
+from app.gateway.table import DEFAULT_ROUTE_POLICY, GatewaySnapshot, RoutePolicy
+from app.gateway.waiter import HoldOutcome, Waiter, waits_for_its_own
 
 RETIRED_LINGER_S = 30.0
 """How long a replica taken out of routing stays in ``in_flight()`` once it is idle."""
@@ -115,231 +119,6 @@ MIN_BOUND = 4
 """No replica's bound (``prefix``, ``session``) is below this many requests: an engine
 batches a handful at no cost to any of them, and passing a key on to an idle replica at
 such loads would cost its cache and gain nothing."""
-COLD_START_RETRY_AFTER_S = (1.0, 30.0)
-"""What ``ColdStartTimedOut`` tells clients: a tenth of the cold-start timeout, within
-these bounds. The replica may be about to serve, or may take as long again."""
-
-RouteReason = Literal["least_loaded", "no_key", "home", "over_bound", "unavailable", "fallback"]
-"""Why a request went where it did: ``least_loaded`` (the policy's rule); for ``prefix`` and
-``session``: ``home`` (its key's own replica), ``over_bound`` (replicas before it on the
-key's walk were above their bound), ``unavailable`` (the first one passed over was
-saturated, or had just failed this request), ``fallback`` (no replica on the walk could
-take it: the
-least-loaded one did, a draining one perhaps) or ``no_key`` (the request had no key: the
-least-loaded one took it)."""
-
-HoldOutcome = Literal["served", "timed_out", "cancelled", "failed"]
-"""How a request held for a cold start ended: ``served``, ``timed_out``, ``cancelled``
-(its client left) or ``failed`` (the model was removed or lost its autoscaling policy, or
-the gateway stopped)."""
-
-
-class RouteRefused(Exception):
-    """The request gets no replica: the caller answers it with the subclass's error."""
-
-
-class NoServingReplica(RouteRefused):
-    def __init__(self, model: str) -> None:
-        super().__init__(f"no serving replica for model {model!r}")
-        self.model = model
-
-
-class ModelRemoved(NoServingReplica):
-    """The model of a request that was waiting (held for a cold start, or for room) is no
-    longer declared: it will not be served here, now or on a retry."""
-
-    def __init__(self, model: str) -> None:
-        super().__init__(model)
-        self.args = (f"model {model!r} is no longer declared",)
-
-
-class Saturated(RouteRefused):
-    def __init__(self, retry_after_s: float, *, starting: bool = False) -> None:
-        """``starting``: the model has no replica yet, and the queue is full."""
-        super().__init__(f"every replica is saturated; retry after {retry_after_s:g} s")
-        self.retry_after_s = retry_after_s
-        self.starting = starting
-
-
-class GatewayStopping(RouteRefused):
-    def __init__(self, model: str) -> None:
-        """A request held for ``model``'s cold start, turned away as the gateway stops: no
-        replica can serve it here any more, another gateway may."""
-        super().__init__(f"the gateway is stopping; model {model!r} is still starting")
-        self.model = model
-
-
-class ColdStartTimedOut(RouteRefused):
-    def __init__(self, model: str, timeout_s: float, retry_after_s: float) -> None:
-        super().__init__(
-            f"model {model!r} is starting from zero and no replica served within "
-            f"{timeout_s:g} s; retry after {retry_after_s:g} s"
-        )
-        self.model = model
-        self.timeout_s = timeout_s
-        self.retry_after_s = retry_after_s
-
-
-def cold_start_retry_after_s(timeout_s: float) -> float:
-    low, high = COLD_START_RETRY_AFTER_S
-    return float(min(high, max(low, math.ceil(timeout_s / 10))))
-
-
-class Lease:
-    """One request on one replica, from ``acquire()`` until ``release()``."""
-
-    __slots__ = (
-        "_open",
-        "_replica",
-        "_router",
-        "_ticket",
-        "policy",
-        "queued_s",
-        "reason",
-        "route",
-    )
-
-    def __init__(
-        self,
-        router: Router,
-        replica: ReplicaState,
-        queued_s: float,
-        policy: str = "least_loaded",
-        reason: RouteReason = "least_loaded",
-    ) -> None:
-        self.route: Route = replica.route
-        self.queued_s = queued_s
-        """Seconds the request waited in the queue for this lease (0 if none)."""
-        self.policy = policy
-        """The routing policy of the replica's model when it was chosen."""
-        self.reason: RouteReason = reason
-        """Why the router chose this replica."""
-        self._router = router
-        self._replica = replica
-        self._open = True
-        self._ticket: Ticket = router.ejector.granted(replica.route.replica_id)
-        replica.in_flight += 1
-        replica.reserve(self)
-
-    @property
-    def probe(self) -> bool:
-        """Whether this request is the probe of a replica on probation
-        (``app.gateway.ejection``)."""
-        return self._ticket.probe
-
-    def succeeded(self) -> None:
-        """The replica answered (a head below 500 and the first byte of its body; a stream's
-        end): it is healthy, as far as passive health goes. Only the first verdict of a
-        lease counts."""
-        self._router.ejector.succeeded(self.route.replica_id, self._ticket)
-
-    def failed(self, reason: str) -> None:
-        """The replica failed before its answer's first byte of body (no answer, a 5xx
-        head, or a body that broke off or stalled before it), or a stream broke off or
-        stalled before its end."""
-        self._router.ejector.failed(self.route.replica_id, self._ticket, reason)
-
-    def first_byte(self) -> None:
-        """The replica answered: the reservation ends (idempotent)."""
-        if self._replica.unreserve(self):
-            self._router._capacity_freed(self._replica)
-
-    def release(self) -> None:
-        """The request is over, however it ended (idempotent)."""
-        if not self._open:
-            return
-        self._open = False
-        self._router.ejector.abandoned(self.route.replica_id, self._ticket)
-        self._replica.unreserve(self)
-        self._replica.in_flight -= 1
-        self._router._capacity_freed(self._replica)
-
-
-class _Waiter:
-    __slots__ = (
-        "deadline",
-        "enqueued_at",
-        "exclude",
-        "future",
-        "hold_s",
-        "key_id",
-        "model",
-        "route_key",
-    )
-
-    def __init__(
-        self,
-        model: str,
-        key_id: str,
-        exclude: frozenset[str],
-        future: asyncio.Future[Lease],
-        route_key: RouteKey | None = None,
-    ) -> None:
-        self.model = model
-        self.key_id = key_id
-        self.exclude = exclude
-        self.route_key = route_key
-        self.future = future
-        self.enqueued_at = 0.0
-        self.hold_s: float | None = None
-        """Held for a cold start, up to this long; ``None`` while it waits for room."""
-        self.deadline: asyncio.Timeout | None = None
-
-    def hold(self, hold_s: float) -> None:
-        """Wait for a cold start from now on, up to ``hold_s``."""
-        self.hold_s = hold_s
-        deadline = self.deadline
-        if deadline is not None and not deadline.expired():  # else it ends as it was
-            deadline.reschedule(self.future.get_loop().time() + hold_s)
-
-    def shorten_hold(self, hold_s: float) -> None:
-        """The model's cold-start timeout came down to ``hold_s``: a hold ends ``hold_s``
-        after it began (at once, when that is past). A longer one changes nothing: a hold
-        is not restarted by a table."""
-        if self.hold_s is None or hold_s >= self.hold_s:
-            return
-        deadline = self.deadline
-        when = None if deadline is None or deadline.expired() else deadline.when()
-        if deadline is not None and when is not None:
-            deadline.reschedule(when - (self.hold_s - hold_s))
-        self.hold_s = hold_s
-
-
-class _Pool:
-    """Replicas a request may go to (a model's, or one side of its canary split), and the
-    rendezvous of those that are not draining (all of them if all are) when its policy
-    hashes."""
-
-    __slots__ = ("by_id", "rendezvous", "replicas")
-
-    def __init__(self, replicas: list[ReplicaState]) -> None:
-        self.replicas = replicas
-        self.by_id = {s.route.replica_id: s for s in replicas}
-        self.rendezvous: Rendezvous | None = None
-
-    def keyed_members(self) -> tuple[tuple[str, float], ...]:
-        routed = [s for s in self.replicas if not s.route.draining] or self.replicas
-        return tuple(sorted((s.route.replica_id, s.route.weight) for s in routed))
-
-
-_Choice = tuple[ReplicaState, RouteReason] | None
-_KEYED_REASONS: dict[str, RouteReason] = {
-    "home": "home",
-    "over_bound": "over_bound",
-    "refused": "unavailable",
-}
-
-
-class _Split:
-    """A model's replicas in a canary step: ``canary`` (those of the canary revision) take
-    ``share`` of its requests, ``stable`` (the others) the rest."""
-
-    __slots__ = ("canary", "share", "stable")
-
-    def __init__(self, share: float, canary: _Pool, stable: _Pool) -> None:
-        self.share = share
-        self.canary = canary
-        self.stable = stable
 
 
 class Router:
@@ -372,13 +151,13 @@ class Router:
         """What ``Saturated`` tells clients: a few scrapes' time, at least a second."""
         self._replicas: dict[str, ReplicaState] = {}
         self._by_model: dict[str, list[ReplicaState]] = {}
-        self._pools: dict[str, _Pool] = {}
-        self._splits: dict[str, _Split] = {}
+        self._pools: dict[str, Pool] = {}
+        self._splits: dict[str, CanarySplit] = {}
         self._policies: dict[str, RoutePolicy] = {}
         self._rendezvous: dict[tuple[tuple[str, float], ...], Rendezvous] = {}
         self._decisions: Counter[tuple[str, str, RouteReason]] = Counter()
         self._retired: dict[str, ReplicaState] = {}
-        self._queues: dict[str, FairQueue[_Waiter]] = {}
+        self._queues: dict[str, FairQueue[Waiter]] = {}
         self._queued = 0
         self._queued_by_key: Counter[str] = Counter()
         self._cold_start_s: dict[str, float] = {}
@@ -427,14 +206,14 @@ class Router:
             self._by_model.setdefault(state.route.model, []).append(state)
             if self._session is not None and state.route.replica_id not in self._scrapers:
                 self._start_scraper(state, self._session)
-        self._splits = _splits(snapshot, self._by_model)
+        self._splits = canary_splits(snapshot, self._by_model)
         self.ejector.track(
             {
                 model: [s.route.replica_id for s in states]
                 for model, states in self._by_model.items()
             }
         )
-        self._pools = {model: _Pool(replicas) for model, replicas in self._by_model.items()}
+        self._pools = {model: Pool(replicas) for model, replicas in self._by_model.items()}
         self._policies = dict(snapshot.policies)
         self._build_rendezvous()
         self._cold_start_s = dict(snapshot.cold_start_s)
@@ -495,7 +274,7 @@ class Router:
             raise Saturated(self.retry_after_s, starting=hold_s is not None)
         if hold_s is None and self._queue_timeout_s <= 0:
             raise Saturated(self.retry_after_s)
-        waiter = _Waiter(
+        waiter = Waiter(
             model, key_id, exclude, asyncio.get_running_loop().create_future(), route_key
         )
         waiter.enqueued_at = self._clock()
@@ -553,7 +332,7 @@ class Router:
 
     def _choose(
         self, model: str, exclude: frozenset[str], route_key: RouteKey | None = None
-    ) -> _Choice:
+    ) -> Choice:
         pool = self._pools.get(model)
         if pool is None:
             return None
@@ -581,12 +360,12 @@ class Router:
 
     def _choose_among(
         self,
-        pool: _Pool,
+        pool: Pool,
         exclude: frozenset[str],
         now: float,
         policy: RoutePolicy,
         route_key: RouteKey | None,
-    ) -> _Choice:
+    ) -> Choice:
         rendezvous = pool.rendezvous
         if route_key is not None and rendezvous is not None:
             by_id, stale_after_s = pool.by_id, self._stale_after_s
@@ -616,7 +395,7 @@ class Router:
                 ),
             )
             if pick.member is not None:
-                return by_id[pick.member], _KEYED_REASONS[pick.reason]
+                return by_id[pick.member], KEYED_REASONS[pick.reason]
         replicas: Sequence[ReplicaState] = pool.replicas
         if exclude:
             replicas = [s for s in replicas if s.route.replica_id not in exclude]
@@ -636,9 +415,9 @@ class Router:
         """Grant leases to waiters of ``model``, in fair order, while replicas have room."""
         queue = self._queues.get(model)
         while queue:
-            memo: dict[tuple[frozenset[str], RouteKey | None], _Choice] = {}
+            memo: dict[tuple[frozenset[str], RouteKey | None], Choice] = {}
             granted = queue.pop_first(
-                functools.partial(self._choose_for_waiter, model, memo), _waits_for_its_own
+                functools.partial(self._choose_for_waiter, model, memo), waits_for_its_own
             )
             if granted is None:
                 break
@@ -676,7 +455,7 @@ class Router:
             )
         return True
 
-    def _dequeued(self, waiter: _Waiter) -> None:
+    def _dequeued(self, waiter: Waiter) -> None:
         self._queued -= 1
         left = self._queued_by_key[waiter.key_id] - 1
         if left > 0:
@@ -687,9 +466,9 @@ class Router:
     def _choose_for_waiter(
         self,
         model: str,
-        memo: dict[tuple[frozenset[str], RouteKey | None], _Choice],
-        waiter: _Waiter,
-    ) -> _Choice:
+        memo: dict[tuple[frozenset[str], RouteKey | None], Choice],
+        waiter: Waiter,
+    ) -> Choice:
         # Most waiters share the same (empty) exclusion: choose once for all of them (and
         # once per key, where the policy hashes one).
         asked = (waiter.exclude, waiter.route_key)
@@ -697,7 +476,7 @@ class Router:
             memo[asked] = self._choose(model, waiter.exclude, waiter.route_key)
         return memo[asked]
 
-    def _abandon(self, waiter: _Waiter) -> None:
+    def _abandon(self, waiter: Waiter) -> None:
         """The waiter gave up (its task was cancelled, which also cancels its future): take
         it out of the queue, or hand back a lease granted just before."""
         queue = self._queues.get(waiter.model)
@@ -732,7 +511,7 @@ class Router:
         if not queue:
             del self._queues[model]
 
-    def _held_from_now(self, model: str, waiters: Sequence[_Waiter], *, wake: bool = False) -> None:
+    def _held_from_now(self, model: str, waiters: Sequence[Waiter], *, wake: bool = False) -> None:
         """``model`` has no route: hold ``waiters`` for a cold start from now on, and wake
         the report writer (so the leader hears of the demand at once) when asked, and the
         first time since the model last had a route."""
@@ -852,28 +631,3 @@ class Router:
         """Requests held for a cold start that ended, by model and how they ended
         (``HoldOutcome``)."""
         return {ended: count for ended, count in self._holds.items()}
-
-
-def _waits_for_its_own(waiter: _Waiter) -> bool:
-    """Whether a waiter that no replica can take may be passed by those behind it in its
-    key's line: one that excludes replicas (a retry) waits for the others, while one it
-    excludes may have room. One that excludes none is not passed: those behind it exclude
-    as many or more, so they find no room either (whatever their keys: a policy's key picks
-    among the replicas with room, it never makes room), and a walk that finds nothing costs
-    a look per key with waiters."""
-    return bool(waiter.exclude)
-
-
-def _splits(
-    snapshot: GatewaySnapshot, by_model: dict[str, list[ReplicaState]]
-) -> dict[str, _Split]:
-    """The canary split of each model in a canary step whose replicas are on both sides: with
-    one side empty every request ends on the other anyway, as without a split."""
-    splits: dict[str, _Split] = {}
-    for model, canary in snapshot.canaries.items():
-        replicas = by_model.get(model, [])
-        on_canary = [s for s in replicas if s.route.revision == canary.revision]
-        others = [s for s in replicas if s.route.revision != canary.revision]
-        if on_canary and others:
-            splits[model] = _Split(canary.share, _Pool(on_canary), _Pool(others))
-    return splits

@@ -50,7 +50,7 @@ from app.gateway.errors import (
 from app.gateway.metrics import CLIENT_GONE, GatewayMetrics
 from app.gateway.proxy import Opened
 from app.gateway.ratelimit import Limiter
-from app.gateway.router import RouteRefused
+from app.gateway.route_refusals import RouteRefused
 from app.gateway.table import GatewaySnapshot
 from app.gateway.traffic import TrafficWindow
 from app.listeners.limits import announces_more_than

@@ -15,7 +15,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from agent.simulator.launcher import SimulatorProcess, start_simulator
-from app.gateway.router import Router, Saturated
+from app.gateway.route_refusals import Saturated
+from app.gateway.router import Router
 from app.gateway.table import GatewaySnapshot, Route
 from tests.support.waiting import wait_until
 

@@ -19,7 +19,9 @@ from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
 from agent.simulator.launcher import SimulatorProcess, start_simulator
-from app.gateway.router import Lease, Router, Saturated
+from app.gateway.lease import Lease
+from app.gateway.route_refusals import Saturated
+from app.gateway.router import Router
 from app.gateway.signals import EngineReading, read_engine_signals
 from app.gateway.table import GatewaySnapshot, Route
 from tests.support.ports import free_port

@@ -17,7 +17,8 @@ import pytest
 
 from app.domain.rendezvous import key_hash
 from app.gateway.affinity import RouteKey
-from app.gateway.router import Lease, Router
+from app.gateway.lease import Lease
+from app.gateway.router import Router
 from app.gateway.table import Canary, GatewaySnapshot, Route, RoutePolicy
 from tests.support.waiting import wait_until
 

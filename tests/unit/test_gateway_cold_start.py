@@ -15,16 +15,16 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from app.gateway.router import (
+from app.gateway.lease import Lease
+from app.gateway.route_refusals import (
     ColdStartTimedOut,
     GatewayStopping,
-    Lease,
     ModelRemoved,
     NoServingReplica,
-    Router,
     Saturated,
     cold_start_retry_after_s,
 )
+from app.gateway.router import Router
 from app.gateway.table import GatewaySnapshot, Route
 from tests.support.waiting import wait_until
 

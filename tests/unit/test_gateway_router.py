@@ -8,7 +8,9 @@ import uuid
 
 import pytest
 
-from app.gateway.router import Lease, NoServingReplica, Router, Saturated
+from app.gateway.lease import Lease
+from app.gateway.route_refusals import NoServingReplica, Saturated
+from app.gateway.router import Router
 from app.gateway.table import GatewaySnapshot, Route, RoutePolicy
 from tests.support.waiting import wait_until
 

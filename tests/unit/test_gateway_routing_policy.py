@@ -12,7 +12,8 @@ import msgspec
 from app.gateway.admission import Signals
 from app.gateway.affinity import RouteKey, route_key
 from app.gateway.ejection import EjectionPolicy
-from app.gateway.router import MIN_BOUND, Lease, Router
+from app.gateway.lease import Lease
+from app.gateway.router import MIN_BOUND, Router
 from app.gateway.signals import read_engine_signals
 from app.gateway.table import GatewaySnapshot, Route, RoutePolicy
 

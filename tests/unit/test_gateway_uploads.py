@@ -13,7 +13,7 @@ from app.gateway.asgi import KeyCheck, Message, Scope
 from app.gateway.errors import ApiError
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.ratelimit import RateLimiter
-from app.gateway.router import NoServingReplica
+from app.gateway.route_refusals import NoServingReplica
 from app.gateway.table import GatewaySnapshot
 from app.gateway.uploads import MAX_FORM_HEAD_BYTES, Uploads, read_form_head
 from tests.support.gateway import new_key
