@@ -52,11 +52,7 @@ from app.gateway.ejection import (
     DEFAULT_MAX_EJECTED_PERCENT,
     EjectionPolicy,
 )
-from app.gateway.engine_client import (
-    DEFAULT_HEAD_TIMEOUT_S,
-    DEFAULT_IDLE_TIMEOUT_S,
-    EngineTimeouts,
-)
+from app.gateway.engine_bounds import DEFAULT_HEAD_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S, EngineTimeouts
 from app.gateway.postgres import DEFAULT_CLIENT_HOST, DEFAULT_CLIENT_PORT, max_upload_problem
 from app.gateway.server import DEFAULT_MAX_CONNECTIONS
 from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES

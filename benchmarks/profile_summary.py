@@ -50,7 +50,7 @@ GROUPS: tuple[tuple[str, str], ...] = (
         r"|app/listeners/(httpserver|exchange|http11)\.py",
     ),
     ("ASGI layers", r"uvicorn/|starlette|app/gateway/app\.py|app/listeners/"),
-    ("engine client", r"app/gateway/engine_client\.py"),
+    ("engine client", r"app/gateway/engine_(client|answer|connection|bounds|errors)\.py"),
     (
         "router's choice",
         r"app/gateway/(router|lease|waiter|replica_pools|route_refusals|affinity|ejection)\.py",

@@ -41,11 +41,7 @@ from app.gateway.ejection import (
     DEFAULT_MAX_EJECTED_PERCENT,
     EjectionPolicy,
 )
-from app.gateway.engine_client import (
-    DEFAULT_HEAD_TIMEOUT_S,
-    DEFAULT_IDLE_TIMEOUT_S,
-    EngineTimeouts,
-)
+from app.gateway.engine_bounds import DEFAULT_HEAD_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S, EngineTimeouts
 from app.gateway.postgres import (
     DEFAULT_CLIENT_HOST,
     DEFAULT_CLIENT_PORT,

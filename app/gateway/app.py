@@ -50,7 +50,8 @@ from app.gateway.asgi import (
 )
 from app.gateway.completions import Completions
 from app.gateway.endpoints import JSON_ENDPOINTS, UPLOAD_ENDPOINTS
-from app.gateway.engine_client import EngineClient, EngineTimeouts
+from app.gateway.engine_bounds import EngineTimeouts
+from app.gateway.engine_client import EngineClient
 from app.gateway.errors import ApiError, method_not_allowed, not_found
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.proxy import Upstream

@@ -21,7 +21,7 @@ import structlog
 from app.domain.egress import EngineNetworks
 from app.gateway.budget_keeper import BudgetKeeper
 from app.gateway.ejection import EjectionPolicy
-from app.gateway.engine_client import EngineTimeouts
+from app.gateway.engine_bounds import EngineTimeouts
 from app.gateway.reporter import GatewayReporter
 from app.gateway.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_METRICS_HOST, Gateway
 from app.gateway.sharedlimits import SharedLimiter

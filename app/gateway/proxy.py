@@ -47,12 +47,12 @@ import structlog
 
 from app.domain.traffic import Outcome
 from app.gateway.affinity import RouteKey
-from app.gateway.engine_client import (
+from app.gateway.engine_answer import EngineAnswer
+from app.gateway.engine_client import EngineClient
+from app.gateway.engine_errors import (
     AnswerBroken,
     AnswerStalled,
     AnswerTooLarge,
-    EngineAnswer,
-    EngineClient,
     EngineUnreachable,
     HeadRefused,
     HeadTimedOut,

@@ -37,7 +37,7 @@ from app.gateway.app import GatewayApp, MetricsApp
 from app.gateway.completions import MAX_BODY_BYTES
 from app.gateway.egress import EngineEgress
 from app.gateway.ejection import EjectionPolicy
-from app.gateway.engine_client import EngineTimeouts
+from app.gateway.engine_bounds import EngineTimeouts
 from app.gateway.errors import listener_refusal
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.ratelimit import Limiter, RateLimiter
@@ -201,7 +201,7 @@ class Gateway:
         tpm (this gateway's own ``RateLimiter`` when None); ``limits_reason`` says, for
         ``/readyz``, why limits are only approximate now (None: they are not).
         ``engine_timeouts``: how long an engine may take to answer, and be silent once it
-        has begun (``app.gateway.engine_client``). ``reuse_port``: listen with
+        has begun (``app.gateway.engine_bounds``). ``reuse_port``: listen with
         ``SO_REUSEPORT``, so that several gateway processes share the client port and the
         kernel spreads new connections among them (one process is one core); the metrics
         listener is each process's own. ``settle``: settle the

@@ -12,13 +12,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from app.gateway.engine_client import (
-    MAX_ANSWER_BYTES,
-    AnswerBroken,
-    AnswerTooLarge,
-    EngineClient,
-    EngineUnreachable,
-)
+from app.gateway.engine_bounds import MAX_ANSWER_BYTES
+from app.gateway.engine_client import EngineClient
+from app.gateway.engine_errors import AnswerBroken, AnswerTooLarge, EngineUnreachable
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(30)

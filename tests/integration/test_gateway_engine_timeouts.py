@@ -14,14 +14,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from app.gateway.engine_client import (
-    MAX_ERROR_BYTES,
-    AnswerStalled,
-    AnswerTooLarge,
-    EngineClient,
-    EngineTimeouts,
-    HeadTimedOut,
-)
+from app.gateway.engine_bounds import MAX_ERROR_BYTES, EngineTimeouts
+from app.gateway.engine_client import EngineClient
+from app.gateway.engine_errors import AnswerStalled, AnswerTooLarge, HeadTimedOut
 
 pytestmark = pytest.mark.timeout(30)
 

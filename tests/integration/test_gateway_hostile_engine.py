@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from app.gateway.engine_client import MAX_ANSWER_BYTES
+from app.gateway.engine_bounds import MAX_ANSWER_BYTES
 from app.gateway.server import StaticSource
 from app.gateway.signals import MAX_PAGE_BYTES, EngineReading, MetricsScraper, ScrapeFailed
 from app.gateway.table import Route

@@ -19,7 +19,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from app.gateway.ejection import EjectionPolicy
-from app.gateway.engine_client import EngineTimeouts
+from app.gateway.engine_bounds import EngineTimeouts
 from app.gateway.server import StaticSource
 from app.gateway.table import Route
 from tests.support.bad_engine import BadEngine

@@ -11,7 +11,8 @@ import msgspec
 import pytest
 
 from app.domain.traffic import Outcome, ReplicaTraffic
-from app.gateway.engine_client import EngineAnswer, EngineClient
+from app.gateway.engine_answer import EngineAnswer
+from app.gateway.engine_client import EngineClient
 from app.gateway.proxy import Timing, Upstream
 from app.gateway.traffic import TrafficWindow
 from tests.unit.test_gateway_router import key, route, router_with

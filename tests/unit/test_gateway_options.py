@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.gateway.engine_client import EngineTimeouts
+from app.gateway.engine_bounds import EngineTimeouts
 from app.gateway.postgres import GatewayOptions
 from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
 from app.main import app

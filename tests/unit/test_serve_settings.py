@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.gateway.ejection import EjectionPolicy
-from app.gateway.engine_client import EngineTimeouts
+from app.gateway.engine_bounds import EngineTimeouts
 from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
 from app.main import app
 from app.settings import ServeSettings
