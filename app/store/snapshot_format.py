@@ -9,7 +9,8 @@ while the next chunk arrives.
 
 ``FINGERPRINT`` names the fold that wrote a snapshot. It is a hash of the source of every
 module that decides what a replay produces: the events and their codec (upcasters
-included), the state, the model spec and the modules of its parts' shapes, ``evolve`` and
+included), the state, the model spec and the modules of its parts' shapes, ``evolve`` (every
+module of its package: the handlers live beside it, one module per part of the state) and
 this format. A snapshot is used only by a fold with the same fingerprint, so one written
 before an upgrade that changed the state's shape, or changed what ``evolve`` does with an
 event without changing any shape, is never read as if the new fold had written it: the
@@ -100,11 +101,27 @@ _decoder = msgspec.msgpack.Decoder(Part)
 def fingerprint() -> str:
     """The fold's fingerprint (see the module docstring)."""
     digest = hashlib.sha256()
+    for name, path in _fold_files():
+        digest.update(name.encode() + b"\0")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _fold_files() -> list[tuple[str, Path]]:
+    """The source files the fingerprint hashes, each with its module's name: a module's
+    file, or every file of a package, so that a module added to ``app.domain.evolve`` changes
+    the fingerprint without being listed here."""
+    files: list[tuple[str, Path]] = []
     for module in _FOLD_MODULES:
         assert module.__file__ is not None  # modules loaded from files, not built in
-        digest.update(module.__name__.encode() + b"\0")
-        digest.update(Path(module.__file__).read_bytes())
-    return digest.hexdigest()
+        path = Path(module.__file__)
+        if not hasattr(module, "__path__"):
+            files.append((module.__name__, path))
+            continue
+        for source in sorted(path.parent.rglob("*.py")):
+            parts = source.relative_to(path.parent).with_suffix("").parts
+            files.append((".".join((module.__name__, *parts)), source))
+    return files
 
 
 def encode(state: ClusterState, versions: dict[str, int]) -> Iterator[bytes]:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import app.domain.evolve
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import (
     AnyEvent,
@@ -18,7 +21,7 @@ from app.domain.events import (
     ReplicaPlaced,
     ShardPlacement,
 )
-from app.domain.evolve import replay
+from app.domain.evolve import _HANDLERS, replay
 from app.domain.model_spec import ModelSpec
 from app.domain.state import ClusterState
 from app.store import snapshot_format
@@ -135,6 +138,32 @@ def test_the_fingerprint_names_the_source_of_the_fold() -> None:
         "app.domain.state",
         "app.store.codec",
     }
+
+
+def test_a_change_to_any_file_of_the_fold_changes_the_fingerprint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A snapshot written before a handler changed is never read by the changed fold, in
+    whichever module of the fold the handler lives."""
+    files = {Path(inspect.getsourcefile(handler) or "") for handler in _HANDLERS.values()}
+    if hasattr(app.domain.evolve, "__path__"):
+        files |= set(Path(app.domain.evolve.__path__[0]).rglob("*.py"))
+    real = snapshot_format.fingerprint()
+    read_bytes = Path.read_bytes
+    try:
+        for changed in sorted(files):
+
+            def edited(path: Path, changed: Path = changed) -> bytes:
+                source = read_bytes(path)
+                return source + b"\n# edited\n" if path == changed else source
+
+            monkeypatch.setattr(Path, "read_bytes", edited)
+            snapshot_format.fingerprint.cache_clear()
+            assert snapshot_format.fingerprint() != real, f"{changed} is not in the fingerprint"
+    finally:
+        monkeypatch.undo()
+        snapshot_format.fingerprint.cache_clear()
+    assert snapshot_format.fingerprint() == real
 
 
 def _examples(count: int) -> list[AnyEvent]:
