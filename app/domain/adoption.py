@@ -168,5 +168,6 @@ def _stray(
 
 
 def _stray_key(reported: ReportedShard) -> str:
-    """What a node's ``stray_stops`` remember of a stray: its engine (``app.domain.evolve``)."""
+    """What a node's ``stray_stops`` remember of a stray: its engine
+    (``app.domain.evolve.nodes``)."""
     return f"{reported.replica_id}/{reported.shard_index}/{reported.pid}"

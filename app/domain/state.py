@@ -303,7 +303,7 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
     """GPUs the log knew unhealthy when a hello stopped listing them, as it knew them: not
     the node's (nothing is placed on them), but a hello that lists one again under its
     index records its recovery, or a fault other than the one known, against it. One per
-    index, the latest 64 left out (``app.domain.evolve.UNLISTED_GPUS_KEPT``)."""
+    index, the latest 64 left out (``app.domain.evolve.nodes.UNLISTED_GPUS_KEPT``)."""
 
 
 class ApiKey(msgspec.Struct, frozen=True, kw_only=True):

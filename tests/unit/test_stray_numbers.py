@@ -8,7 +8,7 @@ import pytest
 
 from app.domain.envelope import Meta
 from app.domain.events import StrayStopped, node_stream
-from app.domain.evolve import STRAY_NUMBERS_BELIEVED
+from app.domain.evolve.nodes import STRAY_NUMBERS_BELIEVED
 from app.store.interface import NO_STREAM, NewEvent
 from app.store.memory import InMemoryEventStore
 from tests.unit.test_fold_after_failover import declared, place

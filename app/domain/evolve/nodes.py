@@ -1,0 +1,189 @@
+"""The fold of nodes and their GPUs: registered, connected (with the GPUs a hello leaves
+out), disconnected, lost, cordoned and drained; GPUs marked unhealthy and recovered; and the
+strays an agent stopped, which the node remembers and whose numbers the model counts."""
+
+from __future__ import annotations
+
+from msgspec.structs import replace
+
+from app.domain.envelope import Recorded
+from app.domain.events import (
+    GpuInfo,
+    GpuMarkedUnhealthy,
+    GpuRecovered,
+    NodeConnected,
+    NodeCordoned,
+    NodeDisconnected,
+    NodeDrainFinished,
+    NodeDrainRequested,
+    NodeLost,
+    NodeRegistered,
+    NodeUncordoned,
+    StrayStopped,
+)
+from app.domain.evolve.updates import _update_gpu, _update_node
+from app.domain.state import STRAYS_REMEMBERED, ClusterState, Node, ReplicaPhase
+
+
+def _node_registered(state: ClusterState, event: NodeRegistered, recorded: Recorded) -> None:
+    at = recorded.recorded_at
+    state.nodes[event.node_id] = Node(
+        id=event.node_id,
+        address=event.address,
+        registered_at=at,
+        labels=event.labels,
+        gpus=event.gpus,
+        agent_version=event.agent_version,
+        port_range=event.port_range,
+        last_change_at=at,
+    )
+
+
+def _node_connected(state: ClusterState, event: NodeConnected, recorded: Recorded) -> None:
+    at = recorded.recorded_at
+    node = state.nodes.get(event.node_id) or Node(
+        id=event.node_id, address=event.address, registered_at=at
+    )
+    state.nodes[event.node_id] = replace(
+        node,
+        address=event.address,
+        remote_address=event.remote_address,
+        labels=event.labels,
+        gpus=event.gpus,
+        unlisted_gpus=_unlisted_gpus(node, event.gpus),
+        agent_version=event.agent_version,
+        port_range=event.port_range,
+        certificate_serial=event.certificate_serial,
+        connected=True,
+        lost=False,
+        last_change_at=at,
+    )
+
+
+UNLISTED_GPUS_KEPT = 64
+"""Most GPUs left out of hellos a node keeps (``Node.unlisted_gpus``), the latest left
+out: as many as a hello may list, so an agent listing other indexes at each hello cannot
+grow the state."""
+
+
+def _unlisted_gpus(node: Node, listed: tuple[GpuInfo, ...]) -> tuple[GpuInfo, ...]:
+    """The node's unhealthy GPUs that a hello listing ``listed`` leaves out, after those
+    that earlier hellos left out and this one does not list either (oldest first)."""
+    indexes = {gpu.index for gpu in listed}
+    unlisted = {gpu.index: gpu for gpu in node.unlisted_gpus if gpu.index not in indexes}
+    for gpu in node.gpus:
+        if not gpu.healthy and gpu.index not in indexes:
+            unlisted.pop(gpu.index, None)
+            unlisted[gpu.index] = gpu
+    return tuple(unlisted.values())[-UNLISTED_GPUS_KEPT:]
+
+
+def _node_disconnected(state: ClusterState, event: NodeDisconnected, recorded: Recorded) -> None:
+    at = recorded.recorded_at
+    _update_node(state, event.node_id, {"connected": False, "last_change_at": at})
+
+
+def _node_lost(state: ClusterState, event: NodeLost, recorded: Recorded) -> None:
+    at = recorded.recorded_at
+    _update_node(state, event.node_id, {"connected": False, "lost": True, "last_change_at": at})
+
+
+def _node_cordoned(state: ClusterState, event: NodeCordoned, recorded: Recorded) -> None:
+    _update_node(state, event.node_id, {"cordoned": True, "cordon_reason": event.reason})
+
+
+def _node_uncordoned(state: ClusterState, event: NodeUncordoned, recorded: Recorded) -> None:
+    _update_node(
+        state,
+        event.node_id,
+        {
+            "cordoned": False,
+            "cordon_reason": None,
+            "drain_id": None,
+            "drain_grace_s": None,
+            "drain_requested_at": None,
+            "drain_began_with": (),
+        },
+    )
+
+
+def _node_drain_requested(
+    state: ClusterState, event: NodeDrainRequested, recorded: Recorded
+) -> None:
+    at = recorded.recorded_at
+    serving = (ReplicaPhase.SERVING, ReplicaPhase.DRAINING)
+    began_with = sorted(
+        r.id for r in state.replicas.values() if r.phase in serving and event.node_id in r.node_ids
+    )
+    _update_node(
+        state,
+        event.node_id,
+        {
+            "cordoned": True,
+            "cordon_reason": f"drain {event.drain_id}",
+            "drain_id": event.drain_id,
+            "drain_grace_s": event.grace_s,
+            "drain_requested_at": at,
+            "drain_began_with": tuple(began_with),
+        },
+    )
+
+
+def _node_drain_finished(state: ClusterState, event: NodeDrainFinished, recorded: Recorded) -> None:
+    _update_node(
+        state,
+        event.node_id,
+        {
+            "drain_id": None,
+            "drain_grace_s": None,
+            "drain_requested_at": None,
+            "drain_began_with": (),
+        },
+    )
+
+
+def _gpu_marked_unhealthy(
+    state: ClusterState, event: GpuMarkedUnhealthy, recorded: Recorded
+) -> None:
+    _update_gpu(
+        state, event.node_id, event.gpu_index, {"healthy": False, "unhealthy_reason": event.reason}
+    )
+
+
+def _gpu_recovered(state: ClusterState, event: GpuRecovered, recorded: Recorded) -> None:
+    _update_gpu(state, event.node_id, event.gpu_index, {"healthy": True, "unhealthy_reason": None})
+
+
+STRAY_NUMBERS_BELIEVED = 1000
+"""How far past a model's replica count a stray's number is taken as used (see
+``_count_stray_number``)."""
+
+
+def _stray_stopped(state: ClusterState, event: StrayStopped, recorded: Recorded) -> None:
+    _remember_stray(state, event)
+    _count_stray_number(state, event)
+
+
+def _remember_stray(state: ClusterState, event: StrayStopped) -> None:
+    node = state.nodes.get(event.node_id)
+    if node is not None:
+        key = f"{event.replica_id}/{event.shard_index}/{event.pid}"
+        strays = (*node.stray_stops, key)[-STRAYS_REMEMBERED:]
+        state.nodes[event.node_id] = replace(node, stray_stops=strays)
+
+
+def _count_stray_number(state: ClusterState, event: StrayStopped) -> None:
+    """An engine named ``<model>-<n>`` ran, so ``n`` is taken even if the log never placed
+    it: its placement was lost in a failover to a standby that had not received it. No new
+    replica may take that id. A number far past the model's count is not believed: a node
+    can name any, and must not be able to push the count anywhere it likes."""
+    model = state.models.get(event.model)
+    prefix = f"{event.model}-"
+    if model is None or not event.replica_id.startswith(prefix):
+        return
+    digits = event.replica_id[len(prefix) :]
+    if not (digits.isascii() and digits.isdigit()):
+        return
+    number = int(digits)
+    if model.replicas_created < number <= model.replicas_created + STRAY_NUMBERS_BELIEVED:
+        state.models[event.model] = replace(model, replicas_created=number)

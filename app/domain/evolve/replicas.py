@@ -1,0 +1,275 @@
+"""The fold of a replica's life: placed, serving, drained, stopping, and ended (stopped,
+failed, timed out, lost). A failure or a startup timeout counts against the model's backoff
+(and its rollout's step); an end closes the moves that wait on the replica, and forgets the
+model's oldest ended replica once it keeps more than ``ENDED_KEPT_PER_MODEL``."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from msgspec.structs import replace
+
+from app.domain.changes import ModelChanges
+from app.domain.envelope import Recorded
+from app.domain.events import (
+    ReplacementServing,
+    ReplicaDrainCancelled,
+    ReplicaDrainStarted,
+    ReplicaFailed,
+    ReplicaLost,
+    ReplicaPlaced,
+    ReplicaServing,
+    ReplicaStartupTimedOut,
+    ReplicaStopped,
+    ReplicaStopping,
+)
+from app.domain.evolve.updates import _update_model, _update_replica
+from app.domain.state import (
+    ENDED_KEPT_PER_MODEL,
+    ENDED_PHASES,
+    ClusterState,
+    Move,
+    Replica,
+    ReplicaPhase,
+    RolloutState,
+    Shard,
+    ShardPhase,
+    backoff_s,
+)
+
+
+def _replica_placed(state: ClusterState, event: ReplicaPlaced, recorded: Recorded) -> None:
+    at = recorded.recorded_at
+    state.replicas[event.replica_id] = Replica(
+        id=event.replica_id,
+        model=event.model,
+        number=event.number,
+        phase=ReplicaPhase.PLACED,
+        shards=tuple(
+            Shard(
+                index=s.index,
+                node_id=s.node_id,
+                gpus=s.gpus,
+                port=s.port,
+                epoch=recorded.meta.epoch,
+            )
+            for s in event.shards
+        ),
+        placed_at=at,
+        reason=event.reason,
+        replaces=event.replaces,
+        revision=event.revision,
+    )
+    model = state.models.get(event.model)
+    if model is not None:
+        moves = model.moves
+        move = moves.get(event.replaces) if event.replaces is not None else None
+        if move is not None:
+            moves = {**moves, move.replica_id: replace(move, replacement_id=event.replica_id)}
+        state.models[event.model] = replace(
+            model,
+            replicas_created=max(model.replicas_created, event.number),
+            unplaceable_reason=None,
+            moves=moves,
+        )
+
+
+def _replica_serving(state: ClusterState, event: ReplicaServing, recorded: Recorded) -> None:
+    at = recorded.recorded_at
+    _update_replica(
+        state,
+        event.replica_id,
+        {
+            "phase": ReplicaPhase.SERVING,
+            "serving_since": at,
+            "routable": True,
+            "agent_stopped_at": None,
+        },
+    )
+    _model_of(state, event.replica_id, {"failures": 0, "backoff_until": None})
+
+
+def _replica_drain_started(
+    state: ClusterState, event: ReplicaDrainStarted, recorded: Recorded
+) -> None:
+    at = recorded.recorded_at
+    replica = state.replicas.get(event.replica_id)
+    if replica is None:
+        return
+    state.replicas[event.replica_id] = replace(
+        replica, phase=ReplicaPhase.DRAINING, drain_id=event.drain_id, drain_started_at=at
+    )
+    move = Move(
+        replica_id=event.replica_id, move_id=event.drain_id, started_at=at, reason=event.reason
+    )
+    model = state.models.get(replica.model)
+    if model is not None:
+        moves = {**model.moves, event.replica_id: move}
+        state.models[replica.model] = replace(model, moves=moves)
+
+
+def _replica_drain_cancelled(
+    state: ClusterState, event: ReplicaDrainCancelled, recorded: Recorded
+) -> None:
+    replica = state.replicas.get(event.replica_id)
+    if replica is not None and replica.phase is ReplicaPhase.DRAINING:
+        state.replicas[event.replica_id] = replace(
+            replica, phase=ReplicaPhase.SERVING, drain_id=None, drain_started_at=None
+        )
+        _move_over(state, replica)
+
+
+def _replacement_serving(
+    state: ClusterState, event: ReplacementServing, recorded: Recorded
+) -> None:
+    _update_replica(state, event.replica_id, {"replacement_id": event.replacement_id})
+
+
+def _replica_stopping(state: ClusterState, event: ReplicaStopping, recorded: Recorded) -> None:
+    at = recorded.recorded_at
+    _update_replica(
+        state,
+        event.replica_id,
+        {
+            "phase": ReplicaPhase.STOPPING,
+            "routable": False,
+            "stopping_since": at,
+            "end_reason": event.reason,
+            "surplus": event.surplus,
+        },
+    )
+    replica = state.replicas.get(event.replica_id)
+    if replica is not None:
+        _move_over(state, replica)
+
+
+def _replica_stopped(state: ClusterState, event: ReplicaStopped, recorded: Recorded) -> None:
+    at = recorded.recorded_at
+    _end_replica(state, event.replica_id, ReplicaPhase.STOPPED, at, None)
+
+
+def _replica_failed(state: ClusterState, event: ReplicaFailed, recorded: Recorded) -> None:
+    at = recorded.recorded_at
+    _end_replica(state, event.replica_id, ReplicaPhase.FAILED, at, event.reason)
+    _count_failure(state, event.replica_id, at)
+
+
+def _replica_startup_timed_out(
+    state: ClusterState, event: ReplicaStartupTimedOut, recorded: Recorded
+) -> None:
+    at = recorded.recorded_at
+    reason = f"not ready after {event.waited_s:.0f}s (timeout {event.timeout_s:.0f}s)"
+    _end_replica(state, event.replica_id, ReplicaPhase.TIMED_OUT, at, reason)
+    _count_failure(state, event.replica_id, at)
+
+
+def _replica_lost(state: ClusterState, event: ReplicaLost, recorded: Recorded) -> None:
+    at = recorded.recorded_at
+    _end_replica(state, event.replica_id, ReplicaPhase.LOST, at, event.reason)
+    replica = state.replicas.get(event.replica_id)
+    if replica is not None:
+        shards = tuple(
+            replace(shard, phase=ShardPhase.LOST) if shard.phase in _VOUCHED_FOR else shard
+            for shard in replica.shards
+        )
+        state.replicas[event.replica_id] = replace(replica, shards=shards)
+
+
+_VOUCHED_FOR = frozenset({ShardPhase.PLACED, ShardPhase.STARTING, ShardPhase.READY})
+"""Shard phases that say what an agent would run; a lost replica's shards lose them."""
+
+
+def _end_replica(
+    state: ClusterState,
+    replica_id: str,
+    phase: ReplicaPhase,
+    at: datetime,
+    reason: str | None,
+) -> None:
+    replica = state.replicas.get(replica_id)
+    if replica is None:
+        return
+    state.replicas[replica_id] = replace(
+        replica,
+        phase=phase,
+        routable=False,
+        ended_at=at,
+        end_reason=reason if reason is not None else replica.end_reason,
+    )
+    _move_over(state, replica)
+    _keep_ended(state, replica)
+
+
+def _move_over(state: ClusterState, replica: Replica) -> None:
+    """``replica`` left routing or ended: a move of it is over, and a move it was placed
+    for has no replacement any more (unless another one was placed since)."""
+    model = state.models.get(replica.model)
+    if model is None or not model.moves:
+        return
+    moves = model.moves
+    if replica.id in moves:
+        moves = {k: m for k, m in moves.items() if k != replica.id}
+    waiting = moves.get(replica.replaces) if replica.replaces is not None else None
+    if waiting is not None and waiting.replacement_id == replica.id:
+        moves = {**moves, waiting.replica_id: replace(waiting, replacement_id=None)}
+    if moves is not model.moves:
+        state.models[model.name] = replace(model, moves=moves)
+
+
+def _keep_ended(state: ClusterState, replica: Replica) -> None:
+    """Add ``replica`` to its model's ended replicas (last, even if it ended before), and
+    forget the first of them once there are more than ``ENDED_KEPT_PER_MODEL``: one tuple of
+    at most that many ids per end, never a scan of the replicas. A replica of a model the
+    state does not know is kept (nothing orders its end)."""
+    model = state.models.get(replica.model)
+    if model is None:
+        return
+    ended = (*(i for i in model.ended if i != replica.id), replica.id)
+    forgotten = model.forgotten
+    while len(ended) > ENDED_KEPT_PER_MODEL:
+        oldest = state.replicas.get(ended[0])
+        ended = ended[1:]
+        # Only if it is still an ended replica of this model: an event may have brought it
+        # back (the fold does not refuse that), and then it ends again later.
+        if oldest is not None and oldest.model == model.name and oldest.phase in ENDED_PHASES:
+            del state.replicas[oldest.id]
+            phase = oldest.phase.value
+            forgotten = {**forgotten, phase: forgotten.get(phase, 0) + 1}
+            if state.forgotten is not None:
+                state.forgotten.append(oldest)
+    state.models[model.name] = replace(model, ended=ended, forgotten=forgotten)
+
+
+def _model_of(state: ClusterState, replica_id: str, changes: ModelChanges) -> None:
+    replica = state.replicas.get(replica_id)
+    if replica is not None:
+        _update_model(state, replica.model, changes)
+
+
+def _count_failure(state: ClusterState, replica_id: str, at: datetime) -> None:
+    replica = state.replicas.get(replica_id)
+    model = state.models.get(replica.model) if replica else None
+    if replica is None or model is None:
+        return
+    failures = model.failures + 1
+    until = at + timedelta(seconds=backoff_s(failures))
+    rollout = model.rollout
+    if (
+        rollout is not None
+        and rollout.state in (RolloutState.RUNNING, RolloutState.PAUSED)
+        and replica.revision == rollout.revision
+    ):
+        # A replica of the step failing during its hold starts the hold over once its
+        # replacement serves: the verdict reads the gateways' last window of the active
+        # replicas, so judged at once it would read the replacement just up and none of
+        # the errors of the replica that failed.
+        rollout = replace(
+            rollout,
+            failures=rollout.failures + 1,
+            last_failure=f"{replica.id}: {replica.end_reason or replica.phase.value}",
+            holding_since=None,
+            hold_ejections={},
+        )
+    state.models[model.name] = replace(
+        model, failures=failures, backoff_until=until, rollout=rollout
+    )

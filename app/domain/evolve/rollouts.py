@@ -1,0 +1,169 @@
+"""The fold of a model's rollout: started, each step started, held, judged, paused,
+resumed, rolled back and finished. An event of a rollout the model is no longer in changes
+nothing."""
+
+from __future__ import annotations
+
+from msgspec.structs import replace
+
+from app.domain.envelope import Recorded
+from app.domain.events import (
+    RolloutFinished,
+    RolloutHoldEjectionSeen,
+    RolloutHolding,
+    RolloutPaused,
+    RolloutResumed,
+    RolloutRolledBack,
+    RolloutStarted,
+    RolloutStepStarted,
+    RolloutVerdict,
+)
+from app.domain.evolve.models import _earlier_specs
+from app.domain.evolve.updates import _update_rollout
+from app.domain.state import ClusterState, Rollout, RolloutState
+
+
+def _rollout_started(state: ClusterState, event: RolloutStarted, recorded: Recorded) -> None:
+    model = state.models.get(event.model)
+    if model is None:
+        return
+    # A rollout still under way is superseded: the log says so (this event), and the model
+    # keeps only the one it is now in.
+    rollout = Rollout(
+        id=event.rollout_id,
+        revision=event.revision,
+        from_revision=event.from_revision,
+        from_spec=model.earlier_specs.get(event.from_revision, model.spec),
+        started_at=recorded.recorded_at,
+        undoes=event.undoes,
+    )
+    state.models[event.model] = replace(model, rollout=rollout)
+
+
+def _rollout_step_started(
+    state: ClusterState, event: RolloutStepStarted, recorded: Recorded
+) -> None:
+    _update_rollout(
+        state,
+        event.model,
+        event.rollout_id,
+        {
+            "step": event.step,
+            "step_started_at": recorded.recorded_at,
+            "holding_since": None,
+            "hold_ejections": {},
+            "promoted": False,
+            "paused_by_verdict": False,
+        },
+    )
+
+
+def _rollout_holding(state: ClusterState, event: RolloutHolding, recorded: Recorded) -> None:
+    _update_rollout(
+        state,
+        event.model,
+        event.rollout_id,
+        {"holding_since": recorded.recorded_at, "hold_ejections": {}},
+    )
+
+
+def _rollout_hold_ejection_seen(
+    state: ClusterState, event: RolloutHoldEjectionSeen, recorded: Recorded
+) -> None:
+    model = state.models.get(event.model)
+    rollout = model.rollout if model else None
+    replica = state.replicas.get(event.replica_id)
+    # Only for the hold it was seen in, and a replica of the model: the ejections kept are
+    # as many as the model's replicas, whatever the event says.
+    if (
+        rollout is None
+        or rollout.id != event.rollout_id
+        or rollout.step != event.step
+        or rollout.holding_since is None
+        or replica is None
+        or replica.model != event.model
+        or event.gateways <= rollout.hold_ejections.get(event.replica_id, 0)
+    ):
+        return
+    ejections = {**rollout.hold_ejections, event.replica_id: event.gateways}
+    _update_rollout(state, event.model, event.rollout_id, {"hold_ejections": ejections})
+
+
+def _rollout_verdict(state: ClusterState, event: RolloutVerdict, recorded: Recorded) -> None:
+    _update_rollout(
+        state,
+        event.model,
+        event.rollout_id,
+        {
+            "promoted": event.verdict == "promote",
+            "paused_by_verdict": event.verdict == "inconclusive",
+            "verdict": f"{event.verdict}: {event.reason}",
+        },
+    )
+
+
+def _rollout_paused(state: ClusterState, event: RolloutPaused, recorded: Recorded) -> None:
+    _update_rollout(
+        state,
+        event.model,
+        event.rollout_id,
+        {"state": RolloutState.PAUSED, "pause_reason": event.reason},
+    )
+
+
+def _rollout_resumed(state: ClusterState, event: RolloutResumed, recorded: Recorded) -> None:
+    model = state.models.get(event.model)
+    rollout = model.rollout if model else None
+    if rollout is None or rollout.id != event.rollout_id:
+        return
+    # Only a step whose verdict could not be reached is promoted by the operator's word. A
+    # step the operator paused is judged on the next pass as usual: at once, on the
+    # gateways' figures, if its hold ran out during the pause.
+    _update_rollout(
+        state,
+        event.model,
+        event.rollout_id,
+        {
+            "state": RolloutState.RUNNING,
+            "pause_reason": None,
+            "promoted": rollout.promoted or rollout.paused_by_verdict,
+        },
+    )
+
+
+def _rollout_rolled_back(state: ClusterState, event: RolloutRolledBack, recorded: Recorded) -> None:
+    model = state.models.get(event.model)
+    rollout = model.rollout if model else None
+    if model is None or rollout is None or rollout.id != event.rollout_id:
+        return
+    rolled_back = replace(
+        rollout, state=RolloutState.ROLLING_BACK, outcome=event.reason, pause_reason=None
+    )
+    state.models[event.model] = replace(
+        model,
+        spec=event.spec,
+        revision=event.to_revision,
+        earlier_specs=_earlier_specs(state, model, event.to_revision),
+        failures=0,
+        backoff_until=None,
+        rollout=rolled_back,
+    )
+
+
+def _rollout_finished(state: ClusterState, event: RolloutFinished, recorded: Recorded) -> None:
+    model = state.models.get(event.model)
+    rollout = model.rollout if model else None
+    if rollout is None or rollout.id != event.rollout_id:
+        return
+    if event.succeeded:
+        ended = RolloutState.SUCCEEDED
+    elif rollout.state is RolloutState.ROLLING_BACK:
+        ended = RolloutState.ROLLED_BACK
+    else:
+        ended = RolloutState.ENDED
+    _update_rollout(
+        state,
+        event.model,
+        event.rollout_id,
+        {"state": ended, "finished_at": recorded.recorded_at, "outcome": event.outcome},
+    )

@@ -1,0 +1,128 @@
+"""The fold of a replica's shards: an engine starting, ready, failed or stopped on its node,
+and one adopted where an agent found it running. A shard's replica starts with its first
+shard, and goes back to placed when its agent stops a shard on purpose."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from app.domain.changes import ReplicaChanges, ShardChanges
+from app.domain.envelope import Recorded
+from app.domain.events import ReplicaAdopted, ShardFailed, ShardReady, ShardStarting, ShardStopped
+from app.domain.evolve.updates import _update_shard
+from app.domain.state import ClusterState, ReplicaPhase, ShardPhase
+
+
+def _shard_starting(state: ClusterState, event: ShardStarting, recorded: Recorded) -> None:
+    at = recorded.recorded_at
+    changes: ShardChanges = {"phase": ShardPhase.STARTING, "pid": event.pid, "stop_reason": None}
+    if _restarted(state, event) and recorded.meta.epoch is not None:
+        # Restarted where it was placed, by the leader of this epoch: nothing to adopt.
+        changes["epoch"] = recorded.meta.epoch
+    _update_shard(
+        state,
+        event.replica_id,
+        event.shard_index,
+        changes,
+        replica_changes=_starting(state, event.replica_id, at),
+    )
+
+
+def _restarted(state: ClusterState, event: ShardStarting) -> bool:
+    """Whether the shard starts again after its agent stopped it on purpose."""
+    replica = state.replicas.get(event.replica_id)
+    if replica is None or not 0 <= event.shard_index < len(replica.shards):
+        return False
+    return replica.shards[event.shard_index].stopped_by_agent
+
+
+def _shard_ready(state: ClusterState, event: ShardReady, recorded: Recorded) -> None:
+    _update_shard(
+        state,
+        event.replica_id,
+        event.shard_index,
+        {"phase": ShardPhase.READY, "came_up": True, "stop_reason": None},
+    )
+
+
+def _shard_failed(state: ClusterState, event: ShardFailed, recorded: Recorded) -> None:
+    _update_shard(
+        state,
+        event.replica_id,
+        event.shard_index,
+        {
+            "phase": ShardPhase.FAILED,
+            "error": event.error,
+            "exit_code": event.exit_code,
+            "log_tail": event.log_tail,
+            "stop_reason": None,
+        },
+    )
+
+
+def _shard_stopped(state: ClusterState, event: ShardStopped, recorded: Recorded) -> None:
+    changes: ShardChanges = {
+        "phase": ShardPhase.STOPPED,
+        "exit_code": event.exit_code,
+        "stop_reason": event.reason,
+    }
+    if event.log_tail:  # an empty one keeps the tail an earlier failure reported
+        changes["log_tail"] = event.log_tail
+    replica_changes = (
+        _stopped_by_agent(state, event.replica_id, recorded.recorded_at)
+        if event.reason is not None
+        else {}
+    )
+    _update_shard(state, event.replica_id, event.shard_index, changes, replica_changes)
+
+
+def _stopped_by_agent(state: ClusterState, replica_id: str, at: datetime) -> ReplicaChanges:
+    """A replica starting or serving whose agent stops a shard on purpose goes back to
+    placed: out of routing, its placement kept, to be started there again."""
+    replica = state.replicas.get(replica_id)
+    if replica is None or replica.phase not in (ReplicaPhase.STARTING, ReplicaPhase.SERVING):
+        return {}
+    return {
+        "phase": ReplicaPhase.PLACED,
+        "routable": False,
+        "starting_since": None,
+        "serving_since": None,
+        "agent_stopped_at": at,
+    }
+
+
+def _replica_adopted(state: ClusterState, event: ReplicaAdopted, recorded: Recorded) -> None:
+    at = recorded.recorded_at
+    shard_phase = ShardPhase.READY if event.ready else ShardPhase.STARTING
+    _update_shard(
+        state,
+        event.replica_id,
+        event.shard_index,
+        {
+            "node_id": event.node_id,
+            "port": event.port,
+            "pid": event.pid,
+            "phase": shard_phase,
+            # An engine that came up and is adopted while its agent re-checks it is still
+            # the engine that came up.
+            "came_up": event.ready or _came_up_there(state, event),
+            "epoch": recorded.meta.epoch,
+            "stop_reason": None,
+        },
+        replica_changes=_starting(state, event.replica_id, at),
+    )
+
+
+def _came_up_there(state: ClusterState, event: ReplicaAdopted) -> bool:
+    replica = state.replicas.get(event.replica_id)
+    if replica is None or not 0 <= event.shard_index < len(replica.shards):
+        return False
+    shard = replica.shards[event.shard_index]
+    return shard.came_up and (shard.node_id, shard.port) == (event.node_id, event.port)
+
+
+def _starting(state: ClusterState, replica_id: str, at: datetime) -> ReplicaChanges:
+    replica = state.replicas.get(replica_id)
+    if replica is None or replica.phase is not ReplicaPhase.PLACED:
+        return {}
+    return {"phase": ReplicaPhase.STARTING, "starting_since": at}

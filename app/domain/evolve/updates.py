@@ -1,0 +1,69 @@
+"""What every part of the fold does to change an entity: replace it in the state with some
+of its fields changed (a ``*Changes`` dict of ``app.domain.changes``), or leave the state as it
+is when the state does not know the entity."""
+
+from __future__ import annotations
+
+from msgspec.structs import replace
+
+from app.domain.changes import (
+    GpuChanges,
+    ModelChanges,
+    NodeChanges,
+    ReplicaChanges,
+    RolloutChanges,
+    ShardChanges,
+)
+from app.domain.state import ClusterState
+
+
+def _update_shard(
+    state: ClusterState,
+    replica_id: str,
+    index: int,
+    changes: ShardChanges,
+    replica_changes: ReplicaChanges | None = None,
+) -> None:
+    replica = state.replicas.get(replica_id)
+    if replica is None or not 0 <= index < len(replica.shards):
+        return
+    shards = list(replica.shards)
+    shards[index] = replace(shards[index], **changes)
+    state.replicas[replica_id] = replace(replica, shards=tuple(shards), **(replica_changes or {}))
+
+
+def _update_replica(state: ClusterState, replica_id: str, changes: ReplicaChanges) -> None:
+    replica = state.replicas.get(replica_id)
+    if replica is not None:
+        state.replicas[replica_id] = replace(replica, **changes)
+
+
+def _update_model(state: ClusterState, name: str, changes: ModelChanges) -> None:
+    model = state.models.get(name)
+    if model is not None:
+        state.models[name] = replace(model, **changes)
+
+
+def _update_rollout(
+    state: ClusterState, name: str, rollout_id: str, changes: RolloutChanges
+) -> None:
+    """Change the model's rollout if it is ``rollout_id`` (an event of an earlier one, now
+    superseded, changes nothing)."""
+    model = state.models.get(name)
+    rollout = model.rollout if model else None
+    if model is not None and rollout is not None and rollout.id == rollout_id:
+        state.models[name] = replace(model, rollout=replace(rollout, **changes))
+
+
+def _update_node(state: ClusterState, node_id: str, changes: NodeChanges) -> None:
+    node = state.nodes.get(node_id)
+    if node is not None:
+        state.nodes[node_id] = replace(node, **changes)
+
+
+def _update_gpu(state: ClusterState, node_id: str, index: int, changes: GpuChanges) -> None:
+    node = state.nodes.get(node_id)
+    if node is None:
+        return
+    gpus = tuple(replace(g, **changes) if g.index == index else g for g in node.gpus)
+    state.nodes[node_id] = replace(node, gpus=gpus)
