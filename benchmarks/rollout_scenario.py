@@ -47,8 +47,8 @@ from app.domain.events import (
     ShardStopped,
 )
 from app.domain.evolve import evolve
+from app.domain.model_operations import apply_model
 from app.domain.model_spec import CanaryStep, ModelSpec, RolloutPolicy
-from app.domain.operations import apply_model
 from app.domain.reconcile import Settings, decide
 from app.domain.reports import FleetView, NodeReport, ReportedShard
 from app.domain.rollout_reads import canary_group, stable_group, traffic_wanted

@@ -20,7 +20,8 @@ from app.admin.node_schemas import DrainRequest
 from app.admin.replica_schemas import DrainAccepted, DrainProgressView, ReplicaRoomView
 from app.admin.replicas import replica_summary
 from app.admin.schemas import as_view
-from app.domain.operations import DrainProgress, NodeDrain
+from app.domain.drain_progress import DrainProgress
+from app.domain.node_operations import NodeDrain
 from app.services.operations import Caller, Operations
 
 DRAINS_PATH = "/admin/v1/drains"

@@ -19,7 +19,7 @@ from litestar.status_codes import (
 from litestar.types import ExceptionHandlersMap
 
 from app.domain.keys import InvalidKey, UnknownKey
-from app.domain.operations import (
+from app.domain.operation_results import (
     InvalidDrain,
     InvalidFields,
     InvalidOperation,

@@ -27,7 +27,8 @@ from app.domain.decision import AUTOSCALER
 from app.domain.envelope import Recorded
 from app.domain.events import model_stream
 from app.domain.model_spec import ModelSpec, SpecError
-from app.domain.operations import InvalidSpec, ModelStatus
+from app.domain.model_status import ModelStatus
+from app.domain.operation_results import InvalidSpec
 from app.domain.state import Model
 from app.services.operations import Caller, Operations
 from app.store.history import read_last_scaled

@@ -22,7 +22,7 @@ from app.admin.node_schemas import (
 from app.admin.schemas import as_view
 from app.domain.allocation import Allocations
 from app.domain.events import GpuInfo
-from app.domain.operations import find_node, replicas_matching
+from app.domain.node_operations import find_node, replicas_matching
 from app.domain.state import ACTIVE_PHASES, ClusterState, Node, Replica
 from app.services.operations import Caller, Operations
 

@@ -13,8 +13,8 @@ from litestar.params import FromPath, JSONBody
 from app.admin.auth import require_actor
 from app.admin.bodies import check_body
 from app.admin.model_schemas import RoutingView
+from app.domain.model_operations import find_model
 from app.domain.model_spec import RoutingSettings
-from app.domain.operations import find_model
 from app.domain.state import ClusterState
 from app.services.operations import Caller, Operations
 

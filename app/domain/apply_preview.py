@@ -2,7 +2,7 @@
 ``llmgw-cli models apply --dry-run``, and the check of every spec of a file before any of
 it is recorded.
 
-The preview runs the same decision as the apply (``operations.apply_model``): the same
+The preview runs the same decision as the apply (``model_operations.apply_model``): the same
 validation (an invalid spec raises ``InvalidSpec`` with every field), the same keeping of
 the routing ``bench`` recorded and of an autoscaled model's count, the same revision rule.
 So what it says is what an apply on the same log records.
@@ -15,8 +15,8 @@ from enum import StrEnum
 import msgspec
 
 from app.domain.events import ModelDeclared, RolloutStarted
+from app.domain.model_operations import apply_model
 from app.domain.model_spec import ModelSpec
-from app.domain.operations import apply_model
 from app.domain.revisions import SpecChange, at_once_changes
 from app.domain.state import ClusterState, Model
 

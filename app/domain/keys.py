@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 
 from app.domain.events import ApiKeyCreated, ApiKeyRevoked, key_stream
 from app.domain.model_spec import SpecError
-from app.domain.operations import (
+from app.domain.operation_results import (
     Change,
     InvalidFields,
     InvalidOperation,

@@ -20,7 +20,7 @@ import msgspec
 from app.domain.events import CertificateRevoked, certificate_stream, node_stream
 from app.domain.free_text import reason_errors
 from app.domain.model_spec import SpecError
-from app.domain.operations import Change, InvalidFields
+from app.domain.operation_results import Change, InvalidFields
 from app.domain.state import CertificateRevocation, ClusterState, revocation_key
 
 MAX_NODE_ID_LENGTH = 64

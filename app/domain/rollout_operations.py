@@ -21,16 +21,10 @@ from app.domain.events import (
     model_stream,
 )
 from app.domain.free_text import reason_errors
+from app.domain.model_operations import declared_model, find_model
 from app.domain.model_spec import CanaryStep
-from app.domain.operations import (
-    Change,
-    InvalidOperation,
-    InvalidText,
-    MoveView,
-    declared_model,
-    find_model,
-    moves_of,
-)
+from app.domain.move_views import MoveView, moves_of
+from app.domain.operation_results import Change, InvalidOperation, InvalidText
 from app.domain.revisions import REVISION_FIELDS, next_revision, rollout_id_for, spec_changes
 from app.domain.rollout import rollback_event
 from app.domain.state import (

@@ -42,6 +42,9 @@ ACTIVE_PHASES = frozenset(
 
 ENDED_PHASES = frozenset(ReplicaPhase) - ACTIVE_PHASES
 
+NOT_SERVING_YET = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING})
+"""Placed or starting: active, counting towards the desired count, serving nothing yet."""
+
 ENDED_KEPT_PER_MODEL = 20
 """Ended replicas the fold keeps per model, the most recently ended; older ones are
 forgotten (see ``Model.ended``).

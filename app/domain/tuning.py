@@ -21,13 +21,13 @@ import msgspec
 
 from app.domain.events import ModelTuned, model_stream
 from app.domain.free_text import LINES, control_character_errors
+from app.domain.model_operations import find_model
 from app.domain.model_spec import RoutingSettings, SpecError, routing_setting_errors
-from app.domain.operations import (
+from app.domain.operation_results import (
     Change,
     InvalidFields,
     InvalidOperation,
     InvalidSpec,
-    find_model,
 )
 from app.domain.state import ACTIVE_PHASES, ClusterState
 

@@ -19,10 +19,12 @@ from typing import Any, TypeVar
 
 from app.clock import utc_now
 from app.domain import keys as key_decisions
-from app.domain import operations as decide
+from app.domain import model_operations as model_decisions
+from app.domain import node_operations as node_decisions
 from app.domain import revocations, tuning
 from app.domain import rollout_operations as rollouts
 from app.domain.apply_preview import ApplyPreview, preview_apply
+from app.domain.drain_progress import DrainProgress, current_revisions, drain_progress
 from app.domain.envelope import Meta
 from app.domain.events import (
     key_stream,
@@ -32,6 +34,8 @@ from app.domain.events import (
     subjects,
 )
 from app.domain.model_spec import AutoscalePolicy, ModelSpec, RoutingSettings
+from app.domain.model_status import ModelStatus, model_status
+from app.domain.operation_results import Change
 from app.domain.placement import Explanation
 from app.domain.state import (
     ApiKey,
@@ -45,7 +49,7 @@ from app.domain.state import (
 )
 from app.store.interface import EventStore, NewEvent
 
-ChangeT = TypeVar("ChangeT", bound=decide.Change)
+ChangeT = TypeVar("ChangeT", bound=Change)
 
 DRAIN_EVENTS_SHOWN = 1000
 """A drain's progress shows its first event (the request) and its newest ones, this many in
@@ -99,48 +103,60 @@ class Operations:
 
     async def apply_model(self, caller: Caller, spec: ModelSpec) -> bool:
         stream = model_stream(spec.name)
-        return await self._record(caller, stream, lambda s: decide.apply_model(s, spec))
+        return await self._record(caller, stream, lambda s: model_decisions.apply_model(s, spec))
 
     async def scale(self, caller: Caller, name: str, replicas: int) -> bool:
         stream = model_stream(name)
-        return await self._record(caller, stream, lambda s: decide.scale(s, name, replicas))
+        return await self._record(
+            caller, stream, lambda s: model_decisions.scale(s, name, replicas)
+        )
 
     async def set_autoscale(
         self, caller: Caller, name: str, policy: AutoscalePolicy | None
     ) -> bool:
         """Autoscale the model with ``policy``, or stop (None)."""
         stream = model_stream(name)
-        return await self._record(caller, stream, lambda s: decide.set_autoscale(s, name, policy))
+        return await self._record(
+            caller, stream, lambda s: model_decisions.set_autoscale(s, name, policy)
+        )
 
     async def patch_autoscale(
         self, caller: Caller, name: str, fields: Mapping[str, float | int | None]
     ) -> bool:
         """Change only ``fields`` of the model's policy, merged with the policy the change
-        is appended on (``decide.patch_autoscale``)."""
+        is appended on (``model_decisions.patch_autoscale``)."""
         stream = model_stream(name)
-        return await self._record(caller, stream, lambda s: decide.patch_autoscale(s, name, fields))
+        return await self._record(
+            caller, stream, lambda s: model_decisions.patch_autoscale(s, name, fields)
+        )
 
     async def remove(self, caller: Caller, name: str) -> bool:
-        return await self._record(caller, model_stream(name), lambda s: decide.remove(s, name))
+        return await self._record(
+            caller, model_stream(name), lambda s: model_decisions.remove(s, name)
+        )
 
     async def cordon(self, caller: Caller, node_id: str, reason: str) -> bool:
         stream = node_stream(node_id)
-        return await self._record(caller, stream, lambda s: decide.cordon(s, node_id, reason))
+        return await self._record(
+            caller, stream, lambda s: node_decisions.cordon(s, node_id, reason)
+        )
 
     async def uncordon(self, caller: Caller, node_id: str) -> bool:
         stream = node_stream(node_id)
-        return await self._record(caller, stream, lambda s: decide.uncordon(s, node_id))
+        return await self._record(caller, stream, lambda s: node_decisions.uncordon(s, node_id))
 
     async def drain_node(
         self, caller: Caller, node_id: str, grace_s: float, *, require_room: bool = False
-    ) -> decide.NodeDrain:
+    ) -> node_decisions.NodeDrain:
         """The drain recorded (its id is the events' correlation id), with whether each
         replica on the node has somewhere to go, as decided on the state it was recorded on."""
         drain_id = new_drain_id()
         return await self._append(
             caller,
             node_stream(node_id),
-            lambda s: decide.drain_node(s, node_id, drain_id, grace_s, require_room=require_room),
+            lambda s: node_decisions.drain_node(
+                s, node_id, drain_id, grace_s, require_room=require_room
+            ),
             correlation_id=drain_id,
         )
 
@@ -149,7 +165,7 @@ class Operations:
         await self._record(
             caller,
             replica_stream(replica_id),
-            lambda s: decide.drain_replica(s, replica_id, drain_id),
+            lambda s: node_decisions.drain_replica(s, replica_id, drain_id),
             correlation_id=drain_id,
             about_replica=replica_id,
         )
@@ -167,7 +183,7 @@ class Operations:
         return await self._steer_rollout(caller, name, lambda s: rollouts.undo(s, name, rollout_id))
 
     async def _steer_rollout(
-        self, caller: Caller, name: str, decision: Callable[[ClusterState], decide.Change]
+        self, caller: Caller, name: str, decision: Callable[[ClusterState], Change]
     ) -> bool:
         return await self._record(caller, model_stream(name), decision)
 
@@ -261,26 +277,26 @@ class Operations:
         """The cluster as of the end of the log; later appends do not change this copy."""
         return (await self._store.catch_up()).copy()
 
-    async def models(self, *, include_removed: bool = False) -> list[decide.ModelStatus]:
+    async def models(self, *, include_removed: bool = False) -> list[ModelStatus]:
         state, now = await self.current(), self._clock()
         return [
-            decide.model_status(state, name, now)
+            model_status(state, name, now)
             for name, model in sorted(state.models.items())
             if include_removed or not model.removed
         ]
 
-    async def model(self, name: str) -> decide.ModelStatus:
-        return decide.model_status(await self.current(), name, self._clock())
+    async def model(self, name: str) -> ModelStatus:
+        return model_status(await self.current(), name, self._clock())
 
     async def placement(self, name: str) -> Explanation:
-        return decide.placement_of(await self.current(), name)
+        return model_decisions.placement_of(await self.current(), name)
 
     async def preview_model(self, spec: ModelSpec) -> ApplyPreview:
         """What ``apply_model`` would record now, decided the same way; nothing recorded."""
         return preview_apply(await self._store.catch_up(), spec)
 
     async def placement_dry_run(self, spec: ModelSpec) -> Explanation:
-        return decide.placement_dry_run(await self.current(), spec)
+        return model_decisions.placement_dry_run(await self.current(), spec)
 
     async def rollout(self, name: str) -> RolloutReport:
         """Where the model's rollout under way (or its last one) stands."""
@@ -294,17 +310,17 @@ class Operations:
 
     async def rollout_id(self, name: str) -> str | None:
         """The id of the model's rollout under way, or of its last one; None without one."""
-        rollout = decide.find_model(await self._store.catch_up(), name).rollout
+        rollout = model_decisions.find_model(await self._store.catch_up(), name).rollout
         return rollout.id if rollout is not None else None
 
-    async def drain(self, drain_id: str) -> decide.DrainProgress:
+    async def drain(self, drain_id: str) -> DrainProgress:
         first = await self._store.read_correlated(drain_id, 1)
         newest = await self._store.read_correlated(drain_id, DRAIN_EVENTS_SHOWN - 1, newest=True)
         events = [*first, *(e for e in newest if first and e.position > first[0].position)]
         state = await self.current()
         for replica_id in sorted({i for e in events if (i := subjects(e.event).replica)}):
             await self._put_back(state, replica_id)
-        return decide.drain_progress(state, drain_id, events)
+        return drain_progress(state, drain_id, events)
 
     async def replicas(
         self,
@@ -318,19 +334,19 @@ class Operations:
         among = ReplicaFilter(model=model, node_id=node_id, phase=phase)
         forgotten = await self._store.forgotten_replicas(state.replicas.keys(), among)
         return sorted(
-            [*decide.replicas_matching(state, model, node_id, phase), *forgotten],
+            [*node_decisions.replicas_matching(state, model, node_id, phase), *forgotten],
             key=lambda r: (r.model, r.number),
         )
 
     async def revisions(self, replicas: Sequence[Replica]) -> dict[str, int]:
         """The current revision of each model of ``replicas``."""
-        return decide.current_revisions(await self._store.catch_up(), replicas)
+        return current_revisions(await self._store.catch_up(), replicas)
 
     async def replica(self, replica_id: str) -> Replica:
         """The replica as the fold has it, or as it had it before forgetting it."""
         state = await self.current()
         await self._put_back(state, replica_id)
-        return decide.find_replica(state, replica_id)
+        return node_decisions.find_replica(state, replica_id)
 
     async def _put_back(self, state: ClusterState, replica_id: str) -> None:
         """Put the replica back into ``state`` (a copy) if the fold forgot it: rebuilt from
@@ -338,7 +354,7 @@ class Operations:
         if replica_id in state.replicas:
             return
         events = await self._store.read_about_replica(replica_id)
-        replica = decide.replica_from_events(replica_id, events) if events else None
+        replica = node_decisions.replica_from_events(replica_id, events) if events else None
         if replica is not None:
             state.replicas[replica_id] = replica
 
@@ -348,7 +364,7 @@ class Operations:
         self,
         caller: Caller,
         stream: str,
-        decision: Callable[[ClusterState], decide.Change],
+        decision: Callable[[ClusterState], Change],
         correlation_id: str | None = None,
         about_replica: str | None = None,
     ) -> bool:

@@ -28,8 +28,8 @@ from app.domain.events import (
     RolloutRolledBack,
     RolloutStarted,
 )
+from app.domain.model_operations import apply_model
 from app.domain.model_spec import CanaryStep, RolloutPolicy
-from app.domain.operations import apply_model
 from app.domain.rollout_reads import canary_group, stable_group
 from app.domain.state import RolloutState
 from app.store.database import connection

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 from msgspec.structs import replace
 
-from app.domain import operations as ops
+from app.domain import model_operations as model_ops
 from app.domain.apply_preview import ApplyOutcome, preview_apply
 from app.domain.events import ModelDeclared, ModelTuned
 from app.domain.model_spec import AutoscalePolicy, ModelSpec, RoutingSettings
+from app.domain.operation_results import InvalidSpec
 from app.domain.revisions import WITHHELD, SpecChange
 from app.domain.state import ClusterState
 from tests.unit.test_domain_operations import after, given
@@ -69,7 +70,7 @@ def test_a_new_command_would_be_a_new_revision_with_its_rollout_and_env_values_w
 
 def test_a_new_revision_during_a_rollout_names_the_rollout_it_would_supersede() -> None:
     state = declared()
-    rolling = after(state, ops.apply_model(state, replace(LLAMA, command="v2 --port {port}")))
+    rolling = after(state, model_ops.apply_model(state, replace(LLAMA, command="v2 --port {port}")))
 
     preview = preview_apply(rolling, replace(LLAMA, command="v3 --port {port}"))
     at_once = preview_apply(rolling, replace(LLAMA, command="v2 --port {port}", replicas=3))
@@ -87,7 +88,7 @@ def test_a_new_revision_with_no_rollout_under_way_supersedes_nothing() -> None:
 
 def test_a_removed_model_would_be_declared_again() -> None:
     state = declared()
-    removed = after(state, ops.remove(state, "llama"))
+    removed = after(state, model_ops.remove(state, "llama"))
 
     preview = preview_apply(removed, LLAMA)
 
@@ -104,7 +105,7 @@ def test_re_applying_without_routing_keeps_what_bench_measured_and_says_unchange
 
 
 def test_an_invalid_spec_is_refused_as_the_apply_refuses_it() -> None:
-    with pytest.raises(ops.InvalidSpec) as refused:
+    with pytest.raises(InvalidSpec) as refused:
         preview_apply(declared(), replace(LLAMA, replicas=-1))
 
     assert [e.field for e in refused.value.errors] == ["replicas"]

@@ -12,10 +12,11 @@ from hypothesis import strategies as st
 from msgspec.structs import replace
 
 from app.domain import autoscale
-from app.domain import operations as ops
+from app.domain import model_operations as model_ops
 from app.domain.autoscale import DemandSample, ScaleDecision
 from app.domain.events import ModelDeclared, ModelScaled, ModelTuned
 from app.domain.model_spec import AutoscalePolicy, ModelSpec, validate_spec
+from app.domain.operation_results import InvalidOperation
 from app.domain.state import ClusterState, Model
 from tests.unit.test_domain_operations import given
 from tests.unit.test_reconcile import of_type, with_two_nodes_and_a_model
@@ -445,10 +446,10 @@ def test_an_autoscaled_model_refuses_a_manual_scale_and_keeps_its_count_on_re_ap
         ModelScaled(model="llama", replicas=5, previous=1, reason="demand"),
     )
 
-    with pytest.raises(ops.InvalidOperation, match="autoscaled between 1 and 8"):
-        ops.scale(state, "llama", 2)
-    assert ops.apply_model(state, spec).events == ()
-    off = ops.set_autoscale(state, "llama", None)
+    with pytest.raises(InvalidOperation, match="autoscaled between 1 and 8"):
+        model_ops.scale(state, "llama", 2)
+    assert model_ops.apply_model(state, spec).events == ()
+    off = model_ops.set_autoscale(state, "llama", None)
     [declared] = off.events
     assert isinstance(declared, ModelDeclared)
     assert (declared.spec.autoscale, declared.spec.replicas, declared.revision) == (None, 5, 1)

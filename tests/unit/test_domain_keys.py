@@ -29,7 +29,7 @@ from app.domain.events import (
 )
 from app.domain.evolve import replay
 from app.domain.model_spec import ModelSpec
-from app.domain.operations import Change
+from app.domain.operation_results import Change
 from app.domain.state import ClusterState
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)

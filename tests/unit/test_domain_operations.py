@@ -13,8 +13,10 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 import pytest
 
-from app.domain import operations as ops
+from app.domain import model_operations as model_ops
+from app.domain import node_operations as node_ops
 from app.domain.drain import NODE_DRAIN_COMPLETE, NODE_DRAIN_GRACE_RAN_OUT
+from app.domain.drain_progress import DrainState, drain_progress
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import (
     AnyEvent,
@@ -46,6 +48,17 @@ from app.domain.events import (
 )
 from app.domain.evolve import replay
 from app.domain.model_spec import ModelSpec, RoutingSettings
+from app.domain.model_status import model_status
+from app.domain.operation_results import (
+    Change,
+    InvalidOperation,
+    InvalidSpec,
+    InvalidText,
+    UnknownDrain,
+    UnknownModel,
+    UnknownNode,
+    UnknownReplica,
+)
 from app.domain.revisions import SpecChange
 from app.domain.state import ClusterState, ReplicaPhase, backoff_s
 
@@ -76,7 +89,7 @@ def given(*events: AnyEvent) -> ClusterState:
     return replay(log(*events))
 
 
-def after(state: ClusterState, change: ops.Change) -> ClusterState:
+def after(state: ClusterState, change: Change) -> ClusterState:
     """``state`` with ``change`` recorded."""
     return replay(
         (
@@ -127,23 +140,23 @@ def placed(model: str, number: int, node_id: str, replaces: str | None = None) -
 
 
 def test_a_new_model_is_declared_with_its_spec() -> None:
-    change = ops.apply_model(given(), LLAMA)
+    change = model_ops.apply_model(given(), LLAMA)
 
-    assert change == ops.Change(
+    assert change == Change(
         stream=model_stream("llama"), events=(ModelDeclared(model="llama", spec=LLAMA),)
     )
 
 
 def test_applying_the_same_spec_again_records_nothing() -> None:
-    state = after(given(), ops.apply_model(given(), LLAMA))
+    state = after(given(), model_ops.apply_model(given(), LLAMA))
 
-    assert ops.apply_model(state, LLAMA).events == ()
+    assert model_ops.apply_model(state, LLAMA).events == ()
 
 
 def test_a_changed_spec_is_declared_again_and_its_replica_count_comes_with_it() -> None:
     changed = ModelSpec(name="llama", command=LLAMA.command, replicas=5, gpus_per_shard=2)
 
-    change = ops.apply_model(given(ModelDeclared(model="llama", spec=LLAMA)), changed)
+    change = model_ops.apply_model(given(ModelDeclared(model="llama", spec=LLAMA)), changed)
 
     # Two GPUs a shard change what runs: revision 2 (tests/unit/test_revisions.py).
     gpus = SpecChange(field="gpus_per_shard", old="1", new="2")
@@ -157,8 +170,8 @@ def test_re_applying_a_spec_without_routing_keeps_the_measured_routing() -> None
     tuned = ModelTuned(model="llama", weight=7.5, target_waiting=12, kv_ceiling=0.9)
     state = given(ModelDeclared(model="llama", spec=LLAMA), tuned)
 
-    assert ops.apply_model(state, LLAMA).events == ()
-    rescaled = ops.apply_model(state, msgspec.structs.replace(LLAMA, replicas=4))
+    assert model_ops.apply_model(state, LLAMA).events == ()
+    rescaled = model_ops.apply_model(state, msgspec.structs.replace(LLAMA, replicas=4))
     declared = rescaled.events[0]
     assert isinstance(declared, ModelDeclared)
     assert declared.spec.routing == RoutingSettings(weight=7.5, target_waiting=12, kv_ceiling=0.9)
@@ -169,13 +182,15 @@ def test_routing_written_in_a_spec_replaces_the_measured_routing() -> None:
     state = given(ModelDeclared(model="llama", spec=LLAMA), tuned)
     written = msgspec.structs.replace(LLAMA, routing=RoutingSettings(target_waiting=3))
 
-    assert ops.apply_model(state, written).events == (ModelDeclared(model="llama", spec=written),)
+    assert model_ops.apply_model(state, written).events == (
+        ModelDeclared(model="llama", spec=written),
+    )
 
 
 def test_a_removed_model_is_declared_again_by_applying_its_spec() -> None:
     state = given(ModelDeclared(model="llama", spec=LLAMA), ModelRemoved(model="llama"))
 
-    assert ops.apply_model(state, LLAMA).events == (ModelDeclared(model="llama", spec=LLAMA),)
+    assert model_ops.apply_model(state, LLAMA).events == (ModelDeclared(model="llama", spec=LLAMA),)
 
 
 def test_an_invalid_spec_is_refused_with_every_field_and_reason() -> None:
@@ -187,8 +202,8 @@ def test_an_invalid_spec_is_refused_with_every_field_and_reason() -> None:
         routing=RoutingSettings(kv_ceiling=1.5),
     )
 
-    with pytest.raises(ops.InvalidSpec) as refused:
-        ops.apply_model(given(), bad)
+    with pytest.raises(InvalidSpec) as refused:
+        model_ops.apply_model(given(), bad)
 
     fields = [error.field for error in refused.value.errors]
     assert fields == ["name", "command", "gpus_per_shard", "replicas", "routing.kv_ceiling"]
@@ -202,15 +217,15 @@ def test_an_invalid_spec_is_refused_with_every_field_and_reason() -> None:
 def test_scaling_records_the_new_count_and_the_previous_one() -> None:
     state = given(ModelDeclared(model="llama", spec=LLAMA))
 
-    change = ops.scale(state, "llama", 4)
+    change = model_ops.scale(state, "llama", 4)
 
     assert change.events == (ModelScaled(model="llama", replicas=4, previous=2),)
-    assert ops.scale(after(state, change), "llama", 4).events == ()
+    assert model_ops.scale(after(state, change), "llama", 4).events == ()
 
 
 def test_scaling_to_a_count_out_of_range_names_the_field() -> None:
-    with pytest.raises(ops.InvalidSpec) as refused:
-        ops.scale(given(ModelDeclared(model="llama", spec=LLAMA)), "llama", -1)
+    with pytest.raises(InvalidSpec) as refused:
+        model_ops.scale(given(ModelDeclared(model="llama", spec=LLAMA)), "llama", -1)
 
     assert [(e.field, e.reason) for e in refused.value.errors] == [
         ("replicas", "must be between 0 and 10000")
@@ -218,24 +233,24 @@ def test_scaling_to_a_count_out_of_range_names_the_field() -> None:
 
 
 def test_an_unknown_or_removed_model_cannot_be_scaled() -> None:
-    with pytest.raises(ops.UnknownModel) as unknown:
-        ops.scale(given(), "mistral", 1)
+    with pytest.raises(UnknownModel) as unknown:
+        model_ops.scale(given(), "mistral", 1)
     assert unknown.value.key == "mistral"
 
     removed = given(ModelDeclared(model="llama", spec=LLAMA), ModelRemoved(model="llama"))
-    with pytest.raises(ops.InvalidOperation, match="llama was removed; apply its spec"):
-        ops.scale(removed, "llama", 1)
+    with pytest.raises(InvalidOperation, match="llama was removed; apply its spec"):
+        model_ops.scale(removed, "llama", 1)
 
 
 def test_removing_a_model_twice_records_it_once() -> None:
     state = given(ModelDeclared(model="llama", spec=LLAMA))
 
-    change = ops.remove(state, "llama")
+    change = model_ops.remove(state, "llama")
 
     assert change.events == (ModelRemoved(model="llama"),)
-    assert ops.remove(after(state, change), "llama").events == ()
-    with pytest.raises(ops.UnknownModel):
-        ops.remove(state, "mistral")
+    assert model_ops.remove(after(state, change), "llama").events == ()
+    with pytest.raises(UnknownModel):
+        model_ops.remove(state, "mistral")
 
 
 # -- nodes -------------------------------------------------------------------------------
@@ -244,42 +259,42 @@ def test_removing_a_model_twice_records_it_once() -> None:
 def test_cordon_and_uncordon_are_recorded_once_each() -> None:
     state = given(*node("gpu-1", gpu(0)))
 
-    cordoned = ops.cordon(state, "gpu-1", "firmware update")
+    cordoned = node_ops.cordon(state, "gpu-1", "firmware update")
     state = after(state, cordoned)
-    uncordoned = ops.uncordon(state, "gpu-1")
+    uncordoned = node_ops.uncordon(state, "gpu-1")
 
-    assert cordoned == ops.Change(
+    assert cordoned == Change(
         stream=node_stream("gpu-1"),
         events=(NodeCordoned(node_id="gpu-1", reason="firmware update"),),
     )
-    assert ops.cordon(state, "gpu-1", "firmware update").events == ()
+    assert node_ops.cordon(state, "gpu-1", "firmware update").events == ()
     assert uncordoned.events == (NodeUncordoned(node_id="gpu-1"),)
-    assert ops.uncordon(after(state, uncordoned), "gpu-1").events == ()
+    assert node_ops.uncordon(after(state, uncordoned), "gpu-1").events == ()
 
 
 def test_a_cordoned_node_cordoned_with_another_reason_records_the_new_one() -> None:
     state = given(*node("gpu-1", gpu(0)), NodeCordoned(node_id="gpu-1", reason="fan noise"))
 
-    recut = ops.cordon(state, "gpu-1", "ECC errors on GPU 3")
+    recut = node_ops.cordon(state, "gpu-1", "ECC errors on GPU 3")
 
-    assert recut == ops.Change(
+    assert recut == Change(
         stream=node_stream("gpu-1"),
         events=(NodeCordoned(node_id="gpu-1", reason="ECC errors on GPU 3"),),
     )
     state = after(state, recut)
     held = state.nodes["gpu-1"]
     assert (held.cordoned, held.cordon_reason) == (True, "ECC errors on GPU 3")
-    assert ops.cordon(state, "gpu-1", "ECC errors on GPU 3").events == ()
-    assert ops.cordon(state, "gpu-1", "").events == (), "no reason keeps the one recorded"
+    assert node_ops.cordon(state, "gpu-1", "ECC errors on GPU 3").events == ()
+    assert node_ops.cordon(state, "gpu-1", "").events == (), "no reason keeps the one recorded"
 
 
 def test_a_cordon_reason_over_500_characters_is_refused_naming_it_even_on_a_cordoned_node() -> None:
     state = given(*node("gpu-1", gpu(0)))
-    cordoned = after(state, ops.cordon(state, "gpu-1", "x" * 500))
+    cordoned = after(state, node_ops.cordon(state, "gpu-1", "x" * 500))
 
     for before in (state, cordoned):
-        with pytest.raises(ops.InvalidText) as refused:
-            ops.cordon(before, "gpu-1", "x" * 501)
+        with pytest.raises(InvalidText) as refused:
+            node_ops.cordon(before, "gpu-1", "x" * 501)
 
         assert [(e.field, e.reason) for e in refused.value.errors] == [
             ("reason", "at most 500 characters, not 501")
@@ -287,12 +302,12 @@ def test_a_cordon_reason_over_500_characters_is_refused_naming_it_even_on_a_cord
 
 
 def test_an_unknown_node_is_named() -> None:
-    with pytest.raises(ops.UnknownNode, match="no node 'gpu-9' is known"):
-        ops.cordon(given(), "gpu-9", "")
+    with pytest.raises(UnknownNode, match="no node 'gpu-9' is known"):
+        node_ops.cordon(given(), "gpu-9", "")
 
 
 def test_draining_a_node_records_the_request_with_its_id_and_grace() -> None:
-    change = ops.drain_node(given(*node("gpu-1", gpu(0))), "gpu-1", "drain-0a1b2c3d", 300.0)
+    change = node_ops.drain_node(given(*node("gpu-1", gpu(0))), "gpu-1", "drain-0a1b2c3d", 300.0)
 
     assert change.events == (
         NodeDrainRequested(node_id="gpu-1", drain_id="drain-0a1b2c3d", grace_s=300.0),
@@ -305,10 +320,10 @@ def test_a_draining_node_cannot_be_drained_again_nor_uncordoned_and_says_which_d
         NodeDrainRequested(node_id="gpu-1", drain_id="drain-0a1b2c3d", grace_s=300.0),
     )
 
-    with pytest.raises(ops.InvalidOperation, match="already draining \\(drain drain-0a1b2c3d"):
-        ops.drain_node(state, "gpu-1", "drain-ffffffff", 300.0)
-    with pytest.raises(ops.InvalidOperation, match="draining \\(drain drain-0a1b2c3d\\)"):
-        ops.uncordon(state, "gpu-1")
+    with pytest.raises(InvalidOperation, match="already draining \\(drain drain-0a1b2c3d"):
+        node_ops.drain_node(state, "gpu-1", "drain-ffffffff", 300.0)
+    with pytest.raises(InvalidOperation, match="draining \\(drain drain-0a1b2c3d\\)"):
+        node_ops.uncordon(state, "gpu-1")
 
 
 def test_a_cordon_of_a_draining_node_is_refused_saying_its_reason_was_not_kept() -> None:
@@ -317,10 +332,10 @@ def test_a_cordon_of_a_draining_node_is_refused_saying_its_reason_was_not_kept()
         NodeDrainRequested(node_id="gpu-1", drain_id="drain-0a1b2c3d", grace_s=300.0),
     )
 
-    with pytest.raises(ops.InvalidOperation) as refused:
-        ops.cordon(state, "gpu-1", "ECC errors on GPU 3")
-    with pytest.raises(ops.InvalidOperation, match="cordoned by its drain") as unexplained:
-        ops.cordon(state, "gpu-1", "")
+    with pytest.raises(InvalidOperation) as refused:
+        node_ops.cordon(state, "gpu-1", "ECC errors on GPU 3")
+    with pytest.raises(InvalidOperation, match="cordoned by its drain") as unexplained:
+        node_ops.cordon(state, "gpu-1", "")
 
     assert str(refused.value) == (
         "node gpu-1 is already cordoned by its drain (drain drain-0a1b2c3d since "
@@ -337,7 +352,7 @@ def test_a_node_whose_drain_finished_can_be_drained_again() -> None:
         NodeDrainFinished(node_id="gpu-1", drain_id="drain-0a1b2c3d", outcome="moved"),
     )
 
-    change = ops.drain_node(state, "gpu-1", "drain-ffffffff", 60.0)
+    change = node_ops.drain_node(state, "gpu-1", "drain-ffffffff", 60.0)
 
     assert [type(e) for e in change.events] == [NodeDrainRequested]
 
@@ -352,7 +367,7 @@ def test_a_serving_replica_is_drained_on_its_own() -> None:
         ReplicaServing(replica_id="llama-1"),
     )
 
-    change = ops.drain_replica(state, "llama-1", "drain-0a1b2c3d")
+    change = node_ops.drain_replica(state, "llama-1", "drain-0a1b2c3d")
 
     assert change.stream == replica_stream("llama-1")
     [started] = change.events
@@ -390,15 +405,15 @@ def test_only_a_serving_replica_can_be_drained_and_the_refusal_says_why(
 ) -> None:
     state = given(ModelDeclared(model="llama", spec=LLAMA), placed("llama", 1, "gpu-1"), *history)
 
-    with pytest.raises(ops.InvalidOperation) as refused:
-        ops.drain_replica(state, "llama-1", "drain-ffffffff")
+    with pytest.raises(InvalidOperation) as refused:
+        node_ops.drain_replica(state, "llama-1", "drain-ffffffff")
 
     assert str(refused.value).startswith(f"replica llama-1 cannot be drained: {why}")
 
 
 def test_an_unknown_replica_is_named() -> None:
-    with pytest.raises(ops.UnknownReplica) as unknown:
-        ops.drain_replica(given(), "llama-7", "drain-ffffffff")
+    with pytest.raises(UnknownReplica) as unknown:
+        node_ops.drain_replica(given(), "llama-7", "drain-ffffffff")
     assert unknown.value.key == "llama-7"
 
 
@@ -414,7 +429,7 @@ def test_replicas_are_found_by_model_node_and_phase() -> None:
     def ids(
         model: str | None = None, node_id: str | None = None, phase: ReplicaPhase | None = None
     ) -> list[str]:
-        return [r.id for r in ops.replicas_matching(state, model, node_id, phase)]
+        return [r.id for r in node_ops.replicas_matching(state, model, node_id, phase)]
 
     assert ids() == ["llama-1", "llama-2", "qwen-1"]
     assert ids(model="llama") == ["llama-1", "llama-2"]
@@ -434,7 +449,7 @@ def test_a_model_with_every_replica_serving_has_no_reason_to_give() -> None:
         ReplicaServing(replica_id="llama-2"),
     )
 
-    status = ops.model_status(state, "llama", T0)
+    status = model_status(state, "llama", T0)
 
     assert (status.model.desired, status.serving, status.counting) == (2, 2, 2)
     assert status.phases == {"serving": 2}
@@ -449,7 +464,7 @@ def test_an_unplaceable_model_says_why_and_what_is_still_starting() -> None:
         ModelUnplaceable(model="llama", reason=reason),
     )
 
-    status = ops.model_status(state, "llama", T0)
+    status = model_status(state, "llama", T0)
 
     assert status.model.unplaceable_reason == reason
     assert status.below_desired_because == (
@@ -467,8 +482,8 @@ def test_a_model_backing_off_after_failures_says_until_when_and_the_last_failure
     failed_at = T0 + timedelta(seconds=3)
     until = failed_at + timedelta(seconds=backoff_s(1))
 
-    waiting = ops.model_status(state, "llama", failed_at)
-    later = ops.model_status(state, "llama", until + timedelta(seconds=1))
+    waiting = model_status(state, "llama", failed_at)
+    later = model_status(state, "llama", until + timedelta(seconds=1))
 
     assert waiting.model.backoff_until == until
     assert waiting.phases == {"failed": 1}
@@ -488,7 +503,7 @@ def test_a_draining_replica_no_longer_counts_but_is_named() -> None:
         placed("llama", 2, "gpu-2", replaces="llama-1"),
     )
 
-    status = ops.model_status(state, "llama", T0)
+    status = model_status(state, "llama", T0)
 
     assert (status.serving, status.counting) == (0, 1)
     assert status.below_desired_because == (
@@ -498,8 +513,8 @@ def test_a_draining_replica_no_longer_counts_but_is_named() -> None:
 
 
 def test_the_status_of_an_unknown_model_is_refused() -> None:
-    with pytest.raises(ops.UnknownModel):
-        ops.model_status(given(), "mistral", T0)
+    with pytest.raises(UnknownModel):
+        model_status(given(), "mistral", T0)
 
 
 # -- placement ---------------------------------------------------------------------------
@@ -512,8 +527,10 @@ def test_placement_is_explained_for_a_declared_model_and_for_a_dry_run() -> None
         *node("gpu-2", gpu(0)),
     )
 
-    declared = ops.placement_of(state, "llama")
-    dry_run = ops.placement_dry_run(state, ModelSpec(name="big", command="x", gpus_per_shard=2))
+    declared = model_ops.placement_of(state, "llama")
+    dry_run = model_ops.placement_dry_run(
+        state, ModelSpec(name="big", command="x", gpus_per_shard=2)
+    )
 
     assert declared.placement is not None
     assert [s.node_id for s in declared.placement] == ["gpu-2"]
@@ -525,8 +542,8 @@ def test_placement_is_explained_for_a_declared_model_and_for_a_dry_run() -> None
 
 
 def test_an_invalid_dry_run_spec_is_refused_like_an_apply() -> None:
-    with pytest.raises(ops.InvalidSpec) as refused:
-        ops.placement_dry_run(given(), ModelSpec(name="x", command=""))
+    with pytest.raises(InvalidSpec) as refused:
+        model_ops.placement_dry_run(given(), ModelSpec(name="x", command=""))
     assert [e.field for e in refused.value.errors] == ["command"]
 
 
@@ -551,7 +568,7 @@ def test_a_node_drain_in_progress_shows_what_moves_and_what_waits() -> None:
         *(recorded.event for recorded in events),
     )
 
-    progress = ops.drain_progress(state, DRAIN, events)
+    progress = drain_progress(state, DRAIN, events)
 
     assert (progress.node_id, progress.requested_by, progress.grace_s) == ("gpu-1", "alice", 600)
     assert not progress.finished
@@ -568,7 +585,7 @@ def test_a_finished_node_drain_says_how_it_ended() -> None:
         (NodeDrainFinished(node_id="gpu-1", drain_id=DRAIN, outcome="every replica moved"), DRAIN),
     )
 
-    progress = ops.drain_progress(given(*node("gpu-1", gpu(0))), DRAIN, events)
+    progress = drain_progress(given(*node("gpu-1", gpu(0))), DRAIN, events)
 
     assert progress.finished
     assert progress.outcome == "every replica moved"
@@ -580,17 +597,17 @@ NOT_NEEDED = "every replica moved or was not needed: 0 moved; 1 stopped with its
 @pytest.mark.parametrize(
     ("outcome", "succeeded", "expected"),
     [
-        (None, None, ops.DrainState.RUNNING),
-        (NODE_DRAIN_COMPLETE, True, ops.DrainState.SUCCEEDED),
-        (NOT_NEEDED, True, ops.DrainState.SUCCEEDED),
-        (NODE_DRAIN_GRACE_RAN_OUT, False, ops.DrainState.FAILED),
+        (None, None, DrainState.RUNNING),
+        (NODE_DRAIN_COMPLETE, True, DrainState.SUCCEEDED),
+        (NOT_NEEDED, True, DrainState.SUCCEEDED),
+        (NODE_DRAIN_GRACE_RAN_OUT, False, DrainState.FAILED),
         # Recorded before drains said whether they succeeded: judged by the outcome's words.
-        (NODE_DRAIN_COMPLETE, None, ops.DrainState.SUCCEEDED),
-        (NODE_DRAIN_GRACE_RAN_OUT, None, ops.DrainState.FAILED),
+        (NODE_DRAIN_COMPLETE, None, DrainState.SUCCEEDED),
+        (NODE_DRAIN_GRACE_RAN_OUT, None, DrainState.FAILED),
     ],
 )
 def test_a_node_drain_states_whether_it_runs_moved_everything_or_ran_out_of_grace(
-    outcome: str | None, succeeded: bool | None, expected: ops.DrainState
+    outcome: str | None, succeeded: bool | None, expected: DrainState
 ) -> None:
     requested = NodeDrainRequested(node_id="gpu-1", drain_id=DRAIN, grace_s=600.0)
     finished = NodeDrainFinished(
@@ -598,10 +615,10 @@ def test_a_node_drain_states_whether_it_runs_moved_everything_or_ran_out_of_grac
     )
     events = log((requested, DRAIN), *([(finished, DRAIN)] if outcome is not None else []))
 
-    progress = ops.drain_progress(given(*node("gpu-1", gpu(0))), DRAIN, events)
+    progress = drain_progress(given(*node("gpu-1", gpu(0))), DRAIN, events)
 
     assert progress.state is expected
-    assert progress.finished is (expected is not ops.DrainState.RUNNING)
+    assert progress.finished is (expected is not DrainState.RUNNING)
 
 
 def test_a_replica_drain_fails_when_the_replica_stopped_before_it_was_replaced() -> None:
@@ -619,11 +636,11 @@ def test_a_replica_drain_fails_when_the_replica_stopped_before_it_was_replaced()
         ReplicaServing(replica_id="llama-1"),
     )
 
-    moving = ops.drain_progress(given(*history, *(e.event for e in events[:2])), DRAIN, events)
-    done = ops.drain_progress(given(*history, *(e.event for e in events)), DRAIN, events)
+    moving = drain_progress(given(*history, *(e.event for e in events[:2])), DRAIN, events)
+    done = drain_progress(given(*history, *(e.event for e in events)), DRAIN, events)
 
-    assert moving.state is ops.DrainState.RUNNING
-    assert done.state is ops.DrainState.FAILED
+    assert moving.state is DrainState.RUNNING
+    assert done.state is DrainState.FAILED
     assert done.outcome == f"llama-1 drain {DRAIN}: grace ran out before it could move"
 
 
@@ -640,9 +657,9 @@ def test_a_replica_drain_succeeds_when_its_model_had_its_count_without_the_repli
         ReplicaServing(replica_id="llama-1"),
     )
 
-    done = ops.drain_progress(given(*history, *(e.event for e in events)), DRAIN, events)
+    done = drain_progress(given(*history, *(e.event for e in events)), DRAIN, events)
 
-    assert done.state is ops.DrainState.SUCCEEDED
+    assert done.state is DrainState.SUCCEEDED
     assert done.outcome == "llama-1 scaled down to 1"
 
 
@@ -661,16 +678,16 @@ def test_a_replica_drain_finishes_when_the_replica_has_stopped() -> None:
         ReplicaServing(replica_id="llama-1"),
     )
 
-    moving = ops.drain_progress(given(*history, *(e.event for e in events[:4])), DRAIN, events)
-    done = ops.drain_progress(given(*history, *(e.event for e in events)), DRAIN, events)
+    moving = drain_progress(given(*history, *(e.event for e in events[:4])), DRAIN, events)
+    done = drain_progress(given(*history, *(e.event for e in events)), DRAIN, events)
 
     assert moving.node_id is None
     assert not moving.finished
     assert done.finished
     assert done.outcome == f"llama-1 drain {DRAIN}: replacement served"
-    assert (moving.state, done.state) == (ops.DrainState.RUNNING, ops.DrainState.SUCCEEDED)
+    assert (moving.state, done.state) == (DrainState.RUNNING, DrainState.SUCCEEDED)
 
 
 def test_a_drain_with_no_events_is_unknown() -> None:
-    with pytest.raises(ops.UnknownDrain, match="no drain 'drain-ffffffff' is known"):
-        ops.drain_progress(given(), "drain-ffffffff", [])
+    with pytest.raises(UnknownDrain, match="no drain 'drain-ffffffff' is known"):
+        drain_progress(given(), "drain-ffffffff", [])

@@ -23,8 +23,9 @@ from app.domain.events import (
     model_stream,
 )
 from app.domain.evolve import replay
+from app.domain.model_operations import apply_model
 from app.domain.model_spec import ModelSpec, RoutingSettings
-from app.domain.operations import Change, InvalidOperation, UnknownModel, apply_model
+from app.domain.operation_results import Change, InvalidOperation, UnknownModel
 from app.domain.state import ClusterState
 from app.domain.tuning import MAX_SUMMARY_BYTES, InvalidTuning, tune
 

@@ -13,7 +13,7 @@ from datetime import timedelta
 
 from msgspec.structs import replace
 
-from app.domain import operations as ops
+from app.domain import node_operations as node_ops
 from app.domain import rollout_operations as rollouts
 from app.domain.agent_reports import shard_reported
 from app.domain.commands import StartShard, StopShard
@@ -165,7 +165,7 @@ def undone_after_one_move() -> tuple[Cluster, Agents]:
 def test_a_drain_does_not_finish_while_the_start_of_an_undo_s_replica_is_on_its_way_there() -> None:
     cluster, agents = undone_after_one_move()
     # llama-4's start is still on its way to gpu-1 when the operator drains gpu-1.
-    cluster.given(*ops.drain_node(cluster.state, "gpu-1", "drain-1", 600).events)
+    cluster.given(*node_ops.drain_node(cluster.state, "gpu-1", "drain-1", 600).events)
 
     for _ in range(3):  # passes in a row, before gpu-1's agent has read its commands
         finished = of_type(agents.reconcile(), NodeDrainFinished)
@@ -188,7 +188,7 @@ def test_a_drain_does_not_finish_while_the_start_of_an_undo_s_replica_is_on_its_
 def test_a_start_the_node_never_answers_keeps_its_drain_open_only_for_the_startup_timeout() -> None:
     cluster, agents = undone_after_one_move()
     sent_at = cluster.now  # llama-4's start, on its way to gpu-1
-    cluster.given(*ops.drain_node(cluster.state, "gpu-1", "drain-1", 3600).events)
+    cluster.given(*node_ops.drain_node(cluster.state, "gpu-1", "drain-1", 3600).events)
     timeout = timedelta(seconds=cluster.state.models["llama"].spec.startup_timeout_s)
 
     # gpu-1's agent stays connected but never answers (wedged, or hostile); the others
@@ -229,7 +229,7 @@ def drained_until_finished(cluster: Cluster, agents: Agents, node_id: str) -> No
 
 def test_a_drain_during_an_undo_waits_for_the_rollback_s_move_then_moves_its_replica() -> None:
     cluster, agents = undone_after_one_move()
-    cluster.given(*ops.drain_node(cluster.state, "gpu-2", "drain-1", 3600).events)
+    cluster.given(*node_ops.drain_node(cluster.state, "gpu-2", "drain-1", 3600).events)
     agents.reconcile()
     assert cluster.phase("llama-2") is ReplicaPhase.SERVING  # the model's one move: llama-3's
 
@@ -257,7 +257,7 @@ def serving(cluster: Cluster) -> list[str]:
 
 def test_a_drain_of_a_replica_whose_move_the_undo_called_off_succeeds_once_it_is_gone() -> None:
     cluster, agents = rolled_out_to_one()
-    cluster.given(*ops.drain_node(cluster.state, "gpu-1", "drain-1", 3600).events)
+    cluster.given(*node_ops.drain_node(cluster.state, "gpu-1", "drain-1", 3600).events)
     cluster.given(*rollouts.undo(cluster.state, "llama").events)
 
     finished: list[NodeDrainFinished] = []

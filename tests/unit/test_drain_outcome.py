@@ -4,7 +4,7 @@ each moved, or it names the one that did not and why, whoever stopped it."""
 
 from __future__ import annotations
 
-from app.domain import operations as ops
+from app.domain import node_operations as node_ops
 from app.domain.drain import NODE_DRAIN_COMPLETE
 from app.domain.model_spec import RolloutPolicy
 from app.domain.state import ReplicaPhase
@@ -35,7 +35,7 @@ def test_a_replica_a_rollout_stops_before_the_drain_moves_it_is_not_said_to_have
     cluster, agents = serving_on_two_nodes(RolloutPolicy(max_surge=0, max_unavailable=1))
     revise(cluster)
     agents.reconcile()  # the rollout's step starts
-    cluster.given(*ops.drain_node(cluster.state, "gpu-1", "drain-1", 3600).events)
+    cluster.given(*node_ops.drain_node(cluster.state, "gpu-1", "drain-1", 3600).events)
 
     finished = drained_until_finished(cluster, agents, "gpu-1")
 
@@ -56,7 +56,7 @@ def test_a_replica_a_rollout_stops_before_the_drain_moves_it_is_not_said_to_have
 
 def test_a_drain_that_moved_every_replica_on_the_node_says_so() -> None:
     cluster, agents = serving_on_two_nodes(RolloutPolicy())
-    cluster.given(*ops.drain_node(cluster.state, "gpu-1", "drain-1", 3600).events)
+    cluster.given(*node_ops.drain_node(cluster.state, "gpu-1", "drain-1", 3600).events)
 
     finished = drained_until_finished(cluster, agents, "gpu-1")
 

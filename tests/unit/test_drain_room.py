@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from msgspec.structs import replace
 
-from app.domain import operations as ops
+from app.domain import model_operations as model_ops
+from app.domain import node_operations as node_ops
 from app.domain.drain_room import ReplicaRoom
 from app.domain.events import (
     ModelUnplaceable,
@@ -17,6 +18,7 @@ from app.domain.events import (
     ShardPlacement,
 )
 from app.domain.model_spec import CanaryStep, RolloutPolicy
+from app.domain.operation_results import NoRoomToDrain
 from app.domain.state import ReplicaPhase
 from tests.unit.test_reconcile import Cluster, of_type
 
@@ -52,7 +54,7 @@ def two_replicas_on_gpu_1_and_one_free_gpu_elsewhere(spare_gpus: int = 1) -> Clu
 def test_two_replicas_and_room_for_one_elsewhere_leaves_exactly_the_second_without_room() -> None:
     cluster = two_replicas_on_gpu_1_and_one_free_gpu_elsewhere()
 
-    drain = ops.drain_node(cluster.state, "gpu-1", "drain-1", 600.0)
+    drain = node_ops.drain_node(cluster.state, "gpu-1", "drain-1", 600.0)
 
     assert drain.events == (NodeDrainRequested(node_id="gpu-1", drain_id="drain-1", grace_s=600),)
     assert drain.room == (
@@ -63,14 +65,14 @@ def test_two_replicas_and_room_for_one_elsewhere_leaves_exactly_the_second_witho
 
 def test_the_reconciler_then_moves_the_first_and_finds_no_room_for_the_second() -> None:
     cluster = two_replicas_on_gpu_1_and_one_free_gpu_elsewhere()
-    cluster.given(*ops.drain_node(cluster.state, "gpu-1", "drain-1", 600.0).events)
+    cluster.given(*node_ops.drain_node(cluster.state, "gpu-1", "drain-1", 600.0).events)
 
     first = cluster.reconcile()
     assert [(e.replaces, e.shards[0].node_id) for e in of_type(first, ReplicaPlaced)] == [
         ("llama-1", "gpu-2")
     ]
     # explain-placement now says what the drain said of llama-2 up front.
-    assert ops.placement_of(cluster.state, "llama").summary == NO_ROOM
+    assert model_ops.placement_of(cluster.state, "llama").summary == NO_ROOM
     cluster.serve("llama-3")
     cluster.after(11)  # past the stability window: llama-1 stops, llama-2's move starts
     moved_on = [cluster.reconcile()]
@@ -86,7 +88,7 @@ def test_the_reconciler_then_moves_the_first_and_finds_no_room_for_the_second() 
 def test_with_room_for_both_neither_is_warned_of() -> None:
     cluster = two_replicas_on_gpu_1_and_one_free_gpu_elsewhere(spare_gpus=2)
 
-    drain = ops.drain_node(cluster.state, "gpu-1", "drain-1", 600.0, require_room=True)
+    drain = node_ops.drain_node(cluster.state, "gpu-1", "drain-1", 600.0, require_room=True)
 
     assert [r.has_room for r in drain.room] == [True, True]
     assert [type(e) for e in drain.events] == [NodeDrainRequested]
@@ -95,8 +97,8 @@ def test_with_room_for_both_neither_is_warned_of() -> None:
 def test_a_drain_that_requires_room_is_refused_naming_the_replica_without() -> None:
     cluster = two_replicas_on_gpu_1_and_one_free_gpu_elsewhere()
 
-    with pytest.raises(ops.NoRoomToDrain) as refused:
-        ops.drain_node(cluster.state, "gpu-1", "drain-1", 600.0, require_room=True)
+    with pytest.raises(NoRoomToDrain) as refused:
+        node_ops.drain_node(cluster.state, "gpu-1", "drain-1", 600.0, require_room=True)
 
     assert str(refused.value) == (
         f"node gpu-1 was not drained: 1 of 2 replica(s) on it have nowhere to go now "
@@ -126,7 +128,7 @@ def test_replicas_of_two_models_share_the_room_in_the_order_the_reconciler_place
     cluster.serve("llama-1")
     cluster.serve("qwen-1")
 
-    drain = ops.drain_node(cluster.state, "gpu-1", "drain-1", 600.0)
+    drain = node_ops.drain_node(cluster.state, "gpu-1", "drain-1", 600.0)
 
     # qwen was declared first: the reconciler places its replacement first.
     assert [(r.replica_id, r.has_room) for r in drain.room] == [
@@ -161,7 +163,7 @@ def a_canary_of_two_gpus_on_gpu_1_and_one_free_gpu_elsewhere() -> Cluster:
     cluster.serve("llama-1")
     cluster.serve("llama-2")
     spec = replace(cluster.state.models["llama"].spec, gpus_per_shard=2)
-    cluster.given(*ops.apply_model(cluster.state, spec).events)
+    cluster.given(*model_ops.apply_model(cluster.state, spec).events)
     for _ in range(6):
         cluster.reconcile()
         for replica in list(cluster.state.replicas.values()):
@@ -184,7 +186,7 @@ def test_a_canary_drained_mid_rollout_is_placed_at_its_own_revision_and_has_no_r
     which gpu-2's one GPU cannot hold, not revision 1, which it could."""
     cluster = a_canary_of_two_gpus_on_gpu_1_and_one_free_gpu_elsewhere()
 
-    drain = ops.drain_node(cluster.state, "gpu-1", "drain-1", 600.0)
+    drain = node_ops.drain_node(cluster.state, "gpu-1", "drain-1", 600.0)
 
     assert [(r.replica_id, r.has_room) for r in drain.room] == [("llama-3", False)]
     cluster.given(*drain.events)
@@ -226,7 +228,7 @@ def test_a_replacement_not_serving_yet_on_the_node_is_placed_again_once_for_its_
     )
     cluster.node("gpu-4", n_gpus=1)
 
-    drain = ops.drain_node(cluster.state, "gpu-1", "drain-1", 600.0)
+    drain = node_ops.drain_node(cluster.state, "gpu-1", "drain-1", 600.0)
 
     assert [(r.replica_id, r.has_room) for r in drain.room] == [("llama-3", True)]
     cluster.given(*drain.events)

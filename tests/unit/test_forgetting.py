@@ -25,7 +25,7 @@ from app.domain.events import (
 )
 from app.domain.evolve import replay
 from app.domain.model_spec import ModelSpec
-from app.domain.operations import InvalidOperation
+from app.domain.operation_results import InvalidOperation
 from app.domain.state import ENDED_KEPT_PER_MODEL, ClusterState, Replica, ReplicaPhase
 from app.services.operations import Caller, Operations
 from app.store.interface import AppendRequest, NewEvent

@@ -12,7 +12,8 @@ from msgspec.structs import replace
 
 from app.domain import autoscale
 from app.domain import keys as key_decisions
-from app.domain import operations as decide
+from app.domain import model_operations as model_decisions
+from app.domain import node_operations as node_decisions
 from app.domain.events import (
     ModelScaled,
     ModelUnplaceable,
@@ -22,7 +23,7 @@ from app.domain.events import (
     model_stream,
     node_stream,
 )
-from app.domain.operations import InvalidOperation
+from app.domain.operation_results import InvalidOperation
 from app.domain.state import ACTIVE_PHASES, ReplicaPhase
 from tests.unit.test_autoscale import POLICY
 from tests.unit.test_reconcile import (
@@ -53,7 +54,7 @@ def test_a_replica_decided_for_a_node_cordoned_meanwhile_is_placed_elsewhere() -
     [placement] = of_type(stale, ReplicaPlaced)
     node = placement.shards[0].node_id
     # ... when an operator cordons that node before the pass appends ...
-    cluster.given(*decide.cordon(cluster.state, node, "disk replacement").events)
+    cluster.given(*node_decisions.cordon(cluster.state, node, "disk replacement").events)
 
     # ... then the pass loses the race, and the next one places the replica elsewhere.
     assert cluster.appended(stale) == node_stream(node)
@@ -66,7 +67,7 @@ def test_a_replica_decided_for_a_node_drained_meanwhile_is_placed_elsewhere() ->
     cluster = with_two_nodes_and_a_model(replicas=1)
     stale = cluster.decided()
     node = of_type(stale, ReplicaPlaced)[0].shards[0].node_id
-    drain = decide.drain_node(cluster.state, node, "drain-1", grace_s=60.0)
+    drain = node_decisions.drain_node(cluster.state, node, "drain-1", grace_s=60.0)
     cluster.given(*drain.events)
 
     assert cluster.appended(stale) == node_stream(node)
@@ -80,11 +81,11 @@ def test_a_scale_down_recorded_while_a_pass_places_for_the_higher_count_holds() 
     cluster = with_two_nodes_and_a_model(replicas=1)
     cluster.reconcile()
     cluster.serve("llama-1")
-    cluster.given(*decide.scale(cluster.state, "llama", 2).events)
+    cluster.given(*model_decisions.scale(cluster.state, "llama", 2).events)
     stale = cluster.decided()
     assert placed_ids(stale) == ["llama-2"]
     # ... when the operator scales back to one before it appends ...
-    cluster.given(*decide.scale(cluster.state, "llama", 1).events)
+    cluster.given(*model_decisions.scale(cluster.state, "llama", 1).events)
 
     # ... then no second replica is ever placed, started and stopped again.
     assert cluster.appended(stale) == model_stream("llama")
@@ -109,7 +110,7 @@ def test_a_stale_scale_up_of_the_autoscaler_does_not_override_an_operators_lower
     assert scaled.replicas > 1
     # ... when the operator lowers its max to one before the pass appends ...
     lowered = replace(policy, max_replicas=1)
-    cluster.given(*decide.set_autoscale(cluster.state, "llama", lowered).events)
+    cluster.given(*model_decisions.set_autoscale(cluster.state, "llama", lowered).events)
 
     # ... then the autoscaler's count decided on the old bound is not recorded.
     assert cluster.appended(stale) == model_stream("llama")
@@ -123,7 +124,7 @@ def test_a_replica_decided_for_a_model_removed_meanwhile_is_never_placed() -> No
     cluster = with_two_nodes_and_a_model(replicas=2)
     stale = cluster.decided()
     assert stale.commands
-    cluster.given(*decide.remove(cluster.state, "llama").events)
+    cluster.given(*model_decisions.remove(cluster.state, "llama").events)
 
     assert cluster.appended(stale) == model_stream("llama")
     decision = cluster.reconcile()
@@ -139,10 +140,12 @@ def test_a_replica_drain_recorded_while_a_pass_stops_it_for_a_scale_down_leaves_
     cluster.reconcile()
     cluster.serve("llama-1")
     cluster.serve("llama-2")
-    cluster.given(*decide.scale(cluster.state, "llama", 1).events)
+    cluster.given(*model_decisions.scale(cluster.state, "llama", 1).events)
     stale = cluster.decided()
     [stopping] = of_type(stale, ReplicaStopping)
-    cluster.given(*decide.drain_replica(cluster.state, stopping.replica_id, "drain-1").events)
+    cluster.given(
+        *node_decisions.drain_replica(cluster.state, stopping.replica_id, "drain-1").events
+    )
 
     assert cluster.appended(stale) is None
     cluster.reconcile()
@@ -183,12 +186,12 @@ def test_a_scale_up_recorded_while_a_pass_stops_a_surplus_replica_keeps_it_servi
     cluster.reconcile()
     cluster.serve("llama-1")
     cluster.serve("llama-2")
-    cluster.given(*decide.scale(cluster.state, "llama", 1).events)
+    cluster.given(*model_decisions.scale(cluster.state, "llama", 1).events)
     stale = cluster.decided()
     [stopping] = of_type(stale, ReplicaStopping)
     assert stopping.surplus
     # ... when the operator scales back to two before it appends ...
-    cluster.given(*decide.scale(cluster.state, "llama", 2).events)
+    cluster.given(*model_decisions.scale(cluster.state, "llama", 2).events)
 
     # ... then the pass loses the race: both replicas keep serving, none is replaced.
     assert cluster.appended(stale) == model_stream("llama")
@@ -205,13 +208,13 @@ def test_a_scale_up_recorded_while_a_pass_stops_a_moved_replica_as_surplus_keeps
     cluster.reconcile()
     cluster.serve("llama-1")
     cluster.serve("llama-2")
-    cluster.given(*decide.drain_replica(cluster.state, "llama-1", "drain-1").events)
-    cluster.given(*decide.scale(cluster.state, "llama", 1).events)
+    cluster.given(*node_decisions.drain_replica(cluster.state, "llama-1", "drain-1").events)
+    cluster.given(*model_decisions.scale(cluster.state, "llama", 1).events)
     stale = cluster.decided()
     [stopping] = of_type(stale, ReplicaStopping)
     assert (stopping.replica_id, stopping.surplus) == ("llama-1", True)
     # ... when the operator scales back to two before it appends ...
-    cluster.given(*decide.scale(cluster.state, "llama", 2).events)
+    cluster.given(*model_decisions.scale(cluster.state, "llama", 2).events)
 
     # ... then the moved replica serves on until a replacement serves in its place.
     assert cluster.appended(stale) == model_stream("llama")
@@ -229,9 +232,9 @@ def test_a_moved_replica_the_count_leaves_no_room_for_stops_while_another_is_rep
     cluster.reconcile()
     for replica_id in ("llama-1", "llama-2", "llama-3"):
         cluster.serve(replica_id)
-    cluster.given(*decide.drain_replica(cluster.state, "llama-1", "drain-1").events)
-    cluster.given(*decide.drain_replica(cluster.state, "llama-2", "drain-2").events)
-    cluster.given(*decide.scale(cluster.state, "llama", 2).events)
+    cluster.given(*node_decisions.drain_replica(cluster.state, "llama-1", "drain-1").events)
+    cluster.given(*node_decisions.drain_replica(cluster.state, "llama-2", "drain-2").events)
+    cluster.given(*model_decisions.scale(cluster.state, "llama", 2).events)
 
     decision = cluster.reconcile()
     assert [(s.replica_id, s.surplus) for s in of_type(decision, ReplicaStopping)] == [
@@ -250,22 +253,22 @@ def test_an_operator_acting_on_a_node_whose_drain_a_pass_finishes_keeps_the_last
     cluster.reconcile()
     cluster.serve("llama-1")
     empty = "gpu-2" if placed_on(cluster, "llama-1") == "gpu-1" else "gpu-1"
-    cluster.given(*decide.drain_node(cluster.state, empty, "drain-1", grace_s=60.0).events)
+    cluster.given(*node_decisions.drain_node(cluster.state, empty, "drain-1", grace_s=60.0).events)
     stale = cluster.decided()
     [finished] = of_type(stale, NodeDrainFinished)
     assert (finished.drain_id, finished.succeeded) == ("drain-1", True)
 
     with pytest.raises(InvalidOperation, match="draining"):
-        decide.uncordon(cluster.state, empty)
+        node_decisions.uncordon(cluster.state, empty)
     with pytest.raises(InvalidOperation, match="already draining"):
-        decide.drain_node(cluster.state, empty, "drain-2", grace_s=60.0)
+        node_decisions.drain_node(cluster.state, empty, "drain-2", grace_s=60.0)
     with pytest.raises(InvalidOperation, match="already cordoned by its drain"):
-        decide.cordon(cluster.state, empty, "disk replacement")
+        node_decisions.cordon(cluster.state, empty, "disk replacement")
 
     assert cluster.appended(stale) is None
     assert cluster.state.nodes[empty].cordoned
     assert cluster.state.nodes[empty].drain_id is None
-    cluster.given(*decide.uncordon(cluster.state, empty).events)
+    cluster.given(*node_decisions.uncordon(cluster.state, empty).events)
     cluster.reconcile()
     assert not cluster.state.nodes[empty].cordoned
 
@@ -275,11 +278,11 @@ def test_a_model_found_unplaceable_just_before_an_uncordon_is_placed_by_the_next
     # reconciler (it runs a pass on every append), and that pass places the replica.
     cluster = with_two_nodes_and_a_model(replicas=1)
     for node in ("gpu-1", "gpu-2"):
-        cluster.given(*decide.cordon(cluster.state, node, "disk replacement").events)
+        cluster.given(*node_decisions.cordon(cluster.state, node, "disk replacement").events)
     stale = cluster.decided()
     [unplaceable] = of_type(stale, ModelUnplaceable)
     assert "cordoned" in unplaceable.reason
-    cluster.given(*decide.uncordon(cluster.state, "gpu-1").events)
+    cluster.given(*node_decisions.uncordon(cluster.state, "gpu-1").events)
 
     assert cluster.appended(stale) is None
     assert cluster.state.models["llama"].unplaceable_reason == unplaceable.reason

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 from msgspec.structs import replace
 
-from app.domain import operations as ops
+from app.domain import model_operations as model_ops
 from app.domain.commands import StartShard
 from app.domain.describe import describe
 from app.domain.events import (
@@ -23,6 +23,8 @@ from app.domain.events import (
 )
 from app.domain.evolve import replay
 from app.domain.model_spec import ModelSpec, RoutingSettings
+from app.domain.model_status import model_status
+from app.domain.operation_results import Change
 from app.domain.reports import NodeReport
 from app.domain.revisions import REVISION_FIELDS, WITHHELD, SpecChange, describe_changes
 from app.store.codec import decode_event
@@ -32,7 +34,7 @@ from tests.unit.test_reconcile import of_type, with_two_nodes_and_a_model
 LLAMA = ModelSpec(name="llama", command="vllm serve {model} --port {port}", replicas=2)
 
 
-def declared(change: ops.Change, *, removed: bool = False) -> ModelDeclared:
+def declared(change: Change, *, removed: bool = False) -> ModelDeclared:
     """The declaration ``change`` records; a new revision's comes with its rollout (not
     when the model was removed: nothing runs to roll out)."""
     event, *rest = change.events
@@ -54,7 +56,7 @@ def declared(change: ops.Change, *, removed: bool = False) -> ModelDeclared:
 
 
 def test_the_first_declaration_is_revision_1_with_nothing_changed() -> None:
-    first = declared(ops.apply_model(given(), LLAMA))
+    first = declared(model_ops.apply_model(given(), LLAMA))
 
     assert (first.revision, first.changes) == (1, ())
     assert given(first).models["llama"].revision == 1
@@ -67,11 +69,11 @@ def test_a_command_change_is_revision_2_with_the_old_and_new_command() -> None:
     state = given(ModelDeclared(model="llama", spec=LLAMA))
     upgraded = replace(LLAMA, command="vllm serve {model} --port {port} --enable-prefix-caching")
 
-    second = declared(ops.apply_model(state, upgraded))
+    second = declared(model_ops.apply_model(state, upgraded))
 
     assert second.revision == 2
     assert second.changes == (SpecChange(field="command", old=LLAMA.command, new=upgraded.command),)
-    now = after(state, ops.Change(stream="model-llama", events=(second,)))
+    now = after(state, Change(stream="model-llama", events=(second,)))
     assert now.models["llama"].revision == 2
     assert describe(second) == (
         "model llama revision 2: command 'vllm serve {model} --port {port}' -> "
@@ -84,7 +86,7 @@ def test_an_env_change_names_the_variables_and_never_their_values() -> None:
     state = given(ModelDeclared(model="llama", spec=before))
     now = replace(LLAMA, env={"HF_TOKEN": "hf_newsecret", "DEBUG": "0", "NEW": "y"})
 
-    second = declared(ops.apply_model(state, now))
+    second = declared(model_ops.apply_model(state, now))
 
     assert second.revision == 2
     assert second.changes == (
@@ -115,7 +117,7 @@ def test_an_env_change_names_the_variables_and_never_their_values() -> None:
 def test_every_field_that_changes_what_runs_makes_a_revision(field: str, value: object) -> None:
     state = given(ModelDeclared(model="llama", spec=LLAMA))
 
-    second = declared(ops.apply_model(state, replace(LLAMA, **{field: value})))
+    second = declared(model_ops.apply_model(state, replace(LLAMA, **{field: value})))
 
     assert second.revision == 2
     assert [c.field.split(".")[0] for c in second.changes] == [field]
@@ -140,8 +142,8 @@ def test_a_change_that_does_not_change_what_runs_takes_effect_at_once_as_the_sam
 ) -> None:
     state = given(ModelDeclared(model="llama", spec=LLAMA))
 
-    event = declared(ops.apply_model(state, changed))
-    now = after(state, ops.Change(stream="model-llama", events=(event,)))
+    event = declared(model_ops.apply_model(state, changed))
+    now = after(state, Change(stream="model-llama", events=(event,)))
 
     assert (event.revision, event.changes) == (1, ())
     assert now.models["llama"].spec == changed  # at once, for every replica
@@ -156,7 +158,7 @@ def test_scaling_and_tuning_are_no_revisions() -> None:
     )
 
     assert state.models["llama"].revision == 1
-    assert ops.scale(state, "llama", 6).events == (
+    assert model_ops.scale(state, "llama", 6).events == (
         ModelScaled(model="llama", replicas=6, previous=4),
     )
 
@@ -168,7 +170,7 @@ def test_re_applying_the_spec_of_the_current_revision_records_nothing() -> None:
         ModelDeclared(model="llama", spec=upgraded, revision=2),
     )
 
-    assert ops.apply_model(state, upgraded).events == ()
+    assert model_ops.apply_model(state, upgraded).events == ()
 
 
 def test_a_removed_model_declared_again_continues_its_count_of_revisions() -> None:
@@ -179,8 +181,8 @@ def test_a_removed_model_declared_again_continues_its_count_of_revisions() -> No
         ModelRemoved(model="llama"),
     )
 
-    same = declared(ops.apply_model(state, upgraded), removed=True)
-    other = declared(ops.apply_model(state, LLAMA), removed=True)
+    same = declared(model_ops.apply_model(state, upgraded), removed=True)
+    other = declared(model_ops.apply_model(state, LLAMA), removed=True)
 
     assert (same.revision, same.changes) == (2, ())
     assert other.revision == 3
@@ -194,7 +196,9 @@ def test_replicas_placed_after_a_revision_carry_it_and_those_before_keep_theirs(
         cluster.serve(replica.replica_id)
     spec = cluster.state.models["llama"].spec
     revised = declared(
-        ops.apply_model(cluster.state, replace(spec, command=spec.command + " --fast", replicas=3))
+        model_ops.apply_model(
+            cluster.state, replace(spec, command=spec.command + " --fast", replicas=3)
+        )
     )
     cluster.given(revised)
 
@@ -204,7 +208,7 @@ def test_replicas_placed_after_a_revision_carry_it_and_those_before_keep_theirs(
     assert [(p.replica_id, p.revision) for p in later] == [("llama-3", 2)]
     replicas = cluster.state.replicas
     assert [replicas[i].revision for i in ("llama-1", "llama-2", "llama-3")] == [1, 1, 2]
-    status = ops.model_status(cluster.state, "llama", cluster.now)
+    status = model_status(cluster.state, "llama", cluster.now)
     assert status.model.revision == 2
     assert status.outdated == ("llama-1", "llama-2")
     assert describe(later[0]).endswith(", revision 2")
@@ -232,9 +236,9 @@ def test_events_written_before_revisions_read_as_revision_1() -> None:
     assert isinstance(replica_event, ReplicaPlaced)
     assert (model_event.revision, model_event.changes, replica_event.revision) == (1, (), 1)
     assert (state.models["llama"].revision, state.replicas["llama-1"].revision) == (1, 1)
-    assert ops.model_status(state, "llama", state.models["llama"].declared_at).outdated == ()
+    assert model_status(state, "llama", state.models["llama"].declared_at).outdated == ()
     # The first change after an upgrade is revision 2.
-    upgraded = declared(ops.apply_model(state, replace(LLAMA, gpus_per_shard=2)))
+    upgraded = declared(model_ops.apply_model(state, replace(LLAMA, gpus_per_shard=2)))
     assert upgraded.revision == 2
 
 
@@ -251,7 +255,7 @@ def test_a_replica_of_an_earlier_revision_starts_again_with_its_own_spec() -> No
     cluster.serve("llama-1")
     spec = cluster.state.models["llama"].spec
     fast = replace(spec, command=spec.command + " --fast", env={"MODE": "new"}, replicas=2)
-    cluster.given(declared(ops.apply_model(cluster.state, fast)))
+    cluster.given(declared(model_ops.apply_model(cluster.state, fast)))
     node = cluster.state.replicas["llama-1"].shards[0].node_id
     cluster.given(
         ShardStopped(
@@ -276,11 +280,11 @@ def test_an_earlier_spec_is_kept_while_a_replica_runs_it_and_dropped_after() -> 
     cluster.reconcile()
     first = cluster.state.models["llama"].spec
     second = replace(first, gpus_per_shard=2)
-    cluster.given(declared(ops.apply_model(cluster.state, second)))
+    cluster.given(declared(model_ops.apply_model(cluster.state, second)))
 
     kept = cluster.state.models["llama"]
     cluster.given(ReplicaStopped(replica_id="llama-1"))
-    cluster.given(declared(ops.apply_model(cluster.state, replace(second, replicas=3))))
+    cluster.given(declared(model_ops.apply_model(cluster.state, replace(second, replicas=3))))
     dropped = cluster.state.models["llama"]
 
     assert (kept.revision, kept.earlier_specs) == (2, {1: first})

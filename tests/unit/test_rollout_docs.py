@@ -12,8 +12,8 @@ import yaml
 from msgspec.structs import replace
 
 from app.domain.events import ModelDeclared, RolloutStarted
+from app.domain.model_operations import apply_model
 from app.domain.model_spec import CanaryStep, ModelSpec, RolloutPolicy, validate_spec
-from app.domain.operations import apply_model
 from tests.unit.test_reconcile import Cluster
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "rollouts.md"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from msgspec.structs import replace
 
-from app.domain import operations as ops
+from app.domain import model_operations as model_ops
 from app.domain import rollout_operations as rollouts
 from app.domain.events import ReplicaPlaced
 from tests.unit.test_reconcile import of_type, with_two_nodes_and_a_model
@@ -18,9 +18,9 @@ def test_explain_placement_is_for_the_revision_being_rolled_out_and_where_it_wou
     for replica_id in sorted(cluster.state.replicas):
         cluster.serve(replica_id)
     wider = replace(cluster.state.models["llama"].spec, gpus_per_shard=6)
-    cluster.given(*ops.apply_model(cluster.state, wider).events)
+    cluster.given(*model_ops.apply_model(cluster.state, wider).events)
 
-    explained = ops.placement_of(cluster.state, "llama")
+    explained = model_ops.placement_of(cluster.state, "llama")
     cluster.reconcile()  # the step starts
     placed = of_type(cluster.reconcile(), ReplicaPlaced)  # the first move's replacement
 
@@ -30,7 +30,7 @@ def test_explain_placement_is_for_the_revision_being_rolled_out_and_where_it_wou
         ("llama-1", 2, explained.placement)
     ]
     # The next replacement can only go to the other node; the first says why, GPU by GPU.
-    after = ops.placement_of(cluster.state, "llama")
+    after = model_ops.placement_of(cluster.state, "llama")
     reasons = {c.node_id: c.reasons for c in after.candidates}
     assert reasons["gpu-1"] == (
         "needs 6 healthy GPU(s), has 0: GPU 0 used by llama-1, GPU 1 used by llama-3, "
@@ -47,8 +47,8 @@ def test_after_an_undo_it_is_for_the_revision_rolled_back_to() -> None:
     for replica_id in sorted(cluster.state.replicas):
         cluster.serve(replica_id)
     wider = replace(cluster.state.models["llama"].spec, gpus_per_shard=4)
-    cluster.given(*ops.apply_model(cluster.state, wider).events)
+    cluster.given(*model_ops.apply_model(cluster.state, wider).events)
 
     cluster.given(*rollouts.undo(cluster.state, "llama").events)
 
-    assert ops.placement_of(cluster.state, "llama").gpus_per_shard == 1
+    assert model_ops.placement_of(cluster.state, "llama").gpus_per_shard == 1

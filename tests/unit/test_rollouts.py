@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 from msgspec.structs import replace
 
-from app.domain import operations as ops
+from app.domain import model_operations as model_ops
+from app.domain import node_operations as node_ops
 from app.domain import rollout_operations as rollouts
 from app.domain.commands import StartShard
 from app.domain.events import (
@@ -35,7 +36,8 @@ from app.domain.model_spec import (
     RolloutPolicy,
     validate_spec,
 )
-from app.domain.operations import InvalidOperation
+from app.domain.move_views import moves_of
+from app.domain.operation_results import InvalidOperation
 from app.domain.rollout import INCONCLUSIVE, PROMOTE, ROLL_BACK, judge
 from app.domain.rollout_reads import canary_group, stable_group
 from app.domain.state import ReplicaPhase, RolloutState
@@ -56,7 +58,7 @@ def serving(**policy: object) -> Cluster:
 
 def revise(cluster: Cluster, command: str = UPGRADED) -> None:
     spec = replace(cluster.state.models["llama"].spec, command=command)
-    cluster.given(*ops.apply_model(cluster.state, spec).events)
+    cluster.given(*model_ops.apply_model(cluster.state, spec).events)
 
 
 def serving_count(cluster: Cluster) -> int:
@@ -175,7 +177,7 @@ def test_a_change_of_routing_or_replica_count_alone_starts_no_rollout() -> None:
     spec = cluster.state.models["llama"].spec
     changed = replace(spec, replicas=5, routing=replace(spec.routing, weight=3.0))
 
-    change = ops.apply_model(cluster.state, changed)
+    change = model_ops.apply_model(cluster.state, changed)
 
     assert [type(e).__name__ for e in change.events] == ["ModelDeclared"]
     cluster.given(*change.events)
@@ -330,7 +332,7 @@ def started_revisions(decision: object) -> dict[str, bool]:
 
 def test_replicas_added_during_a_canary_step_run_the_revision_it_comes_from() -> None:
     cluster = holding_a_canary()
-    cluster.given(*ops.scale(cluster.state, "llama", 6).events)
+    cluster.given(*model_ops.scale(cluster.state, "llama", 6).events)
 
     decision = cluster.reconcile()
 
@@ -351,7 +353,7 @@ def test_replicas_added_during_a_canary_step_run_the_revision_it_comes_from() ->
 
 def test_a_model_scaled_down_during_a_canary_step_keeps_its_canary() -> None:
     cluster = holding_a_canary()
-    cluster.given(*ops.scale(cluster.state, "llama", 2).events)
+    cluster.given(*model_ops.scale(cluster.state, "llama", 2).events)
 
     decision = cluster.reconcile()
 
@@ -365,14 +367,14 @@ def test_a_model_scaled_up_from_zero_while_its_rollout_is_paused_meets_the_canar
     cluster = serving(steps=CANARY)
     revise(cluster)
     cluster.given(*rollouts.pause(cluster.state, "llama", "not now").events)
-    cluster.given(*ops.scale(cluster.state, "llama", 0).events)
+    cluster.given(*model_ops.scale(cluster.state, "llama", 0).events)
     for _ in range(3):
         step(cluster)
     assert active_revisions(cluster) == []
     # Declared again with a count, the same revision: the spec of revision 1 stays known
     # though none of its replicas runs.
     spec = replace(cluster.state.models["llama"].spec, replicas=3)
-    cluster.given(*ops.apply_model(cluster.state, spec).events)
+    cluster.given(*model_ops.apply_model(cluster.state, spec).events)
 
     decision = cluster.reconcile()
 
@@ -383,7 +385,7 @@ def test_a_model_scaled_up_from_zero_while_its_rollout_is_paused_meets_the_canar
 def test_a_drain_during_a_canary_step_replaces_an_old_replica_with_an_old_one() -> None:
     cluster = holding_a_canary()
     [old] = [r.id for r in cluster.state.replicas.values() if r.revision == 1 and r.number == 2]
-    cluster.given(*ops.drain_replica(cluster.state, old, "drain-1").events)
+    cluster.given(*node_ops.drain_replica(cluster.state, old, "drain-1").events)
 
     placed = of_type(cluster.reconcile(), ReplicaPlaced)
 
@@ -618,7 +620,7 @@ def test_a_rollout_and_a_node_drain_at_the_same_time_both_finish() -> None:
     cluster = serving()
     revise(cluster)
     step(cluster)
-    cluster.given(*ops.drain_node(cluster.state, "gpu-1", "drain-1", 3600).events)
+    cluster.given(*node_ops.drain_node(cluster.state, "gpu-1", "drain-1", 3600).events)
 
     run(cluster, rounds=60)
 
@@ -641,7 +643,7 @@ def test_a_rollout_and_a_node_drain_at_the_same_time_both_finish() -> None:
 
 def test_a_drain_and_a_rollout_are_both_moves_read_from_the_model_by_their_id() -> None:
     cluster = serving()
-    cluster.given(*ops.drain_replica(cluster.state, "llama-1", "drain-1").events)
+    cluster.given(*node_ops.drain_replica(cluster.state, "llama-1", "drain-1").events)
     revise(cluster)
     cluster.reconcile()  # the rollout's first step starts
     cluster.reconcile()  # its first move, and a replacement for each move
@@ -651,8 +653,8 @@ def test_a_drain_and_a_rollout_are_both_moves_read_from_the_model_by_their_id() 
         ("llama-1", "drain-1"),
         ("llama-2", "rollout-llama-r2"),
     }
-    [drained] = ops.moves_of(cluster.state, "drain-1")
-    [rolled] = ops.moves_of(cluster.state, "rollout-llama-r2")
+    [drained] = moves_of(cluster.state, "drain-1")
+    [rolled] = moves_of(cluster.state, "rollout-llama-r2")
     assert (drained.replacement_id, drained.replacement_phase) == ("llama-5", "placed")
     assert (rolled.replacement_id, rolled.replacement_phase) == ("llama-6", "placed")
     assert rollouts.rollout_status(cluster.state, "llama", cluster.now).moves == (rolled,)
@@ -660,7 +662,7 @@ def test_a_drain_and_a_rollout_are_both_moves_read_from_the_model_by_their_id() 
     run(cluster)
 
     assert cluster.state.models["llama"].moves == {}
-    assert ops.moves_of(cluster.state, "drain-1") == ()
+    assert moves_of(cluster.state, "drain-1") == ()
 
 
 def test_a_replacement_loading_past_a_drain_s_grace_serves_before_its_original_stops() -> None:
@@ -704,7 +706,7 @@ def test_a_move_with_no_room_waits_saying_why_until_a_node_drain_s_grace_stops_i
     assert of_type(cluster.reconcile(), ReplicaStopping) == []
     [moved] = [r for r in cluster.state.replicas.values() if r.phase is ReplicaPhase.DRAINING]
 
-    cluster.given(*ops.drain_node(cluster.state, moved.node_ids[0], "drain-1", 300).events)
+    cluster.given(*node_ops.drain_node(cluster.state, moved.node_ids[0], "drain-1", 300).events)
     cluster.after(299)
     assert of_type(cluster.reconcile(), ReplicaStopping) == []
     cluster.after(2)
@@ -750,7 +752,7 @@ def test_a_model_removed_during_its_rollout_ends_the_rollout() -> None:
     cluster = serving()
     revise(cluster)
     step(cluster)
-    cluster.given(*ops.remove(cluster.state, "llama").events)
+    cluster.given(*model_ops.remove(cluster.state, "llama").events)
 
     [finished] = of_type(cluster.reconcile(), RolloutFinished)
 
@@ -761,9 +763,9 @@ def test_a_model_removed_during_its_rollout_ends_the_rollout() -> None:
 def test_a_model_removed_and_declared_again_before_a_pass_does_not_carry_on_its_rollout() -> None:
     cluster = holding_a_canary()
     first = cluster.state.models["llama"].rollout.from_spec  # type: ignore[union-attr]
-    cluster.given(*ops.remove(cluster.state, "llama").events)
+    cluster.given(*model_ops.remove(cluster.state, "llama").events)
 
-    again = ops.apply_model(cluster.state, first)  # revision 1's spec, before any pass
+    again = model_ops.apply_model(cluster.state, first)  # revision 1's spec, before any pass
 
     finished, declared = again.events
     assert isinstance(finished, RolloutFinished)

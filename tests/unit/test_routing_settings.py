@@ -12,7 +12,7 @@ from msgspec.structs import replace
 from app.admin.models import spec_from_body
 from app.domain.events import ModelDeclared
 from app.domain.model_spec import ModelSpec, RoutingSettings, validate_spec
-from app.domain.operations import InvalidSpec
+from app.domain.operation_results import InvalidSpec
 from app.domain.tuning import tune
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.snapshot import route_policy

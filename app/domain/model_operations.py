@@ -1,0 +1,184 @@
+"""What an operator asks of a model: declare, scale, autoscale, remove, and where it would
+be placed. Pure decisions, no I/O.
+
+Each returns the ``Change`` to record on the model's stream, none when the request changes
+nothing, or raises an ``OperationError`` (``app.domain.operation_results``). The model's
+rollouts are steered in ``rollout_operations``; how a model is doing is ``model_status``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import msgspec
+from msgspec.structs import replace
+
+from app.domain.events import (
+    ModelDeclared,
+    ModelRemoved,
+    ModelScaled,
+    RolloutFinished,
+    RolloutStarted,
+    model_stream,
+)
+from app.domain.model_spec import AutoscalePolicy, ModelSpec, RoutingSettings, validate_spec
+from app.domain.operation_results import (
+    Change,
+    InvalidOperation,
+    InvalidSpec,
+    UnknownModel,
+    find_known,
+)
+from app.domain.placement import Explanation, explain_placement
+from app.domain.revisions import FIRST_REVISION, next_revision, rollout_id_for, spec_changes
+from app.domain.state import ClusterState, Model
+
+
+def apply_model(state: ClusterState, spec: ModelSpec) -> Change:
+    """Declare ``spec``: nothing when the model is already declared exactly so.
+
+    A spec that says nothing about routing (the defaults) keeps the routing the model has:
+    re-applying the file a model was declared from must not undo what ``bench`` measured
+    and recorded as ``ModelTuned``. Routing written in the spec replaces it.
+
+    The first declaration is revision 1; a spec that changes what runs (``REVISION_FIELDS``)
+    is the next revision, with what changed; any other change keeps the revision and takes
+    effect at once. A model removed and declared again continues its count of revisions,
+    compared with the spec it had when it was removed; a rollout it still had under way
+    ends first, as a pass would have ended it."""
+    errors = validate_spec(spec)
+    if errors:
+        raise InvalidSpec(spec.name, errors)
+    known = state.models.get(spec.name)
+    if known is None:
+        declared = ModelDeclared(model=spec.name, spec=spec, revision=FIRST_REVISION)
+        return Change(stream=model_stream(spec.name), events=(declared,))
+    if not known.removed and spec.routing == RoutingSettings():
+        spec = replace(spec, routing=known.spec.routing)
+    if not known.removed and spec.autoscale is not None and known.spec.autoscale is not None:
+        # The autoscaler owns the count: re-applying the file must not reset it.
+        spec = replace(spec, replicas=known.spec.replicas)
+    if not known.removed and known.spec == spec:
+        return Change(stream=model_stream(spec.name))
+    changes = spec_changes(known.spec, spec)
+    revision = next_revision(max(known.revision, known.latest_revision), changes)
+    if not changes:
+        revision = known.revision
+    declared = ModelDeclared(model=spec.name, spec=spec, revision=revision, changes=changes)
+    if known.removed:
+        return Change(stream=model_stream(spec.name), events=(*_ended(known), declared))
+    if revision == known.revision:
+        return Change(stream=model_stream(spec.name), events=(declared,))
+    started = RolloutStarted(
+        model=spec.name,
+        rollout_id=rollout_id_for(spec.name, revision),
+        revision=revision,
+        from_revision=known.revision,
+    )
+    return Change(
+        stream=model_stream(spec.name),
+        events=(declared, started),
+        correlation_id=started.rollout_id,
+    )
+
+
+def _ended(removed: Model) -> tuple[RolloutFinished, ...]:
+    """The end of the rollout a removed model still has under way, as the reconciler's next
+    pass would record it: declared again first, the model would carry that rollout on into
+    its new revision."""
+    rollout = removed.rollout
+    if rollout is None or not rollout.under_way:
+        return ()
+    finished = RolloutFinished(
+        model=removed.name,
+        rollout_id=rollout.id,
+        succeeded=False,
+        outcome="the model was removed",  # the words of ``rollout.rollout_moves``
+    )
+    return (finished,)
+
+
+def scale(state: ClusterState, name: str, replicas: int) -> Change:
+    model = declared_model(state, name)
+    policy = model.spec.autoscale
+    if policy is not None:
+        raise InvalidOperation(
+            f"model {name} is autoscaled between {policy.min_replicas} and "
+            f"{policy.max_replicas} replicas; change the bounds (llmgw-cli autoscale {name} "
+            "--min N --max N) or turn autoscaling off (--off) first"
+        )
+    errors = [
+        e for e in validate_spec(replace(model.spec, replicas=replicas)) if e.field == "replicas"
+    ]
+    if errors:
+        raise InvalidSpec(name, errors)
+    if replicas == model.spec.replicas:
+        return Change(stream=model_stream(name))
+    scaled = ModelScaled(model=name, replicas=replicas, previous=model.spec.replicas)
+    return Change(stream=model_stream(name), events=(scaled,))
+
+
+def set_autoscale(state: ClusterState, name: str, policy: AutoscalePolicy | None) -> Change:
+    """Turn autoscaling on with ``policy`` (or change it), or off with None: the count stays
+    what it is until the autoscaler changes it (or an operator does, once it is off). Not
+    a revision: it changes no engine."""
+    model = declared_model(state, name)
+    spec = replace(model.spec, autoscale=policy)
+    errors = validate_spec(spec)
+    if errors:
+        raise InvalidSpec(name, errors)
+    if spec == model.spec:
+        return Change(stream=model_stream(name))
+    declared = ModelDeclared(model=name, spec=spec, revision=model.revision)
+    return Change(stream=model_stream(name), events=(declared,))
+
+
+def patch_autoscale(
+    state: ClusterState, name: str, fields: Mapping[str, float | int | None]
+) -> Change:
+    """Change only ``fields`` of the model's policy (named as the policy is on the wire,
+    ``min``, ``max``, ...), the others kept as the model has them, or at their defaults when
+    it is not autoscaled yet; a field given as None goes back to its default. Merged here,
+    on the state the change is appended on, so that two operators changing different fields
+    at once both keep their change."""
+    model = declared_model(state, name)
+    merged = msgspec.to_builtins(model.spec.autoscale or AutoscalePolicy())
+    for field, value in fields.items():
+        if value is None:
+            merged.pop(field, None)
+        else:
+            merged[field] = value
+    return set_autoscale(state, name, msgspec.convert(merged, AutoscalePolicy))
+
+
+def remove(state: ClusterState, name: str) -> Change:
+    """Every replica of a removed model is stopped by the reconciler."""
+    model = find_model(state, name)
+    if model.removed:
+        return Change(stream=model_stream(name))
+    return Change(stream=model_stream(name), events=(ModelRemoved(model=name),))
+
+
+def placement_of(state: ClusterState, name: str) -> Explanation:
+    return explain_placement(state, find_model(state, name).spec)
+
+
+def placement_dry_run(state: ClusterState, spec: ModelSpec) -> Explanation:
+    errors = validate_spec(spec)
+    if errors:
+        raise InvalidSpec(spec.name, errors)
+    return explain_placement(state, spec)
+
+
+# -- lookups -----------------------------------------------------------------------------
+
+
+def find_model(state: ClusterState, name: str) -> Model:
+    return find_known(state.models, name, UnknownModel)
+
+
+def declared_model(state: ClusterState, name: str) -> Model:
+    model = find_model(state, name)
+    if model.removed:
+        raise InvalidOperation(f"model {name} was removed; apply its spec to declare it again")
+    return model

@@ -1,0 +1,171 @@
+"""What an operator asks of a node or a replica: cordon, uncordon, drain. Pure decisions,
+no I/O, with the lookups of nodes and replicas they and the admin API use.
+
+Each returns the ``Change`` to record on the node's (or the replica's) stream, none when
+the request changes nothing, or raises an ``OperationError``
+(``app.domain.operation_results``). A drain's request is decided here, and what room each
+replica on the node has (``drain_room``); the reconciler carries the drain out
+(``app.domain.drain``), and how it goes is ``drain_progress``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from app.domain.drain_room import ReplicaRoom, room_for_drain
+from app.domain.envelope import Recorded
+from app.domain.events import (
+    NodeCordoned,
+    NodeDrainRequested,
+    NodeUncordoned,
+    ReplicaDrainStarted,
+    node_stream,
+    replica_stream,
+)
+from app.domain.evolve import replay
+from app.domain.free_text import reason_errors
+from app.domain.model_spec import SpecError
+from app.domain.operation_results import (
+    Change,
+    InvalidDrain,
+    InvalidOperation,
+    InvalidText,
+    NoRoomToDrain,
+    UnknownNode,
+    UnknownReplica,
+    find_known,
+)
+from app.domain.state import (
+    NOT_SERVING_YET,
+    ClusterState,
+    Node,
+    Replica,
+    ReplicaFilter,
+    ReplicaPhase,
+)
+
+MAX_DRAIN_GRACE_S = 7 * 24 * 3600
+
+
+class NodeDrain(Change, frozen=True, kw_only=True):
+    """A node drain to record, and whether each replica on the node has somewhere to go."""
+
+    drain_id: str
+    room: tuple[ReplicaRoom, ...] = ()
+    """Each replica the drain moves or stops, by model and number (``drain_room``)."""
+
+
+def cordon(state: ClusterState, node_id: str, reason: str) -> Change:
+    """No new replica is placed on a cordoned node; those on it keep running. A cordoned
+    node cordoned again with another reason (not an empty one) records the new reason, so
+    that its history says who changed it and why; the same reason again records nothing."""
+    node = find_node(state, node_id)
+    errors = reason_errors("reason", reason)
+    if errors:
+        raise InvalidText(f"the cordon of node {node_id!r}", errors)
+    if node.drain_id is not None:
+        # The drain keeps the node cordoned, under its own reason: recording nothing would
+        # drop the operator's reason without a word, so the cordon is refused as uncordon is.
+        kept = f", and its reason {reason!r} was not kept" if reason else ""
+        raise InvalidOperation(
+            f"node {node_id} is already cordoned by its drain (drain {node.drain_id}"
+            f"{_drain_since(node)}): the cordon was not recorded{kept}; follow the drain at "
+            f"/admin/v1/drains/{node.drain_id}"
+        )
+    if node.cordoned and (not reason or reason == node.cordon_reason):
+        return Change(stream=node_stream(node_id))
+    return Change(
+        stream=node_stream(node_id), events=(NodeCordoned(node_id=node_id, reason=reason),)
+    )
+
+
+def uncordon(state: ClusterState, node_id: str) -> Change:
+    node = find_node(state, node_id)
+    if node.drain_id is not None:
+        raise InvalidOperation(
+            f"node {node_id} is draining (drain {node.drain_id}); it can be uncordoned once "
+            "that drain has finished"
+        )
+    if not node.cordoned:
+        return Change(stream=node_stream(node_id))
+    return Change(stream=node_stream(node_id), events=(NodeUncordoned(node_id=node_id),))
+
+
+def drain_node(
+    state: ClusterState, node_id: str, drain_id: str, grace_s: float, *, require_room: bool = False
+) -> NodeDrain:
+    """Move every replica off the node (the reconciler carries it out, see ``drain``), and
+    say which replicas have nowhere to go now (``drain_room``); with ``require_room``, such
+    a replica refuses the drain (``NoRoomToDrain``) and nothing is recorded."""
+    node = find_node(state, node_id)
+    if not 0 < grace_s <= MAX_DRAIN_GRACE_S:
+        reason = f"must be more than 0 and at most {MAX_DRAIN_GRACE_S} (a week)"
+        raise InvalidDrain(node_id, [SpecError("grace_s", reason)])
+    if node.drain_id is not None:
+        raise InvalidOperation(
+            f"node {node_id} is already draining (drain {node.drain_id}{_drain_since(node)}); "
+            f"follow it at /admin/v1/drains/{node.drain_id}"
+        )
+    requested = NodeDrainRequested(node_id=node_id, drain_id=drain_id, grace_s=grace_s)
+    room = room_for_drain(state, requested)
+    if require_room and any(not r.has_room for r in room):
+        raise NoRoomToDrain(node_id, room)
+    return NodeDrain(stream=node_stream(node_id), events=(requested,), drain_id=drain_id, room=room)
+
+
+def _drain_since(node: Node) -> str:
+    return f" since {node.drain_requested_at:%Y-%m-%d %H:%M:%S}" if node.drain_requested_at else ""
+
+
+def drain_replica(state: ClusterState, replica_id: str, drain_id: str) -> Change:
+    """Move one serving replica: a replacement is placed, and it stops once that serves."""
+    replica = find_replica(state, replica_id)
+    if replica.phase is not ReplicaPhase.SERVING:
+        raise InvalidOperation(
+            f"replica {replica_id} cannot be drained: {_why_not_drainable(replica)}"
+        )
+    started = ReplicaDrainStarted(
+        replica_id=replica_id, drain_id=drain_id, reason="drain of this replica requested"
+    )
+    return Change(stream=replica_stream(replica_id), events=(started,))
+
+
+def _why_not_drainable(replica: Replica) -> str:
+    if replica.phase is ReplicaPhase.DRAINING:
+        return f"it is already draining (drain {replica.drain_id})"
+    if replica.phase in NOT_SERVING_YET:
+        return (
+            f"it is {replica.phase.value} and not serving yet, so there is nothing to move; "
+            "scale the model down to stop it"
+        )
+    if replica.phase is ReplicaPhase.STOPPING:
+        return f"it is already stopping ({replica.end_reason or 'no reason recorded'})"
+    return f"it has ended ({replica.phase.value}: {replica.end_reason or 'no reason recorded'})"
+
+
+# -- lookups -----------------------------------------------------------------------------
+
+
+def find_node(state: ClusterState, node_id: str) -> Node:
+    return find_known(state.nodes, node_id, UnknownNode)
+
+
+def find_replica(state: ClusterState, replica_id: str) -> Replica:
+    return find_known(state.replicas, replica_id, UnknownReplica)
+
+
+def replicas_matching(
+    state: ClusterState,
+    model: str | None = None,
+    node_id: str | None = None,
+    phase: ReplicaPhase | None = None,
+) -> list[Replica]:
+    """Replicas of ``model``, with a shard on ``node_id``, in ``phase`` (each if given)."""
+    among = ReplicaFilter(model=model, node_id=node_id, phase=phase)
+    return sorted(filter(among.matches, state.replicas.values()), key=lambda r: (r.model, r.number))
+
+
+def replica_from_events(replica_id: str, events: Iterable[Recorded]) -> Replica | None:
+    """The replica as the fold had it after ``events``, every event about it: a replica's
+    state depends on its own events alone, so a fold of them rebuilds one it forgot."""
+    return replay(events).replicas.get(replica_id)
