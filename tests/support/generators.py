@@ -29,6 +29,7 @@ from app.domain.events import (
     ReplicaPlaced,
     ReplicaStartupTimedOut,
     ReplicaStopped,
+    RolloutHoldEjectionSeen,
     ShardPlacement,
     StrayStopped,
     subjects,
@@ -158,9 +159,12 @@ def _valid(event: AnyEvent) -> AnyEvent:
 
 def stream_for(event: AnyEvent) -> str:
     """The stream an event of this kind belongs to: its replica's, key's, node's,
-    certificate's or model's, in that order; a stopped stray is on its node's."""
+    certificate's or model's, in that order; a stopped stray is on its node's, and a
+    replica ejected during a rollout's hold on its model's, where the reconciler records
+    it (``app.domain.hold_ejections``)."""
     about = subjects(event)
-    replica = None if isinstance(event, StrayStopped) else about.replica
+    on_its_replica = not isinstance(event, StrayStopped | RolloutHoldEjectionSeen)
+    replica = about.replica if on_its_replica else None
     for prefix, value in (
         ("replica", replica),
         ("key", about.key),
