@@ -24,6 +24,7 @@ from agent.config import (
 from agent.engines.readiness import Liveness
 from agent.gpus.fake_health import read_health_file
 from agent.main import EXIT_OK, EXIT_USAGE, app
+from tests.support.usage_errors import wide_error_console
 
 
 @pytest.fixture
@@ -349,10 +350,8 @@ def test_a_path_flag_given_empty_is_bad_usage_not_the_current_directory(
     argv: list[str],
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("COLUMNS", "200")
-
     with pytest.raises(SystemExit) as ended:
-        app(argv)
+        app(argv, error_console=wide_error_console())
 
     assert ended.value.code == EXIT_USAGE
     assert "cannot be empty" in capsys.readouterr().err

@@ -15,6 +15,7 @@ from app.gateway.engine_bounds import EngineTimeouts
 from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
 from app.main import app
 from app.settings import ServeSettings
+from tests.support.usage_errors import wide_error_console
 
 DATABASE_URL = "postgresql://llmgw@db.example/llmgw"
 
@@ -146,11 +147,12 @@ def test_a_file_variable_set_empty_is_bad_usage_naming_it_not_the_current_direct
     env_var: str,
     empty: str,
 ) -> None:
-    monkeypatch.setenv("COLUMNS", "200")
     monkeypatch.setenv(env_var, empty)
 
     with pytest.raises(SystemExit) as ended:
-        app.parse_args(["serve", "--database-url", DATABASE_URL])
+        app.parse_args(
+            ["serve", "--database-url", DATABASE_URL], error_console=wide_error_console()
+        )
 
     assert ended.value.code == 2
     assert f"{flag} ({env_var}) is empty: give a path, or unset it" in capsys.readouterr().err
@@ -160,11 +162,13 @@ def test_a_file_variable_set_empty_is_bad_usage_naming_it_not_the_current_direct
 def test_a_file_flag_given_empty_is_bad_usage_naming_it_not_the_current_directory(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], flag: str, env_var: str
 ) -> None:
-    monkeypatch.setenv("COLUMNS", "200")
     monkeypatch.delenv(env_var, raising=False)
 
     with pytest.raises(SystemExit) as ended:
-        app.parse_args(["serve", "--database-url", DATABASE_URL, flag, ""])
+        app.parse_args(
+            ["serve", "--database-url", DATABASE_URL, flag, ""],
+            error_console=wide_error_console(),
+        )
 
     assert ended.value.code == 2
     err = capsys.readouterr().err
