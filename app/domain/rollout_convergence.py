@@ -8,11 +8,18 @@ from __future__ import annotations
 
 from app.domain.decision import Draft
 from app.domain.events import ReplicaDrainStarted, ReplicaStopping, replica_stream
-from app.domain.state import ACTIVE_PHASES, ClusterState, Model, Replica, ReplicaPhase, Rollout
+from app.domain.state import (
+    ACTIVE_PHASES,
+    NOT_SERVING_YET,
+    ClusterState,
+    Model,
+    Replica,
+    ReplicaPhase,
+    Rollout,
+)
 
 COUNTING = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING, ReplicaPhase.SERVING})
 """The phases of a replica that counts towards a step: placed, starting or serving."""
-_NOT_SERVING_YET = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING})
 
 
 def converge(draft: Draft, model: Model, rollout: Rollout, target: int, *, every: bool) -> bool:
@@ -31,7 +38,7 @@ def converge(draft: Draft, model: Model, rollout: Rollout, target: int, *, every
     )
     if every:
         for replica in outdated:
-            if replica.phase in _NOT_SERVING_YET:
+            if replica.phase in NOT_SERVING_YET:
                 stop_replica(
                     draft,
                     replica,
