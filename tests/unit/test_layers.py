@@ -1,8 +1,10 @@
 """The import layers DESIGN.md and STYLE.md describe, enforced by reading every import.
 
-    cli ──> (app.pki, app.logs)            never app.domain: the CLI renders what the API says
+    cli ──> (app.pki, app.logs,            never app.domain: the CLI renders what the API says
+             app.usage_errors)
     agent ──> wire, app.pki, app.logs,     the agent speaks the wire, not the server's mind
-              app.regular_file
+              app.regular_file,            (app.logs, app.regular_file, app.usage_errors: the
+              app.usage_errors             plumbing every program shares)
     app.admin, app.gateway, app.hub, app.store, app.bootstrap   the shell and adapters
       └──> app.services ──> app.domain <── (only the standard library and msgspec)
     app.store ─x─> app.gateway             the store knows no reader of it
@@ -79,10 +81,12 @@ RULES = {
     "cli imports nothing of app.domain": lambda module, imported: (
         within(module, "cli") and within(imported, "app.domain")
     ),
-    "agent imports of app only app.pki, app.logs and app.regular_file": lambda module, imported: (
-        within(module, "agent")
-        and within(imported, "app")
-        and not within(imported, "app.pki", "app.logs", "app.regular_file")
+    "agent imports of app only app.pki, app.logs, app.regular_file and app.usage_errors": (
+        lambda module, imported: (
+            within(module, "agent")
+            and within(imported, "app")
+            and not within(imported, "app.pki", "app.logs", "app.regular_file", "app.usage_errors")
+        )
     ),
     "wire imports nothing of app, agent or cli": lambda module, imported: (
         within(module, "wire") and within(imported, "app", "agent", "cli")
@@ -112,3 +116,8 @@ def test_the_rules_see_a_breach() -> None:
     assert RULES["cli imports nothing of app.domain"]("cli.keys", "app.domain.keys")
     assert not RULES["cli imports nothing of app.domain"]("cli.keys", "app.pki")
     assert RULES["no program imports the dev cluster"]("app.commands.serve", "devcluster.dev")
+    agent_rule = RULES[
+        "agent imports of app only app.pki, app.logs, app.regular_file and app.usage_errors"
+    ]
+    assert agent_rule("agent.main", "app.bootstrap")
+    assert not agent_rule("agent.main", "app.usage_errors")

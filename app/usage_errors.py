@@ -1,0 +1,143 @@
+"""A mistyped command line, told in one line on stderr (cyclopts then exits 2), the same
+way by every program: ``llmgw-server serve: unknown option --nope; see llmgw-server serve
+--help``.
+
+cyclopts draws its errors in a panel wrapped to the terminal, which under systemd or in a
+CI log is a box of broken lines no grep finds whole, and guesses the intended word with
+difflib, which ranks `node` above `nodes` for `nodse`. Worse, an unknown option beside a
+missing required one is reported as the missing one, with a guess taken from the unknown
+option: `llmgw-cli keys create --model demo` said "Did you mean --name instead of
+--model?", and `llmgw-server serve --nope` that --database-url requires an argument. Here
+the unknown word is named first, and the guess is the one real name it begins, else the
+name closest by edit distance (a swap of two neighbouring letters is one edit), the same
+length winning a tie. What the command line held is shown with every character a
+terminal would act on written as a visible escape (``\\x1b``), as Python writes it.
+
+Each program hands its ``App`` ``error_formatter=one_line_usage_errors(PROGRAM)`` and
+``error_console=usage_error_console()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from cyclopts import App, CycloptsError
+from cyclopts.exceptions import (
+    CoercionError,
+    MissingArgumentError,
+    UnknownCommandError,
+    UnknownOptionError,
+)
+from rich.console import Console
+from rich.text import Text
+
+
+def usage_error_console() -> Console:
+    """stderr, never wrapped: the error stays one line however narrow the terminal."""
+    return Console(stderr=True, soft_wrap=True, highlight=False, markup=False, emoji=False)
+
+
+def one_line_usage_errors(
+    program: str, *, refusals: tuple[type[Exception], ...] = ()
+) -> Callable[[CycloptsError], Text]:
+    """cyclopts' ``error_formatter`` for ``program``: its usage errors as one line. A value
+    a converter refused with one of ``refusals`` is told as the option's name followed by
+    the refusal's message (``--max must be a whole number, got 2.5``)."""
+
+    def formatter(error: CycloptsError) -> Text:
+        return Text(usage_error_line(program, error, refusals=refusals))
+
+    return formatter
+
+
+def usage_error_line(
+    program: str, error: CycloptsError, *, refusals: tuple[type[Exception], ...] = ()
+) -> str:
+    """``llmgw-cli keys create: unknown option --model; did you mean --models?``"""
+    where = " ".join((program, *(error.command_chain or ())))
+    return shown(f"{where}: {_what_is_wrong(error, where, refusals)}")
+
+
+def shown(text: str) -> str:
+    """``text`` with every character a terminal would act on or not show (ESC, CR, a
+    newline, U+202E...) written as Python writes it in a string literal (``\\x1b``)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
+def closest(word: str, names: Iterable[str]) -> str | None:
+    """The one name ``word`` begins, else the name it most likely misspells, else None."""
+    names = list(names)
+    begun = [name for name in names if name.startswith(word)]
+    if len(begun) == 1:
+        return begun[0]
+    most = max(1, len(word.lstrip("-")) // 3)
+    scored = [(_edits(word, name), abs(len(name) - len(word)), name) for name in names]
+    near = [score for score in scored if score[0] <= most]
+    return min(near, key=lambda score: score[:2])[2] if near else None
+
+
+def _what_is_wrong(error: CycloptsError, where: str, refusals: tuple[type[Exception], ...]) -> str:
+    if isinstance(error, UnknownCommandError) and error.unused_tokens and error.app:
+        token = error.unused_tokens[0]
+        guess = closest(token, _commands(error.app))
+        hint = f'did you mean "{guess}"?' if guess else f"see {where} --help"
+        return f'unknown command "{token}"; {hint}'
+    if isinstance(error, UnknownOptionError):
+        token = error.token.keyword or error.token.value
+        options = [name for argument in error.argument_collection for name in argument.names]
+        return _unknown_option(token, options, where)
+    if isinstance(error, CoercionError) and isinstance(error.__cause__, refusals):
+        name = error.token.keyword if error.token and error.token.keyword else None
+        return f"{name or (error.argument.name if error.argument else 'a value')} {error.msg}"
+    if type(error) is MissingArgumentError and error.argument is not None:
+        options = _options(error.app)
+        unknown = [
+            token.split("=", 1)[0]
+            for token in error.unused_tokens or ()
+            if token.startswith("-") and token.split("=", 1)[0] not in options
+        ]
+        if unknown:
+            return _unknown_option(unknown[0], options, where)
+        name = error.keyword or error.argument.name
+        given = error.keyword is not None or any(t.keyword for t in error.argument.tokens)
+        return f"{name} needs a value" if given else f"{name} is required"
+    return " ".join(str(error).split())
+
+
+def _unknown_option(token: str, options: Sequence[str], where: str) -> str:
+    guess = closest(token, (name for name in options if name.startswith("-")))
+    hint = f"did you mean {guess}?" if guess else f"see {where} --help"
+    return f"unknown option {token}; {hint}"
+
+
+def _commands(app: App) -> list[str]:
+    return [name for name in app if not name.startswith("-") and app[name].show]
+
+
+def _options(app: App | None) -> list[str]:
+    if app is None:
+        return []
+    try:
+        arguments = app.assemble_argument_collection()
+    except ValueError:  # a group without a default command has no options of its own
+        return []
+    return [name for argument in arguments if argument.parse for name in argument.names]
+
+
+def _edits(a: str, b: str) -> int:
+    """Optimal string alignment distance: insertions, deletions, substitutions and swaps
+    of two neighbouring letters, one edit each."""
+    previous2: list[int] = []
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        row = [i]
+        for j, cb in enumerate(b, 1):
+            cost = 0 if ca == cb else 1
+            best = min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + cost)
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                best = min(best, previous2[j - 2] + 1)
+            row.append(best)
+        previous2, previous = previous, row
+    return previous[-1]
