@@ -42,6 +42,7 @@ from agent.gpus import mark_fake_gpu, open_gpu_source
 from agent.runtime import AgentRuntime
 from app.logs import configure_logging
 from app.pki import TlsConfigurationError, client_ssl_context
+from app.usage_errors import one_line_usage_errors, usage_error_console
 from wire.version import llmgw_version
 
 EXIT_OK = 0
@@ -70,6 +71,8 @@ llmgw-agent --config /etc/llmgw/agent.toml
 ```
 """,
     version=llmgw_version,
+    error_formatter=one_line_usage_errors("llmgw-agent"),
+    error_console=usage_error_console(),
 )
 fake_gpu_app = App(
     name="fake-gpu",

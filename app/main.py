@@ -8,6 +8,7 @@ from app.commands.gateway import gateway_command
 from app.commands.log import head_command, verify_command
 from app.commands.maintenance import migrate, rebuild_command
 from app.commands.serve import serve
+from app.usage_errors import one_line_usage_errors, usage_error_console
 from wire.version import llmgw_version
 
 app = App(
@@ -15,6 +16,8 @@ app = App(
     version=llmgw_version,
     help="The llmgw control plane: event store, agent hub, reconciler, admin API, gateway."
     "\n\nExample: llmgw-server migrate --database-url postgresql://llmgw@db/llmgw",
+    error_formatter=one_line_usage_errors("llmgw-server"),
+    error_console=usage_error_console(),
 )
 projections = App(
     name="projections",

@@ -12,6 +12,7 @@ from typing import Annotated
 
 from cyclopts import App, Parameter
 
+from app.usage_errors import one_line_usage_errors, usage_error_console
 from devcluster.demo_model import DEFAULT_STATE_DIRS, DevEngine, engine_unavailable
 from devcluster.dev import DevOptions, run_dev
 from devcluster.llamacpp import missing_packages
@@ -43,6 +44,8 @@ llmgw-dev --engine llamacpp
 llmgw-dev --state-dir /tmp/second --admin-port 9081 --agent-port 9443 --client-port 9080
 ```
 """,
+    error_formatter=one_line_usage_errors("llmgw-dev"),
+    error_console=usage_error_console(),
 )
 
 

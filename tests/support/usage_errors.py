@@ -1,10 +1,10 @@
 """What a program's usage error prints, read whole in a test.
 
-cyclopts draws a usage error in a panel as wide as its error console, and an ``App`` keeps
-the first error console it makes: as wide as the terminal (or ``COLUMNS``) was then, which
-in a test worker is whatever an earlier test left. A long message would then be cut into
-lines inside the panel, and a test looking for it would fail or pass with the order the
-tests ran in. A test hands the program this console instead.
+Every program writes its usage errors as one line on a console of its own that never wraps
+(``app/usage_errors.py``). A test that hands a program another error console hands it this
+one: as wide as no message of ours, so that what it looks for is never cut into lines,
+whichever console the program would otherwise use and whatever terminal width (or
+``COLUMNS``) an earlier test in the same worker left.
 """
 
 from __future__ import annotations

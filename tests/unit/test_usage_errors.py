@@ -1,0 +1,115 @@
+"""Every program tells a mistyped command line the same way: exit 2 and one line on stderr,
+``PROGRAM SUBCOMMAND: what is wrong; did you mean ...?``, naming the unknown word first,
+never wrapped to the terminal, whatever the line holds shown as visible escapes.
+(``test_cli_usage_errors.py`` tells llmgw-cli's, through the real program.)"""
+
+from __future__ import annotations
+
+import pytest
+from cyclopts import App
+from rich.text import Text
+
+import agent.main
+import app.main
+import devcluster.main
+from app.usage_errors import shown, usage_error_console
+
+
+def usage_error(
+    program: App, argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> tuple[object, str, str]:
+    """What the program exits with, prints and writes on stderr for ``argv``."""
+    with pytest.raises(SystemExit) as ended:
+        program(argv)
+    printed = capsys.readouterr()
+    return ended.value.code, printed.out, printed.err
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        # Beside the missing --database-url: the unknown option is what is wrong.
+        (
+            ["serve", "--nope"],
+            "llmgw-server serve: unknown option --nope; see llmgw-server serve --help",
+        ),
+        (
+            ["gateway", "--nope"],
+            "llmgw-server gateway: unknown option --nope; see llmgw-server gateway --help",
+        ),
+        (
+            ["migrate", "--nope"],
+            "llmgw-server migrate: unknown option --nope; see llmgw-server migrate --help",
+        ),
+        (
+            ["log", "verify", "--anchr", "1:ab"],
+            "llmgw-server log verify: unknown option --anchr; did you mean --anchor?",
+        ),
+        (["lgo"], 'llmgw-server: unknown command "lgo"; did you mean "log"?'),
+        (["serve"], "llmgw-server serve: --database-url is required"),
+    ],
+)
+def test_a_mistyped_server_command_line_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], line: str
+) -> None:
+    assert usage_error(app.main.app, argv, capsys) == (2, "", line + "\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--nope"], "llmgw-agent: unknown option --nope; see llmgw-agent --help"),
+        (["--nodeid", "gpu-07"], "llmgw-agent: unknown option --nodeid; did you mean --node-id?"),
+        (
+            ["fake-gpu", "mrk", "--gpu", "0"],
+            'llmgw-agent fake-gpu: unknown command "mrk"; did you mean "mark"?',
+        ),
+        (["fake-gpu", "clear"], "llmgw-agent fake-gpu clear: --gpu is required"),
+    ],
+)
+def test_a_mistyped_agent_command_line_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], line: str
+) -> None:
+    assert usage_error(agent.main.app, argv, capsys) == (2, "", line + "\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--nope"], "llmgw-dev: unknown option --nope; see llmgw-dev --help"),
+        (["--replicsa", "3"], "llmgw-dev: unknown option --replicsa; did you mean --replicas?"),
+    ],
+)
+def test_a_mistyped_dev_command_line_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], line: str
+) -> None:
+    assert usage_error(devcluster.main.app, argv, capsys) == (2, "", line + "\n")
+
+
+def test_what_the_command_line_held_reaches_the_terminal_as_visible_escapes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An option that would set the terminal's title, or clear it, is shown, not obeyed."""
+    code, _, err = usage_error(app.main.app, ["serve", "--\x1b]0;owned\x07\r\u202e"], capsys)
+
+    assert (code, err) == (
+        2,
+        "llmgw-server serve: unknown option --\\x1b]0;owned\\x07\\r\\u202e; "
+        "see llmgw-server serve --help\n",
+    )
+
+
+def test_printable_text_is_shown_as_it_is() -> None:
+    assert shown("模型 ünïcödé ✓ C:\\x1b") == "模型 ünïcödé ✓ C:\\x1b"
+    assert shown("a\nb\tc\x9b") == "a\\nb\\tc\\x9b"
+
+
+def test_the_usage_error_console_never_wraps_a_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "20")
+    line = "llmgw-agent: unknown option --nope; see llmgw-agent --help"
+
+    usage_error_console().print(Text(line))
+
+    assert capsys.readouterr().err == line + "\n"
