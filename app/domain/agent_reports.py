@@ -8,7 +8,7 @@ nothing returns no events, so an agent repeating itself never grows the log.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Sequence
 from typing import assert_never
 
 from app.domain.events import (
@@ -28,6 +28,7 @@ from app.domain.events import (
     node_stream,
     replica_stream,
 )
+from app.domain.gpu_identity import same_gpu
 from app.domain.reports import (
     AgentConnected,
     AgentDisconnected,
@@ -72,7 +73,12 @@ def agent_connected(
 ) -> Decision:
     """Registered the first time the node is seen, then connected with its inventory, plus
     a GPU event for every GPU whose health differs from what the log knew: a GPU the log
-    knew unhealthy when an earlier hello left it out included (``Node.unlisted_gpus``)."""
+    knew unhealthy when an earlier hello left it out included (``Node.unlisted_gpus``).
+
+    A GPU is known by its UUID (``app.domain.gpu_identity``): after a driver reload
+    numbered the GPUs anew, one listed under another index is judged against what the log
+    knew of it there, and another GPU listed under its old index as a GPU the log never
+    knew (healthy until now, so only a fault of it is recorded)."""
     stream = node_stream(inventory.node_id)
     known = state.nodes.get(inventory.node_id)
     decision: Decision = []
@@ -106,15 +112,42 @@ def agent_connected(
             ),
         )
     )
-    reported = (
-        GpuHealth(index=g.index, uuid=g.uuid, healthy=g.healthy, reason=g.unhealthy_reason)
-        for g in inventory.gpus
-    )
     # A GPU an earlier hello left out while unhealthy is judged against that fault, so that
     # its return healthy is recorded as its recovery.
-    previous = (*known.unlisted_gpus, *known.gpus) if known is not None else ()
-    decision += _health_changes(inventory.node_id, previous, reported, unknown_is_healthy=True)
+    previous = (*known.gpus, *reversed(known.unlisted_gpus)) if known is not None else ()
+    listed_uuids = frozenset(g.uuid for g in inventory.gpus if g.uuid)
+    for listed in inventory.gpus:
+        gpu = GpuHealth(
+            index=listed.index,
+            uuid=listed.uuid,
+            healthy=listed.healthy,
+            reason=listed.unhealthy_reason,
+        )
+        was = _known_as(gpu, previous, listed_uuids)
+        event = _health_event(
+            inventory.node_id, gpu, (was.healthy, was.unhealthy_reason) if was else (True, None)
+        )
+        if event is not None:
+            decision.append((stream, event))
     return decision
+
+
+def _known_as(
+    gpu: GpuHealth, known: Sequence[GpuInfo], listed_uuids: Collection[str]
+) -> GpuInfo | None:
+    """The GPU of ``known`` that ``gpu`` is (``app.domain.gpu_identity``): the one with its
+    UUID, under whatever index; else, when either has no UUID, the first one under its
+    index, unless the hello lists that one's UUID under another index, where it is."""
+    if gpu.uuid:
+        for candidate in known:
+            if candidate.uuid == gpu.uuid:
+                return candidate
+    for candidate in known:
+        if candidate.uuid not in listed_uuids and same_gpu(
+            candidate, index=gpu.index, uuid=gpu.uuid
+        ):
+            return candidate
+    return None
 
 
 def gpu_health_reported(
@@ -125,7 +158,21 @@ def gpu_health_reported(
     node = state.nodes.get(node_id)
     if node is None:
         return []
-    return _health_changes(node_id, node.gpus, changes, unknown_is_healthy=False)
+    listed = {gpu.index for gpu in node.gpus}
+    health = {gpu.index: (gpu.healthy, gpu.unhealthy_reason) for gpu in node.gpus}
+    stream = node_stream(node_id)
+    decision: Decision = []
+    for change in changes:
+        if change.index not in listed:
+            continue
+        event = _health_event(node_id, change, health[change.index])
+        if event is None:
+            continue
+        health[change.index] = (
+            (False, event.reason) if isinstance(event, GpuMarkedUnhealthy) else (True, None)
+        )
+        decision.append((stream, event))
+    return decision
 
 
 def shard_reported(
@@ -219,44 +266,21 @@ def agent_gone(state: ClusterState, node_id: str, reason: str) -> Decision:
     return [(node_stream(node_id), NodeDisconnected(node_id=node_id, reason=reason))]
 
 
-def _health_changes(
-    node_id: str,
-    known: Iterable[GpuInfo],
-    reported: Iterable[GpuHealth],
-    *,
-    unknown_is_healthy: bool,
-) -> Decision:
-    """An event per GPU whose health differs from what the log knows, and per unhealthy GPU
-    whose reason changed (a new fault, or held as flapping, is news to an operator)."""
-    health: dict[int, tuple[bool, str | None]] = {
-        gpu.index: (gpu.healthy, gpu.unhealthy_reason) for gpu in known
-    }
-    stream = node_stream(node_id)
-    decision: Decision = []
-    for gpu in reported:
-        was = health.get(gpu.index)
-        if was is None:
-            if not unknown_is_healthy:
-                continue
-            was = (True, None)
-        was_healthy, was_reason = was
-        reason = gpu.reason or "reported unhealthy without a reason"
-        if gpu.healthy == was_healthy and (gpu.healthy or reason == was_reason):
-            continue
-        health[gpu.index] = (gpu.healthy, None if gpu.healthy else reason)
-        event: AnyEvent
-        if gpu.healthy:
-            event = GpuRecovered(node_id=node_id, gpu_index=gpu.index, gpu_uuid=gpu.uuid)
-        else:
-            event = GpuMarkedUnhealthy(
-                node_id=node_id,
-                gpu_index=gpu.index,
-                gpu_uuid=gpu.uuid,
-                reason=reason,
-                xid=gpu.xid,
-            )
-        decision.append((stream, event))
-    return decision
+def _health_event(
+    node_id: str, gpu: GpuHealth, was: tuple[bool, str | None]
+) -> GpuRecovered | GpuMarkedUnhealthy | None:
+    """The event that says ``gpu`` is no longer as the log knew it (``was``: healthy, and
+    the reason it was not), if its health differs or it is unhealthy for another reason (a
+    new fault, or held as flapping, is news to an operator)."""
+    was_healthy, was_reason = was
+    reason = gpu.reason or "reported unhealthy without a reason"
+    if gpu.healthy == was_healthy and (gpu.healthy or reason == was_reason):
+        return None
+    if gpu.healthy:
+        return GpuRecovered(node_id=node_id, gpu_index=gpu.index, gpu_uuid=gpu.uuid)
+    return GpuMarkedUnhealthy(
+        node_id=node_id, gpu_index=gpu.index, gpu_uuid=gpu.uuid, reason=reason, xid=gpu.xid
+    )
 
 
 def _unexplained_failure(exit_code: int | None) -> str:

@@ -304,9 +304,11 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
     """The certificate its agent last connected with."""
     unlisted_gpus: tuple[GpuInfo, ...] = ()
     """GPUs the log knew unhealthy when a hello stopped listing them, as it knew them: not
-    the node's (nothing is placed on them), but a hello that lists one again under its
-    index records its recovery, or a fault other than the one known, against it. One per
-    index, the latest 64 left out (``app.domain.evolve.nodes.UNLISTED_GPUS_KEPT``)."""
+    the node's (nothing is placed on them), but a hello that lists one again, under any
+    index, records its recovery, or a fault other than the one known, against it. A GPU is
+    known by its UUID (``app.domain.gpu_identity``), so one whose index another GPU took
+    is kept here. One per GPU, the latest 64 left out
+    (``app.domain.evolve.nodes.UNLISTED_GPUS_KEPT``)."""
 
 
 class ApiKey(msgspec.Struct, frozen=True, kw_only=True):

@@ -10,11 +10,12 @@ while the next chunk arrives.
 ``FINGERPRINT`` names the fold that wrote a snapshot. It is a hash of the source of every
 module that decides what a replay produces: the events and their codec (upcasters
 included), the state, the model spec and the modules of its parts' shapes, ``evolve`` (every
-module of its package: the handlers live beside it, one module per part of the state) and
-this format. A snapshot is used only by a fold with the same fingerprint, so one written
-before an upgrade that changed the state's shape, or changed what ``evolve`` does with an
-event without changing any shape, is never read as if the new fold had written it: the
-first start after such an upgrade replays the whole log once. (A number bumped by hand
+module of its package: the handlers live beside it, one module per part of the state), the
+rule that says which GPU a GPU event is about (``gpu_identity``) and this format. A
+snapshot is used only by a fold with the same fingerprint, so one written before an
+upgrade that changed the state's shape, or changed what ``evolve`` does with an event
+without changing any shape, is never read as if the new fold had written it: the first
+start after such an upgrade replays the whole log once. (A number bumped by hand
 would do the same until someone forgot it.)
 """
 
@@ -33,6 +34,7 @@ import app.domain.autoscale_policy
 import app.domain.envelope
 import app.domain.events
 import app.domain.evolve
+import app.domain.gpu_identity
 import app.domain.model_spec
 import app.domain.revisions
 import app.domain.rollout_policy
@@ -84,6 +86,7 @@ _FOLD_MODULES = (
     app.domain.envelope,
     app.domain.events,
     app.domain.evolve,
+    app.domain.gpu_identity,
     app.domain.model_spec,
     app.domain.revisions,
     app.domain.rollout_policy,

@@ -66,10 +66,12 @@ def given(*events: AnyEvent) -> ClusterState:
     )
 
 
-def gpu(index: int, *, healthy: bool = True, reason: str | None = None) -> GpuInfo:
+def gpu(
+    index: int, *, healthy: bool = True, reason: str | None = None, uuid: str | None = None
+) -> GpuInfo:
     return GpuInfo(
         index=index,
-        uuid=f"GPU-{index}",
+        uuid=f"GPU-{index}" if uuid is None else uuid,
         name="H100",
         memory_total_mib=81559,
         healthy=healthy,
@@ -267,6 +269,107 @@ def test_an_agent_leaving_out_other_unhealthy_gpus_at_each_hello_cannot_grow_the
 
     kept = state.nodes[NODE].unlisted_gpus
     assert [g.index for g in kept] == list(range(136, 200)), "the latest 64 left out"
+
+
+XID_79 = "Xid 79: fallen off the bus"
+FAULTY = (
+    registered(gpu(0), gpu(1)),
+    connected(gpu(0), gpu(1)),
+    GpuMarkedUnhealthy(node_id=NODE, gpu_index=1, gpu_uuid="GPU-1", reason=XID_79),
+)
+"""A node whose GPU 1 (UUID ``GPU-1``) the log knows unhealthy."""
+
+
+def test_another_gpu_listed_healthy_under_a_faulty_gpu_s_index_is_not_its_recovery() -> None:
+    """After a driver reload numbered the GPUs anew, the GPU now at index 1 is another one:
+    the faulty GPU did not recover, and the newcomer is judged as a GPU the log never knew."""
+    state = given(*FAULTY)
+    newcomer = gpu(1, uuid="GPU-7")
+
+    decision = agent_connected(state, inventory(gpu(0), newcomer), replaced_previous=False)
+
+    assert decision == [(STREAM, connected(gpu(0), newcomer))]
+    after = given(*FAULTY, *(event for _, event in decision))
+    assert after.nodes[NODE].unlisted_gpus == (gpu(1, healthy=False, reason=XID_79),)
+
+
+def test_another_gpu_with_the_faulty_gpu_s_fault_under_its_index_is_marked() -> None:
+    state = given(*FAULTY)
+    newcomer = gpu(1, uuid="GPU-7", healthy=False, reason=XID_79)
+
+    decision = agent_connected(state, inventory(gpu(0), newcomer), replaced_previous=False)
+
+    assert decision[1:] == [
+        (
+            STREAM,
+            GpuMarkedUnhealthy(node_id=NODE, gpu_index=1, gpu_uuid="GPU-7", reason=XID_79),
+        )
+    ]
+
+
+def test_the_faulty_gpu_back_healthy_under_another_index_is_recovered() -> None:
+    state = given(*FAULTY)
+    moved = gpu(2, uuid="GPU-1")
+
+    decision = agent_connected(state, inventory(gpu(0), moved), replaced_previous=False)
+
+    assert decision == [
+        (STREAM, connected(gpu(0), moved)),
+        (STREAM, GpuRecovered(node_id=NODE, gpu_index=2, gpu_uuid="GPU-1")),
+    ]
+
+
+def test_the_faulty_gpu_under_another_index_with_the_same_fault_records_nothing() -> None:
+    state = given(*FAULTY)
+    moved = gpu(2, uuid="GPU-1", healthy=False, reason=XID_79)
+    newcomer = gpu(1, uuid="GPU-7")
+
+    decision = agent_connected(state, inventory(gpu(0), newcomer, moved), replaced_previous=False)
+
+    assert decision == [(STREAM, connected(gpu(0), newcomer, moved))]
+
+
+def test_the_faulty_gpu_left_out_then_listed_under_another_index_is_judged_by_its_fault() -> None:
+    """A hello listed another GPU under the faulty GPU's index; a later one lists the faulty
+    GPU again, under another index: healthy it recovered, with its fault nothing is new."""
+    newcomer = gpu(1, uuid="GPU-7")
+    history = (*FAULTY, connected(gpu(0), newcomer))
+    state = given(*history)
+    healthy = gpu(2, uuid="GPU-1")
+    still = gpu(2, uuid="GPU-1", healthy=False, reason=XID_79)
+
+    back = agent_connected(state, inventory(gpu(0), newcomer, healthy), replaced_previous=False)
+    same = agent_connected(state, inventory(gpu(0), newcomer, still), replaced_previous=False)
+
+    assert back[1:] == [(STREAM, GpuRecovered(node_id=NODE, gpu_index=2, gpu_uuid="GPU-1"))]
+    assert same == [(STREAM, connected(gpu(0), newcomer, still))]
+    recovered = given(*history, *(event for _, event in back))
+    assert recovered.nodes[NODE].unlisted_gpus == ()
+    assert recovered.nodes[NODE].gpus == (gpu(0), newcomer, healthy)
+
+
+def test_a_gpu_that_cannot_be_read_under_the_index_of_one_listed_elsewhere_is_news() -> None:
+    """The faulty GPU answers under index 2 after a reload; the GPU under index 1 cannot be
+    read, so it is listed without a UUID. It is not the faulty GPU, which is listed."""
+    state = given(*FAULTY)
+    unread = gpu(1, uuid="", healthy=False, reason=XID_79)
+    moved = gpu(2, uuid="GPU-1")
+
+    decision = agent_connected(state, inventory(gpu(0), unread, moved), replaced_previous=False)
+
+    assert decision[1:] == [
+        (STREAM, GpuMarkedUnhealthy(node_id=NODE, gpu_index=1, gpu_uuid="", reason=XID_79)),
+        (STREAM, GpuRecovered(node_id=NODE, gpu_index=2, gpu_uuid="GPU-1")),
+    ]
+
+
+def test_a_gpu_without_a_uuid_is_known_by_its_index() -> None:
+    state = given(*FAULTY)
+    unread = gpu(1, uuid="", healthy=False, reason=XID_79)
+
+    decision = agent_connected(state, inventory(gpu(0), unread), replaced_previous=False)
+
+    assert decision == [(STREAM, connected(gpu(0), unread))]
 
 
 # -- heartbeats carry GPU health changes -------------------------------------------------

@@ -135,6 +135,7 @@ def test_the_fingerprint_names_the_source_of_the_fold() -> None:
     assert {m.__name__ for m in snapshot_format._FOLD_MODULES} >= {
         "app.domain.events",
         "app.domain.evolve",
+        "app.domain.gpu_identity",
         "app.domain.state",
         "app.store.codec",
     }

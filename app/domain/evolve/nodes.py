@@ -22,6 +22,7 @@ from app.domain.events import (
     StrayStopped,
 )
 from app.domain.evolve.updates import _update_gpu, _update_node
+from app.domain.gpu_identity import same_gpu
 from app.domain.state import STRAYS_REMEMBERED, ClusterState, Node, ReplicaPhase
 
 
@@ -62,20 +63,30 @@ def _node_connected(state: ClusterState, event: NodeConnected, recorded: Recorde
 
 UNLISTED_GPUS_KEPT = 64
 """Most GPUs left out of hellos a node keeps (``Node.unlisted_gpus``), the latest left
-out: as many as a hello may list, so an agent listing other indexes at each hello cannot
-grow the state."""
+out: as many as a hello may list, so an agent listing other GPUs at each hello cannot grow
+the state."""
 
 
 def _unlisted_gpus(node: Node, listed: tuple[GpuInfo, ...]) -> tuple[GpuInfo, ...]:
     """The node's unhealthy GPUs that a hello listing ``listed`` leaves out, after those
-    that earlier hellos left out and this one does not list either (oldest first)."""
-    indexes = {gpu.index for gpu in listed}
-    unlisted = {gpu.index: gpu for gpu in node.unlisted_gpus if gpu.index not in indexes}
+    that earlier hellos left out and this one does not list either (oldest first). A GPU
+    is known by its UUID (``app.domain.gpu_identity``): one listed again under another
+    index is listed, and one whose index another GPU now has is left out."""
+
+    def left_out(gpu: GpuInfo) -> bool:
+        return not any(same_gpu(gpu, index=other.index, uuid=other.uuid) for other in listed)
+
+    unlisted = {_identity(gpu): gpu for gpu in node.unlisted_gpus if left_out(gpu)}
     for gpu in node.gpus:
-        if not gpu.healthy and gpu.index not in indexes:
-            unlisted.pop(gpu.index, None)
-            unlisted[gpu.index] = gpu
+        if not gpu.healthy and left_out(gpu):
+            unlisted.pop(_identity(gpu), None)
+            unlisted[_identity(gpu)] = gpu
     return tuple(unlisted.values())[-UNLISTED_GPUS_KEPT:]
+
+
+def _identity(gpu: GpuInfo) -> tuple[str, int | None]:
+    """What a GPU is kept by among those left out: its UUID, or its index without one."""
+    return (gpu.uuid, None) if gpu.uuid else ("", gpu.index)
 
 
 def _node_disconnected(state: ClusterState, event: NodeDisconnected, recorded: Recorded) -> None:
