@@ -153,17 +153,20 @@ def _known_as(
 def gpu_health_reported(
     state: ClusterState, node_id: str, changes: Sequence[GpuHealth]
 ) -> Decision:
-    """GPU events for the reported changes that the log does not know yet. A GPU the node
-    never listed is ignored: its next hello brings it in with its health."""
+    """GPU events for the reported changes that the log does not know yet. A change about a
+    GPU the node does not list under that index (another index, or another GPU's UUID under
+    it: the hub passes on neither) is ignored: its next hello brings it in with its
+    health."""
     node = state.nodes.get(node_id)
     if node is None:
         return []
-    listed = {gpu.index for gpu in node.gpus}
+    listed = {gpu.index: gpu for gpu in node.gpus}
     health = {gpu.index: (gpu.healthy, gpu.unhealthy_reason) for gpu in node.gpus}
     stream = node_stream(node_id)
     decision: Decision = []
     for change in changes:
-        if change.index not in listed:
+        gpu = listed.get(change.index)
+        if gpu is None or not same_gpu(gpu, index=change.index, uuid=change.uuid):
             continue
         event = _health_event(node_id, change, health[change.index])
         if event is None:

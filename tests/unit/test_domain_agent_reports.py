@@ -424,6 +424,22 @@ def test_a_gpu_that_fails_and_recovers_between_heartbeats_leaves_both_facts() ->
     assert first.reason == "reported unhealthy without a reason"
 
 
+def test_health_of_another_gpu_than_the_node_s_under_that_index_is_ignored() -> None:
+    state = given(*FAULTY)
+    other = GpuHealth(index=1, uuid="GPU-7", healthy=True)
+
+    assert gpu_health_reported(state, NODE, [other]) == []
+
+
+def test_a_gpu_event_naming_another_gpu_than_the_node_s_under_its_index_changes_nothing() -> None:
+    marked = GpuMarkedUnhealthy(node_id=NODE, gpu_index=0, gpu_uuid="GPU-7", reason="ecc")
+    recovered = GpuRecovered(node_id=NODE, gpu_index=1, gpu_uuid="GPU-7")
+
+    state = given(*FAULTY, marked, recovered)
+
+    assert state.nodes[NODE].gpus == (gpu(0), gpu(1, healthy=False, reason=XID_79))
+
+
 def test_health_of_a_gpu_or_node_the_log_does_not_know_is_ignored() -> None:
     change = GpuHealth(index=5, uuid="GPU-5", healthy=False, reason="x")
 

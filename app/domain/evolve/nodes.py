@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from msgspec.structs import replace
 
+from app.domain.changes import GpuChanges
 from app.domain.envelope import Recorded
 from app.domain.events import (
     GpuInfo,
@@ -156,13 +157,13 @@ def _node_drain_finished(state: ClusterState, event: NodeDrainFinished, recorded
 def _gpu_marked_unhealthy(
     state: ClusterState, event: GpuMarkedUnhealthy, recorded: Recorded
 ) -> None:
-    _update_gpu(
-        state, event.node_id, event.gpu_index, {"healthy": False, "unhealthy_reason": event.reason}
-    )
+    changes: GpuChanges = {"healthy": False, "unhealthy_reason": event.reason}
+    _update_gpu(state, event.node_id, event.gpu_index, event.gpu_uuid, changes)
 
 
 def _gpu_recovered(state: ClusterState, event: GpuRecovered, recorded: Recorded) -> None:
-    _update_gpu(state, event.node_id, event.gpu_index, {"healthy": True, "unhealthy_reason": None})
+    changes: GpuChanges = {"healthy": True, "unhealthy_reason": None}
+    _update_gpu(state, event.node_id, event.gpu_index, event.gpu_uuid, changes)
 
 
 STRAY_NUMBERS_BELIEVED = 1000

@@ -14,6 +14,7 @@ from app.domain.changes import (
     RolloutChanges,
     ShardChanges,
 )
+from app.domain.gpu_identity import same_gpu
 from app.domain.state import ClusterState
 
 
@@ -61,9 +62,17 @@ def _update_node(state: ClusterState, node_id: str, changes: NodeChanges) -> Non
         state.nodes[node_id] = replace(node, **changes)
 
 
-def _update_gpu(state: ClusterState, node_id: str, index: int, changes: GpuChanges) -> None:
+def _update_gpu(
+    state: ClusterState, node_id: str, index: int, uuid: str, changes: GpuChanges
+) -> None:
+    """Change the node's GPU under ``index`` if it is the GPU with ``uuid``
+    (``app.domain.gpu_identity``; an event recorded before GPU events named a UUID names
+    none, and so the GPU under its index)."""
     node = state.nodes.get(node_id)
     if node is None:
         return
-    gpus = tuple(replace(g, **changes) if g.index == index else g for g in node.gpus)
+    gpus = tuple(
+        replace(g, **changes) if g.index == index and same_gpu(g, index=index, uuid=uuid) else g
+        for g in node.gpus
+    )
     state.nodes[node_id] = replace(node, gpus=gpus)
