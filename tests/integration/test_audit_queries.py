@@ -22,11 +22,18 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
+from app.domain.envelope import Meta
+from app.domain.events import GpuRecovered, node_stream
+from app.store.database import create_engine
+from app.store.interface import AppendRequest, NewEvent
+from app.store.postgres import PostgresEventStore
 from tests.support.postgres import PostgresServer
 from tests.support.seed import (
     TIMED_OUT_LOG_TAIL,
     SeededDatabase,
     SeededHistory,
+    agent,
+    h100,
     seeded_database,
     utc,
 )
@@ -326,3 +333,37 @@ async def test_the_chain_check_flags_a_row_whose_time_was_rewritten(
     assert [record["position"] for record in records] == positions
     flagged = [tuple(record.values()) for record in records if record["holds"] is not True]
     assert flagged == [(edited, False, True)]
+
+
+async def test_a_gpu_recovered_under_another_index_is_its_recovery_not_another_gpu_s(
+    postgres_server: PostgresServer, migrated_template: str
+) -> None:
+    """gpu-08's GPU 1 fell off the bus. After a driver reload another GPU is listed under
+    index 1 (a log written before hellos judged GPUs by UUID recorded it as recovered), and
+    the GPU that fell off is back, healthy, under index 2."""
+    fell_off = h100(1).uuid
+    another_at_its_index = GpuRecovered(node_id="gpu-08", gpu_index=1, gpu_uuid="GPU-other")
+    back_elsewhere = GpuRecovered(node_id="gpu-08", gpu_index=2, gpu_uuid=fell_off)
+    async with seeded_database(postgres_server, migrated_template) as database:
+        engine = create_engine(database.url, pool_size=1)
+        try:
+            for moment, event in (
+                (utc(3, 11, 9, 0), another_at_its_index),
+                (utc(3, 11, 9, 5), back_elsewhere),
+            ):
+                store = PostgresEventStore(engine, clock=lambda moment=moment: moment)
+                request = AppendRequest(node_stream("gpu-08"), None, [NewEvent(event)])
+                await store.append_many([request], Meta(actor=agent("gpu-08")))
+        finally:
+            await engine.dispose()
+        connection = await asyncpg.connect(database.url)
+        try:
+            sql = bind(GUIDE_AT_IMPORT.queries["gpu-health"], database.story.psql_variables)
+            records = await connection.fetch(sql)
+        finally:
+            await connection.close()
+
+    fell_off_rows = [tuple(r.values()) for r in records if r["node_id"] == "gpu-08"]
+    assert fell_off_rows == [
+        (utc(3, 2, 10, 0), "gpu-08", 1, "Xid 79: GPU has fallen off the bus", 79, utc(3, 11, 9, 5))
+    ]
