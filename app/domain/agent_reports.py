@@ -8,12 +8,11 @@ nothing returns no events, so an agent repeating itself never grows the log.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import assert_never
 
 from app.domain.events import (
     AnyEvent,
-    GpuInfo,
     GpuMarkedUnhealthy,
     GpuRecovered,
     IdentityRejected,
@@ -28,7 +27,7 @@ from app.domain.events import (
     node_stream,
     replica_stream,
 )
-from app.domain.gpu_identity import same_gpu
+from app.domain.gpu_identity import known_as, same_gpu
 from app.domain.reports import (
     AgentConnected,
     AgentDisconnected,
@@ -113,7 +112,8 @@ def agent_connected(
         )
     )
     # A GPU an earlier hello left out while unhealthy is judged against that fault, so that
-    # its return healthy is recorded as its recovery.
+    # its return healthy is recorded as its recovery. The node's GPUs are searched first,
+    # then those left out, the latest left out first.
     previous = (*known.gpus, *reversed(known.unlisted_gpus)) if known is not None else ()
     listed_uuids = frozenset(g.uuid for g in inventory.gpus if g.uuid)
     for listed in inventory.gpus:
@@ -123,31 +123,13 @@ def agent_connected(
             healthy=listed.healthy,
             reason=listed.unhealthy_reason,
         )
-        was = _known_as(gpu, previous, listed_uuids)
+        was = known_as(gpu, previous, listed_uuids)
         event = _health_event(
             inventory.node_id, gpu, (was.healthy, was.unhealthy_reason) if was else (True, None)
         )
         if event is not None:
             decision.append((stream, event))
     return decision
-
-
-def _known_as(
-    gpu: GpuHealth, known: Sequence[GpuInfo], listed_uuids: Collection[str]
-) -> GpuInfo | None:
-    """The GPU of ``known`` that ``gpu`` is (``app.domain.gpu_identity``): the one with its
-    UUID, under whatever index; else, when either has no UUID, the first one under its
-    index, unless the hello lists that one's UUID under another index, where it is."""
-    if gpu.uuid:
-        for candidate in known:
-            if candidate.uuid == gpu.uuid:
-                return candidate
-    for candidate in known:
-        if candidate.uuid not in listed_uuids and same_gpu(
-            candidate, index=gpu.index, uuid=gpu.uuid
-        ):
-            return candidate
-    return None
 
 
 def gpu_health_reported(

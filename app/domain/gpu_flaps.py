@@ -3,7 +3,8 @@
 Every health change an agent reports becomes an event, and placement acts on it. A GPU
 whose health flips every few seconds (a loose riser, a driver in a loop, or an agent that
 lies) would otherwise grow the log by an event per flip and have replicas placed on it
-and taken off again. So, per GPU:
+and taken off again. So, per GPU (known by its UUID, so that a hold follows a GPU a driver
+reload numbered anew, and stays off another GPU listed under its old index: ``retain``):
 
 - a change passes through unless the GPU changed more than ``max_changes`` times within
   ``window_s``;
@@ -26,6 +27,7 @@ from collections.abc import Collection, Iterable
 
 import msgspec
 
+from app.domain.gpu_identity import known_as
 from app.domain.reports import GpuHealth
 
 
@@ -49,6 +51,14 @@ class _Gpu:
         """When it changed within the window, at most ``max_changes + 1`` of them."""
         self.last_change: float | None = None
         self.held = False
+
+    @property
+    def index(self) -> int:
+        return self.last.index
+
+    @property
+    def uuid(self) -> str:
+        return self.last.uuid
 
 
 class FlapGuard:
@@ -84,10 +94,20 @@ class FlapGuard:
                 released.append(gpu.last)
         return released
 
-    def retain(self, indexes: Collection[int]) -> None:
-        """Forget every GPU but ``indexes``: the ones the node lists now."""
-        for index in [i for i in self._gpus if i not in indexes]:
-            del self._gpus[index]
+    def retain(self, listed: Collection[GpuHealth]) -> None:
+        """Forget every GPU but the ones the node lists now, and remember each under the
+        index it is listed at. A GPU is known by its UUID (``app.domain.gpu_identity``):
+        one a driver reload numbered anew keeps its hold under its new index, and another
+        GPU listed under its old index is judged afresh."""
+        listed_uuids = frozenset(gpu.uuid for gpu in listed if gpu.uuid)
+        remembered = list(self._gpus.values())
+        kept: dict[int, _Gpu] = {}
+        for gpu in listed:
+            known = known_as(gpu, remembered, listed_uuids)
+            if known is not None:
+                known.last = msgspec.structs.replace(known.last, index=gpu.index, uuid=gpu.uuid)
+                kept[gpu.index] = known
+        self._gpus = kept
 
     def settled(self, now: float) -> bool:
         """True when no GPU changed within ``memory_s``: a new guard would decide alike."""

@@ -9,7 +9,8 @@ agent does (``agent.runtime``).
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Collection, Sequence
+from typing import Protocol, TypeVar
 
 
 class NumberedGpu(Protocol):
@@ -27,3 +28,25 @@ def same_gpu(gpu: NumberedGpu, *, index: int, uuid: str) -> bool:
     if gpu.uuid and uuid:
         return gpu.uuid == uuid
     return gpu.index == index
+
+
+Known = TypeVar("Known", bound=NumberedGpu)
+
+
+def known_as(
+    gpu: NumberedGpu, known: Sequence[Known], listed_uuids: Collection[str]
+) -> Known | None:
+    """The GPU of ``known`` (the first, so the most trusted first) that ``gpu`` is, as
+    listed together with GPUs of ``listed_uuids``: the one with its UUID, under whatever
+    index; else, when either has no UUID, one under its index, unless that one's UUID is
+    listed too, under another index, where it is."""
+    if gpu.uuid:
+        for candidate in known:
+            if candidate.uuid == gpu.uuid:
+                return candidate
+    for candidate in known:
+        if candidate.uuid not in listed_uuids and same_gpu(
+            candidate, index=gpu.index, uuid=gpu.uuid
+        ):
+            return candidate
+    return None

@@ -306,11 +306,11 @@ class ReportRecorder:
         """The hello's GPUs as the log should see them: a flapping GPU stays held unhealthy,
         however often its agent reconnects."""
         guard = self._guard(inventory.node_id)
-        guard.retain({gpu.index for gpu in inventory.gpus})
         reported = [
             GpuHealth(index=g.index, uuid=g.uuid, healthy=g.healthy, reason=g.unhealthy_reason)
             for g in inventory.gpus
         ]
+        guard.retain(reported)
         guard.observe(reported, self._clock())
         held = {health.index: guard.health(health) for health in reported}
         gpus = tuple(

@@ -82,11 +82,28 @@ def test_a_gpu_no_longer_listed_is_forgotten_hold_and_all() -> None:
     guard.observe([health(True), other], 0.0)
     flip(guard, 10)
 
-    guard.retain({1})
+    guard.retain([other])
 
     assert len(guard) == 1
     assert guard.health(health(True)).healthy is True  # judged afresh if it comes back
     assert guard.release(100.0) == []
+
+
+def test_a_held_gpu_numbered_anew_keeps_its_hold_and_the_gpu_under_its_old_index_has_none() -> None:
+    """After a driver reload the held GPU is listed under index 1, and another under 0."""
+    guard = FlapGuard(POLICY)
+    guard.observe([health(True)], 0.0)
+    flip(guard, 10)
+    moved = GpuHealth(index=1, uuid="GPU-0", healthy=True)
+    newcomer = GpuHealth(index=0, uuid="GPU-7", healthy=True)
+
+    guard.retain([newcomer, moved])
+
+    assert guard.health(newcomer) == newcomer
+    held = guard.health(moved)
+    assert (held.index, held.uuid, held.healthy) == (1, "GPU-0", False)
+    assert str(held.reason).startswith("flapping")
+    assert guard.release(100.0) == [moved], "released under the index it is listed at"
 
 
 def test_a_guard_has_settled_once_no_gpu_changed_for_the_window_and_the_stable_period() -> None:

@@ -123,6 +123,25 @@ async def test_a_gpu_the_node_stopped_listing_is_forgotten_hold_and_all() -> Non
     assert (gpu.uuid, gpu.healthy, gpu.unhealthy_reason) == ("GPU-new", True, None)
 
 
+async def test_a_held_gpu_numbered_anew_stays_held_and_the_gpu_under_its_old_index_is_not() -> None:
+    """GPU 0 flaps and is held; after a driver reload the node's next hello lists it under
+    index 1, and another GPU under index 0. Before, the hold stayed on index 0: the other
+    GPU was recorded unhealthy, "flapping", and the flapping one was judged afresh."""
+    store, clock = InMemoryEventStore(), Clock()
+    service = ReportRecorder(store, clock=clock, flap_policy=POLICY)
+    await service.handle(hello())
+    for seq in range(10):
+        clock.now = seq / 10
+        await service.handle(heartbeat(seq, healthy=seq % 2 == 1))
+
+    await service.handle(hello(gpus=("GPU-new", "GPU-0")))
+
+    newcomer, moved = store.state.nodes[NODE].gpus
+    assert (newcomer.uuid, newcomer.healthy, newcomer.unhealthy_reason) == ("GPU-new", True, None)
+    assert (moved.uuid, moved.healthy) == ("GPU-0", False)
+    assert str(moved.unhealthy_reason).startswith("flapping")
+
+
 async def test_the_flap_guards_forget_nodes_gone_once_nothing_they_remember_matters() -> None:
     """A hold matters while its GPU may still flap; a node away for longer than the flap
     window and the stable period is judged afresh when it comes back (a hold would be
