@@ -4,28 +4,36 @@ It counts the request in its replica's ``in_flight`` and reserves a place on it
 (``ReplicaState.reserve``) until the answer's first byte, or a scrape that counts it; it
 carries the routing policy and the reason (``RouteReason``) of its choice; and it tells the
 router's ejector (``app.gateway.ejection``) how the replica did.
+
+What it needs of the router that granted it is two things, each named: the ``Ejector`` to
+tell, and a ``CapacityReturn`` to tell when the replica has room again.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from app.gateway.admission import ReplicaState
-from app.gateway.ejection import Ticket
+from app.gateway.ejection import Ejector, Ticket
 from app.gateway.replica_pools import RouteReason
 from app.gateway.table import Route
 
-if TYPE_CHECKING:
-    from app.gateway.router import Router
+
+class CapacityReturn(Protocol):
+    """Who is told when a lease gives its replica room back (the ``Router``)."""
+
+    def capacity_freed(self, replica: ReplicaState) -> None:
+        """``replica`` has room again: its reservation ended, or its request did."""
 
 
 class Lease:
     """One request on one replica, from ``acquire()`` until ``release()``."""
 
     __slots__ = (
+        "_capacity",
+        "_ejector",
         "_open",
         "_replica",
-        "_router",
         "_ticket",
         "policy",
         "queued_s",
@@ -35,7 +43,8 @@ class Lease:
 
     def __init__(
         self,
-        router: Router,
+        capacity: CapacityReturn,
+        ejector: Ejector,
         replica: ReplicaState,
         queued_s: float,
         policy: str = "least_loaded",
@@ -48,10 +57,11 @@ class Lease:
         """The routing policy of the replica's model when it was chosen."""
         self.reason: RouteReason = reason
         """Why the router chose this replica."""
-        self._router = router
+        self._capacity = capacity
+        self._ejector = ejector
         self._replica = replica
         self._open = True
-        self._ticket: Ticket = router.ejector.granted(replica.route.replica_id)
+        self._ticket: Ticket = ejector.granted(replica.route.replica_id)
         replica.in_flight += 1
         replica.reserve(self)
 
@@ -65,25 +75,25 @@ class Lease:
         """The replica answered (a head below 500 and the first byte of its body; a stream's
         end): it is healthy, as far as passive health goes. Only the first verdict of a
         lease counts."""
-        self._router.ejector.succeeded(self.route.replica_id, self._ticket)
+        self._ejector.succeeded(self.route.replica_id, self._ticket)
 
     def failed(self, reason: str) -> None:
         """The replica failed before its answer's first byte of body (no answer, a 5xx
         head, or a body that broke off or stalled before it), or a stream broke off or
         stalled before its end."""
-        self._router.ejector.failed(self.route.replica_id, self._ticket, reason)
+        self._ejector.failed(self.route.replica_id, self._ticket, reason)
 
     def first_byte(self) -> None:
         """The replica answered: the reservation ends (idempotent)."""
         if self._replica.unreserve(self):
-            self._router._capacity_freed(self._replica)
+            self._capacity.capacity_freed(self._replica)
 
     def release(self) -> None:
         """The request is over, however it ended (idempotent)."""
         if not self._open:
             return
         self._open = False
-        self._router.ejector.abandoned(self.route.replica_id, self._ticket)
+        self._ejector.abandoned(self.route.replica_id, self._ticket)
         self._replica.unreserve(self)
         self._replica.in_flight -= 1
-        self._router._capacity_freed(self._replica)
+        self._capacity.capacity_freed(self._replica)

@@ -328,7 +328,7 @@ class Router:
         state, reason = chosen
         policy = self.policy_of(model).policy
         self._decisions[model, policy, reason] += 1
-        return Lease(self, state, queued_s, policy, reason)
+        return Lease(self, self.ejector, state, queued_s, policy, reason)
 
     def _choose(
         self, model: str, exclude: frozenset[str], route_key: RouteKey | None = None
@@ -541,7 +541,10 @@ class Router:
                 del self._queues[model]
         return turned_away
 
-    def _capacity_freed(self, state: ReplicaState) -> None:
+    def capacity_freed(self, state: ReplicaState) -> None:
+        """A lease's replica has room again (``CapacityReturn``, told by ``Lease``): the
+        next waiter for its model is dispatched; a retired replica that went idle starts
+        the linger after which it is forgotten."""
         if self._retired.get(state.route.replica_id) is state:
             if state.in_flight == 0 and state.retired_idle_since is None:
                 state.retired_idle_since = self._clock()
