@@ -2,7 +2,13 @@
 its status and content type once its head is in, then its body, piece by piece
 (``chunks``) or whole (``read``: at most ``MAX_ANSWER_BYTES``, ``MAX_ERROR_BYTES`` for an
 error answer). Pieces not taken yet are buffered: past ``HIGH_WATER_BYTES`` the connection
-stops reading from the engine, until they are down to ``LOW_WATER_BYTES``."""
+stops reading from the engine, until they are down to ``LOW_WATER_BYTES``.
+
+Two sides use it. The client awaits ``head_arrival``, then hands the answer over, to be read
+(``read``, ``chunks``) and closed. The connection fills it in as the engine sends it: the
+declared length and content type, then ``started``, ``received`` for each piece of body,
+and ``finished`` or ``failed`` (``AnswerSink`` in ``app.gateway.engine_connection``).
+"""
 
 from __future__ import annotations
 
@@ -31,10 +37,10 @@ class EngineAnswer:
         "_connection",
         "_done",
         "_error",
-        "_head",
-        "_length",
         "_waiter",
         "content_type",
+        "declared_length",
+        "head_arrival",
         "status",
     )
 
@@ -46,8 +52,10 @@ class EngineAnswer:
         self._buffered = 0
         self._done = False
         self._error: BaseException | None = None
-        self._head: asyncio.Future[None] = connection.loop.create_future()
-        self._length = -1
+        self.head_arrival: asyncio.Future[None] = connection.loop.create_future()
+        """Done once the head is in (``started``); failed with ``EngineUnreachable`` or
+        ``HeadTimedOut`` when none came. The client awaits it; only the connection ends it."""
+        self.declared_length = -1
         """The body's declared length (``content-length``); -1: none."""
         self._waiter: asyncio.Future[None] | None = None
 
@@ -56,8 +64,8 @@ class EngineAnswer:
         ``MAX_ANSWER_BYTES`` (``MAX_ERROR_BYTES`` for an error answer), at once when its
         declared length says so."""
         limit = MAX_ANSWER_BYTES if self.status < 400 else MAX_ERROR_BYTES
-        if self._length > limit:
-            self._too_large(limit, f"declares {self._length} bytes")
+        if self.declared_length > limit:
+            self._too_large(limit, f"declares {self.declared_length} bytes")
         parts = []
         size = 0
         while (chunk := await self._next()) is not None:
@@ -101,7 +109,7 @@ class EngineAnswer:
                 return None
             if self._error is not None:
                 raise self._error
-            self._waiter = self._head.get_loop().create_future()
+            self._waiter = self.head_arrival.get_loop().create_future()
             try:
                 await self._waiter
             finally:
@@ -113,36 +121,43 @@ class EngineAnswer:
         if connection is not None:
             connection.abandon()
 
-    # -- called by the connection ------------------------------------------------------------
+    # -- called by the connection (``AnswerSink``) ---------------------------------------------
 
-    def _started(self, status: int) -> None:
+    def started(self, status: int) -> None:
+        """The head is in, with ``status``: ``head_arrival`` is done."""
         self.status = status
-        if not self._head.done():
-            self._head.set_result(None)
+        if not self.head_arrival.done():
+            self.head_arrival.set_result(None)
 
-    def _body(self, chunk: bytes) -> None:
+    def received(self, chunk: bytes) -> None:
+        """A piece of the body, buffered for the reader; past ``HIGH_WATER_BYTES`` buffered
+        the connection is paused."""
         self._chunks.append(chunk)
         self._buffered += len(chunk)
         if self._buffered > HIGH_WATER_BYTES and self._connection is not None:
             self._connection.pause()
         self._wake()
 
-    def _finished(self) -> None:
+    def finished(self) -> None:
+        """The body is all in."""
         self._done = True
         self._connection = None
         self._wake()
 
-    def _failed(self, error: BaseException) -> None:
+    def failed(self, error: BaseException) -> None:
+        """The answer broke off with ``error``: before its head, ``head_arrival`` fails
+        (with ``EngineUnreachable`` unless it is one, or ``HeadTimedOut``); the reader gets
+        ``error`` once the pieces before it are read."""
         self._connection = None
-        if not self._head.done():
+        if not self.head_arrival.done():
             unreachable = (
                 error
                 if isinstance(error, (EngineUnreachable, HeadTimedOut))
                 else EngineUnreachable(str(error))
             )
-            self._head.set_exception(unreachable)
+            self.head_arrival.set_exception(unreachable)
             # Nobody may await the head any more (a cancelled request): no warning for it.
-            self._head.exception()
+            self.head_arrival.exception()
         self._error = error
         self._wake()
 

@@ -152,7 +152,7 @@ class EngineClient:
             answer = EngineAnswer(connection)
             connection.send(request, answer)
             try:
-                await answer._head
+                await answer.head_arrival
             except EngineUnreachable:
                 if reused and not connection.received_anything:
                     continue
@@ -217,7 +217,7 @@ class EngineClient:
                         await connection.write(b"0\r\n\r\n")
             if not connection.closed:
                 connection.start_clock()
-            await answer._head
+            await answer.head_arrival
         except BaseException:
             answer.close()
             raise

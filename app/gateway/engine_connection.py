@@ -1,6 +1,7 @@
 """One keep-alive connection to an engine (an asyncio protocol), carrying one answer at a
 time: it writes the request, feeds what the engine sends to httptools' parser (the one
-uvicorn serves with), and hands the answer's head and body pieces to its ``EngineAnswer``.
+uvicorn serves with), and hands the answer's head and body pieces to its ``EngineAnswer``
+(what it needs of one is an ``AnswerSink``).
 
 It skips interim answers (100 Continue, 103 Early Hints) and refuses an answer head over
 ``MAX_HEAD_BYTES``, 101, or a status outside 100..599; each refusal closes the connection.
@@ -16,7 +17,7 @@ requests in a row set one about once per bound.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import httptools
 
@@ -24,8 +25,32 @@ from app.gateway.engine_bounds import MAX_HEAD_BYTES
 from app.gateway.engine_errors import AnswerBroken, AnswerStalled, HeadRefused, HeadTimedOut
 
 if TYPE_CHECKING:
-    from app.gateway.engine_answer import EngineAnswer
     from app.gateway.engine_client import EngineOrigin
+
+
+class AnswerSink(Protocol):
+    """What the connection fills in as the engine answers (``EngineAnswer``): the head's
+    fields, then one call per event of the answer, in this order: ``started`` once, then
+    ``received`` for each piece of the body, then ``finished`` or ``failed`` (which may also
+    come before ``started``). Nothing is called after ``finished`` or ``failed``."""
+
+    status: int
+    """0 until ``started``."""
+    content_type: bytes
+    declared_length: int
+    """The body's ``content-length``; -1: none."""
+
+    def started(self, status: int) -> None:
+        """The head is in, with ``status`` (never an interim 1xx)."""
+
+    def received(self, chunk: bytes) -> None:
+        """A piece of the body."""
+
+    def finished(self) -> None:
+        """The body is all in."""
+
+    def failed(self, error: BaseException) -> None:
+        """The answer broke off, or never came, with ``error``."""
 
 
 class EngineConnection(asyncio.Protocol):
@@ -38,7 +63,7 @@ class EngineConnection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self._parser = httptools.HttpResponseParser(self)
         self._transport: asyncio.Transport | None = None
-        self._answer: EngineAnswer | None = None
+        self._answer: AnswerSink | None = None
         self._received = False
         self._paused = False
         self._length_known = False
@@ -117,7 +142,7 @@ class EngineConnection(asyncio.Protocol):
         if answer.status and not self._length_known:
             # An answer with neither a length nor chunks ends when the connection does.
             self._answer = None
-            answer._finished()
+            answer.finished()
             return
         reason = str(exc) if exc is not None else "the engine closed the connection"
         self._fail(AnswerBroken(reason))
@@ -146,7 +171,7 @@ class EngineConnection(asyncio.Protocol):
         elif name == b"content-length":
             self._length_known = True
             if self._answer is not None and value.isdigit():
-                self._answer._length = int(value)
+                self._answer.declared_length = int(value)
         elif name == b"transfer-encoding":
             self._length_known = True
 
@@ -165,15 +190,15 @@ class EngineConnection(asyncio.Protocol):
             # head said is not the answer's.
             self._interim = True
             answer.content_type = b""
-            answer._length = -1
+            answer.declared_length = -1
             return
         self._in_head = False
-        answer._started(status)
+        answer.started(status)
 
     def on_body(self, body: bytes) -> None:
         self._body_begun = True
         if self._answer is not None:
-            self._answer._body(body)
+            self._answer.received(body)
 
     def on_message_complete(self) -> None:
         if self._interim:
@@ -182,7 +207,7 @@ class EngineConnection(asyncio.Protocol):
         answer, self._answer = self._answer, None
         if answer is None:
             return
-        answer._finished()
+        answer.finished()
         if self._paused:
             self.resume()
         if self._parser.should_keep_alive() and self.reusable:
@@ -192,7 +217,7 @@ class EngineConnection(asyncio.Protocol):
 
     # -- used by the client and the answer ------------------------------------------------
 
-    def send(self, request: bytes, answer: EngineAnswer, *, whole: bool = True) -> None:
+    def send(self, request: bytes, answer: AnswerSink, *, whole: bool = True) -> None:
         """Send ``request`` for ``answer``; ``whole``: all of it, so the answer's clock
         starts (else ``start_clock`` once the rest is written)."""
         assert self._transport is not None
@@ -318,7 +343,7 @@ class EngineConnection(asyncio.Protocol):
         self._in_head = False
         answer, self._answer = self._answer, None
         if answer is not None:
-            answer._failed(error)
+            answer.failed(error)
 
     def _refuse(self, reason: str) -> None:
         """The answer's head is not one to relay: it fails, and the connection closes."""
