@@ -112,7 +112,7 @@ _decode_fields = msgspec.json.Decoder(RoutingFields).decode
 _decode_count = msgspec.json.Decoder(Annotated[int, msgspec.Meta(ge=0)]).decode
 
 
-class _ClientGone(Exception):
+class ClientGoneBeforeBody(Exception):
     """The client disconnected before its request body arrived."""
 
 
@@ -123,7 +123,7 @@ def disconnect_listener(scope: Scope) -> Callable[[Callable[[], None]], None] | 
     return extensions.get(ON_DISCONNECT) if extensions else None
 
 
-class _Watch:
+class DisconnectWatch:
     """Cancels the request's task when its client disconnects, from ``start`` until
     ``done``: while it waits for a grant of its key's limits, for a replica (in the queue,
     or held for a cold start), or for the engine's answer, and while it relays it."""
@@ -173,7 +173,7 @@ class _Watch:
         self.fire()
 
 
-class _Exchange:
+class CompletionExchange:
     """One completion request: what it asked, where it went, and what its log line says."""
 
     __slots__ = (
@@ -260,7 +260,7 @@ class Completions:
         current task costs no system call (asyncio's own look-up asks for the process id)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        exchange = _Exchange(clock())
+        exchange = CompletionExchange(clock())
         # Every line logged while serving the request carries its id, as its answer does.
         # Bound and reset by token: ``bound_contextvars`` would also read the whole context
         # first, to restore an outer value that a request's own task never has.
@@ -270,10 +270,12 @@ class Completions:
         finally:
             structlog.contextvars.reset_contextvars(**tokens)
 
-    async def _serve(self, exchange: _Exchange, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _serve(
+        self, exchange: CompletionExchange, scope: Scope, receive: Receive, send: Send
+    ) -> None:
         task = asyncio.current_task(self.loop)
         assert task is not None
-        watch = _Watch(task)
+        watch = DisconnectWatch(task)
         try:
             snapshot = self._snapshot()
             authorization, session, show_route, length = _request_headers(scope)
@@ -306,7 +308,7 @@ class Completions:
             watch.stop()
             exchange.status = error.status
             await refuse(send, error, exchange.answer_headers())
-        except _ClientGone:
+        except ClientGoneBeforeBody:
             exchange.status = CLIENT_GONE
         except asyncio.CancelledError:
             if not watch.left():
@@ -333,7 +335,7 @@ class Completions:
         if not snapshot.serves(model, api):
             raise api_not_served(model, api, path)
 
-    async def _admit(self, exchange: _Exchange, key: KeyRecord) -> None:
+    async def _admit(self, exchange: CompletionExchange, key: KeyRecord) -> None:
         """The key's rate limits: 429 when it is over one. A request that waits for a
         grant on its way takes nothing until it is admitted: cancelled meanwhile (its
         client left), it is charged nothing."""
@@ -355,7 +357,12 @@ class Completions:
         exchange.reserved_tokens = decision.reserved_tokens
 
     async def _forward(
-        self, exchange: _Exchange, key: KeyRecord, path: str, watch: _Watch, send: Send
+        self,
+        exchange: CompletionExchange,
+        key: KeyRecord,
+        path: str,
+        watch: DisconnectWatch,
+        send: Send,
     ) -> None:
         await self._relay_answer(
             exchange,
@@ -368,10 +375,10 @@ class Completions:
 
     async def _relay_answer(
         self,
-        exchange: _Exchange,
+        exchange: CompletionExchange,
         key: KeyRecord,
         send: Send,
-        watch: _Watch,
+        watch: DisconnectWatch,
         open_upstream: Callable[[], Awaitable[Opened]],
         streamed: Callable[[Opened], bool],
     ) -> None:
@@ -442,7 +449,7 @@ class Completions:
 
     def _count(
         self,
-        exchange: _Exchange,
+        exchange: CompletionExchange,
         opened: Opened,
         outcome: Outcome | None,
         tokens: StreamTokens | None,
@@ -469,7 +476,7 @@ class Completions:
             latency_s=latency_s,
         )
 
-    async def _open(self, exchange: _Exchange, key: KeyRecord, path: str) -> Opened:
+    async def _open(self, exchange: CompletionExchange, key: KeyRecord, path: str) -> Opened:
         if self.upstream is None:
             raise RuntimeError("requests are served only between lifespan startup and shutdown")
         model = exchange.model
@@ -510,7 +517,7 @@ class Completions:
     def _spend(self, key: KeyRecord, tokens: int) -> None:
         self._limiter.record_tokens(key.key_id, tokens, now=time.monotonic())
 
-    def _tokens_of(self, exchange: _Exchange, tpm: int, body: bytes) -> int:
+    def _tokens_of(self, exchange: CompletionExchange, tpm: int, body: bytes) -> int:
         """What a whole answer is charged: its usage's total, or, when the engine's figures
         are unusable, what the request reserved at admission, its estimate up to the key's
         ``tpm`` (``app.gateway.usage``)."""
@@ -520,12 +527,12 @@ class Completions:
             return min(exchange.token_estimate, tpm)
         return used
 
-    def _usage_unusable(self, exchange: _Exchange) -> None:
+    def _usage_unusable(self, exchange: CompletionExchange) -> None:
         if exchange.note is None:
             exchange.note = "the engine's usage figures were unusable"
         self._metrics.usage_unusable(exchange.model)
 
-    def _finish(self, exchange: _Exchange) -> None:
+    def _finish(self, exchange: CompletionExchange) -> None:
         if exchange.reserved_tokens and exchange.key is not None:
             # What the answer used was charged by ``_spend``: the reservation goes back.
             self._limiter.record_tokens(
@@ -644,7 +651,7 @@ async def _read_body(receive: Receive) -> bytes:
     (``app.listeners.bom``): the engine gets the JSON alone."""
     message = await receive()
     if message["type"] == "http.disconnect":
-        raise _ClientGone
+        raise ClientGoneBeforeBody
     body: bytes = message.get("body", b"")
     if not message.get("more_body", False):
         return without_mark(body)
@@ -654,7 +661,7 @@ async def _read_body(receive: Receive) -> bytes:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise _ClientGone
+            raise ClientGoneBeforeBody
         chunk: bytes = message.get("body", b"")
         size += len(chunk)
         if size > MAX_BODY_BYTES:

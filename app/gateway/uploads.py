@@ -33,10 +33,10 @@ from app.gateway.asgi import (
     repeated_authorization,
 )
 from app.gateway.completions import (
+    ClientGoneBeforeBody,
+    CompletionExchange,
     Completions,
-    _ClientGone,
-    _Exchange,
-    _Watch,
+    DisconnectWatch,
     disconnect_listener,
     log,
 )
@@ -100,7 +100,7 @@ async def read_form_head(receive: Receive, content_type: str) -> FormHead:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise _ClientGone
+            raise ClientGoneBeforeBody
         chunk: bytes = message.get("body", b"")
         more = bool(message.get("more_body", False))
         head.raw.append(chunk)
@@ -194,7 +194,7 @@ class _Upload:
         while True:
             message = await self._receive()
             if message["type"] == "http.disconnect":
-                raise _ClientGone
+                raise ClientGoneBeforeBody
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self._limit:
@@ -230,10 +230,12 @@ class Uploads(Completions):
         )
         self.max_upload_bytes = max_upload_bytes
 
-    async def _serve(self, exchange: _Exchange, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _serve(
+        self, exchange: CompletionExchange, scope: Scope, receive: Receive, send: Send
+    ) -> None:
         task = asyncio.current_task(self.loop)
         assert task is not None
-        watch = _Watch(task)
+        watch = DisconnectWatch(task)
         try:
             snapshot = self._snapshot()
             authorization, content_type, length = _request_headers(scope)
@@ -271,7 +273,7 @@ class Uploads(Completions):
             exchange.status = error.status
             if not exchange.answer_started:
                 await refuse(send, error, exchange.answer_headers())
-        except _ClientGone:
+        except ClientGoneBeforeBody:
             exchange.status = CLIENT_GONE
         except asyncio.CancelledError:
             if not watch.left():
@@ -289,12 +291,12 @@ class Uploads(Completions):
 
     async def _relay(
         self,
-        exchange: _Exchange,
+        exchange: CompletionExchange,
         path: str,
         head: FormHead,
         content_type: str,
         content_length: int | None,
-        watch: _Watch,
+        watch: DisconnectWatch,
         uploaded: Callable[[], None],
         receive: Receive,
         send: Send,
@@ -324,7 +326,7 @@ class Uploads(Completions):
         )
 
     async def _open_upload(
-        self, exchange: _Exchange, key_id: str, path: str, upload: _Upload
+        self, exchange: CompletionExchange, key_id: str, path: str, upload: _Upload
     ) -> Opened:
         if self.upstream is None:
             raise RuntimeError("requests are served only between lifespan startup and shutdown")
