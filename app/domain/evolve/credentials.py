@@ -11,9 +11,11 @@ from app.domain.events import (
     ApiKeyCreated,
     ApiKeyRevoked,
     CertificateRevoked,
+    Event,
     IdentityRejected,
     NodeRefused,
 )
+from app.domain.evolve.updates import Handler
 from app.domain.state import ApiKey, CertificateRevocation, ClusterState
 
 
@@ -59,3 +61,13 @@ def _identity_rejected(state: ClusterState, event: IdentityRejected, recorded: R
 
 def _node_refused(state: ClusterState, event: NodeRefused, recorded: Recorded) -> None:
     """An audit record only: the refused connection changed nothing."""
+
+
+HANDLERS: dict[type[Event], Handler] = {
+    IdentityRejected: _identity_rejected,
+    NodeRefused: _node_refused,
+    CertificateRevoked: _certificate_revoked,
+    ApiKeyCreated: _api_key_created,
+    ApiKeyRevoked: _api_key_revoked,
+}
+"""The events this module folds, each with its handler."""

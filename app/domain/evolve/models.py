@@ -8,8 +8,15 @@ from datetime import datetime
 from msgspec.structs import replace
 
 from app.domain.envelope import Recorded
-from app.domain.events import ModelDeclared, ModelRemoved, ModelScaled, ModelTuned, ModelUnplaceable
-from app.domain.evolve.updates import _update_model, _update_replica
+from app.domain.events import (
+    Event,
+    ModelDeclared,
+    ModelRemoved,
+    ModelScaled,
+    ModelTuned,
+    ModelUnplaceable,
+)
+from app.domain.evolve.updates import Handler, _update_model, _update_replica
 from app.domain.model_spec import ModelSpec, RoutingSettings
 from app.domain.state import ACTIVE_PHASES, ClusterState, Model, RolloutState
 
@@ -108,3 +115,13 @@ def _tune(state: ClusterState, event: ModelTuned, at: datetime) -> None:
         )
         spec = replace(model.spec, routing=routing)
         state.models[event.model] = replace(model, spec=spec, tuned_summary=dict(event.summary))
+
+
+HANDLERS: dict[type[Event], Handler] = {
+    ModelDeclared: _model_declared,
+    ModelScaled: _model_scaled,
+    ModelRemoved: _model_removed,
+    ModelTuned: _model_tuned,
+    ModelUnplaceable: _model_unplaceable,
+}
+"""The events this module folds, each with its handler."""

@@ -9,6 +9,7 @@ from msgspec.structs import replace
 from app.domain.changes import GpuChanges
 from app.domain.envelope import Recorded
 from app.domain.events import (
+    Event,
     GpuInfo,
     GpuMarkedUnhealthy,
     GpuRecovered,
@@ -22,7 +23,7 @@ from app.domain.events import (
     NodeUncordoned,
     StrayStopped,
 )
-from app.domain.evolve.updates import _update_gpu, _update_node
+from app.domain.evolve.updates import Handler, _update_gpu, _update_node
 from app.domain.gpu_identity import same_gpu
 from app.domain.state import STRAYS_REMEMBERED, ClusterState, Node, ReplicaPhase
 
@@ -199,3 +200,19 @@ def _count_stray_number(state: ClusterState, event: StrayStopped) -> None:
     number = int(digits)
     if model.replicas_created < number <= model.replicas_created + STRAY_NUMBERS_BELIEVED:
         state.models[event.model] = replace(model, replicas_created=number)
+
+
+HANDLERS: dict[type[Event], Handler] = {
+    NodeRegistered: _node_registered,
+    NodeConnected: _node_connected,
+    NodeDisconnected: _node_disconnected,
+    NodeLost: _node_lost,
+    NodeCordoned: _node_cordoned,
+    NodeUncordoned: _node_uncordoned,
+    NodeDrainRequested: _node_drain_requested,
+    NodeDrainFinished: _node_drain_finished,
+    GpuMarkedUnhealthy: _gpu_marked_unhealthy,
+    GpuRecovered: _gpu_recovered,
+    StrayStopped: _stray_stopped,
+}
+"""The events this module folds, each with its handler."""

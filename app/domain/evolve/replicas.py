@@ -12,6 +12,7 @@ from msgspec.structs import replace
 from app.domain.changes import ModelChanges
 from app.domain.envelope import Recorded
 from app.domain.events import (
+    Event,
     ReplacementServing,
     ReplicaDrainCancelled,
     ReplicaDrainStarted,
@@ -23,7 +24,7 @@ from app.domain.events import (
     ReplicaStopped,
     ReplicaStopping,
 )
-from app.domain.evolve.updates import _update_model, _update_replica
+from app.domain.evolve.updates import Handler, _update_model, _update_replica
 from app.domain.state import (
     ENDED_KEPT_PER_MODEL,
     ENDED_PHASES,
@@ -273,3 +274,18 @@ def _count_failure(state: ClusterState, replica_id: str, at: datetime) -> None:
     state.models[model.name] = replace(
         model, failures=failures, backoff_until=until, rollout=rollout
     )
+
+
+HANDLERS: dict[type[Event], Handler] = {
+    ReplicaPlaced: _replica_placed,
+    ReplicaServing: _replica_serving,
+    ReplicaDrainStarted: _replica_drain_started,
+    ReplicaDrainCancelled: _replica_drain_cancelled,
+    ReplacementServing: _replacement_serving,
+    ReplicaStopping: _replica_stopping,
+    ReplicaStopped: _replica_stopped,
+    ReplicaFailed: _replica_failed,
+    ReplicaStartupTimedOut: _replica_startup_timed_out,
+    ReplicaLost: _replica_lost,
+}
+"""The events this module folds, each with its handler."""

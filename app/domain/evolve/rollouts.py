@@ -8,6 +8,7 @@ from msgspec.structs import replace
 
 from app.domain.envelope import Recorded
 from app.domain.events import (
+    Event,
     RolloutFinished,
     RolloutHoldEjectionSeen,
     RolloutHolding,
@@ -19,7 +20,7 @@ from app.domain.events import (
     RolloutVerdict,
 )
 from app.domain.evolve.models import _earlier_specs
-from app.domain.evolve.updates import _update_rollout
+from app.domain.evolve.updates import Handler, _update_rollout
 from app.domain.state import ClusterState, Rollout, RolloutState
 
 
@@ -167,3 +168,17 @@ def _rollout_finished(state: ClusterState, event: RolloutFinished, recorded: Rec
         event.rollout_id,
         {"state": ended, "finished_at": recorded.recorded_at, "outcome": event.outcome},
     )
+
+
+HANDLERS: dict[type[Event], Handler] = {
+    RolloutStarted: _rollout_started,
+    RolloutStepStarted: _rollout_step_started,
+    RolloutHolding: _rollout_holding,
+    RolloutHoldEjectionSeen: _rollout_hold_ejection_seen,
+    RolloutVerdict: _rollout_verdict,
+    RolloutPaused: _rollout_paused,
+    RolloutResumed: _rollout_resumed,
+    RolloutRolledBack: _rollout_rolled_back,
+    RolloutFinished: _rollout_finished,
+}
+"""The events this module folds, each with its handler."""

@@ -8,8 +8,15 @@ from datetime import datetime
 
 from app.domain.changes import ReplicaChanges, ShardChanges
 from app.domain.envelope import Recorded
-from app.domain.events import ReplicaAdopted, ShardFailed, ShardReady, ShardStarting, ShardStopped
-from app.domain.evolve.updates import _update_shard
+from app.domain.events import (
+    Event,
+    ReplicaAdopted,
+    ShardFailed,
+    ShardReady,
+    ShardStarting,
+    ShardStopped,
+)
+from app.domain.evolve.updates import Handler, _update_shard
 from app.domain.state import ClusterState, ReplicaPhase, ShardPhase
 
 
@@ -126,3 +133,13 @@ def _starting(state: ClusterState, replica_id: str, at: datetime) -> ReplicaChan
     if replica is None or replica.phase is not ReplicaPhase.PLACED:
         return {}
     return {"phase": ReplicaPhase.STARTING, "starting_since": at}
+
+
+HANDLERS: dict[type[Event], Handler] = {
+    ShardStarting: _shard_starting,
+    ShardReady: _shard_ready,
+    ShardFailed: _shard_failed,
+    ShardStopped: _shard_stopped,
+    ReplicaAdopted: _replica_adopted,
+}
+"""The events this module folds, each with its handler."""

@@ -4,6 +4,9 @@ is when the state does not know the entity."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from msgspec.structs import replace
 
 from app.domain.changes import (
@@ -14,8 +17,12 @@ from app.domain.changes import (
     RolloutChanges,
     ShardChanges,
 )
+from app.domain.envelope import Recorded
 from app.domain.gpu_identity import same_gpu
 from app.domain.state import ClusterState
+
+Handler = Callable[[ClusterState, Any, Recorded], None]
+"""How one event changes the state: ``handler(state, event, recorded)``."""
 
 
 def _update_shard(
