@@ -16,7 +16,7 @@ from app.domain.events import (
     ModelTuned,
     ModelUnplaceable,
 )
-from app.domain.evolve.updates import Handler, _update_model, _update_replica
+from app.domain.evolve.updates import Handler, update_model, update_replica
 from app.domain.model_spec import ModelSpec, RoutingSettings
 from app.domain.state import ACTIVE_PHASES, ClusterState, Model, RolloutState
 
@@ -33,7 +33,7 @@ def _model_declared(state: ClusterState, event: ModelDeclared, recorded: Recorde
             ended=known.ended if known else (),
             forgotten=known.forgotten if known else {},
             revision=event.revision,
-            earlier_specs=_earlier_specs(state, known, event.revision) if known else {},
+            earlier_specs=earlier_specs(state, known, event.revision) if known else {},
             latest_revision=max(event.revision, known.latest_revision if known else 0),
             rollout=known.rollout if known else None,
         )
@@ -42,12 +42,12 @@ def _model_declared(state: ClusterState, event: ModelDeclared, recorded: Recorde
             known,
             spec=event.spec,
             revision=event.revision,
-            earlier_specs=_earlier_specs(state, known, event.revision),
+            earlier_specs=earlier_specs(state, known, event.revision),
             latest_revision=max(event.revision, known.latest_revision),
         )
 
 
-def _earlier_specs(state: ClusterState, known: Model, revision: int) -> dict[int, ModelSpec]:
+def earlier_specs(state: ClusterState, known: Model, revision: int) -> dict[int, ModelSpec]:
     """The specs of revisions before ``revision`` that active replicas of ``known`` run,
     the one it replaces included, and the one a rollout under way comes from. One scan of
     the replicas per declaration (rare), never one per replica event."""
@@ -85,7 +85,7 @@ def _model_scaled(state: ClusterState, event: ModelScaled, recorded: Recorded) -
 
 
 def _model_removed(state: ClusterState, event: ModelRemoved, recorded: Recorded) -> None:
-    _update_model(state, event.model, {"removed": True})
+    update_model(state, event.model, {"removed": True})
 
 
 def _model_tuned(state: ClusterState, event: ModelTuned, recorded: Recorded) -> None:
@@ -94,7 +94,7 @@ def _model_tuned(state: ClusterState, event: ModelTuned, recorded: Recorded) -> 
 
 
 def _model_unplaceable(state: ClusterState, event: ModelUnplaceable, recorded: Recorded) -> None:
-    _update_model(state, event.model, {"unplaceable_reason": event.reason})
+    update_model(state, event.model, {"unplaceable_reason": event.reason})
 
 
 def _tune(state: ClusterState, event: ModelTuned, at: datetime) -> None:
@@ -102,7 +102,7 @@ def _tune(state: ClusterState, event: ModelTuned, at: datetime) -> None:
         weight=event.weight, target_waiting=event.target_waiting, kv_ceiling=event.kv_ceiling
     )
     if event.replica_id is not None:
-        _update_replica(state, event.replica_id, {"routing": routing})
+        update_replica(state, event.replica_id, {"routing": routing})
         return
     model = state.models.get(event.model)
     if model is not None:

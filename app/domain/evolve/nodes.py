@@ -23,7 +23,7 @@ from app.domain.events import (
     NodeUncordoned,
     StrayStopped,
 )
-from app.domain.evolve.updates import Handler, _update_gpu, _update_node
+from app.domain.evolve.updates import Handler, update_gpu, update_node
 from app.domain.gpu_identity import same_gpu
 from app.domain.state import STRAYS_REMEMBERED, ClusterState, Node, ReplicaPhase
 
@@ -93,20 +93,20 @@ def _identity(gpu: GpuInfo) -> tuple[str, int | None]:
 
 def _node_disconnected(state: ClusterState, event: NodeDisconnected, recorded: Recorded) -> None:
     at = recorded.recorded_at
-    _update_node(state, event.node_id, {"connected": False, "last_change_at": at})
+    update_node(state, event.node_id, {"connected": False, "last_change_at": at})
 
 
 def _node_lost(state: ClusterState, event: NodeLost, recorded: Recorded) -> None:
     at = recorded.recorded_at
-    _update_node(state, event.node_id, {"connected": False, "lost": True, "last_change_at": at})
+    update_node(state, event.node_id, {"connected": False, "lost": True, "last_change_at": at})
 
 
 def _node_cordoned(state: ClusterState, event: NodeCordoned, recorded: Recorded) -> None:
-    _update_node(state, event.node_id, {"cordoned": True, "cordon_reason": event.reason})
+    update_node(state, event.node_id, {"cordoned": True, "cordon_reason": event.reason})
 
 
 def _node_uncordoned(state: ClusterState, event: NodeUncordoned, recorded: Recorded) -> None:
-    _update_node(
+    update_node(
         state,
         event.node_id,
         {
@@ -128,7 +128,7 @@ def _node_drain_requested(
     began_with = sorted(
         r.id for r in state.replicas.values() if r.phase in serving and event.node_id in r.node_ids
     )
-    _update_node(
+    update_node(
         state,
         event.node_id,
         {
@@ -143,7 +143,7 @@ def _node_drain_requested(
 
 
 def _node_drain_finished(state: ClusterState, event: NodeDrainFinished, recorded: Recorded) -> None:
-    _update_node(
+    update_node(
         state,
         event.node_id,
         {
@@ -159,12 +159,12 @@ def _gpu_marked_unhealthy(
     state: ClusterState, event: GpuMarkedUnhealthy, recorded: Recorded
 ) -> None:
     changes: GpuChanges = {"healthy": False, "unhealthy_reason": event.reason}
-    _update_gpu(state, event.node_id, event.gpu_index, event.gpu_uuid, changes)
+    update_gpu(state, event.node_id, event.gpu_index, event.gpu_uuid, changes)
 
 
 def _gpu_recovered(state: ClusterState, event: GpuRecovered, recorded: Recorded) -> None:
     changes: GpuChanges = {"healthy": True, "unhealthy_reason": None}
-    _update_gpu(state, event.node_id, event.gpu_index, event.gpu_uuid, changes)
+    update_gpu(state, event.node_id, event.gpu_index, event.gpu_uuid, changes)
 
 
 STRAY_NUMBERS_BELIEVED = 1000

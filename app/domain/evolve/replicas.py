@@ -24,7 +24,7 @@ from app.domain.events import (
     ReplicaStopped,
     ReplicaStopping,
 )
-from app.domain.evolve.updates import Handler, _update_model, _update_replica
+from app.domain.evolve.updates import Handler, update_model, update_replica
 from app.domain.state import (
     ENDED_KEPT_PER_MODEL,
     ENDED_PHASES,
@@ -77,7 +77,7 @@ def _replica_placed(state: ClusterState, event: ReplicaPlaced, recorded: Recorde
 
 def _replica_serving(state: ClusterState, event: ReplicaServing, recorded: Recorded) -> None:
     at = recorded.recorded_at
-    _update_replica(
+    update_replica(
         state,
         event.replica_id,
         {
@@ -123,12 +123,12 @@ def _replica_drain_cancelled(
 def _replacement_serving(
     state: ClusterState, event: ReplacementServing, recorded: Recorded
 ) -> None:
-    _update_replica(state, event.replica_id, {"replacement_id": event.replacement_id})
+    update_replica(state, event.replica_id, {"replacement_id": event.replacement_id})
 
 
 def _replica_stopping(state: ClusterState, event: ReplicaStopping, recorded: Recorded) -> None:
     at = recorded.recorded_at
-    _update_replica(
+    update_replica(
         state,
         event.replica_id,
         {
@@ -244,7 +244,7 @@ def _keep_ended(state: ClusterState, replica: Replica) -> None:
 def _model_of(state: ClusterState, replica_id: str, changes: ModelChanges) -> None:
     replica = state.replicas.get(replica_id)
     if replica is not None:
-        _update_model(state, replica.model, changes)
+        update_model(state, replica.model, changes)
 
 
 def _count_failure(state: ClusterState, replica_id: str, at: datetime) -> None:

@@ -19,8 +19,8 @@ from app.domain.events import (
     RolloutStepStarted,
     RolloutVerdict,
 )
-from app.domain.evolve.models import _earlier_specs
-from app.domain.evolve.updates import Handler, _update_rollout
+from app.domain.evolve.models import earlier_specs
+from app.domain.evolve.updates import Handler, update_rollout
 from app.domain.state import ClusterState, Rollout, RolloutState
 
 
@@ -44,7 +44,7 @@ def _rollout_started(state: ClusterState, event: RolloutStarted, recorded: Recor
 def _rollout_step_started(
     state: ClusterState, event: RolloutStepStarted, recorded: Recorded
 ) -> None:
-    _update_rollout(
+    update_rollout(
         state,
         event.model,
         event.rollout_id,
@@ -60,7 +60,7 @@ def _rollout_step_started(
 
 
 def _rollout_holding(state: ClusterState, event: RolloutHolding, recorded: Recorded) -> None:
-    _update_rollout(
+    update_rollout(
         state,
         event.model,
         event.rollout_id,
@@ -87,11 +87,11 @@ def _rollout_hold_ejection_seen(
     ):
         return
     ejections = {**rollout.hold_ejections, event.replica_id: event.gateways}
-    _update_rollout(state, event.model, event.rollout_id, {"hold_ejections": ejections})
+    update_rollout(state, event.model, event.rollout_id, {"hold_ejections": ejections})
 
 
 def _rollout_verdict(state: ClusterState, event: RolloutVerdict, recorded: Recorded) -> None:
-    _update_rollout(
+    update_rollout(
         state,
         event.model,
         event.rollout_id,
@@ -104,7 +104,7 @@ def _rollout_verdict(state: ClusterState, event: RolloutVerdict, recorded: Recor
 
 
 def _rollout_paused(state: ClusterState, event: RolloutPaused, recorded: Recorded) -> None:
-    _update_rollout(
+    update_rollout(
         state,
         event.model,
         event.rollout_id,
@@ -120,7 +120,7 @@ def _rollout_resumed(state: ClusterState, event: RolloutResumed, recorded: Recor
     # Only a step whose verdict could not be reached is promoted by the operator's word. A
     # step the operator paused is judged on the next pass as usual: at once, on the
     # gateways' figures, if its hold ran out during the pause.
-    _update_rollout(
+    update_rollout(
         state,
         event.model,
         event.rollout_id,
@@ -144,7 +144,7 @@ def _rollout_rolled_back(state: ClusterState, event: RolloutRolledBack, recorded
         model,
         spec=event.spec,
         revision=event.to_revision,
-        earlier_specs=_earlier_specs(state, model, event.to_revision),
+        earlier_specs=earlier_specs(state, model, event.to_revision),
         failures=0,
         backoff_until=None,
         rollout=rolled_back,
@@ -162,7 +162,7 @@ def _rollout_finished(state: ClusterState, event: RolloutFinished, recorded: Rec
         ended = RolloutState.ROLLED_BACK
     else:
         ended = RolloutState.ENDED
-    _update_rollout(
+    update_rollout(
         state,
         event.model,
         event.rollout_id,

@@ -16,7 +16,7 @@ from app.domain.events import (
     ShardStarting,
     ShardStopped,
 )
-from app.domain.evolve.updates import Handler, _update_shard
+from app.domain.evolve.updates import Handler, update_shard
 from app.domain.state import ClusterState, ReplicaPhase, ShardPhase
 
 
@@ -26,7 +26,7 @@ def _shard_starting(state: ClusterState, event: ShardStarting, recorded: Recorde
     if _restarted(state, event) and recorded.meta.epoch is not None:
         # Restarted where it was placed, by the leader of this epoch: nothing to adopt.
         changes["epoch"] = recorded.meta.epoch
-    _update_shard(
+    update_shard(
         state,
         event.replica_id,
         event.shard_index,
@@ -44,7 +44,7 @@ def _restarted(state: ClusterState, event: ShardStarting) -> bool:
 
 
 def _shard_ready(state: ClusterState, event: ShardReady, recorded: Recorded) -> None:
-    _update_shard(
+    update_shard(
         state,
         event.replica_id,
         event.shard_index,
@@ -53,7 +53,7 @@ def _shard_ready(state: ClusterState, event: ShardReady, recorded: Recorded) -> 
 
 
 def _shard_failed(state: ClusterState, event: ShardFailed, recorded: Recorded) -> None:
-    _update_shard(
+    update_shard(
         state,
         event.replica_id,
         event.shard_index,
@@ -80,7 +80,7 @@ def _shard_stopped(state: ClusterState, event: ShardStopped, recorded: Recorded)
         if event.reason is not None
         else {}
     )
-    _update_shard(state, event.replica_id, event.shard_index, changes, replica_changes)
+    update_shard(state, event.replica_id, event.shard_index, changes, replica_changes)
 
 
 def _stopped_by_agent(state: ClusterState, replica_id: str, at: datetime) -> ReplicaChanges:
@@ -101,7 +101,7 @@ def _stopped_by_agent(state: ClusterState, replica_id: str, at: datetime) -> Rep
 def _replica_adopted(state: ClusterState, event: ReplicaAdopted, recorded: Recorded) -> None:
     at = recorded.recorded_at
     shard_phase = ShardPhase.READY if event.ready else ShardPhase.STARTING
-    _update_shard(
+    update_shard(
         state,
         event.replica_id,
         event.shard_index,

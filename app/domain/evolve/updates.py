@@ -25,7 +25,7 @@ Handler = Callable[[ClusterState, Any, Recorded], None]
 """How one event changes the state: ``handler(state, event, recorded)``."""
 
 
-def _update_shard(
+def update_shard(
     state: ClusterState,
     replica_id: str,
     index: int,
@@ -40,19 +40,19 @@ def _update_shard(
     state.replicas[replica_id] = replace(replica, shards=tuple(shards), **(replica_changes or {}))
 
 
-def _update_replica(state: ClusterState, replica_id: str, changes: ReplicaChanges) -> None:
+def update_replica(state: ClusterState, replica_id: str, changes: ReplicaChanges) -> None:
     replica = state.replicas.get(replica_id)
     if replica is not None:
         state.replicas[replica_id] = replace(replica, **changes)
 
 
-def _update_model(state: ClusterState, name: str, changes: ModelChanges) -> None:
+def update_model(state: ClusterState, name: str, changes: ModelChanges) -> None:
     model = state.models.get(name)
     if model is not None:
         state.models[name] = replace(model, **changes)
 
 
-def _update_rollout(
+def update_rollout(
     state: ClusterState, name: str, rollout_id: str, changes: RolloutChanges
 ) -> None:
     """Change the model's rollout if it is ``rollout_id`` (an event of an earlier one, now
@@ -63,13 +63,13 @@ def _update_rollout(
         state.models[name] = replace(model, rollout=replace(rollout, **changes))
 
 
-def _update_node(state: ClusterState, node_id: str, changes: NodeChanges) -> None:
+def update_node(state: ClusterState, node_id: str, changes: NodeChanges) -> None:
     node = state.nodes.get(node_id)
     if node is not None:
         state.nodes[node_id] = replace(node, **changes)
 
 
-def _update_gpu(
+def update_gpu(
     state: ClusterState, node_id: str, index: int, uuid: str, changes: GpuChanges
 ) -> None:
     """Change the node's GPU under ``index`` if it is the GPU with ``uuid``
