@@ -294,8 +294,20 @@ class NvmlGpuSource:
             memory_used_mib=memory.used // MIB,
             problems=tuple(problems),
         )
-        self._last_readings[index] = reading
+        self._remember(reading)
         return reading, None
+
+    def _remember(self, reading: GpuReading) -> None:
+        """Keep ``reading`` as what was last read under its index, and forget the UUID
+        under any other: a GPU is where it was last read. After a driver reload NVML may
+        list fewer GPUs and number them anew, so a GPU last read under one index can answer
+        under another; once the count grows back, GPUs that cannot be read would otherwise
+        be listed as last read under both, one UUID twice, and a hello that lists it twice
+        is refused. The GPU that was read longer ago is listed as one never read."""
+        for index, last in list(self._last_readings.items()):
+            if index != reading.index and reading.uuid and last.uuid == reading.uuid:
+                del self._last_readings[index]
+        self._last_readings[reading.index] = reading
 
     def _without_taken_uuids(
         self, readings: list[tuple[GpuReading, Unreadable | None]]

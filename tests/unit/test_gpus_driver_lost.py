@@ -180,3 +180,56 @@ def test_a_gpu_lost_after_a_reload_that_renumbered_the_gpus_does_not_take_anothe
         (1, "", False),
     ]
     assert reasons(renumbered) == {1: "GPU is lost: NVML nvmlDeviceGetUUID answered 'GPU is lost'"}
+
+
+LOST = "GPU is lost: NVML nvmlDeviceGetUUID answered 'GPU is lost'"
+
+
+def test_gpus_lost_after_the_count_shrank_and_grew_back_list_each_uuid_once() -> None:
+    """Three GPUs; a reload lists only one, GPU-b, as GPU 0; then three again, and GPUs 0
+    and 1 cannot be read. GPU-b was last read as GPU 0, and before the shrink as GPU 1:
+    listed as last read under each index, both would say GPU-b, and a hello that lists
+    a UUID twice is refused. GPU-b stays with the index it was last read under; GPU 1 is
+    listed as a GPU never read."""
+    recording = machine(gpus=3)
+    recording.library["nvmlDeviceGetCount"] = [ok(3), ok(1), ok(3)]
+    lost = fails(pynvml.NVML_ERROR_GPU_IS_LOST)
+    recording.gpus[0]["nvmlDeviceGetUUID"] = [ok("GPU-a"), ok("GPU-b"), lost]
+    recording.gpus[1]["nvmlDeviceGetUUID"] = [ok("GPU-b"), lost]
+    recording.gpus[2]["nvmlDeviceGetUUID"] = [ok("GPU-c")]
+    source, _ = source_for(recording, Clock())
+
+    before = source.snapshot()
+    shrunk = source.snapshot()
+    grown = source.snapshot()
+
+    assert [gpu.uuid for gpu in before.gpus] == ["GPU-a", "GPU-b", "GPU-c"]
+    assert [gpu.uuid for gpu in shrunk.gpus] == ["GPU-b"]
+    assert [(gpu.index, gpu.uuid, gpu.healthy) for gpu in grown.gpus] == [
+        (0, "GPU-b", False),
+        (1, "", False),
+        (2, "GPU-c", True),
+    ]
+    assert reasons(grown) == {0: LOST, 1: LOST}
+
+
+def test_gpus_all_lost_after_the_count_shrank_and_grew_back_list_each_uuid_once() -> None:
+    """As above with two GPUs, both lost once the count grows back: NVML is shut down, and
+    the GPUs it listed, as they wait for it to start again, list GPU-b once too."""
+    clock = Clock()
+    recording = reloaded_machine()
+    recording.library["nvmlDeviceGetCount"] = [ok(2), ok(1), ok(2)]
+    lost = fails(pynvml.NVML_ERROR_GPU_IS_LOST)
+    recording.gpus[0]["nvmlDeviceGetUUID"] = [ok("GPU-a"), ok("GPU-b"), lost]
+    recording.gpus[1]["nvmlDeviceGetUUID"] = [ok("GPU-b"), lost]
+    source, _ = source_for(recording, clock)
+
+    source.snapshot()
+    source.snapshot()
+    grown = source.snapshot()
+    clock.advance(timedelta(seconds=1))
+    waiting = source.snapshot()
+
+    for snapshot in (grown, waiting):
+        assert [(gpu.index, gpu.uuid) for gpu in snapshot.gpus] == [(0, "GPU-b"), (1, "")]
+        assert reasons(snapshot) == {0: LOST, 1: LOST}
