@@ -36,6 +36,7 @@ from agent.engines import (
     ShardState,
 )
 from agent.engines.supervisor import FAILED_KEPT
+from agent.gpu_duplicates import without_duplicate_gpus
 from agent.gpu_inventory import GpuInventory, gpu_inventory, inventory_change
 from agent.gpus import GpuSnapshot, GpuSource, GpuStatus
 from agent.reports import (
@@ -381,6 +382,7 @@ class AgentRuntime:
         self._gpu_poll_interval_s = gpu_poll_interval_s
         self._gpu_lock = asyncio.Lock()
         self._snapshot = GpuSnapshot(gpus=())
+        self._duplicate_gpus: set[tuple[str, int, str, int, str]] = set()
         self._unreported_gpu_changes: list[GpuHealthChange] = []
         self._supervisor = EngineSupervisor(
             config.state_dir, self._shard_changed, liveness=config.liveness
@@ -455,7 +457,7 @@ class AgentRuntime:
                 index_now_of=holder.uuid,
                 reason=f"{VANISHED_GPU_REASON}, and another GPU is listed under its index",
             )
-        snapshot = with_vanished_gpus(self._snapshot, snapshot)
+        snapshot = self._without_duplicates(with_vanished_gpus(self._snapshot, snapshot))
         changes = gpu_health_changes(self._snapshot.gpus, snapshot.gpus)
         for change in changes:
             log.info(
@@ -463,6 +465,26 @@ class AgentRuntime:
             )
         self._unreported_gpu_changes.extend(changes)
         self._snapshot = snapshot
+
+    def _without_duplicates(self, snapshot: GpuSnapshot) -> GpuSnapshot:
+        """``snapshot`` as a hello the control plane accepts lists it: no GPU index and no
+        UUID twice. The GPU source and ``with_vanished_gpus`` never list one twice; a
+        snapshot that did anyway would be refused in every hello, and the node could not
+        connect until the agent restarted. Each correction is logged once, when it begins."""
+        gpus, duplicates = without_duplicate_gpus(snapshot.gpus)
+        for duplicate in duplicates:
+            if duplicate.which not in self._duplicate_gpus:
+                log.warning(
+                    "duplicate_gpu_corrected",
+                    gpu=duplicate.gpu.index,
+                    uuid=duplicate.gpu.uuid,
+                    shared=duplicate.shared,
+                    with_gpu=duplicate.kept.index,
+                    with_uuid=duplicate.kept.uuid,
+                    outcome=duplicate.outcome,
+                )
+        self._duplicate_gpus = {duplicate.which for duplicate in duplicates}
+        return replace(snapshot, gpus=gpus) if duplicates else snapshot
 
     async def serve(self, websocket: ClientConnection) -> bool:
         """Speak the protocol over ``websocket`` until it closes; True if the control plane
