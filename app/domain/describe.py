@@ -148,9 +148,9 @@ def _what(event: AnyEvent) -> str:
         case NodeDrainFinished():
             return f"drain {event.drain_id} finished: {event.outcome}"
         case GpuMarkedUnhealthy():
-            return f"GPU {event.gpu_index} unhealthy: {event.reason}"
+            return f"{_gpu(event.gpu_index, event.gpu_uuid)} unhealthy: {event.reason}"
         case GpuRecovered():
-            return f"GPU {event.gpu_index} healthy again"
+            return f"{_gpu(event.gpu_index, event.gpu_uuid)} healthy again"
         case IdentityRejected():
             return (
                 f"refused a connection claiming it from {event.remote_address}: "
@@ -254,3 +254,11 @@ def _what(event: AnyEvent) -> str:
 
 def _suppressed(count: int) -> str:
     return f" ({count} more like it since the last one recorded)" if count else ""
+
+
+def _gpu(index: int, uuid: str) -> str:
+    """A GPU of a node's history: its index, and its UUID (in full, as the node's GPUs in
+    the admin API and ``nvidia-smi -L`` give it) when the event names one, since a driver
+    reload may list the same GPU under another index. Events recorded before GPU events
+    named a UUID have none, and say only the index."""
+    return f"GPU {index} ({uuid})" if uuid else f"GPU {index}"

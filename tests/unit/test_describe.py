@@ -13,6 +13,8 @@ from app.domain.events import (
     AnyEvent,
     ApiKeyCreated,
     ApiKeyRevoked,
+    GpuMarkedUnhealthy,
+    GpuRecovered,
     NodeUncordoned,
     ReplicaPlaced,
     ReplicaServing,
@@ -81,3 +83,32 @@ def test_a_replacement_names_its_original_once() -> None:
         replica_id="demo-3", model="demo", number=3, shards=(), reason="moved", replaces="demo-1"
     )
     assert describe(unexplained).endswith("(moved, replacing demo-1)")
+
+
+def test_a_gpu_s_health_says_which_gpu_by_its_uuid_when_the_event_names_one() -> None:
+    # A driver reload may list the same GPU under another index: the UUID says which it is.
+    faulty = GpuMarkedUnhealthy(
+        node_id="gpu-08",
+        gpu_index=1,
+        gpu_uuid="GPU-84bba079-31db-9253-06a0-799dc6ebd718",
+        reason="XID 79: GPU has fallen off the bus",
+        xid=79,
+    )
+    assert describe(faulty) == (
+        "node gpu-08 GPU 1 (GPU-84bba079-31db-9253-06a0-799dc6ebd718) unhealthy: "
+        "XID 79: GPU has fallen off the bus"
+    )
+    back = GpuRecovered(
+        node_id="gpu-08", gpu_index=3, gpu_uuid="GPU-84bba079-31db-9253-06a0-799dc6ebd718"
+    )
+    assert describe(back) == (
+        "node gpu-08 GPU 3 (GPU-84bba079-31db-9253-06a0-799dc6ebd718) healthy again"
+    )
+
+
+def test_a_gpu_s_health_recorded_before_events_named_a_uuid_says_only_its_index() -> None:
+    old_fault = GpuMarkedUnhealthy(node_id="gpu-08", gpu_index=1, reason="ECC errors")
+    assert describe(old_fault) == "node gpu-08 GPU 1 unhealthy: ECC errors"
+    assert (
+        describe(GpuRecovered(node_id="gpu-08", gpu_index=1)) == "node gpu-08 GPU 1 healthy again"
+    )
