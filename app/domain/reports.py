@@ -260,12 +260,13 @@ class FleetView(msgspec.Struct, frozen=True, kw_only=True):
     (``app.domain.autoscale.observe``)."""
     traffic: dict[str, TrafficFigures] = {}
     """What the gateways measured of the replica groups this pass's rollout verdicts need
-    (``app.domain.rollout.traffic_wanted``), merged over the gateways that reported."""
+    (``app.domain.rollout_reads.traffic_wanted``), merged over the gateways that reported."""
     ejected: dict[str, int] = {}
-    """Those groups' replicas that live gateways keep out of rotation for failing now, each
-    with how many gateways do. A replica of a holding rollout ejected by more of them than
-    the log recorded in this hold is recorded (``app.domain.hold_ejections``), and the
-    verdict counts what the log holds."""
+    """The active replicas of models whose rollout holds a step, running or paused in it
+    (``app.domain.hold_ejections.ejections_wanted``), that live gateways keep out of
+    rotation for failing now, each with how many gateways do. A replica ejected by more of
+    them than the log recorded in this hold is recorded (``app.domain.hold_ejections``),
+    and the verdict counts what the log holds."""
     arrivals: Arrivals = Arrivals()
     """Agents arriving at the hub (hellos, connections opening): they keep the adoption
     grace open (``app.domain.adoption_grace``); put in by the reconciler."""

@@ -50,6 +50,7 @@ from app.domain.commands import CommandNotSent, NodeNotConnected
 from app.domain.decision import Command, Decision, PlannedEvent
 from app.domain.envelope import Meta
 from app.domain.events import MODEL_STREAM_PREFIX, event_type
+from app.domain.hold_ejections import ejections_wanted
 from app.domain.reconcile import (
     Settings,
     adoption_grace_state,
@@ -74,6 +75,15 @@ IMMEDIATE_RETRIES = 3
 log = structlog.get_logger(__name__)
 
 Hearing = Literal["heard", "partial", "unknown"]
+
+_HoldReads = tuple[dict[str, list[str]], frozenset[str]]
+"""What a pass reads of the gateways for rollouts holding a step: the groups a verdict
+judges (``traffic_wanted``), and the replicas whose ejections are recorded
+(``ejections_wanted``)."""
+
+
+def _hold_reads(state: ClusterState) -> _HoldReads:
+    return traffic_wanted(state), ejections_wanted(state)
 
 
 class CommandChannel(Protocol):
@@ -208,16 +218,20 @@ class Reconciler:
             return {}
         return await self._in_flight.read_queued()
 
-    async def _verdict_reads(
-        self, wanted: dict[str, list[str]]
+    async def _read_for_holds(
+        self, wanted: _HoldReads
     ) -> tuple[dict[str, TrafficFigures], dict[str, int]]:
-        """What a rollout's verdict may need this pass (``traffic_wanted``): the gateways'
-        figures of its groups, and those groups' replicas the gateways eject, each with how
-        many gateways do. Nothing to read (and no query) when no rollout holds a step."""
-        if not wanted or self._in_flight is None:
+        """What a rollout's hold may need this pass: the gateways' figures of the groups a
+        verdict reads (``traffic_wanted``: only a running rollout's), and the replicas of
+        holding rollouts, paused ones too, that the gateways eject, each with how many
+        gateways do (``ejections_wanted``: recorded for the verdict once resumed). Nothing
+        to read (and no query) when no rollout holds a step."""
+        groups, members = wanted
+        if self._in_flight is None:
             return {}, {}
-        traffic = await self._in_flight.traffic_of_groups(wanted)
-        members = {replica for replicas in wanted.values() for replica in replicas}
+        traffic = await self._in_flight.traffic_of_groups(groups) if groups else {}
+        if not members:
+            return traffic, {}
         ejections = await self._in_flight.ejections()
         ejected = {r: n for r, n in ejections.ejected_by.items() if r in members and n > 0}
         return traffic, ejected
@@ -231,17 +245,18 @@ class Reconciler:
             self.gateways = gateways
             in_flight = gateways.in_flight
             queued = await self._queued(self._store.state)
-            wanted = traffic_wanted(self._store.state)
-            traffic, ejected = await self._verdict_reads(wanted)
+            wanted = _hold_reads(self._store.state)
+            traffic, ejected = await self._read_for_holds(wanted)
             async with self._tracker.quiet():
                 state = await self._store.catch_up()
                 self._check_still_leading()
-                wanted_now = traffic_wanted(state)
+                wanted_now = _hold_reads(state)
                 if wanted_now != wanted:
                     # The log moved on since the figures were read (an operator resumed a
                     # paused hold through another server, say): a verdict decided now must
-                    # not take groups never read for groups no gateway saw a request of.
-                    traffic, ejected = await self._verdict_reads(wanted_now)
+                    # not take groups never read for groups no gateway saw a request of, nor
+                    # a hold's record miss the ejections of replicas it did not read.
+                    traffic, ejected = await self._read_for_holds(wanted_now)
                 at = self._clock()
                 demand = (
                     autoscale.demand_by_model(state, in_flight, queued) if gateways.live else None

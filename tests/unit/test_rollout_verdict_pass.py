@@ -217,6 +217,48 @@ async def test_a_canary_ejected_during_its_hold_and_back_in_rotation_is_rolled_b
     )
 
 
+async def test_a_canary_ejected_while_its_hold_is_paused_is_rolled_back_once_resumed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a canary step half way through its hold, paused by an operator, on a pass of
+    # which the gateways eject the canary for failing ...
+    leader, other_store, _ = await a_leader_over(monkeypatch, paused=True, into_hold_s=HOLD_S / 2)
+    [canary] = [r.id for r in leader.store.state.replicas.values() if r.revision == 2]
+    start = await leader.store.recorder.last_position()
+    leader.gateways.ejected = {canary: 1}
+    await leader.reconciler.run_pass()
+
+    # ... the log records the ejection, and nothing is judged while paused: not even the
+    # gateways' figures a verdict reads are asked for.
+    assert await ejections_recorded(leader.store, start) == [(canary, 1)]
+    rollout = rollout_of(leader.store)
+    assert (rollout.state, rollout.verdict) == (RolloutState.PAUSED, None)
+
+    # When the canary is back in rotation (good figures, no ejection) as the hold runs out,
+    # still paused ...
+    leader.gateways.ejected = {}
+    leader.clock[0] += timedelta(seconds=HOLD_S)
+    await leader.reconciler.run_pass()
+    rollout = rollout_of(leader.store)
+    assert (rollout.state, rollout.verdict) == (RolloutState.PAUSED, None)
+    assert leader.gateways.asked == []
+
+    # ... and the operator resumes through the other control plane ...
+    assert await Operations(other_store, clock=lambda: leader.clock[0]).resume_rollout(
+        ALICE, "llama"
+    )
+    await leader.reconciler.run_pass()
+
+    # ... then its ejection during the pause counts against it: rolled back, not promoted
+    # as a canary never ejected.
+    rollout = rollout_of(leader.store)
+    assert rollout.state is RolloutState.ROLLING_BACK
+    assert rollout.verdict == (
+        f"roll_back: the gateways ejected the new revision's replica(s) {canary} "
+        "(by 1 gateway(s)) during the hold for failing requests in a row, and none of the others"
+    )
+
+
 async def test_a_leader_that_takes_over_during_a_hold_counts_the_ejections_before_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
