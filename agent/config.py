@@ -61,6 +61,11 @@ class ConfigError(ValueError):
     """The settings are missing something or hold a value that cannot work."""
 
 
+class FlagRefused(ValueError):
+    """A flag's value refused by its converter. The usage error line names the flag and
+    follows it with this message: ``llmgw-agent: --state-dir cannot be empty``."""
+
+
 class ServerAddress(NamedTuple):
     uri: str
     host: str
@@ -445,15 +450,15 @@ def filled_path(_type: object, tokens: Sequence[Token]) -> Path:
     is the current directory: ``--state-dir "$DIR"`` with the variable unset would otherwise
     keep the agent's records, and engine logs, wherever it was started."""
     if not tokens[0].value.strip():
-        raise ValueError("cannot be empty")
+        raise FlagRefused("cannot be empty")
     return Path(tokens[0].value)
 
 
 def filled_paths(_type: object, tokens: Sequence[Token]) -> list[Path]:
-    """``filled_path`` for a flag given several times; the refusal names the flag."""
+    """``filled_path`` for a flag given several times."""
     for token in tokens:
         if not token.value.strip():
-            raise ValueError(f"{token.keyword or 'a path'} cannot be empty")
+            raise FlagRefused("cannot be empty")
     return [Path(token.value) for token in tokens]
 
 

@@ -29,6 +29,7 @@ from agent.config import (
     AgentSettings,
     ConfigError,
     EnginesOnExit,
+    FlagRefused,
     default_state_dir,
     fake_gpu_health_file,
     filled_path,
@@ -71,7 +72,7 @@ llmgw-agent --config /etc/llmgw/agent.toml
 ```
 """,
     version=llmgw_version,
-    error_formatter=one_line_usage_errors("llmgw-agent"),
+    error_formatter=one_line_usage_errors("llmgw-agent", refusals=(FlagRefused,)),
     error_console=usage_error_console(),
 )
 fake_gpu_app = App(

@@ -65,6 +65,12 @@ def test_a_mistyped_server_command_line_is_one_line_and_exit_2(
             'llmgw-agent fake-gpu: unknown command "mrk"; did you mean "mark"?',
         ),
         (["fake-gpu", "clear"], "llmgw-agent fake-gpu clear: --gpu is required"),
+        (["--state-dir", ""], "llmgw-agent: --state-dir cannot be empty"),
+        (["--cert= "], "llmgw-agent: --cert cannot be empty"),
+        (
+            ["stop-engines", "--state-dir", "/var/lib/a", "--state-dir", ""],
+            "llmgw-agent stop-engines: --state-dir cannot be empty",
+        ),
     ],
 )
 def test_a_mistyped_agent_command_line_is_one_line_and_exit_2(
