@@ -16,7 +16,6 @@ import fcntl
 import os
 import signal
 import ssl
-import sys
 from contextlib import suppress
 from pathlib import Path
 from typing import Annotated, TextIO
@@ -43,12 +42,15 @@ from agent.gpus import mark_fake_gpu, open_gpu_source
 from agent.runtime import AgentRuntime
 from app.logs import configure_logging
 from app.pki import TlsConfigurationError, client_ssl_context
-from app.usage_errors import one_line_usage_errors, usage_error_console
+from app.usage_errors import one_line_usage_errors, print_command_error, usage_error_console
 from wire.version import llmgw_version
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+# Each command as typed: the start of every error line it ends with, as of its usage errors.
+PROGRAM = "llmgw-agent"
+STOP_ENGINES = "llmgw-agent stop-engines"
 LOCK_FILE = "agent.lock"
 SHUTDOWN_REASON = "agent shutting down"
 ENGINE_STOP_GRACE_S = 10.0
@@ -57,7 +59,7 @@ ENGINE_STOP_GRACE_S = 10.0
 log = structlog.get_logger("llmgw.agent")
 
 app = App(
-    name="llmgw-agent",
+    name=PROGRAM,
     help="""The llmgw node agent: reports this machine's GPUs and runs the engine shards the \
 control plane asks for, until SIGTERM or SIGINT.
 
@@ -72,7 +74,7 @@ llmgw-agent --config /etc/llmgw/agent.toml
 ```
 """,
     version=llmgw_version,
-    error_formatter=one_line_usage_errors("llmgw-agent", refusals=(FlagRefused,)),
+    error_formatter=one_line_usage_errors(PROGRAM, refusals=(FlagRefused,)),
     error_console=usage_error_console(),
 )
 fake_gpu_app = App(
@@ -225,8 +227,8 @@ def run(
         )
         settings = load_config(flags, os.environ, config)
     except ConfigError as exc:
-        return _fail(str(exc), EXIT_USAGE)
-    configure_logging(settings.log_level)
+        return _fail(PROGRAM, str(exc), EXIT_USAGE)
+    configure_logging(settings.log_level, command=PROGRAM)
     return asyncio.run(run_agent(settings))
 
 
@@ -249,7 +251,7 @@ def mark(
     llmgw-agent fake-gpu mark --gpu 1 --reason "XID 79" --state-dir .llmgw/dev/agents/dev-node-1
     ```
     """
-    return _mark(state_dir, gpu, reason)
+    return _mark("llmgw-agent fake-gpu mark", state_dir, gpu, reason)
 
 
 @fake_gpu_app.command
@@ -264,7 +266,7 @@ def clear(
     llmgw-agent fake-gpu clear --gpu 1 --state-dir .llmgw/dev/agents/dev-node-1
     ```
     """
-    return _mark(state_dir, gpu, None)
+    return _mark("llmgw-agent fake-gpu clear", state_dir, gpu, None)
 
 
 @app.command(name="stop-engines")
@@ -299,7 +301,7 @@ def stop_engines(
     ```
     """
     if not grace >= 0:
-        return _fail(f"--grace {grace}: expected 0 or more seconds", EXIT_USAGE)
+        return _fail(STOP_ENGINES, f"--grace {grace}: expected 0 or more seconds", EXIT_USAGE)
     code = EXIT_OK
     for directory in state_dir or [_state_dir_from_env()]:
         if not directory.is_dir():
@@ -308,7 +310,7 @@ def stop_engines(
         try:
             lock = _lock_state_dir(directory)
         except (StateDirBusy, OSError) as exc:
-            code = _fail(f"{exc}; stop that agent first", EXIT_FAILED)
+            code = _fail(STOP_ENGINES, f"{exc}; stop that agent first", EXIT_FAILED)
             continue
         with lock:
             stops = stop_recorded_engines(directory, grace)
@@ -318,7 +320,7 @@ def stop_engines(
             record = stop.record
             shard = f"{record.replica_id} shard {record.shard_index} (pid {record.pid})"
             if stop.outcome == "survived":
-                code = _fail(f"{directory}: {shard} survived SIGKILL", EXIT_FAILED)
+                code = _fail(STOP_ENGINES, f"{directory}: {shard} survived SIGKILL", EXIT_FAILED)
             else:
                 print(f"{directory}: {shard} {stop.outcome}")
     return code
@@ -329,11 +331,11 @@ async def run_agent(config: AgentConfig) -> int:
     try:
         ssl_context = client_ssl_context(config.ca, config.cert, config.key)
     except TlsConfigurationError as exc:
-        return _fail(str(exc), EXIT_USAGE)
+        return _fail(PROGRAM, str(exc), EXIT_USAGE)
     try:
         lock = _lock_state_dir(config.state_dir)
     except (StateDirBusy, OSError) as exc:
-        return _fail(str(exc), EXIT_FAILED)
+        return _fail(PROGRAM, str(exc), EXIT_FAILED)
     # One node per agent process: every line it logs names it.
     with lock, structlog.contextvars.bound_contextvars(node_id=config.node_id):
         return await _run_locked(config, ssl_context)
@@ -378,7 +380,7 @@ async def _serve_until_stopped(
             error = connection.exception()
             if isinstance(error, ConnectionFatal):
                 log.error("cannot_connect", error=str(error))
-                return _fail(str(error), EXIT_FAILED)
+                return _fail(PROGRAM, str(error), EXIT_FAILED)
             await connection  # any other ending is a bug: let it raise
         if config.engines_on_exit == "stop":
             stopped = await runtime.stop_engines(SHUTDOWN_REASON, ENGINE_STOP_GRACE_S)
@@ -414,17 +416,18 @@ def _lock_state_dir(state_dir: Path) -> TextIO:
     return lock
 
 
-def _mark(state_dir: Path | None, gpu: int, reason: str | None) -> int:
+def _mark(command: str, state_dir: Path | None, gpu: int, reason: str | None) -> int:
     if gpu < 0:
-        return _fail(f"--gpu {gpu}: a GPU index is 0 or more", EXIT_USAGE)
+        return _fail(command, f"--gpu {gpu}: a GPU index is 0 or more", EXIT_USAGE)
     if reason is not None and not reason.strip():
-        return _fail("--reason: say why the GPU is unhealthy", EXIT_USAGE)
+        return _fail(command, "--reason: say why the GPU is unhealthy", EXIT_USAGE)
     directory = state_dir or _state_dir_from_env()
     if not directory.is_dir():
         # The running agent made its state directory; one that is not there is mistyped,
         # and a mark written into it (creating it) would reach no agent.
         named = f"--state-dir {directory}" if state_dir else f"the state directory {directory}"
         return _fail(
+            command,
             f"{named}: no such directory; give the state directory of the agent that runs "
             "the fake GPUs",
             EXIT_USAGE,
@@ -432,11 +435,11 @@ def _mark(state_dir: Path | None, gpu: int, reason: str | None) -> int:
     try:
         dropped = mark_fake_gpu(fake_gpu_health_file(directory), gpu, reason)
     except ValueError as exc:
-        return _fail(str(exc), EXIT_USAGE)
+        return _fail(command, str(exc), EXIT_USAGE)
     except OSError as exc:
-        return _fail(f"cannot write {fake_gpu_health_file(directory)}: {exc}", EXIT_FAILED)
+        return _fail(command, f"cannot write {fake_gpu_health_file(directory)}: {exc}", EXIT_FAILED)
     for problem in dropped:
-        print(f"llmgw-agent: dropped from the file: {problem}", file=sys.stderr)
+        print_command_error(command, f"dropped from the file: {problem}")
     return EXIT_OK
 
 
@@ -445,8 +448,8 @@ def _state_dir_from_env() -> Path:
     return Path(configured).expanduser() if configured else default_state_dir(os.environ)
 
 
-def _fail(message: str, code: int) -> int:
-    print(f"llmgw-agent: {message}", file=sys.stderr)
+def _fail(command: str, message: str, code: int) -> int:
+    print_command_error(command, message)
     return code
 
 

@@ -37,7 +37,7 @@ from app.admin.health import Readiness
 from app.admin.metrics import control_plane_figures
 from app.admin.tls import admin_protocol, admin_ssl_context
 from app.clock import utc_now
-from app.commands.common import database_role_allowed, engine_networks_of
+from app.commands.common import SERVE, database_role_allowed, engine_networks_of
 from app.domain.egress import EngineNetworks
 from app.domain.envelope import Recorded
 from app.gateway.postgres import GatewayOptions, PostgresGateway
@@ -298,7 +298,7 @@ class Server:
         engine = self.database_engine()
         try:
             allowed = await database_role_allowed(
-                self.database_url, allow_privileged=self.allow_privileged_role
+                self.database_url, allow_privileged=self.allow_privileged_role, command=SERVE
             )
             if not allowed:
                 return 1

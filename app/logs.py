@@ -47,6 +47,8 @@ from typing import Final, Literal, TextIO
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
+from app.usage_errors import print_command_error
+
 LogFormat = Literal["auto", "json", "console"]
 FORMATS: Final = ("auto", "json", "console")
 LEVELS: Final = ("debug", "info", "warning", "error")
@@ -70,20 +72,22 @@ class LogSettingsError(ValueError):
 def configure_logging(
     level: str = "info",
     *,
+    command: str,
     json: bool | None = None,
     stream: TextIO | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> None:
     """Route every log line of this process through one set of processors to ``stream``
     (stderr). ``json`` forces the format; None reads ``LLMGW_LOG_FORMAT``. An unknown level
-    or format ends the process with a one-line error and exit code 2: it is called first
-    thing at each entry point, before anything else is reported."""
+    or format ends the process with exit code 2 and a one-line error that starts with
+    ``command`` (``llmgw-server serve: log level 'loud': ...``): it is called first thing at
+    each entry point, before anything else is reported."""
     output = sys.stderr if stream is None else stream
     try:
         threshold = _threshold(level)
         use_json = _use_json(json, os.environ if environ is None else environ, output)
     except LogSettingsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print_command_error(command, str(exc))
         raise SystemExit(2) from None
     shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,

@@ -15,10 +15,16 @@ terminal would act on written as a visible escape (``\\x1b``), as Python writes 
 
 Each program hands its ``App`` ``error_formatter=one_line_usage_errors(PROGRAM)`` and
 ``error_console=usage_error_console()``.
+
+An error a command finds itself once its command line is parsed (a malformed --anchor, a
+database it cannot reach, a port in use) is told the same way by ``print_command_error``:
+``llmgw-server log verify: --anchor: an anchor is POSITION:HASH...``, with the exit code
+the command chooses. A grep for the program's name finds both kinds.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Sequence
 
 from cyclopts import App, CycloptsError
@@ -56,6 +62,13 @@ def usage_error_line(
     """``llmgw-cli keys create: unknown option --model; did you mean --models?``"""
     where = " ".join((program, *(error.command_chain or ())))
     return shown(f"{where}: {_what_is_wrong(error, where, refusals)}")
+
+
+def print_command_error(command: str, message: str) -> None:
+    """``llmgw-server migrate: cannot migrate: ...`` on stderr, written at once; ``command``
+    is the program and its subcommands as typed (``llmgw-server log verify``). What the
+    message holds (a path, a URL, a database's answer) is ``shown``."""
+    print(shown(f"{command}: {message}"), file=sys.stderr, flush=True)
 
 
 def shown(text: str) -> str:

@@ -38,6 +38,7 @@ from typing import TextIO
 
 import httpx
 
+from app.usage_errors import print_command_error
 from cli.client import AdminClient, ClientError
 from cli.config import ConnectionSettings
 from devcluster import admin
@@ -61,6 +62,8 @@ from devcluster.programs import AgentCommand, ServeCommand
 from devcluster.readiness import wait_for
 from devcluster.state_lock import StateDirLock, lock_state_dir
 
+PROGRAM = "llmgw-dev"
+"""The start of every error line, as of its usage errors: ``llmgw-dev: port 8081 ...``."""
 TOKEN_NAME = "dev"
 API_KEY_NAME = "dev"
 NODES = ("dev-node-1", "dev-node-2")
@@ -203,12 +206,12 @@ class DevCluster:
 
     def stop(self) -> None:
         for problem in self.processes.stop():
-            print(f"error: {problem}", file=sys.stderr)
+            print_command_error(PROGRAM, problem)
         if self.postgres is not None:
             try:
                 self.postgres.stop()
             except DevDatabaseError as exc:
-                print(f"error: {exc}", file=sys.stderr)
+                print_command_error(PROGRAM, str(exc))
         if self.engine_ports is not None:
             self.engine_ports.release()
 
@@ -355,13 +358,13 @@ def run_dev(options: DevOptions) -> int:
     except StopRequested:
         pass  # Ctrl-C or SIGTERM: stop everything below and exit 0
     except DevError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+        print_command_error(PROGRAM, str(exc))
         code = 1
     except ClientError as exc:
-        print(f"error: the admin API at {options.admin_url} failed: {exc}", file=sys.stderr)
+        print_command_error(PROGRAM, f"the admin API at {options.admin_url} failed: {exc}")
         code = 1
     except OSError as exc:  # the state directory cannot be written, most likely
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+        print_command_error(PROGRAM, str(exc))
         code = 1
     finally:
         for signum in previous:

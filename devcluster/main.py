@@ -6,15 +6,14 @@ itself (the message says which and where its log is), 2 bad usage.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
 from cyclopts import App, Parameter
 
-from app.usage_errors import one_line_usage_errors, usage_error_console
+from app.usage_errors import one_line_usage_errors, print_command_error, usage_error_console
 from devcluster.demo_model import DEFAULT_STATE_DIRS, DevEngine, engine_unavailable
-from devcluster.dev import DevOptions, run_dev
+from devcluster.dev import PROGRAM, DevOptions, run_dev
 from devcluster.llamacpp import missing_packages
 from wire.version import llmgw_version
 
@@ -23,7 +22,7 @@ EXIT_USAGE = 2
 
 
 app = App(
-    name="llmgw-dev",
+    name=PROGRAM,
     version=llmgw_version,
     help="""A whole llmgw cluster on this machine, until Ctrl-C: PostgreSQL (unless
 LLMGW_DATABASE_URL is set), a CA and certificates, the control plane with its gateway on
@@ -44,7 +43,7 @@ llmgw-dev --engine llamacpp
 llmgw-dev --state-dir /tmp/second --admin-port 9081 --agent-port 9443 --client-port 9080
 ```
 """,
-    error_formatter=one_line_usage_errors("llmgw-dev"),
+    error_formatter=one_line_usage_errors(PROGRAM),
     error_console=usage_error_console(),
 )
 
@@ -72,7 +71,7 @@ def dev(
 ) -> int:
     """Run the cluster until Ctrl-C (see llmgw-dev --help)."""
     if replicas < 0:
-        print(f"llmgw-dev: --replicas must not be negative, not {replicas}", file=sys.stderr)
+        print_command_error(PROGRAM, f"--replicas must not be negative, not {replicas}")
         return EXIT_USAGE
     for name, port in (
         ("--admin-port", admin_port),
@@ -80,11 +79,11 @@ def dev(
         ("--client-port", client_port),
     ):
         if not 1 <= port <= 65535:
-            print(f"llmgw-dev: {name} {port}: a port is 1-65535", file=sys.stderr)
+            print_command_error(PROGRAM, f"{name} {port}: a port is 1-65535")
             return EXIT_USAGE
     unavailable = engine_unavailable(engine, missing_packages())
     if unavailable is not None:
-        print(f"llmgw-dev: {unavailable}", file=sys.stderr)
+        print_command_error(PROGRAM, unavailable)
         return EXIT_FAILED
     state = (state_dir or DEFAULT_STATE_DIRS[engine]).resolve()
     options = DevOptions(state, admin_port, agent_port, replicas, client_port, engine)

@@ -5,7 +5,7 @@ the event log."""
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import asyncpg
 import structlog
@@ -16,6 +16,7 @@ from app.store.database_url import InvalidDatabaseUrl, parse_database_url
 from app.store.errors import StoreUnavailable
 from app.store.grants import DEFAULT_RUNTIME_ROLE
 from app.store.privileges import may_append, privileged_role
+from app.usage_errors import print_command_error
 
 log = structlog.get_logger(__name__)
 
@@ -178,8 +179,20 @@ MaxUploadMib = Annotated[
 ]
 
 
-def fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
+# Each command as typed: the start of every error line it ends with, as of its usage
+# errors (``llmgw-server log verify: --anchor: ...``).
+SERVE = "llmgw-server serve"
+GATEWAY = "llmgw-server gateway"
+MIGRATE = "llmgw-server migrate"
+REBUILD = "llmgw-server projections rebuild"
+LOG_VERIFY = "llmgw-server log verify"
+LOG_HEAD = "llmgw-server log head"
+
+
+def fail(command: str, message: str) -> NoReturn:
+    """End ``command`` (``llmgw-server migrate``) with exit code 1, saying why in one line:
+    ``llmgw-server migrate: cannot migrate: ...``."""
+    print_command_error(command, message)
     sys.exit(1)
 
 
@@ -200,10 +213,10 @@ async def warn_if_gateway_appends(database_url: str) -> None:
         )
 
 
-async def database_role_allowed(database_url: str, *, allow_privileged: bool) -> bool:
-    """False, after saying why on stderr, when the database role could rewrite the event log
-    and that was not allowed explicitly. Raises ``StoreUnavailable`` when the database
-    cannot be asked."""
+async def database_role_allowed(database_url: str, *, allow_privileged: bool, command: str) -> bool:
+    """False, after saying why on stderr as ``command`` (``llmgw-server serve``), when the
+    database role could rewrite the event log and that was not allowed explicitly. Raises
+    ``StoreUnavailable`` when the database cannot be asked."""
     try:
         role, reason = await privileged_role(database_url)
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
@@ -218,12 +231,11 @@ async def database_role_allowed(database_url: str, *, allow_privileged: bool) ->
             reason=reason,
         )
         return True
-    print(
-        f'error: the database role "{role}" {reason}, so it could rewrite the event log; '
+    print_command_error(
+        command,
+        f'the database role "{role}" {reason}, so it could rewrite the event log; '
         f"connect as the runtime role instead (`llmgw-server migrate --runtime-role "
         f"{DEFAULT_RUNTIME_ROLE}` sets it up, docs/security.md), or pass "
         "--allow-privileged-role (LLMGW_ALLOW_PRIVILEGED_ROLE=1) to serve anyway",
-        file=sys.stderr,
-        flush=True,
     )
     return False

@@ -12,6 +12,7 @@ import uvloop
 from cyclopts import Parameter
 
 from app.commands.common import (
+    GATEWAY,
     AllowPrivilegedRole,
     AuthFailureBurst,
     AuthFailuresPerMinute,
@@ -183,16 +184,14 @@ def gateway_command(
     Example: llmgw-server gateway --host 0.0.0.0 --port 8080 --engine-networks 10.20.0.0/16
     --metrics-host 10.0.0.5
     """
-    configure_logging(log_level)
+    configure_logging(log_level, command=GATEWAY)
     url_problem = database_url_problem(database_url)
     if url_problem is not None:
-        fail(url_problem)
-        return
+        fail(GATEWAY, url_problem)
     try:
         networks = engine_networks_of(engine_networks)
     except InvalidEngineNetworks as exc:
-        fail(f"--engine-networks: {exc}")
-        return
+        fail(GATEWAY, f"--engine-networks: {exc}")
     options = GatewayOptions(
         host=host,
         port=port,
@@ -221,8 +220,7 @@ def gateway_command(
         engine_timeouts=EngineTimeouts(head_s=engine_head_timeout, idle_s=engine_idle_timeout),
     )
     if options.problems():
-        fail("; ".join(options.problems()))
-        return
+        fail(GATEWAY, "; ".join(options.problems()))
     sys.exit(uvloop.run(_gateway(database_url, options, allow_privileged_role)))
 
 
@@ -234,7 +232,9 @@ async def _gateway(database_url: str, options: GatewayOptions, allow_privileged:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     try:
-        if not await database_role_allowed(database_url, allow_privileged=allow_privileged):
+        if not await database_role_allowed(
+            database_url, allow_privileged=allow_privileged, command=GATEWAY
+        ):
             return 1
         role_checked = True
         await warn_if_gateway_appends(database_url)
@@ -275,6 +275,8 @@ async def _role_refused_later(database_url: str, allow_privileged: bool) -> bool
     while True:
         await asyncio.sleep(ROLE_CHECK_RETRY_S)
         try:
-            return not await database_role_allowed(database_url, allow_privileged=allow_privileged)
+            return not await database_role_allowed(
+                database_url, allow_privileged=allow_privileged, command=GATEWAY
+            )
         except StoreUnavailable:
             continue

@@ -11,7 +11,7 @@ import msgspec
 from cyclopts import Parameter
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.commands.common import DatabaseUrl, database_url_problem
+from app.commands.common import LOG_HEAD, LOG_VERIFY, DatabaseUrl, database_url_problem
 from app.logs import configure_logging
 from app.store.chain import Head, parse_anchor
 from app.store.database import create_engine
@@ -23,6 +23,7 @@ from app.store.verification import (
     read_head,
     verify_log,
 )
+from app.usage_errors import print_command_error
 
 T = TypeVar("T")
 
@@ -64,14 +65,16 @@ def verify_command(
 
     Example: llmgw-server log verify --anchor "$(tail -n 1 /srv/audit/llmgw-heads)"
     """
-    configure_logging()
-    _check_flags(database_url, output)
+    configure_logging(command=LOG_VERIFY)
+    _check_flags(LOG_VERIFY, database_url, output)
     try:
         anchors = [parse_anchor(value) for value in anchor or ()]
     except InvalidAnchor as exc:
-        _refuse(f"--anchor: {exc}", USAGE_ERROR)
+        _refuse(LOG_VERIFY, f"--anchor: {exc}", USAGE_ERROR)
     progress = _terminal_progress() if output == "text" and sys.stderr.isatty() else None
-    result = _run(database_url, lambda engine: verify_log(engine, anchors, progress), "verify")
+    result = _run(
+        LOG_VERIFY, database_url, lambda engine: verify_log(engine, anchors, progress), "verify"
+    )
     if progress is not None:
         sys.stderr.write("\r\x1b[K")
     if output == "json":
@@ -95,11 +98,12 @@ def head_command(*, database_url: DatabaseUrl, output: Output = "text") -> None:
 
     Example: llmgw-server log head >> /srv/audit/llmgw-heads
     """
-    configure_logging()
-    _check_flags(database_url, output)
-    head = _run(database_url, read_head, "read the head of")
+    configure_logging(command=LOG_HEAD)
+    _check_flags(LOG_HEAD, database_url, output)
+    head = _run(LOG_HEAD, database_url, read_head, "read the head of")
     if isinstance(head, UnhashedHead):
         _refuse(
+            LOG_HEAD,
             f"the last event, at position {head.position}, {head.why}: the chain is broken "
             "there, so there is no head to record (`llmgw-server log verify` finds where it "
             "breaks first)",
@@ -111,15 +115,15 @@ def head_command(*, database_url: DatabaseUrl, output: Output = "text") -> None:
         print(head)
 
 
-def _check_flags(database_url: str, output: str) -> None:
+def _check_flags(command: str, database_url: str, output: str) -> None:
     url_problem = database_url_problem(database_url)
     if url_problem is not None:
-        _refuse(url_problem, USAGE_ERROR)
+        _refuse(command, url_problem, USAGE_ERROR)
     if output not in ("text", "json"):
-        _refuse(f"--output is text or json, not {output!r}", USAGE_ERROR)
+        _refuse(command, f"--output is text or json, not {output!r}", USAGE_ERROR)
 
 
-def _run(url: str, work: Callable[[AsyncEngine], Awaitable[T]], action: str) -> T:
+def _run(command: str, url: str, work: Callable[[AsyncEngine], Awaitable[T]], action: str) -> T:
     async def run() -> T:
         engine = create_engine(url, pool_size=1)
         try:
@@ -135,7 +139,7 @@ def _run(url: str, work: Callable[[AsyncEngine], Awaitable[T]], action: str) -> 
             if "does not exist" in str(exc)
             else ""
         )
-        _refuse(f"cannot {action} the log: {exc}{hint}", UNREADABLE)
+        _refuse(command, f"cannot {action} the log: {exc}{hint}", UNREADABLE)
 
 
 def _terminal_progress() -> Progress:
@@ -177,6 +181,6 @@ def _json_report(result: Verification) -> dict[str, object]:
     }
 
 
-def _refuse(message: str, status: int) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
+def _refuse(command: str, message: str, status: int) -> NoReturn:
+    print_command_error(command, message)
     sys.exit(status)

@@ -13,7 +13,7 @@ import msgspec
 import structlog
 from cyclopts import Parameter
 
-from app.commands.common import DatabaseUrl, database_url_problem, fail
+from app.commands.common import MIGRATE, REBUILD, DatabaseUrl, database_url_problem, fail
 from app.commands.path_flag import path_flag
 from app.logs import configure_logging
 from app.store import migrate as migrations
@@ -83,14 +83,13 @@ def migrate(
     Example: llmgw-server migrate --runtime-role llmgw_runtime --runtime-password-file pw
     --gateway-role llmgw_gateway --gateway-password-file gw-pw
     """
-    configure_logging()
+    configure_logging(command=MIGRATE)
     try:
         runtime = _role("runtime", runtime_role, runtime_password_file, RUNTIME_PASSWORD_ENV)
         gateway = _role("gateway", gateway_role, gateway_password_file, GATEWAY_PASSWORD_ENV)
         upgraded = migrations.upgrade(database_url, runtime=runtime, gateway=gateway)
     except (OSError, ValueError, StoreError) as exc:
-        fail(f"cannot migrate: {exc}")
-        return
+        fail(MIGRATE, f"cannot migrate: {exc}")
     print(f"database at revision {migrations.head_revision()}")
     _say_granted("runtime", runtime, upgraded.created_role, upgraded.runtime_roles)
     _say_granted("gateway", gateway, upgraded.created_gateway_role, upgraded.gateway_roles)
@@ -177,14 +176,12 @@ def rebuild_command(
 
     Example: llmgw-server projections rebuild --verify
     """
-    configure_logging()
+    configure_logging(command=REBUILD)
     url_problem = database_url_problem(database_url)
     if url_problem is not None:
-        fail(url_problem)
-        return
+        fail(REBUILD, url_problem)
     if output not in ("text", "json"):
-        fail(f"--output is text or json, not {output!r}")
-        return
+        fail(REBUILD, f"--output is text or json, not {output!r}")
     report = asyncio.run(_rebuild(database_url, verify))
     if output == "json":
         print(msgspec.json.encode(report).decode())
@@ -205,8 +202,7 @@ async def _rebuild(url: str, verify: bool) -> RebuildReport:
             if "permission denied" in str(exc) and not verify
             else ""
         )
-        fail(f"{exc}{hint}")
-        raise
+        fail(REBUILD, f"{exc}{hint}")
     finally:
         await engine.dispose()
 

@@ -6,7 +6,7 @@ import asyncio
 import sys
 
 from app.bootstrap import Server, SettingsError
-from app.commands.common import fail
+from app.commands.common import SERVE, fail
 from app.logs import configure_logging
 from app.settings import ServeSettings
 
@@ -30,10 +30,9 @@ def serve(settings: ServeSettings) -> None:
 
     Example: llmgw-server serve --tls-cert server.crt --tls-key server.key --tls-ca ca.crt
     """
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, command=SERVE)
     try:
         server = Server.from_settings(settings)
     except SettingsError as exc:
-        fail(str(exc))
-        return
+        fail(SERVE, str(exc))
     sys.exit(asyncio.run(server.run()))

@@ -26,7 +26,7 @@ def test_a_malformed_database_url_is_refused_in_one_line(command: str) -> None:
 
     assert result.returncode == 1, result.stderr
     lines = result.stderr.strip().splitlines()
-    assert lines[-1].startswith("error: --database-url: "), result.stderr
+    assert lines[-1].startswith(f"llmgw-server {command}: --database-url: "), result.stderr
     assert "an empty host" in lines[-1]
     assert "hunter2" not in result.stderr + result.stdout
 
@@ -51,4 +51,6 @@ def test_a_gateway_flag_out_of_bounds_is_refused_in_one_line(
     )
 
     assert result.returncode == 1, result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {problem}"), result.stderr
+    assert (
+        result.stderr.strip().splitlines()[-1].startswith(f"llmgw-server {command}: {problem}")
+    ), result.stderr

@@ -240,7 +240,7 @@ async def test_dev_on_llamacpp_answers_the_printed_curl_with_a_real_completion(
             assert await simulator.wait() == 1
     finally:
         await postgres_server.drop_database(database)
-    assert f"error: the demo model in {state_dir} was declared by an earlier run" in refused
+    assert f"llmgw-dev: the demo model in {state_dir} was declared by an earlier run" in refused
     assert "on llama.cpp; to run the engine simulator" in refused
     assert _agent_log_sizes(state_dir) == agent_logs, "no agent, so no engine, was started"
 

@@ -19,7 +19,7 @@ from app.logs import SLOW_REQUEST_S, request_level
 SCRIPT = """
 import logging, structlog
 from app.logs import configure_logging
-configure_logging("info")
+configure_logging("info", command="llmgw-agent")
 log = structlog.get_logger("app.example")
 with structlog.contextvars.bound_contextvars(node_id="gpu-07"):
     log.info("agent_connected", replaced_previous=False)
@@ -100,8 +100,8 @@ def test_on_a_terminal_the_default_is_the_console_format() -> None:
 @pytest.mark.parametrize(
     ("log_format", "level", "said"),
     [
-        ("xml", "info", "error: LLMGW_LOG_FORMAT='xml': expected one of auto, json, console"),
-        ("json", "loud", "error: log level 'loud': expected one of debug, info, warning"),
+        ("xml", "info", "llmgw-agent: LLMGW_LOG_FORMAT='xml': expected one of auto, json, console"),
+        ("json", "loud", "llmgw-agent: log level 'loud': expected one of debug, info, warning"),
     ],
 )
 def test_an_unknown_format_or_level_stops_the_process_in_one_line(

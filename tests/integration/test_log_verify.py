@@ -393,7 +393,8 @@ async def test_a_last_event_without_a_chain_hash_has_no_head_to_record(
     assert head.code == 1, head  # broken, as `log verify` says it: not unreadable (3)
     assert head.stdout == ""  # nothing a script could append to its heads
     assert head.stderr.splitlines() == [
-        f"error: the last event, at position {last}, has no chain hash: the chain is broken "
+        "llmgw-server log head: "
+        f"the last event, at position {last}, has no chain hash: the chain is broken "
         "there, so there is no head to record (`llmgw-server log verify` finds where it "
         "breaks first)"
     ], head.stderr
@@ -414,7 +415,8 @@ async def test_a_last_event_whose_chain_hash_is_no_sha256_has_no_head_to_record(
     assert head.code == 1, head
     assert head.stdout == ""
     assert head.stderr.splitlines() == [
-        f"error: the last event, at position {last}, has a chain hash of 1 byte, not 32: the "
+        "llmgw-server log head: "
+        f"the last event, at position {last}, has a chain hash of 1 byte, not 32: the "
         "chain is broken there, so there is no head to record (`llmgw-server log verify` "
         "finds where it breaks first)"
     ], head.stderr
@@ -429,7 +431,9 @@ async def test_a_malformed_anchor_is_refused_in_one_line(log: Log, anchor: str) 
 
     assert result.code == 2
     assert result.stdout == ""
-    assert result.stderr.startswith("error: --anchor: an anchor is POSITION:HASH"), result
+    assert result.stderr.startswith(
+        "llmgw-server log verify: --anchor: an anchor is POSITION:HASH"
+    ), result
     assert len(result.stderr.splitlines()) == 1
 
 
@@ -450,7 +454,8 @@ async def test_a_database_without_the_log_is_refused_in_one_line(
     assert result.code == 3, result  # unknown: not "the log does not check out" (1)
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
-        f"error: cannot {'verify' if command == 'verify' else 'read the head of'} the log: "
+        f"llmgw-server log {command}: "
+        f"cannot {'verify' if command == 'verify' else 'read the head of'} the log: "
         'relation "events" does not exist (is the database at the newest revision? '
         "llmgw-server migrate)"
     ], result.stderr
@@ -469,8 +474,8 @@ async def test_a_malformed_database_url_is_refused_in_one_line(command: str) -> 
 
     assert done.returncode == 2, done
     assert done.stderr.splitlines() == [
-        "error: --database-url: the database URL 'postgresql://llmgw:***@db-a:5432,,db-b/x' "
-        "has an empty host in its list of hosts"
+        f"llmgw-server log {command}: --database-url: the database URL "
+        "'postgresql://llmgw:***@db-a:5432,,db-b/x' has an empty host in its list of hosts"
     ], done.stderr
 
 
@@ -491,7 +496,9 @@ async def test_an_unreachable_database_is_not_reported_as_a_broken_log() -> None
 
     assert done.returncode == 3, done
     assert done.stdout == ""
-    assert done.stderr.startswith("error: cannot verify the log: database unreachable"), done
+    assert done.stderr.startswith(
+        "llmgw-server log verify: cannot verify the log: database unreachable"
+    ), done
 
 
 async def test_on_a_terminal_it_shows_how_far_it_got(log: Log) -> None:

@@ -231,7 +231,8 @@ async def test_a_role_that_could_rewrite_the_log_is_refused_as_the_runtime_role(
 
     assert result.code == 1, result
     assert result.stderr == (
-        f'error: cannot migrate: role "{role}" {problem}: a runtime role must not be able to '
+        "llmgw-server migrate: "
+        f'cannot migrate: role "{role}" {problem}: a runtime role must not be able to '
         "rewrite the log; choose another name for it\n"
     )
 
@@ -245,7 +246,8 @@ async def test_a_runtime_role_that_may_create_in_the_schema_is_refused(scratch: 
 
     assert result.code == 1, result
     assert result.stderr == (
-        f'error: cannot migrate: role "{role}" may create objects in schema public, where '
+        "llmgw-server migrate: "
+        f'cannot migrate: role "{role}" may create objects in schema public, where '
         "llmgw's functions find what they call as the owner: a runtime role must not be able "
         f"to rewrite the log; REVOKE CREATE ON SCHEMA public FROM {role} (and FROM PUBLIC)\n"
     )
@@ -265,7 +267,8 @@ async def test_an_owner_without_createrole_is_told_to_have_the_role_created_for_
 
     assert refused.code == 1
     assert refused.stderr == (
-        f'error: cannot migrate: cannot create role "{runtime}": "{owner}" has no CREATEROLE; '
+        "llmgw-server migrate: "
+        f'cannot migrate: cannot create role "{runtime}": "{owner}" has no CREATEROLE; '
         f'have an administrator run CREATE ROLE "{runtime}" LOGIN PASSWORD ... '
         "(docs/operations.md), then migrate again\n"
     )

@@ -94,7 +94,8 @@ def test_migrate_without_its_migrations_directory_says_so_in_one_line(tmp_path: 
 
     assert result.returncode == 1
     assert result.stderr == (
-        f"error: cannot migrate: the migrations directory {missing} (LLMGW_MIGRATIONS_DIR) "
+        "llmgw-server migrate: "
+        f"cannot migrate: the migrations directory {missing} (LLMGW_MIGRATIONS_DIR) "
         "does not exist\n"
     )
 

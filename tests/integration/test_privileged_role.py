@@ -92,7 +92,10 @@ async def test_serve_refuses_a_superuser_in_one_line(database_url: str, pki: Pki
 
     assert refused.returncode == 1
     assert refused.stdout == ""
-    assert refused.stderr == f'error: the database role "postgres" is a superuser, {ADVICE}'
+    assert (
+        refused.stderr
+        == f'llmgw-server serve: the database role "postgres" is a superuser, {ADVICE}'
+    )
     assert await events_in(database_url) == 0
 
 
@@ -100,7 +103,10 @@ async def test_a_standalone_gateway_refuses_a_superuser_too(database_url: str) -
     refused = await asyncio.to_thread(gateway, database_url)
 
     assert refused.returncode == 1
-    assert refused.stderr == f'error: the database role "postgres" is a superuser, {ADVICE}'
+    assert (
+        refused.stderr
+        == f'llmgw-server gateway: the database role "postgres" is a superuser, {ADVICE}'
+    )
 
 
 async def test_serve_with_allow_privileged_role_starts_and_warns(
@@ -162,7 +168,10 @@ async def test_the_owner_of_the_log_and_its_members_are_refused(
     refused = await asyncio.to_thread(serve, url_as(database_url, owner), pki)
 
     assert refused.returncode == 1
-    assert refused.stderr == f'error: the database role "{owner}" owns table events, {ADVICE}'
+    assert (
+        refused.stderr
+        == f'llmgw-server serve: the database role "{owner}" owns table events, {ADVICE}'
+    )
     assert await privileged_role(url_as(database_url, member)) == (
         member,
         f'is a member of "{owner}", which owns table events',
@@ -226,7 +235,10 @@ async def test_a_gateway_started_while_the_database_is_away_refuses_once_it_answ
                 gateway.wait()
 
     assert code == 1
-    assert f'error: the database role "postgres" is a superuser, {ADVICE}' in log.read_text()
+    assert (
+        f'llmgw-server gateway: the database role "postgres" is a superuser, {ADVICE}'
+        in log.read_text()
+    )
 
 
 async def test_a_role_that_may_create_in_the_schema_is_refused(database_url: str) -> None:

@@ -17,12 +17,13 @@ COMMAND = [SERVER, "projections", "rebuild"]
     [
         (
             ["--database-url", "postgresql://llmgw:hunter2@db-a:5432,,db-b/x"],
-            "error: --database-url: the database URL 'postgresql://llmgw:***@db-a:5432,,db-b/x' "
+            "llmgw-server projections rebuild: "
+            "--database-url: the database URL 'postgresql://llmgw:***@db-a:5432,,db-b/x' "
             "has an empty host in its list of hosts",
         ),
         (
             ["--database-url", "postgresql://llmgw@127.0.0.1:1/x", "--output", "xml"],
-            "error: --output is text or json, not 'xml'",
+            "llmgw-server projections rebuild: --output is text or json, not 'xml'",
         ),
     ],
 )

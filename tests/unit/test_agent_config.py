@@ -312,7 +312,8 @@ def test_a_fake_gpu_is_not_marked_in_a_state_directory_that_does_not_exist(
 
     assert app(argv, result_action="return_value") == EXIT_USAGE
     assert capsys.readouterr().err == (
-        f"llmgw-agent: --state-dir {typo}: no such directory; give the state directory "
+        f"llmgw-agent fake-gpu {verb}: "
+        f"--state-dir {typo}: no such directory; give the state directory "
         "of the agent that runs the fake GPUs\n"
     )
     assert not (tmp_path / "agents").exists()

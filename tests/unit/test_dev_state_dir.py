@@ -34,7 +34,7 @@ def test_a_second_dev_on_a_state_directory_in_use_is_refused_before_it_starts_an
 
     assert code == 1
     assert capsys.readouterr().err == (
-        f"error: another llmgw-dev (pid {os.getpid()}) runs on {tmp_path}: stop it first, "
+        f"llmgw-dev: another llmgw-dev (pid {os.getpid()}) runs on {tmp_path}: stop it first, "
         "or give this one a --state-dir of its own\n"
     )
     assert [path.name for path in tmp_path.iterdir()] == ["dev.lock"], "nothing was started"
@@ -52,7 +52,7 @@ def test_the_state_directory_is_free_again_once_a_run_ends(
         assert run_dev(options) == 1  # past the state directory, refused at the port
 
     assert capsys.readouterr().err == (
-        f"error: port {in_use} on 127.0.0.1 is in use; choose another with --admin-port\n"
+        f"llmgw-dev: port {in_use} on 127.0.0.1 is in use; choose another with --admin-port\n"
     )
     with (tmp_path / "dev.lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while another holds it

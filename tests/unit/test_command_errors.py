@@ -1,0 +1,129 @@
+"""An error a command finds itself, once its command line is parsed, is one line on stderr
+that starts as its usage errors do, ``PROGRAM COMMAND: what is wrong``, with the command's
+own exit code. (``test_usage_errors.py`` tells the usage errors.)"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+
+import agent.main
+import app.main
+
+UNREACHABLE = "postgresql://llmgw@127.0.0.1:1/llmgw"
+"""Never reached: each error below is found before the database is asked anything."""
+
+
+@pytest.fixture(autouse=True)
+def logging_left_as_found() -> Iterator[None]:
+    """Each command configures this process's logging first; the next test gets it back."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    logging.captureWarnings(False)
+    structlog.reset_defaults()
+
+
+def ended(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[object, str]:
+    """The exit code of ``llmgw-server ARGV`` and what it wrote on stderr."""
+    with pytest.raises(SystemExit) as end:
+        app.main.app(argv)
+    return end.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "line"),
+    [
+        (
+            ["log", "verify", "--database-url", UNREACHABLE, "--anchor", "7"],
+            2,
+            "llmgw-server log verify: --anchor: an anchor is POSITION:HASH",
+        ),
+        (
+            ["log", "head", "--database-url", UNREACHABLE, "--output", "xml"],
+            2,
+            "llmgw-server log head: --output is text or json, not 'xml'",
+        ),
+        (
+            ["log", "head", "--database-url", "postgresql://llmgw@db-a:5432,,db-b/x"],
+            2,
+            "llmgw-server log head: --database-url: ",
+        ),
+        (
+            ["projections", "rebuild", "--database-url", UNREACHABLE, "--output", "xml"],
+            1,
+            "llmgw-server projections rebuild: --output is text or json, not 'xml'",
+        ),
+        (
+            ["gateway", "--database-url", UNREACHABLE, "--engine-networks", "10.0.0.0/33"],
+            1,
+            "llmgw-server gateway: --engine-networks: ",
+        ),
+        (
+            ["serve", "--database-url", UNREACHABLE],
+            1,
+            "llmgw-server serve: the agent hub needs --tls-cert, --tls-key and --tls-ca",
+        ),
+    ],
+)
+def test_a_server_command_names_itself_on_its_error_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], code: int, line: str
+) -> None:
+    exit_code, err = ended(argv, capsys)
+
+    assert exit_code == code
+    assert err.startswith(line), err
+    assert err.splitlines(keepends=True) == [err], "one line"
+    assert err.endswith("\n")
+
+
+def test_migrate_names_itself_on_its_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    password = tmp_path / "password"
+    password.write_text("secret\n")
+
+    assert ended(
+        ["migrate", "--database-url", UNREACHABLE, "--runtime-password-file", str(password)],
+        capsys,
+    ) == (1, "llmgw-server migrate: cannot migrate: a runtime password needs --runtime-role\n")
+
+
+def test_what_the_error_line_holds_reaches_the_terminal_as_visible_escapes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A value that would clear the screen or move the cursor is shown, not obeyed."""
+    code, err = ended(
+        ["gateway", "--database-url", UNREACHABLE, "--engine-networks", "\x1b[2J\r\n"], capsys
+    )
+
+    assert code == 1
+    assert err.startswith("llmgw-server gateway: --engine-networks: "), err
+    assert err.splitlines(keepends=True) == [err], "one line"
+    assert "\x1b" not in err
+
+
+def test_an_unknown_log_level_ends_the_command_in_one_line_naming_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert ended(["gateway", "--database-url", UNREACHABLE, "--log-level", "loud"], capsys) == (
+        2,
+        "llmgw-server gateway: log level 'loud': expected one of debug, info, warning, error\n",
+    )
+
+
+def test_an_agent_subcommand_names_itself_on_its_error_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = agent.main.app(["stop-engines", "--grace=-1"], result_action="return_value")
+
+    assert code == agent.main.EXIT_USAGE
+    assert capsys.readouterr().err == (
+        "llmgw-agent stop-engines: --grace -1.0: expected 0 or more seconds\n"
+    )
