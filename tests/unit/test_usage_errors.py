@@ -92,6 +92,22 @@ def test_a_mistyped_dev_command_line_is_one_line_and_exit_2(
     assert usage_error(devcluster.main.app, argv, capsys) == (2, "", line + "\n")
 
 
+@pytest.mark.parametrize("empty", ["", " "])
+def test_a_dev_state_dir_given_empty_is_bad_usage_not_the_current_directory(
+    capsys: pytest.CaptureFixture[str], empty: str
+) -> None:
+    """``Path("")`` is the current directory: a whole cluster's state made wherever the
+    shell stood. Only parsed here, so that a regression ends the test rather than starting
+    that cluster."""
+    with pytest.raises(SystemExit) as ended:
+        devcluster.main.app.parse_args(["--state-dir", empty])
+
+    assert (ended.value.code, capsys.readouterr().err) == (
+        2,
+        "llmgw-dev: --state-dir is empty: give a path, or leave the flag out\n",
+    )
+
+
 def test_what_the_command_line_held_reaches_the_terminal_as_visible_escapes(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
