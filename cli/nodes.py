@@ -45,6 +45,22 @@ NODE_COLUMNS = (
 )
 
 
+GPU_COLUMNS = (
+    Column("GPU", justify="right"),
+    # Whole, on one line, as `nvidia-smi -L` and the node's history write it (a UUID is one
+    # word, so it is never folded); where the terminal is too narrow for it, it goes last.
+    Column("UUID", drop=3),
+    # The same model on nearly every node: it goes first, before the replica using a GPU.
+    Column("name", drop=1),
+    Column("memory used/total MiB", justify="right"),
+    Column("healthy"),
+    Column("used by", drop=2),
+    Column("excluded because", wrap=True),
+)
+"""A node's GPUs in ``llmgw-cli node NODE``: with their UUIDs and a reason, 93 columns wide
+once the name and what uses them are left out."""
+
+
 def list_nodes(*, output: Output = "table", connection: ConnectionFlags | None = None) -> int:
     """Every node the log knows: connection, cordon and drain, GPUs (healthy and free), how
     many replicas run there.
@@ -85,8 +101,11 @@ def list_nodes(*, output: Output = "table", connection: ConnectionFlags | None =
 def show_node(
     node_id: NodeId, /, *, output: Output = "table", connection: ConnectionFlags | None = None
 ) -> int:
-    """One node: its connection, labels, every GPU with its memory and health (and why
-    placement will not use it), its cordon or drain, the replicas on it.
+    """One node: its connection, labels, every GPU (its index and full UUID, as
+    `nvidia-smi -L` and the node's history name it) with its memory and health (and why
+    placement will not use it), its cordon or drain, the replicas on it. A terminal too
+    narrow for every column leaves out the GPUs' name, then what uses them, then their
+    UUID, and says so; `--output wide` shows them all.
 
     ```
     llmgw-cli node gpu-08
@@ -205,17 +224,11 @@ def print_node(node: NodeView, wide: bool = False) -> None:
     console = make_console()
     print_facts(facts, console)
     print_table(
-        (
-            Column("GPU", justify="right"),
-            Column("name"),
-            Column("memory used/total MiB", justify="right"),
-            Column("healthy"),
-            Column("used by", drop=1),
-            Column("excluded because", wrap=True),
-        ),
+        GPU_COLUMNS,
         (
             (
                 str(g.index),
+                g.uuid,
                 g.name,
                 f"{g.memory_used_mib}/{g.memory_total_mib}",
                 yes_no(g.healthy),

@@ -46,6 +46,8 @@ class ConnectionView(View, frozen=True, kw_only=True):
 
 class GpuView(View, frozen=True, kw_only=True):
     index: int
+    uuid: str = ""
+    """As ``nvidia-smi -L`` gives it; empty for a GPU the agent could not read it of."""
     name: str = ""
     memory_total_mib: int = 0
     memory_used_mib: int = 0

@@ -13,7 +13,7 @@ from rich.console import Console
 from cli.history import COLUMNS as HISTORY_COLUMNS
 from cli.keys import COLUMNS as KEY_COLUMNS
 from cli.models import MODEL_COLUMNS
-from cli.nodes import NODE_COLUMNS
+from cli.nodes import GPU_COLUMNS, NODE_COLUMNS
 from cli.placement import CANDIDATE_COLUMNS
 from cli.render import Column, print_table
 from cli.replicas import REPLICA_COLUMNS
@@ -22,6 +22,16 @@ NODES = [
     ("dev-node-1", "ready", "2/2", "1", "1", "127.0.0.1", "zone=us-east-1a, gpu=h100-80gb-sxm5"),
     ("gpu-node-with-a-long-name-07", "cordoned", "8/8", "8", "0", "gpu-07.internal", ""),
 ]
+NODE_GPUS = [
+    (
+        "0", "GPU-84bba079-31db-9253-06a0-799dc6ebd718", "NVIDIA H100 80GB HBM3", "70000/81559",
+        "yes", "llama-3-70b-0f3a", "used by replica llama-3-70b-0f3a",
+    ),
+    (
+        "1", "GPU-5f7b8d39-bead-44fe-9f31-b6ca4e96b119", "NVIDIA H100 80GB HBM3", "0/81559",
+        "no", "", "unhealthy: XID 79: GPU has fallen off the bus",
+    ),
+]  # fmt: skip
 MODELS = [("llama-3-70b-instruct", "2 (1 old)", "2/2", "2 serving, 3 stopped", "4", "vllm", "")]
 REPLICAS = [
     (
@@ -53,6 +63,7 @@ HISTORY = [
 
 TABLES = {
     "nodes": (NODE_COLUMNS, NODES),
+    "node GPUs": (GPU_COLUMNS, NODE_GPUS),
     "models": (MODEL_COLUMNS, MODELS),
     "replicas": (REPLICA_COLUMNS, REPLICAS),
     "explain-placement": (CANDIDATE_COLUMNS, CANDIDATES),
