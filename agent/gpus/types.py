@@ -25,7 +25,7 @@ class GpuStatus:
     unhealthy_reason: str | None = None
     xid: int | None = None
     listed: bool = True
-    """False for a GPU the source no longer lists, kept as last seen (``agent.runtime``)."""
+    """False for a GPU the source no longer lists, kept as last seen (``agent.gpu_reports``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -4,7 +4,7 @@ NVML numbers GPUs in the order it finds them, so after one falls off the bus and
 driver is reloaded the same GPU can be listed under another index, and another GPU under
 its old one. Two GPUs are the same GPU when their UUIDs are equal; when either has no UUID
 (a GPU the agent could never read lists none), the index is all there is to go by, as the
-agent does (``agent.runtime``).
+agent does (``agent.gpu_reports``).
 """
 
 from __future__ import annotations

@@ -26,17 +26,14 @@ from agent.connection import Backoff, Failure, classify_close, classify_failure
 from agent.engines import ShardChange, ShardRecord, ShardState
 from agent.engines.supervisor import FAILED_KEPT
 from agent.gpu_inventory import gpu_inventory, inventory_change
-from agent.gpus import GpuSnapshot, GpuStatus
-from agent.runtime import (
+from agent.gpu_reports import (
     VANISHED_GPU_REASON,
-    build_hello,
     gpu_health_changes,
     gpu_report,
-    shard_spec,
-    shard_status,
-    start_refusal,
     with_vanished_gpus,
 )
+from agent.gpus import GpuSnapshot, GpuStatus
+from agent.runtime import build_hello, shard_spec, shard_status, start_refusal
 from app.hub.claims import MAX_SHARDS_PER_NODE, inventory_refusal
 from app.pki import (
     build_ca,

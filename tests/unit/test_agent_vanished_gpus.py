@@ -17,8 +17,9 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from agent.config import AgentConfig, ServerAddress
+from agent.gpu_reports import VANISHED_GPU_REASON, with_vanished_gpus
 from agent.gpus import GpuSnapshot, GpuStatus
-from agent.runtime import VANISHED_GPU_REASON, AgentRuntime, with_vanished_gpus
+from agent.runtime import AgentRuntime
 from app.hub.claims import inventory_refusal
 from wire.messages import MAX_MESSAGE_BYTES, Hello, decode_from_agent
 

@@ -14,9 +14,10 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from agent.config import AgentConfig, ServerAddress
+from agent.gpu_reports import gpu_report
 from agent.gpus import FakeGpuSource, GpuStatus
 from agent.reports import json_bytes
-from agent.runtime import AgentRuntime, HelloTooLarge, gpu_report, start_refusal
+from agent.runtime import AgentRuntime, HelloTooLarge, start_refusal
 from wire.messages import (
     MAX_GPU_REPORT_BYTES,
     MAX_GPUS_PER_NODE,
