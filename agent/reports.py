@@ -1,9 +1,13 @@
-"""What a hello may carry about each shard and GPU, in bytes, so that it always fits.
+"""What the agent reports about its shards, and what a hello may carry, in bytes.
 
-A hello lists every shard the agent keeps and every GPU. If it grew past the message
-limit the control plane could not read it, and the node could never connect again to be
-told to stop anything. ``wire.messages`` gives each shard and each GPU a share of the
-limit; here the agent measures a shard before starting it, and cuts a GPU's texts to fit.
+A hello lists every shard the agent keeps (a ``ShardReport`` each), a heartbeat every
+shard's state, and each change of a shard goes out as a ``shard_status``: the conversions
+from the supervisor's records and changes are here.
+
+If a hello grew past the message limit the control plane could not read it, and the node
+could never connect again to be told to stop anything. ``wire.messages`` gives each shard
+and each GPU a share of the limit; here the agent measures a shard before starting it
+(``unreportable_refusal``), and cuts a GPU's texts to fit (``fit_text``).
 
 Sizes are measured as the JSON that goes out: a character may take up to six bytes there
 (a control character is escaped as ``\\u001f``), so counting characters is not enough.
@@ -15,14 +19,18 @@ from datetime import datetime, timedelta, timezone
 
 import msgspec
 
+from agent.engines import ShardChange, ShardRecord, ShardState
 from wire.messages import (
+    MAX_LISTED,
     MAX_PID,
     MAX_SHARD_REPORT_BYTES,
     MAX_TEXT_CHARS,
+    HeartbeatShard,
     ShardReport,
-    ShardState,
     StartShard,
 )
+from wire.messages import ShardState as WireShardState
+from wire.messages import ShardStatus as WireShardStatus
 
 MAX_GPU_UUID_BYTES = 128
 MAX_GPU_NAME_BYTES = 256
@@ -35,14 +43,39 @@ too, which the wire checks). With the rest of a ``GpuReport`` they stay within
 # The longest a report's own fields can be: a ten-digit pid, the longest state, and a
 # start time with microseconds and a UTC offset.
 _LONGEST_PID = MAX_PID
-_LONGEST_STATE: ShardState = "starting"
+_LONGEST_STATE: WireShardState = "starting"
 _LONGEST_START = datetime(2000, 1, 1, 0, 0, 0, 1, tzinfo=timezone(timedelta(hours=-12)))
 
 _encoder = msgspec.json.Encoder()
 
+_WIRE_STATES: dict[ShardState, WireShardState] = {
+    ShardState.STARTING: "starting",
+    ShardState.READY: "ready",
+    ShardState.FAILED: "failed",
+    ShardState.STOPPED: "stopped",
+}
+
 
 def json_bytes(value: object) -> int:
     return len(_encoder.encode(value))
+
+
+def unreportable_refusal(command: StartShard) -> str | None:
+    """Why the shard's reports could not be carried to the control plane (``ShardReport``
+    bounds what a ``start_shard`` does not), or None. Started anyway, every hello would
+    list a shard the control plane cannot decode: the node could never connect again, nor
+    be told to stop the engine."""
+    if command.shard_index >= MAX_LISTED:
+        return (
+            f"shard index {command.shard_index} is beyond what this agent can report "
+            f"(at most {MAX_LISTED - 1})"
+        )
+    if len(command.model) > MAX_TEXT_CHARS:
+        return (
+            f"a model name of {len(command.model)} characters is longer than this agent can "
+            f"report ({MAX_TEXT_CHARS})"
+        )
+    return shard_report_refusal(command)
 
 
 def shard_report_refusal(command: StartShard) -> str | None:
@@ -79,3 +112,43 @@ def fit_text(text: str, max_bytes: int) -> str:
         else:
             high = middle
     return text[:low]
+
+
+def shard_report(record: ShardRecord) -> ShardReport:
+    return ShardReport(
+        replica_id=record.replica_id,
+        shard_index=record.shard_index,
+        model=record.model,
+        port=record.port,
+        gpus=record.gpus,
+        pid=record.pid,
+        state=_WIRE_STATES[record.state],
+        started_at=record.started_at,
+    )
+
+
+def heartbeat_shard(record: ShardRecord) -> HeartbeatShard:
+    return HeartbeatShard(
+        replica_id=record.replica_id,
+        shard_index=record.shard_index,
+        state=_WIRE_STATES[record.state],
+    )
+
+
+def shard_status(change: ShardChange, command_id: str | None) -> WireShardStatus | None:
+    """The wire status for a supervisor change; None for a shard the agent never knew (a
+    stop of an unknown shard has no port to report: its command result says enough)."""
+    if change.port is None:
+        return None
+    return WireShardStatus(
+        replica_id=change.replica_id,
+        shard_index=change.shard_index,
+        state=_WIRE_STATES[change.state],
+        pid=change.pid,
+        port=change.port,
+        error=change.error,
+        exit_code=change.exit_code,
+        log_tail=change.log_tail,
+        command_id=command_id,
+        reason=change.reason,
+    )

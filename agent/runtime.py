@@ -5,7 +5,8 @@ the GPU health changes no heartbeat has carried yet, the engine supervisor and t
 ledger. The reconnect loop hands it each WebSocket (``serve``); it drives one
 ``ServerSession`` over it, carries out the session's outputs in order, and converts between
 the wire messages and the supervisor's and GPU source's own types: the GPU snapshot in
-``agent.gpu_reports``, the shards in the pure functions at the top of this module.
+``agent.gpu_reports``, the shard reports in ``agent.reports``, and here what a start command
+needs (``start_refusal``, ``shard_spec``) and the hello.
 
 Engines never depend on the connection: they keep running while the agent is disconnected
 and after it exits, and the next ``hello`` lists every one of them.
@@ -46,7 +47,7 @@ from agent.gpu_reports import (
     with_vanished_gpus,
 )
 from agent.gpus import GpuSnapshot, GpuSource, GpuStatus
-from agent.reports import shard_report_refusal
+from agent.reports import heartbeat_shard, shard_report, shard_status, unreportable_refusal
 from agent.session import (
     Close,
     CommandLedger,
@@ -60,24 +61,18 @@ from agent.turns import Turns
 from wire.errors import MessageTooLarge
 from wire.messages import (
     MAX_ERROR_CHARS,
-    MAX_LISTED,
     MAX_SHARDS_PER_NODE,
-    MAX_TEXT_CHARS,
     PROTOCOL_VERSION,
     AgentCommand,
     CloseCode,
     CommandResult,
     GpuHealthChange,
-    HeartbeatShard,
     Hello,
-    ShardReport,
     StartShard,
     StopShard,
     encode,
     fit_close_reason,
 )
-from wire.messages import ShardState as WireShardState
-from wire.messages import ShardStatus as WireShardStatus
 from wire.version import llmgw_version
 
 log = structlog.get_logger("llmgw.agent")
@@ -94,55 +89,9 @@ next hello, and a hello that lists more than ``MAX_SHARDS_PER_NODE`` is refused,
 node could never connect again to be told to stop any of them."""
 
 _RUNNING = frozenset({ShardState.STARTING, ShardState.READY})
-_WIRE_STATES: dict[ShardState, WireShardState] = {
-    ShardState.STARTING: "starting",
-    ShardState.READY: "ready",
-    ShardState.FAILED: "failed",
-    ShardState.STOPPED: "stopped",
-}
 
 
-# -- conversions -------------------------------------------------------------------------
-
-
-def shard_report(record: ShardRecord) -> ShardReport:
-    return ShardReport(
-        replica_id=record.replica_id,
-        shard_index=record.shard_index,
-        model=record.model,
-        port=record.port,
-        gpus=record.gpus,
-        pid=record.pid,
-        state=_WIRE_STATES[record.state],
-        started_at=record.started_at,
-    )
-
-
-def heartbeat_shard(record: ShardRecord) -> HeartbeatShard:
-    return HeartbeatShard(
-        replica_id=record.replica_id,
-        shard_index=record.shard_index,
-        state=_WIRE_STATES[record.state],
-    )
-
-
-def shard_status(change: ShardChange, command_id: str | None) -> WireShardStatus | None:
-    """The wire status for a supervisor change; None for a shard the agent never knew (a
-    stop of an unknown shard has no port to report: its command result says enough)."""
-    if change.port is None:
-        return None
-    return WireShardStatus(
-        replica_id=change.replica_id,
-        shard_index=change.shard_index,
-        state=_WIRE_STATES[change.state],
-        pid=change.pid,
-        port=change.port,
-        error=change.error,
-        exit_code=change.exit_code,
-        log_tail=change.log_tail,
-        command_id=command_id,
-        reason=change.reason,
-    )
+# -- start commands and the hello --------------------------------------------------------
 
 
 def shard_spec(command: StartShard) -> ShardSpec:
@@ -167,7 +116,7 @@ def start_refusal(
 ) -> str | None:
     """Why this node cannot run the shard as asked, or None when it can. ``shards``: the
     supervisor's inventory; the port of one that runs (another shard's) is taken."""
-    unreportable = _unreportable(command)
+    unreportable = unreportable_refusal(command)
     if unreportable is not None:
         return unreportable
     low, high = port_range
@@ -194,24 +143,6 @@ def start_refusal(
     if len(others) >= MAX_RUNNING_SHARDS:
         return f"this node already runs {len(others)} shards, the most it can report"
     return None
-
-
-def _unreportable(command: StartShard) -> str | None:
-    """Why the shard's reports could not be carried to the control plane (``ShardReport``
-    bounds what a ``start_shard`` does not), or None. Started anyway, every hello would
-    list a shard the control plane cannot decode: the node could never connect again, nor
-    be told to stop the engine."""
-    if command.shard_index >= MAX_LISTED:
-        return (
-            f"shard index {command.shard_index} is beyond what this agent can report "
-            f"(at most {MAX_LISTED - 1})"
-        )
-    if len(command.model) > MAX_TEXT_CHARS:
-        return (
-            f"a model name of {len(command.model)} characters is longer than this agent can "
-            f"report ({MAX_TEXT_CHARS})"
-        )
-    return shard_report_refusal(command)
 
 
 def build_hello(

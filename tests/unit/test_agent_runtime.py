@@ -33,7 +33,8 @@ from agent.gpu_reports import (
     with_vanished_gpus,
 )
 from agent.gpus import GpuSnapshot, GpuStatus
-from agent.runtime import build_hello, shard_spec, shard_status, start_refusal
+from agent.reports import shard_status
+from agent.runtime import build_hello, shard_spec, start_refusal
 from app.hub.claims import MAX_SHARDS_PER_NODE, inventory_refusal
 from app.pki import (
     build_ca,
