@@ -18,7 +18,6 @@ from cyclopts import Parameter, validators
 
 from cli.arguments import UsageError, whole_number
 from cli.client import (
-    NEWEST,
     UNREADABLE,
     AdminClient,
     AdminUnreachable,
@@ -29,6 +28,7 @@ from cli.client import (
 )
 from cli.config import ConnectionFlags
 from cli.history import COLUMNS, event_row
+from cli.history_pages import NEWEST
 from cli.operator import ADMIN, Output, OutputFormat, call, run_command
 from cli.render import (
     EXIT_OK,
@@ -41,6 +41,7 @@ from cli.render import (
     warn,
 )
 from cli.sse import SseParser
+from cli.streamed_lines import stream_lines
 from cli.views import EventsPage
 
 EVENTS_PATH = f"{ADMIN}/events"
@@ -166,7 +167,8 @@ def _follow(client: AdminClient, position: int, output: OutputFormat) -> None:
     while True:
         parser = SseParser()
         try:
-            for line in client.stream_lines(
+            for line in stream_lines(
+                client,
                 EVENTS_PATH,
                 {"since": position},
                 headers={"accept": "text/event-stream"},

@@ -11,8 +11,9 @@ from typing import Annotated, Literal
 from cyclopts import App, Parameter, validators
 
 from cli.arguments import UsageError, whole_number
-from cli.client import NEWEST, AdminClient, ClientError, EventView, HistoryEvent
+from cli.client import AdminClient, ClientError, EventView
 from cli.config import ConfigError, ConnectionFlags, resolve_settings
+from cli.history_pages import NEWEST, HistoryEvent, history
 from cli.render import (
     EXIT_FAILED,
     EXIT_OK,
@@ -193,7 +194,7 @@ def show_history(
         return EXIT_USAGE
     try:
         with AdminClient(settings) as client:
-            events = client.history(subject, key, after=after, limit=limit)
+            events = history(client, subject, key, after=after, limit=limit)
     except UsageError as exc:
         print_error(command, str(exc))
         return EXIT_USAGE

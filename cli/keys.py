@@ -12,9 +12,11 @@ from typing import Annotated, Literal
 
 from cyclopts import App, Parameter, validators
 
+from cli import key_requests
 from cli.arguments import UsageError, duration, filled, moment, whole_number
-from cli.client import AdminClient, ClientError, KeyView
+from cli.client import AdminClient, ClientError
 from cli.config import ConfigError, ConnectionFlags, resolve_settings
+from cli.key_requests import KeyView
 from cli.render import (
     EXIT_FAILED,
     EXIT_OK,
@@ -145,7 +147,7 @@ def create_key(
         return EXIT_USAGE
 
     def create(client: AdminClient) -> int:
-        reply = client.create_key(name, scope, rpm=rpm, tpm=tpm, expires_at=until)
+        reply = key_requests.create_key(client, name, scope, rpm=rpm, tpm=tpm, expires_at=until)
         if output == "json":
             print_json(reply.raw)
         else:
@@ -183,7 +185,7 @@ def list_keys(
     """
 
     def show(client: AdminClient) -> int:
-        listed = client.list_keys()
+        listed = key_requests.list_keys(client)
         kept = [key for key in listed if not (live and _state(key.view) != "live")]
         if output == "json":
             print_json_array(key.raw for key in kept)
@@ -221,7 +223,7 @@ def revoke_key(
         return EXIT_USAGE
 
     def revoke(client: AdminClient) -> int:
-        reply = client.revoke_key(prefix_or_name)
+        reply = key_requests.revoke_key(client, prefix_or_name)
         if output == "json":
             print_json(reply.raw)
             return EXIT_OK

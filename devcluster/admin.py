@@ -10,13 +10,15 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from cli.client import AdminClient
+from cli.key_requests import create_key, list_keys, revoke_key
 from cli.operator import get_model, get_nodes, get_replicas, put_model
+from cli.readiness import readiness
 from cli.views import ModelSpecView
 
 
 def leads(admin: AdminClient) -> bool:
-    readiness = admin.readiness()
-    return readiness.ready and readiness.role == "leader"
+    answer = readiness(admin)
+    return answer.ready and answer.role == "leader"
 
 
 def nodes_connected(admin: AdminClient, nodes: Collection[str]) -> bool:
@@ -58,7 +60,7 @@ def api_key(admin: AdminClient, path: Path, *, name: str, models: list[str]) -> 
     """The API key stored at ``path`` (mode 0600) while it is live; else a new one for
     ``models``, created through the admin API (a live key of the same name, whose secret
     was lost with the file, is revoked first)."""
-    keys = [key.view for key in admin.list_keys()]
+    keys = [key.view for key in list_keys(admin)]
     live = {key.prefix: key for key in keys if not key.revoked}
     if path.exists():
         stored = path.read_text().strip()
@@ -66,8 +68,8 @@ def api_key(admin: AdminClient, path: Path, *, name: str, models: list[str]) -> 
             return stored
     for key in live.values():
         if key.name == name:
-            admin.revoke_key(key.prefix)
-    created = admin.create_key(name, models).value.key
+            revoke_key(admin, key.prefix)
+    created = create_key(admin, name, models).value.key
     path.unlink(missing_ok=True)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as file:

@@ -40,6 +40,7 @@ from cli.render import (
     text,
     warn,
 )
+from cli.tuning import tune
 
 REPORT_FILE = "bench.json"
 CHART_FILE = "bench.png"
@@ -145,7 +146,8 @@ def _apply(
     replica_id = target.replica_id if apply_to == "replica" else None
     try:
         with AdminClient(settings) as client:
-            result = client.tune(
+            result = tune(
+                client,
                 model,
                 weight=recommendation.weight,
                 target_waiting=recommendation.target_waiting,

@@ -1,5 +1,5 @@
 """Applying bench results over the admin API, as ``llmgw-cli bench`` does through
-``AdminClient.tune``: the event in the operator's name, the ``routing_table`` view the
+``cli.tuning.tune``: the event in the operator's name, the ``routing_table`` view the
 gateways read, and refusals that name the field and write nothing."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from app.store.database import connection
 from app.store.postgres import PostgresEventStore
 from cli.client import AdminClient, ApiProblem
 from cli.config import ConnectionSettings
+from cli.tuning import tune
 from tests.support.admin_server import (
     last_position,
     seed_node,
@@ -157,8 +158,8 @@ async def test_the_cli_client_applies_bench_results_once(
     def tune_twice() -> list[bool]:
         with AdminClient(settings) as client:
             return [
-                client.tune(
-                    "llama", weight=3.0, target_waiting=7, kv_ceiling=0.85, summary=SUMMARY
+                tune(
+                    client, "llama", weight=3.0, target_waiting=7, kv_ceiling=0.85, summary=SUMMARY
                 ).changed
                 for _ in range(2)
             ]
@@ -173,7 +174,7 @@ async def test_the_cli_client_reports_a_refusal_with_its_fields(admin_url: str) 
 
     def tune_badly() -> None:
         with AdminClient(settings) as client:
-            client.tune("llama", weight=-1, target_waiting=7, kv_ceiling=0.85)
+            tune(client, "llama", weight=-1, target_waiting=7, kv_ceiling=0.85)
 
     with pytest.raises(ApiProblem) as refused:
         await asyncio.to_thread(tune_badly)
@@ -194,7 +195,7 @@ async def test_settings_bench_measured_on_a_revision_the_model_left_are_refused(
 
     def tune_at(revision: int) -> bool:
         with AdminClient(settings) as client:
-            return client.tune(model, **MEASURED, summary=SUMMARY, revision=revision).changed
+            return tune(client, model, **MEASURED, summary=SUMMARY, revision=revision).changed
 
     with pytest.raises(ApiProblem) as refused:
         await asyncio.to_thread(tune_at, 1)

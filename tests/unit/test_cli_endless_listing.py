@@ -13,9 +13,12 @@ from urllib.parse import parse_qs, urlsplit
 import msgspec
 import pytest
 
-import cli.client
+import cli.history_pages
+import cli.key_requests
+import cli.paging
 from cli.config import ConnectionFlags
 from cli.history import node_history
+from cli.history_pages import NEWEST
 from cli.keys import list_keys
 from tests.support.stub_admin import StubHandler, listed_event, listed_key, stub_admin_api
 
@@ -25,9 +28,9 @@ GIVES_UP_AFTER = 20
 
 @pytest.fixture(autouse=True)
 def few_pages(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli.client, "MAX_PAGES", MAX_PAGES, raising=False)
-    monkeypatch.setattr(cli.client, "KEYS_PAGE_SIZE", 2)
-    monkeypatch.setattr(cli.client, "HISTORY_PAGE_SIZE", 2)
+    monkeypatch.setattr(cli.paging, "MAX_PAGES", MAX_PAGES)
+    monkeypatch.setattr(cli.key_requests, "KEYS_PAGE_SIZE", 2)
+    monkeypatch.setattr(cli.history_pages, "HISTORY_PAGE_SIZE", 2)
 
 
 class Counting(StubHandler):
@@ -112,8 +115,8 @@ def history(limit: int | None) -> Callable[[str], int]:
         (EndlessHistory, history(100), "was still sending history pages after 3 of them"),
         (StuckHistory, history(None), "whose next_after (0) does not move on from the after "
          "asked for (0)"),
-        (StuckHistory, history(100), f"whose next_before ({cli.client.NEWEST}) does not move "
-         f"on from the before asked for ({cli.client.NEWEST})"),
+        (StuckHistory, history(100), f"whose next_before ({NEWEST}) does not move "
+         f"on from the before asked for ({NEWEST})"),
     ],
     ids=["keys", "history", "history-limit", "history-stuck", "history-limit-stuck"],
 )  # fmt: skip

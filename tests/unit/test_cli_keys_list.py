@@ -12,7 +12,7 @@ from urllib.parse import parse_qs, urlsplit
 import msgspec
 import pytest
 
-import cli.client
+import cli.key_requests
 from cli.config import ConnectionFlags
 from cli.keys import list_keys
 from tests.support.stub_admin import StubHandler, listed_key, stub_admin_api
@@ -104,7 +104,7 @@ def test_a_key_created_while_a_server_older_than_paging_answers_is_listed(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Before, the second answer was dropped once it repeated a key: key-2 went unlisted.
-    monkeypatch.setattr(cli.client, "KEYS_PAGE_SIZE", 2)
+    monkeypatch.setattr(cli.key_requests, "KEYS_PAGE_SIZE", 2)
     OlderThanPagingGrowing.answers = 0
     with stub_admin_api(OlderThanPagingGrowing, monkeypatch) as url:
         ids = listed_ids(capsys, url)
@@ -143,7 +143,7 @@ def test_a_page_repeating_a_key_listed_already_fails_the_listing(
 ) -> None:
     # Before, a page repeating a key ended the listing as if it were whole (exit 0): from a
     # server that pages from the key asked for, every key after the second went unlisted.
-    monkeypatch.setattr(cli.client, "KEYS_PAGE_SIZE", 3 if handler is KeyTwiceInAPage else 2)
+    monkeypatch.setattr(cli.key_requests, "KEYS_PAGE_SIZE", 3 if handler is KeyTwiceInAPage else 2)
     with stub_admin_api(handler, monkeypatch) as url:
         code = list_keys(output="json", connection=ConnectionFlags(admin_url=url))
 

@@ -24,6 +24,8 @@ from cli.config import ConnectionFlags, ConnectionSettings
 from cli.events import events
 from cli.nodes import list_nodes
 from cli.operator import OutputFormat
+from cli.readiness import readiness
+from cli.streamed_lines import stream_lines
 from tests.support.stub_admin import POLL_S, StubHandler, stub_admin_api
 
 WRONG_EVENT = b'{"weird": 1}'
@@ -249,8 +251,8 @@ def test_follow_refuses_a_streamed_event_past_the_bound_in_one_line(
     "read",
     [
         lambda client: client.request("GET", "/admin/v1/nodes"),
-        lambda client: client.readiness(),
-        lambda client: list(client.stream_lines("/admin/v1/events", {"since": 0})),
+        readiness,
+        lambda client: list(stream_lines(client, "/admin/v1/events", {"since": 0})),
     ],
     ids=["an-answer", "readiness", "an-event-of-endless-short-lines"],
 )

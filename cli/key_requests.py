@@ -1,0 +1,148 @@
+"""The admin API's keys as llmgw-cli asks for them: create one, list them all page after
+page (never trusting a listing that repeats itself), revoke one."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Generic, TypeVar
+
+import msgspec
+
+from cli.arguments import segment
+from cli.client import AdminClient, RepeatingListing, decode
+from cli.paging import check_page_count
+
+KEYS_PAGE_SIZE = 500
+
+_T = TypeVar("_T")
+
+
+class KeyView(msgspec.Struct, frozen=True, kw_only=True):
+    """An API key as ``/admin/v1/keys`` lists it (never its secret)."""
+
+    id: str
+    prefix: str
+    name: str
+    models: list[str] = []
+    """``["*"]`` when the key may use every model."""
+    rpm: int | None = None
+    tpm: int | None = None
+    created_at: datetime
+    created_by: str = ""
+    revoked: bool = False
+    revoked_at: datetime | None = None
+    revoked_by: str | None = None
+    expires_at: datetime | None = None
+    """None: the key never expires (or the server is older than expiring keys)."""
+    expired: bool = False
+    """Whether the key had expired by the server's clock when it answered."""
+
+
+class KeyCreated(KeyView, frozen=True, kw_only=True):
+    key: str
+    """The whole key: the server shows it this once."""
+
+
+class KeyChange(msgspec.Struct, frozen=True, kw_only=True):
+    changed: bool
+    key: KeyView
+
+
+@dataclass(frozen=True)
+class KeyReply(Generic[_T]):
+    """A keys answer, decoded and as it came (``--output json`` prints ``raw``)."""
+
+    value: _T
+    raw: bytes
+
+
+@dataclass(frozen=True)
+class ListedKey:
+    view: KeyView
+    raw: msgspec.Raw
+    """The key exactly as the API sent it (``--output json`` prints these)."""
+
+
+_key_created_decoder = msgspec.json.Decoder(KeyCreated)
+_key_decoder = msgspec.json.Decoder(KeyView)
+_raw_list_decoder = msgspec.json.Decoder(list[msgspec.Raw])
+_key_change_decoder = msgspec.json.Decoder(KeyChange)
+
+
+def create_key(
+    client: AdminClient,
+    name: str,
+    models: list[str],
+    *,
+    rpm: int | None = None,
+    tpm: int | None = None,
+    expires_at: datetime | None = None,
+) -> KeyReply[KeyCreated]:
+    """A new API key scoped to ``models`` (``["*"]``: every model) that works until
+    ``expires_at`` (None: until revoked); the answer holds the whole key, which the
+    server never shows again."""
+    body: dict[str, object] = {"name": name, "models": models, "rpm": rpm, "tpm": tpm}
+    if expires_at is not None:  # left out otherwise: a server older than it refuses it
+        body["expires_at"] = expires_at
+    raw = client.request("POST", "/admin/v1/keys", body=body)
+    return KeyReply(decode(_key_created_decoder, raw, "new key"), raw)
+
+
+def list_keys(client: AdminClient) -> list[ListedKey]:
+    """Every API key, oldest first, read page after page, each with its JSON as the API
+    sent it."""
+    keys: list[ListedKey] = []
+    seen: set[str] = set()
+    params: dict[str, int | str] = {"limit": KEYS_PAGE_SIZE}
+    for pages in itertools.count(1):
+        check_page_count(client, pages, "key list", KEYS_PAGE_SIZE, "keys")
+        page = _key_page(client, params)
+        if pages == 2 and _ids(page[: len(keys)]) == _ids(keys):
+            # A server older than paging answers every key to every request, so its first
+            # answer of a whole page's length is followed by the same keys again (and any
+            # created since): this answer is every key.
+            return page
+        if (repeated := _first_repeated(page, seen)) is not None:
+            raise RepeatingListing(
+                f"the admin API at {client.settings.admin_url} sent a key list page that "
+                f"repeats key {repeated}, listed already: the listing cannot be trusted "
+                "to be whole; it is not the llmgw admin API, or it is broken"
+            )
+        keys += page
+        if len(page) != KEYS_PAGE_SIZE:
+            break
+        params = {"limit": KEYS_PAGE_SIZE, "after": page[-1].view.id}
+    return keys
+
+
+def _key_page(client: AdminClient, params: Mapping[str, int | str]) -> list[ListedKey]:
+    """One page of the key list: its array is split into keys as sent, and each decoded
+    once."""
+    raw = client.request("GET", "/admin/v1/keys", params=params)
+    return [
+        ListedKey(decode(_key_decoder, key, "key list"), key)
+        for key in decode(_raw_list_decoder, raw, "key list")
+    ]
+
+
+def revoke_key(client: AdminClient, prefix_or_name: str) -> KeyReply[KeyChange]:
+    path = f"/admin/v1/keys/{segment(prefix_or_name, 'the key prefix or name')}"
+    raw = client.request("DELETE", path)
+    return KeyReply(decode(_key_change_decoder, raw, "revoked key"), raw)
+
+
+def _ids(keys: list[ListedKey]) -> list[str]:
+    return [key.view.id for key in keys]
+
+
+def _first_repeated(page: list[ListedKey], seen: set[str]) -> str | None:
+    """The id of the first key of ``page`` that ``seen`` or ``page`` itself holds already,
+    None when there is none; ``seen`` takes the ids up to it."""
+    for key in page:
+        if key.view.id in seen:
+            return key.view.id
+        seen.add(key.view.id)
+    return None
