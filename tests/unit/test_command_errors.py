@@ -61,7 +61,7 @@ def ended(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[object, 
             "llmgw-server projections rebuild: --output is text or json, not 'xml'",
         ),
         (
-            ["gateway", "--database-url", UNREACHABLE, "--engine-networks", "10.0.0.0/33"],
+            ["gateway", "--database-url", UNREACHABLE, "--engine-networks", "127.0.0.0/33"],
             1,
             "llmgw-server gateway: --engine-networks: ",
         ),

@@ -25,7 +25,7 @@ def lease_on(replica: ReplicaState, capacity: CapacityReturn) -> Lease:
 
 def test_a_lease_counts_its_request_and_reserves_a_place_until_its_first_byte() -> None:
     capacity = FreedCapacity()
-    replica = ReplicaState(Route(replica_id="r1", model="m", url="http://10.0.0.7:8001"))
+    replica = ReplicaState(Route(replica_id="r1", model="m", url="http://127.0.0.7:8001"))
 
     lease = lease_on(replica, capacity)
     assert (replica.in_flight, replica.reserved) == (1, 1)
@@ -38,7 +38,7 @@ def test_a_lease_counts_its_request_and_reserves_a_place_until_its_first_byte() 
 
 def test_releasing_a_lease_gives_its_room_back_once() -> None:
     capacity = FreedCapacity()
-    replica = ReplicaState(Route(replica_id="r1", model="m", url="http://10.0.0.7:8001"))
+    replica = ReplicaState(Route(replica_id="r1", model="m", url="http://127.0.0.7:8001"))
     lease = lease_on(replica, capacity)
 
     lease.release()
