@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from agent.gpus import GpuStatus
-from agent.reports import MAX_GPU_UUID_BYTES, fit_text
+from agent.reports import wire_uuid
 
 DUPLICATE_UUID_REASON = (
     "listed with the UUID of another GPU: which of the two has it cannot be told"
@@ -64,7 +64,7 @@ def without_duplicate_gpus(
     holders: dict[str, int] = {}  # a UUID as the hello carries it -> the position of its GPU
     for position in sorted(listed, key=lambda p: _claim_to_its_uuid(gpus[p])):
         gpu = gpus[position]
-        uuid = _wire_uuid(gpu)
+        uuid = wire_uuid(gpu.uuid)
         holder = holders.setdefault(uuid, position) if uuid else position
         if holder != position:
             duplicates.append(
@@ -82,7 +82,3 @@ def without_duplicate_gpus(
 
 def _claim_to_its_uuid(gpu: GpuStatus) -> tuple[bool, bool, int]:
     return (not gpu.listed, not gpu.healthy, gpu.index)
-
-
-def _wire_uuid(gpu: GpuStatus) -> str:
-    return fit_text(gpu.uuid, MAX_GPU_UUID_BYTES)

@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agent.gpus import GpuStatus
-from agent.reports import MAX_GPU_UUID_BYTES, fit_text
+from agent.reports import wire_uuid
 
 GpuInventory = frozenset[tuple[int, str]]
 """Which GPUs a node has: each one's index and UUID, as its hello lists them."""
 
 
 def gpu_inventory(gpus: Sequence[GpuStatus]) -> GpuInventory:
-    return frozenset((gpu.index, fit_text(gpu.uuid, MAX_GPU_UUID_BYTES)) for gpu in gpus)
+    return frozenset((gpu.index, wire_uuid(gpu.uuid)) for gpu in gpus)
 
 
 def inventory_change(said: GpuInventory, now: GpuInventory) -> str | None:

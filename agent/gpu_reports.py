@@ -14,25 +14,20 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from agent.gpus import GpuSnapshot, GpuStatus
-from agent.reports import MAX_GPU_NAME_BYTES, MAX_GPU_REASON_BYTES, MAX_GPU_UUID_BYTES, fit_text
+from agent.reports import MAX_GPU_NAME_BYTES, MAX_GPU_REASON_BYTES, fit_text, wire_uuid
 from wire.messages import MAX_XID, GpuHealthChange, GpuReport
 
 
 def gpu_report(gpu: GpuStatus) -> GpuReport:
     return GpuReport(
         index=gpu.index,
-        uuid=_wire_uuid(gpu.uuid),
+        uuid=wire_uuid(gpu.uuid),
         name=fit_text(gpu.name, MAX_GPU_NAME_BYTES),
         memory_total_mib=gpu.memory_total_mib,
         memory_used_mib=gpu.memory_used_mib,
         healthy=gpu.healthy,
         unhealthy_reason=_wire_text(gpu.unhealthy_reason),
     )
-
-
-def _wire_uuid(uuid: str) -> str:
-    """The UUID as the hello lists it, and so as every health change must name it."""
-    return fit_text(uuid, MAX_GPU_UUID_BYTES)
 
 
 def _wire_text(text: str | None) -> str | None:
@@ -50,7 +45,7 @@ def gpu_health_changes(
     return [
         GpuHealthChange(
             index=gpu.index,
-            uuid=_wire_uuid(gpu.uuid),
+            uuid=wire_uuid(gpu.uuid),
             healthy=gpu.healthy,
             reason=_wire_text(gpu.unhealthy_reason),
             xid=gpu.xid if gpu.xid is not None and 0 <= gpu.xid <= MAX_XID else None,

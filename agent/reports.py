@@ -114,6 +114,12 @@ def fit_text(text: str, max_bytes: int) -> str:
     return text[:low]
 
 
+def wire_uuid(uuid: str) -> str:
+    """A GPU's UUID as a hello lists it, and so as every health change must name it and as
+    the control plane compares it (cut to ``MAX_GPU_UUID_BYTES``)."""
+    return fit_text(uuid, MAX_GPU_UUID_BYTES)
+
+
 def shard_report(record: ShardRecord) -> ShardReport:
     return ShardReport(
         replica_id=record.replica_id,
