@@ -1,7 +1,7 @@
 """Everything llmgw-cli writes goes out through here: tables and lines for people (rich),
 JSON for scripts, one-line errors on stderr.
 
-Much of what it shows was written by others: GPU names, labels and reasons that nodes
+Much of what it shows was written by others: GPU names and UUIDs, labels and reasons that nodes
 report, engines' logs and errors, actors, the server's error messages. A terminal acts on
 control characters in it: ``ESC ] 0 ;`` sets its title, ``ESC [ 2 J`` clears the screen,
 ``CR`` goes back over a line, U+202E reverses what follows. So every character a terminal
