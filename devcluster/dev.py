@@ -56,7 +56,13 @@ from devcluster.errors import ChildExited, DevDatabaseError, DevError, NotReady
 from devcluster.next_steps import CHAT_BODY, Where, next_steps
 from devcluster.orchestrator import Processes
 from devcluster.pki import ClusterPki, issue_pki
-from devcluster.ports import LOOPBACK, EnginePortBlock, claim_engine_ports, port_is_free
+from devcluster.ports import (
+    BLOCK_PORTS,
+    LOOPBACK,
+    EnginePortBlock,
+    claim_engine_ports,
+    port_is_free,
+)
 from devcluster.postgres import LocalPostgres
 from devcluster.programs import AgentCommand, ServeCommand
 from devcluster.readiness import wait_for
@@ -137,6 +143,15 @@ class DevCluster:
         spec = self._model_spec()
         options.logs.mkdir(parents=True, exist_ok=True)
         engine_ports = self.engine_ports = claim_engine_ports(options.state_dir)
+        if engine_ports.moved_from is not None:
+            old, new = engine_ports.moved_from, engine_ports.first
+            _announce(
+                f"llmgw-dev: warning: engine ports {old}-{old + BLOCK_PORTS - 1} of "
+                f"{options.state_dir} are held by another running llmgw-dev; this run's "
+                f"engines take {new}-{new + BLOCK_PORTS - 1}, so replicas placed on the old "
+                "ports cannot start where they were placed",
+                sys.stderr,
+            )
         self._progress("preparing the database (PostgreSQL, migrations)")
         database = prepare_database(options.state_dir, _configured_database_url())
         self.postgres = database.postgres

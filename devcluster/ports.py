@@ -13,12 +13,17 @@ same ranges, and the engines a killed run left behind are adopted where they lis
 While dev runs it holds the block's claim: an abstract Unix socket named after it, which
 no other process on this machine (of any user) can bind meanwhile, and which the kernel
 releases however dev ends. A state directory without a block takes the first one that no
-running dev claims and on which nothing listens.
+running dev claims and on which nothing listens, looking first where the state directory's
+path points (a hash of it), not at the lowest block: a block is claimed only while its dev
+runs, so a dev cluster stopped and started again would otherwise find its block taken by
+whichever new state directory started in between, and its agents on other ports than its
+replicas were placed on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import random
 import socket
 from dataclasses import dataclass, field
@@ -70,6 +75,8 @@ def listens(port: int, host: str = LOOPBACK) -> bool:
 class EnginePortBlock:
     first: int
     _claim: socket.socket
+    moved_from: int | None = None
+    """The block the state directory had recorded, when another running dev held it."""
 
     def node_range(self, index: int) -> tuple[int, int]:
         """The engine ports of the ``index``-th node, both ends included."""
@@ -92,18 +99,33 @@ def claim_engine_ports(state_dir: Path) -> EnginePortBlock:
         if claim is not None:
             # No check that its ports are free: engines of an earlier run may listen there.
             return EnginePortBlock(recorded, claim)
-    for first in range(FIRST_PORT, LAST_PORT + 1 - BLOCK_PORTS + 1, BLOCK_PORTS):
+    for first in _blocks_from(home_block(state_dir)):
         claim = _claim(first)
         if claim is None:
             continue
         if all(port_is_free(port) for port in range(first, first + BLOCK_PORTS)):
             path.write_text(f"{first}\n")
-            return EnginePortBlock(first, claim)
+            return EnginePortBlock(first, claim, moved_from=recorded)
         claim.close()
     raise EnginePortsUnavailable(
         f"every block of {BLOCK_PORTS} engine ports in {FIRST_PORT}-{LAST_PORT} is claimed "
         "by another running `llmgw-dev` or has a port in use"
     )
+
+
+def home_block(state_dir: Path) -> int:
+    """Where a new state directory looks for a block first: one of the blocks, picked by
+    its path, so that two state directories rarely look at the same block first."""
+    digest = hashlib.sha256(str(state_dir.resolve()).encode()).digest()
+    blocks = (LAST_PORT + 1 - FIRST_PORT) // BLOCK_PORTS
+    return FIRST_PORT + int.from_bytes(digest[:8], "big") % blocks * BLOCK_PORTS
+
+
+def _blocks_from(home: int) -> list[int]:
+    """Every block's first port, ``home`` first, then the ones after it, wrapping round."""
+    blocks = list(range(FIRST_PORT, LAST_PORT + 1 - BLOCK_PORTS + 1, BLOCK_PORTS))
+    at = blocks.index(home)
+    return blocks[at:] + blocks[:at]
 
 
 def _recorded(path: Path) -> int | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from devcluster.ports import BLOCK_FILE, BLOCK_PORTS, NODE_PORTS, claim_engine_ports
+from devcluster.ports import BLOCK_FILE, BLOCK_PORTS, NODE_PORTS, claim_engine_ports, home_block
 
 
 def test_two_state_directories_get_blocks_that_do_not_overlap(tmp_path: Path) -> None:
@@ -52,6 +52,7 @@ def test_a_block_claimed_by_a_running_dev_is_not_taken_even_if_recorded(tmp_path
         running.release()
 
     assert other.first != running.first
+    assert other.moved_from == running.first, "so that dev can warn that its replicas move"
 
 
 def test_a_block_where_something_listens_is_skipped_for_a_new_state_directory(
@@ -69,3 +70,23 @@ def test_a_block_where_something_listens_is_skipped_for_a_new_state_directory(
         block.release()
 
     assert block.first != probe.first
+
+
+def test_a_stopped_dev_s_block_is_not_the_next_new_state_directory_s(tmp_path: Path) -> None:
+    """A block is claimed only while its dev runs. If a new state directory took the lowest
+    free block, a dev stopped and started again would find its block taken by whichever
+    state directory started in between, its agents given other ports than its replicas were
+    placed on, and its replicas unable to start."""
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    claim_engine_ports(stopped).release()
+    recorded = int((stopped / BLOCK_FILE).read_text())
+    newcomer = next(
+        tmp_path / f"new-{n}" for n in range(100) if home_block(tmp_path / f"new-{n}") != recorded
+    )
+    newcomer.mkdir()
+
+    block = claim_engine_ports(newcomer)
+    block.release()
+
+    assert block.first != recorded
