@@ -12,6 +12,9 @@ one pass never contradicts itself. The rules, in order:
 5. a failed shard fails its replica (so does one that stopped unasked, unless its agent
    stopped it on purpose: that replica waits to be started again where it was placed);
    all shards ready make a replica serve;
+   a replica with a shard to start at a port outside its node's current port range (its
+   agent came back with another one) is stopped, not failed: it could never start there,
+   and its replacement is placed within the range without backoff (``ports_out_of_range``);
 6. stopping replicas whose shards are gone are stopped (rules 2-6: ``replica_outcomes``);
 7. drains move replicas (see ``drain``);
 8. each model is brought to its desired count (placement, or stopping the newest:
@@ -43,6 +46,7 @@ from app.domain.drain import drain_moves
 from app.domain.events import ModelScaled, model_stream
 from app.domain.hold_ejections import record_hold_ejections
 from app.domain.overtaken import overtaken
+from app.domain.ports_out_of_range import stop_ports_out_of_range
 from app.domain.reconcile_settings import (
     DEFAULT_DRAIN_IDLE_TIMEOUT_S,
     DEFAULT_LOST_TIMEOUT_S,
@@ -108,6 +112,7 @@ def decide(state: ClusterState, fleet: FleetView, now: datetime, settings: Setti
         missing_shards(draft, fleet)
         startup_timeouts(draft)
     shard_outcomes(draft)
+    stop_ports_out_of_range(draft, fleet)
     stopping_done(draft, fleet)
     # What the gateways eject is theirs to say, grace or not; recorded before a verdict.
     record_hold_ejections(draft, fleet.ejected)
