@@ -148,8 +148,8 @@ class DevCluster:
             _announce(
                 f"llmgw-dev: warning: engine ports {old}-{old + BLOCK_PORTS - 1} of "
                 f"{options.state_dir} are held by another running llmgw-dev; this run's "
-                f"engines take {new}-{new + BLOCK_PORTS - 1}, so replicas placed on the old "
-                "ports cannot start where they were placed",
+                f"engines take {new}-{new + BLOCK_PORTS - 1}, and replicas placed on the old "
+                "ports are replaced by replicas on the new ones",
                 sys.stderr,
             )
         self._progress("preparing the database (PostgreSQL, migrations)")
