@@ -67,7 +67,7 @@ async def measure_in_child(script: Path, operation: str, url: str) -> ChildRun:
 
 async def run_child(operations: Mapping[str, ChildOperation], operation: str, url: str) -> ChildRun:
     # stdout carries the result alone; a warning (a snapshot passed over, say) goes to stderr.
-    configure_logging("warning")
+    configure_logging("warning", command="benchmarks/children.py")
     engine = create_engine(url, pool_size=1)
     try:
         async with engine.connect() as conn:  # connecting is not part of the operation

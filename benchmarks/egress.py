@@ -195,7 +195,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=15)
     args = parser.parse_args()
 
-    configure_logging("error")  # not a warning for every refused address of every run
+    configure_logging(
+        "error", command="benchmarks/egress.py"
+    )  # not a warning for every refused address of every run
     figures = gateway_figures(args.routes, args.repeat) + agent_figures(args.repeat)
     processes = sum(1 for entry in os.listdir("/proc") if entry.isdigit())
     rows = [

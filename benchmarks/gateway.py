@@ -200,7 +200,7 @@ def serve_gateway(
     from app.gateway.server import Gateway, StaticSource
     from app.logs import configure_logging
 
-    configure_logging("info", json=True)
+    configure_logging("info", command="benchmarks/gateway.py", json=True)
     snapshot = msgspec.json.decode(snapshot_path.read_bytes(), type=GatewaySnapshot)
     siblings = []
     for _ in range(processes - 1):

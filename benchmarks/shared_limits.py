@@ -66,7 +66,7 @@ def serve_gateway(snapshot_path: Path, port: int, database_url: str | None) -> N
     from app.gateway.sharedlimits import SharedLimiter
     from app.logs import configure_logging
 
-    configure_logging("warning", json=True)
+    configure_logging("warning", command="benchmarks/shared_limits.py", json=True)
     snapshot = msgspec.json.decode(snapshot_path.read_bytes(), type=GatewaySnapshot)
 
     async def run() -> None:
