@@ -21,9 +21,7 @@ from types import ModuleType
 
 import asyncpg
 import msgspec
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from app.store.database import sqlalchemy_url
 from benchmarks.common import BENCH_RUNTIME_ROLE
 
 UNGUARDED_SCHEMA = "bench_unguarded"
@@ -77,19 +75,6 @@ async def install_unguarded_append(
     await db.execute(f"CREATE SCHEMA IF NOT EXISTS {UNGUARDED_SCHEMA}")
     await db.execute(f"GRANT USAGE ON SCHEMA {UNGUARDED_SCHEMA} TO {grantee}")
     await db.execute(definition)
-
-
-def unguarded_engine(url: str) -> AsyncEngine:
-    """An engine like ``app.store.database.create_engine``'s whose sessions find the copy
-    without the guards first."""
-    return create_async_engine(
-        sqlalchemy_url(url),
-        pool_size=10,
-        max_overflow=10,
-        pool_pre_ping=False,
-        pool_recycle=1800,
-        connect_args={"server_settings": {"search_path": f"{UNGUARDED_SCHEMA}, public"}},
-    )
 
 
 def _migration_0017() -> ModuleType:

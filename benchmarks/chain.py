@@ -21,10 +21,8 @@ import time
 
 import asyncpg
 import msgspec
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from app.store import migrate
-from app.store.database import sqlalchemy_url
 
 UNCHAINED_SCHEMA = "bench_unchained"
 _HASH_STATEMENT = re.compile(r"v_head := sha256\(v_head \|\| llmgw_event_bytes\(.*?\)\);", re.S)
@@ -48,19 +46,6 @@ async def install_unchained_append(db: asyncpg.Connection) -> None:
         raise RuntimeError("llmgw_append no longer has the one hashing statement this expects")
     await db.execute(f"CREATE SCHEMA IF NOT EXISTS {UNCHAINED_SCHEMA}")
     await db.execute(unchained)
-
-
-def unchained_engine(url: str) -> AsyncEngine:
-    """An engine like ``app.store.database.create_engine``'s whose sessions find the copy
-    without the chain first."""
-    return create_async_engine(
-        sqlalchemy_url(url),
-        pool_size=10,
-        max_overflow=10,
-        pool_pre_ping=False,
-        pool_recycle=1800,
-        connect_args={"server_settings": {"search_path": f"{UNCHAINED_SCHEMA}, public"}},
-    )
 
 
 async def measure_backfill(url: str, events: int) -> Backfill:

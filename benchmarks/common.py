@@ -26,8 +26,10 @@ from pathlib import Path
 import asyncpg
 import msgspec
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from app.store import migrate
+from app.store.database import sqlalchemy_url
 from app.store.grants import RuntimeRole
 from devcluster.postgres import LocalPostgres
 
@@ -108,6 +110,20 @@ async def _as_admin(server: BenchServer, statement: str) -> None:
 
 
 # -- statistics ----------------------------------------------------------------------------
+
+
+def engine_finding_first(url: str, schema: str) -> AsyncEngine:
+    """An engine like ``app.store.database.create_engine``'s whose sessions look in
+    ``schema`` before ``public``: where a benchmark keeps its copy of ``llmgw_append``
+    without what it measures, so that the store calls the copy."""
+    return create_async_engine(
+        sqlalchemy_url(url),
+        pool_size=10,
+        max_overflow=10,
+        pool_pre_ping=False,
+        pool_recycle=1800,
+        connect_args={"server_settings": {"search_path": f"{schema}, public"}},
+    )
 
 
 def median(values: Sequence[float]) -> float:

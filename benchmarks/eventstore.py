@@ -72,14 +72,12 @@ from benchmarks.append_guards import (
     UNGUARDED_SCHEMA,
     GuardCost,
     install_unguarded_append,
-    unguarded_engine,
 )
 from benchmarks.chain import (
     UNCHAINED_SCHEMA,
     Backfill,
     install_unchained_append,
     measure_backfill,
-    unchained_engine,
 )
 from benchmarks.children import CHILD_URL_ENV, ChildOperation, ChildRun
 from benchmarks.common import (
@@ -87,6 +85,7 @@ from benchmarks.common import (
     Machine,
     bench_server,
     describe_machine,
+    engine_finding_first,
     format_table,
     fresh_database,
     load_average,
@@ -579,7 +578,7 @@ async def run(server: BenchServer, sizes: Sizes) -> Results:
             phase(f"batched appends ({sizes.batched:,} events a side)")
             batched = await compare_batched(store, db, feed, sizes.batched, sizes.rounds)
             await install_unchained_append(db)
-            bare = unchained_engine(url)
+            bare = engine_finding_first(url, UNCHAINED_SCHEMA)
             unchained = PostgresEventStore(bare)
             try:
                 phase(f"chain: single appends ({sizes.chain_single:,} a side)")
@@ -826,7 +825,7 @@ async def run_guards(server: BenchServer, events: int, rounds: int, quick: bool)
         await install_unguarded_append(db)
         owner = create_engine(url)
         guarded = create_engine(runtime_url(url))
-        unguarded = unguarded_engine(runtime_url(url))
+        unguarded = engine_finding_first(runtime_url(url), UNGUARDED_SCHEMA)
         try:
             feed = Feed(ClusterHistory())
             phase(f"loading {events:,} events")
