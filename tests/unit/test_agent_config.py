@@ -24,7 +24,6 @@ from agent.config import (
 from agent.engines.readiness import Liveness
 from agent.gpus.fake_health import read_health_file
 from agent.main import EXIT_OK, EXIT_USAGE, app
-from tests.support.usage_errors import wide_error_console
 
 
 @pytest.fixture
@@ -352,7 +351,7 @@ def test_a_path_flag_given_empty_is_bad_usage_not_the_current_directory(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as ended:
-        app(argv, error_console=wide_error_console())
+        app(argv)
 
     assert ended.value.code == EXIT_USAGE
     assert "cannot be empty" in capsys.readouterr().err

@@ -9,7 +9,6 @@ import pytest
 
 from app.commands.maintenance import runtime_password
 from app.main import app
-from tests.support.usage_errors import wide_error_console
 
 
 def test_the_first_line_is_the_password_and_the_file_beats_the_environment(
@@ -59,9 +58,9 @@ def test_a_password_file_given_empty_is_bad_usage_naming_it_not_the_current_dire
     migrate = ["migrate", "--database-url", "postgresql://llmgw@db.example/llmgw"]
 
     with pytest.raises(SystemExit) as from_the_environment:
-        app.parse_args(migrate, error_console=wide_error_console())
+        app.parse_args(migrate)
     with pytest.raises(SystemExit) as from_the_flag:
-        app.parse_args([*migrate, flag, " "], error_console=wide_error_console())
+        app.parse_args([*migrate, flag, " "])
 
     assert (from_the_environment.value.code, from_the_flag.value.code) == (2, 2)
     err = capsys.readouterr().err

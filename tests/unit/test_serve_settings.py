@@ -15,7 +15,6 @@ from app.gateway.engine_bounds import EngineTimeouts
 from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
 from app.main import app
 from app.settings import ServeSettings
-from tests.support.usage_errors import wide_error_console
 
 DATABASE_URL = "postgresql://llmgw@db.example/llmgw"
 
@@ -150,9 +149,7 @@ def test_a_file_variable_set_empty_is_bad_usage_naming_it_not_the_current_direct
     monkeypatch.setenv(env_var, empty)
 
     with pytest.raises(SystemExit) as ended:
-        app.parse_args(
-            ["serve", "--database-url", DATABASE_URL], error_console=wide_error_console()
-        )
+        app.parse_args(["serve", "--database-url", DATABASE_URL])
 
     assert ended.value.code == 2
     assert f"{flag} ({env_var}) is empty: give a path, or unset it" in capsys.readouterr().err
@@ -165,10 +162,7 @@ def test_a_file_flag_given_empty_is_bad_usage_naming_it_not_the_current_director
     monkeypatch.delenv(env_var, raising=False)
 
     with pytest.raises(SystemExit) as ended:
-        app.parse_args(
-            ["serve", "--database-url", DATABASE_URL, flag, ""],
-            error_console=wide_error_console(),
-        )
+        app.parse_args(["serve", "--database-url", DATABASE_URL, flag, ""])
 
     assert ended.value.code == 2
     err = capsys.readouterr().err
