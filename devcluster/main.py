@@ -6,12 +6,12 @@ itself (the message says which and where its log is), 2 bad usage.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
-from cyclopts import App, CoercionError, Parameter, Token
+from cyclopts import App, Parameter
 
+from app.commands.path_flag import FilledPath
 from app.usage_errors import one_line_usage_errors, print_command_error, usage_error_console
 from devcluster.demo_model import DEFAULT_STATE_DIRS, DevEngine, engine_unavailable
 from devcluster.dev import PROGRAM, DevOptions, run_dev
@@ -61,7 +61,7 @@ def dev(
         Parameter(
             help="Where everything is kept, and found again by the next run "
             "[default: .llmgw/dev, .llmgw/dev-llamacpp with --engine llamacpp].",
-            converter=lambda _type, tokens: _filled_path("--state-dir", tokens),
+            converter=FilledPath("--state-dir"),
         ),
     ] = None,
     admin_port: Annotated[int, Parameter(help="The admin API's port on 127.0.0.1.")] = 8081,
@@ -90,15 +90,6 @@ def dev(
     state = (state_dir or DEFAULT_STATE_DIRS[engine]).resolve()
     options = DevOptions(state, admin_port, agent_port, replicas, client_port, engine)
     return run_dev(options)
-
-
-def _filled_path(flag: str, tokens: Sequence[Token]) -> Path:
-    """The path given to ``flag``; bad usage when it is empty or blank, which ``Path`` would
-    take for the current directory (a state directory made wherever the shell stood)."""
-    value = tokens[0].value
-    if not value.strip():
-        raise CoercionError(msg=f"{flag} is empty: give a path, or leave the flag out")
-    return Path(value)
 
 
 def main() -> None:

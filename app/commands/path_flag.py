@@ -17,16 +17,17 @@ def path_flag(flag: str, env_var: str, help_text: str) -> Parameter:
     too. Given empty or blank by either, the command ends as bad usage (exit 2) before it
     starts, naming both."""
     return Parameter(
-        name=flag, env_var=env_var, help=help_text, converter=_FilledPath(flag, env_var)
+        name=flag, env_var=env_var, help=help_text, converter=FilledPath(flag, env_var)
     )
 
 
 @dataclass(frozen=True)
-class _FilledPath:
-    """cyclopts' converter for one ``path_flag``."""
+class FilledPath:
+    """cyclopts' converter for a file flag that must not be given empty (one of
+    ``path_flag``'s, or a flag no variable sets: ``env_var`` None)."""
 
     flag: str
-    env_var: str
+    env_var: str | None = None
 
     def __call__(self, _type: object, tokens: Sequence[Token]) -> Path:
         value = tokens[0].value
@@ -34,7 +35,9 @@ class _FilledPath:
             otherwise = "unset it" if tokens[0].source == "env" else "leave the flag out"
             # Raised as cyclopts' own error, this line is printed as it is; a ValueError
             # would be prefixed with only the one name the value came by.
-            raise CoercionError(
-                msg=f"{self.flag} ({self.env_var}) is empty: give a path, or {otherwise}"
-            )
+            raise CoercionError(msg=f"{self._named} is empty: give a path, or {otherwise}")
         return Path(value)
+
+    @property
+    def _named(self) -> str:
+        return self.flag if self.env_var is None else f"{self.flag} ({self.env_var})"
