@@ -124,21 +124,17 @@ def init_ca(
     llmgw-cli cert init-ca --dir ./ca --output json | jq -r .description.sha256_fingerprint
     ```
     """
-    try:
-        ca_dir = ca_dir or default_ca_dir()
-    except UsageError as exc:
-        _error(str(exc))
-        return EXIT_USAGE
 
     def create() -> int:
+        directory = ca_dir or default_ca_dir()
         _check_days(days)
         ca = build_ca(generate_key(), name, _now(), days)
-        files = write_ca(ca_dir, ca, force=force)
+        files = write_ca(directory, ca, force=force)
         description = describe(ca.certificate, _now())
         if output == "json":
             _print_written(files.certificate, files.key, description)
             return EXIT_OK
-        say(f"Created the CA in {ca_dir}")
+        say(f"Created the CA in {directory}")
         say(f"  certificate  {files.certificate}  (give it to servers and agents)")
         say(f"  key          {files.key}  (mode 0600; keep it here, never copy it)")
         _print_description(description)
@@ -169,13 +165,9 @@ def server_certificate(
     llmgw-cli cert server --host llmgw.internal --ip 10.0.0.5 --ip 127.0.0.1
     ```
     """
-    try:
-        ca_dir = ca_dir or default_ca_dir()
-    except UsageError as exc:
-        _error(str(exc))
-        return EXIT_USAGE
 
     def create() -> int:
+        directory = ca_dir or default_ca_dir()
         hosts = [check_host(name) for name in host]
         ips = [parse_ip(address) for address in ip]
         if not hosts and not ips:
@@ -185,7 +177,7 @@ def server_certificate(
         def build(ca: CertificateAuthority, key: PrivateKey, now: datetime) -> x509.Certificate:
             return issue_server(ca, key, hosts, ips, now, days)
 
-        return _issue(ca_dir, out, "server", "server", force, build, output)
+        return _issue(directory, out, "server", "server", force, build, output)
 
     return _run(create)
 
@@ -224,13 +216,9 @@ def node_certificate(
     llmgw-cli cert node gpu-08 --output json | jq -r .description.serial
     ```
     """
-    try:
-        ca_dir = ca_dir or default_ca_dir()
-    except UsageError as exc:
-        _error(str(exc))
-        return EXIT_USAGE
 
     def create() -> int:
+        directory = ca_dir or default_ca_dir()
         check_subject_name("node id", node_id)
         hosts = [check_host(name) for name in host]
         ips = [parse_ip(address) for address in ip]
@@ -239,7 +227,7 @@ def node_certificate(
         def build(ca: CertificateAuthority, key: PrivateKey, now: datetime) -> x509.Certificate:
             return issue_node(ca, key, node_id, now, days, hosts=hosts, ips=ips)
 
-        return _issue(ca_dir, out, f"node-{node_id}", f"node {node_id}", force, build, output)
+        return _issue(directory, out, f"node-{node_id}", f"node {node_id}", force, build, output)
 
     return _run(create)
 
@@ -262,20 +250,16 @@ def operator_certificate(
     llmgw-cli cert operator bob --output json | jq -r .certificate
     ```
     """
-    try:
-        ca_dir = ca_dir or default_ca_dir()
-    except UsageError as exc:
-        _error(str(exc))
-        return EXIT_USAGE
 
     def create() -> int:
+        directory = ca_dir or default_ca_dir()
         check_subject_name("operator name", name)
         _check_days(days)
 
         def build(ca: CertificateAuthority, key: PrivateKey, now: datetime) -> x509.Certificate:
             return issue_operator(ca, key, name, now, days)
 
-        return _issue(ca_dir, out, f"operator-{name}", f"operator {name}", force, build, output)
+        return _issue(directory, out, f"operator-{name}", f"operator {name}", force, build, output)
 
     return _run(create)
 
@@ -356,7 +340,7 @@ def _issue(
 def _run(command: Callable[[], int]) -> int:
     try:
         return command()
-    except InvalidRequest as exc:
+    except (UsageError, InvalidRequest) as exc:
         _error(str(exc))
         return EXIT_USAGE
     except CaNotFound as exc:
