@@ -83,10 +83,19 @@ def read_regular_text(path: Path, max_bytes: int) -> str:
         ) from exc
 
 
-def _check_regular(path: Path, info: os.stat_result, max_bytes: int, holder: str = "it") -> None:
+def irregular_kind(mode: int) -> str | None:
+    """What a file of ``mode`` (its ``st_mode``) is, named for a refusal ("a named pipe
+    (FIFO)"), when it is of a kind that is never read as a file; None for any other."""
     for is_kind, kind in _FILE_KINDS:
-        if is_kind(info.st_mode):
-            raise FileRefused(path, f"not a regular file but {kind}")
+        if is_kind(mode):
+            return kind
+    return None
+
+
+def _check_regular(path: Path, info: os.stat_result, max_bytes: int, holder: str = "it") -> None:
+    kind = irregular_kind(info.st_mode)
+    if kind is not None:
+        raise FileRefused(path, f"not a regular file but {kind}")
     if not stat.S_ISREG(info.st_mode):
         raise FileRefused(path, "not a regular file")
     if info.st_size > max_bytes:

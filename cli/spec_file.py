@@ -28,6 +28,8 @@ import msgspec
 import yaml
 from yaml.nodes import MappingNode, Node
 
+from app.regular_file import irregular_kind
+
 MAX_FILE_BYTES = 4 * 2**20
 """The largest spec file read: a fleet of a hundred specs is a few hundred KiB."""
 MAX_DEPTH = 32
@@ -38,13 +40,6 @@ MAX_MERGED_KEYS = 100_000
 """Keys that YAML merge keys (``<<: *defaults``) may copy into mappings, in all."""
 
 _MERGE = "tag:yaml.org,2002:merge"
-_FILE_KINDS = (
-    (stat.S_ISFIFO, "a named pipe (FIFO)"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISDIR, "a directory"),
-)
 
 
 class SpecFileError(Exception):
@@ -95,11 +90,11 @@ def _read(path: Path) -> str:
 
 
 def _check_regular(path: Path, info: os.stat_result) -> None:
-    for is_kind, kind in _FILE_KINDS:
-        if is_kind(info.st_mode):
-            raise SpecFileError(
-                f"{path} is not a regular file but {kind}: write the specs to a file and give that"
-            )
+    kind = irregular_kind(info.st_mode)
+    if kind is not None:
+        raise SpecFileError(
+            f"{path} is not a regular file but {kind}: write the specs to a file and give that"
+        )
     if not stat.S_ISREG(info.st_mode):
         raise SpecFileError(f"{path} is not a regular file: give a YAML or JSON file")
     if info.st_size > MAX_FILE_BYTES:
