@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Literal, get_args
 
+from app.domain.model_spec import API_NAMES
 from devcluster.llamacpp import (
     INSTALL_HINT,
     assembled_model,
@@ -87,24 +88,11 @@ def llamacpp_spec(server: Path, model: Path, *, replicas: int, cpus: int) -> dic
     return _spec(replicas) | {"engine": "llamacpp", "command": command}
 
 
-SIMULATOR_APIS = (
-    "chat",
-    "completions",
-    "embeddings",
-    "responses",
-    "rerank",
-    "score",
-    "transcriptions",
-    "translations",
-    "tokenize",
-)
-"""The simulator answers every API a spec can name (docs/simulator.md)."""
-
-
 def simulator_spec(*, replicas: int) -> dict[str, object]:
     return _spec(replicas) | {
         "command": simulator_command(*SIMULATOR_FLAGS),
-        "apis": list(SIMULATOR_APIS),
+        # The simulator answers every API a spec can name (docs/simulator.md).
+        "apis": list(API_NAMES),
     }
 
 
