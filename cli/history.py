@@ -10,14 +10,14 @@ from typing import Annotated, Literal
 
 from cyclopts import App, Parameter, validators
 
-from cli.arguments import UsageError, whole_number
-from cli.client import AdminClient, ClientError, EventView
-from cli.config import ConfigError, ConnectionFlags, resolve_settings
+from cli.arguments import whole_number
+from cli.client import AdminClient, EventView
+from cli.config import ConnectionFlags
 from cli.history_pages import NEWEST, HistoryEvent, history
+from cli.operator import run_command
 from cli.render import (
     EXIT_FAILED,
     EXIT_OK,
-    EXIT_USAGE,
     Column,
     counted,
     print_error,
@@ -187,36 +187,27 @@ def show_history(
     flags: ConnectionFlags | None,
 ) -> int:
     command = f"history {subject}"
-    try:
-        settings = resolve_settings(flags or ConnectionFlags())
-    except ConfigError as exc:
-        print_error(command, str(exc))
-        return EXIT_USAGE
-    try:
-        with AdminClient(settings) as client:
-            events = history(client, subject, key, after=after, limit=limit)
-    except UsageError as exc:
-        print_error(command, str(exc))
-        return EXIT_USAGE
-    except ClientError as exc:
-        print_error(command, str(exc))
-        return EXIT_FAILED
-    if output == "json":
-        print_json_array(event.raw for event in events)
-    elif events:
-        print_table(
-            COLUMNS,
-            (event_row(event.view) for event in events),
-            title=_title(subject, key, events),
-            wide=output == "wide",
-        )
-    if not events:
-        print_error(
-            command,
-            f"no events for {subject} {key}" + (f" after position {after}" if after else ""),
-        )
-        return EXIT_FAILED
-    return EXIT_OK
+
+    def show(client: AdminClient) -> int:
+        events = history(client, subject, key, after=after, limit=limit)
+        if output == "json":
+            print_json_array(event.raw for event in events)
+        elif events:
+            print_table(
+                COLUMNS,
+                (event_row(event.view) for event in events),
+                title=_title(subject, key, events),
+                wide=output == "wide",
+            )
+        if not events:
+            print_error(
+                command,
+                f"no events for {subject} {key}" + (f" after position {after}" if after else ""),
+            )
+            return EXIT_FAILED
+        return EXIT_OK
+
+    return run_command(command, flags, show)
 
 
 def _title(subject: str, key: str, events: list[HistoryEvent]) -> str:
