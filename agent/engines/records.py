@@ -43,51 +43,44 @@ class ShardKey(NamedTuple):
     shard_index: int
 
 
-class ShardRecord(msgspec.Struct, frozen=True, kw_only=True):
+class EngineLaunch(msgspec.Struct, frozen=True, kw_only=True):
+    """What an engine was started as: held by its ``LaunchRecord`` before the spawn and by
+    its ``ShardRecord`` after."""
+
     replica_id: str
     shard_index: int
     model: str
     port: int
     gpus: tuple[int, ...]
     command: tuple[str, ...]
-    pid: int
-    process_start_time: int
     log_path: str
     started_at: datetime
-    state: ShardState
     engine: str = DEFAULT_ENGINE
     """The engine's profile name (``wire.engines``); records written before profiles
     existed read as the default engine, whose probes they were started with."""
+
+    @property
+    def key(self) -> ShardKey:
+        return ShardKey(self.replica_id, self.shard_index)
+
+
+class ShardRecord(EngineLaunch, frozen=True, kw_only=True):
+    pid: int
+    process_start_time: int
+    state: ShardState
     launch_token: str = ""
     """The token the engine has in its environment (``LaunchRecord``): what finds its
     processes once its leader is gone and its pid and group id may be another's. Empty in
     records written before launch tokens existed."""
 
-    @property
-    def key(self) -> ShardKey:
-        return ShardKey(self.replica_id, self.shard_index)
 
-
-class LaunchRecord(msgspec.Struct, frozen=True, kw_only=True):
+class LaunchRecord(EngineLaunch, frozen=True, kw_only=True):
     """An engine about to be spawned: saved before the spawn and removed once the engine's
     ``ShardRecord`` is saved. An agent killed in between leaves this alone behind, and
     the next one finds the engine by ``token``, which the engine has in its environment
     (``wire.engine_env.LAUNCH_TOKEN_VARIABLE``)."""
 
-    replica_id: str
-    shard_index: int
-    model: str
-    port: int
-    gpus: tuple[int, ...]
-    command: tuple[str, ...]
-    log_path: str
-    started_at: datetime
-    engine: str = DEFAULT_ENGINE
     token: str
-
-    @property
-    def key(self) -> ShardKey:
-        return ShardKey(self.replica_id, self.shard_index)
 
     def spawned(self, pid: int, start_time: int, state: ShardState) -> ShardRecord:
         """The shard's record once its engine runs as ``pid`` (started at ``start_time``)."""
