@@ -450,7 +450,7 @@ def _decode_replicas(
                 raise ValueError(f"{len(piece)} bytes of figures for one replica")
             parts[replica_id] = _decode_replica(piece)
     except (msgspec.DecodeError, ValueError) as exc:
-        log.warning("gateway_report_refused", gateway_id=gateway_id[:200], error=str(exc)[:500])
+        _log_refused(gateway_id, str(exc))
         return None
     return window_s, parts
 
@@ -463,7 +463,7 @@ def _decode_queued(gateway_id: str, size: int, document: str | None) -> dict[str
             raise ValueError(f"{size} bytes of queued counts, over {MAX_QUEUED_REPORT_BYTES}")
         raw = _decode_raw_pieces(document)
     except (msgspec.DecodeError, ValueError) as exc:
-        log.warning("gateway_report_refused", gateway_id=gateway_id[:200], error=str(exc)[:500])
+        _log_refused(gateway_id, str(exc))
         return {}
     counts: dict[str, int] = {}
     refused: list[str] = []
@@ -478,10 +478,9 @@ def _decode_queued(gateway_id: str, size: int, document: str | None) -> dict[str
         except (msgspec.DecodeError, ValueError) as exc:
             refused.append(f"{model[:100]!r}: {exc}")
     if refused:
-        log.warning(
-            "gateway_report_refused",
-            gateway_id=gateway_id[:200],
-            error=f"queued counts skipped: {'; '.join(refused[:5])}"[:500],
+        _log_refused(
+            gateway_id,
+            f"queued counts skipped: {'; '.join(refused[:5])}",
             skipped=len(raw) - len(counts),
         )
     return counts
@@ -495,7 +494,7 @@ def _decode_ejected(gateway_id: str, size: int, document: str | None) -> list[st
             raise ValueError(f"{size} bytes of ejected replicas, over {MAX_EJECTED_REPORT_BYTES}")
         raw = _decode_raw_pieces(document)
     except (msgspec.DecodeError, ValueError) as exc:
-        log.warning("gateway_report_refused", gateway_id=gateway_id[:200], error=str(exc)[:500])
+        _log_refused(gateway_id, str(exc))
         return None
     replicas: list[str] = []
     refused: list[str] = []
@@ -512,10 +511,15 @@ def _decode_ejected(gateway_id: str, size: int, document: str | None) -> list[st
         else:
             replicas.append(replica_id)
     if refused:
-        log.warning(
-            "gateway_report_refused",
-            gateway_id=gateway_id[:200],
-            error=f"ejected replicas skipped: {'; '.join(refused[:5])}"[:500],
+        _log_refused(
+            gateway_id,
+            f"ejected replicas skipped: {'; '.join(refused[:5])}",
             skipped=len(raw) - len(replicas),
         )
     return replicas
+
+
+def _log_refused(gateway_id: str, error: str, **counts: int) -> None:
+    """A gateway's report, or some of it, refused: logged with the gateway's id and why,
+    both bounded, as a gateway wrote them."""
+    log.warning("gateway_report_refused", gateway_id=gateway_id[:200], error=error[:500], **counts)
