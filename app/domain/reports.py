@@ -177,6 +177,9 @@ class CommandAnswered(msgspec.Struct, frozen=True, kw_only=True):
     command_id: str
     ok: bool
     error: str | None = None
+    sent: bool = False
+    """Whether this control plane sent the node a command with this id (on any of its
+    connections): only then does the answer say anything about what it acts on."""
 
 
 AgentReport = (

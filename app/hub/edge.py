@@ -68,9 +68,13 @@ def report_of(observation: Observation, *, replaced_previous: bool = False) -> A
             )
         case AgentGone(node_id=node_id, reason=reason):
             return AgentDisconnected(node_id=node_id, reason=reason)
-        case CommandCompleted(node_id=node_id, result=result):
+        case CommandCompleted(node_id=node_id, result=result, sent=sent):
             return CommandAnswered(
-                node_id=node_id, command_id=result.command_id, ok=result.ok, error=result.error
+                node_id=node_id,
+                command_id=result.command_id,
+                ok=result.ok,
+                error=result.error,
+                sent=sent,
             )
         case IdentityMismatch():
             return IdentityClaim(

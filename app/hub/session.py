@@ -19,7 +19,9 @@ health changes are passed on only for GPUs the hello listed; the first heartbeat
 others says which (``AgentHeartbeat.ignored_gpus``), so they are logged once a connection.
 A shard status keeps the command it names as its cause only if that command was sent to its
 node (``app.hub.commands_sent``); otherwise it goes on without one, and the first such status
-of a connection says which id it named (``ShardStatusReported.unsent_command_id``).
+of a connection says which id it named (``ShardStatusReported.unsent_command_id``). A
+command result says in the same way whether its command was sent to the node
+(``CommandCompleted.sent``): only the answer to one sent can fail the shard it starts.
 The connection is closed (1008) once its client certificate expires: the
 handshake checked the certificate's dates only when it connected.
 A closed session ignores every further input. An agent that said hello is reported gone
@@ -113,6 +115,9 @@ class ShardStatusReported(msgspec.Struct, frozen=True, kw_only=True):
 class CommandCompleted(msgspec.Struct, frozen=True, kw_only=True):
     node_id: str
     result: CommandResult
+    sent: bool = False
+    """Whether a command with the result's id was sent to the node (on any of its
+    connections): a result of any other is the node's word about nothing it was asked."""
 
 
 class IdentityMismatch(msgspec.Struct, frozen=True, kw_only=True):
@@ -364,7 +369,8 @@ class AgentSession:
                     return self._close(CloseCode.PROTOCOL_ERROR, out_of_turn)
                 return [Observe(self._shard_status(node_id, message))]
             case CommandResult():
-                return [Observe(CommandCompleted(node_id=node_id, result=message))]
+                sent = self._commands_sent.knows(node_id, message.command_id)
+                return [Observe(CommandCompleted(node_id=node_id, result=message, sent=sent))]
             case Hello():
                 return self._close(CloseCode.PROTOCOL_ERROR, "hello twice")
             case _:

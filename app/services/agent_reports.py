@@ -283,6 +283,7 @@ class ReportRecorder:
                     command_id=report.command_id,
                     ok=report.ok,
                     error=report.error,
+                    sent=report.sent,
                 )
                 return None
             case _:

@@ -1,4 +1,5 @@
-"""A shard status's cause: kept only when it names a command sent to the node that reports.
+"""A shard status's cause: kept only when it names a command sent to the node that reports;
+a command result says in the same way whether it answers a command sent to its node.
 
 Stories of agent sessions (sans-I/O) and of the log they feed, on the in-memory store."""
 
@@ -15,6 +16,7 @@ from app.hub.edge import command_to_wire, report_of
 from app.hub.session import (
     AgentHello,
     AgentSession,
+    CommandCompleted,
     Observe,
     Output,
     PeerCertificate,
@@ -26,6 +28,7 @@ from app.services.reconciler import Reconciler
 from app.store.memory import InMemoryEventStore
 from wire.messages import (
     PROTOCOL_VERSION,
+    CommandResult,
     GpuReport,
     Hello,
     ShardState,
@@ -133,6 +136,26 @@ def test_a_command_sent_to_another_node_is_no_cause_of_this_ones() -> None:
     answer = observed(liar.receive(encode(status("stopped", "stop-m-1-0")), 1.0))
 
     assert (answer.status.command_id, answer.unsent_command_id) == (None, "stop-m-1-0")
+
+
+def test_a_command_result_says_whether_its_command_was_sent_to_its_node() -> None:
+    """Only the answer to a command this control plane sent the node can fail the shard it
+    starts: a node cannot fail another node's shard, or one it was never told to start."""
+    sent = CommandsSent()
+    session_of("gpu-2", sent).send_command(stop("stop-m-2-0", replica_id="m-2"))
+    earlier = session_of("gpu-1", sent)
+    earlier.send_command(stop("stop-m-1-0"))
+    later = session_of("gpu-1", sent)  # the agent answers on its next connection
+
+    answers = {}
+    for command_id in ("stop-m-1-0", "stop-m-2-0", "start-m-1-0"):
+        result = CommandResult(command_id=command_id, ok=False, error="no")
+        [output] = later.receive(encode(result), 1.0)
+        assert isinstance(output, Observe)
+        assert isinstance(output.observation, CommandCompleted)
+        answers[command_id] = output.observation.sent
+
+    assert answers == {"stop-m-1-0": True, "stop-m-2-0": False, "start-m-1-0": False}
 
 
 def test_the_memory_keeps_each_nodes_most_recent_commands() -> None:

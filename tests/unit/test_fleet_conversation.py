@@ -125,9 +125,8 @@ def test_an_agent_connects_runs_a_command_and_stays_connected() -> None:
 
     assert link.closes == []
     assert ShardStatusReported(node_id="gpu-1", status=ready) in link.observed
-    assert CommandCompleted(node_id="gpu-1", result=CommandResult(command_id="c-1", ok=True)) in (
-        link.observed
-    )
+    answered = CommandResult(command_id="c-1", ok=True)
+    assert CommandCompleted(node_id="gpu-1", result=answered, sent=True) in link.observed
     heartbeats = [o for o in link.observed if isinstance(o, AgentHeartbeat)]
     assert [h.heartbeat.seq for h in heartbeats] == list(range(59))
     assert all(h.heartbeat.shards == RUNNING.shards for h in heartbeats)
@@ -160,5 +159,5 @@ def test_a_command_resent_after_a_reconnect_is_answered_not_rerun() -> None:
     assert first.executed == [Execute(START)]
     assert second.executed == []
     assert second.observed[-1] == CommandCompleted(
-        node_id="gpu-1", result=CommandResult(command_id="c-1", ok=True)
+        node_id="gpu-1", result=CommandResult(command_id="c-1", ok=True), sent=True
     )

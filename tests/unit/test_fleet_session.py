@@ -369,7 +369,7 @@ def test_shard_status_and_command_results_are_observed() -> None:
         Observe(ShardStatusReported(node_id="gpu-1", status=status))
     ]
     assert session.receive(encode(result), now=2.0) == [
-        Observe(CommandCompleted(node_id="gpu-1", result=result))
+        Observe(CommandCompleted(node_id="gpu-1", result=result, sent=True))
     ]
 
 
