@@ -3,7 +3,9 @@
 ``decide(state, report)`` takes the cluster as the log describes it and one thing an agent
 said (``app.domain.reports``: the agent hub converts the wire messages at its edge) and
 returns the events to append, as ``(stream, event)`` pairs in order. A report that changes
-nothing returns no events, so an agent repeating itself never grows the log.
+nothing returns no events, so an agent repeating itself never grows the log. A command's
+answer records something only when it is a start its node refused
+(``app.domain.start_refusals``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from app.domain.reports import (
     ShardPhaseReport,
     ShardStatusReport,
 )
+from app.domain.start_refusals import refused_start
 from app.domain.state import ClusterState, ShardPhase
 
 Decision = list[tuple[str, AnyEvent]]
@@ -62,7 +65,7 @@ def decide(state: ClusterState, report: AgentReport) -> Decision:
         case Refusal():
             return node_refused(report)
         case CommandAnswered():
-            return []
+            return list(refused_start(state, report))
         case _:
             assert_never(report)
 

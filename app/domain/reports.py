@@ -170,8 +170,9 @@ class AgentDisconnected(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class CommandAnswered(msgspec.Struct, frozen=True, kw_only=True):
-    """An agent's result for one command: logged, not recorded (its effect comes as a
-    status)."""
+    """An agent's result for one command: logged, and recorded only as a start its node
+    refused (``app.domain.start_refusals``); a start's or a stop's effect comes as a
+    status."""
 
     node_id: str
     command_id: str

@@ -251,8 +251,12 @@ class ReportRecorder:
             return
 
     def _meta(self, report: AgentReport, actor: str) -> Meta:
-        """Who, in which epoch, and the cause: the command a shard's new state answers."""
-        cause = report.command_id if isinstance(report, ShardStatusReport) else None
+        """Who, in which epoch, and the cause: the command a shard's new state answers, or
+        the command whose answer this is (the hub keeps a status's cause, and the domain
+        records an answer, only for a command the hub sent the node)."""
+        cause: str | None = None
+        if isinstance(report, ShardStatusReport | CommandAnswered):
+            cause = report.command_id
         return Meta(actor=actor, epoch=self._epoch, causation_id=cause)
 
     def remembered_gpus(self) -> int:
@@ -261,7 +265,7 @@ class ReportRecorder:
 
     def _debounced(self, report: AgentReport) -> AgentReport | None:
         """``report`` with GPU health as the log should hear it; None when nothing is left
-        to record (a heartbeat that changes nothing, a command's result)."""
+        to record (a heartbeat that changes nothing)."""
         self._forget_settled(self._clock())
         match report:
             case AgentConnected(inventory=inventory):
@@ -285,7 +289,7 @@ class ReportRecorder:
                     error=report.error,
                     sent=report.sent,
                 )
-                return None
+                return report  # a start it refused fails its shard: the domain decides
             case _:
                 return report
 

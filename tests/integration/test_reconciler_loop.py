@@ -35,6 +35,7 @@ from app.domain.events import (
     ModelDeclared,
     ModelScaled,
     ReplicaPlaced,
+    ShardFailed,
     ShardPlacement,
     StrayStopped,
     event_type,
@@ -322,6 +323,37 @@ async def place_as_before(operator: PostgresEventStore, node_id: str, gpus: int 
         OPERATOR,
     )
     return replica_id
+
+
+async def test_a_start_its_node_refuses_fails_the_replica_at_once_with_the_nodes_reason(
+    leader: Leader, pki: AgentPki, pg_store: PostgresEventStore, operator: PostgresEventStore
+) -> None:
+    """Before, the refusal was only logged: the replica stayed placed until its startup
+    timeout (ten minutes) and ended "timed out", the node's reason nowhere in the log."""
+    node_id = new_node_id()
+    model = f"m-{uuid.uuid4().hex[:6]}"
+    taken = "port 20000 is already used by replica m-0 shard 0 (pid 4242)"
+
+    async with fake_agent(leader.hub.port, pki, node_id, refuses_starts=taken) as agent:
+        await wait_until(all_connected(pg_store, [node_id]), what="the node connected")
+        await declare(operator, model, replicas=1)
+        await wait_until(lambda: agent.starts() != [], what="a start_shard")
+        [start] = agent.starts()
+
+        async def failed() -> bool:
+            return "replica_failed" in await types_in(pg_store, replica_stream(start.replica_id))
+
+        await wait_until(failed, what="the replica failed, in the log")
+
+    history = await pg_store.read_stream(replica_stream(start.replica_id))
+    [shard_failed] = [r for r in history if isinstance(r.event, ShardFailed)]
+    assert (shard_failed.meta.actor, shard_failed.meta.causation_id) == (
+        f"agent:{node_id}",
+        start.command_id,
+    )
+    assert isinstance(shard_failed.event, ShardFailed)
+    assert shard_failed.event.error == f"refused by {node_id}: {taken}"
+    assert pg_store.state.models[model].failures >= 1
 
 
 async def test_a_pid_no_shards_row_can_hold_costs_only_the_node_that_reported_it(

@@ -3,7 +3,8 @@ protocol, and no engines behind them.
 
 A ``FakeAgent`` says hello with an inventory of shards, heartbeats, and answers commands as
 a healthy agent would: ``start_shard`` with ``shard_status`` starting then ready,
-``stop_shard`` with stopped, each followed by a ``command_result``. Every command it
+``stop_shard`` with stopped, each followed by a ``command_result`` (or, told to, refuses
+every start in its ``command_result``, as an agent whose checks fail it). Every command it
 receives is kept, so a test can say exactly what the control plane sent.
 """
 
@@ -121,6 +122,8 @@ class FakeAgent:
     shards: dict[tuple[str, int], ShardReport]
     obeys: bool = True
     """False: commands are kept but not carried out (an agent whose engines will not stop)."""
+    refuses_starts: str | None = None
+    """Set: every ``start_shard`` is refused with this reason, before anything starts."""
     received: list[StartShard | StopShard] = field(default_factory=list)
     _pids: itertools.count[int] = field(default_factory=lambda: itertools.count(FIRST_FAKE_PID))
 
@@ -155,6 +158,12 @@ class FakeAgent:
             await asyncio.sleep(interval_s)
 
     async def _start(self, command: StartShard) -> None:
+        if self.refuses_starts is not None:
+            refused = CommandResult(
+                command_id=command.command_id, ok=False, error=self.refuses_starts
+            )
+            await self.say(refused)
+            return
         pid = next(self._pids)
         for state in ("starting", "ready"):
             self._record(command.replica_id, command.shard_index, command.port, pid, state)
@@ -211,6 +220,7 @@ async def fake_agent(
     shards: Sequence[ShardReport] = (),
     heartbeat_interval_s: float = 0.5,
     obeys: bool = True,
+    refuses_starts: str | None = None,
 ) -> AsyncIterator[FakeAgent]:
     """An agent connected to the hub on ``port`` that has said hello and been welcomed."""
     hello = Hello(
@@ -234,6 +244,7 @@ async def fake_agent(
             websocket=websocket,
             welcome=welcome,
             obeys=obeys,
+            refuses_starts=refuses_starts,
             shards={(s.replica_id, s.shard_index): s for s in shards},
         )
         tasks = [

@@ -5,6 +5,7 @@ replacement is placed within the range, with no backoff: nothing failed."""
 
 from __future__ import annotations
 
+from app.domain import agent_reports
 from app.domain.decision import Decision
 from app.domain.events import (
     NodeConnected,
@@ -14,7 +15,7 @@ from app.domain.events import (
     ShardStopped,
     StrayStopped,
 )
-from app.domain.reports import NodeReport
+from app.domain.reports import CommandAnswered, NodeReport
 from app.domain.state import ReplicaPhase
 from tests.unit.test_reconcile import Cluster, commands, gpus, kinds, of_type
 
@@ -79,6 +80,31 @@ def test_a_replica_its_agent_stopped_is_replaced_when_it_comes_back_with_another
 
     assert [s.reason for s in of_type(decision, ReplicaStopping)] == [OUT_OF_RANGE]
     assert _replacement_port(decision) == [21200]
+
+
+def test_a_start_the_node_refuses_for_its_new_range_is_stopped_and_replaced_not_failed() -> None:
+    """A start decided on the old range reaches the agent back with the new one, which
+    refuses it before any pass saw its hello. The refusal leaves the replica to this rule:
+    failed, it would count against the model's backoff and delay the replacement."""
+    cluster = _placed_at_21000()
+    _connected(cluster, NEW_RANGE)
+    refused = CommandAnswered(
+        node_id="gpu-1",
+        command_id="start-llama-1-0",
+        ok=False,
+        error="port 21000 is outside this node's port range 21200-21299",
+        sent=True,
+    )
+    for _, event in agent_reports.decide(cluster.state, refused):
+        cluster.given(event)
+
+    decision = cluster.reconcile()
+
+    assert [s.reason for s in of_type(decision, ReplicaStopping)] == [OUT_OF_RANGE]
+    assert cluster.state.replicas["llama-1"].end_reason == OUT_OF_RANGE
+    assert _replacement_port(decision) == [21200]
+    model = cluster.state.models["llama"]
+    assert (model.failures, model.backoff_until) == (0, None)
 
 
 def test_during_the_adoption_grace_the_replica_is_stopped_and_replaced_after_it() -> None:
