@@ -100,8 +100,8 @@ def replica_history(
     connection: ConnectionFlags | None = None,
 ) -> int:
     """Every event about one replica: placement, shards starting, ready or failed (with
-    the engine's log tail in --output json, or the node's reason for refusing the start:
-    refused by gpu-1: ...), serving, drains, stops.
+    the engine's log tail in --output json, or the node's reason for refusing the start,
+    "start refused: ..."), serving, drains, stops.
 
     ```
     llmgw-cli history replica llama-3-8b-2

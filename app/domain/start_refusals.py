@@ -7,7 +7,7 @@ the ports its other engines hold) and answers a start it will not carry out with
 start again with the result it remembers. Left to itself, the replica would wait out its
 startup timeout (minutes) and end as ``timed out``, hiding the node's reason; failed here,
 it takes the failure path at once (the model's backoff, a replacement), and its history
-says ``refused by gpu-1: port 21000 is ...``.
+says ``start refused: port 21000 is ...``.
 
 A node is not trusted with more than its own shards. An answer counts only when:
 
@@ -64,7 +64,7 @@ def refused_start(state: ClusterState, answer: CommandAnswered) -> list[tuple[st
         replica_id=replica.id,
         shard_index=shard.index,
         node_id=shard.node_id,
-        error=f"refused by {shard.node_id}: {_reason(answer.error)}",
+        error=f"start refused: {_reason(answer.error)}",
     )
     return [(replica_stream(replica.id), failed)]
 

@@ -352,7 +352,7 @@ async def test_a_start_its_node_refuses_fails_the_replica_at_once_with_the_nodes
         start.command_id,
     )
     assert isinstance(shard_failed.event, ShardFailed)
-    assert shard_failed.event.error == f"refused by {node_id}: {taken}"
+    assert shard_failed.event.error == f"start refused: {taken}"
     assert pg_store.state.models[model].failures >= 1
 
 

@@ -142,13 +142,13 @@ async def test_a_start_the_agent_refuses_fails_its_replica_at_once_with_the_agen
 
     replica = store.state.replicas[replica_id]
     assert replica.phase is ReplicaPhase.FAILED
-    assert replica.shards[0].error == f"refused by gpu-1: {REFUSAL}"
+    assert replica.shards[0].error == f"start refused: {REFUSAL}"
     assert store.state.models["llama"].failures == 1  # the backoff counts it
     history = await store.read_stream(replica_stream(replica_id))
     [shard_failed] = [r for r in history if isinstance(r.event, ShardFailed)]
     assert (shard_failed.meta.actor, shard_failed.meta.causation_id) == ("agent:gpu-1", start)
     assert describe(shard_failed.event) == (
-        f"replica {replica_id} shard 0 failed on gpu-1: refused by gpu-1: {REFUSAL}"
+        f"replica {replica_id} shard 0 failed on gpu-1: start refused: {REFUSAL}"
     )
     assert [type(r.event) for r in history][-1] is ReplicaFailed
 

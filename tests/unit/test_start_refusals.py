@@ -38,7 +38,7 @@ def refusal(
     return CommandAnswered(node_id=node_id, command_id=command_id, ok=ok, error=error, sent=sent)
 
 
-def failed(error: str = f"refused by {NODE}: {TAKEN}") -> ShardFailed:
+def failed(error: str = f"start refused: {TAKEN}") -> ShardFailed:
     return ShardFailed(replica_id="llama-1", shard_index=0, node_id=NODE, error=error)
 
 
@@ -60,7 +60,7 @@ def test_a_shard_its_agent_stopped_and_that_its_node_refuses_to_start_again_fail
     reason = "GPU(s) [0] are no longer listed by the driver"
 
     assert decide(state, refusal(error=reason)) == [
-        ("replica-llama-1", failed(f"refused by {NODE}: {reason}"))
+        ("replica-llama-1", failed(f"start refused: {reason}"))
     ]
 
 
@@ -169,9 +169,9 @@ def test_a_long_reason_is_cut_and_a_missing_one_is_said() -> None:
     [(_, none)] = decide(state, refusal(error=None))
 
     assert isinstance(long, ShardFailed)
-    assert long.error == f"refused by {NODE}: " + "x" * (MAX_REFUSAL_CHARS - 3) + "..."
+    assert long.error == "start refused: " + "x" * (MAX_REFUSAL_CHARS - 3) + "..."
     assert [e.error for e in (blank, none) if isinstance(e, ShardFailed)] == [
-        f"refused by {NODE}: no reason given"
+        "start refused: no reason given"
     ] * 2
 
 
