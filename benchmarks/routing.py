@@ -702,7 +702,13 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = parse(argv)
     if arguments.serve_gateway:
-        serve_gateway(Path(arguments.serve_gateway), arguments.port, log_requests=False)
+        serve_gateway(
+            Path(arguments.serve_gateway),
+            arguments.port,
+            log_requests=False,
+            processes=1,
+            reuse_port=False,
+        )
         return 0
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"llmgw-routing-{uuid.uuid4().hex[:6]}"
     workdir.mkdir(parents=True)
