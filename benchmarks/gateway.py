@@ -127,7 +127,8 @@ from benchmarks.routers import start as start_router
 from benchmarks.routers import stop as stop_router
 from benchmarks.wrk import INSTALL_HINT as WRK_INSTALL_HINT
 from benchmarks.wrk import WrkRun, ensure_wrk, run_wrk
-from tests.support.real_engine import INSTALL_HINT, installed_real_engine, missing_packages
+from devcluster.llamacpp import INSTALL_HINT, missing_packages
+from tests.support.real_engine import installed_real_engine
 
 MODEL = "bench-model"
 PROMPT = "Tell me a short story about a gateway."
