@@ -23,6 +23,11 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.domain.autoscale import DemandSample
+    from app.domain.state import Model
 
 HERE = Path(__file__).resolve()
 
@@ -102,7 +107,7 @@ def measure(models: int, rounds: int) -> dict[str, list[float]]:
     return {"decide_ms": decide_ms, "yardstick_ms": yardstick_ms}
 
 
-def _models(count: int) -> dict[str, object]:
+def _models(count: int) -> dict[str, Model]:
     from app.domain.envelope import Meta, Recorded
     from app.domain.events import ModelDeclared
     from app.domain.evolve import evolve
@@ -127,7 +132,7 @@ def _models(count: int) -> dict[str, object]:
     return dict(state.models)
 
 
-def _history(fleet: dict[str, object], now: datetime) -> dict[str, tuple[object, ...]]:
+def _history(fleet: dict[str, Model], now: datetime) -> dict[str, tuple[DemandSample, ...]]:
     """What ``observe`` keeps of a quarter of an hour of passes a second apart (903 samples:
     the idle-to-zero window and its slack), the same for every model."""
     from app.domain import autoscale
