@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -128,10 +127,10 @@ def _paths(records: Path) -> dict[str, PhasePath]:
         windows[mark["phase"]][mark["edge"]] = mark["t"]
     chains: dict[str, list[tuple[str, list[Frame]]]] = defaultdict(list)
     edges: list[tuple[int, Frame, Frame]] = []
-    for path in records.glob("*.jsonl"):
-        if path.name == "phases.jsonl":
+    for process_records in records.glob("*.jsonl"):
+        if process_records.name == "phases.jsonl":
             continue
-        for line in path.read_text().splitlines():
+        for line in process_records.read_text().splitlines():
             record = json.loads(line)
             if "tenth" in record:
                 edges.append((record["tenth"], tuple(record["caller"]), tuple(record["callee"])))
@@ -169,4 +168,4 @@ def _commit(checkout: Path) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 PACKAGES = ("app", "agent", "cli", "wire", "devcluster")
@@ -32,7 +33,7 @@ def _install(directory: Path, root: Path) -> None:
 
     def record(sink: str) -> None:
         chain: list[list[str]] = []
-        frame = sys._getframe(2)
+        frame: FrameType | None = sys._getframe(2)
         while frame is not None:
             filename = frame.f_code.co_filename
             if filename.endswith(EVENT_LOOP):
