@@ -112,7 +112,7 @@ async def round_trips(port: int, requests: int) -> list[float]:
 
 
 async def run(requests: int, rounds: int) -> Results:
-    protocols = {
+    protocols: dict[str, type[HttpToolsProtocol]] = {
         "httptools": HttpToolsProtocol,
         "limited": limited(HttpToolsProtocol, ListenerLimits()),
     }
