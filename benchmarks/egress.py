@@ -39,6 +39,7 @@ from app.domain.egress import EngineNetworks
 from app.gateway.egress import EngineEgress
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.snapshot import build_snapshot
+from app.gateway.table import GatewaySnapshot
 from app.logs import configure_logging
 from app.store.routing_rows import RouteRow
 from benchmarks.common import format_table, load_average, write_results
@@ -119,13 +120,13 @@ def gateway_figures(routes: int, repeat: int) -> list[Figure]:
     snapshot = build_snapshot(1, [], rows, [], 0.0)
     mixed = build_snapshot(1, [], some_refused, [], 0.0)
 
-    def first_time(table: object, given: EngineNetworks | None) -> Callable[[], object]:
-        return lambda: EngineEgress(given, GatewayMetrics()).admit(table)  # type: ignore[arg-type]
+    def first_time(table: GatewaySnapshot, given: EngineNetworks | None) -> Callable[[], object]:
+        return lambda: EngineEgress(given, GatewayMetrics()).admit(table)
 
-    def again(table: object, given: EngineNetworks | None) -> Callable[[], object]:
+    def again(table: GatewaySnapshot, given: EngineNetworks | None) -> Callable[[], object]:
         egress = EngineEgress(given, GatewayMetrics())
-        egress.admit(table)  # type: ignore[arg-type]
-        return lambda: egress.admit(table)  # type: ignore[arg-type]
+        egress.admit(table)
+        return lambda: egress.admit(table)
 
     for table, refused in ((snapshot, 0), (mixed, routes // 4)):
         admitted = EngineEgress(networks, GatewayMetrics()).admit(table)
