@@ -69,6 +69,7 @@ import uvloop
 
 from agent.simulator.launcher import SimulatorProcess, start_simulator
 from app.domain.keys import format_key, hash_key
+from app.domain.routing_settings import RoutingPolicy
 from app.gateway.affinity import route_key
 from app.gateway.lease import Lease
 from app.gateway.router import Router
@@ -81,7 +82,7 @@ MODEL = "bench-model"
 REPLICAS = 4
 GATEWAYS = 3
 START_TIMEOUT_S = 30.0
-POLICIES = ("least_loaded", "prefix", "session")
+POLICIES: tuple[RoutingPolicy, ...] = ("least_loaded", "prefix", "session")
 ANCHORS = ("vllm-router", "sglang-router")
 WORDS = tuple(f"w{n}" for n in range(256))
 """The vocabulary: a word is a token to the simulator."""
@@ -162,7 +163,9 @@ class Entry:
     headers: dict[str, str]
 
 
-def snapshot_of(engine_urls: Sequence[str], policy: str, key: str, prefix: str) -> GatewaySnapshot:
+def snapshot_of(
+    engine_urls: Sequence[str], policy: RoutingPolicy, key: str, prefix: str
+) -> GatewaySnapshot:
     record = KeyRecord(key_id="bench", name="bench", prefix=prefix, secret_hash=hash_key(key))
     routes = tuple(
         Route(replica_id=f"{MODEL}-{n}", model=MODEL, url=url, kv_ceiling=0.99)
@@ -171,14 +174,14 @@ def snapshot_of(engine_urls: Sequence[str], policy: str, key: str, prefix: str) 
     return GatewaySnapshot(
         declared=frozenset({MODEL}),
         routes={MODEL: routes},
-        policies={MODEL: RoutePolicy(policy=policy)},  # type: ignore[arg-type]
+        policies={MODEL: RoutePolicy(policy=policy)},
         keys={prefix: record},
     )
 
 
 @contextlib.contextmanager
 def gateways(
-    engine_urls: Sequence[str], policy: str, count: int, workdir: Path
+    engine_urls: Sequence[str], policy: RoutingPolicy, count: int, workdir: Path
 ) -> Iterator[list[Entry]]:
     prefix = uuid.uuid4().hex[:8]
     key = format_key(prefix, uuid.uuid4().hex + uuid.uuid4().hex)
@@ -464,7 +467,7 @@ class RoutingCost(msgspec.Struct, frozen=True, kw_only=True):
 
 
 async def routing_cost(
-    policy: str, workload: Sequence[Conversation], arguments: argparse.Namespace
+    policy: RoutingPolicy, workload: Sequence[Conversation], arguments: argparse.Namespace
 ) -> RoutingCost:
     """Time ``route_key`` and ``Router.acquire`` per request body of the workload, with
     ``--concurrency`` requests open (leases released oldest first)."""
