@@ -542,7 +542,8 @@ async def run_all(arguments: argparse.Namespace, workdir: Path) -> Results:
             plan = [(p, GATEWAYS) for p in POLICIES] + [("prefix", 1), ("session", 1)]
             for policy, count in plan:
                 with gateways(urls, policy, count, workdir) as entries:
-                    assert await wait_ready(session, entries), f"{policy} gateways did not start"
+                    if not await wait_ready(session, entries):
+                        raise SystemExit(f"{policy} gateways did not start (logs in {workdir})")
                     name = f"{policy} x{count}"
                     runs.append(
                         await measure(name, "shared", entries, shared, started, session, arguments)
