@@ -69,10 +69,11 @@ class Results(msgspec.Struct, frozen=True):
 
 def route_rows(count: int, refused_share: float) -> list[RouteRow]:
     """``count`` routes spread over ``NODES`` nodes; nodes past the allowed half of the
-    addresses hold ``refused_share`` of them."""
+    addresses hold ``refused_share`` of them, rounded down."""
+    refused_count = int(count * refused_share)
     rows = []
     for r in range(count):
-        refused = r < count * refused_share
+        refused = r < refused_count
         node = NODES // 2 + r % (NODES // 2) if refused else r % (NODES // 2)
         address = f"127.1.{node // 250 + (128 if refused else 0)}.{node % 250 + 1}"
         rows.append(
