@@ -79,3 +79,35 @@ async def test_a_malformed_ejection_report_is_skipped_and_the_others_still_count
     assert found == Ejections(gateways=3, ejected_by={"r-1": 2, "r-2": 1})
     refused = sorted(e["gateway_id"] for e in logs if e["event"] == "gateway_report_refused")
     assert refused == ["array", "huge", "long-id", "mixed", "scalar"]
+    said = {e["gateway_id"]: e for e in logs if e["event"] == "gateway_report_refused"}
+    assert said["huge"]["error"].endswith(
+        f" bytes of ejected replicas, over {MAX_EJECTED_REPORT_BYTES}"
+    )
+    assert said["mixed"]["skipped"] == 4
+    assert said["mixed"]["error"] == (
+        "ejected replicas skipped: '': not a replica's id; 'r-2': Expected `int`, got `str`; "
+        "'r-3': Expected `int` >= 1; 'r-4': Expected `int` >= 1"
+    )
+    long_id = repr("r" * 100)
+    assert said["long-id"]["error"] == f"ejected replicas skipped: {long_id}: not a replica's id"
+
+
+async def test_a_report_past_the_bounded_number_of_replicas_says_how_many_were_skipped(
+    engine: AsyncEngine,
+) -> None:
+    many = {f"r-{n:05d}": 1 for n in range(MAX_REPORTED_REPLICAS + 10)}
+    async with connection(engine) as db:
+        await write_report(db, "gw-a", {}, within_s=5.0, instance="test", ejected=many)
+        await db.execute(
+            "UPDATE gateway_reports SET ejected = $1::jsonb WHERE gateway_id = 'gw-a'",
+            json.dumps(many),
+        )
+    with capture_logs() as logs:
+        found = await TrafficReports(engine).ejections()
+
+    assert len(found.ejected_by) == MAX_REPORTED_REPLICAS
+    [refusal] = [e for e in logs if e["event"] == "gateway_report_refused"]
+    assert refusal["error"] == (
+        f"ejected replicas skipped: replicas past the first {MAX_REPORTED_REPLICAS}"
+    )
+    assert refusal["skipped"] == 10

@@ -309,7 +309,16 @@ async def test_queued_counts_are_read_from_fresh_reports_and_lies_are_skipped(
     finally:
         await db.close()
 
-    assert await InFlightReports(engine).read_queued() == {"llama": 2, "qwen": 2}
+    with capture_logs() as logs:
+        assert await InFlightReports(engine).read_queued() == {"llama": 2, "qwen": 2}
+    said = {e["gateway_id"]: e for e in logs if e["event"] == "gateway_report_refused"}
+    assert sorted(said) == ["array", "huge", "lies", "number"]
+    assert said["huge"]["error"].endswith(" bytes of queued counts, over 262144")
+    assert said["lies"]["skipped"] == 4
+    assert said["lies"]["error"] == (
+        "queued counts skipped: 'big': Expected `int` <= 1000000; 'odd': Expected `int`, got "
+        "`str`; 'llama': Expected `int` >= 0; 'Not A Model!': not a model's name"
+    )
 
 
 async def test_the_reconciler_reads_the_routing_every_live_gateway_counted_by(
