@@ -31,9 +31,9 @@ object adds nothing.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 import asyncpg
 import msgspec
@@ -455,68 +455,81 @@ def _decode_replicas(
     return window_s, parts
 
 
+class _EntriesPart(NamedTuple):
+    """A part of a gateway's row that maps names to counts: what the log calls it and its
+    entries, and its bounds."""
+
+    name: str
+    entries: str
+    max_bytes: int
+    most: int
+
+
+_QUEUED = _EntriesPart("queued counts", "models", MAX_QUEUED_REPORT_BYTES, MAX_REPORTED_MODELS)
+_EJECTED = _EntriesPart(
+    "ejected replicas", "replicas", MAX_EJECTED_REPORT_BYTES, MAX_REPORTED_REPLICAS
+)
+
+
 def _decode_queued(gateway_id: str, size: int, document: str | None) -> dict[str, int]:
     """A gateway's queued counts by model: what of it fits (the rest logged, never
     raised)."""
-    try:
-        if document is None:
-            raise ValueError(f"{size} bytes of queued counts, over {MAX_QUEUED_REPORT_BYTES}")
-        raw = _decode_raw_pieces(document)
-    except (msgspec.DecodeError, ValueError) as exc:
-        _log_refused(gateway_id, str(exc))
-        return {}
-    counts: dict[str, int] = {}
-    refused: list[str] = []
-    for model, piece in raw.items():
-        if len(counts) == MAX_REPORTED_MODELS:
-            refused.append(f"models past the first {MAX_REPORTED_MODELS}")
-            break
-        try:
-            if not NAME_PATTERN.fullmatch(model):
-                raise ValueError("not a model's name")
-            counts[model] = _decode_count(piece)
-        except (msgspec.DecodeError, ValueError) as exc:
-            refused.append(f"{model[:100]!r}: {exc}")
-    if refused:
-        _log_refused(
-            gateway_id,
-            f"queued counts skipped: {'; '.join(refused[:5])}",
-            skipped=len(raw) - len(counts),
-        )
-    return counts
+    return _decode_entries(gateway_id, size, document, _QUEUED, _queued_count) or {}
 
 
 def _decode_ejected(gateway_id: str, size: int, document: str | None) -> list[str] | None:
     """The replicas a gateway ejects: what of it is well formed (the rest logged, never
     raised); None when the row is not taken at all."""
+    ejected = _decode_entries(gateway_id, size, document, _EJECTED, _ejections_in_a_row)
+    return None if ejected is None else list(ejected)
+
+
+def _queued_count(model: str, piece: msgspec.Raw) -> int:
+    if not NAME_PATTERN.fullmatch(model):
+        raise ValueError("not a model's name")
+    return _decode_count(piece)
+
+
+def _ejections_in_a_row(replica_id: str, piece: msgspec.Raw) -> int:
+    if not 1 <= len(replica_id) <= MAX_REPLICA_ID_CHARS:
+        raise ValueError("not a replica's id")
+    return _decode_in_a_row(piece)
+
+
+def _decode_entries(
+    gateway_id: str,
+    size: int,
+    document: str | None,
+    part: _EntriesPart,
+    read_entry: Callable[[str, msgspec.Raw], int],
+) -> dict[str, int] | None:
+    """The entries of one ``part`` of a gateway's row that ``read_entry`` reads, the first
+    ``part.most`` of them; None when the row is too big or not an object. What is not taken
+    is logged, never raised: a lying row costs only itself."""
     try:
         if document is None:
-            raise ValueError(f"{size} bytes of ejected replicas, over {MAX_EJECTED_REPORT_BYTES}")
+            raise ValueError(f"{size} bytes of {part.name}, over {part.max_bytes}")
         raw = _decode_raw_pieces(document)
     except (msgspec.DecodeError, ValueError) as exc:
         _log_refused(gateway_id, str(exc))
         return None
-    replicas: list[str] = []
+    taken: dict[str, int] = {}
     refused: list[str] = []
-    for replica_id, piece in raw.items():
-        if len(replicas) == MAX_REPORTED_REPLICAS:
-            refused.append(f"replicas past the first {MAX_REPORTED_REPLICAS}")
+    for key, piece in raw.items():
+        if len(taken) == part.most:
+            refused.append(f"{part.entries} past the first {part.most}")
             break
         try:
-            if not 1 <= len(replica_id) <= MAX_REPLICA_ID_CHARS:
-                raise ValueError("not a replica's id")
-            _decode_in_a_row(piece)
+            taken[key] = read_entry(key, piece)
         except (msgspec.DecodeError, ValueError) as exc:
-            refused.append(f"{replica_id[:100]!r}: {exc}")
-        else:
-            replicas.append(replica_id)
+            refused.append(f"{key[:100]!r}: {exc}")
     if refused:
         _log_refused(
             gateway_id,
-            f"ejected replicas skipped: {'; '.join(refused[:5])}",
-            skipped=len(raw) - len(replicas),
+            f"{part.name} skipped: {'; '.join(refused[:5])}",
+            skipped=len(raw) - len(taken),
         )
-    return replicas
+    return taken
 
 
 def _log_refused(gateway_id: str, error: str, **counts: int) -> None:
