@@ -50,26 +50,13 @@ class ResponsesRenderer:
                     output_index=0,
                     item=self._message("in_progress", None),
                 ),
-                self._event(
-                    "response.content_part.added",
-                    item_id=self._item_id,
-                    output_index=0,
-                    content_index=0,
-                    part=_text_part(""),
-                ),
+                self._part_event("response.content_part.added", part=_text_part("")),
             )
         )
 
     def tokens(self, start: int, stop: int) -> bytes:
         return b"".join(
-            self._event(
-                "response.output_text.delta",
-                item_id=self._item_id,
-                output_index=0,
-                content_index=0,
-                delta=output_piece(index),
-                logprobs=[],
-            )
+            self._part_event("response.output_text.delta", delta=output_piece(index), logprobs=[])
             for index in range(start, stop)
         )
 
@@ -77,21 +64,8 @@ class ResponsesRenderer:
         text = output_text(output_tokens)
         return b"".join(
             (
-                self._event(
-                    "response.output_text.done",
-                    item_id=self._item_id,
-                    output_index=0,
-                    content_index=0,
-                    text=text,
-                    logprobs=[],
-                ),
-                self._event(
-                    "response.content_part.done",
-                    item_id=self._item_id,
-                    output_index=0,
-                    content_index=0,
-                    part=_text_part(text),
-                ),
+                self._part_event("response.output_text.done", text=text, logprobs=[]),
+                self._part_event("response.content_part.done", part=_text_part(text)),
                 self._event(
                     "response.output_item.done",
                     output_index=0,
@@ -109,6 +83,11 @@ class ResponsesRenderer:
         payload = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
         return b"event: " + kind.encode() + b"\ndata: " + _encode(payload) + b"\n\n"
+
+    def _part_event(self, kind: str, **fields: Any) -> bytes:
+        """An event about the answer's one content part: of the one message, the first
+        output."""
+        return self._event(kind, item_id=self._item_id, output_index=0, content_index=0, **fields)
 
     def _message(self, status: str, output_tokens: int | None) -> dict[str, Any]:
         content = [] if output_tokens is None else [_text_part(output_text(output_tokens))]

@@ -92,6 +92,16 @@ def test_a_responses_stream_is_numbered_events_ending_with_the_completed_respons
     assert completed["status"] == "completed"
     assert completed["usage"]["total_tokens"] == 2 + 3
     assert completed["output"][0]["content"][0]["text"] == "the quick brown"
+    about_the_part = [p for p in payloads if "content_index" in p]
+    assert [p["type"] for p in about_the_part] == [
+        "response.content_part.added",
+        *["response.output_text.delta"] * 3,
+        "response.output_text.done",
+        "response.content_part.done",
+    ]
+    assert {(p["item_id"], p["output_index"], p["content_index"]) for p in about_the_part} == {
+        (completed["output"][0]["id"], 0, 0)
+    }
 
 
 def test_an_upload_is_counted_as_it_is_read_and_never_kept() -> None:
