@@ -14,7 +14,6 @@ from agent.simulator.wire import (
     CompletionRequest,
     InputMessage,
     ResponsesRequest,
-    StreamOptions,
 )
 
 DEFAULT_MAX_TOKENS = 16
@@ -52,15 +51,8 @@ def parse_chat(body: bytes, served_model: str) -> Generation:
     max_tokens = request.max_completion_tokens
     if max_tokens is None:
         max_tokens = request.max_tokens
-    return _generation(
-        "chat",
-        tokenize(" ".join(_message_text(message) for message in request.messages)),
-        max_tokens,
-        request.n,
-        request.stream,
-        request.stream_options,
-        request.ignore_eos,
-    )
+    prompt = tokenize(" ".join(_message_text(message) for message in request.messages))
+    return _sampled("chat", prompt, max_tokens, request)
 
 
 def parse_completion(body: bytes, served_model: str) -> Generation:
@@ -78,15 +70,7 @@ def parse_completion(body: bytes, served_model: str) -> Generation:
             "`prompt` must be a string, a list of one string, or a list of token ids",
             param="prompt",
         )
-    return _generation(
-        "completion",
-        tokens,
-        request.max_tokens,
-        request.n,
-        request.stream,
-        request.stream_options,
-        request.ignore_eos,
-    )
+    return _sampled("completion", tokens, request.max_tokens, request)
 
 
 def parse_responses(body: bytes, served_model: str) -> Generation:
@@ -100,7 +84,7 @@ def parse_responses(body: bytes, served_model: str) -> Generation:
     if request.instructions:
         text = f"{request.instructions} {text}"
     return _generation(
-        "responses", tokenize(text), request.max_output_tokens, 1, request.stream, None, False
+        "responses", tokenize(text), request.max_output_tokens, stream=request.stream
     )
 
 
@@ -136,17 +120,35 @@ def _message_text(message: ChatMessage) -> str:
     return " ".join(part.text for part in content if part.type == "text" and part.text)
 
 
+def _sampled(
+    kind: Kind,
+    prompt: tuple[str, ...],
+    max_tokens: int | None,
+    request: ChatCompletionRequest | CompletionRequest,
+) -> Generation:
+    """A chat or completion request's generation, with the options both kinds share."""
+    if request.n != 1:
+        raise invalid_request("Only n=1 is supported.", param="n")
+    options = request.stream_options
+    return _generation(
+        kind,
+        prompt,
+        max_tokens,
+        stream=request.stream,
+        include_usage=request.stream and options is not None and options.include_usage,
+        ignore_eos=request.ignore_eos,
+    )
+
+
 def _generation(
     kind: Kind,
     prompt: tuple[str, ...],
     max_tokens: int | None,
-    n: int,
+    *,
     stream: bool,
-    stream_options: StreamOptions | None,
-    ignore_eos: bool,
+    include_usage: bool = False,
+    ignore_eos: bool = False,
 ) -> Generation:
-    if n != 1:
-        raise invalid_request("Only n=1 is supported.", param="n")
     if max_tokens is None:
         max_tokens = DEFAULT_MAX_TOKENS
     if max_tokens < 1:
@@ -157,6 +159,6 @@ def _generation(
         prompt=prompt,
         max_tokens=max_tokens,
         stream=stream,
-        include_usage=stream and stream_options is not None and stream_options.include_usage,
+        include_usage=include_usage,
         ignore_eos=ignore_eos,
     )

@@ -6,7 +6,12 @@ import msgspec
 import pytest
 
 from agent.simulator.errors import ApiError, error_body, model_not_found
-from agent.simulator.generation import DEFAULT_MAX_TOKENS, parse_chat, parse_completion
+from agent.simulator.generation import (
+    DEFAULT_MAX_TOKENS,
+    parse_chat,
+    parse_completion,
+    parse_responses,
+)
 from agent.simulator.tokens import output_piece, output_text, tokenize
 
 MODEL = "sim-model"
@@ -97,6 +102,27 @@ def test_a_malformed_chat_request_is_a_400(payload: bytes, message: str) -> None
 
     assert raised.value.status == 400
     assert message in raised.value.message
+
+
+def test_a_responses_request_streams_without_usage_options_and_names_its_own_limit() -> None:
+    generation = parse_responses(body({"model": MODEL, "input": "hi", "stream": True}), MODEL)
+
+    assert (generation.kind, generation.max_tokens, generation.stream) == (
+        "responses",
+        DEFAULT_MAX_TOKENS,
+        True,
+    )
+    assert (generation.include_usage, generation.ignore_eos) == (False, False)
+    with pytest.raises(ApiError) as raised:
+        parse_responses(body({"model": MODEL, "input": "hi", "max_output_tokens": 0}), MODEL)
+    assert (raised.value.status, raised.value.param) == (400, "max_output_tokens")
+
+
+def test_a_request_for_more_than_one_choice_is_refused_before_its_limit_is_read() -> None:
+    with pytest.raises(ApiError) as raised:
+        parse_completion(body({"model": MODEL, "prompt": "hi", "n": 2, "max_tokens": 0}), MODEL)
+
+    assert (raised.value.status, raised.value.param) == (400, "n")
 
 
 def test_a_request_for_another_model_is_a_404() -> None:
