@@ -6,7 +6,8 @@ Settings come from flags, then ``LLMGW_AGENT_*`` variables, then the TOML file n
 
 Exit codes: 0 stopped by SIGTERM or SIGINT (engines are left running, or stopped and
 reported with ``--engines-on-exit stop``), 1 cannot go on (a certificate refused by either
-side, the state directory in use or unwritable), 2 bad usage or configuration.
+side, the state directory in use or unwritable), 2 bad usage or configuration, or more
+GPUs than a node may report (``agent.gpu_limit``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from agent.config import (
 )
 from agent.connection import Backoff, ConnectionFatal, DialTimeouts, stay_connected
 from agent.engines.recorded_stop import stop_recorded_engines
+from agent.gpu_limit import GpusOverLimit
 from agent.gpus import mark_fake_gpu, open_gpu_source
 from agent.runtime import AgentRuntime
 from app.logs import configure_logging
@@ -345,7 +347,10 @@ async def _run_locked(config: AgentConfig, ssl_context: ssl.SSLContext) -> int:
     gpu_source = open_gpu_source(config.fake_gpus, config.fake_gpu_health_file, config.node_id)
     runtime = AgentRuntime(config, gpu_source)
     try:
-        await runtime.start()
+        try:
+            await runtime.start()
+        except GpusOverLimit as exc:
+            return _fail(PROGRAM, str(exc), EXIT_USAGE)
         return await _serve_until_stopped(config, ssl_context, runtime)
     finally:
         await runtime.close()

@@ -39,6 +39,7 @@ from agent.engines import (
 from agent.engines.supervisor import FAILED_KEPT
 from agent.gpu_duplicates import without_duplicate_gpus
 from agent.gpu_inventory import GpuInventory, gpu_inventory, inventory_change
+from agent.gpu_limit import GpusOverLimit, over_limit_refusal, within_node_limit
 from agent.gpu_reports import (
     VANISHED_GPU_REASON,
     displaced_gpus,
@@ -61,6 +62,7 @@ from agent.turns import Turns
 from wire.errors import MessageTooLarge
 from wire.messages import (
     MAX_ERROR_CHARS,
+    MAX_GPUS_PER_NODE,
     MAX_SHARDS_PER_NODE,
     PROTOCOL_VERSION,
     AgentCommand,
@@ -209,6 +211,10 @@ class AgentRuntime:
         self._gpu_lock = asyncio.Lock()
         self._snapshot = GpuSnapshot(gpus=())
         self._duplicate_gpus: set[tuple[str, int, str, int, str]] = set()
+        self._gpus_left_out: tuple[tuple[int, str], ...] = ()
+        """The index and UUID of each GPU the source lists past ``MAX_GPUS_PER_NODE``
+        (``agent.gpu_limit``)."""
+        self._started = False
         self._unreported_gpu_changes: list[GpuHealthChange] = []
         self._supervisor = EngineSupervisor(
             config.state_dir, self._shard_changed, liveness=config.liveness
@@ -226,8 +232,14 @@ class AgentRuntime:
         return self._supervisor
 
     async def start(self) -> None:
-        """Read the GPUs and re-attach the engines an earlier agent process left running."""
+        """Read the GPUs and re-attach the engines an earlier agent process left running.
+        Raises ``GpusOverLimit``, re-attaching nothing, when the GPU source lists more GPUs
+        than a node may report."""
         await self.refresh_gpus()
+        if self._gpus_left_out:
+            listed = len(self._snapshot.gpus) + len(self._gpus_left_out)
+            raise GpusOverLimit(over_limit_refusal(listed))
+        self._started = True
         adopted = await self._supervisor.reattach()
         log.info(
             "agent_started",
@@ -283,7 +295,9 @@ class AgentRuntime:
                 index_now_of=holder.uuid,
                 reason=f"{VANISHED_GPU_REASON}, and another GPU is listed under its index",
             )
-        snapshot = self._without_duplicates(with_vanished_gpus(self._snapshot, snapshot))
+        snapshot = self._within_limit(
+            self._without_duplicates(with_vanished_gpus(self._snapshot, snapshot))
+        )
         changes = gpu_health_changes(self._snapshot.gpus, snapshot.gpus)
         for change in changes:
             log.info(
@@ -311,6 +325,25 @@ class AgentRuntime:
                 )
         self._duplicate_gpus = {duplicate.which for duplicate in duplicates}
         return replace(snapshot, gpus=gpus) if duplicates else snapshot
+
+    def _within_limit(self, snapshot: GpuSnapshot) -> GpuSnapshot:
+        """``snapshot`` cut to the GPUs a hello may list (``agent.gpu_limit``); the GPUs
+        left out are logged when they change, so the node never loses one unsaid (at the
+        start ``start`` refuses instead)."""
+        gpus, left_out = within_node_limit(snapshot.gpus)
+        which = tuple((gpu.index, gpu.uuid) for gpu in left_out)
+        if self._started and which and which != self._gpus_left_out:
+            log.warning(
+                "gpus_over_node_limit",
+                listed=len(snapshot.gpus),
+                reported=len(gpus),
+                left_out=[f"{index} {uuid}" for index, uuid in which],
+                reason=f"a node may report at most {MAX_GPUS_PER_NODE} GPUs: the first by "
+                "index are reported, the others are not used until the agent restarts, "
+                "which refuses to start while the node has more",
+            )
+        self._gpus_left_out = which
+        return replace(snapshot, gpus=gpus) if which else snapshot
 
     async def serve(self, websocket: ClientConnection) -> bool:
         """Speak the protocol over ``websocket`` until it closes; True if the control plane

@@ -92,7 +92,9 @@ MAX_SHARDS_PER_NODE = 1024
 """Most shards a hello may list (``app.hub.claims`` refuses one with more): an agent keeps
 its running and its failed shards within it, or could never connect again."""
 MAX_GPUS_PER_NODE = 64
-"""Most GPUs a hello may list (``app.hub.claims`` refuses one with more)."""
+"""Most GPUs a hello may list (``app.hub.claims`` refuses one with more). An agent that
+finds more at its start refuses to start; one whose GPU source lists more later reports
+the first 64 by index (``agent.gpu_limit``)."""
 MAX_SHARD_REPORT_BYTES = 768
 """Most bytes one shard's ``ShardReport`` may take in a hello, as JSON. The agent refuses
 to start a shard whose report could be larger (a long replica id or model name), so that

@@ -42,8 +42,13 @@ def parse_fake_gpus(spec: str, seed: str = "") -> list[GpuStatus]:
             "(units GB, GiB or MiB)"
         )
     count, size = int(match["count"]), int(match["size"])
-    if not 1 <= count <= MAX_FAKE_GPUS:
+    if count < 1:
         raise ValueError(f"fake GPU spec {spec!r}: count must be 1 to {MAX_FAKE_GPUS}")
+    if count > MAX_FAKE_GPUS:
+        raise ValueError(
+            f"fake GPU spec {spec!r}: {count} GPUs; a node may report at most {MAX_FAKE_GPUS} "
+            "(the control plane refuses a hello with more)"
+        )
     if size < 1:
         raise ValueError(f"fake GPU spec {spec!r}: memory size must be positive")
     unit, mib_per_unit = _UNITS[match["unit"].lower()]

@@ -24,8 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.gpus.files import NotARegularFile, TooLarge, read_bounded, write_atomically
+from wire.messages import MAX_GPUS_PER_NODE
 
-MAX_FAKE_GPUS = 64
+MAX_FAKE_GPUS = MAX_GPUS_PER_NODE
+"""A node may report no more (``agent.gpu_limit``), fake or not."""
 MAX_REASON_CHARS = 500
 MAX_HEALTH_FILE_BYTES = 64 * 1024
 """Room for every GPU with the longest reason; anything bigger is not the file we write."""

@@ -374,3 +374,27 @@ def test_an_empty_config_variable_is_refused_saying_so(node_files: Path) -> None
     with pytest.raises(ConfigError) as refused:
         load_config(flags(node_files), {"LLMGW_AGENT_CONFIG": ""})
     assert str(refused.value) == "LLMGW_AGENT_CONFIG is empty: give the config file, or unset it"
+
+
+# -- what a hello can carry --------------------------------------------------------------
+
+
+def test_more_fake_gpus_than_a_node_may_report_is_refused_at_start_in_one_line(
+    node_files: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The control plane refuses a hello of more than 64 GPUs: an agent started with more
+    would reconnect for ever."""
+    monkeypatch.chdir(node_files)
+    config_file = write_config(
+        node_files,
+        'servers = ["wss://127.0.0.5:8443"]\nnode_id = "gpu-07"\ncert = "node.crt"\n'
+        'key = "node.key"\nca = "ca.crt"\nfake_gpus = "100x80GB"\n',
+    )
+
+    code = app(["--config", str(config_file)], result_action="return_value")
+
+    assert code == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        "llmgw-agent: --fake-gpus: fake GPU spec '100x80GB': 100 GPUs; a node may report at "
+        "most 64 (the control plane refuses a hello with more)\n"
+    )

@@ -49,7 +49,7 @@ def test_a_spec_declares_count_gpus_of_size(spec: str, count: int, mib: int, nam
         ("", "expected COUNTxSIZE"),
         ("4 GPUs", "expected COUNTxSIZE"),
         ("0x80GB", "count must be 1 to 64"),
-        ("65x80GB", "count must be 1 to 64"),
+        ("65x80GB", "65 GPUs; a node may report at most 64"),
         ("4x0GB", "memory size must be positive"),
     ],
 )
