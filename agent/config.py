@@ -29,6 +29,7 @@ from agent.gpus import parse_fake_gpus
 from app.pki.errors import InvalidRequest
 from app.pki.names import check_subject_name
 from app.regular_file import FileMissing, FileRefused, read_regular_text
+from wire.messages import MAX_HOST_CHARS, MAX_LABEL_KEY_CHARS, MAX_LABEL_VALUE_CHARS, MAX_LABELS
 
 ENV_PREFIX = "LLMGW_AGENT_"
 CONFIG_ENV = f"{ENV_PREFIX}CONFIG"
@@ -53,7 +54,7 @@ ENGINES_ON_EXIT: tuple[EnginesOnExit, ...] = get_args(EnginesOnExit)
 
 T = TypeVar("T")
 
-_LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,62}")
+_LABEL_KEY = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._/-]{{0,{MAX_LABEL_KEY_CHARS - 1}}}")
 _PORT_RANGE = re.compile(r"(\d+)\s*-\s*(\d+)")
 
 
@@ -305,7 +306,7 @@ def resolve(settings: AgentSettings, environ: Mapping[str, str]) -> AgentConfig:
         ca=_existing_file(settings.ca, "--ca", "CA", "ca"),
         fake_gpus=fake_gpus,
         state_dir=settings.state_dir or default_state_dir(environ),
-        labels=dict(settings.labels or {}),
+        labels=_hello_labels(settings.labels or {}),
         address=_address(settings.address),
         port_range=(
             DEFAULT_PORT_RANGE
@@ -398,7 +399,32 @@ def _address(address: str | None) -> str | None:
         return None
     if not address.strip() or any(character.isspace() for character in address.strip()):
         raise ConfigError(f"--address {address!r}: expected a host name or IP address")
+    if len(address.strip()) > MAX_HOST_CHARS:
+        raise ConfigError(
+            f"--address {address[:40]!r}...: {len(address.strip())} characters; a hello "
+            f"carries at most {MAX_HOST_CHARS}, as a host name has"
+        )
     return address.strip()
+
+
+def _hello_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """``labels`` (from any source: the config file's are not parsed by ``parse_labels``)
+    if a hello can carry them; a hello beyond them is malformed, and the agent would be
+    refused at every connection."""
+    if len(labels) > MAX_LABELS:
+        raise ConfigError(f"--label: {len(labels)} labels; a node may have at most {MAX_LABELS}")
+    for key, value in labels.items():
+        if not _LABEL_KEY.fullmatch(key):
+            raise ConfigError(
+                f"--label {key[:80]!r}: a key is 1-{MAX_LABEL_KEY_CHARS} letters, digits, "
+                "'.', '_', '/' or '-', starting with a letter or digit"
+            )
+        if len(value) > MAX_LABEL_VALUE_CHARS:
+            raise ConfigError(
+                f"--label {key}: the value has {len(value)} characters; a label's value "
+                f"has at most {MAX_LABEL_VALUE_CHARS}"
+            )
+    return dict(labels)
 
 
 def _existing_file(path: Path | None, flag: str, env: str, key: str) -> Path:

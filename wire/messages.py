@@ -81,10 +81,16 @@ Error = Annotated[str, msgspec.Meta(max_length=MAX_ERROR_CHARS)]
 MAX_TEXT_CHARS = 1024
 Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
 """Names, versions and reasons: generous, but bounded, so one field cannot be a megabyte."""
-Host = Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
-LabelKey = Annotated[str, msgspec.Meta(min_length=1, max_length=63)]
-LabelValue = Annotated[str, msgspec.Meta(max_length=256)]
-Labels = Annotated[dict[LabelKey, LabelValue], msgspec.Meta(max_length=64)]
+MAX_HOST_CHARS = 253
+MAX_LABELS = 64
+MAX_LABEL_KEY_CHARS = 63
+MAX_LABEL_VALUE_CHARS = 256
+"""What a hello's address and labels may hold; a hello beyond them is malformed, so the
+agent refuses to start with settings beyond them (``agent.config``)."""
+Host = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_HOST_CHARS)]
+LabelKey = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_LABEL_KEY_CHARS)]
+LabelValue = Annotated[str, msgspec.Meta(max_length=MAX_LABEL_VALUE_CHARS)]
+Labels = Annotated[dict[LabelKey, LabelValue], msgspec.Meta(max_length=MAX_LABELS)]
 MAX_LISTED = 4096
 """Most GPUs, shards or GPU indexes one message may list; the meaning of a hello is checked
 against tighter limits (``app.hub.claims``)."""

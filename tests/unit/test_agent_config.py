@@ -398,3 +398,59 @@ def test_more_fake_gpus_than_a_node_may_report_is_refused_at_start_in_one_line(
         "llmgw-agent: --fake-gpus: fake GPU spec '100x80GB': 100 GPUs; a node may report at "
         "most 64 (the control plane refuses a hello with more)\n"
     )
+
+
+LONG_VALUE = "v" * 257
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "[labels]\n" + "".join(f"k{n} = 'v'\n" for n in range(65)),
+            "--label: 65 labels; a node may have at most 64",
+        ),
+        (
+            f"[labels]\nzone = '{LONG_VALUE}'\n",
+            "--label zone: the value has 257 characters; a label's value has at most 256",
+        ),
+        (
+            f"[labels]\n{'k' * 64} = 'v'\n",
+            f"--label {'k' * 64!r}: a key is 1-63 letters, digits, '.', '_', '/' or '-', "
+            "starting with a letter or digit",
+        ),
+        (
+            "[labels]\n'' = 'v'\n",
+            "--label '': a key is 1-63 letters, digits, '.', '_', '/' or '-', starting with "
+            "a letter or digit",
+        ),
+        (
+            f"address = '{'a' * 254}'\n",
+            f"--address {'a' * 40!r}...: 254 characters; a hello carries at most 253, as a "
+            "host name has",
+        ),
+    ],
+)
+def test_settings_a_hello_cannot_carry_are_refused_at_start(
+    node_files: Path, text: str, message: str
+) -> None:
+    """A hello beyond the wire's bounds is malformed: refused at every connection."""
+    config_file = write_config(node_files, text)
+
+    with pytest.raises(ConfigError) as refused:
+        load_config(flags(node_files), {}, config_file)
+
+    assert str(refused.value) == message
+
+
+def test_a_label_value_over_256_characters_is_refused_from_the_command_line_too(
+    node_files: Path,
+) -> None:
+    with pytest.raises(ConfigError, match="--label zone: the value has 257 characters"):
+        load_config(flags(node_files, labels={"zone": LONG_VALUE}), {})
+
+
+def test_the_most_labels_a_hello_carries_are_taken(node_files: Path) -> None:
+    labels = {f"{'k' * 60}{n:03}": "v" * 256 for n in range(64)}
+
+    assert load_config(flags(node_files, labels=labels), {}).labels == labels
