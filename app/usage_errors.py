@@ -25,7 +25,7 @@ the command chooses. A grep for the program's name finds both kinds.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 from cyclopts import App, CycloptsError
 from cyclopts.exceptions import (
@@ -36,6 +36,9 @@ from cyclopts.exceptions import (
 )
 from rich.console import Console
 from rich.text import Text
+
+from app.usage_words import closest as closest
+from app.usage_words import shown as shown
 
 
 def usage_error_console() -> Console:
@@ -69,26 +72,6 @@ def print_command_error(command: str, message: str) -> None:
     is the program and its subcommands as typed (``llmgw-server log verify``). What the
     message holds (a path, a URL, a database's answer) is ``shown``."""
     print(shown(f"{command}: {message}"), file=sys.stderr, flush=True)
-
-
-def shown(text: str) -> str:
-    """``text`` with every character a terminal would act on or not show (ESC, CR, a
-    newline, U+202E...) written as Python writes it in a string literal (``\\x1b``)."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
-
-
-def closest(word: str, names: Iterable[str]) -> str | None:
-    """The one name ``word`` begins, else the name it most likely misspells, else None."""
-    names = list(names)
-    begun = [name for name in names if name.startswith(word)]
-    if len(begun) == 1:
-        return begun[0]
-    most = max(1, len(word.lstrip("-")) // 3)
-    scored = [(_edits(word, name), abs(len(name) - len(word)), name) for name in names]
-    near = [score for score in scored if score[0] <= most]
-    return min(near, key=lambda score: score[:2])[2] if near else None
 
 
 def _what_is_wrong(error: CycloptsError, where: str, refusals: tuple[type[Exception], ...]) -> str:
@@ -137,20 +120,3 @@ def _options(app: App | None) -> list[str]:
     except ValueError:  # a group without a default command has no options of its own
         return []
     return [name for argument in arguments if argument.parse for name in argument.names]
-
-
-def _edits(a: str, b: str) -> int:
-    """Optimal string alignment distance: insertions, deletions, substitutions and swaps
-    of two neighbouring letters, one edit each."""
-    previous2: list[int] = []
-    previous = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        row = [i]
-        for j, cb in enumerate(b, 1):
-            cost = 0 if ca == cb else 1
-            best = min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + cost)
-            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
-                best = min(best, previous2[j - 2] + 1)
-            row.append(best)
-        previous2, previous = previous, row
-    return previous[-1]

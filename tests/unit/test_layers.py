@@ -3,8 +3,9 @@
     cli ──> (app.pki, app.logs,            never app.domain: the CLI renders what the API says
              app.usage_errors)
     agent ──> wire, app.pki, app.logs,     the agent speaks the wire, not the server's mind
-              app.regular_file,            (app.logs, app.regular_file, app.usage_errors: the
-              app.usage_errors             plumbing every program shares)
+              app.regular_file,            (app.logs, app.regular_file, app.usage_errors and
+              app.usage_errors,            app.usage_words: the plumbing every program shares)
+              app.usage_words
     app.admin, app.gateway, app.hub, app.store, app.bootstrap   the shell and adapters
       └──> app.services ──> app.domain <── (only the standard library and msgspec)
     app.store ─x─> app.gateway             the store knows no reader of it
@@ -81,11 +82,18 @@ RULES = {
     "cli imports nothing of app.domain": lambda module, imported: (
         within(module, "cli") and within(imported, "app.domain")
     ),
-    "agent imports of app only app.pki, app.logs, app.regular_file and app.usage_errors": (
+    "agent imports of app only app.pki, app.logs, app.regular_file and app.usage_*": (
         lambda module, imported: (
             within(module, "agent")
             and within(imported, "app")
-            and not within(imported, "app.pki", "app.logs", "app.regular_file", "app.usage_errors")
+            and not within(
+                imported,
+                "app.pki",
+                "app.logs",
+                "app.regular_file",
+                "app.usage_errors",
+                "app.usage_words",
+            )
         )
     ),
     "wire imports nothing of app, agent or cli": lambda module, imported: (
@@ -117,7 +125,8 @@ def test_the_rules_see_a_breach() -> None:
     assert not RULES["cli imports nothing of app.domain"]("cli.keys", "app.pki")
     assert RULES["no program imports the dev cluster"]("app.commands.serve", "devcluster.dev")
     agent_rule = RULES[
-        "agent imports of app only app.pki, app.logs, app.regular_file and app.usage_errors"
+        "agent imports of app only app.pki, app.logs, app.regular_file and app.usage_*"
     ]
     assert agent_rule("agent.main", "app.bootstrap")
     assert not agent_rule("agent.main", "app.usage_errors")
+    assert not agent_rule("agent.simulator.serve", "app.usage_words")

@@ -1,0 +1,46 @@
+"""The words of a usage error, with nothing but the standard library: what the command line
+held, shown as visible escapes (``shown``), and the real name a mistyped one most likely
+meant (``closest``). ``app.usage_errors`` tells cyclopts' errors with them; the engine
+simulator, whose start imports neither cyclopts nor rich, tells argparse's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def shown(text: str) -> str:
+    """``text`` with every character a terminal would act on or not show (ESC, CR, a
+    newline, U+202E...) written as Python writes it in a string literal (``\\x1b``)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
+def closest(word: str, names: Iterable[str]) -> str | None:
+    """The one name ``word`` begins, else the name it most likely misspells, else None."""
+    names = list(names)
+    begun = [name for name in names if name.startswith(word)]
+    if len(begun) == 1:
+        return begun[0]
+    most = max(1, len(word.lstrip("-")) // 3)
+    scored = [(_edits(word, name), abs(len(name) - len(word)), name) for name in names]
+    near = [score for score in scored if score[0] <= most]
+    return min(near, key=lambda score: score[:2])[2] if near else None
+
+
+def _edits(a: str, b: str) -> int:
+    """Optimal string alignment distance: insertions, deletions, substitutions and swaps
+    of two neighbouring letters, one edit each."""
+    previous2: list[int] = []
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        row = [i]
+        for j, cb in enumerate(b, 1):
+            cost = 0 if ca == cb else 1
+            best = min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + cost)
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                best = min(best, previous2[j - 2] + 1)
+            row.append(best)
+        previous2, previous = previous, row
+    return previous[-1]
