@@ -8,7 +8,8 @@ The simulator stands in for an engine whose start the agent, the gateway and the
 autoscaler wait for, so its own start is kept short: the command line is the standard
 library's ``argparse`` (as vLLM's is), and ``rich``, which structlog imports when it is
 installed to print tracebacks the simulator never prints, is kept out. Together they were
-two fifths of the process's start (``docs/simulator.md``).
+two fifths of the process's start (``docs/simulator.md``). Bad usage is still told as the
+other programs tell it: one line, exit 2 (``agent.simulator.flags``).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ import agent.main as llmgw_agent
 import app.main as llmgw_server
 from agent.config import parse_port_range, parse_server
 from agent.gpus.fake import parse_fake_gpus
-from agent.simulator.serve import build_parser, defaults_from_environment
+from agent.simulator.flags import UsageError, parse
 from app.domain.model_spec import COMMAND_PLACEHOLDERS, ModelSpec, validate_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -365,13 +365,10 @@ def simulator_arguments(argv: Sequence[str]) -> argparse.Namespace:
     cyclopts', so ``resolve`` does not apply); InvalidInvocation for what it would refuse."""
     if Path(argv[0]).name != "llmgw-sim-engine" or "llmgw-sim-engine" not in console_scripts():
         raise InvalidInvocation(f"{shlex.join(argv)} is not the engine simulator")
-    parser = build_parser()
-    with only_environment({}):
-        parser.set_defaults(**defaults_from_environment(os.environ))
     try:
-        return parser.parse_args(list(argv[1:]))
-    except SystemExit as exc:
-        raise InvalidInvocation(f"{shlex.join(argv)}: refused (exit {exc.code})") from exc
+        return parse(list(argv[1:]), {})
+    except UsageError as exc:
+        raise InvalidInvocation(f"{shlex.join(argv)}: {exc}") from exc
 
 
 def test_the_ca_key_is_seen_by_the_certs_service_only() -> None:

@@ -12,7 +12,7 @@ from cyclopts import App
 from rich.console import Console
 
 from agent.main import app as agent_app
-from agent.simulator.serve import build_parser
+from agent.simulator.flags import build_parser
 from app.main import app as server_app
 from cli.main import app as cli_app
 from devcluster.main import app as dev_app

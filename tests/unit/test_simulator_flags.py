@@ -1,21 +1,22 @@
-"""The simulator's command line: flags, their ``LLMGW_SIM_<FLAG>`` variables, and a start
-that stays short."""
+"""The simulator's command line: flags, their ``LLMGW_SIM_<FLAG>`` variables, bad usage
+told in one line as every program tells it, and a start that stays short."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 
 import pytest
 
-from agent.simulator.serve import build_parser, defaults_from_environment
+from agent.simulator.flags import FLAGS, UsageError, build_parser, defaults_from_environment
+from agent.simulator.flags import parse as parse_settings
+from devcluster.processes import program
 
 
 def parse(argv: list[str], environ: dict[str, str]) -> dict[str, object]:
-    parser = build_parser()
-    parser.set_defaults(**defaults_from_environment(environ))
-    return vars(parser.parse_args(argv))
+    return vars(parse_settings(argv, environ))
 
 
 def test_a_variable_gives_a_flag_its_value_and_the_command_line_wins() -> None:
@@ -94,11 +95,9 @@ def test_a_switch_takes_a_value_after_an_equals_sign(argv: list[str], expected: 
     assert parse(argv, {})["instant"] is expected
 
 
-def test_a_switch_given_a_word_that_is_not_true_or_false_ends_with_code_2() -> None:
-    with pytest.raises(SystemExit) as ended:
-        parse(["--instant=maybe"], {})
-
-    assert ended.value.code == 2
+def test_a_switch_given_a_word_that_is_not_true_or_false_is_refused_naming_it() -> None:
+    with pytest.raises(UsageError, match=re.escape("--no-instant 'maybe': expected true or false")):
+        parse(["--no-instant=maybe"], {})
 
 
 @pytest.mark.parametrize(
@@ -116,7 +115,67 @@ def test_none_clears_an_optional_flag_its_variable_set() -> None:
 
 
 def test_a_flag_is_never_guessed_from_its_first_letters() -> None:
-    with pytest.raises(SystemExit) as ended:
+    with pytest.raises(
+        UsageError, match=re.escape("unknown option --inst; did you mean --instant?")
+    ):
         parse(["--inst"], {})
 
-    assert ended.value.code == 2
+
+SIMULATOR = program("llmgw-sim-engine")
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "line"),
+    [
+        (["--nope"], {}, "unknown option --nope; see llmgw-sim-engine --help"),
+        (["--max-num-seq", "4"], {}, "unknown option --max-num-seq; did you mean --max-num-seqs?"),
+        (["--port", "80a"], {}, "--port '80a': expected a whole number"),
+        (["--port"], {}, "--port needs a value"),
+        (["--profile", "tgi"], {}, "--profile 'tgi': expected one of vllm, sglang, llamacpp"),
+        (["--max-num-seqs", "0"], {}, "--max-num-seqs '0': expected a whole number, 1 or more"),
+        (
+            ["--decode-base-ms", "-1"],
+            {},
+            "--decode-base-ms '-1': expected a number of milliseconds, 0 or more",
+        ),
+        (
+            ["serve"],
+            {},
+            "unexpected argument 'serve': every setting is a flag; see llmgw-sim-engine --help",
+        ),
+        ([], {"LLMGW_SIM_PORT": "80a"}, "LLMGW_SIM_PORT='80a': expected a whole number"),
+        (["--port", "70000"], {}, "--port '70000': expected a port, 0 to 65535"),
+    ],
+)
+def test_bad_usage_is_one_line_on_stderr_and_exit_2(
+    argv: list[str], environ: dict[str, str], line: str
+) -> None:
+    """As llmgw-agent, llmgw-cli, llmgw-server and llmgw-dev tell it: the program, then
+    what is wrong, never argparse's usage block."""
+    done = subprocess.run(
+        [SIMULATOR, *argv],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"COLUMNS": "40"} | environ,
+        timeout=60,
+        check=False,
+    )
+
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", f"llmgw-sim-engine: {line}\n")
+
+
+def test_what_the_command_line_held_is_shown_as_visible_escapes() -> None:
+    done = subprocess.run(
+        [SIMULATOR, "--port", "\x1b[2J"], capture_output=True, text=True, timeout=60, check=False
+    )
+
+    assert done.stderr == "llmgw-sim-engine: --port '\\x1b[2J': expected a whole number\n"
+
+
+def test_the_help_is_laid_out_as_the_other_programs_and_names_each_variable() -> None:
+    shown = build_parser().format_help()
+
+    assert shown.startswith("Usage: llmgw-sim-engine [OPTIONS]\n")
+    words = " ".join(shown.split())
+    assert [name for flag in FLAGS for name in flag.variables if name not in words] == []
+    assert "--port INT TCP port to listen on. [env var: LLMGW_SIM_PORT] [default: 8000]" in words
