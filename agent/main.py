@@ -126,12 +126,20 @@ def run(
         Path | None, Parameter(converter=filled_path, help="The llmgw CA certificate (ca.crt).")
     ] = None,
     fake_gpus: Annotated[
-        str | None, Parameter(help="Declare fake GPUs instead of using NVML, e.g. 4x80GB.")
+        str | None,
+        Parameter(
+            help="Declare fake GPUs instead of using NVML, e.g. 4x80GB; at most 64, the most "
+            "a node may report (an agent whose NVML lists more refuses to start too)."
+        ),
     ] = None,
     state_dir: StateDir = None,
     label: Annotated[
         list[str] | None,
-        Parameter(help="A node label, key=value; repeat for several.", negative=()),
+        Parameter(
+            help="A node label, key=value; repeat for several. At most 64, each key 1-63 "
+            "characters and each value at most 256, as a hello carries them.",
+            negative=(),
+        ),
     ] = None,
     address: Annotated[
         str | None,
