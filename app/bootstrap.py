@@ -21,7 +21,7 @@ import signal
 import socket
 import ssl
 from collections.abc import AsyncIterator, Callable, Generator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -38,6 +38,7 @@ from app.admin.metrics import control_plane_figures
 from app.admin.tls import admin_protocol, admin_ssl_context
 from app.clock import utc_now
 from app.commands.common import SERVE, database_role_allowed, engine_networks_of
+from app.commands.gateway_settings import gateway_options
 from app.domain.egress import EngineNetworks
 from app.domain.envelope import Recorded
 from app.gateway.postgres import GatewayOptions, PostgresGateway
@@ -47,7 +48,7 @@ from app.hub.gate import DEFAULT_PER_ADDRESS as DEFAULT_HANDSHAKES_PER_ADDRESS
 from app.hub.hub import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S, AgentHub
 from app.hub.reconnects import ConnectLimits
 from app.listeners.limits import ListenerLimits
-from app.listeners.throttle import FailureBudget, FailureLimits
+from app.listeners.throttle import FailureBudget
 from app.pki import TlsConfigurationError, server_ssl_context
 from app.services.agent_reports import ReportHandler
 from app.services.control_plane import (
@@ -195,27 +196,23 @@ class Server:
     def from_settings(cls, settings: ServeSettings) -> Server:
         """Raises ``SettingsError`` (with one line to print) for settings that cannot run."""
         problems = settings.problems()
+        gateway_settings = settings.gateway_settings
         if problems:
             raise SettingsError("; ".join(problems))
         try:
             tokens = parse_tokens(
                 settings.admin_tokens or os.environ.get("LLMGW_ADMIN_TOKEN_PAIRS", "")
             )
-            networks = engine_networks_of(settings.engine_networks)
+            networks = engine_networks_of(gateway_settings.engine_networks)
         except ValueError as exc:
             raise SettingsError(str(exc)) from exc
         if settings.tls_cert is None or settings.tls_key is None or settings.tls_ca is None:
             raise SettingsError(AGENT_TLS_HINT)
-        admin_limits = ListenerLimits(
-            header_timeout_s=settings.header_timeout,
-            body_timeout_s=settings.body_timeout,
-            send_timeout_s=settings.send_timeout,
-            max_connections=settings.admin_max_connections,
-        )
-        client_limits = replace(admin_limits, max_connections=settings.client_max_connections)
-        auth_failures = FailureLimits(
-            burst=settings.auth_failure_burst, per_minute=settings.auth_failures_per_minute
-        )
+        # The admin listener treats its clients as the gateway's does: the same timeouts and
+        # the same budget of wrong tokens.
+        admin_limits = gateway_settings.listener_limits(settings.admin_max_connections)
+        client_limits = gateway_settings.listener_limits(settings.client_max_connections)
+        auth_failures = gateway_settings.auth_failures()
         limit_problems = dict.fromkeys(  # the timeouts' problems once, each listener's cap's
             admin_limits.problems("--admin-max-connections")
             + client_limits.problems("--client-max-connections")
@@ -266,16 +263,13 @@ class Server:
                 engine_networks=networks,
                 handshakes_per_address=settings.agent_handshakes_per_address,
             ),
-            gateway=GatewayOptions(
+            gateway=gateway_options(
+                gateway_settings,
+                networks,
+                max_connections=settings.client_max_connections,
                 host=settings.client_host,
                 port=settings.client_port,
                 gateway_id=settings.server_id or None,
-                engine_networks=networks,
-                limits=client_limits,
-                auth_failures=auth_failures,
-                ejection=settings.ejection_policy(),
-                max_upload_bytes=settings.max_upload_bytes,
-                engine_timeouts=settings.engine_timeouts(),
             )
             if settings.gateway
             else None,

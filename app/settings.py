@@ -2,38 +2,25 @@
 
 Each field is a flag (``--admin-port``) with its environment variable and help; its
 default is written here once, taken from the module that uses it where that module has
-one (the reconciler's timings, the agent budget, the listeners' limits). A file flag given
-empty, by its flag or its variable, is bad usage (``app.commands.path_flag``). The
-composition root, ``app.bootstrap``, builds the server from it.
+one (the reconciler's timings, the agent budget, the listeners' limits). The flags every
+gateway has are ``GatewaySettings``, flattened in as ``llmgw-server gateway`` has them;
+where the embedded gateway listens has flags of ``serve``'s own (``--client-host``,
+``--client-port``, ``--client-max-connections``). A file flag given empty, by its flag or
+its variable, is bad usage (``app.commands.path_flag``). The composition root,
+``app.bootstrap``, builds the server from it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
 from cyclopts import Parameter
 
 from app.admin.tls import DEFAULT_ADMIN_MAX_CONNECTIONS
-from app.commands.common import (
-    AllowPrivilegedRole,
-    AuthFailureBurst,
-    AuthFailuresPerMinute,
-    BodyTimeout,
-    DatabaseUrl,
-    EjectAfterFailures,
-    EjectionCoolOff,
-    EngineHeadTimeout,
-    EngineIdleTimeout,
-    EngineNetworksFlag,
-    HeaderTimeout,
-    MaxEjectedPercent,
-    MaxEjectionCoolOff,
-    MaxUploadMib,
-    SendTimeout,
-    database_url_problem,
-)
+from app.commands.common import AllowPrivilegedRole, DatabaseUrl, database_url_problem
+from app.commands.gateway_settings import GatewaySettings
 from app.commands.path_flag import path_flag
 from app.domain.adoption_grace import (
     DEFAULT_ADOPTION_GRACE_MAX_S,
@@ -45,17 +32,8 @@ from app.domain.reconcile import (
     DEFAULT_LOST_TIMEOUT_S,
     DEFAULT_STABILITY_WINDOW_S,
 )
-from app.gateway.ejection import (
-    DEFAULT_BASE_COOL_OFF_S,
-    DEFAULT_CONSECUTIVE_FAILURES,
-    DEFAULT_MAX_COOL_OFF_S,
-    DEFAULT_MAX_EJECTED_PERCENT,
-    EjectionPolicy,
-)
-from app.gateway.engine_bounds import DEFAULT_HEAD_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S, EngineTimeouts
-from app.gateway.postgres import DEFAULT_CLIENT_HOST, DEFAULT_CLIENT_PORT, max_upload_problem
+from app.gateway.postgres import DEFAULT_CLIENT_HOST, DEFAULT_CLIENT_PORT
 from app.gateway.server import DEFAULT_MAX_CONNECTIONS
-from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
 from app.hub.budget import MessageBudget
 from app.hub.gate import DEFAULT_PER_ADDRESS as DEFAULT_HANDSHAKES_PER_ADDRESS
 from app.hub.gate import MAX_PER_ADDRESS as MAX_HANDSHAKES_PER_ADDRESS
@@ -66,12 +44,6 @@ from app.hub.reconnects import (
     DEFAULT_CONNECTS_PER_MINUTE,
     limit_problems,
 )
-from app.listeners.limits import (
-    DEFAULT_BODY_TIMEOUT_S,
-    DEFAULT_HEADER_TIMEOUT_S,
-    DEFAULT_SEND_TIMEOUT_S,
-)
-from app.listeners.throttle import DEFAULT_BURST, DEFAULT_PER_MINUTE
 from app.services.leader import DEFAULT_LEASE_S, lease_problem
 from app.services.reconciler import DEFAULT_INTERVAL_S
 
@@ -262,13 +234,6 @@ class ServeSettings:
             "agents share an address (NAT)",
         ),
     ] = DEFAULT_HANDSHAKES_PER_ADDRESS
-    engine_networks: EngineNetworksFlag = ""
-    allow_privileged_role: AllowPrivilegedRole = False
-    auth_failure_burst: AuthFailureBurst = DEFAULT_BURST
-    auth_failures_per_minute: AuthFailuresPerMinute = DEFAULT_PER_MINUTE
-    header_timeout: HeaderTimeout = DEFAULT_HEADER_TIMEOUT_S
-    body_timeout: BodyTimeout = DEFAULT_BODY_TIMEOUT_S
-    send_timeout: SendTimeout = DEFAULT_SEND_TIMEOUT_S
     admin_max_connections: Annotated[
         int,
         Parameter(
@@ -284,13 +249,8 @@ class ServeSettings:
             "answered 503",
         ),
     ] = DEFAULT_MAX_CONNECTIONS
-    eject_after_failures: EjectAfterFailures = DEFAULT_CONSECUTIVE_FAILURES
-    ejection_cool_off: EjectionCoolOff = DEFAULT_BASE_COOL_OFF_S
-    max_ejection_cool_off: MaxEjectionCoolOff = DEFAULT_MAX_COOL_OFF_S
-    max_ejected_percent: MaxEjectedPercent = DEFAULT_MAX_EJECTED_PERCENT
-    max_upload_mib: MaxUploadMib = DEFAULT_MAX_UPLOAD_BYTES >> 20
-    engine_head_timeout: EngineHeadTimeout = DEFAULT_HEAD_TIMEOUT_S
-    engine_idle_timeout: EngineIdleTimeout = DEFAULT_IDLE_TIMEOUT_S
+    gateway_settings: GatewaySettings = field(default_factory=GatewaySettings)
+    allow_privileged_role: AllowPrivilegedRole = False
     log_level: Annotated[str, Parameter(env_var="LLMGW_LOG_LEVEL")] = "info"
 
     def problems(self) -> list[str]:
@@ -330,25 +290,5 @@ class ServeSettings:
         if self.gateway and not 0 <= self.client_port <= 65535:
             problems.append(f"--client-port must be between 0 and 65535, not {self.client_port}")
         if self.gateway:
-            problems += self.ejection_policy().problems() + self.engine_timeouts().problems()
-            upload_problem = max_upload_problem(self.max_upload_bytes)
-            if upload_problem is not None:
-                problems.append(upload_problem)
+            problems += self.gateway_settings.problems()
         return problems
-
-    @property
-    def max_upload_bytes(self) -> int:
-        return self.max_upload_mib << 20
-
-    def engine_timeouts(self) -> EngineTimeouts:
-        """How long an engine may take to answer the embedded gateway, and be silent."""
-        return EngineTimeouts(head_s=self.engine_head_timeout, idle_s=self.engine_idle_timeout)
-
-    def ejection_policy(self) -> EjectionPolicy:
-        """When the embedded gateway takes a replica that keeps failing out of rotation."""
-        return EjectionPolicy(
-            consecutive_failures=self.eject_after_failures,
-            base_cool_off_s=self.ejection_cool_off,
-            max_cool_off_s=self.max_ejection_cool_off,
-            max_ejected_percent=self.max_ejected_percent,
-        )

@@ -1,6 +1,6 @@
-"""What every ``llmgw-server`` command shares: the database URL flag, the engine networks
-flag, failing in one line, and the refusal to serve as a database role that could rewrite
-the event log."""
+"""What every ``llmgw-server`` command shares: the database URL flag, reading the engine
+networks flag, failing in one line, and the refusal to serve as a database role that could
+rewrite the event log."""
 
 from __future__ import annotations
 
@@ -50,133 +50,12 @@ AllowPrivilegedRole = Annotated[
 ]
 
 
-EngineNetworksFlag = Annotated[
-    str,
-    Parameter(
-        env_var="LLMGW_ENGINE_NETWORKS",
-        help="where engines may live, comma-separated: networks (10.20.0.0/16), addresses, "
-        "DNS names (gpu-07.internal) or *.domain; the gateway contacts no engine elsewhere. "
-        "[default: only the address each node's agent connects from, and loopback if it "
-        "connects over loopback]",
-        show_default=False,
-    ),
-]
-
-
 def engine_networks_of(text: str) -> EngineNetworks | None:
     """The ``--engine-networks`` value, or None for the default when it is not given.
     Raises ``InvalidEngineNetworks`` (its message names the flag) for a bad list."""
     if not text.strip():
         return None
     return EngineNetworks.parse(text)
-
-
-HeaderTimeout = Annotated[
-    float,
-    Parameter(
-        env_var="LLMGW_HEADER_TIMEOUT",
-        help="seconds a client has to send a request's headers (from connecting, or from "
-        "the first byte of the next request); then it gets 408 and is disconnected",
-    ),
-]
-BodyTimeout = Annotated[
-    float,
-    Parameter(
-        env_var="LLMGW_BODY_TIMEOUT",
-        help="seconds a client has to send a request's body once its headers are in, not "
-        "counting the time the server does not read it (the request waits for a replica); "
-        "then it gets 408 and is disconnected",
-    ),
-]
-
-SendTimeout = Annotated[
-    float,
-    Parameter(
-        env_var="LLMGW_SEND_TIMEOUT",
-        help="seconds a client may take in nothing of an answer the server has for it (a "
-        "stream it stopped reading); then it is disconnected and its request ends, freeing "
-        "what it held",
-    ),
-]
-
-EngineHeadTimeout = Annotated[
-    float,
-    Parameter(
-        env_var="LLMGW_ENGINE_HEAD_TIMEOUT",
-        help="seconds an engine may take to send its answer's head, and a stream's first "
-        "piece, after the request (an answer that is not streamed comes only once it is "
-        "generated whole, after its time in the engine's queue); then the client gets 504, "
-        "the engine's connection is closed and the attempt counts as the replica's failure",
-    ),
-]
-EngineIdleTimeout = Annotated[
-    float,
-    Parameter(
-        env_var="LLMGW_ENGINE_IDLE_TIMEOUT",
-        help="seconds an engine may send nothing once its answer has begun (the gateway "
-        "not reading it, its client being slow, does not count); then the answer ends as "
-        "one whose engine broke off (a stream gets an error event and [DONE]) and the "
-        "engine's connection is closed",
-    ),
-]
-
-
-AuthFailureBurst = Annotated[
-    int,
-    Parameter(
-        env_var="LLMGW_AUTH_FAILURE_BURST",
-        help="wrong keys or tokens one client address may send at once before it gets 429 "
-        "with Retry-After",
-    ),
-]
-AuthFailuresPerMinute = Annotated[
-    float,
-    Parameter(
-        env_var="LLMGW_AUTH_FAILURES_PER_MINUTE",
-        help="wrong keys or tokens an address earns back each minute",
-    ),
-]
-
-
-EjectAfterFailures = Annotated[
-    int,
-    Parameter(
-        env_var="LLMGW_EJECT_AFTER_FAILURES",
-        help="requests in a row a replica fails (no answer, or a 5xx before the first "
-        "byte) before the gateway takes it out of rotation for a cool-off; 0: never",
-    ),
-]
-EjectionCoolOff = Annotated[
-    float,
-    Parameter(
-        env_var="LLMGW_EJECTION_COOL_OFF",
-        help="seconds an ejected replica stays out the first time; doubled with each "
-        "ejection in a row. Then one request probes it: a success returns it",
-    ),
-]
-MaxEjectionCoolOff = Annotated[
-    float,
-    Parameter(
-        env_var="LLMGW_MAX_EJECTION_COOL_OFF",
-        help="the longest cool-off, however many ejections in a row",
-    ),
-]
-MaxEjectedPercent = Annotated[
-    int,
-    Parameter(
-        env_var="LLMGW_MAX_EJECTED_PERCENT",
-        help="at most this share of a model's replicas is ejected at once (at least "
-        "one of two or more; never the last one in rotation)",
-    ),
-]
-MaxUploadMib = Annotated[
-    int,
-    Parameter(
-        env_var="LLMGW_GATEWAY_MAX_UPLOAD_MIB",
-        help="an upload's body at most (/v1/audio/transcriptions and translations), in "
-        "MiB; a larger one is 413. A large upload must also arrive within --body-timeout",
-    ),
-]
 
 
 # Each command as typed: the start of every error line it ends with, as of its usage

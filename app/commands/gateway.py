@@ -1,10 +1,14 @@
-"""``llmgw-server gateway``: the gateway alone, stateless, against the database."""
+"""``llmgw-server gateway``: the gateway alone, stateless, against the database.
+
+Its flags are ``StandaloneGatewaySettings``: where it listens and what only a standalone
+gateway has, around the flags every gateway has (``app.commands.gateway_settings``)."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
 import sys
+from dataclasses import dataclass, field
 from typing import Annotated
 
 import structlog
@@ -14,35 +18,15 @@ from cyclopts import Parameter
 from app.commands.common import (
     GATEWAY,
     AllowPrivilegedRole,
-    AuthFailureBurst,
-    AuthFailuresPerMinute,
-    BodyTimeout,
     DatabaseUrl,
-    EjectAfterFailures,
-    EjectionCoolOff,
-    EngineHeadTimeout,
-    EngineIdleTimeout,
-    EngineNetworksFlag,
-    HeaderTimeout,
-    MaxEjectedPercent,
-    MaxEjectionCoolOff,
-    MaxUploadMib,
-    SendTimeout,
     database_role_allowed,
     database_url_problem,
     engine_networks_of,
     fail,
     warn_if_gateway_appends,
 )
-from app.domain.egress import InvalidEngineNetworks
-from app.gateway.ejection import (
-    DEFAULT_BASE_COOL_OFF_S,
-    DEFAULT_CONSECUTIVE_FAILURES,
-    DEFAULT_MAX_COOL_OFF_S,
-    DEFAULT_MAX_EJECTED_PERCENT,
-    EjectionPolicy,
-)
-from app.gateway.engine_bounds import DEFAULT_HEAD_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S, EngineTimeouts
+from app.commands.gateway_settings import GatewaySettings, gateway_options
+from app.domain.egress import EngineNetworks, InvalidEngineNetworks
 from app.gateway.postgres import (
     DEFAULT_CLIENT_HOST,
     DEFAULT_CLIENT_PORT,
@@ -58,14 +42,6 @@ from app.gateway.server import (
     GatewayFailed,
 )
 from app.gateway.source import DEFAULT_REFRESH_INTERVAL_S
-from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
-from app.listeners.limits import (
-    DEFAULT_BODY_TIMEOUT_S,
-    DEFAULT_HEADER_TIMEOUT_S,
-    DEFAULT_SEND_TIMEOUT_S,
-    ListenerLimits,
-)
-from app.listeners.throttle import DEFAULT_BURST, DEFAULT_PER_MINUTE, FailureLimits
 from app.logs import configure_logging
 from app.store.errors import StoreUnavailable
 
@@ -75,9 +51,13 @@ ROLE_CHECK_RETRY_S = 5.0
 """How often a gateway that started while the database was away asks again for its role."""
 
 
-def gateway_command(
-    *,
-    database_url: DatabaseUrl,
+@Parameter(name="*")
+@dataclass(frozen=True, kw_only=True)
+class StandaloneGatewaySettings:
+    """``llmgw-server gateway``'s flags: where it listens, what only a standalone gateway
+    has, the gateway's own (``GatewaySettings``), and the database role check."""
+
+    database_url: DatabaseUrl
     host: Annotated[
         str,
         Parameter(
@@ -85,8 +65,8 @@ def gateway_command(
             help="address to listen on; loopback by default, so exposing the gateway is a "
             "choice (0.0.0.0 behind a load balancer)",
         ),
-    ] = DEFAULT_CLIENT_HOST,
-    port: Annotated[int, Parameter(env_var="LLMGW_GATEWAY_PORT")] = DEFAULT_CLIENT_PORT,
+    ] = DEFAULT_CLIENT_HOST
+    port: Annotated[int, Parameter(env_var="LLMGW_GATEWAY_PORT")] = DEFAULT_CLIENT_PORT
     reuse_port: Annotated[
         bool,
         Parameter(
@@ -95,7 +75,7 @@ def gateway_command(
             "the kernel spreads new connections among them), one per core to use; give each "
             "its own --metrics-port",
         ),
-    ] = False,
+    ] = False
     gateway_id: Annotated[
         str,
         Parameter(
@@ -105,21 +85,21 @@ def gateway_command(
             "[default: hostname-pid]",
             show_default=False,
         ),
-    ] = "",
+    ] = ""
     queue_timeout: Annotated[
         float,
         Parameter(
             env_var="LLMGW_QUEUE_TIMEOUT",
             help="seconds a request waits for a replica with room before it gets 429",
         ),
-    ] = DEFAULT_QUEUE_TIMEOUT_S,
+    ] = DEFAULT_QUEUE_TIMEOUT_S
     scrape_interval: Annotated[
         float,
         Parameter(
             env_var="LLMGW_SCRAPE_INTERVAL",
             help="seconds between scrapes of each replica's engine metrics",
         ),
-    ] = DEFAULT_SCRAPE_INTERVAL_S,
+    ] = DEFAULT_SCRAPE_INTERVAL_S
     refresh_interval: Annotated[
         float,
         Parameter(
@@ -127,13 +107,9 @@ def gateway_command(
             help="seconds between reads of the routing table and keys when no change is "
             "notified sooner",
         ),
-    ] = DEFAULT_REFRESH_INTERVAL_S,
-    engine_networks: EngineNetworksFlag = "",
-    eject_after_failures: EjectAfterFailures = DEFAULT_CONSECUTIVE_FAILURES,
-    ejection_cool_off: EjectionCoolOff = DEFAULT_BASE_COOL_OFF_S,
-    max_ejection_cool_off: MaxEjectionCoolOff = DEFAULT_MAX_COOL_OFF_S,
-    max_ejected_percent: MaxEjectedPercent = DEFAULT_MAX_EJECTED_PERCENT,
-    allow_privileged_role: AllowPrivilegedRole = False,
+    ] = DEFAULT_REFRESH_INTERVAL_S
+    gateway_settings: GatewaySettings = field(default_factory=GatewaySettings)
+    allow_privileged_role: AllowPrivilegedRole = False
     metrics_host: Annotated[
         str,
         Parameter(
@@ -141,27 +117,38 @@ def gateway_command(
             help="where /metrics is served, apart from clients: it names every model and "
             "replica (loopback unless set; the client listener answers 404 for it)",
         ),
-    ] = DEFAULT_METRICS_HOST,
-    metrics_port: Annotated[
-        int, Parameter(env_var="LLMGW_GATEWAY_METRICS_PORT")
-    ] = DEFAULT_METRICS_PORT,
-    auth_failure_burst: AuthFailureBurst = DEFAULT_BURST,
-    auth_failures_per_minute: AuthFailuresPerMinute = DEFAULT_PER_MINUTE,
-    header_timeout: HeaderTimeout = DEFAULT_HEADER_TIMEOUT_S,
-    body_timeout: BodyTimeout = DEFAULT_BODY_TIMEOUT_S,
-    send_timeout: SendTimeout = DEFAULT_SEND_TIMEOUT_S,
-    engine_head_timeout: EngineHeadTimeout = DEFAULT_HEAD_TIMEOUT_S,
-    engine_idle_timeout: EngineIdleTimeout = DEFAULT_IDLE_TIMEOUT_S,
+    ] = DEFAULT_METRICS_HOST
+    metrics_port: Annotated[int, Parameter(env_var="LLMGW_GATEWAY_METRICS_PORT")] = (
+        DEFAULT_METRICS_PORT
+    )
     max_connections: Annotated[
         int,
         Parameter(
             env_var="LLMGW_GATEWAY_MAX_CONNECTIONS",
             help="client connections held at once; one more is answered 503 and closed",
         ),
-    ] = DEFAULT_MAX_CONNECTIONS,
-    max_upload_mib: MaxUploadMib = DEFAULT_MAX_UPLOAD_BYTES >> 20,
-    log_level: Annotated[str, Parameter(env_var="LLMGW_LOG_LEVEL")] = "info",
-) -> None:
+    ] = DEFAULT_MAX_CONNECTIONS
+    log_level: Annotated[str, Parameter(env_var="LLMGW_LOG_LEVEL")] = "info"
+
+    def options(self, engine_networks: EngineNetworks | None) -> GatewayOptions:
+        """The gateway these flags run, contacting engines in ``engine_networks``."""
+        return gateway_options(
+            self.gateway_settings,
+            engine_networks,
+            max_connections=self.max_connections,
+            host=self.host,
+            port=self.port,
+            reuse_port=self.reuse_port,
+            gateway_id=self.gateway_id or None,
+            queue_timeout_s=self.queue_timeout,
+            scrape_interval_s=self.scrape_interval,
+            refresh_interval_s=self.refresh_interval,
+            metrics_host=self.metrics_host,
+            metrics_port=self.metrics_port,
+        )
+
+
+def gateway_command(settings: StandaloneGatewaySettings) -> None:
     """Run the OpenAI-compatible gateway alone, stateless, against the database, until
     SIGINT or SIGTERM. Any number may run behind a load balancer; each keeps serving from
     its last routing table and keys while the database is away (/readyz then says 503).
@@ -184,44 +171,18 @@ def gateway_command(
     Example: llmgw-server gateway --host 0.0.0.0 --port 8080 --engine-networks 10.20.0.0/16
     --metrics-host 10.0.0.5
     """
-    configure_logging(log_level, command=GATEWAY)
-    url_problem = database_url_problem(database_url)
+    configure_logging(settings.log_level, command=GATEWAY)
+    url_problem = database_url_problem(settings.database_url)
     if url_problem is not None:
         fail(GATEWAY, url_problem)
     try:
-        networks = engine_networks_of(engine_networks)
+        networks = engine_networks_of(settings.gateway_settings.engine_networks)
     except InvalidEngineNetworks as exc:
         fail(GATEWAY, f"--engine-networks: {exc}")
-    options = GatewayOptions(
-        host=host,
-        port=port,
-        reuse_port=reuse_port,
-        gateway_id=gateway_id or None,
-        queue_timeout_s=queue_timeout,
-        scrape_interval_s=scrape_interval,
-        refresh_interval_s=refresh_interval,
-        engine_networks=networks,
-        auth_failures=FailureLimits(burst=auth_failure_burst, per_minute=auth_failures_per_minute),
-        metrics_host=metrics_host,
-        metrics_port=metrics_port,
-        ejection=EjectionPolicy(
-            consecutive_failures=eject_after_failures,
-            base_cool_off_s=ejection_cool_off,
-            max_cool_off_s=max_ejection_cool_off,
-            max_ejected_percent=max_ejected_percent,
-        ),
-        limits=ListenerLimits(
-            header_timeout_s=header_timeout,
-            body_timeout_s=body_timeout,
-            send_timeout_s=send_timeout,
-            max_connections=max_connections,
-        ),
-        max_upload_bytes=max_upload_mib << 20,
-        engine_timeouts=EngineTimeouts(head_s=engine_head_timeout, idle_s=engine_idle_timeout),
-    )
+    options = settings.options(networks)
     if options.problems():
         fail(GATEWAY, "; ".join(options.problems()))
-    sys.exit(uvloop.run(_gateway(database_url, options, allow_privileged_role)))
+    sys.exit(uvloop.run(_gateway(settings.database_url, options, settings.allow_privileged_role)))
 
 
 async def _gateway(database_url: str, options: GatewayOptions, allow_privileged: bool) -> int:

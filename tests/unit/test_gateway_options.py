@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from app.commands.gateway import StandaloneGatewaySettings
 from app.gateway.engine_bounds import EngineTimeouts
 from app.gateway.postgres import GatewayOptions
 from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
@@ -34,14 +35,16 @@ def test_engine_timeouts_are_checked_by_their_flags() -> None:
 def test_the_gateway_command_takes_the_engine_timeouts_from_flags_or_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def parsed(*flags: str) -> dict[str, object]:
+    def parsed(*flags: str) -> StandaloneGatewaySettings:
         argv = ["gateway", "--database-url", "postgresql://llmgw@db/llmgw", *flags]
         _, bound, _ = app.parse_args(argv, exit_on_error=False, print_error=False)
-        return dict(bound.arguments)
+        settings = bound.arguments["settings"]
+        assert isinstance(settings, StandaloneGatewaySettings)
+        return settings
 
     monkeypatch.delenv("LLMGW_ENGINE_HEAD_TIMEOUT", raising=False)
     monkeypatch.setenv("LLMGW_ENGINE_IDLE_TIMEOUT", "7.5")
 
-    arguments = parsed("--engine-head-timeout", "30")
+    options = parsed("--engine-head-timeout", "30").options(engine_networks=None)
 
-    assert (arguments["engine_head_timeout"], arguments["engine_idle_timeout"]) == (30.0, 7.5)
+    assert options.engine_timeouts == EngineTimeouts(head_s=30.0, idle_s=7.5)

@@ -19,6 +19,11 @@ from app.settings import ServeSettings
 DATABASE_URL = "postgresql://llmgw@db.example/llmgw"
 
 
+def with_gateway(settings: ServeSettings, **changes: float) -> ServeSettings:
+    """``settings`` with the embedded gateway's flags ``changes``."""
+    return replace(settings, gateway_settings=replace(settings.gateway_settings, **changes))
+
+
 @pytest.mark.parametrize(
     ("field", "flag"),
     [
@@ -60,21 +65,22 @@ def test_the_adoption_defaults_are_usable() -> None:
 def test_the_embedded_gateway_s_ejection_and_upload_flags_are_checked_like_the_gateway_s(
     changes: dict[str, float], problem: str
 ) -> None:
-    settings = replace(ServeSettings(database_url=DATABASE_URL), **changes)
+    settings = with_gateway(ServeSettings(database_url=DATABASE_URL), **changes)
 
     assert settings.problems() == [problem]
     assert replace(settings, gateway=False).problems() == [], "no gateway, nothing to check"
 
 
 def test_the_embedded_gateway_ejects_and_bounds_uploads_as_a_standalone_one_by_default() -> None:
-    settings = replace(
+    gateway = with_gateway(
         ServeSettings(database_url=DATABASE_URL), eject_after_failures=5, max_upload_mib=8
-    )
+    ).gateway_settings
+    default = ServeSettings(database_url=DATABASE_URL).gateway_settings
 
-    assert settings.ejection_policy() == replace(EjectionPolicy(), consecutive_failures=5)
-    assert settings.max_upload_bytes == 8 << 20
-    assert ServeSettings(database_url=DATABASE_URL).ejection_policy() == EjectionPolicy()
-    assert ServeSettings(database_url=DATABASE_URL).max_upload_bytes == DEFAULT_MAX_UPLOAD_BYTES
+    assert gateway.ejection_policy() == replace(EjectionPolicy(), consecutive_failures=5)
+    assert gateway.max_upload_bytes == 8 << 20
+    assert default.ejection_policy() == EjectionPolicy()
+    assert default.max_upload_bytes == DEFAULT_MAX_UPLOAD_BYTES
 
 
 @pytest.mark.parametrize("lease", [6.0, 0.0, -1.0, float("nan"), float("inf"), 3601.0])
@@ -206,13 +212,17 @@ def test_the_embedded_gateway_s_engine_timeouts_come_from_the_flags_or_the_envir
 ) -> None:
     monkeypatch.delenv("LLMGW_ENGINE_HEAD_TIMEOUT", raising=False)
     monkeypatch.delenv("LLMGW_ENGINE_IDLE_TIMEOUT", raising=False)
-    assert serve_settings().engine_timeouts() == EngineTimeouts(head_s=600.0, idle_s=120.0)
+    assert serve_settings().gateway_settings.engine_timeouts() == EngineTimeouts(
+        head_s=600.0, idle_s=120.0
+    )
     flags = ("--engine-head-timeout", "30", "--engine-idle-timeout", "5")
-    assert serve_settings(*flags).engine_timeouts() == EngineTimeouts(head_s=30.0, idle_s=5.0)
+    assert serve_settings(*flags).gateway_settings.engine_timeouts() == EngineTimeouts(
+        head_s=30.0, idle_s=5.0
+    )
 
     monkeypatch.setenv("LLMGW_ENGINE_IDLE_TIMEOUT", "9.5")
 
-    assert serve_settings().engine_timeouts().idle_s == 9.5
+    assert serve_settings().gateway_settings.engine_timeouts().idle_s == 9.5
 
 
 @pytest.mark.parametrize(
@@ -235,7 +245,7 @@ def test_the_embedded_gateway_s_engine_timeouts_come_from_the_flags_or_the_envir
 def test_engine_timeouts_out_of_bounds_are_refused_by_their_flag(
     changes: dict[str, float], problem: str
 ) -> None:
-    settings = replace(ServeSettings(database_url=DATABASE_URL), **changes)
+    settings = with_gateway(ServeSettings(database_url=DATABASE_URL), **changes)
 
     assert settings.problems() == [problem]
     assert replace(settings, gateway=False).problems() == [], "no gateway, nothing to check"
