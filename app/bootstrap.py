@@ -39,7 +39,7 @@ from app.admin.tls import admin_protocol, admin_ssl_context
 from app.clock import utc_now
 from app.commands.common import SERVE, database_role_allowed, engine_networks_of
 from app.commands.gateway_settings import gateway_options
-from app.domain.egress import EngineNetworks
+from app.domain.egress import EngineNetworks, InvalidEngineNetworks
 from app.domain.envelope import Recorded
 from app.gateway.postgres import GatewayOptions, PostgresGateway
 from app.gateway.server import GatewayFailed
@@ -203,9 +203,12 @@ class Server:
             tokens = parse_tokens(
                 settings.admin_tokens or os.environ.get("LLMGW_ADMIN_TOKEN_PAIRS", "")
             )
-            networks = engine_networks_of(gateway_settings.engine_networks)
         except ValueError as exc:
             raise SettingsError(str(exc)) from exc
+        try:
+            networks = engine_networks_of(gateway_settings.engine_networks)
+        except InvalidEngineNetworks as exc:
+            raise SettingsError(f"--engine-networks: {exc}") from exc
         if settings.tls_cert is None or settings.tls_key is None or settings.tls_ca is None:
             raise SettingsError(AGENT_TLS_HINT)
         # The admin listener treats its clients as the gateway's does: the same timeouts and

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from cyclopts import CycloptsError
 
-from app.bootstrap import Server
+from app.bootstrap import Server, SettingsError
 from app.commands.gateway import StandaloneGatewaySettings
 from app.commands.gateway_settings import GatewaySettings
 from app.domain.egress import EngineNetworks
@@ -132,3 +132,17 @@ def test_each_command_keeps_its_own_names_for_where_its_gateway_listens(
 ) -> None:
     with pytest.raises(CycloptsError, match="Unknown option"):
         parsed(command, flag, "1")
+
+
+def test_serve_names_the_engine_networks_flag_it_refuses_as_the_gateway_does(
+    tmp_path: Path,
+) -> None:
+    make_pki(tmp_path)
+    pki = [f"--tls-{part}={tmp_path / name}" for part, name in TLS_FILES]
+    embedded = parsed("serve", "--engine-networks", "127.20.0.0/33", "--server-id", "s1", *pki)
+    assert isinstance(embedded, ServeSettings)
+
+    with pytest.raises(SettingsError) as refused:
+        Server.from_settings(embedded)
+
+    assert str(refused.value).startswith("--engine-networks: invalid engine networks: ")
