@@ -37,7 +37,7 @@ from app.gateway.table import Route
 
 STALE_AFTER_INTERVALS = 3
 """Signals older than this many scrape intervals are stale, or than one interval and the
-scrape timeout where that is longer (``app.gateway.router``)."""
+scrape timeout where that is longer (``app.gateway.replica_book``)."""
 STALE_IN_FLIGHT_FACTOR = 2
 """A stale replica takes up to ``factor * target_waiting`` requests from this gateway."""
 _MIN_WEIGHT = 1e-6

@@ -1,7 +1,7 @@
 """The replicas a request is chosen from: a model's pool, or in a rollout's canary step
 the two sides of its split (``CanarySplit``), and why a request went where it did
-(``RouteReason``). The router builds them when it takes a snapshot
-(``app.gateway.router``)."""
+(``RouteReason``). They are built when the router takes a snapshot
+(``app.gateway.replica_choice``)."""
 
 from __future__ import annotations
 

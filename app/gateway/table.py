@@ -50,7 +50,7 @@ class Route(msgspec.Struct, frozen=True, kw_only=True):
 
 class Canary(msgspec.Struct, frozen=True, kw_only=True):
     """A model in a rollout's canary step: ``share`` (0 to 1] of its requests go to its
-    replicas of ``revision``, the rest to its other replicas (``app.gateway.router``)."""
+    replicas of ``revision``, the rest to its other replicas (``app.gateway.replica_choice``)."""
 
     revision: int
     share: float

@@ -13,7 +13,8 @@ from app.gateway.admission import Signals
 from app.gateway.affinity import RouteKey, route_key
 from app.gateway.ejection import EjectionPolicy
 from app.gateway.lease import Lease
-from app.gateway.router import MIN_BOUND, Router
+from app.gateway.replica_choice import MIN_BOUND
+from app.gateway.router import Router
 from app.gateway.signals import read_engine_signals
 from app.gateway.table import GatewaySnapshot, Route, RoutePolicy
 
@@ -175,11 +176,11 @@ async def test_a_model_without_a_declared_policy_routes_by_load() -> None:
 async def test_the_rendezvous_is_kept_while_the_replicas_and_weights_stay_the_same() -> None:
     router = Router()
     router.update(table(*FOUR))
-    rendezvous = router._pools[MODEL].rendezvous
+    rendezvous = router._chooser._pools[MODEL].rendezvous
     router.update(table(*FOUR))
-    assert router._pools[MODEL].rendezvous is rendezvous
+    assert router._chooser._pools[MODEL].rendezvous is rendezvous
     router.update(table(*FOUR[:3]))
-    assert router._pools[MODEL].rendezvous is not rendezvous
+    assert router._chooser._pools[MODEL].rendezvous is not rendezvous
 
 
 def test_route_keys_cover_the_leading_messages_only() -> None:
@@ -251,7 +252,7 @@ async def test_an_ejected_home_hands_its_keys_to_the_next_replica_on_its_walk() 
     moved = await router.acquire(MODEL, "k", route_key=session)
     assert moved.route.replica_id != home
     assert moved.reason == "unavailable"
-    rendezvous = router._pools[MODEL].rendezvous
+    rendezvous = router._chooser._pools[MODEL].rendezvous
     assert rendezvous is not None
     assert moved.route.replica_id == list(rendezvous.walk(session.value))[1]
 
@@ -265,7 +266,7 @@ async def test_an_ejected_replica_takes_no_share_of_the_bound_from_those_left() 
     three = FOUR[:3]
     router.update(table(*three, policy=SESSION))
     session = key_of(chat("s", "q"), SESSION, b"conversation-9")
-    rendezvous = router._pools[MODEL].rendezvous
+    rendezvous = router._chooser._pools[MODEL].rendezvous
     assert rendezvous is not None
     home, second, ejected = rendezvous.walk(session.value)
     for _ in range(2):
@@ -332,9 +333,9 @@ async def test_an_engine_that_says_infinity_does_not_break_its_models_keyed_rout
     for page in pages:
         reading = read_engine_signals(page)
         assert reading is not None
-        for state in router._replicas.values():
+        for state in router.replicas._replicas.values():
             state.signals = Signals(waiting=0.0, running=0.0, kv_usage=0.0, scraped_at=clock[0])
-        shouting = router._replicas[FOUR[0].replica_id]
+        shouting = router.replicas._replicas[FOUR[0].replica_id]
         shouting.signals = Signals(
             waiting=reading.waiting,
             running=reading.running,
@@ -355,16 +356,16 @@ async def test_an_engine_claiming_a_billion_waiting_does_not_keep_keys_on_full_h
     three = tuple(route(f"m-{n}", target_waiting=4) for n in range(1, 4))
     router.update(table(*three))
     key = key_of(chat("s", "q"))
-    rendezvous = router._pools[MODEL].rendezvous
+    rendezvous = router._chooser._pools[MODEL].rendezvous
     assert rendezvous is not None
     home, second, liar = rendezvous.walk(key.value)
     reading = read_engine_signals("vllm:num_requests_waiting 1e300\n")
     assert reading is not None
     for replica_id, running, waiting in ((home, 10.0, 0.0), (second, 0.0, 0.0)):
-        router._replicas[replica_id].signals = Signals(
+        router.replicas._replicas[replica_id].signals = Signals(
             waiting=waiting, running=running, kv_usage=0.0, scraped_at=clock[0]
         )
-    router._replicas[liar].signals = Signals(
+    router.replicas._replicas[liar].signals = Signals(
         waiting=reading.waiting, running=0.0, kv_usage=0.0, scraped_at=clock[0]
     )
     # The liar counts as its target_waiting (4): 14 in all, a bound of ceil(1.25 * 15 / 3)
@@ -381,13 +382,13 @@ async def test_an_engine_claiming_a_billion_running_does_not_keep_keys_on_full_h
     three = tuple(route(f"m-{n}", target_waiting=4) for n in range(1, 4))
     router.update(table(*three))
     key = key_of(chat("s", "q"))
-    rendezvous = router._pools[MODEL].rendezvous
+    rendezvous = router._chooser._pools[MODEL].rendezvous
     assert rendezvous is not None
     home, second, liar = rendezvous.walk(key.value)
     reading = read_engine_signals("vllm:num_requests_waiting 0\nvllm:num_requests_running 1e9\n")
     assert reading is not None
     for replica_id, running in ((home, 10.0), (second, 0.0), (liar, reading.running)):
-        router._replicas[replica_id].signals = Signals(
+        router.replicas._replicas[replica_id].signals = Signals(
             waiting=0.0, running=running, kv_usage=0.0, scraped_at=clock[0]
         )
     # The liar's running count is unusable and reads 0: 10 in all, a bound of
