@@ -9,13 +9,12 @@ import tracemalloc
 
 import msgspec
 
-from app.gateway.admission import Signals
 from app.gateway.affinity import RouteKey, route_key
 from app.gateway.ejection import EjectionPolicy
 from app.gateway.lease import Lease
 from app.gateway.replica_choice import MIN_BOUND
 from app.gateway.router import Router
-from app.gateway.signals import read_engine_signals
+from app.gateway.signals import EngineReading, read_engine_signals
 from app.gateway.table import GatewaySnapshot, Route, RoutePolicy
 
 MODEL = "m"
@@ -43,6 +42,12 @@ def chat(system: str, *turns: str) -> bytes:
             messages.append({"role": "assistant", "content": f"answer {n}"})
         messages.append({"role": "user", "content": turn})
     return msgspec.json.encode({"model": MODEL, "messages": messages})
+
+
+def scraped(router: Router, replica_id: str, *, waiting: float, running: float) -> None:
+    """The replica's engine was scraped just now, and said so."""
+    reading = EngineReading(waiting=waiting, running=running, kv_usage=0.0, names=())
+    router.replicas.reported(replica_id, 1, reading)
 
 
 def key_of(body: bytes, policy: RoutePolicy = PREFIX, session: bytes | None = None) -> RouteKey:
@@ -176,11 +181,11 @@ async def test_a_model_without_a_declared_policy_routes_by_load() -> None:
 async def test_the_rendezvous_is_kept_while_the_replicas_and_weights_stay_the_same() -> None:
     router = Router()
     router.update(table(*FOUR))
-    rendezvous = router._chooser._pools[MODEL].rendezvous
+    rendezvous = router.rendezvous_of(MODEL)
     router.update(table(*FOUR))
-    assert router._chooser._pools[MODEL].rendezvous is rendezvous
+    assert router.rendezvous_of(MODEL) is rendezvous
     router.update(table(*FOUR[:3]))
-    assert router._chooser._pools[MODEL].rendezvous is not rendezvous
+    assert router.rendezvous_of(MODEL) is not rendezvous
 
 
 def test_route_keys_cover_the_leading_messages_only() -> None:
@@ -252,7 +257,7 @@ async def test_an_ejected_home_hands_its_keys_to_the_next_replica_on_its_walk() 
     moved = await router.acquire(MODEL, "k", route_key=session)
     assert moved.route.replica_id != home
     assert moved.reason == "unavailable"
-    rendezvous = router._chooser._pools[MODEL].rendezvous
+    rendezvous = router.rendezvous_of(MODEL)
     assert rendezvous is not None
     assert moved.route.replica_id == list(rendezvous.walk(session.value))[1]
 
@@ -266,7 +271,7 @@ async def test_an_ejected_replica_takes_no_share_of_the_bound_from_those_left() 
     three = FOUR[:3]
     router.update(table(*three, policy=SESSION))
     session = key_of(chat("s", "q"), SESSION, b"conversation-9")
-    rendezvous = router._chooser._pools[MODEL].rendezvous
+    rendezvous = router.rendezvous_of(MODEL)
     assert rendezvous is not None
     home, second, ejected = rendezvous.walk(session.value)
     for _ in range(2):
@@ -330,21 +335,16 @@ async def test_an_engine_that_says_infinity_does_not_break_its_models_keyed_rout
         'vllm:num_requests_running{engine="1"} 1e308\n'
         "vllm:num_requests_waiting 0\n",
     )
+    shouting, *others = (r.replica_id for r in FOUR)
     for page in pages:
         reading = read_engine_signals(page)
         assert reading is not None
-        for state in router.replicas._replicas.values():
-            state.signals = Signals(waiting=0.0, running=0.0, kv_usage=0.0, scraped_at=clock[0])
-        shouting = router.replicas._replicas[FOUR[0].replica_id]
-        shouting.signals = Signals(
-            waiting=reading.waiting,
-            running=reading.running,
-            kv_usage=reading.kv_usage,
-            scraped_at=clock[0],
-        )
+        for replica_id in others:
+            scraped(router, replica_id, waiting=0.0, running=0.0)
+        router.replicas.reported(shouting, 1, reading)
         for n in range(20):
             lease = await router.acquire(MODEL, "k", route_key=key_of(chat("s", f"q{n}")))
-            assert lease.route.replica_id != shouting.route.replica_id, page
+            assert lease.route.replica_id != shouting, page
             lease.release()
 
 
@@ -356,18 +356,14 @@ async def test_an_engine_claiming_a_billion_waiting_does_not_keep_keys_on_full_h
     three = tuple(route(f"m-{n}", target_waiting=4) for n in range(1, 4))
     router.update(table(*three))
     key = key_of(chat("s", "q"))
-    rendezvous = router._chooser._pools[MODEL].rendezvous
+    rendezvous = router.rendezvous_of(MODEL)
     assert rendezvous is not None
     home, second, liar = rendezvous.walk(key.value)
     reading = read_engine_signals("vllm:num_requests_waiting 1e300\n")
     assert reading is not None
-    for replica_id, running, waiting in ((home, 10.0, 0.0), (second, 0.0, 0.0)):
-        router.replicas._replicas[replica_id].signals = Signals(
-            waiting=waiting, running=running, kv_usage=0.0, scraped_at=clock[0]
-        )
-    router.replicas._replicas[liar].signals = Signals(
-        waiting=reading.waiting, running=0.0, kv_usage=0.0, scraped_at=clock[0]
-    )
+    scraped(router, home, waiting=0.0, running=10.0)
+    scraped(router, second, waiting=0.0, running=0.0)
+    router.replicas.reported(liar, 1, reading)
     # The liar counts as its target_waiting (4): 14 in all, a bound of ceil(1.25 * 15 / 3)
     # = 7, and the home's 10 is over it, as it would be with the liar idle.
     lease = await router.acquire(MODEL, "k", route_key=key)
@@ -382,15 +378,14 @@ async def test_an_engine_claiming_a_billion_running_does_not_keep_keys_on_full_h
     three = tuple(route(f"m-{n}", target_waiting=4) for n in range(1, 4))
     router.update(table(*three))
     key = key_of(chat("s", "q"))
-    rendezvous = router._chooser._pools[MODEL].rendezvous
+    rendezvous = router.rendezvous_of(MODEL)
     assert rendezvous is not None
     home, second, liar = rendezvous.walk(key.value)
     reading = read_engine_signals("vllm:num_requests_waiting 0\nvllm:num_requests_running 1e9\n")
     assert reading is not None
-    for replica_id, running in ((home, 10.0), (second, 0.0), (liar, reading.running)):
-        router.replicas._replicas[replica_id].signals = Signals(
-            waiting=0.0, running=running, kv_usage=0.0, scraped_at=clock[0]
-        )
+    scraped(router, home, waiting=0.0, running=10.0)
+    scraped(router, second, waiting=0.0, running=0.0)
+    router.replicas.reported(liar, 1, reading)
     # The liar's running count is unusable and reads 0: 10 in all, a bound of
     # ceil(1.25 * 11 / 3) = 5, and the home's 10 is over it, as it would be with the liar idle.
     lease = await router.acquire(MODEL, "k", route_key=key)
