@@ -53,6 +53,7 @@ from app.gateway.endpoints import JSON_ENDPOINTS, UPLOAD_ENDPOINTS
 from app.gateway.engine_bounds import EngineTimeouts
 from app.gateway.engine_client import EngineClient
 from app.gateway.errors import ApiError, method_not_allowed, not_found
+from app.gateway.exchange_steps import ExchangeSteps
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.proxy import Upstream
 from app.gateway.ratelimit import Limiter
@@ -111,7 +112,7 @@ class GatewayApp:
         self._session: aiohttp.ClientSession | None = None
         self._engines: EngineClient | None = None
         self.snapshot = GatewaySnapshot()
-        self._completions = Completions(
+        self._steps = ExchangeSteps(
             snapshot=lambda: self.snapshot,
             metrics=metrics,
             limiter=limiter,
@@ -119,15 +120,8 @@ class GatewayApp:
             log_requests=log_requests,
             traffic=self._traffic,
         )
-        self._uploads = Uploads(
-            snapshot=lambda: self.snapshot,
-            metrics=metrics,
-            limiter=limiter,
-            keys=self._keys,
-            log_requests=log_requests,
-            traffic=self._traffic,
-            max_upload_bytes=max_upload_bytes,
-        )
+        self._completions = Completions(self._steps)
+        self._uploads = Uploads(self._steps, max_upload_bytes=max_upload_bytes)
         self._routes: dict[str, tuple[str, Handler]] = {
             **{path: ("POST", self._completions) for path in JSON_ENDPOINTS},
             **{path: ("POST", self._uploads) for path in UPLOAD_ENDPOINTS},
@@ -171,10 +165,10 @@ class GatewayApp:
                     timeouts=self._engine_timeouts,
                     on_timeout=self._metrics.engine_timed_out,
                 )
-                self._completions.upstream = self._uploads.upstream = Upstream(
+                self._steps.upstream = Upstream(
                     self._router, self._engines, self._metrics.retried, self._traffic
                 )
-                self._completions.loop = self._uploads.loop = asyncio.get_running_loop()
+                self._steps.loop = asyncio.get_running_loop()
                 await self._router.start(self._session)
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":

@@ -1,5 +1,5 @@
 """Why the router gives a request no replica: a refusal, which the gateway answers with
-its own error (``app.gateway.completions``).
+its own error (``app.gateway.exchange_steps``).
 
     RouteRefused            the request gets no replica
     ├── NoServingReplica    no route for the model: 503

@@ -34,13 +34,13 @@ from prometheus_client import CollectorRegistry
 
 from app.domain.egress import EngineNetworks
 from app.gateway.app import GatewayApp, MetricsApp
-from app.gateway.completions import MAX_BODY_BYTES
 from app.gateway.egress import EngineEgress
 from app.gateway.ejection import EjectionPolicy
 from app.gateway.engine_bounds import EngineTimeouts
 from app.gateway.errors import listener_refusal
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.ratelimit import Limiter, RateLimiter
+from app.gateway.request_body import MAX_BODY_BYTES
 from app.gateway.router import Router
 from app.gateway.table import GatewaySnapshot, SnapshotListener
 from app.gateway.traffic import TrafficWindow

@@ -25,7 +25,7 @@ last knew, counted over a sliding minute by ``RateLimiter``.
 
 A burst faster than the slices grow can find nothing held and the credit spent while the
 grant asked for is on its way: such a request is ``pending``, and waits for the keeper's
-next answer (``answered``, at most ``GRANT_WAIT_S`` in ``app.gateway.completions``)
+next answer (``answered``, at most ``GRANT_WAIT_S`` in ``app.gateway.exchange_steps``)
 rather than being refused while the key has room. At a steady rate it never happens.
 
 No I/O and no clock of its own (``now`` is monotonic seconds, passed in); ``answered``

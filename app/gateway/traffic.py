@@ -12,7 +12,7 @@ most ``BUCKET_COUNT`` buckets each), so memory is bounded by the replicas and th
 whatever the traffic. A replica with nothing left in its window is forgotten.
 
 What counts, and how (docs/gateway.md#what-the-gateway-measures): the callers in
-``app.gateway.proxy`` and ``app.gateway.completions`` say how each attempt at a replica
+``app.gateway.proxy`` and ``app.gateway.exchange_steps`` say how each attempt at a replica
 ended and pass the times they measured; this module only counts.
 """
 

@@ -23,23 +23,18 @@ import asyncio
 from collections.abc import AsyncGenerator, Callable
 from functools import partial
 
+import structlog
+
 from app.gateway.asgi import (
     AUTHORIZATION,
-    KeyCheck,
     Receive,
     Scope,
     Send,
+    clock,
     refuse,
     repeated_authorization,
 )
-from app.gateway.completions import (
-    ClientGoneBeforeBody,
-    CompletionExchange,
-    Completions,
-    DisconnectWatch,
-    disconnect_listener,
-    log,
-)
+from app.gateway.disconnect import DisconnectWatch, disconnect_listener
 from app.gateway.endpoints import UPLOAD_ENDPOINTS
 from app.gateway.errors import (
     ApiError,
@@ -47,12 +42,12 @@ from app.gateway.errors import (
     internal_error,
     invalid_request,
 )
-from app.gateway.metrics import CLIENT_GONE, GatewayMetrics
+from app.gateway.exchange import CompletionExchange
+from app.gateway.exchange_steps import ExchangeSteps, log
+from app.gateway.metrics import CLIENT_GONE
 from app.gateway.proxy import Opened
-from app.gateway.ratelimit import Limiter
+from app.gateway.request_body import ClientGoneBeforeBody
 from app.gateway.route_refusals import RouteRefused
-from app.gateway.table import GatewaySnapshot
-from app.gateway.traffic import TrafficWindow
 from app.listeners.limits import announces_more_than
 from wire.multipart import (
     BodyEnded,
@@ -205,47 +200,42 @@ class _Upload:
                 return
 
 
-class Uploads(Completions):
-    """Serves uploads; shares the key, model and rate-limit checks, the accounting and the
-    log line of completion requests."""
+class Uploads:
+    """Serves uploads by ``steps``, the key, model and rate-limit checks, the relay, the
+    accounting and the log line that completion requests go through too."""
 
     def __init__(
-        self,
-        *,
-        snapshot: Callable[[], GatewaySnapshot],
-        metrics: GatewayMetrics,
-        limiter: Limiter,
-        keys: KeyCheck,
-        log_requests: bool = True,
-        traffic: TrafficWindow | None = None,
-        max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+        self, steps: ExchangeSteps, *, max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     ) -> None:
-        super().__init__(
-            snapshot=snapshot,
-            metrics=metrics,
-            limiter=limiter,
-            keys=keys,
-            log_requests=log_requests,
-            traffic=traffic,
-        )
+        self._steps = steps
         self.max_upload_bytes = max_upload_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        exchange = CompletionExchange(clock())
+        # Every line logged while serving the request carries its id, as its answer does.
+        tokens = structlog.contextvars.bind_contextvars(request_id=exchange.request_id.decode())
+        try:
+            await self._serve(exchange, scope, receive, send)
+        finally:
+            structlog.contextvars.reset_contextvars(**tokens)
 
     async def _serve(
         self, exchange: CompletionExchange, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        task = asyncio.current_task(self.loop)
+        steps = self._steps
+        task = asyncio.current_task(steps.loop)
         assert task is not None
         watch = DisconnectWatch(task)
         try:
-            snapshot = self._snapshot()
+            snapshot = steps.snapshot()
             authorization, content_type, length = _request_headers(scope)
-            key = exchange.key = self._keys.check(snapshot, authorization, scope)
+            key = exchange.key = steps.keys.check(snapshot, authorization, scope)
             content_length = _content_length(length, self.max_upload_bytes)
             head = await read_form_head(receive, content_type)
             assert head.model is not None
             path: str = scope["path"]
             endpoint = UPLOAD_ENDPOINTS[path]
-            self._check_model(snapshot, key, head.model, endpoint.api, path)
+            steps.check_model(snapshot, key, head.model, endpoint.api, path)
             exchange.model = head.model
             # Watched from now on where the server calls back (or no body is left to read),
             # so that a client leaving while the request waits for a grant of its key's
@@ -255,7 +245,7 @@ class Uploads(Completions):
             watched_early = head.complete or disconnect_listener(scope) is not None
             if watched_early:
                 watch.start(scope, receive)
-            await self._admit(exchange, key)
+            await steps.admit(exchange, key)
             await self._relay(
                 exchange,
                 endpoint.engine_path,
@@ -287,7 +277,7 @@ class Uploads(Completions):
                 await refuse(send, internal_error(), exchange.answer_headers())
         finally:
             watch.stop()
-            self._finish(exchange)
+            steps.finish(exchange)
 
     async def _relay(
         self,
@@ -313,7 +303,7 @@ class Uploads(Completions):
             self.max_upload_bytes,
             uploaded,
         )
-        await self._relay_answer(
+        await self._steps.relay(
             exchange,
             key,
             send,
@@ -328,15 +318,16 @@ class Uploads(Completions):
     async def _open_upload(
         self, exchange: CompletionExchange, key_id: str, path: str, upload: _Upload
     ) -> Opened:
-        if self.upstream is None:
+        upstream = self._steps.upstream
+        if upstream is None:
             raise RuntimeError("requests are served only between lifespan startup and shutdown")
         model = exchange.model
         try:
-            return await self.upstream.open_upload(
+            return await upstream.open_upload(
                 model, key_id, path, upload, exchange.request_id.decode(), exchange.timing
             )
         except RouteRefused as exc:
-            raise self._refused(model, exc) from None
+            raise self._steps.refused(model, exc) from None
 
 
 def _nothing() -> None:

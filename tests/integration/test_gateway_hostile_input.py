@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from app.gateway.completions import MAX_BODY_BYTES
+from app.gateway.request_body import MAX_BODY_BYTES
 from app.gateway.server import StaticSource
 from app.listeners.throttle import FailureLimits
 from tests.support.gateway import GatewayThread, new_key, snapshot_of

@@ -25,7 +25,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.admin.bodies import MAX_BODY_BYTES as ADMIN_MAX_BODY_BYTES
-from app.gateway.completions import MAX_BODY_BYTES
+from app.gateway.request_body import MAX_BODY_BYTES
 from app.gateway.server import StaticSource
 from app.listeners.limits import ListenerLimits, limited
 from app.store.postgres import PostgresEventStore

@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from app.gateway import completions
+from app.gateway import exchange_steps
 from app.gateway.asgi import KeyCheck, Message, Scope
 from app.gateway.completions import Completions
+from app.gateway.exchange_steps import ExchangeSteps
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.sharedlimits import SharedLimiter
 from app.gateway.table import GatewaySnapshot
@@ -110,7 +111,7 @@ async def test_a_client_that_leaves_while_its_request_waits_for_a_grant_is_not_c
     monkeypatch: pytest.MonkeyPatch, path: str, server_callback: bool
 ) -> None:
     # However long the wait may last, the client leaving is what ends it.
-    monkeypatch.setattr(completions, "GRANT_WAIT_S", 60.0)
+    monkeypatch.setattr(exchange_steps, "GRANT_WAIT_S", 60.0)
     key, record = new_key(rpm=RPM)
     snapshot = GatewaySnapshot(
         declared=frozenset({MODEL}),
@@ -118,9 +119,11 @@ async def test_a_client_that_leaves_while_its_request_waits_for_a_grant_is_not_c
         keys={record.prefix: record},
     )
     limiter, metrics, engines = ObservedLimiter(), GatewayMetrics(), Engines()
-    served = Uploads if path == UPLOAD else Completions
-    app = served(snapshot=lambda: snapshot, metrics=metrics, limiter=limiter, keys=KeyCheck())
-    app.upstream = engines  # type: ignore[assignment]
+    steps = ExchangeSteps(
+        snapshot=lambda: snapshot, metrics=metrics, limiter=limiter, keys=KeyCheck()
+    )
+    app = Uploads(steps) if path == UPLOAD else Completions(steps)
+    steps.upstream = engines  # type: ignore[assignment]
     # A request before spent the key's credit: the next one waits for the grant on its way.
     assert limiter.admit(record.key_id, rpm=RPM, tpm=None, now=time.monotonic()).allowed
     client = Client(FORM if path == UPLOAD else b'{"model": "m"}', server_callback=server_callback)

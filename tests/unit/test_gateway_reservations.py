@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 
 from app.gateway.asgi import KeyCheck, Message
-from app.gateway.completions import DEFAULT_OUTPUT_TOKENS, Completions
+from app.gateway.completions import Completions
+from app.gateway.exchange_steps import ExchangeSteps
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.ratelimit import Quota, RateDecision
+from app.gateway.request_body import DEFAULT_OUTPUT_TOKENS
 from app.gateway.table import GatewaySnapshot
 from tests.support.gateway import new_key
 
@@ -49,11 +51,13 @@ class NotingLimiter:
 async def reserved_for(path: str, body: bytes) -> int:
     limiter = NotingLimiter()
     completions = Completions(
-        snapshot=lambda: SNAPSHOT,
-        metrics=GatewayMetrics(),
-        limiter=limiter,
-        keys=KeyCheck(),
-        log_requests=False,
+        ExchangeSteps(
+            snapshot=lambda: SNAPSHOT,
+            metrics=GatewayMetrics(),
+            limiter=limiter,
+            keys=KeyCheck(),
+            log_requests=False,
+        )
     )
     scope: dict[str, Any] = {
         "type": "http",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from app.gateway.completions import DEFAULT_OUTPUT_TOKENS, _parse, _token_estimate
+from app.gateway.request_body import DEFAULT_OUTPUT_TOKENS, parse_fields, token_estimate
 from app.gateway.sharedlimits import LEASE_HOLD_S, REQUESTS, TOKENS, Ask, SharedLimiter
 
 KEY = "key-1"
@@ -245,7 +245,7 @@ def test_the_estimate_is_the_prompts_bytes_over_four_and_the_most_the_request_ma
     None
 ):
     def estimate(body: bytes) -> int:
-        return _token_estimate(_parse(body), len(body), generates=True)
+        return token_estimate(parse_fields(body), len(body), generates=True)
 
     prompt = b'{"model":"m","messages":[{"role":"user","content":"' + b"x" * 400 + b'"}]'
     assert estimate(prompt + b',"max_tokens":12}') == len(prompt + b',"max_tokens":12}') // 4 + 12

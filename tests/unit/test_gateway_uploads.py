@@ -11,6 +11,7 @@ import pytest
 
 from app.gateway.asgi import KeyCheck, Message, Scope
 from app.gateway.errors import ApiError
+from app.gateway.exchange_steps import ExchangeSteps
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.ratelimit import RateLimiter
 from app.gateway.route_refusals import NoServingReplica
@@ -161,11 +162,12 @@ async def upload(headers: Iterable[tuple[bytes, bytes]]) -> tuple[NoReplicas, li
         apis={"m": frozenset({"transcriptions"})},
         keys={record.prefix: record},
     )
-    app = Uploads(
+    steps = ExchangeSteps(
         snapshot=lambda: snapshot, metrics=GatewayMetrics(), limiter=RateLimiter(), keys=KeyCheck()
     )
+    app = Uploads(steps)
     upstream = NoReplicas()
-    app.upstream = upstream  # type: ignore[assignment]
+    steps.upstream = upstream  # type: ignore[assignment]
     scope: Scope = {
         "type": "http",
         "method": "POST",

@@ -1,0 +1,110 @@
+"""What the gateway reads of a request whose JSON body names the model: the body itself
+(bounded, without a leading byte order mark), the few fields it routes and limits by
+(``RoutingFields``, one msgspec decode; the engine reads the rest, byte for byte), and the
+tokens a tpm limit reserves for it until its usage is known (``token_estimate``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from app.gateway.asgi import Receive
+from app.gateway.errors import body_too_large, invalid_request
+from app.listeners.bom import LeadingMark, without_mark
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+BYTES_PER_TOKEN = 4
+"""For the estimate of a prompt's tokens from its body: about four bytes of English each."""
+DEFAULT_OUTPUT_TOKENS = 256
+"""Reserved for the answer of a request that says no maximum."""
+
+_ABSENT = msgspec.Raw(b"null")
+"""A count field the body leaves out: this very object (``is``), never decoded."""
+
+
+class RoutingFields(msgspec.Struct):
+    """What the gateway reads of a request body; the engine reads the rest."""
+
+    model: str
+    stream: bool | None = None
+    max_tokens: msgspec.Raw = _ABSENT
+    max_completion_tokens: msgspec.Raw = _ABSENT
+    max_output_tokens: msgspec.Raw = _ABSENT
+    """Kept undecoded, read only for a tpm limit's reservation (``token_estimate``): the
+    engine checks them."""
+
+
+_decode_fields = msgspec.json.Decoder(RoutingFields).decode
+_decode_count = msgspec.json.Decoder(Annotated[int, msgspec.Meta(ge=0)]).decode
+
+
+class ClientGoneBeforeBody(Exception):
+    """The client disconnected before its request body arrived."""
+
+
+def token_estimate(fields: RoutingFields, body_bytes: int, *, generates: bool) -> int:
+    """The tokens a tpm limit reserves for a request until its usage is known: its input,
+    and, for an API that ``generates``, the most it may generate."""
+    if not generates:
+        return body_bytes // BYTES_PER_TOKEN  # an embedding, a score: input tokens alone
+    output = DEFAULT_OUTPUT_TOKENS
+    for raw in (fields.max_completion_tokens, fields.max_tokens, fields.max_output_tokens):
+        if raw is _ABSENT:
+            continue  # left out: an exception per absent field would cost more than the rest
+        try:
+            output = _decode_count(raw)
+            break
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            continue  # absent, null or not a count: the engine says what is wrong with it
+    return body_bytes // BYTES_PER_TOKEN + output
+
+
+def parse_fields(body: bytes) -> RoutingFields:
+    """The body's ``RoutingFields``; 400 for a body that is not a JSON object naming a
+    model, or that nests too deeply to read."""
+    try:
+        return _decode_fields(body)
+    except msgspec.ValidationError as exc:
+        raise invalid_request(f"Invalid request body: {exc}") from None
+    except msgspec.DecodeError as exc:
+        if not body.strip():
+            # msgspec would say "truncated", as if the client had cut its body short.
+            raise invalid_request(
+                "The request body is empty: send a JSON object with `model`."
+            ) from None
+        raise invalid_request(f"The request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        # Catching the decoder's own limit costs nothing on the requests that stay under it;
+        # a scan for depth beforehand would cost every request a second pass over its body.
+        raise invalid_request(
+            "The request body nests arrays and objects too deeply for the gateway to read "
+            "(about 1,000 levels); no OpenAI request comes close."
+        ) from None
+
+
+async def read_body(receive: Receive) -> bytes:
+    """The request's body, without the byte order mark it may start with
+    (``app.listeners.bom``): the engine gets the JSON alone. 413 past ``MAX_BODY_BYTES``."""
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise ClientGoneBeforeBody
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):
+        return without_mark(body)
+    mark = LeadingMark()
+    chunks = [mark.feed(body, more=True)]
+    size = len(body)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGoneBeforeBody
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise body_too_large(MAX_BODY_BYTES)
+        more = message.get("more_body", False)
+        chunks.append(mark.feed(chunk, more=more))
+        if not more:
+            return b"".join(chunks)
