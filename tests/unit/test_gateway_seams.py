@@ -3,9 +3,11 @@
 A module of ``app.gateway`` that reaches into ``_something`` of an object whose class
 another module defines (``router._capacity_freed(...)``, ``await answer._head``), or that
 imports another module's ``_name``, ties itself to what that module is free to change. The
-seam gets a public name or a ``Protocol`` in the module that uses it instead. A subclass
-using its base class's members (``self._admit`` in ``Uploads``) is not a seam: a class and
-its subclasses are one design.
+seam gets a public name or a ``Protocol`` in the module that uses it instead. That holds
+for ``self`` too: a class that subclasses another module's class to call its private
+members (``self._admit`` of a base class elsewhere) is bound to all of it; what the two
+share is a collaborator with a public interface (``ExchangeSteps``, which ``Completions``
+and ``Uploads`` both hold).
 
 Read from the source, as the layer rules are: a member counts as a module's own when a
 class of that module defines it (a method, a slot, an assignment to ``self._name``). A
@@ -52,8 +54,6 @@ def seams(path: Path, trees: dict[Path, ast.Module]) -> Iterator[str]:
     where = path.relative_to(ROOT)
     for node in sorted(ast.walk(trees[path]), key=lambda node: getattr(node, "lineno", 0)):
         if isinstance(node, ast.Attribute) and private(node.attr):
-            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
-                continue
             if node.attr in elsewhere and node.attr not in own:
                 yield f"{where}:{node.lineno}: {ast.unparse(node)}"
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("app.gateway"):
@@ -97,3 +97,19 @@ def test_a_seam_is_seen() -> None:
     assert list(seams(router, trees)) == [
         "app/gateway/router.py:1: from app.gateway.lease import _Unlisted"
     ]
+
+
+def test_a_subclass_reaching_into_its_base_classes_private_members_is_seen() -> None:
+    completions = GATEWAY / "completions.py"
+    uploads = GATEWAY / "uploads.py"
+    trees = {
+        completions: ast.parse("class Completions:\n    async def _admit(self):\n        pass\n"),
+        uploads: ast.parse(
+            "from app.gateway.completions import Completions\n"
+            "class Uploads(Completions):\n"
+            "    async def serve(self):\n"
+            "        await self._admit()\n"
+            "        self._limit = 1\n"
+        ),
+    }
+    assert list(seams(uploads, trees)) == ["app/gateway/uploads.py:4: self._admit"]
