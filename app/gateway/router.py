@@ -157,7 +157,8 @@ class Router:
             raise NoServingReplica(model)
         if hold_s is not None and self._stopping:
             raise GatewayStopping(model)
-        if hold_s is None and not self._line.waits_for(model):
+        # ``size`` first: no call at all while no request waits.
+        if hold_s is None and not (self._line.size and self._line.waits_for(model)):
             chosen = self._chooser.choose(model, exclude, route_key)
             if chosen is not None:
                 return self._lease(model, chosen, 0.0)
@@ -318,12 +319,12 @@ class Router:
         """A lease's replica has room again (``CapacityReturn``, told by ``Lease``): the
         next waiter for its model is dispatched (``ReplicaBook.freed`` keeps the account of
         a retired one)."""
-        if self.replicas.freed(state) and self._line:
+        if self.replicas.freed(state) and self._line.size:
             self._dispatch(state.route.model)
 
     def _scraped(self, model: str) -> None:
         """A scrape of a replica of ``model`` answered: its room may have grown."""
-        if self._line:
+        if self._line.size:
             self._dispatch(model)
 
     # -- scrapers --------------------------------------------------------------------------

@@ -21,24 +21,22 @@ from app.gateway.waiter import Waiter, waits_for_its_own
 class WaitingLine:
     """Waiters per model, at most ``limit`` of them in all."""
 
-    __slots__ = ("_by_key", "_count", "_queues", "limit")
+    __slots__ = ("_by_key", "_queues", "limit", "size")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._queues: dict[str, FairQueue[Waiter]] = {}
-        self._count = 0
+        self.size = 0
+        """How many requests wait, in all: read it, never set it. An attribute, not a
+        method: the router reads it at every lease's first byte and release."""
         self._by_key: Counter[str] = Counter()
-
-    def __bool__(self) -> bool:
-        """Whether any request waits."""
-        return bool(self._queues)
 
     def waits_for(self, model: str) -> bool:
         """Whether a request for ``model`` waits."""
         return model in self._queues
 
     def full(self) -> bool:
-        return self._count >= self.limit
+        return self.size >= self.limit
 
     def models(self) -> list[str]:
         """The models with requests waiting, as a list taken now."""
@@ -54,7 +52,7 @@ class WaitingLine:
 
     def push(self, waiter: Waiter) -> None:
         self._queues.setdefault(waiter.model, FairQueue()).push(waiter.key_id, waiter)
-        self._count += 1
+        self.size += 1
         self._by_key[waiter.key_id] += 1
 
     def pop_grantable(
@@ -115,13 +113,13 @@ class WaitingLine:
             while queue:
                 taken.append(queue.pop())
         self._queues.clear()
-        self._count = 0
+        self.size = 0
         self._by_key.clear()
         return taken
 
     def _taken(self, queue: FairQueue[Waiter], waiter: Waiter) -> None:
         """``waiter`` left ``queue``: counted out, and an emptied queue forgotten."""
-        self._count -= 1
+        self.size -= 1
         left = self._by_key[waiter.key_id] - 1
         if left > 0:
             self._by_key[waiter.key_id] = left
