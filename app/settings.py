@@ -33,6 +33,7 @@ from app.domain.reconcile import (
     DEFAULT_STABILITY_WINDOW_S,
 )
 from app.gateway.postgres import DEFAULT_CLIENT_HOST, DEFAULT_CLIENT_PORT
+from app.gateway.reporter import gateway_id_problem
 from app.gateway.server import DEFAULT_MAX_CONNECTIONS
 from app.hub.budget import MessageBudget
 from app.hub.gate import DEFAULT_PER_ADDRESS as DEFAULT_HANDSHAKES_PER_ADDRESS
@@ -291,4 +292,7 @@ class ServeSettings:
             problems.append(f"--client-port must be between 0 and 65535, not {self.client_port}")
         if self.gateway:
             problems += self.gateway_settings.problems()
+            id_problem = gateway_id_problem(self.server_id, "--server-id")
+            if id_problem is not None:
+                problems.append(id_problem)
         return problems

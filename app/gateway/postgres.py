@@ -22,7 +22,7 @@ from app.domain.egress import EngineNetworks
 from app.gateway.budget_keeper import BudgetKeeper
 from app.gateway.ejection import EjectionPolicy
 from app.gateway.engine_bounds import EngineTimeouts
-from app.gateway.reporter import GatewayReporter
+from app.gateway.reporter import GatewayReporter, gateway_id_problem
 from app.gateway.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_METRICS_HOST, Gateway
 from app.gateway.sharedlimits import SharedLimiter
 from app.gateway.source import DEFAULT_REFRESH_INTERVAL_S, PostgresSnapshotSource
@@ -85,6 +85,10 @@ class GatewayOptions:
         ):
             if value <= 0:
                 found.append(f"{flag} must be positive, not {value}")
+        if self.gateway_id is not None:
+            id_problem = gateway_id_problem(self.gateway_id, "--gateway-id")
+            if id_problem is not None:
+                found.append(id_problem)
         if self.reuse_port and self.port == 0:
             found.append("--reuse-port needs a fixed --port for the processes to share")
         upload_problem = max_upload_problem(self.max_upload_bytes)

@@ -77,6 +77,23 @@ QUERY_TIMEOUT_S = 5.0
 SHARED_ID_LOG_EVERY_S = 60.0
 """``gateway_id_shared`` is logged at most this often while the id is shared."""
 
+MAX_GATEWAY_ID_CHARS = 200
+"""The longest id a gateway reports under: a name an operator reads in logs and tables."""
+
+
+def gateway_id_problem(gateway_id: str, flag: str) -> str | None:
+    """What is wrong with a gateway's reporting id given by ``flag``; None when it will do.
+    ``@`` is the mark of a twin's row (``ID@INSTANCE``): an id holding one would read as
+    another gateway's twin, and that gateway's rows as its own."""
+    if "@" in gateway_id:
+        return f"{flag} must not contain '@' (it marks a twin's reports: ID@INSTANCE)"
+    if not gateway_id.isprintable():
+        return f"{flag} must be printable: {gateway_id!a}"
+    if len(gateway_id) > MAX_GATEWAY_ID_CHARS:
+        return f"{flag} is at most {MAX_GATEWAY_ID_CHARS} characters, not {len(gateway_id)}"
+    return None
+
+
 InFlightCounter = Callable[[], dict[str, int]]
 QueuedCounter = Callable[[], dict[str, int]]
 TrafficReader = Callable[[], TrafficReport]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from app.commands.gateway import StandaloneGatewaySettings
@@ -9,6 +11,7 @@ from app.gateway.engine_bounds import EngineTimeouts
 from app.gateway.postgres import GatewayOptions
 from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
 from app.main import app
+from app.settings import ServeSettings
 
 
 def test_the_default_upload_limit_is_accepted() -> None:
@@ -48,3 +51,27 @@ def test_the_gateway_command_takes_the_engine_timeouts_from_flags_or_the_environ
     options = parsed("--engine-head-timeout", "30").options(engine_networks=None)
 
     assert options.engine_timeouts == EngineTimeouts(head_s=30.0, idle_s=7.5)
+
+
+@pytest.mark.parametrize(
+    ("gateway_id", "problem"),
+    [
+        ("gw-1@abc", "--gateway-id must not contain '@' (it marks a twin's reports: ID@INSTANCE)"),
+        ("gw\x1b[2J", "--gateway-id must be printable: 'gw\\x1b[2J'"),
+        ("g" * 201, "--gateway-id is at most 200 characters, not 201"),
+    ],
+)
+def test_a_gateway_id_that_would_read_as_another_s_twin_or_garble_a_log_is_refused(
+    gateway_id: str, problem: str
+) -> None:
+    assert GatewayOptions(gateway_id=gateway_id).problems() == [problem]
+    assert GatewayOptions(gateway_id="gw-1.example-9").problems() == []
+
+
+def test_serve_refuses_a_server_id_its_gateway_would_report_under_as_a_twin() -> None:
+    settings = ServeSettings(database_url="postgresql://llmgw@db.example/llmgw", server_id="s@1")
+
+    assert settings.problems() == [
+        "--server-id must not contain '@' (it marks a twin's reports: ID@INSTANCE)"
+    ]
+    assert replace(settings, gateway=False).problems() == [], "no gateway, no reports"
