@@ -170,14 +170,15 @@ class Upstream:
                 timing.queue_s += _clock() - queued
             sent = _clock()
             try:
-                answer = await self._head(
-                    lease, timing, sent, self._client.post(lease.route.url, path, body, request_id)
-                )
+                answer = await self._client.post(lease.route.url, path, body, request_id)
             except EngineUnreachable as exc:
                 reason, failure = _unreachable(model, exc)
                 lease.failed(reason)
                 lease.release()
                 self._traffic.record(lease.route.replica_id, Outcome.FAILED)
+            except BaseException as exc:
+                self._headless(lease, timing, sent, exc)
+                raise
             else:
                 if answer.status >= FAILED_STATUS:
                     lease.failed(f"HTTP {answer.status}")
@@ -229,16 +230,15 @@ class Upstream:
             finally:
                 timing.queue_s += _clock() - queued
             sent = _clock()
-            sending = self._client.upload(
-                lease.route.url,
-                path,
-                upload.content_type,
-                upload.content_length,
-                upload.body(),
-                request_id,
-            )
             try:
-                answer = await self._head(lease, timing, sent, sending)
+                answer = await self._client.upload(
+                    lease.route.url,
+                    path,
+                    upload.content_type,
+                    upload.content_length,
+                    upload.body(),
+                    request_id,
+                )
             except EngineUnreachable as exc:
                 reason, failure = _unreachable(model, exc)
                 lease.failed(reason)
@@ -250,33 +250,28 @@ class Upstream:
                 self._on_retry(reason)
                 exclude = exclude | {lease.route.replica_id}
                 continue
+            except BaseException as exc:
+                self._headless(lease, timing, sent, exc)
+                raise
             if answer.status >= FAILED_STATUS:
                 lease.failed(f"HTTP {answer.status}")
             timing.upstream_s += _clock() - sent
             return Opened(lease, answer, sent)
         raise AssertionError("unreachable: the second attempt returns or raises")
 
-    async def _head(
-        self, lease: Lease, timing: Timing, sent: float, sending: Awaitable[EngineAnswer]
-    ) -> EngineAnswer:
-        """The head of the answer to ``sending``, an attempt on ``lease`` sent at ``sent``.
-        An engine that could not be reached (``EngineUnreachable``) is the caller's to
-        retry or not; any other end of the attempt releases the lease here: a head that
-        never came is the replica's failure (504), a cancel is counted as abandoned."""
-        try:
-            return await sending
-        except EngineUnreachable:
-            raise
-        except HeadTimedOut as exc:
+    def _headless(self, lease: Lease, timing: Timing, sent: float, exc: BaseException) -> None:
+        """An attempt on ``lease`` sent at ``sent`` ended without a head, by ``exc``, other
+        than by an engine that could not be reached (each caller's to retry or not): the
+        lease is released, a cancel counted as abandoned, and a head that never came raised
+        as the replica's failure (504); the caller raises anything else again. Called
+        from the ``except`` of both ``open`` and ``open_upload``, not around their awaits:
+        an attempt that gets its head, nearly every one, costs no coroutine more."""
+        if isinstance(exc, HeadTimedOut):
             timing.upstream_s += _clock() - sent
             raise self._timed_out(lease, exc) from None
-        except asyncio.CancelledError:
-            lease.release()
+        lease.release()
+        if isinstance(exc, asyncio.CancelledError):
             self._traffic.record(lease.route.replica_id, Outcome.ABANDONED)
-            raise
-        except BaseException:
-            lease.release()
-            raise
 
     def _timed_out(self, lease: Lease, exc: HeadTimedOut) -> ApiError:
         """An attempt whose head never came: a failure of the replica, not retried."""
