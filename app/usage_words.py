@@ -24,7 +24,15 @@ def closest(word: str, names: Iterable[str]) -> str | None:
     if len(begun) == 1:
         return begun[0]
     most = max(1, len(word.lstrip("-")) // 3)
-    scored = [(_edits(word, name), abs(len(name) - len(word)), name) for name in names]
+    # An edit changes the length by one at most: a name further from the word's length
+    # than ``most`` is never near, and is not compared letter by letter. A word of 128 KiB
+    # (a spec's engine argument reaches the simulator's command line) took over ten
+    # seconds to be told unknown.
+    scored = [
+        (_edits(word, name), distance, name)
+        for name in names
+        if (distance := abs(len(name) - len(word))) <= most
+    ]
     near = [score for score in scored if score[0] <= most]
     return min(near, key=lambda score: score[:2])[2] if near else None
 

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from types import FrameType
 
 import pytest
 
@@ -179,3 +180,24 @@ def test_the_help_is_laid_out_as_the_other_programs_and_names_each_variable() ->
     words = " ".join(shown.split())
     assert [name for flag in FLAGS for name in flag.variables if name not in words] == []
     assert "--port INT TCP port to listen on. [env var: LLMGW_SIM_PORT] [default: 8000]" in words
+
+
+def test_a_flag_far_longer_than_any_name_is_told_unknown_without_a_letter_by_letter_look() -> None:
+    # A spec's engine argument of up to 128 KiB reaches the simulator's command line: the
+    # guess at the name it meant compared it with every name letter by letter, over ten
+    # seconds' work for the longest. The C calls made while it is told unknown stay a handful.
+    word = "--" + "x" * 600
+    calls = 0
+
+    def counted(frame: FrameType, event: str, arg: object) -> None:
+        nonlocal calls
+        calls += event == "c_call"
+
+    sys.setprofile(counted)
+    try:
+        with pytest.raises(UsageError) as refused:
+            parse_settings([word], {})
+    finally:
+        sys.setprofile(None)
+    assert str(refused.value) == f"unknown option {word}; see llmgw-sim-engine --help"
+    assert calls < 1_000
