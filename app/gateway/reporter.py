@@ -85,12 +85,12 @@ def gateway_id_problem(gateway_id: str, flag: str) -> str | None:
     """What is wrong with a gateway's reporting id given by ``flag``; None when it will do.
     ``@`` is the mark of a twin's row (``ID@INSTANCE``): an id holding one would read as
     another gateway's twin, and that gateway's rows as its own."""
+    if len(gateway_id) > MAX_GATEWAY_ID_CHARS:  # first: the other problems repeat the id
+        return f"{flag} is at most {MAX_GATEWAY_ID_CHARS} characters, not {len(gateway_id)}"
     if "@" in gateway_id:
         return f"{flag} must not contain '@' (it marks a twin's reports: ID@INSTANCE)"
     if not gateway_id.isprintable():
         return f"{flag} must be printable: {gateway_id!a}"
-    if len(gateway_id) > MAX_GATEWAY_ID_CHARS:
-        return f"{flag} is at most {MAX_GATEWAY_ID_CHARS} characters, not {len(gateway_id)}"
     return None
 
 

@@ -59,6 +59,8 @@ def test_the_gateway_command_takes_the_engine_timeouts_from_flags_or_the_environ
         ("gw-1@abc", "--gateway-id must not contain '@' (it marks a twin's reports: ID@INSTANCE)"),
         ("gw\x1b[2J", "--gateway-id must be printable: 'gw\\x1b[2J'"),
         ("g" * 201, "--gateway-id is at most 200 characters, not 201"),
+        # Said by its length, not repeated whole in escapes four times as long.
+        ("\x07" * 100_000, "--gateway-id is at most 200 characters, not 100000"),
     ],
 )
 def test_a_gateway_id_that_would_read_as_another_s_twin_or_garble_a_log_is_refused(
