@@ -112,7 +112,8 @@ class ServeSettings:
         Parameter(
             env_var="LLMGW_SERVER_ID",
             help="this server's name in the leadership table, to agents and in its gateway's "
-            "reports; one per server (hostname:pid)",
+            "reports; one per server (hostname:pid). With a gateway, at most 200 printable "
+            "characters, without '@'",
         ),
     ] = ""
     adoption_grace: Annotated[

@@ -81,8 +81,8 @@ class StandaloneGatewaySettings:
         Parameter(
             env_var="LLMGW_GATEWAY_ID",
             help="this gateway's name in its in-flight reports, one per process: a second "
-            "process with the same id reports as ID@INSTANCE and logs gateway_id_shared "
-            "[default: hostname-pid]",
+            "process with the same id reports as ID@INSTANCE and logs gateway_id_shared; at "
+            "most 200 printable characters, without '@' [default: hostname-pid]",
             show_default=False,
         ),
     ] = ""
