@@ -52,7 +52,8 @@ AllowPrivilegedRole = Annotated[
 
 def engine_networks_of(text: str) -> EngineNetworks | None:
     """The ``--engine-networks`` value, or None for the default when it is not given.
-    Raises ``InvalidEngineNetworks`` (its message names the flag) for a bad list."""
+    Raises ``InvalidEngineNetworks`` for a bad list: its message says what is wrong with
+    it, and each command puts the flag's name before it."""
     if not text.strip():
         return None
     return EngineNetworks.parse(text)

@@ -19,7 +19,7 @@ class Endpoint(msgspec.Struct, frozen=True):
     """Where the request goes on the engine."""
     generates: bool = False
     """Whether the engine generates an answer's tokens: a tpm limit reserves the most the
-    request may generate besides its input (``completions._token_estimate``)."""
+    request may generate besides its input (``request_body.token_estimate``)."""
 
 
 JSON_ENDPOINTS: dict[str, Endpoint] = {

@@ -3,7 +3,7 @@
 RFC 8259 (section 8.1) forbids a JSON text to begin with one but lets a reader ignore it,
 and some Windows clients and tools write one (Windows PowerShell's ``-Encoding UTF8``, a
 file saved as "UTF-8 with BOM" and sent with ``curl --data-binary @file``). Left in, every
-strict reader refuses the body as not valid JSON. The gateway (``app.gateway.completions``)
+strict reader refuses the body as not valid JSON. The gateway (``app.gateway.request_body``)
 and the admin API (``app.admin.bodies``) skip it where the body enters, so that nothing past
 them, the engine a body is forwarded to included, ever sees one.
 
