@@ -37,8 +37,7 @@ from cyclopts.exceptions import (
 from rich.console import Console
 from rich.text import Text
 
-from app.usage_words import closest as closest
-from app.usage_words import shown as shown
+from app.usage_words import closest, shown
 
 
 def usage_error_console() -> Console:

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from app.usage_errors import closest
+from app.usage_words import closest
 from devcluster.processes import program
 
 CLI = program("llmgw-cli")

@@ -12,7 +12,8 @@ from rich.text import Text
 import agent.main
 import app.main
 import devcluster.main
-from app.usage_errors import shown, usage_error_console
+from app.usage_errors import usage_error_console
+from app.usage_words import shown
 
 
 def usage_error(
