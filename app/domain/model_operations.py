@@ -21,7 +21,13 @@ from app.domain.events import (
     RolloutStarted,
     model_stream,
 )
-from app.domain.model_spec import AutoscalePolicy, ModelSpec, RoutingSettings, validate_spec
+from app.domain.model_spec import (
+    AutoscalePolicy,
+    ModelSpec,
+    RoutingSettings,
+    held_step_count_errors,
+    validate_spec,
+)
 from app.domain.operation_results import (
     Change,
     InvalidOperation,
@@ -125,6 +131,11 @@ def set_autoscale(state: ClusterState, name: str, policy: AutoscalePolicy | None
     model = declared_model(state, name)
     spec = replace(model.spec, autoscale=policy)
     errors = validate_spec(spec)
+    if policy is None:
+        # Off, the count is what the autoscaler left, and a held step may bring up as many
+        # replicas as that: ``scale`` to that count is accepted (the step's hold pauses
+        # instead), so turning it off must be too, or nothing could turn it off.
+        errors = [e for e in errors if e not in held_step_count_errors(spec)]
     if errors:
         raise InvalidSpec(name, errors)
     if spec == model.spec:

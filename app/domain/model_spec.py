@@ -247,7 +247,7 @@ def validate_spec(spec: ModelSpec) -> list[SpecError]:
     errors.extend(
         SpecError(f"rollout.{e.field}", e.reason) for e in rollout_policy_errors(spec.rollout)
     )
-    errors.extend(_held_step_count_errors(spec))
+    errors.extend(held_step_count_errors(spec))
     if spec.autoscale is not None:
         errors.extend(
             SpecError(f"autoscale.{e.field}", e.reason)
@@ -294,7 +294,7 @@ def api_errors(apis: tuple[str, ...]) -> list[str]:
     return reasons
 
 
-def _held_step_count_errors(spec: ModelSpec) -> list[SpecError]:
+def held_step_count_errors(spec: ModelSpec) -> list[SpecError]:
     """A held step is judged against the model's replicas of the other revision: one that
     brings up as many replicas as the model can have leaves none, and every hold of it
     would end paused, its verdict never reached. Autoscaled, the count moves: only a step

@@ -15,7 +15,13 @@ from app.domain import autoscale
 from app.domain import model_operations as model_ops
 from app.domain.autoscale import DemandSample, ScaleDecision
 from app.domain.events import ModelDeclared, ModelScaled, ModelTuned
-from app.domain.model_spec import AutoscalePolicy, ModelSpec, validate_spec
+from app.domain.model_spec import (
+    AutoscalePolicy,
+    CanaryStep,
+    ModelSpec,
+    RolloutPolicy,
+    validate_spec,
+)
 from app.domain.operation_results import InvalidOperation
 from app.domain.state import ClusterState, Model
 from tests.unit.test_domain_operations import given
@@ -453,6 +459,26 @@ def test_an_autoscaled_model_refuses_a_manual_scale_and_keeps_its_count_on_re_ap
     [declared] = off.events
     assert isinstance(declared, ModelDeclared)
     assert (declared.spec.autoscale, declared.spec.replicas, declared.revision) == (None, 5, 1)
+
+
+def test_autoscaling_turns_off_at_a_count_no_larger_than_a_held_canary_step() -> None:
+    """The autoscaler took the model down to one replica, as many as its canary step
+    brings up: off, the count stays, as a scale to it would have left it, rather than the
+    operator being told of a step they did not touch and kept from turning it off."""
+    canary = RolloutPolicy(steps=(CanaryStep(replicas=1, traffic=0.05, hold_s=600),))
+    spec = ModelSpec(
+        name="llama", command="sim --port {port}", replicas=3, autoscale=POLICY, rollout=canary
+    )
+    state = given(
+        ModelDeclared(model="llama", spec=spec),
+        ModelScaled(model="llama", replicas=1, previous=3, reason="demand"),
+    )
+
+    off = model_ops.set_autoscale(state, "llama", None)
+
+    [declared] = off.events
+    assert isinstance(declared, ModelDeclared)
+    assert (declared.spec.autoscale, declared.spec.replicas) == (None, 1)
 
 
 def test_a_policy_out_of_bounds_is_refused_field_by_field() -> None:
