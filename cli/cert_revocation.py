@@ -8,7 +8,8 @@ where it is available.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import time
+from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 import msgspec
@@ -95,7 +96,8 @@ def revoke_certificate(
         Parameter(
             converter=filled,
             help="Instead of --serial: every certificate issued to this node until now; one "
-            "issued afterwards connects.",
+            "issued afterwards connects (it returns once one issued here would be: a second "
+            "at most).",
         ),
     ] = None,
     reason: Annotated[str, Parameter(help="Why, for the log (who revoked it is recorded too).")],
@@ -122,10 +124,14 @@ def revoke_certificate(
         reply = call(
             client, RevocationChange, "POST", f"{ADMIN}/certificates/revocations", body=body
         )
+        revocation = reply.value.revocation
+        if revocation.node_id is not None:
+            # So that `cert node` run right after issues the replacement, not one more
+            # certificate the revocation covers.
+            time.sleep(replacement_wait_s(revocation.revoked_at, datetime.now(UTC)))
         if output == "json":
             print_json(reply.raw)
             return EXIT_OK
-        revocation = reply.value.revocation
         what = _revoked_what(revocation)
         if reply.value.changed:
             say(f"Revoked {what}. The agent hub refuses it from now on.")
@@ -137,6 +143,16 @@ def revoke_certificate(
         return EXIT_OK
 
     return run_command("cert revoke", connection, revoke)
+
+
+def replacement_wait_s(revoked_at: datetime, now: datetime) -> float:
+    """How long from ``now`` until a certificate issued here is issued after a node's
+    revocation at ``revoked_at``, so the hub takes it for the replacement: its issue time
+    is written in whole seconds, and one issued in the revocation's own second counts as
+    issued until it. Never more than a second: a clock further behind the server's is not
+    waited for."""
+    issued_after = revoked_at.replace(microsecond=0) + timedelta(seconds=1)
+    return min(max((issued_after - now).total_seconds(), 0.0), 1.0)
 
 
 def list_certificates(
