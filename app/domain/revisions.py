@@ -89,7 +89,9 @@ def _flatten(key: str, value: object, into: dict[str, str]) -> None:
     if isinstance(value, dict):
         for name, inner in value.items():
             _flatten(f"{key}.{name}", inner, into)
-    elif isinstance(value, list):
+    elif isinstance(value, list | tuple):
+        # to_builtins keeps a tuple a tuple (``apis``, ``rollout.steps``): JSON, as the
+        # spec writes it, not Python's repr.
         into[key] = msgspec.json.encode(value).decode()
     elif value is not None:
         into[key] = _text(value)

@@ -9,7 +9,13 @@ from msgspec.structs import replace
 from app.domain import model_operations as model_ops
 from app.domain.apply_preview import ApplyOutcome, preview_apply
 from app.domain.events import ModelDeclared, ModelTuned
-from app.domain.model_spec import AutoscalePolicy, ModelSpec, RoutingSettings
+from app.domain.model_spec import (
+    AutoscalePolicy,
+    CanaryStep,
+    ModelSpec,
+    RolloutPolicy,
+    RoutingSettings,
+)
 from app.domain.operation_results import InvalidSpec
 from app.domain.revisions import WITHHELD, SpecChange
 from app.domain.state import ClusterState
@@ -53,6 +59,25 @@ def test_an_autoscale_policy_added_shows_each_of_its_settings_as_new() -> None:
     preview = preview_apply(declared(), spec)
 
     assert SpecChange(field="autoscale.max", old=None, new="4") in preview.at_once
+
+
+def test_a_list_setting_changed_is_shown_as_json_not_as_python() -> None:
+    """The APIs a model serves and its canary steps are lists: the preview shows them as
+    the spec and the API write them, never as Python's tuples and dicts."""
+    spec = replace(
+        LLAMA,
+        apis=("chat",),
+        rollout=RolloutPolicy(steps=(CanaryStep(replicas=1, traffic=0.05, hold_s=600),)),
+    )
+
+    preview = preview_apply(declared(), spec)
+
+    changes = {change.field: change for change in preview.at_once}
+    assert changes["apis"].new == '["chat"]'
+    assert changes["apis"].old == '["chat","completions"]'
+    assert changes["rollout.steps"] == SpecChange(
+        field="rollout.steps", old="[]", new='[{"replicas":1,"traffic":0.05,"hold_s":600}]'
+    )
 
 
 def test_a_new_command_would_be_a_new_revision_with_its_rollout_and_env_values_withheld() -> None:
