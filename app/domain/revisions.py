@@ -117,7 +117,8 @@ def describe_changes(changes: tuple[SpecChange, ...]) -> str:
             how = "added" if change.old is None else "removed" if change.new is None else "changed"
             env.setdefault(how, []).append(change.field.removeprefix("env."))
             continue
-        said.append(f"{change.field} {_shown(change.old)} -> {_shown(change.new)}")
+        old, new = _from_where_they_differ(change.old, change.new)
+        said.append(f"{change.field} {_shown(old)} -> {_shown(new)}")
     if env:
         parts = (f"{how} {', '.join(names)}" for how, names in sorted(env.items()))
         said.append("env: " + "; ".join(parts))
@@ -142,6 +143,21 @@ def _text(value: object) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
+
+
+def _from_where_they_differ(old: str | None, new: str | None) -> tuple[str | None, str | None]:
+    """Two values too long to show whole, alike at their start (a long engine command with
+    one flag changed at its end), from the word before the one where they part: cut at the
+    same place, both would read the same and hide the change."""
+    if old is None or new is None or max(len(old), len(new)) <= _SHOWN_CHARS:
+        return old, new
+    alike = (a == b for a, b in zip(old, new, strict=False))
+    parted = next((i for i, same in enumerate(alike) if not same), min(len(old), len(new)))
+    word = old.rfind(" ", 0, parted)
+    start = old.rfind(" ", 0, max(word, 0)) + 1
+    if start == 0:
+        return old, new
+    return "..." + old[start:], "..." + new[start:]
 
 
 def _shown(value: str | None) -> str:

@@ -76,8 +76,8 @@ def test_a_command_change_is_revision_2_with_the_old_and_new_command() -> None:
     now = after(state, Change(stream="model-llama", events=(second,)))
     assert now.models["llama"].revision == 2
     assert describe(second) == (
-        "model llama revision 2: command 'vllm serve {model} --port {port}' -> "
-        "'vllm serve {model} --port {port} --enable-pre...'"
+        "model llama revision 2: command '...--port {port}' -> "
+        "'...--port {port} --enable-prefix-caching'"
     )
 
 
@@ -247,6 +247,17 @@ def test_changes_in_one_line_shorten_long_values() -> None:
     said = describe_changes((SpecChange(field="command", old="a", new=long),))
 
     assert said == f"command a -> {'x' * 45}..."
+
+
+def test_two_long_values_alike_at_their_start_show_where_they_differ() -> None:
+    """A real engine's command is longer than a line shows: cut at the same place, both
+    would read the same and hide the change (``rollout history``, ``history model``)."""
+    command = "vllm serve meta-llama/Llama-3.1-70B-Instruct --port {port} --max-model-len"
+    change = SpecChange(field="command", old=f"{command} 8192", new=f"{command} 16384")
+
+    said = describe_changes((change,))
+
+    assert said == "command '...--max-model-len 8192' -> '...--max-model-len 16384'"
 
 
 def test_a_replica_of_an_earlier_revision_starts_again_with_its_own_spec() -> None:
