@@ -365,12 +365,16 @@ def render(progress: DrainProgressView, *, steps: bool = True) -> RenderableType
     if progress.still_on_node:
         parts.append(text(f"still on the node: {', '.join(progress.still_on_node)}"))
     parts.extend(text(line, style="yellow") for line in waiting_lines(progress))
-    replicas = Table(title="replicas", title_justify="left", header_style="bold")
-    for header in ("replica", "model", "phase", "nodes", "moves"):
-        replicas.add_column(header)
-    for r in progress.replicas:
-        replicas.add_row(*(text(c) for c in (r.id, r.model, r.phase, ",".join(r.nodes), moves(r))))
-    parts.append(replicas)
+    if progress.replicas:
+        replicas = Table(title="replicas", title_justify="left", header_style="bold")
+        for header in ("replica", "model", "phase", "nodes", "moves"):
+            replicas.add_column(header)
+        for r in progress.replicas:
+            row = (r.id, r.model, r.phase, ",".join(r.nodes), moves(r))
+            replicas.add_row(*(text(c) for c in row))
+        parts.append(replicas)
+    else:
+        parts.append(text("no replica was on the node"))
     if steps:
         latest = Table(title="latest steps", title_justify="left", header_style="bold")
         for header in ("time (UTC)", "event", "what"):

@@ -13,7 +13,14 @@ import pytest
 from rich.console import Console
 
 from cli.config import ConnectionFlags
-from cli.drain import NO_ROOM_SHOWN, drain, drain_progress, no_room_warnings, print_new_steps
+from cli.drain import (
+    NO_ROOM_SHOWN,
+    drain,
+    drain_progress,
+    no_room_warnings,
+    print_new_steps,
+    render,
+)
 from cli.views import (
     DrainAccepted,
     DrainProgressView,
@@ -232,3 +239,22 @@ def test_waiting_for_a_drain_that_is_not_known_says_so_and_not_that_it_goes_on(
     assert captured.err.splitlines() == [
         "llmgw-cli drain-progress: no drain 'drain-0a1b2c3d' is known"
     ]
+
+
+def test_a_drain_of_an_empty_node_says_so_rather_than_drawing_an_empty_table() -> None:
+    """`llmgw-cli drain NODE --wait` of a node nothing ran on drew a `replicas` table of
+    headers alone."""
+    empty = DrainProgressView(
+        drain_id="drain-0a1b2c3d",
+        node_id="gpu-1",
+        finished=True,
+        state="succeeded",
+        outcome="every replica moved",
+    )
+    out = io.StringIO()
+
+    Console(file=out, width=100).print(render(empty, steps=False))
+
+    shown = out.getvalue()
+    assert "no replica was on the node" in shown, shown
+    assert "model" not in shown, shown
