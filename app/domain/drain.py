@@ -28,7 +28,11 @@ from app.domain.events import (
 from app.domain.state import ACTIVE_PHASES, ClusterState, Model, Node, Replica, ReplicaPhase
 
 NODE_DRAIN_COMPLETE = "every replica moved"
-"""The outcome of a node drain that moved (or had no need to move) every replica."""
+"""The outcome of a node drain that moved every replica that served on the node."""
+NODE_DRAIN_NOTHING_SERVED = "no replica was serving on the node"
+"""The outcome of a node drain that had nothing to move: no replica served on the node when
+the drain began, and none was moved off it (one that was not serving yet was stopped, not
+moved). It succeeded."""
 NODE_DRAIN_NOT_NEEDED = "every replica moved or was not needed"
 """How the outcome of a node drain begins when a replica on the node was stopped because its
 model had its count without it, and every other one moved: the drain succeeded."""
@@ -189,9 +193,10 @@ def node_drain_steps(
 
 
 def _moved_outcome(state: ClusterState, node: Node) -> tuple[str, bool]:
-    """The outcome and whether the drain succeeded: ``every replica moved``, unless a
-    replica that served on the node when its drain began (``Node.drain_began_with``), or
-    one the drain moved, ended before a replacement served. One the scale rule stopped
+    """The outcome and whether the drain succeeded: ``every replica moved`` (``no replica
+    was serving on the node`` when there was nothing to move), unless a replica that
+    served on the node when its drain began (``Node.drain_began_with``), or one the drain
+    moved, ended before a replacement served. One the scale rule stopped
     because its model had its count without it (a scale-down, a move an undo called off)
     was not needed: the node was emptied and the model kept its count, and the drain
     succeeded, saying so. One that anything else ended (the drain: its agent shut down, its
@@ -202,6 +207,8 @@ def _moved_outcome(state: ClusterState, node: Node) -> tuple[str, bool]:
         *node.drain_began_with,
         *(r.id for r in state.replicas.values() if r.drain_id == drain_id),
     }
+    if not ids:
+        return NODE_DRAIN_NOTHING_SERVED, True
     ended = [
         (replica_id, replica)
         for replica_id in sorted(ids)

@@ -18,7 +18,7 @@ from app.domain import rollout_operations as rollouts
 from app.domain.agent_reports import shard_reported
 from app.domain.commands import StartShard, StopShard
 from app.domain.decision import Decision
-from app.domain.drain import NODE_DRAIN_COMPLETE
+from app.domain.drain import NODE_DRAIN_COMPLETE, NODE_DRAIN_NOTHING_SERVED
 from app.domain.events import NodeDrainFinished, ReplicaPlaced
 from app.domain.model_spec import RolloutPolicy
 from app.domain.reports import (
@@ -180,7 +180,7 @@ def test_a_drain_does_not_finish_while_the_start_of_an_undo_s_replica_is_on_its_
     assert agents.on("gpu-1") == []
     (finished,) = of_type(agents.reconcile(), NodeDrainFinished)
 
-    assert finished.outcome == NODE_DRAIN_COMPLETE
+    assert finished.outcome == NODE_DRAIN_NOTHING_SERVED
     assert cluster.phase("llama-4") is ReplicaPhase.STOPPED
     assert on_node(cluster, "gpu-1") == []
 
@@ -205,7 +205,7 @@ def test_a_start_the_node_never_answers_keeps_its_drain_open_only_for_the_startu
     # Not before the start has gone unanswered for longer than an engine may take to start;
     # not because the drain's grace (an hour) ran out.
     assert timeout < cluster.now - sent_at < timeout + timedelta(seconds=120)
-    assert finished[0].outcome == NODE_DRAIN_COMPLETE
+    assert finished[0].outcome == NODE_DRAIN_NOTHING_SERVED
     assert cluster.phase("llama-4") is ReplicaPhase.STOPPED
     assert on_node(cluster, "gpu-1") == []
 

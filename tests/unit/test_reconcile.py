@@ -690,6 +690,36 @@ def test_a_drain_moves_the_replica_and_stops_the_original_only_after_the_replace
     assert of_type(decision, NodeDrainFinished)[0].outcome == "every replica moved"
 
 
+def test_a_drain_of_a_node_nothing_served_on_says_so_rather_than_every_replica_moved() -> None:
+    cluster = serving_on_two_of_three_nodes()
+    used = {s.node_id for r in cluster.state.replicas.values() for s in r.shards}
+    (empty,) = {"gpu-1", "gpu-2", "gpu-3"} - used
+    cluster.given(NodeDrainRequested(node_id=empty, drain_id="drain-1", grace_s=600))
+
+    decision = cluster.reconcile()
+
+    finished = of_type(decision, NodeDrainFinished)
+    assert [(f.outcome, f.succeeded) for f in finished] == [
+        ("no replica was serving on the node", True)
+    ]
+
+
+def test_a_drain_that_only_stopped_a_replica_not_serving_yet_moved_nothing() -> None:
+    cluster = with_two_nodes_and_a_model(replicas=1)
+    cluster.reconcile()
+    node = cluster.state.replicas["llama-1"].shards[0].node_id
+    cluster.given(NodeDrainRequested(node_id=node, drain_id="d", grace_s=600))
+    cluster.reconcile()
+
+    cluster.stop_reported("llama-1")
+    decision = cluster.reconcile()
+
+    finished = of_type(decision, NodeDrainFinished)
+    assert [(f.outcome, f.succeeded) for f in finished] == [
+        ("no replica was serving on the node", True)
+    ]
+
+
 def test_a_flapping_replacement_does_not_stop_the_original() -> None:
     cluster = serving_on_two_of_three_nodes()
     node = cluster.state.replicas["llama-1"].shards[0].node_id
