@@ -1,4 +1,4 @@
-"""Rule 8 of ``reconcile.decide``: each model is brought to its desired count, placing
+"""Rule 10 of ``reconcile.decide``: each model is brought to its desired count, placing
 the replicas it misses (the replacements of moved replicas first) or stopping the newest
 beyond it; and what that count is made of: the replicas that count towards it, the moves
 still waiting for a replacement, and the revision each replica placed towards it runs

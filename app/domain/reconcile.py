@@ -16,18 +16,20 @@ one pass never contradicts itself. The rules, in order:
    agent came back with another one) is stopped, not failed: it could never start there,
    and its replacement is placed within the range without backoff (``ports_out_of_range``);
 6. stopping replicas whose shards are gone are stopped (rules 2-6: ``replica_outcomes``);
-7. drains move replicas (see ``drain``);
-8. each model is brought to its desired count (placement, or stopping the newest:
-   ``desired_count``);
-9. commands: start placed shards (and shards their agents stopped on purpose), stop what
-   should not run (a replica taken out of routing once gateways report nothing in flight
-   on it, or after a timeout: ``shard_commands``).
+7. autoscaled models are scaled to the demand gateways report (``autoscale``);
+8. rollouts advance and are judged (``rollout``); what the verdict judges by is recorded
+   first, before rule 7 and during the adoption grace too: the replicas gateways eject
+   during a rollout's hold (``hold_ejections``);
+9. drains move replicas (see ``drain``);
+10. each model is brought to its desired count (placement, or stopping the newest:
+    ``desired_count``);
+11. commands: start placed shards (and shards their agents stopped on purpose), stop what
+    should not run (a replica taken out of routing once gateways report nothing in flight
+    on it, or after a timeout: ``shard_commands``).
 
-Between rules 6 and 7, the replicas gateways eject during a rollout's hold are recorded
-(``hold_ejections``, during the adoption grace too); then, once the grace is over,
-autoscaled models are scaled and rollouts advance and are judged (``rollout``).
-Rules 2-4 and the placements of rule 8 wait for the adoption grace after a start, so a
-control plane never races its own agents; the grace follows the fleet (``adoption_grace``).
+The numbers are docs/reconciler.md's. Rules 2-4, 7 and 8 and the placements of rule 10
+wait for the adoption grace after a start, so a control plane never races its own agents;
+the grace follows the fleet (``adoption_grace``).
 The timings are ``Settings`` (``reconcile_settings``). A pass's run is appended only while
 no operator's change since made it wrong (``overtaken``, re-exported here with the
 others the reconciler service imports).

@@ -1,4 +1,4 @@
-"""Rule 9 of ``reconcile.decide``: the commands a pass sends agents. It starts placed shards
+"""Rule 11 of ``reconcile.decide``: the commands a pass sends agents. It starts placed shards
 (and shards their agents stopped on purpose) where they do not run, and stops what should
 not run once it has left routing: after the quiesce time, and once gateways report nothing
 in flight on it (or after the drain idle timeout)."""
