@@ -236,7 +236,7 @@ def settings_from_file(path: Path) -> AgentSettings:
         ca=_under(base, _given(read.ca)),
         fake_gpus=_given(read.fake_gpus),
         state_dir=_under(base, _given(read.state_dir)),
-        labels=_given(read.labels),
+        labels=_file_labels(read.labels, path),
         address=_given(read.address),
         port_range=_port_range_text(read.port_range),
         log_level=_given(read.log_level),
@@ -306,7 +306,9 @@ def resolve(settings: AgentSettings, environ: Mapping[str, str]) -> AgentConfig:
         ca=_existing_file(settings.ca, "--ca", "CA", "ca"),
         fake_gpus=fake_gpus,
         state_dir=settings.state_dir or default_state_dir(environ),
-        labels=_hello_labels(settings.labels or {}),
+        # Each source's labels were checked where they were read, naming it; this holds for
+        # settings built in code too.
+        labels=_hello_labels(settings.labels or {}, "--label"),
         address=_address(settings.address),
         port_range=(
             DEFAULT_PORT_RANGE
@@ -382,7 +384,7 @@ def parse_labels(items: Sequence[str], source: str = "--label") -> dict[str, str
         if key in labels:
             raise ConfigError(f"{source}: label {key!r} is given twice")
         labels[key] = value.strip()
-    return labels
+    return _hello_labels(labels, source)
 
 
 def default_state_dir(environ: Mapping[str, str], *, is_root: bool | None = None) -> Path:
@@ -407,21 +409,28 @@ def _address(address: str | None) -> str | None:
     return address.strip()
 
 
-def _hello_labels(labels: Mapping[str, str]) -> dict[str, str]:
-    """``labels`` (from any source: the config file's are not parsed by ``parse_labels``)
-    if a hello can carry them; a hello beyond them is malformed, and the agent would be
-    refused at every connection."""
+def _file_labels(labels: dict[str, str] | Unset, path: Path) -> dict[str, str] | None:
+    """The config file's labels (a TOML table, not ``key=value`` items), checked as a hello
+    needs them, an error naming the file and its ``labels`` key."""
+    given = _given(labels)
+    return None if given is None else _hello_labels(given, f"config file {path}: labels")
+
+
+def _hello_labels(labels: Mapping[str, str], source: str) -> dict[str, str]:
+    """``labels`` if a hello can carry them; a hello beyond them is malformed, and the agent
+    would be refused at every connection. ``source`` says where they were given: a flag,
+    an environment variable, the config file's path and key."""
     if len(labels) > MAX_LABELS:
-        raise ConfigError(f"--label: {len(labels)} labels; a node may have at most {MAX_LABELS}")
+        raise ConfigError(f"{source}: {len(labels)} labels; a node may have at most {MAX_LABELS}")
     for key, value in labels.items():
         if not _LABEL_KEY.fullmatch(key):
             raise ConfigError(
-                f"--label {key[:80]!r}: a key is 1-{MAX_LABEL_KEY_CHARS} letters, digits, "
+                f"{source} {key[:80]!r}: a key is 1-{MAX_LABEL_KEY_CHARS} letters, digits, "
                 "'.', '_', '/' or '-', starting with a letter or digit"
             )
         if len(value) > MAX_LABEL_VALUE_CHARS:
             raise ConfigError(
-                f"--label {key}: the value has {len(value)} characters; a label's value "
+                f"{source} {key}: the value has {len(value)} characters; a label's value "
                 f"has at most {MAX_LABEL_VALUE_CHARS}"
             )
     return dict(labels)

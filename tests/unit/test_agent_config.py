@@ -408,21 +408,21 @@ LONG_VALUE = "v" * 257
     [
         (
             "[labels]\n" + "".join(f"k{n} = 'v'\n" for n in range(65)),
-            "--label: 65 labels; a node may have at most 64",
+            "{file}: labels: 65 labels; a node may have at most 64",
         ),
         (
             f"[labels]\nzone = '{LONG_VALUE}'\n",
-            "--label zone: the value has 257 characters; a label's value has at most 256",
+            "{file}: labels zone: the value has 257 characters; a label's value has at most 256",
         ),
         (
             f"[labels]\n{'k' * 64} = 'v'\n",
-            f"--label {'k' * 64!r}: a key is 1-63 letters, digits, '.', '_', '/' or '-', "
-            "starting with a letter or digit",
+            f"{{file}}: labels {'k' * 64!r}: a key is 1-63 letters, digits, '.', '_', '/' or "
+            "'-', starting with a letter or digit",
         ),
         (
-            "[labels]\n'' = 'v'\n",
-            "--label '': a key is 1-63 letters, digits, '.', '_', '/' or '-', starting with "
-            "a letter or digit",
+            "labels = { '' = 'v' }\n",
+            "{file}: labels '': a key is 1-63 letters, digits, '.', '_', '/' or '-', starting "
+            "with a letter or digit",
         ),
         (
             f"address = '{'a' * 254}'\n",
@@ -434,13 +434,25 @@ LONG_VALUE = "v" * 257
 def test_settings_a_hello_cannot_carry_are_refused_at_start(
     node_files: Path, text: str, message: str
 ) -> None:
-    """A hello beyond the wire's bounds is malformed: refused at every connection."""
+    """A hello beyond the wire's bounds is malformed: refused at every connection, the
+    error naming where the setting was given (a label from the file is no `--label`)."""
     config_file = write_config(node_files, text)
 
     with pytest.raises(ConfigError) as refused:
         load_config(flags(node_files), {}, config_file)
 
-    assert str(refused.value) == message
+    assert str(refused.value) == message.replace("{file}", f"config file {config_file}")
+
+
+def test_labels_a_hello_cannot_carry_are_refused_naming_the_environment_variable(
+    node_files: Path,
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_config(flags(node_files), {"LLMGW_AGENT_LABELS": f"zone={LONG_VALUE}"})
+
+    assert str(refused.value) == (
+        "LLMGW_AGENT_LABELS zone: the value has 257 characters; a label's value has at most 256"
+    )
 
 
 def test_a_label_value_over_256_characters_is_refused_from_the_command_line_too(
