@@ -5,6 +5,10 @@ it (``app.usage_errors``)::
     llmgw-sim-engine: unknown option --nope; see llmgw-sim-engine --help
     llmgw-sim-engine: --port '80a': expected a whole number
     llmgw-sim-engine: LLMGW_SIM_PORT='80a': expected a whole number
+    llmgw-sim-engine: --model is empty: give a model name, or leave the flag out
+
+A lone ``--`` ends the options, as it does for the other programs: nothing may follow it,
+since every setting is a flag.
 
 It is the standard library's argparse rather than cyclopts, and imports no ``rich``: the
 simulator's start is what the agent, the gateway and the autoscaler wait for
@@ -36,6 +40,22 @@ _defaults = CapacityConfig()
 class UsageError(Exception):
     """A command line or variable the simulator cannot run on; the message is what follows
     ``llmgw-sim-engine: `` on its one line."""
+
+
+class EmptyValue(ValueError):
+    """A text flag given empty or blank; the message says what to give instead."""
+
+
+def _filled(what: str) -> Callable[[str], str]:
+    """A text that is not empty: ``--model=`` (a variable meant to be filled in and left
+    blank) would serve a model of no name, ``--host=`` listen on every address."""
+
+    def text(value: str) -> str:
+        if not value.strip():
+            raise EmptyValue(f"give {what}")
+        return value
+
+    return text
 
 
 def _whole_number(text: str) -> int:
@@ -103,11 +123,11 @@ class Flag(NamedTuple):
 
 FLAGS = (
     Flag(("--port",), "TCP port to listen on.", _port, 8000, metavar="INT"),
-    Flag(("--host",), "Address to listen on.", str, "127.0.0.1", metavar="STR"),
+    Flag(("--host",), "Address to listen on.", _filled("an address"), "127.0.0.1", metavar="STR"),
     Flag(
         ("--model", "--served-model-name"),
         "The model name the engine serves; requests for any other model get 404.",
-        str,
+        _filled("a model name"),
         "sim-model",
         metavar="STR",
     ),
@@ -265,22 +285,43 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> argparse.Namespace
         parser.set_defaults(**defaults_from_environment(environ))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    # "--" ends the options; whatever follows it is an argument, and none is taken.
+    flags, after = _split_at_end_of_options(argv)
     try:
-        options, unknown = parser.parse_known_args(argv)
+        options, unknown = parser.parse_known_args(flags)
     except argparse.ArgumentError as exc:
         name = (exc.argument_name or "a flag").split("/")[0]
         if exc.message == "expected one argument":
             raise UsageError(f"{name} needs a value") from None
         raise UsageError(f"{name} {exc.message}") from None
-    if unknown:
-        raise UsageError(_unknown(unknown[0]))
+    if unknown or after:
+        raise UsageError(_unknown(unknown[0]) if unknown else _unexpected(after[0]))
+    for flag in FLAGS:
+        # argparse drops a value of "--" (``--model=--``) and sets the flag to [] unread.
+        if isinstance(getattr(options, flag.dest), list):
+            raise UsageError(f"{flag.names[0]} needs a value: '--' ends the options")
     return options
+
+
+def _split_at_end_of_options(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    words = list(argv)
+    if "--" not in words:
+        return words, []
+    end = words.index("--")
+    return words[:end], words[end + 1 :]
+
+
+def _unexpected(token: str) -> str:
+    return f"unexpected argument {token!r}: every setting is a flag; see {PROGRAM} --help"
 
 
 def _unknown(token: str) -> str:
     if not token.startswith("-"):
-        return f"unexpected argument {token!r}: every setting is a flag; see {PROGRAM} --help"
+        return _unexpected(token)
     word = token.split("=", 1)[0]
+    if not word.lstrip("-") or word.startswith("---"):
+        # No name to mend ("-", "--=x", "---x"): a guess would be a name picked at random.
+        return f"unknown option {word}; see {PROGRAM} --help"
     names = ["--help", "-h"]
     for flag in FLAGS:
         names.extend(flag.names)
@@ -305,6 +346,8 @@ def defaults_from_environment(environ: Mapping[str, str]) -> dict[str, object]:
         variable, text = given[0], environ[given[0]]
         try:
             found[flag.dest] = _read(flag, text)
+        except EmptyValue as exc:
+            raise ValueError(f"{variable} is empty: {exc}, or unset it") from None
         except ValueError as exc:
             raise ValueError(f"{variable}={text!r}: {exc}") from None
     return found
@@ -328,6 +371,8 @@ def _typed(flag: Flag) -> Callable[[str], object]:
     def typed(text: str) -> object:
         try:
             return _read(flag, text)
+        except EmptyValue as exc:
+            raise argparse.ArgumentTypeError(f"is empty: {exc}, or leave the flag out") from None
         except ValueError as exc:
             raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
 

@@ -122,6 +122,48 @@ def test_a_flag_is_never_guessed_from_its_first_letters() -> None:
         parse(["--inst"], {})
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--model="], "--model is empty: give a model name, or leave the flag out"),
+        (
+            ["--served-model-name", " "],
+            "--model is empty: give a model name, or leave the flag out",
+        ),
+        (["--host="], "--host is empty: give an address, or leave the flag out"),
+        (["--model=--"], "--model needs a value: '--' ends the options"),
+        (["--=x"], "unknown option --; see llmgw-sim-engine --help"),
+        (["-"], "unknown option -; see llmgw-sim-engine --help"),
+        (["---port", "1"], "unknown option ---port; see llmgw-sim-engine --help"),
+        (
+            ["--", "--port", "1"],
+            "unexpected argument '--port': every setting is a flag; see llmgw-sim-engine --help",
+        ),
+    ],
+)
+def test_an_empty_value_or_a_flag_without_a_name_is_refused_plainly(
+    argv: list[str], said: str
+) -> None:
+    """``--model=`` served a model named ""; ``--`` and ``--=x`` were "did you mean -h?"."""
+    with pytest.raises(UsageError) as refused:
+        parse(argv, {})
+
+    assert str(refused.value) == said
+
+
+def test_an_empty_variable_is_refused_naming_it() -> None:
+    with pytest.raises(UsageError) as refused:
+        parse([], {"LLMGW_SIM_SERVED_MODEL_NAME": ""})
+
+    assert str(refused.value) == (
+        "LLMGW_SIM_SERVED_MODEL_NAME is empty: give a model name, or unset it"
+    )
+
+
+def test_a_lone_double_dash_ends_the_options_as_for_the_other_programs() -> None:
+    assert parse(["--port", "8001", "--"], {})["port"] == 8001
+
+
 SIMULATOR = program("llmgw-sim-engine")
 
 
