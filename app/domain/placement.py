@@ -29,6 +29,8 @@ MIB_PER_GIB = 1024
 
 
 class Rejection(StrEnum):
+    """Why a node cannot take a shard, in the order the checks run (``_evaluate``)."""
+
     NOT_CONNECTED = "not connected"
     CORDONED = "cordoned"
     DRAINING = "draining"
@@ -135,7 +137,7 @@ class Placer:
         return placement
 
     def summary(self) -> str:
-        """Why no (more) replica fits, every node with every reason counted."""
+        """Why no (more) replica fits, every node counted (``unplaceable_summary``)."""
         candidates = tuple(
             _evaluate(node, self._spec, self._allocations, detail=False)
             for node in self._state.nodes.values()
@@ -143,18 +145,28 @@ class Placer:
         return unplaceable_summary(self._spec, candidates)
 
 
+SEVERAL_CHECKS_FAILED = "each node counted once, under the first check it fails"
+"""Said after the counts when a node failed more than one check: the counts add up to the
+nodes, and ``explain_placement`` lists every reason of each."""
+
+
 def unplaceable_summary(spec: ModelSpec, candidates: tuple[Candidate, ...]) -> str:
     """One stable line: the same situation always gives the same words (the reconciler
-    records a model's reason only when it changes)."""
+    records a model's reason only when it changes). Each node not eligible is counted once,
+    under the first check it fails, so the counts add up to the nodes."""
     eligible = sum(1 for c in candidates if c.eligible)
     need = f"{spec.shards_per_replica} node(s) with {spec.gpus_per_shard} healthy free GPU(s)" + (
         f" of {spec.gpu_memory_gib:g} GiB" if spec.gpu_memory_gib else ""
     )
     if not candidates:
         return f"needs {need}: no nodes are registered"
-    counts = Counter(r for c in candidates if not c.eligible for r in c.rejections)
-    parts = ", ".join(f"{n} {reason.value}" for reason, n in sorted(counts.items()))
-    return f"needs {need}, {eligible} eligible of {len(candidates)}: {parts}"
+    refused = [c for c in candidates if c.rejections]
+    counts = Counter(c.rejections[0] for c in refused)
+    parts = ", ".join(f"{counts[reason]} {reason.value}" for reason in Rejection if counts[reason])
+    several = any(len(c.rejections) > 1 for c in refused)
+    return f"needs {need}, {eligible} eligible of {len(candidates)}: {parts}" + (
+        f"; {SEVERAL_CHECKS_FAILED}" if several else ""
+    )
 
 
 def _chosen_summary(chosen: list[Candidate], eligible: int) -> str:

@@ -239,7 +239,8 @@ async def test_placement_is_explained_for_every_node_with_every_reason(
     assert not dry_run.json()["placeable"]
     assert dry_run.json()["summary"] == (
         "needs 1 node(s) with 2 healthy free GPU(s), 0 eligible of 3: "
-        "1 cordoned, 3 not enough healthy free GPUs"
+        "1 cordoned, 2 not enough healthy free GPUs; each node counted once, under the first "
+        "check it fails"
     )
     assert invalid_dry_run.status_code == 422
     assert await pg_store.last_position() > 0  # seeded, but the dry runs recorded nothing

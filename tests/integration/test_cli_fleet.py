@@ -349,7 +349,7 @@ async def test_a_drain_says_up_front_which_replica_has_nowhere_to_go_and_require
     )
     no_room = (
         "needs 1 node(s) with 1 healthy free GPU(s), 0 eligible of 2: 1 draining, "
-        "2 not enough healthy free GPUs"
+        "1 not enough healthy free GPUs; each node counted once, under the first check it fails"
     )
     before = await last_position(pg_store)
 

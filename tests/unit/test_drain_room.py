@@ -24,7 +24,7 @@ from tests.unit.test_reconcile import Cluster, of_type
 
 NO_ROOM = (
     "needs 1 node(s) with 1 healthy free GPU(s), 0 eligible of 2: 1 draining, "
-    "2 not enough healthy free GPUs"
+    "1 not enough healthy free GPUs; each node counted once, under the first check it fails"
 )
 """gpu-1 drains and its GPUs are in use; gpu-2's one GPU holds llama-1's replacement."""
 

@@ -136,3 +136,45 @@ def test_a_multi_node_replica_takes_distinct_nodes() -> None:
 
     assert placement is not None
     assert [(s.index, s.node_id) for s in placement] == [(0, "gpu-1"), (1, "gpu-2")]
+
+
+def test_the_summary_counts_each_node_once_under_the_first_check_it_fails() -> None:
+    """It counted reasons: "0 eligible of 2: 1 draining, 2 not enough healthy free GPUs"
+    added up to three of two nodes."""
+    state = replay(
+        log_of(
+            NodeConnected(node_id="gpu-1", address="127.0.0.1", gpus=gpus(1)),
+            NodeDrainRequested(node_id="gpu-1", drain_id="drain-1", grace_s=60),
+            NodeConnected(node_id="gpu-2", address="127.0.0.2", gpus=gpus(1)),
+            NodeConnected(node_id="gpu-3", address="127.0.0.3", gpus=gpus(8)),
+            NodeDisconnected(node_id="gpu-3", reason="heartbeat timeout"),
+            NodeCordoned(node_id="gpu-3", reason="bad fan"),
+        )
+    )
+    spec = ModelSpec(name="m", command="x", gpus_per_shard=2)
+
+    explanation = explain_placement(state, spec)
+
+    assert explanation.summary == (
+        "needs 1 node(s) with 2 healthy free GPU(s), 0 eligible of 3: 1 not connected, "
+        "1 draining, 1 not enough healthy free GPUs; each node counted once, under the first "
+        "check it fails"
+    )
+    # Every reason of each node is still explained.
+    assert [len(c.reasons) for c in explanation.candidates] == [2, 1, 2]
+
+
+def test_the_summary_of_nodes_that_each_fail_one_check_needs_no_word_on_counting() -> None:
+    state = replay(
+        log_of(
+            NodeConnected(node_id="gpu-1", address="127.0.0.1", gpus=gpus(1)),
+            NodeConnected(node_id="gpu-2", address="127.0.0.2", gpus=gpus(8)),
+            NodeCordoned(node_id="gpu-2", reason="bad fan"),
+        )
+    )
+    spec = ModelSpec(name="m", command="x", gpus_per_shard=2)
+
+    assert explain_placement(state, spec).summary == (
+        "needs 1 node(s) with 2 healthy free GPU(s), 0 eligible of 2: 1 cordoned, "
+        "1 not enough healthy free GPUs"
+    )
