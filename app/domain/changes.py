@@ -84,6 +84,7 @@ class NodeChanges(TypedDict, total=False):
     drain_grace_s: float | None
     drain_requested_at: datetime | None
     drain_began_with: tuple[str, ...]
+    drain_cancelled_by: str | None
     stray_stops: tuple[str, ...]
     certificate_serial: str
     unlisted_gpus: tuple[GpuInfo, ...]

@@ -20,6 +20,7 @@ from app.domain.events import (
     NodeConnected,
     NodeCordoned,
     NodeDisconnected,
+    NodeDrainCancelled,
     NodeDrainFinished,
     NodeDrainRequested,
     NodeLost,
@@ -92,6 +93,7 @@ def _subject(event: AnyEvent) -> str:
             | NodeCordoned()
             | NodeUncordoned()
             | NodeDrainRequested()
+            | NodeDrainCancelled()
             | NodeDrainFinished()
             | GpuMarkedUnhealthy()
             | GpuRecovered()
@@ -145,6 +147,8 @@ def _what(event: AnyEvent) -> str:
             return "uncordoned"
         case NodeDrainRequested():
             return f"drain {event.drain_id} requested (grace {event.grace_s:.0f}s)"
+        case NodeDrainCancelled():
+            return f"drain {event.drain_id} cancelled: its moves are called off"
         case NodeDrainFinished():
             return f"drain {event.drain_id} finished: {event.outcome}"
         case GpuMarkedUnhealthy():

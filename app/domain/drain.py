@@ -8,6 +8,14 @@ move), the original is taken out of routing and stopped. A replica that was not 
 has nothing to protect and is stopped at once. The drain's grace bounds it all: when it runs
 out, whatever is left on the node is stopped and that is recorded, so a node can always be
 taken out of service. Every step carries the drain's id as correlation id.
+
+An operator may call a node drain off (``node_drain_cancelled``): the next pass, before any
+other step, calls off each of its moves under way (``replica_drain_cancelled``: the original
+serves and counts again, and the scale rule then stops the replica beyond the model's
+count: the newest not serving yet, else the newest serving; a replacement is newer than
+its original, so that is never the original while its replacement counts) and finishes
+the drain as cancelled. An original already stopping stays stopped (its replacement
+serves in its place), and the node stays cordoned until the operator uncordons it.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from app.domain.decision import Draft
 from app.domain.events import (
     NodeDrainFinished,
     ReplacementServing,
+    ReplicaDrainCancelled,
     ReplicaDrainStarted,
     ReplicaStopping,
     node_stream,
@@ -37,6 +46,8 @@ NODE_DRAIN_NOT_NEEDED = "every replica moved or was not needed"
 """How the outcome of a node drain begins when a replica on the node was stopped because its
 model had its count without it, and every other one moved: the drain succeeded."""
 NODE_DRAIN_GRACE_RAN_OUT = "grace ran out; what was left was stopped"
+NODE_DRAIN_CANCELLED = "cancelled by"
+"""How the outcome of a node drain an operator called off begins: ``cancelled by alice``."""
 UNMOVED_NAMED = 5
 """The replicas a drain's outcome names that ended without a replacement; the rest are
 counted."""
@@ -44,10 +55,40 @@ REASON_CHARS = 160
 
 
 def drain_moves(draft: Draft, stability_window_s: float, replica_grace_s: float) -> None:
+    for node in sorted(draft.state.nodes.values(), key=lambda n: n.id):
+        if node.drain_id is not None and node.drain_cancelled_by is not None:
+            _cancel_node_drain(draft, node, node.drain_cancelled_by)
     _finish_moves(draft, stability_window_s, replica_grace_s)
     for node in sorted(draft.state.nodes.values(), key=lambda n: n.id):
         if node.drain_id is not None:
             _drain_node(draft, node)
+
+
+def _cancel_node_drain(draft: Draft, node: Node, cancelled_by: str) -> None:
+    """Call off each move of the node's drain still under way, then finish the drain."""
+    drain_id = node.drain_id or ""
+    moving = [
+        r
+        for r in draft.state.replicas.values()
+        if r.phase is ReplicaPhase.DRAINING and r.drain_id == drain_id
+    ]
+    for replica in sorted(moving, key=lambda r: r.id):
+        draft.emit(
+            replica_stream(replica.id),
+            ReplicaDrainCancelled(
+                replica_id=replica.id,
+                drain_id=drain_id,
+                reason=f"drain {drain_id} was cancelled by {cancelled_by}: it serves on",
+            ),
+            correlation_id=drain_id,
+        )
+    finished = NodeDrainFinished(
+        node_id=node.id,
+        drain_id=drain_id,
+        outcome=f"{NODE_DRAIN_CANCELLED} {cancelled_by}",
+        succeeded=False,
+    )
+    draft.emit(node_stream(node.id), finished, correlation_id=drain_id)
 
 
 def _finish_moves(draft: Draft, stability_window_s: float, replica_grace_s: float) -> None:

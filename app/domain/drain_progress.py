@@ -15,7 +15,13 @@ import msgspec
 
 from app.domain.drain import NODE_DRAIN_COMPLETE
 from app.domain.envelope import Recorded
-from app.domain.events import NodeDrainFinished, NodeDrainRequested, subjects
+from app.domain.events import (
+    NodeDrainCancelled,
+    NodeDrainFinished,
+    NodeDrainRequested,
+    ReplicaDrainCancelled,
+    subjects,
+)
 from app.domain.move_views import MoveView, moves_of
 from app.domain.node_operations import replicas_matching
 from app.domain.operation_results import UnknownDrain
@@ -32,6 +38,9 @@ class DrainState(StrEnum):
     """The grace ran out and what was left was stopped, not moved; or a replica it was
     moving ended without a replacement otherwise (its agent shut down, its engine
     failed, a rollout's ``max_unavailable`` stopped it)."""
+    CANCELLED = "cancelled"
+    """An operator called it off (``drain_cancel``): its moves under way were called off,
+    and what it had moved stays moved."""
 
 
 class DrainProgress(msgspec.Struct, frozen=True, kw_only=True):
@@ -73,13 +82,19 @@ def drain_progress(state: ClusterState, drain_id: str, events: Sequence[Recorded
     touched |= {i for e in events if (i := subjects(e.event).replica) is not None}
     replicas = tuple(state.replicas[i] for i in sorted(touched) if i in state.replicas)
     requested = first.event
+    cancelled = False
     if isinstance(requested, NodeDrainRequested):
         node_id: str | None = requested.node_id
         grace_s: float | None = requested.grace_s
-        done = next((e.event for e in events if isinstance(e.event, NodeDrainFinished)), None)
+        end = next((e for e in events if isinstance(e.event, NodeDrainFinished)), None)
+        done = end.event if end is not None and isinstance(end.event, NodeDrainFinished) else None
         outcome = done.outcome if done is not None else None
         succeeded = done is not None and (
             done.succeeded if done.succeeded is not None else outcome == NODE_DRAIN_COMPLETE
+        )
+        # Called off if the cancellation came before the end (one after it changed nothing).
+        cancelled = end is not None and any(
+            isinstance(e.event, NodeDrainCancelled) and e.position < end.position for e in events
         )
         still = tuple(
             r.id
@@ -94,8 +109,13 @@ def drain_progress(state: ClusterState, drain_id: str, events: Sequence[Recorded
             "; ".join(f"{r.id} {r.end_reason or r.phase.value}" for r in moved) if ended else None
         )
         succeeded = all(r.replacement_id is not None or r.surplus for r in moved)
+        called_off = next((e for e in events if isinstance(e.event, ReplicaDrainCancelled)), None)
+        if called_off is not None and not moved:
+            cancelled, outcome = True, f"cancelled by {called_off.meta.actor}"
     if outcome is None:
         drain_state = DrainState.RUNNING
+    elif cancelled:
+        drain_state = DrainState.CANCELLED
     else:
         drain_state = DrainState.SUCCEEDED if succeeded else DrainState.FAILED
     return DrainProgress(

@@ -294,6 +294,15 @@ class NodeDrainRequested(Event, frozen=True, kw_only=True):
     grace_s: float
 
 
+class NodeDrainCancelled(Event, frozen=True, kw_only=True):
+    """An operator called the node's drain off (the actor of this event): the reconciler
+    calls off each of its moves under way and finishes the drain as cancelled. The node
+    stays cordoned."""
+
+    node_id: str
+    drain_id: str
+
+
 class NodeDrainFinished(Event, frozen=True, kw_only=True):
     node_id: str
     drain_id: str
@@ -532,6 +541,7 @@ AnyEvent = (
     | NodeCordoned
     | NodeUncordoned
     | NodeDrainRequested
+    | NodeDrainCancelled
     | NodeDrainFinished
     | GpuMarkedUnhealthy
     | GpuRecovered
@@ -605,6 +615,7 @@ def subjects(event: AnyEvent) -> Subjects:
             | NodeCordoned()
             | NodeUncordoned()
             | NodeDrainRequested()
+            | NodeDrainCancelled()
             | NodeDrainFinished()
             | GpuMarkedUnhealthy()
             | GpuRecovered()

@@ -298,6 +298,9 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
     drain_began_with: tuple[str, ...] = ()
     """The replicas serving on the node (or being moved off it) when its drain was
     requested: the drain's outcome says what became of each, whoever ended it."""
+    drain_cancelled_by: str | None = None
+    """Who called the node's drain off (``node_drain_cancelled``), until the reconciler
+    finishes it as cancelled."""
     stray_stops: tuple[str, ...] = ()
     """``replica/shard/pid`` of the last strays stopped here, so each is recorded once."""
     certificate_serial: str = ""

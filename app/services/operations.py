@@ -18,14 +18,14 @@ from functools import partial
 from typing import Any, TypeVar
 
 from app.clock import utc_now
+from app.domain import drain_cancel, revocations, tuning
 from app.domain import keys as key_decisions
 from app.domain import model_operations as model_decisions
 from app.domain import node_operations as node_decisions
-from app.domain import revocations, tuning
 from app.domain import rollout_operations as rollouts
 from app.domain.apply_preview import ApplyPreview, preview_apply
 from app.domain.drain_progress import DrainProgress, current_revisions, drain_progress
-from app.domain.envelope import Meta
+from app.domain.envelope import Meta, Recorded
 from app.domain.events import (
     key_stream,
     model_stream,
@@ -171,6 +171,18 @@ class Operations:
         )
         return drain_id
 
+    async def cancel_drain(self, caller: Caller, drain_id: str) -> bool:
+        """Call the drain off (``drain_cancel``); False when it was called off already."""
+        events = await self._drain_events(drain_id)
+        target = drain_cancel.drain_target(drain_id, events)
+        return await self._record(
+            caller,
+            target.stream,
+            lambda s: drain_cancel.cancel_drain(s, drain_id, events),
+            correlation_id=drain_id,
+            about_replica=target.replica_id,
+        )
+
     async def pause_rollout(self, caller: Caller, name: str, reason: str) -> bool:
         return await self._steer_rollout(caller, name, lambda s: rollouts.pause(s, name, reason))
 
@@ -314,13 +326,17 @@ class Operations:
         return rollout.id if rollout is not None else None
 
     async def drain(self, drain_id: str) -> DrainProgress:
-        first = await self._store.read_correlated(drain_id, 1)
-        newest = await self._store.read_correlated(drain_id, DRAIN_EVENTS_SHOWN - 1, newest=True)
-        events = [*first, *(e for e in newest if first and e.position > first[0].position)]
+        events = await self._drain_events(drain_id)
         state = await self.current()
         for replica_id in sorted({i for e in events if (i := subjects(e.event).replica)}):
             await self._put_back(state, replica_id)
         return drain_progress(state, drain_id, events)
+
+    async def _drain_events(self, drain_id: str) -> list[Recorded]:
+        """The drain's first event (its request) and its newest ones."""
+        first = await self._store.read_correlated(drain_id, 1)
+        newest = await self._store.read_correlated(drain_id, DRAIN_EVENTS_SHOWN - 1, newest=True)
+        return [*first, *(e for e in newest if first and e.position > first[0].position)]
 
     async def replicas(
         self,

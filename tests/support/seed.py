@@ -48,6 +48,7 @@ from app.domain.events import (
     ModelDeclared,
     ModelScaled,
     NodeConnected,
+    NodeDrainCancelled,
     NodeDrainFinished,
     NodeDrainRequested,
     NodeRegistered,
@@ -454,6 +455,7 @@ def stream_of(event: AnyEvent) -> str:
             | NodeConnected()
             | NodeUncordoned()
             | NodeDrainRequested()
+            | NodeDrainCancelled()
             | NodeDrainFinished()
             | GpuMarkedUnhealthy()
             | GpuRecovered()

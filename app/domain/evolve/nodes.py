@@ -16,6 +16,7 @@ from app.domain.events import (
     NodeConnected,
     NodeCordoned,
     NodeDisconnected,
+    NodeDrainCancelled,
     NodeDrainFinished,
     NodeDrainRequested,
     NodeLost,
@@ -116,6 +117,7 @@ def _node_uncordoned(state: ClusterState, event: NodeUncordoned, recorded: Recor
             "drain_grace_s": None,
             "drain_requested_at": None,
             "drain_began_with": (),
+            "drain_cancelled_by": None,
         },
     )
 
@@ -138,8 +140,17 @@ def _node_drain_requested(
             "drain_grace_s": event.grace_s,
             "drain_requested_at": at,
             "drain_began_with": tuple(began_with),
+            "drain_cancelled_by": None,
         },
     )
+
+
+def _node_drain_cancelled(
+    state: ClusterState, event: NodeDrainCancelled, recorded: Recorded
+) -> None:
+    node = state.nodes.get(event.node_id)
+    if node is not None and node.drain_id == event.drain_id:
+        update_node(state, event.node_id, {"drain_cancelled_by": recorded.meta.actor})
 
 
 def _node_drain_finished(state: ClusterState, event: NodeDrainFinished, recorded: Recorded) -> None:
@@ -151,6 +162,7 @@ def _node_drain_finished(state: ClusterState, event: NodeDrainFinished, recorded
             "drain_grace_s": None,
             "drain_requested_at": None,
             "drain_began_with": (),
+            "drain_cancelled_by": None,
         },
     )
 
@@ -210,6 +222,7 @@ HANDLERS: dict[type[Event], Handler] = {
     NodeCordoned: _node_cordoned,
     NodeUncordoned: _node_uncordoned,
     NodeDrainRequested: _node_drain_requested,
+    NodeDrainCancelled: _node_drain_cancelled,
     NodeDrainFinished: _node_drain_finished,
     GpuMarkedUnhealthy: _gpu_marked_unhealthy,
     GpuRecovered: _gpu_recovered,
