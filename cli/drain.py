@@ -1,4 +1,5 @@
-"""`llmgw-cli drain <node> [--require-room] | --replica <id>` and `drain-progress <drain-id>`.
+"""`llmgw-cli drain <node> [--require-room] | --replica <id>` and `drain-progress <drain-id>`
+(a drain is called off by `drain-cancel <drain-id>`, ``cli.drain_cancel``).
 
 A drain answers at once with its id (a node drain also with the replicas that have nowhere
 to go now, printed as warnings); ``--wait`` then follows it until it is done: a live
@@ -53,7 +54,10 @@ NO_ROOM_REFUSED = "no-room-to-drain"
 Wait = Annotated[
     bool,
     Parameter(
-        help="Follow the drain until it is done: exit 0 when it completes, 1 if it fails.",
+        help=(
+            "Follow the drain until it is done: exit 0 when it completes, 1 if it fails or "
+            "an operator cancels it (llmgw-cli drain-cancel)."
+        ),
         negative=(),
     ),
 ]
@@ -99,7 +103,8 @@ def drain(
     A node drain first says, on stderr, which replicas have nowhere to go now (placement
     finds no room for their replacement, each counted against the others): unless room
     appears, those are stopped, not moved, when the grace runs out. --require-room
-    refuses such a drain instead.
+    refuses such a drain instead. A drain can be called off while it runs
+    (llmgw-cli drain-cancel ID).
 
     ```
     llmgw-cli drain gpu-08 --wait
@@ -147,6 +152,7 @@ def drain(
             what = f"node {node_id}" if node_id is not None else f"replica {replica}"
             say(f"{drain_id}: draining {what}")
             say(f"follow it: llmgw-cli drain-progress {drain_id} --wait")
+            say(f"call it off: llmgw-cli drain-cancel {drain_id}")
         return EXIT_OK
 
     return run_command("drain", connection, start)
@@ -217,7 +223,8 @@ def drain_progress(
     connection: ConnectionFlags | None = None,
 ) -> int:
     """How a drain is going: the replicas it moves and their replacements, what is still on
-    the node, its latest steps. Exits 1 for a drain that failed.
+    the node, its latest steps. Exits 1 for a drain that failed or was cancelled
+    (llmgw-cli drain-cancel).
 
     ```
     llmgw-cli drain-progress drain-3f2a9c1e --wait
@@ -244,10 +251,13 @@ def watch(
     output: Output,
     *,
     first: Reply[DrainProgressView] | None = None,
+    cancelling: bool = False,
 ) -> int:
     """Poll the drain's progress until it is finished; show it as it goes. The drain is
     known to exist (it was just accepted, or ``first`` is its progress, read already): a
-    failure while polling leaves it going on, and the message says so."""
+    failure while polling leaves it going on, and the message says so. The exit code is
+    ``_exit_code``'s, except that one ``cancelling`` the drain has its cancellation as
+    its success."""
     console = make_console()
     try:
         if output == "json":
@@ -268,9 +278,12 @@ def watch(
         raise ClientError(
             f"{exc} (the drain goes on: llmgw-cli drain-progress {drain_id} --wait)"
         ) from exc
+    if cancelling and cancelled(progress.value):
+        return EXIT_OK
     code = _exit_code(progress.value)
     if code != EXIT_OK:
-        print_error("drain", f"{drain_id} failed: {progress.value.outcome}")
+        ended = "was cancelled" if cancelled(progress.value) else "failed"
+        print_error("drain", f"{drain_id} {ended}: {progress.value.outcome}")
     return code
 
 
@@ -299,6 +312,11 @@ def succeeded(progress: DrainProgressView) -> bool:
     """The API says: a node drain that moved every replica, a replica drain whose replicas
     were each replaced."""
     return progress.state == "succeeded"
+
+
+def cancelled(progress: DrainProgressView) -> bool:
+    """An operator called the drain off (llmgw-cli drain-cancel)."""
+    return progress.state == "cancelled"
 
 
 def _exit_code(progress: DrainProgressView) -> int:
@@ -357,6 +375,8 @@ def render(progress: DrainProgressView, *, steps: bool = True) -> RenderableType
         state = ("moving", "yellow")
     elif succeeded(progress):
         state = (f"done: {progress.outcome}", "green")
+    elif cancelled(progress):
+        state = (f"{progress.outcome}", "yellow")
     else:
         state = (f"failed: {progress.outcome}", "red")
     parts: list[RenderableType] = [

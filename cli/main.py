@@ -13,6 +13,7 @@ from cli.cert import cert_app
 from cli.cert_revocation import list_certificates, revoke_certificate
 from cli.completion import register_completion
 from cli.drain import drain, drain_progress
+from cli.drain_cancel import drain_cancel
 from cli.events import events
 from cli.history import history_app
 from cli.keys import keys_app
@@ -49,6 +50,7 @@ app.command(cordon, name="cordon")
 app.command(uncordon, name="uncordon")
 app.command(drain, name="drain")
 app.command(drain_progress, name="drain-progress")
+app.command(drain_cancel, name="drain-cancel")
 app.command(rollout_app)
 app.command(events, name="events")
 cert_app.command(revoke_certificate, name="revoke")

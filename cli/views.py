@@ -317,13 +317,18 @@ class DrainProgressView(View, frozen=True, kw_only=True):
     grace_s: float | None = None
     grace_ends_at: datetime | None = None
     state: str = "running"
-    """``running``, ``succeeded`` or ``failed``."""
+    """``running``, ``succeeded``, ``failed`` or ``cancelled``."""
     finished: bool = False
     outcome: str | None = None
     replicas: list[ReplicaSummary] = []
     still_on_node: list[str] = []
     events: list[EventView] = []
     moves: list[MoveView] = []
+
+
+class DrainChange(View, frozen=True, kw_only=True):
+    changed: bool
+    drain: DrainProgressView
 
 
 class EventsPage(View, frozen=True, kw_only=True):

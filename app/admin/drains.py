@@ -1,9 +1,9 @@
 """Drains: move every replica off a node (``POST /admin/v1/nodes/{id}/drain``) or one
 replica (``POST /admin/v1/replicas/{id}/drain``), then follow how it goes
-(``GET /admin/v1/drains/{id}``). Both answer at once with the drain's id; the reconciler
-does the moving. A node drain's answer also says whether each replica on the node has
-somewhere to go now; with ``require_room`` a replica without is a 409 and nothing is
-recorded."""
+(``GET /admin/v1/drains/{id}``), or call it off (``POST /admin/v1/drains/{id}/cancel``).
+Both drains answer at once with the drain's id; the reconciler does the moving. A node
+drain's answer also says whether each replica on the node has somewhere to go now; with
+``require_room`` a replica without is a 409 and nothing is recorded."""
 
 from __future__ import annotations
 
@@ -17,7 +17,12 @@ from app.admin.auth import require_actor
 from app.admin.bodies import check_body
 from app.admin.history import event_view
 from app.admin.node_schemas import DrainRequest
-from app.admin.replica_schemas import DrainAccepted, DrainProgressView, ReplicaRoomView
+from app.admin.replica_schemas import (
+    DrainAccepted,
+    DrainChange,
+    DrainProgressView,
+    ReplicaRoomView,
+)
 from app.admin.replicas import replica_summary
 from app.admin.schemas import as_view
 from app.domain.drain_progress import DrainProgress
@@ -97,3 +102,23 @@ class DrainController(Controller):
         self, operations: NamedDependency[Operations], drain_id: FromPath[str]
     ) -> DrainProgressView:
         return drain_progress_view(await operations.drain(drain_id))
+
+    @post(
+        "/drains/{drain_id:str}/cancel",
+        status_code=200,
+        tags=["drains"],
+        summary=(
+            "Call a drain off: its moves under way are called off and it ends as cancelled; "
+            "the node stays cordoned"
+        ),
+    )
+    async def cancel(
+        self,
+        operations: NamedDependency[Operations],
+        caller: NamedDependency[Caller],
+        drain_id: FromPath[str],
+    ) -> DrainChange:
+        changed = await operations.cancel_drain(caller, drain_id)
+        return DrainChange(
+            changed=changed, drain=drain_progress_view(await operations.drain(drain_id))
+        )

@@ -137,12 +137,13 @@ class DrainProgressView(msgspec.Struct, frozen=True, kw_only=True):
     grace_ends_at: datetime | None = None
     """When what is still on the node is stopped rather than moved; null for a replica
     drain."""
-    state: Literal["running", "succeeded", "failed"]
+    state: Literal["running", "succeeded", "failed", "cancelled"]
     """``succeeded``: a node drain moved every replica, a replica drain's replicas were each
     replaced, or one that was not was stopped because its model had its count without it
     (a scale-down, a move an undo called off; the outcome names it); ``failed``: the grace
     ran out and what was left was stopped, or a replica being moved ended without a
-    replacement otherwise (the outcome names it and why)."""
+    replacement otherwise (the outcome names it and why); ``cancelled``: an operator
+    called it off (``POST /admin/v1/drains/{id}/cancel``; the outcome names who)."""
     finished: bool
     """Whether ``state`` is no longer ``running``."""
     outcome: str | None
@@ -152,6 +153,14 @@ class DrainProgressView(msgspec.Struct, frozen=True, kw_only=True):
     events: list[EventView]
     moves: list[MoveView] = []
     """Its moves under way: each original still serving and its replacement (once placed)."""
+
+
+class DrainChange(msgspec.Struct, frozen=True, kw_only=True):
+    changed: bool
+    """False when the drain was called off already: nothing was recorded."""
+    drain: DrainProgressView
+    """The drain's progress once the cancellation is recorded: a node drain runs until the
+    reconciler's next pass has called off its moves."""
 
 
 class MoveView(msgspec.Struct, frozen=True, kw_only=True):

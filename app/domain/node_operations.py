@@ -69,8 +69,8 @@ def cordon(state: ClusterState, node_id: str, reason: str) -> Change:
         kept = f", and its reason {reason!r} was not kept" if reason else ""
         raise InvalidOperation(
             f"node {node_id} is already cordoned by its drain (drain {node.drain_id}"
-            f"{_drain_since(node)}): the cordon was not recorded{kept}; follow the drain at "
-            f"/admin/v1/drains/{node.drain_id}"
+            f"{_drain_since(node)}): the cordon was not recorded{kept}; "
+            f"{_follow_or_cancel(node.drain_id)}"
         )
     if node.cordoned and (not reason or reason == node.cordon_reason):
         return Change(stream=node_stream(node_id))
@@ -83,8 +83,8 @@ def uncordon(state: ClusterState, node_id: str) -> Change:
     node = find_node(state, node_id)
     if node.drain_id is not None:
         raise InvalidOperation(
-            f"node {node_id} is draining (drain {node.drain_id}); it can be uncordoned once "
-            "that drain has finished"
+            f"node {node_id} is draining (drain {node.drain_id}{_drain_since(node)}); it can "
+            f"be uncordoned once that drain has finished; {_follow_or_cancel(node.drain_id)}"
         )
     if not node.cordoned:
         return Change(stream=node_stream(node_id))
@@ -104,13 +104,23 @@ def drain_node(
     if node.drain_id is not None:
         raise InvalidOperation(
             f"node {node_id} is already draining (drain {node.drain_id}{_drain_since(node)}); "
-            f"follow it at /admin/v1/drains/{node.drain_id}"
+            f"{_follow_or_cancel(node.drain_id)}"
         )
     requested = NodeDrainRequested(node_id=node_id, drain_id=drain_id, grace_s=grace_s)
     room = room_for_drain(state, requested)
     if require_room and any(not r.has_room for r in room):
         raise NoRoomToDrain(node_id, room)
     return NodeDrain(stream=node_stream(node_id), events=(requested,), drain_id=drain_id, room=room)
+
+
+def _follow_or_cancel(drain_id: str) -> str:
+    """What an operator refused for a draining node can do: the CLI's command, and the
+    admin API's path for a client of the API."""
+    return (
+        f"follow it with `llmgw-cli drain-progress {drain_id}` "
+        f"(GET /admin/v1/drains/{drain_id}), or call it off with "
+        f"`llmgw-cli drain-cancel {drain_id}` (POST /admin/v1/drains/{drain_id}/cancel)"
+    )
 
 
 def _drain_since(node: Node) -> str:

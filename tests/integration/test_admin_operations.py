@@ -9,6 +9,7 @@ import re
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -17,11 +18,15 @@ import pytest_asyncio
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.domain.decision import Draft
+from app.domain.drain import drain_moves
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import (
     GpuMarkedUnhealthy,
     ModelScaled,
     NodeCordoned,
+    NodeDrainCancelled,
+    NodeDrainFinished,
     NodeDrainRequested,
     ReplicaDrainStarted,
     ReplicaPlaced,
@@ -299,6 +304,67 @@ async def test_cordon_then_drain_is_recorded_as_the_operator_and_its_progress_is
         ("llama-2", "serving"),
     ]
     assert (await admin.get("/admin/v1/drains/drain-00000000")).status_code == 404
+
+
+async def test_an_operator_calls_a_drain_off_and_the_reconciler_ends_it_as_cancelled(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    await seed_node(pg_store, "gpu-1")
+    await seed_serving_replica(pg_store, "llama-1", "gpu-1")
+    drain_id = (await admin.post("/admin/v1/nodes/gpu-1/drain", json={})).json()["drain_id"]
+    started = ReplicaDrainStarted(replica_id="llama-1", drain_id=drain_id, reason="node drains")
+    await record(pg_store, "reconciler", started, correlation_id=drain_id)
+
+    cancelled = await admin.post(f"/admin/v1/drains/{drain_id}/cancel")
+    again = await admin.post(f"/admin/v1/drains/{drain_id}/cancel")
+    unknown = await admin.post("/admin/v1/drains/drain-00000000/cancel")
+
+    assert cancelled.status_code == 200, cancelled.text
+    assert (cancelled.json()["changed"], again.json()["changed"]) == (True, False)
+    assert cancelled.json()["drain"]["state"] == "running"  # until the reconciler's pass
+    recorded = (await events_of(pg_store, node_stream("gpu-1")))[-1]
+    assert recorded.event == NodeDrainCancelled(node_id="gpu-1", drain_id=drain_id)
+    assert (recorded.meta.actor, recorded.meta.correlation_id) == (OPERATOR, drain_id)
+    assert unknown.status_code == 404
+
+    # The reconciler's drain rule, over the log as it is now.
+    draft = Draft(await pg_store.catch_up(), datetime.now(UTC), epoch=1)
+    drain_moves(draft, stability_window_s=10, replica_grace_s=600)
+    for planned in draft.decision().events:
+        await record(pg_store, planned.actor, planned.event, correlation_id=planned.correlation_id)
+
+    shown = (await admin.get(f"/admin/v1/drains/{drain_id}")).json()
+    late = await admin.post(f"/admin/v1/drains/{drain_id}/cancel")
+    node = (await admin.get("/admin/v1/nodes/gpu-1")).json()
+    assert (shown["state"], shown["finished"]) == ("cancelled", True)
+    assert shown["outcome"] == f"cancelled by {OPERATOR}"
+    assert [e["type"] for e in shown["events"]][-2:] == [
+        "replica_drain_cancelled",
+        "node_drain_finished",
+    ]
+    assert (late.status_code, late.json()["changed"]) == (200, False)
+    assert (node["cordoned"], node["drain"]) == (True, None)
+    assert [(r["id"], r["phase"]) for r in node["replicas"]] == [("llama-1", "serving")]
+    uncordoned = await admin.post("/admin/v1/nodes/gpu-1/uncordon")
+    assert (uncordoned.status_code, uncordoned.json()["changed"]) == (200, True)
+
+
+async def test_a_drain_that_finished_is_not_cancelled_and_the_refusal_says_how_it_ended(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    await seed_node(pg_store, "gpu-1")
+    drain_id = (await admin.post("/admin/v1/nodes/gpu-1/drain", json={})).json()["drain_id"]
+    done = NodeDrainFinished(
+        node_id="gpu-1", drain_id=drain_id, outcome="every replica moved", succeeded=True
+    )
+    await record(pg_store, "reconciler", done, correlation_id=drain_id)
+    before = await pg_store.last_position()
+
+    refused = await admin.post(f"/admin/v1/drains/{drain_id}/cancel")
+
+    assert refused.status_code == 409, refused.text
+    assert "it succeeded: every replica moved" in refused.json()["detail"]
+    assert await pg_store.last_position() == before
 
 
 async def test_a_node_drain_answers_which_replicas_have_room_and_require_room_refuses_without(

@@ -322,8 +322,15 @@ def test_a_draining_node_cannot_be_drained_again_nor_uncordoned_and_says_which_d
 
     with pytest.raises(InvalidOperation, match="already draining \\(drain drain-0a1b2c3d"):
         node_ops.drain_node(state, "gpu-1", "drain-ffffffff", 300.0)
-    with pytest.raises(InvalidOperation, match="draining \\(drain drain-0a1b2c3d\\)"):
+    with pytest.raises(InvalidOperation) as uncordon_refused:
         node_ops.uncordon(state, "gpu-1")
+
+    assert str(uncordon_refused.value) == (
+        "node gpu-1 is draining (drain drain-0a1b2c3d since 2026-11-02 09:00:03); it can be "
+        "uncordoned once that drain has finished; follow it with `llmgw-cli drain-progress "
+        "drain-0a1b2c3d` (GET /admin/v1/drains/drain-0a1b2c3d), or call it off with "
+        "`llmgw-cli drain-cancel drain-0a1b2c3d` (POST /admin/v1/drains/drain-0a1b2c3d/cancel)"
+    )
 
 
 def test_a_cordon_of_a_draining_node_is_refused_saying_its_reason_was_not_kept() -> None:
@@ -340,7 +347,9 @@ def test_a_cordon_of_a_draining_node_is_refused_saying_its_reason_was_not_kept()
     assert str(refused.value) == (
         "node gpu-1 is already cordoned by its drain (drain drain-0a1b2c3d since "
         "2026-11-02 09:00:03): the cordon was not recorded, and its reason 'ECC errors on "
-        "GPU 3' was not kept; follow the drain at /admin/v1/drains/drain-0a1b2c3d"
+        "GPU 3' was not kept; follow it with `llmgw-cli drain-progress drain-0a1b2c3d` "
+        "(GET /admin/v1/drains/drain-0a1b2c3d), or call it off with `llmgw-cli drain-cancel "
+        "drain-0a1b2c3d` (POST /admin/v1/drains/drain-0a1b2c3d/cancel)"
     )
     assert "reason" not in str(unexplained.value)
 
