@@ -393,7 +393,8 @@ def render(progress: DrainProgressView, *, steps: bool = True) -> RenderableType
             row = (r.id, r.model, r.phase, ",".join(r.nodes), moves(r))
             replicas.add_row(*(text(c) for c in row))
         parts.append(replicas)
-    else:
+    elif not progress.finished:
+        # A finished drain's outcome says it already ("no replica was serving on the node").
         parts.append(text("no replica was on the node"))
     if steps:
         latest = Table(title="latest steps", title_justify="left", header_style="bold")

@@ -247,9 +247,9 @@ def test_a_drain_of_an_empty_node_says_so_rather_than_drawing_an_empty_table() -
     empty = DrainProgressView(
         drain_id="drain-0a1b2c3d",
         node_id="gpu-1",
-        finished=True,
-        state="succeeded",
-        outcome="every replica moved",
+        finished=False,
+        state="running",
+        outcome="",
     )
     out = io.StringIO()
 
@@ -257,4 +257,23 @@ def test_a_drain_of_an_empty_node_says_so_rather_than_drawing_an_empty_table() -
 
     shown = out.getvalue()
     assert "no replica was on the node" in shown, shown
+    assert "model" not in shown, shown
+
+
+def test_a_finished_drain_of_an_empty_node_says_so_once() -> None:
+    """Its outcome says it: a second line saying the same again is noise."""
+    finished = DrainProgressView(
+        drain_id="drain-0a1b2c3d",
+        node_id="gpu-1",
+        finished=True,
+        state="succeeded",
+        outcome="no replica was serving on the node",
+    )
+    out = io.StringIO()
+
+    Console(file=out, width=100).print(render(finished, steps=False))
+
+    shown = out.getvalue()
+    assert "done: no replica was serving on the node" in shown, shown
+    assert "no replica was on the node" not in shown, shown
     assert "model" not in shown, shown
