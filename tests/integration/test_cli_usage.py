@@ -134,7 +134,7 @@ async def test_bash_completes_commands_and_flags_from_the_printed_script(
     printed = await operator.run("completion", "bash")
 
     assert printed.code == 0, printed.stderr
-    assert complete(printed.stdout, "llmgw-cli dra") == ["drain", "drain-progress"]
+    assert complete(printed.stdout, "llmgw-cli dra") == ["drain", "drain-cancel", "drain-progress"]
     assert complete(printed.stdout, "llmgw-cli events --fo") == ["--follow"]
 
 
