@@ -45,8 +45,9 @@ WITH clock AS (
     RETURNING 1
 )
 SELECT give.amount, give.second, give.used + give.amount AS used,
-       CASE WHEN give.oldest IS NULL THEN 0.0
-            ELSE greatest(0.0, give.oldest + {WINDOW_SECONDS + 1} - give.now) END AS room_in_s
+       CASE WHEN give.oldest IS NULL AND give.amount = 0 THEN 0.0
+            ELSE greatest(0.0, coalesce(give.oldest, give.second) + {WINDOW_SECONDS + 1}
+                               - give.now) END AS room_in_s
 FROM give
 """
 
@@ -75,7 +76,8 @@ class Grant(msgspec.Struct, frozen=True, kw_only=True):
     used: int
     """The key's count over the last minute, this grant included."""
     room_in_s: float
-    """When nothing is left: seconds until the oldest grant of the minute ages out."""
+    """When nothing is left: seconds until the oldest grant of the minute (this one, when
+    the minute held none before it) ages out."""
 
 
 async def grant(

@@ -58,3 +58,14 @@ async def test_released_budget_can_be_granted_again(gateways: list[asyncpg.Conne
     assert (await grant(db, key, "rpm", 10, 10, within_s=WITHIN_S)).amount == 10, (
         "each resource has a budget of its own"
     )
+
+
+async def test_a_grant_that_spends_an_idle_keys_minute_says_when_room_comes_back(
+    gateways: list[asyncpg.Connection],
+) -> None:
+    """The first grant of a key idle for a minute takes all of it: nothing older is in the
+    ledger, and the room comes back when this grant ages out, not at once."""
+    key = f"key-{uuid.uuid4().hex}"
+    whole = await grant(gateways[0], key, "rpm", 2, 2, within_s=WITHIN_S)
+    assert (whole.amount, whole.used) == (2, 2)
+    assert 60 < whole.room_in_s <= 61, whole
