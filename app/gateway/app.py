@@ -6,6 +6,7 @@ gateway is only worth having if it costs next to nothing (see docs/performance.m
 Routes::
 
     GET  /v1/models             the models the key may use, with the APIs each serves
+    GET  /v1/models/{model}     one of them (the SDK's ``models.retrieve``)
     POST /v1/chat/completions   forwarded to a replica of the body's ``model``
     POST /v1/completions        likewise (both in ``app.gateway.completions``)
     POST /v1/embeddings, /v1/responses, /v1/rerank, /v1/score, /v1/tokenize,
@@ -52,7 +53,7 @@ from app.gateway.completions import Completions
 from app.gateway.endpoints import JSON_ENDPOINTS, UPLOAD_ENDPOINTS
 from app.gateway.engine_bounds import EngineTimeouts
 from app.gateway.engine_client import EngineClient
-from app.gateway.errors import ApiError, method_not_allowed, not_found
+from app.gateway.errors import ApiError, method_not_allowed, model_not_found, not_found
 from app.gateway.exchange_steps import ExchangeSteps
 from app.gateway.metrics import GatewayMetrics
 from app.gateway.proxy import Upstream
@@ -64,6 +65,10 @@ from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES, Uploads
 from app.listeners.throttle import FailureBudget
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_MODEL_PATH = "/v1/models/"
+"""``GET /v1/models/{model}``: the rest of the path is the model's name, slashes and all
+(``org/model``), as the SDK sends it."""
 
 _TEXT = (b"content-type", b"text/plain; charset=utf-8")
 _METRICS = (b"content-type", b"text/plain; version=0.0.4; charset=utf-8")
@@ -143,6 +148,8 @@ class GatewayApp:
         if scope["type"] == "http":
             path: str = scope["path"]
             route = self._routes.get(path)
+            if route is None and path.startswith(_MODEL_PATH):
+                route = ("GET", self._model)
             if route is None:
                 await refuse(send, not_found(path), gateway_headers(clock()))
             elif scope["method"] != route[0]:
@@ -195,6 +202,20 @@ class GatewayApp:
             for model in snapshot.models_for(key)
         ]
         body = msgspec.json.encode(_ModelList(data=cards))
+        await respond(send, 200, body, [JSON, *gateway_headers(started)])
+
+    async def _model(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = clock()
+        snapshot = self.snapshot
+        model = scope["path"].removeprefix(_MODEL_PATH)
+        try:
+            key = self._keys.authenticate(snapshot, scope)
+            if model not in snapshot.declared or not key.allows(model):
+                raise model_not_found(model)
+        except ApiError as error:
+            await refuse(send, error, gateway_headers(started))
+            return
+        body = msgspec.json.encode(_ModelCard(id=model, apis=sorted(snapshot.apis_of(model))))
         await respond(send, 200, body, [JSON, *gateway_headers(started)])
 
     async def _healthz(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -189,6 +189,23 @@ def test_models_lists_what_the_key_may_use(gateway: GatewayThread, keys: Keys) -
     assert listed == {MODEL, FLAT_MODEL, MESSAGE_MODEL, IDLE_MODEL}
 
 
+def test_a_model_is_retrieved_by_name_as_the_key_may_see_it(
+    gateway: GatewayThread, keys: Keys
+) -> None:
+    with openai.OpenAI(base_url=gateway.url, api_key=keys.scoped, max_retries=0) as scoped:
+        card = scoped.models.retrieve(MODEL)
+        assert (card.id, card.object) == (MODEL, "model")
+        for hidden in (FLAT_MODEL, f"undeclared-{RUN}"):
+            with pytest.raises(openai.NotFoundError) as refused:
+                scoped.models.retrieve(hidden)
+            assert refused.value.code == "model_not_found", "the same answer for both"
+    with (
+        openai.OpenAI(base_url=gateway.url, api_key="llmgw-0-wrong", max_retries=0) as stranger,
+        pytest.raises(openai.AuthenticationError),
+    ):
+        stranger.models.retrieve(MODEL)
+
+
 # -- errors --------------------------------------------------------------------------------
 
 
