@@ -96,7 +96,10 @@ class Budget:
         self.debt = 0
         self.asking = False
         self.refused_until = 0.0
-        self.room_in_s = 0.0
+        """When to ask the database again after a refusal (other gateways may give back
+        what they hold sooner than the minute has room)."""
+        self.room_at = 0.0
+        """While the key's minute is spent: when its oldest grant ages out."""
         self.used = 0
         """The key's count over the last minute at the last grant (every gateway's)."""
         self._recent = [0.0, 0.0]
@@ -123,7 +126,8 @@ class Budget:
         held = self.held()
         if held >= cost:
             return True
-        if degraded or now < self.refused_until:
+        if degraded or now < self.refused_until or now < self.room_at:
+            # No credit while the key's minute is spent: the debt would take it over.
             return False
         room = self.limit - self.used if now - self.answered_at < ROOM_KNOWN_S else self.limit
         return cost - held <= min(self.slice(now, cost), room)
@@ -171,6 +175,7 @@ class Budget:
         self.asking = False
         self.used = used
         self.answered_at = now
+        self.room_at = 0.0
         if used >= self.limit:
             # The minute is spent: no credit until room may have opened.
             self.refused(room_in_s, used, now)
@@ -186,8 +191,13 @@ class Budget:
         self.asking = False
         self.used = used
         self.answered_at = now
-        self.room_in_s = room_in_s
+        self.room_at = now + room_in_s
         self.refused_until = now + min(high, max(low, room_in_s))
+
+    def wait_s(self, now: float) -> float:
+        """How long a request refused now waits until it may fit: until the key's minute
+        has room again, not merely until this gateway asks the database again."""
+        return max(self.refused_until, self.room_at) - now
 
     def expire(self, now: float) -> list[Lease]:
         gone: list[Lease] = []
@@ -205,11 +215,13 @@ class Budget:
         )
 
     def quota(self, now: float) -> Quota:
-        remaining = max(0, self.limit - self.used) + max(0, self.held())
-        reset_s = 0.0 if self.used == 0 else WINDOW_S
-        if now < self.refused_until:
-            remaining, reset_s = max(0, self.held()), min(WINDOW_S, self.room_in_s)
-        return Quota(limit=self.limit, remaining=min(self.limit, remaining), reset_s=reset_s)
+        # ``used`` counts every grant of the minute, what this gateway still holds of them
+        # included; ``held`` adds that back and takes off the debt (taken, not yet granted).
+        remaining = max(0, min(self.limit, self.limit - self.used + self.held()))
+        reset_s = 0.0 if remaining == self.limit else WINDOW_S
+        if now < self.room_at:
+            remaining, reset_s = max(0, self.held()), min(WINDOW_S, self.room_at - now)
+        return Quota(limit=self.limit, remaining=remaining, reset_s=reset_s)
 
     def _count(self, cost: int, now: float) -> None:
         bucket = math.floor(now / RATE_SPAN_S)
@@ -278,7 +290,7 @@ class SharedLimiter:
         elif self.degraded:
             decision = self._local_share(key_id, rpm, tpm, now)
         else:
-            waits = [budget.refused_until - now for budget, _ in wanted]
+            waits = [budget.wait_s(now) for budget, _ in wanted]
             decision = self._decision(False, max(0.05, *waits), key_id, rpm, tpm, now)
         if any(budget.want(now) for budget, _ in wanted):
             self._on_ask()

@@ -103,6 +103,42 @@ def test_a_refused_grant_stops_credit_until_it_may_ask_again() -> None:
     assert not admit(limiter, 100.2, rpm=10), "still in debt for the first one"
 
 
+def test_the_headers_count_the_request_taken_on_credit() -> None:
+    first = SharedLimiter().admit(KEY, rpm=10, tpm=None, now=100.0)
+    assert first.allowed
+    assert first.requests is not None
+    assert first.requests.remaining == 9, "the request itself is one of the ten"
+    assert first.requests.reset_s > 0, "what it took comes back within the minute"
+
+
+def spend_the_minute(limiter: SharedLimiter, room_in_s: float) -> None:
+    """An idle key of rpm 2: the first request on credit, then a grant of both."""
+    assert admit(limiter, 100.0, rpm=2)
+    (ask,) = limiter.asks(100.0)
+    limiter.granted(ask, 2, 100, 2, room_in_s, 100.0)
+
+
+def test_a_refusal_says_when_the_keys_minute_has_room_again() -> None:
+    limiter = SharedLimiter()
+    spend_the_minute(limiter, room_in_s=40.5)
+    assert admit(limiter, 100.1, rpm=2), "the second of the grant"
+    refused = limiter.admit(KEY, rpm=2, tpm=None, now=100.2)
+    assert not refused.allowed
+    assert math.isclose(refused.retry_after_s, 40.3), "not when the gateway asks again"
+    assert refused.requests is not None
+    assert refused.requests.remaining == 0
+    assert math.isclose(refused.requests.reset_s, 40.3)
+
+
+def test_no_credit_is_given_until_the_spent_minute_has_room() -> None:
+    limiter = SharedLimiter()
+    spend_the_minute(limiter, room_in_s=60.5)
+    assert admit(limiter, 100.1, rpm=2)
+    assert not admit(limiter, 102.0, rpm=2), "a third request in the minute of rpm 2"
+    assert not admit(limiter, 160.0, rpm=2)
+    assert admit(limiter, 160.6, rpm=2), "the grant aged out: credit again"
+
+
 def test_unused_leases_go_back_after_their_hold() -> None:
     limiter, ledger = SharedLimiter(), Ledger()
     now = 100.0
