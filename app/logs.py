@@ -8,8 +8,8 @@ through the standard library (uvicorn, websockets, asyncio, alembic) go through 
 processors to the same stream, so a log file never mixes formats. Every line has
 ``timestamp`` (UTC), ``level``, ``event`` and ``logger`` (the module, or the library's
 logger). The libraries' info lines are kept (uvicorn's start and stop), but for those whose
-info is per connection or per migration step (``QUIET_LIBRARIES``), which log warnings and
-errors only, unless the level is debug.
+info is per connection, per request or per migration step (``QUIET_LIBRARIES``), which log
+warnings and errors only, unless the level is debug.
 
 The rules every line follows:
 
@@ -57,10 +57,11 @@ FORMAT_ENV = "LLMGW_LOG_FORMAT"
 SLOW_REQUEST_S: Final = 1.0
 """A request line is a warning from this long on (see the module docstring)."""
 
-QUIET_LIBRARIES: Final = ("websockets", "alembic")
+QUIET_LIBRARIES: Final = ("websockets", "alembic", "httpx")
 """Standard-library loggers kept at warning unless the level is debug: websockets says
 "connection open" and "connection closed" for every agent (the hub logs those itself, with
-the node), alembic every migration step."""
+the node), alembic every migration step, httpx every request (an agent's readiness and
+liveness checks of each engine, every few seconds for as long as it serves)."""
 
 _LEADING_KEYS = ("timestamp", "level", "event", "logger")
 

@@ -1,5 +1,5 @@
 """``configure_logging`` in a process of its own, as each entry point calls it: one format
-on stderr for structlog's lines and the standard library's (uvicorn, websockets), chosen by
+on stderr for structlog's lines and the standard library's (uvicorn, websockets, httpx), chosen by
 ``LLMGW_LOG_FORMAT`` or, by default, by whether stderr is a terminal (a real one here, a
 pseudo-terminal)."""
 
@@ -26,6 +26,7 @@ with structlog.contextvars.bound_contextvars(node_id="gpu-07"):
 log.debug("agent_heartbeat")
 logging.getLogger("uvicorn.error").info("Started server process [%d]", 42)
 logging.getLogger("websockets.server").info("connection open")
+logging.getLogger("httpx").info('HTTP Request: GET http://127.0.0.1:20001/health "HTTP/1.1 200 OK"')
 logging.getLogger("websockets.server").error("opening handshake failed")
 try:
     raise RuntimeError("a bug")
