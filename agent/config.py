@@ -194,7 +194,7 @@ def settings_from_env(environ: Mapping[str, str]) -> AgentSettings:
         fake_gpus=get("FAKE_GPUS"),
         state_dir=_path_or_none(get("STATE_DIR")),
         labels=None if labels is None else parse_labels(labels.split(","), f"{ENV_PREFIX}LABELS"),
-        address=get("ADDRESS"),
+        address=_address(get("ADDRESS"), f"{ENV_PREFIX}ADDRESS"),
         port_range=get("PORT_RANGE"),
         log_level=get("LOG_LEVEL"),
         reconnect_max_delay=parsed("RECONNECT_MAX_DELAY", _seconds),
@@ -237,7 +237,7 @@ def settings_from_file(path: Path) -> AgentSettings:
         fake_gpus=_given(read.fake_gpus),
         state_dir=_under(base, _given(read.state_dir)),
         labels=_file_labels(read.labels, path),
-        address=_given(read.address),
+        address=_address(_given(read.address), f"config file {path}: address"),
         port_range=_port_range_text(read.port_range),
         log_level=_given(read.log_level),
         reconnect_max_delay=_given(read.reconnect_max_delay),
@@ -309,7 +309,8 @@ def resolve(settings: AgentSettings, environ: Mapping[str, str]) -> AgentConfig:
         # Each source's labels were checked where they were read, naming it; this holds for
         # settings built in code too.
         labels=_hello_labels(settings.labels or {}, "--label"),
-        address=_address(settings.address),
+        # Each source's address was checked where it was read too, naming it.
+        address=_address(settings.address, "--address"),
         port_range=(
             DEFAULT_PORT_RANGE
             if settings.port_range is None
@@ -396,14 +397,16 @@ def default_state_dir(environ: Mapping[str, str], *, is_root: bool | None = None
     return Path(state_home) / "llmgw-agent"
 
 
-def _address(address: str | None) -> str | None:
+def _address(address: str | None, source: str) -> str | None:
+    """``address`` if a hello can carry it; ``source`` says where it was given: the flag,
+    the environment variable, the config file's path and key."""
     if address is None:
         return None
     if not address.strip() or any(character.isspace() for character in address.strip()):
-        raise ConfigError(f"--address {address!r}: expected a host name or IP address")
+        raise ConfigError(f"{source} {address!r}: expected a host name or IP address")
     if len(address.strip()) > MAX_HOST_CHARS:
         raise ConfigError(
-            f"--address {address[:40]!r}...: {len(address.strip())} characters; a hello "
+            f"{source} {address[:40]!r}...: {len(address.strip())} characters; a hello "
             f"carries at most {MAX_HOST_CHARS}, as a host name has"
         )
     return address.strip()

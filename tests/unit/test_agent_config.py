@@ -426,8 +426,8 @@ LONG_VALUE = "v" * 257
         ),
         (
             f"address = '{'a' * 254}'\n",
-            f"--address {'a' * 40!r}...: 254 characters; a hello carries at most 253, as a "
-            "host name has",
+            f"{{file}}: address {'a' * 40!r}...: 254 characters; a hello carries at most 253, "
+            "as a host name has",
         ),
     ],
 )
@@ -453,6 +453,26 @@ def test_labels_a_hello_cannot_carry_are_refused_naming_the_environment_variable
     assert str(refused.value) == (
         "LLMGW_AGENT_LABELS zone: the value has 257 characters; a label's value has at most 256"
     )
+
+
+@pytest.mark.parametrize(
+    ("address", "message"),
+    [
+        ("my host", "LLMGW_AGENT_ADDRESS 'my host': expected a host name or IP address"),
+        (
+            "a" * 254,
+            f"LLMGW_AGENT_ADDRESS {'a' * 40!r}...: 254 characters; a hello carries at most 253, "
+            "as a host name has",
+        ),
+    ],
+)
+def test_an_address_a_hello_cannot_carry_is_refused_naming_the_environment_variable(
+    node_files: Path, address: str, message: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_config(flags(node_files), {"LLMGW_AGENT_ADDRESS": address})
+
+    assert str(refused.value) == message
 
 
 def test_a_label_value_over_256_characters_is_refused_from_the_command_line_too(
