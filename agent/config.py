@@ -185,7 +185,7 @@ def settings_from_env(environ: Mapping[str, str]) -> AgentSettings:
 
     servers = get("SERVERS")
     labels = get("LABELS")
-    return AgentSettings(
+    from_env = AgentSettings(
         servers=None if servers is None else tuple(re.split(r"[\s,]+", servers)),
         node_id=get("NODE_ID"),
         cert=_path_or_none(get("CERT")),
@@ -205,6 +205,7 @@ def settings_from_env(environ: Mapping[str, str]) -> AgentSettings:
         liveness_interval=parsed("LIVENESS_INTERVAL", _seconds),
         liveness_failures=parsed("LIVENESS_FAILURES", _count),
     )
+    return _check_values(from_env, lambda field: f"{ENV_PREFIX}{field.upper()}")
 
 
 def settings_from_file(path: Path) -> AgentSettings:
@@ -228,7 +229,7 @@ def settings_from_file(path: Path) -> AgentSettings:
             # Read from the file's folder, an empty path would be that folder.
             raise ConfigError(f"config file {path}: {key} is empty: give a path, or leave it out")
     base = path.parent
-    return AgentSettings(
+    from_file = AgentSettings(
         servers=_server_list(read.servers),
         node_id=_given(read.node_id),
         cert=_under(base, _given(read.cert)),
@@ -248,6 +249,7 @@ def settings_from_file(path: Path) -> AgentSettings:
         liveness_interval=_given(read.liveness_interval),
         liveness_failures=_given(read.liveness_failures),
     )
+    return _check_values(from_file, lambda field: f"config file {path}: {field}")
 
 
 def merge(*sources: AgentSettings) -> AgentSettings:
@@ -271,33 +273,13 @@ def resolve(settings: AgentSettings, environ: Mapping[str, str]) -> AgentConfig:
         check_subject_name("node id", node_id)
     except InvalidRequest as exc:
         raise ConfigError(f"--node-id: {exc}") from exc
+    # Each source's values were checked as it was read, naming it; these checks name the
+    # flags, and hold for settings built in code too.
+    _check_values(settings, _flag)
     fake_gpus = settings.fake_gpus
-    if fake_gpus is not None:
-        try:
-            parse_fake_gpus(fake_gpus)
-        except ValueError as exc:
-            raise ConfigError(f"--fake-gpus: {exc}") from exc
     log_level = (settings.log_level or "info").lower()
-    if log_level not in LOG_LEVELS:
-        raise ConfigError(f"--log-level {log_level!r}: expected one of {', '.join(LOG_LEVELS)}")
-    for flag, seconds in (
-        ("--reconnect-max-delay", settings.reconnect_max_delay),
-        ("--connect-timeout", settings.connect_timeout),
-        ("--open-timeout", settings.open_timeout),
-        ("--next-server-after", settings.next_server_after),
-    ):
-        # inf too: a delay that never ends, or a dial that never times out, would leave
-        # the agent waiting for ever on one dead server.
-        if seconds is not None and not 0 < seconds < math.inf:
-            raise ConfigError(f"{flag} {seconds}: expected a positive number of seconds")
     interval_s = settings.liveness_interval
-    if interval_s is not None and not (0 <= interval_s < math.inf):
-        raise ConfigError(
-            f"--liveness-interval {interval_s}: expected a number of seconds, 0 for no checks"
-        )
     failures = settings.liveness_failures
-    if failures is not None and failures < 1:
-        raise ConfigError(f"--liveness-failures {failures}: expected at least 1")
     return AgentConfig(
         servers=tuple(parse_server(server) for server in settings.servers),
         node_id=node_id,
@@ -329,6 +311,46 @@ def resolve(settings: AgentSettings, environ: Mapping[str, str]) -> AgentConfig:
     )
 
 
+def _flag(field: str) -> str:
+    return f"--{field.replace('_', '-')}"
+
+
+def _check_values(settings: AgentSettings, where: Callable[[str], str]) -> AgentSettings:
+    """``settings`` if no value they set is one the agent cannot use; else the error names
+    where the value was given, ``where(field)``: the flag, the environment variable, or the
+    config file and its key (a value from the file is no flag the operator typed)."""
+    if settings.fake_gpus is not None:
+        try:
+            parse_fake_gpus(settings.fake_gpus)
+        except ValueError as exc:
+            raise ConfigError(f"{where('fake_gpus')}: {exc}") from exc
+    log_level = settings.log_level
+    if log_level is not None and log_level.lower() not in LOG_LEVELS:
+        raise ConfigError(
+            f"{where('log_level')} {log_level!r}: expected one of {', '.join(LOG_LEVELS)}"
+        )
+    for field in ("reconnect_max_delay", "connect_timeout", "open_timeout", "next_server_after"):
+        seconds = getattr(settings, field)
+        # inf too: a delay that never ends, or a dial that never times out, would leave
+        # the agent waiting for ever on one dead server.
+        if seconds is not None and not 0 < seconds < math.inf:
+            raise ConfigError(f"{where(field)} {seconds}: expected a positive number of seconds")
+    interval_s = settings.liveness_interval
+    if interval_s is not None and not (0 <= interval_s < math.inf):
+        raise ConfigError(
+            f"{where('liveness_interval')} {interval_s}: expected a number of seconds, "
+            "0 for no checks"
+        )
+    failures = settings.liveness_failures
+    if failures is not None and failures < 1:
+        raise ConfigError(f"{where('liveness_failures')} {failures}: expected at least 1")
+    if settings.port_range is not None:
+        parse_port_range(settings.port_range, where("port_range"))
+    if settings.engines_on_exit is not None:
+        parse_engines_on_exit(settings.engines_on_exit, where("engines_on_exit"))
+    return settings
+
+
 def parse_server(text: str) -> ServerAddress:
     """``wss://HOST[:PORT][/PATH]``; the port defaults to 443."""
     parts = urlsplit(text.strip())
@@ -347,26 +369,27 @@ def parse_server(text: str) -> ServerAddress:
     return ServerAddress(uri=text.strip(), host=parts.hostname, port=port)
 
 
-def parse_engines_on_exit(text: str) -> EnginesOnExit:
-    """``keep`` or ``stop``."""
+def parse_engines_on_exit(text: str, source: str = "--engines-on-exit") -> EnginesOnExit:
+    """``keep`` or ``stop``; an error names ``source``, where the text was given."""
     for choice in ENGINES_ON_EXIT:
         if text.strip().lower() == choice:
             return choice
     raise ConfigError(
-        f"--engines-on-exit {text!r}: expected {' or '.join(ENGINES_ON_EXIT)} (keep: engines "
+        f"{source} {text!r}: expected {' or '.join(ENGINES_ON_EXIT)} (keep: engines "
         "run on while the agent is away, as for an upgrade; stop: stop them and report it)"
     )
 
 
-def parse_port_range(text: str) -> tuple[int, int]:
-    """``LO-HI``, both 1-65535 and LO <= HI."""
+def parse_port_range(text: str, source: str = "--port-range") -> tuple[int, int]:
+    """``LO-HI``, both 1-65535 and LO <= HI; an error names ``source``, where the text was
+    given."""
     match = _PORT_RANGE.fullmatch(text.strip())
     if match is None:
-        raise ConfigError(f"--port-range {text!r}: expected LO-HI, such as 20000-20999")
+        raise ConfigError(f"{source} {text!r}: expected LO-HI, such as 20000-20999")
     low, high = int(match[1]), int(match[2])
     if not 1 <= low <= high <= 65535:
         raise ConfigError(
-            f"--port-range {text!r}: ports must be 1-65535 with the first no greater than the last"
+            f"{source} {text!r}: ports must be 1-65535 with the first no greater than the last"
         )
     return low, high
 

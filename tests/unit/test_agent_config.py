@@ -214,6 +214,50 @@ def test_a_bad_setting_is_refused_with_a_message_naming_it(
 
 
 @pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("PORT_RANGE", "30-20", "LLMGW_AGENT_PORT_RANGE '30-20': ports must be 1-65535"),
+        ("ENGINES_ON_EXIT", "maybe", "LLMGW_AGENT_ENGINES_ON_EXIT 'maybe': expected keep or stop"),
+        ("LOG_LEVEL", "loud", "LLMGW_AGENT_LOG_LEVEL 'loud': expected one of debug, info"),
+        ("FAKE_GPUS", "8xH100", "LLMGW_AGENT_FAKE_GPUS: fake GPU spec '8xH100': expected"),
+        ("OPEN_TIMEOUT", "-1", "LLMGW_AGENT_OPEN_TIMEOUT -1.0: expected a positive number"),
+        ("LIVENESS_FAILURES", "0", "LLMGW_AGENT_LIVENESS_FAILURES 0: expected at least 1"),
+    ],
+)
+def test_a_bad_setting_from_the_environment_is_refused_naming_the_variable(
+    node_files: Path, variable: str, value: str, message: str
+) -> None:
+    """Not the flag: the operator set no flag, and would look for one in vain."""
+    with pytest.raises(ConfigError) as refused:
+        load_config(flags(node_files), {f"LLMGW_AGENT_{variable}": value})
+
+    assert str(refused.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('port_range = "30-20"\n', "port_range '30-20': ports must be 1-65535"),
+        ("port_range = [30, 20]\n", "port_range '30-20': ports must be 1-65535"),
+        ('engines_on_exit = "maybe"\n', "engines_on_exit 'maybe': expected keep or stop"),
+        ('log_level = "loud"\n', "log_level 'loud': expected one of debug, info"),
+        ('fake_gpus = "8xH100"\n', "fake_gpus: fake GPU spec '8xH100': expected"),
+        ("reconnect_max_delay = 0\n", "reconnect_max_delay 0.0: expected a positive number"),
+        ("liveness_interval = -1\n", "liveness_interval -1.0: expected a number of seconds"),
+    ],
+)
+def test_a_bad_setting_from_the_config_file_is_refused_naming_the_file_and_key(
+    node_files: Path, text: str, message: str
+) -> None:
+    config_file = write_config(node_files, text)
+
+    with pytest.raises(ConfigError) as refused:
+        load_config(flags(node_files), {}, config_file)
+
+    assert str(refused.value).startswith(f"config file {config_file}: {message}")
+
+
+@pytest.mark.parametrize(
     ("text", "message"),
     [
         ('node_id = "a"\nsevrers = ["wss://cp:1"]\n', "unknown field `sevrers`"),
@@ -395,8 +439,8 @@ def test_more_fake_gpus_than_a_node_may_report_is_refused_at_start_in_one_line(
 
     assert code == EXIT_USAGE
     assert capsys.readouterr().err == (
-        "llmgw-agent: --fake-gpus: fake GPU spec '100x80GB': 100 GPUs; a node may report at "
-        "most 64 (the control plane refuses a hello with more)\n"
+        f"llmgw-agent: config file {config_file}: fake_gpus: fake GPU spec '100x80GB': 100 "
+        "GPUs; a node may report at most 64 (the control plane refuses a hello with more)\n"
     )
 
 
