@@ -6,7 +6,8 @@ A request costs one header scan and one SHA-256 for the key, one msgspec decode 
 only ``model`` and ``stream`` (``app.gateway.request_body``: the body itself goes to the
 engine byte for byte), the rate limiter, the router's choice, one write to the engine, and
 one log line. What serving it takes beyond reading it (the limits, the relay, the
-accounting) it shares with uploads: ``app.gateway.exchange_steps``.
+accounting) it shares with uploads: ``app.gateway.exchange_steps``, and the frame around
+it (the refusals, the end of every request): ``app.gateway.served_route``.
 
 A client that disconnects cancels its request, once the body is read
 (``app.gateway.disconnect``).
@@ -14,112 +15,70 @@ A client that disconnects cancels its request, once the body is read
 
 from __future__ import annotations
 
-import asyncio
-
-import structlog
-
 from app.gateway.affinity import SESSION_HEADER, route_key
 from app.gateway.asgi import (
     AUTHORIZATION,
     Receive,
     Scope,
     Send,
-    clock,
-    refuse,
     repeated_authorization,
 )
 from app.gateway.disconnect import DisconnectWatch
 from app.gateway.endpoints import JSON_ENDPOINTS
-from app.gateway.errors import ApiError, body_too_large, internal_error
+from app.gateway.errors import body_too_large
 from app.gateway.exchange import ROUTE_HEADER, CompletionExchange
-from app.gateway.exchange_steps import ExchangeSteps, log
-from app.gateway.metrics import CLIENT_GONE
 from app.gateway.proxy import Opened
 from app.gateway.request_body import (
     MAX_BODY_BYTES,
-    ClientGoneBeforeBody,
     parse_fields,
     read_body,
     token_estimate,
 )
 from app.gateway.route_refusals import RouteRefused
+from app.gateway.served_route import ServedRoute
 from app.gateway.table import KeyRecord
 from app.listeners.limits import announces_more_than
 
 
-class Completions:
+class Completions(ServedRoute):
     """Serves requests whose JSON body names the model, by ``steps``."""
 
-    def __init__(self, steps: ExchangeSteps) -> None:
-        self._steps = steps
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        exchange = CompletionExchange(clock())
-        # Every line logged while serving the request carries its id, as its answer does.
-        # Bound and reset by token: ``bound_contextvars`` would also read the whole context
-        # first, to restore an outer value that a request's own task never has.
-        tokens = structlog.contextvars.bind_contextvars(request_id=exchange.request_id.decode())
-        try:
-            await self._serve(exchange, scope, receive, send)
-        finally:
-            structlog.contextvars.reset_contextvars(**tokens)
-
-    async def _serve(
-        self, exchange: CompletionExchange, scope: Scope, receive: Receive, send: Send
+    async def handle(
+        self,
+        exchange: CompletionExchange,
+        watch: DisconnectWatch,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
     ) -> None:
-        steps = self._steps
-        task = asyncio.current_task(steps.loop)
-        assert task is not None
-        watch = DisconnectWatch(task)
-        try:
-            snapshot = steps.snapshot()
-            authorization, session, show_route, length = _request_headers(scope)
-            key = exchange.key = steps.keys.check(snapshot, authorization, scope)
-            if length is not None and announces_more_than(length, MAX_BODY_BYTES):
-                # Before the body is asked for: a client that waits for 100 Continue to
-                # send it gets none, and the body is never read.
-                raise body_too_large(MAX_BODY_BYTES)
-            exchange.body = await read_body(receive)
-            fields = parse_fields(exchange.body)
-            model = fields.model
-            path: str = scope["path"]
-            endpoint = JSON_ENDPOINTS[path]
-            steps.check_model(snapshot, key, model, endpoint.api, path)
-            exchange.model = model
-            exchange.stream = bool(fields.stream)
-            if key.tpm is not None:
-                exchange.token_estimate = token_estimate(
-                    fields, len(exchange.body), generates=endpoint.generates
-                )
-            exchange.route_key = route_key(snapshot.policy_of(model), exchange.body, session)
-            if show_route:
-                exchange.route_header = b""
-            # Watched from before admission: a client that leaves while its request waits
-            # for a grant of its key's limits is neither charged nor forwarded.
-            watch.start(scope, receive)
-            await steps.admit(exchange, key)
-            await self._forward(exchange, key, endpoint.engine_path, watch, send)
-        except ApiError as error:
-            watch.stop()
-            exchange.status = error.status
-            await refuse(send, error, exchange.answer_headers())
-        except ClientGoneBeforeBody:
-            exchange.status = CLIENT_GONE
-        except asyncio.CancelledError:
-            if not watch.left():
-                raise
-            exchange.status = CLIENT_GONE
-        except Exception:
-            # A bug, not a client's or an engine's doing: logged with its traceback, and
-            # answered in OpenAI's shape if the answer has not started yet.
-            watch.stop()
-            log.exception("gateway_request_failed")
-            exchange.status = 500
-            if not exchange.answer_started:
-                await refuse(send, internal_error(), exchange.answer_headers())
-        finally:
-            watch.stop()
-            steps.finish(exchange)
+        steps = self.steps
+        snapshot = steps.snapshot()
+        authorization, session, show_route, length = _request_headers(scope)
+        key = exchange.key = steps.keys.check(snapshot, authorization, scope)
+        if length is not None and announces_more_than(length, MAX_BODY_BYTES):
+            # Before the body is asked for: a client that waits for 100 Continue to
+            # send it gets none, and the body is never read.
+            raise body_too_large(MAX_BODY_BYTES)
+        exchange.body = await read_body(receive)
+        fields = parse_fields(exchange.body)
+        model = fields.model
+        path: str = scope["path"]
+        endpoint = JSON_ENDPOINTS[path]
+        steps.check_model(snapshot, key, model, endpoint.api, path)
+        exchange.model = model
+        exchange.stream = bool(fields.stream)
+        if key.tpm is not None:
+            exchange.token_estimate = token_estimate(
+                fields, len(exchange.body), generates=endpoint.generates
+            )
+        exchange.route_key = route_key(snapshot.policy_of(model), exchange.body, session)
+        if show_route:
+            exchange.route_header = b""
+        # Watched from before admission: a client that leaves while its request waits
+        # for a grant of its key's limits is neither charged nor forwarded.
+        watch.start(scope, receive)
+        await steps.admit(exchange, key)
+        await self._forward(exchange, key, endpoint.engine_path, watch, send)
 
     async def _forward(
         self,
@@ -129,7 +88,7 @@ class Completions:
         watch: DisconnectWatch,
         send: Send,
     ) -> None:
-        await self._steps.relay(
+        await self.steps.relay(
             exchange,
             key,
             send,
@@ -139,7 +98,7 @@ class Completions:
         )
 
     async def _open(self, exchange: CompletionExchange, key: KeyRecord, path: str) -> Opened:
-        upstream = self._steps.upstream
+        upstream = self.steps.upstream
         if upstream is None:
             raise RuntimeError("requests are served only between lifespan startup and shutdown")
         model = exchange.model
@@ -154,7 +113,7 @@ class Completions:
                 exchange.route_key,
             )
         except RouteRefused as exc:
-            raise self._steps.refused(model, exc) from None
+            raise self.steps.refused(model, exc) from None
 
 
 def _request_headers(scope: Scope) -> tuple[bytes | None, bytes | None, bool, bytes | None]:

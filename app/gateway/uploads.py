@@ -19,35 +19,28 @@ whole.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, Callable
 from functools import partial
-
-import structlog
 
 from app.gateway.asgi import (
     AUTHORIZATION,
     Receive,
     Scope,
     Send,
-    clock,
-    refuse,
     repeated_authorization,
 )
 from app.gateway.disconnect import DisconnectWatch, disconnect_listener
 from app.gateway.endpoints import UPLOAD_ENDPOINTS
 from app.gateway.errors import (
-    ApiError,
     body_too_large,
-    internal_error,
     invalid_request,
 )
 from app.gateway.exchange import CompletionExchange
-from app.gateway.exchange_steps import ExchangeSteps, log
-from app.gateway.metrics import CLIENT_GONE
+from app.gateway.exchange_steps import ExchangeSteps
 from app.gateway.proxy import Opened
 from app.gateway.request_body import ClientGoneBeforeBody
 from app.gateway.route_refusals import RouteRefused
+from app.gateway.served_route import ServedRoute
 from app.listeners.limits import announces_more_than
 from wire.multipart import (
     BodyEnded,
@@ -200,84 +193,56 @@ class _Upload:
                 return
 
 
-class Uploads:
+class Uploads(ServedRoute):
     """Serves uploads by ``steps``, the key, model and rate-limit checks, the relay, the
     accounting and the log line that completion requests go through too."""
 
     def __init__(
         self, steps: ExchangeSteps, *, max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     ) -> None:
-        self._steps = steps
+        super().__init__(steps)
         self.max_upload_bytes = max_upload_bytes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        exchange = CompletionExchange(clock())
-        # Every line logged while serving the request carries its id, as its answer does.
-        tokens = structlog.contextvars.bind_contextvars(request_id=exchange.request_id.decode())
-        try:
-            await self._serve(exchange, scope, receive, send)
-        finally:
-            structlog.contextvars.reset_contextvars(**tokens)
-
-    async def _serve(
-        self, exchange: CompletionExchange, scope: Scope, receive: Receive, send: Send
+    async def handle(
+        self,
+        exchange: CompletionExchange,
+        watch: DisconnectWatch,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
     ) -> None:
-        steps = self._steps
-        task = asyncio.current_task(steps.loop)
-        assert task is not None
-        watch = DisconnectWatch(task)
-        try:
-            snapshot = steps.snapshot()
-            authorization, content_type, length = _request_headers(scope)
-            key = exchange.key = steps.keys.check(snapshot, authorization, scope)
-            content_length = _content_length(length, self.max_upload_bytes)
-            head = await read_form_head(receive, content_type)
-            assert head.model is not None
-            path: str = scope["path"]
-            endpoint = UPLOAD_ENDPOINTS[path]
-            steps.check_model(snapshot, key, head.model, endpoint.api, path)
-            exchange.model = head.model
-            # Watched from now on where the server calls back (or no body is left to read),
-            # so that a client leaving while the request waits for a grant of its key's
-            # limits, or for a replica (held for a cold start, or for room), gives its place
-            # up; else once the body is read, as ``receive`` carries both the body and the
-            # disconnect.
-            watched_early = head.complete or disconnect_listener(scope) is not None
-            if watched_early:
-                watch.start(scope, receive)
-            await steps.admit(exchange, key)
-            await self._relay(
-                exchange,
-                endpoint.engine_path,
-                head,
-                content_type,
-                content_length,
-                watch,
-                # Else the body is all read once uploaded: only a disconnect can come then.
-                _nothing if watched_early else partial(watch.start, scope, receive),
-                receive,
-                send,
-            )
-        except ApiError as error:
-            watch.stop()
-            exchange.status = error.status
-            if not exchange.answer_started:
-                await refuse(send, error, exchange.answer_headers())
-        except ClientGoneBeforeBody:
-            exchange.status = CLIENT_GONE
-        except asyncio.CancelledError:
-            if not watch.left():
-                raise
-            exchange.status = CLIENT_GONE
-        except Exception:
-            watch.stop()
-            log.exception("gateway_request_failed")
-            exchange.status = 500
-            if not exchange.answer_started:
-                await refuse(send, internal_error(), exchange.answer_headers())
-        finally:
-            watch.stop()
-            steps.finish(exchange)
+        steps = self.steps
+        snapshot = steps.snapshot()
+        authorization, content_type, length = _request_headers(scope)
+        key = exchange.key = steps.keys.check(snapshot, authorization, scope)
+        content_length = _content_length(length, self.max_upload_bytes)
+        head = await read_form_head(receive, content_type)
+        assert head.model is not None
+        path: str = scope["path"]
+        endpoint = UPLOAD_ENDPOINTS[path]
+        steps.check_model(snapshot, key, head.model, endpoint.api, path)
+        exchange.model = head.model
+        # Watched from now on where the server calls back (or no body is left to read),
+        # so that a client leaving while the request waits for a grant of its key's
+        # limits, or for a replica (held for a cold start, or for room), gives its place
+        # up; else once the body is read, as ``receive`` carries both the body and the
+        # disconnect.
+        watched_early = head.complete or disconnect_listener(scope) is not None
+        if watched_early:
+            watch.start(scope, receive)
+        await steps.admit(exchange, key)
+        await self._relay(
+            exchange,
+            endpoint.engine_path,
+            head,
+            content_type,
+            content_length,
+            watch,
+            # Else the body is all read once uploaded: only a disconnect can come then.
+            _nothing if watched_early else partial(watch.start, scope, receive),
+            receive,
+            send,
+        )
 
     async def _relay(
         self,
@@ -303,7 +268,7 @@ class Uploads:
             self.max_upload_bytes,
             uploaded,
         )
-        await self._steps.relay(
+        await self.steps.relay(
             exchange,
             key,
             send,
@@ -318,7 +283,7 @@ class Uploads:
     async def _open_upload(
         self, exchange: CompletionExchange, key_id: str, path: str, upload: _Upload
     ) -> Opened:
-        upstream = self._steps.upstream
+        upstream = self.steps.upstream
         if upstream is None:
             raise RuntimeError("requests are served only between lifespan startup and shutdown")
         model = exchange.model
@@ -327,7 +292,7 @@ class Uploads:
                 model, key_id, path, upload, exchange.request_id.decode(), exchange.timing
             )
         except RouteRefused as exc:
-            raise self._steps.refused(model, exc) from None
+            raise self.steps.refused(model, exc) from None
 
 
 def _nothing() -> None:
