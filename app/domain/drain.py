@@ -55,18 +55,22 @@ REASON_CHARS = 160
 
 
 def drain_moves(draft: Draft, stability_window_s: float, replica_grace_s: float) -> None:
-    for node in sorted(draft.state.nodes.values(), key=lambda n: n.id):
-        if node.drain_id is not None and node.drain_cancelled_by is not None:
-            _cancel_node_drain(draft, node, node.drain_cancelled_by)
+    # A pass sorts only the drains called off, seldom any, not every node a second time.
+    called_off = [
+        (node.id, node.drain_id, node.drain_cancelled_by)
+        for node in draft.state.nodes.values()
+        if node.drain_id is not None and node.drain_cancelled_by is not None
+    ]
+    for node_id, drain_id, cancelled_by in sorted(called_off):
+        _cancel_node_drain(draft, node_id, drain_id, cancelled_by)
     _finish_moves(draft, stability_window_s, replica_grace_s)
     for node in sorted(draft.state.nodes.values(), key=lambda n: n.id):
         if node.drain_id is not None:
             _drain_node(draft, node)
 
 
-def _cancel_node_drain(draft: Draft, node: Node, cancelled_by: str) -> None:
+def _cancel_node_drain(draft: Draft, node_id: str, drain_id: str, cancelled_by: str) -> None:
     """Call off each move of the node's drain still under way, then finish the drain."""
-    drain_id = node.drain_id or ""
     moving = [
         r
         for r in draft.state.replicas.values()
@@ -83,12 +87,12 @@ def _cancel_node_drain(draft: Draft, node: Node, cancelled_by: str) -> None:
             correlation_id=drain_id,
         )
     finished = NodeDrainFinished(
-        node_id=node.id,
+        node_id=node_id,
         drain_id=drain_id,
         outcome=f"{NODE_DRAIN_CANCELLED} {cancelled_by}",
         succeeded=False,
     )
-    draft.emit(node_stream(node.id), finished, correlation_id=drain_id)
+    draft.emit(node_stream(node_id), finished, correlation_id=drain_id)
 
 
 def _finish_moves(draft: Draft, stability_window_s: float, replica_grace_s: float) -> None:
