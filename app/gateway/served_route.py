@@ -11,6 +11,7 @@ through no coroutine more than its route's own.
 from __future__ import annotations
 
 import asyncio
+from abc import ABC, abstractmethod
 
 import structlog
 
@@ -23,13 +24,14 @@ from app.gateway.metrics import CLIENT_GONE
 from app.gateway.request_body import ClientGoneBeforeBody
 
 
-class ServedRoute:
+class ServedRoute(ABC):
     """An ASGI route serving requests by ``steps``; subclasses read and forward them
     (``handle``)."""
 
     def __init__(self, steps: ExchangeSteps) -> None:
         self.steps = steps
 
+    @abstractmethod
     async def handle(
         self,
         exchange: CompletionExchange,
@@ -40,7 +42,6 @@ class ServedRoute:
     ) -> None:
         """Read the request, admit it and forward it; ``watch`` is started once the client
         leaving should cancel it. Raises ``ApiError`` for a refusal."""
-        raise NotImplementedError
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         steps = self.steps
