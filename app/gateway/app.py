@@ -88,6 +88,10 @@ class _ModelList(msgspec.Struct):
     object: str = "list"
 
 
+def _card(snapshot: GatewaySnapshot, model: str) -> _ModelCard:
+    return _ModelCard(id=model, apis=sorted(snapshot.apis_of(model)))
+
+
 class GatewayApp:
     """The application; ``snapshot`` is replaced whole when the routing table changes."""
 
@@ -197,10 +201,7 @@ class GatewayApp:
             await refuse(send, error, gateway_headers(started))
             return
         snapshot = self.snapshot
-        cards = [
-            _ModelCard(id=model, apis=sorted(snapshot.apis_of(model)))
-            for model in snapshot.models_for(key)
-        ]
+        cards = [_card(snapshot, model) for model in snapshot.models_for(key)]
         body = msgspec.json.encode(_ModelList(data=cards))
         await respond(send, 200, body, [JSON, *gateway_headers(started)])
 
@@ -210,12 +211,12 @@ class GatewayApp:
         model = scope["path"].removeprefix(_MODEL_PATH)
         try:
             key = self._keys.authenticate(snapshot, scope)
-            if model not in snapshot.declared or not key.allows(model):
+            if not snapshot.shows(key, model):
                 raise model_not_found(model)
         except ApiError as error:
             await refuse(send, error, gateway_headers(started))
             return
-        body = msgspec.json.encode(_ModelCard(id=model, apis=sorted(snapshot.apis_of(model))))
+        body = msgspec.json.encode(_card(snapshot, model))
         await respond(send, 200, body, [JSON, *gateway_headers(started)])
 
     async def _healthz(self, scope: Scope, receive: Receive, send: Send) -> None:

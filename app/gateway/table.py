@@ -123,6 +123,10 @@ class GatewaySnapshot(msgspec.Struct, frozen=True, kw_only=True):
         """The models ``key`` may use, for ``GET /v1/models``."""
         return sorted(m for m in self.declared if key.allows(m))
 
+    def shows(self, key: KeyRecord, model: str) -> bool:
+        """Whether ``model`` is one of ``models_for(key)``, for ``GET /v1/models/{model}``."""
+        return model in self.declared and key.allows(model)
+
     def apis_of(self, model: str) -> frozenset[str]:
         """The APIs ``model`` serves."""
         return self.apis.get(model, _DEFAULT_APIS)
