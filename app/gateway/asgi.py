@@ -1,13 +1,13 @@
-"""What every route of the gateway's ASGI application shares: the ASGI types, request ids,
-the API key check, and writing an answer or an error in one go."""
+"""What every route of the gateway's ASGI application shares: the ASGI types (those of the
+server that runs it, ``app.listeners.exchange``), request ids, the API key check, and
+writing an answer or an error in one go."""
 
 from __future__ import annotations
 
 import itertools
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from typing import Any
+from collections.abc import Callable, Iterable
 
 from app.domain.keys import key_matches, prefix_of
 from app.gateway.errors import (
@@ -18,13 +18,12 @@ from app.gateway.errors import (
     too_many_failed_authentications,
 )
 from app.gateway.table import GatewaySnapshot, KeyRecord
+from app.listeners.exchange import Message as Message
+from app.listeners.exchange import Receive as Receive
+from app.listeners.exchange import Scope as Scope
+from app.listeners.exchange import Send as Send
 from app.listeners.throttle import FailureBudget
 
-# ASGI messages are dictionaries whose value types depend on their "type" key.
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 Header = tuple[bytes, bytes]
 
 JSON = (b"content-type", b"application/json")

@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
-from typing import Any, Protocol
+from collections.abc import AsyncGenerator, Callable
+from typing import Protocol
 
 import structlog
 
 from app.domain.traffic import Outcome
 from app.gateway.affinity import RouteKey
+from app.gateway.asgi import Header, Send
 from app.gateway.engine_answer import EngineAnswer
 from app.gateway.engine_client import EngineClient
 from app.gateway.engine_errors import (
@@ -71,10 +72,6 @@ from app.gateway.router import Router
 from app.gateway.sse import WholeEvents
 from app.gateway.traffic import TrafficWindow
 from app.gateway.usage import StreamTokens
-
-Message = MutableMapping[str, Any]
-Send = Callable[[Message], Awaitable[None]]
-Header = tuple[bytes, bytes]
 
 RETRYABLE_STATUS = 503
 FAILED_STATUS = 500

@@ -41,6 +41,7 @@ from app.listeners.http11 import (
     closing_answer,
 )
 
+# ASGI messages are dictionaries whose value types depend on their "type" key.
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
