@@ -98,9 +98,7 @@ class Completions(ServedRoute):
         )
 
     async def _open(self, exchange: CompletionExchange, key: KeyRecord, path: str) -> Opened:
-        upstream = self.steps.upstream
-        if upstream is None:
-            raise RuntimeError("requests are served only between lifespan startup and shutdown")
+        upstream = self.steps.started_upstream()
         model = exchange.model
         try:
             return await upstream.open(

@@ -86,6 +86,13 @@ class ExchangeSteps:
         """The loop requests are served on, set with ``upstream``: asking it for the
         current task costs no system call (asyncio's own look-up asks for the process id)."""
 
+    def started_upstream(self) -> Upstream:
+        """The replicas' client, which exists only between the application's lifespan
+        startup and shutdown."""
+        if self.upstream is None:
+            raise RuntimeError("requests are served only between lifespan startup and shutdown")
+        return self.upstream
+
     @staticmethod
     def check_model(
         snapshot: GatewaySnapshot, key: KeyRecord, model: str, api: str, path: str

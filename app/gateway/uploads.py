@@ -283,9 +283,7 @@ class Uploads(ServedRoute):
     async def _open_upload(
         self, exchange: CompletionExchange, key_id: str, path: str, upload: _Upload
     ) -> Opened:
-        upstream = self.steps.upstream
-        if upstream is None:
-            raise RuntimeError("requests are served only between lifespan startup and shutdown")
+        upstream = self.steps.started_upstream()
         model = exchange.model
         try:
             return await upstream.open_upload(
