@@ -117,9 +117,7 @@ def grant_runtime_privileges(connection: Connection, role: str | None = None) ->
             "migrate the database to the newest revision first"
         )
     for name in sorted(roles):
-        refuse_privileged(connection, name)
-        grantee = _quote(connection, name)
-        _grant_reads_and_telemetry(connection, name, grantee, relations)
+        grantee = _grant_reads_and_telemetry(connection, name, relations)
         if snapshots:
             connection.exec_driver_sql(
                 f"GRANT INSERT, DELETE ON TABLE {', '.join(snapshots)} TO {grantee}"
@@ -148,9 +146,7 @@ def grant_gateway_privileges(connection: Connection, role: str | None = None) ->
     relations = _relations(connection)
     functions = _function_signatures(connection)
     for name in sorted(roles):
-        refuse_privileged(connection, name)
-        grantee = _quote(connection, name)
-        _grant_reads_and_telemetry(connection, name, grantee, relations)
+        grantee = _grant_reads_and_telemetry(connection, name, relations)
         if functions:
             connection.exec_driver_sql(
                 f"REVOKE ALL ON FUNCTION {', '.join(functions.values())} FROM {grantee}"
@@ -271,11 +267,12 @@ def _relations(connection: Connection) -> _Relations:
     )
 
 
-def _grant_reads_and_telemetry(
-    connection: Connection, name: str, grantee: str, relations: _Relations
-) -> None:
-    """What a runtime and a gateway role both get: everything they held on the schema's
-    relations revoked, then SELECT on them all, and writing the gateways' telemetry."""
+def _grant_reads_and_telemetry(connection: Connection, name: str, relations: _Relations) -> str:
+    """What a runtime and a gateway role both get, a privileged one refused first
+    (``refuse_privileged``): everything it held on the schema's relations revoked, then
+    SELECT on them all, and writing the gateways' telemetry. Returns its quoted name."""
+    refuse_privileged(connection, name)
+    grantee = _quote(connection, name)
     readable = [qualified for qualified, _ in relations.readable]
     telemetry = [qualified for qualified, bare in relations.readable if bare in TELEMETRY_TABLES]
     if readable:
@@ -290,6 +287,7 @@ def _grant_reads_and_telemetry(
             f"GRANT INSERT, UPDATE, DELETE ON TABLE {', '.join(telemetry)} TO {grantee}"
         )
     _grant_unless_public(connection, name, grantee)
+    return grantee
 
 
 def _function_signatures(connection: Connection) -> dict[str, str]:
