@@ -5,7 +5,7 @@ replica's drain is in ``app.admin.drains``)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from litestar import Controller, get
 from litestar.di import NamedDependency
@@ -20,27 +20,33 @@ from app.domain.state import Replica, ReplicaPhase
 from app.services.operations import Operations
 from app.store.gateway_reports import Ejections
 
+SummaryT = TypeVar("SummaryT", bound=ReplicaSummary)
+
 
 def replica_summary(
     replica: Replica, revisions: Mapping[str, int], ejections: Ejections | None = None
 ) -> ReplicaSummary:
     """``revisions``: the current revision of models by name, to say whether the replica
     runs an older one; ``ejections``: what the live gateways say of ejections, if asked."""
-    return as_view(
-        replica,
-        ReplicaSummary,
-        nodes=list(replica.node_ids),
-        current_revision=revisions.get(replica.model),
-        ejection=ejection_view(replica.id, ejections),
-    )
+    return _replica_as(ReplicaSummary, replica, revisions, ejections)
 
 
 def replica_view(
     replica: Replica, revisions: Mapping[str, int], ejections: Ejections | None = None
 ) -> ReplicaView:
+    """As ``replica_summary``, with its shards, their errors and log tails."""
+    return _replica_as(ReplicaView, replica, revisions, ejections)
+
+
+def _replica_as(
+    view: type[SummaryT],
+    replica: Replica,
+    revisions: Mapping[str, int],
+    ejections: Ejections | None,
+) -> SummaryT:
     return as_view(
         replica,
-        ReplicaView,
+        view,
         nodes=list(replica.node_ids),
         current_revision=revisions.get(replica.model),
         ejection=ejection_view(replica.id, ejections),
