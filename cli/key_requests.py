@@ -7,17 +7,15 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Generic, TypeVar
 
 import msgspec
 
 from cli.arguments import segment
 from cli.client import AdminClient, RepeatingListing, decode
+from cli.operator import Reply
 from cli.paging import check_page_count
 
 KEYS_PAGE_SIZE = 500
-
-_T = TypeVar("_T")
 
 
 class KeyView(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,14 +50,6 @@ class KeyChange(msgspec.Struct, frozen=True, kw_only=True):
 
 
 @dataclass(frozen=True)
-class KeyReply(Generic[_T]):
-    """A keys answer, decoded and as it came (``--output json`` prints ``raw``)."""
-
-    value: _T
-    raw: bytes
-
-
-@dataclass(frozen=True)
 class ListedKey:
     view: KeyView
     raw: msgspec.Raw
@@ -80,7 +70,7 @@ def create_key(
     rpm: int | None = None,
     tpm: int | None = None,
     expires_at: datetime | None = None,
-) -> KeyReply[KeyCreated]:
+) -> Reply[KeyCreated]:
     """A new API key scoped to ``models`` (``["*"]``: every model) that works until
     ``expires_at`` (None: until revoked); the answer holds the whole key, which the
     server never shows again."""
@@ -88,7 +78,7 @@ def create_key(
     if expires_at is not None:  # left out otherwise: a server older than it refuses it
         body["expires_at"] = expires_at
     raw = client.request("POST", "/admin/v1/keys", body=body)
-    return KeyReply(decode(_key_created_decoder, raw, "new key"), raw)
+    return Reply(decode(_key_created_decoder, raw, "new key"), raw)
 
 
 def list_keys(client: AdminClient) -> list[ListedKey]:
@@ -128,10 +118,10 @@ def _key_page(client: AdminClient, params: Mapping[str, int | str]) -> list[List
     ]
 
 
-def revoke_key(client: AdminClient, prefix_or_name: str) -> KeyReply[KeyChange]:
+def revoke_key(client: AdminClient, prefix_or_name: str) -> Reply[KeyChange]:
     path = f"/admin/v1/keys/{segment(prefix_or_name, 'the key prefix or name')}"
     raw = client.request("DELETE", path)
-    return KeyReply(decode(_key_change_decoder, raw, "revoked key"), raw)
+    return Reply(decode(_key_change_decoder, raw, "revoked key"), raw)
 
 
 def _ids(keys: list[ListedKey]) -> list[str]:
