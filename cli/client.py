@@ -363,9 +363,13 @@ def decode(decoder: msgspec.json.Decoder[_T], body: bytes, what: str) -> _T:
     try:
         return decoder.decode(body)
     except UNREADABLE as exc:
-        raise ApiProblem(
-            200, f"the admin API sent a {what} this client cannot read: {exc}"
-        ) from exc
+        raise unreadable(f"a {what}", exc) from exc
+
+
+def unreadable(what: str, exc: Exception) -> ApiProblem:
+    """The problem of a 200 answer that is no ``what`` (``an event``) this client can read:
+    ``exc``, one of ``UNREADABLE``, says why."""
+    return ApiProblem(200, f"the admin API sent {what} this client cannot read: {exc}")
 
 
 PROBLEM_MEMBERS = frozenset({"type", "title", "status", "detail", "instance", "errors"})

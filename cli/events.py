@@ -25,6 +25,7 @@ from cli.client import (
     ClientError,
     EventView,
     TlsFailure,
+    unreadable,
 )
 from cli.config import ConnectionFlags
 from cli.history import COLUMNS, event_row
@@ -215,9 +216,7 @@ def _event(raw: msgspec.Raw | bytes) -> EventView:
     try:
         return _event_decoder.decode(raw)
     except UNREADABLE as exc:
-        raise ApiProblem(
-            200, f"the admin API sent an event this client cannot read: {exc}"
-        ) from exc
+        raise unreadable("an event", exc) from exc
 
 
 def _print_line(raw: msgspec.Raw, output: OutputFormat) -> None:
@@ -225,9 +224,7 @@ def _print_line(raw: msgspec.Raw, output: OutputFormat) -> None:
         try:
             print_json_line(raw)
         except UNREADABLE as exc:
-            raise ApiProblem(
-                200, f"the admin API sent an event this client cannot read: {exc}"
-            ) from exc
+            raise unreadable("an event", exc) from exc
         return
     view = _event(raw)
     correlation = f"  [{view.correlation_id}]" if view.correlation_id else ""

@@ -17,7 +17,7 @@ from cyclopts import Parameter
 from rich.console import Console
 
 from cli.arguments import UsageError, segment
-from cli.client import UNREADABLE, AdminClient, ApiProblem, ClientError
+from cli.client import UNREADABLE, AdminClient, ApiProblem, ClientError, unreadable
 from cli.config import ConfigError, ConnectionFlags, resolve_settings
 from cli.render import (
     EXIT_FAILED,
@@ -97,9 +97,7 @@ def call(
     try:
         return Reply(msgspec.json.decode(raw, type=view), raw)
     except UNREADABLE as exc:
-        raise ApiProblem(
-            200, f"the admin API sent an answer this client cannot read: {exc}"
-        ) from exc
+        raise unreadable("an answer", exc) from exc
 
 
 # -- calls that commands and scripts share ----------------------------------------------
