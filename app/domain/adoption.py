@@ -7,7 +7,10 @@ agent reports running:
 - the shard was placed on another node: a stray on the reporting node, whatever the state
   of the log's copy (a node with a valid certificate must not be able to take over another
   node's replica by naming it);
-- the port is outside the reporting node's declared range: a stray;
+- it is the log's copy (same replica, shard, node and port) at a port outside the node's
+  declared range (its agent came back with another one): neither adopted nor a stray, its
+  replica is stopped by plan, not failed, by rule 5 (``ports_out_of_range``);
+- another port than the log's, outside the reporting node's declared range: a stray;
 - it matches the log (same replica, shard, node and port): adopted, once per leader epoch
   (a shard placed by this leader needs no adoption); reported ready when the log has it
   starting, by a shard this leader placed or adopted already, it is recorded ready
@@ -37,11 +40,11 @@ from app.domain.events import (
     node_stream,
     replica_stream,
 )
+from app.domain.ports_out_of_range import in_port_range
 from app.domain.reports import FleetView, ReportedShard
 from app.domain.state import (
     ACTIVE_PHASES,
     STRAYS_REMEMBERED,
-    Node,
     Replica,
     ReplicaPhase,
     ShardPhase,
@@ -75,10 +78,15 @@ def _adopt_one(draft: Draft, node_id: str, reported: ReportedShard) -> str | Non
     if reported.shard_index >= len(replica.shards):
         return f"replica {replica.id} has no shard {reported.shard_index}"
     shard = replica.shards[reported.shard_index]
-    refusal = _not_vouched(state.nodes.get(node_id), shard.node_id, reported)
-    if refusal is not None:
-        return refusal
+    node = state.nodes.get(node_id)
+    if node is None:
+        return "the reporting node is unknown to the log"
+    if shard.node_id != node.id:
+        return f"placed on {shard.node_id}, reported by {node.id}"
+    in_range = in_port_range(node, reported.port)
     if shard.port == reported.port:
+        if not in_range:
+            return None  # the log's copy, at a port its node no longer accepts: rule 5's
         if shard.epoch != draft.epoch:
             _adopt(draft, node_id, reported, MATCHES)
         elif reported.ready and shard.phase in (ShardPhase.PLACED, ShardPhase.STARTING):
@@ -87,6 +95,9 @@ def _adopt_one(draft: Draft, node_id: str, reported: ReportedShard) -> str | Non
             )
             draft.emit(replica_stream(reported.replica_id), shard_ready)
         return None
+    if not in_range:
+        low, high = node.port_range
+        return f"port {reported.port} is outside {node.id}'s declared port range {low}-{high}"
     if not shard.came_up:
         _adopt(draft, node_id, reported, NEVER_CAME_UP)
         return None
@@ -94,19 +105,6 @@ def _adopt_one(draft: Draft, node_id: str, reported: ReportedShard) -> str | Non
         f"the log's copy came up on {shard.node_id} port {shard.port}; "
         "two engines run and this one was not asked for"
     )
-
-
-def _not_vouched(node: Node | None, placed_on: str, reported: ReportedShard) -> str | None:
-    """Why the reporting node cannot speak for this shard, or None when it can: the shard
-    must have been placed on it, at a port inside its declared range."""
-    if node is None:
-        return "the reporting node is unknown to the log"
-    if placed_on != node.id:
-        return f"placed on {placed_on}, reported by {node.id}"
-    low, high = node.port_range
-    if not low <= reported.port <= high:
-        return f"port {reported.port} is outside {node.id}'s declared port range {low}-{high}"
-    return None
 
 
 def _is_logged_copy(replica: Replica, node_id: str, reported: ReportedShard) -> bool:

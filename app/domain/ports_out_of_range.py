@@ -1,50 +1,76 @@
-"""Part of rule 5 of ``reconcile.decide``: a replica with a shard to start at a port its
-node no longer accepts is stopped, so that one within the node's range is placed instead.
+"""Part of rule 5 of ``reconcile.decide``: a replica with a shard at a port its node no longer
+accepts is stopped, so that one within the node's range is placed instead.
 
-An agent refuses to start an engine outside its ``--port-range``, and answers the same start
-again with the refusal it remembers: a shard placed at a port the node's range no longer
-holds (its agent came back with another range) can never start there. Only shards that do
-not run are judged (placed, or stopped by their agent): a running engine outside the range
-is its agent's to report, and adoption's to judge (a stray). Only on a node that said hello
-to this control plane, whose range is then the one it runs with.
+An agent comes back with another ``--port-range`` and the log's shards on it may sit
+outside it, two ways:
+
+- still to start there (placed, or stopped by its agent): the agent refuses the start, and
+  answers the same start again with the refusal it remembers, so it can never start;
+- running there (the engine outlived its agent, which lists it in its hello): the log's
+  own copy, at the port the log placed it, on the node it was placed on. Adoption leaves
+  it to this rule rather than stopping it as a stray (``adoption``), so that the replica
+  ends once, by plan, with the reason, instead of failing when its engine stops "without
+  being asked to". An engine outside the range at another port than the log's is not the
+  log's copy, and stays adoption's to stop as a stray.
+
+Only on a node that said hello to this control plane, whose range is then the one it runs
+with, and only by that node's own report: a node names its own range, never another
+node's, so no report can get a replica on another node stopped this way.
 
 Stopped rather than failed or lost: nothing failed (a failure would count against the
-model's backoff and delay the replacement), and nothing runs that nobody vouches for. The
-stop may come during the adoption grace (it rests on the node's own hello); the placement
-of the replacement waits for the grace's end, as every placement does."""
+model's backoff and delay the replacement), and nothing runs that nobody vouches for. A
+running engine leaves routing and is stopped as any stopping replica's is
+(``shard_commands``). The stop may come during the adoption grace (it rests on the node's
+own hello); the placement of the replacement waits for the grace's end, as every
+placement does."""
 
 from __future__ import annotations
 
 from app.domain.decision import Draft
 from app.domain.desired_count import COUNTING_PHASES, stop_replica
-from app.domain.reports import FleetView
-from app.domain.state import Node, Replica, Shard, ShardPhase
+from app.domain.reports import FleetView, NodeReport
+from app.domain.state import Node, Replica, ReplicaPhase, Shard, ShardPhase
+
+JUDGED_PHASES = COUNTING_PHASES | {ReplicaPhase.DRAINING}
+"""A draining replica is judged too: its replacement is on its way already."""
 
 
 def stop_ports_out_of_range(draft: Draft, fleet: FleetView) -> None:
     state = draft.state
     for replica in list(state.replicas.values()):
-        if replica.phase not in COUNTING_PHASES:
+        if replica.phase not in JUDGED_PHASES:
             continue
         reason = _out_of_range(replica, state.nodes, fleet)
         if reason is not None:
             stop_replica(draft, replica, reason)
 
 
+def in_port_range(node: Node, port: int) -> bool:
+    """Whether ``node`` accepts ``port``, as the log knows its range."""
+    low, high = node.port_range
+    return low <= port <= high
+
+
 def _out_of_range(replica: Replica, nodes: dict[str, Node], fleet: FleetView) -> str | None:
-    """Why ``replica`` cannot start where it was placed, or None while it still may."""
+    """Why ``replica`` cannot start or keep running where it was placed, or None while it
+    still may."""
     for shard in replica.shards:
         node = nodes.get(shard.node_id)
         report = fleet.reports.get(shard.node_id)
         if node is None or not node.connected or report is None:
             continue
-        if not _waits_to_start(shard) or (replica.id, shard.index) in report.shards:
+        if not _judged(replica.id, shard, report):
             continue
-        low, high = node.port_range
-        if not low <= shard.port <= high:
+        if not in_port_range(node, shard.port):
+            low, high = node.port_range
             return f"port {shard.port} is outside {node.id}'s port range {low}-{high}"
     return None
 
 
-def _waits_to_start(shard: Shard) -> bool:
-    return shard.phase is ShardPhase.PLACED or shard.stopped_by_agent
+def _judged(replica_id: str, shard: Shard, report: NodeReport) -> bool:
+    """Whether the node's report makes ``shard`` this rule's: not reported and still to
+    start, or reported running at the log's port."""
+    reported = report.shards.get((replica_id, shard.index))
+    if reported is None:
+        return shard.phase is ShardPhase.PLACED or shard.stopped_by_agent
+    return reported.running and reported.port == shard.port

@@ -12,9 +12,11 @@ one pass never contradicts itself. The rules, in order:
 5. a failed shard fails its replica (so does one that stopped unasked, unless its agent
    stopped it on purpose: that replica waits to be started again where it was placed);
    all shards ready make a replica serve;
-   a replica with a shard to start at a port outside its node's current port range (its
-   agent came back with another one) is stopped, not failed: it could never start there,
-   and its replacement is placed within the range without backoff (``ports_out_of_range``);
+   a replica with a shard at a port outside its node's current port range (its agent came
+   back with another one), still to start there or reported running there, is stopped,
+   not failed: it could never start there, nor keep its port, and its replacement is
+   placed within the range without backoff (``ports_out_of_range``; adoption leaves such
+   an engine of the log's to this rule rather than stopping it as a stray);
 6. stopping replicas whose shards are gone are stopped (rules 2-6: ``replica_outcomes``);
 7. autoscaled models are scaled to the demand gateways report (``autoscale``);
 8. rollouts advance and are judged (``rollout``); what the verdict judges by is recorded

@@ -29,6 +29,7 @@ from websockets.exceptions import ConnectionClosed
 
 from app.admin.metrics import leader_figures
 from app.bootstrap import AgentHubConfig, leader_wiring
+from app.domain.describe import describe
 from app.domain.envelope import Meta
 from app.domain.events import (
     AnyEvent,
@@ -354,6 +355,55 @@ async def test_a_start_its_node_refuses_fails_the_replica_at_once_with_the_nodes
     assert isinstance(shard_failed.event, ShardFailed)
     assert shard_failed.event.error == f"start refused: {taken}"
     assert pg_store.state.models[model].failures >= 1
+
+
+async def test_an_engine_left_outside_its_nodes_new_port_range_is_stopped_and_replaced_not_failed(
+    leader: Leader, pki: AgentPki, pg_store: PostgresEventStore, operator: PostgresEventStore
+) -> None:
+    """The node's agent restarts with another ``--port-range`` while its engine runs on at a
+    port of the old one. Before, the engine was stopped as a stray and its replica failed
+    "stopped without being asked to", so the model backed off before the replacement and
+    the replica's history never said why."""
+    node_id, model = new_node_id(), f"m-{uuid.uuid4().hex[:6]}"
+    new_range = (20100, 20199)
+    async with fake_agent(leader.hub.port, pki, node_id):
+        await declare(operator, model, replicas=1)
+        replica = await the_one_serving(pg_store, model)
+    [shard] = replica.shards
+    engine = running_shard(replica.id, shard.port, pid=4100, model=model)
+
+    async with fake_agent(
+        leader.hub.port, pki, node_id, shards=[engine], port_range=new_range
+    ) as restarted:
+
+        async def ended() -> bool:
+            recorded = await types_in(pg_store, replica_stream(replica.id))
+            return "replica_stopped" in recorded or "replica_failed" in recorded
+
+        await wait_until(ended, within_s=20.0, what="the replica ended, in the log")
+        reason = f"port {shard.port} is outside {node_id}'s port range 20100-20199"
+        history = await pg_store.read_stream(replica_stream(replica.id))
+        assert [event_type(r.event) for r in history][-3:] == [
+            "replica_stopping",
+            "shard_stopped",
+            "replica_stopped",
+        ]
+        assert describe(history[-3].event) == (
+            f"replica {replica.id} out of routing, stopping: {reason}"
+        )
+        await wait_until(
+            lambda: any(r.phase is ReplicaPhase.SERVING for r in replicas_of(pg_store, model)),
+            within_s=20.0,
+            what="a replacement serving",
+        )
+
+    assert pg_store.state.replicas[replica.id].end_reason == reason
+    assert [s.command_id for s in restarted.stops()] == [f"stop-{replica.id}-0"]
+    assert "stray_stopped" not in await types_in(pg_store, node_stream(node_id))
+    [replacement] = [r for r in replicas_of(pg_store, model) if r.id != replica.id]
+    assert [s.port for s in restarted.starts()] == [replacement.shards[0].port]
+    assert new_range[0] <= replacement.shards[0].port <= new_range[1]
+    assert pg_store.state.models[model].failures == 0
 
 
 async def test_a_pid_no_shards_row_can_hold_costs_only_the_node_that_reported_it(

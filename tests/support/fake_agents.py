@@ -221,6 +221,7 @@ async def fake_agent(
     heartbeat_interval_s: float = 0.5,
     obeys: bool = True,
     refuses_starts: str | None = None,
+    port_range: tuple[int, int] = (20000, 20099),
 ) -> AsyncIterator[FakeAgent]:
     """An agent connected to the hub on ``port`` that has said hello and been welcomed."""
     hello = Hello(
@@ -228,7 +229,7 @@ async def fake_agent(
         node_id=node_id,
         agent_version="fake",
         address=LOOPBACK,
-        port_range=(20000, 20099),
+        port_range=port_range,
         gpus=tuple(gpu(i) for i in range(gpus)),
         shards=tuple(shards),
     )

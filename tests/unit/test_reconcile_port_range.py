@@ -10,8 +10,11 @@ from app.domain.decision import Decision
 from app.domain.events import (
     NodeConnected,
     NodeDisconnected,
+    ReplicaAdopted,
+    ReplicaDrainStarted,
     ReplicaPlaced,
     ReplicaStopping,
+    ShardStarting,
     ShardStopped,
     StrayStopped,
 )
@@ -142,14 +145,132 @@ def test_a_node_that_did_not_say_hello_to_this_control_plane_is_not_judged() -> 
     assert cluster.phase("llama-1") is ReplicaPhase.PLACED
 
 
-def test_a_running_shard_outside_the_range_is_left_to_adoption() -> None:
+def test_an_engine_an_earlier_leader_started_outside_the_range_is_stopped_with_its_replica() -> (
+    None
+):
+    """The log's copy (its node, its port) runs, though the log has it only placed: not a
+    stray, its replica's own engine, stopped with it by plan."""
     cluster = _placed_at_21000()
     _connected(cluster, NEW_RANGE)
     cluster.running("gpu-1", "llama-1", 21000, state="starting")
 
     decision = cluster.reconcile()
 
-    assert of_type(decision, ReplicaStopping) == []
-    assert [s.rule for s in of_type(decision, StrayStopped)] == [
-        "port 21000 is outside gpu-1's declared port range 21200-21299"
+    assert [s.reason for s in of_type(decision, ReplicaStopping)] == [OUT_OF_RANGE]
+    assert of_type(decision, StrayStopped) == []
+    assert of_type(decision, ReplicaAdopted) == []
+    assert sorted(commands(decision)) == ["start-llama-2-0", "stop-llama-1-0"]
+
+
+def _serving_at_21000() -> Cluster:
+    """The replica of ``_placed_at_21000`` serving there, its agent away (engines keep
+    running while their agent restarts)."""
+    cluster = Cluster()
+    _connected(cluster, OLD_RANGE)
+    cluster.model(replicas=1)
+    cluster.after(31)
+    cluster.reconcile()
+    cluster.serve("llama-1")
+    assert cluster.phase("llama-1") is ReplicaPhase.SERVING
+    cluster.given(NodeDisconnected(node_id="gpu-1", reason="agent restarted"))
+    cluster.gone("gpu-1")
+    cluster.after(5)
+    return cluster
+
+
+def test_a_serving_engine_outside_the_nodes_new_range_is_stopped_and_replaced_not_failed() -> None:
+    """Before, adoption took the engine for a stray: stopped as one (``stray_stopped`` on
+    the node), its replica failed with "stopped without being asked to", and the model
+    backed off before its replacement."""
+    cluster = _serving_at_21000()
+    _connected(cluster, NEW_RANGE)
+    cluster.running("gpu-1", "llama-1", 21000, pid=22000)
+
+    decision = cluster.reconcile()
+
+    stopping = of_type(decision, ReplicaStopping)
+    assert [(s.replica_id, s.reason, s.surplus) for s in stopping] == [
+        ("llama-1", OUT_OF_RANGE, False)
     ]
+    assert of_type(decision, StrayStopped) == []
+    assert of_type(decision, ReplicaAdopted) == []
+    assert commands(decision) == ["stop-llama-1-0"]
+    assert _replacement_port(decision) == []  # its engine holds the node's one GPU
+
+    cluster.stop_reported("llama-1")  # the agent obeys the stop
+    ended = cluster.reconcile()
+
+    assert kinds(ended) == ["ReplicaStopped", "ReplicaPlaced"]
+    assert _replacement_port(ended) == [21200]
+    assert commands(ended) == ["start-llama-2-0"]
+    replica = cluster.state.replicas["llama-1"]
+    assert (replica.phase, replica.end_reason) == (ReplicaPhase.STOPPED, OUT_OF_RANGE)
+    model = cluster.state.models["llama"]
+    assert (model.failures, model.backoff_until) == (0, None)
+    assert cluster.state.nodes["gpu-1"].stray_stops == ()
+
+
+def test_a_starting_engine_outside_the_nodes_new_range_is_stopped_too() -> None:
+    cluster = Cluster()
+    _connected(cluster, OLD_RANGE)
+    cluster.model(replicas=1)
+    cluster.after(31)
+    cluster.reconcile()
+    cluster.given(ShardStarting(replica_id="llama-1", shard_index=0, node_id="gpu-1", pid=7))
+    _connected(cluster, NEW_RANGE)
+    cluster.running("gpu-1", "llama-1", 21000, state="starting", pid=7)
+
+    decision = cluster.reconcile()
+
+    assert [s.reason for s in of_type(decision, ReplicaStopping)] == [OUT_OF_RANGE]
+    assert of_type(decision, StrayStopped) == []
+
+
+def test_a_draining_replica_outside_the_nodes_new_range_is_stopped_not_failed() -> None:
+    cluster = _serving_at_21000()
+    cluster.given(ReplicaDrainStarted(replica_id="llama-1", drain_id="d-1"))
+    _connected(cluster, NEW_RANGE)
+    cluster.running("gpu-1", "llama-1", 21000, pid=22000)
+
+    decision = cluster.reconcile()
+
+    assert [s.reason for s in of_type(decision, ReplicaStopping)] == [OUT_OF_RANGE]
+    assert of_type(decision, StrayStopped) == []
+    cluster.stop_reported("llama-1")
+    cluster.reconcile()
+    assert cluster.phase("llama-1") is ReplicaPhase.STOPPED
+    assert cluster.state.models["llama"].failures == 0
+
+
+def test_an_engine_outside_the_range_at_another_port_than_the_logs_is_still_a_stray() -> None:
+    """Not the log's copy: nobody placed it there."""
+    cluster = _serving_at_21000()
+    _connected(cluster, (21000, 21099))
+    cluster.running("gpu-1", "llama-1", 21150, pid=6666)
+
+    decision = cluster.reconcile()
+
+    assert [s.rule for s in of_type(decision, StrayStopped)] == [
+        "port 21150 is outside gpu-1's declared port range 21000-21099"
+    ]
+    assert of_type(decision, ReplicaStopping) == []
+
+
+def test_another_node_cannot_get_a_replica_stopped_by_reporting_it_outside_its_range() -> None:
+    """gpu-2's range excludes 21000, and it names llama-1 (placed on gpu-1) at 21000: a
+    stray on gpu-2; llama-1 serves on, judged by gpu-1's range and report alone."""
+    cluster = _serving_at_21000()
+    _connected(cluster, OLD_RANGE)
+    cluster.running("gpu-1", "llama-1", 21000, pid=22000)
+    cluster.given(
+        NodeConnected(node_id="gpu-2", address="127.0.0.2", gpus=gpus(1), port_range=NEW_RANGE)
+    )
+    cluster.running("gpu-2", "llama-1", 21000, pid=6666)
+
+    decision = cluster.reconcile()
+
+    assert of_type(decision, ReplicaStopping) == []
+    assert [(s.node_id, s.rule) for s in of_type(decision, StrayStopped)] == [
+        ("gpu-2", "placed on gpu-1, reported by gpu-2")
+    ]
+    assert cluster.phase("llama-1") is ReplicaPhase.SERVING
