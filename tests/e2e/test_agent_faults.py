@@ -1,11 +1,13 @@
 """Agent faults under traffic through a standalone gateway: an agent killed and started
 again re-attaches the engines it left running; an agent cut off for longer than the lost
 timeout has its replicas replaced, and its own copies are stopped as strays once it is back;
-an engine that crashes is replaced and traffic moves away from it.
+an engine that crashes is replaced and traffic moves away from it; an agent started again
+with another port range has the replica whose engine it left outside the range replaced.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -136,6 +138,58 @@ async def test_a_crashed_engine_is_replaced_and_traffic_moves_away_from_it(
     assert serving_now == {str(serving.replicas[1]["id"]), str(replacement.get("replica_id"))}
 
 
+@pytest.mark.timeout(90)  # on top of the fleet's start: a quiesced stop, then a new start
+async def test_an_agent_back_with_another_port_range_has_its_engine_replaced_not_failed(
+    cluster: Cluster,
+) -> None:
+    """The agent is killed (its engine lives on) and started with a port range that no
+    longer holds the engine's port. Before, the engine was stopped as a stray and its
+    replica failed "stopped without being asked to"; now the replica leaves routing, is
+    stopped with the port and the range as its reason, and is replaced, clients unaware."""
+    async with fleet_under_traffic(cluster) as (serving, traffic):
+        moved = serving.nodes[0]
+        replica = serving.replica_on(moved)
+        old_range = cluster.engine_ports.ranges.pop(moved)
+        while cluster.engine_ports.of(moved) == old_range:
+            del cluster.engine_ports.ranges[moved]
+        restarted_at = await cluster.last_position()
+        cluster.restart_agent(moved)
+
+        stopping = await cluster.wait_for_event(
+            ("replica_stopping", "replica_failed"), about(replica_id=replica), after=restarted_at
+        )
+        assert stopping.type == "replica_stopping", stopping.data
+        port = await engine_port(cluster, replica)
+        new_range = cluster.engine_ports.of(moved)
+        reason = f"port {port} is outside {moved}'s port range {new_range}"
+        assert stopping.get("reason") == reason
+        await cluster.wait_for_event(
+            "replica_stopped", about(replica_id=replica), after=restarted_at
+        )
+        replacement = await cluster.wait_for_event(
+            "replica_placed", about(model=MODEL), after=restarted_at
+        )
+        await cluster.wait_for_event(
+            "replica_serving", about(replica_id=replacement.get("replica_id")), after=restarted_at
+        )
+        await wait_until(
+            lambda: not is_running(serving.engines[replica]), what="the old engine gone"
+        )
+        await traffic.wait_for_successes(2 * CLIENTS)
+    traffic.assert_no_failures()
+
+    since = await cluster.events("replica_failed", "stray_stopped", after=restarted_at)
+    assert since == [], [(e.type, e.data) for e in since]
+    shown = await cluster.cli("history", "replica", replica, "--output", "json")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    told = [(event["type"], event["summary"]) for event in json.loads(shown.stdout)]
+    assert told[-3:] == [
+        ("replica_stopping", f"replica {replica} out of routing, stopping: {reason}"),
+        ("shard_stopped", f"replica {replica} shard 0 stopped on {moved}"),
+        ("replica_stopped", f"replica {replica} stopped"),
+    ], told
+
+
 @asynccontextmanager
 async def fleet_under_traffic(cluster: Cluster) -> AsyncIterator[tuple[Serving, Traffic]]:
     """A leader, three agents, the model's two replicas serving on two nodes, and clients
@@ -172,6 +226,15 @@ async def engine_pid(cluster: Cluster, replica_id: str) -> int:
     pid = shard["pid"]
     assert isinstance(pid, int), view
     return pid
+
+
+async def engine_port(cluster: Cluster, replica_id: str) -> int:
+    view = await cluster.admin("GET", f"/admin/v1/replicas/{replica_id}")
+    assert isinstance(view, dict), view
+    (shard,) = view["shards"]
+    port = shard["port"]
+    assert isinstance(port, int), view
+    return port
 
 
 def placement_nodes(placed: JsonObject) -> list[str]:
