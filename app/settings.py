@@ -33,7 +33,7 @@ from app.domain.reconcile import (
     DEFAULT_STABILITY_WINDOW_S,
 )
 from app.gateway.postgres import DEFAULT_CLIENT_HOST, DEFAULT_CLIENT_PORT
-from app.gateway.reporter import gateway_id_problem
+from app.gateway.reporter import blank_id_problem, gateway_id_problem
 from app.gateway.server import DEFAULT_MAX_CONNECTIONS
 from app.hub.budget import MessageBudget
 from app.hub.gate import DEFAULT_PER_ADDRESS as DEFAULT_HANDSHAKES_PER_ADDRESS
@@ -108,14 +108,15 @@ class ServeSettings:
         ),
     ] = DEFAULT_HEARTBEAT_INTERVAL_S
     server_id: Annotated[
-        str,
+        str | None,
         Parameter(
             env_var="LLMGW_SERVER_ID",
             help="this server's name in the leadership table, to agents and in its gateway's "
             "reports; one per server (hostname:pid). With a gateway, at most 200 printable "
             "characters, without '@'",
+            show_default=False,
         ),
-    ] = ""
+    ] = None
     adoption_grace: Annotated[
         float,
         Parameter(
@@ -293,7 +294,11 @@ class ServeSettings:
             problems.append(f"--client-port must be between 0 and 65535, not {self.client_port}")
         if self.gateway:
             problems += self.gateway_settings.problems()
-            id_problem = gateway_id_problem(self.server_id, "--server-id")
+        if self.server_id is not None and not self.server_id.strip():
+            # Blank names no server, with a gateway or without: leadership shows it too.
+            problems.append(blank_id_problem("--server-id", "LLMGW_SERVER_ID"))
+        elif self.gateway and self.server_id is not None:
+            id_problem = gateway_id_problem(self.server_id, "--server-id", "LLMGW_SERVER_ID")
             if id_problem is not None:
                 problems.append(id_problem)
         return problems

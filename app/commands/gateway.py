@@ -77,7 +77,7 @@ class StandaloneGatewaySettings:
         ),
     ] = False
     gateway_id: Annotated[
-        str,
+        str | None,
         Parameter(
             env_var="LLMGW_GATEWAY_ID",
             help="this gateway's name in its in-flight reports, one per process: a second "
@@ -85,7 +85,7 @@ class StandaloneGatewaySettings:
             "most 200 printable characters, without '@' [default: hostname-pid]",
             show_default=False,
         ),
-    ] = ""
+    ] = None
     queue_timeout: Annotated[
         float,
         Parameter(
@@ -139,7 +139,7 @@ class StandaloneGatewaySettings:
             host=self.host,
             port=self.port,
             reuse_port=self.reuse_port,
-            gateway_id=self.gateway_id or None,
+            gateway_id=self.gateway_id,
             queue_timeout_s=self.queue_timeout,
             scrape_interval_s=self.scrape_interval,
             refresh_interval_s=self.refresh_interval,

@@ -86,7 +86,7 @@ class GatewayOptions:
             if value <= 0:
                 found.append(f"{flag} must be positive, not {value}")
         if self.gateway_id is not None:
-            id_problem = gateway_id_problem(self.gateway_id, "--gateway-id")
+            id_problem = gateway_id_problem(self.gateway_id, "--gateway-id", "LLMGW_GATEWAY_ID")
             if id_problem is not None:
                 found.append(id_problem)
         if self.reuse_port and self.port == 0:

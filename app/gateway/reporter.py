@@ -81,10 +81,14 @@ MAX_GATEWAY_ID_CHARS = 200
 """The longest id a gateway reports under: a name an operator reads in logs and tables."""
 
 
-def gateway_id_problem(gateway_id: str, flag: str) -> str | None:
-    """What is wrong with a gateway's reporting id given by ``flag``; None when it will do.
-    ``@`` is the mark of a twin's row (``ID@INSTANCE``): an id holding one would read as
-    another gateway's twin, and that gateway's rows as its own."""
+def gateway_id_problem(gateway_id: str, flag: str, variable: str) -> str | None:
+    """What is wrong with a gateway's reporting id given by ``flag`` or its environment
+    ``variable``; None when it will do. A blank one names no gateway: an empty variable is
+    more likely a value left unfilled than a wish for the default. ``@`` is the mark of a
+    twin's row (``ID@INSTANCE``): an id holding one would read as another gateway's twin,
+    and that gateway's rows as its own."""
+    if not gateway_id.strip():
+        return blank_id_problem(flag, variable)
     if len(gateway_id) > MAX_GATEWAY_ID_CHARS:  # first: the other problems repeat the id
         return f"{flag} is at most {MAX_GATEWAY_ID_CHARS} characters, not {len(gateway_id)}"
     if "@" in gateway_id:
@@ -92,6 +96,12 @@ def gateway_id_problem(gateway_id: str, flag: str) -> str | None:
     if not gateway_id.isprintable():
         return f"{flag} must be printable: {gateway_id!a}"
     return None
+
+
+def blank_id_problem(flag: str, variable: str) -> str:
+    """``--gateway-id (or LLMGW_GATEWAY_ID) is blank: ...``, for an id given empty or as
+    spaces alone (the default, hostname and pid, is what leaving it unset gives)."""
+    return f"{flag} (or {variable}) is blank: give a name, or leave it unset for the default"
 
 
 InFlightCounter = Callable[[], dict[str, int]]

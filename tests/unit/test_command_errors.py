@@ -70,6 +70,21 @@ def ended(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[object, 
             1,
             "llmgw-server serve: the agent hub needs --tls-cert, --tls-key and --tls-ca",
         ),
+        (
+            ["gateway", "--database-url", UNREACHABLE, "--gateway-id", ""],
+            1,
+            "llmgw-server gateway: --gateway-id (or LLMGW_GATEWAY_ID) is blank: give a name",
+        ),
+        (
+            ["gateway", "--database-url", UNREACHABLE, "--gateway-id", "   "],
+            1,
+            "llmgw-server gateway: --gateway-id (or LLMGW_GATEWAY_ID) is blank: give a name",
+        ),
+        (
+            ["serve", "--database-url", UNREACHABLE, "--server-id", "  "],
+            1,
+            "llmgw-server serve: --server-id (or LLMGW_SERVER_ID) is blank: give a name",
+        ),
     ],
 )
 def test_a_server_command_names_itself_on_its_error_line(
@@ -81,6 +96,26 @@ def test_a_server_command_names_itself_on_its_error_line(
     assert err.startswith(line), err
     assert err.splitlines(keepends=True) == [err], "one line"
     assert err.endswith("\n")
+
+
+@pytest.mark.parametrize(
+    ("command", "variable", "flag"),
+    [("gateway", "LLMGW_GATEWAY_ID", "--gateway-id"), ("serve", "LLMGW_SERVER_ID", "--server-id")],
+)
+def test_an_id_variable_set_empty_is_refused_at_start_not_taken_for_the_default(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    variable: str,
+    flag: str,
+) -> None:
+    monkeypatch.setenv(variable, "")
+
+    assert ended([command, "--database-url", UNREACHABLE], capsys) == (
+        1,
+        f"llmgw-server {command}: {flag} (or {variable}) is blank: give a name, or leave it "
+        "unset for the default\n",
+    )
 
 
 def test_migrate_names_itself_on_its_error_line(

@@ -53,6 +53,9 @@ def test_the_gateway_command_takes_the_engine_timeouts_from_flags_or_the_environ
     assert options.engine_timeouts == EngineTimeouts(head_s=30.0, idle_s=7.5)
 
 
+GIVE_A_NAME = "give a name, or leave it unset for the default"
+
+
 @pytest.mark.parametrize(
     ("gateway_id", "problem"),
     [
@@ -61,6 +64,8 @@ def test_the_gateway_command_takes_the_engine_timeouts_from_flags_or_the_environ
         ("g" * 201, "--gateway-id is at most 200 characters, not 201"),
         # Said by its length, not repeated whole in escapes four times as long.
         ("\x07" * 100_000, "--gateway-id is at most 200 characters, not 100000"),
+        ("", "--gateway-id (or LLMGW_GATEWAY_ID) is blank: " + GIVE_A_NAME),
+        ("   ", "--gateway-id (or LLMGW_GATEWAY_ID) is blank: " + GIVE_A_NAME),
     ],
 )
 def test_a_gateway_id_that_would_read_as_another_s_twin_or_garble_a_log_is_refused(
@@ -77,3 +82,12 @@ def test_serve_refuses_a_server_id_its_gateway_would_report_under_as_a_twin() ->
         "--server-id must not contain '@' (it marks a twin's reports: ID@INSTANCE)"
     ]
     assert replace(settings, gateway=False).problems() == [], "no gateway, no reports"
+
+
+def test_serve_refuses_a_blank_server_id_with_a_gateway_or_without() -> None:
+    settings = ServeSettings(database_url="postgresql://llmgw@db.example/llmgw", server_id=" ")
+    blank = "--server-id (or LLMGW_SERVER_ID) is blank: " + GIVE_A_NAME
+
+    assert settings.problems() == [blank]
+    assert replace(settings, gateway=False).problems() == [blank]
+    assert replace(settings, server_id=None).problems() == [], "left out: hostname:pid"
