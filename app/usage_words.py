@@ -18,12 +18,15 @@ def shown(text: str) -> str:
 
 
 def closest(word: str, names: Iterable[str]) -> str | None:
-    """The one name ``word`` begins, else the name it most likely misspells, else None."""
+    """The one name ``word`` begins, else the name it most likely misspells, else None.
+    A misspelling keeps a letter of the name: every one-letter name is one edit from any
+    other, and ``-x`` is no mistyped ``-h``."""
     names = list(names)
     begun = [name for name in names if name.startswith(word)]
     if len(begun) == 1:
         return begun[0]
-    most = max(1, len(word.lstrip("-")) // 3)
+    letters = word.lstrip("-")
+    most = max(1, len(letters) // 3)
     # An edit changes the length by one at most: a name further from the word's length
     # than ``most`` is never near, and is not compared letter by letter. A word of 128 KiB
     # (a spec's engine argument reaches the simulator's command line) took over ten
@@ -33,7 +36,11 @@ def closest(word: str, names: Iterable[str]) -> str | None:
         for name in names
         if (distance := abs(len(name) - len(word))) <= most
     ]
-    near = [score for score in scored if score[0] <= most]
+    near = [
+        score
+        for score in scored
+        if score[0] <= most and _edits(letters, score[2].lstrip("-")) < len(letters)
+    ]
     return min(near, key=lambda score: score[:2])[2] if near else None
 
 

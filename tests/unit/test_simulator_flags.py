@@ -171,6 +171,7 @@ SIMULATOR = program("llmgw-sim-engine")
     ("argv", "environ", "line"),
     [
         (["--nope"], {}, "unknown option --nope; see llmgw-sim-engine --help"),
+        (["-x"], {}, "unknown option -x; see llmgw-sim-engine --help"),
         (["--max-num-seq", "4"], {}, "unknown option --max-num-seq; did you mean --max-num-seqs?"),
         (["--port", "80a"], {}, "--port '80a': expected a whole number"),
         (["--port"], {}, "--port needs a value"),

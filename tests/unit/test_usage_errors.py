@@ -13,7 +13,7 @@ import agent.main
 import app.main
 import devcluster.main
 from app.usage_errors import usage_error_console
-from app.usage_words import shown
+from app.usage_words import closest, shown
 
 
 def usage_error(
@@ -120,6 +120,22 @@ def test_what_the_command_line_held_reaches_the_terminal_as_visible_escapes(
         "llmgw-server serve: unknown option --\\x1b]0;owned\\x07\\r\\u202e; "
         "see llmgw-server serve --help\n",
     )
+
+
+@pytest.mark.parametrize(
+    ("word", "guess"),
+    [
+        ("-x", None),  # one edit from -h, as every one-letter option is: no guess
+        ("x", None),
+        ("--x", None),
+        ("--h", "--help"),
+        ("-port", "--port"),
+        ("--prot", "--port"),
+        ("--max-num-seq", "--max-num-seqs"),
+    ],
+)
+def test_a_guess_keeps_a_letter_of_the_word(word: str, guess: str | None) -> None:
+    assert closest(word, ["--help", "-h", "--port", "--max-num-seqs", "y"]) == guess
 
 
 def test_printable_text_is_shown_as_it_is() -> None:
