@@ -138,3 +138,56 @@ def test_a_cancellation_of_a_drain_that_finished_first_changes_nothing() -> None
 
     assert cluster.state.nodes[node].drain_cancelled_by is None
     assert of_type(cluster.reconcile(), NodeDrainFinished) == []
+
+
+def test_a_cancel_recorded_while_a_pass_stopped_the_original_leaves_the_model_at_its_count() -> (
+    None
+):
+    """The pass read the log before the cancel and appends after it: the original stops
+    as decided, and its replacement, serving, keeps the model at its count."""
+    cluster, node = draining_llama_1()
+    cluster.serve("llama-3")
+    cluster.after(11)
+    decision = cluster.decided()
+    assert kinds(decision) == ["ReplacementServing", "ReplicaStopping"]
+    cancelled(cluster, node)
+
+    assert cluster.appended(decision) is None
+    after = cluster.reconcile()
+
+    assert kinds(after) == ["NodeDrainFinished"]
+    assert of_type(after, NodeDrainFinished)[0].outcome == "cancelled by test"
+    assert cluster.phase("llama-1") is ReplicaPhase.STOPPING
+    assert cluster.phase("llama-2") is ReplicaPhase.SERVING
+    assert cluster.phase("llama-3") is ReplicaPhase.SERVING
+    assert cluster.state.models["llama"].moves == {}
+    cluster.stop_reported("llama-1")
+    assert kinds(cluster.reconcile()) == ["ReplicaStopped"]
+    for _ in range(3):
+        cluster.after(60)
+        assert cluster.reconcile().events == ()
+    serving = [r.id for r in cluster.state.replicas.values() if r.phase is ReplicaPhase.SERVING]
+    assert sorted(serving) == ["llama-2", "llama-3"], "the model's count, no more, no less"
+
+
+def test_a_cancel_recorded_while_a_pass_began_the_move_calls_the_move_off_next_pass() -> None:
+    """The pass that started the move and placed its replacement read the log before the
+    cancel and appends after it: the next pass calls the move off, the original serves
+    and counts again, and the replacement beyond the count is stopped."""
+    cluster = serving_on_two_of_three_nodes()
+    node = cluster.state.replicas["llama-1"].shards[0].node_id
+    cluster.given(NodeDrainRequested(node_id=node, drain_id=DRAIN, grace_s=600))
+    decision = cluster.decided()
+    assert kinds(decision) == ["ReplicaDrainStarted", "ReplicaPlaced"]
+    cancelled(cluster, node)
+
+    assert cluster.appended(decision) is None
+    after = cluster.reconcile()
+
+    assert kinds(after) == ["ReplicaDrainCancelled", "NodeDrainFinished", "ReplicaStopping"]
+    (stopping,) = of_type(after, ReplicaStopping)
+    assert (stopping.replica_id, stopping.surplus) == ("llama-3", True)
+    assert cluster.phase("llama-1") is ReplicaPhase.SERVING
+    assert cluster.phase("llama-2") is ReplicaPhase.SERVING
+    assert cluster.state.nodes[node].cordoned
+    assert cluster.state.models["llama"].moves == {}
