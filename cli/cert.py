@@ -34,6 +34,8 @@ from app.pki.keys import PrivateKey
 from app.pki.model import MAX_DAYS
 from app.pki.names import check_host, check_subject_name, parse_ip
 from cli.arguments import UsageError, filled_path, whole_number
+from cli.cert_replacement import RevocationUnknown, issue_time, node_revoked_at
+from cli.config import ConfigError, ConnectionFlags
 from cli.render import print_json, say, warn
 
 EXIT_OK = 0
@@ -202,6 +204,15 @@ def node_certificate(
     days: IssuedDays = 365,
     force: Force = False,
     output: Output = "text",
+    offline: Annotated[
+        bool,
+        Parameter(
+            negative=(),
+            help="Do not ask the admin API when the node's certificates were last revoked; "
+            "issue by this machine's clock alone.",
+        ),
+    ] = False,
+    connection: ConnectionFlags | None = None,
 ) -> int:
     """Issue an agent's client certificate (`node-<id>.crt`, `node-<id>.key`).
 
@@ -209,6 +220,11 @@ def node_certificate(
     agent that claims any other id. The address an agent advertises for its engines
     (`llmgw-agent --address`) must be one the certificate names with --host or --ip, or
     the address its connection to the control plane comes from.
+
+    When the node's certificates were revoked (`cert revoke --node`), it is issued after
+    the revocation by the server's clock, whatever this machine's clock says, so it
+    connects as their replacement: the admin API is asked when (a note says so when it
+    does not answer, and the certificate is issued by this machine's clock).
 
     ```
     llmgw-cli cert node gpu-07 --out ./gpu-07
@@ -225,11 +241,26 @@ def node_certificate(
         _check_days(days)
 
         def build(ca: CertificateAuthority, key: PrivateKey, now: datetime) -> x509.Certificate:
-            return issue_node(ca, key, node_id, now, days, hosts=hosts, ips=ips)
+            revoked_at = None if offline else _node_revoked_at(node_id, connection)
+            issued_at = issue_time(now, revoked_at)
+            return issue_node(ca, key, node_id, issued_at, days, hosts=hosts, ips=ips)
 
         return _issue(directory, out, f"node-{node_id}", f"node {node_id}", force, build, output)
 
     return _run(create)
+
+
+def _node_revoked_at(node_id: str, connection: ConnectionFlags | None) -> datetime | None:
+    try:
+        return node_revoked_at(node_id, connection)
+    except ConfigError as exc:
+        raise UsageError(f"{exc} (--offline issues without asking the admin API)") from exc
+    except RevocationUnknown as exc:
+        _error(
+            f"the admin API did not say when node {node_id}'s certificates were last revoked "
+            f"({exc}); issued by this machine's clock (--offline: do not ask)"
+        )
+        return None
 
 
 @cert_app.command(name="operator")
