@@ -110,7 +110,11 @@ class RoutingView(View, frozen=True, kw_only=True):
     policy: str = "least_loaded"
     load_factor: float = 0.25
     prefix_bytes: int = 1024
-    session_keys: list[str] = []
+    session_keys: list[str] = msgspec.field(
+        default_factory=lambda: ["header", "prompt_cache_key", "user"]
+    )
+    """The admin API leaves the sources out while they are the default ones, these three;
+    an empty list is one it sends: no session key is read."""
     max_in_flight: int | None = None
 
 

@@ -138,3 +138,23 @@ def test_llmgw_cli_models_show_says_the_policy() -> None:
     # The admin API leaves out a policy at its defaults; the CLI reads it back as them.
     view = msgspec.json.decode(b'{"routing": {"weight": 1.0}}', type=ModelSpecView)
     assert view.routing == RoutingView()
+
+
+def test_llmgw_cli_model_says_where_a_session_key_is_read_when_the_api_leaves_it_out() -> None:
+    # What the admin API answers for `policy: session` with the default sources.
+    view = msgspec.json.decode(b'{"routing": {"policy": "session"}}', type=ModelSpecView)
+    assert routing_text(view.routing) == (
+        "session (load factor 0.25, key 1024 bytes, session key from header, "
+        "prompt_cache_key, user)"
+    )
+    defaults = RoutingSettings()
+    assert (RoutingView().load_factor, RoutingView().prefix_bytes) == (
+        defaults.load_factor,
+        defaults.prefix_bytes,
+    )
+    assert tuple(RoutingView().session_keys) == defaults.session_keys
+    # Declared with no sources at all, the API sends the empty list, and the CLI says so.
+    none = msgspec.json.decode(
+        b'{"routing": {"policy": "session", "session_keys": []}}', type=ModelSpecView
+    )
+    assert routing_text(none.routing).endswith("session key from nothing)")
