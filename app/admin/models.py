@@ -29,6 +29,7 @@ from app.domain.events import model_stream
 from app.domain.model_spec import ModelSpec, SpecError
 from app.domain.model_status import ModelStatus
 from app.domain.operation_results import InvalidSpec
+from app.domain.routing_settings import ROUTING_POLICIES, SESSION_KEY_SOURCES
 from app.domain.state import Model
 from app.services.operations import Caller, Operations
 from app.store.history import read_last_scaled
@@ -41,6 +42,13 @@ _MSGSPEC_ERROR = re.compile(r"^(?P<reason>.*?)(?: - at `\$\.?(?P<path>[^`]*)`)?$
 _NAMED_FIELD = re.compile(r"(?P<what>missing required|contains unknown) field `(?P<field>[^`]+)`")
 _STEP_REPLICAS = re.compile(r"^rollout\.steps\[\d+\]\.replicas$")
 """A canary step's ``replicas``, whose type msgspec names as ``int | str``."""
+_ITEM = re.compile(r"\[\d+\]$")
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "routing.policy": ROUTING_POLICIES,
+    "routing.session_keys": SESSION_KEY_SOURCES,
+}
+"""The fields whose values are names from a list, which msgspec refuses without naming it
+(``Invalid enum value 'random'``): the refusal names them."""
 
 
 def spec_from_body(body: bytes, path_name: str | None) -> ModelSpec:
@@ -70,7 +78,11 @@ def _spec_error(message: str) -> SpecError:
     if named is None and _STEP_REPLICAS.match(path):
         return SpecError(path, 'must be a number of replicas or "all"')
     if named is None:
-        return SpecError(path or "(body)", reason.replace(" | null", "").lower())
+        reason = reason.replace(" | null", "").lower()
+        choices = _CHOICES.get(_ITEM.sub("", path))
+        if choices is not None and reason.startswith("invalid enum value"):
+            reason = f"{reason}; must be one of {', '.join(choices)}"
+        return SpecError(path or "(body)", reason)
     field = ".".join(filter(None, (path, named["field"])))
     if named["what"] == "missing required":
         return SpecError(field, "is required")

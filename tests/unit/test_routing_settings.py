@@ -78,6 +78,28 @@ def test_the_api_refuses_a_bad_policy_naming_its_field(routing: bytes, field: st
     assert field.split(".")[-1] in f"{error.field} {error.reason}"
 
 
+@pytest.mark.parametrize(
+    ("routing", "field", "choices"),
+    [
+        (b'{"policy": "fastest"}', "routing.policy", "least_loaded, prefix, session"),
+        (
+            b'{"session_keys": ["user", "cookie"]}',
+            "routing.session_keys[1]",
+            "header, prompt_cache_key, user",
+        ),
+    ],
+)
+def test_the_api_refuses_a_name_off_the_list_naming_the_list(
+    routing: bytes, field: str, choices: str
+) -> None:
+    body = b'{"command": "vllm serve {model} --port {port}", "routing": ' + routing + b"}"
+    with pytest.raises(InvalidSpec) as raised:
+        spec_from_body(body, "llama")
+    [error] = raised.value.errors
+    assert error.field == field
+    assert error.reason.endswith(f"; must be one of {choices}")
+
+
 def test_the_api_takes_a_policy_and_leaves_the_rest_at_their_defaults() -> None:
     body = b'{"command": "vllm serve {model} --port {port}", "routing": {"policy": "session"}}'
     spec = spec_from_body(body, "llama")
