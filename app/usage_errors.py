@@ -33,6 +33,7 @@ from cyclopts.exceptions import (
     MissingArgumentError,
     UnknownCommandError,
     UnknownOptionError,
+    UnusedCliTokensError,
 )
 from rich.console import Console
 from rich.text import Text
@@ -79,6 +80,16 @@ def _what_is_wrong(error: CycloptsError, where: str, refusals: tuple[type[Except
         guess = closest(token, _commands(error.app))
         hint = f'did you mean "{guess}"?' if guess else f"see {where} --help"
         return f'unknown command "{token}"; {hint}'
+    if isinstance(error, UnusedCliTokensError) and error.unused_tokens:
+        # A word after a command that takes no more words: cyclopts says "Unused Tokens:
+        # ['show', 'demo']". Where the command has commands of its own, it is one mistyped.
+        token = error.unused_tokens[0]
+        commands = _commands(error.app) if error.app else []
+        if commands and not token.startswith("-"):
+            guess = closest(token, commands)
+            hint = f'did you mean "{guess}"?' if guess else f"see {where} --help"
+            return f'unknown command "{token}"; {hint}'
+        return f'unexpected argument "{token}"; see {where} --help'
     if isinstance(error, UnknownOptionError):
         token = error.token.keyword or error.token.value
         options = [name for argument in error.argument_collection for name in argument.names]

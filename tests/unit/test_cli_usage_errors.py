@@ -37,6 +37,19 @@ CLI = program("llmgw-cli")
             "llmgw-cli keys create: --name needs a value",
         ),
         (["node"], "llmgw-cli node: NODE_ID is required"),
+        # A word after a command that takes none: a subcommand mistyped, or one too many.
+        (
+            ["models", "show", "demo"],
+            'llmgw-cli models: unknown command "show"; see llmgw-cli models --help',
+        ),
+        (
+            ["models", "aply", "demo.yaml"],
+            'llmgw-cli models: unknown command "aply"; did you mean "apply"?',
+        ),
+        (
+            ["model", "demo", "extra"],
+            'llmgw-cli model: unexpected argument "extra"; see llmgw-cli model --help',
+        ),
     ],
 )
 def test_a_mistyped_command_line_is_one_line_and_exit_2(argv: list[str], line: str) -> None:
