@@ -14,6 +14,7 @@ gives back the slices it did not use.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 
 import structlog
@@ -77,14 +78,19 @@ class GatewayOptions:
         for flag, port in (("--port", self.port), ("--metrics-port", self.metrics_port)):
             if port is not None and not 0 <= port <= 65535:
                 found.append(f"{flag} must be between 0 and 65535, not {port}")
-        if self.queue_timeout_s < 0:
-            found.append(f"--queue-timeout must not be negative, not {self.queue_timeout_s}")
+        # A NaN passes every comparison, and an infinite time never comes: a request would
+        # wait in the line for ever, a replica be scraped once.
+        if not 0 <= self.queue_timeout_s < math.inf:
+            found.append(
+                f"--queue-timeout must be a finite number of seconds, 0 or more, "
+                f"not {self.queue_timeout_s}"
+            )
         for flag, value in (
             ("--scrape-interval", self.scrape_interval_s),
             ("--refresh-interval", self.refresh_interval_s),
         ):
-            if value <= 0:
-                found.append(f"{flag} must be positive, not {value}")
+            if not 0 < value < math.inf:
+                found.append(f"{flag} must be a finite number of seconds above 0, not {value}")
         if self.gateway_id is not None:
             id_problem = gateway_id_problem(self.gateway_id, "--gateway-id", "LLMGW_GATEWAY_ID")
             if id_problem is not None:

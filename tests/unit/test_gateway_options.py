@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -17,6 +18,24 @@ from app.settings import ServeSettings
 def test_the_default_upload_limit_is_accepted() -> None:
     assert GatewayOptions().max_upload_bytes == DEFAULT_MAX_UPLOAD_BYTES
     assert GatewayOptions().problems() == []
+
+
+@pytest.mark.parametrize("seconds", [math.nan, math.inf, -1.0])
+def test_a_queue_timeout_that_is_no_time_is_refused_by_its_flag(seconds: float) -> None:
+    [problem] = GatewayOptions(queue_timeout_s=seconds).problems()
+    assert problem == (
+        f"--queue-timeout must be a finite number of seconds, 0 or more, not {seconds}"
+    )
+
+
+@pytest.mark.parametrize("seconds", [math.nan, math.inf, 0.0])
+def test_a_scrape_or_refresh_interval_that_is_no_time_is_refused_by_its_flag(
+    seconds: float,
+) -> None:
+    assert GatewayOptions(scrape_interval_s=seconds, refresh_interval_s=seconds).problems() == [
+        f"--scrape-interval must be a finite number of seconds above 0, not {seconds}",
+        f"--refresh-interval must be a finite number of seconds above 0, not {seconds}",
+    ]
 
 
 @pytest.mark.parametrize("mib", [0, -1, 1 << 20])
