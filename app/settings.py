@@ -266,7 +266,7 @@ class ServeSettings:
                 ("--agent-message-rate", self.agent_message_rate),
                 ("--agent-message-burst", self.agent_message_burst),
             )
-            if value <= 0
+            if not value > 0  # NaN too: it passes every comparison
         ]
         problems += [
             f"{flag} must not be negative, not {value}"
@@ -278,7 +278,7 @@ class ServeSettings:
                 ("--stability-window", self.stability_window),
                 ("--drain-idle-timeout", self.drain_idle_timeout),
             )
-            if value < 0
+            if not value >= 0
         ]
         problems += limit_problems(self.agent_connect_burst, self.agent_connects_per_minute)
         handshakes = per_address_problem(self.agent_handshakes_per_address)

@@ -5,6 +5,7 @@ variable, within its bounds."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -36,6 +37,23 @@ def test_a_negative_adoption_setting_is_refused_by_its_flag(field: str, flag: st
     settings = replace(ServeSettings(database_url=DATABASE_URL), **{field: -1.0})
 
     assert settings.problems() == [f"{flag} must not be negative, not -1.0"]
+
+
+@pytest.mark.parametrize(
+    ("field", "flag", "bound"),
+    [
+        ("heartbeat_interval", "--heartbeat-interval", "must be positive"),
+        ("reconcile_interval", "--reconcile-interval", "must be positive"),
+        ("lost_timeout", "--lost-timeout", "must not be negative"),
+        ("adoption_grace_max", "--adoption-grace-max", "must not be negative"),
+    ],
+)
+def test_a_time_that_is_not_a_number_is_refused_by_its_flag(
+    field: str, flag: str, bound: str
+) -> None:
+    settings = replace(ServeSettings(database_url=DATABASE_URL), **{field: math.nan})
+
+    assert settings.problems() == [f"{flag} {bound}, not nan"]
 
 
 def test_the_adoption_defaults_are_usable() -> None:
