@@ -57,6 +57,9 @@ class Signals(msgspec.Struct, frozen=True, kw_only=True):
     """Fraction of the KV cache in use, 0..1."""
     scraped_at: float
     """The gateway's monotonic clock when the scrape answered."""
+    absent: tuple[str, ...] = ()
+    """The signals the engine exports no name for (``waiting``, ``running``,
+    ``kv_usage``): they read 0 here, and are left out of the gateway's ``/metrics``."""
 
 
 class Load(Protocol):
@@ -249,9 +252,18 @@ class ReplicaState:
             draining=route.draining,
             in_flight=self.in_flight,
             reserved=self.reserved,
-            waiting=None if signals is None else signals.waiting,
-            running=None if signals is None else signals.running,
-            kv_usage=None if signals is None else signals.kv_usage,
+            waiting=_exported(signals, "waiting"),
+            running=_exported(signals, "running"),
+            kv_usage=_exported(signals, "kv_usage"),
             signals_age_s=None if signals is None else now - signals.scraped_at,
             stale=not is_fresh(signals, now=now, stale_after_s=stale_after_s),
         )
+
+
+def _exported(signals: Signals | None, name: str) -> float | None:
+    """The engine's figure for signal ``name``; None before its first reading, or when its
+    engine exports none (llama.cpp's KV-cache usage): a 0 would say the cache is empty."""
+    if signals is None or name in signals.absent:
+        return None
+    value: float = getattr(signals, name)
+    return value

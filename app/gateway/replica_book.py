@@ -124,6 +124,7 @@ class ReplicaBook:
                 running=reading.running,
                 kv_usage=reading.kv_usage,
                 scraped_at=self._clock(),
+                absent=reading.absent,
             )
             state.absorb_reservations(scrape)
         self._on_report(state.route.model)

@@ -79,6 +79,8 @@ async def test_each_profiles_queue_reaches_admission(
         assert [(e["absent"], e["admission_by"]) for e in absent] == [
             (["kv_usage"], "waiting queue only")
         ]
-        assert router.replica_views()[0].kv_usage in (0, None)
+        # No KV-cache gauge: none is published, rather than an empty cache.
+        assert router.replica_views()[0].kv_usage is None
     else:
         assert absent == []
+        assert router.replica_views()[0].kv_usage is not None

@@ -18,6 +18,8 @@ from agent.simulator.metrics import (
     render,
 )
 from app.gateway.admission import Candidate, Signals, assess
+from app.gateway.metrics import GatewayMetrics
+from app.gateway.replica_book import ReplicaBook
 from app.gateway.signals import (
     ADMITTED_BY,
     EngineReading,
@@ -25,7 +27,7 @@ from app.gateway.signals import (
     read_engine_signals,
     sum_samples,
 )
-from app.gateway.table import Route
+from app.gateway.table import GatewaySnapshot, Route
 from tests.support.waiting import wait_until
 
 SGLANG = """\
@@ -268,3 +270,24 @@ async def test_a_scraper_goes_on_when_the_router_fails_to_take_a_reading() -> No
         finally:
             task.cancel()
             await asyncio.wait([task])
+
+
+def test_a_signal_the_engine_does_not_export_is_left_out_of_the_gateway_metrics() -> None:
+    # llama.cpp has no KV-cache gauge: its replica is admitted as if the cache were empty,
+    # but the gateway's /metrics must not say it is.
+    book = ReplicaBook(
+        scrape_interval_s=0.25, scrape_timeout_s=1.0, clock=lambda: 10.0, on_report=lambda _: None
+    )
+    route = Route(replica_id="llama-1", model="llama", url="http://127.0.0.1:1")
+    book.take(GatewaySnapshot(declared=frozenset({"llama"}), routes={"llama": (route,)}))
+    reading = read_engine_signals(LLAMACPP)
+    assert reading is not None
+    book.reported("llama-1", 1, reading)
+
+    [view] = book.views()
+    assert (view.waiting, view.running, view.kv_usage) == (reading.waiting, reading.running, None)
+    metrics = GatewayMetrics()
+    metrics.watch_replicas(book.views, dict)
+    text = metrics.render().decode()
+    assert 'llmgw_gateway_replica_waiting{model="llama",replica="llama-1"}' in text
+    assert 'llmgw_gateway_replica_kv_usage{model="llama"' not in text
