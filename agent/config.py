@@ -54,6 +54,8 @@ ENGINES_ON_EXIT: tuple[EnginesOnExit, ...] = get_args(EnginesOnExit)
 
 T = TypeVar("T")
 
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+"""What a hello's names may not hold (``wire.messages.NO_CONTROL_CHARACTERS``)."""
 _LABEL_KEY = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._/-]{{0,{MAX_LABEL_KEY_CHARS - 1}}}")
 _PORT_RANGE = re.compile(r"(\d+)\s*-\s*(\d+)")
 
@@ -458,6 +460,11 @@ def _hello_labels(labels: Mapping[str, str], source: str) -> dict[str, str]:
             raise ConfigError(
                 f"{source} {key}: the value has {len(value)} characters; a label's value "
                 f"has at most {MAX_LABEL_VALUE_CHARS}"
+            )
+        if _CONTROL_CHARACTER.search(value):
+            raise ConfigError(
+                f"{source} {key}: the value {value[:80]!r} holds a control character; "
+                "a label's value is one line of text"
             )
     return dict(labels)
 

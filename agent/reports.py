@@ -15,6 +15,7 @@ Sizes are measured as the JSON that goes out: a character may take up to six byt
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta, timezone
 
 import msgspec
@@ -47,6 +48,7 @@ _LONGEST_STATE: WireShardState = "starting"
 _LONGEST_START = datetime(2000, 1, 1, 0, 0, 0, 1, tzinfo=timezone(timedelta(hours=-12)))
 
 _encoder = msgspec.json.Encoder()
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 
 _WIRE_STATES: dict[ShardState, WireShardState] = {
     ShardState.STARTING: "starting",
@@ -116,8 +118,9 @@ def fit_text(text: str, max_bytes: int) -> str:
 
 def wire_uuid(uuid: str) -> str:
     """A GPU's UUID as a hello lists it, and so as every health change must name it and as
-    the control plane compares it (cut to ``MAX_GPU_UUID_BYTES``)."""
-    return fit_text(uuid, MAX_GPU_UUID_BYTES)
+    the control plane compares it (cut to ``MAX_GPU_UUID_BYTES``). A control character
+    becomes U+FFFD: the wire refuses a name holding one (``wire.messages.Name``)."""
+    return fit_text(_CONTROL_CHARACTER.sub("\ufffd", uuid), MAX_GPU_UUID_BYTES)
 
 
 def shard_report(record: ShardRecord) -> ShardReport:

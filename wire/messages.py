@@ -66,7 +66,13 @@ class CloseCode(IntEnum):
 
 
 ShardState = Literal["starting", "ready", "failed", "stopped"]
-NonEmpty = Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+NO_CONTROL_CHARACTERS = r"\A[^\x00-\x1f\x7f]*\Z"
+"""What a name on the wire matches: no C0 control character and no DEL. A name is compared
+with the log's copy of it, and the log keeps a NUL as U+FFFD (jsonb cannot hold one): a
+shard named with a NUL never matched its own record, so the stray it was was recorded anew
+at every reconcile pass, for ever. Free text (errors, log lines, reasons, a GPU's model
+name) may hold any character: it is only shown, escaped (docs/security.md)."""
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1, max_length=512, pattern=NO_CONTROL_CHARACTERS)]
 Index = Annotated[int, msgspec.Meta(ge=0)]
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 Mebibytes = Annotated[int, msgspec.Meta(ge=0)]
@@ -80,16 +86,26 @@ LogTail = Annotated[tuple[LogLine, ...], msgspec.Meta(max_length=MAX_LOG_TAIL_LI
 Error = Annotated[str, msgspec.Meta(max_length=MAX_ERROR_CHARS)]
 MAX_TEXT_CHARS = 1024
 Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
-"""Names, versions and reasons: generous, but bounded, so one field cannot be a megabyte."""
+"""Reasons and descriptions: generous, but bounded, so one field cannot be a megabyte."""
+Name = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS, pattern=NO_CONTROL_CHARACTERS)]
+"""A model's name, a GPU's UUID, an agent's version: bounded as text, and without control
+characters, as every name the log compares."""
 MAX_HOST_CHARS = 253
 MAX_LABELS = 64
 MAX_LABEL_KEY_CHARS = 63
 MAX_LABEL_VALUE_CHARS = 256
 """What a hello's address and labels may hold; a hello beyond them is malformed, so the
 agent refuses to start with settings beyond them (``agent.config``)."""
-Host = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_HOST_CHARS)]
-LabelKey = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_LABEL_KEY_CHARS)]
-LabelValue = Annotated[str, msgspec.Meta(max_length=MAX_LABEL_VALUE_CHARS)]
+Host = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=MAX_HOST_CHARS, pattern=NO_CONTROL_CHARACTERS)
+]
+LabelKey = Annotated[
+    str,
+    msgspec.Meta(min_length=1, max_length=MAX_LABEL_KEY_CHARS, pattern=NO_CONTROL_CHARACTERS),
+]
+LabelValue = Annotated[
+    str, msgspec.Meta(max_length=MAX_LABEL_VALUE_CHARS, pattern=NO_CONTROL_CHARACTERS)
+]
 Labels = Annotated[dict[LabelKey, LabelValue], msgspec.Meta(max_length=MAX_LABELS)]
 MAX_LISTED = 4096
 """Most GPUs, shards or GPU indexes one message may list; the meaning of a hello is checked
@@ -130,7 +146,7 @@ class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
 
 class GpuReport(_Wire, frozen=True, kw_only=True):
     index: GpuIndex
-    uuid: Text
+    uuid: Name
     name: Text
     memory_total_mib: Mebibytes
     memory_used_mib: Mebibytes
@@ -143,7 +159,7 @@ class ShardReport(_Wire, frozen=True, kw_only=True):
 
     replica_id: NonEmpty
     shard_index: ShardIndex
-    model: Text
+    model: Name
     port: Port
     gpus: Annotated[tuple[GpuIndex, ...], msgspec.Meta(max_length=MAX_LISTED)]
     pid: Pid | None
@@ -153,7 +169,7 @@ class ShardReport(_Wire, frozen=True, kw_only=True):
 
 class GpuHealthChange(_Wire, frozen=True, kw_only=True):
     index: GpuIndex
-    uuid: Text
+    uuid: Name
     healthy: bool
     reason: Text | None = None
     xid: Xid | None = None
@@ -179,7 +195,7 @@ class Peer(_Wire, frozen=True, kw_only=True):
 class Hello(_Message, frozen=True, kw_only=True, tag="hello"):
     protocol_version: int
     node_id: NonEmpty
-    agent_version: Text
+    agent_version: Name
     address: Host
     labels: Labels = {}
     port_range: tuple[Port, Port]

@@ -526,6 +526,14 @@ def test_a_label_value_over_256_characters_is_refused_from_the_command_line_too(
         load_config(flags(node_files, labels={"zone": LONG_VALUE}), {})
 
 
+@pytest.mark.parametrize("value", ["a\x1b]0;x\x07", "rack\n7", "\x00"])
+def test_a_label_value_holding_a_control_character_is_refused(node_files: Path, value: str) -> None:
+    """The hub refuses a hello whose label holds one: the agent says so at start instead of
+    being refused at every connection."""
+    with pytest.raises(ConfigError, match=r"--label zone: the value .* holds a control character"):
+        load_config(flags(node_files, labels={"zone": value}), {})
+
+
 def test_the_most_labels_a_hello_carries_are_taken(node_files: Path) -> None:
     labels = {f"{'k' * 60}{n:03}": "v" * 256 for n in range(64)}
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from structlog.testing import capture_logs
 
 from agent.gpu_duplicates import DUPLICATE_UUID_REASON, without_duplicate_gpus
-from agent.reports import MAX_GPU_UUID_BYTES
+from agent.reports import MAX_GPU_UUID_BYTES, wire_uuid
 from agent.runtime import AgentRuntime
 from app.hub.claims import inventory_refusal
 from tests.unit.test_agent_vanished_gpus import ScriptedGpus, a_config, a_gpu, hello_of, listed
@@ -92,6 +92,12 @@ def test_uuids_are_told_apart_as_the_hello_carries_them() -> None:
     gpus, _ = without_duplicate_gpus([a_gpu(0, long + "1"), a_gpu(1, long + "2")])
 
     assert [gpu.uuid for gpu in gpus] == [long + "1", ""]
+
+
+def test_a_uuid_holding_a_control_character_is_listed_as_the_wire_takes_it() -> None:
+    """The control plane refuses a hello whose GPU UUID holds a control character; a driver
+    that reports one still leaves the node able to connect, the character as U+FFFD."""
+    assert wire_uuid("GPU-\x1b[2J\x00-0") == "GPU-\ufffd[2J\ufffd-0"
 
 
 def test_gpus_never_read_share_their_empty_uuid_and_nothing_changes() -> None:

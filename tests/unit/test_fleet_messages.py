@@ -55,7 +55,10 @@ from wire.messages import (
 # -- strategies for every message ---------------------------------------------------------
 
 text = st.text(max_size=12)
-name = st.text(min_size=1, max_size=12)
+no_controls = st.characters(codec="utf-8", exclude_characters=[*map(chr, range(0x20)), "\x7f"])
+"""What a name on the wire may hold (``wire.messages.NO_CONTROL_CHARACTERS``)."""
+plain_text = st.text(no_controls, max_size=12)
+name = st.text(no_controls, min_size=1, max_size=12)
 index = st.integers(min_value=0, max_value=2**31)
 listed_index = st.integers(min_value=0, max_value=MAX_LISTED - 1)
 port = st.integers(min_value=1, max_value=65535)
@@ -64,7 +67,7 @@ maybe_exit_code = st.none() | st.integers(min_value=-MAX_EXIT_CODE, max_value=MA
 maybe_xid = st.none() | st.integers(min_value=0, max_value=MAX_XID)
 maybe_text = st.none() | text
 shard_state = st.sampled_from(["starting", "ready", "failed", "stopped"])
-labels = st.dictionaries(name, text, max_size=3)
+labels = st.dictionaries(name, plain_text, max_size=3)
 offsets = st.sampled_from(
     [UTC, timezone(timedelta(hours=5, minutes=30)), timezone(-timedelta(hours=8))]
 )
@@ -74,7 +77,7 @@ seconds = st.floats(min_value=0, max_value=1e6, allow_nan=False, exclude_min=Tru
 gpu_reports = st.builds(
     GpuReport,
     index=listed_index,
-    uuid=text,
+    uuid=plain_text,
     name=text,
     memory_total_mib=index,
     memory_used_mib=index,
@@ -85,7 +88,7 @@ shard_reports = st.builds(
     ShardReport,
     replica_id=name,
     shard_index=listed_index,
-    model=text,
+    model=plain_text,
     port=port,
     gpus=st.tuples(listed_index) | st.tuples(listed_index, listed_index),
     pid=maybe_pid,
@@ -96,7 +99,7 @@ hellos = st.builds(
     Hello,
     protocol_version=st.just(PROTOCOL_VERSION),
     node_id=name,
-    agent_version=text,
+    agent_version=plain_text,
     address=name,
     labels=labels,
     port_range=st.tuples(port, port).map(lambda pair: (min(pair), max(pair))),
@@ -110,7 +113,7 @@ heartbeats = st.builds(
         st.builds(
             GpuHealthChange,
             index=listed_index,
-            uuid=text,
+            uuid=plain_text,
             healthy=st.booleans(),
             reason=maybe_text,
             xid=maybe_xid,
@@ -490,6 +493,50 @@ def test_numbers_and_texts_out_of_range_are_malformed_and_name_the_field(case: s
     ],
 )
 def test_values_at_the_bounds_are_accepted(status: ShardStatus) -> None:
+    assert decode_from_agent(encode(status)) == status
+
+
+NAMES_WITH_CONTROLS: dict[str, tuple[Callable[[], AgentMessage], str]] = {
+    "a NUL in a status's replica id": (_status(replica_id="m\x00-1"), "$.replica_id"),
+    "an escape in a command id": (_status(command_id="start\x1b[2J"), "$.command_id"),
+    "a DEL in a result's command id": (
+        lambda: CommandResult(command_id="c\x7f", ok=True),
+        "$.command_id",
+    ),
+    "a line break in a GPU change's UUID": (
+        lambda: Heartbeat(
+            seq=0, gpu_changes=(GpuHealthChange(index=0, uuid="GPU-0\n", healthy=True),)
+        ),
+        "$.gpu_changes[0].uuid",
+    ),
+    "a tab in a hello's node id": (
+        lambda: msgspec.structs.replace(_hello(), node_id="gpu\t7"),
+        "$.node_id",
+    ),
+    "a carriage return in an agent version": (
+        lambda: msgspec.structs.replace(_hello(), agent_version="1.0\r"),
+        "$.agent_version",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NAMES_WITH_CONTROLS))
+def test_a_name_holding_a_control_character_is_malformed_and_named(case: str) -> None:
+    """Before, any character was taken: a NUL in a stray's replica id was recorded as
+    U+FFFD, so the stray never matched its record and was recorded again at every pass."""
+    message, path = NAMES_WITH_CONTROLS[case]
+    with pytest.raises(MalformedMessage) as caught:
+        decode_from_agent(encode(message()))
+    assert path in str(caught.value)
+
+
+def test_free_text_may_hold_any_character() -> None:
+    status = msgspec.structs.replace(
+        _STATUS,
+        error="boom\x00\x1b[31m",
+        log_tail=("a\tb\r", "\x00"),
+        replica_id="m-1 \u00e9\u202e",
+    )
     assert decode_from_agent(encode(status)) == status
 
 

@@ -36,6 +36,8 @@ from wire.version import llmgw_version
 
 WORST = "\x01"
 """The character that costs most as JSON: six bytes, escaped as \\u0001."""
+WORST_IN_A_NAME = "\U0001f600"
+"""The character that costs most in a name, which holds no control character: four bytes."""
 
 
 def longest_start(replica_id: str, model: str) -> StartShard:
@@ -82,7 +84,7 @@ def widest_accepted_report() -> ShardReport:
     report = ShardReport(
         replica_id="0000",
         shard_index=4095,
-        model=WORST * 10,
+        model=WORST_IN_A_NAME * 10,
         port=65535,
         gpus=tuple(range(4095 - MAX_GPUS_PER_NODE, 4095)),
         pid=2**31 - 1,
@@ -120,10 +122,10 @@ def test_the_largest_hello_an_agent_can_build_fits_in_one_message() -> None:
     assert max(json_bytes(report) for report in reports) <= MAX_GPU_REPORT_BYTES
     hello = Hello(
         protocol_version=PROTOCOL_VERSION,
-        node_id=WORST * 512,
+        node_id=WORST_IN_A_NAME * 512,
         agent_version=llmgw_version(),
-        address=WORST * 253,
-        labels={f"{n:02d}" + WORST * 61: WORST * 256 for n in range(64)},
+        address=WORST_IN_A_NAME * 253,
+        labels={f"{n:02d}" + WORST_IN_A_NAME * 61: WORST_IN_A_NAME * 256 for n in range(64)},
         port_range=(65535, 65535),
         gpus=tuple(reports),
         shards=tuple(

@@ -1,0 +1,125 @@
+"""A node with a valid certificate that lies in what it names, tried over real mTLS
+WebSockets against a real PostgreSQL: it costs its own connection, and neither the log nor
+the other nodes pay for it."""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+import pytest
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
+
+from app.domain.events import node_stream
+from app.hub.hub import AgentHub
+from app.store.postgres import PostgresEventStore
+from tests.support.hub import (
+    Pki,
+    close_code,
+    dial,
+    event_types,
+    gpu,
+    greet,
+    hear,
+    hello,
+    hub,
+    new_node_id,
+    pki,
+    run_hub,
+    say,
+)
+from wire.messages import (
+    Heartbeat,
+    HeartbeatAck,
+    HeartbeatShard,
+    ServerMessage,
+    ShardReport,
+    ShardStatus,
+)
+
+__all__ = ["hub", "pki", "run_hub"]  # fixtures
+
+GHOST = ShardReport(
+    replica_id="ghost-1",
+    shard_index=0,
+    model="ghost",
+    port=20001,
+    gpus=(0,),
+    pid=4242,
+    state="ready",
+    started_at=datetime(2025, 3, 1, 12, 30, tzinfo=UTC),
+)
+
+NAMES_WITH_CONTROLS: dict[str, tuple[dict[str, Any], str]] = {
+    "a NUL in a shard's replica id": (
+        {"shards": (msgspec.structs.replace(GHOST, replica_id="ghost\x00-1"),)},
+        "$.shards[0].replica_id",
+    ),
+    "an escape sequence in a label": ({"labels": {"zone": "a\x1b]0;pwned\x07"}}, "$.labels"),
+    "a line break in a GPU's UUID": (
+        {"gpus": (msgspec.structs.replace(gpu(0), uuid="GPU-0\nGPU-1"),)},
+        "$.gpus[0].uuid",
+    ),
+    "a NUL in a shard's model": (
+        {"shards": (msgspec.structs.replace(GHOST, model="gho\x00st"),)},
+        "$.shards[0].model",
+    ),
+}
+
+
+async def answer(agent: ClientConnection) -> ServerMessage | None:
+    """What the hub answered, or None when it closed the connection instead."""
+    try:
+        return await hear(agent)
+    except ConnectionClosed:
+        return None
+
+
+@pytest.mark.parametrize("case", sorted(NAMES_WITH_CONTROLS))
+async def test_a_hello_naming_something_with_a_control_character_is_malformed(
+    hub: AgentHub, pki: Pki, pg_store: PostgresEventStore, case: str
+) -> None:
+    """Before, a hello listing a stray shard named ``ghost\\x00-1`` was welcomed. The log keeps
+    a NUL as U+FFFD, so the stray's record never matched the shard reported, and the
+    reconciler recorded it again at every pass, for ever. Now a name holding a control
+    character is malformed: 1002 naming the field, nothing recorded."""
+    change, path = NAMES_WITH_CONTROLS[case]
+    node_id = new_node_id()
+    async with dial(hub, pki.node(node_id)) as agent:
+        await say(agent, msgspec.structs.replace(hello(node_id), **change))
+        assert await answer(agent) is None, "the hello was answered"
+        assert await close_code(agent) == 1002
+        assert path in (agent.close_reason or "")
+    assert await event_types(pg_store, node_stream(node_id)) == []
+    assert hub.connected_nodes() == []
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        ShardStatus(replica_id="ghost\x00-1", shard_index=0, state="ready", port=20001),
+        Heartbeat(
+            seq=1, shards=(HeartbeatShard(replica_id="g\x1b[2J", shard_index=0, state="ready"),)
+        ),
+    ],
+    ids=["a status", "a heartbeat"],
+)
+async def test_a_report_naming_a_shard_with_a_control_character_closes_that_connection(
+    hub: AgentHub, pki: Pki, pg_store: PostgresEventStore, message: ShardStatus | Heartbeat
+) -> None:
+    liar_id, honest_id = new_node_id(), new_node_id()
+    async with dial(hub, pki.node(honest_id)) as honest, dial(hub, pki.node(liar_id)) as liar:
+        await greet(honest, honest_id)
+        await greet(liar, liar_id)
+        await say(liar, message)
+        with contextlib.suppress(ConnectionClosed):
+            await say(liar, Heartbeat(seq=9))
+        assert await answer(liar) is None, "the connection went on"
+        assert await close_code(liar) == 1002
+        assert "replica_id" in (liar.close_reason or "")
+        await say(honest, Heartbeat(seq=1))
+        assert await hear(honest) == HeartbeatAck(seq=1)
+        assert hub.connected_nodes() == [honest_id]
