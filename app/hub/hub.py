@@ -18,6 +18,10 @@ retry later), logged once a minute and not recorded at all. When a certificate i
 ``enforce_revocations`` closes the live connections that use it; one whose certificate
 expires is closed by its session.
 
+A message the agent does not read within ``SEND_TIMEOUT_S`` (its socket's buffers full)
+drops its connection: a send never waits on a peer for longer, so neither do the
+reconciler's commands to the other nodes.
+
 ``send_command`` takes the domain's commands (converted at the edge, ``app.hub.edge``) and
 raises the domain's ``NodeNotConnected`` when the node has no live connection; what the
 sessions observe reaches the handler as ``app.domain.reports``, converted there too.
@@ -88,6 +92,17 @@ DEPOSED_REASON = "this server no longer leads; connect to another"
 """Why a deposed leader closes an agent's connection (with 1013, try again later): agents
 dial their other servers, the new leader among them."""
 
+SEND_TIMEOUT_S = 2.0
+"""How long sending one message may wait for its agent to read what it was sent before.
+Once a peer that reads nothing has filled its socket's buffers, every send to it waits,
+the keepalive's pings and the close frame included, for as long as the peer likes: the
+reconciler, which sends every node's commands in turn, waited with it and no node was sent
+a command again, and the peer's own connection was never timed out. Past this, its
+connection is dropped (its close, 4002, is queued behind what it does not read) and the
+message counts as not sent.
+An honest agent reads all the time, and a command of 1 MiB, the channel's largest, leaves
+within it over 4 Mbit/s and more."""
+
 LISTEN_BACKLOG = 4096
 TLS_HANDSHAKE_TIMEOUT_S = 60.0
 """How long the hub gives a peer's TLS handshake (asyncio's default, written down because
@@ -105,6 +120,14 @@ class ReportHandler(Protocol):
     async def handle(self, report: AgentReport) -> None: ...
 
 
+class AgentNotReading(Exception):
+    """A message to an agent waited ``send_timeout_s`` to be sent: its connection was
+    dropped."""
+
+    def __init__(self, node_id: str | None) -> None:
+        super().__init__(f"{node_id or 'an agent'} reads nothing it is sent")
+
+
 class _AgentConnection:
     """One accepted WebSocket and its session; the registry's handle for a node."""
 
@@ -120,7 +143,21 @@ class _AgentConnection:
         """Start the closing handshake without waiting for it, so that what the session
         says next (the agent is gone) is recorded at once, even if the peer is dead."""
         if self._closing is None:
-            self._closing = asyncio.create_task(self.websocket.close(code, reason))
+            self._closing = asyncio.create_task(self._close(code, reason))
+
+    async def _close(self, code: int, reason: str) -> None:
+        """The closing handshake, or the connection dropped if the close frame cannot even
+        be sent: to a peer that reads nothing, every send waits (``SEND_TIMEOUT_S``), this
+        one too, and the library's close timeout starts only once it is sent."""
+        try:
+            async with asyncio.timeout(SEND_TIMEOUT_S + CLOSE_TIMEOUT_S):
+                await self.websocket.close(code, reason)
+        except TimeoutError:
+            self.websocket.transport.abort()
+
+    def drop(self) -> None:
+        """End the connection at once, without a closing handshake."""
+        self.websocket.transport.abort()
 
     async def closed(self) -> None:
         """Wait for the closing handshake. Frames still arriving are read and dropped
@@ -158,8 +195,10 @@ class AgentHub:
         engine_networks: EngineNetworks | None = None,
         connects: ConnectLimits | None = None,
         handshakes_per_address: int = DEFAULT_HANDSHAKES_PER_ADDRESS,
+        send_timeout_s: float = SEND_TIMEOUT_S,
     ) -> None:
         check_heartbeat_timing(heartbeat_interval_s, heartbeat_timeout_s)
+        self._send_timeout_s = send_timeout_s
         self._handler = handler
         self._require_identity = require_identity
         self._heartbeat_interval_s = heartbeat_interval_s
@@ -245,14 +284,15 @@ class AgentHub:
 
     async def send_command(self, node_id: str, command: StartShard | StopShard) -> None:
         """Send ``command`` on the node's current connection; raises ``NodeNotConnected``
-        when there is none or it closes under the send."""
+        when there is none, it closes under the send, or its agent reads nothing (the send
+        waited ``send_timeout_s``: the connection is then dropped)."""
         connection = self._registry.get(node_id)
         if connection is None:
             raise NodeNotConnected(node_id)
         try:
             outputs = connection.session.send_command(command_to_wire(command))
             await self._carry_out(connection, outputs)
-        except (SessionStateError, ConnectionClosed) as exc:
+        except (SessionStateError, ConnectionClosed, AgentNotReading) as exc:
             raise NodeNotConnected(node_id) from exc
         except ProtocolError as exc:  # too large a message for the channel, say
             raise CommandNotSent(f"{command.command_id} to {node_id}: {exc}") from exc
@@ -356,8 +396,8 @@ class AgentHub:
         self._served.add(connection)
         try:
             await self._converse(connection)
-        except ConnectionClosed:
-            pass  # the agent went away: _end below reports it gone
+        except (ConnectionClosed, AgentNotReading):
+            pass  # the agent went away, or was dropped: _end below reports it gone
         except FencedError as exc:
             # Another leader took over: this server steps down, its agents go to that one.
             log.warning("agent_connection_closed_deposed", reason=str(exc))
@@ -399,7 +439,7 @@ class AgentHub:
         for output in outputs:
             match output:
                 case Send(message=message):
-                    await connection.websocket.send(encode(message), text=True)
+                    await self._send(connection, encode(message))
                 case Close(code=code, reason=reason):
                     _log_close(connection.session, code, reason)
                     connection.close(code, reason)
@@ -407,6 +447,19 @@ class AgentHub:
                     await self._observe(connection, observation)
                 case _:
                     assert_never(output)
+
+    async def _send(self, connection: _AgentConnection, data: bytes) -> None:
+        """Send ``data`` as a text frame, waiting at most ``send_timeout_s`` for the agent
+        to read what it was sent before; past that, drop the connection (the node is gone)
+        and raise ``AgentNotReading``."""
+        try:
+            async with asyncio.timeout(self._send_timeout_s):
+                await connection.websocket.send(data, text=True)
+        except TimeoutError as exc:
+            dropped = connection.session.not_reading(self._send_timeout_s)
+            await self._carry_out(connection, dropped)
+            connection.drop()  # the close frame would wait behind what it does not read
+            raise AgentNotReading(connection.session.node_id) from exc
 
     async def _observe(self, connection: _AgentConnection, observation: Observation) -> None:
         match observation:

@@ -8,7 +8,7 @@ The session never touches a socket or reads a clock; ``now`` is monotonic second
 ::
 
     AWAITING_HELLO --hello, identity ok--> ACTIVE --timeout, protocol error, lost--> CLOSED
-          |                                    over budget, revoked, expired         ^
+          |                          over budget, revoked, expired, not reading      ^
           +--anything else, bad identity, unvouched claims, timeout, protocol error,-+
              over budget, lost, expired
 
@@ -289,6 +289,15 @@ class AgentSession:
             return []
         self._state = SessionState.CLOSED
         return [Close(CloseCode.REPLACED, "replaced by a newer connection")]
+
+    def not_reading(self, waited_s: float) -> list[Output]:
+        """A message waited ``waited_s`` to be handed to the connection: the agent is not
+        reading what it is sent (an honest one reads all the time). Close it, the node
+        gone, so that no later command waits on it too."""
+        if self._state is SessionState.CLOSED:
+            return []
+        reason = f"a message waited {_secs(waited_s)}s to be sent: the agent reads nothing"
+        return self._close(CloseCode.TIMED_OUT, reason)
 
     def revoked(self, reason: str) -> list[Output]:
         """The certificate of this connection was revoked: close it (the node is gone)."""

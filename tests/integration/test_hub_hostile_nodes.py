@@ -1,22 +1,33 @@
-"""A node with a valid certificate that lies in what it names, tried over real mTLS
-WebSockets against a real PostgreSQL: it costs its own connection, and neither the log nor
-the other nodes pay for it."""
+"""A node with a valid certificate that lies in what it names, or stops reading what it is
+sent, tried over real mTLS WebSockets against a real PostgreSQL: it costs its own
+connection, and neither the log nor the other nodes pay for it."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 import pytest
 from websockets.asyncio.client import ClientConnection
+from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Frame
+from websockets.protocol import State
+from websockets.uri import parse_uri
 
+from app.domain.commands import NodeNotConnected, StartShard
 from app.domain.events import node_stream
 from app.hub.hub import AgentHub
 from app.store.postgres import PostgresEventStore
 from tests.support.hub import (
+    DEADLINE_S,
+    LOOPBACK,
     Pki,
     close_code,
     dial,
@@ -30,7 +41,9 @@ from tests.support.hub import (
     pki,
     run_hub,
     say,
+    stream_is,
 )
+from tests.support.waiting import wait_until
 from wire.messages import (
     Heartbeat,
     HeartbeatAck,
@@ -38,7 +51,9 @@ from wire.messages import (
     ServerMessage,
     ShardReport,
     ShardStatus,
+    encode,
 )
+from wire.messages import StartShard as WireStartShard
 
 __all__ = ["hub", "pki", "run_hub"]  # fixtures
 
@@ -123,3 +138,81 @@ async def test_a_report_naming_a_shard_with_a_control_character_closes_that_conn
         await say(honest, Heartbeat(seq=1))
         assert await hear(honest) == HeartbeatAck(seq=1)
         assert hub.connected_nodes() == [honest_id]
+
+
+@asynccontextmanager
+async def deaf_agent(hub: AgentHub, context: ssl.SSLContext, node_id: str) -> AsyncIterator[None]:
+    """An agent that says hello, reads its welcome, and then reads nothing more: what the hub
+    sends it piles up in the sockets' buffers (a client library would read it on its own)."""
+    reader, writer = await asyncio.open_connection(LOOPBACK, hub.port, ssl=context)
+    protocol = ClientProtocol(parse_uri(f"wss://{LOOPBACK}:{hub.port}"))
+    try:
+        protocol.send_request(protocol.connect())
+        writer.write(b"".join(protocol.data_to_send()))
+        async with asyncio.timeout(DEADLINE_S):
+            while protocol.state is not State.OPEN:
+                protocol.receive_data(await reader.read(65536))
+            protocol.send_text(encode(hello(node_id)))
+            writer.write(b"".join(protocol.data_to_send()))
+            while not any(isinstance(e, Frame) for e in protocol.events_received()):
+                protocol.receive_data(await reader.read(65536))
+        yield
+    finally:
+        writer.transport.abort()
+
+
+def big_start(number: int) -> StartShard:
+    """A start whose command line takes half a MiB: the channel carries up to 1 MiB."""
+    return StartShard(
+        command_id=f"start-big-{number}-0",
+        replica_id=f"big-{number}",
+        shard_index=0,
+        model="big",
+        argv=("engine", "x" * 512 * 1024),
+        env={},
+        gpus=(0,),
+        port=20001,
+    )
+
+
+async def test_a_node_that_reads_nothing_it_is_sent_holds_up_no_one_else(
+    hub: AgentHub, pki: Pki, pg_store: PostgresEventStore
+) -> None:
+    """Before, once a node that reads nothing had filled its socket's buffers, a command to
+    it waited for as long as the node liked (the keepalive's ping waited behind it too): the
+    reconciler, which sends every node's commands in turn, never sent another. Now a send
+    that waits 2 s (``SEND_TIMEOUT_S``) drops that connection, the node is disconnected, and
+    the next node's command goes at once."""
+    deaf_id, honest_id = new_node_id(), new_node_id()
+    async with (
+        dial(hub, pki.node(honest_id)) as honest,
+        deaf_agent(hub, pki.node(deaf_id), deaf_id),
+    ):
+        await greet(honest, honest_id)
+
+        async def fill_up() -> None:
+            for number in range(200):  # 100 MiB: far past what any socket buffers
+                await hub.send_command(deaf_id, big_start(number))
+
+        sending = asyncio.create_task(fill_up())
+        try:
+            done, _ = await asyncio.wait({sending}, timeout=DEADLINE_S)
+            assert sending in done, "a command to a node that reads nothing held up its sender"
+            with pytest.raises(NodeNotConnected):
+                sending.result()
+        finally:
+            sending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, NodeNotConnected):
+                await sending
+
+        await hub.send_command(honest_id, msgspec.structs.replace(big_start(0), argv=("e",)))
+        assert isinstance(await hear(honest), WireStartShard)
+        assert hub.connected_nodes() == [honest_id]
+        await wait_until(
+            stream_is(
+                pg_store,
+                node_stream(deaf_id),
+                ["node_registered", "node_connected", "node_disconnected"],
+            ),
+            what="the node that reads nothing marked disconnected",
+        )

@@ -525,6 +525,16 @@ def test_a_replaced_connection_closes_without_reporting_the_node_gone() -> None:
     assert session.replaced() == []
 
 
+def test_an_agent_that_reads_nothing_is_closed_and_gone_once() -> None:
+    session = connected()
+    reason = "a message waited 2s to be sent: the agent reads nothing"
+
+    assert session.not_reading(2.0) == [Close(CloseCode.TIMED_OUT, reason), gone(reason)]
+    assert session.state is SessionState.CLOSED
+    assert session.not_reading(2.0) == []
+    assert session.connection_lost("aborted", now=3.0) == []
+
+
 def test_the_timeout_must_leave_room_for_a_heartbeat() -> None:
     with pytest.raises(ValueError, match="heartbeat_interval_s"):
         AgentSession(
