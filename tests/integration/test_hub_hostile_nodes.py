@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -21,9 +22,19 @@ from websockets.frames import Frame
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
-from app.domain.commands import NodeNotConnected, StartShard
-from app.domain.events import node_stream
+from app.domain.commands import NodeNotConnected, StartShard, start_command_id
+from app.domain.envelope import Meta
+from app.domain.events import (
+    ModelDeclared,
+    ReplicaPlaced,
+    ShardPlacement,
+    model_stream,
+    node_stream,
+    replica_stream,
+)
+from app.domain.model_spec import ModelSpec
 from app.hub.hub import AgentHub
+from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
 from tests.support.hub import (
     DEADLINE_S,
@@ -45,11 +56,13 @@ from tests.support.hub import (
 )
 from tests.support.waiting import wait_until
 from wire.messages import (
+    CommandResult,
     Heartbeat,
     HeartbeatAck,
     HeartbeatShard,
     ServerMessage,
     ShardReport,
+    ShardState,
     ShardStatus,
     encode,
 )
@@ -138,6 +151,68 @@ async def test_a_report_naming_a_shard_with_a_control_character_closes_that_conn
         await say(honest, Heartbeat(seq=1))
         assert await hear(honest) == HeartbeatAck(seq=1)
         assert hub.connected_nodes() == [honest_id]
+
+
+async def placed_on(store: PostgresEventStore, node_id: str) -> str:
+    """A replica of a new model placed on ``node_id`` at port 20001, as the reconciler
+    records it; its id."""
+    model = f"m-{uuid.uuid4().hex[:8]}"
+    replica_id = f"{model}-1"
+    spec = ModelSpec(name=model, command="llmgw-sim-engine --port {port}", replicas=1)
+    placement = ShardPlacement(index=0, node_id=node_id, gpus=(0,), port=20001)
+    placed = ReplicaPlaced(replica_id=replica_id, model=model, number=1, shards=(placement,))
+    await store.append_many(
+        [
+            AppendRequest(
+                model_stream(model), None, [NewEvent(ModelDeclared(model=model, spec=spec))]
+            ),
+            AppendRequest(replica_stream(replica_id), None, [NewEvent(placed)]),
+        ],
+        Meta(actor="reconciler"),
+    )
+    return replica_id
+
+
+async def test_what_a_node_says_of_another_nodes_shard_and_command_records_nothing(
+    hub: AgentHub, pki: Pki, pg_store: PostgresEventStore
+) -> None:
+    """A node reports the shard placed on its neighbour ready, failed and stopped, and
+    answers the start its neighbour was sent as refused: none of it is the log's."""
+    liar_id, honest_id = new_node_id(), new_node_id()
+    async with dial(hub, pki.node(honest_id)) as honest, dial(hub, pki.node(liar_id)) as liar:
+        await greet(honest, honest_id)
+        await greet(liar, liar_id)
+        for node_id in (honest_id, liar_id):
+            await wait_until(
+                stream_is(pg_store, node_stream(node_id), ["node_registered", "node_connected"])
+            )
+        replica_id = await placed_on(pg_store, honest_id)
+        start = msgspec.structs.replace(
+            big_start(0), command_id=start_command_id(replica_id, 0), replica_id=replica_id
+        )
+        await hub.send_command(honest_id, msgspec.structs.replace(start, argv=("e",)))
+        assert isinstance(await hear(honest), WireStartShard)
+
+        states: tuple[ShardState, ...] = ("ready", "failed", "stopped")
+        for state in states:
+            lie = ShardStatus(
+                replica_id=replica_id,
+                shard_index=0,
+                state=state,
+                port=20001,
+                command_id=start.command_id,
+            )
+            await say(liar, lie)
+        await say(liar, CommandResult(command_id=start.command_id, ok=False, error="refused"))
+        await say(liar, Heartbeat(seq=1))
+        assert await hear(liar) == HeartbeatAck(seq=1)  # every lie before it was handled
+
+        assert await event_types(pg_store, replica_stream(replica_id)) == ["replica_placed"]
+        assert await event_types(pg_store, node_stream(liar_id)) == [
+            "node_registered",
+            "node_connected",
+        ]
+        assert sorted(hub.connected_nodes()) == sorted([honest_id, liar_id])
 
 
 @asynccontextmanager
