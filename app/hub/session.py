@@ -21,7 +21,9 @@ A shard status keeps the command it names as its cause only if that command was 
 node (``app.hub.commands_sent``); otherwise it goes on without one, and the first such status
 of a connection says which id it named (``ShardStatusReported.unsent_command_id``). A
 command result says in the same way whether its command was sent to the node
-(``CommandCompleted.sent``): only the answer to one sent can fail the shard it starts.
+(``CommandCompleted.sent``): only the answer to one sent can fail the shard it starts; of
+the others, only the first of the connection is passed on (to be logged), since they
+change nothing.
 The connection is closed (1008) once its client certificate expires: the
 handshake checked the certificate's dates only when it connected.
 A closed session ignores every further input. An agent that said hello is reported gone
@@ -220,6 +222,7 @@ class AgentSession:
         self._shard_lives = ShardLives()
         self._commands_sent = commands_sent or CommandsSent()
         self._said_unsent = False
+        self._said_unsent_result = False
         self._certificate_expires_at = certificate_expires_at
 
     @property
@@ -379,6 +382,10 @@ class AgentSession:
                 return [Observe(self._shard_status(node_id, message))]
             case CommandResult():
                 sent = self._commands_sent.knows(node_id, message.command_id)
+                if not sent:
+                    if self._said_unsent_result:
+                        return []  # it changes nothing, and its line was written once
+                    self._said_unsent_result = True
                 return [Observe(CommandCompleted(node_id=node_id, result=message, sent=sent))]
             case Hello():
                 return self._close(CloseCode.PROTOCOL_ERROR, "hello twice")

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from structlog.testing import capture_logs
 from websockets.asyncio.client import ClientConnection
 from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed
@@ -213,6 +214,31 @@ async def test_what_a_node_says_of_another_nodes_shard_and_command_records_nothi
             "node_connected",
         ]
         assert sorted(hub.connected_nodes()) == sorted([honest_id, liar_id])
+
+
+async def test_answers_to_commands_never_sent_are_logged_once_a_connection(
+    hub: AgentHub, pki: Pki, pg_store: PostgresEventStore
+) -> None:
+    """Before, each was logged with its error: 100 answers, 100 lines of 2,000 characters."""
+    node_id = new_node_id()
+    with capture_logs() as logs:
+        async with dial(hub, pki.node(node_id)) as agent:
+            await greet(agent, node_id)
+            for number in range(100):
+                result = CommandResult(command_id=f"made-up-{number}", ok=False, error="x" * 2000)
+                await say(agent, result)
+            await say(agent, Heartbeat(seq=1))
+            assert await hear(agent) == HeartbeatAck(seq=1)  # every answer before it was read
+    lines = [e for e in logs if e["event"] == "agent_command_completed"]
+    assert [e["command_id"] for e in lines] == ["made-up-0"]
+    await wait_until(
+        stream_is(
+            pg_store,
+            node_stream(node_id),
+            ["node_registered", "node_connected", "node_disconnected"],
+        ),
+        what="nothing recorded but the connection",
+    )
 
 
 @asynccontextmanager

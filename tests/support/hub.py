@@ -41,11 +41,10 @@ from app.services.agent_reports import ReportRecorder
 from app.store.postgres import PostgresEventStore
 from wire.messages import (
     PROTOCOL_VERSION,
+    AgentMessage,
     GpuReport,
-    Heartbeat,
     Hello,
     ServerMessage,
-    ShardStatus,
     Welcome,
     decode_from_server,
     encode,
@@ -175,7 +174,7 @@ def hello(node_id: str) -> Hello:
     )
 
 
-async def say(agent: ClientConnection, message: Hello | Heartbeat | ShardStatus) -> None:
+async def say(agent: ClientConnection, message: AgentMessage) -> None:
     await agent.send(encode(message), text=True)
 
 

@@ -20,6 +20,7 @@ from app.hub.session import (
     Observe,
     Output,
     PeerCertificate,
+    SessionState,
     ShardStatusReported,
 )
 from app.services.agent_reports import LiveView, ReportRecorder
@@ -145,10 +146,10 @@ def test_a_command_result_says_whether_its_command_was_sent_to_its_node() -> Non
     session_of("gpu-2", sent).send_command(stop("stop-m-2-0", replica_id="m-2"))
     earlier = session_of("gpu-1", sent)
     earlier.send_command(stop("stop-m-1-0"))
-    later = session_of("gpu-1", sent)  # the agent answers on its next connection
 
     answers = {}
     for command_id in ("stop-m-1-0", "stop-m-2-0", "start-m-1-0"):
+        later = session_of("gpu-1", sent)  # the agent answers on a later connection
         result = CommandResult(command_id=command_id, ok=False, error="no")
         [output] = later.receive(encode(result), 1.0)
         assert isinstance(output, Observe)
@@ -156,6 +157,34 @@ def test_a_command_result_says_whether_its_command_was_sent_to_its_node() -> Non
         answers[command_id] = output.observation.sent
 
     assert answers == {"stop-m-1-0": True, "stop-m-2-0": False, "start-m-1-0": False}
+
+
+def test_of_the_results_of_commands_never_sent_only_the_first_of_a_connection_goes_on() -> None:
+    """Before, every one went on to be logged with its error of up to 2,000 characters: a
+    node answering commands it was never sent wrote a line per message, 50 a second, for as
+    long as it liked. They change nothing, so the first of a connection is enough to say it;
+    the answers to commands sent go on, every one."""
+    sent = CommandsSent()
+    session = session_of("gpu-1", sent)
+    session.send_command(stop("stop-m-1-0"))
+
+    def passed_on(command_id: str) -> list[str]:
+        result = CommandResult(command_id=command_id, ok=False, error="x" * 2000)
+        return [
+            output.observation.result.command_id
+            for output in session.receive(encode(result), 1.0)
+            if isinstance(output, Observe) and isinstance(output.observation, CommandCompleted)
+        ]
+
+    made_up = [passed_on(f"made-up-{n}") for n in range(100)]
+    assert made_up == [["made-up-0"]] + [[]] * 99
+    assert passed_on("stop-m-1-0") == ["stop-m-1-0"]
+    assert passed_on("stop-m-1-0") == ["stop-m-1-0"]
+    assert session.state is SessionState.ACTIVE
+    made_up_again = CommandResult(command_id="made-up-0", ok=False)
+    assert session_of("gpu-1", sent).receive(encode(made_up_again), 2.0) == [
+        Observe(CommandCompleted(node_id="gpu-1", result=made_up_again, sent=False))
+    ], "a new connection says it again"
 
 
 def test_the_memory_keeps_each_nodes_most_recent_commands() -> None:
