@@ -17,7 +17,8 @@ one pass never contradicts itself. The rules, in order:
    not failed: it could never start there, nor keep its port, and its replacement is
    placed within the range without backoff (``ports_out_of_range``; adoption leaves such
    an engine of the log's to this rule rather than stopping it as a stray);
-6. stopping replicas whose shards are gone are stopped (rules 2-6: ``replica_outcomes``);
+6. stopping replicas whose shards are gone (none that a node reports running, whatever
+   the log has of it) are stopped (rules 2-6: ``replica_outcomes``);
 7. autoscaled models are scaled to the demand gateways report (``autoscale``);
 8. rollouts advance and are judged (``rollout``); what the verdict judges by is recorded
    first, before rule 7 and during the adoption grace too: the replicas gateways eject

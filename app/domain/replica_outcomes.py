@@ -2,7 +2,8 @@
 report and how long they have waited. Nodes away past the lost timeout are lost with their
 replicas; shards no agent reports any more are lost; replicas starting past their model's
 startup timeout are timed out; a failed shard fails its replica and all shards ready make
-it serve; a stopping replica whose shards are gone is stopped."""
+it serve; a stopping replica whose shards are gone (none that its node reports running)
+is stopped."""
 
 from __future__ import annotations
 
@@ -180,6 +181,12 @@ def _shard_gone(replica: Replica, shard: Shard, fleet: FleetView, awaited_since:
     """Whether nothing of a stopping replica's shard runs: it stopped, failed or never
     started, or its node, which said hello to this control plane, no longer reports it.
 
+    Never while its node reports an engine of it running, whatever the log has of the
+    shard: an engine an earlier leader started may be unknown to the log (only ``placed``
+    there: the leader died before recording the start), and the replica's GPUs must not be
+    placed again while it still holds them. It is gone once its node reports it stopped
+    or no longer lists it, or the node is lost (``nodes_gone``).
+
     Not while its node has not answered the start this control plane sent it at or after
     ``awaited_since``: an agent reports what a start did before answering it, so the engine
     may be coming up still unreported (a shard the log has only placed is not "never
@@ -189,6 +196,9 @@ def _shard_gone(replica: Replica, shard: Shard, fleet: FleetView, awaited_since:
     nothing: it may be on its way back with the engine still running (a lost node is
     handled with it)."""
     report = fleet.reports.get(shard.node_id)
+    reported = report.shards.get((replica.id, shard.index)) if report else None
+    if reported is not None and reported.running:
+        return False
     sent_at = report.awaited.get(start_command_id(replica.id, shard.index)) if report else None
     if sent_at is not None and sent_at >= awaited_since:
         return False

@@ -826,6 +826,37 @@ def test_a_stopping_replica_is_stopped_once_its_shards_are_gone() -> None:
     assert of_type(cluster.reconcile(), ReplicaStopped) == [ReplicaStopped(replica_id="llama-1")]
 
 
+def test_a_stopping_replica_whose_engine_the_log_never_heard_start_waits_for_its_stop() -> None:
+    """The agent started llama-1's engine, and its connection dropped before the status
+    reached the log: the log has the shard only placed, and the agent's next hello lists
+    the engine. Before, the replica was recorded stopped while the engine ran, and its GPU
+    was free to be placed again under it."""
+    cluster = Cluster()
+    cluster.node("gpu-1", n_gpus=1)
+    cluster.model(replicas=1)
+    cluster.after(31)
+    assert commands(cluster.reconcile()) == ["start-llama-1-0"]
+    cluster.running("gpu-1", "llama-1", 20000, state="starting", pid=77)  # its hello
+    cluster.given(ModelScaled(model="llama", replicas=0, previous=1))
+
+    stopping = cluster.reconcile()
+    assert kinds(stopping) == ["ReplicaStopping"]
+    assert commands(stopping) == ["stop-llama-1-0"]
+    cluster.given(ModelScaled(model="llama", replicas=1, previous=0))
+    again = cluster.reconcile()
+
+    assert of_type(again, ReplicaStopped) == []
+    assert placed_ids(again) == []  # the node's one GPU still runs llama-1's engine
+    assert commands(again) == ["stop-llama-1-0"]
+    assert cluster.phase("llama-1") is ReplicaPhase.STOPPING
+
+    cluster.stop_reported("llama-1")  # the agent obeys the stop
+    stopped = cluster.reconcile()
+
+    assert kinds(stopped) == ["ReplicaStopped", "ReplicaPlaced"]
+    assert placed_ids(stopped) == ["llama-2"]
+
+
 def test_a_ready_shard_the_log_missed_is_caught_up_from_the_agents_report() -> None:
     cluster = with_two_nodes_and_a_model(replicas=1)
     cluster.reconcile()

@@ -149,7 +149,9 @@ def test_an_engine_an_earlier_leader_started_outside_the_range_is_stopped_with_i
     None
 ):
     """The log's copy (its node, its port) runs, though the log has it only placed: not a
-    stray, its replica's own engine, stopped with it by plan."""
+    stray, its replica's own engine, stopped with it by plan. Its replica stays stopping
+    until the engine is gone: before, the log had it stopped in the same pass, and its
+    replacement was started on the node's one GPU under the engine still running there."""
     cluster = _placed_at_21000()
     _connected(cluster, NEW_RANGE)
     cluster.running("gpu-1", "llama-1", 21000, state="starting")
@@ -159,7 +161,16 @@ def test_an_engine_an_earlier_leader_started_outside_the_range_is_stopped_with_i
     assert [s.reason for s in of_type(decision, ReplicaStopping)] == [OUT_OF_RANGE]
     assert of_type(decision, StrayStopped) == []
     assert of_type(decision, ReplicaAdopted) == []
-    assert sorted(commands(decision)) == ["start-llama-2-0", "stop-llama-1-0"]
+    assert commands(decision) == ["stop-llama-1-0"]
+    assert _replacement_port(decision) == []  # its engine holds the node's one GPU
+    assert cluster.phase("llama-1") is ReplicaPhase.STOPPING
+
+    cluster.stop_reported("llama-1")  # the agent obeys the stop
+    ended = cluster.reconcile()
+
+    assert kinds(ended) == ["ReplicaStopped", "ReplicaPlaced"]
+    assert _replacement_port(ended) == [21200]
+    assert commands(ended) == ["start-llama-2-0"]
 
 
 def _serving_at_21000() -> Cluster:
