@@ -19,7 +19,8 @@ agent reports running:
   this node: the running engine wins and is adopted in its place, port and all (an
   earlier leader started it there and the log lost or never recorded that start);
 - the log's copy came up on another port: two engines really run; the reported one, which
-  nobody asked for, is stopped as a stray;
+  nobody asked for, is stopped as a stray (its end, at its port and with its pid, is not
+  recorded against the log's copy: ``agent_reports.shard_reported``);
 - the replica is unknown to the log, or was lost (its node came back after it was
   replaced): a stray. The engine of a replica that ended otherwise (stopped, failed, timed
   out) is simply stopped: that is the plan, not a surprise.
@@ -48,6 +49,7 @@ from app.domain.state import (
     Replica,
     ReplicaPhase,
     ShardPhase,
+    stray_key,
 )
 
 MATCHES = "matches the log"
@@ -166,6 +168,4 @@ def _stray(
 
 
 def _stray_key(reported: ReportedShard) -> str:
-    """What a node's ``stray_stops`` remember of a stray: its engine
-    (``app.domain.evolve.nodes``)."""
-    return f"{reported.replica_id}/{reported.shard_index}/{reported.pid}"
+    return stray_key(reported.replica_id, reported.shard_index, reported.pid)

@@ -44,7 +44,7 @@ from app.domain.reports import (
     ShardStatusReport,
 )
 from app.domain.start_refusals import refused_start
-from app.domain.state import ClusterState, ShardPhase
+from app.domain.state import ClusterState, ShardPhase, stray_key
 
 Decision = list[tuple[str, AnyEvent]]
 
@@ -171,16 +171,28 @@ def shard_reported(
     reconciler, which decides what to do with strays; so is an engine running at another
     ``port`` than the log's: it is not the copy the log placed, and adoption decides
     whether it takes that copy's place. An engine of the shard that ends is recorded at
-    any port: an agent runs one engine per shard, so none runs at the log's port either."""
+    any port (an agent runs one engine per shard, so none runs at the log's port either),
+    except one the log has stopped as a stray on this node (``StrayStopped``, known by its
+    pid): that end is the stop adoption asked for, not news of the log's copy, which must
+    not fail "stopped without being asked to" for it. Whether anything of the shard still
+    runs is the node's next report's to say."""
     replica = state.replicas.get(report.replica_id)
     if replica is None or not 0 <= report.shard_index < len(replica.shards):
         return []
     shard = replica.shards[report.shard_index]
     if shard.node_id != node_id or shard.phase is report.phase:
         return []
-    if report.phase in _RUNNING and port != shard.port:
+    if port != shard.port and (
+        report.phase in _RUNNING or _stopped_as_stray(state, node_id, report)
+    ):
         return []
     return [(replica_stream(report.replica_id), _shard_event(node_id, report))]
+
+
+def _stopped_as_stray(state: ClusterState, node_id: str, report: ShardPhaseReport) -> bool:
+    node = state.nodes.get(node_id)
+    key = stray_key(report.replica_id, report.shard_index, report.pid)
+    return node is not None and key in node.stray_stops
 
 
 _RUNNING = frozenset({ShardPhase.STARTING, ShardPhase.READY})

@@ -62,6 +62,11 @@ BACKOFF_CAP_S = 600.0
 STRAYS_REMEMBERED = 64
 
 
+def stray_key(replica_id: str, shard_index: int, pid: int | None) -> str:
+    """What a node's ``stray_stops`` remember of a stray: its engine."""
+    return f"{replica_id}/{shard_index}/{pid}"
+
+
 def backoff_s(failures: int) -> float:
     """Seconds a model waits before placing again after ``failures`` failures in a row."""
     return float(min(BACKOFF_BASE_S * 2.0 ** max(failures - 1, 0), BACKOFF_CAP_S))

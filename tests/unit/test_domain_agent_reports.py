@@ -35,6 +35,7 @@ from app.domain.events import (
     ShardReady,
     ShardStarting,
     ShardStopped,
+    StrayStopped,
 )
 from app.domain.evolve import replay
 from app.domain.reports import (
@@ -601,6 +602,60 @@ def test_a_shard_that_ends_at_another_port_than_placed_is_recorded(phase: Report
 
     assert stream == "replica-llama-1"
     assert isinstance(event, ShardFailed | ShardStopped)
+
+
+@pytest.mark.parametrize("phase", [ShardPhase.FAILED, ShardPhase.STOPPED])
+def test_the_end_of_an_engine_stopped_as_a_stray_leaves_the_log_s_copy_alone(
+    phase: ReportedPhase,
+) -> None:
+    """The log's copy came up at the placed port; the node also ran the shard at another
+    port, which adoption stopped as a second copy ("two engines run"). Before, the stray's
+    ``stopped`` was recorded against the log's copy, and its replica then failed "stopped
+    without being asked to" for a stop adoption asked for."""
+    ready = ShardReady(replica_id="llama-1", shard_index=0, node_id=NODE)
+    stray = StrayStopped(
+        node_id=NODE,
+        replica_id="llama-1",
+        shard_index=0,
+        model="llama",
+        port=PORT + 1,
+        pid=999,
+        rule="the log's copy came up on gpu-1 port 20001; two engines run",
+    )
+    state = given(registered(gpu(0)), PLACED, ready, stray)
+    ended = ShardStatusReport(
+        node_id=NODE,
+        phase=report(phase, pid=999, exit_code=0),
+        port=PORT + 1,
+        command_id="stray-llama-1-0-999",
+    )
+
+    assert decide(state, ended) == []
+
+
+def test_an_engine_ending_at_the_placed_port_is_the_log_s_copy_even_with_its_pid_a_stray_s() -> (
+    None
+):
+    """Only an end at another port than the log's can be a stray's: the node cannot keep
+    its own copy's end out of the log by naming a stray's pid."""
+    ready = ShardReady(replica_id="llama-1", shard_index=0, node_id=NODE)
+    stray = StrayStopped(
+        node_id=NODE,
+        replica_id="llama-1",
+        shard_index=0,
+        model="llama",
+        port=PORT + 1,
+        pid=999,
+        rule="the log's copy came up on gpu-1 port 20001; two engines run",
+    )
+    state = given(registered(gpu(0)), PLACED, ready, stray)
+    ended = ShardStatusReport(
+        node_id=NODE, phase=report(ShardPhase.STOPPED, pid=999, exit_code=0), port=PORT
+    )
+
+    [(_, event)] = decide(state, ended)
+
+    assert isinstance(event, ShardStopped)
 
 
 # -- identity and disconnects ------------------------------------------------------------

@@ -7,6 +7,7 @@ import itertools
 import uuid
 from datetime import UTC, datetime, timedelta
 
+from app.domain import agent_reports
 from app.domain.adoption_grace import Arrivals
 from app.domain.autoscale import DemandSample
 from app.domain.decision import Decision, PlannedEvent
@@ -44,8 +45,14 @@ from app.domain.events import (
 from app.domain.evolve import evolve
 from app.domain.model_spec import ModelSpec
 from app.domain.reconcile import Settings, decide, note_left_routing, overtaken
-from app.domain.reports import FleetView, NodeReport, ReportedShard
-from app.domain.state import ClusterState, ReplicaPhase
+from app.domain.reports import (
+    FleetView,
+    NodeReport,
+    ReportedShard,
+    ShardPhaseReport,
+    ShardStatusReport,
+)
+from app.domain.state import ClusterState, ReplicaPhase, ShardPhase
 from app.domain.traffic import TrafficFigures
 from tests.support.generators import stream_for
 
@@ -561,6 +568,44 @@ def test_an_engine_on_another_port_than_the_copy_that_came_up_on_that_node_is_a_
     assert stray.node_id == "gpu-1"
     assert stray.rule.startswith("the log's copy came up on gpu-1 port 20000")
     assert "stray-llama-1-0-999" in commands(decision)
+
+
+def test_the_stop_of_a_second_copy_does_not_fail_the_replica_whose_copy_came_up() -> None:
+    """The agent's ``stopped`` for the stray (its port, its pid, the stray stop's command)
+    names the same shard as the log's copy. Before, it was recorded against that copy, and
+    the replica failed "stopped without being asked to", its model backing off, for a stop
+    adoption asked for. Whether the shard still runs is its node's report's to say: an
+    agent runs one engine per shard, so once the node no longer lists it, nothing of it
+    runs there, and the replica is lost and replaced, not failed."""
+    cluster = restarted_with_two_serving_replicas()
+    cluster.reports["gpu-2"] = NodeReport(node_id="gpu-2")
+    cluster.running("gpu-2", "llama-2", 20000)
+    cluster.reports["gpu-1"] = NodeReport(node_id="gpu-1")
+    cluster.running("gpu-1", "llama-1", 20001, pid=999)
+    assert "stray-llama-1-0-999" in commands(cluster.reconcile())
+
+    stopped = ShardStatusReport(
+        node_id="gpu-1",
+        phase=ShardPhaseReport(
+            replica_id="llama-1", shard_index=0, phase=ShardPhase.STOPPED, pid=999, exit_code=0
+        ),
+        port=20001,
+        command_id="stray-llama-1-0-999",
+    )
+    cluster.given(*(event for _, event in agent_reports.decide(cluster.state, stopped)))
+    cluster.running("gpu-1", "llama-1", 20001, state="stopped", pid=999)
+    after_stop = cluster.reconcile()
+
+    assert of_type(after_stop, ReplicaFailed) == []
+    assert cluster.state.replicas["llama-1"].shards[0].phase is ShardPhase.READY
+
+    cluster.reports["gpu-1"] = NodeReport(node_id="gpu-1")  # its heartbeat lists nothing
+    gone = cluster.reconcile()
+
+    assert [e.reason for e in of_type(gone, ReplicaLost)] == ["shard 0 no longer runs on gpu-1"]
+    assert of_type(gone, ReplicaFailed) == []
+    assert placed_ids(gone) == ["llama-3"]
+    assert cluster.state.models["llama"].failures == 0
 
 
 def starting_on_gpu_1() -> Cluster:

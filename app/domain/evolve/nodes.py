@@ -26,7 +26,7 @@ from app.domain.events import (
 )
 from app.domain.evolve.updates import Handler, update_gpu, update_node
 from app.domain.gpu_identity import same_gpu
-from app.domain.state import STRAYS_REMEMBERED, ClusterState, Node, ReplicaPhase
+from app.domain.state import STRAYS_REMEMBERED, ClusterState, Node, ReplicaPhase, stray_key
 
 
 def _node_registered(state: ClusterState, event: NodeRegistered, recorded: Recorded) -> None:
@@ -192,7 +192,7 @@ def _stray_stopped(state: ClusterState, event: StrayStopped, recorded: Recorded)
 def _remember_stray(state: ClusterState, event: StrayStopped) -> None:
     node = state.nodes.get(event.node_id)
     if node is not None:
-        key = f"{event.replica_id}/{event.shard_index}/{event.pid}"
+        key = stray_key(event.replica_id, event.shard_index, event.pid)
         strays = (*node.stray_stops, key)[-STRAYS_REMEMBERED:]
         state.nodes[event.node_id] = replace(node, stray_stops=strays)
 
