@@ -38,6 +38,8 @@ from app.domain.events import (
     ReplicaPlaced,
     ShardFailed,
     ShardPlacement,
+    ShardReady,
+    ShardStarting,
     StrayStopped,
     event_type,
     model_stream,
@@ -691,3 +693,88 @@ async def the_one_serving(pg_store: PostgresEventStore, model: str) -> Replica:
     )
     [replica] = replicas_of(pg_store, model)
     return replica
+
+
+async def test_a_stopping_replica_ends_only_once_its_node_reports_its_engine_stopped(
+    leader: Leader, pki: AgentPki, pg_store: PostgresEventStore, operator: PostgresEventStore
+) -> None:
+    """An earlier leader placed the replica and its engine started, unrecorded: the log has
+    the shard only placed. Its agent comes back with another port range and the engine
+    still running at the log's port, so the replica is stopped. Before, the log had it
+    stopped in the very pass that stopped it, its GPU free again under the engine."""
+    reconciler = leader.reconciler
+    assert reconciler is not None
+    node_id = new_node_id()
+    replica_id = await place_as_before(operator, node_id)
+    engine = running_shard(replica_id, 20001, pid=4200, model=replica_id.rsplit("-", 1)[0])
+
+    async with fake_agent(
+        leader.hub.port, pki, node_id, shards=[engine], port_range=(20100, 20199), obeys=False
+    ) as agent:
+        await wait_until(lambda: agent.stops() != [], what="the engine's stop")
+        passes = reconciler.pass_count
+        await wait_until(lambda: reconciler.pass_count >= passes + 5, what="five more passes")
+
+        history = await types_in(pg_store, replica_stream(replica_id))
+        assert "replica_stopping" in history
+        assert "replica_stopped" not in history
+        assert [s.command_id for s in agent.stops()] == [f"stop-{replica_id}-0"]
+
+        agent.shards.pop((replica_id, 0))
+        await agent.say(
+            ShardStatus(
+                replica_id=replica_id,
+                shard_index=0,
+                state="stopped",
+                pid=4200,
+                port=20001,
+                exit_code=0,
+                command_id=f"stop-{replica_id}-0",
+            )
+        )
+
+        async def stopped() -> bool:
+            return "replica_stopped" in await types_in(pg_store, replica_stream(replica_id))
+
+        await wait_until(stopped, what="the replica stopped, in the log")
+
+    assert pg_store.state.replicas[replica_id].phase is ReplicaPhase.STOPPED
+
+
+async def test_the_stop_of_a_second_copy_leaves_the_replica_whose_copy_came_up_alone(
+    leader: Leader, pki: AgentPki, pg_store: PostgresEventStore, operator: PostgresEventStore
+) -> None:
+    """The log's copy came up at port 20001; the node's hello lists the shard at 20002,
+    which adoption stops as a second copy. Before, the agent's ``stopped`` for it was
+    recorded against the log's copy, and the replica failed "stopped without being asked
+    to"."""
+    reconciler = leader.reconciler
+    assert reconciler is not None
+    node_id = new_node_id()
+    replica_id = await place_as_before(operator, node_id)
+    for event in (
+        ShardStarting(replica_id=replica_id, shard_index=0, node_id=node_id, pid=4100),
+        ShardReady(replica_id=replica_id, shard_index=0, node_id=node_id),
+    ):
+        await record(operator, replica_stream(replica_id), event)
+    second = running_shard(replica_id, 20002, pid=999, model=replica_id.rsplit("-", 1)[0])
+    stray_stop = f"stray-{replica_id}-0-999"
+
+    with capture_logs(processors=[merge_contextvars]) as logs:
+        async with fake_agent(leader.hub.port, pki, node_id, shards=[second]) as agent:
+            await wait_until(
+                lambda: any(
+                    e["event"] == "agent_command_completed" and e.get("command_id") == stray_stop
+                    for e in logs
+                ),
+                what="the agent's answer to the stray's stop",
+            )
+            passes = reconciler.pass_count
+            await wait_until(lambda: reconciler.pass_count >= passes + 5, what="five more passes")
+
+    assert [s.command_id for s in agent.stops()] == [stray_stop]
+    assert "stray_stopped" in await types_in(pg_store, node_stream(node_id))
+    history = await types_in(pg_store, replica_stream(replica_id))
+    assert "shard_stopped" not in history
+    assert "replica_failed" not in history
+    assert pg_store.state.models[replica_id.rsplit("-", 1)[0]].failures == 0
