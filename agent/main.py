@@ -194,10 +194,10 @@ def run(
     liveness_interval: Annotated[
         float | None,
         Parameter(
-            help="Seconds between two health checks of a serving engine (GET /health for "
-            "vLLM, SGLang and llama.cpp), and the most one may take; 0 checks nothing. An "
-            "engine dead behind its HTTP server (vLLM's, once its engine core died, answers "
-            "503) is ended and reported failed, so the control plane replaces it. "
+            help="Seconds between the starts of two health checks of a serving engine (GET "
+            "/health for vLLM, SGLang and llama.cpp), and the most one may take; 0 checks "
+            "nothing. An engine dead behind its HTTP server (vLLM's, once its engine core "
+            "died, answers 503) is ended and reported failed, so the control plane replaces it. "
             "[default: 10]"
         ),
     ] = None,

@@ -5,8 +5,9 @@ a refused connection or llama.cpp's 503 while it loads, means "not yet".
 
 Then, while it serves, its liveness path (``/health``) is asked every ``Liveness.interval_s``:
 ``Liveness.failures`` misses in a row (an answer other than 200, or none within the
-interval) mean the engine is dead behind its HTTP server, as a vLLM whose engine core died
-is, answering 503 to its health checks and 500 to every request for as long as it is left.
+interval; checks start one interval apart however long the last one took) mean the engine
+is dead behind its HTTP server, as a vLLM whose engine core died is, answering 503 to its
+health checks and 500 to every request for as long as it is left.
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ class Liveness:
     """How a serving engine's health is checked; an ``interval_s`` of 0 checks nothing."""
 
     interval_s: float = 10.0
-    """Between two checks, and the most one may take."""
+    """Between the starts of two checks, and the most one may take."""
     failures: int = 3
-    """Misses in a row that end the engine: at the default, 30 s without a healthy answer."""
+    """Misses in a row that end the engine: at the default, the third check after its last
+    healthy answer, 30 s later, or 40 s when that check waits out its timeout."""
 
     @property
     def checked(self) -> bool:
@@ -93,14 +95,23 @@ async def _all_answer_ok(
 
 async def wait_until_unhealthy(port: int, path: str, liveness: Liveness) -> str:
     """Check ``path`` on ``port`` every ``liveness.interval_s`` until ``liveness.failures``
-    checks in a row miss; return why, for the engine's failure (or run until cancelled)."""
+    checks in a row miss; return why, for the engine's failure (or run until cancelled).
+
+    Checks start on a fixed cadence, one interval apart: a check that waits out its
+    timeout (an interval) ends as the next one is due, and does not push it back. Sleeping
+    an interval after each check put a hung engine's checks two intervals apart, and
+    ended it after twice the time the reason line and ``Liveness.failures`` tell."""
     interval_s = liveness.interval_s
+    loop = asyncio.get_running_loop()
     async with httpx.AsyncClient(
         base_url=readiness_url(port), timeout=interval_s, trust_env=False
     ) as client:
         missed = 0
+        next_check_at = loop.time() + interval_s
         while True:
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(max(0.0, next_check_at - loop.time()))
+            # Checks more than an interval late (a suspended machine) are not made up for.
+            next_check_at = max(next_check_at + interval_s, loop.time())
             miss = await _health_miss(client, path, interval_s)
             missed = 0 if miss is None else missed + 1
             if missed >= liveness.failures:
