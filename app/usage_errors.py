@@ -77,6 +77,10 @@ def print_command_error(command: str, message: str) -> None:
 def _what_is_wrong(error: CycloptsError, where: str, refusals: tuple[type[Exception], ...]) -> str:
     if isinstance(error, UnknownCommandError) and error.unused_tokens and error.app:
         token = error.unused_tokens[0]
+        if token.startswith("-"):
+            # A group without a default command (``llmgw-cli keys``) takes its first word
+            # for a command's name, an option given before any command included.
+            return _unknown_option(token.split("=", 1)[0], _group_options(error.app), where)
         guess = closest(token, _commands(error.app))
         hint = f'did you mean "{guess}"?' if guess else f"see {where} --help"
         return f'unknown command "{token}"; {hint}'
@@ -116,6 +120,12 @@ def _unknown_option(token: str, options: Sequence[str], where: str) -> str:
     guess = closest(token, (name for name in options if name.startswith("-")))
     hint = f"did you mean {guess}?" if guess else f"see {where} --help"
     return f"unknown option {token}; {hint}"
+
+
+def _group_options(app: App) -> list[str]:
+    """The options a group takes itself (``--help``, ``--version``), which cyclopts lists
+    beside its commands."""
+    return [name for name in app if name.startswith("-") and app[name].show] + _options(app)
 
 
 def _commands(app: App) -> list[str]:

@@ -50,6 +50,17 @@ CLI = program("llmgw-cli")
             ["model", "demo", "extra"],
             'llmgw-cli model: unexpected argument "extra"; see llmgw-cli model --help',
         ),
+        # An option given to a group, before any of its commands, is an unknown option.
+        (
+            ["keys", "--output", "json"],
+            "llmgw-cli keys: unknown option --output; see llmgw-cli keys --help",
+        ),
+        (
+            ["keys", "--output=json"],
+            "llmgw-cli keys: unknown option --output; see llmgw-cli keys --help",
+        ),
+        (["--output", "json"], "llmgw-cli: unknown option --output; see llmgw-cli --help"),
+        (["--verison"], "llmgw-cli: unknown option --verison; did you mean --version?"),
     ],
 )
 def test_a_mistyped_command_line_is_one_line_and_exit_2(argv: list[str], line: str) -> None:

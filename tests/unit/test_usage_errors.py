@@ -47,6 +47,9 @@ def usage_error(
             "llmgw-server log verify: unknown option --anchr; did you mean --anchor?",
         ),
         (["lgo"], 'llmgw-server: unknown command "lgo"; did you mean "log"?'),
+        (["--nope"], "llmgw-server: unknown option --nope; see llmgw-server --help"),
+        (["log", "--nope"], "llmgw-server log: unknown option --nope; see llmgw-server log --help"),
+        (["--verison"], "llmgw-server: unknown option --verison; did you mean --version?"),
         (["serve"], "llmgw-server serve: --database-url is required"),
     ],
 )
@@ -64,6 +67,10 @@ def test_a_mistyped_server_command_line_is_one_line_and_exit_2(
         (
             ["fake-gpu", "mrk", "--gpu", "0"],
             'llmgw-agent fake-gpu: unknown command "mrk"; did you mean "mark"?',
+        ),
+        (
+            ["fake-gpu", "--gpu", "0"],
+            "llmgw-agent fake-gpu: unknown option --gpu; see llmgw-agent fake-gpu --help",
         ),
         (["fake-gpu", "clear"], "llmgw-agent fake-gpu clear: --gpu is required"),
         (["--state-dir", ""], "llmgw-agent: --state-dir cannot be empty"),
