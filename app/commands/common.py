@@ -69,11 +69,24 @@ LOG_VERIFY = "llmgw-server log verify"
 LOG_HEAD = "llmgw-server log head"
 
 
+EXIT_FAILED = 1
+"""The command could not do its work (a database it cannot reach or write)."""
+EXIT_USAGE = 2
+"""A flag's value is wrong, as for any usage error the command line itself refuses."""
+
+
 def fail(command: str, message: str) -> NoReturn:
     """End ``command`` (``llmgw-server migrate``) with exit code 1, saying why in one line:
     ``llmgw-server migrate: cannot migrate: ...``."""
     print_command_error(command, message)
-    sys.exit(1)
+    sys.exit(EXIT_FAILED)
+
+
+def refuse_usage(command: str, message: str) -> NoReturn:
+    """End ``command`` with exit code 2 for a flag's value it cannot run with, in one line
+    as cyclopts' usage errors are: ``llmgw-server gateway: --engine-networks: ...``."""
+    print_command_error(command, message)
+    sys.exit(EXIT_USAGE)
 
 
 async def warn_if_gateway_appends(database_url: str) -> None:

@@ -22,7 +22,7 @@ from app.commands.common import (
     database_role_allowed,
     database_url_problem,
     engine_networks_of,
-    fail,
+    refuse_usage,
     warn_if_gateway_appends,
 )
 from app.commands.gateway_settings import GatewaySettings, gateway_options
@@ -174,14 +174,14 @@ def gateway_command(settings: StandaloneGatewaySettings) -> None:
     configure_logging(settings.log_level, command=GATEWAY)
     url_problem = database_url_problem(settings.database_url)
     if url_problem is not None:
-        fail(GATEWAY, url_problem)
+        refuse_usage(GATEWAY, url_problem)
     try:
         networks = engine_networks_of(settings.gateway_settings.engine_networks)
     except InvalidEngineNetworks as exc:
-        fail(GATEWAY, f"--engine-networks: {exc}")
+        refuse_usage(GATEWAY, f"--engine-networks: {exc}")
     options = settings.options(networks)
     if options.problems():
-        fail(GATEWAY, "; ".join(options.problems()))
+        refuse_usage(GATEWAY, "; ".join(options.problems()))
     sys.exit(uvloop.run(_gateway(settings.database_url, options, settings.allow_privileged_role)))
 
 

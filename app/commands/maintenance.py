@@ -13,7 +13,14 @@ import msgspec
 import structlog
 from cyclopts import Parameter
 
-from app.commands.common import MIGRATE, REBUILD, DatabaseUrl, database_url_problem, fail
+from app.commands.common import (
+    MIGRATE,
+    REBUILD,
+    DatabaseUrl,
+    database_url_problem,
+    fail,
+    refuse_usage,
+)
 from app.commands.path_flag import path_flag
 from app.logs import configure_logging
 from app.store import migrate as migrations
@@ -179,9 +186,9 @@ def rebuild_command(
     configure_logging(command=REBUILD)
     url_problem = database_url_problem(database_url)
     if url_problem is not None:
-        fail(REBUILD, url_problem)
+        refuse_usage(REBUILD, url_problem)
     if output not in ("text", "json"):
-        fail(REBUILD, f"--output is text or json, not {output!r}")
+        refuse_usage(REBUILD, f"--output is text or json, not {output!r}")
     report = asyncio.run(_rebuild(database_url, verify))
     if output == "json":
         print(msgspec.json.encode(report).decode())

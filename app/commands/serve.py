@@ -6,7 +6,7 @@ import asyncio
 import sys
 
 from app.bootstrap import Server, SettingsError
-from app.commands.common import SERVE, fail
+from app.commands.common import SERVE, refuse_usage
 from app.logs import configure_logging
 from app.settings import ServeSettings
 
@@ -34,5 +34,5 @@ def serve(settings: ServeSettings) -> None:
     try:
         server = Server.from_settings(settings)
     except SettingsError as exc:
-        fail(SERVE, str(exc))
+        refuse_usage(SERVE, str(exc))
     sys.exit(asyncio.run(server.run()))

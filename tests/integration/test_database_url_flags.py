@@ -24,7 +24,7 @@ def test_a_malformed_database_url_is_refused_in_one_line(command: str) -> None:
         check=False,
     )
 
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith(f"llmgw-server {command}: --database-url: "), result.stderr
     assert "an empty host" in lines[-1]
@@ -50,7 +50,7 @@ def test_a_gateway_flag_out_of_bounds_is_refused_in_one_line(
         check=False,
     )
 
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 2, result.stderr
     assert (
         result.stderr.strip().splitlines()[-1].startswith(f"llmgw-server {command}: {problem}")
     ), result.stderr

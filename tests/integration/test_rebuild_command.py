@@ -32,6 +32,6 @@ def test_what_it_cannot_use_is_refused_in_one_line(flags: list[str], message: st
         [*COMMAND, *flags], capture_output=True, text=True, check=False, timeout=60
     )
 
-    assert done.returncode == 1, done
+    assert done.returncode == 2, done
     assert done.stdout == ""
     assert done.stderr.splitlines() == [message], done.stderr

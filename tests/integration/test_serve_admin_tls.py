@@ -171,5 +171,5 @@ def test_an_admin_certificate_without_its_key_is_refused_at_start(tmp_path: Path
         check=False,
     )
 
-    assert started.returncode == 1
+    assert started.returncode == 2
     assert "--admin-tls-cert and --admin-tls-key go together" in started.stderr

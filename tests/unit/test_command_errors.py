@@ -57,32 +57,32 @@ def ended(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[object, 
         ),
         (
             ["projections", "rebuild", "--database-url", UNREACHABLE, "--output", "xml"],
-            1,
+            2,
             "llmgw-server projections rebuild: --output is text or json, not 'xml'",
         ),
         (
             ["gateway", "--database-url", UNREACHABLE, "--engine-networks", "127.0.0.0/33"],
-            1,
+            2,
             "llmgw-server gateway: --engine-networks: ",
         ),
         (
             ["serve", "--database-url", UNREACHABLE],
-            1,
+            2,
             "llmgw-server serve: the agent hub needs --tls-cert, --tls-key and --tls-ca",
         ),
         (
             ["gateway", "--database-url", UNREACHABLE, "--gateway-id", ""],
-            1,
+            2,
             "llmgw-server gateway: --gateway-id (or LLMGW_GATEWAY_ID) is blank: give a name",
         ),
         (
             ["gateway", "--database-url", UNREACHABLE, "--gateway-id", "   "],
-            1,
+            2,
             "llmgw-server gateway: --gateway-id (or LLMGW_GATEWAY_ID) is blank: give a name",
         ),
         (
             ["serve", "--database-url", UNREACHABLE, "--server-id", "  "],
-            1,
+            2,
             "llmgw-server serve: --server-id (or LLMGW_SERVER_ID) is blank: give a name",
         ),
     ],
@@ -112,7 +112,7 @@ def test_an_id_variable_set_empty_is_refused_at_start_not_taken_for_the_default(
     monkeypatch.setenv(variable, "")
 
     assert ended([command, "--database-url", UNREACHABLE], capsys) == (
-        1,
+        2,
         f"llmgw-server {command}: {flag} (or {variable}) is blank: give a name, or leave it "
         "unset for the default\n",
     )
@@ -138,7 +138,7 @@ def test_what_the_error_line_holds_reaches_the_terminal_as_visible_escapes(
         ["gateway", "--database-url", UNREACHABLE, "--engine-networks", "\x1b[2J\r\n"], capsys
     )
 
-    assert code == 1
+    assert code == 2
     assert err.startswith("llmgw-server gateway: --engine-networks: "), err
     assert err.splitlines(keepends=True) == [err], "one line"
     assert "\x1b" not in err
