@@ -49,12 +49,8 @@ from app.domain.reconcile import (
 )
 from app.domain.revocations import PresentedCertificate, revocation_refusal
 from app.services.agent_reports import LiveView, ReportHandler, ReportRecorder
-from app.services.reconciler import (
-    DEFAULT_INTERVAL_S,
-    CommandChannel,
-    InFlightSource,
-    Reconciler,
-)
+from app.services.command_sending import CommandChannel
+from app.services.reconciler import DEFAULT_INTERVAL_S, InFlightSource, Reconciler
 from app.store.errors import FencedError, StoreError, StoreUnavailable
 from app.store.interface import EventStore
 

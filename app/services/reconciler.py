@@ -21,9 +21,9 @@ append's ``Meta``; a pass that decided ``a(x), b(x), c(y), d(x)`` makes three ap
   a newer epoch: a pass that appends nothing would otherwise send its commands unfenced.
 - ``StoreError`` otherwise (the database is unreachable): logged; the next pass retries.
 
-A command id already sent to a node is not sent again until that node says hello again
-(agents execute an id once anyway; this keeps a pending start from being resent every
-second). A node without a connection is skipped: the next pass sends it.
+Commands go out through ``app.services.command_sending.CommandSender``: a command id
+already sent to a node is not sent again until that node says hello again, and a node
+without a connection is skipped (the next pass sends it).
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import functools
 import itertools
 from collections import Counter, deque
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
 from time import monotonic
 from typing import Literal, Protocol
@@ -44,10 +43,8 @@ import structlog
 
 from app.clock import utc_now
 from app.domain import autoscale
-from app.domain import commands as domain
 from app.domain.adoption_grace import Arrivals, GraceState
-from app.domain.commands import CommandNotSent, NodeNotConnected
-from app.domain.decision import Command, Decision, PlannedEvent
+from app.domain.decision import Decision, PlannedEvent
 from app.domain.envelope import Meta
 from app.domain.events import MODEL_STREAM_PREFIX, event_type
 from app.domain.hold_ejections import ejections_wanted
@@ -63,6 +60,7 @@ from app.domain.rollout_reads import traffic_wanted
 from app.domain.state import ClusterState
 from app.domain.traffic import TrafficFigures
 from app.services.agent_reports import LiveView
+from app.services.command_sending import CommandChannel, CommandSender
 from app.store.errors import ConcurrencyError, FencedError, StoreError
 from app.store.gateway_reports import Ejections
 from app.store.interface import AppendRequest, EventStore, NewEvent
@@ -84,15 +82,6 @@ judges (``traffic_wanted``), and the replicas whose ejections are recorded
 
 def _hold_reads(state: ClusterState) -> _HoldReads:
     return traffic_wanted(state), ejections_wanted(state)
-
-
-class CommandChannel(Protocol):
-    """Where commands go: the agent hub. Raises ``NodeNotConnected`` for a node without a
-    live connection and ``CommandNotSent`` for any other reason a command did not go."""
-
-    async def send_command(
-        self, node_id: str, command: domain.StartShard | domain.StopShard
-    ) -> None: ...
 
 
 class InFlightSource(Protocol):
@@ -124,12 +113,6 @@ class PassReport(msgspec.Struct, frozen=True, kw_only=True):
     outcome: str
 
 
-@dataclass
-class _SentSinceHello:
-    greeting: int
-    command_ids: set[str] = field(default_factory=set)
-
-
 class Reconciler:
     def __init__(
         self,
@@ -156,7 +139,7 @@ class Reconciler:
         self._in_flight = in_flight
         self._connections_opening = connections_opening
         self._wake = asyncio.Event()
-        self._sent: dict[str, _SentSinceHello] = {}
+        self._sender = CommandSender(hub, tracker, clock)
         self._demand: dict[str, tuple[autoscale.DemandSample, ...]] = {}
         """Autoscaled models' demand, sampled every pass: this leader's own memory (a
         leader that starts watches a whole window before it scales anything down)."""
@@ -299,7 +282,7 @@ class Reconciler:
             log.warning("reconcile_pass_store_error", error=str(exc))
             outcome = "store_error"
         else:
-            sent = await self._send(decision.commands)
+            sent = await self._sender.send(decision.commands)
         report = PassReport(
             at=at,
             duration_s=monotonic() - started,
@@ -383,39 +366,6 @@ class Reconciler:
             await self._store.append_many(
                 requests, meta, still_holds=functools.partial(overtaken, events=run)
             )
-
-    async def _send(self, commands: Sequence[Command]) -> int:
-        sent = 0
-        for planned in commands:
-            node_id, command_id = planned.node_id, planned.command.command_id
-            greeting = self._tracker.greeting(node_id)
-            if greeting is None:
-                continue
-            ledger = self._sent.get(node_id)
-            if ledger is None or ledger.greeting != greeting:
-                ledger = self._sent[node_id] = _SentSinceHello(greeting)
-            if command_id in ledger.command_ids:
-                continue
-            with structlog.contextvars.bound_contextvars(
-                node_id=node_id, replica_id=planned.command.replica_id, command_id=command_id
-            ):
-                # Awaited from before the send until the agent answers: a stopping replica
-                # whose start is awaited may be coming up (``replica_outcomes._shard_gone``).
-                self._tracker.sending(node_id, command_id, self._clock())
-                try:
-                    await self._hub.send_command(node_id, planned.command)
-                except NodeNotConnected:
-                    self._tracker.not_sent(node_id, command_id)
-                    continue
-                except CommandNotSent as exc:
-                    self._tracker.not_sent(node_id, command_id)
-                    log.warning("command_not_sent", error=str(exc))
-                    continue
-            ledger.command_ids.add(command_id)
-            sent += 1
-        for node_id in [n for n in self._sent if self._tracker.greeting(n) is None]:
-            del self._sent[node_id]
-        return sent
 
 
 def pinned_to_decision(

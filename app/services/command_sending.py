@@ -1,0 +1,96 @@
+"""Sending a pass's commands to the nodes: the reconciler's last step.
+
+A command id already sent to a node is not sent again until that node says hello again
+(agents execute an id once anyway; this keeps a pending start from being resent every
+second). A node without a connection is skipped: the next pass sends it. A command that did
+not go (``NodeNotConnected``, ``CommandNotSent``) counts as not sent: the live view stops
+awaiting its answer and the next pass sends it again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+import structlog
+
+from app.domain import commands as domain
+from app.domain.commands import CommandNotSent, NodeNotConnected
+from app.domain.decision import Command
+
+log = structlog.get_logger(__name__)
+
+
+class CommandChannel(Protocol):
+    """Where commands go: the agent hub. Raises ``NodeNotConnected`` for a node without a
+    live connection and ``CommandNotSent`` for any other reason a command did not go."""
+
+    async def send_command(
+        self, node_id: str, command: domain.StartShard | domain.StopShard
+    ) -> None: ...
+
+
+class Greetings(Protocol):
+    """What the sender reads and tells of the live view (``LiveView``)."""
+
+    def greeting(self, node_id: str) -> int | None: ...
+
+    def sending(self, node_id: str, command_id: str, at: datetime) -> None: ...
+
+    def not_sent(self, node_id: str, command_id: str) -> None: ...
+
+
+@dataclass
+class _SentSinceHello:
+    greeting: int
+    command_ids: set[str] = field(default_factory=set)
+
+
+class CommandSender:
+    def __init__(
+        self, channel: CommandChannel, view: Greetings, clock: Callable[[], datetime]
+    ) -> None:
+        self._channel = channel
+        self._view = view
+        self._clock = clock
+        self._sent: dict[str, _SentSinceHello] = {}
+
+    async def send(self, commands: Sequence[Command]) -> int:
+        """Send ``commands`` in order; how many went."""
+        sent = 0
+        for planned in commands:
+            if await self._send_one(planned):
+                sent += 1
+        for node_id in [n for n in self._sent if self._view.greeting(n) is None]:
+            del self._sent[node_id]
+        return sent
+
+    async def _send_one(self, planned: Command) -> bool:
+        node_id, command_id = planned.node_id, planned.command.command_id
+        greeting = self._view.greeting(node_id)
+        if greeting is None:
+            return False
+        ledger = self._sent.get(node_id)
+        if ledger is None or ledger.greeting != greeting:
+            ledger = self._sent[node_id] = _SentSinceHello(greeting)
+        if command_id in ledger.command_ids:
+            return False
+        with structlog.contextvars.bound_contextvars(
+            node_id=node_id, replica_id=planned.command.replica_id, command_id=command_id
+        ):
+            # Awaited from before the send until the agent answers: a stopping replica
+            # whose start is awaited may be coming up (``replica_outcomes._shard_gone``).
+            self._view.sending(node_id, command_id, self._clock())
+            try:
+                await self._channel.send_command(node_id, planned.command)
+            except NodeNotConnected:
+                self._view.not_sent(node_id, command_id)
+                return False
+            except CommandNotSent as exc:
+                self._view.not_sent(node_id, command_id)
+                log.warning("command_not_sent", error=str(exc))
+                return False
+        ledger.command_ids.add(command_id)
+        return True
