@@ -19,8 +19,9 @@ retry later), logged once a minute and not recorded at all. When a certificate i
 expires is closed by its session.
 
 A message the agent does not read within ``SEND_TIMEOUT_S`` (its socket's buffers full)
-drops its connection: a send never waits on a peer for longer, so neither do the
-reconciler's commands to the other nodes.
+drops its connection: a send never waits on a peer for longer, and only that node's own
+later commands wait with it (the reconciler sends to each node apart,
+``app.services.command_sending``).
 
 ``send_command`` takes the domain's commands (converted at the edge, ``app.hub.edge``) and
 raises the domain's ``NodeNotConnected`` when the node has no live connection; what the

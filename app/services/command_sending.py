@@ -5,10 +5,17 @@ A command id already sent to a node is not sent again until that node says hello
 second). A node without a connection is skipped: the next pass sends it. A command that did
 not go (``NodeNotConnected``, ``CommandNotSent``) counts as not sent: the live view stops
 awaiting its answer and the next pass sends it again.
+
+Each node's commands go in the order decided, one after another; the nodes' go side by
+side. A send waits on its node's connection (up to the hub's send timeout for one that
+reads nothing, ``app.hub.hub.SEND_TIMEOUT_S``), and only that node's later commands wait
+with it: a slow or hostile node delays no command to another. A pass sends at most one
+command at a time per node, so what is in flight is bounded by the pass's decision.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -58,13 +65,23 @@ class CommandSender:
         self._sent: dict[str, _SentSinceHello] = {}
 
     async def send(self, commands: Sequence[Command]) -> int:
-        """Send ``commands`` in order; how many went."""
+        """Send ``commands``, each node's in the order given, the nodes side by side; how
+        many went. Returns once every node's have gone or failed."""
+        by_node: dict[str, list[Command]] = {}
+        for planned in commands:
+            by_node.setdefault(planned.node_id, []).append(planned)
+        async with asyncio.TaskGroup() as sending:
+            counts = [sending.create_task(self._send_in_order(run)) for run in by_node.values()]
+        for node_id in [n for n in self._sent if self._view.greeting(n) is None]:
+            del self._sent[node_id]
+        return sum(count.result() for count in counts)
+
+    async def _send_in_order(self, commands: list[Command]) -> int:
+        """One node's commands, one after another: each waits for the one before to go."""
         sent = 0
         for planned in commands:
             if await self._send_one(planned):
                 sent += 1
-        for node_id in [n for n in self._sent if self._view.greeting(n) is None]:
-            del self._sent[node_id]
         return sent
 
     async def _send_one(self, planned: Command) -> bool:

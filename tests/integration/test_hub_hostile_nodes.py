@@ -24,6 +24,7 @@ from websockets.protocol import State
 from websockets.uri import parse_uri
 
 from app.domain.commands import NodeNotConnected, StartShard, start_command_id
+from app.domain.decision import Command
 from app.domain.envelope import Meta
 from app.domain.events import (
     ModelDeclared,
@@ -34,13 +35,17 @@ from app.domain.events import (
     replica_stream,
 )
 from app.domain.model_spec import ModelSpec
-from app.hub.hub import AgentHub
+from app.hub.edge import command_to_wire
+from app.hub.hub import SEND_TIMEOUT_S, AgentHub
+from app.services.agent_reports import LiveView, ReportRecorder
+from app.services.command_sending import CommandSender
 from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
 from tests.support.hub import (
     DEADLINE_S,
     LOOPBACK,
     Pki,
+    RunHub,
     close_code,
     dial,
     event_types,
@@ -317,3 +322,43 @@ async def test_a_node_that_reads_nothing_it_is_sent_holds_up_no_one_else(
             ),
             what="the node that reads nothing marked disconnected",
         )
+
+
+async def test_a_command_to_a_healthy_node_does_not_wait_behind_one_that_reads_nothing(
+    run_hub: RunHub, pki: Pki, pg_store: PostgresEventStore
+) -> None:
+    """Before, a pass's commands went one after another: once a node that reads nothing had
+    filled its buffers, the next node's command waited up to 2 s (``SEND_TIMEOUT_S``) for
+    that connection to be dropped, at every pass the node reconnected for. Now each node's
+    commands go in their own order, beside the others'."""
+    view = LiveView(ReportRecorder(pg_store))
+    deaf_id, honest_id = new_node_id(), new_node_id()
+    async with (
+        run_hub(handler=view) as hub,
+        dial(hub, pki.node(honest_id)) as honest,
+        deaf_agent(hub, pki.node(deaf_id), deaf_id),
+    ):
+        await greet(honest, honest_id)
+        await wait_until(lambda: None not in (view.greeting(deaf_id), view.greeting(honest_id)))
+        sender = CommandSender(hub, view, lambda: datetime.now(UTC))
+        fills = [Command(node_id=deaf_id, command=big_start(n)) for n in range(200)]
+        small = msgspec.structs.replace(big_start(0), command_id="start-small-0", argv=("e",))
+        deaf_first = [*fills, Command(node_id=honest_id, command=small)]
+
+        sending = asyncio.create_task(sender.send(deaf_first))
+        hearing = asyncio.create_task(hear(honest))
+        try:
+            done, _ = await asyncio.wait({hearing}, timeout=SEND_TIMEOUT_S / 2)
+            assert hearing in done, "the healthy node's command waited behind the deaf node's"
+            assert await hearing == command_to_wire(small)
+            async with asyncio.timeout(DEADLINE_S):
+                sent = await sending
+        finally:
+            for task in (sending, hearing):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+        assert 1 <= sent < len(deaf_first), "every command to the deaf node counted as sent"
+        assert hub.connected_nodes() == [honest_id]
+        assert view.greeting(deaf_id) is None

@@ -37,7 +37,7 @@ from app.pki import (
 )
 from app.pki.files import write_ca, write_issued
 from app.pki.keys import PrivateKey
-from app.services.agent_reports import ReportRecorder
+from app.services.agent_reports import ReportHandler, ReportRecorder
 from app.store.postgres import PostgresEventStore
 from wire.messages import (
     PROTOCOL_VERSION,
@@ -110,10 +110,14 @@ RunHub = Callable[..., AbstractAsyncContextManager[AgentHub]]
 async def run_hub(pg_store: PostgresEventStore, pki: Pki) -> RunHub:
     @asynccontextmanager
     async def running(
-        heartbeat_interval_s: float = 1.0, heartbeat_timeout_s: float = 10.0, **options: Any
+        heartbeat_interval_s: float = 1.0,
+        heartbeat_timeout_s: float = 10.0,
+        handler: ReportHandler | None = None,
+        **options: Any,
     ) -> AsyncIterator[AgentHub]:
+        """The hub, its reports recorded in ``pg_store`` (through ``handler`` if given)."""
         hub = AgentHub(
-            ReportRecorder(pg_store),
+            handler or ReportRecorder(pg_store),
             pki.server_context(),
             heartbeat_interval_s=heartbeat_interval_s,
             heartbeat_timeout_s=heartbeat_timeout_s,
