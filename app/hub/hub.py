@@ -155,6 +155,13 @@ class _AgentConnection:
                 await self.websocket.close(code, reason)
         except TimeoutError:
             self.websocket.transport.abort()
+            log.warning(
+                "agent_connection_dropped",
+                node_id=self.session.node_id,
+                remote_address=self.session.remote_address,
+                code=code,
+                reason="the close could not be sent: the agent reads nothing",
+            )
 
     def drop(self) -> None:
         """End the connection at once, without a closing handshake."""

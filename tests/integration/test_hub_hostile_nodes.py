@@ -35,6 +35,7 @@ from app.domain.events import (
     replica_stream,
 )
 from app.domain.model_spec import ModelSpec
+from app.domain.revocations import PresentedCertificate
 from app.hub.edge import command_to_wire
 from app.hub.hub import SEND_TIMEOUT_S, AgentHub
 from app.services.agent_reports import LiveView, ReportRecorder
@@ -362,3 +363,46 @@ async def test_a_command_to_a_healthy_node_does_not_wait_behind_one_that_reads_n
         assert 1 <= sent < len(deaf_first), "every command to the deaf node counted as sent"
         assert hub.connected_nodes() == [honest_id]
         assert view.greeting(deaf_id) is None
+
+
+async def test_a_node_whose_close_cannot_be_sent_is_dropped_and_logged(
+    run_hub: RunHub, pki: Pki
+) -> None:
+    """A node whose buffers are full is revoked: its close frame cannot be sent. Before,
+    its connection was dropped without a word; now the drop is logged."""
+    deaf_id = new_node_id()
+    revoked: set[str] = set()
+
+    def revocations(certificate: PresentedCertificate) -> str | None:
+        return "revoked" if certificate.common_name in revoked else None
+
+    with capture_logs() as logs:
+        async with (
+            run_hub(revocations=revocations) as hub,
+            deaf_agent(hub, pki.node(deaf_id), deaf_id),
+        ):
+            await wait_until(lambda: hub.connected_nodes() == [deaf_id])
+            await fill_buffers(hub, deaf_id)
+            revoked.add(deaf_id)
+            assert await hub.enforce_revocations() == 1
+
+            def dropped() -> bool:
+                return any(e["event"] == "agent_connection_dropped" for e in logs)
+
+            await wait_until(dropped, what="the drop logged")
+    [line] = [e for e in logs if e["event"] == "agent_connection_dropped"]
+    assert (line["node_id"], line["code"]) == (deaf_id, 1008)
+
+
+async def fill_buffers(hub: AgentHub, node_id: str) -> None:
+    """Send ``node_id`` (that reads nothing) commands until one waits on the full buffers;
+    cancel that one, leaving them full and no send waiting."""
+    for number in range(200):
+        sending = asyncio.create_task(hub.send_command(node_id, big_start(number)))
+        done, _ = await asyncio.wait({sending}, timeout=0.05)
+        if not done:
+            sending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sending
+            return
+    raise AssertionError("200 commands of half a MiB went to a node that reads nothing")
