@@ -133,11 +133,16 @@ class _AgentConnection:
     """One accepted WebSocket and its session; the registry's handle for a node."""
 
     def __init__(
-        self, websocket: ServerConnection, session: AgentSession, certificate: PresentedCertificate
+        self,
+        websocket: ServerConnection,
+        session: AgentSession,
+        certificate: PresentedCertificate,
+        send_timeout_s: float,
     ) -> None:
         self.websocket = websocket
         self.session = session
         self.certificate = certificate
+        self._send_timeout_s = send_timeout_s
         self._closing: asyncio.Task[None] | None = None
 
     def close(self, code: int, reason: str) -> None:
@@ -148,10 +153,10 @@ class _AgentConnection:
 
     async def _close(self, code: int, reason: str) -> None:
         """The closing handshake, or the connection dropped if the close frame cannot even
-        be sent: to a peer that reads nothing, every send waits (``SEND_TIMEOUT_S``), this
-        one too, and the library's close timeout starts only once it is sent."""
+        be sent: to a peer that reads nothing, every send waits (the hub's send timeout),
+        this one too, and the library's close timeout starts only once it is sent."""
         try:
-            async with asyncio.timeout(SEND_TIMEOUT_S + CLOSE_TIMEOUT_S):
+            async with asyncio.timeout(self._send_timeout_s + CLOSE_TIMEOUT_S):
                 await self.websocket.close(code, reason)
         except TimeoutError:
             self.websocket.transport.abort()
@@ -398,7 +403,7 @@ class AgentHub:
             commands_sent=self._commands_sent,
             certificate_expires_at=_on_monotonic_clock(identity.expires_at),
         )
-        connection = _AgentConnection(websocket, session, certificate)
+        connection = _AgentConnection(websocket, session, certificate, self._send_timeout_s)
         # Nothing awaited since the revocation check: a revocation enforced from here on
         # finds this connection.
         self._served.add(connection)

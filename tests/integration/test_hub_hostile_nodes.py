@@ -11,6 +11,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from time import monotonic
 from typing import Any
 
 import msgspec
@@ -37,7 +38,7 @@ from app.domain.events import (
 from app.domain.model_spec import ModelSpec
 from app.domain.revocations import PresentedCertificate
 from app.hub.edge import command_to_wire
-from app.hub.hub import SEND_TIMEOUT_S, AgentHub
+from app.hub.hub import CLOSE_TIMEOUT_S, SEND_TIMEOUT_S, AgentHub
 from app.services.agent_reports import LiveView, ReportRecorder
 from app.services.command_sending import CommandSender
 from app.store.interface import AppendRequest, NewEvent
@@ -365,11 +366,13 @@ async def test_a_command_to_a_healthy_node_does_not_wait_behind_one_that_reads_n
         assert view.greeting(deaf_id) is None
 
 
-async def test_a_node_whose_close_cannot_be_sent_is_dropped_and_logged(
+async def test_a_node_whose_close_cannot_be_sent_is_dropped_after_the_hubs_send_timeout(
     run_hub: RunHub, pki: Pki
 ) -> None:
-    """A node whose buffers are full is revoked: its close frame cannot be sent. Before,
-    its connection was dropped without a word; now the drop is logged."""
+    """A node whose buffers are full is revoked by a hub told to wait 0.3 s on a send: its
+    close frame cannot be sent. The drop is logged. Before, the close waited the default
+    2 s (``SEND_TIMEOUT_S``) and the close timeout; now the hub's 0.3 s and the close
+    timeout."""
     deaf_id = new_node_id()
     revoked: set[str] = set()
 
@@ -378,18 +381,21 @@ async def test_a_node_whose_close_cannot_be_sent_is_dropped_and_logged(
 
     with capture_logs() as logs:
         async with (
-            run_hub(revocations=revocations) as hub,
+            run_hub(revocations=revocations, send_timeout_s=0.3) as hub,
             deaf_agent(hub, pki.node(deaf_id), deaf_id),
         ):
             await wait_until(lambda: hub.connected_nodes() == [deaf_id])
             await fill_buffers(hub, deaf_id)
             revoked.add(deaf_id)
+            revoking = monotonic()
             assert await hub.enforce_revocations() == 1
 
             def dropped() -> bool:
                 return any(e["event"] == "agent_connection_dropped" for e in logs)
 
             await wait_until(dropped, what="the drop logged")
+            waited_s = monotonic() - revoking
+    assert waited_s < 0.3 + CLOSE_TIMEOUT_S + 0.5 < SEND_TIMEOUT_S + CLOSE_TIMEOUT_S
     [line] = [e for e in logs if e["event"] == "agent_connection_dropped"]
     assert (line["node_id"], line["code"]) == (deaf_id, 1008)
 
