@@ -66,12 +66,18 @@ class CommandSender:
 
     async def send(self, commands: Sequence[Command]) -> int:
         """Send ``commands``, each node's in the order given, the nodes side by side; how
-        many went. Returns once every node's have gone or failed."""
+        many went. Returns once every node's have gone or failed; an error other than a
+        command not sent stops the other nodes' sends and is raised."""
         by_node: dict[str, list[Command]] = {}
         for planned in commands:
             by_node.setdefault(planned.node_id, []).append(planned)
-        async with asyncio.TaskGroup() as sending:
-            counts = [sending.create_task(self._send_in_order(run)) for run in by_node.values()]
+        try:
+            async with asyncio.TaskGroup() as sending:
+                counts = [sending.create_task(self._send_in_order(run)) for run in by_node.values()]
+        except ExceptionGroup as failed:
+            # Raised as itself: the reconcile loop stops leading on a ``FencedError`` (met
+            # recording a node's disconnect), which it would not see inside a group.
+            raise failed.exceptions[0] from failed
         for node_id in [n for n in self._sent if self._view.greeting(n) is None]:
             del self._sent[node_id]
         return sum(count.result() for count in counts)

@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
+import pytest
+
 from app.domain.commands import NodeNotConnected, StartShard, StopShard
 from app.domain.decision import Command
 from app.services.command_sending import CommandSender
+from app.store.errors import FencedError
 from tests.support.waiting import wait_until
 
 AT = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
@@ -75,3 +78,22 @@ async def test_a_command_that_did_not_go_is_not_awaited_and_not_counted() -> Non
     assert view.awaited == {("here", "stop-2")}
     assert await sender.send([stop("away", 1), stop("here", 2)]) == 0, "stop-2 sent again"
     assert channel.sent == [("here", "stop-2")]
+
+
+class Deposing(Channel):
+    """A channel whose send to ``fenced`` meets a newer leader (recording the node's
+    disconnect, say)."""
+
+    async def send_command(self, node_id: str, command: StartShard | StopShard) -> None:
+        if node_id == "fenced":
+            raise FencedError(1, 2)
+        await super().send_command(node_id, command)
+
+
+async def test_a_newer_leader_met_while_sending_is_raised_as_such() -> None:
+    """The reconcile loop stops leading on ``FencedError``; one wrapped in an exception
+    group would be logged as a failed pass and the deposed leader would go on."""
+    sender = CommandSender(Deposing(), View(), lambda: AT)
+
+    with pytest.raises(FencedError):
+        await sender.send([stop("here", 1), stop("fenced", 2)])
