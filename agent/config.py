@@ -271,10 +271,6 @@ def resolve(settings: AgentSettings, environ: Mapping[str, str]) -> AgentConfig:
     if not settings.servers:
         raise ConfigError(_missing("--server", "SERVERS", "servers", "wss://HOST:PORT"))
     node_id = _required(settings.node_id, "--node-id", "NODE_ID", "node_id")
-    try:
-        check_subject_name("node id", node_id)
-    except InvalidRequest as exc:
-        raise ConfigError(f"--node-id: {exc}") from exc
     # Each source's values were checked as it was read, naming it; these checks name the
     # flags, and hold for settings built in code too.
     _check_values(settings, _flag)
@@ -314,13 +310,20 @@ def resolve(settings: AgentSettings, environ: Mapping[str, str]) -> AgentConfig:
 
 
 def _flag(field: str) -> str:
-    return f"--{field.replace('_', '-')}"
+    return "--server" if field == "servers" else f"--{field.replace('_', '-')}"
 
 
 def _check_values(settings: AgentSettings, where: Callable[[str], str]) -> AgentSettings:
     """``settings`` if no value they set is one the agent cannot use; else the error names
     where the value was given, ``where(field)``: the flag, the environment variable, or the
     config file and its key (a value from the file is no flag the operator typed)."""
+    for server in settings.servers or ():
+        parse_server(server, where("servers"))
+    if settings.node_id is not None and settings.node_id.strip():
+        try:
+            check_subject_name("node id", settings.node_id.strip())
+        except InvalidRequest as exc:
+            raise ConfigError(f"{where('node_id')}: {exc}") from exc
     if settings.fake_gpus is not None:
         try:
             parse_fake_gpus(settings.fake_gpus)
@@ -353,21 +356,22 @@ def _check_values(settings: AgentSettings, where: Callable[[str], str]) -> Agent
     return settings
 
 
-def parse_server(text: str) -> ServerAddress:
-    """``wss://HOST[:PORT][/PATH]``; the port defaults to 443."""
+def parse_server(text: str, source: str = "--server") -> ServerAddress:
+    """``wss://HOST[:PORT][/PATH]``; the port defaults to 443. ``source`` names where the
+    text was given, for the error."""
     parts = urlsplit(text.strip())
     if parts.scheme != "wss":
         raise ConfigError(
-            f"--server {text!r}: expected wss://HOST:PORT (the agent channel always uses TLS)"
+            f"{source} {text!r}: expected wss://HOST:PORT (the agent channel always uses TLS)"
         )
     try:
         port = parts.port or 443
     except ValueError as exc:
-        raise ConfigError(f"--server {text!r}: {exc}") from exc
+        raise ConfigError(f"{source} {text!r}: {exc}") from exc
     if not parts.hostname:
-        raise ConfigError(f"--server {text!r}: no host; expected wss://HOST:PORT")
+        raise ConfigError(f"{source} {text!r}: no host; expected wss://HOST:PORT")
     if parts.query or parts.fragment or parts.username:
-        raise ConfigError(f"--server {text!r}: expected wss://HOST:PORT[/PATH] and nothing else")
+        raise ConfigError(f"{source} {text!r}: expected wss://HOST:PORT[/PATH] and nothing else")
     return ServerAddress(uri=text.strip(), host=parts.hostname, port=port)
 
 

@@ -222,6 +222,12 @@ def test_a_bad_setting_is_refused_with_a_message_naming_it(
         ("FAKE_GPUS", "8xH100", "LLMGW_AGENT_FAKE_GPUS: fake GPU spec '8xH100': expected"),
         ("OPEN_TIMEOUT", "-1", "LLMGW_AGENT_OPEN_TIMEOUT -1.0: expected a positive number"),
         ("LIVENESS_FAILURES", "0", "LLMGW_AGENT_LIVENESS_FAILURES 0: expected at least 1"),
+        (
+            "SERVERS",
+            "wss://127.0.0.5:8443,https://127.0.0.6:8443",
+            "LLMGW_AGENT_SERVERS 'https://127.0.0.6:8443': expected wss://HOST:PORT",
+        ),
+        ("NODE_ID", "gpu 07", "LLMGW_AGENT_NODE_ID: invalid node id 'gpu 07'"),
     ],
 )
 def test_a_bad_setting_from_the_environment_is_refused_naming_the_variable(
@@ -244,6 +250,11 @@ def test_a_bad_setting_from_the_environment_is_refused_naming_the_variable(
         ('fake_gpus = "8xH100"\n', "fake_gpus: fake GPU spec '8xH100': expected"),
         ("reconnect_max_delay = 0\n", "reconnect_max_delay 0.0: expected a positive number"),
         ("liveness_interval = -1\n", "liveness_interval -1.0: expected a number of seconds"),
+        (
+            'servers = ["https://127.0.0.6:8443"]\n',
+            "servers 'https://127.0.0.6:8443': expected wss://HOST:PORT",
+        ),
+        ('node_id = "gpu 07"\n', "node_id: invalid node id 'gpu 07'"),
     ],
 )
 def test_a_bad_setting_from_the_config_file_is_refused_naming_the_file_and_key(
