@@ -319,6 +319,10 @@ def _check_values(settings: AgentSettings, where: Callable[[str], str]) -> Agent
     config file and its key (a value from the file is no flag the operator typed)."""
     for server in settings.servers or ():
         parse_server(server, where("servers"))
+    for field in ("cert", "key", "ca"):
+        path = getattr(settings, field)
+        if path is not None and not path.is_file():
+            raise ConfigError(f"{where(field)} {path}: no such file")
     if settings.node_id is not None and settings.node_id.strip():
         try:
             check_subject_name("node id", settings.node_id.strip())

@@ -268,6 +268,24 @@ def test_a_bad_setting_from_the_config_file_is_refused_naming_the_file_and_key(
     assert str(refused.value).startswith(f"config file {config_file}: {message}")
 
 
+def test_a_missing_certificate_file_is_refused_naming_where_it_was_given(
+    node_files: Path,
+) -> None:
+    """``LLMGW_AGENT_CERT`` pointing nowhere is no ``--cert`` the operator typed, and the
+    file's ``key`` is refused though a flag gives another."""
+    missing = node_files / "gone.crt"
+    with pytest.raises(ConfigError) as from_env:
+        load_config(flags(node_files, cert=None), {"LLMGW_AGENT_CERT": str(missing)})
+    config_file = write_config(node_files, 'key = "gone.key"\n')
+    with pytest.raises(ConfigError) as from_file:
+        load_config(flags(node_files), {}, config_file)
+
+    assert str(from_env.value) == f"LLMGW_AGENT_CERT {missing}: no such file"
+    assert str(from_file.value) == (
+        f"config file {config_file}: key {node_files / 'gone.key'}: no such file"
+    )
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
