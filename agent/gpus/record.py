@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -258,14 +259,41 @@ def _summary(outcome: RecordOutcome, path: Path) -> str:
     return "\n".join(lines)
 
 
+def _snapshot_count(text: str) -> int:
+    """A whole number of at least 1, else bad usage (exit 2) before anything is recorded."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{count}: record at least one snapshot")
+    return count
+
+
+def _interval_seconds(text: str) -> float:
+    """0 or more seconds, else bad usage (exit 2): refused before the first snapshot, not
+    after it as the sleep before the second."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= seconds < math.inf:
+        raise argparse.ArgumentTypeError(f"{text}: expected 0 or more seconds")
+    return seconds
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m agent.gpus.record",
         description="Record what NVML answers on this machine, for replay in tests.",
     )
     parser.add_argument("out", type=Path, help="the JSON file to write")
-    parser.add_argument("--snapshots", type=int, default=1, help="how many snapshots to take")
-    parser.add_argument("--interval", type=float, default=1.0, help="seconds between snapshots")
+    parser.add_argument(
+        "--snapshots", type=_snapshot_count, default=1, help="how many snapshots to take"
+    )
+    parser.add_argument(
+        "--interval", type=_interval_seconds, default=1.0, help="seconds between snapshots"
+    )
     parser.add_argument("--description", default="", help="a note stored in the recording")
     args = parser.parse_args(argv)
     outcome = record_nvml(

@@ -135,9 +135,27 @@ def test_the_module_entry_point_records_this_machine(tmp_path: Path) -> None:
         assert gpu.uuid in finished.stdout
 
 
-def test_main_refuses_zero_snapshots(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="at least one snapshot"):
-        main([str(tmp_path / "nvml.json"), "--snapshots", "0"])
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--snapshots", "0"], "argument --snapshots: 0: record at least one snapshot"),
+        (["--snapshots", "two"], "argument --snapshots: 'two' is not a whole number"),
+        (["--interval", "-1", "--snapshots", "2"], "argument --interval: -1: expected 0 or more"),
+        (["--interval", "nan", "--snapshots", "2"], "argument --interval: nan: expected 0 or more"),
+    ],
+)
+def test_main_refuses_bad_arguments_as_usage_before_recording(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], arguments: list[str], message: str
+) -> None:
+    """Exit 2 with the reason, not a traceback, nor one snapshot then a failed sleep."""
+    out = tmp_path / "nvml.json"
+
+    with pytest.raises(SystemExit) as exited:
+        main([str(out), *arguments])
+
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_a_recording_that_is_not_utf8_or_not_a_regular_file_is_refused_naming_it(
