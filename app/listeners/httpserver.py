@@ -157,6 +157,10 @@ class HttpConnection(asyncio.Protocol):
         self._stage = listener.head
         self._reading_head = True
         self._head_bytes = 0
+        self._head_field_bytes = 0
+        """The head's target and fields as parsed (each field's name, value, ``: `` and line
+        end): what ``_head_bytes``, which counts only reads that leave the head unfinished,
+        misses of a head that arrives whole in one read."""
         self._lingering = False
         self._read_paused = False
         self._body_left_s: float | None = None
@@ -249,6 +253,7 @@ class HttpConnection(asyncio.Protocol):
         self._headers = []
         self._expect_continue = False
         self._content_length = None
+        self._head_field_bytes = 0
         if not self._reading_head:
             # The next request of a kept-alive connection: its head is timed anew.
             self._reading_head, self._head_bytes = True, 0
@@ -256,6 +261,7 @@ class HttpConnection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._target += url
+        self._head_field_bytes += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
@@ -264,15 +270,20 @@ class HttpConnection(asyncio.Protocol):
         elif name == b"expect" and value.lower() == b"100-continue":
             self._expect_continue = True
         self._headers.append((name, value))
+        self._head_field_bytes += len(name) + len(value) + 4
 
     def on_headers_complete(self) -> None:
         if self._lingering:
             return  # a request parsed after a refusal, from the same read: never served
         self._reading_head = False
+        header_limit = self.listener.limits.max_header_bytes
+        if self._head_field_bytes > header_limit:
+            self._refuse_head(431, f"Request headers over {header_limit} bytes.")
+            return
         limit = self.listener.limits.max_body_bytes
         length = self._content_length
         if limit is not None and length is not None and announces_more_than(length, limit):
-            self._refuse_announced(limit)
+            self._refuse_head(413, body_over(limit))
             return
         self._await(self.listener.body)
         parser = self.parser
@@ -419,12 +430,13 @@ class HttpConnection(asyncio.Protocol):
         if drained is not None and not drained.done():
             drained.set_result(None)
 
-    def _refuse_announced(self, limit: int) -> None:
-        """Refuse the request whose head was just read: it announces a body over ``limit``.
-        No exchange is made for it, so the app never sees it."""
+    def _refuse_head(self, status: int, message: str) -> None:
+        """Refuse the request whose head was just read (a head over its limit, or one that
+        announces a body over its limit). No exchange is made for it, so the app never
+        sees it."""
         current = self._current
         if current is None:
-            self._refuse(413, body_over(limit))
+            self._refuse(status, message)
             return
         # An earlier request, pipelined before this one, is still being answered: no refusal
         # may cut into its answer. The connection closes after it; this request, and any

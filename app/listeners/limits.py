@@ -221,8 +221,9 @@ def limited(
             if self._lingering:
                 return  # a request parsed after a refusal, from the same read: never served
             self._reading_head = False
-            if limits.max_body_bytes is not None and self._announces_too_much(
-                limits.max_body_bytes
+            if self._head_too_large() or (
+                limits.max_body_bytes is not None
+                and self._announces_too_much(limits.max_body_bytes)
             ):
                 return
             self._await(body)
@@ -237,12 +238,28 @@ def limited(
             if not self._lingering:
                 super().on_message_complete()
 
+        def _head_too_large(self) -> bool:
+            """Refuse the request whose head was just read if its target and fields hold
+            more than the header limit; whether they did. ``data_received`` counts only
+            reads that leave the head unfinished, so a head that arrives whole in one read
+            is measured here."""
+            size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+            if size <= limits.max_header_bytes:
+                return False
+            self._refuse_head(431, f"Request headers over {limits.max_header_bytes} bytes.")
+            return True
+
         def _announces_too_much(self, limit: int) -> bool:
             """Refuse the request whose head was just read if it announces a body over
             ``limit``; whether it did. The app never sees it."""
             lengths = [value for name, value in self.headers if name == b"content-length"]
             if not any(announces_more_than(value, limit) for value in lengths):
                 return False
+            self._refuse_head(413, body_over(limit))
+            return True
+
+        def _refuse_head(self, status: int, message: str) -> None:
+            """Refuse the request whose head was just read; the app never sees it."""
             previous = self.cycle
             if previous is not None and not previous.response_complete:
                 # An earlier request, pipelined before this one, is still being answered:
@@ -251,9 +268,8 @@ def limited(
                 previous.keep_alive = False
                 self._due = math.inf
                 self._lingering = True
-                return True
-            self._refuse(413, body_over(limit), started=False)
-            return True
+                return
+            self._refuse(status, message, started=False)
 
         def _await(self, stage: tuple[float, str]) -> None:
             self._stage = stage

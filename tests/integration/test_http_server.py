@@ -563,6 +563,19 @@ async def test_a_head_over_the_limit_is_answered_431() -> None:
         await client.close()
 
 
+async def test_a_head_over_the_limit_arriving_in_one_piece_is_answered_431() -> None:
+    limits = ListenerLimits(max_header_bytes=1024, max_connections=8)
+    app = Echo()
+    async with serving(app, limits=limits) as (_, port):
+        client = await Client.to(port)
+        await client.send(b"GET / HTTP/1.1\r\nX-Padding: " + b"a" * 4096 + b"\r\n\r\n")
+        status, headers, _ = await client.answer()
+        assert status == b"HTTP/1.1 431 Request Header Fields Too Large"
+        assert headers[b"connection"] == b"close"
+        await client.close()
+    assert app.seen == []
+
+
 async def test_a_client_that_leaves_is_a_disconnect_to_the_app() -> None:
     app = Echo()
     async with serving(app) as (_, port):

@@ -407,6 +407,23 @@ async def test_uvicorn_finishes_an_answer_before_closing_for_a_pipelined_refusal
     assert [scope["path"] for scope in app.seen] == ["/later"]
 
 
+async def test_uvicorn_refuses_a_head_over_the_limit_arriving_in_one_piece() -> None:
+    app = Echo()
+    limits = ListenerLimits(header_timeout_s=30, body_timeout_s=30, max_header_bytes=1024)
+    async with uvicorn_serving(app, limits) as port:
+        client = await Client.to(port)
+        await client.send(
+            b"GET /big HTTP/1.1\r\nHost: llmgw\r\nX-Padding: " + b"a" * 4096 + b"\r\n\r\n"
+        )
+
+        status, headers, _ = await client.answer()
+        assert status == b"HTTP/1.1 431 Request Header Fields Too Large"
+        assert headers[b"connection"] == b"close"
+        assert await client.closed()
+        await client.close()
+    assert app.seen == []
+
+
 # -- clients that take in nothing -------------------------------------------------------
 
 
