@@ -51,7 +51,7 @@ def revocation_refusal(
     """Why ``certificate`` may not connect, or None when it may."""
     by_serial = revocations.get(revocation_key(certificate.serial, None))
     if by_serial is not None:
-        return _refusal(by_serial, f"certificate {certificate.serial} was revoked")
+        return _refusal(by_serial, f"certificate {certificate.serial}")
     by_node = revocations.get(revocation_key(None, certificate.common_name))
     if by_node is None:
         return None
@@ -128,7 +128,9 @@ def _is_node_id(text: str) -> bool:
 
 
 def _refusal(revocation: CertificateRevocation, what: str) -> str:
+    # Why first: the refusal reaches the agent as a close frame's reason, 123 bytes at
+    # most, and a 40-digit serial and the time ahead of it left a few characters of why.
     return (
-        f"{what}: revoked by {revocation.revoked_by} at "
-        f"{revocation.revoked_at.isoformat(timespec='seconds')}: {revocation.reason}"
+        f"revoked: {revocation.reason} (by {revocation.revoked_by} at "
+        f"{revocation.revoked_at.isoformat(timespec='seconds')}; {what})"
     )

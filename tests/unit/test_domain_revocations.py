@@ -20,6 +20,7 @@ from app.domain.revocations import (
     revoke,
 )
 from app.domain.state import ClusterState
+from wire.messages import fit_close_reason
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -53,11 +54,18 @@ def test_a_certificate_revoked_by_serial_is_refused_naming_who_when_and_why() ->
 
     reason = revocation_refusal(state.revocations, presented(serial="5f1c"))
 
-    assert (
-        reason
-        == "certificate 5f1c was revoked: revoked by alice at 2026-12-01T12:00:00+00:00: stolen"
-    )
+    assert reason == "revoked: stolen (by alice at 2026-12-01T12:00:00+00:00; certificate 5f1c)"
     assert revocation_refusal(state.revocations, presented(serial="5f1d")) is None
+
+
+def test_the_refusal_of_a_long_serial_carries_its_reason_within_a_close_frame() -> None:
+    serial = "6ad5935851a8a2fbdefbc6cf7f4d18c47a6781a8"  # 40 digits, as llmgw's CA issues
+    state = recorded(ClusterState(), RevocationRequest(serial=serial, reason="laptop stolen"), T0)
+
+    reason = revocation_refusal(state.revocations, presented(serial=serial))
+
+    assert reason is not None
+    assert "laptop stolen" in fit_close_reason(reason)
 
 
 def test_revoking_a_node_voids_what_it_was_issued_until_then_and_not_its_replacement() -> None:
