@@ -29,7 +29,13 @@ from agent.gpus import parse_fake_gpus
 from app.pki.errors import InvalidRequest
 from app.pki.names import check_subject_name
 from app.regular_file import FileMissing, FileRefused, read_regular_text
-from wire.messages import MAX_HOST_CHARS, MAX_LABEL_KEY_CHARS, MAX_LABEL_VALUE_CHARS, MAX_LABELS
+from wire.messages import (
+    CONTROL_CHARACTER,
+    MAX_HOST_CHARS,
+    MAX_LABEL_KEY_CHARS,
+    MAX_LABEL_VALUE_CHARS,
+    MAX_LABELS,
+)
 
 ENV_PREFIX = "LLMGW_AGENT_"
 CONFIG_ENV = f"{ENV_PREFIX}CONFIG"
@@ -54,8 +60,6 @@ ENGINES_ON_EXIT: tuple[EnginesOnExit, ...] = get_args(EnginesOnExit)
 
 T = TypeVar("T")
 
-_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
-"""What a hello's names may not hold (``wire.messages.NO_CONTROL_CHARACTERS``)."""
 _LABEL_KEY = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._/-]{{0,{MAX_LABEL_KEY_CHARS - 1}}}")
 _PORT_RANGE = re.compile(r"(\d+)\s*-\s*(\d+)")
 
@@ -469,7 +473,7 @@ def _hello_labels(labels: Mapping[str, str], source: str) -> dict[str, str]:
                 f"{source} {key}: the value has {len(value)} characters; a label's value "
                 f"has at most {MAX_LABEL_VALUE_CHARS}"
             )
-        if _CONTROL_CHARACTER.search(value):
+        if CONTROL_CHARACTER.search(value):
             raise ConfigError(
                 f"{source} {key}: the value {value[:80]!r} holds a control character; "
                 "a label's value is one line of text"

@@ -15,13 +15,13 @@ Sizes are measured as the JSON that goes out: a character may take up to six byt
 
 from __future__ import annotations
 
-import re
 from datetime import datetime, timedelta, timezone
 
 import msgspec
 
 from agent.engines import ShardChange, ShardRecord, ShardState
 from wire.messages import (
+    CONTROL_CHARACTER,
     MAX_LISTED,
     MAX_PID,
     MAX_SHARD_REPORT_BYTES,
@@ -48,7 +48,6 @@ _LONGEST_STATE: WireShardState = "starting"
 _LONGEST_START = datetime(2000, 1, 1, 0, 0, 0, 1, tzinfo=timezone(timedelta(hours=-12)))
 
 _encoder = msgspec.json.Encoder()
-_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 
 _WIRE_STATES: dict[ShardState, WireShardState] = {
     ShardState.STARTING: "starting",
@@ -120,7 +119,7 @@ def wire_uuid(uuid: str) -> str:
     """A GPU's UUID as a hello lists it, and so as every health change must name it and as
     the control plane compares it (cut to ``MAX_GPU_UUID_BYTES``). A control character
     becomes U+FFFD: the wire refuses a name holding one (``wire.messages.Name``)."""
-    return fit_text(_CONTROL_CHARACTER.sub("\ufffd", uuid), MAX_GPU_UUID_BYTES)
+    return fit_text(CONTROL_CHARACTER.sub("\ufffd", uuid), MAX_GPU_UUID_BYTES)
 
 
 def shard_report(record: ShardRecord) -> ShardReport:

@@ -14,6 +14,7 @@ Decoding raises the ``ProtocolError`` subclasses of ``wire.errors``.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from enum import IntEnum
 from typing import Annotated, Literal, TypeVar, get_args
@@ -66,6 +67,8 @@ class CloseCode(IntEnum):
 
 
 ShardState = Literal["starting", "ready", "failed", "stopped"]
+CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+"""A C0 control character or DEL: what no name on the wire holds."""
 NO_CONTROL_CHARACTERS = r"\A[^\x00-\x1f\x7f]*\Z"
 """What a name on the wire matches: no C0 control character and no DEL. A name is compared
 with the log's copy of it, and the log keeps a NUL as U+FFFD (jsonb cannot hold one): a
