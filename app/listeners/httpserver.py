@@ -68,6 +68,7 @@ from app.listeners.limits import (
     SendWatch,
     announces_more_than,
     body_over,
+    head_over,
     plain_text,
 )
 
@@ -157,10 +158,6 @@ class HttpConnection(asyncio.Protocol):
         self._stage = listener.head
         self._reading_head = True
         self._head_bytes = 0
-        self._head_field_bytes = 0
-        """The head's target and fields as parsed (each field's name, value, ``: `` and line
-        end): what ``_head_bytes``, which counts only reads that leave the head unfinished,
-        misses of a head that arrives whole in one read."""
         self._lingering = False
         self._read_paused = False
         self._body_left_s: float | None = None
@@ -253,7 +250,6 @@ class HttpConnection(asyncio.Protocol):
         self._headers = []
         self._expect_continue = False
         self._content_length = None
-        self._head_field_bytes = 0
         if not self._reading_head:
             # The next request of a kept-alive connection: its head is timed anew.
             self._reading_head, self._head_bytes = True, 0
@@ -261,7 +257,6 @@ class HttpConnection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._target += url
-        self._head_field_bytes += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
@@ -270,15 +265,14 @@ class HttpConnection(asyncio.Protocol):
         elif name == b"expect" and value.lower() == b"100-continue":
             self._expect_continue = True
         self._headers.append((name, value))
-        self._head_field_bytes += len(name) + len(value) + 4
 
     def on_headers_complete(self) -> None:
         if self._lingering:
             return  # a request parsed after a refusal, from the same read: never served
         self._reading_head = False
-        header_limit = self.listener.limits.max_header_bytes
-        if self._head_field_bytes > header_limit:
-            self._refuse_head(431, f"Request headers over {header_limit} bytes.")
+        head_refusal = head_over(self._target, self._headers, self.listener.limits.max_header_bytes)
+        if head_refusal is not None:
+            self._refuse_head(431, head_refusal)
             return
         limit = self.listener.limits.max_body_bytes
         length = self._content_length

@@ -39,7 +39,7 @@ import http
 import math
 import sys
 import termios
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -110,6 +110,15 @@ def announces_more_than(content_length: bytes, limit: int) -> bool:
     except ValueError:
         # Digits alone that int() refuses are thousands of them: far over any limit.
         return content_length.strip().isdigit()
+
+
+def head_over(target: bytes, headers: Iterable[tuple[bytes, bytes]], limit: int) -> str | None:
+    """The refusal's message (431) for a head whose target and fields, as parsed (each
+    field's name, value, ``: `` and line end), hold more than ``limit`` bytes; None when
+    they fit. Measured once the head is read: counting the reads that leave a head
+    unfinished misses one that arrives whole in one read."""
+    size = len(target) + sum(len(name) + len(value) + 4 for name, value in headers)
+    return f"Request headers over {limit} bytes." if size > limit else None
 
 
 def body_over(limit: int) -> str:
@@ -239,14 +248,12 @@ def limited(
                 super().on_message_complete()
 
         def _head_too_large(self) -> bool:
-            """Refuse the request whose head was just read if its target and fields hold
-            more than the header limit; whether they did. ``data_received`` counts only
-            reads that leave the head unfinished, so a head that arrives whole in one read
-            is measured here."""
-            size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
-            if size <= limits.max_header_bytes:
+            """Refuse the request whose head was just read if it is over the header limit
+            (``head_over``); whether it was."""
+            refusal = head_over(self.url, self.headers, limits.max_header_bytes)
+            if refusal is None:
                 return False
-            self._refuse_head(431, f"Request headers over {limits.max_header_bytes} bytes.")
+            self._refuse_head(431, refusal)
             return True
 
         def _announces_too_much(self, limit: int) -> bool:
