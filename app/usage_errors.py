@@ -81,18 +81,14 @@ def _what_is_wrong(error: CycloptsError, where: str, refusals: tuple[type[Except
             # A group without a default command (``llmgw-cli keys``) takes its first word
             # for a command's name, an option given before any command included.
             return _unknown_option(token.split("=", 1)[0], _group_options(error.app), where)
-        guess = closest(token, _commands(error.app))
-        hint = f'did you mean "{guess}"?' if guess else f"see {where} --help"
-        return f'unknown command "{token}"; {hint}'
+        return _unknown_command(token, _commands(error.app), where)
     if isinstance(error, UnusedCliTokensError) and error.unused_tokens:
         # A word after a command that takes no more words: cyclopts says "Unused Tokens:
         # ['show', 'demo']". Where the command has commands of its own, it is one mistyped.
         token = error.unused_tokens[0]
         commands = _commands(error.app) if error.app else []
         if commands and not token.startswith("-"):
-            guess = closest(token, commands)
-            hint = f'did you mean "{guess}"?' if guess else f"see {where} --help"
-            return f'unknown command "{token}"; {hint}'
+            return _unknown_command(token, commands, where)
         return f'unexpected argument "{token}"; see {where} --help'
     if isinstance(error, UnknownOptionError):
         token = error.token.keyword or error.token.value
@@ -120,6 +116,12 @@ def _unknown_option(token: str, options: Sequence[str], where: str) -> str:
     guess = closest(token, (name for name in options if name.startswith("-")))
     hint = f"did you mean {guess}?" if guess else f"see {where} --help"
     return f"unknown option {token}; {hint}"
+
+
+def _unknown_command(token: str, commands: Sequence[str], where: str) -> str:
+    guess = closest(token, commands)
+    hint = f'did you mean "{guess}"?' if guess else f"see {where} --help"
+    return f'unknown command "{token}"; {hint}'
 
 
 def _group_options(app: App) -> list[str]:
