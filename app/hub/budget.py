@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import msgspec
 
+from app.listeners.buckets import TokenBucket
+
 MIB = 1024 * 1024
 
 
@@ -28,32 +30,6 @@ class MessageBudget(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("a message budget's rates must be positive")
         if self.message_burst < 1 or self.byte_burst < 1:
             raise ValueError("a message budget's bursts must be at least 1")
-
-
-class TokenBucket:
-    """``capacity`` tokens at first, ``rate`` more a second up to it; ``now`` is monotonic
-    seconds."""
-
-    __slots__ = ("_capacity", "_last", "_rate", "_tokens")
-
-    def __init__(self, rate: float, capacity: float, now: float) -> None:
-        self._rate = rate
-        self._capacity = capacity
-        self._tokens = capacity
-        self._last = now
-
-    def take(self, amount: float, now: float) -> bool:
-        elapsed = max(0.0, now - self._last)
-        self._last = now
-        self._tokens = min(self._capacity, self._tokens + elapsed * self._rate)
-        if amount > self._tokens:
-            return False
-        self._tokens -= amount
-        return True
-
-    def seconds_until(self, amount: float) -> float:
-        """How long, from the last ``take``, until ``amount`` tokens are there."""
-        return max(0.0, amount - self._tokens) / self._rate
 
 
 class BudgetMeter:

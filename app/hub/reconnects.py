@@ -11,19 +11,17 @@ right after the TLS handshake, before its hello, with the seconds until it may c
 again.
 
 Memory is bounded: at most ``max_nodes`` buckets are kept, the least recently touched
-dropped first. That one is also the fullest (buckets refill with time), so forgetting it
-gives back little. ``now`` is monotonic seconds, passed in like every clock the hub's pure
-parts see.
+dropped first (``app.listeners.buckets``). ``now`` is monotonic seconds, passed in like
+every clock the hub's pure parts see.
 """
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 
 import msgspec
 
-from app.hub.budget import TokenBucket
+from app.listeners.buckets import KeyedBuckets
 
 DEFAULT_CONNECT_BURST = 10
 DEFAULT_CONNECTS_PER_MINUTE = 10.0
@@ -61,20 +59,16 @@ def limit_problems(burst: int, per_minute: float) -> list[str]:
 class ConnectBudget:
     def __init__(self, limits: ConnectLimits | None = None) -> None:
         self.limits = limits or ConnectLimits()
-        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
+        self._buckets = KeyedBuckets(
+            burst=self.limits.burst,
+            per_second=self.limits.per_minute / 60,
+            max_keys=self.limits.max_nodes,
+        )
 
     def spend(self, node_id: str, now: float) -> float:
         """Count a connection of ``node_id``: 0 when it may go on (it had one left), else
         the seconds until it has one again (this one is refused, and costs nothing)."""
-        limits = self.limits
-        bucket = self._buckets.get(node_id)
-        if bucket is None:
-            bucket = TokenBucket(limits.per_minute / 60, limits.burst, now)
-            self._buckets[node_id] = bucket
-        self._buckets.move_to_end(node_id)
-        while len(self._buckets) > limits.max_nodes:
-            self._buckets.popitem(last=False)
-        return 0.0 if bucket.take(1, now) else bucket.seconds_until(1)
+        return self._buckets.spend(node_id, now)
 
     def __len__(self) -> int:
         return len(self._buckets)

@@ -6,10 +6,10 @@ Each address has a token bucket: ``burst`` failures at once, refilled at
 out count: a request without any is no guess.
 
 Memory is bounded: at most ``max_addresses`` buckets are kept, the least recently touched
-dropped first. That one is also the fullest (buckets refill with time), so a flood of
-addresses costs the flooder its own budget, not the server its memory. IPv6 addresses
-count by their /64, the block one host is usually given, so that a host cannot draw a
-fresh budget from each of its addresses.
+dropped first (``app.listeners.buckets``), so a flood of addresses costs the flooder its
+own budget, not the server its memory. IPv6 addresses count by their /64, the block one
+host is usually given, so that a host cannot draw a fresh budget from each of its
+addresses.
 
 How each listener uses it (see docs/security.md): the gateway answers 429 instead of 401
 once an address is out of failures, and serves a valid key from it regardless, since a
@@ -23,9 +23,10 @@ from __future__ import annotations
 import ipaddress
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from app.listeners.buckets import KeyedBuckets
 
 DEFAULT_BURST = 20
 DEFAULT_PER_MINUTE = 60.0
@@ -54,38 +55,22 @@ class FailureBudget:
         self, limits: FailureLimits | None = None, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.limits = limits or FailureLimits()
-        self._per_second = self.limits.per_minute / 60
         self._clock = clock
-        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
-        """Address -> (failures left, when that was counted)."""
+        self._buckets = KeyedBuckets(
+            burst=float(self.limits.burst),
+            per_second=self.limits.per_minute / 60,
+            max_keys=self.limits.max_addresses,
+        )
+        """By address group."""
 
     def wait_s(self, address: str | None) -> float:
         """Seconds until ``address`` may fail again; 0 while it has failures left."""
-        return self._wait(self._left(address_group(address), self._clock()))
+        return self._buckets.wait_s(address_group(address), self._clock())
 
     def spend(self, address: str | None) -> float:
         """Count a failure from ``address``: 0 if it had one left, else the seconds until it
         has one again (the failure was over budget)."""
-        group, now = address_group(address), self._clock()
-        left = self._left(group, now)
-        over = left < 1
-        if not over:
-            left -= 1
-        self._buckets[group] = (left, now)
-        self._buckets.move_to_end(group)
-        while len(self._buckets) > self.limits.max_addresses:
-            self._buckets.popitem(last=False)
-        return self._wait(left) if over else 0.0
-
-    def _left(self, group: str, now: float) -> float:
-        counted = self._buckets.get(group)
-        if counted is None:
-            return float(self.limits.burst)
-        left, at = counted
-        return min(float(self.limits.burst), left + (now - at) * self._per_second)
-
-    def _wait(self, left: float) -> float:
-        return 0.0 if left >= 1 else (1 - left) / self._per_second
+        return self._buckets.spend(address_group(address), self._clock())
 
 
 def address_group(address: str | None) -> str:
