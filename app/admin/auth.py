@@ -41,6 +41,7 @@ from litestar.exceptions import (
 from litestar.handlers.base import BaseRouteHandler
 
 from app.admin.tls import TLS_EXTENSION
+from app.listeners.http11 import retry_after_header
 from app.listeners.throttle import FailureBudget
 from app.pki import CertificateKind, CertificateRejected, PeerIdentity, peer_identity
 
@@ -186,7 +187,7 @@ def require_actor(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHa
             actor = authenticator.actor_for(headers[0] if headers else None, address)
         except TooManyFailures as exc:
             raise TooManyRequestsException(
-                str(exc), headers={"retry-after": str(max(1, math.ceil(exc.retry_after_s)))}
+                str(exc), headers={"retry-after": retry_after_header(exc.retry_after_s).decode()}
             ) from exc
     if actor is None:
         raise NotAuthorizedException(

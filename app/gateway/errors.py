@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from app.gateway.ratelimit import Quota, RateDecision
+from app.listeners.http11 import retry_after_header
 
 Header = tuple[bytes, bytes]
 
@@ -344,11 +345,6 @@ def listener_refusal(status: int, message: str) -> tuple[bytes, bytes]:
     """A refusal written by the listener itself (a slow client cut off), in OpenAI's shape:
     its content type and body."""
     return b"application/json", ApiError(status, message).body()
-
-
-def retry_after_header(seconds: float) -> bytes:
-    """``Retry-After`` takes whole seconds; round up so a client never comes back early."""
-    return b"%d" % max(1, math.ceil(seconds))
 
 
 # -- engines' errors -----------------------------------------------------------------------

@@ -12,6 +12,7 @@ with what the head says about the body's framing and the connection's fate.
 from __future__ import annotations
 
 import http
+import math
 from collections.abc import Iterable
 from functools import lru_cache
 from urllib.parse import unquote
@@ -127,6 +128,11 @@ def closing_answer(status: int, content_type: bytes, body: bytes) -> bytes:
         len(body),
         body,
     )
+
+
+def retry_after_header(seconds: float) -> bytes:
+    """``Retry-After`` takes whole seconds; round up so a client never comes back early."""
+    return b"%d" % max(1, math.ceil(seconds))
 
 
 def split_target(target: bytes) -> tuple[str, bytes, bytes]:

@@ -14,11 +14,11 @@ from app.gateway.errors import (
     quota_exceeded,
     quota_reason,
     rate_limit_headers,
-    retry_after_header,
     saturated,
     stream_error_events,
 )
 from app.gateway.ratelimit import Quota, RateDecision, RateLimiter
+from app.listeners.http11 import retry_after_header
 
 
 def error_of(body: bytes) -> dict[str, object]:
