@@ -10,7 +10,14 @@ guard that runs after the caller's identity is known, then refuses:
   the field). Litestar converts bodies leniently, so ``{"grace_s": "10"}`` would become 10
   seconds; a string where a number belongs is a mistake to report, not to guess at;
 - a body of nothing or of whitespace where the handler needs one, and a body of whitespace
-  where it may have none (400 saying a JSON object is wanted).
+  where it may have none (400 saying a JSON object is wanted);
+- a JSON object that holds one key twice (400 naming the key). Decoders keep the last one
+  silently, so ``{"replicas": 0, "replicas": 20}`` would mean whatever the reader of it
+  keeps, and a proxy that checked the first would have passed another request.
+
+A request that takes no body declares ``NoBody`` as its ``data``: nothing or ``{}`` is
+read as no body, and a field sent to it is refused as any unknown field is, rather than
+ignored (``{"grace_s": 60}`` to a replica's drain, which has none).
 
 Model specs are read by their handlers (``app.admin.models``), strictly too; they get the
 depth check here all the same.
@@ -21,6 +28,7 @@ start with, so that every reader of it sees the JSON alone.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -40,6 +48,40 @@ _STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _OPENING = bytes.maketrans(b"[{]}", b"[[]]")
 _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 _MSGSPEC_PATH = re.compile(r"^(?P<reason>.*?)(?: - at `\$\.?(?P<path>[^`]*)`)?$")
+
+
+class NoBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The body of a request that takes none: nothing, or ``{}``."""
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> None:
+    if len(pairs) > 1 and len({key for key, _ in pairs}) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+
+
+def duplicated_key(body: bytes) -> str | None:
+    """A key that some object of the JSON in ``body`` holds twice, if any. ``body`` is JSON
+    a strict decoder read already, at most ``MAX_BODY_DEPTH`` deep; objects are not kept."""
+    try:
+        json.loads(body, object_pairs_hook=_refuse_duplicates)
+    except _DuplicateKey as duplicate:
+        return duplicate.key
+    return None
+
+
+def twice_reason(key: str) -> str:
+    """What is wrong with an object holding ``key`` twice."""
+    return f"holds the key {key!r} twice in one object: which one is meant is not clear"
 
 
 def nested_deeper_than(body: bytes, limit: int) -> bool:
@@ -96,3 +138,10 @@ async def check_body(
         ) from exc
     except msgspec.DecodeError as exc:
         raise ValidationException(f"the request body is not valid JSON: {exc}") from exc
+    twice = duplicated_key(body)
+    if twice is not None:
+        reason = twice_reason(twice)
+        raise ValidationException(
+            f"the request body {reason}",
+            extra=[{"key": "(body)", "message": reason, "source": "body"}],
+        )

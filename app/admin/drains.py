@@ -14,7 +14,7 @@ from litestar.status_codes import HTTP_202_ACCEPTED
 from msgspec.structs import replace
 
 from app.admin.auth import require_actor
-from app.admin.bodies import check_body
+from app.admin.bodies import NoBody, check_body
 from app.admin.history import event_view
 from app.admin.node_schemas import DrainRequest
 from app.admin.replica_schemas import (
@@ -90,6 +90,7 @@ class DrainController(Controller):
         operations: NamedDependency[Operations],
         caller: NamedDependency[Caller],
         replica_id: FromPath[str],
+        data: JSONBody[NoBody | None] = None,
     ) -> DrainAccepted:
         return drain_accepted(await operations.drain_replica(caller, replica_id))
 
@@ -117,6 +118,7 @@ class DrainController(Controller):
         operations: NamedDependency[Operations],
         caller: NamedDependency[Caller],
         drain_id: FromPath[str],
+        data: JSONBody[NoBody | None] = None,
     ) -> DrainChange:
         changed = await operations.cancel_drain(caller, drain_id)
         return DrainChange(

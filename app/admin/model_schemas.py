@@ -259,5 +259,5 @@ class ApplyPreviewView(msgspec.Struct, frozen=True, kw_only=True):
     one starts from the revision it was rolling out)."""
 
 
-class ScaleRequest(msgspec.Struct, frozen=True, kw_only=True):
+class ScaleRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     replicas: int

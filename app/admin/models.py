@@ -12,7 +12,7 @@ from litestar.params import FromPath, FromQuery, JSONBody
 
 from app.admin.auth import require_actor
 from app.admin.autoscale_schemas import AutoscaleDecisionView
-from app.admin.bodies import blank_body, check_body
+from app.admin.bodies import blank_body, check_body, duplicated_key, twice_reason
 from app.admin.model_schemas import (
     ApplyPreviewView,
     ModelChange,
@@ -62,6 +62,9 @@ def spec_from_body(body: bytes, path_name: str | None) -> ModelSpec:
         raise InvalidSpec(path_name or "?", [_spec_error(str(exc))]) from exc
     except msgspec.DecodeError as exc:
         raise InvalidSpec(path_name or "?", [SpecError("(body)", f"not JSON: {exc}")]) from exc
+    twice = duplicated_key(body)
+    if twice is not None:
+        raise InvalidSpec(path_name or "?", [SpecError("(body)", twice_reason(twice))])
     if path_name is not None and sent.name not in (None, path_name):
         reason = f"is {sent.name!r}, but the path names {path_name!r}"
         raise InvalidSpec(path_name, [SpecError("name", reason)])

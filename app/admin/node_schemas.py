@@ -105,7 +105,7 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     replicas: list[NodeReplicaView]
 
 
-class CordonRequest(msgspec.Struct, frozen=True, kw_only=True):
+class CordonRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     reason: str = ""
 
 
@@ -114,7 +114,7 @@ class NodeChange(msgspec.Struct, frozen=True, kw_only=True):
     node: NodeView
 
 
-class DrainRequest(msgspec.Struct, frozen=True, kw_only=True):
+class DrainRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     grace_s: float = 600.0
     """Seconds the whole move may take (at most a week); what is left on the node then is
     stopped."""

@@ -8,7 +8,7 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 
 from app.admin.auth import require_actor
-from app.admin.bodies import check_body
+from app.admin.bodies import NoBody, check_body
 from app.admin.node_schemas import (
     ConnectionView,
     CordonRequest,
@@ -142,6 +142,7 @@ class NodeController(Controller):
         operations: NamedDependency[Operations],
         caller: NamedDependency[Caller],
         node_id: FromPath[str],
+        data: JSONBody[NoBody | None] = None,
     ) -> NodeChange:
         changed = await operations.uncordon(caller, node_id)
         return NodeChange(changed=changed, node=node_view(await operations.current(), node_id))

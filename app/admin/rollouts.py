@@ -13,7 +13,7 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody, QueryParameter
 
 from app.admin.auth import require_actor
-from app.admin.bodies import check_body
+from app.admin.bodies import NoBody, check_body
 from app.admin.drains import DRAINS_PATH
 from app.admin.history import MAX_POSITION, event_view
 from app.admin.replica_schemas import MoveView
@@ -144,6 +144,7 @@ class RolloutController(Controller):
         traffic: NamedDependency[TrafficSource],
         caller: NamedDependency[Caller],
         name: FromPath[str],
+        data: JSONBody[NoBody | None] = None,
     ) -> RolloutChange:
         changed = await operations.resume_rollout(caller, name)
         return RolloutChange(changed=changed, rollout=await _answer(operations, traffic, name))

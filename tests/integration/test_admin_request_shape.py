@@ -1,0 +1,173 @@
+"""What a request says beyond its values, at the admin API: a field no request has, a body
+sent where none is taken, a key written twice. The Litestar app served by uvicorn on a
+loopback socket, over real HTTP, against a fresh PostgreSQL database per test.
+
+Each was once answered as if it had not been sent (a misspelt ``require_rom`` drained a
+node with no room to go to; the second ``replicas`` of two won). Each now gets a 4xx
+naming what is wrong, and the log is left as it was.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from app.store.postgres import PostgresEventStore
+from tests.support.admin_server import (
+    bearer_client,
+    last_position,
+    seed_node,
+    seed_serving_replica,
+    serving_admin,
+)
+
+TOKEN = secrets.token_hex(16)
+COMMAND = "vllm serve {model} --port {port}"
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def admin(pg_store: PostgresEventStore) -> AsyncIterator[httpx.AsyncClient]:
+    async with (
+        serving_admin(pg_store, tokens={TOKEN: "alice"}) as url,
+        bearer_client(url, TOKEN) as client,
+    ):
+        yield client
+
+
+def problem_of(answer: httpx.Response, status: int) -> dict[str, Any]:
+    assert answer.status_code == status, answer.text
+    assert answer.headers["content-type"].startswith("application/problem+json")
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+async def seeded(admin: httpx.AsyncClient, store: PostgresEventStore) -> int:
+    """A node with a serving replica of a declared model; the log's position after them."""
+    await seed_node(store, "gpu-1")
+    declared = await admin.put("/admin/v1/models/llama", json={"command": COMMAND})
+    assert declared.status_code == 200, declared.text
+    await seed_serving_replica(store, "llama-1", "gpu-1")
+    return await last_position(store)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/admin/v1/nodes/gpu-1/drain", {"grace_s": 60, "require_rom": True}, "require_rom"),
+        ("/admin/v1/nodes/gpu-1/cordon", {"reason": "ECC errors", "reasn": "x"}, "reasn"),
+        ("/admin/v1/models/llama/scale", {"replicas": 2, "replica": 3}, "replica"),
+    ],
+    ids=["node drain", "cordon", "scale"],
+)
+async def test_a_field_the_request_does_not_have_is_a_400_naming_it(
+    admin: httpx.AsyncClient,
+    pg_store: PostgresEventStore,
+    path: str,
+    body: dict[str, Any],
+    field: str,
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.post(path, json=body)
+
+    problem = problem_of(answer, 400)
+    assert problem["detail"] == f"(body): Object contains unknown field `{field}`"
+    assert await last_position(pg_store) == before
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/admin/v1/nodes/gpu-1/uncordon",
+        "/admin/v1/replicas/llama-1/drain",
+        "/admin/v1/models/llama/rollout/resume",
+    ],
+    ids=["uncordon", "replica drain", "rollout resume"],
+)
+async def test_a_field_sent_to_a_request_that_takes_no_body_is_a_400(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore, path: str
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.post(path, json={"grace_s": 60})
+
+    problem = problem_of(answer, 400)
+    assert problem["detail"] == "(body): Object contains unknown field `grace_s`"
+    assert await last_position(pg_store) == before
+
+
+async def test_an_empty_object_to_a_request_that_takes_no_body_is_read_as_none(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.post("/admin/v1/replicas/llama-1/drain", json={})
+
+    assert answer.status_code == 202, answer.text
+    assert await last_position(pg_store) > before
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "key"),
+    [
+        ("POST", "/admin/v1/models/llama/scale", '{"replicas": 0, "replicas": 20}', "replicas"),
+        (
+            "POST",
+            "/admin/v1/keys",
+            '{"name": "ci", "models": ["llama"], "name": "admin"}',
+            "name",
+        ),
+        (
+            "POST",
+            "/admin/v1/nodes/gpu-1/drain",
+            '{"require_room": true, "require_room": false}',
+            "require_room",
+        ),
+    ],
+    ids=["scale", "key", "node drain"],
+)
+async def test_a_key_written_twice_is_a_400_naming_it(
+    admin: httpx.AsyncClient,
+    pg_store: PostgresEventStore,
+    method: str,
+    path: str,
+    body: str,
+    key: str,
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.request(method, path, content=body)
+
+    problem = problem_of(answer, 400)
+    reason = f"holds the key {key!r} twice in one object: which one is meant is not clear"
+    assert problem["detail"] == f"the request body {reason}"
+    assert problem["errors"] == [{"key": "(body)", "message": reason, "source": "body"}]
+    assert await last_position(pg_store) == before
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("PUT", "/admin/v1/models/llama"), ("POST", "/admin/v1/models/llama/preview")],
+    ids=["apply", "preview"],
+)
+async def test_a_spec_with_a_key_written_twice_is_a_422_naming_it(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore, method: str, path: str
+) -> None:
+    before = await seeded(admin, pg_store)
+    body = f'{{"command": "{COMMAND}", "routing": {{"weight": 1, "weight": 50}}}}'
+
+    answer = await admin.request(method, path, content=body)
+
+    problem = problem_of(answer, 422)
+    assert problem["errors"] == [
+        {
+            "field": "(body)",
+            "reason": "holds the key 'weight' twice in one object: which one is meant is not clear",
+        }
+    ]
+    assert await last_position(pg_store) == before
