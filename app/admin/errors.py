@@ -8,7 +8,12 @@ from typing import Any
 import msgspec
 import structlog
 from litestar import Request, Response
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import (
+    HTTPException,
+    MethodNotAllowedException,
+    NotFoundException,
+    ValidationException,
+)
 from litestar.status_codes import (
     HTTP_404_NOT_FOUND,
     HTTP_409_CONFLICT,
@@ -91,11 +96,24 @@ def problem_body(status: int, detail: str) -> tuple[bytes, bytes]:
     return b"application/problem+json", msgspec.json.encode(document)
 
 
-def handle_http(_: Request[Any, Any, Any], exc: HTTPException) -> Response[dict[str, Any]]:
+def handle_http(request: Request[Any, Any, Any], exc: HTTPException) -> Response[dict[str, Any]]:
     extra: dict[str, Any] = {}
     if isinstance(exc, ValidationException) and exc.extra:
         extra["errors"] = exc.extra
-    return problem(exc.status_code, _slug(exc), exc.detail, exc.headers, **extra)
+    return problem(exc.status_code, _slug(exc), _detail(request, exc), exc.headers, **extra)
+
+
+def _detail(request: Request[Any, Any, Any], exc: HTTPException) -> str:
+    """The exception's detail; the router's own (``Not Found``, ``Method Not Allowed``)
+    replaced by one naming the path, and the methods it takes."""
+    raw_path: bytes = request.scope.get("raw_path") or request.scope["path"].encode()
+    path = raw_path.decode("ascii", "backslashreplace")
+    if isinstance(exc, MethodNotAllowedException):
+        allowed = (exc.headers or {}).get("allow", "")
+        return f"{request.method} is not a method of {path}; it takes {allowed}"
+    if isinstance(exc, NotFoundException) and exc.detail == HTTPStatus.NOT_FOUND.phrase:
+        return f"no such path: {path}"
+    return exc.detail
 
 
 def handle_domain(_: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:

@@ -28,7 +28,7 @@ from typing import Annotated, Any
 import msgspec
 from litestar import Controller, Litestar, Request, Response, get
 from litestar.di import NamedDependency
-from litestar.exceptions import ClientException
+from litestar.exceptions import ValidationException
 from litestar.openapi import ResponseSpec
 from litestar.params import QueryParameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
@@ -127,7 +127,7 @@ class EventsController(Controller):
         last = await store.last_position()
         after = _resume_position(request.headers.get(LAST_EVENT_ID), since)
         if after is not None and after > last:
-            raise ClientException(
+            raise ValidationException(
                 f"position {after} is past the end of the log (its last position is {last}): "
                 "was it read from another cluster's log?"
             )
@@ -155,7 +155,7 @@ def _resume_position(last_event_id: str | None, since: int | None) -> int | None
     except ValueError:
         position = -1
     if position < 0:
-        raise ClientException(
+        raise ValidationException(
             f"Last-Event-ID must be a log position (a whole number >= 0), not {last_event_id!r}"
         )
     return position

@@ -1,10 +1,12 @@
 """What a request says beyond its values, at the admin API: a field no request has, a body
-sent where none is taken, a key written twice. The Litestar app served by uvicorn on a
-loopback socket, over real HTTP, against a fresh PostgreSQL database per test.
+sent where none is taken, a key written twice, a method or a path that is none of the API's.
+The Litestar app served by uvicorn on a loopback socket, over real HTTP, against a fresh
+PostgreSQL database per test.
 
 Each was once answered as if it had not been sent (a misspelt ``require_rom`` drained a
-node with no room to go to; the second ``replicas`` of two won). Each now gets a 4xx
-naming what is wrong, and the log is left as it was.
+node with no room to go to; the second ``replicas`` of two won), or with the router's bare
+words (``Method Not Allowed``). Each now gets a 4xx naming what is wrong, and the log is
+left as it was.
 """
 
 from __future__ import annotations
@@ -170,4 +172,30 @@ async def test_a_spec_with_a_key_written_twice_is_a_422_naming_it(
             "reason": "holds the key 'weight' twice in one object: which one is meant is not clear",
         }
     ]
+    assert await last_position(pg_store) == before
+
+
+async def test_a_method_a_path_does_not_take_is_a_405_naming_the_ones_it_does(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.post("/admin/v1/nodes/gpu-1")
+
+    problem = problem_of(answer, 405)
+    allowed = answer.headers["allow"]
+    assert "GET" in allowed
+    assert problem["detail"] == f"POST is not a method of /admin/v1/nodes/gpu-1; it takes {allowed}"
+    assert await last_position(pg_store) == before
+
+
+async def test_a_path_that_is_none_of_the_apis_is_a_404_naming_it(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.delete("/admin/v1/models/llama/replicas")
+
+    problem = problem_of(answer, 404)
+    assert problem["detail"] == "no such path: /admin/v1/models/llama/replicas"
     assert await last_position(pg_store) == before

@@ -213,6 +213,7 @@ async def test_a_position_past_the_end_or_an_unusable_last_event_id_is_refused(
     assert f"position {end + 10} is past the end of the log" in past.json()["detail"]
     assert garbled.status_code == 400
     assert "Last-Event-ID must be a log position" in garbled.json()["detail"]
+    assert [past.json()["title"], garbled.json()["title"]] == ["validation", "validation"]
     assert anonymous.status_code == 401
 
 
