@@ -285,7 +285,7 @@ def bench(
             ),
             seed=seed,
         )
-        _check_target_flags(url, replica, apply, apply_to)
+        _check_target_flags(url, replica, apply_to)
         _check_report_dir(report_dir)
         settings = resolve_settings(connection or ConnectionFlags()) if replica or apply else None
         root_url = engine_root(url) if url is not None else None
@@ -317,11 +317,13 @@ def _target(
 
 
 def _check_target_flags(
-    url: str | None, replica: str | None, apply: bool, apply_to: Literal["model", "replica"]
+    url: str | None, replica: str | None, apply_to: Literal["model", "replica"]
 ) -> None:
     if (url is None) == (replica is None):
         raise UsageError("give the engine to bench: --url URL or --replica ID (one of them)")
-    if apply and apply_to == "replica" and replica is None:
+    if apply_to == "replica" and replica is None:
+        # Refused with or without --apply: a replica's settings are only ever tuned for
+        # a replica named, and a flag that could do nothing is a mistake to report.
         raise UsageError("--apply-to replica needs --replica")
     if replica is not None:
         segment(replica, "--replica")

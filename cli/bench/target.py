@@ -88,11 +88,16 @@ class Target:
 def engine_root(url: str) -> str:
     """The root of an OpenAI-compatible base URL: ``http://h:8000/v1/`` and
     ``http://h:8000`` are both ``http://h:8000``. Raises ``ValueError``."""
-    parts = urlsplit(url.strip())
+    expected = "expected http://HOST:PORT or an OpenAI base URL ending in /v1"
+    try:
+        parts = urlsplit(url.strip())
+        # Read only to be checked: a port of letters or over 65535 is no port, and was
+        # found only by the first request, as an engine that "did not answer" (exit 1).
+        parts.port  # noqa: B018
+    except ValueError as exc:
+        raise ValueError(f"--url {url!r}: {exc}; {expected}") from exc
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(
-            f"--url {url!r}: expected http://HOST:PORT or an OpenAI base URL ending in /v1"
-        )
+        raise ValueError(f"--url {url!r}: {expected}")
     path = parts.path.rstrip("/")
     if path.endswith("/v1"):
         path = path[: -len("/v1")]

@@ -730,6 +730,10 @@ async def test_sigterm_mid_climb_reports_the_levels_that_ran_as_they_were_logged
         (("--url", "http://127.0.0.1:1", "--slo", "ttft_p95"), "LATENCY_pN=LIMIT"),
         (("--url", "http://127.0.0.1:1", "--slo", "ttft_p95=1s", "--apply-to", "replica",
           "--apply"), "--apply-to replica needs --replica"),
+        (("--url", "http://127.0.0.1:1", "--slo", "ttft_p95=1s", "--apply-to", "replica"),
+          "--apply-to replica needs --replica"),
+        (("--url", "http://127.0.0.1:99999", "--slo", "ttft_p95=1s"),
+          "--url 'http://127.0.0.1:99999': Port out of range 0-65535"),
     ],
 )  # fmt: skip
 async def test_bad_usage_exits_2_with_the_way_to_fix_it(

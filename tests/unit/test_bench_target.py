@@ -27,6 +27,25 @@ def test_a_url_that_names_no_http_server_is_refused(given: str) -> None:
         engine_root(given)
 
 
+@pytest.mark.parametrize(
+    ("given", "why"),
+    [
+        ("http://127.0.0.7:99999", "Port out of range 0-65535"),
+        ("http://127.0.0.7:abc/v1", "Port could not be cast to integer value as 'abc'"),
+        ("http://[::1:8001", "Invalid IPv6 URL"),
+    ],
+)
+def test_a_url_whose_port_or_address_is_none_is_refused_naming_the_flag(
+    given: str, why: str
+) -> None:
+    with pytest.raises(ValueError, match=r"^--url ") as refused:
+        engine_root(given)
+
+    assert str(refused.value) == (
+        f"--url {given!r}: {why}; expected http://HOST:PORT or an OpenAI base URL ending in /v1"
+    )
+
+
 def test_the_engine_answers_under_its_root() -> None:
     completions = Engine("http://h:8001", "m")
     chat = Engine("http://h:8001", "m", api="chat")
