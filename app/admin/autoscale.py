@@ -15,6 +15,7 @@ from app.admin.autoscale_schemas import AutoscalePolicyBody, AutoscalePolicyPatc
 from app.admin.bodies import check_body
 from app.admin.model_schemas import ModelChange
 from app.admin.models import model_view
+from app.admin.queries import check_query
 from app.admin.rollouts import MODELS_PATH
 from app.domain.model_spec import AutoscalePolicy
 from app.services.operations import Caller, Operations
@@ -33,7 +34,7 @@ def fields_from_patch(body: AutoscalePolicyPatch) -> dict[str, float | int | Non
 
 class AutoscaleController(Controller):
     path = MODELS_PATH
-    guards = [require_actor, check_body]
+    guards = [require_actor, check_body, check_query]
     tags = ["models"]
 
     @put(

@@ -18,6 +18,7 @@ from litestar.status_codes import HTTP_201_CREATED
 
 from app.admin.auth import require_actor
 from app.admin.bodies import check_body
+from app.admin.queries import check_query
 from app.domain.revocations import RevocationRequest
 from app.domain.state import CertificateRevocation
 from app.services.operations import Caller, Operations
@@ -69,7 +70,7 @@ def revocation_view(revocation: CertificateRevocation) -> RevocationView:
 
 class CertificateController(Controller):
     path = "/admin/v1/certificates"
-    guards = [require_actor, check_body]
+    guards = [require_actor, check_body, check_query]
     tags = ["certificates"]
 
     @get("/", summary="Revoked certificates, and the certificate each node last used")

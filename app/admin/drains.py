@@ -17,6 +17,7 @@ from app.admin.auth import require_actor
 from app.admin.bodies import NoBody, check_body
 from app.admin.history import event_view
 from app.admin.node_schemas import DrainRequest
+from app.admin.queries import check_query
 from app.admin.replica_schemas import (
     DrainAccepted,
     DrainChange,
@@ -55,7 +56,7 @@ def drain_progress_view(progress: DrainProgress) -> DrainProgressView:
 
 class DrainController(Controller):
     path = "/admin/v1"
-    guards = [require_actor, check_body]
+    guards = [require_actor, check_body, check_query]
 
     @post(
         "/nodes/{node_id:str}/drain",

@@ -35,6 +35,7 @@ from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from app.admin.auth import CertificateEnd, operator_certificate_end, require_actor
 from app.admin.history import event_view
+from app.admin.queries import check_query
 from app.admin.schemas import EventView
 from app.domain.envelope import Recorded
 from app.store.postgres import PostgresEventStore
@@ -88,7 +89,7 @@ def end_event_streams(app: object) -> None:
 
 class EventsController(Controller):
     path = EVENTS_PATH
-    guards = [require_actor]
+    guards = [require_actor, check_query]
     tags = ["events"]
 
     @get(

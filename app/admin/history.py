@@ -11,6 +11,7 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, QueryParameter
 
 from app.admin.auth import require_actor
+from app.admin.queries import check_query
 from app.admin.schemas import EventView, HistoryPage
 from app.domain.describe import describe
 from app.domain.envelope import Recorded
@@ -48,7 +49,7 @@ MAX_POSITION = 2**63 - 1
 
 class HistoryController(Controller):
     path = "/admin/v1/history"
-    guards = [require_actor]
+    guards = [require_actor, check_query]
     tags = ["history"]
 
     @get(

@@ -14,6 +14,7 @@ from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED
 from app.admin.auth import require_actor
 from app.admin.bodies import check_body
 from app.admin.key_schemas import KeyChange, KeyCreated, KeyRequest, KeyView
+from app.admin.queries import check_query
 from app.admin.schemas import as_view
 from app.domain.keys import ALL_MODELS
 from app.domain.state import ApiKey
@@ -41,7 +42,7 @@ def _shown(key: ApiKey, now: datetime) -> dict[str, object]:
 
 class KeyController(Controller):
     path = "/admin/v1/keys"
-    guards = [require_actor, check_body]
+    guards = [require_actor, check_body, check_query]
     tags = ["keys"]
 
     @post(

@@ -21,6 +21,7 @@ from app.admin.model_schemas import (
     ModelView,
     ScaleRequest,
 )
+from app.admin.queries import check_query
 from app.admin.schemas import as_view
 from app.admin.traffic import TrafficSource, traffic_by_revision, traffic_view
 from app.domain.decision import AUTOSCALER
@@ -139,7 +140,7 @@ def _rollout_summary(model: Model) -> ModelRolloutView | None:
 
 class ModelController(Controller):
     path = "/admin/v1/models"
-    guards = [require_actor, check_body]
+    guards = [require_actor, check_body, check_query]
     tags = ["models"]
 
     @get("/", summary="Every declared model with its status")

@@ -19,6 +19,7 @@ from app.admin.node_schemas import (
     NodeSummary,
     NodeView,
 )
+from app.admin.queries import check_query
 from app.admin.schemas import as_view
 from app.domain.allocation import Allocations
 from app.domain.events import GpuInfo
@@ -109,7 +110,7 @@ def _active_on(state: ClusterState, node_id: str) -> list[Replica]:
 
 class NodeController(Controller):
     path = "/admin/v1/nodes"
-    guards = [require_actor, check_body]
+    guards = [require_actor, check_body, check_query]
     tags = ["nodes"]
 
     @get("/", summary="Every node the log knows")

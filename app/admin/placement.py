@@ -13,6 +13,7 @@ from app.admin.auth import require_actor
 from app.admin.bodies import check_body
 from app.admin.models import spec_from_body
 from app.admin.node_schemas import PlacementView
+from app.admin.queries import check_query
 from app.admin.schemas import as_view
 from app.domain.placement import Explanation
 from app.services.operations import Operations
@@ -24,7 +25,7 @@ def placement_view(explanation: Explanation) -> PlacementView:
 
 class PlacementController(Controller):
     path = "/admin/v1"
-    guards = [require_actor, check_body]
+    guards = [require_actor, check_body, check_query]
     tags = ["placement"]
 
     @get("/models/{name:str}/placement", summary="Explain where one more replica would go")

@@ -13,6 +13,7 @@ from litestar.params import FromPath, FromQuery, QueryParameter
 
 from app.admin.auth import require_actor
 from app.admin.bodies import check_body
+from app.admin.queries import check_query
 from app.admin.replica_schemas import ReplicaEjectionView, ReplicaSummary, ReplicaView
 from app.admin.schemas import as_view
 from app.admin.traffic import TrafficSource, with_traffic
@@ -65,7 +66,7 @@ def ejection_view(replica_id: str, ejections: Ejections | None) -> ReplicaEjecti
 
 class ReplicaController(Controller):
     path = "/admin/v1/replicas"
-    guards = [require_actor, check_body]
+    guards = [require_actor, check_body, check_query]
     tags = ["replicas"]
 
     @get(

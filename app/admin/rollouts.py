@@ -16,6 +16,7 @@ from app.admin.auth import require_actor
 from app.admin.bodies import NoBody, check_body
 from app.admin.drains import DRAINS_PATH
 from app.admin.history import MAX_POSITION, event_view
+from app.admin.queries import check_query
 from app.admin.replica_schemas import MoveView
 from app.admin.rollout_schemas import (
     CanaryTrafficView,
@@ -96,7 +97,7 @@ def record_view(record: RolloutRecord) -> RolloutRecordView:
 
 class RolloutController(Controller):
     path = MODELS_PATH
-    guards = [require_actor, check_body]
+    guards = [require_actor, check_body, check_query]
     tags = ["rollouts"]
 
     @get(

@@ -13,6 +13,7 @@ from litestar.params import FromPath, JSONBody
 from app.admin.auth import require_actor
 from app.admin.bodies import check_body
 from app.admin.model_schemas import RoutingView
+from app.admin.queries import check_query
 from app.domain.model_operations import find_model
 from app.domain.model_spec import RoutingSettings
 from app.domain.state import ClusterState
@@ -56,7 +57,7 @@ def routing_in_force(state: ClusterState, model: str, replica_id: str | None) ->
 
 class TuningController(Controller):
     path = "/admin/v1/models/{name:str}/tuning"
-    guards = [require_actor, check_body]
+    guards = [require_actor, check_body, check_query]
     tags = ["models"]
 
     @post(

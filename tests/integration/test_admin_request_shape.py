@@ -199,3 +199,37 @@ async def test_a_path_that_is_none_of_the_apis_is_a_404_naming_it(
     problem = problem_of(answer, 404)
     assert problem["detail"] == "no such path: /admin/v1/models/llama/replicas"
     assert await last_position(pg_store) == before
+
+
+async def test_a_query_parameter_the_request_does_not_take_is_a_400_naming_it(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    await seeded(admin, pg_store)
+
+    misspelt = await admin.get("/admin/v1/replicas", params={"modle": "other"})
+    spelt = await admin.get("/admin/v1/replicas", params={"model": "other"})
+
+    problem = problem_of(misspelt, 400)
+    assert problem["detail"] == (
+        "modle: not a query parameter of /admin/v1/replicas (it takes model, node, phase)"
+    )
+    assert problem["errors"] == [
+        {"key": "modle", "message": "is not a query parameter of this request", "source": "query"}
+    ]
+    assert spelt.status_code == 200, spelt.text
+    assert spelt.json() == []
+
+
+async def test_a_query_parameter_sent_to_a_change_is_refused_before_anything_is_recorded(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    before = await seeded(admin, pg_store)
+
+    answer = await admin.post("/admin/v1/nodes/gpu-1/drain", params={"grace_s": "60"})
+
+    problem = problem_of(answer, 400)
+    assert problem["detail"] == (
+        "grace_s: not a query parameter of /admin/v1/nodes/gpu-1/drain "
+        "(it takes no query parameter)"
+    )
+    assert await last_position(pg_store) == before
