@@ -297,7 +297,8 @@ def stop_engines(
     ] = ENGINE_STOP_GRACE_S,
 ) -> int:
     """Stop the engines a stopped agent left running: SIGTERM to each recorded engine's
-    process group, SIGKILL after --grace, and forget their records. No agent may run on
+    process group (and SIGCONT, so that one stopped by job control acts on it), SIGKILL
+    after --grace, and forget their records. No agent may run on
     the state directory meanwhile. Nothing reaches the control plane (no agent is
     connected): it finds the shards gone when the node's agent next says hello. To stop
     engines and have the stops recorded, stop the agent run with --engines-on-exit stop.

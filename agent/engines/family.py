@@ -90,6 +90,13 @@ def signal_each(processes: Mapping[int, int], signum: int) -> None:
                 continue
 
 
+def ask_each_to_stop(processes: Mapping[int, int], stop_signal: int) -> None:
+    """Send each process (pid -> start time) that is still that process ``stop_signal``, then
+    SIGCONT, so that a stopped one acts on it now (``agent.engines.processes.ask_to_stop``)."""
+    signal_each(processes, stop_signal)
+    signal_each(processes, signal.SIGCONT)
+
+
 def still_running(leader: int, outside: Mapping[int, int], proc: Path = PROC) -> list[int]:
     """The pids of the engine's processes that still run: any in the group or session
     ``leader`` led (its id cannot be reused while one of them is left), and any of

@@ -4,6 +4,11 @@ Two kinds of handle share one interface. ``ChildProcess`` is an engine this agen
 started; ``AdoptedProcess`` is one an earlier agent process started and this one found
 alive on start-up. Each engine leads its own session, so its process group id is its pid
 and a signal to the group reaches the workers it forked as well.
+
+An engine is asked to stop with its stop signal followed by SIGCONT (``ask_to_stop``), as
+systemd and Kubernetes ask: a process stopped by job control (SIGSTOP, SIGTSTP) keeps the
+stop signal pending until it is continued, and would otherwise sit out the whole grace
+until SIGKILL, which ends a stopped process too. A process that runs ignores SIGCONT.
 """
 
 from __future__ import annotations
@@ -93,6 +98,23 @@ def signal_group(pgid: int, signum: int) -> bool:
     except PermissionError:
         log.error("engine_group_not_ours", pgid=pgid, signal=signum)
         return False
+    return True
+
+
+def ask_to_stop(process: EngineProcess, stop_signal: int) -> bool:
+    """Send the engine's process group ``stop_signal``, then SIGCONT so that a stopped
+    engine acts on it now (see the module docstring); False if the engine is gone."""
+    if not process.signal_group(stop_signal):
+        return False
+    process.signal_group(signal.SIGCONT)
+    return True
+
+
+def ask_group_to_stop(pgid: int, stop_signal: int) -> bool:
+    """``ask_to_stop`` for process group ``pgid``; False if no such group exists."""
+    if not signal_group(pgid, stop_signal):
+        return False
+    signal_group(pgid, signal.SIGCONT)
     return True
 
 

@@ -2,12 +2,14 @@
 ``llmgw-agent stop-engines``.
 
 Each recorded engine that is still the same process (pid and start time) gets SIGTERM to
-its process group, then SIGKILL once ``grace_s`` has passed; its record is removed once it
-is gone. Records of engines that exited already are removed too. Whatever is left of each
-engine once its leader is gone (workers that ignored SIGTERM, or outlived a leader that died
-on its own: ``agent.engines.family.end_remains``) is killed, and so is an engine an agent
-killed mid-start spawned but never recorded (``agent.engines.family.end_launched``). Engines
-are not children of this process, so their end is seen in ``/proc`` rather than waited for.
+its process group, and SIGCONT so that a stopped engine acts on it at once
+(``agent.engines.processes.ask_to_stop``), then SIGKILL once ``grace_s`` has passed; its
+record is removed once it is gone. Records of engines that exited already are removed too.
+Whatever is left of each engine once its leader is gone (workers that ignored SIGTERM, or
+outlived a leader that died on its own: ``agent.engines.family.end_remains``) is killed, and
+so is an engine an agent killed mid-start spawned but never recorded
+(``agent.engines.family.end_launched``). Engines are not children of this process, so their
+end is seen in ``/proc`` rather than waited for.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from agent.engines.family import end_launched, end_remains
+from agent.engines.processes import ask_group_to_stop
 from agent.engines.records import RecordStore, ShardRecord, is_same_process
 
 KILL_WAIT_S = 10.0
@@ -45,7 +48,8 @@ def stop_recorded_engines(state_dir: Path, grace_s: float) -> list[RecordedStop]
     alive = [record for record in records if is_same_process(record)]
     outcomes = {record.key: "gone" for record in records}
     if grace_s > 0:
-        _signal_all(alive, signal.SIGTERM)
+        for record in alive:
+            ask_group_to_stop(record.pid, signal.SIGTERM)
         left = _wait_for_exit(alive, grace_s)
         outcomes |= {record.key: "stopped" for record in alive}
         alive = left

@@ -41,6 +41,7 @@ from agent.engines.errors import (
     ShardRunsOtherwise,
 )
 from agent.engines.family import (
+    ask_each_to_stop,
     end_launched,
     end_remains,
     outside_group,
@@ -50,7 +51,13 @@ from agent.engines.family import (
 from agent.engines.logfiles import rotate_log
 from agent.engines.logtail import read_log_tail
 from agent.engines.port_owner import HeldElsewhere, check_port_owner
-from agent.engines.processes import AdoptedProcess, ChildProcess, EngineProcess, spawn_engine
+from agent.engines.processes import (
+    AdoptedProcess,
+    ChildProcess,
+    EngineProcess,
+    ask_to_stop,
+    spawn_engine,
+)
 from agent.engines.readiness import (
     DEFAULT_LIVENESS,
     READINESS_INTERVAL_S,
@@ -402,8 +409,9 @@ class EngineSupervisor:
         await self._end(watched)
 
     async def _end(self, watched: _Watched) -> None:
-        """Send the engine's group its stop signal, SIGKILL it after ``REFUSED_GRACE_S``."""
-        if not watched.process.signal_group(profile_of(watched.record.engine).stop_signal):
+        """Send the engine's group its stop signal (and SIGCONT, ``ask_to_stop``), SIGKILL it
+        after ``REFUSED_GRACE_S``."""
+        if not ask_to_stop(watched.process, profile_of(watched.record.engine).stop_signal):
             return
         try:
             await asyncio.wait_for(asyncio.shield(watched.exit), REFUSED_GRACE_S)
@@ -449,8 +457,8 @@ class EngineSupervisor:
         self, watched: _Watched, grace_s: float, outside: dict[int, int]
     ) -> int | None:
         stop_signal = profile_of(watched.record.engine).stop_signal
-        if watched.process.signal_group(stop_signal):
-            signal_each(outside, stop_signal)
+        if ask_to_stop(watched.process, stop_signal):
+            ask_each_to_stop(outside, stop_signal)
             try:
                 return await asyncio.wait_for(asyncio.shield(watched.exit), grace_s)
             except TimeoutError:
