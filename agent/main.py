@@ -39,6 +39,7 @@ from agent.config import (
 )
 from agent.connection import Backoff, ConnectionFatal, DialTimeouts, stay_connected
 from agent.engines.recorded_stop import stop_recorded_engines
+from agent.engines.records import RecordStore
 from agent.gpu_limit import GpusOverLimit
 from agent.gpus import mark_fake_gpu, open_gpu_source
 from agent.runtime import AgentRuntime
@@ -304,7 +305,8 @@ def stop_engines(
     engines and have the stops recorded, stop the agent run with --engines-on-exit stop.
 
     Exit codes: 0 every recorded engine is stopped (or none was recorded), 1 an agent
-    holds a state directory or an engine survived SIGKILL, 2 bad usage.
+    holds a state directory or an engine survived SIGKILL, 2 bad usage, or a state
+    directory that does not exist or is no agent's (then nothing is stopped).
 
     ```
     llmgw-agent stop-engines --state-dir /var/lib/llmgw-agent
@@ -313,11 +315,13 @@ def stop_engines(
     """
     if not grace >= 0:
         return _fail(STOP_ENGINES, f"--grace {grace}: expected 0 or more seconds", EXIT_USAGE)
+    directories = state_dir or [_state_dir_from_env()]
+    for directory in directories:
+        refusal = _not_a_state_dir(directory, named_by_flag=bool(state_dir))
+        if refusal is not None:
+            return _fail(STOP_ENGINES, refusal, EXIT_USAGE)
     code = EXIT_OK
-    for directory in state_dir or [_state_dir_from_env()]:
-        if not directory.is_dir():
-            print(f"{directory}: no state directory, nothing to stop")
-            continue
+    for directory in directories:
         try:
             lock = _lock_state_dir(directory)
         except (StateDirBusy, OSError) as exc:
@@ -455,6 +459,21 @@ def _mark(command: str, state_dir: Path | None, gpu: int, reason: str | None) ->
     for problem in dropped:
         print_command_error(command, f"dropped from the file: {problem}")
     return EXIT_OK
+
+
+def _not_a_state_dir(directory: Path, *, named_by_flag: bool) -> str | None:
+    """Why ``directory`` is no agent's state directory (a typo, most likely), or None. One
+    an agent ran on holds its ``agent.lock``, and its shard records once it started an
+    engine; stopping nothing there would hide the typo, and locking it would write a file
+    into a directory that is not the agent's."""
+    named = f"--state-dir {directory}" if named_by_flag else f"the state directory {directory}"
+    if not directory.is_dir():
+        what = "not a directory" if directory.exists() else "no such directory"
+    elif not (directory / LOCK_FILE).exists() and not RecordStore(directory).directory.is_dir():
+        what = f"not an agent's state directory (no {LOCK_FILE}, no shard records)"
+    else:
+        return None
+    return f"{named}: {what}; give the state directory of the agent whose engines to stop"
 
 
 def _state_dir_from_env() -> Path:

@@ -611,8 +611,8 @@ async def test_stop_engines_stops_what_a_stopped_agent_left_running_and_refuses_
     again = await stop_engines("--state-dir", str(state_dir))
     assert (again.returncode, again.stdout.strip()) == (0, f"{state_dir}: no engines recorded")
     nowhere = await stop_engines("--state-dir", str(tmp_path / "nowhere"))
-    assert nowhere.returncode == 0
-    assert "no state directory" in nowhere.stdout
+    assert nowhere.returncode == 2
+    assert f"--state-dir {tmp_path / 'nowhere'}: no such directory" in nowhere.stderr
     assert (await stop_engines("--state-dir", str(state_dir), "--grace", "-1")).returncode == 2
 
 
