@@ -3,8 +3,10 @@ server run on them.
 
     run(["--port", "8001", "--max-num-seqs", "4"])     # serves until interrupted; 0
 
-Bad usage ends the program with code 2 and one line on stderr (``flags``); a fault it was
-told to show (``--exit-after``, ``--crash-after-requests``) with code 3.
+Bad usage ends the program with code 2 and one line on stderr (``flags``); a port or host
+it cannot listen on with code 1 and one line (``listening``), as every llmgw program that
+cannot start; a fault it was told to show (``--exit-after``, ``--crash-after-requests``)
+with code 3, the exit of the crashing engine it plays.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import uvicorn
 from agent.simulator.config import CapacityConfig, FaultConfig, ServerConfig
 from agent.simulator.flags import PROGRAM, UsageError, parse
 from agent.simulator.http_app import SimulatorApp
+from agent.simulator.listening import ListenError, listening_sockets
 from app.usage_words import shown
 
+CANNOT_START_EXIT_CODE = 1
 USAGE_EXIT_CODE = 2
 FAILURE_EXIT_CODE = 3
 
@@ -43,6 +47,11 @@ def run(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> int:
     except (UsageError, ValueError) as exc:
         print(shown(f"{PROGRAM}: {exc}"), file=sys.stderr, flush=True)
         return USAGE_EXIT_CODE
+    try:
+        sockets = listening_sockets(options.host, options.port)
+    except ListenError as exc:
+        print(shown(f"{PROGRAM}: {exc}"), file=sys.stderr, flush=True)
+        return CANNOT_START_EXIT_CODE
     config = ServerConfig(
         host=options.host,
         port=options.port,
@@ -89,7 +98,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> int:
             timeout_graceful_shutdown=2,
         )
     )
-    server.run()
+    server.run(sockets=sockets)
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -470,3 +471,31 @@ def test_crash_after_requests_serves_that_many_then_fails() -> None:
         assert "--crash-after-requests" in sim.stderr_text()
         with pytest.raises(openai.APIConnectionError):
             client.completions.create(model=MODEL, prompt="hi", max_tokens=1)
+
+
+def test_a_port_in_use_is_one_line_and_exit_code_1_as_for_every_program() -> None:
+    """uvicorn bound the port itself and ended with its own code 3 (the code the simulator's
+    faults play a crash with) and a log line of its own."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with start_simulator(port=port) as sim:
+            code = sim.wait_exit()
+            stderr = sim.stderr_text()
+
+    assert code == 1
+    assert (
+        stderr
+        == f"llmgw-sim-engine: port {port} on 127.0.0.1 is in use; choose another with --port\n"
+    )
+
+
+def test_a_host_it_cannot_listen_on_is_one_line_and_exit_code_1() -> None:
+    with start_simulator("--host", "no-such-host.invalid", port=free_port()) as sim:
+        code = sim.wait_exit()
+        stderr = sim.stderr_text()
+
+    assert code == 1
+    assert stderr.startswith("llmgw-sim-engine: cannot listen on no-such-host.invalid: "), stderr
+    assert stderr.endswith("; choose another --host\n"), stderr
