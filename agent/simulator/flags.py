@@ -115,7 +115,7 @@ class Flag(NamedTuple):
 
     @property
     def variables(self) -> tuple[str, ...]:
-        """``LLMGW_SIM_<FLAG>`` for each of its names (``--served-model-name`` too)."""
+        """``LLMGW_SIM_<FLAG>`` for each of its names."""
         return tuple(
             ENV_PREFIX + name.removeprefix("--").replace("-", "_").upper() for name in self.names
         )
@@ -125,10 +125,18 @@ FLAGS = (
     Flag(("--port",), "TCP port to listen on.", _port, 8000, metavar="INT"),
     Flag(("--host",), "Address to listen on.", _filled("an address"), "127.0.0.1", metavar="STR"),
     Flag(
-        ("--model", "--served-model-name"),
-        "The model name the engine serves; requests for any other model get 404.",
+        ("--model",),
+        "The model an engine would load; the simulator loads nothing, and serves it under "
+        "this name unless --served-model-name names it otherwise.",
         _filled("a model name"),
         "sim-model",
+        metavar="STR",
+    ),
+    Flag(
+        ("--served-model-name",),
+        "The model name clients use, whatever the order of the flags (as vLLM's): "
+        "requests for any other model get 404; none serves the --model name.",
+        _filled("a model name"),
         metavar="STR",
     ),
     Flag(
@@ -273,6 +281,13 @@ def build_parser() -> argparse.ArgumentParser:
                 help=f"{flag.help} [env var: {variables}]{shown_default}",
             )  # fmt: skip
     return parser
+
+
+def served_model(options: argparse.Namespace) -> str:
+    """The model name clients use: ``--served-model-name``, else ``--model``, as vLLM."""
+    served: str | None = options.served_model_name
+    model: str = options.model
+    return model if served is None else served
 
 
 def parse(argv: Sequence[str], environ: Mapping[str, str]) -> argparse.Namespace:

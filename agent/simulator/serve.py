@@ -19,7 +19,7 @@ import structlog
 import uvicorn
 
 from agent.simulator.config import CapacityConfig, FaultConfig, ServerConfig
-from agent.simulator.flags import PROGRAM, UsageError, parse
+from agent.simulator.flags import PROGRAM, UsageError, parse, served_model
 from agent.simulator.http_app import SimulatorApp
 from agent.simulator.listening import ListenError, listening_sockets
 from app.usage_words import shown
@@ -55,7 +55,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> int:
     config = ServerConfig(
         host=options.host,
         port=options.port,
-        model=options.model,
+        model=served_model(options),
         error_style=options.error_style,
         eos_after_tokens=options.eos_after,
         profile=options.profile,
@@ -73,6 +73,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> int:
         host=options.host,
         port=options.port,
         model=options.model,
+        served_model_name=config.model,
         instant=options.instant,
         **{name: getattr(config.capacity, name) for name in config.capacity.__struct_fields__},
         start_delay=options.start_delay,

@@ -499,3 +499,21 @@ def test_a_host_it_cannot_listen_on_is_one_line_and_exit_code_1() -> None:
     assert code == 1
     assert stderr.startswith("llmgw-sim-engine: cannot listen on no-such-host.invalid: "), stderr
     assert stderr.endswith("; choose another --host\n"), stderr
+
+
+def test_the_served_model_name_is_served_and_the_model_flag_is_not_whatever_their_order() -> None:
+    """As vLLM serves it: clients use --served-model-name; --model names the weights."""
+    weights = "meta-llama/Llama-3.1-8B-Instruct"
+    with start_simulator(
+        "--served-model-name", "llama", "--model", weights, *FAST, port=free_port()
+    ) as sim:
+        sim.wait_healthy()
+        client = sync_client(sim)
+
+        models = [model.id for model in client.models.list()]
+        answer = client.completions.create(model="llama", prompt="hi", max_tokens=1)
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model=weights, prompt="hi", max_tokens=1)
+
+    assert models == ["llama"]
+    assert answer.model == "llama"

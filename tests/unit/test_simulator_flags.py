@@ -11,7 +11,13 @@ from types import FrameType
 
 import pytest
 
-from agent.simulator.flags import FLAGS, UsageError, build_parser, defaults_from_environment
+from agent.simulator.flags import (
+    FLAGS,
+    UsageError,
+    build_parser,
+    defaults_from_environment,
+    served_model,
+)
 from agent.simulator.flags import parse as parse_settings
 from devcluster.processes import program
 
@@ -20,11 +26,15 @@ def parse(argv: list[str], environ: dict[str, str]) -> dict[str, object]:
     return vars(parse_settings(argv, environ))
 
 
+def served(argv: list[str], environ: dict[str, str]) -> str:
+    return served_model(parse_settings(argv, environ))
+
+
 def test_a_variable_gives_a_flag_its_value_and_the_command_line_wins() -> None:
     environ = {"LLMGW_SIM_MAX_NUM_SEQS": "3", "LLMGW_SIM_MODEL": "env-model"}
 
     from_environment = parse([], environ)
-    from_both = parse(["--max-num-seqs", "5", "--served-model-name", "flag-model"], environ)
+    from_both = parse(["--max-num-seqs", "5", "--model", "flag-model"], environ)
 
     assert (from_environment["max_num_seqs"], from_environment["model"]) == (3, "env-model")
     assert (from_both["max_num_seqs"], from_both["model"]) == (5, "flag-model")
@@ -72,14 +82,34 @@ def test_the_simulator_starts_without_rich_or_cyclopts() -> None:
 
 
 def test_the_served_model_name_variable_names_the_model_as_the_flag_does() -> None:
-    assert parse([], {"LLMGW_SIM_SERVED_MODEL_NAME": "env-model"})["model"] == "env-model"
+    assert served([], {"LLMGW_SIM_SERVED_MODEL_NAME": "env-model"}) == "env-model"
 
 
-def test_a_flag_set_by_both_its_variables_is_refused_naming_them() -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--model", "meta-llama/Llama-3.1-8B", "--served-model-name", "llama"],
+        ["--served-model-name", "llama", "--model", "meta-llama/Llama-3.1-8B"],
+    ],
+)
+def test_the_served_model_name_is_the_name_served_whatever_the_order_of_the_flags(
+    argv: list[str],
+) -> None:
+    """As vLLM: --model is the weights, --served-model-name the name clients use. They were
+    one flag under two names, so whichever came last won."""
+    assert served(argv, {}) == "llama"
+
+
+def test_without_a_served_model_name_the_model_is_served_under_its_own_name() -> None:
+    assert served(["--model", "meta-llama/Llama-3.1-8B"], {}) == "meta-llama/Llama-3.1-8B"
+    assert served([], {}) == "sim-model"
+
+
+def test_both_variables_set_serve_the_served_model_name_as_both_flags_do() -> None:
     both = {"LLMGW_SIM_MODEL": "a", "LLMGW_SIM_SERVED_MODEL_NAME": "b"}
 
-    with pytest.raises(ValueError, match="LLMGW_SIM_MODEL and LLMGW_SIM_SERVED_MODEL_NAME"):
-        defaults_from_environment(both)
+    assert served([], both) == "b"
+    assert served(["--served-model-name", "none"], both) == "a"
 
 
 @pytest.mark.parametrize(
@@ -128,7 +158,7 @@ def test_a_flag_is_never_guessed_from_its_first_letters() -> None:
         (["--model="], "--model is empty: give a model name, or leave the flag out"),
         (
             ["--served-model-name", " "],
-            "--model is empty: give a model name, or leave the flag out",
+            "--served-model-name is empty: give a model name, or leave the flag out",
         ),
         (["--host="], "--host is empty: give an address, or leave the flag out"),
         (["--model=--"], "--model needs a value: '--' ends the options"),
