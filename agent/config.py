@@ -534,6 +534,20 @@ def filled_path(_type: object, tokens: Sequence[Token]) -> Path:
     return Path(tokens[0].value)
 
 
+_GPU_INDEX = re.compile(r"-?[0-9]{1,9}")
+
+
+def gpu_index(_type: object, tokens: Sequence[Token]) -> int:
+    """cyclopts' converter for a GPU index (``fake-gpu --gpu``): decimal digits, nothing
+    else. cyclopts' own reading of an ``int`` rounds ``1.5`` to 2 and takes ``0x10`` for 16
+    and ``1_0`` for 10: a mark on another GPU than the one meant. A negative one is left to
+    the command, which says why it refuses it."""
+    text = tokens[0].value.strip()
+    if not _GPU_INDEX.fullmatch(text):
+        raise FlagRefused(f"{tokens[0].value!r}: expected a GPU index, a whole number such as 3")
+    return int(text)
+
+
 def filled_paths(_type: object, tokens: Sequence[Token]) -> list[Path]:
     """``filled_path`` for a flag given several times."""
     for token in tokens:

@@ -34,6 +34,7 @@ from agent.config import (
     fake_gpu_health_file,
     filled_path,
     filled_paths,
+    gpu_index,
     load_config,
     parse_labels,
 )
@@ -248,7 +249,10 @@ def mark(
     *,
     gpu: Annotated[
         int,
-        Parameter(help="Index of the fake GPU; one the agent did not declare is refused."),
+        Parameter(
+            converter=gpu_index,
+            help="Index of the fake GPU; one the agent did not declare is refused.",
+        ),
     ],
     reason: Annotated[
         str,
@@ -268,7 +272,7 @@ def mark(
 @fake_gpu_app.command
 def clear(
     *,
-    gpu: Annotated[int, Parameter(help="Index of the fake GPU.")],
+    gpu: Annotated[int, Parameter(converter=gpu_index, help="Index of the fake GPU.")],
     state_dir: StateDir = None,
 ) -> int:
     """Mark a fake GPU healthy again; entries of the file that are not a mark are dropped.
@@ -440,14 +444,14 @@ def _mark(command: str, state_dir: Path | None, gpu: int, reason: str | None) ->
     if reason is not None and not reason.strip():
         return _fail(command, "--reason: say why the GPU is unhealthy", EXIT_USAGE)
     directory = state_dir or _state_dir_from_env()
-    if not directory.is_dir():
+    missing = _not_a_directory(directory)
+    if missing is not None:
         # The running agent made its state directory; one that is not there is mistyped,
         # and a mark written into it (creating it) would reach no agent.
-        named = f"--state-dir {directory}" if state_dir else f"the state directory {directory}"
         return _fail(
             command,
-            f"{named}: no such directory; give the state directory of the agent that runs "
-            "the fake GPUs",
+            f"{_named_state_dir(directory, named_by_flag=bool(state_dir))}: {missing}; give "
+            "the state directory of the agent that runs the fake GPUs",
             EXIT_USAGE,
         )
     try:
@@ -466,14 +470,26 @@ def _not_a_state_dir(directory: Path, *, named_by_flag: bool) -> str | None:
     an agent ran on holds its ``agent.lock``, and its shard records once it started an
     engine; stopping nothing there would hide the typo, and locking it would write a file
     into a directory that is not the agent's."""
-    named = f"--state-dir {directory}" if named_by_flag else f"the state directory {directory}"
-    if not directory.is_dir():
-        what = "not a directory" if directory.exists() else "no such directory"
-    elif not (directory / LOCK_FILE).exists() and not RecordStore(directory).directory.is_dir():
+    what = _not_a_directory(directory)
+    ran_there = (directory / LOCK_FILE).exists() or RecordStore(directory).directory.is_dir()
+    if what is None and not ran_there:
         what = f"not an agent's state directory (no {LOCK_FILE}, no shard records)"
-    else:
+    if what is None:
         return None
+    named = _named_state_dir(directory, named_by_flag=named_by_flag)
     return f"{named}: {what}; give the state directory of the agent whose engines to stop"
+
+
+def _not_a_directory(path: Path) -> str | None:
+    """``no such directory`` or ``not a directory``; None for a directory."""
+    if path.is_dir():
+        return None
+    return "not a directory" if path.exists() else "no such directory"
+
+
+def _named_state_dir(directory: Path, *, named_by_flag: bool) -> str:
+    """How an error names the state directory: by its flag when it was given one."""
+    return f"--state-dir {directory}" if named_by_flag else f"the state directory {directory}"
 
 
 def _state_dir_from_env() -> Path:

@@ -391,6 +391,42 @@ def test_a_fake_gpu_is_not_marked_in_a_state_directory_that_does_not_exist(
     assert not (tmp_path / "agents").exists()
 
 
+@pytest.mark.parametrize("verb", ["mark", "clear"])
+@pytest.mark.parametrize("index", ["1.5", "2.7", "0x10", "1_0", "\u0663", "abc", ""])
+def test_a_gpu_index_that_is_not_a_whole_number_is_refused_naming_the_flag_and_marks_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], verb: str, index: str
+) -> None:
+    """cyclopts' own int took 1.5 for GPU 2, 0x10 for GPU 16 and an Arabic-Indic three for
+    GPU 3, and marked that GPU."""
+    (tmp_path / "fake-gpus.json").write_text('{"count": 64}')
+    rest = ["--reason", "XID 79"] if verb == "mark" else []
+    argv = ["fake-gpu", verb, "--state-dir", str(tmp_path), "--gpu", index, *rest]
+
+    with pytest.raises(SystemExit) as ended:
+        app(argv)
+
+    assert ended.value.code == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        f"llmgw-agent fake-gpu {verb}: --gpu {index!r}: expected a GPU index, a whole number "
+        "such as 3\n"
+    )
+    assert not (tmp_path / "fake-gpu-health.json").exists()
+
+
+def test_a_file_given_as_the_state_directory_is_told_as_not_a_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "agent.toml"
+    a_file.write_text("")
+    argv = ["fake-gpu", "mark", "--state-dir", str(a_file), "--gpu", "1", "--reason", "XID 79"]
+
+    assert app(argv, result_action="return_value") == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        f"llmgw-agent fake-gpu mark: --state-dir {a_file}: not a directory; give the state "
+        "directory of the agent that runs the fake GPUs\n"
+    )
+
+
 def test_fake_gpus_are_marked_unhealthy_and_cleared_in_the_state_directory(
     tmp_path: Path,
 ) -> None:
