@@ -181,9 +181,11 @@ def load_config(
 
 
 def settings_from_env(environ: Mapping[str, str]) -> AgentSettings:
+    """The settings the ``LLMGW_AGENT_*`` variables give. One set empty or blank is refused
+    naming it (``filled_variable``), never taken for unset."""
+
     def get(name: str) -> str | None:
-        value = environ.get(f"{ENV_PREFIX}{name}", "").strip()
-        return value or None
+        return filled_variable(environ, f"{ENV_PREFIX}{name}")
 
     def parsed(name: str, parse: Callable[[str, str], T]) -> T | None:
         value = get(name)
@@ -212,6 +214,19 @@ def settings_from_env(environ: Mapping[str, str]) -> AgentSettings:
         liveness_failures=parsed("LIVENESS_FAILURES", _count),
     )
     return _check_values(from_env, lambda field: f"{ENV_PREFIX}{field.upper()}")
+
+
+def filled_variable(environ: Mapping[str, str], variable: str) -> str | None:
+    """``variable``'s value, stripped; None when it is not set. Set empty or blank, it is a
+    ``ConfigError`` naming it: a deployment manifest that left a value out (``NODE_ID=``,
+    ``STATE_DIR=$UNSET``) would otherwise pass for one that never set it, and the agent
+    would run with another node id, state directory or GPU source than the one meant."""
+    value = environ.get(variable)
+    if value is None:
+        return None
+    if not value.strip():
+        raise ConfigError(f"{variable} is empty: give a value, or unset it")
+    return value.strip()
 
 
 def settings_from_file(path: Path) -> AgentSettings:

@@ -34,6 +34,7 @@ from agent.config import (
     fake_gpu_health_file,
     filled_path,
     filled_paths,
+    filled_variable,
     gpu_index,
     load_config,
     parse_labels,
@@ -56,6 +57,7 @@ EXIT_USAGE = 2
 PROGRAM = "llmgw-agent"
 STOP_ENGINES = "llmgw-agent stop-engines"
 LOCK_FILE = "agent.lock"
+STATE_DIR_ENV = "LLMGW_AGENT_STATE_DIR"
 SHUTDOWN_REASON = "agent shutting down"
 ENGINE_STOP_GRACE_S = 10.0
 """What an engine gets between SIGTERM and SIGKILL when the agent stops it on exit."""
@@ -319,7 +321,10 @@ def stop_engines(
     """
     if not grace >= 0:
         return _fail(STOP_ENGINES, f"--grace {grace}: expected 0 or more seconds", EXIT_USAGE)
-    directories = state_dir or [_state_dir_from_env()]
+    try:
+        directories = state_dir or [_state_dir_from_env()]
+    except ConfigError as exc:
+        return _fail(STOP_ENGINES, str(exc), EXIT_USAGE)
     for directory in directories:
         refusal = _not_a_state_dir(directory, named_by_flag=bool(state_dir))
         if refusal is not None:
@@ -443,7 +448,10 @@ def _mark(command: str, state_dir: Path | None, gpu: int, reason: str | None) ->
         return _fail(command, f"--gpu {gpu}: a GPU index is 0 or more", EXIT_USAGE)
     if reason is not None and not reason.strip():
         return _fail(command, "--reason: say why the GPU is unhealthy", EXIT_USAGE)
-    directory = state_dir or _state_dir_from_env()
+    try:
+        directory = state_dir or _state_dir_from_env()
+    except ConfigError as exc:
+        return _fail(command, str(exc), EXIT_USAGE)
     missing = _not_a_directory(directory)
     if missing is not None:
         # The running agent made its state directory; one that is not there is mistyped,
@@ -493,7 +501,8 @@ def _named_state_dir(directory: Path, *, named_by_flag: bool) -> str:
 
 
 def _state_dir_from_env() -> Path:
-    configured = os.environ.get("LLMGW_AGENT_STATE_DIR", "").strip()
+    """``$LLMGW_AGENT_STATE_DIR``, else the default; ``ConfigError`` if it is set empty."""
+    configured = filled_variable(os.environ, STATE_DIR_ENV)
     return Path(configured).expanduser() if configured else default_state_dir(os.environ)
 
 

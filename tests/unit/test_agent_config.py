@@ -485,6 +485,81 @@ def test_an_empty_config_variable_is_refused_saying_so(node_files: Path) -> None
     assert str(refused.value) == "LLMGW_AGENT_CONFIG is empty: give the config file, or unset it"
 
 
+AGENT_VARIABLES = [
+    "LLMGW_AGENT_SERVERS",
+    "LLMGW_AGENT_NODE_ID",
+    "LLMGW_AGENT_CERT",
+    "LLMGW_AGENT_KEY",
+    "LLMGW_AGENT_CA",
+    "LLMGW_AGENT_FAKE_GPUS",
+    "LLMGW_AGENT_STATE_DIR",
+    "LLMGW_AGENT_LABELS",
+    "LLMGW_AGENT_ADDRESS",
+    "LLMGW_AGENT_PORT_RANGE",
+    "LLMGW_AGENT_LOG_LEVEL",
+    "LLMGW_AGENT_RECONNECT_MAX_DELAY",
+    "LLMGW_AGENT_CONNECT_TIMEOUT",
+    "LLMGW_AGENT_OPEN_TIMEOUT",
+    "LLMGW_AGENT_NEXT_SERVER_AFTER",
+    "LLMGW_AGENT_ENGINES_ON_EXIT",
+    "LLMGW_AGENT_LIVENESS_INTERVAL",
+    "LLMGW_AGENT_LIVENESS_FAILURES",
+]
+"""Every variable docs/agent.md's settings table names, but ``LLMGW_AGENT_CONFIG``."""
+
+
+@pytest.mark.parametrize("empty", ["", "  "])
+@pytest.mark.parametrize("variable", AGENT_VARIABLES)
+def test_a_variable_set_empty_is_refused_naming_it_even_where_a_flag_sets_the_same(
+    node_files: Path, variable: str, empty: str
+) -> None:
+    """A manifest that left a value blank (``LLMGW_AGENT_NODE_ID=``) was taken for one that
+    never set it: the agent ran with the flag's, the file's or the default value, NVML for
+    fake GPUs, or said the node id was required when it had been set."""
+    with pytest.raises(ConfigError) as refused:
+        load_config(flags(node_files), {variable: empty})
+
+    assert str(refused.value) == f"{variable} is empty: give a value, or unset it"
+
+
+def test_the_variables_table_of_the_docs_lists_the_same_variables() -> None:
+    page = (Path(__file__).parents[2] / "docs" / "agent.md").read_text()
+    rows = [line for line in page.splitlines() if line.startswith("| `--")]
+    named = {name for row in rows for name in re.findall(r"`(LLMGW_AGENT_[A-Z_]+)`", row)}
+
+    assert named - {"LLMGW_AGENT_CONFIG"} == set(AGENT_VARIABLES)
+
+
+def test_a_server_setting_of_the_same_prefix_set_empty_is_not_the_agents(
+    node_files: Path,
+) -> None:
+    """``LLMGW_AGENT_HOST`` is where ``llmgw-server`` listens for agents: not an agent's."""
+    config = load_config(flags(node_files), {"LLMGW_AGENT_HOST": "", "LLMGW_AGENT_PORT": ""})
+
+    assert config.node_id == "gpu-07"
+
+
+@pytest.mark.parametrize(
+    ("command", "rest"),
+    [("stop-engines", []), ("fake-gpu mark", ["--gpu", "0", "--reason", "XID 79"])],
+)
+def test_a_command_that_reads_the_state_directory_variable_refuses_it_empty(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    rest: list[str],
+) -> None:
+    """Empty, it stood for the default state directory: /var/lib/llmgw-agent for root."""
+    monkeypatch.setenv("LLMGW_AGENT_STATE_DIR", "")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+
+    assert app([*command.split(), *rest], result_action="return_value") == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        f"llmgw-agent {command}: LLMGW_AGENT_STATE_DIR is empty: give a value, or unset it\n"
+    )
+
+
 # -- what a hello can carry --------------------------------------------------------------
 
 
