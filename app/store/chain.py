@@ -188,6 +188,25 @@ def missing_predecessor(named: int, inserted: Break) -> Break:
     )
 
 
+def relinked(row: ChainRow, predecessor_hash: bytes) -> Break | None:
+    """For an ``INSERTED`` break: ``row`` is the event that names an earlier predecessor
+    than the one before it, and ``predecessor_hash`` that predecessor's stored chain hash.
+    The genuine event that others were inserted before hashes as that predecessor's
+    successor; one that does not is itself the change (its previous position edited, or
+    the row added later with a link taken from another event), and the events between,
+    which checked out, are the genuine ones: the break is at ``row``, as changed."""
+    if row.chain_hash == chain_link(predecessor_hash, row):
+        return None
+    return Break(
+        row.position,
+        Problem.CHANGED,
+        f"the event at position {row.position} names position {row.previous_position} as "
+        "the one appended before it, but does not hash as its successor: its previous "
+        "position or another column was changed after it was appended, or it was added "
+        "later with a link taken from another event",
+    )
+
+
 class Head(msgspec.Struct, frozen=True):
     """The last event's position and chain hash: what ``--anchor`` takes back."""
 

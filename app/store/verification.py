@@ -25,6 +25,7 @@ from app.store.chain import (
     Head,
     Problem,
     missing_predecessor,
+    relinked,
     stored_row,
 )
 from app.store.database import driver_connection, translated_errors
@@ -81,19 +82,28 @@ async def _disown_inserted(db: asyncpg.Connection, walk: ChainWalk, broken: Brea
     """The break moved to the first inserted event, and the walk back to the event they
     were inserted after (``ChainWalk.disown``); read in the walk's snapshot. When no event
     holds the position named as the predecessor (a gap, or one no append ever took), that
-    event is what is missing, and the walk stands: everything it checked linked as appended."""
+    event is what is missing, and the walk stands: everything it checked linked as appended.
+    So it does when the event naming that predecessor does not hash as its successor
+    (``relinked``): that event was changed, not the ones before it inserted."""
     after = broken.inserted_after or 0
     if after != 0 and not await db.fetchval(
         "SELECT EXISTS (SELECT 1 FROM events WHERE position = $1)", after
     ):
         return missing_predecessor(after, broken)
+    stored = await db.fetchval("SELECT chain_hash FROM events WHERE position = $1", after)
+    genuine = Head(after, GENESIS if after == 0 else bytes(stored))
+    naming = await db.fetchrow(
+        f"SELECT {CHAIN_COLUMNS} FROM events WHERE position = $1", broken.appended_next
+    )
+    changed = relinked(stored_row(naming), genuine.chain_hash)
+    if changed is not None:
+        return changed
     first, inserted = await db.fetchrow(
         "SELECT min(position), count(*) FROM events WHERE position > $1 AND position <= $2",
         after,
         broken.position,
     )
-    stored = await db.fetchval("SELECT chain_hash FROM events WHERE position = $1", after)
-    walk.disown(int(inserted), Head(after, GENESIS if after == 0 else bytes(stored)))
+    walk.disown(int(inserted), genuine)
     return msgspec.structs.replace(broken, position=int(first))
 
 

@@ -284,6 +284,51 @@ async def test_events_inserted_into_a_gap_are_found_and_none_of_them_checks_out(
     assert f"{as_json['head']['position']}:{as_json['head']['chain_hash']}" == genuine_head
 
 
+async def test_an_edited_previous_position_is_found_changed_not_the_event_before_inserted(
+    log: Log,
+) -> None:
+    edited = log.first + 6
+    await log.tamper(
+        f"UPDATE events SET previous_position = {edited - 2} WHERE position = {edited}"
+    )
+
+    result = await log.run("verify")
+
+    assert breaks(result) == (
+        f"the chain breaks at position {edited} (changed): the event at position {edited} "
+        f"names position {edited - 2} as the one appended before it, but does not hash as "
+        "its successor: its previous position or another column was changed after it was "
+        "appended, or it was added later with a link taken from another event"
+    )
+    assert result.stdout.splitlines()[1] == "6 events before it checked out"
+
+
+async def test_a_row_added_with_the_last_events_link_is_found_changed_at_its_own_position(
+    log: Log,
+) -> None:
+    genuine_head = await log.head()
+    last = log.first + EVENTS - 1
+    added = last + 100
+    await log.tamper(
+        f"""INSERT INTO events OVERRIDING SYSTEM VALUE
+        SELECT {added}, stream || '-forged', version, type, schema_version, data, meta,
+               gen_random_uuid(), recorded_at, replica_id, node_id, model, actor,
+               correlation_id, previous_position, chain_hash
+        FROM events WHERE position = {last}"""
+    )
+
+    result = await log.run("verify")
+
+    assert breaks(result).startswith(
+        f"the chain breaks at position {added} (changed): the event at position {added} "
+        f"names position {last - 1} as the one appended before it"
+    ), result
+    assert result.stdout.splitlines()[1:3] == [
+        f"{EVENTS} events before it checked out",
+        f"last good head {genuine_head}",
+    ]
+
+
 @pytest.mark.parametrize("named", ["-7", "{gap}"], ids=["negative", "a-gap"])
 async def test_a_predecessor_no_event_holds_is_found_missing_not_a_crash(
     log: Log, pg_store: PostgresEventStore, named: str

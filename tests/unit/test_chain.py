@@ -20,6 +20,7 @@ from app.store.chain import (
     event_bytes,
     microseconds,
     parse_anchor,
+    relinked,
     stored_row,
 )
 from app.store.errors import InvalidAnchor
@@ -161,6 +162,26 @@ def test_an_event_inserted_with_a_valid_link_of_its_own_is_found() -> None:
 
     assert found is not None
     assert (found.position, found.problem, found.inserted_after) == (2, Problem.INSERTED, 1)
+
+
+def test_the_event_after_a_gap_that_was_filled_later_hashes_as_its_named_predecessors() -> None:
+    first, genuine_next, _ = chained(3, gaps=frozenset({2}))  # positions 1, 3 and 4
+
+    assert relinked(genuine_next, first.chain_hash or b"") is None
+
+
+def test_an_event_relinked_to_an_earlier_predecessor_is_the_change_not_the_ones_between() -> None:
+    rows = chained(5)
+    edited = rows[3]._replace(previous_position=2)  # position 4 now names 2; 3 is genuine
+
+    found = relinked(edited, rows[1].chain_hash or b"")
+
+    assert found is not None
+    assert (found.position, found.problem) == (4, Problem.CHANGED)
+    assert found.detail.startswith(
+        "the event at position 4 names position 2 as the one appended before it, but does "
+        "not hash as its successor"
+    )
 
 
 def test_inserted_events_are_disowned_back_to_the_event_they_were_inserted_after() -> None:
