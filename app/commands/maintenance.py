@@ -25,8 +25,8 @@ from app.commands.path_flag import path_flag
 from app.logs import configure_logging
 from app.store import migrate as migrations
 from app.store.database import create_engine
-from app.store.errors import StoreError
-from app.store.grants import DEFAULT_RUNTIME_ROLE, RuntimeRole
+from app.store.errors import RuntimeRoleError, StoreError
+from app.store.grants import DEFAULT_RUNTIME_ROLE, RuntimeRole, check_roles
 from app.store.rebuild import RebuildReport, rebuild
 
 log = structlog.get_logger(__name__)
@@ -91,9 +91,18 @@ def migrate(
     --gateway-role llmgw_gateway --gateway-password-file gw-pw
     """
     configure_logging(command=MIGRATE)
+    url_problem = database_url_problem(database_url)
+    if url_problem is not None:
+        refuse_usage(MIGRATE, url_problem)
+    # What the flags alone say is wrong is bad usage (exit 2), found before connecting;
+    # what only the database can tell (a role it refuses, no CREATEROLE) is a failure.
     try:
         runtime = _role("runtime", runtime_role, runtime_password_file, RUNTIME_PASSWORD_ENV)
         gateway = _role("gateway", gateway_role, gateway_password_file, GATEWAY_PASSWORD_ENV)
+        check_roles(runtime, gateway)
+    except (ValueError, RuntimeRoleError) as exc:
+        refuse_usage(MIGRATE, str(exc))
+    try:
         upgraded = migrations.upgrade(database_url, runtime=runtime, gateway=gateway)
     except (OSError, ValueError, StoreError) as exc:
         fail(MIGRATE, f"cannot migrate: {exc}")
@@ -110,7 +119,11 @@ def migrate(
 def _role(kind: str, name: str | None, path: Path | None, env: str) -> RuntimeRole | None:
     password = _password(kind, path, env)
     if password is not None and name is None:
-        raise ValueError(f"a {kind} password needs --{kind}-role")
+        source = f"--{kind}-password-file" if path is not None else env
+        raise ValueError(
+            f"{source} needs --{kind}-role (LLMGW_{kind.upper()}_ROLE): the password is set "
+            "on the role it names"
+        )
     return RuntimeRole(name, password) if name is not None else None
 
 

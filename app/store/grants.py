@@ -79,6 +79,22 @@ def check_role_name(name: str) -> None:
         raise RuntimeRoleError(f"{name!r} cannot be a role name (reserved or invalid)")
 
 
+def check_roles(runtime: RuntimeRole | None, gateway: RuntimeRole | None) -> None:
+    """Raise ``RuntimeRoleError`` for what no database could take: a name no role can have,
+    or one role given as both (the gateway role must not append)."""
+    for kind, role in (("runtime", runtime), ("gateway", gateway)):
+        if role is not None:
+            try:
+                check_role_name(role.name)
+            except RuntimeRoleError as exc:
+                raise RuntimeRoleError(f"--{kind}-role: {exc}") from exc
+    if runtime is not None and gateway is not None and runtime.name == gateway.name:
+        raise RuntimeRoleError(
+            f'"{gateway.name}" cannot be both the runtime and the gateway role: the gateway '
+            "role must not append"
+        )
+
+
 def ensure_runtime_role(connection: Connection, role: RuntimeRole) -> bool:
     """Create ``role`` (LOGIN, nothing else) unless it exists, set its password when one is
     given, and refuse a role that could rewrite the log. True when it was created."""

@@ -23,9 +23,10 @@ from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.database import create_engine, sqlalchemy_url, translated_errors
-from app.store.errors import RuntimeRoleError, StoreError
+from app.store.errors import StoreError
 from app.store.grants import (
     RuntimeRole,
+    check_roles,
     ensure_runtime_role,
     grant_gateway_privileges,
     grant_runtime_privileges,
@@ -83,11 +84,7 @@ def upgrade(
     privileges to ``runtime`` and the gateway privileges to ``gateway`` (each created first
     if missing) and to every role that holds them already. Blocking: call it outside a
     running event loop (or through ``asyncio.to_thread``)."""
-    if runtime is not None and gateway is not None and runtime.name == gateway.name:
-        raise RuntimeRoleError(
-            f'"{gateway.name}" cannot be both the runtime and the gateway role: the gateway '
-            "role must not append"
-        )
+    check_roles(runtime, gateway)
     config = alembic_config(url)
     created = created_gateway = False
     if runtime is not None:

@@ -533,5 +533,5 @@ async def test_the_gateway_role_reads_and_reports_but_cannot_append_or_write_a_r
 
     assert f'gateway role "{gateway}": privileges granted again' in again.stdout
     assert f'runtime role "{gateway}"' not in again.stdout
-    assert both.code == 1
+    assert both.code == 2
     assert "cannot be both the runtime and the gateway role" in both.stderr

@@ -127,7 +127,67 @@ def test_migrate_names_itself_on_its_error_line(
     assert ended(
         ["migrate", "--database-url", UNREACHABLE, "--runtime-password-file", str(password)],
         capsys,
-    ) == (1, "llmgw-server migrate: cannot migrate: a runtime password needs --runtime-role\n")
+    ) == (
+        2,
+        "llmgw-server migrate: --runtime-password-file needs --runtime-role "
+        "(LLMGW_RUNTIME_ROLE): the password is set on the role it names\n",
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (
+            ["--gateway-password-file", "{password}"],
+            "--gateway-password-file needs --gateway-role (LLMGW_GATEWAY_ROLE)",
+        ),
+        (
+            ["--runtime-role", "llmgw_x", "--gateway-role", "llmgw_x"],
+            '"llmgw_x" cannot be both the runtime and the gateway role',
+        ),
+        (["--runtime-role", ""], "--runtime-role: a role name has 1 to 63 bytes, not 0"),
+        (["--gateway-role", "x" * 64], "--gateway-role: a role name has 1 to 63 bytes, not 64"),
+        (["--runtime-role", "pg_monitor"], "--runtime-role: 'pg_monitor' cannot be a role name"),
+        (
+            ["--runtime-role", "llmgw_x", "--runtime-password-file", "{missing}"],
+            "cannot read the runtime password file {missing}: No such file or directory",
+        ),
+        (
+            ["--runtime-role", "llmgw_x", "--runtime-password-file", "/dev/zero"],
+            "the runtime password file /dev/zero is over 4 KiB",
+        ),
+        (
+            ["--database-url", "postgresql://llmgw@db-a:5432,,db-b/llmgw"],
+            "--database-url: the database URL 'postgresql://llmgw@db-a:5432,,db-b/llmgw' has "
+            "an empty host in its list of hosts",
+        ),
+    ],
+    ids=[
+        "gateway-password-without-role",
+        "one-role-as-both",
+        "empty-role-name",
+        "role-name-too-long",
+        "reserved-role-name",
+        "missing-password-file",
+        "password-file-too-large",
+        "malformed-database-url",
+    ],
+)
+def test_migrate_refuses_flags_it_cannot_run_with_as_bad_usage_before_connecting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], line: str
+) -> None:
+    """Exit 2, as every usage error (docs/operations.md): the URL given is never reached,
+    so a failure to connect (exit 1) would show the flags were not checked first."""
+    password = tmp_path / "password"
+    password.write_text("secret\n")
+    paths = {"password": str(password), "missing": str(tmp_path / "missing")}
+
+    url = [] if "--database-url" in flags else ["--database-url", UNREACHABLE]
+
+    code, err = ended(["migrate", *url, *(flag.format(**paths) for flag in flags)], capsys)
+
+    assert (code, err.splitlines()) == (2, [err.rstrip("\n")]), err
+    assert err.startswith(f"llmgw-server migrate: {line.format(**paths)}"), err
 
 
 def test_what_the_error_line_holds_reaches_the_terminal_as_visible_escapes(
