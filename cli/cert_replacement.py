@@ -22,6 +22,11 @@ from cli.client import AdminClient, ClientError
 from cli.config import ConnectionFlags, resolve_settings
 from cli.operator import ADMIN, call
 
+LOOKUP_WITHIN_S = 3.0
+"""The longest `cert node` waits for the admin API's answer: the question only refines
+the issue time, and a CA kept on a machine of its own, where no server answers, should
+not hold every issue for the usual request timeout."""
+
 
 class _Revocation(msgspec.Struct, frozen=True, kw_only=True):
     serial: str | None = None
@@ -43,7 +48,9 @@ def node_revoked_at(node_id: str, connection: ConnectionFlags | None) -> datetim
     that cannot be used, ``RevocationUnknown`` when the admin API does not tell."""
     settings = resolve_settings(connection or ConnectionFlags())
     try:
-        with AdminClient(settings) as client:
+        with AdminClient(
+            settings, timeout_s=LOOKUP_WITHIN_S, answer_within_s=LOOKUP_WITHIN_S
+        ) as client:
             known = call(client, _Revocations, "GET", f"{ADMIN}/certificates").value
     except ClientError as exc:
         raise RevocationUnknown(str(exc)) from exc

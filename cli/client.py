@@ -163,6 +163,7 @@ class AdminClient:
         """``transport`` sends the requests instead of httpx's own connections (a test's
         ``httpx.MockTransport``); the TLS settings then do not apply."""
         self.settings = settings
+        self.timeout_s = timeout_s
         self.answer_within_s = answer_within_s
         self.max_answer_bytes = max_answer_bytes
         self._url = httpx.URL(settings.admin_url)
@@ -261,7 +262,7 @@ class AdminClient:
         if _in_chain(exc, ssl.SSLError) is not None:
             return TlsFailure(f"TLS handshake with the admin API at {url} failed: {self._why(exc)}")
         if isinstance(exc, httpx.TimeoutException):
-            reason = "no answer in time"
+            reason = f"no answer within {self.timeout_s:g} s"
         elif _in_chain(exc, ConnectionRefusedError) is not None:
             reason = "connection refused"
         elif _in_chain(exc, socket.gaierror) is not None:
