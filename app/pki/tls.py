@@ -110,8 +110,8 @@ def peer_identity(peer: PeerCertificate, expect: CertificateKind | None = None) 
         raise CertificateRejected(f"certificate {subject!r} is not a node or operator certificate")
     if expect is not None and kind != expect:
         raise CertificateRejected(
-            f"certificate {subject!r} is a {kind} certificate; only {expect} certificates "
-            "are accepted here"
+            f"certificate {subject!r} is {'an' if kind[0] in 'aeiou' else 'a'} {kind} "
+            f"certificate; only {expect} certificates are accepted here"
         )
     try:
         name = check_subject_name(f"{kind} name", common_name(certificate))

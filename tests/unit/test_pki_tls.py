@@ -57,8 +57,12 @@ def test_the_hub_refuses_an_operator_certificate(ca: CertificateAuthority) -> No
     operator = issue_operator(ca, generate_key(), "alice", NOW, 365)
 
     assert peer_identity(operator).kind is CertificateKind.OPERATOR
-    with pytest.raises(CertificateRejected, match="only node certificates are accepted"):
+    with pytest.raises(CertificateRejected, match="only node certificates are accepted") as refused:
         peer_identity(operator, expect=CertificateKind.NODE)
+    assert str(refused.value) == (
+        "certificate 'O=llmgw,OU=operator,CN=alice' is an operator certificate; only node "
+        "certificates are accepted here"
+    )
 
 
 def test_the_admin_api_refuses_a_node_certificate(ca: CertificateAuthority) -> None:
