@@ -113,6 +113,10 @@ def _what_is_wrong(error: CycloptsError, where: str, refusals: tuple[type[Except
 
 
 def _unknown_option(token: str, options: Sequence[str], where: str) -> str:
+    if token in options:
+        # Only a word after ``--`` is an option's name and still unknown: it is an argument
+        # there, one more than the command takes.
+        return f"{token} comes after --, where every word is an argument; put options before --"
     guess = closest(token, (name for name in options if name.startswith("-")))
     hint = f"did you mean {guess}?" if guess else f"see {where} --help"
     return f"unknown option {token}; {hint}"

@@ -61,6 +61,12 @@ CLI = program("llmgw-cli")
         ),
         (["--output", "json"], "llmgw-cli: unknown option --output; see llmgw-cli --help"),
         (["--verison"], "llmgw-cli: unknown option --verison; did you mean --version?"),
+        # After ``--`` an option's name is one argument too many, not a misspelling of itself.
+        (
+            ["cert", "node", "--", "gpu-07", "--dir", "ca"],
+            "llmgw-cli cert node: --dir comes after --, where every word is an argument; put "
+            "options before --",
+        ),
     ],
 )
 def test_a_mistyped_command_line_is_one_line_and_exit_2(argv: list[str], line: str) -> None:
