@@ -77,16 +77,23 @@ class Validity:
             left = (ca_expires - now).days
             # A day is the shortest certificate: with less left, there is no --days to advise.
             possible = (
-                f"issue it for at most {left} days, or"
+                f"issue it for at most {_days(left)}, or"
                 if left >= 1
-                else "it expires in less than a day, too soon for any certificate:"
+                else "it expires in less than a day, too soon for any certificate;"
             )
+            # Never `init-ca --force` here: replacing the CA in place would leave every
+            # certificate it issued untrusted at once; a rotation keeps both for a while.
             raise InvalidRequest(
-                f"a certificate valid for {days} days would outlive the CA, which expires on "
-                f"{ca_expires:%Y-%m-%d %H:%M} UTC: {possible} create a new CA "
-                "(`llmgw-cli cert init-ca --force`) and issue again"
+                f"a certificate valid for {_days(days)} would outlive the CA, which expires on "
+                f"{ca_expires:%Y-%m-%d %H:%M} UTC: {possible} rotate the CA: create a new one "
+                "in a new directory (`llmgw-cli cert init-ca --dir NEW_DIR`) and issue from "
+                "it, as docs/certificates.md (Rotation) says"
             )
         return validity
+
+
+def _days(count: int) -> str:
+    return f"{count} day" if count == 1 else f"{count} days"
 
 
 def require_aware(moment: datetime) -> datetime:

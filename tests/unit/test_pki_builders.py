@@ -272,6 +272,20 @@ def test_a_ca_in_its_last_day_says_it_can_issue_nothing_more() -> None:
     assert "at most 0 days" not in str(refused.value)
     assert "expires in less than a day, too soon for any certificate" in str(refused.value)
     assert "llmgw-cli cert init-ca" in str(refused.value)
+    assert "a certificate valid for 1 day would outlive the CA" in str(refused.value)
+
+
+def test_the_advice_for_a_ca_near_its_end_is_a_rotation_never_overwriting_it() -> None:
+    """`init-ca --force` on the CA directory replaces the CA in place, and every
+    certificate it issued stops being trusted at once; docs/certificates.md rotates it."""
+    two_days = build_ca(generate_key(), "llmgw CA", NOW, 2)
+
+    with pytest.raises(InvalidRequest) as refused:
+        issue_node(two_days, generate_key(), "gpu-07", NOW + timedelta(hours=1), 2)
+
+    assert "issue it for at most 1 day, or rotate the CA" in str(refused.value)
+    assert "--force" not in str(refused.value)
+    assert "in a new directory (`llmgw-cli cert init-ca --dir NEW_DIR`)" in str(refused.value)
 
 
 @pytest.mark.parametrize("days", [10_001, 3_650_000, 10**12])
