@@ -15,9 +15,10 @@ from typing import Annotated
 import msgspec
 from cyclopts import Parameter
 
-from app.pki.errors import PkiError
+from app.pki.errors import InvalidRequest, PkiError
 from app.pki.issued import IssuedCertificate, read_issued
 from app.pki.model import CLOCK_SKEW
+from app.pki.names import check_subject_name
 from cli.arguments import UsageError, filled
 from cli.cert import CaDir, default_ca_dir
 from cli.client import AdminClient, ClientError
@@ -118,6 +119,12 @@ def revoke_certificate(
     if not reason.strip():
         print_error("cert revoke", "--reason must say why")
         return EXIT_USAGE
+    if node is not None:
+        try:
+            check_subject_name("node id", node)
+        except InvalidRequest as exc:
+            print_error("cert revoke", f"--node: {exc}")
+            return EXIT_USAGE
 
     def revoke(client: AdminClient) -> int:
         body = {"serial": serial, "node_id": node, "reason": reason}

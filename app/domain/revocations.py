@@ -12,6 +12,7 @@ Two ways to revoke, because an operator knows one of two things:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
@@ -23,7 +24,10 @@ from app.domain.model_spec import SpecError
 from app.domain.operation_results import Change, InvalidFields
 from app.domain.state import CertificateRevocation, ClusterState, revocation_key
 
-MAX_NODE_ID_LENGTH = 64
+NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+"""The node ids a node certificate can name and the agent hub accepts (``app.pki.names``):
+a revocation of any other name would match no certificate that can connect, and would
+record a stream no node can have (``..`` in it, a leading ``-``)."""
 
 
 class PresentedCertificate(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,8 +78,14 @@ def checked(request: RevocationRequest) -> RevocationRequest:
         errors.append(SpecError("serial", "name the certificate's serial, or its node_id"))
     if serial is not None and request.node_id:
         errors.append(SpecError("node_id", "name a serial or a node, not both"))
-    if request.node_id is not None and not _is_node_id(request.node_id):
-        errors.append(SpecError("node_id", f"{request.node_id[:60]!r} is not a node id"))
+    if request.node_id is not None and not NODE_ID.fullmatch(request.node_id):
+        errors.append(
+            SpecError(
+                "node_id",
+                f"{request.node_id[:60]!r} is not a node id: use 1-63 letters, digits, '.', "
+                "'_' or '-', starting with a letter or digit",
+            )
+        )
     reason = request.reason.strip()
     if not reason:
         errors.append(SpecError("reason", "say why the certificate is revoked"))
@@ -120,11 +130,6 @@ def _normalized_serial(text: str, errors: list[SpecError]) -> str | None:
         )
         return None
     return format(int(digits, 16), "x")
-
-
-def _is_node_id(text: str) -> bool:
-    """What a node certificate's common name can be: 1 to 64 printable characters."""
-    return 0 < len(text) <= MAX_NODE_ID_LENGTH and text.isprintable() and text.strip() == text
 
 
 def _refusal(revocation: CertificateRevocation, what: str) -> str:

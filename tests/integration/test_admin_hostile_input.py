@@ -839,3 +839,19 @@ async def test_nan_and_infinity_are_not_json_and_change_nothing(
     assert answer.status_code in (400, 422), answer.text
     assert "not JSON" in answer.text or "not valid JSON" in answer.text, answer.text
     assert await last_position(pg_store) == before
+
+
+@pytest.mark.parametrize("node_id", ["../gpu-1", "-x", "gpu/1", "g" * 64])
+async def test_a_revocation_of_a_node_id_no_certificate_can_name_is_a_422_and_records_nothing(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore, node_id: str
+) -> None:
+    before = await last_position(pg_store)
+
+    answer = await admin.post(
+        "/admin/v1/certificates/revocations", json={"node_id": node_id, "reason": "rebuilt"}
+    )
+
+    [error] = problem_of(answer, 422)["errors"]
+    assert error["field"] == "node_id"
+    assert error["reason"].startswith(f"{node_id[:60]!r} is not a node id: use 1-63 letters"), error
+    assert await last_position(pg_store) == before

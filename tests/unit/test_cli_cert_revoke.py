@@ -15,6 +15,7 @@ from app.pki.builders import build_ca, issue_node
 from app.pki.describe import serial_hex
 from app.pki.model import CLOCK_SKEW
 from cli.cert_revocation import replacement_wait_s
+from cli.main import app
 from tests.unit.test_domain_revocations import recorded
 
 REVOKED_AT = datetime(2026, 12, 5, 10, 34, 42, 500_000, tzinfo=UTC)
@@ -48,3 +49,20 @@ def test_the_replacement_issued_once_revoke_returns_connects(answered_after_s: f
 def test_a_clock_past_the_revocation_s_second_or_far_behind_it_is_not_waited_for() -> None:
     assert replacement_wait_s(REVOKED_AT, REVOKED_AT + timedelta(seconds=1)) == 0.0
     assert replacement_wait_s(REVOKED_AT, REVOKED_AT - timedelta(minutes=5)) == 1.0
+
+
+@pytest.mark.parametrize("node", ["../gpu-07", "-x", "gpu/07", "g" * 64])
+def test_a_node_id_no_certificate_can_name_is_bad_usage_and_nothing_is_sent(
+    capsys: pytest.CaptureFixture[str], node: str
+) -> None:
+    """The admin URL answers nothing: a request sent would end the command otherwise."""
+    argv = ["cert", "revoke", f"--node={node}", "--reason", "rebuilt"]
+
+    with pytest.raises(SystemExit) as ended:
+        app([*argv, "--admin-url", "http://127.0.0.1:1"])
+
+    assert ended.value.code == 2
+    assert capsys.readouterr().err == (
+        f"llmgw-cli cert revoke: --node: invalid node id {node!r}: use 1-63 letters, digits, "
+        "'.', '_' or '-', starting with a letter or digit\n"
+    )

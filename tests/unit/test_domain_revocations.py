@@ -20,6 +20,8 @@ from app.domain.revocations import (
     revoke,
 )
 from app.domain.state import ClusterState
+from app.pki import InvalidRequest
+from app.pki.names import check_subject_name
 from wire.messages import fit_close_reason
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -109,6 +111,10 @@ def test_revoking_a_node_again_moves_its_cut_off_forward() -> None:
         (RevocationRequest(serial="1" * 41, reason="why"), ["serial"]),
         (RevocationRequest(serial="1f", node_id="gpu-7", reason="why"), ["node_id"]),
         (RevocationRequest(node_id="gpu 7\n", reason="why"), ["node_id"]),
+        (RevocationRequest(node_id="-x", reason="why"), ["node_id"]),
+        (RevocationRequest(node_id="../gpu-7", reason="why"), ["node_id"]),
+        (RevocationRequest(node_id="gpu/7", reason="why"), ["node_id"]),
+        (RevocationRequest(node_id="g" * 64, reason="why"), ["node_id"]),
         (RevocationRequest(serial="1f", reason="  "), ["reason"]),
         (RevocationRequest(serial="1f", reason="x" * 501), ["reason"]),
     ],
@@ -124,3 +130,20 @@ def test_a_malformed_revocation_is_refused_naming_each_bad_field(
 def test_the_event_names_what_was_revoked() -> None:
     change = revoke(ClusterState(), checked(RevocationRequest(serial="ABC", reason=" lost ")))
     assert change.events == (CertificateRevoked(serial="abc", node_id=None, reason="lost"),)
+
+
+@pytest.mark.parametrize("node_id", ["gpu-07", "7", "g" * 63, "rack1.gpu_7", "-x", "..", "a/b"])
+def test_a_node_id_is_revocable_exactly_when_a_node_certificate_can_name_it(node_id: str) -> None:
+    """Any other name would match no certificate the agent hub accepts."""
+    try:
+        check_subject_name("node id", node_id)
+        issuable = True
+    except InvalidRequest:
+        issuable = False
+    try:
+        checked(RevocationRequest(node_id=node_id, reason="why"))
+        revocable = True
+    except InvalidRevocation:
+        revocable = False
+
+    assert revocable == issuable
