@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.state import ClusterState
 from app.store.database import driver_connection, translated_errors
+from app.store.errors import StoreError
 from app.store.postgres import APPEND_LOCK_KEY, CHECKPOINT
 from app.store.projection import Row, all_rows
 from app.store.replay import SnapshotDifference, replay_checking_snapshots, replay_into
@@ -46,7 +47,16 @@ class RebuildReport(msgspec.Struct, frozen=True):
 
 async def rebuild(engine: AsyncEngine, *, verify: bool) -> RebuildReport:
     """Replay the log into fresh rows. With ``verify``, compare them with the live tables and
-    write nothing; without, replace the live tables with them (atomically)."""
+    write nothing; without, replace the live tables with them (atomically). What
+    PostgreSQL answers the statements sent straight through the driver (no privilege to
+    write the tables, as the runtime role) becomes a ``StoreError`` too."""
+    try:
+        return await _rebuild(engine, verify=verify)
+    except asyncpg.PostgresError as exc:
+        raise StoreError(str(exc)) from exc
+
+
+async def _rebuild(engine: AsyncEngine, *, verify: bool) -> RebuildReport:
     async with translated_errors(), engine.begin() as conn:
         if verify:
             # One snapshot for the log and the tables, so appends during the check cannot
