@@ -241,6 +241,9 @@ class ChainWalk:
         self.events = 0
         self._anchors = sorted(anchors, key=lambda anchor: anchor.position)
         self.anchors_passed: list[Head] = []
+        self._trusted = (self.head, 0)
+        """The last anchor passed and the events up to it: what is left to trust when a
+        later anchor shows the log before it was rewritten."""
 
     def step(self, row: ChainRow) -> Break | None:
         found = (
@@ -340,6 +343,7 @@ class ChainWalk:
         while self._anchors and self._anchors[0].position < position:
             anchor = self._anchors.pop(0)
             if anchor.position != self.head.position:
+                self._distrust_since_last_anchor()
                 return Break(
                     anchor.position,
                     Problem.ANCHOR_MISSING,
@@ -347,13 +351,22 @@ class ChainWalk:
                     f"{anchor} names: it was removed, or the anchor is of another database",
                 )
             if anchor.chain_hash != self.head.chain_hash:
+                rewritten = self.head.chain_hash
+                self._distrust_since_last_anchor()
                 return Break(
                     anchor.position,
                     Problem.ANCHOR_MISMATCH,
                     f"the chain hash at position {anchor.position} is "
-                    f"{self.head.chain_hash.hex()}, not the anchor's "
+                    f"{rewritten.hex()}, not the anchor's "
                     f"{anchor.chain_hash.hex()}: the log up to there was rewritten since the "
                     "anchor was recorded (or the anchor is of another database)",
                 )
             self.anchors_passed.append(anchor)
+            self._trusted = (anchor, self.events)
         return None
+
+    def _distrust_since_last_anchor(self) -> None:
+        """The events since the last anchor passed each hold their hash, but the anchor
+        that failed shows the log up to it was rewritten (and rehashed) or cut: none of
+        them is good, and the last good head is that anchor, or the genesis."""
+        self.head, self.events = self._trusted

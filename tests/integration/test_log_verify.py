@@ -44,6 +44,24 @@ EVENTS = 12
 PROCESS_TIMEOUT_S = 60
 
 
+REHASH_FROM = """DO $$
+    DECLARE
+        e record;
+        previous bytea := (SELECT chain_hash FROM events WHERE position < {at}
+                           ORDER BY position DESC LIMIT 1);
+    BEGIN
+        FOR e IN SELECT * FROM events WHERE position >= {at} ORDER BY position LOOP
+            previous := sha256(previous || llmgw_event_bytes(e.position,
+                e.previous_position, e.stream, e.version, e.type, e.schema_version,
+                e.event_id, e.recorded_at, e.data, e.meta, e.replica_id, e.node_id,
+                e.model, e.actor, e.correlation_id));
+            UPDATE events SET chain_hash = previous WHERE position = e.position;
+        END LOOP;
+    END $$"""
+"""Every chain hash from position ``at`` to the end recomputed, as someone who can rewrite
+the whole table would after changing an event there."""
+
+
 @dataclass(frozen=True)
 class Result:
     code: int
@@ -73,6 +91,17 @@ class Log:
         result = await self.run("head")
         assert result.code == 0, result
         return result.stdout.strip()
+
+    async def anchor_at(self, position: int) -> str:
+        """``POSITION:HASH`` of the event at ``position``, as ``log head`` printed it then."""
+        connection = await asyncpg.connect(driver_url(self.database_url))
+        try:
+            chain_hash = await connection.fetchval(
+                "SELECT chain_hash FROM events WHERE position = $1", position
+            )
+        finally:
+            await connection.close()
+        return f"{position}:{bytes(chain_hash).hex()}"
 
     async def leave_a_gap(self) -> int:
         """Take a position that no event gets, as an append that failed does."""
@@ -380,20 +409,7 @@ async def test_a_log_rewritten_and_rehashed_to_its_end_fails_only_against_an_old
     await log.tamper(
         f"UPDATE events SET data = jsonb_set(data, '{{reason}}', '\"forged\"') "
         f"WHERE position = {rewritten}",
-        f"""DO $$
-        DECLARE
-            e record;
-            previous bytea := (SELECT chain_hash FROM events WHERE position < {rewritten}
-                               ORDER BY position DESC LIMIT 1);
-        BEGIN
-            FOR e IN SELECT * FROM events WHERE position >= {rewritten} ORDER BY position LOOP
-                previous := sha256(previous || llmgw_event_bytes(e.position,
-                    e.previous_position, e.stream, e.version, e.type, e.schema_version,
-                    e.event_id, e.recorded_at, e.data, e.meta, e.replica_id, e.node_id,
-                    e.model, e.actor, e.correlation_id));
-                UPDATE events SET chain_hash = previous WHERE position = e.position;
-            END LOOP;
-        END $$""",
+        REHASH_FROM.format(at=rewritten),
     )
 
     alone = await log.run("verify")
@@ -568,3 +584,28 @@ async def test_on_a_terminal_it_shows_how_far_it_got(log: Log) -> None:
     assert f"\rverifying: {EVENTS} events, at position {last} (100%)" in shown
     assert shown.endswith("\r\x1b[K")  # and the line is cleared before the report
     assert done.stdout.startswith(f"log verified: {EVENTS} events")
+
+
+async def test_after_a_rewritten_anchor_the_last_good_head_is_the_last_anchor_that_held(
+    log: Log,
+) -> None:
+    """The rehashed events check out against their own hashes, but the anchor shows they
+    were rewritten: what is left to trust is the older anchor, not the rewritten head."""
+    older = await log.anchor_at(log.first + 2)
+    recorded = await log.head()
+    await log.tamper(
+        f"UPDATE events SET data = jsonb_set(data, '{{reason}}', '\"forged\"') "
+        f"WHERE position = {log.first + 5}",
+        REHASH_FROM.format(at=log.first + 5),
+    )
+
+    anchored = await log.run("verify", "--anchor", older, "--anchor", recorded)
+
+    assert breaks(anchored).startswith(
+        f"the chain breaks at position {recorded.split(':')[0]} (anchor_mismatch)"
+    )
+    assert anchored.stdout.splitlines()[1:4] == [
+        f"{log.first + 2} events before it checked out",  # no gap before the anchor
+        f"last good head {older}",
+        f"passes through anchor {older}",
+    ]

@@ -240,6 +240,24 @@ def test_anchors_must_be_passed_at_their_hash() -> None:
     assert where(rows[:4], [Head(5, rows[4].chain_hash or b"")]) == (5, Problem.ANCHOR_BEYOND_END)
 
 
+@pytest.mark.parametrize(
+    "failing", [Head(4, bytes(32)), Head(6, bytes(32))], ids=["mismatch", "missing"]
+)
+def test_after_an_anchor_that_fails_the_last_good_head_is_the_last_that_held(
+    failing: Head,
+) -> None:
+    rows = chained(6, gaps=frozenset({6}))  # positions 1-5 and 7
+    held = Head(2, rows[1].chain_hash or b"")
+
+    chain, found = walk(rows, [held, failing])
+    alone, _ = walk(rows, [failing])
+
+    assert found is not None
+    assert found.position == failing.position
+    assert (chain.head, chain.events, chain.anchors_passed) == (held, 2, [held])
+    assert (alone.head, alone.events) == (Head(0, GENESIS), 0)
+
+
 def test_an_empty_log_passes_through_the_genesis_anchor_only() -> None:
     assert where([], [Head(0, GENESIS)]) is None
     assert where([], [Head(0, bytes([1]) * 32)]) == (0, Problem.ANCHOR_MISMATCH)
