@@ -97,8 +97,9 @@ CLIENT_CERTIFICATE_ALERTS = frozenset(
 _REFUSING_STATUSES = frozenset({401, 403})
 
 NODE_CERTIFICATE_HINT = (
-    "issue a node certificate for this node id on the control plane "
-    "(`llmgw-cli cert node <node-id>`) and check the files with `llmgw-cli cert show`"
+    "issue a node certificate for this node id where the llmgw CA is kept (`llmgw-cli cert "
+    "node <node-id>`, on the operator's machine: never on a server), copy it here, and check "
+    "the files with `llmgw-cli cert show`"
 )
 
 
@@ -459,12 +460,12 @@ def _ending_of(server: ServerAddress, websocket: ClientConnection, stable: bool)
     if failure is Failure.CLIENT_REFUSED:
         raise ClientCertificateRejected(
             f"{server.host} refused this node (close code {received.code}): {received.reason}"
-            f"{_refusal_advice(received.reason)}"
+            f"{refusal_advice(received.reason)}"
         )
     return _Ending(failure, f"closed by the server: {received}", connected=True, stable=stable)
 
 
-def _refusal_advice(reason: str) -> str:
+def refusal_advice(reason: str) -> str:
     """What fixes the refusal the server named, when the reason says which it was."""
     if "common name" in reason or "certificate of kind" in reason:
         return f". The certificate's common name must equal --node-id: {NODE_CERTIFICATE_HINT}"
@@ -474,7 +475,7 @@ def _refusal_advice(reason: str) -> str:
             "certificate naming the address: llmgw-cli cert node <node-id> --ip <address>"
         )
     if "revoked" in reason or "certificate expired" in reason:
-        return f". Issue a new certificate for this node: {NODE_CERTIFICATE_HINT}"
+        return f". This node needs a new certificate: {NODE_CERTIFICATE_HINT}"
     return ""
 
 
