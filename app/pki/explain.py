@@ -82,7 +82,8 @@ def _explain_verification(
     if code == _INVALID_PURPOSE:
         return (
             f"the certificate {host} presented is not a server certificate (no serverAuth "
-            f"usage): issue one on the control plane: `{_reissue_command(host, presented)}`"
+            f"usage): issue one where the llmgw CA is kept and install it on the control "
+            f"plane: `{_reissue_command(host, presented)}`"
         )
     return f"the server certificate of {host} failed verification: {error.verify_message}"
 
@@ -97,9 +98,9 @@ def _explain_missing_name(host: str, presented: x509.Certificate | None) -> str:
         listed = f"it has {', '.join(names)}" if names else "it has none"
     return (
         f"the server certificate is not valid for {host}: that {what} is not among its "
-        f"subject alternative names ({listed}). Reissue it on the control plane with every "
-        "host and IP that agents dial, then restart llmgw-server: "
-        f"`{_reissue_command(host, presented)}`"
+        f"subject alternative names ({listed}). Reissue it where the llmgw CA is kept, "
+        "with every host and IP that agents and operators dial, install it on the control "
+        f"plane and restart llmgw-server: `{_reissue_command(host, presented)}`"
     )
 
 
