@@ -3,9 +3,9 @@ its weight, target_waiting and kv_ceiling (``--apply`` records them).
 
 Exit codes: 0 the climb ended (the capacity is known, or at least --max-concurrency);
 1 failed (the engine unreachable or without /metrics, even concurrency 1 broke the SLO,
---apply refused); 2 bad usage. A report is written whenever a level ran, under
-``$XDG_STATE_HOME/llmgw/bench/`` (else ``~/.local/state/llmgw/bench/``) unless
-``--report-dir`` says where.
+--apply with nothing to record or refused); 2 bad usage. A report is written whenever a
+level ran, under ``$XDG_STATE_HOME/llmgw/bench/`` (else ``~/.local/state/llmgw/bench/``)
+unless ``--report-dir`` says where.
 """
 
 from __future__ import annotations
@@ -226,8 +226,9 @@ def bench(
             group=RESULT,
             negative=(),
             help="Record the recommendation through the admin API (a tuned event with the "
-            "bench summary). With --replica, refused for the model if it moved to another "
-            "revision while bench ran.",
+            "bench summary). Nothing is recorded (exit 1) when --max-concurrency still met "
+            "the SLO: the capacity was not reached. With --replica, refused for the model if "
+            "it moved to another revision while bench ran.",
         ),
     ] = False,
     apply_to: Annotated[

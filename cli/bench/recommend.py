@@ -5,21 +5,29 @@ The gateway sends a replica new work while ``waiting < target_waiting`` and
 ``kv_usage < kv_ceiling``, and shares traffic among replicas by ``weight``:
 
     target_waiting = max(1, ceil(p95 of the waiting samples at capacity))
-    kv_ceiling     = the highest KV-cache usage sampled at capacity
+    kv_ceiling     = the highest KV-cache usage sampled at any level that met the SLO
     weight         = output tokens/s at capacity / 100, to 3 significant digits
 
 The queue is bursty, so one high sample must not set its limit: the 95th percentile does.
 KV-cache usage moves slowly and is bounded by 1, so the whole range seen while the SLO
-held counts as healthy. ``target_waiting`` is at least 1 because the gateway needs a queue
+held counts as healthy: at the capacity level, and at any lower level that met the SLO
+(levels are noisy, and a ceiling below what the engine was seen to serve within the SLO
+would turn healthy work away). ``target_waiting`` is at least 1 because the gateway needs a queue
 of at least one to send anything; when the engine never queued at capacity, any queue at
 all means more load than it could serve. The weight is 1 per 100 output tokens/s, so
 replicas of one model benched with the same input and output lengths compare directly,
 and a replica with twice the throughput takes twice the traffic.
+
+Only a level the next one broke is a capacity: when the climb stopped at
+--max-concurrency with the SLO still met, the queue and KV use at its top level are what
+the engine showed with room to spare, not its limits, and admission built on them would
+throttle a healthy replica. The report then recommends nothing (``lower_bound_note``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import msgspec
 
@@ -41,7 +49,18 @@ class Recommendation(msgspec.Struct, frozen=True, kw_only=True):
     kv_ceiling: float
 
 
-def recommend(capacity: LevelFigures) -> Recommendation:
+def lower_bound_note(max_concurrency: int) -> str:
+    """Why a climb that stopped at ``max_concurrency`` within the SLO recommends nothing."""
+    return (
+        f"the capacity was not reached within --max-concurrency {max_concurrency}: every "
+        "level met the SLO, so the queue and KV-cache use seen are not the engine's limits; "
+        "raise --max-concurrency until a level breaks the SLO"
+    )
+
+
+def recommend(capacity: LevelFigures, within_slo: Sequence[LevelFigures] = ()) -> Recommendation:
+    """Settings from ``capacity``, the highest level that met the SLO below one that broke
+    it; ``within_slo``, the other levels that met it, only ever raise the KV ceiling."""
     level = capacity.concurrency
     if capacity.waiting is None:
         raise NoRecommendation(
@@ -58,7 +77,12 @@ def recommend(capacity: LevelFigures) -> Recommendation:
             "is no ceiling to learn (does it report kv usage?)"
         )
     else:
-        kv_ceiling = min(capacity.kv_cache_usage.max, 1.0)
+        seen_within_slo = [
+            figures.kv_cache_usage.max
+            for figures in (capacity, *within_slo)
+            if figures.slo_met and figures.kv_cache_usage is not None
+        ]
+        kv_ceiling = min(max(seen_within_slo, default=capacity.kv_cache_usage.max), 1.0)
     if capacity.output_tokens_per_s <= 0:
         raise NoRecommendation(f"no output token arrived in the window at concurrency {level}")
     return Recommendation(

@@ -11,7 +11,12 @@ from typing import Any
 import msgspec
 
 from cli.bench.climb import StopReason
-from cli.bench.recommend import NoRecommendation, Recommendation, recommend
+from cli.bench.recommend import (
+    NoRecommendation,
+    Recommendation,
+    lower_bound_note,
+    recommend,
+)
 from cli.bench.runner import BenchRun
 from cli.bench.slo import SloTarget
 from cli.bench.stats import LevelFigures, Percentiles
@@ -74,7 +79,8 @@ class BenchReport(msgspec.Struct, frozen=True, kw_only=True):
     capacity: int
     """The highest concurrency that met the SLO; 0 when none did."""
     capacity_is_lower_bound: bool
-    """The highest concurrency allowed still met it: the engine can take more."""
+    """The highest concurrency allowed still met it: the engine can take more, and no
+    recommendation is made from a level that was not its limit."""
     resolution: int
     """How far apart the last passing and first failing levels were when the climb ended."""
     peak: PeakView | None
@@ -114,7 +120,12 @@ def build_report(
         (lv for lv in reversed(run.levels) if lv.concurrency == climb.capacity and lv.slo_met),
         None,
     )
-    recommendation, note = _recommendation(capacity_level, failure)
+    recommendation: Recommendation | None = None
+    note: str | None = None
+    if failure is None and climb.stop_reason is StopReason.CEILING:
+        note = lower_bound_note(plan.max_concurrency)
+    else:
+        recommendation, note = _recommendation(capacity_level, run.levels, failure)
     stop_reason, stop_detail = _stop(run, failure)
     return BenchReport(
         started_at=started_at,
@@ -145,14 +156,14 @@ def build_report(
 
 
 def _recommendation(
-    capacity_level: LevelFigures | None, failure: str | None
+    capacity_level: LevelFigures | None, levels: Sequence[LevelFigures], failure: str | None
 ) -> tuple[Recommendation | None, str | None]:
     if failure is not None:
         return None, "the bench did not finish, so its capacity is not known"
     if capacity_level is None:
         return None, "no level met the SLO"
     try:
-        return recommend(capacity_level), None
+        return recommend(capacity_level, [lv for lv in levels if lv.slo_met]), None
     except NoRecommendation as exc:
         return None, str(exc)
 

@@ -78,6 +78,10 @@ SHORT_LEVELS = (
     *("--warmup", "600ms", "--duration", "1500ms", "--sample-interval", "50ms"),
     *("--input-tokens", str(INPUT_TOKENS), "--output-tokens", str(OUTPUT_TOKENS)),
 )
+CAPACITY_8_THEN_BROKEN_9 = (*("--start-concurrency", "8", "--max-concurrency", "9", *SHORT_LEVELS),)
+"""Two levels: 8, which meets ``TTFT_LIMIT_S``, and 9, which breaks it, so 8 is the capacity
+and what the engine showed there its limits (a climb that stops at --max-concurrency within
+the SLO recommends nothing)."""
 QUICK_LEVELS = (
     *("--warmup", "100ms", "--requests", "8", "--sample-interval", "20ms"),
     *("--input-tokens", "24", "--output-tokens", "4"),
@@ -222,8 +226,8 @@ async def test_the_recommendation_lies_within_what_the_engine_showed_at_capacity
 ) -> None:
     result = await bench(
         tmp_path,
-        *("--url", simulated.base_url, "--slo", "e2e_p99=10s"),
-        *("--start-concurrency", "8", "--max-concurrency", "8", *SHORT_LEVELS),
+        *("--url", simulated.base_url, "--slo", "ttft_p95=310ms"),
+        *CAPACITY_8_THEN_BROKEN_9,
     )
 
     assert result.code == 0, result.stderr
@@ -249,8 +253,8 @@ async def test_an_engine_without_a_kv_gauge_is_benched_by_its_queue_alone(
     with running(*SIMULATOR_FLAGS, "--profile", "llamacpp") as simulator:
         result = await bench(
             tmp_path,
-            *("--url", simulator.base_url, "--slo", "e2e_p99=10s"),
-            *("--start-concurrency", "8", "--max-concurrency", "8", *SHORT_LEVELS),
+            *("--url", simulator.base_url, "--slo", "ttft_p95=310ms"),
+            *CAPACITY_8_THEN_BROKEN_9,
         )
 
     assert result.code == 0, result.stderr
@@ -770,18 +774,25 @@ async def cluster(
         yield cluster
 
 
+REPLICA_CAPACITY_4 = (
+    *("--slo", "ttft_p99=150ms", "--start-concurrency", "4", "--max-concurrency", "5"),
+)
+
+
 async def serving_replica(cluster: Cluster) -> str:
     """One replica of a small simulated model, serving; its id."""
     cluster.start_server()
     await cluster.wait_for_leader()
     cluster.start_agent(NODE)
     await cluster.wait_for_nodes_connected([NODE])
-    # 20 ms a token keeps each request in flight for tens of milliseconds, so the samples
-    # of KV-cache usage (every 20 ms, QUICK_LEVELS) find it in use even on a busy machine;
-    # at 2 ms a token a whole level could fall between two samples.
+    # 50 ms a token keeps each request in flight for a few hundred milliseconds, so the
+    # samples of KV-cache usage (every 20 ms, QUICK_LEVELS) find it in use even on a busy
+    # machine; at 2 ms a token a whole level could fall between two samples. With four
+    # slots, four clients never wait (TTFT one step, 50 ms) and of five one always waits a
+    # whole answer (four steps more, 250 ms): REPLICA_CAPACITY_4 breaks at 5.
     command = (
         f"{simulator_command()} --port {{port}} --model {{model}} --max-num-seqs 4 "
-        "--decode-base-ms 20 --decode-per-seq-ms 0"
+        "--decode-base-ms 50 --decode-per-seq-ms 0"
     )
     await cluster.apply_simulated_model(MODEL, replicas=1, command=command)
     serving: list[dict[str, object]] = []
@@ -802,7 +813,7 @@ async def test_apply_records_the_recommendation_with_its_summary_and_the_gateway
 
     result = await bench(
         tmp_path,
-        *("--replica", replica_id, "--slo", "e2e_p99=10s", "--max-concurrency", "4"),
+        *("--replica", replica_id, *REPLICA_CAPACITY_4),
         *QUICK_LEVELS,
         "--apply",
         environment=admin,
@@ -828,7 +839,7 @@ async def test_apply_records_the_recommendation_with_its_summary_and_the_gateway
     assert summary["source"] == "llmgw-cli bench"
     assert summary["capacity"] == report.capacity == 4
     assert summary["target"]["replica_id"] == replica_id
-    assert summary["slo"] == ["e2e_p99 <= 10 s"]
+    assert summary["slo"] == ["ttft_p99 <= 150 ms"]
     connection = await asyncpg.connect(driver_url(cluster.database_url))
     try:
         snapshot = await read_snapshot(connection, within_s=5.0)
@@ -854,7 +865,7 @@ async def test_apply_records_the_recommendation_with_its_summary_and_the_gateway
 
     alone = await bench(
         tmp_path,
-        *("--replica", replica_id, "--slo", "e2e_p99=10s", "--max-concurrency", "2"),
+        *("--replica", replica_id, *REPLICA_CAPACITY_4),
         *QUICK_LEVELS,
         *("--apply", "--apply-to", "replica"),
         environment=admin,
@@ -865,6 +876,26 @@ async def test_apply_records_the_recommendation_with_its_summary_and_the_gateway
         "model_tuned", lambda event: event.get("replica_id") == replica_id
     )
     assert for_replica.position > tuned.position
+
+    # Concurrency 2 is within the SLO and not the replica's limit: its queue and KV-cache
+    # use are no ceiling, and --apply records nothing from them.
+    below_capacity = await bench(
+        tmp_path,
+        *("--replica", replica_id, "--slo", "e2e_p99=10s", "--max-concurrency", "2"),
+        *QUICK_LEVELS,
+        "--apply",
+        environment=admin,
+    )
+    assert below_capacity.code == 1, below_capacity.stderr
+    assert "not reached within --max-concurrency 2" in below_capacity.stderr
+    assert below_capacity.report.capacity_is_lower_bound
+    assert below_capacity.report.recommendation is None
+    assert below_capacity.report.applied is None
+    _, history_after, _ = await llmgw_cli(
+        tmp_path, "history", "model", MODEL, "--output", "json", environment=admin
+    )
+    tuned_events = [e for e in json.loads(history_after) if e["type"] == "model_tuned"]
+    assert tuned_events[-1]["position"] == for_replica.position
 
     unknown = await bench(
         tmp_path, "--replica", f"{MODEL}-999", "--slo", "e2e_p99=10s", environment=admin

@@ -129,6 +129,38 @@ def test_a_climb_cut_short_keeps_its_levels_but_recommends_nothing() -> None:
     assert report_of(run, failure=INTERRUPTED).stop_detail == "interrupted after 2 levels"
 
 
+def test_a_climb_that_stops_at_max_concurrency_within_the_slo_recommends_no_limits() -> None:
+    """Its top level is a lower bound, not the capacity: the queue it never formed and the
+    little KV cache it used would make admission throttle a healthy replica."""
+    ceiling_plan = dataclasses.replace(PLAN, max_concurrency=4)
+
+    report = report_of(run_against(ENGINE, ceiling_plan))
+
+    assert report.stop_reason == "ceiling"
+    assert (report.capacity, report.capacity_is_lower_bound) == (4, True)
+    assert report.recommendation is None
+    assert report.recommendation_note is not None
+    assert "not reached within --max-concurrency 4" in report.recommendation_note
+    console = Console(width=200, record=True)
+    print_report(report, console)
+    assert "no recommendation: the capacity was not reached within --max-concurrency 4" in (
+        console.export_text()
+    )
+
+
+def test_the_kv_ceiling_is_never_below_what_a_level_within_the_slo_used() -> None:
+    run = run_against(ENGINE)
+    fuller_at_4 = msgspec.structs.replace(run.levels[2], kv_cache_usage=percentiles([0.9, 0.95]))
+    assert (fuller_at_4.concurrency, fuller_at_4.slo_met) == (4, True)
+    run.levels[2] = fuller_at_4
+
+    report = report_of(run)
+
+    assert report.capacity == 8
+    assert report.recommendation is not None
+    assert report.recommendation.kv_ceiling == 0.95
+
+
 def test_when_concurrency_one_breaks_the_report_says_why() -> None:
     report = report_of(run_against({1: (0.5, 30.0)}))
 
