@@ -8,6 +8,10 @@
                clients have started
     finish     clients keep the load on, unmeasured, until every measured request ended;
                then every request still running is cancelled (the engine aborts it)
+
+A level whose every request fails (``TotalFailure``: each client saw one fail, twenty in
+all, none succeeded) stops there, in whichever phase, and counts every request it sent:
+an engine that refuses each request at once is not sent thousands more to learn it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from cli.bench.prompts import PromptSource
 from cli.bench.request import RequestFailed, stream_request
 from cli.bench.stats import LevelLoad, RequestOutcome
 from cli.bench.target import Engine
+from cli.bench.total_failure import TotalFailure
 
 
 class Phase(Enum):
@@ -63,6 +68,11 @@ class ClosedLoop:
         self._outstanding = 0
         self.outcomes: list[RequestOutcome] = []
         self.errors: list[str] = []
+        self._total_failure = TotalFailure(concurrency)
+        self._failures_before_a_success: list[str] = []
+        """Every failure of the level, warm-up included, until a request succeeds: what a
+        level that stops for failing whole reports."""
+        self.ended_early = False
         self._finished_in_window = 0
         self._tokens_in_window = 0
         self._window_start = 0.0
@@ -81,7 +91,7 @@ class ClosedLoop:
 
     async def run(self) -> LevelLoad:
         """Raises ``TargetUnreachable`` when the engine stops taking connections."""
-        clients = [asyncio.create_task(self._client()) for _ in range(self.concurrency)]
+        clients = [asyncio.create_task(self._client(index)) for index in range(self.concurrency)]
         try:
             await self._until_done(clients, self._warmup_s)
             if not self._done.is_set():
@@ -97,9 +107,10 @@ class ClosedLoop:
             concurrency=self.concurrency,
             window_s=self._window_end - self._window_start,
             outcomes=self.outcomes,
-            errors=self.errors,
+            errors=self._failures_before_a_success if self.ended_early else self.errors,
             finished_in_window=self._finished_in_window,
             output_tokens_in_window=self._tokens_in_window,
+            ended_early=self.ended_early,
         )
 
     async def _until_done(self, clients: list[asyncio.Task[None]], within_s: float | None) -> None:
@@ -136,11 +147,23 @@ class ClosedLoop:
             if self._outstanding == 0:
                 self._done.set()
 
+    def _count_failure(self, client: int, message: str) -> None:
+        self._total_failure.failed(client)
+        if self.ended_early or not self._total_failure.nothing_succeeded:
+            return
+        self._failures_before_a_success.append(message)
+        if self._total_failure.certain:
+            self.ended_early = True
+            if self.phase is Phase.MEASURE:
+                self.phase = Phase.FINISH
+                self._window_end = time.perf_counter()
+            self._done.set()
+
     def _count_tokens(self, count: int) -> None:
         if self.phase is Phase.MEASURE:
             self._tokens_in_window += count
 
-    async def _client(self) -> None:
+    async def _client(self, index: int) -> None:
         while True:
             measured = self.phase is Phase.MEASURE
             if measured:
@@ -159,11 +182,13 @@ class ClosedLoop:
             except RequestFailed as exc:
                 if measured:
                     self.errors.append(str(exc))
+                self._count_failure(index, str(exc))
             except TargetUnreachable as exc:
                 self._failure = exc
                 self._done.set()
                 return
             else:
+                self._total_failure.succeeded()
                 if self.phase is Phase.MEASURE:
                     self._finished_in_window += 1
                 if measured:

@@ -107,7 +107,9 @@ def breaches(
 ) -> list[str]:
     """Why ``level`` misses the SLO, one line per target; empty when it meets it."""
     missed: list[str] = []
-    if level.success_rate < min_success_rate:
+    if level.ended_early:
+        missed.append(f"every request failed: the level stopped after {level.errors}")
+    elif level.success_rate < min_success_rate:
         missed.append(
             f"success rate {level.success_rate:.1%} < {min_success_rate:.1%} "
             f"({level.errors} of {level.requests} requests failed)"

@@ -77,6 +77,9 @@ class LevelLoad:
     """One message per measured request that failed."""
     finished_in_window: int
     output_tokens_in_window: int
+    ended_early: bool = False
+    """Every request failed and none succeeded, so the level stopped there; ``errors`` then
+    holds every request it sent, warm-up included."""
 
 
 class LevelFigures(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,6 +113,9 @@ class LevelFigures(msgspec.Struct, frozen=True, kw_only=True):
     prefix_cache_hit_rate: float | None = None
     """Prompt tokens the prefix cache answered over prompt tokens looked up, in the level."""
     metric_samples: int = 0
+    ended_early: bool = False
+    """Every request failed and none succeeded, so the level stopped before its window
+    ended, and counts every request it sent."""
     slo_met: bool = False
     breaches: list[str] = []
     """Why the level did not meet the SLO, one line per target missed."""
@@ -146,6 +152,7 @@ def summarize(
         ),
         prefix_cache_hit_rate=prefix_cache_hit_rate(before, after),
         metric_samples=len(samples),
+        ended_early=load.ended_early,
     )
 
 

@@ -203,7 +203,12 @@ def _verdict(report: BenchReport) -> list[str]:
     elif report.recommendation_note:
         lines.append(f"no recommendation: {report.recommendation_note}")
     lines.extend(f"note: {note}" for note in report.notes)
+    # One line per message, however many levels it came from: an engine that refuses every
+    # request says so once, not once a level.
+    levels_by_error: dict[str, list[str]] = {}
     for level in report.levels:
         for sample in level.error_samples:
-            lines.append(f"error at concurrency {level.concurrency}: {sample}")
+            levels_by_error.setdefault(sample, []).append(str(level.concurrency))
+    for sample, concurrencies in levels_by_error.items():
+        lines.append(f"error at concurrency {', '.join(concurrencies)}: {sample}")
     return lines

@@ -36,6 +36,7 @@ from agent.simulator.prediction import predict_steady_state
 from app.gateway.snapshot import read_snapshot
 from app.store.database import driver_url
 from cli.bench.report import BenchReport
+from cli.bench.total_failure import MIN_FAILURES
 from tests.support.bench_cli import CLI_TIMEOUT_S, bench, llmgw_cli
 from tests.support.cluster import (
     ADMIN_TOKEN,
@@ -667,6 +668,36 @@ async def test_an_slo_that_concurrency_one_breaks_ends_with_a_one_level_report(
     assert report.stop_reason == "first_level_broken"
     assert report.capacity == 0
     assert report.recommendation is None
+
+
+async def test_an_engine_that_refuses_every_request_gets_a_few_per_level_and_is_named_once(
+    tmp_path: Path,
+) -> None:
+    """Every prompt needs more KV blocks than the whole cache has: the simulator answers
+    each at once with a 400, as an engine does a prompt longer than its context. Each level
+    stops once nothing has succeeded, rather than send a whole window of requests."""
+    refusal = (
+        "HTTP 400: the request needs 13 KV blocks of 16 tokens (200 prompt + 8 output "
+        "tokens) but the cache has 4"
+    )
+    with running("--instant", "--num-blocks", "4") as simulator:
+        result = await bench(
+            tmp_path,
+            *("--url", simulator.base_url, "--slo", "ttft_p95=1s"),
+            *("--input-tokens", "200", "--output-tokens", "8"),
+            *("--warmup", "500ms", "--duration", "3s"),
+            *("--start-concurrency", "2", "--max-concurrency", "2"),
+        )
+
+    assert result.code == 1, result.stderr
+    report = result.report
+    assert report.stop_reason == "first_level_broken"
+    assert [level.concurrency for level in report.levels] == [2, 1]
+    for level in report.levels:
+        assert level.requests <= 2 * MIN_FAILURES, (level.concurrency, level.requests)
+        assert (level.ended_early, level.succeeded, level.error_samples) == (True, 0, [refusal])
+    assert "every request failed: the level stopped after" in result.stderr
+    assert " ".join(result.stdout.split()).count(refusal) == 1, result.stdout
 
 
 async def test_an_engine_that_dies_half_way_leaves_a_report_of_the_levels_that_ran(

@@ -198,6 +198,33 @@ def test_the_table_marks_capacity_and_peak_and_ends_with_the_verdict() -> None:
     assert "recommended: weight 1.33, target_waiting 4, kv_ceiling 0.83" in text
 
 
+def test_an_error_every_level_met_is_printed_once_with_the_levels_it_came_from() -> None:
+    refusal = "HTTP 400: the request needs 13 KV blocks of 16 tokens but the cache has 4"
+    run = BenchRun.planned(dataclasses.replace(PLAN, start_concurrency=4))
+    for concurrency in (4, 2, 1):
+        failed = LevelFigures(
+            concurrency=concurrency,
+            window_s=0.0,
+            requests=20,
+            succeeded=0,
+            errors=20,
+            error_samples=[refusal],
+            success_rate=0.0,
+            requests_per_s=0.0,
+            output_tokens_per_s=0.0,
+        )
+        missed = breaches(PLAN.targets, PLAN.min_success_rate, failed)
+        run.levels.append(msgspec.structs.replace(failed, breaches=missed))
+        run.climb.record(concurrency, passed=False)
+    console = Console(width=200, record=True)
+
+    print_report(report_of(run), console)
+
+    text = console.export_text()
+    assert text.count(refusal) == 1
+    assert f"error at concurrency 4, 2, 1: {refusal}" in text
+
+
 def test_the_summary_says_where_the_numbers_came_from() -> None:
     summary = tuning_summary(report_of(run_against(ENGINE)), Path("/tmp/bench.json"))
 

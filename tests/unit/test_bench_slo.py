@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from cli.bench.slo import (
@@ -132,4 +133,15 @@ def test_a_latency_nobody_measured_cannot_meet_its_target() -> None:
 
     assert breaches(targets, 0.0, level(ttft=[0.01])) == [
         "tpot_p95: no request finished to measure it"
+    ]
+
+
+def test_a_level_stopped_for_failing_whole_says_so_before_anything_else() -> None:
+    failed_whole = msgspec.structs.replace(level(ttft=[], errors=20), ended_early=True)
+
+    missed = breaches(parse_targets(["ttft_p95=1s"]), 0.99, failed_whole)
+
+    assert missed == [
+        "every request failed: the level stopped after 20",
+        "ttft_p95: no request finished to measure it",
     ]
