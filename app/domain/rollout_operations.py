@@ -25,7 +25,13 @@ from app.domain.model_operations import declared_model, find_model
 from app.domain.model_spec import CanaryStep
 from app.domain.move_views import MoveView, moves_of
 from app.domain.operation_results import Change, InvalidOperation, InvalidText
-from app.domain.revisions import REVISION_FIELDS, next_revision, rollout_id_for, spec_changes
+from app.domain.revisions import (
+    FIRST_REVISION,
+    REVISION_FIELDS,
+    next_revision,
+    rollout_id_for,
+    spec_changes,
+)
 from app.domain.rollout import rollback_event
 from app.domain.state import (
     ACTIVE_PHASES,
@@ -86,6 +92,13 @@ def undo(state: ClusterState, name: str, rollout_id: str | None = None) -> Chang
     by naming it."""
     model = declared_model(state, name)
     rollout = _rollout(model)
+    if rollout_id is not None and not _ever_a_rollout_of(model, rollout_id):
+        raise InvalidOperation(
+            f"rollout {rollout_id} cannot be undone: model {name} never had it (its rollouts "
+            f"are named rollout-{name}-r<revision>, and its revisions go up to "
+            f"{model.latest_revision}); the model's rollout is {_described(rollout)}; nothing "
+            "was recorded"
+        )
     if rollout_id is not None and rollout_id != rollout.id:
         raise InvalidOperation(
             f"rollout {rollout_id} cannot be undone: it is not the model's rollout any more "
@@ -125,6 +138,18 @@ def undo(state: ClusterState, name: str, rollout_id: str | None = None) -> Chang
             stream=model_stream(name), events=(declared, started), correlation_id=started.rollout_id
         )
     raise InvalidOperation(f"rollout {rollout.id} cannot be undone: {_why_not(rollout)}")
+
+
+def _ever_a_rollout_of(model: Model, rollout_id: str) -> bool:
+    """Whether ``rollout_id`` names a rollout the model may have had: one of its own name and
+    of a revision it reached after its first (a declaration starts no rollout)."""
+    prefix = rollout_id_for(model.name, 0).removesuffix("0")
+    number = rollout_id.removeprefix(prefix)
+    if number == rollout_id or not number.isascii() or not number.isdigit():
+        return False
+    return rollout_id == rollout_id_for(model.name, int(number)) and (
+        FIRST_REVISION < int(number) <= model.latest_revision
+    )
 
 
 _UNDOABLE = frozenset({RolloutState.RUNNING, RolloutState.PAUSED, RolloutState.SUCCEEDED})

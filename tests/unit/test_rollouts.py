@@ -967,3 +967,25 @@ def test_a_canary_whose_few_requests_failed_past_any_verdict_is_rolled_back() ->
     # Without the other side's figures there is nothing to judge against.
     assert judge(figures(3, errors=3), figures(5), policy)[0] == INCONCLUSIVE
     assert judge(figures(3, errors=3), None, policy)[0] == INCONCLUSIVE
+
+
+@pytest.mark.parametrize(
+    "named",
+    ["rollout-other-r2", "rollout-llama-r9", "rollout-llama-r1", "rollout-llama-r02"],
+)
+def test_an_undo_naming_a_rollout_the_model_never_had_says_so_and_records_nothing(
+    named: str,
+) -> None:
+    cluster = serving()
+    revise(cluster)
+    run(cluster)
+
+    with pytest.raises(InvalidOperation) as refused:
+        rollouts.undo(cluster.state, "llama", named)
+
+    assert str(refused.value).startswith(
+        f"rollout {named} cannot be undone: model llama never had it (its rollouts are named "
+        "rollout-llama-r<revision>, and its revisions go up to 2); the model's rollout is "
+        "rollout-llama-r2, revision 1 -> 2, succeeded, started at "
+    )
+    assert cluster.state.models["llama"].revision == 2
