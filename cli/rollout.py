@@ -7,15 +7,16 @@ Live), one line per change elsewhere (logs, CI), and an exit code that says how 
 
 from __future__ import annotations
 
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Annotated
 
-from cyclopts import App, Parameter, validators
+from cyclopts import App, Parameter, Token, validators
 from rich.live import Live
 
-from cli.arguments import finite_number, segment, whole_number
+from cli.arguments import ArgumentRefused, finite_number, segment, whole_number
 from cli.client import AdminClient, ApiProblem, ClientError
 from cli.config import ConnectionFlags
 from cli.operator import ADMIN, Output, Reply, call, run_command
@@ -33,6 +34,22 @@ from cli.rollout_render import render, render_record, step_text, summary_line
 from cli.rollout_views import RolloutChange, RolloutHistoryView, RolloutView
 
 POLL_INTERVAL_S = 1.0
+
+ROLLOUT_ID = re.compile(r"^rollout-[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?-r[1-9][0-9]{0,9}$")
+"""A rollout's id as the admin API accepts one (``rollout-<model>-r<revision>``). The CLI
+cannot import the API's pattern, so it is written again (a test holds the two equal)."""
+
+
+def rollout_id(_type: object, tokens: Sequence[Token]) -> str:
+    """cyclopts' converter for ``--rollout``: an id of the shape every rollout has, so a
+    typo is bad usage (exit 2), not a refusal quoting the API's pattern."""
+    if not ROLLOUT_ID.fullmatch(tokens[0].value):
+        raise ArgumentRefused(
+            "must be a rollout's id as `llmgw-cli rollout status` names it "
+            f"(rollout-MODEL-rREVISION, such as rollout-llama-3-8b-r2), got {tokens[0].value!r}"
+        )
+    return tokens[0].value
+
 
 ModelName = Annotated[str, Parameter(help="The model whose rollout it is, such as llama-3-8b.")]
 
@@ -170,10 +187,11 @@ def undo(
     rollout: Annotated[
         str | None,
         Parameter(
+            converter=rollout_id,
             help="The rollout to undo, as `rollout status` names it (rollout-llama-3-8b-r2): "
             "refused when it is not the model's rollout any more, so running the same "
             "command twice undoes once. Needed to undo a rollout an undo started. "
-            "[default: the model's rollout, unless an undo started it]"
+            "[default: the model's rollout, unless an undo started it]",
         ),
     ] = None,
     output: Output = "table",
