@@ -25,6 +25,12 @@ from cli.views import AutoscaleDecisionView, AutoscaleView, ModelChange
 ModelName = Annotated[str, Parameter(help="The model to autoscale, such as llama-3-8b.")]
 Seconds = float | None
 
+MAX_WINDOW_S = 86_400
+"""The longest window or idle spell the admin API accepts, a day; as ``MAX_REPLICAS``, written
+again (a test holds it equal to the domain's) and checked before anything is sent."""
+MAX_COLD_START_S = 3_600
+"""The longest a gateway may hold a request for a cold start, an hour, likewise."""
+
 OPTIONS = (
     ("min", "--min"),
     ("max", "--max"),
@@ -87,18 +93,20 @@ def autoscale(
         Seconds,
         Parameter(
             converter=finite_number,
-            help="Seconds of demand averaged to scale up: up as soon as that average needs "
-            "more replicas; a burst shorter than this moves it only by its share.",
-            validator=validators.Number(gte=0),
+            help="Seconds of demand averaged to scale up (0 to 86400, a day): up as soon as "
+            "that average needs more replicas; a burst shorter than this moves it only by its "
+            "share.",
+            validator=validators.Number(gte=0, lte=MAX_WINDOW_S),
         ),
     ] = None,
     down_window: Annotated[
         Seconds,
         Parameter(
             converter=finite_number,
-            help="Seconds the demand must stay low to scale down: down only when the "
-            "highest demand over them needs fewer replicas, so a noisy signal does not flap.",
-            validator=validators.Number(gte=0),
+            help="Seconds the demand must stay low to scale down (0 to 86400): down only "
+            "when the highest demand over them needs fewer replicas, so a noisy signal does "
+            "not flap.",
+            validator=validators.Number(gte=0, lte=MAX_WINDOW_S),
         ),
     ] = None,
     down_window_min_share: Annotated[
@@ -115,8 +123,9 @@ def autoscale(
         Seconds,
         Parameter(
             converter=finite_number,
-            help="With --min 0, seconds without any request before the last replica goes.",
-            validator=validators.Number(gte=0),
+            help="With --min 0, seconds without any request before the last replica goes "
+            "(0 to 86400).",
+            validator=validators.Number(gte=0, lte=MAX_WINDOW_S),
         ),
     ] = None,
     max_step: Annotated[
@@ -133,7 +142,7 @@ def autoscale(
             converter=finite_number,
             help="With --min 0, seconds a gateway holds a request for a model scaled to "
             "zero while a replica starts; then 503 with Retry-After (at most 3600).",
-            validator=validators.Number(gt=0),
+            validator=validators.Number(gt=0, lte=MAX_COLD_START_S),
         ),
     ] = None,
     off: Annotated[

@@ -1,5 +1,6 @@
-"""`llmgw-cli scale N` and `autoscale --min/--max/--max-step/--target` refuse a figure past what the
-admin API accepts as bad usage (exit 2), and send nothing; the API keeps its own check."""
+"""`llmgw-cli scale N` and `autoscale --min/--max/--max-step/--target`, its windows and its cold
+start timeout refuse a figure past what the admin API accepts as bad usage (exit 2), and send
+nothing; the API keeps its own check."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from app.domain.autoscale_policy import MAX_AUTOSCALE_WINDOW_S, MAX_COLD_START_S
 from app.domain.model_spec import MAX_AUTOSCALE_TARGET, MAX_REPLICAS
 from cli.arguments import MAX_REPLICAS as CLI_MAX_REPLICAS
+from cli.autoscale import MAX_COLD_START_S as CLI_MAX_COLD_START_S
+from cli.autoscale import MAX_WINDOW_S as CLI_MAX_WINDOW_S
 from cli.main import app
 from tests.support.stub_admin import StubHandler, stub_admin_api
 
@@ -39,6 +43,7 @@ def admin_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 def test_the_cli_bound_is_the_domains() -> None:
     assert CLI_MAX_REPLICAS == MAX_REPLICAS
     assert MAX_AUTOSCALE_TARGET == 100_000
+    assert (CLI_MAX_WINDOW_S, CLI_MAX_COLD_START_S) == (MAX_AUTOSCALE_WINDOW_S, MAX_COLD_START_S)
 
 
 @pytest.mark.parametrize(
@@ -49,6 +54,22 @@ def test_the_cli_bound_is_the_domains() -> None:
         (["autoscale", "llama", "--max", "10001"], 'Invalid value "10001" for --max.'),
         (["autoscale", "llama", "--max-step", "10001"], 'Invalid value "10001" for --max-step.'),
         (["autoscale", "llama", "--target", "100001"], 'Invalid value "100001.0" for --target.'),
+        (
+            ["autoscale", "llama", "--up-window", "86401"],
+            'Invalid value "86401.0" for --up-window.',
+        ),
+        (
+            ["autoscale", "llama", "--down-window", "1e9"],
+            'Invalid value "1000000000.0" for --down-window.',
+        ),
+        (
+            ["autoscale", "llama", "--idle-to-zero", "86401"],
+            'Invalid value "86401.0" for --idle-to-zero.',
+        ),
+        (
+            ["autoscale", "llama", "--cold-start-timeout", "3601"],
+            'Invalid value "3601.0" for --cold-start-timeout.',
+        ),
     ],
 )
 def test_a_count_past_the_apis_bound_is_bad_usage_and_nothing_is_sent(
