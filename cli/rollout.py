@@ -16,7 +16,7 @@ from typing import Annotated
 from cyclopts import App, Parameter, Token, validators
 from rich.live import Live
 
-from cli.arguments import ArgumentRefused, finite_number, segment, whole_number
+from cli.arguments import ArgumentRefused, UsageError, finite_number, segment, whole_number
 from cli.client import AdminClient, ApiProblem, ClientError
 from cli.config import ConnectionFlags
 from cli.operator import ADMIN, Output, Reply, call, run_command
@@ -114,6 +114,8 @@ def rollout_status(
     """
 
     def show(client: AdminClient) -> int:
+        if timeout is not None and not wait:
+            raise UsageError("--timeout bounds --wait: give --wait too, or leave --timeout out")
         if wait:
             return _follow(client, model, output, timeout)
         reply = _status(client, model)
