@@ -147,7 +147,7 @@ def rollout_policy_errors(policy: RolloutPolicy) -> list[SpecError]:
                 f'must be between 1 and {MAX_REPLICAS}, or "all"',
             )
             need(
-                count > previous,
+                i == 0 or count > previous,
                 f"{field}.replicas",
                 "must be more than the step before: a rollout only goes forward",
             )

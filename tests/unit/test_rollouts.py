@@ -832,6 +832,13 @@ def test_a_policy_that_cannot_work_is_refused_field_by_field() -> None:
     ]
 
 
+def test_a_first_step_of_no_replica_is_told_its_bounds_and_not_of_a_step_before_it() -> None:
+    for replicas in (0, -1):
+        assert policy_errors(steps=(CanaryStep(replicas=replicas),)) == [
+            ("rollout.steps[0].replicas", 'must be between 1 and 10000, or "all"')
+        ]
+
+
 def test_a_held_step_that_leaves_the_other_revision_nothing_to_judge_against_is_refused() -> None:
     whole_traffic = (
         CanaryStep(replicas=1, traffic=0.1, hold_s=60),
