@@ -157,6 +157,8 @@ def render(view: RolloutView) -> RenderableType:
 
 def _traffic(view: RolloutView) -> list[Text]:
     by_revision = view.traffic_by_revision
+    if not by_revision and not view.replicas_by_revision:
+        return [styled(("traffic:", "bold"), " none: the model has no active replica")]
     if not by_revision:
         return [styled(("traffic:", "bold"), " no gateway reports in the last 5 s")]
     title = traffic_title(next(iter(by_revision.values())))

@@ -140,3 +140,15 @@ def test_undo_says_a_rollout_rolled_back_before_the_answer_was_read_is_back_alre
     assert undone_text(done) == (
         "rollout-llama-r2: rolled back to revision 1; no replica of revision 2 is left"
     )
+
+
+def test_the_status_of_a_model_left_without_replicas_does_not_blame_the_gateways() -> None:
+    # The gateways measure active replicas only: none active is no silence of theirs.
+    ended = replace(
+        HOLDING, state="ended", finished=True, replicas_by_revision={}, traffic_by_revision={}
+    )
+    silent = replace(HOLDING, traffic_by_revision={})
+
+    assert "traffic: none: the model has no active replica" in shown(ended)
+    assert "no gateway reports" not in shown(ended)
+    assert "traffic: no gateway reports in the last 5 s" in shown(silent)
