@@ -51,7 +51,12 @@ from app.domain.events import (
 from app.domain.model_spec import CanaryStep
 from app.domain.revisions import REVISION_FIELDS
 from app.domain.rollout_convergence import COUNTING, active_replicas, converge
-from app.domain.rollout_reads import canary_group, sides_ejected, stable_group
+from app.domain.rollout_reads import (
+    canary_group,
+    none_to_judge_against,
+    sides_ejected,
+    stable_group,
+)
 from app.domain.rollout_verdict import (
     INCONCLUSIVE,
     PROMOTE,
@@ -174,7 +179,7 @@ def _advance(
         return
     replicas = active_replicas(draft.state, model.name)
     sides = sides_ejected(replicas, model, rollout, rollout.hold_ejections)
-    _judge(draft, model, rollout, index, traffic, sides)
+    _judge(draft, model, rollout, index, traffic, sides, none_to_judge_against(model, replicas))
 
 
 def _record(draft: Draft, rollout: Rollout, event: RolloutEvent) -> None:
@@ -205,10 +210,15 @@ def _judge(
     index: int,
     traffic: Mapping[str, TrafficFigures],
     ejected: Ejected,
+    alone: str | None,
 ) -> None:
+    """``alone``: why nothing of another revision is left to compare with, if so; an
+    inconclusive verdict says that rather than that the others saw too few requests."""
     canary = traffic.get(canary_group(model.name))
     stable = traffic.get(stable_group(model.name))
     verdict, reason = judge(canary, stable, model.spec.rollout, ejected)
+    if verdict == INCONCLUSIVE and alone is not None:
+        reason = alone
     _record(
         draft,
         rollout,

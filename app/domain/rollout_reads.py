@@ -89,13 +89,33 @@ def verdict_waits_for(
     replicas gateways eject now, with how many of them do; those the log says they ejected
     earlier in the hold count too (``ejected_in_hold``)."""
     rollout = model.rollout
+    replicas = list(replicas)
     if rollout is None or not verdict_groups(model, replicas):
         return None
-    return waiting_for(
+    waits = waiting_for(
         traffic.get(canary_group(model.name)),
         traffic.get(stable_group(model.name)),
         model.spec.rollout,
         sides_ejected(replicas, model, rollout, ejected_in_hold(rollout, ejected)),
+    )
+    if waits is None:
+        return None
+    return none_to_judge_against(model, replicas) or waits
+
+
+def none_to_judge_against(model: Model, replicas: Iterable[Replica]) -> str | None:
+    """Why a verdict of ``model``'s holding step has nothing to compare the new revision
+    with: none of its active replicas runs another revision (the model's count came down
+    to the step's, by the autoscaler or ``scale``). None while one does."""
+    rollout = model.rollout
+    if rollout is None:
+        return None
+    active = [r for r in replicas if r.model == model.name and r.phase in ACTIVE_PHASES]
+    if not active or any(r.revision != rollout.revision for r in active):
+        return None
+    return (
+        f"revision {rollout.revision} runs on every replica of the model ({len(active)}): "
+        "none of another revision is left to judge the step against"
     )
 
 

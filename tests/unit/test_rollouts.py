@@ -39,7 +39,7 @@ from app.domain.model_spec import (
 from app.domain.move_views import moves_of
 from app.domain.operation_results import InvalidOperation
 from app.domain.rollout import INCONCLUSIVE, PROMOTE, ROLL_BACK, judge
-from app.domain.rollout_reads import canary_group, stable_group
+from app.domain.rollout_reads import canary_group, stable_group, verdict_waits_for
 from app.domain.state import ReplicaPhase, RolloutState
 from app.domain.traffic import TrafficFigures
 from tests.unit.test_reconcile import Cluster, of_type, with_two_nodes_and_a_model
@@ -278,6 +278,46 @@ def test_too_few_requests_pause_the_rollout_and_a_resume_promotes_the_step() -> 
     assert [s.step for s in of_type(cluster.reconcile(), RolloutStepStarted)] == [1]
     run(cluster)
     assert active_revisions(cluster) == [2, 2, 2, 2]
+
+
+def test_a_hold_left_with_no_replica_of_another_revision_pauses_saying_so() -> None:
+    # Given a canary holding beside three replicas of revision 1, when the model is
+    # scaled down to the canary alone (old replicas go first) ...
+    cluster = holding_a_canary()
+    cluster.given(*model_ops.scale(cluster.state, "llama", 1).events)
+    for _ in range(4):
+        step(cluster)
+    assert active_revisions(cluster) == [2]
+    cluster.traffic = {canary_group("llama"): figures(30)}
+    model = cluster.state.models["llama"]
+    alone = (
+        "revision 2 runs on every replica of the model (1): none of another revision is left "
+        "to judge the step against"
+    )
+    replicas = list(cluster.state.replicas.values())
+
+    assert verdict_waits_for(model, replicas, cluster.traffic, {}) == alone
+    cluster.after(60)
+    decision = cluster.reconcile()
+
+    # ... then the verdict, and the pause, say there is nothing to compare with.
+    [verdict] = of_type(decision, RolloutVerdict)
+    assert (verdict.verdict, verdict.reason) == (INCONCLUSIVE, alone)
+    [paused] = of_type(decision, RolloutPaused)
+    assert paused.reason == f"no verdict: {alone}; resume to promote, undo to roll back"
+
+
+def test_a_canary_failing_alone_on_the_model_is_rolled_back_all_the_same() -> None:
+    cluster = holding_a_canary()
+    cluster.given(*model_ops.scale(cluster.state, "llama", 1).events)
+    for _ in range(4):
+        step(cluster)
+    cluster.traffic = {canary_group("llama"): figures(30, errors=30)}
+    cluster.after(60)
+
+    [verdict] = of_type(cluster.reconcile(), RolloutVerdict)
+
+    assert verdict.verdict == ROLL_BACK
 
 
 def test_a_canary_paused_by_an_operator_past_its_hold_is_judged_when_resumed() -> None:
