@@ -20,7 +20,14 @@ from app.domain.events import (
 )
 from app.domain.placement import Placer
 from app.domain.rollout import new_revision_room
-from app.domain.state import ACTIVE_PHASES, ClusterState, Model, Replica, ReplicaPhase
+from app.domain.state import (
+    ACTIVE_PHASES,
+    ClusterState,
+    Model,
+    Replica,
+    ReplicaPhase,
+    RolloutState,
+)
 
 COUNTING_PHASES = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING, ReplicaPhase.SERVING})
 """Replicas that count towards a model's desired count (draining ones do not)."""
@@ -187,9 +194,17 @@ def stop_replica(draft: Draft, replica: Replica, reason: str, *, surplus: bool =
 
 def _scale_down_order(state: ClusterState, model: Model, replicas: list[Replica]) -> list[Replica]:
     """The newest that is not serving yet, then the newest serving. During a rollout's
-    step, the step's replicas of the new revision go after the others: scaled down, the
-    model keeps its canary (the step's count shrinks with the model only below it)."""
-    if new_revision_room(state, model) is None:
+    step (running or paused, the last one too), the replicas of the new revision go after
+    the others: scaled down, the model keeps its canary (the step's count shrinks with the
+    model only below it), even when the count comes down to the step's own, where the step
+    no longer limits what is placed (``new_revision_room`` is None)."""
+    rollout = model.rollout
+    stepping = (
+        rollout is not None
+        and rollout.state in (RolloutState.RUNNING, RolloutState.PAUSED)
+        and rollout.revision == model.revision
+    )
+    if not stepping:
         return sorted(replicas, key=lambda r: (r.phase is ReplicaPhase.SERVING, -r.number))
     return sorted(
         replicas,

@@ -280,6 +280,20 @@ def test_too_few_requests_pause_the_rollout_and_a_resume_promotes_the_step() -> 
     assert active_revisions(cluster) == [2, 2, 2, 2]
 
 
+def test_a_paused_canary_outlives_a_scale_down_to_the_steps_own_count() -> None:
+    # Given a canary of one replica paused in its hold beside three of revision 1 ...
+    cluster = holding_a_canary()
+    cluster.given(*rollouts.pause(cluster.state, "llama", "a look at the dashboards").events)
+
+    # ... when the model is scaled down to one replica, as many as the step runs ...
+    cluster.given(*model_ops.scale(cluster.state, "llama", 1).events)
+    for _ in range(4):
+        step(cluster)
+
+    # ... then the old revision's replicas went, and the canary under test is kept.
+    assert active_revisions(cluster) == [2]
+
+
 def test_a_hold_left_with_no_replica_of_another_revision_pauses_saying_so() -> None:
     # Given a canary holding beside three replicas of revision 1, when the model is
     # scaled down to the canary alone (old replicas go first) ...
