@@ -1,13 +1,20 @@
 """Which GPU and which port of which node each replica holds, as the log says.
 
 A shard holds its GPUs and port while its replica is active (placed through stopping).
-An ended replica (stopped, failed, timed out, lost) releases them at once: its stop command
-is already on its way, and the replacement must be placeable on the same node.
+An ended replica (stopped, failed, timed out, lost) releases them in the log at once: its
+stop command is already on its way, and the replacement must be placeable on the same node.
+But an engine its node still reports running holds them until the node reports it gone
+(``hold_running``): a stray stopped with a grace, or an ended replica's engine on its way
+out. Placed under it, a replacement's start would be refused (the port in use, so the
+replica fails and its model backs off) or would start on a GPU the old engine still fills.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from app.domain.events import ShardPlacement
+from app.domain.reports import NodeReport
 from app.domain.state import ACTIVE_PHASES, ClusterState, Node
 
 
@@ -36,6 +43,37 @@ class Allocations:
                         replica.id, replica.model, shard.node_id, shard.gpus, shard.port
                     )
         return allocations
+
+    def hold_running(self, state: ClusterState, reports: Mapping[str, NodeReport]) -> None:
+        """Hold the port of every engine a node reports running that no active replica of
+        the log holds there already, and its GPUs where the log placed that shard on that
+        node at that port (an ended replica's engine; a stray the log knows nothing of
+        holds its port alone, its GPUs being unknown). Such an engine counts towards no
+        model's spread."""
+        for node_id, report in reports.items():
+            for shard in report.shards.values():
+                if not shard.running:
+                    continue
+                placed = None
+                replica = state.replicas.get(shard.replica_id)
+                if replica is not None:
+                    placed = next(
+                        (
+                            s
+                            for s in replica.shards
+                            if s.index == shard.shard_index
+                            and s.node_id == node_id
+                            and s.port == shard.port
+                        ),
+                        None,
+                    )
+                    if placed is not None and replica.phase in ACTIVE_PHASES:
+                        continue
+                held = self.gpus.setdefault(node_id, {})
+                for gpu in placed.gpus if placed is not None else ():
+                    held.setdefault(gpu, shard.replica_id)
+                self.ports.setdefault(node_id, set()).add(shard.port)
+                self._free.pop(node_id, None)
 
     def reserve(self, replica_id: str, model: str, shards: tuple[ShardPlacement, ...]) -> None:
         for shard in shards:

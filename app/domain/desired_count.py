@@ -6,7 +6,7 @@ still waiting for a replacement, and the revision each replica placed towards it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from app.domain.allocation import Allocations
 from app.domain.decision import Draft
@@ -19,6 +19,7 @@ from app.domain.events import (
     replica_stream,
 )
 from app.domain.placement import Placer
+from app.domain.reports import NodeReport
 from app.domain.rollout import new_revision_room
 from app.domain.state import (
     ACTIVE_PHASES,
@@ -39,7 +40,9 @@ def counting(state: ClusterState, model_name: str) -> int:
     )
 
 
-def scale_to_desired(draft: Draft, *, placing: bool) -> None:
+def scale_to_desired(draft: Draft, *, placing: bool, running: Mapping[str, NodeReport]) -> None:
+    """``running``: what each connected node reports running; what its engines hold is not
+    placed on (``Allocations.hold_running``)."""
     state = draft.state
     allocations: Allocations | None = None
     by_model: dict[str, list[Replica]] = {}
@@ -67,6 +70,7 @@ def scale_to_desired(draft: Draft, *, placing: bool) -> None:
                 continue
             if allocations is None:
                 allocations = Allocations.from_state(state)
+                allocations.hold_running(state, running)
             _place(draft, model, deficit, replicas, allocations)
 
 

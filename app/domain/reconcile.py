@@ -125,7 +125,7 @@ def decide(state: ClusterState, fleet: FleetView, now: datetime, settings: Setti
         _autoscale(draft, fleet)
         rollout_moves(draft, fleet.traffic)
     drain_moves(draft, settings.stability_window_s, settings.replica_drain_grace_s)
-    scale_to_desired(draft, placing=not grace)
+    scale_to_desired(draft, placing=not grace, running=fleet.reports)
     shard_commands(draft, fleet, settings)
     return draft.decision()
 

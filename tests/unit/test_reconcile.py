@@ -447,6 +447,49 @@ def test_a_node_that_returns_with_copies_of_replaced_replicas_has_them_stopped_a
     assert cluster.reconcile().events == ()  # recorded once, while the stop is on its way
 
 
+def test_a_replica_placed_beside_a_stray_still_stopping_takes_neither_its_port_nor_its_gpu() -> (
+    None
+):
+    """The only node comes back after its replica was lost, its engine still running: the
+    engine is stopped as a stray, with a grace, and the replica placed in its place in the
+    same pass must not take the port and GPU it still holds (the agent would refuse the
+    start, port in use, and the replica fail, its model backing off)."""
+    cluster = Cluster()
+    cluster.node("gpu-1", n_gpus=2)
+    cluster.model(replicas=1)
+    cluster.after(31)
+    cluster.reconcile()
+    cluster.serve("llama-1")
+    held = cluster.state.replicas["llama-1"].shards[0]
+    cluster.given(NodeDisconnected(node_id="gpu-1", reason="network"))
+    cluster.gone("gpu-1")
+    cluster.after(61)
+    cluster.reconcile()  # lost; nowhere to place it meanwhile
+
+    cluster.given(NodeConnected(node_id="gpu-1", address="127.0.0.1", gpus=gpus(2)))
+    cluster.running("gpu-1", "llama-1", held.port, pid=1234)
+    decision = cluster.reconcile()
+
+    assert [s.replica_id for s in of_type(decision, StrayStopped)] == ["llama-1"]
+    [placed] = of_type(decision, ReplicaPlaced)
+    assert placed.shards[0].port != held.port
+    assert set(placed.shards[0].gpus).isdisjoint(held.gpus)
+
+
+def test_a_port_an_unknown_engine_holds_is_not_placed_on() -> None:
+    """An engine the log knows nothing of holds its port until its node stops reporting it."""
+    cluster = Cluster()
+    cluster.node("gpu-1", n_gpus=2)
+    cluster.running("gpu-1", "other-7", 20000, pid=99)
+    cluster.model(replicas=1)
+    cluster.after(31)
+
+    decision = cluster.reconcile()
+
+    assert commands(decision) == ["start-llama-1-0", "stray-other-7-0-99"]
+    assert of_type(decision, ReplicaPlaced)[0].shards[0].port == 20001
+
+
 # -- adoption after a restart ----------------------------------------------------------------
 
 
