@@ -49,6 +49,9 @@ from app.services.leader import DEFAULT_LEASE_S, lease_problem
 from app.services.reconciler import DEFAULT_INTERVAL_S
 
 DEFAULT_BUDGET = MessageBudget()
+MAX_TIMING_S = 86400.0
+"""The longest of the reconciler's and the hub's timings: a day. Every pass turns them into
+time spans, and a longer one (infinity, 1e308) overflowed them: the leader failed every pass."""
 
 
 @Parameter(name="*")
@@ -279,6 +282,20 @@ class ServeSettings:
                 ("--drain-idle-timeout", self.drain_idle_timeout),
             )
             if not value >= 0
+        ]
+        problems += [
+            f"{flag} must be at most {MAX_TIMING_S:g} seconds, not {value:g}"
+            for flag, value in (
+                ("--heartbeat-interval", self.heartbeat_interval),
+                ("--reconcile-interval", self.reconcile_interval),
+                ("--adoption-grace", self.adoption_grace),
+                ("--adoption-quiet", self.adoption_quiet),
+                ("--adoption-grace-max", self.adoption_grace_max),
+                ("--lost-timeout", self.lost_timeout),
+                ("--stability-window", self.stability_window),
+                ("--drain-idle-timeout", self.drain_idle_timeout),
+            )
+            if value > MAX_TIMING_S
         ]
         problems += limit_problems(self.agent_connect_burst, self.agent_connects_per_minute)
         handshakes = per_address_problem(self.agent_handshakes_per_address)

@@ -1,7 +1,7 @@
-"""``llmgw-server serve``'s flags: a negative adoption setting is refused by name, the
-embedded gateway's ejection and upload flags are checked as ``llmgw-server gateway``'s are,
-and the agent hub's cap on handshakes per address comes from its flag or its environment
-variable, within its bounds."""
+"""``llmgw-server serve``'s flags: a negative adoption setting, or a time longer than a
+day, is refused by name, the embedded gateway's ejection and upload flags are checked as
+``llmgw-server gateway``'s are, and the agent hub's cap on handshakes per address comes
+from its flag or its environment variable, within its bounds."""
 
 from __future__ import annotations
 
@@ -54,6 +54,37 @@ def test_a_time_that_is_not_a_number_is_refused_by_its_flag(
     settings = replace(ServeSettings(database_url=DATABASE_URL), **{field: math.nan})
 
     assert settings.problems() == [f"{flag} {bound}, not nan"]
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--heartbeat-interval",
+        "--reconcile-interval",
+        "--adoption-grace",
+        "--adoption-quiet",
+        "--adoption-grace-max",
+        "--lost-timeout",
+        "--stability-window",
+        "--drain-idle-timeout",
+    ],
+)
+@pytest.mark.parametrize("value", [math.inf, 1e308, 86400.5])
+def test_a_time_longer_than_a_day_is_refused_by_its_flag(flag: str, value: float) -> None:
+    """Each pass turns these into time spans: infinity or 1e308 overflowed them, and a
+    leader started with one failed every pass, reconciling nothing, for as long as it led."""
+    field = flag.removeprefix("--").replace("-", "_")
+    settings = replace(ServeSettings(database_url=DATABASE_URL), **{field: value})
+
+    assert settings.problems() == [f"{flag} must be at most 86400 seconds, not {value:g}"]
+
+
+def test_a_day_is_still_a_usable_time() -> None:
+    settings = ServeSettings(
+        database_url=DATABASE_URL, lost_timeout=86400.0, adoption_grace_max=86400.0
+    )
+
+    assert settings.problems() == []
 
 
 def test_the_adoption_defaults_are_usable() -> None:
