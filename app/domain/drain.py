@@ -4,7 +4,10 @@ Draining a node cordons it; then, for every replica on it, at most ``max_moves``
 at a time: the replica is marked draining (it keeps serving but no longer counts towards
 its model's desired count), so the scale rule places a replacement elsewhere. Once the
 replacement has served for the stability window (a replacement that flaps never ends the
-move), the original is taken out of routing and stopped. A replica that was not serving yet
+move) and its nodes report it ready now, the original is taken out of routing and stopped:
+a leader that takes over mid-move heard nothing of the replacement while it was away, nor
+does any leader while the replacement's node is disconnected, and the log's word that it
+served is no proof that it still does. A replica that was not serving yet
 has nothing to protect and is stopped at once. The drain's grace bounds it all: when it runs
 out, whatever is left on the node is stopped and that is recorded, so a node can always be
 taken out of service. Every step carries the drain's id as correlation id.
@@ -21,7 +24,7 @@ serves in its place), and the node stays cordoned until the operator uncordons i
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
 from app.domain.decision import Draft
@@ -34,6 +37,7 @@ from app.domain.events import (
     node_stream,
     replica_stream,
 )
+from app.domain.reports import NodeReport
 from app.domain.state import ACTIVE_PHASES, ClusterState, Model, Node, Replica, ReplicaPhase
 
 NODE_DRAIN_COMPLETE = "every replica moved"
@@ -54,7 +58,14 @@ counted."""
 REASON_CHARS = 160
 
 
-def drain_moves(draft: Draft, stability_window_s: float, replica_grace_s: float) -> None:
+def drain_moves(
+    draft: Draft,
+    stability_window_s: float,
+    replica_grace_s: float,
+    *,
+    reports: Mapping[str, NodeReport],
+) -> None:
+    """``reports``: what each node that said hello to this leader reports running."""
     # A pass sorts only the drains called off, seldom any, not every node a second time.
     called_off = [
         (node.id, node.drain_id, node.drain_cancelled_by)
@@ -63,7 +74,7 @@ def drain_moves(draft: Draft, stability_window_s: float, replica_grace_s: float)
     ]
     for node_id, drain_id, cancelled_by in sorted(called_off):
         _cancel_node_drain(draft, node_id, drain_id, cancelled_by)
-    _finish_moves(draft, stability_window_s, replica_grace_s)
+    _finish_moves(draft, stability_window_s, replica_grace_s, reports)
     for node in sorted(draft.state.nodes.values(), key=lambda n: n.id):
         if node.drain_id is not None:
             _drain_node(draft, node)
@@ -95,9 +106,15 @@ def _cancel_node_drain(draft: Draft, node_id: str, drain_id: str, cancelled_by: 
     draft.emit(node_stream(node_id), finished, correlation_id=drain_id)
 
 
-def _finish_moves(draft: Draft, stability_window_s: float, replica_grace_s: float) -> None:
+def _finish_moves(
+    draft: Draft,
+    stability_window_s: float,
+    replica_grace_s: float,
+    reports: Mapping[str, NodeReport],
+) -> None:
     """Each move under way (``Model.moves``, a lookup: no scan of the replicas) ends once
-    its replacement has served for the stability window, or when its grace runs out."""
+    its replacement has served for the stability window and its nodes report it ready, or
+    when its grace runs out."""
     state, now = draft.state, draft.now
     moves = [move for model in state.models.values() for move in model.moves.values()]
     for move in moves:
@@ -113,6 +130,7 @@ def _finish_moves(draft: Draft, stability_window_s: float, replica_grace_s: floa
             and replacement.phase is ReplicaPhase.SERVING
             and replacement.serving_since is not None
             and now - replacement.serving_since >= timedelta(seconds=window_s)
+            and _reported_ready(replacement, reports)
         ):
             draft.emit(
                 replica_stream(original.id),
@@ -139,6 +157,16 @@ def _finish_moves(draft: Draft, stability_window_s: float, replica_grace_s: floa
                 ),
                 correlation_id=original.drain_id,
             )
+
+
+def _reported_ready(replica: Replica, reports: Mapping[str, NodeReport]) -> bool:
+    """Whether the node of every shard of ``replica`` reports it ready to this leader."""
+    for shard in replica.shards:
+        report = reports.get(shard.node_id)
+        reported = report.shards.get((replica.id, shard.index)) if report is not None else None
+        if reported is None or not reported.ready or reported.port != shard.port:
+            return False
+    return True
 
 
 def _stability_window_s(draft: Draft, original: Replica, default_s: float) -> float:

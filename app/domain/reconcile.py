@@ -124,7 +124,12 @@ def decide(state: ClusterState, fleet: FleetView, now: datetime, settings: Setti
     if not grace:
         _autoscale(draft, fleet)
         rollout_moves(draft, fleet.traffic)
-    drain_moves(draft, settings.stability_window_s, settings.replica_drain_grace_s)
+    drain_moves(
+        draft,
+        settings.stability_window_s,
+        settings.replica_drain_grace_s,
+        reports=fleet.reports,
+    )
     scale_to_desired(draft, placing=not grace, running=fleet.reports)
     shard_commands(draft, fleet, settings)
     return draft.decision()

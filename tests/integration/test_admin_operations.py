@@ -329,7 +329,7 @@ async def test_an_operator_calls_a_drain_off_and_the_reconciler_ends_it_as_cance
 
     # The reconciler's drain rule, over the log as it is now.
     draft = Draft(await pg_store.catch_up(), datetime.now(UTC), epoch=1)
-    drain_moves(draft, stability_window_s=10, replica_grace_s=600)
+    drain_moves(draft, stability_window_s=10, replica_grace_s=600, reports={})
     for planned in draft.decision().events:
         await record(pg_store, planned.actor, planned.event, correlation_id=planned.correlation_id)
 

@@ -778,6 +778,51 @@ def test_a_drain_moves_the_replica_and_stops_the_original_only_after_the_replace
     assert of_type(decision, NodeDrainFinished)[0].outcome == "every replica moved"
 
 
+def test_a_leader_that_takes_over_a_move_ends_it_only_once_an_agent_reports_the_replacement() -> (
+    None
+):
+    """The leader that saw the replacement come up dies; its successor has heard from no
+    agent yet. The replacement served for the window by the log, but nobody watched it for
+    most of it: it may have died meanwhile. The original keeps serving until the
+    replacement's node says it still runs."""
+    cluster = serving_on_two_of_three_nodes()
+    node = cluster.state.replicas["llama-1"].shards[0].node_id
+    cluster.given(NodeDrainRequested(node_id=node, drain_id="drain-1", grace_s=600))
+    cluster.reconcile()
+    cluster.serve("llama-3")
+    replacement_node = cluster.state.replicas["llama-3"].shards[0].node_id
+    cluster.after(1)
+    cluster.started_at = cluster.now  # a new leader: no agent has said hello to it
+    cluster.reports = {}
+
+    cluster.after(10)
+    assert of_type(cluster.reconcile(), ReplacementServing) == []
+    assert cluster.phase("llama-1") is ReplicaPhase.DRAINING
+
+    cluster.reports[replacement_node] = NodeReport(node_id=replacement_node)
+    cluster.running(replacement_node, "llama-3", cluster.state.replicas["llama-3"].shards[0].port)
+    decision = cluster.reconcile()
+    assert [e.replacement_id for e in of_type(decision, ReplacementServing)] == ["llama-3"]
+    assert cluster.phase("llama-1") is ReplicaPhase.STOPPING
+
+
+def test_a_replacement_its_node_no_longer_reports_does_not_end_the_move() -> None:
+    cluster = serving_on_two_of_three_nodes()
+    node = cluster.state.replicas["llama-1"].shards[0].node_id
+    cluster.given(NodeDrainRequested(node_id=node, drain_id="drain-1", grace_s=600))
+    cluster.reconcile()
+    cluster.serve("llama-3")
+    replacement_node = cluster.state.replicas["llama-3"].shards[0].node_id
+    cluster.given(NodeDisconnected(node_id=replacement_node, reason="network"))
+    cluster.gone(replacement_node)
+
+    cluster.after(11)
+    decision = cluster.reconcile()
+
+    assert of_type(decision, ReplacementServing) == []
+    assert cluster.phase("llama-1") is ReplicaPhase.DRAINING
+
+
 def test_a_drain_of_a_node_nothing_served_on_says_so_rather_than_every_replica_moved() -> None:
     cluster = serving_on_two_of_three_nodes()
     used = {s.node_id for r in cluster.state.replicas.values() for s in r.shards}
