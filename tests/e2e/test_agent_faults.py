@@ -1,8 +1,10 @@
 """Agent faults under traffic through a standalone gateway: an agent killed and started
 again re-attaches the engines it left running; an agent cut off for longer than the lost
-timeout has its replicas replaced, and its own copies are stopped as strays once it is back;
-an engine that crashes is replaced and traffic moves away from it; an agent started again
-with another port range has the replica whose engine it left outside the range replaced.
+timeout has its replicas replaced, and its own copies are stopped as strays once it is back
+(and where it is the only place for them, their replacements start there beside the strays,
+on GPUs and ports the strays do not hold); an engine that crashes is replaced and traffic
+moves away from it; an agent started again with another port range has the replica whose
+engine it left outside the range replaced.
 """
 
 from __future__ import annotations
@@ -112,6 +114,43 @@ async def test_an_agent_cut_off_past_the_lost_timeout_is_replaced_and_its_copies
 
     verified = await cluster.verify_projections()
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+async def test_the_only_node_back_past_the_lost_timeout_starts_a_replacement_beside_its_stray(
+    cluster: Cluster,
+) -> None:
+    """The replica's engine outlives the node's loss; once its agent is back, the engine is
+    stopped as a stray with a grace, and the replacement is placed in the same pass on the
+    only node there is. Before, it took the stray's port and GPU, the agent refused its
+    start (port in use) and the replica failed, its model backing off."""
+    cluster.settings = ServerSettings(lost_timeout_s=LOST_TIMEOUT_S)
+    cluster.start_server()
+    await cluster.wait_for_leader()
+    (replica,) = await cluster.start_fleet(NODES[:1], MODEL, replicas=1)
+    lost = str(replica["id"])
+    engine, port = await engine_pid(cluster, lost), await engine_port(cluster, lost)
+    cut_at = await cluster.last_position()
+    agent = cluster.agents[NODES[0]]
+    os.kill(agent.pid, signal.SIGSTOP)
+    try:
+        await cluster.wait_for_event(
+            "replica_lost", about(replica_id=lost), after=cut_at, within_s=LOST_TIMEOUT_S + 10
+        )
+    finally:
+        os.kill(agent.pid, signal.SIGCONT)
+
+    stray = await cluster.wait_for_event("stray_stopped", about(replica_id=lost), after=cut_at)
+    assert stray.get("pid") == engine
+    placed = await cluster.wait_for_event("replica_placed", about(model=MODEL), after=cut_at)
+    replacement = str(placed.get("replica_id"))
+    ended = await cluster.wait_for_event(
+        ("replica_serving", "replica_failed"), about(replica_id=replacement), after=cut_at
+    )
+    assert ended.type == "replica_serving", ended.data
+    failed = await cluster.events("replica_failed", after=cut_at)
+    assert failed == [], [(e.type, e.data) for e in failed]
+    assert await engine_port(cluster, replacement) != port
+    await wait_until(lambda: not is_running(engine), what="the stray engine gone")
 
 
 async def test_a_crashed_engine_is_replaced_and_traffic_moves_away_from_it(
