@@ -22,7 +22,7 @@ import structlog
 from app.domain.egress import EngineNetworks
 from app.gateway.budget_keeper import BudgetKeeper
 from app.gateway.ejection import EjectionPolicy
-from app.gateway.engine_bounds import EngineTimeouts
+from app.gateway.engine_bounds import MAX_TIMEOUT_S, EngineTimeouts
 from app.gateway.reporter import GatewayReporter, gateway_id_problem
 from app.gateway.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_METRICS_HOST, Gateway
 from app.gateway.sharedlimits import SharedLimiter
@@ -91,6 +91,9 @@ class GatewayOptions:
         ):
             if not 0 < value < math.inf:
                 found.append(f"{flag} must be a finite number of seconds above 0, not {value}")
+            elif value > MAX_TIMEOUT_S:
+                # Finite but huge overflows what is computed from it (1e308 * 4 is inf).
+                found.append(f"{flag} must be at most {MAX_TIMEOUT_S:g} seconds, not {value:g}")
         if self.gateway_id is not None:
             id_problem = gateway_id_problem(self.gateway_id, "--gateway-id", "LLMGW_GATEWAY_ID")
             if id_problem is not None:

@@ -38,6 +38,18 @@ def test_a_scrape_or_refresh_interval_that_is_no_time_is_refused_by_its_flag(
     ]
 
 
+@pytest.mark.parametrize("seconds", [86400.5, 1e308])
+def test_a_scrape_or_refresh_interval_longer_than_a_day_is_refused_by_its_flag(
+    seconds: float,
+) -> None:
+    """1e308 is finite, but four scrape intervals (a 429's Retry-After) are not: the gateway
+    took it and then died at start with a traceback, exit code 1."""
+    assert GatewayOptions(scrape_interval_s=seconds, refresh_interval_s=seconds).problems() == [
+        f"--scrape-interval must be at most 86400 seconds, not {seconds:g}",
+        f"--refresh-interval must be at most 86400 seconds, not {seconds:g}",
+    ]
+
+
 @pytest.mark.parametrize("mib", [0, -1, 1 << 20])
 def test_an_upload_limit_out_of_bounds_names_its_flag(mib: int) -> None:
     [problem] = GatewayOptions(max_upload_bytes=mib << 20).problems()
