@@ -32,7 +32,7 @@ def test_a_url_that_names_no_http_server_is_refused(given: str) -> None:
     [
         ("http://127.0.0.7:99999", "Port out of range 0-65535"),
         ("http://127.0.0.7:abc/v1", "Port could not be cast to integer value as 'abc'"),
-        ("http://[::1:8001", "Invalid IPv6 URL"),
+        ("http://[127.0.0.7:8001", "Invalid IPv6 URL"),
     ],
 )
 def test_a_url_whose_port_or_address_is_none_is_refused_naming_the_flag(
