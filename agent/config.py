@@ -29,6 +29,7 @@ from agent.gpus import parse_fake_gpus
 from app.pki.errors import InvalidRequest
 from app.pki.names import check_subject_name
 from app.regular_file import FileMissing, FileRefused, read_regular_text
+from app.usage_words import whole_number
 from wire.messages import (
     CONTROL_CHARACTER,
     MAX_HOST_CHARS,
@@ -534,10 +535,12 @@ def _seconds(text: str, source: str) -> float:
 
 
 def _count(text: str, source: str) -> int:
-    try:
-        return int(text)
-    except ValueError as exc:
-        raise ConfigError(f"{source} {text!r}: expected a whole number") from exc
+    """``text`` in decimal digits: ``int`` would take ``1_0`` for 10 and non-ASCII digits
+    for their value (``usage_words.whole_number``)."""
+    count = whole_number(text)
+    if count is None:
+        raise ConfigError(f"{source} {text!r}: expected a whole number")
+    return count
 
 
 def filled_path(_type: object, tokens: Sequence[Token]) -> Path:

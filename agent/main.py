@@ -47,7 +47,12 @@ from agent.gpus import mark_fake_gpu, open_gpu_source
 from agent.runtime import AgentRuntime
 from app.logs import configure_logging
 from app.pki import TlsConfigurationError, client_ssl_context
-from app.usage_errors import one_line_usage_errors, print_command_error, usage_error_console
+from app.usage_errors import (
+    one_line_usage_errors,
+    print_command_error,
+    usage_error_console,
+    whole_number_flag,
+)
 from wire.version import llmgw_version
 
 EXIT_OK = 0
@@ -207,7 +212,10 @@ def run(
     ] = None,
     liveness_failures: Annotated[
         int | None,
-        Parameter(help="Health checks missed in a row that end a serving engine. [default: 3]"),
+        Parameter(
+            converter=whole_number_flag,
+            help="Health checks missed in a row that end a serving engine. [default: 3]",
+        ),
     ] = None,
     config: Annotated[
         Path | None,

@@ -47,6 +47,7 @@ from app.hub.reconnects import (
 )
 from app.services.leader import DEFAULT_LEASE_S, lease_problem
 from app.services.reconciler import DEFAULT_INTERVAL_S
+from app.usage_errors import whole_number_flag
 
 DEFAULT_BUDGET = MessageBudget()
 MAX_TIMING_S = 86400.0
@@ -59,7 +60,9 @@ time spans, and a longer one (infinity, 1e308) overflowed them: the leader faile
 class ServeSettings:
     database_url: DatabaseUrl
     admin_host: Annotated[str, Parameter(env_var="LLMGW_ADMIN_HOST")] = "127.0.0.1"
-    admin_port: Annotated[int, Parameter(env_var="LLMGW_ADMIN_PORT")] = 8081
+    admin_port: Annotated[
+        int, Parameter(converter=whole_number_flag, env_var="LLMGW_ADMIN_PORT")
+    ] = 8081
     admin_tokens: Annotated[
         str, Parameter(env_var="LLMGW_ADMIN_TOKENS", help="NAME:TOKEN pairs, comma-separated")
     ] = ""
@@ -85,7 +88,9 @@ class ServeSettings:
         ),
     ] = None
     agent_host: Annotated[str, Parameter(env_var="LLMGW_AGENT_HOST")] = "0.0.0.0"
-    agent_port: Annotated[int, Parameter(env_var="LLMGW_AGENT_PORT")] = 8443
+    agent_port: Annotated[
+        int, Parameter(converter=whole_number_flag, env_var="LLMGW_AGENT_PORT")
+    ] = 8443
     tls_cert: Annotated[
         Path | None, path_flag("--tls-cert", "LLMGW_TLS_CERT", "the hub's server certificate")
     ] = None
@@ -182,7 +187,9 @@ class ServeSettings:
             help="where the OpenAI-compatible gateway listens (loopback unless set)",
         ),
     ] = DEFAULT_CLIENT_HOST
-    client_port: Annotated[int, Parameter(env_var="LLMGW_CLIENT_PORT")] = DEFAULT_CLIENT_PORT
+    client_port: Annotated[
+        int, Parameter(converter=whole_number_flag, env_var="LLMGW_CLIENT_PORT")
+    ] = DEFAULT_CLIENT_PORT
     gateway: Annotated[
         bool,
         Parameter(
@@ -210,6 +217,7 @@ class ServeSettings:
     agent_message_burst: Annotated[
         int,
         Parameter(
+            converter=whole_number_flag,
             env_var="LLMGW_AGENT_MESSAGE_BURST",
             help="messages one agent connection may send at once above that rate",
         ),
@@ -217,6 +225,7 @@ class ServeSettings:
     agent_connect_burst: Annotated[
         int,
         Parameter(
+            converter=whole_number_flag,
             env_var="LLMGW_AGENT_CONNECT_BURST",
             help="connections one node (its certificate's common name) may open at once; "
             "one over its budget is closed (4004) before its hello, and its agent retries "
@@ -233,6 +242,7 @@ class ServeSettings:
     agent_handshakes_per_address: Annotated[
         int,
         Parameter(
+            converter=whole_number_flag,
             env_var="LLMGW_AGENT_HANDSHAKES_PER_ADDRESS",
             help="agent TLS handshakes one address (an IPv6 address: its /64) may have in "
             f"progress at once (1-{MAX_HANDSHAKES_PER_ADDRESS}); a connection over it is "
@@ -243,6 +253,7 @@ class ServeSettings:
     admin_max_connections: Annotated[
         int,
         Parameter(
+            converter=whole_number_flag,
             env_var="LLMGW_ADMIN_MAX_CONNECTIONS",
             help="connections the admin listener holds at once; one more is answered 503",
         ),
@@ -250,6 +261,7 @@ class ServeSettings:
     client_max_connections: Annotated[
         int,
         Parameter(
+            converter=whole_number_flag,
             env_var="LLMGW_CLIENT_MAX_CONNECTIONS",
             help="connections the gateway's client listener holds at once; one more is "
             "answered 503",

@@ -14,7 +14,10 @@ length winning a tie. What the command line held is shown with every character a
 terminal would act on written as a visible escape (``\\x1b``), as Python writes it.
 
 Each program hands its ``App`` ``error_formatter=one_line_usage_errors(PROGRAM)`` and
-``error_console=usage_error_console()``.
+``error_console=usage_error_console()``, and every ``int`` flag ``converter=whole_number_flag``:
+a value that is not a whole number is refused naming the flag, or the variable it came
+from (``llmgw-server serve: --agent-connect-burst '2.5': expected a whole number``), where
+cyclopts would round it.
 
 An error a command finds itself once its command line is parsed (a malformed --anchor, a
 database it cannot reach, a port in use) is told the same way by ``print_command_error``:
@@ -27,7 +30,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 
-from cyclopts import App, CycloptsError
+from cyclopts import App, CycloptsError, Token
 from cyclopts.exceptions import (
     CoercionError,
     MissingArgumentError,
@@ -38,7 +41,21 @@ from cyclopts.exceptions import (
 from rich.console import Console
 from rich.text import Text
 
-from app.usage_words import closest, shown
+from app.usage_words import closest, shown, whole_number
+
+
+class FlagValueRefused(ValueError):
+    """A flag's value refused by a converter every program shares; the usage error line
+    names the flag, or its variable, and follows it with this message."""
+
+
+def whole_number_flag(_type: object, tokens: Sequence[Token]) -> int:
+    """cyclopts' converter for an ``int`` flag: decimal digits (``usage_words.whole_number``),
+    never ``2.5``, ``1e3``, ``0x10`` or ``1_0``."""
+    number = whole_number(tokens[0].value)
+    if number is None:
+        raise FlagValueRefused(f"{tokens[0].value!r}: expected a whole number")
+    return number
 
 
 def usage_error_console() -> Console:
@@ -50,8 +67,9 @@ def one_line_usage_errors(
     program: str, *, refusals: tuple[type[Exception], ...] = ()
 ) -> Callable[[CycloptsError], Text]:
     """cyclopts' ``error_formatter`` for ``program``: its usage errors as one line. A value
-    a converter refused with one of ``refusals`` is told as the option's name followed by
-    the refusal's message (``--max must be a whole number, got 2.5``)."""
+    a converter refused with ``FlagValueRefused`` or one of ``refusals`` is told as the
+    option's name followed by the refusal's message (``--max must be a whole number, got
+    2.5``)."""
 
     def formatter(error: CycloptsError) -> Text:
         return Text(usage_error_line(program, error, refusals=refusals))
@@ -94,7 +112,9 @@ def _what_is_wrong(error: CycloptsError, where: str, refusals: tuple[type[Except
         token = error.token.keyword or error.token.value
         options = [name for argument in error.argument_collection for name in argument.names]
         return _unknown_option(token, options, where)
-    if isinstance(error, CoercionError) and isinstance(error.__cause__, refusals):
+    if isinstance(error, CoercionError) and isinstance(
+        error.__cause__, (FlagValueRefused, *refusals)
+    ):
         name = error.token.keyword if error.token and error.token.keyword else None
         return f"{name or (error.argument.name if error.argument else 'a value')} {error.msg}"
     if type(error) is MissingArgumentError and error.argument is not None:

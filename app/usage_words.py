@@ -1,12 +1,17 @@
 """The words of a usage error, with nothing but the standard library: what the command line
-held, shown as visible escapes (``shown``), and the real name a mistyped one most likely
-meant (``closest``). ``app.usage_errors`` tells cyclopts' errors with them; the engine
-simulator, whose start imports neither cyclopts nor rich, tells argparse's.
+held, shown as visible escapes (``shown``), the real name a mistyped one most likely
+meant (``closest``), and whether a flag's value is a whole number (``whole_number``).
+``app.usage_errors`` tells cyclopts' errors with them; the engine simulator, whose start
+imports neither cyclopts nor rich, tells argparse's.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
+
+_WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
+"""Decimal digits, ASCII only (``re`` reads ``[0-9]`` so), with an optional sign."""
 
 
 def shown(text: str) -> str:
@@ -42,6 +47,21 @@ def closest(word: str, names: Iterable[str]) -> str | None:
         if score[0] <= most and _edits(letters, score[2].lstrip("-")) < len(letters)
     ]
     return min(near, key=lambda score: score[:2])[2] if near else None
+
+
+def whole_number(text: str) -> int | None:
+    """``text`` as a whole number written in decimal digits, blanks around it allowed; None
+    for anything else. Python's ``int`` and cyclopts' reading of an ``int`` flag are more
+    lenient, each a way for a typo to become another count than the one meant: cyclopts
+    rounds ``2.5`` to 2 and ``0.6`` to 1 and reads ``0x10`` as 16; both read ``1_0`` as 10
+    and U+0663 (an Arabic-Indic three) as 3."""
+    text = text.strip()
+    if not _WHOLE_NUMBER.fullmatch(text):
+        return None
+    try:
+        return int(text)
+    except ValueError:  # more digits than Python converts (4300)
+        return None
 
 
 def _edits(a: str, b: str) -> int:

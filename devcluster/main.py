@@ -12,7 +12,12 @@ from typing import Annotated
 from cyclopts import App, Parameter
 
 from app.commands.path_flag import FilledPath
-from app.usage_errors import one_line_usage_errors, print_command_error, usage_error_console
+from app.usage_errors import (
+    one_line_usage_errors,
+    print_command_error,
+    usage_error_console,
+    whole_number_flag,
+)
 from devcluster.demo_model import DEFAULT_STATE_DIRS, DevEngine, engine_unavailable
 from devcluster.dev import PROGRAM, DevOptions, run_dev
 from devcluster.llamacpp import missing_packages
@@ -64,11 +69,21 @@ def dev(
             converter=FilledPath("--state-dir"),
         ),
     ] = None,
-    admin_port: Annotated[int, Parameter(help="The admin API's port on 127.0.0.1.")] = 8081,
-    agent_port: Annotated[int, Parameter(help="The agent hub's port on 127.0.0.1.")] = 8443,
-    client_port: Annotated[int, Parameter(help="The gateway's port on 127.0.0.1.")] = 8080,
+    admin_port: Annotated[
+        int, Parameter(converter=whole_number_flag, help="The admin API's port on 127.0.0.1.")
+    ] = 8081,
+    agent_port: Annotated[
+        int, Parameter(converter=whole_number_flag, help="The agent hub's port on 127.0.0.1.")
+    ] = 8443,
+    client_port: Annotated[
+        int, Parameter(converter=whole_number_flag, help="The gateway's port on 127.0.0.1.")
+    ] = 8080,
     replicas: Annotated[
-        int, Parameter(help="Replicas of the demo model, the first time it is declared.")
+        int,
+        Parameter(
+            converter=whole_number_flag,
+            help="Replicas of the demo model, the first time it is declared.",
+        ),
     ] = 2,
 ) -> int:
     """Run the cluster until Ctrl-C (see llmgw-dev --help)."""

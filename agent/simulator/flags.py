@@ -25,7 +25,7 @@ from typing import Any, NamedTuple, get_args
 
 from agent.simulator.config import CapacityConfig, ErrorStyle
 from agent.simulator.metrics import SimulatedProfile
-from app.usage_words import closest
+from app.usage_words import closest, whole_number
 
 PROGRAM = "llmgw-sim-engine"
 ENV_PREFIX = "LLMGW_SIM_"
@@ -59,10 +59,12 @@ def _filled(what: str) -> Callable[[str], str]:
 
 
 def _whole_number(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError("expected a whole number") from None
+    """Decimal digits only: ``int`` would take ``1_0`` for 10 and non-ASCII digits for
+    their value (``usage_words.whole_number``)."""
+    value = whole_number(text)
+    if value is None:
+        raise ValueError("expected a whole number")
+    return value
 
 
 def _at_least(low: int) -> Callable[[str], int]:

@@ -44,6 +44,7 @@ from app.gateway.server import (
 from app.gateway.source import DEFAULT_REFRESH_INTERVAL_S
 from app.logs import configure_logging
 from app.store.errors import StoreUnavailable
+from app.usage_errors import whole_number_flag
 
 log = structlog.get_logger(__name__)
 
@@ -66,7 +67,9 @@ class StandaloneGatewaySettings:
             "choice (0.0.0.0 behind a load balancer)",
         ),
     ] = DEFAULT_CLIENT_HOST
-    port: Annotated[int, Parameter(env_var="LLMGW_GATEWAY_PORT")] = DEFAULT_CLIENT_PORT
+    port: Annotated[int, Parameter(converter=whole_number_flag, env_var="LLMGW_GATEWAY_PORT")] = (
+        DEFAULT_CLIENT_PORT
+    )
     reuse_port: Annotated[
         bool,
         Parameter(
@@ -118,12 +121,13 @@ class StandaloneGatewaySettings:
             "replica (loopback unless set; the client listener answers 404 for it)",
         ),
     ] = DEFAULT_METRICS_HOST
-    metrics_port: Annotated[int, Parameter(env_var="LLMGW_GATEWAY_METRICS_PORT")] = (
-        DEFAULT_METRICS_PORT
-    )
+    metrics_port: Annotated[
+        int, Parameter(converter=whole_number_flag, env_var="LLMGW_GATEWAY_METRICS_PORT")
+    ] = DEFAULT_METRICS_PORT
     max_connections: Annotated[
         int,
         Parameter(
+            converter=whole_number_flag,
             env_var="LLMGW_GATEWAY_MAX_CONNECTIONS",
             help="client connections held at once; one more is answered 503 and closed",
         ),

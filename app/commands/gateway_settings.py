@@ -37,6 +37,7 @@ from app.listeners.limits import (
     ListenerLimits,
 )
 from app.listeners.throttle import DEFAULT_BURST, DEFAULT_PER_MINUTE, FailureLimits
+from app.usage_errors import whole_number_flag
 
 
 @Parameter(name="*")
@@ -59,6 +60,7 @@ class GatewaySettings:
     eject_after_failures: Annotated[
         int,
         Parameter(
+            converter=whole_number_flag,
             env_var="LLMGW_EJECT_AFTER_FAILURES",
             help="requests in a row a replica fails (no answer, or a 5xx before the first "
             "byte) before the gateway takes it out of rotation for a cool-off; 0: never",
@@ -82,6 +84,7 @@ class GatewaySettings:
     max_ejected_percent: Annotated[
         int,
         Parameter(
+            converter=whole_number_flag,
             env_var="LLMGW_MAX_EJECTED_PERCENT",
             help="at most this share of a model's replicas is ejected at once (at least "
             "one of two or more; never the last one in rotation)",
@@ -90,6 +93,7 @@ class GatewaySettings:
     auth_failure_burst: Annotated[
         int,
         Parameter(
+            converter=whole_number_flag,
             env_var="LLMGW_AUTH_FAILURE_BURST",
             help="wrong keys or tokens one client address may send at once before it gets 429 "
             "with Retry-After",
@@ -152,6 +156,7 @@ class GatewaySettings:
     max_upload_mib: Annotated[
         int,
         Parameter(
+            converter=whole_number_flag,
             env_var="LLMGW_GATEWAY_MAX_UPLOAD_MIB",
             help="an upload's body at most (/v1/audio/transcriptions and translations), in "
             "MiB; a larger one is 413. A large upload must also arrive within --body-timeout",

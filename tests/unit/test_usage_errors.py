@@ -13,7 +13,7 @@ import agent.main
 import app.main
 import devcluster.main
 from app.usage_errors import usage_error_console
-from app.usage_words import closest, shown
+from app.usage_words import closest, shown, whole_number
 
 
 def usage_error(
@@ -159,3 +159,33 @@ def test_the_usage_error_console_never_wraps_a_line(
     usage_error_console().print(Text(line))
 
     assert capsys.readouterr().err == line + "\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "number"), [("3", 3), (" 3 ", 3), ("+3", 3), ("-4", -4), ("007", 7), ("-0", 0)]
+)
+def test_decimal_digits_are_a_whole_number(text: str, number: int) -> None:
+    assert whole_number(text) == number
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2.5",
+        "0.6",
+        "1e3",
+        "0x10",
+        "1_0",
+        "\u0663",
+        "\uff13",
+        "",
+        "2,5",
+        "1" * 5000,
+        "+",
+        "3 4",
+        "\u06633",
+        "3\n4",
+    ],
+)
+def test_anything_else_is_not_a_whole_number(text: str) -> None:
+    assert whole_number(text) is None
