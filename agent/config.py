@@ -29,7 +29,7 @@ from agent.gpus import parse_fake_gpus
 from app.pki.errors import InvalidRequest
 from app.pki.names import check_subject_name
 from app.regular_file import FileMissing, FileRefused, read_regular_text
-from app.usage_words import whole_number
+from app.usage_words import finite_number, whole_number
 from wire.messages import (
     CONTROL_CHARACTER,
     MAX_HOST_CHARS,
@@ -528,10 +528,12 @@ def _port_range_text(port_range: str | tuple[int, int] | Unset) -> str | None:
 
 
 def _seconds(text: str, source: str) -> float:
-    try:
-        return float(text)
-    except ValueError as exc:
-        raise ConfigError(f"{source} {text!r}: expected a number of seconds") from exc
+    """``text`` in decimal: ``float`` would take ``1_0`` for 10, non-ASCII digits for their
+    value, and ``nan`` (``usage_words.finite_number``)."""
+    seconds = finite_number(text)
+    if seconds is None:
+        raise ConfigError(f"{source} {text!r}: expected a number of seconds")
+    return seconds
 
 
 def _count(text: str, source: str) -> int:

@@ -48,6 +48,7 @@ from agent.runtime import AgentRuntime
 from app.logs import configure_logging
 from app.pki import TlsConfigurationError, client_ssl_context
 from app.usage_errors import (
+    finite_number_flag,
     one_line_usage_errors,
     print_command_error,
     usage_error_console,
@@ -166,30 +167,36 @@ def run(
     ] = None,
     reconnect_max_delay: Annotated[
         float | None,
-        Parameter(help="The longest wait in seconds between connection attempts. [default: 30]"),
+        Parameter(
+            converter=finite_number_flag,
+            help="The longest wait in seconds between connection attempts. [default: 30]",
+        ),
     ] = None,
     connect_timeout: Annotated[
         float | None,
         Parameter(
+            converter=finite_number_flag,
             help="Seconds a TCP connect to a control plane may take before the next server "
-            "is tried. [default: 5]"
+            "is tried. [default: 5]",
         ),
     ] = None,
     open_timeout: Annotated[
         float | None,
         Parameter(
+            converter=finite_number_flag,
             help="Seconds the TLS handshake and WebSocket upgrade may take once TCP is "
             "connected; long, since a restarted control plane is dialled by every agent at "
-            "once. [default: 30]"
+            "once. [default: 30]",
         ),
     ] = None,
     next_server_after: Annotated[
         float | None,
         Parameter(
+            converter=finite_number_flag,
             help="With several --server: seconds a dial may go without its connection "
             "opening before the next server is dialled too. The slow dial goes on (the first "
             "to open wins), so a frozen control plane, whose kernel still accepts TCP, costs "
-            "this rather than --open-timeout. [default: 5]"
+            "this rather than --open-timeout. [default: 5]",
         ),
     ] = None,
     engines_on_exit: Annotated[
@@ -203,11 +210,12 @@ def run(
     liveness_interval: Annotated[
         float | None,
         Parameter(
+            converter=finite_number_flag,
             help="Seconds between the starts of two health checks of a serving engine (GET "
             "/health for vLLM, SGLang and llama.cpp), and the most one may take; 0 checks "
             "nothing. An engine dead behind its HTTP server (vLLM's, once its engine core "
             "died, answers 503) is ended and reported failed, so the control plane replaces it. "
-            "[default: 10]"
+            "[default: 10]",
         ),
     ] = None,
     liveness_failures: Annotated[
@@ -308,7 +316,10 @@ def stop_engines(
         ),
     ] = None,
     grace: Annotated[
-        float, Parameter(help="Seconds from SIGTERM to SIGKILL; 0 kills at once.")
+        float,
+        Parameter(
+            converter=finite_number_flag, help="Seconds from SIGTERM to SIGKILL; 0 kills at once."
+        ),
     ] = ENGINE_STOP_GRACE_S,
 ) -> int:
     """Stop the engines a stopped agent left running: SIGTERM to each recorded engine's

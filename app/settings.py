@@ -47,7 +47,7 @@ from app.hub.reconnects import (
 )
 from app.services.leader import DEFAULT_LEASE_S, lease_problem
 from app.services.reconciler import DEFAULT_INTERVAL_S
-from app.usage_errors import whole_number_flag
+from app.usage_errors import finite_number_flag, whole_number_flag
 
 DEFAULT_BUDGET = MessageBudget()
 MAX_TIMING_S = 86400.0
@@ -111,6 +111,7 @@ class ServeSettings:
     heartbeat_interval: Annotated[
         float,
         Parameter(
+            converter=finite_number_flag,
             env_var="LLMGW_HEARTBEAT_INTERVAL",
             help="seconds between agent heartbeats; an agent silent for three is disconnected",
         ),
@@ -128,6 +129,7 @@ class ServeSettings:
     adoption_grace: Annotated[
         float,
         Parameter(
+            converter=finite_number_flag,
             env_var="LLMGW_ADOPTION_GRACE",
             help="the least seconds after election during which nothing is placed, lost or "
             "timed out, unless every known node has reconnected sooner; past it the grace "
@@ -137,6 +139,7 @@ class ServeSettings:
     adoption_quiet: Annotated[
         float,
         Parameter(
+            converter=finite_number_flag,
             env_var="LLMGW_ADOPTION_QUIET",
             help="past --adoption-grace, the grace ends once no agent has arrived (said hello "
             "or had a connection opening) for this many seconds",
@@ -145,6 +148,7 @@ class ServeSettings:
     adoption_grace_max: Annotated[
         float,
         Parameter(
+            converter=finite_number_flag,
             env_var="LLMGW_ADOPTION_GRACE_MAX",
             help="the most seconds the adoption grace lasts, however long agents keep "
             "arriving (never less than --adoption-grace)",
@@ -153,6 +157,7 @@ class ServeSettings:
     lost_timeout: Annotated[
         float,
         Parameter(
+            converter=finite_number_flag,
             env_var="LLMGW_LOST_TIMEOUT",
             help="seconds a disconnected node may stay away before it and its replicas are lost",
         ),
@@ -160,6 +165,7 @@ class ServeSettings:
     stability_window: Annotated[
         float,
         Parameter(
+            converter=finite_number_flag,
             env_var="LLMGW_STABILITY_WINDOW",
             help="seconds a drain replacement must serve before the original is stopped",
         ),
@@ -167,6 +173,7 @@ class ServeSettings:
     leader_lease: Annotated[
         float,
         Parameter(
+            converter=finite_number_flag,
             env_var="LLMGW_LEADER_LEASE",
             help="seconds a leader may go unheard by PostgreSQL (frozen, cut off) before its "
             "lock is freed and a standby leads; also how long a transaction may wait for a "
@@ -176,6 +183,7 @@ class ServeSettings:
     reconcile_interval: Annotated[
         float,
         Parameter(
+            converter=finite_number_flag,
             env_var="LLMGW_RECONCILE_INTERVAL",
             help="seconds between reconcile passes when nothing wakes the reconciler sooner",
         ),
@@ -201,6 +209,7 @@ class ServeSettings:
     drain_idle_timeout: Annotated[
         float,
         Parameter(
+            converter=finite_number_flag,
             env_var="LLMGW_DRAIN_IDLE_TIMEOUT",
             help="seconds a replica taken out of routing waits for the requests gateways "
             "report in flight on it before it is stopped anyway",
@@ -209,6 +218,7 @@ class ServeSettings:
     agent_message_rate: Annotated[
         float,
         Parameter(
+            converter=finite_number_flag,
             env_var="LLMGW_AGENT_MESSAGE_RATE",
             help="messages a second one agent connection may send, sustained; a connection "
             "over its budget is closed (1008) and the refusal recorded",
@@ -235,6 +245,7 @@ class ServeSettings:
     agent_connects_per_minute: Annotated[
         float,
         Parameter(
+            converter=finite_number_flag,
             env_var="LLMGW_AGENT_CONNECTS_PER_MINUTE",
             help="connections one node earns back each minute after that burst",
         ),

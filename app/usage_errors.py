@@ -14,10 +14,11 @@ length winning a tie. What the command line held is shown with every character a
 terminal would act on written as a visible escape (``\\x1b``), as Python writes it.
 
 Each program hands its ``App`` ``error_formatter=one_line_usage_errors(PROGRAM)`` and
-``error_console=usage_error_console()``, and every ``int`` flag ``converter=whole_number_flag``:
-a value that is not a whole number is refused naming the flag, or the variable it came
-from (``llmgw-server serve: --agent-connect-burst '2.5': expected a whole number``), where
-cyclopts would round it.
+``error_console=usage_error_console()``, every ``int`` flag ``converter=whole_number_flag``
+and every ``float`` flag ``converter=finite_number_flag``: a value that is not a whole
+number, or not a finite one, is refused naming the flag, or the variable it came from
+(``llmgw-server serve: --agent-connect-burst '2.5': expected a whole number``), where
+cyclopts would round it or take ``inf``.
 
 An error a command finds itself once its command line is parsed (a malformed --anchor, a
 database it cannot reach, a port in use) is told the same way by ``print_command_error``:
@@ -41,7 +42,7 @@ from cyclopts.exceptions import (
 from rich.console import Console
 from rich.text import Text
 
-from app.usage_words import closest, shown, whole_number
+from app.usage_words import closest, finite_number, shown, whole_number
 
 
 class FlagValueRefused(ValueError):
@@ -55,6 +56,15 @@ def whole_number_flag(_type: object, tokens: Sequence[Token]) -> int:
     number = whole_number(tokens[0].value)
     if number is None:
         raise FlagValueRefused(f"{tokens[0].value!r}: expected a whole number")
+    return number
+
+
+def finite_number_flag(_type: object, tokens: Sequence[Token]) -> float:
+    """cyclopts' converter for a ``float`` flag: a decimal number (``usage_words.
+    finite_number``), never ``nan``, ``inf``, ``1e400`` or ``1_0``."""
+    number = finite_number(tokens[0].value)
+    if number is None:
+        raise FlagValueRefused(f"{tokens[0].value!r}: expected a finite number")
     return number
 
 

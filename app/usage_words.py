@@ -1,17 +1,21 @@
 """The words of a usage error, with nothing but the standard library: what the command line
 held, shown as visible escapes (``shown``), the real name a mistyped one most likely
-meant (``closest``), and whether a flag's value is a whole number (``whole_number``).
+meant (``closest``), and whether a flag's value is a whole number (``whole_number``) or a
+finite one (``finite_number``).
 ``app.usage_errors`` tells cyclopts' errors with them; the engine simulator, whose start
 imports neither cyclopts nor rich, tells argparse's.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 
 _WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
 """Decimal digits, ASCII only (``re`` reads ``[0-9]`` so), with an optional sign."""
+_DECIMAL_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+"""``2``, ``2.5``, ``.5``, ``1e3``: decimal, ASCII digits, with an optional sign."""
 
 
 def shown(text: str) -> str:
@@ -62,6 +66,18 @@ def whole_number(text: str) -> int | None:
         return int(text)
     except ValueError:  # more digits than Python converts (4300)
         return None
+
+
+def finite_number(text: str) -> float | None:
+    """``text`` as a number written in decimal (``2.5``, ``1e3``), blanks around it allowed;
+    None for anything else. Python's ``float``, which cyclopts reads a ``float`` flag with,
+    also takes ``nan`` and ``inf`` (a timeout that never ends, a rate every comparison
+    refuses), ``1e400`` (inf again), ``1_0`` for 10 and U+0663 for 3."""
+    text = text.strip()
+    if not _DECIMAL_NUMBER.fullmatch(text):
+        return None
+    number = float(text)
+    return number if math.isfinite(number) else None
 
 
 def _edits(a: str, b: str) -> int:

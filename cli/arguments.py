@@ -35,6 +35,7 @@ more. The CLI cannot import the domain's bound, so it is written again (a test h
 equal) and checked before anything is sent."""
 
 _WHOLE = re.compile(r"^[+-]?[0-9]+(?:\.0*)?$")
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
 def whole_number(_type: object, tokens: Sequence[Token]) -> int:
@@ -50,13 +51,16 @@ def whole_number(_type: object, tokens: Sequence[Token]) -> int:
 def finite_number(_type: object, tokens: Sequence[Token]) -> float:
     """cyclopts' converter for every ``float`` argument and option: a number, never
     ``inf`` or ``nan``. JSON has neither: sent, one would arrive as null, which the API reads
-    as the field's default."""
+    as the field's default. Nor ``1_0`` or digits of another script, which ``float`` reads
+    as 10 and as their value."""
     try:
         number = float(tokens[0].value)
     except ValueError:
         raise ArgumentRefused(f"must be a number, got {tokens[0].value}") from None
     if not math.isfinite(number):
         raise ArgumentRefused(f"must be a finite number, got {tokens[0].value}")
+    if not _DECIMAL.fullmatch(tokens[0].value.strip()):
+        raise ArgumentRefused(f"must be a number in decimal digits, got {tokens[0].value}")
     return number
 
 

@@ -19,13 +19,12 @@ guess at a mistyped flag is the other programs' (``app.usage_words``).
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, get_args
 
 from agent.simulator.config import CapacityConfig, ErrorStyle
 from agent.simulator.metrics import SimulatedProfile
-from app.usage_words import closest, whole_number
+from app.usage_words import closest, finite_number, whole_number
 
 PROGRAM = "llmgw-sim-engine"
 ENV_PREFIX = "LLMGW_SIM_"
@@ -86,14 +85,13 @@ def _port(text: str) -> int:
 
 def _amount(unit: str) -> Callable[[str], float]:
     """A number of ``unit``: 0 or more, and finite (nan would compare false with every
-    time, inf make a step never end)."""
+    time, inf make a step never end), in decimal (``usage_words.finite_number``)."""
 
     def number(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError(f"expected a number of {unit}") from None
-        if not (0 <= value < math.inf):
+        value = finite_number(text)
+        if value is None:
+            raise ValueError(f"expected a number of {unit}")
+        if value < 0:
             raise ValueError(f"expected a number of {unit}, 0 or more")
         return value
 

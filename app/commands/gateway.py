@@ -44,7 +44,7 @@ from app.gateway.server import (
 from app.gateway.source import DEFAULT_REFRESH_INTERVAL_S
 from app.logs import configure_logging
 from app.store.errors import StoreUnavailable
-from app.usage_errors import whole_number_flag
+from app.usage_errors import finite_number_flag, whole_number_flag
 
 log = structlog.get_logger(__name__)
 
@@ -92,6 +92,7 @@ class StandaloneGatewaySettings:
     queue_timeout: Annotated[
         float,
         Parameter(
+            converter=finite_number_flag,
             env_var="LLMGW_QUEUE_TIMEOUT",
             help="seconds a request waits for a replica with room before it gets 429",
         ),
@@ -99,6 +100,7 @@ class StandaloneGatewaySettings:
     scrape_interval: Annotated[
         float,
         Parameter(
+            converter=finite_number_flag,
             env_var="LLMGW_SCRAPE_INTERVAL",
             help="seconds between scrapes of each replica's engine metrics",
         ),
@@ -106,6 +108,7 @@ class StandaloneGatewaySettings:
     refresh_interval: Annotated[
         float,
         Parameter(
+            converter=finite_number_flag,
             env_var="LLMGW_REFRESH_INTERVAL",
             help="seconds between reads of the routing table and keys when no change is "
             "notified sooner",

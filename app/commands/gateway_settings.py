@@ -37,7 +37,7 @@ from app.listeners.limits import (
     ListenerLimits,
 )
 from app.listeners.throttle import DEFAULT_BURST, DEFAULT_PER_MINUTE, FailureLimits
-from app.usage_errors import whole_number_flag
+from app.usage_errors import finite_number_flag, whole_number_flag
 
 
 @Parameter(name="*")
@@ -69,6 +69,7 @@ class GatewaySettings:
     ejection_cool_off: Annotated[
         float,
         Parameter(
+            converter=finite_number_flag,
             env_var="LLMGW_EJECTION_COOL_OFF",
             help="seconds an ejected replica stays out the first time; doubled with each "
             "ejection in a row. Then one request probes it: a success returns it",
@@ -77,6 +78,7 @@ class GatewaySettings:
     max_ejection_cool_off: Annotated[
         float,
         Parameter(
+            converter=finite_number_flag,
             env_var="LLMGW_MAX_EJECTION_COOL_OFF",
             help="the longest cool-off, however many ejections in a row",
         ),
@@ -102,6 +104,7 @@ class GatewaySettings:
     auth_failures_per_minute: Annotated[
         float,
         Parameter(
+            converter=finite_number_flag,
             env_var="LLMGW_AUTH_FAILURES_PER_MINUTE",
             help="wrong keys or tokens an address earns back each minute",
         ),
@@ -109,6 +112,7 @@ class GatewaySettings:
     header_timeout: Annotated[
         float,
         Parameter(
+            converter=finite_number_flag,
             env_var="LLMGW_HEADER_TIMEOUT",
             help="seconds a client has to send a request's headers (from connecting, or from "
             "the first byte of the next request); then it gets 408 and is disconnected",
@@ -117,6 +121,7 @@ class GatewaySettings:
     body_timeout: Annotated[
         float,
         Parameter(
+            converter=finite_number_flag,
             env_var="LLMGW_BODY_TIMEOUT",
             help="seconds a client has to send a request's body once its headers are in, not "
             "counting the time the server does not read it (the request waits for a "
@@ -126,6 +131,7 @@ class GatewaySettings:
     send_timeout: Annotated[
         float,
         Parameter(
+            converter=finite_number_flag,
             env_var="LLMGW_SEND_TIMEOUT",
             help="seconds a client may take in nothing of an answer the server has for it (a "
             "stream it stopped reading); then it is disconnected and its request ends, "
@@ -135,6 +141,7 @@ class GatewaySettings:
     engine_head_timeout: Annotated[
         float,
         Parameter(
+            converter=finite_number_flag,
             env_var="LLMGW_ENGINE_HEAD_TIMEOUT",
             help="seconds an engine may take to send its answer's head, and a stream's first "
             "piece, after the request (an answer that is not streamed comes only once it is "
@@ -146,6 +153,7 @@ class GatewaySettings:
     engine_idle_timeout: Annotated[
         float,
         Parameter(
+            converter=finite_number_flag,
             env_var="LLMGW_ENGINE_IDLE_TIMEOUT",
             help="seconds an engine may send nothing once its answer has begun (the gateway "
             "not reading it, its client being slow, does not count); then the answer ends as "

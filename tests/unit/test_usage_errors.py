@@ -13,7 +13,7 @@ import agent.main
 import app.main
 import devcluster.main
 from app.usage_errors import usage_error_console
-from app.usage_words import closest, shown, whole_number
+from app.usage_words import closest, finite_number, shown, whole_number
 
 
 def usage_error(
@@ -189,3 +189,19 @@ def test_decimal_digits_are_a_whole_number(text: str, number: int) -> None:
 )
 def test_anything_else_is_not_a_whole_number(text: str) -> None:
     assert whole_number(text) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "number"),
+    [("2.5", 2.5), (" 3 ", 3.0), ("-4", -4.0), (".5", 0.5), ("5.", 5.0), ("1e3", 1000.0)],
+)
+def test_a_decimal_number_is_a_finite_number(text: str, number: float) -> None:
+    assert finite_number(text) == number
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["nan", "inf", "-inf", "Infinity", "1e400", "-1e400", "1_0", "\u0663", "0x10", "", ".", "1e"],
+)
+def test_anything_else_is_not_a_finite_number(text: str) -> None:
+    assert finite_number(text) is None

@@ -1,7 +1,9 @@
 """Every flag that takes a whole number, in every program, refuses a value that is not one
 (``2.5``, ``1e3``, ``0x10``, ``1_0``, non-ASCII digits) with exit 2 and one line naming the
 flag and the value; cyclopts' own reading of an ``int`` rounds ``2.5`` to 2, and Python's
-``int`` takes ``1_0`` for 10.
+``int`` takes ``1_0`` for 10. Every flag that takes a number of seconds or a rate refuses
+one that is not finite (``nan``, ``inf``, ``1e400``), or not written in decimal, the same
+way.
 
 The cyclopts programs are walked through their ``App`` objects, so a flag added later is
 held to the rule without being listed here; the engine simulator, whose flags are its own
@@ -38,11 +40,13 @@ NOT_WHOLE = ("2.5", "0.6", "1e3", "0x10", "1_0", "\u0663", "\uff13", "", "2,5")
 non-ASCII digits as their value."""
 WALKED = ("2.5", "0x10", "1_0", "\u0663")
 """What is given to every cyclopts flag: one of each way cyclopts misreads a count."""
+NOT_FINITE = ("nan", "inf", "-inf", "1e400", "1_0", "\u0663", "0x10", "")
+"""What cyclopts' ``float`` takes but no timeout or rate is (the last three it refuses)."""
 
 
 @dataclass(frozen=True)
-class IntFlag:
-    """One ``int`` argument or option of one command, and the others of that command."""
+class NumberFlag:
+    """One number argument or option of one command, and the others of that command."""
 
     root: App
     chain: tuple[str, ...]
@@ -75,21 +79,22 @@ class IntFlag:
 
 
 def _filler(argument: Argument) -> str:
-    return "1" if _whole_number_hint(argument.hint) else "x"
+    return "1" if _number_hint(argument.hint, int) else "x"
 
 
-def _whole_number_hint(hint: object) -> bool:
-    """``int`` or ``int | None``."""
+def _number_hint(hint: object, kind: type) -> bool:
+    """``kind`` or ``kind | None``."""
     if get_origin(hint) in (Union, types.UnionType):
-        return [arg for arg in get_args(hint) if arg is not type(None)] == [int]
-    return hint is int
+        return [arg for arg in get_args(hint) if arg is not type(None)] == [kind]
+    return hint is kind
 
 
-def _holds_whole_numbers(hint: object) -> bool:
-    """A container of ``int`` (``list[int]``, ``tuple[int, ...]``), optional or not."""
+def _holds_numbers(hint: object) -> bool:
+    """A container of numbers (``list[int]``, ``tuple[float, ...]``), optional or not."""
     if get_origin(hint) in (Union, types.UnionType):
-        return any(_holds_whole_numbers(arg) for arg in get_args(hint))
-    return get_origin(hint) in (list, tuple, set) and int in get_args(hint)
+        return any(_holds_numbers(arg) for arg in get_args(hint))
+    args = get_args(hint)
+    return get_origin(hint) in (list, tuple, set) and (int in args or float in args)
 
 
 def _commands(root: App, chain: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], App]]:
@@ -111,16 +116,17 @@ def _arguments(program: App) -> Iterator[tuple[tuple[str, ...], Argument, list[A
             yield chain, argument, arguments
 
 
-def int_flags() -> list[IntFlag]:
+def number_flags(kind: type) -> list[NumberFlag]:
     return [
-        IntFlag(program, chain, argument, others)
+        NumberFlag(program, chain, argument, others)
         for program in PROGRAMS.values()
         for chain, argument, others in _arguments(program)
-        if _whole_number_hint(argument.hint)
+        if _number_hint(argument.hint, kind)
     ]
 
 
-INT_FLAGS = int_flags()
+INT_FLAGS = number_flags(int)
+FLOAT_FLAGS = number_flags(float)
 
 
 def test_every_program_has_whole_number_flags_to_walk() -> None:
@@ -130,16 +136,21 @@ def test_every_program_has_whole_number_flags_to_walk() -> None:
     names = {repr(flag) for flag in INT_FLAGS}
     assert "llmgw-server serve --agent-connect-burst" in names
     assert "llmgw-agent --liveness-failures" in names
+    assert {flag.root.name[0] for flag in FLOAT_FLAGS} == {
+        "llmgw-server",
+        "llmgw-agent",
+        "llmgw-cli",
+    }
 
 
-def test_no_flag_takes_several_whole_numbers_unchecked() -> None:
-    """A flag given several whole numbers needs its converter to check each; none exists
-    yet, so a new one is told to add it (and to walk it here) rather than be missed."""
+def test_no_flag_takes_several_numbers_unchecked() -> None:
+    """A flag given several numbers needs its converter to check each; none exists yet, so
+    a new one is told to add it (and to walk it here) rather than be missed."""
     several = [
         f"{program.name[0]} {' '.join(chain)} {argument.names[0]}"
         for program in PROGRAMS.values()
         for chain, argument, _ in _arguments(program)
-        if _holds_whole_numbers(argument.hint)
+        if _holds_numbers(argument.hint)
     ]
     assert several == []
 
@@ -147,7 +158,7 @@ def test_no_flag_takes_several_whole_numbers_unchecked() -> None:
 @pytest.mark.parametrize("flag", INT_FLAGS, ids=repr)
 @pytest.mark.parametrize("value", WALKED)
 def test_a_value_that_is_not_a_whole_number_is_refused_naming_the_flag(
-    flag: IntFlag, value: str, capsys: pytest.CaptureFixture[str]
+    flag: NumberFlag, value: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exited:
         flag.root.parse_args(flag.command_line(value))
@@ -162,27 +173,57 @@ def test_a_value_that_is_not_a_whole_number_is_refused_naming_the_flag(
 
 
 @pytest.mark.parametrize("flag", INT_FLAGS, ids=repr)
-def test_a_whole_number_is_taken(flag: IntFlag) -> None:
+def test_a_whole_number_is_taken(flag: NumberFlag) -> None:
     command, _, _ = flag.root.parse_args(flag.command_line("3"))
 
     assert command is not None
 
 
-ENV_INT_FLAGS = [flag for flag in INT_FLAGS if flag.argument.parameter.env_var]
-
-
-@pytest.mark.parametrize("flag", ENV_INT_FLAGS, ids=repr)
-def test_a_variable_that_is_not_a_whole_number_is_refused_naming_it(
-    flag: IntFlag, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("flag", FLOAT_FLAGS, ids=repr)
+@pytest.mark.parametrize("value", NOT_FINITE)
+def test_a_value_that_is_not_a_finite_number_is_refused_naming_the_flag(
+    flag: NumberFlag, value: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    variable = flag.argument.parameter.env_var[0]
-    monkeypatch.setenv(variable, "2.5")
+    with pytest.raises(SystemExit) as exited:
+        flag.root.parse_args(flag.command_line(value))
+
+    line = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert line.count("\n") == 1
+    assert line.startswith(" ".join((flag.root.name[0], *flag.chain)) + ": ")
+    assert f"{flag.name} " in line
+    assert value in line
+
+
+@pytest.mark.parametrize("flag", FLOAT_FLAGS, ids=repr)
+@pytest.mark.parametrize("value", ["0.5", ".5", "1e-1", " 0.25 "])
+def test_a_decimal_number_is_taken(flag: NumberFlag, value: str) -> None:
+    command, _, _ = flag.root.parse_args(flag.command_line(value))
+
+    assert command is not None
+
+
+FROM_VARIABLES = [
+    *((flag, "2.5") for flag in INT_FLAGS if flag.argument.parameter.env_var),
+    *((flag, "inf") for flag in FLOAT_FLAGS if flag.argument.parameter.env_var),
+]
+
+
+@pytest.mark.parametrize(("flag", "value"), FROM_VARIABLES, ids=repr)
+def test_a_variable_that_is_not_a_number_the_flag_takes_is_refused_naming_it(
+    flag: NumberFlag,
+    value: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    variable = next(iter(flag.argument.parameter.env_var or ()))
+    monkeypatch.setenv(variable, value)
     with pytest.raises(SystemExit) as exited:
         flag.root.parse_args(flag.command_line(None))
 
     line = capsys.readouterr().err
     assert exited.value.code == 2
-    assert f"{variable} '2.5'" in line
+    assert f"{variable} {value!r}: expected a " in line
 
 
 SIMULATOR_INT_FLAGS = [
@@ -190,8 +231,14 @@ SIMULATOR_INT_FLAGS = [
 ]
 
 
-def test_the_simulator_has_whole_number_flags_to_walk() -> None:
+SIMULATOR_FLOAT_FLAGS = [
+    flag for flag in FLAGS if flag.read is not None and type(flag.read("7")) is float
+]
+
+
+def test_the_simulator_has_number_flags_to_walk() -> None:
     assert "--port" in [flag.names[0] for flag in SIMULATOR_INT_FLAGS]
+    assert "--exit-after" in [flag.names[0] for flag in SIMULATOR_FLOAT_FLAGS]
 
 
 @pytest.mark.parametrize("flag", SIMULATOR_INT_FLAGS, ids=lambda flag: flag.names[0])
@@ -211,6 +258,36 @@ def test_the_simulator_refuses_a_variable_that_is_not_a_whole_number(flag: Flag)
         parse_simulator_flags([], {variable: "1_0"})
 
     assert str(refused.value) == f"{variable}='1_0': expected a whole number"
+
+
+@pytest.mark.parametrize("flag", SIMULATOR_FLOAT_FLAGS, ids=lambda flag: flag.names[0])
+@pytest.mark.parametrize("value", NOT_FINITE)
+def test_the_simulator_refuses_a_value_that_is_not_a_finite_number(flag: Flag, value: str) -> None:
+    with pytest.raises(UsageError) as refused:
+        parse_simulator_flags([f"{flag.names[0]}={value}"], {})
+
+    assert str(refused.value).startswith(f"{flag.names[0]} {value!r}: expected a number of ")
+
+
+@pytest.mark.parametrize(
+    "variable",
+    [
+        "LLMGW_AGENT_RECONNECT_MAX_DELAY",
+        "LLMGW_AGENT_CONNECT_TIMEOUT",
+        "LLMGW_AGENT_OPEN_TIMEOUT",
+        "LLMGW_AGENT_NEXT_SERVER_AFTER",
+        "LLMGW_AGENT_LIVENESS_INTERVAL",
+    ],
+)
+@pytest.mark.parametrize("value", ["1_0", "\u0663", "nan"])
+def test_the_agent_refuses_a_seconds_variable_that_is_not_a_decimal_number(
+    variable: str, value: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        settings_from_env({variable: value})
+
+    assert str(refused.value).startswith(f"{variable} ")
+    assert "expected a " in str(refused.value)
 
 
 @pytest.mark.parametrize("value", ["1_0", "\u0663", "2.5"])
