@@ -270,12 +270,33 @@ def _retry_later(message: str, code: str, retry_after_s: float) -> ApiError:
     return ApiError(429, message, type="rate_limit_error", code=code, headers=(retry_after,))
 
 
-def no_serving_replica(model: str) -> ApiError:
+def no_serving_replica(model: str, *, scaled_to_zero: bool = False) -> ApiError:
+    """``scaled_to_zero``: its operator scaled it to 0 replicas, and without an autoscaling
+    policy none comes back until an operator scales it up: no use trying again shortly."""
+    if scaled_to_zero:
+        message = (
+            f"The model `{model}` is scaled to zero by its operator; it has no replica until "
+            "an operator scales it up."
+        )
+    else:
+        message = f"The model `{model}` has no serving replica right now; try again shortly."
+    return ApiError(503, message, type="server_error", code="no_serving_replica")
+
+
+def failing_to_start(
+    model: str, failures: int, reason: str | None, retry_after_s: float
+) -> ApiError:
+    """``model`` has no replica and its last ``failures`` failed to start (the last for
+    ``reason``, when known): the next is started in ``retry_after_s``."""
+    replicas = "replica" if failures == 1 else f"{failures} replicas"
+    why = f": {reason}" if reason else ""
     return ApiError(
         503,
-        f"The model `{model}` has no serving replica right now; try again shortly.",
+        f"The model `{model}` is failing to start (its last {replicas} failed{why}); "
+        f"the next attempt is in {math.ceil(retry_after_s)} s.",
         type="server_error",
-        code="no_serving_replica",
+        code="model_failing_to_start",
+        headers=((b"retry-after", retry_after_header(retry_after_s)),),
     )
 
 

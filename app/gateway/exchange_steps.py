@@ -27,6 +27,7 @@ from app.gateway.errors import (
     ApiError,
     api_not_served,
     cold_start_timed_out,
+    failing_to_start,
     gateway_stopping,
     model_not_found,
     no_serving_replica,
@@ -41,6 +42,7 @@ from app.gateway.proxy import Opened, Upstream, read_whole, relay_stream
 from app.gateway.ratelimit import ALLOWED_UNLIMITED, Limiter
 from app.gateway.route_refusals import (
     ColdStartTimedOut,
+    FailingToStart,
     GatewayStopping,
     ModelRemoved,
     NoServingReplica,
@@ -234,8 +236,12 @@ class ExchangeSteps:
                 # Held while the model was removed: the answer a retry would get, not a
                 # 503 that tells the client to retry.
                 reason, error = "model_removed", model_not_found(model)
-            case NoServingReplica():
-                reason, error = "no_serving_replica", no_serving_replica(model)
+            case NoServingReplica(scaled_to_zero=scaled_to_zero):
+                reason = "no_serving_replica"
+                error = no_serving_replica(model, scaled_to_zero=scaled_to_zero)
+            case FailingToStart(failures=failures, reason=why, retry_after_s=retry_after_s):
+                reason = "failing_to_start"
+                error = failing_to_start(model, failures, why, retry_after_s)
             case Saturated(retry_after_s=retry_after_s, starting=starting):
                 reason, error = "saturated", saturated(model, retry_after_s, starting=starting)
             case ColdStartTimedOut(timeout_s=timeout_s, retry_after_s=retry_after_s):

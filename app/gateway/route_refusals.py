@@ -2,8 +2,12 @@
 its own error (``app.gateway.exchange_steps``).
 
     RouteRefused            the request gets no replica
-    ├── NoServingReplica    no route for the model: 503
+    ├── NoServingReplica    no route for the model: 503 (its operator scaled it to zero:
+    │   │                   503 that says so)
     │   └── ModelRemoved    a request waited for a model that is no longer declared: 404
+    ├── FailingToStart      no route, and the model is in failure backoff with no replica
+    │                       starting (at once, or released from a hold): 503 with
+    │                       ``Retry-After`` the time until the next attempt
     ├── Saturated           every replica at its limit, or the queue full: 429 with
     │                       ``Retry-After``
     ├── GatewayStopping     held for a model starting from zero as the gateway stops: 503
@@ -25,9 +29,12 @@ class RouteRefused(Exception):
 
 
 class NoServingReplica(RouteRefused):
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, *, scaled_to_zero: bool = False) -> None:
+        """``scaled_to_zero``: its operator scaled it to 0 replicas (it has no autoscaling
+        policy), so none comes back until an operator scales it up."""
         super().__init__(f"no serving replica for model {model!r}")
         self.model = model
+        self.scaled_to_zero = scaled_to_zero
 
 
 class ModelRemoved(NoServingReplica):
@@ -37,6 +44,20 @@ class ModelRemoved(NoServingReplica):
     def __init__(self, model: str) -> None:
         super().__init__(model)
         self.args = (f"model {model!r} is no longer declared",)
+
+
+class FailingToStart(RouteRefused):
+    def __init__(self, model: str, failures: int, reason: str | None, retry_after_s: float) -> None:
+        """``model``'s last ``failures`` replicas failed or timed out (the last for
+        ``reason``, when known) and the next is placed in ``retry_after_s``."""
+        super().__init__(
+            f"model {model!r} is failing to start ({failures} in a row); "
+            f"retry after {retry_after_s:g} s"
+        )
+        self.model = model
+        self.failures = failures
+        self.reason = reason
+        self.retry_after_s = retry_after_s
 
 
 class Saturated(RouteRefused):
@@ -64,6 +85,12 @@ class ColdStartTimedOut(RouteRefused):
         self.model = model
         self.timeout_s = timeout_s
         self.retry_after_s = retry_after_s
+
+
+def backoff_retry_after_s(retry_at: float, now: float) -> float:
+    """What ``FailingToStart`` tells clients: the whole seconds until the next attempt, at
+    least one."""
+    return float(max(1, math.ceil(retry_at - now)))
 
 
 def cold_start_retry_after_s(timeout_s: float) -> float:

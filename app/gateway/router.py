@@ -15,7 +15,18 @@ once, and is granted a lease as soon as a routing table with a replica of the mo
 arrives. Waiters that were queued for a saturated replica when their model lost its last
 route are held likewise, for a cold-start timeout from then. A timeout lowered by a
 table shortens the holds under way to it (from when each began); a raised one does not
-lengthen them. The router calls its ``on_hold`` listener when it starts holding requests
+lengthen them.
+
+A model without a route that the snapshot shows failing to start (``start_failures``: in
+failure backoff, no replica of it starting) will not be served before its backoff ends: a
+request for it is answered at once with ``FailingToStart`` (the last failure's reason,
+``Retry-After`` the time until the next attempt), whether it has an autoscaling policy or
+not, and the requests held or waiting for it when a table shows the failure are answered
+so too. Once the backoff's end has passed, the next replica is under way and requests are
+held again. A model without a policy that its operator scaled to zero is refused with
+``NoServingReplica`` marked ``scaled_to_zero``: none comes back until an operator acts.
+
+The router calls its ``on_hold`` listener when it starts holding requests
 for a model that held none, so the gateway reports the demand at once
 (``app.gateway.source``); ``queued()`` counts held requests with the others.
 
@@ -50,13 +61,15 @@ from app.gateway.replica_choice import ReplicaChooser
 from app.gateway.replica_pools import Choice, RouteReason
 from app.gateway.route_refusals import (
     ColdStartTimedOut,
+    FailingToStart,
     GatewayStopping,
     ModelRemoved,
     NoServingReplica,
     Saturated,
+    backoff_retry_after_s,
     cold_start_retry_after_s,
 )
-from app.gateway.table import GatewaySnapshot, RoutePolicy
+from app.gateway.table import GatewaySnapshot, RoutePolicy, StartFailure
 from app.gateway.waiter import HoldOutcome, Waiter
 from app.gateway.waiting_line import WaitingLine
 
@@ -94,6 +107,8 @@ class Router:
         self._decisions: Counter[tuple[str, str, RouteReason]] = Counter()
         self._line = WaitingLine(queue_limit)
         self._cold_start_s: dict[str, float] = {}
+        self._start_failures: dict[str, StartFailure] = {}
+        self._scaled_to_zero: frozenset[str] = frozenset()
         self._declared: frozenset[str] = frozenset()
         self._holds: Counter[tuple[str, HoldOutcome]] = Counter()
         self._on_hold: Callable[[], None] | None = None
@@ -119,6 +134,8 @@ class Router:
         )
         self._chooser.take(snapshot, by_model)
         self._cold_start_s = dict(snapshot.cold_start_s)
+        self._start_failures = dict(snapshot.start_failures)
+        self._scaled_to_zero = snapshot.scaled_to_zero
         self._held_models = {
             m for m in self._held_models if m not in by_model and m in self._cold_start_s
         }
@@ -152,9 +169,11 @@ class Router:
     ) -> Lease:
         """A lease on a replica of ``model`` (none of ``exclude``); ``route_key``: the
         request's key under its model's policy (``app.gateway.affinity``), if it has one."""
+        if (failing := self._failing_to_start(model)) is not None:
+            raise failing
         hold_s = self._hold_s(model)
         if hold_s is None and not self._has_candidates(model, exclude):
-            raise NoServingReplica(model)
+            raise self._no_serving_replica(model)
         if hold_s is not None and self._stopping:
             raise GatewayStopping(model)
         # ``size`` first: no call at all while no request waits.
@@ -209,6 +228,22 @@ class Router:
         if model in self.replicas.by_model:
             return None
         return self._cold_start_s.get(model)
+
+    def _failing_to_start(self, model: str) -> FailingToStart | None:
+        """The refusal for ``model`` when it has no route and its failure backoff is not
+        over: no replica serves it before then."""
+        failure = self._start_failures.get(model)
+        if failure is None or model in self.replicas.by_model or model in self._scaled_to_zero:
+            return None  # scaled to zero by its operator: no attempt comes after the backoff
+        now = self._clock()
+        if failure.retry_at <= now:
+            return None  # the next replica is being placed: hold as for any cold start
+        retry_after_s = backoff_retry_after_s(failure.retry_at, now)
+        return FailingToStart(model, failure.failures, failure.reason, retry_after_s)
+
+    def _no_serving_replica(self, model: str) -> NoServingReplica:
+        scaled_to_zero = model in self._scaled_to_zero and model not in self.replicas.by_model
+        return NoServingReplica(model, scaled_to_zero=scaled_to_zero)
 
     def _has_candidates(self, model: str, exclude: frozenset[str]) -> bool:
         return any(s.route.replica_id not in exclude for s in self.replicas.by_model.get(model, ()))
@@ -272,10 +307,16 @@ class Router:
             future.result().release()
 
     def _fail_unroutable(self, model: str, *, removed: bool = False) -> None:
-        """Fail the waiters of ``model`` that no replica can take; unless the model is
-        starting from zero: then its waiters are held for the cold start. ``removed``: the
-        table that took the model's routes away no longer declares it."""
+        """Fail the waiters of ``model`` that no replica can take (all of them, when it is
+        failing to start); unless the model is starting from zero: then its waiters are held
+        for the cold start. ``removed``: the table that took the model's routes away no
+        longer declares it."""
         if not self._line.waits_for(model):
+            return
+        if not removed and (failing := self._failing_to_start(model)) is not None:
+            for waiter in self._line.take_out(model, lambda waiter: True):
+                if not waiter.future.done():
+                    waiter.future.set_exception(failing)
             return
         if self._hold_s(model) is not None:
             if model not in self._held_models:  # it lost its last route since
@@ -286,7 +327,7 @@ class Router:
         )
         for waiter in unroutable:
             if not waiter.future.done():
-                refusal = ModelRemoved(model) if removed else NoServingReplica(model)
+                refusal = ModelRemoved(model) if removed else self._no_serving_replica(model)
                 waiter.future.set_exception(refusal)
 
     def _held_from_now(self, model: str, waiters: Sequence[Waiter], *, wake: bool = False) -> None:

@@ -15,7 +15,15 @@ from app.domain.model_spec import (
     RoutingSettings,
     routing_setting_errors,
 )
-from app.gateway.table import Canary, GatewaySnapshot, KeyRecord, Route, RoutePolicy
+from app.domain.state import BACKOFF_CAP_S
+from app.gateway.table import (
+    Canary,
+    GatewaySnapshot,
+    KeyRecord,
+    Route,
+    RoutePolicy,
+    StartFailure,
+)
 from app.store.routing_rows import (
     ApisRow,
     CanaryRow,
@@ -23,6 +31,7 @@ from app.store.routing_rows import (
     KeyRow,
     PolicyRow,
     RouteRow,
+    StartFailureRow,
     read_routing_rows,
 )
 
@@ -37,6 +46,8 @@ async def read_snapshot(db: asyncpg.Connection, *, within_s: float) -> GatewaySn
         monotonic(),
         canaries=rows.canaries,
         cold_starts=rows.cold_starts,
+        start_failures=rows.start_failures,
+        scaled_to_zero=rows.scaled_to_zero,
         policies=rows.policies,
         apis=rows.apis,
     )
@@ -57,6 +68,8 @@ def build_snapshot(
     *,
     canaries: Sequence[CanaryRow] = (),
     cold_starts: Sequence[ColdStartRow] = (),
+    start_failures: Sequence[StartFailureRow] = (),
+    scaled_to_zero: Sequence[str] = (),
     policies: Sequence[PolicyRow] = (),
     apis: Sequence[ApisRow] = (),
 ) -> GatewaySnapshot:
@@ -89,6 +102,14 @@ def build_snapshot(
             for c in cold_starts
             if c.model in names and is_cold_start_timeout(c.timeout_s)
         },
+        start_failures={
+            f.model: StartFailure(
+                failures=f.failures, retry_at=at + f.retry_in_s, reason=failure_reason(f.reason)
+            )
+            for f in start_failures
+            if f.model in names and is_backoff_left(f.retry_in_s)
+        },
+        scaled_to_zero=names.intersection(scaled_to_zero),
         apis={a.model: served_apis(a.apis) for a in apis if a.model in names},
         policies={
             p.model: policy
@@ -123,6 +144,27 @@ def is_cold_start_timeout(timeout_s: float) -> bool:
     """A cold-start timeout is above 0 and at most ``MAX_COLD_START_S`` (the spec allows no
     other); a row with any other is taken for none, so the model's requests are not held."""
     return math.isfinite(timeout_s) and 0.0 < timeout_s <= MAX_COLD_START_S
+
+
+MAX_REASON_CHARS = 300
+"""The most of a failure's reason a gateway tells clients: an engine's error can be long."""
+
+
+def is_backoff_left(retry_in_s: float) -> bool:
+    """A failure backoff still running is some time above 0 and no longer than the longest
+    the reconciler waits (``BACKOFF_CAP_S``); a row with any other is taken for none, so
+    the model's requests are held or refused as without one."""
+    return math.isfinite(retry_in_s) and 0.0 < retry_in_s <= BACKOFF_CAP_S
+
+
+def failure_reason(reason: str | None) -> str | None:
+    """A failure's reason as clients are told it: on one line, cut to ``MAX_REASON_CHARS``."""
+    if reason is None:
+        return None
+    line = " ".join(reason.split())
+    if len(line) > MAX_REASON_CHARS:
+        line = line[: MAX_REASON_CHARS - 3] + "..."
+    return line or None
 
 
 _routing_decoder = msgspec.json.Decoder(RoutingSettings)

@@ -56,6 +56,18 @@ class Canary(msgspec.Struct, frozen=True, kw_only=True):
     share: float
 
 
+class StartFailure(msgspec.Struct, frozen=True, kw_only=True):
+    """A model failing to start: it is in failure backoff and no replica of it is starting,
+    so none will serve before the reconciler places the next one, at ``retry_at``."""
+
+    failures: int
+    """Its replicas that failed or timed out in a row."""
+    retry_at: float
+    """``time.monotonic()`` when its backoff ends and the next replica is placed."""
+    reason: str | None = None
+    """Why the last one ended, when the snapshot has it."""
+
+
 class RoutePolicy(msgspec.Struct, frozen=True, kw_only=True):
     """How the gateway picks among a model's replicas (``RoutingSettings`` of its spec;
     ``docs/gateway-routing.md``)."""
@@ -103,6 +115,12 @@ class GatewaySnapshot(msgspec.Struct, frozen=True, kw_only=True):
     """The cold-start timeout of each declared model with an autoscaling policy, by name: a
     request for one that has no route waits up to this long for one, instead of 503 at
     once (``app.gateway.router``)."""
+    start_failures: dict[str, StartFailure] = {}
+    """The declared models failing to start, by name: a request for one with no route is
+    answered at once until its backoff ends, not held nor told to try again shortly."""
+    scaled_to_zero: frozenset[str] = frozenset()
+    """The declared models without an autoscaling policy that their operator scaled to 0
+    replicas: nothing serves them until an operator scales them up."""
     policies: dict[str, RoutePolicy] = {}
     """The routing policy of each declared model, by name (absent: the default)."""
     apis: dict[str, frozenset[str]] = {}

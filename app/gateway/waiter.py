@@ -11,8 +11,8 @@ from app.gateway.lease import Lease
 
 HoldOutcome = Literal["served", "timed_out", "cancelled", "failed"]
 """How a request held for a cold start ended: ``served``, ``timed_out``, ``cancelled``
-(its client left) or ``failed`` (the model was removed or lost its autoscaling policy, or
-the gateway stopped)."""
+(its client left) or ``failed`` (the model was removed, lost its autoscaling policy or was
+seen failing to start, or the gateway stopped)."""
 
 
 class Waiter:

@@ -4,13 +4,14 @@ Declared models (removed ones are not: they answer 404 like any unknown model) w
 canary split of those in a rollout's canary step, the cold-start timeout of those with
 an autoscaling policy (``spec->'autoscale'``), the APIs of those whose spec names them
 (``spec->'apis'``) and the routing settings of each (``spec->'routing'``, for its routing
-policy), the ``routing_table`` view with each route's revision and the address its node
-connected from (the gateway's egress check allows that address by default), the API keys
-not revoked (expired ones too, for ``EXPIRED_KEYS_KEPT``) and the projection's position.
-One statement sees one snapshot of the
-database, as a REPEATABLE READ transaction of several would, in one round trip instead of
-eight. The gateway turns these
-rows into its routing table (``app.gateway.snapshot``).
+policy), the models failing to start (in failure backoff with no replica starting: how
+many failed in a row, the seconds until the next attempt and the last failure's reason)
+and those scaled to zero without an autoscaling policy, the ``routing_table`` view with
+each route's revision and the address its node connected from (the gateway's egress check
+allows that address by default), the API keys not revoked (expired ones too, for
+``EXPIRED_KEYS_KEPT``) and the projection's position. One statement sees one snapshot of
+the database, as a REPEATABLE READ transaction of several would, in one round trip instead
+of ten. The gateway turns these rows into its routing table (``app.gateway.snapshot``).
 """
 
 from __future__ import annotations
@@ -49,6 +50,20 @@ SELECT
   (SELECT coalesce(json_agg(a), '[]') FROM (
      SELECT name AS model, spec->'apis' AS apis
      FROM models WHERE NOT removed AND jsonb_typeof(spec->'apis') = 'array') a) AS apis,
+  (SELECT coalesce(json_agg(f), '[]') FROM (
+     SELECT m.name AS model, m.failures,
+            extract(epoch FROM m.backoff_until - now())::float8 AS retry_in_s,
+            (SELECT r.end_reason FROM replicas r
+             WHERE r.model = m.name AND r.phase IN ('failed', 'timed_out')
+             ORDER BY r.ended_at DESC NULLS LAST LIMIT 1) AS reason
+     FROM models m
+     WHERE NOT m.removed AND m.failures > 0 AND m.backoff_until > now()
+       AND NOT EXISTS (SELECT 1 FROM replicas r
+                       WHERE r.model = m.name AND r.phase IN ('placed', 'starting'))) f)
+    AS start_failures,
+  (SELECT coalesce(json_agg(name), '[]') FROM models
+   WHERE NOT removed AND desired_replicas = 0
+     AND jsonb_typeof(spec->'autoscale') IS DISTINCT FROM 'object') AS scaled_to_zero,
   (SELECT coalesce(json_agg(r), '[]') FROM (
      SELECT t.replica_id, t.model, t.address, t.port, t.weight, t.target_waiting,
             t.kv_ceiling, t.draining, t.revision,
@@ -99,6 +114,18 @@ class ColdStartRow(msgspec.Struct, frozen=True):
     timeout_s: float
 
 
+class StartFailureRow(msgspec.Struct, frozen=True):
+    """A declared model in failure backoff (``Model.backoff_until``) with no replica placed
+    or starting: ``failures`` of its replicas failed or timed out in a row, the reconciler
+    places the next one in ``retry_in_s`` (by the database's clock, when it was read), and
+    ``reason`` is why the last one ended, while the projection still holds it."""
+
+    model: str
+    failures: int
+    retry_in_s: float
+    reason: str | None = None
+
+
 class PolicyRow(msgspec.Struct, frozen=True):
     """A declared model's routing settings as its spec holds them (``spec->'routing'``),
     read raw: the gateway takes the policy from them (``app.gateway.snapshot``)."""
@@ -134,6 +161,9 @@ class RoutingRows(msgspec.Struct, frozen=True):
     declared: list[str]
     canaries: list[CanaryRow]
     cold_starts: list[ColdStartRow]
+    start_failures: list[StartFailureRow]
+    scaled_to_zero: list[str]
+    """Declared models its operator scaled to 0 replicas, without an autoscaling policy."""
     policies: list[PolicyRow]
     routes: list[RouteRow]
     apis: list[ApisRow]
@@ -143,6 +173,7 @@ class RoutingRows(msgspec.Struct, frozen=True):
 _declared_decoder = msgspec.json.Decoder(list[str])
 _canaries_decoder = msgspec.json.Decoder(list[CanaryRow])
 _cold_starts_decoder = msgspec.json.Decoder(list[ColdStartRow])
+_start_failures_decoder = msgspec.json.Decoder(list[StartFailureRow])
 _policies_decoder = msgspec.json.Decoder(list[PolicyRow])
 _routes_decoder = msgspec.json.Decoder(list[RouteRow])
 _keys_decoder = msgspec.json.Decoder(list[KeyRow])
@@ -159,6 +190,8 @@ async def read_routing_rows(db: asyncpg.Connection, *, within_s: float) -> Routi
         declared=_declared_decoder.decode(row["declared"]),
         canaries=_canaries_decoder.decode(row["canaries"]),
         cold_starts=_cold_starts_decoder.decode(row["cold_starts"]),
+        start_failures=_start_failures_decoder.decode(row["start_failures"]),
+        scaled_to_zero=_declared_decoder.decode(row["scaled_to_zero"]),
         policies=_policies_decoder.decode(row["policies"]),
         routes=_routes_decoder.decode(row["routes"]),
         keys=_keys_decoder.decode(row["keys"]),

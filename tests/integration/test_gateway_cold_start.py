@@ -6,7 +6,9 @@ within a second (what the leader's autoscaler reads); when a serving replica is 
 (as the control plane records one, ``tests.support.routing``) the held request is answered
 200. Past the model's cold-start timeout without a replica it is answered 503 with
 ``Retry-After``; a client that gives up while held leaves the queue; a gateway told to stop
-answers what it holds at once, so its clients can go to another gateway.
+answers what it holds at once, so its clients can go to another gateway. A model whose
+replica fails as it starts is answered 503 at once until its failure backoff ends, those
+held for it too, with the failure's reason and ``Retry-After`` the time to the next attempt.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from app.store.gateway_reports import InFlightReports
 from app.store.postgres import PostgresEventStore
 from tests.support.gateway_process import gateway_process
 from tests.support.ports import free_port
-from tests.support.routing import connect_node, declare_model, serve_replica
+from tests.support.routing import connect_node, declare_model, fail_replica, serve_replica
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -240,6 +242,55 @@ async def test_a_gateway_told_to_stop_answers_held_requests_at_once_with_503(
         assert (error["type"], error["code"]) == ("server_error", "gateway_shutting_down")
         assert "this gateway is shutting down" in error["message"]
         assert await asyncio.to_thread(gateway.process.wait, 30) == 0
+
+
+async def test_a_model_failing_to_start_is_answered_at_once_not_after_its_cold_start_timeout(
+    pg_store: PostgresEventStore, database_url: str, engine: AsyncEngine, tmp_path: Path
+) -> None:
+    """Held 300 s by default to end in "starting from zero" before: the gateway knew."""
+    model, parked = "crashing", "parked"
+    await connect_node(pg_store, "gpu-1", "127.0.0.1")
+    await declare_model(pg_store, model, replicas=0, autoscale=scale_to_zero(60.0))
+    await declare_model(pg_store, parked, replicas=0)
+    created = await Operations(pg_store).create_key(ALICE, "cold", [model, parked])
+    reports = InFlightReports(engine)
+
+    async with running_gateway(database_url, created.key, tmp_path) as gateway:
+        held = asyncio.create_task(gateway.chat(model))
+        await queued_within(reports, {model: 1}, REPORTED_WITHIN_S)
+
+        await fail_replica(pg_store, model, 1, "gpu-1", free_port(), "engine exited with code 1")
+        released = await asyncio.wait_for(held, timeout=10.0)
+
+        assert released.status_code == 503, released.text
+        error = released.json()["error"]
+        assert (error["type"], error["code"]) == ("server_error", "model_failing_to_start")
+        assert error["message"].startswith(
+            "The model `crashing` is failing to start (its last replica failed: engine "
+            "exited with code 1); the next attempt is in "
+        )
+        assert 1 <= int(released.headers["retry-after"]) <= 10  # the first backoff: 10 s
+
+        sent_at = time.monotonic()
+        again = await gateway.chat(model)
+        assert time.monotonic() - sent_at < 5.0, "held instead of answered at once"
+        assert again.status_code == 503, again.text
+        assert again.json()["error"]["code"] == "model_failing_to_start"
+        assert 1 <= int(again.headers["retry-after"]) <= 10
+
+        holds = "llmgw_gateway_cold_start_holds_total"
+        assert await gateway.metric(f'{holds}{{model="{model}",outcome="failed"}}') == 1.0
+        rejected = 'llmgw_gateway_admission_rejections_total{reason="failing_to_start"}'
+        assert await gateway.metric(rejected) == 2.0
+
+        # Scaled to zero by its operator, without autoscaling: nothing comes back shortly.
+        answer = await gateway.chat(parked)
+        assert answer.status_code == 503, answer.text
+        assert "retry-after" not in answer.headers
+        assert answer.json()["error"]["message"] == (
+            "The model `parked` is scaled to zero by its operator; it has no replica until an "
+            "operator scales it up."
+        )
 
 
 BOUNDARY = "cold-start-boundary"

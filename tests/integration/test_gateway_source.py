@@ -15,7 +15,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from structlog.testing import capture_logs
 
 from app.domain.envelope import Meta
-from app.domain.events import ApiKeyCreated, key_stream
+from app.domain.events import (
+    ApiKeyCreated,
+    ReplicaPlaced,
+    ShardPlacement,
+    key_stream,
+    replica_stream,
+)
 from app.domain.keys import key_matches
 from app.domain.model_spec import AutoscalePolicy, RoutingSettings
 from app.domain.reports import GatewaysInFlight
@@ -28,7 +34,13 @@ from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
 from app.store.routing_rows import EXPIRED_KEYS_KEPT
 from tests.support.reporting_gateway import reporting_gateway
-from tests.support.routing import connect_node, declare_model, scale_to_zero, serve_replica
+from tests.support.routing import (
+    connect_node,
+    declare_model,
+    fail_replica,
+    scale_to_zero,
+    serve_replica,
+)
 from tests.support.waiting import wait_until
 
 REVOKED_WITHIN_S = 1.0
@@ -203,6 +215,41 @@ async def test_a_model_with_an_autoscaling_policy_carries_its_cold_start_timeout
     await wait_until(lambda: {scaled, fixed} <= source.current().declared, within_s=1.0)
     assert source.current().cold_start_s == {scaled: 42.5}
     assert scaled not in source.current().routes
+
+
+async def test_a_model_failing_to_start_and_one_scaled_to_zero_are_carried(
+    pg_store: PostgresEventStore, source: PostgresSnapshotSource
+) -> None:
+    failing, retrying, parked = name(), name(), name()
+    node = f"gpu-{name()}"
+    await connect_node(pg_store, node, "127.0.0.1")
+    for model in (failing, retrying, parked):
+        await declare_model(pg_store, model, replicas=2)
+    await scale_to_zero(pg_store, parked, [])
+    await fail_replica(pg_store, retrying, 1, node, 21003, "engine exited with code 1")
+    # Another replica of ``retrying`` is placed and may still serve: it is not failing.
+    placement = ShardPlacement(index=0, node_id=node, gpus=(4,), port=21004)
+    placed = ReplicaPlaced(
+        replica_id=f"{retrying}-2", model=retrying, number=2, shards=(placement,), reason="test"
+    )
+    request = AppendRequest(replica_stream(f"{retrying}-2"), None, [NewEvent(placed)])
+    await pg_store.append_many([request], Meta(actor="reconciler"))
+    await fail_replica(pg_store, failing, 1, node, 21001, "engine exited\nwith code 1")
+    await fail_replica(pg_store, failing, 2, node, 21002, "engine exited with code 2")
+
+    def failed_twice() -> bool:  # the last append: the snapshot holds all of them then
+        failure = source.current().start_failures.get(failing)
+        return failure is not None and failure.failures == 2
+
+    await wait_until(failed_twice, within_s=5.0, what=f"{failing} failing twice")
+    snapshot = source.current()
+    failure = snapshot.start_failures[failing]
+    assert (failure.failures, failure.reason) == (2, "engine exited with code 2")
+    # The second failure's backoff: 20 s from when it was recorded, by the gateway's clock.
+    assert 0 < failure.retry_at - snapshot.loaded_at <= 20.0
+    assert retrying not in snapshot.start_failures
+    assert parked in snapshot.scaled_to_zero
+    assert not {failing, retrying} & snapshot.scaled_to_zero
 
 
 async def test_a_model_carries_the_apis_its_spec_names(

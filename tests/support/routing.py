@@ -3,7 +3,8 @@
 ``serve_replica`` records what an agent and the reconciler record when a replica comes up
 on a node (placed, shard starting, shard ready, serving), so the replica appears in the
 ``routing_table`` view pointing at an engine that really listens on ``port`` (a simulator
-the test started). ``stop_replica`` records the reconciler taking it out of routing.
+the test started). ``stop_replica`` records the reconciler taking it out of routing, and
+``fail_replica`` a replica placed whose engine failed as it started.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from app.domain.events import (
     ModelScaled,
     NodeConnected,
     NodeRegistered,
+    ReplicaFailed,
     ReplicaPlaced,
     ReplicaServing,
     ReplicaStopping,
@@ -124,3 +126,18 @@ async def scale_to_zero(store: PostgresEventStore, model: str, replica_ids: list
 async def stop_replica(store: PostgresEventStore, replica_id: str, reason: str) -> None:
     stopping = ReplicaStopping(replica_id=replica_id, reason=reason)
     await _append(store, replica_stream(replica_id), RECONCILER, stopping)
+
+
+async def fail_replica(
+    store: PostgresEventStore, model: str, number: int, node_id: str, port: int, reason: str
+) -> str:
+    """Record replica ``<model>-<number>`` placed on ``node_id`` and failed as it started,
+    for ``reason`` (the model's failure backoff starts); its id."""
+    replica_id = f"{model}-{number}"
+    placement = ShardPlacement(index=0, node_id=node_id, gpus=(number,), port=port)
+    placed = ReplicaPlaced(
+        replica_id=replica_id, model=model, number=number, shards=(placement,), reason="test"
+    )
+    failed = ReplicaFailed(replica_id=replica_id, reason=reason)
+    await _append(store, replica_stream(replica_id), RECONCILER, placed, failed)
+    return replica_id

@@ -3,8 +3,11 @@
 Given a model with an autoscaling policy (a cold-start timeout in the snapshot) and no
 route, a request waits in the model's fair queue instead of failing, is served by the first
 routing table with a replica of it, or ends in ``ColdStartTimedOut`` after the timeout. A
-model without the policy fails at once, as always. No scrapers run here, so a replica is
-judged by the gateway's own in-flight count (two requests at ``target_waiting`` 1).
+model without the policy fails at once, as always. A model the snapshot shows failing to
+start (in failure backoff, no replica starting) is refused at once until its backoff
+ends, and the requests held for it when that shows are refused so too. No scrapers run
+here, so a replica is judged by the gateway's own in-flight count (two requests at
+``target_waiting`` 1).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import pytest
 from app.gateway.lease import Lease
 from app.gateway.route_refusals import (
     ColdStartTimedOut,
+    FailingToStart,
     GatewayStopping,
     ModelRemoved,
     NoServingReplica,
@@ -25,7 +29,7 @@ from app.gateway.route_refusals import (
     cold_start_retry_after_s,
 )
 from app.gateway.router import Router
-from app.gateway.table import GatewaySnapshot, Route
+from app.gateway.table import GatewaySnapshot, Route, StartFailure
 from tests.support.waiting import wait_until
 
 MODEL = "m"
@@ -57,7 +61,12 @@ def route(replica_id: str, *, model: str = MODEL, **settings: object) -> Route:
     return Route(replica_id=replica_id, model=model, url=f"http://{replica_id}", **settings)  # type: ignore[arg-type]
 
 
-def snapshot(*routes: Route, cold_start_s: dict[str, float] | None = None) -> GatewaySnapshot:
+def snapshot(
+    *routes: Route,
+    cold_start_s: dict[str, float] | None = None,
+    start_failures: dict[str, StartFailure] | None = None,
+    scaled_to_zero: frozenset[str] = frozenset(),
+) -> GatewaySnapshot:
     """``MODEL`` and ``OTHER`` declared; ``MODEL`` with a cold-start timeout of ``HOLD_S``
     unless ``cold_start_s`` says otherwise."""
     by_model: dict[str, tuple[Route, ...]] = {}
@@ -67,6 +76,8 @@ def snapshot(*routes: Route, cold_start_s: dict[str, float] | None = None) -> Ga
         declared=frozenset({MODEL, OTHER}),
         routes=by_model,
         cold_start_s={MODEL: HOLD_S} if cold_start_s is None else cold_start_s,
+        start_failures=start_failures or {},
+        scaled_to_zero=scaled_to_zero,
     )
 
 
@@ -406,3 +417,84 @@ async def test_a_stopping_gateway_turns_held_requests_away_and_keeps_those_waiti
     full[0].release()
     assert (await waiting).route.replica_id == "x-1"
     assert holds.router.cold_start_holds() == {(MODEL, "failed"): 1}
+
+
+def failing(
+    clock: FakeClock, retry_in_s: float, reason: str | None = "exit code 1"
+) -> StartFailure:
+    return StartFailure(failures=2, retry_at=clock.now + retry_in_s, reason=reason)
+
+
+async def test_a_model_failing_to_start_is_refused_at_once_until_its_backoff_ends() -> None:
+    """Not held for its whole cold-start timeout to end in "starting from zero": no replica
+    is placed before the backoff ends."""
+    clock = FakeClock()
+    holds = Holds(clock=clock)
+    holds.router.update(snapshot(start_failures={MODEL: failing(clock, 17.5)}))
+
+    with pytest.raises(FailingToStart) as raised:
+        await asyncio.wait_for(holds.router.acquire(MODEL, key()), timeout=1.0)
+
+    refusal = raised.value
+    assert (refusal.model, refusal.failures, refusal.reason) == (MODEL, 2, "exit code 1")
+    assert refusal.retry_after_s == 18.0
+    assert holds.router.queued() == {}
+    assert holds.wakes == 0
+    assert holds.router.cold_start_holds() == {}
+
+    clock.now += 17.5  # the backoff is over: the next replica is under way
+    held = holds.hold()
+    await holds.until_held(1)
+    holds.router.update(snapshot(route("m-1")))
+    assert (await held).route.replica_id == "m-1"
+
+
+async def test_requests_held_when_the_model_is_seen_failing_to_start_are_answered_at_once() -> None:
+    clock = FakeClock()
+    holds = Holds(clock=clock)
+    held = [holds.hold(), holds.hold()]
+    await holds.until_held(2)
+
+    holds.router.update(snapshot(start_failures={MODEL: failing(clock, 0.4, reason=None)}))
+
+    results = await asyncio.gather(*held, return_exceptions=True)
+    assert [type(r) for r in results] == [FailingToStart, FailingToStart]
+    assert [(r.reason, r.retry_after_s) for r in results] == [(None, 1.0), (None, 1.0)]  # type: ignore[union-attr]
+    assert holds.router.queued() == {}
+    assert holds.router.cold_start_holds() == {(MODEL, "failed"): 2}
+
+
+async def test_a_failure_of_a_model_that_still_has_a_route_changes_nothing() -> None:
+    clock = FakeClock()
+    holds = Holds(clock=clock)
+    holds.router.update(snapshot(route("m-1"), start_failures={MODEL: failing(clock, 30.0)}))
+
+    lease = await asyncio.wait_for(holds.router.acquire(MODEL, key()), timeout=1.0)
+    assert lease.route.replica_id == "m-1"
+
+
+async def test_a_model_without_a_policy_failing_to_start_is_told_so_not_no_replica() -> None:
+    clock = FakeClock()
+    holds = Holds(clock=clock)
+    holds.router.update(snapshot(start_failures={OTHER: failing(clock, 5.0)}))
+
+    with pytest.raises(FailingToStart) as raised:
+        await asyncio.wait_for(holds.router.acquire(OTHER, key()), timeout=1.0)
+    assert raised.value.retry_after_s == 5.0
+
+
+async def test_a_model_its_operator_scaled_to_zero_is_refused_as_scaled_to_zero() -> None:
+    """Even in failure backoff: no attempt comes when the backoff ends."""
+    clock = FakeClock()
+    holds = Holds(clock=clock)
+    failed = {OTHER: failing(clock, 5.0)}
+    holds.router.update(snapshot(start_failures=failed, scaled_to_zero=frozenset({OTHER})))
+
+    with pytest.raises(NoServingReplica) as raised:
+        await asyncio.wait_for(holds.router.acquire(OTHER, key()), timeout=1.0)
+    assert raised.value.scaled_to_zero
+
+    holds.router.update(snapshot())  # scaled up, its replica not serving yet
+    with pytest.raises(NoServingReplica) as raised:
+        await asyncio.wait_for(holds.router.acquire(OTHER, key()), timeout=1.0)
+    assert not raised.value.scaled_to_zero

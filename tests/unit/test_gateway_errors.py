@@ -8,8 +8,10 @@ import pytest
 from app.gateway.errors import (
     MAX_ENGINE_MESSAGE_CHARS,
     duration_header,
+    failing_to_start,
     invalid_api_key,
     model_not_found,
+    no_serving_replica,
     normalize_engine_error,
     quota_exceeded,
     quota_reason,
@@ -122,6 +124,31 @@ def test_a_saturated_model_is_retryable() -> None:
     error = saturated("m", 1.2)
     assert error.status == 429
     assert dict(error.headers) == {b"retry-after": b"2"}
+
+
+def test_a_model_failing_to_start_says_why_and_when_the_next_attempt_is() -> None:
+    error = failing_to_start("m", 3, "engine exited with code 1", 37.2)
+    assert (error.status, error.code) == (503, "model_failing_to_start")
+    assert dict(error.headers) == {b"retry-after": b"38"}
+    assert error_of(error.body())["message"] == (
+        "The model `m` is failing to start (its last 3 replicas failed: engine exited with "
+        "code 1); the next attempt is in 38 s."
+    )
+    without_reason = failing_to_start("m", 1, None, 1.0)
+    assert error_of(without_reason.body())["message"] == (
+        "The model `m` is failing to start (its last replica failed); the next attempt is in 1 s."
+    )
+
+
+def test_a_model_its_operator_scaled_to_zero_is_not_to_be_tried_again_shortly() -> None:
+    error = no_serving_replica("m", scaled_to_zero=True)
+    assert (error.status, error.code, error.headers) == (503, "no_serving_replica", ())
+    message = error_of(error.body())["message"]
+    assert message == (
+        "The model `m` is scaled to zero by its operator; it has no replica until an operator "
+        "scales it up."
+    )
+    assert "shortly" in str(error_of(no_serving_replica("m").body())["message"])
 
 
 def test_a_quota_refusal_says_which_limit_and_not_to_retry() -> None:

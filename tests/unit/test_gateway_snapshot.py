@@ -7,8 +7,15 @@ from datetime import UTC, datetime
 import pytest
 
 from app.gateway.snapshot import build_snapshot, engine_url
-from app.gateway.table import Canary
-from app.store.routing_rows import ApisRow, CanaryRow, ColdStartRow, KeyRow, RouteRow
+from app.gateway.table import Canary, StartFailure
+from app.store.routing_rows import (
+    ApisRow,
+    CanaryRow,
+    ColdStartRow,
+    KeyRow,
+    RouteRow,
+    StartFailureRow,
+)
 
 
 def route(
@@ -169,3 +176,31 @@ def test_the_apis_a_spec_names_are_carried_and_others_serve_the_default() -> Non
     # A row the spec could not have written keeps only the names the gateway knows.
     assert snapshot.apis_of("odd") == frozenset({"chat"})
     assert "removed" not in snapshot.apis
+
+
+def test_a_model_failing_to_start_retries_at_when_its_backoff_ends_by_the_gateway_clock() -> None:
+    long_reason = "engine exited\n  with code 1: " + "x" * 400
+    snapshot = build_snapshot(
+        7,
+        ["llama", "qwen", "mistral", "idle"],
+        [],
+        [],
+        at=100.0,
+        start_failures=[
+            StartFailureRow(model="llama", failures=3, retry_in_s=38.5, reason="exit code 1"),
+            StartFailureRow(model="qwen", failures=1, retry_in_s=9.0, reason=long_reason),
+            StartFailureRow(model="mistral", failures=1, retry_in_s=float("nan")),
+            StartFailureRow(model="removed", failures=1, retry_in_s=5.0),
+        ],
+        scaled_to_zero=["idle", "removed"],
+    )
+
+    assert snapshot.start_failures["llama"] == StartFailure(
+        failures=3, retry_at=138.5, reason="exit code 1"
+    )
+    reason = snapshot.start_failures["qwen"].reason or ""
+    assert reason.startswith("engine exited with code 1: xxx")  # on one line
+    assert len(reason) == 300
+    assert reason.endswith("...")
+    assert set(snapshot.start_failures) == {"llama", "qwen"}
+    assert snapshot.scaled_to_zero == frozenset({"idle"})
