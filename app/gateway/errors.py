@@ -283,16 +283,15 @@ def no_serving_replica(model: str, *, scaled_to_zero: bool = False) -> ApiError:
     return ApiError(503, message, type="server_error", code="no_serving_replica")
 
 
-def failing_to_start(
-    model: str, failures: int, reason: str | None, retry_after_s: float
-) -> ApiError:
-    """``model`` has no replica and its last ``failures`` failed to start (the last for
-    ``reason``, when known): the next is started in ``retry_after_s``."""
+def failing_to_start(model: str, failures: int, retry_after_s: float) -> ApiError:
+    """``model`` has no replica and its last ``failures`` failed to start: the next is
+    started in ``retry_after_s``. Why they failed is not told: an engine's error names the
+    fleet's nodes, paths and hardware, which are the operators' to read (``llmgw-cli model``),
+    not every client's."""
     replicas = "replica" if failures == 1 else f"{failures} replicas"
-    why = f": {reason}" if reason else ""
     return ApiError(
         503,
-        f"The model `{model}` is failing to start (its last {replicas} failed{why}); "
+        f"The model `{model}` is failing to start (its last {replicas} failed); "
         f"the next attempt is in {math.ceil(retry_after_s)} s.",
         type="server_error",
         code="model_failing_to_start",

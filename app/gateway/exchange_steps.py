@@ -239,9 +239,9 @@ class ExchangeSteps:
             case NoServingReplica(scaled_to_zero=scaled_to_zero):
                 reason = "no_serving_replica"
                 error = no_serving_replica(model, scaled_to_zero=scaled_to_zero)
-            case FailingToStart(failures=failures, reason=why, retry_after_s=retry_after_s):
+            case FailingToStart(failures=failures, retry_after_s=retry_after_s):
                 reason = "failing_to_start"
-                error = failing_to_start(model, failures, why, retry_after_s)
+                error = failing_to_start(model, failures, retry_after_s)
             case Saturated(retry_after_s=retry_after_s, starting=starting):
                 reason, error = "saturated", saturated(model, retry_after_s, starting=starting)
             case ColdStartTimedOut(timeout_s=timeout_s, retry_after_s=retry_after_s):

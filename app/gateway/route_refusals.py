@@ -47,16 +47,15 @@ class ModelRemoved(NoServingReplica):
 
 
 class FailingToStart(RouteRefused):
-    def __init__(self, model: str, failures: int, reason: str | None, retry_after_s: float) -> None:
-        """``model``'s last ``failures`` replicas failed or timed out (the last for
-        ``reason``, when known) and the next is placed in ``retry_after_s``."""
+    def __init__(self, model: str, failures: int, retry_after_s: float) -> None:
+        """``model``'s last ``failures`` replicas failed or timed out and the next is
+        placed in ``retry_after_s``."""
         super().__init__(
             f"model {model!r} is failing to start ({failures} in a row); "
             f"retry after {retry_after_s:g} s"
         )
         self.model = model
         self.failures = failures
-        self.reason = reason
         self.retry_after_s = retry_after_s
 
 

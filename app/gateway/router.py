@@ -19,12 +19,13 @@ lengthen them.
 
 A model without a route that the snapshot shows failing to start (``start_failures``: in
 failure backoff, no replica of it starting) will not be served before its backoff ends: a
-request for it is answered at once with ``FailingToStart`` (the last failure's reason,
-``Retry-After`` the time until the next attempt), whether it has an autoscaling policy or
-not, and the requests held or waiting for it when a table shows the failure are answered
-so too. Once the backoff's end has passed, the next replica is under way and requests are
-held again. A model without a policy that its operator scaled to zero is refused with
-``NoServingReplica`` marked ``scaled_to_zero``: none comes back until an operator acts.
+request for it is answered at once with ``FailingToStart`` (``Retry-After`` the time
+until the next attempt; why it fails is the operators' to read, not the clients'),
+whether it has an autoscaling policy or not, and the requests held or waiting for it when
+a table shows the failure are answered so too. Once the backoff's end has passed, the
+next replica is under way and requests are held again. A model without a policy that its
+operator scaled to zero is refused with ``NoServingReplica`` marked ``scaled_to_zero``:
+none comes back until an operator acts.
 
 The router calls its ``on_hold`` listener when it starts holding requests
 for a model that held none, so the gateway reports the demand at once
@@ -239,7 +240,7 @@ class Router:
         if failure.retry_at <= now:
             return None  # the next replica is being placed: hold as for any cold start
         retry_after_s = backoff_retry_after_s(failure.retry_at, now)
-        return FailingToStart(model, failure.failures, failure.reason, retry_after_s)
+        return FailingToStart(model, failure.failures, retry_after_s)
 
     def _no_serving_replica(self, model: str) -> NoServingReplica:
         scaled_to_zero = model in self._scaled_to_zero and model not in self.replicas.by_model

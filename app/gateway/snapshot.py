@@ -103,9 +103,7 @@ def build_snapshot(
             if c.model in names and is_cold_start_timeout(c.timeout_s)
         },
         start_failures={
-            f.model: StartFailure(
-                failures=f.failures, retry_at=at + f.retry_in_s, reason=failure_reason(f.reason)
-            )
+            f.model: StartFailure(failures=f.failures, retry_at=at + f.retry_in_s)
             for f in start_failures
             if f.model in names and is_backoff_left(f.retry_in_s)
         },
@@ -146,25 +144,11 @@ def is_cold_start_timeout(timeout_s: float) -> bool:
     return math.isfinite(timeout_s) and 0.0 < timeout_s <= MAX_COLD_START_S
 
 
-MAX_REASON_CHARS = 300
-"""The most of a failure's reason a gateway tells clients: an engine's error can be long."""
-
-
 def is_backoff_left(retry_in_s: float) -> bool:
     """A failure backoff still running is some time above 0 and no longer than the longest
     the reconciler waits (``BACKOFF_CAP_S``); a row with any other is taken for none, so
     the model's requests are held or refused as without one."""
     return math.isfinite(retry_in_s) and 0.0 < retry_in_s <= BACKOFF_CAP_S
-
-
-def failure_reason(reason: str | None) -> str | None:
-    """A failure's reason as clients are told it: on one line, cut to ``MAX_REASON_CHARS``."""
-    if reason is None:
-        return None
-    line = " ".join(reason.split())
-    if len(line) > MAX_REASON_CHARS:
-        line = line[: MAX_REASON_CHARS - 3] + "..."
-    return line or None
 
 
 _routing_decoder = msgspec.json.Decoder(RoutingSettings)

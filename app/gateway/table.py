@@ -64,8 +64,6 @@ class StartFailure(msgspec.Struct, frozen=True, kw_only=True):
     """Its replicas that failed or timed out in a row."""
     retry_at: float
     """``time.monotonic()`` when its backoff ends and the next replica is placed."""
-    reason: str | None = None
-    """Why the last one ended, when the snapshot has it."""
 
 
 class RoutePolicy(msgspec.Struct, frozen=True, kw_only=True):

@@ -5,7 +5,7 @@ canary split of those in a rollout's canary step, the cold-start timeout of thos
 an autoscaling policy (``spec->'autoscale'``), the APIs of those whose spec names them
 (``spec->'apis'``) and the routing settings of each (``spec->'routing'``, for its routing
 policy), the models failing to start (in failure backoff with no replica starting: how
-many failed in a row, the seconds until the next attempt and the last failure's reason)
+many failed in a row and the seconds until the next attempt)
 and those scaled to zero without an autoscaling policy, the ``routing_table`` view with
 each route's revision and the address its node connected from (the gateway's egress check
 allows that address by default), the API keys not revoked (expired ones too, for
@@ -52,10 +52,7 @@ SELECT
      FROM models WHERE NOT removed AND jsonb_typeof(spec->'apis') = 'array') a) AS apis,
   (SELECT coalesce(json_agg(f), '[]') FROM (
      SELECT m.name AS model, m.failures,
-            extract(epoch FROM m.backoff_until - now())::float8 AS retry_in_s,
-            (SELECT r.end_reason FROM replicas r
-             WHERE r.model = m.name AND r.phase IN ('failed', 'timed_out')
-             ORDER BY r.ended_at DESC NULLS LAST LIMIT 1) AS reason
+            extract(epoch FROM m.backoff_until - now())::float8 AS retry_in_s
      FROM models m
      WHERE NOT m.removed AND m.failures > 0 AND m.backoff_until > now()
        AND NOT EXISTS (SELECT 1 FROM replicas r
@@ -117,13 +114,12 @@ class ColdStartRow(msgspec.Struct, frozen=True):
 class StartFailureRow(msgspec.Struct, frozen=True):
     """A declared model in failure backoff (``Model.backoff_until``) with no replica placed
     or starting: ``failures`` of its replicas failed or timed out in a row, the reconciler
-    places the next one in ``retry_in_s`` (by the database's clock, when it was read), and
-    ``reason`` is why the last one ended, while the projection still holds it."""
+    places the next one in ``retry_in_s`` (by the database's clock, when it was read). Why
+    they failed is not read: it is the operators' (``llmgw-cli model``), not the clients'."""
 
     model: str
     failures: int
     retry_in_s: float
-    reason: str | None = None
 
 
 class PolicyRow(msgspec.Struct, frozen=True):

@@ -244,7 +244,7 @@ async def test_a_model_failing_to_start_and_one_scaled_to_zero_are_carried(
     await wait_until(failed_twice, within_s=5.0, what=f"{failing} failing twice")
     snapshot = source.current()
     failure = snapshot.start_failures[failing]
-    assert (failure.failures, failure.reason) == (2, "engine exited with code 2")
+    assert failure.failures == 2
     # The second failure's backoff: 20 s from when it was recorded, by the gateway's clock.
     assert 0 < failure.retry_at - snapshot.loaded_at <= 20.0
     assert retrying not in snapshot.start_failures

@@ -126,16 +126,16 @@ def test_a_saturated_model_is_retryable() -> None:
     assert dict(error.headers) == {b"retry-after": b"2"}
 
 
-def test_a_model_failing_to_start_says_why_and_when_the_next_attempt_is() -> None:
-    error = failing_to_start("m", 3, "engine exited with code 1", 37.2)
+def test_a_model_failing_to_start_says_when_the_next_attempt_is() -> None:
+    error = failing_to_start("m", 3, 37.2)
     assert (error.status, error.code) == (503, "model_failing_to_start")
     assert dict(error.headers) == {b"retry-after": b"38"}
     assert error_of(error.body())["message"] == (
-        "The model `m` is failing to start (its last 3 replicas failed: engine exited with "
-        "code 1); the next attempt is in 38 s."
+        "The model `m` is failing to start (its last 3 replicas failed); the next attempt is "
+        "in 38 s."
     )
-    without_reason = failing_to_start("m", 1, None, 1.0)
-    assert error_of(without_reason.body())["message"] == (
+    one = failing_to_start("m", 1, 1.0)
+    assert error_of(one.body())["message"] == (
         "The model `m` is failing to start (its last replica failed); the next attempt is in 1 s."
     )
 
