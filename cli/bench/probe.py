@@ -1,5 +1,6 @@
 """Before the first level: is the engine there, which model does it serve, does it take
-``ignore_eos``, and how is its prefix cache reset."""
+``ignore_eos``, does it answer a request of the run's shape, and how is its prefix cache
+reset."""
 
 from __future__ import annotations
 
@@ -59,6 +60,30 @@ async def connect(
             "--output-tokens, and throughput counts the tokens they had"
         ]
     return engine, []
+
+
+async def check_shape(
+    session: aiohttp.ClientSession,
+    engine: Engine,
+    prompt: str,
+    output_tokens: int,
+    *,
+    input_tokens: int,
+    timeout_s: float,
+) -> None:
+    """Sends one request of the run's lengths; raises ``TargetRefused`` quoting the engine
+    when it fails. The first probe is a few tokens long, so a prompt longer than the engine's
+    context was otherwise found only at the first level, after the plan was printed, and
+    every level after it failed the same way."""
+    try:
+        await stream_request(session, engine, prompt, output_tokens, timeout_s=timeout_s)
+    except RequestFailed as refused:
+        raise TargetRefused(
+            f"the engine at {engine.root_url} failed a request of the run's shape "
+            f"(--input-tokens {input_tokens}, --output-tokens {output_tokens}): {refused}; "
+            "shorten them to fit the engine's context, or raise --request-timeout if it "
+            "needs longer"
+        ) from refused
 
 
 async def served_models(session: aiohttp.ClientSession, root_url: str) -> list[str] | None:

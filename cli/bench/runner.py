@@ -1,5 +1,5 @@
-"""The climb against a live engine: connect, then measure level after level until the
-climb ends.
+"""The climb against a live engine: connect, check one request of the run's shape, then
+measure level after level until the climb ends.
 
 ``BenchRun`` holds what was found so far, so whoever called ``run_bench`` can report the
 levels that ran when the engine fails half way, or the operator interrupts.
@@ -19,7 +19,7 @@ from cli.bench.climb import Climb
 from cli.bench.load import ClosedLoop
 from cli.bench.metrics import EngineReading
 from cli.bench.plan import BenchPlan
-from cli.bench.probe import PrefixCacheReset, connect
+from cli.bench.probe import PrefixCacheReset, check_shape, connect
 from cli.bench.prompts import PromptSource
 from cli.bench.request import engine_session
 from cli.bench.sampler import MetricsReader, sample_while_measuring
@@ -75,6 +75,14 @@ async def run_bench(
             plan.input_tokens,
             shared_prefix=plan.shared_prefix,
             rng=random.Random(plan.seed) if plan.seed is not None else None,
+        )
+        await check_shape(
+            session,
+            engine,
+            prompts.next_prompt(),
+            plan.output_tokens,
+            input_tokens=plan.input_tokens,
+            timeout_s=plan.request_timeout_s,
         )
         while (level := run.climb.next_level) is not None:
             if await reset_cache():

@@ -83,6 +83,7 @@ CAPACITY_8_THEN_BROKEN_9 = (*("--start-concurrency", "8", "--max-concurrency", "
 """Two levels: 8, which meets ``TTFT_LIMIT_S``, and 9, which breaks it, so 8 is the capacity
 and what the engine showed there its limits (a climb that stops at --max-concurrency within
 the SLO recommends nothing)."""
+REFUSAL = "The model `sim-model` does not exist."
 QUICK_LEVELS = (
     *("--warmup", "100ms", "--requests", "8", "--sample-interval", "20ms"),
     *("--input-tokens", "24", "--output-tokens", "4"),
@@ -309,6 +310,9 @@ class RecordingProxy:
         """Close the connection after every streamed answer while offering keep-alive, as
         llama.cpp's server does."""
         self.closed_after_stream = 0
+        self.refuse_after: int | None = None
+        """Answer 400 to every completion request after this many, as an engine does whose
+        model went away half way."""
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -317,6 +321,8 @@ class RecordingProxy:
             if self.refuse_ignore_eos and "ignore_eos" in self.bodies[-1]:
                 message = "Unrecognized request argument supplied: ignore_eos"
                 return web.json_response({"error": {"message": message}}, status=400)
+            if self.refuse_after is not None and len(self.bodies) > self.refuse_after:
+                return web.json_response({"error": {"message": REFUSAL}}, status=400)
         async with (
             aiohttp.ClientSession() as session,
             session.request(
@@ -341,7 +347,8 @@ class RecordingProxy:
             return response
 
     def prompts(self) -> list[str]:
-        """What bench sent to measure, without its first request (the engine probe)."""
+        """What bench sent to measure, without its first request (the engine probe); the
+        second, the check of the run's shape, is one of the run's prompts."""
         return [str(body["prompt"]) for body in self.bodies[1:]]
 
     def count(self, text: str) -> int:
@@ -670,24 +677,45 @@ async def test_an_slo_that_concurrency_one_breaks_ends_with_a_one_level_report(
     assert report.recommendation is None
 
 
-async def test_an_engine_that_refuses_every_request_gets_a_few_per_level_and_is_named_once(
+async def test_a_prompt_longer_than_the_engine_takes_is_refused_before_the_climb(
     tmp_path: Path,
 ) -> None:
     """Every prompt needs more KV blocks than the whole cache has: the simulator answers
-    each at once with a 400, as an engine does a prompt longer than its context. Each level
-    stops once nothing has succeeded, rather than send a whole window of requests."""
-    refusal = (
-        "HTTP 400: the request needs 13 KV blocks of 16 tokens (200 prompt + 8 output "
-        "tokens) but the cache has 4"
-    )
+    400, as an engine does a prompt longer than its context. One request of the run's
+    shape finds it, before any level."""
     with running("--instant", "--num-blocks", "4") as simulator:
         result = await bench(
             tmp_path,
             *("--url", simulator.base_url, "--slo", "ttft_p95=1s"),
             *("--input-tokens", "200", "--output-tokens", "8"),
             *("--warmup", "500ms", "--duration", "3s"),
-            *("--start-concurrency", "2", "--max-concurrency", "2"),
         )
+
+    assert result.code == 1, result.stderr
+    assert (
+        "failed a request of the run's shape (--input-tokens 200, --output-tokens 8): "
+        "HTTP 400: the request needs 13 KV blocks of 16 tokens (200 prompt + 8 output "
+        "tokens) but the cache has 4"
+    ) in " ".join(result.stderr.split())
+    assert "level 1 of" not in result.stderr
+    assert not result.report_dir.exists()
+
+
+async def test_an_engine_that_refuses_every_request_gets_a_few_per_level_and_is_named_once(
+    proxy: tuple[str, RecordingProxy], tmp_path: Path
+) -> None:
+    """The engine answered the checks, then answers every request at once with a 400. Each
+    level stops once nothing has succeeded, rather than send a whole window of requests."""
+    url, recorder = proxy
+    recorder.refuse_after = 2  # the probe and the check of the run's shape
+    refusal = f"HTTP 400: {REFUSAL}"
+    result = await bench(
+        tmp_path,
+        *("--url", url, "--slo", "ttft_p95=1s"),
+        *("--input-tokens", "24", "--output-tokens", "4"),
+        *("--warmup", "500ms", "--duration", "3s"),
+        *("--start-concurrency", "2", "--max-concurrency", "2"),
+    )
 
     assert result.code == 1, result.stderr
     report = result.report
