@@ -4,15 +4,16 @@ SLO is what admission should treat as healthy.
 The gateway sends a replica new work while ``waiting < target_waiting`` and
 ``kv_usage < kv_ceiling``, and shares traffic among replicas by ``weight``:
 
-    target_waiting = max(1, ceil(p95 of the waiting samples at capacity))
+    target_waiting = max(1, ceil(the highest p95 of the waiting samples at a level that
+                                 met the SLO))
     kv_ceiling     = the highest KV-cache usage sampled at any level that met the SLO
     weight         = output tokens/s at capacity / 100, to 3 significant digits
 
-The queue is bursty, so one high sample must not set its limit: the 95th percentile does.
-KV-cache usage moves slowly and is bounded by 1, so the whole range seen while the SLO
-held counts as healthy: at the capacity level, and at any lower level that met the SLO
-(levels are noisy, and a ceiling below what the engine was seen to serve within the SLO
-would turn healthy work away). ``target_waiting`` is at least 1 because the gateway needs a queue
+Both limits count what was seen at the capacity level and at any lower level that met the
+SLO: levels are noisy, and a limit below what the engine was seen to serve within the SLO
+would turn healthy work away. The queue is bursty, so one high sample must not set its
+limit: each level's 95th percentile does. KV-cache usage moves slowly and is bounded by 1,
+so its whole range counts. ``target_waiting`` is at least 1 because the gateway needs a queue
 of at least one to send anything; when the engine never queued at capacity, any queue at
 all means more load than it could serve. The weight is 1 per 100 output tokens/s, so
 replicas of one model benched with the same input and output lengths compare directly,
@@ -60,7 +61,7 @@ def lower_bound_note(max_concurrency: int) -> str:
 
 def recommend(capacity: LevelFigures, within_slo: Sequence[LevelFigures] = ()) -> Recommendation:
     """Settings from ``capacity``, the highest level that met the SLO below one that broke
-    it; ``within_slo``, the other levels that met it, only ever raise the KV ceiling."""
+    it; ``within_slo``, the other levels that met it, only ever raise the limits."""
     level = capacity.concurrency
     if capacity.waiting is None:
         raise NoRecommendation(
@@ -83,12 +84,17 @@ def recommend(capacity: LevelFigures, within_slo: Sequence[LevelFigures] = ()) -
             if figures.slo_met and figures.kv_cache_usage is not None
         ]
         kv_ceiling = min(max(seen_within_slo, default=capacity.kv_cache_usage.max), 1.0)
+    queued_within_slo = [
+        figures.waiting.p95
+        for figures in (capacity, *within_slo)
+        if figures.slo_met and figures.waiting is not None
+    ]
     if capacity.output_tokens_per_s <= 0:
         raise NoRecommendation(f"no output token arrived in the window at concurrency {level}")
     return Recommendation(
         concurrency=level,
         weight=max(_significant(capacity.output_tokens_per_s / WEIGHT_TOKENS_PER_S), MIN_WEIGHT),
-        target_waiting=max(1, math.ceil(capacity.waiting.p95 - 1e-9)),
+        target_waiting=max(1, math.ceil(max(queued_within_slo, default=0.0) - 1e-9)),
         kv_ceiling=kv_ceiling,
     )
 

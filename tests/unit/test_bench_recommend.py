@@ -1,9 +1,11 @@
-"""Routing settings from what the engine showed at the capacity level."""
+"""Routing settings from what the engine showed at the capacity level and the levels
+below it that met the SLO."""
 
 from __future__ import annotations
 
 import math
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -48,6 +50,21 @@ def test_an_engine_that_never_queued_gets_the_smallest_target_the_gateway_accept
     recommendation = recommend(capacity_level([0, 0, 0], [0.2, 0.3]))
 
     assert recommendation.target_waiting == 1
+
+
+def test_a_lower_level_that_queued_more_within_the_slo_raises_the_target() -> None:
+    """The gateway admits while waiting < target_waiting: a target below the queue the
+    replica served within the SLO would throttle it, as a KV ceiling below its use would."""
+    capacity = capacity_level([2, 3, 4, 4], [0.6, 0.7])
+    noisier = msgspec.structs.replace(
+        capacity_level([3, 5, 6, 7], [0.5]), concurrency=16, slo_met=True
+    )
+    broken = msgspec.structs.replace(capacity_level([30, 40], [0.9]), concurrency=32, slo_met=False)
+
+    recommendation = recommend(capacity, [noisier, broken])
+
+    assert recommendation.target_waiting == 7
+    assert recommendation.kv_ceiling == 0.7
 
 
 def test_without_queue_samples_there_is_no_recommendation() -> None:

@@ -161,6 +161,19 @@ def test_the_kv_ceiling_is_never_below_what_a_level_within_the_slo_used() -> Non
     assert report.recommendation.kv_ceiling == 0.95
 
 
+def test_the_target_waiting_is_never_below_the_queue_a_level_within_the_slo_served() -> None:
+    run = run_against(ENGINE)
+    queued_at_4 = msgspec.structs.replace(run.levels[2], waiting=percentiles([3, 5, 6]))
+    assert (queued_at_4.concurrency, queued_at_4.slo_met) == (4, True)
+    run.levels[2] = queued_at_4
+
+    report = report_of(run)
+
+    assert report.capacity == 8
+    assert report.recommendation is not None
+    assert report.recommendation.target_waiting == 6
+
+
 def test_when_concurrency_one_breaks_the_report_says_why() -> None:
     report = report_of(run_against({1: (0.5, 30.0)}))
 
