@@ -26,6 +26,7 @@ from app.admin.nodes import NodeController
 from app.admin.placement import PlacementController
 from app.admin.replicas import ReplicaController
 from app.admin.rollouts import RolloutController
+from app.admin.schema_page import SCHEMA_PATH, schema_pages
 from app.admin.traffic import TrafficSource
 from app.admin.tuning import TuningController
 from app.services.operations import Caller, Operations
@@ -101,7 +102,9 @@ def create_admin_app(
         },
         state=State({"authenticator": authenticator}),
         exception_handlers=EXCEPTION_HANDLERS,
-        openapi_config=OpenAPIConfig(title="llmgw admin API", version="1", path="/admin/v1/schema"),
+        openapi_config=OpenAPIConfig(
+            title="llmgw admin API", version="1", path=SCHEMA_PATH, render_plugins=schema_pages()
+        ),
         # Outermost first: a refused path is logged, with its request id, as any other.
         middleware=list(MIDDLEWARE),
         # The process's logging is app.logs's: Litestar's own would replace the root

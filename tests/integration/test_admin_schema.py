@@ -1,0 +1,76 @@
+"""The admin API's schema as an operator on an air-gapped site reads it: over real HTTP to
+the app served by uvicorn on a loopback socket, without a token. Every page under
+``/admin/v1/schema`` works without the internet: none loads anything from another host."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest_asyncio
+import uvicorn
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from app.admin.app import create_admin_app
+from app.admin.auth import TokenAuthenticator
+from app.store.postgres import PostgresEventStore
+from tests.support.waiting import wait_until
+
+LOOPBACK = "127.0.0.1"
+ABSOLUTE_URL = re.compile(r"(?:https?:)?//([^/\s\"'<>]+)")
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def admin() -> AsyncIterator[httpx.AsyncClient]:
+    """A client without a token; the schema reaches no database, so none is there."""
+    engine = create_async_engine(f"postgresql+asyncpg://nobody@{LOOPBACK}:9/none")
+    app = create_admin_app(PostgresEventStore(engine), TokenAuthenticator({}))
+    listener = socket.socket()
+    listener.bind((LOOPBACK, 0))
+    port = listener.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
+    try:
+        await wait_until(lambda: server.started, within_s=10, what="admin API listening")
+        async with httpx.AsyncClient(base_url=f"http://{LOOPBACK}:{port}") as client:
+            yield client
+    finally:
+        server.should_exit = True
+        await serving
+        listener.close()
+        await engine.dispose()
+
+
+async def test_the_schema_root_is_a_page_that_loads_nothing_from_another_host(
+    admin: httpx.AsyncClient,
+) -> None:
+    response = await admin.get("/admin/v1/schema")
+
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/html")
+    page = response.text
+    assert not re.search(r"<script|<link|<img|<iframe|@import|url\(", page, re.IGNORECASE), page
+    own = admin.base_url.netloc.decode()
+    assert {host for host in ABSOLUTE_URL.findall(page)} <= {own}, page
+    assert 'href="/admin/v1/schema/openapi.json"' in page
+    assert f"curl -s http://{own}/admin/v1/schema/openapi.json" in page
+
+
+async def test_the_schema_is_served_as_json(admin: httpx.AsyncClient) -> None:
+    response = await admin.get("/admin/v1/schema/openapi.json")
+
+    assert response.status_code == 200
+    schema = response.json()
+    assert schema["info"]["title"] == "llmgw admin API"
+    assert "/admin/v1/models" in schema["paths"]
+
+
+async def test_no_viewer_that_needs_a_cdn_is_served(admin: httpx.AsyncClient) -> None:
+    for viewer in ("swagger", "redoc", "rapidoc", "elements"):
+        response = await admin.get(f"/admin/v1/schema/{viewer}")
+
+        assert response.status_code == 404, viewer
+        assert "cdn" not in response.text.lower(), viewer
