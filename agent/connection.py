@@ -71,6 +71,7 @@ from agent.config import (
     DEFAULT_OPEN_TIMEOUT_S,
     ServerAddress,
 )
+from agent.refusal_advice import NodeClaim, node_certificate_hint, refusal_advice
 from app.pki import explain_tls_failure, fetch_presented_certificate, ssl_error_in
 from wire.messages import MAX_MESSAGE_BYTES, CloseCode
 
@@ -95,12 +96,6 @@ CLIENT_CERTIFICATE_ALERTS = frozenset(
     }
 )
 _REFUSING_STATUSES = frozenset({401, 403})
-
-NODE_CERTIFICATE_HINT = (
-    "issue a node certificate for this node id where the llmgw CA is kept (`llmgw-cli cert "
-    "node <node-id>`, on the operator's machine: never on a server), copy it here, and check "
-    "the files with `llmgw-cli cert show`"
-)
 
 
 class ConnectionFatal(Exception):
@@ -206,13 +201,14 @@ async def stay_connected(
     ssl_context: ssl.SSLContext,
     serve: Serve,
     *,
+    node: NodeClaim,
     backoff: Backoff | None = None,
     timeouts: DialTimeouts | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> NoReturn:
     """Dial the servers in turn and hand each connection to ``serve`` (which returns True if
     the control plane welcomed the agent), for ever; raise ``ConnectionFatal`` when trying
-    again cannot help."""
+    again cannot help, its advice naming ``node``."""
     if not servers:
         raise ConnectionFatal("no server to connect to")
     backoff = backoff or Backoff()
@@ -225,7 +221,7 @@ async def stay_connected(
             await asyncio.sleep(delay)
         turn = [(first + step) % len(servers) for step in range(len(servers))]
         position, ending = await _connect_once(
-            [(p, servers[p]) for p in turn], ssl_context, serve, timeouts, clock
+            [(p, servers[p]) for p in turn], ssl_context, serve, timeouts, clock, node
         )
         server = servers[position]
         first = (position + 1) % len(servers)
@@ -234,7 +230,7 @@ async def stay_connected(
             raise ClientCertificateRejected(
                 f"{server.host} closed {hang_ups} connections in a row right after the TLS "
                 "handshake, which is how it refuses a client certificate (issued by another "
-                f"CA, expired, or not a node certificate): {NODE_CERTIFICATE_HINT}"
+                f"CA, expired, or not a node certificate): {node_certificate_hint(node)}"
             )
         if ending.stable:
             backoff.reset()
@@ -264,13 +260,14 @@ async def _connect_once(
     serve: Serve,
     timeouts: DialTimeouts,
     clock: Callable[[], float],
+    node: NodeClaim,
 ) -> tuple[int, _Ending]:
     """One attempt: open a connection to the first of ``candidates`` that answers, serve
     it until it ends, and say how it ended and on which server (where the next attempt
     carries on from)."""
     dialled = await _open_first(candidates, ssl_context, timeouts)
     if isinstance(dialled, _Failed):
-        return dialled.position, await _ending_of_failure(dialled.server, dialled.error)
+        return dialled.position, await _ending_of_failure(dialled.server, dialled.error, node)
     position, server = dialled.position, dialled.server
     # Every line logged while this server is connected names it.
     with structlog.contextvars.bound_contextvars(server=server.uri):
@@ -280,9 +277,9 @@ async def _connect_once(
                 opened_at = clock()
                 welcomed = await serve(websocket)
                 stable = welcomed and clock() - opened_at >= STABLE_AFTER_S
-                return position, _ending_of(server, websocket, stable)
+                return position, _ending_of(server, websocket, stable, node)
         except (OSError, TimeoutError, WebSocketException) as exc:
-            return position, await _ending_of_failure(server, exc)
+            return position, await _ending_of_failure(server, exc, node)
 
 
 @dataclass(frozen=True)
@@ -412,14 +409,14 @@ async def _abandon(websocket: ClientConnection) -> None:
         pass
 
 
-async def _ending_of_failure(server: ServerAddress, exc: BaseException) -> _Ending:
+async def _ending_of_failure(server: ServerAddress, exc: BaseException, node: NodeClaim) -> _Ending:
     """A retryable failure's ending; raises the ``ConnectionFatal`` a fatal one means."""
     failure = classify_failure(exc)
     if failure is Failure.SERVER_CERTIFICATE:
         presented = await asyncio.to_thread(fetch_presented_certificate, server.host, server.port)
         raise ServerCertificateRejected(explain_tls_failure(exc, server.host, presented)) from exc
     if failure is Failure.CLIENT_REFUSED:
-        raise ClientCertificateRejected(_refusal(exc, server)) from exc
+        raise ClientCertificateRejected(_refusal(exc, server, node)) from exc
     return _Ending(failure, explain_tls_failure(exc, server.host))
 
 
@@ -449,7 +446,9 @@ async def tcp_connect(host: str, port: int, timeout_s: float) -> socket.socket:
         raise TimeoutError(f"TCP connect to {host}:{port} timed out after {timeout_s:g}s") from exc
 
 
-def _ending_of(server: ServerAddress, websocket: ClientConnection, stable: bool) -> _Ending:
+def _ending_of(
+    server: ServerAddress, websocket: ClientConnection, stable: bool, node: NodeClaim
+) -> _Ending:
     protocol = websocket.protocol
     received = protocol.close_rcvd
     if received is None or protocol.close_rcvd_then_sent is False:
@@ -460,29 +459,15 @@ def _ending_of(server: ServerAddress, websocket: ClientConnection, stable: bool)
     if failure is Failure.CLIENT_REFUSED:
         raise ClientCertificateRejected(
             f"{server.host} refused this node (close code {received.code}): {received.reason}"
-            f"{refusal_advice(received.reason)}"
+            f"{refusal_advice(received.reason, node)}"
         )
     return _Ending(failure, f"closed by the server: {received}", connected=True, stable=stable)
 
 
-def refusal_advice(reason: str) -> str:
-    """What fixes the refusal the server named, when the reason says which it was."""
-    if "common name" in reason or "certificate of kind" in reason:
-        return f". The certificate's common name must equal --node-id: {NODE_CERTIFICATE_HINT}"
-    if "advertised address" in reason:
-        return (
-            ". Set --address to the address this agent connects from, or reissue the node "
-            "certificate naming the address: llmgw-cli cert node <node-id> --ip <address>"
-        )
-    if "revoked" in reason or "certificate expired" in reason:
-        return f". This node needs a new certificate: {NODE_CERTIFICATE_HINT}"
-    return ""
-
-
-def _refusal(exc: BaseException, server: ServerAddress) -> str:
+def _refusal(exc: BaseException, server: ServerAddress, node: NodeClaim) -> str:
     if isinstance(exc, InvalidStatus):
         return (
             f"{server.host} refused the connection with HTTP {exc.response.status_code}: "
-            f"{NODE_CERTIFICATE_HINT}"
+            f"{node_certificate_hint(node)}"
         )
     return explain_tls_failure(exc, server.host)

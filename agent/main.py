@@ -44,6 +44,7 @@ from agent.engines.recorded_stop import stop_recorded_engines
 from agent.engines.records import RecordStore
 from agent.gpu_limit import GpusOverLimit
 from agent.gpus import mark_fake_gpu, open_gpu_source
+from agent.refusal_advice import NodeClaim
 from agent.runtime import AgentRuntime
 from app.logs import configure_logging
 from app.pki import TlsConfigurationError, client_ssl_context
@@ -410,6 +411,7 @@ async def _serve_until_stopped(
             config.servers,
             ssl_context,
             runtime.serve,
+            node=NodeClaim(config.node_id, config.address),
             backoff=backoff,
             timeouts=DialTimeouts(
                 connect_s=config.connect_timeout_s,

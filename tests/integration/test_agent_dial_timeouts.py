@@ -22,6 +22,7 @@ from websockets.exceptions import ConnectionClosed
 
 from agent.config import DEFAULT_OPEN_TIMEOUT_S, parse_server
 from agent.connection import Backoff, DialTimeouts, stay_connected, tcp_connect
+from agent.refusal_advice import NodeClaim
 from app.domain.reports import AgentConnected, AgentReport
 from app.hub.hub import AgentHub
 from app.hub.reconnects import ConnectLimits
@@ -104,6 +105,7 @@ async def test_the_agent_skips_a_dead_server_fast_and_waits_long_for_a_slow_hand
                         servers,
                         ssl.create_default_context(),
                         never_served,
+                        node=NodeClaim("gpu-dial"),
                         backoff=Backoff(initial_s=0.01, cap_s=0.01),
                         timeouts=DialTimeouts(connect_s=CONNECT_S, open_s=OPEN_S),
                     )
@@ -139,6 +141,7 @@ async def test_dialling_the_next_server_too_never_cuts_a_slow_handshake_short() 
                 servers,
                 ssl.create_default_context(),
                 never_served,
+                node=NodeClaim("gpu-dial"),
                 backoff=Backoff(initial_s=0.01, cap_s=0.01),
                 timeouts=DialTimeouts(connect_s=CONNECT_S, open_s=OPEN_S, next_server_after_s=0.3),
             )
@@ -203,7 +206,13 @@ async def test_a_frozen_server_is_passed_over_for_the_next_one_in_seconds(pki: P
         with capture_logs() as logs:
             started = time.monotonic()
             dialling = asyncio.create_task(
-                stay_connected(servers, pki.node(node_id), say_hello, timeouts=DialTimeouts())
+                stay_connected(
+                    servers,
+                    pki.node(node_id),
+                    say_hello,
+                    node=NodeClaim(node_id),
+                    timeouts=DialTimeouts(),
+                )
             )
             try:
                 await wait_until(
@@ -249,6 +258,7 @@ async def test_a_standby_that_refuses_at_first_is_dialled_again_while_the_frozen
                     servers,
                     pki.node(node_id),
                     say_hello,
+                    node=NodeClaim(node_id),
                     timeouts=DialTimeouts(next_server_after_s=1.0),
                 )
             )
@@ -302,6 +312,7 @@ async def test_an_agent_told_it_connects_too_often_waits_its_longest_delay_and_c
                     [parse_server(f"wss://{LOOPBACK}:{hub.port}")],
                     pki.node(node_id),
                     hello_then_leave,
+                    node=NodeClaim(node_id),
                     backoff=Backoff(initial_s=0.01, cap_s=2.0),
                 )
             )

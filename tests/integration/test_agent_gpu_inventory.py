@@ -14,6 +14,7 @@ from pathlib import Path
 from agent.config import AgentConfig, parse_server
 from agent.connection import Backoff, stay_connected
 from agent.gpus import GpuSnapshot, GpuStatus
+from agent.refusal_advice import NodeClaim
 from agent.runtime import AgentRuntime
 from app.domain.reports import AgentConnected, AgentReport
 from app.hub.hub import AgentHub
@@ -102,7 +103,11 @@ async def test_gpus_listed_after_a_failed_first_snapshot_reach_the_control_plane
             asyncio.create_task(runtime.watch_gpus()),
             asyncio.create_task(
                 stay_connected(
-                    config.servers, pki.node(node_id), runtime.serve, backoff=Backoff(0.05)
+                    config.servers,
+                    pki.node(node_id),
+                    runtime.serve,
+                    node=NodeClaim(node_id),
+                    backoff=Backoff(0.05),
                 )
             ),
         ]

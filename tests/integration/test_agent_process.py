@@ -693,7 +693,7 @@ async def test_the_agent_gives_up_when_the_control_plane_refuses_its_certificate
 
     assert agent.process.returncode == 1
     assert "right after the TLS handshake" in agent.log()
-    assert "llmgw-cli cert node <node-id>" in agent.log()
+    assert f"llmgw-cli cert node {NODE_ID}`" in agent.log()
     assert control_plane.seen == []
 
 

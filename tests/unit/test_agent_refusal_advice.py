@@ -1,12 +1,15 @@
 """What an agent the hub refused says to do, by the reason the hub gave: the advice names
 the machine that can do it, which for a new certificate is where the CA is kept, never a
-server (docs/certificates.md: `ca.key` should never be copied to a server or a node)."""
+server (docs/certificates.md: `ca.key` should never be copied to a server or a node), and
+it is the command to run there, with this agent's own node id and address."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent.connection import refusal_advice
+from agent.refusal_advice import NodeClaim, refusal_advice
+
+NODE = NodeClaim("gpu-07", "10.20.0.7")
 
 
 @pytest.mark.parametrize(
@@ -14,19 +17,56 @@ from agent.connection import refusal_advice
     [
         "revoked: laptop stolen (by alice at 2026-12-06T00:43:48+00:00; certificate 5f1c)",
         "the client certificate expired",
-        "certificate common name 'gpu-01' does not match node id 'gpu-02'",
+        "certificate common name 'gpu-01' does not match node id 'gpu-07'",
     ],
     ids=["revoked", "expired", "another-node"],
 )
 def test_a_new_certificate_is_issued_where_the_ca_is_kept_not_on_a_server(reason: str) -> None:
-    advice = refusal_advice(reason)
+    advice = refusal_advice(reason, NODE)
 
     assert "on the control plane" not in advice
-    assert "where the llmgw CA is kept (`llmgw-cli cert node <node-id>`" in advice
+    assert "where the llmgw CA is kept (`llmgw-cli cert node gpu-07`" in advice
     assert "never on a server), copy it here" in advice
+    assert "<node-id>" not in advice
 
 
 def test_a_revoked_certificate_is_told_once_that_a_new_one_is_needed() -> None:
-    advice = refusal_advice("revoked: machine rebuilt (by alice at ...; node gpu-07)")
+    advice = refusal_advice("revoked: machine rebuilt (by alice at ...; node gpu-07)", NODE)
 
     assert advice.startswith(". This node needs a new certificate: issue a node certificate")
+
+
+@pytest.mark.parametrize(
+    ("address", "command"),
+    [
+        ("10.20.0.7", "`llmgw-cli cert node gpu-07 --ip 10.20.0.7`"),
+        ("fd00::7", "`llmgw-cli cert node gpu-07 --ip fd00::7`"),
+        ("gpu-07.internal", "`llmgw-cli cert node gpu-07 --host gpu-07.internal`"),
+    ],
+    ids=["ipv4", "ipv6", "host-name"],
+)
+def test_an_address_the_certificate_does_not_name_gets_the_command_that_names_it(
+    address: str, command: str
+) -> None:
+    reason = (
+        f"advertised address {address!r} is neither named by the node's certificate (the "
+        "certificate names no address) nor the address its connection comes from (10.0.0.9)"
+    )
+
+    advice = refusal_advice(reason, NodeClaim("gpu-07", address))
+
+    assert advice.endswith(f"where the llmgw CA is kept: {command}")
+    assert "<" not in advice
+
+
+def test_an_address_outside_the_engine_networks_is_not_told_to_reissue_its_certificate() -> None:
+    reason = (
+        "advertised address '10.20.0.7' is outside the engine networks the gateway may "
+        "contact (--engine-networks: 10.30.0.0/16)"
+    )
+
+    advice = refusal_advice(reason, NODE)
+
+    assert "llmgw-cli cert node" not in advice
+    assert "--engine-networks" in advice
+    assert "Set --address" in advice
