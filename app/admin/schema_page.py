@@ -10,9 +10,11 @@ schema offline.
 
 from __future__ import annotations
 
+import json
 from html import escape
 from typing import Any
 
+import yaml
 from litestar import Request
 from litestar.openapi.plugins import JsonRenderPlugin, OpenAPIRenderPlugin, YamlRenderPlugin
 
@@ -49,6 +51,16 @@ operator certificate.</p>
 """.encode()
 
 
+class PlainYaml(YamlRenderPlugin):
+    """The JSON schema as YAML that any YAML reader loads. Litestar's own dumps some
+    defaults with Python's tags (``!!python/tuple``), which a safe loader, and every YAML
+    tool that is not Python's, refuses."""
+
+    def render(self, request: Request[Any, Any, Any], openapi_schema: dict[str, Any]) -> bytes:
+        document = json.loads(self.render_json(request, openapi_schema))
+        return yaml.safe_dump(document, sort_keys=False, allow_unicode=True).encode()
+
+
 def schema_pages() -> list[OpenAPIRenderPlugin]:
     """The root page, then ``openapi.json`` and ``openapi.yaml`` (also ``openapi.yml``)."""
-    return [SchemaLinksPage(), JsonRenderPlugin(), YamlRenderPlugin()]
+    return [SchemaLinksPage(), JsonRenderPlugin(), PlainYaml()]

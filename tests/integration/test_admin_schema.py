@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest_asyncio
 import uvicorn
+import yaml
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.admin.app import create_admin_app
@@ -66,6 +67,17 @@ async def test_the_schema_is_served_as_json(admin: httpx.AsyncClient) -> None:
     schema = response.json()
     assert schema["info"]["title"] == "llmgw admin API"
     assert "/admin/v1/models" in schema["paths"]
+
+
+async def test_the_yaml_schema_is_the_json_one_and_loads_without_python_tags(
+    admin: httpx.AsyncClient,
+) -> None:
+    as_json = await admin.get("/admin/v1/schema/openapi.json")
+    as_yaml = await admin.get("/admin/v1/schema/openapi.yaml")
+
+    assert as_yaml.status_code == 200
+    assert "!!python" not in as_yaml.text
+    assert yaml.safe_load(as_yaml.text) == as_json.json()
 
 
 async def test_no_viewer_that_needs_a_cdn_is_served(admin: httpx.AsyncClient) -> None:
