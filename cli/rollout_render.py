@@ -9,7 +9,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from cli.render import styled, text, utc_seconds
-from cli.rollout_views import UNDER_WAY, RolloutRecordView, RolloutView
+from cli.rollout_views import UNDER_WAY, CanaryTrafficView, RolloutRecordView, RolloutView
 from cli.traffic import revision_line, traffic_title
 
 STATE_STYLES = {
@@ -27,11 +27,29 @@ def state_text(state: str) -> str:
     return state.replace("_", " ")
 
 
+CARRIED_OUT = ("running", "paused", "succeeded")
+"""The states of a rollout whose step is, or was last, carried out as declared: in the others
+it stopped where it was (rolled back, or its model removed)."""
+
+ROUTED_PHASES = ("serving", "draining")
+"""The phases of the replicas the gateways route to, those a canary split is made of."""
+
+COUNTING_PHASES = ("placed", "starting", "serving")
+"""The phases of the replicas that count towards a step, as the reconciler counts them."""
+
+
 def step_text(view: RolloutView, *, hold_left: bool = True) -> str:
-    """``2 of 3: 1 of 4 replicas on revision 3, 10 % of the traffic, hold 300s (42s left)``."""
+    """``2 of 3: 1 of 4 replicas on revision 3, 10 % of the traffic, hold 300s (42s left)``;
+    for a rollout that stopped (``2 of 3, where it stopped: it was to run ...``)."""
     step = view.current_step
     if step is None:
         return f"{view.step + 1} of {len(view.steps)}"
+    if view.state not in CARRIED_OUT:
+        # Its step's count is what the step was to reach, not what runs (an undo, say).
+        return (
+            f"{view.step + 1} of {len(view.steps)}, where it stopped: it was to run "
+            f"{step.target} of {view.desired} replica(s) on revision {view.revision}"
+        )
     said = (
         f"{view.step + 1} of {len(view.steps)}: {step.target} of {view.desired} replica(s) "
         f"on revision {view.revision}"
@@ -130,8 +148,7 @@ def render(view: RolloutView) -> RenderableType:
     if view.hold_ejections:
         facts.append(("ejected", hold_ejections_text(view)))
     if view.canary is not None:
-        share = f"{view.canary.share * 100:g} %"
-        facts.append(("canary", f"revision {view.canary.revision} gets {share} of the traffic"))
+        facts.append(("canary", canary_text(view, view.canary)))
     if view.verdict_waits_for:
         facts.append(("waiting", f"no verdict on these figures yet: {view.verdict_waits_for}"))
     if view.verdict:
@@ -144,7 +161,7 @@ def render(view: RolloutView) -> RenderableType:
         facts.append(("finished", f"{utc_seconds(view.finished_at)} UTC"))
     lines: list[RenderableType] = [header, *fact_lines(facts)]
     lines.extend(_traffic(view))
-    if view.state in UNDER_WAY:
+    if replacement_coming(view):
         lines.append(
             text(
                 f"next replacement: llmgw-cli explain-placement {view.model} shows where it "
@@ -153,6 +170,47 @@ def render(view: RolloutView) -> RenderableType:
             )
         )
     return Group(*lines)
+
+
+def canary_text(view: RolloutView, canary: CanaryTrafficView) -> str:
+    """The canary's share as the gateways apply it: only while replicas of its revision and
+    of another are routed to; with one side alone, that side takes every request."""
+    share = f"{canary.share * 100:g} %"
+    routed = {
+        revision: sum(phases.get(phase, 0) for phase in ROUTED_PHASES)
+        for revision, phases in view.replicas_by_revision.items()
+    }
+    on_canary = routed.get(str(canary.revision), 0)
+    others = sum(n for revision, n in routed.items() if revision != str(canary.revision))
+    if on_canary and others:
+        return f"revision {canary.revision} gets {share} of the traffic"
+    if on_canary:
+        return (
+            f"revision {canary.revision} gets all of the traffic: no replica of another "
+            f"revision serves ({share} once one does)"
+        )
+    return (
+        f"revision {canary.revision} is to get {share} of the traffic once a replica of it serves"
+    )
+
+
+def replacement_coming(view: RolloutView) -> bool:
+    """Whether the rollout will place a replacement: a move of it waits for one, or its step
+    (all replicas, when rolling back) wants more replicas of the model's revision than run
+    or are coming. A paused rollout starts no move, and a finished one none at all."""
+    if view.state not in UNDER_WAY:
+        return False
+    if any(m.replacement_id is None for m in view.moves):
+        return True
+    step = view.current_step
+    if view.state == "rolling_back":
+        wanted = view.desired
+    elif view.state == "running" and step is not None:
+        wanted = step.target
+    else:
+        return False
+    phases = view.replicas_by_revision.get(str(view.model_revision), {})
+    return sum(phases.get(phase, 0) for phase in COUNTING_PHASES) < wanted
 
 
 def _traffic(view: RolloutView) -> list[Text]:

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from cli.rollout import undone_text
 from cli.rollout_render import render, summary_line
-from cli.rollout_views import RolloutStepView, RolloutView
+from cli.rollout_views import CanaryTrafficView, RolloutStepView, RolloutView
 from cli.views import MoveView
 
 HOLDING = RolloutView(
@@ -76,17 +76,88 @@ def test_a_move_under_way_and_the_pause_reason_are_in_the_line() -> None:
 
 
 def test_the_status_says_where_the_next_replacement_would_go_only_while_one_may_come() -> None:
-    running = shown(HOLDING)
+    # The step after the canary's: 4 replicas of revision 3, one of them serving so far.
+    promoted = replace(HOLDING, step=1, hold_left_s=None)
+    holding = shown(HOLDING)
     finished = shown(replace(HOLDING, state="succeeded", finished=True, hold_left_s=None))
 
-    assert running.splitlines()[:3] == [
+    assert holding.splitlines()[:3] == [
         "rollout-llama-r3: running, revision 2 -> 3",
         "step:     1 of 2: 1 of 4 replica(s) on revision 3, 10 % of the traffic, hold 300s (120s "
         "left)",
         "replicas: rev 3: 1 serving; rev 2: 3 serving",
     ]
-    assert "next replacement: llmgw-cli explain-placement llama shows where it" in running
+    assert "next replacement: llmgw-cli explain-placement llama shows where it" in shown(promoted)
+    # The canary step has its one replica: nothing more is placed while it holds.
+    assert "explain-placement" not in holding
     assert "explain-placement" not in finished
+
+
+def test_the_status_points_to_the_next_replacement_only_when_one_will_be_placed() -> None:
+    promoted = replace(HOLDING, step=1, hold_left_s=None)
+    paused = replace(promoted, state="paused", pause_reason="night freeze")
+    waiting_move = replace(paused, moves=[MoveView(replica_id="llama-2", revision=2)])
+    placed_move = replace(
+        paused, moves=[MoveView(replica_id="llama-2", revision=2, replacement_id="llama-6")]
+    )
+    all_coming = replace(
+        promoted, replicas_by_revision={"3": {"serving": 1, "starting": 2, "placed": 1}}
+    )
+    rolling_back = replace(HOLDING, state="rolling_back", model_revision=2, hold_left_s=None)
+    rolled_back_home = replace(
+        rolling_back, replicas_by_revision={"2": {"serving": 4}, "3": {"stopping": 1}}
+    )
+
+    def points(view: RolloutView) -> bool:
+        return "explain-placement" in shown(view)
+
+    assert points(promoted)
+    assert not points(paused), "a paused rollout starts no move"
+    assert points(waiting_move), "a move started before the pause still places its replacement"
+    assert not points(placed_move)
+    assert not points(all_coming), "every replica the step wants is placed already"
+    assert points(rolling_back), "revision 2 is one replica short of the 4 it brings back"
+    assert not points(rolled_back_home)
+
+
+def test_the_canary_share_is_said_only_while_the_gateways_split_the_traffic() -> None:
+    # The gateways split a model's requests only while replicas of both sides are routed to.
+    split = replace(HOLDING, canary=CanaryTrafficView(revision=3, share=0.5))
+    alone = replace(split, replicas_by_revision={"3": {"serving": 1}, "2": {"stopping": 3}})
+    not_yet = replace(split, replicas_by_revision={"3": {"starting": 1}, "2": {"serving": 3}})
+
+    assert "canary:   revision 3 gets 50 % of the traffic\n" in shown(split, width=200)
+    assert "canary:   revision 3 gets all of the traffic: no replica of another revision " in (
+        shown(alone, width=200)
+    )
+    assert "gets 50 %" not in shown(alone, width=200)
+    assert "canary:   revision 3 is to get 50 % of the traffic once a replica of it serves" in (
+        shown(not_yet, width=200)
+    )
+
+
+def test_the_step_of_a_rollout_undone_says_what_it_was_to_run_not_that_it_runs() -> None:
+    # Undone at its last step before any replica of revision 4 was placed.
+    undone = replace(
+        HOLDING,
+        rollout_id="rollout-llama-r4",
+        state="rolled_back",
+        finished=True,
+        revision=4,
+        from_revision=3,
+        model_revision=3,
+        step=1,
+        hold_left_s=None,
+        replicas_by_revision={"3": {"serving": 4}},
+    )
+
+    said = shown(undone, width=200)
+
+    assert ": 4 of 4 replica(s) on revision 4" not in said
+    assert (
+        "step:     2 of 2, where it stopped: it was to run 4 of 4 replica(s) on revision 4"
+    ) in said
+    assert "step 2 of 2, where it stopped: it was to run 4 of 4" in summary_line(undone)
 
 
 def test_the_status_says_what_the_verdict_of_a_holding_step_waits_for_with_the_counts() -> None:
