@@ -34,6 +34,13 @@ MAX_REPLICAS = 10_000
 more. The CLI cannot import the domain's bound, so it is written again (a test holds the two
 equal) and checked before anything is sent."""
 
+MAX_REASON_LENGTH = 500
+"""The most characters of a reason sent for the log (a rollout's pause): the admin API
+refuses more. Written again, as ``MAX_REPLICAS`` is (a test holds the two equal)."""
+
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+"""C0 control characters and DEL, which the admin API refuses in a one-line reason."""
+
 _WHOLE = re.compile(r"^[+-]?[0-9]+(?:\.0*)?$")
 _DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
@@ -62,6 +69,23 @@ def finite_number(_type: object, tokens: Sequence[Token]) -> float:
     if not _DECIMAL.fullmatch(tokens[0].value.strip()):
         raise ArgumentRefused(f"must be a number in decimal digits, got {tokens[0].value}")
     return number
+
+
+def one_line_reason(_type: object, tokens: Sequence[Token]) -> str:
+    """cyclopts' converter for a ``--reason`` the log keeps: one line of at most
+    ``MAX_REASON_LENGTH`` characters, as the admin API takes one, so a longer one or one
+    holding a control character (an escape sequence, a line break) is bad usage, not a
+    refusal from the API."""
+    reason = tokens[0].value
+    if len(reason) > MAX_REASON_LENGTH:
+        raise ArgumentRefused(f"must be at most {MAX_REASON_LENGTH} characters, got {len(reason)}")
+    found = _CONTROL.search(reason)
+    if found is not None:
+        raise ArgumentRefused(
+            f"must be one line of text, got the control character U+{ord(found.group()):04X} "
+            f"(character {found.start() + 1})"
+        )
+    return reason
 
 
 _DURATION = re.compile(r"^([0-9]+)([smhdw])$")

@@ -16,7 +16,15 @@ from typing import Annotated
 from cyclopts import App, Parameter, Token, validators
 from rich.live import Live
 
-from cli.arguments import ArgumentRefused, UsageError, finite_number, segment, whole_number
+from cli.arguments import (
+    MAX_REASON_LENGTH,
+    ArgumentRefused,
+    UsageError,
+    finite_number,
+    one_line_reason,
+    segment,
+    whole_number,
+)
 from cli.client import AdminClient, ApiProblem, ClientError
 from cli.config import ConnectionFlags
 from cli.operator import ADMIN, Output, Reply, call, run_command
@@ -134,7 +142,13 @@ def pause(
     model: ModelName,
     /,
     *,
-    reason: Annotated[str, Parameter(help="Why, for the log (at most 500 characters).")] = "",
+    reason: Annotated[
+        str,
+        Parameter(
+            converter=one_line_reason,
+            help=f"Why, for the log: one line of at most {MAX_REASON_LENGTH} characters.",
+        ),
+    ] = "",
     output: Output = "table",
     connection: ConnectionFlags | None = None,
 ) -> int:
