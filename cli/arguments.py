@@ -88,6 +88,41 @@ def one_line_reason(_type: object, tokens: Sequence[Token]) -> str:
     return reason
 
 
+class WholeNumberWithin:
+    """cyclopts' converter for an ``int`` option bounded as the admin API bounds it:
+    ``whole_number``, from ``low`` to ``high``; past them, refused in the CLI's words
+    (``--max-step must be from 1 to 10000, got 0``), not cyclopts'."""
+
+    def __init__(self, low: int, high: int) -> None:
+        self.low = low
+        self.high = high
+
+    def __call__(self, type_: object, tokens: Sequence[Token]) -> int:
+        number = whole_number(type_, tokens)
+        if not self.low <= number <= self.high:
+            raise ArgumentRefused(f"must be from {self.low} to {self.high}, got {tokens[0].value}")
+        return number
+
+
+class NumberWithin:
+    """cyclopts' converter for a ``float`` option bounded as the admin API bounds it:
+    ``finite_number``, from ``low`` (above it, with ``above_low``) to ``high``; past them,
+    refused in the CLI's words (``--capacity must be from 0.01 to 1, got 2.5``)."""
+
+    def __init__(self, low: float, high: float, *, above_low: bool = False) -> None:
+        self.low = low
+        self.high = high
+        self.above_low = above_low
+
+    def __call__(self, type_: object, tokens: Sequence[Token]) -> float:
+        number = finite_number(type_, tokens)
+        too_low = number <= self.low if self.above_low else number < self.low
+        if too_low or number > self.high:
+            span = f"above {self.low:g} and at most" if self.above_low else f"from {self.low:g} to"
+            raise ArgumentRefused(f"must be {span} {self.high:g}, got {tokens[0].value}")
+        return number
+
+
 _DURATION = re.compile(r"^([0-9]+)([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 

@@ -13,9 +13,15 @@ from collections.abc import Callable
 from http import HTTPStatus
 from typing import Annotated
 
-from cyclopts import Parameter, validators
+from cyclopts import Parameter
 
-from cli.arguments import MAX_REPLICAS, UsageError, finite_number, segment, whole_number
+from cli.arguments import (
+    MAX_REPLICAS,
+    NumberWithin,
+    UsageError,
+    WholeNumberWithin,
+    segment,
+)
 from cli.client import AdminClient, ApiProblem
 from cli.config import ConnectionFlags
 from cli.operator import ADMIN, Output, Reply, call, run_command
@@ -54,95 +60,85 @@ def autoscale(
         int | None,
         Parameter(
             name="--min",
-            converter=whole_number,
+            converter=WholeNumberWithin(0, MAX_REPLICAS),
             help=f"The fewest replicas, 0 to {MAX_REPLICAS}. 0 lets an idle model scale to zero.",
-            validator=validators.Number(gte=0, lte=MAX_REPLICAS),
         ),
     ] = None,
     max_replicas: Annotated[
         int | None,
         Parameter(
             name="--max",
-            converter=whole_number,
+            converter=WholeNumberWithin(1, MAX_REPLICAS),
             help=f"The most replicas, 1 to {MAX_REPLICAS}, at least --min.",
-            validator=validators.Number(gte=1, lte=MAX_REPLICAS),
         ),
     ] = None,
     target: Annotated[
         float | None,
         Parameter(
-            converter=finite_number,
+            converter=NumberWithin(0.01, 100_000),
             help="Requests one replica should carry: in flight on it plus queued for the "
             "model, as the gateways report them (0.01 to 100000). Given alone, it replaces "
             "a --capacity in force; give both to keep that, with this for while the model "
             "has no bench result.",
-            validator=validators.Number(gte=0.01, lte=100_000),
         ),
     ] = None,
     capacity: Annotated[
         float | None,
         Parameter(
-            converter=finite_number,
+            converter=NumberWithin(0.01, 1),
             help="Instead of --target, the share (0.01 to 1) of the concurrency `llmgw-cli "
             "bench` measured a replica serving within its SLO: 0.8 keeps each replica at "
             "80 % of it. Without a bench result, --target is used.",
-            validator=validators.Number(gte=0.01, lte=1),
         ),
     ] = None,
     up_window: Annotated[
         Seconds,
         Parameter(
-            converter=finite_number,
+            converter=NumberWithin(0, MAX_WINDOW_S),
             help="Seconds of demand averaged to scale up (0 to 86400, a day): up as soon as "
             "that average needs more replicas; a burst shorter than this moves it only by its "
             "share.",
-            validator=validators.Number(gte=0, lte=MAX_WINDOW_S),
         ),
     ] = None,
     down_window: Annotated[
         Seconds,
         Parameter(
-            converter=finite_number,
+            converter=NumberWithin(0, MAX_WINDOW_S),
             help="Seconds the demand must stay low to scale down (0 to 86400): down only "
             "when the highest demand over them needs fewer replicas, so a noisy signal does "
             "not flap.",
-            validator=validators.Number(gte=0, lte=MAX_WINDOW_S),
         ),
     ] = None,
     down_window_min_share: Annotated[
         float | None,
         Parameter(
-            converter=finite_number,
+            converter=NumberWithin(0, 1, above_low=True),
             help="The least share of --down-window a scale-down waits: a drop from n "
             "replicas to c waits max(this, c/n) of it, so halving the count waits half the "
             "window. 1 (the default): every drop waits the whole window.",
-            validator=validators.Number(gt=0, lte=1),
         ),
     ] = None,
     idle_to_zero: Annotated[
         Seconds,
         Parameter(
-            converter=finite_number,
+            converter=NumberWithin(0, MAX_WINDOW_S),
             help="With --min 0, seconds without any request before the last replica goes "
             "(0 to 86400).",
-            validator=validators.Number(gte=0, lte=MAX_WINDOW_S),
         ),
     ] = None,
     max_step: Annotated[
         int | None,
         Parameter(
             help=f"The most replicas one decision adds or removes, 1 to {MAX_REPLICAS}.",
-            converter=whole_number,
-            validator=validators.Number(gte=1, lte=MAX_REPLICAS),
+            converter=WholeNumberWithin(1, MAX_REPLICAS),
         ),
     ] = None,
     cold_start_timeout: Annotated[
         Seconds,
         Parameter(
-            converter=finite_number,
+            converter=NumberWithin(0, MAX_COLD_START_S, above_low=True),
             help="With --min 0, seconds a gateway holds a request for a model scaled to "
             "zero while a replica starts; then 503 with Retry-After (at most 3600).",
-            validator=validators.Number(gt=0, lte=MAX_COLD_START_S),
         ),
     ] = None,
     off: Annotated[
@@ -204,6 +200,10 @@ def autoscale(
             raise UsageError(
                 "say what to change (--min, --max, --target, --capacity, ...), or --off; "
                 f"`llmgw-cli model {name}` shows the policy"
+            )
+        if min_replicas is not None and max_replicas is not None and min_replicas > max_replicas:
+            raise UsageError(
+                f"--min must be at most --max, got --min {min_replicas} and --max {max_replicas}"
             )
         if off:
             reply = resent_once_on_conflict(lambda: call(client, ModelChange, "DELETE", path))

@@ -427,6 +427,7 @@ async def test_autoscale_refuses_a_bad_command_line_before_and_a_bad_policy_from
     tiny = await api.run("autoscale", model, "--max", "4", "--target", "1e-320")
     negative = await api.run("autoscale", model, "--min", "-1")
     inverted = await api.run("autoscale", model, "--min", "5", "--max", "2")
+    above_max = await api.run("autoscale", model, "--min", "5")  # the model's max is 1
     unknown = await api.run("autoscale", "no-such-model", "--max", "2")
 
     assert (both.code, both.stderr) == (
@@ -437,8 +438,12 @@ async def test_autoscale_refuses_a_bad_command_line_before_and_a_bad_policy_from
     assert "say what to change" in nothing.stderr
     assert (infinite.code, tiny.code, negative.code) == (2, 2, 2)
     assert "--target must be a finite number, got inf" in infinite.stderr
-    assert inverted.code == 1
-    assert inverted.stderr.splitlines() == [
+    assert (inverted.code, inverted.stderr) == (
+        2,
+        "llmgw-cli autoscale: --min must be at most --max, got --min 5 and --max 2\n",
+    )
+    assert above_max.code == 1
+    assert above_max.stderr.splitlines() == [
         f"llmgw-cli autoscale: spec of model '{model}' is invalid (autoscale.max: must be at "
         "least min (5)); nothing was recorded",
         "  autoscale.max: must be at least min (5)",

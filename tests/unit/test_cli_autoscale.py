@@ -3,7 +3,6 @@ bounds, and why it is short in one phrase."""
 
 from __future__ import annotations
 
-from cyclopts import validators
 from cyclopts.argument import Argument
 from msgspec.structs import replace
 
@@ -12,6 +11,7 @@ from app.domain.model_spec import (
     MIN_AUTOSCALE_CAPACITY,
     MIN_AUTOSCALE_TARGET,
 )
+from cli.arguments import NumberWithin
 from cli.autoscale import inputs_text, policy_text
 from cli.main import app
 from cli.models import count_text, shortfall_text
@@ -112,10 +112,9 @@ def _option(name: str) -> Argument:
     return argument
 
 
-def _number_bounds(argument: Argument) -> validators.Number:
-    validator = argument.parameter.validator
-    (number,) = validator if isinstance(validator, tuple) else (validator,)
-    assert isinstance(number, validators.Number)
+def _number_bounds(argument: Argument) -> NumberWithin:
+    number = argument.parameter.converter
+    assert isinstance(number, NumberWithin)
     return number
 
 
@@ -123,9 +122,9 @@ def test_the_cli_checks_target_and_capacity_against_the_specs_own_bounds() -> No
     """The CLI cannot import the domain: its bounds are written again, and must agree."""
     target, capacity = _option("--target"), _option("--capacity")
 
-    assert _number_bounds(target).gte == MIN_AUTOSCALE_TARGET
+    assert _number_bounds(target).low == MIN_AUTOSCALE_TARGET
     assert f"{MIN_AUTOSCALE_TARGET:g} to {MAX_AUTOSCALE_TARGET:g}" in str(target.parameter.help)
-    assert (_number_bounds(capacity).gte, _number_bounds(capacity).lte) == (
+    assert (_number_bounds(capacity).low, _number_bounds(capacity).high) == (
         MIN_AUTOSCALE_CAPACITY,
         1,
     )

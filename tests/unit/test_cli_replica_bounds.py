@@ -50,25 +50,31 @@ def test_the_cli_bound_is_the_domains() -> None:
     ("argv", "refusal"),
     [
         (["scale", "llama", "10001"], 'Invalid value "10001" for REPLICAS. Must be <= 10000.'),
-        (["autoscale", "llama", "--min", "10001"], 'Invalid value "10001" for --min.'),
-        (["autoscale", "llama", "--max", "10001"], 'Invalid value "10001" for --max.'),
-        (["autoscale", "llama", "--max-step", "10001"], 'Invalid value "10001" for --max-step.'),
-        (["autoscale", "llama", "--target", "100001"], 'Invalid value "100001.0" for --target.'),
+        (["autoscale", "llama", "--min", "10001"], "--min must be from 0 to 10000, got 10001"),
+        (["autoscale", "llama", "--max", "10001"], "--max must be from 1 to 10000, got 10001"),
+        (
+            ["autoscale", "llama", "--max-step", "10001"],
+            "--max-step must be from 1 to 10000, got 10001",
+        ),
+        (
+            ["autoscale", "llama", "--target", "100001"],
+            "--target must be from 0.01 to 100000, got 100001",
+        ),
         (
             ["autoscale", "llama", "--up-window", "86401"],
-            'Invalid value "86401.0" for --up-window.',
+            "--up-window must be from 0 to 86400, got 86401",
         ),
         (
             ["autoscale", "llama", "--down-window", "1e9"],
-            'Invalid value "1000000000.0" for --down-window.',
+            "--down-window must be from 0 to 86400, got 1e9",
         ),
         (
             ["autoscale", "llama", "--idle-to-zero", "86401"],
-            'Invalid value "86401.0" for --idle-to-zero.',
+            "--idle-to-zero must be from 0 to 86400, got 86401",
         ),
         (
             ["autoscale", "llama", "--cold-start-timeout", "3601"],
-            'Invalid value "3601.0" for --cold-start-timeout.',
+            "--cold-start-timeout must be above 0 and at most 3600, got 3601",
         ),
     ],
 )
