@@ -41,18 +41,25 @@ refuses more. Written again, as ``MAX_REPLICAS`` is (a test holds the two equal)
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
 """C0 control characters and DEL, which the admin API refuses in a one-line reason."""
 
-_WHOLE = re.compile(r"^[+-]?[0-9]+(?:\.0*)?$")
+_WHOLE = re.compile(r"[+-]?[0-9]+")
+"""Decimal digits, ASCII only, with an optional sign: what every program of llmgw takes for a
+whole number (``app.usage_words``, which the CLI does not import; a test holds the two
+equal)."""
 _DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
 def whole_number(_type: object, tokens: Sequence[Token]) -> int:
-    """cyclopts' converter for every ``int`` argument and option: ``4`` (or ``4.0``), never
-    a fraction. cyclopts' own rounds ``2.5`` to 2 and ``0.6`` to 1, a count the operator
-    did not ask for."""
+    """cyclopts' converter for every ``int`` argument and option: ``4`` in decimal digits,
+    never ``4.0``, a fraction, ``1e3``, ``0x10`` or ``1_0``. cyclopts' own rounds ``2.5`` to
+    2 and ``0.6`` to 1, a count the operator did not ask for; and ``4.0``, which the other
+    programs refuse, would be a whole number here only."""
     text = tokens[0].value.strip()
-    if not _WHOLE.match(text):
+    if not _WHOLE.fullmatch(text):
         raise ArgumentRefused(f"must be a whole number, got {tokens[0].value}")
-    return int(text.split(".", 1)[0])
+    try:
+        return int(text)
+    except ValueError:  # more digits than Python converts (4300)
+        raise ArgumentRefused(f"must be a whole number, got {len(text)} digits") from None
 
 
 def finite_number(_type: object, tokens: Sequence[Token]) -> float:

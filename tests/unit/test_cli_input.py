@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from cyclopts import App, Token
 
+from app.usage_words import whole_number as program_whole_number
 from cli.arguments import (
     ArgumentRefused,
     NumberWithin,
@@ -184,15 +185,35 @@ def test_a_fraction_where_a_count_belongs_is_bad_usage(argv: tuple[str, ...], li
     assert run_cli(*argv) == (2, "", f"llmgw-cli {line}\n")
 
 
-@pytest.mark.parametrize(("text", "number"), [("4", 4), ("-3", -3), ("+2", 2), ("30.0", 30)])
-def test_a_whole_number_may_be_written_with_a_sign_or_a_point_zero(text: str, number: int) -> None:
+@pytest.mark.parametrize(("text", "number"), [("4", 4), ("-3", -3), ("+2", 2), (" 30 ", 30)])
+def test_a_whole_number_may_be_written_with_a_sign(text: str, number: int) -> None:
     assert whole_number(int, [Token(value=text)]) == number
 
 
-@pytest.mark.parametrize("text", ["2.5", "0.6", "1e3", "inf", "nan", "0x10", "", "two"])
+@pytest.mark.parametrize(
+    "text", ["2.5", "0.6", "4.0", "30.", "1e3", "inf", "nan", "0x10", "1_0", "\u0663", "", "two"]
+)
 def test_anything_else_is_not_a_whole_number(text: str) -> None:
     with pytest.raises(ArgumentRefused, match=f"must be a whole number, got {text}$"):
         whole_number(int, [Token(value=text)])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        *("4", " 4 ", "-3", "+2", "007", "4.0", "30.", "4.00", "2.5", "1e3", "0x10", "1_0"),
+        *("\u0663", "", " ", "two", "inf", "nan", "4\n", "--4", "4 4", "9" * 5000),
+    ],
+)
+def test_the_cli_takes_for_a_whole_number_what_the_other_programs_do(text: str) -> None:
+    # The CLI cannot import app.usage_words: its check is its own, and must agree.
+    expected = program_whole_number(text)
+    try:
+        taken: int | None = whole_number(int, [Token(value=text)])
+    except ArgumentRefused:
+        taken = None
+
+    assert taken == expected
 
 
 def typed_arguments(
