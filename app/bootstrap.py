@@ -34,7 +34,7 @@ from app.admin.app import create_admin_app
 from app.admin.auth import TokenAuthenticator, parse_tokens
 from app.admin.events import end_event_streams
 from app.admin.health import Readiness
-from app.admin.metrics import control_plane_figures
+from app.admin.metrics import control_plane_figures, control_plane_running
 from app.admin.tls import admin_protocol, admin_ssl_context
 from app.clock import utc_now
 from app.commands.common import SERVE, database_role_allowed, engine_networks_of
@@ -316,6 +316,7 @@ class Server:
                         self.authenticator,
                         Readiness(engine, role=lambda: plane.role),
                         live=control_plane_figures(plane),
+                        running=control_plane_running(plane),
                         # The gateway's page names every model and replica: operators read
                         # it here, with the cluster's, and its client listener has none.
                         gateway_metrics=gateway.gateway.metrics.render if gateway else None,

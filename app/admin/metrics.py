@@ -39,8 +39,10 @@ from prometheus_client.registry import Collector
 from app.domain.allocation import Allocations
 from app.domain.desired_count import COUNTING_PHASES
 from app.domain.placement import Rejection, explain_placement
+from app.domain.reports import NodeReport
 from app.domain.state import ACTIVE_PHASES, ClusterState, ReplicaPhase
 from app.services.control_plane import ControlPlane, Leader, Role
+from app.services.operations import RunningSource
 from app.store.database import connection
 from app.store.postgres import PostgresEventStore
 
@@ -70,6 +72,18 @@ class LiveFigures:
 
 LiveSource = Callable[[], LiveFigures | None]
 """The leader's figures now; None while this server does not lead."""
+
+
+def control_plane_running(control_plane: ControlPlane) -> RunningSource:
+    """What each node connected to this server reports running, while it leads."""
+
+    def read() -> Mapping[str, NodeReport]:
+        leader = control_plane.leader
+        if control_plane.role is not Role.LEADER or leader is None:
+            return {}
+        return leader.tracker.snapshot().reports
+
+    return read
 
 
 def control_plane_figures(control_plane: ControlPlane) -> LiveSource:

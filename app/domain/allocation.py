@@ -7,15 +7,23 @@ But an engine its node still reports running holds them until the node reports i
 (``hold_running``): a stray stopped with a grace, or an ended replica's engine on its way
 out. Placed under it, a replacement's start would be refused (the port in use, so the
 replica fails and its model backs off) or would start on a GPU the old engine still fills.
+
+``for_placement`` is the one rule every placement question uses: the reconciler's, a
+drain's room (``drain_room``) and ``explain-placement`` (``placement``), so what an
+operator reads is what the reconciler will do.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 
 from app.domain.events import ShardPlacement
 from app.domain.reports import NodeReport
 from app.domain.state import ACTIVE_PHASES, ClusterState, Node
+
+NOTHING_REPORTED: Mapping[str, NodeReport] = MappingProxyType({})
+"""No node's report: where none is known (a server not leading), placement goes by the log."""
 
 
 class Allocations:
@@ -42,6 +50,14 @@ class Allocations:
                     allocations._hold(
                         replica.id, replica.model, shard.node_id, shard.gpus, shard.port
                     )
+        return allocations
+
+    @classmethod
+    def for_placement(cls, state: ClusterState, running: Mapping[str, NodeReport]) -> Allocations:
+        """What placement may not use: what the log's active replicas hold, and what the
+        engines each connected node reports running hold (``running``, by node)."""
+        allocations = cls.from_state(state)
+        allocations.hold_running(state, running)
         return allocations
 
     def hold_running(self, state: ClusterState, reports: Mapping[str, NodeReport]) -> None:

@@ -42,7 +42,7 @@ def counting(state: ClusterState, model_name: str) -> int:
 
 def scale_to_desired(draft: Draft, *, placing: bool, running: Mapping[str, NodeReport]) -> None:
     """``running``: what each connected node reports running; what its engines hold is not
-    placed on (``Allocations.hold_running``)."""
+    placed on (``Allocations.for_placement``)."""
     state = draft.state
     allocations: Allocations | None = None
     by_model: dict[str, list[Replica]] = {}
@@ -69,8 +69,7 @@ def scale_to_desired(draft: Draft, *, placing: bool, running: Mapping[str, NodeR
             if model.backoff_until is not None and draft.now < model.backoff_until:
                 continue
             if allocations is None:
-                allocations = Allocations.from_state(state)
-                allocations.hold_running(state, running)
+                allocations = Allocations.for_placement(state, running)
             _place(draft, model, deficit, replicas, allocations)
 
 

@@ -14,7 +14,8 @@ under way elsewhere goes before a later one of the node's), then a replica the d
 because it is not serving yet, which the model then places again: a move's replacement as
 its original's, the others as many as the model is then short of. Each placement holds its
 GPUs and port for the ones after it, so two replicas and room for one elsewhere means one
-has no room. A replica with no room gets placement's reason, the line
+has no room. What an engine a node reports running still holds is held as the reconciler
+holds it (``Allocations.for_placement``). A replica with no room gets placement's reason, the line
 ``explain-placement`` gives.
 
 What it cannot know: GPUs that free up or fail, nodes that join or leave, and a model
@@ -23,13 +24,13 @@ scaled meanwhile, before the reconciler places the replacements.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from uuid import UUID
 
 import msgspec
 
-from app.domain.allocation import Allocations
+from app.domain.allocation import NOTHING_REPORTED, Allocations
 from app.domain.desired_count import (
     counting,
     replacement_revisions,
@@ -40,6 +41,7 @@ from app.domain.envelope import Meta, Recorded
 from app.domain.events import AnyEvent, NodeDrainRequested, node_stream, replica_stream
 from app.domain.evolve import evolve
 from app.domain.placement import Placer
+from app.domain.reports import NodeReport
 from app.domain.state import ClusterState, Model, Replica, ReplicaPhase
 
 PLACED_AGAIN = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING})
@@ -57,11 +59,16 @@ class ReplicaRoom(msgspec.Struct, frozen=True, kw_only=True):
     """Why not, as placement says it (``explain-placement``); None when it has room."""
 
 
-def room_for_drain(state: ClusterState, requested: NodeDrainRequested) -> tuple[ReplicaRoom, ...]:
+def room_for_drain(
+    state: ClusterState,
+    requested: NodeDrainRequested,
+    running: Mapping[str, NodeReport] = NOTHING_REPORTED,
+) -> tuple[ReplicaRoom, ...]:
     """For each replica on the node the drain moves or stops, whether its replacement finds
-    a place now: model by model, in replica number order."""
+    a place now: model by model, in replica number order. ``running``: what each connected
+    node reports running."""
     draining = _with_drain(state, requested)
-    allocations = Allocations.from_state(draining)
+    allocations = Allocations.for_placement(draining, running)
     rooms: list[ReplicaRoom] = []
     for model in list(draining.models.values()):
         on_node = [  # as they are before the drain

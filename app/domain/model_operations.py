@@ -13,6 +13,7 @@ from collections.abc import Mapping
 import msgspec
 from msgspec.structs import replace
 
+from app.domain.allocation import NOTHING_REPORTED
 from app.domain.events import (
     ModelDeclared,
     ModelRemoved,
@@ -36,6 +37,7 @@ from app.domain.operation_results import (
     find_known,
 )
 from app.domain.placement import Explanation, explain_placement
+from app.domain.reports import NodeReport
 from app.domain.revisions import FIRST_REVISION, next_revision, rollout_id_for, spec_changes
 from app.domain.state import ClusterState, Model
 
@@ -170,15 +172,21 @@ def remove(state: ClusterState, name: str) -> Change:
     return Change(stream=model_stream(name), events=(ModelRemoved(model=name),))
 
 
-def placement_of(state: ClusterState, name: str) -> Explanation:
-    return explain_placement(state, find_model(state, name).spec)
+def placement_of(
+    state: ClusterState, name: str, running: Mapping[str, NodeReport] = NOTHING_REPORTED
+) -> Explanation:
+    """Where the reconciler would place one more replica of the model now: ``running`` is
+    what each connected node reports running (``Allocations.for_placement``)."""
+    return explain_placement(state, find_model(state, name).spec, running=running)
 
 
-def placement_dry_run(state: ClusterState, spec: ModelSpec) -> Explanation:
+def placement_dry_run(
+    state: ClusterState, spec: ModelSpec, running: Mapping[str, NodeReport] = NOTHING_REPORTED
+) -> Explanation:
     errors = validate_spec(spec)
     if errors:
         raise InvalidSpec(spec.name, errors)
-    return explain_placement(state, spec)
+    return explain_placement(state, spec, running=running)
 
 
 # -- lookups -----------------------------------------------------------------------------

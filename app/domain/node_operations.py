@@ -10,8 +10,9 @@ replica on the node has (``drain_room``); the reconciler carries the drain out
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
+from app.domain.allocation import NOTHING_REPORTED
 from app.domain.drain_room import ReplicaRoom, room_for_drain
 from app.domain.envelope import Recorded
 from app.domain.events import (
@@ -35,6 +36,7 @@ from app.domain.operation_results import (
     UnknownReplica,
     find_known,
 )
+from app.domain.reports import NodeReport
 from app.domain.state import (
     NOT_SERVING_YET,
     ClusterState,
@@ -92,11 +94,18 @@ def uncordon(state: ClusterState, node_id: str) -> Change:
 
 
 def drain_node(
-    state: ClusterState, node_id: str, drain_id: str, grace_s: float, *, require_room: bool = False
+    state: ClusterState,
+    node_id: str,
+    drain_id: str,
+    grace_s: float,
+    *,
+    require_room: bool = False,
+    running: Mapping[str, NodeReport] = NOTHING_REPORTED,
 ) -> NodeDrain:
     """Move every replica off the node (the reconciler carries it out, see ``drain``), and
-    say which replicas have nowhere to go now (``drain_room``); with ``require_room``, such
-    a replica refuses the drain (``NoRoomToDrain``) and nothing is recorded."""
+    say which replicas have nowhere to go now (``drain_room``, ``running`` being what each
+    connected node reports running); with ``require_room``, such a replica refuses the
+    drain (``NoRoomToDrain``) and nothing is recorded."""
     node = find_node(state, node_id)
     if not 0 < grace_s <= MAX_DRAIN_GRACE_S:
         reason = f"must be more than 0 and at most {MAX_DRAIN_GRACE_S} (a week)"
@@ -107,7 +116,7 @@ def drain_node(
             f"{_follow_or_cancel(node.drain_id)}"
         )
     requested = NodeDrainRequested(node_id=node_id, drain_id=drain_id, grace_s=grace_s)
-    room = room_for_drain(state, requested)
+    room = room_for_drain(state, requested, running)
     if require_room and any(not r.has_room for r in room):
         raise NoRoomToDrain(node_id, room)
     return NodeDrain(stream=node_stream(node_id), events=(requested,), drain_id=drain_id, room=room)

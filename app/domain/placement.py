@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
+from collections.abc import Mapping
 from enum import StrEnum
 
 import msgspec
 
-from app.domain.allocation import Allocations
+from app.domain.allocation import NOTHING_REPORTED, Allocations
 from app.domain.events import ShardPlacement
 from app.domain.model_spec import ModelSpec
+from app.domain.reports import NodeReport
 from app.domain.state import ClusterState, Node
 
 MIB_PER_GIB = 1024
@@ -65,12 +67,16 @@ def explain_placement(
     spec: ModelSpec,
     allocations: Allocations | None = None,
     *,
+    running: Mapping[str, NodeReport] = NOTHING_REPORTED,
     detail: bool = True,
 ) -> Explanation:
     """Where one more replica of ``spec`` would go, and why every other node would not.
 
+    Without ``allocations``, what the reconciler holds (``Allocations.for_placement``): the
+    log's active replicas and the engines each connected node reports ``running``.
     ``detail=False`` skips the per-GPU wording (the reconciler's fast path)."""
-    allocations = allocations if allocations is not None else Allocations.from_state(state)
+    if allocations is None:
+        allocations = Allocations.for_placement(state, running)
     candidates = tuple(
         _evaluate(node, spec, allocations, detail)
         for node in sorted(state.nodes.values(), key=lambda n: n.id)

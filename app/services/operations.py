@@ -37,6 +37,7 @@ from app.domain.model_spec import AutoscalePolicy, ModelSpec, RoutingSettings
 from app.domain.model_status import ModelStatus, model_status
 from app.domain.operation_results import Change
 from app.domain.placement import Explanation
+from app.domain.reports import NodeReport
 from app.domain.state import (
     ApiKey,
     CertificateRevocation,
@@ -90,10 +91,25 @@ class NewKey:
     record: ApiKey
 
 
+RunningSource = Callable[[], Mapping[str, NodeReport]]
+"""What each connected node reports running now: the leader's live view; a server that is
+not leading knows none (placement then goes by the log alone)."""
+
+
+def nothing_running() -> Mapping[str, NodeReport]:
+    return {}
+
+
 class Operations:
-    def __init__(self, store: EventStore, clock: Callable[[], datetime] = utc_now) -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        clock: Callable[[], datetime] = utc_now,
+        running: RunningSource = nothing_running,
+    ) -> None:
         self._store = store
         self._clock = clock
+        self._running = running
         # Key names are unique among live keys, but each key is its own stream, so the
         # stream version cannot catch two creations of one name: this process makes them
         # one at a time instead.
@@ -151,11 +167,12 @@ class Operations:
         """The drain recorded (its id is the events' correlation id), with whether each
         replica on the node has somewhere to go, as decided on the state it was recorded on."""
         drain_id = new_drain_id()
+        running = self._running()
         return await self._append(
             caller,
             node_stream(node_id),
             lambda s: node_decisions.drain_node(
-                s, node_id, drain_id, grace_s, require_room=require_room
+                s, node_id, drain_id, grace_s, require_room=require_room, running=running
             ),
             correlation_id=drain_id,
         )
@@ -301,14 +318,14 @@ class Operations:
         return model_status(await self.current(), name, self._clock())
 
     async def placement(self, name: str) -> Explanation:
-        return model_decisions.placement_of(await self.current(), name)
+        return model_decisions.placement_of(await self.current(), name, self._running())
 
     async def preview_model(self, spec: ModelSpec) -> ApplyPreview:
         """What ``apply_model`` would record now, decided the same way; nothing recorded."""
         return preview_apply(await self._store.catch_up(), spec)
 
     async def placement_dry_run(self, spec: ModelSpec) -> Explanation:
-        return model_decisions.placement_dry_run(await self.current(), spec)
+        return model_decisions.placement_dry_run(await self.current(), spec, self._running())
 
     async def rollout(self, name: str) -> RolloutReport:
         """Where the model's rollout under way (or its last one) stands."""

@@ -14,6 +14,7 @@ from app.domain.events import (
     ModelUnplaceable,
     NodeDrainRequested,
     ReplicaDrainStarted,
+    ReplicaFailed,
     ReplicaPlaced,
     ShardPlacement,
 )
@@ -234,3 +235,49 @@ def test_a_replacement_not_serving_yet_on_the_node_is_placed_again_once_for_its_
     cluster.given(*drain.events)
     placed = of_type(cluster.reconcile(), ReplicaPlaced)
     assert [(e.replaces, e.shards[0].node_id) for e in placed] == [("llama-1", "gpu-4")]
+
+
+def one_gpu_elsewhere_that_a_failed_replica_s_engine_still_fills() -> Cluster:
+    """As ``two_replicas_on_gpu_1_and_one_free_gpu_elsewhere`` with two GPUs on gpu-2, but
+    the log ended a replica of another model on gpu-2's GPU 0 whose engine gpu-2 still
+    reports running (on its way out): the reconciler places nothing on that GPU."""
+    cluster = two_replicas_on_gpu_1_and_one_free_gpu_elsewhere(spare_gpus=2)
+    cluster.model("qwen", replicas=0)
+    cluster.given(
+        ReplicaPlaced(
+            replica_id="qwen-1",
+            model="qwen",
+            number=1,
+            shards=(ShardPlacement(index=0, node_id="gpu-2", gpus=(0,), port=20000),),
+        ),
+        ReplicaFailed(replica_id="qwen-1", reason="engine exited"),
+    )
+    cluster.running("gpu-2", "qwen-1", 20000)
+    return cluster
+
+
+def test_a_gpu_an_engine_still_runs_on_is_no_room_for_a_drain_as_for_the_reconciler() -> None:
+    cluster = one_gpu_elsewhere_that_a_failed_replica_s_engine_still_fills()
+
+    drain = node_ops.drain_node(cluster.state, "gpu-1", "drain-1", 600.0, running=cluster.reports)
+
+    assert drain.room == (
+        ReplicaRoom(replica_id="llama-1", model="llama", has_room=True),
+        ReplicaRoom(replica_id="llama-2", model="llama", has_room=False, reason=NO_ROOM),
+    )
+    cluster.given(*drain.events)
+    [placed] = of_type(cluster.reconcile(), ReplicaPlaced)
+    assert (placed.replaces, placed.shards[0].gpus) == ("llama-1", (1,))
+
+
+def test_explain_placement_holds_a_gpu_an_engine_still_runs_on_as_the_reconciler_does() -> None:
+    cluster = one_gpu_elsewhere_that_a_failed_replica_s_engine_still_fills()
+    cluster.given(*model_ops.scale(cluster.state, "llama", 3).events)
+
+    explained = model_ops.placement_of(cluster.state, "llama", cluster.reports)
+
+    [gpu_2] = [c for c in explained.candidates if c.node_id == "gpu-2"]
+    assert (gpu_2.gpus, gpu_2.port) == ((1,), 20001)
+    assert explained.placement is not None
+    [placed] = of_type(cluster.reconcile(), ReplicaPlaced)
+    assert placed.shards == explained.placement
