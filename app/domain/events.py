@@ -115,7 +115,9 @@ class ModelTuned(Event, frozen=True, kw_only=True):
 
 
 class ModelUnplaceable(Event, frozen=True, kw_only=True):
-    """Recorded once per distinct reason, so the log says why a model is below its count."""
+    """Recorded once per episode of "cannot place" (again when the reason changes), so the
+    log says why a model is below its count; a replica of the model placed ends the episode,
+    and the same reason after it is recorded again."""
 
     model: str
     reason: str

@@ -16,6 +16,8 @@ from app.domain.events import (
     MODEL_STREAM_PREFIX,
     AnyEvent,
     GpuInfo,
+    GpuMarkedUnhealthy,
+    GpuRecovered,
     ModelDeclared,
     ModelScaled,
     ModelUnplaceable,
@@ -345,6 +347,29 @@ def test_an_unplaceable_model_is_recorded_once_per_reason() -> None:
     assert "needs 1 node(s) with 4 healthy free GPU(s)" in first[0].reason
     assert "1 not enough healthy free GPUs" in first[0].reason
     assert again.events == ()
+
+
+def test_cannot_place_is_recorded_once_per_episode_and_again_after_a_placement_ends_one() -> None:
+    """A replica placed ends an episode of "cannot place": the same reason after it is a new
+    fact (one fewer replica missing, or more after a scale), recorded again; within one
+    episode it is recorded once, whatever the passes."""
+    cluster = Cluster()
+    cluster.node("gpu-1", n_gpus=2)
+    cluster.given(GpuMarkedUnhealthy(node_id="gpu-1", gpu_index=1, reason="XID 79"))
+    cluster.model(replicas=2)
+    cluster.after(31)
+
+    first = cluster.reconcile()
+    assert kinds(first) == ["ReplicaPlaced", "ModelUnplaceable"]
+    assert cluster.reconcile().events == ()
+    cluster.given(GpuRecovered(node_id="gpu-1", gpu_index=1))
+    assert kinds(cluster.reconcile()) == ["ReplicaPlaced"]
+    cluster.given(ModelScaled(model="llama", replicas=3, previous=2))
+    again = of_type(cluster.reconcile(), ModelUnplaceable)
+
+    [before] = of_type(first, ModelUnplaceable)
+    assert [(e.reason, e.missing_replicas) for e in again] == [(before.reason, 1)]
+    assert cluster.reconcile().events == ()
 
 
 # -- startup timeouts and failures ---------------------------------------------------------
