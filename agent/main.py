@@ -51,7 +51,9 @@ from app.pki import TlsConfigurationError, client_ssl_context
 from app.usage_errors import (
     finite_number_flag,
     one_line_usage_errors,
+    output_console,
     print_command_error,
+    run_program,
     usage_error_console,
     whole_number_flag,
 )
@@ -89,6 +91,7 @@ llmgw-agent --config /etc/llmgw/agent.toml
     version=llmgw_version,
     error_formatter=one_line_usage_errors(PROGRAM, refusals=(FlagRefused,)),
     error_console=usage_error_console(),
+    console=output_console(),
 )
 fake_gpu_app = App(
     name="fake-gpu",
@@ -534,4 +537,4 @@ def _fail(command: str, message: str, code: int) -> int:
 
 def main() -> None:
     with suppress(KeyboardInterrupt):
-        app()
+        run_program(app)

@@ -8,7 +8,12 @@ from app.commands.gateway import gateway_command
 from app.commands.log import head_command, verify_command
 from app.commands.maintenance import migrate, rebuild_command
 from app.commands.serve import serve
-from app.usage_errors import one_line_usage_errors, usage_error_console
+from app.usage_errors import (
+    one_line_usage_errors,
+    output_console,
+    run_program,
+    usage_error_console,
+)
 from wire.version import llmgw_version
 
 app = App(
@@ -18,6 +23,7 @@ app = App(
     "\n\nExample: llmgw-server migrate --database-url postgresql://llmgw@db/llmgw",
     error_formatter=one_line_usage_errors("llmgw-server"),
     error_console=usage_error_console(),
+    console=output_console(),
 )
 projections = App(
     name="projections",
@@ -40,4 +46,5 @@ app.command(gateway_command, name="gateway")
 
 
 def main() -> None:
-    app()
+    """The command line's command, quietly ended by its reader going away."""
+    run_program(app)

@@ -24,10 +24,20 @@ An error a command finds itself once its command line is parsed (a malformed --a
 database it cannot reach, a port in use) is told the same way by ``print_command_error``:
 ``llmgw-server log verify: --anchor: an anchor is POSITION:HASH...``, with the exit code
 the command chooses. A grep for the program's name finds both kinds.
+
+A reader that stops reading (``llmgw-server log verify | head -1``) ends every program
+the same way too: quietly, with exit code 141 (128 + SIGPIPE, as a shell reports a
+program the signal stopped, and as ``git log | head`` ends), never a traceback. Each
+program's ``main`` runs its command line through ``run_program``, which ends it so when
+stdout's reader has gone, and hands its ``App`` ``console=output_console()``, whose closed
+output ends the program there too, where rich's own would exit 1.
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import select
 import sys
 from collections.abc import Callable, Sequence
 
@@ -43,6 +53,57 @@ from rich.console import Console
 from rich.text import Text
 
 from app.usage_words import closest, finite_number, shown, whole_number
+
+EXIT_OUTPUT_CLOSED = 141
+"""Whoever read the output stopped reading (``| head``): 128 + SIGPIPE, as a shell
+reports a program the signal stopped."""
+
+
+def run_program(command_line: Callable[[], object]) -> None:
+    """Run the program's command line (its ``App``); if its stdout's reader has gone, end
+    it with ``EXIT_OUTPUT_CLOSED`` and nothing on stderr. What is still buffered is
+    written before the program exits, so a closed pipe is found here, not at exit (where
+    Python would print that it could not flush stdout, and exit 120). A broken pipe that
+    is not stdout's (a socket's) is the error it is."""
+    try:
+        try:
+            command_line()
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise
+        # What is still buffered for stdout cannot be written either: flushing it at exit
+        # would fail again, with a message.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        sys.exit(EXIT_OUTPUT_CLOSED)
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe (or socket) nobody reads any more: polled, its write end
+    reports an error."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), 0)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError):  # stdout closed or replaced by something with no fd
+        return True
+
+
+class OutputConsole(Console):
+    """A rich console whose closed output ends the program as ``run_program`` ends it (exit
+    141, quietly), where rich's own exits 1."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, "the output's reader has gone")
+
+
+def output_console() -> Console:
+    """cyclopts' ``console`` (``--help``, ``--version``): ``OutputConsole``."""
+    return OutputConsole()
 
 
 class FlagValueRefused(ValueError):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 from cyclopts import App
 
+from app.usage_errors import run_program
 from cli.autoscale import autoscale
 from cli.bench.command import bench_app
 from cli.cert import cert_app
@@ -20,6 +20,7 @@ from cli.keys import keys_app
 from cli.models import models_app, remove, scale, show_model
 from cli.nodes import cordon, list_nodes, show_node, uncordon
 from cli.placement import explain_placement
+from cli.render import make_console
 from cli.replicas import list_replicas, show_replica
 from cli.rollout import rollout_app
 from cli.usage_errors import usage_error_console, usage_error_line
@@ -35,6 +36,7 @@ app = App(
     "\n\nExample: llmgw-cli nodes --admin-url http://127.0.0.1:8081",
     error_formatter=usage_error_line,
     error_console=usage_error_console(),
+    console=make_console(),
 )
 app.command(list_nodes, name="nodes")
 app.command(show_node, name="node")
@@ -64,19 +66,11 @@ register_completion(app)
 
 EXIT_INTERRUPTED = 130
 """Ctrl-C: 128 + SIGINT, as a shell reports a program the signal stopped."""
-EXIT_OUTPUT_CLOSED = 141
-"""Whoever read the output stopped reading (``| head``): 128 + SIGPIPE, as a shell
-reports a program the signal stopped."""
 
 
 def main() -> None:
     """The command line's command, quietly stopped by Ctrl-C or by its reader going away."""
     try:
-        app()
+        run_program(app)  # its reader going away: EXIT_OUTPUT_CLOSED, quietly
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)
-    except BrokenPipeError:
-        # What is still buffered for stdout cannot be written either: flushing it at exit
-        # would fail again, with a message.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(EXIT_OUTPUT_CLOSED)

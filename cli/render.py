@@ -30,6 +30,8 @@ from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 
+from app.usage_errors import OutputConsole
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -84,8 +86,9 @@ def _json_escaped(character: str) -> str:
     return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
-class _EscapingConsole(Console):
-    """A rich console that writes no control character but its own. What is laid out is
+class _EscapingConsole(OutputConsole):
+    """A rich console that writes no control character but its own, and whose closed
+    output ends the program quietly (``OutputConsole``). What is laid out is
     escaped beforehand (``text``, ``styled``, ``print_table``); anything that still holds
     one when it is rendered (a ``Text`` made elsewhere) is escaped then, after its layout,
     which may misalign a column but never reaches the terminal. Cursor moves and colours

@@ -14,7 +14,9 @@ from cyclopts import App, Parameter
 from app.commands.path_flag import FilledPath
 from app.usage_errors import (
     one_line_usage_errors,
+    output_console,
     print_command_error,
+    run_program,
     usage_error_console,
     whole_number_flag,
 )
@@ -51,6 +53,7 @@ llmgw-dev --state-dir /tmp/second --admin-port 9081 --agent-port 9443 --client-p
 """,
     error_formatter=one_line_usage_errors(PROGRAM),
     error_console=usage_error_console(),
+    console=output_console(),
 )
 
 
@@ -108,4 +111,4 @@ def dev(
 
 
 def main() -> None:
-    app()
+    run_program(app)

@@ -385,6 +385,46 @@ async def test_follow_prints_one_line_per_event_for_people(
     )
 
 
+async def test_a_reader_gone_before_a_listing_is_written_ends_it_quietly_with_141(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    """``llmgw-cli events | head -1`` and the like, as tables and as JSON: the exit code
+    ``events --follow`` ends with, and no traceback."""
+    node = a_node()
+    await seed_node(pg_store, node)
+    await cordon(pg_store, node, "listed to nobody")
+    environment = cli_environment(operator.home, operator.settings())
+    commands = [
+        ("events",),
+        ("events", "--output", "json"),
+        ("history", "node", node),
+        ("history", "node", node, "--output", "json"),
+        ("keys", "list"),
+        ("nodes",),
+    ]
+
+    async def unread(*args: str) -> tuple[int, str]:
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                installed("llmgw-cli"),
+                *args,
+                env=environment,
+                stdout=write_end,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        finally:
+            os.close(write_end)
+        _, stderr = await asyncio.wait_for(process.communicate(), 60)
+        assert process.returncode is not None
+        return process.returncode, stderr.decode()
+
+    ended = [await unread(*command) for command in commands]
+
+    assert ended == [(141, "")] * len(commands)
+
+
 async def test_follow_stops_quietly_when_its_reader_goes_away_or_on_ctrl_c(
     operator: Operator, pg_store: PostgresEventStore, database_url: str
 ) -> None:

@@ -87,6 +87,24 @@ class Log:
         )
         return Result(done.returncode, done.stdout, done.stderr)
 
+    async def run_unread(self, *args: str) -> Result:
+        """``llmgw-server log ARGS | head -0``: its stdout a pipe whose reader has gone."""
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            done = await asyncio.to_thread(
+                subprocess.run,
+                [SERVER, "log", *args, "--database-url", runtime_url(self.database_url)],
+                stdout=write_end,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=PROCESS_TIMEOUT_S,
+                check=False,
+            )
+        finally:
+            os.close(write_end)
+        return Result(done.returncode, "", done.stderr)
+
     async def head(self) -> str:
         result = await self.run("head")
         assert result.code == 0, result
@@ -179,6 +197,20 @@ async def test_an_untouched_log_verifies_and_its_head_is_the_last_event(log: Log
     assert f"{report['head']['position']}:{report['head']['chain_hash']}" == head
     head_json = json.loads((await log.run("head", "--output", "json")).stdout)
     assert head_json == report["head"]
+
+
+async def test_a_reader_that_goes_away_ends_verify_and_head_quietly_with_141(log: Log) -> None:
+    """``llmgw-server log verify | head -1``: as ``git log | head`` ends, no traceback."""
+    commands = [
+        ("verify",),
+        ("verify", "--output", "json"),
+        ("head",),
+        ("head", "--output", "json"),
+    ]
+
+    ended = [await log.run_unread(*command) for command in commands]
+
+    assert [(r.code, r.stderr) for r in ended] == [(141, "")] * len(commands)
 
 
 async def test_an_empty_log_has_the_genesis_as_its_head(database_url: str) -> None:
