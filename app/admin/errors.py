@@ -128,12 +128,14 @@ def handle_domain(_: Request[Any, Any, Any], exc: Exception) -> Response[dict[st
 
 def _details(exc: Exception) -> dict[str, Any]:
     """What a client needs besides the message: every field of an invalid spec, the id of
-    an unknown thing, each replica of a drain refused for want of room."""
+    an unknown thing (its first 100 characters and "…" when longer, and then how long it
+    was), each replica of a drain refused for want of room."""
     match exc:
         case InvalidFields():
             return {"errors": [{"field": e.field, "reason": e.reason} for e in exc.errors]}
         case UnknownThing():
-            return {"id": exc.key}
+            shown = {"id": exc.shown_key}
+            return shown if exc.shown_key == exc.key else {**shown, "id_length": len(exc.key)}
         case NoRoomToDrain():
             return {"room": [msgspec.to_builtins(r) for r in exc.room]}
     return {}

@@ -8,7 +8,8 @@ cannot be carried out raises an ``OperationError`` whose message an operator can
 the admin API maps each to an HTTP status in one table (``app.admin.errors``).
 
 OperationError
-├── UnknownThing        no such model, node, replica or drain in the log (``key`` says which)
+├── UnknownThing        no such model, node, replica or drain in the log (``key`` says which,
+│   │                   ``shown_key`` as much of it as is echoed back)
 │   ├── UnknownModel
 │   ├── UnknownNode
 │   ├── UnknownReplica
@@ -41,12 +42,21 @@ class OperationError(Exception):
     """Base of every refusal; the message is meant for the operator."""
 
 
+ECHOED_KEY_CHARS = 100
+"""The most of an unknown id a refusal echoes back: an id is whatever the caller sent, 3000
+characters of it or more, and the answer need not carry it all to say which it was."""
+
+
 class UnknownThing(OperationError):
     kind = "thing"
 
     def __init__(self, key: str) -> None:
-        super().__init__(f"no {self.kind} {key!r} is known")
+        shortened = len(key) > ECHOED_KEY_CHARS
         self.key = key
+        self.shown_key = f"{key[:ECHOED_KEY_CHARS]}…" if shortened else key
+        """``key``, or its first ``ECHOED_KEY_CHARS`` characters and "…" when longer."""
+        length = f" (its first {ECHOED_KEY_CHARS} of {len(key)} characters)" if shortened else ""
+        super().__init__(f"no {self.kind} {self.shown_key!r}{length} is known")
 
 
 class UnknownModel(UnknownThing):

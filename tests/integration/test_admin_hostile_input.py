@@ -855,3 +855,30 @@ async def test_a_revocation_of_a_node_id_no_certificate_can_name_is_a_422_and_re
     assert error["field"] == "node_id"
     assert error["reason"].startswith(f"{node_id[:60]!r} is not a node id: use 1-63 letters"), error
     assert await last_position(pg_store) == before
+
+
+async def test_an_unknown_id_of_3000_characters_is_echoed_back_shortened_saying_how_long(
+    admin: httpx.AsyncClient,
+) -> None:
+    """A 404 names what was not found by its first 100 characters, not all 3000."""
+    long_id = "x" * 2990 + "-the-end-"
+    paths = {
+        "unknown-drain": f"/admin/v1/drains/{long_id}",
+        "unknown-replica": f"/admin/v1/replicas/{long_id}",
+        "unknown-node": f"/admin/v1/nodes/{long_id}",
+        "unknown-model": f"/admin/v1/models/{long_id}",
+    }
+
+    for title, path in paths.items():
+        body = problem_of(await admin.get(path), 404)
+        kind = title.removeprefix("unknown-")
+        assert (body["title"], body["id"], body.get("id_length")) == (
+            title,
+            "x" * 100 + "…",
+            len(long_id),
+        )
+        assert body["detail"] == (
+            f"no {kind} '{'x' * 100}…' (its first 100 of {len(long_id)} characters) is known"
+        )
+    short = problem_of(await admin.get("/admin/v1/drains/drain-0a1b2c3d"), 404)
+    assert (short["id"], "id_length" in short) == ("drain-0a1b2c3d", False)
