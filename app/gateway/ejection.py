@@ -46,6 +46,8 @@ from dataclasses import dataclass
 
 import structlog
 
+from app.gateway.engine_bounds import MAX_TIMEOUT_S
+
 log = structlog.get_logger("llmgw.gateway")
 
 DEFAULT_CONSECUTIVE_FAILURES = 3
@@ -72,6 +74,14 @@ class EjectionPolicy:
             )
         if not self.base_cool_off_s > 0:
             found.append(f"--ejection-cool-off must be positive, not {self.base_cool_off_s}")
+        for flag, seconds in (
+            ("--ejection-cool-off", self.base_cool_off_s),
+            ("--max-ejection-cool-off", self.max_cool_off_s),
+        ):
+            if seconds > MAX_TIMEOUT_S:
+                # As the gateway's other durations: a replica ejected for 1e308 s never
+                # comes back, and a day is longer than any cool-off means to be.
+                found.append(f"{flag} must be at most {MAX_TIMEOUT_S:g} seconds, not {seconds:g}")
         if not self.max_cool_off_s >= self.base_cool_off_s:
             found.append(
                 f"--max-ejection-cool-off ({self.max_cool_off_s}) must be at least "

@@ -249,6 +249,20 @@ def test_the_policys_problems_name_the_flags() -> None:
     ]
 
 
+@pytest.mark.parametrize("seconds", [86400.5, 1e308])
+def test_a_cool_off_longer_than_a_day_is_refused_by_its_flag(seconds: float) -> None:
+    """As the gateway's scrape and refresh intervals: a replica ejected for 1e308 s would
+    never be probed again."""
+    assert EjectionPolicy(max_cool_off_s=seconds).problems() == [
+        f"--max-ejection-cool-off must be at most 86400 seconds, not {seconds:g}"
+    ]
+    assert EjectionPolicy(base_cool_off_s=seconds, max_cool_off_s=seconds).problems() == [
+        f"--ejection-cool-off must be at most 86400 seconds, not {seconds:g}",
+        f"--max-ejection-cool-off must be at most 86400 seconds, not {seconds:g}",
+    ]
+    assert EjectionPolicy(max_cool_off_s=86400).problems() == []
+
+
 # -- through the router ------------------------------------------------------------------
 
 
