@@ -8,12 +8,13 @@ import contextlib
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from msgspec.structs import replace
 
 from app.domain import commands
 from app.domain.events import GpuInfo
 from app.domain.model_spec import ModelSpec
 from app.domain.reconcile import Settings
-from app.domain.reports import AgentConnected, AgentInventory, CommandAnswered
+from app.domain.reports import AgentConnected, AgentInventory, CommandAnswered, ReportedShard
 from app.services.agent_reports import LiveView, ReportRecorder
 from app.services.operations import Caller, Operations
 from app.services.reconciler import Reconciler
@@ -168,3 +169,28 @@ async def test_a_wake_that_arrives_during_a_pass_starts_the_next_pass_as_soon_as
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await running
+
+
+async def test_explain_placement_holds_the_port_of_an_engine_a_connected_node_reports_running() -> (
+    None
+):
+    """The leader's live view reaches the explanation: an engine the log knows nothing of,
+    still running on gpu-1's first port, keeps it from the next replica, as the reconciler
+    keeps it (``Allocations.for_placement``)."""
+    store = InMemoryEventStore()
+    view = LiveView(ReportRecorder(store))
+    stray = ReportedShard(
+        replica_id="other-7", shard_index=0, model="other", port=20000, pid=99, state="ready"
+    )
+    await view.handle(replace(hello("gpu-1"), shards=(stray,)))
+    operations = Operations(store, running=lambda: view.snapshot().reports)
+    spec = ModelSpec(name="llama", command="sim --port {port}")
+    await operations.apply_model(ALICE, spec)
+
+    explained = await operations.placement("llama")
+    dry_run = await operations.placement_dry_run(spec)
+    by_the_log = await Operations(store).placement("llama")
+
+    assert [s.port for s in explained.placement or ()] == [20001]
+    assert [s.port for s in dry_run.placement or ()] == [20001]
+    assert [s.port for s in by_the_log.placement or ()] == [20000]
