@@ -59,7 +59,7 @@ def create_admin_app(
     and a drain's room hold as the reconciler does."""
     operations = Operations(store, running=running)
     checks = readiness or Readiness(store.engine)
-    cluster_metrics = ClusterMetrics(store, live, gateway_metrics)
+    cluster_metrics = ClusterMetrics(store, live, gateway_metrics, running)
     replica_traffic = traffic or TrafficReports(store.engine)
 
     async def provide_store() -> PostgresEventStore:

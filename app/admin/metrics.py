@@ -36,13 +36,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from app.domain.allocation import Allocations
+from app.domain.allocation import NOTHING_REPORTED, Allocations
 from app.domain.desired_count import COUNTING_PHASES
 from app.domain.placement import Rejection, explain_placement
 from app.domain.reports import NodeReport
 from app.domain.state import ACTIVE_PHASES, ClusterState, ReplicaPhase
 from app.services.control_plane import ControlPlane, Leader, Role
-from app.services.operations import RunningSource
+from app.services.operations import RunningSource, nothing_running
 from app.store.database import connection
 from app.store.postgres import PostgresEventStore
 
@@ -134,15 +134,22 @@ class EventCounts:
 class ClusterCollector(Collector):
     """Yields the families from the current fold, event counts and live figures."""
 
-    def __init__(self, store: PostgresEventStore, counts: EventCounts, live: LiveSource) -> None:
+    def __init__(
+        self,
+        store: PostgresEventStore,
+        counts: EventCounts,
+        live: LiveSource,
+        running: RunningSource = nothing_running,
+    ) -> None:
         self._store = store
         self._counts = counts
         self._live = live
+        self._running = running
 
     def collect(self) -> Iterator[Metric]:
         yield from live_families(self._live())
         yield event_family(self._counts)
-        yield from fold_families(self._store.state)
+        yield from fold_families(self._store.state, self._running())
 
 
 GatewayPage = Callable[[], bytes]
@@ -157,12 +164,16 @@ class ClusterMetrics:
         store: PostgresEventStore,
         live: LiveSource | None = None,
         gateway: GatewayPage | None = None,
+        running: RunningSource = nothing_running,
     ) -> None:
+        """``running``: what each connected node reports running, held from placement as
+        the reconciler holds it (``placement_families``)."""
         self._store = store
         self._gateway = gateway
         self._counts = EventCounts(store)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(ClusterCollector(store, self._counts, live or (lambda: None)))
+        collector = ClusterCollector(store, self._counts, live or (lambda: None), running)
+        self.registry.register(collector)
 
     async def render(self) -> bytes:
         await self._store.catch_up()
@@ -235,7 +246,7 @@ def event_family(counts: EventCounts) -> Metric:
     return family
 
 
-def fold_families(state: ClusterState) -> Iterator[Metric]:
+def fold_families(state: ClusterState, running: Mapping[str, NodeReport]) -> Iterator[Metric]:
     yield replica_family(state)
     yield from model_count_families(state)
     nodes = GaugeMetricFamily("llmgw_nodes", "Nodes the log knows, by connection", labels=["state"])
@@ -249,7 +260,7 @@ def fold_families(state: ClusterState) -> Iterator[Metric]:
     drains = GaugeMetricFamily("llmgw_drains_in_progress", "Drains of nodes or replicas not done")
     drains.add_metric([], len(drains_in_progress(state)))
     yield drains
-    yield from placement_families(state)
+    yield from placement_families(state, running)
 
 
 def replica_family(state: ClusterState) -> Metric:
@@ -308,7 +319,12 @@ def drains_in_progress(state: ClusterState) -> set[str]:
     return node_drains | replica_drains
 
 
-def placement_families(state: ClusterState) -> Iterator[Metric]:
+def placement_families(
+    state: ClusterState, running: Mapping[str, NodeReport] = NOTHING_REPORTED
+) -> Iterator[Metric]:
+    """The models that cannot place a replica, and why each node is rejected, by what the
+    reconciler holds (``Allocations.for_placement``): ``running`` is what each connected
+    node reports running."""
     stuck = GaugeMetricFamily(
         "llmgw_models_unplaceable", "Models below their count that no node can take a replica of"
     )
@@ -318,7 +334,7 @@ def placement_families(state: ClusterState) -> Iterator[Metric]:
         labels=["model", "reason"],
     )
     unplaceable = _unplaceable_models(state)
-    allocations = Allocations.from_state(state)
+    allocations = Allocations.for_placement(state, running)
     for name in unplaceable:
         explanation = explain_placement(state, state.models[name].spec, allocations, detail=False)
         counts = Counter(r for c in explanation.candidates for r in c.rejections)
