@@ -9,7 +9,7 @@ import pytest
 
 from agent.refusal_advice import NodeClaim, refusal_advice
 
-NODE = NodeClaim("gpu-07", "10.20.0.7")
+NODE = NodeClaim("gpu-07", "127.0.20.7")
 
 
 @pytest.mark.parametrize(
@@ -39,8 +39,8 @@ def test_a_revoked_certificate_is_told_once_that_a_new_one_is_needed() -> None:
 @pytest.mark.parametrize(
     ("address", "command"),
     [
-        ("10.20.0.7", "`llmgw-cli cert node gpu-07 --ip 10.20.0.7`"),
-        ("fd00::7", "`llmgw-cli cert node gpu-07 --ip fd00::7`"),
+        ("127.0.20.7", "`llmgw-cli cert node gpu-07 --ip 127.0.20.7`"),
+        ("::1", "`llmgw-cli cert node gpu-07 --ip ::1`"),
         ("gpu-07.internal", "`llmgw-cli cert node gpu-07 --host gpu-07.internal`"),
     ],
     ids=["ipv4", "ipv6", "host-name"],
@@ -50,7 +50,7 @@ def test_an_address_the_certificate_does_not_name_gets_the_command_that_names_it
 ) -> None:
     reason = (
         f"advertised address {address!r} is neither named by the node's certificate (the "
-        "certificate names no address) nor the address its connection comes from (10.0.0.9)"
+        "certificate names no address) nor the address its connection comes from (127.0.0.9)"
     )
 
     advice = refusal_advice(reason, NodeClaim("gpu-07", address))
@@ -61,8 +61,8 @@ def test_an_address_the_certificate_does_not_name_gets_the_command_that_names_it
 
 def test_an_address_outside_the_engine_networks_is_not_told_to_reissue_its_certificate() -> None:
     reason = (
-        "advertised address '10.20.0.7' is outside the engine networks the gateway may "
-        "contact (--engine-networks: 10.30.0.0/16)"
+        "advertised address '127.0.20.7' is outside the engine networks the gateway may "
+        "contact (--engine-networks: 127.0.30.0/24)"
     )
 
     advice = refusal_advice(reason, NODE)
