@@ -97,26 +97,34 @@ def one_line_reason(_type: object, tokens: Sequence[Token]) -> str:
 
 class WholeNumberWithin:
     """cyclopts' converter for an ``int`` option bounded as the admin API bounds it:
-    ``whole_number``, from ``low`` to ``high``; past them, refused in the CLI's words
-    (``--max-step must be from 1 to 10000, got 0``), not cyclopts'."""
+    ``whole_number``, from ``low`` to ``high`` (or with no upper bound, when ``high`` is
+    ``None``); past them, refused in the CLI's words (``--max-step must be from 1 to 10000,
+    got 0``, ``--requests must be at least 1, got 0``), not cyclopts'."""
 
-    def __init__(self, low: int, high: int) -> None:
+    def __init__(self, low: int, high: int | None = None) -> None:
         self.low = low
         self.high = high
 
     def __call__(self, type_: object, tokens: Sequence[Token]) -> int:
         number = whole_number(type_, tokens)
-        if not self.low <= number <= self.high:
-            raise ArgumentRefused(f"must be from {self.low} to {self.high}, got {tokens[0].value}")
+        if number < self.low or (self.high is not None and number > self.high):
+            raise ArgumentRefused(f"must be {self._span()}, got {tokens[0].value}")
         return number
+
+    def _span(self) -> str:
+        """``from 1 to 10000``, or ``at least 1``."""
+        if self.high is None:
+            return f"at least {self.low}"
+        return f"from {self.low} to {self.high}"
 
 
 class NumberWithin:
     """cyclopts' converter for a ``float`` option bounded as the admin API bounds it:
-    ``finite_number``, from ``low`` (above it, with ``above_low``) to ``high``; past them,
-    refused in the CLI's words (``--capacity must be from 0.01 to 1, got 2.5``)."""
+    ``finite_number``, from ``low`` (above it, with ``above_low``) to ``high`` (or with no
+    upper bound, when ``high`` is ``None``); past them, refused in the CLI's words
+    (``--capacity must be from 0.01 to 1, got 2.5``, ``--grace must be above 0, got 0``)."""
 
-    def __init__(self, low: float, high: float, *, above_low: bool = False) -> None:
+    def __init__(self, low: float, high: float | None = None, *, above_low: bool = False) -> None:
         self.low = low
         self.high = high
         self.above_low = above_low
@@ -124,10 +132,16 @@ class NumberWithin:
     def __call__(self, type_: object, tokens: Sequence[Token]) -> float:
         number = finite_number(type_, tokens)
         too_low = number <= self.low if self.above_low else number < self.low
-        if too_low or number > self.high:
-            span = f"above {self.low:g} and at most" if self.above_low else f"from {self.low:g} to"
-            raise ArgumentRefused(f"must be {span} {self.high:g}, got {tokens[0].value}")
+        if too_low or (self.high is not None and number > self.high):
+            raise ArgumentRefused(f"must be {self._span()}, got {tokens[0].value}")
         return number
+
+    def _span(self) -> str:
+        """``from 0 to 86400``, ``above 0 and at most 3600``, ``above 0``, ``at least 1``."""
+        if self.high is None:
+            return f"above {self.low:g}" if self.above_low else f"at least {self.low:g}"
+        low = f"above {self.low:g} and at most" if self.above_low else f"from {self.low:g} to"
+        return f"{low} {self.high:g}"
 
 
 _DURATION = re.compile(r"^([0-9]+)([smhdw])$")

@@ -13,12 +13,12 @@ from collections.abc import Callable, Sequence
 from typing import Annotated
 
 import msgspec
-from cyclopts import Parameter, validators
+from cyclopts import Parameter
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 
-from cli.arguments import finite_number, segment
+from cli.arguments import NumberWithin, segment
 from cli.client import AdminClient, ApiProblem, ClientError, EventView
 from cli.config import ConnectionFlags
 from cli.operator import (
@@ -73,9 +73,8 @@ def drain(
     grace: Annotated[
         float | None,
         Parameter(
-            converter=finite_number,
+            converter=NumberWithin(0, above_low=True),
             help="Seconds a node drain may take; what is left then is stopped. [default: 600]",
-            validator=validators.Number(gt=0),
         ),
     ] = None,
     require_room: Annotated[

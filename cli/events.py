@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from typing import Annotated
 
 import msgspec
-from cyclopts import Parameter, validators
+from cyclopts import Parameter
 
-from cli.arguments import UsageError, whole_number
+from cli.arguments import UsageError, WholeNumberWithin
 from cli.client import (
     UNREADABLE,
     AdminClient,
@@ -77,16 +77,14 @@ def events(
         int | None,
         Parameter(
             help="Every event after this log position (the position column).",
-            converter=whole_number,
-            validator=validators.Number(gte=0, lte=NEWEST),
+            converter=WholeNumberWithin(0, NEWEST),
         ),
     ] = None,
     last: Annotated[
         int | None,
         Parameter(
             help=f"Start with the latest N events. [default: {DEFAULT_LAST}, unless --since]",
-            converter=whole_number,
-            validator=validators.Number(gte=0, lte=NEWEST),
+            converter=WholeNumberWithin(0, NEWEST),
         ),
     ] = None,
     output: Output = "table",

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from cyclopts import App, Parameter, validators
+from cyclopts import App, Parameter
 
-from cli.arguments import whole_number
+from cli.arguments import WholeNumberWithin
 from cli.client import AdminClient, EventView
 from cli.config import ConnectionFlags
 from cli.history_pages import NEWEST, HistoryEvent, history
@@ -52,8 +52,7 @@ Output = Annotated[
 Limit = Annotated[
     int | None,
     Parameter(
-        converter=whole_number,
-        validator=validators.Number(gte=1, lte=NEWEST),
+        converter=WholeNumberWithin(1, NEWEST),
         help="Show only the newest N events (of those after --after), still oldest first, "
         "as tail -n does. [default: all]",
     ),
@@ -61,8 +60,7 @@ Limit = Annotated[
 After = Annotated[
     int,
     Parameter(
-        converter=whole_number,
-        validator=validators.Number(gte=0, lte=NEWEST),
+        converter=WholeNumberWithin(0, NEWEST),
         help="Show only events after this log position (the position column of a listing).",
     ),
 ]

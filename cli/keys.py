@@ -10,10 +10,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal
 
-from cyclopts import App, Parameter, validators
+from cyclopts import App, Parameter
 
 from cli import key_requests
-from cli.arguments import UsageError, duration, filled, moment, whole_number
+from cli.arguments import UsageError, WholeNumberWithin, duration, filled, moment
 from cli.client import AdminClient, ClientError
 from cli.config import ConfigError, ConnectionFlags, resolve_settings
 from cli.key_requests import KeyView
@@ -63,7 +63,7 @@ Output = Annotated[
 ]
 Limit = Annotated[
     int | None,
-    Parameter(converter=whole_number, validator=validators.Number(gte=1, lte=2**31 - 1)),
+    Parameter(converter=WholeNumberWithin(1, 2**31 - 1)),
 ]
 
 MAX_LIFETIME = timedelta(days=3653)

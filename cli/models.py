@@ -11,7 +11,7 @@ from typing import Annotated
 import msgspec
 from cyclopts import App, Parameter, validators
 
-from cli.arguments import MAX_REPLICAS, UsageError, segment, whole_number
+from cli.arguments import MAX_REPLICAS, UsageError, WholeNumberWithin, segment
 from cli.autoscale import bounds_text, decision_text, inputs_text, policy_text
 from cli.client import AdminClient, ApiProblem
 from cli.config import ConnectionFlags
@@ -329,8 +329,7 @@ def scale(
         int,
         Parameter(
             help=f"How many replicas, 0 to {MAX_REPLICAS}.",
-            converter=whole_number,
-            validator=validators.Number(gte=0, lte=MAX_REPLICAS),
+            converter=WholeNumberWithin(0, MAX_REPLICAS),
         ),
     ],
     /,

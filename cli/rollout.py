@@ -13,17 +13,17 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Annotated
 
-from cyclopts import App, Parameter, Token, validators
+from cyclopts import App, Parameter, Token
 from rich.live import Live
 
 from cli.arguments import (
     MAX_REASON_LENGTH,
     ArgumentRefused,
+    NumberWithin,
     UsageError,
-    finite_number,
+    WholeNumberWithin,
     one_line_reason,
     segment,
-    whole_number,
 )
 from cli.client import AdminClient, ApiProblem, ClientError
 from cli.config import ConnectionFlags
@@ -95,10 +95,9 @@ def rollout_status(
     timeout: Annotated[
         float | None,
         Parameter(
-            converter=finite_number,
+            converter=NumberWithin(0, above_low=True),
             help="With --wait, give up following after this many seconds (exit 1; the "
             "rollout goes on). [default: no limit]",
-            validator=validators.Number(gt=0),
         ),
     ] = None,
     output: Output = "table",
@@ -266,8 +265,7 @@ def history(
         int,
         Parameter(
             help="Show the N latest rollouts.",
-            converter=whole_number,
-            validator=validators.Number(gte=1, lte=100),
+            converter=WholeNumberWithin(1, 100),
         ),
     ] = 20,
     output: Output = "table",

@@ -15,9 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar
 
-from cyclopts import App, Group, Parameter, validators
+from cyclopts import App, Group, Parameter
 
-from cli.arguments import UsageError, filled, filled_path, segment, whole_number
+from cli.arguments import (
+    UsageError,
+    WholeNumberWithin,
+    filled,
+    filled_path,
+    segment,
+    whole_number,
+)
 from cli.bench.errors import BenchError
 from cli.bench.plan import BenchPlan
 from cli.bench.slo import SloError, SloTarget, parse_duration, parse_fraction, parse_targets
@@ -33,16 +40,16 @@ SLO = Group("SLO", sort_key=1)
 WORKLOAD = Group("Workload", sort_key=2)
 CLIMB = Group("Climb", sort_key=3)
 RESULT = Group("Report and apply", sort_key=4)
-Positive = validators.Number(gte=1)
+Positive = WholeNumberWithin(1)
 MAX_CONCURRENCY = 100_000
 """The admin API's bound on a bench capacity (what the autoscaler scales by): a level above
 it could not be applied, and each of its clients is a task and a connection of bench's own."""
-Concurrency = validators.Number(gte=1, lte=MAX_CONCURRENCY)
+Concurrency = WholeNumberWithin(1, MAX_CONCURRENCY)
 MAX_TOKENS = 1_048_576
 """The most --input-tokens and --output-tokens take: the largest context window an engine
 offers. Every prompt is built in memory and sent whole, so a slip of a few zeros would
 otherwise fill bench's memory before the first request."""
-Tokens = validators.Number(gte=1, lte=MAX_TOKENS)
+Tokens = WholeNumberWithin(1, MAX_TOKENS)
 _T = TypeVar("_T")
 
 
@@ -100,8 +107,7 @@ def bench(
         int,
         Parameter(
             group=WORKLOAD,
-            converter=whole_number,
-            validator=Tokens,
+            converter=Tokens,
             help="Prompt length: words of about one token each (the simulator's exactly), "
             f"at most {MAX_TOKENS:,}.",
         ),
@@ -110,8 +116,7 @@ def bench(
         int,
         Parameter(
             group=WORKLOAD,
-            converter=whole_number,
-            validator=Tokens,
+            converter=Tokens,
             help="Enforced with max_tokens, and ignore_eos where the engine takes it; at "
             f"most {MAX_TOKENS:,}.",
         ),
@@ -155,8 +160,7 @@ def bench(
         int | None,
         Parameter(
             group=CLIMB,
-            converter=whole_number,
-            validator=Positive,
+            converter=Positive,
             help="Measure this many requests instead.",
         ),
     ] = None,
@@ -164,8 +168,7 @@ def bench(
         int,
         Parameter(
             group=CLIMB,
-            converter=whole_number,
-            validator=Concurrency,
+            converter=Concurrency,
             help=f"The first level to measure (at most {MAX_CONCURRENCY}).",
         ),
     ] = 1,
@@ -173,8 +176,7 @@ def bench(
         int | None,
         Parameter(
             group=CLIMB,
-            converter=whole_number,
-            validator=Concurrency,
+            converter=Concurrency,
             help=f"The highest level to measure (at most {MAX_CONCURRENCY}). "
             f"[default: {STANDARD.max_concurrency}; {QUICK.max_concurrency} with --quick]",
         ),

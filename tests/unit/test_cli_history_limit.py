@@ -57,16 +57,20 @@ def test_a_server_older_than_before_still_gives_the_newest_n(
 
 
 @pytest.mark.parametrize(
-    ("argv", "flag"),
+    ("argv", "flag", "low"),
     [
-        (("history", "node", "gpu-1", "--limit"), "--limit"),
-        (("history", "node", "gpu-1", "--after"), "--after"),
-        (("events", "--since"), "--since"),
-        (("events", "--last"), "--last"),
+        (("history", "node", "gpu-1", "--limit"), "--limit", 1),
+        (("history", "node", "gpu-1", "--after"), "--after", 0),
+        (("events", "--since"), "--since", 0),
+        (("events", "--last"), "--last", 0),
     ],
 )
 def test_a_count_or_position_past_the_last_log_position_is_bad_usage(
-    older_server: str, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], flag: str
+    older_server: str,
+    capsys: pytest.CaptureFixture[str],
+    argv: tuple[str, ...],
+    flag: str,
+    low: int,
 ) -> None:
     # Before, history --limit 2**63 from a server older than `before` ended in an
     # OverflowError traceback (no deque holds that many), and the others were sent.
@@ -78,5 +82,5 @@ def test_a_count_or_position_past_the_last_log_position_is_bad_usage(
     assert ended.value.code == 2
     command = " ".join(word for word in argv[:2] if not word.startswith("-"))
     assert capsys.readouterr().err == (
-        f'llmgw-cli {command}: Invalid value "{number}" for {flag}. Must be <= {2**63 - 1}.\n'
+        f"llmgw-cli {command}: {flag} must be from {low} to {2**63 - 1}, got {number}\n"
     )

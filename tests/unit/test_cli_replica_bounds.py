@@ -49,7 +49,7 @@ def test_the_cli_bound_is_the_domains() -> None:
 @pytest.mark.parametrize(
     ("argv", "refusal"),
     [
-        (["scale", "llama", "10001"], 'Invalid value "10001" for REPLICAS. Must be <= 10000.'),
+        (["scale", "llama", "10001"], "REPLICAS must be from 0 to 10000, got 10001"),
         (["autoscale", "llama", "--min", "10001"], "--min must be from 0 to 10000, got 10001"),
         (["autoscale", "llama", "--max", "10001"], "--max must be from 1 to 10000, got 10001"),
         (
