@@ -35,8 +35,9 @@ more. The CLI cannot import the domain's bound, so it is written again (a test h
 equal) and checked before anything is sent."""
 
 MAX_REASON_LENGTH = 500
-"""The most characters of a reason sent for the log (a rollout's pause): the admin API
-refuses more. Written again, as ``MAX_REPLICAS`` is (a test holds the two equal)."""
+"""The most characters of a reason sent for the log (a rollout's pause, a node's cordon, a
+certificate's revocation): the admin API refuses more. Written again, as ``MAX_REPLICAS``
+is (a test holds the two equal)."""
 
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
 """C0 control characters and DEL, which the admin API refuses in a one-line reason."""
@@ -79,11 +80,21 @@ def finite_number(_type: object, tokens: Sequence[Token]) -> float:
 
 
 def one_line_reason(_type: object, tokens: Sequence[Token]) -> str:
-    """cyclopts' converter for a ``--reason`` the log keeps: one line of at most
-    ``MAX_REASON_LENGTH`` characters, as the admin API takes one, so a longer one or one
-    holding a control character (an escape sequence, a line break) is bad usage, not a
-    refusal from the API."""
-    reason = tokens[0].value
+    """cyclopts' converter for a ``--reason`` the log keeps (a rollout's pause, a node's
+    cordon): one line of at most ``MAX_REASON_LENGTH`` characters, as the admin API takes
+    one, so a longer one or one holding a control character (an escape sequence, a line
+    break) is bad usage, not a refusal from the API."""
+    return _checked_reason(tokens[0].value)
+
+
+def stripped_one_line_reason(_type: object, tokens: Sequence[Token]) -> str:
+    """cyclopts' converter for a ``--reason`` the admin API strips before it checks it (a
+    certificate's revocation): ``one_line_reason`` of what is left, which is what is sent.
+    A trailing line break or blanks past the bound are not refused, as the API takes them."""
+    return _checked_reason(tokens[0].value.strip())
+
+
+def _checked_reason(reason: str) -> str:
     if len(reason) > MAX_REASON_LENGTH:
         raise ArgumentRefused(f"must be at most {MAX_REASON_LENGTH} characters, got {len(reason)}")
     found = _CONTROL.search(reason)

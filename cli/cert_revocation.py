@@ -19,7 +19,7 @@ from app.pki.errors import InvalidRequest, PkiError
 from app.pki.issued import IssuedCertificate, read_issued
 from app.pki.model import CLOCK_SKEW
 from app.pki.names import check_subject_name
-from cli.arguments import UsageError, filled
+from cli.arguments import MAX_REASON_LENGTH, UsageError, filled, stripped_one_line_reason
 from cli.cert import CaDir, default_ca_dir
 from cli.client import AdminClient, ClientError
 from cli.config import ConfigError, ConnectionFlags, ConnectionSettings, resolve_settings
@@ -101,7 +101,14 @@ def revoke_certificate(
             "at most).",
         ),
     ] = None,
-    reason: Annotated[str, Parameter(help="Why, for the log (who revoked it is recorded too).")],
+    reason: Annotated[
+        str,
+        Parameter(
+            converter=stripped_one_line_reason,
+            help="Why, for the log (who revoked it is recorded too): one line of at most "
+            f"{MAX_REASON_LENGTH} characters.",
+        ),
+    ],
     output: Output = "table",
     connection: ConnectionFlags | None = None,
 ) -> int:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from cyclopts import Parameter
 
-from cli.arguments import segment
+from cli.arguments import MAX_REASON_LENGTH, one_line_reason, segment
 from cli.client import AdminClient
 from cli.config import ConnectionFlags
 from cli.operator import (
@@ -122,7 +122,14 @@ def cordon(
     node_id: NodeId,
     /,
     *,
-    reason: Annotated[str, Parameter(help="Why, for whoever reads the history.")] = "",
+    reason: Annotated[
+        str,
+        Parameter(
+            converter=one_line_reason,
+            help=f"Why, for whoever reads the history: one line of at most {MAX_REASON_LENGTH} "
+            "characters.",
+        ),
+    ] = "",
     output: Output = "table",
     connection: ConnectionFlags | None = None,
 ) -> int:
