@@ -8,6 +8,7 @@ import pytest
 from tests.support.ports import claimed_ports, release_claims_since
 from tests.support.postgres import PostgresServer, provide_postgres
 from tests.support.reports import add_logs_if_failed
+from tests.support.stub_admin import RecordingAdmin, recording_admin_api
 
 
 @pytest.fixture(scope="session")
@@ -27,6 +28,13 @@ def _release_the_tests_ports() -> Iterator[None]:
     earlier = claimed_ports()
     yield
     release_claims_since(earlier)
+
+
+@pytest.fixture
+def recording_admin(monkeypatch: pytest.MonkeyPatch) -> Iterator[RecordingAdmin]:
+    """A stub admin API that notes the requests the CLI sends it and refuses each."""
+    with recording_admin_api(monkeypatch) as recording:
+        yield recording
 
 
 @pytest.hookimpl(wrapper=True)

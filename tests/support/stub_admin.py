@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -51,6 +52,31 @@ def stub_admin_api(
     finally:
         server.shutdown()
         server.server_close()
+
+
+@dataclass
+class RecordingAdmin:
+    """A stub admin API that notes every request it is sent (``"POST /admin/v1/…"``) and
+    refuses each with a 500: a test of a usage error sees that nothing was sent."""
+
+    url: str = ""
+    sent: list[str] = field(default_factory=list)
+
+
+@contextmanager
+def recording_admin_api(monkeypatch: pytest.MonkeyPatch) -> Iterator[RecordingAdmin]:
+    recording = RecordingAdmin()
+
+    class Recording(StubHandler):
+        def _note(self) -> None:
+            recording.sent.append(f"{self.command} {self.path}")
+            self.answer(500, "text/plain", b"")
+
+        do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _note
+
+    with stub_admin_api(Recording, monkeypatch) as url:
+        recording.url = url
+        yield recording
 
 
 def listed_key(n: int, **fields: object) -> dict[str, object]:

@@ -5,29 +5,10 @@ the --max given with it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from cli.main import app
-from tests.support.stub_admin import StubHandler, stub_admin_api
-
-SENT: list[str] = []
-
-
-class Recording(StubHandler):
-    """Notes every request and refuses it, so a test sees whether one was sent."""
-
-    def do_PATCH(self) -> None:
-        SENT.append(f"PATCH {self.path}")
-        self.answer(500, "text/plain", b"")
-
-
-@pytest.fixture
-def admin_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    SENT.clear()
-    with stub_admin_api(Recording, monkeypatch) as url:
-        yield url
+from tests.support.stub_admin import RecordingAdmin
 
 
 @pytest.mark.parametrize(
@@ -52,14 +33,17 @@ def admin_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     ],
 )
 def test_a_figure_the_api_refuses_is_one_line_of_bad_usage_and_nothing_is_sent(
-    admin_url: str, capsys: pytest.CaptureFixture[str], options: list[str], refusal: str
+    recording_admin: RecordingAdmin,
+    capsys: pytest.CaptureFixture[str],
+    options: list[str],
+    refusal: str,
 ) -> None:
     with pytest.raises(SystemExit) as ended:
-        app(["autoscale", "llama", *options, "--admin-url", admin_url])
+        app(["autoscale", "llama", *options, "--admin-url", recording_admin.url])
 
     assert ended.value.code == 2
     assert capsys.readouterr().err == f"llmgw-cli autoscale: {refusal}\n"
-    assert SENT == []
+    assert recording_admin.sent == []
 
 
 @pytest.mark.parametrize(
@@ -71,9 +55,11 @@ def test_a_figure_the_api_refuses_is_one_line_of_bad_usage_and_nothing_is_sent(
         ["--capacity", "1", "--down-window-min-share", "1", "--cold-start-timeout", "3600"],
     ],
 )
-def test_figures_within_the_bounds_are_sent(admin_url: str, options: list[str]) -> None:
+def test_figures_within_the_bounds_are_sent(
+    recording_admin: RecordingAdmin, options: list[str]
+) -> None:
     with pytest.raises(SystemExit) as ended:
-        app(["autoscale", "llama", *options, "--admin-url", admin_url])
+        app(["autoscale", "llama", *options, "--admin-url", recording_admin.url])
 
     assert ended.value.code == 1  # the stub refuses it: what matters is that it was asked
-    assert SENT == ["PATCH /admin/v1/models/llama/autoscale"]
+    assert recording_admin.sent == ["PATCH /admin/v1/models/llama/autoscale"]

@@ -5,31 +5,12 @@ The API strips a revocation's reason before it checks it, and so does the CLI.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from app.domain.free_text import reason_errors
 from app.domain.revocations import InvalidRevocation, RevocationRequest, checked
 from cli.main import app
-from tests.support.stub_admin import StubHandler, stub_admin_api
-
-SENT: list[str] = []
-
-
-class Recording(StubHandler):
-    """Notes every request and refuses it, so a test sees whether one was sent."""
-
-    def do_POST(self) -> None:
-        SENT.append(f"POST {self.path}")
-        self.answer(500, "text/plain", b"")
-
-
-@pytest.fixture
-def admin_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    SENT.clear()
-    with stub_admin_api(Recording, monkeypatch) as url:
-        yield url
+from tests.support.stub_admin import RecordingAdmin
 
 
 def revocation_refused(reason: str) -> bool:
@@ -62,7 +43,11 @@ REFUSED = [
 @pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize(("reason", "refusal"), REFUSED)
 def test_a_reason_the_api_refuses_is_bad_usage_and_nothing_is_sent(
-    admin_url: str, capsys: pytest.CaptureFixture[str], command: str, reason: str, refusal: str
+    recording_admin: RecordingAdmin,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    reason: str,
+    refusal: str,
 ) -> None:
     # Before, it was sent, refused by the API with a 400, and the command exited 1.
     assert reason_errors("reason", reason), "the API refuses it for a cordon"
@@ -70,10 +55,10 @@ def test_a_reason_the_api_refuses_is_bad_usage_and_nothing_is_sent(
     argv, _ = COMMANDS[command]
 
     with pytest.raises(SystemExit) as ended:
-        app([*argv, "--reason", reason, "--admin-url", admin_url])
+        app([*argv, "--reason", reason, "--admin-url", recording_admin.url])
 
     error = capsys.readouterr().err
-    assert (ended.value.code, SENT) == (2, []), error
+    assert (ended.value.code, recording_admin.sent) == (2, []), error
     assert error.startswith(f"llmgw-cli {command}: ")
     assert refusal in error
     assert "\x1b" not in error
@@ -81,21 +66,23 @@ def test_a_reason_the_api_refuses_is_bad_usage_and_nothing_is_sent(
 
 @pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize("reason", ["x" * 500, "ECC errors on GPU 3"])
-def test_a_reason_the_api_takes_is_sent(admin_url: str, command: str, reason: str) -> None:
+def test_a_reason_the_api_takes_is_sent(
+    recording_admin: RecordingAdmin, command: str, reason: str
+) -> None:
     assert not reason_errors("reason", reason)
     assert not revocation_refused(reason)
     argv, request = COMMANDS[command]
 
     with pytest.raises(SystemExit) as ended:
-        app([*argv, "--reason", reason, "--admin-url", admin_url])
+        app([*argv, "--reason", reason, "--admin-url", recording_admin.url])
 
     assert ended.value.code == 1  # the stub refuses it: what matters is that it was asked
-    assert list(SENT) == [request]
+    assert list(recording_admin.sent) == [request]
 
 
 @pytest.mark.parametrize("reason", ["x" * 500 + "  ", "machine rebuilt\n"])
 def test_a_revocation_reason_is_checked_as_the_api_checks_it_once_stripped(
-    admin_url: str, reason: str
+    recording_admin: RecordingAdmin, reason: str
 ) -> None:
     assert not revocation_refused(reason)
 
@@ -109,17 +96,17 @@ def test_a_revocation_reason_is_checked_as_the_api_checks_it_once_stripped(
                 "--reason",
                 reason,
                 "--admin-url",
-                admin_url,
+                recording_admin.url,
             ]
         )
 
     assert ended.value.code == 1
-    assert SENT == ["POST /admin/v1/certificates/revocations"]
+    assert recording_admin.sent == ["POST /admin/v1/certificates/revocations"]
 
 
-def test_an_empty_cordon_reason_is_still_sent(admin_url: str) -> None:
+def test_an_empty_cordon_reason_is_still_sent(recording_admin: RecordingAdmin) -> None:
     with pytest.raises(SystemExit) as ended:
-        app(["cordon", "gpu-1", "--admin-url", admin_url])
+        app(["cordon", "gpu-1", "--admin-url", recording_admin.url])
 
     assert ended.value.code == 1
-    assert SENT == ["POST /admin/v1/nodes/gpu-1/cordon"]
+    assert recording_admin.sent == ["POST /admin/v1/nodes/gpu-1/cordon"]

@@ -4,30 +4,11 @@ wrong, and sends nothing; a one-line reason within the bound is sent."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from app.domain.free_text import MAX_REASON_LENGTH, reason_errors
 from cli.main import app
-from tests.support.stub_admin import StubHandler, stub_admin_api
-
-SENT: list[str] = []
-
-
-class Recording(StubHandler):
-    """Notes every request and refuses it, so a test sees whether one was sent."""
-
-    def do_POST(self) -> None:
-        SENT.append(f"POST {self.path}")
-        self.answer(500, "text/plain", b"")
-
-
-@pytest.fixture
-def admin_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    SENT.clear()
-    with stub_admin_api(Recording, monkeypatch) as url:
-        yield url
+from tests.support.stub_admin import RecordingAdmin
 
 
 def test_the_cli_bound_is_the_apis() -> None:
@@ -50,27 +31,27 @@ def test_the_cli_bound_is_the_apis() -> None:
     ],
 )
 def test_a_reason_the_api_refuses_is_bad_usage_and_nothing_is_sent(
-    admin_url: str, capsys: pytest.CaptureFixture[str], reason: str, refusal: str
+    recording_admin: RecordingAdmin, capsys: pytest.CaptureFixture[str], reason: str, refusal: str
 ) -> None:
     assert reason_errors("reason", reason), "the API refuses it too"
 
     with pytest.raises(SystemExit) as ended:
-        app(["rollout", "pause", "llama", "--reason", reason, "--admin-url", admin_url])
+        app(["rollout", "pause", "llama", "--reason", reason, "--admin-url", recording_admin.url])
 
     assert ended.value.code == 2
     error = capsys.readouterr().err
     assert error.startswith("llmgw-cli rollout pause: ")
     assert refusal in error
     assert "\x1b" not in error
-    assert SENT == []
+    assert recording_admin.sent == []
 
 
 @pytest.mark.parametrize("reason", ["x" * 500, "TTFT looks high", ""])
-def test_a_reason_the_api_takes_is_sent(admin_url: str, reason: str) -> None:
+def test_a_reason_the_api_takes_is_sent(recording_admin: RecordingAdmin, reason: str) -> None:
     assert not reason_errors("reason", reason)
 
     with pytest.raises(SystemExit) as ended:
-        app(["rollout", "pause", "llama", "--reason", reason, "--admin-url", admin_url])
+        app(["rollout", "pause", "llama", "--reason", reason, "--admin-url", recording_admin.url])
 
     assert ended.value.code == 1  # the stub refuses it: what matters is that it was asked
-    assert SENT == ["POST /admin/v1/models/llama/rollout/pause"]
+    assert recording_admin.sent == ["POST /admin/v1/models/llama/rollout/pause"]

@@ -3,31 +3,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from app.admin.rollout_schemas import ROLLOUT_ID_PATTERN
 from cli.main import app
 from cli.rollout import ROLLOUT_ID
-from tests.support.stub_admin import StubHandler, stub_admin_api
-
-SENT: list[str] = []
-
-
-class Recording(StubHandler):
-    """Notes every request and refuses it, so a test sees whether one was sent."""
-
-    def do_POST(self) -> None:
-        SENT.append(f"POST {self.path}")
-        self.answer(500, "text/plain", b"")
-
-
-@pytest.fixture
-def admin_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    SENT.clear()
-    with stub_admin_api(Recording, monkeypatch) as url:
-        yield url
+from tests.support.stub_admin import RecordingAdmin
 
 
 def test_the_cli_pattern_is_the_apis() -> None:
@@ -38,21 +19,31 @@ def test_the_cli_pattern_is_the_apis() -> None:
     "named", ["bogus", "", "rollout-llama-r0", "rollout-Llama-r2", "rollout-llama-r2\n", "r2"]
 )
 def test_an_id_no_rollout_can_have_is_bad_usage_and_nothing_is_sent(
-    admin_url: str, capsys: pytest.CaptureFixture[str], named: str
+    recording_admin: RecordingAdmin, capsys: pytest.CaptureFixture[str], named: str
 ) -> None:
     with pytest.raises(SystemExit) as ended:
-        app(["rollout", "undo", "llama", "--rollout", named, "--admin-url", admin_url])
+        app(["rollout", "undo", "llama", "--rollout", named, "--admin-url", recording_admin.url])
 
     assert ended.value.code == 2
     refusal = capsys.readouterr().err
     assert "--rollout must be a rollout's id as `llmgw-cli rollout status` names it" in refusal
     assert f"got {named!r}" in refusal
-    assert SENT == []
+    assert recording_admin.sent == []
 
 
-def test_an_id_of_the_right_shape_is_sent(admin_url: str) -> None:
+def test_an_id_of_the_right_shape_is_sent(recording_admin: RecordingAdmin) -> None:
     with pytest.raises(SystemExit) as ended:
-        app(["rollout", "undo", "llama", "--rollout", "rollout-llama-r2", "--admin-url", admin_url])
+        app(
+            [
+                "rollout",
+                "undo",
+                "llama",
+                "--rollout",
+                "rollout-llama-r2",
+                "--admin-url",
+                recording_admin.url,
+            ]
+        )
 
     assert ended.value.code == 1  # the stub refuses it: what matters is that it was asked
-    assert SENT == ["POST /admin/v1/models/llama/rollout/undo"]
+    assert recording_admin.sent == ["POST /admin/v1/models/llama/rollout/undo"]
