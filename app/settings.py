@@ -284,40 +284,33 @@ class ServeSettings:
 
     def problems(self) -> list[str]:
         """What is wrong with these settings, one line each; empty when they can be used."""
+        intervals = (
+            ("--heartbeat-interval", self.heartbeat_interval),
+            ("--reconcile-interval", self.reconcile_interval),
+        )
+        waits = (
+            ("--adoption-grace", self.adoption_grace),
+            ("--adoption-quiet", self.adoption_quiet),
+            ("--adoption-grace-max", self.adoption_grace_max),
+            ("--lost-timeout", self.lost_timeout),
+            ("--stability-window", self.stability_window),
+            ("--drain-idle-timeout", self.drain_idle_timeout),
+        )
+        rates = (
+            ("--agent-message-rate", self.agent_message_rate),
+            ("--agent-message-burst", self.agent_message_burst),
+        )
         problems = [
             f"{flag} must be positive, not {value}"
-            for flag, value in (
-                ("--heartbeat-interval", self.heartbeat_interval),
-                ("--reconcile-interval", self.reconcile_interval),
-                ("--agent-message-rate", self.agent_message_rate),
-                ("--agent-message-burst", self.agent_message_burst),
-            )
+            for flag, value in (*intervals, *rates)
             if not value > 0  # NaN too: it passes every comparison
         ]
         problems += [
-            f"{flag} must not be negative, not {value}"
-            for flag, value in (
-                ("--adoption-grace", self.adoption_grace),
-                ("--adoption-quiet", self.adoption_quiet),
-                ("--adoption-grace-max", self.adoption_grace_max),
-                ("--lost-timeout", self.lost_timeout),
-                ("--stability-window", self.stability_window),
-                ("--drain-idle-timeout", self.drain_idle_timeout),
-            )
-            if not value >= 0
+            f"{flag} must not be negative, not {value}" for flag, value in waits if not value >= 0
         ]
         problems += [
             f"{flag} must be at most {MAX_TIMING_S:g} seconds, not {value:g}"
-            for flag, value in (
-                ("--heartbeat-interval", self.heartbeat_interval),
-                ("--reconcile-interval", self.reconcile_interval),
-                ("--adoption-grace", self.adoption_grace),
-                ("--adoption-quiet", self.adoption_quiet),
-                ("--adoption-grace-max", self.adoption_grace_max),
-                ("--lost-timeout", self.lost_timeout),
-                ("--stability-window", self.stability_window),
-                ("--drain-idle-timeout", self.drain_idle_timeout),
-            )
+            for flag, value in (*intervals, *waits)
             if value > MAX_TIMING_S
         ]
         problems += limit_problems(self.agent_connect_burst, self.agent_connects_per_minute)
