@@ -23,6 +23,7 @@ from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import (
     bearer_client,
     last_position,
+    problem_of,
     seed_node,
     seed_serving_replica,
     serving_admin,
@@ -39,13 +40,6 @@ async def admin(pg_store: PostgresEventStore) -> AsyncIterator[httpx.AsyncClient
         bearer_client(url, TOKEN) as client,
     ):
         yield client
-
-
-def problem_of(answer: httpx.Response, status: int) -> dict[str, Any]:
-    assert answer.status_code == status, answer.text
-    assert answer.headers["content-type"].startswith("application/problem+json")
-    body: dict[str, Any] = answer.json()
-    return body
 
 
 async def seeded(admin: httpx.AsyncClient, store: PostgresEventStore) -> int:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from ipaddress import ip_address
 from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
@@ -214,3 +215,11 @@ async def seed_serving_replica(store: PostgresEventStore, replica_id: str, node_
 async def last_position(store: PostgresEventStore) -> int:
     """The log's last position: unchanged means nothing was appended."""
     return await store.last_position()
+
+
+def problem_of(answer: httpx.Response, status: int) -> dict[str, Any]:
+    """The problem document of ``answer``, which must have ``status``."""
+    assert answer.status_code == status, answer.text
+    assert answer.headers["content-type"].startswith("application/problem+json")
+    body: dict[str, Any] = answer.json()
+    return body
