@@ -34,7 +34,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkout", type=Path, default=HERE.parent)
     parser.add_argument("--keep", type=Path, help="keep the raw records in this directory")
-    parser.add_argument("--list", action="store_true", help="print every file and function")
+    parser.add_argument(
+        "--list",
+        action="store_true",
+        help="print every file and function; * marks those on the chains",
+    )
     parser.add_argument(
         "--runs", type=int, default=3, help="runs of the scenario; a path is their union"
     )
@@ -101,8 +105,12 @@ def report(checkout: Path, runs: list[Path], *, listing: bool) -> None:
         )
         if listing:
             for file in sorted(files):
-                names = sorted(name for f, name in functions if f == file)
-                print(f"    {file}: {', '.join(names)}")
+                names = sorted(
+                    name + ("*" if (f, name) in path.on_chain else "")
+                    for f, name in functions
+                    if f == file
+                )
+                print(f"  {'*' if file in chain_files else ' '} {file}: {', '.join(names)}")
 
 
 class PhasePath:
