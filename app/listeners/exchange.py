@@ -193,7 +193,8 @@ class Exchange:
                 waiter.set_result(None)
 
     async def run(self, app: App) -> None:
-        """Run ``app`` on this request; a failure before the answer started is a 500."""
+        """Run ``app`` on this request; a failure before the answer started is a 500, a
+        cancel (the server stopping) no answer."""
         try:
             await app(self.scope, self.receive, self.send)
         except BaseException as exc:
@@ -202,6 +203,10 @@ class Exchange:
                 logger.error("Exception in ASGI application", exc_info=exc)
             if self.disconnected or self.complete:
                 pass
+            elif isinstance(exc, asyncio.CancelledError):
+                # The server stops (past its grace): the request ends unanswered, as when
+                # its connection closes, not with a 500 for a fault of the app's.
+                self.wire.transport.close()
             elif not self.started or self._head is not None:  # nothing of it written yet
                 self._server_error()
             else:

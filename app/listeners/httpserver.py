@@ -73,6 +73,10 @@ from app.listeners.limits import (
 )
 
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
+CANCELLED_ANSWERS_S = 1.0
+"""How long requests cancelled at the end of a graceful shutdown have to end their answers
+(a stream its last event) before every connection is closed: one turn of the loop is
+enough for each, unless its client has stopped reading."""
 _Stage = tuple[float, str]
 _IDLE = "idle"
 
@@ -536,8 +540,8 @@ class HttpServer:
 
     async def serve(self) -> None:
         """Until ``stop()``; then stop listening, let in-flight requests finish for up to
-        ``graceful_shutdown_s`` (cancelled after), close idle connections and end the
-        app's lifespan."""
+        ``graceful_shutdown_s`` (cancelled after, with ``CANCELLED_ANSWERS_S`` more to end
+        their answers), close idle connections and end the app's lifespan."""
         await self._stop.wait()
         listener, server = self._listener, self._server
         if listener is None or server is None:
@@ -551,6 +555,10 @@ class HttpServer:
             await asyncio.wait_for(listener.drained.wait(), self._graceful_shutdown_s)
         for task in list(listener.tasks):
             task.cancel()
+        if listener.tasks:
+            # A cancelled request may still end its answer (a stream its closing event,
+            # saying why it ends there) before its connection closes; for a moment at most.
+            await asyncio.wait(list(listener.tasks), timeout=CANCELLED_ANSWERS_S)
         for connection in list(listener.connections):
             connection.transport.close()
         with contextlib.suppress(asyncio.CancelledError):

@@ -46,7 +46,7 @@ class Echo:
     ``release``, ``/stream`` sends three events as a chunked stream, ``/fail`` raises,
     ``/notify`` asks to be told when its client leaves (``gone``) and waits for
     ``release``, ``/close`` answers 413 and ``connection: close`` without reading the
-    body."""
+    body, ``/last-word`` starts a stream and, cancelled, ends it with a last event."""
 
     release: asyncio.Event = field(default_factory=asyncio.Event)
     seen: list[Scope] = field(default_factory=list)
@@ -88,6 +88,14 @@ class Echo:
         if path == "/watch":
             self.after_body.append(await receive())
             return
+        if path == "/last-word":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                await send({"type": "http.response.body", "body": b"data: cut off\n\n"})
+                raise
         if path == "/stream":
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await self.release.wait()
@@ -773,6 +781,24 @@ async def test_requests_still_in_flight_after_the_grace_are_cancelled() -> None:
         await client.send(get("/hold"))
         await wait_until(lambda: len(app.seen) == 1)
         server.stop()
+        assert await client.closed()
+        await client.close()
+    assert app.cancelled == 1
+
+
+async def test_a_request_cancelled_after_the_grace_may_still_end_its_answer() -> None:
+    """A stream cut off by the shutdown can tell its client why, in the stream's own terms
+    (the gateway's error event), rather than just stop: its connection closes only after
+    the cancelled request has ended its answer."""
+    app = Echo()
+    async with serving(app, graceful_shutdown_s=0.2) as (server, port):
+        client = await Client.to(port)
+        await client.send(get("/last-word"))
+        await wait_until(lambda: len(app.seen) == 1)
+        server.stop()
+        status, _, body = await client.answer()
+        assert status == b"HTTP/1.1 200 OK"
+        assert body == b"data: cut off\n\n"
         assert await client.closed()
         await client.close()
     assert app.cancelled == 1
