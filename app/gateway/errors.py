@@ -426,7 +426,27 @@ def _shorten(text: str) -> str:
     return text[:MAX_ENGINE_MESSAGE_CHARS] + "..."
 
 
-def stream_error_events(message: str) -> bytes:
-    """What ends a stream whose engine died mid-way: an error event, then ``[DONE]``."""
-    error = ErrorBody(ErrorDetail(message, "server_error", None, "upstream_disconnected"))
+def stream_error_events(message: str, code: str = "upstream_disconnected") -> bytes:
+    """What ends a stream cut short (its engine died mid-way, or the gateway stopped): an
+    error event, then ``[DONE]``."""
+    error = ErrorBody(ErrorDetail(message, "server_error", None, code))
     return b"data: " + _encode(error) + b"\n\ndata: [DONE]\n\n"
+
+
+STOPPED_MID_STREAM = stream_error_events(
+    "This gateway is shutting down and cut the stream off before its end; retry the request.",
+    "gateway_shutting_down",
+)
+"""What ends a stream still open when the gateway's graceful shutdown ends."""
+
+
+def gateway_stopped() -> ApiError:
+    """A request still unanswered when this gateway's graceful shutdown ended: another
+    gateway (behind the same address) takes it again at once."""
+    return ApiError(
+        503,
+        "This gateway is shutting down and could not answer the request in time; retry after 1 s.",
+        type="server_error",
+        code="gateway_shutting_down",
+        headers=((b"retry-after", retry_after_header(1.0)),),
+    )

@@ -187,6 +187,8 @@ class ExchangeSteps:
                 # hangs do: a rollout's verdict counts that against the replica.
                 started = exchange.first_byte_at is not None
                 outcome = Outcome.CANCELLED if started else Outcome.ABANDONED
+                if tokens is not None and not watch.fired:
+                    exchange.note = "the gateway stopped mid-stream"
                 if tokens is not None and key.tpm is not None:
                     # Cut short mid-stream: what was sent was generated for the client, and
                     # is charged (one token per event; the usage chunk never came), or a

@@ -10,7 +10,9 @@ Relaying: a whole answer is read and sent on (an error body in OpenAI's shape); 
 server-sent events go to the client as they arrive, unparsed, ending with the engine's own
 ``data: [DONE]``. If the engine dies mid-stream the client gets an error event and
 ``data: [DONE]`` instead of a stream that just stops; an event the engine had sent only
-part of is not relayed (``app.gateway.sse``), so the error event is one of its own.
+part of is not relayed (``app.gateway.sse``), so the error event is one of its own. A
+stream still open when the gateway's graceful shutdown ends is cancelled, and ends the
+same way, with an error event saying so.
 
 Cancellation is the caller's: cancelling the task that awaits any of these and then
 closing the answer (``Opened.close``) closes the upstream connection, which is how an
@@ -59,6 +61,7 @@ from app.gateway.engine_errors import (
     HeadTimedOut,
 )
 from app.gateway.errors import (
+    STOPPED_MID_STREAM,
     ApiError,
     normalize_engine_error,
     stream_error_events,
@@ -372,6 +375,12 @@ async def relay_stream(
                 await send({"type": "http.response.body", "body": body, "more_body": more})
             if tokens is not None:
                 tokens.feed(chunk)
+    except asyncio.CancelledError:
+        # The client left (nothing reaches it: this sends nothing) or the gateway stops
+        # past its grace: its client is told so, rather than seeing the stream just stop.
+        events.drop()
+        await send({"type": "http.response.body", "body": STOPPED_MID_STREAM})
+        raise
     except AnswerBroken as exc:
         # Before its first piece or after it: an engine that wedges mid-stream (its GPU
         # hung, its scheduler deadlocked) stalls every stream it holds, and is ejected for

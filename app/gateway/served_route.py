@@ -4,6 +4,10 @@ watch for a client that leaves, the answer to a refusal or a bug, and the accoun
 end. A route (``app.gateway.completions`` for a JSON body, ``app.gateway.uploads`` for a
 multipart upload) says only how it reads its request and forwards it (``handle``).
 
+A request still open when the gateway's graceful shutdown ends is cancelled: one not
+answered yet is answered 503 ``gateway_shutting_down``, a stream ends with an error event
+(``app.gateway.proxy``).
+
 The route is the ASGI callable itself and calls ``handle`` directly: a request passes
 through no coroutine more than its route's own.
 """
@@ -17,7 +21,7 @@ import structlog
 
 from app.gateway.asgi import Receive, Scope, Send, clock, refuse
 from app.gateway.disconnect import DisconnectWatch
-from app.gateway.errors import ApiError, internal_error
+from app.gateway.errors import ApiError, gateway_stopped, internal_error
 from app.gateway.exchange import CompletionExchange
 from app.gateway.exchange_steps import ExchangeSteps, log
 from app.gateway.metrics import CLIENT_GONE
@@ -64,6 +68,11 @@ class ServedRoute(ABC):
             exchange.status = CLIENT_GONE
         except asyncio.CancelledError:
             if not watch.left():
+                # The gateway stops, past its grace: a client still waiting is told so
+                # (a stream's relay ends it with an error event of its own).
+                if not exchange.answer_started:
+                    exchange.status = 503
+                    await refuse(send, gateway_stopped(), exchange.answer_headers())
                 raise
             exchange.status = CLIENT_GONE
         except Exception:
