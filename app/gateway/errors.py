@@ -344,6 +344,18 @@ def upstream_invalid_answer(model: str, reason: str) -> ApiError:
     )
 
 
+def upstream_disconnected(model: str, reason: str) -> ApiError:
+    """A replica's answer, read whole to be sent on, broke off before its end (the engine
+    closed its connection, or sent what is not HTTP): nothing of it reached the client. A
+    stream cut so ends with an error event of the same code (``stream_error_events``)."""
+    return ApiError(
+        502,
+        f"A replica of `{model}` broke off its answer: {reason}",
+        type="server_error",
+        code="upstream_disconnected",
+    )
+
+
 def upstream_timeout(model: str, reason: str) -> ApiError:
     """A replica did not answer within the gateway's bound (``--engine-head-timeout``), or
     went silent before its answer was sent on: its connection was dropped."""

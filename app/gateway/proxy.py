@@ -65,6 +65,7 @@ from app.gateway.errors import (
     ApiError,
     normalize_engine_error,
     stream_error_events,
+    upstream_disconnected,
     upstream_invalid_answer,
     upstream_timeout,
     upstream_unreachable,
@@ -331,7 +332,7 @@ async def read_whole(opened: Opened, timing: Timing) -> tuple[int, bytes, bytes]
             raise upstream_timeout(opened.lease.route.model, str(exc)) from exc
         if isinstance(exc, AnswerTooLarge):
             raise upstream_invalid_answer(opened.lease.route.model, str(exc)) from exc
-        raise upstream_unreachable(opened.lease.route.model, str(exc)) from exc
+        raise upstream_disconnected(opened.lease.route.model, str(exc)) from exc
     finally:
         timing.upstream_s += _clock() - started
     opened.lease.succeeded()

@@ -168,6 +168,31 @@ def test_a_whole_answer_over_the_bound_is_a_502_without_reading_it() -> None:
         assert client.post("/chat/completions", content=request_body("next")).status_code == 200
 
 
+@pytest.mark.parametrize(
+    "broken",
+    [
+        pytest.param([HANG_UP], id="the-engine-hangs-up"),
+        pytest.param([b"zz\r\nnot a chunk", HANG_UP], id="what-follows-is-not-http"),
+    ],
+)
+def test_a_whole_answer_that_breaks_off_is_a_502_saying_so(broken: list[bytes]) -> None:
+    """The engine was reached, took the request and began its answer: "no replica could be
+    reached", as the gateway said before, sent its operator looking at the network."""
+    head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    begun = b'{"id": "c",'
+    story = first_post_then_ok([head + b"%x\r\n%s\r\n" % (len(begun), begun), *broken])
+    with BadEngine(story) as engine, gateway_before(engine) as (client, _):
+        answer = client.post("/chat/completions", content=request_body("first"))
+
+        assert answer.status_code == 502, answer.text
+        error = answer.json()["error"]
+        assert (error["type"], error["code"]) == ("server_error", "upstream_disconnected")
+        assert error["message"].startswith(f"A replica of `{MODEL}` broke off its answer: ")
+        assert client.post("/chat/completions", content=request_body("next")).status_code == 200
+
+
 # -- usage figures --------------------------------------------------------------------------
 
 
