@@ -1,0 +1,79 @@
+"""A TCP relay on 127.0.0.1 in front of a real server, which a test can cut and mend: the
+network between one process and PostgreSQL failing, the others still reaching it.
+
+While cut, every connection through the relay stays open and carries nothing either way,
+as a partition leaves them (no reset, no close: the process finds out only by its own
+timeouts), and a new connection is accepted and carries nothing either. Mended, what was
+held flows on. It runs on the test's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from types import TracebackType
+
+CHUNK_BYTES = 65536
+
+
+class TcpRelay:
+    """``async with TcpRelay(host, port) as relay``: connect to ``relay.port`` to reach
+    ``host``:``port``."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._target = (host, port)
+        self._open = asyncio.Event()
+        self._open.set()
+        self._pipes: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    async def __aenter__(self) -> TcpRelay:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._server is not None:
+            self._server.close()
+        for pipe in self._pipes:
+            pipe.cancel()
+        await asyncio.gather(*self._pipes, return_exceptions=True)
+
+    def cut(self) -> None:
+        """Carry nothing from now on, in either direction, on any connection."""
+        self._open.clear()
+
+    def mend(self) -> None:
+        """Carry again, what was held first."""
+        self._open.set()
+
+    async def _relay(
+        self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter
+    ) -> None:
+        await self._open.wait()
+        try:
+            server_in, server_out = await asyncio.open_connection(*self._target)
+        except OSError:
+            client_out.close()
+            return
+        for reader, writer in ((client_in, server_out), (server_in, client_out)):
+            pipe = asyncio.create_task(self._pipe(reader, writer))
+            self._pipes.add(pipe)
+            pipe.add_done_callback(self._pipes.discard)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(CHUNK_BYTES):
+                await self._open.wait()
+                writer.write(data)
+                await writer.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                writer.close()
