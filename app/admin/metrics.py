@@ -13,8 +13,9 @@ Figures come from three places, none of them counters sprinkled through the code
   nodes rejected for each reason;
 - the ``events`` table: events appended by type, counted incrementally by position (appends
   are serialized, so no event can appear later below a position already counted);
-- the leader's live parts (``LiveFigures``): agents connected to this server's hub and
-  connections it refused before their TLS handshake, the reconciler's recent passes, the
+- the leader's live parts (``LiveFigures``): agents connected to this server's hub,
+  connections it refused before their TLS handshake and handshakes it refused on the node
+  certificate, the reconciler's recent passes, the
   demand its autoscaler last sampled for each autoscaled model, and the gateways its last
   pass read as reporting or silent. A standby reports no leader, no agents, no demand and
   no gateways;
@@ -68,6 +69,9 @@ class LiveFigures:
     agent_handshakes_refused: int = 0
     """Agent connections the hub closed before their TLS handshake: their address had as
     many handshakes in progress as it may (``app.hub.gate``)."""
+    agent_certificates_refused: int = 0
+    """Agent TLS handshakes that failed on the node certificate: expired, not yet valid, not
+    issued by the CA (``app.hub.accepting``)."""
 
 
 LiveSource = Callable[[], LiveFigures | None]
@@ -107,6 +111,7 @@ def leader_figures(leader: Leader) -> LiveFigures:
         gateways_reporting=reconciler.gateways.live if reconciler else 0,
         gateways_silent=reconciler.gateways.silent if reconciler else 0,
         agent_handshakes_refused=leader.hub.handshakes_refused(),
+        agent_certificates_refused=leader.hub.certificates_refused(),
     )
 
 
@@ -200,6 +205,13 @@ def live_families(figures: LiveFigures | None) -> Iterator[Metric]:
     )
     refused.add_metric([], figures.agent_handshakes_refused if figures else 0)
     yield refused
+    certificates = CounterMetricFamily(
+        "llmgw_agent_certificates_refused",
+        "Agent TLS handshakes this server's hub refused on the node certificate, since it "
+        "began leading: expired, not yet valid, or not issued by its CA",
+    )
+    certificates.add_metric([], figures.agent_certificates_refused if figures else 0)
+    yield certificates
     passes = CounterMetricFamily(
         "llmgw_reconcile_passes", "Reconcile passes since this server began leading"
     )

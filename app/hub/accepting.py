@@ -36,6 +36,7 @@ from app.hub.arrivals import OpeningConnections
 from app.hub.gate import HandshakeGate
 from app.hub.refusals import RefusalThrottle
 from app.listeners.throttle import address_group
+from app.pki import explain_node_certificate_refusal
 
 OVER_CAP_LOG_INTERVAL_S = 60.0
 log = structlog.get_logger(__name__)
@@ -85,6 +86,9 @@ class Accepting:
         self._handshake_timeout_s = handshake_timeout_s
         self._shutdown_timeout_s = shutdown_timeout_s
         self._over_cap = RefusalThrottle(interval_s=OVER_CAP_LOG_INTERVAL_S)
+        self._certificates = RefusalThrottle(interval_s=OVER_CAP_LOG_INTERVAL_S)
+        self.certificates_refused = 0
+        """Handshakes that failed on the client certificate, since the hub was made."""
         self._handshakes: set[asyncio.Task[None]] = set()
 
     def stop(self) -> None:
@@ -127,8 +131,10 @@ class Accepting:
                         ssl_handshake_timeout=accepting._handshake_timeout_s,
                         ssl_shutdown_timeout=accepting._shutdown_timeout_s,
                     )
+                except ssl.SSLCertVerificationError as exc:
+                    accepting._certificate_refused(address, exc)
                 except OSError:
-                    pass  # refused, timed out or cut off (ssl.SSLError is an OSError)
+                    pass  # timed out, cut off, not TLS (ssl.SSLError is an OSError)
                 except Exception:
                     log.exception("agent_tls_not_started")
                 finally:
@@ -146,6 +152,23 @@ class Accepting:
                 super().connection_lost(exc)
 
         return _AcceptedConnection
+
+    def _certificate_refused(self, address: str, error: ssl.SSLCertVerificationError) -> None:
+        """A node certificate the TLS handshake refused: expired, not yet valid, not issued
+        by the CA. The agent sees only the connection closed (asyncio sends no alert), so
+        this line is the one place that says why: one a minute per address and reason, with
+        the count left unlogged, so that an agent dialling in a loop cannot flood the log."""
+        self.certificates_refused += 1
+        reason = explain_node_certificate_refusal(error)
+        group = address_group(address)
+        unlogged = self._certificates.admit(f"{group} {error.verify_code}", monotonic())
+        if unlogged is not None:
+            log.warning(
+                "agent_certificate_refused",
+                address=address,
+                reason=reason,
+                refused_unlogged=unlogged,
+            )
 
     def _refused(self, address: str) -> None:
         group = address_group(address)  # what the cap counts: one line a minute for a /64

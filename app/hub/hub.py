@@ -295,6 +295,11 @@ class AgentHub:
         address had as many handshakes in progress as it may (``app.hub.gate``)."""
         return self._accepting.gate.refused
 
+    def certificates_refused(self) -> int:
+        """TLS handshakes that failed on the node certificate since the hub was made: expired,
+        not yet valid, not issued by the CA (logged as ``agent_certificate_refused``)."""
+        return self._accepting.certificates_refused
+
     async def send_command(self, node_id: str, command: StartShard | StopShard) -> None:
         """Send ``command`` on the node's current connection; raises ``NodeNotConnected``
         when there is none, it closes under the send, or its agent reads nothing (the send

@@ -18,7 +18,11 @@ from app.pki.errors import (
     UnprotectedKey,
     UnreadableFile,
 )
-from app.pki.explain import explain_tls_failure, ssl_error_in
+from app.pki.explain import (
+    explain_node_certificate_refusal,
+    explain_tls_failure,
+    ssl_error_in,
+)
 from app.pki.keys import generate_key
 from app.pki.model import CertificateAuthority, CertificateKind, Usage, Validity
 from app.pki.tls import (
@@ -48,6 +52,7 @@ __all__ = [
     "build_ca",
     "client_ssl_context",
     "describe",
+    "explain_node_certificate_refusal",
     "explain_tls_failure",
     "fetch_presented_certificate",
     "generate_key",

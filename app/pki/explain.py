@@ -8,6 +8,7 @@ import ssl
 from cryptography import x509
 
 from app.pki.describe import alternative_names
+from app.pki.model import CLOCK_SKEW
 
 # OpenSSL X509_V_ERR_* codes, as found in SSLCertVerificationError.verify_code.
 _UNABLE_TO_GET_ISSUER_CERT = 2
@@ -51,6 +52,29 @@ def explain_tls_failure(
     if error is not None:
         return _explain_refusal(error, host)
     return f"could not connect to {host}: {exc}"
+
+
+def explain_node_certificate_refusal(error: ssl.SSLCertVerificationError) -> str:
+    """Why the agent hub's TLS handshake refused a node certificate, and what fixes it:
+    said on the server, since the agent is told nothing (asyncio closes without an alert)."""
+    code = error.verify_code
+    if code == _CERT_HAS_EXPIRED:
+        return (
+            "the node certificate has expired: issue the node a new one where the llmgw CA "
+            "is kept (`llmgw-cli cert node <node-id> --force`) and restart its agent"
+        )
+    if code == _CERT_NOT_YET_VALID:
+        return (
+            "the node certificate is not valid yet by this server's clock: this server's "
+            "clock, or that of the machine that issued it, is ahead by more than "
+            f"{CLOCK_SKEW.total_seconds() / 60:g} minutes"
+        )
+    if code in _UNKNOWN_ISSUER:
+        return (
+            f"the node certificate was not issued by the CA this server trusts "
+            f"({error.verify_message}): issue it from the CA whose ca.crt the server was given"
+        )
+    return f"the node certificate failed verification: {error.verify_message}"
 
 
 def _explain_verification(

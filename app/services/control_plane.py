@@ -106,6 +106,8 @@ class AgentChannel(CommandChannel, Protocol):
 
     def handshakes_refused(self) -> int: ...
 
+    def certificates_refused(self) -> int: ...
+
 
 RevocationCheck = Callable[[PresentedCertificate], str | None]
 
