@@ -58,6 +58,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import Enum, auto
 from typing import NoReturn
 
@@ -71,7 +72,12 @@ from agent.config import (
     DEFAULT_OPEN_TIMEOUT_S,
     ServerAddress,
 )
-from agent.refusal_advice import NodeClaim, node_certificate_hint, refusal_advice
+from agent.refusal_advice import (
+    NodeClaim,
+    certificate_dates_note,
+    node_certificate_hint,
+    refusal_advice,
+)
 from app.pki import explain_tls_failure, fetch_presented_certificate, ssl_error_in
 from wire.messages import MAX_MESSAGE_BYTES, CloseCode
 
@@ -230,7 +236,10 @@ async def stay_connected(
             raise ClientCertificateRejected(
                 f"{server.host} closed {hang_ups} connections in a row right after the TLS "
                 "handshake, which is how it refuses a client certificate (issued by another "
-                f"CA, expired, or not a node certificate): {node_certificate_hint(node)}"
+                "CA, expired or not valid yet by its clock, or not a node certificate; its "
+                "agent_certificate_refused log line says which): "
+                f"{certificate_dates_note(node, datetime.now(UTC))}"
+                f"{node_certificate_hint(node)}"
             )
         if ending.stable:
             backoff.reset()

@@ -18,6 +18,7 @@ import os
 import signal
 import ssl
 from contextlib import suppress
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, TextIO
 
@@ -47,7 +48,8 @@ from agent.gpus import mark_fake_gpu, open_gpu_source
 from agent.refusal_advice import NodeClaim
 from agent.runtime import AgentRuntime
 from app.logs import configure_logging
-from app.pki import TlsConfigurationError, client_ssl_context
+from app.pki import CertificateFileError, TlsConfigurationError, client_ssl_context
+from app.pki.files import load_certificate
 from app.usage_errors import (
     finite_number_flag,
     one_line_usage_errors,
@@ -414,7 +416,7 @@ async def _serve_until_stopped(
             config.servers,
             ssl_context,
             runtime.serve,
-            node=NodeClaim(config.node_id, config.address),
+            node=NodeClaim(config.node_id, config.address, _validity(config.cert)),
             backoff=backoff,
             timeouts=DialTimeouts(
                 connect_s=config.connect_timeout_s,
@@ -538,3 +540,13 @@ def _fail(command: str, message: str, code: int) -> int:
 def main() -> None:
     with suppress(KeyboardInterrupt):
         run_program(app)
+
+
+def _validity(certificate_path: Path) -> tuple[datetime, datetime] | None:
+    """The node certificate's not_before and not_after, to name in a refusal; None if it
+    cannot be read again (TLS has loaded it already)."""
+    try:
+        certificate = load_certificate(certificate_path)
+    except CertificateFileError:
+        return None
+    return certificate.not_valid_before_utc, certificate.not_valid_after_utc

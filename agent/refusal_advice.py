@@ -11,15 +11,18 @@ from __future__ import annotations
 import ipaddress
 import shlex
 from dataclasses import dataclass
+from datetime import datetime
 
 
 @dataclass(frozen=True)
 class NodeClaim:
-    """Who the agent says it is: its node id, and the address it advertises for its engines
-    (``None``: the address its connection comes from)."""
+    """Who the agent says it is: its node id, the address it advertises for its engines
+    (``None``: the address its connection comes from), and its certificate's validity
+    (``not_before``, ``not_after``), where it could be read."""
 
     node_id: str
     address: str | None = None
+    certificate_validity: tuple[datetime, datetime] | None = None
 
     def issue_command(self, *, naming_address: bool = False) -> str:
         """``llmgw-cli cert node ID``, naming the advertised address when asked to."""
@@ -35,6 +38,24 @@ def node_certificate_hint(node: NodeClaim) -> str:
         f"(`{node.issue_command()}`, on the operator's machine: never on a server), copy it "
         "here, and check the files with `llmgw-cli cert show`"
     )
+
+
+def certificate_dates_note(node: NodeClaim, now: datetime) -> str:
+    """What this machine's clock says of the node certificate's dates, when they explain a
+    refusal (expired, or not valid yet); empty when they are in order or unknown. The
+    server judges by its own clock, which may differ."""
+    if node.certificate_validity is None:
+        return ""
+    not_before, not_after = node.certificate_validity
+    if now >= not_after:
+        return f"this node's certificate expired on {not_after:%Y-%m-%d %H:%M:%S} UTC. "
+    if now < not_before:
+        return (
+            f"this node's certificate is not valid until {not_before:%Y-%m-%d %H:%M:%S} UTC "
+            "by this machine's clock: check the clocks of this machine, of the control plane "
+            "and of the machine that issued it. "
+        )
+    return ""
 
 
 def refusal_advice(reason: str, node: NodeClaim) -> str:

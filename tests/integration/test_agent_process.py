@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
 
@@ -56,8 +56,11 @@ from app.hub.session import (
 )
 from app.pki import (
     CertificateKind,
+    Usage,
+    Validity,
     build_ca,
     generate_key,
+    issue,
     issue_node,
     issue_server,
     peer_identity,
@@ -93,13 +96,14 @@ from wire.messages import (
 pytestmark = pytest.mark.timeout(60)
 
 NODE_ID = "gpu-01"
+EXPIRED_AT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The CA, a server certificate for 127.0.0.1, one for 127.0.0.2 only, the node's, and
-    a node certificate from another CA."""
+    """The CA, a server certificate for 127.0.0.1, one for 127.0.0.2 only, the node's, a
+    node certificate from another CA, and one of the node's that expired."""
     directory = tmp_path_factory.mktemp("pki")
     now = datetime.now(UTC)
     ca = build_ca(generate_key(), "llmgw CA", now, 1)
@@ -111,6 +115,14 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "server-elsewhere": lambda key: issue_server(ca, key, [], [elsewhere], now, 1),
         "node": lambda key: issue_node(ca, key, NODE_ID, now, 1),
         "node-stranger": lambda key: issue_node(stranger, key, NODE_ID, now, 1),
+        "node-expired": lambda key: issue(
+            ca,
+            key,
+            common_name=NODE_ID,
+            unit=CertificateKind.NODE,
+            usages=(Usage.CLIENT_AUTH,),
+            validity=Validity(not_before=EXPIRED_AT - timedelta(days=1), not_after=EXPIRED_AT),
+        ),
     }
     for stem, build in certificates.items():
         key = generate_key()
@@ -693,6 +705,21 @@ async def test_the_agent_gives_up_when_the_control_plane_refuses_its_certificate
 
     assert agent.process.returncode == 1
     assert "right after the TLS handshake" in agent.log()
+    assert f"llmgw-cli cert node {NODE_ID}`" in agent.log()
+    assert control_plane.seen == []
+
+
+async def test_an_agent_whose_certificate_expired_says_so_when_it_gives_up(
+    control_plane: ControlPlane, processes: Processes, tmp_path: Path
+) -> None:
+    """The control plane's TLS hangs up without saying why; the agent reads its own
+    certificate's dates and names the one that explains it."""
+    agent = processes.agent(control_plane, tmp_path / "state", certificate="node-expired")
+
+    await wait_until(agent.exited, within_s=15, what="the agent exits")
+
+    assert agent.process.returncode == 1
+    assert "this node's certificate expired on 2026-01-02 03:04:05 UTC" in agent.log()
     assert f"llmgw-cli cert node {NODE_ID}`" in agent.log()
     assert control_plane.seen == []
 

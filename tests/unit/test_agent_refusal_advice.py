@@ -5,9 +5,11 @@ it is the command to run there, with this agent's own node id and address."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
-from agent.refusal_advice import NodeClaim, refusal_advice
+from agent.refusal_advice import NodeClaim, certificate_dates_note, refusal_advice
 
 NODE = NodeClaim("gpu-07", "127.0.20.7")
 
@@ -70,3 +72,26 @@ def test_an_address_outside_the_engine_networks_is_not_told_to_reissue_its_certi
     assert "llmgw-cli cert node" not in advice
     assert "--engine-networks" in advice
     assert "Set --address" in advice
+
+
+VALID_FROM = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+VALID_UNTIL = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
+DATED = NodeClaim("gpu-07", certificate_validity=(VALID_FROM, VALID_UNTIL))
+
+
+def test_an_expired_certificate_is_named_with_its_end() -> None:
+    note = certificate_dates_note(DATED, VALID_UNTIL)
+
+    assert note == "this node's certificate expired on 2026-06-01 12:00:00 UTC. "
+
+
+def test_a_certificate_not_valid_yet_by_this_clock_points_at_the_clocks() -> None:
+    note = certificate_dates_note(DATED, VALID_FROM - timedelta(seconds=1))
+
+    assert "not valid until 2026-03-01 12:00:00 UTC by this machine's clock" in note
+    assert "check the clocks" in note
+
+
+def test_dates_in_order_or_unknown_add_nothing() -> None:
+    assert certificate_dates_note(DATED, VALID_FROM) == ""
+    assert certificate_dates_note(NodeClaim("gpu-07"), VALID_UNTIL) == ""
