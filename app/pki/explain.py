@@ -86,8 +86,9 @@ def _explain_verification(
     if code == _CERT_HAS_EXPIRED:
         when = f" on {presented.not_valid_after_utc:%Y-%m-%d %H:%M} UTC" if presented else ""
         return (
-            f"the server certificate of {host} expired{when}: issue a new one on the control "
-            f"plane and restart llmgw-server: `{_reissue_command(host, presented)}`"
+            f"the server certificate of {host} expired{when}: issue a new one where the llmgw "
+            "CA is kept (never on a server), install it on the control plane and restart "
+            f"llmgw-server: `{_reissue_command(host, presented)}`"
         )
     if code == _CERT_NOT_YET_VALID:
         when = f" until {presented.not_valid_before_utc:%Y-%m-%d %H:%M} UTC" if presented else ""

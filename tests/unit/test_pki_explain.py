@@ -136,6 +136,9 @@ def test_an_expired_server_certificate_says_when_and_how_to_reissue(
 
     assert "expired on 2029-12-31 12:00 UTC" in message
     assert "llmgw-cli cert server --host llmgw.internal --force" in message
+    # Issued where the CA is kept (docs/certificates.md), as every other advice says.
+    assert "issue a new one where the llmgw CA is kept (never on a server)" in message
+    assert "issue a new one on the control plane" not in message
 
 
 def test_a_certificate_not_valid_yet_points_at_the_clocks() -> None:
