@@ -49,7 +49,8 @@ from app.hub.hub import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_
 from app.hub.reconnects import ConnectLimits
 from app.listeners.limits import ListenerLimits
 from app.listeners.throttle import FailureBudget
-from app.pki import TlsConfigurationError, server_ssl_context
+from app.pki import CertificateFileError, TlsConfigurationError, server_ssl_context
+from app.pki.ends import CertificateEnd, CertificateRole, ending_soon, read_ends, unique_ends
 from app.services.agent_reports import ReportHandler
 from app.services.control_plane import (
     ControlPlane,
@@ -191,6 +192,8 @@ class Server:
     """The client listener; None: no gateway in this process."""
     allow_privileged_role: bool = False
     leader_lease_s: float = DEFAULT_LEASE_S
+    certificate_ends: tuple[CertificateEnd, ...] = ()
+    """When the certificates it presents and trusts end: warned of at start, on /metrics."""
 
     @classmethod
     def from_settings(cls, settings: ServeSettings) -> Server:
@@ -227,7 +230,10 @@ class Server:
             agent_tls = server_ssl_context(settings.tls_cert, settings.tls_key, settings.tls_ca)
             operators_ca = settings.admin_ca or settings.tls_ca
             admin_tls = _admin_tls(settings.admin_tls_cert, settings.admin_tls_key, operators_ca)
-        except (TlsConfigurationError, ValueError) as exc:
+            ends = _certificate_ends(settings.tls_cert, settings.tls_ca, settings.admin_tls_cert)
+            if settings.admin_ca is not None:
+                ends += read_ends(CertificateRole.CA, settings.admin_ca)
+        except (TlsConfigurationError, CertificateFileError, ValueError) as exc:
             raise SettingsError(str(exc)) from exc
         server_id = settings.server_id or f"{socket.gethostname()}:{os.getpid()}"
         return cls(
@@ -278,6 +284,7 @@ class Server:
             else None,
             allow_privileged_role=settings.allow_privileged_role,
             leader_lease_s=settings.leader_lease,
+            certificate_ends=unique_ends(ends),
         )
 
     def database_engine(self) -> AsyncEngine:
@@ -299,6 +306,7 @@ class Server:
             )
             if not allowed:
                 return 1
+            _warn_of_certificate_ends(self.certificate_ends, utc_now())
             store = PostgresEventStore(engine)
             await store.catch_up()
             plane = control_plane(
@@ -320,6 +328,7 @@ class Server:
                         # The gateway's page names every model and replica: operators read
                         # it here, with the cluster's, and its client listener has none.
                         gateway_metrics=gateway.gateway.metrics.render if gateway else None,
+                        certificates=self.certificate_ends,
                     ),
                     host=self.admin_host,
                     port=self.admin_port,
@@ -357,6 +366,31 @@ def _admin_tls(cert: Path | None, key: Path | None, ca: Path) -> ssl.SSLContext 
     if cert is None or key is None:
         raise ValueError("--admin-tls-cert and --admin-tls-key go together: give both or neither")
     return admin_ssl_context(cert, key, ca)
+
+
+def _certificate_ends(agent_hub: Path, ca: Path, admin: Path | None) -> list[CertificateEnd]:
+    """The ends of the certificates ``serve`` presents and trusts; raises
+    ``CertificateFileError``."""
+    ends = read_ends(CertificateRole.AGENT_HUB, agent_hub) + read_ends(CertificateRole.CA, ca)
+    if admin is not None:
+        ends += read_ends(CertificateRole.ADMIN, admin)
+    return ends
+
+
+def _warn_of_certificate_ends(ends: tuple[CertificateEnd, ...], now: datetime) -> None:
+    """One line for each certificate that ends within ``app.pki.ends.WARN_WITHIN``: when it
+    ends, every agent or operator that dials this server after refuses it."""
+    for end in ending_soon(ends, now):
+        fields = {
+            "certificate": str(end.role),
+            "serial": end.serial,
+            "subject": end.subject,
+            "not_after": end.not_after.isoformat(),
+        }
+        if end.not_after <= now:
+            log.error("certificate_expired", **fields)
+        else:
+            log.warning("certificate_expires_soon", days_left=(end.not_after - now).days, **fields)
 
 
 class _AdminServer(uvicorn.Server):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from litestar import Litestar, Request
@@ -29,6 +30,7 @@ from app.admin.rollouts import RolloutController
 from app.admin.schema_page import SCHEMA_PATH, schema_pages
 from app.admin.traffic import TrafficSource
 from app.admin.tuning import TuningController
+from app.pki.ends import CertificateEnd
 from app.services.operations import Caller, Operations, RunningSource, nothing_running
 from app.store.gateway_reports import TrafficReports
 from app.store.postgres import PostgresEventStore
@@ -50,16 +52,18 @@ def create_admin_app(
     gateway_metrics: GatewayPage | None = None,
     traffic: TrafficSource | None = None,
     running: RunningSource = nothing_running,
+    certificates: Sequence[CertificateEnd] = (),
 ) -> Litestar:
     """The admin API over ``store``. ``readiness`` defaults to checking the store's database
     with no control plane role to report; ``live`` gives ``/metrics`` the leader's figures,
     ``gateway_metrics`` those of the gateway in this process; ``traffic`` (by default the
     gateways' reports in the store's database) what gateways measured of replicas;
     ``running`` what each connected node reports running, which placement's explanations
-    and a drain's room hold as the reconciler does."""
+    and a drain's room hold as the reconciler does; ``certificates`` when those the server
+    presents and trusts end, for ``/metrics``."""
     operations = Operations(store, running=running)
     checks = readiness or Readiness(store.engine)
-    cluster_metrics = ClusterMetrics(store, live, gateway_metrics, running)
+    cluster_metrics = ClusterMetrics(store, live, gateway_metrics, running, certificates)
     replica_traffic = traffic or TrafficReports(store.engine)
 
     async def provide_store() -> PostgresEventStore:

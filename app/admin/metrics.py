@@ -19,6 +19,8 @@ Figures come from three places, none of them counters sprinkled through the code
   demand its autoscaler last sampled for each autoscaled model, and the gateways its last
   pass read as reporting or silent. A standby reports no leader, no agents, no demand and
   no gateways;
+- the certificates this server presents and trusts, read when it started: when each ends
+  (``app.pki.ends``);
 - the gateway this process runs, if any (``llmgw_gateway_*``, see docs/gateway.md): its
   page names every model and replica, so ``serve`` publishes it here, to operators, and
   its client listener answers 404 for ``/metrics``.
@@ -42,6 +44,7 @@ from app.domain.desired_count import COUNTING_PHASES
 from app.domain.placement import Rejection, explain_placement
 from app.domain.reports import NodeReport
 from app.domain.state import ACTIVE_PHASES, ClusterState, ReplicaPhase
+from app.pki.ends import CertificateEnd
 from app.services.control_plane import ControlPlane, Leader, Role
 from app.services.operations import RunningSource, nothing_running
 from app.store.database import connection
@@ -145,16 +148,19 @@ class ClusterCollector(Collector):
         counts: EventCounts,
         live: LiveSource,
         running: RunningSource = nothing_running,
+        certificates: Sequence[CertificateEnd] = (),
     ) -> None:
         self._store = store
         self._counts = counts
         self._live = live
         self._running = running
+        self._certificates = certificates
 
     def collect(self) -> Iterator[Metric]:
         yield from live_families(self._live())
         yield event_family(self._counts)
         yield from fold_families(self._store.state, self._running())
+        yield certificate_family(self._certificates)
 
 
 GatewayPage = Callable[[], bytes]
@@ -170,14 +176,18 @@ class ClusterMetrics:
         live: LiveSource | None = None,
         gateway: GatewayPage | None = None,
         running: RunningSource = nothing_running,
+        certificates: Sequence[CertificateEnd] = (),
     ) -> None:
         """``running``: what each connected node reports running, held from placement as
-        the reconciler holds it (``placement_families``)."""
+        the reconciler holds it (``placement_families``); ``certificates``: when those the
+        server presents and trusts end."""
         self._store = store
         self._gateway = gateway
         self._counts = EventCounts(store)
         self.registry = CollectorRegistry(auto_describe=False)
-        collector = ClusterCollector(store, self._counts, live or (lambda: None), running)
+        collector = ClusterCollector(
+            store, self._counts, live or (lambda: None), running, certificates
+        )
         self.registry.register(collector)
 
     async def render(self) -> bytes:
@@ -187,6 +197,21 @@ class ClusterMetrics:
         page = generate_latest(self.registry)
         # Its families are all llmgw_gateway_*: the two pages join without a clash.
         return page + self._gateway() if self._gateway is not None else page
+
+
+def certificate_family(ends: Sequence[CertificateEnd]) -> Metric:
+    """When each certificate this server presents (``agent_hub``, ``admin``) or trusts
+    (``ca``) ends, by serial: its subject could be an address, which this page never
+    shows."""
+    family = GaugeMetricFamily(
+        "llmgw_certificate_expiry_timestamp_seconds",
+        "When each certificate this server presents or trusts ends (its not_after, Unix "
+        "seconds), as read when it started: past it, agents and operators refuse this server",
+        labels=["certificate", "serial"],
+    )
+    for end in ends:
+        family.add_metric([str(end.role), end.serial], end.not_after.timestamp())
+    return family
 
 
 def live_families(figures: LiveFigures | None) -> Iterator[Metric]:
