@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Annotated
 
 import msgspec
 from cyclopts import Parameter
 
 from app.pki.errors import InvalidRequest, PkiError
+from app.pki.files import load_certificate
 from app.pki.issued import IssuedCertificate, read_issued
 from app.pki.model import CLOCK_SKEW
 from app.pki.names import check_subject_name
 from cli.arguments import MAX_REASON_LENGTH, UsageError, filled, stripped_one_line_reason
 from cli.cert import CaDir, default_ca_dir
+from cli.cert_ends import ca_warning, leaf_warning
 from cli.client import AdminClient, ClientError
 from cli.config import ConfigError, ConnectionFlags, ConnectionSettings, resolve_settings
 from cli.operator import ADMIN, Output, call, run_command
@@ -213,7 +216,10 @@ def list_certificates(
         known, problem = _ask_server(settings)
         if problem is not None:
             print_error("cert list", f"{problem}; showing the CA directory alone")
-    rows = listed(record.certificates, known, datetime.now(UTC))
+    now = datetime.now(UTC)
+    rows = listed(record.certificates, known, now)
+    for warning in _end_warnings(directory, record.certificates, rows, now):
+        print_error("cert list", warning)
     if record.unreadable_lines:
         print_error(
             "cert list",
@@ -267,6 +273,26 @@ def listed(
                 )
             )
     return rows
+
+
+def _end_warnings(
+    directory: Path,
+    issued: tuple[IssuedCertificate, ...],
+    rows: list[ListedCertificate],
+    now: datetime,
+) -> list[str]:
+    """The CA's end and the ends of the certificates in use, when near (``cli.cert_ends``)."""
+    warnings: list[str] = []
+    try:
+        ca = load_certificate(directory / "ca.crt")
+    except PkiError:
+        ca = None  # no CA here (a copy of the record alone): nothing to say of it
+    if ca is not None and (line := ca_warning(directory, ca.not_valid_after_utc, now)):
+        warnings.append(line)
+    revoked = {row.serial for row in rows if row.revocation is not None}
+    if line := leaf_warning(issued, revoked, now):
+        warnings.append(line)
+    return warnings
 
 
 def _issued_before(certificate: IssuedCertificate, revocation: RevocationView) -> bool:

@@ -291,3 +291,37 @@ def test_every_issuing_command_prints_json_for_scripts(operator: Operator) -> No
         assert written["description"]["kind"] == kind
         assert written["description"]["serial"] == format(certificate.serial_number, "x")
     assert json.loads(issued["node"].stdout)["description"]["common_name"] == "gpu-07"
+
+
+def test_list_warns_of_a_ca_and_of_current_certificates_near_their_end(
+    operator: Operator,
+) -> None:
+    """Weeks before a CA ends (and every certificate it issued with it), `cert list` says
+    so; before, it listed them as in order until the day they were refused."""
+    assert operator.run("init-ca", "--dir", "ca", "--days", "20").code == 0
+    for days in ("3", "10"):  # gpu-07's second certificate supersedes its first
+        issued = operator.run(
+            "node", "gpu-07", "--dir", "ca", "--days", days, "--offline", "--force"
+        )
+        assert issued.code == 0, issued.stderr
+    assert operator.run("operator", "alice", "--dir", "ca", "--days", "15").code == 0
+
+    listed = operator.run("list", "--dir", "ca", "--offline")
+
+    assert listed.code == 0, listed.stderr
+    ca_line, leaf_line = listed.stderr.splitlines()
+    assert "the CA in ca expires on " in ca_line
+    assert "(in 19 days)" in ca_line
+    assert "rotate it now" in ca_line
+    assert leaf_line.startswith("llmgw-cli cert list: 2 current certificate(s)")
+    assert "the soonest, node gpu-07, ends on " in leaf_line
+
+
+def test_list_says_nothing_of_ends_far_away(operator: Operator) -> None:
+    assert operator.run("init-ca", "--dir", "ca").code == 0
+    assert operator.run("node", "gpu-07", "--dir", "ca", "--offline").code == 0
+
+    listed = operator.run("list", "--dir", "ca", "--offline")
+
+    assert listed.code == 0
+    assert listed.stderr == ""
