@@ -13,9 +13,9 @@ Figures come from three places, none of them counters sprinkled through the code
   nodes rejected for each reason;
 - the ``events`` table: events appended by type, counted incrementally by position (appends
   are serialized, so no event can appear later below a position already counted);
-- the leader's live parts (``LiveFigures``): agents connected to this server's hub,
-  connections it refused before their TLS handshake and handshakes it refused on the node
-  certificate, the reconciler's recent passes, the
+- the leader's live parts (``LiveFigures``): agents connected to this server's hub and
+  when the first of their certificates ends, connections it refused before their TLS
+  handshake and handshakes it refused on the node certificate, the reconciler's recent passes, the
   demand its autoscaler last sampled for each autoscaled model, and the gateways its last
   pass read as reporting or silent. A standby reports no leader, no agents, no demand and
   no gateways;
@@ -32,6 +32,7 @@ import asyncio
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from litestar import Response, get
 from litestar.di import NamedDependency
@@ -75,6 +76,8 @@ class LiveFigures:
     agent_certificates_refused: int = 0
     """Agent TLS handshakes that failed on the node certificate: expired, not yet valid, not
     issued by the CA (``app.hub.accepting``)."""
+    earliest_agent_certificate_end: datetime | None = None
+    """When the first of the connected agents' certificates ends; None with none connected."""
 
 
 LiveSource = Callable[[], LiveFigures | None]
@@ -115,6 +118,7 @@ def leader_figures(leader: Leader) -> LiveFigures:
         gateways_silent=reconciler.gateways.silent if reconciler else 0,
         agent_handshakes_refused=leader.hub.handshakes_refused(),
         agent_certificates_refused=leader.hub.certificates_refused(),
+        earliest_agent_certificate_end=leader.hub.earliest_certificate_end(),
     )
 
 
@@ -237,6 +241,14 @@ def live_families(figures: LiveFigures | None) -> Iterator[Metric]:
     )
     certificates.add_metric([], figures.agent_certificates_refused if figures else 0)
     yield certificates
+    earliest = GaugeMetricFamily(
+        "llmgw_agent_certificate_earliest_expiry_timestamp_seconds",
+        "When the first of the certificates of the agents connected to this server's hub "
+        "ends (Unix seconds): its agent is cut off then. No sample with none connected",
+    )
+    if figures is not None and figures.earliest_agent_certificate_end is not None:
+        earliest.add_metric([], figures.earliest_agent_certificate_end.timestamp())
+    yield earliest
     passes = CounterMetricFamily(
         "llmgw_reconcile_passes", "Reconcile passes since this server began leading"
     )

@@ -138,10 +138,12 @@ class _AgentConnection:
         session: AgentSession,
         certificate: PresentedCertificate,
         send_timeout_s: float,
+        certificate_ends_at: datetime | None = None,
     ) -> None:
         self.websocket = websocket
         self.session = session
         self.certificate = certificate
+        self.certificate_ends_at = certificate_ends_at
         self._send_timeout_s = send_timeout_s
         self._closing: asyncio.Task[None] | None = None
 
@@ -295,6 +297,12 @@ class AgentHub:
         address had as many handshakes in progress as it may (``app.hub.gate``)."""
         return self._accepting.gate.refused
 
+    def earliest_certificate_end(self) -> datetime | None:
+        """When the first of the connected agents' certificates ends (its agent is cut off
+        then), or None with no agent connected."""
+        ends = [c.certificate_ends_at for c in self._registry.connections()]
+        return min((end for end in ends if end is not None), default=None)
+
     def certificates_refused(self) -> int:
         """TLS handshakes that failed on the node certificate since the hub was made: expired,
         not yet valid, not issued by the CA (logged as ``agent_certificate_refused``)."""
@@ -408,7 +416,9 @@ class AgentHub:
             commands_sent=self._commands_sent,
             certificate_expires_at=_on_monotonic_clock(identity.expires_at),
         )
-        connection = _AgentConnection(websocket, session, certificate, self._send_timeout_s)
+        connection = _AgentConnection(
+            websocket, session, certificate, self._send_timeout_s, identity.expires_at
+        )
         # Nothing awaited since the revocation check: a revocation enforced from here on
         # finds this connection.
         self._served.add(connection)

@@ -37,5 +37,9 @@ class ConnectionRegistry(Generic[Handle]):
     def connected_nodes(self) -> list[str]:
         return sorted(self._current)
 
+    def connections(self) -> list[Handle]:
+        """Every node's current connection."""
+        return list(self._current.values())
+
     def __len__(self) -> int:
         return len(self._current)

@@ -108,6 +108,8 @@ class AgentChannel(CommandChannel, Protocol):
 
     def certificates_refused(self) -> int: ...
 
+    def earliest_certificate_end(self) -> datetime | None: ...
+
 
 RevocationCheck = Callable[[PresentedCertificate], str | None]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 import httpx
 import pytest_asyncio
@@ -36,6 +37,7 @@ LEADER = LiveFigures(
     recent_pass_durations_s=[0.004, 0.002, 0.009],
     agent_handshakes_refused=7,
     agent_certificates_refused=3,
+    earliest_agent_certificate_end=datetime(2027, 3, 1, tzinfo=UTC),
 )
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -106,6 +108,9 @@ async def test_a_scrape_reads_the_cluster_as_the_log_and_the_leader_have_it(
     assert samples[("llmgw_agents_connected", ())] == 2
     assert samples[("llmgw_agent_handshakes_refused_total", ())] == 7
     assert samples[("llmgw_agent_certificates_refused_total", ())] == 3
+    assert samples[("llmgw_agent_certificate_earliest_expiry_timestamp_seconds", ())] == (
+        datetime(2027, 3, 1, tzinfo=UTC).timestamp()
+    )
     assert samples[("llmgw_reconcile_passes_total", ())] == 41
     assert samples[("llmgw_reconcile_pass_duration_seconds", (("quantile", "1"),))] == 0.009
     assert samples[("llmgw_reconcile_pass_duration_seconds", (("quantile", "0.5"),))] == 0.004
@@ -172,6 +177,7 @@ async def test_a_standby_reports_no_leader_no_agents_and_no_demand(
     assert samples[("llmgw_agents_connected", ())] == 0
     assert samples[("llmgw_agent_handshakes_refused_total", ())] == 0
     assert samples[("llmgw_agent_certificates_refused_total", ())] == 0
+    assert ("llmgw_agent_certificate_earliest_expiry_timestamp_seconds", ()) not in samples
     assert samples[("llmgw_reconcile_passes_total", ())] == 0
     assert samples[("llmgw_model_desired_replicas", (("model", "auto"),))] == 1
     assert [key for key in samples if key[0] == "llmgw_model_demand"] == []

@@ -1,7 +1,11 @@
-"""Node certificates the agent hub's TLS handshake refuses, said on the server: one that
-expired, one not valid yet by the hub's clock (a clock minutes off), one issued by another
-CA with the same name. The agent is told nothing (asyncio closes without a TLS alert), so
-before, a node whose certificate expired dropped off the fleet with no line on any server.
+"""Node certificates over time, at the agent hub over real TLS.
+
+Those its TLS handshake refuses are said on the server: one that expired, one not valid yet
+by the hub's clock (a clock minutes off), one issued by another CA with the same name. The
+agent is told nothing (asyncio closes without a TLS alert), so before, a node whose
+certificate expired dropped off the fleet with no line on any server. And the soonest end
+of the connected agents' certificates is kept for ``/metrics``, so that an end is seen
+weeks ahead.
 """
 
 from __future__ import annotations
@@ -20,7 +24,17 @@ from app.hub.hub import AgentHub
 from app.pki import CertificateAuthority, CertificateKind, Usage, Validity, issue, issue_node
 from app.pki.keys import PrivateKey
 from app.pki.model import CLOCK_SKEW
-from tests.support.hub import ENGINE_ADDRESS, Pki, RunHub, dial, hub, new_node_id, pki, run_hub
+from tests.support.hub import (
+    ENGINE_ADDRESS,
+    Pki,
+    RunHub,
+    dial,
+    greet,
+    hub,
+    new_node_id,
+    pki,
+    run_hub,
+)
 
 __all__ = ["hub", "pki", "run_hub"]  # fixtures
 
@@ -29,14 +43,16 @@ pytestmark = pytest.mark.timeout(60)
 Build = Callable[[PrivateKey], x509.Certificate]
 
 
-def node_certificate(ca: CertificateAuthority, not_before: datetime, not_after: datetime) -> Build:
+def node_certificate(
+    ca: CertificateAuthority, not_before: datetime, not_after: datetime, node_id: str = ""
+) -> Build:
     """A node certificate with these dates exactly, as the CA signs it."""
 
     def build(key: PrivateKey) -> x509.Certificate:
         return issue(
             ca,
             key,
-            common_name=new_node_id(),
+            common_name=node_id or new_node_id(),
             unit=CertificateKind.NODE,
             usages=(Usage.CLIENT_AUTH,),
             validity=Validity(not_before=not_before, not_after=not_after),
@@ -99,3 +115,20 @@ async def test_a_node_certificate_of_another_ca_with_the_same_name_is_logged(
 
     [line] = certificate_refusals(logs)
     assert "not issued by the CA this server trusts" in line["reason"]
+
+
+async def test_the_soonest_end_of_the_connected_agents_certificates_is_kept(
+    run_hub: RunHub, pki: Pki
+) -> None:
+    now = datetime.now(UTC).replace(microsecond=0)
+    soon, later = new_node_id(), new_node_id()
+    ends = {soon: now + timedelta(days=3), later: now + timedelta(days=300)}
+    async with run_hub() as hub:
+        assert hub.earliest_certificate_end() is None
+        async with (
+            dial(hub, pki.client(node_certificate(pki.ca, now, ends[soon], soon))) as first,
+            dial(hub, pki.client(node_certificate(pki.ca, now, ends[later], later))) as second,
+        ):
+            await greet(first, soon)
+            await greet(second, later)
+            assert hub.earliest_certificate_end() == ends[soon]
