@@ -113,6 +113,12 @@ def peer_identity(peer: PeerCertificate, expect: CertificateKind | None = None) 
             f"certificate {subject!r} is {'an' if kind[0] in 'aeiou' else 'a'} {kind} "
             f"certificate; only {expect} certificates are accepted here"
         )
+    if not common_name(certificate):
+        raise CertificateRejected(
+            f"certificate {subject!r} has no common name: a {kind} certificate's common name "
+            f"is its {'node id' if kind == CertificateKind.NODE else 'operator name'} "
+            "(subject alternative names are not read for it)"
+        )
     try:
         name = check_subject_name(f"{kind} name", common_name(certificate))
     except InvalidRequest as exc:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import ssl
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.serialization import Encoding
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from app.pki import (
     CertificateAuthority,
@@ -169,3 +171,37 @@ def test_a_tls_file_that_is_a_fifo_is_refused_without_waiting_for_a_writer(
 def test_a_device_as_the_ca_is_refused_rather_than_read_whole(files: Path) -> None:
     with pytest.raises(TlsConfigurationError, match="/dev/zero: not a regular file but a char"):
         client_ssl_context(Path("/dev/zero"))
+
+
+def test_a_certificate_with_subject_alternative_names_alone_is_refused_saying_so(
+    ca: CertificateAuthority,
+) -> None:
+    """Signed by the CA, a node's in every way but its common name, left out for a DNS
+    name: the refusal says what is missing, not that the empty name is invalid."""
+    key = generate_key()
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "node"),
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "llmgw"),
+        ]
+    )
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca.certificate.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(NOW)
+        .not_valid_after(NOW + timedelta(days=1))
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("gpu-07")]), critical=False)
+        .sign(ca.key, hashes.SHA256())
+    )
+
+    with pytest.raises(CertificateRejected) as refused:
+        peer_identity(certificate, expect=CertificateKind.NODE)
+
+    assert str(refused.value) == (
+        "certificate 'O=llmgw,OU=node' has no common name: a node certificate's common name "
+        "is its node id (subject alternative names are not read for it)"
+    )
