@@ -3,7 +3,8 @@ turns them into its options.
 
 ``GatewaySettings`` holds the flags ``llmgw-server gateway`` and ``llmgw-server serve`` share
 for the gateway they run (the engines it may contact, when it ejects a replica, how long an
-engine and a client may take, the biggest upload), each with its environment variable, help
+engine and a client may take, the biggest upload, how long open requests may finish once it
+is told to stop), each with its environment variable, help
 and default; both commands flatten it into their own flags. Where a gateway listens is not
 among them: the two commands name it their own way (``gateway --host``, ``--port``,
 ``--max-connections``; ``serve --client-host``, ``--client-port``,
@@ -28,7 +29,8 @@ from app.gateway.ejection import (
     EjectionPolicy,
 )
 from app.gateway.engine_bounds import DEFAULT_HEAD_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S, EngineTimeouts
-from app.gateway.postgres import GatewayOptions, max_upload_problem
+from app.gateway.postgres import GatewayOptions, max_upload_problem, shutdown_grace_problem
+from app.gateway.server import DEFAULT_SHUTDOWN_GRACE_S
 from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
 from app.listeners.limits import (
     DEFAULT_BODY_TIMEOUT_S,
@@ -170,14 +172,29 @@ class GatewaySettings:
             "MiB; a larger one is 413. A large upload must also arrive within --body-timeout",
         ),
     ] = DEFAULT_MAX_UPLOAD_BYTES >> 20
+    shutdown_grace: Annotated[
+        float,
+        Parameter(
+            converter=finite_number_flag,
+            env_var="LLMGW_SHUTDOWN_GRACE",
+            help="seconds a gateway told to stop (SIGTERM, SIGINT) lets its open requests "
+            "finish; then each is cancelled, and its client told the gateway stopped, within a "
+            "second more. Keep it below the termination grace of what runs the gateway "
+            "(Kubernetes' terminationGracePeriodSeconds, systemd's TimeoutStopSec), which "
+            "kills the process when it runs out",
+        ),
+    ] = DEFAULT_SHUTDOWN_GRACE_S
 
     def problems(self) -> list[str]:
-        """What is wrong with how this gateway ejects replicas, waits for engines and bounds
-        uploads, one line each naming its flag; empty when they can be used."""
+        """What is wrong with how this gateway ejects replicas, waits for engines, bounds
+        uploads and stops, one line each naming its flag; empty when they can be used."""
         problems = self.ejection_policy().problems() + self.engine_timeouts().problems()
-        upload_problem = max_upload_problem(self.max_upload_bytes)
-        if upload_problem is not None:
-            problems.append(upload_problem)
+        for problem in (
+            max_upload_problem(self.max_upload_bytes),
+            shutdown_grace_problem(self.shutdown_grace),
+        ):
+            if problem is not None:
+                problems.append(problem)
         return problems
 
     @property
@@ -247,4 +264,5 @@ def gateway_options(
         ejection=settings.ejection_policy(),
         max_upload_bytes=settings.max_upload_bytes,
         engine_timeouts=settings.engine_timeouts(),
+        shutdown_grace_s=settings.shutdown_grace,
     )

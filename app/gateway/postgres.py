@@ -24,7 +24,13 @@ from app.gateway.budget_keeper import BudgetKeeper
 from app.gateway.ejection import EjectionPolicy
 from app.gateway.engine_bounds import MAX_TIMEOUT_S, EngineTimeouts
 from app.gateway.reporter import GatewayReporter, gateway_id_problem
-from app.gateway.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_METRICS_HOST, Gateway
+from app.gateway.server import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_METRICS_HOST,
+    DEFAULT_SHUTDOWN_GRACE_S,
+    MAX_SHUTDOWN_GRACE_S,
+    Gateway,
+)
 from app.gateway.sharedlimits import SharedLimiter
 from app.gateway.source import DEFAULT_REFRESH_INTERVAL_S, PostgresSnapshotSource
 from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES, MAX_UPLOAD_BYTES
@@ -70,6 +76,8 @@ class GatewayOptions:
     """How long an engine may take to answer, and be silent once it has begun."""
     reuse_port: bool = False
     """Share ``port`` with other gateway processes (``SO_REUSEPORT``)."""
+    shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
+    """How long a stopping gateway lets open requests finish before it cancels them."""
 
     def problems(self, connections_flag: str = "--max-connections") -> list[str]:
         """What is wrong with these options, as messages naming the command's flags."""
@@ -103,6 +111,9 @@ class GatewayOptions:
         upload_problem = max_upload_problem(self.max_upload_bytes)
         if upload_problem is not None:
             found.append(upload_problem)
+        grace_problem = shutdown_grace_problem(self.shutdown_grace_s)
+        if grace_problem is not None:
+            found.append(grace_problem)
         return found
 
 
@@ -113,6 +124,16 @@ def max_upload_problem(max_upload_bytes: int) -> str | None:
     return (
         f"--max-upload-mib must be between 1 and {MAX_UPLOAD_BYTES >> 20}, "
         f"not {max_upload_bytes / (1 << 20):g}"
+    )
+
+
+def shutdown_grace_problem(seconds: float) -> str | None:
+    """What is wrong with ``--shutdown-grace``; None when it is in bounds. A NaN passes
+    every comparison and an infinite grace never ends: the gateway would never stop."""
+    if 0 <= seconds <= MAX_SHUTDOWN_GRACE_S:
+        return None
+    return (
+        f"--shutdown-grace must be between 0 and {MAX_SHUTDOWN_GRACE_S:g} seconds, not {seconds:g}"
     )
 
 
@@ -141,6 +162,7 @@ class PostgresGateway:
             limits_reason=lambda: self.budgets.degraded_reason(),
             reuse_port=options.reuse_port,
             engine_timeouts=options.engine_timeouts,
+            graceful_shutdown_s=options.shutdown_grace_s,
         )
         self.budgets = BudgetKeeper(
             database_url,

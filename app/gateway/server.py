@@ -103,6 +103,12 @@ DEFAULT_MAX_CONNECTIONS = 4096
 DEFAULT_METRICS_HOST = "127.0.0.1"
 DEFAULT_METRICS_PORT = 8082
 MAX_METRICS_CONNECTIONS = 64
+DEFAULT_SHUTDOWN_GRACE_S = 30.0
+"""How long a stopping gateway lets its open requests finish before it cancels them. Below
+the usual termination grace of its supervisor (Kubernetes' ``terminationGracePeriodSeconds``
+and systemd's ``TimeoutStopSec`` are 30 s and 90 s), which kills the process when it runs
+out; ``--shutdown-grace`` aligns it with a longer or shorter one."""
+MAX_SHUTDOWN_GRACE_S = 86400.0
 IDLE_KEEP_ALIVE_S = 75
 """How long a client's kept-alive connection may sit idle between requests. Longer than
 the pools of common clients keep one (httpx and so the ``openai`` SDK: 5 s; aiohttp: 15 s),
@@ -136,7 +142,7 @@ async def _serve_on(
     *,
     limits: ListenerLimits,
     lifespan: bool,
-    graceful_shutdown_s: int,
+    graceful_shutdown_s: float,
     what: str,
     reuse_port: bool = False,
 ) -> _Listening:
@@ -176,7 +182,7 @@ class Gateway:
         scrape_interval_s: float = 0.25,
         connect_timeout_s: float = 5.0,
         engine_timeouts: EngineTimeouts | None = None,
-        graceful_shutdown_s: int = 30,
+        graceful_shutdown_s: float = DEFAULT_SHUTDOWN_GRACE_S,
         registry: CollectorRegistry | None = None,
         log_requests: bool = True,
         engine_networks: EngineNetworks | None = None,
@@ -201,12 +207,14 @@ class Gateway:
         tpm (this gateway's own ``RateLimiter`` when None); ``limits_reason`` says, for
         ``/readyz``, why limits are only approximate now (None: they are not).
         ``engine_timeouts``: how long an engine may take to answer, and be silent once it
-        has begun (``app.gateway.engine_bounds``). ``reuse_port``: listen with
-        ``SO_REUSEPORT``, so that several gateway processes share the client port and the
-        kernel spreads new connections among them (one process is one core); the metrics
-        listener is each process's own. ``settle``: settle the
-        process's heap once started (``app.listeners.heap``; a process that runs more than
-        this gateway, a test's, may not want its objects frozen)."""
+        has begun (``app.gateway.engine_bounds``). ``graceful_shutdown_s``: how long
+        ``stop()`` lets open requests finish before it cancels them (each is then told the
+        gateway stopped, within a second more: ``app.listeners.httpserver``).
+        ``reuse_port``: listen with ``SO_REUSEPORT``, so that several gateway processes
+        share the client port and the kernel spreads new connections among them (one
+        process is one core); the metrics listener is each process's own. ``settle``: settle
+        the process's heap once started (``app.listeners.heap``; a process that runs more
+        than this gateway, a test's, may not want its objects frozen)."""
         self.source = source
         self.host = host
         self.port = port

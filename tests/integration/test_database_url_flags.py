@@ -37,6 +37,10 @@ def test_a_malformed_database_url_is_refused_in_one_line(command: str) -> None:
     [
         ("--max-ejected-percent", "101", "--max-ejected-percent must be between 0 and 100"),
         ("--max-upload-mib", "0", "--max-upload-mib must be between 1 and 16384"),
+        ("--shutdown-grace", "-1", "--shutdown-grace must be between 0 and 86400 seconds, not -1"),
+        ("--shutdown-grace", "86401", "--shutdown-grace must be between 0 and 86400 seconds"),
+        ("--shutdown-grace", "nan", "--shutdown-grace 'nan': expected a finite number"),
+        ("--shutdown-grace", "inf", "--shutdown-grace 'inf': expected a finite number"),
     ],
 )
 def test_a_gateway_flag_out_of_bounds_is_refused_in_one_line(

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from app.commands.gateway import StandaloneGatewaySettings
+from app.commands.gateway_settings import gateway_options
 from app.gateway.engine_bounds import EngineTimeouts
 from app.gateway.postgres import GatewayOptions
 from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
@@ -122,3 +123,39 @@ def test_serve_refuses_a_blank_server_id_with_a_gateway_or_without() -> None:
     assert settings.problems() == [blank]
     assert replace(settings, gateway=False).problems() == [blank]
     assert replace(settings, server_id=None).problems() == [], "left out: hostname:pid"
+
+
+@pytest.mark.parametrize("seconds", [math.nan, math.inf, -1.0, 86400.5, 1e308])
+def test_a_shutdown_grace_that_is_no_time_or_over_a_day_is_refused_by_its_flag(
+    seconds: float,
+) -> None:
+    """NaN passes every comparison and an infinite grace never ends: the gateway would not
+    stop before whatever runs it killed it."""
+    assert GatewayOptions(shutdown_grace_s=seconds).problems() == [
+        f"--shutdown-grace must be between 0 and 86400 seconds, not {seconds:g}"
+    ]
+
+
+def test_both_commands_take_the_shutdown_grace_from_a_flag_or_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def options(command: str, *flags: str) -> GatewayOptions:
+        argv = [command, "--database-url", "postgresql://llmgw@db/llmgw", *flags]
+        _, bound, _ = app.parse_args(argv, exit_on_error=False, print_error=False)
+        settings = bound.arguments["settings"]
+        if isinstance(settings, StandaloneGatewaySettings):
+            return settings.options(engine_networks=None)
+        assert isinstance(settings, ServeSettings)
+        assert settings.problems() == []
+        return gateway_options(settings.gateway_settings, None, max_connections=1)
+
+    monkeypatch.delenv("LLMGW_SHUTDOWN_GRACE", raising=False)
+    for command in ("gateway", "serve"):
+        assert options(command).shutdown_grace_s == 30.0
+        assert options(command, "--shutdown-grace", "0").shutdown_grace_s == 0.0
+        assert options(command, "--shutdown-grace", "25.5").shutdown_grace_s == 25.5
+
+    monkeypatch.setenv("LLMGW_SHUTDOWN_GRACE", "120")
+
+    assert options("gateway").shutdown_grace_s == 120.0
+    assert options("serve").shutdown_grace_s == 120.0

@@ -30,6 +30,7 @@ GATEWAY_FLAGS = (
     *("--auth-failure-burst", "4"),
     *("--header-timeout", "3", "--body-timeout", "4", "--send-timeout", "5"),
     *("--engine-head-timeout", "30", "--max-upload-mib", "8"),
+    *("--shutdown-grace", "12"),
 )
 TLS_FILES = (("cert", "server.crt"), ("key", "server.key"), ("ca", "ca.crt"))
 GATEWAY_VARIABLES = {"LLMGW_AUTH_FAILURES_PER_MINUTE": "6", "LLMGW_ENGINE_IDLE_TIMEOUT": "9.5"}
@@ -47,6 +48,7 @@ GIVEN = GatewaySettings(
     engine_head_timeout=30.0,
     engine_idle_timeout=9.5,
     max_upload_mib=8,
+    shutdown_grace=12.0,
 )
 
 
@@ -102,6 +104,7 @@ def test_both_commands_build_their_gateway_alike_each_where_its_own_flags_say(
         assert (limits.header_timeout_s, limits.body_timeout_s, limits.send_timeout_s) == (3, 4, 5)
         assert options.engine_timeouts == EngineTimeouts(head_s=30.0, idle_s=9.5)
         assert options.max_upload_bytes == 8 << 20
+        assert options.shutdown_grace_s == 12.0
     assert (alone.host, alone.port, alone.limits.max_connections) == ("127.0.0.5", 9000, 100)
     assert (within.host, within.port, within.limits.max_connections) == ("127.0.0.6", 9001, 200)
     assert within.gateway_id == "s1"
