@@ -10,6 +10,10 @@ the client (abandoned when none of the answer had come), with the times measured
 sending the request to the engine. For a stream, TTFT is the first chunk of its body and
 TPOT the time from there to its end per output token after the first; the latency of a 2xx
 answer is to its last byte. What is measured and why is in docs/gateway.md.
+
+A stream cut off after its 200 head went out (its engine broke off, or the gateway's
+shutdown grace ran out) is logged at warning (``stream_cut_off``, with the model, the
+replica and why) and counted by reason on ``/metrics``: its request line reads as a 200.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ GRANT_WAIT_S = 0.25
 before it is refused (``app.gateway.sharedlimits``)."""
 
 log = structlog.get_logger("llmgw.gateway")
+STREAM_STOPPED_DETAIL = "the stream was still open when the gateway's shutdown grace ran out"
 
 
 class ExchangeSteps:
@@ -154,16 +159,17 @@ class ExchangeSteps:
                 def first_chunk() -> None:
                     exchange.first_byte_at = clock()
 
-                finished = await relay_stream(
+                cut = await relay_stream(
                     opened, send, exchange.answer_headers(), tokens, first_chunk
                 )
                 exchange.ended_at = clock()
-                outcome = Outcome.ANSWERED if finished else Outcome.FAILED
+                outcome = Outcome.ANSWERED if cut is None else Outcome.FAILED
                 watch.done = True
                 if key.tpm is not None:
                     self._spend(key, tokens.total())
-                if not finished:
+                if cut is not None:
                     exchange.note = "the engine stopped mid-stream"
+                    self._stream_cut(exchange, cut.reason, cut.detail)
                 return
             try:
                 status, content_type, body = await read_whole(opened, exchange.timing)
@@ -189,6 +195,7 @@ class ExchangeSteps:
                 outcome = Outcome.CANCELLED if started else Outcome.ABANDONED
                 if tokens is not None and not watch.fired:
                     exchange.note = "the gateway stopped mid-stream"
+                    self._stream_cut(exchange, "gateway_stopping", STREAM_STOPPED_DETAIL)
                 if tokens is not None and key.tpm is not None:
                     # Cut short mid-stream: what was sent was generated for the client, and
                     # is charged (one token per event; the usage chunk never came), or a
@@ -229,6 +236,19 @@ class ExchangeSteps:
             ttft_s=ttft_s,
             tpot_s=tpot_s,
             latency_s=latency_s,
+        )
+
+    def _stream_cut(self, exchange: CompletionExchange, reason: str, detail: str) -> None:
+        """A stream whose 200 head went out ended before its end: its request's line reads
+        as a success (status 200), so it is counted and logged apart, at warning, for the
+        operator to see an engine that dies under its streams."""
+        self._metrics.stream_cut(exchange.model, reason)
+        log.warning(
+            "stream_cut_off",
+            detail=detail,
+            model=exchange.model,
+            replica_id=exchange.replica,
+            reason=reason,
         )
 
     def refused(self, model: str, refusal: RouteRefused) -> ApiError:

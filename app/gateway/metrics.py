@@ -219,6 +219,16 @@ class GatewayMetrics:
             ["bound"],
             registry=registry,
         )
+        self._streams_cut = Counter(
+            "llmgw_gateway_streams_cut",
+            "Streams cut off before their end after their 200 head went out (their client "
+            "got an error event and [DONE]), by model and reason: broken (the engine's "
+            "connection ended or broke mid-stream: it died, or was killed), timeout (it was "
+            "silent past its bound), invalid_answer (it sent what the gateway does not "
+            "relay), gateway_stopping (still open when the gateway's shutdown grace ran out).",
+            ["model", "reason"],
+            registry=registry,
+        )
         self._id_shared_reports = Counter(
             "llmgw_gateway_id_shared_reports",
             "Reports written while another live gateway process reports under this one's "
@@ -284,6 +294,9 @@ class GatewayMetrics:
 
     def engine_timed_out(self, bound: str) -> None:
         self._engine_timeouts.labels(bound).inc()
+
+    def stream_cut(self, model: str, reason: str) -> None:
+        self._streams_cut.labels(model, reason).inc()
 
     def egress_refused(self, reason: str) -> None:
         self._egress_refusals.labels(reason).inc()

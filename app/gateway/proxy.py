@@ -342,15 +342,27 @@ async def read_whole(opened: Opened, timing: Timing) -> tuple[int, bytes, bytes]
     return status, answer.content_type or b"application/json", body
 
 
+class StreamCut:
+    """Why an engine's stream ended before its end: ``reason`` as a replica's failure is
+    counted (``broken``, ``timeout``, ``invalid_answer``), ``detail`` in words."""
+
+    __slots__ = ("detail", "reason")
+
+    def __init__(self, reason: str, detail: str) -> None:
+        self.reason = reason
+        self.detail = detail
+
+
 async def relay_stream(
     opened: Opened,
     send: Send,
     headers: list[Header],
     tokens: StreamTokens | None,
     on_first_chunk: Callable[[], None],
-) -> bool:
+) -> StreamCut | None:
     """Pass the engine's stream to the client as it comes; ``headers`` start the answer.
-    Whether the engine finished it (``False``: it died and the client got an error event)."""
+    None when the engine finished it, else why it did not (the client got an error
+    event)."""
     answer = opened.answer
     headers.append((b"content-type", answer.content_type or b"text/event-stream"))
     headers.append((b"cache-control", b"no-cache"))
@@ -386,18 +398,19 @@ async def relay_stream(
         # Before its first piece or after it: an engine that wedges mid-stream (its GPU
         # hung, its scheduler deadlocked) stalls every stream it holds, and is ejected for
         # it, rather than only once new ones wait out the head bound in their turn.
-        opened.lease.failed(_broken_reason(exc))
+        reason = _broken_reason(exc)
+        opened.lease.failed(reason)
         if isinstance(exc, AnswerStalled):
             _log_timeout(opened.lease, exc.bound, exc.timeout_s)
         events.drop()
         message = f"The engine stopped answering mid-stream: {exc}"
         await send({"type": "http.response.body", "body": stream_error_events(message)})
-        return False
+        return StreamCut(reason, str(exc))
     # A stream's verdict is how it ends: one that ended properly, with pieces or none.
     opened.lease.succeeded()
     if more:
         await send({"type": "http.response.body", "body": events.rest()})
-    return True
+    return None
 
 
 def _broken_reason(exc: AnswerBroken) -> str:
