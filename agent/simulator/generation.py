@@ -84,7 +84,7 @@ def parse_responses(body: bytes, served_model: str) -> Generation:
     if request.instructions:
         text = f"{request.instructions} {text}"
     return _generation(
-        "responses", tokenize(text), request.max_output_tokens, stream=request.stream
+        "responses", tokenize(text), request.max_output_tokens, stream=bool(request.stream)
     )
 
 
@@ -127,15 +127,16 @@ def _sampled(
     request: ChatCompletionRequest | CompletionRequest,
 ) -> Generation:
     """A chat or completion request's generation, with the options both kinds share."""
-    if request.n != 1:
+    if request.n not in (1, None):  # null: not given, one choice
         raise invalid_request("Only n=1 is supported.", param="n")
+    stream = bool(request.stream)  # null: not streamed
     options = request.stream_options
     return _generation(
         kind,
         prompt,
         max_tokens,
-        stream=request.stream,
-        include_usage=request.stream and options is not None and options.include_usage,
+        stream=stream,
+        include_usage=stream and options is not None and bool(options.include_usage),
         ignore_eos=request.ignore_eos,
     )
 

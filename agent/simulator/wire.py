@@ -1,7 +1,11 @@
 """OpenAI request and response bodies, as msgspec structs.
 
 Requests accept and ignore fields the simulator has no use for (temperature, top_p,
-stop, ...), as engines do. Response fields appear exactly as OpenAI writes them,
+stop, ...), as engines do. An optional field vLLM takes ``null`` for is taken as not given
+(``"stream": null`` is not streamed, as OpenAI's SDKs and vLLM read it): chat's ``stream``,
+``n`` and ``stream_options.include_usage``, completions' and the Responses API's
+``stream``; one vLLM refuses ``null`` for (``ignore_eos``, completions' ``n``) is a 400
+here too. Response fields appear exactly as OpenAI writes them,
 ``null`` included; a field left ``UNSET`` is not written at all.
 """
 
@@ -12,7 +16,7 @@ from msgspec import UNSET, UnsetType
 
 
 class StreamOptions(msgspec.Struct, frozen=True):
-    include_usage: bool = False
+    include_usage: bool | None = False
 
 
 class ContentPart(msgspec.Struct, frozen=True):
@@ -28,19 +32,20 @@ class ChatMessage(msgspec.Struct, frozen=True):
 class _GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     model: str
     max_tokens: int | None = None
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
-    n: int = 1
 
 
 class ChatCompletionRequest(_GenerationRequest, frozen=True, kw_only=True):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
+    n: int | None = 1
 
 
 class CompletionRequest(_GenerationRequest, frozen=True, kw_only=True):
     prompt: str | list[str | int]
+    n: int = 1
 
 
 class Usage(msgspec.Struct, frozen=True):
@@ -138,7 +143,7 @@ class ResponsesRequest(msgspec.Struct, frozen=True, kw_only=True):
     input: str | list[InputMessage]
     instructions: str | None = None
     max_output_tokens: int | None = None
-    stream: bool = False
+    stream: bool | None = False
 
 
 # -- embeddings, rerank, score, tokenize ---------------------------------------------------

@@ -76,6 +76,38 @@ def test_usage_is_streamed_only_when_asked_for_on_a_stream() -> None:
     assert not include_usage(False, {"include_usage": True})
 
 
+def test_null_for_an_optional_field_is_taken_as_not_given_as_vllm_takes_it() -> None:
+    """OpenAI's SDKs and vLLM read ``"stream": null`` as a request that is not streamed;
+    the simulator answered it 400 ("Expected `bool`, got `null`")."""
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    nulls = {"stream": None, "n": None, "max_tokens": None, "stream_options": None}
+
+    generation = parse_chat(body(chat | nulls), MODEL)
+    completion = parse_completion(body({"model": MODEL, "prompt": "hi", "stream": None}), MODEL)
+    responses = parse_responses(body({"model": MODEL, "input": "hi", "stream": None}), MODEL)
+
+    assert (generation.stream, generation.max_tokens) == (False, DEFAULT_MAX_TOKENS)
+    assert not completion.stream
+    assert not responses.stream
+    unasked = {"stream": True, "stream_options": {"include_usage": None}}
+    assert not parse_chat(body(chat | unasked), MODEL).include_usage
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ({"prompt": "hi", "n": None}, "$.n"),
+        ({"prompt": "hi", "ignore_eos": None}, "$.ignore_eos"),
+    ],
+)
+def test_null_where_vllm_refuses_it_is_still_a_400(payload: dict[str, object], field: str) -> None:
+    with pytest.raises(ApiError) as raised:
+        parse_completion(body({"model": MODEL} | payload), MODEL)
+
+    assert raised.value.status == 400
+    assert field in raised.value.message
+
+
 @pytest.mark.parametrize(
     ("prompt", "tokens"),
     [("one two three", 3), (["one two"], 2), ([101, 102, 103, 104], 4)],
