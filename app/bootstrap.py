@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import socket
@@ -41,7 +42,7 @@ from app.commands.common import SERVE, database_role_allowed, engine_networks_of
 from app.commands.gateway_settings import gateway_options
 from app.domain.egress import EngineNetworks, InvalidEngineNetworks
 from app.domain.envelope import Recorded
-from app.gateway.postgres import GatewayOptions, PostgresGateway
+from app.gateway.postgres import GatewayOptions, PostgresGateway, shutdown_grace_problem
 from app.gateway.server import GatewayFailed
 from app.hub.budget import MessageBudget
 from app.hub.gate import DEFAULT_PER_ADDRESS as DEFAULT_HANDSHAKES_PER_ADDRESS
@@ -75,7 +76,8 @@ EXIT_DEPOSED = 3
 """``serve`` exits with this code when it lost leadership, so a supervisor restarts it (as a
 standby) rather than treating it as a crash or a clean stop."""
 ADMIN_SHUTDOWN_GRACE_S = 3
-"""How long admin requests may go on once the server stops (event streams are cut then)."""
+"""How long admin requests may go on once the server stops (event streams are cut then), or
+less when ``--shutdown-grace`` is less: the process stops within the grace it was given."""
 AGENT_TLS_HINT = (
     "the agent hub needs --tls-cert, --tls-key and --tls-ca (or LLMGW_TLS_CERT, "
     "LLMGW_TLS_KEY, LLMGW_TLS_CA): agents always connect with mutual TLS. Create them with "
@@ -194,6 +196,8 @@ class Server:
     leader_lease_s: float = DEFAULT_LEASE_S
     certificate_ends: tuple[CertificateEnd, ...] = ()
     """When the certificates it presents and trusts end: warned of at start, on /metrics."""
+    admin_shutdown_grace_s: int = ADMIN_SHUTDOWN_GRACE_S
+    """How long admin requests may go on once the server stops."""
 
     @classmethod
     def from_settings(cls, settings: ServeSettings) -> Server:
@@ -219,10 +223,12 @@ class Server:
         admin_limits = gateway_settings.listener_limits(settings.admin_max_connections)
         client_limits = gateway_settings.listener_limits(settings.client_max_connections)
         auth_failures = gateway_settings.auth_failures()
+        grace_problem = shutdown_grace_problem(gateway_settings.shutdown_grace)
         limit_problems = dict.fromkeys(  # the timeouts' problems once, each listener's cap's
             admin_limits.problems("--admin-max-connections")
             + client_limits.problems("--client-max-connections")
             + auth_failures.problems()
+            + ([grace_problem] if grace_problem is not None else [])
         )
         if limit_problems:
             raise SettingsError("; ".join(limit_problems))
@@ -285,6 +291,9 @@ class Server:
             allow_privileged_role=settings.allow_privileged_role,
             leader_lease_s=settings.leader_lease,
             certificate_ends=unique_ends(ends),
+            admin_shutdown_grace_s=min(
+                ADMIN_SHUTDOWN_GRACE_S, math.ceil(gateway_settings.shutdown_grace)
+            ),
         )
 
     def database_engine(self) -> AsyncEngine:
@@ -335,7 +344,7 @@ class Server:
                     log_config=None,
                     access_log=False,
                     # Followers of /admin/v1/events never finish their request by themselves.
-                    timeout_graceful_shutdown=ADMIN_SHUTDOWN_GRACE_S,
+                    timeout_graceful_shutdown=self.admin_shutdown_grace_s,
                     http=admin_protocol(self.admin_limits),
                     ssl_context_factory=_fixed_context(self.admin_tls),
                 )

@@ -46,7 +46,8 @@ from app.usage_errors import finite_number_flag, whole_number_flag
 @dataclass(frozen=True, kw_only=True)
 class GatewaySettings:
     """A gateway's flags, the same under ``gateway`` and ``serve``. Under ``serve`` the
-    client timeouts and the auth failure budget hold for its admin listener too."""
+    client timeouts and the auth failure budget hold for its admin listener too, and the
+    shutdown grace bounds the admin listener's own."""
 
     engine_networks: Annotated[
         str,

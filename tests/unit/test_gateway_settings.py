@@ -149,3 +149,24 @@ def test_serve_names_the_engine_networks_flag_it_refuses_as_the_gateway_does(
         Server.from_settings(embedded)
 
     assert str(refused.value).startswith("--engine-networks: invalid engine networks: ")
+
+
+def test_serve_s_admin_listener_stops_within_a_shorter_shutdown_grace(tmp_path: Path) -> None:
+    """The admin listener's requests get 3 s once serve stops; with a shorter
+    --shutdown-grace they held the process past it."""
+    make_pki(tmp_path)
+    pki = [f"--tls-{part}={tmp_path / name}" for part, name in TLS_FILES]
+
+    def admin_grace(*flags: str) -> int:
+        embedded = parsed("serve", "--server-id", "s1", *pki, *flags)
+        assert isinstance(embedded, ServeSettings)
+        return Server.from_settings(embedded).admin_shutdown_grace_s
+
+    assert admin_grace() == 3
+    assert admin_grace("--shutdown-grace", "600") == 3
+    assert admin_grace("--shutdown-grace", "1") == 1
+    assert admin_grace("--shutdown-grace", "0.5") == 1
+    assert admin_grace("--shutdown-grace", "0") == 0
+    assert admin_grace("--no-gateway", "--shutdown-grace", "1") == 1
+    with pytest.raises(SettingsError, match="--shutdown-grace must be between 0 and 86400"):
+        admin_grace("--no-gateway", "--shutdown-grace=-1")
