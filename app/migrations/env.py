@@ -9,6 +9,7 @@ from alembic import context
 from sqlalchemy.engine import Connection
 
 from app.store.database import create_engine
+from app.store.migrate import take_migrate_lock
 from app.store.tables import metadata
 
 config = context.config
@@ -28,6 +29,9 @@ def _url() -> str:
 def _run(connection: Connection) -> None:
     context.configure(connection=connection, target_metadata=target_metadata)
     with context.begin_transaction():
+        # Before Alembic reads the revision the database is at: another run's revisions
+        # are committed by then, and found applied (app.store.migrate.MIGRATE_LOCK_KEY).
+        take_migrate_lock(connection)
         context.run_migrations()
 
 

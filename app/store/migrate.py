@@ -4,6 +4,10 @@
 migrations run, and after them grants the runtime privileges (``app.store.grants``) to it and
 to every role that holds them already; likewise for a gateway role and the gateway
 privileges.
+
+Every step's transaction (the role, the revisions, the grants) first takes
+``MIGRATE_LOCK_KEY``, so two ``migrate`` runs at once take turns instead of both applying
+the same revision.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection
+from sqlalchemy import Connection, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.database import create_engine, sqlalchemy_url, translated_errors
@@ -33,6 +37,20 @@ from app.store.grants import (
 )
 
 T = TypeVar("T")
+
+MIGRATE_LOCK_KEY = 0x6C6C6D67_77000004  # "llmgw" + 4 (+ 1 append, + 2 leader, + 3 snapshots)
+"""Why a lock: Alembic reads the revision a database is at and then applies what follows it,
+with nothing to stop a second run from reading the same revision meanwhile. Two runs at once
+(each host's unit migrating before it serves, two deploy pipelines) both applied the next
+revision, and the second failed with a traceback (``column "expires_at" of relation
+"api_keys" already exists``). Taken for a transaction, it is let go at its commit or
+rollback, and by a run killed half-way."""
+
+
+def take_migrate_lock(connection: Connection) -> None:
+    """Wait for any other ``migrate`` step to end, in ``connection``'s transaction."""
+    connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATE_LOCK_KEY})
+
 
 PACKAGED_MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
 """``app/migrations``, installed with the package."""
@@ -118,13 +136,18 @@ async def current_revision(engine: AsyncEngine) -> str | None:
 
 
 def _run(url: str, work: Callable[[Connection], T]) -> T:
-    """``work`` on a synchronous connection to ``url``, in one transaction."""
+    """``work`` on a synchronous connection to ``url``, in one transaction that holds the
+    migrate lock."""
+
+    def locked(connection: Connection) -> T:
+        take_migrate_lock(connection)
+        return work(connection)
 
     async def run() -> T:
         engine = create_engine(url, pool_size=1)
         try:
             async with translated_errors(), engine.begin() as conn:
-                return await conn.run_sync(work)
+                return await conn.run_sync(locked)
         finally:
             await engine.dispose()
 
