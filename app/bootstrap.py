@@ -38,7 +38,12 @@ from app.admin.health import Readiness
 from app.admin.metrics import control_plane_figures, control_plane_running
 from app.admin.tls import admin_protocol, admin_ssl_context
 from app.clock import utc_now
-from app.commands.common import SERVE, database_role_allowed, engine_networks_of
+from app.commands.common import (
+    SERVE,
+    database_role_allowed,
+    engine_networks_of,
+    schema_allowed,
+)
 from app.commands.gateway_settings import gateway_options
 from app.domain.egress import EngineNetworks, InvalidEngineNetworks
 from app.domain.envelope import Recorded
@@ -313,7 +318,7 @@ class Server:
             allowed = await database_role_allowed(
                 self.database_url, allow_privileged=self.allow_privileged_role, command=SERVE
             )
-            if not allowed:
+            if not allowed or not await schema_allowed(engine, command=SERVE):
                 return 1
             _warn_of_certificate_ends(self.certificate_ends, utc_now())
             store = PostgresEventStore(engine)

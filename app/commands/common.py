@@ -1,20 +1,24 @@
 """What every ``llmgw-server`` command shares: the database URL flag, reading the engine
-networks flag, failing in one line, and the refusal to serve as a database role that could
-rewrite the event log."""
+networks flag, failing in one line, the refusal to serve as a database role that could
+rewrite the event log, and the refusal to serve on a schema of another release."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from typing import Annotated, NoReturn
 
 import asyncpg
 import structlog
 from cyclopts import Parameter
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.egress import EngineNetworks
+from app.store.database import translated_errors
 from app.store.database_url import InvalidDatabaseUrl, parse_database_url
 from app.store.errors import StoreUnavailable
 from app.store.grants import DEFAULT_RUNTIME_ROLE
+from app.store.migrate import current_revision, schema_refusal
 from app.store.privileges import may_append, privileged_role
 from app.usage_errors import print_command_error
 
@@ -131,4 +135,19 @@ async def database_role_allowed(database_url: str, *, allow_privileged: bool, co
         f"{DEFAULT_RUNTIME_ROLE}` sets it up, docs/security.md), or pass "
         "--allow-privileged-role (LLMGW_ALLOW_PRIVILEGED_ROLE=1) to serve anyway",
     )
+    return False
+
+
+async def schema_allowed(engine: AsyncEngine, *, command: str) -> bool:
+    """False, after saying why on stderr as ``command``, when the database's schema is not
+    at this release's newest revision: not migrated, migrated by an older release only, or
+    by a newer one. Such a server used to start anyway: on no schema it died with a
+    traceback, and on a newer one it led and reconciled on tables it was not written for.
+    Raises ``StoreError`` when the database cannot be asked."""
+    async with translated_errors():
+        revision = await current_revision(engine)
+    refusal = await asyncio.to_thread(schema_refusal, revision)
+    if refusal is None:
+        return True
+    print_command_error(command, refusal)
     return False

@@ -23,6 +23,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError as AlembicError
 from sqlalchemy import Connection, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -126,6 +127,38 @@ def downgrade(url: str, revision: str = "base") -> None:
 
 def head_revision() -> str | None:
     return ScriptDirectory(str(migrations_dir())).get_current_head()
+
+
+def schema_refusal(revision: str | None) -> str | None:
+    """Why a server of this release must not run on a schema at ``revision`` (None: no
+    schema), in words for the operator; None at this release's newest revision. Reads the
+    migration scripts: blocking, and seconds on a cold start."""
+    script = ScriptDirectory(str(migrations_dir()))
+    head = script.get_current_head()
+    if revision == head:
+        return None
+    if revision is None:
+        return (
+            f"the database is not migrated (no llmgw schema in it); run `llmgw-server migrate` "
+            f"of this release first, as the schema's owner, to bring it to revision {head}"
+        )
+    if _knows(script, revision):
+        return (
+            f"the database schema is at revision {revision}, this release needs {head}; run "
+            "`llmgw-server migrate` of this release first, as the schema's owner "
+            "(docs/operations.md#upgrades)"
+        )
+    return (
+        f"the database schema is at revision {revision}, which this release does not know "
+        f"(its newest is {head}): a newer llmgw release migrated it; run that release"
+    )
+
+
+def _knows(script: ScriptDirectory, revision: str) -> bool:
+    try:
+        return script.get_revision(revision) is not None
+    except AlembicError:
+        return False
 
 
 async def current_revision(engine: AsyncEngine) -> str | None:

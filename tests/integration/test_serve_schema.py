@@ -1,0 +1,133 @@
+"""``llmgw-server serve`` runs only on a schema at its release's newest revision, as a real
+process: on a database not migrated, migrated by an older release only, or by a newer
+one, it says so in one line naming the revisions, exits 1 and appends nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from app.store import migrate
+from tests.support.admin_server import LOOPBACK, Pki, write_pki
+from tests.support.operator_cli import clean_environment, installed
+from tests.support.ports import free_port
+from tests.support.postgres import PostgresServer, unique_database_name
+
+REFUSED_WITHIN_S = 60
+HEAD = "0017"
+MIGRATE_FIRST = "run `llmgw-server migrate` of this release first, as the schema's owner"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return write_pki(tmp_path_factory.mktemp("pki"), "alice", "gpu-1")
+
+
+@pytest_asyncio.fixture
+async def scratch(postgres_server: PostgresServer) -> AsyncIterator[str]:
+    name = unique_database_name("llmgw_serve_schema")
+    await postgres_server.create_database(name)
+    try:
+        yield postgres_server.url(name)
+    finally:
+        await postgres_server.drop_database(name)
+
+
+def serve(database_url: str, pki: Pki) -> subprocess.CompletedProcess[str]:
+    certificate, key = pki.pair("server")
+    return subprocess.run(
+        [
+            installed("llmgw-server"),
+            "serve",
+            *("--database-url", database_url, "--admin-port", str(free_port())),
+            *("--agent-host", LOOPBACK, "--agent-port", str(free_port()), "--no-gateway"),
+            *("--tls-cert", str(certificate), "--tls-key", str(key), "--tls-ca", str(pki.ca)),
+            # The test's role is a superuser: the schema is what this test is about.
+            "--allow-privileged-role",
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_environment(),
+        timeout=REFUSED_WITHIN_S,
+        check=False,
+    )
+
+
+async def _execute(url: str, statement: str) -> None:
+    connection = await asyncpg.connect(url)
+    try:
+        await connection.execute(statement)
+    finally:
+        await connection.close()
+
+
+async def _relations(url: str) -> int:
+    connection = await asyncpg.connect(url)
+    try:
+        count: int = await connection.fetchval(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'"
+        )
+    finally:
+        await connection.close()
+    return count
+
+
+def last_line(text: str) -> str:
+    return text.rstrip("\n").rsplit("\n", 1)[-1]
+
+
+def test_this_release_needs_the_revision_the_messages_name() -> None:
+    assert migrate.head_revision() == HEAD
+
+
+async def test_serve_refuses_a_database_not_migrated_in_one_line(scratch: str, pki: Pki) -> None:
+    """It used to start and die on its first read with a traceback
+    (``UndefinedTableError: relation "events" does not exist``)."""
+    refused = await asyncio.to_thread(serve, scratch, pki)
+
+    assert refused.returncode == 1
+    assert "Traceback" not in refused.stderr
+    assert last_line(refused.stderr) == (
+        "llmgw-server serve: the database is not migrated (no llmgw schema in it); "
+        f"{MIGRATE_FIRST}, to bring it to revision {HEAD}"
+    )
+    assert await _relations(scratch) == 0
+
+
+async def test_serve_refuses_a_schema_an_older_release_left(scratch: str, pki: Pki) -> None:
+    await asyncio.to_thread(migrate.upgrade, scratch, "0016")
+
+    refused = await asyncio.to_thread(serve, scratch, pki)
+
+    assert refused.returncode == 1
+    assert last_line(refused.stderr) == (
+        f"llmgw-server serve: the database schema is at revision 0016, this release needs "
+        f"{HEAD}; {MIGRATE_FIRST} (docs/operations.md#upgrades)"
+    )
+
+
+async def test_serve_refuses_a_schema_a_newer_release_migrated(scratch: str, pki: Pki) -> None:
+    """It used to start, lead and reconcile on tables it was not written for; only its
+    ``/readyz`` said something was wrong."""
+    await asyncio.to_thread(migrate.upgrade, scratch)
+    await _execute(scratch, "UPDATE alembic_version SET version_num = '0099'")
+
+    refused = await asyncio.to_thread(serve, scratch, pki)
+
+    assert refused.returncode == 1
+    assert last_line(refused.stderr) == (
+        "llmgw-server serve: the database schema is at revision 0099, which this release "
+        f"does not know (its newest is {HEAD}): a newer llmgw release migrated it; run that "
+        "release"
+    )
+    connection = await asyncpg.connect(scratch)
+    try:
+        assert await connection.fetchval("SELECT count(*) FROM events") == 0
+        assert await connection.fetchval("SELECT count(*) FROM leadership") == 0
+    finally:
+        await connection.close()
