@@ -17,6 +17,8 @@ says what to do::
     ├── AnswerTooLarge          an answer (or one record of a stream) past MAX_ANSWER_BYTES
     ├── EndlessListing          a listing past MAX_PAGES pages, or a cursor that stays put
     ├── RepeatingListing        a listing page that holds again what it listed before
+    ├── OlderServer             no such path or method, or a field it does not know: the
+    │                           server runs an older release than this llmgw-cli
     └── ApiProblem              any other error answer; its problem ``detail`` is the message
 """
 
@@ -41,6 +43,7 @@ from app.pki import (
 )
 from cli.config import SETTING_ENV, ConnectionSettings
 from wire.bounded_body import size_words
+from wire.version import llmgw_version
 
 USER_AGENT = "llmgw-cli/0.1"
 ANSWER_WITHIN_S = 60.0
@@ -84,6 +87,12 @@ class EndlessListing(ClientError):
 class RepeatingListing(ClientError):
     """A page of a listing holds an item an earlier page held, or holds one twice: the
     server is not paging as asked, so the listing cannot be trusted to be whole."""
+
+
+class OlderServer(ClientError):
+    """The admin API has no such path, or not that method on it, or refused a field of the
+    body as unknown: every one this client sends, a server of its own release knows, so the
+    server runs an older one (as while a fleet is upgraded: control planes first)."""
 
 
 class ApiProblem(ClientError):
@@ -207,7 +216,10 @@ class AdminClient:
         status, answer = self.exchange(method, path, params, content, headers)
         if 200 <= status < 300:
             return answer
-        raise self.error_answer(httpx.Response(status, content=answer))
+        error = self.error_answer(httpx.Response(status, content=answer))
+        if isinstance(error, ApiProblem) and _unknown_to_the_server(error):
+            raise self._older_server(method, path, error) from error
+        raise error
 
     def exchange(
         self,
@@ -330,6 +342,14 @@ class AdminClient:
             extra={k: v for k, v in document.items() if k not in PROBLEM_MEMBERS},
         )
 
+    def _older_server(self, method: str, path: str, problem: ApiProblem) -> OlderServer:
+        return OlderServer(
+            f"the admin API at {self.settings.admin_url} does not know {method} {path} "
+            f"({problem}): it runs an older llmgw release than this llmgw-cli "
+            f"({llmgw_version()}); upgrade the control planes first (docs/operations.md"
+            "#upgrades), or use the llmgw-cli of the server's release"
+        )
+
     def _authentication_advice(self) -> str:
         config = self.settings.config_file or "the config file"
         where = f"set {SETTING_ENV['token']} (or pass --token, or set token in {config})"
@@ -358,6 +378,26 @@ def _tls_context(settings: ConnectionSettings) -> ssl.SSLContext:
             f"cannot load the client certificate {settings.client_cert} with key "
             f"{settings.client_key}: {exc}"
         ) from exc
+
+
+ROUTER_NOT_FOUND = ("Not Found", "no such path: ")
+"""How the admin API's router says no route has the path: a release before the path was
+named said only ``Not Found``. A 404 of the API's own (``unknown-drain``: no drain of that
+id) has a title of its own, and one for a malformed path segment another detail."""
+UNKNOWN_FIELD = "Object contains unknown field"
+"""msgspec's words for a body member the server's type lacks (``(body): Object contains
+unknown field `expires_at```): a field added after the server's release."""
+
+
+def _unknown_to_the_server(problem: ApiProblem) -> bool:
+    """Whether ``problem`` says the server lacks the route, the method or a body field that
+    this client's release has."""
+    detail = str(problem)
+    if problem.status == 404 and problem.title == "not-found":
+        return detail == ROUTER_NOT_FOUND[0] or detail.startswith(ROUTER_NOT_FOUND[1])
+    if problem.status == 405:
+        return problem.title == "method-not-allowed"
+    return problem.status == 400 and detail.startswith("(body): ") and UNKNOWN_FIELD in detail
 
 
 def decode(decoder: msgspec.json.Decoder[_T], body: bytes, what: str) -> _T:
