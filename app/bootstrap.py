@@ -407,12 +407,28 @@ def _warn_of_certificate_ends(ends: tuple[CertificateEnd, ...], now: datetime) -
             log.warning("certificate_expires_soon", days_left=(end.not_after - now).days, **fields)
 
 
+class AdminListenFailed(OSError):
+    """The admin listener could not start (its port in use, an address not of this host)."""
+
+
 class _AdminServer(uvicorn.Server):
     """uvicorn without its own signal handling: the server stops it with the control plane."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().startup(sockets)
+        except SystemExit as exc:
+            # uvicorn ends the whole process when it cannot listen, with exit code 3: this
+            # program's "deposed, restart to stand by". A failure to start it is, and says so.
+            why = exc.__context__  # the OSError uvicorn exits on
+            raise AdminListenFailed(
+                f"the admin API cannot listen on {self.config.host}:{self.config.port}: "
+                f"{why if isinstance(why, OSError) else 'see the line logged before'}"
+            ) from exc
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # Event streams never end by themselves; ended now, they do not hold up the stop.
@@ -453,4 +469,6 @@ async def _run_until_signalled(
         if gateway is not None:
             await gateway.stop()
         await asyncio.gather(*tasks, return_exceptions=True)
+    if not admin_task.cancelled() and isinstance(admin_task.exception(), AdminListenFailed):
+        raise AdminListenFailed(str(admin_task.exception()))
     return plane_task.result()

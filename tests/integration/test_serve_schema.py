@@ -1,10 +1,13 @@
 """``llmgw-server serve`` runs only on a schema at its release's newest revision, as a real
 process: on a database not migrated, migrated by an older release only, or by a newer
-one, it says so in one line naming the revisions, exits 1 and appends nothing."""
+one, it says so in one line naming the revisions, exits 1 and appends nothing. What stops
+it from starting otherwise (its admin port taken) is exit code 1 too, never 3 (deposed)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import subprocess
 from collections.abc import AsyncIterator
 
@@ -38,13 +41,15 @@ async def scratch(postgres_server: PostgresServer) -> AsyncIterator[str]:
         await postgres_server.drop_database(name)
 
 
-def serve(database_url: str, pki: Pki) -> subprocess.CompletedProcess[str]:
+def serve(database_url: str, pki: Pki, *flags: str) -> subprocess.CompletedProcess[str]:
     certificate, key = pki.pair("server")
     return subprocess.run(
         [
             installed("llmgw-server"),
             "serve",
-            *("--database-url", database_url, "--admin-port", str(free_port())),
+            "--database-url",
+            database_url,
+            *(flags or ("--admin-port", str(free_port()))),
             *("--agent-host", LOOPBACK, "--agent-port", str(free_port()), "--no-gateway"),
             *("--tls-cert", str(certificate), "--tls-key", str(key), "--tls-ca", str(pki.ca)),
             # The test's role is a superuser: the schema is what this test is about.
@@ -131,3 +136,22 @@ async def test_serve_refuses_a_schema_a_newer_release_migrated(scratch: str, pki
         assert await connection.fetchval("SELECT count(*) FROM leadership") == 0
     finally:
         await connection.close()
+
+
+async def test_serve_whose_admin_port_is_taken_fails_with_1_not_the_deposed_3(
+    database_url: str, pki: Pki
+) -> None:
+    """uvicorn ended the process with its own exit code 3 when it could not listen: the
+    code that tells an operator this server was deposed and comes back as a standby."""
+    with socket.socket() as taken:
+        taken.bind((LOOPBACK, 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        failed = await asyncio.to_thread(serve, database_url, pki, "--admin-port", str(port))
+
+    logged = [json.loads(line) for line in failed.stderr.splitlines() if line.startswith("{")]
+    assert failed.returncode == 1
+    assert [line["error"] for line in logged if line["event"] == "serve_failed"] == [
+        f"the admin API cannot listen on {LOOPBACK}:{port}: [Errno 98] error while attempting "
+        f"to bind on address ('{LOOPBACK}', {port}): address already in use"
+    ]
