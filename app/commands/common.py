@@ -138,15 +138,16 @@ async def database_role_allowed(database_url: str, *, allow_privileged: bool, co
     return False
 
 
-async def schema_allowed(engine: AsyncEngine, *, command: str) -> bool:
+async def schema_allowed(engine: AsyncEngine, *, command: str, newer_allowed: bool = False) -> bool:
     """False, after saying why on stderr as ``command``, when the database's schema is not
     at this release's newest revision: not migrated, migrated by an older release only, or
-    by a newer one. Such a server used to start anyway: on no schema it died with a
-    traceback, and on a newer one it led and reconciled on tables it was not written for.
-    Raises ``StoreError`` when the database cannot be asked."""
+    (unless ``newer_allowed``) by a newer one. Such a server used to start anyway: on no
+    schema ``serve`` died with a traceback and a gateway served nothing, and on a newer one
+    ``serve`` led and reconciled on tables it was not written for. Raises ``StoreError``
+    when the database cannot be asked."""
     async with translated_errors():
         revision = await current_revision(engine)
-    refusal = await asyncio.to_thread(schema_refusal, revision)
+    refusal = await asyncio.to_thread(schema_refusal, revision, newer_allowed=newer_allowed)
     if refusal is None:
         return True
     print_command_error(command, refusal)

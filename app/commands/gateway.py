@@ -23,6 +23,7 @@ from app.commands.common import (
     database_url_problem,
     engine_networks_of,
     refuse_usage,
+    schema_allowed,
     warn_if_gateway_appends,
 )
 from app.commands.gateway_settings import GatewaySettings, gateway_options
@@ -43,7 +44,8 @@ from app.gateway.server import (
 )
 from app.gateway.source import DEFAULT_REFRESH_INTERVAL_S
 from app.logs import configure_logging
-from app.store.errors import StoreUnavailable
+from app.store.database import create_engine
+from app.store.errors import StoreError, StoreUnavailable
 from app.usage_errors import finite_number_flag, whole_number_flag
 
 log = structlog.get_logger(__name__)
@@ -206,6 +208,8 @@ async def _gateway(database_url: str, options: GatewayOptions, allow_privileged:
             return 1
         role_checked = True
         await warn_if_gateway_appends(database_url)
+        if not await _schema_served(database_url):
+            return 1
     except StoreUnavailable as exc:
         log.warning(
             "database_role_unchecked",
@@ -236,6 +240,22 @@ async def _gateway(database_url: str, options: GatewayOptions, allow_privileged:
         await gateway.stop()
         await asyncio.gather(*waiting, return_exceptions=True)
     return 0 if stop.is_set() else 1
+
+
+async def _schema_served(database_url: str) -> bool:
+    """Whether the schema is one this gateway can serve from: its release's, or a newer
+    one's (gateways are rolled after the control planes, and go on serving meanwhile). On a
+    database not migrated it used to start, listen and answer every request with an error."""
+    engine = create_engine(database_url, pool_size=1)
+    try:
+        return await schema_allowed(engine, command=GATEWAY, newer_allowed=True)
+    except StoreUnavailable:
+        raise
+    except StoreError as exc:
+        log.error("gateway_failed_to_start", error=f"cannot read the schema's revision: {exc}")
+        return False
+    finally:
+        await engine.dispose()
 
 
 async def _role_refused_later(database_url: str, allow_privileged: bool) -> bool:

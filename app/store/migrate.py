@@ -129,10 +129,12 @@ def head_revision() -> str | None:
     return ScriptDirectory(str(migrations_dir())).get_current_head()
 
 
-def schema_refusal(revision: str | None) -> str | None:
+def schema_refusal(revision: str | None, *, newer_allowed: bool = False) -> str | None:
     """Why a server of this release must not run on a schema at ``revision`` (None: no
-    schema), in words for the operator; None at this release's newest revision. Reads the
-    migration scripts: blocking, and seconds on a cold start."""
+    schema), in words for the operator; None at this release's newest revision, and at one
+    it does not know when ``newer_allowed`` (a gateway: it goes on serving while a newer
+    release is rolled out). Reads the migration scripts: blocking, and seconds on a cold
+    start."""
     script = ScriptDirectory(str(migrations_dir()))
     head = script.get_current_head()
     if revision == head:
@@ -148,6 +150,8 @@ def schema_refusal(revision: str | None) -> str | None:
             "`llmgw-server migrate` of this release first, as the schema's owner "
             "(docs/operations.md#upgrades)"
         )
+    if newer_allowed:
+        return None
     return (
         f"the database schema is at revision {revision}, which this release does not know "
         f"(its newest is {head}): a newer llmgw release migrated it; run that release"

@@ -1,7 +1,9 @@
 """``llmgw-server serve`` runs only on a schema at its release's newest revision, as a real
 process: on a database not migrated, migrated by an older release only, or by a newer
 one, it says so in one line naming the revisions, exits 1 and appends nothing. What stops
-it from starting otherwise (its admin port taken) is exit code 1 too, never 3 (deposed)."""
+it from starting otherwise (its admin port taken) is exit code 1 too, never 3 (deposed).
+A standalone gateway refuses a database not migrated (or left by an older release) the same
+way; one a newer release migrated it serves from, as gateways are rolled last."""
 
 from __future__ import annotations
 
@@ -155,3 +157,31 @@ async def test_serve_whose_admin_port_is_taken_fails_with_1_not_the_deposed_3(
         f"the admin API cannot listen on {LOOPBACK}:{port}: [Errno 98] error while attempting "
         f"to bind on address ('{LOOPBACK}', {port}): address already in use"
     ]
+
+
+def gateway(database_url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            installed("llmgw-server"),
+            "gateway",
+            *("--database-url", database_url, "--allow-privileged-role"),
+            *("--port", str(free_port()), "--metrics-port", str(free_port())),
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_environment(),
+        timeout=REFUSED_WITHIN_S,
+        check=False,
+    )
+
+
+async def test_a_gateway_refuses_a_database_not_migrated_in_one_line(scratch: str) -> None:
+    """It used to start, say it listened, and answer every request with an error, logging
+    ``relation "gateway_reports" does not exist`` every second."""
+    refused = await asyncio.to_thread(gateway, scratch)
+
+    assert refused.returncode == 1
+    assert last_line(refused.stderr) == (
+        "llmgw-server gateway: the database is not migrated (no llmgw schema in it); "
+        f"{MIGRATE_FIRST}, to bring it to revision {HEAD}"
+    )
