@@ -267,6 +267,7 @@ async def test_a_gateway_run_as_the_runtime_role_warns_that_it_could_append(
     try:
         await wait_until(
             lambda: "gateway_role_may_append" in log.read_text(),
+            within_s=REFUSED_WITHIN_S,
             what="the gateway's warning about its role",
         )
         assert gateway.poll() is None
