@@ -4,7 +4,9 @@ Each setting comes from the first place that has it: a flag, an environment vari
 the config file (``$LLMGW_CONFIG``, else ``$XDG_CONFIG_HOME/llmgw/cli.toml``, else
 ``~/.config/llmgw/cli.toml``), then the default. A setting given empty (the admin API URL,
 the token, a certificate or key), in any of them, is refused (exit code 2) naming where,
-rather than taken for one not given; one not given at all is the default. The file is TOML
+rather than taken for one not given; one not given at all is the default. The admin API
+URL is where the server is and nothing more: one holding a user or password (repeated in
+no message), a query or a fragment is refused the same way. The file is TOML
 (UTF-8, at most 64 KiB) with top-level keys::
 
     admin_url = "https://llmgw.internal:8081"
@@ -17,6 +19,7 @@ rather than taken for one not given; one not given at all is the default. The fi
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -142,9 +145,11 @@ def resolve_settings(
     # not starting with http://.
     if not given.startswith(("http://", "https://")):
         raise ConfigError(
-            f"the admin API URL must start with http:// or https://, not {given!r} (from {source})"
+            "the admin API URL must start with http:// or https://, not "
+            f"{without_credentials(given)!r} (from {source})"
         )
     _check_host_and_port(given, source)
+    _check_address_alone(given, source)
     return ConnectionSettings(
         admin_url=given.rstrip("/"),
         token=pick("token"),
@@ -227,8 +232,37 @@ def _check_host_and_port(admin_url: str, source: str) -> None:
     if parts is None or not parts.hostname:
         raise ConfigError(
             f"the admin API URL needs a host and port like https://llmgw.internal:8081, not "
-            f"{admin_url!r} (from {source})"
+            f"{without_credentials(admin_url)!r} (from {source})"
         )
+
+
+def _check_address_alone(admin_url: str, source: str) -> None:
+    """A ``ConfigError`` when ``admin_url`` holds more than where the admin API is: a user
+    and password (which would be written out in every message naming the URL, and which
+    the admin API never reads: it takes a token), a query or a fragment (which every
+    request's path would be appended after, so no request would reach the API)."""
+    parts = urlsplit(admin_url)
+    shown = without_credentials(admin_url)
+    if "@" in parts.netloc:
+        raise ConfigError(
+            f"the admin API URL must not hold a user or password ({shown!r}, from {source}): "
+            f"give the token in ${SETTING_ENV['token']} (or --token, or token in the config "
+            "file) and the URL as https://HOST:PORT"
+        )
+    if parts.query or parts.fragment or admin_url.endswith(("?", "#")):
+        raise ConfigError(
+            f"the admin API URL cannot have a query or fragment ({shown!r}, from {source}): "
+            "give the server's address alone, like https://llmgw.internal:8081"
+        )
+
+
+_USER_INFO = re.compile(r"(?<=//)[^/?#]*@")
+
+
+def without_credentials(url: str) -> str:
+    """``url`` with any user and password in it written as ``***``: what a message may
+    repeat of a URL given with them."""
+    return _USER_INFO.sub("***@", url, count=1)
 
 
 def config_path(environ: Mapping[str, str] = os.environ) -> Path:

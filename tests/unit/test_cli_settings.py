@@ -103,6 +103,72 @@ def test_an_admin_url_of_a_scheme_alone_is_refused_for_its_missing_host_quoted_a
     )
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://bob:s3cret-pw@127.0.0.1:8081", "http://***@127.0.0.1:8081"),
+        ("https://s3cret-pw@llmgw.internal:8081/", "https://***@llmgw.internal:8081/"),
+        ("http://bob:s3cret-pw@", "http://***@"),
+        ("ftp://bob:s3cret-pw@llmgw.internal", "ftp://***@llmgw.internal"),
+    ],
+)
+def test_an_admin_url_with_a_user_or_password_is_refused_without_repeating_them(
+    tmp_path: Path, url: str, shown: str
+) -> None:
+    # Before, such a URL was taken as it was: the admin API never reads a password (it
+    # takes a token), and every message naming the URL (server unreachable, too slow,
+    # not the admin API) wrote the password out on stderr, into CI logs and journals.
+    (tmp_path / "cli.toml").write_text("")
+    with pytest.raises(ConfigError) as refused:
+        resolve_settings(ConnectionFlags(admin_url=url), environment(tmp_path))
+
+    assert "s3cret" not in str(refused.value)
+    assert repr(shown) in str(refused.value)
+
+
+def test_an_admin_url_with_a_password_exits_2_naming_the_variable_not_the_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LLMGW_CONFIG", "/dev/null")
+    monkeypatch.setenv("LLMGW_ADMIN_URL", "http://bob:s3cret-pw@127.0.0.1:8081")
+
+    code = list_keys()
+
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "llmgw-cli keys list: the admin API URL must not hold a user or password "
+        "('http://***@127.0.0.1:8081', from $LLMGW_ADMIN_URL): give the token in "
+        "$LLMGW_ADMIN_TOKEN (or --token, or token in the config file) and the URL as "
+        "https://HOST:PORT\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8081?token=abc",
+        "http://127.0.0.1:8081/?x=1",
+        "https://llmgw.internal:8081#admin",
+        "https://llmgw.internal:8081?",
+    ],
+)
+def test_an_admin_url_with_a_query_or_fragment_is_a_usage_error(tmp_path: Path, url: str) -> None:
+    # Before, every request's path went after the query ("no such path: /" from the
+    # server, exit 1), as if the admin API were missing.
+    (tmp_path / "cli.toml").write_text("")
+    with pytest.raises(ConfigError, match="cannot have a query or fragment"):
+        resolve_settings(ConnectionFlags(admin_url=url), environment(tmp_path))
+
+
+def test_an_admin_url_with_a_path_prefix_is_kept(tmp_path: Path) -> None:
+    (tmp_path / "cli.toml").write_text("")
+    settings = resolve_settings(
+        ConnectionFlags(admin_url="https://proxy.internal:443/llmgw/"), environment(tmp_path)
+    )
+
+    assert settings.admin_url == "https://proxy.internal:443/llmgw"
+
+
 @pytest.mark.parametrize("empty", ["", "  "])
 @pytest.mark.parametrize(
     ("flag", "env", "in_file", "said"),
