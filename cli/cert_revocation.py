@@ -24,7 +24,7 @@ from app.pki.names import check_subject_name
 from cli.arguments import MAX_REASON_LENGTH, UsageError, filled, stripped_one_line_reason
 from cli.cert import CaDir, default_ca_dir
 from cli.cert_ends import ca_warning, leaf_warning
-from cli.client import AdminClient, ClientError
+from cli.client import AdminClient, AdminUnreachable, ClientError
 from cli.config import ConfigError, ConnectionFlags, ConnectionSettings, resolve_settings
 from cli.operator import ADMIN, Output, call, run_command
 from cli.render import (
@@ -185,7 +185,9 @@ def list_certificates(
     revoked (by whom, when, why), connected, or last used by its node. Without a config
     file the admin API is asked at its defaults; one that is there but unusable is bad
     usage (exit 2), as for any command that calls the admin API: mend it, or give
-    --offline.
+    --offline. An admin API that does not answer leaves the CA directory alone listed
+    (saying so on stderr); one that refuses the credentials, or answers with an error,
+    fails the command (exit 1), as it fails any other.
 
     ```
     llmgw-cli cert list
@@ -213,9 +215,18 @@ def list_certificates(
         return EXIT_FAILED
     known: CertificatesView | None = None
     if settings is not None:
-        known, problem = _ask_server(settings)
-        if problem is not None:
-            print_error("cert list", f"{problem}; showing the CA directory alone")
+        try:
+            known = _ask_server(settings)
+        except AdminUnreachable as exc:
+            print_error(
+                "cert list", f"the admin API did not answer ({exc}); showing the CA directory alone"
+            )
+        except ClientError as exc:
+            # It answered, and refused (a token it does not know, a certificate it does not
+            # trust) or failed: a mistake to mend, as for any command that calls it, not a
+            # server to go without (--offline goes without).
+            print_error("cert list", f"{exc} (--offline lists the CA directory alone)")
+            return EXIT_FAILED
     now = datetime.now(UTC)
     rows = listed(record.certificates, known, now)
     for warning in _end_warnings(directory, record.certificates, rows, now):
@@ -334,12 +345,9 @@ def _state_text(row: ListedCertificate) -> str:
     return f"revoked {_when(revocation.revoked_at)} by {revocation.revoked_by}: {revocation.reason}"
 
 
-def _ask_server(settings: ConnectionSettings) -> tuple[CertificatesView | None, str | None]:
-    try:
-        with AdminClient(settings) as client:
-            return call(client, CertificatesView, "GET", f"{ADMIN}/certificates").value, None
-    except ClientError as exc:
-        return None, f"the admin API did not answer ({exc})"
+def _ask_server(settings: ConnectionSettings) -> CertificatesView:
+    with AdminClient(settings) as client:
+        return call(client, CertificatesView, "GET", f"{ADMIN}/certificates").value
 
 
 def _revoked_what(revocation: RevocationView) -> str:

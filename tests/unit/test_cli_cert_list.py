@@ -1,6 +1,7 @@
 """`llmgw-cli cert list` without a config file asks the admin API at its defaults, and
 lists the CA directory alone if nobody answers; a config file that is there but unusable
-is bad usage (exit 2) naming the file and what is wrong, and nothing is listed."""
+is bad usage (exit 2) naming the file and what is wrong, and nothing is listed; an admin
+API that answers but refuses the credentials fails it (exit 1), as any command."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from cli.cert_revocation import list_certificates
-from cli.config import FORMER_SETTING_ENV, SETTING_ENV
+from cli.config import FORMER_SETTING_ENV, SETTING_ENV, ConnectionFlags
 from tests.support.ports import free_port
+from tests.support.stub_admin import StubHandler, stub_admin_api
 
 
 @pytest.fixture
@@ -123,3 +125,30 @@ def test_a_record_that_is_not_a_regular_file_is_refused_unread(
         f"llmgw-cli cert list: cannot read {tmp_path / 'ca' / 'issued.jsonl'}: not a regular "
         "file but a named pipe (FIFO)\n",
     )
+
+
+class RefusingTheToken(StubHandler):
+    def do_GET(self) -> None:
+        self.answer(401, "application/problem+json", b'{"title": "unauthorized"}')
+
+
+def test_an_admin_api_refusing_the_token_fails_the_listing_as_any_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before, a refused token was taken for a server that did not answer: every
+    # certificate listed as "issued (revocations unknown)", exit 0, where every other
+    # command exits 1 for the same mistake.
+    with stub_admin_api(RefusingTheToken, monkeypatch) as url:
+        monkeypatch.setenv("LLMGW_ADMIN_TOKEN", "t0ken-s3cret")
+        code = list_certificates(
+            ca_dir=tmp_path / "ca", output="json", connection=ConnectionFlags(admin_url=url)
+        )
+
+    captured = capsys.readouterr()
+    assert code == 1
+    assert captured.out == ""
+    assert captured.err.startswith(
+        "llmgw-cli cert list: authentication required: the admin API refused the token given"
+    )
+    assert captured.err.endswith(" (--offline lists the CA directory alone)\n")
+    assert "t0ken-s3cret" not in captured.err
