@@ -15,8 +15,9 @@ such characters as ``\\u`` escapes: the same values to any reader of JSON.
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal, TextIO
@@ -94,6 +95,10 @@ class _EscapingConsole(OutputConsole):
     which may misalign a column but never reaches the terminal. Cursor moves and colours
     are segments of rich's own (``control``, ``style``), left alone."""
 
+    whole_tables = False
+    """Whether tables are laid out whole, as ``--output wide`` lays them out: set for
+    stdout when it is no terminal and no width is asked for (``make_console``)."""
+
     def render(
         self, renderable: RenderableType, options: ConsoleOptions | None = None
     ) -> Iterator[Segment]:
@@ -115,17 +120,49 @@ def make_console(
 ) -> Console:
     """A console for people's output (stdout, ``stderr``, or ``file``) that escapes what it
     is given and reads nothing in it as markup or emoji codes: ``[red]`` and ``:smile:`` in
-    a label are printed as they are."""
-    return _EscapingConsole(
+    a label are printed as they are.
+
+    Stdout that is no terminal (a pipe, a file: a script's ``| grep``, cron's mail, a CI
+    log) has no width to fit: rich would lay everything out for 80 columns, or for the
+    width of whatever terminal stdin or stderr is, leaving columns out and folding values
+    over lines that a ``grep`` then finds in pieces. There, unless ``$COLUMNS`` asks for a
+    width, lines are never folded and tables are laid out whole (``lays_out_whole``)."""
+    whole = (
+        file is None
+        and not stderr
+        and width is None
+        and force_terminal is None
+        and stdout_has_no_width()
+    )
+    console = _EscapingConsole(
         stderr=stderr,
         file=file,
         force_terminal=force_terminal,
         width=width,
-        soft_wrap=soft_wrap,
+        soft_wrap=soft_wrap or whole,
         highlight=False,
         markup=False,
         emoji=False,
     )
+    console.whole_tables = whole
+    return console
+
+
+def stdout_has_no_width(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether stdout is no terminal and ``$COLUMNS`` gives no width either."""
+    columns = environ.get("COLUMNS", "")
+    if columns.isascii() and columns.isdigit() and int(columns) > 0:
+        return False
+    try:
+        return not os.isatty(sys.stdout.fileno())
+    except (OSError, ValueError):  # closed, or replaced by something with no descriptor
+        return True
+
+
+def lays_out_whole(console: Console) -> bool:
+    """Whether ``console`` wants its tables whole, every column as wide as it needs
+    (``make_console``): as ``--output wide``."""
+    return isinstance(console, _EscapingConsole) and console.whole_tables
 
 
 def text(value: str, style: str = "") -> Text:
@@ -214,6 +251,7 @@ def print_table(
     instead). ``wide``: every column, each as wide as it needs. Cells are plain text,
     escaped (``escape_controls``): brackets in values are printed, never read as markup."""
     console = console or make_console()
+    wide = wide or lays_out_whole(console)
     cells = [[escape_controls(value or "") for value in row] for row in rows]
     shown = list(range(len(columns)))
     if wide:

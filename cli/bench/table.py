@@ -12,7 +12,7 @@ from rich.table import Table
 
 from cli.bench.report import FAILED, INTERRUPTED, BenchReport
 from cli.bench.stats import LevelFigures, Percentiles
-from cli.render import text
+from cli.render import lays_out_whole, text
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,7 @@ def print_report(report: BenchReport, console: Console, *, wide: bool = False) -
     """The levels as a table that fits ``console``: columns go in their stated order when
     it is too narrow (never concurrency, SLO, TTFT, errors or a latency the SLO names) and
     a line says which; ``wide`` shows every column, however wide the table gets."""
+    wide = wide or lays_out_whole(console)
     shown = [column for column in COLUMNS if not column.cache or report.workload.shared_prefix]
     named = {target.latency for target in report.slo.targets}
     droppable = sorted(

@@ -1,4 +1,4 @@
-"""The main tables at 80 columns (a common terminal, and the width when piped) and at 200:
+"""The main tables at 80 columns (a common terminal, or COLUMNS=80 when piped) and at 200:
 ids are never cut, columns are dropped in their stated order before anything is, and
 ``--output wide`` shows every column."""
 
