@@ -43,6 +43,7 @@ from cli.render import (
 )
 from cli.replicas import moves
 from cli.views import DrainAccepted, DrainProgressView, ReplicaRoomView
+from cli.waiting import Deadline, WaitTimeout, check_wait_timeout
 
 POLL_INTERVAL_S = 0.5
 EVENTS_SHOWN = 8
@@ -55,8 +56,8 @@ Wait = Annotated[
     bool,
     Parameter(
         help=(
-            "Follow the drain until it is done: exit 0 when it completes, 1 if it fails or "
-            "an operator cancels it (llmgw-cli drain-cancel)."
+            "Follow the drain until it is done: exit 0 when it completes, 1 if it fails, "
+            "an operator cancels it (llmgw-cli drain-cancel) or --timeout runs out."
         ),
         negative=(),
     ),
@@ -90,6 +91,7 @@ def drain(
         ),
     ] = False,
     wait: Wait = False,
+    timeout: WaitTimeout = None,
     output: Output = "table",
     connection: ConnectionFlags | None = None,
 ) -> int:
@@ -106,7 +108,7 @@ def drain(
     (llmgw-cli drain-cancel ID).
 
     ```
-    llmgw-cli drain gpu-08 --wait
+    llmgw-cli drain gpu-08 --wait --timeout 900
     llmgw-cli drain gpu-08 --require-room
     llmgw-cli drain --replica llama-3-8b-2
     ```
@@ -122,6 +124,7 @@ def drain(
         return EXIT_USAGE
 
     def start(client: AdminClient) -> int:
+        check_wait_timeout(timeout, wait)
         if node_id is not None:
             path = f"{ADMIN}/nodes/{segment(node_id, 'the node id')}/drain"
             body: dict[str, object] | None = {} if grace is None else {"grace_s": grace}
@@ -143,7 +146,7 @@ def drain(
         for line in no_room_warnings(accepted.value):
             warn(line)
         if wait:
-            return watch(client, accepted.value.drain_id, output)
+            return watch("drain", client, accepted.value.drain_id, output, timeout_s=timeout)
         if output == "json":
             print_json(accepted.raw)
         else:
@@ -218,6 +221,7 @@ def drain_progress(
     /,
     *,
     wait: Wait = False,
+    timeout: WaitTimeout = None,
     output: Output = "table",
     connection: ConnectionFlags | None = None,
 ) -> int:
@@ -231,10 +235,13 @@ def drain_progress(
     """
 
     def show(client: AdminClient) -> int:
+        check_wait_timeout(timeout, wait)
         # Read before the wait: a drain that is not known is said to be so, not to go on.
         progress = _progress(client, drain_id)
         if wait:
-            return watch(client, drain_id, output, first=progress)
+            return watch(
+                "drain-progress", client, drain_id, output, first=progress, timeout_s=timeout
+            )
         if output == "json":
             print_json(progress.raw)
         else:
@@ -245,44 +252,60 @@ def drain_progress(
 
 
 def watch(
+    command: str,
     client: AdminClient,
     drain_id: str,
     output: Output,
     *,
     first: Reply[DrainProgressView] | None = None,
     cancelling: bool = False,
+    timeout_s: float | None = None,
 ) -> int:
-    """Poll the drain's progress until it is finished; show it as it goes. The drain is
-    known to exist (it was just accepted, or ``first`` is its progress, read already): a
-    failure while polling leaves it going on, and the message says so. The exit code is
-    ``_exit_code``'s, except that one ``cancelling`` the drain has its cancellation as
-    its success."""
+    """Poll the drain's progress until it is finished, or ``timeout_s`` runs out; show it
+    as it goes. The drain is known to exist (it was just accepted, or ``first`` is its
+    progress, read already): a failure while polling leaves it going on, and the message
+    says so. The exit code is ``_exit_code``'s, except that one ``cancelling`` the drain
+    has its cancellation as its success, and a drain still going when the time ran out is
+    a failure (exit 1), said so on stderr (with ``--output json``, its progress then on
+    stdout)."""
     console = make_console()
+    deadline = Deadline(timeout_s)
     try:
         if output == "json":
-            progress = _poll_until_finished(client, drain_id, lambda _: None, first)
+            progress = _poll_until_finished(client, drain_id, lambda _: None, first, deadline)
             print_json(progress.raw)
         elif console.is_terminal:
             with Live(console=console, auto_refresh=False) as live:
                 progress = _poll_until_finished(
-                    client, drain_id, lambda p: live.update(render(p), refresh=True), first
+                    client,
+                    drain_id,
+                    lambda p: live.update(render(p), refresh=True),
+                    first,
+                    deadline,
                 )
         else:
             shown: set[int | str] = set()
             progress = _poll_until_finished(
-                client, drain_id, lambda p: print_new_steps(console, p, shown), first
+                client, drain_id, lambda p: print_new_steps(console, p, shown), first, deadline
             )
             console.print(render(progress.value, steps=False))  # each step is printed already
     except ClientError as exc:
         raise ClientError(
             f"{exc} (the drain goes on: llmgw-cli drain-progress {drain_id} --wait)"
         ) from exc
+    if not progress.value.finished:
+        print_error(
+            command,
+            f"{drain_id} is still {progress.value.state.replace('_', ' ')} (--timeout ran "
+            f"out); it goes on: llmgw-cli drain-progress {drain_id} --wait",
+        )
+        return EXIT_FAILED
     if cancelling and cancelled(progress.value):
         return EXIT_OK
     code = _exit_code(progress.value)
     if code != EXIT_OK:
         ended = "was cancelled" if cancelled(progress.value) else "failed"
-        print_error("drain", f"{drain_id} {ended}: {progress.value.outcome}")
+        print_error(command, f"{drain_id} {ended}: {progress.value.outcome}")
     return code
 
 
@@ -291,13 +314,15 @@ def _poll_until_finished(
     drain_id: str,
     show: Callable[[DrainProgressView], None],
     first: Reply[DrainProgressView] | None,
+    deadline: Deadline,
 ) -> Reply[DrainProgressView]:
+    """The drain's progress once it is finished, or as it was when ``deadline`` passed."""
     progress = first or _progress(client, drain_id)
     while True:
         show(progress.value)
-        if progress.value.finished:
+        if progress.value.finished or deadline.passed():
             return progress
-        time.sleep(POLL_INTERVAL_S)
+        time.sleep(deadline.left_s(POLL_INTERVAL_S))
         progress = _progress(client, drain_id)
 
 

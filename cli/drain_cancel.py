@@ -18,6 +18,7 @@ from cli.drain import watch
 from cli.operator import ADMIN, Output, call, run_command
 from cli.render import EXIT_OK, print_json, say
 from cli.views import DrainChange
+from cli.waiting import WaitTimeout, check_wait_timeout
 
 
 def drain_cancel(
@@ -30,10 +31,11 @@ def drain_cancel(
             negative=(),
             help=(
                 "Follow the drain until it has ended as cancelled (exit 0), or as what it "
-                "ended as first (exit 1 for a failure)."
+                "ended as first (exit 1 for a failure, as when --timeout runs out)."
             ),
         ),
     ] = False,
+    timeout: WaitTimeout = None,
     output: Output = "table",
     connection: ConnectionFlags | None = None,
 ) -> int:
@@ -53,10 +55,13 @@ def drain_cancel(
     """
 
     def cancel(client: AdminClient) -> int:
+        check_wait_timeout(timeout, wait)
         path = f"{ADMIN}/drains/{segment(drain_id, 'the drain id')}/cancel"
         reply = call(client, DrainChange, "POST", path)
         if wait:
-            return watch(client, drain_id, output, cancelling=True)
+            return watch(
+                "drain-cancel", client, drain_id, output, cancelling=True, timeout_s=timeout
+            )
         if output == "json":
             print_json(reply.raw)
         else:

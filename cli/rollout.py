@@ -19,8 +19,6 @@ from rich.live import Live
 from cli.arguments import (
     MAX_REASON_LENGTH,
     ArgumentRefused,
-    NumberWithin,
-    UsageError,
     WholeNumberWithin,
     one_line_reason,
     segment,
@@ -40,6 +38,7 @@ from cli.render import (
 )
 from cli.rollout_render import render, render_record, step_text, summary_line
 from cli.rollout_views import RolloutChange, RolloutHistoryView, RolloutView
+from cli.waiting import Deadline, WaitTimeout, check_wait_timeout
 
 POLL_INTERVAL_S = 1.0
 
@@ -92,14 +91,7 @@ def rollout_status(
             negative=(),
         ),
     ] = False,
-    timeout: Annotated[
-        float | None,
-        Parameter(
-            converter=NumberWithin(0, above_low=True),
-            help="With --wait, give up following after this many seconds (exit 1; the "
-            "rollout goes on). [default: no limit]",
-        ),
-    ] = None,
+    timeout: WaitTimeout = None,
     output: Output = "table",
     connection: ConnectionFlags | None = None,
 ) -> int:
@@ -121,8 +113,7 @@ def rollout_status(
     """
 
     def show(client: AdminClient) -> int:
-        if timeout is not None and not wait:
-            raise UsageError("--timeout bounds --wait: give --wait too, or leave --timeout out")
+        check_wait_timeout(timeout, wait)
         if wait:
             return _follow(client, model, output, timeout)
         reply = _status(client, model)
@@ -332,7 +323,7 @@ def _follow(client: AdminClient, model: str, output: Output, timeout_s: float | 
     console = make_console()
     first = _status(client, model)
     followed = first.value.rollout_id
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     shown: list[str] = []
 
     def show_line(view: RolloutView) -> None:
@@ -349,9 +340,9 @@ def _follow(client: AdminClient, model: str, output: Output, timeout_s: float | 
             show(reply.value)
             if reply.value.finished:
                 return reply
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline.passed():
                 return reply
-            time.sleep(POLL_INTERVAL_S)
+            time.sleep(deadline.left_s(POLL_INTERVAL_S))
             reply = _status(client, model)
 
     try:

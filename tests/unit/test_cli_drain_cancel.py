@@ -80,7 +80,7 @@ def test_waiting_on_a_drain_another_operator_cancelled_ends_saying_so_with_exit_
     captured = capsys.readouterr()
     assert code == 1
     assert captured.err.splitlines() == [
-        f"llmgw-cli drain: {DRAIN} was cancelled: cancelled by bob"
+        f"llmgw-cli drain-progress: {DRAIN} was cancelled: cancelled by bob"
     ]
     assert f"{DRAIN} drains node gpu-8" in captured.out
     assert "cancelled by bob" in captured.out
