@@ -20,6 +20,10 @@ number, or not a finite one, is refused naming the flag, or the variable it came
 (``llmgw-server serve: --agent-connect-burst '2.5': expected a whole number``), where
 cyclopts would round it or take ``inf``.
 
+A command line that stops at a group of commands (``llmgw-cli keys``, ``llmgw-server
+log``) is a usage error too (``missing_command``), told the same way, where cyclopts would
+print the group's help and exit 0.
+
 An error a command finds itself once its command line is parsed (a malformed --anchor, a
 database it cannot reach, a port in use) is told the same way by ``print_command_error``:
 ``llmgw-server log verify: --anchor: an anchor is POSITION:HASH...``, with the exit code
@@ -59,12 +63,21 @@ EXIT_OUTPUT_CLOSED = 141
 reports a program the signal stopped."""
 
 
+EXIT_USAGE = 2
+
+
 def run_program(command_line: Callable[[], object]) -> None:
     """Run the program's command line (its ``App``); if its stdout's reader has gone, end
     it with ``EXIT_OUTPUT_CLOSED`` and nothing on stderr. What is still buffered is
     written before the program exits, so a closed pipe is found here, not at exit (where
     Python would print that it could not flush stdout, and exit 120). A broken pipe that
-    is not stdout's (a socket's) is the error it is."""
+    is not stdout's (a socket's) is the error it is. A command line that stops at a
+    group of commands (``missing_command``) is a usage error, told in one line."""
+    if isinstance(command_line, App):
+        missing = missing_command(command_line, sys.argv[1:])
+        if missing is not None:
+            print_command_error(*missing)
+            sys.exit(EXIT_USAGE)
     try:
         try:
             command_line()
@@ -79,6 +92,24 @@ def run_program(command_line: Callable[[], object]) -> None:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         sys.exit(EXIT_OUTPUT_CLOSED)
+
+
+def missing_command(app: App, tokens: Sequence[str]) -> tuple[str, str] | None:
+    """Where the command line ``tokens`` stops at a group of commands that does nothing
+    by itself (``llmgw-cli keys``, ``llmgw-server log``): the program and group as typed,
+    and what is wrong; None for any other command line. cyclopts would print the group's
+    help on stdout and exit 0, so ``llmgw-cli keys $ACTION`` with ``$ACTION`` unset would
+    look to a script like a command that worked."""
+    try:
+        chain, apps, unused = app.parse_commands(list(tokens))
+    except CycloptsError:
+        return None  # told as cyclopts finds it, when the command line is run
+    group = apps[-1]
+    if unused or group.default_command is not None:
+        return None
+    where = " ".join((*app.name[:1], *chain))
+    commands = ", ".join(_commands(group))
+    return where, f"a command is required: {commands}; see {where} --help"
 
 
 def _stdout_reader_gone() -> bool:

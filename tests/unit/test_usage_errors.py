@@ -11,8 +11,9 @@ from rich.text import Text
 
 import agent.main
 import app.main
+import cli.main
 import devcluster.main
-from app.usage_errors import usage_error_console
+from app.usage_errors import missing_command, run_program, usage_error_console
 from app.usage_words import closest, finite_number, shown, whole_number
 
 
@@ -98,6 +99,72 @@ def test_a_mistyped_dev_command_line_is_one_line_and_exit_2(
     capsys: pytest.CaptureFixture[str], argv: list[str], line: str
 ) -> None:
     assert usage_error(devcluster.main.app, argv, capsys) == (2, "", line + "\n")
+
+
+@pytest.mark.parametrize(
+    ("program", "argv", "line"),
+    [
+        (
+            cli.main.app,
+            ["keys"],
+            "llmgw-cli keys: a command is required: create, list, revoke; see llmgw-cli keys "
+            "--help",
+        ),
+        (
+            cli.main.app,
+            ["history"],
+            "llmgw-cli history: a command is required: replica, node, model, key; see "
+            "llmgw-cli history --help",
+        ),
+        (
+            cli.main.app,
+            ["rollout"],
+            "llmgw-cli rollout: a command is required: status, pause, resume, undo, history; "
+            "see llmgw-cli rollout --help",
+        ),
+        (
+            app.main.app,
+            ["log"],
+            "llmgw-server log: a command is required: verify, head; see llmgw-server log --help",
+        ),
+        (
+            agent.main.app,
+            ["fake-gpu"],
+            "llmgw-agent fake-gpu: a command is required: mark, clear; see llmgw-agent "
+            "fake-gpu --help",
+        ),
+    ],
+)
+def test_a_command_line_that_stops_at_a_group_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    program: App,
+    argv: list[str],
+    line: str,
+) -> None:
+    # Before, the group's help went to stdout with exit 0: `llmgw-cli keys $ACTION`, with
+    # $ACTION unset, looked to a script like a command that worked.
+    monkeypatch.setattr("sys.argv", [str(program.name[0]), *argv])
+    with pytest.raises(SystemExit) as ended:
+        run_program(program)
+
+    assert (ended.value.code, *capsys.readouterr()) == (2, "", line + "\n")
+
+
+@pytest.mark.parametrize(
+    ("program", "argv"),
+    [
+        (cli.main.app, ["models"]),  # a group that lists by itself
+        (cli.main.app, ["keys", "list"]),
+        (cli.main.app, ["keys", "--help"]),
+        (cli.main.app, ["--version"]),
+        (cli.main.app, ["keys", "lst"]),  # told by cyclopts, as a mistyped command
+        (devcluster.main.app, []),
+        (agent.main.app, []),
+    ],
+)
+def test_a_command_line_that_names_a_command_is_left_to_it(program: App, argv: list[str]) -> None:
+    assert missing_command(program, argv) is None
 
 
 @pytest.mark.parametrize("empty", ["", " "])
