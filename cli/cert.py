@@ -36,7 +36,7 @@ from app.pki.names import check_host, check_subject_name, parse_ip
 from cli.arguments import UsageError, filled_path, whole_number
 from cli.cert_replacement import RevocationUnknown, issue_time, node_revoked_at
 from cli.config import ConfigError, ConnectionFlags
-from cli.render import print_json, say, warn
+from cli.render import print_error, print_json, say
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -142,7 +142,7 @@ def init_ca(
         _print_description(description)
         return EXIT_OK
 
-    return _run(create)
+    return _run("init-ca", create)
 
 
 @cert_app.command(name="server")
@@ -181,7 +181,7 @@ def server_certificate(
 
         return _issue(directory, out, "server", "server", force, build, output)
 
-    return _run(create)
+    return _run("server", create)
 
 
 @cert_app.command(name="node")
@@ -247,7 +247,7 @@ def node_certificate(
 
         return _issue(directory, out, f"node-{node_id}", f"node {node_id}", force, build, output)
 
-    return _run(create)
+    return _run("node", create)
 
 
 def _node_revoked_at(node_id: str, connection: ConnectionFlags | None) -> datetime | None:
@@ -257,8 +257,9 @@ def _node_revoked_at(node_id: str, connection: ConnectionFlags | None) -> dateti
         raise UsageError(f"{exc} (--offline issues without asking the admin API)") from exc
     except RevocationUnknown as exc:
         _error(
+            "node",
             f"the admin API did not say when node {node_id}'s certificates were last revoked "
-            f"({exc}); issued by this machine's clock (--offline: do not ask)"
+            f"({exc}); issued by this machine's clock (--offline: do not ask)",
         )
         return None
 
@@ -292,7 +293,7 @@ def operator_certificate(
 
         return _issue(directory, out, f"operator-{name}", f"operator {name}", force, build, output)
 
-    return _run(create)
+    return _run("operator", create)
 
 
 @cert_app.command(name="show")
@@ -325,7 +326,7 @@ def show_certificate(
             _print_description(description)
         return EXIT_OK
 
-    return _run(render)
+    return _run("show", render)
 
 
 def default_ca_dir() -> Path:
@@ -354,7 +355,10 @@ def _issue(
     ca = load_ca(ca_dir)
     now = _now()
     if now > ca.certificate.not_valid_after_utc:
-        _error(f"the CA in {ca_dir} expired on {_when(ca.certificate.not_valid_after_utc)}")
+        _error(
+            what.split()[0],
+            f"the CA in {ca_dir} expired on {_when(ca.certificate.not_valid_after_utc)}",
+        )
         return EXIT_FAILED
     key = generate_key()
     certificate = build(ca, key, now)
@@ -368,17 +372,18 @@ def _issue(
     return EXIT_OK
 
 
-def _run(command: Callable[[], int]) -> int:
+def _run(name: str, command: Callable[[], int]) -> int:
+    """``command``'s exit code, or 1 or 2 with its error told as ``cert NAME``'s."""
     try:
         return command()
     except (UsageError, InvalidRequest) as exc:
-        _error(str(exc))
+        _error(name, str(exc))
         return EXIT_USAGE
     except CaNotFound as exc:
-        _error(f"{exc}: run `llmgw-cli cert init-ca --dir {exc.ca_dir}` first")
+        _error(name, f"{exc}: run `llmgw-cli cert init-ca --dir {exc.ca_dir}` first")
         return EXIT_FAILED
     except PkiError as exc:
-        _error(str(exc))
+        _error(name, str(exc))
         return EXIT_FAILED
 
 
@@ -443,5 +448,7 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _error(message: str) -> None:
-    warn(f"llmgw-cli cert: {message}")
+def _error(name: str, message: str) -> None:
+    """``llmgw-cli cert NAME: MESSAGE`` on stderr, naming the command typed, as every
+    command's errors do."""
+    print_error(f"cert {name}", message)

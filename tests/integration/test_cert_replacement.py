@@ -75,7 +75,7 @@ async def test_without_the_admin_api_it_is_issued_by_this_machine_s_clock_and_sa
     offline = await cli("node", "gpu-08", "--dir", "ca", "--offline")
 
     assert asked.startswith(
-        "llmgw-cli cert: the admin API did not say when node gpu-07's certificates were last "
+        "llmgw-cli cert node: the admin API did not say when node gpu-07's certificates were last "
         "revoked ("
     ), asked
     assert asked.endswith("); issued by this machine's clock (--offline: do not ask)\n")

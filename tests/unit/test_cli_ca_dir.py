@@ -25,10 +25,10 @@ def empty_ca_dir_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.mark.parametrize(
     ("argv", "command"),
     [
-        (["cert", "init-ca"], "llmgw-cli cert"),
-        (["cert", "node", "gpu-07"], "llmgw-cli cert"),
-        (["cert", "server", "--host", "cp-1"], "llmgw-cli cert"),
-        (["cert", "operator", "alice"], "llmgw-cli cert"),
+        (["cert", "init-ca"], "llmgw-cli cert init-ca"),
+        (["cert", "node", "gpu-07"], "llmgw-cli cert node"),
+        (["cert", "server", "--host", "cp-1"], "llmgw-cli cert server"),
+        (["cert", "operator", "alice"], "llmgw-cli cert operator"),
         (["cert", "list", "--offline"], "llmgw-cli cert list"),
     ],
 )
