@@ -6,7 +6,8 @@ the config file (``$LLMGW_CONFIG``, else ``$XDG_CONFIG_HOME/llmgw/cli.toml``, el
 the token, a certificate or key), in any of them, is refused (exit code 2) naming where,
 rather than taken for one not given; one not given at all is the default. The admin API
 URL is where the server is and nothing more: one holding a user or password (repeated in
-no message), a query or a fragment is refused the same way. The file is TOML
+no message), a query or a fragment is refused the same way; so is, for an https URL, a
+certificate, key or CA path that is no file this process can read. The file is TOML
 (UTF-8, at most 64 KiB) with top-level keys::
 
     admin_url = "https://llmgw.internal:8081"
@@ -63,6 +64,12 @@ _SETTING_NAMES = {
     "ca_cert": "the llmgw CA certificate's path",
 }
 """What each credential setting is, as a refusal of an empty one names it."""
+_SETTING_FILES = {
+    "client_cert": "the operator certificate",
+    "client_key": "the operator certificate's key",
+    "ca_cert": "the llmgw CA certificate",
+}
+"""What each file setting holds, as a refusal of one that cannot be read names it."""
 
 
 class ConfigError(Exception):
@@ -134,13 +141,20 @@ def resolve_settings(
     from_file = read_config_file(config_file, required=CONFIG_ENV in environ)
 
     def pick(name: str) -> str | None:
-        return _given_credential(name, flags, environ, from_file, config_file)
+        given = _given_credential(name, flags, environ, from_file, config_file)
+        return None if given is None else given[0]
 
     def pick_path(name: str) -> Path | None:
-        value = pick(name)
-        return None if value is None else Path(value).expanduser()
+        given = _given_credential(name, flags, environ, from_file, config_file)
+        if given is None:
+            return None
+        path = Path(given[0]).expanduser()
+        if https:
+            _check_readable_file(path, _SETTING_FILES[name], given[1])
+        return path
 
     given, source = _given_admin_url(flags, environ, from_file, config_file)
+    https = given.startswith("https://")
     # Checked as given: with its slashes stripped first, "http://" would be refused as
     # not starting with http://.
     if not given.startswith(("http://", "https://")):
@@ -187,10 +201,10 @@ def _given_credential(
     environ: Mapping[str, str],
     from_file: Mapping[str, str],
     config_file: Path,
-) -> str | None:
+) -> tuple[str, str] | None:
     """The token, certificate or key setting ``name`` from the first place that gives
-    one: the flag, the environment (the current name, then the former one), the config
-    file; else None."""
+    one, with that place: the flag, the environment (the current name, then the former
+    one), the config file; else None."""
     env = SETTING_ENV[name]
     former = FORMER_SETTING_ENV.get(name)
     given = _first_given(
@@ -202,7 +216,7 @@ def _given_credential(
         ),
         _SETTING_NAMES[name],
     )
-    return None if given is None else given[0]
+    return given
 
 
 def _first_given(
@@ -219,6 +233,21 @@ def _first_given(
             raise ConfigError(f"{source} is empty: give {wanted}, or {otherwise}")
         return str(value), source
     return None
+
+
+def _check_readable_file(path: Path, what: str, source: str) -> None:
+    """A ``ConfigError`` when ``path``, ``what`` as ``source`` gave it, is no file this
+    process can read: a path mistyped is bad usage, as ``llmgw-server`` and
+    ``llmgw-agent`` take a missing certificate, not a connection that failed."""
+    if not path.exists():
+        problem = "does not exist"
+    elif not path.is_file():
+        problem = "is not a file"
+    elif not os.access(path, os.R_OK):
+        problem = "cannot be read"
+    else:
+        return
+    raise ConfigError(f"{what} {path} (from {source}) {problem}")
 
 
 def _check_host_and_port(admin_url: str, source: str) -> None:

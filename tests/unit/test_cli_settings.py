@@ -32,7 +32,8 @@ def test_the_admin_certificate_comes_from_the_environment(tmp_path: Path) -> Non
         ConnectionFlags(),
         environment(
             tmp_path,
-            LLMGW_ADMIN_URL="https://llmgw.internal:8081",
+            # http: the files are only checked where they are used (https, below).
+            LLMGW_ADMIN_URL="http://llmgw.internal:8081",
             LLMGW_ADMIN_CERT="/etc/llmgw/operator-alice.crt",
             LLMGW_ADMIN_KEY="/etc/llmgw/operator-alice.key",
             LLMGW_ADMIN_CA="/etc/llmgw/ca.crt",
@@ -100,6 +101,52 @@ def test_an_admin_url_of_a_scheme_alone_is_refused_for_its_missing_host_quoted_a
     assert str(refused.value) == (
         "the admin API URL needs a host and port like https://llmgw.internal:8081, not "
         f"{url!r} (from --admin-url)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "refusal"),
+    [
+        ("LLMGW_ADMIN_CA", "the llmgw CA certificate {path} (from $LLMGW_ADMIN_CA) {problem}"),
+        ("LLMGW_ADMIN_CERT", "the operator certificate {path} (from $LLMGW_ADMIN_CERT) {problem}"),
+        (
+            "LLMGW_CLIENT_KEY",
+            "the operator certificate's key {path} (from $LLMGW_CLIENT_KEY) {problem}",
+        ),
+    ],
+)
+@pytest.mark.parametrize("missing", [True, False], ids=["missing", "a-directory"])
+def test_a_certificate_or_key_that_is_no_readable_file_is_a_usage_error_naming_it(
+    tmp_path: Path, variable: str, refusal: str, missing: bool
+) -> None:
+    # Before, the command went on to fail when TLS was set up (exit 1, "cannot load the
+    # CA certificate"), where llmgw-server and llmgw-agent take a missing certificate for
+    # bad usage (exit 2), as a mistyped path is.
+    (tmp_path / "cli.toml").write_text("")
+    path = tmp_path / "missing.pem" if missing else tmp_path
+    settings = environment(
+        tmp_path, LLMGW_ADMIN_URL="https://llmgw.internal:8081", **{variable: str(path)}
+    )
+
+    with pytest.raises(ConfigError) as refused:
+        resolve_settings(ConnectionFlags(), settings)
+
+    problem = "does not exist" if missing else "is not a file"
+    assert str(refused.value) == refusal.format(path=path, problem=problem)
+
+
+def test_a_missing_ca_certificate_exits_2_with_one_line_before_anything_is_sent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LLMGW_CONFIG", "/dev/null")
+    monkeypatch.setenv("LLMGW_ADMIN_CA", str(tmp_path / "ca.crt"))
+
+    code = list_keys(connection=ConnectionFlags(admin_url="https://127.0.0.1:9"))
+
+    assert code == 2
+    assert capsys.readouterr().err == (
+        f"llmgw-cli keys list: the llmgw CA certificate {tmp_path / 'ca.crt'} (from "
+        "$LLMGW_ADMIN_CA) does not exist\n"
     )
 
 
