@@ -35,6 +35,7 @@ from app.pki.model import MAX_DAYS
 from app.pki.names import check_host, check_subject_name, parse_ip
 from cli.arguments import UsageError, filled_path, whole_number
 from cli.cert_replacement import RevocationUnknown, issue_time, node_revoked_at
+from cli.client import ClientError
 from cli.config import ConfigError, ConnectionFlags
 from cli.render import print_error, print_json, say
 
@@ -381,6 +382,9 @@ def _run(name: str, command: Callable[[], int]) -> int:
         return EXIT_USAGE
     except CaNotFound as exc:
         _error(name, f"{exc}: run `llmgw-cli cert init-ca --dir {exc.ca_dir}` first")
+        return EXIT_FAILED
+    except ClientError as exc:  # the admin API, asked by `cert node`, refused or failed
+        _error(name, f"{exc}; nothing was issued (--offline issues without asking it)")
         return EXIT_FAILED
     except PkiError as exc:
         _error(name, str(exc))

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 
 import msgspec
 
-from cli.client import AdminClient, ClientError
+from cli.client import AdminClient, AdminUnreachable
 from cli.config import ConnectionFlags, resolve_settings
 from cli.operator import ADMIN, call
 
@@ -39,20 +39,23 @@ class _Revocations(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class RevocationUnknown(Exception):
-    """The admin API could not say when the node's certificates were revoked."""
+    """The admin API did not answer when asked when the node's certificates were
+    revoked."""
 
 
 def node_revoked_at(node_id: str, connection: ConnectionFlags | None) -> datetime | None:
     """When every certificate of ``node_id`` issued until then was last revoked, by the
     server's clock; None when they never were. Raises ``ConfigError`` for a config file
-    that cannot be used, ``RevocationUnknown`` when the admin API does not tell."""
+    that cannot be used, ``RevocationUnknown`` when the admin API does not answer, and
+    the ``ClientError`` of one that answers with a refusal (a token it does not know) or
+    an error: a mistake to mend, as for any command, not a server to go without."""
     settings = resolve_settings(connection or ConnectionFlags())
     try:
         with AdminClient(
             settings, timeout_s=LOOKUP_WITHIN_S, answer_within_s=LOOKUP_WITHIN_S
         ) as client:
             known = call(client, _Revocations, "GET", f"{ADMIN}/certificates").value
-    except ClientError as exc:
+    except AdminUnreachable as exc:
         raise RevocationUnknown(str(exc)) from exc
     node_wide = [
         r.revoked_at for r in known.revocations if r.node_id == node_id and r.serial is None
