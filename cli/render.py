@@ -126,7 +126,9 @@ def make_console(
     log) has no width to fit: rich would lay everything out for 80 columns, or for the
     width of whatever terminal stdin or stderr is, leaving columns out and folding values
     over lines that a ``grep`` then finds in pieces. There, unless ``$COLUMNS`` asks for a
-    width, lines are never folded and tables are laid out whole (``lays_out_whole``)."""
+    width, tables are laid out whole (``lays_out_whole``). Other lines keep rich's own
+    folding: soft wrapping them all would crop what rich lays out in boxes of the
+    console's width (``--help``'s examples)."""
     whole = (
         file is None
         and not stderr
@@ -139,7 +141,7 @@ def make_console(
         file=file,
         force_terminal=force_terminal,
         width=width,
-        soft_wrap=soft_wrap or whole,
+        soft_wrap=soft_wrap,
         highlight=False,
         markup=False,
         emoji=False,

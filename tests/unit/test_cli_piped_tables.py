@@ -81,6 +81,27 @@ def test_a_piped_table_has_every_column_and_each_row_on_one_line(admin_url: str)
         assert "ci-deployer@llmgw.internal" in row
 
 
+def test_help_written_to_a_pipe_keeps_every_example_whole() -> None:
+    # Laying out every line of a piped console unfolded cropped what rich draws in boxes
+    # of the console's width: --help's examples lost their ends ("--tpm 1" for
+    # "--tpm 100000").
+    inherited = {name: value for name, value in clean_environment().items() if name != "COLUMNS"}
+    done = subprocess.run(
+        [CLI, "keys", "create", "--help"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=inherited,
+    )
+
+    assert done.returncode == 0, done.stderr
+    flat = " ".join(done.stdout.split())
+    assert "--rpm 60 --tpm 100000" in flat
+    assert "--expires-at 2027-01-31T00:00:00Z" in flat
+
+
 def test_columns_given_still_fits_the_table_to_them(admin_url: str) -> None:
     out = keys_list(admin_url, COLUMNS="80")
 
