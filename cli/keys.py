@@ -6,7 +6,6 @@ reached), 2 bad usage (a bad flag, an unusable config file).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal
 
@@ -14,11 +13,11 @@ from cyclopts import App, Parameter
 
 from cli import key_requests
 from cli.arguments import UsageError, WholeNumberWithin, duration, filled, moment
-from cli.client import AdminClient, ClientError
-from cli.config import ConfigError, ConnectionFlags, resolve_settings
+from cli.client import AdminClient
+from cli.config import ConnectionFlags
 from cli.key_requests import KeyView
+from cli.operator import run_command
 from cli.render import (
-    EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
     Column,
@@ -160,7 +159,7 @@ def create_key(
         warn(SHOWN_ONCE)
         return EXIT_OK
 
-    return _run("keys create", connection, create)
+    return run_command("keys create", connection, create)
 
 
 @keys_app.command(name="list")
@@ -196,7 +195,7 @@ def list_keys(
         print_table(COLUMNS, (_row(key) for key in shown), title=title, wide=output == "wide")
         return EXIT_OK
 
-    return _run("keys list", connection, show)
+    return run_command("keys list", connection, show)
 
 
 @keys_app.command(name="revoke")
@@ -238,24 +237,7 @@ def revoke_key(
             )
         return EXIT_OK
 
-    return _run("keys revoke", connection, revoke)
-
-
-def _run(command: str, flags: ConnectionFlags | None, action: Callable[[AdminClient], int]) -> int:
-    try:
-        settings = resolve_settings(flags or ConnectionFlags())
-    except ConfigError as exc:
-        print_error(command, str(exc))
-        return EXIT_USAGE
-    try:
-        with AdminClient(settings) as client:
-            return action(client)
-    except UsageError as exc:
-        print_error(command, str(exc))
-        return EXIT_USAGE
-    except ClientError as exc:
-        print_error(command, str(exc))
-        return EXIT_FAILED
+    return run_command("keys revoke", connection, revoke)
 
 
 def expiry(
