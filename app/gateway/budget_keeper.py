@@ -7,7 +7,10 @@ On a connection of its own (``app.gateway.reconnecting``), it
 - gives back, every ``TICK_S``, the leases that were not used in time, and on ``close``
   everything still held;
 - counts the live gateways (their reports) every ``COUNT_GATEWAYS_EVERY_S``, for the local
-  share the limiter falls back to.
+  share the limiter falls back to;
+- deletes every key's aged rows every ``FORGET_AGED_EVERY_S`` (at once again while a
+  backlog lasts): a key revoked or no longer used is granted nothing again, and would keep
+  its last rows for ever.
 
 When the database does not answer, the limiter is marked ``degraded`` (logged once as
 ``rate_limits_degraded``, ``llmgw_gateway_rate_limits_degraded`` is 1, and ``/readyz``
@@ -28,12 +31,13 @@ from app.gateway.reconnecting import CONNECTION_LOST, ConnectedTask
 from app.gateway.sharedlimits import Return, SharedLimiter
 from app.store.database import driver_url
 from app.store.gateway_reports import REPORT_MAX_AGE_S
-from app.store.rate_budgets import grant, live_gateways, release
+from app.store.rate_budgets import FORGET_BATCH, forget_aged, grant, live_gateways, release
 
 log = structlog.get_logger(__name__)
 
 TICK_S = 0.1
 COUNT_GATEWAYS_EVERY_S = 2.0
+FORGET_AGED_EVERY_S = 60.0
 QUERY_TIMEOUT_S = 2.0
 
 
@@ -91,7 +95,7 @@ class BudgetKeeper:
             await self._give_back(db, self.limiter.everything_held())
 
     async def _keep(self, db: asyncpg.Connection) -> None:
-        next_count = 0.0
+        next_count = next_forget = 0.0
         while not self._connection.stop.is_set():
             now = monotonic()
             if now >= next_count:
@@ -99,6 +103,9 @@ class BudgetKeeper:
                     1, await live_gateways(db, REPORT_MAX_AGE_S, within_s=self._timeout_s)
                 )
                 next_count = now + COUNT_GATEWAYS_EVERY_S
+            if now >= next_forget:
+                forgotten = await forget_aged(db, within_s=self._timeout_s)
+                next_forget = now if forgotten >= FORGET_BATCH else now + FORGET_AGED_EVERY_S
             for ask in self.limiter.asks(now):
                 try:
                     given = await grant(

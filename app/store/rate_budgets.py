@@ -11,6 +11,12 @@ at once are served one after the other and never both given the same room.
 
 ``release`` gives back what a gateway did not use of a grant, to the second it was granted
 in. A gateway that dies returns nothing: its slices count until they age out.
+
+A grant deletes its own key's aged rows; ``forget_aged`` deletes every key's, for the keys
+that are never granted again (revoked, expired, or no longer used): without it each such
+key would keep the rows of its last two minutes for ever. It deletes at most
+``FORGET_BATCH`` rows a statement, skipping rows another gateway's statement holds, so a
+backlog never makes one statement slow and two gateways never wait on each other.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ import msgspec
 
 WINDOW_SECONDS = 60
 KEEP_SECONDS = 120
-"""Rows older than this are deleted by the key's next grant."""
+"""Rows older than this are deleted by the key's next grant, or by ``forget_aged``."""
+FORGET_BATCH = 5000
+"""Aged rows ``forget_aged`` deletes at most, in one statement."""
 
 _LOCK = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))"
 
@@ -55,6 +63,16 @@ _PRUNE = """
 DELETE FROM rate_budgets
 WHERE key_id = $1 AND resource = $2
   AND second < floor(extract(epoch FROM clock_timestamp()))::bigint - $3
+"""
+
+_FORGET_AGED = """
+DELETE FROM rate_budgets
+WHERE (key_id, resource, second) IN (
+    SELECT key_id, resource, second FROM rate_budgets
+    WHERE second < floor(extract(epoch FROM clock_timestamp()))::bigint - $1
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
 """
 
 _RELEASE = """
@@ -102,6 +120,13 @@ async def release(
 ) -> None:
     """Give back ``amount`` of a grant made at ``second`` that was not used."""
     await db.execute(_RELEASE, key_id, resource, second, amount, timeout=within_s)
+
+
+async def forget_aged(db: asyncpg.Connection, *, within_s: float) -> int:
+    """Delete up to ``FORGET_BATCH`` rows of any key older than ``KEEP_SECONDS``; how many
+    were deleted (``FORGET_BATCH``: there may be more)."""
+    status = await db.execute(_FORGET_AGED, KEEP_SECONDS, FORGET_BATCH, timeout=within_s)
+    return int(status.rsplit(" ", 1)[-1])
 
 
 async def live_gateways(db: asyncpg.Connection, max_age_s: float, *, within_s: float) -> int:

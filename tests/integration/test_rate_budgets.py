@@ -1,5 +1,6 @@
 """``rate_budgets`` on real PostgreSQL: grants never give more than the minute leaves, even
-to many gateways asking at once; what is released can be granted again."""
+to many gateways asking at once; what is released can be granted again; rows of keys no
+longer granted do not stay for ever."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest_asyncio
 
+from app.gateway.budget_keeper import BudgetKeeper
+from app.gateway.sharedlimits import SharedLimiter
 from app.store.database import driver_url
-from app.store.rate_budgets import grant, release
+from app.store.rate_budgets import KEEP_SECONDS, grant, release
 from tests.support.databases import runtime_url
+from tests.support.waiting import wait_until
 
 WITHIN_S = 5.0
 
@@ -69,3 +73,43 @@ async def test_a_grant_that_spends_an_idle_keys_minute_says_when_room_comes_back
     whole = await grant(gateways[0], key, "rpm", 2, 2, within_s=WITHIN_S)
     assert (whole.amount, whole.used) == (2, 2)
     assert 60 < whole.room_in_s <= 61, whole
+
+
+async def test_a_gateway_deletes_the_aged_rows_of_keys_never_granted_again(
+    database_url: str, gateways: list[asyncpg.Connection]
+) -> None:
+    """A revoked key, or one no longer used, is never granted again, so no grant of its own
+    deletes its last rows: a gateway's budget keeper deletes every key's aged rows, and
+    leaves the minute's rows of a key in use as they are."""
+    gone, in_use = f"key-{uuid.uuid4().hex}", f"key-{uuid.uuid4().hex}"
+    db = gateways[0]
+    for seconds_ago in (KEEP_SECONDS + 1, 600, 86_400):
+        for resource in ("rpm", "tpm"):
+            await db.execute(
+                "INSERT INTO rate_budgets (key_id, resource, second, granted) VALUES "
+                "($1, $2, floor(extract(epoch FROM clock_timestamp()))::bigint - $3, 5)",
+                gone,
+                resource,
+                seconds_ago,
+            )
+    assert (await grant(db, in_use, "rpm", 10, 4, within_s=WITHIN_S)).amount == 4
+
+    async def rows_of(key: str) -> int:
+        count = await db.fetchval("SELECT count(*) FROM rate_budgets WHERE key_id = $1", key)
+        return int(count)
+
+    async def gone_forgotten() -> bool:
+        return await rows_of(gone) == 0
+
+    keeper = BudgetKeeper(
+        runtime_url(database_url), SharedLimiter(), gateway_id=f"gw-{uuid.uuid4().hex[:8]}"
+    )
+    await keeper.start()
+    try:
+        await wait_until(gone_forgotten, what="the aged rows of a key never granted again deleted")
+    finally:
+        await keeper.close()
+    assert await rows_of(in_use) == 1
+    assert (await grant(db, in_use, "rpm", 10, 10, within_s=WITHIN_S)).amount == 6, (
+        "the minute's grant still counts"
+    )
