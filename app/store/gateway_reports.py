@@ -12,7 +12,9 @@ it had applied when it counted them. Readers use the rows younger than
 matters; a gateway that stopped, or lost the database, stops counting after that. A gateway
 that stops cleanly deletes its row; one whose row is older but not older than
 ``SILENT_HOLD_S`` is counted as silent (``GatewaysInFlight.silent``), so the reconciler knows
-its sums leave some requests out.
+its sums leave some requests out. A row no one has written for ``FORGET_AFTER_S`` is
+deleted by the next report of any gateway: a crashed gateway's id (hostname-pid by default)
+never writes again, and its row would otherwise stay for ever.
 
 Each row is one gateway process's: ``instance`` is the writing process's token, and a write
 overwrites only a row this process wrote (and, as far as it knows, no one wrote since) or
@@ -48,6 +50,10 @@ from app.store.database import connection
 log = structlog.get_logger(__name__)
 
 REPORT_MAX_AGE_S = 5.0
+FORGET_AFTER_S = 3600.0
+"""A row no one has written for this long is deleted by any gateway's next report: long
+past the age every reader leaves it out at (``SILENT_HOLD_S``), and long enough for an
+operator to read a crashed gateway's last report."""
 MAX_REPORTED_REPLICAS = 2000
 """A report lists at most this many replicas, the busiest; a reader refuses more."""
 MAX_REPLICA_TRAFFIC_BYTES = 64 * 1024
@@ -117,7 +123,9 @@ class Ejections(msgspec.Struct, frozen=True, kw_only=True):
 # under ``$10@token``) whose writers' sessions are gone are deleted: a process of that id
 # started again, on another host or under a pid reused since, retires its previous life's
 # report at once rather than leave it to count as a silent gateway. A live twin holds its
-# session, so neither of two live processes with one id retires the other's. ``shared``:
+# session, so neither of two live processes with one id retires the other's. ``aged``: the
+# rows of other gateways no one has written for ``$14`` seconds; rows another report is
+# deleting or writing now are skipped rather than waited for. ``shared``:
 # another process wrote a row of the gateway named ``$10`` after ``$11`` (when this process
 # began writing under the key it has now), and lately, and is still connected: each of two
 # processes sharing an id finds the other's row.
@@ -136,6 +144,13 @@ WITH retired AS (
       AND gone.instance <> $7
       AND {_WRITER_GONE.format(row="gone", lock_class="$13::int")}
     RETURNING gone.gateway_id
+), aged AS (
+    DELETE FROM gateway_reports AS old
+    WHERE old.gateway_id IN (
+        SELECT stale.gateway_id FROM gateway_reports AS stale
+        WHERE stale.reported_at <= now() - make_interval(secs => $14)
+          AND NOT {_OF_THE_GATEWAY.format(row="stale")}
+        FOR UPDATE SKIP LOCKED)
 ), written AS (
     INSERT INTO gateway_reports AS report
         (gateway_id, in_flight, traffic, queued, ejected, routing_position, instance,
@@ -303,6 +318,7 @@ async def write_report(
         named_since,
         taking_over,
         WRITER_LOCK_CLASS,
+        FORGET_AFTER_S,
         timeout=within_s,
     )
     assert row is not None  # a SELECT without FROM: always one row

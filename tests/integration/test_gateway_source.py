@@ -29,7 +29,12 @@ from app.gateway.source import PostgresSnapshotSource
 from app.gateway.table import GatewaySnapshot
 from app.services.operations import Caller, Operations
 from app.store.database import driver_url
-from app.store.gateway_reports import InFlightReports, write_report
+from app.store.gateway_reports import (
+    FORGET_AFTER_S,
+    InFlightReports,
+    delete_report,
+    write_report,
+)
 from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
 from app.store.routing_rows import EXPIRED_KEYS_KEPT
@@ -202,6 +207,38 @@ async def test_reports_older_than_the_age_limit_are_ignored(
         await db.close()
 
     assert await InFlightReports(engine).read_in_flight() == {"a-1": 1, "b-1": 2}
+
+
+async def test_a_crashed_gateways_report_is_deleted_an_hour_after_its_last_write(
+    database_url: str,
+) -> None:
+    """A gateway killed for good (its default id, hostname-pid, never comes back) cannot
+    delete its row. Any gateway's report deletes it once no one has written it for
+    ``FORGET_AFTER_S``; one that crashed minutes ago stays for an operator to read."""
+    long_gone, lately = f"gw-{secrets.token_hex(4)}", f"gw-{secrets.token_hex(4)}"
+    writer = f"gw-{secrets.token_hex(4)}"
+    db = await asyncpg.connect(driver_url(database_url))
+    try:
+        await db.execute(
+            "INSERT INTO gateway_reports (gateway_id, in_flight, instance, reported_at) VALUES "
+            "($1, '{}', 'crashed-41-0badc0de', now() - make_interval(secs => $3)), "
+            "($2, '{}', 'crashed-42-0badc0de', now() - interval '10 minutes')",
+            long_gone,
+            lately,
+            FORGET_AFTER_S + 60,
+        )
+        token = f"{writer}-token"
+        written = await write_report(db, writer, {}, within_s=5.0, instance=token)
+        assert written.at is not None
+        left = await db.fetch(
+            "SELECT gateway_id FROM gateway_reports WHERE gateway_id = ANY($1::text[])",
+            [long_gone, lately, writer],
+        )
+        assert sorted(row["gateway_id"] for row in left) == sorted([lately, writer])
+        assert written.retired == (), "another gateway's row is no retired life of this one"
+        await delete_report(db, writer, instance=token, within_s=5.0)
+    finally:
+        await db.close()
 
 
 async def test_a_model_with_an_autoscaling_policy_carries_its_cold_start_timeout(
