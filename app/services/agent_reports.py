@@ -15,10 +15,12 @@ run together with each other otherwise). That gate is all the class adds to the 
 
 The recorder. Reports about one node are recorded one at a time, in the order they arrive,
 so a node's events reach the log in the order its agent caused them (a disconnect can
-never overtake the connect before it). Appends check the version of every stream they
-write; when another writer moved one first, the decision is made again on the new state.
-An append refused because another leader took over (``FencedError``) calls ``on_fenced``
-before it is raised, so the leader stops at once.
+never overtake the connect before it). A node's turn is kept only while a report holds or
+waits for it (``app.services.turns``): every node that ever connected, and every name a
+refused connection claimed, would otherwise keep one for ever. Appends check the version
+of every stream they write; when another writer moved one first, the decision is made
+again on the new state. An append refused because another leader took over
+(``FencedError``) calls ``on_fenced`` before it is raised, so the leader stops at once.
 
 GPU health goes through each node's ``FlapGuard`` first: a GPU that flaps is held
 unhealthy (one event) instead of reaching the log with every flip, and released on a later
@@ -62,6 +64,7 @@ from app.domain.reports import (
     observe,
     reporting_node,
 )
+from app.services.turns import Turns
 from app.store.errors import ConcurrencyError, FencedError
 from app.store.interface import AppendRequest, EventStore, NewEvent
 
@@ -198,7 +201,8 @@ class ReportRecorder:
         self._flap_policy = flap_policy or FlapPolicy()
         self._clock = clock
         self._on_fenced = on_fenced
-        self._node_locks: dict[str, asyncio.Lock] = {}
+        self._turns: Turns[str] = Turns()
+        """Each node's turn to be recorded, kept only while a report holds or waits for it."""
         self._flaps: dict[str, FlapGuard] = {}
         self._away: set[str] = set()
         """Nodes gone whose guards are kept until they settle."""
@@ -218,15 +222,12 @@ class ReportRecorder:
         refused = isinstance(recorded, IdentityClaim | Refusal)
         actor = HUB_ACTOR if refused else agent_actor(node_id)
         # No await before the lock is taken: reports queue in the order they came.
-        async with self._lock_for(node_id):
+        async with self._turns.of(node_id):
             try:
                 await self._decide_and_append(recorded, actor)
             except FencedError as exc:
                 self._on_fenced(str(exc))
                 raise
-
-    def _lock_for(self, node_id: str) -> asyncio.Lock:
-        return self._node_locks.setdefault(node_id, asyncio.Lock())
 
     async def _decide_and_append(self, report: AgentReport, actor: str) -> None:
         for attempt in range(1, self._max_attempts + 1):
@@ -258,6 +259,10 @@ class ReportRecorder:
         if isinstance(report, ShardStatusReport | CommandAnswered):
             cause = report.command_id
         return Meta(actor=actor, epoch=self._epoch, causation_id=cause)
+
+    def nodes_in_turn(self) -> int:
+        """The nodes with a report being recorded or waiting to be."""
+        return len(self._turns)
 
     def remembered_gpus(self) -> int:
         """The GPUs the flap guards remember, over every node."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from app.domain.events import GpuMarkedUnhealthy, GpuRecovered, event_type, node_stream
 from app.domain.gpu_flaps import FlapPolicy
-from app.domain.reports import AgentReport
+from app.domain.reports import AgentReport, IdentityClaim
 from app.hub.edge import report_of
 from app.hub.session import AgentGone, AgentHeartbeat, AgentHello
 from app.services.agent_reports import ReportRecorder
@@ -169,3 +171,34 @@ async def test_the_flap_guards_forget_nodes_gone_once_nothing_they_remember_matt
     await service.handle(hello(node_id=nodes[1], gpus=("GPU-0",)))  # back: judged afresh
     [gpu] = store.state.nodes[nodes[1]].gpus
     assert gpu.healthy
+
+
+async def test_no_node_keeps_a_turn_once_its_reports_are_recorded() -> None:
+    """Node ids come from connections, and a claimed one from a connection that could not
+    prove it: a turn kept per id for ever would grow with every name ever claimed."""
+    store = InMemoryEventStore()
+    service = ReportRecorder(store, clock=Clock(), flap_policy=POLICY)
+    claims = [
+        IdentityClaim(
+            claimed_node_id=f"claimed-{n}",
+            certificate_subject="CN=gpu-1",
+            remote_address="127.0.0.1:5000",
+            reason="the certificate names gpu-1",
+        )
+        for n in range(2000)
+    ]
+    await asyncio.gather(*(service.handle(claim) for claim in claims))
+    for n in range(50):
+        await service.handle(hello(node_id=f"node-{n}"))
+        await service.handle(gone(node_id=f"node-{n}"))
+    assert len(await store.read_stream(node_stream("claimed-1999"))) == 1
+    assert service.nodes_in_turn() == 0
+
+
+async def test_one_nodes_reports_are_still_recorded_one_at_a_time_in_order() -> None:
+    store = InMemoryEventStore()
+    service = ReportRecorder(store, clock=Clock(), flap_policy=POLICY)
+    await asyncio.gather(service.handle(hello()), service.handle(gone()), service.handle(hello()))
+    recorded = [event_type(r.event) for r in await store.read_stream(node_stream(NODE))]
+    assert recorded[-3:] == ["node_connected", "node_disconnected", "node_connected"], recorded
+    assert service.nodes_in_turn() == 0
