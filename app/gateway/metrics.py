@@ -7,12 +7,15 @@ held for a cold start are read from the router when ``/metrics`` is scraped, not
 to date on the request path.
 
 The ``model`` label only ever holds declared models (or ``""``): a client's typo must not
-become a new time series.
+become a new time series. A model's series go with the routing table that no longer
+declares it (``keep_models``; the router forgets its own counts of the model then too):
+a gateway that runs for months while models come and go publishes the models there are,
+not every model it ever served.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -211,6 +214,8 @@ class GatewayMetrics:
             ["model"],
             registry=registry,
         )
+        self._unusable_models: set[str] = set()
+        """The models ``_usage_unusable`` has a series of."""
         self._engine_timeouts = Counter(
             "llmgw_gateway_engine_timeouts",
             "Engine answers cut off because the engine sent nothing within a bound, by "
@@ -242,6 +247,13 @@ class GatewayMetrics:
             "the database does not answer; 0 while they are shared.",
             registry=self.registry,
         )
+
+    def keep_models(self, declared: Collection[str]) -> None:
+        """Drop the series of every model but ``declared`` (and ``""``): those removed."""
+        self._requests.keep_models(declared)
+        for model in [m for m in self._unusable_models if m not in declared]:
+            self._usage_unusable.remove(model)
+            self._unusable_models.discard(model)
 
     def id_shared(self) -> None:
         """A report found another live gateway process reporting under this one's id."""
@@ -291,6 +303,7 @@ class GatewayMetrics:
 
     def usage_unusable(self, model: str) -> None:
         self._usage_unusable.labels(model).inc()
+        self._unusable_models.add(model)
 
     def engine_timed_out(self, bound: str) -> None:
         self._engine_timeouts.labels(bound).inc()

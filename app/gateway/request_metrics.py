@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -108,11 +108,22 @@ class RequestCounts:
         else:
             answered[key] = count + 1
 
+    def keep_models(self, models: Collection[str]) -> None:
+        """Forget the figures of every model but ``models`` and ``""`` (requests for no
+        declared model)."""
+        self.answered = {k: v for k, v in self.answered.items() if _kept(k[0], models)}
+        self.created = {k: v for k, v in self.created.items() if _kept(k[0], models)}
+        self.models = {m: d for m, d in self.models.items() if _kept(m, models)}
+
     def of_model(self, model: str) -> ModelDistributions:
         distributions = self.models.get(model)
         if distributions is None:
             distributions = self.models[model] = ModelDistributions(self.spec)
         return distributions
+
+
+def _kept(model: str, models: Collection[str]) -> bool:
+    return not model or model in models
 
 
 class RequestCollector(Collector):

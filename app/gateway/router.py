@@ -149,6 +149,12 @@ class Router:
         for model in self._line.models():
             self._fail_unroutable(model, removed=model in removed)
             self._dispatch(model)
+        if removed:
+            # Counted for /metrics by model: a removed model's series go with it.
+            self._decisions = Counter(
+                {d: n for d, n in self._decisions.items() if d[0] not in removed}
+            )
+            self._holds = Counter({h: n for h, n in self._holds.items() if h[0] not in removed})
 
     def policy_of(self, model: str) -> RoutePolicy:
         return self._chooser.policy_of(model)
@@ -206,7 +212,7 @@ class Router:
             self._abandon(waiter)
             if waiter.hold_s is None:
                 raise Saturated(self.retry_after_s) from None
-            self._holds[model, "timed_out"] += 1
+            self._count_hold(model, "timed_out")
             if model in self.replicas.by_model:  # a replica came, but had no room in time
                 raise Saturated(self.retry_after_s) from None
             retry_after_s = max(self.retry_after_s, cold_start_retry_after_s(waiter.hold_s))
@@ -217,11 +223,17 @@ class Router:
                 ended: HoldOutcome = (
                     "cancelled" if isinstance(exc, asyncio.CancelledError) else "failed"
                 )
-                self._holds[model, ended] += 1
+                self._count_hold(model, ended)
             raise
         if waiter.hold_s is not None:
-            self._holds[model, "served"] += 1
+            self._count_hold(model, "served")
         return lease
+
+    def _count_hold(self, model: str, ended: HoldOutcome) -> None:
+        """Count a hold of ``model`` that ended, for /metrics: not once the model is removed
+        (its series went with it)."""
+        if model in self._declared:
+            self._holds[model, ended] += 1
 
     def _hold_s(self, model: str) -> float | None:
         """How long a request for ``model`` is held: its cold-start timeout while it has no

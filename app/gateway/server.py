@@ -342,6 +342,7 @@ class Gateway:
         admitted = self.egress.admit(snapshot)
         self.app.use(admitted)
         self.router.update(admitted)
+        self.metrics.keep_models(snapshot.declared)
 
     def _stale_reason(self) -> str | None:
         if self.source.fresh():

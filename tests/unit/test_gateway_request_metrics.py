@@ -84,3 +84,23 @@ def test_the_page_is_what_prometheus_clients_own_counter_and_histogram_would_wri
     }
     page = scraped(metrics)
     assert {series: page[series] for series in expected} == expected
+
+
+def test_the_series_of_models_removed_go_and_those_declared_stay() -> None:
+    """A gateway that runs for months while models come and go publishes the models there
+    are, not every model it ever served."""
+    metrics = GatewayMetrics()
+    for n in range(1000):
+        model = f"m-{n}"
+        metrics.answered(model, 200, duration_s=1, added_s=0, first_byte_s=0.5, queue_s=0)
+        metrics.usage_unusable(model)
+    metrics.answered("", 404, duration_s=0.001, added_s=0.001, first_byte_s=None, queue_s=None)
+    metrics.keep_models(frozenset({"m-7", "m-new"}))
+    page = metrics.render().decode()
+    models = set(re.findall(r'model="([^"]*)"', page))
+    assert models == {"m-7", ""}, sorted(models)[:5]
+    assert scraped(metrics)['llmgw_gateway_requests_total{model="m-7",status="200"}'] == 1
+    metrics.answered("m-3", 200, duration_s=1, added_s=0, first_byte_s=None, queue_s=None)
+    assert scraped(metrics)['llmgw_gateway_requests_total{model="m-3",status="200"}'] == 1, (
+        "a model declared again starts over"
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import msgspec
 import pytest
 
 from app.gateway.lease import Lease
@@ -365,3 +366,22 @@ async def test_max_in_flight_holds_requests_in_the_gateway_for_the_first_replica
     assert lease.route.replica_id == "a"
     assert lease.queued_s >= 0
     assert router.in_flight() == {"a": 2, "b": 2}
+
+
+async def test_the_counts_of_models_removed_go_with_them() -> None:
+    """Requests given a replica and cold-start holds are counted by model for /metrics: a
+    gateway that runs for months while models come and go keeps the models there are."""
+    models = [f"m-{n}" for n in range(1000)]
+    router = router_with(*(route(f"{model}-1", model=model) for model in models))
+    for model in models:
+        (await router.acquire(model, key())).release()
+    cold = GatewaySnapshot(declared=frozenset({"cold", "m-7"}), cold_start_s={"cold": 30.0})
+    router.update(msgspec.structs.replace(cold, routes={"m-7": (route("m-7-1", model="m-7"),)}))
+    held = asyncio.create_task(router.acquire("cold", key()))
+    await wait_until(lambda: router.queued() == {"cold": 1}, what="a request held for cold")
+    assert {model for model, _, _ in router.route_decisions()} == {"m-7"}
+    router.update(snapshot(route("m-7-1", model="m-7")))
+    with pytest.raises(NoServingReplica):
+        await held
+    assert {model for model, _, _ in router.route_decisions()} == {"m-7"}
+    assert router.cold_start_holds() == {}
