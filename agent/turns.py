@@ -26,6 +26,10 @@ class Turns(Generic[Key]):
         """Keys with a command holding or waiting for their turn."""
         return len(self._locks)
 
+    def keys(self) -> frozenset[Key]:
+        """The keys with a command holding or waiting for their turn."""
+        return frozenset(self._locks)
+
     @contextlib.asynccontextmanager
     async def of(self, key: Key) -> AsyncIterator[None]:
         """Wait for ``key``'s turn, and hold it for the block."""

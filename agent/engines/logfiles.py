@@ -7,15 +7,26 @@ dropping the oldest: an engine that crashes and is started again and again (a cr
 leaves at most ``KEPT_ENGINE_LOGS`` earlier logs, the last crash's among them, however long
 the loop runs. A process of an earlier launch still writing keeps writing to the renamed
 file, never to the new one.
+
+Replica ids are never used again, so the logs of shards that ended would pile up for as
+long as the agent runs (every rollout, scale-down and drain leaves some):
+``forget_ended_logs`` keeps those of the ``KEPT_ENDED_SHARDS`` shards that ended last
+(their logs written last), and deletes the others.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
+from collections.abc import Collection
 from pathlib import Path
 
 KEPT_ENGINE_LOGS = 3
 """Logs of earlier launches kept beside the current one (``.log.1`` is the latest)."""
+KEPT_ENDED_SHARDS = 100
+"""Shards not running whose logs are kept: the last written."""
+
+_LOG_NAME = re.compile(r"(?P<stem>.+)\.log(?:\.[0-9]+)?")
 
 
 def earlier_log(path: Path, launches_ago: int) -> Path:
@@ -36,3 +47,34 @@ def rotate_log(path: Path, keep: int = KEPT_ENGINE_LOGS) -> None:
             earlier_log(path, launches_ago).rename(earlier_log(path, launches_ago + 1))
     with contextlib.suppress(FileNotFoundError):
         path.rename(earlier_log(path, 1))
+
+
+def forget_ended_logs(
+    logs_dir: Path, live: Collection[str], keep: int = KEPT_ENDED_SHARDS
+) -> list[Path]:
+    """Delete the logs of the shards not in ``live`` (file stems, ``<replica>-<index>``),
+    all but the ``keep`` whose logs were written last; the files deleted. A file that
+    cannot be read or deleted is left (the next call tries again); other files are not
+    touched."""
+    written: dict[str, float] = {}
+    files: dict[str, list[Path]] = {}
+    with contextlib.suppress(OSError):
+        for entry in logs_dir.iterdir():
+            found = _LOG_NAME.fullmatch(entry.name)
+            if found is None or found["stem"] in live:
+                continue
+            try:
+                modified = entry.stat().st_mtime
+            except OSError:
+                continue
+            stem = found["stem"]
+            written[stem] = max(written.get(stem, modified), modified)
+            files.setdefault(stem, []).append(entry)
+    ended = sorted(written, key=lambda stem: written[stem], reverse=True)
+    deleted: list[Path] = []
+    for stem in ended[keep:]:
+        for path in files[stem]:
+            with contextlib.suppress(OSError):
+                path.unlink()
+                deleted.append(path)
+    return deleted

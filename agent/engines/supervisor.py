@@ -48,7 +48,7 @@ from agent.engines.family import (
     signal_each,
     wait_until_gone,
 )
-from agent.engines.logfiles import rotate_log
+from agent.engines.logfiles import KEPT_ENDED_SHARDS, forget_ended_logs, rotate_log
 from agent.engines.logtail import read_log_tail
 from agent.engines.port_owner import HeldElsewhere, check_port_owner
 from agent.engines.processes import (
@@ -122,9 +122,11 @@ class EngineSupervisor:
         failed_kept: int = FAILED_KEPT,
         liveness: Liveness = DEFAULT_LIVENESS,
         records: RecordStore | None = None,
+        ended_logs_kept: int = KEPT_ENDED_SHARDS,
     ) -> None:
         """``records``: where the engines are recorded, ``state_dir``'s shard records unless
-        a test hands in a store over a failing disk."""
+        a test hands in a store over a failing disk. ``ended_logs_kept``: the shards not
+        running whose logs are kept (``agent.engines.logfiles.forget_ended_logs``)."""
         self._records = RecordStore(state_dir) if records is None else records
         self._logs_dir = state_dir / "logs"
         self._on_change = on_change
@@ -135,6 +137,7 @@ class EngineSupervisor:
         self._failed: dict[ShardKey, ShardRecord] = {}
         """Failed shards, oldest first, at most ``failed_kept`` (``FAILED_KEPT``)."""
         self._failed_kept = failed_kept
+        self._ended_logs_kept = ended_logs_kept
         self._turns: Turns[ShardKey] = Turns()
         """One start or stop of a shard at a time; a shard's lock goes once no one waits."""
         self._closed = False
@@ -242,6 +245,7 @@ class EngineSupervisor:
                 tail = self._tail(key) if never_ready else ()
                 stopped = msgspec.structs.replace(known, state=ShardState.STOPPED)
                 self._report(change_of(stopped, exit_code=exit_code, log_tail=tail, reason=reason))
+        self._forget_ended_logs()
 
     async def reattach(self) -> list[ShardRecord]:
         """Watch again every recorded engine that is still alive (never restarting it);
@@ -270,6 +274,7 @@ class EngineSupervisor:
             failed = msgspec.structs.replace(record, state=ShardState.FAILED)
             self._remember_failed(failed)
             self._report(change_of(failed, error=AWAY_ERROR, log_tail=self._tail(record.key)))
+        self._forget_ended_logs()
         return adopted
 
     async def _end_unrecorded(self, launch: LaunchRecord) -> None:
@@ -290,6 +295,16 @@ class EngineSupervisor:
         self._failed[record.key] = record
         while len(self._failed) > self._failed_kept:
             del self._failed[next(iter(self._failed))]
+
+    def _forget_ended_logs(self) -> None:
+        """Keep the logs of the shards running, failed (their tail is still asked for) or
+        being started or stopped, and of the ``ended_logs_kept`` that ended last."""
+        live = {*self._running, *self._failed, *self._turns.keys()}
+        forgotten = forget_ended_logs(
+            self._logs_dir, {shard_file_stem(key) for key in live}, self._ended_logs_kept
+        )
+        if forgotten:
+            log.info("engine_logs_forgotten", files=len(forgotten))
 
     def running(self, key: ShardKey) -> ShardRecord | None:
         """The record of the shard's engine while it runs (starting or ready)."""

@@ -41,7 +41,7 @@ from agent.engines import (
     ShardSpec,
     ShardState,
 )
-from agent.engines.logfiles import KEPT_ENGINE_LOGS, earlier_log
+from agent.engines.logfiles import KEPT_ENDED_SHARDS, KEPT_ENGINE_LOGS, earlier_log
 from agent.engines.readiness import Liveness
 from agent.engines.recorded_stop import stop_recorded_engines
 from agent.engines.records import (
@@ -1206,3 +1206,30 @@ async def test_a_serving_engine_that_stops_answering_its_health_checks_is_ended_
     )
     assert not is_same_process(record)
     assert [r.state for r in agent.supervisor.inventory()] == [ShardState.FAILED]
+
+
+async def test_a_stop_leaves_the_logs_of_the_shards_that_ended_last_and_no_more(
+    node: Node,
+) -> None:
+    """Replica ids are never used again, so the logs of shards that ended would pile up
+    for as long as the agent runs. The agent keeps those of the ``KEPT_ENDED_SHARDS`` that
+    ended last, the one it has just stopped among them."""
+    logs = node.state_dir / "logs"
+    logs.mkdir(parents=True)
+    long_ago = time.time() - 86_400
+    for n in range(KEPT_ENDED_SHARDS + 50):
+        for name in (f"old-{n}-0.log", f"old-{n}-0.log.1"):
+            (logs / name).write_text("engine output\n")
+            os.utime(logs / name, (long_ago + n, long_ago + n))
+    agent = node.agent()
+    spec = node.spec(replica_id="tiny-9")
+    await agent.supervisor.start(spec)
+    await agent.log.wait_for(spec.key, ShardState.READY)
+
+    await agent.supervisor.stop(spec.replica_id, 0, grace_s=5.0)
+
+    stems = {name.split(".log")[0] for name in os.listdir(logs)}
+    assert len(stems) == KEPT_ENDED_SHARDS, len(stems)
+    assert "tiny-9-0" in stems
+    assert "old-51-0" in stems
+    assert "old-50-0" not in stems

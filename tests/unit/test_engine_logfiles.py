@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
 from agent.engines.errors import EngineLaunchError
-from agent.engines.logfiles import KEPT_ENGINE_LOGS, earlier_log, rotate_log
+from agent.engines.logfiles import KEPT_ENGINE_LOGS, earlier_log, forget_ended_logs, rotate_log
 from agent.engines.processes import spawn_engine
 
 
@@ -80,3 +82,33 @@ def test_a_log_on_a_full_disk_fails_the_launch_naming_the_log_not_the_program(
     assert str(raised.value) == (
         f"cannot write the engine log: [Errno 28] No space left on device: '{path}'"
     )
+
+
+def ended_shard(logs: Path, stem: str, written_at: float, launches: int = 1) -> None:
+    """The logs a shard left: its last launch's and those before it, written at a time."""
+    for name in [f"{stem}.log", *(f"{stem}.log.{n}" for n in range(1, launches))]:
+        path = logs / name
+        path.write_text("engine output\n")
+        os.utime(path, (written_at, written_at))
+
+
+def test_the_logs_of_shards_ended_long_ago_go_the_last_ended_and_the_live_stay(
+    tmp_path: Path,
+) -> None:
+    """Replica ids are never used again: an agent that runs for months would otherwise keep
+    the logs of every shard it ever ran."""
+    for n in range(300):
+        ended_shard(tmp_path, f"m-{n}-0", written_at=1_000_000 + n, launches=1 + n % 4)
+    ended_shard(tmp_path, "my.model-1-0", written_at=5_000_000, launches=2)
+    ended_shard(tmp_path, "live-1-0", written_at=1, launches=4)
+    (tmp_path / "notes.txt").write_text("not a log\n")
+
+    deleted = forget_ended_logs(tmp_path, {"live-1-0"}, keep=100)
+
+    left = {path.name for path in tmp_path.iterdir()}
+    stems_left = {re.sub(r"\.log(\.[0-9]+)?$", "", name) for name in left - {"notes.txt"}}
+    newest = {f"m-{n}-0" for n in range(201, 300)}
+    assert stems_left == newest | {"my.model-1-0", "live-1-0"}
+    assert {"live-1-0.log", "live-1-0.log.3", "my.model-1-0.log.1", "notes.txt"} <= left
+    assert len(deleted) == sum(1 + n % 4 for n in range(201))
+    assert forget_ended_logs(tmp_path, {"live-1-0"}, keep=100) == []
