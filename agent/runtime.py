@@ -303,7 +303,10 @@ class AgentRuntime:
             log.info(
                 "gpu_health_changed", gpu=change.index, healthy=change.healthy, reason=change.reason
             )
-        self._unreported_gpu_changes.extend(changes)
+        if self._link is not None:
+            # Disconnected, the next hello says every GPU's health as it is then: changes
+            # kept until then would only pile up while the control plane is away.
+            self._unreported_gpu_changes.extend(changes)
         self._snapshot = snapshot
 
     def _without_duplicates(self, snapshot: GpuSnapshot) -> GpuSnapshot:

@@ -9,6 +9,8 @@ that checks the hello as the hub does.
 
 from __future__ import annotations
 
+import dataclasses
+import tracemalloc
 from pathlib import Path
 
 from structlog.testing import capture_logs
@@ -16,6 +18,7 @@ from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
+import agent
 from agent.config import AgentConfig, ServerAddress
 from agent.gpu_reports import VANISHED_GPU_REASON, with_vanished_gpus
 from agent.gpus import GpuSnapshot, GpuStatus
@@ -149,3 +152,40 @@ def test_a_gpu_without_a_uuid_is_known_by_its_index() -> None:
 
     assert [(gpu.index, gpu.healthy) for gpu in gone.gpus] == [(0, True), (1, False)]
     assert back == unread
+
+
+async def test_gpu_health_changes_while_disconnected_are_not_kept_for_a_hello_that_says_them(
+    tmp_path: Path,
+) -> None:
+    """The next hello lists every GPU's health as it is then: a GPU that flaps all the time
+    the control plane is away (hours, days) must not pile up its changes until then."""
+    source = ScriptedGpus(a_gpu(0, "GPU-a"))
+    runtime = AgentRuntime(a_config(tmp_path), source)
+    await runtime.start()
+    flapping = dataclasses.replace(a_gpu(0, "GPU-a"), healthy=False, unhealthy_reason="xid 79")
+    try:
+        with capture_logs():
+            tracemalloc.start()
+            try:
+                before = tracemalloc.take_snapshot()
+                for flip in range(5000):
+                    source.gpus = (flapping if flip % 2 == 0 else a_gpu(0, "GPU-a"),)
+                    await runtime.refresh_gpus()
+                after = tracemalloc.take_snapshot()
+            finally:
+                tracemalloc.stop()
+        agent_files = [tracemalloc.Filter(True, f"{Path(agent.__file__).parent}/*")]
+        grown = sum(
+            stat.size_diff
+            for stat in after.filter_traces(agent_files).compare_to(
+                before.filter_traces(agent_files), "filename"
+            )
+        )
+        source.gpus = (flapping,)
+        await runtime.refresh_gpus()
+        hello = await hello_of(runtime)
+    finally:
+        await runtime.close()
+
+    assert grown < 50_000, f"{grown} bytes kept for 5000 changes no heartbeat will carry"
+    assert listed(hello) == [(0, "GPU-a", False, "xid 79")]
