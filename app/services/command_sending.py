@@ -2,9 +2,14 @@
 
 A command id already sent to a node is not sent again until that node says hello again
 (agents execute an id once anyway; this keeps a pending start from being resent every
-second). A node without a connection is skipped: the next pass sends it. A command that did
-not go (``NodeNotConnected``, ``CommandNotSent``) counts as not sent: the live view stops
-awaiting its answer and the next pass sends it again.
+second). Ids name the replica they act on, and replica ids are never used again, so a node
+connected for months would be sent ids without end: the newest ``REMEMBERED_PER_NODE`` are
+kept, as many as the agent remembers of the commands it was sent. An older one planned
+again goes again, and the agent, which has forgotten it too, carries it out as any other.
+
+A node without a connection is skipped: the next pass sends it. A command that did not go
+(``NodeNotConnected``, ``CommandNotSent``) counts as not sent: the live view stops awaiting
+its answer and the next pass sends it again.
 
 Each node's commands go in the order decided, one after another; the nodes' go side by
 side. A send waits on its node's connection (up to the hub's send timeout for one that
@@ -29,6 +34,10 @@ from app.domain.decision import Command
 
 log = structlog.get_logger(__name__)
 
+REMEMBERED_PER_NODE = 1024
+"""The ids sent to a node since its hello that are kept (``agent.session``'s
+``REMEMBERED_COMMANDS``)."""
+
 
 class CommandChannel(Protocol):
     """Where commands go: the agent hub. Raises ``NodeNotConnected`` for a node without a
@@ -52,7 +61,13 @@ class Greetings(Protocol):
 @dataclass
 class _SentSinceHello:
     greeting: int
-    command_ids: set[str] = field(default_factory=set)
+    command_ids: dict[str, None] = field(default_factory=dict)
+    """Oldest first, at most ``REMEMBERED_PER_NODE``."""
+
+    def add(self, command_id: str) -> None:
+        self.command_ids[command_id] = None
+        if len(self.command_ids) > REMEMBERED_PER_NODE:
+            del self.command_ids[next(iter(self.command_ids))]
 
 
 class CommandSender:
@@ -115,5 +130,5 @@ class CommandSender:
                 self._view.not_sent(node_id, command_id)
                 log.warning("command_not_sent", error=str(exc))
                 return False
-        ledger.command_ids.add(command_id)
+        ledger.add(command_id)
         return True

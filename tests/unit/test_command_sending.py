@@ -10,7 +10,7 @@ import pytest
 
 from app.domain.commands import NodeNotConnected, StartShard, StopShard
 from app.domain.decision import Command
-from app.services.command_sending import CommandSender
+from app.services.command_sending import REMEMBERED_PER_NODE, CommandSender
 from app.store.errors import FencedError
 from tests.support.waiting import wait_until
 
@@ -97,3 +97,17 @@ async def test_a_newer_leader_met_while_sending_is_raised_as_such() -> None:
 
     with pytest.raises(FencedError):
         await sender.send([stop("here", 1), stop("fenced", 2)])
+
+
+async def test_a_node_connected_for_months_keeps_the_newest_ids_it_was_sent_and_no_more() -> None:
+    """Ids name the replica they act on, and replica ids are never used again: the sender
+    keeps the newest ``REMEMBERED_PER_NODE`` sent since the node's hello, and sends an
+    older one planned again (the agent, remembering as many, has forgotten it too)."""
+    channel, view = Channel(), View()
+    sender = CommandSender(channel, view, clock=lambda: AT)
+    for number in range(REMEMBERED_PER_NODE + 1):
+        assert await sender.send([stop("gpu-1", number)]) == 1
+
+    assert await sender.send([stop("gpu-1", REMEMBERED_PER_NODE)]) == 0
+    assert await sender.send([stop("gpu-1", 1)]) == 0
+    assert await sender.send([stop("gpu-1", 0)]) == 1, "the oldest was forgotten"
