@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import cast
 
 import asyncpg
@@ -94,22 +94,47 @@ async def translated_errors() -> AsyncIterator[None]:
     """Driver and connection errors become ``StoreError``s, with the cause kept."""
     try:
         yield
-    except StoreError:
-        raise
-    except (OSError, asyncpg.exceptions.PostgresConnectionError, asyncpg.InterfaceError) as exc:
-        raise StoreUnavailable(f"database unreachable: {exc}") from exc
-    except asyncpg.InternalClientError as exc:
-        raise StoreUnavailable(f"database connection unusable: {exc}") from exc
-    except (OperationalError, InterfaceError) as exc:
-        raise StoreUnavailable(f"database unreachable: {exc.orig or exc}") from exc
-    except asyncpg.exceptions.CannotConnectNowError as exc:
-        raise StoreUnavailable(f"database is starting or shutting down: {exc}") from exc
-    except asyncpg.exceptions.OperatorInterventionError as exc:
-        raise StoreUnavailable(f"database shut down: {exc}") from exc
-    except DBAPIError as exc:
-        if exc.connection_invalidated:
-            raise StoreUnavailable(f"database connection lost: {exc.orig}") from exc
-        raise StoreError(f"database error: {exc.orig}") from exc
+    except Exception as exc:
+        error = store_error(exc)
+        if error is None:
+            raise
+        raise error from exc
+
+
+@contextmanager
+def translated_blocking_errors() -> Iterator[None]:
+    """``translated_errors`` around blocking work: Alembic's migrations, which connect
+    through SQLAlchemy's synchronous face."""
+    try:
+        yield
+    except Exception as exc:
+        error = store_error(exc)
+        if error is None:
+            raise
+        raise error from exc
+
+
+def store_error(exc: Exception) -> StoreError | None:
+    """The ``StoreError`` a driver or connection error is; None for any other error (a
+    ``StoreError`` too: it is raised as it is)."""
+    match exc:
+        case StoreError():
+            return None
+        case OSError() | asyncpg.exceptions.PostgresConnectionError() | asyncpg.InterfaceError():
+            return StoreUnavailable(f"database unreachable: {exc}")
+        case asyncpg.InternalClientError():
+            return StoreUnavailable(f"database connection unusable: {exc}")
+        case OperationalError() | InterfaceError():
+            return StoreUnavailable(f"database unreachable: {exc.orig or exc}")
+        case asyncpg.exceptions.CannotConnectNowError():
+            return StoreUnavailable(f"database is starting or shutting down: {exc}")
+        case asyncpg.exceptions.OperatorInterventionError():
+            return StoreUnavailable(f"database shut down: {exc}")
+        case DBAPIError(connection_invalidated=True):
+            return StoreUnavailable(f"database connection lost: {exc.orig}")
+        case DBAPIError():
+            return StoreError(f"database error: {exc.orig}")
+    return None
 
 
 async def ping(engine: AsyncEngine) -> None:

@@ -27,7 +27,12 @@ from alembic.util import CommandError as AlembicError
 from sqlalchemy import Connection, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.store.database import create_engine, sqlalchemy_url, translated_errors
+from app.store.database import (
+    create_engine,
+    sqlalchemy_url,
+    translated_blocking_errors,
+    translated_errors,
+)
 from app.store.errors import StoreError
 from app.store.grants import (
     RuntimeRole,
@@ -101,8 +106,10 @@ def upgrade(
 ) -> Upgraded:
     """Upgrade the database at ``url``; at the newest revision, (re-)grant the runtime
     privileges to ``runtime`` and the gateway privileges to ``gateway`` (each created first
-    if missing) and to every role that holds them already. Blocking: call it outside a
-    running event loop (or through ``asyncio.to_thread``)."""
+    if missing) and to every role that holds them already. Raises ``StoreError`` when the
+    database cannot be reached or refuses (a password, a database that does not exist, a
+    privilege). Blocking: call it outside a running event loop (or through
+    ``asyncio.to_thread``)."""
     check_roles(runtime, gateway)
     config = alembic_config(url)
     created = created_gateway = False
@@ -111,7 +118,8 @@ def upgrade(
         config.attributes["runtime_role"] = runtime.name
     if gateway is not None:
         created_gateway = _run(url, lambda connection: ensure_runtime_role(connection, gateway))
-    command.upgrade(config, revision)
+    with translated_blocking_errors():
+        command.upgrade(config, revision)
     if revision != "head":
         return Upgraded([], created, [], created_gateway)
     name = runtime.name if runtime is not None else None

@@ -183,6 +183,31 @@ async def test_migrate_without_a_runtime_role_says_how_to_set_one_up(scratch: Sc
     )
 
 
+async def test_a_database_that_refuses_the_migration_is_named_in_one_line(
+    scratch: Scratch,
+) -> None:
+    """No traceback: the operator reads what the database said, and nothing was migrated."""
+    bare = scratch.new_role_name("bare")
+    await scratch.admin(f"CREATE ROLE {quote_identifier(bare)} LOGIN")
+    await scratch.admin("REVOKE CREATE ON SCHEMA public FROM PUBLIC")  # as PostgreSQL 15 does
+    missing_database = f"{scratch.database}_missing"
+
+    missing = await scratch.migrate(url=scratch.url.replace(scratch.database, missing_database))
+    unprivileged = await scratch.migrate(url=scratch.url_as(bare))
+
+    assert (missing.code, missing.stderr) == (
+        1,
+        f'llmgw-server migrate: cannot migrate: database error: database "{missing_database}" '
+        "does not exist\n",
+    )
+    assert (unprivileged.code, unprivileged.stderr) == (
+        1,
+        "llmgw-server migrate: cannot migrate: database error: permission denied for schema "
+        "public\n",
+    )
+    assert await scratch.admin("SELECT to_regclass('alembic_version') IS NULL") is True
+
+
 async def test_a_table_of_a_later_migration_is_granted_without_that_migration_asking(
     scratch: Scratch, tmp_path: Path
 ) -> None:
