@@ -53,6 +53,7 @@ from app.hub.budget import MessageBudget
 from app.hub.gate import DEFAULT_PER_ADDRESS as DEFAULT_HANDSHAKES_PER_ADDRESS
 from app.hub.hub import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TIMEOUT_S, AgentHub
 from app.hub.reconnects import ConnectLimits
+from app.listeners.binding import bound_listener
 from app.listeners.limits import ListenerLimits
 from app.listeners.throttle import FailureBudget
 from app.pki import CertificateFileError, TlsConfigurationError, server_ssl_context
@@ -72,6 +73,7 @@ from app.store.errors import StoreError
 from app.store.gateway_reports import InFlightReports
 from app.store.postgres import PostgresEventStore
 from app.store.subscription import Subscription
+from app.usage_errors import print_command_error
 
 log = structlog.get_logger(__name__)
 
@@ -314,7 +316,13 @@ class Server:
     async def run(self) -> int:
         """Serve until signalled or deposed; the process's exit code."""
         engine = self.database_engine()
+        admin_socket: socket.socket | None = None
         try:
+            # Bound before anything else starts: a port in use stops serve at once, saying
+            # which listener, where uvicorn would exit the process from inside the loop.
+            admin_socket = bound_listener(
+                "admin API (--admin-host, --admin-port)", self.admin_host, self.admin_port
+            )
             allowed = await database_role_allowed(
                 self.database_url, allow_privileged=self.allow_privileged_role, command=SERVE
             )
@@ -356,11 +364,15 @@ class Server:
             )
             if gateway is not None:
                 await gateway.start()
-            outcome = await _run_until_signalled(admin, plane, gateway)
+            log.info("admin_listening", host=self.admin_host, port=self.admin_port)
+            outcome = await _run_until_signalled(admin, plane, gateway, admin_socket)
         except (OSError, StoreError, GatewayFailed) as exc:
             log.error("serve_failed", error=str(exc))
+            print_command_error(SERVE, f"cannot serve: {exc}")
             return 1
         finally:
+            if admin_socket is not None:
+                admin_socket.close()
             await engine.dispose()
         if outcome is Outcome.DEPOSED:
             log.error(
@@ -445,7 +457,10 @@ def _fixed_context(
 
 
 async def _run_until_signalled(
-    admin: uvicorn.Server, plane: ControlPlane, gateway: PostgresGateway | None = None
+    admin: uvicorn.Server,
+    plane: ControlPlane,
+    gateway: PostgresGateway | None = None,
+    admin_socket: socket.socket | None = None,
 ) -> Outcome:
     """Serve the admin API (and the gateway, if any) and run the control plane until
     SIGINT or SIGTERM, until the control plane is deposed, or until a listener stops by
@@ -454,7 +469,7 @@ async def _run_until_signalled(
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    admin_task = asyncio.create_task(admin.serve())
+    admin_task = asyncio.create_task(admin.serve([admin_socket] if admin_socket else None))
     plane_task = asyncio.create_task(plane.run(stop))
     tasks = {admin_task, plane_task}
     if gateway is not None:

@@ -46,7 +46,7 @@ from app.gateway.source import DEFAULT_REFRESH_INTERVAL_S
 from app.logs import configure_logging
 from app.store.database import create_engine
 from app.store.errors import StoreError, StoreUnavailable
-from app.usage_errors import finite_number_flag, whole_number_flag
+from app.usage_errors import finite_number_flag, print_command_error, whole_number_flag
 
 log = structlog.get_logger(__name__)
 
@@ -222,6 +222,7 @@ async def _gateway(database_url: str, options: GatewayOptions, allow_privileged:
         await gateway.start()
     except (OSError, GatewayFailed) as exc:
         log.error("gateway_failed_to_start", host=options.host, port=options.port, error=str(exc))
+        print_command_error(GATEWAY, f"cannot serve: {exc}")
         return 1
     serving = asyncio.create_task(gateway.serve())
     stopping = asyncio.create_task(stop.wait())

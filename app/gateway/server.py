@@ -45,6 +45,7 @@ from app.gateway.router import Router
 from app.gateway.table import GatewaySnapshot, SnapshotListener
 from app.gateway.traffic import TrafficWindow
 from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
+from app.listeners.binding import CannotListen
 from app.listeners.heap import settle_heap
 from app.listeners.httpserver import HttpServer
 from app.listeners.lifespan import LifespanFailed
@@ -151,7 +152,7 @@ async def _serve_on(
         listener = _listen(host, port, reuse_port=reuse_port)
     except OSError as exc:
         # Say which listener: a gateway has two, and "address in use" alone does not tell.
-        raise GatewayFailed(f"the {what} cannot listen on {host}:{port}: {exc}") from exc
+        raise GatewayFailed(str(CannotListen(what, host, port, exc))) from exc
     port = listener.getsockname()[1]
     server = HttpServer(
         app,

@@ -79,6 +79,7 @@ from app.hub.session import (
     ShardStatusReported,
     check_heartbeat_timing,
 )
+from app.listeners.binding import CannotListen
 from app.pki import CertificateKind, CertificateRejected, PeerIdentity, peer_identity
 from app.pki.describe import common_name, serial_hex
 from app.store.errors import FencedError
@@ -246,8 +247,18 @@ class AgentHub:
         self._server: Server | None = None
 
     async def start(self, host: str, port: int) -> int:
-        """Listen on ``host``:``port`` (0 picks a free port); returns the port."""
-        self._server = await serve(
+        """Listen on ``host``:``port`` (0 picks a free port); returns the port. Raises
+        ``CannotListen`` when it cannot bind them."""
+        try:
+            self._server = await self._listen(host, port)
+        except OSError as exc:
+            raise CannotListen("agent hub (--agent-host, --agent-port)", host, port, exc) from exc
+        bound = self.port
+        log.info("agent_hub_listening", host=host, port=bound)
+        return bound
+
+    async def _listen(self, host: str, port: int) -> Server:
+        return await serve(
             self._serve_connection,
             host,
             port,
@@ -263,9 +274,6 @@ class AgentHub:
             # long: honest agents answer at once.
             close_timeout=CLOSE_TIMEOUT_S,
         )
-        bound = self.port
-        log.info("agent_hub_listening", host=host, port=bound)
-        return bound
 
     @property
     def port(self) -> int:
