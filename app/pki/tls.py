@@ -14,7 +14,7 @@ import os
 import socket
 import ssl
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from cryptography import x509
@@ -24,6 +24,7 @@ from app.pki.describe import (
     alternative_names,
     common_name,
     extended_key_usages,
+    is_ca,
     kind_of,
     serial_hex,
 )
@@ -70,7 +71,7 @@ def server_ssl_context(
     context.verify_mode = ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_OPTIONAL
     context.verify_flags |= ssl.VERIFY_X509_STRICT
     _load_trusted_ca(context, ca_path)
-    _load_own_certificate(context, cert_path, key_path)
+    _load_own_certificate(context, cert_path, key_path, ExtendedKeyUsageOID.SERVER_AUTH)
     return context
 
 
@@ -86,7 +87,7 @@ def client_ssl_context(
     context.verify_flags |= ssl.VERIFY_X509_STRICT
     _load_trusted_ca(context, ca_path)
     if cert_path is not None:
-        _load_own_certificate(context, cert_path, key_path)
+        _load_own_certificate(context, cert_path, key_path, ExtendedKeyUsageOID.CLIENT_AUTH)
     elif key_path is not None:
         raise TlsConfigurationError("a client key was given without its certificate")
     return context
@@ -184,10 +185,22 @@ def _load_trusted_ca(context: ssl.SSLContext, ca_path: PathLike) -> None:
         context.load_verify_locations(cafile=ca_path)
     except (OSError, ssl.SSLError) as exc:
         raise TlsConfigurationError(f"cannot load the CA certificate {ca_path}: {exc}") from exc
+    # OpenSSL trusts whatever the file holds as an anchor; a server's or a node's own
+    # certificate given there by mistake would fail every handshake, not the start.
+    for certificate in _certificates(ca_path):
+        if not is_ca(certificate):
+            raise TlsConfigurationError(
+                f"the CA certificate {ca_path} holds {common_name(certificate)!r}, a "
+                f"{kind_of(certificate).value} certificate, not a CA: give the CA's own "
+                "certificate (ca.crt, written by `llmgw-cli cert init-ca`)"
+            )
 
 
 def _load_own_certificate(
-    context: ssl.SSLContext, cert_path: PathLike, key_path: PathLike | None
+    context: ssl.SSLContext,
+    cert_path: PathLike,
+    key_path: PathLike | None,
+    usage: x509.ObjectIdentifier,
 ) -> None:
     for path in (cert_path, key_path):
         try:
@@ -201,3 +214,44 @@ def _load_own_certificate(
         raise TlsConfigurationError(
             f"cannot load the certificate {cert_path} with key {key_path}: {exc}"
         ) from exc
+    _check_own_certificate(cert_path, _certificates(cert_path)[0], usage)
+
+
+_ISSUED_FOR = {
+    "server": "`llmgw-cli cert server`",
+    "client": "`llmgw-cli cert node` (or `cert operator`)",
+}
+
+
+def _check_own_certificate(
+    cert_path: PathLike, certificate: x509.Certificate, usage: x509.ObjectIdentifier
+) -> None:
+    """Refuse, at start, a certificate every peer would refuse at each handshake: out of
+    date, or not for this end of the connection."""
+    now = datetime.now(UTC)
+    if certificate.not_valid_after_utc <= now:
+        expired = f"{certificate.not_valid_after_utc:%Y-%m-%d %H:%M}"
+        raise TlsConfigurationError(
+            f"the certificate {cert_path} expired at {expired} UTC: issue a new one "
+            "(`llmgw-cli cert`)"
+        )
+    if certificate.not_valid_before_utc > now + CLOCK_SKEW:
+        raise TlsConfigurationError(
+            f"the certificate {cert_path} is valid only from "
+            f"{certificate.not_valid_before_utc:%Y-%m-%d %H:%M} UTC: check this machine's clock"
+        )
+    usages = extended_key_usages(certificate)
+    if usages and usage not in usages:
+        wanted = "server" if usage == ExtendedKeyUsageOID.SERVER_AUTH else "client"
+        raise TlsConfigurationError(
+            f"the certificate {cert_path} is a {kind_of(certificate).value} certificate, "
+            f"not one for a TLS {wanted}: give the one {_ISSUED_FOR[wanted]} issued"
+        )
+
+
+def _certificates(path: PathLike) -> list[x509.Certificate]:
+    """The PEM certificates in ``path``, which OpenSSL has just loaded."""
+    try:
+        return x509.load_pem_x509_certificates(Path(path).read_bytes())
+    except (OSError, ValueError) as exc:
+        raise TlsConfigurationError(f"cannot read the certificates in {path}: {exc}") from exc

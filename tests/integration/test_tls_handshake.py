@@ -102,9 +102,12 @@ class Listener:
 async def hub(
     pki: Path, server: str = "server", require_client_cert: bool = True
 ) -> AsyncIterator[Listener]:
-    context = server_ssl_context(
-        pki / f"{server}.crt", pki / f"{server}.key", pki / "ca.crt", require_client_cert
-    )
+    if server in OUT_OF_PLACE:
+        context = built_elsewhere(ssl.PROTOCOL_TLS_SERVER, pki, server)
+    else:
+        context = server_ssl_context(
+            pki / f"{server}.crt", pki / f"{server}.key", pki / "ca.crt", require_client_cert
+        )
     outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
 
     async def greet(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -128,7 +131,26 @@ async def hub(
         await server_socket.wait_closed()
 
 
+OUT_OF_PLACE = ("server-expired", "node-expired", "node-server-auth")
+"""Certificates llmgw's own contexts refuse to start with (out of date, or for the other
+end): a peer that presents one anyway is built elsewhere (``built_elsewhere``)."""
+
+
+def built_elsewhere(protocol: ssl._SSLMethod, pki: Path, name: str) -> ssl.SSLContext:
+    """A context as ours are, but for the checks of its own certificate at start: a peer
+    whose clock or whose files are wrong, or that is not llmgw."""
+    context = ssl.SSLContext(protocol)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.check_hostname = protocol == ssl.PROTOCOL_TLS_CLIENT
+    context.load_verify_locations(cafile=pki / "ca.crt")
+    context.load_cert_chain(certfile=pki / f"{name}.crt", keyfile=pki / f"{name}.key")
+    return context
+
+
 def agent_context(pki: Path, client: str | None, trusted_ca: str = "ca.crt") -> ssl.SSLContext:
+    if client in OUT_OF_PLACE:
+        return built_elsewhere(ssl.PROTOCOL_TLS_CLIENT, pki, client)
     if client is None:
         return client_ssl_context(pki / trusted_ca)
     return client_ssl_context(pki / trusted_ca, pki / f"{client}.crt", pki / f"{client}.key")

@@ -66,11 +66,15 @@ class Pki:
     now: datetime
 
     def client(self, build: Callable[[PrivateKey], x509.Certificate]) -> ssl.SSLContext:
-        """An agent's TLS context presenting the certificate ``build`` makes."""
+        """An agent's TLS context presenting the certificate ``build`` makes, whatever it
+        is: a peer is not held to the checks llmgw's own agent makes of its certificate
+        before it dials (in date, for a client)."""
         key = generate_key()
         stem = uuid.uuid4().hex
         files = write_issued(self.directory, stem, build(key), key, force=False)
-        return client_ssl_context(self.directory / "ca.crt", files.certificate, files.key)
+        context = client_ssl_context(self.directory / "ca.crt")
+        context.load_cert_chain(certfile=files.certificate, keyfile=files.key)
+        return context
 
     def node(self, node_id: str, *, ips: tuple[str, ...] = (ENGINE_ADDRESS,)) -> ssl.SSLContext:
         """A node certificate naming ``ips`` (by default the address hellos advertise)."""

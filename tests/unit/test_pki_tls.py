@@ -205,3 +205,52 @@ def test_a_certificate_with_subject_alternative_names_alone_is_refused_saying_so
         "certificate 'O=llmgw,OU=node' has no common name: a node certificate's common name "
         "is its node id (subject alternative names are not read for it)"
     )
+
+
+def test_a_server_certificate_that_expired_is_refused_before_any_handshake(
+    tmp_path: Path, ca: CertificateAuthority
+) -> None:
+    write_ca(tmp_path, ca, force=False)
+    key = generate_key()
+    expired = issue_server(ca, key, ["localhost"], [], datetime.now(UTC) - timedelta(days=3), 1)
+    write_issued(tmp_path, "server", expired, key, force=False)
+
+    with pytest.raises(TlsConfigurationError) as refused:
+        server_ssl_context(tmp_path / "server.crt", tmp_path / "server.key", tmp_path / "ca.crt")
+    assert str(refused.value) == (
+        f"the certificate {tmp_path / 'server.crt'} expired at "
+        f"{expired.not_valid_after_utc:%Y-%m-%d %H:%M} UTC: issue a new one (`llmgw-cli cert`)"
+    )
+
+
+def test_a_certificate_for_the_other_end_is_refused_before_any_handshake(
+    files: Path, ca: CertificateAuthority
+) -> None:
+    key = generate_key()
+    write_issued(
+        files, "node", issue_node(ca, key, "gpu-07", datetime.now(UTC), 1), key, force=False
+    )
+
+    with pytest.raises(TlsConfigurationError) as as_server:
+        server_ssl_context(files / "node.crt", files / "node.key", files / "ca.crt")
+    with pytest.raises(TlsConfigurationError) as as_client:
+        client_ssl_context(files / "ca.crt", files / "server.crt", files / "server.key")
+
+    assert str(as_server.value) == (
+        f"the certificate {files / 'node.crt'} is a node certificate, not one for a TLS "
+        "server: give the one `llmgw-cli cert server` issued"
+    )
+    assert str(as_client.value) == (
+        f"the certificate {files / 'server.crt'} is a server certificate, not one for a TLS "
+        "client: give the one `llmgw-cli cert node` (or `cert operator`) issued"
+    )
+
+
+def test_a_ca_bundle_holding_a_certificate_that_is_no_ca_is_refused(files: Path) -> None:
+    with pytest.raises(TlsConfigurationError) as refused:
+        server_ssl_context(files / "server.crt", files / "server.key", files / "server.crt")
+
+    assert str(refused.value) == (
+        f"the CA certificate {files / 'server.crt'} holds 'localhost', a server certificate, "
+        "not a CA: give the CA's own certificate (ca.crt, written by `llmgw-cli cert init-ca`)"
+    )
