@@ -13,6 +13,7 @@ GPUs than a node may report (``agent.gpu_limit``).
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import os
 import signal
@@ -383,8 +384,10 @@ async def run_agent(config: AgentConfig) -> int:
         return _fail(PROGRAM, str(exc), EXIT_USAGE)
     try:
         lock = _lock_state_dir(config.state_dir)
-    except (StateDirBusy, OSError) as exc:
+    except StateDirBusy as exc:
         return _fail(PROGRAM, str(exc), EXIT_FAILED)
+    except OSError as exc:
+        return _fail(PROGRAM, _unusable_state_dir(config.state_dir, exc), EXIT_FAILED)
     # One node per agent process: every line it logs names it.
     with lock, structlog.contextvars.bound_contextvars(node_id=config.node_id):
         return await _run_locked(config, ssl_context)
@@ -467,6 +470,17 @@ def _lock_state_dir(state_dir: Path) -> TextIO:
     lock.write(f"{os.getpid()}\n")
     lock.flush()
     return lock
+
+
+def _unusable_state_dir(state_dir: Path, error: OSError) -> str:
+    """Why the agent cannot keep its state in ``state_dir``, and where that is set."""
+    where = f" ({error.filename})" if error.filename and Path(error.filename) != state_dir else ""
+    remedy = "free space on it, or give another" if error.errno == errno.ENOSPC else "give one"
+    return (
+        f"the state directory {state_dir} cannot be used{where}: {error.strerror or error}; "
+        f"{remedy} this agent's user can write (--state-dir, {STATE_DIR_ENV} or state_dir in "
+        "the config file)"
+    )
 
 
 def _mark(command: str, state_dir: Path | None, gpu: int, reason: str | None) -> int:

@@ -80,6 +80,7 @@ from tests.support.fleet import (
     simulator_shard,
     simulator_start,
 )
+from tests.support.operator_cli import clean_environment, installed
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 from wire.messages import (
@@ -773,3 +774,33 @@ async def test_the_agent_and_the_control_planes_own_hub_run_a_shard_together(
         assert (await hub.result("stop-1")).ok
     finally:
         await hub.stop()
+
+
+def test_an_agent_whose_state_directory_cannot_be_made_says_where_to_set_another(
+    pki: Path, tmp_path: Path
+) -> None:
+    occupied = tmp_path / "a-file"
+    occupied.write_text("not a directory\n")
+    state_dir = occupied / "state"
+
+    refused = subprocess.run(
+        [
+            installed("llmgw-agent"),
+            *("--server", f"wss://{LOOPBACK}:{free_port()}", "--node-id", NODE_ID),
+            *("--ca", str(pki / "ca.crt"), "--cert", str(pki / "node.crt")),
+            *("--key", str(pki / "node.key"), "--fake-gpus", "1x80GB"),
+            *("--state-dir", str(state_dir)),
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_environment(),
+        timeout=60,
+        check=False,
+    )
+
+    assert refused.stderr == (
+        f"llmgw-agent: the state directory {state_dir} cannot be used: Not a directory; give "
+        "one this agent's user can write (--state-dir, LLMGW_AGENT_STATE_DIR or state_dir in "
+        "the config file)\n"
+    )
+    assert refused.returncode == 1
