@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from devcluster.errors import StateDirInUse
+from devcluster.errors import DevError, StateDirInUse
 
 LOCK_FILE = "dev.lock"
 
@@ -32,9 +32,16 @@ class StateDirLock:
 
 def lock_state_dir(state_dir: Path) -> StateDirLock:
     """Hold ``state_dir`` for this run (creating it); ``StateDirInUse`` when another run
-    holds it."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    file = (state_dir / LOCK_FILE).open("a+", encoding="utf-8")
+    holds it, ``DevError`` when it cannot be made or written."""
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        file = (state_dir / LOCK_FILE).open("a+", encoding="utf-8")
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename and Path(exc.filename) != state_dir else ""
+        raise DevError(
+            f"the state directory {state_dir} cannot be used{where}: {exc.strerror or exc}; "
+            "give one you can write with --state-dir"
+        ) from exc
     try:
         fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -56,3 +56,20 @@ def test_the_state_directory_is_free_again_once_a_run_ends(
     )
     with (tmp_path / "dev.lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while another holds it
+
+
+def test_a_state_directory_that_cannot_be_made_is_named_with_its_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LLMGW_DATABASE_URL", UNREACHABLE_DATABASE)
+    (tmp_path / "a-file").write_text("not a directory\n")
+    state_dir = tmp_path / "a-file" / "dev"
+    options = DevOptions(state_dir, free_port(), free_port(), replicas=2, client_port=free_port())
+
+    code = run_dev(options)
+
+    assert capsys.readouterr().err == (
+        f"llmgw-dev: the state directory {state_dir} cannot be used: Not a directory; give one "
+        "you can write with --state-dir\n"
+    )
+    assert code == 1
