@@ -14,11 +14,10 @@ from cyclopts import Parameter
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.domain.egress import EngineNetworks
-from app.store.database import translated_errors
 from app.store.database_url import InvalidDatabaseUrl, parse_database_url
 from app.store.errors import StoreUnavailable
 from app.store.grants import DEFAULT_RUNTIME_ROLE
-from app.store.migrate import current_revision, schema_refusal
+from app.store.migrate import schema_refusal, schema_revision
 from app.store.privileges import may_append, privileged_role
 from app.usage_errors import print_command_error
 
@@ -145,8 +144,7 @@ async def schema_allowed(engine: AsyncEngine, *, command: str, newer_allowed: bo
     schema ``serve`` died with a traceback and a gateway served nothing, and on a newer one
     ``serve`` led and reconciled on tables it was not written for. Raises ``StoreError``
     when the database cannot be asked."""
-    async with translated_errors():
-        revision = await current_revision(engine)
+    revision = await schema_revision(engine)
     refusal = await asyncio.to_thread(schema_refusal, revision, newer_allowed=newer_allowed)
     if refusal is None:
         return True

@@ -180,6 +180,31 @@ async def current_revision(engine: AsyncEngine) -> str | None:
         )
 
 
+INSUFFICIENT_PRIVILEGE = "42501"
+"""PostgreSQL's SQLSTATE for a statement the role may not run."""
+
+
+async def schema_revision(engine: AsyncEngine) -> str | None:
+    """The revision the database's schema is at (None: not migrated). Raises ``StoreError``
+    when it cannot be asked, saying how to grant the runtime privileges to a role that may
+    not read it (a runtime role set up for one database and pointed at another: privileges
+    belong to one database)."""
+    try:
+        async with translated_errors():
+            return await current_revision(engine)
+    except StoreError as exc:
+        if (
+            getattr(getattr(exc.__cause__, "orig", None), "sqlstate", None)
+            == INSUFFICIENT_PRIVILEGE
+        ):
+            raise StoreError(
+                f"{exc}: the role lacks the runtime privileges in this database; as the "
+                "schema's owner, grant them with `llmgw-server migrate --runtime-role ROLE` "
+                "(docs/security.md)"
+            ) from exc
+        raise
+
+
 def _run(url: str, work: Callable[[Connection], T]) -> T:
     """``work`` on a synchronous connection to ``url``, in one transaction that holds the
     migrate lock."""

@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import socket
 import subprocess
+import uuid
 from collections.abc import Iterator
 
 import asyncpg
 import pytest
+from sqlalchemy.engine import make_url
 
 from tests.support.admin_server import LOOPBACK, Pki, write_pki
 from tests.support.databases import runtime_url
@@ -102,6 +104,28 @@ async def test_serve_whose_agent_port_is_taken_names_the_agent_hub(
     assert said(refused, "llmgw-server serve") == [
         "llmgw-server serve: cannot serve: the agent hub (--agent-host, --agent-port) cannot "
         f"listen on {LOOPBACK}:{taken_port}: {IN_USE}"
+    ]
+    assert refused.returncode == 1, refused.stderr
+
+
+async def test_serve_as_a_role_granted_nothing_says_how_to_grant_it(
+    database_url: str, pki: Pki
+) -> None:
+    role = f"llmgw_ungranted_{uuid.uuid4().hex[:8]}"
+    owner = await asyncpg.connect(database_url)
+    try:
+        await owner.execute(f"CREATE ROLE {role} LOGIN")
+        url = make_url(database_url).set(username=role).render_as_string(hide_password=False)
+        refused = await asyncio.to_thread(serve, url, pki)
+    finally:
+        await owner.execute(f"DROP ROLE {role}")
+        await owner.close()
+
+    assert said(refused, "llmgw-server serve") == [
+        "llmgw-server serve: cannot serve: database error: permission denied for table "
+        "alembic_version: the role lacks the runtime privileges in this database; as the "
+        "schema's owner, grant them with `llmgw-server migrate --runtime-role ROLE` "
+        "(docs/security.md)"
     ]
     assert refused.returncode == 1, refused.stderr
 
