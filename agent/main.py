@@ -85,6 +85,10 @@ Each setting comes from its flag, else its LLMGW_AGENT_* variable (--node-id: \
 LLMGW_AGENT_NODE_ID; --server and --label: LLMGW_AGENT_SERVERS and LLMGW_AGENT_LABELS, \
 comma-separated), else the TOML file of --config, else its default (docs/agent.md).
 
+Exit codes: 0 after SIGTERM or SIGINT; 1 a fatal connection failure, or a state directory \
+it cannot use or that another agent holds; 2 bad usage or configuration (a certificate it \
+cannot use included). Each is said in one line on stderr.
+
 ```
 llmgw-agent --server wss://10.0.0.5:8443 --node-id gpu-07 \\
     --cert node-gpu-07.crt --key node-gpu-07.key --ca ca.crt

@@ -177,6 +177,9 @@ def gateway_command(settings: StandaloneGatewaySettings) -> None:
     process per core with --reuse-port on the same --port, each with its own --metrics-port:
     every process is a gateway of its own (its own reports, its own share of keys' limits).
 
+    Exit codes: 0 after SIGINT or SIGTERM; 1 when it cannot listen, stops by itself or its
+    database role could rewrite the log, said in one line on stderr; 2 bad usage.
+
     Example: llmgw-server gateway --host 0.0.0.0 --port 8080 --engine-networks 10.20.0.0/16
     --metrics-host 10.0.0.5
     """

@@ -87,6 +87,9 @@ def migrate(
     privileges again, to the roles given and to every role that holds them already, so
     tables of newer revisions are covered.
 
+    Exit codes: 0 migrated; 1 the database unreachable or refusing (a password, a
+    privilege), said in one line on stderr; 2 bad usage, found before connecting.
+
     Example: llmgw-server migrate --runtime-role llmgw_runtime --runtime-password-file pw
     --gateway-role llmgw_gateway --gateway-password-file gw-pw
     """

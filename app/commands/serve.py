@@ -28,6 +28,10 @@ def serve(settings: ServeSettings) -> None:
     which appends only through llmgw_append and owns nothing: a superuser, or the owner of
     the log's tables, is refused unless --allow-privileged-role is given.
 
+    Exit codes: 0 after SIGINT or SIGTERM; 1 when it cannot start (a listener's address in
+    use, the database unreachable, not migrated or refusing its role) or a listener stops by
+    itself, said in one line on stderr; 2 bad usage; 3 it lost leadership.
+
     Example: llmgw-server serve --tls-cert server.crt --tls-key server.key --tls-ca ca.crt
     """
     configure_logging(settings.log_level, command=SERVE)

@@ -95,3 +95,25 @@ def test_every_option_says_what_it_does(path: tuple[str, ...]) -> None:
     bare = re.compile(r"^│\s+(\*\s+)?(-[\w-]+)(\s+[A-Z_.]+)?\s+(\[default|\[choices|│)")
     shown = help_text(cli_app, path).splitlines()
     assert [line.split()[1] for line in shown if bare.match(line)] == []
+
+
+STARTING_COMMANDS = [
+    ("llmgw-server", ("serve",)),
+    ("llmgw-server", ("gateway",)),
+    ("llmgw-server", ("migrate",)),
+    ("llmgw-agent", ()),
+    ("llmgw-dev", ()),
+]
+
+
+@pytest.mark.parametrize(
+    ("program", "path"), STARTING_COMMANDS, ids=[" ".join((p, *c)) for p, c in STARTING_COMMANDS]
+)
+def test_help_of_a_program_that_starts_lists_its_exit_codes(
+    program: str, path: tuple[str, ...]
+) -> None:
+    """What a supervisor (systemd's Restart=, a container's restart policy) acts on."""
+    app = dev_app if program == "llmgw-dev" else PROGRAMS[program]
+    shown = " ".join(help_text(app, path).split())
+
+    assert re.search(r"Exit codes: 0 .*?[;,] 1 .*?[;,] 2 ", shown), shown
