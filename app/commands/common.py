@@ -18,7 +18,7 @@ from app.store.database_url import InvalidDatabaseUrl, parse_database_url
 from app.store.errors import StoreUnavailable
 from app.store.grants import DEFAULT_RUNTIME_ROLE
 from app.store.migrate import schema_refusal, schema_revision
-from app.store.privileges import may_append, privileged_role
+from app.store.privileges import CONNECT_TIMEOUT_S, may_append, privileged_role
 from app.usage_errors import print_command_error
 
 log = structlog.get_logger(__name__)
@@ -115,7 +115,13 @@ async def database_role_allowed(database_url: str, *, allow_privileged: bool, co
     ``StoreUnavailable`` when the database cannot be asked."""
     try:
         role, reason = await privileged_role(database_url)
-    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+    except TimeoutError as exc:
+        # Its message is empty: a database that took the connection and never answered.
+        raise StoreUnavailable(
+            f"database unreachable: no answer within {CONNECT_TIMEOUT_S:g} s from "
+            "--database-url's host and port (LLMGW_DATABASE_URL); is PostgreSQL listening there?"
+        ) from exc
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise StoreUnavailable(f"database unreachable: {exc}") from exc
     if reason is None:
         return True

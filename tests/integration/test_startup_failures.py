@@ -130,6 +130,22 @@ async def test_serve_as_a_role_granted_nothing_says_how_to_grant_it(
     assert refused.returncode == 1, refused.stderr
 
 
+async def test_serve_on_a_database_that_never_answers_gives_up_saying_so(
+    pki: Pki, taken_port: int
+) -> None:
+    """The port takes the connection (the kernel does) and says nothing, as a database
+    behind a stalled machine or a firewall that drops the replies."""
+    silent = f"postgresql://llmgw@{LOOPBACK}:{taken_port}/llmgw"
+
+    refused = await asyncio.to_thread(serve, silent, pki)
+
+    assert said(refused, "llmgw-server serve") == [
+        "llmgw-server serve: cannot serve: database unreachable: no answer within 10 s from "
+        "--database-url's host and port (LLMGW_DATABASE_URL); is PostgreSQL listening there?"
+    ]
+    assert refused.returncode == 1, refused.stderr
+
+
 async def test_a_gateway_whose_port_is_taken_says_so_on_stderr(
     database_url: str, taken_port: int
 ) -> None:
