@@ -212,9 +212,31 @@ def _load_own_certificate(
         context.load_cert_chain(certfile=cert_path, keyfile=key_path)
     except (OSError, ssl.SSLError) as exc:
         raise TlsConfigurationError(
-            f"cannot load the certificate {cert_path} with key {key_path}: {exc}"
+            f"cannot load the certificate {cert_path} with key {key_path}: "
+            f"{_not_pem(cert_path, key_path) or _mismatch(exc) or exc}"
         ) from exc
     _check_own_certificate(cert_path, _certificates(cert_path)[0], usage)
+
+
+def _not_pem(cert_path: PathLike, key_path: PathLike | None) -> str | None:
+    """Which of the two files holds no PEM block of its kind (OpenSSL says only "PEM
+    lib"), or None when both do."""
+    for path, marker, what in (
+        (cert_path, b"-----BEGIN CERTIFICATE-----", "certificate"),
+        (key_path or cert_path, b"PRIVATE KEY-----", "private key"),
+    ):
+        try:
+            if marker not in Path(path).read_bytes():
+                return f"{path} holds no PEM {what}"
+        except OSError:
+            return None
+    return None
+
+
+def _mismatch(error: OSError) -> str | None:
+    if isinstance(error, ssl.SSLError) and error.reason == "KEY_VALUES_MISMATCH":
+        return "the key is not the certificate's: give the key issued with it"
+    return None
 
 
 _ISSUED_FOR = {

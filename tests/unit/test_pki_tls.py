@@ -254,3 +254,37 @@ def test_a_ca_bundle_holding_a_certificate_that_is_no_ca_is_refused(files: Path)
         f"the CA certificate {files / 'server.crt'} holds 'localhost', a server certificate, "
         "not a CA: give the CA's own certificate (ca.crt, written by `llmgw-cli cert init-ca`)"
     )
+
+
+def test_a_file_that_holds_no_pem_or_the_wrong_key_is_named_with_what_it_lacks(
+    files: Path, ca: CertificateAuthority
+) -> None:
+    (files / "notes.txt").write_text("not a certificate\n")
+    other_key = generate_key()
+    write_issued(
+        files,
+        "other",
+        issue_node(ca, other_key, "gpu-07", datetime.now(UTC), 1),
+        other_key,
+        force=False,
+    )
+    server_crt, server_key, ca_crt = files / "server.crt", files / "server.key", files / "ca.crt"
+
+    refusals = []
+    for cert, key in (
+        (files / "notes.txt", server_key),
+        (server_crt, files / "notes.txt"),
+        (server_crt, files / "other.key"),
+    ):
+        with pytest.raises(TlsConfigurationError) as refused:
+            server_ssl_context(cert, key, ca_crt)
+        refusals.append(str(refused.value))
+
+    assert refusals == [
+        f"cannot load the certificate {files / 'notes.txt'} with key {server_key}: "
+        f"{files / 'notes.txt'} holds no PEM certificate",
+        f"cannot load the certificate {server_crt} with key {files / 'notes.txt'}: "
+        f"{files / 'notes.txt'} holds no PEM private key",
+        f"cannot load the certificate {server_crt} with key {files / 'other.key'}: the key is "
+        "not the certificate's: give the key issued with it",
+    ]
