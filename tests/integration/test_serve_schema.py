@@ -154,8 +154,8 @@ async def test_serve_whose_admin_port_is_taken_fails_with_1_not_the_deposed_3(
     logged = [json.loads(line) for line in failed.stderr.splitlines() if line.startswith("{")]
     assert failed.returncode == 1
     assert [line["error"] for line in logged if line["event"] == "serve_failed"] == [
-        f"the admin API cannot listen on {LOOPBACK}:{port}: [Errno 98] error while attempting "
-        f"to bind on address ('{LOOPBACK}', {port}): address already in use"
+        f"the admin API (--admin-host, --admin-port) cannot listen on {LOOPBACK}:{port}: "
+        "Address already in use; stop what listens there, or choose another port"
     ]
 
 
