@@ -58,7 +58,6 @@ from agent.session import (
     Send,
     ServerSession,
 )
-from agent.turns import Turns
 from wire.errors import MessageTooLarge
 from wire.messages import (
     MAX_ERROR_CHARS,
@@ -75,6 +74,7 @@ from wire.messages import (
     encode,
     fit_close_reason,
 )
+from wire.turns import Turns
 from wire.version import llmgw_version
 
 log = structlog.get_logger("llmgw.agent")

@@ -76,9 +76,9 @@ from agent.engines.records import (
     shard_file_stem,
 )
 from agent.engines.spec import ShardSpec, engine_env
-from agent.turns import Turns
 from wire.engine_env import LAUNCH_TOKEN_VARIABLE
 from wire.engines import failure_reason, profile_of
+from wire.turns import Turns
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")

@@ -16,7 +16,7 @@ run together with each other otherwise). That gate is all the class adds to the 
 The recorder. Reports about one node are recorded one at a time, in the order they arrive,
 so a node's events reach the log in the order its agent caused them (a disconnect can
 never overtake the connect before it). A node's turn is kept only while a report holds or
-waits for it (``app.services.turns``): every node that ever connected, and every name a
+waits for it (``wire.turns``): every node that ever connected, and every name a
 refused connection claimed, would otherwise keep one for ever. Appends check the version
 of every stream they write; when another writer moved one first, the decision is made
 again on the new state. An append refused because another leader took over
@@ -64,9 +64,9 @@ from app.domain.reports import (
     observe,
     reporting_node,
 )
-from app.services.turns import Turns
 from app.store.errors import ConcurrencyError, FencedError
 from app.store.interface import AppendRequest, EventStore, NewEvent
+from wire.turns import Turns
 
 SWEEP_EVERY_S = 10.0
 """How often the guards of nodes gone are looked at, to drop those that settled."""

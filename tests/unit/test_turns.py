@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from agent.turns import Turns
+from wire.turns import Turns
 
 
 async def test_a_second_command_of_a_shard_waits_for_the_first_and_others_do_not() -> None:
