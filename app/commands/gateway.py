@@ -51,7 +51,8 @@ from app.usage_errors import finite_number_flag, print_command_error, whole_numb
 log = structlog.get_logger(__name__)
 
 ROLE_CHECK_RETRY_S = 5.0
-"""How often a gateway that started while the database was away asks again for its role."""
+"""How often a gateway that started while the database was away asks again for its role
+and its schema."""
 
 
 @Parameter(name="*")
@@ -169,9 +170,9 @@ def gateway_command(settings: StandaloneGatewaySettings) -> None:
     rewrite the event log (a superuser, the owner of its tables) unless
     --allow-privileged-role is given: connect as the gateway role (`llmgw-server migrate
     --gateway-role`), which cannot append, or the runtime role (it then warns that it
-    could append). Started while the database is away, it checks once the database
-    answers. Its /metrics is on a listener of its own (--metrics-host, --metrics-port),
-    never on the client listener.
+    could append). Started while the database is away, it checks the role and the schema
+    once the database answers, and exits 1 then if either is refused. Its /metrics is on a
+    listener of its own (--metrics-host, --metrics-port), never on the client listener.
 
     A gateway is one process on one core; to use more cores of a machine, start one
     process per core with --reuse-port on the same --port, each with its own --metrics-port:
@@ -231,13 +232,13 @@ async def _gateway(database_url: str, options: GatewayOptions, allow_privileged:
     stopping = asyncio.create_task(stop.wait())
     waiting: set[asyncio.Task[object]] = {serving, stopping}
     if not role_checked:
-        waiting.add(asyncio.create_task(_role_refused_later(database_url, allow_privileged)))
+        waiting.add(asyncio.create_task(_refused_later(database_url, allow_privileged)))
     try:
         while True:
             done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             if done & {serving, stopping} or any(task.result() for task in done):
                 break
-            waiting -= done  # the role, asked once the database answered, is allowed
+            waiting -= done  # the role and schema, asked once the database answered, are allowed
     finally:
         for task in waiting - {serving}:
             task.cancel()
@@ -262,13 +263,18 @@ async def _schema_served(database_url: str) -> bool:
         await engine.dispose()
 
 
-async def _role_refused_later(database_url: str, allow_privileged: bool) -> bool:
-    """Whether the role is refused, asked until the database answers."""
+async def _refused_later(database_url: str, allow_privileged: bool) -> bool:
+    """Whether the role or the schema is refused, asked until the database answers: what
+    the start-up check asks, for a gateway that started while the database was away (a
+    gateway of a new release started while PostgreSQL restarted during an upgrade)."""
     while True:
         await asyncio.sleep(ROLE_CHECK_RETRY_S)
         try:
-            return not await database_role_allowed(
+            if not await database_role_allowed(
                 database_url, allow_privileged=allow_privileged, command=GATEWAY
-            )
+            ):
+                return True
+            await warn_if_gateway_appends(database_url)
+            return not await _schema_served(database_url)
         except StoreUnavailable:
             continue

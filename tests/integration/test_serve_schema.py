@@ -3,25 +3,32 @@ process: on a database not migrated, migrated by an older release only, or by a 
 one, it says so in one line naming the revisions, exits 1 and appends nothing. What stops
 it from starting otherwise (its admin port taken) is exit code 1 too, never 3 (deposed).
 A standalone gateway refuses a database not migrated (or left by an older release) the same
-way; one a newer release migrated it serves from, as gateways are rolled last."""
+way, also when it started while PostgreSQL could not be reached and asks once it answers;
+one a newer release migrated it serves from, as gateways are rolled last."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import socket
 import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import asyncpg
 import pytest
 import pytest_asyncio
 
+from app.commands.gateway import ROLE_CHECK_RETRY_S
 from app.store import migrate
+from app.store.database_url import parse_database_url
 from tests.support.admin_server import LOOPBACK, Pki, write_pki
 from tests.support.operator_cli import clean_environment, installed
 from tests.support.ports import free_port
 from tests.support.postgres import PostgresServer, unique_database_name
+from tests.support.tcp_relay import TcpRelay
+from tests.support.waiting import wait_until
 
 REFUSED_WITHIN_S = 60
 HEAD = "0017"
@@ -159,14 +166,18 @@ async def test_serve_whose_admin_port_is_taken_fails_with_1_not_the_deposed_3(
     ]
 
 
+def gateway_command(database_url: str) -> list[str]:
+    return [
+        installed("llmgw-server"),
+        "gateway",
+        *("--database-url", database_url, "--allow-privileged-role"),
+        *("--port", str(free_port()), "--metrics-port", str(free_port())),
+    ]
+
+
 def gateway(database_url: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [
-            installed("llmgw-server"),
-            "gateway",
-            *("--database-url", database_url, "--allow-privileged-role"),
-            *("--port", str(free_port()), "--metrics-port", str(free_port())),
-        ],
+        gateway_command(database_url),
         capture_output=True,
         text=True,
         env=clean_environment(),
@@ -185,3 +196,52 @@ async def test_a_gateway_refuses_a_database_not_migrated_in_one_line(scratch: st
         "llmgw-server gateway: the database is not migrated (no llmgw schema in it); "
         f"{MIGRATE_FIRST}, to bring it to revision {HEAD}"
     )
+
+
+def through(relay: TcpRelay, database_url: str) -> str:
+    """``database_url`` with its one host replaced by the relay."""
+    url = parse_database_url(database_url)
+    return dataclasses.replace(url, hosts=((LOOPBACK, relay.port),)).libpq()
+
+
+async def test_a_gateway_started_while_the_database_is_away_refuses_it_not_migrated_once_it_answers(
+    scratch: str, tmp_path: Path
+) -> None:
+    """It used to check only the role once the database answered, and went on serving from
+    a database it cannot serve from: one not migrated, or one an older release left (a
+    gateway of a new release started while PostgreSQL restarted during the upgrade)."""
+    (host, port), *_ = parse_database_url(scratch).hosts
+    assert port is not None
+    log = tmp_path / "gateway.log"
+    async with TcpRelay(host, port) as relay:
+        relay.refuse()
+        with log.open("wb") as output:
+            process = await asyncio.create_subprocess_exec(
+                *gateway_command(through(relay, scratch)),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=output,
+                env=clean_environment(),
+            )
+        try:
+            await wait_until(
+                lambda: "database_role_unchecked" in log.read_text(),
+                within_s=REFUSED_WITHIN_S,
+                what="the gateway started unchecked",
+            )
+            relay.mend()
+            await wait_until(
+                lambda: process.returncode is not None,
+                within_s=ROLE_CHECK_RETRY_S + 10,
+                what="the gateway's exit once the database answers",
+            )
+        finally:
+            if process.returncode is None:
+                process.kill()
+            await process.wait()
+
+    assert process.returncode == 1
+    assert (
+        "llmgw-server gateway: the database is not migrated (no llmgw schema in it); "
+        f"{MIGRATE_FIRST}, to bring it to revision {HEAD}"
+    ) in log.read_text().splitlines()

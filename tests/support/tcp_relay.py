@@ -3,8 +3,9 @@ network between one process and PostgreSQL failing, the others still reaching it
 
 While cut, every connection through the relay stays open and carries nothing either way,
 as a partition leaves them (no reset, no close: the process finds out only by its own
-timeouts), and a new connection is accepted and carries nothing either. Mended, what was
-held flows on. It runs on the test's event loop."""
+timeouts), and a new connection is accepted and carries nothing either. Refusing, every new
+connection is closed at once, as a server that is down or restarting closes them. Mended,
+what was held flows on and new connections are carried. It runs on the test's event loop."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ class TcpRelay:
         self._target = (host, port)
         self._open = asyncio.Event()
         self._open.set()
+        self._refusing = False
         self._pipes: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
         self.port = 0
@@ -48,13 +50,21 @@ class TcpRelay:
         """Carry nothing from now on, in either direction, on any connection."""
         self._open.clear()
 
+    def refuse(self) -> None:
+        """Close every new connection at once from now on (those open are left as they are)."""
+        self._refusing = True
+
     def mend(self) -> None:
-        """Carry again, what was held first."""
+        """Carry again, what was held first, and carry new connections."""
+        self._refusing = False
         self._open.set()
 
     async def _relay(
         self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter
     ) -> None:
+        if self._refusing:
+            client_out.close()
+            return
         await self._open.wait()
         try:
             server_in, server_out = await asyncio.open_connection(*self._target)
