@@ -19,12 +19,26 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.admin.schemas import CheckView, ReadinessView
 from app.store.database import ping, translated_errors
 from app.store.errors import StoreError
-from app.store.migrate import current_revision, head_revision
+from app.store.migrate import (
+    ReleaseRevisions,
+    SchemaStanding,
+    current_revision,
+    release_revisions,
+)
 
 DATABASE_TIMEOUT_S = 2.0
 """How long each database check may take before it counts as failed."""
 REVISION_TTL_S = 5.0
 """How long a read of the schema revision is reused: it changes only when someone migrates."""
+
+MIGRATIONS_ADVICE = {
+    SchemaStanding.MISSING: "the database is not migrated; `llmgw-server migrate` of this "
+    "release brings it there",
+    SchemaStanding.OLDER: "`llmgw-server migrate` of this release upgrades it",
+    SchemaStanding.NEWER: "a newer llmgw release migrated it; run that release",
+}
+"""What to do about a schema at another revision, by where it stands: ``migrate`` cannot
+take back a schema a newer release migrated."""
 
 RoleSource = Callable[[], str]
 """Reads the control plane's current role (``leader``, ``standby``, ``stopped``)."""
@@ -48,8 +62,7 @@ class Readiness:
         self._timeout_s = timeout_s
         self._revision_ttl_s = revision_ttl_s
         self._clock = clock
-        self._head: str | None = None
-        self._head_known = False
+        self._release: ReleaseRevisions | None = None
         self._revision: str | None = None
         self._revision_read_at: float | None = None
 
@@ -82,14 +95,15 @@ class Readiness:
             return CheckView(ok=False, detail=f"no answer within {self._timeout_s:g} s")
         except StoreError as exc:
             return CheckView(ok=False, detail=str(exc))
-        head = await self._head_revision()
-        if revision != head:
+        release = await self._release_revisions()
+        standing = release.standing(revision)
+        if standing is not SchemaStanding.CURRENT:
             return CheckView(
                 ok=False,
-                detail=f"schema at revision {revision or '(none)'}, this server needs {head} "
-                "(`llmgw-server migrate` upgrades an older schema)",
+                detail=f"schema at revision {revision or '(none)'}, this server needs "
+                f"{release.head} ({MIGRATIONS_ADVICE[standing]})",
             )
-        return CheckView(ok=True, detail=f"at revision {head}")
+        return CheckView(ok=True, detail=f"at revision {release.head}")
 
     async def _current_revision(self) -> str | None:
         now = self._clock()
@@ -100,13 +114,12 @@ class Readiness:
             self._revision_read_at = now
         return self._revision
 
-    async def _head_revision(self) -> str | None:
-        if not self._head_known:
+    async def _release_revisions(self) -> ReleaseRevisions:
+        if self._release is None:
             # Reading the migration scripts imports them: seconds on a cold start, so
             # once, off the event loop.
-            self._head = await asyncio.to_thread(head_revision)
-            self._head_known = True
-        return self._head
+            self._release = await asyncio.to_thread(release_revisions)
+        return self._release
 
 
 @get("/healthz", include_in_schema=False)

@@ -13,17 +13,17 @@ the same revision.
 from __future__ import annotations
 
 import asyncio
+import enum
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, assert_never
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from alembic.util import CommandError as AlembicError
 from sqlalchemy import Connection, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -137,40 +137,81 @@ def head_revision() -> str | None:
     return ScriptDirectory(str(migrations_dir())).get_current_head()
 
 
-def schema_refusal(revision: str | None, *, newer_allowed: bool = False) -> str | None:
-    """Why a server of this release must not run on a schema at ``revision`` (None: no
-    schema), in words for the operator; None at this release's newest revision, and at one
-    it does not know when ``newer_allowed`` (a gateway: it goes on serving while a newer
-    release is rolled out). Reads the migration scripts: blocking, and seconds on a cold
-    start."""
+class SchemaStanding(enum.Enum):
+    """Where a database's schema stands against this release's migrations."""
+
+    CURRENT = "current"
+    """At this release's newest revision."""
+    MISSING = "missing"
+    """Not migrated: no llmgw schema in it."""
+    OLDER = "older"
+    """At a revision this release knows, below its newest: ``migrate`` brings it up."""
+    NEWER = "newer"
+    """At a revision this release does not know: a newer release migrated it, and
+    ``migrate`` of this one cannot take it back."""
+
+
+@dataclass(frozen=True)
+class ReleaseRevisions:
+    """The revisions this release's migration scripts know (``release_revisions()``)."""
+
+    head: str | None
+    known: frozenset[str]
+
+    def standing(self, revision: str | None) -> SchemaStanding:
+        """Where a schema at ``revision`` (None: no schema) stands."""
+        if revision == self.head:
+            return SchemaStanding.CURRENT
+        if revision is None:
+            return SchemaStanding.MISSING
+        if revision in self.known:
+            return SchemaStanding.OLDER
+        return SchemaStanding.NEWER
+
+    def refusal(self, revision: str | None, *, newer_allowed: bool = False) -> str | None:
+        """Why a server of this release must not run on a schema at ``revision``, in words
+        for the operator; None at this release's newest revision, and at one it does not
+        know when ``newer_allowed`` (a gateway: it goes on serving while a newer release is
+        rolled out)."""
+        head = self.head
+        match self.standing(revision):
+            case SchemaStanding.CURRENT:
+                return None
+            case SchemaStanding.MISSING:
+                return (
+                    "the database is not migrated (no llmgw schema in it); run `llmgw-server "
+                    "migrate` of this release first, as the schema's owner, to bring it to "
+                    f"revision {head}"
+                )
+            case SchemaStanding.OLDER:
+                return (
+                    f"the database schema is at revision {revision}, this release needs "
+                    f"{head}; run `llmgw-server migrate` of this release first, as the "
+                    "schema's owner (docs/operations.md#upgrades)"
+                )
+            case SchemaStanding.NEWER:
+                if newer_allowed:
+                    return None
+                return (
+                    f"the database schema is at revision {revision}, which this release does "
+                    f"not know (its newest is {head}): a newer llmgw release migrated it; run "
+                    "that release"
+                )
+            case unreachable:
+                assert_never(unreachable)
+
+
+def release_revisions() -> ReleaseRevisions:
+    """Reads the migration scripts: blocking, and seconds on a cold start, so a server reads
+    them once, off its event loop."""
     script = ScriptDirectory(str(migrations_dir()))
-    head = script.get_current_head()
-    if revision == head:
-        return None
-    if revision is None:
-        return (
-            f"the database is not migrated (no llmgw schema in it); run `llmgw-server migrate` "
-            f"of this release first, as the schema's owner, to bring it to revision {head}"
-        )
-    if _knows(script, revision):
-        return (
-            f"the database schema is at revision {revision}, this release needs {head}; run "
-            "`llmgw-server migrate` of this release first, as the schema's owner "
-            "(docs/operations.md#upgrades)"
-        )
-    if newer_allowed:
-        return None
-    return (
-        f"the database schema is at revision {revision}, which this release does not know "
-        f"(its newest is {head}): a newer llmgw release migrated it; run that release"
-    )
+    known = frozenset(each.revision for each in script.walk_revisions())
+    return ReleaseRevisions(script.get_current_head(), known)
 
 
-def _knows(script: ScriptDirectory, revision: str) -> bool:
-    try:
-        return script.get_revision(revision) is not None
-    except AlembicError:
-        return False
+def schema_refusal(revision: str | None, *, newer_allowed: bool = False) -> str | None:
+    """``ReleaseRevisions.refusal`` after reading the migration scripts (blocking)."""
+    return release_revisions().refusal(revision, newer_allowed=newer_allowed)
 
 
 async def current_revision(engine: AsyncEngine) -> str | None:

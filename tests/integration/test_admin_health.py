@@ -1,7 +1,8 @@
 """Load balancers and supervisors probing the admin API: `/healthz` says the process
 answers, `/readyz` whether it can serve. Both are asked without a token, over real HTTP to
 the app served by uvicorn on a loopback socket, against real PostgreSQL databases: a
-migrated one, an empty one, and one that is not there."""
+migrated one, an empty one, one an older or a newer release migrated, and one that is not
+there."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import asyncpg
 import httpx
+import pytest
 import pytest_asyncio
 import uvicorn
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -134,6 +137,47 @@ async def test_an_unmigrated_database_is_not_ready_until_the_revision_is_read_ag
     assert "schema at revision (none)" in body["checks"]["migrations"]["detail"]
     assert while_cached.status_code == 503, "the revision is read at most every 5 s"
     assert after_the_cache_expired.status_code == 200
+
+
+async def _set_revision(url: str, revision: str) -> None:
+    connection = await asyncpg.connect(url)
+    try:
+        await connection.execute("UPDATE alembic_version SET version_num = $1", revision)
+    finally:
+        await connection.close()
+
+
+@pytest.mark.parametrize(
+    ("revision", "advice"),
+    [
+        (
+            None,
+            "the database is not migrated; `llmgw-server migrate` of this release brings it there",
+        ),
+        ("0016", "`llmgw-server migrate` of this release upgrades it"),
+        ("0099", "a newer llmgw release migrated it; run that release"),
+    ],
+    ids=["missing", "older", "newer"],
+)
+async def test_a_schema_of_another_release_is_not_ready_with_what_to_do_about_it(
+    empty_database: str, revision: str | None, advice: str
+) -> None:
+    """A schema a newer release migrated used to get the advice to run ``migrate``, which
+    cannot take it back."""
+    if revision is not None:
+        await asyncio.to_thread(migrate.upgrade, empty_database)
+        await _set_revision(empty_database, revision)
+    async with engine_for(empty_database) as engine, probing(Readiness(engine)) as probe:
+        readiness = await probe.get("/readyz")
+
+    assert readiness.status_code == 503
+    body = readiness.json()
+    assert (body["ready"], body["failing"]) == (False, ["migrations"])
+    assert body["checks"]["migrations"] == {
+        "ok": False,
+        "detail": f"schema at revision {revision or '(none)'}, this server needs "
+        f"{migrate.head_revision()} ({advice})",
+    }
 
 
 async def test_an_unreachable_database_is_not_ready_and_is_named() -> None:
