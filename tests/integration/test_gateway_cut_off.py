@@ -9,7 +9,6 @@ connection of the test's own, as the admin API of any control plane would."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -55,12 +54,6 @@ async def store(database_url: str) -> AsyncIterator[PostgresEventStore]:
     await engine.dispose()
 
 
-def through(relay: TcpRelay, database_url: str) -> str:
-    """``database_url`` with its one host replaced by the relay."""
-    url = parse_database_url(database_url)
-    return dataclasses.replace(url, hosts=(("127.0.0.1", relay.port),)).libpq()
-
-
 async def test_a_gateway_cut_off_serves_a_key_revoked_meanwhile_until_it_reads_the_keys_again(
     database_url: str, store: PostgresEventStore, simulator: SimulatorProcess, tmp_path: Path
 ) -> None:
@@ -75,7 +68,7 @@ async def test_a_gateway_cut_off_serves_a_key_revoked_meanwhile_until_it_reads_t
 
     async with TcpRelay(host, port) as relay:
         with gateway_process(
-            through(relay, database_url),
+            relay.in_front_of(database_url),
             gateway_id="gw-cut-off",
             port=gateway_port,
             log=tmp_path / "gateway.log",

@@ -9,7 +9,6 @@ one a newer release migrated it serves from, as gateways are rolled last."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import socket
 import subprocess
@@ -198,12 +197,6 @@ async def test_a_gateway_refuses_a_database_not_migrated_in_one_line(scratch: st
     )
 
 
-def through(relay: TcpRelay, database_url: str) -> str:
-    """``database_url`` with its one host replaced by the relay."""
-    url = parse_database_url(database_url)
-    return dataclasses.replace(url, hosts=((LOOPBACK, relay.port),)).libpq()
-
-
 async def test_a_gateway_started_while_the_database_is_away_refuses_it_not_migrated_once_it_answers(
     scratch: str, tmp_path: Path
 ) -> None:
@@ -217,7 +210,7 @@ async def test_a_gateway_started_while_the_database_is_away_refuses_it_not_migra
         relay.refuse()
         with log.open("wb") as output:
             process = await asyncio.create_subprocess_exec(
-                *gateway_command(through(relay, scratch)),
+                *gateway_command(relay.in_front_of(scratch)),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=output,

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from types import TracebackType
+
+from app.store.database_url import parse_database_url
 
 CHUNK_BYTES = 65536
 
@@ -45,6 +48,12 @@ class TcpRelay:
         for pipe in self._pipes:
             pipe.cancel()
         await asyncio.gather(*self._pipes, return_exceptions=True)
+
+    def in_front_of(self, database_url: str) -> str:
+        """``database_url`` (of the server this relay reaches) with its one host replaced by
+        the relay."""
+        url = parse_database_url(database_url)
+        return dataclasses.replace(url, hosts=(("127.0.0.1", self.port),)).libpq()
 
     def cut(self) -> None:
         """Carry nothing from now on, in either direction, on any connection."""
