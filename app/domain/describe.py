@@ -103,8 +103,10 @@ def _subject(event: AnyEvent) -> str:
             return f"node {event.node_id}"
         case ApiKeyCreated():
             return f"key {event.name} ({event.prefix})"
-        case ApiKeyRevoked():
+        case ApiKeyRevoked(name=""):  # recorded before revocations named the key
             return f"key {event.key_id}"
+        case ApiKeyRevoked():
+            return f"key {event.name} ({event.prefix})"
         case _:
             return f"replica {event.replica_id}"
 

@@ -518,7 +518,13 @@ class ApiKeyCreated(Event, frozen=True, kw_only=True):
 
 
 class ApiKeyRevoked(Event, frozen=True, kw_only=True):
+    """``name`` and ``prefix``: the key's, as its creation recorded them, so that its
+    history names the key its holders know; empty in older payloads, which name only the
+    id."""
+
     key_id: str
+    name: str = ""
+    prefix: str = ""
 
 
 AnyEvent = (

@@ -263,7 +263,8 @@ def revoke(state: ClusterState, key_id: str) -> Change:
         raise UnknownKey(key_id)
     if key.revoked_at is not None:
         return Change(stream=key_stream(key_id))
-    return Change(stream=key_stream(key_id), events=(ApiKeyRevoked(key_id=key_id),))
+    revoked = ApiKeyRevoked(key_id=key_id, name=key.name, prefix=key.prefix)
+    return Change(stream=key_stream(key_id), events=(revoked,))
 
 
 def live_keys(state: ClusterState, now: datetime) -> list[ApiKey]:

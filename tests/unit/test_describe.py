@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from hypothesis import given
 from msgspec.structs import replace
 
+from app.domain import keys
 from app.domain.describe import describe
 from app.domain.events import (
     AnyEvent,
@@ -23,13 +24,14 @@ from app.domain.events import (
     ShardStopped,
 )
 from tests.support.generators import events, stream_for
+from tests.unit.test_domain_operations import given as given_log
 
 
 @given(events())
 def test_every_line_begins_with_what_the_event_is_about(event: AnyEvent) -> None:
     kind, _, key = stream_for(event).partition("-")
     line = describe(event)
-    if kind == "key" and isinstance(event, ApiKeyCreated):
+    if kind == "key" and isinstance(event, ApiKeyCreated | ApiKeyRevoked) and event.name:
         assert line.startswith(f"key {event.name} ({event.prefix}) ")
     else:
         assert line.startswith(f"{kind} {key} "), line
@@ -53,6 +55,15 @@ def test_a_key_s_creation_says_when_it_expires_if_it_does() -> None:
     assert describe(month) == (
         "key ci (7f3a09c2) created for llama, expires 2027-01-31 09:30:00 UTC"
     )
+
+
+def test_a_revocation_names_the_key_as_its_creation_did() -> None:
+    created = ApiKeyCreated(key_id="k-7f3a09c2", name="ci", prefix="7f3a09c2", secret_hash="h")
+    state = given_log(created)
+
+    (revoked,) = keys.revoke(state, "k-7f3a09c2").events
+
+    assert describe(revoked) == "key ci (7f3a09c2) revoked"
 
 
 def test_a_stop_says_who_stopped_the_shard_and_why_when_its_agent_did() -> None:

@@ -363,7 +363,9 @@ def test_by_name_an_expired_key_not_yet_revoked_wins_over_revoked_ones() -> None
     found = keys.find_key(state, "ci", NOW)
 
     assert found.prefix == "11111111"
-    assert keys.revoke(state, found.id).events == (ApiKeyRevoked(key_id="k-11111111"),)
+    assert keys.revoke(state, found.id).events == (
+        ApiKeyRevoked(key_id="k-11111111", name="ci", prefix="11111111"),
+    )
     again = given(
         key_created("ci", "11111111", expires_at=T0),
         key_created("ci", "22222222"),
@@ -376,7 +378,9 @@ def test_by_name_an_expired_key_not_yet_revoked_wins_over_revoked_ones() -> None
 def test_an_expired_key_may_still_be_revoked() -> None:
     state = given(key_created("ci", "11111111", expires_at=NOW - timedelta(hours=1)))
 
-    assert keys.revoke(state, "k-11111111").events == (ApiKeyRevoked(key_id="k-11111111"),)
+    assert keys.revoke(state, "k-11111111").events == (
+        ApiKeyRevoked(key_id="k-11111111", name="ci", prefix="11111111"),
+    )
 
 
 # -- revoking ----------------------------------------------------------------------------
@@ -396,7 +400,8 @@ def test_revoking_records_the_revocation_once() -> None:
     again = keys.revoke(given(key_created("ci", "11111111"), *first.events), "k-11111111")
 
     assert first == Change(
-        stream=key_stream("k-11111111"), events=(ApiKeyRevoked(key_id="k-11111111"),)
+        stream=key_stream("k-11111111"),
+        events=(ApiKeyRevoked(key_id="k-11111111", name="ci", prefix="11111111"),),
     )
     assert again == Change(stream=key_stream("k-11111111"))
 
