@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import assert_never
 
+from app.domain.autoscale_policy import AutoscalePolicy
 from app.domain.events import (
     AnyEvent,
     ApiKeyCreated,
@@ -117,7 +118,7 @@ def _what(event: AnyEvent) -> str:
             return (
                 f"declared (revision {event.revision}): {spec.replicas} replica(s) x "
                 f"{spec.shards_per_replica} shard(s) x {spec.gpus_per_shard} GPU(s), "
-                f"engine {spec.engine}"
+                f"engine {spec.engine}{_autoscaled(spec.autoscale)}"
             )
         case ModelDeclared():
             return f"revision {event.revision}: {describe_changes(event.changes)}"
@@ -256,6 +257,14 @@ def _what(event: AnyEvent) -> str:
             return "revoked"
         case _:
             assert_never(event)
+
+
+def _autoscaled(policy: AutoscalePolicy | None) -> str:
+    """How a declaration scales the model: an autoscale policy turned on, changed or off
+    is a declaration of the same revision, told apart from another only by this."""
+    if policy is None:
+        return ""
+    return f", autoscaled {policy.min_replicas}..{policy.max_replicas} replica(s)"
 
 
 def _suppressed(count: int) -> str:

@@ -9,6 +9,7 @@ from hypothesis import given
 from msgspec.structs import replace
 
 from app.domain import keys
+from app.domain.autoscale_policy import AutoscalePolicy
 from app.domain.describe import describe
 from app.domain.events import (
     AnyEvent,
@@ -16,6 +17,7 @@ from app.domain.events import (
     ApiKeyRevoked,
     GpuMarkedUnhealthy,
     GpuRecovered,
+    ModelDeclared,
     NodeUncordoned,
     ReplicaPlaced,
     ReplicaServing,
@@ -23,6 +25,7 @@ from app.domain.events import (
     ShardStarting,
     ShardStopped,
 )
+from app.domain.model_spec import ModelSpec
 from tests.support.generators import events, stream_for
 from tests.unit.test_domain_operations import given as given_log
 
@@ -64,6 +67,19 @@ def test_a_revocation_names_the_key_as_its_creation_did() -> None:
     (revoked,) = keys.revoke(state, "k-7f3a09c2").events
 
     assert describe(revoked) == "key ci (7f3a09c2) revoked"
+
+
+def test_a_declaration_says_when_the_model_is_autoscaled_and_between_what() -> None:
+    fixed = ModelSpec(name="demo", command="sim --port {port}", replicas=3)
+    scaled = replace(fixed, autoscale=AutoscalePolicy(min_replicas=1, max_replicas=3))
+
+    assert describe(ModelDeclared(model="demo", spec=fixed)) == (
+        "model demo declared (revision 1): 3 replica(s) x 1 shard(s) x 1 GPU(s), engine vllm"
+    )
+    assert describe(ModelDeclared(model="demo", spec=scaled)) == (
+        "model demo declared (revision 1): 3 replica(s) x 1 shard(s) x 1 GPU(s), engine vllm, "
+        "autoscaled 1..3 replica(s)"
+    )
 
 
 def test_a_stop_says_who_stopped_the_shard_and_why_when_its_agent_did() -> None:
