@@ -23,12 +23,22 @@ import pytest
 import pytest_asyncio
 
 from app.domain.envelope import Meta
-from app.domain.events import GpuRecovered, node_stream
+from app.domain.events import (
+    GpuRecovered,
+    ReplicaPlaced,
+    ReplicaStartupTimedOut,
+    ShardPlacement,
+    ShardStarting,
+    ShardStopped,
+    node_stream,
+    replica_stream,
+)
 from app.store.database import create_engine
 from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
 from tests.support.postgres import PostgresServer
 from tests.support.seed import (
+    RECONCILER,
     TIMED_OUT_LOG_TAIL,
     SeededDatabase,
     SeededHistory,
@@ -367,3 +377,49 @@ async def test_a_gpu_recovered_under_another_index_is_its_recovery_not_another_g
     assert fell_off_rows == [
         (utc(3, 2, 10, 0), "gpu-08", 1, "Xid 79: GPU has fallen off the bus", 79, utc(3, 11, 9, 5))
     ]
+
+
+async def test_a_replica_stopped_at_its_startup_timeout_shows_its_engines_last_lines(
+    postgres_server: PostgresServer, migrated_template: str
+) -> None:
+    """An agent stops a shard that never became ready, when the control plane times it
+    out, and reports its engine's last lines with the stop (no shard failed)."""
+    replica = "qwen-2-7b-9"
+    last_lines = ("loading weights 40%", "CUDA out of memory")
+    placed = ReplicaPlaced(
+        replica_id=replica,
+        model="qwen-2-7b",
+        number=9,
+        shards=(ShardPlacement(index=0, node_id="gpu-07", gpus=(2,), port=20009),),
+    )
+    timed_out = ReplicaStartupTimedOut(replica_id=replica, timeout_s=300.0, waited_s=301.0)
+    stopped = ShardStopped(replica_id=replica, shard_index=0, node_id="gpu-07", log_tail=last_lines)
+    steps = (
+        (utc(3, 6, 9, 0), RECONCILER, placed),
+        (
+            utc(3, 6, 9, 0, 2),
+            agent("gpu-07"),
+            ShardStarting(replica_id=replica, shard_index=0, node_id="gpu-07"),
+        ),
+        (utc(3, 6, 9, 5, 1), RECONCILER, timed_out),
+        (utc(3, 6, 9, 5, 3), agent("gpu-07"), stopped),
+    )
+    async with seeded_database(postgres_server, migrated_template) as database:
+        engine = create_engine(database.url, pool_size=1)
+        try:
+            for moment, actor, event in steps:
+                store = PostgresEventStore(engine, clock=lambda moment=moment: moment)
+                request = AppendRequest(replica_stream(replica), None, [NewEvent(event)])
+                await store.append_many([request], Meta(actor=actor))
+        finally:
+            await engine.dispose()
+        connection = await asyncpg.connect(database.url)
+        try:
+            sql = bind(GUIDE_AT_IMPORT.queries["startup-timeouts"], database.story.psql_variables)
+            records = await connection.fetch(sql)
+        finally:
+            await connection.close()
+
+    rows = [r for r in records if r["replica_id"] == replica]
+    assert [(r["node_id"], r["shard"], r["error"]) for r in rows] == [("gpu-07", 0, None)]
+    assert json.loads(rows[0]["log_tail"]) == list(last_lines)
