@@ -1,4 +1,5 @@
-"""`llmgw-cli history ...`: everything the log recorded about one replica, node, model or key.
+"""`llmgw-cli history ...`: everything the log recorded about one replica, node, model, key or
+certificate.
 
 Exit codes: 0 events shown, 1 failed (no such events, the API unreachable or refusing, or
 paging without end), 2 bad usage (a bad flag, an unusable config file).
@@ -28,8 +29,8 @@ from cli.render import (
 
 history_app = App(
     name="history",
-    help="""Show what the event log recorded about one replica, node, model or API key: who
-did what, when, and which operation (correlation id) it belonged to.
+    help="""Show what the event log recorded about one replica, node, model, API key or
+certificate: who did what, when, and which operation (correlation id) it belonged to.
 
 Events are printed oldest first; --limit N shows the newest N.
 
@@ -175,6 +176,32 @@ def key_history(
     ```
     """
     return show_history("key", key, output, limit, after, connection)
+
+
+@history_app.command(name="certificate")
+def certificate_history(
+    serial: Annotated[
+        str,
+        Parameter(
+            help="The certificate's serial, as `cert show` or `cert list` print it (0x and "
+            "colons are taken)."
+        ),
+    ],
+    /,
+    *,
+    output: Output = "table",
+    limit: Limit = None,
+    after: After = 0,
+    connection: ConnectionFlags | None = None,
+) -> int:
+    """When one certificate was revoked by its serial, by whom and why. A node's
+    certificates revoked all at once (cert revoke --node) are in the node's history.
+
+    ```
+    llmgw-cli history certificate 5f1c0a9e3b
+    ```
+    """
+    return show_history("certificate", serial, output, limit, after, connection)
 
 
 def show_history(

@@ -1,4 +1,4 @@
-"""One replica's, node's, model's or key's history as llmgw-cli reads it from
+"""One replica's, node's, model's, key's or certificate's history as llmgw-cli reads it from
 ``/admin/v1/history``: page after page from a position on, or the newest events read back
 from the end, never following a cursor that stays put."""
 
@@ -18,12 +18,13 @@ from cli.paging import check_page_count
 HISTORY_PAGE_SIZE = 500
 NEWEST = 2**63 - 1
 """The largest log position: history read back ``before`` it starts at the newest event."""
-HISTORY_SUBJECTS = ("replica", "node", "model", "key")
+HISTORY_SUBJECTS = ("replica", "node", "model", "key", "certificate")
 _HISTORY_KEYS = {
     "replica": "the replica id",
     "node": "the node id",
     "model": "the model name",
     "key": "the key prefix or name",
+    "certificate": "the certificate serial",
 }
 
 

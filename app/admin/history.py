@@ -1,5 +1,5 @@
-"""``/admin/v1/history/{subject}/{key}``: one entity's events, oldest first: the first of
-them, or the last (``before``)."""
+"""``/admin/v1/history/{subject}/{key}``: one replica's, node's, model's, key's or
+certificate's events, oldest first: the first of them, or the last (``before``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import msgspec
 from litestar import Controller, get
 from litestar.di import NamedDependency
+from litestar.exceptions import ValidationException
 from litestar.params import FromPath, QueryParameter
 
 from app.admin.auth import require_actor
@@ -16,6 +17,7 @@ from app.admin.schemas import EventView, HistoryPage
 from app.domain.describe import describe
 from app.domain.envelope import Recorded
 from app.domain.events import SECRET_FIELDS
+from app.domain.revocations import InvalidRevocation, history_serial
 from app.services.operations import Operations
 from app.store.history import Subject, read_history
 from app.store.postgres import PostgresEventStore
@@ -54,7 +56,7 @@ class HistoryController(Controller):
 
     @get(
         "/{subject:str}/{key:str}",
-        summary="Events about one replica, node, model or key",
+        summary="Events about one replica, node, model, key or certificate",
         description="Oldest first: the first `limit` events after `after`, `next_after` paging "
         "on to newer ones. With `before`, the last `limit` events before it (and after "
         "`after`) instead, still oldest first, `next_before` paging back to older ones: "
@@ -82,6 +84,8 @@ class HistoryController(Controller):
     ) -> HistoryPage:
         if subject is Subject.KEY:  # by id, prefix or name, as `keys revoke` takes it
             key = (await operations.find_key(key)).id
+        elif subject is Subject.CERTIFICATE:  # as `cert show` or openssl prints it
+            key = _serial(key)
         events = await read_history(store.engine, subject, key, after, limit, before=before)
         full = len(events) == limit
         return HistoryPage(
@@ -91,3 +95,12 @@ class HistoryController(Controller):
             next_after=events[-1].position if full and before is None else None,
             next_before=events[0].position if full and before is not None else None,
         )
+
+
+def _serial(text: str) -> str:
+    """The serial ``text`` names, as its events are recorded; a bad one is the request's
+    fault (400), not an invalid revocation: nothing is being revoked."""
+    try:
+        return history_serial(text)
+    except InvalidRevocation as exc:
+        raise ValidationException(f"{exc.errors[0].field}: {exc.errors[0].reason}") from exc

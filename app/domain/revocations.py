@@ -120,6 +120,16 @@ def listed(state: ClusterState) -> list[CertificateRevocation]:
     return sorted(state.revocations.values(), key=lambda r: r.revoked_at)
 
 
+def history_serial(text: str) -> str:
+    """A serial to read the history of, in the form its events are recorded under (the
+    forms tools print are taken); raises ``InvalidRevocation`` when it is none."""
+    errors: list[SpecError] = []
+    serial = _normalized_serial(text, errors)
+    if serial is None:
+        raise InvalidRevocation(errors)
+    return serial
+
+
 def _normalized_serial(text: str, errors: list[SpecError]) -> str | None:
     """A serial as llmgw writes it (lower-case hex, no leading zeros); accepts the forms
     tools print: ``0x`` prefixes and ``:`` separators."""

@@ -19,6 +19,7 @@ class Subject(StrEnum):
     NODE = "node"
     MODEL = "model"
     KEY = "key"
+    CERTIFICATE = "certificate"
 
     @property
     def condition(self) -> str:
@@ -31,6 +32,8 @@ class Subject(StrEnum):
                 return "model = $1"
             case Subject.KEY:
                 return "stream = 'key-' || $1"
+            case Subject.CERTIFICATE:
+                return "stream = 'certificate-' || $1"
 
 
 _AFTER_EVERY_POSITION = 2**63 - 1

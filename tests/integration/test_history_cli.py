@@ -267,6 +267,37 @@ async def test_an_id_without_events_says_so_and_fails(
     assert result.stdout == ""
 
 
+async def test_a_certificate_revoked_by_its_serial_has_a_history_naming_who_and_why(
+    admin_api: AdminApi, operator: Operator
+) -> None:
+    serial = secrets.token_hex(8).lstrip("0")
+    async with httpx.AsyncClient(base_url=admin_api.url) as client:
+        revoked = await client.post(
+            "/admin/v1/certificates/revocations",
+            json={"serial": serial, "reason": "laptop stolen"},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
+    assert revoked.status_code in (200, 201), revoked.text
+    environment = admin_api.environment
+
+    shown = await operator.history("certificate", f"0x{serial.upper()}", environment=environment)
+    not_one = await operator.history("certificate", "not-a-serial", environment=environment)
+
+    assert shown.code == 0, shown.stderr
+    rows = table_rows(shown.stdout)
+    assert [(row[2], row[3], row[4]) for row in rows] == [
+        ("certificate_revoked", "alice", f"certificate {serial} revoked: laptop stolen")
+    ]
+    assert not_one.code == 1
+    assert "'not-a-serial' is not a serial" in not_one.stderr
+    async with httpx.AsyncClient(base_url=admin_api.url) as client:
+        refused = await client.get(
+            "/admin/v1/history/certificate/not-a-serial",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
+    assert refused.status_code == 400, refused.text
+
+
 async def test_without_a_token_the_operator_is_told_to_set_one(
     admin_api: AdminApi, operator: Operator
 ) -> None:
@@ -344,7 +375,7 @@ async def test_bad_usage_exits_with_2(operator: Operator) -> None:
 
 
 async def test_every_history_command_has_help_with_an_example(operator: Operator) -> None:
-    subjects = ("replica", "node", "model", "key")
+    subjects = ("replica", "node", "model", "key", "certificate")
 
     helps = await asyncio.gather(*(operator.history(s, "--help") for s in subjects))
 
