@@ -60,7 +60,7 @@ def scale_to_desired(draft: Draft, *, placing: bool, running: Mapping[str, NodeR
         deficit = model.desired - len(counting)
         if deficit < 0:
             for replica in _scale_down_order(state, model, counting)[:-deficit]:
-                stop_replica(draft, replica, f"scaled down to {model.desired}", surplus=True)
+                stop_replica(draft, replica, _surplus_reason(state, model, replica), surplus=True)
         # A moved replica whose replacement the count now leaves no room for goes with the
         # scale-down: its move would otherwise wait for a replacement never placed.
         for original in waiting_for_replacement(state, state.models[model.name])[max(deficit, 0) :]:
@@ -185,6 +185,19 @@ def _replaced(state: ClusterState, replacement_id: str | None) -> bool:
     """Whether a move's replacement is on its way or serving."""
     replacement = state.replicas.get(replacement_id) if replacement_id is not None else None
     return replacement is not None and replacement.phase in COUNTING_PHASES
+
+
+def _surplus_reason(state: ClusterState, model: Model, replica: Replica) -> str:
+    """Why ``replica`` is beyond its model's count. A replacement whose original counts
+    again had its move called off (a drain cancelled, say): nobody scaled the model down,
+    and its history should not say so."""
+    original = state.replicas.get(replica.replaces) if replica.replaces else None
+    if original is not None and original.phase in COUNTING_PHASES:
+        return (
+            f"replacement for {original.id} no longer needed: its move was called off and "
+            f"{original.id} serves on"
+        )
+    return f"scaled down to {model.desired}"
 
 
 def stop_replica(draft: Draft, replica: Replica, reason: str, *, surplus: bool = False) -> None:

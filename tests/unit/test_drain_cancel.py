@@ -49,6 +49,9 @@ def test_a_cancelled_drain_calls_off_the_move_and_stops_the_replacement_not_serv
     assert (finished.outcome, finished.succeeded) == ("cancelled by test", False)
     (stopping,) = of_type(decision, ReplicaStopping)
     assert (stopping.replica_id, stopping.surplus) == ("llama-3", True)
+    assert stopping.reason == (
+        "replacement for llama-1 no longer needed: its move was called off and llama-1 serves on"
+    )
     assert cluster.phase("llama-1") is ReplicaPhase.SERVING
     assert cluster.state.nodes[node].cordoned
     assert cluster.state.nodes[node].drain_id is None
