@@ -214,10 +214,13 @@ def segment(value: str, what: str) -> str:
     """``value`` as one path segment, quoted (ids are the operator's input); a
     ``UsageError`` naming ``what`` (``the model name``) when it cannot be one. Empty, it
     would leave ``//`` in the path, which names another resource once collapsed; with a
-    ``/``, it would be two segments once the server decodes it. No name or id of llmgw
-    holds either."""
+    ``/``, it would be two segments once the server decodes it; ``.`` or ``..``, the URL
+    would be read as the path it leads to (``history replica ..`` asked for
+    ``/admin/v1/history``). No name or id of llmgw is any of them."""
     if not value.strip():
         raise UsageError(f"{what} cannot be empty")
     if "/" in value:
         raise UsageError(f"{what} cannot hold a '/': {value!r}")
+    if value in (".", ".."):
+        raise UsageError(f"{what} cannot be {value!r}: a URL reads it as a step up its path")
     return quote(value, safe="")

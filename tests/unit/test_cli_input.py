@@ -120,6 +120,27 @@ def test_a_name_holding_a_slash_is_bad_usage(argv: tuple[str, ...], command: str
     )
 
 
+@pytest.mark.parametrize(
+    ("argv", "command", "what"),
+    [
+        (("history", "replica", ".."), "history replica", "the replica id"),
+        (("history", "model", "."), "history model", "the model name"),
+        (("autoscale", "..", "--off"), "autoscale", "the model name"),
+    ],
+)
+def test_a_dot_or_two_for_a_name_is_bad_usage(
+    argv: tuple[str, ...], command: str, what: str
+) -> None:
+    # Sent, `history replica ..` asked for /admin/v1/history: "no such path", exit 1.
+    name = next(word for word in argv[1:] if word.strip(".") == "")
+
+    assert run_cli(*argv) == (
+        2,
+        "",
+        f"llmgw-cli {command}: {what} cannot be {name!r}: a URL reads it as a step up its path\n",
+    )
+
+
 def test_a_spec_file_with_an_empty_name_is_refused_before_anything_is_sent(
     tmp_path: Path,
 ) -> None:
