@@ -78,6 +78,7 @@ class NodeChanges(TypedDict, total=False):
     remote_address: str
     last_change_at: datetime | None
     lost: bool
+    disconnect_reason: str | None
     cordoned: bool
     cordon_reason: str | None
     drain_id: str | None

@@ -295,6 +295,10 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
     remote_address: str = ""
     last_change_at: datetime | None = None
     lost: bool = False
+    disconnect_reason: str | None = None
+    """Why its last connection ended (``node_disconnected``), shortened to
+    ``app.domain.evolve.nodes.DISCONNECT_REASON_KEPT`` characters; None while connected
+    and before its first disconnection."""
     cordoned: bool = False
     cordon_reason: str | None = None
     drain_id: str | None = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from msgspec.structs import replace
 
-from app.domain.changes import GpuChanges
+from app.domain.changes import GpuChanges, NodeChanges
 from app.domain.envelope import Recorded
 from app.domain.events import (
     Event,
@@ -60,6 +60,7 @@ def _node_connected(state: ClusterState, event: NodeConnected, recorded: Recorde
         certificate_serial=event.certificate_serial,
         connected=True,
         lost=False,
+        disconnect_reason=None,
         last_change_at=at,
     )
 
@@ -92,9 +93,23 @@ def _identity(gpu: GpuInfo) -> tuple[str, int | None]:
     return (gpu.uuid, None) if gpu.uuid else ("", gpu.index)
 
 
+DISCONNECT_REASON_KEPT = 500
+"""The most characters of a disconnection's reason a node keeps, as many as a cordon's
+reason may hold (``app.domain.free_text.MAX_REASON_LENGTH``): the hub words the reason,
+but it may quote what a peer sent, and the state must stay small whatever that was. Its own
+number, not that constant, because the fold's fingerprint reads this module's source."""
+
+
 def _node_disconnected(state: ClusterState, event: NodeDisconnected, recorded: Recorded) -> None:
     at = recorded.recorded_at
-    update_node(state, event.node_id, {"connected": False, "last_change_at": at})
+    reason = _shortened(event.reason, DISCONNECT_REASON_KEPT)
+    changes: NodeChanges = {"connected": False, "disconnect_reason": reason, "last_change_at": at}
+    update_node(state, event.node_id, changes)
+
+
+def _shortened(text: str, most: int) -> str:
+    """``text``, or its first ``most - 1`` characters and "…" when it is longer than ``most``."""
+    return text if len(text) <= most else f"{text[: most - 1]}…"
 
 
 def _node_lost(state: ClusterState, event: NodeLost, recorded: Recorded) -> None:
