@@ -222,6 +222,8 @@ def print_node(node: NodeView, wide: bool = False) -> None:
         ("labels", labels_text(node.labels)),
         ("ports", "-".join(str(p) for p in node.port_range)),
     ]
+    if not connection.connected and connection.disconnect_reason:
+        facts.insert(2, ("disconnected", connection.disconnect_reason))
     if node.cordoned:
         facts.append(("cordoned", cordon_reason_text(node)))
     if node.drain is not None:

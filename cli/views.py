@@ -42,6 +42,8 @@ class ConnectionView(View, frozen=True, kw_only=True):
     remote_address: str = ""
     agent_version: str = ""
     since: datetime | None = None
+    disconnect_reason: str | None = None
+    """Why its last connection ended; none while connected (and from older servers)."""
 
 
 class GpuView(View, frozen=True, kw_only=True):

@@ -45,6 +45,8 @@ class ConnectionView(msgspec.Struct, frozen=True, kw_only=True):
     remote_address: str
     agent_version: str
     since: datetime | None
+    disconnect_reason: str | None
+    """Why its last connection ended, at most 500 characters; null while connected."""
 
 
 class GpuView(msgspec.Struct, frozen=True, kw_only=True):

@@ -68,6 +68,7 @@ def node_view(state: ClusterState, node_id: str) -> NodeView:
             remote_address=node.remote_address,
             agent_version=node.agent_version,
             since=node.last_change_at,
+            disconnect_reason=None if node.connected else node.disconnect_reason,
         ),
         labels=node.labels,
         port_range=list(node.port_range),

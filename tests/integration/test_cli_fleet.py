@@ -16,7 +16,10 @@ import pytest_asyncio
 from app.domain.events import (
     GpuMarkedUnhealthy,
     ModelUnplaceable,
+    NodeConnected,
+    NodeDisconnected,
     NodeDrainFinished,
+    NodeLost,
     ReplacementServing,
     ReplicaDrainStarted,
     ReplicaLost,
@@ -107,6 +110,36 @@ async def test_nodes_and_node_show_connection_gpus_health_and_the_replicas_there
     assert [r[:3] for r in rows(detail.stdout) if r[0] == replica] == [
         [replica, replica.rsplit("-", 1)[0], "serving"]
     ]
+
+
+async def test_node_says_why_a_node_away_lost_its_connection_until_it_reconnects(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    away, back = an_id("gpu"), an_id("gpu")
+    await seed_node(pg_store, away)
+    await seed_node(pg_store, back)
+    await record(
+        pg_store,
+        "hub",
+        NodeDisconnected(node_id=away, reason="no heartbeat for 30s"),
+        NodeLost(node_id=away, disconnected_for_s=300.0),
+        NodeDisconnected(node_id=back, reason="hello twice"),
+        NodeConnected(node_id=back, address="127.0.0.7"),
+    )
+
+    shown, detail, shown_back, detail_back = await asyncio.gather(
+        operator.run("node", away, "--output", "json"),
+        operator.run("node", away),
+        operator.run("node", back, "--output", "json"),
+        operator.run("node", back),
+    )
+
+    connection = shown.json()["connection"]
+    assert (connection["lost"], connection["disconnect_reason"]) == (True, "no heartbeat for 30s")
+    assert detail.code == 0, detail.stderr
+    assert "disconnected: no heartbeat for 30s" in detail.stdout
+    assert shown_back.json()["connection"]["disconnect_reason"] is None
+    assert "hello twice" not in detail_back.stdout
 
 
 async def test_cordon_and_uncordon_are_recorded_as_the_operator_and_say_when_nothing_changed(

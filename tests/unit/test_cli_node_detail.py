@@ -56,3 +56,51 @@ def test_a_draining_node_says_so_after_its_connection(capsys: pytest.CaptureFixt
         drain=NodeDrainView(drain_id="drain-4e1c"),
     )
     assert _state_line(capsys, node) == "connected since 2026-12-05 04:21:05 UTC, cordoned"
+
+
+def _facts(capsys: pytest.CaptureFixture[str], node: NodeView) -> dict[str, str]:
+    print_node(node)
+    lines = capsys.readouterr().out.splitlines()
+    pairs = (line.split(":", 1) for line in lines if ":" in line and not line.startswith(" "))
+    return {name.strip(): value.strip() for name, value in pairs}
+
+
+@pytest.mark.parametrize("lost", [False, True])
+def test_a_node_not_connected_says_why_its_connection_ended(
+    capsys: pytest.CaptureFixture[str], lost: bool
+) -> None:
+    node = NodeView(
+        id="gpu-07",
+        connection=ConnectionView(
+            connected=False,
+            lost=lost,
+            since=CONNECTED_AT,
+            disconnect_reason="certificate revoked",
+        ),
+    )
+    assert _facts(capsys, node)["disconnected"] == "certificate revoked"
+
+
+def test_a_connected_node_shows_no_reason_of_an_old_disconnection(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    node = NodeView(
+        id="gpu-07",
+        connection=ConnectionView(
+            connected=True, since=CONNECTED_AT, disconnect_reason="heartbeat timeout"
+        ),
+    )
+    assert "disconnected" not in _facts(capsys, node)
+
+
+def test_a_reason_holding_an_escape_sequence_is_shown_escaped(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    node = NodeView(
+        id="gpu-07",
+        connection=ConnectionView(connected=False, disconnect_reason="bad frame \x1b[2J"),
+    )
+    print_node(node)
+    out = capsys.readouterr().out
+    assert "\x1b" not in out
+    assert "bad frame" in out
