@@ -60,6 +60,7 @@ class ModelChanges(TypedDict, total=False):
     failures: int
     backoff_until: datetime | None
     ended: tuple[str, ...]
+    unreplaced_ends: tuple[str, ...]
     forgotten: dict[str, int]
     revision: int
     earlier_specs: dict[int, ModelSpec]

@@ -1,8 +1,9 @@
 """Rule 10 of ``reconcile.decide``: each model is brought to its desired count, placing
-the replicas it misses (the replacements of moved replicas first) or stopping the newest
-beyond it; and what that count is made of: the replicas that count towards it, the moves
-still waiting for a replacement, and the revision each replica placed towards it runs
-(``drain_room`` and ``overtaken`` judge by the same)."""
+the replicas it misses (the replacements of moved replicas first; any other names the
+replica that ended unasked whose place it takes) or stopping the newest beyond it; and
+what that count is made of: the replicas that count towards it, the moves still waiting
+for a replacement, and the revision each replica placed towards it runs (``drain_room``
+and ``overtaken`` judge by the same)."""
 
 from __future__ import annotations
 
@@ -159,7 +160,8 @@ def _place_at(
         reason = (
             f"replacement for {original.id} (drain {original.drain_id})"
             if original
-            else f"below desired count ({have + placed} of {model.desired})"
+            else _taking_over(state, state.models[model.name])
+            + f"below desired count ({have + placed} of {model.desired})"
         )
         if revision != model.revision:
             reason += f", at revision {revision}: the rollout's step runs revision "
@@ -179,6 +181,27 @@ def _place_at(
             correlation_id=original.drain_id if original else None,
         )
     return True
+
+
+_UNASKED_END_WORDS = {
+    ReplicaPhase.FAILED: "failed",
+    ReplicaPhase.TIMED_OUT: "timed out starting",
+    ReplicaPhase.LOST: "was lost",
+}
+
+
+def _taking_over(state: ClusterState, model: Model) -> str:
+    """What a placement below the desired count says of the replica whose place it takes:
+    the earliest that ended unasked and whose place no placement took yet (the fold gives
+    that place to the placement: ``Model.unreplaced_ends``), or nothing."""
+    if not model.unreplaced_ends:
+        return ""
+    ended = state.replicas.get(model.unreplaced_ends[0])
+    if ended is None:
+        return f"replaces {model.unreplaced_ends[0]}, "
+    how = _UNASKED_END_WORDS.get(ended.phase, ended.phase.value)
+    why = f" ({ended.end_reason})" if ended.end_reason else ""
+    return f"replaces {ended.id}, which {how}{why}, "
 
 
 def _replaced(state: ClusterState, replacement_id: str | None) -> bool:

@@ -42,6 +42,9 @@ ACTIVE_PHASES = frozenset(
 
 ENDED_PHASES = frozenset(ReplicaPhase) - ACTIVE_PHASES
 
+UNASKED_ENDS = frozenset({ReplicaPhase.FAILED, ReplicaPhase.TIMED_OUT, ReplicaPhase.LOST})
+"""Ends nobody asked for: the replica failed, timed out starting, or was lost."""
+
 NOT_SERVING_YET = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING})
 """Placed or starting: active, counting towards the desired count, serving nothing yet."""
 
@@ -241,6 +244,11 @@ class Model(msgspec.Struct, frozen=True, kw_only=True):
     ended: tuple[str, ...] = ()
     """Ids of its last ``ENDED_KEPT_PER_MODEL`` ended replicas, in the order they ended: the
     fold forgets the first when one more ends."""
+    unreplaced_ends: tuple[str, ...] = ()
+    """Ids of the replicas among ``ended`` that ended unasked (``UNASKED_ENDS``) while they
+    counted towards the desired count, in the order they ended, whose place no placement
+    has taken yet: each placement below the desired count (not a move's replacement) takes
+    the first one's place and names it in its reason (``desired_count``)."""
     forgotten: dict[str, int] = {}
     """Replicas of this model the fold forgot, by phase (``stopped``: 12), so counts of its
     replicas by phase still include them."""

@@ -1,7 +1,9 @@
 """The fold of a replica's life: placed, serving, drained, stopping, and ended (stopped,
 failed, timed out, lost). A failure or a startup timeout counts against the model's backoff
 (and its rollout's step); an end closes the moves that wait on the replica, and forgets the
-model's oldest ended replica once it keeps more than ``ENDED_KEPT_PER_MODEL``."""
+model's oldest ended replica once it keeps more than ``ENDED_KEPT_PER_MODEL``. An end nobody
+asked for leaves a place the next placement below the desired count takes
+(``Model.unreplaced_ends``)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ from app.domain.evolve.updates import Handler, update_model, update_replica
 from app.domain.state import (
     ENDED_KEPT_PER_MODEL,
     ENDED_PHASES,
+    NOT_SERVING_YET,
+    UNASKED_ENDS,
     ClusterState,
     Move,
     Replica,
@@ -67,11 +71,17 @@ def _replica_placed(state: ClusterState, event: ReplicaPlaced, recorded: Recorde
         move = moves.get(event.replaces) if event.replaces is not None else None
         if move is not None:
             moves = {**moves, move.replica_id: replace(move, replacement_id=event.replica_id)}
+        # A placement that is no move's replacement takes the place of the earliest replica
+        # that ended unasked (``desired_count`` names that one in its reason).
+        unreplaced = (
+            model.unreplaced_ends if event.replaces is not None else model.unreplaced_ends[1:]
+        )
         state.models[event.model] = replace(
             model,
             replicas_created=max(model.replicas_created, event.number),
             unplaceable_reason=None,
             moves=moves,
+            unreplaced_ends=unreplaced,
         )
 
 
@@ -198,6 +208,8 @@ def _end_replica(
         end_reason=reason if reason is not None else replica.end_reason,
     )
     _move_over(state, replica)
+    if phase in UNASKED_ENDS and replica.phase in _COUNTING:
+        _await_replacement(state, replica)
     _keep_ended(state, replica)
 
 
@@ -217,6 +229,23 @@ def _move_over(state: ClusterState, replica: Replica) -> None:
         state.models[model.name] = replace(model, moves=moves)
 
 
+_COUNTING = NOT_SERVING_YET | {ReplicaPhase.SERVING}
+"""Phases of a replica that counts towards its model's desired count: one that ends unasked
+in one of them leaves a place a placement takes (a draining or stopping one left none)."""
+
+
+def _await_replacement(state: ClusterState, replica: Replica) -> None:
+    """Keep ``replica``'s place for the next placement below the desired count; unless it
+    was a move's replacement and the move goes on: its next replacement takes the place."""
+    model = state.models.get(replica.model)
+    if model is None or replica.id in model.unreplaced_ends:
+        return
+    if replica.replaces is not None and replica.replaces in model.moves:
+        return
+    unreplaced = (*model.unreplaced_ends, replica.id)
+    state.models[model.name] = replace(model, unreplaced_ends=unreplaced)
+
+
 def _keep_ended(state: ClusterState, replica: Replica) -> None:
     """Add ``replica`` to its model's ended replicas (last, even if it ended before), and
     forget the first of them once there are more than ``ENDED_KEPT_PER_MODEL``: one tuple of
@@ -227,6 +256,7 @@ def _keep_ended(state: ClusterState, replica: Replica) -> None:
         return
     ended = (*(i for i in model.ended if i != replica.id), replica.id)
     forgotten = model.forgotten
+    unreplaced = model.unreplaced_ends
     while len(ended) > ENDED_KEPT_PER_MODEL:
         oldest = state.replicas.get(ended[0])
         ended = ended[1:]
@@ -234,11 +264,14 @@ def _keep_ended(state: ClusterState, replica: Replica) -> None:
         # back (the fold does not refuse that), and then it ends again later.
         if oldest is not None and oldest.model == model.name and oldest.phase in ENDED_PHASES:
             del state.replicas[oldest.id]
+            unreplaced = tuple(i for i in unreplaced if i != oldest.id)
             phase = oldest.phase.value
             forgotten = {**forgotten, phase: forgotten.get(phase, 0) + 1}
             if state.forgotten is not None:
                 state.forgotten.append(oldest)
-    state.models[model.name] = replace(model, ended=ended, forgotten=forgotten)
+    state.models[model.name] = replace(
+        model, ended=ended, forgotten=forgotten, unreplaced_ends=unreplaced
+    )
 
 
 def _model_of(state: ClusterState, replica_id: str, changes: ModelChanges) -> None:
