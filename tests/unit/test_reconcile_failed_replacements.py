@@ -120,3 +120,17 @@ def test_a_drain_replacement_that_fails_is_replaced_by_the_drain_and_named_by_no
         "llama-5": "replaces llama-2, which was lost (node gpu-9 lost), "
         "below desired count (1 of 2)"
     }
+
+
+def test_a_failure_whose_place_a_scale_down_closed_is_not_named_by_a_later_scale_up() -> None:
+    cluster = with_two_nodes_and_a_model(replicas=2)
+    cluster.reconcile()
+    cluster.serve("llama-1")
+    cluster.serve("llama-2")
+    cluster.given(ReplicaFailed(replica_id="llama-2", reason="engine exited with code 1"))
+    cluster.given(ModelScaled(model="llama", replicas=1, previous=2))
+    cluster.after(11)
+    assert placed_reasons(cluster.reconcile()) == {}
+    cluster.given(ModelScaled(model="llama", replicas=2, previous=1))
+
+    assert placed_reasons(cluster.reconcile()) == {"llama-3": "below desired count (1 of 2)"}

@@ -1,5 +1,6 @@
 """The fold of models: declared (a new revision keeps the specs its active replicas still
-run), scaled, removed, tuned and found unplaceable."""
+run), scaled (down: the places of replicas that ended unasked are no longer kept open),
+removed, tuned and found unplaceable."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def _model_declared(state: ClusterState, event: ModelDeclared, recorded: Recorde
         state.models[event.model] = replace(
             known,
             spec=event.spec,
+            unreplaced_ends=_still_open(known, event.spec.replicas),
             revision=event.revision,
             earlier_specs=earlier_specs(state, known, event.revision),
             latest_revision=max(event.revision, known.latest_revision),
@@ -81,7 +83,15 @@ def _model_scaled(state: ClusterState, event: ModelScaled, recorded: Recorded) -
     model = state.models.get(event.model)
     if model is not None:
         spec = replace(model.spec, replicas=event.replicas)
-        state.models[event.model] = replace(model, spec=spec)
+        unreplaced = _still_open(model, event.replicas)
+        state.models[event.model] = replace(model, spec=spec, unreplaced_ends=unreplaced)
+
+
+def _still_open(model: Model, replicas: int) -> tuple[str, ...]:
+    """The places of replicas that ended unasked still to be taken once ``model`` is to
+    have ``replicas``: none after a scale-down, which may have closed them (which ones, the
+    fold cannot tell), so no later placement names a replica whose place went with it."""
+    return model.unreplaced_ends if replicas >= model.spec.replicas else ()
 
 
 def _model_removed(state: ClusterState, event: ModelRemoved, recorded: Recorded) -> None:
