@@ -255,7 +255,7 @@ def _check_own_certificate(
         expired = f"{certificate.not_valid_after_utc:%Y-%m-%d %H:%M}"
         raise TlsConfigurationError(
             f"the certificate {cert_path} expired at {expired} UTC: issue a new one "
-            "(`llmgw-cli cert`)"
+            f"({_reissue(certificate)}, where the llmgw CA is kept)"
         )
     if certificate.not_valid_before_utc > now + CLOCK_SKEW:
         raise TlsConfigurationError(
@@ -269,6 +269,16 @@ def _check_own_certificate(
             f"the certificate {cert_path} is a {kind_of(certificate).value} certificate, "
             f"not one for a TLS {wanted}: give the one {_ISSUED_FOR[wanted]} issued"
         )
+
+
+def _reissue(certificate: x509.Certificate) -> str:
+    """The command that issues a certificate like ``certificate`` again."""
+    kind = kind_of(certificate)
+    if kind in (CertificateKind.NODE, CertificateKind.OPERATOR):
+        return f"`llmgw-cli cert {kind.value} {common_name(certificate)}`"
+    if kind is CertificateKind.SERVER:
+        return "`llmgw-cli cert server`"
+    return "`llmgw-cli cert`"
 
 
 def _certificates(path: PathLike) -> list[x509.Certificate]:

@@ -710,18 +710,20 @@ async def test_the_agent_gives_up_when_the_control_plane_refuses_its_certificate
     assert control_plane.seen == []
 
 
-async def test_an_agent_whose_certificate_expired_says_so_when_it_gives_up(
+async def test_an_agent_whose_certificate_expired_says_so_at_start(
     control_plane: ControlPlane, processes: Processes, tmp_path: Path
 ) -> None:
-    """The control plane's TLS hangs up without saying why; the agent reads its own
-    certificate's dates and names the one that explains it."""
+    """Every control plane would hang up on it without saying why: the agent reads its own
+    certificate's dates before it dials, names the end that explains it and the command
+    that issues another, and dials nobody. (One that ends while the agent runs is named
+    when it gives up: ``test_agent_refusal_advice.py``.)"""
     agent = processes.agent(control_plane, tmp_path / "state", certificate="node-expired")
 
     await wait_until(agent.exited, within_s=15, what="the agent exits")
 
-    assert agent.process.returncode == 1
-    assert "this node's certificate expired on 2026-01-02 03:04:05 UTC" in agent.log()
-    assert f"llmgw-cli cert node {NODE_ID}`" in agent.log()
+    assert agent.process.returncode == 2
+    assert f"expired at {EXPIRED_AT:%Y-%m-%d %H:%M} UTC" in agent.log()
+    assert f"`llmgw-cli cert node {NODE_ID}`" in agent.log()
     assert control_plane.seen == []
 
 

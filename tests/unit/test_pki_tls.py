@@ -219,7 +219,8 @@ def test_a_server_certificate_that_expired_is_refused_before_any_handshake(
         server_ssl_context(tmp_path / "server.crt", tmp_path / "server.key", tmp_path / "ca.crt")
     assert str(refused.value) == (
         f"the certificate {tmp_path / 'server.crt'} expired at "
-        f"{expired.not_valid_after_utc:%Y-%m-%d %H:%M} UTC: issue a new one (`llmgw-cli cert`)"
+        f"{expired.not_valid_after_utc:%Y-%m-%d %H:%M} UTC: issue a new one "
+        "(`llmgw-cli cert server`, where the llmgw CA is kept)"
     )
 
 
