@@ -261,7 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
         "metrics of vLLM, SGLang\nor llama.cpp's server (docs/simulator.md).\n\n"
         f"Every flag can also be set as {ENV_PREFIX}<FLAG> in the environment "
         f"({ENV_PREFIX}MAX_NUM_SEQS=4,\n{ENV_PREFIX}INSTANT=true); the command line wins.",
-        epilog=f"Example: {PROGRAM} --port 8001 --model llama-sim --profile sglang",
+        epilog="Exit codes: 1 it cannot listen (the port in use, a host not this machine's);\n"
+        "2 bad usage; 3 a fault it was told to show (--exit-after, --crash-after-requests).\n"
+        "Stopped by SIGTERM or SIGINT, it ends by that signal.\n\n"
+        f"Example: {PROGRAM} --port 8001 --model llama-sim --profile sglang",
     )
     options = parser.add_argument_group("Options")
     options.add_argument("-h", "--help", action="help", help="Display this message and exit.")

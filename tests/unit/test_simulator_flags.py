@@ -255,6 +255,14 @@ def test_the_help_is_laid_out_as_the_other_programs_and_names_each_variable() ->
     assert "--port INT TCP port to listen on. [env var: LLMGW_SIM_PORT] [default: 8000]" in words
 
 
+def test_the_help_lists_the_exit_codes_a_supervisor_acts_on() -> None:
+    words = " ".join(build_parser().format_help().split())
+
+    assert "Exit codes: 1 it cannot listen" in words
+    assert "2 bad usage; 3 a fault it was told to show" in words
+    assert "Stopped by SIGTERM or SIGINT, it ends by that signal." in words
+
+
 def test_a_flag_far_longer_than_any_name_is_told_unknown_without_a_letter_by_letter_look() -> None:
     # A spec's engine argument of up to 128 KiB reaches the simulator's command line: the
     # guess at the name it meant compared it with every name letter by letter, over ten
