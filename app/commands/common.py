@@ -109,12 +109,30 @@ async def warn_if_gateway_appends(database_url: str) -> None:
         )
 
 
+CONNECTION_REFUSED = (
+    asyncpg.InvalidAuthorizationSpecificationError,
+    asyncpg.InvalidCatalogNameError,
+    asyncpg.InsufficientPrivilegeError,
+)
+"""What PostgreSQL answers a connection whose user, password or database is wrong, or whose
+role may not connect to that database."""
+
+
 async def database_role_allowed(database_url: str, *, allow_privileged: bool, command: str) -> bool:
     """False, after saying why on stderr as ``command`` (``llmgw-server serve``), when the
-    database role could rewrite the event log and that was not allowed explicitly. Raises
-    ``StoreUnavailable`` when the database cannot be asked."""
+    database role could rewrite the event log and that was not allowed explicitly, or when
+    the database refused the connection for its user, password or database name, which
+    asking again does not change. Raises ``StoreUnavailable`` when the database cannot be
+    asked (it is away, starting or silent)."""
     try:
         role, reason = await privileged_role(database_url)
+    except CONNECTION_REFUSED as exc:
+        print_command_error(
+            command,
+            "the database refused the connection of --database-url (LLMGW_DATABASE_URL): "
+            f"{exc}; check its user, password and database name",
+        )
+        return False
     except TimeoutError as exc:
         # Its message is empty: a database that took the connection and never answered.
         raise StoreUnavailable(

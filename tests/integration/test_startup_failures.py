@@ -168,3 +168,37 @@ async def test_a_gateway_whose_port_is_taken_says_so_on_stderr(
         f"{LOOPBACK}:{taken_port}: {IN_USE}"
     ]
     assert refused.returncode == 1, refused.stderr
+
+
+@pytest.mark.parametrize("program", ["serve", "gateway"])
+async def test_a_database_that_does_not_exist_is_refused_at_once_not_asked_again(
+    database_url: str, pki: Pki, program: str
+) -> None:
+    """A name, user or password PostgreSQL refuses is a mistake in the URL: a gateway took
+    it for a database away, listened, served nothing and asked again every 5 s for ever;
+    serve called it unreachable."""
+    missing = make_url(database_url).set(database=f"llmgw_missing_{uuid.uuid4().hex[:8]}")
+    url = missing.render_as_string(hide_password=False)
+    if program == "serve":
+        refused = await asyncio.to_thread(serve, url, pki)
+    else:
+        refused = await asyncio.to_thread(
+            subprocess.run,
+            [
+                installed("llmgw-server"),
+                *("gateway", "--database-url", url),
+                *("--port", str(free_port()), "--metrics-port", str(free_port())),
+            ],
+            capture_output=True,
+            text=True,
+            env=clean_environment(LLMGW_LOG_FORMAT="json"),
+            timeout=GIVEN_UP_WITHIN_S,
+            check=False,
+        )
+
+    assert said(refused, f"llmgw-server {program}") == [
+        f"llmgw-server {program}: the database refused the connection of --database-url "
+        f'(LLMGW_DATABASE_URL): database "{missing.database}" does not exist; check its user, '
+        "password and database name"
+    ]
+    assert refused.returncode == 1, refused.stderr
