@@ -113,7 +113,7 @@ def test_a_mistyped_dev_command_line_is_one_line_and_exit_2(
         (
             cli.main.app,
             ["history"],
-            "llmgw-cli history: a command is required: replica, node, model, key; see "
+            "llmgw-cli history: a command is required: replica, node, model, key, certificate; see "
             "llmgw-cli history --help",
         ),
         (
