@@ -7,7 +7,6 @@ there."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -15,18 +14,15 @@ import asyncpg
 import httpx
 import pytest
 import pytest_asyncio
-import uvicorn
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.admin.app import create_admin_app
-from app.admin.auth import TokenAuthenticator
 from app.admin.health import Readiness
 from app.store import migrate
 from app.store.database import create_engine
 from app.store.postgres import PostgresEventStore
+from tests.support.admin_server import serving_admin
 from tests.support.ports import free_port
 from tests.support.postgres import PostgresServer, unique_database_name
-from tests.support.waiting import wait_until
 
 LOOPBACK = "127.0.0.1"
 
@@ -53,20 +49,11 @@ class ManualClock:
 async def probing(readiness: Readiness) -> AsyncIterator[httpx.AsyncClient]:
     """A client without a token, of the admin API served with ``readiness``."""
     store = PostgresEventStore(readiness.engine)
-    app = create_admin_app(store, TokenAuthenticator({}), readiness)
-    listener = socket.socket()
-    listener.bind((LOOPBACK, 0))
-    port = listener.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    serving = asyncio.create_task(server.serve(sockets=[listener]))
-    try:
-        await wait_until(lambda: server.started, within_s=10, what="admin API listening")
-        async with httpx.AsyncClient(base_url=f"http://{LOOPBACK}:{port}") as client:
-            yield client
-    finally:
-        server.should_exit = True
-        await serving
-        listener.close()
+    async with (
+        serving_admin(store, readiness=readiness) as url,
+        httpx.AsyncClient(base_url=url) as client,
+    ):
+        yield client
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -4,21 +4,16 @@ the app served by uvicorn on a loopback socket, without a token. Every page unde
 
 from __future__ import annotations
 
-import asyncio
 import re
-import socket
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest_asyncio
-import uvicorn
 import yaml
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from app.admin.app import create_admin_app
-from app.admin.auth import TokenAuthenticator
 from app.store.postgres import PostgresEventStore
-from tests.support.waiting import wait_until
+from tests.support.admin_server import serving_admin
 
 LOOPBACK = "127.0.0.1"
 ABSOLUTE_URL = re.compile(r"(?:https?:)?//([^/\s\"'<>]+)")
@@ -28,20 +23,13 @@ ABSOLUTE_URL = re.compile(r"(?:https?:)?//([^/\s\"'<>]+)")
 async def admin() -> AsyncIterator[httpx.AsyncClient]:
     """A client without a token; the schema reaches no database, so none is there."""
     engine = create_async_engine(f"postgresql+asyncpg://nobody@{LOOPBACK}:9/none")
-    app = create_admin_app(PostgresEventStore(engine), TokenAuthenticator({}))
-    listener = socket.socket()
-    listener.bind((LOOPBACK, 0))
-    port = listener.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    serving = asyncio.create_task(server.serve(sockets=[listener]))
     try:
-        await wait_until(lambda: server.started, within_s=10, what="admin API listening")
-        async with httpx.AsyncClient(base_url=f"http://{LOOPBACK}:{port}") as client:
+        async with (
+            serving_admin(PostgresEventStore(engine)) as url,
+            httpx.AsyncClient(base_url=url) as client,
+        ):
             yield client
     finally:
-        server.should_exit = True
-        await serving
-        listener.close()
         await engine.dispose()
 
 

@@ -24,6 +24,7 @@ from litestar.types import ASGIApp
 from app.admin.app import create_admin_app
 from app.admin.auth import TokenAuthenticator
 from app.admin.events import end_event_streams
+from app.admin.health import Readiness
 from app.admin.metrics import LiveSource
 from app.admin.tls import DEFAULT_ADMIN_MAX_CONNECTIONS, admin_protocol, admin_ssl_context
 from app.domain.envelope import Meta
@@ -115,13 +116,15 @@ async def serving_admin(
     limits: ListenerLimits | None = None,
     auth_failures: FailureLimits | None = None,
     wrap: Callable[[ASGIApp], ASGIApp] | None = None,
+    readiness: Readiness | None = None,
 ) -> AsyncIterator[str]:
     """The admin API over ``store`` until the block ends, on ``port`` or a free one; yields
     its base URL. ``tokens`` maps each token to the operator it names; ``limits`` are the
     listener's and ``auth_failures`` the budget of wrong tokens per address, as ``serve``
-    sets them by default."""
+    sets them by default; ``readiness`` what ``/readyz`` checks (by default the store's
+    database)."""
     authenticator = TokenAuthenticator(tokens or {}, FailureBudget(auth_failures))
-    app = create_admin_app(store, authenticator, live=live)
+    app = create_admin_app(store, authenticator, readiness, live=live)
     listener = socket.socket()
     # A test that serves again on the same port must not wait out the old one's TIME_WAIT.
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
