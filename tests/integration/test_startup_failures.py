@@ -77,6 +77,21 @@ async def events_in(database_url: str) -> int:
         await connection.close()
 
 
+def gateway(database_url: str, *, port: int | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            installed("llmgw-server"),
+            *("gateway", "--database-url", database_url),
+            *("--port", str(port or free_port()), "--metrics-port", str(free_port())),
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_environment(LLMGW_LOG_FORMAT="json"),
+        timeout=GIVEN_UP_WITHIN_S,
+        check=False,
+    )
+
+
 def said(finished: subprocess.CompletedProcess[str], program: str) -> list[str]:
     """What ``program`` said itself on stderr: the lines that are not JSON log lines."""
     assert "Traceback" not in finished.stderr, finished.stderr
@@ -149,19 +164,7 @@ async def test_serve_on_a_database_that_never_answers_gives_up_saying_so(
 async def test_a_gateway_whose_port_is_taken_says_so_on_stderr(
     database_url: str, taken_port: int
 ) -> None:
-    refused = await asyncio.to_thread(
-        subprocess.run,
-        [
-            installed("llmgw-server"),
-            *("gateway", "--database-url", runtime_url(database_url)),
-            *("--port", str(taken_port), "--metrics-port", str(free_port())),
-        ],
-        capture_output=True,
-        text=True,
-        env=clean_environment(LLMGW_LOG_FORMAT="json"),
-        timeout=GIVEN_UP_WITHIN_S,
-        check=False,
-    )
+    refused = await asyncio.to_thread(gateway, runtime_url(database_url), port=taken_port)
 
     assert said(refused, "llmgw-server gateway") == [
         f"llmgw-server gateway: cannot serve: the gateway cannot listen on "
@@ -182,19 +185,7 @@ async def test_a_database_that_does_not_exist_is_refused_at_once_not_asked_again
     if program == "serve":
         refused = await asyncio.to_thread(serve, url, pki)
     else:
-        refused = await asyncio.to_thread(
-            subprocess.run,
-            [
-                installed("llmgw-server"),
-                *("gateway", "--database-url", url),
-                *("--port", str(free_port()), "--metrics-port", str(free_port())),
-            ],
-            capture_output=True,
-            text=True,
-            env=clean_environment(LLMGW_LOG_FORMAT="json"),
-            timeout=GIVEN_UP_WITHIN_S,
-            check=False,
-        )
+        refused = await asyncio.to_thread(gateway, url)
 
     assert said(refused, f"llmgw-server {program}") == [
         f"llmgw-server {program}: the database refused the connection of --database-url "
