@@ -14,7 +14,6 @@ from app.domain.events import (
     ModelUnplaceable,
     NodeDrainRequested,
     ReplicaDrainStarted,
-    ReplicaFailed,
     ReplicaPlaced,
     ShardPlacement,
 )
@@ -243,16 +242,7 @@ def one_gpu_elsewhere_that_a_failed_replica_s_engine_still_fills() -> Cluster:
     reports running (on its way out): the reconciler places nothing on that GPU."""
     cluster = two_replicas_on_gpu_1_and_one_free_gpu_elsewhere(spare_gpus=2)
     cluster.model("qwen", replicas=0)
-    cluster.given(
-        ReplicaPlaced(
-            replica_id="qwen-1",
-            model="qwen",
-            number=1,
-            shards=(ShardPlacement(index=0, node_id="gpu-2", gpus=(0,), port=20000),),
-        ),
-        ReplicaFailed(replica_id="qwen-1", reason="engine exited"),
-    )
-    cluster.running("gpu-2", "qwen-1", 20000)
+    cluster.failed_still_running("gpu-2", "qwen-1", "qwen")
     return cluster
 
 

@@ -4,7 +4,7 @@ reconciler holds: a GPU an ended replica's engine still runs on is not free ther
 from __future__ import annotations
 
 from app.admin.metrics import placement_families
-from app.domain.events import ModelUnplaceable, ReplicaFailed, ReplicaPlaced, ShardPlacement
+from app.domain.events import ModelUnplaceable
 from app.domain.placement import Rejection
 from tests.unit.test_reconcile import Cluster, of_type
 
@@ -22,16 +22,7 @@ def test_a_gpu_an_engine_still_runs_on_is_counted_as_the_reconciler_counts_it() 
     cluster = Cluster()
     cluster.node("gpu-1", n_gpus=1)
     cluster.model("qwen", replicas=0)
-    cluster.given(
-        ReplicaPlaced(
-            replica_id="qwen-1",
-            model="qwen",
-            number=1,
-            shards=(ShardPlacement(index=0, node_id="gpu-1", gpus=(0,), port=20000),),
-        ),
-        ReplicaFailed(replica_id="qwen-1", reason="engine exited"),
-    )
-    cluster.running("gpu-1", "qwen-1", 20000)
+    cluster.failed_still_running("gpu-1", "qwen-1", "qwen")
     cluster.model("llama", replicas=1)
     cluster.after(31)
 

@@ -155,6 +155,20 @@ class Cluster:
         )
         self.reports[node_id] = NodeReport(node_id=node_id, shards=shards)
 
+    def failed_still_running(self, node_id: str, replica_id: str, model: str) -> None:
+        """The log placed ``replica_id`` on ``node_id``'s GPU 0 at port 20000 and ended it
+        failed, and the node still reports its engine running (on its way out)."""
+        self.given(
+            ReplicaPlaced(
+                replica_id=replica_id,
+                model=model,
+                number=1,
+                shards=(ShardPlacement(index=0, node_id=node_id, gpus=(0,), port=20000),),
+            ),
+            ReplicaFailed(replica_id=replica_id, reason="engine exited"),
+        )
+        self.running(node_id, replica_id, 20000)
+
     def gone(self, node_id: str) -> None:
         self.reports.pop(node_id, None)
 
