@@ -28,9 +28,10 @@ future and no wake-up per request.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
+
+import structlog
 
 from app.listeners.http11 import (
     CONTINUE,
@@ -56,7 +57,7 @@ ON_DISCONNECT = "llmgw.on_disconnect"
 """The scope's extension (``scope["extensions"]``) that calls back when the client leaves
 mid-request: ``ClientGone.on_disconnect``."""
 
-logger = logging.getLogger(__name__)
+log = structlog.get_logger(__name__)
 
 
 class Wire(Protocol):
@@ -200,7 +201,7 @@ class Exchange:
         except BaseException as exc:
             self._gone.over()
             if not isinstance(exc, asyncio.CancelledError):
-                logger.error("Exception in ASGI application", exc_info=exc)
+                log.error("asgi_app_failed", exc_info=exc)
             if self.disconnected or self.complete:
                 pass
             elif isinstance(exc, asyncio.CancelledError):
@@ -216,10 +217,10 @@ class Exchange:
         else:
             self._gone.over()
             if not self.started and not self.disconnected:
-                logger.error("The ASGI application returned without starting its answer.")
+                log.error("asgi_app_answered_nothing")
                 self._server_error()
             elif not self.complete and not self.disconnected:
-                logger.error("The ASGI application returned without completing its answer.")
+                log.error("asgi_app_answer_unfinished")
                 self.wire.transport.close()
 
     def _server_error(self) -> None:
