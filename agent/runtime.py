@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
@@ -439,13 +440,19 @@ class AgentRuntime:
         command_id = self._causes.get(key)
         if change.state is not ShardState.STARTING:
             self._causes.pop(key, None)
-        log.info(
+        # A failed engine is something refused or degraded and handled (app/logs.py):
+        # the control plane replaces it, but an operator filtering on warnings sees why.
+        log.log(
+            logging.WARNING if change.state is ShardState.FAILED else logging.INFO,
             "shard_changed",
             replica_id=change.replica_id,
             shard_index=change.shard_index,
+            model=change.model,
             state=change.state.value,
             pid=change.pid,
             error=change.error,
+            exit_code=change.exit_code,
+            reason=change.reason,
             command_id=command_id,
         )
         status = shard_status(change, command_id)

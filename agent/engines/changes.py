@@ -28,6 +28,8 @@ class ShardChange(msgspec.Struct, frozen=True, kw_only=True):
     replica_id: str
     shard_index: int
     state: ShardState
+    model: str | None = None
+    """The model the shard serves, where the agent has its record (for its log line)."""
     pid: int | None = None
     port: int | None = None
     error: str | None = None
@@ -55,6 +57,7 @@ def change_of(
         replica_id=record.replica_id,
         shard_index=record.shard_index,
         state=record.state,
+        model=record.model,
         pid=record.pid,
         port=record.port,
         error=error,

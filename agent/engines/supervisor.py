@@ -525,6 +525,7 @@ class EngineSupervisor:
                 replica_id=spec.replica_id,
                 shard_index=spec.shard_index,
                 state=ShardState.FAILED,
+                model=spec.model,
                 port=spec.port,
                 error=error,
                 log_tail=self._tail(spec.key),
