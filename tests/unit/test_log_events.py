@@ -7,6 +7,7 @@ one (``log.bind(...)``, ``log.new(...)``) anywhere in the module."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,11 @@ def structlog_loggers(tree: ast.Module) -> set[str]:
     return names
 
 
+@functools.cache
+def module_loggers(path: Path) -> frozenset[str]:
+    return frozenset(structlog_loggers(ast.parse(path.read_text(), str(path))))
+
+
 def imported_loggers(tree: ast.Module) -> set[str]:
     """Names imported from a module of the packages that binds them to a logger
     (``from app.gateway.exchange_steps import log``)."""
@@ -46,7 +52,7 @@ def imported_loggers(tree: ast.Module) -> set[str]:
         source = ROOT.joinpath(*node.module.split(".")).with_suffix(".py")
         if node.module.split(".")[0] not in PACKAGES or not source.is_file():
             continue
-        theirs = structlog_loggers(ast.parse(source.read_text(), str(source)))
+        theirs = module_loggers(source)
         names |= {alias.asname or alias.name for alias in node.names if alias.name in theirs}
     return names
 
@@ -75,6 +81,14 @@ def bound_loggers(tree: ast.Module, loggers: set[str]) -> set[str]:
 
 def log_calls(path: Path) -> Iterator[tuple[int, ast.expr | None]]:
     """(line, the event argument) of every call of a level method on a module's logger."""
+    for line, _, event in leveled_log_calls(path):
+        yield line, event
+
+
+def leveled_log_calls(path: Path) -> Iterator[tuple[int, str | None, ast.expr | None]]:
+    """(line, level, the event argument) of every call of a level method on a module's
+    logger: ``exception`` is an error, and ``log(level, ...)`` has the level only where it
+    is a constant such as ``logging.WARNING`` (None where it is worked out)."""
     tree = ast.parse(path.read_text(), str(path))
     loggers = bound_loggers(tree, structlog_loggers(tree) | imported_loggers(tree))
     for node in ast.walk(tree):
@@ -86,8 +100,15 @@ def log_calls(path: Path) -> Iterator[tuple[int, ast.expr | None]]:
             and node.func.value.id in loggers
         ):
             continue
-        arguments = node.args[1:] if node.func.attr == "log" else node.args
-        yield node.lineno, arguments[0] if arguments else None
+        level: str | None = node.func.attr
+        arguments = node.args
+        if level == "log":
+            given = ast.unparse(node.args[0]) if node.args else ""
+            level = given.removeprefix("logging.").lower() if given.startswith("logging.") else None
+            arguments = node.args[1:]
+        elif level == "exception":
+            level = "error"
+        yield node.lineno, level, arguments[0] if arguments else None
 
 
 def offences() -> Iterator[str]:
