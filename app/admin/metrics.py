@@ -143,18 +143,24 @@ class EventCounts:
                 self.position = max(self.position, row["last"])
 
 
+FoldSource = Callable[[], ClusterState]
+"""The store's fold now."""
+EventCountSource = Callable[[], Mapping[str, int]]
+"""Events in the log by type, as last counted."""
+
+
 class ClusterCollector(Collector):
     """Yields the families from the current fold, event counts and live figures."""
 
     def __init__(
         self,
-        store: PostgresEventStore,
-        counts: EventCounts,
+        state: FoldSource,
+        counts: EventCountSource,
         live: LiveSource,
         running: RunningSource = nothing_running,
         certificates: Sequence[CertificateEnd] = (),
     ) -> None:
-        self._store = store
+        self._state = state
         self._counts = counts
         self._live = live
         self._running = running
@@ -162,8 +168,8 @@ class ClusterCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from live_families(self._live())
-        yield event_family(self._counts)
-        yield from fold_families(self._store.state, self._running())
+        yield event_family(self._counts())
+        yield from fold_families(self._state(), self._running())
         yield certificate_family(self._certificates)
 
 
@@ -189,8 +195,13 @@ class ClusterMetrics:
         self._gateway = gateway
         self._counts = EventCounts(store)
         self.registry = CollectorRegistry(auto_describe=False)
+        counts = self._counts
         collector = ClusterCollector(
-            store, self._counts, live or (lambda: None), running, certificates
+            lambda: store.state,
+            lambda: counts.by_type,
+            live or (lambda: None),
+            running,
+            certificates,
         )
         self.registry.register(collector)
 
@@ -286,11 +297,11 @@ def live_families(figures: LiveFigures | None) -> Iterator[Metric]:
     yield gateways
 
 
-def event_family(counts: EventCounts) -> Metric:
+def event_family(by_type: Mapping[str, int]) -> Metric:
     family = CounterMetricFamily(
         "llmgw_events", "Events appended to the log, by type", labels=["type"]
     )
-    for event_type, n in sorted(counts.by_type.items()):
+    for event_type, n in sorted(by_type.items()):
         family.add_metric([event_type], n)
     return family
 

@@ -27,14 +27,24 @@ from app.gateway.request_metrics import RequestCollector, RequestCounts, Request
 
 DURATION_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+    600.0, 1800.0, 3600.0,
 )  # fmt: skip
 FIRST_BYTE_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
 )  # fmt: skip
-QUEUE_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+QUEUE_BUCKETS = (
+    0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+)  # fmt: skip
 ADDED_BUCKETS = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0,
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
 )  # fmt: skip
+"""Each reaches an hour: a request held while its model starts from zero waits up to its
+cold-start timeout (at most an hour, ``MAX_COLD_START_S``), and that wait counts in all four
+(queue, the gateway's share, first byte, duration). Past the last bound a figure is only
+known to be longer, so the bounds go that far; no two are more than 5 times apart."""
 
 CLIENT_GONE = 499
 """Status recorded for a request whose client disconnected before its answer ended."""
@@ -80,7 +90,7 @@ class _ReplicaCollector(Collector):
         )
         waiting = _gauge("replica_waiting", "The engine's waiting requests.", labels)
         running = _gauge("replica_running", "The engine's running requests.", labels)
-        kv_usage = _gauge("replica_kv_usage", "The engine's KV-cache usage, 0 to 1.", labels)
+        kv_usage = _gauge("replica_kv_usage_ratio", "The engine's KV-cache usage, 0 to 1.", labels)
         age = _gauge("replica_signals_age_seconds", "Age of the last good scrape.", labels)
         stale = _gauge(
             "stale_replicas",
