@@ -44,7 +44,7 @@ import structlog
 from app.clock import utc_now
 from app.domain import agent_reports
 from app.domain.envelope import Meta
-from app.domain.events import event_type
+from app.domain.events import ShardFailed, event_type
 from app.domain.gpu_flaps import FlapGuard, FlapPolicy
 from app.domain.reports import (
     AgentConnected,
@@ -64,6 +64,7 @@ from app.domain.reports import (
     observe,
     reporting_node,
 )
+from app.domain.state import ClusterState
 from app.store.errors import ConcurrencyError, FencedError
 from app.store.interface import AppendRequest, EventStore, NewEvent
 from wire.turns import Turns
@@ -249,6 +250,7 @@ class ReportRecorder:
                 await self._store.catch_up()
                 continue
             log.info("fleet_events_recorded", actor=actor, events=_types(decision))
+            _warn_of_failures(decision, self._store.state)
             return
 
     def _meta(self, report: AgentReport, actor: str) -> Meta:
@@ -330,6 +332,23 @@ class ReportRecorder:
             for gpu in inventory.gpus
         )
         return msgspec.structs.replace(inventory, gpus=gpus)
+
+
+def _warn_of_failures(decision: agent_reports.Decision, state: ClusterState) -> None:
+    """A failed engine is a warning here as on its agent, naming the replica, its model and
+    why (``fleet_events_recorded`` only counts the events); the hub's connection handler
+    has bound the node."""
+    for _, event in decision:
+        if isinstance(event, ShardFailed):
+            replica = state.replicas.get(event.replica_id)
+            log.warning(
+                "replica_shard_failed",
+                replica_id=event.replica_id,
+                shard_index=event.shard_index,
+                model=replica.model if replica is not None else None,
+                error=event.error,
+                exit_code=event.exit_code,
+            )
 
 
 def _types(decision: agent_reports.Decision) -> list[str]:

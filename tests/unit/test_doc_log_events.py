@@ -51,7 +51,7 @@ def quoted_events() -> Iterator[tuple[str, str]]:
         yield "agent.md", name
     watched = WATCHED_LINES.search((DOCS / "operations.md").read_text())
     assert watched is not None, "docs/operations.md no longer lists the log lines to watch"
-    for name in re.findall(rf"`({SNAKE})`", watched[1]):
+    for name in re.findall(rf"`({SNAKE})`", PARENTHESES.sub("", watched[1])):
         yield "operations.md", name
 
 
