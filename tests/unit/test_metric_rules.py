@@ -242,6 +242,44 @@ def test_the_docs_list_every_family_with_its_labels() -> None:
     assert documented() == published()
 
 
+NOT_METRICS = {
+    "llmgw_append": "the SQL function that appends",
+    "llmgw_event_bytes": "the SQL function of an event's canonical bytes",
+    "llmgw_next_epoch": "the SQL function of leader epochs",
+    "llmgw_runtime": "the runtime role",
+    "llmgw_gateway": "the gateway role",
+    "llmgw_gateway_replica_kv_usage": "the name before llmgw_gateway_replica_kv_usage_ratio, "
+    "in operations.md's upgrade notes",
+}
+MENTIONED = re.compile(r"`(llmgw_[a-z_]*[a-z])(?![a-z_:])(?:\{([^}`]*)\})?")
+"""A metric's name in backquotes, and its selector; not a family of names
+(`llmgw_gateway_replica_*`) nor the simulator's own (`llmgw_sim:...`)."""
+
+
+def mentioned() -> set[tuple[str, str, frozenset[str]]]:
+    """(doc, name, labels) of every metric a doc or the README names anywhere, with the
+    labels a selector beside it gives (`name{reason="x"}`, `name{model, reason}`)."""
+    found = set()
+    for doc in [*sorted(DOCS.glob("*.md")), ROOT / "README.md"]:
+        for name, selector in MENTIONED.findall(doc.read_text()):
+            if name in NOT_METRICS:
+                continue
+            labels = {part.split("=")[0].strip() for part in selector.split(",") if part.strip()}
+            found.add((doc.name, name, frozenset(labels)))
+    return found
+
+
+def test_every_metric_the_docs_mention_is_published_with_those_labels() -> None:
+    """Beyond the tables: an alert written from a sentence must match a series."""
+    families = published()
+    wrong = sorted(
+        f"{doc}: {name}{{{', '.join(sorted(labels))}}}"
+        for doc, name, labels in mentioned()
+        if name not in families or not labels <= families[name]
+    )
+    assert wrong == []
+
+
 def test_the_rules_catch_what_they_are_for() -> None:
     """Not vacuous: each rule refuses a family that breaks it."""
     page = (
@@ -268,3 +306,6 @@ def test_the_rules_catch_what_they_are_for() -> None:
     ]
     assert {"llmgw_gateway_requests_total", "llmgw_leader"} <= documented().keys()
     assert documented()["llmgw_gateway_replica_kv_usage_ratio"] == {"replica", "model"}
+    assert ("gateway.md", "llmgw_gateway_engine_timeouts_total", frozenset({"bound"})) in (
+        mentioned()
+    )
