@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.admin_server import LOOPBACK, write_pki
 from tests.support.ports import free_port
 from tests.support.serve_process import serving_process
+from tests.unit.test_metric_rules import offences, published
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,3 +60,22 @@ async def test_the_gateways_metrics_are_on_the_admin_listener_not_the_client_one
         "llmgw_gateway_stale_replicas",
         "llmgw_gateway_replica_in_flight",
     } <= families
+
+
+async def test_the_page_serve_publishes_follows_the_metric_rules(
+    serving: tuple[str, str],
+) -> None:
+    """The page of a real ``serve``, its gateway's families after the cluster's, is held to
+    the rules the unit test holds each collector to, and has no family the collectors
+    there do not (one registered elsewhere would escape them)."""
+    admin_url, _ = serving
+    async with httpx.AsyncClient() as client:
+        page = (await client.get(f"{admin_url}/metrics")).text
+
+    assert offences(page) == []
+    names = {
+        f"{f.name}_total" if f.type == "counter" else f.name
+        for f in text_string_to_metric_families(page)
+        if not (f.type == "gauge" and f.name.endswith("_created"))
+    }
+    assert names <= published().keys()
