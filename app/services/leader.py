@@ -34,6 +34,13 @@ closed (and its appends fenced). A leader that runs but cannot reach the databas
 after ``check_interval_s`` + ``check_timeout_s`` (6 s), shorter than the lease, so it has
 stopped its hub before a standby can be elected.
 
+A candidate whose clock is far from the database's would win the lock and then append
+nothing (``llmgw_append`` refuses events whose time is a minute off its clock), holding
+off every standby with a good clock. So each try, and each check of a held lock, reads the
+database's clock too (``app.clock_offset``): a candidate more than
+``MAX_LEADER_CLOCK_OFFSET_S`` off does not ask for the lock (and says why, once a minute),
+and a leader whose clock moves that far gives up leadership, as on losing the lock.
+
 Losing the lock connection means losing leadership, even when the database is fine: this
 side cannot tell a killed session from a slow network, and the session may already have
 been ended and the lock granted elsewhere. ``lost()`` reports it; the caller stops leading
@@ -44,10 +51,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections.abc import Callable
 
 import asyncpg
 import structlog
 
+from app.clock_offset import MAX_LEADER_CLOCK_OFFSET_S, ClockReading, leader_clock_problem
 from app.store.database import driver_url
 
 LEADER_LOCK_KEY = 0x6C6C6D67_77000002
@@ -64,6 +74,9 @@ already more than any failover should take."""
 DEFAULT_RETRY_INTERVAL_S = 1.0
 DEFAULT_CHECK_INTERVAL_S = 1.0
 DEFAULT_CHECK_TIMEOUT_S = 5.0
+CLOCK_WARNING_EVERY_S = 60.0
+"""How often a candidate whose clock is too far off says so while it waits."""
+DATABASE_CLOCK = "SELECT extract(epoch FROM clock_timestamp())::float8"
 
 
 def lease_problem(
@@ -116,6 +129,8 @@ class LeaderElection:
         check_timeout_s: float = DEFAULT_CHECK_TIMEOUT_S,
         lease_s: float = DEFAULT_LEASE_S,
         lock_key: int = LEADER_LOCK_KEY,
+        wall_clock: Callable[[], float] = time.time,
+        max_clock_offset_s: float = MAX_LEADER_CLOCK_OFFSET_S,
     ) -> None:
         problem = lease_problem(
             lease_s,
@@ -132,6 +147,9 @@ class LeaderElection:
         self._check_timeout_s = check_timeout_s
         self.lease_s = lease_s
         self._lock_key = lock_key
+        self._wall_clock = wall_clock
+        self._max_clock_offset_s = max_clock_offset_s
+        self._clock_warned_at: float | None = None
         self._connection: asyncpg.Connection | None = None
         self._connection_closed = asyncio.Event()
         self._watch: asyncio.Task[None] | None = None
@@ -191,6 +209,11 @@ class LeaderElection:
     async def _try_once(self) -> int | None:
         connection = await self._connect()
         self.tries += 1
+        problem = await self._clock_problem(connection)
+        if problem is not None:
+            self._warn_of_clock(problem)
+            return None
+        self._clock_warned_at = None
         granted = await connection.fetchval("SELECT pg_try_advisory_lock($1)", self._lock_key)
         if not granted:
             return None
@@ -241,10 +264,30 @@ class LeaderElection:
                 return "the connection holding the leader lock was closed"
             try:
                 async with asyncio.timeout(self._check_timeout_s):
-                    await connection.fetchval("SELECT 1")
+                    problem = await self._clock_problem(connection)
             except _CONNECTION_ERRORS as exc:
                 failure = str(exc) or type(exc).__name__
                 return f"the connection holding the leader lock failed: {failure}"
+            if problem is not None:
+                return problem
+
+    async def _clock_problem(self, connection: asyncpg.Connection) -> str | None:
+        """Why this machine's clock is too far from the database's to lead, or None."""
+        sent = self._wall_clock()
+        theirs: float = await connection.fetchval(DATABASE_CLOCK)
+        reading = ClockReading(sent=sent, theirs=theirs, received=self._wall_clock())
+        return leader_clock_problem(reading, self._max_clock_offset_s)
+
+    def _warn_of_clock(self, problem: str) -> None:
+        now = time.monotonic()
+        if self._clock_warned_at is not None and now - self._clock_warned_at < (
+            CLOCK_WARNING_EVERY_S
+        ):
+            return
+        self._clock_warned_at = now
+        log.warning(
+            "leader_clock_off", holder=self.holder_id, problem=problem, detail="not leading"
+        )
 
     def _report_lost(self, reason: str) -> None:
         self._lost_reason = reason

@@ -1,10 +1,12 @@
 """Leader election on real PostgreSQL: one leader at a time, a standby takes over when the
-leader's lock connection dies, a deposed leader's appends are fenced by the store, and a
-control plane leads only while it holds leadership."""
+leader's lock connection dies, a deposed leader's appends are fenced by the store, a
+candidate whose clock is far from the database's does not lead, and a control plane leads
+only while it holds leadership."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -111,6 +113,61 @@ async def test_one_candidate_leads_and_the_other_takes_over_when_its_lock_connec
         assert await leadership_row(database_url) == (epoch + 1, standby.holder_id)
     finally:
         waiting.cancel()
+
+
+def skewed_election(database_url: str, holder: str, skew_s: list[float]) -> LeaderElection:
+    """A candidate on a machine whose clock is ``skew_s[0]`` ahead of the database's (the
+    test's machine is the database's)."""
+    return LeaderElection(
+        database_url,
+        holder,
+        retry_interval_s=0.1,
+        check_interval_s=0.1,
+        wall_clock=lambda: time.time() + skew_s[0],
+    )
+
+
+async def test_a_candidate_whose_clock_is_hours_ahead_stands_aside_for_one_whose_clock_is_right(
+    candidates: tuple[LeaderElection, LeaderElection], database_url: str
+) -> None:
+    """It would win the lock and then append nothing: the database refuses events whose
+    time is more than a minute from its clock."""
+    good, _ = candidates
+    fast = skewed_election(database_url, "server-fast", [7200.0])
+    with capture_logs() as logs:
+        fast_acquiring = asyncio.create_task(fast.acquire())
+        try:
+            await wait_until(lambda: fast.tries >= 3, what="three tries by the fast clock")
+            assert not fast_acquiring.done()
+            assert await asyncio.wait_for(good.acquire(), TAKEOVER_S) >= 1
+            assert (await leadership_row(database_url))[1] == good.holder_id
+        finally:
+            fast_acquiring.cancel()
+            await fast.close()
+    warnings = [line for line in logs if line["event"] == "leader_clock_off"]
+    assert len(warnings) == 1, "said once a minute, not on every try"
+    assert "clock is 7200.0 s ahead of the database's" in warnings[0]["problem"]
+
+
+async def test_a_leader_whose_clock_is_set_two_minutes_back_gives_up_to_a_standby(
+    database_url: str,
+) -> None:
+    skew_s = [0.0]
+    leader = skewed_election(database_url, "server-stepped", skew_s)
+    standby = skewed_election(database_url, "server-steady", [0.0])
+    epoch = await asyncio.wait_for(leader.acquire(), TAKEOVER_S)
+    standing_by = asyncio.create_task(standby.acquire())
+    try:
+        await wait_until(lambda: standby.tries >= 2, what="the standby asking")
+
+        skew_s[0] = -120.0
+        reason = await asyncio.wait_for(leader.lost(), TAKEOVER_S)
+        assert "clock is 120.0 s behind the database's" in reason
+        assert await asyncio.wait_for(standing_by, TAKEOVER_S) == epoch + 1
+    finally:
+        standing_by.cancel()
+        await leader.close()
+        await standby.close()
 
 
 async def test_a_deposed_leader_is_fenced_and_none_of_its_events_land_after_the_new_ones(
