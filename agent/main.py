@@ -49,7 +49,12 @@ from agent.gpus import mark_fake_gpu, open_gpu_source
 from agent.refusal_advice import NodeClaim
 from agent.runtime import AgentRuntime
 from app.logs import configure_logging
-from app.pki import CertificateFileError, TlsConfigurationError, client_ssl_context
+from app.pki import (
+    CertificateFileError,
+    CertificateNotYetValid,
+    TlsConfigurationError,
+    client_ssl_context,
+)
 from app.pki.files import load_certificate
 from app.usage_errors import (
     finite_number_flag,
@@ -384,6 +389,11 @@ async def run_agent(config: AgentConfig) -> int:
     """Run until a signal (0) or a fatal connection failure (1). Engines are left running."""
     try:
         ssl_context = client_ssl_context(config.ca, config.cert, config.key)
+    except CertificateNotYetValid as exc:
+        # Not bad configuration: a machine that booted before its clock was set, or a
+        # certificate issued by a clock a little ahead, is fixed by time alone, and a
+        # supervisor must try again (exit 2 tells it not to).
+        return _fail(PROGRAM, str(exc), EXIT_FAILED)
     except TlsConfigurationError as exc:
         return _fail(PROGRAM, str(exc), EXIT_USAGE)
     try:

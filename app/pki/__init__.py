@@ -10,6 +10,7 @@ from app.pki.describe import CertificateDescription, describe, kind_of
 from app.pki.errors import (
     CaNotFound,
     CertificateFileError,
+    CertificateNotYetValid,
     CertificateRejected,
     InvalidRequest,
     PkiError,
@@ -39,6 +40,7 @@ __all__ = [
     "CertificateDescription",
     "CertificateFileError",
     "CertificateKind",
+    "CertificateNotYetValid",
     "CertificateRejected",
     "InvalidRequest",
     "PeerIdentity",

@@ -10,6 +10,7 @@
      |    +-- UnreadableFile      not a PEM certificate or key, or a key that does not fit
      |    +-- UnprotectedKey      a CA key that users other than its owner can read
      +-- TlsConfigurationError    files that could not be loaded into an ssl.SSLContext
+     |    +-- CertificateNotYetValid  one whose validity starts later by this machine's clock
      +-- CertificateRejected      a verified peer certificate that is still not acceptable
 """
 
@@ -65,6 +66,12 @@ class UnprotectedKey(CertificateFileError):
 
 class TlsConfigurationError(PkiError):
     """Certificate, key or CA files that an ssl.SSLContext refused to load."""
+
+
+class CertificateNotYetValid(TlsConfigurationError):
+    """This side's own certificate starts later than this machine's clock says it is now:
+    unlike the other refusals, time fixes it (a clock set right by NTP, or the start simply
+    coming), so a supervisor's restart may well succeed."""
 
 
 class CertificateRejected(PkiError):

@@ -91,10 +91,15 @@ def _explain_verification(
             f"llmgw-server: `{_reissue_command(host, presented)}`"
         )
     if code == _CERT_NOT_YET_VALID:
-        when = f" until {presented.not_valid_before_utc:%Y-%m-%d %H:%M} UTC" if presented else ""
+        when = (
+            f"is valid only from {presented.not_valid_before_utc:%Y-%m-%d %H:%M} UTC, later "
+            "than this machine's clock says it is"
+            if presented
+            else "is not valid yet by this machine's clock"
+        )
         return (
-            f"the server certificate of {host} is not valid yet{when}: "
-            "check the clocks of this machine and of the control plane"
+            f"the server certificate of {host} {when}: check the clocks of this machine and "
+            "of the machine that issued it (NTP)"
         )
     if code in _UNKNOWN_ISSUER:
         issuer = f" (it was issued by {presented.issuer.rfc4514_string()})" if presented else ""

@@ -28,7 +28,12 @@ from app.pki.describe import (
     kind_of,
     serial_hex,
 )
-from app.pki.errors import CertificateRejected, InvalidRequest, TlsConfigurationError
+from app.pki.errors import (
+    CertificateNotYetValid,
+    CertificateRejected,
+    InvalidRequest,
+    TlsConfigurationError,
+)
 from app.pki.files import MAX_PEM_FILE_BYTES
 from app.pki.model import CLOCK_SKEW, CertificateKind
 from app.pki.names import check_subject_name
@@ -258,9 +263,10 @@ def _check_own_certificate(
             f"({_reissue(certificate)}, where the llmgw CA is kept)"
         )
     if certificate.not_valid_before_utc > now + CLOCK_SKEW:
-        raise TlsConfigurationError(
+        raise CertificateNotYetValid(
             f"the certificate {cert_path} is valid only from "
-            f"{certificate.not_valid_before_utc:%Y-%m-%d %H:%M} UTC: check this machine's clock"
+            f"{certificate.not_valid_before_utc:%Y-%m-%d %H:%M} UTC, and this machine's clock "
+            f"says {now:%Y-%m-%d %H:%M} UTC: check this machine's clock (NTP)"
         )
     usages = extended_key_usages(certificate)
     if usages and usage not in usages:

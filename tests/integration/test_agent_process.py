@@ -98,13 +98,17 @@ pytestmark = pytest.mark.timeout(60)
 
 NODE_ID = "gpu-01"
 EXPIRED_AT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+EARLY_BY = timedelta(hours=2)
+"""How far ahead of this machine's clock the early certificate starts: as a node booted
+with its clock two hours behind sees a certificate issued today."""
 T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The CA, a server certificate for 127.0.0.1, one for 127.0.0.2 only, the node's, a
-    node certificate from another CA, and one of the node's that expired."""
+    node certificate from another CA, one of the node's that expired and one that starts
+    ``EARLY_BY`` from now."""
     directory = tmp_path_factory.mktemp("pki")
     now = datetime.now(UTC)
     ca = build_ca(generate_key(), "llmgw CA", now, 1)
@@ -123,6 +127,14 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
             unit=CertificateKind.NODE,
             usages=(Usage.CLIENT_AUTH,),
             validity=Validity(not_before=EXPIRED_AT - timedelta(days=1), not_after=EXPIRED_AT),
+        ),
+        "node-early": lambda key: issue(
+            ca,
+            key,
+            common_name=NODE_ID,
+            unit=CertificateKind.NODE,
+            usages=(Usage.CLIENT_AUTH,),
+            validity=Validity(not_before=now + EARLY_BY, not_after=now + timedelta(days=1)),
         ),
     }
     for stem, build in certificates.items():
@@ -724,6 +736,23 @@ async def test_an_agent_whose_certificate_expired_says_so_at_start(
     assert agent.process.returncode == 2
     assert f"expired at {EXPIRED_AT:%Y-%m-%d %H:%M} UTC" in agent.log()
     assert f"`llmgw-cli cert node {NODE_ID}`" in agent.log()
+    assert control_plane.seen == []
+
+
+async def test_an_agent_whose_clock_is_behind_its_certificate_fails_so_that_it_is_restarted(
+    control_plane: ControlPlane, processes: Processes, tmp_path: Path
+) -> None:
+    """A certificate not valid yet by the agent's clock is no configuration error: the
+    clock is behind (a machine booted before NTP set it) and time alone fixes it. Exit 2
+    would tell systemd (``RestartPreventExitStatus=2``) never to try again; 1 is retried."""
+    agent = processes.agent(control_plane, tmp_path / "state", certificate="node-early")
+
+    await wait_until(agent.exited, within_s=15, what="the agent exits")
+
+    assert agent.process.returncode == 1
+    assert "is valid only from" in agent.log()
+    assert "and this machine's clock says" in agent.log()
+    assert "check this machine's clock (NTP)" in agent.log()
     assert control_plane.seen == []
 
 

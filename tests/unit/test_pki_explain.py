@@ -147,6 +147,20 @@ def test_a_certificate_not_valid_yet_points_at_the_clocks() -> None:
     assert "check the clocks" in explain_tls_failure(error, "llmgw.internal")
 
 
+def test_a_certificate_not_valid_yet_says_from_when_it_is(
+    server_certificate: x509.Certificate,
+) -> None:
+    """As an agent whose clock is hours behind the CA's sees the server's certificate."""
+    error = verification_error(CERT_NOT_YET_VALID, "certificate is not yet valid")
+
+    assert explain_tls_failure(error, "llmgw.internal", server_certificate) == (
+        "the server certificate of llmgw.internal is valid only from "
+        f"{server_certificate.not_valid_before_utc:%Y-%m-%d %H:%M} UTC, later than this "
+        "machine's clock says it is: check the clocks of this machine and of the machine that "
+        "issued it (NTP)"
+    )
+
+
 def test_an_unknown_issuer_names_who_issued_the_presented_certificate(
     server_certificate: x509.Certificate,
 ) -> None:
