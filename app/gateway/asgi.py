@@ -75,8 +75,10 @@ class KeyCheck:
     (per-process keyed) hashes match.
 
     Expiry arrives in no snapshot (no event marks it), so it is checked on every request,
-    remembered keys included, against ``wall_clock``: a key that never expires costs one
-    comparison with None, one that does a read of the clock as well."""
+    remembered keys included, against the database's clock: ``wall_clock`` (this machine's)
+    moved by the snapshot's ``clock_offset_s``, as far as the database's was from it when
+    the snapshot was read. A key that never expires costs one comparison with None, one that
+    does a read of the clock as well."""
 
     def __init__(
         self, failures: FailureBudget | None = None, wall_clock: Callable[[], float] = time.time
@@ -106,16 +108,19 @@ class KeyCheck:
         elif header is not None:
             known = self._verified.get(header)
             if known is not None:
-                return self._unexpired(known)
+                return self._unexpired(known, snapshot)
         key = self._verify(snapshot, header, scope)
         if header is not None:
             if len(self._verified) >= MAX_VERIFIED_KEYS:
                 self._verified = {}
             self._verified[header] = key
-        return self._unexpired(key)
+        return self._unexpired(key, snapshot)
 
-    def _unexpired(self, key: KeyRecord) -> KeyRecord:
-        if key.expires_at is not None and self._wall_clock() >= key.expires_at:
+    def _unexpired(self, key: KeyRecord, snapshot: GatewaySnapshot) -> KeyRecord:
+        if (
+            key.expires_at is not None
+            and self._wall_clock() + snapshot.clock_offset_s >= key.expires_at
+        ):
             raise expired_api_key(key.expires_at)
         return key
 

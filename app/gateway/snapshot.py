@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from time import monotonic
+from collections.abc import Callable, Sequence
+from time import monotonic, time
 
 import asyncpg
 import msgspec
@@ -36,8 +36,15 @@ from app.store.routing_rows import (
 )
 
 
-async def read_snapshot(db: asyncpg.Connection, *, within_s: float) -> GatewaySnapshot:
+async def read_snapshot(
+    db: asyncpg.Connection, *, within_s: float, wall_clock: Callable[[], float] = time
+) -> GatewaySnapshot:
+    """The routing rows as a snapshot, with how far the database's clock is ahead of this
+    machine's (``wall_clock``): the database read its clock between this machine's two
+    readings around the statement, so the offset is right to within half the round trip."""
+    sent = wall_clock()
     rows = await read_routing_rows(db, within_s=within_s)
+    received = wall_clock()
     return build_snapshot(
         rows.position,
         rows.declared,
@@ -50,6 +57,7 @@ async def read_snapshot(db: asyncpg.Connection, *, within_s: float) -> GatewaySn
         scaled_to_zero=rows.scaled_to_zero,
         policies=rows.policies,
         apis=rows.apis,
+        clock_offset_s=rows.database_now - (sent + received) / 2,
     )
 
 
@@ -72,6 +80,7 @@ def build_snapshot(
     scaled_to_zero: Sequence[str] = (),
     policies: Sequence[PolicyRow] = (),
     apis: Sequence[ApisRow] = (),
+    clock_offset_s: float = 0.0,
 ) -> GatewaySnapshot:
     by_model: dict[str, list[Route]] = {}
     for row in sorted(routes, key=lambda r: r.replica_id):
@@ -129,6 +138,7 @@ def build_snapshot(
         },
         position=position,
         loaded_at=at,
+        clock_offset_s=clock_offset_s if math.isfinite(clock_offset_s) else 0.0,
     )
 
 

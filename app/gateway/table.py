@@ -94,7 +94,7 @@ class KeyRecord(msgspec.Struct, frozen=True, kw_only=True):
     rpm: int | None = None
     tpm: int | None = None
     expires_at: float | None = None
-    """When the key stops working, in seconds since the epoch (``time.time()``); None:
+    """When the key stops working, in seconds since the epoch by the database's clock; None:
     never. Checked on each request (``app.gateway.asgi.KeyCheck``): no event marks it."""
 
     def allows(self, model: str) -> bool:
@@ -131,6 +131,11 @@ class GatewaySnapshot(msgspec.Struct, frozen=True, kw_only=True):
     """The log position the projection was at when this snapshot was read."""
     loaded_at: float = 0.0
     """``time.monotonic()`` when it was read."""
+    clock_offset_s: float = 0.0
+    """How far the database's clock was ahead of this gateway's (``time.time()``) when it
+    was read (negative: behind). Keys expire by the database's clock, the one their expiry
+    was set by: a gateway whose clock is off neither refuses a key early nor serves it
+    late."""
 
     def policy_of(self, model: str) -> RoutePolicy:
         return self.policies.get(model, DEFAULT_ROUTE_POLICY)

@@ -9,7 +9,8 @@ many failed in a row and the seconds until the next attempt)
 and those scaled to zero without an autoscaling policy, the ``routing_table`` view with
 each route's revision and the address its node connected from (the gateway's egress check
 allows that address by default), the API keys not revoked (expired ones too, for
-``EXPIRED_KEYS_KEPT``) and the projection's position. One statement sees one snapshot of
+``EXPIRED_KEYS_KEPT``), the projection's position and the database's clock (the gateway
+checks keys' expiry by it, not by its own). One statement sees one snapshot of
 the database, as a REPEATABLE READ transaction of several would, in one round trip instead
 of ten. The gateway turns these rows into its routing table (``app.gateway.snapshot``).
 """
@@ -29,6 +30,7 @@ from app.store.postgres import CHECKPOINT
 _READ_ROWS = """
 SELECT
   (SELECT position FROM projection_checkpoints WHERE name = $1) AS position,
+  extract(epoch FROM statement_timestamp())::float8 AS database_now,
   (SELECT coalesce(json_agg(name), '[]') FROM models WHERE NOT removed) AS declared,
   (SELECT coalesce(json_agg(c), '[]') FROM (
      SELECT name AS model, canary_revision AS revision, canary_traffic AS traffic
@@ -164,6 +166,8 @@ class RoutingRows(msgspec.Struct, frozen=True):
     routes: list[RouteRow]
     apis: list[ApisRow]
     keys: list[KeyRow]
+    database_now: float = 0.0
+    """The database's clock as the statement began, in seconds since the epoch."""
 
 
 _declared_decoder = msgspec.json.Decoder(list[str])
@@ -192,4 +196,5 @@ async def read_routing_rows(db: asyncpg.Connection, *, within_s: float) -> Routi
         routes=_routes_decoder.decode(row["routes"]),
         keys=_keys_decoder.decode(row["keys"]),
         apis=_apis_decoder.decode(row["apis"]),
+        database_now=float(row["database_now"]),
     )

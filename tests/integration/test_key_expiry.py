@@ -6,20 +6,33 @@ it in front of a real engine (the simulator) until its time is up, then refuses 
 
 Nothing is recorded when a key expires, and the gateway refreshes its snapshot only every
 60 s here (a NOTIFY brings one at once, but nothing is appended): the refusal comes from the
-gateway's own clock, at once."""
+gateway's own clock, at once, moved by how far the database's was from it when the
+gateway last read the keys (the expiry is the database's time, as the last test shows for
+a gateway whose clock is hours behind)."""
 
 from __future__ import annotations
 
 import contextlib
 import re
+import secrets
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 
 from agent.simulator.launcher import SimulatorProcess, start_simulator
+from app.domain.envelope import Meta
+from app.domain.events import ApiKeyCreated, key_stream
+from app.domain.keys import format_key, hash_key
+from app.gateway.asgi import KeyCheck
+from app.gateway.errors import ApiError
+from app.gateway.snapshot import read_snapshot
+from app.store.database import driver_url
+from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import serving_admin
 from tests.support.gateway_process import gateway_process
@@ -121,3 +134,53 @@ async def test_a_key_created_to_expire_is_served_until_then_and_refused_after_wi
     # Nothing was recorded: no new snapshot brought the refusal.
     assert (await pg_store.catch_up()).position == position
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", body["expires_at"])
+
+
+@pytest.mark.parametrize("gateway_off_s", [-7200.0, -120.0, 120.0, 7200.0])
+async def test_a_gateway_whose_clock_is_off_expires_a_key_by_the_database_s_clock(
+    pg_store: PostgresEventStore, database_url: str, gateway_off_s: float
+) -> None:
+    """The expiry was set by the server's clock and recorded; a gateway hours behind would
+    serve the key for hours more by its own, one ahead refuse it hours early. It reads the
+    keys with the database's clock and moves its own by the difference."""
+    database = await asyncpg.connect(driver_url(database_url))
+    try:
+        now: datetime = await database.fetchval("SELECT clock_timestamp()")
+        keys = {}
+        for name, expires_at in (
+            ("ended", now - timedelta(minutes=1)),
+            ("left", now + timedelta(minutes=1)),
+        ):
+            prefix = secrets.token_hex(4)
+            keys[name] = key = format_key(prefix, secrets.token_urlsafe(32))
+            created = ApiKeyCreated(
+                key_id=f"k-{prefix}",
+                name=f"skew-{prefix}",
+                prefix=prefix,
+                secret_hash=hash_key(key),
+                expires_at=expires_at,
+            )
+            await pg_store.append(
+                key_stream(created.key_id), None, [NewEvent(created)], Meta(actor="alice")
+            )
+
+        def gateway_clock() -> float:
+            return time.time() + gateway_off_s
+
+        snapshot = await read_snapshot(database, within_s=5.0, wall_clock=gateway_clock)
+    finally:
+        await database.close()
+    check = KeyCheck(wall_clock=gateway_clock)
+
+    def request(key: str) -> dict[str, object]:
+        return {
+            "headers": [(b"authorization", f"Bearer {key}".encode())],
+            "client": ("127.0.0.9", 9),
+        }
+
+    with pytest.raises(ApiError) as refused:
+        check.authenticate(snapshot, request(keys["ended"]))
+    assert refused.value.status == 401
+    assert refused.value.message.startswith("This API key expired at ")
+    assert check.authenticate(snapshot, request(keys["left"])).prefix in keys["left"]
+    assert snapshot.clock_offset_s == pytest.approx(-gateway_off_s, abs=5.0)

@@ -1,6 +1,7 @@
 """The gateway's key check: a key that verified is not hashed again while the snapshot
 lasts, and a new snapshot (a key revoked) is checked afresh. A key's expiry comes in no
-snapshot: it is checked against the clock on every request."""
+snapshot: it is checked against the clock on every request, the database's as the snapshot
+found it from the gateway's."""
 
 from __future__ import annotations
 
@@ -111,6 +112,33 @@ def test_a_key_is_served_until_its_expiry_then_refused_saying_when_though_it_ver
     assert refused.value.code == "invalid_api_key"
     assert refused.value.message == "This API key expired at 2027-01-31T09:30:00Z."
     assert b'"message":"This API key expired at 2027-01-31T09:30:00Z."' in refused.value.body()
+
+
+@pytest.mark.parametrize("gateway_behind_s", [5.0, 120.0, 7200.0])
+def test_a_gateway_whose_clock_is_behind_refuses_an_expired_key_on_the_database_s_time(
+    gateway_behind_s: float,
+) -> None:
+    """Its own clock says the key has a second left; the database's, which the expiry was
+    set by, says it ended a second ago."""
+    key, record = key_and_record(expires_at=EXPIRES_AT)
+    snapshot = GatewaySnapshot(keys={record.prefix: record}, clock_offset_s=gateway_behind_s)
+    check = KeyCheck(wall_clock=Clock(EXPIRES_AT + 1 - gateway_behind_s))
+
+    with pytest.raises(ApiError) as refused:
+        check.authenticate(snapshot, request(key))
+    assert refused.value.status == 401
+    assert refused.value.message == "This API key expired at 2027-01-31T09:30:00Z."
+
+
+@pytest.mark.parametrize("gateway_ahead_s", [5.0, 120.0, 7200.0])
+def test_a_gateway_whose_clock_is_ahead_serves_a_key_until_the_database_s_time(
+    gateway_ahead_s: float,
+) -> None:
+    key, record = key_and_record(expires_at=EXPIRES_AT)
+    snapshot = GatewaySnapshot(keys={record.prefix: record}, clock_offset_s=-gateway_ahead_s)
+    check = KeyCheck(wall_clock=Clock(EXPIRES_AT - 1 + gateway_ahead_s))
+
+    assert check.authenticate(snapshot, request(key)) is record
 
 
 def test_a_key_that_never_expires_costs_no_reading_of_the_clock() -> None:
