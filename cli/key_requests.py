@@ -70,13 +70,18 @@ def create_key(
     rpm: int | None = None,
     tpm: int | None = None,
     expires_at: datetime | None = None,
+    expires_in_s: float | None = None,
 ) -> Reply[KeyCreated]:
     """A new API key scoped to ``models`` (``["*"]``: every model) that works until
-    ``expires_at`` (None: until revoked); the answer holds the whole key, which the
+    ``expires_at``, or for ``expires_in_s`` seconds from when the server records it, by the
+    server's clock (neither: until revoked); the answer holds the whole key, which the
     server never shows again."""
     body: dict[str, object] = {"name": name, "models": models, "rpm": rpm, "tpm": tpm}
-    if expires_at is not None:  # left out otherwise: a server older than it refuses it
+    # Each left out unless given: a server older than it refuses it.
+    if expires_at is not None:
         body["expires_at"] = expires_at
+    if expires_in_s is not None:
+        body["expires_in_s"] = expires_in_s
     raw = client.request("POST", "/admin/v1/keys", body=body)
     return Reply(decode(_key_created_decoder, raw, "new key"), raw)
 

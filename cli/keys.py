@@ -107,8 +107,9 @@ def create_key(
         Parameter(
             converter=duration,
             metavar="SPAN",
-            help="The key stops working this long from now: a whole number and s, m, h, d or "
-            "w (90m, 12h, 30d, 2w), at most 10 years. [default: never]",
+            help="The key stops working this long from now, by the server's clock (this "
+            "machine's may be off): a whole number and s, m, h, d or w (90m, 12h, 30d, 2w), at "
+            "most 10 years. [default: never]",
         ),
     ] = None,
     expires_at: Annotated[
@@ -146,7 +147,14 @@ def create_key(
         return EXIT_USAGE
 
     def create(client: AdminClient) -> int:
-        reply = key_requests.create_key(client, name, scope, rpm=rpm, tpm=tpm, expires_at=until)
+        if expires_in is not None:
+            # A span, counted by the server's clock: this machine's may be off.
+            lifetime_s = expires_in.total_seconds()
+            reply = key_requests.create_key(
+                client, name, scope, rpm=rpm, tpm=tpm, expires_in_s=lifetime_s
+            )
+        else:
+            reply = key_requests.create_key(client, name, scope, rpm=rpm, tpm=tpm, expires_at=until)
         if output == "json":
             print_json(reply.raw)
         else:

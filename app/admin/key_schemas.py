@@ -18,6 +18,10 @@ class KeyRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     expires_at: datetime | None = None
     """When the key stops working: RFC 3339 with an offset, in the future, at most 10 years
     ahead; null for a key that never expires."""
+    expires_in_s: float | None = None
+    """Instead of ``expires_at``: how many seconds the key works, from when the server
+    records it, by the server's clock (more than 0, at most 10 years), so that a client
+    whose clock is off gets the lifetime it asked for."""
 
 
 class KeyView(msgspec.Struct, frozen=True, kw_only=True):

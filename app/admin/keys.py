@@ -52,8 +52,9 @@ class KeyController(Controller):
         summary="Create an API key; the answer holds the whole key, this once",
         description="Only a hash of the key is stored: it cannot be shown again. A name "
         "already used by a live key (neither revoked nor expired) is refused (409); unknown "
-        "models, limits below 1, or an `expires_at` in the past, more than 10 years ahead or "
-        "without a timezone are refused (422) with every field and reason.",
+        "models, limits below 1, an `expires_at` in the past, more than 10 years ahead or "
+        "without a timezone, an `expires_in_s` not above 0 or over 10 years, or both "
+        "`expires_at` and `expires_in_s` are refused (422) with every field and reason.",
     )
     async def create(
         self,
@@ -62,7 +63,13 @@ class KeyController(Controller):
         caller: NamedDependency[Caller],
     ) -> KeyCreated:
         new = await operations.create_key(
-            caller, data.name, data.models, data.rpm, data.tpm, expires_at=data.expires_at
+            caller,
+            data.name,
+            data.models,
+            data.rpm,
+            data.tpm,
+            expires_at=data.expires_at,
+            expires_in_s=data.expires_in_s,
         )
         shown = _shown(new.record, operations.now())
         return as_view(new.record, KeyCreated, **shown, key=new.key)

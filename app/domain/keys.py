@@ -6,9 +6,11 @@ stored; the secret is 32 random bytes, so a fast hash is enough (there is nothin
 by brute force) and checking a key costs one hash and one constant-time compare.
 
 A key may expire: ``expires_at`` is recorded when it is created, and from then on the
-clock alone ends it (no event does). Every decision that asks whether a key is live is
-given ``now``; an expired key is as good as revoked, except that revoking it still records
-the revocation.
+clock alone ends it (no event does). A request may give a lifetime instead
+(``expires_in_s``), counted from ``now``, the clock of the control plane that records it:
+a client whose own clock is off then gets the lifetime it asked for. Every decision that
+asks whether a key is live is given ``now``; an expired key is as good as revoked, except
+that revoking it still records the revocation.
 
 The decisions refuse with these (``OperationError`` subclasses, so the admin API maps them
 like the others)::
@@ -113,16 +115,22 @@ def create(
     secret_hash: str,
     now: datetime,
     expires_at: datetime | None = None,
+    expires_in_s: float | None = None,
 ) -> Change:
     """Record a new key scoped to ``models`` (``["*"]``: every model) that works until
-    ``expires_at`` (None: until it is revoked). ``key_id``, ``prefix`` and ``secret_hash``
-    are drawn by the caller; a prefix already used, even by a revoked key, is refused with
-    ``PrefixTaken`` so the caller draws again."""
+    ``expires_at``, or for ``expires_in_s`` seconds from ``now`` (neither: until it is
+    revoked). ``key_id``, ``prefix`` and ``secret_hash`` are drawn by the caller; a prefix
+    already used, even by a revoked key, is refused with ``PrefixTaken`` so the caller draws
+    again."""
     if not _PREFIX.fullmatch(prefix):
         raise ValueError(f"a key prefix is 8 lowercase hex characters, not {prefix!r}")
-    errors = validate_key(state, name, models, rpm, tpm, expires_at=expires_at, now=now)
+    errors = validate_key(
+        state, name, models, rpm, tpm, expires_at=expires_at, expires_in_s=expires_in_s, now=now
+    )
     if errors:
         raise InvalidKey(name, errors)
+    if expires_in_s is not None:
+        expires_at = now + timedelta(seconds=expires_in_s)
     same_name = [k.prefix for k in live_keys(state, now) if k.name == name]
     if same_name:
         raise DuplicateKeyName(
@@ -152,6 +160,7 @@ def validate_key(
     tpm: int | None,
     *,
     expires_at: datetime | None = None,
+    expires_in_s: float | None = None,
     now: datetime,
 ) -> list[SpecError]:
     """Every problem with a key request (an empty list means it may be created)."""
@@ -169,8 +178,19 @@ def validate_key(
     for field, limit in (("rpm", rpm), ("tpm", tpm)):
         if limit is not None and not 1 <= limit <= MAX_LIMIT:
             errors.append(SpecError(field, f"must be between 1 and {MAX_LIMIT} (or left out)"))
-    if expires_at is not None:
+    if expires_at is not None and expires_in_s is not None:
+        errors.append(SpecError("expires_in_s", "give expires_in_s or expires_at, not both"))
+    elif expires_at is not None:
         errors.extend(_expiry_errors(expires_at, now))
+    elif expires_in_s is not None and not 0 < expires_in_s <= MAX_LIFETIME.total_seconds():
+        # NaN and infinities fail the comparison too.
+        errors.append(
+            SpecError(
+                "expires_in_s",
+                f"must be more than 0 and at most 10 years ({MAX_LIFETIME.total_seconds():.0f} "
+                "seconds), or left out for a key that never expires",
+            )
+        )
     return errors
 
 

@@ -240,6 +240,7 @@ class Operations:
         rpm: int | None = None,
         tpm: int | None = None,
         expires_at: datetime | None = None,
+        expires_in_s: float | None = None,
     ) -> NewKey:
         secret = secrets.token_urlsafe(32)
         async with self._key_creation:
@@ -257,6 +258,7 @@ class Operations:
                     secret_hash=key_decisions.hash_key(key),
                     now=self._clock(),
                     expires_at=expires_at,
+                    expires_in_s=expires_in_s,
                 )
                 try:
                     await self._record(caller, key_stream(key_id), creation)

@@ -390,6 +390,44 @@ async def test_an_expiry_past_too_far_or_without_a_timezone_is_refused_naming_th
     assert (await pg_store.catch_up()).position == position
 
 
+async def test_a_lifetime_is_counted_by_the_server_s_clock_and_a_bad_one_is_refused(
+    alice: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    await declare(alice, "llama")
+    before = datetime.now(UTC)
+    created = await create_key(alice, name="hour", models=["llama"], expires_in_s=3600)
+    after = datetime.now(UTC)
+    expires_at = datetime.fromisoformat(created["expires_at"])
+    assert before + timedelta(hours=1) - timedelta(seconds=1) <= expires_at
+    assert expires_at <= after + timedelta(hours=1)
+    position = (await pg_store.catch_up()).position
+
+    answers = {
+        reason: await alice.post(KEYS, json={"name": "demo", "models": ["llama"], **fields})
+        for reason, fields in (
+            ("must be more than 0", {"expires_in_s": 0}),
+            ("must be more than 0", {"expires_in_s": -5}),
+            ("must be more than 0", {"expires_in_s": 1e300}),
+            (
+                "give expires_in_s or expires_at, not both",
+                {"expires_in_s": 60, "expires_at": (after + timedelta(days=1)).isoformat()},
+            ),
+        )
+    }
+    not_a_number = await alice.post(
+        KEYS, json={"name": "demo", "models": ["llama"], "expires_in_s": "an hour"}
+    )
+
+    for reason, answer in answers.items():
+        body = problem_of(answer, 422, "invalid-key")
+        [error] = body["errors"]
+        assert error["field"] == "expires_in_s"
+        assert error["reason"].startswith(reason), error
+    assert not_a_number.status_code == 400, not_a_number.text
+    assert "expires_in_s" in not_a_number.text
+    assert (await pg_store.catch_up()).position == position
+
+
 async def test_revoking_what_does_not_exist_is_404(alice: httpx.AsyncClient) -> None:
     answer = await alice.delete(f"{KEYS}/nobody")
 

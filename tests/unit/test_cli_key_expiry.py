@@ -5,17 +5,21 @@ has nobody listening, so a request would fail differently (exit 1)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from datetime import UTC, datetime, timedelta, timezone
+from typing import ClassVar
 
 import pytest
 from cyclopts import Token
 
 from cli.arguments import ArgumentRefused, UsageError, duration, moment
-from cli.keys import MAX_LIFETIME, expiry
+from cli.config import ConnectionFlags
+from cli.keys import MAX_LIFETIME, create_key, expiry
 from devcluster.processes import program
 from tests.support.ports import free_port
+from tests.support.stub_admin import StubHandler, stub_admin_api
 
 CLI = program("llmgw-cli")
 NOW = datetime(2026, 12, 4, 17, 0, tzinfo=UTC)
@@ -156,3 +160,64 @@ def test_an_expiry_in_the_past_exits_2_saying_the_time_now() -> None:
     assert stderr.startswith(
         "llmgw-cli keys create: --expires-at 2020-01-01T00:00:00+00:00 is not in the future (it is "
     )
+
+
+class CreatingKeys(StubHandler):
+    """Notes each body it is sent and answers as the admin API would for the key."""
+
+    bodies: ClassVar[list[dict[str, object]]] = []
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        self.bodies.append(body)
+        created = {
+            "id": "k-0badc0de",
+            "prefix": "0badc0de",
+            "name": body["name"],
+            "models": body["models"],
+            "rpm": None,
+            "tpm": None,
+            "created_at": "2026-12-04T17:00:00Z",
+            "created_by": "alice",
+            "revoked": False,
+            "revoked_at": None,
+            "revoked_by": None,
+            "expires_at": "2026-12-04T18:00:00Z",
+            "expired": False,
+            "key": "llmgw-0badc0de-" + "s" * 43,
+        }
+        self.answer(201, "application/json", json.dumps(created).encode())
+
+
+@pytest.mark.parametrize(
+    ("span", "seconds"), [(timedelta(hours=1), 3600.0), (timedelta(days=30), 2_592_000.0)]
+)
+def test_a_span_is_sent_as_a_span_for_the_server_s_clock_to_count(
+    span: timedelta, seconds: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A time worked out by this machine's clock would be off by as much as the clock is:
+    one two hours behind would ask for an hour and be refused for a time in the past."""
+    CreatingKeys.bodies = []
+    with stub_admin_api(CreatingKeys, monkeypatch) as url:
+        code = create_key(
+            name="ci", models="demo", expires_in=span, connection=ConnectionFlags(admin_url=url)
+        )
+
+    assert code == 0
+    [body] = CreatingKeys.bodies
+    assert body.get("expires_in_s") == seconds
+    assert "expires_at" not in body
+
+
+def test_a_time_is_sent_as_the_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    at = datetime.now(UTC).replace(microsecond=0) + timedelta(days=1)
+    CreatingKeys.bodies = []
+    with stub_admin_api(CreatingKeys, monkeypatch) as url:
+        code = create_key(
+            name="ci", models="demo", expires_at=at, connection=ConnectionFlags(admin_url=url)
+        )
+
+    assert code == 0
+    [body] = CreatingKeys.bodies
+    assert datetime.fromisoformat(str(body["expires_at"])) == at
+    assert "expires_in_s" not in body

@@ -257,6 +257,56 @@ def test_a_key_that_expires_records_when_in_utc_and_the_fold_keeps_it() -> None:
     assert key.expires_at == datetime(2027, 1, 31, 0, 0, tzinfo=UTC)
 
 
+def test_a_lifetime_is_counted_from_the_deciding_clock_not_the_client_s() -> None:
+    """A client whose clock is two hours behind asks for an hour: the key works for an hour
+    from when it is recorded, where a time it worked out itself would be an hour past."""
+    state = given(*declared("llama"))
+
+    [event] = keys.create(
+        state,
+        name="ci",
+        models=("llama",),
+        rpm=None,
+        tpm=None,
+        key_id="k-0badc0de",
+        prefix="0badc0de",
+        secret_hash="h",
+        now=NOW,
+        expires_in_s=3600.0,
+    ).events
+
+    assert isinstance(event, ApiKeyCreated)
+    assert event.expires_at == NOW + timedelta(hours=1)
+
+
+@pytest.mark.parametrize(
+    ("lifetime_s", "expires_at", "reason"),
+    [
+        (0.0, None, "must be more than 0 and at most 10 years"),
+        (-60.0, None, "must be more than 0 and at most 10 years"),
+        (3654 * 86400.0, None, "must be more than 0 and at most 10 years"),
+        (float("inf"), None, "must be more than 0 and at most 10 years"),
+        (float("nan"), None, "must be more than 0 and at most 10 years"),
+        (60.0, NOW + timedelta(days=1), "give expires_in_s or expires_at, not both"),
+    ],
+)
+def test_a_lifetime_out_of_bounds_or_with_a_time_is_refused_naming_it(
+    lifetime_s: float, expires_at: datetime | None, reason: str
+) -> None:
+    errors = keys.validate_key(
+        given(*declared("llama")),
+        "ci",
+        ("llama",),
+        None,
+        None,
+        expires_at=expires_at,
+        expires_in_s=lifetime_s,
+        now=NOW,
+    )
+
+    assert [(e.field, e.reason.startswith(reason)) for e in errors] == [("expires_in_s", True)]
+
+
 def test_a_key_without_an_expiry_never_expires() -> None:
     [event] = create(given(*declared("llama"))).events
     key = given(*declared("llama"), event).keys["k-0badc0de"]
