@@ -1,5 +1,7 @@
 """``/healthz``: the process answers. ``/readyz``: it can serve, meaning the database
-answers and its schema is at the revision this server was built for.
+answers, its schema is at the revision this server was built for, and this machine's clock
+is close enough to the database's for the server to append (``app.clock_offset``): one
+further off is refused every write, so a load balancer should send its operators elsewhere.
 
 The control plane's role is reported, not checked: a standby serves reads. Both endpoints
 need no token, so load balancers and supervisors can probe them.
@@ -17,7 +19,8 @@ from litestar.status_codes import HTTP_200_OK, HTTP_503_SERVICE_UNAVAILABLE
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.admin.schemas import CheckView, ReadinessView
-from app.store.database import ping, translated_errors
+from app.clock_offset import ClockReading, leader_clock_problem
+from app.store.database import database_clock, ping, translated_errors
 from app.store.errors import StoreError
 from app.store.migrate import (
     ReleaseRevisions,
@@ -56,8 +59,10 @@ class Readiness:
         timeout_s: float = DATABASE_TIMEOUT_S,
         revision_ttl_s: float = REVISION_TTL_S,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._engine = engine
+        self._wall_clock = wall_clock
         self._role = role
         self._timeout_s = timeout_s
         self._revision_ttl_s = revision_ttl_s
@@ -74,6 +79,7 @@ class Readiness:
         checks = {"database": await self._database()}
         if checks["database"].ok:
             checks["migrations"] = await self._migrations()
+            checks["clock"] = await self._clock_check()
         failing = [name for name, check in checks.items() if not check.ok]
         role = self._role() if self._role is not None else None
         return ReadinessView(ready=not failing, role=role, failing=failing, checks=checks)
@@ -87,6 +93,21 @@ class Readiness:
         except StoreError as exc:
             return CheckView(ok=False, detail=str(exc))
         return CheckView(ok=True, detail="answers")
+
+    async def _clock_check(self) -> CheckView:
+        sent = self._wall_clock()
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                theirs = await database_clock(self._engine)
+        except TimeoutError:
+            return CheckView(ok=False, detail=f"no answer within {self._timeout_s:g} s")
+        except StoreError as exc:
+            return CheckView(ok=False, detail=str(exc))
+        reading = ClockReading(sent=sent, theirs=theirs, received=self._wall_clock())
+        problem = leader_clock_problem(reading)
+        if problem is not None:
+            return CheckView(ok=False, detail=problem)
+        return CheckView(ok=True, detail=f"{reading.offset_s:+.3f} s from the database's")
 
     async def _migrations(self) -> CheckView:
         try:

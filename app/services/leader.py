@@ -58,7 +58,7 @@ import asyncpg
 import structlog
 
 from app.clock_offset import MAX_LEADER_CLOCK_OFFSET_S, ClockReading, leader_clock_problem
-from app.store.database import driver_url
+from app.store.database import DATABASE_CLOCK, driver_url
 
 LEADER_LOCK_KEY = 0x6C6C6D67_77000002
 """``"llmgw"`` + 2; the append lock is + 1 (``app.store.postgres.APPEND_LOCK_KEY``)."""
@@ -76,7 +76,6 @@ DEFAULT_CHECK_INTERVAL_S = 1.0
 DEFAULT_CHECK_TIMEOUT_S = 5.0
 CLOCK_WARNING_EVERY_S = 60.0
 """How often a candidate whose clock is too far off says so while it waits."""
-DATABASE_CLOCK = "SELECT extract(epoch FROM clock_timestamp())::float8"
 
 
 def lease_problem(

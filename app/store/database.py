@@ -140,3 +140,14 @@ def store_error(exc: Exception) -> StoreError | None:
 async def ping(engine: AsyncEngine) -> None:
     async with translated_errors(), engine.connect() as conn:
         await conn.execute(text("SELECT 1"))
+
+
+async def database_clock(engine: AsyncEngine) -> float:
+    """The database's clock now, in seconds since the epoch."""
+    async with translated_errors(), engine.connect() as conn:
+        now = (await conn.execute(text(DATABASE_CLOCK))).scalar_one()
+    return float(now)
+
+
+DATABASE_CLOCK = "SELECT extract(epoch FROM clock_timestamp())::float8"
+"""The database's clock, read as the statement runs (not as its transaction began)."""

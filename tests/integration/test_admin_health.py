@@ -7,6 +7,7 @@ there."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -101,6 +102,27 @@ async def test_a_standby_on_a_migrated_database_is_ready_and_says_its_role(
     }
     assert as_leader.status_code == 200
     assert as_leader.json()["role"] == "leader"
+
+
+@pytest.mark.parametrize("off_s", [7200.0, -7200.0, 120.0])
+async def test_a_server_whose_clock_is_far_from_the_database_s_is_not_ready_saying_how_far(
+    engine: AsyncEngine, off_s: float
+) -> None:
+    """Its every write would be refused (the database takes no events more than 60 s from
+    its clock): a load balancer should send operators to another server."""
+    skewed = Readiness(engine, wall_clock=lambda: time.time() + off_s)
+    async with probing(skewed) as probe, probing(Readiness(engine)) as right:
+        answer = await probe.get("/readyz")
+        in_step = await right.get("/readyz")
+
+    assert answer.status_code == 503
+    body = answer.json()
+    assert (body["ready"], body["failing"]) == (False, ["clock"])
+    side = "ahead of" if off_s > 0 else "behind"
+    assert f"clock is {abs(off_s):.1f} s {side} the database's" in body["checks"]["clock"]["detail"]
+    assert in_step.status_code == 200
+    assert in_step.json()["checks"]["clock"]["ok"] is True
+    assert in_step.json()["checks"]["clock"]["detail"].endswith(" s from the database's")
 
 
 async def test_an_unmigrated_database_is_not_ready_until_the_revision_is_read_again(
