@@ -31,8 +31,13 @@ from typing import NamedTuple
 
 from agent.engines.proc_net import ProcessFamily, engine_family, parse_family
 from agent.engines.processes import signal_group
-from agent.engines.records import ProcStat, ShardRecord, parse_proc_stat, read_proc_stat
-from wire.engine_env import LAUNCH_TOKEN_VARIABLE
+from agent.engines.records import (
+    ProcStat,
+    ShardRecord,
+    has_launch_token,
+    parse_proc_stat,
+    read_proc_stat,
+)
 
 PROC = Path("/proc")
 GONE_POLL_S = 0.05
@@ -47,14 +52,9 @@ def end_launched(token: str, proc: Path = PROC) -> Launched | None:
     """SIGKILL every running process whose environment sets ``LAUNCH_TOKEN_VARIABLE`` to
     ``token`` (an engine spawned with it and the workers that inherited it), and the
     process group of each that leads one. The engine's leader, if it was found."""
-    wanted = f"{LAUNCH_TOKEN_VARIABLE}={token}".encode()
     found: dict[int, tuple[ProcessFamily, ProcStat]] = {}
     for pid, entry in _running(proc):
-        try:
-            environ = (proc / str(pid) / "environ").read_bytes()
-        except OSError:
-            continue  # gone meanwhile, or not ours to read
-        if wanted in environ.split(b"\0"):
+        if has_launch_token(pid, token, proc):
             found[pid] = entry
     leader: Launched | None = None
     for pid, (family, stat) in found.items():

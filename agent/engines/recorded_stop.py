@@ -1,7 +1,8 @@
 """Stopping the engines a state directory records, with no agent running:
 ``llmgw-agent stop-engines``.
 
-Each recorded engine that is still the same process (pid and start time) gets SIGTERM to
+Each recorded engine that is still the same process (pid and start time, with the record's
+launch token in its environment: ``agent.engines.records.is_recorded_engine``) gets SIGTERM to
 its process group, and SIGCONT so that a stopped engine acts on it at once
 (``agent.engines.processes.ask_to_stop``), then SIGKILL once ``grace_s`` has passed; its
 record is removed once it is gone. Records of engines that exited already are removed too.
@@ -23,7 +24,12 @@ from typing import NamedTuple
 
 from agent.engines.family import end_launched, end_remains
 from agent.engines.processes import ask_group_to_stop
-from agent.engines.records import RecordStore, ShardRecord, is_same_process
+from agent.engines.records import (
+    RecordStore,
+    ShardRecord,
+    is_recorded_engine,
+    is_same_process,
+)
 
 KILL_WAIT_S = 10.0
 POLL_S = 0.05
@@ -45,7 +51,7 @@ def stop_recorded_engines(state_dir: Path, grace_s: float) -> list[RecordedStop]
         if launch.key not in recorded:
             end_launched(launch.token)  # spawned by an agent killed before it recorded it
         store.remove_launch(launch.key)
-    alive = [record for record in records if is_same_process(record)]
+    alive = [record for record in records if is_recorded_engine(record)]
     outcomes = {record.key: "gone" for record in records}
     if grace_s > 0:
         for record in alive:

@@ -4,6 +4,11 @@ One JSON file per shard in ``<state_dir>/shards/``, and for an engine being spaw
 ``.launch`` file until that is written (``LaunchRecord``). A record names the engine process
 by its pid *and* its start time (``/proc/<pid>/stat`` field 22, clock ticks since boot):
 pids are reused, so a pid alone could point a restarted agent at somebody else's process.
+Before a restarted agent adopts (or ``stop-engines`` signals) a recorded process, it also
+checks that the process has the record's launch token in its environment
+(``is_recorded_engine``): a start time counts from boot, so after a reboot a record kept in
+the state directory can name a program that happens to have the same pid and start time,
+and a record copied from another state directory names another agent's engine.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import msgspec
 import structlog
 
 from app.regular_file import FileRefused, read_regular_file
+from wire.engine_env import LAUNCH_TOKEN_VARIABLE
 from wire.engines import DEFAULT_ENGINE
 
 log = structlog.get_logger(__name__)
@@ -274,3 +280,24 @@ def is_same_process(record: ShardRecord) -> bool:
         and stat.state not in ("Z", "X")
         and stat.start_time == record.process_start_time
     )
+
+
+def has_launch_token(pid: int, token: str, proc: Path = Path("/proc")) -> bool:
+    """Whether process ``pid`` was started with ``LAUNCH_TOKEN_VARIABLE`` set to ``token``
+    (``/proc/<pid>/environ``: the environment it was started with). False if it is gone or
+    its environment is not ours to read (another user's process is not our engine)."""
+    try:
+        environ = (proc / str(pid) / "environ").read_bytes()
+    except OSError:
+        return False
+    return f"{LAUNCH_TOKEN_VARIABLE}={token}".encode() in environ.split(b"\0")
+
+
+def is_recorded_engine(record: ShardRecord) -> bool:
+    """True only if the recorded engine itself is alive (``is_same_process``) and has the
+    record's launch token in its environment: what a restarted agent checks before it
+    adopts, or signals, a process a record names (see the module docstring). A record
+    written before launch tokens existed is checked by pid and start time alone."""
+    if not is_same_process(record):
+        return False
+    return not record.launch_token or has_launch_token(record.pid, record.launch_token)

@@ -71,6 +71,7 @@ from agent.engines.records import (
     ShardKey,
     ShardRecord,
     ShardState,
+    is_recorded_engine,
     is_same_process,
     process_identity,
     shard_file_stem,
@@ -248,7 +249,8 @@ class EngineSupervisor:
         self._forget_ended_logs()
 
     async def reattach(self) -> list[ShardRecord]:
-        """Watch again every recorded engine that is still alive (never restarting it);
+        """Watch again every recorded engine that is still alive (never restarting it): the
+        same pid and start time, with the record's launch token (``is_recorded_engine``);
         report the others ``failed``, kill what is left of them and drop their records; kill
         an engine an agent killed mid-start never recorded. Call before any ``start``."""
         self._check_open()
@@ -262,7 +264,7 @@ class EngineSupervisor:
         for record in records:
             if record.key in self._running:
                 continue
-            if is_same_process(record):
+            if is_recorded_engine(record):
                 # Starting again until it answers its health checks: it was not watched.
                 unconfirmed = msgspec.structs.replace(record, state=ShardState.STARTING)
                 self._save_state(unconfirmed)

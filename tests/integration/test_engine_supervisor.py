@@ -741,6 +741,44 @@ async def test_a_record_whose_pid_was_reused_is_not_adopted(
     assert RecordStore(node.state_dir).load_all() == []
 
 
+def a_strangers_record(process: subprocess.Popen[bytes]) -> ShardRecord:
+    """A record naming ``process`` by its very pid and start time, with a launch token it
+    was not started with: what a record kept across a reboot finds when a program that
+    started at the same tick took the engine's pid, or a record copied from another state
+    directory names (another agent's engine)."""
+    start_time = process_identity(process.pid)
+    assert start_time is not None
+    record = a_record(replica_id="tiny-6", pid=process.pid, process_start_time=start_time)
+    return msgspec.structs.replace(record, launch_token="a-token-no-process-has")
+
+
+async def test_a_record_naming_a_process_without_its_launch_token_is_not_adopted(
+    node: Node, unrelated_process: subprocess.Popen[bytes]
+) -> None:
+    RecordStore(node.state_dir).save(a_strangers_record(unrelated_process))
+    agent = node.agent()
+
+    adopted = await agent.supervisor.reattach()
+    await agent.supervisor.stop("tiny-6", 0, grace_s=0.1)
+
+    assert adopted == []
+    assert agent.log.states(ShardKey("tiny-6", 0)) == [ShardState.FAILED, ShardState.STOPPED]
+    assert unrelated_process.poll() is None
+    assert RecordStore(node.state_dir).load_all() == []
+
+
+async def test_stop_engines_leaves_a_process_without_the_records_launch_token_alone(
+    node: Node, unrelated_process: subprocess.Popen[bytes]
+) -> None:
+    RecordStore(node.state_dir).save(a_strangers_record(unrelated_process))
+
+    [stop] = await asyncio.to_thread(stop_recorded_engines, node.state_dir, 0.5)
+
+    assert stop.outcome == "gone"
+    assert unrelated_process.poll() is None
+    assert RecordStore(node.state_dir).load_all() == []
+
+
 async def test_shutdown_can_stop_every_engine(node: Node) -> None:
     agent = node.agent()
     records = [await agent.supervisor.start(node.spec(replica_id=f"tiny-{n}")) for n in (1, 2)]
