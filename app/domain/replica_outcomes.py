@@ -70,6 +70,13 @@ def nodes_gone(draft: Draft, fleet: FleetView, settings: Settings) -> None:
 
 
 def missing_shards(draft: Draft, fleet: FleetView) -> None:
+    """Lose each active replica with a shard the log has starting or ready on a node that
+    said hello, when that node no longer lists the shard, or lists it ``failed``: an agent
+    lists the failures it could not report (its engine exited while the agent was away, or
+    while no connection heard it) in its next hello and in every heartbeat after, until
+    the shard is stopped, and runs one engine per shard, so nothing of that shard runs
+    there. Without this the log kept such a replica serving for ever. A shard listed
+    ``stopped`` is left to the node's next report (a stray's stop, at another port)."""
     for replica in list(draft.state.replicas.values()):
         if replica.phase not in ACTIVE_PHASES or replica.phase is ReplicaPhase.STOPPING:
             continue
@@ -77,8 +84,11 @@ def missing_shards(draft: Draft, fleet: FleetView) -> None:
             report = fleet.reports.get(shard.node_id)
             if report is None or shard.phase not in (ShardPhase.STARTING, ShardPhase.READY):
                 continue
-            if (replica.id, shard.index) not in report.shards:
+            listed = report.shards.get((replica.id, shard.index))
+            if listed is None or listed.state == ShardPhase.FAILED.value:
                 reason = f"shard {shard.index} no longer runs on {shard.node_id}"
+                if listed is not None:
+                    reason += ": its agent reports it failed"
                 draft.emit(
                     replica_stream(replica.id), ReplicaLost(replica_id=replica.id, reason=reason)
                 )

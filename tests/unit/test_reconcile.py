@@ -690,6 +690,24 @@ def test_the_stop_of_a_second_copy_does_not_fail_the_replica_whose_copy_came_up(
     assert cluster.state.models["llama"].failures == 0
 
 
+def test_a_shard_its_node_lists_failed_loses_its_replica_which_is_replaced() -> None:
+    """The engine of llama-1 exited while its agent was away (the agent was killed, the
+    engine died with it): the agent found it gone on start-up and lists the shard
+    ``failed`` in its hello and every heartbeat after, as its status could reach no one.
+    Before, a shard listed at all counted as present, and the log kept llama-1 serving,
+    with no engine, for ever."""
+    cluster = restarted_with_two_serving_replicas()
+    cluster.running("gpu-2", "llama-2", 20000)
+    cluster.running("gpu-1", "llama-1", 20000, state="failed", pid=77)
+
+    decision = cluster.reconcile()
+
+    assert [e.reason for e in of_type(decision, ReplicaLost)] == [
+        "shard 0 no longer runs on gpu-1: its agent reports it failed"
+    ]
+    assert placed_ids(decision) == ["llama-3"]
+
+
 def starting_on_gpu_1() -> Cluster:
     """llama-1 was placed on gpu-1 and is still starting there: its engine never came up."""
     cluster = with_two_nodes_and_a_model(replicas=1)
