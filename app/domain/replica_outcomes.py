@@ -194,8 +194,10 @@ def _shard_gone(replica: Replica, shard: Shard, fleet: FleetView, awaited_since:
     Never while its node reports an engine of it running, whatever the log has of the
     shard: an engine an earlier leader started may be unknown to the log (only ``placed``
     there: the leader died before recording the start), and the replica's GPUs must not be
-    placed again while it still holds them. It is gone once its node reports it stopped
-    or no longer lists it, or the node is lost (``nodes_gone``).
+    placed again while it still holds them. It is gone once its node reports it stopped,
+    lists it ended (``failed``: an agent killed during the stop finds the engine gone when
+    it starts again, and lists it so), or no longer lists it, or the node is lost
+    (``nodes_gone``).
 
     Not while its node has not answered the start this control plane sent it at or after
     ``awaited_since``: an agent reports what a start did before answering it, so the engine
@@ -213,7 +215,7 @@ def _shard_gone(replica: Replica, shard: Shard, fleet: FleetView, awaited_since:
     if sent_at is not None and sent_at >= awaited_since:
         return False
     return shard.phase in (ShardPhase.STOPPED, ShardPhase.FAILED, ShardPhase.PLACED) or (
-        report is not None and (replica.id, shard.index) not in report.shards
+        report is not None and (reported is None or not reported.running)
     )
 
 

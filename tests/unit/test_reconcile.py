@@ -1016,6 +1016,24 @@ def test_a_stopping_replica_is_stopped_once_its_shards_are_gone() -> None:
     assert of_type(cluster.reconcile(), ReplicaStopped) == [ReplicaStopped(replica_id="llama-1")]
 
 
+def test_a_stopping_replica_whose_node_lists_its_shard_failed_is_stopped() -> None:
+    """The agent was killed while it stopped llama-1's engine, after the engine exited and
+    before it reported ``stopped``: started again, it finds the engine gone and lists the
+    shard ``failed`` in its hello. Before, only a shard the node no longer listed counted
+    as gone, and the replica stayed stopping for ever."""
+    cluster = with_two_nodes_and_a_model(replicas=1)
+    cluster.reconcile()
+    cluster.serve("llama-1")
+    cluster.given(ModelScaled(model="llama", replicas=0, previous=1))
+    cluster.reconcile()
+    assert cluster.phase("llama-1") is ReplicaPhase.STOPPING
+    node_id = cluster.state.replicas["llama-1"].shards[0].node_id
+    cluster.reports[node_id] = NodeReport(node_id=node_id)
+    cluster.running(node_id, "llama-1", 20000, state="failed")
+
+    assert of_type(cluster.reconcile(), ReplicaStopped) == [ReplicaStopped(replica_id="llama-1")]
+
+
 def test_a_stopping_replica_whose_engine_the_log_never_heard_start_waits_for_its_stop() -> None:
     """The agent started llama-1's engine, and its connection dropped before the status
     reached the log: the log has the shard only placed, and the agent's next hello lists
