@@ -204,6 +204,20 @@ class RecordStore:
             return
         self._sync_directory()
 
+    def remove_temporaries(self) -> list[Path]:
+        """Remove the temporary files of writes an agent killed mid-write left behind (the
+        record they were to replace is whole: see ``_write``); the files removed. Call only
+        while holding the state directory, as no write can be under way then."""
+        removed: list[Path] = []
+        for path in sorted(self.directory.glob(".*.tmp")):
+            try:
+                self._unlink(path)
+            except OSError as exc:
+                log.warning("shard_record_temporary_not_removed", path=str(path), error=str(exc))
+                continue
+            removed.append(path)
+        return removed
+
     def load_all(self) -> list[ShardRecord]:
         """Every readable record; a file that does not decode is logged and left alone."""
         records, unreadable = self._load("*.json", ShardRecord)

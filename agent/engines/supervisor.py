@@ -252,9 +252,12 @@ class EngineSupervisor:
         """Watch again every recorded engine that is still alive (never restarting it): the
         same pid and start time, with the record's launch token (``is_recorded_engine``);
         report the others ``failed``, kill what is left of them and drop their records; kill
-        an engine an agent killed mid-start never recorded. Call before any ``start``."""
+        an engine an agent killed mid-start never recorded; remove the temporary file of a
+        record an agent killed mid-write left. Call before any ``start``."""
         self._check_open()
         adopted: list[ShardRecord] = []
+        for leftover in self._records.remove_temporaries():
+            log.info("shard_record_temporary_removed", path=str(leftover))
         records = self._records.load_all()
         recorded = {record.key for record in records}
         for launch in self._records.load_launches():

@@ -779,6 +779,27 @@ async def test_stop_engines_leaves_a_process_without_the_records_launch_token_al
     assert RecordStore(node.state_dir).load_all() == []
 
 
+async def test_a_record_an_agent_was_killed_writing_leaves_no_temporary_file_behind(
+    node: Node,
+) -> None:
+    """An agent killed between writing a record's temporary file and renaming it over the
+    record leaves the temporary file: each shard killed so would leave one more for ever."""
+    first_agent = node.agent()
+    spec = node.spec()
+    record = await first_agent.supervisor.start(spec)
+    await first_agent.supervisor.shutdown()
+    shards = RecordStore(node.state_dir).directory
+    half_written = shards / ".tiny-1-0.json.tmp"
+    half_written.write_bytes(msgspec.json.encode(record)[:40])
+    (shards / ".tiny-9-0.launch.tmp").write_bytes(b"{")
+
+    second_agent = node.agent()
+    adopted = await second_agent.supervisor.reattach()
+
+    assert [r.pid for r in adopted] == [record.pid]
+    assert sorted(path.name for path in shards.iterdir()) == ["tiny-1-0.json"]
+
+
 async def test_shutdown_can_stop_every_engine(node: Node) -> None:
     agent = node.agent()
     records = [await agent.supervisor.start(node.spec(replica_id=f"tiny-{n}")) for n in (1, 2)]
