@@ -13,6 +13,7 @@ and a record copied from another state directory names another agent's engine.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from collections.abc import Callable
@@ -150,12 +151,14 @@ class RecordStore:
         return launches
 
     def _write(self, path: Path, data: bytes) -> None:
-        """Raises ``OSError`` naming ``path`` (a failed write or flush names no file)."""
+        """Raises ``OSError`` naming ``path`` (a failed write or flush names no file), with
+        the temporary file removed: a full disk would otherwise keep one for each write it
+        refused."""
         self._remove_left()
         self._left.discard(path)  # what it held is stale; what it will hold is not
+        temporary = path.with_name(f".{path.name}.tmp")
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            temporary = path.with_name(f".{path.name}.tmp")
             with temporary.open("wb") as file:
                 file.write(data)
                 file.flush()
@@ -163,6 +166,8 @@ class RecordStore:
             temporary.replace(path)
             self._sync_directory()
         except OSError as exc:
+            with contextlib.suppress(OSError):
+                temporary.unlink()
             raise OSError(exc.errno, exc.strerror, str(path)) from exc
 
     def _remove(self, path: Path) -> None:

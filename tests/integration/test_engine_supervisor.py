@@ -938,6 +938,21 @@ async def test_a_record_on_a_full_disk_fails_the_start_naming_the_record(
     assert not any(is_running(pid, start) for pid, start in node.engines.items())
 
 
+@pytest.mark.parametrize("kind", ["launch", "json"], ids=["before the spawn", "after it"])
+async def test_a_record_a_full_disk_refused_leaves_no_temporary_file(node: Node, kind: str) -> None:
+    """Each start a full disk refuses left the temporary file its record was being written
+    to, one more inode on the disk that is out of room, until the agent restarted."""
+    agent = node.agent()
+    spec = node.spec()
+    fill_the_disk_for(node, spec.key, kind)
+
+    with pytest.raises(EngineLaunchError):
+        await agent.supervisor.start(spec)
+
+    shards = RecordStore(node.state_dir).directory
+    assert [path.name for path in shards.iterdir()] == []
+
+
 def on_a_failing_disk(node: Node) -> tuple[Agent, FailingDisk]:
     """An agent whose state directory refuses to remove files once the disk is told to."""
     disk = FailingDisk()
