@@ -87,12 +87,25 @@ _MODEL_NOT_LOADED = FailurePattern(
     reason="failed to load the model",
     needles=("invalid magic characters", "error loading model", "failed to load model"),
 )
+# What a command-line parser prints before the engine does anything else: llama.cpp's own
+# (an unknown flag; a value it cannot parse, or none) and Python's argparse (vLLM, SGLang).
+_ARGUMENTS_REFUSED = FailurePattern(
+    reason="the engine refused its arguments",
+    needles=(
+        "error: invalid argument:",
+        "error while handling argument",
+        "error: unrecognized arguments:",
+        "error: the following arguments are required:",
+        ": error: argument ",
+    ),
+)
 _COMMON_FAILURES = (
     _OUT_OF_MEMORY,
     _ADDRESS_IN_USE,
     _UNSUPPORTED_ARCHITECTURE,
     _MODEL_NOT_FOUND,
     _MODEL_NOT_LOADED,
+    _ARGUMENTS_REFUSED,
 )
 
 

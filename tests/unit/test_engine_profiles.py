@@ -91,9 +91,39 @@ LLAMACPP_PORT_TAKEN = [
     "0.00.007.633 I srv    operator(): operator(): cleaning up before exit...",
     "0.00.017.476 E srv  llama_server: exiting due to HTTP server error",
 ]
+LLAMACPP_UNKNOWN_FLAG = ["error: invalid argument: --frobnicate"]
+LLAMACPP_BAD_VALUE = [
+    'error while handling argument "-c": stoi',
+    "",
+    "usage:",
+    "-c,    --ctx-size N                     size of the prompt context (default: 0, 0 = "
+    "loaded from model)",
+    "                                        (env: LLAMA_ARG_CTX_SIZE)",
+    "",
+    "",
+    "to show complete usage, run with -h",
+]
+# What Python's argparse prints for vLLM's and SGLang's command lines.
+VLLM_UNKNOWN_FLAG = [
+    "usage: vllm serve [model_tag] [options]",
+    "vllm serve: error: unrecognized arguments: --frobnicate 3",
+]
+SGLANG_BAD_VALUE = [
+    "usage: launch_server.py [-h] --model-path MODEL_PATH [--port PORT] ...",
+    "launch_server.py: error: argument --port: invalid int value: 'banana'",
+]
 
 # (reason, engine, log tail, the line the reason must quote)
 FAILURES = [
+    (
+        "the engine refused its arguments",
+        "llamacpp",
+        LLAMACPP_UNKNOWN_FLAG,
+        LLAMACPP_UNKNOWN_FLAG[0],
+    ),
+    ("the engine refused its arguments", "llamacpp", LLAMACPP_BAD_VALUE, LLAMACPP_BAD_VALUE[0]),
+    ("the engine refused its arguments", "vllm", VLLM_UNKNOWN_FLAG, VLLM_UNKNOWN_FLAG[1]),
+    ("the engine refused its arguments", "sglang", SGLANG_BAD_VALUE, SGLANG_BAD_VALUE[1]),
     (
         "model file not found",
         "llamacpp",
