@@ -437,3 +437,21 @@ def test_a_thousand_bad_variables_are_refused_in_a_few_lines() -> None:
 
     assert len(errors) == 11
     assert errors[-1] == SpecError("env", "and 990 more such problem(s)")
+
+
+def test_a_flag_the_engine_reads_once_given_twice_is_refused_naming_both() -> None:
+    # llama-server would listen on 8080, where the agent never probes: every replica would
+    # time out starting.
+    spec = ModelSpec(
+        name="gemma",
+        engine="llamacpp",
+        command="llama-server -m /m.gguf --alias {model} --host 0.0.0.0 --port {port} --port 8080",
+    )
+
+    assert [(e.field, e.reason) for e in validate_spec(spec)] == [
+        (
+            "command",
+            "gives --port 2 times (--port {port}, then --port 8080): the engine would take "
+            "the last one without a word; give it once",
+        )
+    ]
