@@ -58,6 +58,7 @@ class ModelChanges(TypedDict, total=False):
     unplaceable_reason: str | None
     tuned_summary: dict[str, Any] | None
     failures: int
+    failed_on: dict[str, int]
     backoff_until: datetime | None
     ended: tuple[str, ...]
     unreplaced_ends: tuple[str, ...]

@@ -5,11 +5,14 @@ first): connected; not cordoned; not draining; labels match the model's selector
 healthy, unallocated GPUs with enough free memory; a free port in the node's engine port
 range. Shards of one replica go to distinct nodes.
 
-Score among the eligible nodes, best first (documented in docs/placement.md):
-1. spread: fewer replicas of the same model already on the node;
-2. pack: fewer usable GPUs left over after this shard (best fit keeps big holes for big
+Score among the eligible nodes, best first (documented in docs/reconciler.md):
+1. away from failure: fewer of the model's replicas failed on the node since one last
+   served (``Model.failed_on``), so a node that cannot run it (the model's file missing
+   there) does not take every attempt while another node has room;
+2. spread: fewer replicas of the same model already on the node;
+3. pack: fewer usable GPUs left over after this shard (best fit keeps big holes for big
    models);
-3. the node id, so equal nodes are always chosen in the same order.
+4. the node id, so equal nodes are always chosen in the same order.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     port: int | None = None
     same_model_replicas: int = 0
     usable_gpus: int = 0
+    failures_here: int = 0
+    """The model's replicas that failed on this node since one last served."""
 
 
 class Explanation(msgspec.Struct, frozen=True, kw_only=True):
@@ -77,8 +82,9 @@ def explain_placement(
     ``detail=False`` skips the per-GPU wording (the reconciler's fast path)."""
     if allocations is None:
         allocations = Allocations.for_placement(state, running)
+    failed_on = _failed_on(state, spec)
     candidates = tuple(
-        _evaluate(node, spec, allocations, detail)
+        _evaluate(node, spec, allocations, detail, failed_on)
         for node in sorted(state.nodes.values(), key=lambda n: n.id)
     )
     eligible = sorted(
@@ -105,9 +111,11 @@ def explain_placement(
     )
 
 
-def rank(candidate: Candidate, gpus_per_shard: int) -> tuple[int, int, str]:
-    """Best first: fewest replicas of this model, then tightest fit, then node id."""
+def rank(candidate: Candidate, gpus_per_shard: int) -> tuple[int, int, int, str]:
+    """Best first: fewest failures of this model since one served, then fewest replicas of
+    this model, then tightest fit, then node id."""
     return (
+        candidate.failures_here,
         candidate.same_model_replicas,
         candidate.usable_gpus - gpus_per_shard,
         candidate.node_id,
@@ -123,7 +131,8 @@ class Placer:
         self._spec = spec
         self._allocations = allocations
         self._key = lambda c: rank(c, spec.gpus_per_shard)
-        fit = (_fit(node, spec, allocations) for node in state.nodes.values())
+        self._failed_on = _failed_on(state, spec)
+        fit = (_fit(node, spec, allocations, self._failed_on) for node in state.nodes.values())
         self._ranked = sorted((c for c in fit if c is not None), key=self._key)
 
     def place(self, replica_id: str) -> tuple[ShardPlacement, ...] | None:
@@ -137,7 +146,9 @@ class Placer:
         )
         self._allocations.reserve(replica_id, self._spec.name, placement)
         for used in chosen:
-            again = _fit(self._state.nodes[used.node_id], self._spec, self._allocations)
+            again = _fit(
+                self._state.nodes[used.node_id], self._spec, self._allocations, self._failed_on
+            )
             if again is not None:
                 bisect.insort(self._ranked, again, key=self._key)
         return placement
@@ -145,7 +156,7 @@ class Placer:
     def summary(self) -> str:
         """Why no (more) replica fits, every node counted (``unplaceable_summary``)."""
         candidates = tuple(
-            _evaluate(node, self._spec, self._allocations, detail=False)
+            _evaluate(node, self._spec, self._allocations, False, self._failed_on)
             for node in self._state.nodes.values()
         )
         return unplaceable_summary(self._spec, candidates)
@@ -179,16 +190,30 @@ def _chosen_summary(chosen: list[Candidate], eligible: int) -> str:
     where = ", ".join(
         f"{c.node_id} (GPUs {','.join(map(str, c.gpus))}, port {c.port}, "
         f"{c.same_model_replicas} replica(s) of this model there, "
-        f"{c.usable_gpus} usable GPU(s))"
+        f"{c.usable_gpus} usable GPU(s)"
+        + (f", {c.failures_here} failed there since one served" if c.failures_here else "")
+        + ")"
         for c in chosen
     )
     return (
-        f"would place on {where}; {eligible} eligible node(s), ranked by fewest replicas of "
-        "this model, then tightest fit, then node id"
+        f"would place on {where}; {eligible} eligible node(s), ranked by fewest failures of "
+        "this model since one served, then fewest replicas of this model, then tightest fit, "
+        "then node id"
     )
 
 
-def _evaluate(node: Node, spec: ModelSpec, allocations: Allocations, detail: bool) -> Candidate:
+def _failed_on(state: ClusterState, spec: ModelSpec) -> Mapping[str, int]:
+    model = state.models.get(spec.name)
+    return model.failed_on if model is not None else {}
+
+
+def _evaluate(
+    node: Node,
+    spec: ModelSpec,
+    allocations: Allocations,
+    detail: bool,
+    failed_on: Mapping[str, int],
+) -> Candidate:
     reasons: list[str] = []
     rejections: list[Rejection] = []
 
@@ -233,10 +258,13 @@ def _evaluate(node: Node, spec: ModelSpec, allocations: Allocations, detail: boo
         port=port,
         same_model_replicas=allocations.model_replicas.get(node.id, {}).get(spec.name, 0),
         usable_gpus=len(usable),
+        failures_here=failed_on.get(node.id, 0),
     )
 
 
-def _fit(node: Node, spec: ModelSpec, allocations: Allocations) -> Candidate | None:
+def _fit(
+    node: Node, spec: ModelSpec, allocations: Allocations, failed_on: Mapping[str, int]
+) -> Candidate | None:
     """``_evaluate`` for the reconciler's hot path: the candidate if the node is eligible,
     else None, stopping at the first failed check."""
     if not node.connected or node.cordoned:
@@ -258,6 +286,7 @@ def _fit(node: Node, spec: ModelSpec, allocations: Allocations) -> Candidate | N
         port=port,
         same_model_replicas=allocations.model_replicas.get(node.id, {}).get(spec.name, 0),
         usable_gpus=len(usable),
+        failures_here=failed_on.get(node.id, 0),
     )
 
 

@@ -97,7 +97,7 @@ def _replica_serving(state: ClusterState, event: ReplicaServing, recorded: Recor
             "agent_stopped_at": None,
         },
     )
-    _model_of(state, event.replica_id, {"failures": 0, "backoff_until": None})
+    _model_of(state, event.replica_id, {"failures": 0, "failed_on": {}, "backoff_until": None})
 
 
 def _replica_drain_started(
@@ -287,6 +287,9 @@ def _count_failure(state: ClusterState, replica_id: str, at: datetime) -> None:
         return
     failures = model.failures + 1
     until = at + timedelta(seconds=backoff_s(failures))
+    failed_on = dict(model.failed_on)
+    for node_id in {shard.node_id for shard in replica.shards}:
+        failed_on[node_id] = failed_on.get(node_id, 0) + 1
     rollout = model.rollout
     if (
         rollout is not None
@@ -305,7 +308,7 @@ def _count_failure(state: ClusterState, replica_id: str, at: datetime) -> None:
             hold_ejections={},
         )
     state.models[model.name] = replace(
-        model, failures=failures, backoff_until=until, rollout=rollout
+        model, failures=failures, failed_on=failed_on, backoff_until=until, rollout=rollout
     )
 
 

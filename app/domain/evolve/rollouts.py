@@ -146,6 +146,7 @@ def _rollout_rolled_back(state: ClusterState, event: RolloutRolledBack, recorded
         revision=event.to_revision,
         earlier_specs=earlier_specs(state, model, event.to_revision),
         failures=0,
+        failed_on={},
         backoff_until=None,
         rollout=rolled_back,
     )
