@@ -60,6 +60,13 @@ _OUT_OF_MEMORY = FailurePattern(
         "failed to allocate cuda",
     ),
 )
+# The host's memory, or the address space a ulimit (ulimit -v) or a container leaves it:
+# llama.cpp's allocator, C++'s and the C library's words for it. After CUDA's, whose
+# allocation failures are no shortage of host memory.
+_HOST_OUT_OF_MEMORY = FailurePattern(
+    reason="out of host memory",
+    needles=("insufficient memory", "std::bad_alloc", "cannot allocate memory"),
+)
 _ADDRESS_IN_USE = FailurePattern(
     reason="address already in use",
     needles=("address already in use", "couldn't bind http server socket", "eaddrinuse"),
@@ -101,6 +108,7 @@ _ARGUMENTS_REFUSED = FailurePattern(
 )
 _COMMON_FAILURES = (
     _OUT_OF_MEMORY,
+    _HOST_OUT_OF_MEMORY,
     _ADDRESS_IN_USE,
     _UNSUPPORTED_ARCHITECTURE,
     _MODEL_NOT_FOUND,

@@ -103,6 +103,18 @@ LLAMACPP_BAD_VALUE = [
     "",
     "to show complete usage, run with -h",
 ]
+# llama-server under "ulimit -v 300000": its allocator fails, then it aborts and prints a
+# backtrace (cut short here) that fills the rest of the tail.
+LLAMACPP_ADDRESS_SPACE = [
+    "0.00.049.315 I srv    load_model: loading model '/models/gemma-3-270m-q4_k_m.gguf'",
+    "0.02.705.276 E ggml_aligned_malloc: insufficient memory (attempted to allocate  36.38 MB)",
+    "/tmp/pip-req-build-771e0vdj/llama.cpp/ggml/src/ggml.c:1644: "
+    "GGML_ASSERT(ctx->mem_buffer != NULL) failed",
+    "[New LWP 18683]",
+    "#1  0x00007f055394e6fb in ggml_print_backtrace () from libggml-base.so.0",
+    "#2  0x00007f055394e84e in ggml_abort () from libggml-base.so.0",
+    "[Inferior 1 (process 18681) detached]",
+]
 # What Python's argparse prints for vLLM's and SGLang's command lines.
 VLLM_UNKNOWN_FLAG = [
     "usage: vllm serve [model_tag] [options]",
@@ -115,6 +127,13 @@ SGLANG_BAD_VALUE = [
 
 # (reason, engine, log tail, the line the reason must quote)
 FAILURES = [
+    ("out of host memory", "llamacpp", LLAMACPP_ADDRESS_SPACE, LLAMACPP_ADDRESS_SPACE[1]),
+    (
+        "out of host memory",
+        "vllm",
+        ["terminate called after throwing an instance of 'std::bad_alloc'", "  what():  bad"],
+        "terminate called after throwing an instance of 'std::bad_alloc'",
+    ),
     (
         "the engine refused its arguments",
         "llamacpp",
