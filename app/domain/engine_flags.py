@@ -1,4 +1,9 @@
-"""Flags an engine reads once, given twice in a spec's command.
+"""What the engine's own words in a spec's command say wrong: no port, or a flag it reads
+once given twice.
+
+Without ``{port}`` anywhere in the command and no port flag of its own, llama-server,
+vLLM and SGLang listen on their default port (8080, 8000, 30000): never where the agent
+probes, so every replica times out starting, or fails on a port another engine holds.
 
 llama-server, vLLM and SGLang take the last of a repeated flag without a word, so
 ``--port {port} ... --port 8080`` listens where the agent never probes (every replica times
@@ -41,15 +46,32 @@ _PROGRAMS: Mapping[str, tuple[tuple[str, ...], ...]] = MappingProxyType(
 module run with ``python -m``)."""
 
 
-def repeated_flag_errors(command: str, engine: str) -> list[SpecError]:
-    """One error per flag of ``SINGLE_FLAGS[engine]`` that the engine's words give twice or
-    more, by the field ``command``."""
+DEFAULT_PORTS: Mapping[str, int] = MappingProxyType(
+    {"llamacpp": 8080, "vllm": 8000, "sglang": 30000}
+)
+"""Where each engine listens when it is given no port."""
+
+
+def engine_flag_errors(command: str, engine: str) -> list[SpecError]:
+    """By the field ``command``: an engine started from its program with no port at all;
+    then one error per flag of ``SINGLE_FLAGS[engine]`` that the engine's words give twice
+    or more."""
     try:
         words = shlex.split(command)
     except ValueError:
         return []  # start_command_errors says why
     own = _engine_words(words, _PROGRAMS.get(engine, ()))
+    if own is None:
+        return []
     errors = []
+    if "{port}" not in command and not _values_of(own, ("--port",)):
+        errors.append(
+            SpecError(
+                "command",
+                f"gives the engine no port: it would listen on its default "
+                f"({DEFAULT_PORTS[engine]}), where the agent never probes; add --port {{port}}",
+            )
+        )
     for spellings in SINGLE_FLAGS.get(engine, ()):
         given = _values_of(own, spellings)
         if len(given) > 1:
@@ -64,14 +86,15 @@ def repeated_flag_errors(command: str, engine: str) -> list[SpecError]:
     return errors
 
 
-def _engine_words(words: Sequence[str], programs: Sequence[tuple[str, ...]]) -> list[str]:
+def _engine_words(words: Sequence[str], programs: Sequence[tuple[str, ...]]) -> list[str] | None:
+    """The words after the engine's program; None when the command does not start it."""
     for index, word in enumerate(words):
         for program in programs:
             head, *rest = program
             following = list(words[index + 1 : index + 1 + len(rest)])
             if posixpath.basename(word) == head and following == rest:
                 return list(words[index + 1 + len(rest) :])
-    return []
+    return None
 
 
 def _values_of(words: Sequence[str], spellings: Sequence[str]) -> list[tuple[str, str]]:

@@ -4,8 +4,8 @@ A spec is a value: it is carried whole by `ModelDeclared`, so the log alone says
 asked for at any point in time.
 
 Its parts and their checks have modules of their own: the bounds its parts share
-(``spec_bounds``), its command and environment (``engine_command``), the engine's flags
-given twice (``engine_flags``), its node selector (``node_selector``), its routing
+(``spec_bounds``), its command and environment (``engine_command``), the engine's port and
+flags given twice (``engine_flags``), its node selector (``node_selector``), its routing
 settings (``routing_settings``), rollout policy (``rollout_policy``) and autoscaling policy
 (``autoscale_policy``). This module holds the
 spec itself and ``validate_spec``, which checks it whole, and names everything those
@@ -38,7 +38,7 @@ from app.domain.engine_command import (
     environment_errors,
     start_command_errors,
 )
-from app.domain.engine_flags import repeated_flag_errors
+from app.domain.engine_flags import engine_flag_errors
 from app.domain.node_selector import (
     MAX_LABEL_KEY_CHARS,
     MAX_LABEL_VALUE_CHARS,
@@ -267,7 +267,7 @@ def validate_spec(spec: ModelSpec) -> list[SpecError]:
                 shards=spec.shards_per_replica,
             )
         )
-        errors.extend(repeated_flag_errors(spec.command, spec.engine))
+        errors.extend(engine_flag_errors(spec.command, spec.engine))
         errors.extend(_shard_report_errors(spec))
     return errors
 

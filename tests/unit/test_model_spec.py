@@ -455,3 +455,20 @@ def test_a_flag_the_engine_reads_once_given_twice_is_refused_naming_both() -> No
             "the last one without a word; give it once",
         )
     ]
+
+
+def test_an_engine_started_with_no_port_is_refused() -> None:
+    # llama-server would listen on 8080, where the agent never probes.
+    spec = ModelSpec(
+        name="gemma",
+        engine="llamacpp",
+        command="llama-server -m /m.gguf --alias {model} --host 0.0.0.0 --metrics",
+    )
+
+    assert [(e.field, e.reason) for e in validate_spec(spec)] == [
+        (
+            "command",
+            "gives the engine no port: it would listen on its default (8080), where the "
+            "agent never probes; add --port {port}",
+        )
+    ]
