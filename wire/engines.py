@@ -71,6 +71,14 @@ _ADDRESS_IN_USE = FailurePattern(
     reason="address already in use",
     needles=("address already in use", "couldn't bind http server socket", "eaddrinuse"),
 )
+# A file the engine's user may not read (a model chmod'ed, owned by another user, on a
+# mount with other rights): C's strerror in parentheses, as llama.cpp writes it after the
+# path, and Python's PermissionError (vLLM, SGLang). Before "model file not found", since
+# llama.cpp says "failed to open GGUF file" of a file it may not read too.
+_PERMISSION_DENIED = FailurePattern(
+    reason="permission denied",
+    needles=("(permission denied)", "permissionerror: [errno 13] permission denied"),
+)
 _UNSUPPORTED_ARCHITECTURE = FailurePattern(
     reason="unsupported model architecture",
     needles=(
@@ -110,6 +118,7 @@ _COMMON_FAILURES = (
     _OUT_OF_MEMORY,
     _HOST_OUT_OF_MEMORY,
     _ADDRESS_IN_USE,
+    _PERMISSION_DENIED,
     _UNSUPPORTED_ARCHITECTURE,
     _MODEL_NOT_FOUND,
     _MODEL_NOT_LOADED,

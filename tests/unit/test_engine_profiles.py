@@ -78,6 +78,16 @@ LLAMACPP_MISSING_FILE = [
     "0.00.012.045 I srv    operator(): operator(): cleaning up before exit...",
     "0.00.015.864 E srv  llama_server: exiting due to model loading error",
 ]
+# The same build on a file its user may not read (chmod 000, run as another user).
+LLAMACPP_UNREADABLE_FILE = [
+    "0.00.036.935 I srv    load_model: loading model '/models/unreadable.gguf'",
+    "0.00.037.130 E gguf_init_from_file: failed to open GGUF file '/models/unreadable.gguf' "
+    "(Permission denied)",
+    "0.00.037.328 E llama_model_load: error loading model: llama_model_loader: failed to load "
+    "model from /models/unreadable.gguf",
+    "0.00.037.550 E srv    load_model: failed to load model, '/models/unreadable.gguf'",
+    "0.00.038.087 E srv  llama_server: exiting due to model loading error",
+]
 LLAMACPP_NOT_GGUF = [
     "0.00.011.470 E gguf_init_from_reader: invalid magic characters: '??rH', expected 'GGUF'",
     "0.00.011.475 E llama_model_load: error loading model: llama_model_loader: failed to load "
@@ -127,6 +137,18 @@ SGLANG_BAD_VALUE = [
 
 # (reason, engine, log tail, the line the reason must quote)
 FAILURES = [
+    (
+        "permission denied",
+        "llamacpp",
+        LLAMACPP_UNREADABLE_FILE,
+        LLAMACPP_UNREADABLE_FILE[1],
+    ),
+    (
+        "permission denied",
+        "vllm",
+        ["PermissionError: [Errno 13] Permission denied: '/models/llama/config.json'"],
+        "PermissionError: [Errno 13] Permission denied: '/models/llama/config.json'",
+    ),
     ("out of host memory", "llamacpp", LLAMACPP_ADDRESS_SPACE, LLAMACPP_ADDRESS_SPACE[1]),
     (
         "out of host memory",
