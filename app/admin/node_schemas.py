@@ -17,6 +17,9 @@ class CandidateView(msgspec.Struct, frozen=True, kw_only=True):
     port: int | None
     same_model_replicas: int
     usable_gpus: int
+    failures_here: int = 0
+    """The model's replicas that failed on the node since one of them last served: placement
+    passes over such a node while another has room."""
 
 
 class ShardPlacementView(msgspec.Struct, frozen=True, kw_only=True):

@@ -29,6 +29,7 @@ from app.domain.events import (
     NodeDrainFinished,
     NodeDrainRequested,
     ReplicaDrainStarted,
+    ReplicaFailed,
     ReplicaPlaced,
     ShardFailed,
     ShardPlacement,
@@ -252,6 +253,33 @@ async def test_placement_is_explained_for_every_node_with_every_reason(
     assert len(await events_of(pg_store, model_stream("dry-run"))) == 0
     gpus = (await admin.get("/admin/v1/nodes/gpu-1")).json()["gpus"]
     assert gpus[0]["excluded_because"] == "unhealthy: XID 79: fell off the bus"
+
+
+async def test_placement_passes_over_the_node_a_model_just_failed_on_and_says_so(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    await seed_node(pg_store, "gpu-a", gpus=1)
+    await seed_node(pg_store, "gpu-b", gpus=2)
+    await admin.put("/admin/v1/models/gemma", json={"name": "gemma", "command": "x {port}"})
+    # gpu-a, the tightest fit, took the first replica, whose engine found no model file.
+    await record(
+        pg_store,
+        "reconciler",
+        ReplicaPlaced(
+            replica_id="gemma-1",
+            model="gemma",
+            number=1,
+            shards=(ShardPlacement(index=0, node_id="gpu-a", gpus=(0,), port=20000),),
+        ),
+        ReplicaFailed(replica_id="gemma-1", reason="engine exited with code 1"),
+    )
+
+    explained = (await admin.get("/admin/v1/models/gemma/placement")).json()
+
+    assert explained["placement"][0]["node_id"] == "gpu-b", explained
+    failed_here = {c["node_id"]: c["failures_here"] for c in explained["candidates"]}
+    assert failed_here == {"gpu-a": 1, "gpu-b": 0}
+    assert "ranked by fewest failures of this model since one served" in explained["summary"]
 
 
 # -- nodes and drains --------------------------------------------------------------------
