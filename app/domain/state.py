@@ -62,6 +62,11 @@ not as a stray. A forgotten replica stays in the log and in the ``replicas`` and
 
 BACKOFF_BASE_S = 10.0
 BACKOFF_CAP_S = 600.0
+STEADY_SERVING_S = 60.0
+"""A replica that served this long before it failed is replaced at once: its crash (an
+engine killed, a GPU fault) is no failure to start, and the model is not put in backoff.
+One that fails sooner counts, so an engine that crashes soon after it serves, again and
+again, is still held back."""
 STRAYS_REMEMBERED = 64
 
 

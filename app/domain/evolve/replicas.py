@@ -1,7 +1,9 @@
 """The fold of a replica's life: placed, serving, drained, stopping, and ended (stopped,
 failed, timed out, lost). A failure or a startup timeout counts against the model's backoff
-(and its rollout's step); an end closes the moves that wait on the replica, and forgets the
-model's oldest ended replica once it keeps more than ``ENDED_KEPT_PER_MODEL``. An end nobody
+(and its rollout's step), except the failure of a replica that served steadily first
+(``STEADY_SERVING_S``), which is replaced at once; an end closes the moves that wait on the
+replica, and forgets the model's oldest ended replica once it keeps more than
+``ENDED_KEPT_PER_MODEL``. An end nobody
 asked for leaves a place the next placement below the desired count takes
 (``Model.unreplaced_ends``)."""
 
@@ -31,6 +33,7 @@ from app.domain.state import (
     ENDED_KEPT_PER_MODEL,
     ENDED_PHASES,
     NOT_SERVING_YET,
+    STEADY_SERVING_S,
     UNASKED_ENDS,
     ClusterState,
     Move,
@@ -285,11 +288,14 @@ def _count_failure(state: ClusterState, replica_id: str, at: datetime) -> None:
     model = state.models.get(replica.model) if replica else None
     if replica is None or model is None:
         return
-    failures = model.failures + 1
-    until = at + timedelta(seconds=backoff_s(failures))
-    failed_on = dict(model.failed_on)
-    for node_id in {shard.node_id for shard in replica.shards}:
-        failed_on[node_id] = failed_on.get(node_id, 0) + 1
+    failures, until, failed_on = model.failures, model.backoff_until, model.failed_on
+    served = replica.serving_since
+    if served is None or at - served < timedelta(seconds=STEADY_SERVING_S):
+        failures += 1
+        until = at + timedelta(seconds=backoff_s(failures))
+        failed_on = dict(failed_on)
+        for node_id in {shard.node_id for shard in replica.shards}:
+            failed_on[node_id] = failed_on.get(node_id, 0) + 1
     rollout = model.rollout
     if (
         rollout is not None
