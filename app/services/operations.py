@@ -35,7 +35,7 @@ from app.domain.events import (
 )
 from app.domain.model_spec import AutoscalePolicy, ModelSpec, RoutingSettings
 from app.domain.model_status import ModelStatus, model_status
-from app.domain.operation_results import Change
+from app.domain.operation_results import Change, InvalidOperation
 from app.domain.placement import Explanation
 from app.domain.reports import NodeReport
 from app.domain.state import (
@@ -57,6 +57,9 @@ DRAIN_EVENTS_SHOWN = 1000
 all: a drain of any length answers at a bounded cost, and its end is among the newest."""
 PREFIX_DRAWS = 8
 """Prefixes drawn before giving up: with 2**32 of them, a second draw is already rare."""
+DRAIN_CANCEL_READS = 3
+"""Reads of a drain's events a cancellation decides on before a refusal stands: the fold
+moving on while they are read (another cancellation of it) makes them stale."""
 
 
 def new_drain_id() -> str:
@@ -189,7 +192,23 @@ class Operations:
         return drain_id
 
     async def cancel_drain(self, caller: Caller, drain_id: str) -> bool:
-        """Call the drain off (``drain_cancel``); False when it was called off already."""
+        """Call the drain off (``drain_cancel``); False when it was called off already.
+
+        The drain's events are read before the fold it is decided on catches up, so an
+        event of the drain recorded in between (another operator's cancellation of it, at
+        the same moment) is in the fold and not in the events: the drain, no longer
+        draining, would look as if it ended otherwise. A refusal decided on a fold past
+        what the events were read after is decided again on the events read anew."""
+        for _ in range(DRAIN_CANCEL_READS - 1):
+            read_after = self._store.state.position
+            try:
+                return await self._cancel_on_events_read_now(caller, drain_id)
+            except InvalidOperation:
+                if self._store.state.position <= read_after:
+                    raise
+        return await self._cancel_on_events_read_now(caller, drain_id)
+
+    async def _cancel_on_events_read_now(self, caller: Caller, drain_id: str) -> bool:
         events = await self._drain_events(drain_id)
         target = drain_cancel.drain_target(drain_id, events)
         return await self._record(

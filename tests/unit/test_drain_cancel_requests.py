@@ -4,6 +4,7 @@ what a repeat and a drain that ended otherwise get, and how the drain's progress
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 
 import msgspec
@@ -11,7 +12,7 @@ import pytest
 
 from app.domain.drain import NODE_DRAIN_COMPLETE
 from app.domain.drain_progress import DrainState
-from app.domain.envelope import Meta
+from app.domain.envelope import Meta, Recorded
 from app.domain.events import (
     ModelDeclared,
     NodeDrainCancelled,
@@ -53,6 +54,23 @@ async def finished(store: InMemoryEventStore, drain_id: str, outcome: str, ok: b
     done = NodeDrainFinished(node_id="gpu-1", drain_id=drain_id, outcome=outcome, succeeded=ok)
     meta = Meta(actor="reconciler", correlation_id=drain_id)
     await store.append(node_stream("gpu-1"), None, [NewEvent(done)], meta)
+
+
+async def serving_replica(store: InMemoryEventStore) -> None:
+    """Node gpu-1 connected, and replica llama-1 of model llama serving on it."""
+    await ReportRecorder(store).handle(hello("gpu-1"))
+    spec = ModelSpec(name="llama", command="sim --port {port}", replicas=1)
+    shard = ShardPlacement(index=0, node_id="gpu-1", gpus=(0,), port=20001)
+    await store.append(
+        "model-llama", None, [NewEvent(ModelDeclared(model="llama", spec=spec))], RECONCILER
+    )
+    serving = [
+        ReplicaPlaced(replica_id="llama-1", model="llama", number=1, shards=(shard,)),
+        ShardStarting(replica_id="llama-1", shard_index=0, node_id="gpu-1", pid=7),
+        ShardReady(replica_id="llama-1", shard_index=0, node_id="gpu-1"),
+        ReplicaServing(replica_id="llama-1"),
+    ]
+    await store.append(replica_stream("llama-1"), None, [NewEvent(e) for e in serving], RECONCILER)
 
 
 async def test_a_node_drain_s_cancellation_is_recorded_as_the_operator_s_and_a_repeat_is_not() -> (
@@ -132,19 +150,7 @@ async def test_a_rollout_s_id_is_refused_saying_how_to_steer_the_rollout() -> No
 async def test_a_replica_drain_is_called_off_at_once_and_its_replica_serves_on() -> None:
     store = InMemoryEventStore()
     operations = Operations(store, clock=lambda: T0)
-    await ReportRecorder(store).handle(hello("gpu-1"))
-    spec = ModelSpec(name="llama", command="sim --port {port}", replicas=1)
-    shard = ShardPlacement(index=0, node_id="gpu-1", gpus=(0,), port=20001)
-    await store.append(
-        "model-llama", None, [NewEvent(ModelDeclared(model="llama", spec=spec))], RECONCILER
-    )
-    serving = [
-        ReplicaPlaced(replica_id="llama-1", model="llama", number=1, shards=(shard,)),
-        ShardStarting(replica_id="llama-1", shard_index=0, node_id="gpu-1", pid=7),
-        ShardReady(replica_id="llama-1", shard_index=0, node_id="gpu-1"),
-        ReplicaServing(replica_id="llama-1"),
-    ]
-    await store.append(replica_stream("llama-1"), None, [NewEvent(e) for e in serving], RECONCILER)
+    await serving_replica(store)
     drain_id = await operations.drain_replica(ALICE, "llama-1")
 
     assert await operations.cancel_drain(BOB, drain_id) is True
@@ -156,3 +162,47 @@ async def test_a_replica_drain_is_called_off_at_once_and_its_replica_serves_on()
     progress = await operations.drain(drain_id)
     assert (progress.state, progress.outcome) == (DrainState.CANCELLED, "cancelled by bob")
     assert await operations.cancel_drain(BOB, drain_id) is False
+
+
+class SlowReadingStore(InMemoryEventStore):
+    """The in-memory store whose answers to a read of a drain's events take a turn of the
+    loop to arrive, as PostgreSQL's do: another request's cancellation can land meanwhile."""
+
+    async def read_correlated(
+        self, correlation_id: str, limit: int = 1000, *, newest: bool = False
+    ) -> list[Recorded]:
+        answer = await super().read_correlated(correlation_id, limit, newest=newest)
+        await asyncio.sleep(0)
+        return answer
+
+
+async def test_two_cancels_of_a_replica_drain_at_once_record_one_the_other_changes_nothing() -> (
+    None
+):
+    store = SlowReadingStore()
+    operations = Operations(store, clock=lambda: T0)
+    await serving_replica(store)
+    drain_id = await operations.drain_replica(ALICE, "llama-1")
+
+    answers = await asyncio.gather(
+        operations.cancel_drain(ALICE, drain_id), operations.cancel_drain(BOB, drain_id)
+    )
+
+    assert sorted(answers) == [False, True]  # as one after the other: the second is a repeat
+    called_off = [r for r in await store.read_all() if isinstance(r.event, ReplicaDrainCancelled)]
+    assert len(called_off) == 1
+
+
+async def test_two_cancels_of_a_node_drain_at_once_record_one_the_other_changes_nothing() -> None:
+    store = SlowReadingStore()
+    operations = Operations(store, clock=lambda: T0)
+    await ReportRecorder(store).handle(hello("gpu-1"))
+    drain_id = (await operations.drain_node(ALICE, "gpu-1", 600)).drain_id
+
+    answers = await asyncio.gather(
+        operations.cancel_drain(ALICE, drain_id), operations.cancel_drain(BOB, drain_id)
+    )
+
+    assert sorted(answers) == [False, True]
+    cancelled = [r for r in await store.read_all() if isinstance(r.event, NodeDrainCancelled)]
+    assert len(cancelled) == 1
