@@ -23,6 +23,8 @@ from litestar.status_codes import (
 )
 from litestar.types import ExceptionHandlersMap
 
+from app.domain.describe import describe
+from app.domain.envelope import Recorded
 from app.domain.keys import InvalidKey, UnknownKey
 from app.domain.operation_results import (
     InvalidDrain,
@@ -38,6 +40,7 @@ from app.domain.operation_results import (
     UnknownThing,
 )
 from app.domain.revocations import InvalidRevocation
+from app.services.conflicts import ChangeConflict
 from app.store.errors import ConcurrencyError, FencedError, StoreError, StoreUnavailable
 
 log = structlog.get_logger(__name__)
@@ -129,7 +132,8 @@ def handle_domain(_: Request[Any, Any, Any], exc: Exception) -> Response[dict[st
 def _details(exc: Exception) -> dict[str, Any]:
     """What a client needs besides the message: every field of an invalid spec, the id of
     an unknown thing (its first 100 characters and "…" when longer, and then how long it
-    was), each replica of a drain refused for want of room."""
+    was), each replica of a drain refused for want of room, the changes a conflicting request
+    met."""
     match exc:
         case InvalidFields():
             return {"errors": [{"field": e.field, "reason": e.reason} for e in exc.errors]}
@@ -138,7 +142,19 @@ def _details(exc: Exception) -> dict[str, Any]:
             return shown if exc.shown_key == exc.key else {**shown, "id_length": len(exc.key)}
         case NoRoomToDrain():
             return {"room": [msgspec.to_builtins(r) for r in exc.room]}
+        case ChangeConflict():
+            return {"conflicts_with": [_change(r) for r in exc.met]}
     return {}
+
+
+def _change(recorded: Recorded) -> dict[str, Any]:
+    """A change a conflicting request met, as a history shows it, in brief."""
+    return {
+        "position": recorded.position,
+        "stream": recorded.stream,
+        "actor": recorded.meta.actor,
+        "summary": describe(recorded.event),
+    }
 
 
 def _slug(exc: HTTPException) -> str:

@@ -48,6 +48,8 @@ from app.domain.state import (
     ReplicaPhase,
     revocation_key,
 )
+from app.services.conflicts import conflict_met
+from app.store.errors import ConcurrencyError
 from app.store.interface import EventStore, NewEvent
 
 ChangeT = TypeVar("ChangeT", bound=Change)
@@ -456,5 +458,8 @@ class Operations:
             correlation_id=change.correlation_id or correlation_id or caller.request_id,
             causation_id=caller.request_id,
         )
-        await self._store.append(stream, version, [NewEvent(e) for e in change.events], meta)
+        try:
+            await self._store.append(stream, version, [NewEvent(e) for e in change.events], meta)
+        except ConcurrencyError as exc:
+            raise await conflict_met(self._store, exc) from exc
         return change
