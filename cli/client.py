@@ -12,6 +12,7 @@ says what to do::
 
     ClientError
     ├── AdminUnreachable        no answer: refused, unknown host, timed out, cut off
+    │   └── AnswerLost          a change sent whose answer never came: it may have been done
     ├── TlsFailure              the TLS handshake failed, or the TLS settings are unusable
     ├── AuthenticationRequired  401: no token, or one the server does not know
     ├── AnswerTooLarge          an answer (or one record of a stream) past MAX_ANSWER_BYTES
@@ -55,6 +56,9 @@ MAX_ANSWER_BYTES = 64 * 2**20
 or a broken one, cannot make the CLI hold an answer without end. A compressed answer counts
 as it is once decompressed (each piece the connection brings at most some tens of MiB)."""
 
+READING_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+"""Requests that change nothing: one whose answer was lost is only unanswered."""
+
 _T = TypeVar("_T")
 _E = TypeVar("_E", bound=BaseException)
 
@@ -65,6 +69,10 @@ class ClientError(Exception):
 
 class AdminUnreachable(ClientError):
     pass
+
+
+class AnswerLost(AdminUnreachable):
+    """A change was sent and its answer did not come back: it may have been carried out."""
 
 
 class TlsFailure(ClientError):
@@ -273,6 +281,9 @@ class AdminClient:
         url = self.settings.admin_url
         if _in_chain(exc, ssl.SSLError) is not None:
             return TlsFailure(f"TLS handshake with the admin API at {url} failed: {self._why(exc)}")
+        lost = self._answer_lost(exc)
+        if lost is not None:
+            return lost
         if isinstance(exc, httpx.TimeoutException):
             reason = f"no answer within {self.timeout_s:g} s"
         elif _in_chain(exc, ConnectionRefusedError) is not None:
@@ -296,6 +307,32 @@ class AdminClient:
         return AdminUnreachable(
             f"cannot reach the admin API at {url}: {reason} — is llmgw-server running there? "
             f"For another address, give --admin-url or set {SETTING_ENV['admin_url']}"
+        )
+
+    def _answer_lost(self, exc: httpx.TransportError) -> AnswerLost | None:
+        """A change whose request went out, and whose answer did not come back: over plain
+        HTTP, a connection closed then or a read that timed out (over TLS, a connection
+        closed then is how a refused client certificate shows, and is told so)."""
+        try:
+            request = exc.request
+        except RuntimeError:
+            return None
+        if request.method in READING_METHODS:
+            return None
+        if isinstance(exc, httpx.ReadTimeout):
+            why = f"no answer within {self.timeout_s:g} s"
+        elif isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError):
+            if self._url.scheme == "https":
+                return None
+            why = str(exc) or type(exc).__name__
+        else:
+            return None
+        return AnswerLost(
+            f"the connection to the admin API at {self.settings.admin_url} broke before its "
+            f"answer came ({why}): {request.method} {request.url.path} was sent and may have "
+            "been carried out. See what the log recorded (`llmgw-cli events --last 20`) "
+            "before sending it again; docs/admin-api.md#sending-a-change-again says what a "
+            "repeat of each change does"
         )
 
     def _cut_off_advice(self) -> str:

@@ -4,8 +4,10 @@ network between one process and PostgreSQL failing, the others still reaching it
 While cut, every connection through the relay stays open and carries nothing either way,
 as a partition leaves them (no reset, no close: the process finds out only by its own
 timeouts), and a new connection is accepted and carries nothing either. Refusing, every new
-connection is closed at once, as a server that is down or restarting closes them. Mended,
-what was held flows on and new connections are carried. It runs on the test's event loop."""
+connection is closed at once, as a server that is down or restarting closes them. Losing
+answers, each request is carried to the server and the client's connection is closed as its
+answer starts, without it: the request was done, and the client cannot know. Mended, what
+was held flows on and new connections are carried. It runs on the test's event loop."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ class TcpRelay:
         self._open = asyncio.Event()
         self._open.set()
         self._refusing = False
+        self._losing_answers = False
         self._pipes: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
         self.port = 0
@@ -63,9 +66,15 @@ class TcpRelay:
         """Close every new connection at once from now on (those open are left as they are)."""
         self._refusing = True
 
+    def lose_answers(self) -> None:
+        """From now on, carry requests to the server and close the client's connection as the
+        server's answer starts, without it."""
+        self._losing_answers = True
+
     def mend(self) -> None:
         """Carry again, what was held first, and carry new connections."""
         self._refusing = False
+        self._losing_answers = False
         self._open.set()
 
     async def _relay(
@@ -80,15 +89,23 @@ class TcpRelay:
         except OSError:
             client_out.close()
             return
-        for reader, writer in ((client_in, server_out), (server_in, client_out)):
-            pipe = asyncio.create_task(self._pipe(reader, writer))
+        for reader, writer, answers in (
+            (client_in, server_out, False),
+            (server_in, client_out, True),
+        ):
+            pipe = asyncio.create_task(self._pipe(reader, writer, answers=answers))
             self._pipes.add(pipe)
             pipe.add_done_callback(self._pipes.discard)
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, answers: bool
+    ) -> None:
+        """``answers``: the server's side, to the client."""
         try:
             while data := await reader.read(CHUNK_BYTES):
                 await self._open.wait()
+                if answers and self._losing_answers:
+                    return
                 writer.write(data)
                 await writer.drain()
         except (OSError, asyncio.IncompleteReadError):

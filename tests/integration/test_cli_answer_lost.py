@@ -1,0 +1,97 @@
+"""An operator's change whose answer the network lost: ``llmgw-cli`` (a real process) talks
+to the admin API (over a real PostgreSQL store) through a relay that carries the request and
+drops the connection as the answer starts. The change was done; the CLI cannot know, and
+says so (not that the URL's scheme may be wrong), with how to find out; sending it again
+does what docs/admin-api.md says a repeat of it does."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest_asyncio
+
+from app.domain.events import ModelScaled, NodeDrainRequested, model_stream, node_stream
+from app.store.postgres import PostgresEventStore
+from tests.support.admin_server import seed_node
+from tests.support.operator_cli import TOKEN, Operator, live_admin_api
+from tests.support.tcp_relay import TcpRelay
+
+LLAMA = {"command": "vllm serve {model} --port {port}", "replicas": 1}
+
+
+@dataclass(frozen=True)
+class ThroughRelay:
+    """The operator through the relay, and the admin API's URL behind it."""
+
+    operator: Operator
+    relay: TcpRelay
+    direct: str
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def through_relay(
+    pg_store: PostgresEventStore, tmp_path: Path
+) -> AsyncIterator[ThroughRelay]:
+    async with live_admin_api(pg_store) as url:
+        port = httpx.URL(url).port
+        assert port is not None
+        async with TcpRelay("127.0.0.1", port) as relay:
+            operator = Operator(home=tmp_path, admin_url=f"http://127.0.0.1:{relay.port}")
+            yield ThroughRelay(operator=operator, relay=relay, direct=url)
+
+
+async def test_a_scale_whose_answer_was_lost_was_done_and_sending_it_again_changes_nothing(
+    through_relay: ThroughRelay, pg_store: PostgresEventStore
+) -> None:
+    async with httpx.AsyncClient(
+        base_url=through_relay.direct, headers={"authorization": f"Bearer {TOKEN}"}
+    ) as admin:
+        assert (await admin.put("/admin/v1/models/llama", json=LLAMA)).status_code == 200
+    through_relay.relay.lose_answers()
+
+    lost = await through_relay.operator.run("scale", "llama", "3")
+
+    assert lost.code == 1
+    assert "POST /admin/v1/models/llama/scale was sent and may have been carried out" in (
+        lost.stderr
+    ), lost.stderr
+    assert "scheme" not in lost.stderr
+    scales = [
+        r
+        for r in await pg_store.read_stream(model_stream("llama"))
+        if isinstance(r.event, ModelScaled)
+    ]
+    assert [r.event.replicas for r in scales if isinstance(r.event, ModelScaled)] == [3]
+
+    through_relay.relay.mend()
+    again = await through_relay.operator.run("scale", "llama", "3", "--output", "json")
+
+    assert again.json()["changed"] is False
+    assert len(await pg_store.read_stream(model_stream("llama"))) == len(scales) + 1
+
+
+async def test_a_drain_whose_answer_was_lost_is_not_started_twice(
+    through_relay: ThroughRelay, pg_store: PostgresEventStore
+) -> None:
+    await seed_node(pg_store, "gpu-1")
+    through_relay.relay.lose_answers()
+
+    lost = await through_relay.operator.run("drain", "gpu-1")
+
+    assert lost.code == 1
+    assert "POST /admin/v1/nodes/gpu-1/drain was sent and may have been carried out" in (
+        lost.stderr
+    ), lost.stderr
+    through_relay.relay.mend()
+    again = await through_relay.operator.run("drain", "gpu-1")
+
+    [requested] = [
+        r.event
+        for r in await pg_store.read_stream(node_stream("gpu-1"))
+        if isinstance(r.event, NodeDrainRequested)
+    ]
+    assert again.code == 1
+    assert f"node gpu-1 is already draining (drain {requested.drain_id}" in again.stderr
