@@ -14,7 +14,9 @@ under way elsewhere goes before a later one of the node's), then a replica the d
 because it is not serving yet, which the model then places again: a move's replacement as
 its original's, the others as many as the model is then short of. Each placement holds its
 GPUs and port for the ones after it, so two replicas and room for one elsewhere means one
-has no room. What an engine a node reports running still holds is held as the reconciler
+has no room. The replicas of other nodes being drained are moves under way, whether or not
+the reconciler has started them yet: a second drain finds the room a first one will take
+taken. What an engine a node reports running still holds is held as the reconciler
 holds it (``Allocations.for_placement``). A replica with no room gets placement's reason, the line
 ``explain-placement`` gives.
 
@@ -129,8 +131,15 @@ def _with_drain(state: ClusterState, requested: NodeDrainRequested) -> ClusterSt
     """A copy of ``state`` with the drain folded in as the log will hold it, and what the
     reconciler's first pass of it then does to the node's replicas
     (``drain.node_drain_steps``), every move started at once: a model's ``max_moves``
-    paces them, but each waits for room the same."""
+    paces them, but each waits for room the same. Before it, the same of every other node
+    drain under way and not called off, so that their moves, the reconciler's pass of them
+    made yet or not, hold the room they will take."""
     draining = state.copy()
+    for other in list(draining.nodes.values()):
+        # Drains requested before this one move first, the reconciler's pass made or not.
+        if other.drain_id is not None and other.drain_cancelled_by is None:
+            for replica_id, step in node_drain_steps(draining, other, paced=False):
+                _fold(draining, replica_stream(replica_id), step, other.drain_id)
     _fold(draining, node_stream(requested.node_id), requested, requested.drain_id)
     node = draining.nodes.get(requested.node_id)
     if node is None:

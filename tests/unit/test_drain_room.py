@@ -271,3 +271,43 @@ def test_explain_placement_holds_a_gpu_an_engine_still_runs_on_as_the_reconciler
     assert explained.placement is not None
     [placed] = of_type(cluster.reconcile(), ReplicaPlaced)
     assert placed.shards == explained.placement
+
+
+def one_replica_on_each_of_two_nodes_and_one_free_gpu_on_a_third() -> Cluster:
+    cluster = Cluster()
+    for node in ("gpu-1", "gpu-2", "gpu-3"):
+        cluster.node(node, n_gpus=1)
+    cluster.model(replicas=2)
+    cluster.after(31)  # past the adoption grace
+    cluster.given(
+        *(
+            ReplicaPlaced(
+                replica_id=f"llama-{n}",
+                model="llama",
+                number=n,
+                shards=(ShardPlacement(index=0, node_id=f"gpu-{n}", gpus=(0,), port=20000),),
+            )
+            for n in (1, 2)
+        )
+    )
+    cluster.serve("llama-1")
+    cluster.serve("llama-2")
+    return cluster
+
+
+def test_a_second_drain_finds_the_room_a_first_drain_not_yet_started_will_take() -> None:
+    cluster = one_replica_on_each_of_two_nodes_and_one_free_gpu_on_a_third()
+    cluster.given(*node_ops.drain_node(cluster.state, "gpu-1", "drain-1", 600.0).events)
+
+    # The reconciler has not made a pass since: llama-1 is not draining yet.
+    assert cluster.state.replicas["llama-1"].phase is ReplicaPhase.SERVING
+    second = node_ops.drain_node(cluster.state, "gpu-2", "drain-2", 600.0)
+
+    [room] = second.room
+    assert (room.replica_id, room.has_room) == ("llama-2", False)
+    assert room.reason == (
+        "needs 1 node(s) with 1 healthy free GPU(s), 0 eligible of 3: 2 draining, 1 not enough "
+        "healthy free GPUs; each node counted once, under the first check it fails"
+    )  # gpu-3's GPU holds llama-1's replacement
+    with pytest.raises(NoRoomToDrain):
+        node_ops.drain_node(cluster.state, "gpu-2", "drain-2", 600.0, require_room=True)
