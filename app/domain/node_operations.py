@@ -55,6 +55,9 @@ class NodeDrain(Change, frozen=True, kw_only=True):
     drain_id: str
     room: tuple[ReplicaRoom, ...] = ()
     """Each replica the drain moves or stops, by model and number (``drain_room``)."""
+    drains_beside: frozenset[str] | None = None
+    """For a drain that requires room: the other node drains the room was found beside
+    (``room_overtaken``); None otherwise."""
 
 
 def cordon(state: ClusterState, node_id: str, reason: str) -> Change:
@@ -119,7 +122,40 @@ def drain_node(
     room = room_for_drain(state, requested, running)
     if require_room and any(not r.has_room for r in room):
         raise NoRoomToDrain(node_id, room)
-    return NodeDrain(stream=node_stream(node_id), events=(requested,), drain_id=drain_id, room=room)
+    return NodeDrain(
+        stream=node_stream(node_id),
+        events=(requested,),
+        drain_id=drain_id,
+        room=room,
+        drains_beside=_drains_under_way(state) if require_room else None,
+    )
+
+
+def room_overtaken(drain: NodeDrain, state: ClusterState) -> str | None:
+    """Whether a drain that required room may still be recorded on ``state`` (the log as it
+    is appended on, the drain in it): None, or the stream of another node whose drain
+    began since the room was found, and whose moves may take it. Each node's drain is on
+    its own stream, so two drains at once are both appended at their streams' versions;
+    asked this, the second is refused as a conflict and decided again beside the first."""
+    if drain.drains_beside is None:
+        return None
+    for node_id, drain_id in sorted(_drains_under_way_by_node(state).items()):
+        if drain_id != drain.drain_id and drain_id not in drain.drains_beside:
+            return node_stream(node_id)
+    return None
+
+
+def _drains_under_way(state: ClusterState) -> frozenset[str]:
+    return frozenset(_drains_under_way_by_node(state).values())
+
+
+def _drains_under_way_by_node(state: ClusterState) -> dict[str, str]:
+    """Node id -> its drain's id, for every node drain under way and not called off."""
+    return {
+        node.id: node.drain_id
+        for node in state.nodes.values()
+        if node.drain_id is not None and node.drain_cancelled_by is None
+    }
 
 
 def _follow_or_cancel(drain_id: str) -> str:

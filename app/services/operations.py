@@ -50,7 +50,7 @@ from app.domain.state import (
 )
 from app.services.conflicts import conflict_met
 from app.store.errors import ConcurrencyError
-from app.store.interface import EventStore, NewEvent
+from app.store.interface import AppendRequest, EventStore, NewEvent
 
 ChangeT = TypeVar("ChangeT", bound=Change)
 
@@ -180,6 +180,7 @@ class Operations:
                 s, node_id, drain_id, grace_s, require_room=require_room, running=running
             ),
             correlation_id=drain_id,
+            still_holds=node_decisions.room_overtaken,
         )
 
     async def drain_replica(self, caller: Caller, replica_id: str) -> str:
@@ -435,10 +436,13 @@ class Operations:
         decision: Callable[[ClusterState], ChangeT],
         correlation_id: str | None = None,
         about_replica: str | None = None,
+        still_holds: Callable[[ChangeT, ClusterState], str | None] | None = None,
     ) -> ChangeT:
         """The change decided and appended (nothing when it has no events). The events are
         correlated with what the decision says they are part of (a rollout), else with
-        ``correlation_id``, else with the request."""
+        ``correlation_id``, else with the request. ``still_holds``: asked of the change and
+        the log as it is appended on, for a decision another stream's change can overturn
+        (``EventStore.append_many``)."""
         # Decided on the caught-up fold and appended with that fold's version of the
         # stream: the append succeeds only if no event came since.
         state = await self._store.catch_up()
@@ -458,8 +462,10 @@ class Operations:
             correlation_id=change.correlation_id or correlation_id or caller.request_id,
             causation_id=caller.request_id,
         )
+        request = AppendRequest(stream, version, [NewEvent(e) for e in change.events])
+        check = partial(still_holds, change) if still_holds is not None else None
         try:
-            await self._store.append(stream, version, [NewEvent(e) for e in change.events], meta)
+            await self._store.append_many([request], meta, still_holds=check)
         except ConcurrencyError as exc:
             raise await conflict_met(self._store, exc) from exc
         return change

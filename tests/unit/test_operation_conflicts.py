@@ -7,13 +7,30 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+import pytest
+
 from app.domain.envelope import Meta, Recorded
+from app.domain.events import (
+    ModelDeclared,
+    NodeDrainRequested,
+    ReplicaPlaced,
+    ReplicaServing,
+    ShardPlacement,
+    ShardReady,
+    ShardStarting,
+    model_stream,
+    replica_stream,
+)
 from app.domain.model_spec import ModelSpec
+from app.domain.node_operations import NodeDrain
+from app.domain.operation_results import NoRoomToDrain
+from app.services.agent_reports import ReportRecorder
 from app.services.conflicts import ChangeConflict, conflict_met
 from app.services.operations import Caller, Operations
 from app.store.errors import ConcurrencyError
-from app.store.interface import NewEvent
+from app.store.interface import AppendRequest, NewEvent, StillHolds
 from app.store.memory import InMemoryEventStore
+from tests.unit.test_services_in_memory import hello
 
 ALICE = Caller(actor="alice", request_id="req-alice")
 BOB = Caller(actor="bob", request_id="req-bob")
@@ -23,11 +40,41 @@ class SlowWritingStore(InMemoryEventStore):
     """The in-memory store whose appends take a turn of the loop to reach the log, as
     PostgreSQL's do: another request decides on the same log meanwhile."""
 
-    async def append(
-        self, stream: str, expected_version: int | None, events: Sequence[NewEvent], meta: Meta
+    async def append_many(
+        self,
+        requests: Sequence[AppendRequest],
+        meta: Meta,
+        *,
+        still_holds: StillHolds | None = None,
     ) -> list[Recorded]:
         await asyncio.sleep(0)
-        return await super().append(stream, expected_version, events, meta)
+        return await super().append_many(requests, meta, still_holds=still_holds)
+
+
+async def one_replica_on_each_of_two_nodes_and_room_for_one_on_a_third(
+    store: InMemoryEventStore,
+) -> None:
+    """gpu-1, gpu-2 and gpu-3 with two GPUs each; llama's replicas take two: llama-1 on
+    gpu-1, llama-2 on gpu-2, and gpu-3 has room for one of them."""
+    for node in ("gpu-1", "gpu-2", "gpu-3"):
+        await ReportRecorder(store).handle(hello(node))
+    spec = ModelSpec(name="llama", command="sim --port {port}", replicas=2, gpus_per_shard=2)
+    reconciler = Meta(actor="reconciler")
+    await store.append(
+        model_stream("llama"), None, [NewEvent(ModelDeclared(model="llama", spec=spec))], reconciler
+    )
+    for n in (1, 2):
+        replica_id = f"llama-{n}"
+        shard = ShardPlacement(index=0, node_id=f"gpu-{n}", gpus=(0, 1), port=20000)
+        serving = [
+            ReplicaPlaced(replica_id=replica_id, model="llama", number=n, shards=(shard,)),
+            ShardStarting(replica_id=replica_id, shard_index=0, node_id=f"gpu-{n}", pid=7),
+            ShardReady(replica_id=replica_id, shard_index=0, node_id=f"gpu-{n}"),
+            ReplicaServing(replica_id=replica_id),
+        ]
+        await store.append(
+            replica_stream(replica_id), None, [NewEvent(e) for e in serving], reconciler
+        )
 
 
 async def test_the_scale_that_lost_the_race_names_the_scale_it_met_and_records_nothing() -> None:
@@ -72,3 +119,41 @@ async def test_a_conflict_names_the_newest_changes_it_met_and_counts_the_earlier
         "4 other changes came first, the newest 3: model llama scaled from 2 to 3 replica(s) "
         "(by bob, position "
     )
+
+
+async def test_two_drains_that_require_room_for_one_at_once_record_only_one() -> None:
+    store = SlowWritingStore()
+    operations = Operations(store)
+    await one_replica_on_each_of_two_nodes_and_room_for_one_on_a_third(store)
+
+    answers = await asyncio.gather(
+        operations.drain_node(ALICE, "gpu-1", 600, require_room=True),
+        operations.drain_node(BOB, "gpu-2", 600, require_room=True),
+        return_exceptions=True,
+    )
+
+    [accepted] = [a for a in answers if isinstance(a, NodeDrain)]
+    [refused] = [a for a in answers if isinstance(a, BaseException)]
+    assert isinstance(refused, ChangeConflict), refused
+    [met] = refused.met
+    assert isinstance(met.event, NodeDrainRequested)
+    assert met.event.drain_id == accepted.drain_id
+    requested = [r for r in await store.read_all() if isinstance(r.event, NodeDrainRequested)]
+    assert len(requested) == 1
+    # Sent again, it is decided beside the first drain, as one after the other would be.
+    other = "gpu-2" if met.event.node_id == "gpu-1" else "gpu-1"
+    with pytest.raises(NoRoomToDrain):
+        await operations.drain_node(BOB, other, 600, require_room=True)
+
+
+async def test_two_drains_at_once_that_do_not_require_room_are_both_recorded() -> None:
+    store = SlowWritingStore()
+    operations = Operations(store)
+    await one_replica_on_each_of_two_nodes_and_room_for_one_on_a_third(store)
+
+    await asyncio.gather(
+        operations.drain_node(ALICE, "gpu-1", 600), operations.drain_node(BOB, "gpu-2", 600)
+    )
+
+    requested = [r for r in await store.read_all() if isinstance(r.event, NodeDrainRequested)]
+    assert len(requested) == 2
