@@ -287,6 +287,19 @@ def revoke(state: ClusterState, key_id: str) -> Change:
     return Change(stream=key_stream(key_id), events=(revoked,))
 
 
+def same_name_created_since(created: Change, state: ClusterState, *, now: datetime) -> str | None:
+    """Asked of the log a key's creation is appended on (the key in it): the stream of
+    another live key of its name, created since the name was found free (by another
+    control plane serving the admin API on the same log, whose creations this one does not
+    wait for), else None: two live keys of one name would make the name useless."""
+    for event in created.events:
+        if isinstance(event, ApiKeyCreated):
+            for key in live_keys(state, now):
+                if key.name == event.name and key.id != event.key_id:
+                    return key_stream(key.id)
+    return None
+
+
 def live_keys(state: ClusterState, now: datetime) -> list[ApiKey]:
     """The keys neither revoked nor expired at ``now``."""
     return [k for k in state.keys.values() if k.live(now)]

@@ -117,7 +117,9 @@ class Operations:
         self._running = running
         # Key names are unique among live keys, but each key is its own stream, so the
         # stream version cannot catch two creations of one name: this process makes them
-        # one at a time instead.
+        # one at a time (the second is refused as a repeat), and a creation is appended
+        # only if no live key of its name came meanwhile from another control plane
+        # (``keys.same_name_created_since``).
         self._key_creation = asyncio.Lock()
 
     # -- changes: each returns whether anything was recorded, or the new drain's id --------
@@ -269,6 +271,7 @@ class Operations:
             for _ in range(PREFIX_DRAWS):
                 prefix = secrets.token_hex(4)
                 key, key_id = key_decisions.format_key(prefix, secret), f"k-{prefix}"
+                now = self._clock()
                 creation = partial(
                     key_decisions.create,
                     name=name,
@@ -278,12 +281,13 @@ class Operations:
                     key_id=key_id,
                     prefix=prefix,
                     secret_hash=key_decisions.hash_key(key),
-                    now=self._clock(),
+                    now=now,
                     expires_at=expires_at,
                     expires_in_s=expires_in_s,
                 )
+                name_free = partial(key_decisions.same_name_created_since, now=now)
                 try:
-                    await self._record(caller, key_stream(key_id), creation)
+                    await self._record(caller, key_stream(key_id), creation, still_holds=name_free)
                 except key_decisions.PrefixTaken:
                     continue
                 return NewKey(key=key, record=(await self.current()).keys[key_id])
@@ -424,9 +428,12 @@ class Operations:
         decision: Callable[[ClusterState], Change],
         correlation_id: str | None = None,
         about_replica: str | None = None,
+        still_holds: Callable[[Change, ClusterState], str | None] | None = None,
     ) -> bool:
         """Whether anything was recorded (see ``_append``)."""
-        change = await self._append(caller, stream, decision, correlation_id, about_replica)
+        change = await self._append(
+            caller, stream, decision, correlation_id, about_replica, still_holds
+        )
         return bool(change.events)
 
     async def _append(

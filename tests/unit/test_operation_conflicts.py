@@ -11,6 +11,7 @@ import pytest
 
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import (
+    ApiKeyCreated,
     ModelDeclared,
     NodeDrainRequested,
     ReplicaPlaced,
@@ -26,7 +27,7 @@ from app.domain.node_operations import NodeDrain
 from app.domain.operation_results import NoRoomToDrain
 from app.services.agent_reports import ReportRecorder
 from app.services.conflicts import ChangeConflict, conflict_met
-from app.services.operations import Caller, Operations
+from app.services.operations import Caller, NewKey, Operations
 from app.store.errors import ConcurrencyError
 from app.store.interface import AppendRequest, NewEvent, StillHolds
 from app.store.memory import InMemoryEventStore
@@ -157,3 +158,25 @@ async def test_two_drains_at_once_that_do_not_require_room_are_both_recorded() -
 
     requested = [r for r in await store.read_all() if isinstance(r.event, NodeDrainRequested)]
     assert len(requested) == 2
+
+
+async def test_two_control_planes_creating_a_key_of_one_name_at_once_record_one() -> None:
+    # Each control plane serving the admin API makes its own creations one at a time; a
+    # leader and a standby share only the log.
+    store = SlowWritingStore()
+    leader, standby = Operations(store), Operations(store)
+
+    answers = await asyncio.gather(
+        leader.create_key(ALICE, "ci", ["*"]),
+        standby.create_key(BOB, "ci", ["*"]),
+        return_exceptions=True,
+    )
+
+    [created] = [a for a in answers if isinstance(a, NewKey)]
+    [refused] = [a for a in answers if isinstance(a, BaseException)]
+    assert isinstance(refused, ChangeConflict), refused
+    [met] = refused.met
+    assert isinstance(met.event, ApiKeyCreated)
+    assert met.event.key_id == created.record.id
+    keys = [r for r in await store.read_all() if isinstance(r.event, ApiKeyCreated)]
+    assert len(keys) == 1
