@@ -17,6 +17,7 @@ from cli.client import (
     MAX_ANSWER_BYTES,
     AdminClient,
     AdminUnreachable,
+    AnswerLost,
     AnswerTooLarge,
     ApiProblem,
 )
@@ -343,3 +344,39 @@ def test_an_answer_nested_past_the_decoders_depth_is_refused_in_one_line(
     assert code == 1
     assert "the admin API sent an answer this client cannot read" in stderr
     assert len(stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("method", "cut"),
+    [("POST", httpx.ReadTimeout("")), ("DELETE", httpx.ReadError(""))],
+    ids=["post-timed-out", "delete-cut-off"],
+)
+def test_a_change_whose_answer_never_came_may_have_been_done(
+    method: str, cut: httpx.TransportError
+) -> None:
+    def lost(request: httpx.Request) -> httpx.Response:
+        raise type(cut)("", request=request)
+
+    settings = ConnectionSettings(admin_url="http://admin.invalid:8081")
+    with (
+        AdminClient(settings, timeout_s=2, transport=httpx.MockTransport(lost)) as client,
+        pytest.raises(AnswerLost) as raised,
+    ):
+        client.request(method, "/admin/v1/keys/ci")
+
+    assert f"{method} /admin/v1/keys/ci was sent and may have been carried out" in str(raised.value)
+
+
+def test_a_read_whose_answer_never_came_is_only_unanswered() -> None:
+    def lost(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("", request=request)
+
+    settings = ConnectionSettings(admin_url="http://admin.invalid:8081")
+    with (
+        AdminClient(settings, timeout_s=2, transport=httpx.MockTransport(lost)) as client,
+        pytest.raises(AdminUnreachable) as raised,
+    ):
+        client.request("GET", "/admin/v1/keys")
+
+    assert not isinstance(raised.value, AnswerLost)
+    assert "no answer within 2 s" in str(raised.value)
