@@ -159,8 +159,16 @@ def control_plane_engine(database_url: str, lease_s: float = DEFAULT_LEASE_S) ->
     transaction left waiting for its client for the leader lease is ended by PostgreSQL:
     by then a standby may lead, and the lock is its to take. Only ``serve``'s pool has
     this: ``projections rebuild`` and migrations compute between statements for longer.
+
+    A statement that gets no answer for twice the lease is given up and its connection
+    dropped (``answer_timeout_s``): a connection cut off without a reset would otherwise
+    hold the store's fold lock, and so every change and read of the admin API, until the
+    kernel gives up on it. Twice the lease leaves an append waiting for the append lock
+    of a frozen server (ended after the lease) the time to get it.
     """
-    return create_engine(database_url, idle_in_transaction_timeout_s=lease_s)
+    return create_engine(
+        database_url, idle_in_transaction_timeout_s=lease_s, answer_timeout_s=2 * lease_s
+    )
 
 
 def control_plane(

@@ -41,7 +41,13 @@ from app.domain.operation_results import (
 )
 from app.domain.revocations import InvalidRevocation
 from app.services.conflicts import ChangeConflict
-from app.store.errors import ConcurrencyError, FencedError, StoreError, StoreUnavailable
+from app.store.errors import (
+    AppendOutcomeUnknown,
+    ConcurrencyError,
+    FencedError,
+    StoreError,
+    StoreUnavailable,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -60,6 +66,7 @@ PROBLEM_TABLE: tuple[tuple[type[Exception], int, str], ...] = (
     (InvalidOperation, HTTP_409_CONFLICT, "invalid-operation"),
     (ConcurrencyError, HTTP_409_CONFLICT, "conflict"),
     (FencedError, HTTP_503_SERVICE_UNAVAILABLE, "not-leader"),
+    (AppendOutcomeUnknown, HTTP_503_SERVICE_UNAVAILABLE, "outcome-unknown"),
     (StoreUnavailable, HTTP_503_SERVICE_UNAVAILABLE, "database-unavailable"),
     (StoreError, HTTP_500_INTERNAL_SERVER_ERROR, "store-error"),
 )

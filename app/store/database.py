@@ -28,10 +28,18 @@ def driver_url(url: str) -> str:
 
 
 def create_engine(
-    url: str, *, pool_size: int = 10, idle_in_transaction_timeout_s: float | None = None
+    url: str,
+    *,
+    pool_size: int = 10,
+    idle_in_transaction_timeout_s: float | None = None,
+    answer_timeout_s: float | None = None,
 ) -> AsyncEngine:
     """A pool of connections to ``url``. With ``idle_in_transaction_timeout_s``, PostgreSQL
-    ends a session whose transaction waits that long for its client's next statement."""
+    ends a session whose transaction waits that long for its client's next statement. With
+    ``answer_timeout_s``, a statement that gets no answer that long raises ``TimeoutError``
+    (``StoreUnavailable`` once translated) and its connection is dropped: without it, a
+    connection cut off without a reset (a partition, a frozen database host) waits for the
+    kernel to give up on it, a quarter of an hour."""
     server_settings = (
         {}
         if idle_in_transaction_timeout_s is None
@@ -39,6 +47,10 @@ def create_engine(
             "idle_in_transaction_session_timeout": str(round(idle_in_transaction_timeout_s * 1000))
         }
     )
+    connect_args: dict[str, object] = {"server_settings": server_settings}
+    if answer_timeout_s is not None:
+        connect_args["command_timeout"] = answer_timeout_s
+        connect_args["timeout"] = answer_timeout_s
     return create_async_engine(
         sqlalchemy_url(url),
         pool_size=pool_size,
@@ -47,7 +59,7 @@ def create_engine(
         # A connection that broke is invalidated where the error surfaces (connection()).
         pool_pre_ping=False,
         pool_recycle=1800,
-        connect_args={"server_settings": server_settings},
+        connect_args=connect_args,
     )
 
 
@@ -70,7 +82,14 @@ _BROKEN_CONNECTION = (
 )
 """What leaves a connection unusable. ``InternalClientError``: the driver's protocol is in a
 state it cannot go on from, as when the server ended the session (a transaction left idle
-past ``idle_in_transaction_session_timeout``) and its notice raced the next statement."""
+past ``idle_in_transaction_session_timeout``) and its notice raced the next statement.
+``OSError`` includes ``TimeoutError``: a statement got no answer within the pool's
+``answer_timeout_s``; the connection may be cut off, and what it was doing is unknown."""
+
+
+def broke_connection(exc: BaseException) -> bool:
+    """Whether ``exc`` left its connection unusable (and what it was doing unanswered)."""
+    return isinstance(exc, _BROKEN_CONNECTION)
 
 
 @asynccontextmanager
@@ -83,7 +102,9 @@ async def connection(engine: AsyncEngine) -> AsyncIterator[asyncpg.Connection]:
     async with translated_errors(), engine.connect() as conn:
         try:
             yield await driver_connection(conn)
-        except _BROKEN_CONNECTION:
+        except (*_BROKEN_CONNECTION, StoreUnavailable):
+            # StoreUnavailable: a broken connection the store has already told apart (an
+            # append whose outcome is unknown).
             await conn.invalidate()
             await engine.dispose(close=False)
             raise
@@ -120,6 +141,11 @@ def store_error(exc: Exception) -> StoreError | None:
     match exc:
         case StoreError():
             return None
+        case TimeoutError():
+            return StoreUnavailable(
+                "the database did not answer in time (the connection is cut off, or the "
+                "database is stalled)"
+            )
         case OSError() | asyncpg.exceptions.PostgresConnectionError() | asyncpg.InterfaceError():
             return StoreUnavailable(f"database unreachable: {exc}")
         case asyncpg.InternalClientError():

@@ -4,6 +4,8 @@ StoreError
 ├── ConcurrencyError       a stream moved on since the caller read it; nothing was written
 ├── FencedError            the appender's leader epoch is no longer current
 ├── StoreUnavailable       the database cannot be reached
+│   └── AppendOutcomeUnknown   the connection broke once the append was sent: it may be in
+│                              the log or not
 ├── UnreadableEvent        a stored payload no longer decodes into any known event
 ├── UnreadableSnapshot     a fold snapshot is damaged, or was written by another fold
 ├── RuntimeRoleError       the runtime role cannot be set up, or could rewrite the log
@@ -45,6 +47,23 @@ class FencedError(StoreError):
 
 class StoreUnavailable(StoreError):
     """The database could not be reached or the connection broke mid-operation."""
+
+
+class AppendOutcomeUnknown(StoreUnavailable):
+    """The connection broke after the append reached the database and before its answer
+    came back: PostgreSQL may have committed it or not, and only the log can tell."""
+
+    def __init__(self, correlation_id: str | None, cause: str) -> None:
+        look_for = (
+            f"look for [{correlation_id}] in `llmgw-cli events --last 50`"
+            if correlation_id
+            else "read the newest events (`llmgw-cli events --last 50`)"
+        )
+        super().__init__(
+            f"the database connection broke while the change was being committed ({cause}): "
+            f"it may or may not have been recorded; {look_for} before asking again"
+        )
+        self.correlation_id = correlation_id
 
 
 class UnreadableEvent(StoreError):

@@ -36,6 +36,13 @@ started from a snapshot and no event came after it, from the snapshot (read with
 hash the snapshot is checked against). Only an empty fold has none, and the recorder then
 requires an empty log. The check costs nothing extra either: the recorder reads the log's
 last event for the position check anyway.
+
+An append whose connection breaks after it was sent (``AppendOutcomeUnknown``) may be in
+the log or not. The fold is left without it, as after a refusal, so the fold never holds
+what the log may not; if it was committed, the log is then ahead of the fold, and the
+next catch-up (every operator's change starts with one) or append (refused by the
+recorder: the log moved on) folds it from the log. A retry decides again on that fold:
+a change already made is then nothing to record.
 """
 
 from __future__ import annotations
@@ -53,7 +60,13 @@ from app.clock import utc_now
 from app.domain.envelope import Meta, Recorded
 from app.domain.state import ClusterState, Replica, ReplicaFilter
 from app.store.codec import storable_meta
-from app.store.errors import AlreadyRecorded, ConcurrencyError, LogMovedOn, StoreError
+from app.store.errors import (
+    AlreadyRecorded,
+    AppendOutcomeUnknown,
+    ConcurrencyError,
+    LogMovedOn,
+    StoreError,
+)
 from app.store.fold_view import FoldView
 from app.store.interface import AppendRequest, NewEvent, StillHolds
 from app.store.recorder import FoldSnapshots, Recorder, RecorderSession
@@ -210,10 +223,21 @@ class FoldedEventStore:
             if moved is not None:
                 raise ConcurrencyError(moved, None, self._view.known_version(moved))
             positions = await session.record(plan, changes, meta, undo.position, self._head)
-        except BaseException:
+        except BaseException as exc:
             # Overtaken, refused, or lost on the way (the write may have committed: then the
             # next append finds the log ahead of the fold and catches up).
             self._view.undo(undo)
+            if isinstance(exc, AppendOutcomeUnknown):
+                log.warning(
+                    "append_outcome_unknown",
+                    streams=sorted({r.stream for r in plan}),
+                    events=len(plan),
+                    correlation_id=meta.correlation_id,
+                    fold_position=undo.position,
+                    error=str(exc.__cause__ or exc),
+                    detail="the fold goes on without the batch; the next read of the log "
+                    "folds it if it was committed",
+                )
             raise
         recorded = self._view.confirm(plan, positions)
         self._head = max(recorded, key=lambda r: r.position).event_id

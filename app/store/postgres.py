@@ -14,7 +14,9 @@ transaction. Why appends are serialized, and why this is one round trip, is expl
 there. The check of the fold's last event reads nothing more than the position's did: the
 last row's id comes with its position. ``PostgresRecorder`` is the only place where the
 function's refusals (SQLSTATEs ``LG001``-``LG006``) become the store's errors; connection
-errors are translated by ``app.store.database``.
+errors are translated by ``app.store.database``, except one that breaks the connection
+after the call was sent: PostgreSQL may have committed the append, so it is
+``AppendOutcomeUnknown``, never a refusal.
 
 The version check runs first in the store, against the stream versions of the in-memory
 fold, so a writer that loses a race is refused before anything reaches the database and
@@ -41,9 +43,10 @@ from app.domain.events import subjects
 from app.domain.state import Replica, ReplicaFilter
 from app.store import history, replica_rows
 from app.store.codec import RECORDED_COLUMNS, encode_event, encode_meta, record_from_row
-from app.store.database import connection
+from app.store.database import broke_connection, connection
 from app.store.errors import (
     AlreadyRecorded,
+    AppendOutcomeUnknown,
     ConcurrencyError,
     FencedError,
     LogMovedOn,
@@ -184,8 +187,14 @@ class PostgresSession:
         arguments = _arguments(batch, meta, rows, after_position, after_event_id, self._channel)
         try:
             result = await self._db.fetch(_APPEND_CALL, *arguments)
-        except asyncpg.PostgresError as exc:
-            raise _translate(exc, meta) from exc
+        except Exception as exc:
+            # A connection that broke once the call was sent (reset, cut off past the
+            # timeout, ended by an administrator or a restart) may have committed it first.
+            if broke_connection(exc):
+                raise AppendOutcomeUnknown(meta.correlation_id, str(exc) or repr(exc)) from exc
+            if isinstance(exc, asyncpg.PostgresError):
+                raise _translate(exc, meta) from exc
+            raise
         return {row["out_event_id"]: row["out_position"] for row in result}
 
 

@@ -7,18 +7,91 @@ timeouts), and a new connection is accepted and carries nothing either. Refusing
 connection is closed at once, as a server that is down or restarting closes them. Losing
 answers, each request is carried to the server and the client's connection is closed as its
 answer starts, without it: the request was done, and the client cannot know. Mended, what
-was held flows on and new connections are carried. It runs on the test's event loop."""
+was held flows on and new connections are carried. It runs on the test's event loop.
+
+``break_after_sending(marker)`` breaks one connection at the worst moment of a statement:
+once the client has sent everything that runs it (the Bind, Execute and Sync of the prepared
+statement whose text holds ``marker``: asyncpg prepares a statement once per connection and
+then sends only its name), so PostgreSQL runs and commits it, but its answer never reaches
+the client. The connection is then held (as ``cut`` holds them all) or reset."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
+import struct
+from enum import Enum
 from types import TracebackType
 
 from app.store.database_url import parse_database_url
 
 CHUNK_BYTES = 65536
+_UNTYPED_REQUESTS = (80877103, 80877104)
+"""SSLRequest and GSSENCRequest: untyped, and another untyped message (the startup) follows."""
+
+
+class Break(Enum):
+    HOLD = "hold"
+    """Carry nothing more either way, the connection left open (a partition)."""
+    RESET = "reset"
+    """Close both sides (the server restarted, a firewall's reset)."""
+
+
+@dataclasses.dataclass
+class _Armed:
+    marker: bytes
+    how: Break
+    broken: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+
+class _ClientMessages:
+    """The client's side of one PostgreSQL connection, read message by message, which says
+    where the statement an ``_Armed`` waits for has been sent in full."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._typed = False
+        self._statements: dict[bytes, bytes] = {}
+        """Every statement the client prepared, by name, and its text."""
+        self._bound = False
+
+    def feed(self, data: bytes, marker: bytes | None) -> int | None:
+        """How many bytes of ``data`` to send before the break (all of the Sync after a Bind
+        of a statement naming ``marker``), or None when it is not in ``data``."""
+        start = len(self._buffer)
+        self._buffer += data
+        offset = 0
+        while True:
+            header = 8 if not self._typed else 5
+            if len(self._buffer) - offset < header:
+                break
+            if self._typed:
+                kind = self._buffer[offset : offset + 1]
+                (length,) = struct.unpack_from(">i", self._buffer, offset + 1)
+                size = 1 + length
+            else:
+                kind = b""
+                length, code = struct.unpack_from(">ii", self._buffer, offset)
+                size = length
+            if len(self._buffer) - offset < size:
+                break
+            body = self._buffer[offset + header : offset + size]
+            offset += size
+            if not self._typed:
+                self._typed = code not in _UNTYPED_REQUESTS
+            elif kind == b"P":
+                name, _, rest = body.partition(b"\0")
+                self._statements[name] = rest.partition(b"\0")[0]
+            elif kind == b"B":
+                statement = body.partition(b"\0")[2].partition(b"\0")[0]
+                text = self._statements.get(statement, b"")
+                self._bound = marker is not None and marker in text
+            elif kind == b"S" and self._bound:
+                self._buffer = b""
+                return max(0, offset - start)
+        self._buffer = self._buffer[offset:]
+        return None
 
 
 class TcpRelay:
@@ -31,6 +104,9 @@ class TcpRelay:
         self._open.set()
         self._refusing = False
         self._losing_answers = False
+        self._armed: _Armed | None = None
+        self._held: set[asyncio.Event] = set()
+        """Connections held after a break, until ``mend``."""
         self._pipes: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
         self.port = 0
@@ -71,11 +147,21 @@ class TcpRelay:
         server's answer starts, without it."""
         self._losing_answers = True
 
+    def break_after_sending(self, marker: bytes, how: Break) -> asyncio.Event:
+        """Break the first connection that sends the statement whose text holds ``marker``
+        (see the module docstring), the others carried on; the event is set once it is
+        broken. A held connection flows again with ``mend``."""
+        self._armed = _Armed(marker, how)
+        return self._armed.broken
+
     def mend(self) -> None:
         """Carry again, what was held first, and carry new connections."""
         self._refusing = False
         self._losing_answers = False
         self._open.set()
+        for held in self._held:
+            held.set()
+        self._held.clear()
 
     async def _relay(
         self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter
@@ -89,24 +175,54 @@ class TcpRelay:
         except OSError:
             client_out.close()
             return
-        for reader, writer, answers in (
-            (client_in, server_out, False),
-            (server_in, client_out, True),
+        held = asyncio.Event()
+        held.set()
+        ends = (client_out, server_out)
+        for reader, writer, messages in (
+            (client_in, server_out, _ClientMessages()),
+            (server_in, client_out, None),
         ):
-            pipe = asyncio.create_task(self._pipe(reader, writer, answers=answers))
+            pipe = asyncio.create_task(self._pipe(reader, writer, messages, held, ends))
             self._pipes.add(pipe)
             pipe.add_done_callback(self._pipes.discard)
 
     async def _pipe(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, answers: bool
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        messages: _ClientMessages | None,
+        held: asyncio.Event,
+        ends: tuple[asyncio.StreamWriter, asyncio.StreamWriter],
     ) -> None:
-        """``answers``: the server's side, to the client."""
+        """Carry ``reader`` to ``writer``; ``messages`` watches the client's side for the
+        armed statement, and ``held`` (the connection's own) stops both sides once it is
+        sent."""
         try:
             while data := await reader.read(CHUNK_BYTES):
                 await self._open.wait()
-                if answers and self._losing_answers:
+                await held.wait()
+                if messages is None and self._losing_answers:
+                    return  # the server's answer, to the client
+                armed = self._armed
+                sent = None
+                if messages is not None:
+                    sent = messages.feed(data, armed.marker if armed is not None else None)
+                if sent is None or armed is None:
+                    writer.write(data)
+                    await writer.drain()
+                    continue
+                self._armed = None
+                writer.write(data[:sent])
+                await writer.drain()
+                armed.broken.set()
+                if armed.how is Break.RESET:
+                    for end in ends:
+                        end.close()
                     return
-                writer.write(data)
+                held.clear()
+                self._held.add(held)
+                await held.wait()
+                writer.write(data[sent:])
                 await writer.drain()
         except (OSError, asyncio.IncompleteReadError):
             pass

@@ -1,0 +1,190 @@
+"""An operator's change whose connection to PostgreSQL breaks once the append was sent: the
+database may have committed it, and the server cannot know. The story each test tells: the
+change is refused as of unknown outcome (never as failed, never as done), the next request
+works without a restart, the server's fold then holds exactly what the log holds (compared
+with a fresh replay), and asking again records nothing twice.
+
+The server's store reaches the test database through a relay (``tests.support.tcp_relay``)
+that breaks the one connection carrying ``llmgw_append`` right after it sent the call;
+``pg_terminate_backend`` ends a backend waiting inside the call."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from app.bootstrap import control_plane_engine
+from app.domain.events import ModelScaled
+from app.services.operations import Caller, Operations
+from app.store.database import create_engine, driver_url
+from app.store.database_url import parse_database_url
+from app.store.errors import AppendOutcomeUnknown
+from app.store.postgres import APPEND_LOCK_KEY, PostgresEventStore
+from app.store.projection import all_rows
+from app.store.replay import replay
+from tests.support.admin_server import bearer_client, problem_of, serving_admin
+from tests.support.routing import declare_model
+from tests.support.tcp_relay import Break, TcpRelay
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+MODEL = "outcome"
+ALICE = Caller(actor="alice")
+LEASE_S = 1.0
+"""So that ``serve``'s pool gives up on a statement without an answer after 2 s."""
+ANSWERED_WITHIN_S = 10.0
+TOKEN = "outcome-token"
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def relay(database_url: str) -> AsyncIterator[TcpRelay]:
+    (host, port), *_ = parse_database_url(database_url).hosts
+    assert port is not None
+    async with TcpRelay(host, port) as relay:
+        yield relay
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def store(database_url: str, relay: TcpRelay) -> AsyncIterator[PostgresEventStore]:
+    """The store of ``serve``, with its pool as ``serve`` builds it, through the relay."""
+    engine = control_plane_engine(relay.in_front_of(database_url), lease_s=LEASE_S)
+    store = PostgresEventStore(engine)
+    await declare_model(store, MODEL)
+    yield store
+    await engine.dispose()
+
+
+async def scaled_events(database_url: str) -> list[int]:
+    """The counts of the model's ``ModelScaled`` events in the log."""
+    engine = create_engine(database_url, pool_size=1)
+    try:
+        events = await PostgresEventStore(engine).read_all(0, 1000)
+    finally:
+        await engine.dispose()
+    return [r.event.replicas for r in events if isinstance(r.event, ModelScaled)]
+
+
+async def fold_equals_a_fresh_replay(database_url: str, store: PostgresEventStore) -> None:
+    engine = create_engine(database_url, pool_size=1)
+    try:
+        replayed = await replay(engine)
+    finally:
+        await engine.dispose()
+    assert store.state.position == replayed.position
+    assert all_rows(store.state) == all_rows(replayed)
+
+
+async def test_a_change_whose_connection_is_reset_after_sending_is_of_unknown_outcome(
+    database_url: str, relay: TcpRelay, store: PostgresEventStore
+) -> None:
+    operations = Operations(store)
+    broken = relay.break_after_sending(b"llmgw_append", Break.RESET)
+
+    with pytest.raises(AppendOutcomeUnknown) as refused:
+        await operations.scale(ALICE, MODEL, 3)
+
+    assert broken.is_set()
+    assert ALICE.request_id in str(refused.value), "it names what to look for in the log"
+    # PostgreSQL got the whole call before the reset: it commits it.
+    await wait_until(lambda: _scaled_to(database_url, [3]), what="the change in the log")
+    # The next change on this server works at once (no broken connection left in its
+    # pool), is decided on the log (the change above is there), and records nothing twice.
+    assert await operations.scale(ALICE, MODEL, 3) is False
+    assert (await operations.current()).models[MODEL].spec.replicas == 3
+    assert await scaled_events(database_url) == [3]
+    await fold_equals_a_fresh_replay(database_url, store)
+
+
+async def test_a_change_whose_connection_is_cut_off_after_sending_is_answered_in_time(
+    database_url: str, relay: TcpRelay, store: PostgresEventStore
+) -> None:
+    operations = Operations(store)
+    broken = relay.break_after_sending(b"llmgw_append", Break.HOLD)
+    change = asyncio.create_task(operations.scale(ALICE, MODEL, 3))
+    try:
+        await wait_until(
+            change.done,
+            within_s=ANSWERED_WITHIN_S,
+            what="the change answered while its connection is cut off",
+        )
+        assert broken.is_set()
+        with pytest.raises(AppendOutcomeUnknown):
+            await change
+        # The cut-off connection is still held open: the server works on new ones.
+        assert await operations.scale(ALICE, MODEL, 4) is True
+    finally:
+        relay.mend()
+        change.cancel()
+    assert await scaled_events(database_url) == [3, 4]
+    await fold_equals_a_fresh_replay(database_url, store)
+
+
+async def test_a_change_whose_backend_is_terminated_is_of_unknown_outcome_not_an_error(
+    database_url: str, store: PostgresEventStore
+) -> None:
+    operations = Operations(store)
+    admin = await asyncpg.connect(driver_url(database_url))
+    try:
+        # The append waits for the append lock inside ``llmgw_append``; its backend is
+        # ended there, as ``pg_terminate_backend`` or ``pg_ctl restart -m fast`` ends it.
+        await admin.execute("SELECT pg_advisory_lock($1)", APPEND_LOCK_KEY)
+        change = asyncio.create_task(operations.scale(ALICE, MODEL, 5))
+        pid: list[int] = []
+
+        async def appending() -> bool:
+            pid[:] = (
+                await admin.fetchval(
+                    "SELECT array_agg(pid) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE '%llmgw_append%'"
+                )
+                or []
+            )
+            return len(pid) == 1
+
+        await wait_until(appending, what="the append waiting for the append lock")
+        assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid[0])
+        with pytest.raises(AppendOutcomeUnknown):
+            await change
+    finally:
+        await admin.execute("SELECT pg_advisory_unlock_all()")
+        await admin.close()
+    assert await scaled_events(database_url) == []
+    assert await operations.scale(ALICE, MODEL, 5) is True
+    assert await scaled_events(database_url) == [5]
+    await fold_equals_a_fresh_replay(database_url, store)
+
+
+async def test_the_admin_api_answers_a_change_of_unknown_outcome_with_503_saying_so(
+    database_url: str, relay: TcpRelay, store: PostgresEventStore
+) -> None:
+    async with (
+        serving_admin(store, tokens={TOKEN: "alice"}) as url,
+        bearer_client(url, TOKEN) as admin,
+    ):
+        relay.break_after_sending(b"llmgw_append", Break.RESET)
+        answer = await admin.post(
+            f"/admin/v1/models/{MODEL}/scale",
+            json={"replicas": 3},
+            headers={"x-request-id": "req-scale-once"},
+        )
+        problem = problem_of(answer, 503)
+        assert problem["title"] == "outcome-unknown"
+        assert "may or may not have been recorded" in problem["detail"]
+        assert "[req-scale-once]" in problem["detail"]
+        await wait_until(lambda: _scaled_to(database_url, [3]), what="the change in the log")
+        model = (await admin.get(f"/admin/v1/models/{MODEL}")).json()
+        assert model["desired"] == 3
+        again = await admin.post(f"/admin/v1/models/{MODEL}/scale", json={"replicas": 3})
+        assert again.status_code == 200, again.text
+        assert again.json()["changed"] is False
+    assert await scaled_events(database_url) == [3]
+    await fold_equals_a_fresh_replay(database_url, store)
+
+
+async def _scaled_to(database_url: str, counts: list[int]) -> bool:
+    return await scaled_events(database_url) == counts
