@@ -4,7 +4,9 @@ For every connection the hub checks the client certificate (node certificates on
 revoked), feeds the session each frame and the passing of time, and carries out what it
 returns, in order: ``Send`` goes out as a text frame, ``Close`` closes the connection,
 ``Observe`` goes to the fleet service. The hub decides nothing about the cluster; which
-connection speaks for a node is kept in a ``ConnectionRegistry``.
+connection speaks for a node is kept in a ``ConnectionRegistry``. When the fleet service
+cannot record what a connection observed (the database failed), that connection is closed
+with 1013 (try again later) and one line logged: the agent's next hello says it all again.
 
 Before any of that, a connection from an address that has as many TLS handshakes in
 progress as it may is closed before its own starts (``app.hub.accepting``, ``app.hub.gate``).
@@ -82,7 +84,7 @@ from app.hub.session import (
 from app.listeners.binding import CannotListen
 from app.pki import CertificateKind, CertificateRejected, PeerIdentity, peer_identity
 from app.pki.describe import common_name, serial_hex
-from app.store.errors import FencedError
+from app.store.errors import FencedError, StoreError
 from wire.errors import ProtocolError, SessionStateError
 from wire.messages import MAX_MESSAGE_BYTES, CloseCode, encode, fit_close_reason
 
@@ -93,6 +95,10 @@ CLOSE_TIMEOUT_S = 2.0
 DEPOSED_REASON = "this server no longer leads; connect to another"
 """Why a deposed leader closes an agent's connection (with 1013, try again later): agents
 dial their other servers, the new leader among them."""
+UNRECORDED_REASON = "the control plane could not record what this node said; reconnect"
+"""Why the hub closes an agent's connection when the database failed to record one of its
+reports (unreachable, or an append of unknown outcome): with 1013, try again later. The
+agent's next hello says again all that it runs, and that is recorded as usual."""
 
 SEND_TIMEOUT_S = 2.0
 """How long sending one message may wait for its agent to read what it was sent before.
@@ -438,6 +444,9 @@ class AgentHub:
             # Another leader took over: this server steps down, its agents go to that one.
             log.warning("agent_connection_closed_deposed", reason=str(exc))
             connection.close(WebSocketCloseCode.TRY_AGAIN_LATER, DEPOSED_REASON)
+        except StoreError as exc:
+            log.warning("agent_connection_closed_unrecorded", error=str(exc))
+            connection.close(WebSocketCloseCode.TRY_AGAIN_LATER, UNRECORDED_REASON)
         except Exception:
             log.exception("agent_connection_failed")
             connection.close(WebSocketCloseCode.INTERNAL_ERROR, "internal error")
@@ -468,6 +477,10 @@ class AgentHub:
             await self._carry_out(
                 connection, connection.session.connection_lost(reason, monotonic())
             )
+        except StoreError as exc:
+            # The reconciler's next pass records it: the log says the node is connected,
+            # and the live view no longer has it (``replica_outcomes.nodes_gone``).
+            log.warning("agent_disconnect_unrecorded", error=str(exc))
         except Exception:
             log.exception("agent_connection_end_failed")
 
