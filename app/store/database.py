@@ -159,6 +159,12 @@ def store_error(exc: Exception) -> StoreError | None:
         case DBAPIError(connection_invalidated=True):
             return StoreUnavailable(f"database connection lost: {exc.orig}")
         case DBAPIError():
+            # The dialect raises asyncpg's error as its own, from the original: a database
+            # refusing new connections while it starts or stops is unavailable for now.
+            driver = exc.orig.__cause__ if exc.orig is not None else None
+            unavailable = store_error(driver) if isinstance(driver, Exception) else None
+            if isinstance(unavailable, StoreUnavailable):
+                return unavailable
             return StoreError(f"database error: {exc.orig}")
     return None
 

@@ -1,0 +1,67 @@
+"""Driver errors as the store's: what SQLAlchemy's asyncpg dialect raises when PostgreSQL
+refuses a new connection while it starts, shuts down or restarts is "the database is
+unavailable" (503 for the admin API, try again), not a database error (500)."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+from sqlalchemy.dialects.postgresql.asyncpg import (
+    AsyncAdapt_asyncpg_connection,
+    AsyncAdapt_asyncpg_dbapi,
+)
+from sqlalchemy.exc import DBAPIError
+
+from app.store.database import store_error
+from app.store.errors import StoreError, StoreUnavailable
+
+DBAPI = AsyncAdapt_asyncpg_dbapi(asyncpg)
+
+
+def as_sqlalchemy_raises_it(error: Exception) -> DBAPIError:
+    """``error`` from asyncpg, translated by the dialect and wrapped as the pool raises it
+    when a connection cannot be opened."""
+    try:
+        AsyncAdapt_asyncpg_connection._handle_exception_no_connection(DBAPI, error)
+    except DBAPI.Error as adapted:
+        wrapped = DBAPIError.instance("connect", None, adapted, DBAPI.Error)
+        assert isinstance(wrapped, DBAPIError)
+        return wrapped
+    raise AssertionError("the dialect did not translate it")
+
+
+@pytest.mark.parametrize(
+    ("refusal", "said"),
+    [
+        (
+            asyncpg.exceptions.CannotConnectNowError("the database system is shutting down"),
+            "shutting down",
+        ),
+        (
+            asyncpg.exceptions.CannotConnectNowError("the database system is starting up"),
+            "starting up",
+        ),
+        (
+            asyncpg.exceptions.AdminShutdownError(
+                "terminating connection due to administrator command"
+            ),
+            "administrator command",
+        ),
+    ],
+)
+def test_a_database_that_refuses_connections_for_now_is_unavailable(
+    refusal: Exception, said: str
+) -> None:
+    error = store_error(as_sqlalchemy_raises_it(refusal))
+
+    assert isinstance(error, StoreUnavailable), error
+    assert said in str(error)
+
+
+def test_any_other_refusal_is_a_database_error() -> None:
+    refusal = asyncpg.exceptions.InsufficientPrivilegeError("permission denied for table events")
+
+    error = store_error(as_sqlalchemy_raises_it(refusal))
+
+    assert type(error) is StoreError
+    assert "permission denied for table events" in str(error)
