@@ -16,7 +16,8 @@ last row's id comes with its position. ``PostgresRecorder`` is the only place wh
 function's refusals (SQLSTATEs ``LG001``-``LG006``) become the store's errors; connection
 errors are translated by ``app.store.database``, except one that breaks the connection
 after the call was sent: PostgreSQL may have committed the append, so it is
-``AppendOutcomeUnknown``, never a refusal.
+``AppendOutcomeUnknown``, never a refusal (the driver's refusals to send on a connection
+it knows is broken are ``StoreUnavailable``: nothing was recorded).
 
 The version check runs first in the store, against the stream versions of the in-memory
 fold, so a writer that loses a race is refused before anything reaches the database and
@@ -51,6 +52,7 @@ from app.store.errors import (
     FencedError,
     LogMovedOn,
     StoreError,
+    StoreUnavailable,
 )
 from app.store.folded import FoldedEventStore, SnapshotPolicy
 from app.store.projection import RowChanges
@@ -187,6 +189,12 @@ class PostgresSession:
         arguments = _arguments(batch, meta, rows, after_position, after_event_id, self._channel)
         try:
             result = await self._db.fetch(_APPEND_CALL, *arguments)
+        except (asyncpg.InterfaceError, asyncpg.InternalClientError) as exc:
+            # The driver's own refusals, before it sends anything: a connection it knows is
+            # closed, or left unusable by the server's goodbye while it sat in the pool.
+            raise StoreUnavailable(
+                f"database connection lost before the change was sent ({exc}); nothing was recorded"
+            ) from exc
         except Exception as exc:
             # A connection that broke once the call was sent (reset, cut off past the
             # timeout, ended by an administrator or a restart) may have committed it first.

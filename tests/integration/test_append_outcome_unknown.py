@@ -22,7 +22,7 @@ from app.domain.events import ModelScaled
 from app.services.operations import Caller, Operations
 from app.store.database import create_engine, driver_url
 from app.store.database_url import parse_database_url
-from app.store.errors import AppendOutcomeUnknown
+from app.store.errors import AppendOutcomeUnknown, StoreUnavailable
 from app.store.postgres import APPEND_LOCK_KEY, PostgresEventStore
 from app.store.projection import all_rows
 from app.store.replay import replay
@@ -188,3 +188,38 @@ async def test_the_admin_api_answers_a_change_of_unknown_outcome_with_503_saying
 
 async def _scaled_to(database_url: str, counts: list[int]) -> bool:
     return await scaled_events(database_url) == counts
+
+
+async def test_an_append_on_a_connection_closed_before_it_is_sent_is_known_unrecorded(
+    database_url: str,
+) -> None:
+    """The pool hands out a connection whose backend ended while it was idle (a restart,
+    ``pg_terminate_backend``): nothing is sent on it, so nothing can have been recorded."""
+    engine = create_engine(database_url, pool_size=1)
+    store = PostgresEventStore(engine)
+    admin = await asyncpg.connect(driver_url(database_url))
+    try:
+        await declare_model(store, MODEL)
+        pids = await admin.fetchval(
+            "SELECT array_agg(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        assert len(pids) == 1, "the pool's one connection"
+        assert await admin.fetchval("SELECT pg_terminate_backend($1)", pids[0])
+
+        async def backend_gone() -> bool:
+            return not await admin.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pids[0]
+            )
+
+        # Its end reaches the pooled connection, which the driver marks closed.
+        await wait_until(backend_gone, what="the pooled connection's backend gone")
+        with pytest.raises(StoreUnavailable) as refused:
+            await declare_model(store, MODEL, replicas=2)
+        assert not isinstance(refused.value, AppendOutcomeUnknown), refused.value
+        assert "nothing was recorded" in str(refused.value)
+        await declare_model(store, MODEL, replicas=3)
+        await fold_equals_a_fresh_replay(database_url, store)
+    finally:
+        await admin.close()
+        await engine.dispose()
