@@ -38,11 +38,13 @@ requires an empty log. The check costs nothing extra either: the recorder reads 
 last event for the position check anyway.
 
 An append whose connection breaks after it was sent (``AppendOutcomeUnknown``) may be in
-the log or not. The fold is left without it, as after a refusal, so the fold never holds
-what the log may not; if it was committed, the log is then ahead of the fold, and the
-next catch-up (every operator's change starts with one) or append (refused by the
-recorder: the log moved on) folds it from the log. A retry decides again on that fold:
-a change already made is then nothing to record.
+the log or not. The fold is left without it, as after a refusal; if it was committed, the
+log is then ahead of the fold, and the next catch-up (every operator's change starts with
+one) or append (refused by the recorder: the log moved on) folds it from the log. A retry
+decides again on that fold: a change already made is then nothing to record. The second
+attempt, in a transaction, is folded before its ``COMMIT``; when the answer to that is
+lost, the fold may hold what the log does not, and the next catch-up's check of the
+fold's last event finds it out, as after a failover.
 """
 
 from __future__ import annotations
@@ -179,9 +181,13 @@ class FoldedEventStore:
                 # the control plane, the only steady writer).
                 recorded = await self._attempt(session, requests, meta, still_holds)
             except LogMovedOn:
-                async with session.exclusive():
-                    await self._catch_up(session)
-                    recorded = await self._attempt(session, requests, meta, still_holds)
+                try:
+                    async with session.exclusive():
+                        await self._catch_up(session)
+                        recorded = await self._attempt(session, requests, meta, still_holds)
+                except AppendOutcomeUnknown as exc:
+                    _outcome_unknown(exc, meta, self._view.state.position, folded=True)
+                    raise
         if meta.epoch is not None and recorded:
             self._snapshot_if_due()
         return recorded
@@ -228,16 +234,7 @@ class FoldedEventStore:
             # next append finds the log ahead of the fold and catches up).
             self._view.undo(undo)
             if isinstance(exc, AppendOutcomeUnknown):
-                log.warning(
-                    "append_outcome_unknown",
-                    streams=sorted({r.stream for r in plan}),
-                    events=len(plan),
-                    correlation_id=meta.correlation_id,
-                    fold_position=undo.position,
-                    error=str(exc.__cause__ or exc),
-                    detail="the fold goes on without the batch; the next read of the log "
-                    "folds it if it was committed",
-                )
+                _outcome_unknown(exc, meta, undo.position, folded=False)
             raise
         recorded = self._view.confirm(plan, positions)
         self._head = max(recorded, key=lambda r: r.position).event_id
@@ -398,6 +395,25 @@ class FoldedEventStore:
         else:
             if position is not None:
                 log.info("fold_snapshot_written", position=position)
+
+
+def _outcome_unknown(
+    exc: AppendOutcomeUnknown, meta: Meta, fold_position: int, *, folded: bool
+) -> None:
+    """Log the one line an append of unknown outcome gets; ``folded``: the fold holds it."""
+    log.warning(
+        "append_outcome_unknown",
+        correlation_id=meta.correlation_id,
+        fold_position=fold_position,
+        error=str(exc.__cause__ or exc),
+        detail=(
+            "the fold holds the batch; the next read of the log checks that the log holds "
+            "the fold's last event, and builds the fold again if not"
+            if folded
+            else "the fold goes on without the batch; the next read of the log folds it "
+            "if it was committed"
+        ),
+    )
 
 
 def _ids(requests: Sequence[AppendRequest]) -> list[UUID]:

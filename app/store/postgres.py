@@ -153,13 +153,31 @@ class PostgresSession:
     def __init__(self, db: asyncpg.Connection, channel: str) -> None:
         self._db = db
         self._channel = channel
+        self._uncommitted: Meta | None = None
+        """The meta of an append recorded in the ``exclusive`` transaction under way."""
 
     @asynccontextmanager
     async def exclusive(self) -> AsyncIterator[None]:
-        """A transaction holding the append lock (the one ``llmgw_append`` takes)."""
-        async with self._db.transaction():
-            await self._db.execute("SELECT pg_advisory_xact_lock($1)", APPEND_LOCK_KEY)
-            yield
+        """A transaction holding the append lock (the one ``llmgw_append`` takes). A
+        connection that breaks once ``COMMIT`` of an append is sent leaves it
+        ``AppendOutcomeUnknown``; before, the transaction is rolled back, and ``record``
+        says nothing was recorded."""
+        self._uncommitted = None
+        try:
+            async with self._db.transaction():
+                await self._db.execute("SELECT pg_advisory_xact_lock($1)", APPEND_LOCK_KEY)
+                yield
+        except Exception as exc:
+            meta = self._take_uncommitted()
+            if meta is not None and broke_connection(exc):
+                raise AppendOutcomeUnknown(meta.correlation_id, str(exc) or repr(exc)) from exc
+            raise
+        self._uncommitted = None
+
+    def _take_uncommitted(self) -> Meta | None:
+        """The meta ``record`` left for the transaction under way (and forget it)."""
+        meta, self._uncommitted = self._uncommitted, None
+        return meta
 
     async def events_after(self, position: int, limit: int) -> list[Recorded]:
         return await _events_after(self._db, position, limit)
@@ -196,6 +214,12 @@ class PostgresSession:
                 f"database connection lost before the change was sent ({exc}); nothing was recorded"
             ) from exc
         except Exception as exc:
+            if broke_connection(exc) and self._db.is_in_transaction():
+                # In ``exclusive``: PostgreSQL rolls back a transaction whose client is gone.
+                raise StoreUnavailable(
+                    f"database connection lost before the change was committed ({exc}); "
+                    "nothing was recorded"
+                ) from exc
             # A connection that broke once the call was sent (reset, cut off past the
             # timeout, ended by an administrator or a restart) may have committed it first.
             if broke_connection(exc):
@@ -203,6 +227,8 @@ class PostgresSession:
             if isinstance(exc, asyncpg.PostgresError):
                 raise _translate(exc, meta) from exc
             raise
+        if self._db.is_in_transaction():
+            self._uncommitted = meta
         return {row["out_event_id"]: row["out_position"] for row in result}
 
 

@@ -18,7 +18,8 @@ import pytest
 import pytest_asyncio
 
 from app.bootstrap import control_plane_engine
-from app.domain.events import ModelScaled
+from app.domain.envelope import Recorded
+from app.domain.events import ModelScaled, model_stream
 from app.services.operations import Caller, Operations
 from app.store.database import create_engine, driver_url
 from app.store.database_url import parse_database_url
@@ -59,13 +60,17 @@ async def store(database_url: str, relay: TcpRelay) -> AsyncIterator[PostgresEve
     await engine.dispose()
 
 
-async def scaled_events(database_url: str) -> list[int]:
-    """The counts of the model's ``ModelScaled`` events in the log."""
+async def _log(database_url: str) -> list[Recorded]:
     engine = create_engine(database_url, pool_size=1)
     try:
-        events = await PostgresEventStore(engine).read_all(0, 1000)
+        return await PostgresEventStore(engine).read_all(0, 1000)
     finally:
         await engine.dispose()
+
+
+async def scaled_events(database_url: str) -> list[int]:
+    """The counts of the model's ``ModelScaled`` events in the log."""
+    events = await _log(database_url)
     return [r.event.replicas for r in events if isinstance(r.event, ModelScaled)]
 
 
@@ -223,3 +228,54 @@ async def test_an_append_on_a_connection_closed_before_it_is_sent_is_known_unrec
     finally:
         await admin.close()
         await engine.dispose()
+
+
+async def test_a_change_whose_commit_answer_is_lost_is_of_unknown_outcome(
+    database_url: str, relay: TcpRelay, store: PostgresEventStore
+) -> None:
+    """An append that finds the log moved on is made again in a transaction holding the
+    append lock, committed apart: here the connection breaks once ``COMMIT`` is sent."""
+    elsewhere = create_engine(database_url, pool_size=1)
+    try:
+        # Another control plane appends: this store's fold is one event behind the log.
+        await declare_model(PostgresEventStore(elsewhere), "elsewhere")
+    finally:
+        await elsewhere.dispose()
+    broken = relay.break_after_sending(b"COMMIT", Break.RESET)
+
+    with pytest.raises(AppendOutcomeUnknown):
+        await declare_model(store, MODEL, replicas=2)
+
+    assert broken.is_set()
+
+    async def declared_twice() -> bool:
+        events = await _log(database_url)
+        return sum(1 for r in events if r.stream == model_stream(MODEL)) == 2
+
+    await wait_until(declared_twice, what="the committed change in the log")
+    await store.catch_up()
+    await fold_equals_a_fresh_replay(database_url, store)
+    assert store.state.models[MODEL].spec.replicas == 2
+
+
+async def test_a_change_whose_commit_is_lost_leaves_a_fold_that_the_next_read_corrects(
+    database_url: str, relay: TcpRelay, store: PostgresEventStore
+) -> None:
+    """The same, with ``COMMIT`` lost on the way: PostgreSQL rolls the change back, while
+    the fold took it before committing. The next read of the log finds the fold ahead of
+    it and builds the fold again."""
+    elsewhere = create_engine(database_url, pool_size=1)
+    try:
+        await declare_model(PostgresEventStore(elsewhere), "elsewhere")
+    finally:
+        await elsewhere.dispose()
+    broken = relay.break_after_sending(b"COMMIT", Break.LOST)
+
+    with pytest.raises(AppendOutcomeUnknown):
+        await declare_model(store, MODEL, replicas=2)
+
+    assert broken.is_set()
+    state = await store.catch_up()
+    assert state.models[MODEL].spec.replicas == 1
+    await fold_equals_a_fresh_replay(database_url, store)
+    assert sum(1 for r in await _log(database_url) if r.stream == model_stream(MODEL)) == 1

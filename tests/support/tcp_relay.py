@@ -12,8 +12,10 @@ was held flows on and new connections are carried. It runs on the test's event l
 ``break_after_sending(marker)`` breaks one connection at the worst moment of a statement:
 once the client has sent everything that runs it (the Bind, Execute and Sync of the prepared
 statement whose text holds ``marker``: asyncpg prepares a statement once per connection and
-then sends only its name), so PostgreSQL runs and commits it, but its answer never reaches
-the client. The connection is then held (as ``cut`` holds them all) or reset."""
+then sends only its name; or the simple query holding it, as asyncpg sends ``COMMIT;``), so
+PostgreSQL runs and commits it, but its answer never reaches the client. The connection is
+then held (as ``cut`` holds them all) or reset; or reset without sending the statement
+(``Break.LOST``), which the client cannot tell apart."""
 
 from __future__ import annotations
 
@@ -36,6 +38,9 @@ class Break(Enum):
     """Carry nothing more either way, the connection left open (a partition)."""
     RESET = "reset"
     """Close both sides (the server restarted, a firewall's reset)."""
+    LOST = "lost"
+    """Close both sides without sending what carries the statement: it never reaches the
+    server, and the client cannot tell that from ``RESET``."""
 
 
 @dataclasses.dataclass
@@ -58,7 +63,8 @@ class _ClientMessages:
 
     def feed(self, data: bytes, marker: bytes | None) -> int | None:
         """How many bytes of ``data`` to send before the break (all of the Sync after a Bind
-        of a statement naming ``marker``), or None when it is not in ``data``."""
+        of a statement naming ``marker``, or of a simple query naming it, as ``COMMIT;``), or
+        None when it is not in ``data``."""
         start = len(self._buffer)
         self._buffer += data
         offset = 0
@@ -87,7 +93,9 @@ class _ClientMessages:
                 statement = body.partition(b"\0")[2].partition(b"\0")[0]
                 text = self._statements.get(statement, b"")
                 self._bound = marker is not None and marker in text
-            elif kind == b"S" and self._bound:
+            elif (kind == b"S" and self._bound) or (
+                kind == b"Q" and marker is not None and marker in body
+            ):
                 self._buffer = b""
                 return max(0, offset - start)
         self._buffer = self._buffer[offset:]
@@ -212,10 +220,11 @@ class TcpRelay:
                     await writer.drain()
                     continue
                 self._armed = None
-                writer.write(data[:sent])
-                await writer.drain()
+                if armed.how is not Break.LOST:
+                    writer.write(data[:sent])
+                    await writer.drain()
                 armed.broken.set()
-                if armed.how is Break.RESET:
+                if armed.how is not Break.HOLD:
                     for end in ends:
                         end.close()
                     return
