@@ -14,6 +14,7 @@ from litestar.params import FromPath, QueryParameter
 from app.admin.auth import require_actor
 from app.admin.queries import check_query
 from app.admin.schemas import EventView, HistoryPage
+from app.admin.spec_display import shown_change, shown_spec
 from app.domain.describe import describe
 from app.domain.envelope import Recorded
 from app.domain.events import SECRET_FIELDS
@@ -25,12 +26,17 @@ from app.store.postgres import PostgresEventStore
 
 def event_view(recorded: Recorded) -> EventView:
     """An event as every admin answer shows it (history, pages, streams, drains): its
-    secret fields left out."""
+    secret fields left out, and the secrets a spec recorded before they were refused
+    withheld (``app.admin.spec_display``)."""
     data: dict[str, Any] = {
         name: value
         for name, value in msgspec.to_builtins(recorded.event).items()
         if name not in SECRET_FIELDS
     }
+    if isinstance(data.get("spec"), dict):
+        data["spec"] = shown_spec(data["spec"])
+    if isinstance(data.get("changes"), list):
+        data["changes"] = [shown_change(change) for change in data["changes"]]
     return EventView(
         position=recorded.position,
         recorded_at=recorded.recorded_at,

@@ -23,6 +23,7 @@ from app.admin.model_schemas import (
 )
 from app.admin.queries import check_query
 from app.admin.schemas import as_view
+from app.admin.spec_display import shown_spec
 from app.admin.traffic import TrafficSource, traffic_by_revision, traffic_view
 from app.domain.decision import AUTOSCALER
 from app.domain.envelope import Recorded
@@ -105,7 +106,7 @@ def model_view(status: ModelStatus) -> ModelView:
         unplaceable_reason=model.unplaceable_reason,
         failures=model.failures,
         backoff_until=model.backoff_until,
-        spec=msgspec.to_builtins(model.spec),
+        spec=shown_spec(msgspec.to_builtins(model.spec)),
         revision=model.revision,
         outdated=list(status.outdated),
         rollout=_rollout_summary(model),

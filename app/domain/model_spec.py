@@ -90,6 +90,7 @@ from app.domain.spec_bounds import (
     MAX_STOP_GRACE_S,
 )
 from app.domain.spec_error import SpecError
+from app.domain.spec_secrets import secret_errors
 
 __all__ = [
     "AGENT_SET_VARIABLES",
@@ -231,6 +232,7 @@ def validate_spec(spec: ModelSpec) -> list[SpecError]:
     )
     need(spec.engine in ENGINES, "engine", f"must be one of {', '.join(ENGINES)}")
     errors.extend(environment_errors(spec.env))
+    errors.extend(secret_errors(spec.command, spec.env))
     errors.extend(node_selector_errors(spec.node_selector))
     need_between(spec.gpus_per_shard, "gpus_per_shard", 1, MAX_GPUS_PER_SHARD)
     need_between(spec.gpu_memory_gib, "gpu_memory_gib", 0, MAX_GPU_MEMORY_GIB)

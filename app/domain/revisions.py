@@ -19,6 +19,7 @@ from __future__ import annotations
 import msgspec
 
 from app.domain.model_spec import ModelSpec
+from app.domain.spec_secrets import withhold_secrets
 
 FIRST_REVISION = 1
 
@@ -60,6 +61,11 @@ def spec_changes(old: ModelSpec, new: ModelSpec) -> tuple[SpecChange, ...]:
             continue
         if field == "env":
             changes.extend(_env_changes(old.env, new.env))
+        elif field == "command":
+            # A command recorded before secrets were refused in one may hold a key.
+            shown_before, _ = withhold_secrets(before, {})
+            shown_after, _ = withhold_secrets(after, {})
+            changes.append(SpecChange(field=field, old=_text(shown_before), new=_text(shown_after)))
         else:
             changes.append(SpecChange(field=field, old=_text(before), new=_text(after)))
     return tuple(changes)

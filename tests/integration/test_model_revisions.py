@@ -64,7 +64,7 @@ async def test_a_changed_command_is_revision_2_and_replicas_on_revision_1_are_ma
     await seed_serving_replica(pg_store, f"{name}-2", "gpu-1")
 
     second = await apply(
-        operator, spec_yaml(name, new_command, extra=f"env: {{HF_TOKEN: {SECRET}}}\n")
+        operator, spec_yaml(name, new_command, extra=f"env: {{HF_ENDPOINT: {SECRET}}}\n")
     )
     shard = ShardPlacement(index=0, node_id="gpu-1", gpus=(1,), port=20001)
     await record(
@@ -112,7 +112,7 @@ async def test_a_changed_command_is_revision_2_and_replicas_on_revision_1_are_ma
     revised = [line for line in history.stdout.splitlines() if "revision 2:" in line]
     assert len(revised) == 1, history.stdout
     assert "command" in revised[0]
-    assert "env: added HF_TOKEN" in revised[0]
+    assert "env: added HF_ENDPOINT" in revised[0]
     assert SECRET not in history.stdout
     stream = await pg_store.read_stream(model_stream(name))
     declarations = [e.event for e in stream if isinstance(e.event, ModelDeclared)]

@@ -81,15 +81,19 @@ def test_a_list_setting_changed_is_shown_as_json_not_as_python() -> None:
 
 
 def test_a_new_command_would_be_a_new_revision_with_its_rollout_and_env_values_withheld() -> None:
-    spec = replace(LLAMA, command="vllm serve {model} --port {port} -tp 2", env={"TOKEN": "s3"})
+    spec = replace(
+        LLAMA, command="vllm serve {model} --port {port} -tp 2", env={"HF_ENDPOINT": "s3"}
+    )
 
     preview = preview_apply(declared(), spec)
 
     assert preview.outcome is ApplyOutcome.NEW_REVISION
     assert (preview.revision, preview.from_revision) == (2, 1)
     assert preview.rollout_id == "rollout-llama-r2"
-    assert [c.field for c in preview.revision_changes] == ["command", "env.TOKEN"]
-    assert preview.revision_changes[1] == SpecChange(field="env.TOKEN", old=None, new=WITHHELD)
+    assert [c.field for c in preview.revision_changes] == ["command", "env.HF_ENDPOINT"]
+    assert preview.revision_changes[1] == SpecChange(
+        field="env.HF_ENDPOINT", old=None, new=WITHHELD
+    )
     assert "s3" not in repr(preview)
 
 

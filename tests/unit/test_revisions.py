@@ -82,20 +82,20 @@ def test_a_command_change_is_revision_2_with_the_old_and_new_command() -> None:
 
 
 def test_an_env_change_names_the_variables_and_never_their_values() -> None:
-    before = replace(LLAMA, env={"HF_TOKEN": "hf_oldsecret", "DEBUG": "0", "GONE": "x"})
+    before = replace(LLAMA, env={"HF_ENDPOINT": "hf_oldsecret", "DEBUG": "0", "GONE": "x"})
     state = given(ModelDeclared(model="llama", spec=before))
-    now = replace(LLAMA, env={"HF_TOKEN": "hf_newsecret", "DEBUG": "0", "NEW": "y"})
+    now = replace(LLAMA, env={"HF_ENDPOINT": "hf_newsecret", "DEBUG": "0", "NEW": "y"})
 
     second = declared(model_ops.apply_model(state, now))
 
     assert second.revision == 2
     assert second.changes == (
         SpecChange(field="env.GONE", old=WITHHELD, new=None),
-        SpecChange(field="env.HF_TOKEN", old=WITHHELD, new=WITHHELD),
+        SpecChange(field="env.HF_ENDPOINT", old=WITHHELD, new=WITHHELD),
         SpecChange(field="env.NEW", old=None, new=WITHHELD),
     )
     said = describe(second)
-    assert said == "model llama revision 2: env: added NEW; changed HF_TOKEN; removed GONE"
+    assert said == "model llama revision 2: env: added NEW; changed HF_ENDPOINT; removed GONE"
     written = msgspec.json.encode(second.changes) + said.encode()
     assert b"secret" not in written
     assert b'"x"' not in written
