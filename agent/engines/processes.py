@@ -17,6 +17,7 @@ import asyncio
 import os
 import shlex
 import signal
+import stat
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -78,7 +79,11 @@ def _open_log(log_path: Path, argv: Sequence[str]) -> int:
     log_fd: int | None = None
     try:
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        # The log names the engine's command and the engine may print its settings: for
+        # the agent's user only, a log an older agent wrote for everyone included.
+        if stat.S_ISREG(os.fstat(log_fd).st_mode):
+            os.fchmod(log_fd, 0o600)
         started = datetime.now(UTC).isoformat(timespec="seconds")
         os.write(log_fd, f"--- llmgw-agent {started}: {shlex.join(argv)}\n".encode())
     except OSError as exc:

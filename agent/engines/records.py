@@ -159,7 +159,10 @@ class RecordStore:
         temporary = path.with_name(f".{path.name}.tmp")
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            with temporary.open("wb") as file:
+            # A record holds the engine's command and its launch token: the agent's only.
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.fchmod(descriptor, 0o600)
+            with os.fdopen(descriptor, "wb") as file:
                 file.write(data)
                 file.flush()
                 os.fsync(file.fileno())

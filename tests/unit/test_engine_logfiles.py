@@ -112,3 +112,21 @@ def test_the_logs_of_shards_ended_long_ago_go_the_last_ended_and_the_live_stay(
     assert {"live-1-0.log", "live-1-0.log.3", "my.model-1-0.log.1", "notes.txt"} <= left
     assert len(deleted) == sum(1 + n % 4 for n in range(201))
     assert forget_ended_logs(tmp_path, {"live-1-0"}, keep=100) == []
+
+
+def test_an_engine_log_is_for_the_agents_user_alone_even_one_an_older_agent_wrote(
+    tmp_path: Path,
+) -> None:
+    """The log names the engine's command and the engine may print its settings (a key
+    among them): under a umask of 022 it was 0644, for every local user to read."""
+    fresh, older = tmp_path / "m-1-0.log", tmp_path / "m-2-0.log"
+    older.write_text("written by an older agent\n")
+    older.chmod(0o644)
+    umask = os.umask(0o022)
+    try:
+        spawn_engine([sys.executable, "-c", "pass"], {}, fresh)
+        spawn_engine([sys.executable, "-c", "pass"], {}, older)
+    finally:
+        os.umask(umask)
+
+    assert (fresh.stat().st_mode & 0o777, older.stat().st_mode & 0o777) == (0o600, 0o600)

@@ -65,6 +65,21 @@ def test_a_saved_record_reads_back_equal(tmp_path: Path) -> None:
     assert [path.name for path in (tmp_path / "shards").iterdir()] == ["llama-8b-3-1.json"]
 
 
+def test_records_are_for_the_agents_user_alone(tmp_path: Path) -> None:
+    """A record holds the engine's command and its launch token: under a umask of 022 they
+    were 0644, for every local user to read."""
+    store = RecordStore(tmp_path)
+    umask = os.umask(0o022)
+    try:
+        store.save(a_record())
+        store.save(a_record())  # replaced, not reused
+    finally:
+        os.umask(umask)
+
+    [path] = (tmp_path / "shards").iterdir()
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
 def test_saving_again_replaces_the_record(tmp_path: Path) -> None:
     store = RecordStore(tmp_path)
     store.save(a_record(state=ShardState.STARTING))
