@@ -29,7 +29,9 @@ DatabaseUrl = Annotated[
         env_var="LLMGW_DATABASE_URL",
         help="PostgreSQL URL, e.g. postgresql://llmgw@db:5432/llmgw; several hosts find "
         "the primary after a failover: postgresql://llmgw@db-a:5432,db-b:5432/llmgw"
-        "?target_session_attrs=read-write.",
+        "?target_session_attrs=read-write. A password given in this flag is visible to "
+        "other local users in the process list: give the URL in $LLMGW_DATABASE_URL, or "
+        "the password in ~/.pgpass or $PGPASSWORD.",
     ),
 ]
 

@@ -19,6 +19,7 @@ that says which part is wrong.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
@@ -26,6 +27,8 @@ SCHEMES = ("postgresql", "postgres", "postgresql+asyncpg")
 DEFAULT_PORT = 5432
 SESSION_ATTRS = ("any", "primary", "standby", "prefer-standby", "read-write", "read-only")
 """What libpq and asyncpg accept for ``target_session_attrs``."""
+_PASSWORD_PARAMETER = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+"""libpq's ``?password=`` (asyncpg reads it too), shown as ``***``."""
 QUERY_SAFE = "/:"
 """Left as they are in query values: socket directories and ``host:port`` read better."""
 
@@ -143,9 +146,15 @@ def _host_port(host: str, port: int | None) -> str:
 
 
 def _shown(url: str) -> str:
-    """``url`` with any password replaced, for messages."""
-    scheme, separator, rest = url.partition("://")
-    userinfo, at, after = rest.partition("@")
-    if not separator or not at or ":" not in userinfo:
-        return url
-    return f"{scheme}://{userinfo.partition(':')[0]}:***@{after}"
+    """``url`` with any password replaced, for messages: whatever stands between the
+    user's name and the authority's last ``@`` (as the parser reads it, so an unescaped
+    ``@`` or ``/`` in a password hides no part of it), with a scheme or without one, and
+    libpq's ``password`` parameter."""
+    main, mark, query = url.partition("?")
+    separator = main.find("://")
+    start = separator + 3 if separator >= 0 else 0
+    at = main.rfind("@")
+    if at > start and ":" in main[start:at]:
+        user = main[start:at].partition(":")[0]
+        main = f"{main[:start]}{user}:***{main[at:]}"
+    return main + _PASSWORD_PARAMETER.sub(r"\1***", mark + query)

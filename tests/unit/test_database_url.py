@@ -89,3 +89,24 @@ def test_a_password_is_never_shown_in_the_error() -> None:
         parse_database_url("postgresql://llmgw:hunter2@db-a,,db-b/llmgw")
 
     assert "hunter2" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "llmgw:hunter2@db-a/llmgw",  # the scheme forgotten
+        "postgresql:/llmgw:hunter2@db-a/llmgw",  # a slash short
+        "mysql://llmgw:hunter2@db-a/llmgw",
+        "postgresql://llmgw:hun@ter2@db-a,,db-b/llmgw",  # an '@' left unescaped in it
+        "postgresql://llmgw@db-a,,db-b/llmgw?password=hunter2",  # libpq's parameter
+        "postgresql://llmgw@db-a:port/llmgw?sslmode=require&password=hunter2",
+    ],
+)
+def test_no_part_of_a_password_is_shown_however_the_url_is_wrong(url: str) -> None:
+    with pytest.raises(InvalidDatabaseUrl) as refused:
+        parse_database_url(url)
+
+    message = str(refused.value)
+    assert "hunter2" not in message
+    assert "ter2" not in message
+    assert "***" in message
