@@ -64,7 +64,13 @@ class ServeSettings:
         int, Parameter(converter=whole_number_flag, env_var="LLMGW_ADMIN_PORT")
     ] = 8081
     admin_tokens: Annotated[
-        str, Parameter(env_var="LLMGW_ADMIN_TOKENS", help="NAME:TOKEN pairs, comma-separated")
+        str,
+        Parameter(
+            env_var="LLMGW_ADMIN_TOKENS",
+            help="NAME:TOKEN pairs, comma-separated. Given as this flag they are visible to "
+            "other local users in the process list: set $LLMGW_ADMIN_TOKENS (in an "
+            "environment file readable by the server's user alone) instead.",
+        ),
     ] = ""
     admin_tls_cert: Annotated[
         Path | None,
