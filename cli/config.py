@@ -30,6 +30,8 @@ from urllib.parse import urlsplit
 
 from cyclopts import Parameter
 
+from cli.render import warn
+
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8081"
 CONFIG_ENV = "LLMGW_CONFIG"
 MAX_CONFIG_BYTES = 64 * 1024
@@ -164,9 +166,12 @@ def resolve_settings(
         )
     _check_host_and_port(given, source)
     _check_address_alone(given, source)
+    token = _given_credential("token", flags, environ, from_file, config_file)
+    if token is not None and token[1] == f"token in {config_file}":
+        _warn_if_others_read(config_file)
     return ConnectionSettings(
         admin_url=given.rstrip("/"),
-        token=pick("token"),
+        token=None if token is None else token[0],
         client_cert=pick_path("client_cert"),
         client_key=pick_path("client_key"),
         ca_cert=pick_path("ca_cert"),
@@ -193,6 +198,22 @@ def _given_admin_url(
         "the admin API URL, like https://llmgw.internal:8081",
     )
     return given or (DEFAULT_ADMIN_URL, "the default")
+
+
+def _warn_if_others_read(config_file: Path) -> None:
+    """A warning when the config file the admin token was read from is readable by other
+    users than its owner: the token acts as its operator. Not a refusal, as ssh's for a
+    key would be: a file shared by a team's group on purpose keeps working."""
+    try:
+        mode = config_file.stat().st_mode & 0o777
+    except OSError:
+        return  # it was read just now; a file gone since has nothing left to warn about
+    if mode & 0o077:
+        warn(
+            f"warning: {config_file} holds the admin token and other users can read it "
+            f"(mode {mode:04o}): chmod 600 {config_file}, or give the token in "
+            f"${SETTING_ENV['token']}"
+        )
 
 
 def _given_credential(

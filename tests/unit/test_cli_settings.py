@@ -389,3 +389,35 @@ def test_a_config_file_that_is_not_utf8_is_refused_naming_it(tmp_path: Path) -> 
         resolve_settings(ConnectionFlags(), environment(tmp_path))
 
     assert str(refused.value).startswith(f"config file {config} is not UTF-8 text: ")
+
+
+@pytest.mark.parametrize(("mode", "warned"), [(0o644, True), (0o640, True), (0o600, False)])
+def test_a_token_read_from_a_config_file_others_can_read_is_warned_of(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: int, warned: bool
+) -> None:
+    config = tmp_path / "cli.toml"
+    config.write_text('token = "0123456789abcdef0123"\n')
+    config.chmod(mode)
+
+    settings = resolve_settings(ConnectionFlags(), environment(tmp_path))
+
+    assert settings.token == "0123456789abcdef0123"
+    said = capsys.readouterr().err
+    expected = (
+        f"warning: {config} holds the admin token and other users can read it "
+        f"(mode {mode:04o}): chmod 600 {config}, or give the token in $LLMGW_ADMIN_TOKEN\n"
+    )
+    assert said == (expected if warned else "")
+    assert "0123456789abcdef0123" not in said
+
+
+def test_a_config_file_others_can_read_is_not_warned_of_when_the_token_comes_from_elsewhere(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "cli.toml"
+    config.write_text('token = "0123456789abcdef0123"\n')
+    config.chmod(0o644)
+
+    resolve_settings(ConnectionFlags(), environment(tmp_path, LLMGW_ADMIN_TOKEN="x" * 20))
+
+    assert capsys.readouterr().err == ""
