@@ -123,7 +123,11 @@ def describe_changes(changes: tuple[SpecChange, ...]) -> str:
             how = "added" if change.old is None else "removed" if change.new is None else "changed"
             env.setdefault(how, []).append(change.field.removeprefix("env."))
             continue
-        old, new = _from_where_they_differ(change.old, change.new)
+        before, after = change.old, change.new
+        if change.field == "command":  # recorded by an older release, it may hold a key
+            before = None if before is None else withhold_secrets(before, {})[0]
+            after = None if after is None else withhold_secrets(after, {})[0]
+        old, new = _from_where_they_differ(before, after)
         said.append(f"{change.field} {_shown(old)} -> {_shown(new)}")
     if env:
         parts = (f"{how} {', '.join(names)}" for how, names in sorted(env.items()))

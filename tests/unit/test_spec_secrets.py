@@ -7,7 +7,7 @@ import pytest
 from msgspec.structs import replace
 
 from app.domain.model_spec import ModelSpec, validate_spec
-from app.domain.revisions import spec_changes
+from app.domain.revisions import SpecChange, describe_changes, spec_changes
 
 GOOD = ModelSpec(name="llama", command="llama-server -m {model} --port {port}")
 KEY = "sk-live-0123456789abcdef"
@@ -84,3 +84,18 @@ def test_a_revision_recorded_now_names_no_secret_an_older_command_held() -> None
 
     assert change.field == "command"
     assert change.old == "llama-server --api-key (withheld) -m {model}"
+
+
+def test_a_change_an_older_release_recorded_with_a_secret_is_described_without_it() -> None:
+    """Its changes were recorded as they were given: every history's summary line reads
+    them."""
+    change = SpecChange(
+        field="command",
+        old=f"llama-server --api-key {KEY} -m {{model}}",
+        new="llama-server -m {model}",
+    )
+
+    said = describe_changes((change,))
+
+    assert KEY not in said
+    assert "(withheld)" in said
