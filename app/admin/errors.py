@@ -43,6 +43,7 @@ from app.domain.revocations import InvalidRevocation
 from app.services.conflicts import ChangeConflict
 from app.store.errors import (
     AppendOutcomeUnknown,
+    ClockOff,
     ConcurrencyError,
     FencedError,
     StoreError,
@@ -66,6 +67,7 @@ PROBLEM_TABLE: tuple[tuple[type[Exception], int, str], ...] = (
     (InvalidOperation, HTTP_409_CONFLICT, "invalid-operation"),
     (ConcurrencyError, HTTP_409_CONFLICT, "conflict"),
     (FencedError, HTTP_503_SERVICE_UNAVAILABLE, "not-leader"),
+    (ClockOff, HTTP_503_SERVICE_UNAVAILABLE, "clock-off"),
     (AppendOutcomeUnknown, HTTP_503_SERVICE_UNAVAILABLE, "outcome-unknown"),
     (StoreUnavailable, HTTP_503_SERVICE_UNAVAILABLE, "database-unavailable"),
     (StoreError, HTTP_500_INTERNAL_SERVER_ERROR, "store-error"),

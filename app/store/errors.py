@@ -3,6 +3,8 @@
 StoreError
 ├── ConcurrencyError       a stream moved on since the caller read it; nothing was written
 ├── FencedError            the appender's leader epoch is no longer current
+├── ClockOff               the events' time is too far from the database's clock; nothing
+│                          was written
 ├── StoreUnavailable       the database cannot be reached
 │   └── AppendOutcomeUnknown   the connection broke once the append was sent: it may be in
 │                              the log or not
@@ -43,6 +45,25 @@ class FencedError(StoreError):
         super().__init__(f"append refused: leader epoch {epoch} was superseded by epoch {current}")
         self.epoch = epoch
         self.current = current
+
+
+class ClockOff(StoreError):
+    """``llmgw_append`` refused the events' time, this machine's clock, as too far from the
+    database's (migration 0017's ``LG005``): nothing was written, and no change this
+    machine's clock times will be until it is set right."""
+
+    def __init__(self, offset_s: float | None, slack_s: float) -> None:
+        if offset_s is None:
+            off = f"more than {slack_s:g} s off the database's"
+        else:
+            side = "ahead of" if offset_s > 0 else "behind"
+            off = f"{abs(offset_s):.1f} s {side} the database's"
+        super().__init__(
+            f"this server's clock is {off}: nothing was written, as no change may be timed "
+            f"more than {slack_s:g} s from the database's clock; set this server's clock right "
+            "(NTP) or send the change to another control plane"
+        )
+        self.offset_s = offset_s
 
 
 class StoreUnavailable(StoreError):

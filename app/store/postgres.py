@@ -7,12 +7,13 @@ not received the last events, the log can reach that position again with other e
 that no event id is already stored, that every stream is at the version the caller
 expects, that every projection row is of an entity the events are about (``LG006``) and,
 for a caller that is not the owner, that the events' time is within a minute of the
-database's clock (``LG005``; both reach the caller as a ``StoreError`` with the function's
-message), inserts the events (chained), replaces the projection rows of every entity they
-touch, moves the checkpoint and notifies listeners, all in one statement and so one
-transaction. Why appends are serialized, and why this is one round trip, is explained
-there. The check of the fold's last event reads nothing more than the position's did: the
-last row's id comes with its position. ``PostgresRecorder`` is the only place where the
+database's clock (``LG005``, which reaches the caller as ``ClockOff``, saying how far off
+this machine's clock is; ``LG006`` as a ``StoreError`` with the function's message),
+inserts the events (chained), replaces the projection rows of every entity they touch,
+moves the checkpoint and notifies listeners, all in one statement and so one transaction.
+Why appends are serialized, and why this is one round trip, is explained there. The check
+of the fold's last event reads nothing more than the position's did: the last row's id
+comes with its position. ``PostgresRecorder`` is the only place where the
 function's refusals (SQLSTATEs ``LG001``-``LG006``) become the store's errors; connection
 errors are translated by ``app.store.database``, except one that breaks the connection
 after the call was sent: PostgreSQL may have committed the append, so it is
@@ -39,6 +40,7 @@ import msgspec
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.clock import utc_now
+from app.clock_offset import APPEND_CLOCK_SLACK_S
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import subjects
 from app.domain.state import Replica, ReplicaFilter
@@ -48,6 +50,7 @@ from app.store.database import broke_connection, connection
 from app.store.errors import (
     AlreadyRecorded,
     AppendOutcomeUnknown,
+    ClockOff,
     ConcurrencyError,
     FencedError,
     LogMovedOn,
@@ -225,7 +228,7 @@ class PostgresSession:
             if broke_connection(exc):
                 raise AppendOutcomeUnknown(meta.correlation_id, str(exc) or repr(exc)) from exc
             if isinstance(exc, asyncpg.PostgresError):
-                raise _translate(exc, meta) from exc
+                raise _translate(exc, meta, batch[0].recorded_at) from exc
             raise
         if self._db.is_in_transaction():
             self._uncommitted = meta
@@ -239,9 +242,11 @@ async def _events_after(db: asyncpg.Connection, position: int, limit: int) -> li
     return [record_from_row(row) for row in rows]
 
 
-def _translate(exc: asyncpg.PostgresError, meta: Meta) -> StoreError:
+def _translate(exc: asyncpg.PostgresError, meta: Meta, recorded_at: datetime) -> StoreError:
     detail = getattr(exc, "detail", None) or ""
     match exc.sqlstate:
+        case "LG005":
+            return ClockOff(_clock_offset_s(str(exc), recorded_at), APPEND_CLOCK_SLACK_S)
         case "LG001":
             return LogMovedOn(str(exc))
         case "LG004":
@@ -252,6 +257,19 @@ def _translate(exc: asyncpg.PostgresError, meta: Meta) -> StoreError:
             stream, _, actual = detail.rpartition(" ")
             return ConcurrencyError(stream, None, int(actual or 0))
     return StoreError(f"append failed: {exc}")
+
+
+def _clock_offset_s(refusal: str, recorded_at: datetime) -> float | None:
+    """How far the events' time is ahead of the database's clock, which ``LG005``'s message
+    ends with (``..., 2026-12-06 07:10:00.12+00``); None where it cannot be read."""
+    _, _, database_time = refusal.rpartition(", ")
+    try:
+        database_now = datetime.fromisoformat(database_time.strip())
+    except ValueError:
+        return None
+    if database_now.tzinfo is None:
+        return None
+    return (recorded_at - database_now).total_seconds()
 
 
 def _arguments(

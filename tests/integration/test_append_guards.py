@@ -6,6 +6,7 @@ who may write the tables directly anyway, records the times it gives."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -31,6 +32,7 @@ from app.store.database import create_engine, driver_url
 from app.store.errors import StoreError
 from app.store.interface import NO_STREAM, NewEvent
 from app.store.postgres import _APPEND_CALL, NOTIFY_CHANNEL, PostgresEventStore
+from tests.support.admin_server import bearer_client, problem_of, serving_admin
 from tests.support.databases import runtime_url
 from tests.support.seed import placed
 
@@ -216,3 +218,36 @@ async def test_the_runtime_role_records_a_replica_ejected_during_a_hold(
         await owner.close()
     assert row is not None
     assert (row["model"], row["replica_id"]) == (model, replica.replica_id)
+
+
+async def test_an_admin_api_whose_clock_is_off_refuses_writes_saying_so(
+    database_url: str,
+) -> None:
+    node = new_node()
+    async for store in store_with_clock(runtime_url(database_url), utc_now()):
+        await store.append(node_stream(node), NO_STREAM, [registered(node)], ALICE)
+    engine = create_engine(runtime_url(database_url), pool_size=1)
+    ahead = PostgresEventStore(engine, clock=lambda: utc_now() + timedelta(minutes=2))
+    try:
+        async with (
+            serving_admin(ahead, tokens={"clock-token": "alice"}) as url,
+            bearer_client(url, "clock-token") as client,
+        ):
+            answer = await client.post(
+                f"/admin/v1/nodes/{node}/cordon", json={"reason": "maintenance"}
+            )
+    finally:
+        await engine.dispose()
+
+    body = problem_of(answer, 503)
+    assert body["title"] == "clock-off"
+    detail = body["detail"]
+    assert re.search(r"this server's clock is 1[12]\d\.\d s ahead of the database's", detail)
+    assert "set this server's clock right (NTP)" in detail
+    assert "send the change to another control plane" in detail
+    owner = await asyncpg.connect(driver_url(database_url))
+    try:
+        cordons = "SELECT count(*) FROM events WHERE stream = $1 AND type = 'NodeCordoned'"
+        assert await owner.fetchval(cordons, node_stream(node)) == 0
+    finally:
+        await owner.close()
