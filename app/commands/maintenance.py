@@ -25,7 +25,7 @@ from app.commands.path_flag import path_flag
 from app.logs import configure_logging
 from app.store import migrate as migrations
 from app.store.database import create_engine
-from app.store.errors import RuntimeRoleError, StoreError
+from app.store.errors import RuntimeRoleError, StoreError, StoreUnavailable
 from app.store.grants import DEFAULT_RUNTIME_ROLE, RuntimeRole, check_roles
 from app.store.rebuild import RebuildReport, rebuild
 
@@ -36,6 +36,12 @@ RUNTIME_PASSWORD_ENV = "LLMGW_RUNTIME_PASSWORD"
 GATEWAY_PASSWORD_ENV = "LLMGW_GATEWAY_PASSWORD"
 MAX_PASSWORD_FILE_BYTES = 4 * 1024
 """The most of a password file read: it holds one line."""
+MIGRATE_AGAIN_IS_SAFE = (
+    "running migrate again is safe: each of its steps (the roles, the revisions, the grants) "
+    "is one transaction, which the database undoes when its connection ends, and a step "
+    "already done is found done"
+)
+"""What ``migrate`` adds when it could not reach the database or lost it half-way."""
 
 
 def migrate(
@@ -107,6 +113,8 @@ def migrate(
         refuse_usage(MIGRATE, str(exc))
     try:
         upgraded = migrations.upgrade(database_url, runtime=runtime, gateway=gateway)
+    except StoreUnavailable as exc:
+        fail(MIGRATE, f"cannot migrate: {exc}; {MIGRATE_AGAIN_IS_SAFE}")
     except (OSError, ValueError, StoreError) as exc:
         fail(MIGRATE, f"cannot migrate: {exc}")
     print(f"database at revision {migrations.head_revision()}")

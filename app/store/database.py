@@ -8,7 +8,7 @@ from typing import cast
 
 import asyncpg
 from sqlalchemy import text
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, StatementError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from app.store.database_url import parse_database_url
@@ -135,9 +135,29 @@ def translated_blocking_errors() -> Iterator[None]:
         raise error from exc
 
 
+CONNECTION_ENDED = (
+    "the connection to the database was ended during the operation (its session was ended "
+    "by an administrator or a timeout, or the database restarted or failed over)"
+)
+"""What a connection the driver found in the middle of an operation when it ended is
+called: its own words for that (a protocol state it cannot switch to) say nothing to an
+operator."""
+
+
+def _connection_ended_midway(exc: BaseException) -> bool:
+    """Whether ``exc`` is the driver's internal error, raised as it is or wrapped by
+    SQLAlchemy (as the error's ``orig`` or that one's cause), which it raises when the
+    connection ended while an operation was under way on it."""
+    orig = getattr(exc, "orig", None) if isinstance(exc, StatementError) else None
+    cause = orig.__cause__ if orig is not None else None
+    return any(isinstance(error, asyncpg.InternalClientError) for error in (exc, orig, cause))
+
+
 def store_error(exc: Exception) -> StoreError | None:
     """The ``StoreError`` a driver or connection error is; None for any other error (a
     ``StoreError`` too: it is raised as it is)."""
+    if _connection_ended_midway(exc):
+        return StoreUnavailable(CONNECTION_ENDED)
     match exc:
         case StoreError():
             return None
@@ -148,8 +168,6 @@ def store_error(exc: Exception) -> StoreError | None:
             )
         case OSError() | asyncpg.exceptions.PostgresConnectionError() | asyncpg.InterfaceError():
             return StoreUnavailable(f"database unreachable: {exc}")
-        case asyncpg.InternalClientError():
-            return StoreUnavailable(f"database connection unusable: {exc}")
         case OperationalError() | InterfaceError():
             return StoreUnavailable(f"database unreachable: {exc.orig or exc}")
         case asyncpg.exceptions.CannotConnectNowError():

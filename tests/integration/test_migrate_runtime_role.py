@@ -560,3 +560,49 @@ async def test_the_gateway_role_reads_and_reports_but_cannot_append_or_write_a_r
     assert f'runtime role "{gateway}"' not in again.stdout
     assert both.code == 2
     assert "cannot be both the runtime and the gateway role" in both.stderr
+
+
+async def test_a_migration_whose_session_is_ended_says_so_and_runs_again(scratch: Scratch) -> None:
+    """An administrator ends migrate's session while it waits for another run's lock: it
+    exits 1 in one line saying so and that running it again is safe, and running it again
+    migrates."""
+    holder = await asyncpg.connect(scratch.url)
+    await holder.execute("SELECT pg_advisory_lock($1)", migrate.MIGRATE_LOCK_KEY)
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
+    running = await asyncio.create_subprocess_exec(
+        SERVER,
+        "migrate",
+        "--database-url",
+        scratch.url,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=environment,
+    )
+    waiting_for_lock = (
+        "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND wait_event = 'advisory' "
+        "AND pid <> pg_backend_pid()"
+    )
+    try:
+
+        async def migrate_waits() -> bool:
+            return await holder.fetchval(waiting_for_lock, scratch.database) is not None
+
+        await wait_until(migrate_waits, within_s=60, what="migrate waiting for the lock")
+        pid = await holder.fetchval(waiting_for_lock, scratch.database)
+        assert await holder.fetchval("SELECT pg_terminate_backend($1)", pid) is True
+        _, stderr = await asyncio.wait_for(running.communicate(), PROCESS_TIMEOUT_S)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            running.kill()
+        await holder.close()
+
+    assert (running.returncode, stderr.decode()) == (
+        1,
+        "llmgw-server migrate: cannot migrate: database connection lost: connection was "
+        "closed in the middle of operation: terminating connection due to administrator "
+        "command; running migrate again is safe: each of its steps (the roles, the "
+        "revisions, the grants) is one transaction, which the database undoes when its "
+        "connection ends, and a step already done is found done\n",
+    )
+    again = await scratch.migrate()
+    assert again.code == 0, again.stderr

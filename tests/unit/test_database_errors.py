@@ -65,3 +65,25 @@ def test_any_other_refusal_is_a_database_error() -> None:
 
     assert type(error) is StoreError
     assert "permission denied for table events" in str(error)
+
+
+DRIVER_STATE = "cannot switch to state 11; another operation (2) is in progress"
+"""What asyncpg says when the server ended the session in the middle of an operation."""
+
+
+def test_a_connection_ended_in_the_middle_of_an_operation_is_said_in_plain_words() -> None:
+    internal = asyncpg.InternalClientError(DRIVER_STATE)
+    forms = [
+        internal,
+        DBAPIError.instance(None, None, internal, DBAPI.Error, connection_invalidated=True),
+        DBAPIError.instance("SELECT 1", None, internal, DBAPI.Error),
+    ]
+
+    for form in forms:
+        error = store_error(form)
+
+        assert isinstance(error, StoreUnavailable), (form, error)
+        assert str(error) == (
+            "the connection to the database was ended during the operation (its session was "
+            "ended by an administrator or a timeout, or the database restarted or failed over)"
+        )
