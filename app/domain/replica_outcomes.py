@@ -43,13 +43,9 @@ def nodes_gone(draft: Draft, fleet: FleetView, settings: Settings) -> None:
         if node.lost:
             continue
         if node.connected and node.id not in fleet.reports:
-            # The log says connected, but this control plane has not heard from it since it
-            # started: the connection belonged to a predecessor.
             draft.emit(
                 node_stream(node.id),
-                NodeDisconnected(
-                    node_id=node.id, reason="did not reconnect after the control plane started"
-                ),
+                NodeDisconnected(node_id=node.id, reason=_why_not_connected(fleet, node.id)),
             )
             node = state.nodes[node.id]
         if node.connected:
@@ -67,6 +63,19 @@ def nodes_gone(draft: Draft, fleet: FleetView, settings: Settings) -> None:
                 draft.emit(
                     replica_stream(replica.id), ReplicaLost(replica_id=replica.id, reason=reason)
                 )
+
+
+def _why_not_connected(fleet: FleetView, node_id: str) -> str:
+    """Why a node the log says is connected is not, by what this control plane saw: its
+    connection here ended, and the disconnect could not be recorded then (the database
+    away); or it never said hello here, and the connection belonged to a predecessor."""
+    why = fleet.disconnected.get(node_id)
+    if why is None:
+        return "did not reconnect after the control plane started"
+    return (
+        f"disconnected ({why}) and not back since; recorded late, as the disconnect could "
+        "not be recorded when it happened"
+    )
 
 
 def missing_shards(draft: Draft, fleet: FleetView) -> None:

@@ -21,7 +21,10 @@ folds an event into the log's state. Per node that said hello to this control pl
   the view says nothing of it would reach an agent on its way out;
 - a shard status inserts or updates that shard; ``stopped`` and ``failed`` keep it with that
   state, which takes it out of the running set, until a heartbeat no longer lists it;
-- a disconnect drops the node;
+- a disconnect drops the node, and keeps why in ``disconnected`` until its next hello: the
+  log has the node connected until the disconnect is recorded, and one that could not be
+  (the database away) is recorded by the reconciler later, which tells it from a
+  connection of a control plane before this one by that;
 - a command this control plane sent the node (``command_sent``, with when: the
   reconciler's clock) is awaited until the agent answers it (``CommandAnswered``), its
   next hello, or its disconnect. An agent reports what a start did before it answers the
@@ -274,6 +277,9 @@ class FleetView(msgspec.Struct, frozen=True, kw_only=True):
     arrivals: Arrivals = Arrivals()
     """Agents arriving at the hub (hellos, connections opening): they keep the adoption
     grace open (``app.domain.adoption_grace``); put in by the reconciler."""
+    disconnected: dict[str, str] = {}
+    """Each node whose connection to this control plane ended, with why, until it says hello
+    again (at most one entry for each node that ever said hello here)."""
 
     def greeting(self, node_id: str) -> int | None:
         report = self.reports.get(node_id)
@@ -290,18 +296,23 @@ def observe(view: FleetView, report: AgentReport, model_of: ModelOf) -> FleetVie
                 shards={(s.replica_id, s.shard_index): s for s in shards},
                 greeting=hellos,
             )
+            disconnected = {n: r for n, r in view.disconnected.items() if n != node.node_id}
             return msgspec.structs.replace(
-                view, reports={**view.reports, node.node_id: node}, hellos=hellos
+                view,
+                reports={**view.reports, node.node_id: node},
+                hellos=hellos,
+                disconnected=disconnected,
             )
         case HeartbeatReport():
             return _heartbeat(view, report)
         case ShardStatusReport():
             return _shard_status(view, report, model_of)
-        case AgentDisconnected(node_id=node_id):
+        case AgentDisconnected(node_id=node_id, reason=reason):
             if node_id not in view.reports:
                 return view
             reports = {n: r for n, r in view.reports.items() if n != node_id}
-            return msgspec.structs.replace(view, reports=reports)
+            disconnected = {**view.disconnected, node_id: reason}
+            return msgspec.structs.replace(view, reports=reports, disconnected=disconnected)
         case CommandAnswered(node_id=node_id, command_id=command_id):
             return command_settled(view, node_id, command_id)
         case _:

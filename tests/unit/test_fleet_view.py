@@ -175,3 +175,13 @@ def test_a_running_shard_or_one_its_agent_stopped_on_purpose_stays_until_the_hel
         ("qwen-1", 0): "stopped",
     }
     assert after.reports["gpu-1"].shards[("qwen-1", 0)].stopped_by_agent
+
+
+def test_a_disconnect_is_remembered_with_its_reason_until_the_node_says_hello_again() -> None:
+    view = observe(FleetView(), hello("gpu-1"), model_of)
+    view = observe(view, AgentDisconnected(node_id="gpu-1", reason="heartbeat timeout"), model_of)
+    never_here = observe(view, AgentDisconnected(node_id="gpu-9", reason="closed"), model_of)
+
+    assert view.disconnected == {"gpu-1": "heartbeat timeout"}
+    assert never_here.disconnected == {"gpu-1": "heartbeat timeout"}
+    assert observe(view, hello("gpu-1"), model_of).disconnected == {}

@@ -48,11 +48,15 @@ from app.domain.evolve import evolve
 from app.domain.model_spec import ModelSpec
 from app.domain.reconcile import Settings, decide, note_left_routing, overtaken
 from app.domain.reports import (
+    AgentConnected,
+    AgentDisconnected,
+    AgentInventory,
     FleetView,
     NodeReport,
     ReportedShard,
     ShardPhaseReport,
     ShardStatusReport,
+    observe,
 )
 from app.domain.state import ClusterState, ReplicaPhase, ShardPhase
 from app.domain.traffic import TrafficFigures
@@ -459,6 +463,37 @@ def test_a_node_away_past_the_lost_timeout_loses_its_replicas_and_they_are_repla
     assert kinds(decision)[:2] == ["NodeLost", "ReplicaLost"]
     assert placed_ids(decision) == ["llama-2"]
     assert of_type(decision, ReplicaPlaced)[0].shards[0].node_id != node
+
+
+def test_a_disconnect_that_could_not_be_recorded_is_recorded_later_as_a_disconnect() -> None:
+    """The database was away when gpu-1's connection to this control plane ended, so the
+    log still has it connected; the pass that records it says it disconnected, while gpu-2,
+    which never said hello here, did not reconnect after the control plane started."""
+    cluster = Cluster()
+    cluster.node("gpu-1")
+    cluster.node("gpu-2")
+    inventory = AgentInventory(
+        node_id="gpu-1",
+        address="127.0.0.1",
+        remote_address="127.0.0.1:4000",
+        labels={},
+        gpus=gpus(8),
+        port_range=(20000, 20999),
+        agent_version="t",
+    )
+    fleet = observe(FleetView(), AgentConnected(inventory=inventory), lambda _: None)
+    gone = AgentDisconnected(node_id="gpu-1", reason="heartbeat timeout")
+    fleet = observe(fleet, gone, lambda _: None)
+
+    cluster.after(31)
+    decision = decide(cluster.state, fleet, cluster.now, cluster.settings())
+
+    reasons = {e.node_id: e.reason for e in of_type(decision, NodeDisconnected)}
+    assert reasons == {
+        "gpu-1": "disconnected (heartbeat timeout) and not back since; recorded late, as the "
+        "disconnect could not be recorded when it happened",
+        "gpu-2": "did not reconnect after the control plane started",
+    }
 
 
 def test_a_node_that_returns_with_copies_of_replaced_replicas_has_them_stopped_as_strays() -> None:
