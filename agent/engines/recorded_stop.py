@@ -2,28 +2,28 @@
 ``llmgw-agent stop-engines``.
 
 Each recorded engine that is still the same process (pid and start time, with the record's
-launch token in its environment: ``agent.engines.records.is_recorded_engine``) gets SIGTERM to
-its process group, and SIGCONT so that a stopped engine acts on it at once
-(``agent.engines.processes.ask_to_stop``), then SIGKILL once ``grace_s`` has passed; its
-record is removed once it is gone. Records of engines that exited already are removed too.
-Whatever is left of each engine once its leader is gone (workers that ignored SIGTERM, or
-outlived a leader that died on its own: ``agent.engines.family.end_remains``) is killed, and
-so is an engine an agent killed mid-start spawned but never recorded
-(``agent.engines.family.end_launched``). Engines are not children of this process, so their
-end is seen in ``/proc`` rather than waited for.
+launch token in its environment: ``agent.engines.records.is_recorded_engine``, checked again
+right before each signal) gets SIGTERM to its process group, and SIGCONT so that a stopped
+engine acts on it at once (``agent.engines.processes.ask_to_stop``), then SIGKILL once
+``grace_s`` has passed; its record is removed once it is gone. A process that is no longer
+the engine by the time of a signal (the engine exited, or replaced itself with another
+program) is not signalled, and the engine is reported ``gone``. Records of engines that
+exited already are removed too. Whatever is left of each engine once its leader is gone
+(workers that ignored SIGTERM, or outlived a leader that died on its own:
+``agent.engines.family.end_remains``) is killed, and so is an engine an agent killed
+mid-start spawned but never recorded (``agent.engines.family.end_launched``). Engines are
+not children of this process, so their end is seen in ``/proc`` rather than waited for.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import time
 from pathlib import Path
 from typing import NamedTuple
 
 from agent.engines.family import end_launched, end_remains
-from agent.engines.processes import ask_group_to_stop
+from agent.engines.processes import ask_group_to_stop, signal_group
 from agent.engines.records import (
     RecordStore,
     ShardRecord,
@@ -54,12 +54,15 @@ def stop_recorded_engines(state_dir: Path, grace_s: float) -> list[RecordedStop]
     alive = [record for record in records if is_recorded_engine(record)]
     outcomes = {record.key: "gone" for record in records}
     if grace_s > 0:
-        for record in alive:
-            ask_group_to_stop(record.pid, signal.SIGTERM)
+        alive = _signal_all(alive, signal.SIGTERM)
         left = _wait_for_exit(alive, grace_s)
         outcomes |= {record.key: "stopped" for record in alive}
         alive = left
-    _signal_all(alive, signal.SIGKILL)
+    signalled = _signal_all(alive, signal.SIGKILL)
+    for record in alive:
+        if record not in signalled:
+            outcomes[record.key] = "gone"
+    alive = signalled
     survivors = _wait_for_exit(alive, KILL_WAIT_S)
     for record in alive:
         outcomes[record.key] = "killed"
@@ -72,10 +75,23 @@ def stop_recorded_engines(state_dir: Path, grace_s: float) -> list[RecordedStop]
     return [RecordedStop(record, outcomes[record.key]) for record in records]
 
 
-def _signal_all(records: list[ShardRecord], signum: signal.Signals) -> None:
+def _signal_all(records: list[ShardRecord], signum: signal.Signals) -> list[ShardRecord]:
+    """Send ``signum`` to the process group of each record's engine that is still that
+    engine (SIGCONT after a SIGTERM: ``ask_group_to_stop``); the records signalled. Each is
+    checked right before its signal, as a restarted agent checks: the engine may have ended
+    since it was last seen, and its pid gone to another program, or it may have replaced
+    itself (``exec``) by one that is not the engine, with the same pid and start time."""
+    signalled: list[ShardRecord] = []
     for record in records:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(record.pid, signum)
+        if not is_recorded_engine(record):
+            continue
+        if signum == signal.SIGTERM:
+            sent = ask_group_to_stop(record.pid, signum)
+        else:
+            sent = signal_group(record.pid, signum)
+        if sent:
+            signalled.append(record)
+    return signalled
 
 
 def _wait_for_exit(records: list[ShardRecord], within_s: float) -> list[ShardRecord]:
