@@ -56,7 +56,8 @@ def list_replicas(
 ) -> int:
     """Replicas with their phase, nodes, whether they are routed to (and how many live
     gateways eject them for failing requests: yes (ejected by 2 of 3 gateways)), and the
-    drain moving them if one is.
+    drain moving them if one is. A --model the cluster does not know is an error (exit 1);
+    a known model without replicas lists nothing.
 
     ```
     llmgw-cli replicas --model llama-3-8b
@@ -66,6 +67,8 @@ def list_replicas(
 
     def show(client: AdminClient) -> int:
         reply = get_replicas(client, model=model, node=node, phase=phase)
+        if model is not None and not reply.value:
+            _require_known_model(client, model)
         if output == "json":
             print_json(reply.raw)
             return EXIT_OK
@@ -73,6 +76,13 @@ def list_replicas(
         return EXIT_OK
 
     return run_command("replicas", connection, show)
+
+
+def _require_known_model(client: AdminClient, model: str) -> None:
+    """Raise the API's 404 (``no model 'nope' is known``) when ``model`` names no model the
+    cluster knows. The list answers an empty 200 for such a filter, as for a known model
+    without replicas, so the model itself is asked, and only when the list came back empty."""
+    client.request("GET", f"{ADMIN}/models/{segment(model, 'the model name')}")
 
 
 REPLICA_COLUMNS = (

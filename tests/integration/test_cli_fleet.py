@@ -449,3 +449,23 @@ async def test_a_drain_with_nowhere_to_move_says_why_and_when_its_grace_runs_out
         text
     )
     assert "the grace runs out: what is still on the node then is stopped, not moved" in text
+
+
+async def test_replicas_of_a_model_the_cluster_does_not_know_is_an_error_not_an_empty_list(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    idle = an_id("idle")
+    await declare_model(pg_store, idle, replicas=0)
+    nope = an_id("nope")
+
+    unknown, unknown_json, known_without_replicas = await asyncio.gather(
+        operator.run("replicas", "--model", nope),
+        operator.run("replicas", "--model", nope, "--output", "json"),
+        operator.run("replicas", "--model", idle, "--output", "json"),
+    )
+
+    assert (unknown.code, unknown.stdout) == (1, "")
+    assert f"no model '{nope}' is known" in unknown.stderr
+    assert (unknown_json.code, unknown_json.stdout) == (1, "")
+    assert known_without_replicas.code == 0, known_without_replicas.stderr
+    assert known_without_replicas.json() == []
