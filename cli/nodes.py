@@ -29,7 +29,7 @@ from cli.render import (
     print_table,
     utc_seconds,
 )
-from cli.views import NodeChange, NodeView
+from cli.views import NodeChange, NodeSummary, NodeView
 
 NodeId = Annotated[str, Parameter(help="The node id its agent claims, such as gpu-08.")]
 
@@ -40,9 +40,34 @@ NODE_COLUMNS = (
     Column("GPUs healthy/total", justify="right"),
     Column("free", justify="right"),
     Column("replicas", justify="right"),
-    Column("address", drop=1),
-    Column("labels", wrap=True, drop=2),
+    Column("address", drop=2),
+    Column("labels", wrap=True, drop=3),
 )
+
+DISCONNECTED_COLUMN = Column("disconnected", wrap=True, drop=1)
+"""Why a node away lost its connection, as ``llmgw-cli node`` says it; the first column
+left out of a terminal too narrow for all."""
+
+
+def node_columns(nodes: list[NodeSummary], wide: bool) -> tuple[Column, ...]:
+    """The list's columns: ``disconnected`` too with ``--output wide``, or when a node away
+    says why (a column empty in every row is no use to the default table)."""
+    if wide or any(n.disconnect_reason for n in nodes):
+        return (*NODE_COLUMNS, DISCONNECTED_COLUMN)
+    return NODE_COLUMNS
+
+
+def node_row(node: NodeSummary) -> tuple[str, ...]:
+    return (
+        node.id,
+        node_state(node.connected, node.lost, node.cordoned, node.drain_id),
+        f"{node.healthy_gpus}/{node.gpus}",
+        str(node.free_gpus),
+        str(node.replicas),
+        node.address,
+        labels_text(node.labels),
+        "" if node.connected else node.disconnect_reason or "",
+    )
 
 
 GPU_COLUMNS = (
@@ -62,8 +87,8 @@ once the name and what uses them are left out."""
 
 
 def list_nodes(*, output: Output = "table", connection: ConnectionFlags | None = None) -> int:
-    """Every node the log knows: connection, cordon and drain, GPUs (healthy and free), how
-    many replicas run there.
+    """Every node the log knows: connection (and why a node away lost it), cordon and
+    drain, GPUs (healthy and free), how many replicas run there.
 
     ```
     llmgw-cli nodes
@@ -76,22 +101,13 @@ def list_nodes(*, output: Output = "table", connection: ConnectionFlags | None =
         if output == "json":
             print_json(reply.raw)
             return EXIT_OK
+        wide = output == "wide"
+        columns = node_columns(reply.value, wide)
         print_table(
-            NODE_COLUMNS,
-            (
-                (
-                    n.id,
-                    node_state(n.connected, n.lost, n.cordoned, n.drain_id),
-                    f"{n.healthy_gpus}/{n.gpus}",
-                    str(n.free_gpus),
-                    str(n.replicas),
-                    n.address,
-                    labels_text(n.labels),
-                )
-                for n in reply.value
-            ),
+            columns,
+            (node_row(n)[: len(columns)] for n in reply.value),
             title=counted(len(reply.value), "node"),
-            wide=output == "wide",
+            wide=wide,
         )
         return EXIT_OK
 

@@ -33,6 +33,8 @@ class NodeSummary(View, frozen=True, kw_only=True):
     healthy_gpus: int = 0
     free_gpus: int = 0
     replicas: int = 0
+    disconnect_reason: str | None = None
+    """Why its last connection ended; none while connected (and from older servers)."""
 
 
 class ConnectionView(View, frozen=True, kw_only=True):

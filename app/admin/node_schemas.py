@@ -95,6 +95,8 @@ class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):
     """Healthy GPUs that no replica holds."""
     replicas: int
     """Active replicas with a shard here."""
+    disconnect_reason: str | None = None
+    """Why its last connection ended, at most 500 characters; null while connected."""
 
 
 class NodeView(msgspec.Struct, frozen=True, kw_only=True):

@@ -43,6 +43,7 @@ def node_summary(state: ClusterState, node: Node, allocations: Allocations) -> N
         healthy_gpus=len(healthy),
         free_gpus=sum(1 for index in healthy if index not in held),
         replicas=len(_active_on(state, node.id)),
+        disconnect_reason=None if node.connected else node.disconnect_reason,
     )
 
 

@@ -142,6 +142,36 @@ async def test_node_says_why_a_node_away_lost_its_connection_until_it_reconnects
     assert "hello twice" not in detail_back.stdout
 
 
+async def test_nodes_lists_why_each_node_away_lost_its_connection(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    away, back = an_id("gpu"), an_id("gpu")
+    await seed_node(pg_store, away)
+    await seed_node(pg_store, back)
+    await record(
+        pg_store,
+        "hub",
+        NodeDisconnected(node_id=away, reason="no heartbeat for 30s"),
+        NodeDisconnected(node_id=back, reason="hello twice"),
+        NodeConnected(node_id=back, address="127.0.0.7"),
+    )
+
+    listed, table = await asyncio.gather(
+        operator.run("nodes", "--output", "json"),
+        operator.run("nodes", "--output", "wide"),
+    )
+
+    by_id = {n["id"]: n for n in listed.json()}
+    assert by_id[away]["disconnect_reason"] == "no heartbeat for 30s"
+    assert by_id[back]["disconnect_reason"] is None
+    assert table.code == 0, table.stderr
+    [header] = [line for line in table.stdout.splitlines() if "┃ node " in line]
+    assert header.split("┃")[-2].strip() == "disconnected"
+    by_row = {r[0]: r for r in rows(table.stdout)}
+    assert by_row[away][-1] == "no heartbeat for 30s"
+    assert by_row[back][-1] == ""
+
+
 async def test_cordon_and_uncordon_are_recorded_as_the_operator_and_say_when_nothing_changed(
     operator: Operator, pg_store: PostgresEventStore
 ) -> None:
