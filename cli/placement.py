@@ -30,7 +30,7 @@ from cli.render import (
     text,
 )
 from cli.spec_file import SpecFileError, read_specs
-from cli.views import PlacementView
+from cli.views import CandidateView, PlacementView
 
 
 def explain_placement(
@@ -49,7 +49,9 @@ def explain_placement(
 ) -> int:
     """Where one more replica would go, and the exact reason every other node would not
     take it: not connected, cordoned or draining, too few healthy free GPUs (and which GPU
-    is unhealthy and why), labels that do not match, no free port.
+    is unhealthy and why), labels that do not match, no free port. When the model's
+    replicas failed on some node since one last served, a `failed here` column counts them
+    per node: placement ranks such a node after those with fewer.
 
     ```
     llmgw-cli explain-placement llama-3-8b
@@ -98,25 +100,40 @@ CANDIDATE_COLUMNS = (
     Column("why not", wrap=True),
 )
 
+FAILURES_COLUMN = Column("failed here", justify="right", drop=4)
+"""The model's replicas that failed on the node since one of them last served: placement
+ranks such a node after those with fewer."""
+
+
+def candidate_columns(placement: PlacementView) -> tuple[Column, ...]:
+    """The candidates' columns, ``failed here`` too when the model failed on some node:
+    a column of zeros would only crowd out the reasons."""
+    if any(c.failures_here for c in placement.candidates):
+        return (*CANDIDATE_COLUMNS, FAILURES_COLUMN)
+    return CANDIDATE_COLUMNS
+
+
+def candidate_row(candidate: CandidateView) -> tuple[str, ...]:
+    return (
+        candidate.node_id,
+        "yes" if candidate.eligible else "no",
+        str(candidate.usable_gpus),
+        str(candidate.same_model_replicas),
+        _would_use(candidate.gpus, candidate.port),
+        "; ".join(candidate.reasons),
+        str(candidate.failures_here),
+    )
+
 
 def print_placement(placement: PlacementView, wide: bool = False) -> None:
     console = make_console()
     verdict = ("placeable", "green") if placement.placeable else ("not placeable", "red")
     console.print(styled((f"{placement.model}: ", "bold"), verdict))
     console.print(text(placement.summary), soft_wrap=True)
+    columns = candidate_columns(placement)
     print_table(
-        CANDIDATE_COLUMNS,
-        (
-            (
-                c.node_id,
-                "yes" if c.eligible else "no",
-                str(c.usable_gpus),
-                str(c.same_model_replicas),
-                _would_use(c.gpus, c.port),
-                "; ".join(c.reasons),
-            )
-            for c in placement.candidates
-        ),
+        columns,
+        (candidate_row(c)[: len(columns)] for c in placement.candidates),
         console=console,
         wide=wide,
     )

@@ -278,6 +278,8 @@ class CandidateView(View, frozen=True, kw_only=True):
     port: int | None = None
     same_model_replicas: int = 0
     usable_gpus: int = 0
+    failures_here: int = 0
+    """The model's replicas that failed on the node since one of them last served."""
 
 
 class PlacementView(View, frozen=True, kw_only=True):

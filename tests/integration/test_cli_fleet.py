@@ -22,6 +22,7 @@ from app.domain.events import (
     NodeLost,
     ReplacementServing,
     ReplicaDrainStarted,
+    ReplicaFailed,
     ReplicaLost,
     ReplicaPlaced,
     ReplicaServing,
@@ -331,6 +332,31 @@ async def test_explain_placement_gives_every_nodes_reason_for_a_model_or_a_spec_
     assert trial.json()["summary"].startswith("needs 1 node(s) with 4 healthy free GPU(s)")
     assert (neither.code, both.code) == (2, 2)
     assert "give a model name or --spec FILE" in neither.stderr
+
+
+async def test_explain_placement_counts_the_model_s_failures_on_each_node_in_the_table(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    failed_on, fresh = an_id("gpu"), an_id("gpu")
+    await seed_node(pg_store, failed_on)
+    await seed_node(pg_store, fresh)
+    model = an_id("gemma")
+    await declare_model(pg_store, model, replicas=0)
+    shard = ShardPlacement(index=0, node_id=failed_on, gpus=(0,), port=20000)
+    await record(
+        pg_store,
+        "reconciler",
+        ReplicaPlaced(replica_id=f"{model}-1", model=model, number=1, shards=(shard,)),
+        ReplicaFailed(replica_id=f"{model}-1", reason="engine exited with code 1"),
+    )
+
+    table = await operator.run("explain-placement", model, "--output", "wide")
+
+    assert table.code == 0, table.stderr
+    [header] = [line for line in table.stdout.splitlines() if "┃ node " in line]
+    assert header.split("┃")[-2].strip() == "failed here"
+    failed_here = {r[0]: r[-1] for r in rows(table.stdout)}
+    assert (failed_here[failed_on], failed_here[fresh]) == ("1", "0")
 
 
 async def test_drain_wait_on_a_terminal_shows_the_move_live_until_the_drain_completes(

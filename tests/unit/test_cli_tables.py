@@ -14,7 +14,7 @@ from cli.history import COLUMNS as HISTORY_COLUMNS
 from cli.keys import COLUMNS as KEY_COLUMNS
 from cli.models import MODEL_COLUMNS
 from cli.nodes import GPU_COLUMNS, NODE_COLUMNS
-from cli.placement import CANDIDATE_COLUMNS
+from cli.placement import CANDIDATE_COLUMNS, FAILURES_COLUMN
 from cli.render import Column, print_table
 from cli.replicas import REPLICA_COLUMNS
 
@@ -48,6 +48,10 @@ REPLICAS = [
 CANDIDATES = [
     ("dev-node-2", "no", "0", "1", "", "cordoned: maintenance; 0 healthy free GPUs of 2"),
 ]
+CANDIDATES_FAILED_ON = [
+    ("dev-node-1", "yes", "2", "0", "GPUs 0, port 20000", "", "2"),
+    ("dev-node-2", "no", "0", "1", "", "cordoned: maintenance; 0 healthy free GPUs of 2", "0"),
+]
 KEYS = [
     (
         "47ac7a37", "tour", "revoked", "demo", "60", "-", "2027-01-31 00:00:00",
@@ -67,6 +71,7 @@ TABLES = {
     "models": (MODEL_COLUMNS, MODELS),
     "replicas": (REPLICA_COLUMNS, REPLICAS),
     "explain-placement": (CANDIDATE_COLUMNS, CANDIDATES),
+    "explain-placement, failed here": ((*CANDIDATE_COLUMNS, FAILURES_COLUMN), CANDIDATES_FAILED_ON),
     "keys": (KEY_COLUMNS, KEYS),
     "history": (HISTORY_COLUMNS, HISTORY),
 }
