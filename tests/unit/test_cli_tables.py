@@ -13,7 +13,7 @@ from rich.console import Console
 from cli.history import COLUMNS as HISTORY_COLUMNS
 from cli.keys import COLUMNS as KEY_COLUMNS
 from cli.models import MODEL_COLUMNS
-from cli.nodes import GPU_COLUMNS, NODE_COLUMNS
+from cli.nodes import DISCONNECTED_COLUMN, GPU_COLUMNS, NODE_COLUMNS
 from cli.placement import CANDIDATE_COLUMNS, FAILURES_COLUMN
 from cli.render import Column, print_table
 from cli.replicas import REPLICA_COLUMNS
@@ -22,6 +22,13 @@ NODES = [
     ("dev-node-1", "ready", "2/2", "1", "1", "127.0.0.1", "zone=us-east-1a, gpu=h100-80gb-sxm5"),
     ("gpu-node-with-a-long-name-07", "cordoned", "8/8", "8", "0", "gpu-07.internal", ""),
 ]
+NODES_AWAY = [
+    (*NODES[0], ""),
+    (
+        "gpu-node-with-a-long-name-07", "lost", "8/8", "8", "0", "gpu-07.internal", "",
+        "the client certificate expired; issue a new one for this node",
+    ),
+]  # fmt: skip
 NODE_GPUS = [
     (
         "0", "GPU-84bba079-31db-9253-06a0-799dc6ebd718", "NVIDIA H100 80GB HBM3", "70000/81559",
@@ -67,6 +74,7 @@ HISTORY = [
 
 TABLES = {
     "nodes": (NODE_COLUMNS, NODES),
+    "nodes, one away": ((*NODE_COLUMNS, DISCONNECTED_COLUMN), NODES_AWAY),
     "node GPUs": (GPU_COLUMNS, NODE_GPUS),
     "models": (MODEL_COLUMNS, MODELS),
     "replicas": (REPLICA_COLUMNS, REPLICAS),
