@@ -213,9 +213,7 @@ class PostgresSession:
         except (asyncpg.InterfaceError, asyncpg.InternalClientError) as exc:
             # The driver's own refusals, before it sends anything: a connection it knows is
             # closed, or left unusable by the server's goodbye while it sat in the pool.
-            raise StoreUnavailable(
-                f"database connection lost before the change was sent ({exc}); nothing was recorded"
-            ) from exc
+            raise change_not_sent(exc) from exc
         except Exception as exc:
             if broke_connection(exc) and self._db.is_in_transaction():
                 # In ``exclusive``: PostgreSQL rolls back a transaction whose client is gone.
@@ -233,6 +231,25 @@ class PostgresSession:
         if self._db.is_in_transaction():
             self._uncommitted = meta
         return {row["out_event_id"]: row["out_position"] for row in result}
+
+
+def change_not_sent(
+    refusal: asyncpg.InterfaceError | asyncpg.InternalClientError,
+) -> StoreUnavailable:
+    """The driver's refusal to send an append as the operator reads it. Its internal error
+    (``cannot switch to state 11; another operation (2) is in progress``) means the server
+    had ended the connection while it sat in the pool: said in plain words, as
+    ``app.store.database`` says it. Its interface error (``connection is closed``) is
+    already plain."""
+    if isinstance(refusal, asyncpg.InternalClientError):
+        return StoreUnavailable(
+            "the connection to the database had been ended before the change was sent (its "
+            "session was ended by an administrator or a timeout, or the database restarted "
+            "or failed over); nothing was recorded"
+        )
+    return StoreUnavailable(
+        f"database connection lost before the change was sent ({refusal}); nothing was recorded"
+    )
 
 
 async def _events_after(db: asyncpg.Connection, position: int, limit: int) -> list[Recorded]:
