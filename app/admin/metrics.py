@@ -64,6 +64,8 @@ class LiveFigures:
     agents_connected: int
     reconcile_passes: int
     recent_pass_durations_s: Sequence[float]
+    reconcile_pass_seconds_total: float = 0.0
+    """How long every pass since this server began leading took, added up."""
     demand: Mapping[str, float] = field(default_factory=dict)
     gateways_reporting: int = 0
     """Gateways whose reports the last pass read as fresh."""
@@ -113,6 +115,7 @@ def leader_figures(leader: Leader) -> LiveFigures:
         agents_connected=len(leader.hub.connected_nodes()),
         reconcile_passes=reconciler.pass_count if reconciler else 0,
         recent_pass_durations_s=[p.duration_s for p in reconciler.passes] if reconciler else [],
+        reconcile_pass_seconds_total=reconciler.pass_seconds_total if reconciler else 0.0,
         demand=reconciler.last_demand() if reconciler else {},
         gateways_reporting=reconciler.gateways.live if reconciler else 0,
         gateways_silent=reconciler.gateways.silent if reconciler else 0,
@@ -266,14 +269,20 @@ def live_families(figures: LiveFigures | None) -> Iterator[Metric]:
     passes.add_metric([], figures.reconcile_passes if figures else 0)
     yield passes
     durations = sorted(figures.recent_pass_durations_s) if figures else []
-    recent = GaugeMetricFamily(
-        "llmgw_reconcile_pass_duration_seconds",
-        f"Reconcile pass duration over the last {len(durations)} passes, by quantile "
-        "(1 is the slowest)",
-        labels=["quantile"],
+    # A summary as Prometheus has them: quantiles over a recent window, and ``_sum`` and
+    # ``_count`` over every pass, from which rate() gives the mean of any range.
+    name = "llmgw_reconcile_pass_duration_seconds"
+    recent = Metric(
+        name,
+        f"Reconcile pass duration: quantiles over the last {len(durations)} passes (1 is "
+        "the slowest); sum and count over every pass since this server began leading",
+        "summary",
     )
     for q in QUANTILES if durations else ():
-        recent.add_metric([f"{q:g}"], durations[min(len(durations) - 1, int(q * len(durations)))])
+        duration = durations[min(len(durations) - 1, int(q * len(durations)))]
+        recent.add_sample(name, {"quantile": f"{q:g}"}, duration)
+    recent.add_sample(f"{name}_count", {}, figures.reconcile_passes if figures else 0)
+    recent.add_sample(f"{name}_sum", {}, figures.reconcile_pass_seconds_total if figures else 0.0)
     yield recent
     demand = GaugeMetricFamily(
         "llmgw_model_demand",

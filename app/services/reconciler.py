@@ -155,6 +155,8 @@ class Reconciler:
         """The last passes, newest last."""
         self.pass_count = 0
         """Every pass since this reconciler started."""
+        self.pass_seconds_total = 0.0
+        """How long every pass since this reconciler started took, added up."""
         tracker.add_listener(self.wake)
 
     def last_demand(self) -> dict[str, float]:
@@ -293,6 +295,7 @@ class Reconciler:
         )
         self.passes.append(report)
         self.pass_count += 1
+        self.pass_seconds_total += report.duration_s
         if outcome == "done" and (report.events or sent):
             log.info(
                 "reconcile_pass",

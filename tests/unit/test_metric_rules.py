@@ -80,6 +80,7 @@ def cluster_page() -> str:
         agents_connected=1,
         reconcile_passes=3,
         recent_pass_durations_s=[0.01, 0.02],
+        reconcile_pass_seconds_total=0.05,
         demand={"llama": 2.0},
         gateways_reporting=1,
         earliest_agent_certificate_end=datetime(2027, 1, 1, tzinfo=UTC),
@@ -211,6 +212,24 @@ def test_every_family_has_a_series_so_its_labels_are_judged(page: str) -> None:
     rules and the docs' labels."""
     empty = [name for name, (_, _, _, samples) in families(PAGES[page]()).items() if not samples]
     assert empty == []
+
+
+def test_reconcile_pass_durations_are_a_summary_whose_quantiles_keep_their_name() -> None:
+    """Prometheus' form for quantiles: TYPE summary with ``_sum`` and ``_count``, the
+    quantile series under the family's own name, as operators already query them."""
+    kind, _, _, samples = families(cluster_page())["llmgw_reconcile_pass_duration_seconds"]
+
+    assert kind == "summary"
+    by_series = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in samples}
+    name = "llmgw_reconcile_pass_duration_seconds"
+    assert by_series == {
+        (name, (("quantile", "0.5"),)): 0.02,
+        (name, (("quantile", "0.9"),)): 0.02,
+        (name, (("quantile", "0.99"),)): 0.02,
+        (name, (("quantile", "1"),)): 0.02,
+        (f"{name}_count", ()): 3,
+        (f"{name}_sum", ()): 0.05,
+    }
 
 
 def documented() -> dict[str, set[str]]:

@@ -79,6 +79,19 @@ async def test_an_operator_declares_scales_and_drains_and_every_step_is_recorded
     assert {r.meta.causation_id for r in operator_made} == {"req-1"}
 
 
+async def test_the_reconciler_adds_up_how_long_its_passes_took_for_the_duration_summary() -> None:
+    store = InMemoryEventStore()
+    view = LiveView(ReportRecorder(store))
+    settings = Settings(epoch=1, started_at=T0 - timedelta(hours=1))
+    reconciler = Reconciler(store, Agents(connected=set()), view, settings, clock=lambda: T0)
+
+    first = await reconciler.run_pass()
+    second = await reconciler.run_pass()
+
+    assert reconciler.pass_count == 2
+    assert reconciler.pass_seconds_total == first.duration_s + second.duration_s > 0
+
+
 async def test_a_reconcile_pass_places_a_declared_model_and_sends_the_start_to_its_node() -> None:
     store = InMemoryEventStore()
     view = LiveView(ReportRecorder(store))
