@@ -113,9 +113,9 @@ async def test_nodes_and_node_show_connection_gpus_health_and_the_replicas_there
     ]
 
 
-async def test_node_says_why_a_node_away_lost_its_connection_until_it_reconnects(
-    operator: Operator, pg_store: PostgresEventStore
-) -> None:
+async def _a_node_away_and_one_back(pg_store: PostgresEventStore, *, lost: bool) -> tuple[str, str]:
+    """Two nodes: one disconnected for want of heartbeats (and lost, with ``lost``), one
+    disconnected and connected again; their ids."""
     away, back = an_id("gpu"), an_id("gpu")
     await seed_node(pg_store, away)
     await seed_node(pg_store, back)
@@ -123,10 +123,17 @@ async def test_node_says_why_a_node_away_lost_its_connection_until_it_reconnects
         pg_store,
         "hub",
         NodeDisconnected(node_id=away, reason="no heartbeat for 30s"),
-        NodeLost(node_id=away, disconnected_for_s=300.0),
+        *([NodeLost(node_id=away, disconnected_for_s=300.0)] if lost else []),
         NodeDisconnected(node_id=back, reason="hello twice"),
         NodeConnected(node_id=back, address="127.0.0.7"),
     )
+    return away, back
+
+
+async def test_node_says_why_a_node_away_lost_its_connection_until_it_reconnects(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    away, back = await _a_node_away_and_one_back(pg_store, lost=True)
 
     shown, detail, shown_back, detail_back = await asyncio.gather(
         operator.run("node", away, "--output", "json"),
@@ -146,16 +153,7 @@ async def test_node_says_why_a_node_away_lost_its_connection_until_it_reconnects
 async def test_nodes_lists_why_each_node_away_lost_its_connection(
     operator: Operator, pg_store: PostgresEventStore
 ) -> None:
-    away, back = an_id("gpu"), an_id("gpu")
-    await seed_node(pg_store, away)
-    await seed_node(pg_store, back)
-    await record(
-        pg_store,
-        "hub",
-        NodeDisconnected(node_id=away, reason="no heartbeat for 30s"),
-        NodeDisconnected(node_id=back, reason="hello twice"),
-        NodeConnected(node_id=back, address="127.0.0.7"),
-    )
+    away, back = await _a_node_away_and_one_back(pg_store, lost=False)
 
     listed, table = await asyncio.gather(
         operator.run("nodes", "--output", "json"),
