@@ -12,12 +12,18 @@ Replica ids are never used again, so the logs of shards that ended would pile up
 long as the agent runs (every rollout, scale-down and drain leaves some):
 ``forget_ended_logs`` keeps those of the ``KEPT_ENDED_SHARDS`` shards that ended last
 (their logs written last), and deletes the others.
+
+Every log is for the agent's user alone (``0600``): ``processes`` creates the current one
+so, and ``restrict_logs`` makes an adopted engine's logs so, which an older agent wrote
+readable by everyone and which are not created again while the engine runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import stat
 from collections.abc import Collection
 from pathlib import Path
 
@@ -47,6 +53,25 @@ def rotate_log(path: Path, keep: int = KEPT_ENGINE_LOGS) -> None:
             earlier_log(path, launches_ago).rename(earlier_log(path, launches_ago + 1))
     with contextlib.suppress(FileNotFoundError):
         path.rename(earlier_log(path, 1))
+
+
+def restrict_logs(path: Path, keep: int = KEPT_ENGINE_LOGS) -> list[Path]:
+    """Make ``path`` and its ``keep`` earlier logs readable by the agent's user alone; the
+    files changed. A missing file is skipped, and so is anything but a regular file (a
+    link is not followed); one that cannot be changed is left as it is (the caller logs
+    it), as the engine goes on running either way."""
+    changed: list[Path] = []
+    for log in (path, *(earlier_log(path, ago) for ago in range(1, keep + 1))):
+        with contextlib.suppress(OSError):
+            descriptor = os.open(log, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                status = os.fstat(descriptor)
+                if stat.S_ISREG(status.st_mode) and stat.S_IMODE(status.st_mode) != 0o600:
+                    os.fchmod(descriptor, 0o600)
+                    changed.append(log)
+            finally:
+                os.close(descriptor)
+    return changed
 
 
 def forget_ended_logs(

@@ -48,7 +48,12 @@ from agent.engines.family import (
     signal_each,
     wait_until_gone,
 )
-from agent.engines.logfiles import KEPT_ENDED_SHARDS, forget_ended_logs, rotate_log
+from agent.engines.logfiles import (
+    KEPT_ENDED_SHARDS,
+    forget_ended_logs,
+    restrict_logs,
+    rotate_log,
+)
 from agent.engines.logtail import read_log_tail
 from agent.engines.port_owner import HeldElsewhere, check_port_owner
 from agent.engines.processes import (
@@ -271,6 +276,8 @@ class EngineSupervisor:
                 # Starting again until it answers its health checks: it was not watched.
                 unconfirmed = msgspec.structs.replace(record, state=ShardState.STARTING)
                 self._save_state(unconfirmed)
+                for restricted in restrict_logs(self.log_path(record.key)):
+                    log.info("engine_log_restricted", path=str(restricted))
                 process = AdoptedProcess(unconfirmed, poll_interval_s=self._poll_interval_s)
                 adopted.append(self._watch(unconfirmed, process).record)
                 continue

@@ -1307,3 +1307,23 @@ async def test_a_stop_leaves_the_logs_of_the_shards_that_ended_last_and_no_more(
     assert "tiny-9-0" in stems
     assert "old-51-0" in stems
     assert "old-50-0" not in stems
+
+
+async def test_an_adopted_engines_logs_an_older_agent_wrote_for_everyone_become_the_agents(
+    node: Node,
+) -> None:
+    first_agent = node.agent()
+    spec = node.spec()
+    record = await first_agent.supervisor.start(spec)
+    await first_agent.log.wait_for(spec.key, ShardState.READY)
+    await first_agent.supervisor.shutdown()
+    log_path = Path(record.log_path)
+    earlier = earlier_log(log_path, 1)
+    earlier.write_text("an earlier launch\n")
+    for written in (log_path, earlier):  # as an agent of an older release created them
+        written.chmod(0o644)
+
+    adopted = await node.agent().supervisor.reattach()
+
+    assert [r.pid for r in adopted] == [record.pid]
+    assert [oct(path.stat().st_mode & 0o777) for path in (log_path, earlier)] == ["0o600"] * 2
