@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -159,6 +160,7 @@ async def test_a_crashed_engine_is_replaced_and_traffic_moves_away_from_it(
     async with fleet_under_traffic(cluster) as (serving, traffic):
         crashed = str(serving.replicas[0]["id"])
         crashed_at = await cluster.last_position()
+        killed_at = time.monotonic()
         os.kill(serving.engines[crashed], signal.SIGKILL)
 
         await cluster.wait_for_event("replica_failed", about(replica_id=crashed), after=crashed_at)
@@ -170,7 +172,13 @@ async def test_a_crashed_engine_is_replaced_and_traffic_moves_away_from_it(
             "replica_serving", about(replica_id=replacement.get("replica_id")), after=crashed_at
         )
         await traffic.wait_for_successes(2 * CLIENTS)
-    traffic.assert_no_failures()
+    # An answer the engine was sending when it was killed is cut, as docs/engines.md says
+    # (its client gets the error event, or a 502 for a whole answer); every request sent
+    # after the kill is served.
+    assert traffic.successes() > 0, traffic.summary()
+    for failed in traffic.failures():
+        assert failed.started_at < killed_at, traffic.summary()
+        assert failed.kind in ("stream error event", "status 502"), traffic.summary()
 
     serving_now = {str(r["id"]) for r in await cluster.replicas(model=MODEL, phase="serving")}
     assert crashed not in serving_now
