@@ -230,17 +230,21 @@ async def test_an_append_on_a_connection_closed_before_it_is_sent_is_known_unrec
         await engine.dispose()
 
 
+async def _append_elsewhere(database_url: str) -> None:
+    """Another control plane appends: the store under test is one event behind the log."""
+    elsewhere = create_engine(database_url, pool_size=1)
+    try:
+        await declare_model(PostgresEventStore(elsewhere), "elsewhere")
+    finally:
+        await elsewhere.dispose()
+
+
 async def test_a_change_whose_commit_answer_is_lost_is_of_unknown_outcome(
     database_url: str, relay: TcpRelay, store: PostgresEventStore
 ) -> None:
     """An append that finds the log moved on is made again in a transaction holding the
     append lock, committed apart: here the connection breaks once ``COMMIT`` is sent."""
-    elsewhere = create_engine(database_url, pool_size=1)
-    try:
-        # Another control plane appends: this store's fold is one event behind the log.
-        await declare_model(PostgresEventStore(elsewhere), "elsewhere")
-    finally:
-        await elsewhere.dispose()
+    await _append_elsewhere(database_url)
     broken = relay.break_after_sending(b"COMMIT", Break.RESET)
 
     with pytest.raises(AppendOutcomeUnknown):
@@ -264,11 +268,7 @@ async def test_a_change_whose_commit_is_lost_leaves_a_fold_that_the_next_read_co
     """The same, with ``COMMIT`` lost on the way: PostgreSQL rolls the change back, while
     the fold took it before committing. The next read of the log finds the fold ahead of
     it and builds the fold again."""
-    elsewhere = create_engine(database_url, pool_size=1)
-    try:
-        await declare_model(PostgresEventStore(elsewhere), "elsewhere")
-    finally:
-        await elsewhere.dispose()
+    await _append_elsewhere(database_url)
     broken = relay.break_after_sending(b"COMMIT", Break.LOST)
 
     with pytest.raises(AppendOutcomeUnknown):

@@ -4,6 +4,8 @@ replacement or placement's reason why not; and the reconciler then does just tha
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from msgspec.structs import replace
 
@@ -33,22 +35,10 @@ def two_replicas_on_gpu_1_and_one_free_gpu_elsewhere(spare_gpus: int = 1) -> Clu
     cluster = Cluster()
     cluster.node("gpu-1", n_gpus=2)
     cluster.node("gpu-2", n_gpus=spare_gpus)
-    cluster.model(replicas=2)
-    cluster.after(31)  # past the adoption grace
-    cluster.given(
-        *(
-            ReplicaPlaced(
-                replica_id=f"llama-{n}",
-                model="llama",
-                number=n,
-                shards=(ShardPlacement(index=0, node_id="gpu-1", gpus=(n - 1,), port=20000 + n),),
-            )
-            for n in (1, 2)
-        )
+    return _two_serving_replicas(
+        cluster,
+        lambda n: ShardPlacement(index=0, node_id="gpu-1", gpus=(n - 1,), port=20000 + n),
     )
-    cluster.serve("llama-1")
-    cluster.serve("llama-2")
-    return cluster
 
 
 def test_two_replicas_and_room_for_one_elsewhere_leaves_exactly_the_second_without_room() -> None:
@@ -277,16 +267,19 @@ def one_replica_on_each_of_two_nodes_and_one_free_gpu_on_a_third() -> Cluster:
     cluster = Cluster()
     for node in ("gpu-1", "gpu-2", "gpu-3"):
         cluster.node(node, n_gpus=1)
+    return _two_serving_replicas(
+        cluster, lambda n: ShardPlacement(index=0, node_id=f"gpu-{n}", gpus=(0,), port=20000)
+    )
+
+
+def _two_serving_replicas(cluster: Cluster, shard_of: Callable[[int], ShardPlacement]) -> Cluster:
+    """``cluster`` with llama's two replicas placed (replica n's shard ``shard_of(n)``) and
+    serving, past the adoption grace."""
     cluster.model(replicas=2)
     cluster.after(31)  # past the adoption grace
     cluster.given(
         *(
-            ReplicaPlaced(
-                replica_id=f"llama-{n}",
-                model="llama",
-                number=n,
-                shards=(ShardPlacement(index=0, node_id=f"gpu-{n}", gpus=(0,), port=20000),),
-            )
+            ReplicaPlaced(replica_id=f"llama-{n}", model="llama", number=n, shards=(shard_of(n),))
             for n in (1, 2)
         )
     )
