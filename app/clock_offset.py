@@ -17,6 +17,7 @@ counts.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 APPEND_CLOCK_SLACK_S = 60.0
@@ -47,6 +48,15 @@ class ClockReading:
     def uncertainty_s(self) -> float:
         """Half the round trip: the database read its clock somewhere within it."""
         return max(self.received - self.sent, 0.0) / 2
+
+
+async def read_clock(
+    database_clock: Callable[[], Awaitable[float]], wall_clock: Callable[[], float]
+) -> ClockReading:
+    """A reading: ``wall_clock`` around one call of ``database_clock``."""
+    sent = wall_clock()
+    theirs = await database_clock()
+    return ClockReading(sent=sent, theirs=theirs, received=wall_clock())
 
 
 def leader_clock_problem(

@@ -19,7 +19,7 @@ from litestar.status_codes import HTTP_200_OK, HTTP_503_SERVICE_UNAVAILABLE
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.admin.schemas import CheckView, ReadinessView
-from app.clock_offset import ClockReading, leader_clock_problem
+from app.clock_offset import leader_clock_problem, read_clock
 from app.store.database import database_clock, ping, translated_errors
 from app.store.errors import StoreError
 from app.store.migrate import (
@@ -95,15 +95,13 @@ class Readiness:
         return CheckView(ok=True, detail="answers")
 
     async def _clock_check(self) -> CheckView:
-        sent = self._wall_clock()
         try:
             async with asyncio.timeout(self._timeout_s):
-                theirs = await database_clock(self._engine)
+                reading = await read_clock(lambda: database_clock(self._engine), self._wall_clock)
         except TimeoutError:
             return CheckView(ok=False, detail=f"no answer within {self._timeout_s:g} s")
         except StoreError as exc:
             return CheckView(ok=False, detail=str(exc))
-        reading = ClockReading(sent=sent, theirs=theirs, received=self._wall_clock())
         problem = leader_clock_problem(reading)
         if problem is not None:
             return CheckView(ok=False, detail=problem)

@@ -57,7 +57,7 @@ from collections.abc import Callable
 import asyncpg
 import structlog
 
-from app.clock_offset import MAX_LEADER_CLOCK_OFFSET_S, ClockReading, leader_clock_problem
+from app.clock_offset import MAX_LEADER_CLOCK_OFFSET_S, leader_clock_problem, read_clock
 from app.store.database import DATABASE_CLOCK, driver_url
 
 LEADER_LOCK_KEY = 0x6C6C6D67_77000002
@@ -272,9 +272,11 @@ class LeaderElection:
 
     async def _clock_problem(self, connection: asyncpg.Connection) -> str | None:
         """Why this machine's clock is too far from the database's to lead, or None."""
-        sent = self._wall_clock()
-        theirs: float = await connection.fetchval(DATABASE_CLOCK)
-        reading = ClockReading(sent=sent, theirs=theirs, received=self._wall_clock())
+
+        async def theirs() -> float:
+            return float(await connection.fetchval(DATABASE_CLOCK))
+
+        reading = await read_clock(theirs, self._wall_clock)
         return leader_clock_problem(reading, self._max_clock_offset_s)
 
     def _warn_of_clock(self, problem: str) -> None:
