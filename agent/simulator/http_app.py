@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import msgspec
 
@@ -37,12 +36,8 @@ from agent.simulator.wire import (
     ScoreRequest,
     TokenizeRequest,
 )
+from wire.asgi import Receive, Scope, Send
 
-# ASGI messages are dictionaries whose value types depend on their "type" key.
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 Handler = Callable[[Receive, Send], Awaitable[None]]
 
 MAX_BODY_BYTES = 32 * 1024 * 1024

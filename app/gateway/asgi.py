@@ -1,6 +1,6 @@
-"""What every route of the gateway's ASGI application shares: the ASGI types (those of the
-server that runs it, ``app.listeners.exchange``), request ids, the API key check, and
-writing an answer or an error in one go."""
+"""What every route of the gateway's ASGI application shares: the ASGI types
+(``wire.asgi``), request ids, the API key check, and writing an answer or an error in one
+go."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from app.gateway.errors import (
     too_many_failed_authentications,
 )
 from app.gateway.table import GatewaySnapshot, KeyRecord
-from app.listeners.exchange import Message as Message
-from app.listeners.exchange import Receive as Receive
-from app.listeners.exchange import Scope as Scope
-from app.listeners.exchange import Send as Send
 from app.listeners.throttle import FailureBudget
+from wire.asgi import Message as Message
+from wire.asgi import Receive as Receive
+from wire.asgi import Scope as Scope
+from wire.asgi import Send as Send
 
 Header = tuple[bytes, bytes]
 

@@ -28,8 +28,8 @@ future and no wake-up per request.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import structlog
 
@@ -41,13 +41,11 @@ from app.listeners.http11 import (
     chunk,
     closing_answer,
 )
-
-# ASGI messages are dictionaries whose value types depend on their "type" key.
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-App = Callable[[Scope, Receive, Send], Awaitable[None]]
+from wire.asgi import App as App
+from wire.asgi import Message as Message
+from wire.asgi import Receive as Receive
+from wire.asgi import Scope as Scope
+from wire.asgi import Send as Send
 
 HIGH_WATER_BYTES = 64 * 1024
 """A request body buffered beyond this, unread by the app, stops reading the socket."""

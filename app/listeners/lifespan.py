@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from app.listeners.exchange import App, Message
+from wire.asgi import App, Message
 
 _SCOPE = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"}, "state": {}}
 
