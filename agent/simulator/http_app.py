@@ -36,7 +36,7 @@ from agent.simulator.wire import (
     ScoreRequest,
     TokenizeRequest,
 )
-from wire.asgi import Receive, Scope, Send
+from wire.asgi import Receive, Scope, Send, serve_lifespan
 
 Handler = Callable[[Receive, Send], Awaitable[None]]
 
@@ -98,21 +98,9 @@ class SimulatorApp:
         if scope["type"] == "http":
             await self._http(scope, receive, send)
         elif scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
+            await serve_lifespan(receive, send, startup=self._start, shutdown=self._stop)
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                self._start()
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                for task in self._tasks:
-                    task.cancel()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-
-    def _start(self) -> None:
+    async def _start(self) -> None:
         loop = asyncio.get_running_loop()
         self._created = int(time.time())
         self._engine = SimEngine(self._config.capacity, self.metrics)
@@ -127,6 +115,10 @@ class SimulatorApp:
                 f"simulated engine failure: exiting {faults.exit_after_s:g} s after start "
                 "(--exit-after)",
             )
+
+    async def _stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
 
     def _become_ready(self) -> None:
         self.ready = True

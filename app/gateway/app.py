@@ -63,6 +63,7 @@ from app.gateway.table import GatewaySnapshot
 from app.gateway.traffic import TrafficWindow
 from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES, Uploads
 from app.listeners.throttle import FailureBudget
+from wire.asgi import serve_lifespan
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 
@@ -161,37 +162,32 @@ class GatewayApp:
             else:
                 await route[1](scope, receive, send)
         elif scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
+            await serve_lifespan(receive, send, startup=self._start, shutdown=self._stop)
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                # aiohttp for the scrapers; the lean client for the requests themselves.
-                self._session = aiohttp.ClientSession(
-                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s)
-                )
-                self._engines = EngineClient(
-                    connect_timeout_s=self._connect_timeout_s,
-                    timeouts=self._engine_timeouts,
-                    on_timeout=self._metrics.engine_timed_out,
-                )
-                self._steps.upstream = Upstream(
-                    self._router, self._engines, self._metrics.retried, self._traffic
-                )
-                self._steps.loop = asyncio.get_running_loop()
-                await self._router.start(self._session)
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                try:
-                    await self._router.close()
-                finally:
-                    if self._engines is not None:
-                        self._engines.close()
-                    if self._session is not None:
-                        await self._session.close()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+    async def _start(self) -> None:
+        # aiohttp for the scrapers; the lean client for the requests themselves.
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s)
+        )
+        self._engines = EngineClient(
+            connect_timeout_s=self._connect_timeout_s,
+            timeouts=self._engine_timeouts,
+            on_timeout=self._metrics.engine_timed_out,
+        )
+        self._steps.upstream = Upstream(
+            self._router, self._engines, self._metrics.retried, self._traffic
+        )
+        self._steps.loop = asyncio.get_running_loop()
+        await self._router.start(self._session)
+
+    async def _stop(self) -> None:
+        try:
+            await self._router.close()
+        finally:
+            if self._engines is not None:
+                self._engines.close()
+            if self._session is not None:
+                await self._session.close()
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = clock()
