@@ -12,6 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from agent.simulator.config import ErrorStyle
+from wire.openai_error import ErrorBody, ErrorDetail
 
 
 class ApiError(Exception):
@@ -49,17 +50,6 @@ def not_ready() -> ApiError:
     return ApiError(503, "The engine is starting.", type="server_error", code="not_ready")
 
 
-class _OpenAIErrorDetail(msgspec.Struct, frozen=True):
-    message: str
-    type: str
-    param: str | None
-    code: str | None
-
-
-class _OpenAIError(msgspec.Struct, frozen=True):
-    error: _OpenAIErrorDetail
-
-
 class _FlatError(msgspec.Struct, frozen=True):
     detail: str
 
@@ -73,9 +63,9 @@ class _MessageError(msgspec.Struct, frozen=True):
 
 
 def error_body(error: ApiError, style: ErrorStyle) -> bytes:
-    body: _OpenAIError | _FlatError | _MessageError
+    body: ErrorBody | _FlatError | _MessageError
     if style == "openai":
-        body = _OpenAIError(_OpenAIErrorDetail(error.message, error.type, error.param, error.code))
+        body = ErrorBody(ErrorDetail(error.message, error.type, error.param, error.code))
     elif style == "flat":
         body = _FlatError(error.message)
     else:

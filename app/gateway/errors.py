@@ -1,7 +1,8 @@
 """Errors the gateway answers with, always in OpenAI's shape.
 
 Every refusal is an ``ApiError``; ``body`` writes it as
-``{"error": {"message", "type", "param", "code"}}``, which every OpenAI client parses.
+``{"error": {"message", "type", "param", "code"}}`` (``wire.openai_error``), which every
+OpenAI client parses.
 Engines do not all answer errors that way: FastAPI-based servers write ``{"detail": ...}``,
 older vLLM releases ``{"object": "error", "message", ..., "code": 400}``, others a bare
 ``{"message": ...}`` or plain text. ``normalize_engine_error`` rewrites whatever an engine
@@ -22,6 +23,7 @@ import msgspec
 
 from app.gateway.ratelimit import Quota, RateDecision
 from app.listeners.http11 import retry_after_header
+from wire.openai_error import ErrorBody, ErrorDetail
 
 Header = tuple[bytes, bytes]
 
@@ -40,17 +42,6 @@ _TYPE_BY_STATUS = {
     422: "invalid_request_error",
     429: "rate_limit_error",
 }
-
-
-class ErrorDetail(msgspec.Struct, frozen=True):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorBody(msgspec.Struct, frozen=True):
-    error: ErrorDetail
 
 
 _encode = msgspec.json.Encoder().encode
