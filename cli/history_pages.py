@@ -7,13 +7,12 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 
 import msgspec
 
 from cli.arguments import segment
 from cli.client import AdminClient, EndlessListing, EventView, decode
-from cli.paging import check_page_count
+from cli.paging import Listed, check_page_count, listed_items
 
 HISTORY_PAGE_SIZE = 500
 NEWEST = 2**63 - 1
@@ -35,11 +34,7 @@ class HistoryPage(msgspec.Struct, frozen=True, kw_only=True):
     """Unset in the answer of a server older than reading back with ``before``."""
 
 
-@dataclass(frozen=True)
-class HistoryEvent:
-    view: EventView
-    raw: msgspec.Raw
-    """The event exactly as the API sent it (``--output json`` prints these)."""
+HistoryEvent = Listed[EventView]
 
 
 _event_decoder = msgspec.json.Decoder(EventView)
@@ -117,4 +112,4 @@ def _get(client: AdminClient, path: str, params: Mapping[str, int | str]) -> byt
 
 
 def _events_of(page: HistoryPage) -> list[HistoryEvent]:
-    return [HistoryEvent(view=decode(_event_decoder, raw, "event"), raw=raw) for raw in page.events]
+    return listed_items(_event_decoder, page.events, "event")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
 
 import msgspec
@@ -13,7 +12,7 @@ import msgspec
 from cli.arguments import segment
 from cli.client import AdminClient, RepeatingListing, decode
 from cli.operator import Reply
-from cli.paging import check_page_count
+from cli.paging import Listed, check_page_count, listed_items
 
 KEYS_PAGE_SIZE = 500
 
@@ -49,11 +48,7 @@ class KeyChange(msgspec.Struct, frozen=True, kw_only=True):
     key: KeyView
 
 
-@dataclass(frozen=True)
-class ListedKey:
-    view: KeyView
-    raw: msgspec.Raw
-    """The key exactly as the API sent it (``--output json`` prints these)."""
+ListedKey = Listed[KeyView]
 
 
 _key_created_decoder = msgspec.json.Decoder(KeyCreated)
@@ -117,10 +112,8 @@ def _key_page(client: AdminClient, params: Mapping[str, int | str]) -> list[List
     """One page of the key list: its array is split into keys as sent, and each decoded
     once."""
     raw = client.request("GET", "/admin/v1/keys", params=params)
-    return [
-        ListedKey(decode(_key_decoder, key, "key list"), key)
-        for key in decode(_raw_list_decoder, raw, "key list")
-    ]
+    keys: list[msgspec.Raw] = decode(_raw_list_decoder, raw, "key list")
+    return listed_items(_key_decoder, keys, "key list")
 
 
 def revoke_key(client: AdminClient, prefix_or_name: str) -> Reply[KeyChange]:

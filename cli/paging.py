@@ -1,9 +1,16 @@
-"""The bound on how far one listing of the admin API (``keys list``, ``history``) reads:
-past it, or on a cursor that stays put, the listing stops with an ``EndlessListing``."""
+"""What one listing of the admin API (``keys list``, ``history``) reads: its items, each
+decoded and kept as sent (``Listed``), and the bound on how far it reads: past it, or on a
+cursor that stays put, the listing stops with an ``EndlessListing``."""
 
 from __future__ import annotations
 
-from cli.client import AdminClient, EndlessListing
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import msgspec
+
+from cli.client import AdminClient, EndlessListing, decode
 from cli.config import SETTING_ENV
 
 MAX_PAGES = 2_000
@@ -21,3 +28,23 @@ def check_page_count(client: AdminClient, page: int, what: str, size: int, items
             f"reading; it is not the llmgw admin API, or it is broken; check "
             f"{SETTING_ENV['admin_url']}"
         )
+
+
+ItemT = TypeVar("ItemT")
+
+
+@dataclass(frozen=True)
+class Listed(Generic[ItemT]):
+    """One item of a listing: decoded for the table, and as the API sent it."""
+
+    view: ItemT
+    raw: msgspec.Raw
+    """The item exactly as the API sent it (``--output json`` prints these)."""
+
+
+def listed_items(
+    decoder: msgspec.json.Decoder[ItemT], items: Iterable[msgspec.Raw], what: str
+) -> list[Listed[ItemT]]:
+    """Each of ``items`` (a page's array, split as sent) decoded once; an unreadable one is
+    ``a {what}`` the client cannot read."""
+    return [Listed(decode(decoder, raw, what), raw) for raw in items]
