@@ -8,10 +8,11 @@ A new certificate is issued where the llmgw CA is kept, never on a server
 
 from __future__ import annotations
 
-import ipaddress
 import shlex
 from dataclasses import dataclass
 from datetime import datetime
+
+from app.pki.names import address_flag
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class NodeClaim:
         """``llmgw-cli cert node ID``, naming the advertised address when asked to."""
         words = ["llmgw-cli", "cert", "node", self.node_id]
         if naming_address and self.address is not None:
-            words += [_address_flag(self.address), self.address]
+            words += [address_flag(self.address), self.address]
         return shlex.join(words)
 
 
@@ -78,11 +79,3 @@ def refusal_advice(reason: str, node: NodeClaim) -> str:
     if "revoked" in reason or "certificate expired" in reason:
         return f". This node needs a new certificate: {node_certificate_hint(node)}"
     return ""
-
-
-def _address_flag(address: str) -> str:
-    try:
-        ipaddress.ip_address(address)
-    except ValueError:
-        return "--host"
-    return "--ip"

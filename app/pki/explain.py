@@ -9,6 +9,7 @@ from cryptography import x509
 
 from app.pki.describe import alternative_names
 from app.pki.model import CLOCK_SKEW
+from app.pki.names import address_flag, is_ip_address
 
 # OpenSSL X509_V_ERR_* codes, as found in SSLCertVerificationError.verify_code.
 _UNABLE_TO_GET_ISSUER_CERT = 2
@@ -119,7 +120,7 @@ def _explain_verification(
 
 
 def _explain_missing_name(host: str, presented: x509.Certificate | None) -> str:
-    what = "IP address" if _is_ip(host) else "host name"
+    what = "IP address" if is_ip_address(host) else "host name"
     if presented is None:
         listed = "`llmgw-cli cert show server.crt` on the control plane shows the names it has"
     else:
@@ -169,13 +170,13 @@ def _explain_refusal(error: ssl.SSLError, host: str) -> str:
 
 def _reissue_command(host: str, presented: x509.Certificate | None) -> str:
     if presented is None:
-        flag = "--ip" if _is_ip(host) else "--host"
+        flag = address_flag(host)
         return f"llmgw-cli cert server {flag} {host} [--host/--ip for every other name] --force"
     dns_names, ip_addresses = alternative_names(presented)
     hosts, ips = list(dns_names), list(ip_addresses)
-    if not _is_ip(host) and host not in hosts:
+    if not is_ip_address(host) and host not in hosts:
         hosts.append(host)
-    elif _is_ip(host) and str(ipaddress.ip_address(host)) not in ips:
+    elif is_ip_address(host) and str(ipaddress.ip_address(host)) not in ips:
         ips.append(host)
     flags = [f"--host {name}" for name in hosts] + [f"--ip {ip}" for ip in ips]
     return f"llmgw-cli cert server {' '.join(flags)} --force"
@@ -189,11 +190,3 @@ def ssl_error_in(exc: BaseException) -> ssl.SSLError | None:
             return current
         current = current.__cause__ or current.__context__
     return None
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True

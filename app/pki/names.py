@@ -1,4 +1,5 @@
-"""Validation of the names that go into certificates."""
+"""Validation of the names that go into certificates, and the ``llmgw-cli cert`` flag that
+puts an address into one (``--ip`` or ``--host``)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def check_subject_name(what: str, name: str) -> str:
 
 def check_host(host: str) -> str:
     """Return `host` if it is a DNS name a certificate can carry, else raise InvalidRequest."""
-    if _is_ip_address(host):
+    if is_ip_address(host):
         raise InvalidRequest(
             f"{host!r} is an IP address, not a host name: pass it with --ip so that "
             "clients dialling it can verify the certificate"
@@ -46,9 +47,17 @@ def parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
         raise InvalidRequest(f"invalid IP address {text!r}") from exc
 
 
-def _is_ip_address(text: str) -> bool:
+def is_ip_address(text: str) -> bool:
+    """Whether ``text`` is an IPv4 or IPv6 address; anything else a certificate names as a
+    host."""
     try:
         ipaddress.ip_address(text)
     except ValueError:
         return False
     return True
+
+
+def address_flag(address: str) -> str:
+    """The ``llmgw-cli cert`` flag that names ``address`` in a certificate: ``--ip`` for an
+    IP address, ``--host`` for a host name."""
+    return "--ip" if is_ip_address(address) else "--host"
