@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
@@ -45,7 +44,7 @@ from app.gateway.router import Router
 from app.gateway.table import GatewaySnapshot, SnapshotListener
 from app.gateway.traffic import TrafficWindow
 from app.gateway.uploads import DEFAULT_MAX_UPLOAD_BYTES
-from app.listeners.binding import CannotListen
+from app.listeners.binding import CannotListen, bound_listener
 from app.listeners.heap import settle_heap
 from app.listeners.httpserver import HttpServer
 from app.listeners.lifespan import LifespanFailed
@@ -149,10 +148,10 @@ async def _serve_on(
 ) -> _Listening:
     """Serve ``app`` on ``host``:``port``; listening once this returns."""
     try:
-        listener = _listen(host, port, reuse_port=reuse_port)
-    except OSError as exc:
-        # Say which listener: a gateway has two, and "address in use" alone does not tell.
-        raise GatewayFailed(str(CannotListen(what, host, port, exc))) from exc
+        # Says which listener: a gateway has two, and "address in use" alone does not tell.
+        listener = bound_listener(what, host, port, reuse_port=reuse_port, no_delay=True)
+    except CannotListen as exc:
+        raise GatewayFailed(str(exc)) from exc
     port = listener.getsockname()[1]
     server = HttpServer(
         app,
@@ -353,25 +352,3 @@ class Gateway:
 
 def _base_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-def _listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    listener = socket.socket(family, kind, proto)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        if not hasattr(socket, "SO_REUSEPORT"):
-            listener.close()
-            raise OSError("this platform has no SO_REUSEPORT: run one gateway per port")
-        # Every process that sets it before binding shares the port; the kernel hashes each
-        # new connection to one of them.
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    # Accepted connections inherit it: without it, a stream's small writes (its head, then
-    # each event) wait on the client's delayed ACK, adding milliseconds to each.
-    listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    try:
-        listener.bind(address)
-    except OSError:
-        listener.close()
-        raise
-    return listener

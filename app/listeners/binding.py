@@ -18,9 +18,13 @@ REMEDIES = {
 }
 
 
-def bound_listener(what: str, host: str, port: int) -> socket.socket:
+def bound_listener(
+    what: str, host: str, port: int, *, reuse_port: bool = False, no_delay: bool = False
+) -> socket.socket:
     """A TCP socket bound to ``host``:``port`` (not yet listening), for ``what``; raises
-    ``CannotListen``."""
+    ``CannotListen``. ``reuse_port``: shared with every process that binds the port so
+    (``SO_REUSEPORT``); ``no_delay``: its connections send small writes at once
+    (``TCP_NODELAY``)."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as exc:
@@ -28,6 +32,17 @@ def bound_listener(what: str, host: str, port: int) -> socket.socket:
     listener = socket.socket(family, kind, proto)
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            if not hasattr(socket, "SO_REUSEPORT"):
+                raise OSError("this platform has no SO_REUSEPORT: run one gateway per port")
+            # Every process that sets it before binding shares the port; the kernel hashes
+            # each new connection to one of them.
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if no_delay:
+            # Accepted connections inherit it: without it, a stream's small writes (its
+            # head, then each event) wait on the client's delayed ACK, adding milliseconds
+            # to each.
+            listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         listener.bind(address)
     except OSError as exc:
         listener.close()
