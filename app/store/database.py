@@ -113,13 +113,8 @@ async def connection(engine: AsyncEngine) -> AsyncIterator[asyncpg.Connection]:
 @asynccontextmanager
 async def translated_errors() -> AsyncIterator[None]:
     """Driver and connection errors become ``StoreError``s, with the cause kept."""
-    try:
+    with translated_blocking_errors():
         yield
-    except Exception as exc:
-        error = store_error(exc)
-        if error is None:
-            raise
-        raise error from exc
 
 
 @contextmanager
