@@ -88,20 +88,16 @@ class Readiness:
         try:
             async with asyncio.timeout(self._timeout_s):
                 await ping(self._engine)
-        except TimeoutError:
-            return CheckView(ok=False, detail=f"no answer within {self._timeout_s:g} s")
-        except StoreError as exc:
-            return CheckView(ok=False, detail=str(exc))
+        except (TimeoutError, StoreError) as exc:
+            return self._unanswered(exc)
         return CheckView(ok=True, detail="answers")
 
     async def _clock_check(self) -> CheckView:
         try:
             async with asyncio.timeout(self._timeout_s):
                 reading = await read_clock(lambda: database_clock(self._engine), self._wall_clock)
-        except TimeoutError:
-            return CheckView(ok=False, detail=f"no answer within {self._timeout_s:g} s")
-        except StoreError as exc:
-            return CheckView(ok=False, detail=str(exc))
+        except (TimeoutError, StoreError) as exc:
+            return self._unanswered(exc)
         problem = leader_clock_problem(reading)
         if problem is not None:
             return CheckView(ok=False, detail=problem)
@@ -110,10 +106,8 @@ class Readiness:
     async def _migrations(self) -> CheckView:
         try:
             revision = await self._current_revision()
-        except TimeoutError:
-            return CheckView(ok=False, detail=f"no answer within {self._timeout_s:g} s")
-        except StoreError as exc:
-            return CheckView(ok=False, detail=str(exc))
+        except (TimeoutError, StoreError) as exc:
+            return self._unanswered(exc)
         release = await self._release_revisions()
         standing = release.standing(revision)
         if standing is not SchemaStanding.CURRENT:
@@ -123,6 +117,12 @@ class Readiness:
                 f"{release.head} ({MIGRATIONS_ADVICE[standing]})",
             )
         return CheckView(ok=True, detail=f"at revision {release.head}")
+
+    def _unanswered(self, exc: TimeoutError | StoreError) -> CheckView:
+        """A check whose database read failed: no answer in time, or the store's error."""
+        if isinstance(exc, TimeoutError):
+            return CheckView(ok=False, detail=f"no answer within {self._timeout_s:g} s")
+        return CheckView(ok=False, detail=str(exc))
 
     async def _current_revision(self) -> str | None:
         now = self._clock()
