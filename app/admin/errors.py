@@ -74,6 +74,20 @@ PROBLEM_TABLE: tuple[tuple[type[Exception], int, str], ...] = (
 )
 
 
+_PROBLEM_MEDIA_TYPE = "application/problem+json"
+
+
+def _problem_document(status: int, kind: str, detail: str, **extra: Any) -> dict[str, Any]:
+    """The problem details (RFC 9457) of an answer with ``status``, of the ``kind`` named."""
+    return {
+        "type": f"https://llmgw.dev/problems/{kind}",
+        "title": kind,
+        "status": status,
+        "detail": detail,
+        **extra,
+    }
+
+
 def problem(
     status: int,
     kind: str,
@@ -82,15 +96,9 @@ def problem(
     **extra: Any,
 ) -> Response[dict[str, Any]]:
     return Response(
-        {
-            "type": f"https://llmgw.dev/problems/{kind}",
-            "title": kind,
-            "status": status,
-            "detail": detail,
-            **extra,
-        },
+        _problem_document(status, kind, detail, **extra),
         status_code=status,
-        media_type="application/problem+json",
+        media_type=_PROBLEM_MEDIA_TYPE,
         headers=headers,
     )
 
@@ -99,13 +107,8 @@ def problem_body(status: int, detail: str) -> tuple[bytes, bytes]:
     """A problem document written before any request reached the app (a slow client cut
     off at the listener): its content type and body."""
     kind = HTTPStatus(status).phrase.lower().replace(" ", "-")
-    document = {
-        "type": f"https://llmgw.dev/problems/{kind}",
-        "title": kind,
-        "status": status,
-        "detail": detail,
-    }
-    return b"application/problem+json", msgspec.json.encode(document)
+    document = _problem_document(status, kind, detail)
+    return _PROBLEM_MEDIA_TYPE.encode(), msgspec.json.encode(document)
 
 
 def handle_http(request: Request[Any, Any, Any], exc: HTTPException) -> Response[dict[str, Any]]:
