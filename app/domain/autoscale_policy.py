@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from app.domain.spec_bounds import MAX_REPLICAS
-from app.domain.spec_error import SpecError
+from app.domain.spec_error import SpecError, need_into
 
 MIN_AUTOSCALE_TARGET = 0.01
 """The least a replica may be asked to carry: a hundredth of a request. Below it the count
@@ -48,10 +48,7 @@ class AutoscalePolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 def autoscale_policy_errors(policy: AutoscalePolicy) -> list[SpecError]:
     """What is wrong with an autoscaling policy, by the name of each field as written."""
     errors: list[SpecError] = []
-
-    def need(ok: bool, field: str, reason: str) -> None:
-        if not ok:
-            errors.append(SpecError(field, reason))
+    need = need_into(errors)
 
     low, high = policy.min_replicas, policy.max_replicas
     need(0 <= low <= MAX_REPLICAS, "min", f"must be between 0 and {MAX_REPLICAS}")

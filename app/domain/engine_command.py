@@ -11,7 +11,7 @@ from types import MappingProxyType
 import msgspec
 
 from app.domain.exec_limits import argv_refusal
-from app.domain.spec_error import SpecError
+from app.domain.spec_error import SpecError, need_into
 
 COMMAND_PLACEHOLDERS = frozenset(
     {"model", "port", "host", "gpus", "gpu_count", "rank", "world_size", "peers", "leader"}
@@ -42,10 +42,7 @@ MAX_ENV_ERRORS = 10
 def command_errors(command: str) -> list[SpecError]:
     """What is wrong with a command template on its own, by the field ``command``."""
     errors: list[SpecError] = []
-
-    def need(ok: bool, field: str, reason: str) -> None:
-        if not ok:
-            errors.append(SpecError(field, reason))
+    need = need_into(errors)
 
     need(bool(command.strip()), "command", "must not be empty")
     need(

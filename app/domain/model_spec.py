@@ -89,7 +89,7 @@ from app.domain.spec_bounds import (
     MAX_STARTUP_TIMEOUT_S,
     MAX_STOP_GRACE_S,
 )
-from app.domain.spec_error import SpecError
+from app.domain.spec_error import SpecError, need_into
 from app.domain.spec_secrets import secret_errors
 
 __all__ = [
@@ -208,10 +208,7 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
 def validate_spec(spec: ModelSpec) -> list[SpecError]:
     """Every problem with `spec` (an empty list means it may be declared)."""
     errors: list[SpecError] = []
-
-    def need(ok: bool, field: str, reason: str) -> None:
-        if not ok:
-            errors.append(SpecError(field, reason))
+    need = need_into(errors)
 
     def need_between(value: float, field: str, low: float, high: float, note: str = "") -> None:
         # Written as a range to hold, so that NaN (which compares false) is refused too.

@@ -8,7 +8,7 @@ from typing import Literal
 import msgspec
 
 from app.domain.spec_bounds import MAX_REPLICAS
-from app.domain.spec_error import SpecError
+from app.domain.spec_error import SpecError, need_into
 
 ALL: Literal["all"] = "all"
 """A canary step's ``replicas`` that means every replica of the model."""
@@ -82,10 +82,7 @@ class RolloutPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 def rollout_policy_errors(policy: RolloutPolicy) -> list[SpecError]:
     """What is wrong with a rollout policy, by the name of each field in ``policy``."""
     errors: list[SpecError] = []
-
-    def need(ok: bool, field: str, reason: str) -> None:
-        if not ok:
-            errors.append(SpecError(field, reason))
+    need = need_into(errors)
 
     need(
         0 <= policy.max_surge <= MAX_REPLICAS, "max_surge", f"must be between 0 and {MAX_REPLICAS}"
