@@ -20,7 +20,7 @@ from app.domain.events import (
     RolloutVerdict,
 )
 from app.domain.evolve.models import earlier_specs
-from app.domain.evolve.updates import Handler, update_rollout
+from app.domain.evolve.updates import Handler, rollout_in, update_rollout
 from app.domain.state import ClusterState, Rollout, RolloutState
 
 
@@ -71,14 +71,12 @@ def _rollout_holding(state: ClusterState, event: RolloutHolding, recorded: Recor
 def _rollout_hold_ejection_seen(
     state: ClusterState, event: RolloutHoldEjectionSeen, recorded: Recorded
 ) -> None:
-    model = state.models.get(event.model)
-    rollout = model.rollout if model else None
+    rollout = rollout_in(state, event.model, event.rollout_id)
     replica = state.replicas.get(event.replica_id)
     # Only for the hold it was seen in, and a replica of the model: the ejections kept are
     # as many as the model's replicas, whatever the event says.
     if (
         rollout is None
-        or rollout.id != event.rollout_id
         or rollout.step != event.step
         or rollout.holding_since is None
         or replica is None
@@ -113,9 +111,8 @@ def _rollout_paused(state: ClusterState, event: RolloutPaused, recorded: Recorde
 
 
 def _rollout_resumed(state: ClusterState, event: RolloutResumed, recorded: Recorded) -> None:
-    model = state.models.get(event.model)
-    rollout = model.rollout if model else None
-    if rollout is None or rollout.id != event.rollout_id:
+    rollout = rollout_in(state, event.model, event.rollout_id)
+    if rollout is None:
         return
     # Only a step whose verdict could not be reached is promoted by the operator's word. A
     # step the operator paused is judged on the next pass as usual: at once, on the
@@ -133,10 +130,10 @@ def _rollout_resumed(state: ClusterState, event: RolloutResumed, recorded: Recor
 
 
 def _rollout_rolled_back(state: ClusterState, event: RolloutRolledBack, recorded: Recorded) -> None:
-    model = state.models.get(event.model)
-    rollout = model.rollout if model else None
-    if model is None or rollout is None or rollout.id != event.rollout_id:
+    rollout = rollout_in(state, event.model, event.rollout_id)
+    if rollout is None:
         return
+    model = state.models[event.model]
     rolled_back = replace(
         rollout, state=RolloutState.ROLLING_BACK, outcome=event.reason, pause_reason=None
     )
@@ -153,9 +150,8 @@ def _rollout_rolled_back(state: ClusterState, event: RolloutRolledBack, recorded
 
 
 def _rollout_finished(state: ClusterState, event: RolloutFinished, recorded: Recorded) -> None:
-    model = state.models.get(event.model)
-    rollout = model.rollout if model else None
-    if rollout is None or rollout.id != event.rollout_id:
+    rollout = rollout_in(state, event.model, event.rollout_id)
+    if rollout is None:
         return
     if event.succeeded:
         ended = RolloutState.SUCCEEDED

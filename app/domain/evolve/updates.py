@@ -1,6 +1,7 @@
 """What every part of the fold does to change an entity: replace it in the state with some
 of its fields changed (a ``*Changes`` dict of ``app.domain.changes``), or leave the state as it
-is when the state does not know the entity."""
+is when the state does not know the entity; and ``rollout_in``, the rollout an event of one is
+about, while its model is still in it."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from app.domain.changes import (
 )
 from app.domain.envelope import Recorded
 from app.domain.gpu_identity import same_gpu
-from app.domain.state import ClusterState
+from app.domain.state import ClusterState, Rollout
 
 Handler = Callable[[ClusterState, Any, Recorded], None]
 """How one event changes the state: ``handler(state, event, recorded)``."""
@@ -52,15 +53,22 @@ def update_model(state: ClusterState, name: str, changes: ModelChanges) -> None:
         state.models[name] = replace(model, **changes)
 
 
+def rollout_in(state: ClusterState, name: str, rollout_id: str) -> Rollout | None:
+    """The model's rollout if it is ``rollout_id``; None for an event of an earlier one,
+    now superseded, or of a model the state does not know."""
+    model = state.models.get(name)
+    rollout = model.rollout if model else None
+    return rollout if rollout is not None and rollout.id == rollout_id else None
+
+
 def update_rollout(
     state: ClusterState, name: str, rollout_id: str, changes: RolloutChanges
 ) -> None:
     """Change the model's rollout if it is ``rollout_id`` (an event of an earlier one, now
     superseded, changes nothing)."""
-    model = state.models.get(name)
-    rollout = model.rollout if model else None
-    if model is not None and rollout is not None and rollout.id == rollout_id:
-        state.models[name] = replace(model, rollout=replace(rollout, **changes))
+    rollout = rollout_in(state, name, rollout_id)
+    if rollout is not None:
+        state.models[name] = replace(state.models[name], rollout=replace(rollout, **changes))
 
 
 def update_node(state: ClusterState, node_id: str, changes: NodeChanges) -> None:
