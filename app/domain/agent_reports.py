@@ -176,10 +176,9 @@ def shard_reported(
     pid): that end is the stop adoption asked for, not news of the log's copy, which must
     not fail "stopped without being asked to" for it. Whether anything of the shard still
     runs is the node's next report's to say."""
-    replica = state.replicas.get(report.replica_id)
-    if replica is None or not 0 <= report.shard_index < len(replica.shards):
+    shard = state.shard(report.replica_id, report.shard_index)
+    if shard is None:
         return []
-    shard = replica.shards[report.shard_index]
     if shard.node_id != node_id or shard.phase is report.phase:
         return []
     if port != shard.port and (

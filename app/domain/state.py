@@ -402,6 +402,14 @@ class ClusterState:
         ``projections rebuild`` keeps their rows that way. Not part of the state (a copy
         or a snapshot leaves it out)."""
 
+    def shard(self, replica_id: str, index: int) -> Shard | None:
+        """The replica's shard ``index``; None when the state knows no such replica or shard
+        (an event or a report may name any)."""
+        replica = self.replicas.get(replica_id)
+        if replica is None or not 0 <= index < len(replica.shards):
+            return None
+        return replica.shards[index]
+
     def copy(self) -> ClusterState:
         """A snapshot that later events will not change (entities are frozen)."""
         other = ClusterState()

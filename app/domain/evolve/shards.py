@@ -37,10 +37,8 @@ def _shard_starting(state: ClusterState, event: ShardStarting, recorded: Recorde
 
 def _restarted(state: ClusterState, event: ShardStarting) -> bool:
     """Whether the shard starts again after its agent stopped it on purpose."""
-    replica = state.replicas.get(event.replica_id)
-    if replica is None or not 0 <= event.shard_index < len(replica.shards):
-        return False
-    return replica.shards[event.shard_index].stopped_by_agent
+    shard = state.shard(event.replica_id, event.shard_index)
+    return shard is not None and shard.stopped_by_agent
 
 
 def _shard_ready(state: ClusterState, event: ShardReady, recorded: Recorded) -> None:
@@ -121,10 +119,9 @@ def _replica_adopted(state: ClusterState, event: ReplicaAdopted, recorded: Recor
 
 
 def _came_up_there(state: ClusterState, event: ReplicaAdopted) -> bool:
-    replica = state.replicas.get(event.replica_id)
-    if replica is None or not 0 <= event.shard_index < len(replica.shards):
+    shard = state.shard(event.replica_id, event.shard_index)
+    if shard is None:
         return False
-    shard = replica.shards[event.shard_index]
     return shard.came_up and (shard.node_id, shard.port) == (event.node_id, event.port)
 
 

@@ -33,9 +33,9 @@ def update_shard(
     changes: ShardChanges,
     replica_changes: ReplicaChanges | None = None,
 ) -> None:
-    replica = state.replicas.get(replica_id)
-    if replica is None or not 0 <= index < len(replica.shards):
+    if state.shard(replica_id, index) is None:
         return
+    replica = state.replicas[replica_id]
     shards = list(replica.shards)
     shards[index] = replace(shards[index], **changes)
     state.replicas[replica_id] = replace(replica, shards=tuple(shards), **(replica_changes or {}))
