@@ -121,19 +121,21 @@ def _node_cordoned(state: ClusterState, event: NodeCordoned, recorded: Recorded)
     update_node(state, event.node_id, {"cordoned": True, "cordon_reason": event.reason})
 
 
+_NO_DRAIN: NodeChanges = {
+    "drain_id": None,
+    "drain_grace_s": None,
+    "drain_requested_at": None,
+    "drain_began_with": (),
+    "drain_cancelled_by": None,
+}
+"""A node's drain fields once it has none: its drain finished, or an uncordon ended it."""
+
+
 def _node_uncordoned(state: ClusterState, event: NodeUncordoned, recorded: Recorded) -> None:
     update_node(
         state,
         event.node_id,
-        {
-            "cordoned": False,
-            "cordon_reason": None,
-            "drain_id": None,
-            "drain_grace_s": None,
-            "drain_requested_at": None,
-            "drain_began_with": (),
-            "drain_cancelled_by": None,
-        },
+        {"cordoned": False, "cordon_reason": None, **_NO_DRAIN},
     )
 
 
@@ -169,17 +171,7 @@ def _node_drain_cancelled(
 
 
 def _node_drain_finished(state: ClusterState, event: NodeDrainFinished, recorded: Recorded) -> None:
-    update_node(
-        state,
-        event.node_id,
-        {
-            "drain_id": None,
-            "drain_grace_s": None,
-            "drain_requested_at": None,
-            "drain_began_with": (),
-            "drain_cancelled_by": None,
-        },
-    )
+    update_node(state, event.node_id, _NO_DRAIN)
 
 
 def _gpu_marked_unhealthy(
