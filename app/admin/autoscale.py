@@ -14,7 +14,7 @@ from app.admin.auth import require_actor
 from app.admin.autoscale_schemas import AutoscalePolicyBody, AutoscalePolicyPatch
 from app.admin.bodies import check_body
 from app.admin.model_schemas import ModelChange
-from app.admin.models import model_view
+from app.admin.models import model_change
 from app.admin.queries import check_query
 from app.admin.rollouts import MODELS_PATH
 from app.domain.model_spec import AutoscalePolicy
@@ -55,7 +55,7 @@ class AutoscaleController(Controller):
         name: FromPath[str],
     ) -> ModelChange:
         changed = await operations.set_autoscale(caller, name, policy_from_body(data))
-        return ModelChange(changed=changed, model=model_view(await operations.model(name)))
+        return await model_change(operations, name, changed)
 
     @patch(
         "/{name:str}/autoscale",
@@ -78,7 +78,7 @@ class AutoscaleController(Controller):
         name: FromPath[str],
     ) -> ModelChange:
         changed = await operations.patch_autoscale(caller, name, fields_from_patch(data))
-        return ModelChange(changed=changed, model=model_view(await operations.model(name)))
+        return await model_change(operations, name, changed)
 
     @delete(
         "/{name:str}/autoscale",
@@ -94,4 +94,4 @@ class AutoscaleController(Controller):
         name: FromPath[str],
     ) -> ModelChange:
         changed = await operations.set_autoscale(caller, name, None)
-        return ModelChange(changed=changed, model=model_view(await operations.model(name)))
+        return await model_change(operations, name, changed)

@@ -113,6 +113,12 @@ def model_view(status: ModelStatus) -> ModelView:
     )
 
 
+async def model_change(operations: Operations, name: str, changed: bool) -> ModelChange:
+    """The answer to a change of model ``name``: whether it recorded anything, and the model
+    as it is now."""
+    return ModelChange(changed=changed, model=model_view(await operations.model(name)))
+
+
 def autoscale_decision_view(recorded: Recorded) -> AutoscaleDecisionView:
     """A ``model_scaled`` as the autoscaler's decision, with what it saw."""
     return as_view(
@@ -187,7 +193,7 @@ class ModelController(Controller):
     ) -> ModelChange:
         spec = spec_from_body(await request.body(), name)
         changed = await operations.apply_model(caller, spec)
-        return ModelChange(changed=changed, model=model_view(await operations.model(name)))
+        return await model_change(operations, name, changed)
 
     @post(
         "/{name:str}/preview",
@@ -215,7 +221,7 @@ class ModelController(Controller):
         name: FromPath[str],
     ) -> ModelChange:
         changed = await operations.scale(caller, name, data.replicas)
-        return ModelChange(changed=changed, model=model_view(await operations.model(name)))
+        return await model_change(operations, name, changed)
 
     @delete(
         "/{name:str}",
@@ -230,4 +236,4 @@ class ModelController(Controller):
         name: FromPath[str],
     ) -> ModelChange:
         changed = await operations.remove(caller, name)
-        return ModelChange(changed=changed, model=model_view(await operations.model(name)))
+        return await model_change(operations, name, changed)
