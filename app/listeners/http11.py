@@ -7,6 +7,12 @@ with what the head says about the body's framing and the connection's fate.
     head.data          # b"HTTP/1.1 200 OK\\r\\ncontent-length: 2\\r\\n\\r\\n"
     head.chunked       # False: the body goes as it is, ``head.content_length`` bytes
     head.keep_alive    # True: the connection serves the next request afterwards
+
+And the other way, what a request's head says that the server will not read one way while
+something in front of it (a proxy, a load balancer) may read it another:
+
+    framing_refusal("1.1", hosts=1, transfer_encoding=b"gzip, chunked")
+    # (400, "Transfer-Encoding `gzip, chunked` is not served: only `chunked` is.")
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ LAST_CHUNK = b"0\r\n\r\n"
 _CONNECTION_CLOSE = b"connection: close\r\n"
 _CHUNKED = b"transfer-encoding: chunked\r\n"
 _BODILESS_STATUSES = frozenset({204, 304})
+_SERVED_VERSIONS = frozenset({"1.0", "1.1"})
 
 
 class InvalidAnswer(RuntimeError):
@@ -133,6 +140,36 @@ def closing_answer(status: int, content_type: bytes, body: bytes) -> bytes:
 def retry_after_header(seconds: float) -> bytes:
     """``Retry-After`` takes whole seconds; round up so a client never comes back early."""
     return b"%d" % max(1, math.ceil(seconds))
+
+
+def framing_refusal(
+    version: str, *, hosts: int, transfer_encoding: bytes | None
+) -> tuple[int, str] | None:
+    """The status and message refusing a request whose head the server could read one way
+    and a proxy in front of it another (request smuggling), or None for one it reads one
+    way only. httptools refuses the rest already (``Content-Length`` with
+    ``Transfer-Encoding``, two lengths, bare line ends, a space before a colon); it lets
+    these through:
+
+    - a version but 1.0 and 1.1 (``GET /`` without one is HTTP/0.9): 505;
+    - an HTTP/1.1 request with no ``Host``, or more than one (RFC 9112, 3.2): 400;
+    - a ``Transfer-Encoding`` on an HTTP/1.0 request, whose framing RFC 9112 (6.1) says
+      is faulty, or one that is not ``chunked`` alone (``identity, chunked``,
+      ``xchunked``, ``gzip``): no other coding is served, and one a proxy knows and
+      this server does not frames the body differently for each: 400.
+    """
+    if version not in _SERVED_VERSIONS:
+        return 505, f"HTTP/{version} is not served here: send HTTP/1.1."
+    if version == "1.1" and hosts != 1:
+        return 400, f"An HTTP/1.1 request carries one Host header, not {hosts}."
+    if transfer_encoding is None:
+        return None
+    if version == "1.0":
+        return 400, "Transfer-Encoding is not allowed in an HTTP/1.0 request."
+    if transfer_encoding.strip(b" \t").lower() != b"chunked":
+        coding = transfer_encoding[:100].decode("latin-1")
+        return 400, f"Transfer-Encoding `{coding}` is not served: only `chunked` is."
+    return None
 
 
 def split_target(target: bytes) -> tuple[str, bytes, bytes]:

@@ -59,7 +59,7 @@ from typing import Any, cast
 import httptools
 
 from app.listeners.exchange import App, Exchange
-from app.listeners.http11 import closing_answer, split_target
+from app.listeners.http11 import closing_answer, framing_refusal, split_target
 from app.listeners.lifespan import Lifespan
 from app.listeners.limits import (
     LINGER_S,
@@ -175,6 +175,8 @@ class HttpConnection(asyncio.Protocol):
         self._headers: list[tuple[bytes, bytes]] = []
         self._expect_continue = False
         self._content_length: bytes | None = None
+        self._hosts = 0
+        self._transfer_encoding: bytes | None = None
         self._current: Exchange | None = None
         """The request whose answer the app is writing."""
         self._reading: Exchange | None = None
@@ -254,6 +256,8 @@ class HttpConnection(asyncio.Protocol):
         self._headers = []
         self._expect_continue = False
         self._content_length = None
+        self._hosts = 0
+        self._transfer_encoding = None
         if not self._reading_head:
             # The next request of a kept-alive connection: its head is timed anew.
             self._reading_head, self._head_bytes = True, 0
@@ -266,6 +270,10 @@ class HttpConnection(asyncio.Protocol):
         name = name.lower()
         if name == b"content-length":
             self._content_length = value
+        elif name == b"host":
+            self._hosts += 1
+        elif name == b"transfer-encoding":
+            self._transfer_encoding = value
         elif name == b"expect" and value.lower() == b"100-continue":
             self._expect_continue = True
         self._headers.append((name, value))
@@ -278,14 +286,20 @@ class HttpConnection(asyncio.Protocol):
         if head_refusal is not None:
             self._refuse_head(431, head_refusal)
             return
+        parser = self.parser
+        version = parser.get_http_version()
+        refusal = framing_refusal(
+            version, hosts=self._hosts, transfer_encoding=self._transfer_encoding
+        )
+        if refusal is not None:
+            self._refuse_head(*refusal)
+            return
         limit = self.listener.limits.max_body_bytes
         length = self._content_length
         if limit is not None and length is not None and announces_more_than(length, limit):
             self._refuse_head(413, body_over(limit))
             return
         self._await(self.listener.body)
-        parser = self.parser
-        version = parser.get_http_version()
         path, raw_path, query = split_target(self._target)
         scope: dict[str, Any] = {
             "type": "http",

@@ -561,6 +561,130 @@ async def test_a_request_that_does_not_parse_is_answered_400_and_closed(
     assert app.seen == []
 
 
+SMUGGLED = b"GET /smuggled HTTP/1.1\r\nHost: t\r\n\r\n"
+"""A request pipelined after one whose framing is in question: answered only if the server
+read the one before it as a proxy in front of it might not have."""
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        pytest.param(
+            b"POST /a HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            400,
+            id="length-and-chunked",
+        ),
+        pytest.param(
+            b"POST /a HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n"
+            b"Content-Length: 4\r\n\r\n0\r\n\r\n",
+            400,
+            id="chunked-and-length",
+        ),
+        pytest.param(
+            b"POST /a HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc",
+            400,
+            id="two-equal-lengths",
+        ),
+        pytest.param(
+            b"POST /a HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nContent-Length: 9\r\n\r\nabc",
+            400,
+            id="two-lengths",
+        ),
+        pytest.param(
+            b"POST /a HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: identity, chunked\r\n\r\n"
+            b"3\r\nabc\r\n0\r\n\r\n",
+            400,
+            id="identity-then-chunked",
+        ),
+        pytest.param(
+            b"POST /a HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked, identity\r\n\r\n"
+            b"3\r\nabc\r\n0\r\n\r\n",
+            400,
+            id="chunked-then-identity",
+        ),
+        pytest.param(
+            b"POST /a HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: xchunked\r\n\r\n"
+            b"3\r\nabc\r\n0\r\n\r\n",
+            400,
+            id="xchunked",
+        ),
+        pytest.param(
+            b"POST /a HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\n\r\nabc",
+            400,
+            id="gzip",
+        ),
+        pytest.param(
+            b"POST /a HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+            400,
+            id="chunked-in-http-1.0",
+        ),
+        pytest.param(
+            b"POST /a HTTP/1.1\r\nHost: t\r\nX-Fold: a\r\n Transfer-Encoding: chunked\r\n"
+            b"Content-Length: 3\r\n\r\nabc",
+            400,
+            id="obs-folded-transfer-encoding",
+        ),
+        pytest.param(
+            b"POST /a HTTP/1.1\r\nHost: t\r\nContent-Length : 3\r\n\r\nabc",
+            400,
+            id="space-before-colon",
+        ),
+        pytest.param(b"GET /a HTTP/1.1\nHost: t\n\n", 400, id="bare-line-feeds"),
+        pytest.param(b"GET /a HTTP/1.1\r\nHost: t\r\nX\x01Y: z\r\n\r\n", 400, id="control-in-name"),
+        pytest.param(
+            b"GET /a HTTP/1.1\r\nHost: t\r\nX\xc3\xa9: z\r\n\r\n", 400, id="non-ascii-name"
+        ),
+        pytest.param(b"GET /a HTTP/1.1\r\n\r\n", 400, id="no-host"),
+        pytest.param(b"GET /a HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400, id="two-hosts"),
+        pytest.param(b"GET /a\r\n\r\n", 505, id="http-0.9"),
+        pytest.param(b"GET /a HTTP/2.0\r\nHost: t\r\n\r\n", 505, id="http-2.0"),
+        pytest.param(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400, id="http-2-preface"),
+    ],
+)
+async def test_a_head_a_proxy_could_frame_otherwise_never_reaches_the_app(
+    head: bytes, status: int
+) -> None:
+    app = Echo()
+    async with serving(app) as (_, port):
+        client = await Client.to(port)
+        await client.send(head + SMUGGLED)
+        answer_status, headers, _ = await client.answer()
+        assert int(answer_status.split()[1]) == status, answer_status
+        assert headers[b"connection"] == b"close"
+        assert await client.closed()
+        await client.close()
+    assert app.seen == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"0x3\r\nabc\r\n0\r\n\r\n", id="0x"),
+        pytest.param(b"-3\r\nabc\r\n0\r\n\r\n", id="negative"),
+        pytest.param(b"1" + b"0" * 16 + b"\r\nabc\r\n0\r\n\r\n", id="past-64-bits"),
+        pytest.param(b"3\r\nabcdef\r\n0\r\n\r\n", id="longer-than-announced"),
+        pytest.param(b"3 \r\nabc\r\n0\r\n\r\n", id="space-after-size"),
+        pytest.param(b"3;x\nabc\r\n0\r\n\r\n", id="bare-line-feed"),
+    ],
+)
+async def test_a_chunked_body_that_does_not_parse_is_400_and_nothing_after_it_is_read(
+    body: bytes,
+) -> None:
+    app = Echo()
+    async with serving(app) as (_, port):
+        client = await Client.to(port)
+        await client.send(
+            b"POST /a HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n" + body + SMUGGLED
+        )
+        status, headers, _ = await client.answer()
+        assert status == b"HTTP/1.1 400 Bad Request"
+        assert headers[b"connection"] == b"close"
+        assert await client.closed()
+        await client.close()
+    assert [scope["path"] for scope in app.seen] == ["/a"]  # its head was fine; no more
+
+
 async def test_a_head_over_the_limit_is_answered_431() -> None:
     limits = ListenerLimits(max_header_bytes=1024, max_connections=8)
     async with serving(Echo(), limits=limits) as (_, port):

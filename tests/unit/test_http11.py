@@ -1,5 +1,6 @@
 """Answer heads as bytes (``app.listeners.http11``): framing, the connection's fate, and
-heads an app cannot smuggle a line into; and the heap settling a started server does."""
+heads an app cannot smuggle a line into; request heads whose framing a proxy in front could
+read otherwise; and the heap settling a started server does."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ import gc
 import pytest
 
 from app.listeners.heap import GEN0_THRESHOLD, settle_heap
-from app.listeners.http11 import InvalidAnswer, answer_head, chunk, split_target
+from app.listeners.http11 import (
+    InvalidAnswer,
+    answer_head,
+    chunk,
+    framing_refusal,
+    split_target,
+)
 
 
 def test_an_answer_with_a_length_keeps_the_connection_and_is_not_chunked() -> None:
@@ -55,6 +62,47 @@ def test_chunks_frame_their_body_and_the_last_one_ends_the_answer() -> None:
 def test_a_target_splits_into_its_decoded_path_raw_path_and_query() -> None:
     assert split_target(b"/v1/a%20b?x=1#frag") == ("/v1/a b", b"/v1/a%20b", b"x=1")
     assert split_target(b"http://host:80/p?q") == ("/p", b"/p", b"q")
+
+
+@pytest.mark.parametrize(
+    ("version", "hosts", "transfer_encoding", "status", "says"),
+    [
+        ("0.9", 0, None, 505, "HTTP/0.9 is not served"),
+        ("2.0", 1, None, 505, "HTTP/2.0 is not served"),
+        ("1.1", 0, None, 400, "one Host header, not 0"),
+        ("1.1", 2, None, 400, "one Host header, not 2"),
+        ("1.0", 0, b"chunked", 400, "not allowed in an HTTP/1.0 request"),
+        ("1.1", 1, b"identity, chunked", 400, "`identity, chunked` is not served"),
+        ("1.1", 1, b"chunked, identity", 400, "`chunked, identity` is not served"),
+        ("1.1", 1, b"xchunked", 400, "`xchunked` is not served"),
+        ("1.1", 1, b"gzip", 400, "`gzip` is not served"),
+    ],
+)
+def test_a_head_a_proxy_could_frame_otherwise_is_refused_naming_why(
+    version: str, hosts: int, transfer_encoding: bytes | None, status: int, says: str
+) -> None:
+    refusal = framing_refusal(version, hosts=hosts, transfer_encoding=transfer_encoding)
+
+    assert refusal is not None
+    assert refusal[0] == status
+    assert says in refusal[1]
+
+
+@pytest.mark.parametrize(
+    ("version", "hosts", "transfer_encoding"),
+    [
+        ("1.1", 1, None),
+        ("1.1", 1, b"chunked"),
+        ("1.1", 1, b"ChUnKeD"),  # a coding's name is case-insensitive (RFC 9112, 7)
+        ("1.1", 1, b"chunked \t"),
+        ("1.0", 0, None),  # HTTP/1.0 has no Host to require
+        ("1.0", 2, None),
+    ],
+)
+def test_a_head_framed_one_way_only_is_served(
+    version: str, hosts: int, transfer_encoding: bytes | None
+) -> None:
+    assert framing_refusal(version, hosts=hosts, transfer_encoding=transfer_encoding) is None
 
 
 def test_a_settled_heap_is_frozen_and_collects_its_young_objects_rarely() -> None:
