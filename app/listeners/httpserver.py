@@ -36,7 +36,13 @@ The limits (``ListenerLimits``), as ``app.listeners.limits`` puts them on uvicor
   for ``100 Continue`` is not sent one;
 - at most ``max_connections`` connections: one more is answered 503 at once;
 - a kept-alive connection idle for ``idle_s`` is closed, without an answer;
-- a request HTTP cannot parse is answered 400.
+- a request HTTP cannot parse is answered 400, and so is one whose head a proxy in front
+  could frame otherwise (``http11.framing_refusal``: no ``Host`` or two, a
+  ``Transfer-Encoding`` but ``chunked``; 505 for a version but 1.0 and 1.1), before the
+  app sees it.
+
+What comes after a request that ends the connection (``Connection: close``, HTTP/1.0) is
+dropped unread, and a chunked body's trailer is not added to the request's headers.
 
 Each of those answers is the listener's ``refusal`` and closes the connection, after
 reading (and dropping) what the client still sends for ``LINGER_S``: a socket closed with
@@ -177,6 +183,9 @@ class HttpConnection(asyncio.Protocol):
         self._content_length: bytes | None = None
         self._hosts = 0
         self._transfer_encoding: bytes | None = None
+        self._read_last = False
+        """The request read last ends the connection (``Connection: close``, HTTP/1.0, an
+        upgrade, a shutdown): whatever the client sends after it is dropped unread."""
         self._current: Exchange | None = None
         """The request whose answer the app is writing."""
         self._reading: Exchange | None = None
@@ -212,7 +221,7 @@ class HttpConnection(asyncio.Protocol):
         self._wake_drain()
 
     def data_received(self, data: bytes) -> None:
-        if self._lingering:
+        if self._lingering or self._read_last:
             return
         try:
             self.parser.feed_data(data)
@@ -226,7 +235,7 @@ class HttpConnection(asyncio.Protocol):
                 self._reading = None
             return
         except httptools.HttpParserError:
-            self._refuse(400, "Invalid HTTP request received.")
+            self._unparsable()
             return
         # Counted after parsing: a chunk that completes the head may carry body too.
         if self._reading_head and not self._lingering:
@@ -234,6 +243,13 @@ class HttpConnection(asyncio.Protocol):
             limit = self.listener.limits.max_header_bytes
             if self._head_bytes > limit:
                 self._refuse(431, f"Request headers over {limit} bytes.")
+
+    def _unparsable(self) -> None:
+        """httptools refused what came: a 400, unless it came after the connection's last
+        request (httptools refuses any byte there), which is answered while nothing after
+        it is read (RFC 9112, 9.6)."""
+        if not self._read_last:
+            self._refuse(400, "Invalid HTTP request received.")
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -267,6 +283,8 @@ class HttpConnection(asyncio.Protocol):
         self._target += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._reading_head:
+            return  # a chunked body's trailer: not one of the request's headers
         name = name.lower()
         if name == b"content-length":
             self._content_length = value
@@ -340,6 +358,7 @@ class HttpConnection(asyncio.Protocol):
         self.due = math.inf
         self._body_left_s = None
         if self._reading is not None:
+            self._read_last = not self._reading.keep_alive
             self._reading.end()
             self._reading = None
         if self._current is None and not self._lingering:

@@ -685,6 +685,41 @@ async def test_a_chunked_body_that_does_not_parse_is_400_and_nothing_after_it_is
     assert [scope["path"] for scope in app.seen] == ["/a"]  # its head was fine; no more
 
 
+async def test_a_chunked_bodys_trailer_is_not_one_of_the_request_headers() -> None:
+    app = Echo()
+    async with serving(app) as (_, port):
+        client = await Client.to(port)
+        await client.send(
+            b"POST /a HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"3\r\nabc\r\n0\r\nAuthorization: Bearer trailer\r\nX-Checksum: 1\r\n\r\n"
+        )
+        status, _, body = await client.answer()
+        assert (status, body) == (b"HTTP/1.1 200 OK", b"POST /a? abc")
+        await client.close()
+    assert app.seen[0]["headers"] == [(b"host", b"t"), (b"transfer-encoding", b"chunked")]
+
+
+@pytest.mark.parametrize(
+    "last",
+    [
+        pytest.param(get("/a", "Connection: close"), id="connection-close"),
+        pytest.param(get("/a", "Connection: keep-alive, close"), id="keep-alive-then-close"),
+        pytest.param(get("/a", version="1.0"), id="http-1.0"),
+    ],
+)
+async def test_bytes_after_the_connections_last_request_are_not_read(last: bytes) -> None:
+    app = Echo()
+    async with serving(app) as (_, port):
+        client = await Client.to(port)
+        await client.send(last + SMUGGLED + b"NOT HTTP AT ALL\r\n\r\n")
+        status, headers, body = await client.answer()
+        assert (status, body) == (b"HTTP/1.1 200 OK", b"GET /a? ")
+        assert headers[b"connection"] == b"close"
+        assert await client.closed()
+        await client.close()
+    assert [scope["path"] for scope in app.seen] == ["/a"]
+
+
 async def test_a_head_over_the_limit_is_answered_431() -> None:
     limits = ListenerLimits(max_header_bytes=1024, max_connections=8)
     async with serving(Echo(), limits=limits) as (_, port):
