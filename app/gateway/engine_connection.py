@@ -4,7 +4,10 @@ uvicorn serves with), and hands the answer's head and body pieces to its ``Engin
 (what it needs of one is an ``AnswerSink``).
 
 It skips interim answers (100 Continue, 103 Early Hints) and refuses an answer head over
-``MAX_HEAD_BYTES``, 101, or a status outside 100..599; each refusal closes the connection.
+``MAX_HEAD_BYTES``, 101, a status outside 100..599, or one httptools cannot read as one
+answer (two lengths, a length and chunks, bare line ends, a folded line);
+each refusal closes the connection. So does any byte that comes while no answer is
+awaited, or after one in the same read: an answer to no request, never handed to the next.
 
 It keeps the engine to its ``EngineTimeouts`` (``app.gateway.engine_bounds``): past a bound
 the connection is closed, which aborts the request in the engine. One timer per connection
@@ -127,7 +130,13 @@ class EngineConnection(asyncio.Protocol):
             self._unreadable(exc)
 
     def _unreadable(self, exc: Exception) -> None:
-        # An upgrade (101) was refused already; anything else is garbage.
+        # An upgrade (101) was refused already; anything else is garbage. Garbage before the
+        # head is done (two lengths, a length and chunks, a bare line end) is a head the
+        # gateway does not relay: the engine was reached, and answered what is not HTTP.
+        answer = self._answer
+        if answer is not None and answer.status == 0:
+            self._refuse(f"the engine's answer head is not HTTP the gateway reads: {exc}")
+            return
         self._fail(AnswerBroken(f"unreadable answer from the engine: {exc}"))
         self._close()
 

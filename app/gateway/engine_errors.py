@@ -2,7 +2,8 @@
 request, or sends what the gateway does not take (``app.gateway.engine_bounds``)::
 
     EngineUnreachable   no answer head: connecting failed, or the connection dropped first
-    └── HeadRefused     a head the gateway does not relay: too large, 101, an odd status
+    └── HeadRefused     a head the gateway does not relay: too large, 101, an odd status,
+                        not HTTP
     HeadTimedOut        no answer head within ``head_s`` (or an upload unread for ``idle_s``)
     AnswerBroken        the connection dropped, or sent garbage, in the middle of an answer
     ├── AnswerTooLarge  an answer read whole is over ``MAX_ANSWER_BYTES``
@@ -18,8 +19,8 @@ class EngineUnreachable(Exception):
 
 class HeadRefused(EngineUnreachable):
     """The engine's answer head is one the gateway does not relay (its connection is
-    closed): over ``MAX_HEAD_BYTES``, 101 Switching Protocols, or a status outside
-    100..599."""
+    closed): over ``MAX_HEAD_BYTES``, 101 Switching Protocols, a status outside 100..599,
+    or one that is not HTTP httptools reads one way."""
 
 
 class HeadTimedOut(Exception):

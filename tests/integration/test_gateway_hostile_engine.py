@@ -193,6 +193,69 @@ def test_a_whole_answer_that_breaks_off_is_a_502_saying_so(broken: list[bytes]) 
         assert client.post("/chat/completions", content=request_body("next")).status_code == 200
 
 
+LENGTH = b"content-length: %d\r\n" % len(CHAT)
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        pytest.param(LENGTH + LENGTH.replace(b"%d" % len(CHAT), b"2"), id="two-lengths"),
+        pytest.param(LENGTH + b"transfer-encoding: chunked\r\n", id="length-and-chunks"),
+        pytest.param(b"content-type: application/json\r\n set-cookie: a=b\r\n" + LENGTH, id="fold"),
+        pytest.param(b"content-type: application/json\rset-cookie: a=b\r\n" + LENGTH, id="bare-cr"),
+        pytest.param(b"content-type: application/json\nset-cookie: a=b\r\n" + LENGTH, id="bare-lf"),
+        pytest.param(b"content-type: application/json\0\r\n" + LENGTH, id="nul"),
+    ],
+)
+def test_an_answer_head_http_cannot_read_one_way_is_a_502_invalid_answer(head: bytes) -> None:
+    # Was 502 upstream_unreachable, "No replica of `m` could be reached", of an engine that
+    # had been reached and had answered.
+    answer_bytes = b"HTTP/1.1 200 OK\r\n" + head + b"\r\n" + CHAT
+    with (
+        BadEngine(first_post_then_ok([answer_bytes])) as engine,
+        gateway_before(engine) as (client, _),
+    ):
+        answer = client.post("/chat/completions", content=request_body("first"))
+
+        refused_as_invalid(answer, "the engine's answer head is not HTTP the gateway reads")
+        assert "set-cookie" not in answer.headers
+        engine.wait_closed_after_post()
+        assert client.post("/chat/completions", content=request_body("next")).status_code == 200
+
+
+def test_of_an_engines_answer_head_only_its_status_and_content_type_reach_the_client() -> None:
+    head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nset-cookie: session=engine\r\n"
+        b"connection: keep-alive, x-hop\r\nx-hop: 1\r\nupgrade: h2c\r\nkeep-alive: timeout=1\r\n"
+        b"proxy-authenticate: Basic\r\nx-request-id: engine-chosen\r\n"
+    )
+    with (
+        BadEngine(lambda request: [head + LENGTH + b"\r\n" + CHAT]) as engine,
+        gateway_before(engine) as (client, _),
+    ):
+        answer = client.post("/chat/completions", content=request_body("first"))
+
+    assert answer.status_code == 200, answer.text
+    assert answer.content == CHAT
+    names = set(answer.headers)
+    assert not names & {"set-cookie", "x-hop", "upgrade", "keep-alive", "proxy-authenticate"}
+    assert answer.headers["x-request-id"].startswith("req_")
+
+
+def test_bytes_after_an_answer_are_nobody_elses_answer_and_close_the_connection() -> None:
+    # An engine whose length is short of its body, or that answers a request never sent:
+    # what follows the answer is no answer to the next request (response queue poisoning).
+    poison = json_answer(b'"poison"')
+    story = first_post_then_ok([json_answer(CHAT), poison])
+    with BadEngine(story) as engine, gateway_before(engine) as (client, _):
+        first = client.post("/chat/completions", content=request_body("first"))
+        engine.wait_closed_after_post()
+        after = client.post("/chat/completions", content=request_body("next"))
+
+    assert (first.status_code, first.content) == (200, CHAT)
+    assert (after.status_code, after.content) == (200, CHAT)
+
+
 # -- usage figures --------------------------------------------------------------------------
 
 
