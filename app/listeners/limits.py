@@ -20,7 +20,10 @@ memory behind it, forever, and enough of them hold every connection the process 
   before the app sees the request, so a client that sent ``Expect: 100-continue`` gets no
   ``100 Continue`` and is not waited for; the body it may still send is read and dropped;
 - the listener holds at most ``max_connections`` connections: one more is answered 503
-  at once and closed.
+  at once and closed;
+- a head a proxy in front could frame otherwise (``http11.framing_refusal``: no ``Host``
+  or two, a ``Transfer-Encoding`` but ``chunked``, a version but 1.0 and 1.1) is answered
+  400 (505) before the app sees it.
 
 The timeouts are checked by one sweep per listener every second (or every quarter of the
 shorter timeout), so a late client is cut off up to that much after its time.
@@ -44,6 +47,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from app.listeners.http11 import framing_refusal
 
 Refusal = Callable[[int, str], tuple[bytes, bytes]]
 """Renders a refusal: the status and a message in, the content type and the body out."""
@@ -230,9 +235,13 @@ def limited(
             if self._lingering:
                 return  # a request parsed after a refusal, from the same read: never served
             self._reading_head = False
-            if self._head_too_large() or (
-                limits.max_body_bytes is not None
-                and self._announces_too_much(limits.max_body_bytes)
+            if (
+                self._head_too_large()
+                or self._framed_two_ways()
+                or (
+                    limits.max_body_bytes is not None
+                    and self._announces_too_much(limits.max_body_bytes)
+                )
             ):
                 return
             self._await(body)
@@ -254,6 +263,24 @@ def limited(
             if refusal is None:
                 return False
             self._refuse_head(431, refusal)
+            return True
+
+        def _framed_two_ways(self) -> bool:
+            """Refuse the request whose head was just read if a proxy in front could frame
+            it otherwise (``http11.framing_refusal``); whether it was."""
+            hosts = 0
+            transfer_encoding = None
+            for name, value in self.headers:
+                if name == b"host":
+                    hosts += 1
+                elif name == b"transfer-encoding":
+                    transfer_encoding = value
+            refusal = framing_refusal(
+                self.parser.get_http_version(), hosts=hosts, transfer_encoding=transfer_encoding
+            )
+            if refusal is None:
+                return False
+            self._refuse_head(*refusal)
             return True
 
         def _announces_too_much(self, limit: int) -> bool:

@@ -424,6 +424,41 @@ async def test_uvicorn_refuses_a_head_over_the_limit_arriving_in_one_piece() -> 
     assert app.seen == []
 
 
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        pytest.param(b"GET /a HTTP/1.1\r\n\r\n", 400, id="no-host"),
+        pytest.param(b"GET /a HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400, id="two-hosts"),
+        pytest.param(
+            b"POST /a HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: identity, chunked\r\n\r\n"
+            b"3\r\nabc\r\n0\r\n\r\n",
+            400,
+            id="identity-then-chunked",
+        ),
+        pytest.param(
+            b"POST /a HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: xchunked\r\n\r\nabc",
+            400,
+            id="xchunked",
+        ),
+        pytest.param(b"GET /a\r\n\r\n", 505, id="http-0.9"),
+    ],
+)
+async def test_uvicorn_refuses_a_head_a_proxy_could_frame_otherwise(
+    head: bytes, status: int
+) -> None:
+    app = Echo()
+    async with uvicorn_serving(app, SMALL_BODIES) as port:
+        client = await Client.to(port)
+        await client.send(head + get("/smuggled"))
+
+        answer_status, headers, _ = await client.answer()
+        assert int(answer_status.split()[1]) == status, answer_status
+        assert headers[b"connection"] == b"close"
+        assert await client.closed()
+        await client.close()
+    assert app.seen == []
+
+
 # -- clients that take in nothing -------------------------------------------------------
 
 
