@@ -12,6 +12,7 @@ no token counts charge what the request reserved, not nothing (or everything). A
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -254,6 +255,71 @@ def test_bytes_after_an_answer_are_nobody_elses_answer_and_close_the_connection(
 
     assert (first.status_code, first.content) == (200, CHAT)
     assert (after.status_code, after.content) == (200, CHAT)
+
+
+def raw_request(gateway: GatewayThread, request: bytes) -> bytes:
+    """The status line the gateway answers ``request`` (bytes as sent) with."""
+    host, port = gateway.base_url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=15) as sock:
+        sock.sendall(request)
+        answer = b""
+        while b"\r\n" not in answer:
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            answer += piece
+    return answer.partition(b"\r\n")[0]
+
+
+@pytest.mark.parametrize(
+    ("target", "served"),
+    [
+        (b"/v1/chat/completions/../../metrics", False),
+        (b"/v1/%2e%2e/metrics", False),
+        (b"/v1/chat/completions/%2e%2e/%2e%2e/health", False),
+        (b"//v1/chat/completions", False),
+        (b"/v1//chat/completions", False),
+        (b"/v1/chat/completions%00", False),
+        (b"/metrics", False),
+        (b"/health", False),
+        (b"/tokenize", False),
+        (b"/v1/load_lora_adapter", False),
+        (b"/v1/chat/completions#/metrics", True),
+        (b"/v1/chat/completions?next=/metrics", True),
+        (b"/v1/chat%2fcompletions", True),
+        (b"http://127.0.0.9:1/v1/chat/completions", True),
+    ],
+)
+def test_a_client_reaches_the_engine_only_on_a_served_route_with_the_gateways_own_head(
+    target: bytes, served: bool
+) -> None:
+    key, record = new_key(tpm=TPM)
+    body = request_body("first")
+    request = (
+        b"POST %s HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer %s\r\n"
+        b"Content-Type: application/json\r\nConnection: keep-alive, x-hop\r\nX-Hop: 1\r\n"
+        b"Upgrade: h2c\r\nTE: trailers\r\nX-Request-Id: chosen\r\nCookie: c=1\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+        % (target, key.encode(), len(body), body)
+    )
+    with BadEngine(lambda request: [json_answer(CHAT)]) as engine:
+        route = Route(replica_id="bad-1", model=MODEL, url=engine.url)
+        with GatewayThread(StaticSource(snapshot_of([route], [record])), metrics_port=0) as gateway:
+            status = raw_request(gateway, request)
+
+    if not served:
+        assert status == b"HTTP/1.1 404 Not Found"
+        assert engine.posts == []
+        return
+    assert status == b"HTTP/1.1 200 OK"
+    [sent] = engine.posts
+    head, _, sent_body = sent.partition(b"\r\n\r\n")
+    request_line, *fields = head.split(b"\r\n")
+    assert request_line == b"POST /v1/chat/completions HTTP/1.1"
+    names = [field.partition(b":")[0] for field in fields]
+    assert names == [b"host", b"content-type", b"content-length", b"x-request-id"]
+    assert b"x-request-id: req_" in head
+    assert sent_body == body
 
 
 # -- usage figures --------------------------------------------------------------------------
