@@ -23,7 +23,8 @@ memory behind it, forever, and enough of them hold every connection the process 
   at once and closed;
 - a head a proxy in front could frame otherwise (``http11.framing_refusal``: no ``Host``
   or two, a ``Transfer-Encoding`` but ``chunked``, a version but 1.0 and 1.1) is answered
-  400 (505) before the app sees it.
+  400 (505) before the app sees it; a chunked body's trailer is not added to the
+  request's headers.
 
 The timeouts are checked by one sweep per listener every second (or every quarter of the
 shorter timeout), so a late client is cut off up to that much after its time.
@@ -230,6 +231,13 @@ def limited(
                 # The next request of a kept-alive connection: its head is timed anew.
                 self._reading_head, self._head_bytes = True, 0
                 self._await(head)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            # A chunked body's trailer is not one of the request's headers: uvicorn adds it
+            # to them, and the app, if it starts after the whole request was parsed, reads
+            # an Authorization a proxy in front never saw as a header.
+            if self._reading_head:
+                super().on_header(name, value)
 
         def on_headers_complete(self) -> None:
             if self._lingering:

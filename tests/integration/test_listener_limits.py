@@ -459,6 +459,21 @@ async def test_uvicorn_refuses_a_head_a_proxy_could_frame_otherwise(
     assert app.seen == []
 
 
+async def test_uvicorn_with_the_limits_leaves_a_trailer_out_of_the_request_headers() -> None:
+    app = Echo()
+    async with uvicorn_serving(app, SMALL_BODIES) as port:
+        client = await Client.to(port)
+        await client.send(
+            b"POST /a HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"3\r\nabc\r\n0\r\nAuthorization: Bearer trailer\r\n\r\n"
+        )
+
+        status, _, body = await client.answer()
+        assert (status, body) == (b"HTTP/1.1 200 OK", b"POST /a? abc")
+        await client.close()
+    assert app.seen[0]["headers"] == [(b"host", b"t"), (b"transfer-encoding", b"chunked")]
+
+
 # -- clients that take in nothing -------------------------------------------------------
 
 
