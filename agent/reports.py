@@ -7,7 +7,8 @@ from the supervisor's records and changes are here.
 If a hello grew past the message limit the control plane could not read it, and the node
 could never connect again to be told to stop anything. ``wire.messages`` gives each shard
 and each GPU a share of the limit; here the agent measures a shard before starting it
-(``unreportable_refusal``), and cuts a GPU's texts to fit (``fit_text``).
+(``unreportable_refusal``), and cuts a GPU's texts, and a failed shard's reason, to fit
+(``fit_text``).
 
 Sizes are measured as the JSON that goes out: a character may take up to six bytes there
 (a control character is escaped as ``\\u001f``), so counting characters is not enough.
@@ -22,6 +23,7 @@ import msgspec
 from agent.engines import ShardChange, ShardRecord, ShardState
 from wire.messages import (
     CONTROL_CHARACTER,
+    MAX_FAILURE_CHARS,
     MAX_LISTED,
     MAX_PID,
     MAX_SHARD_REPORT_BYTES,
@@ -122,8 +124,12 @@ def wire_uuid(uuid: str) -> str:
     return fit_text(CONTROL_CHARACTER.sub("\ufffd", uuid), MAX_GPU_UUID_BYTES)
 
 
-def shard_report(record: ShardRecord) -> ShardReport:
-    return ShardReport(
+def shard_report(record: ShardRecord, failure: str | None = None) -> ShardReport:
+    """The hello's report of ``record``; a ``failed`` one says why (``failure``), as one
+    line without control characters (each becomes U+FFFD, as the wire refuses them there),
+    cut to the room its report has left of ``MAX_SHARD_REPORT_BYTES``: a long replica id
+    and model name leave less of it, never more than the report may take."""
+    report = ShardReport(
         replica_id=record.replica_id,
         shard_index=record.shard_index,
         model=record.model,
@@ -133,6 +139,12 @@ def shard_report(record: ShardRecord) -> ShardReport:
         state=_WIRE_STATES[record.state],
         started_at=record.started_at,
     )
+    if failure is None or record.state is not ShardState.FAILED:
+        return report
+    line = CONTROL_CHARACTER.sub("\ufffd", failure[:MAX_FAILURE_CHARS])
+    with_room = msgspec.structs.replace(report, failure="")
+    fitted = fit_text(line, MAX_SHARD_REPORT_BYTES - json_bytes(with_room) + json_bytes(""))
+    return msgspec.structs.replace(report, failure=fitted) if fitted else report
 
 
 def heartbeat_shard(record: ShardRecord) -> HeartbeatShard:

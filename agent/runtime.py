@@ -19,7 +19,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import structlog
@@ -153,9 +153,11 @@ def build_hello(
     gpus: Sequence[GpuStatus],
     shards: Sequence[ShardRecord],
     local_address: str = "",
+    failures: Mapping[ShardKey, str] | None = None,
 ) -> Hello:
     """``local_address``: where this connection leaves from, advertised unless
-    ``--address`` says otherwise."""
+    ``--address`` says otherwise; ``failures``: why each failed shard failed."""
+    failures = failures or {}
     return Hello(
         protocol_version=PROTOCOL_VERSION,
         node_id=config.node_id,
@@ -164,7 +166,7 @@ def build_hello(
         labels=dict(config.labels),
         port_range=config.port_range,
         gpus=tuple(gpu_report(gpu) for gpu in gpus),
-        shards=tuple(shard_report(record) for record in shards),
+        shards=tuple(shard_report(record, failures.get(record.key)) for record in shards),
     )
 
 
@@ -425,9 +427,13 @@ class AgentRuntime:
         self._unreported_gpu_changes.clear()
         if self._link is not None:
             self._link.said = gpu_inventory(self._snapshot.gpus)
-        return build_hello(
-            self._config, self._snapshot.gpus, self._supervisor.inventory(), self._local_address
-        )
+        shards = self._supervisor.inventory()
+        failures = {
+            record.key: failure
+            for record in shards
+            if (failure := self._supervisor.failure(record.key)) is not None
+        }
+        return build_hello(self._config, self._snapshot.gpus, shards, self._local_address, failures)
 
     def _heartbeat_content(self) -> HeartbeatContent:
         changes = tuple(self._unreported_gpu_changes)

@@ -93,6 +93,11 @@ Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
 Name = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS, pattern=NO_CONTROL_CHARACTERS)]
 """A model's name, a GPU's UUID, an agent's version: bounded as text, and without control
 characters, as every name the log compares."""
+MAX_FAILURE_CHARS = 512
+Failure = Annotated[str, msgspec.Meta(max_length=MAX_FAILURE_CHARS, pattern=NO_CONTROL_CHARACTERS)]
+"""Why a shard a hello lists failed: one line, as the agent writes it (a control character
+becomes U+FFFD, ``agent.reports``), bounded so that the report stays within its share of
+the hello (``MAX_SHARD_REPORT_BYTES``: the agent cuts it to fit)."""
 MAX_HOST_CHARS = 253
 MAX_LABELS = 64
 MAX_LABEL_KEY_CHARS = 63
@@ -157,7 +162,7 @@ class GpuReport(_Wire, frozen=True, kw_only=True):
     unhealthy_reason: Text | None = None
 
 
-class ShardReport(_Wire, frozen=True, kw_only=True):
+class ShardReport(_Wire, frozen=True, kw_only=True, omit_defaults=True):
     """One shard the agent runs, as listed in its hello."""
 
     replica_id: NonEmpty
@@ -168,6 +173,11 @@ class ShardReport(_Wire, frozen=True, kw_only=True):
     pid: Pid | None
     state: ShardState
     started_at: AwareDatetime
+    failure: Failure | None = None
+    """Why the shard failed, as its agent tells it: listed only with ``failed``. It is the
+    node's claim, shown to operators as such and never taken for a decision. Left out when
+    absent (``omit_defaults``), so a report without one is byte for byte what agents sent
+    before the field existed; an older control plane ignores it."""
 
 
 class GpuHealthChange(_Wire, frozen=True, kw_only=True):

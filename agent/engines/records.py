@@ -323,3 +323,22 @@ def is_recorded_engine(record: ShardRecord) -> bool:
     if not is_same_process(record):
         return False
     return not record.launch_token or has_launch_token(record.pid, record.launch_token)
+
+
+AWAY_ERROR = "engine exited while the agent was away"
+
+
+def not_adopted_reason(record: ShardRecord) -> str:
+    """Why a restarted agent does not adopt the engine ``record`` names, as one line: it is
+    gone (``AWAY_ERROR``), its pid is another process's now, or the process at that pid
+    and start time lacks the record's launch token. Read before what is left of the engine
+    is killed; for a record ``is_recorded_engine`` refuses."""
+    stat = read_proc_stat(record.pid)
+    if stat is None or stat.state in ("Z", "X"):
+        return f"{AWAY_ERROR} (pid {record.pid} is gone)"
+    if stat.start_time != record.process_start_time:
+        return f"{AWAY_ERROR} (pid {record.pid} is another process now)"
+    return (
+        f"pid {record.pid} runs with the engine's start time but without its launch token "
+        "in its environment, so it is not taken for the engine"
+    )

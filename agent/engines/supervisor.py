@@ -70,6 +70,7 @@ from agent.engines.readiness import (
     wait_until_serving,
     wait_until_unhealthy,
 )
+from agent.engines.records import AWAY_ERROR as AWAY_ERROR
 from agent.engines.records import (
     LaunchRecord,
     RecordStore,
@@ -78,6 +79,7 @@ from agent.engines.records import (
     ShardState,
     is_recorded_engine,
     is_same_process,
+    not_adopted_reason,
     process_identity,
     shard_file_stem,
 )
@@ -89,7 +91,6 @@ from wire.turns import Turns
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
-AWAY_ERROR = "engine exited while the agent was away"
 UNRECORDED_ERROR = (
     "the agent was killed while it started the engine, before it recorded it: the engine was killed"
 )
@@ -142,6 +143,8 @@ class EngineSupervisor:
         self._running: dict[ShardKey, _Watched] = {}
         self._failed: dict[ShardKey, ShardRecord] = {}
         """Failed shards, oldest first, at most ``failed_kept`` (``FAILED_KEPT``)."""
+        self._failures: dict[ShardKey, str] = {}
+        """Why each shard in ``_failed`` failed, as its ``failed`` change said."""
         self._failed_kept = failed_kept
         self._ended_logs_kept = ended_logs_kept
         self._turns: Turns[ShardKey] = Turns()
@@ -162,7 +165,7 @@ class EngineSupervisor:
             if watched is not None:
                 _check_runs_as_asked(watched.record, spec)
                 return watched.record
-            self._failed.pop(spec.key, None)
+            self._forget_failed(spec.key)
             launch = LaunchRecord(
                 replica_id=spec.replica_id,
                 shard_index=spec.shard_index,
@@ -242,7 +245,7 @@ class EngineSupervisor:
             exit_code = None if watched is None else await self._terminate(watched, grace_s)
             known = watched.record if watched is not None else self._failed.get(key)
             self._running.pop(key, None)
-            self._failed.pop(key, None)
+            self._forget_failed(key)
             self._records.remove(key)
             if known is None:
                 self._report(ShardChange(**key._asdict(), state=ShardState.STOPPED, reason=reason))
@@ -281,11 +284,14 @@ class EngineSupervisor:
                 process = AdoptedProcess(unconfirmed, poll_interval_s=self._poll_interval_s)
                 adopted.append(self._watch(unconfirmed, process).record)
                 continue
+            why = not_adopted_reason(record)
             end_remains(record)
             self._records.remove(record.key)
             failed = msgspec.structs.replace(record, state=ShardState.FAILED)
-            self._remember_failed(failed)
-            self._report(change_of(failed, error=AWAY_ERROR, log_tail=self._tail(record.key)))
+            tail = self._tail(record.key)
+            error = _with_log_reason(why, record, tail)
+            self._remember_failed(failed, error)
+            self._report(change_of(failed, error=error, log_tail=tail))
         self._forget_ended_logs()
         return adopted
 
@@ -297,16 +303,26 @@ class EngineSupervisor:
             return
         log.warning("unrecorded_engine_killed", replica_id=launch.replica_id, pid=leader.pid)
         failed = launch.spawned(leader.pid, leader.start_time, ShardState.FAILED)
-        self._remember_failed(failed)
+        self._remember_failed(failed, UNRECORDED_ERROR)
         self._report(change_of(failed, error=UNRECORDED_ERROR, log_tail=self._tail(launch.key)))
 
-    def _remember_failed(self, record: ShardRecord) -> None:
-        """Keep ``record`` in the inventory until its shard is stopped or started again, or
-        ``failed_kept`` newer failures push it out."""
-        self._failed.pop(record.key, None)
+    def _remember_failed(self, record: ShardRecord, error: str) -> None:
+        """Keep ``record`` in the inventory, with why it failed (``error``), until its shard
+        is stopped or started again, or ``failed_kept`` newer failures push it out."""
+        self._forget_failed(record.key)
         self._failed[record.key] = record
+        self._failures[record.key] = error
         while len(self._failed) > self._failed_kept:
-            del self._failed[next(iter(self._failed))]
+            self._forget_failed(next(iter(self._failed)))
+
+    def _forget_failed(self, key: ShardKey) -> None:
+        self._failed.pop(key, None)
+        self._failures.pop(key, None)
+
+    def failure(self, key: ShardKey) -> str | None:
+        """Why the shard failed, while the inventory lists it ``failed``: what its
+        ``failed`` change said (the next hello carries it, ``agent.reports``)."""
+        return self._failures.get(key)
 
     def _forget_ended_logs(self) -> None:
         """Keep the logs of the shards running, failed (their tail is still asked for) or
@@ -409,7 +425,7 @@ class EngineSupervisor:
         )
         self._running.pop(watched.record.key, None)
         self._records.remove(watched.record.key)
-        self._remember_failed(watched.record)
+        self._remember_failed(watched.record, error)
 
     async def _check_liveness(self, watched: _Watched) -> None:
         """While the engine runs, check its health (``agent.engines.readiness``); end it
@@ -558,6 +574,13 @@ class EngineSupervisor:
     def _check_open(self) -> None:
         if self._closed:
             raise EngineError("the engine supervisor has been shut down")
+
+
+def _with_log_reason(why: str, record: ShardRecord, log_tail: tuple[str, ...]) -> str:
+    """``why``, followed by the reason the engine's log gives, if a line of it matches one
+    of its profile's failure patterns (``wire.engines.failure_reason``)."""
+    reason = failure_reason(profile_of(record.engine), log_tail)
+    return why if reason is None else f"{why}: {reason}"
 
 
 def _check_runs_as_asked(record: ShardRecord, spec: ShardSpec) -> None:

@@ -85,7 +85,9 @@ def missing_shards(draft: Draft, fleet: FleetView) -> None:
     while no connection heard it) in its next hello and in every heartbeat after, until
     the shard is stopped, and runs one engine per shard, so nothing of that shard runs
     there. Without this the log kept such a replica serving for ever. A shard listed
-    ``stopped`` is left to the node's next report (a stray's stop, at another port)."""
+    ``stopped`` is left to the node's next report (a stray's stop, at another port). Why
+    the agent says a shard failed (``ReportedShard.failure``) goes in the reason, quoted as
+    its word: only shown, never decided on."""
     for replica in list(draft.state.replicas.values()):
         if replica.phase not in ACTIVE_PHASES or replica.phase is ReplicaPhase.STOPPING:
             continue
@@ -98,6 +100,8 @@ def missing_shards(draft: Draft, fleet: FleetView) -> None:
                 reason = f"shard {shard.index} no longer runs on {shard.node_id}"
                 if listed is not None:
                     reason += ": its agent reports it failed"
+                    if listed.failure:
+                        reason += f" (the agent says: {listed.failure})"
                 draft.emit(
                     replica_stream(replica.id), ReplicaLost(replica_id=replica.id, reason=reason)
                 )

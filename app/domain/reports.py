@@ -62,6 +62,10 @@ class ReportedShard(msgspec.Struct, frozen=True, kw_only=True):
     stopped_by_agent: bool = False
     """``stopped`` of the agent's own accord (with a reason, as an agent shutting down
     stops its engines), not for a stop the control plane asked for."""
+    failure: str | None = None
+    """Why the shard failed, as the hello that listed it ``failed`` says: the node's claim,
+    only ever shown (in ``replica_lost``), never decided on. Kept while heartbeats list the
+    shard ``failed``."""
 
     @property
     def running(self) -> bool:
@@ -353,7 +357,10 @@ def _heartbeat(view: FleetView, report: HeartbeatReport) -> FleetView:
     for replica_id, shard_index, state in report.shard_states:
         known = shards.get((replica_id, shard_index))
         if known is not None and known.state != state:
-            shards[(replica_id, shard_index)] = msgspec.structs.replace(known, state=state)
+            failure = known.failure if state == ShardPhase.FAILED.value else None
+            shards[(replica_id, shard_index)] = msgspec.structs.replace(
+                known, state=state, failure=failure
+            )
     if shards == node.shards:
         return view
     return _with_shards(view, node, shards)

@@ -147,6 +147,7 @@ def _reported_shard(shard: wire.ShardReport) -> ReportedShard:
         port=shard.port,
         pid=shard.pid,
         state=shard.state,
+        failure=shard.failure if shard.state == "failed" else None,
     )
 
 

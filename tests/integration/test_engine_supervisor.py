@@ -716,7 +716,7 @@ async def test_an_engine_gone_while_the_agent_was_away_is_reported_failed(node: 
     [failed] = second_agent.log.changes
     assert (failed.state, failed.error) == (
         ShardState.FAILED,
-        "engine exited while the agent was away",
+        f"engine exited while the agent was away (pid {record.pid} is gone)",
     )
     assert "engine started" in failed.log_tail[1]
     assert RecordStore(node.state_dir).load_all() == []
@@ -1020,7 +1020,10 @@ async def test_a_record_a_failing_disk_keeps_neither_stops_a_restart_nor_signals
 
     assert [r.pid for r in adopted] == [running.pid]
     [failed] = second_agent.log.changes_of(stale.key)
-    assert (failed.state, failed.error) == (ShardState.FAILED, AWAY_ERROR)
+    assert (failed.state, failed.error) == (
+        ShardState.FAILED,
+        f"{AWAY_ERROR} (pid {unrelated_process.pid} is another process now)",
+    )
     assert unrelated_process.poll() is None
     assert sorted((r.replica_id, r.state) for r in second_agent.supervisor.inventory()) == [
         ("stale-1", ShardState.FAILED),

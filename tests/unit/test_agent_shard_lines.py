@@ -51,4 +51,4 @@ async def test_an_engine_found_dead_at_start_is_a_warning_naming_replica_model_a
         "llama-8b",
         "failed",
     )
-    assert failed["error"] == AWAY_ERROR
+    assert failed["error"] == f"{AWAY_ERROR} (pid {GONE_PID} is gone)"
