@@ -55,6 +55,13 @@ from agent.engines.logfiles import (
     rotate_log,
 )
 from agent.engines.logtail import read_log_tail
+from agent.engines.oom import (
+    SYSTEM_COUNTERS,
+    OomCounts,
+    oom_counter_files,
+    oom_kills,
+    oom_verdict,
+)
 from agent.engines.port_owner import HeldElsewhere, check_port_owner
 from agent.engines.processes import (
     AdoptedProcess,
@@ -102,6 +109,9 @@ crashes again and again (a new replica each time) would grow every heartbeat and
 without end, and past the 4,096 shards a message may list, the control plane would refuse
 them all and the node could never connect again. A node runs far fewer shards at once, so
 a failure it could not report while disconnected still reaches the next hello."""
+MAX_COUNTER_FILE_BYTES = 2**20
+"""The most read of a /proc or /sys file the OOM counters are in: /proc/vmstat is a few
+KiB, /proc/self/mounts some hundred KiB on a node with thousands of mounts."""
 REFUSED_GRACE_S = 5.0
 """How long an engine whose port is another process's gets to exit after SIGTERM."""
 
@@ -116,6 +126,9 @@ class _Watched:
     refusal: str | None = None
     """Why the supervisor ended the engine itself (its port is another process's, or it
     stopped answering its health checks)."""
+    oom_at_start: OomCounts | None = None
+    """The OOM kills counted when this agent spawned the engine (``agent.engines.oom``);
+    None for an engine adopted, whose exit status is unknown anyway."""
 
 
 class EngineSupervisor:
@@ -183,18 +196,19 @@ class EngineSupervisor:
             except OSError as exc:
                 raise self._launch_failed(spec, f"cannot record the engine: {exc}") from exc
             try:
-                record, process = await self._launch(spec, launch)
+                record, process, oom_at_start = await self._launch(spec, launch)
             finally:
                 # Left behind by a disk that refuses (logged), it is harmless: it names an
                 # engine that is recorded, killed or was never spawned.
                 self._records.remove_launch(spec.key)
-            self._watch(record, process)
+            self._watch(record, process, oom_at_start)
             return record
 
     async def _launch(
         self, spec: ShardSpec, launch: LaunchRecord
-    ) -> tuple[ShardRecord, ChildProcess]:
-        """Spawn the engine and record it, or kill it and raise ``EngineLaunchError``."""
+    ) -> tuple[ShardRecord, ChildProcess, OomCounts]:
+        """Spawn the engine and record it, or kill it and raise ``EngineLaunchError``; with
+        the OOM kills counted as it starts."""
         env = {**engine_env(os.environ, spec), LAUNCH_TOKEN_VARIABLE: launch.token}
         log_path = Path(launch.log_path)
         try:
@@ -216,13 +230,14 @@ class EngineSupervisor:
         if start_time is None:
             await _kill(process)
             raise self._launch_failed(spec, f"cannot read /proc/{pid}/stat")
+        oom_at_start = await asyncio.to_thread(read_oom_counts, pid)
         record = launch.spawned(pid, start_time, ShardState.STARTING)
         try:
             self._records.save(record)
         except OSError as exc:
             await _kill(process)
             raise self._launch_failed(spec, f"cannot record the engine: {exc}") from exc
-        return record, process
+        return record, process, oom_at_start
 
     async def stop(
         self,
@@ -373,8 +388,15 @@ class EngineSupervisor:
 
     # -- watching ------------------------------------------------------------------------
 
-    def _watch(self, record: ShardRecord, process: EngineProcess) -> _Watched:
-        watched = _Watched(record=record, process=process, exit=_task(process.wait_exit()))
+    def _watch(
+        self, record: ShardRecord, process: EngineProcess, oom_at_start: OomCounts | None = None
+    ) -> _Watched:
+        watched = _Watched(
+            record=record,
+            process=process,
+            exit=_task(process.wait_exit()),
+            oom_at_start=oom_at_start,
+        )
         self._running[record.key] = watched
         self._report(change_of(record))
         watched.monitor = _task(self._monitor(watched))
@@ -419,7 +441,7 @@ class EngineSupervisor:
         # Its group is killed already; its workers outside the group are not.
         await asyncio.to_thread(end_remains, watched.record)
         tail = self._tail(watched.record.key)
-        error = watched.refusal or await self._exit_error(watched.record, exit_code, tail)
+        error = watched.refusal or await self._exit_error(watched, exit_code, tail)
         self._transition(
             watched, ShardState.FAILED, error=error, exit_code=exit_code, log_tail=tail
         )
@@ -462,12 +484,20 @@ class EngineSupervisor:
             watched.process.signal_group(signal.SIGKILL)
 
     async def _exit_error(
-        self, record: ShardRecord, exit_code: int | None, log_tail: tuple[str, ...]
+        self, watched: _Watched, exit_code: int | None, log_tail: tuple[str, ...]
     ) -> str:
-        """How the engine exited, with the reason its log gives when a line of it matches
-        one of its profile's failure patterns; for one that never served, also who holds
-        its port if another process does (the likeliest reason it could not bind)."""
+        """How the engine exited (killed by SIGKILL: by the kernel's OOM killer, where its
+        counters tell, ``agent.engines.oom``), with the reason its log gives when a line of
+        it matches one of its profile's failure patterns; for one that never served, also
+        who holds its port if another process does (the likeliest reason it could not
+        bind)."""
+        record = watched.record
         described = describe_exit(exit_code)
+        if exit_code == -signal.SIGKILL and watched.oom_at_start is not None:
+            at_start = watched.oom_at_start
+            in_cgroup, on_machine = await asyncio.to_thread(read_oom_kills, at_start)
+            verdict = oom_verdict(at_start, in_cgroup, on_machine)
+            described = described if verdict is None else f"{described}: {verdict}"
         reason = failure_reason(profile_of(record.engine), log_tail)
         explained = described if reason is None else f"{described}: {reason}"
         if record.state is not ShardState.STARTING:
@@ -574,6 +604,42 @@ class EngineSupervisor:
     def _check_open(self) -> None:
         if self._closed:
             raise EngineError("the engine supervisor has been shut down")
+
+
+def read_oom_counts(pid: int) -> OomCounts:
+    """The OOM kills counted now in the memory cgroup of process ``pid`` and on the whole
+    machine: the one place the supervisor reads the kernel's counters
+    (``agent.engines.oom``). Unreadable files count as unknown."""
+    proc_cgroup = _read_small(Path(f"/proc/{pid}/cgroup")) or ""
+    mounts = _read_small(Path("/proc/self/mounts")) or ""
+    at_start = OomCounts(cgroup_file=None, cgroup=None, in_cgroup=None, on_machine=None)
+    for counter_file, cgroup in oom_counter_files(proc_cgroup, mounts):
+        text = _read_small(counter_file)
+        in_cgroup = None if text is None else oom_kills(text)
+        if in_cgroup is not None:
+            at_start = OomCounts(counter_file, cgroup, in_cgroup, None)
+            break
+    system = _read_small(SYSTEM_COUNTERS)
+    return at_start._replace(on_machine=None if system is None else oom_kills(system))
+
+
+def read_oom_kills(counts: OomCounts) -> tuple[int | None, int | None]:
+    """The OOM kills counted now in the cgroup ``counts`` names, and on the machine."""
+    in_cgroup = None
+    if counts.cgroup_file is not None:
+        text = _read_small(counts.cgroup_file)
+        in_cgroup = None if text is None else oom_kills(text)
+    text = _read_small(SYSTEM_COUNTERS)
+    return in_cgroup, None if text is None else oom_kills(text)
+
+
+def _read_small(path: Path) -> str | None:
+    """A file of /proc or /sys, None if it is absent or unreadable."""
+    try:
+        with path.open("rb") as file:
+            return file.read(MAX_COUNTER_FILE_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return None
 
 
 def _with_log_reason(why: str, record: ShardRecord, log_tail: tuple[str, ...]) -> str:
