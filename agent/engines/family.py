@@ -29,15 +29,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
+from agent.engines.identity import has_launch_token
 from agent.engines.proc_net import ProcessFamily, engine_family, parse_family
 from agent.engines.processes import signal_group
-from agent.engines.records import (
-    ProcStat,
-    ShardRecord,
-    has_launch_token,
-    parse_proc_stat,
-    read_proc_stat,
-)
+from agent.engines.records import ProcStat, ShardRecord, parse_proc_stat, read_proc_stat
 
 PROC = Path("/proc")
 GONE_POLL_S = 0.05

@@ -2,8 +2,9 @@
 ``llmgw-agent stop-engines``.
 
 Each recorded engine that is still the same process (pid and start time, with the record's
-launch token in its environment: ``agent.engines.records.is_recorded_engine``, checked again
-right before each signal) gets SIGTERM to its process group, and SIGCONT so that a stopped
+launch token in its environment, or for an engine whose command cleared it the same boot and
+process group: ``agent.engines.identity.is_recorded_engine``, checked again right before
+each signal) gets SIGTERM to its process group, and SIGCONT so that a stopped
 engine acts on it at once (``agent.engines.processes.ask_to_stop``), then SIGKILL once
 ``grace_s`` has passed; its record is removed once it is gone. A process that is no longer
 the engine by the time of a signal (the engine exited, or replaced itself with another
@@ -23,13 +24,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from agent.engines.family import end_launched, end_remains
+from agent.engines.identity import is_recorded_engine
 from agent.engines.processes import ask_group_to_stop, signal_group
-from agent.engines.records import (
-    RecordStore,
-    ShardRecord,
-    is_recorded_engine,
-    is_same_process,
-)
+from agent.engines.records import RecordStore, ShardRecord, is_same_process
 
 KILL_WAIT_S = 10.0
 POLL_S = 0.05

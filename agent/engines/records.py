@@ -5,10 +5,9 @@ One JSON file per shard in ``<state_dir>/shards/``, and for an engine being spaw
 by its pid *and* its start time (``/proc/<pid>/stat`` field 22, clock ticks since boot):
 pids are reused, so a pid alone could point a restarted agent at somebody else's process.
 Before a restarted agent adopts (or ``stop-engines`` signals) a recorded process, it also
-checks that the process has the record's launch token in its environment
-(``is_recorded_engine``): a start time counts from boot, so after a reboot a record kept in
-the state directory can name a program that happens to have the same pid and start time,
-and a record copied from another state directory names another agent's engine.
+checks that the process is the engine by more than that (``agent.engines.identity``): a
+start time counts from boot, so after a reboot a record kept in the state directory can
+name a program that happens to have the same pid and start time.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ import msgspec
 import structlog
 
 from app.regular_file import FileRefused, read_regular_file
-from wire.engine_env import LAUNCH_TOKEN_VARIABLE
 from wire.engines import DEFAULT_ENGINE
 
 log = structlog.get_logger(__name__)
@@ -65,6 +63,10 @@ class EngineLaunch(msgspec.Struct, frozen=True, kw_only=True):
     engine: str = DEFAULT_ENGINE
     """The engine's profile name (``wire.engines``); records written before profiles
     existed read as the default engine, whose probes they were started with."""
+    boot_id: str = ""
+    """The kernel's boot id when the engine was started (``current_boot_id``): with the pid,
+    start time and process group it names an engine whose command cleared its environment,
+    launch token included (``agent.engines.identity``). Empty in records written before."""
 
     @property
     def key(self) -> ShardKey:
@@ -105,6 +107,7 @@ class LaunchRecord(EngineLaunch, frozen=True, kw_only=True):
             state=state,
             engine=self.engine,
             launch_token=self.token,
+            boot_id=self.boot_id,
         )
 
 
@@ -284,6 +287,17 @@ def read_proc_stat(pid: int) -> ProcStat | None:
     return parse_proc_stat(text)
 
 
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def current_boot_id() -> str:
+    """The kernel's random id of this boot: a new one at every boot. Empty if unreadable."""
+    try:
+        return BOOT_ID.read_text().strip()
+    except OSError:
+        return ""
+
+
 def process_identity(pid: int) -> int | None:
     """The start time of process ``pid`` in clock ticks since boot, or None if there is none."""
     stat = read_proc_stat(pid)
@@ -301,44 +315,4 @@ def is_same_process(record: ShardRecord) -> bool:
         stat is not None
         and stat.state not in ("Z", "X")
         and stat.start_time == record.process_start_time
-    )
-
-
-def has_launch_token(pid: int, token: str, proc: Path = Path("/proc")) -> bool:
-    """Whether process ``pid`` was started with ``LAUNCH_TOKEN_VARIABLE`` set to ``token``
-    (``/proc/<pid>/environ``: the environment it was started with). False if it is gone or
-    its environment is not ours to read (another user's process is not our engine)."""
-    try:
-        environ = (proc / str(pid) / "environ").read_bytes()
-    except OSError:
-        return False
-    return f"{LAUNCH_TOKEN_VARIABLE}={token}".encode() in environ.split(b"\0")
-
-
-def is_recorded_engine(record: ShardRecord) -> bool:
-    """True only if the recorded engine itself is alive (``is_same_process``) and has the
-    record's launch token in its environment: what a restarted agent checks before it
-    adopts, or signals, a process a record names (see the module docstring). A record
-    written before launch tokens existed is checked by pid and start time alone."""
-    if not is_same_process(record):
-        return False
-    return not record.launch_token or has_launch_token(record.pid, record.launch_token)
-
-
-AWAY_ERROR = "engine exited while the agent was away"
-
-
-def not_adopted_reason(record: ShardRecord) -> str:
-    """Why a restarted agent does not adopt the engine ``record`` names, as one line: it is
-    gone (``AWAY_ERROR``), its pid is another process's now, or the process at that pid
-    and start time lacks the record's launch token. Read before what is left of the engine
-    is killed; for a record ``is_recorded_engine`` refuses."""
-    stat = read_proc_stat(record.pid)
-    if stat is None or stat.state in ("Z", "X"):
-        return f"{AWAY_ERROR} (pid {record.pid} is gone)"
-    if stat.start_time != record.process_start_time:
-        return f"{AWAY_ERROR} (pid {record.pid} is another process now)"
-    return (
-        f"pid {record.pid} runs with the engine's start time but without its launch token "
-        "in its environment, so it is not taken for the engine"
     )

@@ -48,6 +48,8 @@ from agent.engines.family import (
     signal_each,
     wait_until_gone,
 )
+from agent.engines.identity import AWAY_ERROR as AWAY_ERROR
+from agent.engines.identity import identity_refusal
 from agent.engines.logfiles import (
     KEPT_ENDED_SHARDS,
     forget_ended_logs,
@@ -77,16 +79,14 @@ from agent.engines.readiness import (
     wait_until_serving,
     wait_until_unhealthy,
 )
-from agent.engines.records import AWAY_ERROR as AWAY_ERROR
 from agent.engines.records import (
     LaunchRecord,
     RecordStore,
     ShardKey,
     ShardRecord,
     ShardState,
-    is_recorded_engine,
+    current_boot_id,
     is_same_process,
-    not_adopted_reason,
     process_identity,
     shard_file_stem,
 )
@@ -190,6 +190,7 @@ class EngineSupervisor:
                 started_at=datetime.now(UTC),
                 engine=spec.engine,
                 token=uuid.uuid4().hex,
+                boot_id=current_boot_id(),
             )
             try:
                 self._records.save_launch(launch)
@@ -290,7 +291,8 @@ class EngineSupervisor:
         for record in records:
             if record.key in self._running:
                 continue
-            if is_recorded_engine(record):
+            refusal = identity_refusal(record)
+            if refusal is None:
                 # Starting again until it answers its health checks: it was not watched.
                 unconfirmed = msgspec.structs.replace(record, state=ShardState.STARTING)
                 self._save_state(unconfirmed)
@@ -299,12 +301,11 @@ class EngineSupervisor:
                 process = AdoptedProcess(unconfirmed, poll_interval_s=self._poll_interval_s)
                 adopted.append(self._watch(unconfirmed, process).record)
                 continue
-            why = not_adopted_reason(record)
             end_remains(record)
             self._records.remove(record.key)
             failed = msgspec.structs.replace(record, state=ShardState.FAILED)
             tail = self._tail(record.key)
-            error = _with_log_reason(why, record, tail)
+            error = _with_log_reason(refusal, record, tail)
             self._remember_failed(failed, error)
             self._report(change_of(failed, error=error, log_tail=tail))
         self._forget_ended_logs()

@@ -779,6 +779,98 @@ async def test_stop_engines_leaves_a_process_without_the_records_launch_token_al
     assert RecordStore(node.state_dir).load_all() == []
 
 
+def clearing_its_environment(spec: ShardSpec) -> ShardSpec:
+    """``spec`` run by ``env -i``: the engine gets its port and GPUs, no launch token."""
+    gpus = ",".join(str(gpu) for gpu in spec.gpus)
+    argv = ("env", "-i", f"PORT={spec.port}", f"CUDA_VISIBLE_DEVICES={gpus}", *spec.argv)
+    return msgspec.structs.replace(spec, argv=argv)
+
+
+async def test_an_engine_that_clears_its_environment_is_adopted_by_the_next_agent(
+    node: Node,
+) -> None:
+    """Before, the next agent found no launch token in its environment, left it running
+    (its port and GPUs held) and reported the shard failed; the replacement the control
+    plane placed then met a port already taken."""
+    first_agent = node.agent()
+    spec = clearing_its_environment(node.spec())
+    record = await first_agent.supervisor.start(spec)
+    await first_agent.log.wait_for(spec.key, ShardState.READY)
+    await first_agent.supervisor.shutdown()
+
+    second_agent = node.agent()
+    adopted = await second_agent.supervisor.reattach()
+
+    assert [r.pid for r in adopted] == [record.pid]
+    await second_agent.log.wait_for(spec.key, ShardState.READY)
+    await second_agent.supervisor.stop(spec.replica_id, spec.shard_index, grace_s=5)
+    assert not is_same_process(record)
+
+
+def this_boot() -> str:
+    """The kernel's boot id, as the agent records it for an engine it starts."""
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def without_a_token(
+    process: subprocess.Popen[bytes], *, boot_id: str, replica_id: str = "tiny-7"
+) -> ShardRecord:
+    """A record of an engine that cleared its environment, naming ``process`` by its pid
+    and start time, written in the boot ``boot_id``."""
+    start_time = process_identity(process.pid)
+    assert start_time is not None
+    record = a_record(replica_id=replica_id, pid=process.pid, process_start_time=start_time)
+    return msgspec.structs.replace(record, launch_token="its-token", boot_id=boot_id)
+
+
+async def test_a_record_without_a_token_from_before_a_reboot_names_no_engine(
+    node: Node, unrelated_process: subprocess.Popen[bytes]
+) -> None:
+    """After a reboot a program may have the pid and start time a record kept names: it is
+    neither adopted nor signalled, and the failure says why."""
+    RecordStore(node.state_dir).save(without_a_token(unrelated_process, boot_id="another-boot"))
+    agent = node.agent()
+
+    adopted = await agent.supervisor.reattach()
+
+    assert adopted == []
+    [failed] = agent.log.changes
+    assert failed.error == (
+        f"pid {unrelated_process.pid} runs with the engine's start time but is not taken for "
+        "it: it holds no launch token, and the machine has rebooted since"
+    )
+    assert unrelated_process.poll() is None
+
+
+@pytest.fixture
+def in_our_group() -> Iterator[subprocess.Popen[bytes]]:
+    """A program in the test's own process group, with an environment of its own."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], env={"PATH": os.environ["PATH"]}
+    )
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+async def test_a_process_without_a_token_that_leads_no_group_of_its_own_is_no_engine(
+    node: Node, in_our_group: subprocess.Popen[bytes]
+) -> None:
+    """The agent spawns every engine as the leader of its own session and group."""
+    record = without_a_token(in_our_group, boot_id=this_boot())
+    RecordStore(node.state_dir).save(record)
+    agent = node.agent()
+
+    adopted = await agent.supervisor.reattach()
+
+    assert adopted == []
+    [failed] = agent.log.changes
+    assert (failed.error or "").endswith("and no longer leads its own process group")
+    assert in_our_group.poll() is None
+
+
 async def test_a_record_an_agent_was_killed_writing_leaves_no_temporary_file_behind(
     node: Node,
 ) -> None:

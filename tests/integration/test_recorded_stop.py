@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from agent.engines.identity import is_recorded_engine
 from agent.engines.recorded_stop import stop_recorded_engines
 from agent.engines.records import (
     RecordStore,
     ShardRecord,
     ShardState,
-    is_recorded_engine,
     is_same_process,
     read_proc_stat,
 )
