@@ -13,6 +13,13 @@ import msgspec
 from agent.engines.records import ShardRecord, ShardState
 
 LOG_TAIL_LINES = 100
+"""The lines of an engine's log a failure or a stop carries (``wire.messages`` takes no
+more)."""
+REASON_TAIL_LINES = 1000
+"""The lines of an engine's log searched for the reason it failed
+(``wire.engines.failure_reason``): an abort's backtrace, or every worker's, can take more
+than the ``LOG_TAIL_LINES`` reported, after the line that says why. The log tail reader
+stops at 256 KiB whatever the count."""
 
 _NEXT_STATES: dict[ShardState, frozenset[ShardState]] = {
     ShardState.STARTING: frozenset({ShardState.READY, ShardState.FAILED, ShardState.STOPPED}),

@@ -29,6 +29,7 @@ import structlog
 
 from agent.engines.changes import (
     LOG_TAIL_LINES,
+    REASON_TAIL_LINES,
     ShardChange,
     can_transition,
     change_of,
@@ -304,8 +305,9 @@ class EngineSupervisor:
             end_remains(record)
             self._records.remove(record.key)
             failed = msgspec.structs.replace(record, state=ShardState.FAILED)
-            tail = self._tail(record.key)
-            error = _with_log_reason(refusal, record, tail)
+            searched = self._tail(record.key, REASON_TAIL_LINES)
+            tail = searched[-LOG_TAIL_LINES:]
+            error = _with_log_reason(refusal, record, searched)
             self._remember_failed(failed, error)
             self._report(change_of(failed, error=error, log_tail=tail))
         self._forget_ended_logs()
@@ -441,8 +443,9 @@ class EngineSupervisor:
             return
         # Its group is killed already; its workers outside the group are not.
         await asyncio.to_thread(end_remains, watched.record)
-        tail = self._tail(watched.record.key)
-        error = watched.refusal or await self._exit_error(watched, exit_code, tail)
+        searched = self._tail(watched.record.key, REASON_TAIL_LINES)
+        tail = searched[-LOG_TAIL_LINES:]
+        error = watched.refusal or await self._exit_error(watched, exit_code, searched)
         self._transition(
             watched, ShardState.FAILED, error=error, exit_code=exit_code, log_tail=tail
         )
@@ -489,7 +492,8 @@ class EngineSupervisor:
     ) -> str:
         """How the engine exited (killed by SIGKILL: by the kernel's OOM killer, where its
         counters tell, ``agent.engines.oom``), with the reason its log gives when a line of
-        it matches one of its profile's failure patterns; for one that never served, also
+        it (``log_tail``: the last ``REASON_TAIL_LINES``) matches one of its profile's
+        failure patterns; for one that never served, also
         who holds its port if another process does (the likeliest reason it could not
         bind)."""
         record = watched.record
@@ -599,8 +603,8 @@ class EngineSupervisor:
             # A failing listener must not stop the supervisor from watching its engines.
             log.exception("shard_change_listener_failed", change=change)
 
-    def _tail(self, key: ShardKey) -> tuple[str, ...]:
-        return tuple(read_log_tail(self.log_path(key), LOG_TAIL_LINES))
+    def _tail(self, key: ShardKey, lines: int = LOG_TAIL_LINES) -> tuple[str, ...]:
+        return tuple(read_log_tail(self.log_path(key), lines))
 
     def _check_open(self) -> None:
         if self._closed:

@@ -1422,3 +1422,33 @@ async def test_an_adopted_engines_logs_an_older_agent_wrote_for_everyone_become_
 
     assert [r.pid for r in adopted] == [record.pid]
     assert [oct(path.stat().st_mode & 0o777) for path in (log_path, earlier)] == ["0o600"] * 2
+
+
+async def test_the_reason_an_engine_gives_before_a_long_backtrace_is_found(node: Node) -> None:
+    """vLLM's workers each print a traceback after the line that says why the load failed;
+    before, the reason was searched for only in the 100 lines reported, which a backtrace of
+    150 lines fills."""
+    agent = node.agent()
+    backtrace = 'for n in $(seq 150); do echo "  File \\"worker.py\\", line $n, in load"; done'
+    spec = ShardSpec(
+        replica_id="aborting-1",
+        shard_index=0,
+        model="aborting",
+        argv=(
+            "sh",
+            "-c",
+            "echo 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB'; "
+            f"{backtrace}; exit 1",
+        ),
+        port=free_port(),
+    )
+
+    await agent.supervisor.start(spec)
+    failed = await agent.log.wait_for(spec.key, ShardState.FAILED)
+
+    assert failed.error == (
+        "engine exited with code 1: CUDA out of memory (torch.OutOfMemoryError: CUDA out of "
+        "memory. Tried to allocate 2.00 GiB)"
+    )
+    assert len(failed.log_tail) == 100
+    assert failed.log_tail[-1] == '  File "worker.py", line 150, in load'
