@@ -105,3 +105,19 @@ def test_the_replica_lost_says_what_the_agent_said() -> None:
     assert [e.reason for e in of_type(decision, ReplicaLost)] == [
         f"shard 0 no longer runs on gpu-1: its agent reports it failed (the agent says: {said})"
     ]
+
+
+def test_a_reason_beside_a_shard_listed_running_is_not_kept() -> None:
+    """A node may send anything there: a reason goes only with a shard listed failed."""
+    hello = decode_from_agent(
+        b'{"type":"hello","protocol_version":1,"node_id":"gpu-1","agent_version":"1.0",'
+        b'"address":"127.0.0.1","port_range":[20000,20999],"shards":[{"replica_id":"llama-1",'
+        b'"shard_index":0,"model":"llama","port":20000,"gpus":[0],"pid":77,"state":"ready",'
+        b'"started_at":"2024-05-01T12:30:00Z","failure":"nothing of the sort"}]}'
+    )
+    assert isinstance(hello, Hello)
+
+    report = report_of(AgentHello(node_id="gpu-1", hello=hello, remote_address="127.0.0.1"))
+    view = observe(FleetView(), report, lambda _: None)
+
+    assert view.reports["gpu-1"].shards[("llama-1", 0)].failure is None
