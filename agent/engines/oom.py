@@ -76,10 +76,14 @@ def oom_counter_files(proc_cgroup: str, mounts: str) -> list[tuple[Path, str]]:
 
 def oom_verdict(at_start: OomCounts, in_cgroup: int | None, on_machine: int | None) -> str | None:
     """What to add to "killed by SIGKILL", given the counts at the engine's start and at
-    its death: its cgroup's counter rose, or else the machine's did; None if neither did
-    (or neither is known), as for a kill by hand."""
-    if _rose(at_start.in_cgroup, in_cgroup):
-        return CGROUP_OOM.format(cgroup=at_start.cgroup)
+    its death: its cgroup's counter rose; or, only where that counter is unknown, the
+    machine's did. None otherwise, as for a kill by hand.
+
+    A cgroup's counter counts the kills of its processes by any OOM killer, the machine's
+    included: one known that did not rise says the engine was not among them, however many
+    other processes the machine's counter saw ended while the engine ran (days, maybe)."""
+    if at_start.in_cgroup is not None and in_cgroup is not None:
+        return CGROUP_OOM.format(cgroup=at_start.cgroup) if in_cgroup > at_start.in_cgroup else None
     if _rose(at_start.on_machine, on_machine):
         return SYSTEM_OOM
     return None

@@ -98,17 +98,23 @@ def test_the_engines_cgroup_counting_a_kill_names_the_cgroup() -> None:
     assert "its cgroup (/engines) ran out of memory" in CGROUP_OOM.format(cgroup="/engines")
 
 
-def test_only_the_machine_counting_a_kill_is_told_as_likely() -> None:
-    assert oom_verdict(counts(2, 7), 2, 8) == SYSTEM_OOM
+def test_the_machine_counting_a_kill_is_told_as_likely_where_the_cgroup_cannot_tell() -> None:
     assert oom_verdict(counts(None, 7), None, 8) == SYSTEM_OOM
+    assert oom_verdict(counts(2, 7), None, 8) == SYSTEM_OOM  # unreadable at its death
     assert SYSTEM_OOM == (
         "the kernel's OOM killer ended a process while this engine ran; "
         "it probably ran out of host memory"
     )
 
 
+def test_a_kill_elsewhere_on_the_machine_is_not_the_engines_when_its_cgroup_counted_none() -> None:
+    """A kill by hand of an engine that ran while the OOM killer ended another process,
+    outside its cgroup: the cgroup counts the kills of its processes by any OOM killer."""
+    assert oom_verdict(counts(2, 7), 2, 8) is None
+
+
 def test_no_counter_rising_or_none_known_adds_nothing() -> None:
     """A kill by hand, or counters hidden from the agent: "killed by SIGKILL", no more."""
     assert oom_verdict(counts(2, 7), 2, 7) is None
     assert oom_verdict(counts(None, None), None, None) is None
-    assert oom_verdict(counts(2, 7), None, None) is None
+    assert oom_verdict(counts(2, 7), None, 7) is None
