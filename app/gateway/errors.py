@@ -46,6 +46,12 @@ _TYPE_BY_STATUS = {
 
 _encode = msgspec.json.Encoder().encode
 
+_NO_RETRY = (b"x-should-retry", b"false")
+"""Not a standard header, but the ``openai`` SDKs obey it before anything else: their
+``_should_retry`` returns False on ``x-should-retry: false``, where it would otherwise
+retry every 408, 409, 429 and 5xx (twice, by default). Sent where the same request
+cannot succeed by being sent again shortly."""
+
 
 class ApiError(Exception):
     """A response in OpenAI's error shape, with the headers that go with it."""
@@ -93,12 +99,17 @@ def expired_api_key(expires_at: float) -> ApiError:
 
 
 def too_many_failed_authentications(retry_after_s: float) -> ApiError:
-    """The client's address sent too many incorrect keys: 429 until it has earned one back."""
+    """The client's address sent too many incorrect keys: 429 until it has earned one back.
+
+    Only an incorrect key is ever refused so (a valid one is served from any address), and
+    sending it again cannot succeed: ``x-should-retry: false`` keeps the ``openai`` SDKs,
+    which retry every 429 by default, from sending it twice more for nothing."""
     return _retry_later(
         "Too many requests with an incorrect API key from your address; retry after "
         f"{math.ceil(retry_after_s)} s.",
         "too_many_failed_authentications",
         retry_after_s,
+        retry=False,
     )
 
 
@@ -186,7 +197,7 @@ def quota_exceeded(decision: RateDecision) -> ApiError:
         (b"retry-after", retry_after_header(decision.retry_after_s)),
         (b"retry-after-ms", b"%d" % math.ceil(decision.retry_after_s * 1000)),
         # A quota refusal is not transient: a client retrying at once only burns requests.
-        (b"x-should-retry", b"false"),
+        _NO_RETRY,
         *rate_limit_headers(decision),
     )
     return ApiError(
@@ -255,10 +266,12 @@ def saturated(model: str, retry_after_s: float, *, starting: bool = False) -> Ap
     return _retry_later(message, "engine_overloaded", retry_after_s)
 
 
-def _retry_later(message: str, code: str, retry_after_s: float) -> ApiError:
-    """429 with ``Retry-After``: the client may try again once that time has passed."""
+def _retry_later(message: str, code: str, retry_after_s: float, *, retry: bool = True) -> ApiError:
+    """429 with ``Retry-After``: the client may try again once that time has passed; with
+    ``retry`` false, the same request will not succeed then either (``_NO_RETRY``)."""
     retry_after = (b"retry-after", retry_after_header(retry_after_s))
-    return ApiError(429, message, type="rate_limit_error", code=code, headers=(retry_after,))
+    headers = (retry_after,) if retry else (retry_after, _NO_RETRY)
+    return ApiError(429, message, type="rate_limit_error", code=code, headers=headers)
 
 
 def no_serving_replica(model: str, *, scaled_to_zero: bool = False) -> ApiError:
@@ -269,8 +282,10 @@ def no_serving_replica(model: str, *, scaled_to_zero: bool = False) -> ApiError:
             f"The model `{model}` is scaled to zero by its operator; it has no replica until "
             "an operator scales it up."
         )
-    else:
-        message = f"The model `{model}` has no serving replica right now; try again shortly."
+        return ApiError(
+            503, message, type="server_error", code="no_serving_replica", headers=(_NO_RETRY,)
+        )
+    message = f"The model `{model}` has no serving replica right now; try again shortly."
     return ApiError(503, message, type="server_error", code="no_serving_replica")
 
 

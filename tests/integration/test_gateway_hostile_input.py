@@ -143,6 +143,9 @@ def test_an_address_sending_wrong_keys_gets_429_and_nobody_else_is_slowed() -> N
     assert error["type"] == "rate_limit_error"
     assert error["code"] == "too_many_failed_authentications"
     assert f"retry after {retry_after} s" in error["message"]
+    # The same wrong key fails again whenever it is sent: the openai SDK, which retries
+    # every 429 twice by default, obeys this before anything else (`_should_retry`).
+    assert throttled.headers["x-should-retry"] == "false"
     # A valid key is served whatever its address has failed; a request without a key is
     # no guess and is told so.
     assert valid_from_the_attackers_address.status_code == 200

@@ -18,6 +18,7 @@ from app.gateway.errors import (
     rate_limit_headers,
     saturated,
     stream_error_events,
+    too_many_failed_authentications,
 )
 from app.gateway.ratelimit import Quota, RateDecision, RateLimiter
 from app.listeners.http11 import retry_after_header
@@ -142,13 +143,29 @@ def test_a_model_failing_to_start_says_when_the_next_attempt_is() -> None:
 
 def test_a_model_its_operator_scaled_to_zero_is_not_to_be_tried_again_shortly() -> None:
     error = no_serving_replica("m", scaled_to_zero=True)
-    assert (error.status, error.code, error.headers) == (503, "no_serving_replica", ())
+    # No Retry-After, and the openai SDKs, which retry every 5xx twice by default, are
+    # told not to: no replica comes back until an operator scales the model up.
+    assert (error.status, error.code) == (503, "no_serving_replica")
+    assert dict(error.headers) == {b"x-should-retry": b"false"}
     message = error_of(error.body())["message"]
     assert message == (
         "The model `m` is scaled to zero by its operator; it has no replica until an operator "
         "scales it up."
     )
     assert "shortly" in str(error_of(no_serving_replica("m").body())["message"])
+    assert no_serving_replica("m").headers == ()  # may be retried: a replica may serve soon
+
+
+def test_too_many_wrong_keys_is_not_to_be_retried_by_the_sdk() -> None:
+    # Only an incorrect key gets this 429 (a valid one is served from any address): sent
+    # again it fails again, so the SDK's default two retries would only spend more.
+    error = too_many_failed_authentications(2.5)
+    assert (error.status, error.type, error.code) == (
+        429,
+        "rate_limit_error",
+        "too_many_failed_authentications",
+    )
+    assert dict(error.headers) == {b"retry-after": b"3", b"x-should-retry": b"false"}
 
 
 def test_a_quota_refusal_says_which_limit_and_not_to_retry() -> None:
