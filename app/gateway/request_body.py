@@ -6,6 +6,7 @@ tokens a tpm limit reserves for it until its usage is known (``token_estimate``)
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 import msgspec
@@ -67,7 +68,7 @@ def parse_fields(body: bytes) -> RoutingFields:
     try:
         return _decode_fields(body)
     except msgspec.ValidationError as exc:
-        raise invalid_request(f"Invalid request body: {exc}") from None
+        raise invalid_request(f"Invalid request body: {exc}", param=_param_of(exc)) from None
     except msgspec.DecodeError as exc:
         if not body.strip():
             # msgspec would say "truncated", as if the client had cut its body short.
@@ -82,6 +83,20 @@ def parse_fields(body: bytes) -> RoutingFields:
             "The request body nests arrays and objects too deeply for the gateway to read "
             "(about 1,000 levels); no OpenAI request comes close."
         ) from None
+
+
+_FIELD_AT = re.compile(r"- at `\$\.([a-z_]+)`$|missing required field `([a-z_]+)`$")
+"""Where msgspec says a field of ``RoutingFields`` is wrong: ``... - at `$.model``` (a
+wrong type) or ``Object missing required field `model```."""
+
+
+def _param_of(exc: msgspec.ValidationError) -> str | None:
+    """The top-level field a validation error is about, as OpenAI's ``param`` names it
+    (``"model"``, ``"stream"``); None for a body that is no object at all."""
+    found = _FIELD_AT.search(str(exc))
+    if found is None:
+        return None
+    return found.group(1) or found.group(2)
 
 
 async def read_body(receive: Receive) -> bytes:
