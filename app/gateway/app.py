@@ -156,13 +156,22 @@ class GatewayApp:
             if route is None and path.startswith(_MODEL_PATH):
                 route = ("GET", self._model)
             if route is None:
-                await refuse(send, not_found(path), gateway_headers(clock()))
+                refusal = not_found(path, served_at=self._under_v1(path))
+                await refuse(send, refusal, gateway_headers(clock()))
             elif scope["method"] != route[0]:
                 await refuse(send, method_not_allowed(route[0], path), gateway_headers(clock()))
             else:
                 await route[1](scope, receive, send)
         elif scope["type"] == "lifespan":
             await serve_lifespan(receive, send, startup=self._start, shutdown=self._stop)
+
+    def _under_v1(self, path: str) -> str | None:
+        """``/v1`` and ``path``, when that is a route: what a client whose base URL left out
+        ``/v1`` meant (``/chat/completions``, ``/models/m``). Only a refused path pays for it."""
+        meant = "/v1" + path
+        if meant in self._routes or meant.startswith(_MODEL_PATH):
+            return meant
+        return None
 
     async def _start(self) -> None:
         # aiohttp for the scrapers; the lean client for the requests themselves.

@@ -152,8 +152,16 @@ def header_repeated(name: str) -> ApiError:
     return invalid_request(f"The {name} header appears more than once: send it once.")
 
 
-def not_found(path: str) -> ApiError:
-    return ApiError(404, f"No route for {path}.", type="invalid_request_error", code="not_found")
+def not_found(path: str, *, served_at: str | None = None) -> ApiError:
+    """No route for ``path``; ``served_at``: the path the client most likely meant, which
+    the message names (a client whose base URL leaves out ``/v1``)."""
+    message = f"No route for {path}."
+    if served_at is not None:
+        message += (
+            f" The API is under /v1: {served_at}. An OpenAI client's base URL ends in /v1 "
+            "(http://host:port/v1)."
+        )
+    return ApiError(404, message, type="invalid_request_error", code="not_found")
 
 
 def method_not_allowed(method: str, path: str) -> ApiError:

@@ -374,6 +374,26 @@ def test_unknown_paths_and_methods(gateway: GatewayThread) -> None:
     assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
 
 
+def test_a_base_url_without_v1_is_told_where_the_api_is(gateway: GatewayThread, keys: Keys) -> None:
+    # The most common misconfiguration of a client: its base URL is the gateway's address
+    # alone, so the SDK posts to /chat/completions.
+    with openai.OpenAI(base_url=gateway.base_url, api_key=keys.everything, max_retries=0) as bare:
+        with pytest.raises(openai.NotFoundError) as raised:
+            bare.chat.completions.create(model=MODEL, messages=MESSAGES)
+        with pytest.raises(openai.NotFoundError) as retrieved:
+            bare.models.retrieve(MODEL)
+    error = assert_openai_shape(raised.value.body)
+    assert error["code"] == "not_found"
+    assert error["message"] == (
+        "No route for /chat/completions. The API is under /v1: /v1/chat/completions. "
+        "An OpenAI client's base URL ends in /v1 (http://host:port/v1)."
+    )
+    assert "/v1/models/" + MODEL in str(assert_openai_shape(retrieved.value.body)["message"])
+    # A path that is no route under /v1 either is not sent there.
+    elsewhere = httpx.get(f"{gateway.base_url}/images/generations")
+    assert elsewhere.json()["error"]["message"] == "No route for /images/generations."
+
+
 def test_metrics_count_requests_by_model_and_status(
     gateway: GatewayThread, client: openai.OpenAI
 ) -> None:
