@@ -131,6 +131,12 @@ def _sampled(
         raise invalid_request("Only n=1 is supported.", param="n")
     stream = bool(request.stream)  # null: not streamed
     options = request.stream_options
+    if options is not None and options.names_any() and not stream:
+        # vLLM's validate_stream_options, in these words: a client tested against the
+        # simulator must not meet this only in production.
+        raise invalid_request(
+            "Stream options can only be defined when `stream=True`.", param="stream_options"
+        )
     return _generation(
         kind,
         prompt,

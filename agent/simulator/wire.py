@@ -5,8 +5,9 @@ stop, ...), as engines do. An optional field vLLM takes ``null`` for is taken as
 (``"stream": null`` is not streamed, as OpenAI's SDKs and vLLM read it): chat's ``stream``,
 ``n`` and ``stream_options.include_usage``, completions' and the Responses API's
 ``stream``; one vLLM refuses ``null`` for (``ignore_eos``, completions' ``n``) is a 400
-here too. Response fields appear exactly as OpenAI writes them,
-``null`` included; a field left ``UNSET`` is not written at all.
+here too, as is ``stream_options`` with a field on a request not streamed. Response fields
+appear exactly as OpenAI writes them, ``null`` included; a field left ``UNSET`` is not
+written at all.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from msgspec import UNSET, UnsetType
 
 
 class StreamOptions(msgspec.Struct, frozen=True):
-    include_usage: bool | None = False
+    include_usage: bool | UnsetType | None = UNSET
+    continuous_usage_stats: bool | UnsetType | None = UNSET
+    """vLLM's own option; read only to know whether the object names anything."""
+
+    def names_any(self) -> bool:
+        """Whether the object has a field: vLLM refuses one on a request not streamed
+        (``{}`` passes, as a dict that is empty is falsy there)."""
+        return self.include_usage is not UNSET or self.continuous_usage_stats is not UNSET
 
 
 class ContentPart(msgspec.Struct, frozen=True):

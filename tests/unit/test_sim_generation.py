@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 import pytest
 
 from agent.simulator.errors import ApiError, error_body, model_not_found
 from agent.simulator.generation import (
     DEFAULT_MAX_TOKENS,
+    Generation,
     parse_chat,
     parse_completion,
     parse_responses,
@@ -73,7 +76,28 @@ def test_usage_is_streamed_only_when_asked_for_on_a_stream() -> None:
 
     assert include_usage(True, {"include_usage": True})
     assert not include_usage(True, None)
-    assert not include_usage(False, {"include_usage": True})
+    assert not include_usage(True, {})
+
+
+@pytest.mark.parametrize("parse", [parse_chat, parse_completion])
+@pytest.mark.parametrize(
+    "options", [{"include_usage": True}, {"include_usage": False}, {"continuous_usage_stats": True}]
+)
+def test_stream_options_on_a_request_not_streamed_is_a_400_as_vllm_answers_it(
+    parse: Callable[[bytes, str], Generation], options: dict[str, bool]
+) -> None:
+    """vLLM refuses it (``validate_stream_options``); the simulator answered it, so a
+    client that sends it met the 400 only in production."""
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "prompt": "hi"}
+    for stream in (False, None):
+        with pytest.raises(ApiError) as raised:
+            parse(body(chat | {"stream": stream, "stream_options": options}), MODEL)
+        error = raised.value
+        assert (error.status, error.param) == (400, "stream_options")
+        assert error.message == "Stream options can only be defined when `stream=True`."
+    # Nothing to refuse: null, or an empty object (falsy where vLLM checks it).
+    for nothing in (None, {}):
+        assert not parse(body(chat | {"stream_options": nothing}), MODEL).stream
 
 
 def test_null_for_an_optional_field_is_taken_as_not_given_as_vllm_takes_it() -> None:
