@@ -30,7 +30,8 @@ Header = tuple[bytes, bytes]
 MAX_ENGINE_MESSAGE_CHARS = 2000
 """An engine's error text longer than this (an HTML error page, a traceback) is cut."""
 MAX_ECHOED_MODEL_CHARS = 256
-"""A request's unknown model name is told back up to this many characters."""
+"""A request's unknown model name, or unknown path, is told back up to this many
+characters."""
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
@@ -116,17 +117,23 @@ def too_many_failed_authentications(retry_after_s: float) -> ApiError:
 def model_not_found(model: str) -> ApiError:
     # The same answer whether the model is undeclared or outside the key's scope, so a
     # key cannot learn which models exist beyond its own.
-    if len(model) > MAX_ECHOED_MODEL_CHARS:
-        # No model is named so (63 characters at most): the name a client sent is not
-        # sent back whole, which for a body of 32 MiB would be as much again.
-        model = model[:MAX_ECHOED_MODEL_CHARS] + "..."
+    # No model is named so (63 characters at most): the name a client sent is not sent
+    # back whole, which for a body of 32 MiB would be as much again.
     return ApiError(
         404,
-        f"The model `{model}` does not exist or you do not have access to it.",
+        f"The model `{_echoed(model)}` does not exist or you do not have access to it.",
         type="invalid_request_error",
         code="model_not_found",
         param="model",
     )
+
+
+def _echoed(text: str) -> str:
+    """A name or path the client sent, told back up to ``MAX_ECHOED_MODEL_CHARS``: a path
+    may be as long as the listener's 64 KiB of headers, and is no use whole in a message."""
+    if len(text) > MAX_ECHOED_MODEL_CHARS:
+        return text[:MAX_ECHOED_MODEL_CHARS] + "..."
+    return text
 
 
 def api_not_served(model: str, api: str, path: str) -> ApiError:
@@ -155,11 +162,11 @@ def header_repeated(name: str) -> ApiError:
 def not_found(path: str, *, served_at: str | None = None) -> ApiError:
     """No route for ``path``; ``served_at``: the path the client most likely meant, which
     the message names (a client whose base URL leaves out ``/v1``)."""
-    message = f"No route for {path}."
+    message = f"No route for {_echoed(path)}."
     if served_at is not None:
         message += (
-            f" The API is under /v1: {served_at}. An OpenAI client's base URL ends in /v1 "
-            "(http://host:port/v1)."
+            f" The API is under /v1: {_echoed(served_at)}. An OpenAI client's base URL ends "
+            "in /v1 (http://host:port/v1)."
         )
     return ApiError(404, message, type="invalid_request_error", code="not_found")
 
@@ -168,7 +175,7 @@ def method_not_allowed(method: str, path: str) -> ApiError:
     """405 with ``Allow``, which RFC 9110 requires of one: ``method`` is the path's only."""
     return ApiError(
         405,
-        f"Use {method} for {path}.",
+        f"Use {method} for {_echoed(path)}.",
         type="invalid_request_error",
         code="method_not_allowed",
         headers=((b"allow", method.encode()),),

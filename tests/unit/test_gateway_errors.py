@@ -10,9 +10,11 @@ from app.gateway.errors import (
     duration_header,
     failing_to_start,
     invalid_api_key,
+    method_not_allowed,
     model_not_found,
     no_serving_replica,
     normalize_engine_error,
+    not_found,
     quota_exceeded,
     quota_reason,
     rate_limit_headers,
@@ -119,6 +121,20 @@ def test_an_unknown_model_is_named_back_only_in_part() -> None:
     assert len(body) < 1000  # was the name whole: 32 MiB
     assert "`" + "m" * 200 in message
     assert message.endswith("...` does not exist or you do not have access to it.")
+
+
+def test_a_path_is_told_back_only_in_part() -> None:
+    # A path may be as long as the listener's 64 KiB of headers: a 404 or 405 is no copy
+    # of it, and the hint of a path under /v1 no second copy.
+    long = "/models/" + "m" * 60_000
+    for error in (
+        not_found(long, served_at="/v1" + long),
+        method_not_allowed("GET", "/v1" + long),
+    ):
+        body = error.body()
+        assert len(body) < 1000
+        assert "m" * 200 in str(error_of(body)["message"])
+    assert error_of(not_found("/v1/files").body())["message"] == "No route for /v1/files."
 
 
 def test_a_saturated_model_is_retryable() -> None:
