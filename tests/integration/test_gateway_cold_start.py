@@ -291,6 +291,8 @@ async def test_a_model_failing_to_start_is_answered_at_once_not_after_its_cold_s
         answer = await gateway.chat(parked)
         assert answer.status_code == 503, answer.text
         assert "retry-after" not in answer.headers
+        # Nor do the openai SDKs' default retries, which obey this before the 503.
+        assert answer.headers["x-should-retry"] == "false"
         assert answer.json()["error"]["message"] == (
             "The model `parked` is scaled to zero by its operator; it has no replica until an "
             "operator scales it up."
