@@ -162,8 +162,11 @@ class Budget:
 
     def want(self, now: float) -> int:
         """How much to ask for now; 0: nothing (asking already, refused lately, idle, or
-        holding enough)."""
-        if self.asking or now < self.refused_until or now - self.last_used > LEASE_HOLD_S:
+        holding enough). A debt is asked for however long the key has been idle: only a
+        grant pays it, and until one does, every request of the key is refused."""
+        if self.asking or now < self.refused_until:
+            return 0
+        if now - self.last_used > LEASE_HOLD_S and self.debt == 0:
             return 0
         size = self.slice(now)
         held = self.held()

@@ -291,3 +291,35 @@ def test_the_estimate_is_the_prompts_bytes_over_four_and_the_most_the_request_ma
     for hostile in (b'"x"', b"-5", b"1e400", b'{"a":[1]}', b"null", b"true"):
         body = prompt + b',"max_tokens":' + hostile + b"}"
         assert estimate(body) == len(body) // 4 + DEFAULT_OUTPUT_TOKENS, hostile
+
+
+def test_a_key_that_went_into_debt_is_served_again_once_its_minute_has_room() -> None:
+    """An answer larger than the room left takes the key into debt, which a grant pays;
+    one asked for while the minute is spent is refused. The budget stopped asking once
+    the key had been idle for ``LEASE_HOLD_S``, so the debt was never paid: every later
+    request of the key was refused ("retry after 0.1 s"), on that gateway, for good."""
+    limiter, ledger = SharedLimiter(), Ledger()
+
+    def ask(tokens: int, now: float) -> bool:
+        return limiter.admit(KEY, rpm=None, tpm=1000, now=now, tokens=tokens).allowed
+
+    assert ask(900, 100.0)
+    ledger.serve(limiter, 100.0)
+    limiter.record_tokens(KEY, 900, now=104.0, reserved=900)
+    # The last grant's word on the minute's room is old: the next one goes on credit.
+    assert ask(500, 105.0)
+    ledger.serve(limiter, 105.0)  # the minute is spent: the grant pays only part of it
+    limiter.record_tokens(KEY, 500, now=108.0, reserved=500)
+    for second in range(109, 180):  # the keeper runs on; the key sends nothing
+        ledger.serve(limiter, float(second))
+
+    now, served = 180.0, False
+    for _ in range(5):  # each refusal with the grant it asked for answered
+        served = ask(500, now)
+        if served:
+            break
+        ledger.serve(limiter, now + 0.01)
+        now += 0.05
+    assert served, "the minute has room: nothing of the key's is in it any more"
+    # Every token the key used reached the database: its debt came with a grant.
+    assert sum(ledger.granted.values()) >= 900 + 500
