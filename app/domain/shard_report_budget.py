@@ -32,9 +32,10 @@ _LONGEST_STATE = "starting"
 _LONGEST_START = datetime(2000, 1, 1, 0, 0, 0, 1, tzinfo=timezone(timedelta(hours=-12)))
 
 
-class _ShardReport(msgspec.Struct, frozen=True, kw_only=True):
+class _ShardReport(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """The fields of ``wire.messages.ShardReport`` in its order (a test keeps the two equal
-    in size for the same values)."""
+    in size for the same values). A running shard's report carries no ``failure``; the
+    agent cuts a failed one's to fit the same budget."""
 
     replica_id: str
     shard_index: int
@@ -44,6 +45,7 @@ class _ShardReport(msgspec.Struct, frozen=True, kw_only=True):
     pid: int
     state: str
     started_at: datetime
+    failure: str | None = None
 
 
 def longest_replica_id(model: str) -> str:
