@@ -11,10 +11,16 @@ import msgspec
 from cyclopts import Parameter
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.commands.answer_wait import (
+    DEFAULT_ANSWER_TIMEOUT_S,
+    AnswerTimeout,
+    answer_timeout_problem,
+    why_unanswered,
+)
 from app.commands.common import LOG_HEAD, LOG_VERIFY, DatabaseUrl, database_url_problem
 from app.logs import configure_logging
 from app.store.chain import Head, parse_anchor
-from app.store.database import create_engine
+from app.store.database import waiting_engine
 from app.store.errors import InvalidAnchor, StoreError
 from app.store.verification import (
     Progress,
@@ -33,8 +39,9 @@ because its last event has no chain hash (``log head``): what to raise an alarm 
 USAGE_ERROR = 2
 """A flag is wrong (as for any command the command line itself refuses)."""
 UNREADABLE = 3
-"""The log could not be read (the database is unreachable, not migrated, or the role may
-not read it): nothing is known of the log, and nothing should be concluded about it."""
+"""The log could not be read (the database is unreachable, not migrated, gave no answer
+within ``--answer-timeout``, or the role may not read it): nothing is known of the log, and
+nothing should be concluded about it."""
 Output = Annotated[str, Parameter(help="text or json")]
 
 
@@ -50,13 +57,16 @@ def verify_command(
         ),
     ] = None,
     output: Output = "text",
+    answer_timeout: AnswerTimeout = DEFAULT_ANSWER_TIMEOUT_S,
 ) -> None:
     """Check every event of the log against its chain hash, from the first to the last, and
     print how many there are and the head (position and chain hash). Exits 1 at the first
     break, naming its position and what is wrong there: an event changed, missing, inserted
     or moved, or an anchor the chain does not pass through. Exits 3 when the log cannot be
-    read (the database unreachable, not migrated, or not readable by the role): nothing is
-    known of it then. Exits 2 for a wrong flag.
+    read (the database unreachable, not migrated, not readable by the role, or without an
+    answer to one statement for --answer-timeout seconds, or waiting that long for a lock
+    another session holds): nothing is known of it then, and nothing was changed. Exits 2
+    for a wrong flag.
 
     The chain alone shows changes made by someone who did not recompute the hashes after
     them. Someone able to rewrite the whole table can recompute them too; only heads
@@ -66,14 +76,18 @@ def verify_command(
     Example: llmgw-server log verify --anchor "$(tail -n 1 /srv/audit/llmgw-heads)"
     """
     configure_logging(command=LOG_VERIFY)
-    _check_flags(LOG_VERIFY, database_url, output)
+    _check_flags(LOG_VERIFY, database_url, output, answer_timeout)
     try:
         anchors = [parse_anchor(value) for value in anchor or ()]
     except InvalidAnchor as exc:
         _refuse(LOG_VERIFY, f"--anchor: {exc}", USAGE_ERROR)
     progress = _terminal_progress() if output == "text" and sys.stderr.isatty() else None
     result = _run(
-        LOG_VERIFY, database_url, lambda engine: verify_log(engine, anchors, progress), "verify"
+        LOG_VERIFY,
+        database_url,
+        answer_timeout,
+        lambda engine: verify_log(engine, anchors, progress),
+        "verify",
     )
     if progress is not None:
         sys.stderr.write("\r\x1b[K")
@@ -85,7 +99,12 @@ def verify_command(
         sys.exit(BROKEN)
 
 
-def head_command(*, database_url: DatabaseUrl, output: Output = "text") -> None:
+def head_command(
+    *,
+    database_url: DatabaseUrl,
+    output: Output = "text",
+    answer_timeout: AnswerTimeout = DEFAULT_ANSWER_TIMEOUT_S,
+) -> None:
     """Print the log's head: the last event's position and chain hash, as POSITION:HASH.
 
     Record it somewhere the database's administrators cannot rewrite (another system, a
@@ -94,13 +113,14 @@ def head_command(*, database_url: DatabaseUrl, output: Output = "text") -> None:
 
     Exits 1, printing nothing, when the last event has no chain hash, or one of another
     length than a sha256's (the chain is broken there: `log verify` finds where it breaks
-    first); 3 when the log cannot be read, 2 for a wrong flag.
+    first); 3 when the log cannot be read (as for `log verify`: the database unreachable,
+    or without an answer for --answer-timeout seconds), 2 for a wrong flag.
 
     Example: llmgw-server log head >> /srv/audit/llmgw-heads
     """
     configure_logging(command=LOG_HEAD)
-    _check_flags(LOG_HEAD, database_url, output)
-    head = _run(LOG_HEAD, database_url, read_head, "read the head of")
+    _check_flags(LOG_HEAD, database_url, output, answer_timeout)
+    head = _run(LOG_HEAD, database_url, answer_timeout, read_head, "read the head of")
     if isinstance(head, UnhashedHead):
         _refuse(
             LOG_HEAD,
@@ -115,17 +135,23 @@ def head_command(*, database_url: DatabaseUrl, output: Output = "text") -> None:
         print(head)
 
 
-def _check_flags(command: str, database_url: str, output: str) -> None:
-    url_problem = database_url_problem(database_url)
-    if url_problem is not None:
-        _refuse(command, url_problem, USAGE_ERROR)
+def _check_flags(command: str, database_url: str, output: str, answer_timeout: float) -> None:
+    for problem in (database_url_problem(database_url), answer_timeout_problem(answer_timeout)):
+        if problem is not None:
+            _refuse(command, problem, USAGE_ERROR)
     if output not in ("text", "json"):
         _refuse(command, f"--output is text or json, not {output!r}", USAGE_ERROR)
 
 
-def _run(command: str, url: str, work: Callable[[AsyncEngine], Awaitable[T]], action: str) -> T:
+def _run(
+    command: str,
+    url: str,
+    answer_timeout: float,
+    work: Callable[[AsyncEngine], Awaitable[T]],
+    action: str,
+) -> T:
     async def run() -> T:
-        engine = create_engine(url, pool_size=1)
+        engine = waiting_engine(url, answer_timeout)
         try:
             return await work(engine)
         finally:
@@ -134,6 +160,14 @@ def _run(command: str, url: str, work: Callable[[AsyncEngine], Awaitable[T]], ac
     try:
         return asyncio.run(run())
     except StoreError as exc:
+        waited = why_unanswered(exc, answer_timeout)
+        if waited is not None:
+            _refuse(
+                command,
+                f"cannot {action} the log: {waited}; nothing was changed (it only reads), "
+                "and nothing is known of the log",
+                UNREADABLE,
+            )
         hint = (
             " (is the database at the newest revision? llmgw-server migrate)"
             if "does not exist" in str(exc)

@@ -13,6 +13,12 @@ import msgspec
 import structlog
 from cyclopts import Parameter
 
+from app.commands.answer_wait import (
+    DEFAULT_ANSWER_TIMEOUT_S,
+    AnswerTimeout,
+    answer_timeout_problem,
+    why_unanswered,
+)
 from app.commands.common import (
     MIGRATE,
     REBUILD,
@@ -24,10 +30,16 @@ from app.commands.common import (
 from app.commands.path_flag import path_flag
 from app.logs import configure_logging
 from app.store import migrate as migrations
-from app.store.database import create_engine
-from app.store.errors import RuntimeRoleError, StoreError, StoreUnavailable
+from app.store.database import waiting_engine
+from app.store.errors import (
+    CommitOutcomeUnknown,
+    RuntimeRoleError,
+    StoreError,
+    StoreUnavailable,
+)
 from app.store.grants import DEFAULT_RUNTIME_ROLE, RuntimeRole, check_roles
 from app.store.rebuild import RebuildReport, rebuild
+from app.usage_errors import print_command_error
 
 log = structlog.get_logger(__name__)
 
@@ -81,6 +93,7 @@ def migrate(
             f"{GATEWAY_PASSWORD_ENV}), as --runtime-password-file does",
         ),
     ] = None,
+    answer_timeout: AnswerTimeout = DEFAULT_ANSWER_TIMEOUT_S,
 ) -> None:
     """Upgrade the database schema to the newest revision (safe to run repeatedly), as the
     role that owns the schema, and set up the runtime role that serve connects as: it reads
@@ -94,15 +107,17 @@ def migrate(
     tables of newer revisions are covered.
 
     Exit codes: 0 migrated; 1 the database unreachable or refusing (a password, a
-    privilege), said in one line on stderr; 2 bad usage, found before connecting.
+    privilege), or one statement without an answer for --answer-timeout seconds (or
+    waiting that long for a lock another session holds), said in one line on stderr:
+    running migrate again is safe; 2 bad usage, found before connecting.
 
     Example: llmgw-server migrate --runtime-role llmgw_runtime --runtime-password-file pw
     --gateway-role llmgw_gateway --gateway-password-file gw-pw
     """
     configure_logging(command=MIGRATE)
-    url_problem = database_url_problem(database_url)
-    if url_problem is not None:
-        refuse_usage(MIGRATE, url_problem)
+    for problem in (database_url_problem(database_url), answer_timeout_problem(answer_timeout)):
+        if problem is not None:
+            refuse_usage(MIGRATE, problem)
     # What the flags alone say is wrong is bad usage (exit 2), found before connecting;
     # what only the database can tell (a role it refuses, no CREATEROLE) is a failure.
     try:
@@ -112,10 +127,17 @@ def migrate(
     except (ValueError, RuntimeRoleError) as exc:
         refuse_usage(MIGRATE, str(exc))
     try:
-        upgraded = migrations.upgrade(database_url, runtime=runtime, gateway=gateway)
-    except StoreUnavailable as exc:
-        fail(MIGRATE, f"cannot migrate: {exc}; {MIGRATE_AGAIN_IS_SAFE}")
-    except (OSError, ValueError, StoreError) as exc:
+        upgraded = migrations.upgrade(
+            database_url, runtime=runtime, gateway=gateway, answer_timeout_s=answer_timeout
+        )
+    except StoreError as exc:
+        waited = why_unanswered(exc, answer_timeout)
+        if waited is not None:
+            fail(MIGRATE, f"cannot migrate: {waited}; {MIGRATE_AGAIN_IS_SAFE}")
+        if isinstance(exc, StoreUnavailable):
+            fail(MIGRATE, f"cannot migrate: {exc}; {MIGRATE_AGAIN_IS_SAFE}")
+        fail(MIGRATE, f"cannot migrate: {exc}")
+    except (OSError, ValueError) as exc:
         fail(MIGRATE, f"cannot migrate: {exc}")
     print(f"database at revision {migrations.head_revision()}")
     _say_granted("runtime", runtime, upgraded.created_role, upgraded.runtime_roles)
@@ -194,26 +216,39 @@ def _password(
     return password
 
 
+DATABASE_UNANSWERED = 3
+"""``projections rebuild``'s exit code when the database could not be reached or gave no
+answer to a statement (``--answer-timeout``), or a lock held elsewhere kept a statement
+waiting: apart from 1, which ``--verify`` means as differences found."""
+
+
 def rebuild_command(
     *,
     database_url: DatabaseUrl,
     verify: bool = False,
     output: Annotated[str, Parameter(help="text or json")] = "text",
+    answer_timeout: AnswerTimeout = DEFAULT_ANSWER_TIMEOUT_S,
 ) -> None:
     """Replay the whole log into fresh projection tables.
 
     With --verify nothing is written: every row that differs between the replayed log and
     the live tables is reported, and the exit code is 1 if there is any.
 
+    Exit codes: 0 rebuilt, or no difference found; 1 differences found (--verify), or the
+    database refused the work (a privilege); 2 bad usage; 3 the database unreachable, or one
+    statement without an answer for --answer-timeout seconds, or waiting that long for a
+    lock another session holds: the rebuild is one transaction, and the line says whether
+    it was committed.
+
     Example: llmgw-server projections rebuild --verify
     """
     configure_logging(command=REBUILD)
-    url_problem = database_url_problem(database_url)
-    if url_problem is not None:
-        refuse_usage(REBUILD, url_problem)
+    for problem in (database_url_problem(database_url), answer_timeout_problem(answer_timeout)):
+        if problem is not None:
+            refuse_usage(REBUILD, problem)
     if output not in ("text", "json"):
         refuse_usage(REBUILD, f"--output is text or json, not {output!r}")
-    report = asyncio.run(_rebuild(database_url, verify))
+    report = asyncio.run(_rebuild(database_url, verify, answer_timeout))
     if output == "json":
         print(msgspec.json.encode(report).decode())
     else:
@@ -222,11 +257,18 @@ def rebuild_command(
         sys.exit(1)
 
 
-async def _rebuild(url: str, verify: bool) -> RebuildReport:
-    engine = create_engine(url, pool_size=1)
+async def _rebuild(url: str, verify: bool, answer_timeout: float) -> RebuildReport:
+    engine = waiting_engine(url, answer_timeout)
     try:
         return await rebuild(engine, verify=verify)
     except StoreError as exc:
+        waited = why_unanswered(exc, answer_timeout)
+        if waited is not None or isinstance(exc, StoreUnavailable):
+            print_command_error(
+                REBUILD,
+                f"cannot rebuild the projections: {waited or exc}; {_what_was_done(exc, verify)}",
+            )
+            sys.exit(DATABASE_UNANSWERED)
         hint = (
             "; rebuilding writes the projection tables directly: run it as the role that "
             "owns them (the one that runs migrate), or use --verify"
@@ -236,6 +278,18 @@ async def _rebuild(url: str, verify: bool) -> RebuildReport:
         fail(REBUILD, f"{exc}{hint}")
     finally:
         await engine.dispose()
+
+
+def _what_was_done(exc: StoreError, verify: bool) -> str:
+    if verify:
+        return "nothing was changed (--verify only reads)"
+    if isinstance(exc, CommitOutcomeUnknown):
+        return (
+            "the rebuild is one transaction and its COMMIT got no answer: the tables are "
+            "either as they were or wholly rebuilt; `llmgw-server projections rebuild "
+            "--verify` tells"
+        )
+    return "nothing was changed: the rebuild is one transaction, never committed"
 
 
 def _print_report(report: RebuildReport) -> None:

@@ -8,8 +8,7 @@ import os
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from app.store.database import create_engine
-from app.store.migrate import take_migrate_lock
+from app.store.migrate import migration_engine, take_migrate_lock
 from app.store.tables import metadata
 
 config = context.config
@@ -36,7 +35,7 @@ def _run(connection: Connection) -> None:
 
 
 async def _run_async() -> None:
-    engine = create_engine(_url(), pool_size=1)
+    engine = migration_engine(_url(), config.attributes.get("answer_timeout_s"))
     async with engine.connect() as connection:
         await connection.run_sync(_run)
         await connection.commit()

@@ -33,20 +33,24 @@ def create_engine(
     pool_size: int = 10,
     idle_in_transaction_timeout_s: float | None = None,
     answer_timeout_s: float | None = None,
+    lock_timeout_s: float | None = None,
 ) -> AsyncEngine:
     """A pool of connections to ``url``. With ``idle_in_transaction_timeout_s``, PostgreSQL
     ends a session whose transaction waits that long for its client's next statement. With
     ``answer_timeout_s``, a statement that gets no answer that long raises ``TimeoutError``
     (``StoreUnavailable`` once translated) and its connection is dropped: without it, a
     connection cut off without a reset (a partition, a frozen database host) waits for the
-    kernel to give up on it, a quarter of an hour."""
-    server_settings = (
-        {}
-        if idle_in_transaction_timeout_s is None
-        else {
-            "idle_in_transaction_session_timeout": str(round(idle_in_transaction_timeout_s * 1000))
-        }
-    )
+    kernel to give up on it, a quarter of an hour. With ``lock_timeout_s``, PostgreSQL
+    cancels a statement that waits that long for a lock another session holds (SQLSTATE
+    ``55P03``, ``LOCK_NOT_AVAILABLE``); shorter than ``answer_timeout_s``, it says that
+    a lock was the wait where the client would only see no answer."""
+    server_settings: dict[str, str] = {}
+    if idle_in_transaction_timeout_s is not None:
+        server_settings["idle_in_transaction_session_timeout"] = _milliseconds(
+            idle_in_transaction_timeout_s
+        )
+    if lock_timeout_s is not None:
+        server_settings["lock_timeout"] = _milliseconds(lock_timeout_s)
     connect_args: dict[str, object] = {"server_settings": server_settings}
     if answer_timeout_s is not None:
         connect_args["command_timeout"] = answer_timeout_s
@@ -61,6 +65,32 @@ def create_engine(
         pool_recycle=1800,
         connect_args=connect_args,
     )
+
+
+LOCK_SHARE = 0.8
+"""The share of a ``waiting_engine``'s answer timeout PostgreSQL lets a statement wait for
+a lock: it gives up first, and says that the wait was for a lock (SQLSTATE ``55P03``)."""
+
+
+def lock_timeout_s(answer_timeout_s: float) -> float:
+    return answer_timeout_s * LOCK_SHARE
+
+
+def waiting_engine(url: str, answer_timeout_s: float) -> AsyncEngine:
+    """One connection to ``url`` for a command that runs its statements one after another
+    (``migrate``, ``projections rebuild``, ``log verify``): each statement waits at most
+    ``answer_timeout_s`` for an answer, and at most ``lock_timeout_s`` of it for a lock."""
+    return create_engine(
+        url,
+        pool_size=1,
+        answer_timeout_s=answer_timeout_s,
+        lock_timeout_s=lock_timeout_s(answer_timeout_s),
+    )
+
+
+def _milliseconds(seconds: float) -> str:
+    """A PostgreSQL timeout setting: whole milliseconds, at least 1 (0 would turn it off)."""
+    return str(max(1, round(seconds * 1000)))
 
 
 async def driver_connection(conn: AsyncConnection) -> asyncpg.Connection:

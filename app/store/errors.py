@@ -6,8 +6,10 @@ StoreError
 ├── ClockOff               the events' time is too far from the database's clock; nothing
 │                          was written
 ├── StoreUnavailable       the database cannot be reached
-│   └── AppendOutcomeUnknown   the connection broke once the append was sent: it may be in
-│                              the log or not
+│   ├── AppendOutcomeUnknown   the connection broke once the append was sent: it may be in
+│   │                          the log or not
+│   └── CommitOutcomeUnknown   the connection broke once a rebuild's COMMIT was sent: the
+│                              tables are as they were or wholly rebuilt
 ├── UnreadableEvent        a stored payload no longer decodes into any known event
 ├── UnreadableSnapshot     a fold snapshot is damaged, or was written by another fold
 ├── RuntimeRoleError       the runtime role cannot be set up, or could rewrite the log
@@ -85,6 +87,11 @@ class AppendOutcomeUnknown(StoreUnavailable):
             f"it may or may not have been recorded; {look_for} before asking again"
         )
         self.correlation_id = correlation_id
+
+
+class CommitOutcomeUnknown(StoreUnavailable):
+    """The connection broke after a transaction's ``COMMIT`` was sent and before its answer
+    came back (``projections rebuild``): PostgreSQL committed all of it or none."""
 
 
 class UnreadableEvent(StoreError):

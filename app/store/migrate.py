@@ -32,6 +32,7 @@ from app.store.database import (
     sqlalchemy_url,
     translated_blocking_errors,
     translated_errors,
+    waiting_engine,
 )
 from app.store.errors import StoreError
 from app.store.grants import (
@@ -103,29 +104,42 @@ def upgrade(
     revision: str = "head",
     runtime: RuntimeRole | None = None,
     gateway: RuntimeRole | None = None,
+    answer_timeout_s: float | None = None,
 ) -> Upgraded:
     """Upgrade the database at ``url``; at the newest revision, (re-)grant the runtime
     privileges to ``runtime`` and the gateway privileges to ``gateway`` (each created first
     if missing) and to every role that holds them already. Raises ``StoreError`` when the
     database cannot be reached or refuses (a password, a database that does not exist, a
-    privilege). Blocking: call it outside a running event loop (or through
-    ``asyncio.to_thread``)."""
+    privilege). With ``answer_timeout_s``, every statement of every step waits at most that
+    long for an answer (``waiting_engine``). Blocking: call it outside a running event loop
+    (or through ``asyncio.to_thread``)."""
     check_roles(runtime, gateway)
     config = alembic_config(url)
+    config.attributes["answer_timeout_s"] = answer_timeout_s
     created = created_gateway = False
     if runtime is not None:
-        created = _run(url, lambda connection: ensure_runtime_role(connection, runtime))
+        created = _run(
+            url, lambda connection: ensure_runtime_role(connection, runtime), answer_timeout_s
+        )
         config.attributes["runtime_role"] = runtime.name
     if gateway is not None:
-        created_gateway = _run(url, lambda connection: ensure_runtime_role(connection, gateway))
+        created_gateway = _run(
+            url, lambda connection: ensure_runtime_role(connection, gateway), answer_timeout_s
+        )
     with translated_blocking_errors():
         command.upgrade(config, revision)
     if revision != "head":
         return Upgraded([], created, [], created_gateway)
     name = runtime.name if runtime is not None else None
-    roles = _run(url, lambda connection: grant_runtime_privileges(connection, name))
+    roles = _run(
+        url, lambda connection: grant_runtime_privileges(connection, name), answer_timeout_s
+    )
     gateway_name = gateway.name if gateway is not None else None
-    gateways = _run(url, lambda connection: grant_gateway_privileges(connection, gateway_name))
+    gateways = _run(
+        url,
+        lambda connection: grant_gateway_privileges(connection, gateway_name),
+        answer_timeout_s,
+    )
     return Upgraded(roles, created, gateways, created_gateway)
 
 
@@ -246,7 +260,14 @@ async def schema_revision(engine: AsyncEngine) -> str | None:
         raise
 
 
-def _run(url: str, work: Callable[[Connection], T]) -> T:
+def migration_engine(url: str, answer_timeout_s: float | None) -> AsyncEngine:
+    """The one connection a step of ``upgrade`` runs on (Alembic's ``env.py`` too)."""
+    if answer_timeout_s is None:
+        return create_engine(url, pool_size=1)
+    return waiting_engine(url, answer_timeout_s)
+
+
+def _run(url: str, work: Callable[[Connection], T], answer_timeout_s: float | None) -> T:
     """``work`` on a synchronous connection to ``url``, in one transaction that holds the
     migrate lock."""
 
@@ -255,7 +276,7 @@ def _run(url: str, work: Callable[[Connection], T]) -> T:
         return work(connection)
 
     async def run() -> T:
-        engine = create_engine(url, pool_size=1)
+        engine = migration_engine(url, answer_timeout_s)
         try:
             async with translated_errors(), engine.begin() as conn:
                 return await conn.run_sync(locked)

@@ -19,13 +19,13 @@ import asyncpg
 import msgspec
 from sqlalchemy import Table, text
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncTransaction
 
 from app.domain.events import GpuInfo
 from app.domain.model_spec import ModelSpec
 from app.domain.state import ClusterState
-from app.store.database import driver_connection, translated_errors
-from app.store.errors import StoreError
+from app.store.database import driver_connection, store_error, translated_errors
+from app.store.errors import CommitOutcomeUnknown, StoreError, StoreUnavailable
 from app.store.postgres import APPEND_LOCK_KEY, CHECKPOINT
 from app.store.projection import Row, all_rows
 from app.store.replay import SnapshotDifference, replay_checking_snapshots, replay_into
@@ -63,7 +63,8 @@ async def rebuild(engine: AsyncEngine, *, verify: bool) -> RebuildReport:
     """Replay the log into fresh rows. With ``verify``, compare them with the live tables and
     write nothing; without, replace the live tables with them (atomically). What
     PostgreSQL answers the statements sent straight through the driver (no privilege to
-    write the tables, as the runtime role) becomes a ``StoreError`` too."""
+    write the tables, as the runtime role) becomes a ``StoreError`` too; a connection that
+    breaks once the rewrite's ``COMMIT`` was sent, ``CommitOutcomeUnknown``."""
     try:
         return await _rebuild(engine, verify=verify)
     except asyncpg.PostgresError as exc:
@@ -71,7 +72,9 @@ async def rebuild(engine: AsyncEngine, *, verify: bool) -> RebuildReport:
 
 
 async def _rebuild(engine: AsyncEngine, *, verify: bool) -> RebuildReport:
-    async with translated_errors(), engine.begin() as conn:
+    async with translated_errors(), engine.connect() as conn:
+        # Left uncommitted when anything below raises: the connection's end rolls it back.
+        transaction = await conn.begin()
         if verify:
             # One snapshot for the log and the tables, so appends during the check cannot
             # show up as differences; no lock, so the cluster keeps running.
@@ -97,6 +100,7 @@ async def _rebuild(engine: AsyncEngine, *, verify: bool) -> RebuildReport:
                 state.position,
                 CHECKPOINT,
             )
+        await _commit(transaction)
     return RebuildReport(
         events=count,
         position=state.position,
@@ -104,6 +108,17 @@ async def _rebuild(engine: AsyncEngine, *, verify: bool) -> RebuildReport:
         differences=differences,
         rewritten=not verify,
     )
+
+
+async def _commit(transaction: AsyncTransaction) -> None:
+    try:
+        await transaction.commit()
+    except Exception as exc:
+        if isinstance(store_error(exc), StoreUnavailable):
+            raise CommitOutcomeUnknown(
+                "the connection broke once the rebuild's COMMIT was sent"
+            ) from exc
+        raise
 
 
 async def _compare(db: asyncpg.Connection, expected: dict[str, list[Row]]) -> list[RowDifference]:

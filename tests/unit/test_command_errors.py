@@ -56,6 +56,26 @@ def ended(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[object, 
             "llmgw-server log head: --database-url: ",
         ),
         (
+            ["log", "verify", "--database-url", UNREACHABLE, "--answer-timeout", "0"],
+            2,
+            "llmgw-server log verify: --answer-timeout must be positive, not 0",
+        ),
+        (
+            ["log", "head", "--database-url", UNREACHABLE, "--answer-timeout", "-5"],
+            2,
+            "llmgw-server log head: --answer-timeout must be positive, not -5",
+        ),
+        (
+            ["migrate", "--database-url", UNREACHABLE, "--answer-timeout", "1e9"],
+            2,
+            "llmgw-server migrate: --answer-timeout must be at most 86400 seconds, not 1e+09",
+        ),
+        (
+            ["projections", "rebuild", "--database-url", UNREACHABLE, "--answer-timeout", "0"],
+            2,
+            "llmgw-server projections rebuild: --answer-timeout must be positive, not 0",
+        ),
+        (
             ["projections", "rebuild", "--database-url", UNREACHABLE, "--output", "xml"],
             2,
             "llmgw-server projections rebuild: --output is text or json, not 'xml'",
