@@ -152,7 +152,10 @@ class PostgresSnapshotSource:
     async def _follow(self, db: asyncpg.Connection) -> None:
         self._up_since_connect = False
         db.add_termination_listener(self._on_termination)
-        await db.add_listener(NOTIFY_CHANNEL, self._on_notify)
+        # Bounded like every read: a connection cut off once LISTEN was sent (a partition)
+        # never answers it, and the loop below, with its reads, would never start.
+        async with asyncio.timeout(self._timeout_s):
+            await db.add_listener(NOTIFY_CHANNEL, self._on_notify)
         await self._read(db)
         self._back()
         self._up_since_connect = True

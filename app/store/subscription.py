@@ -3,6 +3,13 @@
 LISTEN only says "something was appended"; what was appended is always read from the
 table by position, so a lost notification, a killed LISTEN connection or a database
 restart can only delay a subscriber, never make it skip an event.
+
+The LISTEN connection is asked a ``SELECT 1`` every ``check_s`` and given ``check_s`` to
+answer (``LISTEN`` itself too): one cut off without a reset (a partition, a NAT that forgot
+it) carries no notification and says nothing, and would leave the subscriber deaf for good,
+woken by its poll alone. Any failure, the driver's own errors included, is logged as one
+line and the subscription listens again on a new connection, after a backoff of at most
+``MAX_BACKOFF_S``.
 """
 
 from __future__ import annotations
@@ -24,6 +31,10 @@ from app.store.postgres import NOTIFY_CHANNEL
 log = structlog.get_logger(__name__)
 _ids = itertools.count(1)
 
+DEFAULT_CHECK_S = 5.0
+MIN_BACKOFF_S = 0.1
+MAX_BACKOFF_S = 2.0
+
 
 class LogReader(Protocol):
     async def read_all(self, after_position: int = 0, limit: int = 1000) -> list[Recorded]: ...
@@ -43,6 +54,7 @@ class Subscription:
         batch_size: int = 1000,
         channel: str = NOTIFY_CHANNEL,
         name: str = "subscriber",
+        check_s: float = DEFAULT_CHECK_S,
     ) -> None:
         self.position = after_position
         self._reader = reader
@@ -50,6 +62,7 @@ class Subscription:
         self._poll_interval_s = poll_interval_s
         self._batch_size = batch_size
         self._channel = channel
+        self._check_s = check_s
         self.application_name = f"llmgw-listen-{name}-{next(_ids)}"
         self._wake = asyncio.Event()
         self.listening = asyncio.Event()
@@ -83,20 +96,29 @@ class Subscription:
                 await listener
 
     async def _listen(self) -> None:
-        backoff = 0.1
+        backoff = MIN_BACKOFF_S
         while True:
             try:
                 await self._listen_once()
-                backoff = 0.1
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                log.info("subscription_listen_failed", error=str(exc), retry_in_s=backoff)
+                backoff = MIN_BACKOFF_S
+            except Exception as exc:
+                # Whatever it is (a reset, no answer, the driver's InternalClientError), the
+                # subscriber must not go deaf: say it once, listen again on a new connection.
+                log.info(
+                    "subscription_listen_failed",
+                    application_name=self.application_name,
+                    error=str(exc) or type(exc).__name__,
+                    retry_in_s=backoff,
+                )
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     async def _listen_once(self) -> None:
         closed = asyncio.Event()
         conn = await asyncpg.connect(
-            self._url, server_settings={"application_name": self.application_name}, timeout=5
+            self._url,
+            server_settings={"application_name": self.application_name},
+            timeout=self._check_s,
         )
 
         def on_notify(*_: Any) -> None:
@@ -107,17 +129,20 @@ class Subscription:
 
         try:
             conn.add_termination_listener(on_close)
-            await conn.add_listener(self._channel, on_notify)
+            async with asyncio.timeout(self._check_s):
+                await conn.add_listener(self._channel, on_notify)
             self.connections += 1
             self.listening.set()
             # Anything appended while we were not listening is read now.
             self._wake.set()
             while not closed.is_set():
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(5.0):
+                    async with asyncio.timeout(self._check_s):
                         await closed.wait()
-                if not closed.is_set() and conn.is_closed():
+                if closed.is_set() or conn.is_closed():
                     break
+                # TimeoutError when it gets no answer: the connection is taken for cut off.
+                await conn.fetchval("SELECT 1", timeout=self._check_s)
             log.info("subscription_listen_lost", application_name=self.application_name)
         finally:
             self.listening.clear()

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
+import pytest
 import pytest_asyncio
 from sqlalchemy.ext.asyncio import AsyncEngine
 from structlog.testing import capture_logs
@@ -29,6 +30,7 @@ from app.gateway.source import PostgresSnapshotSource
 from app.gateway.table import GatewaySnapshot
 from app.services.operations import Caller, Operations
 from app.store.database import driver_url
+from app.store.database_url import parse_database_url
 from app.store.gateway_reports import (
     FORGET_AFTER_S,
     InFlightReports,
@@ -46,6 +48,7 @@ from tests.support.routing import (
     scale_to_zero,
     serve_replica,
 )
+from tests.support.tcp_relay import Break, TcpRelay
 from tests.support.waiting import wait_until
 
 REVOKED_WITHIN_S = 1.0
@@ -585,3 +588,26 @@ async def test_in_flight_counts_are_read_from_fresh_reports_and_lies_are_skipped
 
     assert gateways.in_flight == {"r-1": 2, "r-2": 2}
     assert gateways.live == len(rows)
+
+
+@pytest.mark.parametrize("how", [Break.HOLD, Break.RESET])
+async def test_a_listen_broken_on_its_way_is_sent_again_and_the_table_read(
+    database_url: str, how: Break
+) -> None:
+    """A network cut off once the gateway sent LISTEN answers nothing: the gateway gives it
+    up as it gives up a read, connects again and reads the routing table."""
+    (host, port), *_ = parse_database_url(database_url).hosts
+    assert port is not None
+    async with TcpRelay(host, port) as relay:
+        broken = relay.break_after_sending(b"LISTEN", how)
+        source = PostgresSnapshotSource(
+            relay.in_front_of(database_url), gateway_id="gw-listen-cut", query_timeout_s=0.5
+        )
+        await source.start(wait_s=0)
+        try:
+            await asyncio.wait_for(broken.wait(), 10)
+            await wait_until(lambda: source.loads > 0, what="the routing table read")
+            assert source.fresh(), source.stale_reason()
+        finally:
+            await source.close()
+            relay.mend()
