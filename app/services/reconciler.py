@@ -61,7 +61,7 @@ from app.domain.state import ClusterState
 from app.domain.traffic import TrafficFigures
 from app.services.agent_reports import LiveView
 from app.services.command_sending import CommandChannel, CommandSender
-from app.store.errors import ConcurrencyError, FencedError, StoreError
+from app.store.errors import AppendOutcomeUnknown, ConcurrencyError, FencedError, StoreError
 from app.store.gateway_reports import Ejections
 from app.store.interface import AppendRequest, EventStore, NewEvent
 
@@ -280,6 +280,13 @@ class Reconciler:
             outcome = "conflict"
         except FencedError:
             raise
+        except AppendOutcomeUnknown as exc:
+            log.warning(
+                "reconcile_pass_store_error",
+                error=pass_outcome_unknown(exc),
+                correlation_id=exc.correlation_id,
+            )
+            outcome = "store_error"
         except StoreError as exc:
             log.warning("reconcile_pass_store_error", error=str(exc))
             outcome = "store_error"
@@ -369,6 +376,17 @@ class Reconciler:
             await self._store.append_many(
                 requests, meta, still_holds=functools.partial(overtaken, events=run)
             )
+
+
+def pass_outcome_unknown(exc: AppendOutcomeUnknown) -> str:
+    """What a pass whose append may or may not have been recorded logs: the store's words
+    for it tell an operator who sent a request to look before asking again; the reconciler
+    asks again by itself, on the log as its next pass finds it."""
+    return (
+        f"the database connection broke while this pass's events were being committed "
+        f"({exc.cause}): they may or may not have been recorded, and nothing was sent to the "
+        "agents for them; the next pass reads the log and decides again on what it holds"
+    )
 
 
 def pinned_to_decision(

@@ -87,6 +87,8 @@ class AppendOutcomeUnknown(StoreUnavailable):
             f"it may or may not have been recorded; {look_for} before asking again"
         )
         self.correlation_id = correlation_id
+        self.cause = cause
+        """The driver's words for how the connection broke."""
 
 
 class CommitOutcomeUnknown(StoreUnavailable):
