@@ -64,8 +64,8 @@ def verify_command(
     break, naming its position and what is wrong there: an event changed, missing, inserted
     or moved, or an anchor the chain does not pass through. Exits 3 when the log cannot be
     read (the database unreachable, not migrated, not readable by the role, or without an
-    answer to one statement for --answer-timeout seconds, or waiting that long for a lock
-    another session holds): nothing is known of it then, and nothing was changed. Exits 2
+    answer to one statement for --answer-timeout seconds, or waiting 80 % of that for a
+    lock another session holds): nothing is known of it then, and nothing was changed. Exits 2
     for a wrong flag.
 
     The chain alone shows changes made by someone who did not recompute the hashes after

@@ -108,7 +108,7 @@ def migrate(
 
     Exit codes: 0 migrated; 1 the database unreachable or refusing (a password, a
     privilege), or one statement without an answer for --answer-timeout seconds (or
-    waiting that long for a lock another session holds), said in one line on stderr:
+    waiting 80 % of that for a lock another session holds), said in one line on stderr:
     running migrate again is safe; 2 bad usage, found before connecting.
 
     Example: llmgw-server migrate --runtime-role llmgw_runtime --runtime-password-file pw
@@ -236,7 +236,7 @@ def rebuild_command(
 
     Exit codes: 0 rebuilt, or no difference found; 1 differences found (--verify), or the
     database refused the work (a privilege); 2 bad usage; 3 the database unreachable, or one
-    statement without an answer for --answer-timeout seconds, or waiting that long for a
+    statement without an answer for --answer-timeout seconds, or waiting 80 % of that for a
     lock another session holds: the rebuild is one transaction, and the line says whether
     it was committed.
 

@@ -590,7 +590,7 @@ async def test_in_flight_counts_are_read_from_fresh_reports_and_lies_are_skipped
     assert gateways.live == len(rows)
 
 
-@pytest.mark.parametrize("how", [Break.HOLD, Break.RESET])
+@pytest.mark.parametrize("how", [Break.HOLD, Break.RESET, Break.LOST])
 async def test_a_listen_broken_on_its_way_is_sent_again_and_the_table_read(
     database_url: str, how: Break
 ) -> None:
