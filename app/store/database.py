@@ -141,6 +141,20 @@ async def connection(engine: AsyncEngine) -> AsyncIterator[asyncpg.Connection]:
 
 
 @asynccontextmanager
+async def dropped_when_broken(conn: AsyncConnection) -> AsyncIterator[None]:
+    """Work on ``conn`` (from ``engine.connect()``) whose connection is invalidated when an
+    error broke it: closing it then sends no ``ROLLBACK``, which would wait out the answer
+    timeout again on a connection cut off, and on one reset would raise its own error
+    (``cannot call Transaction.rollback(): the underlying connection is closed``) in place
+    of the one that says what broke."""
+    try:
+        yield
+    except (*_BROKEN_CONNECTION, StoreUnavailable):
+        await conn.invalidate()
+        raise
+
+
+@asynccontextmanager
 async def translated_errors() -> AsyncIterator[None]:
     """Driver and connection errors become ``StoreError``s, with the cause kept."""
     with translated_blocking_errors():

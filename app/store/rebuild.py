@@ -24,7 +24,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncTransaction
 from app.domain.events import GpuInfo
 from app.domain.model_spec import ModelSpec
 from app.domain.state import ClusterState
-from app.store.database import driver_connection, store_error, translated_errors
+from app.store.database import (
+    driver_connection,
+    dropped_when_broken,
+    store_error,
+    translated_errors,
+)
 from app.store.errors import CommitOutcomeUnknown, StoreError, StoreUnavailable
 from app.store.postgres import APPEND_LOCK_KEY, CHECKPOINT
 from app.store.projection import Row, all_rows
@@ -72,7 +77,7 @@ async def rebuild(engine: AsyncEngine, *, verify: bool) -> RebuildReport:
 
 
 async def _rebuild(engine: AsyncEngine, *, verify: bool) -> RebuildReport:
-    async with translated_errors(), engine.connect() as conn:
+    async with translated_errors(), engine.connect() as conn, dropped_when_broken(conn):
         # Left uncommitted when anything below raises: the connection's end rolls it back.
         transaction = await conn.begin()
         if verify:

@@ -28,7 +28,7 @@ from app.store.chain import (
     relinked,
     stored_row,
 )
-from app.store.database import driver_connection, translated_errors
+from app.store.database import driver_connection, dropped_when_broken, translated_errors
 from app.store.errors import StoreError
 
 PAGE = 5_000
@@ -56,7 +56,7 @@ async def verify_log(
     engine: AsyncEngine, anchors: Sequence[Head] = (), progress: Progress | None = None
 ) -> Verification:
     walk = ChainWalk(anchors)
-    async with _reading(), engine.connect() as conn:
+    async with _reading(), engine.connect() as conn, dropped_when_broken(conn):
         await conn.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"))
         db = await driver_connection(conn)
         last = int(await db.fetchval("SELECT coalesce(max(position), 0) FROM events"))
@@ -119,7 +119,7 @@ class UnhashedHead(msgspec.Struct, frozen=True):
 async def read_head(engine: AsyncEngine) -> Head | UnhashedHead:
     """The last event's position and chain hash; position 0 and the genesis hash when the
     log is empty."""
-    async with _reading(), engine.connect() as conn:
+    async with _reading(), engine.connect() as conn, dropped_when_broken(conn):
         db = await driver_connection(conn)
         row = await db.fetchrow(
             "SELECT position, chain_hash FROM events ORDER BY position DESC LIMIT 1"

@@ -255,3 +255,43 @@ async def test_migrate_cut_off_says_running_it_again_is_safe_and_it_is(
         status, stdout, stderr = await run_server("migrate", "--database-url", empty_database)
         assert status == 0, stderr
         assert stdout.startswith("database at revision "), stdout
+
+
+@pytest.mark.parametrize("how", [Break.RESET, Break.LOST])
+@pytest.mark.parametrize(
+    ("command", "marker", "line"),
+    [
+        (
+            ("log", "verify"),
+            b"max(position)",
+            "llmgw-server log verify: cannot verify the log: database unreachable: "
+            "connection was closed in the middle of operation",
+        ),
+        (
+            ("projections", "rebuild"),
+            b"TRUNCATE",
+            "llmgw-server projections rebuild: cannot rebuild the projections: database "
+            "unreachable: connection was closed in the middle of operation; nothing was "
+            "changed: the rebuild is one transaction, never committed",
+        ),
+    ],
+)
+async def test_a_connection_reset_mid_work_is_named_not_the_rollback_after_it(
+    database_url: str,
+    relay: TcpRelay,
+    how: Break,
+    command: tuple[str, ...],
+    marker: bytes,
+    line: str,
+) -> None:
+    """Closing a connection that broke used to send it a ROLLBACK, whose own error (``cannot
+    call Transaction.rollback(): the underlying connection is closed``) took the place of
+    what broke."""
+    relay.break_after_sending(marker, how)
+
+    status, stdout, stderr = await run_server(
+        *command, "--database-url", relay.in_front_of(database_url)
+    )
+
+    assert (status, stdout) == (3, ""), stderr
+    assert one_line(stderr) == line
