@@ -56,8 +56,8 @@ def list_replicas(
 ) -> int:
     """Replicas with their phase, nodes, whether they are routed to (and how many live
     gateways eject them for failing requests: yes (ejected by 2 of 3 gateways)), and the
-    drain moving them if one is. A --model the cluster does not know is an error (exit 1);
-    a known model without replicas lists nothing.
+    drain moving them if one is. A --model or --node the cluster does not know is an error
+    (exit 1); a known model or node without replicas lists nothing.
 
     ```
     llmgw-cli replicas --model llama-3-8b
@@ -67,8 +67,8 @@ def list_replicas(
 
     def show(client: AdminClient) -> int:
         reply = get_replicas(client, model=model, node=node, phase=phase)
-        if model is not None and not reply.value:
-            _require_known_model(client, model)
+        if not reply.value:
+            _require_known_names(client, model, node)
         if output == "json":
             print_json(reply.raw)
             return EXIT_OK
@@ -78,11 +78,15 @@ def list_replicas(
     return run_command("replicas", connection, show)
 
 
-def _require_known_model(client: AdminClient, model: str) -> None:
-    """Raise the API's 404 (``no model 'nope' is known``) when ``model`` names no model the
-    cluster knows. The list answers an empty 200 for such a filter, as for a known model
-    without replicas, so the model itself is asked, and only when the list came back empty."""
-    client.request("GET", f"{ADMIN}/models/{segment(model, 'the model name')}")
+def _require_known_names(client: AdminClient, model: str | None, node: str | None) -> None:
+    """Raise the API's 404 (``no model 'nope' is known``, ``no node 'nope' is known``) when
+    ``model`` or ``node`` names nothing the cluster knows. The list answers an empty 200 for
+    such a filter, as for a known model or node without replicas, so the model and the node
+    themselves are asked, and only when the list came back empty."""
+    if model is not None:
+        client.request("GET", f"{ADMIN}/models/{segment(model, 'the model name')}")
+    if node is not None:
+        client.request("GET", f"{ADMIN}/nodes/{segment(node, 'the node id')}")
 
 
 REPLICA_COLUMNS = (

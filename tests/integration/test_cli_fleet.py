@@ -523,3 +523,23 @@ async def test_replicas_of_a_model_the_cluster_does_not_know_is_an_error_not_an_
     assert (unknown_json.code, unknown_json.stdout) == (1, "")
     assert known_without_replicas.code == 0, known_without_replicas.stderr
     assert known_without_replicas.json() == []
+
+
+async def test_replicas_on_a_node_the_cluster_does_not_know_is_an_error_not_an_empty_list(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    idle = an_id("gpu")
+    await seed_node(pg_store, idle)
+    nope = an_id("nope")
+
+    unknown, unknown_json, known_without_replicas = await asyncio.gather(
+        operator.run("replicas", "--node", nope),
+        operator.run("replicas", "--node", nope, "--output", "json"),
+        operator.run("replicas", "--node", idle, "--output", "json"),
+    )
+
+    assert (unknown.code, unknown.stdout) == (1, "")
+    assert f"no node '{nope}' is known" in unknown.stderr
+    assert (unknown_json.code, unknown_json.stdout) == (1, "")
+    assert known_without_replicas.code == 0, known_without_replicas.stderr
+    assert known_without_replicas.json() == []
