@@ -129,10 +129,16 @@ def scale(state: ClusterState, name: str, replicas: int) -> Change:
 def set_autoscale(state: ClusterState, name: str, policy: AutoscalePolicy | None) -> Change:
     """Turn autoscaling on with ``policy`` (or change it), or off with None: the count stays
     what it is until the autoscaler changes it (or an operator does, once it is off). Not
-    a revision: it changes no engine."""
+    a revision: it changes no engine.
+
+    Only what the change itself gets wrong is refused: a spec recorded by an older release
+    that today's rules refuse (a secret inline, a flag given twice) stays in use until a
+    spec is applied, and its count must stay in an operator's hands meanwhile, as ``scale``
+    keeps it for a model that is not autoscaled."""
     model = declared_model(state, name)
     spec = replace(model.spec, autoscale=policy)
-    errors = validate_spec(spec)
+    recorded = validate_spec(model.spec)
+    errors = [e for e in validate_spec(spec) if e not in recorded]
     if policy is None:
         # Off, the count is what the autoscaler left, and a held step may bring up as many
         # replicas as that: ``scale`` to that count is accepted (the step's hold pauses

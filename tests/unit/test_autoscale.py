@@ -22,7 +22,7 @@ from app.domain.model_spec import (
     RolloutPolicy,
     validate_spec,
 )
-from app.domain.operation_results import InvalidOperation
+from app.domain.operation_results import InvalidOperation, InvalidSpec
 from app.domain.state import ClusterState, Model
 from tests.unit.test_domain_operations import given
 from tests.unit.test_reconcile import of_type, with_two_nodes_and_a_model
@@ -479,6 +479,47 @@ def test_autoscaling_turns_off_at_a_count_no_larger_than_a_held_canary_step() ->
     [declared] = off.events
     assert isinstance(declared, ModelDeclared)
     assert (declared.spec.autoscale, declared.spec.replicas) == (None, 1)
+
+
+OLDER_RELEASES_SPECS = {
+    "a secret inline": {"env": {"HF_TOKEN": "hf_recorded_before_the_rule"}},
+    "--port twice": {
+        "engine": "llamacpp",
+        "command": "llama-server -m {model} --port {port} --port 8080",
+    },
+}
+
+
+@pytest.mark.parametrize("refused_now", sorted(OLDER_RELEASES_SPECS))
+def test_a_spec_an_older_release_recorded_is_refused_on_apply_but_its_count_stays_movable(
+    refused_now: str,
+) -> None:
+    """Applied, a spec is a new declaration and meets today's rules, even one that changes
+    only the count; the recorded spec stays in use meanwhile, and whoever runs it can still
+    move its count: by ``scale``, or by autoscaling it, changing its bounds or turning it
+    off."""
+    autoscaled = ModelSpec(name="llama", command="sim --port {port}", replicas=2, autoscale=POLICY)
+    recorded = replace(autoscaled, **OLDER_RELEASES_SPECS[refused_now])
+    assert validate_spec(recorded)  # refused today
+    state = given(ModelDeclared(model="llama", spec=recorded))
+
+    with pytest.raises(InvalidSpec):
+        model_ops.apply_model(state, replace(recorded, replicas=3))
+    raised = model_ops.patch_autoscale(state, "llama", {"max": 12})
+    off = model_ops.set_autoscale(state, "llama", None)
+    with pytest.raises(InvalidSpec) as bad_policy:
+        model_ops.patch_autoscale(state, "llama", {"min": 20})
+
+    [declared] = raised.events
+    assert isinstance(declared, ModelDeclared)
+    assert declared.spec == replace(recorded, autoscale=replace(POLICY, max_replicas=12))
+    [manual] = off.events
+    assert isinstance(manual, ModelDeclared)
+    assert manual.spec == replace(recorded, autoscale=None)
+    assert [e.field for e in bad_policy.value.errors] == ["autoscale.max"]
+    assert model_ops.scale(given(manual), "llama", 5).events == (
+        ModelScaled(model="llama", replicas=5, previous=2),
+    )
 
 
 def test_a_policy_out_of_bounds_is_refused_field_by_field() -> None:
