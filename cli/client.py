@@ -292,12 +292,7 @@ class AdminClient:
             reason = f"cannot resolve the host name {self._url.host!r}"
         elif isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError):
             if self._url.scheme == "https":
-                # An asyncio TLS server that rejects a client certificate drops the
-                # connection without a TLS alert: all this side sees is the cut.
-                return TlsFailure(
-                    f"TLS with the admin API at {url} failed: the server closed the connection "
-                    f"without answering; {self._refused_certificate_advice()}"
-                )
+                return self._closed_over_tls(exc)
             return AdminUnreachable(
                 f"the admin API at {url} broke off the exchange "
                 f"({str(exc) or type(exc).__name__}): {self._cut_off_advice()}"
@@ -309,10 +304,46 @@ class AdminClient:
             f"For another address, give --admin-url or set {SETTING_ENV['admin_url']}"
         )
 
-    def _answer_lost(self, exc: httpx.TransportError) -> AnswerLost | None:
-        """A change whose request went out, and whose answer did not come back: over plain
-        HTTP, a connection closed then or a read that timed out (over TLS, a connection
-        closed then is how a refused client certificate shows, and is told so)."""
+    def _closed_over_tls(self, exc: httpx.TransportError) -> ClientError:
+        """The server closed the connection without answering, over TLS. An asyncio TLS
+        server that rejects a client certificate drops the connection without a TLS alert
+        once the handshake is over on this side (TLS 1.3): all this side sees is the cut,
+        as when the answer is lost after the request went out. A new connection that asks
+        for nothing tells the two apart: one that is answered carried the certificate
+        through the handshake, so it was the answer that was lost."""
+        if not self._handshake_accepted():
+            return TlsFailure(
+                f"TLS with the admin API at {self.settings.admin_url} failed: the server "
+                f"closed the connection without answering; {self._refused_certificate_advice()}"
+            )
+        lost = self._answer_lost(exc, accepted_over_tls=True)
+        if lost is not None:
+            return lost
+        return AdminUnreachable(
+            f"the admin API at {self.settings.admin_url} closed the connection before its "
+            f"answer came ({str(exc) or type(exc).__name__}); the TLS handshake and the "
+            "client certificate are accepted: try again, and if it persists check the "
+            "server's log"
+        )
+
+    def _handshake_accepted(self) -> bool:
+        """Whether a new connection, with the same TLS settings, gets an answer to a request
+        that changes nothing and needs no credentials (``/healthz``): any status will do,
+        and its body is not read."""
+        try:
+            with self.http.stream("GET", "/healthz", timeout=self.timeout_s):
+                pass
+        except httpx.TransportError:
+            return False
+        return True
+
+    def _answer_lost(
+        self, exc: httpx.TransportError, *, accepted_over_tls: bool = False
+    ) -> AnswerLost | None:
+        """A change whose request went out, and whose answer did not come back: a read that
+        timed out, or a connection closed then; over TLS, only once a new connection showed
+        that the handshake accepts the client certificate (``_closed_over_tls``), since a
+        connection closed then is also how a refused one shows."""
         try:
             request = exc.request
         except RuntimeError:
@@ -322,7 +353,7 @@ class AdminClient:
         if isinstance(exc, httpx.ReadTimeout):
             why = f"no answer within {self.timeout_s:g} s"
         elif isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError):
-            if self._url.scheme == "https":
+            if self._url.scheme == "https" and not accepted_over_tls:
                 return None
             why = str(exc) or type(exc).__name__
         else:

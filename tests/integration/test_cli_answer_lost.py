@@ -2,10 +2,13 @@
 to the admin API (over a real PostgreSQL store) through a relay that carries the request and
 drops the connection as the answer starts. The change was done; the CLI cannot know, and
 says so (not that the URL's scheme may be wrong), with how to find out; sending it again
-does what docs/admin-api.md says a repeat of it does."""
+does what docs/admin-api.md says a repeat of it does. Over https too, where a connection
+closed without an answer is also how a refused client certificate shows: the CLI tells the
+two apart."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +18,9 @@ import pytest_asyncio
 
 from app.domain.events import ModelScaled, NodeDrainRequested, model_stream, node_stream
 from app.store.postgres import PostgresEventStore
-from tests.support.admin_server import seed_node
-from tests.support.operator_cli import TOKEN, Operator, live_admin_api
+from tests.support.admin_server import Pki, seed_node, serving_admin, write_pki
+from tests.support.operator_cli import OPERATOR, TOKEN, Operator, live_admin_api
+from tests.support.routing import declare_model
 from tests.support.tcp_relay import TcpRelay
 
 LLAMA = {"command": "vllm serve {model} --port {port}", "replicas": 1}
@@ -95,3 +99,65 @@ async def test_a_drain_whose_answer_was_lost_is_not_started_twice(
     ]
     assert again.code == 1
     assert f"node gpu-1 is already draining (drain {requested.drain_id}" in again.stderr
+
+
+@dataclass(frozen=True)
+class OverTls:
+    """The operator through the relay to the admin API over https, with ``pki``'s files."""
+
+    operator: Operator
+    relay: TcpRelay
+    pki: Pki
+
+    def presenting(self, stem: str) -> dict[str, str]:
+        """The CLI's settings that trust the test CA and present ``stem``'s certificate."""
+        certificate, key = self.pki.pair(stem)
+        return {
+            "LLMGW_ADMIN_CA": str(self.pki.ca),
+            "LLMGW_ADMIN_CERT": str(certificate),
+            "LLMGW_ADMIN_KEY": str(key),
+        }
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def over_tls(pg_store: PostgresEventStore, tmp_path: Path) -> AsyncIterator[OverTls]:
+    pki = write_pki(tmp_path / "pki", OPERATOR, "gpu-1")
+    tls = pki.server_context()
+    tls.num_tickets = 0  # its next words after the handshake are its answer, for the relay
+    async with serving_admin(pg_store, tokens={TOKEN: OPERATOR}, tls=tls) as url:
+        port = httpx.URL(url).port
+        assert port is not None
+        async with TcpRelay("127.0.0.1", port) as relay:
+            operator = Operator(home=tmp_path, admin_url=f"https://127.0.0.1:{relay.port}")
+            yield OverTls(operator=operator, relay=relay, pki=pki)
+
+
+async def test_over_https_a_lost_answer_is_told_apart_from_a_refused_certificate(
+    over_tls: OverTls, pg_store: PostgresEventStore
+) -> None:
+    model = f"llama-{secrets.token_hex(3)}"
+    await declare_model(pg_store, model, replicas=1)
+    over_tls.relay.lose_one_tls_answer()
+
+    lost = await over_tls.operator.run("scale", model, "3", **over_tls.presenting("operator"))
+    refused = await over_tls.operator.run("scale", model, "5", **over_tls.presenting("stranger"))
+    over_tls.relay.lose_one_tls_answer()
+    unanswered = await over_tls.operator.run("model", model, **over_tls.presenting("operator"))
+
+    assert lost.code == 1
+    assert f"POST /admin/v1/models/{model}/scale was sent and may have been carried out" in (
+        lost.stderr
+    ), lost.stderr
+    assert "certificate" not in lost.stderr
+    assert refused.code == 1
+    assert "the server closed the connection without answering" in refused.stderr
+    assert "refused the client certificate" in refused.stderr
+    assert unanswered.code == 1
+    assert "closed the connection before its answer came" in unanswered.stderr
+    assert "the client certificate are accepted: try again" in unanswered.stderr
+    scales = [
+        r.event.replicas
+        for r in await pg_store.read_stream(model_stream(model))
+        if isinstance(r.event, ModelScaled)
+    ]
+    assert scales == [3]

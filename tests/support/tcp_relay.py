@@ -9,6 +9,14 @@ answers, each request is carried to the server and the client's connection is cl
 answer starts, without it: the request was done, and the client cannot know. Mended, what
 was held flows on and new connections are carried. It runs on the test's event loop.
 
+``lose_one_tls_answer()`` does the same over TLS 1.3, to one connection: the client
+speaks (its hello), the server answers (its whole part of the handshake), the client
+speaks again (the end of the handshake, and its request), and what the server says after
+that (its answer) is lost. The server must send no session ticket (its context's
+``num_tickets`` 0), or the tickets it sends at the end of the handshake would be taken for
+its answer, and the request cut off before it reached the server. The connections after it
+are carried.
+
 ``break_after_sending(marker)`` breaks one connection at the worst moment of a statement:
 once the client has sent everything that runs it (the Bind, Execute and Sync of the prepared
 statement whose text holds ``marker``: asyncpg prepares a statement once per connection and
@@ -102,6 +110,14 @@ class _ClientMessages:
         return None
 
 
+@dataclasses.dataclass
+class _Connection:
+    """One connection through the relay, as its two pipes share it."""
+
+    server_spoke: bool = False
+    losing_answer: bool = False
+
+
 class TcpRelay:
     """``async with TcpRelay(host, port) as relay``: connect to ``relay.port`` to reach
     ``host``:``port``."""
@@ -112,6 +128,7 @@ class TcpRelay:
         self._open.set()
         self._refusing = False
         self._losing_answers = False
+        self._tls_answers_to_lose = 0
         self._armed: _Armed | None = None
         self._held: set[asyncio.Event] = set()
         """Connections held after a break, until ``mend``."""
@@ -155,6 +172,12 @@ class TcpRelay:
         server's answer starts, without it."""
         self._losing_answers = True
 
+    def lose_one_tls_answer(self) -> None:
+        """Carry the next TLS connection's handshake and request to the server, and close
+        the client's connection as the answer to the request starts, without it (from a
+        server that sends no session ticket: see the module docstring)."""
+        self._tls_answers_to_lose = 1
+
     def break_after_sending(self, marker: bytes, how: Break) -> asyncio.Event:
         """Break the first connection that sends the statement whose text holds ``marker``
         (see the module docstring), the others carried on; the event is set once it is
@@ -166,6 +189,7 @@ class TcpRelay:
         """Carry again, what was held first, and carry new connections."""
         self._refusing = False
         self._losing_answers = False
+        self._tls_answers_to_lose = 0
         self._open.set()
         for held in self._held:
             held.set()
@@ -186,11 +210,12 @@ class TcpRelay:
         held = asyncio.Event()
         held.set()
         ends = (client_out, server_out)
+        connection = _Connection()
         for reader, writer, messages in (
             (client_in, server_out, _ClientMessages()),
             (server_in, client_out, None),
         ):
-            pipe = asyncio.create_task(self._pipe(reader, writer, messages, held, ends))
+            pipe = asyncio.create_task(self._pipe(reader, writer, messages, held, ends, connection))
             self._pipes.add(pipe)
             pipe.add_done_callback(self._pipes.discard)
 
@@ -201,6 +226,7 @@ class TcpRelay:
         messages: _ClientMessages | None,
         held: asyncio.Event,
         ends: tuple[asyncio.StreamWriter, asyncio.StreamWriter],
+        connection: _Connection,
     ) -> None:
         """Carry ``reader`` to ``writer``; ``messages`` watches the client's side for the
         armed statement, and ``held`` (the connection's own) stops both sides once it is
@@ -209,8 +235,13 @@ class TcpRelay:
             while data := await reader.read(CHUNK_BYTES):
                 await self._open.wait()
                 await held.wait()
-                if messages is None and self._losing_answers:
+                if messages is None and (self._losing_answers or connection.losing_answer):
                     return  # the server's answer, to the client
+                if messages is None:
+                    connection.server_spoke = True
+                elif self._tls_answers_to_lose > 0 and connection.server_spoke:
+                    self._tls_answers_to_lose -= 1
+                    connection.losing_answer = True  # before the server can answer it
                 armed = self._armed
                 sent = None
                 if messages is not None:
