@@ -171,7 +171,8 @@ class GatewayMetrics:
             RequestSeries(
                 (
                     "llmgw_gateway_requests",
-                    "Completion requests answered, by model and HTTP status.",
+                    "Completion requests answered, by model and HTTP status (a status the "
+                    "gateway does not answer itself is counted under its class, 2xx to 5xx).",
                 ),
                 duration=Series(
                     "llmgw_gateway_request_duration_seconds",

@@ -11,6 +11,11 @@ collector (``RequestCollector``, prometheus_client's documented way to publish f
 kept elsewhere) writes the same series a ``Counter`` and ``Histogram`` would: the same
 names, labels, buckets (cumulative, ``+Inf`` last), ``_count``, ``_sum`` and
 ``_created``.
+
+The counter's ``status`` label is bounded and means one thing per value
+(``status_label``): each status the gateway answers itself keeps its number, and any
+other an engine sends (a 201, a 418, a 507) is counted under its class, ``2xx`` to
+``5xx``, so an engine cannot add a series per status it makes up.
 """
 
 from __future__ import annotations
@@ -26,6 +31,20 @@ from prometheus_client.utils import floatToGoString
 
 _bound_label: Callable[[float], str] = floatToGoString
 """A bucket's ``le`` as prometheus_client writes it (``0.005``, ``1.0``, ``+Inf``)."""
+
+GATEWAY_STATUSES = (200, 400, 401, 404, 405, 408, 413, 429, 431, 499, 500, 502, 503, 504)
+"""The statuses the gateway answers itself (docs/gateway.md's table of errors; 499: the
+client left), each a ``status`` value of its own."""
+_OWN_STATUS_LABELS = {status: str(status) for status in GATEWAY_STATUSES}
+
+
+def status_label(status: int) -> str:
+    """The ``status`` label of a request answered with ``status``: its number when the
+    gateway answers it itself, else its class (``4xx``), or ``other`` outside 100..599."""
+    own = _OWN_STATUS_LABELS.get(status)
+    if own is not None:
+        return own
+    return f"{status // 100}xx" if 100 <= status <= 599 else "other"
 
 
 class Distribution:
@@ -94,12 +113,13 @@ class RequestCounts:
 
     def __init__(self, spec: RequestSeries) -> None:
         self.spec = spec
-        self.answered: dict[tuple[str, int], int] = {}
-        self.created: dict[tuple[str, int], float] = {}
+        self.answered: dict[tuple[str, str], int] = {}
+        """By (model, ``status_label``)."""
+        self.created: dict[tuple[str, str], float] = {}
         self.models: dict[str, ModelDistributions] = {}
 
     def count(self, model: str, status: int) -> None:
-        key = (model, status)
+        key = (model, status_label(status))
         answered = self.answered
         count = answered.get(key)
         if count is None:
@@ -137,9 +157,7 @@ class RequestCollector(Collector):
         name, documentation = spec.requests
         requests = CounterMetricFamily(name, documentation, labels=["model", "status"])
         for (model, status), value in counts.answered.items():
-            requests.add_metric(
-                [model, str(status)], value, created=counts.created[(model, status)]
-            )
+            requests.add_metric([model, status], value, created=counts.created[(model, status)])
         yield requests
         models = list(counts.models.items())
         yield _histogram(spec.duration, [(m, d.duration) for m, d in models])

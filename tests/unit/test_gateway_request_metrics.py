@@ -104,3 +104,26 @@ def test_the_series_of_models_removed_go_and_those_declared_stay() -> None:
     assert scraped(metrics)['llmgw_gateway_requests_total{model="m-3",status="200"}'] == 1, (
         "a model declared again starts over"
     )
+
+
+def test_a_status_the_gateway_does_not_answer_itself_is_counted_under_its_class() -> None:
+    """Whatever statuses an engine makes up, a model has at most a series per status the
+    gateway answers itself and one per class: an engine's 201, 418 and 507 are ``2xx``,
+    ``4xx`` and ``5xx``, the gateway's own 429, 499 and 503 keep their numbers."""
+    metrics = GatewayMetrics()
+    for status in range(100, 600):
+        metrics.answered("m", status, duration_s=1, added_s=0, first_byte_s=None, queue_s=None)
+    metrics.answered("m", 503, duration_s=1, added_s=0, first_byte_s=None, queue_s=None)
+
+    page = scraped(metrics)
+    statuses = set(
+        re.findall(r'llmgw_gateway_requests_total\{model="m",status="([^"]*)"\}', "\n".join(page))
+    )
+
+    own = {200, 400, 401, 404, 405, 408, 413, 429, 431, 499, 500, 502, 503, 504}
+    assert statuses == {*(str(status) for status in own), "1xx", "2xx", "3xx", "4xx", "5xx"}
+    assert page['llmgw_gateway_requests_total{model="m",status="2xx"}'] == 99  # 201..299
+    # 400..499 but the 9 the gateway answers itself
+    assert page['llmgw_gateway_requests_total{model="m",status="4xx"}'] == 100 - 9
+    assert page['llmgw_gateway_requests_total{model="m",status="503"}'] == 2
+    assert page['llmgw_gateway_requests_total{model="m",status="499"}'] == 1

@@ -45,7 +45,7 @@ BOUNDED_LABELS = {
     "policy": "a routing policy",
     "outcome": "how a cold-start hold ended",
     "bound": "head or idle",
-    "status": "an HTTP status the gateway answered, 100 to 599",
+    "status": "a status the gateway answers itself, or an engine's status class (2xx..5xx)",
     "certificate": "the role of a certificate the server was given",
     "serial": "a certificate the server was given at its start",
     "quantile": "a fixed list of quantiles",
