@@ -48,6 +48,7 @@ from app.domain.state import ACTIVE_PHASES, ClusterState, ReplicaPhase
 from app.pki.ends import CertificateEnd
 from app.services.control_plane import ControlPlane, Leader, Role
 from app.services.operations import RunningSource, nothing_running
+from app.services.reconciler import PASSES_KEPT
 from app.store.database import connection
 from app.store.postgres import PostgresEventStore
 
@@ -274,8 +275,9 @@ def live_families(figures: LiveFigures | None) -> Iterator[Metric]:
     name = "llmgw_reconcile_pass_duration_seconds"
     recent = Metric(
         name,
-        f"Reconcile pass duration: quantiles over the last {len(durations)} passes (1 is "
-        "the slowest); sum and count over every pass since this server began leading",
+        f"Reconcile pass duration: quantiles over the last {PASSES_KEPT} passes, or as many "
+        "as have run (1 is the slowest); sum and count over every pass since this server "
+        "began leading",
         "summary",
     )
     for q in QUANTILES if durations else ():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import pytest
@@ -65,9 +66,10 @@ DOCUMENTED_NAME = re.compile(
 )
 
 
-def cluster_page() -> str:
+def cluster_page(recent_pass_durations_s: Sequence[float] = (0.01, 0.02)) -> str:
     """The admin listener's cluster families, of a leader with one model serving, one
-    that cannot be placed, an autoscaled demand and a certificate."""
+    that cannot be placed, an autoscaled demand and a certificate, whose last passes took
+    ``recent_pass_durations_s``."""
     cluster = Cluster()
     cluster.node("gpu-1", n_gpus=1)
     cluster.model("llama", replicas=1)
@@ -79,7 +81,7 @@ def cluster_page() -> str:
     leader = LiveFigures(
         agents_connected=1,
         reconcile_passes=3,
-        recent_pass_durations_s=[0.01, 0.02],
+        recent_pass_durations_s=list(recent_pass_durations_s),
         reconcile_pass_seconds_total=0.05,
         demand={"llama": 2.0},
         gateways_reporting=1,
@@ -230,6 +232,17 @@ def test_reconcile_pass_durations_are_a_summary_whose_quantiles_keep_their_name(
         (f"{name}_count", ()): 3,
         (f"{name}_sum", ()): 0.05,
     }
+
+
+def test_reconcile_pass_durations_help_stays_the_same_as_passes_fill_its_window() -> None:
+    """A HELP that changes between scrapes reads to Prometheus as another family's."""
+    help_texts = {
+        families(cluster_page(durations))["llmgw_reconcile_pass_duration_seconds"][1]
+        for durations in ([], [0.01], [0.01, 0.02], [0.01] * 100)
+    }
+
+    assert len(help_texts) == 1, help_texts
+    assert "the last 100 passes" in help_texts.pop()
 
 
 def documented() -> dict[str, set[str]]:
