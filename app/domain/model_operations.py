@@ -39,6 +39,7 @@ from app.domain.operation_results import (
 from app.domain.placement import Explanation, explain_placement
 from app.domain.reports import NodeReport
 from app.domain.revisions import FIRST_REVISION, next_revision, rollout_id_for, spec_changes
+from app.domain.spec_error import SpecError
 from app.domain.state import ClusterState, Model
 
 
@@ -55,9 +56,9 @@ def apply_model(state: ClusterState, spec: ModelSpec) -> Change:
     compared with the spec it had when it was removed; a rollout it still had under way
     ends first, as a pass would have ended it."""
     errors = validate_spec(spec)
-    if errors:
-        raise InvalidSpec(spec.name, errors)
     known = state.models.get(spec.name)
+    if errors:
+        raise InvalidSpec(spec.name, errors, _older_spec_note(known, errors))
     if known is None:
         declared = ModelDeclared(model=spec.name, spec=spec, revision=FIRST_REVISION)
         return Change(stream=model_stream(spec.name), events=(declared,))
@@ -87,6 +88,23 @@ def apply_model(state: ClusterState, spec: ModelSpec) -> Change:
         stream=model_stream(spec.name),
         events=(declared, started),
         correlation_id=started.rollout_id,
+    )
+
+
+def _older_spec_note(known: Model | None, errors: list[SpecError]) -> str:
+    """What the operator of a model whose recorded spec breaks the same rules should know:
+    a spec an older release accepted (a secret inline, a flag given twice) that today's
+    rules refuse, even re-applied with only its count changed."""
+    if known is None or known.removed:
+        return ""
+    recorded = validate_spec(known.spec)
+    if not any(error in recorded for error in errors):
+        return ""
+    return (
+        f"Model {known.name} runs a spec recorded before these rules, which stays in use "
+        "until a spec that meets them is applied; meanwhile its count is changed by "
+        f"`llmgw-cli scale {known.name} N` (or `llmgw-cli autoscale {known.name}` when it "
+        "is autoscaled)"
     )
 
 

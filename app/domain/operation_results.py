@@ -78,15 +78,16 @@ class UnknownDrain(UnknownThing):
 class InvalidFields(OperationError):
     """A request whose fields break the rules; ``errors`` has every one, field and reason."""
 
-    def __init__(self, what: str, errors: Sequence[SpecError]) -> None:
+    def __init__(self, what: str, errors: Sequence[SpecError], note: str = "") -> None:
         listed = "; ".join(f"{e.field}: {e.reason}" for e in errors)
-        super().__init__(f"{what} ({listed}); nothing was recorded")
+        super().__init__(f"{what} ({listed}); nothing was recorded{note and f'. {note}'}")
         self.errors = list(errors)
 
 
 class InvalidSpec(InvalidFields):
-    def __init__(self, model: str, errors: Sequence[SpecError]) -> None:
-        super().__init__(f"spec of model {model!r} is invalid", errors)
+    def __init__(self, model: str, errors: Sequence[SpecError], note: str = "") -> None:
+        """``note``: what else the operator should know, after the errors."""
+        super().__init__(f"spec of model {model!r} is invalid", errors, note)
 
 
 class InvalidDrain(InvalidFields):
