@@ -214,6 +214,24 @@ async def test_a_query_parameter_the_request_does_not_take_is_a_400_naming_it(
     assert spelt.json() == []
 
 
+async def test_a_query_parameter_given_twice_is_a_400_naming_it_not_one_value_picked(
+    admin: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    await seeded(admin, pg_store)
+
+    twice = await admin.get("/admin/v1/replicas", params=[("model", "llama"), ("model", "x")])
+    page = await admin.get(
+        "/admin/v1/events", params=[("follow", "false"), ("limit", "1"), ("limit", "2")]
+    )
+
+    problem = problem_of(twice, 400)
+    assert problem["detail"] == "model (2 times): a query parameter is given once"
+    assert problem["errors"] == [
+        {"key": "model", "message": "is given more than once", "source": "query"}
+    ]
+    assert problem_of(page, 400)["detail"] == "limit (2 times): a query parameter is given once"
+
+
 async def test_a_query_parameter_sent_to_a_change_is_refused_before_anything_is_recorded(
     admin: httpx.AsyncClient, pg_store: PostgresEventStore
 ) -> None:
