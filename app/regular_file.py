@@ -4,13 +4,24 @@ A path read whole as given can be a FIFO (opening it waits for a writer for ever
 device such as /dev/zero (read until memory runs out), a directory, or a file grown far
 past what it should hold. ``read_regular_file`` refuses each of these with a reason that
 names the file, so every program can turn it into its own clear error.
+
+A few small files may instead be given as a pipe (``--runtime-password-file <(pass show
+llmgw)``). ``read_file_or_pipe`` reads those as a stream, bounded in size and in time: a
+named pipe no program writes to is refused at once rather than waited on, and a writer that
+has not finished within ``PIPE_WAIT_SECONDS`` is given up on.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import stat
+import time
 from pathlib import Path
+
+PIPE_WAIT_SECONDS = 60.0
+"""How long ``read_file_or_pipe`` waits on a pipe's writer: long enough to type a passphrase
+that ``pass`` or ``gpg`` asks for, short enough that a forgotten writer ends in an error."""
 
 _FILE_KINDS = (
     (stat.S_ISFIFO, "a named pipe (FIFO)"),
@@ -33,8 +44,8 @@ class FileRefused(Exception):
 class FileMissing(FileRefused):
     """There is no file at the path."""
 
-    def __init__(self, path: Path) -> None:
-        super().__init__(path, "no such file")
+    def __init__(self, path: Path, reason: str = "no such file") -> None:
+        super().__init__(path, reason)
 
 
 def read_regular_file(path: Path, max_bytes: int, *, holder: str = "it") -> bytes:
@@ -81,6 +92,58 @@ def read_regular_text(path: Path, max_bytes: int) -> str:
         raise FileRefused(
             path, f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
         ) from exc
+
+
+def read_file_or_pipe(path: Path, max_bytes: int, *, wait: float = PIPE_WAIT_SECONDS) -> bytes:
+    """At most ``max_bytes + 1`` bytes of what ``path`` holds, for a small file that a pipe or
+    a device may stand in for: the caller refuses what is over ``max_bytes`` in its own
+    words. Nothing is waited on for ever: opening does not wait for a writer, a named pipe
+    that no program writes to (one made by ``mkfifo`` and left alone) is refused at once, and
+    one whose writer has not finished within ``wait`` seconds is refused then. Refusals
+    (``FileRefused``, ``FileMissing``) give the system's words, such as "Is a directory"."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError as exc:
+        raise FileMissing(path, exc.strerror or "no such file") from exc
+    except OSError as exc:
+        raise FileRefused(path, exc.strerror or str(exc)) from exc
+    try:
+        is_pipe = stat.S_ISFIFO(os.fstat(descriptor).st_mode)
+        data = _read_within(path, descriptor, max_bytes + 1, time.monotonic() + wait, wait)
+    finally:
+        os.close(descriptor)
+    if is_pipe and not data:
+        # Read without waiting, a pipe no program has open for writing is at its end at
+        # once: a writer that later comes would never be read, and a blocking open or read
+        # would wait for it for ever.
+        raise FileRefused(
+            path,
+            "a named pipe (FIFO) that no program writes to: give a file, or a pipe a "
+            "command writes to such as <(command)",
+        )
+    return data
+
+
+def _read_within(path: Path, descriptor: int, limit: int, deadline: float, wait: float) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        try:
+            chunk = os.read(descriptor, limit - size)
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            poller = select.poll()
+            poller.register(descriptor, select.POLLIN)
+            if left <= 0 or not poller.poll(left * 1000):
+                raise FileRefused(path, f"its writer sent no end within {wait:g} seconds") from None
+            continue
+        except OSError as exc:
+            raise FileRefused(path, exc.strerror or str(exc)) from exc
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def irregular_kind(mode: int) -> str | None:

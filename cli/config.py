@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 from cyclopts import Parameter
 
+from app.regular_file import FileMissing, FileRefused, read_file_or_pipe
 from cli.render import warn
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8081"
@@ -37,7 +38,7 @@ CONFIG_ENV = "LLMGW_CONFIG"
 MAX_CONFIG_BYTES = 64 * 1024
 """The most of a config file read: it holds five settings. A device such as /dev/zero, or
 a file grown by mistake, would otherwise be read into memory whole; a pipe (``<(...)``)
-is still read as a file."""
+is still read as a file, and a named pipe nothing writes to is refused, not waited on."""
 
 SETTING_ENV = {
     "admin_url": "LLMGW_ADMIN_URL",
@@ -326,14 +327,14 @@ def read_config_file(path: Path, *, required: bool) -> dict[str, str]:
     """The settings in ``path`` (paths made absolute); empty if it does not exist and was
     not asked for by name. At most ``MAX_CONFIG_BYTES`` of it are read."""
     try:
-        with path.open("rb") as file:
-            content = file.read(MAX_CONFIG_BYTES + 1)
-    except FileNotFoundError:
+        content = read_file_or_pipe(path, MAX_CONFIG_BYTES)
+    except FileMissing:
         if required:
             raise ConfigError(f"config file {path} (from ${CONFIG_ENV}) does not exist") from None
         return {}
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    except FileRefused as exc:
+        source = f" (from ${CONFIG_ENV})" if required else ""
+        raise ConfigError(f"cannot read config file {path}{source}: {exc.reason}") from exc
     if len(content) > MAX_CONFIG_BYTES:
         raise ConfigError(
             f"config file {path} is over {MAX_CONFIG_BYTES // 1024} KiB: a config file is a "

@@ -29,6 +29,7 @@ from app.commands.common import (
 )
 from app.commands.path_flag import path_flag
 from app.logs import configure_logging
+from app.regular_file import FileRefused, read_file_or_pipe
 from app.store import migrate as migrations
 from app.store.database import waiting_engine
 from app.store.errors import (
@@ -182,16 +183,14 @@ def _password(
     """The first line of ``path``, else ``$env``, else None. At most
     ``MAX_PASSWORD_FILE_BYTES`` of the file are read, so a device such as /dev/zero is
     refused by its size rather than read until memory runs out; a pipe (``<(...)``) is
-    still read. A ``ValueError`` names the file and the problem."""
+    still read, and a named pipe nothing writes to refused rather than waited on
+    (``read_file_or_pipe``). A ``ValueError`` names the file and the problem."""
     password: str | None
     if path is not None:
         try:
-            with path.open("rb") as file:
-                content = file.read(MAX_PASSWORD_FILE_BYTES + 1)
-        except OSError as exc:
-            raise ValueError(
-                f"cannot read the {kind} password file {path}: {exc.strerror or exc}"
-            ) from exc
+            content = read_file_or_pipe(path, MAX_PASSWORD_FILE_BYTES)
+        except FileRefused as exc:
+            raise ValueError(f"cannot read the {kind} password file {path}: {exc.reason}") from exc
         if len(content) > MAX_PASSWORD_FILE_BYTES:
             raise ValueError(
                 f"the {kind} password file {path} is over {MAX_PASSWORD_FILE_BYTES // 1024} "

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import threading
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 
 async def wait_until(
@@ -40,3 +44,37 @@ def wait_until_blocking(
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not met within {within_s}s")
         time.sleep(every_s)
+
+
+def outcome_within(
+    call: Callable[[], object],
+    *,
+    within_s: float = 10.0,
+    unblock: Callable[[], None] = lambda: None,
+    what: str = "call",
+) -> object:
+    """What ``call`` returned, or the exception it raised, run in a thread that is given
+    ``within_s`` seconds: a call that would wait for ever (opening a FIFO no program writes
+    to) fails the test instead of hanging the suite, and ``unblock`` then lets it end."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:  # the outcome is what the test asserts
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(within_s)
+    if thread.is_alive():
+        unblock()
+        thread.join(within_s)
+        raise AssertionError(f"{what} did not end within {within_s}s")
+    return outcome[0]
+
+
+def open_fifo_writer_briefly(fifo: Path) -> None:
+    """Open ``fifo`` for writing and close it: a reader waiting in its open is let go."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))

@@ -5,6 +5,7 @@ follow, or one given empty, is a usage error."""
 from __future__ import annotations
 
 import io
+import os
 import re
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from cli.config import (
 )
 from cli.keys import list_keys
 from cli.main import app
+from tests.support.waiting import open_fifo_writer_briefly, outcome_within
 
 
 def environment(tmp_path: Path, **settings: str) -> dict[str, str]:
@@ -365,6 +367,37 @@ def test_a_config_file_without_end_is_refused_after_64_kib() -> None:
     assert (
         str(refused.value) == "config file /dev/zero is over 64 KiB: a config file is a few lines"
     )
+
+
+def test_a_config_fifo_no_program_writes_to_is_refused_at_once(tmp_path: Path) -> None:
+    # Before, llmgw-cli waited in the open of the FIFO for a writer for ever.
+    fifo = tmp_path / "cli.toml"
+    os.mkfifo(fifo)
+
+    refused = outcome_within(
+        lambda: resolve_settings(ConnectionFlags(), environment(tmp_path)),
+        unblock=lambda: open_fifo_writer_briefly(fifo),
+        what="reading a FIFO named by $LLMGW_CONFIG",
+    )
+
+    assert isinstance(refused, ConfigError)
+    assert str(refused) == (
+        f"cannot read config file {fifo} (from $LLMGW_CONFIG): a named pipe (FIFO) that no "
+        "program writes to: give a file, or a pipe a command writes to such as <(command)"
+    )
+
+
+def test_a_config_given_as_a_pipe_a_command_writes_to_is_read(tmp_path: Path) -> None:
+    # What <(command) hands over: a pipe, which the writer may have closed already.
+    read_end, write_end = os.pipe()
+    os.write(write_end, b'admin_url = "http://llmgw.internal:8081"\n')
+    os.close(write_end)
+    try:
+        settings = resolve_settings(ConnectionFlags(), {"LLMGW_CONFIG": f"/dev/fd/{read_end}"})
+    finally:
+        os.close(read_end)
+
+    assert settings.admin_url == "http://llmgw.internal:8081"
 
 
 def test_a_config_file_over_64_kib_is_refused_and_one_of_64_kib_read(tmp_path: Path) -> None:

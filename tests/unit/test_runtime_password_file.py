@@ -3,12 +3,14 @@ the file's first line; a file it cannot use is refused naming it, and nothing is
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from app.commands.maintenance import runtime_password
 from app.main import app
+from tests.support.waiting import open_fifo_writer_briefly, outcome_within
 
 
 def test_the_first_line_is_the_password_and_the_file_beats_the_environment(
@@ -37,6 +39,34 @@ def test_a_password_file_that_is_not_utf8_is_refused_naming_it(tmp_path: Path) -
 def test_a_device_is_refused_by_its_size_rather_than_read_whole() -> None:
     with pytest.raises(ValueError, match="/dev/zero is over 4 KiB: it holds one line"):
         runtime_password(Path("/dev/zero"), {})
+
+
+def test_a_fifo_no_program_writes_to_is_refused_at_once(tmp_path: Path) -> None:
+    # Before, migrate waited in the open of the FIFO for a writer for ever.
+    fifo = tmp_path / "password"
+    os.mkfifo(fifo)
+
+    refused = outcome_within(
+        lambda: runtime_password(fifo, {}),
+        unblock=lambda: open_fifo_writer_briefly(fifo),
+        what="reading a FIFO as the password file",
+    )
+
+    assert isinstance(refused, ValueError)
+    assert str(refused) == (
+        f"cannot read the runtime password file {fifo}: a named pipe (FIFO) that no program "
+        "writes to: give a file, or a pipe a command writes to such as <(command)"
+    )
+
+
+def test_a_password_given_as_a_pipe_a_command_writes_to_is_read() -> None:
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"s3cret\n")
+    os.close(write_end)
+    try:
+        assert runtime_password(Path(f"/dev/fd/{read_end}"), {}) == "s3cret"
+    finally:
+        os.close(read_end)
 
 
 def test_a_directory_is_refused_naming_it(tmp_path: Path) -> None:
