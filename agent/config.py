@@ -28,7 +28,7 @@ from agent.engines.readiness import DEFAULT_LIVENESS, Liveness
 from agent.gpus import parse_fake_gpus
 from app.pki.errors import InvalidRequest
 from app.pki.names import check_subject_name
-from app.regular_file import FileMissing, FileRefused, read_regular_text
+from app.regular_file import FileMissing, FileRefused, irregular_kind, read_regular_text
 from app.usage_words import finite_number, whole_number
 from wire.messages import (
     CONTROL_CHARACTER,
@@ -341,8 +341,8 @@ def _check_values(settings: AgentSettings, where: Callable[[str], str]) -> Agent
         parse_server(server, where("servers"))
     for field in ("cert", "key", "ca"):
         path = getattr(settings, field)
-        if path is not None and not path.is_file():
-            raise ConfigError(f"{where(field)} {path}: no such file")
+        if path is not None and (problem := _not_a_file(path)) is not None:
+            raise ConfigError(f"{where(field)} {path}: {problem}")
     if settings.node_id is not None and settings.node_id.strip():
         try:
             check_subject_name("node id", settings.node_id.strip())
@@ -500,9 +500,23 @@ def _hello_labels(labels: Mapping[str, str], source: str) -> dict[str, str]:
 def _existing_file(path: Path | None, flag: str, env: str, key: str) -> Path:
     if path is None:
         raise ConfigError(_missing(flag, env, key, "FILE"))
-    if not path.is_file():
-        raise ConfigError(f"{flag} {path}: no such file")
+    if (problem := _not_a_file(path)) is not None:
+        raise ConfigError(f"{flag} {path}: {problem}")
     return path
+
+
+def _not_a_file(path: Path) -> str | None:
+    """Why ``path`` is no file to load a certificate or key from, or None when it is one.
+    Said as it is: "no such file" of a directory sends the operator looking for a typo in a
+    path that exists."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    kind = irregular_kind(mode)
+    return None if kind is None else f"not a regular file but {kind}"
 
 
 def _required(value: str | None, flag: str, env: str, key: str) -> str:

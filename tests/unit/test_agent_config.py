@@ -241,6 +241,30 @@ def test_a_bad_setting_from_the_environment_is_refused_naming_the_variable(
 
 
 @pytest.mark.parametrize(
+    ("make", "kind"),
+    [
+        (lambda path: path.mkdir(), "a directory"),
+        (lambda path: os.mkfifo(path), "a named pipe (FIFO)"),
+    ],
+    ids=["directory", "fifo"],
+)
+def test_a_certificate_path_that_is_no_file_is_refused_as_what_it_is(
+    node_files: Path, make: Callable[[Path], None], kind: str
+) -> None:
+    # Before, each was "--cert PATH: no such file", of a path that exists.
+    odd = node_files / "odd.crt"
+    make(odd)
+
+    with pytest.raises(ConfigError) as refused:
+        load_config(flags(node_files, cert=odd), {})
+    with pytest.raises(ConfigError) as device:
+        load_config(flags(node_files, ca=Path("/dev/zero")), {})
+
+    assert str(refused.value) == f"--cert {odd}: not a regular file but {kind}"
+    assert str(device.value) == "--ca /dev/zero: not a regular file but a character device"
+
+
+@pytest.mark.parametrize(
     ("text", "message"),
     [
         ('port_range = "30-20"\n', "port_range '30-20': ports must be 1-65535"),
