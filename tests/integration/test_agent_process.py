@@ -807,6 +807,48 @@ async def test_the_agent_and_the_control_planes_own_hub_run_a_shard_together(
         await hub.stop()
 
 
+@pytest.mark.parametrize(
+    ("make", "what"),
+    [
+        (lambda path: path.write_text("x\n"), "not a directory but a regular file"),
+        (lambda path: os.mkfifo(path), "not a directory but a named pipe (FIFO)"),
+        (
+            lambda path: path.symlink_to(path.parent / "gone"),
+            "a symbolic link to {parent}/gone, which does not exist",
+        ),
+    ],
+    ids=["file", "fifo", "dangling-link"],
+)
+def test_an_agent_whose_state_directory_is_something_else_says_what_it_is(
+    pki: Path, tmp_path: Path, make: Callable[[Path], object], what: str
+) -> None:
+    # Before, each was "cannot be used: File exists".
+    state_dir = tmp_path / "state"
+    make(state_dir)
+
+    refused = subprocess.run(
+        [
+            installed("llmgw-agent"),
+            *("--server", f"wss://{LOOPBACK}:{free_port()}", "--node-id", NODE_ID),
+            *("--ca", str(pki / "ca.crt"), "--cert", str(pki / "node.crt")),
+            *("--key", str(pki / "node.key"), "--fake-gpus", "1x80GB"),
+            *("--state-dir", str(state_dir)),
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_environment(),
+        timeout=60,
+        check=False,
+    )
+
+    assert refused.stderr == (
+        f"llmgw-agent: the state directory {state_dir} cannot be used: "
+        f"{what.format(parent=tmp_path)}; give one this agent's user can write (--state-dir, "
+        "LLMGW_AGENT_STATE_DIR or state_dir in the config file)\n"
+    )
+    assert refused.returncode == 1
+
+
 def test_an_agent_whose_state_directory_cannot_be_made_says_where_to_set_another(
     pki: Path, tmp_path: Path
 ) -> None:
