@@ -56,7 +56,7 @@ from app.pki import (
     client_ssl_context,
 )
 from app.pki.files import load_certificate
-from app.regular_file import irregular_kind
+from app.regular_file import not_a_directory
 from app.usage_errors import (
     finite_number_flag,
     one_line_usage_errors,
@@ -494,25 +494,15 @@ def _unusable_state_dir(state_dir: Path, error: OSError) -> str:
     # mkdir says only "File exists" of a file, a FIFO or a dangling link where the directory
     # was to be: say which.
     problem = (
-        _what_stands_at(state_dir)
-        if error.errno == errno.EEXIST and Path(error.filename or "") == state_dir
-        else error.strerror or str(error)
+        (not_a_directory(state_dir) if error.errno == errno.EEXIST else None)
+        or error.strerror
+        or str(error)
     )
     return (
         f"the state directory {state_dir} cannot be used{where}: {problem}; "
         f"{remedy} this agent's user can write (--state-dir, {STATE_DIR_ENV} or state_dir in "
         "the config file)"
     )
-
-
-def _what_stands_at(path: Path) -> str:
-    """What is at ``path``, where a directory was to be made and something else is."""
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        target = os.readlink(path) if path.is_symlink() else "nothing"
-        return f"a symbolic link to {target}, which does not exist"
-    return f"not a directory but {irregular_kind(mode) or 'a regular file'}"
 
 
 def _mark(command: str, state_dir: Path | None, gpu: int, reason: str | None) -> int:

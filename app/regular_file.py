@@ -146,6 +146,23 @@ def _read_within(path: Path, descriptor: int, limit: int, deadline: float, wait:
     return b"".join(chunks)
 
 
+def not_a_directory(path: Path) -> str | None:
+    """What stands at ``path`` where a directory should be ("not a directory but a named pipe
+    (FIFO)", "a symbolic link to ..., which does not exist"); None for a directory, or for
+    nothing at all. ``mkdir`` says only "File exists" of each."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if not os.path.islink(path):
+            return None
+        return f"a symbolic link to {os.readlink(path)}, which does not exist"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if stat.S_ISDIR(mode):
+        return None
+    return f"not a directory but {irregular_kind(mode) or 'a regular file'}"
+
+
 def irregular_kind(mode: int) -> str | None:
     """What a file of ``mode`` (its ``st_mode``) is, named for a refusal ("a named pipe
     (FIFO)"), when it is of a kind that is never read as a file; None for any other."""

@@ -22,7 +22,7 @@ from app.pki.errors import (
 )
 from app.pki.keys import PrivateKey, certificate_pem, private_key_pem
 from app.pki.model import CertificateAuthority
-from app.regular_file import FileRefused, read_regular_file
+from app.regular_file import FileRefused, not_a_directory, read_regular_file
 
 CA_CERTIFICATE = "ca.crt"
 CA_KEY = "ca.key"
@@ -76,6 +76,11 @@ def write_files(files: Sequence[PemFile], *, force: bool) -> None:
 
 
 def load_ca(ca_dir: Path) -> CertificateAuthority:
+    if (problem := not_a_directory(ca_dir)) is not None:
+        # Told apart from a CA not made yet: `init-ca --dir` of this path would fail too.
+        raise UnreadableFile(
+            ca_dir, f"{problem}: give the CA's directory ({CA_CERTIFICATE}, {CA_KEY})"
+        )
     certificate_path, key_path = ca_dir / CA_CERTIFICATE, ca_dir / CA_KEY
     missing = tuple(path.name for path in (certificate_path, key_path) if not path.exists())
     if missing:

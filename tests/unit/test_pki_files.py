@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -113,6 +113,34 @@ def test_a_missing_ca_says_which_files_are_missing(tmp_path: Path) -> None:
 
     assert missing.value.missing == ("ca.crt", "ca.key")
     assert missing.value.ca_dir == tmp_path
+
+
+@pytest.mark.parametrize(
+    ("make", "what"),
+    [
+        (lambda path: path.write_text("x\n"), "not a directory but a regular file"),
+        (lambda path: os.mkfifo(path), "not a directory but a named pipe (FIFO)"),
+        (
+            lambda path: path.symlink_to(path.parent / "gone"),
+            "a symbolic link to {parent}/gone, which does not exist",
+        ),
+    ],
+    ids=["file", "fifo", "dangling-link"],
+)
+def test_a_ca_directory_that_is_something_else_is_refused_as_what_it_is(
+    tmp_path: Path, make: Callable[[Path], object], what: str
+) -> None:
+    # Before, each was "no CA in PATH (ca.crt, ca.key missing)", and the advice to run
+    # `cert init-ca --dir PATH`, which fails on it too.
+    ca_dir = tmp_path / "ca"
+    make(ca_dir)
+
+    with pytest.raises(UnreadableFile) as refused:
+        load_ca(ca_dir)
+
+    assert str(refused.value) == (
+        f"{ca_dir}: {what.format(parent=tmp_path)}: give the CA's directory (ca.crt, ca.key)"
+    )
 
 
 def test_a_ca_key_that_does_not_fit_the_certificate_is_refused(
