@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import stat
@@ -176,7 +177,11 @@ def _make_directory(directory: Path) -> None:
     try:
         directory.mkdir(mode=DIRECTORY_MODE, parents=True, exist_ok=True)
     except OSError as exc:
-        raise CertificateFileError(f"cannot create directory {directory}: {exc.strerror}") from exc
+        # mkdir says only "File exists" of a file or a dangling link in the directory's place.
+        problem = (not_a_directory(directory) if exc.errno == errno.EEXIST else None) or (
+            exc.strerror
+        )
+        raise CertificateFileError(f"cannot create directory {directory}: {problem}") from exc
 
 
 def _read(path: Path) -> bytes:

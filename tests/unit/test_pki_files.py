@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from app.pki import (
     CaNotFound,
     CertificateAuthority,
+    CertificateFileError,
     RefusedOverwrite,
     UnprotectedKey,
     UnreadableFile,
@@ -140,6 +141,21 @@ def test_a_ca_directory_that_is_something_else_is_refused_as_what_it_is(
 
     assert str(refused.value) == (
         f"{ca_dir}: {what.format(parent=tmp_path)}: give the CA's directory (ca.crt, ca.key)"
+    )
+
+
+def test_a_directory_to_write_in_that_is_a_fifo_is_refused_as_one(
+    tmp_path: Path, ca: CertificateAuthority
+) -> None:
+    # Before, "cannot create directory PATH: File exists", of a path that is no directory.
+    fifo = tmp_path / "out"
+    os.mkfifo(fifo)
+
+    with pytest.raises(CertificateFileError) as refused:
+        write_ca(fifo, ca, force=False)
+
+    assert str(refused.value) == (
+        f"cannot create directory {fifo}: not a directory but a named pipe (FIFO)"
     )
 
 
