@@ -11,12 +11,14 @@ PostgreSQL that a killed run leaves behind do not keep the next run out.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from app.regular_file import not_a_directory
 from devcluster.errors import DevError, StateDirInUse
 
 LOCK_FILE = "dev.lock"
@@ -38,8 +40,14 @@ def lock_state_dir(state_dir: Path) -> StateDirLock:
         file = (state_dir / LOCK_FILE).open("a+", encoding="utf-8")
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename and Path(exc.filename) != state_dir else ""
+        # mkdir says only "File exists" of a file or a FIFO in the directory's place.
+        problem = (
+            (not_a_directory(state_dir) if exc.errno == errno.EEXIST else None)
+            or exc.strerror
+            or str(exc)
+        )
         raise DevError(
-            f"the state directory {state_dir} cannot be used{where}: {exc.strerror or exc}; "
+            f"the state directory {state_dir} cannot be used{where}: {problem}; "
             "give one you can write with --state-dir"
         ) from exc
     try:

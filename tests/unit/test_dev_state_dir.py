@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from devcluster.dev import DevOptions, run_dev
+from devcluster.errors import DevError
 from devcluster.ports import LOOPBACK
+from devcluster.state_lock import lock_state_dir
 from tests.support.ports import free_port
 
 UNREACHABLE_DATABASE = "postgresql://llmgw@127.0.0.1:1/llmgw"
@@ -73,3 +75,17 @@ def test_a_state_directory_that_cannot_be_made_is_named_with_its_flag(
         "you can write with --state-dir\n"
     )
     assert code == 1
+
+
+def test_a_state_directory_that_is_a_fifo_is_refused_as_one(tmp_path: Path) -> None:
+    # Before, "cannot be used: File exists", of a path that is no directory.
+    fifo = tmp_path / "dev"
+    os.mkfifo(fifo)
+
+    with pytest.raises(DevError) as refused:
+        lock_state_dir(fifo)
+
+    assert str(refused.value) == (
+        f"the state directory {fifo} cannot be used: not a directory but a named pipe (FIFO); "
+        "give one you can write with --state-dir"
+    )
