@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 from cyclopts import Parameter
 
+from app.pki.files import MAX_PEM_FILE_BYTES
 from app.regular_file import FileMissing, FileRefused, read_file_or_pipe
 from cli.render import warn
 
@@ -267,6 +268,9 @@ def _check_readable_file(path: Path, what: str, source: str) -> None:
         problem = "is not a file"
     elif not os.access(path, os.R_OK):
         problem = "cannot be read"
+    elif (size := path.stat().st_size) > MAX_PEM_FILE_BYTES:
+        # Refused here, as bad usage, rather than later by TLS set-up as a failure.
+        problem = f"is {size:,} bytes, over the {MAX_PEM_FILE_BYTES // 1024} KiB it may hold"
     else:
         return
     raise ConfigError(f"{what} {path} (from {source}) {problem}")

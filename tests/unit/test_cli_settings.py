@@ -137,6 +137,24 @@ def test_a_certificate_or_key_that_is_no_readable_file_is_a_usage_error_naming_i
     assert str(refused.value) == refusal.format(path=path, problem=problem)
 
 
+def test_a_certificate_over_512_kib_is_a_usage_error_naming_it(tmp_path: Path) -> None:
+    # Before, it was taken, and TLS set-up refused it later as a failure (exit 1).
+    (tmp_path / "cli.toml").write_text("")
+    huge = tmp_path / "ca.crt"
+    huge.write_bytes(b"#" * (512 * 1024 + 1))
+    settings = environment(
+        tmp_path, LLMGW_ADMIN_URL="https://llmgw.internal:8081", LLMGW_ADMIN_CA=str(huge)
+    )
+
+    with pytest.raises(ConfigError) as refused:
+        resolve_settings(ConnectionFlags(), settings)
+
+    assert str(refused.value) == (
+        f"the llmgw CA certificate {huge} (from $LLMGW_ADMIN_CA) is 524,289 bytes, over the "
+        "512 KiB it may hold"
+    )
+
+
 def test_a_missing_ca_certificate_exits_2_with_one_line_before_anything_is_sent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
