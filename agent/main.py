@@ -56,7 +56,7 @@ from app.pki import (
     client_ssl_context,
 )
 from app.pki.files import load_certificate
-from app.regular_file import not_a_directory
+from app.regular_file import not_a_directory, open_regular_to_append
 from app.usage_errors import (
     finite_number_flag,
     one_line_usage_errors,
@@ -471,7 +471,7 @@ def _lock_state_dir(state_dir: Path) -> TextIO:
     """Hold ``<state_dir>/agent.lock`` until the returned file is closed: two agents on one
     state directory would both re-attach, watch and report the same engines."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    lock = (state_dir / LOCK_FILE).open("a+")
+    lock = open_regular_to_append(state_dir / LOCK_FILE)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

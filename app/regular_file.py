@@ -13,11 +13,13 @@ has not finished within ``PIPE_WAIT_SECONDS`` is given up on.
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import stat
 import time
 from pathlib import Path
+from typing import TextIO
 
 PIPE_WAIT_SECONDS = 60.0
 """How long ``read_file_or_pipe`` waits on a pipe's writer: long enough to type a passphrase
@@ -144,6 +146,22 @@ def _read_within(path: Path, descriptor: int, limit: int, deadline: float, wait:
         chunks.append(chunk)
         size += len(chunk)
     return b"".join(chunks)
+
+
+def open_regular_to_append(path: Path) -> TextIO:
+    """``path`` opened "a+" (created if missing), as a lock file is, refused with an
+    ``OSError`` naming it when a FIFO, a device or a directory stands there: ``open`` alone
+    says only "File or stream is not seekable" of a FIFO."""
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK, 0o666)
+    try:
+        kind = irregular_kind(os.fstat(descriptor).st_mode)
+        if kind is not None:
+            raise OSError(errno.EINVAL, f"not a regular file but {kind}", str(path))
+        os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "a+", encoding="utf-8")
+    except BaseException:
+        os.close(descriptor)
+        raise
 
 
 def not_a_directory(path: Path) -> str | None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from app.regular_file import not_a_directory
+from app.regular_file import not_a_directory, open_regular_to_append
 from devcluster.errors import DevError, StateDirInUse
 
 LOCK_FILE = "dev.lock"
@@ -37,7 +37,7 @@ def lock_state_dir(state_dir: Path) -> StateDirLock:
     holds it, ``DevError`` when it cannot be made or written."""
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
-        file = (state_dir / LOCK_FILE).open("a+", encoding="utf-8")
+        file = open_regular_to_append(state_dir / LOCK_FILE)
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename and Path(exc.filename) != state_dir else ""
         # mkdir says only "File exists" of a file or a FIFO in the directory's place.

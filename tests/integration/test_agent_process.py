@@ -849,6 +849,36 @@ def test_an_agent_whose_state_directory_is_something_else_says_what_it_is(
     assert refused.returncode == 1
 
 
+def test_an_agent_whose_lock_file_is_a_fifo_says_so(pki: Path, tmp_path: Path) -> None:
+    # Before, "cannot be used: File or stream is not seekable."
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    os.mkfifo(state_dir / "agent.lock")
+
+    refused = subprocess.run(
+        [
+            installed("llmgw-agent"),
+            *("--server", f"wss://{LOOPBACK}:{free_port()}", "--node-id", NODE_ID),
+            *("--ca", str(pki / "ca.crt"), "--cert", str(pki / "node.crt")),
+            *("--key", str(pki / "node.key"), "--fake-gpus", "1x80GB"),
+            *("--state-dir", str(state_dir)),
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_environment(),
+        timeout=60,
+        check=False,
+    )
+
+    assert refused.stderr == (
+        f"llmgw-agent: the state directory {state_dir} cannot be used "
+        f"({state_dir / 'agent.lock'}): not a regular file but a named pipe (FIFO); give one "
+        "this agent's user can write (--state-dir, LLMGW_AGENT_STATE_DIR or state_dir in the "
+        "config file)\n"
+    )
+    assert refused.returncode == 1
+
+
 def test_an_agent_whose_state_directory_cannot_be_made_says_where_to_set_another(
     pki: Path, tmp_path: Path
 ) -> None:

@@ -89,3 +89,16 @@ def test_a_state_directory_that_is_a_fifo_is_refused_as_one(tmp_path: Path) -> N
         f"the state directory {fifo} cannot be used: not a directory but a named pipe (FIFO); "
         "give one you can write with --state-dir"
     )
+
+
+def test_a_lock_file_that_is_a_fifo_is_refused_as_one(tmp_path: Path) -> None:
+    # Before, "cannot be used: File or stream is not seekable."
+    os.mkfifo(tmp_path / "dev.lock")
+
+    with pytest.raises(DevError) as refused:
+        lock_state_dir(tmp_path)
+
+    assert str(refused.value) == (
+        f"the state directory {tmp_path} cannot be used ({tmp_path / 'dev.lock'}): not a "
+        "regular file but a named pipe (FIFO); give one you can write with --state-dir"
+    )
