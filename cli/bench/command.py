@@ -17,6 +17,7 @@ from typing import Annotated, Literal, TypeVar
 
 from cyclopts import App, Group, Parameter
 
+from app.regular_file import irregular_kind
 from cli.arguments import (
     UsageError,
     WholeNumberWithin,
@@ -26,6 +27,7 @@ from cli.arguments import (
     whole_number,
 )
 from cli.bench.errors import BenchError
+from cli.bench.files import CHART_FILE, REPORT_FILE
 from cli.bench.plan import BenchPlan
 from cli.bench.slo import SloError, SloTarget, parse_duration, parse_fraction, parse_targets
 from cli.bench.target import Target, engine_root, resolve_replica
@@ -345,6 +347,15 @@ def _check_report_dir(path: Path | None) -> None:
         raise UsageError(f"--report-dir {path}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"--report-dir {path}: {existing} is a directory bench cannot write in")
+    for name in (REPORT_FILE, CHART_FILE):
+        # Written over after the climb: a FIFO there would wait for a reader for ever, a
+        # directory end the run in a traceback.
+        kind = irregular_kind(os.stat(path / name).st_mode) if (path / name).exists() else None
+        if kind is not None:
+            raise UsageError(
+                f"--report-dir {path}: {path / name}, which bench writes its report to, is "
+                f"not a regular file but {kind}"
+            )
 
 
 def _targets(texts: tuple[str, ...]) -> tuple[SloTarget, ...]:

@@ -15,6 +15,7 @@ from rich.console import Console
 
 from cli.bench.climb import StopReason
 from cli.bench.errors import BenchError
+from cli.bench.files import CHART_FILE, REPORT_FILE
 from cli.bench.plan import BenchPlan
 from cli.bench.progress import level_observer
 from cli.bench.report import (
@@ -42,8 +43,6 @@ from cli.render import (
 )
 from cli.tuning import tune
 
-REPORT_FILE = "bench.json"
-CHART_FILE = "bench.png"
 NO_CHART = (
     "no chart: matplotlib is not installed; `pip install 'llmgw[bench]'` adds it to draw "
     f"{CHART_FILE} next time"

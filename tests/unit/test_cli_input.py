@@ -535,3 +535,22 @@ def test_bench_refuses_a_report_dir_it_cannot_make_before_the_climb(
         2,
         f"llmgw-cli bench: --report-dir {report_dir}: {in_the_way} is not a directory\n",
     )
+
+
+@pytest.mark.parametrize("name", ["bench.json", "bench.png"])
+def test_bench_refuses_a_report_dir_whose_report_file_is_a_fifo_before_the_climb(
+    tmp_path: Path, name: str
+) -> None:
+    # Before, the climb ran, and writing the report then waited on the FIFO for ever.
+    os.mkfifo(tmp_path / name)
+
+    code, _, stderr = run_cli(
+        *("bench", "--url", "http://127.0.0.1:1", "--slo", "ttft_p95=1s"),
+        *("--report-dir", str(tmp_path)),
+    )
+
+    assert (code, stderr) == (
+        2,
+        f"llmgw-cli bench: --report-dir {tmp_path}: {tmp_path / name}, which bench writes its "
+        "report to, is not a regular file but a named pipe (FIFO)\n",
+    )
