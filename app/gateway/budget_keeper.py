@@ -28,7 +28,7 @@ import asyncpg
 import structlog
 
 from app.gateway.reconnecting import CONNECTION_LOST, ConnectedTask
-from app.gateway.sharedlimits import Return, SharedLimiter
+from app.gateway.sharedlimits import GRANT_ANSWER_WITHIN_S, Return, SharedLimiter
 from app.store.database import driver_url
 from app.store.gateway_reports import REPORT_MAX_AGE_S
 from app.store.rate_budgets import FORGET_BATCH, forget_aged, grant, live_gateways, release
@@ -38,7 +38,8 @@ log = structlog.get_logger(__name__)
 TICK_S = 0.1
 COUNT_GATEWAYS_EVERY_S = 2.0
 FORGET_AGED_EVERY_S = 60.0
-QUERY_TIMEOUT_S = 2.0
+QUERY_TIMEOUT_S = GRANT_ANSWER_WITHIN_S
+"""A refusal of a request whose grant is unanswered tells its client to wait this long."""
 
 
 class BudgetKeeper:

@@ -28,6 +28,11 @@ grant asked for is on its way: such a request is ``pending``, and waits for the 
 next answer (``answered``, at most ``GRANT_WAIT_S`` in ``app.gateway.exchange_steps``)
 rather than being refused while the key has room. At a steady rate it never happens.
 
+A request refused is told when it may be admitted (``Budget.wait_s``): never sooner than
+``can_take`` could say yes if nothing else came, so that a client that waits as long is not
+refused again for the same reason; where that hangs on a grant not answered yet, the time
+the database has to answer it.
+
 No I/O and no clock of its own (``now`` is monotonic seconds, passed in); ``answered``
 is the one thing that awaits.
 """
@@ -55,6 +60,11 @@ REFUSED_RETRY_S = (0.05, 1.0)
 WINDOW_S = 60.0
 ROOM_KNOWN_S = 1.0
 """How long what the last grant said was left of the key's minute bounds the credit."""
+GRANT_ANSWER_WITHIN_S = 2.0
+"""How long a grant asked for may go unanswered: the keeper's query timeout
+(``app.gateway.budget_keeper``), past which the limiter is ``degraded`` instead."""
+MIN_RETRY_AFTER_S = 0.05
+"""The least a refusal says, however soon the request may fit."""
 
 REQUESTS = "rpm"
 TOKENS = "tpm"
@@ -106,6 +116,8 @@ class Budget:
         self._recent_bucket = 0
         self.last_used = -math.inf
         self.answered_at = -math.inf
+        self.asked_at = -math.inf
+        """When the grant being asked for (``asking``) was asked for."""
         self.last_second: int | None = None
         """The database's second of the latest grant."""
         self.last_granted_at = -math.inf
@@ -197,10 +209,24 @@ class Budget:
         self.room_at = now + room_in_s
         self.refused_until = now + min(high, max(low, room_in_s))
 
-    def wait_s(self, now: float) -> float:
-        """How long a request refused now waits until it may fit: until the key's minute
-        has room again, not merely until this gateway asks the database again."""
-        return max(self.refused_until, self.room_at) - now
+    def wait_s(self, cost: int, now: float) -> float:
+        """How long a request of ``cost`` refused now waits until ``can_take`` may admit
+        it, if nothing else comes: until the gateway may ask again and the key's minute
+        has room, until the room the last grant told of is no longer held against the
+        credit, and for a debt beyond one slice (which only a grant pays), until the grant
+        on its way has been answered. Never less: a client that waits that long is not
+        refused again for the same reason."""
+        held = self.held()
+        if held >= cost:
+            return 0.0
+        at = max(now, self.refused_until, self.room_at)
+        needed = cost - held
+        if needed > self.slice(now, cost):
+            if self.asking:
+                at = max(at, self.asked_at + GRANT_ANSWER_WITHIN_S)
+        elif needed > self.limit - self.used and now - self.answered_at < ROOM_KNOWN_S:
+            at = max(at, self.answered_at + ROOM_KNOWN_S)
+        return at - now
 
     def expire(self, now: float) -> list[Lease]:
         gone: list[Lease] = []
@@ -293,8 +319,8 @@ class SharedLimiter:
         elif self.degraded:
             decision = self._local_share(key_id, rpm, tpm, now)
         else:
-            waits = [budget.wait_s(now) for budget, _ in wanted]
-            decision = self._decision(False, max(0.05, *waits), key_id, rpm, tpm, now)
+            waits = [budget.wait_s(cost, now) for budget, cost in wanted]
+            decision = self._decision(False, max(MIN_RETRY_AFTER_S, *waits), key_id, rpm, tpm, now)
         if any(budget.want(now) for budget, _ in wanted):
             self._on_ask()
         if not decision.allowed and not self.degraded:
@@ -345,6 +371,7 @@ class SharedLimiter:
             want = budget.want(now)
             if want > 0:
                 budget.asking = True
+                budget.asked_at = now
                 found.append(Ask(key_id, resource, budget.limit, want))
         return found
 

@@ -9,8 +9,16 @@ from __future__ import annotations
 
 import math
 
+from app.gateway.ratelimit import RateDecision
 from app.gateway.request_body import DEFAULT_OUTPUT_TOKENS, parse_fields, token_estimate
-from app.gateway.sharedlimits import LEASE_HOLD_S, REQUESTS, TOKENS, Ask, SharedLimiter
+from app.gateway.sharedlimits import (
+    GRANT_ANSWER_WITHIN_S,
+    LEASE_HOLD_S,
+    REQUESTS,
+    TOKENS,
+    Ask,
+    SharedLimiter,
+)
 
 KEY = "key-1"
 
@@ -323,3 +331,42 @@ def test_a_key_that_went_into_debt_is_served_again_once_its_minute_has_room() ->
     assert served, "the minute has room: nothing of the key's is in it any more"
     # Every token the key used reached the database: its debt came with a grant.
     assert sum(ledger.granted.values()) >= 900 + 500
+
+
+def test_a_request_larger_than_the_room_told_waits_until_the_credit_may_cover_it() -> None:
+    """Another gateway holds most of the key's minute: the last grant left less room than
+    the request needs, so it is refused until that word on the room is old (when credit
+    covers it). It was told "Retry after 0.05 s", and a client that honoured it was
+    refused again some twenty times in that second."""
+    limiter, ledger = SharedLimiter(), Ledger()
+    ledger.granted[(TOKENS, 50)] = 800  # another gateway's grant, 50 s ago
+
+    def ask(tokens: int, now: float) -> RateDecision:
+        return limiter.admit(KEY, rpm=None, tpm=1000, now=now, tokens=tokens)
+
+    assert ask(100, 100.0).allowed, "on credit: the minute's room is not known yet"
+    ledger.serve(limiter, 100.0)  # the grant pays it and leaves 90 of the minute
+    refused = ask(300, 100.1)
+    assert not refused.allowed
+    assert not refused.pending
+    assert refused.retry_after_s >= 0.85, refused.retry_after_s
+    assert not ask(300, 100.1 + refused.retry_after_s - 0.01).allowed, "never less"
+    assert ask(300, 100.1 + refused.retry_after_s).allowed, "admitted at the first try"
+
+
+def test_a_request_refused_while_its_debts_grant_is_unanswered_waits_for_the_answer() -> None:
+    """A debt beyond one slice is paid only by a grant; while the database is slow to
+    answer it, a refusal said "Retry after 0.05 s", again and again until it answered."""
+    limiter, ledger = SharedLimiter(), Ledger()
+
+    def ask(now: float) -> RateDecision:
+        return limiter.admit(KEY, rpm=None, tpm=2000, now=now, tokens=400)
+
+    assert ask(100.0).allowed
+    limiter.record_tokens(KEY, 900, now=100.1, reserved=400)  # it generated more
+    (grant,) = limiter.asks(100.1)  # asked for; the answer is slow to come
+    refused = ask(100.4)
+    assert not refused.allowed
+    assert refused.retry_after_s >= GRANT_ANSWER_WITHIN_S - 0.3 - 1e-9, refused.retry_after_s
+    ledger.answer(limiter, grant, 101.5)  # the minute's room pays the debt
+    assert ask(100.4 + refused.retry_after_s).allowed, "admitted at the first try"
