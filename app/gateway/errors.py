@@ -198,8 +198,16 @@ def body_too_large(limit: int) -> ApiError:
     )
 
 
+SDK_RETRY_AFTER_MAX_S = 60.0
+"""The longest ``retry-after-ms`` the ``openai`` SDKs wait as told (the 3.x releases up to
+120 s; older ones wait 0.5 to 8 s past 60 s, which would only be refused again)."""
+
+
 def quota_exceeded(decision: RateDecision) -> ApiError:
-    """The key is over its rpm or tpm: 429 that clients must not retry at once."""
+    """The key is over its rpm or tpm: 429 that clients retry once ``retry-after-ms`` has
+    passed, not at once. The ``openai`` SDKs do so for a 429 by default, as OpenAI's own
+    quota refusals have them do; ``x-should-retry: false`` is sent only when the wait is
+    longer than they honour (``SDK_RETRY_AFTER_MAX_S``): they would retry too early."""
     requests, tokens = decision.requests, decision.tokens
     if requests is not None and requests.remaining < 1:
         message = f"Rate limit reached: {requests.limit} requests per minute for this key."
@@ -208,13 +216,13 @@ def quota_exceeded(decision: RateDecision) -> ApiError:
     else:
         message = "Rate limit reached for this key."
     message += f" Retry after {decision.retry_after_s:.1f} s."
-    headers = (
+    retry_after: tuple[Header, ...] = (
         (b"retry-after", retry_after_header(decision.retry_after_s)),
         (b"retry-after-ms", b"%d" % math.ceil(decision.retry_after_s * 1000)),
-        # A quota refusal is not transient: a client retrying at once only burns requests.
-        _NO_RETRY,
-        *rate_limit_headers(decision),
     )
+    if decision.retry_after_s > SDK_RETRY_AFTER_MAX_S:
+        retry_after += (_NO_RETRY,)
+    headers = (*retry_after, *rate_limit_headers(decision))
     return ApiError(
         429, message, type="rate_limit_error", code="rate_limit_exceeded", headers=headers
     )

@@ -1,4 +1,5 @@
-"""A client that honours a quota refusal's ``retry-after-ms`` is served when it comes back.
+"""A client that honours a quota refusal's ``retry-after-ms`` is served when it comes back,
+and the ``openai`` SDK, retrying as it does by default, is served without an error.
 
 One ``llmgw-server gateway`` on a real database, in front of a simulator replica. A key of
 tpm 1000 whose minute another gateway has mostly spent (800 tokens granted 50 s ago,
@@ -6,7 +7,8 @@ written into ``rate_budgets`` as that gateway's grant would be): a first request
 little of what is left, then one larger than the rest is refused, and its client waits
 what ``retry-after-ms`` says before each new try. It is served at the first or second try
 after the first refusal. Before, the refusal said "Retry after 0.05 s" until this
-gateway's word on the room was a second old: some twenty tries.
+gateway's word on the room was a second old: some twenty tries. The SDK, told
+``x-should-retry: false``, raised ``RateLimitError`` at once.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
 import httpx
+import openai
 import pytest
 
 from agent.simulator.launcher import start_simulator
@@ -37,11 +41,17 @@ HELD_ELSEWHERE = 800
 STARTED_WITHIN_S = 20.0
 MOST_TRIES = 3
 """The first refusal, then the first or the second try after its wait."""
+LARGER_THAN_THE_ROOM = 300
+"""Tokens to generate: more than what the minute has left once the first request ran."""
 
 
-async def test_a_client_honouring_retry_after_ms_is_served_at_its_next_try(
+@contextlib.asynccontextmanager
+async def a_minute_mostly_spent_elsewhere(
     database_url: str, pg_store: PostgresEventStore, tmp_path: Path
-) -> None:
+) -> AsyncIterator[tuple[Client, str]]:
+    """A gateway in front of a simulator, and a key of tpm 1000 whose minute another
+    gateway has mostly spent, of which a first request has taken a little more: the client
+    and the key."""
     model = f"ra-{uuid.uuid4().hex[:8]}"
     with start_simulator("--model", model, "--instant", port=free_port()) as engine:
         engine.wait_healthy()
@@ -66,21 +76,47 @@ async def test_a_client_honouring_retry_after_ms_is_served_at_its_next_try(
                 await wait_until(routes, within_s=STARTED_WITHIN_S, what="the gateway routes")
                 await spend_most_of_the_minute_elsewhere(database_url, limited.record.id)
                 assert (await client.ask(limited.key, 60)).status_code == 200
-                statuses, waits_ms = await client.honouring_retry_after(limited.key, 300)
+                yield client, limited.key
 
+
+async def test_a_client_honouring_retry_after_ms_is_served_at_its_next_try(
+    database_url: str, pg_store: PostgresEventStore, tmp_path: Path
+) -> None:
+    async with a_minute_mostly_spent_elsewhere(database_url, pg_store, tmp_path) as (
+        client,
+        key,
+    ):
+        statuses, waits_ms = await client.honouring_retry_after(key, LARGER_THAN_THE_ROOM)
     assert statuses[0] == 429, "the request does not fit what the minute has left"
     assert statuses[-1] == 200, (statuses, waits_ms)
     assert len(statuses) <= MOST_TRIES, (statuses, waits_ms)
 
 
+async def test_the_openai_sdk_retries_a_quota_refusal_and_is_served(
+    database_url: str, pg_store: PostgresEventStore, tmp_path: Path
+) -> None:
+    async with (
+        a_minute_mostly_spent_elsewhere(database_url, pg_store, tmp_path) as (client, key),
+        openai.AsyncOpenAI(base_url=client.base_url, api_key=key, max_retries=2) as sdk,
+    ):
+        raw = await sdk.chat.completions.with_raw_response.create(
+            model=client.model,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=LARGER_THAN_THE_ROOM,
+        )
+    assert raw.retries_taken >= 1, "the first try was refused: the minute has no room"
+    assert raw.parse().choices[0].message.content
+
+
 class Client:
     def __init__(self, http: httpx.AsyncClient, model: str) -> None:
         self._http = http
-        self._model = model
+        self.model = model
+        self.base_url = f"{http.base_url}".rstrip("/") + "/v1"
 
     async def ask(self, key: str, max_tokens: int) -> httpx.Response:
         body = {
-            "model": self._model,
+            "model": self.model,
             "messages": [{"role": "user", "content": "hi"}],
             "max_tokens": max_tokens,
         }

@@ -184,7 +184,9 @@ def test_too_many_wrong_keys_is_not_to_be_retried_by_the_sdk() -> None:
     assert dict(error.headers) == {b"retry-after": b"3", b"x-should-retry": b"false"}
 
 
-def test_a_quota_refusal_says_which_limit_and_not_to_retry() -> None:
+def test_a_quota_refusal_says_which_limit_and_when_to_retry() -> None:
+    """The SDKs retry it after ``retry-after-ms``, as they do OpenAI's own: before, it said
+    ``x-should-retry: false`` and an application written for OpenAI got its error at once."""
     decision = RateDecision(
         allowed=False,
         retry_after_s=12.5,
@@ -199,7 +201,6 @@ def test_a_quota_refusal_says_which_limit_and_not_to_retry() -> None:
     assert headers == {
         b"retry-after": b"13",
         b"retry-after-ms": b"12500",
-        b"x-should-retry": b"false",
         b"x-ratelimit-limit-requests": b"1",
         b"x-ratelimit-remaining-requests": b"0",
         b"x-ratelimit-reset-requests": b"47.5s",
@@ -207,6 +208,22 @@ def test_a_quota_refusal_says_which_limit_and_not_to_retry() -> None:
         b"x-ratelimit-remaining-tokens": b"990",
         b"x-ratelimit-reset-tokens": b"47.5s",
     }
+
+
+@pytest.mark.parametrize(
+    ("retry_after_s", "should_retry"),
+    [(0.05, None), (59.9, None), (60.0, None), (60.001, b"false"), (61.0, b"false")],
+)
+def test_a_quota_refusal_is_not_retried_by_the_sdks_only_past_the_wait_they_honour(
+    retry_after_s: float, should_retry: bytes | None
+) -> None:
+    decision = RateDecision(
+        allowed=False,
+        retry_after_s=retry_after_s,
+        requests=Quota(limit=2, remaining=0, reset_s=retry_after_s),
+        tokens=None,
+    )
+    assert dict(quota_exceeded(decision).headers).get(b"x-should-retry") == should_retry
 
 
 def test_a_token_quota_refusal() -> None:
