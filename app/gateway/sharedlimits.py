@@ -214,13 +214,19 @@ class Budget:
         it, if nothing else comes: until the gateway may ask again and the key's minute
         has room, until the room the last grant told of is no longer held against the
         credit, and for a debt beyond one slice (which only a grant pays), until the grant
-        on its way has been answered. Never less: a client that waits that long is not
+        on its way has been answered, or beyond the limit, until the minutes that may pay
+        it have passed. Never less: a client that waits that long is not
         refused again for the same reason."""
         held = self.held()
         if held >= cost:
             return 0.0
         at = max(now, self.refused_until, self.room_at)
         needed = cost - held
+        if needed > self.limit:
+            # A debt beyond the limit: grants pay at most the limit a minute, so the
+            # minutes until they may have paid for it and this request.
+            minutes = math.ceil(needed / self.limit) - 1
+            at = max(at, max(now, self.room_at) + WINDOW_S * minutes)
         if needed > self.slice(now, cost):
             if self.asking:
                 at = max(at, self.asked_at + GRANT_ANSWER_WITHIN_S)

@@ -370,3 +370,22 @@ def test_a_request_refused_while_its_debts_grant_is_unanswered_waits_for_the_ans
     assert refused.retry_after_s >= GRANT_ANSWER_WITHIN_S - 0.3 - 1e-9, refused.retry_after_s
     ledger.answer(limiter, grant, 101.5)  # the minute's room pays the debt
     assert ask(100.4 + refused.retry_after_s).allowed, "admitted at the first try"
+
+
+def test_a_debt_beyond_the_limit_is_told_the_minutes_it_takes_to_pay() -> None:
+    """An answer three times the key's tpm: grants pay at most the limit a minute, so the
+    key is served again only once two more minutes have paid for it. A refusal said when
+    the first of them began, and the client that came back then was refused again."""
+    limiter = SharedLimiter()
+
+    def ask(now: float) -> RateDecision:
+        return limiter.admit(KEY, rpm=None, tpm=1000, now=now, tokens=5)
+
+    assert limiter.admit(KEY, rpm=None, tpm=1000, now=100.0, tokens=1000).allowed
+    (grant,) = limiter.asks(100.0)
+    limiter.granted(grant, 1000, 100, 1000, 61.0, 100.0)  # the minute is spent
+    limiter.record_tokens(KEY, 3000, now=110.0, reserved=1000)  # 2000 beyond it
+    refused = ask(110.5)
+    assert not refused.allowed
+    assert refused.retry_after_s >= 161.0 + 2 * 60 - 110.5, refused.retry_after_s
+    assert refused.retry_after_s <= 161.0 + 2 * 61 - 110.5, "no more than the ledger's count"
