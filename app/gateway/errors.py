@@ -215,7 +215,8 @@ def quota_exceeded(decision: RateDecision) -> ApiError:
         message = f"Rate limit reached: {tokens.limit} tokens per minute for this key."
     else:
         message = "Rate limit reached for this key."
-    message += f" Retry after {decision.retry_after_s:.1f} s."
+    # Rounded up, as the headers are: a client reading the message never comes back early.
+    message += f" Retry after {math.ceil(decision.retry_after_s * 10) / 10:.1f} s."
     retry_after: tuple[Header, ...] = (
         (b"retry-after", retry_after_header(decision.retry_after_s)),
         (b"retry-after-ms", b"%d" % math.ceil(decision.retry_after_s * 1000)),

@@ -6,9 +6,9 @@ tpm 1000 whose minute another gateway has mostly spent (800 tokens granted 50 s 
 written into ``rate_budgets`` as that gateway's grant would be): a first request takes a
 little of what is left, then one larger than the rest is refused, and its client waits
 what ``retry-after-ms`` says before each new try. It is served at the first or second try
-after the first refusal. Before, the refusal said "Retry after 0.05 s" until this
-gateway's word on the room was a second old: some twenty tries. The SDK, told
-``x-should-retry: false``, raised ``RateLimitError`` at once.
+after the first refusal. Before, the refusal said "Retry after 0.1 s" (retry-after-ms:
+50) until this gateway's word on the room was a second old: some twenty tries. The SDK,
+told ``x-should-retry: false``, raised ``RateLimitError`` at once.
 """
 
 from __future__ import annotations

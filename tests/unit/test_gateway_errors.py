@@ -325,3 +325,16 @@ def test_a_broken_stream_ends_with_an_error_event_and_done() -> None:
     events = stream_error_events("gone").split(b"\n\n")
     assert events[-2:] == [b"data: [DONE]", b""]
     assert error_of(events[0].removeprefix(b"data: "))["code"] == "upstream_disconnected"
+
+
+def test_a_quota_refusals_message_says_no_less_than_its_headers() -> None:
+    """It rounded to the nearest tenth: "Retry after 0.8 s" with retry-after-ms 840."""
+    decision = RateDecision(
+        allowed=False,
+        retry_after_s=0.84,
+        requests=Quota(limit=2, remaining=0, reset_s=0.84),
+        tokens=None,
+    )
+    error = quota_exceeded(decision)
+    assert dict(error.headers)[b"retry-after-ms"] == b"840"
+    assert error.message.endswith(" Retry after 0.9 s."), error.message

@@ -336,8 +336,8 @@ def test_a_key_that_went_into_debt_is_served_again_once_its_minute_has_room() ->
 def test_a_request_larger_than_the_room_told_waits_until_the_credit_may_cover_it() -> None:
     """Another gateway holds most of the key's minute: the last grant left less room than
     the request needs, so it is refused until that word on the room is old (when credit
-    covers it). It was told "Retry after 0.05 s", and a client that honoured it was
-    refused again some twenty times in that second."""
+    covers it). It was told "Retry after 0.1 s" (retry-after-ms: 50), and a client that
+    honoured it was refused again some twenty times in that second."""
     limiter, ledger = SharedLimiter(), Ledger()
     ledger.granted[(TOKENS, 50)] = 800  # another gateway's grant, 50 s ago
 
@@ -356,7 +356,8 @@ def test_a_request_larger_than_the_room_told_waits_until_the_credit_may_cover_it
 
 def test_a_request_refused_while_its_debts_grant_is_unanswered_waits_for_the_answer() -> None:
     """A debt beyond one slice is paid only by a grant; while the database is slow to
-    answer it, a refusal said "Retry after 0.05 s", again and again until it answered."""
+    answer it, a refusal said "Retry after 0.1 s" (retry-after-ms: 50), again and again
+    until it answered."""
     limiter, ledger = SharedLimiter(), Ledger()
 
     def ask(now: float) -> RateDecision:
