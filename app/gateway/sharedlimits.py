@@ -235,9 +235,16 @@ class Budget:
         return at - now
 
     def expire(self, now: float) -> list[Lease]:
+        """Leases past their use-by time, which go back to the minute: what they held
+        is room again, so the minute is no longer known to be spent."""
         gone: list[Lease] = []
         while self.leases and self.leases[0].use_by <= now:
             gone.append(self.leases.popleft())
+        returned = sum(lease.left for lease in gone)
+        if returned > 0:
+            self.used = max(0, self.used - returned)
+            self.room_at = 0.0
+            self.refused_until = min(self.refused_until, now)
         return gone
 
     def idle(self, now: float) -> bool:

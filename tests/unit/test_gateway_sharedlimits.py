@@ -390,3 +390,22 @@ def test_a_debt_beyond_the_limit_is_told_the_minutes_it_takes_to_pay() -> None:
     assert not refused.allowed
     assert refused.retry_after_s >= 161.0 + 2 * 60 - 110.5, refused.retry_after_s
     assert refused.retry_after_s <= 161.0 + 2 * 61 - 110.5, "no more than the ledger's count"
+
+
+def test_what_the_gateway_gave_back_of_a_spent_minute_can_be_used_again() -> None:
+    """A key of rpm 2 idle until then: its first request's grant takes the whole minute
+    (the request and one ahead), and the unused one goes back 2 s later. A second request
+    20 s after the first was refused, "Retry after 41 s", with the minute half empty: the
+    budget held the minute for spent until its grant aged out, and did not ask again."""
+    limiter, ledger = SharedLimiter(), Ledger()
+    assert admit(limiter, 100.0, rpm=2)
+    (ask,) = limiter.asks(100.0)
+    ledger.granted[(REQUESTS, 100)] = 2
+    limiter.granted(ask, 2, 100, 2, 61.0, 100.0)  # the minute is spent: one held
+    for back in limiter.expired(100.0 + LEASE_HOLD_S):
+        ledger.granted[(back.resource, back.second)] -= back.amount
+    assert ledger.used(REQUESTS, 120.0) == 1
+    assert admit(limiter, 120.0, rpm=2), "the minute has room for one more"
+    ledger.serve(limiter, 120.0)
+    assert ledger.used(REQUESTS, 120.0) == 2
+    assert not admit(limiter, 120.1, rpm=2), "and for no more than that"
