@@ -115,6 +115,9 @@ class Budget:
         self._recent = [0.0, 0.0]
         self._recent_bucket = 0
         self.last_used = -math.inf
+        self.refused_at = -math.inf
+        """When a request was last refused for want of this budget: a key whose requests
+        are refused is not idle, and is asked for again once ``refused_until`` has passed."""
         self.answered_at = -math.inf
         self.asked_at = -math.inf
         """When the grant being asked for (``asking``) was asked for."""
@@ -173,12 +176,13 @@ class Budget:
             self.leases.append(Lease(self.last_second, amount, now + LEASE_HOLD_S))
 
     def want(self, now: float) -> int:
-        """How much to ask for now; 0: nothing (asking already, refused lately, idle, or
-        holding enough). A debt is asked for however long the key has been idle: only a
-        grant pays it, and until one does, every request of the key is refused."""
+        """How much to ask for now; 0: nothing (asking already, refused lately, idle: no
+        request taken or refused for ``LEASE_HOLD_S``, or holding enough). A debt is asked
+        for however long the key has been idle: only a grant pays it, and until one does,
+        every request of the key is refused."""
         if self.asking or now < self.refused_until:
             return 0
-        if now - self.last_used > LEASE_HOLD_S and self.debt == 0:
+        if now - max(self.last_used, self.refused_at) > LEASE_HOLD_S and self.debt == 0:
             return 0
         size = self.slice(now)
         held = self.held()
@@ -333,6 +337,8 @@ class SharedLimiter:
             decision = self._local_share(key_id, rpm, tpm, now)
         else:
             waits = [budget.wait_s(cost, now) for budget, cost in wanted]
+            for budget, _ in wanted:
+                budget.refused_at = now
             decision = self._decision(False, max(MIN_RETRY_AFTER_S, *waits), key_id, rpm, tpm, now)
         if any(budget.want(now) for budget, _ in wanted):
             self._on_ask()

@@ -409,3 +409,22 @@ def test_what_the_gateway_gave_back_of_a_spent_minute_can_be_used_again() -> Non
     ledger.serve(limiter, 120.0)
     assert ledger.used(REQUESTS, 120.0) == 2
     assert not admit(limiter, 120.1, rpm=2), "and for no more than that"
+
+
+def test_a_refused_key_asks_again_for_what_other_gateways_gave_back() -> None:
+    """The page's promise: while a key's minute is spent, the gateway asks the database
+    again within a second, as other gateways may give back what they hold sooner. It did
+    not once the key had taken nothing for ``LEASE_HOLD_S``: its refused requests were
+    refused until the minute's oldest grant aged out, with the room given back unused."""
+    limiter, ledger = SharedLimiter(), Ledger()
+    ledger.granted[(REQUESTS, 100)] = 3  # another gateway's slice
+    assert admit(limiter, 100.0, rpm=4), "on credit"
+    (ask,) = limiter.asks(100.0)
+    ledger.granted[(REQUESTS, 100)] += 1
+    limiter.granted(ask, 1, 100, 4, 61.0, 100.0)  # the last of the minute
+    ledger.granted[(REQUESTS, 100)] -= 3  # the other gateway gives its slice back
+    refused = limiter.admit(KEY, rpm=4, tpm=None, now=105.0)
+    assert not refused.allowed
+    assert refused.pending, "a grant is asked for: the request may wait for it"
+    ledger.serve(limiter, 105.0)
+    assert admit(limiter, 105.01, rpm=4)
