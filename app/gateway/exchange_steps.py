@@ -58,6 +58,9 @@ from app.gateway.traffic import TrafficWindow
 from app.gateway.usage import StreamTokens, usage_of_body
 from app.logs import request_level
 
+BODILESS_STATUSES = frozenset({204, 304})
+"""Answers that never have a body, so carry no ``content-length`` of one."""
+
 GRANT_WAIT_S = 0.25
 """How long a request that finds its key's slices spent waits for the grant on its way
 before it is refused (``app.gateway.sharedlimits``)."""
@@ -184,7 +187,10 @@ class ExchangeSteps:
                 self._spend(key, self._tokens_of(exchange, key.tpm, body))
             headers = exchange.answer_headers()
             headers.append((b"content-type", content_type))
-            headers.append((b"content-length", b"%d" % len(body)))
+            if status not in BODILESS_STATUSES:
+                # RFC 9110 (8.6): a 204 carries no length, and a 304's would be that of a
+                # 200 the gateway never saw; the client knows either has no body.
+                headers.append((b"content-length", b"%d" % len(body)))
             await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": body})
         except asyncio.CancelledError:

@@ -158,6 +158,68 @@ def test_a_status_the_gateway_does_not_relay_is_a_502(status_line: bytes) -> Non
         assert client.post("/chat/completions", content=request_body("next")).status_code == 200
 
 
+@pytest.mark.parametrize("status", [b"204 No Content", b"304 Not Modified"])
+def test_a_bodiless_answer_is_relayed_without_a_length_on_a_connection_kept_alive(
+    status: bytes,
+) -> None:
+    # A 204 went out with content-length: 0, which RFC 9110 (8.6) forbids; on a 304 it
+    # would have to be the length of the 200 the gateway never saw.
+    key, record = new_key(tpm=TPM)
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer %s\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+    )
+
+    def story(request: bytes) -> Iterable[bytes]:
+        if b'"first"' in request:
+            return [b"HTTP/1.1 %s\r\ncontent-length: 0\r\n\r\n" % status]
+        return [json_answer(CHAT)]
+
+    with BadEngine(story) as engine:
+        route = Route(replica_id="bad-1", model=MODEL, url=engine.url)
+        with GatewayThread(StaticSource(snapshot_of([route], [record])), metrics_port=0) as gateway:
+            host, port = gateway.base_url.removeprefix("http://").rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=15) as sock:
+                answers = []
+                for note in ("first", "next"):  # one connection: the 204's end was clear
+                    body = request_body(note)
+                    sock.sendall(request % (key.encode(), len(body), body))
+                    answers.append(read_answer(sock))
+            # The engine's connection served the next request too.
+            assert engine.closed_after_post == 0
+
+    head, body = answers[0]
+    status_line, *fields = head.split(b"\r\n")
+    assert status_line == b"HTTP/1.1 " + status
+    names = {field.partition(b":")[0].lower() for field in fields}
+    assert not names & {b"content-length", b"transfer-encoding", b"connection"}
+    assert body == b""
+    assert answers[1] == (answers[1][0], CHAT)
+    assert answers[1][0].startswith(b"HTTP/1.1 200 OK\r\n")
+    assert len(engine.posts) == 2
+
+
+def read_answer(sock: socket.socket) -> tuple[bytes, bytes]:
+    """One answer from ``sock``: its head, and its body as its content-length tells (none
+    without one: a bodiless answer)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        piece = sock.recv(65536)
+        assert piece, f"the gateway closed the connection after {data!r}"
+        data += piece
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for field in head.split(b"\r\n")[1:]:
+        name, _, value = field.partition(b":")
+        if name.lower() == b"content-length":
+            length = int(value)
+    while len(body) < length:
+        piece = sock.recv(65536)
+        assert piece, "the gateway closed the connection mid-body"
+        body += piece
+    return head, body
+
+
 def test_a_whole_answer_over_the_bound_is_a_502_without_reading_it() -> None:
     head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
     story = first_post_then_ok([head % (MAX_ANSWER_BYTES + 1), b"{" * 65536])
