@@ -4,9 +4,9 @@ uvicorn serves with), and hands the answer's head and body pieces to its ``Engin
 (what it needs of one is an ``AnswerSink``).
 
 It skips interim answers (100 Continue, 103 Early Hints) and refuses an answer head over
-``MAX_HEAD_BYTES``, 101, a status outside 100..599, or one httptools cannot read as one
-answer (two lengths, a length and chunks, bare line ends, a folded line);
-each refusal closes the connection. So does any byte that comes while no answer is
+``MAX_HEAD_BYTES``, 101, a status outside 100..599, a version but HTTP/1.0 and 1.1, or one
+httptools cannot read as one answer (two lengths, a length and chunks, bare line ends, a
+folded line); each refusal closes the connection. So does any byte that comes while no answer is
 awaited, or after one in the same read: an answer to no request, never handed to the next.
 
 It keeps the engine to its ``EngineTimeouts`` (``app.gateway.engine_bounds``): past a bound
@@ -29,6 +29,9 @@ from app.gateway.engine_errors import AnswerBroken, AnswerStalled, HeadRefused, 
 
 if TYPE_CHECKING:
     from app.gateway.engine_client import EngineOrigin
+
+SPOKEN_VERSIONS = frozenset({"1.0", "1.1"})
+"""The HTTP versions of an engine's answer the gateway reads."""
 
 
 class AnswerSink(Protocol):
@@ -187,6 +190,12 @@ class EngineConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         answer = self._answer
         if answer is None:
+            return
+        version = self._parser.get_http_version()
+        if version not in SPOKEN_VERSIONS:
+            # httptools reads HTTP/2.0 and HTTP/0.9 status lines too: a head in another HTTP
+            # is not one to read as if it were HTTP/1.1.
+            self._refuse(f"the engine answered in HTTP/{version}, not HTTP/1.1 or HTTP/1.0")
             return
         status = self._parser.get_status_code()
         if status < 200 or status > 599:

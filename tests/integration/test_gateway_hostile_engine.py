@@ -158,6 +158,23 @@ def test_a_status_the_gateway_does_not_relay_is_a_502(status_line: bytes) -> Non
         assert client.post("/chat/completions", content=request_body("next")).status_code == 200
 
 
+@pytest.mark.parametrize(
+    "version", [b"HTTP/2.0", b"HTTP/0.9"], ids=lambda version: version.decode()
+)
+def test_an_answer_in_another_http_than_1_0_or_1_1_is_a_502(version: bytes) -> None:
+    # Was relayed as a 200: the head was read as if the engine spoke HTTP/1.1.
+    answer_bytes = version + b" 200 OK\r\ncontent-type: application/json\r\n" + LENGTH
+    with (
+        BadEngine(first_post_then_ok([answer_bytes + b"\r\n" + CHAT])) as engine,
+        gateway_before(engine) as (client, _),
+    ):
+        answer = client.post("/chat/completions", content=request_body("first"))
+
+        refused_as_invalid(answer, f"the engine answered in {version.decode()}, not HTTP/1.1")
+        engine.wait_closed_after_post()
+        assert client.post("/chat/completions", content=request_body("next")).status_code == 200
+
+
 @pytest.mark.parametrize("status", [b"204 No Content", b"304 Not Modified"])
 def test_a_bodiless_answer_is_relayed_without_a_length_on_a_connection_kept_alive(
     status: bytes,
