@@ -367,6 +367,9 @@ class Server:
                     # Followers of /admin/v1/events never finish their request by themselves.
                     timeout_graceful_shutdown=self.admin_shutdown_grace_s,
                     http=admin_protocol(self.admin_limits),
+                    # The admin API serves no WebSocket (agents have their own listener): a
+                    # handshake is a plain HTTP request, answered by its route.
+                    ws="none",
                     ssl_context_factory=_fixed_context(self.admin_tls),
                 )
             )

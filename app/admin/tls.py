@@ -5,7 +5,8 @@ protocol here does, as the ASGI TLS extension (``scope["extensions"]["tls"]``): 
 verified client certificate as PEM in ``client_cert_chain`` (Python's ``ssl`` exposes the
 leaf only), its subject in ``client_cert_name``. The handshake has already checked that
 the certificate chains to the llmgw CA; whether it may act as an operator is for
-``app.admin.auth`` to decide.
+``app.admin.auth`` to decide. The listener serves no WebSocket: an upgrade request is
+answered as plain HTTP, without a warning in the log.
 """
 
 from __future__ import annotations
@@ -76,6 +77,13 @@ class TlsScopeProtocol(HttpToolsProtocol):
         super().on_message_begin()
         if self._tls is not None:
             self.scope["extensions"] = {TLS_EXTENSION: self._tls}
+
+    def _unsupported_upgrade_warning(self) -> None:
+        # The admin API serves no WebSocket (``ws="none"``): a handshake is answered as the
+        # plain HTTP request it also is. uvicorn would log two warnings for each, one of
+        # them telling the operator to install a WebSocket library: any client could fill
+        # the log with them.
+        return
 
 
 DEFAULT_ADMIN_MAX_CONNECTIONS = 256

@@ -4,6 +4,7 @@ from its environment, real TLS on both sides."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import subprocess
 from collections.abc import AsyncIterator
@@ -34,6 +35,7 @@ class Server:
     url: str
     pki: Pki
     home: Path
+    log: Path
 
     def settings(self, stem: str | None = "operator") -> dict[str, str]:
         """The CLI's environment: the server's URL and CA, and ``stem``'s certificate."""
@@ -78,7 +80,7 @@ async def server(
     async with serving_process(
         module_database, pki, log, token_name="ci", token=TOKEN, admin_tls=True
     ) as url:
-        yield Server(url, pki, tmp_path_factory.mktemp("home"))
+        yield Server(url, pki, tmp_path_factory.mktemp("home"), log)
 
 
 async def test_the_cli_with_an_operator_certificate_reads_the_drain_in_its_name(
@@ -121,6 +123,31 @@ async def test_a_refused_certificate_is_told_apart_from_an_unreachable_server(
         f"cannot reach the admin API at https://{LOOPBACK}:1: connection refused"
         in unreachable.stderr
     )
+
+
+async def test_a_websocket_handshake_is_answered_as_plain_http(server: Server) -> None:
+    # The admin API serves no WebSocket: the handshake reached the app, whose refusal was a
+    # 403 from the WebSocket layer instead of the route's own answer.
+    host, port = server.url.removeprefix("https://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(
+        host, int(port), ssl=server.pki.client_context(None)
+    )
+    try:
+        writer.write(
+            b"GET /healthz HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\n"
+            b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n" % host.encode()
+        )
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), PROCESS_TIMEOUT_S)
+    finally:
+        writer.close()
+
+    status_line, *fields = head.decode().split("\r\n")
+    assert status_line == "HTTP/1.1 200 OK"
+    assert not any(field.lower().startswith("upgrade:") for field in fields)
+    # Nor a warning per handshake, telling the operator to install a WebSocket library.
+    assert "upgrade request" not in server.log.read_text()
+    assert "WebSocket library" not in server.log.read_text()
 
 
 async def test_metrics_show_the_leader_and_its_agents(server: Server) -> None:

@@ -136,6 +136,7 @@ async def serving_admin(
         http=admin_protocol(
             limits or ListenerLimits(max_connections=DEFAULT_ADMIN_MAX_CONNECTIONS)
         ),
+        ws="none",
         ssl_context_factory=(lambda _config, _default: tls) if tls is not None else None,
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
     )
