@@ -90,7 +90,8 @@ class _ModelList(msgspec.Struct):
 
 
 def _card(snapshot: GatewaySnapshot, model: str) -> _ModelCard:
-    return _ModelCard(id=model, apis=sorted(snapshot.apis_of(model)))
+    created = snapshot.created.get(model, 0)
+    return _ModelCard(id=model, created=created, apis=sorted(snapshot.apis_of(model)))
 
 
 class GatewayApp:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from time import monotonic, time
+from types import MappingProxyType
 
 import asyncpg
 import msgspec
@@ -35,6 +36,10 @@ from app.store.routing_rows import (
     read_routing_rows,
 )
 
+MAX_UNIX_TIME = 253402300799
+"""The end of year 9999 in seconds since the epoch: a model declared later than that, or
+before 1970, is a row no clock wrote, read as one of unknown age (``created`` 0)."""
+
 
 async def read_snapshot(
     db: asyncpg.Connection, *, within_s: float, wall_clock: Callable[[], float] = time
@@ -57,6 +62,7 @@ async def read_snapshot(
         scaled_to_zero=rows.scaled_to_zero,
         policies=rows.policies,
         apis=rows.apis,
+        created=rows.created,
         clock_offset_s=rows.database_now - (sent + received) / 2,
     )
 
@@ -80,6 +86,7 @@ def build_snapshot(
     scaled_to_zero: Sequence[str] = (),
     policies: Sequence[PolicyRow] = (),
     apis: Sequence[ApisRow] = (),
+    created: Mapping[str, int] = MappingProxyType({}),
     clock_offset_s: float = 0.0,
 ) -> GatewaySnapshot:
     by_model: dict[str, list[Route]] = {}
@@ -118,6 +125,11 @@ def build_snapshot(
         },
         scaled_to_zero=names.intersection(scaled_to_zero),
         apis={a.model: served_apis(a.apis) for a in apis if a.model in names},
+        created={
+            model: at
+            for model, at in created.items()
+            if model in names and 0 <= at <= MAX_UNIX_TIME
+        },
         policies={
             p.model: policy
             for p in policies

@@ -121,6 +121,9 @@ class GatewaySnapshot(msgspec.Struct, frozen=True, kw_only=True):
     replicas: nothing serves them until an operator scales them up."""
     policies: dict[str, RoutePolicy] = {}
     """The routing policy of each declared model, by name (absent: the default)."""
+    created: dict[str, int] = {}
+    """When each declared model was first declared, in whole seconds since the epoch, by
+    name (absent: unknown); ``GET /v1/models`` says it as OpenAI's ``created``."""
     apis: dict[str, frozenset[str]] = {}
     """The APIs each declared model serves (``ModelSpec.apis``), by name; a model absent
     here serves ``DEFAULT_APIS``."""

@@ -1,12 +1,12 @@
 """What a gateway routes by, read from the projection in one statement.
 
-Declared models (removed ones are not: they answer 404 like any unknown model) with the
-canary split of those in a rollout's canary step, the cold-start timeout of those with
-an autoscaling policy (``spec->'autoscale'``), the APIs of those whose spec names them
-(``spec->'apis'``) and the routing settings of each (``spec->'routing'``, for its routing
-policy), the models failing to start (in failure backoff with no replica starting: how
-many failed in a row and the seconds until the next attempt)
-and those scaled to zero without an autoscaling policy, the ``routing_table`` view with
+Declared models (removed ones are not: they answer 404 like any unknown model) with when
+each was first declared, the canary split of those in a rollout's canary step, the
+cold-start timeout of those with an autoscaling policy (``spec->'autoscale'``), the APIs
+of those whose spec names them (``spec->'apis'``) and the routing settings of each
+(``spec->'routing'``, for its routing policy), the models failing to start (in failure
+backoff with no replica starting: how many failed in a row and the seconds until the next
+attempt) and those scaled to zero without an autoscaling policy, the ``routing_table`` view with
 each route's revision and the address its node connected from (the gateway's egress check
 allows that address by default), the API keys not revoked (expired ones too, for
 ``EXPIRED_KEYS_KEPT``), the projection's position and the database's clock (the gateway
@@ -32,6 +32,8 @@ SELECT
   (SELECT position FROM projection_checkpoints WHERE name = $1) AS position,
   extract(epoch FROM statement_timestamp())::float8 AS database_now,
   (SELECT coalesce(json_agg(name), '[]') FROM models WHERE NOT removed) AS declared,
+  (SELECT coalesce(json_object_agg(name, floor(extract(epoch FROM declared_at))::bigint), '{}')
+   FROM models WHERE NOT removed) AS created,
   (SELECT coalesce(json_agg(c), '[]') FROM (
      SELECT name AS model, canary_revision AS revision, canary_traffic AS traffic
      FROM models
@@ -157,6 +159,9 @@ class RoutingRows(msgspec.Struct, frozen=True):
     position: int
     """The log position the projection was at."""
     declared: list[str]
+    created: dict[str, int]
+    """When each declared model was first declared (``declared_at``; again after a removal),
+    in whole seconds since the epoch."""
     canaries: list[CanaryRow]
     cold_starts: list[ColdStartRow]
     start_failures: list[StartFailureRow]
@@ -171,6 +176,7 @@ class RoutingRows(msgspec.Struct, frozen=True):
 
 
 _declared_decoder = msgspec.json.Decoder(list[str])
+_created_decoder = msgspec.json.Decoder(dict[str, int])
 _canaries_decoder = msgspec.json.Decoder(list[CanaryRow])
 _cold_starts_decoder = msgspec.json.Decoder(list[ColdStartRow])
 _start_failures_decoder = msgspec.json.Decoder(list[StartFailureRow])
@@ -188,6 +194,7 @@ async def read_routing_rows(db: asyncpg.Connection, *, within_s: float) -> Routi
     return RoutingRows(
         position=int(row["position"] or 0),
         declared=_declared_decoder.decode(row["declared"]),
+        created=_created_decoder.decode(row["created"]),
         canaries=_canaries_decoder.decode(row["canaries"]),
         cold_starts=_cold_starts_decoder.decode(row["cold_starts"]),
         start_failures=_start_failures_decoder.decode(row["start_failures"]),

@@ -35,6 +35,9 @@ MESSAGE_MODEL = f"message-{RUN}"
 IDLE_MODEL = f"idle-{RUN}"
 """Declared, but no replica serves it."""
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say something."}]
+CREATED = {MODEL: 1_764_000_000, FLAT_MODEL: 1_764_000_001, MESSAGE_MODEL: 1_764_000_002}
+"""When each model was first declared, as the routing table carries it; IDLE_MODEL's is
+unknown."""
 TOO_MANY_TOKENS = 10**6
 """More than a simulator's KV cache can ever hold: the engine refuses it with 400."""
 
@@ -71,8 +74,11 @@ def keys_and_gateway(sims: dict[str, SimulatorProcess]) -> Iterator[tuple[Keys, 
     routes = [
         Route(replica_id=f"{model}-1", model=model, url=sim.base_url) for model, sim in sims.items()
     ]
-    snapshot = snapshot_of(
-        routes, [everything_record, scoped_record, one_rpm_record], frozenset({IDLE_MODEL})
+    snapshot = msgspec.structs.replace(
+        snapshot_of(
+            routes, [everything_record, scoped_record, one_rpm_record], frozenset({IDLE_MODEL})
+        ),
+        created=CREATED,
     )
     with GatewayThread(StaticSource(snapshot), metrics_port=0) as gateway:
         yield Keys(everything, scoped, one_rpm), gateway
@@ -187,6 +193,16 @@ def test_models_lists_what_the_key_may_use(gateway: GatewayThread, keys: Keys) -
     with openai.OpenAI(base_url=gateway.url, api_key=keys.everything, max_retries=0) as client:
         listed = {model.id for model in client.models.list()}
     assert listed == {MODEL, FLAT_MODEL, MESSAGE_MODEL, IDLE_MODEL}
+
+
+def test_a_models_card_says_when_it_was_first_declared(gateway: GatewayThread, keys: Keys) -> None:
+    # Every model's card said created: 0, the first second of 1970.
+    with openai.OpenAI(base_url=gateway.url, api_key=keys.everything, max_retries=0) as client:
+        listed = {model.id: model.created for model in client.models.list()}
+        retrieved = client.models.retrieve(FLAT_MODEL)
+
+    assert listed == CREATED | {IDLE_MODEL: 0}
+    assert retrieved.created == CREATED[FLAT_MODEL]
 
 
 def test_a_model_is_retrieved_by_name_as_the_key_may_see_it(

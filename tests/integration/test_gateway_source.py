@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
+import msgspec
+import openai
 import pytest
 import pytest_asyncio
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -21,11 +23,14 @@ from app.domain.events import (
     ReplicaPlaced,
     ShardPlacement,
     key_stream,
+    model_stream,
     replica_stream,
 )
 from app.domain.keys import key_matches
 from app.domain.model_spec import AutoscalePolicy, RoutingSettings
 from app.domain.reports import GatewaysInFlight
+from app.gateway.server import StaticSource
+from app.gateway.snapshot import read_snapshot
 from app.gateway.source import PostgresSnapshotSource
 from app.gateway.table import GatewaySnapshot
 from app.services.operations import Caller, Operations
@@ -40,6 +45,7 @@ from app.store.gateway_reports import (
 from app.store.interface import AppendRequest, NewEvent
 from app.store.postgres import PostgresEventStore
 from app.store.routing_rows import EXPIRED_KEYS_KEPT
+from tests.support.gateway import GatewayThread, new_key
 from tests.support.reporting_gateway import reporting_gateway
 from tests.support.routing import (
     connect_node,
@@ -304,6 +310,33 @@ async def test_a_model_carries_the_apis_its_spec_names(
     assert snapshot.apis_of(embedder) == frozenset({"embeddings", "rerank"})
     assert not snapshot.serves(embedder, "chat")
     assert snapshot.apis_of(plain) == frozenset({"chat", "completions"})
+
+
+async def test_a_models_card_says_when_it_was_first_declared_not_when_its_spec_last_changed(
+    pg_store: PostgresEventStore, database_url: str
+) -> None:
+    # Every card said created: 0, the first second of 1970.
+    model = name()
+    await declare_model(pg_store, model)
+    [declared] = await pg_store.read_stream(model_stream(model))
+    await declare_model(pg_store, model, replicas=2)  # a new spec, the same model
+    db = await asyncpg.connect(driver_url(database_url))
+    try:
+        read = await read_snapshot(db, within_s=5.0)
+    finally:
+        await db.close()
+    key, record = new_key()
+    snapshot = msgspec.structs.replace(read, keys={record.prefix: record})
+
+    with (
+        GatewayThread(StaticSource(snapshot), metrics_port=0) as gateway,
+        openai.OpenAI(base_url=gateway.url, api_key=key, max_retries=0) as client,
+    ):
+        listed = {card.id: card.created for card in client.models.list()}
+        retrieved = client.models.retrieve(model)
+
+    assert listed[model] == int(declared.recorded_at.timestamp())
+    assert retrieved.created == listed[model]
 
 
 async def test_a_changed_routing_policy_or_apis_alone_reaches_the_listeners(

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from app.gateway.snapshot import build_snapshot, engine_url
+from app.gateway.snapshot import MAX_UNIX_TIME, build_snapshot, engine_url
 from app.gateway.table import Canary, StartFailure
 from app.store.routing_rows import (
     ApisRow,
@@ -176,6 +176,25 @@ def test_the_apis_a_spec_names_are_carried_and_others_serve_the_default() -> Non
     # A row the spec could not have written keeps only the names the gateway knows.
     assert snapshot.apis_of("odd") == frozenset({"chat"})
     assert "removed" not in snapshot.apis
+
+
+def test_a_declared_model_carries_when_it_was_first_declared_and_an_unwritable_time_none() -> None:
+    snapshot = build_snapshot(
+        1,
+        ["llama", "qwen", "ancient", "future"],
+        [],
+        [],
+        at=0.0,
+        created={
+            "llama": 1_764_000_000,
+            "qwen": 0,
+            "ancient": -1,
+            "future": MAX_UNIX_TIME + 1,
+            "removed": 1_764_000_000,
+        },
+    )
+
+    assert snapshot.created == {"llama": 1_764_000_000, "qwen": 0}
 
 
 def test_a_model_failing_to_start_retries_at_when_its_backoff_ends_by_the_gateway_clock() -> None:
