@@ -412,54 +412,92 @@ def listener_refusal(status: int, message: str) -> tuple[bytes, bytes]:
 # -- engines' errors -----------------------------------------------------------------------
 
 
+OPENAI_ERROR_TYPES = frozenset(
+    {*_TYPE_BY_STATUS.values(), "server_error", "insufficient_quota", "api_error"}
+)
+"""The ``type`` values OpenAI answers with, which its clients branch on. An engine's own
+(vLLM's ``BadRequestError``, llama.cpp's ``exceed_context_size_error``) is none of them."""
+
+
+class EngineError(msgspec.Struct, frozen=True):
+    """An engine's error answer as the client gets it, and what of it the client does not."""
+
+    body: bytes
+    """In OpenAI's shape."""
+    unrelayed: str | None = None
+    """The engine's own ``type`` and ``code`` where they are not OpenAI's, for the request's
+    log line (``type=BadRequestError code=400``); None when the client got all it said."""
+
+
 def normalize_engine_error(status: int, body: bytes) -> bytes:
     """An engine's error ``body`` (any of the shapes engines use) in OpenAI's shape."""
+    return engine_error(status, body).body
+
+
+def engine_error(status: int, body: bytes) -> EngineError:
+    """An engine's error ``body`` (any of the shapes engines use) in OpenAI's shape: its
+    message, param and a string code kept, its type kept where it is one of OpenAI's and
+    derived from ``status`` where it is not."""
     try:
         decoded: Any = msgspec.json.decode(body)
     except (msgspec.DecodeError, RecursionError):
         decoded = None
-    detail = _detail_of(status, decoded) if isinstance(decoded, dict) else None
-    if detail is None:
+    fields = _fields_of(decoded) if isinstance(decoded, dict) else None
+    if fields is None:
         text = body.decode("utf-8", errors="replace").strip()
         detail = ErrorDetail(
             _shorten(text) or f"The engine answered HTTP {status} with no message.",
             type_for_status(status),
         )
-    return _encode(ErrorBody(detail))
-
-
-def _detail_of(status: int, decoded: dict[str, Any]) -> ErrorDetail | None:
-    error = decoded.get("error")
-    if isinstance(error, dict):
-        # OpenAI's shape, or vLLM's newer one with an integer code: keep what fits.
-        return _detail(status, error.get("message"), error)
-    if isinstance(error, str):
-        # {"error": "...", "error_type": "..."} as text-generation-inference writes it.
-        return _detail(status, error, {"type": decoded.get("error_type")})
-    if "detail" in decoded:
-        detail = decoded["detail"]
-        message = detail if isinstance(detail, str) else _encode(detail).decode()
-        return _detail(status, message, {})
-    if "message" in decoded:
-        return _detail(status, decoded["message"], decoded)
-    return None
-
-
-def _detail(status: int, message: Any, fields: dict[str, Any]) -> ErrorDetail:
+        return EngineError(_encode(ErrorBody(detail)))
+    message, kind, param, code = fields
     if isinstance(message, str):
         text = message
     else:
         text = "" if message is None else _encode(message).decode()
-    kind = fields.get("type")
-    param = fields.get("param")
-    code = fields.get("code")
-    return ErrorDetail(
+    known = kind if isinstance(kind, str) and kind in OPENAI_ERROR_TYPES else None
+    detail = ErrorDetail(
         _shorten(text) or f"The engine answered HTTP {status} with no message.",
-        kind if isinstance(kind, str) and kind else type_for_status(status),
+        known or type_for_status(status),
         param if isinstance(param, str) else None,
         # OpenAI's codes are strings; an integer code is an engine repeating the status.
         code if isinstance(code, str) else None,
     )
+    unrelayed = [
+        f"{name}={_shorten_field(value)}"
+        for name, value, relayed in (("type", kind, known), ("code", code, detail.code))
+        if value not in (None, "") and relayed is None
+    ]
+    return EngineError(_encode(ErrorBody(detail)), " ".join(unrelayed) or None)
+
+
+def _fields_of(decoded: dict[str, Any]) -> tuple[Any, Any, Any, Any] | None:
+    """The message, type, param and code of an engine's error, as it wrote them; None for
+    a JSON object that is none of the shapes engines use."""
+    error = decoded.get("error")
+    if isinstance(error, dict):
+        # OpenAI's shape, or vLLM's newer one with an integer code.
+        fields = error
+    elif isinstance(error, str):
+        # {"error": "...", "error_type": "..."} as text-generation-inference writes it.
+        return error, decoded.get("error_type"), None, None
+    elif "detail" in decoded:
+        detail = decoded["detail"]
+        return (detail if isinstance(detail, str) else _encode(detail).decode()), None, None, None
+    elif "message" in decoded:
+        fields = decoded
+    else:
+        return None
+    return fields.get("message"), fields.get("type"), fields.get("param"), fields.get("code")
+
+
+MAX_UNRELAYED_CHARS = 64
+"""An engine's type or code is logged up to this many characters."""
+
+
+def _shorten_field(value: object) -> str:
+    text = value if isinstance(value, str) else _encode(value).decode()
+    return text[:MAX_UNRELAYED_CHARS] + ("..." if len(text) > MAX_UNRELAYED_CHARS else "")
 
 
 def _shorten(text: str) -> str:

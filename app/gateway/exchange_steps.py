@@ -175,11 +175,13 @@ class ExchangeSteps:
                     self._stream_cut(exchange, cut.reason, cut.detail)
                 return
             try:
-                status, content_type, body = await read_whole(opened, exchange.timing)
+                status, content_type, body, unrelayed = await read_whole(opened, exchange.timing)
             except ApiError:
                 outcome = Outcome.FAILED  # the answer broke off
                 raise
             exchange.first_byte_at = exchange.ended_at = clock()
+            if unrelayed is not None:
+                exchange.note = f"the engine's error said {unrelayed}"
             outcome = outcome_of_status(status)
             exchange.status = status
             watch.done = True

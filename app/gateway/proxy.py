@@ -63,6 +63,7 @@ from app.gateway.engine_errors import (
 from app.gateway.errors import (
     STOPPED_MID_STREAM,
     ApiError,
+    engine_error,
     normalize_engine_error,
     stream_error_events,
     upstream_disconnected,
@@ -318,8 +319,9 @@ class Upload(Protocol):
         ...
 
 
-async def read_whole(opened: Opened, timing: Timing) -> tuple[int, bytes, bytes]:
-    """The whole answer: status, content type and body (errors in OpenAI's shape)."""
+async def read_whole(opened: Opened, timing: Timing) -> tuple[int, bytes, bytes, str | None]:
+    """The whole answer: status, content type and body (errors in OpenAI's shape), and
+    what of an error's type and code the client does not get (``EngineError.unrelayed``)."""
     answer = opened.answer
     opened.lease.first_byte()
     started = _clock()
@@ -338,8 +340,9 @@ async def read_whole(opened: Opened, timing: Timing) -> tuple[int, bytes, bytes]
     opened.lease.succeeded()
     status = answer.status
     if status >= 400:
-        return status, b"application/json", normalize_engine_error(status, body)
-    return status, answer.content_type or b"application/json", body
+        error = engine_error(status, body)
+        return status, b"application/json", error.body, error.unrelayed
+    return status, answer.content_type or b"application/json", body, None
 
 
 class StreamCut:

@@ -21,6 +21,7 @@ import aiohttp
 import httpx
 import openai
 import pytest
+from structlog.testing import capture_logs
 
 from app.gateway.engine_bounds import MAX_ANSWER_BYTES
 from app.gateway.server import StaticSource
@@ -399,6 +400,62 @@ def test_a_client_reaches_the_engine_only_on_a_served_route_with_the_gateways_ow
     assert names == [b"host", b"content-type", b"content-length", b"x-request-id"]
     assert b"x-request-id: req_" in head
     assert sent_body == body
+
+
+# -- engines' errors ---------------------------------------------------------------------------
+
+
+def route_to(engine: BadEngine) -> Route:
+    return Route(replica_id="bad-1", model=MODEL, url=engine.url)
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "type_", "logged"),
+    [
+        pytest.param(
+            b"400 Bad Request",
+            b'{"object": "error", "message": "This model\'s maximum context length is 4096",'
+            b' "type": "BadRequestError", "param": null, "code": 400}',
+            "invalid_request_error",
+            "type=BadRequestError code=400",
+            id="vllm",
+        ),
+        pytest.param(
+            b"500 Internal Server Error",
+            b'{"error": {"code": 500, "message": "This model\'s maximum context length is 4096",'
+            b' "type": "exceed_context_size_error", "n_ctx": 4096}}',
+            "server_error",
+            "type=exceed_context_size_error code=500",
+            id="llama.cpp",
+        ),
+    ],
+)
+def test_an_engines_error_has_openais_type_and_its_own_is_in_the_request_log_line(
+    status: bytes, error: bytes, type_: str, logged: str
+) -> None:
+    # The engine's own type reached the client, an integer code its operator never saw.
+    key, record = new_key(tpm=TPM)
+    with (
+        BadEngine(lambda request: [json_answer(error, status)]) as engine,
+        capture_logs() as logs,
+        GatewayThread(
+            StaticSource(snapshot_of([route_to(engine)], [record])),
+            metrics_port=0,
+            log_requests=True,
+        ) as gateway,
+        openai.OpenAI(base_url=gateway.url, api_key=key, max_retries=0) as client,
+        pytest.raises(openai.APIStatusError) as raised,
+    ):
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+
+    assert raised.value.status_code == int(status.split()[0])
+    assert raised.value.type == type_
+    assert raised.value.code is None
+    assert raised.value.message.endswith("This model's maximum context length is 4096")
+    [line] = [entry for entry in logs if entry["event"] == "gateway_request"]
+    assert line["note"] == f"the engine's error said {logged}"
 
 
 # -- usage figures --------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import pytest
 from app.gateway.errors import (
     MAX_ENGINE_MESSAGE_CHARS,
     duration_header,
+    engine_error,
     failing_to_start,
     invalid_api_key,
     method_not_allowed,
@@ -47,7 +48,7 @@ def error_of(body: bytes) -> dict[str, object]:
         pytest.param(
             400,
             b'{"error": {"message": "bad", "type": "BadRequestError", "param": null, "code": 400}}',
-            {"message": "bad", "type": "BadRequestError", "param": None, "code": None},
+            {"message": "bad", "type": "invalid_request_error", "param": None, "code": None},
             id="vllm-new",
         ),
         pytest.param(
@@ -60,7 +61,7 @@ def error_of(body: bytes) -> dict[str, object]:
             400,
             b'{"object": "error", "message": "no", "type": "BadRequestError", "param": null,'
             b' "code": 400}',
-            {"message": "no", "type": "BadRequestError", "param": None, "code": None},
+            {"message": "no", "type": "invalid_request_error", "param": None, "code": None},
             id="vllm-old",
         ),
         pytest.param(
@@ -72,7 +73,7 @@ def error_of(body: bytes) -> dict[str, object]:
         pytest.param(
             503,
             b'{"error": "overloaded", "error_type": "overloaded"}',
-            {"message": "overloaded", "type": "overloaded", "param": None, "code": None},
+            {"message": "overloaded", "type": "server_error", "param": None, "code": None},
             id="tgi",
         ),
         pytest.param(
@@ -93,6 +94,38 @@ def error_of(body: bytes) -> dict[str, object]:
 )  # fmt: skip
 def test_engine_errors_are_normalized(status: int, body: bytes, expected: object) -> None:
     assert error_of(normalize_engine_error(status, body)) == expected
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "type_", "unrelayed"),
+    [
+        (400, b'{"error": {"message": "m", "type": "BadRequestError", "code": 400}}',
+         "invalid_request_error", "type=BadRequestError code=400"),
+        (400, b'{"error": {"code": 400, "message": "m", "type": "exceed_context_size_error",'
+              b' "n_prompt_tokens": 9000, "n_ctx": 4096}}',
+         "invalid_request_error", "type=exceed_context_size_error code=400"),
+        (500, b'{"error": {"code": 500, "message": "m", "type": "server_error"}}',
+         "server_error", "code=500"),
+        (429, b'{"error": {"message": "m", "type": "insufficient_quota",'
+              b' "code": "insufficient_quota"}}',
+         "insufficient_quota", None),
+        (404, b'{"error": {"message": "m", "type": "' + b"x" * 500 + b'"}}',
+         "not_found_error", "type=" + "x" * 64 + "..."),
+        (400, b'{"error": {"message": "m", "type": {"nested": 1}, "code": [4, 0, 0]}}',
+         "invalid_request_error", 'type={"nested":1} code=[4,0,0]'),
+    ],
+    ids=["vllm", "llama.cpp", "llama.cpp-500", "openai-quota", "long-type", "odd-values"],
+)  # fmt: skip
+def test_an_engines_own_type_is_replaced_by_its_statuss_and_kept_for_the_log(
+    status: int, body: bytes, type_: str, unrelayed: str | None
+) -> None:
+    # The engine's own type ("BadRequestError", "exceed_context_size_error") reached the
+    # client, where an OpenAI client branches on OpenAI's types.
+    error = engine_error(status, body)
+
+    assert error_of(error.body)["type"] == type_
+    assert error_of(error.body)["message"] == "m"
+    assert error.unrelayed == unrelayed
 
 
 def test_structured_detail_is_kept_as_json_text() -> None:
