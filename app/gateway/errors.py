@@ -3,10 +3,7 @@
 Every refusal is an ``ApiError``; ``body`` writes it as
 ``{"error": {"message", "type", "param", "code"}}`` (``wire.openai_error``), which every
 OpenAI client parses.
-Engines do not all answer errors that way: FastAPI-based servers write ``{"detail": ...}``,
-older vLLM releases ``{"object": "error", "message", ..., "code": 400}``, others a bare
-``{"message": ...}`` or plain text. ``normalize_engine_error`` rewrites whatever an engine
-sent into the same shape, so a client sees one error format whichever engine served it.
+What engines answer is put in the same shape by ``app.gateway.engine_error_body``.
 
 Exception tree::
 
@@ -17,7 +14,6 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
-from typing import Any
 
 import msgspec
 
@@ -27,13 +23,11 @@ from wire.openai_error import ErrorBody, ErrorDetail
 
 Header = tuple[bytes, bytes]
 
-MAX_ENGINE_MESSAGE_CHARS = 2000
-"""An engine's error text longer than this (an HTML error page, a traceback) is cut."""
 MAX_ECHOED_MODEL_CHARS = 256
 """A request's unknown model name, or unknown path, is told back up to this many
 characters."""
 
-_TYPE_BY_STATUS = {
+TYPE_BY_STATUS = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
@@ -82,7 +76,7 @@ class ApiError(Exception):
 def type_for_status(status: int) -> str:
     if status >= 500:
         return "server_error"
-    return _TYPE_BY_STATUS.get(status, "invalid_request_error")
+    return TYPE_BY_STATUS.get(status, "invalid_request_error")
 
 
 # -- the gateway's own refusals ------------------------------------------------------------
@@ -407,103 +401,6 @@ def listener_refusal(status: int, message: str) -> tuple[bytes, bytes]:
     """A refusal written by the listener itself (a slow client cut off), in OpenAI's shape:
     its content type and body."""
     return b"application/json", ApiError(status, message).body()
-
-
-# -- engines' errors -----------------------------------------------------------------------
-
-
-OPENAI_ERROR_TYPES = frozenset(
-    {*_TYPE_BY_STATUS.values(), "server_error", "insufficient_quota", "api_error"}
-)
-"""The ``type`` values OpenAI answers with, which its clients branch on. An engine's own
-(vLLM's ``BadRequestError``, llama.cpp's ``exceed_context_size_error``) is none of them."""
-
-
-class EngineError(msgspec.Struct, frozen=True):
-    """An engine's error answer as the client gets it, and what of it the client does not."""
-
-    body: bytes
-    """In OpenAI's shape."""
-    unrelayed: str | None = None
-    """The engine's own ``type`` and ``code`` where they are not OpenAI's, for the request's
-    log line (``type=BadRequestError code=400``); None when the client got all it said."""
-
-
-def normalize_engine_error(status: int, body: bytes) -> bytes:
-    """An engine's error ``body`` (any of the shapes engines use) in OpenAI's shape."""
-    return engine_error(status, body).body
-
-
-def engine_error(status: int, body: bytes) -> EngineError:
-    """An engine's error ``body`` (any of the shapes engines use) in OpenAI's shape: its
-    message, param and a string code kept, its type kept where it is one of OpenAI's and
-    derived from ``status`` where it is not."""
-    try:
-        decoded: Any = msgspec.json.decode(body)
-    except (msgspec.DecodeError, RecursionError):
-        decoded = None
-    fields = _fields_of(decoded) if isinstance(decoded, dict) else None
-    if fields is None:
-        text = body.decode("utf-8", errors="replace").strip()
-        detail = ErrorDetail(
-            _shorten(text) or f"The engine answered HTTP {status} with no message.",
-            type_for_status(status),
-        )
-        return EngineError(_encode(ErrorBody(detail)))
-    message, kind, param, code = fields
-    if isinstance(message, str):
-        text = message
-    else:
-        text = "" if message is None else _encode(message).decode()
-    known = kind if isinstance(kind, str) and kind in OPENAI_ERROR_TYPES else None
-    detail = ErrorDetail(
-        _shorten(text) or f"The engine answered HTTP {status} with no message.",
-        known or type_for_status(status),
-        param if isinstance(param, str) else None,
-        # OpenAI's codes are strings; an integer code is an engine repeating the status.
-        code if isinstance(code, str) else None,
-    )
-    unrelayed = [
-        f"{name}={_shorten_field(value)}"
-        for name, value, relayed in (("type", kind, known), ("code", code, detail.code))
-        if value not in (None, "") and relayed is None
-    ]
-    return EngineError(_encode(ErrorBody(detail)), " ".join(unrelayed) or None)
-
-
-def _fields_of(decoded: dict[str, Any]) -> tuple[Any, Any, Any, Any] | None:
-    """The message, type, param and code of an engine's error, as it wrote them; None for
-    a JSON object that is none of the shapes engines use."""
-    error = decoded.get("error")
-    if isinstance(error, dict):
-        # OpenAI's shape, or vLLM's newer one with an integer code.
-        fields = error
-    elif isinstance(error, str):
-        # {"error": "...", "error_type": "..."} as text-generation-inference writes it.
-        return error, decoded.get("error_type"), None, None
-    elif "detail" in decoded:
-        detail = decoded["detail"]
-        return (detail if isinstance(detail, str) else _encode(detail).decode()), None, None, None
-    elif "message" in decoded:
-        fields = decoded
-    else:
-        return None
-    return fields.get("message"), fields.get("type"), fields.get("param"), fields.get("code")
-
-
-MAX_UNRELAYED_CHARS = 64
-"""An engine's type or code is logged up to this many characters."""
-
-
-def _shorten_field(value: object) -> str:
-    text = value if isinstance(value, str) else _encode(value).decode()
-    return text[:MAX_UNRELAYED_CHARS] + ("..." if len(text) > MAX_UNRELAYED_CHARS else "")
-
-
-def _shorten(text: str) -> str:
-    if len(text) <= MAX_ENGINE_MESSAGE_CHARS:
-        return text
-    return text[:MAX_ENGINE_MESSAGE_CHARS] + "..."
 
 
 def stream_error_events(message: str, code: str = "upstream_disconnected") -> bytes:

@@ -162,8 +162,11 @@ class ExchangeSteps:
                 def first_chunk() -> None:
                     exchange.first_byte_at = clock()
 
+                def engine_error(unrelayed: str) -> None:
+                    exchange.note = f"the engine's error said {unrelayed}"
+
                 cut = await relay_stream(
-                    opened, send, exchange.answer_headers(), tokens, first_chunk
+                    opened, send, exchange.answer_headers(), tokens, first_chunk, engine_error
                 )
                 exchange.ended_at = clock()
                 outcome = Outcome.ANSWERED if cut is None else Outcome.FAILED

@@ -7,8 +7,9 @@ client yet, so the retry is invisible to it. Past that point the answer is the c
 errors included.
 
 Relaying: a whole answer is read and sent on (an error body in OpenAI's shape); a stream's
-server-sent events go to the client as they arrive, unparsed, ending with the engine's own
-``data: [DONE]``. If the engine dies mid-stream the client gets an error event and
+server-sent events go to the client as they arrive, unparsed (but for an engine's error
+event, put in OpenAI's shape: only pieces holding ``"error"`` are looked into), ending with
+the engine's own ``data: [DONE]``. If the engine dies mid-stream the client gets an error event and
 ``data: [DONE]`` instead of a stream that just stops; an event the engine had sent only
 part of is not relayed (``app.gateway.sse``), so the error event is one of its own. A
 stream still open when the gateway's graceful shutdown ends is cancelled, and ends the
@@ -52,6 +53,12 @@ from app.gateway.affinity import RouteKey
 from app.gateway.asgi import Header, Send
 from app.gateway.engine_answer import EngineAnswer
 from app.gateway.engine_client import EngineClient
+from app.gateway.engine_error_body import (
+    ERROR_MARK,
+    engine_error,
+    normalize_engine_error,
+    normalize_stream_errors,
+)
 from app.gateway.engine_errors import (
     AnswerBroken,
     AnswerStalled,
@@ -63,8 +70,6 @@ from app.gateway.engine_errors import (
 from app.gateway.errors import (
     STOPPED_MID_STREAM,
     ApiError,
-    engine_error,
-    normalize_engine_error,
     stream_error_events,
     upstream_disconnected,
     upstream_invalid_answer,
@@ -362,10 +367,13 @@ async def relay_stream(
     headers: list[Header],
     tokens: StreamTokens | None,
     on_first_chunk: Callable[[], None],
+    on_engine_error: Callable[[str], None] = lambda unrelayed: None,
 ) -> StreamCut | None:
     """Pass the engine's stream to the client as it comes; ``headers`` start the answer.
     None when the engine finished it, else why it did not (the client got an error
-    event)."""
+    event). An error event of the engine's goes in OpenAI's shape (``normalize_stream_
+    errors``), and what of its type and code the client does not get to
+    ``on_engine_error``."""
     answer = opened.answer
     headers.append((b"content-type", answer.content_type or b"text/event-stream"))
     headers.append((b"cache-control", b"no-cache"))
@@ -380,6 +388,8 @@ async def relay_stream(
             more = not answer.ended
             # Whole events only, so that an engine dying mid-event leaves none half sent.
             body = events.cut(chunk) if more else events.rest(chunk)
+            if ERROR_MARK in body:  # checked here: a call less for every other piece
+                body = _errors_normalized(body, on_engine_error)
             if first:
                 first = False
                 on_first_chunk()
@@ -412,8 +422,19 @@ async def relay_stream(
     # A stream's verdict is how it ends: one that ended properly, with pieces or none.
     opened.lease.succeeded()
     if more:
-        await send({"type": "http.response.body", "body": events.rest()})
+        rest = _errors_normalized(events.rest(), on_engine_error)
+        await send({"type": "http.response.body", "body": rest})
     return None
+
+
+def _errors_normalized(body: bytes, on_engine_error: Callable[[str], None]) -> bytes:
+    """Whole events of a stream, an engine's error events among them in OpenAI's shape."""
+    if ERROR_MARK not in body:
+        return body
+    body, unrelayed = normalize_stream_errors(body)
+    if unrelayed is not None:
+        on_engine_error(unrelayed)
+    return body
 
 
 def _broken_reason(exc: AnswerBroken) -> str:

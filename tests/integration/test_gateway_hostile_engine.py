@@ -458,6 +458,59 @@ def test_an_engines_error_has_openais_type_and_its_own_is_in_the_request_log_lin
     assert line["note"] == f"the engine's error said {logged}"
 
 
+FIRST_CHUNK = (
+    b'{"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0,'
+    b' "delta": {"content": "error"}, "finish_reason": null}]}'
+)
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        pytest.param(
+            b'{"error": {"object": "error", "message": "The engine ran out of KV cache",'
+            b' "type": "BadRequestError", "param": null, "code": 400}}',
+            id="vllm",
+        ),
+        pytest.param(
+            b'{"object": "error", "message": "The engine ran out of KV cache",'
+            b' "type": "BadRequestError", "param": null, "code": 400}',
+            id="vllm-old",
+        ),
+    ],
+)
+def test_an_engines_error_event_mid_stream_has_openais_shape_and_type(event: bytes) -> None:
+    # Relayed as the engine wrote it: the SDK raised with type "BadRequestError", or (the
+    # older shape, no "error" key) did not raise at all and read the error as a chunk.
+    key, record = new_key(tpm=TPM)
+    with (
+        BadEngine(lambda request: [sse_answer(FIRST_CHUNK, event)]) as engine,
+        capture_logs() as logs,
+        GatewayThread(
+            StaticSource(snapshot_of([route_to(engine)], [record])),
+            metrics_port=0,
+            log_requests=True,
+        ) as gateway,
+        openai.OpenAI(base_url=gateway.url, api_key=key, max_retries=0) as client,
+    ):
+        stream = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        contents: list[str | None] = []
+
+        def read_all() -> None:
+            contents.extend(chunk.choices[0].delta.content for chunk in stream)
+
+        with pytest.raises(openai.APIError) as raised:
+            read_all()
+
+    assert contents == ["error"], "a chunk whose content is the word is no error"
+    assert raised.value.message == "The engine ran out of KV cache"
+    assert (raised.value.type, raised.value.code) == ("invalid_request_error", None)
+    [line] = [entry for entry in logs if entry["event"] == "gateway_request"]
+    assert line["note"] == "the engine's error said type=BadRequestError code=400"
+
+
 # -- usage figures --------------------------------------------------------------------------
 
 

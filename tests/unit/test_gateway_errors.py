@@ -5,16 +5,19 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from app.gateway.errors import (
+from app.gateway.engine_error_body import (
     MAX_ENGINE_MESSAGE_CHARS,
-    duration_header,
     engine_error,
+    normalize_engine_error,
+    normalize_stream_errors,
+)
+from app.gateway.errors import (
+    duration_header,
     failing_to_start,
     invalid_api_key,
     method_not_allowed,
     model_not_found,
     no_serving_replica,
-    normalize_engine_error,
     not_found,
     quota_exceeded,
     quota_reason,
@@ -126,6 +129,35 @@ def test_an_engines_own_type_is_replaced_by_its_statuss_and_kept_for_the_log(
     assert error_of(error.body)["type"] == type_
     assert error_of(error.body)["message"] == "m"
     assert error.unrelayed == unrelayed
+
+
+def test_an_error_event_in_a_stream_is_put_in_openais_shape_by_the_status_its_code_names() -> None:
+    chunk = b'data: {"choices": [{"delta": {"content": "error"}}], "error": null}\n\n'
+    events = (
+        chunk
+        + b'data: {"error": {"message": "m", "type": "BadRequestError", "code": 400}}\r\n\r\n'
+        + b'data:{"object": "error", "message": "n", "type": "EngineDeadError", "code": 503}\n\n'
+        + b'data: {"error": "no code", "error_type": "oops"}\n\n'
+        + b'data: {"error": {"message": "not JSON"\n\n'
+        + b"data: [DONE]\n\n"
+    )
+
+    normalized, unrelayed = normalize_stream_errors(events)
+
+    assert normalized == (
+        chunk + b'data: {"error":{"message":"m","type":"invalid_request_error","param":null,'
+        b'"code":null}}\r\n\r\n'
+        + b'data: {"error":{"message":"n","type":"server_error","param":null,"code":null}}\n\n'
+        + b'data: {"error":{"message":"no code","type":"server_error","param":null,'
+        b'"code":null}}\n\n' + b'data: {"error": {"message": "not JSON"\n\n' + b"data: [DONE]\n\n"
+    )
+    assert unrelayed == ("type=BadRequestError code=400; type=EngineDeadError code=503; type=oops")
+
+
+def test_a_stream_without_an_error_event_is_left_as_it_is() -> None:
+    events = b'data: {"choices": [{"delta": {"content": "\\"error\\""}}]}\n\n'
+
+    assert normalize_stream_errors(events) == (events, None)
 
 
 def test_structured_detail_is_kept_as_json_text() -> None:
