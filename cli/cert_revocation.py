@@ -8,6 +8,7 @@ where it is available.
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,8 +22,9 @@ from app.pki.files import load_certificate
 from app.pki.issued import IssuedCertificate, read_issued
 from app.pki.model import CLOCK_SKEW
 from app.pki.names import check_subject_name
+from app.regular_file import not_a_directory
 from cli.arguments import MAX_REASON_LENGTH, UsageError, filled, stripped_one_line_reason
-from cli.cert import CaDir, default_ca_dir
+from cli.cert import CA_DIR_ENV, CaDir, default_ca_dir
 from cli.cert_ends import ca_warning, leaf_warning
 from cli.client import AdminClient, AdminUnreachable, ClientError
 from cli.config import ConfigError, ConnectionFlags, ConnectionSettings, resolve_settings
@@ -185,7 +187,8 @@ def list_certificates(
     revoked (by whom, when, why), connected, or last used by its node. Without a config
     file the admin API is asked at its defaults; one that is there but unusable is bad
     usage (exit 2), as for any command that calls the admin API: mend it, or give
-    --offline. An admin API that does not answer leaves the CA directory alone listed
+    --offline. A CA directory that is not there is bad usage too (exit 2), not an empty
+    list. An admin API that does not answer leaves the CA directory alone listed
     (saying so on stderr); one that refuses the credentials, or answers with an error,
     fails the command (exit 1), as it fails any other.
 
@@ -196,6 +199,7 @@ def list_certificates(
     """
     try:
         directory = ca_dir or default_ca_dir()
+        _check_there(directory, given=ca_dir is not None)
     except UsageError as exc:
         print_error("cert list", str(exc))
         return EXIT_USAGE
@@ -242,6 +246,21 @@ def list_certificates(
     title = f"{counted(len(rows), 'certificate')} ({directory})"
     print_table(COLUMNS, (_row(row) for row in rows), title=title, wide=output == "wide")
     return EXIT_OK
+
+
+def _check_there(directory: Path, *, given: bool) -> None:
+    """A ``UsageError`` naming where the directory came from when nothing is at
+    ``directory`` (or only a symbolic link to nothing): listed, it would be an empty CA
+    rather than a mistyped path. What stands there but is no directory fails the
+    reading."""
+    try:
+        os.stat(directory)
+    except FileNotFoundError:
+        problem = not_a_directory(directory) or "no such directory"
+        where = "--dir" if given else f"the CA directory (${CA_DIR_ENV} or the default)"
+        raise UsageError(f"{where} {directory}: {problem}") from None
+    except OSError:
+        return
 
 
 def listed(

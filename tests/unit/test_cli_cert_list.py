@@ -33,6 +33,8 @@ def config_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_without_a_config_file_the_ca_directory_is_listed(
     config_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    (tmp_path / "ca").mkdir()
+
     code = list_certificates(ca_dir=tmp_path / "ca", output="json")
 
     assert code == 0
@@ -66,6 +68,7 @@ def test_a_config_file_that_cannot_be_used_is_bad_usage_and_nothing_is_listed(
         config.mkdir()
     else:
         config.write_bytes(content)
+    (tmp_path / "ca").mkdir()
 
     code = list_certificates(ca_dir=tmp_path / "ca", output="json")
 
@@ -83,6 +86,7 @@ def test_offline_reads_no_config_file(
     config_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (config_home / "cli.toml").write_bytes(b"admin_url = [")
+    (tmp_path / "ca").mkdir()
 
     assert list_certificates(ca_dir=tmp_path / "ca", offline=True, output="json") == 0
     assert capsys.readouterr() == ("[]\n", "")
@@ -127,6 +131,26 @@ def test_a_record_that_is_not_a_regular_file_is_refused_unread(
     )
 
 
+@pytest.mark.parametrize("dangling", [False, True], ids=["missing", "dangling-symlink"])
+def test_a_ca_directory_that_is_not_there_is_bad_usage_naming_the_flag(
+    config_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], dangling: bool
+) -> None:
+    # Before, a mistyped --dir listed an empty CA with exit 0, while a file there failed.
+    directory = tmp_path / "ca"
+    if dangling:
+        directory.symlink_to(tmp_path / "gone")
+
+    code = list_certificates(ca_dir=directory, offline=True, output="json")
+
+    assert code == 2
+    problem = (
+        f"a symbolic link to {tmp_path / 'gone'}, which does not exist"
+        if dangling
+        else "no such directory"
+    )
+    assert capsys.readouterr() == ("", f"llmgw-cli cert list: --dir {directory}: {problem}\n")
+
+
 class RefusingTheToken(StubHandler):
     def do_GET(self) -> None:
         self.answer(401, "application/problem+json", b'{"title": "unauthorized"}')
@@ -138,6 +162,7 @@ def test_an_admin_api_refusing_the_token_fails_the_listing_as_any_command(
     # Before, a refused token was taken for a server that did not answer: every
     # certificate listed as "issued (revocations unknown)", exit 0, where every other
     # command exits 1 for the same mistake.
+    (tmp_path / "ca").mkdir()
     with stub_admin_api(RefusingTheToken, monkeypatch) as url:
         monkeypatch.setenv("LLMGW_ADMIN_TOKEN", "t0ken-s3cret")
         code = list_certificates(
