@@ -24,6 +24,9 @@ CONNECTION_LOST = (
     TimeoutError,
     asyncpg.PostgresError,  # also a schema that is not migrated yet: wait for it alike
     asyncpg.InterfaceError,
+    # The driver's word for a connection it found broken only once it was in use (a
+    # protocol state the cut left behind), not a bug of the job's.
+    asyncpg.InternalClientError,
 )
 """What a job raises when its connection, or the database behind it, has gone."""
 

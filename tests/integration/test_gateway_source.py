@@ -29,6 +29,7 @@ from app.domain.events import (
 from app.domain.keys import key_matches
 from app.domain.model_spec import AutoscalePolicy, RoutingSettings
 from app.domain.reports import GatewaysInFlight
+from app.gateway import source as source_module
 from app.gateway.server import StaticSource
 from app.gateway.snapshot import read_snapshot
 from app.gateway.source import PostgresSnapshotSource
@@ -644,3 +645,35 @@ async def test_a_listen_broken_on_its_way_is_sent_again_and_the_table_read(
         finally:
             await source.close()
             relay.mend()
+
+
+@pytest.mark.parametrize("error", [asyncpg.InternalClientError, asyncpg.InterfaceError])
+async def test_a_connection_the_driver_finds_broken_late_is_told_in_one_line_and_read_again(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, error: type[Exception]
+) -> None:
+    """Before, the driver's InternalClientError from a read was logged as a bug, with its
+    traceback, as routing_table_read_failed: it is a broken connection, told as the others."""
+    real_read = source_module.read_snapshot
+    failures: list[Exception] = []
+
+    async def broken_once(db: asyncpg.Connection, *, within_s: float) -> GatewaySnapshot:
+        if not failures:
+            failures.append(error("cannot switch to state 15; another operation is in progress"))
+            raise failures[0]
+        return await real_read(db, within_s=within_s)
+
+    monkeypatch.setattr(source_module, "read_snapshot", broken_once)
+    source = PostgresSnapshotSource(database_url, gateway_id=f"gw-{secrets.token_hex(4)}")
+    with capture_logs() as logs:
+        await source.start(wait_s=0)
+        try:
+            await wait_until(lambda: source.loads > 0, what="the routing table read again")
+            assert source.fresh(), source.stale_reason()
+        finally:
+            await source.close()
+
+    told = [entry for entry in logs if entry["log_level"] in ("warning", "error")]
+    assert [(entry["event"], entry.get("error")) for entry in told] == [
+        ("database_unreachable", "cannot switch to state 15; another operation is in progress")
+    ]
+    assert not any("exc_info" in entry for entry in logs)
