@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal, TypeVar
 
 import msgspec
@@ -17,6 +18,8 @@ from agent.simulator.wire import (
 )
 
 DEFAULT_MAX_TOKENS = 16
+_ERROR_PATH = re.compile(r" - at `\$(.*)`$")
+_MISSING_FIELD = re.compile(r"Object missing required field `([^`]+)`")
 
 Kind = Literal["chat", "completion", "responses"]
 _Request = TypeVar("_Request", ChatCompletionRequest, CompletionRequest, ResponsesRequest)
@@ -101,9 +104,20 @@ def _decode(decoder: msgspec.json.Decoder[_Request], body: bytes) -> _Request:
     try:
         return decoder.decode(body)
     except msgspec.ValidationError as exc:
-        raise invalid_request(f"Invalid request body: {exc}") from exc
+        raise invalid_request(f"Invalid request body: {exc}", param=_field(str(exc))) from exc
     except msgspec.DecodeError as exc:
         raise invalid_request(f"The request body is not valid JSON: {exc}") from exc
+
+
+def _field(validation_error: str) -> str | None:
+    """The field a msgspec validation error is about, as OpenAI's ``param`` names it
+    (``temperature``, ``messages[0].role``); None when it names none."""
+    at = _ERROR_PATH.search(validation_error)
+    path = at.group(1).removeprefix(".") if at else ""
+    missing = _MISSING_FIELD.match(validation_error)
+    if missing:
+        path = f"{path}.{missing.group(1)}" if path else missing.group(1)
+    return path or None
 
 
 def _check_model(requested: str, served_model: str) -> None:

@@ -1,7 +1,9 @@
 """OpenAI request and response bodies, as msgspec structs.
 
-Requests accept and ignore fields the simulator has no use for (temperature, top_p,
-stop, ...), as engines do. An optional field vLLM takes ``null`` for is taken as not given
+Requests accept and ignore fields the simulator has no use for, as engines do; the
+sampling fields among them (temperature, top_p, seed, stop, ...) are declared all the same,
+so that one of the wrong type (``"temperature": "hot"``) is a 400 naming it, as vLLM's
+validation answers it. An optional field vLLM takes ``null`` for is taken as not given
 (``"stream": null`` is not streamed, as OpenAI's SDKs and vLLM read it): chat's ``stream``,
 ``n`` and ``stream_options.include_usage``, completions' and the Responses API's
 ``stream``; one vLLM refuses ``null`` for (``ignore_eos``, completions' ``n``) is a 400
@@ -37,12 +39,24 @@ class ChatMessage(msgspec.Struct, frozen=True):
     content: str | list[ContentPart] | None = None
 
 
-class _GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
+class _SamplingFields(msgspec.Struct, frozen=True, kw_only=True):
+    """Sampling fields the simulator does not use, declared so that one of the wrong type
+    is refused with 400 as vLLM refuses it, not ignored."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+
+
+class _GenerationRequest(_SamplingFields, frozen=True, kw_only=True):
     model: str
     max_tokens: int | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
 
 
 class ChatCompletionRequest(_GenerationRequest, frozen=True, kw_only=True):
@@ -146,7 +160,7 @@ class InputMessage(msgspec.Struct, frozen=True):
     type: str = "message"
 
 
-class ResponsesRequest(msgspec.Struct, frozen=True, kw_only=True):
+class ResponsesRequest(_SamplingFields, frozen=True, kw_only=True):
     model: str
     input: str | list[InputMessage]
     instructions: str | None = None

@@ -213,3 +213,65 @@ def test_errors_can_be_written_in_three_styles() -> None:
         "param": "model",
         "code": 404,
     }
+
+
+@pytest.mark.parametrize(
+    ("parse", "field", "value"),
+    [
+        (parse_chat, "temperature", "hot"),
+        (parse_chat, "top_p", "most"),
+        (parse_chat, "max_tokens", "16"),
+        (parse_chat, "n", 1.5),
+        (parse_chat, "seed", "42"),
+        (parse_chat, "stop", 7),
+        (parse_chat, "presence_penalty", "some"),
+        (parse_completion, "temperature", "hot"),
+        (parse_completion, "stop", [7]),
+        (parse_completion, "frequency_penalty", True),
+        (parse_responses, "temperature", "hot"),
+        (parse_responses, "top_p", [1]),
+    ],
+)
+def test_a_sampling_field_of_the_wrong_type_is_a_400_naming_it_as_vllm_answers_it(
+    parse: Callable[[bytes, str], Generation], field: str, value: object
+) -> None:
+    # Before, a sampling field the simulator does not use was ignored whatever it held, and
+    # the request answered 200 where vLLM's request validation answers 400.
+    payload = {
+        parse_chat: {"messages": [{"role": "user", "content": "hi"}]},
+        parse_completion: {"prompt": "hi"},
+        parse_responses: {"input": "hi"},
+    }[parse]
+
+    with pytest.raises(ApiError) as raised:
+        parse(body({"model": MODEL, **payload, field: value}), MODEL)
+
+    assert (raised.value.status, raised.value.type) == (400, "invalid_request_error")
+    assert raised.value.param in (field, f"{field}[0]")
+    assert f"`$.{field}" in raised.value.message
+    assert msgspec.json.decode(error_body(raised.value, "openai"))["error"]["param"] == (
+        raised.value.param
+    )
+
+
+def test_sampling_fields_of_the_right_type_or_null_are_taken_and_ignored() -> None:
+    sampled = {
+        "temperature": 0,
+        "top_p": 0.9,
+        "seed": 42,
+        "stop": ["\n"],
+        "presence_penalty": None,
+        "frequency_penalty": 0.5,
+    }
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+    assert parse_chat(body(chat | sampled), MODEL) == parse_chat(body(chat), MODEL)
+    completion = {"model": MODEL, "prompt": "hi", "stop": "."}
+    assert parse_completion(body(completion), MODEL).max_tokens == DEFAULT_MAX_TOKENS
+
+
+def test_a_field_missing_from_a_message_is_named_by_its_path() -> None:
+    with pytest.raises(ApiError) as raised:
+        parse_chat(body({"model": MODEL, "messages": [{"content": "hi"}]}), MODEL)
+
+    assert raised.value.param == "messages[0].role"
