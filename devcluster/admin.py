@@ -14,6 +14,7 @@ from cli.key_requests import create_key, list_keys, revoke_key
 from cli.operator import get_model, get_nodes, get_replicas, put_model
 from cli.readiness import readiness
 from cli.views import ModelSpecView
+from devcluster.state_files import read_state_file
 
 
 def leads(admin: AdminClient) -> bool:
@@ -62,10 +63,9 @@ def api_key(admin: AdminClient, path: Path, *, name: str, models: list[str]) -> 
     was lost with the file, is revoked first)."""
     keys = [key.view for key in list_keys(admin)]
     live = {key.prefix: key for key in keys if not key.revoked}
-    if path.exists():
-        stored = path.read_text().strip()
-        if _prefix(stored) in live:
-            return stored
+    stored = (read_state_file(path) or "").strip()
+    if stored and _prefix(stored) in live:
+        return stored
     for key in live.values():
         if key.name == name:
             revoke_key(admin, key.prefix)

@@ -22,6 +22,7 @@ from devcluster.docker import DockerPostgres, docker_answers
 from devcluster.errors import DevDatabaseError, DevError
 from devcluster.postgres import LocalPostgres, find_bindir
 from devcluster.processes import program, run
+from devcluster.state_files import read_state_file
 
 DATABASE = "llmgw"
 RUNTIME_ROLE = "llmgw_runtime"
@@ -73,11 +74,13 @@ def local_or_docker_postgres(state_dir: Path) -> LocalPostgres | DockerPostgres:
 
 def secret(path: Path) -> str:
     """The secret stored at ``path`` (mode 0600), generated the first time."""
-    if not path.exists():
+    stored = read_state_file(path)
+    if stored is None:
+        stored = secrets.token_urlsafe(32)
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(descriptor, "w") as file:
-            file.write(secrets.token_urlsafe(32) + "\n")
-    return path.read_text().strip()
+            file.write(stored + "\n")
+    return stored.strip()
 
 
 def _migrate(owner_url: str, password_file: Path) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from devcluster.errors import DevDatabaseError
 from devcluster.ports import LOOPBACK as HOST
 from devcluster.ports import free_port, port_is_free
+from devcluster.state_files import read_state_file
 
 IMAGE = "postgres:15"
 READY_WITHIN_S = 90.0
@@ -100,11 +101,10 @@ class DockerPostgres:
         return f"postgresql://postgres@{HOST}:{self._port}/{database}"
 
     def _choose_port(self) -> int:
-        recorded = self._state_dir / "docker-port"
-        if recorded.exists():
-            port = int(recorded.read_text().strip() or 0)
-            if port and port_is_free(port):
-                return port
+        recorded = (read_state_file(self._state_dir / "docker-port") or "").strip()
+        port = int(recorded) if recorded.isdigit() else 0
+        if port and port_is_free(port):
+            return port
         return free_port()
 
     def _exists(self) -> bool:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from devcluster.errors import EnginePortsUnavailable
+from devcluster.state_files import read_state_file
 
 LOOPBACK = "127.0.0.1"
 
@@ -130,8 +131,8 @@ def _blocks_from(home: int) -> list[int]:
 
 def _recorded(path: Path) -> int | None:
     try:
-        first = int(path.read_text().strip())
-    except (OSError, ValueError):
+        first = int(read_state_file(path) or "")
+    except ValueError:
         return None
     aligned = (first - FIRST_PORT) % BLOCK_PORTS == 0
     return first if aligned and FIRST_PORT <= first <= LAST_PORT + 1 - BLOCK_PORTS else None

@@ -30,6 +30,7 @@ from typing import Self
 from devcluster.errors import DevDatabaseError
 from devcluster.ports import LOOPBACK as HOST
 from devcluster.ports import free_port, port_is_free
+from devcluster.state_files import read_state_file
 
 SERVER_BINARIES = ("initdb", "pg_ctl", "postgres")
 INSTALL_HINT = "install PostgreSQL (apt-get install postgresql) or set LLMGW_DATABASE_URL"
@@ -39,6 +40,8 @@ START_TIMEOUT_S = 60
 LOG_TAIL_LINES = 25
 # Unix sockets live in sockaddr_un.sun_path: 108 bytes with the terminating NUL.
 MAX_SOCKET_PATH = 107
+POSTMASTER_PID_BYTES = 64 * 1024
+"""postmaster.pid is eight short lines; a file far past this is not PostgreSQL's."""
 NON_DURABLE_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
 
 
@@ -251,13 +254,14 @@ class LocalPostgres:
 
     def _recorded_port(self) -> int | None:
         try:
-            return int(self._port_file.read_text().strip())
-        except (OSError, ValueError):
+            return int(read_state_file(self._port_file) or "")
+        except ValueError:
             return None
 
     def _running_port(self) -> int:
         # postmaster.pid: pid, data dir, start time, port, socket dir, listen address, ...
-        lines = (self._data_dir / "postmaster.pid").read_text().splitlines()
+        pid_file = self._data_dir / "postmaster.pid"
+        lines = (read_state_file(pid_file, POSTMASTER_PID_BYTES) or "").splitlines()
         if len(lines) < 4 or not lines[3].strip().isdigit():
             raise DevDatabaseError(f"PostgreSQL in {self._data_dir} runs but names no port yet")
         return int(lines[3])
