@@ -5,7 +5,9 @@ through a JSON file while the agent runs.
 (``agent.gpus.fake_health``) maps GPU indices to reasons, ``{"2": "XID 79: GPU has fallen
 off the bus"}``; it is read on every snapshot, so removing a key recovers that GPU. A
 reason that starts with ``XID <code>`` is also reported once as an XID event, as NVML
-would. Whatever else the file holds is ignored with one warning: the node keeps its GPUs.
+would, and an XID whose verdict is "healthy" (an application's fault, XID 13) leaves its
+GPU healthy, as the NVML source does. Whatever else the file holds is ignored with one
+warning: the node keeps its GPUs.
 """
 
 from __future__ import annotations
@@ -88,12 +90,15 @@ class FakeGpuSource:
             if code is not None and self._reported.get(index) != reason:
                 events.append(self._xid_event(index, code))
         self._reported = overrides
+        # An XID the table calls the application's fault is reported, as NVML would, and
+        # leaves its GPU healthy: the source's rule for it, not the file's mark, decides.
+        faults = {index: reason for index, reason in overrides.items() if _marks_unhealthy(reason)}
         gpus = tuple(
             replace(
                 gpu,
-                healthy=gpu.index not in overrides,
-                unhealthy_reason=overrides.get(gpu.index),
-                xid=_xid_of(overrides.get(gpu.index)),
+                healthy=gpu.index not in faults,
+                unhealthy_reason=faults.get(gpu.index),
+                xid=_xid_of(faults.get(gpu.index)),
             )
             for gpu in self._gpus
         )
@@ -128,6 +133,12 @@ class FakeGpuSource:
             marks_unhealthy=info.marks_unhealthy,
             at=self._now(),
         )
+
+
+def _marks_unhealthy(reason: str) -> bool:
+    """A reason that names no XID marks its GPU; one that names an XID does as its verdict says."""
+    code = _xid_of(reason)
+    return code is None or classify_xid(code).marks_unhealthy
 
 
 def _xid_of(reason: str | None) -> int | None:

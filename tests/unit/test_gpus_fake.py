@@ -136,7 +136,7 @@ def test_an_operator_can_write_the_file_by_hand(tmp_path: Path) -> None:
     health = tmp_path / "health.json"
     source = FakeGpuSource(parse_fake_gpus("2x24GB"), health)
 
-    health.write_text('{"1": "XID 13: graphics engine exception"}', encoding="utf-8")
+    health.write_text('{"1": "XID 48: double-bit ECC error"}', encoding="utf-8")
 
     assert [gpu.healthy for gpu in source.snapshot().gpus] == [True, False]
 
@@ -144,3 +144,28 @@ def test_an_operator_can_write_the_file_by_hand(tmp_path: Path) -> None:
 def test_an_empty_reason_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="the reason is empty"):
         mark_fake_gpu(tmp_path / "health.json", 0, "")
+
+
+def test_an_xid_the_table_calls_an_application_fault_is_reported_but_keeps_the_gpu_healthy(
+    tmp_path: Path,
+) -> None:
+    """As NVML would: XID 13 (a bad access in a CUDA kernel) is the application's fault, so
+    the source reports it once and the GPU stays in service."""
+    health = tmp_path / "health.json"
+    source = FakeGpuSource(parse_fake_gpus("2x24GB", seed="node-a"), health, now=fixed_now)
+    clean = source.snapshot()
+
+    mark_fake_gpu(health, 1, "XID 13: graphics engine exception")
+    faulted = source.snapshot()
+    later = source.snapshot()
+
+    (event,) = faulted.xid_events
+    assert (event.gpu_index, event.xid, event.classification, event.marks_unhealthy) == (
+        1,
+        13,
+        XidClass.APPLICATION,
+        False,
+    )
+    assert faulted.gpus == clean.gpus, "an application XID leaves the GPU healthy"
+    assert later.xid_events == (), "the XID is reported once"
+    assert later.gpus == clean.gpus

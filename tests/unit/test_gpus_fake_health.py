@@ -32,13 +32,13 @@ def test_a_mark_for_a_gpu_the_node_lacks_costs_that_entry_only_with_one_warning(
     tmp_path: Path,
 ) -> None:
     health = tmp_path / "health.json"
-    health.write_text(json.dumps({"7": XID_79, "1": "XID 13: graphics engine exception"}))
+    health.write_text(json.dumps({"7": XID_79, "1": "XID 48: double-bit ECC error"}))
     source = two_gpus(health)
 
     with capture_logs() as logs:
         first, second = unhealthy(source), unhealthy(source)
 
-    assert first == second == {1: "XID 13: graphics engine exception"}
+    assert first == second == {1: "XID 48: double-bit ECC error"}
     (warning,) = [entry for entry in logs if entry["log_level"] == "warning"]
     assert warning["event"] == "fake_gpu_health_file_ignored"
     assert "entry '7' ignored: this node has GPUs 0 to 1" in warning["problems"][0]
