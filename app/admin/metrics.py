@@ -328,10 +328,25 @@ def fold_families(state: ClusterState, running: Mapping[str, NodeReport]) -> Ite
     for name in ("connected", "disconnected", "lost"):
         nodes.add_metric([name], by_state[name])
     yield nodes
+    yield gpu_family(state)
     drains = GaugeMetricFamily("llmgw_drains_in_progress", "Drains of nodes or replicas not done")
     drains.add_metric([], len(drains_in_progress(state)))
     yield drains
     yield from placement_families(state, running)
+
+
+def gpu_family(state: ClusterState) -> Metric:
+    """GPUs by health, so that an alert can fire while any GPU is unhealthy: the count of
+    ``gpu_marked_unhealthy`` events only grows, and cannot say how many are unhealthy now."""
+    family = GaugeMetricFamily(
+        "llmgw_gpus",
+        "GPUs of the nodes the log knows, healthy or unhealthy (held as flapping included)",
+        labels=["state"],
+    )
+    by_health = Counter(gpu.healthy for node in state.nodes.values() for gpu in node.gpus)
+    family.add_metric(["healthy"], by_health[True])
+    family.add_metric(["unhealthy"], by_health[False])
+    return family
 
 
 def replica_family(state: ClusterState) -> Metric:
