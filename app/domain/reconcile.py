@@ -116,7 +116,7 @@ def decide(state: ClusterState, fleet: FleetView, now: datetime, settings: Setti
         nodes_gone(draft, fleet, settings)
         missing_shards(draft, fleet)
         startup_timeouts(draft)
-    shard_outcomes(draft)
+    shard_outcomes(draft, fleet)
     stop_ports_out_of_range(draft, fleet)
     stopping_done(draft, fleet)
     # What the gateways eject is theirs to say, grace or not; recorded before a verdict.

@@ -2,8 +2,9 @@
 report and how long they have waited. Nodes away past the lost timeout are lost with their
 replicas; shards no agent reports any more are lost; replicas starting past their model's
 startup timeout are timed out; a failed shard fails its replica and all shards ready make
-it serve; a stopping replica whose shards are gone (none that its node reports running)
-is stopped."""
+it serve; a replica of several shards whose agent stopped one while another ran on is
+replaced whole once that node is back; a stopping replica whose shards are gone (none that
+its node reports running) is stopped."""
 
 from __future__ import annotations
 
@@ -142,7 +143,7 @@ def _startup_clock(state: ClusterState, replica: Replica) -> datetime | None:
     return max([replica.agent_stopped_at or replica.placed_at, *back])
 
 
-def shard_outcomes(draft: Draft) -> None:
+def shard_outcomes(draft: Draft, fleet: FleetView) -> None:
     for replica in list(draft.state.replicas.values()):
         if replica.phase not in COUNTING_PHASES | {ReplicaPhase.DRAINING}:
             continue
@@ -152,6 +153,11 @@ def shard_outcomes(draft: Draft) -> None:
             # It would only serve again to be moved: its replacement is on its way.
             reason = f"shard {stopped.index} stopped by {stopped.node_id}: {stopped.stop_reason}"
             stop_replica(draft, replica, reason)
+            continue
+        if replica.phase is ReplicaPhase.PLACED and (
+            cannot_rejoin := _peers_ran_on(replica, fleet)
+        ):
+            stop_replica(draft, replica, cannot_rejoin)
             continue
         failed = next(
             (
@@ -176,6 +182,33 @@ def shard_outcomes(draft: Draft) -> None:
             s.phase is ShardPhase.READY for s in replica.shards
         ):
             draft.emit(replica_stream(replica.id), ReplicaServing(replica_id=replica.id))
+
+
+def _peers_ran_on(replica: Replica, fleet: FleetView) -> str | None:
+    """Why a replica of several shards is replaced whole rather than started again: one of
+    its shards was stopped by its agent, whose node is back, while another kept running (its
+    node reports its engine: the log's copy may predate a stop that never reached it).
+    Multi-node engines form their group once, at start: a shard started again alone cannot
+    rejoin peers that ran on, and would only hang until the startup timeout with every
+    GPU of the replica held. None when nothing of it kept running (a whole cluster
+    stopped and started again): the replica starts again under its own id."""
+    stopped = next(
+        (s for s in replica.shards if s.stopped_by_agent and s.node_id in fleet.reports), None
+    )
+    ran_on = next((s for s in replica.shards if _reported_running(replica, s, fleet)), None)
+    if stopped is None or ran_on is None:
+        return None
+    return (
+        f"shard {stopped.index} stopped by {stopped.node_id} ({stopped.stop_reason}) while "
+        f"shard {ran_on.index} kept running on {ran_on.node_id}: a shard started again alone "
+        "cannot rejoin its peers"
+    )
+
+
+def _reported_running(replica: Replica, shard: Shard, fleet: FleetView) -> bool:
+    report = fleet.reports.get(shard.node_id)
+    reported = report.shards.get((replica.id, shard.index)) if report else None
+    return reported is not None and reported.running
 
 
 def _startup_timeout_s(state: ClusterState, replica: Replica) -> float:

@@ -40,7 +40,13 @@ from devcluster.orchestrator import GatewayProcess, Processes, ServerProcess
 from devcluster.pki import ClusterPki
 from devcluster.ports import NodePortRanges, listens
 from devcluster.processes import program
-from devcluster.programs import LOOPBACK_ENGINES, GatewayCommand, ServeCommand, simulator_command
+from devcluster.programs import (
+    LOOPBACK_ENGINES,
+    EnginesOnExit,
+    GatewayCommand,
+    ServeCommand,
+    simulator_command,
+)
 from devcluster.readiness import answers
 from tests.support.databases import runtime_url
 from tests.support.fleet import AgentProcess, FleetProcesses
@@ -319,7 +325,9 @@ class Cluster:
         await self.apply_simulated_model(model, replicas=replicas, command=command)
         return await self.wait_for_serving(model, replicas)
 
-    def start_agent(self, node_id: str, *, fake_gpus: str = "2x80GB") -> AgentProcess:
+    def start_agent(
+        self, node_id: str, *, fake_gpus: str = "2x80GB", engines_on_exit: EnginesOnExit = "keep"
+    ) -> AgentProcess:
         """``llmgw-agent`` for ``node_id`` dialling every server started so far, in order."""
         if not self.servers:
             raise AssertionError("start a server before its agents")
@@ -333,6 +341,7 @@ class Cluster:
             fallback_servers=others,
             port_range=self.engine_ports.of(node_id),
             reconnect_max_delay_s=self.agent_reconnect_max_delay_s,
+            engines_on_exit=engines_on_exit,
         )
         self.agents[node_id] = agent
         return agent
