@@ -119,7 +119,9 @@ def candidate_row(candidate: CandidateView) -> tuple[str, ...]:
         "yes" if candidate.eligible else "no",
         str(candidate.usable_gpus),
         str(candidate.same_model_replicas),
-        _would_use(candidate.gpus, candidate.port),
+        # A node that cannot take the shard would use nothing: the GPUs it has free are
+        # too few, or the node is not to be used at all.
+        _would_use(candidate.gpus, candidate.port) if candidate.eligible else "",
         "; ".join(candidate.reasons),
         str(candidate.failures_here),
     )
