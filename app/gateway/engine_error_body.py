@@ -17,6 +17,11 @@ from typing import Any
 
 import msgspec
 
+from app.gateway.context_overflow import (
+    CONTEXT_LENGTH_EXCEEDED,
+    CONTEXT_LENGTH_PARAM,
+    is_context_overflow,
+)
 from app.gateway.errors import TYPE_BY_STATUS, type_for_status
 from wire.openai_error import ErrorBody, ErrorDetail
 
@@ -70,17 +75,21 @@ def engine_error(status: int, body: bytes) -> EngineError:
     else:
         text = "" if message is None else _encode(message).decode()
     known = kind if isinstance(kind, str) and kind in OPENAI_ERROR_TYPES else None
+    relayed_param = param if isinstance(param, str) else None
+    # OpenAI's codes are strings; an integer code is an engine repeating the status.
+    relayed_code = code if isinstance(code, str) else None
+    if is_context_overflow(status, kind, text):
+        relayed_param, relayed_code = CONTEXT_LENGTH_PARAM, CONTEXT_LENGTH_EXCEEDED
     detail = ErrorDetail(
         _shorten(text) or f"The engine answered HTTP {status} with no message.",
         known or type_for_status(status),
-        param if isinstance(param, str) else None,
-        # OpenAI's codes are strings; an integer code is an engine repeating the status.
-        code if isinstance(code, str) else None,
+        relayed_param,
+        relayed_code,
     )
     unrelayed = [
         f"{name}={_shorten_field(value)}"
         for name, value, relayed in (("type", kind, known), ("code", code, detail.code))
-        if value not in (None, "") and relayed is None
+        if value not in (None, "") and value != relayed
     ]
     return EngineError(_encode(ErrorBody(detail)), " ".join(unrelayed) or None)
 

@@ -410,13 +410,14 @@ def route_to(engine: BadEngine) -> Route:
 
 
 @pytest.mark.parametrize(
-    ("status", "error", "type_", "logged"),
+    ("status", "error", "type_", "code", "logged"),
     [
         pytest.param(
             b"400 Bad Request",
             b'{"object": "error", "message": "This model\'s maximum context length is 4096",'
             b' "type": "BadRequestError", "param": null, "code": 400}',
             "invalid_request_error",
+            "context_length_exceeded",  # a 4xx over the context: OpenAI's code
             "type=BadRequestError code=400",
             id="vllm",
         ),
@@ -425,13 +426,14 @@ def route_to(engine: BadEngine) -> Route:
             b'{"error": {"code": 500, "message": "This model\'s maximum context length is 4096",'
             b' "type": "exceed_context_size_error", "n_ctx": 4096}}',
             "server_error",
+            None,  # a 5xx is the engine failing, whatever it says
             "type=exceed_context_size_error code=500",
             id="llama.cpp",
         ),
     ],
 )
 def test_an_engines_error_has_openais_type_and_its_own_is_in_the_request_log_line(
-    status: bytes, error: bytes, type_: str, logged: str
+    status: bytes, error: bytes, type_: str, code: str | None, logged: str
 ) -> None:
     # The engine's own type reached the client, an integer code its operator never saw.
     key, record = new_key(tpm=TPM)
@@ -452,7 +454,7 @@ def test_an_engines_error_has_openais_type_and_its_own_is_in_the_request_log_lin
 
     assert raised.value.status_code == int(status.split()[0])
     assert raised.value.type == type_
-    assert raised.value.code is None
+    assert raised.value.code == code
     assert raised.value.message.endswith("This model's maximum context length is 4096")
     [line] = [entry for entry in logs if entry["event"] == "gateway_request"]
     assert line["note"] == f"the engine's error said {logged}"

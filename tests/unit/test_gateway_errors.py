@@ -403,3 +403,93 @@ def test_a_quota_refusals_message_says_no_less_than_its_headers() -> None:
     error = quota_exceeded(decision)
     assert dict(error.headers)[b"retry-after-ms"] == b"840"
     assert error.message.endswith(" Retry after 0.9 s."), error.message
+
+
+# What engines answer for a prompt over the model's context, as each writes it.
+VLLM_CONTEXT_OVERFLOWS = [
+    # vLLM 0.5 (vllm/entrypoints/openai/serving_engine.py, _validate_prompt_and_tokenize),
+    # in its older {"object": "error", ...} shape.
+    b'{"object": "error", "message": "This model\'s maximum context length is 4096 tokens. '
+    b"However, you requested 4200 tokens (200 in the messages, 4000 in the completion). "
+    b'Please reduce the length of the messages or completion.", "type": "BadRequestError", '
+    b'"param": null, "code": 400}',
+    # vLLM 0.6 to 0.9: max_tokens over what the prompt leaves.
+    b'{"error": {"message": "\'max_tokens\' or \'max_completion_tokens\' is too large: 8000. '
+    b"This model's maximum context length is 4096 tokens and your request has 2778 input "
+    b'tokens (8000 > 4096 - 2778). None", "type": "BadRequestError", "param": null, '
+    b'"code": 400}}',
+    # vLLM 0.10 and later (VLLMValidationError), which names its own param.
+    b'{"error": {"message": "This model\'s maximum context length is 8192 tokens. However, '
+    b"you requested 64 output tokens and your prompt contains at least 8129 input tokens, "
+    b"for a total of at least 8193 tokens. Please reduce the length of the input prompt or "
+    b'the number of requested output tokens. (parameter=input_tokens, value=8129)", '
+    b'"type": "BadRequestError", "param": "input_tokens", "code": 400}}',
+]
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        *((400, body) for body in VLLM_CONTEXT_OVERFLOWS),
+        # llama.cpp's llama-server (the dev cluster's --engine llamacpp, -c 4096 -np 4), sent
+        # a chat of 3,000 words, recorded from its port.
+        (400, b'{"error":{"code":400,"message":"request (3009 tokens) exceeds the available '
+              b'context size (1024 tokens), try increasing it","type":'
+              b'"exceed_context_size_error","n_prompt_tokens":3009,"n_ctx":1024}}'),
+        # SGLang (python/sglang/srt/managers/tokenizer_manager.py), older vLLM's shape.
+        (400, b'{"object": "error", "message": "The input (5000 tokens) is longer than the '
+              b"model's context length (4096 tokens).\", \"type\": \"BadRequestError\", "
+              b'"param": null, "code": 400}'),
+        # text-generation-inference's validation, 422.
+        (422, b'{"error": "Input validation error: `inputs` tokens + `max_new_tokens` must be '
+              b'<= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`", '
+              b'"error_type": "validation"}'),
+        (422, b'{"error": "Input validation error: `inputs` must have less than 4096 tokens. '
+              b'Given: 5000", "error_type": "validation"}'),
+    ],
+    ids=["vllm-0.5", "vllm-0.6", "vllm-0.10", "llama.cpp", "sglang", "tgi-total", "tgi-input"],
+)  # fmt: skip
+def test_a_prompt_over_the_context_gets_openais_context_length_exceeded(
+    status: int, body: bytes
+) -> None:
+    """Applications shorten the conversation and retry on OpenAI's code: before, each
+    engine's own words reached them with no code, or the status repeated."""
+    error = error_of(normalize_engine_error(status, body))
+
+    assert error["code"] == "context_length_exceeded"
+    assert error["param"] == "messages"
+    assert error["type"] == "invalid_request_error"
+    assert "context" in str(error["message"]) or "`inputs`" in str(error["message"])
+
+
+def test_llama_cpps_overflow_keeps_its_type_and_code_for_the_log() -> None:
+    body = (
+        b'{"error":{"code":400,"message":"request (3009 tokens) exceeds the available context '
+        b'size (1024 tokens), try increasing it","type":"exceed_context_size_error",'
+        b'"n_prompt_tokens":3009,"n_ctx":1024}}'
+    )
+
+    error = engine_error(400, body)
+
+    assert error.unrelayed == "type=exceed_context_size_error code=400"
+
+
+def test_a_context_message_on_a_5xx_is_no_overflow() -> None:
+    # An engine failing while it speaks of its context is not the client's prompt at fault.
+    body = b'{"error": {"message": "maximum context length is 0: cache broken", "code": 500}}'
+
+    assert error_of(normalize_engine_error(500, body))["code"] is None
+
+
+def test_a_context_overflow_event_in_a_stream_gets_openais_code() -> None:
+    events = (
+        b'data: {"error": {"message": "This model\'s maximum context length is 4096 tokens. '
+        b'However, you requested 5000 tokens.", "type": "BadRequestError", "code": 400}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+
+    normalized, unrelayed = normalize_stream_errors(events)
+
+    assert normalized.startswith(b'data: {"error":{"message":"This model\'s maximum context')
+    assert b'"param":"messages","code":"context_length_exceeded"}}\n\n' in normalized
+    assert unrelayed == "type=BadRequestError code=400"
