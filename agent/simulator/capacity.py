@@ -30,7 +30,14 @@ from agent.simulator.kv_cache import BlockAllocation, KvCache, prompt_block_hash
 
 
 class RequestTooLarge(ValueError):
-    """The request needs more KV blocks than the whole cache has; it could never run."""
+    """The request needs more KV blocks than the whole cache has; it could never run: its
+    prompt and output are over the context, which is what the whole cache holds."""
+
+    def __init__(self, message: str, *, prompt_tokens: int, max_tokens: int, context: int):
+        super().__init__(message)
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.context = context
 
 
 class Admission(msgspec.Struct, frozen=True):
@@ -145,7 +152,10 @@ class CapacityModel:
             raise RequestTooLarge(
                 f"the request needs {blocks_needed} KV blocks of {self._config.block_size} "
                 f"tokens ({len(prompt)} prompt + {max_tokens} output tokens) but the cache "
-                f"has {self._config.num_blocks}"
+                f"has {self._config.num_blocks}",
+                prompt_tokens=len(prompt),
+                max_tokens=max_tokens,
+                context=self._config.num_blocks * self._config.block_size,
             )
         request_id = self._next_id
         self._next_id += 1

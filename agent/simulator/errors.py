@@ -37,6 +37,23 @@ def invalid_request(message: str, *, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 
 
+def context_length_exceeded(context: int, prompt_tokens: int, max_tokens: int) -> ApiError:
+    """A prompt and output over the model's ``context``, in vLLM's words (0.10 and later,
+    ``vllm/entrypoints/openai/serving_engine.py``): a prompt that alone fills it, or one
+    that leaves too little for ``max_tokens``."""
+    head = f"This model's maximum context length is {context} tokens."
+    if prompt_tokens >= context:
+        message = f"{head} However, your request has {prompt_tokens} input tokens."
+    else:
+        message = (
+            f"{head} However, you requested {max_tokens} output tokens and your prompt "
+            f"contains {prompt_tokens} input tokens, for a total of "
+            f"{prompt_tokens + max_tokens} tokens. Please reduce the length of the input "
+            "prompt or the number of requested output tokens."
+        )
+    return ApiError(400, message, param="input_tokens")
+
+
 def model_not_found(model: str) -> ApiError:
     return ApiError(
         404,

@@ -21,7 +21,12 @@ from agent.simulator import pooling
 from agent.simulator.capacity import RequestTooLarge
 from agent.simulator.config import ServerConfig
 from agent.simulator.engine import RequestHandle, SimEngine
-from agent.simulator.errors import ApiError, error_body, invalid_request, not_ready
+from agent.simulator.errors import (
+    ApiError,
+    context_length_exceeded,
+    error_body,
+    not_ready,
+)
 from agent.simulator.generation import Generation, parse_chat, parse_completion, parse_responses
 from agent.simulator.metrics import EngineMetrics, render
 from agent.simulator.pooling import Vocabulary
@@ -240,7 +245,7 @@ class SimulatorApp:
                 generation.prompt, generation.max_tokens, streaming=generation.stream
             )
         except RequestTooLarge as exc:
-            raise invalid_request(str(exc), param="max_tokens") from exc
+            raise context_length_exceeded(exc.context, exc.prompt_tokens, exc.max_tokens) from exc
         watcher = asyncio.create_task(self._abort_on_disconnect(receive, handle))
         renderer = renderer_for(generation, self._config.model)
         try:

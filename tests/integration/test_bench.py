@@ -694,8 +694,8 @@ async def test_a_prompt_longer_than_the_engine_takes_is_refused_before_the_climb
     assert result.code == 1, result.stderr
     assert (
         "failed a request of the run's shape (--input-tokens 200, --output-tokens 8): "
-        "HTTP 400: the request needs 13 KV blocks of 16 tokens (200 prompt + 8 output "
-        "tokens) but the cache has 4"
+        "HTTP 400: This model's maximum context length is 64 tokens. However, your request "
+        "has 200 input tokens."
     ) in " ".join(result.stderr.split())
     assert "level 1 of" not in result.stderr
     assert not result.report_dir.exists()

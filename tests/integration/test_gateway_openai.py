@@ -242,7 +242,8 @@ def test_an_engine_error_is_normalized(client: openai.OpenAI, model: str) -> Non
         client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=TOO_MANY_TOKENS)
     assert raised.value.status_code == 400
     body = assert_openai_shape(raised.value.body)
-    assert "KV blocks" in str(body["message"])
+    assert "maximum context length is" in str(body["message"])
+    assert raised.value.code == "context_length_exceeded"
     assert raised.value.response.headers["x-llmgw-gateway-ms"]
 
 

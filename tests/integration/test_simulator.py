@@ -287,6 +287,35 @@ def test_flat_error_style_answers_with_a_detail() -> None:
     assert response.json() == {"detail": "The model `x` does not exist."}
 
 
+def test_a_prompt_over_the_context_is_refused_as_vllm_refuses_it() -> None:
+    """The context is what the whole cache holds (4 blocks of 16 tokens: 64); over it, the
+    answer is vLLM's (0.10 and later, ``serving_engine.py``), whose wording applications
+    and the gateway recognise. Before, it was the simulator's own sentence about KV
+    blocks."""
+    with start_simulator("--num-blocks", "4", "--block-size", "16", *FAST, port=free_port()) as sim:
+        sim.wait_healthy()
+        client = sync_client(sim)
+
+        with pytest.raises(openai.BadRequestError) as prompt_alone:
+            client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "w " * 70}], max_tokens=1
+            )
+        with pytest.raises(openai.BadRequestError) as with_output:
+            client.completions.create(model=MODEL, prompt="w " * 50, max_tokens=20)
+
+    # The SDK's message is "Error code: 400 - " and the body's.
+    assert prompt_alone.value.message.removeprefix("Error code: 400 - ") == (
+        "This model's maximum context length is 64 tokens. However, your request has 70 "
+        "input tokens."
+    )
+    assert with_output.value.message.removeprefix("Error code: 400 - ") == (
+        "This model's maximum context length is 64 tokens. However, you requested 20 output "
+        "tokens and your prompt contains 50 input tokens, for a total of 70 tokens. Please "
+        "reduce the length of the input prompt or the number of requested output tokens."
+    )
+    assert with_output.value.param == "input_tokens"
+
+
 # -- metrics and the capacity model --------------------------------------------------------
 
 
