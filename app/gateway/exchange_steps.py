@@ -191,11 +191,15 @@ class ExchangeSteps:
             if key.tpm is not None and status < 400:
                 self._spend(key, self._tokens_of(exchange, key.tpm, body))
             headers = exchange.answer_headers()
-            headers.append((b"content-type", content_type))
             if status not in BODILESS_STATUSES:
+                # An engine's body without a type is taken as the API's JSON.
+                headers.append((b"content-type", content_type or b"application/json"))
                 # RFC 9110 (8.6): a 204 carries no length, and a 304's would be that of a
                 # 200 the gateway never saw; the client knows either has no body.
                 headers.append((b"content-length", b"%d" % len(body)))
+            elif content_type:
+                # No body to type: only what the engine said of it is passed on.
+                headers.append((b"content-type", content_type))
             await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": body})
         except asyncio.CancelledError:

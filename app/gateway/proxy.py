@@ -325,8 +325,9 @@ class Upload(Protocol):
 
 
 async def read_whole(opened: Opened, timing: Timing) -> tuple[int, bytes, bytes, str | None]:
-    """The whole answer: status, content type and body (errors in OpenAI's shape), and
-    what of an error's type and code the client does not get (``EngineError.unrelayed``)."""
+    """The whole answer: status, content type (empty where the engine sent none) and body
+    (errors in OpenAI's shape), and what of an error's type and code the client does not
+    get (``EngineError.unrelayed``)."""
     answer = opened.answer
     opened.lease.first_byte()
     started = _clock()
@@ -347,7 +348,7 @@ async def read_whole(opened: Opened, timing: Timing) -> tuple[int, bytes, bytes,
     if status >= 400:
         error = engine_error(status, body)
         return status, b"application/json", error.body, error.unrelayed
-    return status, answer.content_type or b"application/json", body, None
+    return status, answer.content_type, body, None
 
 
 class StreamCut:

@@ -211,6 +211,8 @@ def test_a_bodiless_answer_is_relayed_without_a_length_on_a_connection_kept_aliv
     assert status_line == b"HTTP/1.1 " + status
     names = {field.partition(b":")[0].lower() for field in fields}
     assert not names & {b"content-length", b"transfer-encoding", b"connection"}
+    # Nor a content type the engine never sent: there is nothing it could describe.
+    assert b"content-type" not in names
     assert body == b""
     assert answers[1] == (answers[1][0], CHAT)
     assert answers[1][0].startswith(b"HTTP/1.1 200 OK\r\n")
