@@ -100,12 +100,30 @@ few others: a stream's events are looked at only where their bytes hold it."""
 _DATA = b"data:"
 
 
+class StreamErrors(msgspec.Struct, frozen=True):
+    """Whole events of a stream with its error events in OpenAI's shape, and what they said."""
+
+    events: bytes
+    unrelayed: str | None
+    """What of their types and codes the client does not get, as ``EngineError``'s."""
+    status: int | None
+    """The highest status the error events name (an integer ``code``, else 500); None
+    when there is none: how the stream counts against its replica."""
+
+
 def normalize_stream_errors(events: bytes) -> tuple[bytes, str | None]:
     """Whole server-sent ``events`` of a stream, with the error in each error event in
     OpenAI's shape, as ``engine_error`` writes a whole answer's (by the status its integer
     code names, else 500); and what of their types and codes the client does not get."""
+    errors = stream_errors(events)
+    return errors.events, errors.unrelayed
+
+
+def stream_errors(events: bytes) -> StreamErrors:
+    """``normalize_stream_errors``, with the status the error events name."""
     lines = events.splitlines(keepends=True)
     unrelayed: list[str] = []
+    worst: int | None = None
     for index, line in enumerate(lines):
         if ERROR_MARK not in line or not line.startswith(_DATA):
             continue
@@ -122,12 +140,13 @@ def normalize_stream_errors(events: bytes) -> tuple[bytes, str | None]:
         if isinstance(inner, dict):
             code = inner.get("code")
         status = code if isinstance(code, int) and 400 <= code <= 599 else 500
+        worst = status if worst is None else max(worst, status)
         error = engine_error(status, content)
         if error.unrelayed is not None:
             unrelayed.append(error.unrelayed)
         end = payload[len(payload.rstrip(b"\r\n")) :]
         lines[index] = _DATA + b" " + error.body + end
-    return b"".join(lines), "; ".join(unrelayed) or None
+    return StreamErrors(b"".join(lines), "; ".join(unrelayed) or None, worst)
 
 
 def _is_error_event(decoded: Any) -> bool:

@@ -165,11 +165,18 @@ class ExchangeSteps:
                 def engine_error(unrelayed: str) -> None:
                     exchange.note = f"the engine's error said {unrelayed}"
 
-                cut = await relay_stream(
+                end = await relay_stream(
                     opened, send, exchange.answer_headers(), tokens, first_chunk, engine_error
                 )
                 exchange.ended_at = clock()
-                outcome = Outcome.ANSWERED if cut is None else Outcome.FAILED
+                cut = end.cut
+                if cut is not None:
+                    outcome = Outcome.FAILED
+                elif end.error_status is not None:
+                    # The engine's error event, counted as the same answer whole would be.
+                    outcome = outcome_of_status(end.error_status)
+                else:
+                    outcome = Outcome.ANSWERED
                 watch.done = True
                 if key.tpm is not None:
                     self._spend(key, tokens.total())

@@ -57,7 +57,7 @@ from app.gateway.engine_error_body import (
     ERROR_MARK,
     engine_error,
     normalize_engine_error,
-    normalize_stream_errors,
+    stream_errors,
 )
 from app.gateway.engine_errors import (
     AnswerBroken,
@@ -351,6 +351,17 @@ async def read_whole(opened: Opened, timing: Timing) -> tuple[int, bytes, bytes,
     return status, answer.content_type, body, None
 
 
+class StreamEnd:
+    """How an engine's stream ended: ``cut`` when before its end (``StreamCut``), and
+    ``error_status``, the highest status its error events named, when it sent any."""
+
+    __slots__ = ("cut", "error_status")
+
+    def __init__(self, cut: StreamCut | None, error_status: int | None) -> None:
+        self.cut = cut
+        self.error_status = error_status
+
+
 class StreamCut:
     """Why an engine's stream ended before its end: ``reason`` as a replica's failure is
     counted (``broken``, ``timeout``, ``invalid_answer``), ``detail`` in words."""
@@ -369,12 +380,12 @@ async def relay_stream(
     tokens: StreamTokens | None,
     on_first_chunk: Callable[[], None],
     on_engine_error: Callable[[str], None] = lambda unrelayed: None,
-) -> StreamCut | None:
+) -> StreamEnd:
     """Pass the engine's stream to the client as it comes; ``headers`` start the answer.
-    None when the engine finished it, else why it did not (the client got an error
+    Its end says why the engine did not finish it, if it did not (the client got an error
     event). An error event of the engine's goes in OpenAI's shape (``normalize_stream_
     errors``), and what of its type and code the client does not get to
-    ``on_engine_error``."""
+    ``on_engine_error``; one of a 5xx counts against the replica as a 5xx answer does."""
     answer = opened.answer
     headers.append((b"content-type", answer.content_type or b"text/event-stream"))
     headers.append((b"cache-control", b"no-cache"))
@@ -382,6 +393,7 @@ async def relay_stream(
     events = WholeEvents()
     first = True
     more = True
+    error_status: int | None = None
     try:
         async for chunk in answer.chunks():
             # A chunk with the engine's answer all read ends the client's answer too: its
@@ -390,7 +402,7 @@ async def relay_stream(
             # Whole events only, so that an engine dying mid-event leaves none half sent.
             body = events.cut(chunk) if more else events.rest(chunk)
             if ERROR_MARK in body:  # checked here: a call less for every other piece
-                body = _errors_normalized(body, on_engine_error)
+                body, error_status = _errors_normalized(body, on_engine_error, error_status)
             if first:
                 first = False
                 on_first_chunk()
@@ -419,23 +431,35 @@ async def relay_stream(
         events.drop()
         message = f"The engine stopped answering mid-stream: {exc}"
         await send({"type": "http.response.body", "body": stream_error_events(message)})
-        return StreamCut(reason, str(exc))
-    # A stream's verdict is how it ends: one that ended properly, with pieces or none.
-    opened.lease.succeeded()
+        return StreamEnd(StreamCut(reason, str(exc)), error_status)
+    rest = b""
     if more:
-        rest = _errors_normalized(events.rest(), on_engine_error)
+        rest, error_status = _errors_normalized(events.rest(), on_engine_error, error_status)
+    # A stream's verdict is how it ends: one that ended properly, with pieces or none, but
+    # not one whose engine said it failed: an engine that answers every stream with a 5xx
+    # error event is as unhealthy as one answering 500s.
+    if error_status is not None and error_status >= 500:
+        opened.lease.failed(f"HTTP {error_status} error event")
+    else:
+        opened.lease.succeeded()
+    if more:
         await send({"type": "http.response.body", "body": rest})
-    return None
+    return StreamEnd(None, error_status)
 
 
-def _errors_normalized(body: bytes, on_engine_error: Callable[[str], None]) -> bytes:
-    """Whole events of a stream, an engine's error events among them in OpenAI's shape."""
+def _errors_normalized(
+    body: bytes, on_engine_error: Callable[[str], None], worst: int | None
+) -> tuple[bytes, int | None]:
+    """Whole events of a stream, an engine's error events among them in OpenAI's shape;
+    and the highest status of theirs and ``worst``."""
     if ERROR_MARK not in body:
-        return body
-    body, unrelayed = normalize_stream_errors(body)
-    if unrelayed is not None:
-        on_engine_error(unrelayed)
-    return body
+        return body, worst
+    errors = stream_errors(body)
+    if errors.unrelayed is not None:
+        on_engine_error(errors.unrelayed)
+    if errors.status is None:
+        return errors.events, worst
+    return errors.events, errors.status if worst is None else max(worst, errors.status)
 
 
 def _broken_reason(exc: AnswerBroken) -> str:

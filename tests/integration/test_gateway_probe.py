@@ -19,6 +19,7 @@ from agent.simulator.launcher import SimulatorProcess, start_simulator
 from app.gateway.ejection import EjectedReplica, EjectionPolicy
 from app.gateway.server import StaticSource
 from app.gateway.table import Route
+from tests.support.bad_engine import BadEngine, sse_answer
 from tests.support.gateway import GatewayThread, new_key, snapshot_of
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
@@ -113,3 +114,52 @@ async def test_5xx_answers_eject_and_a_clients_4xx_do_not(healthy: SimulatorProc
                 return [e.replica_id for e in ejected(gateway)] == ["unready"]
 
             await wait_until(unready_is_out, within_s=20.0, what="the 503s' ejection")
+
+
+FAILING_STREAM_EVENT = (
+    b'{"error": {"object": "error", "message": "EngineCore encountered an issue.",'
+    b' "type": "InternalServerError", "param": null, "code": 500}}'
+)
+"""vLLM's error event for an engine that failed mid-stream (``create_streaming_error_
+response`` with status 500), after its 200 head."""
+REFUSING_STREAM_EVENT = (
+    b'{"error": {"object": "error", "message": "This model\'s maximum context length is 64'
+    b' tokens.", "type": "BadRequestError", "param": null, "code": 400}}'
+)
+
+
+async def test_streams_answered_with_5xx_error_events_eject_and_count_as_errors(
+    healthy: SimulatorProcess,
+) -> None:
+    """An engine that answers every stream 200 and then a 5xx error event is as unhealthy
+    as one answering 500s: before, each such stream counted as answered, and the replica
+    stayed in rotation with no error in its figures. A 4xx error event is the client's
+    doing, as a 4xx answer is."""
+    key, record = new_key()
+    stream = {"stream": True}
+    with (
+        BadEngine(lambda request: [sse_answer(FAILING_STREAM_EVENT)]) as failing,
+        BadEngine(lambda request: [sse_answer(REFUSING_STREAM_EVENT)]) as refusing,
+    ):
+        routes = [
+            Route(replica_id="failing", model=MODEL, url=failing.url),
+            Route(replica_id="refusing", model=MODEL, url=refusing.url),
+            route("b", healthy),
+        ]
+        source = StaticSource(snapshot_of(routes, [record]))
+        with (
+            GatewayThread(source, ejection=POLICY) as gateway,
+            httpx.Client(base_url=gateway.url, headers={"authorization": f"Bearer {key}"}) as http,
+        ):
+
+            def failing_is_out() -> bool:
+                assert chat(http, **stream) == 200  # the head went out before the event
+                return [e.replica_id for e in ejected(gateway)] == ["failing"]
+
+            await wait_until(failing_is_out, within_s=20.0, what="the 5xx events' ejection")
+            while len(refusing.posts) < POLICY.consecutive_failures:
+                assert chat(http, **stream) == 200
+            report = gateway.call(gateway.gateway.traffic_report).replicas
+
+    assert report["failing"].errors == report["failing"].requests >= 3
+    assert report["refusing"].errors == 0 < report["refusing"].requests

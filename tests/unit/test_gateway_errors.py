@@ -10,6 +10,7 @@ from app.gateway.engine_error_body import (
     engine_error,
     normalize_engine_error,
     normalize_stream_errors,
+    stream_errors,
 )
 from app.gateway.errors import (
     duration_header,
@@ -493,3 +494,14 @@ def test_a_context_overflow_event_in_a_stream_gets_openais_code() -> None:
     assert normalized.startswith(b'data: {"error":{"message":"This model\'s maximum context')
     assert b'"param":"messages","code":"context_length_exceeded"}}\n\n' in normalized
     assert unrelayed == "type=BadRequestError code=400"
+
+
+def test_a_streams_error_events_name_the_highest_status_for_its_replica() -> None:
+    events = (
+        b'data: {"error": {"message": "m", "type": "BadRequestError", "code": 400}}\n\n'
+        b'data: {"error": "no code", "error_type": "generation"}\n\n'
+    )
+
+    assert stream_errors(events).status == 500
+    assert stream_errors(events[: events.index(b"\n\n") + 2]).status == 400
+    assert stream_errors(b'data: {"choices": []}\n\n').status is None
