@@ -71,9 +71,9 @@ def engine_error(status: int, body: bytes) -> EngineError:
         return EngineError(_encode(ErrorBody(detail)))
     message, kind, param, code = fields
     if isinstance(message, str):
-        text = message
+        text = _shorten(message)
     else:
-        text = "" if message is None else _encode(message).decode()
+        text = "" if message is None else _shorten(_encode(message).decode())
     known = kind if isinstance(kind, str) and kind in OPENAI_ERROR_TYPES else None
     relayed_param = param if isinstance(param, str) else None
     # OpenAI's codes are strings; an integer code is an engine repeating the status.
@@ -81,7 +81,7 @@ def engine_error(status: int, body: bytes) -> EngineError:
     if is_context_overflow(status, kind, text):
         relayed_param, relayed_code = CONTEXT_LENGTH_PARAM, CONTEXT_LENGTH_EXCEEDED
     detail = ErrorDetail(
-        _shorten(text) or f"The engine answered HTTP {status} with no message.",
+        text or f"The engine answered HTTP {status} with no message.",
         known or type_for_status(status),
         relayed_param,
         relayed_code,
