@@ -149,6 +149,7 @@ class ExchangeSteps:
         opened: Opened | None = None
         tokens: StreamTokens | None = None
         outcome: Outcome | None = None
+        error_event_status: int | None = None
         try:
             opened = await open_upstream()
             exchange.replica = opened.lease.route.replica_id
@@ -169,7 +170,7 @@ class ExchangeSteps:
                     opened, send, exchange.answer_headers(), tokens, first_chunk, engine_error
                 )
                 exchange.ended_at = clock()
-                cut = end.cut
+                cut, error_event_status = end.cut, end.error_status
                 if cut is not None:
                     outcome = Outcome.FAILED
                 elif end.error_status is not None:
@@ -227,7 +228,7 @@ class ExchangeSteps:
         finally:
             if opened is not None:
                 opened.close()
-                self._count(exchange, opened, outcome, tokens)
+                self._count(exchange, opened, outcome, tokens, error_event_status)
                 if tokens is not None and tokens.unusable:
                     self._usage_unusable(exchange)
 
@@ -237,8 +238,11 @@ class ExchangeSteps:
         opened: Opened,
         outcome: Outcome | None,
         tokens: StreamTokens | None,
+        error_event_status: int | None = None,
     ) -> None:
-        """Count the answer against its replica. ``tokens`` is set for a streamed 2xx."""
+        """Count the answer against its replica. ``tokens`` is set for a streamed 2xx;
+        ``error_event_status``, for one the engine ended with an error event, which is no
+        2xx answer to time."""
         if outcome is None:
             return  # a bug of the gateway's own (logged as one), not the replica's doing
         sent_at = opened.sent_at
@@ -246,7 +250,8 @@ class ExchangeSteps:
         ended_at = exchange.ended_at
         ttft_s = None if first_at is None else first_at - sent_at
         latency_s = tpot_s = None
-        if outcome is Outcome.ANSWERED and ended_at is not None and opened.answer.status < 300:
+        answered_2xx = opened.answer.status < 300 and error_event_status is None
+        if outcome is Outcome.ANSWERED and ended_at is not None and answered_2xx:
             latency_s = ended_at - sent_at
             if tokens is not None and first_at is not None:
                 output_tokens = tokens.output_tokens()

@@ -122,6 +122,10 @@ FAILING_STREAM_EVENT = (
 )
 """vLLM's error event for an engine that failed mid-stream (``create_streaming_error_
 response`` with status 500), after its 200 head."""
+FIRST_CHUNK = (
+    b'{"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0,'
+    b' "delta": {"content": "a"}, "finish_reason": null}]}'
+)
 REFUSING_STREAM_EVENT = (
     b'{"error": {"object": "error", "message": "This model\'s maximum context length is 64'
     b' tokens.", "type": "BadRequestError", "param": null, "code": 400}}'
@@ -163,3 +167,28 @@ async def test_streams_answered_with_5xx_error_events_eject_and_count_as_errors(
 
     assert report["failing"].errors == report["failing"].requests >= 3
     assert report["refusing"].errors == 0 < report["refusing"].requests
+
+
+async def test_a_stream_ended_by_an_error_event_gives_no_latency(
+    healthy: SimulatorProcess,
+) -> None:
+    """A stream the engine ended with a 4xx error event is a request answered, as a 4xx
+    answer is, and like it no 2xx answer to time: before, its latency and TPOT were
+    sampled as if it had been served."""
+    key, record = new_key()
+    with BadEngine(
+        lambda request: [sse_answer(FIRST_CHUNK, FIRST_CHUNK, REFUSING_STREAM_EVENT)]
+    ) as refusing:
+        source = StaticSource(
+            snapshot_of([Route(replica_id="refusing", model=MODEL, url=refusing.url)], [record])
+        )
+        with (
+            GatewayThread(source, ejection=POLICY) as gateway,
+            httpx.Client(base_url=gateway.url, headers={"authorization": f"Bearer {key}"}) as http,
+        ):
+            assert [chat(http, stream=True) for _ in range(3)] == [200] * 3
+            report = gateway.call(gateway.gateway.traffic_report).replicas
+
+    assert (report["refusing"].requests, report["refusing"].errors) == (3, 0)
+    assert report["refusing"].latency == {}
+    assert report["refusing"].tpot == {}
