@@ -46,6 +46,7 @@ class ReplicaChanges(TypedDict, total=False):
     ended_at: datetime | None
     end_reason: str | None
     surplus: bool
+    gpu_move_called_off: bool
     routing: RoutingSettings | None
     agent_stopped_at: datetime | None
     revision: int

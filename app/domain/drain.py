@@ -38,7 +38,15 @@ from app.domain.events import (
     replica_stream,
 )
 from app.domain.reports import NodeReport
-from app.domain.state import ACTIVE_PHASES, ClusterState, Model, Node, Replica, ReplicaPhase
+from app.domain.state import (
+    ACTIVE_PHASES,
+    ClusterState,
+    Model,
+    Node,
+    Replica,
+    ReplicaPhase,
+    is_gpu_move,
+)
 
 NODE_DRAIN_COMPLETE = "every replica moved"
 """The outcome of a node drain that moved every replica that served on the node."""
@@ -187,14 +195,17 @@ def _replica_grace_over(draft: Draft, replica: Replica, replica_grace_s: float) 
 
     A rollout's move has no grace: it waits for its replacement however long that takes to
     start (the replacement's startup timeout and the rollout's ``max_failures`` bound it),
-    since whether an original may stop first is ``max_unavailable``'s to say. (A node drain
-    whose grace runs out stops it with the rest of the node.)"""
+    since whether an original may stop first is ``max_unavailable``'s to say. Nor has a move
+    off an unhealthy GPU (``gpu_moves``): its original serves until its replacement does.
+    (A node drain whose grace runs out stops it with the rest of the node.)"""
     for node_id in replica.node_ids:
         node = draft.state.nodes.get(node_id)
         if node is not None and node.drain_id == replica.drain_id:
             return _node_grace_over(draft, node)
     model = draft.state.models.get(replica.model)
     if model is not None and _moved_by_rollout(model, replica):
+        return False
+    if is_gpu_move(replica.drain_id):
         return False
     started = replica.drain_started_at
     return started is not None and draft.now - started > timedelta(seconds=replica_grace_s)

@@ -23,16 +23,18 @@ one pass never contradicts itself. The rules, in order:
 8. rollouts advance and are judged (``rollout``); what the verdict judges by is recorded
    first, before rule 7 and during the adoption grace too: the replicas gateways eject
    during a rollout's hold (``hold_ejections``);
-9. drains move replicas (see ``drain``);
+9. a replica serving or starting on a GPU its node reports unhealthy is moved, as a
+   replica drain without grace (``gpu_moves``); drains move replicas (see ``drain``);
 10. each model is brought to its desired count (placement, or stopping the newest:
     ``desired_count``);
 11. commands: start placed shards (and shards their agents stopped on purpose), stop what
     should not run (a replica taken out of routing once gateways report nothing in flight
     on it, or after a timeout: ``shard_commands``).
 
-The numbers are docs/reconciler.md's. Rules 2-4, 7 and 8 and the placements of rule 10
-wait for the adoption grace after a start, so a control plane never races its own agents;
-the grace follows the fleet (``adoption_grace``).
+The numbers are docs/reconciler.md's. Rules 2-4, 7 and 8, the moves off unhealthy GPUs
+of rule 9 and the placements of rule 10 wait for the adoption grace after a start, so a
+control plane never races its own agents; the grace follows the fleet
+(``adoption_grace``).
 The timings are ``Settings`` (``reconcile_settings``). A pass's run is appended only while
 no operator's change since made it wrong (``overtaken``, re-exported here with the
 others the reconciler service imports).
@@ -49,6 +51,7 @@ from app.domain.decision import AUTOSCALER, Decision, Draft
 from app.domain.desired_count import scale_to_desired
 from app.domain.drain import drain_moves
 from app.domain.events import ModelScaled, model_stream
+from app.domain.gpu_moves import move_off_unhealthy_gpus
 from app.domain.hold_ejections import record_hold_ejections
 from app.domain.overtaken import overtaken
 from app.domain.ports_out_of_range import stop_ports_out_of_range
@@ -124,6 +127,7 @@ def decide(state: ClusterState, fleet: FleetView, now: datetime, settings: Setti
     if not grace:
         _autoscale(draft, fleet)
         rollout_moves(draft, fleet.traffic)
+        move_off_unhealthy_gpus(draft)
     drain_moves(
         draft,
         settings.stability_window_s,

@@ -45,6 +45,16 @@ ENDED_PHASES = frozenset(ReplicaPhase) - ACTIVE_PHASES
 UNASKED_ENDS = frozenset({ReplicaPhase.FAILED, ReplicaPhase.TIMED_OUT, ReplicaPhase.LOST})
 """Ends nobody asked for: the replica failed, timed out starting, or was lost."""
 
+GPU_MOVE_PREFIX = "gpu-move-"
+"""How the drain id of the reconciler's move of a replica off an unhealthy GPU begins
+(``app.domain.gpu_moves``); an operator's drain's begins ``drain-``."""
+
+
+def is_gpu_move(drain_id: str | None) -> bool:
+    """Whether ``drain_id`` is a move off an unhealthy GPU."""
+    return drain_id is not None and drain_id.startswith(GPU_MOVE_PREFIX)
+
+
 NOT_SERVING_YET = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING})
 """Placed or starting: active, counting towards the desired count, serving nothing yet."""
 
@@ -132,6 +142,9 @@ class Replica(msgspec.Struct, frozen=True, kw_only=True):
     end_reason: str | None = None
     surplus: bool = False
     """Stopped because its model had its desired count without it (``ReplicaStopping``)."""
+    gpu_move_called_off: bool = False
+    """An operator called off the reconciler's move of it off an unhealthy GPU
+    (``app.domain.gpu_moves``): it stays where it is, and is not moved so again."""
     routing: RoutingSettings | None = None
     agent_stopped_at: datetime | None = None
     """When an agent last stopped one of its shards of its own accord, until it serves

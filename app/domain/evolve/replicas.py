@@ -43,6 +43,7 @@ from app.domain.state import (
     Shard,
     ShardPhase,
     backoff_s,
+    is_gpu_move,
 )
 
 
@@ -128,7 +129,11 @@ def _replica_drain_cancelled(
     replica = state.replicas.get(event.replica_id)
     if replica is not None and replica.phase is ReplicaPhase.DRAINING:
         state.replicas[event.replica_id] = replace(
-            replica, phase=ReplicaPhase.SERVING, drain_id=None, drain_started_at=None
+            replica,
+            phase=ReplicaPhase.SERVING,
+            drain_id=None,
+            drain_started_at=None,
+            gpu_move_called_off=replica.gpu_move_called_off or is_gpu_move(replica.drain_id),
         )
         _move_over(state, replica)
 
