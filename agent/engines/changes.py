@@ -45,6 +45,8 @@ class ShardChange(msgspec.Struct, frozen=True, kw_only=True):
     reason: str | None = None
     """Why the agent stopped the shard of its own accord (``agent shutting down``); None
     for every other change, a stop the control plane asked for included."""
+    port_held_elsewhere: bool = False
+    """On ``failed``: a process that is not this engine was found listening on its port."""
 
 
 def can_transition(current: ShardState, target: ShardState) -> bool:

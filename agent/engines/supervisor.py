@@ -127,6 +127,9 @@ class _Watched:
     refusal: str | None = None
     """Why the supervisor ended the engine itself (its port is another process's, or it
     stopped answering its health checks)."""
+    port_held_elsewhere: bool = False
+    """Whether a process that is not this engine was found listening on its port: the
+    control plane avoids that port of this node (``wire.ShardStatus.port_held_elsewhere``)."""
     oom_at_start: OomCounts | None = None
     """The OOM kills counted when this agent spawned the engine (``agent.engines.oom``);
     None for an engine adopted, whose exit status is unknown anyway."""
@@ -435,6 +438,7 @@ class EngineSupervisor:
             elif isinstance(failure, PortHeldElsewhere):
                 log.warning("engine_port_held_elsewhere", pid=record.pid, reason=str(failure))
                 watched.refusal = str(failure)
+                watched.port_held_elsewhere = True
                 await self._end(watched)
             else:
                 log.error("engine_readiness_failed", pid=record.pid, exc_info=failure)
@@ -447,7 +451,12 @@ class EngineSupervisor:
         tail = searched[-LOG_TAIL_LINES:]
         error = watched.refusal or await self._exit_error(watched, exit_code, searched)
         self._transition(
-            watched, ShardState.FAILED, error=error, exit_code=exit_code, log_tail=tail
+            watched,
+            ShardState.FAILED,
+            error=error,
+            exit_code=exit_code,
+            log_tail=tail,
+            port_held_elsewhere=watched.port_held_elsewhere,
         )
         self._running.pop(watched.record.key, None)
         self._records.remove(watched.record.key)
@@ -509,6 +518,7 @@ class EngineSupervisor:
             return explained
         ownership = await asyncio.to_thread(check_port_owner, record.port, record.pid)
         if isinstance(ownership, HeldElsewhere):
+            watched.port_held_elsewhere = True
             held = f"{described}; {ownership.reason}"
             return held if reason is None else f"{held}; {reason}"
         return explained
@@ -559,13 +569,17 @@ class EngineSupervisor:
         error: str | None = None,
         exit_code: int | None = None,
         log_tail: tuple[str, ...] = (),
+        port_held_elsewhere: bool = False,
     ) -> None:
         if not can_transition(watched.record.state, target):
             return
         watched.record = msgspec.structs.replace(watched.record, state=target)
         if target is ShardState.READY:
             self._save_state(watched.record)
-        self._report(change_of(watched.record, error=error, exit_code=exit_code, log_tail=log_tail))
+        change = change_of(watched.record, error=error, exit_code=exit_code, log_tail=log_tail)
+        if port_held_elsewhere:
+            change = msgspec.structs.replace(change, port_held_elsewhere=True)
+        self._report(change)
 
     def _save_state(self, record: ShardRecord) -> None:
         """Save the new state of an engine already recorded. A write that fails (a full

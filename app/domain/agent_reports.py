@@ -214,6 +214,7 @@ def _shard_event(node_id: str, report: ShardPhaseReport) -> AnyEvent:
                 error=report.error or _unexplained_failure(report.exit_code),
                 exit_code=report.exit_code,
                 log_tail=report.log_tail,
+                port_held_elsewhere=report.port_held_elsewhere,
             )
         case ShardPhase.STOPPED:
             return ShardStopped(

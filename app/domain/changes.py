@@ -72,6 +72,7 @@ class ModelChanges(TypedDict, total=False):
 
 
 class NodeChanges(TypedDict, total=False):
+    ports_held_elsewhere: tuple[int, ...]
     address: str
     labels: dict[str, str]
     gpus: tuple[GpuInfo, ...]

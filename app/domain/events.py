@@ -403,7 +403,9 @@ class ShardReady(Event, frozen=True, kw_only=True):
 
 
 class ShardFailed(Event, frozen=True, kw_only=True):
-    """v2: the engine log tail is a list of lines (v1 stored one string, ``log``)."""
+    """v2: the engine log tail is a list of lines (v1 stored one string, ``log``).
+    ``port_held_elsewhere``: its agent found a process that is not the engine listening on
+    the shard's port (absent from older payloads, which read as false)."""
 
     schema_version: ClassVar[int] = 2
     replica_id: str
@@ -412,6 +414,7 @@ class ShardFailed(Event, frozen=True, kw_only=True):
     error: str
     exit_code: int | None = None
     log_tail: tuple[str, ...] = ()
+    port_held_elsewhere: bool = False
 
 
 class ShardStopped(Event, frozen=True, kw_only=True):

@@ -118,6 +118,8 @@ class ShardPhaseReport(msgspec.Struct, frozen=True, kw_only=True):
     reason: str | None = None
     """Why the agent stopped the shard of its own accord (``agent shutting down``); only on
     ``stopped``, never on a stop the control plane asked for."""
+    port_held_elsewhere: bool = False
+    """On ``failed``: a process that is not the engine listens on the shard's port."""
 
 
 class IdentityClaim(msgspec.Struct, frozen=True, kw_only=True):

@@ -352,6 +352,11 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
     known by its UUID (``app.domain.gpu_identity``), so one whose index another GPU took
     is kept here. One per GPU, the latest 64 left out
     (``app.domain.evolve.nodes.UNLISTED_GPUS_KEPT``)."""
+    ports_held_elsewhere: tuple[int, ...] = ()
+    """Ports of its range where a shard failed because a process that is not an engine of
+    ours listens there (``ShardFailed.port_held_elsewhere``): placement skips them until the
+    node's next hello, when its agent may have been restarted with the port freed. The
+    latest ``app.domain.evolve.shards.HELD_PORTS_KEPT``, oldest first."""
 
 
 class ApiKey(msgspec.Struct, frozen=True, kw_only=True):

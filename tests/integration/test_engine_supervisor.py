@@ -552,6 +552,7 @@ async def test_an_engine_whose_port_another_program_answers_on_fails_and_is_neve
         assert str(failed.error).startswith(
             f"port {spec.port} is held by pid {other.pid}, not our engine"
         )
+        assert failed.port_held_elsewhere, "the control plane is not told to avoid the port"
         # Stopped by the agent, whether or not it had got as far as printing anything.
         assert process_identity(record.pid) is None
         assert other.poll() is None, "the other program is not the agent's to stop"
@@ -572,6 +573,7 @@ async def test_an_engine_that_cannot_bind_names_the_program_holding_its_port(nod
     )
     assert any("Address already in use" in line for line in failed.log_tail)
     assert "; address already in use (" in str(failed.error)
+    assert failed.port_held_elsewhere, "the control plane is not told to avoid the port"
 
 
 @pytest.mark.parametrize("own_session", [False, True], ids=["same session", "own session"])

@@ -557,6 +557,24 @@ def test_a_failure_without_an_error_is_explained_by_its_exit_code() -> None:
     assert event.error == "exited with code 137"
 
 
+def test_a_failure_on_a_port_another_process_holds_is_recorded_as_such() -> None:
+    state = given(connected(gpu(0)), PLACED)
+    held = ShardPhaseReport(
+        replica_id="llama-1",
+        shard_index=0,
+        phase=ShardPhase.FAILED,
+        error=f"port {PORT} is held by pid 4242, not our engine (pid 4242: nc)",
+        port_held_elsewhere=True,
+    )
+
+    [(_, event)] = shard_reported(state, NODE, held, port=PORT)
+
+    assert isinstance(event, ShardFailed)
+    assert event.port_held_elsewhere
+    after = given(connected(gpu(0)), PLACED, event)
+    assert after.nodes[NODE].ports_held_elsewhere == (PORT,)
+
+
 def test_a_repeated_phase_is_not_recorded_again() -> None:
     state = given(PLACED, ShardReady(replica_id="llama-1", shard_index=0, node_id=NODE))
 

@@ -1,6 +1,8 @@
 """A failed shard's reason on the wire (``ShardReport.failure``): one line without control
 characters, cut to the room its report has left of its share of the hello, left out when
-there is none, and refused (the hello malformed) when a node sends one beyond its bounds."""
+there is none, and refused (the hello malformed) when a node sends one beyond its bounds.
+A status failing a shard because another process holds its port says so
+(``ShardStatus.port_held_elsewhere``), and an older agent's, without the field, does not."""
 
 from __future__ import annotations
 
@@ -8,7 +10,11 @@ import msgspec
 import pytest
 
 from agent.engines import ShardState
-from agent.reports import json_bytes, shard_report
+from agent.engines.changes import ShardChange
+from agent.reports import json_bytes, shard_report, shard_status
+from app.domain.reports import ShardStatusReport
+from app.hub.edge import report_of
+from app.hub.session import ShardStatusReported
 from tests.unit.test_failed_shard_reasons import STARTED, a_record
 from wire.errors import MalformedMessage
 from wire.messages import (
@@ -17,6 +23,7 @@ from wire.messages import (
     PROTOCOL_VERSION,
     Hello,
     ShardReport,
+    ShardStatus,
     decode_from_agent,
     encode,
 )
@@ -114,3 +121,42 @@ def test_an_older_control_plane_reads_a_report_with_a_reason() -> None:
     [older] = msgspec.convert(shards, list[ShardReportBefore])
 
     assert (older.replica_id, older.state) == ("llama-1", "failed")
+
+
+# -- a port another process holds --------------------------------------------------------
+
+
+def test_a_failure_on_a_port_another_process_holds_reaches_the_control_plane_as_such() -> None:
+    change = ShardChange(
+        replica_id="llama-1",
+        shard_index=0,
+        state=ShardState.FAILED,
+        pid=77,
+        port=20000,
+        error="port 20000 is held by pid 4242, not our engine (pid 4242: nc)",
+        port_held_elsewhere=True,
+    )
+    status = shard_status(change, None)
+    assert status is not None
+
+    received = decode_from_agent(encode(status))
+
+    assert isinstance(received, ShardStatus)
+    reported = report_of(ShardStatusReported(node_id="gpu-1", status=received))
+    assert isinstance(reported, ShardStatusReport)
+    assert reported.phase.port_held_elsewhere
+
+
+def test_an_older_agents_failure_names_no_held_port() -> None:
+    """An agent from before the field sends a status without it."""
+    older = (
+        b'{"type":"shard_status","replica_id":"llama-1","shard_index":0,"state":"failed",'
+        b'"port":20000,"error":"exited with code 1"}'
+    )
+
+    received = decode_from_agent(older)
+
+    assert isinstance(received, ShardStatus)
+    reported = report_of(ShardStatusReported(node_id="gpu-1", status=received))
+    assert isinstance(reported, ShardStatusReport)
+    assert not reported.phase.port_held_elsewhere

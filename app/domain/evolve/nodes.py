@@ -62,6 +62,7 @@ def _node_connected(state: ClusterState, event: NodeConnected, recorded: Recorde
         lost=False,
         disconnect_reason=None,
         last_change_at=at,
+        ports_held_elsewhere=(),
     )
 
 

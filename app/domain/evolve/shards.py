@@ -1,6 +1,8 @@
 """The fold of a replica's shards: an engine starting, ready, failed or stopped on its node,
 and one adopted where an agent found it running. A shard's replica starts with its first
-shard, and goes back to placed when its agent stops a shard on purpose."""
+shard, and goes back to placed when its agent stops a shard on purpose. A shard that failed
+because another process listens on its port marks that port held on its node
+(``Node.ports_held_elsewhere``), for placement to skip."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from app.domain.events import (
     ShardStarting,
     ShardStopped,
 )
-from app.domain.evolve.updates import Handler, update_shard
+from app.domain.evolve.updates import Handler, update_node, update_shard
 from app.domain.state import ClusterState, ReplicaPhase, ShardPhase
 
 
@@ -50,7 +52,14 @@ def _shard_ready(state: ClusterState, event: ShardReady, recorded: Recorded) -> 
     )
 
 
+HELD_PORTS_KEPT = 64
+"""Most ports a node keeps as held by another process (``Node.ports_held_elsewhere``): an
+agent reporting every port of a wide range held cannot grow the state without bound."""
+
+
 def _shard_failed(state: ClusterState, event: ShardFailed, recorded: Recorded) -> None:
+    if event.port_held_elsewhere:
+        _port_held(state, event)
     update_shard(
         state,
         event.replica_id,
@@ -63,6 +72,16 @@ def _shard_failed(state: ClusterState, event: ShardFailed, recorded: Recorded) -
             "stop_reason": None,
         },
     )
+
+
+def _port_held(state: ClusterState, event: ShardFailed) -> None:
+    """Remember the failed shard's port as held on its node, when the shard is the node's."""
+    shard = state.shard(event.replica_id, event.shard_index)
+    node = state.nodes.get(event.node_id)
+    if shard is None or node is None or shard.node_id != node.id:
+        return
+    held = tuple(port for port in node.ports_held_elsewhere if port != shard.port)
+    update_node(state, node.id, {"ports_held_elsewhere": (*held, shard.port)[-HELD_PORTS_KEPT:]})
 
 
 def _shard_stopped(state: ClusterState, event: ShardStopped, recorded: Recorded) -> None:
