@@ -121,7 +121,9 @@ def candidate_row(candidate: CandidateView) -> tuple[str, ...]:
         str(candidate.same_model_replicas),
         # A node that cannot take the shard would use nothing: the GPUs it has free are
         # too few, or the node is not to be used at all.
-        _would_use(candidate.gpus, candidate.port) if candidate.eligible else "",
+        _would_use(candidate.gpus, candidate.port, candidate.ports_skipped)
+        if candidate.eligible
+        else "",
         "; ".join(candidate.reasons),
         str(candidate.failures_here),
     )
@@ -141,8 +143,11 @@ def print_placement(placement: PlacementView, wide: bool = False) -> None:
     )
 
 
-def _would_use(gpus: list[int], port: int | None) -> str:
+def _would_use(gpus: list[int], port: int | None, skipped: list[int]) -> str:
     if not gpus:
         return ""
     used = f"GPUs {','.join(str(g) for g in gpus)}"
-    return used if port is None else f"{used}, port {port}"
+    if port is None:
+        return used
+    held = f" ({', '.join(map(str, skipped))} held by another process)" if skipped else ""
+    return f"{used}, port {port}{held}"

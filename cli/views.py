@@ -280,6 +280,8 @@ class CandidateView(View, frozen=True, kw_only=True):
     usable_gpus: int = 0
     failures_here: int = 0
     """The model's replicas that failed on the node since one of them last served."""
+    ports_skipped: list[int] = []
+    """Ports passed over because a process that is not our engine holds them."""
 
 
 class PlacementView(View, frozen=True, kw_only=True):

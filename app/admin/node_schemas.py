@@ -20,6 +20,9 @@ class CandidateView(msgspec.Struct, frozen=True, kw_only=True):
     failures_here: int = 0
     """The model's replicas that failed on the node since one of them last served: placement
     passes over such a node while another has room."""
+    ports_skipped: list[int] = []
+    """Ports of the node's range passed over because a process that is not our engine
+    holds them (a shard failed there for it since the node's last hello)."""
 
 
 class ShardPlacementView(msgspec.Struct, frozen=True, kw_only=True):

@@ -96,7 +96,8 @@ class Allocations:
             self._hold(replica_id, model, shard.node_id, shard.gpus, shard.port)
 
     def free(self, node: Node) -> tuple[tuple[tuple[int, int], ...], int | None]:
-        """``((gpu index, free MiB) of every healthy unallocated GPU, lowest free port)``."""
+        """``((gpu index, free MiB) of every healthy unallocated GPU, lowest free port)``; a
+        port another process was found to hold (``Node.ports_held_elsewhere``) is not free."""
         known = self._free.get(node.id)
         if known is None:
             held = self.gpus.get(node.id, {})
@@ -125,7 +126,8 @@ class Allocations:
 
 def _lowest_free_port(node: Node, used: set[int]) -> int | None:
     low, high = node.port_range
+    held = node.ports_held_elsewhere
     for port in range(low, high + 1):
-        if port not in used:
+        if port not in used and port not in held:
             return port
     return None

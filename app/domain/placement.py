@@ -3,7 +3,9 @@
 Filters (all evaluated for every node, so an explanation lists every reason, not only the
 first): connected; not cordoned; not draining; labels match the model's selector; enough
 healthy, unallocated GPUs with enough free memory; a free port in the node's engine port
-range. Shards of one replica go to distinct nodes.
+range, skipping a port where a shard failed because a process that is not our engine listens
+there (``Node.ports_held_elsewhere``, until the node's next hello). Shards of one replica go
+to distinct nodes.
 
 Score among the eligible nodes, best first (documented in docs/reconciler.md):
 1. away from failure: fewer of the model's replicas failed on the node since one last
@@ -55,6 +57,9 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     usable_gpus: int = 0
     failures_here: int = 0
     """The model's replicas that failed on this node since one last served."""
+    ports_skipped: tuple[int, ...] = ()
+    """Ports of its range passed over because another process holds them
+    (``Node.ports_held_elsewhere``); set by the explanation only."""
 
 
 class Explanation(msgspec.Struct, frozen=True, kw_only=True):
@@ -192,6 +197,7 @@ def _chosen_summary(chosen: list[Candidate], eligible: int) -> str:
         f"{c.same_model_replicas} replica(s) of this model there, "
         f"{c.usable_gpus} usable GPU(s)"
         + (f", {c.failures_here} failed there since one served" if c.failures_here else "")
+        + (f", {_skipped(c.ports_skipped)}" if c.ports_skipped else "")
         + ")"
         for c in chosen
     )
@@ -200,6 +206,16 @@ def _chosen_summary(chosen: list[Candidate], eligible: int) -> str:
         "this model since one served, then fewest replicas of this model, then tightest fit, "
         "then node id"
     )
+
+
+def _skipped(ports: tuple[int, ...]) -> str:
+    listed = ", ".join(map(str, ports))
+    return f"port {listed} skipped: held by a process that is not our engine"
+
+
+def _held_in_range(node: Node) -> tuple[int, ...]:
+    low, high = node.port_range
+    return tuple(sorted(port for port in node.ports_held_elsewhere if low <= port <= high))
 
 
 def _failed_on(state: ClusterState, spec: ModelSpec) -> Mapping[str, int]:
@@ -245,9 +261,11 @@ def _evaluate(
         reject(Rejection.GPUS, text + (": " + ", ".join(notes) if notes else ""))
 
     port = allocations.free(node)[1]
+    skipped = _held_in_range(node)
     if port is None:
         low, high = node.port_range
-        reject(Rejection.PORTS, f"no free port in {low}-{high}")
+        held = f" ({_skipped(skipped)})" if skipped else ""
+        reject(Rejection.PORTS, f"no free port in {low}-{high}{held}")
 
     return Candidate(
         node_id=node.id,
@@ -259,6 +277,7 @@ def _evaluate(
         same_model_replicas=allocations.model_replicas.get(node.id, {}).get(spec.name, 0),
         usable_gpus=len(usable),
         failures_here=failed_on.get(node.id, 0),
+        ports_skipped=skipped,
     )
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from app.domain.allocation import NOTHING_REPORTED, Allocations
 from app.domain.events import (
+    AnyEvent,
     GpuInfo,
     GpuMarkedUnhealthy,
     ModelDeclared,
@@ -10,12 +12,14 @@ from app.domain.events import (
     NodeCordoned,
     NodeDisconnected,
     NodeDrainRequested,
+    ReplicaFailed,
     ReplicaPlaced,
+    ShardFailed,
     ShardPlacement,
 )
 from app.domain.evolve import replay
 from app.domain.model_spec import ModelSpec
-from app.domain.placement import explain_placement
+from app.domain.placement import Placer, explain_placement
 from tests.unit.test_fold import log_of
 
 H100 = 81559  # MiB, as NVML reports an H100 80GB
@@ -178,3 +182,89 @@ def test_the_summary_of_nodes_that_each_fail_one_check_needs_no_word_on_counting
         "needs 1 node(s) with 2 healthy free GPU(s), 0 eligible of 2: 1 cordoned, "
         "1 not enough healthy free GPUs"
     )
+
+
+SMALL = ModelSpec(name="tall", command="vllm serve --port {port}", gpus_per_shard=1)
+
+
+def _held_port_log(*, port_range: tuple[int, int], held: bool = True) -> list[AnyEvent]:
+    """``tall-1`` placed on gpu-1 at the first port of ``port_range`` failed, its agent
+    having found another process listening there (``held``) or not."""
+    return [
+        NodeConnected(node_id="gpu-1", address="127.0.0.1", gpus=gpus(2), port_range=port_range),
+        ModelDeclared(model="tall", spec=SMALL),
+        ReplicaPlaced(
+            replica_id="tall-1",
+            model="tall",
+            number=1,
+            shards=(ShardPlacement(index=0, node_id="gpu-1", gpus=(0,), port=port_range[0]),),
+        ),
+        ShardFailed(
+            replica_id="tall-1",
+            shard_index=0,
+            node_id="gpu-1",
+            error=f"port {port_range[0]} is held by pid 4242, not our engine (pid 4242: nc)",
+            port_held_elsewhere=held,
+        ),
+        ReplicaFailed(replica_id="tall-1", reason="shard 0 failed"),
+    ]
+
+
+def test_a_port_another_process_holds_is_skipped_and_the_explanation_says_why() -> None:
+    state = replay(log_of(*_held_port_log(port_range=(30700, 30799))))
+
+    explanation = explain_placement(state, SMALL)
+    placer = Placer(state, SMALL, Allocations.for_placement(state, NOTHING_REPORTED))
+
+    assert explanation.placement is not None
+    assert explanation.placement[0].port == 30701
+    assert explanation.candidates[0].ports_skipped == (30700,)
+    assert "port 30700 skipped: held by a process that is not our engine" in (explanation.summary)
+    replacement = placer.place("tall-2")
+    assert replacement is not None
+    assert replacement[0].port == 30701
+
+
+def test_a_port_that_failed_for_another_reason_is_placed_again() -> None:
+    state = replay(log_of(*_held_port_log(port_range=(30700, 30799), held=False)))
+
+    explanation = explain_placement(state, SMALL)
+
+    assert explanation.placement is not None
+    assert explanation.placement[0].port == 30700
+    assert explanation.candidates[0].ports_skipped == ()
+
+
+def test_a_node_whose_only_port_is_held_gives_way_to_another_node() -> None:
+    state = replay(
+        log_of(
+            *_held_port_log(port_range=(30700, 30700)),
+            NodeConnected(node_id="gpu-2", address="127.0.0.2", gpus=gpus(2)),
+        )
+    )
+
+    explanation = explain_placement(state, SMALL)
+    reasons = {c.node_id: c.reasons for c in explanation.candidates}
+
+    assert explanation.placement is not None
+    assert explanation.placement[0].node_id == "gpu-2"
+    assert reasons["gpu-1"] == (
+        "no free port in 30700-30700 "
+        "(port 30700 skipped: held by a process that is not our engine)",
+    )
+
+
+def test_the_nodes_next_hello_makes_a_held_port_placeable_again() -> None:
+    state = replay(
+        log_of(
+            *_held_port_log(port_range=(30700, 30799)),
+            NodeConnected(
+                node_id="gpu-1", address="127.0.0.1", gpus=gpus(2), port_range=(30700, 30799)
+            ),
+        )
+    )
+
+    explanation = explain_placement(state, SMALL)
+
+    assert explanation.placement is not None
+    assert explanation.placement[0].port == 30700
