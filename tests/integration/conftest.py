@@ -1,5 +1,14 @@
 from tests.support.cluster import cluster
 from tests.support.databases import database_url, engine, migrated_template, pg_store
 from tests.support.real_engine import real_engine
+from tests.support.tcp_relay import relay
 
-__all__ = ["cluster", "database_url", "engine", "migrated_template", "pg_store", "real_engine"]
+__all__ = [
+    "cluster",
+    "database_url",
+    "engine",
+    "migrated_template",
+    "pg_store",
+    "real_engine",
+    "relay",
+]

@@ -22,7 +22,6 @@ from app.domain.envelope import Recorded
 from app.domain.events import ModelScaled, model_stream
 from app.services.operations import Caller, Operations
 from app.store.database import create_engine, driver_url
-from app.store.database_url import parse_database_url
 from app.store.errors import AppendOutcomeUnknown, StoreUnavailable
 from app.store.postgres import APPEND_LOCK_KEY, PostgresEventStore
 from app.store.projection import all_rows
@@ -40,14 +39,6 @@ LEASE_S = 1.0
 """So that ``serve``'s pool gives up on a statement without an answer after 2 s."""
 ANSWERED_WITHIN_S = 10.0
 TOKEN = "outcome-token"
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def relay(database_url: str) -> AsyncIterator[TcpRelay]:
-    (host, port), *_ = parse_database_url(database_url).hosts
-    assert port is not None
-    async with TcpRelay(host, port) as relay:
-        yield relay
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -32,14 +32,6 @@ GIVES_UP_WITHIN_S = 20.0
 disposal with room to spare on a loaded machine; a command that hangs is killed then."""
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def relay(database_url: str) -> AsyncIterator[TcpRelay]:
-    (host, port), *_ = parse_database_url(database_url).hosts
-    assert port is not None
-    async with TcpRelay(host, port) as relay:
-        yield relay
-
-
 async def run_server(*args: str) -> tuple[int, str, str]:
     """``llmgw-server ARGS --answer-timeout 1``: its exit code, stdout and stderr; fails the
     test, killing it, when it has not ended within ``GIVES_UP_WITHIN_S``."""

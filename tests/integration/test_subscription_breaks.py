@@ -9,18 +9,16 @@ read and appended to directly."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
 import pytest
-import pytest_asyncio
 from structlog.testing import capture_logs
 
 from app.domain.envelope import Meta
 from app.domain.events import NodeCordoned
 from app.store import subscription as subscription_module
-from app.store.database_url import parse_database_url
 from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore
 from app.store.subscription import Subscription
@@ -33,14 +31,6 @@ ACTOR = Meta(actor="test")
 CHECK_S = 0.5
 """How often the LISTEN connection is asked whether it still answers, and how long it has."""
 HEARD_WITHIN_S = 10.0
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def relay(database_url: str) -> AsyncIterator[TcpRelay]:
-    (host, port), *_ = parse_database_url(database_url).hosts
-    assert port is not None
-    async with TcpRelay(host, port) as relay:
-        yield relay
 
 
 class Follower:

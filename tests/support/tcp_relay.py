@@ -31,8 +31,11 @@ import asyncio
 import contextlib
 import dataclasses
 import struct
+from collections.abc import AsyncIterator
 from enum import Enum
 from types import TracebackType
+
+import pytest_asyncio
 
 from app.store.database_url import parse_database_url
 
@@ -269,3 +272,12 @@ class TcpRelay:
         finally:
             with contextlib.suppress(OSError):
                 writer.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def relay(database_url: str) -> AsyncIterator[TcpRelay]:
+    """A relay in front of the test's PostgreSQL (``database_url``'s host and port)."""
+    (host, port), *_ = parse_database_url(database_url).hosts
+    assert port is not None
+    async with TcpRelay(host, port) as relay:
+        yield relay
