@@ -807,6 +807,25 @@ async def test_the_agent_and_the_control_planes_own_hub_run_a_shard_together(
         await hub.stop()
 
 
+def agent_refused_at_start(pki: Path, state_dir: Path) -> subprocess.CompletedProcess[str]:
+    """``llmgw-agent`` run with ``state_dir``, to a server nobody answers at: what it says
+    when the state directory stops it before it dials."""
+    return subprocess.run(
+        [
+            installed("llmgw-agent"),
+            *("--server", f"wss://{LOOPBACK}:{free_port()}", "--node-id", NODE_ID),
+            *("--ca", str(pki / "ca.crt"), "--cert", str(pki / "node.crt")),
+            *("--key", str(pki / "node.key"), "--fake-gpus", "1x80GB"),
+            *("--state-dir", str(state_dir)),
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_environment(),
+        timeout=60,
+        check=False,
+    )
+
+
 @pytest.mark.parametrize(
     ("make", "what"),
     [
@@ -826,20 +845,7 @@ def test_an_agent_whose_state_directory_is_something_else_says_what_it_is(
     state_dir = tmp_path / "state"
     make(state_dir)
 
-    refused = subprocess.run(
-        [
-            installed("llmgw-agent"),
-            *("--server", f"wss://{LOOPBACK}:{free_port()}", "--node-id", NODE_ID),
-            *("--ca", str(pki / "ca.crt"), "--cert", str(pki / "node.crt")),
-            *("--key", str(pki / "node.key"), "--fake-gpus", "1x80GB"),
-            *("--state-dir", str(state_dir)),
-        ],
-        capture_output=True,
-        text=True,
-        env=clean_environment(),
-        timeout=60,
-        check=False,
-    )
+    refused = agent_refused_at_start(pki, state_dir)
 
     assert refused.stderr == (
         f"llmgw-agent: the state directory {state_dir} cannot be used: "
@@ -855,20 +861,7 @@ def test_an_agent_whose_lock_file_is_a_fifo_says_so(pki: Path, tmp_path: Path) -
     state_dir.mkdir()
     os.mkfifo(state_dir / "agent.lock")
 
-    refused = subprocess.run(
-        [
-            installed("llmgw-agent"),
-            *("--server", f"wss://{LOOPBACK}:{free_port()}", "--node-id", NODE_ID),
-            *("--ca", str(pki / "ca.crt"), "--cert", str(pki / "node.crt")),
-            *("--key", str(pki / "node.key"), "--fake-gpus", "1x80GB"),
-            *("--state-dir", str(state_dir)),
-        ],
-        capture_output=True,
-        text=True,
-        env=clean_environment(),
-        timeout=60,
-        check=False,
-    )
+    refused = agent_refused_at_start(pki, state_dir)
 
     assert refused.stderr == (
         f"llmgw-agent: the state directory {state_dir} cannot be used "
@@ -886,20 +879,7 @@ def test_an_agent_whose_state_directory_cannot_be_made_says_where_to_set_another
     occupied.write_text("not a directory\n")
     state_dir = occupied / "state"
 
-    refused = subprocess.run(
-        [
-            installed("llmgw-agent"),
-            *("--server", f"wss://{LOOPBACK}:{free_port()}", "--node-id", NODE_ID),
-            *("--ca", str(pki / "ca.crt"), "--cert", str(pki / "node.crt")),
-            *("--key", str(pki / "node.key"), "--fake-gpus", "1x80GB"),
-            *("--state-dir", str(state_dir)),
-        ],
-        capture_output=True,
-        text=True,
-        env=clean_environment(),
-        timeout=60,
-        check=False,
-    )
+    refused = agent_refused_at_start(pki, state_dir)
 
     assert refused.stderr == (
         f"llmgw-agent: the state directory {state_dir} cannot be used: Not a directory; give "
