@@ -56,10 +56,8 @@ from app.gateway.route_refusals import (
 from app.gateway.table import GatewaySnapshot, KeyRecord
 from app.gateway.traffic import TrafficWindow
 from app.gateway.usage import StreamTokens, usage_of_body
+from app.listeners.http11 import BODILESS_STATUSES
 from app.logs import request_level
-
-BODILESS_STATUSES = frozenset({204, 304})
-"""Answers that never have a body, so carry no ``content-length`` of one."""
 
 GRANT_WAIT_S = 0.25
 """How long a request that finds its key's slices spent waits for the grant on its way

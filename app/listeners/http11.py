@@ -31,7 +31,8 @@ CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 LAST_CHUNK = b"0\r\n\r\n"
 _CONNECTION_CLOSE = b"connection: close\r\n"
 _CHUNKED = b"transfer-encoding: chunked\r\n"
-_BODILESS_STATUSES = frozenset({204, 304})
+BODILESS_STATUSES = frozenset({204, 304})
+"""Answers that never have a body, so carry no ``content-length`` of one."""
 _SERVED_VERSIONS = frozenset({"1.0", "1.1"})
 
 
@@ -96,7 +97,7 @@ def answer_head(
             keep_alive = False
             said_close = True
         lines.append(b"%s: %s\r\n" % (name, value))
-    unframed = content_length is None and not bodiless and status not in _BODILESS_STATUSES
+    unframed = content_length is None and not bodiless and status not in BODILESS_STATUSES
     if unframed and not chunked and not chunkable:
         keep_alive = False  # the body ends where the connection does
     if not keep_alive and not said_close:
