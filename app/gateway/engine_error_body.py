@@ -4,7 +4,7 @@ Engines do not all answer errors that way: FastAPI-based servers write ``{"detai
 older vLLM releases ``{"object": "error", "message", ..., "code": 400}``, others a bare
 ``{"message": ...}`` or plain text. ``engine_error`` rewrites whatever an engine sent into
 the same shape, so a client sees one error format whichever engine served it, and
-``normalize_stream_errors`` an error event inside a stream. The engine's ``type`` is kept
+``stream_errors`` an error event inside a stream. The engine's ``type`` is kept
 only where it is one of OpenAI's (vLLM's ``BadRequestError`` is not): else it is the
 status's (``app.gateway.errors.type_for_status``), as the gateway's own errors have it.
 What the client does not get of the engine's type and code is for the request's log line
@@ -111,16 +111,11 @@ class StreamErrors(msgspec.Struct, frozen=True):
     when there is none: how the stream counts against its replica."""
 
 
-def normalize_stream_errors(events: bytes) -> tuple[bytes, str | None]:
+def stream_errors(events: bytes) -> StreamErrors:
     """Whole server-sent ``events`` of a stream, with the error in each error event in
     OpenAI's shape, as ``engine_error`` writes a whole answer's (by the status its integer
-    code names, else 500); and what of their types and codes the client does not get."""
-    errors = stream_errors(events)
-    return errors.events, errors.unrelayed
-
-
-def stream_errors(events: bytes) -> StreamErrors:
-    """``normalize_stream_errors``, with the status the error events name."""
+    code names, else 500); what of their types and codes the client does not get; and the
+    status the error events name."""
     lines = events.splitlines(keepends=True)
     unrelayed: list[str] = []
     worst: int | None = None

@@ -383,8 +383,8 @@ async def relay_stream(
 ) -> StreamEnd:
     """Pass the engine's stream to the client as it comes; ``headers`` start the answer.
     Its end says why the engine did not finish it, if it did not (the client got an error
-    event). An error event of the engine's goes in OpenAI's shape (``normalize_stream_
-    errors``), and what of its type and code the client does not get to
+    event). An error event of the engine's goes in OpenAI's shape (``stream_errors``),
+    and what of its type and code the client does not get to
     ``on_engine_error``; one of a 5xx counts against the replica as a 5xx answer does."""
     answer = opened.answer
     headers.append((b"content-type", answer.content_type or b"text/event-stream"))

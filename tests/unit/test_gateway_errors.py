@@ -9,7 +9,6 @@ from app.gateway.engine_error_body import (
     MAX_ENGINE_MESSAGE_CHARS,
     engine_error,
     normalize_engine_error,
-    normalize_stream_errors,
     stream_errors,
 )
 from app.gateway.errors import (
@@ -143,7 +142,8 @@ def test_an_error_event_in_a_stream_is_put_in_openais_shape_by_the_status_its_co
         + b"data: [DONE]\n\n"
     )
 
-    normalized, unrelayed = normalize_stream_errors(events)
+    errors = stream_errors(events)
+    normalized, unrelayed = errors.events, errors.unrelayed
 
     assert normalized == (
         chunk + b'data: {"error":{"message":"m","type":"invalid_request_error","param":null,'
@@ -158,7 +158,8 @@ def test_an_error_event_in_a_stream_is_put_in_openais_shape_by_the_status_its_co
 def test_a_stream_without_an_error_event_is_left_as_it_is() -> None:
     events = b'data: {"choices": [{"delta": {"content": "\\"error\\""}}]}\n\n'
 
-    assert normalize_stream_errors(events) == (events, None)
+    errors = stream_errors(events)
+    assert (errors.events, errors.unrelayed) == (events, None)
 
 
 def test_structured_detail_is_kept_as_json_text() -> None:
@@ -489,7 +490,8 @@ def test_a_context_overflow_event_in_a_stream_gets_openais_code() -> None:
         b"data: [DONE]\n\n"
     )
 
-    normalized, unrelayed = normalize_stream_errors(events)
+    errors = stream_errors(events)
+    normalized, unrelayed = errors.events, errors.unrelayed
 
     assert normalized.startswith(b'data: {"error":{"message":"This model\'s maximum context')
     assert b'"param":"messages","code":"context_length_exceeded"}}\n\n' in normalized
