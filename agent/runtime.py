@@ -37,7 +37,7 @@ from agent.engines import (
     ShardSpec,
     ShardState,
 )
-from agent.engines.supervisor import FAILED_KEPT
+from agent.engines.inventory import FAILED_KEPT
 from agent.gpu_duplicates import without_duplicate_gpus
 from agent.gpu_inventory import GpuInventory, gpu_inventory, inventory_change
 from agent.gpu_limit import GpusOverLimit, over_limit_refusal, within_node_limit

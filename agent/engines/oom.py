@@ -11,7 +11,7 @@ the machine's says only that some process was ended while the engine ran, so it 
 as likely, not as fact.
 
 Pure: every function here reads text handed to it, so the tests use recorded files; the
-supervisor reads the files (``agent.engines.supervisor``). A file that is absent or
+supervisor reads the files (``agent.engines.oom_counts``). A file that is absent or
 unreadable (another cgroup layout, a container that hides it) counts as unknown, and then
 nothing more is said.
 """

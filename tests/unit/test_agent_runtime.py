@@ -24,7 +24,7 @@ from websockets.http11 import Response
 from agent.config import AgentConfig, ServerAddress
 from agent.connection import Backoff, Failure, classify_close, classify_failure
 from agent.engines import ShardChange, ShardRecord, ShardState
-from agent.engines.supervisor import FAILED_KEPT
+from agent.engines.inventory import FAILED_KEPT
 from agent.gpu_inventory import gpu_inventory, inventory_change
 from agent.gpu_reports import (
     VANISHED_GPU_REASON,
