@@ -30,6 +30,10 @@ from agent.engines.records import ShardRecord, is_same_process
 
 log = structlog.get_logger(__name__)
 
+KILL_WAIT_S = 10.0
+"""How long an engine's processes get to be gone after SIGKILL before a stop reports
+that they survived it (the agent's supervisor and ``stop-engines`` alike)."""
+
 
 class EngineProcess(Protocol):
     @property

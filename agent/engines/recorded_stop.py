@@ -25,10 +25,9 @@ from typing import NamedTuple
 
 from agent.engines.family import end_launched, end_remains
 from agent.engines.identity import is_recorded_engine
-from agent.engines.processes import ask_group_to_stop, signal_group
+from agent.engines.processes import KILL_WAIT_S, ask_group_to_stop, signal_group
 from agent.engines.records import RecordStore, ShardRecord, is_same_process
 
-KILL_WAIT_S = 10.0
 POLL_S = 0.05
 
 

@@ -15,14 +15,13 @@ import signal
 import structlog
 
 from agent.engines.family import ask_each_to_stop, outside_group, signal_each, wait_until_gone
-from agent.engines.processes import ask_to_stop
+from agent.engines.processes import KILL_WAIT_S, ask_to_stop
 from agent.engines.records import is_same_process
 from agent.engines.watched import Watched
 from wire.engines import profile_of
 
 log = structlog.get_logger(__name__)
 
-KILL_WAIT_S = 10.0
 REFUSED_GRACE_S = 5.0
 """How long an engine whose port is another process's gets to exit after SIGTERM."""
 
