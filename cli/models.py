@@ -429,6 +429,8 @@ def print_model(model: ModelView, wide: bool = False) -> None:
     print_facts(facts, console)
     for reason in model.below_desired_because:
         console.print(text(f"below its count: {reason}"))
+    for reason in model.waiting_to_move:
+        console.print(text(reason))
     if model.traffic_by_revision is not None:
         print_traffic_by_revision(model.traffic_by_revision, console)
 

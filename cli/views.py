@@ -173,6 +173,8 @@ class ModelView(View, frozen=True, kw_only=True):
     revision: int = 1
     outdated: list[str] = []
     """Active replicas running another revision than ``revision``."""
+    waiting_to_move: list[str] = []
+    """Replicas on an unhealthy GPU waiting for their turn to move, each with why."""
     traffic_by_revision: dict[str, ReplicaTrafficView] | None = None
     """One model's answer only: what the gateways saw of its replicas, per revision."""
     rollout: ModelRolloutView | None = None

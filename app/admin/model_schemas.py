@@ -207,6 +207,9 @@ class ModelView(msgspec.Struct, frozen=True, kw_only=True):
     outdated: list[str]
     """Active replicas placed with another revision than the current one (an older one, or
     a newer one rolled back): they run it until they are replaced."""
+    waiting_to_move: list[str] = []
+    """Replicas on an unhealthy GPU whose move off it waits for the model's moves under way
+    (at most ``max_moves`` at a time), each with why."""
     rollout: ModelRolloutView | None = None
     """Its rollout under way, or the last one it had; null when it never had one."""
     traffic_by_revision: dict[str, ReplicaTrafficView] | None = None

@@ -109,6 +109,7 @@ def model_view(status: ModelStatus) -> ModelView:
         spec=shown_spec(msgspec.to_builtins(model.spec)),
         revision=model.revision,
         outdated=list(status.outdated),
+        waiting_to_move=list(status.waiting_to_move),
         rollout=_rollout_summary(model),
     )
 

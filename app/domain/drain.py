@@ -251,7 +251,7 @@ def node_drain_steps(
     on_node = [
         r for r in state.replicas.values() if r.phase in ACTIVE_PHASES and node.id in r.node_ids
     ]
-    moving = Counter({name: len(model.moves) for name, model in state.models.items()})
+    moving = Counter({name: moves_under_way(state, name) for name in state.models})
     steps: list[tuple[str, DrainStep]] = []
     for replica in sorted(on_node, key=lambda r: r.id):
         if replica.phase in (ReplicaPhase.PLACED, ReplicaPhase.STARTING):
@@ -262,18 +262,28 @@ def node_drain_steps(
             # bounds it all the same.
             reason = f"drain {drain_id}: grace ran out before it could move"
             steps.append((replica.id, ReplicaStopping(replica_id=replica.id, reason=reason)))
-        elif replica.phase is ReplicaPhase.SERVING:
-            model = state.models.get(replica.model)
-            max_moves = model.spec.max_moves if model else 1
-            if not paced or moving[replica.model] < max_moves:
-                started = ReplicaDrainStarted(
-                    replica_id=replica.id,
-                    drain_id=drain_id or "",
-                    reason=f"node {node.id} drains",
-                )
-                steps.append((replica.id, started))
-                moving[replica.model] += 1
+        elif replica.phase is ReplicaPhase.SERVING and (
+            not paced or moving[replica.model] < max_moves(state, replica.model)
+        ):
+            started = ReplicaDrainStarted(
+                replica_id=replica.id, drain_id=drain_id or "", reason=f"node {node.id} drains"
+            )
+            steps.append((replica.id, started))
+            moving[replica.model] += 1
     return steps
+
+
+def moves_under_way(state: ClusterState, model: str) -> int:
+    """The model's moves under way, of every kind: node and replica drains, rollouts, moves
+    off unhealthy GPUs (``Model.moves``)."""
+    known = state.models.get(model)
+    return len(known.moves) if known is not None else 0
+
+
+def max_moves(state: ClusterState, model: str) -> int:
+    """How many moves of the model may be under way at once (its spec's ``max_moves``)."""
+    known = state.models.get(model)
+    return known.spec.max_moves if known is not None else 1
 
 
 def _moved_outcome(state: ClusterState, node: Node) -> tuple[str, bool]:

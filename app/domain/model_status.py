@@ -1,5 +1,6 @@
-"""How a model is doing, as ``llmgw-cli model`` shows it: its replicas by phase, and why
-fewer serve than are desired. Pure, from the state alone."""
+"""How a model is doing, as ``llmgw-cli model`` shows it: its replicas by phase, why fewer
+serve than are desired, and why replicas on unhealthy GPUs wait to be moved. Pure, from the
+state alone."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from datetime import datetime
 
 import msgspec
 
+from app.domain.gpu_moves import waiting_gpu_moves
 from app.domain.model_operations import find_model
 from app.domain.state import (
     ACTIVE_PHASES,
@@ -31,6 +33,9 @@ class ModelStatus(msgspec.Struct, frozen=True, kw_only=True):
     outdated: tuple[str, ...] = ()
     """Active replicas placed with another revision than the model's (an older one, or a
     newer one that was rolled back), by number: they run theirs until they are replaced."""
+    waiting_to_move: tuple[str, ...] = ()
+    """Each replica on an unhealthy GPU whose move waits for the model's moves under way
+    (``max_moves``), with why (``gpu_moves.waiting_gpu_moves``)."""
 
 
 def model_status(state: ClusterState, name: str, now: datetime) -> ModelStatus:
@@ -54,6 +59,7 @@ def model_status(state: ClusterState, name: str, now: datetime) -> ModelStatus:
             for r in sorted(replicas, key=lambda r: r.number)
             if r.phase in ACTIVE_PHASES and r.revision != model.revision
         ),
+        waiting_to_move=waiting_gpu_moves(state, name),
     )
 
 

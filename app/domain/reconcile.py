@@ -24,7 +24,8 @@ one pass never contradicts itself. The rules, in order:
    first, before rule 7 and during the adoption grace too: the replicas gateways eject
    during a rollout's hold (``hold_ejections``);
 9. a replica serving or starting on a GPU its node reports unhealthy is moved, as a
-   replica drain without grace (``gpu_moves``); drains move replicas (see ``drain``);
+   replica drain without grace, paced by its model's ``max_moves`` as a node drain is
+   (``gpu_moves``); drains move replicas (see ``drain``);
 10. each model is brought to its desired count (placement, or stopping the newest:
     ``desired_count``);
 11. commands: start placed shards (and shards their agents stopped on purpose), stop what

@@ -1,6 +1,7 @@
 """Stories of a replica whose GPU turns unhealthy: the reconciler moves it as a replica
 drain without grace moves one (a replacement on a healthy GPU, the original stopped once
-the replacement has served), once per replica, and never stops the original first."""
+the replacement has served), once per replica, never stops the original first, and moves
+at most its model's ``max_moves`` at a time."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from app.domain.events import (
     ReplicaStopping,
     ShardStarting,
 )
+from app.domain.model_status import model_status
 from app.domain.state import ReplicaPhase
 from tests.unit.test_reconcile import Cluster, commands, kinds, of_type
 
@@ -183,3 +185,75 @@ def test_a_move_an_operator_called_off_is_not_started_again() -> None:
     assert cluster.phase("llama-1") is ReplicaPhase.SERVING
     cluster.after(60)
     assert of_type(cluster.reconcile(), ReplicaDrainStarted) == []
+
+
+def four_serving_on_a_node_whose_gpus_all_fail(**spec: object) -> Cluster:
+    """llama-1..4 serve on the four GPUs of gpu-1, gpu-2 has four free, and every GPU of
+    gpu-1 turns unhealthy at once (a driver crash)."""
+    cluster = Cluster()
+    cluster.node("gpu-1", n_gpus=4)
+    cluster.model(replicas=4, **spec)
+    cluster.after(31)
+    cluster.reconcile()
+    for n in range(1, 5):
+        cluster.serve(f"llama-{n}")
+    cluster.node("gpu-2", n_gpus=4)
+    for gpu in range(4):
+        cluster.given(GpuMarkedUnhealthy(node_id="gpu-1", gpu_index=gpu, reason="XID 79"))
+    return cluster
+
+
+def _moving(cluster: Cluster) -> list[str]:
+    return sorted(cluster.state.models["llama"].moves)
+
+
+def test_a_node_whose_every_gpu_fails_moves_at_most_max_moves_replicas_at_a_time() -> None:
+    cluster = four_serving_on_a_node_whose_gpus_all_fail(max_moves=1)
+
+    decision = cluster.reconcile()
+
+    assert [e.replica_id for e in of_type(decision, ReplicaDrainStarted)] == ["llama-1"]
+    assert [e.replaces for e in of_type(decision, ReplicaPlaced)] == ["llama-1"]
+    assert [cluster.phase(f"llama-{n}") for n in (2, 3, 4)] == [ReplicaPhase.SERVING] * 3
+    assert model_status(cluster.state, "llama", cluster.now).waiting_to_move == tuple(
+        f"llama-{n} waits to move off an unhealthy GPU (GPU {n - 1} of node gpu-1 is "
+        "unhealthy (XID 79)): 1 move(s) of llama under way, at most 1 (max_moves) at a time"
+        for n in (2, 3, 4)
+    )
+    assert of_type(cluster.reconcile(), ReplicaDrainStarted) == []  # it waits its turn
+
+    cluster.serve("llama-5")
+    cluster.after(11)
+    ended = cluster.reconcile()  # llama-1's replacement has served for the window
+    assert [e.replica_id for e in of_type(ended, ReplicaStopping)] == ["llama-1"]
+    assert [e.replica_id for e in of_type(cluster.reconcile(), ReplicaDrainStarted)] == ["llama-2"]
+    assert _moving(cluster) == ["llama-2"]
+
+
+def test_max_moves_of_two_moves_two_off_the_failed_gpus_at_once() -> None:
+    cluster = four_serving_on_a_node_whose_gpus_all_fail(max_moves=2)
+
+    decision = cluster.reconcile()
+
+    assert [e.replica_id for e in of_type(decision, ReplicaDrainStarted)] == [
+        "llama-1",
+        "llama-2",
+    ]
+    assert [e.replaces for e in of_type(decision, ReplicaPlaced)] == ["llama-1", "llama-2"]
+    waiting = model_status(cluster.state, "llama", cluster.now).waiting_to_move
+    assert [line.split()[0] for line in waiting] == ["llama-3", "llama-4"]
+
+
+def test_a_gpu_move_waits_for_the_model_s_moves_of_any_kind_under_way() -> None:
+    cluster = four_serving_on_a_node_whose_gpus_all_fail(max_moves=1)
+    cluster.given(GpuRecovered(node_id="gpu-1", gpu_index=3))
+    # An operator's drain of llama-4, on a healthy GPU, takes the model's one move.
+    cluster.given(ReplicaDrainStarted(replica_id="llama-4", drain_id="drain-4"))
+
+    decision = cluster.reconcile()
+
+    assert of_type(decision, ReplicaDrainStarted) == []
+    assert [e.replaces for e in of_type(decision, ReplicaPlaced)] == ["llama-4"]
+    assert _moving(cluster) == ["llama-4"]
+    waiting = model_status(cluster.state, "llama", cluster.now).waiting_to_move
+    assert [line.split()[0] for line in waiting] == ["llama-1", "llama-2", "llama-3"]
