@@ -7,7 +7,14 @@ from collections.abc import Sequence
 
 from app.domain.decision import PlannedEvent
 from app.domain.desired_count import counting, waiting_for_replacement
-from app.domain.events import ReplicaPlaced, ReplicaStopping, model_stream, node_stream
+from app.domain.events import (
+    ReplicaDrainStarted,
+    ReplicaPlaced,
+    ReplicaStopping,
+    model_stream,
+    node_stream,
+    replica_stream,
+)
 from app.domain.state import ClusterState
 
 
@@ -24,7 +31,11 @@ def overtaken(state: ClusterState, events: Sequence[PlannedEvent]) -> str | None
     draining (nothing decided places there), for a model removed, or beyond its model's
     count (a pass places up to the count, never past it), and a replica stopped as surplus
     that leaves its model short of its count (``_surplus_stop_overtaken``), say the run was
-    decided before the change and would undo it."""
+    decided before the change and would undo it. So does a move the run starts (a move off
+    an unhealthy GPU, a node drain's, a rollout's) of a replica an operator's drain reached
+    first (``llmgw-cli drain --replica``): the fold keeps the first drain of a replica
+    (``evolve.replicas``), so the replica's drain is not the run's; the operator's drain
+    stands, and the next pass decides on it."""
     placed = [p.event for p in events if isinstance(p.event, ReplicaPlaced)]
     for event in placed:
         model = state.models.get(event.model)
@@ -38,6 +49,10 @@ def overtaken(state: ClusterState, events: Sequence[PlannedEvent]) -> str | None
         if counting(state, name) > state.models[name].desired:
             return model_stream(name)
     for planned in events:
+        if isinstance(planned.event, ReplicaDrainStarted):
+            moved = state.replicas.get(planned.event.replica_id)
+            if moved is not None and moved.drain_id not in (None, planned.event.drain_id):
+                return replica_stream(moved.id)
         if isinstance(planned.event, ReplicaStopping) and planned.event.surplus:
             short = _surplus_stop_overtaken(state, planned.event.replica_id)
             if short is not None:

@@ -15,13 +15,16 @@ from app.domain import keys as key_decisions
 from app.domain import model_operations as model_decisions
 from app.domain import node_operations as node_decisions
 from app.domain.events import (
+    GpuMarkedUnhealthy,
     ModelScaled,
     ModelUnplaceable,
     NodeDrainFinished,
+    ReplicaDrainStarted,
     ReplicaPlaced,
     ReplicaStopping,
     model_stream,
     node_stream,
+    replica_stream,
 )
 from app.domain.operation_results import InvalidOperation
 from app.domain.state import ACTIVE_PHASES, ReplicaPhase
@@ -153,6 +156,47 @@ def test_a_replica_drain_recorded_while_a_pass_stops_it_for_a_scale_down_leaves_
     counting = [r for r in cluster.state.replicas.values() if r.phase is ReplicaPhase.SERVING]
     assert len(counting) == 1
     assert of_type(cluster.reconcile(), ReplicaPlaced) == []
+
+
+def test_a_replica_drain_recorded_while_a_pass_moves_it_off_an_unhealthy_gpu_stands() -> None:
+    # Given a pass that moves llama-1 off its GPU, which turned unhealthy ...
+    cluster = with_two_nodes_and_a_model(replicas=1)
+    cluster.reconcile()
+    cluster.serve("llama-1")
+    [shard] = cluster.state.replicas["llama-1"].shards
+    cluster.given(
+        GpuMarkedUnhealthy(node_id=shard.node_id, gpu_index=shard.gpus[0], reason="XID 48")
+    )
+    stale = cluster.decided()
+    [move] = of_type(stale, ReplicaDrainStarted)
+    assert move.replica_id == "llama-1"
+    # ... when an operator drains that replica before the pass appends ...
+    cluster.given(*node_decisions.drain_replica(cluster.state, "llama-1", "drain-9").events)
+
+    # ... then the move is not appended: the operator's drain moves it, and no other.
+    assert cluster.appended(stale) == replica_stream("llama-1")
+    assert cluster.state.replicas["llama-1"].drain_id == "drain-9"
+    assert cluster.state.models["llama"].moves["llama-1"].move_id == "drain-9"
+    again = cluster.reconcile()
+    assert of_type(again, ReplicaDrainStarted) == []
+    assert [e.replaces for e in of_type(again, ReplicaPlaced)] == ["llama-1"]
+    assert {p.correlation_id for p in again.events} == {"drain-9"}
+
+
+def test_a_second_drain_of_a_draining_replica_leaves_it_to_the_first() -> None:
+    # What the log holds of such a race from before it was refused replays the same way.
+    cluster = with_two_nodes_and_a_model(replicas=1)
+    cluster.reconcile()
+    cluster.serve("llama-1")
+    cluster.given(*node_decisions.drain_replica(cluster.state, "llama-1", "drain-9").events)
+    started_at = cluster.state.replicas["llama-1"].drain_started_at
+    cluster.after(5)
+
+    cluster.given(ReplicaDrainStarted(replica_id="llama-1", drain_id="gpu-move-llama-1-x"))
+
+    replica = cluster.state.replicas["llama-1"]
+    assert (replica.drain_id, replica.drain_started_at) == ("drain-9", started_at)
+    assert cluster.state.models["llama"].moves["llama-1"].move_id == "drain-9"
 
 
 def test_a_key_revoked_while_a_pass_decides_stays_revoked() -> None:

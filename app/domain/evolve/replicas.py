@@ -1,11 +1,10 @@
 """The fold of a replica's life: placed, serving, drained, stopping, and ended (stopped,
-failed, timed out, lost). A failure or a startup timeout counts against the model's backoff
-(and its rollout's step), except the failure of a replica that served steadily first
-(``STEADY_SERVING_S``), which is replaced at once; an end closes the moves that wait on the
-replica, and forgets the model's oldest ended replica once it keeps more than
-``ENDED_KEPT_PER_MODEL``. An end nobody
-asked for leaves a place the next placement below the desired count takes
-(``Model.unreplaced_ends``)."""
+failed, timed out, lost); a replica is moved by one drain at a time. A failure or a startup
+timeout counts against the model's backoff (and its rollout's step), except the failure of
+a replica that served steadily first (``STEADY_SERVING_S``), which is replaced at once; an
+end closes the moves that wait on the replica, and forgets the model's oldest ended replica
+once it keeps more than ``ENDED_KEPT_PER_MODEL``. An end nobody asked for leaves a place
+the next placement below the desired count takes (``Model.unreplaced_ends``)."""
 
 from __future__ import annotations
 
@@ -107,9 +106,12 @@ def _replica_serving(state: ClusterState, event: ReplicaServing, recorded: Recor
 def _replica_drain_started(
     state: ClusterState, event: ReplicaDrainStarted, recorded: Recorded
 ) -> None:
+    """A replica already draining keeps the drain that moves it: a second one, recorded by
+    a reconciler's pass decided before the first was (``overtaken`` refuses it now), would
+    take the first's move, its progress and its grace away from it."""
     at = recorded.recorded_at
     replica = state.replicas.get(event.replica_id)
-    if replica is None:
+    if replica is None or replica.phase is ReplicaPhase.DRAINING:
         return
     state.replicas[event.replica_id] = replace(
         replica, phase=ReplicaPhase.DRAINING, drain_id=event.drain_id, drain_started_at=at
