@@ -3,9 +3,11 @@
 Each snapshot the GPU source takes is kept with the GPUs it no longer lists (unhealthy,
 ``listed`` False, until they come back), and compared with the one before it: the GPUs
 whose health changed go out with the next heartbeat, and the hello lists every GPU as a
-``GpuReport``. Texts are cut to what the wire carries (``agent.reports``); the corrections
-of a listing that names an index or a UUID twice are ``agent.gpu_duplicates``', and which
-GPUs a hello listed is ``agent.gpu_inventory``'s.
+``GpuReport``. A GPU's used memory goes out with a heartbeat once it differs by at least
+``GPU_MEMORY_CHANGE_MIB`` from what the agent last said of it (``MemoryReadings``). Texts
+are cut to what the wire carries (``agent.reports``); the corrections of a listing that
+names an index or a UUID twice are ``agent.gpu_duplicates``', and which GPUs a hello
+listed is ``agent.gpu_inventory``'s.
 """
 
 from __future__ import annotations
@@ -15,7 +17,13 @@ from dataclasses import replace
 
 from agent.gpus import GpuSnapshot, GpuStatus
 from agent.reports import MAX_GPU_NAME_BYTES, MAX_GPU_REASON_BYTES, fit_text, wire_uuid
-from wire.messages import MAX_XID, GpuHealthChange, GpuReport
+from wire.messages import (
+    GPU_MEMORY_CHANGE_MIB,
+    MAX_XID,
+    GpuHealthChange,
+    GpuMemoryReading,
+    GpuReport,
+)
 
 
 def gpu_report(gpu: GpuStatus) -> GpuReport:
@@ -53,6 +61,39 @@ def gpu_health_changes(
         for gpu in current
         if before.get(gpu.index, (True, None)) != (gpu.healthy, gpu.unhealthy_reason)
     ]
+
+
+class MemoryReadings:
+    """What the agent last said of each GPU's used memory, and what it has to say next.
+
+    The hello says every GPU's (``said``); a heartbeat then carries the GPUs whose used
+    memory moved by at least ``GPU_MEMORY_CHANGE_MIB`` from what was said of them
+    (``changed``), so the control plane places on what a GPU has free now, not at the
+    hello, and a GPU whose memory holds still costs no heartbeat a byte. A reading goes out
+    at most once a heartbeat; one taken between two heartbeats replaces the one before."""
+
+    def __init__(self) -> None:
+        self._said: dict[int, tuple[str, int]] = {}
+
+    def said(self, gpus: Sequence[GpuStatus]) -> None:
+        """A hello listed ``gpus``: only they are read from now on, from what it said."""
+        self._said = {gpu.index: (gpu.uuid, gpu.memory_used_mib) for gpu in gpus}
+
+    def changed(self, gpus: Sequence[GpuStatus]) -> tuple[GpuMemoryReading, ...]:
+        """The readings of ``gpus`` that moved enough since said, now taken as said."""
+        readings: list[GpuMemoryReading] = []
+        for gpu in gpus:
+            known = self._said.get(gpu.index)
+            if known is None or known[0] != gpu.uuid or not gpu.listed:
+                continue
+            used = min(max(gpu.memory_used_mib, 0), gpu.memory_total_mib)
+            if abs(used - known[1]) < GPU_MEMORY_CHANGE_MIB:
+                continue
+            self._said[gpu.index] = (gpu.uuid, used)
+            readings.append(
+                GpuMemoryReading(index=gpu.index, uuid=wire_uuid(gpu.uuid), used_mib=used)
+            )
+        return tuple(readings)
 
 
 VANISHED_GPU_REASON = (

@@ -1,7 +1,8 @@
 """The agent itself: its GPUs, its engines and its session with the control plane, wired.
 
 ``AgentRuntime`` holds what outlives a connection: the GPU source and its latest snapshot,
-the GPU health changes no heartbeat has carried yet, the engine supervisor and the command
+the GPU health changes no heartbeat has carried yet, what it last said of each GPU's used
+memory (``agent.gpu_reports.MemoryReadings``), the engine supervisor and the command
 ledger. The reconnect loop hands it each WebSocket (``serve``); it drives one
 ``ServerSession`` over it, carries out the session's outputs in order, and converts between
 the wire messages and the supervisor's and GPU source's own types: the GPU snapshot in
@@ -43,6 +44,7 @@ from agent.gpu_inventory import GpuInventory, gpu_inventory, inventory_change
 from agent.gpu_limit import GpusOverLimit, over_limit_refusal, within_node_limit
 from agent.gpu_reports import (
     VANISHED_GPU_REASON,
+    MemoryReadings,
     displaced_gpus,
     gpu_health_changes,
     gpu_report,
@@ -219,6 +221,7 @@ class AgentRuntime:
         (``agent.gpu_limit``)."""
         self._started = False
         self._unreported_gpu_changes: list[GpuHealthChange] = []
+        self._memory_readings = MemoryReadings()
         self._supervisor = EngineSupervisor(
             config.state_dir, self._shard_changed, liveness=config.liveness
         )
@@ -427,6 +430,7 @@ class AgentRuntime:
         self._unreported_gpu_changes.clear()
         if self._link is not None:
             self._link.said = gpu_inventory(self._snapshot.gpus)
+        self._memory_readings.said(self._snapshot.gpus)
         shards = self._supervisor.inventory()
         failures = {
             record.key: failure
@@ -439,7 +443,8 @@ class AgentRuntime:
         changes = tuple(self._unreported_gpu_changes)
         self._unreported_gpu_changes.clear()
         shards = tuple(heartbeat_shard(record) for record in self._supervisor.inventory())
-        return HeartbeatContent(gpu_changes=changes, shards=shards)
+        memory = self._memory_readings.changed(self._snapshot.gpus)
+        return HeartbeatContent(gpu_changes=changes, shards=shards, gpu_memory=memory)
 
     def _shard_changed(self, change: ShardChange) -> None:
         key = ShardKey(change.replica_id, change.shard_index)

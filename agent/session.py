@@ -36,6 +36,7 @@ from wire.messages import (
     CloseCode,
     CommandResult,
     GpuHealthChange,
+    GpuMemoryReading,
     Heartbeat,
     HeartbeatAck,
     HeartbeatShard,
@@ -64,11 +65,12 @@ class SessionState(Enum):
 
 
 class HeartbeatContent(msgspec.Struct, frozen=True, kw_only=True):
-    """What the next heartbeat reports: GPU health changes since the last one, and the
-    state of every shard."""
+    """What the next heartbeat reports: GPU health changes since the last one, the state
+    of every shard, and the GPUs whose used memory changed notably since last said."""
 
     gpu_changes: tuple[GpuHealthChange, ...] = ()
     shards: tuple[HeartbeatShard, ...] = ()
+    gpu_memory: tuple[GpuMemoryReading, ...] = ()
 
 
 class Execute(msgspec.Struct, frozen=True):
@@ -243,7 +245,12 @@ class ServerSession:
         content = self._heartbeat_content()
         seq = self._next_seq
         self._next_seq += 1
-        return Heartbeat(seq=seq, gpu_changes=content.gpu_changes, shards=content.shards)
+        return Heartbeat(
+            seq=seq,
+            gpu_changes=content.gpu_changes,
+            shards=content.shards,
+            gpu_memory=content.gpu_memory,
+        )
 
     def _interval_s(self) -> float:
         assert self._welcome is not None, "an ACTIVE session was welcomed"

@@ -134,6 +134,9 @@ a hello of ``MAX_SHARDS_PER_NODE`` shards, ``MAX_GPUS_PER_NODE`` GPUs of at most
 out in tests/unit/test_hello_size.py)."""
 MAX_GPU_REPORT_BYTES = 2048
 """Most bytes one ``GpuReport`` takes in a hello: the agent cuts a GPU's texts to fit."""
+GPU_MEMORY_CHANGE_MIB = 256
+"""The least change of a GPU's used memory an agent reports in a heartbeat: smaller ones
+(an engine's allocator breathing) are not worth a reading, nor a placement's attention."""
 GpuIndex = Annotated[int, msgspec.Meta(ge=0, lt=MAX_LISTED)]
 """A GPU an agent reports: a node has at most 64 (``app.hub.claims``), numbered from 0."""
 ShardIndex = Annotated[int, msgspec.Meta(ge=0, lt=MAX_LISTED)]
@@ -188,6 +191,16 @@ class GpuHealthChange(_Wire, frozen=True, kw_only=True):
     xid: Xid | None = None
 
 
+class GpuMemoryReading(_Wire, frozen=True, kw_only=True):
+    """How much memory one GPU the hello listed has in use now, by every process on it."""
+
+    index: GpuIndex
+    uuid: Name
+    used_mib: Mebibytes
+    """At most the GPU's ``memory_total_mib`` as the hello said it: the hub refuses more
+    (``app.hub.claims``)."""
+
+
 class HeartbeatShard(_Wire, frozen=True, kw_only=True):
     replica_id: NonEmpty
     shard_index: ShardIndex
@@ -221,13 +234,20 @@ class Hello(_Message, frozen=True, kw_only=True, tag="hello"):
             raise ValueError(f"port_range [{low}, {high}] is empty")
 
 
-class Heartbeat(_Message, frozen=True, kw_only=True, tag="heartbeat"):
+class Heartbeat(_Message, frozen=True, kw_only=True, tag="heartbeat", omit_defaults=True):
     """``gpu_changes`` holds what changed since the previous heartbeat; ``shards`` the state
-    of every shard the agent runs."""
+    of every shard the agent runs; ``gpu_memory`` the GPUs whose used memory changed by at
+    least ``GPU_MEMORY_CHANGE_MIB`` since the agent last said it (in the hello or a
+    heartbeat). Fields left at their default are left out (``omit_defaults``), so a quiet
+    heartbeat stays small; every receiver reads a missing field as its default, and an older
+    control plane ignores ``gpu_memory``."""
 
     seq: Index
     gpu_changes: Annotated[tuple[GpuHealthChange, ...], msgspec.Meta(max_length=MAX_LISTED)] = ()
     shards: Annotated[tuple[HeartbeatShard, ...], msgspec.Meta(max_length=MAX_LISTED)] = ()
+    gpu_memory: Annotated[
+        tuple[GpuMemoryReading, ...], msgspec.Meta(max_length=MAX_GPUS_PER_NODE)
+    ] = ()
 
 
 class ShardStatus(_Message, frozen=True, kw_only=True, tag="shard_status"):

@@ -8,6 +8,11 @@ But an engine its node still reports running holds them until the node reports i
 out. Placed under it, a replacement's start would be refused (the port in use, so the
 replica fails and its model backs off) or would start on a GPU the old engine still fills.
 
+How much memory a GPU has in use is the node's latest word: the reading its heartbeats
+carried since its hello (``NodeReport.gpu_memory_used_mib``), else the hello's
+(``Node.gpus``). The hello's alone would go stale: an engine stopped since still counted,
+another process's memory taken since unseen.
+
 ``for_placement`` is the one rule every placement question uses: the reconciler's, a
 drain's room (``drain_room``) and ``explain-placement`` (``placement``), so what an
 operator reads is what the reconciler will do.
@@ -18,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from app.domain.events import ShardPlacement
+from app.domain.events import GpuInfo, ShardPlacement
 from app.domain.reports import NodeReport
 from app.domain.state import ACTIVE_PHASES, ClusterState, Node
 
@@ -32,7 +37,7 @@ class Allocations:
     What is free on a node is computed once and kept until a placement there changes it:
     a pass asks the same question of every node for every model it places."""
 
-    __slots__ = ("_free", "gpus", "model_replicas", "ports")
+    __slots__ = ("_free", "gpus", "memory_used_mib", "model_replicas", "ports")
 
     def __init__(self) -> None:
         self.gpus: dict[str, dict[int, str]] = {}
@@ -40,6 +45,9 @@ class Allocations:
         self.model_replicas: dict[str, dict[str, int]] = {}
         """node -> model -> how many active replicas of it have a shard there"""
         self._free: dict[str, tuple[tuple[tuple[int, int], ...], int | None]] = {}
+        self.memory_used_mib: dict[str, Mapping[int, int]] = {}
+        """node -> GPU index -> MiB in use, as the node's heartbeats said it since its hello
+        (``NodeReport.gpu_memory_used_mib``); a GPU not in it goes by the hello."""
 
     @classmethod
     def from_state(cls, state: ClusterState) -> Allocations:
@@ -58,6 +66,11 @@ class Allocations:
         engines each connected node reports running hold (``running``, by node)."""
         allocations = cls.from_state(state)
         allocations.hold_running(state, running)
+        allocations.memory_used_mib = {
+            node_id: report.gpu_memory_used_mib
+            for node_id, report in running.items()
+            if report.gpu_memory_used_mib
+        }
         return allocations
 
     def hold_running(self, state: ClusterState, reports: Mapping[str, NodeReport]) -> None:
@@ -102,13 +115,18 @@ class Allocations:
         if known is None:
             held = self.gpus.get(node.id, {})
             gpus = tuple(
-                (gpu.index, gpu.memory_total_mib - gpu.memory_used_mib)
+                (gpu.index, self.free_mib(node.id, gpu))
                 for gpu in node.gpus
                 if gpu.healthy and gpu.index not in held
             )
             known = (gpus, _lowest_free_port(node, self.ports.get(node.id, set())))
             self._free[node.id] = known
         return known
+
+    def free_mib(self, node_id: str, gpu: GpuInfo) -> int:
+        """The MiB of ``gpu`` not in use: its node's latest reading, else its hello's."""
+        used = self.memory_used_mib.get(node_id, {}).get(gpu.index, gpu.memory_used_mib)
+        return max(gpu.memory_total_mib - used, 0)
 
     def _hold(
         self, replica_id: str, model: str, node_id: str, gpus: tuple[int, ...], port: int

@@ -2,7 +2,8 @@
 
 Filters (all evaluated for every node, so an explanation lists every reason, not only the
 first): connected; not cordoned; not draining; labels match the model's selector; enough
-healthy, unallocated GPUs with enough free memory; a free port in the node's engine port
+healthy, unallocated GPUs with enough free memory (as the node last reported it:
+``Allocations.free_mib``); a free port in the node's engine port
 range, skipping a port where a shard failed because a process that is not our engine listens
 there (``Node.ports_held_elsewhere``, until the node's next hello). Shards of one replica go
 to distinct nodes.
@@ -333,6 +334,6 @@ def _usable_gpus(
         elif gpu.index in held:
             notes.append(f"GPU {gpu.index} used by {held[gpu.index]}")
         else:
-            free = (gpu.memory_total_mib - gpu.memory_used_mib) / MIB_PER_GIB
+            free = allocations.free_mib(node.id, gpu) / MIB_PER_GIB
             notes.append(f"GPU {gpu.index} has {free:.0f} GiB free")
     return usable, notes

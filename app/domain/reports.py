@@ -10,7 +10,9 @@ folds an event into the log's state. Per node that said hello to this control pl
 
 - a hello replaces the node's shards by the ones it lists, and gives the node a new
   greeting number (a command sent before it is sent again after it);
-- a heartbeat updates the states of the shards it lists that the view knows (it carries no
+- a heartbeat takes in the GPU memory readings it carries (``gpu_memory_used_mib``: what
+  each GPU the hello listed has in use now, by every process, ours or not), and updates
+  the states of the shards it lists that the view knows (it carries no
   port, so a shard the view does not know waits for its status or the next hello), and
   drops the ended ones (``stopped``, ``failed``) it no longer lists: a heartbeat lists
   every shard the agent knows, so those are gone from the node, and the view of a node
@@ -156,12 +158,16 @@ class AgentConnected(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class HeartbeatReport(msgspec.Struct, frozen=True, kw_only=True):
-    """GPU health changes since the last heartbeat, and the state of every shard."""
+    """GPU health changes since the last heartbeat, GPU memory readings that changed, and
+    the state of every shard."""
 
     node_id: str
     gpu_changes: tuple[GpuHealth, ...] = ()
     shard_states: tuple[tuple[str, int, str], ...] = ()
     """``(replica_id, shard_index, state)`` of every shard the agent runs."""
+    gpu_memory: tuple[tuple[int, int], ...] = ()
+    """``(gpu index, MiB used)`` of each GPU the hello listed whose used memory changed
+    notably since its agent last said it: live state, never recorded in the log."""
 
 
 class ShardStatusReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -224,6 +230,10 @@ class NodeReport(msgspec.Struct, frozen=True, kw_only=True):
     awaited: dict[str, datetime] = {}
     """The commands sent to the node since its hello that it has not answered yet: each id
     with when it was sent (the reconciler's clock)."""
+    gpu_memory_used_mib: dict[int, int] = {}
+    """MiB in use on each GPU, by GPU index, as the node's heartbeats said it since its
+    hello: placement reads it in place of the hello's (``Node.gpus``), which goes stale as
+    engines stop and other processes come and go. Empty until a heartbeat says one."""
 
 
 class GatewaysInFlight(msgspec.Struct, frozen=True, kw_only=True):
@@ -350,6 +360,11 @@ def _heartbeat(view: FleetView, report: HeartbeatReport) -> FleetView:
     node = view.reports.get(report.node_id)
     if node is None:
         return view
+    if report.gpu_memory:
+        memory = {**node.gpu_memory_used_mib, **dict(report.gpu_memory)}
+        if memory != node.gpu_memory_used_mib:
+            node = msgspec.structs.replace(node, gpu_memory_used_mib=memory)
+            view = _with_node(view, node)
     listed = {(replica_id, shard_index) for replica_id, shard_index, _ in report.shard_states}
     shards = {
         key: known

@@ -14,8 +14,11 @@ vouch for. Its hello is refused, with the reason, when
   with one index or one UUID, more memory used than there is, sizes no GPU has, or two
   reports of one shard.
 
-A heartbeat's GPU health changes count only for the GPUs the connection's hello listed,
-by index and UUID alike (``listed_gpu_changes``): the others are dropped, not recorded.
+A heartbeat's GPU health changes and memory readings count only for the GPUs the
+connection's hello listed, by index and UUID alike (``listed_gpu_changes``,
+``listed_memory_readings``): the others are dropped, not recorded. A memory reading of more
+used than the hello said the GPU has is refused, as such a hello is
+(``memory_reading_refusal``).
 
 The wire types bound every size too (``wire.messages``), so that nothing absurd is
 even decoded; these checks are about meaning.
@@ -28,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from app.domain.egress import EngineNetworks, host_name, ip_address_of
 from wire.messages import MAX_GPUS_PER_NODE as MAX_GPUS_PER_NODE
 from wire.messages import MAX_SHARDS_PER_NODE as MAX_SHARDS_PER_NODE
-from wire.messages import GpuHealthChange, GpuReport, Hello, ShardReport
+from wire.messages import GpuHealthChange, GpuMemoryReading, GpuReport, Hello, ShardReport
 
 MAX_GPU_MEMORY_MIB = 1024 * 1024
 """1 TiB: several times the largest GPU memory there is."""
@@ -79,6 +82,30 @@ def listed_gpu_changes(
     if len(kept) == len(changes):
         return kept, ()
     return kept, tuple(c for c in changes if listed.get(c.index) != c.uuid)
+
+
+def listed_memory_readings(
+    listed: Mapping[int, str], readings: Sequence[GpuMemoryReading]
+) -> tuple[GpuMemoryReading, ...]:
+    """The ``readings`` of GPUs ``listed`` (index to UUID, as the hello said); the others
+    are dropped, as ``listed_gpu_changes`` drops their health changes."""
+    return tuple(r for r in readings if listed.get(r.index) == r.uuid)
+
+
+def memory_reading_refusal(
+    totals: Mapping[int, int], readings: Sequence[GpuMemoryReading]
+) -> str | None:
+    """Why ``readings`` cannot be true of GPUs of ``totals`` (index to the MiB the hello said
+    each has), or None when they can: more used than the GPU has, or one GPU read twice."""
+    seen: set[int] = set()
+    for reading in readings:
+        if reading.index in seen:
+            return f"a heartbeat reads GPU {reading.index}'s memory twice"
+        seen.add(reading.index)
+        total = totals.get(reading.index)
+        if total is not None and reading.used_mib > total:
+            return f"GPU {reading.index} reports {reading.used_mib} MiB used of {total} MiB"
+    return None
 
 
 def _vouched(

@@ -58,6 +58,7 @@ def report_of(observation: Observation, *, replaced_previous: bool = False) -> A
                 shard_states=tuple(
                     (s.replica_id, s.shard_index, s.state) for s in heartbeat.shards
                 ),
+                gpu_memory=tuple((r.index, r.used_mib) for r in heartbeat.gpu_memory),
             )
         case ShardStatusReported(node_id=node_id, status=status):
             return ShardStatusReport(

@@ -15,8 +15,10 @@ The session never touches a socket or reads a clock; ``now`` is monotonic second
 A hello is accepted only from the node the certificate names, advertising an address the
 node can vouch for, with an inventory a machine can have (``app.hub.claims``); every
 message counts against the connection's budget (``app.hub.budget``). A heartbeat's GPU
-health changes are passed on only for GPUs the hello listed; the first heartbeat that names
-others says which (``AgentHeartbeat.ignored_gpus``), so they are logged once a connection.
+health changes and memory readings are passed on only for GPUs the hello listed, and one
+that reads more memory used than its GPU has is refused, as such a hello is; the first
+heartbeat that names others says which (``AgentHeartbeat.ignored_gpus``), so they are
+logged once a connection.
 A shard status keeps the command it names as its cause only if that command was sent to its
 node (``app.hub.commands_sent``); otherwise it goes on without one, and the first such status
 of a connection says which id it named (``ShardStatusReported.unsent_command_id``). A
@@ -39,7 +41,13 @@ import msgspec
 
 from app.domain.egress import EngineNetworks
 from app.hub.budget import BudgetMeter, MessageBudget
-from app.hub.claims import address_refusal, inventory_refusal, listed_gpu_changes
+from app.hub.claims import (
+    address_refusal,
+    inventory_refusal,
+    listed_gpu_changes,
+    listed_memory_readings,
+    memory_reading_refusal,
+)
 from app.hub.commands_sent import CommandsSent
 from app.hub.shard_lives import ShardLives
 from wire.errors import ProtocolError, SessionStateError
@@ -218,6 +226,8 @@ class AgentSession:
         self._last_heard = now
         self._listed_gpus: dict[int, str] = {}
         """The GPUs the hello listed, index to UUID."""
+        self._gpu_memory_mib: dict[int, int] = {}
+        """The memory of each GPU the hello listed, index to MiB."""
         self._said_ignored = False
         self._shard_lives = ShardLives()
         self._commands_sent = commands_sent or CommandsSent()
@@ -351,6 +361,7 @@ class AgentSession:
         self._state = SessionState.ACTIVE
         self._node_id = message.node_id
         self._listed_gpus = {gpu.index: gpu.uuid for gpu in message.gpus}
+        self._gpu_memory_mib = {gpu.index: gpu.memory_total_mib for gpu in message.gpus}
         self._shard_lives.listed(message.shards)
         welcome = Welcome(
             protocol_version=PROTOCOL_VERSION,
@@ -371,6 +382,12 @@ class AgentSession:
         assert node_id is not None, "an ACTIVE session knows its node"
         match message:
             case Heartbeat():
+                readings = listed_memory_readings(self._listed_gpus, message.gpu_memory)
+                impossible = memory_reading_refusal(self._gpu_memory_mib, readings)
+                if impossible is not None:
+                    return self._refuse(CloseCode.PROTOCOL_ERROR, impossible, node_id)
+                if len(readings) != len(message.gpu_memory):
+                    message = msgspec.structs.replace(message, gpu_memory=readings)
                 return [
                     Observe(self._heartbeat(node_id, message)),
                     Send(HeartbeatAck(seq=message.seq)),

@@ -33,6 +33,7 @@ from wire.messages import (
     AgentMessage,
     CommandResult,
     GpuHealthChange,
+    GpuMemoryReading,
     GpuReport,
     Heartbeat,
     HeartbeatAck,
@@ -628,3 +629,29 @@ def test_a_start_shard_without_an_engine_means_the_default_one() -> None:
     llamacpp = decode_from_server(json.dumps({**sent, "engine": "llamacpp"}))
     assert isinstance(llamacpp, StartShard)
     assert llamacpp.engine == "llamacpp"
+
+
+@pytest.mark.parametrize(
+    ("readings", "path"),
+    [
+        ([{"index": 0, "uuid": "GPU-0", "used_mib": -1}], r"\$\.gpu_memory\[0\]\.used_mib"),
+        ([{"index": i, "uuid": f"GPU-{i}", "used_mib": 0} for i in range(65)], r"\$\.gpu_memory"),
+    ],
+)
+def test_a_memory_reading_out_of_bounds_is_malformed(readings: list[object], path: str) -> None:
+    data = json.dumps({"type": "heartbeat", "seq": 1, "gpu_memory": readings})
+    with pytest.raises(MalformedMessage, match=path):
+        decode_from_agent(data)
+
+
+def test_a_heartbeat_without_memory_readings_leaves_the_field_out_for_older_peers() -> None:
+    reading = GpuMemoryReading(index=0, uuid="GPU-0", used_mib=30_000)
+
+    quiet = json.loads(encode(Heartbeat(seq=1)))
+    with_reading = json.loads(encode(Heartbeat(seq=2, gpu_memory=(reading,))))
+
+    assert quiet == {"type": "heartbeat", "seq": 1}
+    assert with_reading["gpu_memory"] == [{"index": 0, "uuid": "GPU-0", "used_mib": 30_000}]
+    assert decode_from_agent(encode(Heartbeat(seq=2, gpu_memory=(reading,)))) == Heartbeat(
+        seq=2, gpu_memory=(reading,)
+    )

@@ -38,6 +38,7 @@ from wire.messages import (
     CloseCode,
     CommandResult,
     GpuHealthChange,
+    GpuMemoryReading,
     GpuReport,
     Heartbeat,
     HeartbeatAck,
@@ -348,6 +349,63 @@ def test_only_health_changes_of_gpus_the_hello_listed_go_on_and_others_are_said_
         Send(HeartbeatAck(seq=1)),
     ]
     assert session.state is SessionState.ACTIVE
+
+
+def test_memory_readings_of_gpus_the_hello_listed_go_on_into_the_live_view() -> None:
+    session = new_session()
+    session.receive(encode(replace(hello(), gpus=(GpuReport(**GPU_0),))), 0.0)
+    taken = GpuMemoryReading(index=0, uuid="GPU-0", used_mib=70_000)
+    invented = GpuMemoryReading(index=5, uuid="GPU-5", used_mib=1_000)
+    foreign = GpuMemoryReading(index=0, uuid="GPU-9", used_mib=1_000)
+
+    outputs = session.receive(encode(Heartbeat(seq=0, gpu_memory=(invented, taken, foreign))), 1.0)
+
+    beat = Heartbeat(seq=0, gpu_memory=(taken,))
+    assert outputs == [
+        Observe(AgentHeartbeat(node_id="gpu-1", heartbeat=beat)),
+        Send(HeartbeatAck(seq=0)),
+    ]
+    report = report_of(AgentHeartbeat(node_id="gpu-1", heartbeat=beat))
+    view = observe(
+        observe(FleetView(), report_of(hello_observed()), lambda _: None), report, lambda _: None
+    )
+    assert view.reports["gpu-1"].gpu_memory_used_mib == {0: 70_000}
+
+
+def hello_observed() -> AgentHello:
+    return AgentHello(node_id="gpu-1", hello=hello(), remote_address=REMOTE)
+
+
+@pytest.mark.parametrize(
+    ("readings", "reason"),
+    [
+        (
+            (GpuMemoryReading(index=0, uuid="GPU-0", used_mib=81_560),),
+            "GPU 0 reports 81560 MiB used of 81559 MiB",
+        ),
+        (
+            (
+                GpuMemoryReading(index=0, uuid="GPU-0", used_mib=1),
+                GpuMemoryReading(index=0, uuid="GPU-0", used_mib=2),
+            ),
+            "a heartbeat reads GPU 0's memory twice",
+        ),
+    ],
+)
+def test_a_memory_reading_no_gpu_can_have_is_refused_as_such_a_hello_is(
+    readings: tuple[GpuMemoryReading, ...], reason: str
+) -> None:
+    session = new_session()
+    session.receive(encode(replace(hello(), gpus=(GpuReport(**GPU_0),))), 0.0)
+
+    outputs = session.receive(encode(Heartbeat(seq=0, gpu_memory=readings)), 1.0)
+
+    assert outputs == [
+        Close(CloseCode.PROTOCOL_ERROR, reason),
+        gone(reason),
+        refused(reason),
+    ]
+    assert session.state is SessionState.CLOSED
 
 
 def test_shard_status_and_command_results_are_observed() -> None:
