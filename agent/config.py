@@ -582,6 +582,15 @@ def gpu_index(_type: object, tokens: Sequence[Token]) -> int:
     return int(text)
 
 
+def mebibytes(_type: object, tokens: Sequence[Token]) -> int:
+    """cyclopts' converter for a size in MiB (``fake-gpu use --mib``): decimal digits,
+    nothing else, for the reasons of ``gpu_index``. A negative one is left to the command."""
+    text = tokens[0].value.strip()
+    if not _GPU_INDEX.fullmatch(text):
+        raise FlagRefused(f"{tokens[0].value!r}: expected MiB, a whole number such as 30000")
+    return int(text)
+
+
 def filled_paths(_type: object, tokens: Sequence[Token]) -> list[Path]:
     """``filled_path`` for a flag given several times."""
     for token in tokens:

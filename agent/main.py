@@ -1,4 +1,5 @@
-"""``llmgw-agent``: the node agent; ``llmgw-agent fake-gpu`` to mark fake GPUs unhealthy;
+"""``llmgw-agent``: the node agent; ``llmgw-agent fake-gpu`` to mark fake GPUs unhealthy or
+say how much of their memory other processes use;
 ``llmgw-agent stop-engines`` to stop the engines a stopped agent left running.
 
 Settings come from flags, then ``LLMGW_AGENT_*`` variables, then the TOML file named by
@@ -39,6 +40,7 @@ from agent.config import (
     filled_variable,
     gpu_index,
     load_config,
+    mebibytes,
     parse_labels,
 )
 from agent.connection import Backoff, ConnectionFatal, DialTimeouts, stay_connected
@@ -46,6 +48,7 @@ from agent.engines.recorded_stop import stop_recorded_engines
 from agent.engines.records import RecordStore
 from agent.gpu_limit import GpusOverLimit
 from agent.gpus import mark_fake_gpu, open_gpu_source
+from agent.gpus.fake_memory import memory_file_beside, use_fake_gpu_memory
 from agent.refusal_advice import NodeClaim
 from agent.runtime import AgentRuntime
 from app.logs import configure_logging
@@ -108,11 +111,13 @@ llmgw-agent --config /etc/llmgw/agent.toml
 )
 fake_gpu_app = App(
     name="fake-gpu",
-    help="""Mark fake GPUs (--fake-gpus) unhealthy or healthy again while the agent runs.
+    help="""Mark fake GPUs (--fake-gpus) unhealthy or healthy again, or say how much of
+their memory other processes use, while the agent runs.
 
 ```
 llmgw-agent fake-gpu mark --gpu 0 --reason "XID 79: GPU has fallen off the bus"
 llmgw-agent fake-gpu clear --gpu 0
+llmgw-agent fake-gpu use --gpu 0 --mib 30000
 ```
 """,
 )
@@ -319,6 +324,53 @@ def clear(
     return _mark("llmgw-agent fake-gpu clear", state_dir, gpu, None)
 
 
+@fake_gpu_app.command
+def use(
+    *,
+    gpu: Annotated[
+        int,
+        Parameter(
+            converter=gpu_index,
+            help="Index of the fake GPU; one the agent did not declare is refused.",
+        ),
+    ],
+    mib: Annotated[
+        int,
+        Parameter(
+            converter=mebibytes,
+            help="MiB of its memory other processes use from now on; 0 frees it.",
+        ),
+    ],
+    state_dir: StateDir = None,
+) -> int:
+    """Say how much of a fake GPU's memory other processes use; the running agent reports
+    it with a heartbeat within a few seconds, and placement counts it as used.
+
+    ```
+    llmgw-agent fake-gpu use --gpu 0 --mib 30000 --state-dir .llmgw/dev/agents/dev-node-1
+    llmgw-agent fake-gpu use --gpu 0 --mib 0 --state-dir .llmgw/dev/agents/dev-node-1
+    ```
+    """
+    command = "llmgw-agent fake-gpu use"
+    if gpu < 0:
+        return _fail(command, f"--gpu {gpu}: a GPU index is 0 or more", EXIT_USAGE)
+    if mib < 0:
+        return _fail(command, f"--mib {mib}: MiB used is 0 or more", EXIT_USAGE)
+    directory = _fake_gpu_state_dir(command, state_dir)
+    if isinstance(directory, int):
+        return directory
+    memory_file = memory_file_beside(fake_gpu_health_file(directory))
+    try:
+        dropped = use_fake_gpu_memory(memory_file, gpu, mib)
+    except ValueError as exc:
+        return _fail(command, str(exc), EXIT_USAGE)
+    except OSError as exc:
+        return _fail(command, f"cannot write {memory_file}: {exc}", EXIT_FAILED)
+    for problem in dropped:
+        print_command_error(command, f"dropped from the file: {problem}")
+    return EXIT_OK
+
+
 @app.command(name="stop-engines")
 def stop_engines(
     *,
@@ -510,20 +562,9 @@ def _mark(command: str, state_dir: Path | None, gpu: int, reason: str | None) ->
         return _fail(command, f"--gpu {gpu}: a GPU index is 0 or more", EXIT_USAGE)
     if reason is not None and not reason.strip():
         return _fail(command, "--reason: say why the GPU is unhealthy", EXIT_USAGE)
-    try:
-        directory = state_dir or _state_dir_from_env()
-    except ConfigError as exc:
-        return _fail(command, str(exc), EXIT_USAGE)
-    missing = _not_a_directory(directory)
-    if missing is not None:
-        # The running agent made its state directory; one that is not there is mistyped,
-        # and a mark written into it (creating it) would reach no agent.
-        return _fail(
-            command,
-            f"{_named_state_dir(directory, named_by_flag=bool(state_dir))}: {missing}; give "
-            "the state directory of the agent that runs the fake GPUs",
-            EXIT_USAGE,
-        )
+    directory = _fake_gpu_state_dir(command, state_dir)
+    if isinstance(directory, int):
+        return directory
     try:
         dropped = mark_fake_gpu(fake_gpu_health_file(directory), gpu, reason)
     except ValueError as exc:
@@ -533,6 +574,25 @@ def _mark(command: str, state_dir: Path | None, gpu: int, reason: str | None) ->
     for problem in dropped:
         print_command_error(command, f"dropped from the file: {problem}")
     return EXIT_OK
+
+
+def _fake_gpu_state_dir(command: str, state_dir: Path | None) -> Path | int:
+    """The state directory a ``fake-gpu`` command writes into, or its exit code."""
+    try:
+        directory = state_dir or _state_dir_from_env()
+    except ConfigError as exc:
+        return _fail(command, str(exc), EXIT_USAGE)
+    missing = _not_a_directory(directory)
+    if missing is not None:
+        # The running agent made its state directory; one that is not there is mistyped,
+        # and a file written into it (creating it) would reach no agent.
+        return _fail(
+            command,
+            f"{_named_state_dir(directory, named_by_flag=bool(state_dir))}: {missing}; give "
+            "the state directory of the agent that runs the fake GPUs",
+            EXIT_USAGE,
+        )
+    return directory
 
 
 def _not_a_state_dir(directory: Path, *, named_by_flag: bool) -> str | None:

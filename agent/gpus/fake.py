@@ -8,6 +8,10 @@ reason that starts with ``XID <code>`` is also reported once as an XID event, as
 would, and an XID whose verdict is "healthy" (an application's fault, XID 13) leaves its
 GPU healthy, as the NVML source does. Whatever else the file holds is ignored with one
 warning: the node keeps its GPUs.
+
+A fake GPU has no memory in use until the memory file beside the health file
+(``agent.gpus.fake_memory``) says other processes use some, ``{"0": 30000}``; it is read
+on every snapshot too, and an entry for more than its GPU has is ignored with a warning.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 import structlog
 
 from agent.gpus.fake_health import MAX_FAKE_GPUS, read_health_file, unknown_gpu_problems
+from agent.gpus.fake_memory import memory_file_beside, read_memory_file
 from agent.gpus.types import GpuSnapshot, GpuStatus, XidEvent
 from agent.gpus.xid import classify_xid
 
@@ -81,6 +86,7 @@ class FakeGpuSource:
         self._now = now
         self._reported: dict[int, str] = {}
         self._warned: tuple[str, ...] = ()
+        self._warned_memory: tuple[str, ...] = ()
 
     def snapshot(self) -> GpuSnapshot:
         overrides = self._overrides()
@@ -93,12 +99,14 @@ class FakeGpuSource:
         # An XID the table calls the application's fault is reported, as NVML would, and
         # leaves its GPU healthy: the source's rule for it, not the file's mark, decides.
         faults = {index: reason for index, reason in overrides.items() if _marks_unhealthy(reason)}
+        used = self._used_mib()
         gpus = tuple(
             replace(
                 gpu,
                 healthy=gpu.index not in faults,
                 unhealthy_reason=faults.get(gpu.index),
                 xid=_xid_of(faults.get(gpu.index)),
+                memory_used_mib=used.get(gpu.index, 0),
             )
             for gpu in self._gpus
         )
@@ -122,6 +130,30 @@ class FakeGpuSource:
             log.warning("fake_gpu_health_file_ignored", problems=list(problems))
         self._warned = problems
         return overrides
+
+    def _used_mib(self) -> dict[int, int]:
+        """MiB used per GPU, as the memory file says, for the GPUs it may be true of."""
+        if self._health_file is None:
+            return {}
+        path = memory_file_beside(self._health_file)
+        memory = read_memory_file(path)
+        totals = {gpu.index: gpu.memory_total_mib for gpu in self._gpus}
+        used: dict[int, int] = {}
+        problems = list(memory.problems)
+        for index, mib in sorted(memory.used_mib.items()):
+            total = totals.get(index)
+            if total is None:
+                problems.append(f"{path}: entry {index} ignored: this node has no GPU {index}")
+            elif mib > total:
+                problems.append(
+                    f"{path}: entry {index} ignored: {mib} MiB used, GPU {index} has {total} MiB"
+                )
+            else:
+                used[index] = mib
+        if problems and tuple(problems) != self._warned_memory:
+            log.warning("fake_gpu_memory_file_ignored", problems=problems)
+        self._warned_memory = tuple(problems)
+        return used
 
     def _xid_event(self, index: int, code: int) -> XidEvent:
         info = classify_xid(code)

@@ -81,7 +81,7 @@ def read_health_file(path: Path) -> HealthFile:
         if problem is None:
             overrides[int(key)] = reason
         else:
-            problems.append(f"{path}: entry {_shown(key)} ignored: {problem}")
+            problems.append(f"{path}: entry {shown_key(key)} ignored: {problem}")
     return HealthFile(overrides, tuple(problems))
 
 
@@ -96,8 +96,8 @@ def mark_fake_gpu(health_file: Path, index: int, reason: str | None) -> tuple[st
         if (problem := reason_problem(reason)) is not None:
             raise ValueError(f"--reason: {problem}")
         # Clearing is never refused: it is how a file naming a GPU the node lacks recovers.
-        _check_index(health_file, index)
-    with _locked(health_file):
+        check_fake_gpu_index(health_file, index)
+    with locked_beside(health_file):
         current = read_health_file(health_file)
         overrides = dict(current.overrides)
         if reason is None:
@@ -136,16 +136,16 @@ def declared_fake_gpus(health_file: Path) -> int | None:
 def unknown_gpu_problems(path: Path, overrides: dict[int, str], known: Sequence[int]) -> list[str]:
     """One line per override naming a GPU not in ``known``."""
     return [
-        f"{path}: entry {_shown(str(index))} ignored: this node has GPUs {_span(known)}"
+        f"{path}: entry {shown_key(str(index))} ignored: this node has GPUs {index_span(known)}"
         for index in sorted(set(overrides) - set(known))
     ]
 
 
-def _check_index(health_file: Path, index: int) -> None:
+def check_fake_gpu_index(health_file: Path, index: int) -> None:
     count = declared_fake_gpus(health_file)
     if count is not None and not 0 <= index < count:
         raise ValueError(
-            f"--gpu {index}: the agent has {count} fake GPU(s), indices {_span(range(count))}"
+            f"--gpu {index}: the agent has {count} fake GPU(s), indices {index_span(range(count))}"
         )
     if not 0 <= index < MAX_FAKE_GPUS:
         raise ValueError(f"--gpu {index}: a fake GPU index is 0 to {MAX_FAKE_GPUS - 1}")
@@ -159,17 +159,17 @@ def _entry_problem(key: str, reason: object) -> str | None:
     return reason_problem(reason)
 
 
-def _shown(key: str) -> str:
+def shown_key(key: str) -> str:
     """``key`` quoted for a log line, cut so a hostile file cannot flood the log."""
     return repr(key if len(key) <= 40 else f"{key[:40]}...")
 
 
-def _span(indices: Sequence[int]) -> str:
+def index_span(indices: Sequence[int]) -> str:
     return f"{indices[0]} to {indices[-1]}" if indices else "none"
 
 
 @contextlib.contextmanager
-def _locked(health_file: Path) -> Iterator[None]:
+def locked_beside(health_file: Path) -> Iterator[None]:
     """Hold an exclusive lock on a file beside ``health_file`` (created if missing)."""
     health_file.parent.mkdir(parents=True, exist_ok=True)
     lock_path = health_file.with_name(f".{health_file.name}.lock")

@@ -37,6 +37,7 @@ __all__ = [
     "mark_fake_gpu",
     "simulator_shard",
     "simulator_start",
+    "use_fake_gpu_memory",
 ]
 
 AGENT = program("llmgw-agent")
@@ -105,6 +106,13 @@ async def mark_fake_gpu(state_dir: Path, gpu: int, reason: str) -> int:
 async def clear_fake_gpu(state_dir: Path, gpu: int) -> int:
     """``llmgw-agent fake-gpu clear`` as an operator runs it; its exit code."""
     return await _fake_gpu("clear", "--state-dir", str(state_dir), "--gpu", str(gpu))
+
+
+async def use_fake_gpu_memory(state_dir: Path, gpu: int, mib: int) -> int:
+    """``llmgw-agent fake-gpu use`` as an operator runs it; its exit code."""
+    return await _fake_gpu(
+        "use", "--state-dir", str(state_dir), "--gpu", str(gpu), "--mib", str(mib)
+    )
 
 
 async def _fake_gpu(*args: str) -> int:

@@ -1,11 +1,24 @@
-"""The agent says a GPU's used memory again when it moved notably since it last said it."""
+"""The agent says a GPU's used memory again when it moved notably since it last said it, and
+fake GPUs use what ``llmgw-agent fake-gpu use`` writes."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
+
+import pytest
 
 from agent.gpu_reports import MemoryReadings
-from agent.gpus import GpuStatus
+from agent.gpus import FakeGpuSource, GpuStatus, parse_fake_gpus
+from agent.gpus.fake_health import declare_fake_gpus
+from agent.gpus.fake_memory import (
+    MAX_FAKE_USED_MIB,
+    memory_file_beside,
+    read_memory_file,
+    use_fake_gpu_memory,
+)
+from agent.main import EXIT_OK, EXIT_USAGE, app
 from wire.messages import GPU_MEMORY_CHANGE_MIB, GpuMemoryReading
 
 TOTAL = 81920
@@ -63,3 +76,82 @@ def test_only_gpus_the_hello_listed_are_read_and_a_gpu_not_listed_any_more_is_no
 
 def test_before_any_hello_nothing_is_read() -> None:
     assert MemoryReadings().changed([a_gpu(0, 30_000)]) == ()
+
+
+# -- fake GPUs -------------------------------------------------------------------------------
+
+
+def test_a_fake_gpu_uses_what_the_memory_file_says_and_frees_it_when_told(
+    tmp_path: Path,
+) -> None:
+    health_file = tmp_path / "fake-gpu-health.json"
+    declare_fake_gpus(health_file, 2)
+    source = FakeGpuSource(parse_fake_gpus("2x80GB", seed="n"), health_file)
+    memory_file = memory_file_beside(health_file)
+
+    use_fake_gpu_memory(memory_file, 0, 30_000)
+    taken = source.snapshot()
+    use_fake_gpu_memory(memory_file, 0, 0)
+    freed = source.snapshot()
+
+    assert [g.memory_used_mib for g in taken.gpus] == [30_000, 0]
+    assert [g.memory_used_mib for g in freed.gpus] == [0, 0]
+    assert json.loads(memory_file.read_text()) == {}
+
+
+def test_a_memory_file_written_by_hand_keeps_only_what_can_be_true(tmp_path: Path) -> None:
+    health_file = tmp_path / "fake-gpu-health.json"
+    source = FakeGpuSource(parse_fake_gpus("2x80GB", seed="n"), health_file)
+    memory_file = memory_file_beside(health_file)
+    memory_file.write_text(
+        json.dumps({"0": 90_000, "1": 1_000, "7": 5, "x": 1, "2": -4, "3": 1.5, "4": True})
+    )
+
+    snapshot = source.snapshot()
+    problems = read_memory_file(memory_file).problems
+
+    assert [g.memory_used_mib for g in snapshot.gpus] == [0, 1_000], "more than it has: ignored"
+    assert len(problems) == 4  # "x", -4, 1.5 and true
+
+
+@pytest.mark.parametrize("content", ["not json", "[1, 2]", "\xff"])
+def test_a_memory_file_that_is_not_ours_uses_nothing_and_never_raises(
+    tmp_path: Path, content: str
+) -> None:
+    health_file = tmp_path / "fake-gpu-health.json"
+    source = FakeGpuSource(parse_fake_gpus("1x80GB", seed="n"), health_file)
+    memory_file_beside(health_file).write_bytes(content.encode("latin-1"))
+
+    assert [g.memory_used_mib for g in source.snapshot().gpus] == [0]
+
+
+def test_using_memory_of_a_gpu_the_node_lacks_or_more_than_any_gpu_has_is_refused(
+    tmp_path: Path,
+) -> None:
+    health_file = tmp_path / "fake-gpu-health.json"
+    declare_fake_gpus(health_file, 2)
+    memory_file = memory_file_beside(health_file)
+
+    with pytest.raises(ValueError, match=r"--gpu 2: the agent has 2 fake GPU\(s\)"):
+        use_fake_gpu_memory(memory_file, 2, 1_000)
+    with pytest.raises(ValueError, match=rf"--mib {MAX_FAKE_USED_MIB + 1}: MiB used is 0 to"):
+        use_fake_gpu_memory(memory_file, 0, MAX_FAKE_USED_MIB + 1)
+    assert not memory_file.exists()
+
+
+def test_fake_gpu_use_writes_the_memory_file_the_agent_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    declare_fake_gpus(tmp_path / "fake-gpu-health.json", 2)
+
+    use = ["fake-gpu", "use", "--state-dir", str(tmp_path), "--gpu", "1", "--mib"]
+
+    used = app([*use, "30000"], result_action="return_value")
+    refused = app([*use, "-5"], result_action="return_value")
+
+    assert used == EXIT_OK
+    assert json.loads((tmp_path / "fake-gpu-memory.json").read_text()) == {"1": 30000}
+    assert refused == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        "llmgw-agent fake-gpu use: --mib -5: MiB used is 0 or more\n"
+    )

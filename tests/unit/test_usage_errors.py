@@ -130,7 +130,7 @@ def test_a_mistyped_dev_command_line_is_one_line_and_exit_2(
         (
             agent.main.app,
             ["fake-gpu"],
-            "llmgw-agent fake-gpu: a command is required: mark, clear; see llmgw-agent "
+            "llmgw-agent fake-gpu: a command is required: mark, clear, use; see llmgw-agent "
             "fake-gpu --help",
         ),
     ],

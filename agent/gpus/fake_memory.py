@@ -1,0 +1,103 @@
+"""The fake GPUs' memory file: how much memory other processes use on each, hostile input.
+
+``llmgw-agent fake-gpu use --gpu 0 --mib 30000`` writes ``{"0": 30000}`` to
+``fake-gpu-memory.json`` beside the health file (``use_fake_gpu_memory``); the agent reads
+it on every snapshot (``read_memory_file``), so a fake GPU's used memory changes while the
+agent runs, as a real one's does when a process takes or frees memory. ``--mib 0`` frees
+it. Like the health file it may be written by hand: ``read_memory_file`` keeps the entries
+``use_fake_gpu_memory`` would write and lists the others as problems, never raising for
+what the file holds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.gpus.fake_health import check_fake_gpu_index, locked_beside, shown_key
+from agent.gpus.files import NotARegularFile, TooLarge, read_bounded, write_atomically
+
+MEMORY_FILE = "fake-gpu-memory.json"
+MAX_FAKE_USED_MIB = 1024 * 1024
+"""1 TiB: more than any GPU has (the control plane refuses a GPU claiming more)."""
+MAX_MEMORY_FILE_BYTES = 16 * 1024
+"""Room for every GPU's entry many times over; anything bigger is not the file we write."""
+_INDEX = re.compile(r"[0-9]{1,3}")
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryFile:
+    """The usable entries (GPU index -> MiB used) and why anything else was ignored."""
+
+    used_mib: dict[int, int]
+    problems: tuple[str, ...] = ()
+
+
+def memory_file_beside(health_file: Path) -> Path:
+    return health_file.with_name(MEMORY_FILE)
+
+
+def read_memory_file(path: Path) -> MemoryFile:
+    """The entries in ``path``, keeping only well-formed ones. Missing file: none."""
+    try:
+        text = read_bounded(path, MAX_MEMORY_FILE_BYTES)
+    except FileNotFoundError:
+        return MemoryFile({})
+    except TooLarge:
+        return MemoryFile({}, (f"{path} is over {MAX_MEMORY_FILE_BYTES} bytes; ignored",))
+    except NotARegularFile:
+        return MemoryFile({}, (f"{path} is not a regular file; ignored",))
+    except OSError as exc:
+        return MemoryFile({}, (f"cannot read {path}: {exc.strerror or exc}; ignored",))
+    except UnicodeDecodeError:
+        return MemoryFile({}, (f"{path} is not UTF-8 text; ignored",))
+    try:
+        document = json.loads(text) if text.strip() else {}
+    except (ValueError, RecursionError):
+        return MemoryFile({}, (f"{path} is not JSON; ignored",))
+    if not isinstance(document, dict):
+        return MemoryFile({}, (f"{path} must hold an object of index: MiB; ignored",))
+    used: dict[int, int] = {}
+    problems: list[str] = []
+    for key, mib in document.items():
+        problem = _entry_problem(key, mib)
+        if problem is None:
+            used[int(key)] = mib
+        else:
+            problems.append(f"{path}: entry {shown_key(key)} ignored: {problem}")
+    return MemoryFile(used, tuple(problems))
+
+
+def use_fake_gpu_memory(memory_file: Path, index: int, mib: int) -> tuple[str, ...]:
+    """Say that other processes use ``mib`` MiB of fake GPU ``index`` (0: none).
+
+    Refuses (``ValueError``) an index the node does not have, or a size no GPU has.
+    Rewrites the file with its well-formed entries only; returns what it dropped. Writes
+    made at once are serialised by a lock beside the file: none is lost."""
+    if not 0 <= mib <= MAX_FAKE_USED_MIB:
+        raise ValueError(f"--mib {mib}: MiB used is 0 to {MAX_FAKE_USED_MIB}")
+    if mib:
+        # Freeing is never refused: it is how a file naming a GPU the node lacks recovers.
+        check_fake_gpu_index(memory_file, index)
+    with locked_beside(memory_file):
+        current = read_memory_file(memory_file)
+        used = dict(current.used_mib)
+        if mib:
+            used[index] = mib
+        else:
+            used.pop(index, None)
+        document = {str(key): value for key, value in sorted(used.items())}
+        write_atomically(memory_file, json.dumps(document, indent=2) + "\n")
+    return current.problems
+
+
+def _entry_problem(key: str, mib: object) -> str | None:
+    if _INDEX.fullmatch(key) is None:
+        return "the key is not a GPU index"
+    if isinstance(mib, bool) or not isinstance(mib, int):
+        return "the MiB used is not a whole number"
+    if not 0 <= mib <= MAX_FAKE_USED_MIB:
+        return f"the MiB used is not 0 to {MAX_FAKE_USED_MIB}"
+    return None
