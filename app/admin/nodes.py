@@ -1,7 +1,11 @@
 """``/admin/v1/nodes``: the GPU machines, cordon and uncordon (a node's drain is in
-``app.admin.drains``)."""
+``app.admin.drains``). A node's GPUs show the memory in use that placement reads: the
+leader's latest reading, else the hello's (``app.domain.allocation``)."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from litestar import Controller, get, post
 from litestar.di import NamedDependency
@@ -27,6 +31,8 @@ from app.domain.node_operations import find_node, replicas_matching
 from app.domain.state import ACTIVE_PHASES, ClusterState, Node, Replica
 from app.services.operations import Caller, Operations
 
+NO_READINGS: Mapping[int, int] = MappingProxyType({})
+
 
 def node_summary(state: ClusterState, node: Node, allocations: Allocations) -> NodeSummary:
     healthy = [gpu.index for gpu in node.gpus if gpu.healthy]
@@ -47,7 +53,11 @@ def node_summary(state: ClusterState, node: Node, allocations: Allocations) -> N
     )
 
 
-def node_view(state: ClusterState, node_id: str) -> NodeView:
+def node_view(
+    state: ClusterState, node_id: str, memory_used_mib: Mapping[int, int] = NO_READINGS
+) -> NodeView:
+    """The node as the log says it, each GPU's memory in use as its latest reading says
+    (``memory_used_mib``, by GPU index: what placement reads), else as its hello did."""
     node = find_node(state, node_id)
     held = Allocations.from_state(state).gpus.get(node.id, {})
     drain = (
@@ -73,7 +83,9 @@ def node_view(state: ClusterState, node_id: str) -> NodeView:
         ),
         labels=node.labels,
         port_range=list(node.port_range),
-        gpus=[_gpu_view(gpu, held.get(gpu.index)) for gpu in node.gpus],
+        gpus=[
+            _gpu_view(gpu, held.get(gpu.index), memory_used_mib.get(gpu.index)) for gpu in node.gpus
+        ],
         cordoned=node.cordoned,
         cordon_reason=node.cordon_reason,
         drain=drain,
@@ -89,7 +101,7 @@ def node_view(state: ClusterState, node_id: str) -> NodeView:
     )
 
 
-def _gpu_view(gpu: GpuInfo, used_by: str | None) -> GpuView:
+def _gpu_view(gpu: GpuInfo, used_by: str | None, read_used_mib: int | None) -> GpuView:
     excluded = (
         f"unhealthy: {gpu.unhealthy_reason or 'no reason reported'}"
         if not gpu.healthy
@@ -97,13 +109,20 @@ def _gpu_view(gpu: GpuInfo, used_by: str | None) -> GpuView:
         if used_by is not None
         else None
     )
+    used = gpu.memory_used_mib if read_used_mib is None else read_used_mib
     return as_view(
         gpu,
         GpuView,
-        memory_free_mib=gpu.memory_total_mib - gpu.memory_used_mib,
+        memory_used_mib=used,
+        memory_free_mib=max(gpu.memory_total_mib - used, 0),
         used_by=used_by,
         excluded_because=excluded,
     )
+
+
+async def _current_view(operations: Operations, node_id: str) -> NodeView:
+    state = await operations.current()
+    return node_view(state, node_id, operations.gpu_memory_used(node_id))
 
 
 def _active_on(state: ClusterState, node_id: str) -> list[Replica]:
@@ -125,7 +144,7 @@ class NodeController(Controller):
     async def show(
         self, operations: NamedDependency[Operations], node_id: FromPath[str]
     ) -> NodeView:
-        return node_view(await operations.current(), node_id)
+        return await _current_view(operations, node_id)
 
     @post("/{node_id:str}/cordon", status_code=200, summary="Place nothing new on the node")
     async def cordon(
@@ -137,7 +156,7 @@ class NodeController(Controller):
     ) -> NodeChange:
         reason = data.reason if data is not None else ""
         changed = await operations.cordon(caller, node_id, reason)
-        return NodeChange(changed=changed, node=node_view(await operations.current(), node_id))
+        return NodeChange(changed=changed, node=await _current_view(operations, node_id))
 
     @post("/{node_id:str}/uncordon", status_code=200, summary="Allow placements again")
     async def uncordon(
@@ -148,4 +167,4 @@ class NodeController(Controller):
         data: JSONBody[NoBody | None] = None,
     ) -> NodeChange:
         changed = await operations.uncordon(caller, node_id)
-        return NodeChange(changed=changed, node=node_view(await operations.current(), node_id))
+        return NodeChange(changed=changed, node=await _current_view(operations, node_id))

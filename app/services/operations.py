@@ -122,6 +122,12 @@ class Operations:
         # (``keys.same_name_created_since``).
         self._key_creation = asyncio.Lock()
 
+    def gpu_memory_used(self, node_id: str) -> Mapping[int, int]:
+        """MiB in use on each GPU of the node, by index, as its heartbeats said it since its
+        hello (the live view's, so a leader's only); a GPU not in it goes by the hello."""
+        report = self._running().get(node_id)
+        return report.gpu_memory_used_mib if report is not None else {}
+
     # -- changes: each returns whether anything was recorded, or the new drain's id --------
 
     async def apply_model(self, caller: Caller, spec: ModelSpec) -> bool:

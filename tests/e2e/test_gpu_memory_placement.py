@@ -1,6 +1,7 @@
 """Memory another process takes on a fake GPU after its agent's hello (``llmgw-agent
 fake-gpu use``) reaches placement with the agent's heartbeats: the control plane refuses the
-GPU and says why, and places on it once the memory is freed, the agent connected all along."""
+GPU and says why (the node's view shows the memory in use it reads), and places on it once
+the memory is freed, the agent connected all along."""
 
 from __future__ import annotations
 
@@ -39,6 +40,10 @@ async def test_memory_taken_after_the_hello_refuses_the_gpu_and_freed_makes_it_p
 
     await wait_until(refused, within_s=15.0, every_s=0.2, what="the GPU's memory taken")
     assert reasons == [[REFUSED]]
+    node = await cluster.admin("GET", f"/admin/v1/nodes/{NODE}")
+    assert isinstance(node, dict)
+    (gpu,) = node["gpus"]
+    assert (gpu["memory_used_mib"], gpu["memory_free_mib"]) == (70_000, 11_920)
     await cluster.apply_simulated_model(MODEL, replicas=1, gpu_memory_gib=20)
     unplaceable = await cluster.wait_for_event("model_unplaceable")
     assert "1 not enough healthy free GPUs" in str(unplaceable.get("reason"))
