@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from app.domain.events import GpuInfo, ShardPlacement
+from app.domain.gpu_cordons import cordoned_indexes
 from app.domain.reports import NodeReport
 from app.domain.state import ACTIVE_PHASES, ClusterState, Node
 
@@ -109,15 +110,17 @@ class Allocations:
             self._hold(replica_id, model, shard.node_id, shard.gpus, shard.port)
 
     def free(self, node: Node) -> tuple[tuple[tuple[int, int], ...], int | None]:
-        """``((gpu index, free MiB) of every healthy unallocated GPU, lowest free port)``; a
-        port another process was found to hold (``Node.ports_held_elsewhere``) is not free."""
+        """``((gpu index, free MiB) of every healthy unallocated GPU no operator cordoned,
+        lowest free port)``; a port another process was found to hold
+        (``Node.ports_held_elsewhere``) is not free."""
         known = self._free.get(node.id)
         if known is None:
             held = self.gpus.get(node.id, {})
+            cordoned = cordoned_indexes(node)
             gpus = tuple(
                 (gpu.index, self.free_mib(node.id, gpu))
                 for gpu in node.gpus
-                if gpu.healthy and gpu.index not in held
+                if gpu.healthy and gpu.index not in held and gpu.index not in cordoned
             )
             known = (gpus, _lowest_free_port(node, self.ports.get(node.id, set())))
             self._free[node.id] = known

@@ -14,7 +14,7 @@ from typing import Any, TypedDict
 
 from app.domain.events import GpuInfo
 from app.domain.model_spec import ModelSpec, RoutingSettings
-from app.domain.state import Move, ReplicaPhase, Rollout, RolloutState, Shard, ShardPhase
+from app.domain.state import GpuCordon, Move, ReplicaPhase, Rollout, RolloutState, Shard, ShardPhase
 
 
 class ShardChanges(TypedDict, total=False):
@@ -93,6 +93,7 @@ class NodeChanges(TypedDict, total=False):
     stray_stops: tuple[str, ...]
     certificate_serial: str
     unlisted_gpus: tuple[GpuInfo, ...]
+    gpu_cordons: tuple[GpuCordon, ...]
 
 
 class GpuChanges(TypedDict, total=False):

@@ -10,8 +10,10 @@ from app.domain.events import (
     ApiKeyCreated,
     ApiKeyRevoked,
     CertificateRevoked,
+    GpuCordoned,
     GpuMarkedUnhealthy,
     GpuRecovered,
+    GpuUncordoned,
     IdentityRejected,
     ModelDeclared,
     ModelRemoved,
@@ -98,6 +100,8 @@ def _subject(event: AnyEvent) -> str:
             | NodeDrainFinished()
             | GpuMarkedUnhealthy()
             | GpuRecovered()
+            | GpuCordoned()
+            | GpuUncordoned()
             | NodeRefused()
             | StrayStopped()
         ):
@@ -158,6 +162,11 @@ def _what(event: AnyEvent) -> str:
             return f"{_gpu(event.gpu_index, event.gpu_uuid)} unhealthy: {event.reason}"
         case GpuRecovered():
             return f"{_gpu(event.gpu_index, event.gpu_uuid)} healthy again"
+        case GpuCordoned():
+            reason = f": {event.reason}" if event.reason else ""
+            return f"{_gpu(event.gpu_index, event.gpu_uuid)} cordoned{reason}"
+        case GpuUncordoned():
+            return f"{_gpu(event.gpu_index, event.gpu_uuid)} uncordoned"
         case IdentityRejected():
             return (
                 f"refused a connection claiming it from {event.remote_address}: "

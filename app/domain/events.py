@@ -329,6 +329,24 @@ class GpuRecovered(Event, frozen=True, kw_only=True):
     gpu_uuid: str = ""
 
 
+class GpuCordoned(Event, frozen=True, kw_only=True):
+    """An operator keeps new shards off one GPU of the node (the actor of this event says
+    who): a shard already on it keeps running. ``gpu_uuid``: the UUID of the GPU listed
+    under ``gpu_index`` then, so the cordon stays with that GPU if it is listed under
+    another index later (``app.domain.gpu_identity``)."""
+
+    node_id: str
+    gpu_index: int
+    gpu_uuid: str = ""
+    reason: str = ""
+
+
+class GpuUncordoned(Event, frozen=True, kw_only=True):
+    node_id: str
+    gpu_index: int
+    gpu_uuid: str = ""
+
+
 class IdentityRejected(Event, frozen=True, kw_only=True):
     """A connection whose certificate did not match the node it claimed, or was revoked.
     Changes no state. ``suppressed``: refusals like this one since the last recorded, which
@@ -556,6 +574,8 @@ AnyEvent = (
     | NodeDrainFinished
     | GpuMarkedUnhealthy
     | GpuRecovered
+    | GpuCordoned
+    | GpuUncordoned
     | IdentityRejected
     | NodeRefused
     | CertificateRevoked
@@ -630,6 +650,8 @@ def subjects(event: AnyEvent) -> Subjects:
             | NodeDrainFinished()
             | GpuMarkedUnhealthy()
             | GpuRecovered()
+            | GpuCordoned()
+            | GpuUncordoned()
             | NodeRefused()
         ):
             return Subjects(node=event.node_id)

@@ -1,4 +1,5 @@
-"""What an operator asks of a node or a replica: cordon, uncordon, drain. Pure decisions,
+"""What an operator asks of a node or a replica: cordon, uncordon (the node or one of its
+GPUs), drain. Pure decisions,
 no I/O, with the lookups of nodes and replicas they and the admin API use.
 
 Each returns the ``Change`` to record on the node's (or the replica's) stream, none when
@@ -16,6 +17,9 @@ from app.domain.allocation import NOTHING_REPORTED
 from app.domain.drain_room import ReplicaRoom, room_for_drain
 from app.domain.envelope import Recorded
 from app.domain.events import (
+    GpuCordoned,
+    GpuInfo,
+    GpuUncordoned,
     NodeCordoned,
     NodeDrainRequested,
     NodeUncordoned,
@@ -25,6 +29,7 @@ from app.domain.events import (
 )
 from app.domain.evolve import replay
 from app.domain.free_text import reason_errors
+from app.domain.gpu_cordons import cordon_of
 from app.domain.model_spec import SpecError
 from app.domain.operation_results import (
     Change,
@@ -94,6 +99,43 @@ def uncordon(state: ClusterState, node_id: str) -> Change:
     if not node.cordoned:
         return Change(stream=node_stream(node_id))
     return Change(stream=node_stream(node_id), events=(NodeUncordoned(node_id=node_id),))
+
+
+def cordon_gpu(state: ClusterState, node_id: str, gpu_index: int, reason: str) -> Change:
+    """Keep new shards off the node's GPU ``gpu_index`` (``app.domain.gpu_cordons``); a
+    shard on it keeps running. Cordoned again with another reason (not an empty one), the
+    new reason is recorded, as for a node; the same reason again, or none, records nothing."""
+    node = find_node(state, node_id)
+    gpu = _listed_gpu(node, gpu_index)
+    errors = reason_errors("reason", reason)
+    if errors:
+        raise InvalidText(f"the cordon of GPU {gpu_index} of node {node_id!r}", errors)
+    held = cordon_of(node, gpu)
+    if held is not None and (not reason or reason == held.reason):
+        return Change(stream=node_stream(node_id))
+    cordoned = GpuCordoned(node_id=node_id, gpu_index=gpu.index, gpu_uuid=gpu.uuid, reason=reason)
+    return Change(stream=node_stream(node_id), events=(cordoned,))
+
+
+def uncordon_gpu(state: ClusterState, node_id: str, gpu_index: int) -> Change:
+    """Let placements use the node's GPU ``gpu_index`` again; one not cordoned records
+    nothing."""
+    node = find_node(state, node_id)
+    gpu = _listed_gpu(node, gpu_index)
+    if cordon_of(node, gpu) is None:
+        return Change(stream=node_stream(node_id))
+    uncordoned = GpuUncordoned(node_id=node_id, gpu_index=gpu.index, gpu_uuid=gpu.uuid)
+    return Change(stream=node_stream(node_id), events=(uncordoned,))
+
+
+def _listed_gpu(node: Node, gpu_index: int) -> GpuInfo:
+    """The GPU the node lists under ``gpu_index``, or the refusal naming those it lists."""
+    for gpu in node.gpus:
+        if gpu.index == gpu_index:
+            return gpu
+    listed = ", ".join(str(index) for index in sorted(gpu.index for gpu in node.gpus))
+    has = f"its GPUs are {listed}" if listed else "it lists no GPU"
+    raise InvalidOperation(f"node {node.id} has no GPU {gpu_index}: {has}")
 
 
 def drain_node(

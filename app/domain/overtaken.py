@@ -15,6 +15,7 @@ from app.domain.events import (
     node_stream,
     replica_stream,
 )
+from app.domain.gpu_cordons import cordoned_indexes
 from app.domain.state import ClusterState
 
 
@@ -28,10 +29,11 @@ def overtaken(state: ClusterState, events: Sequence[PlannedEvent]) -> str | None
     checked by version (nothing but operators and the leader write it); node and replica
     streams are not, since agents write them all the time. So the run is checked against
     what an operator decides on a node or model: a replica placed on a node cordoned or
-    draining (nothing decided places there), for a model removed, or beyond its model's
-    count (a pass places up to the count, never past it), and a replica stopped as surplus
-    that leaves its model short of its count (``_surplus_stop_overtaken``), say the run was
-    decided before the change and would undo it. So does a move the run starts (a move off
+    draining or on a GPU cordoned (nothing decided places there), for a model removed, or
+    beyond its model's count (a pass places up to the count, never past it), and a replica
+    stopped as surplus that leaves its model short of its count
+    (``_surplus_stop_overtaken``), say the run was decided before the change and would undo
+    it. So does a move the run starts (a move off
     an unhealthy GPU, a node drain's, a rollout's) of a replica an operator's drain reached
     first (``llmgw-cli drain --replica``): the fold keeps the first drain of a replica
     (``evolve.replicas``), so the replica's drain is not the run's; the operator's drain
@@ -44,6 +46,8 @@ def overtaken(state: ClusterState, events: Sequence[PlannedEvent]) -> str | None
         for shard in event.shards:
             node = state.nodes.get(shard.node_id)
             if node is None or node.cordoned or node.drain_id is not None:
+                return node_stream(shard.node_id)
+            if not cordoned_indexes(node).isdisjoint(shard.gpus):
                 return node_stream(shard.node_id)
     for name in sorted({event.model for event in placed}):
         if counting(state, name) > state.models[name].desired:

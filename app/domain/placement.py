@@ -2,11 +2,11 @@
 
 Filters (all evaluated for every node, so an explanation lists every reason, not only the
 first): connected; not cordoned; not draining; labels match the model's selector; enough
-healthy, unallocated GPUs with enough free memory (as the node last reported it:
-``Allocations.free_mib``); a free port in the node's engine port
-range, skipping a port where a shard failed because a process that is not our engine listens
-there (``Node.ports_held_elsewhere``, until the node's next hello). Shards of one replica go
-to distinct nodes.
+healthy, unallocated GPUs no operator cordoned (``app.domain.gpu_cordons``) with enough free
+memory (as the node last reported it: ``Allocations.free_mib``); a free port in the node's
+engine port range, skipping a port where a shard failed because a process that is not our
+engine listens there (``Node.ports_held_elsewhere``, until the node's next hello). Shards of
+one replica go to distinct nodes.
 
 Score among the eligible nodes, best first (documented in docs/reconciler.md):
 1. away from failure: fewer of the model's replicas failed on the node since one last
@@ -29,6 +29,7 @@ import msgspec
 
 from app.domain.allocation import NOTHING_REPORTED, Allocations
 from app.domain.events import ShardPlacement
+from app.domain.gpu_cordons import cordon_of, cordon_text
 from app.domain.model_spec import ModelSpec
 from app.domain.reports import NodeReport
 from app.domain.state import ClusterState, Node
@@ -329,8 +330,11 @@ def _usable_gpus(
     for gpu in node.gpus:
         if gpu.index in usable:
             continue
+        cordon = cordon_of(node, gpu)
         if not gpu.healthy:
             notes.append(f"GPU {gpu.index} unhealthy ({gpu.unhealthy_reason or 'no reason'})")
+        elif cordon is not None:
+            notes.append(cordon_text(gpu.index, cordon))
         elif gpu.index in held:
             notes.append(f"GPU {gpu.index} used by {held[gpu.index]}")
         else:

@@ -314,6 +314,18 @@ class Model(msgspec.Struct, frozen=True, kw_only=True):
         return 0 if self.removed else self.spec.replicas
 
 
+class GpuCordon(msgspec.Struct, frozen=True, kw_only=True):
+    """One GPU of a node an operator cordoned (``gpu_cordoned``): placement puts no new
+    shard on it. Known as GPUs are (``app.domain.gpu_identity``): by its UUID, by its
+    index without one."""
+
+    index: int
+    uuid: str
+    reason: str
+    by: str
+    """The operator who cordoned it."""
+
+
 class Node(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     address: str
@@ -357,6 +369,9 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
     ours listens there (``ShardFailed.port_held_elsewhere``): placement skips them until the
     node's next hello, when its agent may have been restarted with the port freed. The
     latest ``app.domain.evolve.shards.HELD_PORTS_KEPT``, oldest first."""
+    gpu_cordons: tuple[GpuCordon, ...] = ()
+    """Its GPUs an operator cordoned, in the order they were cordoned; a cordon stays
+    while its GPU is not listed (it is the GPU's, not the index's)."""
 
 
 class ApiKey(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,6 +1,7 @@
 """The fold of nodes and their GPUs: registered, connected (with the GPUs a hello leaves
-out), disconnected, lost, cordoned and drained; GPUs marked unhealthy and recovered; and the
-strays an agent stopped, which the node remembers and whose numbers the model counts."""
+out), disconnected, lost, cordoned and drained; GPUs marked unhealthy and recovered, cordoned
+and uncordoned by an operator; and the strays an agent stopped, which the node remembers and
+whose numbers the model counts."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from app.domain.changes import GpuChanges, NodeChanges
 from app.domain.envelope import Recorded
 from app.domain.events import (
     Event,
+    GpuCordoned,
     GpuInfo,
     GpuMarkedUnhealthy,
     GpuRecovered,
+    GpuUncordoned,
     NodeConnected,
     NodeCordoned,
     NodeDisconnected,
@@ -26,7 +29,14 @@ from app.domain.events import (
 )
 from app.domain.evolve.updates import Handler, update_gpu, update_node
 from app.domain.gpu_identity import same_gpu
-from app.domain.state import STRAYS_REMEMBERED, ClusterState, Node, ReplicaPhase, stray_key
+from app.domain.state import (
+    STRAYS_REMEMBERED,
+    ClusterState,
+    GpuCordon,
+    Node,
+    ReplicaPhase,
+    stray_key,
+)
 
 
 def _node_registered(state: ClusterState, event: NodeRegistered, recorded: Recorded) -> None:
@@ -187,6 +197,29 @@ def _gpu_recovered(state: ClusterState, event: GpuRecovered, recorded: Recorded)
     update_gpu(state, event.node_id, event.gpu_index, event.gpu_uuid, changes)
 
 
+def _gpu_cordoned(state: ClusterState, event: GpuCordoned, recorded: Recorded) -> None:
+    """The GPU's cordon, replacing one it had (a new reason), last of the node's."""
+    node = state.nodes.get(event.node_id)
+    if node is None:
+        return
+    cordon = GpuCordon(
+        index=event.gpu_index, uuid=event.gpu_uuid, reason=event.reason, by=recorded.meta.actor
+    )
+    kept = _cordons_of_other_gpus(node, event.gpu_index, event.gpu_uuid)
+    update_node(state, event.node_id, {"gpu_cordons": (*kept, cordon)})
+
+
+def _gpu_uncordoned(state: ClusterState, event: GpuUncordoned, recorded: Recorded) -> None:
+    node = state.nodes.get(event.node_id)
+    if node is not None:
+        kept = _cordons_of_other_gpus(node, event.gpu_index, event.gpu_uuid)
+        update_node(state, event.node_id, {"gpu_cordons": kept})
+
+
+def _cordons_of_other_gpus(node: Node, index: int, uuid: str) -> tuple[GpuCordon, ...]:
+    return tuple(c for c in node.gpu_cordons if not same_gpu(c, index=index, uuid=uuid))
+
+
 STRAY_NUMBERS_BELIEVED = 1000
 """How far past a model's replica count a stray's number is taken as used (see
 ``_count_stray_number``)."""
@@ -234,6 +267,8 @@ HANDLERS: dict[type[Event], Handler] = {
     NodeDrainFinished: _node_drain_finished,
     GpuMarkedUnhealthy: _gpu_marked_unhealthy,
     GpuRecovered: _gpu_recovered,
+    GpuCordoned: _gpu_cordoned,
+    GpuUncordoned: _gpu_uncordoned,
     StrayStopped: _stray_stopped,
 }
 """The events this module folds, each with its handler."""
