@@ -1,4 +1,4 @@
-"""`llmgw-cli nodes`, `node <id>`, `cordon <node>`, `uncordon <node>`."""
+"""`llmgw-cli nodes`, `node <id>`, `cordon <node> [--gpu N]`, `uncordon <node> [--gpu N]`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Annotated
 
 from cyclopts import Parameter
 
-from cli.arguments import MAX_REASON_LENGTH, one_line_reason, segment
+from cli.arguments import MAX_REASON_LENGTH, WholeNumberWithin, one_line_reason, segment
 from cli.client import AdminClient
 from cli.config import ConnectionFlags
 from cli.operator import (
@@ -32,6 +32,18 @@ from cli.render import (
 from cli.views import NodeChange, NodeSummary, NodeView
 
 NodeId = Annotated[str, Parameter(help="The node id its agent claims, such as gpu-08.")]
+MAX_GPU_INDEX = 9999
+"""The highest GPU index the admin API reads in a path (four digits)."""
+
+GpuIndex = Annotated[
+    int | None,
+    Parameter(
+        name="--gpu",
+        converter=WholeNumberWithin(0, MAX_GPU_INDEX),
+        help="One GPU of the node, by its index (as `llmgw-cli node NODE` lists it), "
+        "rather than the whole node.",
+    ),
+]
 
 
 NODE_COLUMNS = (
@@ -60,7 +72,8 @@ def node_columns(nodes: list[NodeSummary], wide: bool) -> tuple[Column, ...]:
 def node_row(node: NodeSummary) -> tuple[str, ...]:
     return (
         node.id,
-        node_state(node.connected, node.lost, node.cordoned, node.drain_id),
+        node_state(node.connected, node.lost, node.cordoned, node.drain_id)
+        + gpus_cordoned_text(node.cordoned_gpus),
         f"{node.healthy_gpus}/{node.gpus}",
         str(node.free_gpus),
         str(node.replicas),
@@ -138,6 +151,7 @@ def cordon(
     node_id: NodeId,
     /,
     *,
+    gpu: GpuIndex = None,
     reason: Annotated[
         str,
         Parameter(
@@ -149,16 +163,19 @@ def cordon(
     output: Output = "table",
     connection: ConnectionFlags | None = None,
 ) -> int:
-    """Place nothing new on a node; what runs there keeps running (drain moves it).
-    A cordoned node cordoned again with another reason keeps the new one (its history
-    says who changed it); with the same reason, or none, nothing is recorded and the
-    reason it has is shown. A node being drained is already cordoned by its drain: its
-    cordon is refused, and the reason is not recorded.
+    """Place nothing new on a node, or with --gpu on one GPU of it; what runs there keeps
+    running (drain moves it). A cordoned node or GPU cordoned again with another reason
+    keeps the new one (its history says who changed it); with the same reason, or none,
+    nothing is recorded and the reason it has is shown. A node being drained is already
+    cordoned by its drain: its cordon is refused, and the reason is not recorded.
 
     ```
     llmgw-cli cordon gpu-08 --reason "ECC errors on GPU 3"
+    llmgw-cli cordon gpu-08 --gpu 3 --reason "ECC errors"
     ```
     """
+    if gpu is not None:
+        return _gpu_change("cordon", node_id, gpu, {"reason": reason}, output, connection)
     return post_change(
         "cordon",
         lambda: f"{ADMIN}/nodes/{segment(node_id, 'the node id')}/cordon",
@@ -176,15 +193,56 @@ def _already_cordoned(node_id: str, node: NodeView) -> str:
 
 
 def uncordon(
-    node_id: NodeId, /, *, output: Output = "table", connection: ConnectionFlags | None = None
+    node_id: NodeId,
+    /,
+    *,
+    gpu: GpuIndex = None,
+    output: Output = "table",
+    connection: ConnectionFlags | None = None,
 ) -> int:
-    """Allow placements on a node again (after a cordon or a finished drain).
+    """Allow placements on a node again (after a cordon or a finished drain), or with
+    --gpu on one GPU of it.
 
     ```
     llmgw-cli uncordon gpu-08
+    llmgw-cli uncordon gpu-08 --gpu 3
     ```
     """
+    if gpu is not None:
+        return _gpu_change("uncordon", node_id, gpu, None, output, connection)
     return _change("uncordon", node_id, None, output, connection)
+
+
+def _gpu_change(
+    command: str,
+    node_id: str,
+    gpu: int,
+    body: object,
+    output: Output,
+    connection: ConnectionFlags | None,
+) -> int:
+    """``cordon``/``uncordon`` of the node's GPU ``gpu``, saying its cordon now."""
+
+    def path() -> str:
+        return f"{ADMIN}/nodes/{segment(node_id, 'the node id')}/gpus/{gpu}/{command}"
+
+    def said(answer: NodeChange, already: str) -> str:
+        listed = next((g for g in answer.node.gpus if g.index == gpu), None)
+        if listed is None or not listed.cordoned:
+            return f"node {node_id}: GPU {gpu} {already}uncordoned"
+        reason = listed.cordon_reason or "no reason given"
+        return f"node {node_id}: GPU {gpu} {already}cordoned by {listed.cordoned_by}: {reason}"
+
+    return post_change(
+        command,
+        path,
+        NodeChange,
+        body,
+        output,
+        connection,
+        done=lambda answer: said(answer, ""),
+        unchanged=lambda answer: f"{said(answer, 'already ')}; nothing recorded",
+    )
 
 
 def _change(
@@ -210,6 +268,14 @@ def cordon_reason_text(node: NodeView) -> str:
     return node.cordon_reason or "no reason given"
 
 
+def gpus_cordoned_text(indexes: list[int]) -> str:
+    """``, GPU 3 cordoned`` (``, GPUs 3,5 cordoned``) after a node's state; empty for none."""
+    if not indexes:
+        return ""
+    listed = ",".join(map(str, indexes))
+    return f", GPU{'s' if len(indexes) > 1 else ''} {listed} cordoned"
+
+
 def connection_state(connected: bool, lost: bool) -> str:
     return "lost" if lost else "connected" if connected else "disconnected"
 
@@ -230,6 +296,7 @@ def print_node(node: NodeView, wide: bool = False) -> None:
         state += f" since {utc_seconds(connection.since)} UTC"
     if node.cordoned:
         state += ", cordoned"
+    state += gpus_cordoned_text([g.index for g in node.gpus if g.cordoned])
     facts: list[tuple[str, str | None]] = [
         ("node", node.id),
         ("state", state),

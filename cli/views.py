@@ -32,6 +32,8 @@ class NodeSummary(View, frozen=True, kw_only=True):
     gpus: int = 0
     healthy_gpus: int = 0
     free_gpus: int = 0
+    cordoned_gpus: list[int] = []
+    """Indexes of its GPUs an operator cordoned."""
     replicas: int = 0
     disconnect_reason: str | None = None
     """Why its last connection ended; none while connected (and from older servers)."""
@@ -58,6 +60,9 @@ class GpuView(View, frozen=True, kw_only=True):
     healthy: bool = True
     used_by: str | None = None
     excluded_because: str | None = None
+    cordoned: bool = False
+    cordon_reason: str | None = None
+    cordoned_by: str | None = None
 
 
 class NodeDrainView(View, frozen=True, kw_only=True):

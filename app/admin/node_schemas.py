@@ -68,6 +68,11 @@ class GpuView(msgspec.Struct, frozen=True, kw_only=True):
     """The replica holding this GPU."""
     excluded_because: str | None
     """Why placement will not use this GPU for any model; null when it may."""
+    cordoned: bool = False
+    """An operator cordoned it: no new shard is placed on it."""
+    cordon_reason: str | None = None
+    cordoned_by: str | None = None
+    """The operator who cordoned it."""
 
 
 class NodeDrainView(msgspec.Struct, frozen=True, kw_only=True):
@@ -95,7 +100,9 @@ class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):
     gpus: int
     healthy_gpus: int
     free_gpus: int
-    """Healthy GPUs that no replica holds."""
+    """Healthy GPUs that no replica holds and no operator cordoned."""
+    cordoned_gpus: list[int] = []
+    """Indexes of its GPUs an operator cordoned."""
     replicas: int
     """Active replicas with a shard here."""
     disconnect_reason: str | None = None

@@ -1,6 +1,7 @@
-"""``/admin/v1/nodes``: the GPU machines, cordon and uncordon (a node's drain is in
-``app.admin.drains``). A node's GPUs show the memory in use that placement reads: the
-leader's latest reading, else the hello's (``app.domain.allocation``)."""
+"""``/admin/v1/nodes``: the GPU machines, cordon and uncordon of a node or of one of its
+GPUs (a node's drain is in ``app.admin.drains``). A node's GPUs show the memory in use
+that placement reads: the leader's latest reading, else the hello's
+(``app.domain.allocation``)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,10 @@ from app.admin.queries import check_query
 from app.admin.schemas import as_view
 from app.domain.allocation import Allocations
 from app.domain.events import GpuInfo
+from app.domain.gpu_cordons import cordon_of, cordon_text, cordoned_indexes
 from app.domain.node_operations import find_node, replicas_matching
-from app.domain.state import ACTIVE_PHASES, ClusterState, Node, Replica
+from app.domain.operation_results import InvalidOperation
+from app.domain.state import ACTIVE_PHASES, ClusterState, GpuCordon, Node, Replica
 from app.services.operations import Caller, Operations
 
 NO_READINGS: Mapping[int, int] = MappingProxyType({})
@@ -37,6 +40,7 @@ NO_READINGS: Mapping[int, int] = MappingProxyType({})
 def node_summary(state: ClusterState, node: Node, allocations: Allocations) -> NodeSummary:
     healthy = [gpu.index for gpu in node.gpus if gpu.healthy]
     held = allocations.gpus.get(node.id, {})
+    cordoned = cordoned_indexes(node)
     return NodeSummary(
         id=node.id,
         address=node.address,
@@ -47,7 +51,8 @@ def node_summary(state: ClusterState, node: Node, allocations: Allocations) -> N
         labels=node.labels,
         gpus=len(node.gpus),
         healthy_gpus=len(healthy),
-        free_gpus=sum(1 for index in healthy if index not in held),
+        free_gpus=sum(1 for index in healthy if index not in held and index not in cordoned),
+        cordoned_gpus=sorted(cordoned),
         replicas=len(_active_on(state, node.id)),
         disconnect_reason=None if node.connected else node.disconnect_reason,
     )
@@ -84,7 +89,10 @@ def node_view(
         labels=node.labels,
         port_range=list(node.port_range),
         gpus=[
-            _gpu_view(gpu, held.get(gpu.index), memory_used_mib.get(gpu.index)) for gpu in node.gpus
+            _gpu_view(
+                gpu, held.get(gpu.index), memory_used_mib.get(gpu.index), cordon_of(node, gpu)
+            )
+            for gpu in node.gpus
         ],
         cordoned=node.cordoned,
         cordon_reason=node.cordon_reason,
@@ -101,10 +109,14 @@ def node_view(
     )
 
 
-def _gpu_view(gpu: GpuInfo, used_by: str | None, read_used_mib: int | None) -> GpuView:
+def _gpu_view(
+    gpu: GpuInfo, used_by: str | None, read_used_mib: int | None, cordon: GpuCordon | None
+) -> GpuView:
     excluded = (
         f"unhealthy: {gpu.unhealthy_reason or 'no reason reported'}"
         if not gpu.healthy
+        else cordon_text(gpu.index, cordon)
+        if cordon is not None
         else f"used by replica {used_by}"
         if used_by is not None
         else None
@@ -117,12 +129,31 @@ def _gpu_view(gpu: GpuInfo, used_by: str | None, read_used_mib: int | None) -> G
         memory_free_mib=max(gpu.memory_total_mib - used, 0),
         used_by=used_by,
         excluded_because=excluded,
+        cordoned=cordon is not None,
+        cordon_reason=cordon.reason if cordon is not None else None,
+        cordoned_by=cordon.by if cordon is not None else None,
     )
 
 
 async def _current_view(operations: Operations, node_id: str) -> NodeView:
     state = await operations.current()
     return node_view(state, node_id, operations.gpu_memory_used(node_id))
+
+
+MAX_GPU_INDEX_DIGITS = 4
+"""The most digits of a GPU index a path may hold: a node lists at most 64 GPUs."""
+
+GPU_INDEX_ECHOED = 20
+"""The most characters of a path's GPU index a refusal echoes back."""
+
+
+def gpu_index(text: str) -> int:
+    """The GPU index a path names (``/nodes/gpu-1/gpus/3/cordon``), or the refusal saying
+    what a GPU index is: ASCII digits only, so ``+3``, ``3.0`` or a fullwidth 3 name none."""
+    if text.isascii() and text.isdigit() and len(text) <= MAX_GPU_INDEX_DIGITS:
+        return int(text)
+    shown = text if len(text) <= GPU_INDEX_ECHOED else f"{text[:GPU_INDEX_ECHOED]}…"
+    raise InvalidOperation(f"{shown!r} is not a GPU index: a GPU is named by its index, such as 3")
 
 
 def _active_on(state: ClusterState, node_id: str) -> list[Replica]:
@@ -167,4 +198,37 @@ class NodeController(Controller):
         data: JSONBody[NoBody | None] = None,
     ) -> NodeChange:
         changed = await operations.uncordon(caller, node_id)
+        return NodeChange(changed=changed, node=await _current_view(operations, node_id))
+
+    @post(
+        "/{node_id:str}/gpus/{gpu:str}/cordon",
+        status_code=200,
+        summary="Place no new shard on one GPU of the node",
+    )
+    async def cordon_gpu(
+        self,
+        operations: NamedDependency[Operations],
+        caller: NamedDependency[Caller],
+        node_id: FromPath[str],
+        gpu: FromPath[str],
+        data: JSONBody[CordonRequest | None] = None,
+    ) -> NodeChange:
+        reason = data.reason if data is not None else ""
+        changed = await operations.cordon_gpu(caller, node_id, gpu_index(gpu), reason)
+        return NodeChange(changed=changed, node=await _current_view(operations, node_id))
+
+    @post(
+        "/{node_id:str}/gpus/{gpu:str}/uncordon",
+        status_code=200,
+        summary="Allow placements on one GPU of the node again",
+    )
+    async def uncordon_gpu(
+        self,
+        operations: NamedDependency[Operations],
+        caller: NamedDependency[Caller],
+        node_id: FromPath[str],
+        gpu: FromPath[str],
+        data: JSONBody[NoBody | None] = None,
+    ) -> NodeChange:
+        changed = await operations.uncordon_gpu(caller, node_id, gpu_index(gpu))
         return NodeChange(changed=changed, node=await _current_view(operations, node_id))

@@ -174,6 +174,20 @@ class Operations:
         stream = node_stream(node_id)
         return await self._record(caller, stream, lambda s: node_decisions.uncordon(s, node_id))
 
+    async def cordon_gpu(self, caller: Caller, node_id: str, gpu_index: int, reason: str) -> bool:
+        return await self._record(
+            caller,
+            node_stream(node_id),
+            lambda s: node_decisions.cordon_gpu(s, node_id, gpu_index, reason),
+        )
+
+    async def uncordon_gpu(self, caller: Caller, node_id: str, gpu_index: int) -> bool:
+        return await self._record(
+            caller,
+            node_stream(node_id),
+            lambda s: node_decisions.uncordon_gpu(s, node_id, gpu_index),
+        )
+
     async def drain_node(
         self, caller: Caller, node_id: str, grace_s: float, *, require_room: bool = False
     ) -> node_decisions.NodeDrain:

@@ -14,8 +14,9 @@ from typing import Any
 import msgspec
 
 from app.domain.envelope import Recorded
-from app.domain.events import subjects
+from app.domain.events import GpuInfo, subjects
 from app.domain.evolve import evolve
+from app.domain.gpu_cordons import cordon_of
 from app.domain.state import (
     ApiKey,
     CertificateRevocation,
@@ -102,7 +103,7 @@ def node_row(node: Node) -> Row:
         "address": node.address,
         "remote_address": node.remote_address,
         "labels": dict(node.labels),
-        "gpus": list(msgspec.to_builtins(node.gpus)),
+        "gpus": _gpu_rows(node),
         "gpu_count": len(node.gpus),
         "healthy_gpu_count": sum(1 for gpu in node.gpus if gpu.healthy),
         "agent_version": node.agent_version,
@@ -118,6 +119,30 @@ def node_row(node: Node) -> Row:
         "registered_at": node.registered_at,
         "last_change_at": node.last_change_at,
     }
+
+
+class GpuRow(GpuInfo, frozen=True, kw_only=True):
+    """A GPU of the ``nodes`` table's ``gpus`` column: as its node lists it, with its
+    operator's cordon. Rows written before GPUs could be cordoned lack the cordon's keys,
+    and read as not cordoned."""
+
+    cordoned: bool = False
+    cordon_reason: str | None = None
+    cordoned_by: str | None = None
+
+
+def _gpu_rows(node: Node) -> list[Any]:
+    rows: list[Any] = []
+    for gpu in node.gpus:
+        cordon = cordon_of(node, gpu)
+        row = GpuRow(
+            **msgspec.structs.asdict(gpu),
+            cordoned=cordon is not None,
+            cordon_reason=cordon.reason if cordon is not None else None,
+            cordoned_by=cordon.by if cordon is not None else None,
+        )
+        rows.append(msgspec.to_builtins(row))
+    return rows
 
 
 def replica_row(replica: Replica) -> Row:

@@ -21,7 +21,6 @@ from sqlalchemy import Table, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncTransaction
 
-from app.domain.events import GpuInfo
 from app.domain.model_spec import ModelSpec
 from app.domain.state import ClusterState
 from app.store.database import (
@@ -32,13 +31,13 @@ from app.store.database import (
 )
 from app.store.errors import CommitOutcomeUnknown, StoreError, StoreUnavailable
 from app.store.postgres import APPEND_LOCK_KEY, CHECKPOINT
-from app.store.projection import Row, all_rows
+from app.store.projection import GpuRow, Row, all_rows
 from app.store.replay import SnapshotDifference, replay_checking_snapshots, replay_into
 from app.store.tables import PROJECTION_TABLES
 
 TYPED_JSON: dict[tuple[str, str], Any] = {
     ("models", "spec"): ModelSpec,
-    ("nodes", "gpus"): tuple[GpuInfo, ...],
+    ("nodes", "gpus"): tuple[GpuRow, ...],
 }
 """``(table, column) -> type`` of the JSON columns a domain type is written to. Compared
 byte for byte, every model an older release declared differed after an upgrade (its spec
