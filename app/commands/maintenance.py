@@ -34,6 +34,7 @@ from app.store import migrate as migrations
 from app.store.database import waiting_engine
 from app.store.errors import (
     CommitOutcomeUnknown,
+    RoleRefused,
     RuntimeRoleError,
     StoreError,
     StoreUnavailable,
@@ -219,6 +220,11 @@ DATABASE_UNANSWERED = 3
 """``projections rebuild``'s exit code when the database could not be reached or gave no
 answer to a statement (``--answer-timeout``), or a lock held elsewhere kept a statement
 waiting: apart from 1, which ``--verify`` means as differences found."""
+ROLE_REFUSED = 4
+"""``projections rebuild``'s exit code when the database refused the role it connected as
+(no such role, a password refused, a privilege it lacks): apart from 1, so that a script
+tells "the projections are wrong" from "it ran as the wrong role", and from 2, which every
+llmgw command gives to a command line found wrong before connecting."""
 
 
 def rebuild_command(
@@ -233,11 +239,12 @@ def rebuild_command(
     With --verify nothing is written: every row that differs between the replayed log and
     the live tables is reported, and the exit code is 1 if there is any.
 
-    Exit codes: 0 rebuilt, or no difference found; 1 differences found (--verify), or the
-    database refused the work (a privilege); 2 bad usage; 3 the database unreachable, or one
+    Exit codes: 0 rebuilt, or no difference found; 1 differences found (--verify), or
+    another failure said in one line; 2 bad usage; 3 the database unreachable, or one
     statement without an answer for --answer-timeout seconds, or waiting 80 % of that for a
     lock another session holds: the rebuild is one transaction, and the line says whether
-    it was committed.
+    it was committed; 4 the database refused the role (no such role, a password refused, a
+    privilege it lacks): nothing was changed.
 
     Example: llmgw-server projections rebuild --verify
     """
@@ -268,13 +275,16 @@ async def _rebuild(url: str, verify: bool, answer_timeout: float) -> RebuildRepo
                 f"cannot rebuild the projections: {waited or exc}; {_what_was_done(exc, verify)}",
             )
             sys.exit(DATABASE_UNANSWERED)
+        if not isinstance(exc, RoleRefused):
+            fail(REBUILD, str(exc))
         hint = (
             "; rebuilding writes the projection tables directly: run it as the role that "
             "owns them (the one that runs migrate), or use --verify"
             if "permission denied" in str(exc) and not verify
             else ""
         )
-        fail(REBUILD, f"{exc}{hint}")
+        print_command_error(REBUILD, f"{exc}{hint}")
+        sys.exit(ROLE_REFUSED)
     finally:
         await engine.dispose()
 

@@ -12,7 +12,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, Stateme
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from app.store.database_url import parse_database_url
-from app.store.errors import StoreError, StoreUnavailable
+from app.store.errors import RoleRefused, StoreError, StoreUnavailable
 
 
 def sqlalchemy_url(url: str) -> str:
@@ -222,8 +222,22 @@ def store_error(exc: Exception) -> StoreError | None:
             unavailable = store_error(driver) if isinstance(driver, Exception) else None
             if isinstance(unavailable, StoreUnavailable):
                 return unavailable
+            if isinstance(driver, asyncpg.PostgresError):
+                return answer_error(driver, f"database error: {exc.orig}")
             return StoreError(f"database error: {exc.orig}")
     return None
+
+
+ROLE_REFUSALS = (asyncpg.InvalidAuthorizationSpecificationError, asyncpg.InsufficientPrivilegeError)
+"""What PostgreSQL answers a role it will not let in (no such role, a password or
+``pg_hba.conf`` refusing it) or let do the work (no privilege)."""
+
+
+def answer_error(exc: asyncpg.PostgresError, message: str | None = None) -> StoreError:
+    """The ``StoreError`` PostgreSQL's answer ``exc`` is, said as ``message`` (its own
+    words when None): ``RoleRefused`` for a role it refused."""
+    said = str(exc) if message is None else message
+    return RoleRefused(said) if isinstance(exc, ROLE_REFUSALS) else StoreError(said)
 
 
 async def ping(engine: AsyncEngine) -> None:

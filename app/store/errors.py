@@ -13,6 +13,8 @@ StoreError
 ├── UnreadableEvent        a stored payload no longer decodes into any known event
 ├── UnreadableSnapshot     a fold snapshot is damaged, or was written by another fold
 ├── RuntimeRoleError       the runtime role cannot be set up, or could rewrite the log
+├── RoleRefused            the database refused the connection's role: no such role, a
+│                          password refused, or a privilege the work needs it lacks
 └── InvalidAnchor          (also a ValueError) not a head as ``log head`` prints it
 
 Two more pass between a recorder and the store built on it and never reach a caller:
@@ -94,6 +96,12 @@ class AppendOutcomeUnknown(StoreUnavailable):
 class CommitOutcomeUnknown(StoreUnavailable):
     """The connection broke after a transaction's ``COMMIT`` was sent and before its answer
     came back (``projections rebuild``): PostgreSQL committed all of it or none."""
+
+
+class RoleRefused(StoreError):
+    """PostgreSQL refused the role the command connected as: the role does not exist, its
+    password or ``pg_hba.conf`` refused it (SQLSTATE class 28), or it lacks a privilege the
+    work needs (``42501``). Connecting as another role is the fix, not trying again."""
 
 
 class UnreadableEvent(StoreError):

@@ -24,12 +24,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncTransaction
 from app.domain.model_spec import ModelSpec
 from app.domain.state import ClusterState
 from app.store.database import (
+    answer_error,
     driver_connection,
     dropped_when_broken,
     store_error,
     translated_errors,
 )
-from app.store.errors import CommitOutcomeUnknown, StoreError, StoreUnavailable
+from app.store.errors import CommitOutcomeUnknown, StoreUnavailable
 from app.store.postgres import APPEND_LOCK_KEY, CHECKPOINT
 from app.store.projection import GpuRow, Row, all_rows
 from app.store.replay import SnapshotDifference, replay_checking_snapshots, replay_into
@@ -72,7 +73,7 @@ async def rebuild(engine: AsyncEngine, *, verify: bool) -> RebuildReport:
     try:
         return await _rebuild(engine, verify=verify)
     except asyncpg.PostgresError as exc:
-        raise StoreError(str(exc)) from exc
+        raise answer_error(exc) from exc
 
 
 async def _rebuild(engine: AsyncEngine, *, verify: bool) -> RebuildReport:

@@ -28,8 +28,12 @@ from app.store.chain import (
     relinked,
     stored_row,
 )
-from app.store.database import driver_connection, dropped_when_broken, translated_errors
-from app.store.errors import StoreError
+from app.store.database import (
+    answer_error,
+    driver_connection,
+    dropped_when_broken,
+    translated_errors,
+)
 
 PAGE = 5_000
 """Events fetched from the cursor at a time."""
@@ -144,4 +148,4 @@ async def _reading() -> AsyncIterator[None]:
         async with translated_errors():
             yield
     except asyncpg.PostgresError as exc:
-        raise StoreError(str(exc)) from exc
+        raise answer_error(exc) from exc

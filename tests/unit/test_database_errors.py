@@ -13,7 +13,7 @@ from sqlalchemy.dialects.postgresql.asyncpg import (
 from sqlalchemy.exc import DBAPIError
 
 from app.store.database import store_error
-from app.store.errors import StoreError, StoreUnavailable
+from app.store.errors import RoleRefused, StoreError, StoreUnavailable
 
 DBAPI = AsyncAdapt_asyncpg_dbapi(asyncpg)
 
@@ -58,13 +58,28 @@ def test_a_database_that_refuses_connections_for_now_is_unavailable(
     assert said in str(error)
 
 
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        asyncpg.exceptions.InsufficientPrivilegeError("permission denied for table events"),
+        asyncpg.exceptions.InvalidAuthorizationSpecificationError('role "x" does not exist'),
+        asyncpg.exceptions.InvalidPasswordError('password authentication failed for user "x"'),
+    ],
+)
+def test_a_refused_role_is_told_apart_from_the_database_being_away(refusal: Exception) -> None:
+    error = store_error(as_sqlalchemy_raises_it(refusal))
+
+    assert type(error) is RoleRefused
+    assert str(refusal) in str(error)
+
+
 def test_any_other_refusal_is_a_database_error() -> None:
-    refusal = asyncpg.exceptions.InsufficientPrivilegeError("permission denied for table events")
+    refusal = asyncpg.exceptions.UndefinedTableError('relation "events" does not exist')
 
     error = store_error(as_sqlalchemy_raises_it(refusal))
 
     assert type(error) is StoreError
-    assert "permission denied for table events" in str(error)
+    assert 'relation "events" does not exist' in str(error)
 
 
 DRIVER_STATE = "cannot switch to state 11; another operation (2) is in progress"
