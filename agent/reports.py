@@ -171,5 +171,5 @@ def shard_status(change: ShardChange, command_id: str | None) -> WireShardStatus
         log_tail=change.log_tail,
         command_id=command_id,
         reason=change.reason,
-        port_held_elsewhere=change.port_held_elsewhere,
+        port_held_elsewhere=True if change.port_held_elsewhere else msgspec.UNSET,
     )

@@ -265,10 +265,12 @@ class ShardStatus(_Message, frozen=True, kw_only=True, tag="shard_status"):
     reason: Text | None = None
     """Why the agent stopped the shard of its own accord (``agent shutting down``): set only
     on ``stopped``, never on a stop the control plane asked for."""
-    port_held_elsewhere: bool = False
+    port_held_elsewhere: bool | msgspec.UnsetType = msgspec.UNSET
     """Set only on ``failed``: a process that is not this engine listens on ``port``, so a
-    start there fails again until it goes. Absent from older agents' statuses (read as
-    false), and ignored by older control planes."""
+    start there fails again until it goes. Left out unless true (``UNSET``, which is
+    false), so every other status is byte for byte what agents sent before the field
+    existed; absent from older agents' statuses (read as false), and ignored by older
+    control planes."""
 
 
 class CommandResult(_Message, frozen=True, kw_only=True, tag="command_result"):

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import assert_never
 
+import msgspec
+
 from app.domain.events import (
     AnyEvent,
     GpuMarkedUnhealthy,
@@ -214,7 +216,7 @@ def _shard_event(node_id: str, report: ShardPhaseReport) -> AnyEvent:
                 error=report.error or _unexplained_failure(report.exit_code),
                 exit_code=report.exit_code,
                 log_tail=report.log_tail,
-                port_held_elsewhere=report.port_held_elsewhere,
+                port_held_elsewhere=True if report.port_held_elsewhere else msgspec.UNSET,
             )
         case ShardPhase.STOPPED:
             return ShardStopped(

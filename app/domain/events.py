@@ -423,7 +423,10 @@ class ShardReady(Event, frozen=True, kw_only=True):
 class ShardFailed(Event, frozen=True, kw_only=True):
     """v2: the engine log tail is a list of lines (v1 stored one string, ``log``).
     ``port_held_elsewhere``: its agent found a process that is not the engine listening on
-    the shard's port (absent from older payloads, which read as false)."""
+    the shard's port. Stored only when true: a payload without it (every one from before
+    the field, and every other failure) reads as ``UNSET``, which is false, so a failure
+    for another reason is stored as it was before the field existed; ``false``, which a few
+    payloads hold, reads as false too."""
 
     schema_version: ClassVar[int] = 2
     replica_id: str
@@ -432,7 +435,7 @@ class ShardFailed(Event, frozen=True, kw_only=True):
     error: str
     exit_code: int | None = None
     log_tail: tuple[str, ...] = ()
-    port_held_elsewhere: bool = False
+    port_held_elsewhere: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class ShardStopped(Event, frozen=True, kw_only=True):

@@ -184,7 +184,7 @@ def _phase(status: wire.ShardStatus) -> ShardPhaseReport:
         exit_code=status.exit_code,
         log_tail=status.log_tail,
         reason=status.reason if status.state == "stopped" else None,
-        port_held_elsewhere=status.port_held_elsewhere and status.state == "failed",
+        port_held_elsewhere=status.port_held_elsewhere is True and status.state == "failed",
     )
 
 

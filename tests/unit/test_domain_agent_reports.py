@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import msgspec
 import pytest
 
 from app.domain.agent_reports import (
@@ -555,6 +556,16 @@ def test_a_failure_without_an_error_is_explained_by_its_exit_code() -> None:
 
     assert isinstance(event, ShardFailed)
     assert event.error == "exited with code 137"
+
+
+def test_a_failure_for_another_reason_records_no_port_flag() -> None:
+    """Stored as failures were before the flag existed, not with ``false`` written out."""
+    state = given(PLACED)
+
+    [(_, event)] = shard_reported(state, NODE, report(ShardPhase.FAILED, exit_code=1), port=PORT)
+
+    assert isinstance(event, ShardFailed)
+    assert b"port_held_elsewhere" not in msgspec.json.encode(event)
 
 
 def test_a_failure_on_a_port_another_process_holds_is_recorded_as_such() -> None:

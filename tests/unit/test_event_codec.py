@@ -74,6 +74,54 @@ def test_a_stored_v1_shard_failure_reads_as_v2() -> None:
     assert ShardFailed.schema_version == 2
 
 
+FAILED_BEFORE_THE_PORT_FLAG = (
+    b'{"type":"shard_failed","replica_id":"llama-3","shard_index":0,"node_id":"gpu-7",'
+    b'"error":"exited with 1","exit_code":1,"log_tail":["ERROR CUDA out of memory"]}'
+)
+"""A failure as stored before ``port_held_elsewhere`` existed."""
+
+
+def test_a_failure_for_another_reason_is_stored_as_before_the_port_flag_existed() -> None:
+    event = ShardFailed(
+        replica_id="llama-3",
+        shard_index=0,
+        node_id="gpu-7",
+        error="exited with 1",
+        exit_code=1,
+        log_tail=("ERROR CUDA out of memory",),
+    )
+
+    assert encode_event(event) == ("shard_failed", 2, FAILED_BEFORE_THE_PORT_FLAG)
+    assert decode_event(9, "shard_failed", 2, FAILED_BEFORE_THE_PORT_FLAG) == event
+
+
+def test_a_port_held_elsewhere_is_stored_and_read_back() -> None:
+    event = ShardFailed(
+        replica_id="llama-3", shard_index=0, node_id="gpu-7", error="held", port_held_elsewhere=True
+    )
+
+    _, _, data = encode_event(event)
+    stored = decode_event(9, "shard_failed", 2, data)
+
+    assert b'"port_held_elsewhere":true' in data
+    assert isinstance(stored, ShardFailed)
+    assert stored.port_held_elsewhere is True
+
+
+@pytest.mark.parametrize(("flag", "held"), [(b"false", False), (b"true", True)])
+def test_a_failure_stored_with_the_port_flag_written_out_reads_as_it_says(
+    flag: bytes, held: bool
+) -> None:
+    """Failures recorded while the flag was written on every one, ``false`` included."""
+    data = FAILED_BEFORE_THE_PORT_FLAG[:-1] + b',"port_held_elsewhere":' + flag + b"}"
+
+    stored = decode_event(9, "shard_failed", 2, data)
+
+    assert isinstance(stored, ShardFailed)
+    assert bool(stored.port_held_elsewhere) is held
+    assert stored.log_tail == ("ERROR CUDA out of memory",)
+
+
 def test_a_key_recorded_before_keys_could_expire_reads_as_one_that_never_expires() -> None:
     stored = msgspec.json.encode(
         {

@@ -147,6 +147,25 @@ def test_a_failure_on_a_port_another_process_holds_reaches_the_control_plane_as_
     assert reported.phase.port_held_elsewhere
 
 
+def test_a_failure_for_another_reason_is_sent_as_older_agents_send_it() -> None:
+    """No ``"port_held_elsewhere": false``: the bytes an agent from before the field sent."""
+    change = ShardChange(
+        replica_id="llama-1",
+        shard_index=0,
+        state=ShardState.FAILED,
+        pid=77,
+        port=20000,
+        error="exited with code 1",
+    )
+    status = shard_status(change, None)
+    assert status is not None
+
+    sent = encode(status)
+
+    assert b"port_held_elsewhere" not in sent
+    assert decode_from_agent(sent) == status
+
+
 def test_an_older_agents_failure_names_no_held_port() -> None:
     """An agent from before the field sends a status without it."""
     older = (
