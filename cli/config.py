@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 from cyclopts import Parameter
 
 from app.pki.files import MAX_PEM_FILE_BYTES
-from app.regular_file import FileMissing, FileRefused, read_file_or_pipe
+from app.regular_file import FileMissing, FileRefused, irregular_kind, read_file_or_pipe
 from cli.render import warn
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8081"
@@ -265,7 +265,8 @@ def _check_readable_file(path: Path, what: str, source: str) -> None:
     if not path.exists():
         problem = "does not exist"
     elif not path.is_file():
-        problem = "is not a file"
+        kind = irregular_kind(path.stat().st_mode)
+        problem = f"is not a regular file but {kind}" if kind else "is not a regular file"
     elif not os.access(path, os.R_OK):
         problem = "cannot be read"
     elif (size := path.stat().st_size) > MAX_PEM_FILE_BYTES:

@@ -117,15 +117,31 @@ def test_an_admin_url_of_a_scheme_alone_is_refused_for_its_missing_host_quoted_a
         ),
     ],
 )
-@pytest.mark.parametrize("missing", [True, False], ids=["missing", "a-directory"])
+@pytest.mark.parametrize(
+    ("standing", "problem"),
+    [
+        ("missing", "does not exist"),
+        ("a-directory", "is not a regular file but a directory"),
+        ("a-fifo", "is not a regular file but a named pipe (FIFO)"),
+        ("a-device", "is not a regular file but a character device"),
+    ],
+)
 def test_a_certificate_or_key_that_is_no_readable_file_is_a_usage_error_naming_it(
-    tmp_path: Path, variable: str, refusal: str, missing: bool
+    tmp_path: Path, variable: str, refusal: str, standing: str, problem: str
 ) -> None:
     # Before, the command went on to fail when TLS was set up (exit 1, "cannot load the
     # CA certificate"), where llmgw-server and llmgw-agent take a missing certificate for
-    # bad usage (exit 2), as a mistyped path is.
+    # bad usage (exit 2), as a mistyped path is. What stands there is named, as the
+    # server's and the agent's readers name it, not only "is not a file".
     (tmp_path / "cli.toml").write_text("")
-    path = tmp_path / "missing.pem" if missing else tmp_path
+    path = {
+        "missing": tmp_path / "missing.pem",
+        "a-directory": tmp_path,
+        "a-fifo": tmp_path / "fifo.pem",
+        "a-device": Path("/dev/null"),
+    }[standing]
+    if standing == "a-fifo":
+        os.mkfifo(path)
     settings = environment(
         tmp_path, LLMGW_ADMIN_URL="https://llmgw.internal:8081", **{variable: str(path)}
     )
@@ -133,7 +149,6 @@ def test_a_certificate_or_key_that_is_no_readable_file_is_a_usage_error_naming_i
     with pytest.raises(ConfigError) as refused:
         resolve_settings(ConnectionFlags(), settings)
 
-    problem = "does not exist" if missing else "is not a file"
     assert str(refused.value) == refusal.format(path=path, problem=problem)
 
 
