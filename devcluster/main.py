@@ -23,6 +23,7 @@ from app.usage_errors import (
 from devcluster.demo_model import DEFAULT_STATE_DIRS, DevEngine, engine_unavailable
 from devcluster.dev import PROGRAM, DevOptions, run_dev
 from devcluster.llamacpp import missing_packages
+from devcluster.state_lock import dangling_link_refusal
 from wire.version import llmgw_version
 
 EXIT_FAILED = 1
@@ -105,7 +106,12 @@ def dev(
     if unavailable is not None:
         print_command_error(PROGRAM, unavailable)
         return EXIT_FAILED
-    state = (state_dir or DEFAULT_STATE_DIRS[engine]).resolve()
+    given = state_dir or DEFAULT_STATE_DIRS[engine]
+    dangling = dangling_link_refusal(given)
+    if dangling is not None:
+        print_command_error(PROGRAM, dangling)
+        return EXIT_FAILED
+    state = given.resolve()
     options = DevOptions(state, admin_port, agent_port, replicas, client_port, engine)
     return run_dev(options)
 

@@ -32,6 +32,22 @@ class StateDirLock:
         self.file.close()
 
 
+def dangling_link_refusal(state_dir: Path) -> str | None:
+    """Why ``state_dir``, as given, cannot be used when it or a directory above it is a
+    symbolic link to nothing; None otherwise. Checked before the path is resolved: resolved,
+    a dangling link is its target, which ``lock_state_dir`` would create, so a link the
+    operator thought pointed at a state directory would get an empty one."""
+    for path in (state_dir, *state_dir.parents):
+        if path.is_symlink() and not path.exists():
+            where = "" if path == state_dir else f" ({path})"
+            return (
+                f"the state directory {state_dir} cannot be used{where}: a symbolic link to "
+                f"{os.readlink(path)}, which does not exist; give one you can write with "
+                "--state-dir"
+            )
+    return None
+
+
 def lock_state_dir(state_dir: Path) -> StateDirLock:
     """Hold ``state_dir`` for this run (creating it); ``StateDirInUse`` when another run
     holds it, ``DevError`` when it cannot be made or written."""

@@ -14,6 +14,7 @@ import pytest
 
 from devcluster.dev import DevOptions, run_dev
 from devcluster.errors import DevError
+from devcluster.main import dev
 from devcluster.ports import LOOPBACK
 from devcluster.state_lock import lock_state_dir
 from tests.support.ports import free_port
@@ -102,3 +103,34 @@ def test_a_lock_file_that_is_a_fifo_is_refused_as_one(tmp_path: Path) -> None:
         f"the state directory {tmp_path} cannot be used ({tmp_path / 'dev.lock'}): not a "
         "regular file but a named pipe (FIFO); give one you can write with --state-dir"
     )
+
+
+@pytest.mark.parametrize("below", [False, True], ids=["the-link", "a-directory-in-it"])
+def test_a_state_directory_given_as_a_link_to_nothing_is_refused_naming_both(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    below: bool,
+) -> None:
+    # Before, the link was followed and its target made: an empty state directory where the
+    # operator meant the one the link used to point at.
+    monkeypatch.setenv("LLMGW_DATABASE_URL", UNREACHABLE_DATABASE)
+    target = tmp_path / "gone"
+    link = tmp_path / "dev"
+    link.symlink_to(target)
+    state_dir = link / "cluster" if below else link
+
+    code = dev(
+        state_dir=state_dir,
+        admin_port=free_port(),
+        agent_port=free_port(),
+        client_port=free_port(),
+    )
+
+    where = f" ({link})" if below else ""
+    assert capsys.readouterr().err == (
+        f"llmgw-dev: the state directory {state_dir} cannot be used{where}: a symbolic link "
+        f"to {target}, which does not exist; give one you can write with --state-dir\n"
+    )
+    assert code == 1
+    assert not target.exists(), "the link's target was made"
