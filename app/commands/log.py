@@ -21,7 +21,8 @@ from app.commands.common import LOG_HEAD, LOG_VERIFY, DatabaseUrl, database_url_
 from app.logs import configure_logging
 from app.store.chain import Head, parse_anchor
 from app.store.database import waiting_engine
-from app.store.errors import InvalidAnchor, StoreError
+from app.store.errors import InvalidAnchor, RoleRefused, StoreError
+from app.store.grants import DEFAULT_RUNTIME_ROLE
 from app.store.verification import (
     Progress,
     UnhashedHead,
@@ -168,12 +169,25 @@ def _run(
                 "and nothing is known of the log",
                 UNREADABLE,
             )
-        hint = (
-            " (is the database at the newest revision? llmgw-server migrate)"
-            if "does not exist" in str(exc)
-            else ""
+        _refuse(command, f"cannot {action} the log: {_unreadable(exc)}", UNREADABLE)
+
+
+def _unreadable(exc: StoreError) -> str:
+    """Why the log could not be read, and what to do about it: a role that does not exist
+    is told as such, not as a schema not migrated, though PostgreSQL says "does not exist"
+    of both."""
+    if isinstance(exc, RoleRefused) and exc.missing_role is not None:
+        return (
+            f'the role "{exc.missing_role}" of --database-url (LLMGW_DATABASE_URL) does not '
+            "exist on this PostgreSQL server; connect as a role that may read the log (the "
+            "runtime role may): the server's administrator creates roles (createuser, or "
+            f"CREATE ROLE), and `llmgw-server migrate --runtime-role {DEFAULT_RUNTIME_ROLE}` "
+            "creates the runtime role where the owner may create roles (docs/operations.md, "
+            "PostgreSQL)"
         )
-        _refuse(command, f"cannot {action} the log: {exc}{hint}", UNREADABLE)
+    if not isinstance(exc, RoleRefused) and "does not exist" in str(exc):
+        return f"{exc} (is the database at the newest revision? llmgw-server migrate)"
+    return str(exc)
 
 
 def _terminal_progress() -> Progress:

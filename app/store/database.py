@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import cast
@@ -231,13 +232,20 @@ def store_error(exc: Exception) -> StoreError | None:
 ROLE_REFUSALS = (asyncpg.InvalidAuthorizationSpecificationError, asyncpg.InsufficientPrivilegeError)
 """What PostgreSQL answers a role it will not let in (no such role, a password or
 ``pg_hba.conf`` refusing it) or let do the work (no privilege)."""
+_MISSING_ROLE = re.compile(r'role "(?P<name>.*)" does not exist')
+"""PostgreSQL's words for a role it does not know (28000, which ``pg_hba.conf`` refusals
+share): a server set to answer in another language is told as any other refusal."""
 
 
 def answer_error(exc: asyncpg.PostgresError, message: str | None = None) -> StoreError:
     """The ``StoreError`` PostgreSQL's answer ``exc`` is, said as ``message`` (its own
-    words when None): ``RoleRefused`` for a role it refused."""
+    words when None): ``RoleRefused`` for a role it refused, naming the role when it does
+    not exist."""
     said = str(exc) if message is None else message
-    return RoleRefused(said) if isinstance(exc, ROLE_REFUSALS) else StoreError(said)
+    if not isinstance(exc, ROLE_REFUSALS):
+        return StoreError(said)
+    missing = _MISSING_ROLE.fullmatch(str(exc))
+    return RoleRefused(said, missing_role=missing["name"] if missing else None)
 
 
 async def ping(engine: AsyncEngine) -> None:

@@ -103,6 +103,11 @@ class RoleRefused(StoreError):
     password or ``pg_hba.conf`` refused it (SQLSTATE class 28), or it lacks a privilege the
     work needs (``42501``). Connecting as another role is the fix, not trying again."""
 
+    def __init__(self, message: str, *, missing_role: str | None = None) -> None:
+        super().__init__(message)
+        self.missing_role = missing_role
+        """The role's name when PostgreSQL said that it does not exist."""
+
 
 class UnreadableEvent(StoreError):
     def __init__(self, position: int, event_type: str, detail: str) -> None:

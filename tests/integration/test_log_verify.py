@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import asyncpg
 import pytest
 import pytest_asyncio
+from sqlalchemy.engine import make_url
 
 from app.domain.envelope import Meta
 from app.domain.events import (
@@ -531,7 +532,12 @@ async def test_a_malformed_anchor_is_refused_in_one_line(log: Log, anchor: str) 
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def unmigrated_url(postgres_server: PostgresServer) -> AsyncIterator[str]:
+async def unmigrated_url(
+    postgres_server: PostgresServer, migrated_template: str
+) -> AsyncIterator[str]:
+    """A database never migrated, on a server where the test runtime role exists (it is
+    set up with the migrated template): its own test alone would otherwise meet no such
+    role rather than no log."""
     name = unique_database_name("llmgw_unmigrated")
     await postgres_server.create_database(name)
     yield postgres_server.url(name)
@@ -552,6 +558,37 @@ async def test_a_database_without_the_log_is_refused_in_one_line(
         'relation "events" does not exist (is the database at the newest revision? '
         "llmgw-server migrate)"
     ], result.stderr
+
+
+@pytest.mark.parametrize("command", ["verify", "head"])
+async def test_a_role_that_does_not_exist_is_told_so_and_how_roles_are_made(
+    database_url: str, command: str
+) -> None:
+    # Before, PostgreSQL's "does not exist" was taken for the schema's, and the auditor
+    # was told to migrate a database that is migrated.
+    role = f"llmgw_auditor_{uuid.uuid4().hex[:8]}"
+    url = make_url(database_url).set(username=role, password=None)
+
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [SERVER, "log", command, "--database-url", url.render_as_string(hide_password=False)],
+        capture_output=True,
+        text=True,
+        timeout=PROCESS_TIMEOUT_S,
+        check=False,
+    )
+
+    assert done.returncode == 3, done  # unknown: not "the log does not check out" (1)
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"llmgw-server log {command}: "
+        f"cannot {'verify' if command == 'verify' else 'read the head of'} the log: "
+        f'the role "{role}" of --database-url (LLMGW_DATABASE_URL) does not exist on this '
+        "PostgreSQL server; connect as a role that may read the log (the runtime role may): "
+        "the server's administrator creates roles (createuser, or CREATE ROLE), and "
+        "`llmgw-server migrate --runtime-role llmgw_runtime` creates the runtime role where "
+        "the owner may create roles (docs/operations.md, PostgreSQL)"
+    ], done.stderr
 
 
 @pytest.mark.parametrize("command", ["verify", "head"])

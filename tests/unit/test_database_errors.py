@@ -73,6 +73,23 @@ def test_a_refused_role_is_told_apart_from_the_database_being_away(refusal: Exce
     assert str(refusal) in str(error)
 
 
+def test_a_role_that_does_not_exist_is_named() -> None:
+    unknown = asyncpg.exceptions.InvalidAuthorizationSpecificationError(
+        'role "auditor" does not exist'
+    )
+    password = asyncpg.exceptions.InvalidPasswordError(
+        'password authentication failed for user "auditor"'
+    )
+
+    missing = store_error(as_sqlalchemy_raises_it(unknown))
+    refused = store_error(as_sqlalchemy_raises_it(password))
+
+    assert isinstance(missing, RoleRefused)
+    assert missing.missing_role == "auditor"
+    assert isinstance(refused, RoleRefused)
+    assert refused.missing_role is None
+
+
 def test_any_other_refusal_is_a_database_error() -> None:
     refusal = asyncpg.exceptions.UndefinedTableError('relation "events" does not exist')
 
