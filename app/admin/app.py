@@ -19,6 +19,7 @@ from app.admin.errors import EXCEPTION_HANDLERS
 from app.admin.events import EventsController
 from app.admin.health import Readiness, healthz, readyz
 from app.admin.history import HistoryController
+from app.admin.idempotency_header import idempotency_of
 from app.admin.keys import KeyController
 from app.admin.metrics import ClusterMetrics, GatewayPage, LiveSource, metrics
 from app.admin.middleware import MIDDLEWARE, REQUEST_ID_KEY, request_id_of
@@ -36,12 +37,13 @@ from app.store.gateway_reports import TrafficReports
 from app.store.postgres import PostgresEventStore
 
 
-def provide_caller(request: Request[Any, Any, Any]) -> Caller:
-    """The actor the ``require_actor`` guard found, and the request's id: the client's
-    ``X-Request-Id`` when it sent a usable one."""
+async def provide_caller(request: Request[Any, Any, Any]) -> Caller:
+    """The actor the ``require_actor`` guard found, the request's id (the client's
+    ``X-Request-Id`` when it sent a usable one) and its ``Idempotency-Key``, if any."""
     state = request.scope["state"]
     request_id = state.get(REQUEST_ID_KEY) or request_id_of(request.scope)
-    return Caller(actor=state[ACTOR_KEY], request_id=request_id)
+    idempotency = await idempotency_of(request)
+    return Caller(actor=state[ACTOR_KEY], request_id=request_id, idempotency=idempotency)
 
 
 def create_admin_app(
@@ -105,7 +107,7 @@ def create_admin_app(
             "readiness": Provide(provide_readiness),
             "cluster_metrics": Provide(provide_metrics),
             "traffic": Provide(provide_traffic),
-            "caller": Provide(provide_caller, sync_to_thread=False),
+            "caller": Provide(provide_caller),
         },
         state=State({"authenticator": authenticator}),
         exception_handlers=EXCEPTION_HANDLERS,

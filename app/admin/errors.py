@@ -25,6 +25,7 @@ from litestar.types import ExceptionHandlersMap
 
 from app.domain.describe import describe
 from app.domain.envelope import Recorded
+from app.domain.idempotency import KeyReused, KeyShownOnce
 from app.domain.keys import InvalidKey, UnknownKey
 from app.domain.operation_results import (
     InvalidDrain,
@@ -64,6 +65,8 @@ PROBLEM_TABLE: tuple[tuple[type[Exception], int, str], ...] = (
     (InvalidDrain, HTTP_422_UNPROCESSABLE_ENTITY, "invalid-drain"),
     (InvalidText, HTTP_422_UNPROCESSABLE_ENTITY, "invalid-text"),
     (NoRoomToDrain, HTTP_409_CONFLICT, "no-room-to-drain"),
+    (KeyReused, HTTP_422_UNPROCESSABLE_ENTITY, "idempotency-key-reused"),
+    (KeyShownOnce, HTTP_409_CONFLICT, "carried-out-already"),
     (InvalidOperation, HTTP_409_CONFLICT, "invalid-operation"),
     (ConcurrencyError, HTTP_409_CONFLICT, "conflict"),
     (FencedError, HTTP_503_SERVICE_UNAVAILABLE, "not-leader"),
@@ -156,6 +159,8 @@ def _details(exc: Exception) -> dict[str, Any]:
             return {"room": [msgspec.to_builtins(r) for r in exc.room]}
         case ChangeConflict():
             return {"conflicts_with": [_change(r) for r in exc.met]}
+        case KeyShownOnce():
+            return {"key_id": exc.key_id}
     return {}
 
 

@@ -27,15 +27,17 @@ from app.domain.apply_preview import ApplyPreview, preview_apply
 from app.domain.drain_progress import DrainProgress, current_revisions, drain_progress
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import (
+    ApiKeyCreated,
     key_stream,
     model_stream,
     node_stream,
     replica_stream,
     subjects,
 )
+from app.domain.idempotency import IdempotencyKey, KeyReused, KeyShownOnce, event_ids
 from app.domain.model_spec import AutoscalePolicy, ModelSpec, RoutingSettings
 from app.domain.model_status import ModelStatus, model_status
-from app.domain.operation_results import Change, InvalidOperation
+from app.domain.operation_results import Change, InvalidOperation, OperationError
 from app.domain.placement import Explanation
 from app.domain.reports import NodeReport
 from app.domain.state import (
@@ -74,10 +76,21 @@ def new_request_id() -> str:
 
 @dataclass(frozen=True)
 class Caller:
-    """Who asked (the actor of what is recorded) and the id of their request."""
+    """Who asked (the actor of what is recorded), the id of their request, and the
+    idempotency key it came with, if any (``app.domain.idempotency``)."""
 
     actor: str
     request_id: str = field(default_factory=new_request_id)
+    idempotency: IdempotencyKey | None = None
+
+
+class AlreadyCarriedOut(Exception):
+    """The change was sent before with the caller's idempotency key, and recorded:
+    ``first`` is its first event. Each change answers it as it answered the first time."""
+
+    def __init__(self, first: Recorded) -> None:
+        super().__init__(f"carried out already, at position {first.position}")
+        self.first = first
 
 
 @dataclass(frozen=True)
@@ -195,25 +208,33 @@ class Operations:
         replica on the node has somewhere to go, as decided on the state it was recorded on."""
         drain_id = new_drain_id()
         running = self._running()
-        return await self._append(
-            caller,
-            node_stream(node_id),
-            lambda s: node_decisions.drain_node(
-                s, node_id, drain_id, grace_s, require_room=require_room, running=running
-            ),
-            correlation_id=drain_id,
-            still_holds=node_decisions.room_overtaken,
-        )
+        stream = node_stream(node_id)
+        try:
+            return await self._append(
+                caller,
+                stream,
+                lambda s: node_decisions.drain_node(
+                    s, node_id, drain_id, grace_s, require_room=require_room, running=running
+                ),
+                correlation_id=drain_id,
+                still_holds=node_decisions.room_overtaken,
+            )
+        except AlreadyCarriedOut as done:
+            # Without the room the first answer had: it was judged then, and is not now.
+            return node_decisions.NodeDrain(stream=stream, drain_id=_drain_of(done.first))
 
     async def drain_replica(self, caller: Caller, replica_id: str) -> str:
         drain_id = new_drain_id()
-        await self._record(
-            caller,
-            replica_stream(replica_id),
-            lambda s: node_decisions.drain_replica(s, replica_id, drain_id),
-            correlation_id=drain_id,
-            about_replica=replica_id,
-        )
+        try:
+            await self._append(
+                caller,
+                replica_stream(replica_id),
+                lambda s: node_decisions.drain_replica(s, replica_id, drain_id),
+                correlation_id=drain_id,
+                about_replica=replica_id,
+            )
+        except AlreadyCarriedOut as done:
+            return _drain_of(done.first)
         return drain_id
 
     async def cancel_drain(self, caller: Caller, drain_id: str) -> bool:
@@ -307,9 +328,11 @@ class Operations:
                 )
                 name_free = partial(key_decisions.same_name_created_since, now=now)
                 try:
-                    await self._record(caller, key_stream(key_id), creation, still_holds=name_free)
+                    await self._append(caller, key_stream(key_id), creation, still_holds=name_free)
                 except key_decisions.PrefixTaken:
                     continue
+                except AlreadyCarriedOut as done:
+                    raise KeyShownOnce(_created_key(done.first)) from None
                 return NewKey(key=key, record=(await self.current()).keys[key_id])
         raise key_decisions.PrefixTaken(f"no free key prefix in {PREFIX_DRAWS} draws")
 
@@ -450,10 +473,14 @@ class Operations:
         about_replica: str | None = None,
         still_holds: Callable[[Change, ClusterState], str | None] | None = None,
     ) -> bool:
-        """Whether anything was recorded (see ``_append``)."""
-        change = await self._append(
-            caller, stream, decision, correlation_id, about_replica, still_holds
-        )
+        """Whether anything was recorded (see ``_append``); for a change sent again with
+        its idempotency key, whether the first time recorded anything."""
+        try:
+            change = await self._append(
+                caller, stream, decision, correlation_id, about_replica, still_holds
+            )
+        except AlreadyCarriedOut:
+            return True
         return bool(change.events)
 
     async def _append(
@@ -469,7 +496,9 @@ class Operations:
         correlated with what the decision says they are part of (a rollout), else with
         ``correlation_id``, else with the request. ``still_holds``: asked of the change and
         the log as it is appended on, for a decision another stream's change can overturn
-        (``EventStore.append_many``)."""
+        (``EventStore.append_many``). Raises ``AlreadyCarriedOut`` for a change the
+        caller's idempotency key recorded before, without deciding it again."""
+        await self._carried_out_before(caller)
         # Decided on the caught-up fold and appended with that fold's version of the
         # stream: the append succeeds only if no event came since.
         state = await self._store.catch_up()
@@ -478,21 +507,84 @@ class Operations:
             # before: with the same words, so it is put back into a copy to decide on.
             state = state.copy()
             await self._put_back(state, about_replica)
-        change = decision(state)
+        try:
+            change = decision(state)
+        except OperationError:
+            # The first request with the caller's key, sent at the same time, may have
+            # recorded the change since it was looked for: this one is then that one.
+            await self._carried_out_before(caller)
+            raise
         version = self._store.known_version(stream)
         if change.stream != stream:
             raise RuntimeError(f"decision for {stream} wrote {change.stream}")
         if not change.events:
+            await self._carried_out_before(caller)
             return change
+        key = caller.idempotency
         meta = Meta(
             actor=caller.actor,
             correlation_id=change.correlation_id or correlation_id or caller.request_id,
             causation_id=caller.request_id,
+            idempotency_key=key.key if key is not None else None,
+            request_digest=key.request_digest if key is not None else None,
         )
-        request = AppendRequest(stream, version, [NewEvent(e) for e in change.events])
+        request = AppendRequest(stream, version, _new_events(caller, change))
         check = partial(still_holds, change) if still_holds is not None else None
         try:
-            await self._store.append_many([request], meta, still_holds=check)
+            recorded = await self._store.append_many([request], meta, still_holds=check)
         except ConcurrencyError as exc:
+            # Also the same key sent twice at once with changes of other lengths: what the
+            # first did not record is refused, the stream having moved on.
+            await self._carried_out_before(caller)
             raise await conflict_met(self._store, exc) from exc
+        if key is not None and recorded:
+            # The same key sent twice at once: the second finds the first's events in the
+            # log as it appends (their ids are the same), and the log keeps those.
+            first = recorded[0]
+            _check_same_request(key, first)
+            if (first.meta.correlation_id, first.meta.causation_id) != (
+                meta.correlation_id,
+                meta.causation_id,
+            ):
+                raise AlreadyCarriedOut(first)
         return change
+
+    async def _carried_out_before(self, caller: Caller) -> None:
+        """Raises ``AlreadyCarriedOut`` when the caller's idempotency key recorded a change
+        before, ``KeyReused`` when that change was another request."""
+        key = caller.idempotency
+        if key is None:
+            return
+        earlier = await self._store.read_events(event_ids(caller.actor, key.key, 1))
+        if earlier:
+            _check_same_request(key, earlier[0])
+            raise AlreadyCarriedOut(earlier[0])
+
+
+def _new_events(caller: Caller, change: Change) -> list[NewEvent]:
+    """The change's events, with ids derived from the caller's idempotency key if any."""
+    key = caller.idempotency
+    if key is None:
+        return [NewEvent(e) for e in change.events]
+    ids = event_ids(caller.actor, key.key, len(change.events))
+    return [NewEvent(e, event_id=i) for e, i in zip(change.events, ids, strict=True)]
+
+
+def _check_same_request(key: IdempotencyKey, first: Recorded) -> None:
+    if first.meta.request_digest != key.request_digest:
+        raise KeyReused(key.key)
+
+
+def _drain_of(first: Recorded) -> str:
+    """The id of the drain a drain request recorded (its events' correlation id)."""
+    drain_id = first.meta.correlation_id
+    if drain_id is None:
+        raise RuntimeError(f"the drain request at position {first.position} has no drain id")
+    return drain_id
+
+
+def _created_key(first: Recorded) -> str:
+    """The id of the key a key creation recorded."""
+    if not isinstance(first.event, ApiKeyCreated):
+        raise RuntimeError(f"the key creation at position {first.position} created no key")
+    return first.event.key_id

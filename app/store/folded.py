@@ -158,6 +158,11 @@ class FoldedEventStore:
     async def last_position(self) -> int:
         return await self._recorder.last_position()
 
+    async def read_events(self, event_ids: Sequence[UUID]) -> list[Recorded]:
+        async with self._recorder.session() as session:
+            found = await session.events_with_ids(event_ids)
+        return sorted(found, key=lambda r: r.position)
+
     # -- appending -----------------------------------------------------------------------------
 
     async def append(

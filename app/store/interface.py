@@ -84,6 +84,10 @@ class EventStore(LogQueries, Protocol):
         (0: none carried one)."""
         ...
 
+    async def read_events(self, event_ids: Sequence[UUID]) -> list[Recorded]:
+        """Those of ``event_ids`` the log holds, in the log's order."""
+        ...
+
     async def append(
         self, stream: str, expected_version: int | None, events: Sequence[NewEvent], meta: Meta
     ) -> list[Recorded]: ...

@@ -192,6 +192,21 @@ async def test_the_same_event_id_is_stored_once(store: EventStore) -> None:
     assert len(await store.read_stream(f"model-{model}")) == 1
 
 
+async def test_events_are_read_by_their_ids_in_log_order_with_their_meta(
+    store: EventStore,
+) -> None:
+    model = unique("m")
+    keyed = Meta(actor="alice", idempotency_key="k-1", request_digest="d" * 64)
+    first = await store.append(f"model-{model}", NO_STREAM, [declared(model)], keyed)
+    second = await store.append(f"replica-{model}-1", NO_STREAM, [placed(model, 1)], ALICE)
+
+    found = await store.read_events([second[0].event_id, uuid.uuid4(), first[0].event_id])
+
+    assert found == [first[0], second[0]]
+    assert found[0].meta == keyed
+    assert await store.read_events([uuid.uuid4()]) == []
+
+
 async def test_state_is_the_fold_of_what_was_appended(store: EventStore) -> None:
     model = unique("m")
     node = unique("gpu-")
