@@ -12,7 +12,9 @@ says what to do::
 
     ClientError
     ├── AdminUnreachable        no answer: refused, unknown host, timed out, cut off
-    │   └── AnswerLost          a change sent whose answer never came: it may have been done
+    │   └── AnswerLost          a change sent, and sent once more with the same
+    │                           Idempotency-Key, whose answers never came: it may have
+    │                           been done
     ├── TlsFailure              the TLS handshake failed, or the TLS settings are unusable
     ├── AuthenticationRequired  401: no token, or one the server does not know
     ├── AnswerTooLarge          an answer (or one record of a stream) past MAX_ANSWER_BYTES
@@ -28,6 +30,7 @@ from __future__ import annotations
 import socket
 import ssl
 import time
+import uuid
 from collections.abc import Mapping
 from datetime import datetime
 from types import MappingProxyType, TracebackType
@@ -58,6 +61,10 @@ as it is once decompressed (each piece the connection brings at most some tens o
 
 READING_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 """Requests that change nothing: one whose answer was lost is only unanswered."""
+IDEMPOTENCY_HEADER = "idempotency-key"
+"""Sent with every change, a new key each: the admin API records a change sent again with
+its key once (``AdminClient.change``)."""
+SENT_AGAIN = "It was sent once more with the same Idempotency-Key and got no answer either"
 
 _T = TypeVar("_T")
 _E = TypeVar("_E", bound=BaseException)
@@ -72,7 +79,9 @@ class AdminUnreachable(ClientError):
 
 
 class AnswerLost(AdminUnreachable):
-    """A change was sent and its answer did not come back: it may have been carried out."""
+    """A change was sent and its answer did not come back: it may have been carried out.
+    Raised once it was sent again with its key and that answer did not come back either
+    (``AdminClient.change``)."""
 
 
 class TlsFailure(ClientError):
@@ -162,6 +171,10 @@ the shape expected, or nested deeper than the decoder recurses (even in a member
 _members_decoder = msgspec.json.Decoder(dict[str, object])
 
 
+def new_idempotency_key() -> str:
+    return str(uuid.uuid4())
+
+
 # -- the client --------------------------------------------------------------------------
 
 
@@ -220,14 +233,39 @@ class AdminClient:
     ) -> bytes:
         """One call of the admin API (``body``, if any, sent as JSON); the answer's body."""
         content = None if body is None else msgspec.json.encode(body)
-        headers = {"content-type": "application/json"} if content is not None else None
-        status, answer = self.exchange(method, path, params, content, headers)
+        headers = {"content-type": "application/json"} if content is not None else {}
+        if method in READING_METHODS:
+            status, answer = self.exchange(method, path, params, content, headers)
+        else:
+            headers[IDEMPOTENCY_HEADER] = new_idempotency_key()
+            status, answer = self.change(method, path, params, content, headers)
         if 200 <= status < 300:
             return answer
         error = self.error_answer(httpx.Response(status, content=answer))
         if isinstance(error, ApiProblem) and _unknown_to_the_server(error):
             raise self._older_server(method, path, error) from error
         raise error
+
+    def change(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, int | str] | None,
+        content: bytes | None,
+        headers: Mapping[str, str],
+    ) -> tuple[int, bytes]:
+        """``exchange`` for a change sent with its ``Idempotency-Key``: when its answer is
+        lost, it is sent once more with the same key, which the admin API carries out at
+        most once and answers as it did the first time."""
+        try:
+            return self.exchange(method, path, params, content, headers)
+        except AnswerLost as lost:
+            try:
+                return self.exchange(method, path, params, content, headers)
+            except AnswerLost as again:
+                raise AnswerLost(f"{lost}. {SENT_AGAIN}") from again
+            except ClientError as again:
+                raise AnswerLost(f"{lost}. {SENT_AGAIN}: {again}") from again
 
     def exchange(
         self,

@@ -6,8 +6,10 @@ as a partition leaves them (no reset, no close: the process finds out only by it
 timeouts), and a new connection is accepted and carries nothing either. Refusing, every new
 connection is closed at once, as a server that is down or restarting closes them. Losing
 answers, each request is carried to the server and the client's connection is closed as its
-answer starts, without it: the request was done, and the client cannot know. Mended, what
-was held flows on and new connections are carried. It runs on the test's event loop.
+answer starts, without it: the request was done, and the client cannot know;
+``lose_next_answer()`` loses only the next one so (plain HTTP: the first the server says on
+a connection is its answer). Mended, what was held flows on and new connections are
+carried. It runs on the test's event loop.
 
 ``lose_one_tls_answer()`` does the same over TLS 1.3, to one connection: the client
 speaks (its hello), the server answers (its whole part of the handshake), the client
@@ -132,6 +134,7 @@ class TcpRelay:
         self._refusing = False
         self._losing_answers = False
         self._tls_answers_to_lose = 0
+        self._answers_to_lose = 0
         self._armed: _Armed | None = None
         self._held: set[asyncio.Event] = set()
         """Connections held after a break, until ``mend``."""
@@ -175,6 +178,11 @@ class TcpRelay:
         server's answer starts, without it."""
         self._losing_answers = True
 
+    def lose_next_answer(self) -> None:
+        """Carry the next plain HTTP request to the server and close the client's connection
+        as its answer starts, without it; carry the connections after it."""
+        self._answers_to_lose = 1
+
     def lose_one_tls_answer(self) -> None:
         """Carry the next TLS connection's handshake and request to the server, and close
         the client's connection as the answer to the request starts, without it (from a
@@ -193,6 +201,7 @@ class TcpRelay:
         self._refusing = False
         self._losing_answers = False
         self._tls_answers_to_lose = 0
+        self._answers_to_lose = 0
         self._open.set()
         for held in self._held:
             held.set()
@@ -238,6 +247,9 @@ class TcpRelay:
             while data := await reader.read(CHUNK_BYTES):
                 await self._open.wait()
                 await held.wait()
+                if messages is None and not connection.server_spoke and self._answers_to_lose > 0:
+                    self._answers_to_lose -= 1
+                    connection.losing_answer = True
                 if messages is None and (self._losing_answers or connection.losing_answer):
                     return  # the server's answer, to the client
                 if messages is None:

@@ -1,0 +1,59 @@
+"""llmgw-cli sends every change with an ``Idempotency-Key`` of its own, and a change whose
+answer was lost once more with the same key, which the admin API carries out at most once
+(tests/integration/test_admin_idempotency.py); a read goes without one."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from cli.client import AdminClient, AnswerLost
+from cli.config import ConnectionSettings
+
+SETTINGS = ConnectionSettings(admin_url="http://admin.invalid:8081")
+SCALE = "/admin/v1/models/llama/scale"
+IDEMPOTENCY_HEADER = "idempotency-key"
+
+
+def test_a_change_whose_answer_was_lost_is_sent_once_more_with_its_key() -> None:
+    sent: list[httpx.Request] = []
+
+    def lost_once(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        if len(sent) == 1:
+            raise httpx.ReadError("", request=request)
+        return httpx.Response(200, json={"changed": True})
+
+    with AdminClient(SETTINGS, transport=httpx.MockTransport(lost_once)) as client:
+        answer = client.request("POST", SCALE, body={"replicas": 3})
+        client.request("POST", SCALE, body={"replicas": 3})
+        client.request("GET", "/admin/v1/models/llama")
+
+    assert answer == b'{"changed":true}'
+    keys = [r.headers.get(IDEMPOTENCY_HEADER) for r in sent]
+    assert keys[0] is not None
+    assert keys[2] is not None
+    assert keys[0] == keys[1] != keys[2]
+    assert keys[3] is None
+    assert sent[0].content == sent[1].content
+
+
+def test_a_change_whose_answer_was_lost_twice_says_it_was_sent_once_more() -> None:
+    sent: list[httpx.Request] = []
+
+    def lost(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        raise httpx.ReadTimeout("", request=request)
+
+    with (
+        AdminClient(SETTINGS, timeout_s=2, transport=httpx.MockTransport(lost)) as client,
+        pytest.raises(AnswerLost) as raised,
+    ):
+        client.request("DELETE", "/admin/v1/keys/ci")
+
+    message = str(raised.value)
+    assert len(sent) == 2
+    assert "DELETE /admin/v1/keys/ci was sent and may have been carried out" in message
+    assert "It was sent once more with the same Idempotency-Key and got no answer either" in (
+        message
+    )
