@@ -28,6 +28,7 @@ from app.domain.drain_progress import DrainProgress, current_revisions, drain_pr
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import (
     ApiKeyCreated,
+    ApiKeyRevoked,
     key_stream,
     model_stream,
     node_stream,
@@ -339,10 +340,14 @@ class Operations:
     async def revoke_key(self, caller: Caller, prefix_or_name: str) -> tuple[bool, ApiKey]:
         """Whether anything was recorded (not when the key was revoked already), and the key."""
         key = await self.find_key(prefix_or_name)
-        changed = await self._record(
-            caller, key_stream(key.id), lambda s: key_decisions.revoke(s, key.id)
-        )
-        return changed, (await self.current()).keys[key.id]
+        try:
+            change = await self._append(
+                caller, key_stream(key.id), lambda s: key_decisions.revoke(s, key.id)
+            )
+        except AlreadyCarriedOut as done:
+            # The key the first request revoked: the name may name another one by now.
+            return True, (await self.current()).keys[_revoked_key(done.first)]
+        return bool(change.events), (await self.current()).keys[key.id]
 
     async def revoke_certificate(
         self, caller: Caller, request: revocations.RevocationRequest
@@ -581,6 +586,13 @@ def _drain_of(first: Recorded) -> str:
     if drain_id is None:
         raise RuntimeError(f"the drain request at position {first.position} has no drain id")
     return drain_id
+
+
+def _revoked_key(first: Recorded) -> str:
+    """The id of the key a key revocation recorded."""
+    if not isinstance(first.event, ApiKeyRevoked):
+        raise RuntimeError(f"the key revocation at position {first.position} revoked no key")
+    return first.event.key_id
 
 
 def _created_key(first: Recorded) -> str:

@@ -181,6 +181,25 @@ async def test_a_key_creation_sent_again_names_the_key_whose_secret_was_shown_on
     assert len(created) == 1
 
 
+async def test_a_revocation_by_name_sent_again_answers_the_key_it_revoked(
+    alice: httpx.AsyncClient, pg_store: PostgresEventStore
+) -> None:
+    name = f"ci-{secrets.token_hex(3)}"
+    body = {"name": name, "models": ["*"]}
+    revoked = (await alice.post("/admin/v1/keys", json=body)).json()["id"]
+    key = secrets.token_hex(16)
+    first = await alice.delete(f"/admin/v1/keys/{name}", headers=keyed(key))
+    created_since = (await alice.post("/admin/v1/keys", json=body)).json()["id"]
+
+    again = await alice.delete(f"/admin/v1/keys/{name}", headers=keyed(key))
+
+    assert first.json()["key"]["id"] == again.json()["key"]["id"] == revoked
+    assert again.json()["changed"] is True
+    listed = {k["id"]: k for k in (await alice.get("/admin/v1/keys")).json()}
+    assert listed[revoked]["revoked"] is True
+    assert listed[created_since]["revoked"] is False
+
+
 async def test_one_key_sent_twice_at_once_records_one_drain(
     alice: httpx.AsyncClient, pg_store: PostgresEventStore
 ) -> None:
