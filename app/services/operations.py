@@ -27,15 +27,13 @@ from app.domain.apply_preview import ApplyPreview, preview_apply
 from app.domain.drain_progress import DrainProgress, current_revisions, drain_progress
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import (
-    ApiKeyCreated,
-    ApiKeyRevoked,
     key_stream,
     model_stream,
     node_stream,
     replica_stream,
     subjects,
 )
-from app.domain.idempotency import IdempotencyKey, KeyReused, KeyShownOnce, event_ids
+from app.domain.idempotency import IdempotencyKey, KeyShownOnce
 from app.domain.model_spec import AutoscalePolicy, ModelSpec, RoutingSettings
 from app.domain.model_status import ModelStatus, model_status
 from app.domain.operation_results import Change, InvalidOperation, OperationError
@@ -52,8 +50,17 @@ from app.domain.state import (
     revocation_key,
 )
 from app.services.conflicts import conflict_met
+from app.services.replayed_changes import (
+    AlreadyCarriedOut,
+    carried_out_before,
+    check_same_request,
+    created_key,
+    drain_of,
+    keyed_events,
+    revoked_key,
+)
 from app.store.errors import ConcurrencyError
-from app.store.interface import AppendRequest, EventStore, NewEvent
+from app.store.interface import AppendRequest, EventStore
 
 ChangeT = TypeVar("ChangeT", bound=Change)
 
@@ -83,15 +90,6 @@ class Caller:
     actor: str
     request_id: str = field(default_factory=new_request_id)
     idempotency: IdempotencyKey | None = None
-
-
-class AlreadyCarriedOut(Exception):
-    """The change was sent before with the caller's idempotency key, and recorded:
-    ``first`` is its first event. Each change answers it as it answered the first time."""
-
-    def __init__(self, first: Recorded) -> None:
-        super().__init__(f"carried out already, at position {first.position}")
-        self.first = first
 
 
 @dataclass(frozen=True)
@@ -222,7 +220,7 @@ class Operations:
             )
         except AlreadyCarriedOut as done:
             # Without the room the first answer had: it was judged then, and is not now.
-            return node_decisions.NodeDrain(stream=stream, drain_id=_drain_of(done.first))
+            return node_decisions.NodeDrain(stream=stream, drain_id=drain_of(done.first))
 
     async def drain_replica(self, caller: Caller, replica_id: str) -> str:
         drain_id = new_drain_id()
@@ -235,7 +233,7 @@ class Operations:
                 about_replica=replica_id,
             )
         except AlreadyCarriedOut as done:
-            return _drain_of(done.first)
+            return drain_of(done.first)
         return drain_id
 
     async def cancel_drain(self, caller: Caller, drain_id: str) -> bool:
@@ -333,7 +331,7 @@ class Operations:
                 except key_decisions.PrefixTaken:
                     continue
                 except AlreadyCarriedOut as done:
-                    raise KeyShownOnce(_created_key(done.first)) from None
+                    raise KeyShownOnce(created_key(done.first)) from None
                 return NewKey(key=key, record=(await self.current()).keys[key_id])
         raise key_decisions.PrefixTaken(f"no free key prefix in {PREFIX_DRAWS} draws")
 
@@ -346,7 +344,7 @@ class Operations:
             )
         except AlreadyCarriedOut as done:
             # The key the first request revoked: the name may name another one by now.
-            return True, (await self.current()).keys[_revoked_key(done.first)]
+            return True, (await self.current()).keys[revoked_key(done.first)]
         return bool(change.events), (await self.current()).keys[key.id]
 
     async def revoke_certificate(
@@ -533,7 +531,9 @@ class Operations:
             idempotency_key=key.key if key is not None else None,
             request_digest=key.request_digest if key is not None else None,
         )
-        request = AppendRequest(stream, version, _new_events(caller, change))
+        request = AppendRequest(
+            stream, version, keyed_events(caller.actor, caller.idempotency, change.events)
+        )
         check = partial(still_holds, change) if still_holds is not None else None
         try:
             recorded = await self._store.append_many([request], meta, still_holds=check)
@@ -546,7 +546,7 @@ class Operations:
             # The same key sent twice at once: the second finds the first's events in the
             # log as it appends (their ids are the same), and the log keeps those.
             first = recorded[0]
-            _check_same_request(key, first)
+            check_same_request(key, first)
             if (first.meta.correlation_id, first.meta.causation_id) != (
                 meta.correlation_id,
                 meta.causation_id,
@@ -557,46 +557,5 @@ class Operations:
     async def _carried_out_before(self, caller: Caller) -> None:
         """Raises ``AlreadyCarriedOut`` when the caller's idempotency key recorded a change
         before, ``KeyReused`` when that change was another request."""
-        key = caller.idempotency
-        if key is None:
-            return
-        earlier = await self._store.read_events(event_ids(caller.actor, key.key, 1))
-        if earlier:
-            _check_same_request(key, earlier[0])
-            raise AlreadyCarriedOut(earlier[0])
-
-
-def _new_events(caller: Caller, change: Change) -> list[NewEvent]:
-    """The change's events, with ids derived from the caller's idempotency key if any."""
-    key = caller.idempotency
-    if key is None:
-        return [NewEvent(e) for e in change.events]
-    ids = event_ids(caller.actor, key.key, len(change.events))
-    return [NewEvent(e, event_id=i) for e, i in zip(change.events, ids, strict=True)]
-
-
-def _check_same_request(key: IdempotencyKey, first: Recorded) -> None:
-    if first.meta.request_digest != key.request_digest:
-        raise KeyReused(key.key)
-
-
-def _drain_of(first: Recorded) -> str:
-    """The id of the drain a drain request recorded (its events' correlation id)."""
-    drain_id = first.meta.correlation_id
-    if drain_id is None:
-        raise RuntimeError(f"the drain request at position {first.position} has no drain id")
-    return drain_id
-
-
-def _revoked_key(first: Recorded) -> str:
-    """The id of the key a key revocation recorded."""
-    if not isinstance(first.event, ApiKeyRevoked):
-        raise RuntimeError(f"the key revocation at position {first.position} revoked no key")
-    return first.event.key_id
-
-
-def _created_key(first: Recorded) -> str:
-    """The id of the key a key creation recorded."""
-    if not isinstance(first.event, ApiKeyCreated):
-        raise RuntimeError(f"the key creation at position {first.position} created no key")
-    return first.event.key_id
+        if caller.idempotency is not None:
+            await carried_out_before(self._store, caller.actor, caller.idempotency)
