@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.gpus.files import NotARegularFile, TooLarge, read_bounded, write_atomically
+from agent.gpus.index_files import read_index_file, rewrite_index_file, shown_key
 from wire.messages import MAX_GPUS_PER_NODE
 
 MAX_FAKE_GPUS = MAX_GPUS_PER_NODE
@@ -56,33 +57,7 @@ def reason_problem(reason: str) -> str | None:
 
 def read_health_file(path: Path) -> HealthFile:
     """The overrides in ``path``, keeping only well-formed entries. Missing file: none."""
-    try:
-        text = read_bounded(path, MAX_HEALTH_FILE_BYTES)
-    except FileNotFoundError:
-        return HealthFile({})
-    except TooLarge:
-        return HealthFile({}, (f"{path} is over {MAX_HEALTH_FILE_BYTES} bytes; ignored",))
-    except NotARegularFile:
-        return HealthFile({}, (f"{path} is not a regular file; ignored",))
-    except OSError as exc:
-        return HealthFile({}, (f"cannot read {path}: {exc.strerror or exc}; ignored",))
-    except UnicodeDecodeError:
-        return HealthFile({}, (f"{path} is not UTF-8 text; ignored",))
-    try:
-        document = json.loads(text) if text.strip() else {}
-    except (ValueError, RecursionError):
-        return HealthFile({}, (f"{path} is not JSON; ignored",))
-    if not isinstance(document, dict):
-        return HealthFile({}, (f"{path} must hold an object of index: reason; ignored",))
-    overrides: dict[int, str] = {}
-    problems: list[str] = []
-    for key, reason in document.items():
-        problem = _entry_problem(key, reason)
-        if problem is None:
-            overrides[int(key)] = reason
-        else:
-            problems.append(f"{path}: entry {shown_key(key)} ignored: {problem}")
-    return HealthFile(overrides, tuple(problems))
+    return HealthFile(*read_index_file(path, MAX_HEALTH_FILE_BYTES, "index: reason", _entry))
 
 
 def mark_fake_gpu(health_file: Path, index: int, reason: str | None) -> tuple[str, ...]:
@@ -99,13 +74,7 @@ def mark_fake_gpu(health_file: Path, index: int, reason: str | None) -> tuple[st
         check_fake_gpu_index(health_file, index)
     with locked_beside(health_file):
         current = read_health_file(health_file)
-        overrides = dict(current.overrides)
-        if reason is None:
-            overrides.pop(index, None)
-        else:
-            overrides[index] = reason
-        document = {str(key): value for key, value in sorted(overrides.items())}
-        write_atomically(health_file, json.dumps(document, indent=2) + "\n")
+        rewrite_index_file(health_file, current.overrides, index, reason)
     return current.problems
 
 
@@ -151,17 +120,13 @@ def check_fake_gpu_index(health_file: Path, index: int) -> None:
         raise ValueError(f"--gpu {index}: a fake GPU index is 0 to {MAX_FAKE_GPUS - 1}")
 
 
-def _entry_problem(key: str, reason: object) -> str | None:
+def _entry(key: str, reason: object) -> tuple[int, str] | str:
     if _INDEX.fullmatch(key) is None or int(key) >= MAX_FAKE_GPUS:
         return f"the key is not a GPU index 0 to {MAX_FAKE_GPUS - 1}"
     if not isinstance(reason, str):
         return "the reason is not a string"
-    return reason_problem(reason)
-
-
-def shown_key(key: str) -> str:
-    """``key`` quoted for a log line, cut so a hostile file cannot flood the log."""
-    return repr(key if len(key) <= 40 else f"{key[:40]}...")
+    problem = reason_problem(reason)
+    return (int(key), reason) if problem is None else problem
 
 
 def index_span(indices: Sequence[int]) -> str:

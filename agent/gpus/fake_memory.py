@@ -11,13 +11,12 @@ what the file holds.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.gpus.fake_health import check_fake_gpu_index, locked_beside, shown_key
-from agent.gpus.files import NotARegularFile, TooLarge, read_bounded, write_atomically
+from agent.gpus.fake_health import check_fake_gpu_index, locked_beside
+from agent.gpus.index_files import read_index_file, rewrite_index_file
 
 MEMORY_FILE = "fake-gpu-memory.json"
 MAX_FAKE_USED_MIB = 1024 * 1024
@@ -41,33 +40,7 @@ def memory_file_beside(health_file: Path) -> Path:
 
 def read_memory_file(path: Path) -> MemoryFile:
     """The entries in ``path``, keeping only well-formed ones. Missing file: none."""
-    try:
-        text = read_bounded(path, MAX_MEMORY_FILE_BYTES)
-    except FileNotFoundError:
-        return MemoryFile({})
-    except TooLarge:
-        return MemoryFile({}, (f"{path} is over {MAX_MEMORY_FILE_BYTES} bytes; ignored",))
-    except NotARegularFile:
-        return MemoryFile({}, (f"{path} is not a regular file; ignored",))
-    except OSError as exc:
-        return MemoryFile({}, (f"cannot read {path}: {exc.strerror or exc}; ignored",))
-    except UnicodeDecodeError:
-        return MemoryFile({}, (f"{path} is not UTF-8 text; ignored",))
-    try:
-        document = json.loads(text) if text.strip() else {}
-    except (ValueError, RecursionError):
-        return MemoryFile({}, (f"{path} is not JSON; ignored",))
-    if not isinstance(document, dict):
-        return MemoryFile({}, (f"{path} must hold an object of index: MiB; ignored",))
-    used: dict[int, int] = {}
-    problems: list[str] = []
-    for key, mib in document.items():
-        problem = _entry_problem(key, mib)
-        if problem is None:
-            used[int(key)] = mib
-        else:
-            problems.append(f"{path}: entry {shown_key(key)} ignored: {problem}")
-    return MemoryFile(used, tuple(problems))
+    return MemoryFile(*read_index_file(path, MAX_MEMORY_FILE_BYTES, "index: MiB", _entry))
 
 
 def use_fake_gpu_memory(memory_file: Path, index: int, mib: int) -> tuple[str, ...]:
@@ -83,21 +56,15 @@ def use_fake_gpu_memory(memory_file: Path, index: int, mib: int) -> tuple[str, .
         check_fake_gpu_index(memory_file, index)
     with locked_beside(memory_file):
         current = read_memory_file(memory_file)
-        used = dict(current.used_mib)
-        if mib:
-            used[index] = mib
-        else:
-            used.pop(index, None)
-        document = {str(key): value for key, value in sorted(used.items())}
-        write_atomically(memory_file, json.dumps(document, indent=2) + "\n")
+        rewrite_index_file(memory_file, current.used_mib, index, mib or None)
     return current.problems
 
 
-def _entry_problem(key: str, mib: object) -> str | None:
+def _entry(key: str, mib: object) -> tuple[int, int] | str:
     if _INDEX.fullmatch(key) is None:
         return "the key is not a GPU index"
     if isinstance(mib, bool) or not isinstance(mib, int):
         return "the MiB used is not a whole number"
     if not 0 <= mib <= MAX_FAKE_USED_MIB:
         return f"the MiB used is not 0 to {MAX_FAKE_USED_MIB}"
-    return None
+    return int(key), mib
