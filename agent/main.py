@@ -19,6 +19,7 @@ import fcntl
 import os
 import signal
 import ssl
+from collections.abc import Callable
 from contextlib import suppress
 from datetime import datetime
 from pathlib import Path
@@ -360,15 +361,9 @@ def use(
     if isinstance(directory, int):
         return directory
     memory_file = memory_file_beside(fake_gpu_health_file(directory))
-    try:
-        dropped = use_fake_gpu_memory(memory_file, gpu, mib)
-    except ValueError as exc:
-        return _fail(command, str(exc), EXIT_USAGE)
-    except OSError as exc:
-        return _fail(command, f"cannot write {memory_file}: {exc}", EXIT_FAILED)
-    for problem in dropped:
-        print_command_error(command, f"dropped from the file: {problem}")
-    return EXIT_OK
+    return _rewrite_fake_gpu_file(
+        command, memory_file, lambda: use_fake_gpu_memory(memory_file, gpu, mib)
+    )
 
 
 @app.command(name="stop-engines")
@@ -565,12 +560,20 @@ def _mark(command: str, state_dir: Path | None, gpu: int, reason: str | None) ->
     directory = _fake_gpu_state_dir(command, state_dir)
     if isinstance(directory, int):
         return directory
+    health_file = fake_gpu_health_file(directory)
+    return _rewrite_fake_gpu_file(
+        command, health_file, lambda: mark_fake_gpu(health_file, gpu, reason)
+    )
+
+
+def _rewrite_fake_gpu_file(command: str, path: Path, rewrite: Callable[[], tuple[str, ...]]) -> int:
+    """Run ``rewrite`` of the fake GPUs' file ``path``; say what it dropped from the file."""
     try:
-        dropped = mark_fake_gpu(fake_gpu_health_file(directory), gpu, reason)
+        dropped = rewrite()
     except ValueError as exc:
         return _fail(command, str(exc), EXIT_USAGE)
     except OSError as exc:
-        return _fail(command, f"cannot write {fake_gpu_health_file(directory)}: {exc}", EXIT_FAILED)
+        return _fail(command, f"cannot write {path}: {exc}", EXIT_FAILED)
     for problem in dropped:
         print_command_error(command, f"dropped from the file: {problem}")
     return EXIT_OK
