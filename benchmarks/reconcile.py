@@ -140,10 +140,11 @@ def fleet(nodes: int, replicas: int) -> tuple[ClusterState, FleetView]:
             ),
         )
 
-    gpus = tuple(
-        GpuInfo(index=i, uuid=f"GPU-{i}", name="H100", memory_total_mib=81559) for i in range(8)
-    )
     for n in range(nodes):
+        gpus = tuple(
+            GpuInfo(index=i, uuid=f"GPU-{n:04}-{i}", name="H100", memory_total_mib=81559)
+            for i in range(8)
+        )
         fold(NodeConnected(node_id=f"gpu-{n:04}", address=f"127.{n // 250}.{n % 250}.1", gpus=gpus))
     per_model = replicas // MODELS
     for m in range(MODELS):

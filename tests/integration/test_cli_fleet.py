@@ -105,8 +105,8 @@ async def test_nodes_and_node_show_connection_gpus_health_and_the_replicas_there
     assert detail.code == 0, detail.stderr
     assert "unhealthy: XID 79: fell off the bus" in detail.stdout
     assert [r[:2] for r in rows(detail.stdout) if r[0] in {"0", "1"}] == [
-        ["0", "GPU-0"],
-        ["1", "GPU-1"],
+        ["0", f"GPU-{node}-0"],
+        ["1", f"GPU-{node}-1"],
     ]
     assert [r[:3] for r in rows(detail.stdout) if r[0] == replica] == [
         [replica, replica.rsplit("-", 1)[0], "serving"]

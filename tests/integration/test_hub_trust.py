@@ -50,6 +50,7 @@ from tests.support.hub import (
     greet,
     hear,
     hello,
+    hello_apart,
     hub,
     new_node_id,
     pki,
@@ -166,6 +167,7 @@ async def test_a_vouched_address_the_gateway_may_not_contact_is_refused_at_hello
 
 IMPOSSIBLE = {
     "two GPUs with one index": {"gpus": (gpu(0), gpu(0))},
+    "two GPUs with one UUID": {"gpus": (gpu(0), msgspec.structs.replace(gpu(1), uuid="GPU-0"))},
     "more memory used than there is": {
         "gpus": (msgspec.structs.replace(gpu(0), memory_used_mib=90000),)
     },
@@ -228,7 +230,7 @@ async def test_a_number_out_of_range_closes_that_connection_and_records_nothing(
     liar_id, honest_id = new_node_id(), new_node_id()
     with capture_logs() as logs:
         async with dial(hub, pki.node(honest_id)) as honest, dial(hub, pki.node(liar_id)) as liar:
-            await greet(honest, honest_id)
+            await greet(honest, honest_id, hello_apart(honest_id))
             await greet(liar, liar_id)
             await wait_until(
                 stream_is(pg_store, node_stream(liar_id), ["node_registered", "node_connected"])
@@ -257,7 +259,7 @@ async def test_a_shard_flipped_between_two_phases_closes_that_connection(
     liar_id, honest_id = new_node_id(), new_node_id()
     with capture_logs() as logs:
         async with dial(hub, pki.node(honest_id)) as honest, dial(hub, pki.node(liar_id)) as liar:
-            await greet(honest, honest_id)
+            await greet(honest, honest_id, hello_apart(honest_id))
             await greet(liar, liar_id)
             await wait_until(
                 stream_is(pg_store, node_stream(liar_id), ["node_registered", "node_connected"])

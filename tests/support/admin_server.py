@@ -160,8 +160,11 @@ def bearer_client(url: str, token: str) -> httpx.AsyncClient:
 # -- seeding what agents and the reconciler would record ---------------------------------
 
 
-def gpu(index: int) -> GpuInfo:
-    return GpuInfo(index=index, uuid=f"GPU-{index}", name="H100", memory_total_mib=81559)
+def gpu(index: int, node_id: str = "") -> GpuInfo:
+    """GPU ``index`` of ``node_id``: nodes named apart list UUIDs apart, as no two machines
+    hold one GPU (``app.domain.gpu_claims``)."""
+    uuid = f"GPU-{node_id}-{index}" if node_id else f"GPU-{index}"
+    return GpuInfo(index=index, uuid=uuid, name="H100", memory_total_mib=81559)
 
 
 async def record(
@@ -188,7 +191,7 @@ async def seed_node(
     labels: dict[str, str] | None = None,
 ) -> None:
     """A node that registered and is connected, with ``gpus`` healthy H100s."""
-    inventory = tuple(gpu(i) for i in range(gpus))
+    inventory = tuple(gpu(i, node_id) for i in range(gpus))
     address = "127.0.0.7"
     await record(
         store,

@@ -87,10 +87,12 @@ def make_pki(directory: Path) -> AgentPki:
     return AgentPki(directory=directory, ca=ca, now=now)
 
 
-def gpu(index: int) -> GpuReport:
+def gpu(index: int, node_id: str = "") -> GpuReport:
+    """GPU ``index`` of ``node_id``: nodes named apart list UUIDs apart, as no two machines
+    hold one GPU (``app.domain.gpu_claims``)."""
     return GpuReport(
         index=index,
-        uuid=f"GPU-{index}",
+        uuid=f"GPU-{node_id}-{index}" if node_id else f"GPU-{index}",
         name="H100",
         memory_total_mib=81559,
         memory_used_mib=0,
@@ -230,7 +232,7 @@ async def fake_agent(
         agent_version="fake",
         address=LOOPBACK,
         port_range=port_range,
-        gpus=tuple(gpu(i) for i in range(gpus)),
+        gpus=tuple(gpu(i, node_id) for i in range(gpus)),
         shards=tuple(shards),
     )
     async with connect(

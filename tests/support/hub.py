@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import pytest_asyncio
 from cryptography import x509
@@ -191,8 +192,17 @@ async def hear(agent: ClientConnection) -> ServerMessage:
         return decode_from_server(await agent.recv())
 
 
-async def greet(agent: ClientConnection, node_id: str) -> Welcome:
-    await say(agent, hello(node_id))
+def hello_apart(node_id: str) -> Hello:
+    """``hello(node_id)`` with a GPU UUID of its own: two nodes that list one UUID are
+    told apart (``app.domain.gpu_claims``), and the one connected later warned of."""
+    return msgspec.structs.replace(
+        hello(node_id), gpus=(msgspec.structs.replace(gpu(0), uuid=f"GPU-{node_id}-0"),)
+    )
+
+
+async def greet(agent: ClientConnection, node_id: str, message: Hello | None = None) -> Welcome:
+    """Say ``message`` (``hello(node_id)`` by default) and hear the welcome."""
+    await say(agent, message or hello(node_id))
     welcome = await hear(agent)
     assert isinstance(welcome, Welcome)
     return welcome

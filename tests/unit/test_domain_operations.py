@@ -108,10 +108,10 @@ def after(state: ClusterState, change: Change) -> ClusterState:
     )
 
 
-def gpu(index: int, *, healthy: bool = True) -> GpuInfo:
+def gpu(index: int, *, healthy: bool = True, machine: str = "a") -> GpuInfo:
     return GpuInfo(
         index=index,
-        uuid=f"GPU-{index}",
+        uuid=f"GPU-{machine}-{index}",
         name="H100",
         memory_total_mib=81559,
         healthy=healthy,
@@ -533,7 +533,7 @@ def test_placement_is_explained_for_a_declared_model_and_for_a_dry_run() -> None
     state = given(
         ModelDeclared(model="llama", spec=LLAMA),
         *node("gpu-1", gpu(0, healthy=False)),
-        *node("gpu-2", gpu(0)),
+        *node("gpu-2", gpu(0, machine="b")),
     )
 
     declared = model_ops.placement_of(state, "llama")

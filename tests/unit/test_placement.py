@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from app.domain.allocation import NOTHING_REPORTED, Allocations
 from app.domain.events import (
     AnyEvent,
@@ -25,10 +27,20 @@ from tests.unit.test_fold import log_of
 H100 = 81559  # MiB, as NVML reports an H100 80GB
 
 
+_MACHINES = itertools.count()
+
+
 def gpus(n: int, used_mib: int = 0) -> tuple[GpuInfo, ...]:
+    """``n`` GPUs of a machine of their own: no two calls list one UUID
+    (``app.domain.gpu_claims``)."""
+    machine = next(_MACHINES)
     return tuple(
         GpuInfo(
-            index=i, uuid=f"GPU-{i}", name="H100", memory_total_mib=H100, memory_used_mib=used_mib
+            index=i,
+            uuid=f"GPU-{machine}-{i}",
+            name="H100",
+            memory_total_mib=H100,
+            memory_used_mib=used_mib,
         )
         for i in range(n)
     )

@@ -46,11 +46,14 @@ def test_the_gpus_family_counts_the_unhealthy_gpus_now_and_forgets_one_that_reco
 
     cluster.given(
         GpuMarkedUnhealthy(
-            node_id="gpu-1", gpu_index=1, gpu_uuid="GPU-1", reason="XID 48: double-bit ECC error"
+            node_id="gpu-1",
+            gpu_index=1,
+            gpu_uuid="GPU-gpu-1-1",
+            reason="XID 48: double-bit ECC error",
         )
     )
     faulty = gpu_counts(cluster)
-    cluster.given(GpuRecovered(node_id="gpu-1", gpu_index=1, gpu_uuid="GPU-1"))
+    cluster.given(GpuRecovered(node_id="gpu-1", gpu_index=1, gpu_uuid="GPU-gpu-1-1"))
 
     assert healthy == {"healthy": 3, "unhealthy": 0}
     assert faulty == {"healthy": 2, "unhealthy": 1}

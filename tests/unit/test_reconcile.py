@@ -66,9 +66,11 @@ T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 EPOCH = 2
 
 
-def gpus(n: int) -> tuple[GpuInfo, ...]:
+def gpus(n: int, node_id: str = "gpu-1") -> tuple[GpuInfo, ...]:
+    """``n`` GPUs of ``node_id``: no two nodes list one UUID (``app.domain.gpu_claims``)."""
     return tuple(
-        GpuInfo(index=i, uuid=f"GPU-{i}", name="H100", memory_total_mib=81559) for i in range(n)
+        GpuInfo(index=i, uuid=f"GPU-{node_id}-{i}", name="H100", memory_total_mib=81559)
+        for i in range(n)
     )
 
 
@@ -123,7 +125,7 @@ class Cluster:
             NodeConnected(
                 node_id=node_id,
                 address=f"127.0.0.{len(self.state.nodes) + 1}",
-                gpus=gpus(n_gpus),
+                gpus=gpus(n_gpus, node_id),
                 labels=labels,
             )
         )
@@ -510,7 +512,7 @@ def test_a_node_that_returns_with_copies_of_replaced_replicas_has_them_stopped_a
     cluster.reconcile()  # lost, replaced on gpu-2
     cluster.serve("llama-2")
 
-    cluster.given(NodeConnected(node_id="gpu-1", address="127.0.0.1", gpus=gpus(8)))
+    cluster.given(NodeConnected(node_id="gpu-1", address="127.0.0.1", gpus=gpus(8, "gpu-1")))
     cluster.running("gpu-1", "llama-1", 20000, pid=1234)
     decision = cluster.reconcile()
 
@@ -540,7 +542,7 @@ def test_a_replica_placed_beside_a_stray_still_stopping_takes_neither_its_port_n
     cluster.after(61)
     cluster.reconcile()  # lost; nowhere to place it meanwhile
 
-    cluster.given(NodeConnected(node_id="gpu-1", address="127.0.0.1", gpus=gpus(2)))
+    cluster.given(NodeConnected(node_id="gpu-1", address="127.0.0.1", gpus=gpus(2, "gpu-1")))
     cluster.running("gpu-1", "llama-1", held.port, pid=1234)
     decision = cluster.reconcile()
 
@@ -571,8 +573,8 @@ def restarted_with_two_serving_replicas() -> Cluster:
     """A control plane at epoch 1 placed two replicas that serve; epoch 2 starts now."""
     cluster = Cluster()
     cluster.given(
-        NodeConnected(node_id="gpu-1", address="127.0.0.1", gpus=gpus(8)),
-        NodeConnected(node_id="gpu-2", address="127.0.0.2", gpus=gpus(8)),
+        NodeConnected(node_id="gpu-1", address="127.0.0.1", gpus=gpus(8, "gpu-1")),
+        NodeConnected(node_id="gpu-2", address="127.0.0.2", gpus=gpus(8, "gpu-2")),
         ModelDeclared(
             model="llama", spec=ModelSpec(name="llama", command="sim --port {port}", replicas=2)
         ),
@@ -1335,7 +1337,7 @@ def test_replicas_stopped_by_their_agents_start_again_under_their_own_names() ->
     cluster = stopped_by_their_agents_and_restarted()
 
     for node in ("gpu-1", "gpu-2"):
-        cluster.given(NodeConnected(node_id=node, address="127.0.0.1", gpus=gpus(8)))
+        cluster.given(NodeConnected(node_id=node, address="127.0.0.1", gpus=gpus(8, node)))
         cluster.reports[node] = NodeReport(node_id=node)  # no shards: the engines are gone
     cluster.after(1)
     decision = cluster.reconcile()
@@ -1352,7 +1354,7 @@ def test_replicas_stopped_by_their_agents_start_again_under_their_own_names() ->
 
 def test_agents_still_arriving_past_the_least_grace_keep_a_node_from_being_given_up() -> None:
     cluster = stopped_by_their_agents_and_restarted()
-    cluster.given(NodeConnected(node_id="gpu-1", address="127.0.0.1", gpus=gpus(8)))
+    cluster.given(NodeConnected(node_id="gpu-1", address="127.0.0.1", gpus=gpus(8, "gpu-1")))
     cluster.reports["gpu-1"] = NodeReport(node_id="gpu-1")
 
     for _ in range(10):  # a storm: hellos and handshakes keep arriving past the 30 s
@@ -1373,7 +1375,7 @@ def test_agents_still_arriving_past_the_least_grace_keep_a_node_from_being_given
 
 def test_a_replica_stopped_by_its_agent_is_lost_with_its_node_and_replaced() -> None:
     cluster = stopped_by_their_agents_and_restarted()
-    cluster.given(NodeConnected(node_id="gpu-1", address="127.0.0.1", gpus=gpus(8)))
+    cluster.given(NodeConnected(node_id="gpu-1", address="127.0.0.1", gpus=gpus(8, "gpu-1")))
     cluster.reports["gpu-1"] = NodeReport(node_id="gpu-1")
 
     cluster.after(31)  # past the grace; gpu-2 has been away for an hour
@@ -1442,7 +1444,7 @@ def test_a_model_scaled_to_zero_while_a_replica_is_moved_stops_that_one_with_the
 def test_a_restarted_replica_that_never_comes_up_still_times_out() -> None:
     cluster = stopped_by_their_agents_and_restarted()
     for node in ("gpu-1", "gpu-2"):
-        cluster.given(NodeConnected(node_id=node, address="127.0.0.1", gpus=gpus(8)))
+        cluster.given(NodeConnected(node_id=node, address="127.0.0.1", gpus=gpus(8, node)))
         cluster.reports[node] = NodeReport(node_id=node)
     cluster.after(1)
     cluster.reconcile()  # start commands go out; the agents never answer them

@@ -34,7 +34,7 @@ def agent_stops_its_shard_and_leaves(cluster: Cluster, node: str, index: int) ->
 
 
 def back(cluster: Cluster, node: str) -> None:
-    cluster.given(NodeConnected(node_id=node, address="127.0.0.9", gpus=gpus(1)))
+    cluster.given(NodeConnected(node_id=node, address="127.0.0.9", gpus=gpus(1, node)))
     cluster.reports[node] = NodeReport(node_id=node)  # its engine is gone
     cluster.after(1)
 
