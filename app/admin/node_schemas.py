@@ -100,7 +100,8 @@ class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):
     gpus: int
     healthy_gpus: int
     free_gpus: int
-    """Healthy GPUs that no replica holds and no operator cordoned."""
+    """Healthy GPUs that no replica holds, no operator cordoned and whose UUID no other
+    node holds."""
     cordoned_gpus: list[int] = []
     """Indexes of its GPUs an operator cordoned."""
     replicas: int

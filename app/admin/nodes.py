@@ -28,6 +28,7 @@ from app.admin.queries import check_query
 from app.admin.schemas import as_view
 from app.domain.allocation import Allocations
 from app.domain.events import GpuInfo
+from app.domain.gpu_claims import held_elsewhere_reason
 from app.domain.gpu_cordons import cordon_of, cordon_text, cordoned_indexes
 from app.domain.node_operations import find_node, replicas_matching
 from app.domain.operation_results import InvalidOperation
@@ -41,6 +42,7 @@ def node_summary(state: ClusterState, node: Node, allocations: Allocations) -> N
     healthy = [gpu.index for gpu in node.gpus if gpu.healthy]
     held = allocations.gpus.get(node.id, {})
     cordoned = cordoned_indexes(node)
+    elsewhere = allocations.held_elsewhere.get(node.id, {})
     return NodeSummary(
         id=node.id,
         address=node.address,
@@ -51,7 +53,11 @@ def node_summary(state: ClusterState, node: Node, allocations: Allocations) -> N
         labels=node.labels,
         gpus=len(node.gpus),
         healthy_gpus=len(healthy),
-        free_gpus=sum(1 for index in healthy if index not in held and index not in cordoned),
+        free_gpus=sum(
+            1
+            for index in healthy
+            if index not in held and index not in cordoned and index not in elsewhere
+        ),
         cordoned_gpus=sorted(cordoned),
         replicas=len(_active_on(state, node.id)),
         disconnect_reason=None if node.connected else node.disconnect_reason,
@@ -64,7 +70,9 @@ def node_view(
     """The node as the log says it, each GPU's memory in use as its latest reading says
     (``memory_used_mib``, by GPU index: what placement reads), else as its hello did."""
     node = find_node(state, node_id)
-    held = Allocations.from_state(state).gpus.get(node.id, {})
+    allocations = Allocations.from_state(state)
+    held = allocations.gpus.get(node.id, {})
+    elsewhere = allocations.held_elsewhere.get(node.id, {})
     drain = (
         NodeDrainView(
             drain_id=node.drain_id,
@@ -90,7 +98,11 @@ def node_view(
         port_range=list(node.port_range),
         gpus=[
             _gpu_view(
-                gpu, held.get(gpu.index), memory_used_mib.get(gpu.index), cordon_of(node, gpu)
+                gpu,
+                held.get(gpu.index),
+                memory_used_mib.get(gpu.index),
+                cordon_of(node, gpu),
+                elsewhere.get(gpu.index),
             )
             for gpu in node.gpus
         ],
@@ -110,11 +122,17 @@ def node_view(
 
 
 def _gpu_view(
-    gpu: GpuInfo, used_by: str | None, read_used_mib: int | None, cordon: GpuCordon | None
+    gpu: GpuInfo,
+    used_by: str | None,
+    read_used_mib: int | None,
+    cordon: GpuCordon | None,
+    holder: str | None,
 ) -> GpuView:
     excluded = (
         f"unhealthy: {gpu.unhealthy_reason or 'no reason reported'}"
         if not gpu.healthy
+        else f"held elsewhere: {held_elsewhere_reason(gpu.uuid, holder)}"
+        if holder is not None
         else cordon_text(gpu.index, cordon)
         if cordon is not None
         else f"used by replica {used_by}"

@@ -13,6 +13,9 @@ carried since its hello (``NodeReport.gpu_memory_used_mib``), else the hello's
 (``Node.gpus``). The hello's alone would go stale: an engine stopped since still counted,
 another process's memory taken since unseen.
 
+A GPU whose UUID another connected node holds (``app.domain.gpu_claims``) is not free
+either: placement puts no new shard on it.
+
 ``for_placement`` is the one rule every placement question uses: the reconciler's, a
 drain's room (``drain_room``) and ``explain-placement`` (``placement``), so what an
 operator reads is what the reconciler will do.
@@ -24,6 +27,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from app.domain.events import GpuInfo, ShardPlacement
+from app.domain.gpu_claims import gpus_held_elsewhere
 from app.domain.gpu_cordons import cordoned_indexes
 from app.domain.reports import NodeReport
 from app.domain.state import ACTIVE_PHASES, ClusterState, Node
@@ -38,13 +42,15 @@ class Allocations:
     What is free on a node is computed once and kept until a placement there changes it:
     a pass asks the same question of every node for every model it places."""
 
-    __slots__ = ("_free", "gpus", "memory_used_mib", "model_replicas", "ports")
+    __slots__ = ("_free", "gpus", "held_elsewhere", "memory_used_mib", "model_replicas", "ports")
 
     def __init__(self) -> None:
         self.gpus: dict[str, dict[int, str]] = {}
         self.ports: dict[str, set[int]] = {}
         self.model_replicas: dict[str, dict[str, int]] = {}
         """node -> model -> how many active replicas of it have a shard there"""
+        self.held_elsewhere: dict[str, dict[int, str]] = {}
+        """node -> GPU index -> the node that holds that GPU's UUID (``gpu_claims``)"""
         self._free: dict[str, tuple[tuple[tuple[int, int], ...], int | None]] = {}
         self.memory_used_mib: dict[str, Mapping[int, int]] = {}
         """node -> GPU index -> MiB in use, as the node's heartbeats said it since its hello
@@ -53,6 +59,7 @@ class Allocations:
     @classmethod
     def from_state(cls, state: ClusterState) -> Allocations:
         allocations = cls()
+        allocations.held_elsewhere = gpus_held_elsewhere(state.nodes.values())
         for replica in state.replicas.values():
             if replica.phase in ACTIVE_PHASES:
                 for shard in replica.shards:
@@ -110,17 +117,22 @@ class Allocations:
             self._hold(replica_id, model, shard.node_id, shard.gpus, shard.port)
 
     def free(self, node: Node) -> tuple[tuple[tuple[int, int], ...], int | None]:
-        """``((gpu index, free MiB) of every healthy unallocated GPU no operator cordoned,
-        lowest free port)``; a port another process was found to hold
+        """``((gpu index, free MiB) of every healthy unallocated GPU no operator cordoned and
+        whose UUID no other node holds, lowest free port)``; a port another process was found
+        to hold
         (``Node.ports_held_elsewhere``) is not free."""
         known = self._free.get(node.id)
         if known is None:
             held = self.gpus.get(node.id, {})
             cordoned = cordoned_indexes(node)
+            elsewhere = self.held_elsewhere.get(node.id, {})
             gpus = tuple(
                 (gpu.index, self.free_mib(node.id, gpu))
                 for gpu in node.gpus
-                if gpu.healthy and gpu.index not in held and gpu.index not in cordoned
+                if gpu.healthy
+                and gpu.index not in held
+                and gpu.index not in cordoned
+                and gpu.index not in elsewhere
             )
             known = (gpus, _lowest_free_port(node, self.ports.get(node.id, set())))
             self._free[node.id] = known

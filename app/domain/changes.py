@@ -92,6 +92,7 @@ class NodeChanges(TypedDict, total=False):
     drain_cancelled_by: str | None
     stray_stops: tuple[str, ...]
     certificate_serial: str
+    connected_position: int
     unlisted_gpus: tuple[GpuInfo, ...]
     gpu_cordons: tuple[GpuCordon, ...]
 

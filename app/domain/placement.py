@@ -2,11 +2,12 @@
 
 Filters (all evaluated for every node, so an explanation lists every reason, not only the
 first): connected; not cordoned; not draining; labels match the model's selector; enough
-healthy, unallocated GPUs no operator cordoned (``app.domain.gpu_cordons``) with enough free
-memory (as the node last reported it: ``Allocations.free_mib``); a free port in the node's
-engine port range, skipping a port where a shard failed because a process that is not our
-engine listens there (``Node.ports_held_elsewhere``, until the node's next hello). Shards of
-one replica go to distinct nodes.
+healthy, unallocated GPUs no operator cordoned (``app.domain.gpu_cordons``), whose UUID no
+other node holds (``app.domain.gpu_claims``), with enough free memory (as the node last
+reported it: ``Allocations.free_mib``); a free port in the node's engine port range,
+skipping a port where a shard failed because a process that is not our engine listens there
+(``Node.ports_held_elsewhere``, until the node's next hello). Shards of one replica go to
+distinct nodes.
 
 Score among the eligible nodes, best first (documented in docs/reconciler.md):
 1. away from failure: fewer of the model's replicas failed on the node since one last
@@ -29,6 +30,7 @@ import msgspec
 
 from app.domain.allocation import NOTHING_REPORTED, Allocations
 from app.domain.events import ShardPlacement
+from app.domain.gpu_claims import held_elsewhere_reason
 from app.domain.gpu_cordons import cordon_of, cordon_text
 from app.domain.model_spec import ModelSpec
 from app.domain.reports import NodeReport
@@ -326,12 +328,16 @@ def _usable_gpus(
     if not detail:
         return usable, []
     held = allocations.gpus.get(node.id, {})
+    elsewhere = allocations.held_elsewhere.get(node.id, {})
     notes: list[str] = []
     for gpu in node.gpus:
         if gpu.index in usable:
             continue
         cordon = cordon_of(node, gpu)
-        if not gpu.healthy:
+        if gpu.index in elsewhere:
+            reason = held_elsewhere_reason(gpu.uuid, elsewhere[gpu.index])
+            notes.append(f"GPU {gpu.index} held elsewhere ({reason})")
+        elif not gpu.healthy:
             notes.append(f"GPU {gpu.index} unhealthy ({gpu.unhealthy_reason or 'no reason'})")
         elif cordon is not None:
             notes.append(cordon_text(gpu.index, cordon))

@@ -357,6 +357,12 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
     """``replica/shard/pid`` of the last strays stopped here, so each is recorded once."""
     certificate_serial: str = ""
     """The certificate its agent last connected with."""
+    connected_position: int = 0
+    """The log position of the ``node_connected`` that opened its current connection (or
+    its last one): a ``node_connected`` while the log has it connected (its connection
+    replaced by another, a failover) keeps it.
+    Of the connected nodes that list one GPU UUID, the one connected the longest holds it
+    (``app.domain.gpu_claims``)."""
     unlisted_gpus: tuple[GpuInfo, ...] = ()
     """GPUs the log knew unhealthy when a hello stopped listing them, as it knew them: not
     the node's (nothing is placed on them), but a hello that lists one again, under any

@@ -44,7 +44,8 @@ import structlog
 from app.clock import utc_now
 from app.domain import agent_reports
 from app.domain.envelope import Meta
-from app.domain.events import ShardFailed, event_type
+from app.domain.events import NodeConnected, ShardFailed, event_type
+from app.domain.gpu_claims import gpus_held_elsewhere
 from app.domain.gpu_flaps import FlapGuard, FlapPolicy
 from app.domain.reports import (
     AgentConnected,
@@ -251,6 +252,7 @@ class ReportRecorder:
                 continue
             log.info("fleet_events_recorded", actor=actor, events=_types(decision))
             _warn_of_failures(decision, self._store.state)
+            _warn_of_gpus_held_elsewhere(decision, self._store.state)
             return
 
     def _meta(self, report: AgentReport, actor: str) -> Meta:
@@ -349,6 +351,29 @@ def _warn_of_failures(decision: agent_reports.Decision, state: ClusterState) -> 
                 error=event.error,
                 exit_code=event.exit_code,
             )
+
+
+def _warn_of_gpus_held_elsewhere(decision: agent_reports.Decision, state: ClusterState) -> None:
+    """A hello listing a GPU whose UUID another connected node holds is a warning, once
+    per hello, naming each such GPU and the holder (``app.domain.gpu_claims``): placement
+    puts nothing new on it."""
+    for _, event in decision:
+        if not isinstance(event, NodeConnected):
+            continue
+        elsewhere = gpus_held_elsewhere(state.nodes.values()).get(event.node_id)
+        if not elsewhere:
+            continue
+        uuids = {gpu.index: gpu.uuid for gpu in event.gpus}
+        log.warning(
+            "gpu_uuid_held_elsewhere",
+            node_id=event.node_id,
+            gpus=[
+                f"{index} ({uuids.get(index, '')}) held by {holder}"
+                for index, holder in sorted(elsewhere.items())
+            ],
+            reason="another connected node, connected longer, lists the same GPU UUID: "
+            "no new shard is placed on these GPUs",
+        )
 
 
 def _types(decision: agent_reports.Decision) -> list[str]:

@@ -69,6 +69,7 @@ def _node_connected(state: ClusterState, event: NodeConnected, recorded: Recorde
         port_range=event.port_range,
         certificate_serial=event.certificate_serial,
         connected=True,
+        connected_position=node.connected_position if node.connected else recorded.position,
         lost=False,
         disconnect_reason=None,
         last_change_at=at,

@@ -1,0 +1,149 @@
+"""Two nodes that list one GPU UUID: the node connected the longest keeps it, and the
+other's GPU with that UUID takes no new shard, said so wherever placement is explained.
+
+A UUID names one physical GPU in the fleet, yet a copied state directory, a cloned machine
+or a node that lies can make two connected nodes list one. Before, nothing looked: both
+GPUs were placed on, and nothing said that two nodes claimed one GPU."""
+
+from __future__ import annotations
+
+import asyncio
+
+from structlog.testing import capture_logs
+
+from app.admin.nodes import node_summary, node_view
+from app.domain.allocation import Allocations
+from app.domain.events import AnyEvent, GpuInfo, ModelDeclared, NodeConnected, NodeDisconnected
+from app.domain.evolve import replay
+from app.domain.model_spec import ModelSpec
+from app.domain.placement import explain_placement
+from app.domain.state import ClusterState
+from app.services.agent_reports import ReportRecorder
+from app.store.memory import InMemoryEventStore
+from tests.unit.test_fold import log_of
+from tests.unit.test_report_recorder import hello
+
+SPEC = ModelSpec(name="llama", command="sim --port {port}", gpus_per_shard=1)
+SHARED = "GPU-84bba079-31db-9253-06a0-799dc6ebd718"
+
+
+def gpu(index: int, uuid: str) -> GpuInfo:
+    return GpuInfo(index=index, uuid=uuid, name="H100", memory_total_mib=81559)
+
+
+def connected(node_id: str, *gpus: GpuInfo, replaced_previous: bool = False) -> NodeConnected:
+    number = node_id.rsplit("-", 1)[-1]
+    return NodeConnected(
+        node_id=node_id,
+        address=f"127.0.0.{number}",
+        gpus=gpus,
+        replaced_previous=replaced_previous,
+    )
+
+
+def held_elsewhere(state: ClusterState) -> dict[str, dict[int, str]]:
+    """The rule itself, imported here so that each test says what it finds missing."""
+    from app.domain.gpu_claims import gpus_held_elsewhere
+
+    return gpus_held_elsewhere(state.nodes.values())
+
+
+def given(*events: AnyEvent) -> ClusterState:
+    return replay(log_of(ModelDeclared(model="llama", spec=SPEC), *events))
+
+
+def test_the_node_connected_first_keeps_a_uuid_and_the_other_gpu_takes_no_shard() -> None:
+    state = given(
+        connected("gpu-2", gpu(0, SHARED)),
+        connected("gpu-1", gpu(0, SHARED), gpu(1, "GPU-1-own")),
+    )
+
+    explanation = explain_placement(state, SPEC)
+    reasons = {c.node_id: c.reasons for c in explanation.candidates}
+    assert reasons["gpu-2"] == ()
+    [candidate] = [c for c in explanation.candidates if c.node_id == "gpu-1"]
+    assert candidate.gpus == (1,), "the GPU whose UUID gpu-2 holds was offered"
+    assert candidate.usable_gpus == 1
+    assert held_elsewhere(state) == {"gpu-1": {0: "gpu-2"}}
+
+
+def test_placement_says_which_node_holds_the_uuid() -> None:
+    state = given(connected("gpu-2", gpu(0, SHARED)), connected("gpu-1", gpu(0, SHARED)))
+
+    explanation = explain_placement(state, SPEC)
+
+    reasons = {c.node_id: c.reasons for c in explanation.candidates}
+    assert reasons["gpu-1"] == (
+        f"needs 1 healthy GPU(s), has 0: GPU 0 held elsewhere (its UUID {SHARED} is listed "
+        "by node gpu-2 too, connected longer)",
+    )
+    assert explanation.placement is not None
+    assert [s.node_id for s in explanation.placement] == ["gpu-2"]
+
+
+def test_the_node_view_and_summary_show_the_gpu_held_elsewhere() -> None:
+    state = given(connected("gpu-2", gpu(0, SHARED)), connected("gpu-1", gpu(0, SHARED)))
+
+    [shown] = node_view(state, "gpu-1").gpus
+    summary = node_summary(state, state.nodes["gpu-1"], Allocations.from_state(state))
+
+    assert shown.excluded_because == (
+        f"held elsewhere: its UUID {SHARED} is listed by node gpu-2 too, connected longer"
+    )
+    assert summary.free_gpus == 0
+    assert node_view(state, "gpu-2").gpus[0].excluded_because is None
+
+
+def test_a_uuid_moves_once_its_node_is_gone_and_stays_when_that_node_returns() -> None:
+    """A GPU moved to another machine while its old node was offline: the new node may use
+    it. When the old node comes back listing it too, the node connected the longest, the new
+    one, keeps it."""
+    state = given(
+        connected("gpu-2", gpu(0, SHARED)),
+        connected("gpu-1", gpu(0, SHARED)),
+        NodeDisconnected(node_id="gpu-2", reason="heartbeat timeout"),
+    )
+    assert held_elsewhere(state) == {}
+    assert explain_placement(state, SPEC).placement is not None
+
+    returned = given(
+        connected("gpu-2", gpu(0, SHARED)),
+        connected("gpu-1", gpu(0, SHARED)),
+        NodeDisconnected(node_id="gpu-2", reason="heartbeat timeout"),
+        connected("gpu-2", gpu(0, SHARED)),
+    )
+    assert held_elsewhere(returned) == {"gpu-2": {0: "gpu-1"}}
+
+
+def test_a_hello_on_a_connection_that_replaced_another_keeps_the_uuid() -> None:
+    state = given(
+        connected("gpu-2", gpu(0, SHARED)),
+        connected("gpu-1", gpu(0, SHARED)),
+        connected("gpu-2", gpu(0, SHARED), replaced_previous=True),
+    )
+
+    assert held_elsewhere(state) == {"gpu-1": {0: "gpu-2"}}
+
+
+def test_gpus_without_a_uuid_are_never_held_elsewhere() -> None:
+    state = given(connected("gpu-2", gpu(0, "")), connected("gpu-1", gpu(0, "")))
+
+    assert held_elsewhere(state) == {}
+    eligible = [c.node_id for c in explain_placement(state, SPEC).candidates if c.eligible]
+    assert eligible == ["gpu-1", "gpu-2"]
+
+
+def test_the_hello_of_a_node_listing_a_uuid_held_elsewhere_is_a_warning_once() -> None:
+    recorder = ReportRecorder(InMemoryEventStore())
+
+    async def story() -> None:
+        await recorder.handle(hello(node_id="gpu-2", gpus=(SHARED,)))
+        await recorder.handle(hello(node_id="gpu-1", gpus=("GPU-1-own", SHARED)))
+
+    with capture_logs() as logs:
+        asyncio.run(story())
+
+    warnings = [line for line in logs if line["event"] == "gpu_uuid_held_elsewhere"]
+    assert [(w["node_id"], w["gpus"]) for w in warnings] == [
+        ("gpu-1", [f"1 ({SHARED}) held by gpu-2"])
+    ]
