@@ -30,13 +30,14 @@ from tests.unit.test_fold import log_of
 from tests.unit.test_reconcile import of_type, placed_ids, with_two_nodes_and_a_model
 
 EIGHT = tuple(gpu(i) for i in range(8))
+GPU_3 = EIGHT[3].uuid
 QUAD = ModelSpec(name="llama", command="vllm serve --port {port}", gpus_per_shard=4)
 
 
 def eight_gpu_node_with_gpu_3_cordoned(reason: str = "ecc errors") -> list[AnyEvent]:
     return [
         NodeConnected(node_id="gpu-1", address="127.0.0.1", gpus=EIGHT),
-        GpuCordoned(node_id="gpu-1", gpu_index=3, gpu_uuid="GPU-3", reason=reason),
+        GpuCordoned(node_id="gpu-1", gpu_index=3, gpu_uuid=GPU_3, reason=reason),
     ]
 
 
@@ -52,14 +53,14 @@ def test_a_gpu_cordon_and_uncordon_are_recorded_once_each_with_the_gpus_uuid() -
 
     assert cordoned == Change(
         stream=node_stream("gpu-1"),
-        events=(GpuCordoned(node_id="gpu-1", gpu_index=3, gpu_uuid="GPU-3", reason="ecc errors"),),
+        events=(GpuCordoned(node_id="gpu-1", gpu_index=3, gpu_uuid=GPU_3, reason="ecc errors"),),
     )
     assert node_ops.cordon_gpu(state, "gpu-1", 3, "ecc errors").events == ()
     assert node_ops.cordon_gpu(state, "gpu-1", 3, "").events == (), "no reason keeps the one"
     assert node_ops.cordon_gpu(state, "gpu-1", 3, "xid 48").events == (
-        GpuCordoned(node_id="gpu-1", gpu_index=3, gpu_uuid="GPU-3", reason="xid 48"),
+        GpuCordoned(node_id="gpu-1", gpu_index=3, gpu_uuid=GPU_3, reason="xid 48"),
     )
-    assert uncordoned.events == (GpuUncordoned(node_id="gpu-1", gpu_index=3, gpu_uuid="GPU-3"),)
+    assert uncordoned.events == (GpuUncordoned(node_id="gpu-1", gpu_index=3, gpu_uuid=GPU_3),)
     assert node_ops.uncordon_gpu(after(state, uncordoned), "gpu-1", 3).events == ()
     assert not state.nodes["gpu-1"].cordoned, "the node itself stays uncordoned"
 
@@ -96,7 +97,7 @@ def test_a_gpu_cordon_of_an_unknown_node_or_with_a_bad_reason_is_refused() -> No
 def test_the_fold_keeps_who_cordoned_a_gpu_through_a_reconnect_and_under_another_index() -> None:
     moved = tuple(replace(g, index=7 - g.index) for g in EIGHT)  # listed the other way round
     state = replay(log_of(*eight_gpu_node_with_gpu_3_cordoned(), actor="alice"))
-    cordon = GpuCordon(index=3, uuid="GPU-3", reason="ecc errors", by="alice")
+    cordon = GpuCordon(index=3, uuid=GPU_3, reason="ecc errors", by="alice")
 
     assert state.nodes["gpu-1"].gpu_cordons == (cordon,)
     replay(log_of(NodeConnected(node_id="gpu-1", address="127.0.0.1", gpus=moved)), state)
@@ -105,7 +106,7 @@ def test_the_fold_keeps_who_cordoned_a_gpu_through_a_reconnect_and_under_another
         0
     ].reasons == ("needs 8 healthy GPU(s), has 7: GPU 4 cordoned by alice: ecc errors",)
 
-    replay(log_of(GpuUncordoned(node_id="gpu-1", gpu_index=4, gpu_uuid="GPU-3")), state)
+    replay(log_of(GpuUncordoned(node_id="gpu-1", gpu_index=4, gpu_uuid=GPU_3)), state)
     assert state.nodes["gpu-1"].gpu_cordons == ()
 
 
@@ -113,21 +114,21 @@ def test_a_gpu_cordoned_again_keeps_the_latest_reason_and_who_gave_it() -> None:
     state = replay(log_of(*eight_gpu_node_with_gpu_3_cordoned(), actor="alice"))
     replay(
         log_of(
-            GpuCordoned(node_id="gpu-1", gpu_index=3, gpu_uuid="GPU-3", reason="xid 48"),
+            GpuCordoned(node_id="gpu-1", gpu_index=3, gpu_uuid=GPU_3, reason="xid 48"),
             actor="bob",
         ),
         state,
     )
 
     assert state.nodes["gpu-1"].gpu_cordons == (
-        GpuCordon(index=3, uuid="GPU-3", reason="xid 48", by="bob"),
+        GpuCordon(index=3, uuid=GPU_3, reason="xid 48", by="bob"),
     )
 
 
 def test_the_history_tells_a_gpu_cordon_in_words() -> None:
-    cordoned = GpuCordoned(node_id="gpu-1", gpu_index=3, gpu_uuid="GPU-3", reason="ecc errors")
+    cordoned = GpuCordoned(node_id="gpu-1", gpu_index=3, gpu_uuid=GPU_3, reason="ecc errors")
 
-    assert describe(cordoned) == "node gpu-1 GPU 3 (GPU-3) cordoned: ecc errors"
+    assert describe(cordoned) == f"node gpu-1 GPU 3 ({GPU_3}) cordoned: ecc errors"
     assert describe(GpuUncordoned(node_id="gpu-1", gpu_index=3)) == "node gpu-1 GPU 3 uncordoned"
 
 
