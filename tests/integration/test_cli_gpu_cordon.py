@@ -74,7 +74,7 @@ async def test_a_gpu_cordon_keeps_placements_off_it_is_shown_and_outlives_a_rest
     assert "connected, GPU 0 cordoned" in table.stdout
     assert f"GPU 0 cordoned by {OPERATOR}: ecc errors" in shown.stdout
     told = [(e["actor"], e["type"], e["summary"]) for e in history.json()]
-    assert (OPERATOR, "gpu_cordoned", f"node {node} GPU 0 (GPU-0) cordoned: ecc errors") in told
+    assert (OPERATOR, "gpu_cordoned", f"node {node} GPU 0 (GPU-{node}-0) cordoned: ecc errors") in told
     assert still_serving.json()["phase"] == "serving"
 
     # The agent reconnects, listing the same GPUs; then a control plane starts afresh.
