@@ -74,14 +74,17 @@ async def test_a_gpu_cordon_keeps_placements_off_it_is_shown_and_outlives_a_rest
     assert "connected, GPU 0 cordoned" in table.stdout
     assert f"GPU 0 cordoned by {OPERATOR}: ecc errors" in shown.stdout
     told = [(e["actor"], e["type"], e["summary"]) for e in history.json()]
-    assert (OPERATOR, "gpu_cordoned", f"node {node} GPU 0 (GPU-{node}-0) cordoned: ecc errors") in told
+    cordon_told = f"node {node} GPU 0 ({gpu(0, node).uuid}) cordoned: ecc errors"
+    assert (OPERATOR, "gpu_cordoned", cordon_told) in told
     assert still_serving.json()["phase"] == "serving"
 
     # The agent reconnects, listing the same GPUs; then a control plane starts afresh.
     await record(
         pg_store,
         f"agent:{node}",
-        NodeConnected(node_id=node, address="127.0.0.7", gpus=tuple(gpu(i) for i in range(4))),
+        NodeConnected(
+            node_id=node, address="127.0.0.7", gpus=tuple(gpu(i, node) for i in range(4))
+        ),
     )
     async with live_admin_api(pg_store) as url:
         restarted = Operator(home=operator.home, admin_url=url)
