@@ -37,6 +37,7 @@ SEEDED = {
     "key": "llama-1",
     "drain_id": "drain-0",
     "prefix_or_name": "ci",
+    "gpu": "0",
 }
 """Path parameters that name what the test seeds."""
 SPEC = {"command": "vllm serve {model} --port {port}", "replicas": 1}
