@@ -83,6 +83,11 @@ from wire.version import llmgw_version
 log = structlog.get_logger("llmgw.agent")
 
 GPU_POLL_INTERVAL_S = 3.0
+SHARD_END_READ_DELAY_S = 0.2
+"""How long after a shard ends (stopped or failed) the agent reads its GPUs again, so the
+next heartbeat says the memory its engine freed rather than placement counting it until
+the next poll. The shards that end within it (a drain stops all of a node's at once) share
+the one read, and reads for ended shards come at most once per this delay."""
 TICK_INTERVAL_S = 0.25
 CLOSE_TIMEOUT_S = 2.0
 FLUSH_TIMEOUT_S = 5.0
@@ -94,6 +99,7 @@ next hello, and a hello that lists more than ``MAX_SHARDS_PER_NODE`` is refused,
 node could never connect again to be told to stop any of them."""
 
 _RUNNING = frozenset({ShardState.STARTING, ShardState.READY})
+_ENDED = frozenset({ShardState.STOPPED, ShardState.FAILED})
 
 
 # -- start commands and the hello --------------------------------------------------------
@@ -222,6 +228,8 @@ class AgentRuntime:
         self._started = False
         self._unreported_gpu_changes: list[GpuHealthChange] = []
         self._memory_readings = MemoryReadings()
+        self._shard_ended = asyncio.Event()
+        """Set when a shard stops or fails: ``watch_gpus`` reads the GPUs again soon."""
         self._supervisor = EngineSupervisor(
             config.state_dir, self._shard_changed, liveness=config.liveness
         )
@@ -254,9 +262,15 @@ class AgentRuntime:
         )
 
     async def watch_gpus(self) -> None:
-        """Poll GPU health for ever; changes go out with the next heartbeat."""
+        """Poll GPU health and memory for ever, and once more ``SHARD_END_READ_DELAY_S``
+        after shards end; changes go out with the next heartbeat."""
         while True:
-            await asyncio.sleep(self._gpu_poll_interval_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._gpu_poll_interval_s):
+                    await self._shard_ended.wait()
+                    await asyncio.sleep(SHARD_END_READ_DELAY_S)
+            # Cleared before the read: a shard that ends while it runs gets a read of its own.
+            self._shard_ended.clear()
             await self.refresh_gpus()
 
     async def refresh_gpus(self) -> None:
@@ -466,6 +480,8 @@ class AgentRuntime:
             reason=change.reason,
             command_id=command_id,
         )
+        if change.state in _ENDED:
+            self._shard_ended.set()
         status = shard_status(change, command_id)
         link = self._link
         if status is not None and link is not None:

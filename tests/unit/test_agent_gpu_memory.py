@@ -1,16 +1,21 @@
-"""The agent says a GPU's used memory again when it moved notably since it last said it, and
-fake GPUs use what ``llmgw-agent fake-gpu use`` writes."""
+"""The agent says a GPU's used memory again when it moved notably since it last said it, reads
+its GPUs again as soon as shards end, and fake GPUs use what ``llmgw-agent fake-gpu use``
+writes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from websockets.asyncio.client import connect
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
 
 from agent.gpu_reports import MemoryReadings
-from agent.gpus import FakeGpuSource, GpuStatus, parse_fake_gpus
+from agent.gpus import FakeGpuSource, GpuSnapshot, GpuStatus, parse_fake_gpus
 from agent.gpus.fake_health import declare_fake_gpus
 from agent.gpus.fake_memory import (
     MAX_FAKE_USED_MIB,
@@ -19,7 +24,21 @@ from agent.gpus.fake_memory import (
     use_fake_gpu_memory,
 )
 from agent.main import EXIT_OK, EXIT_USAGE, app
-from wire.messages import GPU_MEMORY_CHANGE_MIB, GpuMemoryReading
+from agent.runtime import AgentRuntime
+from tests.support.waiting import wait_until
+from tests.unit.test_agent_vanished_gpus import a_config
+from wire.messages import (
+    GPU_MEMORY_CHANGE_MIB,
+    MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSION,
+    GpuMemoryReading,
+    Heartbeat,
+    HeartbeatAck,
+    Hello,
+    Welcome,
+    decode_from_agent,
+    encode,
+)
 
 TOTAL = 81920
 
@@ -76,6 +95,96 @@ def test_only_gpus_the_hello_listed_are_read_and_a_gpu_not_listed_any_more_is_no
 
 def test_before_any_hello_nothing_is_read() -> None:
     assert MemoryReadings().changed([a_gpu(0, 30_000)]) == ()
+
+
+# -- reading again when shards end -----------------------------------------------------------
+
+
+class CountedGpu:
+    """One GPU whose used memory the test sets, counting the agent's reads of it."""
+
+    def __init__(self, used_mib: int) -> None:
+        self.used_mib = used_mib
+        self.reads = 0
+
+    def snapshot(self) -> GpuSnapshot:
+        self.reads += 1
+        return GpuSnapshot(gpus=(a_gpu(0, self.used_mib),))
+
+    def close(self) -> None:
+        pass
+
+
+class ControlPlane:
+    """Welcomes one agent over a real WebSocket and keeps the heartbeats it sends."""
+
+    def __init__(self) -> None:
+        self.hellos: list[Hello] = []
+        self.heartbeats: list[Heartbeat] = []
+
+    async def handle(self, websocket: ServerConnection) -> None:
+        try:
+            hello = decode_from_agent(await websocket.recv())
+            assert isinstance(hello, Hello)
+            self.hellos.append(hello)
+            welcome = Welcome(
+                protocol_version=PROTOCOL_VERSION,
+                heartbeat_interval_s=0.5,
+                server_id="cp",
+                epoch=1,
+            )
+            await websocket.send(encode(welcome), text=True)
+            async for frame in websocket:
+                message = decode_from_agent(frame)
+                if isinstance(message, Heartbeat):
+                    self.heartbeats.append(message)
+                    await websocket.send(encode(HeartbeatAck(seq=message.seq)), text=True)
+        except ConnectionClosed:
+            pass
+
+    def memory_said(self) -> list[GpuMemoryReading]:
+        return [reading for beat in self.heartbeats for reading in beat.gpu_memory]
+
+
+async def test_shards_that_end_have_their_gpu_read_once_for_the_next_heartbeat(
+    tmp_path: Path,
+) -> None:
+    """Eight engines on GPU 0 stop at once (a drain): the next heartbeat says the memory they
+    freed, without waiting for the next poll (an hour here), and the eight stops cost one
+    read of the GPUs, not eight."""
+    gpu = CountedGpu(used_mib=60_000)
+    runtime = AgentRuntime(a_config(tmp_path), gpu, gpu_poll_interval_s=3600)
+    control_plane = ControlPlane()
+    await runtime.start()
+    watching = asyncio.create_task(runtime.watch_gpus())
+    try:
+        async with serve(control_plane.handle, "127.0.0.1", 0) as server:
+            port = server.sockets[0].getsockname()[1]
+            async with connect(f"ws://127.0.0.1:{port}", max_size=MAX_MESSAGE_BYTES) as ws:
+                serving = asyncio.create_task(runtime.serve(ws))
+                await wait_until(lambda: bool(control_plane.heartbeats), what="a heartbeat")
+                assert control_plane.hellos[0].gpus[0].memory_used_mib == 60_000
+                reads_before = gpu.reads
+
+                gpu.used_mib = 0
+                await asyncio.gather(
+                    *(runtime.supervisor.stop(f"llama-{n}", 0, grace_s=1) for n in range(8))
+                )
+                await wait_until(
+                    lambda: bool(control_plane.memory_said()), what="a heartbeat saying 0 MiB"
+                )
+                await runtime.refresh_gpus()  # after any read still waiting for the lock
+                reads_for_the_stops = gpu.reads - reads_before - 1
+
+                serving.cancel()
+                await asyncio.gather(serving, return_exceptions=True)
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+        await runtime.close()
+
+    assert control_plane.memory_said() == [GpuMemoryReading(index=0, uuid="GPU-0", used_mib=0)]
+    assert reads_for_the_stops == 1
 
 
 # -- fake GPUs -------------------------------------------------------------------------------
