@@ -29,7 +29,7 @@ from cli.render import (
     print_table,
     utc_seconds,
 )
-from cli.views import NodeChange, NodeSummary, NodeView
+from cli.views import NodeChange, NodeSummary, NodeView, UnlistedGpuCordonView
 
 NodeId = Annotated[str, Parameter(help="The node id its agent claims, such as gpu-08.")]
 MAX_GPU_INDEX = 9999
@@ -268,6 +268,14 @@ def cordon_reason_text(node: NodeView) -> str:
     return node.cordon_reason or "no reason given"
 
 
+def unlisted_cordon_text(cordon: UnlistedGpuCordonView) -> str:
+    """``GPU 5 (not listed by the node): cordoned by alice: ecc errors``."""
+    reason = cordon.cordon_reason or "no reason given"
+    return (
+        f"GPU {cordon.index} (not listed by the node): cordoned by {cordon.cordoned_by}: {reason}"
+    )
+
+
 def gpus_cordoned_text(indexes: list[int]) -> str:
     """``, GPU 3 cordoned`` (``, GPUs 3,5 cordoned``) after a node's state; empty for none."""
     if not indexes:
@@ -309,6 +317,7 @@ def print_node(node: NodeView, wide: bool = False) -> None:
         facts.insert(2, ("disconnected", connection.disconnect_reason))
     if node.cordoned:
         facts.append(("cordoned", cordon_reason_text(node)))
+    facts.extend(("GPU cordon", unlisted_cordon_text(c)) for c in node.unlisted_gpu_cordons)
     if node.drain is not None:
         requested = node.drain.requested_at
         at = f" requested {utc_seconds(requested)} UTC" if requested else ""

@@ -65,6 +65,13 @@ class GpuView(View, frozen=True, kw_only=True):
     cordoned_by: str | None = None
 
 
+class UnlistedGpuCordonView(View, frozen=True, kw_only=True):
+    index: int
+    uuid: str = ""
+    cordon_reason: str | None = None
+    cordoned_by: str = ""
+
+
 class NodeDrainView(View, frozen=True, kw_only=True):
     drain_id: str
     grace_s: float | None = None
@@ -88,6 +95,7 @@ class NodeView(View, frozen=True, kw_only=True):
     cordon_reason: str | None = None
     drain: NodeDrainView | None = None
     replicas: list[NodeReplicaView] = []
+    unlisted_gpu_cordons: list[UnlistedGpuCordonView] = []
 
 
 class NodeChange(View, frozen=True, kw_only=True):

@@ -75,6 +75,18 @@ class GpuView(msgspec.Struct, frozen=True, kw_only=True):
     """The operator who cordoned it."""
 
 
+class UnlistedGpuCordonView(msgspec.Struct, frozen=True, kw_only=True):
+    """An operator's cordon of a GPU the node does not list now (pulled out of the
+    machine), under the index and UUID it had when cordoned: it holds again if the GPU is
+    listed again, and uncordoning that index lifts it."""
+
+    index: int
+    uuid: str
+    cordon_reason: str | None
+    cordoned_by: str
+    """The operator who cordoned it."""
+
+
 class NodeDrainView(msgspec.Struct, frozen=True, kw_only=True):
     drain_id: str
     grace_s: float | None
@@ -121,6 +133,8 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     cordon_reason: str | None
     drain: NodeDrainView | None
     replicas: list[NodeReplicaView]
+    unlisted_gpu_cordons: list[UnlistedGpuCordonView] = []
+    """Cordons of GPUs the node no longer lists, in the order they were cordoned."""
 
 
 class CordonRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

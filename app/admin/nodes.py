@@ -23,13 +23,14 @@ from app.admin.node_schemas import (
     NodeReplicaView,
     NodeSummary,
     NodeView,
+    UnlistedGpuCordonView,
 )
 from app.admin.queries import check_query
 from app.admin.schemas import as_view
 from app.domain.allocation import Allocations
 from app.domain.events import GpuInfo
 from app.domain.gpu_claims import held_elsewhere_reason
-from app.domain.gpu_cordons import cordon_of, cordon_text, cordoned_indexes
+from app.domain.gpu_cordons import cordon_of, cordon_text, cordoned_indexes, unlisted_cordons
 from app.domain.node_operations import find_node, replicas_matching
 from app.domain.operation_results import InvalidOperation
 from app.domain.state import ACTIVE_PHASES, ClusterState, GpuCordon, Node, Replica
@@ -117,6 +118,15 @@ def node_view(
                 shards=[s.index for s in r.shards if s.node_id == node.id],
             )
             for r in _active_on(state, node.id)
+        ],
+        unlisted_gpu_cordons=[
+            UnlistedGpuCordonView(
+                index=cordon.index,
+                uuid=cordon.uuid,
+                cordon_reason=cordon.reason,
+                cordoned_by=cordon.by,
+            )
+            for cordon in unlisted_cordons(node)
         ],
     )
 

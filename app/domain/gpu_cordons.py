@@ -4,23 +4,34 @@ A cordoned GPU takes no new shard (``app.domain.allocation`` leaves it out of wh
 free, the one rule every placement question uses); a shard already on it keeps running
 until an operator drains its replica. A cordon is the GPU's: it is recorded with the UUID
 the node lists under the index cordoned, and follows that GPU to another index
-(``app.domain.gpu_identity``), as GPU health does. The operator's request is decided in
-``app.domain.node_operations`` (``cordon_gpu``, ``uncordon_gpu``).
+(``app.domain.gpu_identity``), as GPU health does, and stays while the node does not list
+its GPU (``unlisted_cordons``: one pulled out of the machine), so that it still holds if
+the GPU comes back; an operator can lift it all the same. The operator's request is
+decided in ``app.domain.node_operations`` (``cordon_gpu``, ``uncordon_gpu``).
 """
 
 from __future__ import annotations
 
-from app.domain.events import GpuInfo
-from app.domain.gpu_identity import same_gpu
+from app.domain.gpu_identity import NumberedGpu, same_gpu
 from app.domain.state import GpuCordon, Node
 
 
-def cordon_of(node: Node, gpu: GpuInfo) -> GpuCordon | None:
+def cordon_of(node: Node, gpu: NumberedGpu) -> GpuCordon | None:
     """The cordon of the node's GPU ``gpu``, if an operator cordoned it."""
     for cordon in node.gpu_cordons:
         if same_gpu(cordon, index=gpu.index, uuid=gpu.uuid):
             return cordon
     return None
+
+
+def unlisted_cordons(node: Node) -> tuple[GpuCordon, ...]:
+    """The node's cordons of GPUs it does not list now, in the order they were cordoned:
+    each under the index and UUID its GPU had when cordoned."""
+    return tuple(
+        cordon
+        for cordon in node.gpu_cordons
+        if not any(same_gpu(cordon, index=gpu.index, uuid=gpu.uuid) for gpu in node.gpus)
+    )
 
 
 def cordoned_indexes(node: Node) -> frozenset[int]:

@@ -29,7 +29,8 @@ from app.domain.events import (
 )
 from app.domain.evolve import replay
 from app.domain.free_text import reason_errors
-from app.domain.gpu_cordons import cordon_of
+from app.domain.gpu_cordons import cordon_of, unlisted_cordons
+from app.domain.gpu_identity import NumberedGpu
 from app.domain.model_spec import SpecError
 from app.domain.operation_results import (
     Change,
@@ -119,23 +120,38 @@ def cordon_gpu(state: ClusterState, node_id: str, gpu_index: int, reason: str) -
 
 def uncordon_gpu(state: ClusterState, node_id: str, gpu_index: int) -> Change:
     """Let placements use the node's GPU ``gpu_index`` again; one not cordoned records
-    nothing."""
+    nothing. The cordon lifted is that of the GPU the node lists under ``gpu_index``, else
+    one recorded under ``gpu_index`` for a GPU the node no longer lists (pulled out of the
+    machine): the operator can clear it, though no GPU could be cordoned so now."""
     node = find_node(state, node_id)
-    gpu = _listed_gpu(node, gpu_index)
-    if cordon_of(node, gpu) is None:
-        return Change(stream=node_stream(node_id))
+    gpu: NumberedGpu | None = _gpu_at(node, gpu_index)
+    if gpu is None or cordon_of(node, gpu) is None:
+        unlisted = next((c for c in unlisted_cordons(node) if c.index == gpu_index), None)
+        if unlisted is None and gpu is None:
+            raise _no_such_gpu(node, gpu_index)
+        if unlisted is None:
+            return Change(stream=node_stream(node_id))
+        gpu = unlisted
     uncordoned = GpuUncordoned(node_id=node_id, gpu_index=gpu.index, gpu_uuid=gpu.uuid)
     return Change(stream=node_stream(node_id), events=(uncordoned,))
 
 
 def _listed_gpu(node: Node, gpu_index: int) -> GpuInfo:
     """The GPU the node lists under ``gpu_index``, or the refusal naming those it lists."""
-    for gpu in node.gpus:
-        if gpu.index == gpu_index:
-            return gpu
+    gpu = _gpu_at(node, gpu_index)
+    if gpu is None:
+        raise _no_such_gpu(node, gpu_index)
+    return gpu
+
+
+def _gpu_at(node: Node, gpu_index: int) -> GpuInfo | None:
+    return next((gpu for gpu in node.gpus if gpu.index == gpu_index), None)
+
+
+def _no_such_gpu(node: Node, gpu_index: int) -> InvalidOperation:
     listed = ", ".join(str(index) for index in sorted(gpu.index for gpu in node.gpus))
     has = f"its GPUs are {listed}" if listed else "it lists no GPU"
-    raise InvalidOperation(f"node {node.id} has no GPU {gpu_index}: {has}")
+    return InvalidOperation(f"node {node.id} has no GPU {gpu_index}: {has}")
 
 
 def drain_node(

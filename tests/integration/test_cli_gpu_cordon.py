@@ -110,6 +110,35 @@ async def test_a_gpu_cordon_keeps_placements_off_it_is_shown_and_outlives_a_rest
     ]
 
 
+async def test_a_cordon_of_a_gpu_the_node_no_longer_lists_is_shown_and_can_be_lifted(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    """GPU 3 is cordoned, then pulled out of the machine: the agent's next hello lists 0-2.
+    `node` still shows the cordon, saying the node does not list the GPU, and `uncordon
+    --gpu 3` lifts it; a new cordon of GPU 3 is refused."""
+    node = an_id("gpu")
+    await seed_node(pg_store, node, gpus=4)
+    assert (await operator.run("cordon", node, "--gpu", "3", "--reason", "ecc errors")).code == 0
+    await record(
+        pg_store,
+        f"agent:{node}",
+        NodeConnected(node_id=node, address="127.0.0.7", gpus=tuple(gpu(i) for i in range(3))),
+    )
+
+    shown = await operator.run("node", node)
+    uncordoned = await operator.run("uncordon", node, "--gpu", "3")
+    cordoned_again = await operator.run("cordon", node, "--gpu", "3", "--reason", "ecc errors")
+    after = await operator.run("node", node, "--output", "json")
+
+    assert f"GPU 3 (not listed by the node): cordoned by {OPERATOR}: ecc errors" in shown.stdout
+    assert uncordoned.stdout == f"node {node}: GPU 3 uncordoned\n"
+    assert cordoned_again.code == 1
+    assert f"node {node} has no GPU 3: its GPUs are 0, 1, 2" in cordoned_again.stderr
+    assert after.json()["unlisted_gpu_cordons"] == []
+    recorded = await pg_store.read_stream(node_stream(node))
+    assert [event_type(r.event) for r in recorded][-2:] == ["node_connected", "gpu_uncordoned"]
+
+
 async def test_the_nodes_table_projects_each_gpus_cordon(
     operator: Operator, pg_store: PostgresEventStore, engine: AsyncEngine
 ) -> None:

@@ -77,6 +77,57 @@ def test_a_gpu_the_node_does_not_have_is_refused_naming_those_it_has() -> None:
         assert str(refused.value) == "node gpu-1 has no GPU 8: its GPUs are 0, 1, 2"
 
 
+def test_a_cordon_of_a_gpu_pulled_out_of_the_node_can_be_lifted_though_not_made_again() -> None:
+    """GPU 5 was cordoned, then pulled out of the machine: the node lists 7 GPUs. The
+    cordon stays (it holds again if the GPU comes back) and the operator can lift it; a new
+    cordon of GPU 5 is refused, as there is no such GPU to cordon."""
+    pulled = tuple(g for g in EIGHT if g.index != 5)
+    state = replay(
+        log_of(
+            *node("gpu-1", *EIGHT),
+            GpuCordoned(node_id="gpu-1", gpu_index=5, gpu_uuid="GPU-5", reason="ecc errors"),
+            NodeConnected(node_id="gpu-1", address="127.0.0.7", gpus=pulled),
+            actor="alice",
+        )
+    )
+    assert state.nodes["gpu-1"].gpu_cordons == (
+        GpuCordon(index=5, uuid="GPU-5", reason="ecc errors", by="alice"),
+    )
+
+    uncordoned = node_ops.uncordon_gpu(state, "gpu-1", 5)
+    with pytest.raises(InvalidOperation) as refused:
+        node_ops.cordon_gpu(state, "gpu-1", 5, "ecc errors")
+
+    assert uncordoned.events == (GpuUncordoned(node_id="gpu-1", gpu_index=5, gpu_uuid="GPU-5"),)
+    assert after(state, uncordoned).nodes["gpu-1"].gpu_cordons == ()
+    assert str(refused.value) == "node gpu-1 has no GPU 5: its GPUs are 0, 1, 2, 3, 4, 6, 7"
+    with pytest.raises(InvalidOperation, match="node gpu-1 has no GPU 5: its GPUs are 0, 1,"):
+        node_ops.uncordon_gpu(after(state, uncordoned), "gpu-1", 5)
+
+
+def test_uncordoning_an_index_lifts_the_listed_gpus_cordon_before_an_unlisted_one() -> None:
+    """GPU-5 was cordoned and pulled out; another GPU, GPU-new, now listed as 5, was
+    cordoned too. Uncordoning 5 lifts GPU-new's first (the GPU the node lists there), then
+    GPU-5's."""
+    new_5 = replace(gpu(5), uuid="GPU-new")
+    swapped = tuple(new_5 if g.index == 5 else g for g in EIGHT)
+    state = given(
+        *node("gpu-1", *EIGHT),
+        GpuCordoned(node_id="gpu-1", gpu_index=5, gpu_uuid="GPU-5", reason="ecc errors"),
+        NodeConnected(node_id="gpu-1", address="127.0.0.7", gpus=swapped),
+        GpuCordoned(node_id="gpu-1", gpu_index=5, gpu_uuid="GPU-new", reason="burn-in"),
+    )
+
+    first = node_ops.uncordon_gpu(state, "gpu-1", 5)
+    state = after(state, first)
+    second = node_ops.uncordon_gpu(state, "gpu-1", 5)
+    state = after(state, second)
+
+    assert first.events == (GpuUncordoned(node_id="gpu-1", gpu_index=5, gpu_uuid="GPU-new"),)
+    assert second.events == (GpuUncordoned(node_id="gpu-1", gpu_index=5, gpu_uuid="GPU-5"),)
+    assert node_ops.uncordon_gpu(state, "gpu-1", 5).events == ()
+
+
 def test_a_gpu_cordon_of_an_unknown_node_or_with_a_bad_reason_is_refused() -> None:
     state = given(*node("gpu-1", *EIGHT))
 
