@@ -6,14 +6,21 @@ until an operator drains its replica. A cordon is the GPU's: it is recorded with
 the node lists under the index cordoned, and follows that GPU to another index
 (``app.domain.gpu_identity``), as GPU health does, and stays while the node does not list
 its GPU (``unlisted_cordons``: one pulled out of the machine), so that it still holds if
-the GPU comes back; an operator can lift it all the same. The operator's request is
-decided in ``app.domain.node_operations`` (``cordon_gpu``, ``uncordon_gpu``).
+the GPU comes back; an operator can lift it all the same. A node keeps at most
+``MAX_GPU_CORDONS``. The operator's request is decided in ``app.domain.node_operations``
+(``cordon_gpu``, ``uncordon_gpu``).
 """
 
 from __future__ import annotations
 
 from app.domain.gpu_identity import NumberedGpu, same_gpu
+from app.domain.spec_bounds import MAX_GPUS_PER_SHARD
 from app.domain.state import GpuCordon, Node
+
+MAX_GPU_CORDONS = MAX_GPUS_PER_SHARD
+"""The most GPU cordons a node keeps: as many GPUs as it may list (``MAX_GPUS_PER_SHARD``
+is kept equal to that by a test). Only cordons of GPUs it no longer lists can add up past
+its GPUs, so a cordon beyond it is refused until an operator lifts one of those."""
 
 
 def cordon_of(node: Node, gpu: NumberedGpu) -> GpuCordon | None:

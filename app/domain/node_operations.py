@@ -29,7 +29,7 @@ from app.domain.events import (
 )
 from app.domain.evolve import replay
 from app.domain.free_text import reason_errors
-from app.domain.gpu_cordons import cordon_of, unlisted_cordons
+from app.domain.gpu_cordons import MAX_GPU_CORDONS, cordon_of, unlisted_cordons
 from app.domain.gpu_identity import NumberedGpu
 from app.domain.model_spec import SpecError
 from app.domain.operation_results import (
@@ -105,7 +105,8 @@ def uncordon(state: ClusterState, node_id: str) -> Change:
 def cordon_gpu(state: ClusterState, node_id: str, gpu_index: int, reason: str) -> Change:
     """Keep new shards off the node's GPU ``gpu_index`` (``app.domain.gpu_cordons``); a
     shard on it keeps running. Cordoned again with another reason (not an empty one), the
-    new reason is recorded, as for a node; the same reason again, or none, records nothing."""
+    new reason is recorded, as for a node; the same reason again, or none, records nothing.
+    A new cordon past the ``MAX_GPU_CORDONS`` the node keeps is refused."""
     node = find_node(state, node_id)
     gpu = _listed_gpu(node, gpu_index)
     errors = reason_errors("reason", reason)
@@ -114,6 +115,8 @@ def cordon_gpu(state: ClusterState, node_id: str, gpu_index: int, reason: str) -
     held = cordon_of(node, gpu)
     if held is not None and (not reason or reason == held.reason):
         return Change(stream=node_stream(node_id))
+    if held is None and len(node.gpu_cordons) >= MAX_GPU_CORDONS:
+        raise _too_many_cordons(node, gpu_index)
     cordoned = GpuCordoned(node_id=node_id, gpu_index=gpu.index, gpu_uuid=gpu.uuid, reason=reason)
     return Change(stream=node_stream(node_id), events=(cordoned,))
 
@@ -142,6 +145,19 @@ def _listed_gpu(node: Node, gpu_index: int) -> GpuInfo:
     if gpu is None:
         raise _no_such_gpu(node, gpu_index)
     return gpu
+
+
+def _too_many_cordons(node: Node, gpu_index: int) -> InvalidOperation:
+    unlisted = ", ".join(str(index) for index in sorted({c.index for c in unlisted_cordons(node)}))
+    lift = (
+        f"uncordon one of the GPUs it no longer lists ({unlisted}) first"
+        if unlisted
+        else "uncordon one of them first"
+    )
+    return InvalidOperation(
+        f"GPU {gpu_index} of node {node.id} was not cordoned: the node has "
+        f"{len(node.gpu_cordons)} GPU cordons, the most it may have ({MAX_GPU_CORDONS}); {lift}"
+    )
 
 
 def _gpu_at(node: Node, gpu_index: int) -> GpuInfo | None:

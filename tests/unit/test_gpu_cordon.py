@@ -28,6 +28,7 @@ from app.domain.state import GpuCordon
 from tests.unit.test_domain_operations import after, given, gpu, node
 from tests.unit.test_fold import log_of
 from tests.unit.test_reconcile import of_type, placed_ids, with_two_nodes_and_a_model
+from wire.messages import MAX_GPUS_PER_NODE
 
 EIGHT = tuple(gpu(i) for i in range(8))
 GPU_3 = EIGHT[3].uuid
@@ -126,6 +127,38 @@ def test_uncordoning_an_index_lifts_the_listed_gpus_cordon_before_an_unlisted_on
     assert first.events == (GpuUncordoned(node_id="gpu-1", gpu_index=5, gpu_uuid="GPU-new"),)
     assert second.events == (GpuUncordoned(node_id="gpu-1", gpu_index=5, gpu_uuid="GPU-5"),)
     assert node_ops.uncordon_gpu(state, "gpu-1", 5).events == ()
+
+
+def test_a_cordon_past_the_most_a_node_keeps_is_refused_until_one_is_lifted() -> None:
+    """GPUs were cordoned and then swapped out, one after another, until the node kept as
+    many cordons as a node may list GPUs (64), one of them of its GPU 3: another cordon is
+    refused, saying which to lift, while GPU 3's may still take a new reason. Once one is
+    lifted, the cordon is recorded."""
+    swapped_out = [
+        GpuCordoned(node_id="gpu-1", gpu_index=n % 8, gpu_uuid=f"GPU-gone-{n}", reason="ecc")
+        for n in range(MAX_GPUS_PER_NODE - 1)
+    ]
+    state = given(
+        *node("gpu-1", *EIGHT),
+        *swapped_out,
+        GpuCordoned(node_id="gpu-1", gpu_index=3, gpu_uuid="GPU-3", reason="ecc errors"),
+    )
+
+    with pytest.raises(InvalidOperation) as refused:
+        node_ops.cordon_gpu(state, "gpu-1", 4, "xid 48")
+    new_reason = node_ops.cordon_gpu(state, "gpu-1", 3, "xid 48")
+    lifted = after(state, node_ops.uncordon_gpu(state, "gpu-1", 0))
+
+    assert str(refused.value) == (
+        "GPU 4 of node gpu-1 was not cordoned: the node has 64 GPU cordons, the most it may "
+        "have (64); uncordon one of the GPUs it no longer lists (0, 1, 2, 3, 4, 5, 6, 7) first"
+    )
+    assert new_reason.events == (
+        GpuCordoned(node_id="gpu-1", gpu_index=3, gpu_uuid="GPU-3", reason="xid 48"),
+    )
+    assert node_ops.cordon_gpu(lifted, "gpu-1", 4, "xid 48").events == (
+        GpuCordoned(node_id="gpu-1", gpu_index=4, gpu_uuid="GPU-4", reason="xid 48"),
+    )
 
 
 def test_a_gpu_cordon_of_an_unknown_node_or_with_a_bad_reason_is_refused() -> None:
