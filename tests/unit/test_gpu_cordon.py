@@ -141,7 +141,7 @@ def test_a_cordon_past_the_most_a_node_keeps_is_refused_until_one_is_lifted() ->
     state = given(
         *node("gpu-1", *EIGHT),
         *swapped_out,
-        GpuCordoned(node_id="gpu-1", gpu_index=3, gpu_uuid="GPU-3", reason="ecc errors"),
+        GpuCordoned(node_id="gpu-1", gpu_index=3, gpu_uuid=GPU_3, reason="ecc errors"),
     )
 
     with pytest.raises(InvalidOperation) as refused:
@@ -154,10 +154,10 @@ def test_a_cordon_past_the_most_a_node_keeps_is_refused_until_one_is_lifted() ->
         "have (64); uncordon one of the GPUs it no longer lists (0, 1, 2, 3, 4, 5, 6, 7) first"
     )
     assert new_reason.events == (
-        GpuCordoned(node_id="gpu-1", gpu_index=3, gpu_uuid="GPU-3", reason="xid 48"),
+        GpuCordoned(node_id="gpu-1", gpu_index=3, gpu_uuid=GPU_3, reason="xid 48"),
     )
     assert node_ops.cordon_gpu(lifted, "gpu-1", 4, "xid 48").events == (
-        GpuCordoned(node_id="gpu-1", gpu_index=4, gpu_uuid="GPU-4", reason="xid 48"),
+        GpuCordoned(node_id="gpu-1", gpu_index=4, gpu_uuid=EIGHT[4].uuid, reason="xid 48"),
     )
 
 
