@@ -26,6 +26,7 @@ from app.domain.events import (
     NodeDrainCancelled,
     NodeDrainFinished,
     NodeDrainRequested,
+    NodeForgotten,
     NodeLost,
     NodeRefused,
     NodeRegistered,
@@ -98,6 +99,7 @@ def _subject(event: AnyEvent) -> str:
             | NodeDrainRequested()
             | NodeDrainCancelled()
             | NodeDrainFinished()
+            | NodeForgotten()
             | GpuMarkedUnhealthy()
             | GpuRecovered()
             | GpuCordoned()
@@ -158,6 +160,8 @@ def _what(event: AnyEvent) -> str:
             return f"drain {event.drain_id} cancelled: its moves are called off"
         case NodeDrainFinished():
             return f"drain {event.drain_id} finished: {event.outcome}"
+        case NodeForgotten():
+            return f"forgotten for good: {event.reason}"
         case GpuMarkedUnhealthy():
             return f"{_gpu(event.gpu_index, event.gpu_uuid)} unhealthy: {event.reason}"
         case GpuRecovered():

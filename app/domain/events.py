@@ -296,6 +296,16 @@ class NodeDrainRequested(Event, frozen=True, kw_only=True):
     grace_s: float
 
 
+class NodeForgotten(Event, frozen=True, kw_only=True):
+    """An operator retired the node for good (the actor of this event): the state keeps
+    nothing of it, and an agent that connects under its id later is registered anew.
+    Recorded only while it was not connected, with no replica not ended on it, and no
+    drain of it under way (``app.domain.node_forgetting``)."""
+
+    node_id: str
+    reason: str
+
+
 class NodeDrainCancelled(Event, frozen=True, kw_only=True):
     """An operator called the node's drain off (the actor of this event): the reconciler
     calls off each of its moves under way and finishes the drain as cancelled. The node
@@ -575,6 +585,7 @@ AnyEvent = (
     | NodeDrainRequested
     | NodeDrainCancelled
     | NodeDrainFinished
+    | NodeForgotten
     | GpuMarkedUnhealthy
     | GpuRecovered
     | GpuCordoned
@@ -651,6 +662,7 @@ def subjects(event: AnyEvent) -> Subjects:
             | NodeDrainRequested()
             | NodeDrainCancelled()
             | NodeDrainFinished()
+            | NodeForgotten()
             | GpuMarkedUnhealthy()
             | GpuRecovered()
             | GpuCordoned()

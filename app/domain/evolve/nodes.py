@@ -1,7 +1,7 @@
 """The fold of nodes and their GPUs: registered, connected (with the GPUs a hello leaves
-out), disconnected, lost, cordoned and drained; GPUs marked unhealthy and recovered, cordoned
-and uncordoned by an operator; and the strays an agent stopped, which the node remembers and
-whose numbers the model counts."""
+out), disconnected, lost, cordoned, drained and forgotten; GPUs marked unhealthy and
+recovered, cordoned and uncordoned by an operator; and the strays an agent stopped, which
+the node remembers and whose numbers the model counts."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from app.domain.events import (
     NodeDrainCancelled,
     NodeDrainFinished,
     NodeDrainRequested,
+    NodeForgotten,
     NodeLost,
     NodeRegistered,
     NodeUncordoned,
@@ -186,6 +187,13 @@ def _node_drain_finished(state: ClusterState, event: NodeDrainFinished, recorded
     update_node(state, event.node_id, _NO_DRAIN)
 
 
+def _node_forgotten(state: ClusterState, event: NodeForgotten, recorded: Recorded) -> None:
+    """The node and all it held (GPU cordons, labels, ports held elsewhere, strays) go;
+    its certificate revocations are not the node's and stay. Ended replicas that ran on it
+    keep naming its id."""
+    state.nodes.pop(event.node_id, None)
+
+
 def _gpu_marked_unhealthy(
     state: ClusterState, event: GpuMarkedUnhealthy, recorded: Recorded
 ) -> None:
@@ -266,6 +274,7 @@ HANDLERS: dict[type[Event], Handler] = {
     NodeDrainRequested: _node_drain_requested,
     NodeDrainCancelled: _node_drain_cancelled,
     NodeDrainFinished: _node_drain_finished,
+    NodeForgotten: _node_forgotten,
     GpuMarkedUnhealthy: _gpu_marked_unhealthy,
     GpuRecovered: _gpu_recovered,
     GpuCordoned: _gpu_cordoned,
