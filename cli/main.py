@@ -15,6 +15,7 @@ from cli.completion import register_completion
 from cli.drain import drain, drain_progress
 from cli.drain_cancel import drain_cancel
 from cli.events import events
+from cli.forget import forget
 from cli.history import history_app
 from cli.keys import keys_app
 from cli.models import models_app, remove, scale, show_model
@@ -53,6 +54,7 @@ app.command(uncordon, name="uncordon")
 app.command(drain, name="drain")
 app.command(drain_progress, name="drain-progress")
 app.command(drain_cancel, name="drain-cancel")
+app.command(forget, name="forget")
 app.command(rollout_app)
 app.command(events, name="events")
 cert_app.command(revoke_certificate, name="revoke")

@@ -1,5 +1,5 @@
-"""The admin API's views of nodes, the requests that cordon and drain one, and where a
-model's replica could be placed (wire schemas)."""
+"""The admin API's views of nodes, the requests that cordon, drain and forget one, and
+where a model's replica could be placed (wire schemas)."""
 
 from __future__ import annotations
 
@@ -144,6 +144,24 @@ class CordonRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 class NodeChange(msgspec.Struct, frozen=True, kw_only=True):
     changed: bool
     node: NodeView
+
+
+class ForgetRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    reason: str
+    """Why the node is gone for good: one line, recorded in its history."""
+    revoke_certificates: bool = False
+    """Also revoke every certificate issued to the node until now, in the same append, so
+    that its agent cannot come back under its id."""
+
+
+class NodeForgetting(msgspec.Struct, frozen=True, kw_only=True):
+    """A forgotten node: the state keeps nothing of it; its history stays."""
+
+    node_id: str
+    changed: bool
+    """Always true: a forget records, or is refused (a request sent again with its
+    idempotency key answers as the first did)."""
+    certificates_revoked: bool
 
 
 class DrainRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

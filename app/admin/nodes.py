@@ -1,6 +1,6 @@
 """``/admin/v1/nodes``: the GPU machines, cordon and uncordon of a node or of one of its
-GPUs (a node's drain is in ``app.admin.drains``). A node's GPUs show the memory in use
-that placement reads: the leader's latest reading, else the hello's
+GPUs, forgetting a retired node (a node's drain is in ``app.admin.drains``). A node's GPUs
+show the memory in use that placement reads: the leader's latest reading, else the hello's
 (``app.domain.allocation``)."""
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ from app.admin.bodies import NoBody, check_body
 from app.admin.node_schemas import (
     ConnectionView,
     CordonRequest,
+    ForgetRequest,
     GpuView,
     NodeChange,
     NodeDrainView,
+    NodeForgetting,
     NodeReplicaView,
     NodeSummary,
     NodeView,
@@ -227,6 +229,20 @@ class NodeController(Controller):
     ) -> NodeChange:
         changed = await operations.uncordon(caller, node_id)
         return NodeChange(changed=changed, node=await _current_view(operations, node_id))
+
+    @post("/{node_id:str}/forget", status_code=200, summary="Forget a retired node for good")
+    async def forget(
+        self,
+        operations: NamedDependency[Operations],
+        caller: NamedDependency[Caller],
+        node_id: FromPath[str],
+        data: JSONBody[ForgetRequest],
+    ) -> NodeForgetting:
+        revoke = data.revoke_certificates
+        changed = await operations.forget_node(
+            caller, node_id, data.reason, revoke_certificates=revoke
+        )
+        return NodeForgetting(node_id=node_id, changed=changed, certificates_revoked=revoke)
 
     @post(
         "/{node_id:str}/gpus/{gpu:str}/cordon",

@@ -18,7 +18,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from app.clock import utc_now
-from app.domain import drain_cancel, revocations, tuning
+from app.domain import drain_cancel, node_forgetting, revocations, tuning
 from app.domain import keys as key_decisions
 from app.domain import model_operations as model_decisions
 from app.domain import node_operations as node_decisions
@@ -198,6 +198,21 @@ class Operations:
             caller,
             node_stream(node_id),
             lambda s: node_decisions.uncordon_gpu(s, node_id, gpu_index),
+        )
+
+    async def forget_node(
+        self, caller: Caller, node_id: str, reason: str, *, revoke_certificates: bool = False
+    ) -> bool:
+        """Record that the node is gone for good (``node_forgetting``), after a revocation
+        of its certificates with ``revoke_certificates``; refused if a replica was placed
+        on it meanwhile."""
+        return await self._record(
+            caller,
+            node_stream(node_id),
+            lambda s: node_forgetting.forget(
+                s, node_id, reason, revoke_certificates=revoke_certificates
+            ),
+            still_holds=node_forgetting.forget_overtaken,
         )
 
     async def drain_node(
