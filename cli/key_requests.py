@@ -1,20 +1,30 @@
 """The admin API's keys as llmgw-cli asks for them: create one, list them all page after
-page (never trusting a listing that repeats itself), revoke one."""
+page (never trusting a listing that repeats itself), revoke one.
+
+A key creation whose answer was lost, sent again with its Idempotency-Key, is answered 409
+``carried-out-already`` naming the key it created: that key's secret was only in the lost
+answer, and the server never shows it again. Nobody holds it, so nobody can be using the
+key: ``create_key`` revokes it and creates another in its place (``Created.replaced``).
+"""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 
 import msgspec
 
 from cli.arguments import segment
-from cli.client import AdminClient, RepeatingListing, decode
+from cli.client import AdminClient, ApiProblem, ClientError, RepeatingListing, decode
 from cli.operator import Reply
 from cli.paging import Listed, check_page_count, listed_items
 
 KEYS_PAGE_SIZE = 500
+CARRIED_OUT_ALREADY = "carried-out-already"
+MAX_KEY_ID_CHARS = 128
+"""The longest key id a ``carried-out-already`` answer may name for llmgw-cli to revoke it."""
 
 
 class KeyView(msgspec.Struct, frozen=True, kw_only=True):
@@ -51,6 +61,15 @@ class KeyChange(msgspec.Struct, frozen=True, kw_only=True):
 ListedKey = Listed[KeyView]
 
 
+@dataclass(frozen=True)
+class Created:
+    """A key creation's answer, and the id of the key revoked in its place, if any: one
+    created by the same request, whose answer (and secret) was lost."""
+
+    reply: Reply[KeyCreated]
+    replaced: str | None = None
+
+
 _key_created_decoder = msgspec.json.Decoder(KeyCreated)
 _key_decoder = msgspec.json.Decoder(KeyView)
 _raw_list_decoder = msgspec.json.Decoder(list[msgspec.Raw])
@@ -66,19 +85,64 @@ def create_key(
     tpm: int | None = None,
     expires_at: datetime | None = None,
     expires_in_s: float | None = None,
-) -> Reply[KeyCreated]:
+) -> Created:
     """A new API key scoped to ``models`` (``["*"]``: every model) that works until
     ``expires_at``, or for ``expires_in_s`` seconds from when the server records it, by the
     server's clock (neither: until revoked); the answer holds the whole key, which the
-    server never shows again."""
+    server never shows again. When the key was created but its answer lost, that key is
+    revoked and another created, once."""
     body: dict[str, object] = {"name": name, "models": models, "rpm": rpm, "tpm": tpm}
     # Each left out unless given: a server older than it refuses it.
     if expires_at is not None:
         body["expires_at"] = expires_at
     if expires_in_s is not None:
         body["expires_in_s"] = expires_in_s
-    raw = client.request("POST", "/admin/v1/keys", body=body)
-    return Reply(decode(_key_created_decoder, raw, "new key"), raw)
+
+    def create() -> Reply[KeyCreated]:
+        raw = client.request("POST", "/admin/v1/keys", body=body)
+        return Reply(decode(_key_created_decoder, raw, "new key"), raw)
+
+    try:
+        return Created(create())
+    except ApiProblem as problem:
+        lost = secret_lost(problem)
+        if lost is None:
+            raise
+    return Created(_in_place_of(client, lost, create), replaced=lost)
+
+
+def secret_lost(problem: ApiProblem) -> str | None:
+    """The id of the key a creation sent again had created, whose secret was only in the
+    lost answer; None when ``problem`` is not that (or names no usable id)."""
+    if problem.status != 409 or problem.title != CARRIED_OUT_ALREADY:
+        return None
+    key_id = problem.extra.get("key_id")
+    if not isinstance(key_id, str) or not 0 < len(key_id) <= MAX_KEY_ID_CHARS:
+        return None
+    return key_id if key_id.isprintable() and not key_id.isspace() else None
+
+
+def lost_words(key_id: str) -> str:
+    return f"key {key_id} was created but its secret was lost with the answer"
+
+
+def _in_place_of(
+    client: AdminClient, lost: str, create: Callable[[], Reply[KeyCreated]]
+) -> Reply[KeyCreated]:
+    """``create`` once ``lost`` is revoked; a failure of either says where it stopped."""
+    try:
+        revoke_key(client, lost)
+    except ClientError as exc:
+        raise ClientError(
+            f"{lost_words(lost)}, and revoking it failed: {exc}. Revoke it "
+            f"(`llmgw-cli keys revoke {lost}`) and create another"
+        ) from exc
+    try:
+        return create()
+    except ClientError as exc:
+        raise ClientError(
+            f"{lost_words(lost)}: it was revoked, and creating another in its place failed: {exc}"
+        ) from exc
 
 
 def list_keys(client: AdminClient) -> list[ListedKey]:

@@ -127,7 +127,10 @@ def create_key(
 ) -> int:
     """Create an API key and print it, this once. With --expires-in or --expires-at it
     stops working at that time: every gateway refuses it from then on (401, saying when
-    it expired), no revocation needed.
+    it expired), no revocation needed. When the answer is lost, the creation is sent once
+    more with the same Idempotency-Key; if the first had created the key, whose secret only
+    the lost answer held, that key is revoked and another created in its place, saying so
+    on stderr.
 
     ```
     llmgw-cli keys create --name ci --models llama-3-8b,qwen-2-7b --rpm 60 --tpm 100000
@@ -150,19 +153,28 @@ def create_key(
         if expires_in is not None:
             # A span, counted by the server's clock: this machine's may be off.
             lifetime_s = expires_in.total_seconds()
-            reply = key_requests.create_key(
+            created = key_requests.create_key(
                 client, name, scope, rpm=rpm, tpm=tpm, expires_in_s=lifetime_s
             )
         else:
-            reply = key_requests.create_key(client, name, scope, rpm=rpm, tpm=tpm, expires_at=until)
+            created = key_requests.create_key(
+                client, name, scope, rpm=rpm, tpm=tpm, expires_at=until
+            )
+        if created.replaced is not None:
+            warn(
+                f"The answer to this key creation was lost: "
+                f"{key_requests.lost_words(created.replaced)}: it was revoked, and this key "
+                "created in its place."
+            )
+        reply = created.reply
         if output == "json":
             print_json(reply.raw)
         else:
-            created = reply.value
-            say(f"Created API key {created.name} ({_scope_text(created)}; {_limits(created)})")
-            say(f"prefix {created.prefix}, id {created.id}, {_expiry_text(created)}")
+            key = reply.value
+            say(f"Created API key {key.name} ({_scope_text(key)}; {_limits(key)})")
+            say(f"prefix {key.prefix}, id {key.id}, {_expiry_text(key)}")
             say()
-            say(f"    {created.key}")
+            say(f"    {key.key}")
             say()
         warn(SHOWN_ONCE)
         return EXIT_OK

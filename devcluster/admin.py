@@ -69,7 +69,7 @@ def api_key(admin: AdminClient, path: Path, *, name: str, models: list[str]) -> 
     for key in live.values():
         if key.name == name:
             revoke_key(admin, key.prefix)
-    created = create_key(admin, name, models).value.key
+    created = create_key(admin, name, models).reply.value.key
     path.unlink(missing_ok=True)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as file:

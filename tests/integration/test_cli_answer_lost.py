@@ -196,3 +196,27 @@ async def test_over_https_a_lost_answer_is_told_apart_from_a_refused_certificate
         if isinstance(r.event, ModelScaled)
     ]
     assert scales == [3]
+
+
+async def test_a_key_creation_whose_answer_was_lost_revokes_that_key_and_creates_another(
+    through_relay: ThroughRelay,
+) -> None:
+    name = f"ci-{secrets.token_hex(3)}"
+    through_relay.relay.lose_next_answer()
+
+    created = await through_relay.operator.run("keys", "create", "--name", name, "--models", "*")
+
+    assert created.code == 0, created.stderr
+    async with httpx.AsyncClient(
+        base_url=through_relay.direct, headers={"authorization": f"Bearer {TOKEN}"}
+    ) as admin:
+        listed = (await admin.get("/admin/v1/keys", params={"limit": 500})).json()
+    lost, shown = [key for key in listed if key["name"] == name]
+    assert lost["revoked"] is True
+    assert shown["revoked"] is False
+    assert f"prefix {shown['prefix']}, id {shown['id']}" in created.stdout
+    assert shown["prefix"] in created.stdout.split()[-1]
+    assert (
+        f"key {lost['id']} was created but its secret was lost with the answer: it was "
+        "revoked, and this key created in its place"
+    ) in " ".join(created.stderr.split()), created.stderr
