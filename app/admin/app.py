@@ -19,7 +19,7 @@ from app.admin.errors import EXCEPTION_HANDLERS
 from app.admin.events import EventsController
 from app.admin.health import Readiness, healthz, readyz
 from app.admin.history import HistoryController
-from app.admin.idempotency_header import idempotency_of
+from app.admin.idempotency_header import declare_in_schema, idempotency_of
 from app.admin.keys import KeyController
 from app.admin.metrics import ClusterMetrics, GatewayPage, LiveSource, metrics
 from app.admin.middleware import MIDDLEWARE, REQUEST_ID_KEY, request_id_of
@@ -83,7 +83,7 @@ def create_admin_app(
     async def provide_traffic() -> TrafficSource:
         return replica_traffic
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[
             AutoscaleController,
             CertificateController,
@@ -122,3 +122,5 @@ def create_admin_app(
         request_max_body_size=MAX_BODY_BYTES,
         debug=False,
     )
+    declare_in_schema(app)
+    return app

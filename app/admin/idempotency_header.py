@@ -4,19 +4,76 @@ Header Field"): read, checked, and paired with what the request asks.
 A change (POST, PUT, DELETE) may carry one key: a bad one, or two, is a 400 naming the
 header, before anything is decided. What the key does is ``app.domain.idempotency``'s; a
 request that only reads ignores it.
+
+The OpenAPI schema declares the header on the operations that read it
+(``declare_in_schema``): the changes whose handler takes the ``caller``, which is where the
+header is read. A POST that only previews (a model's preview, a placement dry run) takes
+none, and neither reads nor declares it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from litestar import Request
+from litestar import Litestar, Request
 from litestar.exceptions import ValidationException
+from litestar.openapi.spec import OpenAPIType, Operation, Parameter, Schema
+from litestar.routes import HTTPRoute
 
-from app.domain.idempotency import IdempotencyKey, key_problem, request_digest, unquoted
+from app.domain.idempotency import (
+    KEY_CHARACTERS,
+    MAX_KEY_CHARS,
+    IdempotencyKey,
+    key_problem,
+    request_digest,
+    unquoted,
+)
 
 HEADER = "idempotency-key"
 _CHANGING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+CALLER_PARAMETER = "caller"
+"""The handler parameter whose dependency (``app.admin.app.provide_caller``) reads the key."""
+
+_KEY = f"{KEY_CHARACTERS}{{1,{MAX_KEY_CHARS}}}"
+SCHEMA_PARAMETER = Parameter(
+    name="Idempotency-Key",
+    param_in="header",
+    required=False,
+    schema=Schema(
+        type=OpenAPIType.STRING,
+        pattern=f'^(?:{_KEY}|"{_KEY}")$',
+        max_length=MAX_KEY_CHARS + 2,
+    ),
+    description=(
+        f"A key of the client's (1 to {MAX_KEY_CHARS} letters, digits and . _ : + / = -, a "
+        "UUID will do; bare or in double quotes), so that this change sent again with it is "
+        "carried out once and answered as the first time; a key creation sent again is a "
+        "409 carried-out-already naming the key. The same key with another request is a "
+        "422 idempotency-key-reused; a malformed key, or the header twice, a 400. See "
+        'docs/admin-api.md, "Sending a change again".'
+    ),
+)
+
+
+@dataclass
+class ReadsIdempotencyKey(Operation):
+    """Litestar's operation of a change that reads the header, with the header declared."""
+
+    def __post_init__(self) -> None:
+        self.parameters = [*(self.parameters or []), SCHEMA_PARAMETER]
+
+
+def declare_in_schema(app: Litestar) -> None:
+    """Declares the header in ``app``'s OpenAPI schema on every change whose handler reads
+    it; before the schema is first served (Litestar builds it then)."""
+    for route in app.routes:
+        if not isinstance(route, HTTPRoute):
+            continue
+        for handler in route.route_handlers:
+            changes = handler.http_methods <= _CHANGING_METHODS
+            if changes and CALLER_PARAMETER in handler.parsed_fn_signature.parameters:
+                handler.operation_class = ReadsIdempotencyKey
 
 
 async def idempotency_of(request: Request[Any, Any, Any]) -> IdempotencyKey | None:

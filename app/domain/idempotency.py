@@ -26,7 +26,8 @@ import msgspec
 from app.domain.operation_results import InvalidOperation, OperationError
 
 MAX_KEY_CHARS = 128
-KEY_PATTERN = re.compile(rf"[A-Za-z0-9._:+/=-]{{1,{MAX_KEY_CHARS}}}")
+KEY_CHARACTERS = "[A-Za-z0-9._:+/=-]"
+KEY_PATTERN = re.compile(rf"{KEY_CHARACTERS}{{1,{MAX_KEY_CHARS}}}")
 """A key as a client sends it: a UUID, a ULID, base64 or hex of some random bytes."""
 
 _NAMESPACE = uuid.UUID("5b0c7a4e-1f0e-4a8b-9a57-6c0d1e2f3a4b")

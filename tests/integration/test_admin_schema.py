@@ -5,6 +5,7 @@ the app served by uvicorn on a loopback socket, without a token. Every page unde
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import AsyncIterator
 
 import httpx
@@ -16,6 +17,8 @@ from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import serving_admin
 
 LOOPBACK = "127.0.0.1"
+PREVIEWS = {("post", "/admin/v1/models/{name}/preview"), ("post", "/admin/v1/placement")}
+"""The POSTs that record nothing, so read no Idempotency-Key."""
 ABSOLUTE_URL = re.compile(r"(?:https?:)?//([^/\s\"'<>]+)")
 
 
@@ -74,3 +77,36 @@ async def test_no_viewer_that_needs_a_cdn_is_served(admin: httpx.AsyncClient) ->
 
         assert response.status_code == 404, viewer
         assert "cdn" not in response.text.lower(), viewer
+
+
+async def test_every_change_that_reads_an_idempotency_key_declares_it(
+    admin: httpx.AsyncClient,
+) -> None:
+    schema = (await admin.get("/admin/v1/schema/openapi.json")).json()
+
+    declaring: dict[tuple[str, str], list[dict[str, object]]] = {}
+    for path, item in schema["paths"].items():
+        for method, operation in item.items():
+            declared = operation.get("parameters", [])
+            declaring[method, path] = [
+                p for p in declared if str(p["name"]).lower() == "idempotency-key"
+            ]
+    changes = {op for op in declaring if op[0] in {"post", "put", "patch", "delete"}}
+    assert ("post", "/admin/v1/models/{name}/scale") in changes
+    assert {op for op, found in declaring.items() if found} == changes - PREVIEWS
+    [header] = declaring["post", "/admin/v1/keys"]
+    assert header["in"] == "header"
+    assert header["required"] is False
+    assert "Sending a change again" in str(header["description"])
+    shape = header["schema"]
+    assert isinstance(shape, dict)
+    assert shape["type"] == "string"
+    assert shape["maxLength"] == 130
+    key = str(uuid.uuid4())
+    pattern = re.compile(shape["pattern"])
+    assert pattern.search(key)
+    assert pattern.search(f'"{key}"')
+    assert pattern.search("k" * 128)
+    assert not pattern.search("k" * 129)
+    assert not pattern.search("a key")
+    assert not pattern.search(f'"{key}')
