@@ -32,6 +32,13 @@ app = App(
     version=llmgw_version,
     help="Operate an llmgw cluster: nodes, models, replicas, autoscaling, drains, rollouts, "
     "history, keys, certificates."
+    "\n\nEvery change is sent with an Idempotency-Key of its own. When its answer is lost "
+    "(the connection broke after it went out), it is sent once more with the same key, which "
+    "the admin API carries out at most once: answered, the command ends as if the first "
+    "answer had come. Lost again, the command exits 1 saying that the change, sent twice "
+    "with the same key, may have been carried out (once at most): see what the log recorded "
+    "(`llmgw-cli events --last 20`) before running it again, which sends it with a new key "
+    "(docs/admin-api.md, Sending a change again)."
     "\n\nShell completion: `llmgw-cli --install-completion`, or "
     '`eval "$(llmgw-cli completion bash)"`.'
     "\n\nExample: llmgw-cli nodes --admin-url http://127.0.0.1:8081",

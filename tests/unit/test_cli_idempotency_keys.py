@@ -4,11 +4,15 @@ answer was lost once more with the same key, which the admin API carries out at 
 
 from __future__ import annotations
 
+import io
+
 import httpx
 import pytest
+from rich.console import Console
 
 from cli.client import AdminClient, AnswerLost
 from cli.config import ConnectionSettings
+from cli.main import app
 
 SETTINGS = ConnectionSettings(admin_url="http://admin.invalid:8081")
 SCALE = "/admin/v1/models/llama/scale"
@@ -57,3 +61,14 @@ def test_a_change_whose_answer_was_lost_twice_says_it_was_sent_once_more() -> No
     assert "It was sent once more with the same Idempotency-Key and got no answer either" in (
         message
     )
+
+
+def test_llmgw_cli_help_says_a_lost_change_is_sent_once_more_and_what_a_script_then_sees() -> None:
+    shown = io.StringIO()
+    app.help_print([], console=Console(file=shown, width=400, force_terminal=False))
+    text = " ".join(shown.getvalue().split())
+
+    assert "When its answer is lost" in text, text
+    assert "it is sent once more with the same key" in text
+    assert "the command exits 1 saying that the change, sent twice with the same key" in text
+    assert "(llmgw-cli events --last 20) before running it again" in text
