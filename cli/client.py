@@ -62,8 +62,8 @@ as it is once decompressed (each piece the connection brings at most some tens o
 READING_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 """Requests that change nothing: one whose answer was lost is only unanswered."""
 IDEMPOTENCY_HEADER = "idempotency-key"
-"""Sent with every change, a new key each: the admin API records a change sent again with
-its key once (``AdminClient.change``)."""
+"""Sent with every change, a new key each (or those ``--idempotency-key`` gives): the admin
+API records a change sent again with its key once (``AdminClient.change``)."""
 SENT_AGAIN = "It was sent once more with the same Idempotency-Key and got no answer either"
 
 _T = TypeVar("_T")
@@ -197,6 +197,7 @@ class AdminClient:
         self.answer_within_s = answer_within_s
         self.max_answer_bytes = max_answer_bytes
         self._url = httpx.URL(settings.admin_url)
+        self._changes_sent = 0
         headers = {"user-agent": USER_AGENT}
         if settings.token:
             headers["authorization"] = f"Bearer {settings.token}"
@@ -237,7 +238,7 @@ class AdminClient:
         if method in READING_METHODS:
             status, answer = self.exchange(method, path, params, content, headers)
         else:
-            headers[IDEMPOTENCY_HEADER] = new_idempotency_key()
+            headers[IDEMPOTENCY_HEADER] = self._next_key()
             status, answer = self.change(method, path, params, content, headers)
         if 200 <= status < 300:
             return answer
@@ -245,6 +246,15 @@ class AdminClient:
         if isinstance(error, ApiProblem) and _unknown_to_the_server(error):
             raise self._older_server(method, path, error) from error
         raise error
+
+    def _next_key(self) -> str:
+        """The key of the next change: a new one, or with ``--idempotency-key K``, K for the
+        first change, K.2 for the second and so on, the same on every run of the command."""
+        self._changes_sent += 1
+        given = self.settings.idempotency_key
+        if given is None:
+            return new_idempotency_key()
+        return given if self._changes_sent == 1 else f"{given}.{self._changes_sent}"
 
     def change(
         self,
@@ -263,9 +273,20 @@ class AdminClient:
             try:
                 return self.exchange(method, path, params, content, headers)
             except AnswerLost as again:
-                raise AnswerLost(f"{lost}. {SENT_AGAIN}") from again
+                raise AnswerLost(f"{lost}. {SENT_AGAIN}{self._run_again_advice()}") from again
             except ClientError as again:
-                raise AnswerLost(f"{lost}. {SENT_AGAIN}: {again}") from again
+                raise AnswerLost(
+                    f"{lost}. {SENT_AGAIN}: {again}{self._run_again_advice()}"
+                ) from again
+
+    def _run_again_advice(self) -> str:
+        given = self.settings.idempotency_key
+        if given is None:
+            return ""
+        return (
+            f". Running the same command again with --idempotency-key {given} is safe: the "
+            "admin API carries out its change at most once"
+        )
 
     def exchange(
         self,

@@ -76,6 +76,13 @@ _SETTING_FILES = {
 """What each file setting holds, as a refusal of one that cannot be read names it."""
 
 
+MAX_GIVEN_KEY_CHARS = 120
+"""The longest --idempotency-key: the admin API takes 128 characters, and the key of a
+command's later changes carries a suffix (``.2``)."""
+GIVEN_KEY = re.compile(rf"[A-Za-z0-9._:+/=-]{{1,{MAX_GIVEN_KEY_CHARS}}}")
+"""An --idempotency-key as the admin API takes one (docs/admin-api.md#sending-a-change-again)."""
+
+
 class ConfigError(Exception):
     """The configuration cannot be used as given (a usage error: exit code 2)."""
 
@@ -123,6 +130,18 @@ class ConnectionFlags:
             help="The llmgw CA that issued the server's certificate. [$LLMGW_ADMIN_CA]",
         ),
     ] = None
+    idempotency_key: Annotated[
+        str | None,
+        Parameter(
+            name="--idempotency-key",
+            metavar="KEY",
+            help="Send the command's change with this Idempotency-Key (its second change, if "
+            "any, with KEY.2, and so on), so that running the same command again with it is "
+            "carried out once: for a script that retries across runs. 1 to "
+            f"{MAX_GIVEN_KEY_CHARS} letters, digits and . _ : + / = - (a UUID will do); "
+            "reads ignore it. [default: a new key for each change]",
+        ),
+    ] = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +153,8 @@ class ConnectionSettings:
     ca_cert: Path | None = None
     config_file: Path | None = None
     """The config file consulted (whether it exists or not); advice names it."""
+    idempotency_key: str | None = None
+    """The key of the command's first change (``--idempotency-key``); None: a new one each."""
 
 
 def resolve_settings(
@@ -178,6 +199,18 @@ def resolve_settings(
         client_key=pick_path("client_key"),
         ca_cert=pick_path("ca_cert"),
         config_file=config_file,
+        idempotency_key=_given_key(flags.idempotency_key),
+    )
+
+
+def _given_key(key: str | None) -> str | None:
+    """``--idempotency-key`` once checked; a ConfigError naming the flag for one the admin
+    API would refuse, before anything is sent."""
+    if key is None or GIVEN_KEY.fullmatch(key):
+        return key
+    raise ConfigError(
+        f"--idempotency-key must be 1 to {MAX_GIVEN_KEY_CHARS} letters, digits and "
+        f". _ : + / = - (a UUID will do); got {len(key)} character(s)"
     )
 
 

@@ -38,7 +38,9 @@ app = App(
     "answer had come. Lost again, the command exits 1 saying that the change, sent twice "
     "with the same key, may have been carried out (once at most): see what the log recorded "
     "(`llmgw-cli events --last 20`) before running it again, which sends it with a new key "
-    "(docs/admin-api.md, Sending a change again)."
+    "(docs/admin-api.md, Sending a change again). A script that retries across runs gives "
+    "a key of its own with --idempotency-key: run again with it, the command is carried out "
+    "at most once."
     "\n\nShell completion: `llmgw-cli --install-completion`, or "
     '`eval "$(llmgw-cli completion bash)"`.'
     "\n\nExample: llmgw-cli nodes --admin-url http://127.0.0.1:8081",

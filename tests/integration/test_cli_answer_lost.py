@@ -220,3 +220,33 @@ async def test_a_key_creation_whose_answer_was_lost_revokes_that_key_and_creates
         f"key {lost['id']} was created but its secret was lost with the answer: it was "
         "revoked, and this key created in its place"
     ) in " ".join(created.stderr.split()), created.stderr
+
+
+async def test_a_scale_lost_twice_with_a_key_given_is_carried_out_once_when_run_again_with_it(
+    through_relay: ThroughRelay, pg_store: PostgresEventStore
+) -> None:
+    model = f"llama-{secrets.token_hex(3)}"
+    key = f"nightly-{secrets.token_hex(4)}"
+    await declare_model(pg_store, model, replicas=1)
+    await through_relay.operator.run("scale", model, "2")
+    through_relay.relay.lose_answers()
+
+    lost = await through_relay.operator.run("scale", model, "3", "--idempotency-key", key)
+    through_relay.relay.mend()
+    await through_relay.operator.run("scale", model, "2")
+    again = await through_relay.operator.run(
+        "scale", model, "3", "--idempotency-key", key, "--output", "json"
+    )
+
+    assert lost.code == 1
+    assert f"Running the same command again with --idempotency-key {key} is safe" in lost.stderr, (
+        lost.stderr
+    )
+    assert again.code == 0, again.stderr
+    assert again.json()["changed"] is True
+    scales = [
+        r.event.replicas
+        for r in await pg_store.read_stream(model_stream(model))
+        if isinstance(r.event, ModelScaled)
+    ]
+    assert scales == [2, 3, 2]

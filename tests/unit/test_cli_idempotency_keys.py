@@ -5,13 +5,14 @@ answer was lost once more with the same key, which the admin API carries out at 
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import httpx
 import pytest
 from rich.console import Console
 
 from cli.client import AdminClient, AnswerLost
-from cli.config import ConnectionSettings
+from cli.config import ConfigError, ConnectionFlags, ConnectionSettings, resolve_settings
 from cli.main import app
 
 SETTINGS = ConnectionSettings(admin_url="http://admin.invalid:8081")
@@ -72,3 +73,35 @@ def test_llmgw_cli_help_says_a_lost_change_is_sent_once_more_and_what_a_script_t
     assert "it is sent once more with the same key" in text
     assert "the command exits 1 saying that the change, sent twice with the same key" in text
     assert "(llmgw-cli events --last 20) before running it again" in text
+
+
+def test_a_given_key_is_the_first_changes_and_numbered_for_the_next_ones() -> None:
+    sent: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200, json={"changed": True})
+
+    settings = ConnectionSettings(admin_url=SETTINGS.admin_url, idempotency_key="nightly-7")
+    with AdminClient(settings, transport=httpx.MockTransport(answer)) as client:
+        client.request("POST", SCALE, body={"replicas": 3})
+        client.request("GET", "/admin/v1/models/llama")
+        client.request("DELETE", "/admin/v1/keys/ci")
+
+    assert [r.headers.get(IDEMPOTENCY_HEADER) for r in sent] == [
+        "nightly-7",
+        None,
+        "nightly-7.2",
+    ]
+
+
+@pytest.mark.parametrize("key", ["", "a key", "k" * 121, "é"])
+def test_a_key_the_admin_api_would_refuse_is_refused_before_anything_is_sent(
+    key: str, tmp_path: Path
+) -> None:
+    flags = ConnectionFlags(admin_url=SETTINGS.admin_url, idempotency_key=key)
+
+    with pytest.raises(ConfigError) as raised:
+        resolve_settings(flags, environ={"XDG_CONFIG_HOME": str(tmp_path)})
+
+    assert str(raised.value).startswith("--idempotency-key must be 1 to 120 letters, digits")
