@@ -32,7 +32,6 @@ EXAMPLES_PER_STRATEGY = 12
 SEEDED = {
     "name": "llama",
     "node_id": "gpu-1",
-    "gpu": "0",
     "replica_id": "llama-1",
     "subject": "replica",
     "key": "llama-1",
