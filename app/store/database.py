@@ -13,7 +13,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, Stateme
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from app.store.database_url import parse_database_url
-from app.store.errors import RoleRefused, StoreError, StoreUnavailable
+from app.store.errors import PrivilegeRefused, RoleRefused, StoreError, StoreUnavailable
 
 
 def sqlalchemy_url(url: str) -> str:
@@ -240,10 +240,13 @@ share): a server set to answer in another language is told as any other refusal.
 def answer_error(exc: asyncpg.PostgresError, message: str | None = None) -> StoreError:
     """The ``StoreError`` PostgreSQL's answer ``exc`` is, said as ``message`` (its own
     words when None): ``RoleRefused`` for a role it refused, naming the role when it does
-    not exist."""
+    not exist, and ``PrivilegeRefused`` for one it let in without a privilege the work
+    needs."""
     said = str(exc) if message is None else message
     if not isinstance(exc, ROLE_REFUSALS):
         return StoreError(said)
+    if isinstance(exc, asyncpg.InsufficientPrivilegeError):
+        return PrivilegeRefused(said)
     missing = _MISSING_ROLE.fullmatch(str(exc))
     return RoleRefused(said, missing_role=missing["name"] if missing else None)
 

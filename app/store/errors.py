@@ -14,7 +14,8 @@ StoreError
 ├── UnreadableSnapshot     a fold snapshot is damaged, or was written by another fold
 ├── RuntimeRoleError       the runtime role cannot be set up, or could rewrite the log
 ├── RoleRefused            the database refused the connection's role: no such role, a
-│                          password refused, or a privilege the work needs it lacks
+│   │                      password refused, or a privilege the work needs it lacks
+│   └── PrivilegeRefused   the role was let in, but lacks a privilege the work needs
 └── InvalidAnchor          (also a ValueError) not a head as ``log head`` prints it
 
 Two more pass between a recorder and the store built on it and never reach a caller:
@@ -107,6 +108,12 @@ class RoleRefused(StoreError):
         super().__init__(message)
         self.missing_role = missing_role
         """The role's name when PostgreSQL said that it does not exist."""
+
+
+class PrivilegeRefused(RoleRefused):
+    """The role was let in, but lacks a privilege the work needs (SQLSTATE ``42501``, as
+    ``permission denied for table models``): another role may do it. Told by PostgreSQL's
+    code, not its words, which a server set to another language says otherwise."""
 
 
 class UnreadableEvent(StoreError):

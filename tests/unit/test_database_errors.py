@@ -12,8 +12,8 @@ from sqlalchemy.dialects.postgresql.asyncpg import (
 )
 from sqlalchemy.exc import DBAPIError
 
-from app.store.database import store_error
-from app.store.errors import RoleRefused, StoreError, StoreUnavailable
+from app.store.database import answer_error, store_error
+from app.store.errors import PrivilegeRefused, RoleRefused, StoreError, StoreUnavailable
 
 DBAPI = AsyncAdapt_asyncpg_dbapi(asyncpg)
 
@@ -59,18 +59,42 @@ def test_a_database_that_refuses_connections_for_now_is_unavailable(
 
 
 @pytest.mark.parametrize(
-    "refusal",
+    ("refusal", "refused_as"),
     [
-        asyncpg.exceptions.InsufficientPrivilegeError("permission denied for table events"),
-        asyncpg.exceptions.InvalidAuthorizationSpecificationError('role "x" does not exist'),
-        asyncpg.exceptions.InvalidPasswordError('password authentication failed for user "x"'),
+        (
+            asyncpg.exceptions.InsufficientPrivilegeError("permission denied for table events"),
+            PrivilegeRefused,
+        ),
+        (
+            asyncpg.exceptions.InvalidAuthorizationSpecificationError('role "x" does not exist'),
+            RoleRefused,
+        ),
+        (
+            asyncpg.exceptions.InvalidPasswordError('password authentication failed for user "x"'),
+            RoleRefused,
+        ),
     ],
 )
-def test_a_refused_role_is_told_apart_from_the_database_being_away(refusal: Exception) -> None:
+def test_a_refused_role_is_told_apart_from_the_database_being_away(
+    refusal: Exception, refused_as: type[RoleRefused]
+) -> None:
     error = store_error(as_sqlalchemy_raises_it(refusal))
 
-    assert type(error) is RoleRefused
+    assert type(error) is refused_as
+    assert isinstance(error, RoleRefused)
     assert str(refusal) in str(error)
+
+
+def test_a_missing_privilege_is_told_by_its_code_in_any_language() -> None:
+    """A server set to answer in another language says "permission denied" otherwise:
+    SQLSTATE 42501 is what tells a missing privilege from a role not let in at all."""
+    french = asyncpg.exceptions.InsufficientPrivilegeError("droit refusé pour la table models")
+    refused = asyncpg.exceptions.InvalidPasswordError(
+        "l'authentification par mot de passe a échoué pour l'utilisateur « x »"
+    )
+
+    assert isinstance(answer_error(french), PrivilegeRefused)
+    assert not isinstance(answer_error(refused), PrivilegeRefused)
 
 
 def test_a_role_that_does_not_exist_is_named() -> None:
