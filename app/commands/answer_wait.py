@@ -60,8 +60,8 @@ def why_unanswered(error: BaseException, answer_timeout_s: float) -> str | None:
     """What a statement waited for, when ``error`` (a ``StoreError`` and the driver errors
     behind it) is a wait given up: no answer, a lock, or a cancel; None for any other
     error."""
-    causes = list(_causes(error))
-    states = {getattr(cause, "sqlstate", None) for cause in causes}
+    found = causes(error)
+    states = {getattr(cause, "sqlstate", None) for cause in found}
     if LOCK_NOT_AVAILABLE in states:
         return (
             f"a statement waited {lock_timeout_s(answer_timeout_s):g} s for a lock another "
@@ -74,7 +74,7 @@ def why_unanswered(error: BaseException, answer_timeout_s: float) -> str | None:
             "PostgreSQL canceled a statement (query_canceled: an administrator's "
             "pg_cancel_backend, or a statement_timeout set for the role or the database)"
         )
-    if any(isinstance(cause, TimeoutError) for cause in causes):
+    if any(isinstance(cause, TimeoutError) for cause in found):
         return (
             f"the database gave no answer for {answer_timeout_s:g} s (--answer-timeout): the "
             "network to it is cut off, its host is frozen, or it is stalled"
@@ -82,7 +82,7 @@ def why_unanswered(error: BaseException, answer_timeout_s: float) -> str | None:
     return None
 
 
-def _causes(error: BaseException) -> list[BaseException]:
+def causes(error: BaseException) -> list[BaseException]:
     """``error`` and every error behind it: causes, contexts and SQLAlchemy's ``orig``."""
     found: list[BaseException] = []
     pending: list[BaseException] = [error]

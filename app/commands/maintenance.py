@@ -19,6 +19,13 @@ from app.commands.answer_wait import (
     answer_timeout_problem,
     why_unanswered,
 )
+from app.commands.check_failures import (
+    COULD_NOT_CHECK,
+    DATABASE_UNANSWERED,
+    ROLE_REFUSED,
+    missing_role_problem,
+    unreadable_problem,
+)
 from app.commands.common import (
     MIGRATE,
     REBUILD,
@@ -34,6 +41,7 @@ from app.store import migrate as migrations
 from app.store.database import waiting_engine
 from app.store.errors import (
     CommitOutcomeUnknown,
+    PrivilegeRefused,
     RoleRefused,
     RuntimeRoleError,
     StoreError,
@@ -216,17 +224,6 @@ def _password(
     return password
 
 
-DATABASE_UNANSWERED = 3
-"""``projections rebuild``'s exit code when the database could not be reached or gave no
-answer to a statement (``--answer-timeout``), or a lock held elsewhere kept a statement
-waiting: apart from 1, which ``--verify`` means as differences found."""
-ROLE_REFUSED = 4
-"""``projections rebuild``'s exit code when the database refused the role it connected as
-(no such role, a password refused, a privilege it lacks): apart from 1, so that a script
-tells "the projections are wrong" from "it ran as the wrong role", and from 2, which every
-llmgw command gives to a command line found wrong before connecting."""
-
-
 def rebuild_command(
     *,
     database_url: DatabaseUrl,
@@ -239,12 +236,14 @@ def rebuild_command(
     With --verify nothing is written: every row that differs between the replayed log and
     the live tables is reported, and the exit code is 1 if there is any.
 
-    Exit codes: 0 rebuilt, or no difference found; 1 differences found (--verify), or
-    another failure said in one line; 2 bad usage; 3 the database unreachable, or one
-    statement without an answer for --answer-timeout seconds, or waiting 80 % of that for a
-    lock another session holds: the rebuild is one transaction, and the line says whether
-    it was committed; 4 the database refused the role (no such role, a password refused, a
-    privilege it lacks): nothing was changed.
+    Exit codes: 0 rebuilt, or no difference found; 1 differences found (--verify), and
+    nothing else; 2 bad usage; 3 the database unreachable, or one statement without an
+    answer for --answer-timeout seconds, or waiting 80 % of that for a lock another session
+    holds: the rebuild is one transaction, and the line says whether it was committed; 4
+    the database refused the role (no such role, a password refused, a privilege it lacks):
+    nothing was changed; 5 nothing could be checked or rebuilt (no such database, a schema
+    not migrated, an event in the log that cannot be decoded), said in one line: nothing was
+    changed.
 
     Example: llmgw-server projections rebuild --verify
     """
@@ -275,18 +274,37 @@ async def _rebuild(url: str, verify: bool, answer_timeout: float) -> RebuildRepo
                 f"cannot rebuild the projections: {waited or exc}; {_what_was_done(exc, verify)}",
             )
             sys.exit(DATABASE_UNANSWERED)
-        if not isinstance(exc, RoleRefused):
-            fail(REBUILD, str(exc))
-        hint = (
-            "; rebuilding writes the projection tables directly: run it as the role that "
-            "owns them (the one that runs migrate), or use --verify"
-            if "permission denied" in str(exc) and not verify
-            else ""
+        if isinstance(exc, RoleRefused):
+            print_command_error(REBUILD, _role_refused(exc, verify))
+            sys.exit(ROLE_REFUSED)
+        # Not 1, which --verify gives to differences found: a check from cron tells "the
+        # projections are wrong" from "they could not be checked".
+        print_command_error(
+            REBUILD,
+            f"cannot {'verify' if verify else 'rebuild'} the projections: "
+            f"{unreadable_problem(exc)}; {_what_was_done(exc, verify)}",
         )
-        print_command_error(REBUILD, f"{exc}{hint}")
-        sys.exit(ROLE_REFUSED)
+        sys.exit(COULD_NOT_CHECK)
     finally:
         await engine.dispose()
+
+
+def _role_refused(exc: RoleRefused, verify: bool) -> str:
+    """What the database refused, and which role to run as instead."""
+    who_may = (
+        "a role that may read the projection tables (the runtime role may)"
+        if verify
+        else "the role that owns the projection tables (the one that runs migrate)"
+    )
+    missing = missing_role_problem(exc, who_may)
+    if missing is not None:
+        return missing
+    if isinstance(exc, PrivilegeRefused) and not verify:
+        return (
+            f"{exc}; rebuilding writes the projection tables directly: run it as the role "
+            "that owns them (the one that runs migrate), or use --verify"
+        )
+    return str(exc)
 
 
 def _what_was_done(exc: StoreError, verify: bool) -> str:
