@@ -1,11 +1,11 @@
-"""How ``llmgw-server projections rebuild [--verify]`` ends when it could not check, so
-that a script run from cron tells "the check found something" from "no check was made",
-and why not:
+"""How the commands that check the database (``llmgw-server projections rebuild
+[--verify]``, ``log verify``, ``log head``) end when they could not check, so that a script
+run from cron tells "the check found something" from "no check was made", and why not:
 
 ====  =====================================================================================
 code  meaning
 ====  =====================================================================================
-1     the command's finding: differences found (``--verify``)
+1     the command's own finding: differences found (``--verify``), the chain broken
 2     the command line was refused before connecting, as every llmgw command refuses it
 3     ``DATABASE_UNANSWERED``: the database could not be reached, gave no answer within
       ``--answer-timeout``, or a lock held elsewhere kept a statement waiting; trying again
@@ -16,8 +16,8 @@ code  meaning
       read (no such database, a schema not migrated, an event that no longer decodes)
 ====  =====================================================================================
 
-5 is no other llmgw command's (``serve``'s 3 is a lost leadership, ``llmgw-sim-engine``'s
-a failure).
+Each code means the same for every one of these commands, and 5 is no other llmgw
+command's (``serve``'s 3 is a lost leadership, ``llmgw-sim-engine``'s a failure).
 """
 
 from __future__ import annotations

@@ -17,12 +17,18 @@ from app.commands.answer_wait import (
     answer_timeout_problem,
     why_unanswered,
 )
+from app.commands.check_failures import (
+    COULD_NOT_CHECK,
+    DATABASE_UNANSWERED,
+    ROLE_REFUSED,
+    missing_role_problem,
+    unreadable_problem,
+)
 from app.commands.common import LOG_HEAD, LOG_VERIFY, DatabaseUrl, database_url_problem
 from app.logs import configure_logging
 from app.store.chain import Head, parse_anchor
 from app.store.database import waiting_engine
-from app.store.errors import InvalidAnchor, RoleRefused, StoreError
-from app.store.grants import DEFAULT_RUNTIME_ROLE
+from app.store.errors import InvalidAnchor, RoleRefused, StoreError, StoreUnavailable
 from app.store.verification import (
     Progress,
     UnhashedHead,
@@ -39,10 +45,6 @@ BROKEN = 1
 because its last event has no chain hash (``log head``): what to raise an alarm on."""
 USAGE_ERROR = 2
 """A flag is wrong (as for any command the command line itself refuses)."""
-UNREADABLE = 3
-"""The log could not be read (the database is unreachable, not migrated, gave no answer
-within ``--answer-timeout``, or the role may not read it): nothing is known of the log, and
-nothing should be concluded about it."""
 Output = Annotated[str, Parameter(help="text or json")]
 
 
@@ -63,11 +65,12 @@ def verify_command(
     """Check every event of the log against its chain hash, from the first to the last, and
     print how many there are and the head (position and chain hash). Exits 1 at the first
     break, naming its position and what is wrong there: an event changed, missing, inserted
-    or moved, or an anchor the chain does not pass through. Exits 3 when the log cannot be
-    read (the database unreachable, not migrated, not readable by the role, or without an
-    answer to one statement for --answer-timeout seconds, or waiting 80 % of that for a
-    lock another session holds): nothing is known of it then, and nothing was changed. Exits 2
-    for a wrong flag.
+    or moved, or an anchor the chain does not pass through. When the log cannot be read,
+    nothing is known of it and nothing was changed; it exits 3 when the database is
+    unreachable, or gives no answer to one statement for --answer-timeout seconds, or one
+    waits 80 % of that for a lock another session holds; 4 when it refuses the role (no
+    such role, a password refused, no privilege to read the log); 5 when the database does
+    not exist or is not migrated. Exits 2 for a wrong flag.
 
     The chain alone shows changes made by someone who did not recompute the hashes after
     them. Someone able to rewrite the whole table can recompute them too; only heads
@@ -114,8 +117,9 @@ def head_command(
 
     Exits 1, printing nothing, when the last event has no chain hash, or one of another
     length than a sha256's (the chain is broken there: `log verify` finds where it breaks
-    first); 3 when the log cannot be read (as for `log verify`: the database unreachable,
-    or without an answer for --answer-timeout seconds), 2 for a wrong flag.
+    first); 3, 4 or 5 when the log cannot be read, as `log verify` does (3 the database
+    unreachable or without an answer for --answer-timeout seconds, 4 the role refused, 5
+    the database missing or not migrated); 2 for a wrong flag.
 
     Example: llmgw-server log head >> /srv/audit/llmgw-heads
     """
@@ -161,33 +165,25 @@ def _run(
     try:
         return asyncio.run(run())
     except StoreError as exc:
+        # A refused role is 4 and a database without the log 5, as for `projections
+        # rebuild`: 3 is only a database that did not answer, which trying again may mend.
         waited = why_unanswered(exc, answer_timeout)
         if waited is not None:
             _refuse(
                 command,
                 f"cannot {action} the log: {waited}; nothing was changed (it only reads), "
                 "and nothing is known of the log",
-                UNREADABLE,
+                DATABASE_UNANSWERED,
             )
-        _refuse(command, f"cannot {action} the log: {_unreadable(exc)}", UNREADABLE)
+        if isinstance(exc, StoreUnavailable):
+            _refuse(command, f"cannot {action} the log: {exc}", DATABASE_UNANSWERED)
+        if isinstance(exc, RoleRefused):
+            why = missing_role_problem(exc, _ROLE_THAT_MAY_READ) or str(exc)
+            _refuse(command, f"cannot {action} the log: {why}", ROLE_REFUSED)
+        _refuse(command, f"cannot {action} the log: {unreadable_problem(exc)}", COULD_NOT_CHECK)
 
 
-def _unreadable(exc: StoreError) -> str:
-    """Why the log could not be read, and what to do about it: a role that does not exist
-    is told as such, not as a schema not migrated, though PostgreSQL says "does not exist"
-    of both."""
-    if isinstance(exc, RoleRefused) and exc.missing_role is not None:
-        return (
-            f'the role "{exc.missing_role}" of --database-url (LLMGW_DATABASE_URL) does not '
-            "exist on this PostgreSQL server; connect as a role that may read the log (the "
-            "runtime role may): the server's administrator creates roles (createuser, or "
-            f"CREATE ROLE), and `llmgw-server migrate --runtime-role {DEFAULT_RUNTIME_ROLE}` "
-            "creates the runtime role where the owner may create roles (docs/operations.md, "
-            "PostgreSQL)"
-        )
-    if not isinstance(exc, RoleRefused) and "does not exist" in str(exc):
-        return f"{exc} (is the database at the newest revision? llmgw-server migrate)"
-    return str(exc)
+_ROLE_THAT_MAY_READ = "a role that may read the log (the runtime role may)"
 
 
 def _terminal_progress() -> Progress:

@@ -39,7 +39,7 @@ from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore
 from tests.support.cluster import SERVER
 from tests.support.databases import runtime_url
-from tests.support.postgres import PostgresServer, unique_database_name
+from tests.support.postgres import PostgresServer, quote_identifier, unique_database_name
 
 EVENTS = 12
 PROCESS_TIMEOUT_S = 60
@@ -550,7 +550,9 @@ async def test_a_database_without_the_log_is_refused_in_one_line(
 ) -> None:
     result = await Log(unmigrated_url, 1).run(command)
 
-    assert result.code == 3, result  # unknown: not "the log does not check out" (1)
+    # Not 3 any more, which is a database that did not answer: a log that is not there,
+    # as for `projections rebuild`; and not "the log does not check out" (1).
+    assert result.code == 5, result
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
         f"llmgw-server log {command}: "
@@ -578,7 +580,9 @@ async def test_a_role_that_does_not_exist_is_told_so_and_how_roles_are_made(
         check=False,
     )
 
-    assert done.returncode == 3, done  # unknown: not "the log does not check out" (1)
+    # A refused role, as for `projections rebuild`: not 3, which is a database that did
+    # not answer; and not "the log does not check out" (1).
+    assert done.returncode == 4, done
     assert done.stdout == ""
     assert done.stderr.splitlines() == [
         f"llmgw-server log {command}: "
@@ -589,6 +593,56 @@ async def test_a_role_that_does_not_exist_is_told_so_and_how_roles_are_made(
         "`llmgw-server migrate --runtime-role llmgw_runtime` creates the runtime role where "
         "the owner may create roles (docs/operations.md, PostgreSQL)"
     ], done.stderr
+
+
+@pytest.mark.parametrize("command", ["verify", "head"])
+async def test_a_role_that_may_not_read_the_log_is_a_refused_role(
+    postgres_server: PostgresServer, database_url: str, command: str
+) -> None:
+    role = f"llmgw_auditor_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(postgres_server.admin_url)
+    try:
+        await admin.execute(f"CREATE ROLE {quote_identifier(role)} LOGIN")
+        url = make_url(database_url).set(username=role, password=None)
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [SERVER, "log", command, "--database-url", url.render_as_string(hide_password=False)],
+            capture_output=True,
+            text=True,
+            timeout=PROCESS_TIMEOUT_S,
+            check=False,
+        )
+    finally:
+        await admin.execute(f"DROP ROLE {quote_identifier(role)}")
+        await admin.close()
+
+    assert done.returncode == 4, done  # as `projections rebuild` says of a refused role
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"llmgw-server log {command}: "
+        f"cannot {'verify' if command == 'verify' else 'read the head of'} the log: "
+        "permission denied for table events"
+    ], done.stderr
+
+
+@pytest.mark.parametrize("command", ["verify", "head"])
+async def test_a_database_that_does_not_exist_is_not_a_broken_log(
+    postgres_server: PostgresServer, migrated_template: str, command: str
+) -> None:
+    # The migrated template sets up the runtime role the command connects as, which
+    # PostgreSQL would refuse before it looked for the database.
+    missing = unique_database_name("llmgw_missing")
+
+    result = await Log(postgres_server.url(missing), 1).run(command)
+
+    assert result.code == 5, result  # not 3: a database that answered, without that database
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"llmgw-server log {command}: "
+        f"cannot {'verify' if command == 'verify' else 'read the head of'} the log: "
+        f'database error: database "{missing}" does not exist (check the database name of '
+        "--database-url, LLMGW_DATABASE_URL)"
+    ], result.stderr
 
 
 @pytest.mark.parametrize("command", ["verify", "head"])
