@@ -118,16 +118,16 @@ def test_events_about_a_forgotten_replica_change_nothing() -> None:
     assert state.models == before.models
 
 
-def test_a_replica_an_event_brought_back_is_not_forgotten_while_it_runs() -> None:
-    # The fold does not refuse a replica that serves again after it ended (no decision
-    # records that, but a log may say it): it is dropped from the ended ones, not forgotten.
+def test_a_replica_said_to_serve_after_it_ended_stays_ended_and_is_forgotten_in_turn() -> None:
+    # No decision records a serve after an end, but a log may say it: the replica stays
+    # ended, so it is forgotten when its turn comes like any other.
     state = replay(
         log_of([*declared(), *ended(1), ReplicaServing(replica_id="llama-1"), *ended(K, first=2)])
     )
 
-    assert state.replicas["llama-1"].phase is ReplicaPhase.SERVING
+    assert "llama-1" not in state.replicas
     assert "llama-1" not in state.models["llama"].ended
-    assert state.models["llama"].forgotten == {}
+    assert state.models["llama"].forgotten == {"stopped": 1}
 
 
 def test_a_model_declared_again_after_its_removal_still_forgets_its_oldest() -> None:

@@ -4,7 +4,14 @@ timeout counts against the model's backoff (and its rollout's step), except the 
 a replica that served steadily first (``STEADY_SERVING_S``), which is replaced at once; an
 end closes the moves that wait on the replica, and forgets the model's oldest ended replica
 once it keeps more than ``ENDED_KEPT_PER_MODEL``. An end nobody asked for leaves a place
-the next placement below the desired count takes (``Model.unreplaced_ends``)."""
+the next placement below the desired count takes (``Model.unreplaced_ends``).
+
+A replica only moves on: an event that would take it back to a phase it has left changes
+nothing. An ended replica stays ended as it first ended (a second end counts no second
+failure), a stopping one is drained or served no more, a draining one serves no more, and
+a replica id placed once is never placed again. The fold takes every log it is given, so
+such an event, recorded late (decided on a state the log has since moved past), is passed
+over rather than refused."""
 
 from __future__ import annotations
 
@@ -47,6 +54,8 @@ from app.domain.state import (
 
 
 def _replica_placed(state: ClusterState, event: ReplicaPlaced, recorded: Recorded) -> None:
+    if event.replica_id in state.replicas:
+        return  # placed before: a second placement would start its life over
     at = recorded.recorded_at
     state.replicas[event.replica_id] = Replica(
         id=event.replica_id,
@@ -89,7 +98,12 @@ def _replica_placed(state: ClusterState, event: ReplicaPlaced, recorded: Recorde
 
 
 def _replica_serving(state: ClusterState, event: ReplicaServing, recorded: Recorded) -> None:
+    """Only a replica placed, starting or serving serves: one draining, stopping or ended
+    is past serving, and would be routed to again."""
     at = recorded.recorded_at
+    replica = state.replicas.get(event.replica_id)
+    if replica is None or replica.phase not in _COUNTING:
+        return
     update_replica(
         state,
         event.replica_id,
@@ -108,10 +122,11 @@ def _replica_drain_started(
 ) -> None:
     """A replica already draining keeps the drain that moves it: a second one, recorded by
     a reconciler's pass decided before the first was (``overtaken`` refuses it now), would
-    take the first's move, its progress and its grace away from it."""
+    take the first's move, its progress and its grace away from it. A replica stopping or
+    ended is past draining: a drain would bring it back, with a move waiting on it."""
     at = recorded.recorded_at
     replica = state.replicas.get(event.replica_id)
-    if replica is None or replica.phase is ReplicaPhase.DRAINING:
+    if replica is None or replica.phase not in _COUNTING:
         return
     state.replicas[event.replica_id] = replace(
         replica, phase=ReplicaPhase.DRAINING, drain_id=event.drain_id, drain_started_at=at
@@ -147,7 +162,11 @@ def _replacement_serving(
 
 
 def _replica_stopping(state: ClusterState, event: ReplicaStopping, recorded: Recorded) -> None:
+    """An ended replica stays ended."""
     at = recorded.recorded_at
+    replica = state.replicas.get(event.replica_id)
+    if replica is None or replica.phase in ENDED_PHASES:
+        return
     update_replica(
         state,
         event.replica_id,
@@ -159,9 +178,7 @@ def _replica_stopping(state: ClusterState, event: ReplicaStopping, recorded: Rec
             "surplus": event.surplus,
         },
     )
-    replica = state.replicas.get(event.replica_id)
-    if replica is not None:
-        _move_over(state, replica)
+    _move_over(state, replica)
 
 
 def _replica_stopped(state: ClusterState, event: ReplicaStopped, recorded: Recorded) -> None:
@@ -171,8 +188,8 @@ def _replica_stopped(state: ClusterState, event: ReplicaStopped, recorded: Recor
 
 def _replica_failed(state: ClusterState, event: ReplicaFailed, recorded: Recorded) -> None:
     at = recorded.recorded_at
-    _end_replica(state, event.replica_id, ReplicaPhase.FAILED, at, event.reason)
-    _count_failure(state, event.replica_id, at)
+    if _end_replica(state, event.replica_id, ReplicaPhase.FAILED, at, event.reason):
+        _count_failure(state, event.replica_id, at)
 
 
 def _replica_startup_timed_out(
@@ -180,13 +197,14 @@ def _replica_startup_timed_out(
 ) -> None:
     at = recorded.recorded_at
     reason = f"not ready after {event.waited_s:.0f}s (timeout {event.timeout_s:.0f}s)"
-    _end_replica(state, event.replica_id, ReplicaPhase.TIMED_OUT, at, reason)
-    _count_failure(state, event.replica_id, at)
+    if _end_replica(state, event.replica_id, ReplicaPhase.TIMED_OUT, at, reason):
+        _count_failure(state, event.replica_id, at)
 
 
 def _replica_lost(state: ClusterState, event: ReplicaLost, recorded: Recorded) -> None:
     at = recorded.recorded_at
-    _end_replica(state, event.replica_id, ReplicaPhase.LOST, at, event.reason)
+    if not _end_replica(state, event.replica_id, ReplicaPhase.LOST, at, event.reason):
+        return
     replica = state.replicas.get(event.replica_id)
     if replica is not None:
         shards = tuple(
@@ -206,10 +224,12 @@ def _end_replica(
     phase: ReplicaPhase,
     at: datetime,
     reason: str | None,
-) -> None:
+) -> bool:
+    """End the replica in ``phase``; False, changing nothing, when it is unknown or has
+    ended already."""
     replica = state.replicas.get(replica_id)
-    if replica is None:
-        return
+    if replica is None or replica.phase in ENDED_PHASES:
+        return False
     state.replicas[replica_id] = replace(
         replica,
         phase=phase,
@@ -221,6 +241,7 @@ def _end_replica(
     if phase in UNASKED_ENDS and replica.phase in _COUNTING:
         _await_replacement(state, replica)
     _keep_ended(state, replica)
+    return True
 
 
 def _move_over(state: ClusterState, replica: Replica) -> None:
@@ -257,9 +278,9 @@ def _await_replacement(state: ClusterState, replica: Replica) -> None:
 
 
 def _keep_ended(state: ClusterState, replica: Replica) -> None:
-    """Add ``replica`` to its model's ended replicas (last, even if it ended before), and
-    forget the first of them once there are more than ``ENDED_KEPT_PER_MODEL``: one tuple of
-    at most that many ids per end, never a scan of the replicas. A replica of a model the
+    """Add ``replica`` to its model's ended replicas (last), and forget the first of them
+    once there are more than ``ENDED_KEPT_PER_MODEL``: one tuple of at most that many ids
+    per end, never a scan of the replicas. A replica of a model the
     state does not know is kept (nothing orders its end)."""
     model = state.models.get(replica.model)
     if model is None:
@@ -270,8 +291,8 @@ def _keep_ended(state: ClusterState, replica: Replica) -> None:
     while len(ended) > ENDED_KEPT_PER_MODEL:
         oldest = state.replicas.get(ended[0])
         ended = ended[1:]
-        # Only if it is still an ended replica of this model: an event may have brought it
-        # back (the fold does not refuse that), and then it ends again later.
+        # An ended replica stays ended, so this holds; checked all the same, since
+        # forgetting a replica that is not ended would lose a live one.
         if oldest is not None and oldest.model == model.name and oldest.phase in ENDED_PHASES:
             del state.replicas[oldest.id]
             unreplaced = tuple(i for i in unreplaced if i != oldest.id)

@@ -1,6 +1,6 @@
 """The fold of a model's rollout: started, each step started, held, judged, paused,
-resumed, rolled back and finished. An event of a rollout the model is no longer in changes
-nothing."""
+resumed, rolled back and finished. An event of a rollout the model is no longer in, or of
+one that has finished, changes nothing (``updates.rollout_in``)."""
 
 from __future__ import annotations
 

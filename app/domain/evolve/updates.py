@@ -1,7 +1,7 @@
 """What every part of the fold does to change an entity: replace it in the state with some
 of its fields changed (a ``*Changes`` dict of ``app.domain.changes``), or leave the state as it
 is when the state does not know the entity; and ``rollout_in``, the rollout an event of one is
-about, while its model is still in it."""
+about, while its model is still in it and it has not finished."""
 
 from __future__ import annotations
 
@@ -54,11 +54,15 @@ def update_model(state: ClusterState, name: str, changes: ModelChanges) -> None:
 
 
 def rollout_in(state: ClusterState, name: str, rollout_id: str) -> Rollout | None:
-    """The model's rollout if it is ``rollout_id``; None for an event of an earlier one,
-    now superseded, or of a model the state does not know."""
+    """The model's rollout if it is ``rollout_id`` and still under way; None for an event
+    of an earlier one, now superseded, of one that has finished (a finished rollout stays
+    as it finished: a pause, a resume or a step recorded late would start it again), or of
+    a model the state does not know."""
     model = state.models.get(name)
     rollout = model.rollout if model else None
-    return rollout if rollout is not None and rollout.id == rollout_id else None
+    if rollout is None or rollout.id != rollout_id or not rollout.under_way:
+        return None
+    return rollout
 
 
 def update_rollout(

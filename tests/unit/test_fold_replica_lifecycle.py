@@ -1,0 +1,219 @@
+"""A replica only moves on, whatever the log says next: every short sequence of the events
+that move a replica, folded after its placement, is checked step by step. Once it ended it
+stays ended as it first ended; once it is stopping it is never draining or routed again;
+and a finished rollout stays finished."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from app.domain.envelope import Meta, Recorded
+from app.domain.events import (
+    AnyEvent,
+    ModelDeclared,
+    NodeConnected,
+    ReplacementServing,
+    ReplicaAdopted,
+    ReplicaDrainCancelled,
+    ReplicaDrainStarted,
+    ReplicaFailed,
+    ReplicaLost,
+    ReplicaPlaced,
+    ReplicaServing,
+    ReplicaStartupTimedOut,
+    ReplicaStopped,
+    ReplicaStopping,
+    RolloutFinished,
+    RolloutHolding,
+    RolloutPaused,
+    RolloutResumed,
+    RolloutRolledBack,
+    RolloutStarted,
+    RolloutStepStarted,
+    RolloutVerdict,
+    ShardFailed,
+    ShardPlacement,
+    ShardReady,
+    ShardStarting,
+    ShardStopped,
+)
+from app.domain.evolve import evolve, replay
+from app.domain.model_spec import ModelSpec
+from app.domain.state import ACTIVE_PHASES, ENDED_PHASES, ClusterState, Replica, ReplicaPhase
+from tests.support.generators import stream_for
+from tests.unit.test_reconcile import gpus
+
+T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+SPEC = ModelSpec(name="llama", command="sim --port {port}", replicas=1)
+REPLICA = "llama-1"
+DEPTH = 4
+
+
+def placement(number: int = 1) -> ReplicaPlaced:
+    return ReplicaPlaced(
+        replica_id=f"llama-{number}",
+        model="llama",
+        number=number,
+        shards=(ShardPlacement(index=0, node_id="gpu-1", gpus=(0,), port=20000 + number),),
+    )
+
+
+MOVES: tuple[AnyEvent, ...] = (
+    placement(),
+    ShardStarting(replica_id=REPLICA, shard_index=0, node_id="gpu-1", pid=7),
+    ShardReady(replica_id=REPLICA, shard_index=0, node_id="gpu-1"),
+    ShardFailed(replica_id=REPLICA, shard_index=0, node_id="gpu-1", error="exited"),
+    ShardStopped(replica_id=REPLICA, shard_index=0, node_id="gpu-1"),
+    ShardStopped(replica_id=REPLICA, shard_index=0, node_id="gpu-1", reason="agent shutting down"),
+    ReplicaAdopted(replica_id=REPLICA, shard_index=0, node_id="gpu-1", port=20001, rule="test"),
+    ReplicaServing(replica_id=REPLICA),
+    ReplicaDrainStarted(replica_id=REPLICA, drain_id="drain-1"),
+    ReplicaDrainCancelled(replica_id=REPLICA, drain_id="drain-1", reason="called off"),
+    ReplacementServing(replica_id=REPLICA, replacement_id="llama-2"),
+    ReplicaStopping(replica_id=REPLICA, reason="surplus"),
+    ReplicaStopped(replica_id=REPLICA),
+    ReplicaFailed(replica_id=REPLICA, reason="shard 0 failed"),
+    ReplicaStartupTimedOut(replica_id=REPLICA, timeout_s=600, waited_s=601),
+    ReplicaLost(replica_id=REPLICA, reason="node gone"),
+)
+"""Every event that moves replica llama-1, in every phase a writer could record it in."""
+
+
+def recorded(event: AnyEvent, position: int) -> Recorded:
+    return Recorded(
+        position=position,
+        stream=stream_for(event),
+        version=position,
+        event_id=uuid.uuid4(),
+        recorded_at=T0 + timedelta(seconds=position),
+        meta=Meta(actor="test", epoch=1),
+        event=event,
+    )
+
+
+def log_of(events: Sequence[AnyEvent]) -> list[Recorded]:
+    return [recorded(event, n) for n, event in enumerate(events, start=1)]
+
+
+def placed_replica() -> ClusterState:
+    return replay(
+        log_of(
+            [
+                NodeConnected(node_id="gpu-1", address="127.0.0.1", gpus=gpus(8)),
+                ModelDeclared(model="llama", spec=SPEC),
+                placement(),
+            ]
+        )
+    )
+
+
+def every_sequence(
+    state: ClusterState, depth: int, path: tuple[AnyEvent, ...] = ()
+) -> Iterator[tuple[tuple[AnyEvent, ...], Replica, Replica, ClusterState]]:
+    """Each sequence of up to ``depth`` moves after ``state``, step by step: the path so
+    far, the replica before and after its last event, and the state after it."""
+    if depth == 0:
+        return
+    for event in MOVES:
+        before = state.replicas[REPLICA]
+        after_state = state.copy()
+        evolve(after_state, recorded(event, state.position + 1))
+        step = (*path, event)
+        yield step, before, after_state.replicas[REPLICA], after_state
+        yield from every_sequence(after_state, depth - 1, step)
+
+
+def _named(events: Sequence[AnyEvent]) -> str:
+    return " -> ".join(type(e).__name__ for e in events)
+
+
+def test_an_ended_replica_stays_ended_as_it_first_ended_whatever_follows() -> None:
+    ended = 0
+    for path, before, after, state in every_sequence(placed_replica(), DEPTH):
+        if before.phase is ReplicaPhase.STOPPING:
+            # Stopping: it ends, or stays stopping, out of routing and of every move.
+            assert after.phase in {ReplicaPhase.STOPPING} | ENDED_PHASES, _named(path)
+            assert not after.routable, _named(path)
+        if before.phase not in ENDED_PHASES:
+            continue
+        ended += 1
+        assert (after.phase, after.ended_at, after.end_reason, after.routable) == (
+            before.phase,
+            before.ended_at,
+            before.end_reason,
+            False,
+        ), _named(path)
+        assert REPLICA not in state.models["llama"].moves, _named(path)
+    assert ended > 10_000  # every end, each followed by every event
+
+
+def test_a_second_end_counts_no_second_failure() -> None:
+    state = placed_replica()
+    for n, event in enumerate(
+        [
+            ReplicaFailed(replica_id=REPLICA, reason="shard 0 failed"),
+            ReplicaStartupTimedOut(replica_id=REPLICA, timeout_s=600, waited_s=601),
+            ReplicaFailed(replica_id=REPLICA, reason="shard 0 failed again"),
+        ],
+        start=state.position + 1,
+    ):
+        evolve(state, recorded(event, n))
+
+    model = state.models["llama"]
+    assert model.failures == 1
+    assert model.unreplaced_ends == (REPLICA,)
+    assert state.replicas[REPLICA].end_reason == "shard 0 failed"
+
+
+def test_a_replica_placed_again_keeps_the_life_it_had() -> None:
+    state = placed_replica()
+    for n, event in enumerate(
+        [ReplicaStopped(replica_id=REPLICA), placement()], start=state.position + 1
+    ):
+        evolve(state, recorded(event, n))
+
+    assert state.replicas[REPLICA].phase is ReplicaPhase.STOPPED
+    assert state.replicas[REPLICA].phase not in ACTIVE_PHASES
+
+
+ROLLOUT = "rollout-1"
+REVISION_2 = ModelSpec(name="llama", command="sim --new --port {port}", replicas=1)
+
+LATE_ROLLOUT_EVENTS: tuple[AnyEvent, ...] = (
+    RolloutStepStarted(model="llama", rollout_id=ROLLOUT, step=1, replicas=1),
+    RolloutHolding(model="llama", rollout_id=ROLLOUT, step=1, hold_s=60),
+    RolloutVerdict(model="llama", rollout_id=ROLLOUT, step=1, verdict="promote", reason="ok"),
+    RolloutPaused(model="llama", rollout_id=ROLLOUT, reason="late pause"),
+    RolloutResumed(model="llama", rollout_id=ROLLOUT),
+    RolloutRolledBack(model="llama", rollout_id=ROLLOUT, reason="late", to_revision=1, spec=SPEC),
+    RolloutFinished(model="llama", rollout_id=ROLLOUT, succeeded=False, outcome="late"),
+)
+
+
+@pytest.mark.parametrize(
+    "late", list(itertools.permutations(LATE_ROLLOUT_EVENTS, 2)), ids=lambda late: _named(late)
+)
+def test_a_finished_rollout_stays_finished_whatever_follows(
+    late: tuple[AnyEvent, AnyEvent],
+) -> None:
+    state = replay(
+        log_of(
+            [
+                ModelDeclared(model="llama", spec=SPEC),
+                ModelDeclared(model="llama", spec=REVISION_2, revision=2),
+                RolloutStarted(model="llama", rollout_id=ROLLOUT, revision=2, from_revision=1),
+                RolloutFinished(model="llama", rollout_id=ROLLOUT, succeeded=True, outcome="done"),
+            ]
+        )
+    )
+    finished = state.models["llama"]
+
+    for n, event in enumerate(late, start=state.position + 1):
+        evolve(state, recorded(event, n))
+
+    assert state.models["llama"] == finished, _named(late)
