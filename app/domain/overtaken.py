@@ -37,7 +37,9 @@ def overtaken(state: ClusterState, events: Sequence[PlannedEvent]) -> str | None
     an unhealthy GPU, a node drain's, a rollout's) of a replica an operator's drain reached
     first (``llmgw-cli drain --replica``): the fold keeps the first drain of a replica
     (``evolve.replicas``), so the replica's drain is not the run's; the operator's drain
-    stands, and the next pass decides on it."""
+    stands, and the next pass decides on it. So does a move of a replica that has stopped,
+    ended or been forgotten since: the fold passes a drain of it over (``evolve.replicas``),
+    and the run's replacement would be placed for nothing."""
     placed = [p.event for p in events if isinstance(p.event, ReplicaPlaced)]
     for event in placed:
         model = state.models.get(event.model)
@@ -55,8 +57,8 @@ def overtaken(state: ClusterState, events: Sequence[PlannedEvent]) -> str | None
     for planned in events:
         if isinstance(planned.event, ReplicaDrainStarted):
             moved = state.replicas.get(planned.event.replica_id)
-            if moved is not None and moved.drain_id not in (None, planned.event.drain_id):
-                return replica_stream(moved.id)
+            if moved is None or moved.drain_id != planned.event.drain_id:
+                return replica_stream(planned.event.replica_id)
         if isinstance(planned.event, ReplicaStopping) and planned.event.surplus:
             short = _surplus_stop_overtaken(state, planned.event.replica_id)
             if short is not None:

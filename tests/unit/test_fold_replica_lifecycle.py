@@ -15,6 +15,7 @@ import pytest
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import (
     AnyEvent,
+    GpuMarkedUnhealthy,
     ModelDeclared,
     NodeConnected,
     ReplacementServing,
@@ -41,12 +42,13 @@ from app.domain.events import (
     ShardReady,
     ShardStarting,
     ShardStopped,
+    replica_stream,
 )
 from app.domain.evolve import evolve, replay
 from app.domain.model_spec import ModelSpec
 from app.domain.state import ACTIVE_PHASES, ENDED_PHASES, ClusterState, Replica, ReplicaPhase
 from tests.support.generators import stream_for
-from tests.unit.test_reconcile import gpus
+from tests.unit.test_reconcile import gpus, of_type, with_two_nodes_and_a_model
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 SPEC = ModelSpec(name="llama", command="sim --port {port}", replicas=1)
@@ -217,3 +219,26 @@ def test_a_finished_rollout_stays_finished_whatever_follows(
         evolve(state, recorded(event, n))
 
     assert state.models["llama"] == finished, _named(late)
+
+
+def test_a_pass_moving_a_replica_that_ended_since_it_decided_is_not_appended() -> None:
+    # Given a pass that moves llama-1 off its GPU, which turned unhealthy ...
+    cluster = with_two_nodes_and_a_model(replicas=1)
+    cluster.reconcile()
+    cluster.serve("llama-1")
+    [shard] = cluster.state.replicas["llama-1"].shards
+    cluster.given(
+        GpuMarkedUnhealthy(node_id=shard.node_id, gpu_index=shard.gpus[0], reason="XID 48")
+    )
+    stale = cluster.decided()
+    assert [m.replica_id for m in of_type(stale, ReplicaDrainStarted)] == ["llama-1"]
+    # ... when the log ends llama-1 before the pass appends ...
+    cluster.given(ReplicaFailed(replica_id="llama-1", reason="shard 0 failed: exited"))
+
+    # ... then the move is not appended, nor its replacement: the replica stays failed,
+    # its place kept for the next placement below the count, and no pass moves it again.
+    assert cluster.appended(stale) == replica_stream("llama-1")
+    assert cluster.phase("llama-1") is ReplicaPhase.FAILED
+    assert cluster.state.models["llama"].moves == {}
+    assert cluster.state.models["llama"].unreplaced_ends == ("llama-1",)
+    assert of_type(cluster.reconcile(), ReplicaDrainStarted) == []
