@@ -113,7 +113,8 @@ class FakeGpuSource:
         return GpuSnapshot(gpus=gpus, xid_events=tuple(events))
 
     def close(self) -> None:
-        pass
+        """Nothing to release: fake GPUs hold no driver handle (NVML's source shuts NVML
+        down here)."""
 
     def _overrides(self) -> dict[int, str]:
         if self._health_file is None:
