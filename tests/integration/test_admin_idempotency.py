@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-import pytest_asyncio
 
 from app.domain.events import (
     ApiKeyCreated,
@@ -21,23 +19,9 @@ from app.domain.events import (
     node_stream,
 )
 from app.store.postgres import PostgresEventStore
-from tests.support.admin_server import bearer_client, seed_node, serving_admin
+from tests.support.admin_server import bearer_client, seed_node
 from tests.support.routing import declare_model
-
-ALICE_TOKEN = secrets.token_hex(16)
-BOB_TOKEN = secrets.token_hex(16)
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def admin_url(pg_store: PostgresEventStore) -> AsyncIterator[str]:
-    async with serving_admin(pg_store, tokens={ALICE_TOKEN: "alice", BOB_TOKEN: "bob"}) as url:
-        yield url
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def alice(admin_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    async with bearer_client(admin_url, ALICE_TOKEN) as client:
-        yield client
+from tests.support.two_operators import BOB_TOKEN
 
 
 def keyed(key: str) -> dict[str, str]:

@@ -7,43 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import re
-import secrets
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import httpx
-import pytest_asyncio
 
 from app.domain.events import ApiKeyCreated, ApiKeyRevoked, key_stream
 from app.domain.keys import hash_key, key_matches, prefix_of
 from app.services.operations import Caller, Operations
 from app.store.database import connection
 from app.store.postgres import PostgresEventStore
-from tests.support.admin_server import bearer_client, serving_admin
 from tests.support.waiting import wait_until
 
-ALICE_TOKEN = secrets.token_hex(16)
-BOB_TOKEN = secrets.token_hex(16)
 KEYS = "/admin/v1/keys"
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def admin_url(pg_store: PostgresEventStore) -> AsyncIterator[str]:
-    async with serving_admin(pg_store, tokens={ALICE_TOKEN: "alice", BOB_TOKEN: "bob"}) as url:
-        yield url
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def alice(admin_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    async with bearer_client(admin_url, ALICE_TOKEN) as client:
-        yield client
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def bob(admin_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    async with bearer_client(admin_url, BOB_TOKEN) as client:
-        yield client
 
 
 async def declare(client: httpx.AsyncClient, *names: str) -> None:
