@@ -9,7 +9,6 @@ same codec as in PostgreSQL, so upcasting and encoding behave alike; the contrac
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -26,7 +25,6 @@ from app.domain.state import ENDED_PHASES, ClusterState, Replica, ReplicaFilter
 from app.store.codec import decode_event, encode_event
 from app.store.errors import AlreadyRecorded, ConcurrencyError, LogMovedOn
 from app.store.folded import FoldedEventStore
-from app.store.interface import AppendRequest, StillHolds
 from app.store.projection import RowChanges
 
 
@@ -150,8 +148,6 @@ class InMemoryEventStore(FoldedEventStore):
     def __init__(self, clock: Callable[[], datetime] = utc_now) -> None:
         self._log = InMemoryRecorder()
         super().__init__(self._log, clock=clock)
-        self.appended = asyncio.Event()
-        """Set by every append that stored an event."""
 
     def insert_raw(self, stored: StoredEvent) -> None:
         """Put a payload in the log as written by an older version (tests of upcasting)."""
@@ -162,19 +158,6 @@ class InMemoryEventStore(FoldedEventStore):
         """The log, for tests that write to it behind the store's back, as another process
         or a failover would."""
         return self._log
-
-    async def append_many(
-        self,
-        requests: Sequence[AppendRequest],
-        meta: Meta,
-        *,
-        still_holds: StillHolds | None = None,
-    ) -> list[Recorded]:
-        before = len(self._log.log)
-        recorded = await super().append_many(requests, meta, still_holds=still_holds)
-        if len(self._log.log) > before:
-            self.appended.set()
-        return recorded
 
 
 def _decode(stored: StoredEvent) -> Recorded:
