@@ -64,7 +64,7 @@ from devcluster.ports import (
     port_is_free,
 )
 from devcluster.postgres import LocalPostgres
-from devcluster.programs import AgentCommand, ServeCommand
+from devcluster.programs import AgentCommand, ServeCommand, gateway_url
 from devcluster.readiness import wait_for
 from devcluster.state_lock import StateDirLock, lock_state_dir
 
@@ -106,7 +106,7 @@ class DevOptions:
     @property
     def gateway_url(self) -> str:
         """Base URL of the OpenAI-compatible API."""
-        return f"http://{LOOPBACK}:{self.client_port}/v1"
+        return gateway_url(self.client_port)
 
     @property
     def logs(self) -> Path:

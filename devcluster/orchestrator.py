@@ -20,7 +20,13 @@ from pathlib import Path
 
 from devcluster.ports import LOOPBACK
 from devcluster.processes import Child, kill_group, run, spawn
-from devcluster.programs import AgentCommand, GatewayCommand, ServeCommand, stop_engines_argv
+from devcluster.programs import (
+    AgentCommand,
+    GatewayCommand,
+    ServeCommand,
+    gateway_url,
+    stop_engines_argv,
+)
 
 AGENT_STOP_WITHIN_S = 25.0
 """An agent stopping its engines gives each one 10 s after SIGTERM before SIGKILL."""
@@ -62,7 +68,7 @@ class ServerProcess(Child):
     @property
     def gateway_url(self) -> str:
         """Base URL of its OpenAI-compatible API."""
-        return f"http://{LOOPBACK}:{self.client_port}/v1"
+        return gateway_url(self.client_port)
 
     @property
     def _command(self) -> ServeCommand:
@@ -96,7 +102,7 @@ class GatewayProcess(Child):
     @property
     def url(self) -> str:
         """Base URL of its OpenAI-compatible API, as the ``openai`` SDK takes it."""
-        return f"http://{LOOPBACK}:{self.port}/v1"
+        return gateway_url(self.port)
 
     @property
     def readyz_url(self) -> str:

@@ -1,9 +1,10 @@
 """The command lines of llmgw's programs as a cluster starts them: ``llmgw-server serve``
 and ``gateway``, ``llmgw-agent``, ``llmgw-agent stop-engines`` and the engine simulator.
 
-Each is a frozen description with ``argv()``. Secrets (the database URL, admin tokens)
-are not part of any: they travel in the environment (``secrets()``), where ``ps`` does not
-show them.
+Each is a frozen description with ``argv()``, and the URLs it answers on where a cluster
+needs them (``gateway_url``: a gateway's, wherever one serves). Secrets (the database URL,
+admin tokens) are not part of any: they travel in the environment (``secrets()``), where
+``ps`` does not show them.
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ from devcluster.processes import program
 LOOPBACK_ENGINES = "127.0.0.0/8"
 """Every engine of a local cluster listens on loopback: nothing else is ever contacted."""
 EnginesOnExit = Literal["keep", "stop"]
+
+
+def gateway_url(port: int) -> str:
+    """Base URL of the OpenAI-compatible API a gateway serves on loopback ``port``, as the
+    ``openai`` SDK takes it."""
+    return f"http://{LOOPBACK}:{port}/v1"
 
 
 def simulator_command(*flags: str) -> str:
@@ -103,7 +110,7 @@ class GatewayCommand:
 
     @property
     def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}/v1"
+        return gateway_url(self.port)
 
     def argv(self) -> list[str]:
         return [
