@@ -41,10 +41,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from app.domain.allocation import NOTHING_REPORTED, Allocations
-from app.domain.desired_count import COUNTING_PHASES
 from app.domain.placement import Rejection, explain_placement
 from app.domain.reports import NodeReport
-from app.domain.state import ACTIVE_PHASES, ClusterState, ReplicaPhase
+from app.domain.state import ACTIVE_PHASES, COUNTING_PHASES, ClusterState, ReplicaPhase
 from app.pki.ends import CertificateEnd
 from app.services.control_plane import ControlPlane, Leader, Role
 from app.services.operations import RunningSource, nothing_running

@@ -24,15 +24,13 @@ from app.domain.reports import NodeReport
 from app.domain.rollout import new_revision_room
 from app.domain.state import (
     ACTIVE_PHASES,
+    COUNTING_PHASES,
     ClusterState,
     Model,
     Replica,
     ReplicaPhase,
     RolloutState,
 )
-
-COUNTING_PHASES = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING, ReplicaPhase.SERVING})
-"""Replicas that count towards a model's desired count (draining ones do not)."""
 
 
 def counting(state: ClusterState, model_name: str) -> int:

@@ -13,6 +13,7 @@ from app.domain.gpu_moves import waiting_gpu_moves
 from app.domain.model_operations import find_model
 from app.domain.state import (
     ACTIVE_PHASES,
+    COUNTING_PHASES,
     NOT_SERVING_YET,
     ClusterState,
     Model,
@@ -44,7 +45,7 @@ def model_status(state: ClusterState, name: str, now: datetime) -> ModelStatus:
     phases = Counter(r.phase for r in replicas)
     phases.update({ReplicaPhase(phase): n for phase, n in model.forgotten.items()})
     serving = phases[ReplicaPhase.SERVING]
-    counting = serving + sum(phases[p] for p in NOT_SERVING_YET)
+    counting = sum(phases[p] for p in COUNTING_PHASES)
     reasons = (
         _below_desired(model, replicas, phases, counting, now) if serving < model.desired else ()
     )

@@ -27,9 +27,9 @@ placement does."""
 from __future__ import annotations
 
 from app.domain.decision import Draft
-from app.domain.desired_count import COUNTING_PHASES, stop_replica
+from app.domain.desired_count import stop_replica
 from app.domain.reports import FleetView, NodeReport
-from app.domain.state import Node, Replica, ReplicaPhase, Shard, ShardPhase
+from app.domain.state import COUNTING_PHASES, Node, Replica, ReplicaPhase, Shard, ShardPhase
 
 JUDGED_PHASES = COUNTING_PHASES | {ReplicaPhase.DRAINING}
 """A draining replica is judged too: its replacement is on its way already."""

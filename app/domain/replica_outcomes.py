@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 
 from app.domain.commands import start_command_id
 from app.domain.decision import Draft
-from app.domain.desired_count import COUNTING_PHASES, stop_replica
+from app.domain.desired_count import stop_replica
 from app.domain.events import (
     NodeDisconnected,
     NodeLost,
@@ -29,6 +29,7 @@ from app.domain.reconcile_settings import Settings
 from app.domain.reports import FleetView
 from app.domain.state import (
     ACTIVE_PHASES,
+    COUNTING_PHASES,
     ClusterState,
     Replica,
     ReplicaPhase,

@@ -50,7 +50,7 @@ from app.domain.events import (
 )
 from app.domain.model_spec import CanaryStep
 from app.domain.revisions import REVISION_FIELDS
-from app.domain.rollout_convergence import COUNTING, active_replicas, converge
+from app.domain.rollout_convergence import active_replicas, converge
 from app.domain.rollout_reads import (
     canary_group,
     none_to_judge_against,
@@ -66,6 +66,7 @@ from app.domain.rollout_verdict import (
     judge,
 )
 from app.domain.state import (
+    COUNTING_PHASES,
     ClusterState,
     Model,
     ReplicaPhase,
@@ -111,7 +112,7 @@ def new_revision_room(state: ClusterState, model: Model) -> int | None:
     running = sum(
         1
         for replica in active_replicas(state, model.name)
-        if replica.revision == model.revision and replica.phase in COUNTING
+        if replica.revision == model.revision and replica.phase in COUNTING_PHASES
     )
     return max(allowed - running, 0)
 

@@ -10,6 +10,7 @@ from app.domain.decision import Draft
 from app.domain.events import ReplicaDrainStarted, ReplicaStopping, replica_stream
 from app.domain.state import (
     ACTIVE_PHASES,
+    COUNTING_PHASES,
     NOT_SERVING_YET,
     ClusterState,
     Model,
@@ -17,9 +18,6 @@ from app.domain.state import (
     ReplicaPhase,
     Rollout,
 )
-
-COUNTING = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING, ReplicaPhase.SERVING})
-"""The phases of a replica that counts towards a step: placed, starting or serving."""
 
 
 def converge(draft: Draft, model: Model, rollout: Rollout, target: int, *, every: bool) -> bool:
@@ -30,7 +28,7 @@ def converge(draft: Draft, model: Model, rollout: Rollout, target: int, *, every
     policy = model.spec.rollout
     revision = model.revision
     replicas = active_replicas(draft.state, model.name)
-    current = [r for r in replicas if r.revision == revision and r.phase in COUNTING]
+    current = [r for r in replicas if r.revision == revision and r.phase in COUNTING_PHASES]
     moving = [m for m in model.moves.values() if m.move_id == rollout.id]
     outdated = [r for r in replicas if r.revision != revision]
     serving_outdated = sorted(

@@ -58,6 +58,10 @@ def is_gpu_move(drain_id: str | None) -> bool:
 NOT_SERVING_YET = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING})
 """Placed or starting: active, counting towards the desired count, serving nothing yet."""
 
+COUNTING_PHASES = NOT_SERVING_YET | {ReplicaPhase.SERVING}
+"""Placed, starting or serving: the replicas that count towards their model's desired
+count, and towards a rollout's step (a draining or stopping one is on its way out)."""
+
 ENDED_KEPT_PER_MODEL = 20
 """Ended replicas the fold keeps per model, the most recently ended; older ones are
 forgotten (see ``Model.ended``).

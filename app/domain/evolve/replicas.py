@@ -36,9 +36,9 @@ from app.domain.events import (
 )
 from app.domain.evolve.updates import Handler, update_model, update_replica
 from app.domain.state import (
+    COUNTING_PHASES,
     ENDED_KEPT_PER_MODEL,
     ENDED_PHASES,
-    NOT_SERVING_YET,
     STEADY_SERVING_S,
     UNASKED_ENDS,
     ClusterState,
@@ -102,7 +102,7 @@ def _replica_serving(state: ClusterState, event: ReplicaServing, recorded: Recor
     is past serving, and would be routed to again."""
     at = recorded.recorded_at
     replica = state.replicas.get(event.replica_id)
-    if replica is None or replica.phase not in _COUNTING:
+    if replica is None or replica.phase not in COUNTING_PHASES:
         return
     update_replica(
         state,
@@ -126,7 +126,7 @@ def _replica_drain_started(
     ended is past draining: a drain would bring it back, with a move waiting on it."""
     at = recorded.recorded_at
     replica = state.replicas.get(event.replica_id)
-    if replica is None or replica.phase not in _COUNTING:
+    if replica is None or replica.phase not in COUNTING_PHASES:
         return
     state.replicas[event.replica_id] = replace(
         replica, phase=ReplicaPhase.DRAINING, drain_id=event.drain_id, drain_started_at=at
@@ -238,7 +238,9 @@ def _end_replica(
         end_reason=reason if reason is not None else replica.end_reason,
     )
     _move_over(state, replica)
-    if phase in UNASKED_ENDS and replica.phase in _COUNTING:
+    # One that counted and ends unasked leaves a place a placement takes (a draining or
+    # stopping one left none).
+    if phase in UNASKED_ENDS and replica.phase in COUNTING_PHASES:
         _await_replacement(state, replica)
     _keep_ended(state, replica)
     return True
@@ -258,11 +260,6 @@ def _move_over(state: ClusterState, replica: Replica) -> None:
         moves = {**moves, waiting.replica_id: replace(waiting, replacement_id=None)}
     if moves is not model.moves:
         state.models[model.name] = replace(model, moves=moves)
-
-
-_COUNTING = NOT_SERVING_YET | {ReplicaPhase.SERVING}
-"""Phases of a replica that counts towards its model's desired count: one that ends unasked
-in one of them leaves a place a placement takes (a draining or stopping one left none)."""
 
 
 def _await_replacement(state: ClusterState, replica: Replica) -> None:
