@@ -33,8 +33,8 @@ from app.domain.revisions import (
     spec_changes,
 )
 from app.domain.rollout import rollback_event
+from app.domain.rollout_convergence import active_replicas
 from app.domain.state import (
-    ACTIVE_PHASES,
     ClusterState,
     Model,
     Rollout,
@@ -200,7 +200,7 @@ class RolloutStatus(msgspec.Struct, frozen=True, kw_only=True):
 def rollout_status(state: ClusterState, name: str, now: datetime) -> RolloutStatus:
     model = find_model(state, name)
     rollout = _rollout(model)
-    replicas = [r for r in state.replicas.values() if r.model == name and r.phase in ACTIVE_PHASES]
+    replicas = active_replicas(state, name)
     by_revision: dict[int, dict[str, int]] = {}
     for replica in replicas:
         phases = by_revision.setdefault(replica.revision, {})
