@@ -46,11 +46,10 @@ from app.domain.events import (
     RolloutStepStarted,
     RolloutVerdict,
     model_stream,
-    replica_stream,
 )
 from app.domain.model_spec import CanaryStep
 from app.domain.revisions import REVISION_FIELDS
-from app.domain.rollout_convergence import active_replicas, converge
+from app.domain.rollout_convergence import active_replicas, converge, record_on_replica
 from app.domain.rollout_reads import (
     canary_group,
     none_to_judge_against,
@@ -296,14 +295,14 @@ def _bring_back(draft: Draft, model: Model, rollout: Rollout) -> None:
             and replica.drain_id == rollout.id
             and replica.revision == model.revision
         ):
-            draft.emit(
-                replica_stream(replica.id),
+            record_on_replica(
+                draft,
+                rollout,
                 ReplicaDrainCancelled(
                     replica_id=replica.id,
                     drain_id=rollout.id,
                     reason=f"rollout {rollout.id} rolled back: it runs revision {model.revision}",
                 ),
-                correlation_id=rollout.id,
             )
     model = draft.state.models[model.name]
     if converge(draft, model, rollout, model.desired, every=True):

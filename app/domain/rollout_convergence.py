@@ -2,12 +2,18 @@
 serving replica is marked draining, a replacement of the model's current revision is
 placed, and it stops once that has served for the stability window), at most
 ``max_surge`` at once, and the stops ``max_unavailable`` allows before a replacement
-serves."""
+serves. What a rollout does to a replica is recorded on the replica's stream under the
+rollout's id (``record_on_replica``)."""
 
 from __future__ import annotations
 
 from app.domain.decision import Draft
-from app.domain.events import ReplicaDrainStarted, ReplicaStopping, replica_stream
+from app.domain.events import (
+    ReplicaDrainCancelled,
+    ReplicaDrainStarted,
+    ReplicaStopping,
+    replica_stream,
+)
 from app.domain.state import (
     ACTIVE_PHASES,
     COUNTING_PHASES,
@@ -47,14 +53,12 @@ def converge(draft: Draft, model: Model, rollout: Rollout, target: int, *, every
     need = target - coming
     moves = min(max(need, 0), max(policy.max_surge - len(moving), 0), len(serving_outdated))
     for replica in serving_outdated[:moves]:
-        draft.emit(
-            replica_stream(replica.id),
+        record_on_replica(
+            draft,
+            rollout,
             ReplicaDrainStarted(
-                replica_id=replica.id,
-                drain_id=rollout.id,
-                reason=f"rollout to revision {revision}",
+                replica_id=replica.id, drain_id=rollout.id, reason=f"rollout to revision {revision}"
             ),
-            correlation_id=rollout.id,
         )
     need -= moves
     if need > 0 and policy.max_unavailable > 0:
@@ -87,8 +91,14 @@ def active_replicas(state: ClusterState, model: str) -> list[Replica]:
 
 
 def stop_replica(draft: Draft, replica: Replica, rollout: Rollout, reason: str) -> None:
-    draft.emit(
-        replica_stream(replica.id),
-        ReplicaStopping(replica_id=replica.id, reason=reason),
-        correlation_id=rollout.id,
-    )
+    record_on_replica(draft, rollout, ReplicaStopping(replica_id=replica.id, reason=reason))
+
+
+ReplicaStep = ReplicaDrainStarted | ReplicaDrainCancelled | ReplicaStopping
+"""What a rollout does to one of its model's replicas: moves it, calls its move off, or
+stops it."""
+
+
+def record_on_replica(draft: Draft, rollout: Rollout, event: ReplicaStep) -> None:
+    """What the rollout does to one replica, on the replica's stream under the rollout's id."""
+    draft.emit(replica_stream(event.replica_id), event, correlation_id=rollout.id)
