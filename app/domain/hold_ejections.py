@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from app.domain.decision import Draft
-from app.domain.events import RolloutHoldEjectionSeen, model_stream
+from app.domain.events import RolloutHoldEjectionSeen
+from app.domain.rollout import record_on_model
 from app.domain.rollout_convergence import active_replicas
 from app.domain.state import ClusterState, Rollout, RolloutState
 
@@ -62,8 +63,9 @@ def record_hold_ejections(draft: Draft, ejected: Mapping[str, int]) -> None:
             gateways = ejected.get(replica.id, 0)
             if gateways <= rollout.hold_ejections.get(replica.id, 0):
                 continue
-            draft.emit(
-                model_stream(name),
+            record_on_model(
+                draft,
+                rollout,
                 RolloutHoldEjectionSeen(
                     model=name,
                     rollout_id=rollout.id,
@@ -71,5 +73,4 @@ def record_hold_ejections(draft: Draft, ejected: Mapping[str, int]) -> None:
                     replica_id=replica.id,
                     gateways=gateways,
                 ),
-                correlation_id=rollout.id,
             )

@@ -40,6 +40,7 @@ from app.domain.events import (
     JudgedFigures,
     ReplicaDrainCancelled,
     RolloutFinished,
+    RolloutHoldEjectionSeen,
     RolloutHolding,
     RolloutPaused,
     RolloutRolledBack,
@@ -80,6 +81,7 @@ __all__ = ["INCONCLUSIVE", "PROMOTE", "ROLL_BACK", "judge"]
 RolloutEvent = (
     RolloutStepStarted
     | RolloutHolding
+    | RolloutHoldEjectionSeen
     | RolloutVerdict
     | RolloutPaused
     | RolloutRolledBack
@@ -169,7 +171,7 @@ def _advance(
         _start_step(draft, model, rollout, index + 1, steps[index + 1])
         return
     if rollout.holding_since is None:
-        _record(
+        record_on_model(
             draft,
             rollout,
             RolloutHolding(model=model.name, rollout_id=rollout.id, step=index, hold_s=step.hold_s),
@@ -182,14 +184,14 @@ def _advance(
     _judge(draft, model, rollout, index, traffic, sides, none_to_judge_against(model, replicas))
 
 
-def _record(draft: Draft, rollout: Rollout, event: RolloutEvent) -> None:
-    """A step of the rollout, on its model's stream under the rollout's id."""
+def record_on_model(draft: Draft, rollout: Rollout, event: RolloutEvent) -> None:
+    """An event of the rollout, on its model's stream under the rollout's id."""
     draft.emit(model_stream(event.model), event, correlation_id=rollout.id)
 
 
 def _start_step(draft: Draft, model: Model, rollout: Rollout, index: int, step: CanaryStep) -> None:
     replicas = step.count(model.desired)
-    _record(
+    record_on_model(
         draft,
         rollout,
         RolloutStepStarted(
@@ -219,7 +221,7 @@ def _judge(
     verdict, reason = judge(canary, stable, model.spec.rollout, ejected)
     if verdict == INCONCLUSIVE and alone is not None:
         reason = alone
-    _record(
+    record_on_model(
         draft,
         rollout,
         RolloutVerdict(
@@ -235,7 +237,7 @@ def _judge(
     if verdict == ROLL_BACK:
         _roll_back(draft, model, rollout, f"step {index + 1}: {reason}")
     elif verdict == INCONCLUSIVE:
-        _record(
+        record_on_model(
             draft,
             rollout,
             RolloutPaused(
@@ -270,7 +272,7 @@ def _judged(measured: TrafficFigures | None) -> JudgedFigures | None:
 
 
 def _roll_back(draft: Draft, model: Model, rollout: Rollout, reason: str) -> None:
-    _record(draft, rollout, rollback_event(model, rollout, reason))
+    record_on_model(draft, rollout, rollback_event(model, rollout, reason))
     _bring_back(draft, draft.state.models[model.name], rollout)
 
 
@@ -312,7 +314,7 @@ def _bring_back(draft: Draft, model: Model, rollout: Rollout) -> None:
 
 
 def _finish(draft: Draft, model: Model, rollout: Rollout, *, succeeded: bool, outcome: str) -> None:
-    _record(
+    record_on_model(
         draft,
         rollout,
         RolloutFinished(
