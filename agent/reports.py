@@ -83,16 +83,7 @@ def unreportable_refusal(command: StartShard) -> str | None:
 
 def shard_report_refusal(command: StartShard) -> str | None:
     """Why the shard ``command`` starts would take too much of every hello, or None."""
-    report = ShardReport(
-        replica_id=command.replica_id,
-        shard_index=command.shard_index,
-        model=command.model,
-        port=command.port,
-        gpus=command.gpus,
-        pid=_LONGEST_PID,
-        state=_LONGEST_STATE,
-        started_at=_LONGEST_START,
-    )
+    report = _report(command, pid=_LONGEST_PID, state=_LONGEST_STATE, started_at=_LONGEST_START)
     size = json_bytes(report)
     if size <= MAX_SHARD_REPORT_BYTES:
         return None
@@ -129,15 +120,8 @@ def shard_report(record: ShardRecord, failure: str | None = None) -> ShardReport
     line without control characters (each becomes U+FFFD, as the wire refuses them there),
     cut to the room its report has left of ``MAX_SHARD_REPORT_BYTES``: a long replica id
     and model name leave less of it, never more than the report may take."""
-    report = ShardReport(
-        replica_id=record.replica_id,
-        shard_index=record.shard_index,
-        model=record.model,
-        port=record.port,
-        gpus=record.gpus,
-        pid=record.pid,
-        state=_WIRE_STATES[record.state],
-        started_at=record.started_at,
+    report = _report(
+        record, pid=record.pid, state=_WIRE_STATES[record.state], started_at=record.started_at
     )
     if failure is None or record.state is not ShardState.FAILED:
         return report
@@ -145,6 +129,24 @@ def shard_report(record: ShardRecord, failure: str | None = None) -> ShardReport
     with_room = msgspec.structs.replace(report, failure="")
     fitted = fit_text(line, MAX_SHARD_REPORT_BYTES - json_bytes(with_room) + json_bytes(""))
     return msgspec.structs.replace(report, failure=fitted) if fitted else report
+
+
+def _report(
+    shard: StartShard | ShardRecord, *, pid: int, state: WireShardState, started_at: datetime
+) -> ShardReport:
+    """The report of ``shard``: a hello's, of a record, or the one a start command's shard
+    is measured by before it starts. Both are built here, so that what is measured is what
+    every hello will carry."""
+    return ShardReport(
+        replica_id=shard.replica_id,
+        shard_index=shard.shard_index,
+        model=shard.model,
+        port=shard.port,
+        gpus=shard.gpus,
+        pid=pid,
+        state=state,
+        started_at=started_at,
+    )
 
 
 def heartbeat_shard(record: ShardRecord) -> HeartbeatShard:
