@@ -32,7 +32,7 @@ from typing import NamedTuple
 from agent.engines.identity import has_launch_token
 from agent.engines.proc_net import ProcessFamily, engine_family, parse_family
 from agent.engines.processes import signal_group
-from agent.engines.records import ProcStat, ShardRecord, parse_proc_stat, read_proc_stat
+from agent.engines.records import ProcStat, ShardRecord, is_running, parse_proc_stat
 
 PROC = Path("/proc")
 GONE_POLL_S = 0.05
@@ -78,7 +78,7 @@ def outside_group(leader: int, proc: Path = PROC) -> dict[int, int]:
 def signal_each(processes: Mapping[int, int], signum: int) -> None:
     """Send ``signum`` to each process (pid -> start time) that is still that process."""
     for pid, start_time in processes.items():
-        if _is_running(pid, start_time):
+        if is_running(pid, start_time):
             try:
                 os.kill(pid, signum)
             except (ProcessLookupError, PermissionError):
@@ -97,7 +97,7 @@ def still_running(leader: int, outside: Mapping[int, int], proc: Path = PROC) ->
     ``leader`` led (its id cannot be reused while one of them is left), and any of
     ``outside`` that is still the same process."""
     left = [pid for pid, (family, _) in _running(proc) if leader in (family.pgrp, family.session)]
-    left.extend(pid for pid, start_time in outside.items() if _is_running(pid, start_time))
+    left.extend(pid for pid, start_time in outside.items() if is_running(pid, start_time))
     return sorted(set(left))
 
 
@@ -120,11 +120,6 @@ def end_remains(record: ShardRecord) -> None:
         end_launched(record.launch_token)
 
 
-def _is_running(pid: int, start_time: int) -> bool:
-    stat = read_proc_stat(pid)
-    return stat is not None and stat.start_time == start_time and stat.state not in ("Z", "X")
-
-
 def _running(proc: Path) -> Iterator[tuple[int, tuple[ProcessFamily, ProcStat]]]:
     """Every process that has not exited (zombies left out), with where it stands."""
     try:
@@ -139,5 +134,5 @@ def _running(proc: Path) -> Iterator[tuple[int, tuple[ProcessFamily, ProcStat]]]
             family, stat = parse_family(text), parse_proc_stat(text)
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile, or not readable
-        if stat.state not in ("Z", "X"):
+        if not stat.exited:
             yield family.pid, (family, stat)

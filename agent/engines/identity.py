@@ -58,7 +58,7 @@ def identity_refusal(record: ShardRecord) -> str | None:
     except OSError:
         return f"{AWAY_ERROR} (pid {record.pid} is gone)"
     stat = parse_proc_stat(text)
-    if stat.state in ("Z", "X"):
+    if stat.exited:
         return f"{AWAY_ERROR} (pid {record.pid} is gone)"
     if stat.start_time != record.process_start_time:
         return f"{AWAY_ERROR} (pid {record.pid} is another process now)"

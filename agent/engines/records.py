@@ -268,6 +268,12 @@ class ProcStat(NamedTuple):
     state: str
     start_time: int
 
+    @property
+    def exited(self) -> bool:
+        """A zombie (``Z``) or dead (``X``) process has exited: only its parent's ``wait()``
+        keeps it listed."""
+        return self.state in ("Z", "X")
+
 
 def parse_proc_stat(text: str) -> ProcStat:
     """State (field 3) and start time (field 22) from the text of ``/proc/<pid>/stat``.
@@ -304,15 +310,13 @@ def process_identity(pid: int) -> int | None:
     return None if stat is None else stat.start_time
 
 
-def is_same_process(record: ShardRecord) -> bool:
-    """True only while the recorded engine itself is alive: same pid and same start time.
+def is_running(pid: int, start_time: int) -> bool:
+    """True only while process ``pid`` started at ``start_time`` is alive: a pid reused by
+    another program since has another start time, and a zombie has exited."""
+    stat = read_proc_stat(pid)
+    return stat is not None and not stat.exited and stat.start_time == start_time
 
-    A zombie has already exited (only its parent's ``wait()`` keeps it listed), so it does
-    not count as alive.
-    """
-    stat = read_proc_stat(record.pid)
-    return (
-        stat is not None
-        and stat.state not in ("Z", "X")
-        and stat.start_time == record.process_start_time
-    )
+
+def is_same_process(record: ShardRecord) -> bool:
+    """True only while the recorded engine itself is alive: same pid and same start time."""
+    return is_running(record.pid, record.process_start_time)
