@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 from agent.engines.identity import has_launch_token
+from agent.engines.proc_listing import PROC, process_ids
 from agent.engines.proc_net import ProcessFamily, engine_family, parse_family
 from agent.engines.processes import signal_group
 from agent.engines.records import ProcStat, ShardRecord, is_running, parse_proc_stat
 
-PROC = Path("/proc")
 GONE_POLL_S = 0.05
 
 
@@ -122,15 +122,9 @@ def end_remains(record: ShardRecord) -> None:
 
 def _running(proc: Path) -> Iterator[tuple[int, tuple[ProcessFamily, ProcStat]]]:
     """Every process that has not exited (zombies left out), with where it stands."""
-    try:
-        names = os.listdir(proc)
-    except OSError:
-        return
-    for name in names:
-        if not name.isdigit():
-            continue
+    for pid in process_ids(proc):
         try:
-            text = (proc / name / "stat").read_text()
+            text = (proc / str(pid) / "stat").read_text()
             family, stat = parse_family(text), parse_proc_stat(text)
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile, or not readable

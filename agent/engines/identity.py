@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agent.engines.proc_listing import PROC
 from agent.engines.proc_net import parse_family
 from agent.engines.records import ShardRecord, current_boot_id, parse_proc_stat
 from wire.engine_env import LAUNCH_TOKEN_VARIABLE
 
 AWAY_ERROR = "engine exited while the agent was away"
-PROC = Path("/proc")
 
 
 def launch_token_of(pid: int, proc: Path = PROC) -> str | None:

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.engines.proc_listing import PROC, process_ids
 from agent.engines.proc_net import (
     ListeningSocket,
     PortHolders,
@@ -30,7 +31,6 @@ from agent.engines.proc_net import (
     socket_inode,
 )
 
-PROC = Path("/proc")
 TCP_TABLES = ("net/tcp", "net/tcp6")
 
 
@@ -98,21 +98,11 @@ def _listening(path: Path) -> list[ListeningSocket]:
 
 
 def _families(proc: Path) -> Iterator[ProcessFamily]:
-    for entry in _pids(proc):
+    for entry in process_ids(proc):
         try:
             yield parse_family((proc / str(entry) / "stat").read_text())
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile, or not readable
-
-
-def _pids(proc: Path) -> Iterator[int]:
-    try:
-        names = os.listdir(proc)
-    except OSError:
-        return
-    for name in names:
-        if name.isdigit():
-            yield int(name)
 
 
 def _socket_inodes(proc: Path, pid: int) -> Iterator[int]:
@@ -134,7 +124,7 @@ def _holders(proc: Path, inodes: set[int], exclude: Iterable[int]) -> dict[int, 
     """The pids (of the ones this agent may look into) that hold each of ``inodes``."""
     skip = set(exclude)
     found: dict[int, list[int]] = {}
-    for pid in _pids(proc):
+    for pid in process_ids(proc):
         if pid in skip:
             continue
         for inode in _socket_inodes(proc, pid):
