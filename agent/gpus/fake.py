@@ -27,7 +27,7 @@ import structlog
 
 from agent.gpus.fake_health import MAX_FAKE_GPUS, read_health_file, unknown_gpu_problems
 from agent.gpus.fake_memory import memory_file_beside, read_memory_file
-from agent.gpus.types import GpuSnapshot, GpuStatus, XidEvent
+from agent.gpus.types import GpuSnapshot, GpuStatus, XidEvent, xid_event
 from agent.gpus.xid import classify_xid
 
 log = structlog.get_logger(__name__)
@@ -94,7 +94,7 @@ class FakeGpuSource:
         for index, reason in sorted(overrides.items()):
             code = _xid_of(reason)
             if code is not None and self._reported.get(index) != reason:
-                events.append(self._xid_event(index, code))
+                events.append(xid_event(code, index, self._now()))
         self._reported = overrides
         # An XID the table calls the application's fault is reported, as NVML would, and
         # leaves its GPU healthy: the source's rule for it, not the file's mark, decides.
@@ -155,17 +155,6 @@ class FakeGpuSource:
             log.warning("fake_gpu_memory_file_ignored", problems=problems)
         self._warned_memory = tuple(problems)
         return used
-
-    def _xid_event(self, index: int, code: int) -> XidEvent:
-        info = classify_xid(code)
-        return XidEvent(
-            gpu_index=index,
-            xid=info.code,
-            classification=info.classification,
-            description=info.description,
-            marks_unhealthy=info.marks_unhealthy,
-            at=self._now(),
-        )
 
 
 def _marks_unhealthy(reason: str) -> bool:

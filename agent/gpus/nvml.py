@@ -32,8 +32,7 @@ from agent.gpus.nvml_api import NO_DRIVER_CODES, NvmlLibrary, error_code, error_
 from agent.gpus.nvml_calls import CallFailed, DriverLost, GpuLost, Unreadable, ask, ask_gpu
 from agent.gpus.nvml_checks import health_problems
 from agent.gpus.restarts import RestartBackoff
-from agent.gpus.types import GpuSnapshot, GpuStatus, XidEvent
-from agent.gpus.xid import classify_xid
+from agent.gpus.types import GpuSnapshot, GpuStatus, XidEvent, xid_event
 
 MIB = 1024 * 1024
 # A driver that keeps queueing events must not keep one snapshot draining forever.
@@ -243,17 +242,8 @@ class NvmlGpuSource:
                 break  # Timeout: nothing left; any other error: the next snapshot tries again
             if data.eventType != self._nvml.nvmlEventTypeXidCriticalError:
                 continue
-            info = classify_xid(int(data.eventData))
-            events.append(
-                XidEvent(
-                    gpu_index=self._event_gpu_index(data.device),
-                    xid=info.code,
-                    classification=info.classification,
-                    description=info.description,
-                    marks_unhealthy=info.marks_unhealthy,
-                    at=now,
-                )
-            )
+            code = int(data.eventData)
+            events.append(xid_event(code, self._event_gpu_index(data.device), now))
         return events
 
     def _event_gpu_index(self, device: object) -> int | None:

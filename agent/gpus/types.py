@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from agent.gpus.xid import XidClass
+from agent.gpus.xid import XidClass, classify_xid
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,6 +39,20 @@ class XidEvent:
     description: str
     marks_unhealthy: bool
     at: datetime
+
+
+def xid_event(code: int, gpu_index: int | None, at: datetime) -> XidEvent:
+    """XID ``code`` on GPU ``gpu_index``, collected ``at``, as the XID table classifies it:
+    how every GPU source, NVML's or the fake one, tells of an XID."""
+    info = classify_xid(code)
+    return XidEvent(
+        gpu_index=gpu_index,
+        xid=info.code,
+        classification=info.classification,
+        description=info.description,
+        marks_unhealthy=info.marks_unhealthy,
+        at=at,
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
