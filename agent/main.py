@@ -134,6 +134,14 @@ StateDir = Annotated[
     ),
 ]
 
+FakeGpuIndex = Annotated[
+    int,
+    Parameter(
+        converter=gpu_index,
+        help="Index of the fake GPU; one the agent did not declare is refused.",
+    ),
+]
+
 
 class StateDirBusy(Exception):
     """Another agent process holds the state directory."""
@@ -288,13 +296,7 @@ def run(
 @fake_gpu_app.command
 def mark(
     *,
-    gpu: Annotated[
-        int,
-        Parameter(
-            converter=gpu_index,
-            help="Index of the fake GPU; one the agent did not declare is refused.",
-        ),
-    ],
+    gpu: FakeGpuIndex,
     reason: Annotated[
         str,
         Parameter(help='Why it is unhealthy, e.g. "XID 79"; printable, at most 500 characters.'),
@@ -328,13 +330,7 @@ def clear(
 @fake_gpu_app.command
 def use(
     *,
-    gpu: Annotated[
-        int,
-        Parameter(
-            converter=gpu_index,
-            help="Index of the fake GPU; one the agent did not declare is refused.",
-        ),
-    ],
+    gpu: FakeGpuIndex,
     mib: Annotated[
         int,
         Parameter(
