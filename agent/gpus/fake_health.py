@@ -18,13 +18,12 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.gpus.files import NotARegularFile, TooLarge, read_bounded, write_atomically
-from agent.gpus.index_files import read_index_file, rewrite_index_file, shown_key
+from agent.gpus.index_files import INDEX_KEY, read_index_file, rewrite_index_file, shown_key
 from wire.messages import MAX_GPUS_PER_NODE
 
 MAX_FAKE_GPUS = MAX_GPUS_PER_NODE
@@ -33,7 +32,6 @@ MAX_REASON_CHARS = 500
 MAX_HEALTH_FILE_BYTES = 64 * 1024
 """Room for every GPU with the longest reason; anything bigger is not the file we write."""
 DECLARATION_FILE = "fake-gpus.json"
-_INDEX = re.compile(r"[0-9]{1,3}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +119,7 @@ def check_fake_gpu_index(health_file: Path, index: int) -> None:
 
 
 def _entry(key: str, reason: object) -> tuple[int, str] | str:
-    if _INDEX.fullmatch(key) is None or int(key) >= MAX_FAKE_GPUS:
+    if INDEX_KEY.fullmatch(key) is None or int(key) >= MAX_FAKE_GPUS:
         return f"the key is not a GPU index 0 to {MAX_FAKE_GPUS - 1}"
     if not isinstance(reason, str):
         return "the reason is not a string"

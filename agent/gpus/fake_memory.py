@@ -11,19 +11,17 @@ what the file holds.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.gpus.fake_health import check_fake_gpu_index, locked_beside
-from agent.gpus.index_files import read_index_file, rewrite_index_file
+from agent.gpus.index_files import INDEX_KEY, read_index_file, rewrite_index_file
 
 MEMORY_FILE = "fake-gpu-memory.json"
 MAX_FAKE_USED_MIB = 1024 * 1024
 """1 TiB: more than any GPU has (the control plane refuses a GPU claiming more)."""
 MAX_MEMORY_FILE_BYTES = 16 * 1024
 """Room for every GPU's entry many times over; anything bigger is not the file we write."""
-_INDEX = re.compile(r"[0-9]{1,3}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +59,7 @@ def use_fake_gpu_memory(memory_file: Path, index: int, mib: int) -> tuple[str, .
 
 
 def _entry(key: str, mib: object) -> tuple[int, int] | str:
-    if _INDEX.fullmatch(key) is None:
+    if INDEX_KEY.fullmatch(key) is None:
         return "the key is not a GPU index"
     if isinstance(mib, bool) or not isinstance(mib, int):
         return "the MiB used is not a whole number"

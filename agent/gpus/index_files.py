@@ -11,6 +11,7 @@ well-formed entries only, so a file always recovers from a bad one.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
@@ -18,6 +19,8 @@ from typing import TypeVar
 from agent.gpus.files import NotARegularFile, TooLarge, read_bounded, write_atomically
 
 V = TypeVar("V")
+INDEX_KEY = re.compile(r"[0-9]{1,3}")
+"""An entry's key as the commands write it: a GPU index in decimal digits."""
 
 
 def read_index_file(
