@@ -233,41 +233,40 @@ def certificate_family(ends: Sequence[CertificateEnd]) -> Metric:
 
 
 def live_families(figures: LiveFigures | None) -> Iterator[Metric]:
-    leading = GaugeMetricFamily("llmgw_leader", "1 while this server leads the cluster")
-    leading.add_metric([], 1 if figures is not None else 0)
-    yield leading
-    agents = GaugeMetricFamily(
-        "llmgw_agents_connected", "Agents connected to this server's hub (0 on a standby)"
+    yield GaugeMetricFamily(
+        "llmgw_leader",
+        "1 while this server leads the cluster",
+        value=1 if figures is not None else 0,
     )
-    agents.add_metric([], figures.agents_connected if figures else 0)
-    yield agents
-    refused = CounterMetricFamily(
+    yield GaugeMetricFamily(
+        "llmgw_agents_connected",
+        "Agents connected to this server's hub (0 on a standby)",
+        value=figures.agents_connected if figures else 0,
+    )
+    yield CounterMetricFamily(
         "llmgw_agent_handshakes_refused",
         "Agent connections this server's hub closed before their TLS handshake, since it "
         "began leading: their address had --agent-handshakes-per-address in progress",
+        value=figures.agent_handshakes_refused if figures else 0,
     )
-    refused.add_metric([], figures.agent_handshakes_refused if figures else 0)
-    yield refused
-    certificates = CounterMetricFamily(
+    yield CounterMetricFamily(
         "llmgw_agent_certificates_refused",
         "Agent TLS handshakes this server's hub refused on the node certificate, since it "
         "began leading: expired, not yet valid, or not issued by its CA",
+        value=figures.agent_certificates_refused if figures else 0,
     )
-    certificates.add_metric([], figures.agent_certificates_refused if figures else 0)
-    yield certificates
-    earliest = GaugeMetricFamily(
+    earliest = figures.earliest_agent_certificate_end if figures else None
+    yield GaugeMetricFamily(
         "llmgw_agent_certificate_earliest_expiry_timestamp_seconds",
         "When the first of the certificates of the agents connected to this server's hub "
         "ends (Unix seconds): its agent is cut off then. No sample with none connected",
+        value=earliest.timestamp() if earliest is not None else None,
     )
-    if figures is not None and figures.earliest_agent_certificate_end is not None:
-        earliest.add_metric([], figures.earliest_agent_certificate_end.timestamp())
-    yield earliest
-    passes = CounterMetricFamily(
-        "llmgw_reconcile_passes", "Reconcile passes since this server began leading"
+    yield CounterMetricFamily(
+        "llmgw_reconcile_passes",
+        "Reconcile passes since this server began leading",
+        value=figures.reconcile_passes if figures else 0,
     )
-    passes.add_metric([], figures.reconcile_passes if figures else 0)
-    yield passes
     durations = sorted(figures.recent_pass_durations_s) if figures else []
     # A summary as Prometheus has them: quantiles over a recent window, and ``_sum`` and
     # ``_count`` over every pass, from which rate() gives the mean of any range.
@@ -328,9 +327,11 @@ def fold_families(state: ClusterState, running: Mapping[str, NodeReport]) -> Ite
         nodes.add_metric([name], by_state[name])
     yield nodes
     yield gpu_family(state)
-    drains = GaugeMetricFamily("llmgw_drains_in_progress", "Drains of nodes or replicas not done")
-    drains.add_metric([], len(drains_in_progress(state)))
-    yield drains
+    yield GaugeMetricFamily(
+        "llmgw_drains_in_progress",
+        "Drains of nodes or replicas not done",
+        value=len(drains_in_progress(state)),
+    )
     yield from placement_families(state, running)
 
 
