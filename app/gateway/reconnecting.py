@@ -78,6 +78,15 @@ class ConnectedTask:
                 await self.wake.wait()
         self.wake.clear()
 
+    async def wait_turn_on(self, db: asyncpg.Connection, until: float) -> bool:
+        """``wait_turn`` for a job that works on ``db`` in turns: True when its turn has come
+        (or it was woken), False when it is stopping or ``db`` closed meanwhile, for the job
+        to look again. A ``db`` the database closed is a loss: ``ConnectionResetError``."""
+        if db.is_closed():
+            raise ConnectionResetError("the database closed the connection")
+        await self.wait_turn(until)
+        return not (self.stop.is_set() or db.is_closed())
+
     async def close(self) -> BaseException | None:
         """Stop the job; what it raised, if it ended on an exception."""
         task, self._task = self._task, None

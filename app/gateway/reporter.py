@@ -195,10 +195,7 @@ class GatewayReporter:
         last_report = float("-inf")
         holding = False
         while not self._connection.stop.is_set():
-            if db.is_closed():
-                raise ConnectionResetError("the database closed the connection")
-            await self._connection.wait_turn(next_report)
-            if self._connection.stop.is_set() or db.is_closed():
+            if not await self._connection.wait_turn_on(db, next_report):
                 continue
             if self._soon:
                 self._soon = False

@@ -161,10 +161,7 @@ class PostgresSnapshotSource:
         self._up_since_connect = True
         next_read = monotonic() + self._refresh_interval_s
         while not self._connection.stop.is_set():
-            if db.is_closed():
-                raise ConnectionResetError("the database closed the connection")
-            await self._connection.wait_turn(next_read)
-            if self._connection.stop.is_set() or db.is_closed():
+            if not await self._connection.wait_turn_on(db, next_read):
                 continue
             if self._notified:
                 await asyncio.sleep(self._debounce_s)  # one read for a burst of appends
