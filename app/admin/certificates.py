@@ -19,6 +19,7 @@ from litestar.status_codes import HTTP_201_CREATED
 from app.admin.auth import require_actor
 from app.admin.bodies import check_body
 from app.admin.queries import check_query
+from app.admin.schemas import as_view
 from app.domain.revocations import RevocationRequest
 from app.domain.state import CertificateRevocation
 from app.services.operations import Caller, Operations
@@ -59,13 +60,7 @@ class CertificatesView(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def revocation_view(revocation: CertificateRevocation) -> RevocationView:
-    return RevocationView(
-        serial=revocation.serial,
-        node_id=revocation.node_id,
-        reason=revocation.reason,
-        revoked_at=revocation.revoked_at,
-        revoked_by=revocation.revoked_by,
-    )
+    return as_view(revocation, RevocationView)
 
 
 class CertificateController(Controller):

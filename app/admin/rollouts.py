@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated
 
-import msgspec
 from litestar import Controller, get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody, QueryParameter
@@ -89,7 +88,7 @@ def record_view(record: RolloutRecord) -> RolloutRecordView:
     return as_view(
         record,
         RolloutRecordView,
-        changes=[msgspec.convert(msgspec.to_builtins(c), SpecChangeView) for c in record.changes],
+        changes=[as_view(c, SpecChangeView) for c in record.changes],
         changes_summary=describe_changes(record.changes),
         events=[event_view(e) for e in record.events],
     )
