@@ -6,16 +6,14 @@ operator's policy, a ``model_declared`` of the same revision (no engine changes)
 from __future__ import annotations
 
 import msgspec
-from litestar import Controller, delete, patch, put
+from litestar import delete, patch, put
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 
-from app.admin.auth import require_actor
 from app.admin.autoscale_schemas import AutoscalePolicyBody, AutoscalePolicyPatch
-from app.admin.bodies import check_body
+from app.admin.guarded import GuardedController
 from app.admin.model_schemas import ModelChange
 from app.admin.models import model_change
-from app.admin.queries import check_query
 from app.admin.rollouts import MODELS_PATH
 from app.domain.model_spec import AutoscalePolicy
 from app.services.operations import Caller, Operations
@@ -32,9 +30,8 @@ def fields_from_patch(body: AutoscalePolicyPatch) -> dict[str, float | int | Non
     return fields
 
 
-class AutoscaleController(Controller):
+class AutoscaleController(GuardedController):
     path = MODELS_PATH
-    guards = [require_actor, check_body, check_query]
     tags = ["models"]
 
     @put(

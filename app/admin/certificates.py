@@ -11,14 +11,12 @@ from __future__ import annotations
 from datetime import datetime
 
 import msgspec
-from litestar import Controller, get, post
+from litestar import get, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.status_codes import HTTP_201_CREATED
 
-from app.admin.auth import require_actor
-from app.admin.bodies import check_body
-from app.admin.queries import check_query
+from app.admin.guarded import GuardedController
 from app.admin.schemas import as_view
 from app.domain.revocations import RevocationRequest
 from app.domain.state import CertificateRevocation
@@ -63,9 +61,8 @@ def revocation_view(revocation: CertificateRevocation) -> RevocationView:
     return as_view(revocation, RevocationView)
 
 
-class CertificateController(Controller):
+class CertificateController(GuardedController):
     path = "/admin/v1/certificates"
-    guards = [require_actor, check_body, check_query]
     tags = ["certificates"]
 
     @get("/", summary="Revoked certificates, and the certificate each node last used")

@@ -7,17 +7,16 @@ drain's answer also says whether each replica on the node has somewhere to go no
 
 from __future__ import annotations
 
-from litestar import Controller, get, post
+from litestar import get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 from litestar.status_codes import HTTP_202_ACCEPTED
 from msgspec.structs import replace
 
-from app.admin.auth import require_actor
-from app.admin.bodies import NoBody, check_body
+from app.admin.bodies import NoBody
+from app.admin.guarded import GuardedController
 from app.admin.history import event_view
 from app.admin.node_schemas import DrainRequest
-from app.admin.queries import check_query
 from app.admin.replica_schemas import (
     DrainAccepted,
     DrainChange,
@@ -54,9 +53,8 @@ def drain_progress_view(progress: DrainProgress) -> DrainProgressView:
     )
 
 
-class DrainController(Controller):
+class DrainController(GuardedController):
     path = "/admin/v1"
-    guards = [require_actor, check_body, check_query]
 
     @post(
         "/nodes/{node_id:str}/drain",

@@ -5,16 +5,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from litestar import Controller, delete, get, post
+from litestar import delete, get, post
 from litestar.datastructures import CacheControlHeader
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody, QueryParameter
 from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED
 
-from app.admin.auth import require_actor
-from app.admin.bodies import check_body
+from app.admin.guarded import GuardedController
 from app.admin.key_schemas import KeyChange, KeyCreated, KeyRequest, KeyView
-from app.admin.queries import check_query
 from app.admin.schemas import as_view
 from app.domain.keys import ALL_MODELS
 from app.domain.state import ApiKey
@@ -40,9 +38,8 @@ def _shown(key: ApiKey, now: datetime) -> dict[str, object]:
     }
 
 
-class KeyController(Controller):
+class KeyController(GuardedController):
     path = "/admin/v1/keys"
-    guards = [require_actor, check_body, check_query]
     tags = ["keys"]
 
     @post(

@@ -6,13 +6,13 @@ import re
 from typing import Any
 
 import msgspec
-from litestar import Controller, Request, delete, get, post, put
+from litestar import Request, delete, get, post, put
 from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, JSONBody
 
-from app.admin.auth import require_actor
 from app.admin.autoscale_schemas import AutoscaleDecisionView
-from app.admin.bodies import blank_body, check_body, duplicated_key, twice_reason
+from app.admin.bodies import blank_body, duplicated_key, twice_reason
+from app.admin.guarded import GuardedController
 from app.admin.model_schemas import (
     ApplyPreviewView,
     ModelChange,
@@ -21,7 +21,6 @@ from app.admin.model_schemas import (
     ModelView,
     ScaleRequest,
 )
-from app.admin.queries import check_query
 from app.admin.schemas import as_view
 from app.admin.spec_display import shown_spec
 from app.admin.traffic import TrafficSource, traffic_by_revision, traffic_view
@@ -146,9 +145,8 @@ def _rollout_summary(model: Model) -> ModelRolloutView | None:
     )
 
 
-class ModelController(Controller):
+class ModelController(GuardedController):
     path = "/admin/v1/models"
-    guards = [require_actor, check_body, check_query]
     tags = ["models"]
 
     @get("/", summary="Every declared model with its status")

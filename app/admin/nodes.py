@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from litestar import Controller, get, post
+from litestar import get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 
-from app.admin.auth import require_actor
-from app.admin.bodies import NoBody, check_body
+from app.admin.bodies import NoBody
+from app.admin.guarded import GuardedController
 from app.admin.node_schemas import (
     ConnectionView,
     CordonRequest,
@@ -27,7 +27,6 @@ from app.admin.node_schemas import (
     NodeView,
     UnlistedGpuCordonView,
 )
-from app.admin.queries import check_query
 from app.admin.schemas import as_view
 from app.domain.allocation import Allocations
 from app.domain.events import GpuInfo
@@ -190,9 +189,8 @@ def _active_on(state: ClusterState, node_id: str) -> list[Replica]:
     return [r for r in replicas_matching(state, node_id=node_id) if r.phase in ACTIVE_PHASES]
 
 
-class NodeController(Controller):
+class NodeController(GuardedController):
     path = "/admin/v1/nodes"
-    guards = [require_actor, check_body, check_query]
     tags = ["nodes"]
 
     @get("/", summary="Every node the log knows")

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Controller, Request, get, post
+from litestar import Request, get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath
 
-from app.admin.auth import require_actor
-from app.admin.bodies import check_body
+from app.admin.guarded import GuardedController
 from app.admin.models import spec_from_body
 from app.admin.node_schemas import PlacementView
-from app.admin.queries import check_query
 from app.admin.schemas import as_view
 from app.domain.placement import Explanation
 from app.services.operations import Operations
@@ -23,9 +21,8 @@ def placement_view(explanation: Explanation) -> PlacementView:
     return as_view(explanation, PlacementView, placeable=explanation.placement is not None)
 
 
-class PlacementController(Controller):
+class PlacementController(GuardedController):
     path = "/admin/v1"
-    guards = [require_actor, check_body, check_query]
     tags = ["placement"]
 
     @get("/models/{name:str}/placement", summary="Explain where one more replica would go")

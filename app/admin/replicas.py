@@ -7,13 +7,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, TypeVar
 
-from litestar import Controller, get
+from litestar import get
 from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, QueryParameter
 
-from app.admin.auth import require_actor
-from app.admin.bodies import check_body
-from app.admin.queries import check_query
+from app.admin.guarded import GuardedController
 from app.admin.replica_schemas import ReplicaEjectionView, ReplicaSummary, ReplicaView
 from app.admin.schemas import as_view
 from app.admin.traffic import TrafficSource, with_traffic
@@ -64,9 +62,8 @@ def ejection_view(replica_id: str, ejections: Ejections | None) -> ReplicaEjecti
     )
 
 
-class ReplicaController(Controller):
+class ReplicaController(GuardedController):
     path = "/admin/v1/replicas"
-    guards = [require_actor, check_body, check_query]
     tags = ["replicas"]
 
     @get(

@@ -7,15 +7,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated
 
-from litestar import Controller, get, post
+from litestar import get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody, QueryParameter
 
-from app.admin.auth import require_actor
-from app.admin.bodies import NoBody, check_body
+from app.admin.bodies import NoBody
 from app.admin.drains import DRAINS_PATH
+from app.admin.guarded import GuardedController
 from app.admin.history import MAX_POSITION, event_view
-from app.admin.queries import check_query
 from app.admin.replica_schemas import MoveView
 from app.admin.rollout_schemas import (
     CanaryTrafficView,
@@ -94,9 +93,8 @@ def record_view(record: RolloutRecord) -> RolloutRecordView:
     )
 
 
-class RolloutController(Controller):
+class RolloutController(GuardedController):
     path = MODELS_PATH
-    guards = [require_actor, check_body, check_query]
     tags = ["rollouts"]
 
     @get(

@@ -6,14 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from litestar import Controller, post
+from litestar import post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 
-from app.admin.auth import require_actor
-from app.admin.bodies import check_body
+from app.admin.guarded import GuardedController
 from app.admin.model_schemas import RoutingView
-from app.admin.queries import check_query
 from app.domain.model_operations import find_model
 from app.domain.model_spec import RoutingSettings
 from app.domain.state import ClusterState
@@ -55,9 +53,8 @@ def routing_in_force(state: ClusterState, model: str, replica_id: str | None) ->
     )
 
 
-class TuningController(Controller):
+class TuningController(GuardedController):
     path = "/admin/v1/models/{name:str}/tuning"
-    guards = [require_actor, check_body, check_query]
     tags = ["models"]
 
     @post(
