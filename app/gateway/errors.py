@@ -313,39 +313,40 @@ def failing_to_start(model: str, failures: int, retry_after_s: float) -> ApiErro
     fleet's nodes, paths and hardware, which are the operators' to read (``llmgw-cli model``),
     not every client's."""
     replicas = "replica" if failures == 1 else f"{failures} replicas"
-    return ApiError(
-        503,
+    return _unavailable(
         f"The model `{model}` is failing to start (its last {replicas} failed); "
         f"the next attempt is in {math.ceil(retry_after_s)} s.",
-        type="server_error",
-        code="model_failing_to_start",
-        headers=((b"retry-after", retry_after_header(retry_after_s)),),
+        "model_failing_to_start",
+        retry_after_s,
     )
 
 
 def cold_start_timed_out(model: str, timeout_s: float, retry_after_s: float) -> ApiError:
     """A request held while ``model`` started from zero: no replica served in time."""
-    return ApiError(
-        503,
+    return _unavailable(
         f"The model `{model}` is starting from zero and no replica served within "
         f"{timeout_s:g} s; retry after {math.ceil(retry_after_s)} s.",
-        type="server_error",
-        code="cold_start_timeout",
-        headers=((b"retry-after", retry_after_header(retry_after_s)),),
+        "cold_start_timeout",
+        retry_after_s,
     )
 
 
 def gateway_stopping(model: str) -> ApiError:
     """A request held while ``model`` started from zero, turned away as this gateway stops:
     another gateway (behind the same address) holds it again at once."""
-    return ApiError(
-        503,
+    return _unavailable(
         f"The model `{model}` is starting from zero and this gateway is shutting down; "
         "retry after 1 s.",
-        type="server_error",
-        code="gateway_shutting_down",
-        headers=((b"retry-after", retry_after_header(1.0)),),
+        "gateway_shutting_down",
+        1.0,
     )
+
+
+def _unavailable(message: str, code: str, retry_after_s: float) -> ApiError:
+    """503 with ``Retry-After``: the model cannot be served now, and may be once that time
+    has passed."""
+    retry_after = (b"retry-after", retry_after_header(retry_after_s))
+    return ApiError(503, message, type="server_error", code=code, headers=(retry_after,))
 
 
 def upstream_unreachable(model: str, reason: str) -> ApiError:
