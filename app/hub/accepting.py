@@ -20,26 +20,37 @@ message), and the connection is given it once websockets has it.
 
 Every connection counts as opening (``app.hub.arrivals``) from its accept until it is
 refused, its handshake fails, or the hub's handler takes it.
+
+The listener (``Accepting.listen``) answers ``/healthz`` and ``/readyz`` itself, in place of
+a WebSocket handshake; any other request goes on to one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Awaitable, Callable
 from time import monotonic
 from typing import Any, cast
 
 import structlog
-from websockets.asyncio.server import ServerConnection
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
 
 from app.hub.arrivals import OpeningConnections
 from app.hub.gate import HandshakeGate
 from app.hub.refusals import RefusalThrottle
 from app.listeners.throttle import address_group
 from app.pki import explain_node_certificate_refusal
+from wire.messages import MAX_MESSAGE_BYTES
 
 OVER_CAP_LOG_INTERVAL_S = 60.0
+LISTEN_BACKLOG = 4096
+HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
 log = structlog.get_logger(__name__)
+
+ConnectionHandler = Callable[[ServerConnection], Awaitable[None]]
 
 
 class _Handshake(asyncio.Protocol):
@@ -78,18 +89,40 @@ class Accepting:
         opening: OpeningConnections,
         *,
         handshake_timeout_s: float,
-        shutdown_timeout_s: float,
+        close_timeout_s: float,
     ) -> None:
+        """``close_timeout_s``: how long a peer's close is waited for, of its TLS as of its
+        WebSocket."""
         self.gate = gate
         self._tls = tls
         self._opening = opening
         self._handshake_timeout_s = handshake_timeout_s
-        self._shutdown_timeout_s = shutdown_timeout_s
+        self._close_timeout_s = close_timeout_s
         self._over_cap = RefusalThrottle(interval_s=OVER_CAP_LOG_INTERVAL_S)
         self._certificates = RefusalThrottle(interval_s=OVER_CAP_LOG_INTERVAL_S)
         self.certificates_refused = 0
         """Handshakes that failed on the client certificate, since the hub was made."""
         self._handshakes: set[asyncio.Task[None]] = set()
+
+    async def listen(self, handler: ConnectionHandler, host: str, port: int) -> Server:
+        """Listen on ``host``:``port``; each connection past its handshakes goes to
+        ``handler``. Raises ``OSError`` when it cannot bind them."""
+        return await serve(
+            handler,
+            host,
+            port,
+            # Plain TCP: each connection starts its own TLS once past the per-address cap on
+            # handshakes in progress.
+            create_connection=self.connection_class(),
+            process_request=_answer_health_checks,
+            max_size=MAX_MESSAGE_BYTES,
+            # A restarted control plane is dialled by every agent at once; the default
+            # backlog of 100 drops most of a thousand and they retry seconds later.
+            backlog=LISTEN_BACKLOG,
+            # A refused or cut-off peer that does not answer the close is not waited for
+            # long: honest agents answer at once.
+            close_timeout=self._close_timeout_s,
+        )
 
     def stop(self) -> None:
         """Abandon the handshakes in progress (their connections close): the hub stops."""
@@ -108,7 +141,7 @@ class Accepting:
             def connection_made(self, transport: asyncio.BaseTransport) -> None:
                 # Plain TCP, just accepted: nothing is read or sent yet.
                 transport = cast(asyncio.Transport, transport)
-                address = _host(transport.get_extra_info("peername"))
+                address = host_of(transport.get_extra_info("peername"))
                 if not accepting.gate.enter(address):
                     accepting._opening.finished(id(self))
                     accepting._refused(address)
@@ -129,7 +162,7 @@ class Accepting:
                         accepting._tls,
                         server_side=True,
                         ssl_handshake_timeout=accepting._handshake_timeout_s,
-                        ssl_shutdown_timeout=accepting._shutdown_timeout_s,
+                        ssl_shutdown_timeout=accepting._close_timeout_s,
                     )
                 except ssl.SSLCertVerificationError as exc:
                     accepting._certificate_refused(address, exc)
@@ -183,8 +216,28 @@ class Accepting:
             )
 
 
-def _host(peername: object) -> str:
+def _answer_health_checks(connection: ServerConnection, request: Request) -> Response | None:
+    """``/healthz`` and ``/readyz`` on the hub's listener, as on every listener: the hub
+    listens only while its server leads, so answering at all means alive and leading.
+    Anything else goes on to the WebSocket handshake."""
+    path = request.path.split("?", 1)[0]
+    if path not in HEALTH_PATHS:
+        return None
+    body = b'{"status":"ok","role":"leader"}\n'
+    headers = Headers([("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+    return Response(200, "OK", headers, body)
+
+
+def host_of(peername: object) -> str:
     """The address of a peer (its host, without the port)."""
     if isinstance(peername, tuple) and peername:
         return str(peername[0])
+    return str(peername)
+
+
+def format_address(peername: object) -> str:
+    """A peer's address as its log lines and records name it: ``host:port``, ``[v6]:port``."""
+    if isinstance(peername, tuple) and len(peername) >= 2:
+        host, port = peername[0], peername[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
     return str(peername)

@@ -44,17 +44,15 @@ from typing import Protocol, assert_never
 import msgspec
 import structlog
 from cryptography import x509
-from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
+from websockets.asyncio.server import Server, ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode as WebSocketCloseCode
-from websockets.http11 import Request, Response
 
 from app.domain.commands import CommandNotSent, NodeNotConnected, StartShard, StopShard
 from app.domain.egress import EngineNetworks
 from app.domain.reports import AgentReport
 from app.domain.revocations import PresentedCertificate
-from app.hub.accepting import Accepting
+from app.hub.accepting import Accepting, format_address, host_of
 from app.hub.arrivals import OpeningConnections
 from app.hub.budget import MessageBudget
 from app.hub.commands_sent import CommandsSent
@@ -86,7 +84,7 @@ from app.pki import CertificateKind, CertificateRejected, PeerIdentity, peer_ide
 from app.pki.describe import common_name, serial_hex
 from app.store.errors import FencedError, StoreError
 from wire.errors import ProtocolError, SessionStateError
-from wire.messages import MAX_MESSAGE_BYTES, CloseCode, encode, fit_close_reason
+from wire.messages import CloseCode, encode, fit_close_reason
 
 DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
 DEFAULT_HEARTBEAT_TIMEOUT_S = 15.0
@@ -111,7 +109,6 @@ message counts as not sent.
 An honest agent reads all the time, and a command of 1 MiB, the channel's largest, leaves
 within it over 4 Mbit/s and more."""
 
-LISTEN_BACKLOG = 4096
 TLS_HANDSHAKE_TIMEOUT_S = 60.0
 """How long the hub gives a peer's TLS handshake (asyncio's default, written down because
 a connection still opening is counted for as long: ``app.hub.arrivals``)."""
@@ -248,7 +245,7 @@ class AgentHub:
             HandshakeGate(handshakes_per_address),
             self._opening,
             handshake_timeout_s=TLS_HANDSHAKE_TIMEOUT_S,
-            shutdown_timeout_s=CLOSE_TIMEOUT_S,
+            close_timeout_s=CLOSE_TIMEOUT_S,
         )
         self._server: Server | None = None
 
@@ -256,30 +253,12 @@ class AgentHub:
         """Listen on ``host``:``port`` (0 picks a free port); returns the port. Raises
         ``CannotListen`` when it cannot bind them."""
         try:
-            self._server = await self._listen(host, port)
+            self._server = await self._accepting.listen(self._serve_connection, host, port)
         except OSError as exc:
             raise CannotListen("agent hub (--agent-host, --agent-port)", host, port, exc) from exc
         bound = self.port
         log.info("agent_hub_listening", host=host, port=bound)
         return bound
-
-    async def _listen(self, host: str, port: int) -> Server:
-        return await serve(
-            self._serve_connection,
-            host,
-            port,
-            # Plain TCP: each connection starts its own TLS once past the per-address cap on
-            # handshakes in progress (``app.hub.accepting``).
-            create_connection=self._accepting.connection_class(),
-            process_request=_answer_health_checks,
-            max_size=MAX_MESSAGE_BYTES,
-            # A restarted control plane is dialled by every agent at once; the default
-            # backlog of 100 drops most of a thousand and they retry seconds later.
-            backlog=LISTEN_BACKLOG,
-            # A refused or cut-off peer that does not answer the close is not waited for
-            # long: honest agents answer at once.
-            close_timeout=CLOSE_TIMEOUT_S,
-        )
 
     @property
     def port(self) -> int:
@@ -371,7 +350,7 @@ class AgentHub:
 
     async def _serve_connection(self, websocket: ServerConnection) -> None:
         self._opening.finished(id(websocket))
-        remote = _format_address(websocket.remote_address)
+        remote = format_address(websocket.remote_address)
         # Every line about this connection names its peer; the node, once it says hello.
         with structlog.contextvars.bound_contextvars(remote_address=remote):
             await self._serve_peer(websocket, remote)
@@ -418,7 +397,7 @@ class AgentHub:
                 ip_addresses=identity.ip_addresses,
             ),
             remote_address=remote,
-            remote_host=_host_of(websocket.remote_address, remote),
+            remote_host=host_of(websocket.remote_address),
             require_identity=self._require_identity,
             heartbeat_interval_s=self._heartbeat_interval_s,
             heartbeat_timeout_s=self._heartbeat_timeout_s,
@@ -610,21 +589,6 @@ class AgentHub:
             log.exception("agent_refusal_not_recorded")
 
 
-HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
-
-
-def _answer_health_checks(connection: ServerConnection, request: Request) -> Response | None:
-    """``/healthz`` and ``/readyz`` on the hub's listener, as on every listener: the hub
-    listens only while its server leads, so answering at all means alive and leading.
-    Anything else goes on to the WebSocket handshake."""
-    path = request.path.split("?", 1)[0]
-    if path not in HEALTH_PATHS:
-        return None
-    body = b'{"status":"ok","role":"leader"}\n'
-    headers = Headers([("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
-    return Response(200, "OK", headers, body)
-
-
 def _node_identity(ssl_object: object) -> PeerIdentity:
     if not isinstance(ssl_object, ssl.SSLObject):
         raise CertificateRejected("the connection is not protected by TLS")
@@ -648,19 +612,6 @@ def _presented_certificate(ssl_object: object) -> x509.Certificate | None:
         return x509.load_der_x509_certificate(der)
     except ValueError:
         return None
-
-
-def _host_of(address: object, formatted: str) -> str:
-    if isinstance(address, tuple) and address:
-        return str(address[0])
-    return formatted
-
-
-def _format_address(address: object) -> str:
-    if isinstance(address, tuple) and len(address) >= 2:
-        host, port = address[0], address[1]
-        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
-    return str(address)
 
 
 def _describe_close(code: int | None, reason: str | None) -> str:
