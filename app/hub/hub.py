@@ -33,7 +33,6 @@ sessions observe reaches the handler as ``app.domain.reports``, converted there 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import ssl
 from collections.abc import Callable
@@ -56,6 +55,7 @@ from app.hub.accepting import Accepting, format_address, host_of
 from app.hub.arrivals import OpeningConnections
 from app.hub.budget import MessageBudget
 from app.hub.commands_sent import CommandsSent
+from app.hub.connection import CLOSE_TIMEOUT_S, AgentConnection
 from app.hub.edge import command_to_wire, report_of
 from app.hub.gate import DEFAULT_PER_ADDRESS as DEFAULT_HANDSHAKES_PER_ADDRESS
 from app.hub.gate import HandshakeGate
@@ -89,7 +89,6 @@ from wire.messages import CloseCode, encode, fit_close_reason
 DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
 DEFAULT_HEARTBEAT_TIMEOUT_S = 15.0
 MAX_TICK_S = 1.0
-CLOSE_TIMEOUT_S = 2.0
 DEPOSED_REASON = "this server no longer leads; connect to another"
 """Why a deposed leader closes an agent's connection (with 1013, try again later): agents
 dial their other servers, the new leader among them."""
@@ -133,69 +132,6 @@ class AgentNotReading(Exception):
         super().__init__(f"{node_id or 'an agent'} reads nothing it is sent")
 
 
-class _AgentConnection:
-    """One accepted WebSocket and its session; the registry's handle for a node."""
-
-    def __init__(
-        self,
-        websocket: ServerConnection,
-        session: AgentSession,
-        certificate: PresentedCertificate,
-        send_timeout_s: float,
-        certificate_ends_at: datetime | None = None,
-    ) -> None:
-        self.websocket = websocket
-        self.session = session
-        self.certificate = certificate
-        self.certificate_ends_at = certificate_ends_at
-        self._send_timeout_s = send_timeout_s
-        self._closing: asyncio.Task[None] | None = None
-
-    def close(self, code: int, reason: str) -> None:
-        """Start the closing handshake without waiting for it, so that what the session
-        says next (the agent is gone) is recorded at once, even if the peer is dead."""
-        if self._closing is None:
-            self._closing = asyncio.create_task(self._close(code, reason))
-
-    async def _close(self, code: int, reason: str) -> None:
-        """The closing handshake, or the connection dropped if the close frame cannot even
-        be sent: to a peer that reads nothing, every send waits (the hub's send timeout),
-        this one too, and the library's close timeout starts only once it is sent."""
-        try:
-            async with asyncio.timeout(self._send_timeout_s + CLOSE_TIMEOUT_S):
-                await self.websocket.close(code, reason)
-        except TimeoutError:
-            self.websocket.transport.abort()
-            log.warning(
-                "agent_connection_dropped",
-                node_id=self.session.node_id,
-                remote_address=self.session.remote_address,
-                code=code,
-                reason="the close could not be sent: the agent reads nothing",
-            )
-
-    def drop(self) -> None:
-        """End the connection at once, without a closing handshake."""
-        self.websocket.transport.abort()
-
-    async def closed(self) -> None:
-        """Wait for the closing handshake. Frames still arriving are read and dropped
-        meanwhile: a peer that floods without reading would otherwise fill both ways and
-        hold the connection until the close timeout."""
-        if self._closing is None:
-            return
-        discarding = asyncio.create_task(self._discard_incoming())
-        try:
-            await self._closing
-        finally:
-            discarding.cancel()
-
-    async def _discard_incoming(self) -> None:
-        with contextlib.suppress(ConnectionClosed):
-            while True:
-                await self.websocket.recv()
-
-
 class AgentHub:
     def __init__(
         self,
@@ -233,8 +169,8 @@ class AgentHub:
         self._connects = ConnectBudget(connects)
         self._too_often_lines = RefusalThrottle()
         """When a refusal for connecting too often was last logged, per node."""
-        self._registry: ConnectionRegistry[_AgentConnection] = ConnectionRegistry()
-        self._served: set[_AgentConnection] = set()
+        self._registry: ConnectionRegistry[AgentConnection] = ConnectionRegistry()
+        self._served: set[AgentConnection] = set()
         """Every connection past its certificate checks, with or without a hello: the ones a
         revocation must reach (the registry knows only those that said hello)."""
         self._commands_sent = CommandsSent()
@@ -409,7 +345,7 @@ class AgentHub:
             commands_sent=self._commands_sent,
             certificate_expires_at=_on_monotonic_clock(identity.expires_at),
         )
-        connection = _AgentConnection(
+        connection = AgentConnection(
             websocket, session, certificate, self._send_timeout_s, identity.expires_at
         )
         # Nothing awaited since the revocation check: a revocation enforced from here on
@@ -433,7 +369,7 @@ class AgentHub:
             self._served.discard(connection)
             await self._end(connection)
 
-    async def _converse(self, connection: _AgentConnection) -> None:
+    async def _converse(self, connection: AgentConnection) -> None:
         session = connection.session
         while session.state is not SessionState.CLOSED:
             try:
@@ -448,11 +384,10 @@ class AgentHub:
                 return
             await self._carry_out(connection, session.receive(frame, monotonic()))
 
-    async def _end(self, connection: _AgentConnection) -> None:
-        websocket = connection.websocket
+    async def _end(self, connection: AgentConnection) -> None:
         try:
             await connection.closed()
-            reason = _describe_close(websocket.close_code, websocket.close_reason)
+            reason = connection.how_it_ended()
             await self._carry_out(
                 connection, connection.session.connection_lost(reason, monotonic())
             )
@@ -463,7 +398,7 @@ class AgentHub:
         except Exception:
             log.exception("agent_connection_end_failed")
 
-    async def _carry_out(self, connection: _AgentConnection, outputs: list[Output]) -> None:
+    async def _carry_out(self, connection: AgentConnection, outputs: list[Output]) -> None:
         for output in outputs:
             match output:
                 case Send(message=message):
@@ -476,7 +411,7 @@ class AgentHub:
                 case _:
                     assert_never(output)
 
-    async def _send(self, connection: _AgentConnection, data: bytes) -> None:
+    async def _send(self, connection: AgentConnection, data: bytes) -> None:
         """Send ``data`` as a text frame, waiting at most ``send_timeout_s`` for the agent
         to read what it was sent before; past that, drop the connection (the node is gone)
         and raise ``AgentNotReading``."""
@@ -489,7 +424,7 @@ class AgentHub:
             connection.drop()  # the close frame would wait behind what it does not read
             raise AgentNotReading(connection.session.node_id) from exc
 
-    async def _observe(self, connection: _AgentConnection, observation: Observation) -> None:
+    async def _observe(self, connection: AgentConnection, observation: Observation) -> None:
         match observation:
             case AgentHello(node_id=node_id):
                 structlog.contextvars.bind_contextvars(node_id=node_id)
@@ -612,12 +547,6 @@ def _presented_certificate(ssl_object: object) -> x509.Certificate | None:
         return x509.load_der_x509_certificate(der)
     except ValueError:
         return None
-
-
-def _describe_close(code: int | None, reason: str | None) -> str:
-    if code is None:
-        return "connection lost"
-    return f"connection closed ({code}{': ' + reason if reason else ''})"
 
 
 def _log_close(session: AgentSession, code: CloseCode, reason: str) -> None:
