@@ -1,24 +1,23 @@
 """The agent hub: the asyncio shell around ``AgentSession``, one per mTLS WebSocket.
 
-For every connection the hub checks the client certificate (node certificates only, not
-revoked), feeds the session each frame and the passing of time, and carries out what it
-returns, in order: ``Send`` goes out as a text frame, ``Close`` closes the connection,
-``Observe`` goes to the fleet service. The hub decides nothing about the cluster; which
-connection speaks for a node is kept in a ``ConnectionRegistry``. When the fleet service
-cannot record what a connection observed (the database failed), that connection is closed
-with 1013 (try again later) and one line logged: the agent's next hello says it all again.
+For every connection the hub has it admitted (``app.hub.refusals``: a node's certificate,
+not revoked, its node neither cut off nor connecting too often), feeds the session each
+frame and the passing of time, and carries out what it returns, in order: ``Send`` goes out
+as a text frame, ``Close`` closes the connection, ``Observe`` goes to the fleet service. The
+hub decides nothing about the cluster; which connection speaks for a node is kept in a
+``ConnectionRegistry``. When the fleet service cannot record what a connection observed
+(the database failed), that connection is closed with 1013 (try again later) and one line
+logged: the agent's next hello says it all again.
 
 Before any of that, a connection from an address that has as many TLS handshakes in
 progress as it may is closed before its own starts (``app.hub.accepting``, ``app.hub.gate``).
 
 A connection that misbehaves (garbage, binary frames, an oversized frame, an unknown
 message, more than its budget) is closed and logged; the other connections and the server
-carry on. Refusals are recorded as events at most once a minute per certificate
-(``RefusalThrottle``), so a certificate dialling in a loop cannot grow the log. A node that
-connects more often than its ``ConnectBudget`` allows is refused before its hello (4004:
-retry later), logged once a minute and not recorded at all. When a certificate is revoked,
-``enforce_revocations`` closes the live connections that use it; one whose certificate
-expires is closed by its session.
+carry on. A node cut off for its budget is refused for a while (``CoolDown``); refusals are
+recorded as events at most once a minute per certificate (``RefusalThrottle``). When a
+certificate is revoked, ``enforce_revocations`` closes the live connections that use it;
+one whose certificate expires is closed by its session.
 
 A message the agent does not read within ``SEND_TIMEOUT_S`` (its socket's buffers full)
 drops its connection: a send never waits on a peer for longer, and only that node's own
@@ -33,16 +32,12 @@ sessions observe reaches the handler as ``app.domain.reports``, converted there 
 from __future__ import annotations
 
 import asyncio
-import math
 import ssl
-from collections.abc import Callable
 from datetime import UTC, datetime
 from time import monotonic
 from typing import Protocol, assert_never
 
-import msgspec
 import structlog
-from cryptography import x509
 from websockets.asyncio.server import Server, ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode as WebSocketCloseCode
@@ -50,7 +45,6 @@ from websockets.frames import CloseCode as WebSocketCloseCode
 from app.domain.commands import CommandNotSent, NodeNotConnected, StartShard, StopShard
 from app.domain.egress import EngineNetworks
 from app.domain.reports import AgentReport
-from app.domain.revocations import PresentedCertificate
 from app.hub.accepting import Accepting, format_address, host_of
 from app.hub.arrivals import OpeningConnections
 from app.hub.budget import MessageBudget
@@ -59,8 +53,8 @@ from app.hub.connection import CLOSE_TIMEOUT_S, AgentConnection
 from app.hub.edge import command_to_wire, report_of
 from app.hub.gate import DEFAULT_PER_ADDRESS as DEFAULT_HANDSHAKES_PER_ADDRESS
 from app.hub.gate import HandshakeGate
-from app.hub.reconnects import ConnectBudget, ConnectLimits
-from app.hub.refusals import CoolDown, RefusalThrottle
+from app.hub.reconnects import ConnectLimits
+from app.hub.refusals import Admission, CoolDown, RefusalThrottle, RevocationCheck
 from app.hub.registry import ConnectionRegistry
 from app.hub.session import (
     AgentGone,
@@ -73,18 +67,15 @@ from app.hub.session import (
     Observation,
     Observe,
     Output,
-    PeerCertificate,
     Send,
     SessionState,
     ShardStatusReported,
     check_heartbeat_timing,
 )
 from app.listeners.binding import CannotListen
-from app.pki import CertificateKind, CertificateRejected, PeerIdentity, peer_identity
-from app.pki.describe import common_name, serial_hex
 from app.store.errors import FencedError, StoreError
 from wire.errors import ProtocolError, SessionStateError
-from wire.messages import CloseCode, encode, fit_close_reason
+from wire.messages import CloseCode, encode
 
 DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
 DEFAULT_HEARTBEAT_TIMEOUT_S = 15.0
@@ -112,10 +103,6 @@ TLS_HANDSHAKE_TIMEOUT_S = 60.0
 """How long the hub gives a peer's TLS handshake (asyncio's default, written down because
 a connection still opening is counted for as long: ``app.hub.arrivals``)."""
 log = structlog.get_logger(__name__)
-
-
-RevocationCheck = Callable[[PresentedCertificate], str | None]
-"""Why a certificate may no longer connect (it was revoked), or None when it may."""
 
 
 class ReportHandler(Protocol):
@@ -162,13 +149,14 @@ class AgentHub:
         self._server_id = server_id
         self._epoch = epoch
         self._budget = budget or MessageBudget()
-        self._revocations = revocations or (lambda _: None)
-        self._refusals = refusals or RefusalThrottle()
-        self._cool_down = cool_down or CoolDown()
         self._engine_networks = engine_networks
-        self._connects = ConnectBudget(connects)
-        self._too_often_lines = RefusalThrottle()
-        """When a refusal for connecting too often was last logged, per node."""
+        self._admission = Admission(
+            handler.handle,
+            revocations=revocations,
+            refusals=refusals,
+            cool_down=cool_down,
+            connects=connects,
+        )
         self._registry: ConnectionRegistry[AgentConnection] = ConnectionRegistry()
         self._served: set[AgentConnection] = set()
         """Every connection past its certificate checks, with or without a hello: the ones a
@@ -259,7 +247,7 @@ class AgentHub:
         would otherwise be welcomed after it, and kept for as long as its agent likes."""
         closed = 0
         for connection in list(self._served):
-            reason = self._revocations(connection.certificate)
+            reason = self._admission.revoked(connection.certificate)
             if reason is None:
                 continue
             outputs = connection.session.revoked(reason)
@@ -269,7 +257,7 @@ class AgentHub:
             node_id = connection.session.node_id or connection.certificate.common_name
             log.warning("agent_certificate_revoked", node_id=node_id)
             await self._carry_out(connection, outputs)
-            await self._record_refusal(
+            await self._admission.record(
                 IdentityMismatch(
                     claimed_node_id=node_id,
                     certificate_subject=connection.session.peer.subject
@@ -292,46 +280,11 @@ class AgentHub:
             await self._serve_peer(websocket, remote)
 
     async def _serve_peer(self, websocket: ServerConnection, remote: str) -> None:
-        ssl_object = websocket.transport.get_extra_info("ssl_object")
-        try:
-            identity = _node_identity(ssl_object)
-        except CertificateRejected as exc:
-            await self._refuse(websocket, ssl_object, remote, str(exc))
-            return
-        certificate = PresentedCertificate(
-            common_name=identity.common_name,
-            serial=identity.serial,
-            issued_at=identity.issued_at,
-        )
-        revoked = self._revocations(certificate)
-        if revoked is not None:
-            await self._refuse(websocket, ssl_object, remote, revoked)
-            return
-        cooling = self._cool_down.remaining_s(identity.common_name, monotonic())
-        if cooling is not None:
-            reason = f"cut off for sending too much; refused for another {cooling:.0f}s"
-            await websocket.close(CloseCode.POLICY_VIOLATION, reason)
-            refusal = ConnectionRefused(
-                node_id=identity.common_name,
-                remote_address=remote,
-                certificate_serial=identity.serial,
-                reason=reason,
-            )
-            await self._record_refusal(refusal)
-            return
-        wait_s = self._connects.spend(identity.common_name, monotonic())
-        if wait_s:
-            await self._refuse_too_often(websocket, identity.common_name, wait_s)
+        admitted = await self._admission.admit(websocket, remote)
+        if admitted is None:
             return
         session = AgentSession(
-            peer=PeerCertificate(
-                common_name=identity.common_name,
-                subject=identity.subject,
-                kind=str(identity.kind),
-                serial=identity.serial,
-                dns_names=identity.dns_names,
-                ip_addresses=identity.ip_addresses,
-            ),
+            peer=admitted.peer,
             remote_address=remote,
             remote_host=host_of(websocket.remote_address),
             require_identity=self._require_identity,
@@ -343,10 +296,10 @@ class AgentHub:
             budget=self._budget,
             engine_networks=self._engine_networks,
             commands_sent=self._commands_sent,
-            certificate_expires_at=_on_monotonic_clock(identity.expires_at),
+            certificate_expires_at=_on_monotonic_clock(admitted.expires_at),
         )
         connection = AgentConnection(
-            websocket, session, certificate, self._send_timeout_s, identity.expires_at
+            websocket, session, admitted.certificate, self._send_timeout_s, admitted.expires_at
         )
         # Nothing awaited since the revocation check: a revocation enforced from here on
         # finds this connection.
@@ -456,78 +409,12 @@ class AgentHub:
                 )
                 await self._handler.handle(report_of(observation))
             case ConnectionRefused(over_budget=True, node_id=node_id):
-                self._cool_down.start(node_id, monotonic())
-                await self._record_refusal(observation)
+                self._admission.cut_off(node_id)
+                await self._admission.record(observation)
             case IdentityMismatch() | ConnectionRefused():
-                await self._record_refusal(observation)
+                await self._admission.record(observation)
             case _:
                 await self._handler.handle(report_of(observation))
-
-    async def _record_refusal(self, refusal: IdentityMismatch | ConnectionRefused) -> None:
-        """Hand a refusal to the service unless one for the same certificate (or node) was
-        recorded within the throttle's interval; the ones left out are counted."""
-        if isinstance(refusal, IdentityMismatch):
-            node_id = refusal.claimed_node_id
-        else:
-            node_id = refusal.node_id
-        certificate = refusal.certificate_serial or f"node:{node_id}"
-        key = f"{certificate} {type(refusal).__name__} {node_id}"
-        suppressed = self._refusals.admit(key, monotonic(), group=certificate)
-        if suppressed is None:
-            log.info("agent_refusal_suppressed", node_id=node_id, key=key)
-            return
-        await self._handler.handle(
-            report_of(msgspec.structs.replace(refusal, suppressed=suppressed))
-        )
-
-    async def _refuse_too_often(
-        self, websocket: ServerConnection, node_id: str, wait_s: float
-    ) -> None:
-        """Close a connection of a node over its connect budget, before its hello: with
-        4004, which its agent retries at its slowest pace. Not an event: a node in a loop
-        would grow the log by one a refusal. One log line a minute, with the count left out."""
-        limits = self._connects.limits.describe()
-        reason = f"connecting too often: {limits}; retry in {math.ceil(wait_s)}s"
-        await websocket.close(CloseCode.TOO_OFTEN, reason)
-        unlogged = self._too_often_lines.admit(node_id, monotonic())
-        if unlogged is not None:
-            log.warning(
-                "agent_connection_too_often",
-                node_id=node_id,
-                reason=reason,
-                refused_unlogged=unlogged,
-            )
-
-    async def _refuse(
-        self, websocket: ServerConnection, ssl_object: object, remote: str, reason: str
-    ) -> None:
-        """Close a connection whose certificate is not a node's, and record the attempt
-        under the common name it carries (it has claimed no node yet)."""
-        log.warning("agent_connection_refused", reason=reason)
-        await websocket.close(CloseCode.POLICY_VIOLATION, fit_close_reason(reason))
-        presented = _presented_certificate(ssl_object)
-        if presented is None:
-            return
-        name = common_name(presented)
-        if not name:
-            return
-        rejection = IdentityMismatch(
-            claimed_node_id=name,
-            certificate_subject=presented.subject.rfc4514_string(),
-            remote_address=remote,
-            reason=reason,
-            certificate_serial=serial_hex(presented),
-        )
-        try:
-            await self._record_refusal(rejection)
-        except Exception:
-            log.exception("agent_refusal_not_recorded")
-
-
-def _node_identity(ssl_object: object) -> PeerIdentity:
-    if not isinstance(ssl_object, ssl.SSLObject):
-        raise CertificateRejected("the connection is not protected by TLS")
-    return peer_identity(ssl_object, expect=CertificateKind.NODE)
 
 
 def _on_monotonic_clock(moment: datetime | None) -> float | None:
@@ -535,18 +422,6 @@ def _on_monotonic_clock(moment: datetime | None) -> float | None:
     if moment is None:
         return None
     return monotonic() + (moment - datetime.now(UTC)).total_seconds()
-
-
-def _presented_certificate(ssl_object: object) -> x509.Certificate | None:
-    if not isinstance(ssl_object, ssl.SSLObject):
-        return None
-    der = ssl_object.getpeercert(binary_form=True)
-    if not der:
-        return None
-    try:
-        return x509.load_der_x509_certificate(der)
-    except ValueError:
-        return None
 
 
 def _log_close(session: AgentSession, code: CloseCode, reason: str) -> None:
