@@ -177,11 +177,17 @@ def shard_reported(
     except one the log has stopped as a stray on this node (``StrayStopped``, known by its
     pid): that end is the stop adoption asked for, not news of the log's copy, which must
     not fail "stopped without being asked to" for it. Whether anything of the shard still
-    runs is the node's next report's to say."""
+    runs is the node's next report's to say.
+
+    A shard of a replica that has ended records only the end of its engine, once, as the
+    fold takes it (``Replica.takes_shard_news``): anything else would be passed over there,
+    so an agent repeating it would grow the log for nothing."""
     shard = state.shard(report.replica_id, report.shard_index)
     if shard is None:
         return []
     if shard.node_id != node_id or shard.phase is report.phase:
+        return []
+    if not state.replicas[report.replica_id].takes_shard_news(shard, report.phase):
         return []
     if port != shard.port and (
         report.phase in _RUNNING or _stopped_as_stray(state, node_id, report)

@@ -104,6 +104,10 @@ class ShardPhase(StrEnum):
     """Its replica was lost: whatever the shard last reported, nobody vouches for it now."""
 
 
+ENGINE_ENDS = frozenset({ShardPhase.STOPPED, ShardPhase.FAILED})
+"""Shard phases that say how its engine ended, as its agent reported it."""
+
+
 class Shard(msgspec.Struct, frozen=True, kw_only=True):
     index: int
     node_id: str
@@ -159,6 +163,17 @@ class Replica(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def node_ids(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(shard.node_id for shard in self.shards))
+
+    def takes_shard_news(self, shard: Shard, phase: ShardPhase) -> bool:
+        """Whether news that its ``shard`` is now in ``phase`` (a start, a ready, an
+        adoption, an end) still changes the shard: any news while the replica is active.
+        Once it has ended, only the end of an engine whose end the log does not have yet
+        (stopped or failed, once, from placed, starting, ready or lost): a start, a ready
+        or an adoption would bring the shard back, and a second end would overwrite how
+        its engine first ended."""
+        if self.phase not in ENDED_PHASES:
+            return True
+        return phase in ENGINE_ENDS and shard.phase not in ENGINE_ENDS
 
 
 class ReplicaFilter(msgspec.Struct, frozen=True, kw_only=True):

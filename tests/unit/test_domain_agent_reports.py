@@ -31,6 +31,7 @@ from app.domain.events import (
     NodeDisconnected,
     NodeRegistered,
     ReplicaPlaced,
+    ReplicaStartupTimedOut,
     ShardFailed,
     ShardPlacement,
     ShardReady,
@@ -590,6 +591,36 @@ def test_a_repeated_phase_is_not_recorded_again() -> None:
     state = given(PLACED, ShardReady(replica_id="llama-1", shard_index=0, node_id=NODE))
 
     assert shard_reported(state, NODE, report(ShardPhase.READY), port=PORT) == []
+
+
+TIMED_OUT = (
+    PLACED,
+    ReplicaStartupTimedOut(replica_id="llama-1", timeout_s=120, waited_s=121),
+)
+"""llama-1 timed out before its agent said its engine was starting: the engine's stop is on
+the way."""
+
+
+@pytest.mark.parametrize("phase", [ShardPhase.STARTING, ShardPhase.READY])
+def test_a_shard_of_an_ended_replica_that_runs_again_records_nothing(
+    phase: ReportedPhase,
+) -> None:
+    state = given(registered(gpu(0)), *TIMED_OUT)
+
+    assert shard_reported(state, NODE, report(phase, pid=4343), port=PORT) == []
+
+
+def test_the_end_of_an_ended_replica_s_engine_is_recorded_once() -> None:
+    state = given(registered(gpu(0)), *TIMED_OUT)
+    stopped = report(ShardPhase.STOPPED, exit_code=0, log_tail=("loading weights",))
+
+    [(_, event)] = shard_reported(state, NODE, stopped, port=PORT)
+    ended = given(registered(gpu(0)), *TIMED_OUT, event)
+
+    assert isinstance(event, ShardStopped)
+    assert ended.replicas["llama-1"].shards[0].log_tail == ("loading weights",)
+    for again in (stopped, report(ShardPhase.FAILED, exit_code=1)):
+        assert shard_reported(ended, NODE, again, port=PORT) == []
 
 
 @pytest.mark.parametrize(

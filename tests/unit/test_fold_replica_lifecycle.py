@@ -1,7 +1,8 @@
 """A replica only moves on, whatever the log says next: every short sequence of the events
 that move a replica, folded after its placement, is checked step by step. Once it ended it
-stays ended as it first ended; once it is stopping it is never draining or routed again;
-and a finished rollout stays finished."""
+stays ended as it first ended, and its shards take only the end of their engines, once;
+once it is stopping it is never draining or routed again; and a finished rollout stays
+finished."""
 
 from __future__ import annotations
 
@@ -46,7 +47,14 @@ from app.domain.events import (
 )
 from app.domain.evolve import evolve, replay
 from app.domain.model_spec import ModelSpec
-from app.domain.state import ACTIVE_PHASES, ENDED_PHASES, ClusterState, Replica, ReplicaPhase
+from app.domain.state import (
+    ACTIVE_PHASES,
+    ENDED_PHASES,
+    ClusterState,
+    Replica,
+    ReplicaPhase,
+    ShardPhase,
+)
 from tests.support.generators import stream_for
 from tests.unit.test_reconcile import gpus, of_type, with_two_nodes_and_a_model
 
@@ -152,6 +160,59 @@ def test_an_ended_replica_stays_ended_as_it_first_ended_whatever_follows() -> No
         ), _named(path)
         assert REPLICA not in state.models["llama"].moves, _named(path)
     assert ended > 10_000  # every end, each followed by every event
+
+
+ENGINE_ENDS = frozenset({ShardPhase.STOPPED, ShardPhase.FAILED})
+"""How an engine ends, as its agent reports it."""
+
+
+def test_an_ended_replica_s_shards_take_only_the_end_of_their_engines_once() -> None:
+    ended_engines = 0
+    for path, before, after, _ in every_sequence(placed_replica(), DEPTH):
+        if before.phase not in ENDED_PHASES:
+            continue
+        [was], [now] = before.shards, after.shards
+        if was.phase in ENGINE_ENDS:
+            assert now == was, _named(path)
+            continue
+        # The engine's end, as its agent reports it, and nothing else: never a start, a
+        # ready or an adoption, which would bring the shard of an ended replica back.
+        assert now == was or now.phase in ENGINE_ENDS, _named(path)
+        assert (now.node_id, now.port, now.pid, now.came_up, now.epoch) == (
+            was.node_id,
+            was.port,
+            was.pid,
+            was.came_up,
+            was.epoch,
+        ), _named(path)
+        if isinstance(path[-1], ShardStopped):
+            assert now.phase is ShardPhase.STOPPED, _named(path)
+            ended_engines += 1
+    assert ended_engines > 1_000  # the stop of an engine still running when it ended
+
+
+def test_a_late_failure_on_a_port_held_elsewhere_marks_the_port_but_not_the_ended_shard() -> None:
+    state = placed_replica()
+    for n, event in enumerate(
+        [
+            ShardFailed(replica_id=REPLICA, shard_index=0, node_id="gpu-1", error="exited"),
+            ReplicaFailed(replica_id=REPLICA, reason="shard 0 failed: exited"),
+            ShardFailed(
+                replica_id=REPLICA,
+                shard_index=0,
+                node_id="gpu-1",
+                error="port 20001 is held by pid 99",
+                port_held_elsewhere=True,
+            ),
+        ],
+        start=state.position + 1,
+    ):
+        evolve(state, recorded(event, n))
+
+    # What the node's agent found on the port stands; how the shard failed is its first
+    # failure, the one its replica failed for.
+    assert state.nodes["gpu-1"].ports_held_elsewhere == (20001,)
+    assert state.replicas[REPLICA].shards[0].error == "exited"
 
 
 def test_a_second_end_counts_no_second_failure() -> None:

@@ -2,7 +2,15 @@
 and one adopted where an agent found it running. A shard's replica starts with its first
 shard, and goes back to placed when its agent stops a shard on purpose. A shard that failed
 because another process listens on its port marks that port held on its node
-(``Node.ports_held_elsewhere``), for placement to skip."""
+(``Node.ports_held_elsewhere``), for placement to skip.
+
+A shard of a replica that has ended takes only the end of its engine, once: its agent
+stops the engines of a failed or timed-out replica after the end, and says how each
+ended (its exit code, its log's tail: why it never came up). A start, a ready or an
+adoption of it recorded after the end, or a second end, is passed over, as the replica's
+own late events are (``replicas``): the fold takes every log, so it refuses none. A port
+held elsewhere that such a failure reports is still marked on its node: it is what the
+node's agent found on that port, whatever became of the replica."""
 
 from __future__ import annotations
 
@@ -23,6 +31,8 @@ from app.domain.state import ClusterState, ReplicaPhase, ShardPhase
 
 
 def _shard_starting(state: ClusterState, event: ShardStarting, recorded: Recorded) -> None:
+    if _passed_over(state, event.replica_id, event.shard_index, ShardPhase.STARTING):
+        return
     at = recorded.recorded_at
     changes: ShardChanges = {"phase": ShardPhase.STARTING, "pid": event.pid, "stop_reason": None}
     if _restarted(state, event) and recorded.meta.epoch is not None:
@@ -44,6 +54,8 @@ def _restarted(state: ClusterState, event: ShardStarting) -> bool:
 
 
 def _shard_ready(state: ClusterState, event: ShardReady, recorded: Recorded) -> None:
+    if _passed_over(state, event.replica_id, event.shard_index, ShardPhase.READY):
+        return
     update_shard(
         state,
         event.replica_id,
@@ -59,7 +71,9 @@ agent reporting every port of a wide range held cannot grow the state without bo
 
 def _shard_failed(state: ClusterState, event: ShardFailed, recorded: Recorded) -> None:
     if event.port_held_elsewhere:
-        _port_held(state, event)
+        _port_held(state, event)  # a fact about the node, whatever became of the shard
+    if _passed_over(state, event.replica_id, event.shard_index, ShardPhase.FAILED):
+        return
     update_shard(
         state,
         event.replica_id,
@@ -85,6 +99,8 @@ def _port_held(state: ClusterState, event: ShardFailed) -> None:
 
 
 def _shard_stopped(state: ClusterState, event: ShardStopped, recorded: Recorded) -> None:
+    if _passed_over(state, event.replica_id, event.shard_index, ShardPhase.STOPPED):
+        return
     changes: ShardChanges = {
         "phase": ShardPhase.STOPPED,
         "exit_code": event.exit_code,
@@ -118,6 +134,8 @@ def _stopped_by_agent(state: ClusterState, replica_id: str, at: datetime) -> Rep
 def _replica_adopted(state: ClusterState, event: ReplicaAdopted, recorded: Recorded) -> None:
     at = recorded.recorded_at
     shard_phase = ShardPhase.READY if event.ready else ShardPhase.STARTING
+    if _passed_over(state, event.replica_id, event.shard_index, shard_phase):
+        return
     update_shard(
         state,
         event.replica_id,
@@ -149,6 +167,14 @@ def _starting(state: ClusterState, replica_id: str, at: datetime) -> ReplicaChan
     if replica is None or replica.phase is not ReplicaPhase.PLACED:
         return {}
     return {"phase": ReplicaPhase.STARTING, "starting_since": at}
+
+
+def _passed_over(state: ClusterState, replica_id: str, index: int, phase: ShardPhase) -> bool:
+    """Whether news that the shard is now in ``phase`` is passed over: its replica has
+    ended, and the news would bring the shard back or end it a second time
+    (``Replica.takes_shard_news``)."""
+    shard = state.shard(replica_id, index)
+    return shard is not None and not state.replicas[replica_id].takes_shard_news(shard, phase)
 
 
 HANDLERS: dict[type[Event], Handler] = {
