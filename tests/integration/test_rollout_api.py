@@ -332,6 +332,33 @@ async def test_undo_of_a_rollout_under_way_puts_the_old_revision_back_at_once(
     assert rolled_back.meta.correlation_id == f"rollout-{model}-r2"
 
 
+async def test_a_rollout_rolling_back_is_neither_paused_nor_resumed(
+    admin: httpx.AsyncClient, api: Operator, pg_store: PostgresEventStore
+) -> None:
+    model = a_model()
+    await revise(admin, model, f"{COMMAND} --enforce-eager")
+    undone = await api.run("rollout", "undo", model)
+    recorded = await pg_store.read_stream(model_stream(model))
+
+    paused = await api.run("rollout", "pause", model, "--reason", "night freeze")
+    resumed = await api.run("rollout", "resume", model)
+    status = (await admin.get(f"/admin/v1/models/{model}/rollout")).json()
+
+    assert undone.code == 0, undone.stderr
+    assert paused.code == 1
+    assert (
+        f"rollout rollout-{model}-r2 cannot be paused: it is already rolling back to "
+        "revision 1" in paused.stderr
+    )
+    assert resumed.code == 1
+    assert (
+        f"rollout rollout-{model}-r2 cannot be resumed: it is already rolling back to "
+        "revision 1" in resumed.stderr
+    )
+    assert status["state"] == "rolling_back"
+    assert await pg_store.read_stream(model_stream(model)) == recorded
+
+
 async def test_pause_and_resume_say_what_they_recorded_and_when_they_recorded_nothing(
     admin: httpx.AsyncClient, api: Operator, pg_store: PostgresEventStore
 ) -> None:

@@ -1,8 +1,8 @@
 """A replica only moves on, whatever the log says next: every short sequence of the events
 that move a replica, folded after its placement, is checked step by step. Once it ended it
 stays ended as it first ended, and its shards take only the end of their engines, once;
-once it is stopping it is never draining or routed again; and a finished rollout stays
-finished."""
+once it is stopping it is never draining or routed again; a finished rollout stays
+finished, and one rolling back takes only its finish."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from msgspec.structs import replace
 
 from app.domain.envelope import Meta, Recorded
 from app.domain.events import (
@@ -53,6 +54,7 @@ from app.domain.state import (
     ClusterState,
     Replica,
     ReplicaPhase,
+    RolloutState,
     ShardPhase,
 )
 from tests.support.generators import stream_for
@@ -303,3 +305,69 @@ def test_a_pass_moving_a_replica_that_ended_since_it_decided_is_not_appended() -
     assert cluster.state.models["llama"].moves == {}
     assert cluster.state.models["llama"].unreplaced_ends == ("llama-1",)
     assert of_type(cluster.reconcile(), ReplicaDrainStarted) == []
+
+
+@pytest.mark.parametrize(
+    "late",
+    list(
+        itertools.permutations(
+            (
+                *LATE_ROLLOUT_EVENTS,
+                RolloutFinished(model="llama", rollout_id=ROLLOUT, succeeded=True, outcome="late"),
+                # Decided before the model was scaled to 3: it would scale it back to 1.
+                RolloutRolledBack(
+                    model="llama",
+                    rollout_id=ROLLOUT,
+                    reason="late",
+                    to_revision=1,
+                    spec=replace(SPEC, replicas=1),
+                ),
+            ),
+            2,
+        )
+    ),
+    ids=lambda late: _named(late),
+)
+def test_a_rollout_rolling_back_takes_only_its_finish_as_rolled_back(
+    late: tuple[AnyEvent, AnyEvent],
+) -> None:
+    state = replay(
+        log_of(
+            [
+                ModelDeclared(model="llama", spec=SPEC),
+                ModelDeclared(model="llama", spec=REVISION_2, revision=2),
+                RolloutStarted(model="llama", rollout_id=ROLLOUT, revision=2, from_revision=1),
+                RolloutRolledBack(
+                    model="llama", rollout_id=ROLLOUT, reason="undone", to_revision=1, spec=SPEC
+                ),
+                ModelDeclared(model="llama", spec=replace(SPEC, replicas=3)),
+            ]
+        )
+    )
+    rolling_back = state.models["llama"]
+    assert rolling_back.rollout is not None
+    finished = False
+
+    for n, event in enumerate(late, start=state.position + 1):
+        evolve(state, recorded(event, n))
+        finished = finished or (isinstance(event, RolloutFinished) and not event.succeeded)
+
+        model = state.models["llama"]
+        rollout = model.rollout
+        assert rollout is not None
+        assert (model.spec, model.revision, model.failures) == (
+            rolling_back.spec,
+            rolling_back.revision,
+            rolling_back.failures,
+        ), _named(late)
+        assert rollout.state is (
+            RolloutState.ROLLED_BACK if finished else RolloutState.ROLLING_BACK
+        ), _named(late)
+        if finished:  # its finish says when and how it ended, and nothing else
+            rollout = replace(
+                rollout,
+                state=RolloutState.ROLLING_BACK,
+                finished_at=None,
+                outcome=rolling_back.rollout.outcome,
+            )
+        assert rollout == rolling_back.rollout, _named(late)

@@ -1,11 +1,18 @@
 """The fold of a model's rollout: started, each step started, held, judged, paused,
 resumed, rolled back and finished. An event of a rollout the model is no longer in, or of
-one that has finished, changes nothing (``updates.rollout_in``)."""
+one that has finished, changes nothing (``updates.rollout_in``).
+
+A rollout rolling back takes only its finish, as rolled back: a step, a hold, a verdict,
+a pause, a resume, a second rollback or a finish as succeeded, recorded late, would stop
+it bringing the old revision back (a paused or running rollout is no longer rolling back),
+or set the model's spec once more to what it was when that rollback was decided. They
+change nothing, as the late events of a finished rollout do."""
 
 from __future__ import annotations
 
 from msgspec.structs import replace
 
+from app.domain.changes import RolloutChanges
 from app.domain.envelope import Recorded
 from app.domain.events import (
     Event,
@@ -22,6 +29,22 @@ from app.domain.events import (
 from app.domain.evolve.models import earlier_specs
 from app.domain.evolve.updates import Handler, rollout_in, update_rollout
 from app.domain.state import ClusterState, Rollout, RolloutState
+
+_STEERED = frozenset({RolloutState.RUNNING, RolloutState.PAUSED})
+"""Where a rollout is steered by its steps, verdicts, pauses and resumes, and may be rolled
+back: under way, and not rolling back already."""
+
+
+def _steered(state: ClusterState, name: str, rollout_id: str) -> Rollout | None:
+    """The model's rollout if it is ``rollout_id`` and running or paused; None otherwise."""
+    rollout = rollout_in(state, name, rollout_id)
+    return rollout if rollout is not None and rollout.state in _STEERED else None
+
+
+def _steer(state: ClusterState, name: str, rollout_id: str, changes: RolloutChanges) -> None:
+    """Change the model's rollout if it is ``rollout_id``, running or paused."""
+    if _steered(state, name, rollout_id) is not None:
+        update_rollout(state, name, rollout_id, changes)
 
 
 def _rollout_started(state: ClusterState, event: RolloutStarted, recorded: Recorded) -> None:
@@ -44,7 +67,7 @@ def _rollout_started(state: ClusterState, event: RolloutStarted, recorded: Recor
 def _rollout_step_started(
     state: ClusterState, event: RolloutStepStarted, recorded: Recorded
 ) -> None:
-    update_rollout(
+    _steer(
         state,
         event.model,
         event.rollout_id,
@@ -60,7 +83,7 @@ def _rollout_step_started(
 
 
 def _rollout_holding(state: ClusterState, event: RolloutHolding, recorded: Recorded) -> None:
-    update_rollout(
+    _steer(
         state,
         event.model,
         event.rollout_id,
@@ -71,7 +94,7 @@ def _rollout_holding(state: ClusterState, event: RolloutHolding, recorded: Recor
 def _rollout_hold_ejection_seen(
     state: ClusterState, event: RolloutHoldEjectionSeen, recorded: Recorded
 ) -> None:
-    rollout = rollout_in(state, event.model, event.rollout_id)
+    rollout = _steered(state, event.model, event.rollout_id)
     replica = state.replicas.get(event.replica_id)
     # Only for the hold it was seen in, and a replica of the model: the ejections kept are
     # as many as the model's replicas, whatever the event says.
@@ -89,7 +112,7 @@ def _rollout_hold_ejection_seen(
 
 
 def _rollout_verdict(state: ClusterState, event: RolloutVerdict, recorded: Recorded) -> None:
-    update_rollout(
+    _steer(
         state,
         event.model,
         event.rollout_id,
@@ -102,7 +125,7 @@ def _rollout_verdict(state: ClusterState, event: RolloutVerdict, recorded: Recor
 
 
 def _rollout_paused(state: ClusterState, event: RolloutPaused, recorded: Recorded) -> None:
-    update_rollout(
+    _steer(
         state,
         event.model,
         event.rollout_id,
@@ -111,7 +134,7 @@ def _rollout_paused(state: ClusterState, event: RolloutPaused, recorded: Recorde
 
 
 def _rollout_resumed(state: ClusterState, event: RolloutResumed, recorded: Recorded) -> None:
-    rollout = rollout_in(state, event.model, event.rollout_id)
+    rollout = _steered(state, event.model, event.rollout_id)
     if rollout is None:
         return
     # Only a step whose verdict could not be reached is promoted by the operator's word. A
@@ -130,7 +153,7 @@ def _rollout_resumed(state: ClusterState, event: RolloutResumed, recorded: Recor
 
 
 def _rollout_rolled_back(state: ClusterState, event: RolloutRolledBack, recorded: Recorded) -> None:
-    rollout = rollout_in(state, event.model, event.rollout_id)
+    rollout = _steered(state, event.model, event.rollout_id)
     if rollout is None:
         return
     model = state.models[event.model]
@@ -151,8 +174,8 @@ def _rollout_rolled_back(state: ClusterState, event: RolloutRolledBack, recorded
 
 def _rollout_finished(state: ClusterState, event: RolloutFinished, recorded: Recorded) -> None:
     rollout = rollout_in(state, event.model, event.rollout_id)
-    if rollout is None:
-        return
+    if rollout is None or (event.succeeded and rollout.state is RolloutState.ROLLING_BACK):
+        return  # a rollout rolling back never succeeds: it finishes as rolled back
     if event.succeeded:
         ended = RolloutState.SUCCEEDED
     elif rollout.state is RolloutState.ROLLING_BACK:
