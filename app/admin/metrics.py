@@ -2,15 +2,17 @@
 
 Served without authentication on the admin listener, like ``/healthz``: scrapers are rarely
 given client certificates, and nothing here is secret or writable (counts, model names,
-phases and placement reasons; never a key, a token, a spec or an address). An operator who
-wants it closed puts the admin listener behind the network policy that already guards it.
+node ids, phases and placement reasons; never a key, a token, a spec or an address). An
+operator who wants it closed puts the admin listener behind the network policy that
+already guards it.
 
 Figures come from three places, none of them counters sprinkled through the code:
 
 - the log's fold (the store's in-memory state, the same fold the projection tables hold):
   replicas by model and phase, each model's desired and serving replicas, nodes by
-  connection, drains in progress, and, for each model that cannot place a replica, the
-  nodes rejected for each reason;
+  connection, GPUs by health, each node's GPUs whose UUID another node holds, drains in
+  progress, and, for each model that cannot place a replica, the nodes rejected for each
+  reason;
 - the ``events`` table: events appended by type, counted incrementally by position (appends
   are serialized, so no event can appear later below a position already counted);
 - the leader's live parts (``LiveFigures``): agents connected to this server's hub and
@@ -41,6 +43,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from app.domain.allocation import NOTHING_REPORTED, Allocations
+from app.domain.gpu_claims import held_elsewhere_counts
 from app.domain.placement import Rejection, explain_placement
 from app.domain.reports import NodeReport
 from app.domain.state import ACTIVE_PHASES, COUNTING_PHASES, ClusterState, ReplicaPhase
@@ -327,6 +330,7 @@ def fold_families(state: ClusterState, running: Mapping[str, NodeReport]) -> Ite
         nodes.add_metric([name], by_state[name])
     yield nodes
     yield gpu_family(state)
+    yield held_elsewhere_family(state)
     yield GaugeMetricFamily(
         "llmgw_drains_in_progress",
         "Drains of nodes or replicas not done",
@@ -346,6 +350,21 @@ def gpu_family(state: ClusterState) -> Metric:
     by_health = Counter(gpu.healthy for node in state.nodes.values() for gpu in node.gpus)
     family.add_metric(["healthy"], by_health[True])
     family.add_metric(["unhealthy"], by_health[False])
+    return family
+
+
+def held_elsewhere_family(state: ClusterState) -> Metric:
+    """Each node's GPUs whose UUID another node holds (``app.domain.gpu_claims``), so that
+    an alert can fire on a cloned machine or a node that lies: by node, as many series as
+    nodes, never one per UUID a node may list."""
+    family = GaugeMetricFamily(
+        "llmgw_gpus_held_elsewhere",
+        "GPUs a node lists whose UUID another node, connected longer, lists too: they take "
+        "no new shard (0 for every other node the log knows)",
+        labels=["node"],
+    )
+    for node_id, count in sorted(held_elsewhere_counts(state.nodes.values()).items()):
+        family.add_metric([node_id], count)
     return family
 
 

@@ -16,6 +16,9 @@ tell which one is right, so the rule is simple and never takes from the node tha
   to the node connected the longest among those that list it then.
 
 An empty UUID (a GPU never read) names no GPU, so it is never held elsewhere.
+
+Operators see it where they look: the node's view, and each node's count on ``/metrics``
+(``held_elsewhere_counts``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,14 @@ def gpus_held_elsewhere(nodes: Iterable[Node]) -> dict[str, dict[int, str]]:
             if holder != node.id:
                 elsewhere.setdefault(node.id, {})[gpu.index] = holder
     return elsewhere
+
+
+def held_elsewhere_counts(nodes: Iterable[Node]) -> dict[str, int]:
+    """How many of each node's GPUs another node holds the UUID of, for every node given
+    (0 for most): one figure per node, never one per UUID."""
+    listed = list(nodes)
+    elsewhere = gpus_held_elsewhere(listed)
+    return {node.id: len(elsewhere.get(node.id, {})) for node in listed}
 
 
 def held_elsewhere_reason(uuid: str, holder: str) -> str:

@@ -3,7 +3,8 @@ other's GPU with that UUID takes no new shard, said so wherever placement is exp
 
 A UUID names one physical GPU in the fleet, yet a copied state directory, a cloned machine
 or a node that lies can make two connected nodes list one. Before, nothing looked: both
-GPUs were placed on, and nothing said that two nodes claimed one GPU."""
+GPUs were placed on, and nothing said that two nodes claimed one GPU. Later, only the
+node's view and placement said it: now ``/metrics`` counts it by node."""
 
 from __future__ import annotations
 
@@ -11,9 +12,16 @@ import asyncio
 
 from structlog.testing import capture_logs
 
+from app.admin.metrics import fold_families
 from app.admin.nodes import node_summary, node_view
 from app.domain.allocation import Allocations
-from app.domain.events import AnyEvent, GpuInfo, ModelDeclared, NodeConnected, NodeDisconnected
+from app.domain.events import (
+    AnyEvent,
+    GpuInfo,
+    ModelDeclared,
+    NodeConnected,
+    NodeDisconnected,
+)
 from app.domain.evolve import replay
 from app.domain.model_spec import ModelSpec
 from app.domain.placement import explain_placement
@@ -147,3 +155,38 @@ def test_the_hello_of_a_node_listing_a_uuid_held_elsewhere_is_a_warning_once() -
     assert [(w["node_id"], w["gpus"]) for w in warnings] == [
         ("gpu-1", [f"1 ({SHARED}) held by gpu-2"])
     ]
+
+
+def test_each_node_counts_its_gpus_held_elsewhere_and_every_other_node_none() -> None:
+    from app.domain.gpu_claims import held_elsewhere_counts
+
+    state = given(
+        connected("gpu-2", gpu(0, SHARED), gpu(1, "GPU-2-own")),
+        connected("gpu-1", gpu(0, SHARED), gpu(1, "GPU-2-own"), gpu(2, "GPU-1-own")),
+        connected("gpu-3", gpu(0, "GPU-3-own")),
+    )
+
+    assert held_elsewhere_counts(state.nodes.values()) == {"gpu-1": 2, "gpu-2": 0, "gpu-3": 0}
+
+
+def test_metrics_count_each_nodes_gpus_held_elsewhere_by_node_never_by_uuid() -> None:
+    """An alert can fire on ``llmgw_gpus_held_elsewhere > 0``; the UUIDs a node lists, which
+    it names freely, never become labels."""
+    state = given(
+        connected("gpu-2", gpu(0, SHARED)),
+        connected("gpu-1", gpu(0, SHARED), gpu(1, "GPU-1-own")),
+        connected("gpu-3", gpu(0, "GPU-3-own")),
+        NodeDisconnected(node_id="gpu-3", reason="heartbeat timeout"),
+    )
+
+    families = {f.name: f for f in fold_families(state, {})}
+    held = families.get("llmgw_gpus_held_elsewhere")
+
+    assert held is not None, "no family counts the GPUs held elsewhere"
+    assert held.type == "gauge"
+    assert {s.labels["node"]: s.value for s in held.samples} == {
+        "gpu-1": 1,
+        "gpu-2": 0,
+        "gpu-3": 0,
+    }
+    assert all(set(s.labels) == {"node"} for s in held.samples)

@@ -41,6 +41,7 @@ BOUNDED_LABELS = {
     "replica": "a replica the gateway routes to now (forgotten with its routing table)",
     "phase": "a replica phase",
     "state": "a node's or a gateway's state, from a fixed list",
+    "node": "a node the log knows, as its certificate names it (gone once it is forgotten)",
     "type": "an event type",
     "reason": "a reason from the code's own list",
     "policy": "a routing policy",

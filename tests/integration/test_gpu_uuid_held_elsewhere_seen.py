@@ -1,0 +1,81 @@
+"""A GPU whose UUID another node holds, seen where an operator looks, through the real
+admin API over PostgreSQL: `/metrics` counts it by node.
+
+Two nodes registered as a cloned machine's would be: the second lists the first's GPU
+UUID. Before, only the node's own view and explain-placement said so: no figure for an
+alert."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import pytest_asyncio
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.domain.events import GpuInfo, NodeConnected, NodeRegistered
+from app.store.postgres import PostgresEventStore
+from tests.support.admin_server import record
+from tests.support.operator_cli import Operator, live_admin_api
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def operator(pg_store: PostgresEventStore, tmp_path: Path) -> AsyncIterator[Operator]:
+    async with live_admin_api(pg_store) as url:
+        yield Operator(home=tmp_path, admin_url=url)
+
+
+def an_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(3)}"
+
+
+async def register(store: PostgresEventStore, node_id: str, *uuids: str) -> None:
+    """``node_id`` registered and connected, listing a GPU of each UUID, in that order."""
+    gpus = tuple(
+        GpuInfo(index=i, uuid=uuid, name="H100", memory_total_mib=81559)
+        for i, uuid in enumerate(uuids)
+    )
+    address = "127.0.0.9"
+    await record(
+        store,
+        f"agent:{node_id}",
+        NodeRegistered(node_id=node_id, address=address, gpus=gpus),
+        NodeConnected(node_id=node_id, address=address, gpus=gpus, agent_version="0.1"),
+    )
+
+
+async def held_elsewhere_by_node(admin_url: str) -> dict[str, float]:
+    async with httpx.AsyncClient(base_url=admin_url) as scraper:
+        page = await scraper.get("/metrics")
+    assert page.status_code == 200, page.text
+    return {
+        sample.labels["node"]: sample.value
+        for family in text_string_to_metric_families(page.text)
+        if family.name == "llmgw_gpus_held_elsewhere"
+        for sample in family.samples
+    }
+
+
+async def a_clone(store: PostgresEventStore) -> tuple[str, str, str]:
+    """Two connected nodes, the second listing the first's GPU 0 UUID as its own GPU 0: the
+    holder's id, the clone's, and the shared UUID."""
+    holder, clone = an_id("gpu"), an_id("gpu")
+    shared = f"GPU-{secrets.token_hex(16)}"
+    await register(store, holder, shared, f"GPU-{holder}-1")
+    await register(store, clone, shared, f"GPU-{clone}-1")
+    return holder, clone, shared
+
+
+async def test_metrics_count_each_nodes_gpus_held_elsewhere(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    holder, clone, _ = await a_clone(pg_store)
+
+    counted = await held_elsewhere_by_node(operator.admin_url)
+
+    assert (counted.get(clone), counted.get(holder)) == (1, 0)
