@@ -73,7 +73,8 @@ def node_row(node: NodeSummary) -> tuple[str, ...]:
     return (
         node.id,
         node_state(node.connected, node.lost, node.cordoned, node.drain_id)
-        + gpus_cordoned_text(node.cordoned_gpus),
+        + gpus_cordoned_text(node.cordoned_gpus)
+        + gpus_held_elsewhere_text(node.held_elsewhere_gpus),
         f"{node.healthy_gpus}/{node.gpus}",
         str(node.free_gpus),
         str(node.replicas),
@@ -101,7 +102,8 @@ once the name and what uses them are left out."""
 
 def list_nodes(*, output: Output = "table", connection: ConnectionFlags | None = None) -> int:
     """Every node the log knows: connection (and why a node away lost it), cordon and
-    drain, GPUs (healthy and free), how many replicas run there.
+    drain, GPUs (healthy and free, and those cordoned or whose UUID another node holds),
+    how many replicas run there.
 
     ```
     llmgw-cli nodes
@@ -278,10 +280,20 @@ def unlisted_cordon_text(cordon: UnlistedGpuCordonView) -> str:
 
 def gpus_cordoned_text(indexes: list[int]) -> str:
     """``, GPU 3 cordoned`` (``, GPUs 3,5 cordoned``) after a node's state; empty for none."""
+    return _gpus_text(indexes, "cordoned")
+
+
+def gpus_held_elsewhere_text(indexes: list[int]) -> str:
+    """``, GPU 0 held elsewhere`` after a node's state: another node, connected longer,
+    lists its UUID too (``llmgw-cli node`` names it); empty for none."""
+    return _gpus_text(indexes, "held elsewhere")
+
+
+def _gpus_text(indexes: list[int], what: str) -> str:
     if not indexes:
         return ""
     listed = ",".join(map(str, indexes))
-    return f", GPU{'s' if len(indexes) > 1 else ''} {listed} cordoned"
+    return f", GPU{'s' if len(indexes) > 1 else ''} {listed} {what}"
 
 
 def connection_state(connected: bool, lost: bool) -> str:

@@ -34,6 +34,8 @@ class NodeSummary(View, frozen=True, kw_only=True):
     free_gpus: int = 0
     cordoned_gpus: list[int] = []
     """Indexes of its GPUs an operator cordoned."""
+    held_elsewhere_gpus: list[int] = []
+    """Indexes of its GPUs whose UUID another node holds; none from older servers."""
     replicas: int = 0
     disconnect_reason: str | None = None
     """Why its last connection ended; none while connected (and from older servers)."""

@@ -116,6 +116,9 @@ class NodeSummary(msgspec.Struct, frozen=True, kw_only=True):
     node holds."""
     cordoned_gpus: list[int] = []
     """Indexes of its GPUs an operator cordoned."""
+    held_elsewhere_gpus: list[int] = []
+    """Indexes of its GPUs whose UUID another node, connected longer, lists too: they take
+    no new shard (``GET /admin/v1/nodes/{id}`` names that node)."""
     replicas: int
     """Active replicas with a shard here."""
     disconnect_reason: str | None = None

@@ -61,6 +61,7 @@ def node_summary(state: ClusterState, node: Node, allocations: Allocations) -> N
             if index not in held and index not in cordoned and index not in elsewhere
         ),
         cordoned_gpus=sorted(cordoned),
+        held_elsewhere_gpus=sorted(elsewhere),
         replicas=len(_active_on(state, node.id)),
         disconnect_reason=None if node.connected else node.disconnect_reason,
     )

@@ -1,9 +1,10 @@
 """A GPU whose UUID another node holds, seen where an operator looks, through the real
-admin API over PostgreSQL: `/metrics` counts it by node.
+admin API over PostgreSQL and `llmgw-cli`: `/metrics` counts it by node, and `llmgw-cli
+nodes` (and its JSON) lists it after the node's state.
 
 Two nodes registered as a cloned machine's would be: the second lists the first's GPU
 UUID. Before, only the node's own view and explain-placement said so: no figure for an
-alert."""
+alert, and the list looked healthy."""
 
 from __future__ import annotations
 
@@ -79,3 +80,19 @@ async def test_metrics_count_each_nodes_gpus_held_elsewhere(
     counted = await held_elsewhere_by_node(operator.admin_url)
 
     assert (counted.get(clone), counted.get(holder)) == (1, 0)
+
+
+async def test_the_node_list_says_which_gpus_are_held_elsewhere(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    holder, clone, _ = await a_clone(pg_store)
+
+    listed = await operator.run("nodes", "--output", "json")
+    table = await operator.run("nodes")
+
+    summaries = {n["id"]: n for n in listed.json()}
+    assert summaries[clone].get("held_elsewhere_gpus") == [0]
+    assert summaries[holder].get("held_elsewhere_gpus") == []
+    assert summaries[clone]["free_gpus"] == 1
+    [clone_row] = [line for line in table.stdout.splitlines() if clone in line]
+    assert "connected, GPU 0 held elsewhere" in clone_row

@@ -4,12 +4,14 @@ other's GPU with that UUID takes no new shard, said so wherever placement is exp
 A UUID names one physical GPU in the fleet, yet a copied state directory, a cloned machine
 or a node that lies can make two connected nodes list one. Before, nothing looked: both
 GPUs were placed on, and nothing said that two nodes claimed one GPU. Later, only the
-node's view and placement said it: now ``/metrics`` counts it by node."""
+node's view and placement said it: now ``/metrics`` counts it by node, and the node list
+names it."""
 
 from __future__ import annotations
 
 import asyncio
 
+import msgspec
 from structlog.testing import capture_logs
 
 from app.admin.metrics import fold_families
@@ -190,3 +192,17 @@ def test_metrics_count_each_nodes_gpus_held_elsewhere_by_node_never_by_uuid() ->
         "gpu-3": 0,
     }
     assert all(set(s.labels) == {"node"} for s in held.samples)
+
+
+def test_the_node_summary_lists_the_indexes_of_its_gpus_held_elsewhere() -> None:
+    state = given(
+        connected("gpu-2", gpu(0, SHARED)),
+        connected("gpu-1", gpu(0, "GPU-1-own"), gpu(1, SHARED)),
+    )
+    allocations = Allocations.from_state(state)
+
+    clone = msgspec.to_builtins(node_summary(state, state.nodes["gpu-1"], allocations))
+    holder = msgspec.to_builtins(node_summary(state, state.nodes["gpu-2"], allocations))
+
+    assert clone.get("held_elsewhere_gpus") == [1]
+    assert holder.get("held_elsewhere_gpus") == []
