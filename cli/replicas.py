@@ -162,10 +162,11 @@ def show_replica(
     output: Output = "table",
     connection: ConnectionFlags | None = None,
 ) -> int:
-    """One replica: its phase and why, every shard with its node, GPUs, port, state and
-    error, the engine's last log lines of a shard that failed, and what the gateways
-    measured of its requests over the last minute (requests, errors, the ones its clients
-    cancelled and those they abandoned before any answer, TTFT, TPOT).
+    """One replica: its phase and why, every shard with its node, GPUs (and any whose UUID
+    another node holds), port, state and error, the engine's last log lines of a shard
+    that failed, and what the gateways measured of its requests over the last minute
+    (requests, errors, the ones its clients cancelled and those they abandoned before any
+    answer, TTFT, TPOT).
 
     ```
     llmgw-cli replica llama-3-8b-2
@@ -195,6 +196,7 @@ def print_replica(replica: ReplicaView, wide: bool = False) -> None:
         facts.append(("ended", f"{utc_seconds(replica.ended_at)} UTC: {replica.end_reason}"))
     if said := moves(replica):
         facts.append(("moves", said))
+    facts.extend(("held elsewhere", text) for text in held_elsewhere_texts(replica))
     print_facts(facts, console)
     print_table(
         (
@@ -228,6 +230,17 @@ def print_replica(replica: ReplicaView, wide: bool = False) -> None:
             for line in shard.log_tail:
                 console.print(text(f"  {line}"), soft_wrap=True)
     print_traffic(replica.traffic, console)
+
+
+def held_elsewhere_texts(replica: ReplicaView) -> list[str]:
+    """``shard 0 on gpu-09, GPU 0: its UUID ... is listed by node gpu-07 too, connected
+    longer``, for each GPU of its shards another node holds: that node's engine may not be
+    where it says."""
+    return [
+        f"shard {shard.index} on {shard.node_id}, GPU {gpu.index}: {gpu.reason}"
+        for shard in replica.shards
+        for gpu in shard.gpus_held_elsewhere
+    ]
 
 
 def _revision_fact(replica: ReplicaView) -> str:

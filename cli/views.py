@@ -246,6 +246,13 @@ class ReplicaSummary(View, frozen=True, kw_only=True):
     ejection: ReplicaEjectionView | None = None
 
 
+class GpuHeldElsewhereView(View, frozen=True, kw_only=True):
+    index: int = 0
+    uuid: str = ""
+    held_by: str = ""
+    reason: str = ""
+
+
 class ShardView(View, frozen=True, kw_only=True):
     index: int
     node_id: str = ""
@@ -257,6 +264,8 @@ class ShardView(View, frozen=True, kw_only=True):
     exit_code: int | None = None
     log_tail: list[str] = []
     stop_reason: str | None = None
+    gpus_held_elsewhere: list[GpuHeldElsewhereView] = []
+    """Its GPUs whose UUID another node holds; none from older servers."""
 
 
 class ReplicaTrafficView(View, frozen=True, kw_only=True):

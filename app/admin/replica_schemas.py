@@ -43,6 +43,20 @@ class ReplicaSummary(msgspec.Struct, frozen=True, kw_only=True):
     the view does not say, as in a drain's)."""
 
 
+class GpuHeldElsewhereView(msgspec.Struct, frozen=True, kw_only=True):
+    """One of a shard's GPUs whose UUID another node, connected longer, lists too: two
+    nodes claim one physical GPU, so the engine may not run where its node says. Nothing
+    is stopped or moved for it (docs/gpus.md)."""
+
+    index: int
+    uuid: str
+    held_by: str
+    """The node, connected longer, that lists the UUID too."""
+    reason: str
+    """As the node's view says it: ``its UUID ... is listed by node gpu-07 too, connected
+    longer``."""
+
+
 class ShardView(msgspec.Struct, frozen=True, kw_only=True):
     index: int
     node_id: str
@@ -59,6 +73,9 @@ class ShardView(msgspec.Struct, frozen=True, kw_only=True):
     stop_reason: str | None = None
     """Why its agent stopped it of its own accord (``agent shutting down``), while it is
     stopped so; it starts again where it was placed once its node is back."""
+    gpus_held_elsewhere: list[GpuHeldElsewhereView] = []
+    """Its GPUs whose UUID another node holds, while the replica is active; empty for
+    most."""
 
 
 class ReplicaTrafficView(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,25 +1,36 @@
 """``/admin/v1/replicas``: replicas with their shards, failures and engine log tails, how
-many live gateways eject each, and one replica's traffic as the gateways measured it (a
-replica's drain is in ``app.admin.drains``)."""
+many live gateways eject each, and one replica's traffic as the gateways measured it, and
+which of its GPUs another node holds the UUID of (``app.domain.gpu_claims``; a replica's
+drain is in ``app.admin.drains``)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Annotated, TypeVar
 
+import msgspec
 from litestar import get
 from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, QueryParameter
 
 from app.admin.guarded import GuardedController
-from app.admin.replica_schemas import ReplicaEjectionView, ReplicaSummary, ReplicaView
+from app.admin.replica_schemas import (
+    GpuHeldElsewhereView,
+    ReplicaEjectionView,
+    ReplicaSummary,
+    ReplicaView,
+    ShardView,
+)
 from app.admin.schemas import as_view
 from app.admin.traffic import TrafficSource, with_traffic
-from app.domain.state import Replica, ReplicaPhase
+from app.domain.gpu_claims import HeldElsewhere, gpus_held_elsewhere, held_elsewhere_reason
+from app.domain.state import ACTIVE_PHASES, Node, Replica, ReplicaPhase
 from app.services.operations import Operations
 from app.store.gateway_reports import Ejections
 
 SummaryT = TypeVar("SummaryT", bound=ReplicaSummary)
+NO_NODES: Mapping[str, Node] = MappingProxyType({})
 
 
 def replica_summary(
@@ -31,10 +42,43 @@ def replica_summary(
 
 
 def replica_view(
-    replica: Replica, revisions: Mapping[str, int], ejections: Ejections | None = None
+    replica: Replica,
+    revisions: Mapping[str, int],
+    ejections: Ejections | None = None,
+    nodes: Mapping[str, Node] = NO_NODES,
 ) -> ReplicaView:
-    """As ``replica_summary``, with its shards, their errors and log tails."""
-    return _replica_as(ReplicaView, replica, revisions, ejections)
+    """As ``replica_summary``, with its shards, their errors and log tails, and, while it
+    is active, which of their GPUs another node holds the UUID of (``nodes``: the nodes as
+    the log has them now)."""
+    view = _replica_as(ReplicaView, replica, revisions, ejections)
+    if replica.phase not in ACTIVE_PHASES:
+        return view
+    elsewhere = gpus_held_elsewhere(nodes.values())
+    shards = [
+        msgspec.structs.replace(shard, gpus_held_elsewhere=_held_elsewhere(shard, nodes, elsewhere))
+        for shard in view.shards
+    ]
+    return msgspec.structs.replace(view, shards=shards)
+
+
+def _held_elsewhere(
+    shard: ShardView, nodes: Mapping[str, Node], elsewhere: HeldElsewhere
+) -> list[GpuHeldElsewhereView]:
+    holders = elsewhere.get(shard.node_id, {})
+    node = nodes.get(shard.node_id)
+    if node is None or not holders:
+        return []
+    uuids = {gpu.index: gpu.uuid for gpu in node.gpus}
+    return [
+        GpuHeldElsewhereView(
+            index=index,
+            uuid=uuids[index],
+            held_by=holders[index],
+            reason=held_elsewhere_reason(uuids[index], holders[index]),
+        )
+        for index in shard.gpus
+        if index in holders
+    ]
 
 
 def _replica_as(
@@ -96,5 +140,6 @@ class ReplicaController(GuardedController):
     ) -> ReplicaView:
         replica = await operations.replica(replica_id)
         revisions = await operations.revisions([replica])
-        view = replica_view(replica, revisions, await traffic.ejections())
+        nodes = (await operations.current()).nodes
+        view = replica_view(replica, revisions, await traffic.ejections(), nodes)
         return with_traffic(view, await traffic.replica_traffic(replica_id))

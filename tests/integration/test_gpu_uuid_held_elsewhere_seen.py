@@ -1,10 +1,12 @@
 """A GPU whose UUID another node holds, seen where an operator looks, through the real
-admin API over PostgreSQL and `llmgw-cli`: `/metrics` counts it by node, and `llmgw-cli
-nodes` (and its JSON) lists it after the node's state.
+admin API over PostgreSQL and `llmgw-cli`: `/metrics` counts it by node, `llmgw-cli nodes`
+(and its JSON) lists it after the node's state, `llmgw-cli node` explains it, and a
+replica already running on it keeps running while its view names the GPU and the node
+that holds its UUID.
 
 Two nodes registered as a cloned machine's would be: the second lists the first's GPU
 UUID. Before, only the node's own view and explain-placement said so: no figure for an
-alert, and the list looked healthy."""
+alert, and the list and the replica looked healthy."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.domain.events import GpuInfo, NodeConnected, NodeRegistered
 from app.store.postgres import PostgresEventStore
-from tests.support.admin_server import record
+from tests.support.admin_server import record, seed_serving_replica
 from tests.support.operator_cli import Operator, live_admin_api
 
 pytestmark = pytest.mark.timeout(120)
@@ -96,3 +98,27 @@ async def test_the_node_list_says_which_gpus_are_held_elsewhere(
     assert summaries[clone]["free_gpus"] == 1
     [clone_row] = [line for line in table.stdout.splitlines() if clone in line]
     assert "connected, GPU 0 held elsewhere" in clone_row
+
+
+async def test_a_replica_on_a_gpu_held_elsewhere_keeps_running_and_says_so(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    holder, clone, shared = await a_clone(pg_store)
+    replica = f"{an_id('llama')}-1"
+    await seed_serving_replica(pg_store, replica, clone)  # on the clone's GPU 0
+
+    shown = await operator.run("node", clone, "--output", "json")
+    answer = (await operator.run("replica", replica, "--output", "json")).json()
+    told = " ".join((await operator.run("replica", replica)).stdout.split())
+
+    reason = f"its UUID {shared} is listed by node {holder} too, connected longer"
+    [shared_gpu, own_gpu] = shown.json()["gpus"]
+    assert shared_gpu["excluded_because"] == f"held elsewhere: {reason}"
+    assert shared_gpu["used_by"] == replica
+    assert own_gpu["excluded_because"] is None
+    assert answer["phase"] == "serving", "the replica was disturbed"
+    [shard] = answer["shards"]
+    assert shard.get("gpus_held_elsewhere") == [
+        {"index": 0, "uuid": shared, "held_by": holder, "reason": reason}
+    ]
+    assert f"held elsewhere: shard 0 on {clone}, GPU 0: {reason}" in told

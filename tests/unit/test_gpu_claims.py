@@ -4,8 +4,8 @@ other's GPU with that UUID takes no new shard, said so wherever placement is exp
 A UUID names one physical GPU in the fleet, yet a copied state directory, a cloned machine
 or a node that lies can make two connected nodes list one. Before, nothing looked: both
 GPUs were placed on, and nothing said that two nodes claimed one GPU. Later, only the
-node's view and placement said it: now ``/metrics`` counts it by node, and the node list
-names it."""
+node's view and placement said it: now ``/metrics`` counts it by node, the node list names
+it, and a replica already on such a GPU says so (it keeps running)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from structlog.testing import capture_logs
 
 from app.admin.metrics import fold_families
 from app.admin.nodes import node_summary, node_view
+from app.admin.replicas import replica_view
 from app.domain.allocation import Allocations
 from app.domain.events import (
     AnyEvent,
@@ -23,11 +24,15 @@ from app.domain.events import (
     ModelDeclared,
     NodeConnected,
     NodeDisconnected,
+    ReplicaFailed,
+    ReplicaPlaced,
+    ReplicaServing,
+    ShardPlacement,
 )
 from app.domain.evolve import replay
 from app.domain.model_spec import ModelSpec
 from app.domain.placement import explain_placement
-from app.domain.state import ClusterState
+from app.domain.state import ClusterState, ReplicaPhase
 from app.services.agent_reports import ReportRecorder
 from app.store.memory import InMemoryEventStore
 from tests.unit.test_fold import log_of
@@ -159,6 +164,11 @@ def test_the_hello_of_a_node_listing_a_uuid_held_elsewhere_is_a_warning_once() -
     ]
 
 
+def placed_on(node_id: str, gpu_index: int, replica_id: str = "llama-1") -> ReplicaPlaced:
+    shard = ShardPlacement(index=0, node_id=node_id, gpus=(gpu_index,), port=20000)
+    return ReplicaPlaced(replica_id=replica_id, model="llama", number=1, shards=(shard,))
+
+
 def test_each_node_counts_its_gpus_held_elsewhere_and_every_other_node_none() -> None:
     from app.domain.gpu_claims import held_elsewhere_counts
 
@@ -206,3 +216,47 @@ def test_the_node_summary_lists_the_indexes_of_its_gpus_held_elsewhere() -> None
 
     assert clone.get("held_elsewhere_gpus") == [1]
     assert holder.get("held_elsewhere_gpus") == []
+
+
+def test_a_replica_on_a_gpu_held_elsewhere_says_so_and_keeps_running() -> None:
+    """Two nodes claim one physical GPU: the engine may not be where its node says. It is
+    neither stopped nor moved, but its view names the GPU and the node that holds it."""
+    state = given(
+        connected("gpu-2", gpu(0, SHARED)),
+        connected("gpu-1", gpu(0, SHARED), gpu(1, "GPU-1-own")),
+        placed_on("gpu-1", 0),
+        ReplicaServing(replica_id="llama-1"),
+        placed_on("gpu-1", 1, "llama-2"),
+    )
+
+    [shard] = msgspec.to_builtins(replica_view(state.replicas["llama-1"], {}, None, state.nodes))[
+        "shards"
+    ]
+    [own] = msgspec.to_builtins(replica_view(state.replicas["llama-2"], {}, None, state.nodes))[
+        "shards"
+    ]
+
+    assert state.replicas["llama-1"].phase is ReplicaPhase.SERVING
+    assert shard.get("gpus_held_elsewhere") == [
+        {
+            "index": 0,
+            "uuid": SHARED,
+            "held_by": "gpu-2",
+            "reason": f"its UUID {SHARED} is listed by node gpu-2 too, connected longer",
+        }
+    ]
+    assert own.get("gpus_held_elsewhere") == []
+
+
+def test_an_ended_replica_says_nothing_of_gpus_held_elsewhere_now() -> None:
+    """Its GPUs are no longer its: who holds their UUID now is no concern of its history."""
+    state = given(
+        connected("gpu-2", gpu(0, SHARED)),
+        connected("gpu-1", gpu(0, SHARED)),
+        placed_on("gpu-1", 0),
+        ReplicaFailed(replica_id="llama-1", reason="engine exited"),
+    )
+
+    [shard] = replica_view(state.replicas["llama-1"], {}, None, state.nodes).shards
+
+    assert shard.gpus_held_elsewhere == []
