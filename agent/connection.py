@@ -70,8 +70,8 @@ from agent.config import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_NEXT_SERVER_AFTER_S,
     DEFAULT_OPEN_TIMEOUT_S,
-    ServerAddress,
 )
+from agent.config_values import ServerAddress
 from agent.refusal_advice import (
     NodeClaim,
     certificate_dates_note,

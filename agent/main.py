@@ -28,25 +28,19 @@ from typing import Annotated, TextIO
 import structlog
 from cyclopts import App, Parameter
 
-from agent.config import (
-    AgentConfig,
-    AgentSettings,
-    ConfigError,
-    EnginesOnExit,
-    FlagRefused,
-    default_state_dir,
-    fake_gpu_health_file,
-    filled_path,
-    filled_paths,
-    filled_variable,
-    gpu_index,
-    load_config,
-    mebibytes,
-    parse_labels,
-)
+from agent.config import AgentConfig, AgentSettings, default_state_dir, fake_gpu_health_file
+from agent.config_sources import filled_variable, load_config
+from agent.config_values import ConfigError, EnginesOnExit, parse_labels
 from agent.connection import Backoff, ConnectionFatal, DialTimeouts, stay_connected
 from agent.engines.recorded_stop import stop_recorded_engines
 from agent.engines.records import RecordStore
+from agent.flag_converters import (
+    FlagRefused,
+    filled_path,
+    filled_paths,
+    gpu_index,
+    mebibytes,
+)
 from agent.gpu_limit import GpusOverLimit
 from agent.gpus import mark_fake_gpu, open_gpu_source
 from agent.gpus.fake_memory import memory_file_beside, use_fake_gpu_memory

@@ -103,7 +103,7 @@ MAX_LABELS = 64
 MAX_LABEL_KEY_CHARS = 63
 MAX_LABEL_VALUE_CHARS = 256
 """What a hello's address and labels may hold; a hello beyond them is malformed, so the
-agent refuses to start with settings beyond them (``agent.config``)."""
+agent refuses to start with settings beyond them (``agent.config_values``)."""
 Host = Annotated[
     str, msgspec.Meta(min_length=1, max_length=MAX_HOST_CHARS, pattern=NO_CONTROL_CHARACTERS)
 ]

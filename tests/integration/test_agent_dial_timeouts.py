@@ -20,7 +20,8 @@ from structlog.testing import capture_logs
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from agent.config import DEFAULT_OPEN_TIMEOUT_S, parse_server
+from agent.config import DEFAULT_OPEN_TIMEOUT_S
+from agent.config_values import parse_server
 from agent.connection import Backoff, DialTimeouts, stay_connected, tcp_connect
 from agent.refusal_advice import NodeClaim
 from app.domain.reports import AgentConnected, AgentReport

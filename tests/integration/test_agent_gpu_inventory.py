@@ -11,7 +11,8 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from agent.config import AgentConfig, parse_server
+from agent.config import AgentConfig
+from agent.config_values import parse_server
 from agent.connection import Backoff, stay_connected
 from agent.gpus import GpuSnapshot, GpuStatus
 from agent.refusal_advice import NodeClaim

@@ -16,11 +16,10 @@ from agent.config import (
     DEFAULT_PORT_RANGE,
     DEFAULT_RECONNECT_MAX_DELAY_S,
     AgentSettings,
-    ConfigError,
-    ServerAddress,
     default_state_dir,
-    load_config,
 )
+from agent.config_sources import load_config
+from agent.config_values import ConfigError, ServerAddress
 from agent.engines.readiness import Liveness
 from agent.gpus.fake_health import read_health_file
 from agent.main import EXIT_OK, EXIT_USAGE, app

@@ -21,7 +21,8 @@ from websockets.datastructures import Headers
 from websockets.exceptions import InvalidMessage, InvalidStatus
 from websockets.http11 import Response
 
-from agent.config import AgentConfig, ServerAddress
+from agent.config import AgentConfig
+from agent.config_values import ServerAddress
 from agent.connection import Backoff, Failure, classify_close, classify_failure
 from agent.engines import ShardChange, ShardRecord, ShardState
 from agent.engines.inventory import FAILED_KEPT

@@ -19,7 +19,8 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 import agent
-from agent.config import AgentConfig, ServerAddress
+from agent.config import AgentConfig
+from agent.config_values import ServerAddress
 from agent.gpu_reports import VANISHED_GPU_REASON, with_vanished_gpus
 from agent.gpus import GpuSnapshot, GpuStatus
 from agent.runtime import AgentRuntime

@@ -30,7 +30,7 @@ from cyclopts import App, CycloptsError
 
 import agent.main as llmgw_agent
 import app.main as llmgw_server
-from agent.config import parse_port_range, parse_server
+from agent.config_values import parse_port_range, parse_server
 from agent.gpus.fake import parse_fake_gpus
 from agent.simulator.flags import UsageError, parse
 from app.domain.model_spec import COMMAND_PLACEHOLDERS, ModelSpec, validate_spec

@@ -13,7 +13,8 @@ from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from agent.config import AgentConfig, ServerAddress
+from agent.config import AgentConfig
+from agent.config_values import ServerAddress
 from agent.gpu_reports import gpu_report
 from agent.gpus import FakeGpuSource, GpuStatus
 from agent.reports import json_bytes

@@ -25,7 +25,8 @@ import agent.main
 import app.main
 import cli.main
 import devcluster.main
-from agent.config import ConfigError, settings_from_env
+from agent.config_sources import settings_from_env
+from agent.config_values import ConfigError
 from agent.simulator.flags import FLAGS, Flag, UsageError
 from agent.simulator.flags import parse as parse_simulator_flags
 
