@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from agent.command_line import EXIT_OK, EXIT_USAGE
 from agent.config import (
     DEFAULT_PORT_RANGE,
     DEFAULT_RECONNECT_MAX_DELAY_S,
@@ -22,7 +23,7 @@ from agent.config_sources import load_config
 from agent.config_values import ConfigError, ServerAddress
 from agent.engines.readiness import Liveness
 from agent.gpus.fake_health import read_health_file
-from agent.main import EXIT_OK, EXIT_USAGE, app
+from agent.main import app
 
 
 @pytest.fixture

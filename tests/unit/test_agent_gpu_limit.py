@@ -13,9 +13,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from agent import main
+from agent.command_line import EXIT_USAGE
 from agent.gpu_limit import GpusOverLimit, within_node_limit
 from agent.gpus import GpuSource
-from agent.main import EXIT_USAGE
 from agent.runtime import AgentRuntime
 from app.hub.claims import inventory_refusal
 from app.pki import build_ca, generate_key, issue_node

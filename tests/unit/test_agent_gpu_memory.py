@@ -14,6 +14,7 @@ from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
+from agent.command_line import EXIT_OK, EXIT_USAGE
 from agent.gpu_reports import MemoryReadings
 from agent.gpus import FakeGpuSource, GpuSnapshot, GpuStatus, parse_fake_gpus
 from agent.gpus.fake_health import declare_fake_gpus
@@ -23,7 +24,7 @@ from agent.gpus.fake_memory import (
     read_memory_file,
     use_fake_gpu_memory,
 )
-from agent.main import EXIT_OK, EXIT_USAGE, app
+from agent.main import app
 from agent.runtime import AgentRuntime
 from tests.support.waiting import wait_until
 from tests.unit.test_agent_vanished_gpus import a_config

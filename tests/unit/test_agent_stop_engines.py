@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.main import EXIT_OK, EXIT_USAGE, LOCK_FILE, app
+from agent.command_line import EXIT_OK, EXIT_USAGE
+from agent.main import app
+from agent.state_dir import LOCK_FILE
 
 HINT = "give the state directory of the agent whose engines to stop"
 

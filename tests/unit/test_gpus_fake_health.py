@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from agent.command_line import EXIT_OK, EXIT_USAGE
 from agent.gpus import FakeGpuSource, mark_fake_gpu, open_gpu_source, parse_fake_gpus
-from agent.main import EXIT_OK, EXIT_USAGE, app
+from agent.main import app
 
 XID_79 = "XID 79: GPU has fallen off the bus"
 
