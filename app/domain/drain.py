@@ -40,6 +40,7 @@ from app.domain.events import (
 from app.domain.reports import NodeReport
 from app.domain.state import (
     ACTIVE_PHASES,
+    NOT_SERVING_YET,
     ClusterState,
     Model,
     Node,
@@ -254,7 +255,7 @@ def node_drain_steps(
     moving = Counter({name: moves_under_way(state, name) for name in state.models})
     steps: list[tuple[str, DrainStep]] = []
     for replica in sorted(on_node, key=lambda r: r.id):
-        if replica.phase in (ReplicaPhase.PLACED, ReplicaPhase.STARTING):
+        if replica.phase in NOT_SERVING_YET:
             reason = f"drain {drain_id}: not serving yet, nothing to move"
             steps.append((replica.id, ReplicaStopping(replica_id=replica.id, reason=reason)))
         elif grace_over and replica.phase in (ReplicaPhase.SERVING, ReplicaPhase.DRAINING):

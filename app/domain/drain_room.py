@@ -44,10 +44,8 @@ from app.domain.events import AnyEvent, NodeDrainRequested, node_stream, replica
 from app.domain.evolve import evolve
 from app.domain.placement import Placer
 from app.domain.reports import NodeReport
-from app.domain.state import ClusterState, Model, Replica, ReplicaPhase
+from app.domain.state import NOT_SERVING_YET, ClusterState, Model, Replica, ReplicaPhase
 
-PLACED_AGAIN = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING})
-"""Replicas a node drain stops at once (nothing to move); their model places another."""
 NOT_READ = datetime(1970, 1, 1, tzinfo=UTC)
 """When the drain and its first steps are folded in: placement never reads it."""
 
@@ -93,7 +91,8 @@ def _model_room(
     moved = waiting_for_replacement(state, model)
     waiting_ids = {r.id for r in moved}
     counted = counting(state, model.name)
-    stopped = sorted((r for r in on_node if r.phase in PLACED_AGAIN), key=lambda r: r.number)
+    # The drain stops the node's replicas not serving yet at once, as ``node_drain_steps`` does.
+    stopped = sorted((r for r in on_node if r.phase in NOT_SERVING_YET), key=lambda r: r.number)
     # A stopped replacement is placed again as its original's; the others as the model's
     # missing replicas, as many as it misses (``desired_count.scale_to_desired``'s deficit).
     for_original = {r.id: r.replaces for r in stopped if r.replaces in waiting_ids}
@@ -118,7 +117,7 @@ def _model_room(
             room = ReplicaRoom(
                 replica_id=replica.id, model=model.name, has_room=reason is None, reason=reason
             )
-        elif replica.phase in (ReplicaPhase.DRAINING, *PLACED_AGAIN):
+        elif replica.phase in NOT_SERVING_YET | {ReplicaPhase.DRAINING}:
             # Replaced already, or stopped with the model at its count: nothing to place.
             room = ReplicaRoom(replica_id=replica.id, model=model.name, has_room=True)
         else:

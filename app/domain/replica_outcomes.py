@@ -30,6 +30,7 @@ from app.domain.reports import FleetView
 from app.domain.state import (
     ACTIVE_PHASES,
     COUNTING_PHASES,
+    NOT_SERVING_YET,
     ClusterState,
     Replica,
     ReplicaPhase,
@@ -113,7 +114,7 @@ def missing_shards(draft: Draft, fleet: FleetView) -> None:
 def startup_timeouts(draft: Draft) -> None:
     state, now = draft.state, draft.now
     for replica in list(state.replicas.values()):
-        if replica.phase not in (ReplicaPhase.PLACED, ReplicaPhase.STARTING):
+        if replica.phase not in NOT_SERVING_YET:
             continue
         since = _startup_clock(state, replica)
         if since is None:
@@ -179,7 +180,7 @@ def shard_outcomes(draft: Draft, fleet: FleetView) -> None:
             draft.emit(
                 replica_stream(replica.id), ReplicaFailed(replica_id=replica.id, reason=reason)
             )
-        elif replica.phase in (ReplicaPhase.PLACED, ReplicaPhase.STARTING) and all(
+        elif replica.phase in NOT_SERVING_YET and all(
             s.phase is ShardPhase.READY for s in replica.shards
         ):
             draft.emit(replica_stream(replica.id), ReplicaServing(replica_id=replica.id))

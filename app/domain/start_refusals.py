@@ -39,12 +39,11 @@ from __future__ import annotations
 from app.domain.commands import start_command_id
 from app.domain.events import ShardFailed, replica_stream
 from app.domain.reports import CommandAnswered
-from app.domain.state import ClusterState, Replica, ReplicaPhase, Shard, ShardPhase
+from app.domain.state import NOT_SERVING_YET, ClusterState, Replica, Shard, ShardPhase
 
 MAX_REFUSAL_CHARS = 500
 """The most characters of a node's reason that the log keeps (a line or two, as tables and
 log lines show whole); a longer one is cut, ending in ``...``."""
-STILL_STARTING = frozenset({ReplicaPhase.PLACED, ReplicaPhase.STARTING})
 
 
 def refused_start(state: ClusterState, answer: CommandAnswered) -> list[tuple[str, ShardFailed]]:
@@ -56,7 +55,7 @@ def refused_start(state: ClusterState, answer: CommandAnswered) -> list[tuple[st
     if found is None:
         return []
     replica, shard = found
-    if replica.phase not in STILL_STARTING or not _waits_to_start(shard):
+    if replica.phase not in NOT_SERVING_YET or not _waits_to_start(shard):
         return []
     if _outside_range(state, shard):
         return []
