@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.engines.records import read_proc_stat
+
 BIN = Path(sys.executable).parent
 PR_SET_PDEATHSIG = 1
 WAIT_AFTER_KILL_S = 10.0
@@ -136,13 +138,10 @@ def kill_group(pid: int) -> None:
 
 
 def is_running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie has exited already)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    state = stat[stat.rindex(")") + 1 :].split()[0]
-    return state not in ("Z", "X")
+    """Whether ``pid`` is a live process: a zombie has exited already, as the agent judges
+    its engines (``ProcStat.exited``)."""
+    stat = read_proc_stat(pid)
+    return stat is not None and not stat.exited
 
 
 def _die_with_parent(signum: signal.Signals) -> Callable[[], None]:
