@@ -92,22 +92,17 @@ class LaunchRecord(EngineLaunch, frozen=True, kw_only=True):
     token: str
 
     def spawned(self, pid: int, start_time: int, state: ShardState) -> ShardRecord:
-        """The shard's record once its engine runs as ``pid`` (started at ``start_time``)."""
+        """The shard's record once its engine runs as ``pid`` (started at ``start_time``):
+        every field of the launch, whichever it has, and the token as ``launch_token``."""
+        launch = {
+            field.name: getattr(self, field.name) for field in msgspec.structs.fields(EngineLaunch)
+        }
         return ShardRecord(
-            replica_id=self.replica_id,
-            shard_index=self.shard_index,
-            model=self.model,
-            port=self.port,
-            gpus=self.gpus,
-            command=self.command,
+            **launch,
             pid=pid,
             process_start_time=start_time,
-            log_path=self.log_path,
-            started_at=self.started_at,
             state=state,
-            engine=self.engine,
             launch_token=self.token,
-            boot_id=self.boot_id,
         )
 
 

@@ -10,6 +10,7 @@ import msgspec
 from structlog.testing import capture_logs
 
 from agent.engines.records import (
+    EngineLaunch,
     LaunchRecord,
     RecordStore,
     ShardKey,
@@ -52,6 +53,31 @@ def a_launch() -> LaunchRecord:
         log_path=record.log_path,
         started_at=record.started_at,
         token="5f0c",
+    )
+
+
+def test_a_spawned_record_carries_every_field_of_its_launch() -> None:
+    launch = msgspec.structs.replace(
+        a_launch(), engine="llamacpp", boot_id="8c1e2f3a-59d4-4d8e-9b1a-3f0e6c7d2b10"
+    )
+    fields = msgspec.structs.fields(EngineLaunch)
+    left_at_default = [
+        field.name
+        for field in fields
+        if field.default is not msgspec.NODEFAULT and getattr(launch, field.name) == field.default
+    ]
+    assert left_at_default == [], "give the launch a value of its own for each of these"
+
+    record = launch.spawned(4242, 123456, ShardState.STARTING)
+
+    assert {field.name: getattr(record, field.name) for field in fields} == {
+        field.name: getattr(launch, field.name) for field in fields
+    }
+    assert (record.pid, record.process_start_time, record.state, record.launch_token) == (
+        4242,
+        123456,
+        ShardState.STARTING,
+        "5f0c",
     )
 
 
