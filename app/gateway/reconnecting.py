@@ -34,6 +34,14 @@ CONNECTION_LOST = (
 Job = Callable[[asyncpg.Connection], Awaitable[None]]
 
 
+def require_positive(*seconds: tuple[str, float]) -> None:
+    """Raise ``ValueError`` naming the first of a job's timings (label, seconds), such as its
+    turn's interval or its statement timeout, that is not positive."""
+    for label, value in seconds:
+        if value <= 0:
+            raise ValueError(f"the {label} must be positive, not {value}")
+
+
 class ConnectedTask:
     """One job's task and its connection: ``start`` runs the job on a fresh connection and
     again on a new one after each loss, ``close`` sets ``stop`` (and ``wake``, so a job

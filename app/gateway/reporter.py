@@ -54,7 +54,7 @@ from time import monotonic
 import asyncpg
 import structlog
 
-from app.gateway.reconnecting import CONNECTION_LOST, ConnectedTask
+from app.gateway.reconnecting import CONNECTION_LOST, ConnectedTask, require_positive
 from app.store.database import driver_url
 from app.store.gateway_reports import (
     ReportWritten,
@@ -129,12 +129,7 @@ class GatewayReporter:
         """``routing_position``: the position of the routing table the counts were made by
         (None before the gateway has one). ``on_shared_id``: called for each report that
         finds another live process reporting under ``gateway_id``."""
-        for label, value in (
-            ("report interval", report_interval_s),
-            ("query timeout", query_timeout_s),
-        ):
-            if value <= 0:
-                raise ValueError(f"the {label} must be positive, not {value}")
+        require_positive(("report interval", report_interval_s), ("query timeout", query_timeout_s))
         self.gateway_id = gateway_id
         self.instance = process_token(socket.gethostname(), os.getpid(), secrets.token_hex(4))
         _TOKENS_IN_THIS_PROCESS.add(self.instance)

@@ -30,7 +30,7 @@ import asyncpg
 import msgspec
 import structlog
 
-from app.gateway.reconnecting import ConnectedTask
+from app.gateway.reconnecting import ConnectedTask, require_positive
 from app.gateway.snapshot import read_snapshot
 from app.gateway.table import GatewaySnapshot, SnapshotListener
 from app.store.database import driver_url
@@ -66,12 +66,9 @@ class PostgresSnapshotSource:
         debounce_s: float = DEFAULT_DEBOUNCE_S,
         query_timeout_s: float = QUERY_TIMEOUT_S,
     ) -> None:
-        for name, value in (
-            ("refresh interval", refresh_interval_s),
-            ("query timeout", query_timeout_s),
-        ):
-            if value <= 0:
-                raise ValueError(f"the {name} must be positive, not {value}")
+        require_positive(
+            ("refresh interval", refresh_interval_s), ("query timeout", query_timeout_s)
+        )
         self.gateway_id = gateway_id or default_gateway_id()
         self._connection = ConnectedTask(
             driver_url(database_url),
