@@ -46,6 +46,7 @@ from agent.engines.readiness import Liveness
 from agent.engines.recorded_stop import stop_recorded_engines
 from agent.engines.records import (
     RecordStore,
+    is_running,
     is_same_process,
     process_identity,
     read_proc_stat,
@@ -939,11 +940,6 @@ def worker_of(node: Node, record: ShardRecord) -> tuple[int, int]:
     assert start_time is not None
     node.workers[pid] = start_time
     return pid, start_time
-
-
-def is_running(pid: int, start_time: int) -> bool:
-    stat = read_proc_stat(pid)
-    return stat is not None and stat.start_time == start_time and stat.state not in ("Z", "X")
 
 
 def nothing_listens_on(port: int) -> bool:
