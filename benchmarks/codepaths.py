@@ -88,7 +88,7 @@ Frame = tuple[str, str]
 def report(checkout: Path, runs: list[Path], *, listing: bool) -> None:
     paths: dict[str, PhasePath] = defaultdict(PhasePath)
     for run in runs:
-        for phase, path in _paths(run).items():
+        for phase, path in phase_paths(run).items():
             paths[phase].update(path)
     print(f"checkout {checkout} ({_commit(checkout)}), the union of {len(runs)} runs")
     for phase in sorted(paths):
@@ -128,7 +128,9 @@ class PhasePath:
             self.files_by_program[program] |= files
 
 
-def _paths(records: Path) -> dict[str, PhasePath]:
+def phase_paths(records: Path) -> dict[str, PhasePath]:
+    """Each phase's path in one run's records: the chains recorded in its window (not the
+    test process's own), and what the functions on them called meanwhile."""
     windows: dict[str, dict[str, float]] = defaultdict(dict)
     for line in (records / "phases.jsonl").read_text().splitlines():
         mark = json.loads(line)
@@ -140,6 +142,8 @@ def _paths(records: Path) -> dict[str, PhasePath]:
             continue
         for line in process_records.read_text().splitlines():
             record = json.loads(line)
+            if "flushed" in record:
+                continue
             if "tenth" in record:
                 edges.append((record["tenth"], tuple(record["caller"]), tuple(record["callee"])))
                 continue

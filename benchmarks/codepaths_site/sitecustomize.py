@@ -6,6 +6,14 @@ few calls by which a process affects another (an append through ``llmgw_append``
 WebSocket frame other than a heartbeat, an HTTP request from the CLI, an engine spawned
 or signalled) and writes, for each, the time and the project frames on the stack: the
 chain of functions a reader follows from the entry point to that effect.
+
+It also profiles every call into project code and writes those calls every tenth of a
+second from a thread of its own, each batch followed by ``{"flushed": t}``: the calls made
+before ``t`` are on file (but for one another thread was adding at that very instant,
+which the next batch carries). A process is SIGKILLed moments after the last phase ends
+(the agents and the server when the scenario's cluster is reaped), so the scenario waits
+for a mark past the phase's end from every process still running: what a process called
+in its last moments is not lost with it.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import functools
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,11 +34,13 @@ EVENT_LOOP = os.path.join("asyncio", "events.py")
 """Where a task's step starts: frames below it are the loop's caller, not the task's path."""
 LOGGING = f"{os.sep}structlog{os.sep}"
 """A function the logging library calls back (a processor) is not a step of the path."""
+FLUSH_EVERY_S = 0.1
+"""How often the calls profiled are written, whether or not the process calls anything."""
 
 
 def _install(directory: Path, root: Path) -> None:
     prefixes = tuple(f"{root / package}{os.sep}" for package in PACKAGES)
-    out = (directory / f"{os.getpid()}.jsonl").open("a", buffering=1)
+    out = _Records(directory / f"{os.getpid()}.jsonl")
 
     def record(sink: str) -> None:
         chain: list[list[str]] = []
@@ -41,10 +52,7 @@ def _install(directory: Path, root: Path) -> None:
             if filename.startswith(prefixes):
                 chain.append([str(Path(filename).relative_to(root)), frame.f_code.co_qualname])
             frame = frame.f_back
-        out.write(
-            json.dumps({"t": time.time(), "sink": sink, "argv": sys.argv[:2], "chain": chain[::-1]})
-            + "\n"
-        )
+        out.write([{"t": time.time(), "sink": sink, "argv": sys.argv[:2], "chain": chain[::-1]}])
 
     _profile_calls(out, prefixes, root)
 
@@ -107,25 +115,48 @@ def _install(directory: Path, root: Path) -> None:
         pass
 
 
-def _profile_calls(out: Any, prefixes: tuple[str, ...], root: Path) -> None:
-    """Every call into project code, as (tenth of a second, nearest project caller, callee),
-    written about twice a second: what each function on a chain called along the way."""
-    import threading
+class _Records:
+    """A process's records file. Each batch of lines goes out in one ``write`` to a file
+    opened for appending, so lines from several threads never mix; no lock is taken (a
+    child forked while a thread held one would wait for it for ever)."""
 
+    def __init__(self, path: Path) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, records: list[dict[str, Any]]) -> None:
+        data = "".join(json.dumps(record) + "\n" for record in records).encode()
+        while data:
+            data = data[os.write(self._fd, data) :]
+
+
+def _profile_calls(out: _Records, prefixes: tuple[str, ...], root: Path) -> None:
+    """Every call into project code, as (tenth of a second, nearest project caller, callee),
+    written every ``FLUSH_EVERY_S`` by a thread of its own and at exit: what each function
+    on a chain called along the way."""
     edges: set[tuple[int, Any, Any]] = set()
-    flushed = [time.time()]
 
     def key(code: Any) -> list[str]:
         return [str(Path(code.co_filename).relative_to(root)), code.co_qualname]
 
     def flush() -> None:
-        batch = list(edges)
-        edges.clear()
-        flushed[0] = time.time()
-        for tenth, caller, callee in batch:
-            out.write(
-                json.dumps({"tenth": tenth, "caller": key(caller), "callee": key(callee)}) + "\n"
-            )
+        flushed_at = time.time()
+        # A copy, then taking away what was copied, each one step under the GIL: a call
+        # another thread adds meanwhile stays for the next batch.
+        batch = edges.copy()
+        edges.difference_update(batch)
+        out.write(
+            [
+                {"tenth": tenth, "caller": key(caller), "callee": key(callee)}
+                for tenth, caller, callee in batch
+            ]
+            + [{"flushed": flushed_at}]
+        )
+
+    def flush_for_ever() -> None:
+        sys.setprofile(None)
+        while True:
+            time.sleep(FLUSH_EVERY_S)
+            flush()
 
     def hook(frame: Any, event: str, _arg: Any) -> None:
         if event != "call":
@@ -140,14 +171,12 @@ def _profile_calls(out: Any, prefixes: tuple[str, ...], root: Path) -> None:
             back = back.f_back
         if back is None:
             return
-        now = time.time()
-        edges.add((int(now * 10), back.f_code, code))
-        if now - flushed[0] > 0.5:
-            flush()
+        edges.add((int(time.time() * 10), back.f_code, code))
 
     import atexit
 
     atexit.register(flush)
+    threading.Thread(target=flush_for_ever, name="codepaths-flush", daemon=True).start()
     sys.setprofile(hook)
     threading.setprofile(hook)
 
