@@ -35,6 +35,10 @@ class PreparedDatabase:
     """What ``serve`` connects with: the runtime role's URL (it holds a password)."""
     postgres: LocalPostgres | DockerPostgres | None
     """The PostgreSQL started here, to stop at the end; None for ``LLMGW_DATABASE_URL``."""
+    owner_url: str | None
+    """The started PostgreSQL's superuser URL, for ``llmgw-server log verify`` and ``psql``
+    (trusted on 127.0.0.1: it holds no password); None for ``LLMGW_DATABASE_URL``, whose
+    URL may hold one and is the operator's own."""
 
 
 def prepare_database(state_dir: Path, configured_url: str | None) -> PreparedDatabase:
@@ -57,7 +61,8 @@ def prepare_database(state_dir: Path, configured_url: str | None) -> PreparedDat
             postgres.stop()
         raise
     as_runtime = make_url(url).set(username=RUNTIME_ROLE, password=password)
-    return PreparedDatabase(as_runtime.render_as_string(hide_password=False), postgres)
+    owner_url = None if postgres is None else url
+    return PreparedDatabase(as_runtime.render_as_string(hide_password=False), postgres, owner_url)
 
 
 def local_or_docker_postgres(state_dir: Path) -> LocalPostgres | DockerPostgres:

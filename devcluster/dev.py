@@ -207,6 +207,7 @@ class DevCluster:
             FAKE_GPUS,
             MODEL,
             SERVED_BY[options.engine],
+            database.owner_url,
         )
         return next_steps(where, self.token, api_key, self._log_paths())
 

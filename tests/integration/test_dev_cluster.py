@@ -56,6 +56,8 @@ class NextSteps:
     curl: list[str]
     sdk_snippet: str
     """The shell here-document that runs the openai SDK example."""
+    log_verify: str | None
+    """The shell line that checks the event log's chain, if one was printed."""
 
     @classmethod
     def parse(cls, text: str) -> NextSteps:
@@ -64,6 +66,7 @@ class NextSteps:
         export = shlex.split(next(line for line in lines if line.startswith("export ")))
         history = next(line for line in lines if "history model demo" in line)
         curl = next(line for line in lines if line.startswith("curl "))
+        log_verify = next((line for line in lines if line.endswith(" log verify")), None)
         start = next(i for i, line in enumerate(raw) if line.endswith("<<'PY'"))
         end = raw.index("PY", start)
         return cls(
@@ -71,6 +74,7 @@ class NextSteps:
             history=shlex.split(history),
             curl=shlex.split(curl),
             sdk_snippet="\n".join(raw[start : end + 1]) + "\n",
+            log_verify=log_verify,
         )
 
     @property
@@ -189,6 +193,17 @@ async def test_dev_prints_next_steps_that_work_and_ctrl_c_leaves_no_process(
     )
     assert sdk.returncode == 0, sdk.stderr
     assert sdk.stdout.strip(), "the SDK example printed no answer"
+
+    assert steps.log_verify is not None, f"no command checks the log's chain:\n{printed}"
+    verify = await asyncio.to_thread(
+        subprocess.run,
+        ["bash", "-c", steps.log_verify],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert verify.returncode == 0, verify.stderr
+    assert verify.stdout.startswith("log verified: "), verify.stdout
 
     dev.send_signal(signal.SIGINT)
     assert await asyncio.wait_for(dev.wait(), STOP_WITHIN_S) == 0
