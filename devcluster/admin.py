@@ -18,8 +18,14 @@ from devcluster.state_files import read_state_file
 
 
 def leads(admin: AdminClient) -> bool:
+    """Whether the server at the admin URL leads and takes this cluster's token. Another
+    llmgw server that bound the port after dev checked it answers ``/readyz`` as well; it
+    refuses the token (``AuthenticationRequired``), so it is not taken for this one."""
     answer = readiness(admin)
-    return answer.ready and answer.role == "leader"
+    if not (answer.ready and answer.role == "leader"):
+        return False
+    get_nodes(admin)
+    return True
 
 
 def nodes_connected(admin: AdminClient, nodes: Collection[str]) -> bool:

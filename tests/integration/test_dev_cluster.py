@@ -126,12 +126,17 @@ async def dev(state_dir: Path, client_port: int) -> AsyncIterator[asyncio.subpro
 
 @contextlib.asynccontextmanager
 async def _running_dev(
-    state_dir: Path, client_port: int, environment: dict[str, str], *flags: str
+    state_dir: Path,
+    client_port: int,
+    environment: dict[str, str],
+    *flags: str,
+    admin_port: int | None = None,
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     """``llmgw-dev`` on ``state_dir`` with listeners of its own, SIGINT at the end."""
+    admin_port = free_port() if admin_port is None else admin_port
     process = await asyncio.create_subprocess_exec(
         *(DEV, "--state-dir", str(state_dir)),
-        *("--admin-port", str(free_port()), "--agent-port", str(free_port())),
+        *("--admin-port", str(admin_port), "--agent-port", str(free_port())),
         *("--client-port", str(client_port), *flags),
         stdin=subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
@@ -421,6 +426,51 @@ async def test_two_dev_clusters_on_one_machine_each_serve_from_engines_of_their_
     assert len(first) == len(second) == 2
     assert not {port for _, port in first} & {port for _, port in second}, engines
     assert not {pid for pid, _ in first} & {pid for pid, _ in second}, engines
+
+
+async def test_an_admin_port_taken_after_dev_checked_it_is_not_taken_for_its_server(
+    state_dir: Path, client_port: int, postgres_server: PostgresServer
+) -> None:
+    """Another llmgw server may bind the admin port between dev's check of it and its own
+    server's start (two dev clusters started at once). That server answers ``/readyz``
+    as a leader but refuses this cluster's token: dev must wait for its own server, which
+    cannot listen and exits, and say so, rather than blame the token it never chose."""
+    database = unique_database_name("llmgw_dev")
+    await postgres_server.create_database(database)
+    admin_port = free_port()
+    environment = {**os.environ, "LLMGW_DATABASE_URL": postgres_server.url(database)}
+    try:
+        async with _running_dev(state_dir, client_port, environment, admin_port=admin_port) as dev:
+            assert dev.stdout is not None
+            first = (await asyncio.wait_for(dev.stdout.readline(), START_WITHIN_S)).decode()
+            assert "preparing the database" in first, first
+            other = await asyncio.start_server(_another_leader, "127.0.0.1", admin_port)
+            async with other:
+                printed = first + await asyncio.wait_for(_read_to_the_end(dev), START_WITHIN_S)
+                assert await dev.wait() == 1, printed
+    finally:
+        await postgres_server.drop_database(database)
+
+    assert "LLMGW_ADMIN_TOKEN" not in printed, printed
+    assert f"server exited with code 1; see {state_dir / 'logs' / 'server.log'}" in printed
+    server_log = (state_dir / "logs" / "server.log").read_text()
+    assert str(admin_port) in server_log, server_log
+
+
+async def _another_leader(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """An admin API that leads and knows none of dev's tokens."""
+    request_line = await reader.readline()
+    while (await reader.readline()).strip():
+        pass
+    if b" /readyz " in request_line:
+        status, body = "200 OK", b'{"ready": true, "role": "leader", "failing": []}'
+    else:
+        status, body = "401 Unauthorized", b'{"status": 401, "title": "Unauthorized"}'
+    head = f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n"
+    head += f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    writer.write(head.encode() + body)
+    await writer.drain()
+    writer.close()
 
 
 async def _read_until_next_steps(dev: asyncio.subprocess.Process, within_s: float) -> str:
