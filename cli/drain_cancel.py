@@ -2,7 +2,8 @@
 
 The API records the cancellation at once; a node drain's moves under way are then called
 off by the reconciler's next pass, which ends the drain as cancelled. ``--wait`` follows it
-until then, as ``drain-progress --wait`` does.
+until then, as ``drain-progress --wait`` does. Either way a node drain's cordon stays, and
+the command ends saying how to lift it.
 """
 
 from __future__ import annotations
@@ -59,9 +60,13 @@ def drain_cancel(
         path = f"{ADMIN}/drains/{segment(drain_id, 'the drain id')}/cancel"
         reply = call(client, DrainChange, "POST", path)
         if wait:
-            return watch(
+            code = watch(
                 "drain-cancel", client, drain_id, output, cancelling=True, timeout_s=timeout
             )
+            node_id = reply.value.drain.node_id
+            if code == EXIT_OK and output != "json" and node_id is not None:
+                say(_stays_cordoned(node_id))
+            return code
         if output == "json":
             print_json(reply.raw)
         else:
@@ -81,10 +86,15 @@ def cancelled_lines(change: DrainChange) -> list[str]:
         else f"{drain.drain_id}: cancelled already, nothing recorded"
     ]
     if drain.node_id is not None:
-        lines.append(
-            f"node {drain.node_id} stays cordoned: llmgw-cli uncordon {drain.node_id} "
-            "once it may take replicas again"
-        )
+        lines.append(_stays_cordoned(drain.node_id))
     if not drain.finished:
         lines.append(f"follow it: llmgw-cli drain-progress {drain.drain_id} --wait")
     return lines
+
+
+def _stays_cordoned(node_id: str) -> str:
+    """What is left to the operator: the drain's cordon outlives it."""
+    return (
+        f"node {node_id} stays cordoned: llmgw-cli uncordon {node_id} once it may take "
+        "replicas again"
+    )

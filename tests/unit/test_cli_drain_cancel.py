@@ -91,3 +91,14 @@ def test_the_operator_who_cancels_and_waits_gets_0_once_it_ended_cancelled(
 ) -> None:
     assert drain_cancel(DRAIN, wait=True, connection=connection) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_waiting_on_the_cancel_ends_saying_the_node_stays_cordoned(
+    connection: ConnectionFlags, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The drain's cordon outlives it, waited on or not: the operator is told what to run."""
+    assert drain_cancel(DRAIN, wait=True, connection=connection) == 0
+
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "node gpu-8 stays cordoned: llmgw-cli uncordon gpu-8 once it may take replicas again"
+    )
