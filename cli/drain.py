@@ -29,6 +29,7 @@ from cli.operator import (
     run_command,
 )
 from cli.render import (
+    EVENT_TYPE_WIDTH,
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
@@ -383,7 +384,7 @@ def waiting_lines(progress: DrainProgressView) -> list[str]:
 
 
 def _step(event: EventView) -> str:
-    return f"{utc_seconds(event.recorded_at)}  {event.type:<22} {event.summary}"
+    return f"{utc_seconds(event.recorded_at)}  {event.type:<{EVENT_TYPE_WIDTH}} {event.summary}"
 
 
 def render(progress: DrainProgressView, *, steps: bool = True) -> RenderableType:

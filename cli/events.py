@@ -32,6 +32,7 @@ from cli.history import COLUMNS, event_row
 from cli.history_pages import NEWEST
 from cli.operator import ADMIN, Output, OutputFormat, call, run_command
 from cli.render import (
+    EVENT_TYPE_WIDTH,
     EXIT_OK,
     counted,
     print_json_array,
@@ -227,6 +228,6 @@ def _print_line(raw: msgspec.Raw, output: OutputFormat) -> None:
     view = _event(raw)
     correlation = f"  [{view.correlation_id}]" if view.correlation_id else ""
     say(
-        f"{view.position:>8}  {utc_seconds(view.recorded_at)}  {view.type:<24} "
+        f"{view.position:>8}  {utc_seconds(view.recorded_at)}  {view.type:<{EVENT_TYPE_WIDTH}} "
         f"{view.actor:<16} {view.summary}{correlation}"
     )

@@ -37,6 +37,11 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 
+EVENT_TYPE_WIDTH = 26
+"""The event type's column in a line per event (``events --follow``, ``drain --wait`` off
+a terminal): as wide as the widest type the server records, ``rollout_hold_ejection_seen``
+(the CLI knows no list of them: it never imports the domain; the tests compare)."""
+
 
 # -- what reaches the terminal ---------------------------------------------------------
 

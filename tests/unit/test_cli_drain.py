@@ -12,6 +12,8 @@ from datetime import UTC, datetime
 import pytest
 from rich.console import Console
 
+from app.domain.events import EVENT_TYPES
+from cli.client import EventView
 from cli.config import ConnectionFlags
 from cli.drain import (
     NO_ROOM_SHOWN,
@@ -277,3 +279,24 @@ def test_a_finished_drain_of_an_empty_node_says_so_once() -> None:
     assert "done: no replica was serving on the node" in shown, shown
     assert "no replica was on the node" not in shown, shown
     assert "model" not in shown, shown
+
+
+def test_each_step_of_a_drain_has_its_summary_in_one_column_whatever_its_type() -> None:
+    """`drain --wait` off a terminal prints a step a line, the event type padded: a type
+    wider than the padding (`replica_drain_cancelled`) pushed its summary out of line."""
+    steps = [
+        EventView(
+            position=position,
+            recorded_at=datetime(2026, 12, 4, 17, 0, tzinfo=UTC),
+            stream="node-gpu-1",
+            type=event_type,
+            actor="reconciler",
+            summary=f"step {position}",
+        )
+        for position, event_type in enumerate(sorted(EVENT_TYPES, key=len), start=1)
+    ]
+    progress = DrainProgressView(drain_id="drain-0a1b2c3d", node_id="gpu-1", events=steps)
+
+    lines = printed(progress)
+
+    assert len({line.index(f"step {n}") for n, line in enumerate(lines, start=1)}) == 1, lines

@@ -9,6 +9,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from app.domain.events import EVENT_TYPES
 from cli.config import ConnectionFlags
 from cli.events import events
 from tests.support.stub_admin import StubHandler, stub_admin_api
@@ -104,3 +105,33 @@ def test_following_stops_with_the_reason_when_the_server_ends_the_stream_for_goo
         "certificate of 'alice' expired on 2026-12-05 04:00:00 UTC; issue one with "
         "`llmgw-cli cert operator <name>`\n"
     )
+
+
+class EveryTypeThenUnavailable(StubHandler):
+    """A log of one event of each type, then a server that stops under the reader."""
+
+    def do_GET(self) -> None:
+        since = parse_qs(urlsplit(self.path).query).get("since", ["0"])[0]
+        if since != "0":
+            document = {"title": "unavailable", "status": 503, "detail": "the server stops"}
+            self.answer(503, "application/json", json.dumps(document).encode())
+            return
+        found = [
+            an_event(position) | {"type": event_type}
+            for position, event_type in enumerate(sorted(EVENT_TYPES, key=len), start=1)
+        ]
+        page = {"events": found, "next_since": len(found), "more": True}
+        self.answer(200, "application/json", json.dumps(page).encode())
+
+
+def test_each_event_followed_has_its_actor_in_one_column_whatever_its_type(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`events --follow` prints an event a line, its type padded: a type wider than the
+    padding (`rollout_hold_ejection_seen`) pushed the rest of its line out of line."""
+    with stub_admin_api(EveryTypeThenUnavailable, monkeypatch) as url:
+        events(follow=True, since=0, connection=ConnectionFlags(admin_url=url))
+
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(EVENT_TYPES)
+    assert len({line.index(" alice ") for line in lines}) == 1, lines
