@@ -317,6 +317,7 @@ def print_node(node: NodeView, wide: bool = False) -> None:
     if node.cordoned:
         state += ", cordoned"
     state += gpus_cordoned_text([g.index for g in node.gpus if g.cordoned])
+    state += gpus_held_elsewhere_text([g.index for g in node.gpus if g.held_elsewhere_by])
     facts: list[tuple[str, str | None]] = [
         ("node", node.id),
         ("state", state),

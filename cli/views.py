@@ -65,6 +65,8 @@ class GpuView(View, frozen=True, kw_only=True):
     cordoned: bool = False
     cordon_reason: str | None = None
     cordoned_by: str | None = None
+    held_elsewhere_by: str | None = None
+    """The node that holds its UUID; none from older servers."""
 
 
 class UnlistedGpuCordonView(View, frozen=True, kw_only=True):

@@ -67,12 +67,16 @@ class GpuView(msgspec.Struct, frozen=True, kw_only=True):
     used_by: str | None
     """The replica holding this GPU."""
     excluded_because: str | None
-    """Why placement will not use this GPU for any model; null when it may."""
+    """Every reason placement will not use this GPU for any model, in the order it checks
+    them, joined by ``; ``; null when it may."""
     cordoned: bool = False
     """An operator cordoned it: no new shard is placed on it."""
     cordon_reason: str | None = None
     cordoned_by: str | None = None
     """The operator who cordoned it."""
+    held_elsewhere_by: str | None = None
+    """The node, connected longer, that lists its UUID too: no new shard is placed on it
+    (docs/gpus.md); null for most."""
 
 
 class UnlistedGpuCordonView(msgspec.Struct, frozen=True, kw_only=True):

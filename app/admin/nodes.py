@@ -1,7 +1,7 @@
 """``/admin/v1/nodes``: the GPU machines, cordon and uncordon of a node or of one of its
 GPUs, forgetting a retired node (a node's drain is in ``app.admin.drains``). A node's GPUs
 show the memory in use that placement reads: the leader's latest reading, else the hello's
-(``app.domain.allocation``)."""
+(``app.domain.allocation``), and every reason placement puts no new shard on a GPU."""
 
 from __future__ import annotations
 
@@ -140,17 +140,6 @@ def _gpu_view(
     cordon: GpuCordon | None,
     holder: str | None,
 ) -> GpuView:
-    excluded = (
-        f"unhealthy: {gpu.unhealthy_reason or 'no reason reported'}"
-        if not gpu.healthy
-        else f"held elsewhere: {held_elsewhere_reason(gpu.uuid, holder)}"
-        if holder is not None
-        else cordon_text(gpu.index, cordon)
-        if cordon is not None
-        else f"used by replica {used_by}"
-        if used_by is not None
-        else None
-    )
     used = gpu.memory_used_mib if read_used_mib is None else read_used_mib
     return as_view(
         gpu,
@@ -158,11 +147,29 @@ def _gpu_view(
         memory_used_mib=used,
         memory_free_mib=max(gpu.memory_total_mib - used, 0),
         used_by=used_by,
-        excluded_because=excluded,
+        excluded_because=_exclusion_text(gpu, used_by, cordon, holder),
         cordoned=cordon is not None,
         cordon_reason=cordon.reason if cordon is not None else None,
         cordoned_by=cordon.by if cordon is not None else None,
+        held_elsewhere_by=holder,
     )
+
+
+def _exclusion_text(
+    gpu: GpuInfo, used_by: str | None, cordon: GpuCordon | None, holder: str | None
+) -> str | None:
+    """Every reason placement puts no new shard on ``gpu``, in the order it checks them
+    (``app.domain.placement``), joined by ``; ``: ``held elsewhere: its UUID ... is listed
+    by node gpu-07 too, connected longer; unhealthy: XID 79``. Saying only the first would
+    leave an operator who fixed it surprised that the GPU still takes nothing. None when
+    placement may use it."""
+    reasons = [
+        f"held elsewhere: {held_elsewhere_reason(gpu.uuid, holder)}" if holder is not None else "",
+        "" if gpu.healthy else f"unhealthy: {gpu.unhealthy_reason or 'no reason reported'}",
+        cordon_text(gpu.index, cordon) if cordon is not None else "",
+        f"used by replica {used_by}" if used_by is not None else "",
+    ]
+    return "; ".join(reason for reason in reasons if reason) or None
 
 
 async def _current_view(operations: Operations, node_id: str) -> NodeView:

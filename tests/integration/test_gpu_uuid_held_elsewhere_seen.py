@@ -6,13 +6,16 @@ that holds its UUID.
 
 Two nodes registered as a cloned machine's would be: the second lists the first's GPU
 UUID. Before, only the node's own view and explain-placement said so: no figure for an
-alert, and the list and the replica looked healthy."""
+alert, and the list and the replica looked healthy. Later, the node's view said only the
+first reason a GPU took no shard (``unhealthy: ...`` hid that it was held elsewhere), and
+its state line left it out."""
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 import httpx
 import pytest
@@ -26,6 +29,8 @@ from tests.support.operator_cli import Operator, live_admin_api
 
 pytestmark = pytest.mark.timeout(120)
 
+NONE: Mapping[int, str] = MappingProxyType({})
+
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def operator(pg_store: PostgresEventStore, tmp_path: Path) -> AsyncIterator[Operator]:
@@ -37,10 +42,20 @@ def an_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(3)}"
 
 
-async def register(store: PostgresEventStore, node_id: str, *uuids: str) -> None:
-    """``node_id`` registered and connected, listing a GPU of each UUID, in that order."""
+async def register(
+    store: PostgresEventStore, node_id: str, *uuids: str, unhealthy: Mapping[int, str] = NONE
+) -> None:
+    """``node_id`` registered and connected, listing a GPU of each UUID, in that order; each
+    index in ``unhealthy`` unhealthy for its reason."""
     gpus = tuple(
-        GpuInfo(index=i, uuid=uuid, name="H100", memory_total_mib=81559)
+        GpuInfo(
+            index=i,
+            uuid=uuid,
+            name="H100",
+            memory_total_mib=81559,
+            healthy=i not in unhealthy,
+            unhealthy_reason=unhealthy.get(i),
+        )
         for i, uuid in enumerate(uuids)
     )
     address = "127.0.0.9"
@@ -64,13 +79,16 @@ async def held_elsewhere_by_node(admin_url: str) -> dict[str, float]:
     }
 
 
-async def a_clone(store: PostgresEventStore) -> tuple[str, str, str]:
-    """Two connected nodes, the second listing the first's GPU 0 UUID as its own GPU 0: the
-    holder's id, the clone's, and the shared UUID."""
+async def a_clone(
+    store: PostgresEventStore, unhealthy: Mapping[int, str] = NONE
+) -> tuple[str, str, str]:
+    """Two connected nodes, the second listing the first's GPU 0 UUID as its own GPU 0 (and
+    its GPUs in ``unhealthy`` unhealthy): the holder's id, the clone's, and the shared
+    UUID."""
     holder, clone = an_id("gpu"), an_id("gpu")
     shared = f"GPU-{secrets.token_hex(16)}"
     await register(store, holder, shared, f"GPU-{holder}-1")
-    await register(store, clone, shared, f"GPU-{clone}-1")
+    await register(store, clone, shared, f"GPU-{clone}-1", unhealthy=unhealthy)
     return holder, clone, shared
 
 
@@ -113,7 +131,9 @@ async def test_a_replica_on_a_gpu_held_elsewhere_keeps_running_and_says_so(
 
     reason = f"its UUID {shared} is listed by node {holder} too, connected longer"
     [shared_gpu, own_gpu] = shown.json()["gpus"]
-    assert shared_gpu["excluded_because"] == f"held elsewhere: {reason}"
+    assert shared_gpu["excluded_because"] == (
+        f"held elsewhere: {reason}; used by replica {replica}"
+    )
     assert shared_gpu["used_by"] == replica
     assert own_gpu["excluded_because"] is None
     assert answer["phase"] == "serving", "the replica was disturbed"
@@ -122,3 +142,26 @@ async def test_a_replica_on_a_gpu_held_elsewhere_keeps_running_and_says_so(
         {"index": 0, "uuid": shared, "held_by": holder, "reason": reason}
     ]
     assert f"held elsewhere: shard 0 on {clone}, GPU 0: {reason}" in told
+
+
+async def test_every_view_of_a_gpu_held_elsewhere_says_it_beside_its_other_troubles(
+    operator: Operator, pg_store: PostgresEventStore
+) -> None:
+    holder, clone, shared = await a_clone(pg_store, unhealthy={0: "XID 79: fell off the bus"})
+    replica = f"{an_id('llama')}-1"
+    await seed_serving_replica(pg_store, replica, clone)  # on the clone's GPU 0
+
+    shown = (await operator.run("node", clone, "--output", "json")).json()
+    node_table = await operator.run("node", clone)
+
+    reason = f"its UUID {shared} is listed by node {holder} too, connected longer"
+    [shared_gpu, own_gpu] = shown["gpus"]
+    assert shared_gpu["excluded_because"] == (
+        f"held elsewhere: {reason}; unhealthy: XID 79: fell off the bus; used by replica {replica}"
+    )
+    assert (shared_gpu.get("held_elsewhere_by"), own_gpu.get("held_elsewhere_by")) == (
+        holder,
+        None,
+    )
+    [state] = [line for line in node_table.stdout.splitlines() if line.startswith("state")]
+    assert state.endswith("UTC, GPU 0 held elsewhere"), state
