@@ -54,7 +54,8 @@ def list_replicas(
     output: Output = "table",
     connection: ConnectionFlags | None = None,
 ) -> int:
-    """Replicas with their phase, nodes, whether they are routed to (and how many live
+    """Replicas with their phase, nodes (with any GPU of theirs whose UUID another node
+    holds: gpu-09 (GPU 0 held elsewhere)), whether they are routed to (and how many live
     gateways eject them for failing requests: yes (ejected by 2 of 3 gateways)), and the
     drain moving them if one is. A --model or --node the cluster does not know is an error
     (exit 1); a known model or node without replicas lists nothing.
@@ -107,11 +108,27 @@ def replica_row(replica: ReplicaSummary) -> tuple[str, ...]:
         replica.model,
         replica.phase,
         revision_text(replica),
-        ",".join(replica.nodes),
+        nodes_text(replica),
         utc_seconds(replica.serving_since) if replica.serving_since else "",
         routable_text(replica),
         moves(replica),
     )
+
+
+def nodes_text(replica: ReplicaSummary) -> str:
+    """Its nodes, each with its GPUs whose UUID another node holds if any: ``gpu-08,gpu-09
+    (GPU 0 held elsewhere)``; ``llmgw-cli replica ID`` names the node that holds each."""
+    return ",".join(
+        node_id + _held_elsewhere_marker(replica.held_elsewhere_gpus.get(node_id, []))
+        for node_id in replica.nodes
+    )
+
+
+def _held_elsewhere_marker(indexes: list[int]) -> str:
+    if not indexes:
+        return ""
+    listed = ",".join(map(str, indexes))
+    return f" (GPU{'s' if len(indexes) > 1 else ''} {listed} held elsewhere)"
 
 
 def routable_text(replica: ReplicaSummary) -> str:

@@ -246,6 +246,9 @@ class ReplicaSummary(View, frozen=True, kw_only=True):
     revision: int = 1
     current_revision: int | None = None
     ejection: ReplicaEjectionView | None = None
+    held_elsewhere_gpus: dict[str, list[int]] = {}
+    """Its nodes with a GPU of its shards another node holds the UUID of, and those GPUs'
+    indexes; none from older servers."""
 
 
 class GpuHeldElsewhereView(View, frozen=True, kw_only=True):

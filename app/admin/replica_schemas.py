@@ -41,6 +41,10 @@ class ReplicaSummary(msgspec.Struct, frozen=True, kw_only=True):
     ejection: ReplicaEjectionView | None = None
     """How many live gateways eject it; null when no live gateway reports ejections (or
     the view does not say, as in a drain's)."""
+    held_elsewhere_gpus: dict[str, list[int]] = {}
+    """While it is active, each of its nodes with a GPU of its shards whose UUID another
+    node, connected longer, lists too, and those GPUs' indexes; empty for most (and where
+    the view does not say, as in a drain's)."""
 
 
 class GpuHeldElsewhereView(msgspec.Struct, frozen=True, kw_only=True):

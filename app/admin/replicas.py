@@ -1,7 +1,8 @@
 """``/admin/v1/replicas``: replicas with their shards, failures and engine log tails, how
-many live gateways eject each, and one replica's traffic as the gateways measured it, and
-which of its GPUs another node holds the UUID of (``app.domain.gpu_claims``; a replica's
-drain is in ``app.admin.drains``)."""
+many live gateways eject each, which of their GPUs another node holds the UUID of
+(``app.domain.gpu_claims``: by node in the list, with the holder in one replica's view),
+and one replica's traffic as the gateways measured it (a replica's drain is in
+``app.admin.drains``)."""
 
 from __future__ import annotations
 
@@ -31,14 +32,20 @@ from app.store.gateway_reports import Ejections
 
 SummaryT = TypeVar("SummaryT", bound=ReplicaSummary)
 NO_NODES: Mapping[str, Node] = MappingProxyType({})
+NOTHING_HELD_ELSEWHERE: HeldElsewhere = MappingProxyType({})
 
 
 def replica_summary(
-    replica: Replica, revisions: Mapping[str, int], ejections: Ejections | None = None
+    replica: Replica,
+    revisions: Mapping[str, int],
+    ejections: Ejections | None = None,
+    elsewhere: HeldElsewhere = NOTHING_HELD_ELSEWHERE,
 ) -> ReplicaSummary:
     """``revisions``: the current revision of models by name, to say whether the replica
-    runs an older one; ``ejections``: what the live gateways say of ejections, if asked."""
-    return _replica_as(ReplicaSummary, replica, revisions, ejections)
+    runs an older one; ``ejections``: what the live gateways say of ejections, if asked;
+    ``elsewhere``: the GPUs another node holds the UUID of (``gpus_held_elsewhere``), to
+    say which of its shards' GPUs are among them while it is active."""
+    return _replica_as(ReplicaSummary, replica, revisions, ejections, elsewhere)
 
 
 def replica_view(
@@ -50,10 +57,10 @@ def replica_view(
     """As ``replica_summary``, with its shards, their errors and log tails, and, while it
     is active, which of their GPUs another node holds the UUID of (``nodes``: the nodes as
     the log has them now)."""
-    view = _replica_as(ReplicaView, replica, revisions, ejections)
+    elsewhere = gpus_held_elsewhere(nodes.values())
+    view = _replica_as(ReplicaView, replica, revisions, ejections, elsewhere)
     if replica.phase not in ACTIVE_PHASES:
         return view
-    elsewhere = gpus_held_elsewhere(nodes.values())
     shards = [
         msgspec.structs.replace(shard, gpus_held_elsewhere=_held_elsewhere(shard, nodes, elsewhere))
         for shard in view.shards
@@ -86,6 +93,7 @@ def _replica_as(
     replica: Replica,
     revisions: Mapping[str, int],
     ejections: Ejections | None,
+    elsewhere: HeldElsewhere,
 ) -> SummaryT:
     return as_view(
         replica,
@@ -93,7 +101,25 @@ def _replica_as(
         nodes=list(replica.node_ids),
         current_revision=revisions.get(replica.model),
         ejection=ejection_view(replica.id, ejections),
+        held_elsewhere_gpus=_gpus_held_elsewhere_by_node(replica, elsewhere),
     )
+
+
+def _gpus_held_elsewhere_by_node(
+    replica: Replica, elsewhere: HeldElsewhere
+) -> dict[str, list[int]]:
+    """Its nodes with a GPU of its shards another node holds the UUID of, and those GPUs'
+    indexes, while it is active: the list flags it, the replica's view says which node
+    holds each."""
+    if replica.phase not in ACTIVE_PHASES:
+        return {}
+    found: dict[str, list[int]] = {}
+    for shard in replica.shards:
+        holders = elsewhere.get(shard.node_id, {})
+        held = [index for index in shard.gpus if index in holders]
+        if held:
+            found.setdefault(shard.node_id, []).extend(held)
+    return {node_id: sorted(indexes) for node_id, indexes in found.items()}
 
 
 def ejection_view(replica_id: str, ejections: Ejections | None) -> ReplicaEjectionView | None:
@@ -126,7 +152,8 @@ class ReplicaController(GuardedController):
         replicas = await operations.replicas(model, node, phase)
         revisions = await operations.revisions(replicas)
         ejections = await traffic.ejections()
-        return [replica_summary(r, revisions, ejections) for r in replicas]
+        elsewhere = gpus_held_elsewhere((await operations.current()).nodes.values())
+        return [replica_summary(r, revisions, ejections, elsewhere) for r in replicas]
 
     @get(
         "/{replica_id:str}",

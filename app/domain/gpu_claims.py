@@ -18,8 +18,8 @@ tell which one is right, so the rule is simple and never takes from the node tha
 An empty UUID (a GPU never read) names no GPU, so it is never held elsewhere.
 
 Operators see it where they look: each node's count on ``/metrics``
-(``held_elsewhere_counts``), the node list and view, and the shards of a replica on such
-a GPU.
+(``held_elsewhere_counts``), the node list and view (with every other reason the GPU
+takes no shard), and the replica list and view of a replica on such a GPU.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ that holds its UUID.
 Two nodes registered as a cloned machine's would be: the second lists the first's GPU
 UUID. Before, only the node's own view and explain-placement said so: no figure for an
 alert, and the list and the replica looked healthy. Later, the node's view said only the
-first reason a GPU took no shard (``unhealthy: ...`` hid that it was held elsewhere), and
-its state line left it out."""
+first reason a GPU took no shard (``unhealthy: ...`` hid that it was held elsewhere), its
+state line left it out, and the replica list did not flag a replica on it."""
 
 from __future__ import annotations
 
@@ -153,6 +153,8 @@ async def test_every_view_of_a_gpu_held_elsewhere_says_it_beside_its_other_troub
 
     shown = (await operator.run("node", clone, "--output", "json")).json()
     node_table = await operator.run("node", clone)
+    listed = (await operator.run("replicas", "--node", clone, "--output", "json")).json()
+    replica_table = await operator.run("replicas", "--node", clone)
 
     reason = f"its UUID {shared} is listed by node {holder} too, connected longer"
     [shared_gpu, own_gpu] = shown["gpus"]
@@ -165,3 +167,7 @@ async def test_every_view_of_a_gpu_held_elsewhere_says_it_beside_its_other_troub
     )
     [state] = [line for line in node_table.stdout.splitlines() if line.startswith("state")]
     assert state.endswith("UTC, GPU 0 held elsewhere"), state
+    [summary] = listed
+    assert summary.get("held_elsewhere_gpus") == {clone: [0]}
+    [row] = [line for line in replica_table.stdout.splitlines() if replica in line]
+    assert f"{clone} (GPU 0 held elsewhere)" in row
