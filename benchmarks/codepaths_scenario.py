@@ -23,7 +23,7 @@ Each edge of a window waits on conditions, so that every run sees the whole phas
   processes are SIGKILLed when the test ends, and what they called in their last moments
   is part of the path.
 
-A pass is counted on the leader's ``/metrics`` (``llmgw_reconcile_passes``): a pass that
+A pass is counted on the leader's ``/metrics`` (``llmgw_reconcile_passes_total``): a pass that
 decides nothing leaves nothing in the log to wait for.
 """
 
