@@ -197,6 +197,11 @@ SDK_RETRY_AFTER_MAX_S = 60.0
 120 s; older ones wait 0.5 to 8 s past 60 s, which would only be refused again)."""
 
 
+def _per_minute(limit: int, unit: str) -> str:
+    """``1 request per minute``, ``60 requests per minute``."""
+    return f"{limit} {unit if limit == 1 else unit + 's'} per minute"
+
+
 def quota_exceeded(decision: RateDecision) -> ApiError:
     """The key is over its rpm or tpm: 429 that clients retry once ``retry-after-ms`` has
     passed, not at once. The ``openai`` SDKs do so for a 429 by default, as OpenAI's own
@@ -204,9 +209,9 @@ def quota_exceeded(decision: RateDecision) -> ApiError:
     longer than they honour (``SDK_RETRY_AFTER_MAX_S``): they would retry too early."""
     requests, tokens = decision.requests, decision.tokens
     if requests is not None and requests.remaining < 1:
-        message = f"Rate limit reached: {requests.limit} requests per minute for this key."
+        message = f"Rate limit reached: {_per_minute(requests.limit, 'request')} for this key."
     elif tokens is not None:
-        message = f"Rate limit reached: {tokens.limit} tokens per minute for this key."
+        message = f"Rate limit reached: {_per_minute(tokens.limit, 'token')} for this key."
     else:
         message = "Rate limit reached for this key."
     # Rounded up, as the headers are: a client reading the message never comes back early.

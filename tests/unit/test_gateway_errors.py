@@ -263,7 +263,7 @@ def test_a_quota_refusal_says_which_limit_and_when_to_retry() -> None:
     error = quota_exceeded(decision)
     headers = dict(error.headers)
     assert error.status == 429
-    assert "1 requests per minute" in error.message
+    assert "1 request per minute for this key" in error.message
     assert quota_reason(decision) == "rpm"
     assert headers == {
         b"retry-after": b"13",
@@ -302,6 +302,23 @@ def test_a_token_quota_refusal() -> None:
     )
     assert quota_reason(decision) == "tpm"
     assert "100 tokens per minute" in quota_exceeded(decision).message
+
+
+@pytest.mark.parametrize(
+    ("requests", "tokens", "said"),
+    [
+        (Quota(limit=1, remaining=0, reset_s=60.0), None, "1 request per minute"),
+        (Quota(limit=2, remaining=0, reset_s=60.0), None, "2 requests per minute"),
+        (None, Quota(limit=1, remaining=0, reset_s=60.0), "1 token per minute"),
+        (None, Quota(limit=5, remaining=0, reset_s=60.0), "5 tokens per minute"),
+    ],
+)
+def test_a_quota_refusal_counts_its_limit_in_words_a_client_reads(
+    requests: Quota | None, tokens: Quota | None, said: str
+) -> None:
+    """A key of --rpm 1 was told "1 requests per minute"."""
+    decision = RateDecision(allowed=False, retry_after_s=60.0, requests=requests, tokens=tokens)
+    assert quota_exceeded(decision).message.startswith(f"Rate limit reached: {said} for this key.")
 
 
 @pytest.mark.parametrize("limits", ["rpm", "tpm", "rpm and tpm", "none"])
