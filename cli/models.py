@@ -137,8 +137,9 @@ def apply_models(
     connection: ConnectionFlags | None = None,
 ) -> int:
     """Declare models from a spec file. Applying the same spec again records nothing. Every
-    spec of the file is checked by the server first: if any is invalid, each field and why
-    is shown and none of the file is recorded. A file declares each model once.
+    spec of the file is checked by the server first: if any is invalid, the fields and why
+    are shown (every value out of its bounds; a value of the wrong type or kind stops the
+    check at that field) and none of the file is recorded. A file declares each model once.
 
     ```
     llmgw-cli models apply llama.yaml --dry-run   # what would change; nothing recorded
