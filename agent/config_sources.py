@@ -6,6 +6,7 @@ and resolves them (``agent.config``).
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
 from collections.abc import Callable, Mapping
@@ -127,6 +128,9 @@ def settings_from_file(path: Path) -> AgentSettings:
         raise ConfigError(f"config file {path} is refused: {exc.reason}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    unknown = _unknown_key(document)
+    if unknown is not None:
+        raise ConfigError(f"config file {path}: {unknown}")
     try:
         read = msgspec.convert(document, _FileSettings)
     except msgspec.ValidationError as exc:
@@ -165,6 +169,20 @@ def _file_labels(labels: dict[str, str] | Unset, path: Path) -> dict[str, str] |
     needs them, an error naming the file and its ``labels`` key."""
     given = _given(labels)
     return None if given is None else hello_labels(given, f"config file {path}: labels")
+
+
+def _unknown_key(document: Mapping[str, object]) -> str | None:
+    """What is wrong with the first key of ``document`` that is no setting, naming the
+    setting it is likely a misspelling of (``node-id``, ``nodeid``: ``node_id``); None when
+    every key is one."""
+    keys = _FileSettings.__struct_fields__
+    for key in document:
+        if key in keys:
+            continue
+        meant = difflib.get_close_matches(key.lower().replace("-", "_"), keys, n=1)
+        hint = f": did you mean `{meant[0]}`?" if meant else ""
+        return f"unknown field `{key}`{hint} (the keys are in docs/agent.md, Settings)"
+    return None
 
 
 def _server_list(servers: str | tuple[str, ...] | Unset) -> tuple[str, ...] | None:

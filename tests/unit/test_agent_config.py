@@ -328,6 +328,39 @@ def test_a_bad_config_file_is_refused_with_its_name_and_the_problem(
     assert message in str(refused.value)
 
 
+@pytest.mark.parametrize(
+    ("key", "meant"),
+    [
+        ("nodeid", "node_id"),
+        ("node-id", "node_id"),
+        ("sevrers", "servers"),
+        ("engine_on_exit", "engines_on_exit"),
+    ],
+)
+def test_a_misspelt_config_key_is_refused_naming_the_key_it_is_closest_to(
+    node_files: Path, key: str, meant: str
+) -> None:
+    config_file = write_config(node_files, f'{key} = "x"\n')
+    with pytest.raises(ConfigError) as refused:
+        load_config(flags(node_files), {}, config_file)
+    assert str(refused.value) == (
+        f"config file {config_file}: unknown field `{key}`: did you mean `{meant}`? "
+        "(the keys are in docs/agent.md, Settings)"
+    )
+
+
+def test_a_config_key_like_no_setting_is_refused_pointing_at_the_list_of_keys(
+    node_files: Path,
+) -> None:
+    config_file = write_config(node_files, '[agent]\nnode_id = "gpu-07"\n')
+    with pytest.raises(ConfigError) as refused:
+        load_config(flags(node_files), {}, config_file)
+    assert str(refused.value) == (
+        f"config file {config_file}: unknown field `agent` "
+        "(the keys are in docs/agent.md, Settings)"
+    )
+
+
 def test_a_config_file_that_is_not_utf8_is_refused_naming_the_byte(node_files: Path) -> None:
     config_file = node_files / "agent.toml"
     config_file.write_bytes(b'node_id = "gpu-\xff"\n')
