@@ -44,7 +44,22 @@ def parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     try:
         return ipaddress.ip_address(text)
     except ValueError as exc:
+        if _is_host_name(text):
+            raise InvalidRequest(
+                f"{text!r} is a host name, not an IP address: pass it with --host so that "
+                "clients dialling it can verify the certificate"
+            ) from exc
         raise InvalidRequest(f"invalid IP address {text!r}") from exc
+
+
+def _is_host_name(text: str) -> bool:
+    """Whether ``text`` is a DNS name and not a mistyped IPv4 address: its last label is no
+    number (no top-level domain is), so ``10.0.0.999`` is not taken for one."""
+    try:
+        check_host(text)
+    except InvalidRequest:
+        return False
+    return not text.rsplit(".", 1)[-1].isdigit()
 
 
 def is_ip_address(text: str) -> bool:
