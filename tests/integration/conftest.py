@@ -1,5 +1,6 @@
 from tests.support.cluster import cluster
 from tests.support.databases import database_url, engine, migrated_template, pg_store
+from tests.support.operator_cli import operator
 from tests.support.real_engine import real_engine
 from tests.support.tcp_relay import relay
 from tests.support.two_operators import admin_url, alice, bob
@@ -12,6 +13,7 @@ __all__ = [
     "database_url",
     "engine",
     "migrated_template",
+    "operator",
     "pg_store",
     "real_engine",
     "relay",

@@ -7,11 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from app.domain.events import (
     GpuMarkedUnhealthy,
@@ -37,19 +34,13 @@ from app.domain.events import (
 )
 from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import last_position, record, seed_node, seed_serving_replica
-from tests.support.operator_cli import OPERATOR, OnTerminal, Operator, live_admin_api
+from tests.support.operator_cli import OPERATOR, OnTerminal, Operator
 from tests.support.routing import declare_model
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def operator(pg_store: PostgresEventStore, tmp_path: Path) -> AsyncIterator[Operator]:
-    async with live_admin_api(pg_store) as url:
-        yield Operator(home=tmp_path, admin_url=url)
 
 
 def an_id(prefix: str) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -31,17 +30,11 @@ from tests.support.admin_server import (
     seed_serving_replica,
     serving_admin,
 )
-from tests.support.operator_cli import OPERATOR, Operator, live_admin_api
+from tests.support.operator_cli import OPERATOR, Operator
 
 pytestmark = pytest.mark.timeout(120)
 
 TOKEN = secrets.token_hex(16)
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def operator(pg_store: PostgresEventStore, tmp_path: Path) -> AsyncIterator[Operator]:
-    async with live_admin_api(pg_store) as url:
-        yield Operator(home=tmp_path, admin_url=url)
 
 
 async def nodes_rows(store: PostgresEventStore, node_id: str) -> int:

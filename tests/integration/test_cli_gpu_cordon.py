@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
 import pytest
-import pytest_asyncio
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -22,12 +19,6 @@ from tests.support.admin_server import gpu, record, seed_node, seed_serving_repl
 from tests.support.operator_cli import OPERATOR, TOKEN, Operator, live_admin_api
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def operator(pg_store: PostgresEventStore, tmp_path: Path) -> AsyncIterator[Operator]:
-    async with live_admin_api(pg_store) as url:
-        yield Operator(home=tmp_path, admin_url=url)
 
 
 def an_id(prefix: str) -> str:

@@ -7,23 +7,14 @@ import asyncio
 import json
 import os
 import secrets
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from app.domain.events import model_stream
 from app.store.postgres import PostgresEventStore
-from tests.support.operator_cli import OPERATOR, Operator, live_admin_api
+from tests.support.operator_cli import OPERATOR, Operator
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def operator(pg_store: PostgresEventStore, tmp_path: Path) -> AsyncIterator[Operator]:
-    async with live_admin_api(pg_store) as url:
-        yield Operator(home=tmp_path, admin_url=url)
 
 
 def a_model() -> str:

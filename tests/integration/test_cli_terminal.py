@@ -13,11 +13,9 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from app.domain.events import (
     GpuInfo,
@@ -31,7 +29,7 @@ from app.domain.events import (
 )
 from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import record
-from tests.support.operator_cli import OnTerminal, Operator, live_admin_api
+from tests.support.operator_cli import OnTerminal, Operator
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -62,12 +60,6 @@ def shown(text: str) -> str:
 def controls(output: str) -> set[str]:
     """Every character of ``output`` a terminal would act on or not show, but newlines."""
     return {c for c in output if not c.isprintable() and c != "\n"}
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def operator(pg_store: PostgresEventStore, tmp_path: Path) -> AsyncIterator[Operator]:
-    async with live_admin_api(pg_store) as url:
-        yield Operator(home=tmp_path, admin_url=url)
 
 
 def an_id(prefix: str) -> str:

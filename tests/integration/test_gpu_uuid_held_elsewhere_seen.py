@@ -13,29 +13,21 @@ state line left it out, and the replica list did not flag a replica on it."""
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 from types import MappingProxyType
 
 import httpx
 import pytest
-import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.domain.events import GpuInfo, NodeConnected, NodeRegistered
 from app.store.postgres import PostgresEventStore
 from tests.support.admin_server import record, seed_serving_replica
-from tests.support.operator_cli import Operator, live_admin_api
+from tests.support.operator_cli import Operator
 
 pytestmark = pytest.mark.timeout(120)
 
 NONE: Mapping[int, str] = MappingProxyType({})
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def operator(pg_store: PostgresEventStore, tmp_path: Path) -> AsyncIterator[Operator]:
-    async with live_admin_api(pg_store) as url:
-        yield Operator(home=tmp_path, admin_url=url)
 
 
 def an_id(prefix: str) -> str:

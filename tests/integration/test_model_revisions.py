@@ -9,11 +9,8 @@ import asyncio
 import json
 import re
 import secrets
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from app.domain.events import (
     ModelDeclared,
@@ -27,17 +24,11 @@ from app.store.database import connection
 from app.store.postgres import PostgresEventStore
 from app.store.rebuild import rebuild
 from tests.support.admin_server import record, seed_node, seed_serving_replica
-from tests.support.operator_cli import Operator, live_admin_api
+from tests.support.operator_cli import Operator
 
 pytestmark = pytest.mark.timeout(120)
 
 SECRET = f"hf_{secrets.token_hex(8)}"
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def operator(pg_store: PostgresEventStore, tmp_path: Path) -> AsyncIterator[Operator]:
-    async with live_admin_api(pg_store) as url:
-        yield Operator(home=tmp_path, admin_url=url)
 
 
 def spec_yaml(name: str, command: str, *, replicas: int = 2, extra: str = "") -> str:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest_asyncio
 from litestar.types import ASGIApp
 
 from app.store.postgres import PostgresEventStore
@@ -184,3 +185,10 @@ async def live_admin_api(
     (behind ``wrap``, if given); its URL."""
     async with serving_admin(store, tokens={TOKEN: OPERATOR}, port=port, wrap=wrap) as url:
         yield url
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def operator(pg_store: PostgresEventStore, tmp_path: Path) -> AsyncIterator[Operator]:
+    """An operator running ``llmgw-cli`` against a live admin API over the test's store."""
+    async with live_admin_api(pg_store) as url:
+        yield Operator(home=tmp_path, admin_url=url)
