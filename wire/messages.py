@@ -64,6 +64,7 @@ class CloseCode(IntEnum):
     TIMED_OUT = 4002  # no hello, welcome or heartbeat in time
     OVER_BUDGET = 4003  # more messages than the channel allows one connection
     TOO_OFTEN = 4004  # the node connected too often: retry later, at the slowest pace
+    CONNECTED_ELSEWHERE = 4005  # the node's live connection answers: retry later, slowest pace
 
 
 ShardState = Literal["starting", "ready", "failed", "stopped"]

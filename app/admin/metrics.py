@@ -17,7 +17,8 @@ Figures come from three places, none of them counters sprinkled through the code
   are serialized, so no event can appear later below a position already counted);
 - the leader's live parts (``LiveFigures``): agents connected to this server's hub and
   when the first of their certificates ends, connections it refused before their TLS
-  handshake and handshakes it refused on the node certificate, the reconciler's recent passes, the
+  handshake and handshakes it refused on the node certificate, hellos it refused because
+  their node's connection still answered (4005), the reconciler's recent passes, the
   demand its autoscaler last sampled for each autoscaled model, and the gateways its last
   pass read as reporting or silent. A standby reports no leader, no agents, no demand and
   no gateways;
@@ -81,6 +82,9 @@ class LiveFigures:
     agent_certificates_refused: int = 0
     """Agent TLS handshakes that failed on the node certificate: expired, not yet valid, not
     issued by the CA (``app.hub.accepting``)."""
+    agent_hellos_connected_elsewhere: int = 0
+    """Agent hellos the hub refused because their node's connection still answered: two
+    agents run with one node's certificate (``app.hub.refusals``)."""
     earliest_agent_certificate_end: datetime | None = None
     """When the first of the connected agents' certificates ends; None with none connected."""
 
@@ -124,6 +128,7 @@ def leader_figures(leader: Leader) -> LiveFigures:
         gateways_silent=reconciler.gateways.silent if reconciler else 0,
         agent_handshakes_refused=leader.hub.handshakes_refused(),
         agent_certificates_refused=leader.hub.certificates_refused(),
+        agent_hellos_connected_elsewhere=leader.hub.connected_elsewhere(),
         earliest_agent_certificate_end=leader.hub.earliest_certificate_end(),
     )
 
@@ -257,6 +262,12 @@ def live_families(figures: LiveFigures | None) -> Iterator[Metric]:
         "Agent TLS handshakes this server's hub refused on the node certificate, since it "
         "began leading: expired, not yet valid, or not issued by its CA",
         value=figures.agent_certificates_refused if figures else 0,
+    )
+    yield CounterMetricFamily(
+        "llmgw_agent_hellos_connected_elsewhere",
+        "Agent hellos this server's hub refused (4005) since it began leading: their node's "
+        "connection still answered, two agents running with one node's certificate",
+        value=figures.agent_hellos_connected_elsewhere if figures else 0,
     )
     earliest = figures.earliest_agent_certificate_end if figures else None
     yield GaugeMetricFamily(

@@ -5,13 +5,17 @@ Closing one does not wait for its closing handshake (``AgentConnection.close``),
 what its session says next (the agent is gone) is recorded at once, even if the peer is
 dead; one whose close frame cannot even be sent within the send timeout is dropped. While
 the hub waits for the close, what still arrives is read and dropped.
+
+Before a newer connection for its node replaces one, the hub asks whether it still answers
+(``answers_ping``, within ``LIVENESS_TIMEOUT_S``): one that does has a live agent behind it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from datetime import datetime
+from datetime import UTC, datetime
+from time import monotonic
 
 import structlog
 from websockets.asyncio.server import ServerConnection
@@ -21,6 +25,12 @@ from app.domain.revocations import PresentedCertificate
 from app.hub.session import AgentSession
 
 CLOSE_TIMEOUT_S = 2.0
+LIVENESS_TIMEOUT_S = 2.0
+"""How long a node's connection has to answer a ping before a newer one for the node takes
+its place. A live agent answers within a round trip (milliseconds on a LAN, under a second
+across continents), its pongs sent by its WebSocket library whatever its own code does; a
+half-open connection (its agent restarted, the server not told) never answers. Longer would
+only delay a restarted agent's return by as much."""
 log = structlog.get_logger(__name__)
 
 
@@ -65,6 +75,19 @@ class AgentConnection:
                 reason="the close could not be sent: the agent reads nothing",
             )
 
+    async def answers_ping(self, timeout_s: float = LIVENESS_TIMEOUT_S) -> bool:
+        """Whether the peer answers a ping within ``timeout_s``: False when it does not, or
+        the connection is closing or closed."""
+        if self._closing is not None:
+            return False
+        try:
+            async with asyncio.timeout(timeout_s):
+                pong = await self.websocket.ping()
+                await pong
+        except (TimeoutError, ConnectionClosed, OSError):
+            return False
+        return True
+
     def drop(self) -> None:
         """End the connection at once, without a closing handshake."""
         self.websocket.transport.abort()
@@ -92,3 +115,10 @@ class AgentConnection:
         with contextlib.suppress(ConnectionClosed):
             while True:
                 await self.websocket.recv()
+
+
+def on_monotonic_clock(moment: datetime | None) -> float | None:
+    """``moment`` (a certificate's expiry) as the sessions' ``monotonic()`` will read it."""
+    if moment is None:
+        return None
+    return monotonic() + (moment - datetime.now(UTC)).total_seconds()

@@ -3,11 +3,11 @@
 For every connection the hub has it admitted (``app.hub.refusals``: a node's certificate,
 not revoked, its node neither cut off nor connecting too often), feeds the session each
 frame and the passing of time, and carries out what it returns, in order: ``Send`` goes out
-as a text frame, ``Close`` closes the connection, ``Observe`` goes to the fleet service. The
-hub decides nothing about the cluster; which connection speaks for a node is kept in a
-``ConnectionRegistry``. When the fleet service cannot record what a connection observed
-(the database failed), that connection is closed with 1013 (try again later) and one line
-logged: the agent's next hello says it all again.
+as a text frame, ``Close`` closes the connection, ``Observe`` goes to the fleet service.
+A ``ConnectionRegistry`` keeps which connection speaks for a node: a hello replaces it
+unless it answers a ping (``Admission.live_elsewhere``). If the fleet service cannot record
+what a connection observed (the database failed), that connection is closed with 1013 (try
+again later) and one line logged: the agent's next hello says it all again.
 
 Before any of that, a connection from an address that has as many TLS handshakes in
 progress as it may is closed before its own starts (``app.hub.accepting``, ``app.hub.gate``).
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from datetime import UTC, datetime
+from datetime import datetime
 from time import monotonic
 from typing import Protocol, assert_never
 
@@ -49,7 +49,7 @@ from app.hub.accepting import Accepting, format_address, host_of
 from app.hub.arrivals import OpeningConnections
 from app.hub.budget import MessageBudget
 from app.hub.commands_sent import CommandsSent
-from app.hub.connection import CLOSE_TIMEOUT_S, AgentConnection
+from app.hub.connection import CLOSE_TIMEOUT_S, AgentConnection, on_monotonic_clock
 from app.hub.edge import command_to_wire, report_of
 from app.hub.gate import DEFAULT_PER_ADDRESS as DEFAULT_HANDSHAKES_PER_ADDRESS
 from app.hub.gate import HandshakeGate
@@ -220,6 +220,11 @@ class AgentHub:
         ends = [c.certificate_ends_at for c in self._registry.connections()]
         return min((end for end in ends if end is not None), default=None)
 
+    def connected_elsewhere(self) -> int:
+        """Hellos refused since the hub was made because their node's connection still
+        answered: two agents with one node's certificate (``Admission.live_elsewhere``)."""
+        return self._admission.connected_elsewhere
+
     def certificates_refused(self) -> int:
         """TLS handshakes that failed on the node certificate since the hub was made: expired,
         not yet valid, not issued by the CA (logged as ``agent_certificate_refused``)."""
@@ -296,7 +301,7 @@ class AgentHub:
             budget=self._budget,
             engine_networks=self._engine_networks,
             commands_sent=self._commands_sent,
-            certificate_expires_at=_on_monotonic_clock(admitted.expires_at),
+            certificate_expires_at=on_monotonic_clock(admitted.expires_at),
         )
         connection = AgentConnection(
             websocket, session, admitted.certificate, self._send_timeout_s, admitted.expires_at
@@ -381,13 +386,14 @@ class AgentHub:
         match observation:
             case AgentHello(node_id=node_id):
                 structlog.contextvars.bind_contextvars(node_id=node_id)
+                if await self._admission.live_elsewhere(connection, self._registry.get(node_id)):
+                    return
                 previous = self._registry.register(node_id, connection)
                 if previous is not None:
                     await self._carry_out(previous, previous.session.replaced())
-                log.info("agent_connected", replaced_previous=previous is not None)
-                await self._handler.handle(
-                    report_of(observation, replaced_previous=previous is not None)
-                )
+                replaced = previous is not None
+                log.info("agent_connected", replaced_previous=replaced)
+                await self._handler.handle(report_of(observation, replaced_previous=replaced))
             case AgentGone(node_id=node_id, reason=reason):
                 if not self._registry.unregister(node_id, connection):
                     return  # a newer connection speaks for the node now
@@ -417,16 +423,8 @@ class AgentHub:
                 await self._handler.handle(report_of(observation))
 
 
-def _on_monotonic_clock(moment: datetime | None) -> float | None:
-    """``moment`` (a certificate's expiry) as the sessions' ``monotonic()`` will read it."""
-    if moment is None:
-        return None
-    return monotonic() + (moment - datetime.now(UTC)).total_seconds()
-
-
 def _log_close(session: AgentSession, code: CloseCode, reason: str) -> None:
-    # Named, not taken from the context: the connection closed may be another than the one
-    # the calling task serves (the one a new hello replaces, one revoked by the leader).
+    # Named, not from the context: the connection closed may not be the calling task's.
     fields = {"node_id": session.node_id, "remote_address": session.remote_address}
     if code in (CloseCode.REPLACED, CloseCode.TIMED_OUT):
         log.info("agent_connection_closing", code=int(code), reason=reason, **fields)

@@ -7,7 +7,10 @@ certificate is a node's and not revoked, its node is not cut off for flooding
 (``app.hub.reconnects``). A refused one is closed and logged: a certificate that is not a
 node's, or a revoked one, with 1008, recorded under the common name it carries; a node cut
 off, with 1008, recorded; a node connecting too often, with 4004 (retry later), logged once
-a minute and not recorded at all.
+a minute and not recorded at all. A hello for a node whose connection still answers a ping
+(two agents with one certificate) is refused in the same way, with 4005, and counted
+(``connected_elsewhere``): recorded, each refusal would also have the other agent's
+replicas placed anew.
 
 Every refused connection is logged, but a refusal recorded as an event for each attempt
 would let one stolen certificate, dialling in a loop, grow the log without end. The first
@@ -36,9 +39,10 @@ from websockets.asyncio.server import ServerConnection
 
 from app.domain.reports import AgentReport
 from app.domain.revocations import PresentedCertificate
+from app.hub.connection import AgentConnection
 from app.hub.edge import report_of
 from app.hub.reconnects import ConnectBudget, ConnectLimits
-from app.hub.session import ConnectionRefused, IdentityMismatch, PeerCertificate
+from app.hub.session import Close, ConnectionRefused, IdentityMismatch, PeerCertificate
 from app.pki import CertificateKind, CertificateRejected, PeerIdentity, peer_identity
 from app.pki.describe import common_name, serial_hex
 from wire.messages import CloseCode, fit_close_reason
@@ -166,6 +170,10 @@ class Admission:
         self._connects = ConnectBudget(connects)
         self._too_often_lines = RefusalThrottle()
         """When a refusal for connecting too often was last logged, per node."""
+        self._elsewhere_lines = RefusalThrottle()
+        """When a refusal for a node connected elsewhere was last logged, per node."""
+        self.connected_elsewhere = 0
+        """Hellos refused since the hub was made: their node's connection still answered."""
 
     async def admit(self, websocket: ServerConnection, remote: str) -> Admitted | None:
         """Whose the connection is, or None when it was refused (closed, and said why)."""
@@ -228,6 +236,31 @@ class Admission:
             log.info("agent_refusal_suppressed", node_id=node_id, key=key)
             return
         await self._record(report_of(msgspec.structs.replace(refusal, suppressed=suppressed)))
+
+    async def live_elsewhere(self, refused: AgentConnection, live: AgentConnection | None) -> bool:
+        """Whether ``live``, the current connection of the node ``refused`` said hello for,
+        still answers a ping; then ``refused`` is closed, with 4005, which its agent retries
+        at its slowest pace. Not an event, and the node not reported connected: the log
+        would grow by one a try, and every try would have the live agent's replicas placed
+        anew. One log line a minute a node. One that does not answer (half-open: its agent
+        restarted) is left to be replaced."""
+        if live is None or live is refused or not await live.answers_ping():
+            return False
+        node_id = refused.session.node_id
+        for output in refused.session.connected_elsewhere(live.session.remote_address):
+            if isinstance(output, Close):
+                refused.close(output.code, output.reason)
+                self.connected_elsewhere += 1
+                unlogged = self._elsewhere_lines.admit(node_id or "", monotonic())
+                if unlogged is not None:
+                    log.warning(
+                        "agent_connected_elsewhere",
+                        node_id=node_id,
+                        live_remote_address=live.session.remote_address,
+                        reason=output.reason,
+                        refused_unlogged=unlogged,
+                    )
+        return True
 
     async def _refuse_too_often(
         self, websocket: ServerConnection, node_id: str, wait_s: float

@@ -2,7 +2,9 @@
 
 A node has at most one current connection. A second connection for the same node replaces
 the first (an agent that reconnects before the control plane noticed the old socket die);
-the caller closes the previous one with ``CloseCode.REPLACED`` and records that it did.
+the caller closes the previous one with ``CloseCode.REPLACED`` and records that it did. The
+caller first asks the previous one whether it still answers (``app.hub.refusals``): if it
+does, two agents run as the node, and the newer one is refused instead, not registered.
 A replaced connection that closes late must not take the newer one out with it, which is
 why ``unregister`` names the handle it removes.
 """

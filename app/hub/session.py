@@ -303,6 +303,19 @@ class AgentSession:
         self._state = SessionState.CLOSED
         return [Close(CloseCode.REPLACED, "replaced by a newer connection")]
 
+    def connected_elsewhere(self, live_address: str) -> list[Output]:
+        """The node's current connection, from ``live_address``, answered: two agents run
+        with one certificate. Close this newer one, the node not reported gone (it never
+        was connected through it)."""
+        if self._state is SessionState.CLOSED:
+            return []
+        self._state = SessionState.CLOSED
+        reason = (
+            f"two agents run with node {self._node_id}'s certificate; stop one "
+            f"(connected from {live_address}, which answers)"
+        )
+        return [Close(CloseCode.CONNECTED_ELSEWHERE, fit_close_reason(reason))]
+
     def not_reading(self, waited_s: float) -> list[Output]:
         """A message waited ``waited_s`` to be handed to the connection: the agent is not
         reading what it is sent (an honest one reads all the time). Close it, the node

@@ -37,6 +37,7 @@ LEADER = LiveFigures(
     recent_pass_durations_s=[0.004, 0.002, 0.009],
     agent_handshakes_refused=7,
     agent_certificates_refused=3,
+    agent_hellos_connected_elsewhere=5,
     earliest_agent_certificate_end=datetime(2027, 3, 1, tzinfo=UTC),
 )
 
@@ -108,6 +109,7 @@ async def test_a_scrape_reads_the_cluster_as_the_log_and_the_leader_have_it(
     assert samples[("llmgw_agents_connected", ())] == 2
     assert samples[("llmgw_agent_handshakes_refused_total", ())] == 7
     assert samples[("llmgw_agent_certificates_refused_total", ())] == 3
+    assert samples[("llmgw_agent_hellos_connected_elsewhere_total", ())] == 5
     assert samples[("llmgw_agent_certificate_earliest_expiry_timestamp_seconds", ())] == (
         datetime(2027, 3, 1, tzinfo=UTC).timestamp()
     )

@@ -13,6 +13,7 @@ import ssl
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
+from time import monotonic
 
 import httpx
 import pytest
@@ -20,6 +21,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
+from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from app.domain import commands
@@ -38,6 +40,7 @@ from app.domain.events import (
     replica_stream,
 )
 from app.domain.state import ClusterState
+from app.hub.connection import LIVENESS_TIMEOUT_S
 from app.hub.edge import command_to_wire, report_of
 from app.hub.hub import AgentHub
 from app.hub.session import AgentHello
@@ -70,6 +73,7 @@ from tests.support.hub import (
     say,
     stream_is,
 )
+from tests.support.tcp_relay import TcpRelay
 from tests.support.waiting import wait_until
 from wire.messages import (
     MAX_MESSAGE_BYTES,
@@ -267,16 +271,41 @@ async def test_a_bad_frame_closes_that_connection_only(
 # -- reconnects and liveness -------------------------------------------------------------
 
 
-async def test_a_second_connection_replaces_the_first_and_the_node_stays_connected(
+async def test_a_second_connection_replaces_a_half_open_first_and_the_node_stays_connected(
     hub: AgentHub, pki: Pki, pg_store: PostgresEventStore
 ) -> None:
+    """The agent restarted while its old connection is half-open: nothing goes over it any
+    more (a relay carries it, and is cut), and the hub has not noticed. The old one answers
+    no ping, so once ``LIVENESS_TIMEOUT_S`` is over the new one takes its place (4001)."""
     node_id = new_node_id()
-    async with dial(hub, pki.node(node_id)) as first, dial(hub, pki.node(node_id)) as second:
+    async with (
+        TcpRelay(LOOPBACK, hub.port) as relay,
+        connect(
+            f"wss://{LOOPBACK}:{relay.port}", ssl=pki.node(node_id), close_timeout=0.1
+        ) as first,
+        dial(hub, pki.node(node_id)) as second,
+    ):
         await greet(first, node_id)
         await wait_until(lambda: hub.connected_nodes() == [node_id])
-        await greet(second, node_id)
+        relay.cut()
+        with capture_logs() as logs:
+            hello_at = monotonic()
+            await greet(second, node_id)
+            await wait_until(
+                stream_is(
+                    pg_store,
+                    node_stream(node_id),
+                    ["node_registered", "node_connected", "node_connected"],
+                ),
+                what="the newer connection recorded",
+            )
+            replaced_after_s = monotonic() - hello_at
 
-        assert await close_code(first) == 4001
+        assert replaced_after_s >= LIVENESS_TIMEOUT_S
+        closing = [
+            (e["code"], e["node_id"]) for e in logs if e["event"] == "agent_connection_closing"
+        ]
+        assert closing == [(4001, node_id)]
         # The replaced connection is gone; the newer one still speaks for the node.
         await say(second, Heartbeat(seq=0))
         assert await hear(second) == HeartbeatAck(seq=0)

@@ -583,6 +583,22 @@ def test_a_replaced_connection_closes_without_reporting_the_node_gone() -> None:
     assert session.replaced() == []
 
 
+def test_a_hello_refused_for_a_live_connection_elsewhere_closes_without_the_node_gone() -> None:
+    session = connected()
+    node_id = session.node_id
+
+    assert session.connected_elsewhere("127.0.0.9:4000") == [
+        Close(
+            CloseCode.CONNECTED_ELSEWHERE,
+            f"two agents run with node {node_id}'s certificate; stop one "
+            "(connected from 127.0.0.9:4000, which answers)",
+        )
+    ]
+    assert session.state is SessionState.CLOSED
+    assert session.connection_lost("closed by server", now=2.0) == []
+    assert session.connected_elsewhere("127.0.0.9:4000") == []
+
+
 def test_an_agent_that_reads_nothing_is_closed_and_gone_once() -> None:
     session = connected()
     reason = "a message waited 2s to be sent: the agent reads nothing"
