@@ -19,8 +19,10 @@ at once, and an agent whose leader froze reaches the new one in seconds. Between
 the agent waits a
 jittered, exponentially growing delay (``Backoff``: 0.5 s doubling up to 30 s, each delay
 drawn from its upper half); the growth starts over once a connection has stayed up for
-``STABLE_AFTER_S``. A server that refuses the node for connecting too often (4004) is
-dialled again only after the longest delay, whatever the step. websockets' own
+``STABLE_AFTER_S``. A server that refuses the node for connecting too often (4004), or
+because another agent is connected as this node and still answers (4005: two agents run
+with one certificate), is dialled again only after the longest delay, whatever the step.
+websockets' own
 ``async for ws in connect(uri)`` is not used because it dials one URI only and forgets its
 backoff at every opening handshake, so two agents claiming one node id would replace each
 other (4001) in a tight loop.
@@ -36,7 +38,8 @@ Every failure is sorted in one place, ``classify_failure`` (dialling) and ``clas
     HTTP statuses other than 401/403           our certificate refused: a TLS alert naming
     close 1001, 1002, 1011, 4001, 4002, ...      it, HTTP 401/403, close 1008, or the server
     close 4004 (this node connects too           hanging up right after the TLS handshake
-      often), after the longest delay          REFUSAL_STRIKES times in a row:
+      often), 4005 (another agent is this      REFUSAL_STRIKES times in a row:
+      node), after the longest delay
     the server hanging up right after the        ClientCertificateRejected
       TLS handshake, fewer than 3 times
 
@@ -119,6 +122,7 @@ class ClientCertificateRejected(ConnectionFatal):
 class Failure(Enum):
     RETRYABLE = auto()
     TOO_OFTEN = auto()  # retryable, after the longest delay: the server rations our connects
+    CONNECTED_ELSEWHERE = auto()  # retryable, after the longest delay: another agent is the node
     HUNG_UP_AFTER_TLS = auto()  # retryable, but REFUSAL_STRIKES in a row are fatal
     SERVER_CERTIFICATE = auto()  # fatal
     CLIENT_REFUSED = auto()  # fatal
@@ -144,6 +148,8 @@ def classify_close(code: int) -> Failure:
         return Failure.CLIENT_REFUSED
     if code == CloseCode.TOO_OFTEN:
         return Failure.TOO_OFTEN
+    if code == CloseCode.CONNECTED_ELSEWHERE:
+        return Failure.CONNECTED_ELSEWHERE
     return Failure.RETRYABLE
 
 
@@ -244,10 +250,22 @@ async def stay_connected(
         if ending.stable:
             backoff.reset()
         delay = backoff.next_delay()
-        if ending.failure is Failure.TOO_OFTEN:
-            # The server refused this node for connecting too often: dialling again at the
-            # next step would only be refused again.
+        if ending.failure in _AT_THE_SLOWEST_PACE:
+            # The server refused this node for connecting too often, or because another
+            # agent is connected as this node and answers: dialling again at the next step
+            # would only be refused again.
             delay = max(delay, backoff.longest_delay())
+        if ending.failure is Failure.CONNECTED_ELSEWHERE:
+            log.warning(
+                "node_connected_elsewhere",
+                node_id=node.node_id,
+                server=server.uri,
+                reason=ending.detail,
+                advice=f"another agent runs with node {node.node_id}'s certificate and is "
+                "connected: stop one of them (a cloned machine, a copied state directory); "
+                "this one keeps trying",
+                retry_in_s=round(delay, 2),
+            )
         retry_in_s = round(delay, 2)
         if ending.connected:
             log.warning(
@@ -258,6 +276,9 @@ async def stay_connected(
                 "connect_failed", server=server.uri, reason=ending.detail, retry_in_s=retry_in_s
             )
 
+
+_AT_THE_SLOWEST_PACE = frozenset({Failure.TOO_OFTEN, Failure.CONNECTED_ELSEWHERE})
+"""Refusals the server repeats until something changes: retried after the longest delay."""
 
 Candidate = tuple[int, ServerAddress]
 """A server and its place among the configured ones."""

@@ -27,7 +27,7 @@ from agent.refusal_advice import NodeClaim
 from app.domain.reports import AgentConnected, AgentReport
 from app.hub.hub import AgentHub
 from app.hub.reconnects import ConnectLimits
-from tests.support.hub import LOOPBACK, Pki, greet, new_node_id, pki
+from tests.support.hub import LOOPBACK, Pki, dial, greet, new_node_id, pki
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 from wire.messages import Welcome
@@ -330,3 +330,46 @@ async def test_an_agent_told_it_connects_too_often_waits_its_longest_delay_and_c
     assert all(delay >= 1.0 for delay in refused), endings  # half the cap, at the least
     assert all(delay < 0.1 for reason, delay in endings[:2]), endings  # the first steps
     assert "too often" in next(reason for reason, _ in endings if "4004" in reason)
+
+
+async def test_an_agent_told_another_agent_is_its_node_says_so_and_retries_at_its_slowest_pace(
+    pki: Pki,
+) -> None:
+    """Another agent with this node's certificate is connected and answers: the hub refuses
+    this one with 4005. It says why, waits its longest delay, and keeps trying (it does not
+    exit: the other may be stopped)."""
+    node_id = new_node_id()
+
+    async def say_hello(websocket: ClientConnection) -> bool:
+        await greet(websocket, node_id)
+        await websocket.wait_closed()
+        return True
+
+    async with a_hub(pki) as (hub, _), dial(hub, pki.node(node_id)) as other:
+        await greet(other, node_id)
+        await wait_until(lambda: hub.connected_nodes() == [node_id])
+        with capture_logs() as logs:
+            dialling = asyncio.create_task(
+                stay_connected(
+                    [parse_server(f"wss://{LOOPBACK}:{hub.port}")],
+                    pki.node(node_id),
+                    say_hello,
+                    node=NodeClaim(node_id),
+                    backoff=Backoff(initial_s=0.01, cap_s=2.0),
+                )
+            )
+            try:
+                await wait_until(
+                    lambda: sum(e["event"] == "node_connected_elsewhere" for e in logs) >= 2,
+                    what="refused twice, still trying",
+                )
+                assert not dialling.done()
+            finally:
+                dialling.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await dialling
+
+    told = [e for e in logs if e["event"] == "node_connected_elsewhere"]
+    assert all(e["retry_in_s"] >= 1.0 for e in told), told  # half the cap, at the least
+    assert f"another agent runs with node {node_id}'s certificate" in told[0]["advice"]
+    assert "4005" in told[0]["reason"]

@@ -513,6 +513,8 @@ def test_network_failures_are_retried(exc: Exception) -> None:
         (4001, Failure.RETRYABLE),
         (4002, Failure.RETRYABLE),
         (4004, Failure.TOO_OFTEN),
+        (4005, Failure.CONNECTED_ELSEWHERE),
+        (4099, Failure.RETRYABLE),  # a code this agent does not know: it reconnects later
     ],
 )
 def test_only_a_policy_close_by_the_server_is_fatal(code: int, failure: Failure) -> None:
