@@ -61,6 +61,9 @@ SNAPSHOT_TABLES = ("fold_snapshots", "fold_snapshot_chunks")
 MAX_ROLE_NAME_BYTES = 63
 DUPLICATE_OBJECT = "42710"
 UNIQUE_VIOLATION = "23505"
+INTERNAL_ERROR = "XX000"
+CONCURRENT_UPDATE = "tuple concurrently updated"
+PASSWORD_TRIES = 20
 
 
 @dataclass(frozen=True)
@@ -109,8 +112,7 @@ def ensure_runtime_role(connection: Connection, role: RuntimeRole) -> bool:
         created = _create_role_unless_taken(connection, quoted)
     if role.password is not None:
         _require_createrole(connection, role.name, "set the password of")
-        verifier = scram_sha256_verifier(role.password)
-        connection.exec_driver_sql(f"ALTER ROLE {quoted} PASSWORD '{verifier}'")
+        _set_password(connection, quoted, scram_sha256_verifier(role.password))
     refuse_privileged(connection, role.name)
     return created
 
@@ -360,6 +362,25 @@ def _create_role_unless_taken(connection: Connection, quoted: str) -> bool:
             raise
         return False
     return True
+
+
+def _set_password(connection: Connection, quoted: str, verifier: str) -> None:
+    """Roles are cluster-wide: another migrate may set this role's password at the same
+    moment, and PostgreSQL refuses the second of two concurrent updates of one role's row
+    ("tuple concurrently updated", an internal error). Each try is a savepoint, and the
+    next sees the other's committed row, so it goes through; the last to commit wins."""
+    for attempt in range(1, PASSWORD_TRIES + 1):
+        try:
+            with connection.begin_nested():
+                connection.exec_driver_sql(f"ALTER ROLE {quoted} PASSWORD '{verifier}'")
+        except DBAPIError as exc:
+            concurrent = getattr(exc.orig, "sqlstate", None) == INTERNAL_ERROR and (
+                CONCURRENT_UPDATE in str(exc.orig)
+            )
+            if not concurrent or attempt == PASSWORD_TRIES:
+                raise
+        else:
+            return
 
 
 def _quote(connection: Connection, name: str) -> str:

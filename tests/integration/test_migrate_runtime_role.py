@@ -32,7 +32,7 @@ from app.store.codec import encode_event
 from app.store.database import create_engine
 from app.store.errors import StoreError
 from app.store.gateway_reports import write_report
-from app.store.grants import RuntimeRole
+from app.store.grants import RuntimeRole, ensure_runtime_role
 from app.store.interface import NewEvent
 from app.store.postgres import PostgresEventStore
 from app.store.privileges import may_append, privileged_role
@@ -606,3 +606,27 @@ async def test_a_migration_whose_session_is_ended_says_so_and_runs_again(scratch
     )
     again = await scratch.migrate()
     assert again.code == 0, again.stderr
+
+
+async def test_migrations_that_set_one_roles_password_at_once_all_succeed(scratch: Scratch) -> None:
+    """Roles are the whole server's: migrations of several databases (two dev clusters on
+    one machine) may set the same runtime role's password at the same moment, and PostgreSQL
+    refuses the second of two concurrent updates of a role ("tuple concurrently updated").
+    Each of them still succeeds, and the role ends with a password set."""
+    role = scratch.new_role_name("runtime")
+    passwords = [f"password-{index}" for index in range(6)]
+    engine = create_engine(scratch.server.sqlalchemy_url(scratch.database), pool_size=6)
+
+    async def set_password(password: str) -> None:
+        async with engine.begin() as connection:
+            await connection.run_sync(
+                lambda sync: ensure_runtime_role(sync, RuntimeRole(role, password))
+            )
+
+    try:
+        for _ in range(10):
+            await asyncio.gather(*(set_password(password) for password in passwords))
+    finally:
+        await engine.dispose()
+    stored = await scratch.admin("SELECT rolpassword FROM pg_authid WHERE rolname = $1", role)
+    assert str(stored).startswith("SCRAM-SHA-256$4096:")
