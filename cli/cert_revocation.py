@@ -121,7 +121,7 @@ def revoke_certificate(
     connections that use it within a second. Recorded in the log with you as the actor.
 
     ```
-    llmgw-cli cert revoke --serial 5f1c0a9e3b --reason "laptop stolen"
+    llmgw-cli cert revoke --serial 5f1c0a9e3b7d24c81e6f90a3b5d7c2e4f1a8b603 --reason "laptop stolen"
     llmgw-cli cert revoke --node gpu-07 --reason "machine rebuilt"; llmgw-cli cert node gpu-07
     ```
     """

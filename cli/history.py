@@ -198,7 +198,7 @@ def certificate_history(
     certificates revoked all at once (cert revoke --node) are in the node's history.
 
     ```
-    llmgw-cli history certificate 5f1c0a9e3b
+    llmgw-cli history certificate 5f1c0a9e3b7d24c81e6f90a3b5d7c2e4f1a8b603
     ```
     """
     return show_history("certificate", serial, output, limit, after, connection)

@@ -110,10 +110,32 @@ def revoke(state: ClusterState, request: RevocationRequest) -> Change:
     stream = revocation_stream(request)
     if request.serial is not None and revocation_key(request.serial, None) in state.revocations:
         return Change(stream=stream)
+    if request.serial is not None:
+        _refuse_a_serial_s_start(state, request.serial)
     event = CertificateRevoked(
         serial=request.serial, node_id=request.node_id, reason=request.reason
     )
     return Change(stream=stream, events=(event,))
+
+
+def _refuse_a_serial_s_start(state: ClusterState, serial: str) -> None:
+    """Refuse ``serial`` when it is only the first digits of the serial a node last
+    connected with (and no node's whole serial): copied short, as a hash often is, it would
+    record a revocation that matches no certificate and leave the one meant connected."""
+    if any(node.certificate_serial == serial for node in state.nodes.values()):
+        return
+    for node in sorted(state.nodes.values(), key=lambda n: n.id):
+        if node.certificate_serial.startswith(serial):
+            raise InvalidRevocation(
+                [
+                    SpecError(
+                        "serial",
+                        f"{serial!r} is only the start of a serial: node {node.id} last "
+                        f"connected with certificate {node.certificate_serial}; give the "
+                        "whole serial, as a revocation matches one certificate exactly",
+                    )
+                ]
+            )
 
 
 def listed(state: ClusterState) -> list[CertificateRevocation]:

@@ -19,7 +19,7 @@ from app.domain.revocations import (
     revocation_stream,
     revoke,
 )
-from app.domain.state import ClusterState
+from app.domain.state import ClusterState, Node
 from app.pki import InvalidRequest
 from app.pki.names import check_subject_name
 from wire.messages import fit_close_reason
@@ -147,3 +147,43 @@ def test_a_node_id_is_revocable_exactly_when_a_node_certificate_can_name_it(node
         revocable = False
 
     assert revocable == issuable
+
+
+GPU_07_SERIAL = "6f1a0fdd6118268495bc7e981781badfabe7651"
+
+
+def connected_with(serial: str) -> ClusterState:
+    state = ClusterState()
+    state.nodes["gpu-07"] = Node(
+        id="gpu-07", address="127.0.0.1", registered_at=T0, certificate_serial=serial
+    )
+    return state
+
+
+def test_the_start_of_a_connected_node_s_serial_is_refused_naming_the_whole_one() -> None:
+    """A revocation matches one serial exactly: the first digits of a node's serial, as an
+    operator copies a short hash, would record a revocation no certificate matches and leave
+    the stolen one connected."""
+    request = checked(RevocationRequest(serial="6F:1A:0F:DD:61", reason="laptop stolen"))
+
+    with pytest.raises(InvalidRevocation) as refused:
+        revoke(connected_with(GPU_07_SERIAL), request)
+
+    assert [(e.field, e.reason) for e in refused.value.errors] == [
+        (
+            "serial",
+            "'6f1a0fdd61' is only the start of a serial: node gpu-07 last connected with "
+            f"certificate {GPU_07_SERIAL}; give the whole serial, as a revocation matches "
+            "one certificate exactly",
+        )
+    ]
+
+
+def test_a_whole_serial_and_one_no_node_s_serial_begins_with_are_recorded() -> None:
+    state = connected_with(GPU_07_SERIAL)
+
+    for serial in (GPU_07_SERIAL, "5f1c0a9e3b"):
+        request = checked(RevocationRequest(serial=serial, reason="laptop stolen"))
+        assert revoke(state, request).events == (
+            CertificateRevoked(serial=serial, node_id=None, reason="laptop stolen"),
+        )
