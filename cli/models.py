@@ -11,7 +11,7 @@ from typing import Annotated
 import msgspec
 from cyclopts import App, Parameter, validators
 
-from cli.arguments import MAX_REPLICAS, UsageError, WholeNumberWithin, segment
+from cli.arguments import MAX_REPLICAS, UsageError, WholeNumberWithin, filled_path, segment
 from cli.autoscale import bounds_text, decision_text, inputs_text, policy_text
 from cli.client import AdminClient, ApiProblem
 from cli.config import ConnectionFlags
@@ -119,6 +119,7 @@ def apply_models(
         Parameter(
             help="A YAML or JSON model spec (or several: a list, or YAML documents separated "
             "by ---). Each needs a name.",
+            converter=filled_path,
             validator=validators.Path(exists=True, dir_okay=False),
         ),
     ],

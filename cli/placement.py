@@ -7,7 +7,7 @@ from typing import Annotated
 
 from cyclopts import Parameter, validators
 
-from cli.arguments import segment
+from cli.arguments import filled_path, segment
 from cli.client import AdminClient
 from cli.config import ConnectionFlags
 from cli.operator import (
@@ -41,6 +41,7 @@ def explain_placement(
         Path | None,
         Parameter(
             help="Explain a spec that is only being tried (YAML or JSON); nothing is recorded.",
+            converter=filled_path,
             validator=validators.Path(exists=True, dir_okay=False),
         ),
     ] = None,

@@ -80,6 +80,9 @@ NAMED = [
     (("cert", "node", "gpu-1", "--out", "{}"), "cert node", "--out"),
     (("cert", "show", "{}"), "cert show", "FILE"),
     (("cert", "list", "--dir", "{}", "--offline"), "cert list", "--dir"),
+    # These said `Invalid value "." for FILE ... "." is a directory`: not what was typed.
+    (("models", "apply", "{}"), "models apply", "FILE"),
+    (("explain-placement", "--spec", "{}"), "explain-placement", "--spec"),
     (
         ("bench", "--url", "http://127.0.0.1:1", "--slo", "ttft_p95=1s", "--report-dir", "{}"),
         "bench",
