@@ -84,7 +84,7 @@ def run_program(command_line: Callable[[], object]) -> None:
         finally:
             sys.stdout.flush()
     except BrokenPipeError:
-        if not _stdout_reader_gone():
+        if not stdout_reader_gone():
             raise
         # What is still buffered for stdout cannot be written either: flushing it at exit
         # would fail again, with a message.
@@ -112,9 +112,10 @@ def missing_command(app: App, tokens: Sequence[str]) -> tuple[str, str] | None:
     return where, f"a command is required: {commands}; see {where} --help"
 
 
-def _stdout_reader_gone() -> bool:
+def stdout_reader_gone() -> bool:
     """Whether stdout is a pipe (or socket) nobody reads any more: polled, its write end
-    reports an error."""
+    reports an error. A program that may wait long without writing (``events --follow`` on
+    a quiet log) asks it while it waits, as a write would not tell it until the next one."""
     try:
         poller = select.poll()
         poller.register(sys.stdout.fileno(), 0)

@@ -8,6 +8,7 @@ is not resumed: it stops with the server's reason.
 
 from __future__ import annotations
 
+import errno
 import re
 import time
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from typing import Annotated
 import msgspec
 from cyclopts import Parameter
 
+from app.usage_errors import stdout_reader_gone
 from cli.arguments import UsageError, WholeNumberWithin
 from cli.client import (
     UNREADABLE,
@@ -175,6 +177,10 @@ def _follow(client: AdminClient, position: int, output: OutputFormat) -> None:
                 idle_timeout_s=IDLE_TIMEOUT_S,
             ):
                 lost_since = None
+                if stdout_reader_gone():
+                    # Asked at every line, the server's keepalives included: on a quiet log
+                    # no write would find the reader gone until the next event.
+                    raise BrokenPipeError(errno.EPIPE, "the output's reader has gone")
                 message = parser.feed(line)
                 if message is None:
                     continue
