@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated
@@ -137,6 +138,11 @@ def revoke_certificate(
         except InvalidRequest as exc:
             print_error("cert revoke", f"--node: {exc}")
             return EXIT_USAGE
+    if serial is not None:
+        refusal = serial_refusal(serial, _issued_here())
+        if refusal is not None:
+            print_error("cert revoke", refusal)
+            return EXIT_USAGE
 
     def revoke(client: AdminClient) -> int:
         body = {"serial": serial, "node_id": node, "reason": reason}
@@ -162,6 +168,48 @@ def revoke_certificate(
         return EXIT_OK
 
     return run_command("cert revoke", connection, revoke)
+
+
+def serial_refusal(serial: str, issued: Sequence[IssuedCertificate]) -> str | None:
+    """Why ``--serial`` would revoke nothing the operator meant, by what this CA issued:
+    the first digits of a serial it issued (a revocation matches one serial exactly, and
+    the admin API knows only the serials that connected), or an operator or server
+    certificate, which only the agent hub would refuse. None when it may be sent."""
+    digits = serial.strip().lower().removeprefix("0x").replace(":", "")
+    if not digits or any(c not in "0123456789abcdef" for c in digits):
+        return None  # the admin API says what a serial is
+    wanted = format(int(digits, 16), "x")
+    exact = [c for c in issued if c.serial == wanted]
+    if exact:
+        if any(c.kind == "node" for c in exact):
+            return None
+        certificate = exact[0]
+        article = "an" if certificate.kind[:1] in ("a", "e", "i", "o", "u") else "a"
+        return (
+            f"--serial {serial} is the {certificate.kind} certificate of "
+            f"{certificate.common_name}: only node certificates are revoked (the agent hub "
+            f"refuses them); {article} {certificate.kind} certificate stays valid until it "
+            "expires, unless the CA is rotated (docs/certificates.md)"
+        )
+    started = [c for c in issued if c.serial.startswith(wanted)]
+    if not started:
+        return None
+    named = "; ".join(
+        f"the {c.kind} certificate of {c.common_name}, {c.serial}" for c in started[:3]
+    )
+    return (
+        f"--serial {serial} is only the start of the serial of {named}: give the whole "
+        "serial, as a revocation matches one certificate exactly"
+    )
+
+
+def _issued_here() -> tuple[IssuedCertificate, ...]:
+    """What the CA directory of this machine recorded issuing; none where there is no
+    readable one (a revocation is often sent from elsewhere than the CA)."""
+    try:
+        return read_issued(default_ca_dir()).certificates
+    except (UsageError, PkiError):
+        return ()
 
 
 def replacement_wait_s(revoked_at: datetime, now: datetime) -> float:
