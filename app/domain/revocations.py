@@ -111,14 +111,14 @@ def revoke(state: ClusterState, request: RevocationRequest) -> Change:
     if request.serial is not None and revocation_key(request.serial, None) in state.revocations:
         return Change(stream=stream)
     if request.serial is not None:
-        _refuse_a_serial_s_start(state, request.serial)
+        _refuse_a_partial_serial(state, request.serial)
     event = CertificateRevoked(
         serial=request.serial, node_id=request.node_id, reason=request.reason
     )
     return Change(stream=stream, events=(event,))
 
 
-def _refuse_a_serial_s_start(state: ClusterState, serial: str) -> None:
+def _refuse_a_partial_serial(state: ClusterState, serial: str) -> None:
     """Refuse ``serial`` when it is only the first digits of the serial a node last
     connected with (and no node's whole serial): copied short, as a hash often is, it would
     record a revocation that matches no certificate and leave the one meant connected."""
