@@ -167,6 +167,13 @@ def rollout_policy_errors(policy: RolloutPolicy) -> list[SpecError]:
             f"must be between 0 and {MAX_HOLD_S} (a week)",
         )
         need(
+            step.hold_s <= 0 or step.replicas != ALL,
+            f"{field}.hold_s",
+            'cannot be set on a step of "all" replicas: the rollout finishes once every '
+            "replica runs the new revision, with no replica of another left to judge a "
+            "hold against",
+        )
+        need(
             not (step.hold_s > 0 and step.traffic == 1),
             f"{field}.traffic",
             "cannot be 1 on a step with a hold: the other revision would see no request to "

@@ -920,6 +920,24 @@ def test_a_held_step_that_leaves_the_other_revision_nothing_to_judge_against_is_
     assert policy_errors(replicas=0, steps=CANARY) == []  # nothing runs, nothing to roll out
 
 
+def test_a_hold_on_the_step_of_every_replica_is_refused_as_one_never_kept() -> None:
+    # The last step finishes the rollout the moment every replica runs the new revision:
+    # a hold there would be shown and never kept, and would judge nothing if it were.
+    held_all = (CanaryStep(replicas=1, hold_s=60), CanaryStep(replicas="all", hold_s=600))
+
+    assert policy_errors(steps=held_all) == [
+        (
+            "rollout.steps[1].hold_s",
+            'cannot be set on a step of "all" replicas: the rollout finishes once every '
+            "replica runs the new revision, with no replica of another left to judge a hold "
+            "against",
+        )
+    ]
+    assert policy_errors(replicas=0, steps=held_all) != []  # wrong whatever the count
+    unheld_all = (CanaryStep(replicas=1, hold_s=60), CanaryStep(replicas="all"))
+    assert policy_errors(steps=unheld_all) == []
+
+
 def test_an_autoscaled_model_s_held_step_is_refused_only_at_its_most_replicas() -> None:
     def errors(step: CanaryStep, replicas: int) -> list[str]:
         spec = ModelSpec(
