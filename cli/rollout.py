@@ -372,6 +372,16 @@ def _ending(model: str, followed: str, view: RolloutView) -> int:
             f"follow it: llmgw-cli rollout status {model} --wait",
         )
         return EXIT_FAILED
+    if view.state == "paused":
+        # A paused rollout does not go on by itself: saying so would leave a script, or
+        # the operator, waiting again on what only a resume or an undo ends.
+        print_error(
+            "rollout status",
+            f"{followed} is still paused (--timeout ran out) and waits for an operator: "
+            f"llmgw-cli rollout resume {model} goes on, llmgw-cli rollout undo {model} "
+            "rolls it back",
+        )
+        return EXIT_FAILED
     if not view.finished:
         print_error(
             "rollout status",

@@ -223,6 +223,7 @@ async def test_pause_resume_and_undo_round_trip_and_what_cannot_be_done_is_a_409
     noop_resume = await steer(server, model, "resume")
     paused = await steer(server, model, "pause", {"reason": "looking at TTFT"})
     paused_again = await steer(server, model, "pause")
+    waited_on_pause = await operator.run("rollout", "status", model, "--wait", "--timeout", "1")
     resumed = await steer(server, model, "resume")
     undone = await steer(server, model, "undo")
     rolled_back = await wait_for_rollout(cluster, model, "rolled_back")
@@ -245,6 +246,12 @@ async def test_pause_resume_and_undo_round_trip_and_what_cannot_be_done_is_a_409
     assert paused[1]["rollout"]["state"] == "paused"
     assert paused[1]["rollout"]["pause_reason"] == "looking at TTFT"
     assert (paused_again[0], paused_again[1]["changed"]) == (200, False)
+    assert waited_on_pause.code == 1
+    assert waited_on_pause.stderr.endswith(
+        f"rollout-{model}-r2 is still paused (--timeout ran out) and waits for an operator: "
+        f"llmgw-cli rollout resume {model} goes on, llmgw-cli rollout undo {model} rolls it "
+        "back\n"
+    )
     assert (resumed[0], resumed[1]["rollout"]["state"]) == (200, "running")
     assert (undone[0], undone[1]["changed"]) == (200, True)
     assert undone[1]["rollout"]["state"] == "rolling_back"
