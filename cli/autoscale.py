@@ -123,7 +123,8 @@ def autoscale(
         Parameter(
             converter=NumberWithin(0, MAX_WINDOW_S),
             help="With --min 0, seconds without any request before the last replica goes "
-            "(0 to 86400).",
+            "(0 to 86400); a scale-down too, it also waits --down-window (times "
+            "--down-window-min-share): the longer of the two.",
         ),
     ] = None,
     max_step: Annotated[
