@@ -23,6 +23,7 @@ from app.admin.model_schemas import (
 )
 from app.admin.schemas import as_view
 from app.admin.spec_display import shown_spec
+from app.admin.spec_fields import meant_field
 from app.admin.traffic import TrafficSource, traffic_by_revision, traffic_view
 from app.domain.decision import AUTOSCALER
 from app.domain.envelope import Recorded
@@ -90,7 +91,9 @@ def _spec_error(message: str) -> SpecError:
     field = ".".join(filter(None, (path, named["field"])))
     if named["what"] == "missing required":
         return SpecError(field, "is required")
-    return SpecError(field, "is not a field of a model spec")
+    meant = meant_field(ModelSpecBody, path, named["field"])
+    hint = f": did you mean {meant}?" if meant else ""
+    return SpecError(field, f"is not a field of a model spec{hint}")
 
 
 def model_view(status: ModelStatus) -> ModelView:

@@ -137,7 +137,7 @@ async def test_an_invalid_spec_is_refused_naming_every_field_and_nothing_is_writ
         ("routing.weight", "must be between 0.001 and 1000000"),
     ]
     assert answers[1].json()["errors"] == [
-        {"field": "replica", "reason": "is not a field of a model spec"}
+        {"field": "replica", "reason": "is not a field of a model spec: did you mean replicas?"}
     ]
     assert answers[2].json()["errors"] == [
         {"field": "replicas", "reason": "expected `int`, got `str`"}

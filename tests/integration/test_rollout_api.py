@@ -130,7 +130,19 @@ async def test_a_spec_file_carries_a_rollout_policy_and_the_model_shows_it(
             {"steps": [{"replicas": 1, "weight": 2}]},
             [("rollout.steps[0].weight", "is not a field of a model spec")],
         ),
-        ({"max_surges": 2}, [("rollout.max_surges", "is not a field of a model spec")]),
+        (
+            {"max_surges": 2},
+            [("rollout.max_surges", "is not a field of a model spec: did you mean max_surge?")],
+        ),
+        (
+            {"max_failure": 2},
+            [
+                (
+                    "rollout.max_failure",
+                    "is not a field of a model spec: did you mean max_failures?",
+                )
+            ],
+        ),
         (
             {"max_surge": 0, "max_unavailable": 0},
             [
