@@ -95,7 +95,7 @@ def rollout_policy_errors(policy: RolloutPolicy) -> list[SpecError]:
     need(
         policy.max_surge > 0 or policy.max_unavailable > 0,
         "max_surge",
-        "and max_unavailable cannot both be 0: nothing could ever be replaced",
+        "cannot be 0 while max_unavailable is 0 too: nothing could ever be replaced",
     )
     window = policy.stability_window_s
     need(

@@ -148,7 +148,7 @@ async def test_a_spec_file_carries_a_rollout_policy_and_the_model_shows_it(
             [
                 (
                     "rollout.max_surge",
-                    "and max_unavailable cannot both be 0: nothing could ever be replaced",
+                    "cannot be 0 while max_unavailable is 0 too: nothing could ever be replaced",
                 )
             ],
         ),

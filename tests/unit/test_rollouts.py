@@ -864,7 +864,7 @@ def test_a_policy_that_cannot_work_is_refused_field_by_field() -> None:
     assert policy_errors(max_surge=0, max_unavailable=0) == [
         (
             "rollout.max_surge",
-            "and max_unavailable cannot both be 0: nothing could ever be replaced",
+            "cannot be 0 while max_unavailable is 0 too: nothing could ever be replaced",
         )
     ]
     bad_steps = (
