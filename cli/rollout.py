@@ -180,6 +180,13 @@ def resume(
     def said(view: RolloutView, changed: bool) -> str:
         if not changed:
             return f"{view.rollout_id}: already running, nothing recorded"
+        if view.promoted:
+            # The operator's word stood for the verdict: the step is over, not resumed.
+            return (
+                f"{view.rollout_id}: resumed, step {view.step + 1} of {len(view.steps)} "
+                f"promoted (its verdict was not reached: the resume stands for it); step "
+                f"{view.step + 2} starts"
+            )
         return f"{view.rollout_id}: resumed at step {step_text(view)}"
 
     return _steer("resume", model, None, said, output, connection)

@@ -44,6 +44,7 @@ class RolloutView(View, frozen=True, kw_only=True):
     hold_left_s: float | None = None
     hold_ejections: dict[str, int] = {}
     pause_reason: str | None = None
+    promoted: bool = False
     desired: int = 0
     replicas_by_revision: dict[str, dict[str, int]] = {}
     moves: list[MoveView] = []

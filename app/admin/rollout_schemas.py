@@ -88,6 +88,10 @@ class RolloutView(msgspec.Struct, frozen=True, kw_only=True):
     ejecting it at once. The verdict counts them, even those back in rotation since;
     ``{}`` when none was, or no step holds."""
     pause_reason: str | None
+    promoted: bool = False
+    """Whether the step's hold is over and the step was promoted, by its verdict or by a
+    resume after a verdict that could not be reached: the next step starts at the
+    reconciler's next pass."""
     desired: int
     replicas_by_revision: dict[str, dict[str, int]]
     """The model's active replicas by the revision they run, then by phase."""

@@ -189,7 +189,10 @@ async def test_a_canary_without_traffic_pauses_for_the_operator_whose_resume_pro
     # Paused, with its one canary serving: no replacement will be placed.
     assert "explain-placement" not in shown
     assert resumed.code == 0, resumed.stderr
-    assert resumed.stdout.startswith(f"rollout-{model}-r2: resumed at step 1 of 2")
+    assert resumed.stdout.startswith(
+        f"rollout-{model}-r2: resumed, step 1 of 2 promoted (its verdict was not reached: "
+        "the resume stands for it); step 2 starts\n"
+    )
     assert code == 0, stderr
     assert json.loads(stdout)["state"] == "succeeded"
     assert history.code == 0, history.stderr
