@@ -197,9 +197,9 @@ def apply_models(
             try:
                 replies.append(put_model(client, spec))
             except ApiProblem:
-                _report_applied(replies, output)
+                report_applied(replies, output)
                 raise
-        _report_applied(replies, output)
+        report_applied(replies, output)
         return EXIT_OK
 
     return run_command("models apply", connection, apply)
@@ -265,7 +265,9 @@ def change_text(change: SpecFieldChange) -> str:
     return f"{change.field}: {change.old or '(none)'} -> {change.new or '(none)'}"
 
 
-def _report_applied(replies: list[Reply[ModelChange]], output: Output) -> None:
+def report_applied(replies: list[Reply[ModelChange]], output: Output) -> None:
+    """What applying each spec did, and the replicas a new revision leaves running the
+    revision before until its rollout replaces them."""
     if output == "json":
         array = b"[" + b",".join(reply.raw for reply in replies) + b"]"
         print_json(array)
@@ -277,9 +279,10 @@ def _report_applied(replies: list[Reply[ModelChange]], output: Output) -> None:
         revision = f", revision {model.revision}" if model.revision > 1 else ""
         say(f"model {model.name}: {said}{revision}")
         if model.outdated:
+            keep = "keeps" if len(model.outdated) == 1 else "keep"
             say(
                 f"  {counted(len(model.outdated), 'replica')} placed with another revision "
-                f"keep running it until replaced: {', '.join(model.outdated)}"
+                f"{keep} running it until replaced: {', '.join(model.outdated)}"
             )
 
 
