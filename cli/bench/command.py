@@ -305,9 +305,7 @@ def bench(
     # aiohttp and matplotlib load only when a bench runs, so other commands start quickly.
     from cli.bench.execute import run_and_report
 
-    return run_and_report(
-        plan, target, model, api, report_dir, output, settings if apply else None, apply_to
-    )
+    return run_and_report(plan, target, model, api, report_dir, output, settings, apply, apply_to)
 
 
 def _target(

@@ -29,7 +29,7 @@ from cli.bench.report import (
 )
 from cli.bench.runner import BenchRun, run_bench
 from cli.bench.table import print_report
-from cli.bench.target import Api, Target
+from cli.bench.target import Api, Target, left_service
 from cli.client import AdminClient, ClientError
 from cli.config import ConnectionSettings
 from cli.render import (
@@ -56,11 +56,13 @@ def run_and_report(
     api: Api,
     report_dir: Path | None,
     output: Literal["table", "wide", "json"],
-    apply_with: ConnectionSettings | None,
+    settings: ConnectionSettings | None,
+    apply: bool,
     apply_to: Literal["model", "replica"],
 ) -> int:
     """Run the climb, write and print the report (whenever a level ran), apply the
-    recommendation when ``apply_with`` is given; the exit code."""
+    recommendation when ``apply`` is given (through the admin API of ``settings``); the
+    exit code."""
     run = BenchRun.planned(plan)
     console = make_console(stderr=True)
     started_at = datetime.now(UTC)
@@ -69,7 +71,7 @@ def run_and_report(
         with level_observer(console, run) as progress:
             asyncio.run(_stopped_by_sigterm(run_bench(run, target.root_url, model, api, progress)))
     except BenchError as exc:
-        failure = str(exc)
+        failure = _with_replica_phase(str(exc), target, settings)
     except (KeyboardInterrupt, _Terminated):
         failure = INTERRUPTED
     view = TargetView(
@@ -88,8 +90,8 @@ def run_and_report(
         code, problem = EXIT_FAILED, failure if failure != INTERRUPTED else "interrupted"
     elif report.stop_reason == StopReason.FIRST_LEVEL_BROKEN:
         code, problem = EXIT_FAILED, report.stop_detail
-    elif apply_with is not None:
-        report, problem = _apply(report, target, apply_with, apply_to, directory / REPORT_FILE)
+    elif apply and settings is not None:
+        report, problem = _apply(report, target, settings, apply_to, directory / REPORT_FILE)
         code = EXIT_OK if problem is None else EXIT_FAILED
     if report.levels:
         _write_files(report, directory, console)
@@ -104,6 +106,20 @@ def run_and_report(
 
 class _Terminated(Exception):
     pass
+
+
+def _with_replica_phase(failure: str, target: Target, settings: ConnectionSettings | None) -> str:
+    """``failure``, and, when the replica benched has left service meanwhile, that it has:
+    its engine is unreachable because llmgw stopped it. The failure alone when the admin
+    API cannot say (it is what ended the run either way)."""
+    if target.replica_id is None or settings is None:
+        return failure
+    try:
+        with AdminClient(settings) as client:
+            reason = left_service(client, target.replica_id)
+    except ClientError:
+        return failure
+    return failure if reason is None else f"{failure}; {reason}"
 
 
 async def _stopped_by_sigterm(bench: Coroutine[Any, Any, None]) -> None:

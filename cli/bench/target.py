@@ -127,6 +127,21 @@ def resolve_replica(client: AdminClient, replica_id: str) -> Target:
     )
 
 
+def left_service(client: AdminClient, replica_id: str) -> str | None:
+    """Why a replica whose engine failed bench mid-run no longer serves, when it does not:
+    llmgw stopped it (a scale-down, a drain, a rollout) and the engine went with it, which
+    no message about the engine or the network would tell. None while it still serves.
+    Raises ``cli.client.ClientError``."""
+    path = f"/admin/v1/replicas/{segment(replica_id, 'the replica id')}"
+    phase = _get(client, path, _Replica).phase
+    if phase in SERVING_PHASES:
+        return None
+    return (
+        f"replica {replica_id} stopped serving while bench ran: it is {phase} now "
+        f"(see `llmgw-cli history replica {replica_id}`)"
+    )
+
+
 def _get(client: AdminClient, path: str, kind: type[_T]) -> _T:
     body = client.request("GET", path)
     try:

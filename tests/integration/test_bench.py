@@ -961,3 +961,44 @@ async def test_apply_records_the_recommendation_with_its_summary_and_the_gateway
     )
     assert unknown.code == 1
     assert f"{MODEL}-999" in unknown.stderr
+
+
+async def test_a_replica_that_stops_while_it_is_benched_is_named_as_stopped_not_as_unreachable(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """An operator benches a replica; meanwhile its model is scaled down and the replica
+    stops. The engine is then unreachable, and the line that ends the run says why: the
+    replica stopped serving, not that something is wrong with the engine or the network."""
+    replica_id = await serving_replica(cluster)
+    admin = {"LLMGW_ADMIN_URL": cluster.servers[0].admin_url, "LLMGW_ADMIN_TOKEN": ADMIN_TOKEN}
+    replica = await cluster.admin("GET", f"/admin/v1/replicas/{replica_id}")
+    assert isinstance(replica, dict), replica
+    [shard] = replica["shards"]
+    engine_metrics = f"http://127.0.0.1:{shard['port']}/metrics"
+
+    benched = asyncio.create_task(
+        bench(
+            tmp_path,
+            *("--replica", replica_id, "--slo", "e2e_p99=10s"),
+            *("--warmup", "100ms", "--duration", "60s", "--sample-interval", "50ms"),
+            *("--input-tokens", "24", "--output-tokens", "4"),
+            environment=admin,
+        )
+    )
+
+    async def measuring() -> bool:
+        async with httpx.AsyncClient() as client:
+            page = (await client.get(engine_metrics)).text
+        return any(
+            line.startswith("vllm:num_requests_running") and float(line.rsplit(" ", 1)[1]) > 0
+            for line in page.splitlines()
+        )
+
+    await wait_until(measuring, within_s=30.0, every_s=0.05, what="bench's requests running")
+    await cluster.scale(MODEL, 0)
+    result = await benched
+
+    assert result.code == 1, result.stderr
+    last_line = result.stderr.splitlines()[-1]
+    assert f"replica {replica_id} stopped serving while bench ran" in last_line, last_line
+    assert f"llmgw-cli history replica {replica_id}" in last_line
