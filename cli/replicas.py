@@ -272,6 +272,17 @@ def _stopped_by_agent(reason: str | None) -> str:
 
 
 def _error(error: str | None, exit_code: int | None) -> str:
+    """The shard's error, and its exit code unless the error says how the engine ended
+    already (the agent's own words: ``engine exited with code 1: ...``, ``engine was
+    killed by SIGKILL``), where the code would only be said twice."""
     if error is None:
         return ""
-    return error if exit_code is None else f"{error} (exit code {exit_code})"
+    if exit_code is None or _says_how_it_ended(error, exit_code):
+        return error
+    return f"{error} (exit code {exit_code})"
+
+
+def _says_how_it_ended(error: str, exit_code: int) -> bool:
+    if exit_code < 0:
+        return error.startswith("engine was killed by ")
+    return error.startswith(f"engine exited with code {exit_code}")
