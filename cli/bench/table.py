@@ -166,6 +166,10 @@ def _percent(value: float) -> str:
     return f"{value:.0%}" if value >= 0.1 or value == 0 else f"{value:.1%}"
 
 
+def _concurrent(requests: int) -> str:
+    return f"{requests} concurrent request{'' if requests == 1 else 's'}"
+
+
 def _verdict(report: BenchReport) -> list[str]:
     lines = []
     stopped_early = report.stop_reason in (FAILED, INTERRUPTED)
@@ -173,14 +177,12 @@ def _verdict(report: BenchReport) -> list[str]:
         if report.capacity:
             lines.append(
                 f"capacity: unknown, the bench stopped early; the SLO held up to "
-                f"{report.capacity} concurrent requests"
+                f"{_concurrent(report.capacity)}"
             )
     elif report.capacity_is_lower_bound:
-        lines.append(f"capacity: at least {report.capacity} concurrent requests")
+        lines.append(f"capacity: at least {_concurrent(report.capacity)}")
     elif report.capacity:
-        lines.append(
-            f"capacity: {report.capacity} concurrent requests (to within {report.resolution})"
-        )
+        lines.append(f"capacity: {_concurrent(report.capacity)} (to within {report.resolution})")
     at_capacity = report.level(report.capacity)
     if at_capacity is not None and at_capacity.slo_met and not stopped_early:
         lines.append(

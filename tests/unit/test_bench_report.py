@@ -322,3 +322,16 @@ def test_at_80_columns_no_figure_is_cut_and_what_is_left_out_is_said() -> None:
         assert figure in text
     left_out = "(left out to fit: req/s, KV use p50/max, waiting p50/p95; --output wide shows"
     assert left_out in text
+
+
+def test_a_capacity_of_one_is_one_concurrent_request() -> None:
+    """One client is one request at a time: the verdict says so in the singular, whether
+    the climb ended or was cut short after its first level."""
+    finished = Console(width=140, record=True)
+    cut_short = Console(width=140, record=True)
+
+    print_report(report_of(run_against({1: (0.03, 30.0), 2: (0.5, 40.0)})), finished)
+    print_report(report_of(run_against({1: (0.03, 30.0)}), failure="connection refused"), cut_short)
+
+    assert "capacity: 1 concurrent request (to within 1)" in finished.export_text()
+    assert "the SLO held up to 1 concurrent request\n" in cut_short.export_text()
