@@ -86,6 +86,18 @@ async def check_shape(
         ) from refused
 
 
+def _wants_credentials(status: int) -> str:
+    """What to do instead when the server asks for credentials: a gateway's client URL
+    (llmgw's or another) answers 401 to a request without an API key, and bench, which
+    measures one engine and not a gateway's admission, sends none."""
+    if status not in (401, 403):
+        return ""
+    return (
+        "; bench sends no API key: it measures one engine directly, not through a gateway, "
+        "so give the engine's own address (--url http://NODE:PORT) or --replica ID"
+    )
+
+
 async def served_models(session: aiohttp.ClientSession, root_url: str) -> list[str] | None:
     """The models ``GET /v1/models`` lists; ``None`` when the engine has no such route."""
     url = f"{root_url}/v1/models"
@@ -108,7 +120,7 @@ async def served_models(session: aiohttp.ClientSession, root_url: str) -> list[s
             if response.status != 200:
                 raise TargetRefused(
                     f"GET {url} answered HTTP {response.status}: "
-                    f"{body[:300].decode(errors='replace')}"
+                    f"{body[:300].decode(errors='replace')}{_wants_credentials(response.status)}"
                 )
     except aiohttp.ClientConnectorError as exc:
         raise TargetUnreachable(

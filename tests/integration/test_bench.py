@@ -1002,3 +1002,21 @@ async def test_a_replica_that_stops_while_it_is_benched_is_named_as_stopped_not_
     last_line = result.stderr.splitlines()[-1]
     assert f"replica {replica_id} stopped serving while bench ran" in last_line, last_line
     assert f"llmgw-cli history replica {replica_id}" in last_line
+
+
+async def test_a_gateway_given_as_the_engine_is_refused_with_where_to_point_bench_instead(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """An operator points bench at the gateway's OpenAI URL, the one clients use. The
+    gateway asks for an API key, which bench never sends: it measures one engine, not the
+    gateway's admission. The line says so, and what to give instead."""
+    await serving_replica(cluster)
+    gateway = f"http://127.0.0.1:{cluster.servers[0].client_port}/v1"
+
+    result = await bench(tmp_path, "--url", gateway, "--slo", "e2e_p99=10s", *QUICK_LEVELS)
+
+    assert result.code == 1, result.stderr
+    last_line = result.stderr.splitlines()[-1]
+    assert "answered HTTP 401" in last_line, last_line
+    assert "bench sends no API key" in last_line, last_line
+    assert "--replica" in last_line, last_line
