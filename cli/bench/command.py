@@ -78,7 +78,9 @@ def bench(
     ] = None,
     replica: Annotated[
         str | None,
-        Parameter(group=TARGET, help="A serving replica, found through the admin API."),
+        Parameter(
+            group=TARGET, help="A serving (or draining) replica, found through the admin API."
+        ),
     ] = None,
     model: Annotated[
         str | None,
