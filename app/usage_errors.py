@@ -112,16 +112,18 @@ def missing_command(app: App, tokens: Sequence[str]) -> tuple[str, str] | None:
     return where, f"a command is required: {commands}; see {where} --help"
 
 
-def stdout_reader_gone() -> bool:
+def stdout_reader_gone(*, unknown: bool = True) -> bool:
     """Whether stdout is a pipe (or socket) nobody reads any more: polled, its write end
     reports an error. A program that may wait long without writing (``events --follow`` on
-    a quiet log) asks it while it waits, as a write would not tell it until the next one."""
+    a quiet log) asks it while it waits, as a write would not tell it until the next one.
+    ``unknown``: the answer for a stdout closed or replaced by something with no file
+    descriptor; after a broken pipe that is gone, while waiting it is only not known."""
     try:
         poller = select.poll()
         poller.register(sys.stdout.fileno(), 0)
         return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
-    except (OSError, ValueError):  # stdout closed or replaced by something with no fd
-        return True
+    except (OSError, ValueError):
+        return unknown
 
 
 class OutputConsole(Console):

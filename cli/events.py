@@ -177,7 +177,7 @@ def _follow(client: AdminClient, position: int, output: OutputFormat) -> None:
                 idle_timeout_s=IDLE_TIMEOUT_S,
             ):
                 lost_since = None
-                if stdout_reader_gone():
+                if stdout_reader_gone(unknown=False):
                     # Asked at every line, the server's keepalives included: on a quiet log
                     # no write would find the reader gone until the next event.
                     raise BrokenPipeError(errno.EPIPE, "the output's reader has gone")
