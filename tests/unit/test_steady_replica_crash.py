@@ -6,7 +6,10 @@ held back."""
 
 from __future__ import annotations
 
+from msgspec.structs import replace
+
 from app.domain.events import ReplicaPlaced, ShardFailed
+from app.domain.model_operations import apply_model, scale
 from tests.unit.test_reconcile import Cluster, of_type
 
 STEADY_SERVING_S = 60.0
@@ -59,3 +62,44 @@ def test_a_replica_that_died_soon_after_it_served_puts_the_model_in_backoff() ->
     assert cluster.state.models["llama"].failures == 1
     cluster.after(11)
     assert [e.replica_id for e in of_type(cluster.reconcile(), ReplicaPlaced)] == ["llama-2"]
+
+
+def failing_to_start() -> Cluster:
+    """A model whose one replica failed before it ever served: the model is in backoff."""
+    cluster = Cluster()
+    cluster.node("gpu-1")
+    cluster.model(replicas=1)
+    cluster.reconcile()
+    cluster.given(
+        ShardFailed(
+            replica_id="llama-1",
+            shard_index=0,
+            node_id="gpu-1",
+            error="engine exited with code 1: no such model file",
+        )
+    )
+    cluster.reconcile()
+    assert cluster.state.models["llama"].backoff_until is not None
+    return cluster
+
+
+def test_a_new_revision_starts_without_the_backoff_its_broken_revision_earned() -> None:
+    """The operator fixed the command: the revision that runs it is placed at once, not
+    after the wait the failures of the one before had earned (up to ten minutes)."""
+    cluster = failing_to_start()
+    spec = cluster.state.models["llama"].spec
+    fixed = apply_model(cluster.state, replace(spec, command=f"{spec.command} --fixed"))
+    cluster.given(*fixed.events)
+
+    model = cluster.state.models["llama"]
+    assert (model.revision, model.failures, model.backoff_until) == (2, 0, None)
+    assert [e.replica_id for e in of_type(cluster.reconcile(), ReplicaPlaced)] == ["llama-2"]
+
+
+def test_a_change_that_is_no_new_revision_keeps_the_backoff() -> None:
+    """Scaling runs the same command: its failures still hold it back."""
+    cluster = failing_to_start()
+    cluster.given(*scale(cluster.state, "llama", 2).events)
+
+    assert cluster.state.models["llama"].failures == 1
+    assert of_type(cluster.reconcile(), ReplicaPlaced) == []

@@ -38,15 +38,26 @@ def _model_declared(state: ClusterState, event: ModelDeclared, recorded: Recorde
             latest_revision=max(event.revision, known.latest_revision if known else 0),
             rollout=known.rollout if known else None,
         )
-    else:
+    elif event.revision != known.revision:
+        # A new revision runs something else (the operator fixed the command, say): the
+        # failures of the one before say nothing of it, and their backoff would hold its
+        # first placement back for up to ``BACKOFF_CAP_S``. As a rollback starts over.
         state.models[event.model] = replace(
-            known,
-            spec=event.spec,
-            unreplaced_ends=_still_open(known, event.spec.replicas),
-            revision=event.revision,
-            earlier_specs=earlier_specs(state, known, event.revision),
-            latest_revision=max(event.revision, known.latest_revision),
+            _declared(state, known, event), failures=0, failed_on={}, backoff_until=None
         )
+    else:
+        state.models[event.model] = _declared(state, known, event)
+
+
+def _declared(state: ClusterState, known: Model, event: ModelDeclared) -> Model:
+    return replace(
+        known,
+        spec=event.spec,
+        unreplaced_ends=_still_open(known, event.spec.replicas),
+        revision=event.revision,
+        earlier_specs=earlier_specs(state, known, event.revision),
+        latest_revision=max(event.revision, known.latest_revision),
+    )
 
 
 def earlier_specs(state: ClusterState, known: Model, revision: int) -> dict[int, ModelSpec]:
